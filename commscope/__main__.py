@@ -1,0 +1,5 @@
+import sys
+
+from commscope.cli import main
+
+sys.exit(main())

@@ -1,0 +1,68 @@
+"""The ``commscope`` command: one sub-command per module in ``commscope.commands``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from commscope import __version__
+
+#: verb -> (module, one-line help).  The verbs are a public contract (DESIGN.md).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "attach": ("commscope.commands.attach", "live console on a running job's trace store"),
+    "replay": ("commscope.commands.replay", "console on a finished trace or Flight Recorder dumps"),
+    "demo": ("commscope.commands.demo", "run a demo workload on local ranks and watch it live"),
+    "run": ("commscope.commands.run", "run any command with instrumentation switched on"),
+    "check": ("commscope.commands.check", "headless diagnosis (exit 0 ok, 1 errors found, 2 bad input)"),
+    "report": ("commscope.commands.report", "summary tables per op, group and rank"),
+    "export": ("commscope.commands.export", "export a trace as Chrome/Perfetto JSON"),
+    "copy": ("commscope.commands.copy", "copy a trace between stores"),
+    "bench": ("commscope.commands.bench", "benchmark suites (ratios measured side by side)"),
+}
+
+
+class UsageError(Exception):
+    """Bad input or usage: exit code 2 with a one-line message."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="commscope",
+        description="Monitoring and debugging console for torch.distributed.",
+        epilog="Store: a directory (default $COMMSCOPE_STORE, then ./commscope-trace) or "
+               "redis://[:password@]host:port/db.  Run 'commscope COMMAND --help' for details.",
+    )
+    parser.add_argument("--version", action="version", version=f"commscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for verb, (module, help_text) in COMMANDS.items():
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        p = sub.add_parser(verb, help=help_text, description=(mod.__doc__ or help_text).strip(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(p)
+        p.set_defaults(_main=mod.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_main", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._main(args) or 0)
+    except UsageError as exc:
+        print(f"commscope {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

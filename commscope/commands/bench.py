@@ -1,0 +1,36 @@
+"""Run a benchmark suite.  Each prints ratios measured side by side in one run and medians.
+
+Suites: overhead (recorder cost), store (trace store throughput), varlen (variable-length
+collectives vs hand-written recipes), analysis (model build and diagnose), tui (frame times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from commscope.bench import SUITES
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="suite", metavar="SUITE")
+    for name, module in SUITES.items():
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        doc = (mod.__doc__ or name).strip()
+        sp = sub.add_parser(name, help=doc.splitlines()[0], description=doc,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(sp)
+        sp.set_defaults(_suite=mod.run)
+
+
+def main(args: argparse.Namespace) -> int:
+    if not getattr(args, "_suite", None):
+        from commscope.cli import UsageError
+
+        raise UsageError("name a suite: " + ", ".join(SUITES))
+    return int(args._suite(args) or 0)

@@ -1,0 +1,158 @@
+"""The trace event schema (version 1), shared by the recorder, the stores and analysis.
+
+A trace is, per rank, an ordered stream of JSON objects (one per line in the
+directory store, one per stream entry in Redis).  Every event carries:
+
+    v      schema version (int, currently 1)
+    type   one of TYPES below
+    rank   global rank of the writer
+    ts     wall-clock time in ns (``time.time_ns()``; the same clock Flight Recorder uses)
+
+Keys whose value would be ``None``/``False``/empty are omitted; readers use ``.get``.
+
+``op`` events (``type == "op"``) describe one logical operation by ``id`` (unique per
+rank, increasing) and ``phase``:
+
+    begin       op, group, seq, [peer, dir, root, redop], in_shapes, in_dtypes, in_bytes,
+                out_shapes, out_dtypes, out_bytes, [async], site, [tid], [device],
+                [nested, parent], [src], [tag]
+    end         [exc] -- the exception text when the call raised; [peer] resolved source of
+                an any-source recv
+    wait_begin  Work.wait() entered (async ops)
+    wait_end    Work.wait() returned; [exc]
+    done        device-side completion seen via CUDA events: gpu_ns.  CPU backends write no
+                ``done``: completion is ``end`` (sync) or ``wait_end`` (async).
+
+``seq`` is the rank's per-group collective counter, or for p2p (``dir`` in send/recv)
+the counter per (group, peer, dir).  ``nested`` ops are traffic inside another logical
+op (``parent``); they carry no ``seq`` and are never matched across ranks.  Children of
+``batch_isend_irecv`` are not nested: they are real p2p ops with their own seq and a
+``parent``.  ``src == "fr"`` marks ops merged from PyTorch's Flight Recorder; their seq
+is Flight Recorder's own (``collective_seq_id`` / ``p2p_seq_id``) and is matched only
+against other Flight Recorder ops.  ``src == "fr-import"`` marks ops read from a dump.
+
+Other types:
+
+    meta       host, pid, world_size, backend, torch, commscope, python, job, hang_after,
+               sample_interval, argv, [local_rank], [device], [fr]
+    group      group, granks (global ranks in group-rank order), [backend], [desc]
+               -- written once per process group, before its first op
+    sample     cpu (%), rss (bytes), [gpu_util (%), gpu_mem, gpu_mem_total (bytes),
+               gpu_power (W), gpu_temp (C)], [gpu_error]
+    heartbeat  inflight (ops begun and not finished)
+    stack      id (the stuck op), threads: [{tid, name, frames: [[file, line, func], ...],
+               [op_thread]}]
+    exit       reason, [unwaited: [op ids of async work never waited]]
+    dropped    count (this batch), total, reason
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+SCHEMA_VERSION = 1
+
+OP = "op"
+META = "meta"
+GROUP = "group"
+SAMPLE = "sample"
+HEARTBEAT = "heartbeat"
+STACK = "stack"
+EXIT = "exit"
+DROPPED = "dropped"
+TYPES = frozenset({OP, META, GROUP, SAMPLE, HEARTBEAT, STACK, EXIT, DROPPED})
+
+BEGIN = "begin"
+END = "end"
+WAIT_BEGIN = "wait_begin"
+WAIT_END = "wait_end"
+DONE = "done"
+PHASES = frozenset({BEGIN, END, WAIT_BEGIN, WAIT_END, DONE})
+
+SEND = "send"
+RECV = "recv"
+
+#: Ops that move data between exactly two ranks.
+P2P_OPS = frozenset({
+    "send", "recv", "isend", "irecv", "send_object_list", "recv_object_list",
+    "send_tensors", "recv_tensors", "isend_tensors", "irecv_tensors",
+})
+
+Event = dict[str, Any]
+
+
+class TraceFormatError(ValueError):
+    """An event that is not valid schema-1 JSON."""
+
+
+def encode(event: Event) -> bytes:
+    """One event as a compact JSON line without the trailing newline."""
+    return orjson.dumps(event)
+
+
+def encode_lines(events: list[Event]) -> bytes:
+    """Events as newline-terminated JSON lines, ready to append to a file."""
+    if not events:
+        return b""
+    dumps = orjson.dumps
+    return b"\n".join([dumps(e) for e in events]) + b"\n"
+
+
+def decode(line: bytes | str) -> Event:
+    """Parse and validate one event; raises TraceFormatError on anything malformed."""
+    try:
+        event = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise TraceFormatError(f"not JSON: {exc}") from None
+    check(event)
+    return event
+
+
+def check(event: Any) -> None:
+    """Raise TraceFormatError unless ``event`` looks like a schema-1 event."""
+    if not isinstance(event, dict):
+        raise TraceFormatError("event is not a JSON object")
+    typ = event.get("type")
+    if typ not in TYPES:
+        raise TraceFormatError(f"unknown event type {typ!r}")
+    if not isinstance(event.get("rank"), int) or not isinstance(event.get("ts"), int):
+        raise TraceFormatError("event lacks an integer rank or ts")
+    v = event.get("v", SCHEMA_VERSION)
+    if not isinstance(v, int) or v > SCHEMA_VERSION:
+        raise TraceFormatError(f"unsupported schema version {v!r}")
+    if typ == OP and (event.get("phase") not in PHASES or not isinstance(event.get("id"), int)):
+        raise TraceFormatError("op event lacks a valid phase or id")
+
+
+def decode_lines(data: bytes) -> tuple[list[Event], int]:
+    """Decode complete newline-terminated lines; returns (events, corrupt line count).
+
+    Fast path: parse the whole chunk as one JSON array; fall back line by line when
+    any line is damaged, so one bad line costs only itself.
+    """
+    if not data:
+        return [], 0
+    body = data[:-1] if data.endswith(b"\n") else data
+    try:
+        events = orjson.loads(b"[" + body.replace(b"\n", b",") + b"]")
+    except orjson.JSONDecodeError:
+        events = None
+    if events is not None and len(events) == body.count(b"\n") + 1:
+        try:
+            for e in events:
+                check(e)
+            return events, 0
+        except TraceFormatError:
+            pass
+    good: list[Event] = []
+    bad = 0
+    for line in body.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            good.append(decode(line))
+        except TraceFormatError:
+            bad += 1
+    return good, bad

@@ -1,0 +1,60 @@
+"""Trace stores: where ranks write events and where every consumer reads them.
+
+A store is named by a URL-ish string: a filesystem path (the directory store) or
+``redis://[:password@]host:port/db[?job=NAME&maxlen=N]``.  ``None`` means
+``$COMMSCOPE_STORE``, then ``./commscope-trace``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from commscope.store.base import ReadStats, StoreError, StoreWriter, TraceReader
+from commscope.store.directory import DirectoryReader, DirectoryWriter
+
+DEFAULT_STORE = "./commscope-trace"
+ENV_STORE = "COMMSCOPE_STORE"
+
+__all__ = [
+    "DEFAULT_STORE", "ENV_STORE", "ReadStats", "StoreError", "StoreWriter", "TraceReader",
+    "default_store", "is_redis", "open_reader", "open_writer", "redact",
+]
+
+
+def default_store(store: str | os.PathLike | None = None) -> str:
+    if store is None or str(store) == "":
+        store = os.environ.get(ENV_STORE) or DEFAULT_STORE
+    return os.fspath(store)
+
+
+def is_redis(store: str) -> bool:
+    return str(store).startswith(("redis://", "rediss://", "unix://"))
+
+
+def redact(store: str) -> str:
+    """The store name safe to print: any password replaced by ***."""
+    if is_redis(store):
+        from commscope.store.redis_url import redact_url
+
+        return redact_url(store)
+    return store
+
+
+def open_writer(store: str | os.PathLike | None, job: str, rank: int, job_meta: dict | None = None) -> StoreWriter:
+    name = default_store(store)
+    if is_redis(name):
+        from commscope.store.redis_store import RedisWriter
+
+        return RedisWriter(name, job, rank, job_meta)
+    return DirectoryWriter(Path(name), job, rank, job_meta)
+
+
+def open_reader(store: str | os.PathLike | None, *, wait: bool = False) -> TraceReader:
+    """A reader for the newest job in a store.  ``wait`` lets it open before the job exists."""
+    name = default_store(store)
+    if is_redis(name):
+        from commscope.store.redis_store import RedisReader
+
+        return RedisReader(name, wait=wait)
+    return DirectoryReader(Path(name), wait=wait)

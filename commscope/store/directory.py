@@ -1,0 +1,249 @@
+"""The embedded default store: a directory with one append-only JSONL file per rank.
+
+Layout::
+
+    ROOT/LATEST                 id of the newest job (rank 0 replaces it atomically)
+    ROOT/<job>/job.json         job metadata, written by rank 0
+    ROOT/<job>/rank-00003.jsonl events of rank 3, one JSON object per line
+
+Each job gets its own directory, so a new job never mixes with an old one, and each
+rank writes only its own file, so the layout is safe on a shared filesystem.  Readers
+tail files from byte offsets and leave an incomplete last line for the next poll.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from pathlib import Path
+
+import orjson
+
+from commscope.events import Event, decode_lines, encode_lines
+from commscope.store.base import ReadStats, StoreError
+
+RANK_FILE = re.compile(r"^rank-(\d+)\.jsonl$")
+LATEST = "LATEST"
+JOB_FILE = "job.json"
+
+
+def rank_file_name(rank: int) -> str:
+    return f"rank-{rank:05d}.jsonl"
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+class DirectoryWriter:
+    """Appends one rank's events; owned by that rank's recorder thread."""
+
+    def __init__(self, root: str | os.PathLike, job: str, rank: int, job_meta: dict | None = None):
+        self.root = Path(root)
+        self.job = job
+        self.rank = rank
+        self.dir = self.root / job
+        self.path = self.dir / rank_file_name(rank)
+        self.description = str(self.path)
+        self._fd: int | None = None
+        self._torn = False  # the last write stopped mid-line
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            if self.path.exists() and self.path.stat().st_size > 0:
+                raise StoreError(
+                    f"{self.path} already holds events of an earlier job with id {job!r}; "
+                    "refusing to mix jobs (choose a new COMMSCOPE_JOB or another store)"
+                )
+            self._open()
+            if rank == 0:
+                meta = dict(job_meta or {}, job=job)
+                _atomic_write(self.dir / JOB_FILE, orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+                _atomic_write(self.root / LATEST, job.encode() + b"\n")
+        except OSError as exc:
+            self.close()
+            raise StoreError(f"cannot write trace store {self.dir}: {exc.strerror or exc}") from None
+
+    def _open(self) -> None:
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, events: list[Event]) -> None:
+        data = encode_lines(events)
+        if not data:
+            return
+        try:
+            if self._fd is None or os.fstat(self._fd).st_nlink == 0:
+                # The store was deleted under us: recreate it rather than write into an
+                # unlinked file nobody can read.
+                self.close()
+                self.dir.mkdir(parents=True, exist_ok=True)
+                self._open()
+            if self._torn:
+                data = b"\n" + data  # end the torn line so only it is lost
+            view = memoryview(data)
+            while view:
+                n = os.write(self._fd, view)
+                if n <= 0:
+                    raise OSError(errno.EIO, "short write")
+                view = view[n:]
+            self._torn = False
+        except OSError as exc:
+            # Anything already written is at most one torn line; the caller counts the
+            # whole batch as dropped.
+            self._torn = True
+            raise StoreError(f"cannot append to {self.path}: {exc.strerror or exc}") from None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+
+def resolve_job_dir(path: str | os.PathLike) -> Path | None:
+    """The job directory a path names: itself, ROOT/LATEST, or the newest job under it."""
+    p = Path(path)
+    if not p.is_dir():
+        return None
+    if (p / JOB_FILE).exists() or any(RANK_FILE.match(n) for n in os.listdir(p)):
+        return p
+    latest = p / LATEST
+    if latest.exists():
+        try:
+            name = latest.read_text().strip()
+        except OSError:
+            name = ""
+        if name and (p / name).is_dir():
+            return p / name
+    jobs = [d for d in p.iterdir() if d.is_dir() and ((d / JOB_FILE).exists() or any(
+        RANK_FILE.match(n) for n in os.listdir(d)))]
+    if not jobs:
+        return None
+    return max(jobs, key=lambda d: d.stat().st_mtime_ns)
+
+
+def list_jobs(path: str | os.PathLike) -> list[str]:
+    p = Path(path)
+    if not p.is_dir():
+        return []
+    return sorted(d.name for d in p.iterdir() if d.is_dir() and (d / JOB_FILE).exists())
+
+
+class DirectoryReader:
+    """Reads or tails one job directory.  Tolerates torn tails, corrupt lines, truncation."""
+
+    CHUNK = 8 << 20
+
+    def __init__(self, path: str | os.PathLike, *, wait: bool = False):
+        self.path = Path(path)
+        self.description = str(self.path)
+        self.stats = ReadStats()
+        self._wait = wait
+        self.job_dir: Path | None = resolve_job_dir(self.path)
+        if self.job_dir is None and not wait:
+            if not self.path.exists():
+                raise StoreError(f"no trace store at {self.path}")
+            raise StoreError(f"{self.path} holds no commscope trace (no rank-*.jsonl files)")
+        self._offsets: dict[int, int] = {}
+        self._partial: dict[int, bool] = {}
+        self._job: dict | None = None
+
+    def job(self) -> dict | None:
+        if self._job is None and self.job_dir is not None:
+            try:
+                self._job = orjson.loads((self.job_dir / JOB_FILE).read_bytes())
+            except (OSError, orjson.JSONDecodeError):
+                self._job = None
+        return self._job
+
+    def rank_files(self) -> dict[int, Path]:
+        if self.job_dir is None:
+            self.job_dir = resolve_job_dir(self.path)
+            if self.job_dir is None:
+                return {}
+        files = {}
+        try:
+            names = os.listdir(self.job_dir)
+        except OSError:
+            return {}
+        for name in names:
+            m = RANK_FILE.match(name)
+            if m:
+                files[int(m.group(1))] = self.job_dir / name
+        return dict(sorted(files.items()))
+
+    def poll(self, max_bytes: int | None = None) -> list[Event]:
+        """New complete events from every rank file since the last call."""
+        out: list[Event] = []
+        budget = max_bytes
+        for rank, path in self.rank_files().items():
+            events, used = self._read_rank(rank, path, budget)
+            out.extend(events)
+            if budget is not None:
+                budget = max(0, budget - used)
+        self.stats.partial_tail = sum(self._partial.values())
+        return out
+
+    def read_all(self) -> list[Event]:
+        """Everything in the job, treating an incomplete last line as truncated."""
+        events = self.poll()
+        for rank, path in self.rank_files().items():
+            if not self._partial.get(rank):
+                continue
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self._offsets.get(rank, 0))
+                    tail = f.read()
+            except OSError:
+                continue
+            good, bad = decode_lines(tail)
+            if bad:
+                self.stats.warnings.append(f"rank {rank}: last line of {path.name} is truncated "
+                                           f"({len(tail)} bytes skipped)")
+            self.stats.count_corrupt(rank, bad)
+            self.stats.events += len(good)
+            events.extend(good)
+            self._offsets[rank] = self._offsets.get(rank, 0) + len(tail)
+            self._partial[rank] = False
+        self.stats.partial_tail = 0
+        return events
+
+    def _read_rank(self, rank: int, path: Path, budget: int | None) -> tuple[list[Event], int]:
+        offset = self._offsets.get(rank, 0)
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return [], 0
+        if size < offset:
+            self.stats.warnings.append(f"rank {rank}: {path.name} shrank from {offset} to {size} bytes; "
+                                       "re-reading it from the start")
+            offset = 0
+        if size == offset:
+            return [], 0
+        want = size - offset
+        if budget is not None:
+            want = min(want, max(budget, 1 << 16))
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read(want)
+        except OSError as exc:
+            self.stats.warnings.append(f"rank {rank}: cannot read {path}: {exc}")
+            return [], 0
+        cut = data.rfind(b"\n") + 1
+        self._partial[rank] = cut < len(data) and offset + len(data) >= size
+        if cut == 0:
+            return [], 0
+        events, bad = decode_lines(data[:cut])
+        self._offsets[rank] = offset + cut
+        self.stats.count_corrupt(rank, bad)
+        self.stats.events += len(events)
+        self.stats.bytes += cut
+        return events, cut
+
+    def close(self) -> None:
+        pass
