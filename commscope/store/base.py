@@ -9,7 +9,15 @@ from commscope.events import Event
 
 
 class StoreError(Exception):
-    """A store cannot be opened, written or read.  Messages never contain secrets."""
+    """A store cannot be opened, written or read.  Messages never contain secrets.
+
+    ``written`` counts the leading events of a failed batch that did reach the store,
+    so a retry neither loses nor duplicates them.
+    """
+
+    def __init__(self, message: str, written: int = 0):
+        super().__init__(message)
+        self.written = written
 
 
 @dataclasses.dataclass
@@ -35,8 +43,11 @@ class StoreWriter(Protocol):
 
     description: str
 
-    def write(self, events: list[Event]) -> None:
-        """Persist events in order.  Raises StoreError (events not written) on failure."""
+    def write(self, lines: list[bytes]) -> None:
+        """Persist encoded events (``events.encode``, no newline) in order.
+
+        Raises StoreError on failure; its ``written`` says how many leading lines landed.
+        """
 
     def close(self) -> None: ...
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import orjson
 
-from commscope.events import Event, decode_lines, encode_lines
+from commscope.events import Event, decode_lines
 from commscope.store.base import ReadStats, StoreError
 
 RANK_FILE = re.compile(r"^rank-(\d+)\.jsonl$")
@@ -69,10 +69,12 @@ class DirectoryWriter:
     def _open(self) -> None:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
-    def write(self, events: list[Event]) -> None:
-        data = encode_lines(events)
-        if not data:
+    def write(self, lines: list[bytes]) -> None:
+        if not lines:
             return
+        lead = b"\n" if self._torn else b""  # end a torn line from a failed write
+        data = lead + b"\n".join(lines) + b"\n"
+        done = 0
         try:
             if self._fd is None or os.fstat(self._fd).st_nlink == 0:
                 # The store was deleted under us: recreate it rather than write into an
@@ -80,20 +82,18 @@ class DirectoryWriter:
                 self.close()
                 self.dir.mkdir(parents=True, exist_ok=True)
                 self._open()
-            if self._torn:
-                data = b"\n" + data  # end the torn line so only it is lost
             view = memoryview(data)
-            while view:
-                n = os.write(self._fd, view)
+            while done < len(data):
+                n = os.write(self._fd, view[done:])
                 if n <= 0:
                     raise OSError(errno.EIO, "short write")
-                view = view[n:]
-            self._torn = False
+                done += n
         except OSError as exc:
-            # Anything already written is at most one torn line; the caller counts the
-            # whole batch as dropped.
-            self._torn = True
-            raise StoreError(f"cannot append to {self.path}: {exc.strerror or exc}") from None
+            # Whole lines that landed count as written; a torn tail is ended next time.
+            self._torn = done > 0 and data[done - 1] != 0x0A
+            landed = data[len(lead):done].count(b"\n") if done > len(lead) else 0
+            raise StoreError(f"cannot append to {self.path}: {exc.strerror or exc}", landed) from None
+        self._torn = False
 
     def close(self) -> None:
         if self._fd is not None:

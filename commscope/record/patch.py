@@ -1,0 +1,256 @@
+"""Install and remove the wrappers around torch.distributed (and commscope.varlen).
+
+Only the attributes of the ``torch.distributed`` package are replaced, not the globals of
+``distributed_c10d``: torch's own helpers (``all_gather_object`` calling ``all_gather``,
+``batch_isend_irecv`` comparing ``op.op is isend``) keep calling the originals, so an
+object op is one logical op by construction and P2POp identity checks keep working.
+``P2POp`` unwraps our ``isend``/``irecv`` wrappers back to the originals for the same
+reason.  ``Work.wait`` is patched on the class, so the returned Work objects are the
+very objects torch returned.  ``uninstall`` puts every original object back.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from commscope.record import ops as O
+
+ACTIVE: Any = None  # the Recorder while instrumented (read on every wrapped call)
+
+_saved: list[tuple[Any, str, Any, bool]] = []  # (owner, attr, original, existed)
+_wait_patched: dict[type, Any] = {}
+_ORIG_ATTR = "__commscope_orig__"
+
+
+def default_group() -> Any:
+    """The default process group or None; avoids ``_get_default_group``'s two property calls."""
+    try:
+        return c10d._world._default_pg
+    except AttributeError:
+        try:
+            return c10d._get_default_group()
+        except Exception:
+            return None
+
+
+def _set(owner: Any, attr: str, value: Any) -> None:
+    existed = attr in vars(owner) if isinstance(owner, type) else hasattr(owner, attr)
+    original = vars(owner).get(attr) if isinstance(owner, type) else getattr(owner, attr, None)
+    _saved.append((owner, attr, original, existed))
+    setattr(owner, attr, value)
+
+
+def _unwrap(fn: Any) -> Any:
+    return getattr(fn, _ORIG_ATTR, fn)
+
+
+def make_wrapper(name: str, orig: Any, extract: Any) -> Any:
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        rec = ACTIVE
+        if rec is None:
+            return orig(*args, **kwargs)
+        try:
+            a = extract(*args, **kwargs)
+            tok = rec.begin(name, a, sys._getframe(1))
+        except Exception:
+            tok = None  # arguments torch will reject itself, or an unknown group
+        if tok is None:
+            return orig(*args, **kwargs)
+        try:
+            ret = orig(*args, **kwargs)
+        except BaseException as exc:
+            rec.end(tok, exc, None)
+            raise
+        try:
+            rec.end(tok, None, ret)
+        except Exception:
+            pass  # recording must never change what the call returns
+        return ret
+
+    setattr(wrapper, _ORIG_ATTR, orig)
+    return wrapper
+
+
+def _batch_wrapper(orig: Any) -> Any:
+    orig_isend = c10d.isend
+
+    @functools.wraps(orig)
+    def batch_isend_irecv(p2p_op_list):
+        rec = ACTIVE
+        if rec is None:
+            return orig(p2p_op_list)
+        try:
+            items = list(p2p_op_list)
+            frame = sys._getframe(1)
+            outer = rec.begin("batch_isend_irecv", (items[0].group, None, None, None, None, False, (), ()),
+                              frame, container=True)
+        except Exception:
+            outer = None
+        if outer is None:
+            return orig(p2p_op_list)
+        children = []
+        try:
+            for p in items:
+                send = _unwrap(p.op) is orig_isend
+                ts = (p.tensor,)
+                a = (p.group, p.peer, "send" if send else "recv", None, None, True,
+                     ts if send else (), () if send else ts)
+                tok = rec.begin("isend" if send else "irecv", a, frame, child_of=outer[0])
+                if tok is not None:
+                    children.append(tok)
+        except Exception:
+            pass
+        try:
+            works = orig(p2p_op_list)
+        except BaseException as exc:
+            for tok in children:
+                rec.end(tok, exc, None, child=True)
+            rec.end(outer, exc, None)
+            raise
+        for tok in children:
+            rec.end(tok, None, None, child=True)
+        rec.end(outer, None, None)
+        try:
+            if works:
+                if len(works) == len(children):
+                    for w, tok in zip(works, children, strict=True):
+                        rec.track(w, (tok[0],), tok[4])
+                else:  # coalesced: one Work completes the whole batch
+                    ids = tuple(t[0] for t in children)
+                    for w in works:
+                        rec.track(w, ids, children[0][4] if children else None)
+        except Exception:
+            pass
+        return works
+
+    setattr(batch_isend_irecv, _ORIG_ATTR, orig)
+    return batch_isend_irecv
+
+
+def _destroy_wrapper(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def destroy_process_group(group=None):
+        rec = ACTIVE
+        if rec is not None and (group is None or group is default_group()):
+            try:
+                rec.mark_exit("destroy_process_group")
+                rec.flush(timeout=1.0)
+            except Exception:
+                pass
+        try:
+            return orig(group)
+        finally:
+            if rec is not None:
+                rec._groups.clear()
+                if group is None:
+                    rec._seq.clear()
+
+    setattr(destroy_process_group, _ORIG_ATTR, orig)
+    return destroy_process_group
+
+
+def _make_wait(orig_wait: Any) -> Any:
+    @functools.wraps(orig_wait)
+    def wait(self, *args, **kwargs):
+        rec = ACTIVE
+        if rec is None or not rec.works:
+            return orig_wait(self, *args, **kwargs)
+        entry = rec.works.pop(id(self), None)
+        if entry is None or entry[0]() is not self:
+            return orig_wait(self, *args, **kwargs)
+        _, op_ids, cuda = entry
+        rec.wait_begin(op_ids)
+        try:
+            ret = orig_wait(self, *args, **kwargs)
+        except BaseException as exc:
+            rec.wait_end(op_ids, exc, None)
+            raise
+        rec.wait_end(op_ids, None, cuda)
+        return ret
+
+    return wait
+
+
+def ensure_wait_patched(cls: type) -> None:
+    """Patch ``cls.wait`` (Work, or a varlen handle class) once while instrumented."""
+    if cls in _wait_patched:
+        return
+    orig = getattr(cls, "wait", None)
+    if orig is None:
+        return
+    _wait_patched[cls] = orig
+    try:
+        _set(cls, "wait", _make_wait(orig))
+    except (TypeError, AttributeError):
+        pass
+
+
+def _p2pop_new(orig_new: Any) -> Any:
+    fn = orig_new.__func__ if isinstance(orig_new, staticmethod) else orig_new
+
+    def __new__(cls, op, *args, **kwargs):
+        return fn(cls, _unwrap(op), *args, **kwargs)
+
+    return staticmethod(__new__)
+
+
+def _p2pop_init(orig_init: Any) -> Any:
+    @functools.wraps(orig_init)
+    def __init__(self, op, *args, **kwargs):
+        orig_init(self, _unwrap(op), *args, **kwargs)
+
+    return __init__
+
+
+def install(rec: Any) -> None:
+    global ACTIVE
+    if _saved:
+        uninstall()
+    for name, extract in O.TORCH_OPS.items():
+        orig = getattr(dist, name, None)
+        if orig is None:
+            continue  # older torch
+        _set(dist, name, make_wrapper(name, _unwrap(orig), extract))
+    _set(dist, "batch_isend_irecv", _batch_wrapper(_unwrap(dist.batch_isend_irecv)))
+    _set(dist, "destroy_process_group", _destroy_wrapper(_unwrap(dist.destroy_process_group)))
+    p2p = dist.P2POp
+    _set(p2p, "__new__", _p2pop_new(vars(p2p)["__new__"]))
+    _set(p2p, "__init__", _p2pop_init(vars(p2p)["__init__"]))
+    ensure_wait_patched(dist.Work)
+    varlen = sys.modules.get("commscope.varlen")
+    if varlen is None:
+        try:
+            import commscope.varlen as varlen  # noqa: PLC0415
+        except ImportError:
+            varlen = None
+    if varlen is not None:
+        for name, extract in O.VARLEN_OPS.items():
+            orig = getattr(varlen, name, None)
+            if orig is not None:
+                _set(varlen, name, make_wrapper(name, _unwrap(orig), extract))
+    ACTIVE = rec
+
+
+def uninstall() -> None:
+    global ACTIVE
+    ACTIVE = None
+    while _saved:
+        owner, attr, original, existed = _saved.pop()
+        if existed:
+            setattr(owner, attr, original)
+        else:
+            try:
+                delattr(owner, attr)
+            except AttributeError:
+                pass
+    _wait_patched.clear()
+
+
+def installed() -> bool:
+    return bool(_saved)

@@ -1,0 +1,665 @@
+"""The Recorder: a cheap hot path that appends tuples, and one thread that does the rest.
+
+Hot path (the training thread, inside each wrapped call): resolve the group, bump a
+sequence counter, note shapes/dtypes/bytes and the call site, append a tuple to a
+bounded deque.  No I/O, no locks, no device syncs.
+
+Recorder thread (every ``TICK``): turn tuples into schema events, track ops in flight,
+capture stacks of ops stuck past ``hang_after``, sample CPU/GPU, write heartbeats, poll
+CUDA events and Flight Recorder, and write to the store.  A slow, full or missing store
+never blocks training: events wait in a bounded buffer, then are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import socket
+import sys
+import threading
+import time
+import warnings
+import weakref
+from collections import OrderedDict, deque
+from threading import get_ident
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from commscope import __version__
+from commscope import events as E
+from commscope.events import encode as _dumps
+from commscope.record import callsite, flight, patch
+from commscope.record.cuda_timing import CudaTimer
+from commscope.record.probes import ResourceProbe
+from commscope.store import StoreError, default_store, open_writer, redact
+
+ENV_HANG_AFTER = "COMMSCOPE_HANG_AFTER"
+ENV_JOB = "COMMSCOPE_JOB"
+DEFAULT_HANG_AFTER = 30.0
+
+# Hot-path tuple tags.
+_B, _E, _WB, _WE, _G, _X = 0, 1, 2, 3, 4, 5
+
+_REDUCING = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
+                       "reduce_scatter_tensor", "reduce_scatter_v"})
+
+
+class GroupInfo(NamedTuple):
+    name: str
+    granks: tuple[int, ...]
+    backend: str
+
+
+def _fmt_exc(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _redop_name(op: Any) -> str:
+    name = getattr(op, "name", None) or str(op)
+    return name.rsplit(".", 1)[-1].lower()
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _dtype_name(dt: Any) -> str:
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _DTYPE_NAMES[dt] = str(dt).replace("torch.", "")
+    return name
+
+
+class Recorder:
+    TICK = 0.05  # seconds between drains; a begin reaches the store within ~2 ticks
+    QUEUE_CAP = 200_000  # hot-path tuples waiting for the thread
+    PENDING_CAP = 200_000  # encoded events waiting for a writable store
+    EARLY_CAP = 1_000
+    FR_INTERVAL = 1.0
+    UNWAITED_CAP = 10_000
+
+    def __init__(self, store: Any = None, *, hang_after: float | None = None, capture_stacks: bool = True,
+                 sample_interval: float = 1.0, flight_recorder: bool = True):
+        self.store = default_store(store)
+        if hang_after is None:
+            try:
+                hang_after = float(os.environ.get(ENV_HANG_AFTER) or DEFAULT_HANG_AFTER)
+            except ValueError:
+                hang_after = DEFAULT_HANG_AFTER
+        self.hang_after = float(hang_after)
+        self.capture_stacks = capture_stacks
+        self.sample_interval = max(0.05, float(sample_interval))
+        self.flight_recorder = flight_recorder
+        # hot path state
+        self.q: deque = deque()
+        self.hot_dropped = 0
+        self._next_id = itertools.count(1).__next__
+        self._seq: dict[Any, int] = {}
+        self._groups: dict[Any, GroupInfo] = {}
+        self._tls = threading.local()
+        self.works: dict[int, tuple] = {}
+        # thread state
+        self.rank: int | None = None
+        self.job: str | None = None
+        self.writer: Any = None
+        self.pending: deque[bytes] = deque()  # encoded events not yet in the store
+        self._early: deque[dict] = deque()  # events from before the rank is known
+        self.store_dropped = 0
+        self._dropped_reported = 0
+        self._store_error: str | None = None
+        self._warned: set[str] = set()
+        self._retry_at = 0.0
+        self._retry_delay = 0.5
+        self._inflight: dict[int, list] = {}  # id -> [ts, name, tid, parent, stacked, group, seq]
+        self._waiting: dict[int, list] = {}
+        self._unwaited: OrderedDict[int, str] = OrderedDict()
+        self._windows = flight.WrapperWindows()
+        self._top_windows: dict[int, list] = {}
+        self._fr = flight.FlightRecorderMerge(self._next_id) if flight_recorder else None
+        self._fr_next = 0.0
+        self._next_sample = 0.0
+        self._probe: ResourceProbe | None = None
+        self.cuda: CudaTimer | None = None
+        self._gpu_index: int | None = None
+        self.crash: str | None = None
+        self.exited = False
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._ticks = 0
+        self._tick_lock = threading.Lock()
+        self.started_ns = time.time_ns()
+
+    # ------------------------------------------------------------------ hot path
+    def _group(self, pg: Any) -> GroupInfo | None:
+        info = self._groups.get(pg)
+        if info is None:
+            try:
+                name = str(pg.group_name)
+                granks = tuple(dist.get_process_group_ranks(pg))
+                try:
+                    backend = str(dist.get_backend(pg))
+                except Exception:
+                    backend = "?"
+            except Exception:
+                return None  # not a group of ours (e.g. NON_GROUP_MEMBER): torch decides
+            info = GroupInfo(name, granks, backend)
+            self._groups[pg] = info
+            self.q.append((_G, time.time_ns(), name, granks, backend))
+        return info
+
+    def begin(self, name: str, a: tuple, frame: Any, *, child_of: int | None = None,
+              container: bool = False) -> tuple | None:
+        """Queue a ``begin`` and return the token ``end`` needs, or None to not record.
+
+        ``a`` is an extractor tuple (see ``ops.OpArgs``).  ``container`` ops
+        (batch_isend_irecv) take no sequence number.  The token is a plain tuple
+        (id, parent, async, recv_any, cuda): this runs on every call, so no NamedTuples.
+        """
+        q = self.q
+        if len(q) >= self.QUEUE_CAP:
+            self.hot_dropped += 1
+            return None
+        pg, peer, direction, root, redop, async_op, ins, outs = a
+        if pg is None:
+            pg = patch.default_group()
+            if pg is None:
+                return None
+        info = self._groups.get(pg) or self._group(pg)
+        if info is None:
+            return None
+        tls = self._tls
+        parent = getattr(tls, "cur", None) if child_of is None else child_of
+        nested = parent is not None and child_of is None
+        gname = info[0]
+        if peer is not None and type(peer) is tuple:
+            peer = info[1][peer[1]] if 0 <= peer[1] < len(info[1]) else None
+        if root is not None and type(root) is tuple:
+            root = info[1][root[1]] if 0 <= root[1] < len(info[1]) else None
+        recv_any = seq = site = None
+        if not nested:
+            if direction is None:
+                key: Any = gname
+            elif peer is None:
+                key = None
+                recv_any = gname
+            else:
+                key = (gname, peer, direction)
+            if key is not None and not container:
+                seqs = self._seq
+                seq = seqs[key] = seqs.get(key, 0) + 1
+            site = callsite.user_frame(frame)
+        t0 = idesc = ib = odesc = ob = None
+        try:
+            if ins:
+                t0 = ins[0]
+                if len(ins) == 1:
+                    idesc, ib = ((t0.shape, t0.dtype),), t0.nbytes
+                else:
+                    idesc = [(t.shape, t.dtype) for t in ins]
+                    ib = sum([t.nbytes for t in ins])
+            if outs is ins:
+                odesc, ob = idesc, ib
+            elif outs:
+                t = outs[0]
+                if len(outs) == 1:
+                    odesc, ob = ((t.shape, t.dtype),), t.nbytes
+                else:
+                    odesc = [(t.shape, t.dtype) for t in outs]
+                    ob = sum([t.nbytes for t in outs])
+                if t0 is None:
+                    t0 = t
+            cuda = self._cuda_start(t0) if t0 is not None and t0.is_cuda else None
+        except Exception:
+            t0 = idesc = ib = odesc = ob = cuda = None
+        op_id = self._next_id()
+        q.append((_B, op_id, time.time_ns(), name, gname, seq, peer, direction, root, redop, idesc, ib,
+                  odesc, ob, async_op, site, get_ident(), parent, nested))
+        if child_of is None:
+            tls.cur = op_id
+        return (op_id, parent, async_op, recv_any, cuda)
+
+    def end(self, tok: tuple, exc: BaseException | None, ret: Any, *, child: bool = False) -> None:
+        ts = time.time_ns()
+        op_id, parent, async_op, recv_any, cuda = tok
+        if not child:
+            self._tls.cur = parent
+        extra = None
+        if recv_any is not None and exc is None and isinstance(ret, int) and ret >= 0:
+            key = (recv_any, ret, "recv")
+            seq = self._seq[key] = self._seq.get(key, 0) + 1
+            extra = (ret, seq)
+        self.q.append((_E, op_id, ts, None if exc is None else _fmt_exc(exc), extra))
+        if exc is not None:
+            return
+        if async_op:
+            if ret is not None:
+                self.track(ret, (op_id,), cuda)
+        elif cuda is not None:
+            self._cuda_stop((op_id,), cuda)
+
+    def track(self, work: Any, op_ids: tuple, cuda: tuple | None) -> None:
+        """Remember which ops a Work (or varlen handle) completes when waited on."""
+        works = self.works
+        if len(works) > 4096:
+            for k, v in list(works.items()):
+                if v[0]() is None:
+                    del works[k]
+        try:
+            works[id(work)] = (weakref.ref(work), op_ids, cuda)
+        except TypeError:
+            return
+        patch.ensure_wait_patched(type(work))
+
+    def wait_begin(self, op_ids: tuple) -> None:
+        self.q.append((_WB, op_ids, time.time_ns(), None, threading.get_ident()))
+
+    def wait_end(self, op_ids: tuple, exc: BaseException | None, cuda: tuple | None) -> None:
+        self.q.append((_WE, op_ids, time.time_ns(), None if exc is None else _fmt_exc(exc), None))
+        if cuda is not None and exc is None:
+            self._cuda_stop(op_ids, cuda)
+
+    def _cuda_start(self, t: Any) -> tuple | None:
+        try:
+            if self.cuda is None:
+                self.cuda = CudaTimer()
+            dev = t.device.index
+            if self._gpu_index is None:
+                self._gpu_index = dev
+            return (self.cuda.record(dev), dev)
+        except Exception:
+            return None
+
+    def _cuda_stop(self, op_ids: tuple, cuda: tuple) -> None:
+        try:
+            start, dev = cuda
+            end = self.cuda.record(dev)
+            self.cuda.finish(op_ids[0], start, end, dev)
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="commscope-recorder", daemon=True)
+        self._thread.start()
+
+    def flush(self, timeout: float = 1.0) -> bool:
+        """Ask the thread for a full tick and wait (bounded) until one completed."""
+        if self._thread is None or not self._thread.is_alive():
+            return False
+        target = self._ticks + 2
+        deadline = time.monotonic() + timeout
+        while self._ticks < target and time.monotonic() < deadline:
+            self._wake.set()
+            time.sleep(0.002)
+        return self._ticks >= target
+
+    def mark_exit(self, reason: str) -> None:
+        """Queue the ``exit`` event (clean shutdown) once; later ops re-open the rank."""
+        if self.exited:
+            return
+        self.exited = True
+        self.q.append((_X, time.time_ns(), reason))
+
+    def stop(self, reason: str = "uninstrument", timeout: float = 3.0) -> None:
+        self.mark_exit(reason)
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        elif self._thread is None:
+            self._tick(final=True)
+
+    # ------------------------------------------------------------------ thread
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._tick()
+            except Exception as exc:  # the recorder must never take the process down
+                self._warn("internal", f"commscope recorder error (recording continues): {exc!r}")
+            self._wake.wait(self.TICK)
+            self._wake.clear()
+        try:
+            self._tick(final=True)
+        except Exception as exc:
+            self._warn("internal", f"commscope recorder error at shutdown: {exc!r}")
+
+    def _warn(self, key: str, message: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+    def _tick(self, final: bool = False) -> None:
+        with self._tick_lock:
+            now = time.time_ns()
+            if self.rank is None and dist.is_available() and dist.is_initialized():
+                self.rank = dist.get_rank()
+                for ev in self._early:
+                    self._emit(ev)
+                self._early.clear()
+            emit = self._emit
+            fr_entries = self._poll_fr_entries(now, final)  # before draining: see flight.py
+            self._drain(emit)
+            if fr_entries is not None:
+                for ev in self._fr.poll(fr_entries, self._windows, now):
+                    emit(ev)
+                self._windows.prune(now)
+            if self.cuda is not None:
+                for op_id, gpu_ns in self.cuda.poll():
+                    emit({"type": E.OP, "ts": time.time_ns(), "phase": E.DONE, "id": op_id, "gpu_ns": gpu_ns})
+            if self.capture_stacks:
+                self._check_hangs(now, emit)
+            if final or time.monotonic() >= self._next_sample:
+                self._next_sample = time.monotonic() + self.sample_interval
+                self._samples(now, emit)
+            dropped = self.hot_dropped + self.store_dropped + (self.cuda.dropped if self.cuda else 0)
+            if dropped > self._dropped_reported:
+                emit({"type": E.DROPPED, "ts": now, "count": dropped - self._dropped_reported,
+                      "total": dropped, "reason": self._drop_reason()})
+                self._dropped_reported = dropped
+                self._warn("dropped", f"commscope: dropped {dropped} trace events ({self._drop_reason()}); "
+                                      "training is unaffected")
+            self._write(final)
+            self._ticks += 1
+
+    def _emit(self, ev: dict) -> None:
+        """Stamp and encode one event at once, so no batch of dicts outlives the tick."""
+        if self.rank is None:
+            if len(self._early) >= self.EARLY_CAP:
+                self._early.popleft()
+                self.store_dropped += 1
+            self._early.append(ev)
+            return
+        ev["v"] = E.SCHEMA_VERSION
+        ev["rank"] = self.rank
+        pending = self.pending
+        if len(pending) >= self.PENDING_CAP:
+            pending.popleft()
+            self.store_dropped += 1
+        pending.append(_dumps(ev))
+
+    def _drop_reason(self) -> str:
+        if self._store_error:
+            return self._store_error
+        return "recorder buffer full"
+
+    def _poll_fr_entries(self, now: int, final: bool) -> list | None:
+        if self._fr is None or self.rank is None:
+            return None
+        mono = time.monotonic()
+        if not final and mono < self._fr_next:
+            return None
+        self._fr_next = mono + self.FR_INTERVAL
+        try:
+            return flight.dump_entries()
+        except Exception as exc:
+            self._fr.errors += 1
+            if self._fr.errors >= 3:
+                self._fr = None  # unavailable here; stop asking
+                self._warn("fr", f"commscope: Flight Recorder merge disabled: {exc!r}")
+            return None
+
+    def _drain(self, append) -> None:
+        q = self.q
+        inflight, waiting, unwaited = self._inflight, self._waiting, self._unwaited
+        for _ in range(len(q)):
+            item = q.popleft()
+            tag = item[0]
+            if tag == _B:
+                (_, op_id, ts, name, group, seq, peer, direction, root, redop, idesc, ib, odesc, ob, async_op,
+                 site, tid, parent, nested) = item
+                ev: dict[str, Any] = {"type": E.OP, "ts": ts, "phase": E.BEGIN, "id": op_id, "op": name,
+                                      "group": group}
+                if seq is not None:
+                    ev["seq"] = seq
+                if peer is not None:
+                    ev["peer"] = peer
+                if direction is not None:
+                    ev["dir"] = direction
+                if root is not None:
+                    ev["root"] = root
+                if redop is not None:
+                    ev["redop"] = _redop_name(redop)
+                elif name in _REDUCING:
+                    ev["redop"] = "sum"
+                if idesc is not None:
+                    ev["in_shapes"] = [list(s) for s, _ in idesc]
+                    ev["in_dtypes"] = [_dtype_name(d) for _, d in idesc]
+                    ev["in_bytes"] = ib
+                if odesc is not None:
+                    ev["out_shapes"] = [list(s) for s, _ in odesc]
+                    ev["out_dtypes"] = [_dtype_name(d) for _, d in odesc]
+                    ev["out_bytes"] = ob
+                if async_op:
+                    ev["async"] = True
+                if site is not None:
+                    ev["site"] = callsite.format_site(site)
+                ev["tid"] = tid
+                if parent is not None:
+                    ev["parent"] = parent
+                    if nested:
+                        ev["nested"] = True
+                append(ev)
+                inflight[op_id] = [ts, name, tid, parent, False, group, seq, async_op]
+                if parent is None:
+                    self._top_windows[op_id] = self._windows.open(tid, group, ts)
+            elif tag == _E:
+                _, op_id, ts, exc, extra = item
+                ev = {"type": E.OP, "ts": ts, "phase": E.END, "id": op_id}
+                if exc is not None:
+                    ev["exc"] = exc
+                if extra is not None:
+                    ev["peer"], ev["seq"] = extra
+                append(ev)
+                info = inflight.pop(op_id, None)
+                win = self._top_windows.pop(op_id, None)
+                if win is not None:
+                    win[1] = ts
+                if info is not None and info[7] and exc is None:
+                    unwaited[op_id] = info[1]
+                    if len(unwaited) > self.UNWAITED_CAP:
+                        unwaited.popitem(last=False)
+            elif tag in (_WB, _WE):
+                _, op_ids, ts, exc, tid = item
+                phase = E.WAIT_BEGIN if tag == _WB else E.WAIT_END
+                for op_id in op_ids:
+                    ev = {"type": E.OP, "ts": ts, "phase": phase, "id": op_id}
+                    if exc is not None:
+                        ev["exc"] = exc
+                    append(ev)
+                    if tag == _WB:
+                        name = unwaited.pop(op_id, "?")
+                        waiting[op_id] = [ts, name, tid, None, False, None, None, False]
+                    else:
+                        waiting.pop(op_id, None)
+            elif tag == _G:
+                _, ts, name, granks, backend = item
+                append({"type": E.GROUP, "ts": ts, "group": name, "granks": list(granks), "backend": backend})
+            else:  # exit
+                _, ts, reason = item
+                ev = {"type": E.EXIT, "ts": ts, "reason": reason}
+                if unwaited:
+                    ev["unwaited"] = list(unwaited)
+                if self.crash:
+                    ev["exc"] = self.crash
+                append(ev)
+
+    def _check_hangs(self, now: int, emit) -> None:
+        limit = int(self.hang_after * 1e9)
+        for table in (self._inflight, self._waiting):
+            for op_id, info in table.items():
+                if info[4] or now - info[0] < limit:
+                    continue
+                info[4] = True
+                parent = info[3]
+                if parent is not None and (parent in self._inflight or parent in self._waiting):
+                    continue  # the outer op gets the stack
+                me = threading.get_ident()
+                threads = [t for t in callsite.all_stacks() if t["tid"] != me]
+                for t in threads:
+                    if t["tid"] == info[2]:
+                        t["op_thread"] = True
+                emit({"type": E.STACK, "ts": now, "id": op_id, "threads": threads})
+
+    def _samples(self, now: int, emit) -> None:
+        if self._probe is None:
+            self._probe = ResourceProbe()
+        if self._gpu_index is None:
+            self._gpu_index = _current_cuda_device()
+        if self._gpu_index is not None:
+            self._probe.use_gpu(self._gpu_index)
+        sample = {"type": E.SAMPLE, "ts": now}
+        sample.update(self._probe.sample())
+        emit(sample)
+        emit({"type": E.HEARTBEAT, "ts": now, "inflight": len(self._inflight) + len(self._waiting)})
+
+    # ------------------------------------------------------------------ writing
+    def _open_writer(self) -> bool:
+        if self.writer is not None:
+            return True
+        if self.rank is None:
+            if not (dist.is_available() and dist.is_initialized()):
+                return False
+            self.rank = dist.get_rank()
+        if time.monotonic() < self._retry_at:
+            return False
+        if self.job is None:
+            from commscope.record.jobid import resolve_job_id
+
+            self.job = resolve_job_id(self.rank)
+        meta = self._meta()
+        try:
+            self.writer = open_writer(self.store, self.job, self.rank, job_meta={
+                "created": self.started_ns, "world_size": meta["world_size"], "backend": meta["backend"],
+                "schema": E.SCHEMA_VERSION, "commscope": __version__, "host": meta["host"],
+            })
+        except StoreError as exc:
+            self._store_failed(str(exc))
+            return False
+        meta["v"], meta["rank"] = E.SCHEMA_VERSION, self.rank
+        self.pending.appendleft(_dumps(meta))
+        return True
+
+    def _meta(self) -> dict:
+        try:
+            world = dist.get_world_size()
+            backend = str(dist.get_backend())
+        except Exception:
+            world, backend = None, "?"
+        meta = {"type": E.META, "ts": self.started_ns, "host": socket.gethostname(), "pid": os.getpid(),
+                "world_size": world, "backend": backend, "torch": torch.__version__, "commscope": __version__,
+                "python": sys.version.split()[0], "job": self.job, "hang_after": self.hang_after,
+                "sample_interval": self.sample_interval, "argv": sys.argv[:16],
+                "store": redact(self.store), "fr": bool(self._fr is not None and flight.fr_env_enabled())}
+        if os.environ.get("LOCAL_RANK", "").isdigit():
+            meta["local_rank"] = int(os.environ["LOCAL_RANK"])
+        return meta
+
+    def _store_failed(self, message: str) -> None:
+        self._store_error = message
+        self._warn("store", f"commscope: {message}; training continues, trace events are buffered "
+                            "(bounded) and dropped if the store stays unavailable")
+        self._retry_at = time.monotonic() + self._retry_delay
+        self._retry_delay = min(self._retry_delay * 2, 10.0)
+
+    def _write(self, final: bool) -> None:
+        pending = self.pending
+        if not pending or not self._open_writer():
+            return
+        if time.monotonic() < self._retry_at and not final:
+            return
+        batch = list(pending)
+        try:
+            self.writer.write(batch)
+        except StoreError as exc:
+            for _ in range(min(exc.written, len(pending))):
+                pending.popleft()
+            self._store_failed(str(exc))
+            return
+        pending.clear()
+        if self._store_error is not None:
+            self._store_error = None
+            self._retry_delay = 0.5
+        if final:
+            try:
+                self.writer.close()
+            except Exception:
+                pass
+
+
+def _current_cuda_device() -> int | None:
+    try:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return torch.cuda.current_device()
+    except Exception:
+        pass
+    return None
+
+
+# ---------------------------------------------------------------------- module API
+_lock = threading.Lock()
+_active: Recorder | None = None
+_atexit_registered = False
+
+
+def active() -> Recorder | None:
+    return _active
+
+
+def instrument(store: Any = None, *, hang_after: float | None = None, capture_stacks: bool = True,
+               sample_interval: float = 1.0, flight_recorder: bool = True) -> Recorder:
+    global _active, _atexit_registered
+    with _lock:
+        if _active is not None:
+            return _active
+        if flight_recorder:
+            # Must be set before the first process group exists to take effect.
+            os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+        rec = Recorder(store, hang_after=hang_after, capture_stacks=capture_stacks,
+                       sample_interval=sample_interval, flight_recorder=flight_recorder)
+        patch.install(rec)
+        rec.start()
+        _active = rec
+        if not _atexit_registered:
+            atexit.register(_at_exit)
+            os.register_at_fork(after_in_child=_after_fork_child)
+            _atexit_registered = True
+        return rec
+
+
+def uninstrument() -> None:
+    global _active
+    with _lock:
+        rec = _active
+        if rec is None:
+            return
+        patch.uninstall()
+        _active = None
+    rec.stop("uninstrument")
+
+
+def _at_exit() -> None:
+    global _active
+    rec = _active
+    if rec is None:
+        return
+    patch.uninstall()
+    _active = None
+    rec.stop("atexit" if rec.crash is None else "exception")
+
+
+def _after_fork_child() -> None:
+    """A forked child (e.g. a DataLoader worker) must not write into its parent's trace."""
+    global _active
+    rec = _active
+    if rec is None:
+        return
+    _active = None
+    patch.uninstall()
+    rec.q.clear()
+    rec.pending.clear()
+    rec.writer = None
