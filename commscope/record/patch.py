@@ -155,6 +155,22 @@ def _destroy_wrapper(orig: Any) -> Any:
     return destroy_process_group
 
 
+def _init_wrapper(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def init_process_group(*args, **kwargs):
+        ret = orig(*args, **kwargs)
+        rec = ACTIVE
+        if rec is not None:
+            try:
+                rec.on_group_created()
+            except Exception:
+                pass
+        return ret
+
+    setattr(init_process_group, _ORIG_ATTR, orig)
+    return init_process_group
+
+
 def _make_wait(orig_wait: Any) -> Any:
     @functools.wraps(orig_wait)
     def wait(self, *args, **kwargs):
@@ -219,6 +235,7 @@ def install(rec: Any) -> None:
         _set(dist, name, make_wrapper(name, _unwrap(orig), extract))
     _set(dist, "batch_isend_irecv", _batch_wrapper(_unwrap(dist.batch_isend_irecv)))
     _set(dist, "destroy_process_group", _destroy_wrapper(_unwrap(dist.destroy_process_group)))
+    _set(dist, "init_process_group", _init_wrapper(_unwrap(dist.init_process_group)))
     p2p = dist.P2POp
     _set(p2p, "__new__", _p2pop_new(vars(p2p)["__new__"]))
     _set(p2p, "__init__", _p2pop_init(vars(p2p)["__init__"]))

@@ -282,14 +282,27 @@ class Recorder:
             pass
 
     # ------------------------------------------------------------------ lifecycle
+    def on_group_created(self) -> None:
+        """The default process group now exists: settle the job id while rank 0 is surely up."""
+        if self.job is None:
+            from commscope.record.jobid import publish
+
+            try:
+                self.job = publish(dist.get_rank())
+            except Exception:
+                self.job = None
+
     def start(self) -> None:
+        if dist.is_available() and dist.is_initialized():
+            self.on_group_created()
         self._thread = threading.Thread(target=self._run, name="commscope-recorder", daemon=True)
         self._thread.start()
 
     def flush(self, timeout: float = 1.0) -> bool:
-        """Ask the thread for a full tick and wait (bounded) until one completed."""
+        """Ask the thread for a full tick (Flight Recorder included) and wait, bounded."""
         if self._thread is None or not self._thread.is_alive():
             return False
+        self._fr_next = 0.0
         target = self._ticks + 2
         deadline = time.monotonic() + timeout
         while self._ticks < target and time.monotonic() < deadline:
@@ -343,7 +356,7 @@ class Recorder:
                 self._early.clear()
             emit = self._emit
             fr_entries = self._poll_fr_entries(now, final)  # before draining: see flight.py
-            self._drain(emit)
+            exit_ev = self._drain(emit)
             if fr_entries is not None:
                 for ev in self._fr.poll(fr_entries, self._windows, now):
                     emit(ev)
@@ -363,6 +376,8 @@ class Recorder:
                 self._dropped_reported = dropped
                 self._warn("dropped", f"commscope: dropped {dropped} trace events ({self._drop_reason()}); "
                                       "training is unaffected")
+            if exit_ev is not None:
+                emit(exit_ev)  # last, after any Flight Recorder ops of the same tick
             self._write(final)
             self._ticks += 1
 
@@ -403,8 +418,10 @@ class Recorder:
                 self._warn("fr", f"commscope: Flight Recorder merge disabled: {exc!r}")
             return None
 
-    def _drain(self, append) -> None:
+    def _drain(self, append) -> dict | None:
+        """Convert queued tuples to events; returns the ``exit`` event, held back."""
         q = self.q
+        exit_ev = None
         inflight, waiting, unwaited = self._inflight, self._waiting, self._unwaited
         for _ in range(len(q)):
             item = q.popleft()
@@ -481,12 +498,12 @@ class Recorder:
                 append({"type": E.GROUP, "ts": ts, "group": name, "granks": list(granks), "backend": backend})
             else:  # exit
                 _, ts, reason = item
-                ev = {"type": E.EXIT, "ts": ts, "reason": reason}
+                exit_ev = {"type": E.EXIT, "ts": ts, "reason": reason}
                 if unwaited:
-                    ev["unwaited"] = list(unwaited)
+                    exit_ev["unwaited"] = list(unwaited)
                 if self.crash:
-                    ev["exc"] = self.crash
-                append(ev)
+                    exit_ev["exc"] = self.crash
+        return exit_ev
 
     def _check_hangs(self, now: int, emit) -> None:
         limit = int(self.hang_after * 1e9)
@@ -622,6 +639,7 @@ def instrument(store: Any = None, *, hang_after: float | None = None, capture_st
         rec = Recorder(store, hang_after=hang_after, capture_stacks=capture_stacks,
                        sample_interval=sample_interval, flight_recorder=flight_recorder)
         patch.install(rec)
+        _install_excepthook()
         rec.start()
         _active = rec
         if not _atexit_registered:
@@ -638,8 +656,34 @@ def uninstrument() -> None:
         if rec is None:
             return
         patch.uninstall()
+        _remove_excepthook()
         _active = None
     rec.stop("uninstrument")
+
+
+_prev_excepthook: Any = None
+
+
+def _excepthook(exc_type, exc, tb):
+    """Note an unhandled exception so the ``exit`` event says the process crashed."""
+    rec = _active
+    if rec is not None and not issubclass(exc_type, KeyboardInterrupt | SystemExit):
+        rec.crash = _fmt_exc(exc) if exc is not None else exc_type.__name__
+    (_prev_excepthook or sys.__excepthook__)(exc_type, exc, tb)
+
+
+def _install_excepthook() -> None:
+    global _prev_excepthook
+    if sys.excepthook is not _excepthook:
+        _prev_excepthook = sys.excepthook
+        sys.excepthook = _excepthook
+
+
+def _remove_excepthook() -> None:
+    global _prev_excepthook
+    if sys.excepthook is _excepthook:
+        sys.excepthook = _prev_excepthook or sys.__excepthook__
+    _prev_excepthook = None
 
 
 def _at_exit() -> None:

@@ -1,0 +1,231 @@
+"""The recorder's thread on real ranks: live visibility of hangs, failing stores, exits, bounds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+from trace_helpers import of_type, ops, read_events
+
+import commscope
+from commscope.launch import Job, run_ranks
+from commscope.store import open_reader
+
+
+def blocked(rank: int, ws: int, store: str) -> None:
+    commscope.instrument(store, hang_after=1.0, sample_interval=0.2)
+    dist.all_reduce(torch.ones(2))
+    if rank == 1:
+        time.sleep(600)  # never arrives: rank 0 blocks in the next all_reduce
+    stuck_in_all_reduce(torch.ones(8))
+
+
+def stuck_in_all_reduce(t: torch.Tensor) -> None:
+    dist.all_reduce(t)
+
+
+def _poll_until(reader, predicate, timeout: float):
+    events: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events += reader.poll()
+        if predicate(events):
+            return events
+        time.sleep(0.1)
+    raise AssertionError(f"condition not met within {timeout}s; saw {len(events)} events")
+
+
+def test_blocked_rank_begin_and_stack_are_readable_while_it_is_blocked(tmp_path):
+    store = tmp_path / "trace"
+    job = Job(blocked, 2, args=(str(store),)).start()
+    try:
+        reader = open_reader(str(store), wait=True)
+
+        def stuck(events):
+            begins = [e for e in events if e["rank"] == 0 and e["type"] == "op" and e["phase"] == "begin"
+                      and e.get("seq") == 2]
+            stacks = [e for e in events if e["rank"] == 0 and e["type"] == "stack"]
+            return begins and stacks
+
+        events = _poll_until(reader, stuck, timeout=20)
+        assert sorted(job.alive()) == [0, 1]  # still blocked while we read it
+        op = [o for o in ops(events, 0) if o.get("seq") == 2][0]
+        assert op["op"] == "all_reduce" and "end" not in op["phases"]
+        assert op["site"].endswith("in stuck_in_all_reduce")
+        stack = of_type(events, "stack", 0)[0]
+        assert stack["id"] == op["id"]
+        main = [t for t in stack["threads"] if t.get("op_thread")]
+        assert len(main) == 1
+        assert "stuck_in_all_reduce" in [f[2] for f in main[0]["frames"]]
+        assert not any(t["name"] == "commscope-recorder" for t in stack["threads"])
+        assert len(of_type(events, "stack", 0)) == 1  # once per stuck op
+        beats = of_type(events, "heartbeat", 0)
+        assert beats and beats[-1]["inflight"] >= 1
+    finally:
+        job.kill()
+
+
+def unwritable(rank: int, ws: int, store: str) -> list:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        commscope.instrument(store, sample_interval=0.1)
+        x = torch.ones(3) * (rank + 1)
+        for _ in range(20):
+            dist.all_reduce(x)
+        time.sleep(0.5)
+        rec = commscope.record.recorder.active()
+        dropped = rec.store_dropped + len(rec.pending)
+        commscope.uninstrument()
+    msgs = [str(w.message) for w in caught if "commscope" in str(w.message)]
+    return [x.tolist(), msgs, dropped]
+
+
+def test_unwritable_store_never_disturbs_training_and_warns_once(tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the store directory should be")
+    results = run_ranks(unwritable, 2, args=(str(blocker / "trace"),))
+    for r in results:
+        values, msgs, dropped = r.value
+        assert values == [3.0 * 2**19] * 3  # 1 + 2, then doubled by each of the other 19 sums
+        store_msgs = [m for m in msgs if "cannot write trace store" in m]
+        assert len(store_msgs) == 1, msgs
+        assert dropped > 0
+
+
+def deleted_midway(rank: int, ws: int, store: str) -> int:
+    import shutil
+
+    commscope.instrument(store, sample_interval=0.1)
+    dist.all_reduce(torch.ones(1))
+    commscope.record.recorder.active().flush()
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(store)
+    dist.barrier()
+    dist.broadcast(torch.ones(1), src=0)
+    return 0
+
+
+def test_store_deleted_mid_run_is_recreated(tmp_path):
+    store = tmp_path / "trace"
+    run_ranks(deleted_midway, 2, args=(str(store),))
+    events = read_events(store)
+    names = [o["op"] for o in ops(events)]
+    assert "broadcast" in names and "all_reduce" not in names  # what came after the deletion
+    assert {e["rank"] for e in events} == {0, 1}
+
+
+def flood(rank: int, ws: int, store: str) -> dict:
+    rec = commscope.instrument(store, sample_interval=0.2, flight_recorder=False)
+    rec.QUEUE_CAP = 500  # a tiny buffer so the hot path overflows it
+    rec._stop.set()  # stall the writer thread: nothing drains the queue
+    rec._thread.join()
+    x = torch.ones(1)
+    for _ in range(2000):
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    queued = len(rec.q)
+    dropped = rec.hot_dropped
+    rec._stop.clear()
+    rec.start()
+    dist.barrier()
+    return {"queued": queued, "dropped": dropped, "value": x.item()}
+
+
+def test_memory_stays_bounded_and_drops_are_counted(tmp_path):
+    store = tmp_path / "trace"
+    results = run_ranks(flood, 2, args=(str(store),))
+    for r in results:
+        # the cap applies to begins; an end whose begin was queued is never dropped
+        assert r.value["queued"] <= 501 and r.value["dropped"] > 1000
+        assert r.value["value"] == 1.0
+    events = read_events(store)
+    for rank in (0, 1):
+        drops = of_type(events, "dropped", rank)
+        assert sum(d["count"] for d in drops) == results[rank].value["dropped"]
+        assert drops[-1]["reason"] == "recorder buffer full"
+
+
+def samples(rank: int, ws: int, store: str) -> None:
+    commscope.instrument(store, sample_interval=0.1)
+    x = torch.ones(1000)
+    for _ in range(5):
+        dist.all_reduce(x)
+        time.sleep(0.1)
+
+
+def test_samples_and_heartbeats_without_a_gpu(tmp_path):
+    store = tmp_path / "trace"
+    run_ranks(samples, 2, args=(str(store),))
+    events = read_events(store)
+    for rank in (0, 1):
+        s = of_type(events, "sample", rank)
+        assert len(s) >= 3
+        assert all(isinstance(x["cpu"], float) and x["rss"] > 10**7 for x in s)
+        assert not any(k.startswith("gpu") for x in s for k in x)  # a CPU job: no GPU fields
+        assert len(of_type(events, "heartbeat", rank)) == len(s)
+        assert of_type(events, "meta", rank)[0]["sample_interval"] == 0.1
+
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, torch, torch.distributed as dist, commscope
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+    commscope.instrument(sys.argv[1], sample_interval=0.1)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    dist.all_reduce(torch.ones(1))
+    if sys.argv[3] == "raise":
+        raise RuntimeError("boom in training")
+    if sys.argv[3] == "kill":
+        import time
+        time.sleep(0.3)  # events reach the store within ~200 ms; then die without a word
+        os._exit(3)
+""")
+
+
+def _run_script(tmp_path, mode: str) -> tuple[int, list[dict]]:
+    from commscope.launch import free_port
+
+    store = tmp_path / mode
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(store), str(free_port()), mode],
+                          capture_output=True, text=True, timeout=60)
+    return proc.returncode, read_events(store)
+
+
+def test_exit_events_tell_clean_crashed_and_killed_processes_apart(tmp_path):
+    code, events = _run_script(tmp_path, "clean")
+    assert code == 0
+    assert [e["reason"] for e in of_type(events, "exit")] == ["atexit"]
+    code, events = _run_script(tmp_path, "raise")
+    assert code == 1
+    exits = of_type(events, "exit")
+    assert len(exits) == 1 and exits[0]["reason"] == "exception"
+    assert exits[0]["exc"] == "RuntimeError: boom in training"
+    code, events = _run_script(tmp_path, "kill")
+    assert code == 3
+    assert of_type(events, "exit") == [] and of_type(events, "meta")  # died without a word
+
+
+def test_instrument_before_init_uses_env_defaults(tmp_path, monkeypatch):
+    store = tmp_path / "envstore"
+    env = dict(os.environ, COMMSCOPE_STORE=str(store), COMMSCOPE_HANG_AFTER="7.5")
+    code = textwrap.dedent("""
+        import os, torch, torch.distributed as dist, commscope
+        from commscope.launch import free_port
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        rec = commscope.instrument()
+        assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000"
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        dist.all_reduce(torch.ones(1))
+        print(rec.hang_after)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "7.5"
+    events = read_events(store)
+    assert [o["op"] for o in ops(events)] == ["all_reduce"]
+    assert of_type(events, "meta")[0]["fr"] is True

@@ -1,0 +1,184 @@
+"""The directory store: layout, tailing, damaged files and job separation (no processes)."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import orjson
+import pytest
+
+from commscope import events as E
+from commscope.store import StoreError, default_store, open_reader, open_writer
+from commscope.store.directory import DirectoryReader, DirectoryWriter, list_jobs
+
+
+def ev(rank: int, i: int, **kw) -> dict:
+    return {"v": 1, "type": "op", "rank": rank, "ts": 1000 + i, "phase": "begin", "id": i, "op": "all_reduce",
+            **kw}
+
+
+def lines(*events: dict) -> list[bytes]:
+    return [E.encode(e) for e in events]
+
+
+def test_round_trip_layout_and_job_metadata(tmp_path):
+    w0 = open_writer(tmp_path, "job-a", 0, {"world_size": 2})
+    w1 = open_writer(tmp_path, "job-a", 1)
+    w0.write(lines(ev(0, 1), ev(0, 2)))
+    w1.write(lines(ev(1, 1)))
+    assert (tmp_path / "LATEST").read_text().strip() == "job-a"
+    assert sorted(os.listdir(tmp_path / "job-a")) == ["job.json", "rank-00000.jsonl", "rank-00001.jsonl"]
+    reader = open_reader(tmp_path)
+    got = reader.read_all()
+    assert [(e["rank"], e["id"]) for e in got] == [(0, 1), (0, 2), (1, 1)]
+    assert reader.job() == {"world_size": 2, "job": "job-a"}
+    assert reader.stats.corrupt == 0 and reader.stats.events == 3
+    assert list_jobs(tmp_path) == ["job-a"]
+
+
+def test_tail_returns_only_complete_new_lines(tmp_path):
+    w = DirectoryWriter(tmp_path, "j", 0)
+    reader = DirectoryReader(tmp_path)
+    assert reader.poll() == []
+    w.write(lines(ev(0, 1)))
+    assert [e["id"] for e in reader.poll()] == [1]
+    assert reader.poll() == []
+    path = tmp_path / "j" / "rank-00000.jsonl"
+    whole = E.encode(ev(0, 2)) + b"\n"
+    with open(path, "ab") as f:
+        f.write(whole[:10])  # a writer caught mid-line
+    assert reader.poll() == [] and reader.stats.partial_tail == 1
+    with open(path, "ab") as f:
+        f.write(whole[10:])
+    assert [e["id"] for e in reader.poll()] == [2]
+    assert reader.stats.corrupt == 0
+
+
+def test_reader_waits_for_a_store_that_does_not_exist_yet(tmp_path):
+    store = tmp_path / "later"
+    with pytest.raises(StoreError, match="no trace store"):
+        open_reader(store)
+    reader = open_reader(store, wait=True)
+    assert reader.poll() == [] and reader.job() is None
+    open_writer(store, "j", 0).write(lines(ev(0, 1)))
+    assert [e["id"] for e in reader.poll()] == [1]
+
+
+def test_corrupt_lines_are_counted_and_skipped(tmp_path):
+    job = tmp_path / "j"
+    job.mkdir()
+    good = [E.encode(ev(3, i)) for i in range(1, 5)]
+    data = b"\n".join([good[0], b"{not json", good[1], b'{"type": "op"}', b"[1,", b"2]", good[2],
+                       b'{"v": 99, "type": "meta", "rank": 3, "ts": 1}', good[3]]) + b"\n"
+    (job / "rank-00003.jsonl").write_bytes(data)
+    reader = open_reader(tmp_path)
+    got = reader.read_all()
+    assert [e["id"] for e in got] == [1, 2, 3, 4]
+    assert reader.stats.corrupt == 5 and reader.stats.corrupt_by_rank == {3: 5}
+
+
+def test_truncated_file_reports_its_torn_last_line(tmp_path):
+    job = tmp_path / "j"
+    job.mkdir()
+    (job / "rank-00000.jsonl").write_bytes(E.encode(ev(0, 1)) + b"\n" + E.encode(ev(0, 2))[:-7])
+    reader = open_reader(tmp_path)
+    got = reader.read_all()
+    assert [e["id"] for e in got] == [1]
+    assert reader.stats.corrupt == 1
+    assert any("truncated" in w for w in reader.stats.warnings)
+
+
+def test_a_complete_last_line_without_newline_still_counts(tmp_path):
+    job = tmp_path / "j"
+    job.mkdir()
+    (job / "rank-00000.jsonl").write_bytes(E.encode(ev(0, 1)) + b"\n" + E.encode(ev(0, 2)))
+    reader = open_reader(tmp_path)
+    assert [e["id"] for e in reader.read_all()] == [1, 2] and reader.stats.corrupt == 0
+
+
+def test_shrunk_file_is_reread_with_a_warning(tmp_path):
+    w = DirectoryWriter(tmp_path, "j", 0)
+    w.write(lines(ev(0, 1), ev(0, 2)))
+    reader = DirectoryReader(tmp_path)
+    assert len(reader.poll()) == 2
+    (tmp_path / "j" / "rank-00000.jsonl").write_bytes(E.encode(ev(0, 9)) + b"\n")
+    assert [e["id"] for e in reader.poll()] == [9]
+    assert any("shrank" in w for w in reader.stats.warnings)
+
+
+def test_new_job_never_mixes_with_an_old_one(tmp_path):
+    old = [open_writer(tmp_path, "old", r) for r in range(4)]
+    for r, w in enumerate(old):
+        w.write(lines(ev(r, 1)))
+    new = [open_writer(tmp_path, "new", r) for r in range(2)]
+    for r, w in enumerate(new):
+        w.write(lines(ev(r, 7)))
+    got = open_reader(tmp_path).read_all()
+    assert sorted((e["rank"], e["id"]) for e in got) == [(0, 7), (1, 7)]
+    old_again = open_reader(tmp_path / "old").read_all()
+    assert sorted(e["rank"] for e in old_again) == [0, 1, 2, 3]
+    with pytest.raises(StoreError, match="refusing to mix jobs"):
+        open_writer(tmp_path, "new", 1)
+
+
+def test_disk_full_raises_store_error_and_loses_only_a_torn_line(tmp_path, monkeypatch):
+    w = DirectoryWriter(tmp_path, "j", 0)
+    w.write(lines(ev(0, 1)))
+    real_write = os.write
+    calls = {"n": 0}
+
+    def half_then_full(fd, data):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real_write(fd, bytes(data[: len(data) // 2 + 3]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    batch = lines(ev(0, 2), ev(0, 3), ev(0, 4))
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(StoreError, match="No space left") as info:
+        w.write(batch)
+    monkeypatch.setattr(os, "write", real_write)
+    assert info.value.written == 1  # one whole line landed before the disk filled
+    w.write(batch[info.value.written:])  # what a retry sends
+    reader = open_reader(tmp_path)
+    got = reader.read_all()
+    assert [e["id"] for e in got] == [1, 2, 3, 4]
+    assert reader.stats.corrupt == 1  # the torn copy of event 3, ended by the retry
+
+
+def test_dev_full_is_a_store_error(tmp_path):
+    w = DirectoryWriter(tmp_path, "j", 0)
+    os.close(w._fd)
+    w._fd = os.open("/dev/full", os.O_WRONLY)
+    with pytest.raises(StoreError) as info:
+        w.write(lines(ev(0, 1)))
+    assert info.value.written == 0
+    w.close()
+
+
+def test_default_store_follows_env(monkeypatch):
+    monkeypatch.delenv("COMMSCOPE_STORE", raising=False)
+    assert default_store(None) == "./commscope-trace"
+    monkeypatch.setenv("COMMSCOPE_STORE", "/x/y")
+    assert default_store(None) == "/x/y"
+    assert default_store("/given") == "/given"
+
+
+def test_decode_lines_never_glues_two_broken_lines_into_one_event():
+    a = b'{"v":1,"type":"op","rank":0,"ts":1,"phase":"begin","id":1,"x":[1'
+    b = b'2]}'
+    good, bad = E.decode_lines(a + b"\n" + b + b"\n")
+    assert good == [] and bad == 2
+
+
+@pytest.mark.parametrize("event, problem", [
+    ({"type": "nope", "rank": 0, "ts": 1}, "unknown event type"),
+    ({"type": "op", "ts": 1, "phase": "begin", "id": 1}, "integer rank"),
+    ({"type": "op", "rank": 0, "ts": 1, "phase": "middle", "id": 1}, "phase"),
+    ({"type": "meta", "rank": 0, "ts": 1, "v": 2}, "schema version"),
+    ([1, 2], "not a JSON object"),
+])
+def test_event_validation_names_the_problem(event, problem):
+    with pytest.raises(E.TraceFormatError, match=problem):
+        E.decode(orjson.dumps(event))

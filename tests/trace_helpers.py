@@ -1,0 +1,38 @@
+"""Reading a recorded trace back in tests: events per rank and ops assembled from phases."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from commscope.store import open_reader
+
+
+def read_events(store) -> list[dict]:
+    return open_reader(str(store)).read_all()
+
+
+def by_rank(events: list[dict]) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = defaultdict(list)
+    for e in events:
+        out[e["rank"]].append(e)
+    return dict(out)
+
+
+def ops(events: list[dict], rank: int | None = None) -> list[dict]:
+    """One dict per op id: the begin fields plus ``phases`` {phase: event}."""
+    table: dict[tuple[int, int], dict] = {}
+    order = []
+    for e in events:
+        if e["type"] != "op" or (rank is not None and e["rank"] != rank):
+            continue
+        key = (e["rank"], e["id"])
+        if e["phase"] == "begin":
+            table[key] = dict(e, phases={"begin": e})
+            order.append(key)
+        elif key in table:
+            table[key]["phases"][e["phase"]] = e
+    return [table[k] for k in order]
+
+
+def of_type(events: list[dict], typ: str, rank: int | None = None) -> list[dict]:
+    return [e for e in events if e["type"] == typ and (rank is None or e["rank"] == rank)]
