@@ -30,20 +30,42 @@ def _is_internal(code: CodeType) -> bool:
     return hit
 
 
-def user_frame(frame: FrameType | None) -> tuple[str, int, str] | None:
-    """(file, line, function) of the first non-internal frame at or above ``frame``."""
+def user_frame(frame: FrameType | None) -> tuple[CodeType, int] | None:
+    """(code, instruction offset) of the first non-internal frame at or above ``frame``.
+
+    The line number is resolved later, off the hot path: ``frame.f_lineno`` scans the
+    code's line table from its start, which costs more the larger the calling function.
+    """
     while frame is not None:
         code = frame.f_code
         if not _is_internal(code):
-            return code.co_filename, frame.f_lineno, code.co_name
+            return code, frame.f_lasti
         frame = frame.f_back
     return None
 
 
-def format_site(site: tuple[str, int, str] | None) -> str | None:
+_site_cache: dict[tuple[CodeType, int], str] = {}
+
+
+def line_of(code: CodeType, lasti: int) -> int:
+    for start, end, line in code.co_lines():
+        if start <= lasti < end and line is not None:
+            return line
+    return code.co_firstlineno
+
+
+def format_site(site: tuple[CodeType, int] | None) -> str | None:
+    """``file:line in function`` for a ``user_frame`` result (cached; runs on the thread)."""
     if site is None:
         return None
-    return f"{site[0]}:{site[1]} in {site[2]}"
+    text = _site_cache.get(site)
+    if text is None:
+        code, lasti = site
+        text = f"{code.co_filename}:{line_of(code, lasti)} in {code.co_name}"
+        if len(_site_cache) > 100_000:
+            _site_cache.clear()
+        _site_cache[site] = text
+    return text
 
 
 def all_stacks(limit: int = 64) -> list[dict]:

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-SUM: Any = None  # filled lazily with torch.distributed.ReduceOp.SUM
+SUM: Any = None  # an omitted reduce op means SUM; the recorder writes "sum"
+
+# Tags of the tuples the hot path queues for the recorder thread.
+TAG_BEGIN, TAG_END, TAG_WAIT_BEGIN, TAG_WAIT_END, TAG_GROUP, TAG_EXIT = range(6)
 
 
 class OpArgs(NamedTuple):

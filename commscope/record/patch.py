@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 from typing import Any
 
 import torch.distributed as dist
@@ -50,14 +51,16 @@ def _unwrap(fn: Any) -> Any:
 
 
 def make_wrapper(name: str, orig: Any, extract: Any) -> Any:
+    getframe = sys._getframe
+    time_ns = time.time_ns
+
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
         rec = ACTIVE
         if rec is None:
             return orig(*args, **kwargs)
         try:
-            a = extract(*args, **kwargs)
-            tok = rec.begin(name, a, sys._getframe(1))
+            tok = rec.begin(name, extract(*args, **kwargs), getframe(1))
         except Exception:
             tok = None  # arguments torch will reject itself, or an unknown group
         if tok is None:
@@ -68,7 +71,11 @@ def make_wrapper(name: str, orig: Any, extract: Any) -> Any:
             rec.end(tok, exc, None)
             raise
         try:
-            rec.end(tok, None, ret)
+            if tok[2] or tok[3] is not None or tok[4] is not None:
+                rec.end(tok, None, ret)  # async, any-source recv or CUDA: the full path
+            else:  # the common case, inlined: a plain synchronous op ended
+                rec._tls.cur = tok[1]
+                rec.q.append((O.TAG_END, tok[0], time_ns(), None, None))
         except Exception:
             pass  # recording must never change what the call returns
         return ret

@@ -25,6 +25,7 @@ from collections import OrderedDict, deque
 from threading import get_ident
 from typing import Any, NamedTuple
 
+import orjson
 import torch
 import torch.distributed as dist
 
@@ -33,6 +34,14 @@ from commscope import events as E
 from commscope.events import encode as _dumps
 from commscope.record import callsite, flight, patch
 from commscope.record.cuda_timing import CudaTimer
+from commscope.record.ops import (
+    TAG_BEGIN,
+    TAG_END,
+    TAG_EXIT,
+    TAG_GROUP,
+    TAG_WAIT_BEGIN,
+    TAG_WAIT_END,
+)
 from commscope.record.probes import ResourceProbe
 from commscope.store import StoreError, default_store, open_writer, redact
 
@@ -40,8 +49,7 @@ ENV_HANG_AFTER = "COMMSCOPE_HANG_AFTER"
 ENV_JOB = "COMMSCOPE_JOB"
 DEFAULT_HANG_AFTER = 30.0
 
-# Hot-path tuple tags.
-_B, _E, _WB, _WE, _G, _X = 0, 1, 2, 3, 4, 5
+_B, _E, _WB, _WE, _G, _X = TAG_BEGIN, TAG_END, TAG_WAIT_BEGIN, TAG_WAIT_END, TAG_GROUP, TAG_EXIT
 
 _REDUCING = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
                        "reduce_scatter_tensor", "reduce_scatter_v"})
@@ -75,8 +83,8 @@ def _dtype_name(dt: Any) -> str:
 
 class Recorder:
     TICK = 0.05  # seconds between drains; a begin reaches the store within ~2 ticks
-    QUEUE_CAP = 200_000  # hot-path tuples waiting for the thread
-    PENDING_CAP = 200_000  # encoded events waiting for a writable store
+    QUEUE_CAP = 100_000  # hot-path tuples waiting for the thread (about 50 MB at most)
+    PENDING_CAP = 100_000  # encoded events waiting for a writable store (about 30 MB)
     EARLY_CAP = 1_000
     FR_INTERVAL = 1.0
     UNWAITED_CAP = 10_000
@@ -117,6 +125,7 @@ class Recorder:
         self._waiting: dict[int, list] = {}
         self._unwaited: OrderedDict[int, str] = OrderedDict()
         self._windows = flight.WrapperWindows()
+        self._frags: dict[tuple, bytes] = {}
         self._top_windows: dict[int, list] = {}
         self._fr = flight.FlightRecorderMerge(self._next_id) if flight_recorder else None
         self._fr_next = 0.0
@@ -165,7 +174,7 @@ class Recorder:
             return None
         pg, peer, direction, root, redop, async_op, ins, outs = a
         if pg is None:
-            pg = patch.default_group()
+            pg = _world_pg()
             if pg is None:
                 return None
         info = self._groups.get(pg) or self._group(pg)
@@ -191,7 +200,11 @@ class Recorder:
             if key is not None and not container:
                 seqs = self._seq
                 seq = seqs[key] = seqs.get(key, 0) + 1
-            site = callsite.user_frame(frame)
+            code = frame.f_code
+            if _internal_cache.get(code) is False:  # the usual case: called from user code
+                site = (code, frame.f_lasti)
+            else:
+                site = callsite.user_frame(frame)
         t0 = idesc = ib = odesc = ob = None
         try:
             if ins:
@@ -199,7 +212,7 @@ class Recorder:
                 if len(ins) == 1:
                     idesc, ib = ((t0.shape, t0.dtype),), t0.nbytes
                 else:
-                    idesc = [(t.shape, t.dtype) for t in ins]
+                    idesc = tuple([(t.shape, t.dtype) for t in ins])
                     ib = sum([t.nbytes for t in ins])
             if outs is ins:
                 odesc, ob = idesc, ib
@@ -208,7 +221,7 @@ class Recorder:
                 if len(outs) == 1:
                     odesc, ob = ((t.shape, t.dtype),), t.nbytes
                 else:
-                    odesc = [(t.shape, t.dtype) for t in outs]
+                    odesc = tuple([(t.shape, t.dtype) for t in outs])
                     ob = sum([t.nbytes for t in outs])
                 if t0 is None:
                     t0 = t
@@ -422,88 +435,136 @@ class Recorder:
         """Convert queued tuples to events; returns the ``exit`` event, held back."""
         q = self.q
         exit_ev = None
-        inflight, waiting, unwaited = self._inflight, self._waiting, self._unwaited
+        frags, top_windows, fr_on = self._frags, self._top_windows, self._fr is not None
+        rank = self.rank
+        out = self._out
+        if len(frags) > 20_000:
+            frags.clear()
         for _ in range(len(q)):
             item = q.popleft()
-            tag = item[0]
-            if tag == _B:
-                (_, op_id, ts, name, group, seq, peer, direction, root, redop, idesc, ib, odesc, ob, async_op,
-                 site, tid, parent, nested) = item
-                ev: dict[str, Any] = {"type": E.OP, "ts": ts, "phase": E.BEGIN, "id": op_id, "op": name,
-                                      "group": group}
+            try:
+                exit_ev = self._convert(item, append, out, rank, frags, top_windows, fr_on) or exit_ev
+            except Exception as exc:  # one odd item must not cost the rest of the batch
+                self.store_dropped += 1
+                self._warn("convert", f"commscope: could not record an event ({exc!r}); recording continues")
+        return exit_ev
+
+    def _convert(self, item: tuple, append, out, rank, frags, top_windows, fr_on) -> dict | None:
+        """One queued tuple into its event(s); returns an ``exit`` event instead of emitting it."""
+        inflight, waiting, unwaited = self._inflight, self._waiting, self._unwaited
+        exit_ev = None
+        tag = item[0]
+        if tag == _B:
+            (_, op_id, ts, name, group, seq, peer, direction, root, redop, idesc, ib, odesc, ob, async_op,
+             site, tid, parent, nested) = item
+            # Everything but ts/id/seq/parent/tid repeats step after step in a training
+            # loop: encode that part once and format the rest straight into the line.
+            key = (name, group, peer, direction, root, redop, idesc, ib, odesc, ob, async_op, site, nested)
+            frag = frags.get(key)
+            if frag is None:
+                frag = self._begin_fragment(key)
+            if rank is None:  # rare: keep it as a dict until the rank is known
+                ev = orjson.loads(b"{" + frag + b"}")
+                ev.update(type=E.OP, ts=ts, phase=E.BEGIN, id=op_id, tid=tid)
                 if seq is not None:
                     ev["seq"] = seq
-                if peer is not None:
-                    ev["peer"] = peer
-                if direction is not None:
-                    ev["dir"] = direction
-                if root is not None:
-                    ev["root"] = root
-                if redop is not None:
-                    ev["redop"] = _redop_name(redop)
-                elif name in _REDUCING:
-                    ev["redop"] = "sum"
-                if idesc is not None:
-                    ev["in_shapes"] = [list(s) for s, _ in idesc]
-                    ev["in_dtypes"] = [_dtype_name(d) for _, d in idesc]
-                    ev["in_bytes"] = ib
-                if odesc is not None:
-                    ev["out_shapes"] = [list(s) for s, _ in odesc]
-                    ev["out_dtypes"] = [_dtype_name(d) for _, d in odesc]
-                    ev["out_bytes"] = ob
-                if async_op:
-                    ev["async"] = True
-                if site is not None:
-                    ev["site"] = callsite.format_site(site)
-                ev["tid"] = tid
                 if parent is not None:
                     ev["parent"] = parent
-                    if nested:
-                        ev["nested"] = True
                 append(ev)
-                inflight[op_id] = [ts, name, tid, parent, False, group, seq, async_op]
-                if parent is None:
-                    self._top_windows[op_id] = self._windows.open(tid, group, ts)
-            elif tag == _E:
-                _, op_id, ts, exc, extra = item
+            else:
+                line = b'{"type":"op","ts":%d,"phase":"begin","id":%d,' % (ts, op_id)
+                if seq is not None:
+                    line += b'"seq":%d,' % seq
+                if parent is not None:
+                    line += b'"parent":%d,' % parent
+                out(line + frag + b',"tid":%d,"v":1,"rank":%d}' % (tid, rank))
+            inflight[op_id] = [ts, name, tid, parent, False, group, seq, async_op]
+            if parent is None and fr_on:
+                top_windows[op_id] = self._windows.open(tid, group, ts)
+        elif tag == _E:
+            _, op_id, ts, exc, extra = item
+            if exc is None and extra is None and rank is not None:
+                out(b'{"type":"op","ts":%d,"phase":"end","id":%d,"v":1,"rank":%d}' % (ts, op_id, rank))
+            else:
                 ev = {"type": E.OP, "ts": ts, "phase": E.END, "id": op_id}
                 if exc is not None:
                     ev["exc"] = exc
                 if extra is not None:
                     ev["peer"], ev["seq"] = extra
                 append(ev)
-                info = inflight.pop(op_id, None)
-                win = self._top_windows.pop(op_id, None)
+            info = inflight.pop(op_id, None)
+            if fr_on:
+                win = top_windows.pop(op_id, None)
                 if win is not None:
                     win[1] = ts
-                if info is not None and info[7] and exc is None:
-                    unwaited[op_id] = info[1]
-                    if len(unwaited) > self.UNWAITED_CAP:
-                        unwaited.popitem(last=False)
-            elif tag in (_WB, _WE):
-                _, op_ids, ts, exc, tid = item
-                phase = E.WAIT_BEGIN if tag == _WB else E.WAIT_END
-                for op_id in op_ids:
-                    ev = {"type": E.OP, "ts": ts, "phase": phase, "id": op_id}
-                    if exc is not None:
-                        ev["exc"] = exc
-                    append(ev)
-                    if tag == _WB:
-                        name = unwaited.pop(op_id, "?")
-                        waiting[op_id] = [ts, name, tid, None, False, None, None, False]
-                    else:
-                        waiting.pop(op_id, None)
-            elif tag == _G:
-                _, ts, name, granks, backend = item
-                append({"type": E.GROUP, "ts": ts, "group": name, "granks": list(granks), "backend": backend})
-            else:  # exit
-                _, ts, reason = item
-                exit_ev = {"type": E.EXIT, "ts": ts, "reason": reason}
-                if unwaited:
-                    exit_ev["unwaited"] = list(unwaited)
-                if self.crash:
-                    exit_ev["exc"] = self.crash
+            if info is not None and info[7] and exc is None:
+                unwaited[op_id] = info[1]
+                if len(unwaited) > self.UNWAITED_CAP:
+                    unwaited.popitem(last=False)
+        elif tag in (_WB, _WE):
+            _, op_ids, ts, exc, tid = item
+            phase = E.WAIT_BEGIN if tag == _WB else E.WAIT_END
+            for op_id in op_ids:
+                ev = {"type": E.OP, "ts": ts, "phase": phase, "id": op_id}
+                if exc is not None:
+                    ev["exc"] = exc
+                append(ev)
+                if tag == _WB:
+                    name = unwaited.pop(op_id, "?")
+                    waiting[op_id] = [ts, name, tid, None, False, None, None, False]
+                else:
+                    waiting.pop(op_id, None)
+        elif tag == _G:
+            _, ts, name, granks, backend = item
+            append({"type": E.GROUP, "ts": ts, "group": name, "granks": list(granks), "backend": backend})
+        else:  # exit
+            _, ts, reason = item
+            exit_ev = {"type": E.EXIT, "ts": ts, "reason": reason}
+            if unwaited:
+                exit_ev["unwaited"] = list(unwaited)
+            if self.crash:
+                exit_ev["exc"] = self.crash
         return exit_ev
+
+    def _begin_fragment(self, key: tuple) -> bytes:
+        """The JSON members of a begin event that repeat across steps, encoded once."""
+        name, group, peer, direction, root, redop, idesc, ib, odesc, ob, async_op, site, nested = key
+        ev: dict[str, Any] = {"op": name, "group": group}
+        if peer is not None:
+            ev["peer"] = peer
+        if direction is not None:
+            ev["dir"] = direction
+        if root is not None:
+            ev["root"] = root
+        if redop is not None:
+            ev["redop"] = _redop_name(redop)
+        elif name in _REDUCING:
+            ev["redop"] = "sum"
+        if idesc is not None:
+            ev["in_shapes"] = [list(s) for s, _ in idesc]
+            ev["in_dtypes"] = [_dtype_name(d) for _, d in idesc]
+            ev["in_bytes"] = ib
+        if odesc is not None:
+            ev["out_shapes"] = [list(s) for s, _ in odesc]
+            ev["out_dtypes"] = [_dtype_name(d) for _, d in odesc]
+            ev["out_bytes"] = ob
+        if async_op:
+            ev["async"] = True
+        if site is not None:
+            ev["site"] = callsite.format_site(site)
+        if nested:
+            ev["nested"] = True
+        frag = _dumps(ev)[1:-1]
+        self._frags[key] = frag
+        return frag
+
+    def _out(self, line: bytes) -> None:
+        """Queue an already encoded event for the store (bounded like ``_emit``)."""
+        pending = self.pending
+        if len(pending) >= self.PENDING_CAP:
+            pending.popleft()
+            self.store_dropped += 1
+        pending.append(line)
 
     def _check_hangs(self, now: int, emit) -> None:
         limit = int(self.hang_after * 1e9)
@@ -606,6 +667,23 @@ class Recorder:
                 self.writer.close()
             except Exception:
                 pass
+
+
+_internal_cache = callsite._internal_cache
+
+
+def _world_pg() -> Any:
+    """The default process group, read without ``_get_default_group``'s property calls."""
+    try:
+        return _c10d_world._default_pg
+    except AttributeError:
+        return patch.default_group()
+
+
+try:
+    from torch.distributed.distributed_c10d import _world as _c10d_world
+except ImportError:  # very old torch
+    _c10d_world = None
 
 
 def _current_cuda_device() -> int | None:

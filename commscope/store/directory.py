@@ -20,7 +20,7 @@ from pathlib import Path
 
 import orjson
 
-from commscope.events import Event, decode_lines
+from commscope.events import Event, decode_lines, gc_paused
 from commscope.store.base import ReadStats, StoreError
 
 RANK_FILE = re.compile(r"^rank-(\d+)\.jsonl$")
@@ -180,11 +180,12 @@ class DirectoryReader:
         """New complete events from every rank file since the last call."""
         out: list[Event] = []
         budget = max_bytes
-        for rank, path in self.rank_files().items():
-            events, used = self._read_rank(rank, path, budget)
-            out.extend(events)
-            if budget is not None:
-                budget = max(0, budget - used)
+        with gc_paused():  # see events.gc_paused: 2x faster on large batches
+            for rank, path in self.rank_files().items():
+                events, used = self._read_rank(rank, path, budget)
+                out.extend(events)
+                if budget is not None:
+                    budget = max(0, budget - used)
         self.stats.partial_tail = sum(self._partial.values())
         return out
 

@@ -1,0 +1,187 @@
+"""Trace store throughput: events/s one rank's recorder writes, and events/s a reader parses.
+
+Writer: a rank's recorder thread turning queued hot-path records into stored events
+(convert, encode, write), timed alone; then a producer thread calling a wrapped stand-in
+op as fast as it can while the recorder runs, to show the sustained rate and that memory
+stays bounded (the queue is capped; the excess is dropped and counted).
+Reader: ``open_reader(...).read_all()`` over a multi-rank trace written the same way.
+With ``--redis URL``: the same for the Redis Streams store (needs redis-server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+TARGET_WRITE = 200_000
+TARGET_READ = 500_000
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--events", type=int, default=400_000, help="events per measurement (default 400k)")
+    p.add_argument("--ranks", type=int, default=4, help="rank files in the read test (default 4)")
+    p.add_argument("--seconds", type=float, default=3.0, help="duration of the saturation run (default 3 s)")
+    p.add_argument("--redis", metavar="URL", nargs="?", const="auto", default=None,
+                   help="also measure the Redis store (a URL, or start a local redis-server)")
+    p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+
+
+def _writer_rate(rank: int, ws: int, store: str, n_ops: int, seconds: float) -> dict[str, Any]:
+    import psutil
+    import torch
+
+    from commscope.record import ops, patch
+    from commscope.record.recorder import Recorder
+
+    proc = psutil.Process()
+    rec = Recorder(store, flight_recorder=False, sample_interval=1.0)
+    rec.rank, rec.job = rank, "bench-writer"
+    patch.ACTIVE = rec
+    wrapped = patch.make_wrapper("all_reduce", lambda *a, **k: None, ops.all_reduce)
+    x = torch.ones(256)
+    # 1. the recorder thread's pipeline alone
+    rec.QUEUE_CAP = 2 * n_ops + 10
+    for _ in range(n_ops):
+        wrapped(x)
+    queued = len(rec.q)
+    assert rec._open_writer()
+    t0 = time.perf_counter()
+    rec._tick()
+    alone = queued / (time.perf_counter() - t0)
+    # 2. a producer saturating the hot path while the thread runs normally
+    rec.QUEUE_CAP = Recorder.QUEUE_CAP
+    rss0 = proc.memory_info().rss
+    stop = threading.Event()
+    produced = [0]
+
+    def produce():
+        n = 0
+        while not stop.is_set():
+            for _ in range(1000):
+                wrapped(x)
+            n += 2000
+        produced[0] = n
+
+    size0 = os.path.getsize(rec.writer.path)
+    rec.start()
+    t = threading.Thread(target=produce)
+    t0 = time.perf_counter()
+    t.start()
+    peak = rss0
+    while time.perf_counter() - t0 < seconds:
+        time.sleep(0.05)
+        peak = max(peak, proc.memory_info().rss)
+    stop.set()
+    t.join()
+    elapsed = time.perf_counter() - t0
+    rec.stop("bench")
+    with open(rec.writer.path, "rb") as f:
+        f.seek(size0)
+        written = f.read().count(b"\n")
+    patch.ACTIVE = None
+    return {"alone": alone, "produced": produced[0] / elapsed, "written": written / elapsed,
+            "dropped": rec.hot_dropped, "peak_rss_delta": peak - rss0}
+
+
+def _write_trace(store: str, ranks: int, per_rank: int) -> None:
+    from commscope.events import encode
+    from commscope.store import open_writer
+
+    template = {"v": 1, "type": "op", "phase": "begin", "op": "all_reduce", "group": "0", "redop": "sum",
+                "in_shapes": [[256]], "in_dtypes": ["float32"], "in_bytes": 1024, "out_shapes": [[256]],
+                "out_dtypes": ["float32"], "out_bytes": 1024, "site": "train.py:42 in step", "tid": 1}
+    for r in range(ranks):
+        w = open_writer(store, "bench", r, {"world_size": ranks})
+        batch = []
+        for i in range(per_rank):
+            if i % 2 == 0:
+                ev = dict(template, rank=r, ts=10**18 + i, id=i // 2 + 1, seq=i // 2 + 1)
+            else:
+                ev = {"v": 1, "type": "op", "rank": r, "ts": 10**18 + i, "phase": "end", "id": i // 2 + 1}
+            batch.append(encode(ev))
+            if len(batch) == 10_000:
+                w.write(batch)
+                batch = []
+        w.write(batch)
+        w.close()
+
+
+def _reader_rate(store: str) -> tuple[float, int]:
+    from commscope.store import open_reader
+
+    best = 0.0
+    n = 0
+    for _ in range(3):
+        reader = open_reader(store)
+        t0 = time.perf_counter()
+        events = reader.read_all()
+        elapsed = time.perf_counter() - t0  # before freeing them: that is the consumer's cost
+        n = len(events)
+        best = max(best, n / elapsed)
+        del events
+    return best, n
+
+
+def _fmt_rate(x: float) -> str:
+    return f"{x / 1000:,.0f}k/s"
+
+
+def run(args: argparse.Namespace) -> int:
+    from commscope.launch import run_ranks
+
+    if args.quick:
+        args.events, args.seconds = 20_000, 0.5
+    console = Console()
+    tmp = tempfile.mkdtemp(prefix="commscope-bench-store-")
+    console.print(f"[bold]commscope bench store[/] (files under {tmp})")
+    targets = [("directory", tmp)]
+    redis_server = None
+    if args.redis:
+        from commscope.bench.redis_server import start_redis
+
+        url = args.redis
+        if url == "auto":
+            redis_server = start_redis()
+            url = redis_server.url
+        targets.append(("redis", url))
+    notes: list[str] = []
+    table = Table(title="Trace store throughput, events/s (one process per measurement)")
+    for col in ("store", "thread alone", "produced", "written", "dropped", "RSS Δ", "reader", "met"):
+        table.add_column(col, justify="right" if col != "store" else "left")
+    try:
+        for name, base in targets:
+            store = os.path.join(base, "w") if name == "directory" else base
+            w = run_ranks(_writer_rate, 1, args=(store, args.events // 2, args.seconds), timeout=600)[0].value
+            rstore = os.path.join(base, "r") if name == "directory" else base + ("&" if "?" in base else "?") + "job=bench"
+            per_rank = args.events // args.ranks
+            if name == "directory":
+                _write_trace(rstore, args.ranks, per_rank)
+            else:
+                from commscope.store.redis_store import write_bench_trace
+
+                write_bench_trace(base, args.ranks, per_rank)
+            rate, n = _reader_rate(rstore)
+            write_target = TARGET_WRITE if name == "directory" else 100_000
+            met = w["written"] >= write_target and rate >= TARGET_READ
+            table.add_row(name, _fmt_rate(w["alone"]), _fmt_rate(w["produced"]), _fmt_rate(w["written"]),
+                          f"{w['dropped']:,}", f"{w['peak_rss_delta'] / 2**20:.0f} MiB",
+                          _fmt_rate(rate), "yes" if met else "NO")
+            notes.append(f"{name}: targets write ≥ {write_target // 1000}k/s, read ≥ {TARGET_READ // 1000}k/s "
+                         f"(read {n:,} events from {args.ranks} ranks)")
+    finally:
+        if redis_server is not None:
+            redis_server.stop()
+    console.print(table)
+    for note in notes:
+        console.print(note)
+    console.print("produced/written/dropped/RSS Δ: a producer thread calls a wrapped stand-in op in a tight loop; the "
+                  "recorder thread competes with it for the GIL, so 'written' is what one rank "
+                  "sustains while its training thread does nothing but communicate.")
+    return 0
