@@ -7,7 +7,7 @@ call gains on the training thread; the thread's own per-event CPU time (convert,
 write) is reported separately.  With CUDA, the same with a CUDA tensor (events recorded).
 
 End to end: 2 Gloo ranks run a loop of 4 KiB all_reduce, raw and instrumented rounds
-alternating A B A B in the same processes (raw rounds call the saved originals); the
+alternating A B B A in the same processes (raw rounds call the saved originals); the
 figure is the median of per-pair time ratios.  Flight Recorder's own in-backend cost is
 measured the same way by alternating whole jobs without and with it.
 """
@@ -130,9 +130,13 @@ def _e2e(rank: int, ws: int, iters: int, rounds: int, store: str) -> dict[str, A
 
     loop(raw_all_reduce)  # warm up
     ratios, raw_times, inst_times = [], [], []
-    for _ in range(rounds):
-        a = loop(raw_all_reduce)
-        b = loop(inst_all_reduce)
+    for i in range(rounds):
+        if i % 2 == 0:  # A B, then B A: neither side always runs first
+            a = loop(raw_all_reduce)
+            b = loop(inst_all_reduce)
+        else:
+            b = loop(inst_all_reduce)
+            a = loop(raw_all_reduce)
         raw_times.append(a / iters)
         inst_times.append(b / iters)
         ratios.append(b / a)

@@ -1,0 +1,89 @@
+"""Run any command with commscope recording every process that joins a process group.
+
+    commscope run -- torchrun --nproc-per-node 4 train.py
+    commscope run --store redis://host:6379/0 -- python train.py
+
+No code change: a bootstrap on PYTHONPATH (a sitecustomize that chains to any existing
+one) instruments each Python process when it calls init_process_group.  Processes that
+never do are not touched.  Watch the job live with the printed `commscope attach` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from commscope.store import ENV_STORE, default_store, is_redis, redact
+
+BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "record" / "bootstrap"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", help="trace store: a directory or redis:// URL "
+                                   "(default $COMMSCOPE_STORE, then ./commscope-trace)")
+    p.add_argument("--hang-after", type=float, metavar="SECONDS",
+                   help="capture stacks of ops in flight longer than this (default 30)")
+    p.add_argument("--job", help="job id shared by all ranks (default: agreed automatically per job)")
+    p.add_argument("--sample-interval", type=float, metavar="SECONDS", help="resource sample period (default 1)")
+    p.add_argument("--no-flight-recorder", action="store_true",
+                   help="do not enable PyTorch's Flight Recorder (C++ collectives such as DDP's go unseen)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
+
+
+def build_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    store = default_store(args.store)
+    if not is_redis(store):
+        store = str(Path(store).resolve())  # the command may change directory
+    env[ENV_STORE] = store
+    env["COMMSCOPE_AUTO"] = "1"
+    if args.hang_after is not None:
+        env["COMMSCOPE_HANG_AFTER"] = str(args.hang_after)
+    if args.job:
+        env["COMMSCOPE_JOB"] = args.job
+    if args.sample_interval is not None:
+        env["COMMSCOPE_SAMPLE_INTERVAL"] = str(args.sample_interval)
+    if args.no_flight_recorder:
+        env["COMMSCOPE_FLIGHT_RECORDER"] = "0"
+    else:
+        env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")  # before any process group exists
+    paths = [str(BOOTSTRAP_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def main(args: argparse.Namespace) -> int:
+    from commscope.cli import UsageError
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("give the command to run after --, e.g. commscope run -- torchrun --nproc-per-node 2 train.py")
+    env = build_env(args)
+    shown = redact(env[ENV_STORE])
+    print(f"commscope: recording to {shown}", file=sys.stderr)
+    print(f"commscope: watch it with:  commscope attach {shown}", file=sys.stderr)
+    try:
+        proc = subprocess.Popen(command, env=env)
+    except FileNotFoundError:
+        raise UsageError(f"command not found: {command[0]}") from None
+
+    def forward(signum, _frame):
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    print(f"commscope: done (exit code {code}); diagnose with:  commscope check {shown}", file=sys.stderr)
+    return code if code >= 0 else 128 - code

@@ -1,0 +1,13 @@
+# Sourced by scripts/test and scripts/demo: a virtual environment with commscope installed.
+# CPU torch 2.13.0 first where no torch is present (a bare torch requirement would pull a
+# multi-GB CUDA build); pyproject only asks for torch>=2.4.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+  [ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
+  # shellcheck disable=SC1091
+  . .venv/bin/activate
+fi
+python -m pip install -q --disable-pip-version-check --upgrade pip
+python -c "import torch" 2>/dev/null || python -m pip install -q --disable-pip-version-check torch==2.13.0
+python -m pip install -q --disable-pip-version-check -e ".[${COMMSCOPE_EXTRAS:-test}]"

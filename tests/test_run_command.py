@@ -1,0 +1,77 @@
+"""`commscope run`: zero-code instrumentation of real commands (torchrun, plain python)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from trace_helpers import of_type, ops, read_events
+
+TRAIN = textwrap.dedent("""
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+    dist.all_reduce(torch.ones(1))
+    print("instrumented" if dist.all_reduce is not dist.distributed_c10d.all_reduce else "raw")
+    dist.destroy_process_group()
+""")
+
+
+def commscope(*args: str, cwd=None, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "commscope", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=180)
+
+
+def torchrun() -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+
+
+def test_run_instruments_every_torchrun_rank_without_code_changes(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    proc = commscope("run", "--store", "trace", "--", *torchrun(), str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("instrumented") == 2
+    assert f"commscope attach {tmp_path / 'trace'}" in proc.stderr
+    events = read_events(tmp_path / "trace")
+    for rank in (0, 1):
+        assert len(of_type(events, "meta", rank)) == 1
+        grads = [o for o in ops(events, rank) if o.get("src") == "fr" and o["op"] == "all_reduce"]
+        assert len(grads) == 3
+        assert [o["op"] for o in ops(events, rank) if o.get("src") != "fr"] == ["all_reduce"]
+    # the same command without commscope run is not instrumented
+    raw = subprocess.run([*torchrun(), str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert raw.returncode == 0 and raw.stdout.count("raw") == 2
+
+
+def test_run_leaves_processes_that_never_join_a_group_alone(tmp_path):
+    code = ("import threading, torch, torch.distributed as dist; "
+            "print(dist.all_reduce is dist.distributed_c10d.all_reduce, "
+            "[t.name for t in threading.enumerate()])")
+    proc = commscope("run", "--store", str(tmp_path / "trace"), "--", sys.executable, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True ['MainThread']"
+    assert not (tmp_path / "trace").exists()
+
+
+def test_run_chains_an_existing_sitecustomize_and_passes_exit_codes(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE'] = 'ran'\n")
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(site))
+    code = "import os, sys; print(os.environ.get('USER_SITECUSTOMIZE')); sys.exit(7)"
+    proc = commscope("run", "--", sys.executable, "-c", code, cwd=tmp_path, env=env)
+    assert proc.returncode == 7
+    assert proc.stdout.strip() == "ran"
+
+
+def test_run_without_a_command_is_a_usage_error():
+    proc = commscope("run")
+    assert proc.returncode == 2 and "give the command to run" in proc.stderr
+    proc = commscope("run", "--", "no-such-command-xyz")
+    assert proc.returncode == 2 and "command not found" in proc.stderr
