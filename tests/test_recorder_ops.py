@@ -132,6 +132,9 @@ def test_every_op_returns_exactly_what_raw_returns_and_is_recorded(tmp_path):
         assert ar["in_shapes"] == [[4]] and ar["in_dtypes"] == ["float32"] and ar["in_bytes"] == 16
         assert ar["redop"] == "sum" and ar["site"].endswith("in exercise")
         assert "test_recorder_ops.py" in ar["site"]
+        line = int(ar["site"].split(":")[-1].split()[0])
+        with open(__file__) as f:
+            assert "dist.all_reduce(x)" in f.read().splitlines()[line - 1]
         assert [o for o in wrapped if o["op"] == "all_reduce" and o.get("async")][0]["redop"] == "max"
         assert by_name["reduce"]["root"] == 1 and by_name["broadcast"]["root"] == 1
         assert by_name["scatter"]["root"] == 0 and by_name["gather"]["root"] == 0
