@@ -49,12 +49,31 @@ def test_run_instruments_every_torchrun_rank_without_code_changes(tmp_path):
 
 def test_run_leaves_processes_that_never_join_a_group_alone(tmp_path):
     code = ("import threading, torch, torch.distributed as dist; "
-            "print(dist.all_reduce is dist.distributed_c10d.all_reduce, "
-            "[t.name for t in threading.enumerate()])")
+            "x = torch.ones(3); print(float(x.sum()), [t.name for t in threading.enumerate()])")
     proc = commscope("run", "--store", str(tmp_path / "trace"), "--", sys.executable, "-c", code)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "True ['MainThread']"
+    assert proc.stdout.strip() == "3.0 ['MainThread']"  # no recorder thread
+    assert proc.stderr.count("commscope:") == 3  # only run's own lines: nothing went wrong
     assert not (tmp_path / "trace").exists()
+
+
+EARLY_BINDING = textwrap.dedent("""
+    from torch.distributed import all_reduce, init_process_group, destroy_process_group
+    import torch
+    init_process_group("gloo")
+    all_reduce(torch.ones(1))
+    destroy_process_group()
+""")
+
+
+def test_run_also_wraps_names_bound_before_the_group_exists(tmp_path):
+    script = tmp_path / "early.py"
+    script.write_text(EARLY_BINDING)
+    proc = commscope("run", "--store", "trace", "--", *torchrun(), str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    events = read_events(tmp_path / "trace")
+    for rank in (0, 1):
+        assert [o["op"] for o in ops(events, rank) if o.get("src") != "fr"] == ["all_reduce"]
 
 
 def test_run_chains_an_existing_sitecustomize_and_passes_exit_codes(tmp_path):

@@ -1,51 +1,31 @@
 """Zero-code instrumentation for ``commscope run``.
 
-An import hook waits for ``torch.distributed`` to be imported, then replaces
-``init_process_group`` with a version that calls ``commscope.instrument()`` (store,
-hang_after from the environment ``commscope run`` set) just before the group exists,
-so Flight Recorder and the job id are in place from the first collective.
+An import hook waits for ``torch.distributed`` to be imported, then installs
+commscope's wrappers at once (so even ``from torch.distributed import all_reduce`` in
+user modules binds the wrapper) with store and hang_after from the environment
+``commscope run`` set.  The recorder thread starts only when the process creates its
+process group, so processes that never do get no thread and write nothing.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib.abc
 import importlib.util
 import sys
 from typing import Any
 
-_ORIG_ATTR = "__commscope_orig__"
 
+def _prepare(dist: Any) -> None:
+    """Wrap torch.distributed now; the recorder thread starts with the process group."""
+    import os
 
-def _patch_init(dist: Any) -> None:
-    orig = getattr(dist, "init_process_group", None)
-    if orig is None or getattr(orig, "__commscope_bootstrap__", False):
-        return
+    from commscope.record.recorder import prepare
 
-    @functools.wraps(orig)
-    def init_process_group(*args, **kwargs):
-        rec = None
-        try:
-            import os
-
-            import commscope
-
-            interval = float(os.environ.get("COMMSCOPE_SAMPLE_INTERVAL") or 1.0)
-            rec = commscope.instrument(sample_interval=interval,
-                                       flight_recorder=os.environ.get("COMMSCOPE_FLIGHT_RECORDER") != "0")
-        except Exception as exc:
-            print(f"commscope: could not instrument this process: {exc!r}", file=sys.stderr)
-        ret = orig(*args, **kwargs)
-        if rec is not None:
-            try:
-                rec.on_group_created()
-            except Exception:
-                pass
-        return ret
-
-    init_process_group.__commscope_bootstrap__ = True  # type: ignore[attr-defined]
-    setattr(init_process_group, _ORIG_ATTR, orig)
-    dist.init_process_group = init_process_group
+    interval = float(os.environ.get("COMMSCOPE_SAMPLE_INTERVAL") or 1.0)
+    rec = prepare(sample_interval=interval,
+                  flight_recorder=os.environ.get("COMMSCOPE_FLIGHT_RECORDER") != "0")
+    if dist.is_initialized():
+        rec.start()
 
 
 class _Loader(importlib.abc.Loader):
@@ -62,7 +42,7 @@ class _Loader(importlib.abc.Loader):
             module.__spec__.loader = self.inner
         self.inner.exec_module(module)
         try:
-            _patch_init(module)
+            _prepare(module)
         except Exception as exc:
             print(f"commscope: bootstrap failed: {exc!r}", file=sys.stderr)
 
@@ -86,7 +66,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 def install_import_hook() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is not None:
-        _patch_init(dist)
+        _prepare(dist)
         return
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())

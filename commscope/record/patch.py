@@ -170,6 +170,7 @@ def _init_wrapper(orig: Any) -> Any:
         if rec is not None:
             try:
                 rec.on_group_created()
+                rec.start()  # no-op unless the wrappers were installed by ``prepare``
             except Exception:
                 pass
         return ret

@@ -306,6 +306,9 @@ class Recorder:
                 self.job = None
 
     def start(self) -> None:
+        """Start the thread (once); settles the job id if the process group exists."""
+        if self._thread is not None:
+            return
         if dist.is_available() and dist.is_initialized():
             self.on_group_created()
         self._thread = threading.Thread(target=self._run, name="commscope-recorder", daemon=True)
@@ -707,6 +710,17 @@ def active() -> Recorder | None:
 
 def instrument(store: Any = None, *, hang_after: float | None = None, capture_stacks: bool = True,
                sample_interval: float = 1.0, flight_recorder: bool = True) -> Recorder:
+    rec = prepare(store, hang_after=hang_after, capture_stacks=capture_stacks,
+                  sample_interval=sample_interval, flight_recorder=flight_recorder)
+    rec.start()
+    return rec
+
+
+def prepare(store: Any = None, *, hang_after: float | None = None, capture_stacks: bool = True,
+            sample_interval: float = 1.0, flight_recorder: bool = True) -> Recorder:
+    """Install the wrappers without starting the thread (``commscope run`` does this at
+    import time, so early ``from torch.distributed import ...`` bindings are wrapped too);
+    ``Recorder.start`` follows when the process creates its process group."""
     global _active, _atexit_registered
     with _lock:
         if _active is not None:
@@ -718,7 +732,6 @@ def instrument(store: Any = None, *, hang_after: float | None = None, capture_st
                        sample_interval=sample_interval, flight_recorder=flight_recorder)
         patch.install(rec)
         _install_excepthook()
-        rec.start()
         _active = rec
         if not _atexit_registered:
             atexit.register(_at_exit)
