@@ -1,0 +1,13 @@
+"""Analysis: TraceModel, cross-rank matching, diagnose(), bandwidth, Flight Recorder import, export.
+
+Imports only ``commscope.events`` and ``commscope.store`` (and numpy).  See docs/analysis.md.
+"""
+
+from __future__ import annotations
+
+from commscope.analysis.diagnose import diagnose, trace_now
+from commscope.analysis.findings import KINDS, Finding
+from commscope.analysis.model import RankState, TraceModel
+from commscope.analysis.source import load_model, open_source
+
+__all__ = ["KINDS", "Finding", "RankState", "TraceModel", "diagnose", "load_model", "open_source", "trace_now"]

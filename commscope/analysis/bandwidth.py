@@ -1,0 +1,123 @@
+"""Bandwidth and per-instance timing with the nccl-tests definitions (doc/PERFORMANCE.md).
+
+algbw = S / t.  busbw = algbw x factor, with n the size of the op's *group* (not the
+world): all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n with S the
+total size; broadcast, reduce, send, recv (and anything else) 1.
+
+Per collective instance (one (group, seq) across its members):
+true latency = last completion - last begin; wait of a rank = last begin - its begin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from commscope.analysis.collectives import complete_rows, gather, seq_of_row
+from commscope.analysis.model import GroupIndex, Sig, TraceModel
+
+_ALL_REDUCE = ("all_reduce", "all_reduce_coalesced", "allreduce", "allreduce_coalesced")
+_ALL_GATHER = ("all_gather", "all_gather_into_tensor", "all_gather_coalesced", "all_gather_v", "_allgather_base",
+               "allgather", "all_gather_base", "allgather_into_tensor_coalesced")
+_REDUCE_SCATTER = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_v", "_reduce_scatter_base",
+                   "reduce_scatter_tensor_coalesced")
+_ALL_TO_ALL = ("all_to_all", "all_to_all_single", "all_to_all_v", "alltoall", "alltoall_base")
+_NO_DATA = ("barrier", "monitored_barrier")
+
+
+def busbw_factor(op: str, n: int) -> float:
+    if n <= 0:
+        return 1.0
+    if op in _ALL_REDUCE:
+        return 2 * (n - 1) / n
+    if op in _ALL_GATHER or op in _REDUCE_SCATTER or op in _ALL_TO_ALL:
+        return (n - 1) / n
+    return 1.0
+
+
+def size_bytes(op: str, in_bytes: int, out_bytes: int) -> int:
+    """S of nccl-tests: the tensor size (all_reduce, broadcast, ...), the total size
+    (all_gather: the gathered output; reduce_scatter: the full input; all_to_all: all data)."""
+    if op in _NO_DATA:
+        return 0
+    if op in _ALL_GATHER:
+        return out_bytes or in_bytes
+    if op in _REDUCE_SCATTER or op in _ALL_TO_ALL:
+        return max(in_bytes, out_bytes)
+    return max(in_bytes, out_bytes)
+
+
+def algbw(nbytes: float, seconds: float) -> float:
+    """Bytes per second (NaN when t is 0 or unknown)."""
+    return nbytes / seconds if seconds > 0 else float("nan")
+
+
+def busbw(op: str, nbytes: float, seconds: float, n: int) -> float:
+    return algbw(nbytes, seconds) * busbw_factor(op, n)
+
+
+def sig_size(sig: Sig) -> int:
+    return size_bytes(sig.op, sig.in_bytes, sig.out_bytes)
+
+
+@dataclasses.dataclass
+class Instances:
+    """Complete instances of one group's collectives, as arrays over instances."""
+
+    group: GroupIndex
+    seqs: np.ndarray  # seq per instance
+    begin: np.ndarray  # [instances x members]
+    comp: np.ndarray
+    sig: np.ndarray  # sig code of each member's op
+    latency: np.ndarray  # ns, last completion - last begin
+    skew: np.ndarray  # ns, last begin - first begin
+    waits: np.ndarray  # [instances x members] ns, last begin - own begin
+
+    @property
+    def n(self) -> int:
+        return int(self.seqs.shape[0])
+
+
+def instances(model: TraceModel, gi: GroupIndex, last: int | None = None) -> Instances:
+    rows = complete_rows(model, gi)
+    if last is not None:
+        rows = rows[-last:]
+    b = gather(model, gi, "begin", rows)
+    c = gather(model, gi, "comp", rows)
+    s = gather(model, gi, "sig", rows)
+    if rows.shape[0]:
+        lastb = b.max(axis=1)
+        lat = np.maximum(c.max(axis=1) - lastb, 0)
+        skew = lastb - b.min(axis=1)
+        waits = lastb[:, None] - b
+    else:
+        lat = skew = np.zeros(0, np.int64)
+        waits = np.zeros((0, b.shape[1]), np.int64)
+    seqs = np.array([seq_of_row(gi, int(r)) for r in rows.tolist()], np.int64)
+    return Instances(gi, seqs, b, c, s, lat, skew, waits)
+
+
+def op_busbw(model: TraceModel, rank: int, i: int) -> dict[str, float] | None:
+    """algbw/busbw (bytes/s) of one op, from its collective instance's true latency (or its own
+    duration for p2p and ops not matched on every member)."""
+    rt = model.ranks[rank]
+    s = model.sigs[int(rt.sig[i])]
+    S = sig_size(s)
+    if not S or not rt.comp[i]:
+        return None
+    t = int(rt.comp[i] - rt.begin[i])
+    n = 2
+    peers = model.matching(rank, i)
+    if s.flags & 8 and peers:  # COLL: true latency over the members
+        gi = model.coll.get((s.space, s.group))
+        n = len(gi.members) if gi else len(peers) + 1
+        members = {rank: i, **peers}
+        if len(members) == n and all(model.ranks[r].comp[j] for r, j in members.items()):
+            lastb = max(int(model.ranks[r].begin[j]) for r, j in members.items())
+            t = max(int(model.ranks[r].comp[j]) for r, j in members.items()) - lastb
+    elif s.flags & 8:
+        n = len(model.groups.get(s.group, [])) or 1
+    if t <= 0:
+        return None
+    return {"algbw": algbw(S, t / 1e9), "busbw": busbw(s.op, S, t / 1e9, n), "bytes": S, "group_size": n}

@@ -1,0 +1,122 @@
+"""Chrome / Perfetto trace JSON (the 'JSON Object Format' of the Trace Event Format).
+
+One process per rank; one thread (track) per group, one for p2p and one per group for
+Flight Recorder ops; op spans ('X') with args (sizes, dtypes, bytes, seq, site, busbw),
+async waits as child spans, instant events ('i') for findings, and counter tracks ('C')
+for GPU utilization/memory, CPU and RSS.  Timestamps are microseconds since the trace
+start (``metadata.start_ns`` gives the epoch).  Spans that overlap without nesting on
+one track (async overlap, threads) are moved to extra lanes, so every track nests
+properly as both viewers require.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from commscope.analysis.bandwidth import op_busbw
+from commscope.analysis.findings import Finding
+from commscope.analysis.model import ASYNC, P2P, SPACE_FR, TraceModel
+
+
+def _us(ns: int, t0: int) -> float:
+    return round((ns - t0) / 1000.0, 3)
+
+
+def _track_name(model: TraceModel, sig) -> str:
+    if sig.flags & P2P:
+        return "p2p"
+    return f"group {sig.group}" + (" (fr)" if sig.space == SPACE_FR else "")
+
+
+def chrome_trace(model: TraceModel, findings: list[Finding] | None = None, now: int | None = None) -> dict[str, Any]:
+    t0 = model.start_ns
+    t_end = now if now is not None else model.end_ns
+    ev: list[dict[str, Any]] = []
+    for r in model.rank_ids():
+        rt = model.ranks[r]
+        host = (rt.meta or {}).get("host")
+        ev.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0,
+                   "args": {"name": f"rank {r}" + (f" ({host})" if host else "")}})
+        ev.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
+        tracks: dict[str, int] = {}
+        lanes: dict[tuple[str, int], list[int]] = {}  # (track, lane) -> stack of span ends
+        order = rt.order()
+        for i in order.tolist():
+            s = model.sigs[int(rt.sig[i])]
+            name = _track_name(model, s)
+            b = int(rt.begin[i])
+            e = int(rt.comp[i]) or t_end
+            e = max(e, b)
+            lane = 0
+            while True:
+                stack = lanes.setdefault((name, lane), [])
+                while stack and stack[-1] <= b:
+                    stack.pop()
+                if not stack or e <= stack[-1]:
+                    stack.append(e)
+                    break
+                lane += 1
+            tname = name if lane == 0 else f"{name} #{lane + 1}"
+            tid = tracks.get(tname)
+            if tid is None:
+                tid = tracks[tname] = len(tracks) + 1
+                ev.append({"ph": "M", "name": "thread_name", "pid": r, "tid": tid, "args": {"name": tname}})
+                ev.append({"ph": "M", "name": "thread_sort_index", "pid": r, "tid": tid, "args": {"sort_index": tid}})
+            args: dict[str, Any] = {"id": int(rt.id[i]), "group": s.group}
+            if rt.seq[i] >= 0:
+                args["seq"] = int(rt.seq[i])
+            if rt.peer[i] >= 0:
+                args["peer"] = int(rt.peer[i])
+            for k, v in (("in_shapes", s.in_shapes), ("in_dtypes", s.in_dtypes), ("out_shapes", s.out_shapes),
+                         ("out_dtypes", s.out_dtypes)):
+                if v:
+                    args[k] = [list(x) if isinstance(x, tuple) else x for x in v]
+            if s.in_bytes:
+                args["in_bytes"] = s.in_bytes
+            if s.out_bytes:
+                args["out_bytes"] = s.out_bytes
+            for k, v in (("site", s.site), ("redop", s.redop), ("root", s.root), ("async", s.is_async or None),
+                         ("nested", s.nested or None), ("src", s.src)):
+                if v is not None:
+                    args[k] = v
+            if not rt.comp[i]:
+                args["in_flight"] = True
+            if i in rt.exc:
+                args["exc"] = rt.exc[i]
+            if rt.gpu[i] > 0:
+                args["gpu_ms"] = round(int(rt.gpu[i]) / 1e6, 3)
+            if rt.comp[i]:
+                bw = op_busbw(model, r, i)
+                if bw:
+                    args["algbw_GBps"] = round(bw["algbw"] / 1e9, 4)
+                    args["busbw_GBps"] = round(bw["busbw"] / 1e9, 4)
+            label = s.op + (f" #{int(rt.seq[i])}" if rt.seq[i] >= 0 else "")
+            ev.append({"ph": "X", "name": label, "cat": "p2p" if s.flags & P2P else "collective", "pid": r,
+                       "tid": tid, "ts": _us(b, t0), "dur": round((e - b) / 1000.0, 3), "args": args})
+            if s.flags & ASYNC and rt.wb[i]:
+                wb = max(int(rt.wb[i]), b)
+                we = min(int(rt.we[i]) or e, e)
+                if we >= wb:
+                    ev.append({"ph": "X", "name": "wait", "cat": "wait", "pid": r, "tid": tid, "ts": _us(wb, t0),
+                               "dur": round((we - wb) / 1000.0, 3), "args": {"id": int(rt.id[i])}})
+        samples = rt.samples.arrays()
+        for j in range(samples["ts"].shape[0]):
+            ts = _us(int(samples["ts"][j]), t0)
+            for cname, fields in (("GPU util %", ("gpu_util",)), ("GPU memory (MiB)", ("gpu_mem",)),
+                                  ("CPU %", ("cpu",)), ("RSS (MiB)", ("rss",))):
+                v = samples[fields[0]][j]
+                if np.isnan(v):
+                    continue
+                if "MiB" in cname:
+                    v = v / 2**20
+                ev.append({"ph": "C", "name": cname, "pid": r, "tid": 0, "ts": ts,
+                           "args": {fields[0]: round(float(v), 3)}})
+    for f in findings or []:
+        ts = _us(f.ts or t_end, t0)
+        for r in sorted(set(f.culprits) or set(f.ranks)):
+            ev.append({"ph": "i", "s": "p", "name": f"{f.severity}: {f.kind}", "cat": "finding", "pid": r,
+                       "tid": 0, "ts": ts, "args": {"message": f.message, "group": f.group, "seq": f.seq}})
+    return {"traceEvents": ev, "displayTimeUnit": "ms",
+            "metadata": {"source": "commscope", "start_ns": t0, "end_ns": t_end, "ranks": len(model.ranks)}}

@@ -1,0 +1,240 @@
+"""Collective findings: missing ranks, mismatches, stragglers; plus per-instance matrices.
+
+A group's collectives form a matrix [seq x member] of op indices (see model.GroupIndex).
+Gathering one column of every member's op table through it gives a dense matrix
+(begin times, completion times, match codes) that numpy scans in milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from commscope.analysis.findings import Finding, activity, op_brief, secs
+from commscope.analysis.model import COLL, SPACE_FR, GroupIndex, TraceModel
+
+#: A rank straggles when it arrives last in at least this share of recent collectives...
+STRAGGLER_LAST_SHARE = 0.7
+#: ...its median lateness is at least this multiple of the collective's median true latency...
+STRAGGLER_FACTOR = 2.0
+#: ...and at least this many ns,
+STRAGGLER_MIN_NS = 1_000_000
+#: judged over this many recent complete collectives (at least STRAGGLER_MIN_ROWS).
+STRAGGLER_WINDOW = 64
+STRAGGLER_MIN_ROWS = 8
+#: Later mismatched instances of a group after its first one are counted, not reported.
+MISMATCH_REPORT = 1
+
+
+def gather(model: TraceModel, gi: GroupIndex, column: str, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
+    """[rows x members] of one op column (int64); 0 where the member has no op at that seq."""
+    mat = gi.seqs.rows()[rows]
+    out = np.zeros(mat.shape, np.int64)
+    for c, r in enumerate(gi.members[: mat.shape[1]]):
+        rt = model.ranks.get(r)
+        if rt is None:
+            continue
+        idx = mat[:, c]
+        ok = idx >= 0
+        if ok.any():
+            out[ok, c] = getattr(rt, column)[idx[ok]]
+    return out
+
+
+def seq_of_row(gi: GroupIndex, row: int) -> int:
+    return int(row + (gi.seqs.base or 0))
+
+
+# ---------------------------------------------------------------------- mismatch
+def find_mismatches(model: TraceModel, now: int) -> tuple[list[Finding], set[tuple[int, str, int]]]:
+    findings: list[Finding] = []
+    rows_hit: set[tuple[int, str, int]] = set()
+    for (space, name), gi in model.coll.items():
+        mat = gi.seqs.rows()
+        if mat.shape[0] == 0 or mat.shape[1] < 2:
+            continue
+        sig = gather(model, gi, "sig")
+        present = mat >= 0
+        codes = np.where(present, model.sig_match(sig.astype(np.int32)), -1)
+        hi = codes.max(axis=1)
+        lo = np.where(present, codes, np.iinfo(np.int32).max).min(axis=1)
+        bad = np.nonzero((present.sum(axis=1) >= 2) & (hi != lo))[0]
+        if bad.shape[0] == 0:
+            continue
+        for b in bad.tolist():
+            rows_hit.add((space, name, seq_of_row(gi, b)))
+        for row in bad[:MISMATCH_REPORT].tolist():
+            findings.append(_mismatch(model, gi, row, codes[row], now, later=int(bad.shape[0]) - 1))
+    return findings, rows_hit
+
+
+def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, now: int, later: int) -> Finding:
+    seq = seq_of_row(gi, row)
+    ops = gi.at(seq)
+    by_rank = {gi.members[c]: int(code) for c, code in enumerate(codes.tolist()) if code >= 0}
+    counts = Counter(by_rank.values())
+    top = counts.most_common()
+    tie = len(top) > 1 and top[0][1] == top[1][1]
+    majority = None if tie else top[0][0]
+    culprits = sorted(by_rank) if tie else sorted(r for r, c in by_rank.items() if c != majority)
+    table = {}
+    for r in sorted(ops):
+        b = op_brief(model, r, ops[r], now)
+        table[str(r)] = {k: b.get(k) for k in ("op", "in_shapes", "in_dtypes", "out_shapes", "out_dtypes", "redop",
+                                               "root", "site", "state", "exc") if b.get(k) is not None}
+    absent = [r for r in gi.members if r not in ops]
+    names = sorted({model.sig_of(r, i).op for r, i in ops.items()})
+    maj_rank = next((r for r, c in by_rank.items() if c == majority), None)
+    op_name = model.sig_of(maj_rank, ops[maj_rank]).op if maj_rank is not None else "/".join(names)
+    diff = _what_differs([model.sig_of(r, i) for r, i in ops.items()])
+    msg = (f"ranks disagree at collective #{seq} of group {gi.name}: " +
+           ", ".join(f"rank {r}: {table[str(r)]['op']}" + (f" {table[str(r)].get('in_shapes')}" if 'shape' in diff else "")
+                     for r in sorted(ops)) +
+           (f"; differing: {', '.join(diff)}" if diff else "") +
+           ("; tie, so every rank is named" if tie else f"; rank(s) {', '.join(map(str, culprits))} differ from the majority"))
+    ev: dict[str, Any] = {"per_rank": table, "differs": diff, "majority": None if tie else
+                          {k: table[str(maj_rank)].get(k) for k in ("op", "in_shapes", "in_dtypes", "redop", "root")},
+                          "absent_ranks": absent, "later_mismatches": later}
+    if gi.space == SPACE_FR:
+        ev["src"] = "fr"
+    t = max(int(model.ranks[r].begin[i]) for r, i in ops.items())
+    return Finding("collective_mismatch", gi.name, seq, op_name, list(gi.members), culprits, msg, ev, ts=t)
+
+
+def _what_differs(sigs: list) -> list[str]:
+    out = []
+    for label, get in (("op", lambda s: s.op), ("shape", lambda s: s.match_key()[2]),
+                       ("dtype", lambda s: s.match_key()[1]), ("redop", lambda s: s.redop),
+                       ("root", lambda s: s.root)):
+        if len({get(s) for s in sigs}) > 1:
+            out.append(label)
+    return out
+
+
+# ---------------------------------------------------------------------- missing ranks
+def find_missing(model: TraceModel, now: int, hang_ns: int, skip: set[tuple[int, str, int]]) -> list[Finding]:
+    """Collectives some members entered long ago (still waiting, or failed) and others never did."""
+    pending: dict[tuple[int, str, int], dict[int, int]] = {}
+    for r, rt in model.ranks.items():
+        cands = [i for i in rt.open if rt.comp[i] == 0]
+        cands += [i for i in rt.exc if rt.seq[i] >= 0]
+        for i in cands:
+            s = model.sigs[int(rt.sig[i])]
+            if not s.flags & COLL or rt.seq[i] < 0:
+                continue
+            since = int(rt.begin[i])
+            until = int(rt.comp[i]) or now
+            if until - since < hang_ns:
+                continue
+            pending.setdefault((s.space, s.group, int(rt.seq[i])), {})[r] = i
+    out = []
+    for (space, name, seq), waiting in pending.items():
+        if (space, name, seq) in skip:
+            continue
+        gi = model.coll.get((space, name))
+        if gi is None:
+            continue
+        entered = gi.at(seq)
+        missing = [r for r in gi.members if r not in entered]
+        if not missing:
+            continue
+        out.append(_missing(model, gi, seq, entered, waiting, missing, now))
+    return out
+
+
+def _missing(model: TraceModel, gi: GroupIndex, seq: int, entered: dict[int, int], waiting: dict[int, int],
+             missing: list[int], now: int) -> Finding:
+    r0 = min(waiting)
+    s = model.sig_of(r0, waiting[r0])
+    waited = {}
+    for r, i in entered.items():
+        rt = model.ranks[r]
+        waited[str(r)] = secs((int(rt.comp[i]) or now) - int(rt.begin[i]))
+    instead = {}
+    for m in missing:
+        a = activity(model, m, now)
+        rt = model.ranks.get(m)
+        if rt is not None:
+            col = gi.col.get(m)
+            mat = gi.seqs.rows()
+            if col is not None and mat.shape[0]:
+                have = np.nonzero(mat[:, col] >= 0)[0]
+                a["last_seq_in_group"] = seq_of_row(gi, int(have[-1])) if have.shape[0] else None
+        instead[str(m)] = a
+    longest = max(waited.values()) if waited else 0.0
+    failed = [r for r, i in entered.items() if i in model.ranks[r].exc]
+    msg = (f"{s.op} #{seq} of group {gi.name}: rank(s) {', '.join(map(str, sorted(entered)))} entered and waited "
+           f"up to {longest:.1f} s; rank(s) {', '.join(map(str, missing))} never entered: " +
+           "; ".join(f"rank {m} is {instead[str(m)]['text']}" for m in missing))
+    ev: dict[str, Any] = {"entered": sorted(entered), "missing": missing, "waited_s": waited,
+                          "op": op_brief(model, r0, waiting[r0], now), "missing_activity": instead}
+    if failed:
+        ev["failed_on"] = {str(r): model.ranks[r].exc[entered[r]] for r in failed}
+    if gi.space == SPACE_FR:
+        ev["src"] = "fr"
+    t = min(int(model.ranks[r].begin[i]) for r, i in entered.items())
+    return Finding("missing_ranks", gi.name, seq, s.op, list(gi.members), missing, msg, ev, ts=t)
+
+
+# ---------------------------------------------------------------------- stragglers
+def complete_rows(model: TraceModel, gi: GroupIndex) -> np.ndarray:
+    """Row numbers where every member ran the collective and all finished."""
+    mat = gi.seqs.rows()
+    if mat.shape[0] == 0:
+        return np.zeros(0, np.int64)
+    full = np.nonzero((mat >= 0).all(axis=1))[0]
+    if full.shape[0] == 0:
+        return full
+    comp = gather(model, gi, "comp", full)
+    return full[(comp > 0).all(axis=1)]
+
+
+def find_stragglers(model: TraceModel) -> list[Finding]:
+    per_rank: dict[int, list[dict[str, Any]]] = {}
+    for (space, name), gi in model.coll.items():
+        if len(gi.members) < 2:
+            continue
+        rows = complete_rows(model, gi)[-STRAGGLER_WINDOW:]
+        if rows.shape[0] < STRAGGLER_MIN_ROWS:
+            continue
+        b = gather(model, gi, "begin", rows)
+        c = gather(model, gi, "comp", rows)
+        skew = b - b.min(axis=1, keepdims=True)
+        latency = np.maximum(c.max(axis=1) - b.max(axis=1), 0)
+        last = b.argmax(axis=1)
+        lat_med = float(np.median(latency))
+        for col, r in enumerate(gi.members):
+            share = float((last == col).mean())
+            if share < STRAGGLER_LAST_SHARE:
+                continue
+            late = float(np.median(skew[:, col]))
+            if late < max(STRAGGLER_FACTOR * lat_med, STRAGGLER_MIN_NS):
+                continue
+            per_rank.setdefault(r, []).append({
+                "group": name, "src": "fr" if space == SPACE_FR else None, "collectives": int(rows.shape[0]),
+                "last_share": round(share, 3), "median_lateness_s": secs(late),
+                "p90_lateness_s": secs(float(np.percentile(skew[:, col], 90))),
+                "median_latency_s": secs(lat_med), "first_seq": seq_of_row(gi, int(rows[0])),
+                "last_seq": seq_of_row(gi, int(rows[-1])),
+                "ops": sorted({model.sig_of(r, int(gi.seqs.rows()[row, col])).op for row in rows[-8:].tolist()}),
+                "_late": late, "_members": list(gi.members)})
+    out = []
+    for r, stats in per_rank.items():
+        stats.sort(key=lambda d: -d["_late"])
+        top = stats[0]
+        members = top.pop("_members")
+        top.pop("_late")
+        for d in stats[1:]:
+            d.pop("_late")
+            d.pop("_members")
+        msg = (f"rank {r} arrived last in {top['last_share'] * 100:.0f}% of the last {top['collectives']} "
+               f"collectives of group {top['group']}, by a median {top['median_lateness_s'] * 1e3:.1f} ms "
+               f"(the collectives themselves take a median {top['median_latency_s'] * 1e3:.2f} ms)")
+        ev = {k: v for k, v in top.items() if v is not None}
+        if len(stats) > 1:
+            ev["other_groups"] = [{k: v for k, v in d.items() if v is not None} for d in stats[1:]]
+        out.append(Finding("straggler", top["group"], top["last_seq"], (top["ops"] or [None])[0], members, [r],
+                           msg, ev))
+    return out

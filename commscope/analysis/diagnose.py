@@ -1,0 +1,45 @@
+"""diagnose(model, now, hang_after) -> findings: every check of DESIGN.md, as a pure function.
+
+``now`` is the time the trace is judged at.  The live console passes the wall clock;
+``check`` on a stored trace passes ``trace_now(model)``, the last timestamp in the trace,
+so a job that was killed while hung is judged as it was when it last wrote.
+"""
+
+from __future__ import annotations
+
+from commscope.analysis.collectives import find_mismatches, find_missing, find_stragglers
+from commscope.analysis.findings import Finding
+from commscope.analysis.liveness import find_dead, find_unwaited
+from commscope.analysis.model import TraceModel
+from commscope.analysis.p2p import find_p2p
+
+DEFAULT_HANG_AFTER = 30.0
+
+
+def trace_now(model: TraceModel) -> int:
+    """The judging time for a stored trace: its last timestamp."""
+    return model.end_ns
+
+
+def default_hang_after(model: TraceModel) -> float:
+    """The hang_after the ranks were recorded with, else DEFAULT_HANG_AFTER."""
+    return model.hang_after() or DEFAULT_HANG_AFTER
+
+
+def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None = None) -> list[Finding]:
+    """All findings, errors first.  A healthy trace yields an empty list."""
+    if now is None:
+        now = trace_now(model)
+    if hang_after is None:
+        hang_after = default_hang_after(model)
+    hang_ns = int(hang_after * 1e9)
+    findings: list[Finding] = []
+    mismatches, mismatch_rows = find_mismatches(model, now)
+    findings += mismatches
+    findings += find_missing(model, now, hang_ns, mismatch_rows)
+    findings += find_p2p(model, now, hang_ns)
+    findings += find_dead(model, now)
+    findings += find_stragglers(model)
+    findings += find_unwaited(model, now)
+    findings.sort(key=Finding.sort_key)
+    return findings

@@ -1,0 +1,331 @@
+"""Read a directory of PyTorch Flight Recorder dumps as commscope events.
+
+Dumps come from ``torch._C._distributed_c10d._dump_fr_trace_json`` (JSON) or
+``_dump_fr_trace`` / the NCCL watchdog (pickle), one file per rank whose name ends in
+the rank number (``fr_trace_3``, ``nccl_trace_rank_3``), as ``fr_trace`` expects.
+Pickles are untrusted input: ``SafeUnpickler`` refuses every global, so only plain
+containers and scalars load and a malicious dump cannot run code.
+
+Mapping onto the event model (``src: "fr-import"``):
+- ``profiling_name`` ('nccl:all_reduce', 'nccl:send 0->1') -> op, dir and peer (the peer
+  is a group rank in the name; mapped to a global rank through the group's ranks);
+- ``collective_seq_id`` -> seq of collectives; p2p get commscope's own per
+  (group, peer, dir) counter, counted in record order, so they match like live p2p;
+- ``input_sizes``/``output_sizes``/dtypes -> shapes, dtypes and bytes;
+- ``time_created_ns`` -> begin; ``time_discovered_completed_ns`` (or ``retired`` /
+  ``state == completed``, approximate) -> end; anything else is still in flight;
+- ``pg_config`` -> group membership; Gloo dumps leave it empty, so membership is then
+  the ranks that logged the group (the default group: every dump);
+- the dump file's mtime -> one heartbeat per rank: the time the snapshot was taken,
+  which ``check`` judges the trace at.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import os
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+from commscope.events import SCHEMA_VERSION, Event
+from commscope.store import ReadStats, StoreError
+
+_RANK_SUFFIX = re.compile(r"(\d+)(\.(json|pkl|pickle))?$")
+_BACKENDS = ("nccl:", "gloo:", "ucc:", "mpi:", "xccl:")
+_DTYPES = {
+    "Float": ("float32", 4), "Double": ("float64", 8), "Half": ("float16", 2), "BFloat16": ("bfloat16", 2),
+    "Long": ("int64", 8), "Int": ("int32", 4), "Short": ("int16", 2), "Char": ("int8", 1),
+    "Byte": ("uint8", 1), "Bool": ("bool", 1), "ComplexFloat": ("complex64", 8),
+    "ComplexDouble": ("complex128", 16), "Float8_e4m3fn": ("float8_e4m3fn", 1), "Float8_e5m2": ("float8_e5m2", 1),
+}
+MAX_DUMP_BYTES = 1 << 30
+
+
+class SafeUnpickler(pickle.Unpickler):
+    """Loads only plain containers and scalars: every class or function lookup is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from an untrusted Flight Recorder dump")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("refusing persistent ids in an untrusted Flight Recorder dump")
+
+
+def safe_loads(data: bytes) -> Any:
+    return SafeUnpickler(io.BytesIO(data)).load()
+
+
+def load_dump(path: str | os.PathLike) -> dict:
+    """One dump file as a dict (JSON or restricted pickle); raises ValueError when it is not one."""
+    p = Path(path)
+    if p.stat().st_size > MAX_DUMP_BYTES:
+        raise ValueError(f"{p.name}: larger than {MAX_DUMP_BYTES >> 20} MiB")
+    data = p.read_bytes()
+    head = data.lstrip()[:1]
+    try:
+        if head == b"{":
+            obj = json.loads(data)
+        elif data[:1] == b"\x80":
+            obj = safe_loads(data)
+        else:
+            raise ValueError(f"{p.name}: neither JSON nor pickle")
+    except (pickle.UnpicklingError, json.JSONDecodeError, EOFError, UnicodeDecodeError, ValueError,
+            TypeError, IndexError, KeyError, AttributeError) as exc:
+        raise ValueError(f"{p.name}: {exc}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("entries", []), list) or "version" not in obj:
+        raise ValueError(f"{p.name}: not a Flight Recorder dump")
+    return obj
+
+
+def dump_files(path: str | os.PathLike) -> dict[int, Path]:
+    """rank -> dump file for every file in ``path`` whose name ends in a rank number."""
+    p = Path(path)
+    out: dict[int, Path] = {}
+    if not p.is_dir():
+        return out
+    for f in sorted(p.iterdir()):
+        if not f.is_file() or f.name.startswith("."):
+            continue
+        m = _RANK_SUFFIX.search(f.name)
+        if m:
+            out.setdefault(int(m.group(1)), f)
+    return out
+
+
+def looks_like_fr_dir(path: str | os.PathLike) -> bool:
+    for f in dump_files(path).values():
+        try:
+            with open(f, "rb") as fh:
+                head = fh.read(64).lstrip()
+        except OSError:
+            continue
+        if head[:1] == b"{" or head[:1] == b"\x80":
+            return True
+    return False
+
+
+def parse_name(profiling_name: str) -> tuple[str, str, str | None, int | None]:
+    """'nccl:send 0->1' -> ('nccl', 'send', 'send', 1); peer is a group rank."""
+    name = profiling_name or "unknown"
+    backend = ""
+    for prefix in _BACKENDS:
+        if name.startswith(prefix):
+            backend, name = prefix[:-1], name[len(prefix):]
+            break
+    parts = name.split()
+    base = parts[0] if parts else "unknown"
+    direction = ("send" if base in ("send", "isend") else
+                 "recv" if base in ("recv", "irecv", "recv_anysource") else None)
+    peer = None
+    if direction and len(parts) > 1:
+        m = re.match(r"(\d+)(->|<-)(\d+)", parts[1])
+        if m:
+            a, arrow, b = int(m.group(1)), m.group(2), int(m.group(3))
+            src, dst = (a, b) if arrow == "->" else (b, a)
+            peer = dst if direction == "send" else src
+    return backend, base, direction, peer
+
+
+def _nbytes(shapes: list, dtypes: list) -> int:
+    total = 0
+    for shape, dt in zip(shapes, dtypes, strict=False):
+        n = 1
+        for d in shape:
+            n *= int(d)
+        total += n * _DTYPES.get(str(dt), ("", 0))[1]
+    return total
+
+
+def _ranks_of(cfg: Any) -> list[int] | None:
+    ranks = cfg.get("ranks") if isinstance(cfg, dict) else None
+    if isinstance(ranks, str):
+        try:
+            ranks = ast.literal_eval(ranks)
+        except (ValueError, SyntaxError):
+            return None
+    if isinstance(ranks, list | tuple) and ranks and all(isinstance(r, int) for r in ranks):
+        return [int(r) for r in ranks]
+    return None
+
+
+def _site(frames: Any) -> str | None:
+    if not isinstance(frames, list):
+        return None
+    for f in frames:
+        if not isinstance(f, dict):
+            continue
+        fn = str(f.get("filename", ""))
+        if "/torch/" in fn or "/commscope/" in fn or not fn:
+            continue
+        return f"{fn}:{f.get('line')} in {f.get('name')}"
+    return None
+
+
+def dumps_to_events(dumps: dict[int, dict], mtimes: dict[int, int] | None = None,
+                    job: str = "flight-recorder") -> list[Event]:
+    """Convert per-rank dumps to schema events, per-rank order preserved."""
+    mtimes = mtimes or {}
+    world = max(dumps) + 1 if dumps else 0
+    # group membership: pg_config where it says, else the ranks that logged the group
+    members: dict[str, list[int]] = {}
+    default_ranks: list[int] | None = None
+    seen: dict[str, set[int]] = {}
+    descs: dict[str, str] = {}
+    for rank, d in dumps.items():
+        cfg = d.get("pg_config") or {}
+        if isinstance(cfg, dict):
+            for name, c in cfg.items():
+                ranks = _ranks_of(c)
+                if ranks and name:
+                    members.setdefault(str(name), ranks)
+                elif ranks:  # Gloo: one nameless entry, the default group's ranks
+                    default_ranks = ranks
+        for e in d.get("entries") or []:
+            pg = e.get("process_group") if isinstance(e, dict) else None
+            if isinstance(pg, list | tuple) and pg:
+                g = str(pg[0])
+                seen.setdefault(g, set()).add(rank)
+                if len(pg) > 1:
+                    descs[g] = str(pg[1])
+    for g, rs in seen.items():
+        if g not in members:
+            members[g] = (default_ranks or list(range(world))) if descs.get(g) == "default_pg" else sorted(rs)
+    out: list[Event] = []
+    for rank in sorted(dumps):
+        d = dumps[rank]
+        entries = [e for e in (d.get("entries") or []) if isinstance(e, dict)]
+        created = [int(e["time_created_ns"]) for e in entries if isinstance(e.get("time_created_ns"), int)]
+        t_meta = min(created) if created else mtimes.get(rank, 0)
+        backend = next((parse_name(str(e.get("profiling_name", "")))[0] for e in entries), "") or "?"
+        out.append({"v": SCHEMA_VERSION, "type": "meta", "rank": rank, "ts": t_meta, "world_size": world,
+                    "backend": backend, "job": job, "fr_version": str(d.get("version")), "src": "fr-import",
+                    "sample_interval": 1.0})
+        announced: set[str] = set()
+        p2p_seq: dict[tuple, int] = {}
+        stuck_first: int | None = None
+        frames_of: dict[int, Any] = {}
+        for e in entries:
+            try:
+                ev = _entry_events(e, rank, members, announced, p2p_seq)
+            except (TypeError, ValueError, KeyError):
+                continue
+            for x in ev:
+                out.append(x)
+            if ev and ev[-1]["phase"] == "begin" and stuck_first is None:
+                stuck_first = ev[-1]["id"]
+                frames_of[stuck_first] = e.get("frames")
+        ts_end = mtimes.get(rank) or (max(created) if created else 0)
+        if stuck_first is not None and frames_of.get(stuck_first):
+            frames = [[str(f.get("filename")), f.get("line"), str(f.get("name"))]
+                      for f in frames_of[stuck_first] if isinstance(f, dict)]
+            out.append({"v": SCHEMA_VERSION, "type": "stack", "rank": rank, "ts": ts_end, "id": stuck_first,
+                        "threads": [{"tid": 0, "name": "flight recorder", "frames": frames, "op_thread": True}]})
+        if ts_end:
+            out.append({"v": SCHEMA_VERSION, "type": "heartbeat", "rank": rank, "ts": ts_end, "inflight": 0})
+    return out
+
+
+def _entry_events(e: dict, rank: int, members: dict[str, list[int]], announced: set[str],
+                  p2p_seq: dict[tuple, int]) -> list[Event]:
+    pg = e.get("process_group") or ("?",)
+    group = str(pg[0])
+    ranks = members.get(group, [])
+    created = int(e["time_created_ns"])
+    out: list[Event] = []
+    if group not in announced:
+        announced.add(group)
+        out.append({"v": SCHEMA_VERSION, "type": "group", "rank": rank, "ts": created, "group": group,
+                    "granks": ranks, "desc": str(pg[1]) if len(pg) > 1 else None})
+        if out[-1]["desc"] is None:
+            del out[-1]["desc"]
+    _, op, direction, gpeer = parse_name(str(e.get("profiling_name", "")))
+    op_id = int(e.get("record_id", 0)) + 1
+    ins, outs = list(e.get("input_sizes") or []), list(e.get("output_sizes") or [])
+    idt, odt = list(e.get("input_dtypes") or []), list(e.get("output_dtypes") or [])
+    begin: Event = {"v": SCHEMA_VERSION, "type": "op", "rank": rank, "ts": created, "phase": "begin", "id": op_id,
+                    "op": op, "group": group, "src": "fr-import",
+                    "in_shapes": [list(s) for s in ins], "in_dtypes": [_DTYPES.get(str(x), (str(x).lower(), 0))[0]
+                                                                      for x in idt],
+                    "in_bytes": _nbytes(ins, idt), "out_shapes": [list(s) for s in outs],
+                    "out_dtypes": [_DTYPES.get(str(x), (str(x).lower(), 0))[0] for x in odt],
+                    "out_bytes": _nbytes(outs, odt)}
+    tid = e.get("thread_id")
+    if tid is not None:
+        try:
+            begin["tid"] = int(tid)
+        except (TypeError, ValueError):
+            pass
+    site = _site(e.get("frames"))
+    if site:
+        begin["site"] = site
+    if direction or e.get("is_p2p"):
+        direction = direction or "send"
+        peer = ranks[gpeer] if gpeer is not None and 0 <= gpeer < len(ranks) else gpeer
+        begin["dir"] = direction
+        if peer is not None:
+            begin["peer"] = peer
+            key = (group, peer, direction)
+            begin["seq"] = p2p_seq[key] = p2p_seq.get(key, 0) + 1
+    elif isinstance(e.get("collective_seq_id"), int):
+        begin["seq"] = int(e["collective_seq_id"])
+    out.append(begin)
+    done_ns = e.get("time_discovered_completed_ns") or 0
+    if done_ns:
+        out.append({"v": SCHEMA_VERSION, "type": "op", "rank": rank, "ts": int(done_ns), "phase": "end", "id": op_id})
+    elif e.get("retired") or e.get("state") == "completed":
+        out.append({"v": SCHEMA_VERSION, "type": "op", "rank": rank, "ts": created, "phase": "end", "id": op_id,
+                    "approx": True})
+    return out
+
+
+class FlightRecorderReader:
+    """A reader (same interface as the store readers) over a directory of FR dumps."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.description = f"Flight Recorder dumps in {self.path}"
+        self.stats = ReadStats()
+        self._done = False
+        self._job: dict | None = None
+
+    def _load(self) -> list[Event]:
+        files = dump_files(self.path)
+        if not files:
+            raise StoreError(f"{self.path} holds no Flight Recorder dumps (files named <prefix><rank>)")
+        dumps: dict[int, dict] = {}
+        mtimes: dict[int, int] = {}
+        for rank, f in files.items():
+            try:
+                dumps[rank] = load_dump(f)
+                mtimes[rank] = f.stat().st_mtime_ns
+            except (ValueError, OSError) as exc:
+                self.stats.count_corrupt(rank, 1)
+                self.stats.warnings.append(f"rank {rank}: skipped {f.name}: {exc}")
+        if not dumps:
+            raise StoreError(f"{self.path}: no readable Flight Recorder dump "
+                             f"({'; '.join(self.stats.warnings[:3])})")
+        events = dumps_to_events(dumps, mtimes, job=self.path.name)
+        versions = sorted({str(d.get("version")) for d in dumps.values()})
+        self._job = {"job": self.path.name, "world_size": max(dumps) + 1, "source": "flight-recorder",
+                     "fr_version": versions}
+        self.stats.events += len(events)
+        return events
+
+    def poll(self) -> list[Event]:
+        if self._done:
+            return []
+        self._done = True
+        return self._load()
+
+    def read_all(self) -> list[Event]:
+        return self.poll()
+
+    def job(self) -> dict | None:
+        return self._job
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,67 @@
+"""Liveness findings: ranks whose heartbeat stopped, async work never waited."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from commscope.analysis.findings import Finding, activity, op_brief, secs
+from commscope.analysis.model import TraceModel
+
+
+def find_dead(model: TraceModel, now: int) -> list[Finding]:
+    out = []
+    for r in model.rank_ids():
+        if not model.is_dead(r, now):
+            continue
+        rt = model.ranks[r]
+        seen = int(max(rt.last_hb, rt.last_ts))
+        act = activity(model, r, now)
+        doing = act.get("in_op") or act.get("last_completed_op")
+        what = (f"in {model.label(r, act['in_op'] and model.op_index(r, act['in_op']['id']))}"
+                if act.get("in_op") else
+                f"after {model.label(r, model.op_index(r, doing['id']))}" if doing else "before any op")
+        msg = (f"rank {r} stopped sending heartbeats {secs(now - seen):.1f} s ago without a clean exit "
+               f"({what}); it probably crashed or was killed")
+        ev: dict[str, Any] = {"last_seen_ns": seen, "silent_s": secs(now - seen),
+                              "threshold_s": secs(model.dead_after_ns(r)),
+                              "sample_interval_s": model.sample_interval(r), "activity": act}
+        if rt.samples.last:
+            ev["last_sample"] = {k: v for k, v in rt.samples.last.items() if k not in ("v", "type", "rank")}
+        if rt.meta:
+            ev["host"], ev["pid"] = rt.meta.get("host"), rt.meta.get("pid")
+        group = doing["group"] if doing else None
+        out.append(Finding("dead_rank", group, doing.get("seq") if doing else None, doing["op"] if doing else None,
+                           [r], [r], msg, ev, ts=seen))
+    return out
+
+
+def find_unwaited(model: TraceModel, now: int) -> list[Finding]:
+    out = []
+    for r in model.rank_ids():
+        rt = model.ranks[r]
+        ids: list[int] = []
+        ex_ts = 0
+        for ex in rt.exits:
+            for op_id in ex.get("unwaited") or []:
+                if op_id not in ids:
+                    ids.append(op_id)
+            ex_ts = ex["ts"]
+        if not ids:
+            continue
+        ops = []
+        for op_id in ids:
+            i = model.op_index(r, op_id)
+            if i is not None and rt.we[i] == 0:
+                ops.append(op_brief(model, r, i, now))
+            elif i is None:
+                ops.append({"id": op_id})
+        if not ops:
+            continue
+        names = sorted({o.get("op", "?") for o in ops})
+        sites = sorted({o["site"] for o in ops if o.get("site")})
+        msg = (f"rank {r} exited with {len(ops)} async op(s) never waited on ({', '.join(names)}"
+               + (f" at {', '.join(sites[:3])}" if sites else "") + "): call .wait() on the returned Work")
+        first = ops[0]
+        out.append(Finding("unwaited_work", first.get("group"), first.get("seq"), first.get("op"), [r], [r], msg,
+                           {"count": len(ops), "ops": ops[:20], "exit_ns": ex_ts}, ts=ex_ts))
+    return out

@@ -1,0 +1,894 @@
+"""TraceModel: one compact, incrementally updated in-memory model of a trace.
+
+Ops are stored per rank in numpy columns (begin/end/wait/done times, id, seq, peer,
+parent, signature code, flags), so a million ops take ~80 MB and window queries are
+binary searches.  Everything about an op that repeats from call to call (op name,
+group, call site, shapes, dtypes, reduce op, root, thread) is interned once as a
+``Sig`` and referenced by an int32 code.  Cross-rank indexes (collectives by
+(group, seq), p2p by (group, src, dst, seq)) are small int32 matrices per group or
+channel.  ``ingest`` costs time proportional to its batch: a Python pass that sorts
+events into per-rank lists, then vectorized column writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from commscope.events import P2P_OPS, Event
+
+I64_MAX = np.iinfo(np.int64).max
+
+# Sig flags
+ASYNC, NESTED, P2P, COLL, CONTAINER, FR, SEND, RECV, DEVICE = (1 << i for i in range(9))
+# Per-op flags
+EXC, WAIT_EXC, APPROX, DONE, INFERRED = 1, 2, 4, 8, 16
+
+SPACE_NATIVE, SPACE_FR = 0, 1
+_PHASE_CODES = {"end": 1, "wait_begin": 2, "wait_end": 3, "done": 4}
+DEFAULT_SAMPLE_INTERVAL = 1.0
+MAX_DENSE_ID = 1 << 26  # op ids above this switch a rank's id lookup from an array to a dict
+#: A rank whose heartbeat is older than max(DEAD_INTERVALS x sample_interval, DEAD_MIN_S) is dead.
+DEAD_INTERVALS = 5
+DEAD_MIN_S = 2.0
+
+#: Ops whose per-rank tensors must agree in shape across the group: name -> sides compared.
+SAME_SHAPE: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("in",), "all_reduce_coalesced": ("in",), "allreduce": ("in",),
+    "broadcast": ("in",), "reduce": ("in",), "all_gather": ("in",),
+    "all_gather_into_tensor": ("in", "out"), "_allgather_base": ("in", "out"),
+    "all_gather_coalesced": ("in",), "gather": ("in",), "scatter": ("out",),
+    "reduce_scatter": ("out",), "reduce_scatter_tensor": ("in", "out"), "_reduce_scatter_base": ("in", "out"),
+}
+#: Ops whose tensors carry no comparable dtype (object ops, barriers, varlen with own checks).
+NO_DTYPE = frozenset({"barrier", "monitored_barrier", "all_gather_object", "gather_object",
+                      "broadcast_object_list", "scatter_object_list"})
+
+
+def _ints(values: list) -> np.ndarray:
+    """int64 column from event values; anything that is not an int becomes -1."""
+    try:
+        return np.array(values, np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return np.array([v if isinstance(v, int) and -(1 << 62) < v < (1 << 62) else -1 for v in values], np.int64)
+
+
+def _tup(x: Any) -> tuple:
+    if not x:
+        return ()
+    return tuple(tuple(s) if isinstance(s, list | tuple) else s for s in x)
+
+
+@dataclasses.dataclass(slots=True)
+class Sig:
+    """Everything about an op that is shared by its repeated calls."""
+
+    code: int
+    op: str
+    group: str
+    site: str | None
+    redop: str | None
+    root: int | None
+    is_async: bool
+    nested: bool
+    src: str | None
+    dir: str | None
+    tid: int | None
+    in_shapes: tuple
+    in_dtypes: tuple
+    in_bytes: int
+    out_shapes: tuple
+    out_dtypes: tuple
+    out_bytes: int
+    tag: Any = None
+    device: Any = None
+    flags: int = 0
+    space: int = SPACE_NATIVE
+    match: int = 0  # interned key of what must agree across ranks at one (group, seq)
+
+    def match_key(self) -> tuple:
+        sides = SAME_SHAPE.get(self.op, ())
+        shapes = tuple(self.in_shapes if s == "in" else self.out_shapes for s in sides)
+        if self.op in NO_DTYPE:
+            dtypes: tuple = ()
+        else:
+            dtypes = tuple(sorted(set(self.in_dtypes) | set(self.out_dtypes)))
+        return (self.op, dtypes, shapes, self.redop, self.root)
+
+    def describe(self) -> dict:
+        d = {"op": self.op, "group": self.group, "site": self.site, "in_shapes": [list(s) for s in self.in_shapes],
+             "in_dtypes": list(self.in_dtypes), "in_bytes": self.in_bytes,
+             "out_shapes": [list(s) for s in self.out_shapes], "out_dtypes": list(self.out_dtypes),
+             "out_bytes": self.out_bytes}
+        for k, v in (("redop", self.redop), ("root", self.root), ("async", self.is_async), ("nested", self.nested),
+                     ("src", self.src), ("dir", self.dir), ("tid", self.tid), ("tag", self.tag),
+                     ("device", self.device)):
+            if v is not None and v is not False:
+                d[k] = v
+        return d
+
+
+class SeqIndex:
+    """An int32 matrix [seq - base, column] -> op index (-1: none), grown on demand."""
+
+    __slots__ = ("base", "cols", "mat", "max_row")
+
+    def __init__(self, ncols: int):
+        self.base: int | None = None
+        self.cols = ncols
+        self.mat = np.full((64, max(ncols, 1)), -1, np.int32)
+        self.max_row = -1
+
+    def add_cols(self, ncols: int) -> None:
+        if ncols > self.mat.shape[1]:
+            grown = np.full((self.mat.shape[0], max(ncols, 2 * self.mat.shape[1])), -1, np.int32)
+            grown[:, : self.mat.shape[1]] = self.mat
+            self.mat = grown
+        self.cols = max(self.cols, ncols)
+
+    def put(self, seqs: np.ndarray, col: int, idx: np.ndarray) -> None:
+        lo = int(seqs.min())
+        if self.base is None:
+            self.base = lo
+        elif lo < self.base:
+            shift = self.base - lo
+            grown = np.full((self.mat.shape[0] + shift, self.mat.shape[1]), -1, np.int32)
+            grown[shift:] = self.mat
+            self.mat = grown
+            self.base = lo
+            self.max_row += shift
+        rows = seqs - self.base
+        hi = int(rows.max())
+        if hi >= self.mat.shape[0]:
+            grown = np.full((max(hi + 1, 2 * self.mat.shape[0]), self.mat.shape[1]), -1, np.int32)
+            grown[: self.mat.shape[0]] = self.mat
+            self.mat = grown
+        self.mat[rows, col] = idx
+        self.max_row = max(self.max_row, hi)
+
+    def rows(self) -> np.ndarray:
+        """The filled part, [rows x cols] (a view)."""
+        return self.mat[: self.max_row + 1, : self.cols]
+
+    def get(self, seq: int) -> np.ndarray | None:
+        if self.base is None:
+            return None
+        r = seq - self.base
+        if r < 0 or r > self.max_row:
+            return None
+        return self.mat[r, : self.cols]
+
+
+class GroupIndex:
+    """Collectives of one group in one seq space: which op each member ran at each seq."""
+
+    def __init__(self, name: str, space: int, members: list[int]):
+        self.name = name
+        self.space = space
+        self.members = list(members)
+        self.col = {r: i for i, r in enumerate(self.members)}
+        self.seqs = SeqIndex(len(self.members))
+
+    def column(self, rank: int) -> int:
+        c = self.col.get(rank)
+        if c is None:
+            c = self.col[rank] = len(self.members)
+            self.members.append(rank)
+            self.seqs.add_cols(len(self.members))
+        return c
+
+    def at(self, seq: int) -> dict[int, int]:
+        row = self.seqs.get(seq)
+        if row is None:
+            return {}
+        return {self.members[c]: int(i) for c, i in enumerate(row) if i >= 0}
+
+
+_SIG_KEYS = ("op", "group", "site", "redop", "root", "async", "nested", "src", "dir", "tid", "in_bytes",
+             "out_bytes", "tag", "device")
+_SIG_LISTS = ("in_shapes", "out_shapes", "in_dtypes", "out_dtypes")
+_COLS_I8 = ("begin", "end", "wb", "we", "done", "gpu", "comp", "id", "seq")
+_COLS_I4 = ("peer", "parent", "sig")
+
+
+class RankTrace:
+    """One rank: op columns plus liveness, samples, stacks and exits."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.n = 0
+        cap = 256
+        for c in _COLS_I8:
+            setattr(self, c, np.zeros(cap, np.int64))
+        for c in _COLS_I4:
+            setattr(self, c, np.full(cap, -1, np.int32))
+        self.flags = np.zeros(cap, np.uint8)
+        self.id2idx = np.full(1024, -1, np.int32)
+        self.id_dict: dict[int, int] | None = None
+        self.open: set[int] = set()  # op indices not yet complete
+        self.exc: dict[int, str] = {}  # op index -> exception text
+        self.meta: dict | None = None
+        self.exits: list[dict] = []
+        self.stacks: dict[int, dict] = {}  # op id -> stack event
+        self.last_stack: dict | None = None
+        self.last_hb = 0
+        self.hb_inflight = 0
+        self.first_ts = 0
+        self.last_ts = 0
+        self.last_op_ts = 0
+        self.dropped = 0
+        self.device_seen = False
+        self.samples = _Samples()
+        self._order: np.ndarray | None = None
+        self._order_n = 0
+        self._sorted = True
+        self._last_begin = 0
+        self._pmax: np.ndarray | None = None
+        self._pmax_version = -1
+        self.version = 0
+
+    # -- storage
+    def reserve(self, n: int) -> None:
+        cap = self.begin.shape[0]
+        if n <= cap:
+            return
+        new = max(n, cap * 2)
+        for c in (*_COLS_I8, *_COLS_I4, "flags"):
+            old = getattr(self, c)
+            arr = np.zeros(new, old.dtype) if c not in _COLS_I4 else np.full(new, -1, np.int32)
+            arr[: self.n] = old[: self.n]
+            setattr(self, c, arr)  # replaced, never resized: views handed out stay valid
+
+    def map_ids(self, ids: np.ndarray, idx: np.ndarray) -> None:
+        if self.id_dict is None and ids.shape[0] and int(ids.max()) >= MAX_DENSE_ID:
+            self.id_dict = {int(k): int(v) for k, v in enumerate(self.id2idx.tolist()) if v >= 0}
+        if self.id_dict is not None:  # sparse or huge ids (foreign traces): a dict instead
+            self.id_dict.update(zip(ids.tolist(), idx.tolist(), strict=True))
+            return
+        hi = int(ids.max())
+        if hi >= self.id2idx.shape[0]:
+            grown = np.full(max(hi + 1, 2 * self.id2idx.shape[0]), -1, np.int32)
+            grown[: self.id2idx.shape[0]] = self.id2idx
+            self.id2idx = grown
+        ok = ids >= 0
+        self.id2idx[ids[ok]] = idx[ok]
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        if self.id_dict is not None:
+            get = self.id_dict.get
+            return np.array([get(k, -1) for k in ids.tolist()], np.int32)
+        out = np.full(ids.shape[0], -1, np.int32)
+        ok = (ids >= 0) & (ids < self.id2idx.shape[0])
+        out[ok] = self.id2idx[ids[ok]]
+        return out
+
+    def index_of(self, op_id: int) -> int | None:
+        if self.id_dict is not None:
+            return self.id_dict.get(op_id)
+        if 0 <= op_id < self.id2idx.shape[0]:
+            i = int(self.id2idx[op_id])
+            return i if i >= 0 else None
+        return None
+
+    # -- time queries
+    def order(self) -> np.ndarray:
+        """Op indices sorted by begin time (ops may arrive out of time order, e.g. Flight Recorder)."""
+        n = self.n
+        if self._order is not None and self._order_n == n:
+            return self._order
+        if self._sorted:
+            self._order = np.arange(n, dtype=np.int64)
+        else:
+            self._order = np.argsort(self.begin[:n], kind="stable")
+        self._order_n = n
+        return self._order
+
+    def window(self, t0: int, t1: int) -> np.ndarray:
+        """Indices of ops overlapping [t0, t1), by begin time; ops in flight extend to +inf."""
+        n = self.n
+        if n == 0:
+            return np.zeros(0, np.int64)
+        order = self.order()
+        begins = self.begin[order]
+        i1 = int(np.searchsorted(begins, t1, side="left"))
+        if self._pmax is None or self._pmax_version != self.version or self._pmax.shape[0] != n:
+            ends = self.comp[order].copy()
+            ends[ends == 0] = begins[ends == 0]  # in-flight ops are added separately below
+            self._pmax = np.maximum.accumulate(ends)
+            self._pmax_version = self.version
+        i0 = int(np.searchsorted(self._pmax, t0, side="right"))
+        cand = order[i0:i1]
+        if cand.shape[0]:
+            ends = self.comp[cand]
+            cand = cand[(ends > t0) | (ends == 0) | (self.begin[cand] >= t0)]
+        if self.open:
+            extra = [i for i in self.open if self.begin[i] < t1 and self.comp[i] == 0]
+            if extra:
+                cand = np.union1d(cand, np.array(extra, np.int64))
+                cand = cand[np.argsort(self.begin[cand], kind="stable")]
+        return cand
+
+
+class _Samples:
+    """Per-rank resource samples for sparklines: ts, cpu, rss, gpu_util, gpu_mem, gpu_mem_total."""
+
+    FIELDS = ("ts", "cpu", "rss", "gpu_util", "gpu_mem", "gpu_mem_total")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.cols = {f: np.full(64, np.nan) for f in self.FIELDS}
+        self.last: dict | None = None
+
+    def add(self, evs: list[dict]) -> None:
+        k = len(evs)
+        need = self.n + k
+        cap = self.cols["ts"].shape[0]
+        if need > cap:
+            for f in self.FIELDS:
+                arr = np.full(max(need, cap * 2), np.nan)
+                arr[: self.n] = self.cols[f][: self.n]
+                self.cols[f] = arr
+        for f in self.FIELDS:
+            vals = [e.get(f) for e in evs]
+            self.cols[f][self.n: need] = [np.nan if v is None else v for v in vals]
+        self.n = need
+        self.last = evs[-1]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {f: self.cols[f][: self.n] for f in self.FIELDS}
+
+
+class RankState(NamedTuple):
+    kind: str  # "blocked" | "running" | "idle" | "exited" | "dead" | "unknown"
+    text: str
+    op: int | None  # op index the rank is in (blocked/running), or its last op
+    since_ns: int
+
+
+class TraceModel:
+    """The whole trace; see the module docstring.  Build with ``ingest`` (repeatedly)."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, RankTrace] = {}
+        self.sigs: list[Sig] = []
+        self._sig_cache: dict[tuple, list] = {}
+        self._sig_flags = np.zeros(256, np.int32)
+        self._sig_match = np.zeros(256, np.int32)
+        self._match_codes: dict[tuple, int] = {}
+        self.groups: dict[str, list[int]] = {}  # name -> global ranks in group-rank order
+        self.group_backend: dict[str, str] = {}
+        self.coll: dict[tuple[int, str], GroupIndex] = {}  # (space, group) -> index
+        self.p2p: dict[tuple[int, str, int, int], SeqIndex] = {}  # (space, group, src, dst) -> [send, recv]
+        self.job: dict | None = None
+        self.events = 0
+        self.start_ns = 0
+        self.end_ns = 0
+        self.version = 0
+        self.changed: frozenset[int] = frozenset()
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def from_events(cls, events: Iterable[Event]) -> TraceModel:
+        m = cls()
+        m.ingest(list(events))
+        return m
+
+    def ingest(self, events: list[Event]) -> frozenset[int]:
+        """Add a batch of events (any ranks, per-rank order preserved); returns ranks changed."""
+        if not events:
+            self.changed = frozenset()
+            return self.changed
+        by_rank: dict[int, tuple[list, list, list]] = {}
+        last = None
+        bl = ol = ml = None
+        for e in events:
+            r = e["rank"]
+            if r != last:
+                cur = by_rank.get(r)
+                if cur is None:
+                    cur = by_rank[r] = ([], [], [])
+                bl, ol, ml = cur
+                last = r
+            ph = e.get("phase")  # only op events have one
+            if ph == "begin":
+                bl.append(e)
+            elif ph is None:
+                ml.append(e)
+            else:
+                ol.append(e)
+        lo, hi = [], []
+        for r, (bl, ol, ml) in by_rank.items():
+            rt = self.ranks.get(r)
+            if rt is None:
+                rt = self.ranks[r] = RankTrace(r)
+            t0, t1 = I64_MAX, 0
+            if ml:
+                t0, t1 = self._misc(rt, ml)
+            if bl:
+                a, b = self._begins(rt, bl)
+                t0, t1 = min(t0, a), max(t1, b)
+            if ol:
+                a, b = self._phases(rt, ol)
+                t0, t1 = min(t0, a), max(t1, b)
+            if t1:
+                rt.first_ts = t0 if not rt.first_ts else min(rt.first_ts, t0)
+                rt.last_ts = max(rt.last_ts, t1)
+                lo.append(t0)
+                hi.append(t1)
+            rt.version += 1
+        if hi:
+            self.start_ns = min(lo) if not self.start_ns else min(self.start_ns, min(lo))
+            self.end_ns = max(self.end_ns, max(hi))
+        self.events += len(events)
+        self.version += 1
+        self.changed = frozenset(by_rank)
+        return self.changed
+
+    def _misc(self, rt: RankTrace, evs: list[dict]) -> tuple[int, int]:
+        samples = []
+        t0, t1 = I64_MAX, 0
+        for e in evs:
+            ts = e["ts"]
+            t0 = min(t0, ts)
+            t1 = max(t1, ts)
+            t = e["type"]
+            if t == "heartbeat":
+                if ts >= rt.last_hb:
+                    rt.last_hb = ts
+                    rt.hb_inflight = e.get("inflight", 0)
+            elif t == "sample":
+                samples.append(e)
+            elif t == "group":
+                name = str(e.get("group"))
+                granks = e.get("granks")
+                if name not in self.groups and isinstance(granks, list):
+                    self.groups[name] = [int(x) for x in granks]
+                    for space in (SPACE_NATIVE, SPACE_FR):
+                        gi = self.coll.get((space, name))
+                        if gi is not None:  # ops came first: adopt the real membership
+                            for r in self.groups[name]:
+                                gi.column(r)
+                if e.get("backend"):
+                    self.group_backend[name] = e["backend"]
+            elif t == "stack":
+                rt.stacks[e.get("id", -1)] = e
+                rt.last_stack = e
+            elif t == "exit":
+                rt.exits.append(e)
+            elif t == "meta":
+                rt.meta = e
+            elif t == "dropped":
+                rt.dropped = max(rt.dropped + int(e.get("count", 0)), int(e.get("total", 0)))
+        if samples:
+            rt.samples.add(samples)
+        return t0, t1
+
+    def _intern(self, e: dict) -> int:
+        get = e.get
+        k = tuple(map(get, _SIG_KEYS))
+        lists = tuple(map(get, _SIG_LISTS))
+        ins, outs, idt, odt = lists
+        cands = self._sig_cache.get(k)
+        if cands is not None:
+            for c in cands:
+                if c[0] == lists:
+                    return c[1]
+        code = len(self.sigs)
+        op = str(k[0] or "?")
+        src = k[7]
+        direction = k[8]
+        sig = Sig(code, op, str(k[1] if k[1] is not None else "?"), k[2], k[3], k[4], bool(k[5]), bool(k[6]),
+                  src, direction, k[9], _tup(ins), tuple(idt or ()), int(k[10] or 0), _tup(outs),
+                  tuple(odt or ()), int(k[11] or 0), k[12], k[13])
+        flags = 0
+        if sig.is_async:
+            flags |= ASYNC
+        if sig.nested:
+            flags |= NESTED
+        if src == "fr":
+            flags |= FR
+            sig.space = SPACE_FR
+        if sig.device is not None:
+            flags |= DEVICE
+        if direction in ("send", "recv") or op in P2P_OPS:
+            flags |= P2P | (SEND if direction == "send" else RECV if direction == "recv" else 0)
+        elif op == "batch_isend_irecv" or op.endswith("_coalesced_container"):
+            flags |= CONTAINER
+        elif not sig.nested:
+            flags |= COLL
+        sig.flags = flags
+        mk = sig.match_key()
+        sig.match = self._match_codes.setdefault(mk, len(self._match_codes))
+        self.sigs.append(sig)
+        if code >= self._sig_flags.shape[0]:
+            self._sig_flags = np.concatenate([self._sig_flags, np.zeros_like(self._sig_flags)])
+            self._sig_match = np.concatenate([self._sig_match, np.zeros_like(self._sig_match)])
+        self._sig_flags[code] = flags
+        self._sig_match[code] = sig.match
+        self._sig_cache.setdefault(k, []).append((lists, code))
+        return code
+
+    def _begins(self, rt: RankTrace, bl: list[dict]) -> tuple[int, int]:
+        intern = self._intern
+        cache = self._sig_cache
+        codes = []
+        for e in bl:
+            get = e.get
+            c = cache.get(tuple(map(get, _SIG_KEYS)))
+            code = -1
+            if c is not None:
+                lists = tuple(map(get, _SIG_LISTS))
+                for x in c:
+                    if x[0] == lists:
+                        code = x[1]
+                        break
+            codes.append(code if code >= 0 else intern(e))
+        k = len(bl)
+        n0 = rt.n
+        n1 = n0 + k
+        rt.reserve(n1)
+        ts = np.array([e["ts"] for e in bl], np.int64)
+        ids = np.array([e["id"] for e in bl], np.int64)
+        sig = np.array(codes, np.int32)
+        rt.begin[n0:n1] = ts
+        rt.id[n0:n1] = ids
+        rt.sig[n0:n1] = sig
+        rt.seq[n0:n1] = _ints([e.get("seq", -1) for e in bl])
+        rt.peer[n0:n1] = _ints([e.get("peer", -1) for e in bl])
+        idx = np.arange(n0, n1, dtype=np.int32)
+        parents = _ints([e.get("parent", -1) for e in bl])
+        rt.map_ids(ids, idx)
+        has_parent = parents >= 0
+        if has_parent.any():
+            rt.parent[n0:n1][has_parent] = rt.lookup(parents[has_parent])
+        if rt._sorted and (ts[0] < rt._last_begin or (k > 1 and bool((np.diff(ts) < 0).any()))):
+            rt._sorted = False
+        rt._last_begin = max(rt._last_begin, int(ts.max()))
+        rt.last_op_ts = max(rt.last_op_ts, rt._last_begin)
+        rt.n = n1
+        rt.open.update(range(n0, n1))
+        self._index(rt, n0, n1)
+        return int(ts.min()), rt._last_begin
+
+    def _index(self, rt: RankTrace, n0: int, n1: int) -> None:
+        """Add ops [n0, n1) of a rank to the collective and p2p indexes."""
+        sig = rt.sig[n0:n1]
+        flags = self._sig_flags[sig]
+        seq = rt.seq[n0:n1]
+        idx = np.arange(n0, n1, dtype=np.int32)
+        coll = ((flags & COLL) != 0) & (seq >= 0)
+        if coll.any():
+            csig, cseq, cidx = sig[coll], seq[coll], idx[coll]
+            keys = {}
+            for code in np.unique(csig).tolist():
+                s = self.sigs[code]
+                keys.setdefault((s.space, s.group), []).append(code)
+            for (space, group), codes in keys.items():
+                m = np.isin(csig, codes) if len(keys) > 1 else slice(None)
+                gi = self._group_index(space, group)
+                gi.seqs.put(cseq[m], gi.column(rt.rank), cidx[m])
+        p2p = ((flags & P2P) != 0) & (seq >= 0) & (rt.peer[n0:n1] >= 0) & ((flags & NESTED) == 0)
+        if p2p.any():
+            psig, ppeer, pseq, pidx = sig[p2p], rt.peer[n0:n1][p2p], seq[p2p], idx[p2p]
+            key = psig.astype(np.int64) * (1 << 32) + ppeer
+            uniq, inv = np.unique(key, return_inverse=True)
+            for j, kv in enumerate(uniq.tolist()):
+                m = inv == j
+                self._channel(rt.rank, kv >> 32, kv & 0xFFFFFFFF).put(pseq[m], *self._side(kv >> 32), pidx[m])
+
+    def _side(self, code: int) -> tuple[int]:
+        return (0 if self.sigs[code].flags & SEND else 1,)
+
+    def _channel(self, rank: int, code: int, peer: int) -> SeqIndex:
+        s = self.sigs[code]
+        key = (s.space, s.group, rank, peer) if s.flags & SEND else (s.space, s.group, peer, rank)
+        ch = self.p2p.get(key)
+        if ch is None:
+            ch = self.p2p[key] = SeqIndex(2)
+        return ch
+
+    def _index_p2p(self, rt: RankTrace, i: int) -> None:
+        code = int(rt.sig[i])
+        self._channel(rt.rank, code, int(rt.peer[i])).put(np.array([rt.seq[i]]), *self._side(code),
+                                                           np.array([i], np.int32))
+
+    def _group_index(self, space: int, group: str) -> GroupIndex:
+        gi = self.coll.get((space, group))
+        if gi is None:
+            gi = self.coll[(space, group)] = GroupIndex(group, space, self.groups.get(group, []))
+        return gi
+
+    def _phases(self, rt: RankTrace, ol: list[dict]) -> tuple[int, int]:
+        ids = np.array([e["id"] for e in ol], np.int64)
+        ts = np.array([e["ts"] for e in ol], np.int64)
+        ph = np.array([_PHASE_CODES.get(e["phase"], 0) for e in ol], np.int8)
+        idx = rt.lookup(ids)
+        ok = idx >= 0
+        for code, col in ((1, rt.end), (2, rt.wb), (3, rt.we), (4, rt.done)):
+            m = ok & (ph == code)
+            if m.any():
+                col[idx[m]] = ts[m]
+        slow = [(j, e) for j, e in enumerate(ol) if len(e) > 5 + ("v" in e)]
+        for j, e in slow:
+            i = int(idx[j])
+            if i < 0:
+                continue
+            if "exc" in e:
+                rt.flags[i] |= EXC if e["phase"] == "end" else WAIT_EXC
+                rt.exc[i] = str(e["exc"])
+            if e.get("approx"):
+                rt.flags[i] |= APPROX
+            if "gpu_ns" in e:
+                rt.gpu[i] = int(e["gpu_ns"])
+            if e["phase"] == "end" and "peer" in e and rt.peer[i] < 0:  # any-source recv resolved
+                rt.peer[i] = int(e["peer"])
+                if "seq" in e:
+                    rt.seq[i] = int(e["seq"])
+                    if not self._sig_flags[rt.sig[i]] & NESTED:
+                        self._index_p2p(rt, i)
+        if (ph == 4).any():
+            rt.device_seen = True
+            rt.flags[idx[ok & (ph == 4)]] |= DONE
+        aff = np.unique(idx[ok & (ph != 2)])
+        if aff.shape[0]:
+            self._complete(rt, aff)
+        return int(ts.min()), int(ts.max())
+
+    def _complete(self, rt: RankTrace, aff: np.ndarray) -> None:
+        """Recompute completion times of ops whose phases changed."""
+        fl = self._sig_flags[rt.sig[aff]]
+        end, we, done, of = rt.end[aff], rt.we[aff], rt.done[aff], rt.flags[aff]
+        comp = np.where((fl & ASYNC) != 0, we, end)
+        failed = (of & EXC) != 0
+        comp = np.where(failed & (comp == 0), end, comp)
+        dev = (fl & DEVICE) != 0
+        comp = np.where(dev & (done > 0), done, np.where(dev & ~failed, 0, comp))
+        comp = np.where((~dev) & (done > 0) & (comp > 0), np.maximum(comp, done), comp)
+        rt.comp[aff] = comp
+        finished = aff[comp > 0].tolist()
+        if finished:
+            rt.open.difference_update(finished)
+            self._close_nested(rt)
+
+    def _close_nested(self, rt: RankTrace) -> None:
+        """Nested ops (inner traffic of a logical op) end at the latest when their parent ends."""
+        for i in list(rt.open):
+            p = int(rt.parent[i])
+            if p >= 0 and rt.comp[p] > 0 and self._sig_flags[rt.sig[i]] & NESTED:
+                rt.comp[i] = max(int(rt.comp[p]), int(rt.begin[i]))
+                rt.flags[i] |= INFERRED
+                rt.open.discard(i)
+
+    # ------------------------------------------------------------------ queries
+    def rank_ids(self) -> list[int]:
+        return sorted(self.ranks)
+
+    @property
+    def world_size(self) -> int:
+        ws = [int(rt.meta["world_size"]) for rt in self.ranks.values()
+              if rt.meta and isinstance(rt.meta.get("world_size"), int)]
+        seen = max(self.ranks) + 1 if self.ranks else 0
+        return max([seen, *ws])
+
+    def n_ops(self, rank: int) -> int:
+        rt = self.ranks.get(rank)
+        return rt.n if rt else 0
+
+    def total_ops(self) -> int:
+        return sum(rt.n for rt in self.ranks.values())
+
+    def bounds(self) -> tuple[int, int]:
+        """(first, last) timestamp of the trace in ns."""
+        return self.start_ns, self.end_ns
+
+    def sig_of(self, rank: int, i: int) -> Sig:
+        return self.sigs[int(self.ranks[rank].sig[i])]
+
+    def sig_flags(self, codes: np.ndarray) -> np.ndarray:
+        return self._sig_flags[codes]
+
+    def sig_match(self, codes: np.ndarray) -> np.ndarray:
+        return self._sig_match[codes]
+
+    def ops_in_window(self, rank: int, t0: int, t1: int) -> np.ndarray:
+        """Indices of the rank's ops overlapping [t0, t1), sorted by begin time."""
+        rt = self.ranks.get(rank)
+        return rt.window(t0, t1) if rt else np.zeros(0, np.int64)
+
+    def op_index(self, rank: int, op_id: int) -> int | None:
+        rt = self.ranks.get(rank)
+        return rt.index_of(op_id) if rt else None
+
+    def op(self, rank: int, i: int) -> dict:
+        """Everything recorded about op ``i`` of ``rank`` as one JSON-ready dict."""
+        rt = self.ranks[rank]
+        s = self.sigs[int(rt.sig[i])]
+        d = s.describe()
+        d.update(rank=rank, index=int(i), id=int(rt.id[i]), begin_ns=int(rt.begin[i]))
+        for key, col in (("end_ns", rt.end), ("wait_begin_ns", rt.wb), ("wait_end_ns", rt.we),
+                         ("done_ns", rt.done), ("gpu_ns", rt.gpu), ("complete_ns", rt.comp)):
+            v = int(col[i])
+            if v:
+                d[key] = v
+        if rt.seq[i] >= 0:
+            d["seq"] = int(rt.seq[i])
+        if rt.peer[i] >= 0:
+            d["peer"] = int(rt.peer[i])
+        if rt.parent[i] >= 0:
+            d["parent_index"] = int(rt.parent[i])
+            d["parent_id"] = int(rt.id[rt.parent[i]])
+        f = int(rt.flags[i])
+        if f & APPROX:
+            d["approx"] = True
+        if f & INFERRED:
+            d["inferred_end"] = True
+        if i in rt.exc:
+            d["exc"] = rt.exc[i]
+        d["in_flight"] = bool(rt.comp[i] == 0)
+        st = rt.stacks.get(int(rt.id[i]))
+        if st is not None:
+            d["stack"] = st.get("threads")
+        return d
+
+    def label(self, rank: int, i: int) -> str:
+        """Short human name: 'all_reduce #42 (group 0)' / 'recv #3 from 1 (group 0)'."""
+        rt = self.ranks[rank]
+        s = self.sigs[int(rt.sig[i])]
+        seq = int(rt.seq[i])
+        peer = int(rt.peer[i])
+        text = s.op + (f" #{seq}" if seq >= 0 else "")
+        if s.flags & P2P:
+            text += f" {'to' if s.flags & SEND else 'from'} {peer if peer >= 0 else 'any'}"
+        return f"{text} (group {s.group}{', fr' if s.space == SPACE_FR else ''})"
+
+    def group_index(self, group: str, space: int = SPACE_NATIVE) -> GroupIndex | None:
+        return self.coll.get((space, group))
+
+    def collective(self, group: str, seq: int, space: int = SPACE_NATIVE) -> dict[int, int]:
+        """rank -> op index of collective #seq of ``group`` on every member that ran it."""
+        gi = self.coll.get((space, group))
+        return gi.at(seq) if gi else {}
+
+    def p2p_pair(self, group: str, src: int, dst: int, seq: int,
+                 space: int = SPACE_NATIVE) -> tuple[int | None, int | None]:
+        """(send op index on src, recv op index on dst) of p2p message #seq src->dst."""
+        ch = self.p2p.get((space, group, src, dst))
+        row = ch.get(seq) if ch else None
+        if row is None:
+            return None, None
+        return (int(row[0]) if row[0] >= 0 else None), (int(row[1]) if row[1] >= 0 else None)
+
+    def matching(self, rank: int, i: int) -> dict[int, int]:
+        """The same logical op on other ranks: rank -> op index (collective members or p2p peer)."""
+        rt = self.ranks[rank]
+        s = self.sigs[int(rt.sig[i])]
+        seq = int(rt.seq[i])
+        if seq < 0 or s.nested:
+            return {}
+        if s.flags & P2P:
+            peer = int(rt.peer[i])
+            if peer < 0:
+                return {}
+            send = bool(s.flags & SEND)
+            a, b = self.p2p_pair(s.group, rank if send else peer, peer if send else rank, seq, s.space)
+            other = b if send else a
+            return {peer: other} if other is not None else {}
+        out = self.collective(s.group, seq, s.space)
+        out.pop(rank, None)
+        return out
+
+    def inflight(self, rank: int) -> list[int]:
+        """Op indices begun and not complete, by begin time."""
+        rt = self.ranks.get(rank)
+        if not rt:
+            return []
+        return sorted((i for i in rt.open if rt.comp[i] == 0), key=lambda i: int(rt.begin[i]))
+
+    def blocked(self, rank: int) -> list[int]:
+        """Ops the rank's threads are blocked in: sync ops in flight, async ops inside wait().
+
+        Outer logical ops win over their nested inner traffic.
+        """
+        rt = self.ranks.get(rank)
+        if not rt:
+            return []
+        out = []
+        for i in self.inflight(rank):
+            f = int(self._sig_flags[rt.sig[i]])
+            if f & CONTAINER:
+                continue
+            if f & ASYNC and not (rt.wb[i] and not rt.we[i]):
+                continue
+            if f & NESTED and rt.parent[i] >= 0 and rt.comp[rt.parent[i]] == 0:
+                continue
+            out.append(i)
+        return out
+
+    def blocked_since(self, rank: int, i: int) -> int:
+        rt = self.ranks[rank]
+        return int(rt.wb[i]) if (self._sig_flags[rt.sig[i]] & ASYNC) and rt.wb[i] else int(rt.begin[i])
+
+    def current_op(self, rank: int) -> int | None:
+        """The op the rank is in right now (the most recent blocked one), if any."""
+        b = self.blocked(rank)
+        return b[-1] if b else None
+
+    def last_op(self, rank: int, *, completed: bool = True) -> int | None:
+        rt = self.ranks.get(rank)
+        if not rt or rt.n == 0:
+            return None
+        order = rt.order()
+        if not completed:
+            return int(order[-1])
+        done = order[rt.comp[order] > 0]
+        return int(done[-1]) if done.shape[0] else None
+
+    def samples(self, rank: int) -> dict[str, np.ndarray]:
+        """Sample history for sparklines: ts, cpu, rss, gpu_util, gpu_mem, gpu_mem_total (NaN = absent)."""
+        rt = self.ranks.get(rank)
+        return rt.samples.arrays() if rt else _Samples().arrays()
+
+    def latest_sample(self, rank: int) -> dict | None:
+        rt = self.ranks.get(rank)
+        return rt.samples.last if rt else None
+
+    def sample_interval(self, rank: int) -> float:
+        rt = self.ranks.get(rank)
+        try:
+            return float((rt.meta or {}).get("sample_interval") or DEFAULT_SAMPLE_INTERVAL)
+        except (TypeError, ValueError, AttributeError):
+            return DEFAULT_SAMPLE_INTERVAL
+
+    def hang_after(self) -> float | None:
+        """The largest hang_after the ranks were recorded with, if any said."""
+        vals = [float(rt.meta["hang_after"]) for rt in self.ranks.values()
+                if rt.meta and isinstance(rt.meta.get("hang_after"), int | float)]
+        return max(vals) if vals else None
+
+    def exited(self, rank: int) -> dict | None:
+        """The rank's exit event if it exited cleanly after its last op, else None."""
+        rt = self.ranks.get(rank)
+        if not rt or not rt.exits:
+            return None
+        ex = rt.exits[-1]
+        return ex if ex["ts"] >= rt.last_op_ts else None  # ops after an exit: the rank re-initialized
+
+    def dead_after_ns(self, rank: int) -> int:
+        return int(max(DEAD_INTERVALS * self.sample_interval(rank), DEAD_MIN_S) * 1e9)
+
+    def is_dead(self, rank: int, now: int) -> bool:
+        """Heartbeat stopped for several sample intervals without a clean exit."""
+        rt = self.ranks.get(rank)
+        if not rt or not rt.last_hb or self.exited(rank) is not None:
+            return False
+        return now - max(rt.last_hb, rt.last_ts) > self.dead_after_ns(rank)
+
+    def state(self, rank: int, now: int) -> RankState:
+        """What the rank is doing at ``now``: '<op> for 12.3 s', idle, exited or dead."""
+        rt = self.ranks.get(rank)
+        if rt is None:
+            return RankState("unknown", "no events", None, 0)
+        cur = self.current_op(rank)
+        if self.is_dead(rank, now):
+            seen = max(rt.last_hb, rt.last_ts)
+            where = f", was in {self.label(rank, cur)}" if cur is not None else ""
+            return RankState("dead", f"dead (last seen {(now - seen) / 1e9:.1f} s ago{where})", cur, seen)
+        ex = self.exited(rank)
+        if ex is not None:
+            why = ex.get("reason", "exit")
+            if ex.get("exc"):
+                why += f", {ex['exc']}"
+            return RankState("exited", f"exited ({why})", self.last_op(rank), int(ex["ts"]))
+        if cur is not None:
+            since = self.blocked_since(rank, cur)
+            verb = "waiting on" if self._sig_flags[rt.sig[cur]] & ASYNC else "in"
+            return RankState("blocked", f"{verb} {self.label(rank, cur)} for {(now - since) / 1e9:.1f} s",
+                             cur, since)
+        last = self.last_op(rank)
+        if last is None:
+            return RankState("idle", "idle (no ops yet)", None, rt.first_ts)
+        t = int(rt.comp[last])
+        return RankState("idle", f"idle (last {self.label(rank, last)} {(now - t) / 1e9:.1f} s ago)", last, t)

@@ -1,0 +1,133 @@
+"""Point-to-point findings: deadlock cycles and sends/recvs whose peer never posted.
+
+Wait-for graph: a rank blocked (longer than hang_after) in a send/recv, or in wait() on
+an isend/irecv, whose counterpart (same group, src, dst, seq) the peer never posted,
+waits for that peer.  A cycle is a deadlock; an edge outside any cycle is unmatched.
+Outer varlen ops (send_tensors/recv_tensors) carry their own seq, so their nested inner
+traffic never needs matching.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from commscope.analysis.findings import Finding, activity, op_brief, secs
+from commscope.analysis.model import P2P, SEND, TraceModel
+
+
+def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[int, int]]]:
+    """rank -> [(peer it waits for, op index)] for blocked, unmatched p2p ops."""
+    edges: dict[int, list[tuple[int, int]]] = {}
+    for r in model.rank_ids():
+        if model.exited(r) is not None:
+            continue
+        rt = model.ranks[r]
+        for i in model.blocked(r):
+            s = model.sigs[int(rt.sig[i])]
+            if not s.flags & P2P or s.nested:
+                continue
+            if now - model.blocked_since(r, i) < hang_ns:
+                continue
+            peer = int(rt.peer[i])
+            if peer < 0:  # any-source recv: every other member could be the sender
+                members = model.groups.get(s.group) or model.rank_ids()
+                for m in members:
+                    if m != r:
+                        edges.setdefault(r, []).append((m, i))
+                continue
+            if rt.seq[i] < 0:
+                continue
+            seq = int(rt.seq[i])
+            send = bool(s.flags & SEND)
+            a, b = model.p2p_pair(s.group, r if send else peer, peer if send else r, seq, s.space)
+            if (b if send else a) is None:
+                edges.setdefault(r, []).append((peer, i))
+    return edges
+
+
+def _step(model: TraceModel, r: int, i: int, now: int) -> dict[str, Any]:
+    d = op_brief(model, r, i, now)
+    d["blocked_s"] = secs(now - model.blocked_since(r, i))
+    return d
+
+
+def _say(model: TraceModel, r: int, i: int) -> str:
+    s = model.sig_of(r, i)
+    peer = int(model.ranks[r].peer[i])
+    what = f"{'send to' if s.flags & SEND else 'recv from'} {peer if peer >= 0 else 'any'}"
+    return f"rank {r} waits {s.op} ({what}) at {s.site or '?'}"
+
+
+def _cycles(edges: dict[int, list[tuple[int, int]]]) -> list[list[tuple[int, int]]]:
+    """Elementary cycles found by DFS from each rank (each cycle reported once)."""
+    found: list[list[tuple[int, int]]] = []
+    seen_sets: set[frozenset[int]] = set()
+    for start in sorted(edges):
+        stack = [(start, iter(edges.get(start, [])), [])]
+        on_path = {start}
+        while stack:
+            node, it, path = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                stack.pop()
+                on_path.discard(node)
+                continue
+            peer, i = nxt
+            step = path + [(node, i)]
+            if peer == start:
+                key = frozenset(n for n, _ in step)
+                if key not in seen_sets:
+                    seen_sets.add(key)
+                    found.append(step)
+                continue
+            if peer in on_path or peer not in edges or peer < start:
+                continue
+            on_path.add(peer)
+            stack.append((peer, iter(edges[peer]), step))
+    return found
+
+
+def find_p2p(model: TraceModel, now: int, hang_ns: int) -> list[Finding]:
+    edges = _edges(model, now, hang_ns)
+    if not edges:
+        return []
+    out: list[Finding] = []
+    in_cycle: set[tuple[int, int]] = set()  # (rank, op index)
+    for cyc in _cycles(edges):
+        ranks = [r for r, _ in cyc]
+        chain = [_step(model, r, i, now) for r, i in cyc]
+        r0, i0 = cyc[0]
+        s = model.sig_of(r0, i0)
+        text = " → ".join(_say(model, r, i) for r, i in cyc) + f" → rank {r0}"
+        msg = f"p2p deadlock among ranks {', '.join(map(str, ranks))}: {text}"
+        ev = {"cycle": chain, "chain": text,
+              "stacks": {str(r): a["stack"] for r in ranks if (a := activity(model, r, now)).get("stack")}}
+        out.append(Finding("p2p_deadlock", s.group, int(model.ranks[r0].seq[i0]) if model.ranks[r0].seq[i0] >= 0
+                           else None, s.op, sorted(set(ranks)), sorted(set(ranks)), msg, ev,
+                           ts=min(model.blocked_since(r, i) for r, i in cyc)))
+        in_cycle.update(cyc)
+    for r, lst in sorted(edges.items()):
+        any_source = [(p, i) for p, i in lst if model.ranks[r].peer[i] < 0]
+        for peer, i in lst:
+            if (r, i) in in_cycle or (peer, i) in any_source:
+                continue
+            out.append(_unmatched(model, r, i, [peer], now))
+        if any_source:
+            i = any_source[0][1]
+            if (r, i) not in in_cycle:
+                out.append(_unmatched(model, r, i, sorted({p for p, _ in any_source}), now))
+    return out
+
+
+def _unmatched(model: TraceModel, r: int, i: int, peers: list[int], now: int) -> Finding:
+    s = model.sig_of(r, i)
+    rt = model.ranks[r]
+    seq = int(rt.seq[i]) if rt.seq[i] >= 0 else None
+    acts = {str(p): activity(model, p, now) for p in peers}
+    counterpart = "recv" if s.flags & SEND else "send"
+    msg = (f"{_say(model, r, i)} (#{seq if seq is not None else '?'} of group {s.group}) for "
+           f"{secs(now - model.blocked_since(r, i)):.1f} s; the matching {counterpart} was never posted: " +
+           "; ".join(f"rank {p} is {acts[str(p)]['text']}" for p in peers))
+    ev = {"blocked_op": _step(model, r, i, now), "expected": counterpart, "peer_activity": acts}
+    return Finding("unmatched_p2p", s.group, seq, s.op, sorted({r, *peers}), peers, msg, ev,
+                   ts=model.blocked_since(r, i))

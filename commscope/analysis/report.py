@@ -1,0 +1,153 @@
+"""Summary statistics per op, group and rank, and the call sites where ranks wait most.
+
+Collectives are measured per instance (one (group, seq) on every member): true latency,
+arrival skew, per-rank waits, algbw/busbw from the true latency.  P2p ops and ops not
+run by every member count with their own duration.  Plain dicts, ready for JSON or tables.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from commscope.analysis.bandwidth import busbw_factor, instances, sig_size
+from commscope.analysis.model import ASYNC, NESTED, P2P, SPACE_FR, TraceModel
+
+
+def _pct(xs: list[float] | np.ndarray, q: float) -> float | None:
+    if len(xs) == 0:
+        return None
+    return float(np.percentile(np.asarray(xs, dtype=np.float64), q))
+
+
+class _Acc:
+    def __init__(self) -> None:
+        self.count = 0
+        self.bytes = 0
+        self.lat: list[np.ndarray] = []
+        self.alg: list[np.ndarray] = []
+        self.bus: list[np.ndarray] = []
+        self.skew: list[np.ndarray] = []
+        self.async_wait = 0
+        self.wait = 0
+
+    def row(self) -> dict[str, Any]:
+        lat = np.concatenate(self.lat) if self.lat else np.zeros(0)
+        alg = np.concatenate(self.alg) if self.alg else np.zeros(0)
+        bus = np.concatenate(self.bus) if self.bus else np.zeros(0)
+        skew = np.concatenate(self.skew) if self.skew else np.zeros(0)
+        alg, bus = alg[np.isfinite(alg)], bus[np.isfinite(bus)]
+        return {"count": self.count, "bytes": int(self.bytes),
+                "latency_p50_s": _s(_pct(lat, 50)), "latency_p99_s": _s(_pct(lat, 99)),
+                "algbw_p50": _pct(alg, 50), "busbw_p50": _pct(bus, 50),
+                "async_wait_s": round(self.async_wait / 1e9, 6), "wait_s": round(self.wait / 1e9, 6),
+                "skew_p50_s": _s(_pct(skew, 50)), "skew_p99_s": _s(_pct(skew, 99))}
+
+
+def _s(ns: float | None) -> float | None:
+    return None if ns is None else round(ns / 1e9, 9)
+
+
+def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
+    by_op: dict[str, _Acc] = defaultdict(_Acc)
+    by_group: dict[str, _Acc] = defaultdict(_Acc)
+    by_rank: dict[int, _Acc] = defaultdict(_Acc)
+    site_wait: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # site -> [wait ns, count]
+    incomplete = 0
+    # collectives, per complete instance
+    for (space, name), gi in model.coll.items():
+        inst = instances(model, gi)
+        total_rows = int((gi.seqs.rows() >= 0).any(axis=1).sum())
+        incomplete += total_rows - inst.n
+        if inst.n == 0:
+            continue
+        n = len(gi.members)
+        codes = inst.sig[:, 0]
+        gkey = name + (" (fr)" if space == SPACE_FR else "")
+        for code in np.unique(codes).tolist():
+            m = codes == code
+            s = model.sigs[code]
+            S = sig_size(s)
+            lat = inst.latency[m].astype(np.float64)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                alg = np.where(lat > 0, S / (lat / 1e9), np.nan)
+            bus = alg * busbw_factor(s.op, n)
+            for acc in (by_op[s.op], by_group[gkey]):
+                acc.count += int(m.sum())
+                acc.bytes += S * int(m.sum())
+                acc.lat.append(lat)
+                acc.skew.append(inst.skew[m].astype(np.float64))
+                if S:
+                    acc.alg.append(alg)
+                    acc.bus.append(bus)
+            waits = inst.waits[m]
+            for col, r in enumerate(gi.members):
+                w = int(waits[:, col].sum())
+                by_rank[r].wait += w
+                by_op[s.op].wait += w
+                by_group[gkey].wait += w
+                if w:
+                    for c2 in np.unique(inst.sig[m, col]).tolist():
+                        site = model.sigs[c2].site or "?"
+                        sel = inst.sig[m, col] == c2
+                        site_wait[site][0] += int(waits[sel, col].sum())
+                        site_wait[site][1] += int(sel.sum())
+    # per rank: counts, bytes, busy time; p2p ops and async waits
+    sizes = np.array([sig_size(s) for s in model.sigs] or [0], np.int64)
+    for r, rt in model.ranks.items():
+        n = rt.n
+        if not n:
+            continue
+        sig = rt.sig[:n]
+        flags = model.sig_flags(sig)
+        top = (flags & NESTED) == 0
+        comp, begin = rt.comp[:n], rt.begin[:n]
+        acc = by_rank[r]
+        acc.count += int(top.sum())
+        size = sizes[sig]
+        acc.bytes += int(size[top].sum())
+        done = top & (comp > 0)
+        dur = (comp - begin)[done].astype(np.float64)
+        acc.lat.append(dur)
+        aw = ((flags & ASYNC) != 0) & (rt.we[:n] > 0) & (rt.wb[:n] > 0)
+        wait_ns = (rt.we[:n] - rt.wb[:n])[aw]
+        acc.async_wait += int(wait_ns.sum())
+        for code in np.unique(sig[aw]).tolist():
+            s = model.sigs[code]
+            v = int(wait_ns[sig[aw] == code].sum())
+            by_op[s.op].async_wait += v
+            by_group[s.group + (" (fr)" if s.space == SPACE_FR else "")].async_wait += v
+            site_wait[s.site or "?"][0] += v
+            site_wait[s.site or "?"][1] += int((sig[aw] == code).sum())
+        p2p = done & ((flags & P2P) != 0)
+        if p2p.any():
+            for code in np.unique(sig[p2p]).tolist():
+                s = model.sigs[code]
+                m = p2p & (sig == code)
+                d = (comp - begin)[m].astype(np.float64)
+                S = sig_size(s)
+                for a in (by_op[s.op], by_group[s.group + " (p2p)"]):
+                    a.count += int(m.sum())
+                    a.bytes += S * int(m.sum())
+                    a.lat.append(d)
+                    if S:
+                        alg = np.where(d > 0, S / (d / 1e9), np.nan)
+                        a.alg.append(alg)
+                        a.bus.append(alg)
+    ranks_rows = {}
+    for r in sorted(by_rank):
+        row = by_rank[r].row()
+        row["busy_s"] = round(float(np.concatenate(by_rank[r].lat).sum()) / 1e9, 6) if by_rank[r].lat else 0.0
+        ranks_rows[str(r)] = row
+    sites = sorted(site_wait.items(), key=lambda kv: -kv[1][0])[:top_sites]
+    return {
+        "ops": {k: v.row() for k, v in sorted(by_op.items())},
+        "groups": {k: v.row() for k, v in sorted(by_group.items())},
+        "ranks": ranks_rows,
+        "sites": [{"site": s, "wait_s": round(w / 1e9, 6), "count": c} for s, (w, c) in sites if w > 0],
+        "incomplete_collectives": incomplete,
+        "span_s": round((model.end_ns - model.start_ns) / 1e9, 6),
+        "ops_total": model.total_ops(),
+    }

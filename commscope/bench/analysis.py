@@ -1,0 +1,149 @@
+"""Analysis: model build rate, full diagnose() and incremental 1k-event updates on a synthetic job.
+
+The trace is generated in memory (64 ranks x 20k ops by default; see
+commscope.analysis.synth.healthy_trace) and then, measured side by side in this run:
+a bare loop that touches every event once (the floor any Python consumer pays), the
+model build from the decoded events (round-tripped through the store encoding rank by
+rank, as a reader hands them over), diagnose() on the whole model, ingesting 1k-event
+batches into the built model, and the TUI's window and op-detail queries.
+Targets: build >= 1M events/s, diagnose <= 1 s, 1k-event batch <= 10 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+
+from commscope.bench.stats import fmt_time, median, quantile
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ranks", type=int, default=64)
+    p.add_argument("--ops", type=int, default=20_000, help="ops per rank")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="8 ranks x 2k ops (smoke run)")
+
+
+def _bare(events: list[dict]) -> float:
+    t0 = time.perf_counter()
+    n = 0
+    for e in events:
+        if e["type"] == "op":
+            n += 1
+    return time.perf_counter() - t0
+
+
+def _as_decoded(events: list[dict]) -> list[dict]:
+    """Round-trip through the store encoding, rank by rank, as a reader's poll() hands them over."""
+    from commscope.events import decode_lines, encode_lines
+
+    out: list[dict] = []
+    start = 0
+    for k in range(1, len(events) + 1):
+        if k == len(events) or events[k]["rank"] != events[start]["rank"]:
+            chunk = events[start:k]
+            for j in range(0, len(chunk), 20_000):
+                out.extend(decode_lines(encode_lines(chunk[j:j + 20_000]))[0])
+            start = k
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from commscope.analysis import TraceModel, diagnose
+    from commscope.analysis.synth import healthy_trace
+
+    ranks, ops = (8, 2000) if args.quick else (args.ranks, args.ops)
+    print(f"generating a healthy synthetic trace: {ranks} ranks x {ops} ops ...", flush=True)
+    events = _as_decoded(healthy_trace(ranks, ops))
+    n = len(events)
+    print(f"{n:,} events")
+    gc.collect()
+    gc.freeze()  # the generated events are long-lived; keep the collector off them
+    bare = [_bare(events) for _ in range(args.repeat)]
+    builds = []
+    model = None
+    for _ in range(args.repeat):
+        model = None
+        gc.collect()
+        t0 = time.perf_counter()
+        m = TraceModel()
+        m.ingest(events)
+        builds.append(time.perf_counter() - t0)
+        model = m
+    assert model is not None
+    nops = model.total_ops()
+    col_bytes = sum(getattr(rt, c).nbytes for rt in model.ranks.values()
+                    for c in ("begin", "end", "wb", "we", "done", "gpu", "comp", "id", "seq", "peer", "parent",
+                              "sig", "flags", "id2idx"))
+    idx_bytes = sum(gi.seqs.mat.nbytes for gi in model.coll.values()) + sum(ch.mat.nbytes for ch in model.p2p.values())
+    diag = []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        found = diagnose(model, hang_after=30.0)
+        diag.append(time.perf_counter() - t0)
+    # incremental: rebuild without the tail, then feed the tail in 1k-event batches as a poll would
+    tail = min(n // 4, 200_000)
+    head, rest = events[: n - tail], events[n - tail:]
+    by_rank: dict[int, list[dict]] = {}
+    for e in rest:
+        by_rank.setdefault(e["rank"], []).append(e)
+    inter: list[dict] = []
+    pos = dict.fromkeys(by_rank, 0)
+    step = max(1, 1000 // max(1, len(by_rank)))
+    while any(pos[r] < len(v) for r, v in by_rank.items()):
+        for r, v in by_rank.items():
+            inter.extend(v[pos[r]: pos[r] + step])
+            pos[r] += step
+    inc = TraceModel()
+    inc.ingest(head)
+    batch_times = []
+    for k in range(0, len(inter), 1000):
+        batch = inter[k: k + 1000]
+        t0 = time.perf_counter()
+        inc.ingest(batch)
+        batch_times.append(time.perf_counter() - t0)
+    diag_inc = []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        diagnose(inc, hang_after=30.0)
+        diag_inc.append(time.perf_counter() - t0)
+    # TUI queries
+    t_lo, t_hi = model.bounds()
+    span = (t_hi - t_lo) // 200
+    win = []
+    det = []
+    for k in range(200):
+        r = k % ranks
+        a = t_lo + k * span
+        t0 = time.perf_counter()
+        idx = model.ops_in_window(r, a, a + span)
+        win.append(time.perf_counter() - t0)
+        if idx.shape[0]:
+            t0 = time.perf_counter()
+            model.op(r, int(idx[0]))
+            model.matching(r, int(idx[0]))
+            det.append(time.perf_counter() - t0)
+    gc.unfreeze()
+
+    def rate(sec: float) -> str:
+        return f"{n / sec / 1e6:.2f} M events/s"
+
+    b_med, f_med = median(bare), median(builds)
+    print()
+    print(f"{'measure':<44}{'median':>14}{'rate / note':>34}")
+    print(f"{'bare loop over events (floor)':<44}{fmt_time(b_med):>14}{rate(b_med):>34}")
+    print(f"{'model build from decoded events':<44}{fmt_time(f_med):>14}{rate(f_med):>34}")
+    print(f"{'  build / bare loop':<44}{f_med / b_med:>13.1f}x{'target >= 1 M events/s':>34}")
+    print(f"{'diagnose(), full model':<44}{fmt_time(median(diag)):>14}{'target <= 1 s':>34}")
+    print(f"{'diagnose(), incrementally built model':<44}{fmt_time(median(diag_inc)):>14}{'':>34}")
+    print(f"{'ingest 1k-event batch (median)':<44}{fmt_time(median(batch_times)):>14}{'target <= 10 ms':>34}")
+    print(f"{'ingest 1k-event batch (p99)':<44}{fmt_time(quantile(batch_times, 0.99)):>14}"
+          f"{f'{len(batch_times)} batches':>34}")
+    print(f"{'ops_in_window (1/200 of trace)':<44}{fmt_time(median(win)):>14}{'':>34}")
+    print(f"{'op detail + matching ops':<44}{fmt_time(median(det) if det else float('nan')):>14}{'':>34}")
+    print(f"{'model arrays':<44}{col_bytes / 2**20:>11.1f} MiB"
+          f"{f'{col_bytes / max(nops, 1):.0f} B/op, {nops:,} ops':>34}")
+    print(f"{'cross-rank indexes':<44}{idx_bytes / 2**20:>11.1f} MiB{'':>34}")
+    print(f"{'findings on the healthy trace':<44}{len(found):>14}{'expected 0':>34}")
+    return 0 if not found else 1

@@ -1,0 +1,211 @@
+"""Headless diagnosis of a trace store or a directory of Flight Recorder dumps.
+
+Exit 0: no error-level finding.  Exit 1: error-level findings.  Exit 2: bad input or usage.
+The trace is judged at its last timestamp, so a job killed while hung still shows the
+hang that was in progress.  --hang-after defaults to the value the ranks recorded with
+(else 30 s).  Damaged or truncated lines are skipped and reported as warnings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+from commscope.analysis.findings import ERROR, Finding
+from commscope.analysis.model import TraceModel
+from commscope.analysis.source import open_source
+from commscope.store import StoreError, redact
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", nargs="?", default=None,
+                   help="trace store (directory or redis://...) or Flight Recorder dump directory")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--hang-after", type=float, default=None, metavar="SECONDS",
+                   help="how long a rank must wait before it counts as hung")
+
+
+def load(store: str | None) -> tuple[TraceModel, Any, list[str]]:
+    """Model, reader and warnings; raises UsageError on input that cannot be used."""
+    from commscope.cli import UsageError
+
+    try:
+        reader = open_source(store)
+        events = reader.read_all()
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {store}: {exc}") from None
+    finally:
+        try:
+            reader.close()  # type: ignore[possibly-undefined]
+        except Exception:
+            pass
+    stats = reader.stats
+    if not events:
+        if stats.corrupt:
+            raise UsageError(f"{redact(reader.description)}: corrupt beyond use "
+                             f"({stats.corrupt} damaged lines, no readable event)")
+        raise UsageError(f"{redact(reader.description)}: no events recorded")
+    warnings = list(stats.warnings)
+    if stats.corrupt:
+        per = ", ".join(f"rank {r}: {n}" for r, n in sorted(stats.corrupt_by_rank.items()))
+        warnings.append(f"skipped {stats.corrupt} damaged line(s) ({per})")
+    if stats.trimmed:
+        warnings.append("the store dropped old events (maxlen): early ops may be missing")
+    model = TraceModel.from_events(events)
+    for r in model.rank_ids():
+        if model.ranks[r].dropped:
+            warnings.append(f"rank {r}: the recorder dropped {model.ranks[r].dropped} event(s) under backpressure")
+    ws = model.world_size
+    missing = [r for r in range(ws) if r not in model.ranks]
+    if missing and len(missing) < ws:
+        warnings.append(f"no events from rank(s) {', '.join(map(str, missing))} of world size {ws}")
+    return model, reader, warnings
+
+
+def to_json(model: TraceModel, findings: list[Finding], warnings: list[str], hang_after: float,
+            now: int, source: str) -> dict[str, Any]:
+    return {"ranks": model.world_size, "events": model.events, "findings": [f.to_json() for f in findings],
+            "warnings": warnings, "hang_after": hang_after, "now_ns": now, "source": source,
+            "ops": model.total_ops()}
+
+
+def main(args: argparse.Namespace) -> int:
+    from commscope.cli import UsageError
+
+    if args.hang_after is not None and args.hang_after < 0:
+        raise UsageError("--hang-after must be >= 0")
+    model, reader, warnings = load(args.store)
+    hang_after = args.hang_after if args.hang_after is not None else default_hang_after(model)
+    now = trace_now(model)
+    findings = diagnose(model, now, hang_after)
+    if args.json:
+        out = to_json(model, findings, warnings, hang_after, now, redact(reader.description))
+        sys.stdout.write(json.dumps(out, default=str) + "\n")
+    else:
+        render(model, findings, warnings, hang_after, redact(reader.description))
+    return 1 if any(f.severity == ERROR for f in findings) else 0
+
+
+# ---------------------------------------------------------------------- rich rendering
+def render(model: TraceModel, findings: list[Finding], warnings: list[str], hang_after: float,
+           source: str, console: Any = None) -> None:
+    from rich.console import Console
+
+    con = console or Console()
+    con.print(f"[bold]{source}[/]: {model.world_size} ranks, {model.events:,} events, {model.total_ops():,} ops, "
+              f"{(model.end_ns - model.start_ns) / 1e9:.1f} s; hang_after {hang_after:g} s")
+    for w in warnings:
+        con.print(f"[yellow]warning:[/] {w}")
+    if not findings:
+        con.print("[green]no findings: the trace looks healthy[/]")
+        return
+    for f in findings:
+        con.print(_panel(f))
+    errors = sum(f.severity == ERROR for f in findings)
+    con.print(f"[bold]{errors} error(s), {len(findings) - errors} warning(s)[/]")
+
+
+def _panel(f: Finding) -> Any:
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.text import Text
+
+    color = "red" if f.severity == ERROR else "yellow"
+    where = " ".join(x for x in (f"group {f.group}" if f.group is not None else "",
+                                 f"#{f.seq}" if f.seq is not None else "", f.op or "") if x)
+    title = f"[{color} bold]{f.severity.upper()}[/] {f.kind}  {where}"
+    parts: list[Any] = [Text(f.message)]
+    parts.append(Text(f"culprits: {', '.join(map(str, f.culprits)) or '-'}   ranks: "
+                      f"{_ranges(f.ranks)}", style="bold"))
+    parts.extend(_evidence(f))
+    return Panel(Group(*parts), title=title, title_align="left", border_style=color)
+
+
+def _ranges(rs: list[int]) -> str:
+    rs = sorted(rs)
+    out, i = [], 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _table(title: str, cols: list[str], rows: list[list[Any]]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for c in cols:
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(*["" if v is None else str(v) for v in r])
+    return t
+
+
+def _stack_lines(stack: list | None) -> list[str]:
+    lines = []
+    for th in stack or []:
+        frames = th.get("frames") or []
+        lines.append(f"  thread {th.get('thread')}:")
+        lines.extend(f"    {fr}" for fr in frames[-8:])
+    return lines
+
+
+def _evidence(f: Finding) -> list[Any]:
+    from rich.text import Text
+
+    ev = f.evidence
+    out: list[Any] = []
+    if f.kind == "missing_ranks":
+        out.append(_table("waiting ranks", ["rank", "waited s"], [[r, s] for r, s in ev["waited_s"].items()]))
+        rows = []
+        for r, a in ev["missing_activity"].items():
+            op = a.get("in_op") or a.get("last_completed_op") or {}
+            rows.append([r, a.get("text"), op.get("site"), a.get("last_seq_in_group")])
+        out.append(_table("ranks that never entered", ["rank", "doing instead", "site", "last seq in group"], rows))
+        for r, a in ev["missing_activity"].items():
+            if a.get("stack"):
+                out.append(Text("\n".join([f"stack of rank {r}:", *_stack_lines(a["stack"])]), style="dim"))
+    elif f.kind == "collective_mismatch":
+        rows = [[r, d.get("op"), d.get("in_shapes"), d.get("in_dtypes"), d.get("redop"), d.get("root"),
+                 d.get("site"), d.get("state")] for r, d in ev["per_rank"].items()]
+        out.append(_table(f"per rank at #{f.seq} (differs: {', '.join(ev['differs']) or '?'})",
+                          ["rank", "op", "shapes", "dtypes", "redop", "root", "site", "state"], rows))
+        if ev.get("later_mismatches"):
+            out.append(Text(f"{ev['later_mismatches']} later instance(s) of this group also differ"))
+    elif f.kind == "p2p_deadlock":
+        rows = [[s["rank"], s["op"], s.get("dir"), s.get("peer"), s.get("seq"), s.get("site"), s.get("blocked_s")]
+                for s in ev["cycle"]]
+        out.append(_table("wait-for cycle", ["rank", "op", "dir", "peer", "seq", "site", "blocked s"], rows))
+        for r, st in (ev.get("stacks") or {}).items():
+            out.append(Text("\n".join([f"stack of rank {r}:", *_stack_lines(st)]), style="dim"))
+    elif f.kind == "unmatched_p2p":
+        b = ev["blocked_op"]
+        out.append(Text(f"blocked: rank {b['rank']} {b['op']} {b.get('dir')} peer {b.get('peer')} "
+                        f"#{b.get('seq')} at {b.get('site')} for {b.get('blocked_s')} s"))
+        for p, a in ev["peer_activity"].items():
+            out.append(Text(f"peer {p}: {a.get('text')}"))
+            out.extend(Text(x, style="dim") for x in _stack_lines(a.get("stack")))
+    elif f.kind == "dead_rank":
+        a = ev["activity"]
+        out.append(Text(f"silent for {ev['silent_s']} s (threshold {ev['threshold_s']} s); {a.get('text')}"))
+        if ev.get("last_sample"):
+            out.append(Text(f"last sample: {ev['last_sample']}", style="dim"))
+    elif f.kind == "straggler":
+        rows = [[g["group"], g["collectives"], f"{g['last_share'] * 100:.0f}%", g["median_lateness_s"],
+                 g["p90_lateness_s"], g["median_latency_s"]] for g in [ev, *(ev.get("other_groups") or [])]]
+        out.append(_table("arrival", ["group", "collectives", "last", "median late s", "p90 late s",
+                                      "median latency s"], rows))
+    elif f.kind == "unwaited_work":
+        rows = [[o.get("id"), o.get("op"), o.get("group"), o.get("seq"), o.get("site")] for o in ev["ops"]]
+        out.append(_table("never waited", ["id", "op", "group", "seq", "site"], rows))
+    else:
+        out.append(Text(json.dumps(ev, indent=1, default=str)))
+    return out

@@ -1,0 +1,49 @@
+"""Export a trace (store or Flight Recorder dumps) as Chrome/Perfetto trace JSON.
+
+Open the file in https://ui.perfetto.dev or chrome://tracing: one process per rank,
+one track per group plus one for p2p, op spans with their args, findings as instant
+events, GPU/CPU counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from commscope.analysis.chrome import chrome_trace
+from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", nargs="?", default=None,
+                   help="trace store (directory or redis://...) or Flight Recorder dump directory")
+    p.add_argument("--chrome", metavar="FILE", required=True, help="write Chrome trace JSON here ('-' = stdout)")
+    p.add_argument("--hang-after", type=float, default=None, metavar="SECONDS",
+                   help="for the findings marked in the trace")
+
+
+def main(args: argparse.Namespace) -> int:
+    import sys
+
+    from commscope.cli import UsageError
+    from commscope.commands.check import load
+
+    model, _, warnings = load(args.store)
+    now = trace_now(model)
+    hang = args.hang_after if args.hang_after is not None else default_hang_after(model)
+    findings = diagnose(model, now, hang)
+    data = chrome_trace(model, findings, now)
+    text = json.dumps(data, separators=(",", ":"))
+    if args.chrome == "-":
+        sys.stdout.write(text + "\n")
+        return 0
+    try:
+        with open(args.chrome, "w") as f:
+            f.write(text)
+    except OSError as exc:
+        raise UsageError(f"cannot write {args.chrome}: {exc.strerror or exc}") from None
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(f"wrote {args.chrome}: {len(data['traceEvents']):,} trace events, {len(model.ranks)} ranks, "
+          f"{len(findings)} finding(s)", file=sys.stderr)
+    return 0

@@ -1,0 +1,106 @@
+"""`commscope check`: exit codes, the --json contract, warnings for damaged input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from commscope.analysis.synth import S, TraceBuilder, healthy_trace
+from commscope.cli import main as cli
+from commscope.events import encode
+from commscope.store import open_writer
+
+JOB = "job-1"
+
+
+def write_store(root: Path, events: list[dict]) -> Path:
+    by: dict[int, list[bytes]] = {}
+    for e in events:
+        by.setdefault(e["rank"], []).append(encode(e))
+    for r, lines in sorted(by.items()):
+        w = open_writer(str(root), JOB, r, job_meta={"world_size": len(by)})
+        w.write(lines)
+        w.close()
+    return root
+
+
+def hung_trace() -> list[dict]:
+    b = TraceBuilder(3)
+    t = b.t0 + S
+    t = b.collective(t, "all_reduce")
+    b.sync(0, t, None, "all_reduce")
+    b.sync(1, t, None, "all_reduce")
+    b.heartbeats(t, t + 5 * S)
+    return b.sorted_events()
+
+
+def run_json(capsys, *argv) -> tuple[int, dict]:
+    capsys.readouterr()
+    rc = cli(["check", *argv, "--json"])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def test_healthy_exit_0_and_json_shape(tmp_path, capsys):
+    store = write_store(tmp_path / "s", healthy_trace(4, 200))
+    rc, out = run_json(capsys, str(store))
+    assert rc == 0
+    assert out["ranks"] == 4 and out["events"] > 0 and out["findings"] == [] and out["warnings"] == []
+    assert cli(["check", str(store)]) == 0
+    assert "no findings" in capsys.readouterr().out
+
+
+def test_hang_exit_1_with_contract_fields(tmp_path, capsys):
+    store = write_store(tmp_path / "s", hung_trace())
+    rc, out = run_json(capsys, str(store))
+    assert rc == 1
+    (f,) = out["findings"]
+    assert set(f) == {"kind", "severity", "group", "seq", "op", "ranks", "culprits", "message", "evidence"}
+    assert (f["kind"], f["severity"], f["group"], f["seq"], f["op"]) == ("missing_ranks", "error", "0", 2, "all_reduce")
+    assert f["ranks"] == [0, 1, 2] and f["culprits"] == [2]
+    # a longer hang_after than the wait: nothing to report
+    rc, out = run_json(capsys, str(store), "--hang-after", "60")
+    assert rc == 0 and out["findings"] == []
+    assert cli(["check", str(store)]) == 1
+    text = capsys.readouterr().out
+    assert "missing_ranks" in text and "never entered" in text
+
+
+def test_warnings_exit_0(tmp_path, capsys):
+    b = TraceBuilder(2)
+    t = b.t0 + S
+    a = [b.async_op(r, t, None, None, "all_reduce") for r in range(2)]
+    b.exit(0, t + S, unwaited=[a[0]])
+    b.exit(1, t + S, unwaited=[a[1]])
+    store = write_store(tmp_path / "s", b.sorted_events())
+    rc, out = run_json(capsys, str(store))
+    assert rc == 0 and [f["kind"] for f in out["findings"]] == ["unwaited_work"] * 2
+
+
+def test_bad_input_exit_2(tmp_path, capsys):
+    assert cli(["check", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error:" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli(["check", str(empty)]) == 2
+    store = tmp_path / "junk"
+    w = open_writer(str(store), JOB, 0)
+    w.write([b"garbage", b"{not json", b"[1,2]"])
+    w.close()
+    assert cli(["check", str(store)]) == 2
+    assert "corrupt beyond use" in capsys.readouterr().err
+    good = write_store(tmp_path / "ok", healthy_trace(2, 50))
+    assert cli(["check", str(good), "--hang-after", "-1"]) == 2
+
+
+def test_corrupt_and_truncated_lines_are_warnings(tmp_path, capsys):
+    store = write_store(tmp_path / "s", hung_trace())
+    files = sorted((store / JOB).glob("rank-*.jsonl"))
+    with open(files[0], "ab") as f:
+        f.write(b"{this is not json}\n")
+    with open(files[1], "ab") as f:
+        f.write(b'{"type":"heartbeat","ts":')  # torn last line
+    rc, out = run_json(capsys, str(store))
+    assert rc == 1 and out["findings"][0]["culprits"] == [2]
+    text = " ".join(out["warnings"])
+    assert "damaged" in text and "truncated" in text

@@ -1,0 +1,301 @@
+"""diagnose() on synthetic traces: every finding kind, and silence on healthy traces."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from commscope.analysis import TraceModel, diagnose
+from commscope.analysis.synth import S, TraceBuilder, healthy_trace
+
+MS = 1_000_000
+
+
+def run(b: TraceBuilder, now: int | None = None, hang_after: float = 2.0, batches: int = 1):
+    m = TraceModel()
+    ev = b.sorted_events()
+    step = max(1, len(ev) // batches)
+    for k in range(0, len(ev), step):
+        m.ingest(ev[k:k + step])
+    f = diagnose(m, now=now, hang_after=hang_after)
+    for x in f:
+        json.dumps(x.to_json())  # evidence must be JSON-serializable
+    return m, f
+
+
+def kinds(findings):
+    return sorted(f.kind for f in findings)
+
+
+def warmup(b: TraceBuilder, n: int = 3) -> int:
+    t = b.t0 + S // 10
+    for _ in range(n):
+        t = b.collective(t, "all_reduce") + MS
+    return t
+
+
+@pytest.mark.parametrize("batches", [1, 7])
+def test_missing_ranks_names_the_absent_rank_and_what_it_does(batches):
+    b = TraceBuilder(4)
+    t = warmup(b)
+    for r in (0, 1, 3):
+        b.sync(r, t, None, "all_reduce")
+    b.heartbeats(t, t + 10 * S)
+    m, f = run(b, batches=batches)
+    assert kinds(f) == ["missing_ranks"]
+    x = f[0]
+    assert x.culprits == [2] and x.seq == 4 and x.group == "0" and x.op == "all_reduce"
+    assert x.evidence["missing"] == [2]
+    assert x.evidence["waited_s"]["0"] >= 9.9
+    assert x.evidence["missing_activity"]["2"]["state"] == "idle"
+    assert x.evidence["missing_activity"]["2"]["last_seq_in_group"] == 3
+
+
+def test_missing_rank_blocked_elsewhere_shows_its_op_and_stack():
+    b = TraceBuilder(3)
+    t = warmup(b)
+    b.group("1", [1, 2])
+    b.sync(0, t, None, "all_reduce")
+    b.sync(1, t, None, "all_reduce")
+    sid = b.sync(2, t, None, "all_reduce", group="1")
+    b.add(2, t + 3 * S, "stack", id=sid, threads=[{"tid": 1, "name": "MainThread", "op_thread": True,
+                                                    "frames": [["train.py", 42, "step"]]}])
+    b.heartbeats(t, t + 5 * S)
+    _, f = run(b)
+    by = {(x.kind, x.group): x for x in f}
+    x = by[("missing_ranks", "0")]
+    assert x.culprits == [2]
+    act = x.evidence["missing_activity"]["2"]
+    assert act["state"] == "blocked" and act["in_op"]["group"] == "1"
+    assert act["stack"][0]["frames"] == ["train.py:42 in step"]
+    assert by[("missing_ranks", "1")].culprits == [1]
+
+
+def test_no_missing_before_hang_after_and_long_progressing_collective_is_fine():
+    b = TraceBuilder(3)
+    t = warmup(b)
+    for r in range(3):
+        b.sync(r, t + r * 100, None, "all_reduce", shape=(1 << 20,))  # everyone in, takes long
+    b.heartbeats(t, t + 60 * S)
+    _, f = run(b)
+    assert f == []
+    b2 = TraceBuilder(3)
+    t = warmup(b2)
+    b2.sync(0, t, None, "all_reduce")
+    b2.heartbeats(t, t + S)
+    _, f = run(b2)  # 1 s < hang_after
+    assert f == []
+
+
+def test_collective_mismatch_op_and_majority():
+    b = TraceBuilder(4)
+    t = warmup(b)
+    for r in (0, 1, 3):
+        b.sync(r, t, None, "all_reduce")
+    b.sync(2, t, None, "broadcast", root=0)
+    b.heartbeats(t, t + 5 * S)
+    _, f = run(b)
+    assert kinds(f) == ["collective_mismatch"]
+    x = f[0]
+    assert x.culprits == [2] and x.seq == 4 and x.op == "all_reduce"
+    assert x.evidence["per_rank"]["2"]["op"] == "broadcast"
+    assert "op" in x.evidence["differs"]
+
+
+def test_collective_mismatch_shape_reported_even_after_error_and_exit():
+    b = TraceBuilder(2)
+    t = warmup(b)
+    a = b.sync(0, t, None, "all_reduce", shape=(10,))
+    c = b.sync(1, t, None, "all_reduce", shape=(12,))
+    b.end(0, a, t + MS, exc="RuntimeError: size mismatch")
+    b.end(1, c, t + MS, exc="RuntimeError: size mismatch")
+    b.exit(0, t + 2 * MS, exc="RuntimeError: size mismatch", reason="exception")
+    b.exit(1, t + 2 * MS, exc="RuntimeError: size mismatch", reason="exception")
+    _, f = run(b)
+    assert kinds(f) == ["collective_mismatch"]
+    x = f[0]
+    assert x.culprits == [0, 1]  # a tie names every rank
+    assert x.evidence["differs"] == ["shape"]
+    assert x.evidence["per_rank"]["0"]["in_shapes"] == [[10]]
+    assert x.evidence["per_rank"]["1"]["exc"].startswith("RuntimeError")
+
+
+def test_mismatch_dtype_redop_root():
+    for kw0, kw1, what in (({"dtype": "float32"}, {"dtype": "float16"}, "dtype"),
+                           ({"redop": "sum"}, {"redop": "max"}, "redop")):
+        b = TraceBuilder(3)
+        t = warmup(b)
+        b.sync(0, t, None, "all_reduce", **kw0)
+        b.sync(1, t, None, "all_reduce", **kw0)
+        b.sync(2, t, None, "all_reduce", **kw1)
+        _, f = run(b)
+        assert kinds(f) == ["collective_mismatch"] and f[0].culprits == [2]
+        assert f[0].evidence["differs"] == [what]
+    b = TraceBuilder(3)
+    t = warmup(b)
+    for r in range(3):
+        b.sync(r, t, t + MS, "broadcast", root=0 if r != 1 else 1)
+    _, f = run(b)
+    assert kinds(f) == ["collective_mismatch"] and f[0].culprits == [1]
+
+
+def test_gather_root_and_varlen_shapes_are_not_mismatches():
+    b = TraceBuilder(3)
+    t = warmup(b)
+    for r in range(3):
+        i = b.begin(r, t, "all_to_all_single", shape=(3 + r,))
+        b.end(r, i, t + MS)
+        j = b.begin(r, t + 2 * MS, "all_gather_v", shape=(5 * r + 1,))
+        k = b.begin(r, t + 2 * MS, "all_gather", shape=(5 * r + 1,), nested=True, parent=j)
+        b.end(r, k, t + 3 * MS)
+        b.end(r, j, t + 3 * MS)
+    _, f = run(b)
+    assert f == []
+
+
+def test_p2p_deadlock_cycle():
+    b = TraceBuilder(3)
+    t = warmup(b)
+    for r in range(3):
+        b.sync(r, t + r * MS, None, "recv", peer=(r - 1) % 3, dir="recv", shape=(4,))
+    b.heartbeats(t, t + 5 * S)
+    _, f = run(b)
+    assert kinds(f) == ["p2p_deadlock"]
+    x = f[0]
+    assert x.culprits == [0, 1, 2]
+    assert len(x.evidence["cycle"]) == 3
+    assert "rank 0 waits recv (recv from 2)" in x.evidence["chain"]
+
+
+def test_p2p_deadlock_inside_batch_isend_irecv_waits():
+    b = TraceBuilder(2)
+    t = warmup(b)
+    for r in range(2):
+        c = b.begin(r, t, "batch_isend_irecv", seq=None)
+        i = b.begin(r, t, "irecv", peer=1 - r, dir="recv", parent=c, **{"async": True})
+        b.end(r, i, t + 10)
+        b.end(r, c, t + 20)
+        b.phase(r, i, t + 30, "wait_begin")
+    b.heartbeats(t, t + 5 * S)
+    _, f = run(b)
+    assert kinds(f) == ["p2p_deadlock"] and f[0].culprits == [0, 1]
+
+
+def test_unmatched_p2p_peer_idle_or_exited():
+    b = TraceBuilder(2)
+    t = warmup(b)
+    b.sync(0, t, None, "send_tensors", peer=1, dir="send")
+    b.exit(1, t + MS)
+    b.heartbeats(t, t + 5 * S, ranks=[0])
+    _, f = run(b)
+    assert kinds(f) == ["unmatched_p2p"]
+    x = f[0]
+    assert x.culprits == [1] and x.evidence["expected"] == "recv"
+    assert x.evidence["peer_activity"]["1"]["state"] == "exited"
+
+
+def test_matched_but_slow_p2p_and_rings_are_fine():
+    b = TraceBuilder(4)
+    t = warmup(b)
+    for r in range(4):  # ring: everyone sends first (isend), then recvs; all complete
+        s = b.async_op(r, t, t + MS, t + 2 * MS, "isend", peer=(r + 1) % 4, dir="send")
+        b.sync(r, t + MS, t + 2 * MS, "recv", peer=(r - 1) % 4, dir="recv")
+        assert s
+    b.sync(0, t + 3 * MS, None, "send", peer=1, dir="send")  # posted on both sides, just slow
+    b.sync(1, t + 3 * MS, None, "recv", peer=0, dir="recv")
+    b.heartbeats(t, t + 10 * S)
+    _, f = run(b)
+    assert f == []
+
+
+def test_any_source_recv_resolves_peer_at_end():
+    b = TraceBuilder(2)
+    t = warmup(b)
+    s = b.sync(0, t, t + MS, "send", peer=1, dir="send")
+    r = b.begin(1, t, "recv", dir="recv")
+    b.end(1, r, t + MS, peer=0, seq=1)
+    m, f = run(b)
+    assert f == [] and s
+    assert m.p2p_pair("0", 0, 1, 1) == (m.op_index(0, s), m.op_index(1, r))
+
+
+def test_dead_rank():
+    b = TraceBuilder(3)
+    t = warmup(b)
+    b.heartbeats(t, t + 10 * S, ranks=[0, 1])
+    b.heartbeats(t, t + 1 * S, ranks=[2])
+    for r in (0, 1):
+        b.sync(r, t + 2 * S, None, "all_reduce")
+    _, f = run(b)
+    assert kinds(f) == ["dead_rank", "missing_ranks"]
+    dead = [x for x in f if x.kind == "dead_rank"][0]
+    assert dead.culprits == [2] and dead.evidence["silent_s"] >= 8.9
+    miss = [x for x in f if x.kind == "missing_ranks"][0]
+    assert miss.evidence["missing_activity"]["2"]["state"] == "dead"
+
+
+def test_killed_job_is_judged_at_its_last_timestamp():
+    b = TraceBuilder(3)
+    t = warmup(b)
+    for r in (0, 1):
+        b.sync(r, t, None, "all_reduce")
+    b.heartbeats(t, t + 6 * S)  # all three stop together: killed, not dead
+    _, f = run(b)  # now = last timestamp in trace
+    assert kinds(f) == ["missing_ranks"] and f[0].culprits == [2]
+
+
+def test_straggler():
+    b = TraceBuilder(4)
+    t = b.t0 + S // 10
+    for _ in range(20):
+        t = b.collective(t, "all_reduce", skew={3: 50 * MS, 1: 2 * MS}, latency=MS) + MS
+    b.heartbeats(b.t0, t)
+    _, f = run(b)
+    assert kinds(f) == ["straggler"]
+    x = f[0]
+    assert x.culprits == [3] and x.severity == "warning"
+    assert x.evidence["last_share"] == 1.0 and x.evidence["median_lateness_s"] == pytest.approx(0.05, abs=1e-3)
+
+
+def test_unwaited_work():
+    b = TraceBuilder(2)
+    t = warmup(b)
+    ids = [b.async_op(r, t, None, None, "all_reduce") for r in range(2)]
+    b.exit(0, t + MS, unwaited=[ids[0]])
+    b.exit(1, t + MS)
+    _, f = run(b)
+    assert kinds(f) == ["unwaited_work"]
+    assert f[0].culprits == [0] and f[0].evidence["count"] == 1
+
+
+@pytest.mark.parametrize("batches", [1, 13])
+def test_healthy_trace_has_no_findings(batches):
+    ev = healthy_trace(8, 600)
+    m = TraceModel()
+    step = len(ev) // batches + 1
+    for k in range(0, len(ev), step):
+        m.ingest(ev[k:k + step])
+        assert diagnose(m, now=m.end_ns, hang_after=2.0) == [] or k + step < len(ev)
+    assert diagnose(m, hang_after=0.001) == []
+    assert diagnose(m, now=m.end_ns + 3600 * S, hang_after=2.0) == []  # all exited: nobody is dead
+
+
+def test_healthy_trace_single_and_two_ranks():
+    for w in (1, 2):
+        m = TraceModel.from_events(healthy_trace(w, 200))
+        assert diagnose(m, hang_after=0.001) == []
+
+
+def test_fr_ops_match_only_fr_ops():
+    b = TraceBuilder(2)
+    t = warmup(b)
+    # FR seq 1 on both ranks, while native seq 4 exists only on rank 0: no cross-space confusion
+    for r in range(2):
+        b.sync(r, t, t + MS, "all_reduce", seq=1, src="fr")
+    _, f = run(b)
+    assert f == []
+    b.sync(0, t + 2 * MS, None, "all_reduce", seq=2, src="fr")
+    b.sync(1, t + 2 * MS, None, "broadcast", seq=2, src="fr", root=0)
+    _, f = run(b)
+    assert kinds(f) == ["collective_mismatch"] and f[0].evidence.get("src") == "fr"

@@ -1,0 +1,111 @@
+"""`commscope report` numbers and `commscope export --chrome` structure."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import pytest
+from test_check_cli import hung_trace, write_store
+
+from commscope.analysis import TraceModel, diagnose
+from commscope.analysis.chrome import chrome_trace
+from commscope.analysis.synth import S, TraceBuilder, healthy_trace
+from commscope.cli import main as cli
+
+MS = 1_000_000
+
+
+def validate_chrome(data: dict) -> dict[str, int]:
+    """The JSON Object Format as Perfetto and chrome://tracing read it; spans nest per track."""
+    assert isinstance(data, dict) and isinstance(data["traceEvents"], list)
+    json.dumps(data)
+    counts: dict[str, int] = defaultdict(int)
+    spans: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    named_threads = set()
+    for e in data["traceEvents"]:
+        ph = e["ph"]
+        counts[ph] += 1
+        assert ph in ("M", "X", "i", "C"), e
+        assert isinstance(e["pid"], int) and isinstance(e.get("tid", 0), int) and isinstance(e["name"], str)
+        if ph == "M":
+            assert e["name"] in ("process_name", "process_sort_index", "thread_name", "thread_sort_index")
+            if e["name"] == "thread_name":
+                named_threads.add((e["pid"], e["tid"]))
+            continue
+        assert isinstance(e["ts"], int | float) and e["ts"] >= 0
+        if ph == "X":
+            assert e["dur"] >= 0
+            spans[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"]))
+            assert (e["pid"], e["tid"]) in named_threads
+        if ph == "C":
+            assert e["args"] and all(isinstance(v, int | float) for v in e["args"].values())
+        if ph == "i":
+            assert e["s"] in ("g", "p", "t")
+    for track, xs in spans.items():
+        xs.sort(key=lambda x: (x[0], -x[1]))
+        stack: list[float] = []
+        for b, end in xs:
+            while stack and stack[-1] <= b + 1e-6:
+                stack.pop()
+            assert not stack or end <= stack[-1] + 1e-6, f"improper nesting on {track}"
+            stack.append(end)
+    return counts
+
+
+def test_report_numbers(tmp_path, capsys):
+    b = TraceBuilder(4)
+    t = b.t0 + S
+    for _ in range(10):
+        t = b.collective(t, "all_reduce", skew={3: 4 * MS}, latency=2 * MS, shape=(250_000,), site="x.py:3 in f")
+        t += MS
+    for r in range(4):
+        b.async_op(r, t, t + MS, t + 3 * MS, "all_reduce")
+    store = write_store(tmp_path / "s", b.sorted_events())
+    capsys.readouterr()
+    assert cli(["report", str(store), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    ar = rep["ops"]["all_reduce"]
+    assert ar["count"] == 11
+    assert ar["latency_p50_s"] == pytest.approx(0.002)
+    assert ar["busbw_p50"] == pytest.approx(1e6 / 0.002 * 1.5)
+    assert ar["skew_p50_s"] == pytest.approx(0.004)
+    assert ar["async_wait_s"] == pytest.approx(4 * 0.002)
+    assert rep["ranks"]["0"]["wait_s"] == pytest.approx(10 * 0.004)
+    assert rep["ranks"]["3"]["wait_s"] == 0
+    assert rep["sites"][0]["site"] == "x.py:3 in f" and rep["sites"][0]["wait_s"] == pytest.approx(30 * 0.004)
+    assert cli(["report", str(store)]) == 0
+    assert "per op" in capsys.readouterr().out
+
+
+def test_chrome_export_structure(tmp_path, capsys):
+    m = TraceModel.from_events(healthy_trace(4, 300))
+    counts = validate_chrome(chrome_trace(m, diagnose(m)))
+    assert counts["X"] > 300 and counts["C"] > 0
+    store = write_store(tmp_path / "s", hung_trace())
+    out = tmp_path / "t.json"
+    assert cli(["export", str(store), "--chrome", str(out)]) == 0
+    data = json.loads(out.read_text())
+    counts = validate_chrome(data)
+    assert counts["i"] >= 1  # the missing_ranks finding
+    names = {e["args"]["name"] for e in data["traceEvents"] if e["name"] == "thread_name"}
+    assert "group 0" in names
+    x = [e for e in data["traceEvents"] if e["ph"] == "X" and e["args"].get("in_flight")]
+    assert len(x) == 2 and x[0]["args"]["seq"] == 2
+    done = [e for e in data["traceEvents"] if e["ph"] == "X" and e["args"].get("seq") == 1]
+    assert all("busbw_GBps" in e["args"] for e in done)
+
+
+def test_chrome_export_overlapping_async_ops_get_lanes():
+    b = TraceBuilder(1)
+    t = b.t0 + S
+    b.async_op(0, t, t + 5 * MS, t + 6 * MS, "all_reduce")
+    b.async_op(0, t + MS, t + 6 * MS, t + 8 * MS, "all_reduce")  # overlaps without nesting
+    b.add(0, t, "sample", cpu=10.0, rss=1 << 20, gpu_util=55.0, gpu_mem=1 << 30)
+    m = TraceModel.from_events(b.sorted_events())
+    data = chrome_trace(m)
+    validate_chrome(data)
+    names = {e["args"]["name"] for e in data["traceEvents"] if e["name"] == "thread_name"}
+    assert names == {"group 0", "group 0 #2"}
+    cn = {e["name"] for e in data["traceEvents"] if e["ph"] == "C"}
+    assert {"GPU util %", "GPU memory (MiB)"} <= cn
