@@ -16,8 +16,9 @@ rank, increasing) and ``phase``:
     begin       op, group, seq, [peer, dir, root, redop], in_shapes, in_dtypes, in_bytes,
                 out_shapes, out_dtypes, out_bytes, [async], site, [tid], [device],
                 [nested, parent], [src], [tag]
-    end         [exc] -- the exception text when the call raised; [peer] resolved source of
-                an any-source recv
+    end         [exc] -- the exception text when the call raised; [peer, seq] resolved source
+                of an any-source recv; [approx] the end time is only a bound (Flight Recorder
+                on Gloo gives no completion time); [gpu_ns] GPU time Flight Recorder measured
     wait_begin  Work.wait() entered (async ops)
     wait_end    Work.wait() returned; [exc]
     done        device-side completion seen via CUDA events: gpu_ns.  CPU backends write no
@@ -29,20 +30,24 @@ op (``parent``); they carry no ``seq`` and are never matched across ranks.  Chil
 ``batch_isend_irecv`` are not nested: they are real p2p ops with their own seq and a
 ``parent``.  ``src == "fr"`` marks ops merged from PyTorch's Flight Recorder; their seq
 is Flight Recorder's own (``collective_seq_id`` / ``p2p_seq_id``) and is matched only
-against other Flight Recorder ops.  ``src == "fr-import"`` marks ops read from a dump.
+against other Flight Recorder ops; their events may appear in a rank's stream later than
+their ``ts``.  ``src == "fr-import"`` marks ops read from a Flight Recorder dump file.
+``device`` ("cuda:N") marks ops timed with CUDA events: they complete at ``done``.
 
 Other types:
 
     meta       host, pid, world_size, backend, torch, commscope, python, job, hang_after,
                sample_interval, argv, [local_rank], [device], [fr]
     group      group, granks (global ranks in group-rank order), [backend], [desc]
-               -- written once per process group, before its first op
+               -- written once per process group, before its first op (for groups only
+               Flight Recorder saw, before their first merged op)
     sample     cpu (%), rss (bytes), [gpu_util (%), gpu_mem, gpu_mem_total (bytes),
                gpu_power (W), gpu_temp (C)], [gpu_error]
     heartbeat  inflight (ops begun and not finished)
     stack      id (the stuck op), threads: [{tid, name, frames: [[file, line, func], ...],
                [op_thread]}]
-    exit       reason, [unwaited: [op ids of async work never waited]]
+    exit       reason, [unwaited: [op ids of async work never waited]], [exc] the unhandled
+               exception the process died of
     dropped    count (this batch), total, reason
 """
 

@@ -249,6 +249,10 @@ def ddp_work(rank: int, ws: int, store: str) -> int:
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
     dist.all_reduce(torch.ones(2))
+    # a group used only from C++: its members still reach the trace
+    sub = dist.new_group([0, 1])
+    other = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2), process_group=sub)
+    other(torch.randn(3, 2)).sum().backward()
     return 0
 
 
@@ -259,10 +263,12 @@ def test_ddp_all_reduces_arrive_through_flight_recorder_merge(tmp_path):
     for rank in (0, 1):
         all_ops = ops(events, rank)
         fr = [o for o in all_ops if o.get("src") == "fr"]
-        grads = [o for o in fr if o["op"] == "all_reduce"]
+        grads = [o for o in fr if o["op"] == "all_reduce" and o["group"] == "0"]
         assert len(grads) == 3, [o["op"] for o in fr]  # one gradient bucket per step
+        assert [o["op"] for o in fr if o["group"] == "1"][-1] == "all_reduce"
+        assert [e["granks"] for e in of_type(events, "group", rank) if e["group"] == "1"] == [[0, 1]]
         assert all(o["in_bytes"] == (8 * 4 + 4) * 4 for o in grads)
-        seqs = [o["seq"] for o in fr]
+        seqs = [o["seq"] for o in fr if o["group"] == "0"]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
         # the wrapper's own all_reduce is not duplicated by the merge
         wrapped = [o for o in all_ops if o.get("src") != "fr"]

@@ -132,6 +132,7 @@ def flood(rank: int, ws: int, store: str) -> dict:
     queued = len(rec.q)
     dropped = rec.hot_dropped
     rec._stop.clear()
+    rec._thread = None  # start() is idempotent: forget the stopped thread
     rec.start()
     dist.barrier()
     return {"queued": queued, "dropped": dropped, "value": x.item()}

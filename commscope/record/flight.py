@@ -115,7 +115,7 @@ class FlightRecorderMerge:
     def __init__(self, next_id) -> None:
         self._next_id = next_id
         self.last_record_id = -1
-        self._open: dict[int, int] = {}  # record_id -> our op id, for unfinished entries
+        self._open: dict[int, tuple[int, int]] = {}  # record_id -> (op id, when seen unfinished)
         self.errors = 0
         self.seen = 0
 
@@ -142,12 +142,17 @@ class FlightRecorderMerge:
                 continue
             out.extend(self._begin(entry, group, created, now))
         # Close entries that finished (or fell out of the ring buffer) since last time.
+        # Without a completion time (Gloo), the best bound is when it was last seen running.
         for rid in list(self._open):
             entry = by_record.get(rid)
             if entry is None:
-                out.append(self._end(self._open.pop(rid), now, approx=True))
+                op_id, seen = self._open.pop(rid)
+                out.append(self._end(op_id, seen, approx=True))
             elif _finished(entry):
-                out.append(self._end_from(self._open.pop(rid), entry, now))
+                op_id, seen = self._open.pop(rid)
+                out.append(self._end_from(op_id, entry, seen))
+            else:
+                self._open[rid] = (self._open[rid][0], now)
         return out
 
     def _begin(self, entry: dict, group: str, created: int, now: int) -> list[dict]:
@@ -171,7 +176,7 @@ class FlightRecorderMerge:
         if _finished(entry):
             events.append(self._end_from(op_id, entry, created))
         else:
-            self._open[entry["record_id"]] = op_id
+            self._open[entry["record_id"]] = (op_id, now)
         return events
 
     def _end_from(self, op_id: int, entry: dict, fallback_ts: int) -> dict:

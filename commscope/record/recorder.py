@@ -126,6 +126,8 @@ class Recorder:
         self._unwaited: OrderedDict[int, str] = OrderedDict()
         self._windows = flight.WrapperWindows()
         self._frags: dict[tuple, bytes] = {}
+        self._group_names: set[str] = set()
+        self._drop_note: str | None = None
         self._top_windows: dict[int, list] = {}
         self._fr = flight.FlightRecorderMerge(self._next_id) if flight_recorder else None
         self._fr_next = 0.0
@@ -230,7 +232,7 @@ class Recorder:
             t0 = idesc = ib = odesc = ob = cuda = None
         op_id = self._next_id()
         q.append((_B, op_id, time.time_ns(), name, gname, seq, peer, direction, root, redop, idesc, ib,
-                  odesc, ob, async_op, site, get_ident(), parent, nested))
+                  odesc, ob, async_op, site, get_ident(), parent, nested, None if cuda is None else cuda[1]))
         if child_of is None:
             tls.cur = op_id
         return (op_id, parent, async_op, recv_any, cuda)
@@ -375,6 +377,8 @@ class Recorder:
             exit_ev = self._drain(emit)
             if fr_entries is not None:
                 for ev in self._fr.poll(fr_entries, self._windows, now):
+                    if ev.get("phase") == E.BEGIN and ev["group"] not in self._group_names:
+                        self._describe_group(ev["group"], now, emit)
                     emit(ev)
                 self._windows.prune(now)
             if self.cuda is not None:
@@ -387,11 +391,11 @@ class Recorder:
                 self._samples(now, emit)
             dropped = self.hot_dropped + self.store_dropped + (self.cuda.dropped if self.cuda else 0)
             if dropped > self._dropped_reported:
+                reason = self._drop_reason()
                 emit({"type": E.DROPPED, "ts": now, "count": dropped - self._dropped_reported,
-                      "total": dropped, "reason": self._drop_reason()})
+                      "total": dropped, "reason": reason})
                 self._dropped_reported = dropped
-                self._warn("dropped", f"commscope: dropped {dropped} trace events ({self._drop_reason()}); "
-                                      "training is unaffected")
+                self._warn("dropped", f"commscope: dropped {dropped} trace events ({reason}); training is unaffected")
             if exit_ev is not None:
                 emit(exit_ev)  # last, after any Flight Recorder ops of the same tick
             self._write(final)
@@ -416,6 +420,9 @@ class Recorder:
     def _drop_reason(self) -> str:
         if self._store_error:
             return self._store_error
+        if self._drop_note:
+            note, self._drop_note = self._drop_note, None
+            return note
         return "recorder buffer full"
 
     def _poll_fr_entries(self, now: int, final: bool) -> list | None:
@@ -449,6 +456,7 @@ class Recorder:
                 exit_ev = self._convert(item, append, out, rank, frags, top_windows, fr_on) or exit_ev
             except Exception as exc:  # one odd item must not cost the rest of the batch
                 self.store_dropped += 1
+                self._drop_note = "an event could not be encoded"
                 self._warn("convert", f"commscope: could not record an event ({exc!r}); recording continues")
         return exit_ev
 
@@ -459,10 +467,11 @@ class Recorder:
         tag = item[0]
         if tag == _B:
             (_, op_id, ts, name, group, seq, peer, direction, root, redop, idesc, ib, odesc, ob, async_op,
-             site, tid, parent, nested) = item
+             site, tid, parent, nested, device) = item
             # Everything but ts/id/seq/parent/tid repeats step after step in a training
             # loop: encode that part once and format the rest straight into the line.
-            key = (name, group, peer, direction, root, redop, idesc, ib, odesc, ob, async_op, site, nested)
+            key = (name, group, peer, direction, root, redop, idesc, ib, odesc, ob, async_op, site, nested,
+                   device)
             frag = frags.get(key)
             if frag is None:
                 frag = self._begin_fragment(key)
@@ -531,7 +540,7 @@ class Recorder:
 
     def _begin_fragment(self, key: tuple) -> bytes:
         """The JSON members of a begin event that repeat across steps, encoded once."""
-        name, group, peer, direction, root, redop, idesc, ib, odesc, ob, async_op, site, nested = key
+        name, group, peer, direction, root, redop, idesc, ib, odesc, ob, async_op, site, nested, device = key
         ev: dict[str, Any] = {"op": name, "group": group}
         if peer is not None:
             ev["peer"] = peer
@@ -557,9 +566,23 @@ class Recorder:
             ev["site"] = callsite.format_site(site)
         if nested:
             ev["nested"] = True
+        if device is not None:
+            ev["device"] = f"cuda:{device}"  # completion comes from a later ``done``
         frag = _dumps(ev)[1:-1]
         self._frags[key] = frag
         return frag
+
+    def _describe_group(self, name: str, now: int, emit) -> None:
+        """A ``group`` event for a group used only from C++ (seen via Flight Recorder)."""
+        self._group_names.add(name)
+        try:
+            for pg, pg_name in list(_c10d_world.pg_names.items()):
+                if str(pg_name) == name:
+                    emit({"type": E.GROUP, "ts": now, "group": name,
+                          "granks": list(dist.get_process_group_ranks(pg)), "backend": str(dist.get_backend(pg))})
+                    return
+        except Exception:
+            pass  # unknown to Python (already destroyed): members are inferred from the trace
 
     def _out(self, line: bytes) -> None:
         """Queue an already encoded event for the store (bounded like ``_emit``)."""

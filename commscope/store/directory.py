@@ -176,6 +176,26 @@ class DirectoryReader:
                 files[int(m.group(1))] = self.job_dir / name
         return dict(sorted(files.items()))
 
+    def total_bytes(self) -> int:
+        """Bytes in the job's rank files now (for progress bars)."""
+        total = 0
+        for path in self.rank_files().values():
+            try:
+                total += os.path.getsize(path)
+            except OSError:
+                pass
+        return total
+
+    def backlog_bytes(self) -> int:
+        """Bytes written but not yet returned by ``poll`` (how far behind a follower is)."""
+        behind = 0
+        for rank, path in self.rank_files().items():
+            try:
+                behind += max(0, os.path.getsize(path) - self._offsets.get(rank, 0))
+            except OSError:
+                pass
+        return behind
+
     def poll(self, max_bytes: int | None = None) -> list[Event]:
         """New complete events from every rank file since the last call."""
         out: list[Event] = []
