@@ -228,6 +228,10 @@ class RankTrace:
         self._last_begin = 0
         self._pmax: np.ndarray | None = None
         self._pmax_version = -1
+        self._sb = np.zeros(0, np.int64)  # begin times in ``order``
+        self._ord_buf = self._sb_buf = self._pmax_buf = np.zeros(0, np.int64)  # capacity behind them
+        self._ins_min = 0  # first order position changed by insertions since the last prefix max
+        self._open_min_begin = I64_MAX  # earliest begin among ops open at the last prefix max
         self.version = 0
 
     # -- storage
@@ -275,14 +279,42 @@ class RankTrace:
 
     # -- time queries
     def order(self) -> np.ndarray:
-        """Op indices sorted by begin time (ops may arrive out of time order, e.g. Flight Recorder)."""
+        """Op indices sorted by begin time (ops may arrive out of time order, e.g. Flight Recorder).
+
+        Maintained incrementally: new ops are merged into the sorted order (one
+        ``searchsorted`` and ``insert``), so a live trace never re-sorts a whole rank.
+        """
         n = self.n
         if self._order is not None and self._order_n == n:
             return self._order
-        if self._sorted:
-            self._order = np.arange(n, dtype=np.int64)
-        else:
+        if self._order is None or self._order_n > n:
             self._order = np.argsort(self.begin[:n], kind="stable")
+            self._sb = self.begin[self._order]
+            self._ord_buf, self._sb_buf = self._order, self._sb
+            self._ins_min = 0
+        else:
+            new = np.arange(self._order_n, n, dtype=np.int64)
+            nb = self.begin[self._order_n:n]
+            if nb.shape[0] > 1 and bool((np.diff(nb) < 0).any()):
+                k = np.argsort(nb, kind="stable")
+                new, nb = new[k], nb[k]
+            pos = np.searchsorted(self._sb, nb, side="right")
+            m = self._order.shape[0]
+            if pos[0] == m:  # the usual case: everything new comes last; append in place
+                k = new.shape[0]
+                if self._ord_buf.shape[0] < m + k:
+                    cap = max(2 * (m + k), 1024)
+                    ob, sb = np.empty(cap, np.int64), np.empty(cap, np.int64)
+                    ob[:m], sb[:m] = self._order, self._sb
+                    self._ord_buf, self._sb_buf = ob, sb
+                self._ord_buf[m:m + k] = new
+                self._sb_buf[m:m + k] = nb
+                self._order, self._sb = self._ord_buf[: m + k], self._sb_buf[: m + k]
+            else:
+                self._order = np.insert(self._order, pos, new)
+                self._sb = np.insert(self._sb, pos, nb)
+                self._ord_buf, self._sb_buf = self._order, self._sb
+            self._ins_min = min(self._ins_min, int(pos[0]))
         self._order_n = n
         return self._order
 
@@ -292,14 +324,10 @@ class RankTrace:
         if n == 0:
             return np.zeros(0, np.int64)
         order = self.order()
-        begins = self.begin[order]
+        begins = self._sb
         i1 = int(np.searchsorted(begins, t1, side="left"))
-        if self._pmax is None or self._pmax_version != self.version or self._pmax.shape[0] != n:
-            ends = self.comp[order].copy()
-            ends[ends == 0] = begins[ends == 0]  # in-flight ops are added separately below
-            self._pmax = np.maximum.accumulate(ends)
-            self._pmax_version = self.version
-        i0 = int(np.searchsorted(self._pmax, t0, side="right"))
+        pmax = self._prefix_max(order, begins)
+        i0 = int(np.searchsorted(pmax, t0, side="right"))
         cand = order[i0:i1]
         if cand.shape[0]:
             ends = self.comp[cand]
@@ -310,6 +338,38 @@ class RankTrace:
                 cand = np.union1d(cand, np.array(extra, np.int64))
                 cand = cand[np.argsort(self.begin[cand], kind="stable")]
         return cand
+
+    def _prefix_max(self, order: np.ndarray, begins: np.ndarray) -> np.ndarray:
+        """Running max of op ends in begin order (in-flight ops count with their begin).
+
+        Recomputed only from the first position that can have changed: where ops were
+        inserted, or where the earliest op that was still open last time begins.
+        """
+        n = order.shape[0]
+        if self._pmax is not None and self._pmax_version == self.version and self._pmax.shape[0] == n:
+            return self._pmax
+        start = 0
+        if self._pmax is not None:
+            start = min(self._ins_min, int(np.searchsorted(begins, self._open_min_begin, side="left")),
+                        self._pmax.shape[0])
+        ends = self.comp[order[start:]]
+        ends = np.where(ends == 0, begins[start:], ends)
+        if start and start <= self._pmax.shape[0]:
+            if ends.shape[0]:
+                ends[0] = max(int(ends[0]), int(self._pmax[start - 1]))
+            if self._pmax_buf.shape[0] < n:
+                buf = np.empty(max(2 * n, 1024), np.int64)
+                buf[:start] = self._pmax[:start]
+                self._pmax_buf = buf
+            np.maximum.accumulate(ends, out=self._pmax_buf[start:n])
+            self._pmax = self._pmax_buf[:n]
+        else:
+            self._pmax_buf = np.maximum.accumulate(ends)
+            self._pmax = self._pmax_buf
+        self._pmax_version = self.version
+        self._ins_min = n
+        self._open_min_begin = min((int(self.begin[i]) for i in self.open), default=I64_MAX)
+        return self._pmax
 
 
 class _Samples:

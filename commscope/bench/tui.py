@@ -1,0 +1,175 @@
+"""Console frame times: the timeline at 200x60 over a synthetic 64-rank job of 1M ops.
+
+Offscreen (Textual's headless driver).  Measured in one run:
+a full frame of the timeline with an empty strip cache, at two zoom levels (the whole
+trace in view, every op of every visible rank in the window; and a working zoom of about
+2,000 ops per row); a frame after 1k new events arrive (ingest timed separately: it runs
+on the feed thread); and the app process's RSS holding the model.
+Targets: full frame <= 30 ms median, frame after 1k events <= 10 ms, RSS <= 400 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from commscope.bench.stats import fmt_time, median
+
+TARGET_FRAME = 0.030
+TARGET_UPDATE = 0.010
+TARGET_RSS = 400 * 2**20
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ranks", type=int, default=64)
+    p.add_argument("--ops", type=int, default=1_000_000, help="ops in total (default 1M)")
+    p.add_argument("--frames", type=int, default=20, help="frames per measurement")
+    p.add_argument("--quick", action="store_true", help="8 ranks x 20k ops, for a smoke test")
+
+
+class _NoReader:
+    description = "synthetic"
+    stats = None
+
+    def poll(self, max_bytes=None):
+        return []
+
+
+def _frame(tl) -> float:
+    tl._cache.clear()
+    t0 = time.perf_counter()
+    for y in range(tl.size.height):
+        tl.render_line(y)
+    return time.perf_counter() - t0
+
+
+def _more_events(model, n: int) -> list[dict]:
+    """n new events at the end of the trace: begin/end pairs of all_reduce on every rank."""
+    out = []
+    ranks = model.rank_ids()
+    ts = model.end_ns + 1_000_000
+    ids = {r: int(model.ranks[r].id[: model.ranks[r].n].max()) + 1 for r in ranks}
+    k = 0
+    while len(out) < n:
+        r = ranks[k % len(ranks)]
+        out.append({"v": 1, "type": "op", "rank": r, "ts": ts, "phase": "begin", "id": ids[r], "op": "all_reduce",
+                    "group": "0", "in_shapes": [[1024]], "in_dtypes": ["float32"], "in_bytes": 4096,
+                    "out_shapes": [[1024]], "out_dtypes": ["float32"], "out_bytes": 4096, "site": "train.py:1 in f"})
+        out.append({"v": 1, "type": "op", "rank": r, "ts": ts + 500_000, "phase": "end", "id": ids[r]})
+        ids[r] += 1
+        k += 1
+        if k % len(ranks) == 0:
+            ts += 1_000_000
+    return out
+
+
+async def _measure(model, frames: int) -> dict:
+    from commscope.tui.app import CommscopeApp
+    from commscope.tui.feed import REPLAY, Feed
+
+    feed = Feed(_NoReader(), mode=REPLAY)
+    feed.model = model
+    info = feed.load_all()
+    app = CommscopeApp(feed, clock=lambda: model.end_ns, start_feed=False, bell=False)
+    out: dict = {}
+    async with app.run_test(size=(200, 60)) as pilot:
+        app.apply(info, feed.findings)
+        await pilot.pause()
+        app.query_one("#top").styles.height = 60  # the timeline gets all 60 rows for this
+        await pilot.pause()
+        tl = app.timeline
+        tl.cursor_ns = None
+        app.cursor_ns = None
+        tl.follow = False
+        start, end = model.bounds()
+        w = tl.timeline_width()
+        out["rows"] = tl.size.height
+        # whole trace in view
+        tl.npc = max(1, (end - start) // w + 1)
+        tl.t0 = start
+        out["full"] = [_frame(tl) for _ in range(frames)]
+        # a working zoom: ~2k ops per row, panning through the trace
+        per_rank = model.total_ops() / max(1, len(model.rank_ids()))
+        span = int((end - start) * min(1.0, 2000 / per_rank))
+        tl.npc = max(1, span // w)
+        step = max(1, (end - start - span) // max(1, frames))
+        zoom = []
+        for i in range(frames):
+            tl.t0 = start + i * step
+            zoom.append(_frame(tl))
+        out["zoom"] = zoom
+        # a frame after 1k new events: view at the end of the trace, strips cached
+        updates, ingests = [], []
+        for _ in range(frames):
+            tl.t0 = model.end_ns - span // 2
+            for y in range(tl.size.height):
+                tl.render_line(y)
+            batch = _more_events(model, 1000)
+            t0 = time.perf_counter()
+            with feed.lock:
+                model.ingest(batch)
+            t1 = time.perf_counter()
+            tl.t0 = tl.t0  # same view: only rows whose ranks changed are re-rendered
+            for y in range(tl.size.height):
+                tl.render_line(y)
+            t2 = time.perf_counter()
+            ingests.append(t1 - t0)
+            updates.append(t2 - t1)
+        out["update"], out["ingest"] = updates, ingests
+        out["update_rows"] = sum(1 for r in tl.rows[: tl.size.height] if r.ranks[0] in model.changed)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    import psutil
+
+    from commscope.analysis import TraceModel
+    from commscope.analysis.synth import healthy_trace
+    from commscope.events import gc_paused
+
+    ranks, total = (8, 20_000 * 8) if args.quick else (args.ranks, args.ops)
+    console = Console()
+    console.print(f"[bold]commscope bench tui[/]: building a synthetic trace, {ranks} ranks x "
+                  f"{total // ranks:,} ops ...")
+    proc = psutil.Process()
+    rss0 = proc.memory_info().rss
+    with gc_paused():
+        events = healthy_trace(ranks, total // ranks)
+        model = TraceModel.from_events(events)
+        n_events = len(events)
+        del events
+    gc.collect()
+    rss_model = proc.memory_info().rss
+    res = asyncio.run(_measure(model, args.frames))
+    rss_app = proc.memory_info().rss
+    table = Table(title=f"Timeline at 200x60 ({res['rows']} rows) over {model.total_ops():,} ops "
+                        f"({n_events:,} events, {ranks} ranks)")
+    for col in ("measure", "median", "max", "target", "met"):
+        table.add_column(col, justify="right" if col != "measure" else "left")
+    ok = True
+
+    def row(name, xs, target):
+        nonlocal ok
+        med = median(xs)
+        met = target is None or med <= target
+        ok &= met
+        table.add_row(name, fmt_time(med), fmt_time(max(xs)), "–" if target is None else f"≤ {fmt_time(target)}",
+                      "–" if target is None else ("yes" if met else "NO"))
+
+    row("full frame, whole trace in view", res["full"], TARGET_FRAME)
+    row("full frame, ~2k ops per row, panning", res["zoom"], TARGET_FRAME)
+    row(f"frame after 1k new events ({res['update_rows']} rows changed)", res["update"], TARGET_UPDATE)
+    row("ingest of those 1k events (feed thread)", res["ingest"], None)
+    console.print(table)
+    met = rss_app <= TARGET_RSS
+    ok &= met
+    console.print(f"RSS: {rss0 / 2**20:.0f} MiB at start, {rss_model / 2**20:.0f} MiB holding the model, "
+                  f"{rss_app / 2**20:.0f} MiB with the app running (target ≤ {TARGET_RSS // 2**20} MB): "
+                  + ("met" if met else "MISSED"))
+    console.print("[green]all targets met[/]" if ok else "[red]some targets missed[/]")
+    return 0

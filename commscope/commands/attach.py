@@ -1,0 +1,38 @@
+"""Live console on a running job: per-rank timelines, GPU use, findings as they appear.
+
+    commscope attach                      # $COMMSCOPE_STORE, then ./commscope-trace
+    commscope attach runs/trace
+    commscope attach redis://host:6379/0
+
+It opens before the job has written anything and waits for it, keeps up while the job
+runs, and shows when the job has ended or a rank went silent.  Press ? for keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from commscope.store import StoreError, default_store, redact
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", nargs="?", help="trace store: directory or redis:// URL")
+    p.add_argument("--hang-after", type=float, metavar="SECONDS",
+                   help="flag ops in flight longer than this (default: what the job was recorded with, else 30)")
+    p.add_argument("--no-bell", action="store_true", help="do not ring the terminal bell on new errors")
+
+
+def main(args: argparse.Namespace) -> int:
+    from commscope.analysis.source import open_source
+    from commscope.cli import UsageError
+    from commscope.tui.app import CommscopeApp
+    from commscope.tui.feed import LIVE, Feed
+
+    store = default_store(args.store)
+    try:
+        reader = open_source(store, wait=True)
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    feed = Feed(reader, mode=LIVE, hang_after=args.hang_after, source=redact(store))
+    CommscopeApp(feed, bell=not args.no_bell).run()
+    return 0

@@ -1,0 +1,35 @@
+"""Console on a finished trace, or on a directory of PyTorch Flight Recorder dumps.
+
+    commscope replay runs/trace
+    commscope replay /tmp/fr-dumps/
+
+A time cursor walks through the job: space plays/pauses, ] and [ change speed, n and p
+step to the next/previous op, g/G jump to start/end.  Press ? for every key.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from commscope.store import StoreError, redact
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", help="trace store (directory or redis:// URL) or a Flight Recorder dump directory")
+    p.add_argument("--hang-after", type=float, metavar="SECONDS",
+                   help="flag ops in flight longer than this (default: as recorded, else 30)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from commscope.analysis.source import open_source
+    from commscope.cli import UsageError
+    from commscope.tui.app import CommscopeApp
+    from commscope.tui.feed import REPLAY, Feed
+
+    try:
+        reader = open_source(args.store)
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    feed = Feed(reader, mode=REPLAY, hang_after=args.hang_after, source=redact(args.store))
+    CommscopeApp(feed, bell=False).run()
+    return 0

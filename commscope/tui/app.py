@@ -1,0 +1,393 @@
+"""CommscopeApp: the console shared by ``attach`` (live), ``replay`` and ``demo``.
+
+Only the feed differs: a live tail against the wall clock, or a whole trace with a
+replay cursor.  The feed runs on a worker thread; this module only renders.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+import numpy as np
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import ContentSwitcher, Footer
+
+from commscope.analysis import Finding
+from commscope.analysis.model import CONTAINER, NESTED
+from commscope.tui.detail import DetailPane, finding_detail, op_detail
+from commscope.tui.feed import LIVE, REPLAY, Feed, FeedInfo, FeedUpdated
+from commscope.tui.findings_panel import FindingsPanel, finding_key
+from commscope.tui.gpu_panel import GpuPanel
+from commscope.tui.header import StatusHeader
+from commscope.tui.rank_table import RankTable
+from commscope.tui.ruler import Ruler
+from commscope.tui.screens import HelpScreen, LoadingScreen
+from commscope.tui.timeline import Timeline
+
+SPEEDS = [0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 100, 1000]
+
+
+class LoadProgress(Message):
+    def __init__(self, frac: float):
+        super().__init__()
+        self.frac = frac
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, LoadProgress)
+
+
+class CommscopeApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "commscope"
+    BINDINGS = [
+        Binding("question_mark", "help", "Help"),
+        Binding("q", "quit", "Quit"),
+        Binding("space", "play_pause", "Play/pause", show=False),
+        Binding("right_square_bracket", "faster", "Faster", show=False),
+        Binding("left_square_bracket", "slower", "Slower", show=False),
+        Binding("n", "step_next", "Next op", show=False),
+        Binding("p", "step_prev", "Prev op", show=False),
+        Binding("g,home", "jump_start", "Start", show=False),
+        Binding("G,end", "jump_end", "End", show=False),
+        Binding("e", "next_error", "Next error"),
+        Binding("r", "toggle_panel", "Ranks/GPU"),
+        Binding("1", "focus('timeline')", "Timeline", show=False),
+        Binding("2", "focus('findings')", "Findings", show=False),
+        Binding("3", "focus('ranks')", "Ranks", show=False),
+    ]
+
+    def __init__(self, feed: Feed, *, clock: Callable[[], int] = time.time_ns, start_feed: bool = True,
+                 bell: bool = True, title: str | None = None):
+        super().__init__()
+        self.feed = feed
+        self.clock = clock
+        self.start_feed = start_feed
+        self.use_bell = bell
+        self.job_title = title or feed.source
+        self.findings: list[Finding] = []
+        self.info: FeedInfo = feed.info
+        self._alerted: set[tuple] = set()
+        self._stop = threading.Event()
+        self._last_table = 0.0
+        self._loading: LoadingScreen | None = None
+        self._finding_jump: tuple[int, int] | None = None
+        # replay clock
+        self.cursor_ns: int | None = None
+        self.playing = False
+        self.speed = 1.0
+        self._last_tick = 0.0
+        self.timeline = Timeline(feed, id="timeline")
+        self.ruler = Ruler(self.timeline, id="ruler")
+        self.header_bar = StatusHeader(id="status")
+        self.ranks_table = RankTable(feed, id="ranks")
+        self.gpu = GpuPanel(feed, id="gpu")
+        self.findings_panel = FindingsPanel(id="findings")
+        self.detail = DetailPane(id="detail")
+
+    # ------------------------------------------------------------------ layout
+    def compose(self) -> ComposeResult:
+        yield self.header_bar
+        with Vertical(id="top"):
+            yield self.ruler
+            yield self.timeline
+        with Horizontal(id="bottom"):
+            with ContentSwitcher(initial="ranks", id="left"):
+                yield self.ranks_table
+                yield self.gpu
+            yield self.findings_panel
+            yield self.detail
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#top").border_title = "timeline"
+        self.query_one("#left").border_title = "ranks  [dim](r: GPU)[/]"
+        self.findings_panel.border_title = "findings"
+        self.detail.border_title = "detail"
+        self.timeline.focus()
+        self._show_header()
+        if self.feed.mode == REPLAY and self.start_feed:
+            self._loading = LoadingScreen(self.feed.source)
+            self.push_screen(self._loading)
+        if self.start_feed:
+            self.run_worker(self._feed_thread, thread=True, exclusive=True, name="feed")
+        self.set_interval(0.1, self._tick)
+
+    def _feed_thread(self) -> None:
+        self.feed.run(self.post_message, self._stop, progress=lambda f: self.post_message(LoadProgress(f)))
+
+    async def action_quit(self) -> None:
+        self._stop.set()
+        self.exit()
+
+    def on_unmount(self) -> None:
+        self._stop.set()
+
+    # ------------------------------------------------------------------ feed updates
+    def on_load_progress(self, message: LoadProgress) -> None:
+        if self._loading is not None:
+            self._loading.set_progress(message.frac)
+
+    def on_feed_updated(self, message: FeedUpdated) -> None:
+        self.apply(message.info, message.findings)
+
+    def apply(self, info: FeedInfo, findings: list[Finding]) -> None:
+        """Show a new feed state (also called directly by tests)."""
+        first_load = info.loaded and not self.info.loaded
+        self.info = info
+        self.findings = findings
+        if info.mode == REPLAY and info.loaded:
+            if self._loading is not None:
+                self._loading.dismiss()
+                self._loading = None
+            if first_load or self.cursor_ns is None:
+                self.cursor_ns = self.feed.model.start_ns
+        self.timeline.cursor_ns = self.cursor_ns
+        self.timeline.hang_after_ns = int(self.feed.hang_after() * 1e9)
+        self.timeline.set_flagged({r for f in findings for r in (f.culprits or f.ranks)})
+        self.timeline.on_model_update(self._now())
+        self._fit_timeline()
+        self.ruler.refresh()
+        self.findings_panel.show(findings)
+        mono = time.monotonic()
+        if mono - self._last_table > 0.5 or first_load:
+            self._last_table = mono
+            self.ranks_table.refresh_ranks(self._now())
+            self.gpu.refresh_ranks()
+        self._show_header()
+        if info.mode == LIVE:
+            self._alert(findings)
+        if findings and self.timeline.sel is None and not (self.detail.border_title or "").startswith("finding"):
+            # Nothing chosen yet: open the most important finding, so a hang explains itself.
+            self.findings_panel.highlighted = 0
+        if self.timeline.sel is not None and self.detail.border_title and self.detail.border_title.startswith("op"):
+            self._show_op(*self.timeline.sel)
+
+    def _fit_timeline(self) -> None:
+        """Few ranks: the timeline takes only the rows it needs and the panels get the rest."""
+        rows = len(self.timeline.rows)
+        top = self.query_one("#top")
+        want = rows + 4  # border, ruler, legend
+        limit = max(8, int(self.size.height * 0.6))
+        height = min(want, limit) if rows else max(8, self.size.height // 3)
+        if top.styles.height is None or top.styles.height.value != height:
+            top.styles.height = height
+
+    def on_resize(self) -> None:
+        self._fit_timeline()
+
+    def _alert(self, findings: Iterable[Finding]) -> None:
+        """A new error finding draws attention once: a notification and the bell."""
+        for f in findings:
+            key = finding_key(f)
+            if f.severity != "error" or key in self._alerted:
+                continue
+            self._alerted.add(key)
+            self.notify(f.message, title=f.kind, severity="error", timeout=8)
+            if self.use_bell:
+                self.bell()
+
+    def _now(self) -> int:
+        if self.feed.mode == REPLAY:
+            return self.cursor_ns if self.cursor_ns is not None else self.feed.model.end_ns
+        return self.clock()
+
+    def _show_header(self) -> None:
+        m = self.feed.model
+        meta = next((rt.meta for rt in m.ranks.values() if rt.meta), None) or {}
+        job = (m.job or {}).get("job") or meta.get("job") or self.job_title
+        errors = sum(f.severity == "error" for f in self.findings)
+        warnings = sum(f.severity == "warning" for f in self.findings)
+        self.header_bar.show(self.info, job=str(job), world=m.world_size, backend=str(meta.get("backend", "?")),
+                             errors=errors, warnings=warnings, cursor_ns=self.cursor_ns, start_ns=m.start_ns,
+                             playing=self.playing, speed=self.speed)
+
+    def _tick(self) -> None:
+        """10 Hz: advance the replay cursor; in live mode keep in-flight spans growing."""
+        mono = time.monotonic()
+        dt = mono - self._last_tick if self._last_tick else 0.0
+        self._last_tick = mono
+        if self.feed.mode == REPLAY:
+            if self.playing and self.cursor_ns is not None:
+                end = self.feed.model.end_ns
+                self.cursor_ns = min(end, self.cursor_ns + int(dt * self.speed * 1e9))
+                if self.cursor_ns >= end:
+                    self.playing = False
+                self._cursor_moved()
+            return
+        if self.feed.model.events:
+            self.timeline.on_model_update(self._now())
+            self.ruler.refresh()
+            self._show_header()
+
+    def _cursor_moved(self) -> None:
+        self.timeline.cursor_ns = self.cursor_ns
+        self.timeline.on_model_update(self._now())
+        self.ruler.refresh()
+        self._show_header()
+        mono = time.monotonic()
+        if mono - self._last_table > 0.25:
+            self._last_table = mono
+            self.ranks_table.refresh_ranks(self._now())
+
+    # ------------------------------------------------------------------ selection
+    def on_timeline_op_selected(self, message: Timeline.OpSelected) -> None:
+        if self._finding_jump == (message.rank, message.index):
+            self._finding_jump = None  # the timeline moved for a finding: keep its evidence
+            return
+        self._show_op(message.rank, message.index)
+
+    def _show_op(self, rank: int, index: int) -> None:
+        with self.feed.lock:
+            body = op_detail(self.feed.model, rank, index, self._now())
+        self.detail.show(body, f"op · rank {rank}")
+
+    def on_findings_panel_chosen(self, message: FindingsPanel.Chosen) -> None:
+        f = message.finding
+        self.detail.show(finding_detail(f), f"finding · {f.kind}")
+        target = self._finding_op(f)
+        if target is not None:
+            self._finding_jump = target
+            self.timeline.select(*target)
+
+    def _finding_op(self, f: Finding) -> tuple[int, int] | None:
+        """The op a finding is about, on its first culprit (or first rank) that ran it."""
+        m = self.feed.model
+        with self.feed.lock:
+            if f.group is not None and f.seq is not None:
+                space = 1 if (f.evidence or {}).get("src") == "fr" else 0
+                at = m.collective(f.group, f.seq, space)
+                for r in list(f.culprits) + sorted(at):
+                    if r in at:
+                        return r, at[r]
+            for r in list(f.culprits) + list(f.ranks):
+                st = m.state(r, self._now()) if r in m.ranks else None
+                if st is not None and st.op is not None:
+                    return r, st.op
+        return None
+
+    # ------------------------------------------------------------------ actions
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_toggle_panel(self) -> None:
+        sw = self.query_one("#left", ContentSwitcher)
+        sw.current = "gpu" if sw.current == "ranks" else "ranks"
+        sw.border_title = "GPU per rank  [dim](r: ranks)[/]" if sw.current == "gpu" else "ranks  [dim](r: GPU)[/]"
+        if sw.current == "gpu":
+            self.gpu.refresh_ranks()
+
+    def action_focus(self, which: str) -> None:
+        {"timeline": self.timeline, "findings": self.findings_panel, "ranks": self.ranks_table}[which].focus()
+
+    def action_next_error(self) -> None:
+        errs = [i for i, f in enumerate(self.findings) if f.severity == "error"] or list(range(len(self.findings)))
+        if not errs:
+            self.notify("no findings", timeout=2)
+            return
+        cur = self.findings_panel.highlighted
+        nxt = next((i for i in errs if cur is None or i > cur), errs[0])
+        self.findings_panel.focus()
+        self.findings_panel.highlighted = nxt
+
+    def _replay_only(self) -> bool:
+        if self.feed.mode != REPLAY or self.cursor_ns is None:
+            self.notify("replay controls work in `commscope replay`", timeout=2)
+            return False
+        return True
+
+    def action_play_pause(self) -> None:
+        if self._replay_only():
+            if self.cursor_ns >= self.feed.model.end_ns:
+                self.cursor_ns = self.feed.model.start_ns
+            self.playing = not self.playing
+            self._show_header()
+
+    def _set_speed(self, step: int) -> None:
+        i = min(range(len(SPEEDS)), key=lambda k: abs(SPEEDS[k] - self.speed))
+        self.speed = SPEEDS[max(0, min(len(SPEEDS) - 1, i + step))]
+        self._show_header()
+
+    def action_faster(self) -> None:
+        if self._replay_only():
+            self._set_speed(1)
+
+    def action_slower(self) -> None:
+        if self._replay_only():
+            self._set_speed(-1)
+
+    def action_jump_start(self) -> None:
+        if self._replay_only():
+            self.cursor_ns = self.feed.model.start_ns
+            self.timeline.follow = True
+            self._cursor_moved()
+
+    def action_jump_end(self) -> None:
+        if self._replay_only():
+            self.cursor_ns = self.feed.model.end_ns
+            self.timeline.follow = True
+            self._cursor_moved()
+
+    def _step(self, forward: bool) -> None:
+        """Move the cursor to the next/previous op begin on any rank, and select that op."""
+        if not self._replay_only():
+            return
+        m = self.feed.model
+        best: tuple[int, int, int] | None = None
+        with self.feed.lock:
+            for r in m.rank_ids():
+                rt = m.ranks[r]
+                if rt.n == 0:
+                    continue
+                order = rt.order()
+                begins = rt.begin[order]
+                keep = (m.sig_flags(rt.sig[order]) & (NESTED | CONTAINER)) == 0
+                order, begins = order[keep], begins[keep]
+                if order.shape[0] == 0:
+                    continue
+                j = int(np.searchsorted(begins, self.cursor_ns, side="right")) if forward else \
+                    int(np.searchsorted(begins, self.cursor_ns, side="left")) - 1
+                if 0 <= j < order.shape[0]:
+                    t = int(begins[j])
+                    if best is None or (t < best[0] if forward else t > best[0]):
+                        best = (t, r, int(order[j]))
+        if best is None:
+            return
+        self.cursor_ns = best[0]
+        self.timeline.follow = True
+        self._cursor_moved()
+        self.timeline.select(best[1], best[2])
+
+    def action_step_next(self) -> None:
+        self._step(True)
+
+    def action_step_prev(self) -> None:
+        self._step(False)
+
+    # ------------------------------------------------------------------ command palette
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        tl = self.timeline
+        entries = [
+            ("Help: key bindings", "every key and the timeline colours", self.action_help),
+            ("Timeline: zoom in", "", tl.action_zoom_in), ("Timeline: zoom out", "", tl.action_zoom_out),
+            ("Timeline: pan left", "", tl.action_pan_left), ("Timeline: pan right", "", tl.action_pan_right),
+            ("Timeline: follow live / jump to now", "", tl.action_follow),
+            ("Timeline: next op", "", tl.action_select_next), ("Timeline: previous op", "", tl.action_select_prev),
+            ("Timeline: collapse rows (ranks / nodes / blocks)", "", tl.action_collapse),
+            ("Timeline: only ranks with findings", "", tl.action_filter_findings),
+            ("Findings: next error", "", self.action_next_error),
+            ("Panels: switch ranks / GPU", "", self.action_toggle_panel),
+            ("Ranks: sort by next column", "", self.ranks_table.action_cycle_sort),
+            ("Replay: play / pause", "", self.action_play_pause), ("Replay: faster", "", self.action_faster),
+            ("Replay: slower", "", self.action_slower), ("Replay: step to next op", "", self.action_step_next),
+            ("Replay: step to previous op", "", self.action_step_prev),
+            ("Replay: jump to start", "", self.action_jump_start), ("Replay: jump to end", "", self.action_jump_end),
+        ]
+        for title, help_text, cb in entries:
+            yield SystemCommand(title, help_text or title, cb)

@@ -1,0 +1,363 @@
+"""The detail pane: everything about the selected op, or the evidence of a finding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from commscope.analysis import Finding
+from commscope.analysis.bandwidth import op_busbw
+from commscope.tui import palette as P
+from commscope.tui.fmt import clock, duration, size
+
+
+def _kv(rows: list[tuple[str, Any]]) -> Table:
+    t = Table.grid(padding=(0, 1))
+    t.add_column(style="grey62", no_wrap=True)
+    t.add_column(overflow="fold")
+    for k, v in rows:
+        if v is None or v == "" or v == []:
+            continue
+        t.add_row(k, v if isinstance(v, Text) else str(v))
+    return t
+
+
+def _shapes(shapes: Any, dtypes: Any) -> str:
+    if not shapes:
+        return ""
+    parts = []
+    for i, s in enumerate(shapes):
+        dt = dtypes[i] if dtypes and i < len(dtypes) else ""
+        parts.append(f"{list(s)} {dt}".strip())
+    if len(parts) > 6:
+        parts = parts[:6] + [f"… ({len(shapes)} tensors)"]
+    return ", ".join(parts)
+
+
+def _stack(frames_by_thread: list[dict] | None, limit: int = 12) -> RenderableType | None:
+    if not frames_by_thread:
+        return None
+    out = []
+    for th in frames_by_thread:
+        frames = th.get("frames") or []
+        text = Text()
+        text.append(f"thread {th.get('thread') or th.get('name')}\n", style="bold")
+        shown = frames[-limit:]
+        if len(frames) > limit:
+            text.append(f"  … {len(frames) - limit} outer frames\n", style="grey50")
+        for f in shown:
+            line = f if isinstance(f, str) else f"{f[0]}:{f[1]} in {f[2]}"
+            text.append(f"  {line}\n", style="grey70")
+        out.append(text)
+    return Group(*out)
+
+
+def op_detail(model: Any, rank: int, i: int, now: int) -> RenderableType:
+    d = model.op(rank, i)
+    title = Text(model.label(rank, i), style="bold")
+    title.append(f"  rank {rank}", style="grey62")
+    start = model.start_ns
+    begin = d["begin_ns"]
+    rows: list[tuple[str, Any]] = [
+        ("group", f"{d.get('group')}  ranks {model.groups.get(d.get('group'), [])}"[:120]),
+        ("seq", d.get("seq")),
+        ("peer", d.get("peer")),
+        ("root", d.get("root")),
+        ("reduce", d.get("redop")),
+        ("inputs", _shapes(d.get("in_shapes"), d.get("in_dtypes"))),
+        ("outputs", _shapes(d.get("out_shapes"), d.get("out_dtypes"))),
+        ("bytes", f"in {size(d.get('in_bytes'))} · out {size(d.get('out_bytes'))}"
+         if d.get("in_bytes") is not None or d.get("out_bytes") is not None else None),
+        ("async", "yes" if d.get("async") else None),
+        ("call site", d.get("site")),
+        ("source", "PyTorch Flight Recorder (issued from C++)" if d.get("space") == 1 or d.get("src") == "fr" else None),
+        ("begin", f"{clock(begin)}  (+{duration(begin - start)})"),
+    ]
+    if d.get("end_ns"):
+        rows.append(("returned", f"+{duration(d['end_ns'] - begin)}"))
+    if d.get("wait_begin_ns"):
+        rows.append(("wait()", f"+{duration(d['wait_begin_ns'] - begin)} → "
+                     + (f"+{duration(d['wait_end_ns'] - begin)}" if d.get("wait_end_ns") else "still waiting")))
+    if d.get("gpu_ns"):
+        rows.append(("GPU time", duration(d["gpu_ns"])))
+    if d.get("in_flight"):
+        rows.append(("state", Text(f"in flight for {duration(now - begin)}", style="bold #e0a030")))
+    elif d.get("complete_ns"):
+        rows.append(("duration", duration(d["complete_ns"] - begin) + ("  (approx.)" if d.get("approx") else "")))
+    bw = op_busbw(model, rank, i)
+    if bw:
+        rows.append(("bandwidth", f"algbw {bw.get('algbw', 0) / 1e9:.2f} GB/s · busbw {bw.get('busbw', 0) / 1e9:.2f} GB/s"))
+    if d.get("exc"):
+        rows.append(("raised", Text(d["exc"], style="#e05050")))
+    parts: list[RenderableType] = [title, _kv(rows)]
+    matches = model.matching(rank, i)
+    if matches:
+        everyone = dict(matches)
+        everyone[rank] = i
+        begins = {r: int(model.ranks[r].begin[j]) for r, j in everyone.items()}
+        first = min(begins.values())
+        t = Table(title="same op on the other ranks", title_justify="left", title_style="bold grey70",
+                  box=None, padding=(0, 1), show_edge=False)
+        for col in ("rank", "arrived", "state", "duration"):
+            t.add_column(col, style="grey70" if col != "rank" else "bold")
+        for r in sorted(everyone):
+            j = everyone[r]
+            rt = model.ranks[r]
+            comp = int(rt.comp[j])
+            skew = begins[r] - first
+            state = "done" if comp else "in flight"
+            t.add_row(str(r) + (" ◀" if r == rank else ""), f"+{duration(skew)}" + (" (last)" if begins[r] == max(begins.values()) and len(everyone) > 1 else ""),
+                      state, duration(comp - begins[r]) if comp else duration(now - begins[r]))
+        group_size = len(model.groups.get(d.get("group"), [])) or len(everyone)
+        if len(everyone) < group_size:
+            missing = sorted(set(model.groups.get(d.get("group"), [])) - set(everyone))
+            t.caption = f"not entered by rank{'s' if len(missing) > 1 else ''} {missing}"
+            t.caption_style = "bold #e05050"
+        parts.append(t)
+    stack = _stack([{"thread": th.get("name"), "frames": th.get("frames")} for th in (d.get("stack") or [])
+                     if th.get("op_thread")] or None)
+    if stack is not None:
+        parts.append(Text("captured stack", style="bold grey70"))
+        parts.append(stack)
+    return Group(*parts)
+
+
+def _brief(op: dict | None) -> str:
+    """'all_reduce #61 (group 0) at train.py:19 in step' from an evidence op."""
+    if not op:
+        return "–"
+    text = str(op.get("op", "?"))
+    if op.get("seq") is not None:
+        text += f" #{op['seq']}"
+    if op.get("peer") is not None:
+        text += f" {'to' if op.get('dir') == 'send' else 'from'} {op['peer']}"
+    if op.get("group") is not None:
+        text += f" (group {op['group']})"
+    if op.get("site"):
+        text += f" at {op['site']}"
+    return text
+
+
+def _table(title: str, columns: list[str], rows: list[list[Any]], bad: set[int] | None = None,
+           key_col: int = 0) -> Table:
+    t = Table(title=title, title_justify="left", title_style="bold grey70", box=None, padding=(0, 1),
+              show_edge=False, header_style="grey62")
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    for row in rows:
+        style = "bold #e05050" if bad and row[key_col] in bad else ""
+        t.add_row(*[_cell(x) for x in row], style=style)
+    return t
+
+
+def _values(x: Any) -> list:
+    """Evidence collections come as lists or as dicts keyed by rank: their items either way."""
+    if isinstance(x, dict):
+        return [dict(v, rank=v.get("rank", k)) if isinstance(v, dict) else v for k, v in x.items()]
+    return list(x or [])
+
+
+def _stacks_block(ev: Any) -> list[RenderableType]:
+    out: list[RenderableType] = []
+    for rank, frames in _collect_stacks(ev):
+        out.append(Text(f"stack of rank {rank}", style="bold grey70"))
+        block = _stack(frames)
+        if block is not None:
+            out.append(block)
+    return out
+
+
+def _missing_ranks(f: Finding, ev: dict) -> list[RenderableType]:
+    waited = {int(r): float(v) for r, v in (ev.get("waited_s") or {}).items()}
+    parts: list[RenderableType] = []
+    if waited:
+        vals = sorted(waited.values())
+        if vals[-1] - vals[0] < 0.1:
+            line = f"ranks {', '.join(map(str, sorted(waited)))} waited {vals[-1]:.1f} s"
+        else:
+            line = ", ".join(f"{r}: {v:.1f} s" for r, v in sorted(waited.items()))
+        parts.append(Text("waiting  ", style="grey62") + Text(line))
+    if ev.get("op"):
+        parts.append(Text("in       ", style="grey62") + Text(_brief(ev["op"])))
+    acts = _values(ev.get("missing_activity"))
+    if acts:
+        parts.append(Text("never entered: what they do instead", style="bold grey70"))
+    for act in acts:
+        op = act.get("in_op") or act.get("last_completed_op")
+        t = Text()
+        t.append(f"rank {act.get('rank')}  ", style="bold #e05050")
+        t.append(str(act.get("text", act.get("state"))))
+        if op and op.get("site"):
+            t.append(f"\n  at {op['site']}", style="grey70")
+        if act.get("last_seq_in_group") is not None:
+            t.append(f"\n  last collective of the group it ran: #{act['last_seq_in_group']}", style="grey70")
+        parts.append(t)
+    if ev.get("failed_on"):
+        parts.append(Text(f"the waiting op raised: {_cell(ev['failed_on'])}", style="#e05050"))
+    return parts + _stacks_block(ev.get("missing_activity"))
+
+
+def _mismatch(f: Finding, ev: dict) -> list[RenderableType]:
+    per = _values(ev.get("per_rank"))
+    cols = [c for c in ("rank", "op", "in_shapes", "in_dtypes", "redop", "root", "state", "site")
+            if any(c in row for row in per)]
+    parts: list[RenderableType] = [
+        _table("per rank at this (group, seq)", cols, [[row.get(c) for c in cols] for row in per], set(f.culprits))]
+    if ev.get("differs"):
+        parts.append(Text(f"differs in: {_cell(ev['differs'])}", style="bold #e0a030"))
+    if ev.get("absent_ranks"):
+        parts.append(Text(f"not there yet: ranks {_cell(ev['absent_ranks'])}", style="grey70"))
+    if ev.get("later_mismatches"):
+        parts.append(Text(f"{ev['later_mismatches']} later mismatched instances not shown", style="grey50"))
+    return parts
+
+
+def _deadlock(f: Finding, ev: dict) -> list[RenderableType]:
+    chain = ev.get("chain") or []
+    t = Text()
+    for step in chain if isinstance(chain, list) else [chain]:
+        t.append("→ " + (step if isinstance(step, str) else _one_line(step)) + "\n", style="#e0a030")
+    parts: list[RenderableType] = [Text("wait-for cycle", style="bold grey70"), t]
+    cyc = _values(ev.get("cycle"))
+    if cyc:
+        parts.append(_table("blocked", ["rank", "op", "peer", "seq", "blocked"],
+                            [[c.get("rank"), c.get("op"), c.get("peer"), c.get("seq"),
+                              f"{float(c.get('blocked_s', 0)):.1f} s"] for c in cyc], set(f.culprits)))
+    return parts + _stacks_block(ev.get("stacks", ev))
+
+
+def _unmatched(f: Finding, ev: dict) -> list[RenderableType]:
+    parts: list[RenderableType] = [Text(f"blocked: {_brief(ev.get('blocked_op'))}", style="#e0a030")]
+    if ev.get("expected"):
+        parts.append(Text(f"needs a matching {ev['expected']} from the peer", style="grey70"))
+    peers = ev.get("peer_activity")
+    peers = _values(peers) if not (isinstance(peers, dict) and "rank" in peers) else [peers]
+    if peers:
+        parts.append(_table("the peer instead", ["rank", "doing"], [[p.get("rank"), p.get("text")] for p in peers],
+                            set(f.culprits)))
+    return parts + _stacks_block(ev)
+
+
+def _dead(f: Finding, ev: dict) -> list[RenderableType]:
+    act = ev.get("activity") or {}
+    rows = [("silent for", f"{float(ev.get('silent_s', 0)):.1f} s (threshold {float(ev.get('threshold_s', 0)):.1f} s)"),
+            ("was", act.get("text")), ("in", _brief(act.get("in_op")) if act.get("in_op") else None),
+            ("last op", _brief(act.get("last_completed_op")) if act.get("last_completed_op") else None),
+            ("host / pid", f"{ev.get('host', '?')} / {ev.get('pid', '?')}")]
+    return [_kv(rows)] + _stacks_block(act)
+
+
+def _straggler(f: Finding, ev: dict) -> list[RenderableType]:
+    rows = [("arrived last", f"{float(ev.get('last_share', 0)) * 100:.0f}% of {ev.get('collectives', '?')} collectives"),
+            ("median lateness", f"{float(ev.get('median_lateness_s', 0)) * 1e3:.1f} ms"),
+            ("p90 lateness", f"{float(ev.get('p90_lateness_s', 0)) * 1e3:.1f} ms"),
+            ("median latency", f"{float(ev.get('median_latency_s', 0)) * 1e3:.1f} ms"),
+            ("other groups", _cell(ev.get("other_groups")) if ev.get("other_groups") else None)]
+    return [_kv(rows)]
+
+
+def _unwaited(f: Finding, ev: dict) -> list[RenderableType]:
+    ops = _values(ev.get("ops"))
+    return [_table(f"{ev.get('count', len(ops))} async ops never waited", ["op", "group", "seq", "site"],
+                   [[o.get("op"), o.get("group"), o.get("seq"), o.get("site")] for o in ops[:50]])]
+
+
+_BY_KIND = {"missing_ranks": _missing_ranks, "collective_mismatch": _mismatch, "p2p_deadlock": _deadlock,
+            "unmatched_p2p": _unmatched, "dead_rank": _dead, "straggler": _straggler, "unwaited_work": _unwaited}
+
+
+def finding_detail(f: Finding) -> RenderableType:
+    head = Text()
+    head.append(f"{P.SEVERITY_ICON[f.severity]} {f.kind}", style=P.SEVERITY_STYLE[f.severity])
+    if f.group is not None:
+        head.append(f" · group {f.group}" + (f" #{f.seq}" if f.seq is not None else "") + (f" {f.op}" if f.op else ""),
+                    style="grey70")
+    parts: list[RenderableType] = [head, Text(f.message)]
+    if f.culprits:
+        parts.append(Text(f"culprit{'s' if len(f.culprits) > 1 else ''}: {', '.join(map(str, f.culprits))}",
+                          style="bold #e05050"))
+    ev = f.evidence or {}
+    render = _BY_KIND.get(f.kind)
+    try:
+        parts += render(f, ev) if render else [_evidence_block(ev)] + _stacks_block(ev)
+    except Exception:  # evidence of an unexpected shape: still show it, plainly
+        parts += [_evidence_block(ev)]
+    return Group(*parts)
+
+
+def _one_line(step: Any) -> str:
+    if isinstance(step, dict):
+        return " ".join(f"{k}={v}" for k, v in step.items() if k not in ("stack",))
+    return str(step)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, list | tuple):
+        return ", ".join(_cell(x) for x in v) if not all(isinstance(x, int) for x in v) else str(list(v))
+    return str(v)
+
+
+def _has_stack(v: Any) -> bool:
+    return isinstance(v, dict) and "stack" in v and not set(v) - {"stack"}
+
+
+def _collect_stacks(ev: Any, out: list | None = None, rank: Any = None) -> list[tuple[Any, list]]:
+    """Every ``stack`` found anywhere in the evidence, with the rank it belongs to."""
+    out = [] if out is None else out
+    if isinstance(ev, dict):
+        r = ev.get("rank", rank)
+        st = ev.get("stack")
+        if isinstance(st, list) and st and isinstance(st[0], dict):
+            out.append((r, st))
+        for k, v in ev.items():
+            if k != "stack":
+                _collect_stacks(v, out, r)
+    elif isinstance(ev, list):
+        for v in ev:
+            _collect_stacks(v, out, rank)
+    return out
+
+
+def _evidence_block(val: Any, depth: int = 0) -> RenderableType:
+    if isinstance(val, dict):
+        rows = []
+        for k, v in val.items():
+            if k == "stack":
+                continue
+            if isinstance(v, dict | list) and v and depth < 2 and not (isinstance(v, list) and all(
+                    isinstance(x, int | float | str) for x in v)):
+                rows.append((str(k), _evidence_block(v, depth + 1)))
+            else:
+                rows.append((str(k), _cell(v)))
+        t = Table.grid(padding=(0, 1))
+        t.add_column(style="grey62", no_wrap=True)
+        t.add_column(overflow="fold")
+        for k, v in rows:
+            t.add_row(k, v)
+        return t
+    if isinstance(val, list):
+        return Group(*[_evidence_block(v, depth + 1) for v in val[:32]])
+    return Text(_cell(val))
+
+
+class DetailPane(VerticalScroll):
+    """Scrollable pane holding either an op's detail or a finding's evidence."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.body = Static(Text("select an op (←/→ on the timeline, or click) or a finding", style="grey50 italic"))
+
+    def compose(self):
+        yield self.body
+
+    def show(self, renderable: RenderableType, title: str) -> None:
+        self.border_title = title
+        self.body.update(renderable)
+        self.scroll_home(animate=False)

@@ -1,0 +1,180 @@
+"""The console's data side: a reader, a TraceModel and diagnose(), driven from a thread.
+
+The UI thread only renders.  ``Feed.step`` does one cycle (read a bounded batch, ingest
+it under the model lock, diagnose now and then) and returns an immutable ``FeedInfo``;
+``run`` repeats it on a worker thread and posts ``FeedUpdated`` messages, which coalesce
+when the UI is busy.  Tests call ``step`` directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from textual.message import Message
+
+from commscope.analysis import Finding, TraceModel, diagnose
+from commscope.events import gc_paused
+
+LIVE, REPLAY = "live", "replay"
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedInfo:
+    """What the header and panels show about the feed itself."""
+
+    mode: str
+    source: str
+    version: int = 0
+    events: int = 0
+    rate: float = 0.0  # events/s ingested recently
+    behind_bytes: int = 0  # written but not yet read (live)
+    behind: bool = False
+    corrupt: int = 0
+    trimmed: bool = False
+    warnings: tuple[str, ...] = ()
+    waiting: bool = True  # nothing recorded yet
+    ended: bool = False  # every rank exited or died
+    loaded: bool = False  # replay: the whole trace is in
+    progress: float = 0.0  # replay loading, 0..1
+    now_ns: int = 0
+    error: str | None = None
+
+
+class FeedUpdated(Message):
+    """The model or findings changed.  Newer ones replace older ones still queued."""
+
+    def __init__(self, info: FeedInfo, findings: list[Finding]):
+        super().__init__()
+        self.info = info
+        self.findings = findings
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, FeedUpdated)
+
+
+class Feed:
+    POLL_S = 0.1
+    BUDGET = 8 << 20  # bytes per read: keeps each cycle short on huge backlogs
+    DIAGNOSE_S = 0.5
+
+    def __init__(self, reader: Any, *, mode: str = LIVE, hang_after: float | None = None,
+                 clock: Callable[[], int] = time.time_ns, source: str = ""):
+        self.reader = reader
+        self.mode = mode
+        self.clock = clock
+        self.source = source or getattr(reader, "description", "")
+        self.model = TraceModel()
+        self.lock = threading.RLock()  # ingest (this thread) vs rendering (UI thread)
+        self.hang_after_override = hang_after
+        self.findings: list[Finding] = []
+        self._rates: deque[tuple[float, int]] = deque(maxlen=50)
+        self._next_diag = 0.0
+        self._dirty = False
+        self.info = FeedInfo(mode=mode, source=self.source)
+        self.error: str | None = None
+
+    # ------------------------------------------------------------------ one cycle
+    def hang_after(self) -> float:
+        if self.hang_after_override is not None:
+            return self.hang_after_override
+        return self.model.hang_after() or 30.0
+
+    def now(self) -> int:
+        """Live: the wall clock.  Replay: the end of the trace (the UI moves its own cursor)."""
+        if self.mode == REPLAY:
+            return self.model.end_ns
+        return self.clock()
+
+    def step(self) -> tuple[FeedInfo, bool]:
+        """Read and ingest one bounded batch; returns (info, whether anything new came in)."""
+        got = 0
+        behind_bytes = 0
+        try:
+            with gc_paused():  # decoded dicts die right after ingest: no GC work for them
+                try:
+                    batch = self.reader.poll(max_bytes=self.BUDGET)
+                except TypeError:
+                    batch = self.reader.poll()
+                if batch:
+                    with self.lock:
+                        self.model.ingest(batch)
+                    got = len(batch)
+            backlog = getattr(self.reader, "backlog_bytes", None)
+            behind_bytes = backlog() if backlog else 0
+        except Exception as exc:  # a store that vanished, a wrong password...
+            self.error = str(exc) or type(exc).__name__
+        mono = time.monotonic()
+        self._rates.append((mono, got))
+        if got:
+            self._dirty = True
+        if self._dirty and mono >= self._next_diag or (self.mode == LIVE and mono >= self._next_diag + 1.0):
+            self.findings = sorted(diagnose(self.model, self.now(), self.hang_after()), key=Finding.sort_key)
+            self._next_diag = mono + self.DIAGNOSE_S
+            self._dirty = False
+        self.info = self._info(behind_bytes)
+        return self.info, bool(got)
+
+    def _info(self, behind_bytes: int) -> FeedInfo:
+        m = self.model
+        stats = getattr(self.reader, "stats", None)
+        window = [x for x in self._rates if x[0] >= time.monotonic() - 2.0]
+        rate = 0.0
+        if len(window) >= 2:
+            span = window[-1][0] - window[0][0]
+            rate = sum(n for _, n in window[1:]) / span if span > 0 else 0.0
+        now = self.now()
+        ranks = m.rank_ids()
+        ended = bool(ranks) and all(m.exited(r) is not None or m.is_dead(r, now) for r in ranks)
+        return FeedInfo(
+            mode=self.mode, source=self.source, version=m.version, events=m.events, rate=rate,
+            behind_bytes=behind_bytes, behind=behind_bytes > self.BUDGET,
+            corrupt=getattr(stats, "corrupt", 0), trimmed=bool(getattr(stats, "trimmed", False)),
+            warnings=tuple(getattr(stats, "warnings", ())[-5:]), waiting=m.events == 0, ended=ended,
+            loaded=self.info.loaded, progress=self.info.progress, now_ns=now, error=self.error)
+
+    # ------------------------------------------------------------------ replay loading
+    def load_all(self, progress: Callable[[float], None] | None = None) -> FeedInfo:
+        """Replay: read everything, reporting progress, then diagnose at the trace's end."""
+        total = getattr(self.reader, "total_bytes", lambda: 0)() or 0
+        read = 0
+        while True:
+            backlog = getattr(self.reader, "backlog_bytes", None)
+            info, got = self.step()
+            if self.error:
+                break
+            if backlog is not None and total:
+                read = total - backlog()
+                if progress:
+                    progress(min(1.0, read / total))
+            if not got:
+                break
+        with self.lock:
+            self.findings = sorted(diagnose(self.model, self.model.end_ns, self.hang_after()),
+                                   key=Finding.sort_key)
+        self.info = dataclasses.replace(self._info(0), loaded=True, progress=1.0)
+        if progress:
+            progress(1.0)
+        return self.info
+
+    # ------------------------------------------------------------------ thread
+    def run(self, post: Callable[[Message], Any], stop: threading.Event,
+            progress: Callable[[float], None] | None = None) -> None:
+        if self.mode == REPLAY:
+            info = self.load_all(progress)
+            post(FeedUpdated(info, list(self.findings)))
+            return
+        last_version = -1
+        last_post = 0.0
+        while not stop.is_set():
+            info, got = self.step()
+            mono = time.monotonic()
+            if info.version != last_version or mono - last_post >= 0.5:
+                post(FeedUpdated(info, list(self.findings)))
+                last_version, last_post = info.version, mono
+            if not got or info.error:
+                stop.wait(self.POLL_S)

@@ -1,0 +1,59 @@
+"""The findings list: the live diagnose() result.  Highlighting one shows its evidence."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.message import Message
+from textual.widgets import OptionList
+from textual.widgets.option_list import Option
+
+from commscope.analysis import Finding
+from commscope.tui import palette as P
+
+
+def finding_key(f: Finding) -> tuple:
+    return (f.kind, f.group, f.seq, tuple(sorted(f.culprits)))
+
+
+class FindingsPanel(OptionList):
+    class Chosen(Message):
+        def __init__(self, finding: Finding):
+            super().__init__()
+            self.finding = finding
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.findings: list[Finding] = []
+        self._keys: list[tuple] = []
+
+    def show(self, findings: list[Finding]) -> None:
+        keys = [finding_key(f) + (f.message,) for f in findings]
+        if keys == self._keys:
+            return
+        highlighted = self.highlighted
+        prev = self._keys[highlighted] if highlighted is not None and highlighted < len(self._keys) else None
+        self.findings = findings
+        self._keys = keys
+        self.clear_options()
+        if not findings:
+            self.add_option(Option(Text("no problems found", style="grey50 italic"), disabled=True))
+            return
+        for f in findings:
+            t = Text(no_wrap=False)
+            t.append(f"{P.SEVERITY_ICON[f.severity]} ", style=P.SEVERITY_STYLE[f.severity])
+            t.append(f.kind, style=P.SEVERITY_STYLE[f.severity])
+            if f.culprits:
+                t.append(f"  culprit{'s' if len(f.culprits) > 1 else ''} {', '.join(map(str, f.culprits))}",
+                         style="bold")
+            t.append("\n  " + f.message, style="grey70")
+            self.add_option(Option(t))
+        if prev is not None and prev in keys:
+            self.highlighted = keys.index(prev)
+
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if self.findings and event.option_index < len(self.findings):
+            self.post_message(self.Chosen(self.findings[event.option_index]))
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        if self.findings and event.option_index < len(self.findings):
+            self.post_message(self.Chosen(self.findings[event.option_index]))

@@ -1,0 +1,61 @@
+"""Short human formats for times, durations, sizes and rates used across the console."""
+
+from __future__ import annotations
+
+import time
+
+
+def duration(ns: float) -> str:
+    s = ns / 1e9
+    if s < 0:
+        return "-" + duration(-ns)
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def size(n: float | None) -> str:
+    if n is None or n != n:
+        return "–"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def compact_size(n: float | None) -> str:
+    """'291M', '31.2G': sizes for narrow table columns."""
+    if n is None or n != n:
+        return "–"
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(n) < 1000 or unit == "T":
+            return f"{n:.0f}{unit}" if unit in ("B", "K", "M") or n >= 100 else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n:.0f}T"
+
+
+def rate(per_s: float) -> str:
+    if per_s >= 1e6:
+        return f"{per_s / 1e6:.1f}M/s"
+    if per_s >= 1e3:
+        return f"{per_s / 1e3:.1f}k/s"
+    return f"{per_s:.0f}/s"
+
+
+def clock(ns: int) -> str:
+    """Wall-clock time of day with milliseconds (local time)."""
+    t = ns / 1e9
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(ns // 1_000_000) % 1000:03d}"
+
+
+def percent(x: float | None) -> str:
+    if x is None or x != x:
+        return "–"
+    return f"{x:.0f}%"

@@ -1,0 +1,50 @@
+"""The one-line status header: job, world size, backend, clock, ingest rate, finding counts."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from commscope.tui.feed import REPLAY, FeedInfo
+from commscope.tui.fmt import clock, duration, rate, size
+
+
+class StatusHeader(Static):
+    DEFAULT_CSS = "StatusHeader { height: 1; background: $panel; }"
+
+    def show(self, info: FeedInfo, *, job: str, world: int, backend: str, errors: int, warnings: int,
+             cursor_ns: int | None = None, start_ns: int = 0, playing: bool = False, speed: float = 1.0) -> None:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(" commscope ", style="bold white on #4f8fd6")
+        t.append(f" {job or info.source} ", style="bold")
+        t.append(f"· {world} rank{'s' if world != 1 else ''} · {backend} ", style="grey70")
+        if info.mode == REPLAY:
+            t.append("· REPLAY ", style="bold #ffd75f")
+            if not info.loaded:
+                t.append(f"loading {info.progress * 100:.0f}% ", style="#ffd75f")
+            elif cursor_ns is not None:
+                t.append(f"{'▶' if playing else '❚❚'} x{speed:g} +{duration(cursor_ns - start_ns)} ", style="#ffd75f")
+        else:
+            if info.error:
+                t.append(f"· {info.error} ", style="bold #e05050")
+            elif info.waiting:
+                t.append("· waiting for the job… ", style="#e0a030")
+            elif info.ended:
+                t.append("· ENDED ", style="bold grey62")
+            else:
+                t.append("· LIVE ", style="bold #3fa58f")
+            if info.now_ns:
+                t.append(f"{clock(info.now_ns)} ", style="grey62")
+            if start_ns and info.now_ns:
+                t.append(f"(+{duration(info.now_ns - start_ns)}) ", style="grey50")
+            t.append(f"· {rate(info.rate)} ", style="grey70")
+            if info.behind:
+                t.append(f"· falling behind ({size(info.behind_bytes)} unread) ", style="bold #e0a030")
+        t.append(f"· {info.events:,} events ", style="grey62")
+        if info.trimmed:
+            t.append("· trimmed ", style="#e0a030")
+        if info.corrupt:
+            t.append(f"· {info.corrupt} damaged lines skipped ", style="#e0a030")
+        t.append(f"✖ {errors} ", style="bold #e05050" if errors else "grey42")
+        t.append(f"▲ {warnings}", style="bold #e0a030" if warnings else "grey42")
+        self.update(t)

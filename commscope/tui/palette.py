@@ -1,0 +1,49 @@
+"""Colours and glyphs of the timeline: restrained, one hue per kind of traffic."""
+
+from __future__ import annotations
+
+from rich.style import Style
+
+# Cell categories, lowest priority first (a cell shows the highest one that covers it).
+IDLE, PENDING, COLL, FR, P2P, VARLEN, WAIT, WARN, ERROR, SELECTED = range(10)
+
+GLYPH = {IDLE: " ", PENDING: "╌", COLL: "█", FR: "█", P2P: "█", VARLEN: "█", WAIT: "█", WARN: "█",
+         ERROR: "█", SELECTED: "█"}
+
+STYLE = {
+    IDLE: Style(),
+    PENDING: Style(color="grey50"),
+    COLL: Style(color="#4f8fd6"),
+    FR: Style(color="#7f6fc4"),
+    P2P: Style(color="#3fa58f"),
+    VARLEN: Style(color="#3aa7c9"),
+    WAIT: Style(color="#8c8259"),
+    WARN: Style(color="#e0a030"),
+    ERROR: Style(color="#e05050"),
+    SELECTED: Style(color="#ffffff"),
+}
+
+LABEL_STYLE = {
+    COLL: Style(color="white", bgcolor="#4f8fd6"),
+    FR: Style(color="white", bgcolor="#7f6fc4"),
+    P2P: Style(color="white", bgcolor="#3fa58f"),
+    VARLEN: Style(color="black", bgcolor="#3aa7c9"),
+    WAIT: Style(color="white", bgcolor="#8c8259"),
+    WARN: Style(color="black", bgcolor="#e0a030"),
+    ERROR: Style(color="white", bgcolor="#e05050", bold=True),
+    SELECTED: Style(color="black", bgcolor="#ffffff", bold=True),
+}
+
+LEGEND = [(COLL, "collective"), (P2P, "p2p"), (VARLEN, "varlen"), (FR, "C++ (Flight Recorder)"),
+          (PENDING, "async issued"), (WAIT, "wait()"), (WARN, "slow"), (ERROR, "past hang_after")]
+
+STATE_STYLE = {"blocked": Style(color="#e0a030"), "running": Style(color="#4f8fd6"),
+               "idle": Style(color="grey62"), "exited": Style(color="grey42"), "dead": Style(color="#e05050"),
+               "unknown": Style(color="grey42")}
+STATE_DOT = {"blocked": "●", "running": "●", "idle": "○", "exited": "·", "dead": "✖", "unknown": "?"}
+
+SEVERITY_STYLE = {"error": Style(color="#e05050", bold=True), "warning": Style(color="#e0a030")}
+SEVERITY_ICON = {"error": "✖", "warning": "▲"}
+
+SPARK = " ▁▂▃▄▅▆▇█"
+SHADES = " ░▒▓█"

@@ -1,0 +1,161 @@
+"""The rank table: state, last op and resources per rank; sortable by any column."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from commscope.tui import palette as P
+from commscope.tui.fmt import compact_size, duration, percent
+
+COLUMNS = [("rank", "Rank", 4), ("host", "Host", 10), ("state", "State", 30), ("last", "Last op", 16),
+           ("gpu", "GPU%", 4), ("gmem", "GPU mem", 8), ("cpu", "CPU%", 4), ("rss", "RSS", 8)]
+FLEX = "state"  # takes whatever width the others leave
+LABELS = {k: label for k, label, _ in COLUMNS}
+PRIORITY = ["rank", "gpu", "cpu", "gmem", "rss", "last", "host"]
+STATE_MIN = 18
+
+
+def short_label(m: Any, r: int, i: int) -> str:
+    """'all_reduce #42' / 'send #3 → 1': the label without its group suffix."""
+    text = m.label(r, i).split(" (")[0]
+    return text.replace(" to ", " → ").replace(" from ", " ← ")
+
+
+def compact_state(m: Any, r: int, st: Any, now: int) -> str:
+    if st.kind == "blocked" and st.op is not None:
+        verb = "waiting" if st.text.startswith("waiting") else "in"
+        return f"{verb} {short_label(m, r, st.op)} · {duration(now - st.since_ns)}"
+    if st.kind == "idle":
+        return f"idle · {duration(now - st.since_ns)}" if st.op is not None else "idle"
+    if st.kind == "dead":
+        return f"dead · silent {duration(now - st.since_ns)}"
+    if st.kind == "exited":
+        return st.text
+    return st.text
+
+
+class RankTable(DataTable):
+    """One row per rank.  Click a column header (or press s) to sort by it."""
+
+    BINDINGS = [("s", "cycle_sort", "Sort")]
+
+    def __init__(self, feed: Any, **kwargs: Any):
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self.feed = feed
+        self._rows: set[int] = set()
+        self._sort_col = "rank"
+        self._sort_reverse = False
+        self._values: dict[int, dict[str, Any]] = {}
+        self._cols: list[tuple[str, str, int]] = []
+
+    def _wanted(self) -> list[tuple[str, str, int]]:
+        """Host only when ranks span hosts; GPU columns only when some rank sampled a GPU."""
+        m = self.feed.model
+        hosts = {str((rt.meta or {}).get("host", "")) for rt in m.ranks.values()}
+        gpu = any((m.latest_sample(r) or {}).get("gpu_util") is not None for r in m.rank_ids())
+        cols = [c for c in COLUMNS if (c[0] != "host" or len(hosts) > 1) and (c[0] not in ("gpu", "gmem") or gpu)]
+        # Narrow panes keep the most telling columns; the state text names the op anyway.
+        budget = self._room() - (STATE_MIN + 2) if self.size.width else 10**6
+        keep = {FLEX}
+        for key in PRIORITY:
+            col = next((c for c in cols if c[0] == key), None)
+            if col is not None and col[2] + 2 <= budget:
+                keep.add(key)
+                budget -= col[2] + 2
+        return [c for c in cols if c[0] in keep]
+
+    def _room(self) -> int:
+        """Columns of text the table can show without scrolling sideways."""
+        return self.size.width - 3  # vertical scrollbar and a margin
+
+    def _layout(self, cols: list[tuple[str, str, int]]) -> None:
+        if [c[0] for c in cols] != [str(k.value) for k in self.columns]:
+            self.clear(columns=True)
+            self._rows.clear()
+            self._values.clear()
+            for key, label, width in cols:
+                self.add_column(label, key=key, width=width)
+        self._cols = cols
+        self.call_after_refresh(self.on_resize)
+
+    def on_resize(self) -> None:
+        cols = getattr(self, "_cols", None)
+        if not cols:
+            return
+        wanted = self._wanted()
+        if [c[0] for c in wanted] != [c[0] for c in cols]:
+            self._layout(wanted)
+            self.refresh_ranks(getattr(self.app, "_now", lambda: 0)())
+            return
+        fixed = sum(w + 2 for k, _, w in cols if k != FLEX)
+        col = self.columns.get(FLEX)  # type: ignore[call-overload]
+        if col is not None:
+            col.width = max(STATE_MIN, self._room() - fixed - 2)
+            col.auto_width = False
+            self.refresh()
+
+    def refresh_ranks(self, now: int) -> None:
+        m = self.feed.model
+        with self.feed.lock:
+            self._layout(self._wanted())
+            rows = {r: self._row_values(r, now) for r in m.rank_ids()}
+        for r, vals in rows.items():
+            if r not in self._rows:
+                self.add_row(*[vals[k][1] for k, _, _ in self._cols], key=str(r))
+                self._rows.add(r)
+            else:
+                old = self._values.get(r, {})
+                for k, _, _ in self._cols:
+                    if old.get(k, (None,))[0] != vals[k][0]:
+                        self.update_cell(str(r), k, vals[k][1])
+            self._values[r] = vals
+        self._apply_sort()
+
+    def _row_values(self, r: int, now: int) -> dict[str, tuple[Any, Any]]:
+        """column -> (sort key, cell renderable)."""
+        m = self.feed.model
+        st = m.state(r, now)
+        meta = m.ranks[r].meta or {}
+        last = m.last_op(r, completed=False)
+        s = m.latest_sample(r) or {}
+        gutil, gmem, cpu, rss = s.get("gpu_util"), s.get("gpu_mem"), s.get("cpu"), s.get("rss")
+        order = {"dead": 0, "blocked": 1, "running": 2, "idle": 3, "exited": 4, "unknown": 5}
+        return {
+            "rank": (r, Text(str(r), style="bold")),
+            "host": (str(meta.get("host", "")), str(meta.get("host", ""))),
+            "state": ((order.get(st.kind, 9), -(now - st.since_ns)),
+                      Text(f"{P.STATE_DOT[st.kind]} {compact_state(m, r, st, now)}", style=P.STATE_STYLE[st.kind])),
+            "last": (m.label(r, last) if last is not None else "", short_label(m, r, last) if last is not None else "–"),
+            "gpu": (gutil if gutil is not None else -1, percent(gutil)),
+            "gmem": (gmem if gmem is not None else -1, compact_size(gmem)),
+            "cpu": (cpu if cpu is not None else -1, percent(cpu)),
+            "rss": (rss if rss is not None else -1, compact_size(rss)),
+        }
+
+    def _apply_sort(self) -> None:
+        col, vals = self._sort_col, self._values
+        try:
+            order = sorted(vals, key=lambda r: (vals[r][col][0], r), reverse=self._sort_reverse)
+        except TypeError:
+            order = sorted(vals)
+        if [int(row.key.value) for row in self.ordered_rows] != order:
+            pos = {r: i for i, r in enumerate(order)}
+            self.sort("rank", key=lambda cell: pos.get(int(cell.plain), 0))
+
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        key = event.column_key.value
+        if key == self._sort_col:
+            self._sort_reverse = not self._sort_reverse
+        else:
+            self._sort_col, self._sort_reverse = key, False
+        self._apply_sort()
+
+    def action_cycle_sort(self) -> None:
+        keys = [k for k, _, _ in getattr(self, "_cols", COLUMNS)]
+        self._sort_col = keys[(keys.index(self._sort_col) + 1) % len(keys)] if self._sort_col in keys else "rank"
+        self._sort_reverse = False
+        self.notify(f"ranks sorted by {LABELS[self._sort_col]}", timeout=2)
+        self._apply_sort()

@@ -1,0 +1,73 @@
+"""Modal screens: key help, and the progress bar while a large trace loads."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Label, ProgressBar, Static
+
+from commscope.tui import palette as P
+
+HELP_SECTIONS: list[tuple[str, list[tuple[str, str]]]] = [
+    ("Timeline", [("← →", "previous / next op on the highlighted rank"), ("↑ ↓", "move between ranks"),
+                  ("+ / i, - / o", "zoom in / out"), ("h l, shift+← →", "pan (stops following)"),
+                  ("f", "follow live and jump to now"), ("c", "collapse rows: ranks → nodes → blocks"),
+                  ("x", "show only ranks named in findings"), ("click", "select the op under the mouse"),
+                  ("enter", "show the selected op's detail")]),
+    ("Replay", [("space", "play / pause"), ("] [", "faster / slower"), ("n p", "step to the next / previous op"),
+                ("g G / home end", "jump to start / end")]),
+    ("Panels", [("tab / shift+tab", "move focus between timeline, ranks, findings, detail"),
+                ("1 2 3", "focus timeline / findings / ranks"), ("e", "next error finding"),
+                ("s", "sort ranks by the next column (or click a header)"), ("r", "GPU panel ↔ rank table")]),
+    ("App", [("?", "this help"), ("ctrl+p", "command palette (every action)"), ("q", "quit")]),
+]
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,question_mark,q", "dismiss", "Close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Vertical { width: 84; height: auto; max-height: 90%; border: round $accent;
+                            background: $panel; padding: 1 2; }
+    """
+
+    def compose(self) -> ComposeResult:
+        t = Table(box=None, padding=(0, 2), show_header=False)
+        t.add_column(style="bold #4f8fd6", no_wrap=True)
+        t.add_column()
+        for title, keys in HELP_SECTIONS:
+            t.add_row(f"[bold underline]{title}[/]", "")
+            for k, what in keys:
+                t.add_row(k, what)
+            t.add_row("", "")
+        legend = Table(box=None, padding=(0, 1), show_header=False, title="timeline colours",
+                       title_justify="left", title_style="bold")
+        for cat, name in P.LEGEND:
+            legend.add_row(f"[{P.STYLE[cat]}]{P.GLYPH[cat] * 3}[/]", name)
+        with Vertical():
+            yield Static(t)
+            yield Static(legend)
+            yield Label("[grey50]esc to close[/]")
+
+
+class LoadingScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    LoadingScreen { align: center middle; }
+    LoadingScreen > Vertical { width: 70; height: auto; border: round $accent; background: $panel; padding: 1 2; }
+    """
+
+    def __init__(self, what: str):
+        super().__init__()
+        self.what = what
+        self.bar = ProgressBar(total=100, show_eta=True)
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(f"loading {self.what}")
+            yield self.bar
+
+    def set_progress(self, frac: float) -> None:
+        self.bar.update(progress=frac * 100)

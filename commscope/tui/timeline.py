@@ -1,0 +1,610 @@
+"""The per-rank timeline: one row per rank (or per collapsed group of ranks), time across.
+
+Drawn with Textual's Line API: ``render_line`` paints one row into a ``Strip``.  A row's
+cells are computed with numpy over the ops in view (coverage of each traffic category
+via ``bincount``/``cumsum``, highest priority wins), never one widget or one Python loop
+iteration per op, and strips are cached by (row, rank versions, viewport, selection,
+clock cell), so a model update re-renders only the rows whose ranks changed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, NamedTuple
+
+import numpy as np
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
+from textual.binding import Binding
+from textual.geometry import Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from commscope.analysis.model import APPROX, ASYNC, CONTAINER, FR, NESTED, P2P, SPACE_FR
+from commscope.tui import palette as P
+
+VARLEN_OPS = frozenset({"all_gather_v", "gather_v", "scatter_v", "all_to_all_v", "reduce_scatter_v", "broadcast_v",
+                        "send_tensors", "recv_tensors", "isend_tensors", "irecv_tensors"})
+MIN_NPC = 100  # ns per cell at the deepest zoom
+MAX_NPC = 3600 * 10**9
+GUTTER = 11
+
+
+class Row(NamedTuple):
+    key: str
+    label: str
+    ranks: tuple[int, ...]
+
+
+class Timeline(ScrollView, can_focus=True):
+    """Rows of ranks against time.  ``feed`` provides ``model`` and ``lock``."""
+
+    BINDINGS = [
+        Binding("left", "select_prev", "Prev op", show=False),
+        Binding("right", "select_next", "Next op", show=False),
+        Binding("up", "row_up", "Rank up", show=False),
+        Binding("down", "row_down", "Rank down", show=False),
+        Binding("plus,equals_sign,i", "zoom_in", "Zoom in"),
+        Binding("minus,o", "zoom_out", "Zoom out"),
+        Binding("h,shift+left", "pan_left", "Pan ←", show=False),
+        Binding("l,shift+right", "pan_right", "Pan →", show=False),
+        Binding("f", "follow", "Follow"),
+        Binding("c", "collapse", "Collapse"),
+        Binding("x", "filter_findings", "Findings only"),
+        Binding("enter", "open_op", "Op detail", show=False),
+    ]
+
+    DEFAULT_CSS = """
+    Timeline { height: 1fr; }
+    """
+
+    class OpSelected(Message):
+        def __init__(self, rank: int, index: int):
+            super().__init__()
+            self.rank = rank
+            self.index = index
+
+    class ViewChanged(Message):
+        """The time window moved (the ruler follows)."""
+
+    def __init__(self, feed: Any, *, name: str | None = None, id: str | None = None,
+                 classes: str | None = None):
+        super().__init__(name=name, id=id, classes=classes)
+        self.feed = feed
+        self.t0 = 0
+        self.npc = 20_000_000  # ns per cell
+        self.follow = True
+        self.rows: list[Row] = []
+        self.mode = "ranks"  # ranks | nodes | blocks
+        self.only_findings = False
+        self.flagged: set[int] = set()  # ranks named in findings
+        self._flagged_rows: set[str] = set()
+        self.sel: tuple[int, int] | None = None
+        self.sel_row = 0
+        self.cursor_ns: int | None = None  # replay cursor
+        self.now_ns = 0
+        self.hang_after_ns = 30 * 10**9
+        self._cache: OrderedDict[tuple, Strip] = OrderedDict()
+        self._cat_table = np.zeros(0, np.int8)
+        self._placed = False
+
+    # ------------------------------------------------------------------ data
+    @property
+    def model(self):
+        return self.feed.model
+
+    def timeline_width(self) -> int:
+        return max(1, self.size.width - GUTTER)
+
+    def t1(self) -> int:
+        return self.t0 + self.timeline_width() * self.npc
+
+    def rebuild_rows(self) -> None:
+        m = self.model
+        ranks = m.rank_ids()
+        if self.only_findings and self.flagged:
+            ranks = [r for r in ranks if r in self.flagged]
+        rows: list[Row] = []
+        if self.mode == "ranks":
+            rows = [Row(f"r{r}", f"r{r}", (r,)) for r in ranks]
+        elif self.mode == "nodes":
+            hosts: dict[str, list[int]] = {}
+            for r in ranks:
+                meta = m.ranks[r].meta or {}
+                hosts.setdefault(str(meta.get("host", "?")), []).append(r)
+            rows = [Row(f"n:{h}", f"{h[:GUTTER - 3]}", tuple(rs)) for h, rs in hosts.items()]
+        else:
+            size = max(1, -(-len(ranks) // 32)) if len(ranks) > 32 else 1
+            for i in range(0, len(ranks), size):
+                chunk = tuple(ranks[i:i + size])
+                label = f"r{chunk[0]}" if len(chunk) == 1 else f"r{chunk[0]}-{chunk[-1]}"
+                rows.append(Row(f"b:{label}", label, chunk))
+        if [r.key for r in rows] != [r.key for r in self.rows]:
+            self.rows = rows
+            self.sel_row = min(self.sel_row, max(0, len(rows) - 1))
+            self._cache.clear()
+            self.set_flagged(self.flagged)
+        self.virtual_size = Size(self.size.width, len(self.rows))
+
+    def on_model_update(self, now_ns: int, changed: set[int] | None = None) -> None:
+        """Called by the app after each feed update (UI thread)."""
+        self.now_ns = now_ns
+        with self.feed.lock:
+            self.rebuild_rows()
+            if not self._placed and self.model.end_ns:
+                self._place_initial()
+            if self.follow and self.cursor_ns is None:
+                self._follow_now()
+        self.refresh()
+
+    def _place_initial(self) -> None:
+        start, end = self.model.bounds()
+        span = max(end - start, 10**9)
+        self.npc = _clamp(span // max(1, int(self.timeline_width() * 0.8)))
+        self.t0 = start - self.npc * 2
+        self._placed = True
+        self.post_message(self.ViewChanged())
+
+    def _follow_now(self) -> None:
+        w = self.timeline_width() * self.npc
+        edge = self.now_ns if self.cursor_ns is None else self.cursor_ns
+        if not (self.t0 + w * 0.1 <= edge <= self.t0 + w * 0.9):
+            # jump in pages (now at 60%) so most updates leave the cached rows valid
+            self.t0 = edge - int(w * 0.6)
+            self.post_message(self.ViewChanged())
+
+    # ------------------------------------------------------------------ rendering
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        ri = y + self.scroll_offset.y
+        if not self.rows:
+            if y == self.size.height // 2:
+                text = "waiting for the job to write its first events…"
+                return Strip([Segment(text.center(width)[:width], Style(color="grey50"))], width)
+            return Strip.blank(width)
+        if ri >= len(self.rows):
+            if y == self.size.height - 1:
+                return self._legend(width)
+            return Strip.blank(width)
+        row = self.rows[ri]
+        with self.feed.lock:
+            m = self.model
+            versions = tuple(m.ranks[r].version if r in m.ranks else -1 for r in row.ranks)
+            live = any(m.ranks[r].open for r in row.ranks if r in m.ranks)
+            sel = self.sel if self.sel and self.sel[0] in row.ranks else None
+            now_cell = (self._now() - self.t0) // self.npc if live else None
+            key = (row.key, versions, self.t0, self.npc, width, sel, self.cursor_ns, now_cell, ri == self.sel_row,
+                   self.hang_after_ns, row.key in self._flagged_rows)
+            strip = self._cache.get(key)
+            if strip is None:
+                strip = self._render_row(row, width, ri == self.sel_row)
+                self._cache[key] = strip
+                if len(self._cache) > 2000:
+                    self._cache.popitem(last=False)
+        return strip
+
+    def _legend(self, width: int) -> Strip:
+        segs = [Segment(" " * GUTTER)]
+        for cat, name in P.LEGEND:
+            segs += [Segment(P.GLYPH[cat] * 2, P.STYLE[cat]), Segment(f" {name}   ", Style(color="grey50"))]
+        return Strip(segs, width).crop(0, width)
+
+    def set_flagged(self, ranks: set[int]) -> None:
+        """Ranks named in findings: marked in the gutter, and kept by the findings filter."""
+        self.flagged = ranks
+        self._flagged_rows = {r.key for r in self.rows if ranks.intersection(r.ranks)}
+
+    def _now(self) -> int:
+        return self.cursor_ns if self.cursor_ns is not None else self.now_ns
+
+    def _render_row(self, row: Row, width: int, focused_row: bool) -> Strip:
+        w = max(1, width - GUTTER)
+        if len(row.ranks) == 1:
+            cells, labels = self._paint_rank(row.ranks[0], w)
+            segs = _segments(cells, labels)
+        else:
+            segs = self._paint_group(row.ranks, w)
+        gutter = self._gutter(row, focused_row)
+        strip = Strip(gutter + segs, width)
+        if self.cursor_ns is not None:
+            c = (self.cursor_ns - self.t0) // self.npc
+            if 0 <= c < w:
+                x = GUTTER + int(c)
+                strip = Strip.join([strip.crop(0, x), Strip([Segment("│", Style(color="#ffd75f", bold=True))], 1),
+                                    strip.crop(x + 1, width)])
+        return strip.crop(0, width)
+
+    def _dot(self, rank: int) -> str:
+        """The rank's state kind for the gutter dot, without building the state text."""
+        m = self.model
+        if rank not in m.ranks:
+            return "unknown"
+        now = self._now()
+        if m.is_dead(rank, now):
+            return "dead"
+        if m.exited(rank) is not None:
+            return "exited"
+        return "blocked" if m.ranks[rank].open and m.blocked(rank) else "idle"
+
+    def _gutter(self, row: Row, focused_row: bool) -> list[Segment]:
+        kind = "unknown"
+        if len(row.ranks) == 1:
+            kind = self._dot(row.ranks[0])
+        elif row.ranks:
+            kinds = {self._dot(r) for r in row.ranks}
+            kind = next((k for k in ("dead", "blocked", "running", "idle", "exited") if k in kinds), "unknown")
+        flag = "!" if self.flagged.intersection(row.ranks) else " "
+        label = row.label[: GUTTER - 4].ljust(GUTTER - 4)
+        label_style = Style(bold=True, reverse=True) if focused_row else Style(bold=True)
+        return [Segment(P.STATE_DOT[kind], P.STATE_STYLE[kind]), Segment(" "),
+                Segment(label, label_style), Segment(flag, Style(color="#e05050", bold=True)),
+                Segment("│", Style(color="grey30"))]
+
+    def _categories(self) -> np.ndarray:
+        """Traffic category of every signature code, as a lookup table (grown as sigs appear)."""
+        sigs = self.model.sigs
+        table = self._cat_table
+        if table.shape[0] < len(sigs):
+            new = np.empty(len(sigs), np.int8)
+            new[: table.shape[0]] = table
+            for code in range(table.shape[0], len(sigs)):
+                sig = sigs[code]
+                if sig.space == SPACE_FR or sig.flags & FR:
+                    new[code] = P.FR
+                elif sig.op in VARLEN_OPS:
+                    new[code] = P.VARLEN
+                elif sig.flags & P2P:
+                    new[code] = P.P2P
+                else:
+                    new[code] = P.COLL
+            self._cat_table = table = new
+        return table
+
+    def _paint_rank(self, rank: int, w: int) -> tuple[np.ndarray, list[tuple[int, int, str, int]]]:
+        """Category per cell, and (start cell, length, text, category) labels for wide spans."""
+        cells = _EMPTY.get(w)
+        if cells is None:
+            cells = _EMPTY[w] = np.zeros(w, np.int8)
+            cells.flags.writeable = False
+        m = self.model
+        rt = m.ranks.get(rank)
+        if rt is None or rt.n == 0:
+            return cells, []
+        t0, npc = self.t0, self.npc
+        idx = rt.window(t0, t0 + w * npc)
+        if idx.shape[0] == 0:
+            return cells, []
+        sig = rt.sig[idx]
+        flags = m.sig_flags(sig)
+        hidden = (flags & (NESTED | CONTAINER)) != 0  # inner traffic is drawn as its outer op
+        if hidden.any():
+            keep = ~hidden
+            idx, sig, flags = idx[keep], sig[keep], flags[keep]
+            if idx.shape[0] == 0:
+                return cells, []
+        now = self._now()
+        begin = rt.begin[idx]
+        comp = rt.comp[idx]
+        if self.cursor_ns is not None:  # replay: the future has not happened yet
+            comp = np.where(comp > now, 0, comp)
+            visible = begin <= now
+            idx, sig, flags, begin, comp = idx[visible], sig[visible], flags[visible], begin[visible], comp[visible]
+        inflight = comp == 0
+        stop = np.where(inflight, max(now, 1), comp)
+        # Ops whose end is only approximately known (Flight Recorder on Gloo) are drawn like
+        # async work: a mark at the start, then a thin line, not a solid bar.
+        approx = (rt.flags[idx] & APPROX) != 0
+        is_async = ((flags & ASYNC) != 0) | approx
+        issue_end = np.where(approx, begin, np.where(rt.end[idx] > 0, rt.end[idx], begin))
+        wb, we = rt.wb[idx], rt.we[idx]
+        if self.cursor_ns is not None:
+            wb = np.where(wb > now, 0, wb)
+            we = np.where(we > now, 0, we)
+            issue_end = np.minimum(issue_end, stop)
+        cats = self._categories()[sig]
+        starts: list[np.ndarray] = []
+        stops: list[np.ndarray] = []
+        kinds: list[np.ndarray] = []
+
+        def add(mask: np.ndarray, a: np.ndarray, b: np.ndarray, cat: int | np.ndarray) -> None:
+            if mask.any():
+                starts.append(a[mask])
+                stops.append(b[mask])
+                kinds.append(cat[mask] if isinstance(cat, np.ndarray) else np.full(int(mask.sum()), cat, np.int8))
+
+        # Far zoomed out (several ops per cell) the issue/wait breakdown is invisible: draw
+        # each op as one span, which halves the work on the largest windows.
+        overview = idx.shape[0] > 4 * w
+        any_async = bool(is_async.any()) and not overview
+        sync = ~is_async
+        if overview:
+            starts.append(begin)
+            stops.append(np.where(is_async & (wb > 0), np.where(we > 0, we, stop), stop))
+            kinds.append(cats)
+        elif any_async:
+            # async issue -> wait: a thin line while the op runs in the background
+            add(is_async, issue_end, np.where(wb > 0, wb, stop), P.PENDING)
+            add(sync, begin, stop, cats)
+            add(is_async, begin, issue_end, cats)
+            waiting = is_async & (wb > 0)
+            add(waiting, wb, np.where(we > 0, we, stop), P.WAIT)
+        else:
+            starts.append(begin)
+            stops.append(stop)
+            kinds.append(cats)
+        # blocked too long: the part of the span past the thresholds
+        blocked = inflight & (sync | (wb > 0))
+        if blocked.any():
+            since = np.where(is_async, wb, begin)
+            warn_at = since + max(self.hang_after_ns // 3, 1)
+            err_at = since + self.hang_after_ns
+            add(blocked & (warn_at < now), warn_at, stop, P.WARN)
+            add(blocked & (err_at < now), err_at, stop, P.ERROR)
+        if self.sel and self.sel[0] == rank:
+            one = idx == self.sel[1]
+            if one.any():
+                j = int(np.flatnonzero(one)[0])
+                end_t = np.full(idx.shape[0], stop[j] if not is_async[j] else max(int(stop[j]), int(issue_end[j])))
+                add(one, begin, end_t, P.SELECTED)
+        if starts:
+            cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
+        labels: list[tuple[int, int, str, int]] = []
+        c0 = np.minimum(np.maximum((begin - t0) // npc, -1), w)
+        c1 = np.minimum(np.maximum((stop - t0) // npc, -1), w)
+        # labels on spans wide enough to hold them
+        wide = np.flatnonzero((c1 - c0) >= 8)
+        for j in wide[:40]:
+            a, b = max(int(c0[j]), 0), min(int(c1[j]), w - 1)
+            i = int(idx[j])
+            seq = int(rt.seq[i])
+            text = m.sigs[int(sig[j])].op + (f" #{seq}" if seq >= 0 else "")
+            # only over a run of one colour: a label must not straddle wait/issue parts
+            if b - a + 1 >= len(text) + 2 and (cells[a + 1:a + 1 + len(text)] == cells[a + 1]).all():
+                labels.append((a + 1, len(text), text, int(cells[a + 1])))
+        return cells, labels
+
+    def _paint_group(self, ranks: tuple[int, ...], w: int) -> list[Segment]:
+        """Collapsed rows: how many of the ranks are busy in each cell, as shades."""
+        busy = np.zeros(w, np.int32)
+        worst = np.zeros(w, np.int8)
+        for r in ranks:
+            cells, _ = self._paint_rank(r, w)
+            busy += cells >= P.COLL
+            np.maximum(worst, np.where(cells >= P.WARN, cells, 0), out=worst)
+        frac = busy / max(1, len(ranks))
+        level = np.where(busy > 0, np.maximum(1, np.round(frac * 4)), 0).astype(np.int8)
+        segs: list[Segment] = []
+        key = level * 16 + worst
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(key)) + 1))
+        ends = np.concatenate((starts[1:], [w]))
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            lv, wr = int(level[a]), int(worst[a])
+            style = P.STYLE[wr] if wr else P.STYLE[P.COLL]
+            segs.append(Segment(P.SHADES[lv] * (b - a), style))
+        return segs
+
+    # ------------------------------------------------------------------ navigation
+    def _row_rank(self) -> int | None:
+        if not self.rows:
+            return None
+        return self.rows[min(self.sel_row, len(self.rows) - 1)].ranks[0]
+
+    def select(self, rank: int, index: int, *, reveal: bool = True) -> None:
+        self.sel = (rank, index)
+        for i, row in enumerate(self.rows):
+            if rank in row.ranks:
+                self.sel_row = i
+                break
+        if reveal:
+            with self.feed.lock:
+                rt = self.model.ranks[rank]
+                b = int(rt.begin[index])
+                e = int(rt.comp[index]) or self._now()
+            if not (self.t0 <= b < self.t1()) or e - b > (self.t1() - self.t0):
+                self.follow = False
+                if e - b > (self.t1() - self.t0) * 0.8:
+                    self.npc = _clamp(int((e - b) / (self.timeline_width() * 0.6)))
+                self.t0 = b - (self.t1() - self.t0) // 4
+                self.post_message(self.ViewChanged())
+            self.scroll_to(y=max(0, self.sel_row - self.size.height // 2), animate=False)
+        self.refresh()
+        self.post_message(self.OpSelected(rank, index))
+
+    def _neighbor(self, forward: bool) -> None:
+        rank = self._row_rank()
+        if rank is None:
+            return
+        with self.feed.lock:
+            m = self.model
+            rt = m.ranks.get(rank)
+            if rt is None or rt.n == 0:
+                return
+            order = rt.order()
+            begins = rt.begin[order]
+            keep = (m.sig_flags(rt.sig[order]) & (NESTED | CONTAINER)) == 0
+            order, begins = order[keep], begins[keep]
+            if order.shape[0] == 0:
+                return
+            if self.sel and self.sel[0] == rank:
+                ref = int(rt.begin[self.sel[1]])
+                pos = int(np.flatnonzero(order == self.sel[1])[0]) if (order == self.sel[1]).any() else None
+                if pos is not None:
+                    j = pos + (1 if forward else -1)
+                else:
+                    j = int(np.searchsorted(begins, ref, side="right" if forward else "left")) - (0 if forward else 1)
+            else:
+                ref = self.t0 + (self.t1() - self.t0) // 2 if self.cursor_ns is None else self.cursor_ns
+                j = int(np.searchsorted(begins, ref)) - (0 if forward else 1)
+            if not 0 <= j < order.shape[0]:
+                return
+            target = int(order[j])
+        self.select(rank, target)
+
+    def action_select_next(self) -> None:
+        self._neighbor(True)
+
+    def action_select_prev(self) -> None:
+        self._neighbor(False)
+
+    def _move_row(self, delta: int) -> None:
+        if not self.rows:
+            return
+        self.sel_row = max(0, min(len(self.rows) - 1, self.sel_row + delta))
+        top = self.scroll_offset.y
+        if self.sel_row < top:
+            self.scroll_to(y=self.sel_row, animate=False)
+        elif self.sel_row >= top + self.size.height:
+            self.scroll_to(y=self.sel_row - self.size.height + 1, animate=False)
+        self.refresh()
+
+    def action_row_up(self) -> None:
+        self._move_row(-1)
+
+    def action_row_down(self) -> None:
+        self._move_row(1)
+
+    def _zoom(self, factor: float) -> None:
+        w = self.t1() - self.t0
+        if self.sel:
+            with self.feed.lock:
+                center = int(self.model.ranks[self.sel[0]].begin[self.sel[1]])
+        elif self.cursor_ns is not None:
+            center = self.cursor_ns
+        elif self.follow:
+            center = self.now_ns
+        else:
+            center = self.t0 + w // 2
+        frac = (center - self.t0) / w if w else 0.5
+        frac = min(max(frac, 0.0), 1.0)
+        self.npc = _clamp(int(self.npc * factor))
+        self.t0 = center - int(frac * self.timeline_width() * self.npc)
+        self.post_message(self.ViewChanged())
+        self.refresh()
+
+    def action_zoom_in(self) -> None:
+        self._zoom(0.5)
+
+    def action_zoom_out(self) -> None:
+        self._zoom(2.0)
+
+    def _pan(self, cells: int) -> None:
+        self.follow = False  # any manual pan stops following
+        self.t0 += cells * self.npc
+        self.post_message(self.ViewChanged())
+        self.refresh()
+
+    def action_pan_left(self) -> None:
+        self._pan(-max(1, self.timeline_width() // 4))
+
+    def action_pan_right(self) -> None:
+        self._pan(max(1, self.timeline_width() // 4))
+
+    def action_follow(self) -> None:
+        """Follow live (or the replay cursor) and jump to now."""
+        self.follow = True
+        self.t0 = self._now() - int(self.timeline_width() * self.npc * 0.6)
+        self.post_message(self.ViewChanged())
+        self.refresh()
+
+    def action_collapse(self) -> None:
+        self.mode = {"ranks": "nodes", "nodes": "blocks", "blocks": "ranks"}[self.mode]
+        with self.feed.lock:
+            self.rebuild_rows()
+        self.notify(f"timeline rows: {self.mode}", timeout=2)
+        self.refresh()
+
+    def action_filter_findings(self) -> None:
+        self.only_findings = not self.only_findings
+        with self.feed.lock:
+            self.rebuild_rows()
+        self.notify("showing only ranks named in findings" if self.only_findings else "showing all ranks",
+                    timeout=2)
+        self.refresh()
+
+    def action_open_op(self) -> None:
+        if self.sel:
+            self.post_message(self.OpSelected(*self.sel))
+
+    def on_click(self, event: events.Click) -> None:
+        ri = event.y + self.scroll_offset.y
+        if not 0 <= ri < len(self.rows):
+            return
+        self.sel_row = ri
+        x = event.x - GUTTER
+        if x < 0:
+            self.refresh()
+            return
+        t = self.t0 + x * self.npc
+        rank = self.rows[ri].ranks[0]
+        with self.feed.lock:
+            idx = self.model.ops_in_window(rank, t - self.npc, t + 2 * self.npc)
+            rt = self.model.ranks.get(rank)
+            if idx.shape[0] == 0 or rt is None:
+                self.refresh()
+                return
+            keep = (self.model.sig_flags(rt.sig[idx]) & (NESTED | CONTAINER)) == 0
+            idx = idx[keep] if keep.any() else idx
+            best = int(idx[np.argmin(np.abs(rt.begin[idx] - t))])
+        self.select(rank, best, reveal=False)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._cache.clear()
+        self.virtual_size = Size(self.size.width, len(self.rows))
+
+
+N_CATEGORIES = P.SELECTED + 1
+_EMPTY: dict[int, np.ndarray] = {}  # read-only blank rows by width
+
+
+def _cover(a: np.ndarray, b: np.ndarray, cat: np.ndarray, t0: int, npc: int, w: int) -> np.ndarray:
+    """Per cell, the highest category among the intervals [a, b] that touch it.
+
+    One 2D bincount of interval starts and ends (+1) per category, a cumulative sum along
+    time, then the highest covered category: a handful of numpy calls whatever the number
+    of ops or categories.  Category numbers are their priorities.
+    """
+    c0 = (a - t0) // npc
+    c1 = (b - t0) // npc
+    ok = (c1 >= 0) & (c0 < w)
+    c0 = np.maximum(c0[ok], 0)
+    c1 = np.minimum(c1[ok], w - 1)
+    cat = cat[ok]
+    k = cat.astype(np.int64) * (w + 1)
+    n = N_CATEGORIES * (w + 1)
+    diff = np.bincount(k + c0, minlength=n)
+    diff -= np.bincount(k + c1 + 1, minlength=n)
+    cov = diff.reshape(N_CATEGORIES, w + 1)[:, :w].cumsum(axis=1) > 0
+    cells = np.zeros(w, np.int8)
+    for c in np.flatnonzero(np.bincount(cat, minlength=N_CATEGORIES)).tolist():  # few, low to high
+        cells[cov[c]] = c
+    return cells
+
+
+def _clamp(npc: int) -> int:
+    return int(min(max(npc, MIN_NPC), MAX_NPC))
+
+
+def _segments(cells: np.ndarray, labels: list[tuple[int, int, str, int]]) -> list[Segment]:
+    """Run-length encode the cells into segments, with labels written over wide spans."""
+    w = cells.shape[0]
+    segs: list[Segment] = []
+    label_at = {a: (n, text, cat) for a, n, text, cat in labels}
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(cells)) + 1)).tolist()
+    ends = starts[1:] + [w]
+    for a, b in zip(starts, ends, strict=True):
+        cat = int(cells[a])
+        x = a
+        while x < b:
+            lab = next((p for p in range(x, b) if p in label_at), None)
+            if lab is None:
+                segs.append(Segment(P.GLYPH[cat] * (b - x), P.STYLE[cat]))
+                break
+            if lab > x:
+                segs.append(Segment(P.GLYPH[cat] * (lab - x), P.STYLE[cat]))
+            n, text, lcat = label_at[lab]
+            n = min(n, b - lab)
+            segs.append(Segment(text[:n], P.LABEL_STYLE.get(cat, P.LABEL_STYLE[P.COLL])))
+            x = lab + n
+    return segs
