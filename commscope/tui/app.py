@@ -146,7 +146,7 @@ class CommscopeApp(App):
                 self._loading.dismiss()
                 self._loading = None
             if first_load or self.cursor_ns is None:
-                self.cursor_ns = self.feed.model.start_ns
+                self.cursor_ns = self.feed.model.end_ns  # the whole trace; g goes to the start
         self.timeline.cursor_ns = self.cursor_ns
         self.timeline.hang_after_ns = int(self.feed.hang_after() * 1e9)
         self.timeline.set_flagged({r for f in findings for r in (f.culprits or f.ranks)})
@@ -218,20 +218,20 @@ class CommscopeApp(App):
                 self.cursor_ns = min(end, self.cursor_ns + int(dt * self.speed * 1e9))
                 if self.cursor_ns >= end:
                     self.playing = False
-                self._cursor_moved()
+                self._cursor_moved(playing=True)
             return
         if self.feed.model.events:
             self.timeline.on_model_update(self._now())
             self.ruler.refresh()
             self._show_header()
 
-    def _cursor_moved(self) -> None:
+    def _cursor_moved(self, playing: bool = False) -> None:
         self.timeline.cursor_ns = self.cursor_ns
         self.timeline.on_model_update(self._now())
         self.ruler.refresh()
         self._show_header()
         mono = time.monotonic()
-        if mono - self._last_table > 0.25:
+        if not playing or mono - self._last_table > 0.25:  # playback refreshes the table at 4 Hz
             self._last_table = mono
             self.ranks_table.refresh_ranks(self._now())
 
@@ -256,12 +256,25 @@ class CommscopeApp(App):
             self.timeline.select(*target)
 
     def _finding_op(self, f: Finding) -> tuple[int, int] | None:
-        """The op a finding is about, on its first culprit (or first rank) that ran it."""
+        """The op a finding is about: the op its evidence names (the blocked op, the waiting
+        collective, the first op of a cycle), else the collective instance on a culprit, else
+        what a culprit is blocked in."""
         m = self.feed.model
+        ev = f.evidence or {}
         with self.feed.lock:
-            if f.group is not None and f.seq is not None:
-                space = 1 if (f.evidence or {}).get("src") == "fr" else 0
-                at = m.collective(f.group, f.seq, space)
+            for key in ("blocked_op", "op", "cycle", "ops"):
+                cand = ev.get(key)
+                if isinstance(cand, dict) and "rank" not in cand:
+                    cand = next(iter(cand.values()), None)  # keyed by rank
+                if isinstance(cand, list):
+                    cand = cand[0] if cand else None
+                if isinstance(cand, dict) and isinstance(cand.get("rank"), int) and isinstance(cand.get("id"), int):
+                    idx = m.op_index(cand["rank"], cand["id"])
+                    if idx is not None:
+                        return cand["rank"], idx
+            if f.group is not None and f.seq is not None and f.kind in ("missing_ranks", "collective_mismatch",
+                                                                        "straggler"):
+                at = m.collective(f.group, f.seq)
                 for r in list(f.culprits) + sorted(at):
                     if r in at:
                         return r, at[r]

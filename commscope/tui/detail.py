@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -57,6 +58,13 @@ def _stack(frames_by_thread: list[dict] | None, limit: int = 12) -> RenderableTy
     return Group(*out)
 
 
+def _bw(bytes_per_s: float) -> str:
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:.2f} {unit}"
+    return f"{bytes_per_s:.0f} B/s"
+
+
 def op_detail(model: Any, rank: int, i: int, now: int) -> RenderableType:
     d = model.op(rank, i)
     title = Text(model.label(rank, i), style="bold")
@@ -91,7 +99,7 @@ def op_detail(model: Any, rank: int, i: int, now: int) -> RenderableType:
         rows.append(("duration", duration(d["complete_ns"] - begin) + ("  (approx.)" if d.get("approx") else "")))
     bw = op_busbw(model, rank, i)
     if bw:
-        rows.append(("bandwidth", f"algbw {bw.get('algbw', 0) / 1e9:.2f} GB/s · busbw {bw.get('busbw', 0) / 1e9:.2f} GB/s"))
+        rows.append(("bandwidth", f"algbw {_bw(bw.get('algbw', 0))} · busbw {_bw(bw.get('busbw', 0))}"))
     if d.get("exc"):
         rows.append(("raised", Text(d["exc"], style="#e05050")))
     parts: list[RenderableType] = [title, _kv(rows)]
@@ -111,7 +119,8 @@ def op_detail(model: Any, rank: int, i: int, now: int) -> RenderableType:
             comp = int(rt.comp[j])
             skew = begins[r] - first
             state = "done" if comp else "in flight"
-            t.add_row(str(r) + (" ◀" if r == rank else ""), f"+{duration(skew)}" + (" (last)" if begins[r] == max(begins.values()) and len(everyone) > 1 else ""),
+            last = len(set(begins.values())) > 1 and begins[r] == max(begins.values())
+            t.add_row(str(r) + (" ◀" if r == rank else ""), f"+{duration(skew)}" + (" (last)" if last else ""),
                       state, duration(comp - begins[r]) if comp else duration(now - begins[r]))
         group_size = len(model.groups.get(d.get("group"), [])) or len(everyone)
         if len(everyone) < group_size:
@@ -164,7 +173,12 @@ def _values(x: Any) -> list:
 
 def _stacks_block(ev: Any) -> list[RenderableType]:
     out: list[RenderableType] = []
-    for rank, frames in _collect_stacks(ev):
+    if isinstance(ev, dict) and ev and all(isinstance(v, list) for v in ev.values()) and all(
+            str(k).lstrip("-").isdigit() for k in ev):  # {rank: [threads]}
+        found = [(k, v) for k, v in ev.items()]
+    else:
+        found = _collect_stacks(ev)
+    for rank, frames in found:
         out.append(Text(f"stack of rank {rank}", style="bold grey70"))
         block = _stack(frames)
         if block is not None:
@@ -219,9 +233,11 @@ def _mismatch(f: Finding, ev: dict) -> list[RenderableType]:
 
 def _deadlock(f: Finding, ev: dict) -> list[RenderableType]:
     chain = ev.get("chain") or []
+    steps = chain.split(" → ") if isinstance(chain, str) else [
+        s if isinstance(s, str) else _one_line(s) for s in chain]
     t = Text()
-    for step in chain if isinstance(chain, list) else [chain]:
-        t.append("→ " + (step if isinstance(step, str) else _one_line(step)) + "\n", style="#e0a030")
+    for k, step in enumerate(steps):
+        t.append(("   " if k == 0 else " → ") + step + ("\n" if k < len(steps) - 1 else ""), style="#e0a030")
     parts: list[RenderableType] = [Text("wait-for cycle", style="bold grey70"), t]
     cyc = _values(ev.get("cycle"))
     if cyc:
@@ -352,12 +368,23 @@ class DetailPane(VerticalScroll):
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
-        self.body = Static(Text("select an op (←/→ on the timeline, or click) or a finding", style="grey50 italic"))
+        self.current: RenderableType = Text("select an op (←/→ on the timeline, or click) or a finding",
+                                            style="grey50 italic")
+        self.body = Static(self.current)
 
     def compose(self):
         yield self.body
 
     def show(self, renderable: RenderableType, title: str) -> None:
         self.border_title = title
+        self.current = renderable
         self.body.update(renderable)
         self.scroll_home(animate=False)
+
+    def text(self, width: int = 100) -> str:
+        """The pane's content as plain text (for tests and copy/paste)."""
+        from rich.console import Console
+
+        console = Console(width=width, record=True, file=io.StringIO())
+        console.print(self.current)
+        return console.export_text()

@@ -24,14 +24,15 @@ class FindingsPanel(OptionList):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.findings: list[Finding] = []
-        self._keys: list[tuple] = []
+        self._keys: list[tuple] | None = None
 
     def show(self, findings: list[Finding]) -> None:
         keys = [finding_key(f) + (f.message,) for f in findings]
         if keys == self._keys:
             return
         highlighted = self.highlighted
-        prev = self._keys[highlighted] if highlighted is not None and highlighted < len(self._keys) else None
+        old = self._keys or []
+        prev = old[highlighted] if highlighted is not None and highlighted < len(old) else None
         self.findings = findings
         self._keys = keys
         self.clear_options()

@@ -8,7 +8,9 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from commscope.tui import palette as P
+from commscope.tui.feed import REPLAY
 from commscope.tui.fmt import compact_size, duration, percent
+from commscope.tui.replay_state import sample_at, state_at
 
 COLUMNS = [("rank", "Rank", 4), ("host", "Host", 10), ("state", "State", 30), ("last", "Last op", 16),
            ("gpu", "GPU%", 4), ("gmem", "GPU mem", 8), ("cpu", "CPU%", 4), ("rss", "RSS", 8)]
@@ -16,6 +18,10 @@ FLEX = "state"  # takes whatever width the others leave
 LABELS = {k: label for k, label, _ in COLUMNS}
 PRIORITY = ["rank", "gpu", "cpu", "gmem", "rss", "last", "host"]
 STATE_MIN = 18
+
+
+def _plain(cell: Any) -> str:
+    return cell.plain if isinstance(cell, Text) else str(cell)
 
 
 def short_label(m: Any, r: int, i: int) -> str:
@@ -109,7 +115,8 @@ class RankTable(DataTable):
             else:
                 old = self._values.get(r, {})
                 for k, _, _ in self._cols:
-                    if old.get(k, (None,))[0] != vals[k][0]:
+                    was = old.get(k)
+                    if was is None or was[0] != vals[k][0] or _plain(was[1]) != _plain(vals[k][1]):
                         self.update_cell(str(r), k, vals[k][1])
             self._values[r] = vals
         self._apply_sort()
@@ -117,10 +124,15 @@ class RankTable(DataTable):
     def _row_values(self, r: int, now: int) -> dict[str, tuple[Any, Any]]:
         """column -> (sort key, cell renderable)."""
         m = self.feed.model
-        st = m.state(r, now)
+        if self.feed.mode == REPLAY:  # as of the replay cursor, not the end of the trace
+            st = state_at(m, r, now)
+            last = st.op
+            s = sample_at(m, r, now)
+        else:
+            st = m.state(r, now)
+            last = m.last_op(r, completed=False)
+            s = m.latest_sample(r) or {}
         meta = m.ranks[r].meta or {}
-        last = m.last_op(r, completed=False)
-        s = m.latest_sample(r) or {}
         gutil, gmem, cpu, rss = s.get("gpu_util"), s.get("gpu_mem"), s.get("cpu"), s.get("rss")
         order = {"dead": 0, "blocked": 1, "running": 2, "idle": 3, "exited": 4, "unknown": 5}
         return {

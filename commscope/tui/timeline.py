@@ -24,6 +24,7 @@ from textual.strip import Strip
 
 from commscope.analysis.model import APPROX, ASYNC, CONTAINER, FR, NESTED, P2P, SPACE_FR
 from commscope.tui import palette as P
+from commscope.tui.replay_state import state_at
 
 VARLEN_OPS = frozenset({"all_gather_v", "gather_v", "scatter_v", "all_to_all_v", "reduce_scatter_v", "broadcast_v",
                         "send_tensors", "recv_tensors", "isend_tensors", "irecv_tensors"})
@@ -133,8 +134,8 @@ class Timeline(ScrollView, can_focus=True):
         self.now_ns = now_ns
         with self.feed.lock:
             self.rebuild_rows()
-            if not self._placed and self.model.end_ns:
-                self._place_initial()
+            if not self._placed and self.model.end_ns and self.size.width > GUTTER + 8:
+                self._place_initial()  # only once laid out: the fit needs the real width
             if self.follow and self.cursor_ns is None:
                 self._follow_now()
         self.refresh()
@@ -222,6 +223,8 @@ class Timeline(ScrollView, can_focus=True):
         if rank not in m.ranks:
             return "unknown"
         now = self._now()
+        if self.cursor_ns is not None:
+            return state_at(m, rank, now).kind
         if m.is_dead(rank, now):
             return "dead"
         if m.exited(rank) is not None:
@@ -552,6 +555,11 @@ class Timeline(ScrollView, can_focus=True):
     def on_resize(self, event: events.Resize) -> None:
         self._cache.clear()
         self.virtual_size = Size(self.size.width, len(self.rows))
+        if not self._placed and self.model.end_ns and self.size.width > GUTTER + 8:
+            with self.feed.lock:
+                self._place_initial()
+                if self.follow and self.cursor_ns is None:
+                    self._follow_now()
 
 
 N_CATEGORIES = P.SELECTED + 1

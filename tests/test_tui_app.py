@@ -1,0 +1,233 @@
+"""The console driven with Textual's Pilot: attach, replay controls, selection, findings."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from tui_scenarios import MS, healthy, hung_missing_rank, load, make_app
+
+from commscope.analysis.source import open_source
+from commscope.analysis.synth import TraceBuilder
+from commscope.events import encode
+from commscope.store import open_writer
+from commscope.tui.app import CommscopeApp
+from commscope.tui.feed import LIVE, REPLAY, Feed
+from commscope.tui.screens import HelpScreen
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def wait_for(pilot, cond, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await pilot.pause(0.05)
+
+
+def test_attach_waits_for_the_job_then_follows_it_to_the_end(tmp_path):
+    store = tmp_path / "trace"
+    reader = open_source(store, wait=True)  # nothing written yet
+    feed = Feed(reader, mode=LIVE, source=str(store))
+    app = CommscopeApp(feed, bell=False)
+    t0 = time.time_ns()
+    b = TraceBuilder(2, t0=t0)
+    b.collective(t0, latency=5 * MS)
+    first = b.sorted_events()
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(0.3)
+            assert app.info.waiting and "waiting for the job" in str(app.header_bar.render())
+            writers = {r: open_writer(store, "job1", r, {"world_size": 2}) for r in range(2)}
+            for r in range(2):
+                writers[r].write([encode(e) for e in first if e["rank"] == r])
+            await wait_for(pilot, lambda: app.info.events == len(first))
+            assert [row.key for row in app.timeline.rows] == ["r0", "r1"]
+            assert app.info.mode == LIVE and not app.info.ended
+            n = len(b.events)
+            b.collective(t0 + 50 * MS, latency=5 * MS)
+            for r in range(2):
+                b.exit(r, t0 + 60 * MS)
+            for r in range(2):
+                writers[r].write([encode(e) for e in b.events[n:] if e["rank"] == r])
+            await wait_for(pilot, lambda: app.info.ended)
+            assert app.feed.model.total_ops() == 4
+            assert "ENDED" in str(app.header_bar.render())
+            await pilot.press("q")
+
+    asyncio.run(run())
+
+
+def test_replay_controls_move_the_cursor():
+    events, _ = healthy(4)
+    app = make_app(events, 0, mode=REPLAY)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            load(app)
+            await pilot.pause()
+            m = app.feed.model
+            assert app.cursor_ns == m.end_ns  # opens showing the whole trace
+            await pilot.press("g")
+            assert app.cursor_ns == m.start_ns
+            await pilot.press("n")
+            first = app.cursor_ns
+            assert first > m.start_ns and app.timeline.sel is not None
+            rank, idx = app.timeline.sel
+            assert int(m.ranks[rank].begin[idx]) == first
+            await pilot.press("n", "n")
+            assert app.cursor_ns > first
+            await pilot.press("p")
+            assert app.cursor_ns >= first
+            await pilot.press("right_square_bracket", "right_square_bracket")
+            assert app.speed == 5
+            await pilot.press("left_square_bracket")
+            assert app.speed == 2
+            while app.speed > 0.1:
+                await pilot.press("left_square_bracket")
+            before = app.cursor_ns
+            await pilot.press("space")
+            assert app.playing
+            await pilot.pause(0.4)
+            await pilot.press("space")
+            assert not app.playing and app.cursor_ns > before
+            await pilot.press("G")
+            assert app.cursor_ns == m.end_ns
+            assert "REPLAY" in str(app.header_bar.render())
+
+    asyncio.run(run())
+
+
+def test_select_zoom_pan_and_follow():
+    events, now = hung_missing_rank()
+    app = make_app(events, now)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            load(app)
+            await pilot.pause()
+            tl = app.timeline
+            tl.sel = None
+            tl.focus()
+            await pilot.press("down", "down")  # rank 2
+            assert tl.sel_row == 2
+            await pilot.press("left")
+            assert tl.sel is not None and tl.sel[0] == 2
+            assert app.feed.model.label(*tl.sel).startswith("recv #1")
+            await pilot.pause()
+            assert app.detail.border_title == "op · rank 2"
+            npc = tl.npc
+            await pilot.press("plus")
+            assert tl.npc == npc // 2
+            await pilot.press("minus")
+            assert tl.npc == npc
+            t0 = tl.t0
+            await pilot.press("h")
+            assert tl.t0 < t0 and not tl.follow
+            await pilot.press("f")
+            assert tl.follow and tl.t0 < now < tl.t1()
+            await pilot.click("#timeline", offset=(30, 0))  # rank 0's row, mid timeline
+            assert tl.sel is not None and tl.sel[0] == 0
+
+    asyncio.run(run())
+
+
+def test_choosing_a_finding_shows_its_evidence_and_moves_the_timeline():
+    events, now = hung_missing_rank()
+    app = make_app(events, now)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            load(app)
+            await pilot.pause()
+            kinds = [f.kind for f in app.findings]
+            assert kinds == ["missing_ranks", "unmatched_p2p"]
+            assert app.detail.border_title == "finding · missing_ranks"  # opened by itself
+            assert app.timeline.sel[0] in (0, 1, 3)  # the waiting collective
+            await pilot.press("2", "down")
+            await pilot.pause()
+            assert app.detail.border_title == "finding · unmatched_p2p"
+            rank, idx = app.timeline.sel
+            assert rank == 2 and app.feed.model.label(rank, idx).startswith("recv #1")
+            text = app.detail.text()
+            assert "never posted" in text and "train.py:57 in fetch_labels" in text
+            await pilot.press("e")
+            assert app.findings_panel.highlighted == 0
+
+    asyncio.run(run())
+
+
+def test_new_error_findings_alert_once():
+    events, now = hung_missing_rank()
+    app = make_app(events, now)
+    shown: list[str] = []
+    real_notify = app.notify
+    app.notify = lambda message, **kw: (shown.append(kw.get("title", "")), real_notify(message, **kw))
+    rings: list[int] = []
+    app.use_bell = True
+    app.bell = lambda: rings.append(1)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            load(app)
+            await pilot.pause()
+            assert shown == ["missing_ranks", "unmatched_p2p"] and len(rings) == 2
+            app.apply(app.info, app.findings)
+            app.apply(app.info, app.findings)
+            await pilot.pause()
+            assert shown == ["missing_ranks", "unmatched_p2p"] and len(rings) == 2
+
+    asyncio.run(run())
+
+
+def test_help_palette_sorting_and_gpu_panel():
+    events, now = healthy(3)
+    app = make_app(events, now, mode=REPLAY)
+
+    async def run():
+        async with app.run_test(size=(200, 50)) as pilot:
+            load(app)
+            await pilot.pause()
+            await pilot.press("question_mark")
+            assert isinstance(app.screen, HelpScreen)
+            await pilot.press("escape")
+            assert not isinstance(app.screen, HelpScreen)
+            titles = [c.title for c in app.get_system_commands(app.screen)]
+            for t in ("Timeline: zoom in", "Replay: play / pause", "Findings: next error", "Help: key bindings"):
+                assert t in titles
+            table = app.ranks_table
+            cols = [c.value for c in table.columns]
+            assert cols[:2] == ["rank", "state"] and {"gpu", "gmem", "cpu", "rss"} <= set(cols)
+            assert "host" not in cols  # one host: no column for it
+            await pilot.press("3")
+            while table._sort_col != "gpu":
+                await pilot.press("s")
+            table._sort_reverse = True
+            table._apply_sort()
+            order = [int(row.key.value) for row in table.ordered_rows]
+            assert order == [3, 2, 1, 0]  # busiest GPU first
+            await pilot.press("r")
+            assert app.query_one("#left").current == "gpu" and app.gpu.mode == "gpu"
+            line = app.gpu.render_line(1).text
+            assert line.startswith("r0") and "%" in line
+
+    asyncio.run(run())
+
+
+def test_cpu_only_jobs_say_why_there_is_no_gpu_panel():
+    events, now = hung_missing_rank()
+    app = make_app(events, now)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            load(app)
+            await pilot.press("r")
+            await pilot.pause()
+            assert app.gpu.mode == "cpu"
+            assert "CPU-only job" in app.gpu.render_line(0).text
+            assert "gpu" not in [c.value for c in app.ranks_table.columns]
+
+    asyncio.run(run())

@@ -1,0 +1,116 @@
+"""Timeline painting on synthetic models: categories per cell, labels, selection, collapse."""
+
+from __future__ import annotations
+
+import numpy as np
+from tui_scenarios import MS, StaticReader, healthy, hung_missing_rank
+
+from commscope.analysis.synth import T0, TraceBuilder
+from commscope.tui import palette as P
+from commscope.tui.feed import Feed
+from commscope.tui.timeline import Row, Timeline
+
+
+def timeline_for(events, now, *, t0=T0, npc=MS) -> Timeline:
+    feed = Feed(StaticReader(events), clock=lambda: now)
+    feed.step()
+    tl = Timeline(feed)
+    tl.t0, tl.npc, tl.now_ns, tl.follow = t0, npc, now, False
+    tl.hang_after_ns = 2_000 * MS
+    return tl
+
+
+def cells_of(tl: Timeline, rank: int, w: int = 100) -> np.ndarray:
+    return tl._paint_rank(rank, w)[0]
+
+
+def test_each_kind_of_traffic_gets_its_own_category():
+    b = TraceBuilder(2)
+    b.sync(0, T0 + 10 * MS, T0 + 20 * MS, "all_reduce")
+    b.sync(0, T0 + 30 * MS, T0 + 40 * MS, "send", peer=1, dir="send")
+    b.async_op(0, T0 + 50 * MS, T0 + 70 * MS, T0 + 80 * MS, "all_reduce")
+    outer = b.begin(0, T0 + 85 * MS, "all_gather_v")
+    inner = b.begin(0, T0 + 86 * MS, "all_gather_into_tensor", nested=True, parent=outer)
+    b.end(0, inner, T0 + 88 * MS)
+    b.end(0, outer, T0 + 90 * MS)
+    tl = timeline_for(b.sorted_events(), T0 + 100 * MS)
+    c = cells_of(tl, 0)
+    assert (c[10:21] == P.COLL).all() and c[9] == P.IDLE and c[21] == P.IDLE
+    assert (c[30:41] == P.P2P).all()
+    assert c[50] == P.COLL  # the issue
+    assert (c[51:70] == P.PENDING).all()  # running in the background
+    assert (c[70:81] == P.WAIT).all()  # inside wait()
+    assert (c[85:91] == P.VARLEN).all()  # the nested all_gather_into_tensor is drawn as its outer op
+
+
+def test_in_flight_ops_turn_to_warning_then_error_past_hang_after():
+    b = TraceBuilder(1)
+    b.sync(0, T0, None, "all_reduce")
+    tl = timeline_for(b.sorted_events(), T0 + 3_000 * MS, npc=100 * MS)
+    c = cells_of(tl, 0, 40)
+    # hang_after 2 s: warning from 2/3 s, error from 2 s, growing until now (3 s)
+    assert (c[0:6] == P.COLL).all()
+    assert (c[7:19] == P.WARN).all()
+    assert (c[20:31] == P.ERROR).all() and (c[31:] == P.IDLE).all()
+
+
+def test_selection_and_labels_on_wide_spans():
+    b = TraceBuilder(1)
+    i = b.sync(0, T0 + 10 * MS, T0 + 60 * MS, "broadcast")
+    b.sync(0, T0 + 70 * MS, T0 + 72 * MS, "all_reduce")
+    tl = timeline_for(b.sorted_events(), T0 + 100 * MS)
+    cells, labels = tl._paint_rank(0, 100)
+    assert [(a, text) for a, _, text, _ in labels] == [(11, "broadcast #1")]
+    tl.sel = (0, tl.model.op_index(0, i))
+    cells, _ = tl._paint_rank(0, 100)
+    assert (cells[10:61] == P.SELECTED).all() and cells[71] == P.COLL
+    strip = tl._render_row(Row("r0", "r0", (0,)), 120, False)
+    assert "broadcast #1" in strip.text and strip.cell_length == 120
+
+
+def test_replay_cursor_hides_the_future():
+    b = TraceBuilder(1)
+    b.sync(0, T0 + 10 * MS, T0 + 20 * MS, "all_reduce")
+    b.sync(0, T0 + 40 * MS, T0 + 60 * MS, "all_reduce")
+    tl = timeline_for(b.sorted_events(), T0 + 100 * MS)
+    tl.cursor_ns = T0 + 50 * MS
+    c = cells_of(tl, 0)
+    assert (c[10:21] == P.COLL).all()
+    assert (c[40:51] == P.COLL).all() and (c[52:] == P.IDLE).all()  # running at the cursor, no further
+    tl.cursor_ns = T0 + 30 * MS
+    assert (cells_of(tl, 0)[35:] == P.IDLE).all()
+
+
+def test_collapsed_rows_shade_by_how_many_ranks_are_busy():
+    events, now = hung_missing_rank()
+    tl = timeline_for(events, now, t0=now - 1000 * MS, npc=10 * MS)
+    tl.mode = "nodes"  # all four ranks run on host "h"
+    tl.rebuild_rows()
+    assert len(tl.rows) == 1 and tl.rows[0].ranks == (0, 1, 2, 3)
+    segs = tl._paint_group((0, 1, 2, 3), 100)
+    text = "".join(s.text for s in segs)
+    assert set(text) == {P.SHADES[4]}  # everyone is stuck in something: fully shaded
+    assert any(s.style == P.STYLE[P.ERROR] for s in segs)
+
+
+def test_many_ranks_collapse_into_at_most_32_block_rows():
+    b = TraceBuilder(1024, meta=False)
+    b.collective(T0, latency=10 * MS, ranks=list(range(0, 1024, 2)))  # only even ranks
+    tl = timeline_for(b.sorted_events(), T0 + 20 * MS)
+    tl.mode = "blocks"
+    tl.rebuild_rows()
+    assert len(tl.rows) == 32 and tl.rows[0].label == "r0-30" and tl.rows[0].ranks[-1] == 30
+    text = "".join(s.text for s in tl._paint_group(tl.rows[0].ranks, 100))
+    assert text[0:10] == P.SHADES[4] * 10  # every rank present in row 0 is busy (odd ones sent nothing)
+    assert text[12:] == " " * 88
+
+
+def test_findings_filter_keeps_only_flagged_ranks():
+    events, now = healthy(2)
+    tl = timeline_for(events, now)
+    tl.rebuild_rows()
+    assert [r.key for r in tl.rows] == ["r0", "r1", "r2", "r3"]
+    tl.set_flagged({2})
+    tl.only_findings = True
+    tl.rebuild_rows()
+    assert [r.key for r in tl.rows] == ["r2"]

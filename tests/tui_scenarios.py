@@ -1,0 +1,125 @@
+"""Deterministic traces and app factories for the console tests (frozen clocks)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from commscope.analysis.synth import S, T0, TraceBuilder
+from commscope.tui.app import CommscopeApp
+from commscope.tui.feed import LIVE, REPLAY, Feed
+
+os.environ["TZ"] = "UTC"  # the header shows wall-clock times
+time.tzset()
+
+MS = S // 1000
+
+
+class StaticReader:
+    """A reader that hands over a fixed list of events, once, like a store poll would."""
+
+    description = "synthetic-job"
+
+    def __init__(self, events: list[dict]):
+        self.events = list(events)
+        self.stats = None
+
+    def poll(self, max_bytes=None):
+        out, self.events = self.events, []
+        return out
+
+    def read_all(self):
+        return self.poll()
+
+    def close(self):
+        pass
+
+
+def _stack(op_id: int, func: str, line: int) -> list[dict]:
+    return [{"tid": 1, "name": "MainThread", "op_thread": True,
+             "frames": [["train.py", 80, "<module>"], ["train.py", 61, "main"], ["train.py", line, func]]},
+            {"tid": 2, "name": "commscope-recorder", "frames": [["threading.py", 1002, "run"]]}]
+
+
+def healthy(steps: int = 12) -> tuple[list[dict], int]:
+    """4 ranks: async all_reduce overlapped with compute, broadcast, a p2p ring, varlen, GPU samples."""
+    b = TraceBuilder(4, hang_after=2.0)
+    t = T0 + 100 * MS
+    for step in range(steps):
+        for r in range(4):
+            i = b.async_op(r, t, t + 40 * MS, t + 55 * MS, "all_reduce", shape=(4096,))
+            assert i
+        t += 60 * MS
+        t = b.collective(t, "broadcast", root=0, latency=5 * MS, shape=(256,))
+        for r in range(4):
+            j = b.sync(r, t, t + 8 * MS, "send", peer=(r + 1) % 4, dir="send", shape=(2048,))
+            k = b.sync(r, t + 8 * MS, t + 16 * MS, "recv", peer=(r - 1) % 4, dir="recv", shape=(2048,))
+            assert j and k
+        t += 20 * MS
+        for r in range(4):
+            outer = b.begin(r, t, "all_gather_v", shape=(100 + 10 * r,))
+            inner = b.begin(r, t + MS, "all_gather_into_tensor", shape=(400,), nested=True, parent=outer)
+            b.end(r, inner, t + 9 * MS)
+            b.end(r, outer, t + 10 * MS)
+        t += 15 * MS
+    for r in range(4):
+        ts = T0
+        while ts <= t:
+            b.heartbeat(r, ts, cpu=90.0 - 5 * r, rss=(2 + r) << 30, gpu_util=float(20 + 20 * r + (ts // S) % 7),
+                        gpu_mem=(10 + r) << 30)
+            ts += S // 5
+        b.exit(r, t + 5 * MS, reason="destroy_process_group")
+    return b.sorted_events(), t + 5 * MS
+
+
+def hung_missing_rank() -> tuple[list[dict], int]:
+    """Ranks 0, 1, 3 wait in all_reduce #7; rank 2 is stuck in a recv from 0 (stack captured)."""
+    b = TraceBuilder(4, hang_after=2.0)
+    t = T0 + 100 * MS
+    for _ in range(6):
+        t = b.collective(t, "all_reduce", latency=20 * MS, shape=(4096,), site="train.py:42 in step") + 10 * MS
+    stuck = {}
+    for r in (0, 1, 3):
+        stuck[r] = b.sync(r, t + r * MS, None, "all_reduce", shape=(4096,), site="train.py:42 in step")
+    recv = b.sync(2, t + 2 * MS, None, "recv", peer=0, dir="recv", shape=(128,), site="train.py:57 in fetch_labels")
+    now = t + 6 * S
+    for r in (0, 1, 3):
+        b.add(r, t + 2 * S + 50 * MS, "stack", id=stuck[r], threads=_stack(stuck[r], "step", 42))
+    b.add(2, t + 2 * S + 50 * MS, "stack", id=recv, threads=_stack(recv, "fetch_labels", 57))
+    b.heartbeats(T0, now, interval=S // 5)
+    return b.sorted_events(), now
+
+
+def p2p_deadlock() -> tuple[list[dict], int]:
+    """Each of 3 ranks receives from the next before sending: a wait-for cycle."""
+    b = TraceBuilder(3, hang_after=2.0)
+    t = T0 + 100 * MS
+    t = b.collective(t, "barrier", latency=2 * MS, shape=())
+    ids = {}
+    for r in range(3):
+        ids[r] = b.sync(r, t + r * MS, None, "recv", peer=(r + 1) % 3, dir="recv", shape=(64,),
+                        site="pipeline.py:30 in stage")
+    now = t + 5 * S
+    for r in range(3):
+        b.add(r, t + 2 * S + 10 * MS, "stack", id=ids[r], threads=_stack(ids[r], "stage", 30))
+    b.heartbeats(T0, now, interval=S // 5)
+    return b.sorted_events(), now
+
+
+def make_app(events: list[dict], now: int, *, mode: str = LIVE, size_hint: str = "") -> CommscopeApp:
+    """An app over fixed events whose clocks are frozen at ``now`` (no feed thread)."""
+    feed = Feed(StaticReader(events), mode=mode, clock=lambda: now, source="synthetic-job")
+    return CommscopeApp(feed, clock=lambda: now, start_feed=False, bell=False, title="synthetic-job")
+
+
+def load(app: CommscopeApp) -> None:
+    """Feed everything in, diagnose, and show it (what the feed thread would do)."""
+    feed = app.feed
+    if feed.mode == REPLAY:
+        info = feed.load_all()
+    else:
+        feed.step()
+        feed._next_diag = 0.0
+        feed._dirty = True
+        info, _ = feed.step()
+    app.apply(info, feed.findings)
