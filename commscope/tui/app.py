@@ -70,6 +70,7 @@ class CommscopeApp(App):
         self.start_feed = start_feed
         self.use_bell = bell
         self.job_title = title or feed.source
+        self.title_override: str | None = None
         self.findings: list[Finding] = []
         self.info: FeedInfo = feed.info
         self._alerted: set[tuple] = set()
@@ -119,7 +120,31 @@ class CommscopeApp(App):
         self.set_interval(0.1, self._tick)
 
     def _feed_thread(self) -> None:
-        self.feed.run(self.post_message, self._stop, progress=lambda f: self.post_message(LoadProgress(f)))
+        feed, stop = self.feed, self._stop  # a switch_feed later leaves this thread its own
+        feed.run(lambda msg: self.post_message(msg) if feed is self.feed else None, stop,
+                 progress=lambda f: self.post_message(LoadProgress(f)))
+
+    def switch_feed(self, feed: Feed, title: str | None = None) -> None:
+        """Show another source (the demo picker starting a scenario): new model, fresh state."""
+        self._stop.set()
+        self._stop = threading.Event()
+        self.feed = feed
+        self.job_title = title or feed.source
+        for widget in (self.timeline, self.ranks_table, self.gpu):
+            widget.feed = feed
+        self.timeline.reset()
+        self.ranks_table.reset()
+        self.findings = []
+        self.info = feed.info
+        self._alerted.clear()
+        self.cursor_ns = None
+        self.playing = False
+        self.findings_panel.show([])
+        self.detail.show(self.detail.placeholder(), "detail")
+        self.timeline.refresh()
+        self._show_header()
+        if self.start_feed:
+            self.run_worker(self._feed_thread, thread=True, exclusive=True, name="feed")
 
     async def action_quit(self) -> None:
         self._stop.set()
@@ -200,7 +225,7 @@ class CommscopeApp(App):
     def _show_header(self) -> None:
         m = self.feed.model
         meta = next((rt.meta for rt in m.ranks.values() if rt.meta), None) or {}
-        job = (m.job or {}).get("job") or meta.get("job") or self.job_title
+        job = self.title_override or (m.job or {}).get("job") or meta.get("job") or self.job_title
         errors = sum(f.severity == "error" for f in self.findings)
         warnings = sum(f.severity == "warning" for f in self.findings)
         self.header_bar.show(self.info, job=str(job), world=m.world_size, backend=str(meta.get("backend", "?")),

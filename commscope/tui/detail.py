@@ -368,9 +368,12 @@ class DetailPane(VerticalScroll):
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
-        self.current: RenderableType = Text("select an op (←/→ on the timeline, or click) or a finding",
-                                            style="grey50 italic")
+        self.current: RenderableType = self.placeholder()
         self.body = Static(self.current)
+
+    @staticmethod
+    def placeholder() -> Text:
+        return Text("select an op (←/→ on the timeline, or click) or a finding", style="grey50 italic")
 
     def compose(self):
         yield self.body

@@ -57,6 +57,12 @@ class RankTable(DataTable):
         self._values: dict[int, dict[str, Any]] = {}
         self._cols: list[tuple[str, str, int]] = []
 
+    def reset(self) -> None:
+        self.clear(columns=True)
+        self._rows.clear()
+        self._values.clear()
+        self._cols = []
+
     def _wanted(self) -> list[tuple[str, str, int]]:
         """Host only when ranks span hosts; GPU columns only when some rank sampled a GPU."""
         m = self.feed.model
@@ -78,7 +84,7 @@ class RankTable(DataTable):
         return self.size.width - 3  # vertical scrollbar and a margin
 
     def _layout(self, cols: list[tuple[str, str, int]]) -> None:
-        if [c[0] for c in cols] != [str(k.value) for k in self.columns]:
+        if [c[0] for c in cols] != [str(k.value) for k in self.columns] or not self._cols:
             self.clear(columns=True)
             self._rows.clear()
             self._values.clear()

@@ -91,6 +91,19 @@ class Timeline(ScrollView, can_focus=True):
         self._cat_table = np.zeros(0, np.int8)
         self._placed = False
 
+    def reset(self) -> None:
+        """Forget everything about the previous source (the feed was switched)."""
+        self.rows = []
+        self.sel = None
+        self.sel_row = 0
+        self.cursor_ns = None
+        self.follow = True
+        self._placed = False
+        self._cache.clear()
+        self._cat_table = np.zeros(0, np.int8)
+        self.set_flagged(set())
+        self.virtual_size = Size(self.size.width, 0)
+
     # ------------------------------------------------------------------ data
     @property
     def model(self):

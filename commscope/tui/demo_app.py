@@ -1,0 +1,228 @@
+"""``commscope demo``: the console plus a scenario picker that starts, stops and restarts jobs.
+
+Each scenario runs as real worker processes (``commscope.scenarios.DemoJob``) recording
+to a fresh store; the console attaches to that store like ``commscope attach`` would.
+Stopping, restarting, picking another scenario and quitting all stop the workers; no
+process outlives the app.
+"""
+
+from __future__ import annotations
+
+import atexit
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, OptionList, Static
+from textual.widgets.option_list import Option
+
+from commscope.tui.app import CommscopeApp
+from commscope.tui.feed import LIVE, Feed
+
+
+class _Nothing:
+    """The feed before any scenario runs."""
+
+    description = "commscope demo"
+    stats = None
+
+    def poll(self, max_bytes=None):
+        return []
+
+
+class ScenarioPicker(Screen):
+    """Lists the scenarios with what each does and what to look for."""
+
+    BINDINGS = [
+        Binding("enter", "start", "Start", show=True, priority=True),
+        Binding("S", "stop", "Stop"),
+        Binding("R", "restart", "Restart"),
+        Binding("escape", "back", "Console"),
+        Binding("q", "quit", "Quit"),
+    ]
+    DEFAULT_CSS = """
+    ScenarioPicker { layout: vertical; }
+    ScenarioPicker #title { height: 3; padding: 1 2; background: $panel; }
+    ScenarioPicker #list { width: 42; border: round $primary; }
+    ScenarioPicker #about { border: round $primary-darken-2; padding: 0 2; }
+    ScenarioPicker #status { height: 1; padding: 0 2; color: $text-muted; }
+    """
+
+    def __init__(self, scenarios: dict[str, Any]):
+        super().__init__()
+        self.scenarios = scenarios
+        self.names = list(scenarios)
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text.assemble(("commscope demo", "bold"), "  pick a scenario: real ranks on Gloo "
+                                   "run it while the console watches"), id="title")
+        with Horizontal():
+            options = []
+            for name, sc in self.scenarios.items():
+                t = Text(sc.title, style="bold")
+                t.append(f"\n{name}" + ("  · hangs" if sc.hangs else ""), style="grey62")
+                options.append(Option(t, id=name))
+            yield OptionList(*options, id="list")
+            with VerticalScroll(id="about"):
+                yield Static(id="about-text")
+        yield Static(id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#list").border_title = "scenarios"
+        self.query_one("#about").border_title = "about"
+        lst = self.query_one("#list", OptionList)
+        lst.highlighted = 0
+        lst.focus()
+        self._describe(self.names[0])
+        self.show_status()
+
+    def _describe(self, name: str) -> None:
+        sc = self.scenarios[name]
+        t = Text()
+        t.append(f"{sc.title}\n\n", style="bold")
+        t.append(sc.summary + "\n\n")
+        t.append("What to look for\n", style="bold #4f8fd6")
+        t.append(sc.look_for + "\n\n")
+        t.append(f"{sc.default_ranks} ranks by default · ", style="grey62")
+        t.append("hangs, then ends on its own" if sc.hangs else "runs to completion", style="grey62")
+        if sc.expected:
+            kinds = ", ".join(sorted({k for k, _ in sc.expected}))
+            t.append(f"\nexpected findings: {kinds}", style="grey62")
+        else:
+            t.append("\nexpected findings: none", style="grey62")
+        self.query_one("#about-text", Static).update(t)
+
+    def show_status(self) -> None:
+        app = self.app
+        job = getattr(app, "job", None)
+        if job is None:
+            text = "no scenario running · enter starts the highlighted one"
+        else:
+            state = "finished" if job.finished else ("running" if job.alive() else "stopped")
+            text = f"{app.job_name}: {state} · {len(job.alive())} worker(s) alive · store {job.store}"
+        self.query_one("#status", Static).update(text)
+
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option.id:
+            self._describe(event.option.id)
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.action_start()
+
+    def _highlighted(self) -> str:
+        lst = self.query_one("#list", OptionList)
+        return self.names[lst.highlighted or 0]
+
+    def action_start(self) -> None:
+        self.app.start_scenario(self._highlighted())
+
+    def action_stop(self) -> None:
+        self.app.action_stop_demo()
+        self.show_status()
+
+    def action_restart(self) -> None:
+        self.app.action_restart_demo()
+
+    def action_back(self) -> None:
+        if getattr(self.app, "job", None) is not None:
+            self.app.pop_screen()
+
+    async def action_quit(self) -> None:
+        await self.app.action_quit()
+
+
+class DemoApp(CommscopeApp):
+    BINDINGS = [
+        Binding("m", "menu", "Scenarios"),
+        Binding("S", "stop_demo", "Stop demo"),
+        Binding("R", "restart_demo", "Restart demo"),
+    ]
+
+    def __init__(self, *, scenario: str | None = None, ranks: int | None = None, backend: str = "gloo",
+                 store: str | None = None, hang_after: float = 3.0, scenarios: dict[str, Any] | None = None,
+                 job_factory: Any = None, **kwargs: Any):
+        from commscope import scenarios as sc_mod
+
+        super().__init__(Feed(_Nothing(), mode=LIVE, source="commscope demo"), **kwargs)
+        self.scenarios = scenarios if scenarios is not None else sc_mod.SCENARIOS
+        self.job_factory = job_factory or sc_mod.DemoJob
+        self.first = scenario
+        self.ranks = ranks
+        self.backend = backend
+        self.store_root = store
+        self.demo_hang_after = hang_after
+        self.job: Any = None
+        self.job_name = ""
+        self.picker = ScenarioPicker(self.scenarios)
+        atexit.register(self._stop_job)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        if self.first:
+            self.start_scenario(self.first)
+        else:
+            self.push_screen(self.picker)
+        self.set_interval(1.0, self._job_status)
+
+    def start_scenario(self, name: str) -> None:
+        from commscope.analysis.source import open_source
+
+        self._stop_job()
+        try:
+            job = self.job_factory(name, ranks=self.ranks, backend=self.backend, store=self.store_root,
+                                   hang_after=self.demo_hang_after)
+            job.start()
+        except (ValueError, OSError) as exc:
+            self.notify(str(exc), title=f"cannot start {name}", severity="error", timeout=10)
+            return
+        self.job, self.job_name = job, name
+        feed = Feed(open_source(job.store, wait=True), mode=LIVE, hang_after=self.demo_hang_after,
+                    clock=self.clock, source=str(job.store))
+        self.switch_feed(feed, title=f"demo {name}")
+        if self.screen is self.picker:
+            self.pop_screen()
+        self.notify(f"{name} started (S stops it, R restarts it, m picks another)", timeout=5)
+
+    def _stop_job(self) -> None:
+        job = self.job
+        if job is not None:
+            try:
+                job.stop()
+            except Exception:
+                pass
+
+    def _job_status(self) -> None:
+        if self.job is not None:
+            state = "finished" if self.job.finished else ("running" if self.job.alive() else "stopped")
+            self.title_override = f"demo {self.job_name} · {state}"
+            self._show_header()
+        if self.screen is self.picker:
+            self.picker.show_status()
+
+    def action_menu(self) -> None:
+        if self.screen is not self.picker:
+            self.push_screen(self.picker)
+
+    def action_stop_demo(self) -> None:
+        if self.job is None:
+            self.notify("no scenario is running", timeout=3)
+            return
+        self._stop_job()
+        self.notify(f"{self.job_name}: workers stopped", timeout=4)
+        self._job_status()
+
+    def action_restart_demo(self) -> None:
+        if self.job_name:
+            self.start_scenario(self.job_name)
+
+    async def action_quit(self) -> None:
+        self._stop_job()
+        await super().action_quit()
+
+    def on_unmount(self) -> None:
+        self._stop_job()
+        super().on_unmount()
