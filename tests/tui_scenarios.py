@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from commscope.analysis.synth import S, T0, TraceBuilder
+from commscope.analysis.synth import T0, S, TraceBuilder
 from commscope.tui.app import CommscopeApp
 from commscope.tui.feed import LIVE, REPLAY, Feed
 
@@ -45,7 +45,7 @@ def healthy(steps: int = 12) -> tuple[list[dict], int]:
     """4 ranks: async all_reduce overlapped with compute, broadcast, a p2p ring, varlen, GPU samples."""
     b = TraceBuilder(4, hang_after=2.0)
     t = T0 + 100 * MS
-    for step in range(steps):
+    for _ in range(steps):
         for r in range(4):
             i = b.async_op(r, t, t + 40 * MS, t + 55 * MS, "all_reduce", shape=(4096,))
             assert i

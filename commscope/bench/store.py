@@ -22,6 +22,10 @@ from rich.table import Table
 
 TARGET_WRITE = 200_000
 TARGET_READ = 500_000
+TARGET_WRITE_REDIS = 100_000  # events/s one rank pushes into Redis
+REDIS_FOLLOW_RANKS = 8
+REDIS_FOLLOW_RATE = 20_000  # events/s per rank that a live reader must keep up with
+TARGET_READ_REDIS = REDIS_FOLLOW_RANKS * REDIS_FOLLOW_RATE
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,11 +42,12 @@ def _writer_rate(rank: int, ws: int, store: str, n_ops: int, seconds: float) -> 
     import torch
 
     from commscope.record import ops, patch
+    from commscope.record.jobid import new_job_id
     from commscope.record.recorder import Recorder
 
     proc = psutil.Process()
     rec = Recorder(store, flight_recorder=False, sample_interval=1.0)
-    rec.rank, rec.job = rank, "bench-writer"
+    rec.rank, rec.job = rank, "bench-writer-" + new_job_id()  # a store given by URL may hold earlier runs
     patch.ACTIVE = rec
     wrapped = patch.make_wrapper("all_reduce", lambda *a, **k: None, ops.all_reduce)
     x = torch.ones(256)
@@ -69,7 +74,7 @@ def _writer_rate(rank: int, ws: int, store: str, n_ops: int, seconds: float) -> 
             n += 2000
         produced[0] = n
 
-    size0 = os.path.getsize(rec.writer.path)
+    stored0 = _stored(rec.writer)
     rec.start()
     t = threading.Thread(target=produce)
     t0 = time.perf_counter()
@@ -82,12 +87,75 @@ def _writer_rate(rank: int, ws: int, store: str, n_ops: int, seconds: float) -> 
     t.join()
     elapsed = time.perf_counter() - t0
     rec.stop("bench")
-    with open(rec.writer.path, "rb") as f:
-        f.seek(size0)
-        written = f.read().count(b"\n")
+    written = _stored(rec.writer) - stored0
     patch.ACTIVE = None
     return {"alone": alone, "produced": produced[0] / elapsed, "written": written / elapsed,
             "dropped": rec.hot_dropped, "peak_rss_delta": peak - rss0}
+
+
+def _stored(writer: Any) -> int:
+    """Events a writer has stored so far: lines in its file, or entries it appended (Redis)."""
+    if hasattr(writer, "appended"):
+        return writer.appended
+    with open(writer.path, "rb") as f:
+        return f.read().count(b"\n")
+
+
+def _paced_writer(_rank: int, _ws: int, url: str, job: str, ranks: int, rate: int, seconds: float) -> dict:
+    """Write ``ranks`` Redis streams at ``rate`` events/s each, in 50 ms batches, like recorders do."""
+    from commscope.store.redis_store import RedisWriter
+
+    writers = [RedisWriter(url, job, r, {"world_size": ranks}) for r in range(ranks)]
+    frag = (b'"op":"all_reduce","group":"0","redop":"sum","in_shapes":[[256]],"in_dtypes":["float32"],'
+            b'"in_bytes":1024,"out_shapes":[[256]],"out_dtypes":["float32"],"out_bytes":1024,'
+            b'"site":"train.py:42 in step","tid":1,"v":1')
+    done = 0
+    t0 = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - t0
+        due = int(min(elapsed, seconds) * rate)
+        if due > done:
+            for r, w in enumerate(writers):
+                w.write([b'{"type":"op","ts":%d,"phase":"begin","id":%d,"seq":%d,%s,"rank":%d}'
+                         % (time.time_ns(), i, i, frag, r) for i in range(done + 1, due + 1)])
+            done = due
+        if elapsed >= seconds:
+            break
+        time.sleep(0.05)
+    for w in writers:
+        w.close()
+    return {"per_rank": done, "seconds": time.monotonic() - t0}
+
+
+def _redis_follow(url: str, ranks: int, rate: int, seconds: float) -> dict[str, Any]:
+    """A reader polling a live job that ``ranks`` writers feed at ``rate`` events/s each."""
+    from commscope.launch import Job
+    from commscope.record.jobid import new_job_id
+    from commscope.store.redis_store import RedisReader, delete_job
+
+    job = "bench-follow-" + new_job_id()
+    reader = RedisReader(url + ("&" if "?" in url else "?") + "job=" + job, wait=True)
+    writer = Job(_paced_writer, 1, args=(url, job, ranks, rate, seconds), init=False).start()
+    seen = 0
+    t0 = time.perf_counter()
+    done_at = None
+    while True:
+        n = len(reader.poll())
+        seen += n
+        alive = bool(writer.alive())
+        if not alive and done_at is None:
+            done_at = time.perf_counter()
+        if not alive and n == 0:
+            break
+        if n == 0:
+            time.sleep(0.01)
+    caught_up = time.perf_counter() - (done_at or time.perf_counter())
+    res = writer.join(30)[0]
+    reader.close()
+    delete_job(url, job)
+    written = res.value["per_rank"] * ranks if res.value else 0
+    return {"written": written, "write_s": res.value["seconds"] if res.value else 0.0, "read": seen,
+            "catch_up_s": caught_up, "read_rate": seen / (time.perf_counter() - t0)}
 
 
 def _write_trace(store: str, ranks: int, per_rank: int) -> None:
@@ -160,21 +228,31 @@ def run(args: argparse.Namespace) -> int:
             store = os.path.join(base, "w") if name == "directory" else base
             w = run_ranks(_writer_rate, 1, args=(store, args.events // 2, args.seconds), timeout=600)[0].value
             rstore = os.path.join(base, "r") if name == "directory" else base + ("&" if "?" in base else "?") + "job=bench"
-            per_rank = args.events // args.ranks
+            read_ranks = args.ranks if name == "directory" else max(args.ranks, REDIS_FOLLOW_RANKS)
+            per_rank = args.events // read_ranks
             if name == "directory":
-                _write_trace(rstore, args.ranks, per_rank)
+                _write_trace(rstore, read_ranks, per_rank)
             else:
                 from commscope.store.redis_store import write_bench_trace
 
-                write_bench_trace(base, args.ranks, per_rank)
+                write_bench_trace(base, read_ranks, per_rank)
             rate, n = _reader_rate(rstore)
-            write_target = TARGET_WRITE if name == "directory" else 100_000
-            met = w["written"] >= write_target and rate >= TARGET_READ
+            write_target = TARGET_WRITE if name == "directory" else TARGET_WRITE_REDIS
+            read_target = TARGET_READ if name == "directory" else TARGET_READ_REDIS
+            met = w["written"] >= write_target and rate >= read_target
+            if name == "redis":
+                f = _redis_follow(base, REDIS_FOLLOW_RANKS, REDIS_FOLLOW_RATE, max(args.seconds, 1.0))
+                kept_up = f["read"] >= f["written"] and f["catch_up_s"] < 1.0
+                met = met and kept_up
+                notes.append(f"redis live follow: {REDIS_FOLLOW_RANKS} ranks x {REDIS_FOLLOW_RATE // 1000}k events/s: "
+                             f"{f['written']:,} events written in {f['write_s']:.1f} s, the reader polled "
+                             f"{f['read']:,} of them and caught up {f['catch_up_s'] * 1e3:.0f} ms after the "
+                             f"writers stopped: {'kept up' if kept_up else 'FELL BEHIND'}")
             table.add_row(name, _fmt_rate(w["alone"]), _fmt_rate(w["produced"]), _fmt_rate(w["written"]),
                           f"{w['dropped']:,}", f"{w['peak_rss_delta'] / 2**20:.0f} MiB",
                           _fmt_rate(rate), "yes" if met else "NO")
-            notes.append(f"{name}: targets write ≥ {write_target // 1000}k/s, read ≥ {TARGET_READ // 1000}k/s "
-                         f"(read {n:,} events from {args.ranks} ranks)")
+            notes.append(f"{name}: targets write ≥ {write_target // 1000}k/s, read ≥ {read_target // 1000}k/s "
+                         f"(read {n:,} events from {read_ranks} ranks)")
     finally:
         if redis_server is not None:
             redis_server.stop()

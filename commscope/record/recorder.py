@@ -644,6 +644,8 @@ class Recorder:
         except StoreError as exc:
             self._store_failed(str(exc))
             return False
+        # A store URL may name the job (redis://...?job=NAME): the events must say the same.
+        self.job = meta["job"] = getattr(self.writer, "job", self.job)
         meta["v"], meta["rank"] = E.SCHEMA_VERSION, self.rank
         self.pending.appendleft(_dumps(meta))
         return True
@@ -657,7 +659,8 @@ class Recorder:
         meta = {"type": E.META, "ts": self.started_ns, "host": socket.gethostname(), "pid": os.getpid(),
                 "world_size": world, "backend": backend, "torch": torch.__version__, "commscope": __version__,
                 "python": sys.version.split()[0], "job": self.job, "hang_after": self.hang_after,
-                "sample_interval": self.sample_interval, "argv": sys.argv[:16],
+                "sample_interval": self.sample_interval,
+                "argv": [redact(a) if "://" in a else a for a in sys.argv[:16]],  # no passwords in traces
                 "store": redact(self.store), "fr": bool(self._fr is not None and flight.fr_env_enabled())}
         if os.environ.get("LOCAL_RANK", "").isdigit():
             meta["local_rank"] = int(os.environ["LOCAL_RANK"])

@@ -1,0 +1,180 @@
+"""A private redis-server for benchmarks and tests: free loopback port, own config and data dir.
+
+Never touches a system Redis: the server binds 127.0.0.1 on a port nobody else holds,
+keeps its data, log and config in its own directory, and is stopped by ``stop()``.
+``restart()`` brings it back on the same port with the same data directory, which is
+what a fault test needs to simulate a Redis restart mid-job.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from commscope.launch import free_port
+
+REDIS_SERVER_ENV = "COMMSCOPE_REDIS_SERVER"
+
+
+class RedisServerMissing(RuntimeError):
+    pass
+
+
+def find_redis_server() -> str:
+    """The redis-server binary: $COMMSCOPE_REDIS_SERVER, then PATH, then /usr/bin, /usr/sbin."""
+    candidates = [os.environ.get(REDIS_SERVER_ENV), shutil.which("redis-server"),
+                  "/usr/bin/redis-server", "/usr/sbin/redis-server", "/usr/local/bin/redis-server"]
+    for c in candidates:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    raise RedisServerMissing("redis-server not found: install the Debian package 'redis-server' "
+                             f"(apt-get install redis-server) or point ${REDIS_SERVER_ENV} at the binary")
+
+
+class RedisServer:
+    """One redis-server process; ``url`` reaches it (with the password, if any)."""
+
+    def __init__(self, *, password: str | None = None, appendonly: bool = False, extra: dict | None = None,
+                 data_dir: str | os.PathLike | None = None, binary: str | None = None):
+        self.binary = binary or find_redis_server()
+        self.password = password
+        self.own_dir = data_dir is None
+        self.dir = Path(data_dir or tempfile.mkdtemp(prefix="commscope-redis-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.appendonly = appendonly
+        self.extra = dict(extra or {})
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def _config(self) -> str:
+        conf = {
+            "bind": "127.0.0.1", "port": str(self.port), "dir": str(self.dir), "daemonize": "no",
+            "protected-mode": "yes", "logfile": str(self.dir / "redis.log"), "save": '""',
+            "appendonly": "yes" if self.appendonly else "no", "appendfsync": "always",
+            "appendfilename": '"appendonly.aof"', "dbfilename": "dump.rdb", "databases": "16",
+        }
+        if self.password:
+            conf["requirepass"] = self.password
+        conf.update({k: str(v) for k, v in self.extra.items()})
+        return "".join(f"{k} {v}\n" for k, v in conf.items())
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start on a free port (or the port it had, for a restart) and wait until it answers."""
+        fixed = self.port != 0
+        for _attempt in range(1 if fixed else 5):
+            if not fixed:
+                self.port = free_port()
+            conf = self.dir / "redis.conf"
+            conf.write_text(self._config())
+            conf.chmod(0o600)  # it may hold the password
+            self.proc = subprocess.Popen([self.binary, str(conf)], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         start_new_session=True)
+            if self._wait_ready(timeout):
+                return self
+            self._terminate()
+        log = self.dir / "redis.log"
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+        raise RuntimeError(f"redis-server did not start on 127.0.0.1:{self.port}:\n{tail}")
+
+    def _wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                return False  # exited: port taken or bad config
+            if self._ping():
+                return True
+            time.sleep(0.02)
+        return False
+
+    def _ping(self) -> bool:
+        """True once the server accepts commands (and has finished loading its data)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
+                cmd = b""
+                if self.password:
+                    pw = self.password.encode()
+                    cmd += b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(pw), pw)
+                s.sendall(cmd + b"*1\r\n$4\r\nPING\r\n")
+                data = b""
+                while data.count(b"\r\n") < (2 if self.password else 1):
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        return False
+                    data += chunk
+                return data.rstrip().endswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self, *, timeout: float = 10.0) -> None:
+        """Clean shutdown (SIGTERM: Redis flushes its append-only file), keeping the data dir."""
+        self._terminate(timeout)
+
+    def _terminate(self, timeout: float = 10.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+    def kill(self) -> None:
+        """Crash it (SIGKILL)."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+
+    def restart(self, timeout: float = 10.0) -> RedisServer:
+        """Stop if running, then start again on the same port with the same data directory."""
+        self._terminate()
+        return self.start(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def close(self) -> None:
+        """Stop and remove the data directory if this object created it."""
+        self._terminate()
+        if self.own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RedisServer(127.0.0.1:{self.port}, dir={self.dir})"
+
+
+class _Handle:
+    """What ``commscope bench store --redis`` expects: ``.url`` and ``.stop()``."""
+
+    def __init__(self, server: RedisServer):
+        self.server = server
+        self.url = server.url
+
+    def stop(self) -> None:
+        self.server.close()
+
+
+def start_redis(*, password: str | None = None, appendonly: bool = False, extra: dict | None = None) -> _Handle:
+    """Start a private redis-server; ``.stop()`` shuts it down and removes its directory."""
+    return _Handle(RedisServer(password=password, appendonly=appendonly, extra=extra).start())

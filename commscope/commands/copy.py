@@ -1,0 +1,172 @@
+"""Copy a trace between stores: a Redis job to a directory for archiving or sharing, or a
+directory trace (or Flight Recorder dumps) into Redis.
+
+    commscope copy redis://host:6379/0 ./archive           newest Redis job -> ./archive/JOB/
+    commscope copy 'redis://host:6379/0?job=J' ./archive   a named job
+    commscope copy ./commscope-trace redis://host:6379/0   newest directory job -> Redis
+
+Events keep their per-rank order and content; the job keeps its id (--job renames it).
+The destination refuses to mix with a job of the same id that is already there.  Damaged
+events in the source are skipped and counted, and a trimmed Redis trace is reported.
+The trace is read in pages, so a large one never sits in memory whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+import time
+from typing import Any
+
+from commscope import events as E
+from commscope.store import StoreError, StoreWriter, is_redis, open_writer, redact
+
+PAGE_BYTES = 16 << 20
+PROGRESS_MIN = 50_000  # events (or ~their bytes): smaller copies finish before a bar helps
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", help="source: trace directory, redis://... URL, or Flight Recorder dump directory")
+    p.add_argument("dst", help="destination: directory (the job goes to DST/JOB/) or redis://... URL")
+    p.add_argument("--job", metavar="NAME", default=None,
+                   help="job id in the destination (default: the source's job id)")
+    p.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
+                   help="progress bar on stderr (auto: large traces on a terminal)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no summary line")
+
+
+def _dest_job(args: argparse.Namespace, meta: dict, src_reader: Any) -> str:
+    from commscope.cli import UsageError
+    from commscope.record.jobid import new_job_id, sanitize
+
+    url_job = None
+    if is_redis(args.dst):
+        from commscope.store.redis_url import parse_url
+
+        url_job = parse_url(args.dst).job
+    if args.job and url_job and args.job != url_job:
+        raise UsageError(f"--job {args.job!r} contradicts ?job={url_job} in the destination URL")
+    job = args.job or url_job or meta.get("job") or getattr(src_reader, "job_id", None)
+    if not job:
+        job_dir = getattr(src_reader, "job_dir", None)
+        job = job_dir.name if job_dir is not None else new_job_id()
+    return sanitize(str(job))
+
+
+def _size(reader: Any) -> tuple[int, str]:
+    """What the progress bar counts to: stored entries (Redis) or file bytes (directory)."""
+    try:
+        if hasattr(reader, "count"):
+            return int(reader.count()), "events"
+        if hasattr(reader, "rank_files"):
+            return sum(p.stat().st_size for p in reader.rank_files().values()), "bytes"
+    except (OSError, StoreError):
+        pass
+    return 0, "events"
+
+
+def _pager(reader: Any):
+    """``poll`` with a page size where the reader supports one."""
+    try:
+        takes_budget = "max_bytes" in inspect.signature(reader.poll).parameters
+    except (TypeError, ValueError):
+        takes_budget = False
+    if takes_budget:
+        return lambda: reader.poll(max_bytes=PAGE_BYTES)
+    return reader.poll
+
+
+def copy_trace(src: Any, dst: str, job: str, meta: dict, progress: Any = None, task: Any = None,
+               unit: str = "events") -> dict[int, int]:
+    """Copy every event ``src`` still has into job ``job`` of store ``dst``; events per rank."""
+    writers: dict[int, StoreWriter] = {}
+    copied: dict[int, int] = {}
+    job_meta = {k: v for k, v in meta.items() if k not in ("job", "maxlen")}
+    job_meta["copied_from"] = redact(getattr(src, "description", "?"))
+    next_page = _pager(src)
+    encode = E.encode
+    try:
+        done_reading = False
+        while True:
+            page = next_page() if not done_reading else []
+            if not page:
+                if done_reading:
+                    break
+                page = src.read_all()  # what poll leaves behind: torn last lines
+                done_reading = True
+                if not page:
+                    break
+            by_rank: dict[int, list[bytes]] = {}
+            for ev in page:
+                by_rank.setdefault(ev["rank"], []).append(encode(ev))
+            for rank in sorted(by_rank):
+                w = writers.get(rank)
+                if w is None:
+                    w = writers[rank] = open_writer(dst, job, rank, job_meta)
+                w.write(by_rank[rank])
+                copied[rank] = copied.get(rank, 0) + len(by_rank[rank])
+            if progress is not None:
+                done = src.stats.bytes if unit == "bytes" else sum(copied.values())
+                progress.update(task, completed=done)
+    finally:
+        for w in writers.values():
+            try:
+                w.close()
+            except Exception:
+                pass
+    return copied
+
+
+def main(args: argparse.Namespace) -> int:
+    from commscope.analysis.source import open_source
+    from commscope.cli import UsageError
+
+    t0 = time.perf_counter()
+    try:
+        reader = open_source(args.src)
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        meta = reader.job() or {}
+        job = _dest_job(args, meta, reader)
+        total, unit = _size(reader)
+        show = args.progress == "always" or (args.progress == "auto" and total >= PROGRESS_MIN * (
+            300 if unit == "bytes" else 1) and sys.stderr.isatty())
+        if show:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            columns = [TextColumn("copying {task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TimeRemainingColumn()]
+            with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+                task = progress.add_task(f"job {job}", total=total or None)
+                copied = copy_trace(reader, args.dst, job, meta, progress, task, unit)
+        else:
+            copied = copy_trace(reader, args.dst, job, meta)
+    except StoreError as exc:
+        if "refusing to mix" in str(exc):
+            raise UsageError(f"{exc} (use --job NEW to copy under another id)") from None
+        raise UsageError(f"copy incomplete: {exc}") from None
+    finally:
+        reader.close()
+    stats = reader.stats
+    if not copied:
+        raise UsageError(f"{redact(reader.description)}: no events to copy")
+    if not args.quiet:
+        n = sum(copied.values())
+        if is_redis(args.dst):
+            from commscope.store.redis_url import parse_url
+
+            where = parse_url(args.dst).display(job=job)
+        else:
+            where = f"{args.dst.rstrip('/')}/{job}"
+        print(f"copied {n:,} events of {len(copied)} rank(s), job {job}, from {redact(reader.description)} "
+              f"to {where} in {time.perf_counter() - t0:.1f} s")
+        for warning in stats.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        if stats.corrupt:
+            print(f"warning: skipped {stats.corrupt} damaged event(s) in the source", file=sys.stderr)
+        if stats.trimmed:
+            print("warning: the source was trimmed (maxlen): its oldest events were already gone", file=sys.stderr)
+    return 0

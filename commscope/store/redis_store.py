@@ -1,0 +1,961 @@
+"""The Redis Streams store: one stream per rank, for jobs without a shared filesystem.
+
+Layout (``J`` is the job id, ``N`` the global rank)::
+
+    commscope:jobs          sorted set: job ids scored by registration time (µs); the
+                            newest is what a reader without ?job= opens (like LATEST)
+    commscope:J:meta        job metadata, JSON (rank 0 writes it; others only if missing)
+    commscope:J:ranks       set of the ranks that have a stream
+    commscope:J:rank:N      stream of rank N: entry ``0-K`` holds the K-th event (K = 1,
+                            2, ...) of that rank in field ``e``, one JSON event per entry
+
+No duplicates, no reordering.  Each writer numbers its entries itself (``0-1``, ``0-2``
+...) instead of letting Redis stamp them, and appends a batch with one Lua script, which
+Redis runs atomically and which refuses to start below the stream's top entry.  So a
+batch lands whole or not at all, an entry can never be stored twice, and after a lost
+connection the writer learns exactly what landed by reading the stream's top ID.  The
+recorder's ``written`` count stays exact; when the answer cannot be had (Redis still
+down) the writer remembers the batch in flight and settles it on the next write, by
+content, so events the recorder re-sends are stored once.  Readers see ``0-K`` numbers,
+so a gap (``maxlen`` trimming, or data a Redis without persistence lost) is counted and
+reported rather than silently skipped.
+
+A small RESP client lives here instead of redis-py: the reader must parse hundreds of
+thousands of entries a second (redis-py's pure-Python parser manages ~180k/s), and the
+writer must control reconnects itself (no hidden retries that would resend a batch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+import time
+from typing import Any
+
+import orjson
+
+from commscope import events as E
+from commscope.events import Event, decode_lines, gc_paused
+from commscope.store.base import ReadStats, StoreError
+from commscope.store.redis_url import JOB_NAME, RedisTarget, parse_url, redact_text, redact_url, scrub
+
+PREFIX = "commscope"
+JOBS_KEY = f"{PREFIX}:jobs"
+FIELD = b"e"
+
+
+def meta_key(job: str) -> str:
+    return f"{PREFIX}:{job}:meta"
+
+
+def ranks_key(job: str) -> str:
+    return f"{PREFIX}:{job}:ranks"
+
+
+def stream_key(job: str, rank: int) -> str:
+    return f"{PREFIX}:{job}:rank:{rank}"
+
+
+# ---------------------------------------------------------------------------- RESP client
+class ReplyError(Exception):
+    """An error reply from Redis; the connection itself is still usable."""
+
+
+class RedisAuthError(StoreError):
+    """Wrong or missing password.  The message names the store with the password hidden."""
+
+
+def _arg(a: Any) -> bytes:
+    if isinstance(a, bytes):
+        return a
+    if isinstance(a, str):
+        return a.encode()
+    if isinstance(a, int):
+        return b"%d" % a
+    return str(a).encode()
+
+
+def pack(*args: Any) -> bytes:
+    """One command in RESP2."""
+    parts = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = _arg(a)
+        parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(parts)
+
+
+_MID = b"\r\n*2\r\n$1\r\n" + FIELD + b"\r\n$"  # between an entry's id and its value
+_MID_LEN = len(_MID)
+
+
+class _Conn:
+    """One connection: send packed commands, read replies.  No retries, no pooling.
+
+    Any OSError (refused, reset, timeout, closed) leaves the connection unusable: the
+    owner closes it and decides what a retry may resend.
+    """
+
+    RECV = 1 << 20
+
+    def __init__(self, target: RedisTarget, shown: str):
+        self.t = target
+        self.shown = shown
+        self.sock: socket.socket | None = None
+        self._buf = b""
+        self._pos = 0
+
+    # -- connecting
+    def connect(self) -> None:
+        """Connect, log in and select the database; raises StoreError with a clear message."""
+        t = self.t
+        try:
+            self.sock = self._socket()
+            if t.password:
+                self.call("AUTH", *([t.username] if t.username else []), t.password)
+            if t.db:
+                self.call("SELECT", t.db)
+            self.call("PING")
+        except ReplyError as exc:
+            self.close()
+            raise self._login_error(str(exc)) from None
+        except ssl.SSLError as exc:
+            self.close()
+            raise StoreError(f"cannot connect to {self.shown}: TLS handshake failed "
+                             f"({scrub(exc.reason or str(exc), t)})") from None
+        except OSError as exc:
+            self.close()
+            raise StoreError(f"cannot connect to {self.shown}: {self.why(exc)}") from None
+
+    def _socket(self) -> socket.socket:
+        t = self.t
+        if t.scheme == "unix":
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.settimeout(t.timeout)
+                s.connect(t.path)
+            except BaseException:
+                s.close()
+                raise
+            return s
+        s = socket.create_connection((t.host, t.port), timeout=t.timeout)
+        try:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            if t.tls:
+                ctx = ssl.create_default_context(cafile=t.ssl_ca_certs)
+                if not t.ssl_verify:
+                    ctx.check_hostname = False
+                    ctx.verify_mode = ssl.CERT_NONE
+                s = ctx.wrap_socket(s, server_hostname=t.host)
+        except BaseException:
+            s.close()
+            raise
+        return s
+
+    def _login_error(self, reply: str) -> StoreError:
+        r = scrub(reply, self.t)
+        up = r.upper()
+        if up.startswith("WRONGPASS") or "INVALID PASSWORD" in up or "INVALID USERNAME-PASSWORD" in up:
+            return RedisAuthError(f"cannot log in to {self.shown}: wrong password or user name")
+        if up.startswith("NOAUTH"):
+            return RedisAuthError(f"cannot log in to {self.shown}: the server requires a password "
+                                  "(redis://:PASSWORD@host:port/db)")
+        if "WITHOUT ANY PASSWORD CONFIGURED" in up:
+            return RedisAuthError(f"cannot log in to {self.shown}: the server has no password set; "
+                                  "remove it from the URL")
+        if "DB INDEX" in up:
+            return StoreError(f"cannot use {self.shown}: no database {self.t.db} on that server")
+        return StoreError(f"cannot use {self.shown}: Redis said: {r}")
+
+    def why(self, exc: BaseException) -> str:
+        """A short, secret-free reason for a connection failure."""
+        if isinstance(exc, ConnectionRefusedError):
+            return "connection refused (is redis-server running there?)"
+        if isinstance(exc, socket.gaierror):
+            return f"unknown host {self.t.host!r}"
+        if isinstance(exc, TimeoutError | socket.timeout):
+            return f"no answer within {self.t.timeout:g} s"
+        if isinstance(exc, FileNotFoundError):
+            return f"no socket at {self.t.path}"
+        if isinstance(exc, ConnectionError) and not exc.args:
+            return "connection lost"
+        return scrub(getattr(exc, "strerror", None) or str(exc) or type(exc).__name__, self.t)
+
+    # -- talking
+    def send(self, data: bytes) -> None:
+        if self.sock is None:
+            raise ConnectionError("not connected")
+        self.sock.sendall(data)
+
+    def call(self, *args: Any) -> Any:
+        """One command, one reply; an error reply raises ReplyError."""
+        self.send(pack(*args))
+        reply = self.read()
+        if isinstance(reply, ReplyError):
+            raise reply
+        return reply
+
+    def pipeline(self, commands: list[tuple]) -> list[Any]:
+        """Several commands in one round trip; error replies come back as ReplyError objects."""
+        self.send(b"".join(pack(*c) for c in commands))
+        return [self.read() for _ in commands]
+
+    def _more(self, buf: bytes, pos: int, need: int) -> tuple[bytes, int]:
+        if self.sock is None:
+            raise ConnectionError("not connected")
+        chunk = self.sock.recv(max(self.RECV, need))
+        if not chunk:
+            raise ConnectionError("Redis closed the connection")
+        return buf[pos:] + chunk, 0
+
+    def read(self) -> Any:
+        """One reply.  Iterative and resumable, so a 30 MB XREAD reply arriving in pieces
+        is parsed once, and each element costs a find, a slice and an append."""
+        buf, pos = self._buf, self._pos
+        stack: list[list] = []  # [items, expected length]
+        try:
+            while True:
+                nl = buf.find(b"\r\n", pos)
+                if nl < 0:
+                    buf, pos = self._more(buf, pos, 0)
+                    continue
+                kind = buf[pos]
+                if kind == 36:  # $ bulk string
+                    n = int(buf[pos + 1:nl])
+                    if n < 0:
+                        val: Any = None
+                        pos = nl + 2
+                    else:
+                        end = nl + 2 + n
+                        if end + 2 > len(buf):
+                            buf, pos = self._more(buf, pos, end + 2 - pos)
+                            continue
+                        val = buf[nl + 2:end]
+                        pos = end + 2
+                elif kind == 42:  # * array
+                    n = int(buf[pos + 1:nl])
+                    pos = nl + 2
+                    if n > 0:
+                        stack.append([[], n])
+                        continue
+                    val = None if n < 0 else []
+                elif kind == 58:  # : integer
+                    val = int(buf[pos + 1:nl])
+                    pos = nl + 2
+                elif kind == 43:  # + simple string
+                    val = buf[pos + 1:nl]
+                    pos = nl + 2
+                elif kind == 45:  # - error
+                    val = ReplyError(buf[pos + 1:nl].decode("utf-8", "replace"))
+                    pos = nl + 2
+                else:
+                    raise ConnectionError(f"protocol error: unexpected byte {kind!r} from Redis")
+                while stack:
+                    top = stack[-1]
+                    top[0].append(val)
+                    if len(top[0]) < top[1]:
+                        break
+                    val = stack.pop()[0]
+                else:
+                    self._buf, self._pos = buf, pos
+                    if pos > (1 << 16) and pos * 2 > len(buf):
+                        self._buf, self._pos = buf[pos:], 0
+                    return val
+        except BaseException:
+            self.close()  # a half-read reply poisons the stream
+            raise
+
+    # -- stream replies: the reader's hot path
+    def _header(self) -> tuple[int, int]:
+        """The next reply line as (type byte, its number): '*' and '$' lengths, ':' ints."""
+        buf, pos = self._buf, self._pos
+        while True:
+            nl = buf.find(b"\r\n", pos)
+            if nl >= 0:
+                break
+            buf, pos = self._more(buf, pos, 0)
+        kind = buf[pos]
+        self._buf, self._pos = buf, nl + 2
+        if kind == 45:
+            raise ReplyError(buf[pos + 1:nl].decode("utf-8", "replace"))
+        if kind not in (42, 36, 58):
+            raise ConnectionError(f"protocol error: unexpected reply {buf[pos:nl][:40]!r} from Redis")
+        return kind, int(buf[pos + 1:nl])
+
+    def _bulk(self) -> bytes:
+        kind, n = self._header()
+        if kind != 36 or n < 0:
+            raise ConnectionError("protocol error: expected a bulk string from Redis")
+        while self._pos + n + 2 > len(self._buf):
+            self._buf, self._pos = self._more(self._buf, self._pos, self._pos + n + 2 - len(self._buf))
+        val = self._buf[self._pos:self._pos + n]
+        self._pos += n + 2
+        return val
+
+    def _entries(self, n: int) -> list[tuple[bytes, bytes | None]]:
+        """``n`` stream entries as (id, value of field ``e``); value None when the entry
+        is not exactly {e: value}.  Reads the layout commscope writes with two finds per
+        entry; anything else (or a reply split across reads) goes through ``read``."""
+        out: list[tuple[bytes, bytes | None]] = []
+        append = out.append
+        buf, pos = self._buf, self._pos
+        find, startswith = buf.find, buf.startswith
+        size = len(buf)
+        i = 0
+        while i < n:
+            if startswith(b"*2\r\n$", pos):
+                nl = find(b"\r\n", pos + 5)
+                if nl > 0:
+                    s = nl + 2
+                    e = s + int(buf[pos + 5:nl])
+                    if startswith(_MID, e):
+                        nl = find(b"\r\n", e + _MID_LEN)
+                        if nl > 0:
+                            vs = nl + 2
+                            ve = vs + int(buf[e + _MID_LEN:nl])
+                            if ve + 2 <= size:
+                                append((buf[s:e], buf[vs:ve]))
+                                pos = ve + 2
+                                i += 1
+                                continue
+            self._buf, self._pos = buf, pos  # slow path for this one entry
+            entry = self.read()
+            if isinstance(entry, ReplyError):
+                raise entry
+            fields = entry[1] if isinstance(entry, list) and len(entry) == 2 else None
+            value = fields[1] if isinstance(fields, list) and len(fields) == 2 and fields[0] == FIELD else None
+            append((entry[0], value))
+            i += 1
+            buf, pos = self._buf, self._pos
+            find, startswith = buf.find, buf.startswith
+            size = len(buf)
+        self._buf, self._pos = buf, pos
+        return out
+
+    def xrange(self, *args: Any) -> list[tuple[bytes, bytes | None]]:
+        """XRANGE/XREVRANGE with the fast entry parser."""
+        self.send(pack(*args))
+        try:
+            kind, n = self._header()
+            if kind != 42:
+                raise ConnectionError("protocol error: XRANGE reply is not an array")
+            return self._entries(n) if n > 0 else []
+        except ReplyError:
+            raise  # a whole error line was consumed: the connection is fine
+        except BaseException:
+            self.close()
+            raise
+
+    def xread(self, *args: Any) -> list[tuple[bytes, list[tuple[bytes, bytes | None]]]]:
+        """XREAD with the fast entry parser: [(key, entries)] ([] when nothing is new)."""
+        self.send(pack(*args))
+        try:
+            kind, n = self._header()
+            if kind != 42:
+                raise ConnectionError("protocol error: XREAD reply is not an array")
+            out = []
+            for _ in range(max(n, 0)):
+                kind, two = self._header()
+                if kind != 42 or two != 2:
+                    raise ConnectionError("protocol error: unexpected XREAD reply layout")
+                key = self._bulk()
+                kind, m = self._header()
+                out.append((key, self._entries(m) if kind == 42 and m > 0 else []))
+            return out
+        except ReplyError:
+            raise
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        sock, self.sock = self.sock, None
+        self._buf, self._pos = b"", 0
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+def _seq(entry_id: bytes) -> int:
+    """K of a commscope entry id ``0-K``; -1 for an id commscope did not write."""
+    if entry_id[:2] == b"0-":
+        try:
+            return int(entry_id[2:])
+        except ValueError:
+            return -1
+    return -1
+
+
+# ---------------------------------------------------------------------------- writer
+#: KEYS[1] the rank's stream; ARGV[1] the first entry number K; ARGV[2] maxlen (0: none);
+#: ARGV[3..] events.  Returns {appended, top id}.  Appends nothing when the stream's top
+#: is already at or past K (that part of the batch landed before, or someone else writes
+#: this stream): the caller settles what landed instead of guessing.
+APPEND_SCRIPT = b"""
+local key = KEYS[1]
+local seq = tonumber(ARGV[1])
+local top = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
+if top then
+  local ms, k = string.match(top[1], '^(%d+)-(%d+)$')
+  if ms ~= '0' or tonumber(k) >= seq then
+    return {0, top[1]}
+  end
+end
+local n = #ARGV
+local maxlen = ARGV[2]
+if maxlen == '0' then
+  for i = 3, n do
+    redis.call('XADD', key, '0-' .. string.format('%d', seq), 'e', ARGV[i])
+    seq = seq + 1
+  end
+else
+  for i = 3, n do
+    redis.call('XADD', key, 'MAXLEN', '~', maxlen, '0-' .. string.format('%d', seq), 'e', ARGV[i])
+    seq = seq + 1
+  end
+end
+return {n - 2, '0-' .. string.format('%d', seq - 1)}
+"""
+
+
+def _pack_append(key: bytes, first: int, maxlen: int, lines: list[bytes]) -> bytes:
+    """EVAL APPEND_SCRIPT 1 key first maxlen line...: packed by hand, the hot part of writing."""
+    head = [b"*%d\r\n$4\r\nEVAL\r\n$%d\r\n%s\r\n$1\r\n1\r\n" % (len(lines) + 6, len(APPEND_SCRIPT), APPEND_SCRIPT)]
+    for a in (key, b"%d" % first, b"%d" % maxlen):
+        head.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    body = [b"$%d\r\n%s\r\n" % (len(line), line) for line in lines]
+    return b"".join(head + body)
+
+
+class RedisWriter:
+    """Appends one rank's events to its stream; owned by that rank's recorder thread.
+
+    Opening connects, logs in and refuses a job whose stream for this rank already
+    exists.  ``write`` reconnects by itself after a dropped connection, so the recorder
+    simply calls it again after a StoreError.
+    """
+
+    CHUNK = 5_000  # events per script call: bounds how long one call holds Redis (~10 ms)
+    CHUNK_BYTES = 4 << 20
+
+    def __init__(self, url: str, job: str, rank: int, job_meta: dict | None = None):
+        self.target = parse_url(url)
+        self.job = self.target.job or job
+        if not isinstance(self.job, str) or not JOB_NAME.match(self.job):
+            raise StoreError(f"bad job id {self.job!r}: use 1-120 letters, digits, '_', '.', '-'")
+        self.rank = int(rank)
+        self.maxlen = self.target.maxlen or 0
+        self.key = stream_key(self.job, self.rank).encode()
+        self.description = f"{self.target.display(job=self.job)} rank {self.rank}"
+        self._shown = self.target.display()
+        meta = dict(job_meta or {}, job=self.job)
+        if self.maxlen:
+            meta["maxlen"] = self.maxlen
+        self._meta = orjson.dumps(meta)
+        self._secrets = [s.encode() for s in self.target.secrets() if len(s) >= 4]
+        self._conn: _Conn | None = None
+        self._next = 1  # number of the next entry this writer appends
+        self._unsure: list[bytes] | None = None  # sent as entries _next.. ; landed or not?
+        self._settled: tuple[int, list[bytes]] | None = None  # last batch settled by reading the top
+        #: Events the caller stopped resending (the recorder dropped and counted them while
+        #: Redis was away) that had in fact reached Redis: a ``dropped`` count overstates
+        #: what is missing by exactly this much.
+        self.stored_after_drop = 0
+        self._open()
+
+    @property
+    def appended(self) -> int:
+        """Entries this writer has put into its stream (known to have landed)."""
+        return self._next - 1
+
+    def __repr__(self) -> str:
+        return f"RedisWriter({self.description})"
+
+    def _open(self) -> None:
+        conn = _Conn(self.target, self._shown)
+        conn.connect()
+        try:
+            if conn.call("EXISTS", self.key):
+                raise StoreError(
+                    f"{self._shown} job {self.job!r} already holds events of rank {self.rank} "
+                    "(an earlier job with the same id); refusing to mix jobs (choose a new COMMSCOPE_JOB, "
+                    "another ?job= or another database)")
+            self._register(conn, first=True)
+        except StoreError:
+            conn.close()
+            raise
+        except ReplyError as exc:
+            conn.close()
+            raise StoreError(f"cannot use {self._shown}: Redis said: {scrub(str(exc), self.target)}") from None
+        except OSError as exc:
+            conn.close()
+            raise StoreError(f"cannot use {self._shown}: {conn.why(exc)}") from None
+        self._conn = conn
+
+    def _register(self, conn: _Conn, first: bool) -> None:
+        """Make the job findable: again after every reconnect, in case Redis lost its data."""
+        now_us = time.time_ns() // 1000
+        lead = self.rank == 0 and first  # rank 0 opening: this job becomes the newest
+        replies = conn.pipeline([
+            ("SADD", ranks_key(self.job), self.rank),
+            ("ZADD", JOBS_KEY, now_us, self.job) if lead else ("ZADD", JOBS_KEY, "NX", now_us, self.job),
+            ("SET", meta_key(self.job), self._meta) if lead else ("SET", meta_key(self.job), self._meta, "NX"),
+        ])
+        for r in replies:
+            if isinstance(r, ReplyError):
+                raise r
+
+    def _reconnect(self) -> None:
+        conn = _Conn(self.target, self._shown)
+        conn.connect()  # StoreError
+        try:
+            self._register(conn, first=False)
+        except ReplyError:
+            pass  # e.g. OOM: the append will say so; registering again is only a safety net
+        except OSError:
+            conn.close()
+            raise
+        self._conn = conn
+
+    def _top(self) -> int:
+        """Number of the stream's last entry (0 when empty or gone); -1 if it is not ours."""
+        top = self._conn.xrange("XREVRANGE", self.key, "+", "-", "COUNT", 1)
+        return _seq(top[0][0]) if top else 0
+
+    def _settle(self, lines: list[bytes], top: int | None = None) -> int:
+        """Find out how much of the batch in flight landed; returns how many leading
+        ``lines`` are therefore already stored (the caller skips them).
+
+        ``lines`` is what the caller sends now: the batch in flight, maybe minus some of
+        its oldest events (the recorder drops from the front when its buffer is full),
+        followed by newer ones.  The landed part is a prefix of the batch in flight, so
+        lining ``lines`` up against that batch by content tells which to skip.
+        """
+        sent = self._unsure or []
+        base = self._next - 1
+        if top is None:
+            top = self._top()
+        if top < 0 or top > base + len(sent):
+            raise StoreError(f"{self._shown} job {self.job!r}: rank {self.rank}'s stream is also written by "
+                             "another process; refusing to mix events (two recorders with the same rank and job?)")
+        landed = min(max(top - base, 0), len(sent))
+        try:
+            d = sent.index(lines[0]) if lines else len(sent)
+        except ValueError:
+            d = len(sent)
+        self._settled = (base, sent)
+        self._unsure = None
+        self._next = base + landed + 1
+        self.stored_after_drop += min(landed, d) if lines else 0
+        return min(max(landed - d, 0), len(lines))
+
+    def _retry_settled(self, lines: list[bytes], top: int) -> int:
+        """The stream's top is past what we thought (a batch we took for lost landed after
+        all): settle again against the last batch we settled."""
+        if self._settled is None:
+            self._unsure = None  # the script refused it: it did not land
+            raise StoreError(f"{self._shown} job {self.job!r}: rank {self.rank}'s stream is also written by "
+                             "another process; refusing to mix events (two recorders with the same rank and job?)")
+        base, sent = self._settled
+        self._next, self._unsure = base + 1, sent
+        return self._settle(lines, top)
+
+    def _scrub_meta(self, line: bytes) -> bytes:
+        """Belt and braces: a meta event's argv may quote the store URL with its password."""
+        if not (b"://" in line or any(s in line for s in self._secrets)):
+            return line
+        try:
+            ev = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return line
+        if not isinstance(ev, dict) or ev.get("type") != E.META:
+            return line
+        secrets = [s.decode() for s in self._secrets]
+
+        def clean(v: Any) -> Any:
+            if isinstance(v, str):
+                if "://" in v:
+                    v = redact_text(v)
+                for s in secrets:
+                    v = v.replace(s, "***")
+                return v
+            if isinstance(v, list):
+                return [clean(x) for x in v]
+            if isinstance(v, dict):
+                return {k: clean(x) for k, x in v.items()}
+            return v
+
+        cleaned = clean(ev)
+        return line if cleaned == ev else orjson.dumps(cleaned)
+
+    def write(self, lines: list[bytes]) -> None:
+        if not lines:
+            return
+        done = 0  # leading lines known to be stored
+        reason = "?"
+        try:
+            for _attempt in range(2):  # one immediate reconnect, e.g. after an idle-timeout close
+                try:
+                    if self._conn is None:
+                        self._reconnect()
+                    if self._unsure is not None:
+                        done += self._settle(lines[done:])
+                    while done < len(lines):
+                        done += self._append(lines, done)
+                    return
+                except ReplyError as exc:  # Redis refused: OOM, read-only replica, loading, ...
+                    reason = f"Redis said: {scrub(str(exc), self.target)}"
+                    # A refused script stored nothing; reading the top proves it.
+                    if self._unsure is not None:
+                        done += self._settle(lines[done:])
+                    break
+                except OSError as exc:  # connection lost: the chunk in flight may or may not have landed
+                    reason = self._conn.why(exc) if self._conn is not None else str(exc)
+                    self._drop()
+        except StoreError as exc:  # cannot connect or log in, or another writer: nothing more landed
+            self._drop()
+            raise type(exc)(str(exc), written=done) from None
+        except (OSError, ReplyError):  # while settling after a refusal: settle next time
+            self._drop()
+        raise StoreError(f"cannot append to {self._shown} job {self.job!r} rank {self.rank}: {reason}", written=done)
+
+    def _append(self, lines: list[bytes], start: int) -> int:
+        """Send one chunk from ``lines[start:]``; returns how many of them are now stored."""
+        chunk = lines[start:start + self.CHUNK]
+        payload_lines = chunk
+        size = 0
+        for i, line in enumerate(chunk):
+            size += len(line)
+            if size > self.CHUNK_BYTES and i > 0:
+                chunk = payload_lines = chunk[:i]
+                break
+        if any(b'"type":"meta"' in line for line in chunk):
+            payload_lines = [self._scrub_meta(line) for line in chunk]
+        payload = _pack_append(self.key, self._next, self.maxlen, payload_lines)
+        self._unsure = chunk  # the caller's lines, unscrubbed: _settle matches them by content
+        self._conn.send(payload)
+        reply = self._conn.read()
+        if isinstance(reply, ReplyError):
+            raise reply
+        n, top = int(reply[0]), _seq(reply[1])
+        if n == 0:  # the script refused: the stream is already at or past our next number
+            return self._retry_settled(lines[start:], top)
+        self._unsure = None
+        self._settled = None
+        self._next += n
+        return n
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def close(self) -> None:
+        self._drop()
+
+
+# ---------------------------------------------------------------------------- reader
+class RedisReader:
+    """Reads or follows one job: XREAD for ``poll``, XRANGE pages for ``read_all``.
+
+    Without ?job= it opens the newest job in ``commscope:jobs``; ``wait`` lets it open
+    before any job (or the named one) exists.  ``poll`` never raises for a lost
+    connection (the console keeps running and retries); ``read_all`` does, since a
+    partial read must not pass for a whole trace.
+    """
+
+    PAGE = 10_000
+
+    def __init__(self, url: str, *, wait: bool = False, job: str | None = None):
+        self.target = parse_url(url)
+        self._want = job or self.target.job
+        self._shown = self.target.display()
+        self.stats = ReadStats()
+        self.missing: dict[int, int] = {}  # rank -> events absent from its stream (gaps)
+        self._conn: _Conn | None = _Conn(self.target, self._shown)
+        self._conn.connect()
+        self._down = False
+        self.job_id: str | None = self._find_job()
+        if self.job_id is None and not wait:
+            self.close()
+            if self._want:
+                raise StoreError(f"no job {self._want!r} in {self._shown}{self._known_jobs(url)}")
+            raise StoreError(f"{self._shown} holds no commscope trace (no job in {JOBS_KEY})")
+        self._cursor: dict[int, bytes] = {}  # rank -> id of the last entry returned
+        self._last: dict[int, int] = {}  # rank -> number of the last commscope entry returned
+        self._job: dict | None = None
+
+    @property
+    def description(self) -> str:
+        return self.target.display(job=self.job_id or self._want)
+
+    def __repr__(self) -> str:
+        return f"RedisReader({self.description})"
+
+    def _known_jobs(self, url: str) -> str:
+        try:
+            jobs = list_jobs(url)[-5:]
+        except StoreError:
+            return ""
+        return f" (newest jobs there: {', '.join(j for j, _ in reversed(jobs))})" if jobs else ""
+
+    def _conn_ok(self) -> _Conn:
+        if self._conn is None:
+            conn = _Conn(self.target, self._shown)
+            conn.connect()
+            self._conn = conn
+        return self._conn
+
+    def _find_job(self) -> str | None:
+        conn = self._conn_ok()
+        try:
+            if self._want:
+                found = conn.call("EXISTS", ranks_key(self._want)) or conn.call("EXISTS", meta_key(self._want))
+                return self._want if found else None
+            newest = conn.call("ZREVRANGE", JOBS_KEY, 0, 0)
+        except ReplyError as exc:
+            raise StoreError(f"cannot read {self._shown}: Redis said: {scrub(str(exc), self.target)}") from None
+        except OSError as exc:
+            self._conn = None
+            raise StoreError(f"cannot read {self._shown}: {conn.why(exc)}") from None
+        return newest[0].decode() if newest else None
+
+    def job(self) -> dict | None:
+        if self._job is None and self.job_id is not None:
+            try:
+                raw = self._conn_ok().call("GET", meta_key(self.job_id))
+                self._job = orjson.loads(raw) if raw else None
+            except (OSError, ReplyError, StoreError, orjson.JSONDecodeError):
+                self._job = None
+        return self._job
+
+    def ranks(self) -> list[int]:
+        if self.job_id is None:
+            return []
+        members = self._conn_ok().call("SMEMBERS", ranks_key(self.job_id)) or []
+        return sorted(int(m) for m in members if m.isdigit())
+
+    def count(self) -> int:
+        """Entries stored for this job right now (XLEN summed over ranks): progress totals."""
+        if self.job_id is None:
+            return 0
+        ranks = self.ranks()
+        if not ranks:
+            return 0
+        replies = self._conn_ok().pipeline([("XLEN", stream_key(self.job_id, r)) for r in ranks])
+        return sum(r for r in replies if isinstance(r, int))
+
+    # -- reading
+    def poll(self, max_bytes: int | None = None) -> list[Event]:
+        """New events of every rank since the last call (XREAD, never blocks)."""
+        got: dict[int, list[Event]] = {}
+        try:
+            if self.job_id is None:
+                self.job_id = self._find_job()
+            if self.job_id is not None:
+                self._xread(max_bytes, got)
+            if self._down:
+                self._down = False
+                self.stats.warnings.append(f"reconnected to {self._shown}")
+        except (OSError, StoreError, ReplyError) as exc:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            if not self._down:
+                self._down = True
+                why = str(exc) if isinstance(exc, StoreError) else f"lost the connection to {self._shown}"
+                self.stats.warnings.append(f"{why}; still trying")
+        return [e for r in sorted(got) for e in got[r]]  # what was read before any failure too
+
+    def _xread(self, max_bytes: int | None, got: dict[int, list[Event]]) -> None:
+        conn = self._conn_ok()
+        job = self.job_id
+        pending = self.ranks()
+        used = 0
+        with gc_paused():
+            while pending:
+                keys = [stream_key(job, r) for r in pending]
+                ids = [self._cursor.get(r, b"0-0") for r in pending]
+                reply = conn.xread("XREAD", "COUNT", self.PAGE, "STREAMS", *keys, *ids)
+                full = []
+                for key, entries in reply:
+                    rank = int(key.rsplit(b":", 1)[1])
+                    used += self._take(rank, entries, got.setdefault(rank, []))
+                    if len(entries) >= self.PAGE:
+                        full.append(rank)
+                pending = full
+                if max_bytes is not None and used >= max_bytes:
+                    break
+
+    def read_all(self) -> list[Event]:
+        """Everything of the job not returned yet, rank by rank in XRANGE pages."""
+        if self.job_id is None:
+            self.job_id = self._find_job()
+            if self.job_id is None:
+                return []
+        out: list[Event] = []
+        try:
+            conn = self._conn_ok()
+            with gc_paused():
+                for rank in self.ranks():
+                    key = stream_key(self.job_id, rank)
+                    while True:
+                        start = self._cursor.get(rank)
+                        lo = b"-" if start is None else _after(start)
+                        entries = conn.xrange("XRANGE", key, lo, "+", "COUNT", self.PAGE)
+                        if not entries:
+                            break
+                        self._take(rank, entries, out)
+                        if len(entries) < self.PAGE:
+                            break
+        except ReplyError as exc:
+            raise StoreError(f"cannot read {self.description}: Redis said: {scrub(str(exc), self.target)}") from None
+        except OSError as exc:
+            why = self._conn.why(exc) if self._conn is not None else str(exc)
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            raise StoreError(f"cannot read {self.description}: {why}") from None
+        return out
+
+    def _take(self, rank: int, entries: list, out: list[Event]) -> int:
+        """Decode one rank's entries into ``out``; count gaps and damaged entries.  Returns bytes."""
+        if not entries:
+            return 0
+        last = self._last.get(rank, 0)
+        first_k, last_k = _seq(entries[0][0]), _seq(entries[-1][0])
+        if first_k == last + 1 and last_k - first_k + 1 == len(entries):  # contiguous: the usual case
+            values = [v or b"" for _, v in entries]
+            self._last[rank] = last_k
+        else:
+            values = []
+            for eid, v in entries:
+                k = _seq(eid)
+                if k < 0:  # an entry commscope did not write
+                    values.append(b"")
+                    continue
+                if k > last + 1:
+                    self._gap(rank, last, k)
+                last = max(last, k)
+                values.append(v or b"")
+            self._last[rank] = last
+        self._cursor[rank] = entries[-1][0]
+        events, bad = _decode(values)
+        self.stats.count_corrupt(rank, bad)
+        self.stats.events += len(events)
+        size = sum(map(len, values))
+        self.stats.bytes += size
+        out.extend(events)
+        return size
+
+    def _gap(self, rank: int, last: int, k: int) -> None:
+        n = k - last - 1
+        self.missing[rank] = self.missing.get(rank, 0) + n
+        maxlen = (self.job() or {}).get("maxlen")
+        if last == 0:
+            self.stats.trimmed = True
+            cause = "trimmed by maxlen" if maxlen else "no longer in Redis (trimmed, or lost by a restart)"
+            self.stats.warnings.append(f"rank {rank}: the oldest {n} events are {cause}; the trace starts at "
+                                       f"event #{k}")
+        elif maxlen:
+            self.stats.trimmed = True
+            self.stats.warnings.append(f"rank {rank}: {n} events (#{last + 1}-#{k - 1}) were trimmed by "
+                                       f"maxlen={maxlen} before they were read")
+        else:
+            self.stats.warnings.append(f"rank {rank}: {n} events (#{last + 1}-#{k - 1}) are missing from the "
+                                       "stream (lost by Redis, e.g. a restart without persistence)")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _after(entry_id: bytes) -> bytes:
+    """The smallest stream id after ``entry_id`` (XRANGE's exclusive '(' needs Redis 6.2)."""
+    ms, _, k = entry_id.partition(b"-")
+    return b"%s-%d" % (ms, int(k) + 1)
+
+
+def _decode(values: list[bytes]) -> tuple[list[Event], int]:
+    """Entries to events: one C-speed pass when every entry is one clean line."""
+    if not values:
+        return [], 0
+    joined = b"\n".join(values)
+    if joined.count(b"\n") == len(values) - 1:
+        events, bad = decode_lines(joined)
+        if len(events) + bad == len(values):
+            return events, bad
+    events, bad = [], 0  # empty or multi-line entries: judge each on its own
+    for v in values:
+        try:
+            events.append(E.decode(v))
+        except E.TraceFormatError:
+            bad += 1
+    return events, bad
+
+
+# ---------------------------------------------------------------------------- helpers
+def _connect(url: str) -> tuple[RedisTarget, _Conn]:
+    target = parse_url(url)
+    conn = _Conn(target, target.display())
+    conn.connect()
+    return target, conn
+
+
+def list_jobs(url: str) -> list[tuple[str, float]]:
+    """(job id, registration time in s) for every job in the store, oldest first."""
+    _, conn = _connect(url)
+    try:
+        flat = conn.call("ZRANGE", JOBS_KEY, 0, -1, "WITHSCORES")
+    except (OSError, ReplyError) as exc:
+        why = conn.why(exc) if isinstance(exc, OSError) else scrub(str(exc), conn.t)
+        raise StoreError(f"cannot list jobs in {redact_url(url)}: {why}") from None
+    finally:
+        conn.close()
+    return [(flat[i].decode(), float(flat[i + 1]) / 1e6) for i in range(0, len(flat), 2)]
+
+
+def delete_job(url: str, job: str) -> int:
+    """Remove a job's streams, metadata and registration; returns how many keys went."""
+    target, conn = _connect(url)
+    try:
+        ranks = conn.call("SMEMBERS", ranks_key(job)) or []
+        keys = [meta_key(job), ranks_key(job)] + [stream_key(job, int(r)) for r in ranks if r.isdigit()]
+        n = conn.call("DEL", *keys)
+        conn.call("ZREM", JOBS_KEY, job)
+        return int(n)
+    except (OSError, ReplyError) as exc:
+        why = conn.why(exc) if isinstance(exc, OSError) else scrub(str(exc), target)
+        raise StoreError(f"cannot delete job {job!r} in {target.display()}: {why}") from None
+    finally:
+        conn.close()
+
+
+def write_bench_trace(url: str, ranks: int, per_rank: int, job: str = "bench") -> None:
+    """A synthetic ``ranks``-rank job ``bench`` for ``commscope bench store --redis``
+    (same events as the directory benchmark); replaces an earlier ``bench`` job."""
+    if parse_url(url).job not in (None, job):
+        raise StoreError(f"give the benchmark a URL without ?job= (it writes job {job!r})")
+    delete_job(url, job)
+    template = {"v": 1, "type": "op", "phase": "begin", "op": "all_reduce", "group": "0", "redop": "sum",
+                "in_shapes": [[256]], "in_dtypes": ["float32"], "in_bytes": 1024, "out_shapes": [[256]],
+                "out_dtypes": ["float32"], "out_bytes": 1024, "site": "train.py:42 in step", "tid": 1}
+    for r in range(ranks):
+        w = RedisWriter(url, job, r, {"world_size": ranks})
+        batch: list[bytes] = []
+        for i in range(per_rank):
+            if i % 2 == 0:
+                ev = dict(template, rank=r, ts=10**18 + i, id=i // 2 + 1, seq=i // 2 + 1)
+            else:
+                ev = {"v": 1, "type": "op", "rank": r, "ts": 10**18 + i, "phase": "end", "id": i // 2 + 1}
+            batch.append(E.encode(ev))
+            if len(batch) == 10_000:
+                w.write(batch)
+                batch = []
+        w.write(batch)
+        w.close()
+
+
+__all__ = ["RedisAuthError", "RedisReader", "RedisWriter", "delete_job", "list_jobs", "write_bench_trace"]

@@ -1,0 +1,203 @@
+"""Parsing and redacting Redis store URLs.
+
+Accepted forms (the password is optional everywhere)::
+
+    redis://[[user]:password@]host[:port][/db][?job=NAME&maxlen=N&timeout=S]
+    rediss://...                           the same over TLS (add ssl_cert_reqs=none to skip
+                                           certificate checks, ssl_ca_certs=FILE for a private CA)
+    unix://[[user]:password@]/path/to/redis.sock[?db=N&job=...]
+
+A bare ``secret@host`` is taken as a password, not a user name: AUTH needs a password,
+and treating it as one means it is also redacted.  ``redact_url`` never raises and
+never returns the password, so anything that prints a store may call it blindly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from commscope.store.base import StoreError
+
+SCHEMES = ("redis", "rediss", "unix")
+JOB_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,120}$")
+QUERY_KEYS = frozenset({"job", "maxlen", "timeout", "db", "password", "username", "ssl_cert_reqs", "ssl_ca_certs"})
+DEFAULT_PORT = 6379
+DEFAULT_TIMEOUT = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RedisTarget:
+    """Where and how to connect, plus the commscope options carried in the query."""
+
+    scheme: str
+    host: str = "localhost"
+    port: int = DEFAULT_PORT
+    path: str | None = None  # unix socket
+    db: int = 0
+    username: str | None = None
+    password: str | None = dataclasses.field(default=None, repr=False)
+    job: str | None = None
+    maxlen: int | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    ssl_verify: bool = True
+    ssl_ca_certs: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == "rediss"
+
+    def display(self, *, job: str | None = None) -> str:
+        """A URL naming the same store and job, password replaced by ***."""
+        user = self.username or ""
+        auth = f"{user}:***@" if self.password else (f"{user}@" if user else "")
+        query = []
+        if self.scheme == "unix":
+            base = f"unix://{auth}{self.path}"
+            if self.db:
+                query.append(f"db={self.db}")
+        else:
+            host = f"[{self.host}]" if ":" in self.host else self.host
+            base = f"{self.scheme}://{auth}{host}:{self.port}/{self.db}"
+        job = job or self.job
+        if job:
+            query.append(f"job={job}")
+        if self.maxlen:
+            query.append(f"maxlen={self.maxlen}")
+        return base + ("?" + "&".join(query) if query else "")
+
+    def secrets(self) -> list[str]:
+        """Every spelling of the password that might leak into text (raw and URL-encoded)."""
+        if not self.password:
+            return []
+        from urllib.parse import quote
+
+        forms = {self.password, quote(self.password, safe=""), quote(self.password)}
+        return sorted((f for f in forms if f), key=len, reverse=True)
+
+    def __repr__(self) -> str:
+        return f"RedisTarget({self.display()})"
+
+
+def scrub(text: str, target: RedisTarget | None) -> str:
+    """``text`` with any spelling of the target's password replaced by ***."""
+    if target is None:
+        return text
+    for secret in target.secrets():
+        text = text.replace(secret, "***")
+    return text
+
+
+def parse_url(url: str) -> RedisTarget:
+    """Parse a store URL; raises StoreError naming the problem (never the password)."""
+    shown = redact_url(url)
+    try:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme not in SCHEMES:
+            raise StoreError(f"not a Redis URL: {shown} (expected redis://, rediss:// or unix://)")
+        netloc = parts.netloc
+        userinfo, at, hostport = netloc.rpartition("@")
+        username = password = None
+        if at:
+            user, colon, pw = userinfo.partition(":")
+            if colon:
+                username, password = unquote(user) or None, unquote(pw) or None
+            else:
+                password = unquote(user) or None  # redis://secret@host: see module docstring
+        query: dict[str, str] = {}
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if key not in QUERY_KEYS:
+                raise StoreError(f"unknown option {key!r} in {shown} (known: {', '.join(sorted(QUERY_KEYS))})")
+            query[key] = value
+        if "password" in query:
+            password = query["password"] or None
+        if "username" in query:
+            username = query["username"] or None
+        fields: dict = {"scheme": scheme, "username": username, "password": password}
+        if scheme == "unix":
+            path = unquote(parts.path)
+            if hostport or not path:
+                raise StoreError(f"bad Redis URL {shown}: expected unix:///path/to/redis.sock")
+            fields["path"] = path
+            db_text = query.get("db", "0")
+        else:
+            if not hostport:
+                raise StoreError(f"bad Redis URL {shown}: no host (expected redis://host:port/db)")
+            try:
+                port = parts.port
+            except ValueError:
+                raise StoreError(f"bad Redis URL {shown}: the port is not a number in 1-65535") from None
+            fields["host"] = parts.hostname or "localhost"
+            fields["port"] = port or DEFAULT_PORT
+            db_text = parts.path.strip("/") or query.get("db", "0")
+        if not db_text.isdigit():
+            raise StoreError(f"bad Redis URL {shown}: the database must be a number, e.g. /0")
+        fields["db"] = int(db_text)
+        job = query.get("job")
+        if job is not None and not JOB_NAME.match(job):
+            raise StoreError(f"bad job name in {shown}: use 1-120 letters, digits, '_', '.', '-'")
+        fields["job"] = job
+        if "maxlen" in query:
+            if not query["maxlen"].isdigit() or int(query["maxlen"]) < 1:
+                raise StoreError(f"bad maxlen in {shown}: a whole number of events per rank, at least 1")
+            fields["maxlen"] = int(query["maxlen"])
+        if "timeout" in query:
+            try:
+                timeout = float(query["timeout"])
+            except ValueError:
+                timeout = -1.0
+            if not 0 < timeout <= 3600:
+                raise StoreError(f"bad timeout in {shown}: seconds, greater than 0")
+            fields["timeout"] = timeout
+        if "ssl_cert_reqs" in query:
+            reqs = query["ssl_cert_reqs"].lower()
+            if reqs not in ("none", "required"):
+                raise StoreError(f"bad ssl_cert_reqs in {shown}: none or required")
+            fields["ssl_verify"] = reqs == "required"
+        fields["ssl_ca_certs"] = query.get("ssl_ca_certs") or None
+        return RedisTarget(**fields)
+    except StoreError:
+        raise
+    except Exception:  # anything urlsplit may throw; its text could quote the URL
+        raise StoreError(f"bad Redis URL {shown}") from None
+
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_USER = re.compile(r"^[A-Za-z0-9_.-]*$")
+_QUERY_SECRET = re.compile(r"([?&;]password=)[^&#]*", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ***; never raises.
+
+    Works on the raw text rather than a parse, and takes everything up to the *last*
+    '@' as user info, so that a password holding unencoded '/', '?', '#' or '@' is still
+    hidden.  Over-redacting an odd URL is harmless; leaking a password is not.
+    """
+    text = str(url)
+    m = _SCHEME.match(text)
+    if m:
+        at = text.rfind("@", m.end())
+        if at >= 0:
+            userinfo = text[m.end():at]
+            user, colon, _ = userinfo.partition(":")
+            hidden = f"{user}:***" if colon and _USER.match(user) else "***"
+            text = text[:m.end()] + hidden + text[at:]
+    return _QUERY_SECRET.sub(r"\1***", text)
+
+
+_URL_IN_TEXT = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)(\S*)@")
+
+
+def redact_text(text: str) -> str:
+    """Any text with the password of every URL in it replaced by *** (e.g. an argv entry
+    like ``--store=redis://:pw@host/0``).  Takes each URL's user info up to its last '@'."""
+
+    def hide(m: re.Match) -> str:
+        user, colon, _ = m.group(2).partition(":")
+        return m.group(1) + (f"{user}:***" if colon and _USER.match(user) else "***") + "@"
+
+    return _QUERY_SECRET.sub(r"\1***", _URL_IN_TEXT.sub(hide, text))
+

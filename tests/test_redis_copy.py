@@ -1,0 +1,91 @@
+"""``commscope copy SRC DST`` between a directory and Redis, both ways, through the CLI."""
+
+from __future__ import annotations
+
+from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
+
+from commscope import cli
+from commscope import events as E
+from commscope.store import open_reader, open_writer
+
+
+def make_job(store: str, job: str, ranks: int = 3, per_rank: int = 50, meta: dict | None = None) -> None:
+    for r in range(ranks):
+        w = open_writer(store, job, r, meta or {"world_size": ranks, "backend": "gloo"})
+        evs = [{"v": 1, "type": "meta", "rank": r, "ts": 1, "host": "h", "world_size": ranks}]
+        for i in range(1, per_rank + 1):
+            evs.append({"v": 1, "type": "op", "rank": r, "ts": 10 + i, "phase": "begin" if i % 2 else "end",
+                        "id": (i + 1) // 2, "op": "all_reduce", "group": "0", "seq": (i + 1) // 2})
+        for a in range(0, len(evs), 40):
+            w.write([E.encode(e) for e in evs[a:a + 40]])
+        w.close()
+
+
+def per_rank(events: list[dict]) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {}
+    for e in events:
+        out.setdefault(e["rank"], []).append(e)
+    return out
+
+
+def test_redis_to_directory_and_back(redis_url, tmp_path, capsys):
+    make_job(redis_url, "run-7")
+    original = per_rank(open_reader(redis_url).read_all())
+    archive = tmp_path / "archive"
+    assert cli.main(["copy", redis_url, str(archive)]) == 0
+    out = capsys.readouterr().out
+    assert "copied 153 events of 3 rank(s), job run-7" in out
+    assert (archive / "run-7" / "rank-00002.jsonl").exists()
+    copied = open_reader(str(archive))
+    assert per_rank(copied.read_all()) == original  # same events, same order per rank
+    assert copied.job()["job"] == "run-7" and copied.job()["world_size"] == 3
+    assert copied.job()["copied_from"].startswith("redis://")
+
+    back = redis_url + "?job=run-7-again"
+    assert cli.main(["copy", str(archive), back]) == 0
+    again = open_reader(back)
+    assert per_rank(again.read_all()) == original
+    assert again.job()["job"] == "run-7-again" and again.stats.corrupt == 0
+
+
+def test_directory_to_redis_keeps_the_job_id(redis_url, tmp_path, capsys):
+    src = tmp_path / "trace"
+    make_job(str(src), "dir-job", ranks=2)
+    assert cli.main(["copy", str(src), redis_url, "-q"]) == 0
+    assert capsys.readouterr().out == ""
+    reader = open_reader(redis_url)  # the newest job there
+    assert reader.job()["job"] == "dir-job"
+    assert per_rank(reader.read_all()) == per_rank(open_reader(str(src)).read_all())
+
+
+def test_copy_refuses_to_mix_and_can_rename(redis_url, tmp_path, capsys):
+    src = tmp_path / "trace"
+    make_job(str(src), "j", ranks=1)
+    assert cli.main(["copy", str(src), redis_url]) == 0
+    assert cli.main(["copy", str(src), redis_url]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to mix jobs" in err and "--job NEW" in err
+    assert cli.main(["copy", str(src), redis_url, "--job", "j2"]) == 0
+    assert open_reader(redis_url + "?job=j2").job()["job"] == "j2"
+    assert cli.main(["copy", str(src), redis_url + "?job=x", "--job", "y"]) == 2
+
+
+def test_copy_reports_bad_input(redis_url, tmp_path, capsys):
+    assert cli.main(["copy", str(tmp_path / "nothing"), str(tmp_path / "out")]) == 2
+    assert cli.main(["copy", "redis://127.0.0.1:notaport/0", str(tmp_path / "out")]) == 2
+    assert cli.main(["copy", redis_url, str(tmp_path / "out")]) == 2  # an empty database
+    err = capsys.readouterr().err
+    assert "no trace store" in err and "port" in err and "no commscope trace" in err
+
+
+def test_large_trimmed_copy_pages_through_and_warns(redis_url, tmp_path, capsys):
+    make_job(redis_url + "?maxlen=20000", "big", ranks=2, per_rank=60_000)
+    source = open_reader(redis_url)
+    expected = per_rank(source.read_all())
+    assert source.stats.trimmed
+    assert cli.main(["copy", redis_url, str(tmp_path / "big"), "--progress", "always"]) == 0
+    captured = capsys.readouterr()
+    assert "trimmed" in captured.err
+    copied = per_rank(open_reader(str(tmp_path / "big")).read_all())
+    assert copied == expected
+    assert all(20_000 <= len(v) < 60_001 for v in copied.values())

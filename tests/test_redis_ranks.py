@@ -1,0 +1,316 @@
+"""Real Gloo ranks recording to Redis: diagnosed like a directory trace, surviving a Redis
+restart without unreported loss, and never leaking the password."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
+from redis_fixture import redis_client, require_redis_server
+
+import commscope
+from commscope import cli
+from commscope import events as E
+from commscope.bench.redis_server import RedisServer
+from commscope.launch import Job, run_ranks
+from commscope.store import open_reader
+from commscope.store.redis_store import stream_key
+
+# ---------------------------------------------------------------------------- same diagnosis
+
+
+def diagnosable_job(rank: int, ws: int, store: str) -> None:
+    """A short job with something to find: a straggler, a p2p pair, an async op never waited."""
+    commscope.instrument(store, sample_interval=60.0, hang_after=60.0, flight_recorder=False)
+    x = torch.ones(64)
+    for _ in range(10):
+        if rank == 1:
+            time.sleep(0.05)  # always last, by far
+        dist.all_reduce(x)
+    dist.broadcast(x, src=0)
+    if rank == 0:
+        dist.send(x, 1)
+    elif rank == 1:
+        dist.recv(x, 0)
+    work = dist.all_reduce(x, async_op=True)  # never waited
+    dist.barrier()
+    commscope.uninstrument()
+    del work
+
+
+VOLATILE = {"ts", "tid", "pid", "host", "store", "argv", "cpu", "rss", "inflight", "python", "local_rank"}
+
+
+def normalized(events: list[dict]) -> dict[int, list[dict]]:
+    """Per rank, in stored order, without the fields that differ from run to run."""
+    out: dict[int, list[dict]] = {}
+    for e in events:
+        out.setdefault(e["rank"], []).append({k: v for k, v in e.items() if k not in VOLATILE})
+    return out
+
+
+def check_json(store: str, capsys) -> dict:
+    capsys.readouterr()
+    rc = cli.main(["check", store, "--json", "--hang-after", "60"])
+    out = json.loads(capsys.readouterr().out)
+    out["rc"] = rc
+    return out
+
+
+def test_redis_trace_is_diagnosed_like_a_directory_trace(redis_url, tmp_path, capsys):
+    env = {"COMMSCOPE_JOB": "same-job"}
+    directory = str(tmp_path / "trace")
+    run_ranks(diagnosable_job, 3, args=(directory,), env=env, timeout=60)
+    run_ranks(diagnosable_job, 3, args=(redis_url,), env=env, timeout=60)
+
+    from_dir = normalized(open_reader(directory).read_all())
+    from_redis = normalized(open_reader(redis_url).read_all())
+    assert sorted(from_redis) == [0, 1, 2]
+    for rank in from_dir:
+        assert from_redis[rank] == from_dir[rank], f"rank {rank} differs"
+
+    a, b = check_json(directory, capsys), check_json(redis_url, capsys)
+    for key in ("rc", "ranks", "events", "ops", "warnings"):
+        assert a[key] == b[key], key
+
+    def findings(report: dict) -> list[tuple]:
+        return sorted((f["kind"], f["severity"], f.get("group"), f.get("seq"), f.get("op"), tuple(f["ranks"]),
+                       tuple(f["culprits"])) for f in report["findings"])
+
+    assert findings(a) == findings(b)
+    assert {"straggler", "unwaited_work"} <= {f[0] for f in findings(b)}, findings(b)  # not a vacuous match
+    assert b["source"].startswith("redis://") and "job=same-job" in b["source"]
+
+
+# ---------------------------------------------------------------------------- restart mid-job
+
+
+class LoggedPending(deque):
+    """The recorder's pending buffer, remembering every event that entered it and where.
+
+    Each entry gets a sort key that reflects its place in the buffer (``appendleft`` puts
+    the meta event in front of what is already waiting), so sorting the log gives the
+    exact order in which the recorder hands events to the store.
+    """
+
+    def __init__(self, items=()):
+        super().__init__()
+        self.log: list[tuple[float, bytes]] = []
+        self.keys: deque[float] = deque()
+        self.counter = 0.0
+        for x in items:
+            self.append(x)
+
+    def append(self, x):
+        self.counter += 1
+        self.keys.append(self.counter)
+        self.log.append((self.counter, x))
+        super().append(x)
+
+    def appendleft(self, x):
+        key = (self.keys[0] if self.keys else self.counter + 1) - 1e-6 * (1 + len(self.log))
+        self.keys.appendleft(key)
+        self.log.append((key, x))
+        super().appendleft(x)
+
+    def popleft(self):
+        self.keys.popleft()
+        return super().popleft()
+
+    def clear(self):
+        self.keys.clear()
+        super().clear()
+
+
+def restart_job(rank: int, ws: int, store: str, stop_file: str) -> dict:
+    rec = commscope.instrument(store, sample_interval=0.1, hang_after=60.0, flight_recorder=False)
+    with rec._tick_lock:  # before the process group exists, so before anything is written
+        rec.pending = LoggedPending(rec.pending)
+        rec.PENDING_CAP = 300  # small, so that the outage overflows it and drops get counted
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    x = torch.ones(16)
+    flag = torch.zeros(1)
+    steps = 0
+    while True:
+        dist.all_reduce(x)
+        flag[0] = float(os.path.exists(stop_file))
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # all ranks stop at the same step
+        steps += 1
+        if flag[0] > 0:
+            break
+        time.sleep(0.002)
+    commscope.uninstrument()  # the final write goes through: Redis is back by now
+    dist.destroy_process_group()
+    return {"log": [line for _, line in sorted(rec.pending.log)], "left": len(rec.pending),
+            "store_dropped": rec.store_dropped, "hot_dropped": rec.hot_dropped, "steps": steps,
+            "saw_failure": "store" in rec._warned, "stored_after_drop": rec.writer.stored_after_drop}
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _is_subsequence(short: list, long: list) -> bool:
+    it = iter(long)
+    return all(any(x == y for y in it) for x in short)
+
+
+@pytest.mark.parametrize("fault", ["restart_mid_job", "down_at_start"])
+def test_redis_outage_loses_only_what_was_reported_dropped(tmp_path, fault):
+    require_redis_server()
+    server = RedisServer(appendonly=True, data_dir=tmp_path / "redis")  # appendfsync always
+    server.start()
+    url = server.url + "?job=outage"
+    stop_file = str(tmp_path / "stop")
+    keys = [stream_key("outage", r) for r in range(2)]
+    if fault == "down_at_start":
+        server.stop()
+    job = Job(restart_job, 2, args=(url, stop_file), init=False).start()
+    client = None
+    try:
+        if fault == "restart_mid_job":
+            client = redis_client(server.url)
+            _wait_for(lambda: all(client.xlen(k) > 100 for k in keys), 60, "both ranks to record")
+            client.close()
+            server.stop()  # SIGTERM: Redis writes its AOF and goes away; ranks keep training
+        time.sleep(2.0)
+        assert sorted(job.alive()) == [0, 1]
+        server.start()  # same port, same data directory
+        client = redis_client(server.url)
+        before = [client.xlen(k) for k in keys]
+        _wait_for(lambda: all(client.xlen(k) > n + 100 for k, n in zip(keys, before, strict=True)), 60,
+                  "recording to resume")
+        Path(stop_file).touch()
+        results = job.join(60)
+        assert all(r.ok for r in results.values()), {r: (x.error, x.exitcode) for r, x in results.items()}
+
+        for rank in range(2):
+            res = results[rank].value
+            entries = client.xrange(stream_key("outage", rank))
+            stored = [f[b"e"] for _, f in entries]
+            # Redis kept every entry: numbered 1..n without a gap.
+            assert [eid for eid, _ in entries] == [b"0-%d" % k for k in range(1, len(entries) + 1)]
+            assert len(set(stored)) == len(stored), "duplicate events"
+            assert E.decode(stored[0])["type"] == "meta"
+            assert res["left"] == 0 and res["hot_dropped"] == 0
+            log = res["log"]
+            assert _is_subsequence(stored, log), "events stored out of order, or never recorded"
+            # Exact accounting.  The recorder counts as dropped every event it gave up on.
+            # A few of those may have reached Redis after all: the batch in flight when Redis
+            # went down landed, the writer could not learn it until Redis was back, and the
+            # recorder's full buffer dropped some of that batch meanwhile.  The writer counts
+            # exactly those when it settles the batch.
+            missing = len(log) - len(stored)
+            assert missing == res["store_dropped"] - res["stored_after_drop"], (
+                missing, res["store_dropped"], res["stored_after_drop"])
+            drops = [E.decode(v) for v in stored if b'"type":"dropped"' in v]
+            if res["store_dropped"]:
+                assert drops[-1]["total"] == res["store_dropped"]  # and the trace itself says so
+            else:
+                assert not drops
+        assert any(results[r].value["saw_failure"] for r in range(2)), "the outage was never noticed"
+        assert any(results[r].value["store_dropped"] for r in range(2)), "the buffer never overflowed"
+    finally:
+        if client is not None:
+            client.close()
+        job.kill()
+        server.close()
+
+
+# ---------------------------------------------------------------------------- password
+
+
+def password_job(rank: int, ws: int, store: str, err_file: str) -> dict:
+    fd = os.open(f"{err_file}.{rank}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 2)  # everything the rank prints to stderr, warnings included
+    sys.argv.append(f"--store={store}")  # the URL, password and all, ends up in the meta event's argv
+    rec = commscope.instrument(store, sample_interval=0.1, hang_after=60.0, flight_recorder=False)
+    x = torch.ones(8)
+    for _ in range(20):
+        dist.all_reduce(x)
+        time.sleep(0.01)
+    commscope.uninstrument()
+    sys.stderr.flush()
+    return {"steps": 20, "value": float(x[0]), "error": rec._store_error}
+
+
+def _everything_in(url: str) -> bytes:
+    """Every byte commscope stored in that database, read with redis-py."""
+    c = redis_client(url)
+    out = []
+    for key in c.keys("*"):
+        kind = c.type(key)
+        out.append(key)
+        if kind == b"stream":
+            out += [v for _, f in c.xrange(key) for v in f.values()]
+        elif kind == b"string":
+            out.append(c.get(key))
+        elif kind == b"set":
+            out += list(c.smembers(key))
+        elif kind == b"zset":
+            out += c.zrange(key, 0, -1)
+    c.close()
+    return b"\n".join(out)
+
+
+def test_password_is_never_shown_and_a_wrong_one_is_one_warning(tmp_path, capsys):
+    require_redis_server()
+    secret = "Pa55-w0rd-never-shown"
+    with RedisServer(password=secret, data_dir=tmp_path / "redis") as server:
+        server.start()
+        wrong = server.url.replace(secret, "wrong-Pa55")
+        errs = tmp_path / "err-wrong"
+        results = run_ranks(password_job, 2, args=(wrong, str(errs)), env={"COMMSCOPE_JOB": "pw"}, timeout=60)
+        for r in range(2):
+            res = results[r].value
+            assert res["steps"] == 20 and res["value"] == 2.0 ** 20  # training went on
+            text = Path(f"{errs}.{r}").read_text()
+            assert text.count("commscope: cannot log in to redis://:***@127.0.0.1") == 1, text
+            assert "wrong password" in text and "wrong-Pa55" not in text and secret not in text
+        assert _everything_in(server.url) == b""  # nothing could be written
+
+        errs = tmp_path / "err-good"
+        results = run_ranks(password_job, 2, args=(server.url, str(errs)), env={"COMMSCOPE_JOB": "pw"}, timeout=60)
+        assert all(results[r].value["error"] is None for r in range(2))
+        stored = _everything_in(server.url)
+        assert b'"type":"op"' in stored and b":***@127.0.0.1" in stored  # argv and store, redacted
+        shown = [stored.decode(errors="replace")] + [Path(f"{errs}.{r}").read_text() for r in range(2)]
+
+        capsys.readouterr()
+        assert cli.main(["check", server.url, "--json"]) in (0, 1)
+        assert cli.main(["report", server.url]) == 0
+        assert cli.main(["export", server.url, "--chrome", str(tmp_path / "chrome.json")]) == 0
+        assert cli.main(["copy", server.url, str(tmp_path / "copied")]) == 0
+        assert cli.main(["check", wrong]) == 2
+        assert cli.main(["copy", wrong, str(tmp_path / "never")]) == 2
+        out = capsys.readouterr()
+        assert "cannot log in" in out.err
+        shown += [out.out, out.err, (tmp_path / "chrome.json").read_text()]
+        shown += [p.read_text() for p in (tmp_path / "copied").rglob("*") if p.is_file()]
+        for text in shown:
+            assert secret not in text and "wrong-Pa55" not in text
+
+
+def test_fixture_names_the_missing_binary(monkeypatch):
+    """Without redis-server the tests fail with the install hint instead of skipping."""
+    import redis_fixture
+
+    from commscope.bench import redis_server as rs
+
+    monkeypatch.setenv(rs.REDIS_SERVER_ENV, "/nonexistent/redis-server")
+    monkeypatch.setattr(rs.shutil, "which", lambda name: None)
+    monkeypatch.setattr(rs.os.path, "isfile", lambda p: False)
+    with pytest.raises(pytest.fail.Exception, match="apt-get install redis-server"):
+        redis_fixture.require_redis_server()

@@ -1,0 +1,352 @@
+"""Redis store specifics: URLs and redaction, key layout, trimming, lost replies, reconnects.
+
+Everything runs against a real redis-server (tests/redis_fixture.py).  Network faults are
+made real where Redis can make them (CLIENT KILL, a stopped server); a reply lost *after*
+Redis executed the batch cannot be timed from outside, so that one is injected at the
+socket of the writer's connection.
+"""
+
+from __future__ import annotations
+
+import pytest
+from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
+from redis_fixture import redis_client
+
+from commscope import events as E
+from commscope.bench.redis_server import RedisServer
+from commscope.store import StoreError, open_reader, open_writer, redact
+from commscope.store.redis_store import (
+    JOBS_KEY,
+    RedisAuthError,
+    RedisWriter,
+    delete_job,
+    list_jobs,
+    meta_key,
+    ranks_key,
+    stream_key,
+)
+from commscope.store.redis_url import parse_url, redact_url
+
+
+def ev(rank: int, i: int, **kw) -> dict:
+    return {"v": 1, "type": "op", "rank": rank, "ts": 1000 + i, "phase": "begin", "id": i, **kw}
+
+
+def lines(rank: int, a: int, b: int, **kw) -> list[bytes]:
+    return [E.encode(ev(rank, i, **kw)) for i in range(a, b)]
+
+
+def stored_ids(url: str, job: str, rank: int) -> list[tuple[bytes, int]]:
+    """(entry id, event id) of every entry, read with redis-py: an independent view."""
+    c = redis_client(url)
+    try:
+        return [(eid, E.decode(f[b"e"])["id"]) for eid, f in c.xrange(stream_key(job, rank))]
+    finally:
+        c.close()
+
+
+# ---------------------------------------------------------------------------- URLs
+@pytest.mark.parametrize("url, expect", [
+    ("redis://localhost:6379/0", dict(host="localhost", port=6379, db=0)),
+    ("redis://h", dict(host="h", port=6379, db=0)),
+    ("redis://:p%40ss@h:7000/3?job=run-1&maxlen=5000", dict(host="h", port=7000, db=3, password="p@ss", job="run-1",
+                                                            maxlen=5000)),
+    ("redis://alice:pw@h/2", dict(username="alice", password="pw", db=2)),
+    ("rediss://h:6380/0?ssl_cert_reqs=none", dict(scheme="rediss", ssl_verify=False)),
+    ("unix:///run/redis.sock?db=4&job=x", dict(scheme="unix", path="/run/redis.sock", db=4, job="x")),
+    ("redis://h/0?timeout=0.5", dict(timeout=0.5)),
+])
+def test_url_forms(url, expect):
+    t = parse_url(url)
+    for k, v in expect.items():
+        assert getattr(t, k) == v, k
+
+
+@pytest.mark.parametrize("url, problem", [
+    ("redis://h:notaport/0", "port"),
+    ("redis://h/abc", "database"),
+    ("redis://h/0?jobb=x", "unknown option"),
+    ("redis://h/0?job=a/b", "job name"),
+    ("redis://h/0?maxlen=0", "maxlen"),
+    ("redis://h/0?timeout=-1", "timeout"),
+    ("unix://", "unix:///path"),
+])
+def test_bad_urls_are_store_errors(url, problem):
+    with pytest.raises(StoreError, match=problem):
+        parse_url(url)
+
+
+@pytest.mark.parametrize("url", [
+    "redis://:hunter2secret@h:1/0", "redis://bob:hunter2secret@h/0", "redis://hunter2secret@h",
+    "redis://:hunter2/secret@h/0", "redis://:hunter2#secret@h/0", "redis://:hunter2?secret@h/0?job=x",
+    "redis://h/0?password=hunter2secret&job=x", "unix://:hunter2secret@/tmp/r.sock",
+    "redis://:hunter2secret@h:notaport/0",
+])
+def test_password_never_survives_redaction_or_parsing(url):
+    for part in ("hunter2", "secret"):
+        assert part not in redact_url(url) and part not in redact(url)
+    try:
+        t = parse_url(url)
+    except StoreError as exc:
+        assert "hunter2" not in str(exc)
+        return
+    assert "hunter2" not in repr(t) and "hunter2" not in t.display()
+
+
+# ---------------------------------------------------------------------------- layout
+def test_key_layout_and_job_registry(redis_url):
+    w = open_writer(redis_url, "j1", 0, {"world_size": 2})
+    w.write(lines(0, 1, 4))
+    open_writer(redis_url, "j1", 1).write(lines(1, 1, 2))
+    c = redis_client(redis_url)
+    assert c.type(stream_key("j1", 0)) == b"stream"
+    assert [eid for eid, _ in c.xrange(stream_key("j1", 0))] == [b"0-1", b"0-2", b"0-3"]
+    assert c.smembers(ranks_key("j1")) == {b"0", b"1"}
+    assert c.get(meta_key("j1")) == b'{"world_size":2,"job":"j1"}'
+    assert c.zrange(JOBS_KEY, 0, -1) == [b"j1"]
+    assert [j for j, _ in list_jobs(redis_url)] == ["j1"]
+    assert delete_job(redis_url, "j1") == 4
+    assert c.keys("commscope:*") == []
+    c.close()
+
+
+def test_writer_takes_the_job_from_the_url(redis_url):
+    w = open_writer(redis_url + "?job=fixed", "ignored", 0)
+    w.write(lines(0, 1, 2))
+    assert w.job == "fixed" and "job=fixed" in w.description
+    assert open_reader(redis_url).job()["job"] == "fixed"
+
+
+# ---------------------------------------------------------------------------- trimming and gaps
+def test_maxlen_trims_and_the_reader_says_so(redis_url):
+    w = open_writer(redis_url + "?maxlen=100", "t", 0, {"world_size": 1})
+    for a in range(1, 2001, 100):
+        w.write(lines(0, a, a + 100))
+    c = redis_client(redis_url)
+    assert c.xlen(stream_key("t", 0)) < 400  # approximate trimming: whole macro nodes go
+    reader = open_reader(redis_url)
+    got = [e["id"] for e in reader.read_all()]
+    assert got == list(range(got[0], 2001)) and got[0] > 1  # the newest, contiguous
+    assert reader.stats.trimmed and reader.missing == {0: got[0] - 1}
+    assert any("trimmed by maxlen" in m for m in reader.stats.warnings)
+    assert reader.job()["maxlen"] == 100
+
+
+def test_untrimmed_reader_reports_no_trimming(redis_url):
+    open_writer(redis_url, "t", 0).write(lines(0, 1, 500))
+    reader = open_reader(redis_url)
+    assert len(reader.read_all()) == 499 and not reader.stats.trimmed and reader.missing == {}
+
+
+def test_lost_entries_in_the_middle_are_counted(redis_url):
+    w = open_writer(redis_url, "g", 0)
+    w.write(lines(0, 1, 11))
+    c = redis_client(redis_url)
+    c.xdel(stream_key("g", 0), "0-4", "0-5")  # what a Redis without persistence may lose
+    reader = open_reader(redis_url)
+    assert [e["id"] for e in reader.read_all()] == [1, 2, 3, 6, 7, 8, 9, 10]
+    assert reader.missing == {0: 2} and not reader.stats.trimmed
+    assert any("#4-#5" in m for m in reader.stats.warnings)
+
+
+def test_foreign_entries_are_counted_as_corrupt(redis_url):
+    w = open_writer(redis_url, "f", 0)
+    w.write(lines(0, 1, 3))
+    c = redis_client(redis_url)
+    c.xadd(stream_key("f", 0), {"something": "else"})  # an auto id ms-seq: not ours
+    reader = open_reader(redis_url)
+    assert [e["id"] for e in reader.read_all()] == [1, 2] and reader.stats.corrupt == 1
+    with pytest.raises(StoreError) as info:  # and the writer refuses to append after it
+        w.write(lines(0, 3, 4))
+    assert "another process" in str(info.value) and info.value.written == 0
+
+
+# ---------------------------------------------------------------------------- faults
+def test_killed_connection_is_replaced_without_an_error(redis_url):
+    w = open_writer(redis_url, "k", 0)
+    w.write(lines(0, 1, 100))
+    c = redis_client(redis_url)
+    assert c.client_kill_filter(_type="normal", skipme=True) >= 1  # e.g. an idle timeout
+    w.write(lines(0, 100, 200))  # reconnects by itself: no StoreError
+    assert [i for _, i in stored_ids(redis_url, "k", 0)] == list(range(1, 200))
+
+
+class _LoseReplyOnce:
+    """Wrap the writer's connection: the next reply is lost after Redis executed the command."""
+
+    def __init__(self, writer: RedisWriter, then_unreachable: bool = False):
+        self.writer = writer
+        self.conn = writer._conn
+        self.then_unreachable = then_unreachable
+        real_read = self.conn.read
+
+        def read():
+            real_read()  # Redis did the work ...
+            self.conn.read = real_read
+            self.conn.close()
+            raise ConnectionResetError(104, "Connection reset by peer")  # ... but we never hear of it
+
+        self.conn.read = read
+        if then_unreachable:
+            real_reconnect = writer._reconnect
+
+            def reconnect():
+                writer._reconnect = real_reconnect
+                raise StoreError("cannot connect to redis://...: connection refused")
+
+            writer._reconnect = reconnect
+
+
+def test_lost_reply_is_settled_at_once_when_redis_answers(redis_url):
+    w = open_writer(redis_url, "lr", 0)
+    w.write(lines(0, 1, 10))
+    _LoseReplyOnce(w)
+    w.write(lines(0, 10, 20))  # the batch landed; the writer reconnects, sees it, does not resend
+    assert [i for _, i in stored_ids(redis_url, "lr", 0)] == list(range(1, 20))
+
+
+@pytest.mark.parametrize("recorder_dropped", [0, 3, 10, 12])
+def test_lost_reply_while_redis_is_unreachable_is_settled_next_time(redis_url, recorder_dropped):
+    w = open_writer(redis_url, "lu", 0)
+    w.write(lines(0, 1, 10))
+    batch = lines(0, 10, 20)
+    _LoseReplyOnce(w, then_unreachable=True)
+    with pytest.raises(StoreError) as info:
+        w.write(batch)
+    assert info.value.written == 0  # unknown yet: the recorder keeps all of it
+    # The recorder retries with what it still holds (maybe minus its oldest events, dropped
+    # because its buffer filled up meanwhile) plus newer events.
+    w.write((batch + lines(0, 20, 25))[recorder_dropped:])
+    # The batch had landed: stored once.  Of the newer events only those the recorder
+    # dropped (and counted) are missing.
+    expect = list(range(1, 20)) + list(range(20 + max(0, recorder_dropped - 10), 25))
+    stored = stored_ids(redis_url, "lu", 0)
+    assert [i for _, i in stored] == expect
+    assert [eid for eid, _ in stored] == [b"0-%d" % k for k in range(1, len(expect) + 1)]
+    # Events the recorder counted as dropped although they had landed: known exactly.
+    assert w.stored_after_drop == min(recorder_dropped, 10)
+
+
+def test_batch_that_never_landed_is_sent_again(redis_url):
+    w = open_writer(redis_url, "nl", 0)
+    w.write(lines(0, 1, 5))
+    batch = lines(0, 5, 9)
+    real_send = w._conn.send
+
+    def send_fails(data):
+        w._conn.send = real_send
+        w._conn.close()
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def unreachable():
+        raise StoreError("cannot connect: connection refused")
+
+    w._conn.send = send_fails
+    w._reconnect = unreachable
+    with pytest.raises(StoreError) as info:
+        w.write(batch)
+    assert info.value.written == 0
+    del w._reconnect
+    w.write(batch)
+    assert [i for _, i in stored_ids(redis_url, "nl", 0)] == list(range(1, 9))
+
+
+def test_server_down_at_open_and_back_later(tmp_path):
+    server = RedisServer(data_dir=tmp_path / "r")
+    server.start()
+    url = server.url
+    server.stop()
+    try:
+        with pytest.raises(StoreError, match="connection refused"):
+            open_writer(url, "d", 0)
+        with pytest.raises(StoreError, match="connection refused"):
+            open_reader(url)
+        server.start()
+        w = open_writer(url, "d", 0)
+        w.write(lines(0, 1, 50))
+        server.stop()
+        with pytest.raises(StoreError) as info:
+            w.write(lines(0, 50, 60))
+        assert info.value.written == 0
+        server.start()  # no persistence: the first 49 are gone, the writer goes on numbering
+        w.write(lines(0, 50, 60))
+        reader = open_reader(url + "?job=d")
+        follower = open_reader(url + "?job=d")
+        assert [e["id"] for e in reader.read_all()] == list(range(50, 60))
+        assert reader.missing == {0: 49} and reader.stats.trimmed  # the gap is reported, not hidden
+        server.stop()
+        with pytest.raises(StoreError, match="cannot (read|connect)"):  # a partial read must not pass
+            reader.read_all()
+        assert follower.poll() == [] and any("still trying" in m for m in follower.stats.warnings)
+        server.start()
+        w.write(lines(0, 60, 61))
+        assert [e["id"] for e in follower.poll()] == [60]  # the live reader carries on
+    finally:
+        server.close()
+
+
+def test_two_writers_for_one_rank_cannot_interleave(redis_url):
+    a = open_writer(redis_url, "two", 0)
+    b = open_writer(redis_url, "two", 0)  # opened before a wrote: the mixing check cannot see it
+    a.write(lines(0, 1, 5))
+    with pytest.raises(StoreError, match="another process"):
+        b.write(lines(0, 100, 105))
+    assert [i for _, i in stored_ids(redis_url, "two", 0)] == [1, 2, 3, 4]
+
+
+def test_reader_poll_survives_a_lost_connection(redis_url):
+    w = open_writer(redis_url, "p", 0)
+    w.write(lines(0, 1, 3))
+    reader = open_reader(redis_url)
+    assert len(reader.poll()) == 2
+    c = redis_client(redis_url)
+    c.client_kill_filter(_type="normal", skipme=True)
+    w.write(lines(0, 3, 5))
+    first = reader.poll()  # may notice the dead connection and return nothing this time
+    rest = reader.poll()
+    assert [e["id"] for e in first + rest] == [3, 4]
+
+
+def test_wrong_password_is_one_clear_error(tmp_path):
+    secret = "Tr0ub4dor-and-3"
+    with RedisServer(password=secret, data_dir=tmp_path / "r") as server:
+        server.start()
+        good = server.url
+        wrong = good.replace(secret, "not-the-password")
+        for url in (wrong, good.replace(f":{secret}@", "")):
+            for opener in (lambda u: open_writer(u, "j", 0), open_reader):
+                with pytest.raises(RedisAuthError) as info:
+                    opener(url)
+                text = str(info.value)
+                assert "cannot log in" in text and secret not in text and "not-the-password" not in text
+        w = open_writer(good, "j", 0)
+        w.write(lines(0, 1, 3))
+        r = open_reader(good)
+        for obj in (w, r):
+            assert secret not in repr(obj) and secret not in obj.description
+        assert len(r.read_all()) == 2
+
+
+def test_meta_event_never_stores_the_password(redis_url):
+    """Even a URL quoted inside an argv entry, for a password the writer does not know."""
+    url = redis_url.replace("redis://", "redis://:pw-in-argv-1234@")
+    w = RedisWriter(redis_url, "m", 0)
+    meta = {"type": "meta", "ts": 1, "argv": ["train.py", f"--store={url}"], "store": redact(url), "v": 1,
+            "rank": 0}
+    w.write([E.encode(meta), E.encode(ev(0, 1, site="a://b@c"))])
+    c = redis_client(redis_url)
+    raw = [f[b"e"] for _, f in c.xrange(stream_key("m", 0))]
+    assert b"pw-in-argv-1234" not in raw[0] and b"--store=redis://:***@127.0.0.1" in raw[0]
+    assert raw[1] == E.encode(ev(0, 1, site="a://b@c"))  # only meta events are touched
+
+
+def test_unix_socket_url(tmp_path):
+    sock = tmp_path / "r.sock"
+    with RedisServer(data_dir=tmp_path / "r", extra={"unixsocket": str(sock), "unixsocketperm": "700"}) as server:
+        server.start()
+        url = f"unix://{sock}?db=2"
+        open_writer(url, "u", 0, {"world_size": 1}).write(lines(0, 1, 4))
+        reader = open_reader(url)
+        assert [e["id"] for e in reader.read_all()] == [1, 2, 3]
+        assert reader.description == f"unix://{sock}?db=2&job=u"
+        assert redis_client(f"redis://127.0.0.1:{server.port}/2").xlen(stream_key("u", 0)) == 3
