@@ -51,6 +51,10 @@ def exercise(rank: int, ws: int, store: str | None) -> dict:
     res["all_gather"] = _summary(dist.all_gather(outs, t()), *outs)
     out = torch.zeros(4 * ws)
     res["all_gather_into_tensor"] = _summary(dist.all_gather_into_tensor(out, t()), out)
+    out = torch.zeros(4 * ws)
+    res["all_gather_single"] = _summary(dist.all_gather_single(out, t()), out)
+    x = torch.zeros(4)
+    res["reduce_scatter_single"] = _summary(dist.reduce_scatter_single(x, torch.arange(4.0 * ws) + rank), x)
     outl = [[torch.zeros(4)] for _ in range(ws)]
     res["all_gather_coalesced"] = _summary(dist.all_gather_coalesced(outl, [t()]), *[o[0] for o in outl])
     gl = [torch.zeros(4) for _ in range(ws)] if rank == 0 else None

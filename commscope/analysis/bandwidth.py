@@ -18,9 +18,11 @@ from commscope.analysis.collectives import complete_rows, gather, seq_of_row
 from commscope.analysis.model import GroupIndex, Sig, TraceModel
 
 _ALL_REDUCE = ("all_reduce", "all_reduce_coalesced", "allreduce", "allreduce_coalesced")
-_ALL_GATHER = ("all_gather", "all_gather_into_tensor", "all_gather_coalesced", "all_gather_v", "_allgather_base",
+_ALL_GATHER = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_coalesced", "all_gather_v",
+               "_allgather_base",
                "allgather", "all_gather_base", "allgather_into_tensor_coalesced")
-_REDUCE_SCATTER = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_v", "_reduce_scatter_base",
+_REDUCE_SCATTER = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter_v",
+                   "_reduce_scatter_base",
                    "reduce_scatter_tensor_coalesced")
 _ALL_TO_ALL = ("all_to_all", "all_to_all_single", "all_to_all_v", "alltoall", "alltoall_base")
 _NO_DATA = ("barrier", "monitored_barrier")

@@ -39,13 +39,16 @@ DEAD_MIN_S = 2.0
 SAME_SHAPE: dict[str, tuple[str, ...]] = {
     "all_reduce": ("in",), "all_reduce_coalesced": ("in",), "allreduce": ("in",),
     "broadcast": ("in",), "reduce": ("in",), "all_gather": ("in",),
-    "all_gather_into_tensor": ("in", "out"), "_allgather_base": ("in", "out"),
+    "all_gather_into_tensor": ("in", "out"), "all_gather_single": ("in", "out"), "_allgather_base": ("in", "out"),
     "all_gather_coalesced": ("in",), "gather": ("in",), "scatter": ("out",),
-    "reduce_scatter": ("out",), "reduce_scatter_tensor": ("in", "out"), "_reduce_scatter_base": ("in", "out"),
+    "reduce_scatter": ("out",), "reduce_scatter_tensor": ("in", "out"), "reduce_scatter_single": ("in", "out"),
+    "_reduce_scatter_base": ("in", "out"),
 }
-#: Ops whose tensors carry no comparable dtype (object ops, barriers, varlen with own checks).
+#: Ops whose tensors carry no comparable dtype: object ops, barriers, and varlen ops, whose
+#: non-root ranks may pass no tensor at all and which check dtypes across ranks themselves.
 NO_DTYPE = frozenset({"barrier", "monitored_barrier", "all_gather_object", "gather_object",
-                      "broadcast_object_list", "scatter_object_list"})
+                      "broadcast_object_list", "scatter_object_list", "all_gather_v", "gather_v", "scatter_v",
+                      "all_to_all_v", "reduce_scatter_v", "broadcast_v"})
 
 
 def _ints(values: list) -> np.ndarray:

@@ -65,6 +65,14 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     return (group, None, None, None, None, async_op, (input_tensor,), (output_tensor,))
 
 
+def all_gather_single(output_tensor, input_tensor, group=None, async_op=False):
+    return (group, None, None, None, None, async_op, (input_tensor,), (output_tensor,))
+
+
+def reduce_scatter_single(output, input, op=SUM, group=None, async_op=False):
+    return (group, None, None, None, op, async_op, (input,), (output,))
+
+
 def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, async_op=False):
     outs = [t for lst in output_tensor_lists for t in lst]
     return (group, None, None, None, None, async_op, input_tensor_list, outs)
@@ -148,7 +156,8 @@ def recv_object_list(object_list, src=None, group=None, device=None, group_src=N
 TORCH_OPS = {
     f.__name__: f for f in (
         all_reduce, all_reduce_coalesced, reduce, broadcast, all_gather, all_gather_into_tensor,
-        all_gather_coalesced, gather, scatter, reduce_scatter, reduce_scatter_tensor, all_to_all,
+        all_gather_single, all_gather_coalesced, gather, scatter, reduce_scatter, reduce_scatter_tensor,
+        reduce_scatter_single, all_to_all,
         all_to_all_single, barrier, monitored_barrier, send, recv, isend, irecv,
         all_gather_object, gather_object, broadcast_object_list, scatter_object_list,
         send_object_list, recv_object_list,

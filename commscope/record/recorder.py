@@ -52,7 +52,7 @@ DEFAULT_HANG_AFTER = 30.0
 _B, _E, _WB, _WE, _G, _X = TAG_BEGIN, TAG_END, TAG_WAIT_BEGIN, TAG_WAIT_END, TAG_GROUP, TAG_EXIT
 
 _REDUCING = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
-                       "reduce_scatter_tensor", "reduce_scatter_v"})
+                       "reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter_v"})
 
 
 class GroupInfo(NamedTuple):

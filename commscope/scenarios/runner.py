@@ -1,0 +1,522 @@
+"""Run a demo scenario as a real multi-process job: ``DemoJob`` and ``run_headless``.
+
+    job = DemoJob("missing-rank", ranks=4).start()   # non-blocking; job.store is the live trace
+    ...                                               # console: open_source(job.store, wait=True)
+    job.stop()                                        # SIGTERM, then SIGKILL; no process left
+
+    code = run_headless("straggler", json=False)      # run, diagnose, print `commscope check`
+
+Each ``DemoJob`` records into a fresh directory (``.store``), so a new run never mixes
+with an old one, and a run is not restartable: make a new ``DemoJob`` to restart.
+
+Worker processes come from ``commscope.launch`` (a forkserver with torch preloaded).  Each
+one joins the process group, switches ``commscope.instrument`` on and runs the scenario's
+``worker(rank, world_size, ctx)``.  Nothing outlives the demo:
+
+* ``stop()`` sends SIGTERM to every worker and its child processes, then SIGKILL to what is
+  left after ``timeout``; it is idempotent, thread-safe, and runs at interpreter exit for
+  every job not stopped yet.
+* every worker has a watchdog: at the demo's deadline (``time_limit`` after ``start()``)
+  all ranks leave together (exit code ``EXIT_TIME_LIMIT``), so a hung scenario ends on its
+  own; a worker whose launching process died exits at once (``EXIT_ORPHANED``; on Linux
+  the kernel also kills it when the forkserver goes); an ``alarm()`` backstop kills a
+  worker that could not run Python at all 10 s after the deadline.
+
+Worker stdout/stderr go to ``<store>/logs/rank-N.log`` (the console owns the terminal).
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import secrets
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from commscope.scenarios.base import DemoContext, Scenario
+
+#: Exit code of a worker ended by the demo's time limit (the normal end of a hanging scenario).
+EXIT_TIME_LIMIT = 124
+#: Exit code of a worker whose launching process disappeared.
+EXIT_ORPHANED = 125
+#: Default time limit of hanging scenarios: the hang stays visible this long after start.
+HANG_TIME_LIMIT = 40.0
+#: Default time limit of the others (they end on their own well before).
+RUN_TIME_LIMIT = 180.0
+
+
+def get_scenario(scenario: str | Scenario) -> Scenario:
+    """The Scenario for a name (ValueError listing the names when unknown)."""
+    if isinstance(scenario, Scenario):
+        return scenario
+    from commscope.scenarios import SCENARIOS
+
+    try:
+        return SCENARIOS[scenario]
+    except KeyError:
+        raise ValueError(f"unknown scenario {scenario!r}; choose one of: {', '.join(SCENARIOS)}") from None
+
+
+def cuda_devices() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+# ---------------------------------------------------------------------- rank side
+def _rank_main(rank: int, world_size: int, worker: Any, ctx: DemoContext, pg_timeout: float) -> Any:
+    """Runs in each worker process (launched by commscope.launch.Job with init=False)."""
+    from datetime import timedelta
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launching process decides when we stop
+    _redirect_output(ctx, rank)
+    _start_watchdog(ctx)
+    import torch
+    import torch.distributed as dist
+
+    import commscope
+
+    if ctx.backend == "nccl":
+        torch.cuda.set_device(rank)
+    # N ranks share this machine's cores: one intra-op thread each avoids oversubscription.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    dist.init_process_group(ctx.backend, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=pg_timeout))
+    commscope.instrument(ctx.store, hang_after=ctx.hang_after, sample_interval=ctx.sample_interval)
+    try:
+        result = worker(rank, world_size, ctx)
+        print(f"[rank {rank}] scenario {ctx.scenario} completed", flush=True)
+        return result
+    finally:
+        commscope.uninstrument()  # writes the `exit` event (with any unwaited async work)
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _redirect_output(ctx: DemoContext, rank: int) -> None:
+    if not ctx.log_dir:
+        return
+    try:
+        fd = os.open(os.path.join(ctx.log_dir, f"rank-{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)  # C++ output (Gloo, NCCL) too
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _owner_alive(ctx: DemoContext) -> bool:
+    if not ctx.owner_pid:
+        return True
+    try:
+        import psutil
+
+        p = psutil.Process(ctx.owner_pid)
+        return p.create_time() == ctx.owner_started and p.status() != psutil.STATUS_ZOMBIE
+    except Exception:
+        return False
+
+
+def _start_watchdog(ctx: DemoContext) -> None:
+    if sys.platform.startswith("linux"):
+        try:  # the kernel kills us when our parent (the forkserver, which dies with the owner) dies
+            import ctypes
+
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except Exception:
+            pass
+    if ctx.deadline:
+        # Backstop that needs no Python: SIGALRM's default action terminates the process.
+        signal.alarm(max(1, math.ceil(ctx.deadline - time.time()) + 10))
+
+    def watch() -> None:
+        while True:
+            now = time.time()
+            if ctx.deadline and now >= ctx.deadline:
+                print(f"commscope demo: time limit reached, rank exiting (code {EXIT_TIME_LIMIT})", flush=True)
+                os._exit(EXIT_TIME_LIMIT)
+            if not _owner_alive(ctx):
+                os._exit(EXIT_ORPHANED)
+            time.sleep(min(0.5, ctx.deadline - now) if ctx.deadline else 0.5)
+
+    threading.Thread(target=watch, name="commscope-demo-watchdog", daemon=True).start()
+
+
+# ---------------------------------------------------------------------- DemoJob
+_LIVE: set = set()  # started and not stopped: stopped at interpreter exit
+_ATEXIT = False
+
+
+def _stop_all() -> None:
+    for job in list(_LIVE):
+        try:
+            job.stop(timeout=2.0)
+        except Exception:
+            pass
+
+
+class DemoJob:
+    """N worker processes running one scenario with instrumentation on, recording to ``store``.
+
+    ``store``: None records into a fresh temporary directory; a directory path gets a fresh
+    ``<store>/<scenario>-<timestamp>-<id>/`` subdirectory per run; a ``redis://`` URL is
+    used as is (the run is told apart by its job id, ``job_id``).  ``.store`` is the path to
+    open (``open_source(job.store, wait=True)``).  ``hang_after`` and ``sample_interval``
+    go to ``commscope.instrument`` on every rank.
+
+    Knobs beyond the console's: ``pace`` scales the scenario's deliberate pauses (1.0 is
+    watchable, tests use ~0), ``steps`` overrides its iteration count, ``time_limit`` is
+    how long after ``start()`` every worker is gone at the latest (default 40 s for
+    hanging scenarios, 180 s otherwise), ``seed`` varies the random sizes, ``logs=False``
+    leaves worker output on this terminal.
+    """
+
+    def __init__(self, scenario: str | Scenario, *, ranks: int | None = None, backend: str = "gloo",
+                 store: str | None = None, hang_after: float = 3.0, sample_interval: float = 0.2,
+                 pace: float = 1.0, steps: int | None = None, time_limit: float | None = None,
+                 seed: int = 0, logs: bool = True):
+        self.scenario = get_scenario(scenario)
+        sc = self.scenario
+        self.ranks = sc.default_ranks if ranks is None else int(ranks)
+        if self.ranks < sc.min_ranks:
+            raise ValueError(f"scenario {sc.name} needs at least {sc.min_ranks} ranks, got {self.ranks}")
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"unknown backend {backend!r}; use gloo or nccl")
+        if backend == "nccl":
+            found = cuda_devices()
+            if found < self.ranks:
+                raise ValueError(f"nccl backend needs {self.ranks} GPUs, found {found}; use --backend gloo")
+        if hang_after <= 0 or sample_interval <= 0:
+            raise ValueError("hang_after and sample_interval must be > 0")
+        self.backend = backend
+        self.hang_after = float(hang_after)
+        self.sample_interval = float(sample_interval)
+        self.pace, self.steps, self.seed = float(pace), steps, int(seed)
+        self.time_limit = float(time_limit if time_limit is not None else
+                                HANG_TIME_LIMIT if sc.hangs else RUN_TIME_LIMIT)
+        self.job_id = f"{sc.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        from commscope.store import is_redis
+
+        if store is not None and is_redis(store):
+            self.store = store
+            self.log_dir: str | None = tempfile.mkdtemp(prefix=f"commscope-demo-{sc.name}-logs-") if logs else None
+        else:
+            if store is None:
+                run_dir = Path(tempfile.mkdtemp(prefix=f"commscope-demo-{sc.name}-"))
+            else:
+                run_dir = Path(store).resolve() / self.job_id
+                run_dir.mkdir(parents=True, exist_ok=False)
+            self.store = str(run_dir)
+            self.log_dir = str(run_dir / "logs") if logs else None
+        if self.log_dir:
+            os.makedirs(self.log_dir, exist_ok=True)
+        self.started_at: float | None = None
+        self.deadline: float | None = None
+        self._job: Any = None
+        self._lock = threading.RLock()
+        self._stopped = False
+
+    def __repr__(self) -> str:
+        state = "not started" if self._job is None else "finished" if self.finished else f"alive {self.alive()}"
+        return f"<DemoJob {self.scenario.name} ranks={self.ranks} {self.backend} {state} store={self.store}>"
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> DemoJob:
+        """Launch the workers; returns at once."""
+        global _ATEXIT
+        import psutil
+
+        from commscope.launch import Job
+
+        with self._lock:
+            if self._job is not None or self._stopped:
+                raise RuntimeError("a DemoJob runs once; create a new one to restart the scenario")
+            now = time.time()
+            self.started_at, self.deadline = now, now + self.time_limit
+            ctx = DemoContext(
+                scenario=self.scenario.name, backend=self.backend, store=self.store, hang_after=self.hang_after,
+                sample_interval=self.sample_interval, pace=self.pace, steps=self.steps, seed=self.seed,
+                deadline=self.deadline, owner_pid=os.getpid(), owner_started=psutil.Process().create_time(),
+                log_dir=self.log_dir)
+            # Hanging scenarios keep their ops blocked until the deadline, so the trace they
+            # leave still shows the hang; the others get the usual generous timeout.
+            pg_timeout = self.time_limit + 60.0 if self.scenario.hangs else max(60.0, self.time_limit)
+            env = {"TORCH_FR_BUFFER_SIZE": os.environ.get("TORCH_FR_BUFFER_SIZE", "2000"),
+                   "COMMSCOPE_JOB": self.job_id, "COMMSCOPE_STORE": self.store,
+                   "COMMSCOPE_HANG_AFTER": str(self.hang_after)}
+            self._job = Job(_rank_main, self.ranks, args=(self.scenario.worker, ctx, pg_timeout),
+                            backend=self.backend, env=env, init=False)
+            if not _ATEXIT:
+                atexit.register(_stop_all)
+                _ATEXIT = True
+            _LIVE.add(self)
+            self._job.start()
+        return self
+
+    @property
+    def started(self) -> bool:
+        return self._job is not None
+
+    @property
+    def pids(self) -> list[int]:
+        return list(self._job.pids) if self._job is not None else []
+
+    def alive(self) -> list[int]:
+        """Ranks whose process is still running."""
+        return self._job.alive() if self._job is not None else []
+
+    @property
+    def finished(self) -> bool:
+        """Started, and every worker has ended (on its own or stopped)."""
+        return self._job is not None and not self.alive()
+
+    @property
+    def exitcodes(self) -> list[int | None]:
+        """Per rank: None while running, else the exit code (negative: killed by that signal)."""
+        if self._job is None:
+            return [None] * self.ranks
+        return [p.exitcode for p in self._job.procs]
+
+    def errors(self) -> dict[int, str]:
+        """Tracebacks of workers that raised (collected so far)."""
+        if self._job is None:
+            return {}
+        try:
+            self._job._drain()
+        except Exception:
+            pass
+        return {r: res.error for r, res in self._job.results.items() if res.error}
+
+    def log_path(self, rank: int) -> str | None:
+        return os.path.join(self.log_dir, f"rank-{rank}.log") if self.log_dir else None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the workers to end on their own; True when they all did."""
+        if self._job is None:
+            return False
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.alive():
+            self.errors()  # drain results so no worker blocks on a full pipe
+            if end is not None and time.monotonic() >= end:
+                return False
+            time.sleep(0.05)
+        for p in self._job.procs:
+            p.join(1.0)
+        self.errors()
+        _LIVE.discard(self)
+        return True
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Kill every worker (and its child processes): SIGTERM, then SIGKILL after ``timeout``.
+
+        Idempotent and safe from any thread or at exit; returns once all are gone."""
+        with self._lock:
+            self._stopped = True
+            _LIVE.discard(self)
+            if self._job is None:
+                return
+            procs = [p for p in self._job.procs if p.pid is not None]
+            victims = _family([p.pid for p in procs if p.is_alive()])
+            if victims:
+                for proc in victims:
+                    _signal(proc, signal.SIGTERM)
+                gone_by = time.monotonic() + max(0.0, timeout)
+                victims = _wait_gone(victims, gone_by)
+                for proc in victims:
+                    _signal(proc, signal.SIGKILL)
+                _wait_gone(victims, time.monotonic() + 5.0)
+            for p in procs:
+                p.join(1.0)
+            self.errors()
+
+
+def _family(pids: list[int]) -> list[Any]:
+    """psutil.Process for each pid and all its descendants (looked up before any is killed)."""
+    import psutil
+
+    out, seen = [], set()
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            kids = proc.children(recursive=True)
+        except psutil.Error:
+            continue
+        for p in [proc, *kids]:
+            if p.pid not in seen:
+                seen.add(p.pid)
+                out.append(p)
+    return out
+
+
+def _signal(proc: Any, sig: int) -> None:
+    try:
+        proc.send_signal(sig)  # psutil checks the pid still names the same process
+    except Exception:
+        pass
+
+
+def _wait_gone(procs: list[Any], until: float) -> list[Any]:
+    """Wait until ``until`` (monotonic) for the processes to end; returns those still alive."""
+    import psutil
+
+    left = list(procs)
+    while left:
+        try:
+            _, left = psutil.wait_procs(left, timeout=max(0.0, min(0.1, until - time.monotonic())))
+        except Exception:
+            pass
+        left = [p for p in left if _running(p)]
+        if time.monotonic() >= until:
+            break
+    return left
+
+
+def _running(proc: Any) -> bool:
+    import psutil
+
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+# ---------------------------------------------------------------------- headless
+def _satisfied(findings: list[Any], expected: tuple) -> bool:
+    """Every expected (kind, culprits) is among the findings (as a multiset)."""
+    pool = [(f.kind, tuple(sorted(f.culprits))) for f in findings]
+    for kind, culprits in expected:
+        hit = next((x for x in pool if x[0] == kind and (culprits is None or x[1] == tuple(sorted(culprits)))), None)
+        if hit is None:
+            return False
+        pool.remove(hit)
+    return True
+
+
+def watch_until_diagnosed(job: DemoJob, timeout: float) -> list[Any]:
+    """Follow the live store the way the console does until the hang is diagnosed: every
+    expected finding is present, or some error finding has been standing for 2 s (other
+    rank counts), or the workers are gone, or ``timeout``.  Returns the last findings."""
+    from commscope.analysis import TraceModel, diagnose
+    from commscope.analysis.source import open_source
+    from commscope.store import StoreError
+
+    expected = job.scenario.expect(job.ranks)
+    model = TraceModel()
+    reader = None
+    findings: list[Any] = []
+    first_error: float | None = None
+    end = time.monotonic() + timeout
+    try:
+        while time.monotonic() < end:
+            time.sleep(0.25)
+            if reader is None:
+                try:
+                    reader = open_source(job.store)
+                except (StoreError, OSError):
+                    if not job.alive():
+                        break
+                    continue
+            model.ingest(reader.poll())
+            findings = diagnose(model, now=time.time_ns(), hang_after=job.hang_after)
+            errors = [f for f in findings if f.severity == "error"]
+            if errors and first_error is None:
+                first_error = time.monotonic()
+            if expected and _satisfied(findings, expected):
+                break
+            if first_error is not None and time.monotonic() - first_error > 2.0 + (5.0 if expected else 0.0):
+                break
+            if not job.alive():
+                break
+        # a little more trace past the diagnosis, so `check` (judged at the trace's last
+        # timestamp) sees every wait beyond hang_after too
+        time.sleep(max(0.5, 3 * job.sample_interval))
+    finally:
+        if reader is not None:
+            try:
+                reader.close()
+            except Exception:
+                pass
+    return findings
+
+
+def run_headless(name: str | Scenario, *, ranks: int | None = None, backend: str = "gloo", store: str | None = None,
+                 hang_after: float = 3.0, json: bool = False, timeout: float = 120.0, console: Any = None,
+                 pace: float = 1.0, steps: int | None = None, time_limit: float | None = None,
+                 sample_interval: float = 0.2) -> int:
+    """Run a scenario to its end (a hanging one until its hang is diagnosed from the live
+    store, then stop it), then print what ``commscope check STORE [--json]`` prints.
+
+    Returns check's exit code: 0 no error-level finding, 1 errors, 2 bad input (unknown
+    scenario, too few ranks, nccl without GPUs, empty trace); 130 when interrupted.
+    The header line goes to stderr with ``json`` (stdout is the JSON object alone)."""
+    from rich.console import Console
+
+    con = console or Console()
+    # with --json, stdout carries the JSON object alone: everything else goes to stderr
+    err = Console(stderr=True) if json or console is None else console
+    try:
+        job = DemoJob(name, ranks=ranks, backend=backend, store=store, hang_after=hang_after,
+                      sample_interval=sample_interval, pace=pace, steps=steps, time_limit=time_limit)
+    except ValueError as exc:
+        err.print(f"[red]commscope demo:[/] {exc}", highlight=False)
+        return 2
+    sc = job.scenario
+    head = (f"commscope demo {sc.name}: {job.ranks} ranks on {job.backend}"
+            f"{', hangs until diagnosed' if sc.hangs else ''}; trace: {job.store}")
+    (err if json else con).print(head, highlight=False, soft_wrap=True)
+    job.start()
+    try:
+        if sc.hangs:
+            watch_until_diagnosed(job, timeout)
+        elif not job.wait(timeout):
+            err.print(f"[yellow]commscope demo:[/] {sc.name} still running after {timeout:g} s; stopping it",
+                      highlight=False)
+    except KeyboardInterrupt:
+        job.stop()
+        return 130
+    finally:
+        job.stop()
+    return check_store(job.store, json=json, console=con)
+
+
+def check_store(store: str, *, json: bool = False, console: Any = None) -> int:
+    """Exactly ``commscope check STORE [--json]``: prints the report, returns its exit code."""
+    import json as _json
+
+    from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+    from commscope.analysis.findings import ERROR
+    from commscope.cli import UsageError
+    from commscope.commands import check
+    from commscope.store import redact
+
+    try:
+        model, reader, warnings = check.load(store)
+    except UsageError as exc:
+        print(f"commscope check: error: {exc}", file=sys.stderr)
+        return 2
+    hang_after = default_hang_after(model)
+    now = trace_now(model)
+    findings = diagnose(model, now, hang_after)
+    if json:
+        out = check.to_json(model, findings, warnings, hang_after, now, redact(reader.description))
+        stream = console.file if console is not None else sys.stdout
+        stream.write(_json.dumps(out, default=str) + "\n")
+        stream.flush()
+    else:
+        check.render(model, findings, warnings, hang_after, redact(reader.description), console=console)
+    return 1 if any(f.severity == ERROR for f in findings) else 0
