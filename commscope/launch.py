@@ -31,6 +31,20 @@ def _context():
     return _CTX
 
 
+def warm_up() -> None:
+    """Start the forkserver and multiprocessing's resource tracker now.
+
+    Both are spawned with the current stderr's file descriptor; inside a Textual app
+    stderr is replaced by an object without a real one and the spawn fails, so an app
+    that launches ranks calls this before it starts.
+    """
+    from multiprocessing import forkserver, resource_tracker
+
+    _context()
+    resource_tracker.ensure_running()
+    forkserver.ensure_running()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -144,12 +144,15 @@ class DemoApp(CommscopeApp):
 
     def __init__(self, *, scenario: str | None = None, ranks: int | None = None, backend: str = "gloo",
                  store: str | None = None, hang_after: float = 3.0, scenarios: dict[str, Any] | None = None,
-                 job_factory: Any = None, **kwargs: Any):
+                 job_factory: Any = None, job_options: dict[str, Any] | None = None, **kwargs: Any):
         from commscope import scenarios as sc_mod
+        from commscope.launch import warm_up
 
+        warm_up()  # before Textual takes over stderr, which multiprocessing's spawns need
         super().__init__(Feed(_Nothing(), mode=LIVE, source="commscope demo"), **kwargs)
         self.scenarios = scenarios if scenarios is not None else sc_mod.SCENARIOS
         self.job_factory = job_factory or sc_mod.DemoJob
+        self.job_options = dict(job_options or {})  # e.g. pace/steps for quick runs
         self.first = scenario
         self.ranks = ranks
         self.backend = backend
@@ -169,23 +172,38 @@ class DemoApp(CommscopeApp):
         self.set_interval(1.0, self._job_status)
 
     def start_scenario(self, name: str) -> None:
-        from commscope.analysis.source import open_source
-
+        """Stop what runs, then launch ``name`` off the UI thread (the first launch starts
+        the worker forkserver, which takes a second) and attach the console to its store."""
         self._stop_job()
-        try:
-            job = self.job_factory(name, ranks=self.ranks, backend=self.backend, store=self.store_root,
-                                   hang_after=self.demo_hang_after)
-            job.start()
-        except (ValueError, OSError) as exc:
-            self.notify(str(exc), title=f"cannot start {name}", severity="error", timeout=10)
-            return
-        self.job, self.job_name = job, name
-        feed = Feed(open_source(job.store, wait=True), mode=LIVE, hang_after=self.demo_hang_after,
-                    clock=self.clock, source=str(job.store))
-        self.switch_feed(feed, title=f"demo {name}")
+        self.job, self.job_name = None, name
+        self.title_override = f"demo {name} · starting…"
+        self._show_header()
         if self.screen is self.picker:
             self.pop_screen()
-        self.notify(f"{name} started (S stops it, R restarts it, m picks another)", timeout=5)
+        self.run_worker(lambda: self._launch(name), thread=True, exclusive=True, group="demo-launch")
+
+    def _launch(self, name: str) -> None:
+        from commscope.analysis.source import open_source
+
+        try:
+            job = self.job_factory(name, ranks=self.ranks, backend=self.backend, store=self.store_root,
+                                   hang_after=self.demo_hang_after, **self.job_options)
+            job.start()
+            reader = open_source(job.store, wait=True)
+        except (ValueError, OSError, RuntimeError) as exc:
+            self.call_from_thread(self.notify, str(exc), title=f"cannot start {name}", severity="error", timeout=10)
+            return
+        self.call_from_thread(self._attach, name, job, reader)
+
+    def _attach(self, name: str, job: Any, reader: Any) -> None:
+        if self.job_name != name or self.job is not None:  # something else was started meanwhile
+            job.stop()
+            return
+        self.job = job
+        feed = Feed(reader, mode=LIVE, hang_after=self.demo_hang_after, clock=self.clock, source=str(job.store))
+        self.switch_feed(feed, title=f"demo {name}")
+        self._job_status()
+        self.notify(f"{name} started on {job.ranks} ranks (S stops it, R restarts it, m picks another)", timeout=5)
 
     def _stop_job(self) -> None:
         job = self.job
