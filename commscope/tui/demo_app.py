@@ -57,8 +57,8 @@ class ScenarioPicker(Screen):
         self.names = list(scenarios)
 
     def compose(self) -> ComposeResult:
-        yield Static(Text.assemble(("commscope demo", "bold"), "  pick a scenario: real ranks on Gloo "
-                                   "run it while the console watches"), id="title")
+        yield Static(Text.assemble(("commscope demo", "bold"), "  pick a scenario: it runs on real Gloo ranks "
+                                   "while the console watches"), id="title")
         with Horizontal():
             options = []
             for name, sc in self.scenarios.items():
