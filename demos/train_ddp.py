@@ -25,6 +25,7 @@ each rank's predictions, whose op detail shows a different size per rank.  Healt
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 
@@ -128,6 +129,11 @@ def main() -> None:
                       f"eval accuracy {acc:.3f} on {len(every)} samples", flush=True)
     if pending is not None:
         pending.wait()
+    # Free DDP before the process group: torch 2.13's Gloo DDP otherwise aborts now and
+    # then at teardown ("terminate called without an active exception"), with or without
+    # commscope.
+    del ddp, opt
+    gc.collect()
     dist.destroy_process_group()
     if rank == 0:
         print(f"train_ddp: completed {args.steps} steps on {ws} ranks in {time.time() - t0:.1f} s, "
