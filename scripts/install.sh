@@ -8,6 +8,9 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
   # shellcheck disable=SC1091
   . .venv/bin/activate
 fi
-python -m pip install -q --disable-pip-version-check --upgrade pip
-python -c "import torch" 2>/dev/null || python -m pip install -q --disable-pip-version-check torch==2.13.0
-python -m pip install -q --disable-pip-version-check -e ".[${COMMSCOPE_EXTRAS:-test}]"
+pip_install() {  # quiet: setuptools' editable-install notice is not news
+  PYTHONWARNINGS=ignore python -m pip install -q --disable-pip-version-check "$@"
+}
+pip_install --upgrade pip
+python -c "import torch" 2>/dev/null || pip_install torch==2.13.0
+pip_install -e ".[${COMMSCOPE_EXTRAS:-test}]"

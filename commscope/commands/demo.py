@@ -34,7 +34,7 @@ def main(args: argparse.Namespace) -> int:
 
     if args.list:
         for name, sc in SCENARIOS.items():
-            print(f"{name:22} {sc.title}{'  (hangs)' if sc.hangs else ''}")
+            print(f"{name:22} {sc.title}")
         return 0
     if args.scenario is not None and args.scenario not in SCENARIOS:
         raise UsageError(f"unknown scenario {args.scenario!r}; choose one of: {', '.join(SCENARIOS)}")
