@@ -16,7 +16,9 @@ TRAIN = textwrap.dedent("""
         model(torch.randn(2, 4)).sum().backward()
     dist.all_reduce(torch.ones(1))
     print("instrumented" if dist.all_reduce is not dist.distributed_c10d.all_reduce else "raw")
-    del model  # torch 2.13 Gloo DDP can abort at teardown when it outlives the group
+    del model  # torch 2.13 Gloo DDP can abort at teardown when it outlives the group;
+    import gc  # DDP sits in reference cycles, so collect them now
+    gc.collect()
     dist.destroy_process_group()
 """)
 

@@ -3,7 +3,9 @@
 Order: ``$COMMSCOPE_JOB`` (set by ``commscope run``/``demo``, or by hand); else rank 0
 proposes an id through the process group's own c10d key-value store (a TCP store, not a
 collective) and the other ranks read it; else an id derived from the launcher's
-environment.  Runs on the recorder thread, never on the training thread.
+environment.  Rank 0 publishes when its process group is created; the others take it
+then, at the end of their first completed op (rank 0 has published by then), or from
+the recorder thread's per-tick retry.
 
 The c10d store client is shared with the training thread (``new_group`` rendezvous
 uses it), so this only issues short requests (``set``, ``check``, ``get``) and polls,
@@ -18,8 +20,7 @@ import secrets
 import time
 
 ENV_JOB = "COMMSCOPE_JOB"
-_WAIT_S = 15.0
-_POLL_S = 0.05
+
 
 
 def new_job_id() -> str:
@@ -59,19 +60,7 @@ def publish(rank: int) -> str | None:
     return None
 
 
-def resolve_job_id(rank: int) -> str:
-    """The recorder thread's fallback when ``publish`` found nothing yet: poll, bounded."""
-    job = publish(rank)
-    if job:
-        return job
-    if rank != 0:
-        deadline = time.monotonic() + _WAIT_S
-        while time.monotonic() < deadline:
-            try:
-                if _store().check([_key()]):
-                    return sanitize(_store().get(_key()).decode())
-            except Exception:
-                break  # the store is gone (rank 0 exited): derive an id instead
-            time.sleep(_POLL_S)
+def fallback_job_id() -> str:
+    """An id from the launcher's environment, when rank 0's could not be read."""
     parts = [os.environ.get(k) for k in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "MASTER_PORT")]
     return sanitize("job-" + "-".join(p for p in parts if p and p != "none") + time.strftime("-%Y%m%d"))

@@ -71,8 +71,8 @@ def make_wrapper(name: str, orig: Any, extract: Any) -> Any:
             rec.end(tok, exc, None)
             raise
         try:
-            if tok[2] or tok[3] is not None or tok[4] is not None:
-                rec.end(tok, None, ret)  # async, any-source recv or CUDA: the full path
+            if tok[2] or tok[3] is not None or tok[4] is not None or rec.need_job:
+                rec.end(tok, None, ret)  # async, any-source recv, CUDA, job id unknown: full path
             else:  # the common case, inlined: a plain synchronous op ended
                 rec._tls.cur = tok[1]
                 rec.q.append((O.TAG_END, tok[0], time_ns(), None, None))

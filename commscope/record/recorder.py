@@ -71,6 +71,13 @@ def _redop_name(op: Any) -> str:
     return name.rsplit(".", 1)[-1].lower()
 
 
+def _pairs(desc: tuple) -> tuple:
+    """Tensor descriptions: the hot path writes one tensor as a flat (shape, dtype) to
+    save an allocation, several as ((shape, dtype), ...)."""
+    return (desc,) if type(desc[0]) is torch.Size else desc
+
+
+_time_ns = time.time_ns
 _DTYPE_NAMES: dict[Any, str] = {}
 
 
@@ -138,6 +145,8 @@ class Recorder:
         self.crash: str | None = None
         self.exited = False
         self._thread: threading.Thread | None = None
+        self.need_job = False  # the job id is still unknown: see settle_job
+        self._job_wait_since: float | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._ticks = 0
@@ -176,7 +185,10 @@ class Recorder:
             return None
         pg, peer, direction, root, redop, async_op, ins, outs = a
         if pg is None:
-            pg = _world_pg()
+            try:
+                pg = _c10d_world._default_pg
+            except AttributeError:
+                pg = patch.default_group()
             if pg is None:
                 return None
         info = self._groups.get(pg) or self._group(pg)
@@ -211,8 +223,8 @@ class Recorder:
         try:
             if ins:
                 t0 = ins[0]
-                if len(ins) == 1:
-                    idesc, ib = ((t0.shape, t0.dtype),), t0.nbytes
+                if len(ins) == 1:  # one tensor: a flat (shape, dtype); see _pairs
+                    idesc, ib = (t0.shape, t0.dtype), t0.nbytes
                 else:
                     idesc = tuple([(t.shape, t.dtype) for t in ins])
                     ib = sum([t.nbytes for t in ins])
@@ -221,7 +233,7 @@ class Recorder:
             elif outs:
                 t = outs[0]
                 if len(outs) == 1:
-                    odesc, ob = ((t.shape, t.dtype),), t.nbytes
+                    odesc, ob = (t.shape, t.dtype), t.nbytes
                 else:
                     odesc = tuple([(t.shape, t.dtype) for t in outs])
                     ob = sum([t.nbytes for t in outs])
@@ -231,7 +243,7 @@ class Recorder:
         except Exception:
             t0 = idesc = ib = odesc = ob = cuda = None
         op_id = self._next_id()
-        q.append((_B, op_id, time.time_ns(), name, gname, seq, peer, direction, root, redop, idesc, ib,
+        q.append((_B, op_id, _time_ns(), name, gname, seq, peer, direction, root, redop, idesc, ib,
                   odesc, ob, async_op, site, get_ident(), parent, nested, None if cuda is None else cuda[1]))
         if child_of is None:
             tls.cur = op_id
@@ -248,6 +260,8 @@ class Recorder:
             seq = self._seq[key] = self._seq.get(key, 0) + 1
             extra = (ret, seq)
         self.q.append((_E, op_id, ts, None if exc is None else _fmt_exc(exc), extra))
+        if self.need_job:
+            self.settle_job()
         if exc is not None:
             return
         if async_op:
@@ -306,6 +320,44 @@ class Recorder:
                 self.job = publish(dist.get_rank())
             except Exception:
                 self.job = None
+            self.need_job = self.job is None
+
+    JOB_WAIT = 15.0  # seconds to wait for rank 0's job id before deriving one
+
+    def _settle_job_from_thread(self) -> bool:
+        """One quick, non-blocking try per tick (the training thread may settle it first)."""
+        from commscope.record.jobid import fallback_job_id, publish
+
+        job = publish(self.rank)
+        if self.job is None and job:
+            self.job = job
+        if self.job is not None:
+            return True
+        mono = time.monotonic()
+        if self._job_wait_since is None:
+            self._job_wait_since = mono
+        if mono - self._job_wait_since < self.JOB_WAIT:
+            return False
+        self.job = fallback_job_id()
+        self._warn("job", f"commscope: rank {self.rank} could not learn the job id from rank 0; "
+                          f"recording to {self.job}")
+        return True
+
+    def settle_job(self) -> None:
+        """Called by the wrapper right after an op completed while the job id is unknown.
+
+        A completed op means rank 0 has created its process group and so published the
+        id: one short check/get on the c10d store, from the training thread itself (so no
+        contention with it), makes even very short jobs agree before rank 0 can exit.
+        """
+        self.need_job = False
+        if self.job is None:
+            from commscope.record.jobid import publish
+
+            try:
+                self.job = publish(dist.get_rank())
+            except Exception:
+                pass
 
     def start(self) -> None:
         """Start the thread (once); settles the job id if the process group exists."""
@@ -553,12 +605,14 @@ class Recorder:
         elif name in _REDUCING:
             ev["redop"] = "sum"
         if idesc is not None:
-            ev["in_shapes"] = [list(s) for s, _ in idesc]
-            ev["in_dtypes"] = [_dtype_name(d) for _, d in idesc]
+            pairs = _pairs(idesc)
+            ev["in_shapes"] = [list(s) for s, _ in pairs]
+            ev["in_dtypes"] = [_dtype_name(d) for _, d in pairs]
             ev["in_bytes"] = ib
         if odesc is not None:
-            ev["out_shapes"] = [list(s) for s, _ in odesc]
-            ev["out_dtypes"] = [_dtype_name(d) for _, d in odesc]
+            pairs = _pairs(odesc)
+            ev["out_shapes"] = [list(s) for s, _ in pairs]
+            ev["out_dtypes"] = [_dtype_name(d) for _, d in pairs]
             ev["out_bytes"] = ob
         if async_op:
             ev["async"] = True
@@ -631,10 +685,8 @@ class Recorder:
             self.rank = dist.get_rank()
         if time.monotonic() < self._retry_at:
             return False
-        if self.job is None:
-            from commscope.record.jobid import resolve_job_id
-
-            self.job = resolve_job_id(self.rank)
+        if self.job is None and not self._settle_job_from_thread():
+            return False
         meta = self._meta()
         try:
             self.writer = open_writer(self.store, self.job, self.rank, job_meta={
