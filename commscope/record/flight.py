@@ -118,10 +118,14 @@ class FlightRecorderMerge:
         self._open: dict[int, tuple[int, int]] = {}  # record_id -> (op id, when seen unfinished)
         self.errors = 0
         self.seen = 0
+        self.missed = 0  # entries the ring overwrote before a poll read them
 
     def poll(self, entries: list[dict], windows: WrapperWindows, now: int) -> list[dict]:
         out: list[dict] = []
         by_record = {}
+        ids = [e.get("record_id") for e in entries if isinstance(e.get("record_id"), int)]
+        if ids and self.last_record_id >= 0 and min(ids) > self.last_record_id + 1:
+            self.missed += min(ids) - self.last_record_id - 1
         for entry in entries:
             rid = entry.get("record_id")
             if not isinstance(rid, int):

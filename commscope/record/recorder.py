@@ -93,7 +93,8 @@ class Recorder:
     QUEUE_CAP = 100_000  # hot-path tuples waiting for the thread (about 50 MB at most)
     PENDING_CAP = 100_000  # encoded events waiting for a writable store (about 30 MB)
     EARLY_CAP = 1_000
-    FR_INTERVAL = 1.0
+    FR_INTERVAL = 1.0  # at least this far apart ...
+    FR_DUTY = 0.005  # ... and far enough that dumps take at most 0.5% of the time
     UNWAITED_CAP = 10_000
 
     def __init__(self, store: Any = None, *, hang_after: float | None = None, capture_stacks: bool = True,
@@ -138,6 +139,7 @@ class Recorder:
         self._top_windows: dict[int, list] = {}
         self._fr = flight.FlightRecorderMerge(self._next_id) if flight_recorder else None
         self._fr_next = 0.0
+        self._fr_missed_reported = 0
         self._next_sample = 0.0
         self._probe: ResourceProbe | None = None
         self.cuda: CudaTimer | None = None
@@ -373,6 +375,7 @@ class Recorder:
         if self._thread is None or not self._thread.is_alive():
             return False
         self._fr_next = 0.0
+        self._fr_missed_reported = 0
         target = self._ticks + 2
         deadline = time.monotonic() + timeout
         while self._ticks < target and time.monotonic() < deadline:
@@ -441,6 +444,12 @@ class Recorder:
             if final or time.monotonic() >= self._next_sample:
                 self._next_sample = time.monotonic() + self.sample_interval
                 self._samples(now, emit)
+            fr_missed = self._fr.missed if self._fr is not None else 0
+            if fr_missed > self._fr_missed_reported:
+                emit({"type": E.DROPPED, "ts": now, "count": fr_missed - self._fr_missed_reported,
+                      "total": fr_missed, "reason": "Flight Recorder ring overwritten between polls "
+                                                    "(C++-issued collectives missing)"})
+                self._fr_missed_reported = fr_missed
             dropped = self.hot_dropped + self.store_dropped + (self.cuda.dropped if self.cuda else 0)
             if dropped > self._dropped_reported:
                 reason = self._drop_reason()
@@ -483,10 +492,15 @@ class Recorder:
         mono = time.monotonic()
         if not final and mono < self._fr_next:
             return None
-        self._fr_next = mono + self.FR_INTERVAL
         try:
-            return flight.dump_entries()
+            entries = flight.dump_entries()
+            # A dump of a full ring costs ~15-20 ms with the GIL held: space them out so
+            # the training thread loses at most FR_DUTY of its time to them.
+            spent = time.monotonic() - mono
+            self._fr_next = time.monotonic() + max(self.FR_INTERVAL, spent / self.FR_DUTY)
+            return entries
         except Exception as exc:
+            self._fr_next = mono + self.FR_INTERVAL
             self._fr.errors += 1
             if self._fr.errors >= 3:
                 self._fr = None  # unavailable here; stop asking
