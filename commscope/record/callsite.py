@@ -17,34 +17,39 @@ _INTERNAL_DIRS = (
     os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch.py"),
     "<frozen ",
 )
-_internal_cache: dict[CodeType, bool] = {}
+# id(code) -> (code, internal?).  Keyed by id: hashing a code object hashes its whole
+# contents (~0.6 us for a large training loop).  The value keeps the code alive, so its
+# id cannot be reused while the entry exists.
+_internal_cache: dict[int, tuple[CodeType, bool]] = {}
 
 
 def _is_internal(code: CodeType) -> bool:
-    hit = _internal_cache.get(code)
+    hit = _internal_cache.get(id(code))
     if hit is None:
-        hit = code.co_filename.startswith(_INTERNAL_DIRS) or "contextlib.py" in code.co_filename
+        internal = code.co_filename.startswith(_INTERNAL_DIRS) or "contextlib.py" in code.co_filename
         if len(_internal_cache) > 50_000:
             _internal_cache.clear()
-        _internal_cache[code] = hit
-    return hit
+            _site_cache.clear()
+        hit = _internal_cache[id(code)] = (code, internal)
+    return hit[1]
 
 
-def user_frame(frame: FrameType | None) -> tuple[CodeType, int] | None:
-    """(code, instruction offset) of the first non-internal frame at or above ``frame``.
+def user_frame(frame: FrameType | None) -> tuple[int, int] | None:
+    """(id of the code, instruction offset) of the first non-internal frame at or above
+    ``frame``; ``format_site`` turns it into text later.
 
-    The line number is resolved later, off the hot path: ``frame.f_lineno`` scans the
-    code's line table from its start, which costs more the larger the calling function.
+    The line number is resolved off the hot path: ``frame.f_lineno`` scans the code's
+    line table from its start, which costs more the larger the calling function.
     """
     while frame is not None:
         code = frame.f_code
         if not _is_internal(code):
-            return code, frame.f_lasti
+            return id(code), frame.f_lasti
         frame = frame.f_back
     return None
 
 
-_site_cache: dict[tuple[CodeType, int], str] = {}
+_site_cache: dict[tuple[int, int], str] = {}
 
 
 def line_of(code: CodeType, lasti: int) -> int:
@@ -54,13 +59,16 @@ def line_of(code: CodeType, lasti: int) -> int:
     return code.co_firstlineno
 
 
-def format_site(site: tuple[CodeType, int] | None) -> str | None:
+def format_site(site: tuple[int, int] | None) -> str | None:
     """``file:line in function`` for a ``user_frame`` result (cached; runs on the thread)."""
     if site is None:
         return None
     text = _site_cache.get(site)
     if text is None:
-        code, lasti = site
+        entry = _internal_cache.get(site[0])
+        if entry is None:
+            return None  # the cache was cleared meanwhile; the call site is lost
+        code, lasti = entry[0], site[1]
         text = f"{code.co_filename}:{line_of(code, lasti)} in {code.co_name}"
         if len(_site_cache) > 100_000:
             _site_cache.clear()

@@ -50,7 +50,8 @@ def _unwrap(fn: Any) -> Any:
     return getattr(fn, _ORIG_ATTR, fn)
 
 
-def make_wrapper(name: str, orig: Any, extract: Any) -> Any:
+def make_wrapper(name: str, orig: Any, extract: Any, nests: bool = False) -> Any:
+    """``nests``: the wrapped function calls other wrapped ones (the varlen ops)."""
     getframe = sys._getframe
     time_ns = time.time_ns
 
@@ -60,7 +61,7 @@ def make_wrapper(name: str, orig: Any, extract: Any) -> Any:
         if rec is None:
             return orig(*args, **kwargs)
         try:
-            tok = rec.begin(name, extract(*args, **kwargs), getframe(1))
+            tok = rec.begin(name, extract(*args, **kwargs), getframe(1), None, False, nests)
         except Exception:
             tok = None  # arguments torch will reject itself, or an unknown group
         if tok is None:
@@ -74,7 +75,8 @@ def make_wrapper(name: str, orig: Any, extract: Any) -> Any:
             if tok[2] or tok[3] is not None or tok[4] is not None or rec.need_job:
                 rec.end(tok, None, ret)  # async, any-source recv, CUDA, job id unknown: full path
             else:  # the common case, inlined: a plain synchronous op ended
-                rec._tls.cur = tok[1]
+                if nests:
+                    rec._tls.cur = tok[1]
                 rec.q.append((O.TAG_END, tok[0], time_ns(), None, None))
         except Exception:
             pass  # recording must never change what the call returns
@@ -96,7 +98,7 @@ def _batch_wrapper(orig: Any) -> Any:
             items = list(p2p_op_list)
             frame = sys._getframe(1)
             outer = rec.begin("batch_isend_irecv", (items[0].group, None, None, None, None, False, (), ()),
-                              frame, container=True)
+                              frame, container=True)  # its children get child_of, not nesting
         except Exception:
             outer = None
         if outer is None:
@@ -117,11 +119,11 @@ def _batch_wrapper(orig: Any) -> Any:
             works = orig(p2p_op_list)
         except BaseException as exc:
             for tok in children:
-                rec.end(tok, exc, None, child=True)
+                rec.end(tok, exc, None)
             rec.end(outer, exc, None)
             raise
         for tok in children:
-            rec.end(tok, None, None, child=True)
+            rec.end(tok, None, None)
         rec.end(outer, None, None)
         try:
             if works:
@@ -258,7 +260,7 @@ def install(rec: Any) -> None:
         for name, extract in O.VARLEN_OPS.items():
             orig = getattr(varlen, name, None)
             if orig is not None:
-                _set(varlen, name, make_wrapper(name, _unwrap(orig), extract))
+                _set(varlen, name, make_wrapper(name, _unwrap(orig), extract, nests=True))
     ACTIVE = rec
 
 

@@ -55,6 +55,13 @@ _REDUCING = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_s
                        "reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter_v"})
 
 
+class _OpStack(threading.local):
+    """The op a thread is inside (its nested traffic gets it as parent).  A class default:
+    ``getattr(local, "cur", None)`` on an unset attribute raises internally (~300 ns)."""
+
+    cur: int | None = None
+
+
 class GroupInfo(NamedTuple):
     name: str
     granks: tuple[int, ...]
@@ -115,7 +122,7 @@ class Recorder:
         self._next_id = itertools.count(1).__next__
         self._seq: dict[Any, int] = {}
         self._groups: dict[Any, GroupInfo] = {}
-        self._tls = threading.local()
+        self._tls = _OpStack()
         self.works: dict[int, tuple] = {}
         # thread state
         self.rank: int | None = None
@@ -173,13 +180,15 @@ class Recorder:
             self.q.append((_G, time.time_ns(), name, granks, backend))
         return info
 
-    def begin(self, name: str, a: tuple, frame: Any, *, child_of: int | None = None,
-              container: bool = False) -> tuple | None:
+    def begin(self, name: str, a: tuple, frame: Any, child_of: int | None = None,
+              container: bool = False, nests: bool = False) -> tuple | None:
         """Queue a ``begin`` and return the token ``end`` needs, or None to not record.
 
         ``a`` is an extractor tuple (see ``ops.OpArgs``).  ``container`` ops
-        (batch_isend_irecv) take no sequence number.  The token is a plain tuple
-        (id, parent, async, recv_any, cuda): this runs on every call, so no NamedTuples.
+        (batch_isend_irecv) take no sequence number.  ``nests``: the op calls other wrapped
+        ops (varlen), so it becomes their parent; torch's own functions call unwrapped
+        globals and never nest, which saves them two thread-local writes.  The token is a
+        plain tuple (id, parent, async, recv_any, cuda, nests): this runs on every call.
         """
         q = self.q
         if len(q) >= self.QUEUE_CAP:
@@ -197,7 +206,7 @@ class Recorder:
         if info is None:
             return None
         tls = self._tls
-        parent = getattr(tls, "cur", None) if child_of is None else child_of
+        parent = tls.cur if child_of is None else child_of
         nested = parent is not None and child_of is None
         gname = info[0]
         if peer is not None and type(peer) is tuple:
@@ -217,8 +226,9 @@ class Recorder:
                 seqs = self._seq
                 seq = seqs[key] = seqs.get(key, 0) + 1
             code = frame.f_code
-            if _internal_cache.get(code) is False:  # the usual case: called from user code
-                site = (code, frame.f_lasti)
+            hit = _internal_cache.get(id(code))
+            if hit is not None and not hit[1]:  # the usual case: called from user code
+                site = (id(code), frame.f_lasti)
             else:
                 site = callsite.user_frame(frame)
         t0 = idesc = ib = odesc = ob = None
@@ -247,14 +257,14 @@ class Recorder:
         op_id = self._next_id()
         q.append((_B, op_id, _time_ns(), name, gname, seq, peer, direction, root, redop, idesc, ib,
                   odesc, ob, async_op, site, get_ident(), parent, nested, None if cuda is None else cuda[1]))
-        if child_of is None:
+        if nests:
             tls.cur = op_id
-        return (op_id, parent, async_op, recv_any, cuda)
+        return (op_id, parent, async_op, recv_any, cuda, nests)
 
-    def end(self, tok: tuple, exc: BaseException | None, ret: Any, *, child: bool = False) -> None:
+    def end(self, tok: tuple, exc: BaseException | None, ret: Any) -> None:
         ts = time.time_ns()
-        op_id, parent, async_op, recv_any, cuda = tok
-        if not child:
+        op_id, parent, async_op, recv_any, cuda, nests = tok
+        if nests:
             self._tls.cur = parent
         extra = None
         if recv_any is not None and exc is None and isinstance(ret, int) and ret >= 0:
