@@ -85,6 +85,8 @@ def _pairs(desc: tuple) -> tuple:
 
 
 _time_ns = time.time_ns
+_weakref = weakref.ref
+_WAIT_PATCHED = patch._wait_patched
 _DTYPE_NAMES: dict[Any, str] = {}
 
 
@@ -290,10 +292,12 @@ class Recorder:
                 if v[0]() is None:
                     del works[k]
         try:
-            works[id(work)] = (weakref.ref(work), op_ids, cuda)
+            works[id(work)] = (_weakref(work), op_ids, cuda)
         except TypeError:
             return
-        patch.ensure_wait_patched(type(work))
+        cls = type(work)
+        if cls not in _WAIT_PATCHED:
+            patch.ensure_wait_patched(cls)
 
     def wait_begin(self, op_ids: tuple) -> None:
         self.q.append((_WB, op_ids, time.time_ns(), None, threading.get_ident()))
