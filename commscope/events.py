@@ -191,5 +191,16 @@ def decode_lines(data: bytes) -> tuple[list[Event], int]:
                     bad += 1
         else:
             bad = 0
-        events = [e for e in parsed if _valid(e)]
+        # _valid, inlined: a function call per event is a tenth of the whole read
+        events = []
+        append = events.append
+        types, phases, version = TYPES, PHASES, SCHEMA_VERSION
+        for e in parsed:
+            if type(e) is dict:
+                typ = e.get("type")
+                if (typ in types and type(e.get("rank")) is int and type(e.get("ts")) is int
+                        and (typ != "op" or (e.get("phase") in phases and type(e.get("id")) is int))):
+                    v = e.get("v", version)
+                    if type(v) is int and v <= version:
+                        append(e)
     return events, bad + len(parsed) - len(events)
