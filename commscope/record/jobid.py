@@ -8,8 +8,8 @@ then, at the end of their first completed op (rank 0 has published by then), or 
 the recorder thread's per-tick retry.
 
 The c10d store client is shared with the training thread (``new_group`` rendezvous
-uses it), so this only issues short requests (``set``, ``check``, ``get``) and polls,
-never a blocking ``wait`` that could hold the client while training needs it.
+uses it), so this only issues short requests (``set``, ``check``, ``get``), never a
+blocking ``wait`` that could hold the client while training needs it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import secrets
 import time
 
 ENV_JOB = "COMMSCOPE_JOB"
-
 
 
 def new_job_id() -> str:

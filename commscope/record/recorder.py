@@ -781,14 +781,6 @@ class Recorder:
 _internal_cache = callsite._internal_cache
 
 
-def _world_pg() -> Any:
-    """The default process group, read without ``_get_default_group``'s property calls."""
-    try:
-        return _c10d_world._default_pg
-    except AttributeError:
-        return patch.default_group()
-
-
 try:
     from torch.distributed.distributed_c10d import _world as _c10d_world
 except ImportError:  # very old torch
