@@ -24,6 +24,10 @@ rank, increasing) and ``phase``:
     done        device-side completion seen via CUDA events: gpu_ns.  CPU backends write no
                 ``done``: completion is ``end`` (sync) or ``wait_end`` (async).
 
+``sk`` on a begin is a 48-bit key of its static fields (op, group, peer, dir, root, redop,
+shapes, dtypes, bytes, async, site, nested, device): equal exactly when those are, up to
+hash collisions, so readers may intern signatures by (sk, tid) without comparing them.
+
 ``seq`` is the rank's per-group collective counter, or for p2p (``dir`` in send/recv)
 the counter per (group, peer, dir).  ``nested`` ops are traffic inside another logical
 op (``parent``); they carry no ``seq`` and are never matched across ranks.  Children of
@@ -55,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,6 +98,12 @@ Event = dict[str, Any]
 
 class TraceFormatError(ValueError):
     """An event that is not valid schema-1 JSON."""
+
+
+def signature_key(static_json: bytes) -> int:
+    """The ``sk`` of a begin: 48 bits of BLAKE2b over its canonical static fields (exact in
+    JSON doubles too)."""
+    return int.from_bytes(hashlib.blake2b(static_json, digest_size=6).digest(), "big")
 
 
 def encode(event: Event) -> bytes:

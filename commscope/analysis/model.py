@@ -418,6 +418,7 @@ class TraceModel:
         self.ranks: dict[int, RankTrace] = {}
         self.sigs: list[Sig] = []
         self._sig_cache: dict[tuple, list] = {}
+        self._sig_by_sk: dict[tuple, int] = {}  # (sk, tid) -> sig code, see events.signature_key
         self._sig_flags = np.zeros(256, np.int32)
         self._sig_match = np.zeros(256, np.int32)
         self._match_codes: dict[tuple, int] = {}
@@ -577,9 +578,16 @@ class TraceModel:
     def _begins(self, rt: RankTrace, bl: list[dict]) -> tuple[int, int]:
         intern = self._intern
         cache = self._sig_cache
+        by_sk = self._sig_by_sk
         codes = []
         for e in bl:
             get = e.get
+            sk = get("sk")
+            if sk is not None:  # the recorder's key of the static fields: one lookup
+                code = by_sk.get((sk, get("tid")))
+                if code is not None:
+                    codes.append(code)
+                    continue
             c = cache.get(tuple(map(get, _SIG_KEYS)))
             code = -1
             if c is not None:
@@ -588,7 +596,11 @@ class TraceModel:
                     if x[0] == lists:
                         code = x[1]
                         break
-            codes.append(code if code >= 0 else intern(e))
+            if code < 0:
+                code = intern(e)
+            if sk is not None:
+                by_sk[(sk, get("tid"))] = code
+            codes.append(code)
         k = len(bl)
         n0 = rt.n
         n1 = n0 + k

@@ -12,6 +12,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import orjson
+
+from commscope.events import signature_key
+
 S = 1_000_000_000  # ns per second
 T0 = 1_700_000_000 * S
 
@@ -69,8 +73,12 @@ class TraceBuilder:
             io.update(out_shapes=shapes, out_dtypes=[dtype], out_bytes=nbytes)
         if op in ("all_reduce", "reduce", "reduce_scatter") and "redop" not in kw:
             kw["redop"] = "sum"
-        self.add(rank, ts, "op", phase="begin", id=op_id, op=op, group=group, seq=seq, peer=peer, dir=dir,
-                 site=site or f"train.py:{10 + len(op)} in step", tid=1, **io, **kw)
+        parent = kw.pop("parent", None)  # per op, like seq and ts: not part of the static fields
+        static = {"op": op, "group": group, "peer": peer, "dir": dir,
+                  "site": site or f"train.py:{10 + len(op)} in step", **io, **kw}
+        static = {k: v for k, v in static.items() if v is not None and v is not False}
+        sk = signature_key(orjson.dumps(static)) if "src" not in static else None  # as the recorder does
+        self.add(rank, ts, "op", phase="begin", id=op_id, seq=seq, parent=parent, tid=1, sk=sk, **static)
         return op_id
 
     def phase(self, rank: int, op_id: int, ts: int, phase: str, **kw: Any) -> None:

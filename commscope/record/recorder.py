@@ -32,6 +32,7 @@ import torch.distributed as dist
 from commscope import __version__
 from commscope import events as E
 from commscope.events import encode as _dumps
+from commscope.events import signature_key
 from commscope.record import callsite, flight, patch
 from commscope.record.cuda_timing import CudaTimer
 from commscope.record.ops import (
@@ -651,6 +652,9 @@ class Recorder:
         if device is not None:
             ev["device"] = f"cuda:{device}"  # completion comes from a later ``done``
         frag = _dumps(ev)[1:-1]
+        # A key for readers: equal exactly when these static fields are equal, so a model
+        # can intern a begin's signature with one lookup instead of comparing every field.
+        frag = b'"sk":%d,%s' % (signature_key(frag), frag)
         self._frags[key] = frag
         return frag
 
