@@ -183,7 +183,7 @@ SCRIPT = textwrap.dedent("""
         raise RuntimeError("boom in training")
     if sys.argv[3] == "kill":
         import time
-        time.sleep(0.3)  # events reach the store within ~200 ms; then die without a word
+        time.sleep(1.0)  # events reach the store within ~200 ms (wide margin); then die without a word
         os._exit(3)
 """)
 
