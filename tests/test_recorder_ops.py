@@ -322,3 +322,30 @@ def leaky(rank: int, ws: int, store: str) -> None:
     keep = dist.all_reduce(torch.ones(2), async_op=True)  # never waited
     dist.barrier()
     del keep
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("cannot print me")
+
+
+def unprintable(rank: int, ws: int, store: str) -> bool:
+    from commscope.record import ops as O
+    from commscope.record import patch
+
+    commscope.instrument(store, flight_recorder=False)
+    err = _Unprintable()
+
+    def stand_in(*args, **kwargs):
+        raise err
+
+    wrapped = patch.make_wrapper("all_reduce", stand_in, O.all_reduce)
+    try:
+        wrapped(torch.ones(1))
+    except _Unprintable as exc:
+        return exc is err
+    return False
+
+
+def test_even_an_unprintable_exception_propagates_as_itself(tmp_path):
+    assert run_ranks(unprintable, 1, args=(str(tmp_path),))[0].value is True

@@ -50,6 +50,14 @@ def _unwrap(fn: Any) -> Any:
     return getattr(fn, _ORIG_ATTR, fn)
 
 
+def _record_raise(end: Any, what: Any, exc: BaseException) -> None:
+    """Record that a call raised; whatever happens here, the caller re-raises ``exc``."""
+    try:
+        end(what, exc, None)
+    except Exception:
+        pass
+
+
 def make_wrapper(name: str, orig: Any, extract: Any, nests: bool = False) -> Any:
     """``nests``: the wrapped function calls other wrapped ones (the varlen ops)."""
     getframe = sys._getframe
@@ -69,7 +77,7 @@ def make_wrapper(name: str, orig: Any, extract: Any, nests: bool = False) -> Any
         try:
             ret = orig(*args, **kwargs)
         except BaseException as exc:
-            rec.end(tok, exc, None)
+            _record_raise(rec.end, tok, exc)
             raise
         try:
             if tok[2] or tok[3] is not None or tok[4] is not None or rec.need_job:
@@ -119,8 +127,8 @@ def _batch_wrapper(orig: Any) -> Any:
             works = orig(p2p_op_list)
         except BaseException as exc:
             for tok in children:
-                rec.end(tok, exc, None)
-            rec.end(outer, exc, None)
+                _record_raise(rec.end, tok, exc)
+            _record_raise(rec.end, outer, exc)
             raise
         for tok in children:
             rec.end(tok, None, None)
@@ -195,7 +203,7 @@ def _make_wait(orig_wait: Any) -> Any:
         try:
             ret = orig_wait(self, *args, **kwargs)
         except BaseException as exc:
-            rec.wait_end(op_ids, exc, None)
+            _record_raise(rec.wait_end, op_ids, exc)
             raise
         rec.wait_end(op_ids, None, cuda)
         return ret
