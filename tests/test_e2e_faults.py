@@ -22,8 +22,12 @@ pytestmark = pytest.mark.timeout(90)
 SLACK = 5.0
 
 
-def watch(tmp_path, fn, world: int, want, *, limit: float = 40.0):
-    """Run ``fn`` on ``world`` ranks; poll until ``want(findings)`` returns the finding."""
+def watch(tmp_path, fn, world: int, want, *, limit: float = 40.0, linger: float = 0.0):
+    """Run ``fn`` on ``world`` ranks; poll until ``want(findings)`` returns the finding.
+
+    ``linger``: keep the hung job alive that much longer before killing it, so the
+    trace itself (heartbeats every 0.2 s, flushed every 50 ms) covers the hang past
+    hang_after when a post-mortem check judges it by the trace's last timestamps."""
     store = str(tmp_path / "trace")
     job = Job(fn, world, args=(store,), pg_timeout=300.0).start()
     model = TraceModel()
@@ -49,6 +53,7 @@ def watch(tmp_path, fn, world: int, want, *, limit: float = 40.0):
         assert job.alive(), "the job should still be hung when diagnosed"
         if found.ts:  # seconds from the moment the hang began
             assert (now - found.ts) / 1e9 <= W.HANG_AFTER + SLACK + 1.0, found.to_json()
+        time.sleep(linger)
         return found, seen, store
     finally:
         job.kill()
@@ -64,7 +69,7 @@ def first(kind: str, culprits: list[int] | None = None):
 
 
 def test_skip_one_all_reduce(tmp_path, capsys):
-    f, seen, store = watch(tmp_path, W.skip_one, 3, first("missing_ranks", [2]))
+    f, seen, store = watch(tmp_path, W.skip_one, 3, first("missing_ranks", [2]), linger=1.0)
     assert f.group == "0" and f.op == "all_reduce" and f.seq == 5
     assert f.evidence["missing_activity"]["2"]["last_seq_in_group"] == 4
     assert not [x for x in seen if x.kind in ("collective_mismatch", "p2p_deadlock", "dead_rank")]
