@@ -20,14 +20,6 @@ from typing import Any
 _BACKENDS = ("nccl:", "gloo:", "ucc:", "mpi:", "xccl:")
 
 
-def fr_available() -> bool:
-    try:
-        import torch._C._distributed_c10d as c10d
-    except ImportError:
-        return False
-    return hasattr(c10d, "_dump_fr_trace") or hasattr(c10d, "_dump_fr_trace_json")
-
-
 def fr_env_enabled() -> bool:
     for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
         try:

@@ -286,6 +286,3 @@ def uninstall() -> None:
                 pass
     _wait_patched.clear()
 
-
-def installed() -> bool:
-    return bool(_saved)
