@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from commscope.analysis import TraceModel
+from commscope.analysis import model as model_mod
 from commscope.analysis.bandwidth import busbw, busbw_factor, instances, op_busbw, size_bytes
 from commscope.analysis.synth import S, TraceBuilder, healthy_trace
 
@@ -36,6 +37,33 @@ def test_incremental_equals_bulk(batch):
     assert _snapshot(inc) == _snapshot(bulk)
     assert inc.bounds() == bulk.bounds()
 
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_chunked_and_interleaved_ingest_equals_bulk(monkeypatch, chunk):
+    ev = healthy_trace(4, 300)
+    bulk = TraceModel.from_events(ev)
+    per_rank: dict[int, list] = {}
+    for e in ev:
+        per_rank.setdefault(e["rank"], []).append(e)
+    # round robin over ranks, each rank's own order kept: many rank runs per chunk
+    interleaved = [e for k in range(max(map(len, per_rank.values()))) for v in per_rank.values() if k < len(v)
+                   for e in v[k:k + 1]]
+    assert len(interleaved) == len(ev)
+    assert len({e["rank"] for e in interleaved[:50]}) > 1
+    monkeypatch.setattr(model_mod, "INGEST_CHUNK", chunk)
+    for events in (ev, interleaved):
+        m = TraceModel.from_events(events)
+        assert _snapshot(m) == _snapshot(bulk)
+        assert m.bounds() == bulk.bounds() and m.events == bulk.events
+
+
+def test_split_by_rank_keeps_batch_order_for_any_rank_numbers():
+    ranks = np.array([70000, 3, 70000, 3, 5, 3], np.int64)
+    parts = {r: pos.tolist() for r, pos in model_mod._split_by_rank(ranks)}
+    assert parts == {3: [1, 3, 5], 5: [4], 70000: [0, 2]}
+    (r, pos), = model_mod._split_by_rank(np.array([7, 7, 7], np.int64))
+    assert r == 7 and pos is None
 
 def test_op_detail_matching_and_labels():
     b = TraceBuilder(3)

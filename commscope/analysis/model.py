@@ -1,19 +1,21 @@
 """TraceModel: one compact, incrementally updated in-memory model of a trace.
 
 Ops are stored per rank in numpy columns (begin/end/wait/done times, id, seq, peer,
-parent, signature code, flags), so a million ops take ~80 MB and window queries are
-binary searches.  Everything about an op that repeats from call to call (op name,
+parent, signature code, flags), so a million ops take 90-130 MB and window queries
+are binary searches.  Everything about an op that repeats from call to call (op name,
 group, call site, shapes, dtypes, reduce op, root, thread) is interned once as a
 ``Sig`` and referenced by an int32 code.  Cross-rank indexes (collectives by
 (group, seq), p2p by (group, src, dst, seq)) are small int32 matrices per group or
-channel.  ``ingest`` costs time proportional to its batch: a Python pass that sorts
-events into per-rank lists, then vectorized column writes.
+channel.  ``ingest`` costs time proportional to its batch: per cache-sized chunk, C-level
+passes that pull columns out of the event dicts, then vectorized column writes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -28,8 +30,13 @@ ASYNC, NESTED, P2P, COLL, CONTAINER, FR, SEND, RECV, DEVICE = (1 << i for i in r
 EXC, WAIT_EXC, APPROX, DONE, INFERRED = 1, 2, 4, 8, 16
 
 SPACE_NATIVE, SPACE_FR = 0, 1
-_PHASE_CODES = {"end": 1, "wait_begin": 2, "wait_end": 3, "done": 4}
+_PHASE_OF = {"begin": 0, "end": 1, "wait_begin": 2, "wait_end": 3, "done": 4}  # other events: -1
+_RANK_OF = itemgetter("rank")
+_TS_OF = itemgetter("ts")
 DEFAULT_SAMPLE_INTERVAL = 1.0
+#: Events are ingested in chunks this long, so that the several column passes over a chunk's
+#: dicts find them in cache (one pass over a cold dict costs ~100 ns, a warm one ~25 ns).
+INGEST_CHUNK = 2048
 MAX_DENSE_ID = 1 << 26  # op ids above this switch a rank's id lookup from an array to a dict
 #: A rank whose heartbeat is older than max(DEAD_INTERVALS x sample_interval, DEAD_MIN_S) is dead.
 DEAD_INTERVALS = 5
@@ -57,6 +64,37 @@ def _ints(values: list) -> np.ndarray:
         return np.array(values, np.int64)
     except (TypeError, ValueError, OverflowError):
         return np.array([v if isinstance(v, int) and -(1 << 62) < v < (1 << 62) else -1 for v in values], np.int64)
+
+
+def _column(values: Iterator) -> np.ndarray:
+    """int64 column of event values (see ``_ints``)."""
+    return _ints(list(values))
+
+
+def _split_by_rank(ranks: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
+    """(rank, positions of its events in batch order) per rank; None: the whole batch."""
+    first = int(ranks[0])
+    if bool((ranks == first).all()):
+        return [(first, None)]
+    small = int(ranks.min()) >= 0 and int(ranks.max()) < 1 << 16
+    order = np.argsort(ranks.astype(np.uint16) if small else ranks, kind="stable")  # uint16: a radix sort
+    sr = ranks[order]
+    cuts = (np.flatnonzero(sr[1:] != sr[:-1]) + 1).tolist()
+    return [(int(sr[a]), order[a:b]) for a, b in zip([0, *cuts], [*cuts, len(order)], strict=True)]
+
+
+def _positions(pos: np.ndarray | None, mask: np.ndarray) -> np.ndarray:
+    return np.flatnonzero(mask) if pos is None else pos[mask]
+
+
+def _take(events: list[dict], positions: np.ndarray) -> Sequence[dict]:
+    """events[positions] in one C call."""
+    k = positions.shape[0]
+    if k == len(events):
+        return events  # positions are sorted and unique: all of them, in order
+    if k == 1:
+        return [events[int(positions[0])]]
+    return itemgetter(*positions.tolist())(events)
 
 
 def _tup(x: Any) -> tuple:
@@ -421,6 +459,8 @@ class TraceModel:
         self._sig_by_sk: dict[tuple, int] = {}  # (sk, tid) -> sig code, see events.signature_key
         self._sig_flags = np.zeros(256, np.int32)
         self._sig_match = np.zeros(256, np.int32)
+        self._sig_gkey = np.zeros(256, np.int32)  # sig code -> index of its (space, group) in _gkeys
+        self._gkeys: dict[tuple[int, str], int] = {}
         self._match_codes: dict[tuple, int] = {}
         self.groups: dict[str, list[int]] = {}  # name -> global ranks in group-rank order
         self.group_backend: dict[str, str] = {}
@@ -441,55 +481,58 @@ class TraceModel:
         return m
 
     def ingest(self, events: list[Event]) -> frozenset[int]:
-        """Add a batch of events (any ranks, per-rank order preserved); returns ranks changed."""
+        """Add a batch of events (any ranks, per-rank order preserved); returns ranks changed.
+
+        The per-event work is a few C-level ``map`` passes that pull whole columns
+        (rank, phase, ts, id) out of the dicts at once; only begins whose signature is
+        new, and the rare misc events, are looked at one by one in Python.
+        """
         if not events:
             self.changed = frozenset()
             return self.changed
-        by_rank: dict[int, tuple[list, list, list]] = {}
-        last = None
-        bl = ol = ml = None
-        for e in events:
-            r = e["rank"]
-            if r != last:
-                cur = by_rank.get(r)
-                if cur is None:
-                    cur = by_rank[r] = ([], [], [])
-                bl, ol, ml = cur
-                last = r
-            ph = e.get("phase")  # only op events have one
-            if ph == "begin":
-                bl.append(e)
-            elif ph is None:
-                ml.append(e)
-            else:
-                ol.append(e)
-        lo, hi = [], []
-        for r, (bl, ol, ml) in by_rank.items():
+        lo, hi, changed = [I64_MAX], [0], set()
+        for k in range(0, len(events), INGEST_CHUNK):
+            self._ingest_chunk(events[k:k + INGEST_CHUNK] if len(events) > INGEST_CHUNK else events, lo, hi, changed)
+        if hi[0]:
+            self.start_ns = lo[0] if not self.start_ns else min(self.start_ns, lo[0])
+            self.end_ns = max(self.end_ns, hi[0])
+        self.events += len(events)
+        self.version += 1
+        self.changed = frozenset(changed)
+        return self.changed
+
+    def _ingest_chunk(self, events: list[Event], lo: list[int], hi: list[int], changed: set[int]) -> None:
+        n = len(events)
+        dget = dict.get
+        ranks = _column(map(_RANK_OF, events))
+        phase = np.fromiter(map(_PHASE_OF.get, map(dget, events, repeat("phase")), repeat(-1)), np.int8, n)
+        ts = _column(map(_TS_OF, events))
+        ids = _column(map(dget, events, repeat("id"), repeat(-1)))
+        for r, pos in _split_by_rank(ranks):
             rt = self.ranks.get(r)
             if rt is None:
                 rt = self.ranks[r] = RankTrace(r)
+            ph = phase if pos is None else phase[pos]
+            misc, begins, phases = ph < 0, ph == 0, ph > 0
             t0, t1 = I64_MAX, 0
-            if ml:
-                t0, t1 = self._misc(rt, ml)
-            if bl:
-                a, b = self._begins(rt, bl)
+            if misc.any():
+                a, b = self._misc(rt, _take(events, _positions(pos, misc)))
                 t0, t1 = min(t0, a), max(t1, b)
-            if ol:
-                a, b = self._phases(rt, ol)
+            if begins.any():
+                bpos = _positions(pos, begins)
+                a, b = self._begins(rt, _take(events, bpos), ts[bpos], ids[bpos])
+                t0, t1 = min(t0, a), max(t1, b)
+            if phases.any():
+                opos = _positions(pos, phases)
+                a, b = self._phases(rt, events, opos, ts[opos], ids[opos], phase[opos])
                 t0, t1 = min(t0, a), max(t1, b)
             if t1:
                 rt.first_ts = t0 if not rt.first_ts else min(rt.first_ts, t0)
                 rt.last_ts = max(rt.last_ts, t1)
-                lo.append(t0)
-                hi.append(t1)
+                lo[0] = min(lo[0], t0)
+                hi[0] = max(hi[0], t1)
             rt.version += 1
-        if hi:
-            self.start_ns = min(lo) if not self.start_ns else min(self.start_ns, min(lo))
-            self.end_ns = max(self.end_ns, max(hi))
-        self.events += len(events)
-        self.version += 1
-        self.changed = frozenset(by_rank)
-        return self.changed
+            changed.add(r)
 
     def _misc(self, rt: RankTrace, evs: list[dict]) -> tuple[int, int]:
         samples = []
@@ -570,51 +613,54 @@ class TraceModel:
         if code >= self._sig_flags.shape[0]:
             self._sig_flags = np.concatenate([self._sig_flags, np.zeros_like(self._sig_flags)])
             self._sig_match = np.concatenate([self._sig_match, np.zeros_like(self._sig_match)])
+            self._sig_gkey = np.concatenate([self._sig_gkey, np.zeros_like(self._sig_gkey)])
         self._sig_flags[code] = flags
         self._sig_match[code] = sig.match
+        self._sig_gkey[code] = self._gkeys.setdefault((sig.space, sig.group), len(self._gkeys))
         self._sig_cache.setdefault(k, []).append((lists, code))
         return code
 
-    def _begins(self, rt: RankTrace, bl: list[dict]) -> tuple[int, int]:
-        intern = self._intern
-        cache = self._sig_cache
+    def _begins(self, rt: RankTrace, bl: Sequence[dict], ts: np.ndarray, ids: np.ndarray) -> tuple[int, int]:
+        dget = dict.get
+        k = len(bl)
         by_sk = self._sig_by_sk
-        codes = []
-        for e in bl:
-            get = e.get
-            sk = get("sk")
-            if sk is not None:  # the recorder's key of the static fields: one lookup
-                code = by_sk.get((sk, get("tid")))
-                if code is not None:
-                    codes.append(code)
-                    continue
-            c = cache.get(tuple(map(get, _SIG_KEYS)))
-            code = -1
-            if c is not None:
-                lists = tuple(map(get, _SIG_LISTS))
-                for x in c:
-                    if x[0] == lists:
-                        code = x[1]
-                        break
-            if code < 0:
-                code = intern(e)
-            if sk is not None:
-                by_sk[(sk, get("tid"))] = code
-            codes.append(code)
+        try:  # the recorder's key of the static fields (events.signature_key): one lookup per begin
+            keys = list(zip(map(dget, bl, repeat("sk")), map(dget, bl, repeat("tid")), strict=True))
+            codes = np.fromiter(map(by_sk.get, keys, repeat(-1)), np.int32, k)
+        except TypeError:  # an unhashable tid: a foreign or damaged trace
+            keys = [(None, None)] * k
+            codes = np.full(k, -1, np.int32)
+        if (codes < 0).any():
+            cache = self._sig_cache
+            for j in np.flatnonzero(codes < 0).tolist():
+                e = bl[j]
+                key = keys[j]
+                code = by_sk.get(key, -1) if key[0] is not None else -1
+                if code < 0:
+                    get = e.get
+                    c = cache.get(tuple(map(get, _SIG_KEYS)))
+                    if c is not None:
+                        lists = tuple(map(get, _SIG_LISTS))
+                        for x in c:
+                            if x[0] == lists:
+                                code = x[1]
+                                break
+                    if code < 0:
+                        code = self._intern(e)
+                    if key[0] is not None:
+                        by_sk[key] = code
+                codes[j] = code
         k = len(bl)
         n0 = rt.n
         n1 = n0 + k
         rt.reserve(n1)
-        ts = np.array([e["ts"] for e in bl], np.int64)
-        ids = np.array([e["id"] for e in bl], np.int64)
-        sig = np.array(codes, np.int32)
         rt.begin[n0:n1] = ts
         rt.id[n0:n1] = ids
-        rt.sig[n0:n1] = sig
-        rt.seq[n0:n1] = _ints([e.get("seq", -1) for e in bl])
-        rt.peer[n0:n1] = _ints([e.get("peer", -1) for e in bl])
+        rt.sig[n0:n1] = codes
+        rt.seq[n0:n1] = _ints(list(map(dget, bl, repeat("seq"), repeat(-1))))
+        rt.peer[n0:n1] = _ints(list(map(dget, bl, repeat("peer"), repeat(-1))))
         idx = np.arange(n0, n1, dtype=np.int32)
-        parents = _ints([e.get("parent", -1) for e in bl])
+        parents = _ints(list(map(dget, bl, repeat("parent"), repeat(-1))))
         rt.map_ids(ids, idx)
         has_parent = parents >= 0
         if has_parent.any():
@@ -637,21 +683,20 @@ class TraceModel:
         coll = ((flags & COLL) != 0) & (seq >= 0)
         if coll.any():
             csig, cseq, cidx = sig[coll], seq[coll], idx[coll]
-            keys = {}
-            for code in np.unique(csig).tolist():
-                s = self.sigs[code]
-                keys.setdefault((s.space, s.group), []).append(code)
-            for (space, group), codes in keys.items():
-                m = np.isin(csig, codes) if len(keys) > 1 else slice(None)
-                gi = self._group_index(space, group)
+            gk = self._sig_gkey[csig]
+            present = [int(gk[0])] if bool((gk == gk[0]).all()) else np.flatnonzero(np.bincount(gk)).tolist()
+            names = list(self._gkeys)
+            for g in present:
+                m = gk == g if len(present) > 1 else slice(None)
+                gi = self._group_index(*names[g])
                 gi.seqs.put(cseq[m], gi.column(rt.rank), cidx[m])
         p2p = ((flags & P2P) != 0) & (seq >= 0) & (rt.peer[n0:n1] >= 0) & ((flags & NESTED) == 0)
         if p2p.any():
             psig, ppeer, pseq, pidx = sig[p2p], rt.peer[n0:n1][p2p], seq[p2p], idx[p2p]
             key = psig.astype(np.int64) * (1 << 32) + ppeer
-            uniq, inv = np.unique(key, return_inverse=True)
-            for j, kv in enumerate(uniq.tolist()):
-                m = inv == j
+            uniq = np.unique(key).tolist()
+            for kv in uniq:
+                m = key == kv if len(uniq) > 1 else slice(None)
                 self._channel(rt.rank, kv >> 32, kv & 0xFFFFFFFF).put(pseq[m], *self._side(kv >> 32), pidx[m])
 
     def _side(self, code: int) -> tuple[int]:
@@ -676,18 +721,20 @@ class TraceModel:
             gi = self.coll[(space, group)] = GroupIndex(group, space, self.groups.get(group, []))
         return gi
 
-    def _phases(self, rt: RankTrace, ol: list[dict]) -> tuple[int, int]:
-        ids = np.array([e["id"] for e in ol], np.int64)
-        ts = np.array([e["ts"] for e in ol], np.int64)
-        ph = np.array([_PHASE_CODES.get(e["phase"], 0) for e in ol], np.int8)
+    def _phases(self, rt: RankTrace, events: list[dict], pos: np.ndarray, ts: np.ndarray, ids: np.ndarray,
+                ph: np.ndarray) -> tuple[int, int]:
         idx = rt.lookup(ids)
         ok = idx >= 0
         for code, col in ((1, rt.end), (2, rt.wb), (3, rt.we), (4, rt.done)):
             m = ok & (ph == code)
             if m.any():
                 col[idx[m]] = ts[m]
-        slow = [(j, e) for j, e in enumerate(ol) if len(e) > 5 + ("v" in e)]
-        for j, e in slow:
+        ol = _take(events, pos)
+        k = len(ol)
+        # more keys than type, ts, rank, phase, id (and v): an exception, peer, gpu time ...
+        extra = np.fromiter(map(len, ol), np.int64, k) - np.fromiter(map(dict.__contains__, ol, repeat("v")), np.int64, k)
+        for j in np.flatnonzero(extra > 5).tolist():
+            e = ol[j]
             i = int(idx[j])
             if i < 0:
                 continue
@@ -707,7 +754,7 @@ class TraceModel:
         if (ph == 4).any():
             rt.device_seen = True
             rt.flags[idx[ok & (ph == 4)]] |= DONE
-        aff = np.unique(idx[ok & (ph != 2)])
+        aff = idx[ok & (ph != 2)]  # an op may come twice (end and wait_end): harmless below
         if aff.shape[0]:
             self._complete(rt, aff)
         return int(ts.min()), int(ts.max())
