@@ -12,6 +12,7 @@ import random
 import pytest
 import torch
 import torch.distributed as dist
+from trace_helpers import ops, read_events
 
 import commscope.varlen as V
 from commscope.launch import run_ranks
@@ -507,3 +508,61 @@ def test_p2p_layout_is_aligned():
     assert all(off % _p2p.ALIGN == 0 for off in offsets)
     assert offsets == [0, 16, 48, 48, 64] and total == 80
     assert _meta.hash_ints([1, 2, 3]) != _meta.hash_ints([3, 2, 1]) and _meta.hash_ints([]) >= 0
+
+
+# ---------------------------------------------------------------------------------------
+# all_gather_v on Gloo: the data ride with the metadata when no rank grew
+# ---------------------------------------------------------------------------------------
+
+#: (length on rank r, dtype, trailing dims, dim) per call: steady, one rank grows, one shrinks,
+#: all zero, the dtype changes (to a wider and to a narrower one), the dim moves.
+SPEC_CALLS = [
+    (lambda r: r + 2, torch.float32, (3,), 0),
+    (lambda r: r + 2, torch.float32, (3,), 0),
+    (lambda r: r + 2 + (5 if r == 1 else 0), torch.float32, (3,), 0),
+    (lambda r: r + 2 + (5 if r == 1 else 0), torch.float32, (3,), 0),
+    (lambda r: 1 if r == 2 else r + 2, torch.float32, (3,), 0),
+    (lambda r: 0, torch.float32, (3,), 0),
+    (lambda r: r + 1, torch.int8, (3,), 0),
+    (lambda r: r + 1, torch.complex128, (3,), 0),
+    (lambda r: r + 1, torch.complex128, (3,), 0),
+    (lambda r: 2 * r + 1, torch.bfloat16, (2, 2), 1),
+    (lambda r: 2 * r + 1, torch.bfloat16, (2, 2), 1),
+]
+
+
+def _w_speculation(rank, ws, store):
+    import commscope
+
+    commscope.instrument(store, sample_interval=0.2)
+    fails = []
+    for k, (length, dtype, trailing, dim) in enumerate(SPEC_CALLS):
+        inputs = [make(SEED, who, 500 + k, shape_with(trailing, dim, length(who)), dtype) for who in range(ws)]
+        cat = k % 2 == 1
+        got = V.all_gather_v(inputs[rank], dim=dim, cat=cat)
+        if not (same(got, torch.cat(inputs, dim)) if cat else same_list(got, inputs)):
+            fails.append(f"rank {rank} call {k}")
+    commscope.uninstrument()
+    return fails
+
+
+def test_all_gather_v_sends_data_with_metadata_when_no_rank_grew(tmp_path):
+    """Every call is right, and the inner messages show the protocol: one message per pair
+    when no rank outgrew the previous call, a second round when one did."""
+    store = tmp_path / "trace"
+    ws = 3
+    assert _run(_w_speculation, str(store), world_size=ws) == [[]] * ws
+    events = read_events(store)
+    per_call = []
+    for rank in range(ws):
+        all_ops = ops(events, rank)
+        outer = [o for o in all_ops if o["op"] == "all_gather_v"]
+        assert len(outer) == len(SPEC_CALLS)
+        per_call.append([len([o for o in all_ops if o.get("parent") == x["id"]]) for x in outer])
+    assert per_call[0] == per_call[1] == per_call[2]
+    one_round = 2 * (ws - 1)  # an isend and an irecv per peer
+    counts = per_call[0]
+    # no history (call 0), a rank grew (2), bytes grew after all-empty (6) and by a wider dtype (7)
+    assert all(counts[k] > one_round for k in (0, 2, 6, 7)), counts
+    # steady (1, 3, 8, 10), shrunk (4, 5) or fewer bytes in another dtype and dim (9): one round
+    assert all(counts[k] == one_round for k in (1, 3, 4, 5, 8, 9, 10)), counts

@@ -18,5 +18,5 @@ def test_bench_varlen_quick_prints_tables():
                   "targets (issue 3)"):
         assert title in out, out
     for row in ("all_gather_object", "seed002_pickle", "all_gather_v[p2p]", "reduce_scatter_v[allreduce]",
-                "metadata[all_to_all]", "send_tensors ≤ 1.3x raw send"):
+                "metadata[p2p]", "send_tensors ≤ 1.3x raw send"):
         assert row in out, out

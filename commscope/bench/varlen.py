@@ -250,7 +250,7 @@ def _strategy_variants(dist, torch, rank: int, ws: int, sizes: list[int]) -> dic
     rec = _meta.new_record("all_gather_v")
     mine = torch.tensor(rec, dtype=torch.int64)
     meta_out = torch.empty(ws * _meta.WIDTH, dtype=torch.int64)
-    out["metadata[all_to_all]"] = lambda: _meta.exchange(g, rec)
+    out["metadata[p2p]"] = lambda: _meta.exchange(g, rec)  # what every varlen op runs on Gloo
     out["metadata[all_gather]"] = lambda: (_meta._all_gather_into(meta_out, mine, None), meta_out.tolist())
     return out
 

@@ -20,9 +20,19 @@ How a collective runs
 1. Metadata: every rank encodes op, root, dim, dtype (a stable small code, see DTYPE_CODES),
    device type, shape, forced strategy and any local problem (0-d tensor, dim out of range,
    bad split sizes, unknown strategy, non-tensor...) into one 26 x int64 record.  One small
-   collective hands everyone every record (NCCL: all_gather on the current CUDA device;
-   Gloo: all_to_all_single of the replicated record), then one host read.  ``sizes=`` on
-   all_gather_v/gather_v skips this; then only local checks run.
+   exchange hands everyone every record (NCCL: all_gather on the current CUDA device; Gloo:
+   one isend/irecv message per pair of ranks, the same for every op), then one host read.
+   ``sizes=`` on all_gather_v/gather_v skips this; then only local checks run.
+   all_gather_v on Gloo sends its data in the same message: each rank makes room after
+   rank s's record for as many bytes as rank s sent in the group's previous all_gather_v (a
+   Gloo receive takes a shorter message; every rank knows those counts alike, from the
+   previous call's records).  When no rank grew, the op is over after this one round of
+   messages; otherwise the normal data path runs with the now known sizes.  Steady-state
+   calls (the same or smaller sizes every step) thus cost one round instead of two: 1 MiB
+   per rank on 4 ranks measured 0.87x the all_gather_into_tensor "limit" (was 1.08x), and
+   3.2x faster than all_gather_object (was 2.4x).  Because every op on a group sends exactly
+   one such message per pair, ranks that disagree about the op still swap records and all
+   raise; a receive never accepts a longer message, so nothing is left dangling.
 2. Validation: every rank decides from the same numbers, so a disagreement (ndim, dtype,
    device type, trailing dims, op, root, strategy, reduce op, split sizes) or a local
    problem raises the same ValueError on every rank, naming the offending ranks (those off

@@ -70,7 +70,7 @@ def _row_bytes(rest: Sequence[int], dtype: torch.dtype) -> int:
 
 
 def _p2p(g: m.Group, ops: list[tuple[str, torch.Tensor, int]], tag: int = COLLECTIVE_TAG) -> list[Any]:
-    """Post isend/irecv ops ``(kind, tensor, group_peer)``; return their works.
+    """Post isend/irecv ops ``(kind, tensor, group_peer[, tag])``; return their works.
 
     NCCL needs them grouped (two ranks that both send first would deadlock otherwise), so it
     gets ``batch_isend_irecv`` (whose P2POp insists on torch's own isend/irecv); Gloo gets
@@ -78,14 +78,15 @@ def _p2p(g: m.Group, ops: list[tuple[str, torch.Tensor, int]], tag: int = COLLEC
     if not ops:
         return []
     if g.backend_for(ops[0][1].device) in ("nccl", "xccl"):
-        p2p = [dist.P2POp(c10d.isend if kind == "send" else c10d.irecv, t, g.global_rank(peer), g.pg, tag)
-               for kind, t, peer in ops]
+        p2p = [dist.P2POp(c10d.isend if o[0] == "send" else c10d.irecv, o[1], g.global_rank(o[2]), g.pg,
+                          o[3] if len(o) > 3 else tag) for o in ops]
         return list(dist.batch_isend_irecv(p2p))
     works = []
-    for kind, t, peer in ops:
+    for o in ops:
+        kind, t, peer = o[:3]
         fn = dist.isend if kind == "send" else dist.irecv
         peer_kw = {"dst": g.global_rank(peer)} if kind == "send" else {"src": g.global_rank(peer)}
-        works.append(fn(t, group=g.pg, tag=tag, **peer_kw))
+        works.append(fn(t, group=g.pg, tag=o[3] if len(o) > 3 else tag, **peer_kw))
     return works
 
 
@@ -152,7 +153,17 @@ def all_gather_v(tensor: torch.Tensor, *, dim: int = 0, sizes: Sequence[int] | N
     """
     op = "all_gather_v"
     g = m.Group.of(group)
-    if sizes is None:
+    if sizes is None and m.p2p_metadata(g):
+        rec = m.describe(m.new_record(op, strategy=strategy), tensor, dim)
+        mine = _bytes(_dense(m.raw(tensor), torch.device("cpu"))) if rec[m.F_STATUS] == m.OK else None
+        recs, arrived = m.exchange_p2p(g, [rec] * g.size, payload=mine)
+        m.validate(g, op, recs)
+        got = _speculated(g, op, tensor, dim, recs, arrived, mine)
+        if got is not None and strategy is None:
+            pieces, d = got
+            return _done([], lambda: (pieces, None), cat, d, tensor, async_op)
+        sizes = [m.length(r) for r in recs]
+    elif sizes is None:
         recs = m.exchange(g, m.describe(m.new_record(op, strategy=strategy), tensor, dim))
         m.validate(g, op, recs)
         sizes = [m.length(r) for r in recs]
@@ -166,6 +177,28 @@ def all_gather_v(tensor: torch.Tensor, *, dim: int = 0, sizes: Sequence[int] | N
         return _done(works, lambda: pieces, cat, d, tensor, async_op)
     works, finish = _AG[plan](g, front, sizes, rest, dev)
     return _done(works, finish, cat, d, tensor, async_op)
+
+
+def _speculated(g: m.Group, op: str, tensor: torch.Tensor, dim: int, recs: list[list[int]],
+                arrived: list[torch.Tensor | None], mine: torch.Tensor | None) -> tuple[list[torch.Tensor], int] | None:
+    """The row blocks, if every rank's whole tensor came with its metadata record (see
+    ``_meta.exchange_p2p``), else None; and remember this call's sizes for the next one."""
+    need = [m.numel(m.shape_of(r)) * m.CODE_DTYPES[r[m.F_DTYPE]].itemsize for r in recs]
+    caps = m.payload_caps(g)  # what this call made room for (the same on every rank)
+    hit = all(n <= c for n, c in zip(need, caps, strict=True))
+    m.set_payload_caps(g, need)
+    if not hit or mine is None:
+        return None
+    d, front, rest = _gathered_layout(tensor, dim)
+    rd = m.raw_dtype(tensor.dtype)
+    pieces = []
+    for s, r in enumerate(recs):
+        b = mine.clone() if s == g.rank else arrived[s][:need[s]]
+        if b.storage_offset() % 16 or b.data_ptr() % 16:  # views need itemsize-aligned offsets
+            b = b.clone()
+        rows = b.view(rd).view(m.shape_of(r))  # the sender's layout: its own dim order
+        pieces.append(rows.movedim(d, 0))
+    return pieces, d
 
 
 def _done(works, finish: Callable[[], Pieces], cat: bool, d: int, like: torch.Tensor, async_op: bool):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -74,7 +75,7 @@ STATUS_TEXT = {
 # record layout
 F_MAGIC, F_OP, F_ROOT, F_STATUS, F_DTYPE, F_DEV, F_NDIM, F_DIM, F_STRAT, F_AUX0, F_AUX1, F_SHAPE = range(12)
 MAX_NDIM = 14
-WIDTH = F_SHAPE + MAX_NDIM  # 26 int64 = 208 bytes per rank
+WIDTH = F_SHAPE + MAX_NDIM  # int64 words per rank
 
 
 def dtype_code(dtype: torch.dtype) -> int:
@@ -121,13 +122,25 @@ class Group:
 
     @classmethod
     def of(cls, group: dist.ProcessGroup | None) -> Group:
+        """The facts are fixed for a group's lifetime, and asking torch for them costs ~25 us
+        (a tenth of a small send): they are cached per group object, weakly."""
         pg = group if group is not None else dist.group.WORLD
-        rank = dist.get_rank(pg)
-        if rank < 0:
-            raise ValueError("this process is not a member of the process group it passed")
-        size = dist.get_world_size(pg)
-        ranks = tuple(range(size)) if pg is dist.group.WORLD else tuple(dist.get_process_group_ranks(pg))
-        return cls(pg, rank, size, ranks, _backends(pg))
+        try:
+            facts = _GROUP_FACTS.get(pg)
+        except TypeError:  # not weak-referenceable (None before init, a stand-in): no cache
+            facts = None
+        if facts is None:
+            rank = dist.get_rank(pg)
+            if rank < 0:
+                raise ValueError("this process is not a member of the process group it passed")
+            size = dist.get_world_size(pg)
+            ranks = tuple(range(size)) if pg is dist.group.WORLD else tuple(dist.get_process_group_ranks(pg))
+            facts = (rank, size, ranks, _backends(pg))
+            try:
+                _GROUP_FACTS[pg] = facts
+            except TypeError:
+                pass
+        return cls(pg, *facts)
 
     def global_rank(self, group_rank: int) -> int:
         return self.ranks[group_rank]
@@ -171,6 +184,10 @@ class Group:
         rs = sorted(group_ranks)
         glob = [self.ranks[r] for r in rs]
         return f"{rs}" if glob == rs else f"{rs} (global {glob})"
+
+
+#: ProcessGroup -> (rank, size, ranks, backends); weak, so a destroyed group is never kept alive.
+_GROUP_FACTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _backends(pg: dist.ProcessGroup) -> dict[str, str]:
@@ -284,28 +301,110 @@ def _reduce_scatter_into(out: torch.Tensor, inp: torch.Tensor, op, group, async_
 def exchange(g: Group, record: list[int]) -> list[list[int]]:
     """Every rank's record, on every rank: one small collective and one host read.
 
-    Gloo gets an all_to_all of the replicated record rather than an all_gather: on Gloo the
-    all_gather is a ring of ``size - 1`` dependent steps, measured 7x slower for this 208-byte
-    payload on 4 ranks (median 3.7 ms vs 0.53 ms, 2 CPU cores)."""
+    Gloo: one point-to-point message per pair (see ``exchange_p2p``).  Others: an all_gather
+    on the metadata device."""
+    if p2p_metadata(g):
+        return exchange_p2p(g, [record] * g.size)[0]
     dev = g.meta_device
     mine = torch.tensor(record, dtype=torch.int64).to(dev)
     out = torch.empty(g.size * WIDTH, dtype=torch.int64, device=dev)
-    if g.backend_for(dev) == "gloo":
-        dist.all_to_all_single(out, mine.repeat(g.size), group=g.pg)
-    else:
-        _all_gather_into(out, mine, g.pg)
+    _all_gather_into(out, mine, g.pg)
     flat = out.tolist()
     return [flat[i * WIDTH:(i + 1) * WIDTH] for i in range(g.size)]
 
 
 def exchange_per_dst(g: Group, records: list[list[int]]) -> list[list[int]]:
-    """Send ``records[j]`` to group rank j; return the record each rank sent here (all_to_all)."""
+    """Send ``records[j]`` to group rank j; return the record each rank sent here."""
+    if p2p_metadata(g):
+        return exchange_p2p(g, records)[0]
     dev = g.meta_device
     inp = torch.tensor(records, dtype=torch.int64).reshape(-1).to(dev)
     out = torch.empty(g.size * WIDTH, dtype=torch.int64, device=dev)
     dist.all_to_all_single(out, inp, group=g.pg)
     flat = out.tolist()
     return [flat[i * WIDTH:(i + 1) * WIDTH] for i in range(g.size)]
+
+
+# ---- Gloo: records as point-to-point messages, with room for all_gather_v's data ---------
+#
+# Every varlen op on a Gloo group exchanges its metadata as exactly one message per ordered
+# pair of ranks, with the same tag, whatever the op: so ranks that disagree about the op
+# still exchange records, and validation raises the same error on all of them.  (An
+# all_to_all_single of the records, used before, cost the same; Gloo's all_gather is a ring
+# of size - 1 dependent steps, measured 7x slower for this payload.)
+#
+# The message also carries data.  A Gloo receive accepts a message shorter than its buffer,
+# so each rank makes room, after the record from rank s, for as many bytes as rank s sent in
+# the group's previous all_gather_v (``payload_caps``: computed from the records of that
+# call, which every rank holds alike, so every rank agrees on them).  all_gather_v sends as
+# much of its tensor as fits there; when no rank grew, that was the whole op: one round of
+# messages instead of a metadata round and then a data round.  Other ops send the record
+# only.  A Gloo receive never takes a longer message, and nothing else is posted before
+# the records are validated, so a disagreement can neither hang nor corrupt later messages.
+
+RECORD_TAG = 0x7663
+_PAYLOAD_CAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def p2p_metadata(g: Group) -> bool:
+    """Metadata travel as p2p messages (Gloo carries them); every rank agrees: it depends on
+    the group only."""
+    return g.size > 1 and g.backend_for(g.meta_device) == "gloo"
+
+
+def payload_caps(g: Group) -> list[int]:
+    caps = _PAYLOAD_CAPS.get(g.pg)
+    return list(caps) if caps is not None and len(caps) == g.size else [0] * g.size
+
+
+def set_payload_caps(g: Group, nbytes: Sequence[int]) -> None:
+    """Call with values every rank computes alike (from the exchanged records), at the same
+    point of the same op on every rank, or the ranks' message sizes stop agreeing."""
+    _PAYLOAD_CAPS[g.pg] = [int(b) for b in nbytes]
+
+
+def exchange_p2p(g: Group, records: list[list[int]], payload: torch.Tensor | None = None
+                 ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+    """Send ``records[j]`` (plus up to ``payload_caps[me]`` bytes of ``payload``, a flat uint8
+    CPU tensor) to each rank j; return the records received (own one included) and, per
+    rank, the bytes of room its payload had here (None for this rank)."""
+    n, me = g.size, g.rank
+    caps = payload_caps(g)
+    rec_bytes = -(-8 * WIDTH // 16) * 16  # the record, padded so the payload and slots are 16-aligned
+    slot = [0 if s == me else rec_bytes + -(-caps[s] // 16) * 16 for s in range(n)]
+    start = [0] * n
+    for s in range(1, n):
+        start[s] = start[s - 1] + slot[s - 1]
+    inbox = torch.empty(start[-1] + slot[-1], dtype=torch.uint8)
+    k = min(payload.numel(), caps[me]) if payload is not None else 0
+    same = all(r is records[0] for r in records)
+    outbox: dict[int, torch.Tensor] = {}
+    for s in range(n):
+        if s == me or (same and outbox):
+            continue
+        buf = torch.empty(rec_bytes + k, dtype=torch.uint8)
+        buf[:8 * WIDTH].view(torch.int64).copy_(torch.tensor(records[s], dtype=torch.int64))
+        if k:
+            buf[rec_bytes:].copy_(payload[:k])
+        outbox[s] = buf
+    works = []
+    for step in range(1, n):
+        dst, src = (me + step) % n, (me - step) % n
+        sbuf = outbox[dst] if dst in outbox else next(iter(outbox.values()))
+        works.append(dist.isend(sbuf, dst=g.global_rank(dst), group=g.pg, tag=RECORD_TAG))
+        works.append(dist.irecv(inbox[start[src]:start[src] + slot[src]], src=g.global_rank(src), group=g.pg,
+                                tag=RECORD_TAG))
+    for w in works:
+        w.wait()
+    recs, arrived = [], []
+    for s in range(n):
+        if s == me:
+            recs.append(list(records[me]))
+            arrived.append(None)
+        else:
+            recs.append(inbox[start[s]:start[s] + 8 * WIDTH].view(torch.int64).tolist())
+            arrived.append(inbox[start[s] + rec_bytes:start[s] + rec_bytes + caps[s]])
+    return recs, arrived
 
 
 # ---------------------------------------------------------------------------------------

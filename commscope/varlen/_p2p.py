@@ -20,10 +20,12 @@ block, plus a second message for long headers), then the payload as one packed m
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -117,9 +119,48 @@ def _segment(buf: torch.Tensor, offset: int, dtype: torch.dtype, shape: Sequence
 
 
 def _pack(buf: torch.Tensor, start: int, tensors: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
+    """Copy the tensors into ``buf``.  Plain contiguous CPU tensors go by ``memmove``: a third
+    of the time of ``copy_`` for ten 100 KiB tensors (22 vs 67 us), which pays TensorIterator
+    set-up per tensor and may wake intra-op threads on cores the peer rank needs."""
+    base = buf.data_ptr() + start if buf.device.type == "cpu" and buf.is_contiguous() else None
     for t, off in zip(tensors, offsets, strict=True):
-        if t.numel():
+        n = t.numel()
+        if not n:
+            continue
+        if base is not None and t.device.type == "cpu" and t.is_contiguous() and not t.is_conj() \
+                and not t.is_neg():
+            ctypes.memmove(base + off, t.data_ptr(), n * t.element_size())
+        else:
             m.raw(_segment(buf, start + off, t.dtype, t.shape)).copy_(m.raw(t))
+
+
+def _views(buf: torch.Tensor, start: int, specs: Sequence[tuple[torch.dtype, Sequence[int]]],
+           offsets: Sequence[int]) -> list[torch.Tensor]:
+    """Tensors viewed out of ``buf`` (contiguous, offset 0 in its storage) at ``start + offset``:
+    one ``set_`` each, half the cost of slice + two views; offsets are ALIGN-aligned."""
+    storage = buf.untyped_storage()
+    return [torch.empty(0, dtype=dt, device=buf.device).set_(storage, (start + off) // dt.itemsize, tuple(shape))
+            if m.numel(shape) else torch.empty(tuple(shape), dtype=dt, device=buf.device)
+            for (dt, shape), off in zip(specs, offsets, strict=True)]
+
+
+def _describe(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, int] | None, list[int], list[int], int, set[str]]:
+    """One pass over the tensors: (first bad one as (index, error code) or None, the header's
+    per-tensor words, payload offsets, payload size, device types)."""
+    words: list[int] = []
+    offsets: list[int] = []
+    pos = 0
+    kinds: set[str] = set()
+    for i, t in enumerate(tensors):
+        code = _error_code(t)
+        if code:
+            return (i, code), words, offsets, pos, kinds
+        shape = t.shape
+        words += (m.dtype_code(t.dtype), len(shape), *shape)
+        offsets.append(pos)
+        pos = _aligned(pos + t.numel() * t.element_size())
+        kinds.add(t.device.type)
+    return None, words, offsets, pos, kinds
 
 
 def _error_code(t: object) -> int:
@@ -173,14 +214,6 @@ class SendWork:
         self._pooled = None
 
 
-def _header_words(tensors: Sequence[torch.Tensor], total: int, dev: torch.device) -> list[int]:
-    header = [MAGIC, len(tensors), total, 0, m.device_code(dev), 0]
-    for t in tensors:
-        header += [m.dtype_code(t.dtype), t.dim(), *t.shape]
-    header[3] = len(header)
-    return header
-
-
 def post_send(tensors: Sequence[torch.Tensor], dst: int, group, *, mode: int | None = None,
               fn: str = "isend_tensors") -> SendWork:
     """Post the header and the payload; the pack copy (if any) happens here, synchronously."""
@@ -188,17 +221,15 @@ def post_send(tensors: Sequence[torch.Tensor], dst: int, group, *, mode: int | N
     peer = _peer(g, dst, "dst", fn)
     tensors = list(tensors)
     eager = _eager(g)
-    bad = next(((i, c) for i, t in enumerate(tensors) if (c := _error_code(t))), None)
-    if bad is None and eager and 8 * (HEAD + sum(2 + t.dim() for t in tensors)) > EAGER_CAP:
+    bad, entries, offsets, total, kinds = _describe(tensors)
+    if bad is None and eager and 8 * (HEAD + len(entries)) > EAGER_CAP:
         bad = (len(tensors) - 1, _ERR_TOO_MANY)
     if bad is not None:
         # Tell the receiver, so it raises too instead of waiting for a payload that never comes.
         _send_header([MAGIC, -bad[1], 0, HEAD, 0, 0], g, peer, eager).wait()
         raise ValueError(f"{fn}: tensor #{bad[0]} is {_ERR_TEXT[bad[1]]}")
-    kinds = {t.device.type for t in tensors}
     dev = g.data_device(kinds.pop()) if len(kinds) == 1 else g.meta_device
-    offsets, total = layout([(t.dtype, t.shape) for t in tensors])
-    header = _header_words(tensors, total, dev)
+    header = [MAGIC, len(tensors), total, HEAD + len(entries), m.device_code(dev), 0, *entries]
     fits = eager and _aligned(8 * len(header)) + total <= EAGER_CAP
     if mode is None or (mode == EAGER and not fits):
         mode = choose_mode(tensors, 8 * len(header), total, eager)
@@ -207,7 +238,7 @@ def post_send(tensors: Sequence[torch.Tensor], dst: int, group, *, mode: int | N
         start = _aligned(8 * len(header))
         pooled = POOL.take()
         buf = pooled[:start + total]
-        buf[:8 * len(header)].view(torch.int64).copy_(torch.tensor(header, dtype=torch.int64))
+        pooled.numpy()[:8 * len(header)].view(np.int64)[:] = header  # no tensor round trip
         _pack(buf, start, tensors, offsets)
         return SendWork([_isend(buf, g, peer)], [buf], pooled)
     head = _send_header(header, g, peer, eager)
@@ -327,17 +358,17 @@ class RecvWork:
         if size != total:
             raise ValueError(f"{self._fn}: corrupt header from rank {self._src()}")
         if mode == EAGER:
-            start = _aligned(8 * nwords)
-            buf = self._first[start:start + total]
+            base, start = self._first, _aligned(8 * nwords)
             if total <= COPY_OUT_MAX:  # small: copy out and recycle the staging buffer
-                buf = buf.clone()
+                base, start = base[start:start + total].clone(), 0
                 POOL.give(self._first)
         else:
             dev = self._g.data_device(m.CODE_DEVICES.get(dev_code, "cpu"))
-            buf = torch.empty(total, dtype=torch.uint8, device=dev)
+            base, start = torch.empty(total, dtype=torch.uint8, device=dev), 0
             POOL.give(self._first)
+        buf = base[start:start + total]
         self._first = None  # type: ignore[assignment]
-        self._result = [_segment(buf, off, dt, shape) for (dt, shape), off in zip(specs, offsets, strict=True)]
+        self._result = _views(base, start, specs, offsets)
         if mode == PACKED and total:
             self._work = [_irecv(buf, self._g, self._peer)]
         elif mode == SPLIT:
