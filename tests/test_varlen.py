@@ -426,8 +426,17 @@ def test_two_ranks_world():
 ERROR_NAMES = list(_error_scenarios(0))
 
 
-def test_errors_raise_same_value_error_on_every_rank():
-    per_rank = _run(_w_errors, ERROR_NAMES)
+def _w_errors_collective_metadata(rank, ws, names):
+    """Groups over ``P2P_METADATA_MAX_RANKS`` exchange records with one all_to_all_single."""
+    _meta.P2P_METADATA_MAX_RANKS = 2  # the 4-rank world now takes that path; the pair [1, 3] not
+    return _w_errors(rank, ws, names) | {"all_gather": _w_all_gather(rank, ws, SEED + 2)}
+
+
+@pytest.mark.parametrize("worker", [_w_errors, _w_errors_collective_metadata],
+                         ids=["p2p_metadata", "collective_metadata"])
+def test_errors_raise_same_value_error_on_every_rank(worker):
+    per_rank = _run(worker, ERROR_NAMES)
+    assert all(not r.get("all_gather") for r in per_rank), [r.get("all_gather") for r in per_rank]
     for name in ERROR_NAMES:
         _, fragment = _error_scenarios(0)[name]
         outcomes = {r: per_rank[r][name] for r in range(WS)}
@@ -542,6 +551,11 @@ def _w_speculation(rank, ws, store):
         got = V.all_gather_v(inputs[rank], dim=dim, cat=cat)
         if not (same(got, torch.cat(inputs, dim)) if cat else same_list(got, inputs)):
             fails.append(f"rank {rank} call {k}")
+    _meta.SPECULATE_MAX_BYTES = 64  # then calls over that budget make no room for data
+    for k in range(2):
+        inputs = [make(SEED, who, 600, (10 + who,), torch.float32) for who in range(ws)]
+        if not same_list(V.all_gather_v(inputs[rank]), inputs):
+            fails.append(f"rank {rank} over-budget call {k}")
     commscope.uninstrument()
     return fails
 
@@ -557,7 +571,7 @@ def test_all_gather_v_sends_data_with_metadata_when_no_rank_grew(tmp_path):
     for rank in range(ws):
         all_ops = ops(events, rank)
         outer = [o for o in all_ops if o["op"] == "all_gather_v"]
-        assert len(outer) == len(SPEC_CALLS)
+        assert len(outer) == len(SPEC_CALLS) + 2
         per_call.append([len([o for o in all_ops if o.get("parent") == x["id"]]) for x in outer])
     assert per_call[0] == per_call[1] == per_call[2]
     one_round = 2 * (ws - 1)  # an isend and an irecv per peer
@@ -566,3 +580,5 @@ def test_all_gather_v_sends_data_with_metadata_when_no_rank_grew(tmp_path):
     assert all(counts[k] > one_round for k in (0, 2, 6, 7)), counts
     # steady (1, 3, 8, 10), shrunk (4, 5) or fewer bytes in another dtype and dim (9): one round
     assert all(counts[k] == one_round for k in (1, 3, 4, 5, 8, 9, 10)), counts
+    # over the speculation budget: a metadata round, then the data, every time
+    assert counts[-2] > one_round and counts[-1] > one_round, counts

@@ -301,14 +301,19 @@ def _reduce_scatter_into(out: torch.Tensor, inp: torch.Tensor, op, group, async_
 def exchange(g: Group, record: list[int]) -> list[list[int]]:
     """Every rank's record, on every rank: one small collective and one host read.
 
-    Gloo: one point-to-point message per pair (see ``exchange_p2p``).  Others: an all_gather
-    on the metadata device."""
+    Gloo: one point-to-point message per pair (see ``exchange_p2p``), or for groups of more
+    than ``P2P_METADATA_MAX_RANKS`` an all_to_all_single of the replicated record (Gloo's
+    all_gather is a ring of size - 1 dependent steps, measured 7x slower for this payload).
+    Others: an all_gather on the metadata device."""
     if p2p_metadata(g):
         return exchange_p2p(g, [record] * g.size)[0]
     dev = g.meta_device
     mine = torch.tensor(record, dtype=torch.int64).to(dev)
     out = torch.empty(g.size * WIDTH, dtype=torch.int64, device=dev)
-    _all_gather_into(out, mine, g.pg)
+    if g.backend_for(dev) == "gloo":  # Gloo's all_gather is a ring of size - 1 dependent steps
+        dist.all_to_all_single(out, mine.repeat(g.size), group=g.pg)
+    else:
+        _all_gather_into(out, mine, g.pg)
     flat = out.tolist()
     return [flat[i * WIDTH:(i + 1) * WIDTH] for i in range(g.size)]
 
@@ -346,10 +351,19 @@ RECORD_TAG = 0x7663
 _PAYLOAD_CAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+#: Above this many ranks, 2(n-1) Python-level isend/irecv calls per op cost more than one
+#: all_to_all_single of the records, which bigger Gloo groups use instead (no data riding along).
+P2P_METADATA_MAX_RANKS = 64
+#: The room made for all_gather_v data in the metadata messages, summed over the group's ranks;
+#: a bigger previous call gets none (a metadata round is small next to such a transfer, and
+#: every other varlen op on the group would allocate that room too).
+SPECULATE_MAX_BYTES = 64 << 20
+
+
 def p2p_metadata(g: Group) -> bool:
-    """Metadata travel as p2p messages (Gloo carries them); every rank agrees: it depends on
-    the group only."""
-    return g.size > 1 and g.backend_for(g.meta_device) == "gloo"
+    """Metadata travel as p2p messages (a small Gloo group carries them); every rank agrees:
+    it depends on the group only."""
+    return 1 < g.size <= P2P_METADATA_MAX_RANKS and g.backend_for(g.meta_device) == "gloo"
 
 
 def payload_caps(g: Group) -> list[int]:
@@ -360,7 +374,8 @@ def payload_caps(g: Group) -> list[int]:
 def set_payload_caps(g: Group, nbytes: Sequence[int]) -> None:
     """Call with values every rank computes alike (from the exchanged records), at the same
     point of the same op on every rank, or the ranks' message sizes stop agreeing."""
-    _PAYLOAD_CAPS[g.pg] = [int(b) for b in nbytes]
+    caps = [int(b) for b in nbytes]
+    _PAYLOAD_CAPS[g.pg] = caps if sum(caps) <= SPECULATE_MAX_BYTES else [0] * len(caps)
 
 
 def exchange_p2p(g: Group, records: list[list[int]], payload: torch.Tensor | None = None
