@@ -490,19 +490,22 @@ class TraceModel:
         if not events:
             self.changed = frozenset()
             return self.changed
-        lo, hi, changed = [I64_MAX], [0], set()
+        lo, hi, changed = I64_MAX, 0, set()
         for k in range(0, len(events), INGEST_CHUNK):
-            self._ingest_chunk(events[k:k + INGEST_CHUNK] if len(events) > INGEST_CHUNK else events, lo, hi, changed)
-        if hi[0]:
-            self.start_ns = lo[0] if not self.start_ns else min(self.start_ns, lo[0])
-            self.end_ns = max(self.end_ns, hi[0])
+            a, b = self._ingest_chunk(events[k:k + INGEST_CHUNK] if len(events) > INGEST_CHUNK else events, changed)
+            lo, hi = min(lo, a), max(hi, b)
+        if hi:
+            self.start_ns = lo if not self.start_ns else min(self.start_ns, lo)
+            self.end_ns = max(self.end_ns, hi)
         self.events += len(events)
         self.version += 1
         self.changed = frozenset(changed)
         return self.changed
 
-    def _ingest_chunk(self, events: list[Event], lo: list[int], hi: list[int], changed: set[int]) -> None:
+    def _ingest_chunk(self, events: list[Event], changed: set[int]) -> tuple[int, int]:
+        """Ingest one chunk; add its ranks to ``changed``; return its (first, last) timestamp."""
         n = len(events)
+        lo, hi = I64_MAX, 0
         dget = dict.get
         ranks = _column(map(_RANK_OF, events))
         phase = np.fromiter(map(_PHASE_OF.get, map(dget, events, repeat("phase")), repeat(-1)), np.int8, n)
@@ -529,10 +532,10 @@ class TraceModel:
             if t1:
                 rt.first_ts = t0 if not rt.first_ts else min(rt.first_ts, t0)
                 rt.last_ts = max(rt.last_ts, t1)
-                lo[0] = min(lo[0], t0)
-                hi[0] = max(hi[0], t1)
+                lo, hi = min(lo, t0), max(hi, t1)
             rt.version += 1
             changed.add(r)
+        return lo, hi
 
     def _misc(self, rt: RankTrace, evs: list[dict]) -> tuple[int, int]:
         samples = []
@@ -630,27 +633,14 @@ class TraceModel:
         except TypeError:  # an unhashable tid: a foreign or damaged trace
             keys = [(None, None)] * k
             codes = np.full(k, -1, np.int32)
-        if (codes < 0).any():
-            cache = self._sig_cache
-            for j in np.flatnonzero(codes < 0).tolist():
-                e = bl[j]
-                key = keys[j]
-                code = by_sk.get(key, -1) if key[0] is not None else -1
-                if code < 0:
-                    get = e.get
-                    c = cache.get(tuple(map(get, _SIG_KEYS)))
-                    if c is not None:
-                        lists = tuple(map(get, _SIG_LISTS))
-                        for x in c:
-                            if x[0] == lists:
-                                code = x[1]
-                                break
-                    if code < 0:
-                        code = self._intern(e)
-                    if key[0] is not None:
-                        by_sk[key] = code
-                codes[j] = code
-        k = len(bl)
+        for j in np.flatnonzero(codes < 0).tolist():
+            key = keys[j]
+            code = by_sk.get(key, -1) if key[0] is not None else -1
+            if code < 0:  # a signature key not seen yet (or none): intern the fields
+                code = self._intern(bl[j])
+                if key[0] is not None:
+                    by_sk[key] = code
+            codes[j] = code
         n0 = rt.n
         n1 = n0 + k
         rt.reserve(n1)

@@ -84,6 +84,8 @@ fastest strategy of the op in that column):
   reduce_scatter_v[padded]      10.04 ms 1.30 8.70 ms 1.00  20.15 ms 1.33 164.76 ms 5.17
   reduce_scatter_v[list]        19.85 ms 2.56 21.12 ms 2.43 29.09 ms 1.92 37.82 ms 1.19
   metadata exchange: all_to_all 3.16/3.84/3.80/2.74 ms vs all_gather 3.95/4.49/3.35/4.37 ms
+  (later, the per-pair p2p messages that replaced the all_to_all for groups of <= 64 ranks:
+  2.49/1.23/2.14/4.15 ms vs all_gather 4.01/3.59/4.13/3.64 ms, one run)
 
 That box is noisy (single runs swing 1.5x), so the rules rest on the pattern over four full
 bench runs plus dedicated A/B runs (2 and 4 ranks), not on one table:

@@ -70,7 +70,7 @@ def _row_bytes(rest: Sequence[int], dtype: torch.dtype) -> int:
 
 
 def _p2p(g: m.Group, ops: list[tuple[str, torch.Tensor, int]], tag: int = COLLECTIVE_TAG) -> list[Any]:
-    """Post isend/irecv ops ``(kind, tensor, group_peer[, tag])``; return their works.
+    """Post isend/irecv ops ``(kind, tensor, group_peer)``; return their works.
 
     NCCL needs them grouped (two ranks that both send first would deadlock otherwise), so it
     gets ``batch_isend_irecv`` (whose P2POp insists on torch's own isend/irecv); Gloo gets
@@ -78,15 +78,14 @@ def _p2p(g: m.Group, ops: list[tuple[str, torch.Tensor, int]], tag: int = COLLEC
     if not ops:
         return []
     if g.backend_for(ops[0][1].device) in ("nccl", "xccl"):
-        p2p = [dist.P2POp(c10d.isend if o[0] == "send" else c10d.irecv, o[1], g.global_rank(o[2]), g.pg,
-                          o[3] if len(o) > 3 else tag) for o in ops]
+        p2p = [dist.P2POp(c10d.isend if kind == "send" else c10d.irecv, t, g.global_rank(peer), g.pg, tag)
+               for kind, t, peer in ops]
         return list(dist.batch_isend_irecv(p2p))
     works = []
-    for o in ops:
-        kind, t, peer = o[:3]
+    for kind, t, peer in ops:
         fn = dist.isend if kind == "send" else dist.irecv
         peer_kw = {"dst": g.global_rank(peer)} if kind == "send" else {"src": g.global_rank(peer)}
-        works.append(fn(t, group=g.pg, tag=o[3] if len(o) > 3 else tag, **peer_kw))
+        works.append(fn(t, group=g.pg, tag=tag, **peer_kw))
     return works
 
 
@@ -158,7 +157,7 @@ def all_gather_v(tensor: torch.Tensor, *, dim: int = 0, sizes: Sequence[int] | N
         mine = _bytes(_dense(m.raw(tensor), torch.device("cpu"))) if rec[m.F_STATUS] == m.OK else None
         recs, arrived = m.exchange_p2p(g, [rec] * g.size, payload=mine)
         m.validate(g, op, recs)
-        got = _speculated(g, op, tensor, dim, recs, arrived, mine)
+        got = _speculated(g, tensor, dim, recs, arrived, mine)
         if got is not None and strategy is None:
             pieces, d = got
             return _done([], lambda: (pieces, None), cat, d, tensor, async_op)
@@ -179,7 +178,7 @@ def all_gather_v(tensor: torch.Tensor, *, dim: int = 0, sizes: Sequence[int] | N
     return _done(works, finish, cat, d, tensor, async_op)
 
 
-def _speculated(g: m.Group, op: str, tensor: torch.Tensor, dim: int, recs: list[list[int]],
+def _speculated(g: m.Group, tensor: torch.Tensor, dim: int, recs: list[list[int]],
                 arrived: list[torch.Tensor | None], mine: torch.Tensor | None) -> tuple[list[torch.Tensor], int] | None:
     """The row blocks, if every rank's whole tensor came with its metadata record (see
     ``_meta.exchange_p2p``), else None; and remember this call's sizes for the next one."""
@@ -189,7 +188,7 @@ def _speculated(g: m.Group, op: str, tensor: torch.Tensor, dim: int, recs: list[
     m.set_payload_caps(g, need)
     if not hit or mine is None:
         return None
-    d, front, rest = _gathered_layout(tensor, dim)
+    d = dim % tensor.dim()
     rd = m.raw_dtype(tensor.dtype)
     pieces = []
     for s, r in enumerate(recs):

@@ -392,20 +392,19 @@ def exchange_p2p(g: Group, records: list[list[int]], payload: torch.Tensor | Non
         start[s] = start[s - 1] + slot[s - 1]
     inbox = torch.empty(start[-1] + slot[-1], dtype=torch.uint8)
     k = min(payload.numel(), caps[me]) if payload is not None else 0
-    same = all(r is records[0] for r in records)
-    outbox: dict[int, torch.Tensor] = {}
-    for s in range(n):
-        if s == me or (same and outbox):
-            continue
+
+    def message(record: list[int]) -> torch.Tensor:
         buf = torch.empty(rec_bytes + k, dtype=torch.uint8)
-        buf[:8 * WIDTH].view(torch.int64).copy_(torch.tensor(records[s], dtype=torch.int64))
+        buf[:8 * WIDTH].view(torch.int64).copy_(torch.tensor(record, dtype=torch.int64))
         if k:
             buf[rec_bytes:].copy_(payload[:k])
-        outbox[s] = buf
+        return buf
+
+    shared = message(records[0]) if all(r is records[0] for r in records) else None  # one copy for all
     works = []
     for step in range(1, n):
         dst, src = (me + step) % n, (me - step) % n
-        sbuf = outbox[dst] if dst in outbox else next(iter(outbox.values()))
+        sbuf = shared if shared is not None else message(records[dst])
         works.append(dist.isend(sbuf, dst=g.global_rank(dst), group=g.pg, tag=RECORD_TAG))
         works.append(dist.irecv(inbox[start[src]:start[src] + slot[src]], src=g.global_rank(src), group=g.pg,
                                 tag=RECORD_TAG))
