@@ -1,9 +1,9 @@
-"""The trace event schema (version 1), shared by the recorder, the stores and analysis.
+"""The trace event schema (version 2), shared by the recorder, the stores and analysis.
 
 A trace is, per rank, an ordered stream of JSON objects (one per line in the
 directory store, one per stream entry in Redis).  Every event carries:
 
-    v      schema version (int, currently 1)
+    v      schema version (int, currently 2; readers read version 1 traces too)
     type   one of TYPES below
     rank   global rank of the writer
     ts     wall-clock time in ns (``time.time_ns()``; the same clock Flight Recorder uses)
@@ -52,7 +52,18 @@ Other types:
                [op_thread]}]
     exit       reason, [unwaited: [op ids of async work never waited]], [exc] the unhandled
                exception the process died of
-    dropped    count (this batch), total, reason
+    dropped    count (this batch), total, reason, [records: op records inside the dropped
+               ``block`` events, which count once each in ``count``]
+
+Version 2 (the native recorder) adds, see ``commscope.blocks``:
+
+    block      n, data: many op events packed in binary; readers expand them into the op
+               events above before anything else sees them
+    site       site (id), text: a call site the blocks refer to by id
+    group      [gid]: the id blocks use for the group
+    meta       [recorder] "native" or "python", [names], [dtypes]: the tables blocks use
+    begin      [src] "c10d": a collective issued from C++ (DDP's reducer, functional
+               collectives): its seq counts in the same per-group sequence as the rest
 """
 
 from __future__ import annotations
@@ -65,7 +76,7 @@ from typing import Any
 
 import orjson
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 OP = "op"
 META = "meta"
@@ -75,7 +86,9 @@ HEARTBEAT = "heartbeat"
 STACK = "stack"
 EXIT = "exit"
 DROPPED = "dropped"
-TYPES = frozenset({OP, META, GROUP, SAMPLE, HEARTBEAT, STACK, EXIT, DROPPED})
+BLOCK = "block"
+SITE = "site"
+TYPES = frozenset({OP, META, GROUP, SAMPLE, HEARTBEAT, STACK, EXIT, DROPPED, BLOCK, SITE})
 
 BEGIN = "begin"
 END = "end"
@@ -97,7 +110,7 @@ Event = dict[str, Any]
 
 
 class TraceFormatError(ValueError):
-    """An event that is not valid schema-1 JSON."""
+    """An event that is not valid schema JSON."""
 
 
 def signature_key(static_json: bytes) -> int:
@@ -130,7 +143,7 @@ def decode(line: bytes | str) -> Event:
 
 
 def check(event: Any) -> None:
-    """Raise TraceFormatError unless ``event`` looks like a schema-1 event."""
+    """Raise TraceFormatError unless ``event`` looks like a schema event."""
     if not isinstance(event, dict):
         raise TraceFormatError("event is not a JSON object")
     typ = event.get("type")

@@ -14,3 +14,6 @@ pip_install() {  # quiet: setuptools' editable-install notice is not news
 pip_install --upgrade pip
 python -c "import torch" 2>/dev/null || pip_install torch==2.13.0
 pip_install -e ".[${COMMSCOPE_EXTRAS:-test}]"
+# The native recorder is compiled against this torch once per machine (~30 s; cached in
+# ~/.cache/commscope/native).  Without a compiler commscope records in Python instead.
+python -m commscope.record.native build || echo "commscope: continuing with the Python recorder"

@@ -118,11 +118,11 @@ def test_every_op_returns_exactly_what_raw_returns_and_is_recorded(tmp_path):
     for rank in (0, 1):
         meta = of_type(events, "meta", rank)
         assert len(meta) == 1 and meta[0]["world_size"] == 2 and meta[0]["backend"] == "gloo"
-        wrapped = [o for o in ops(events, rank) if o.get("src") != "fr"]
+        # object ops are one logical op each: their inner all_gather/broadcast are nested traffic
+        wrapped = [o for o in ops(events, rank) if o.get("src") != "fr" and not o.get("nested")]
         names = [o["op"] for o in wrapped]
         expected = set(TORCH_OPS) - ({"send_object_list"} if rank else {"recv_object_list"})
         assert expected <= set(names), expected - set(names)
-        # object ops are one logical op each: their inner all_gather/broadcast never appear
         assert names.count("all_gather") == 1 and names.count("broadcast") == 1
         # every op ended; collectives of group "0" are numbered 1..n in call order
         assert all("end" in o["phases"] for o in wrapped)
@@ -260,9 +260,35 @@ def ddp_work(rank: int, ws: int, store: str) -> int:
     return 0
 
 
-def test_ddp_all_reduces_arrive_through_flight_recorder_merge(tmp_path):
+def test_ddp_all_reduces_are_recorded_with_real_timings(tmp_path):
+    """DDP's reducer issues its all-reduces from C++: the native recorder sees them at the
+    dispatcher, with a real completion time, in the group's own sequence."""
     store = tmp_path / "trace"
     run_ranks(ddp_work, 2, args=(str(store),))
+    events = read_events(store)
+    for rank in (0, 1):
+        all_ops = [o for o in ops(events, rank) if not o.get("nested")]
+        cpp = [o for o in all_ops if o.get("src") == "c10d"]
+        grads = [o for o in cpp if o["op"] == "all_reduce" and o["group"] == "0"]
+        assert len(grads) == 3, [o["op"] for o in cpp]  # one gradient bucket per step
+        assert all(o["in_bytes"] == (8 * 4 + 4) * 4 for o in grads)
+        for o in grads:  # completed, with a duration the backend really took
+            assert o["phases"]["end"]["ts"] > o["ts"] and "approx" not in o["phases"]["end"]
+        assert [o["op"] for o in cpp if o["group"] == "1"][-1] == "all_reduce"
+        assert [e["granks"] for e in of_type(events, "group", rank) if e["group"] == "1"] == [[0, 1]]
+        # one sequence per group for everything, whoever issued it
+        seqs = [o["seq"] for o in all_ops if o["group"] == "0" and "seq" in o]
+        assert seqs == list(range(1, len(seqs) + 1))
+        wrapped = [o for o in all_ops if o.get("src") is None]
+        assert [o["op"] for o in wrapped] == ["all_reduce"]  # the user's own, once
+    key = [(o["op"], o.get("seq")) for o in ops(events, 0)]
+    assert key == [(o["op"], o.get("seq")) for o in ops(events, 1)]
+
+
+def test_ddp_all_reduces_arrive_through_flight_recorder_merge_in_python(tmp_path):
+    """Without the native recorder, DDP's C++ all-reduces come from Flight Recorder."""
+    store = tmp_path / "trace"
+    run_ranks(ddp_work, 2, args=(str(store),), env={"COMMSCOPE_SOURCE": "python", "TORCH_FR_BUFFER_SIZE": "2000"})
     events = read_events(store)
     for rank in (0, 1):
         all_ops = ops(events, rank)

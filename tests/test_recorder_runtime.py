@@ -9,6 +9,7 @@ import textwrap
 import time
 import warnings
 
+import pytest
 import torch
 import torch.distributed as dist
 from trace_helpers import of_type, ops, read_events
@@ -123,27 +124,38 @@ def test_store_deleted_mid_run_is_recreated(tmp_path):
 
 def flood(rank: int, ws: int, store: str) -> dict:
     rec = commscope.instrument(store, sample_interval=0.2, flight_recorder=False)
-    rec.QUEUE_CAP = 500  # a tiny buffer so the hot path overflows it
-    rec._stop.set()  # stall the writer thread: nothing drains the queue
+    rec._stop.set()  # stall the writer thread: nothing drains the buffer
     rec._thread.join()
+    ops_ = rec.ops
+    if ops_.name == "native":
+        ops_.m.set_capacity(50_000)  # a tiny buffer (bytes) so the hot path overflows it
+    else:
+        ops_.QUEUE_CAP = 500
     x = torch.ones(1)
     for _ in range(2000):
         dist.all_reduce(x, op=dist.ReduceOp.MAX)
-    queued = len(rec.q)
-    dropped = rec.hot_dropped
+    if ops_.name == "native":
+        queued = ops_.m.stats()["buffered"]
+        dropped = ops_.m.stats()["dropped_total"]
+    else:
+        queued, dropped = len(ops_.q), ops_.hot_dropped
     rec._stop.clear()
     rec._thread = None  # start() is idempotent: forget the stopped thread
     rec.start()
     dist.barrier()
-    return {"queued": queued, "dropped": dropped, "value": x.item()}
+    return {"source": ops_.name, "queued": queued, "dropped": dropped, "value": x.item()}
 
 
-def test_memory_stays_bounded_and_drops_are_counted(tmp_path):
+@pytest.mark.parametrize("source", ["native", "python"])
+def test_memory_stays_bounded_and_drops_are_counted(tmp_path, source):
     store = tmp_path / "trace"
-    results = run_ranks(flood, 2, args=(str(store),))
+    results = run_ranks(flood, 2, args=(str(store),), env={"COMMSCOPE_SOURCE": source})
     for r in results:
-        # the cap applies to begins; an end whose begin was queued is never dropped
-        assert r.value["queued"] <= 501 and r.value["dropped"] > 1000
+        assert r.value["source"] == source
+        if source == "native":
+            assert r.value["queued"] <= 50_000 and r.value["dropped"] > 1000  # bytes held, records dropped
+        else:  # the cap applies to begins; an end whose begin was queued is never dropped
+            assert r.value["queued"] <= 501 and r.value["dropped"] > 1000
         assert r.value["value"] == 1.0
     events = read_events(store)
     for rank in (0, 1):
@@ -211,22 +223,28 @@ def test_exit_events_tell_clean_crashed_and_killed_processes_apart(tmp_path):
     assert of_type(events, "exit") == [] and of_type(events, "meta")  # died without a word
 
 
-def test_instrument_before_init_uses_env_defaults(tmp_path, monkeypatch):
+@pytest.mark.parametrize("source", ["native", "python"])
+def test_instrument_before_init_uses_env_defaults(tmp_path, monkeypatch, source):
+    """Flight Recorder is switched on only where it is needed: the Python path's C++ coverage."""
     store = tmp_path / "envstore"
-    env = dict(os.environ, COMMSCOPE_STORE=str(store), COMMSCOPE_HANG_AFTER="7.5")
+    env = dict(os.environ, COMMSCOPE_STORE=str(store), COMMSCOPE_HANG_AFTER="7.5", COMMSCOPE_SOURCE=source)
+    env.pop("TORCH_FR_BUFFER_SIZE", None)
     code = textwrap.dedent("""
         import os, torch, torch.distributed as dist, commscope
         from commscope.launch import free_port
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         rec = commscope.instrument()
-        assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000"
+        print(os.environ.get("TORCH_FR_BUFFER_SIZE"))
         dist.init_process_group("gloo", rank=0, world_size=1)
         dist.all_reduce(torch.ones(1))
         print(rec.hang_after)
     """)
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "7.5"
+    assert proc.stdout.split() == (["None", "7.5"] if source == "native" else ["2000", "7.5"])
     events = read_events(store)
     assert [o["op"] for o in ops(events)] == ["all_reduce"]
-    assert of_type(events, "meta")[0]["fr"] is True
+    meta = of_type(events, "meta")[0]
+    assert meta["recorder"] == source
+    if source == "python":
+        assert meta["fr"] is True

@@ -42,9 +42,9 @@ def test_run_instruments_every_torchrun_rank_without_code_changes(tmp_path):
     events = read_events(tmp_path / "trace")
     for rank in (0, 1):
         assert len(of_type(events, "meta", rank)) == 1
-        grads = [o for o in ops(events, rank) if o.get("src") == "fr" and o["op"] == "all_reduce"]
+        grads = [o for o in ops(events, rank) if o.get("src") == "c10d" and o["op"] == "all_reduce"]
         assert len(grads) == 3
-        assert [o["op"] for o in ops(events, rank) if o.get("src") != "fr"] == ["all_reduce"]
+        assert [o["op"] for o in ops(events, rank) if o.get("src") is None] == ["all_reduce"]
     # the same command without commscope run is not instrumented
     raw = subprocess.run([*torchrun(), str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert raw.returncode == 0 and raw.stdout.count("raw") == 2
@@ -76,7 +76,7 @@ def test_run_also_wraps_names_bound_before_the_group_exists(tmp_path):
     assert proc.returncode == 0, proc.stderr
     events = read_events(tmp_path / "trace")
     for rank in (0, 1):
-        assert [o["op"] for o in ops(events, rank) if o.get("src") != "fr"] == ["all_reduce"]
+        assert [o["op"] for o in ops(events, rank) if o.get("src") is None] == ["all_reduce"]
 
 
 def test_run_chains_an_existing_sitecustomize_and_passes_exit_codes(tmp_path):

@@ -104,7 +104,7 @@ def test_healthy_training_trace_has_ddp_async_and_varlen_ops(tmp_path):
     for r in (0, 1):
         names = Counter((model.sig_of(r, i).op, model.sig_of(r, i).src, model.sig_of(r, i).is_async)
                         for i in range(model.n_ops(r)) if not model.sig_of(r, i).nested)
-        assert names[("all_reduce", "fr", False)] >= 8  # DDP's reducer, through Flight Recorder
+        assert names[("all_reduce", "c10d", False)] >= 8  # DDP's reducer, seen at the dispatcher
         assert names[("all_reduce", None, True)] == 8  # the overlapped metric all_reduce
         assert names[("scatter_v", None, False)] == 1
         assert names[("all_gather_v", None, False)] >= 1

@@ -176,7 +176,7 @@ def test_decode_lines_never_glues_two_broken_lines_into_one_event():
     ({"type": "nope", "rank": 0, "ts": 1}, "unknown event type"),
     ({"type": "op", "ts": 1, "phase": "begin", "id": 1}, "integer rank"),
     ({"type": "op", "rank": 0, "ts": 1, "phase": "middle", "id": 1}, "phase"),
-    ({"type": "meta", "rank": 0, "ts": 1, "v": 2}, "schema version"),
+    ({"type": "meta", "rank": 0, "ts": 1, "v": E.SCHEMA_VERSION + 1}, "schema version"),
     ([1, 2], "not a JSON object"),
 ])
 def test_event_validation_names_the_problem(event, problem):

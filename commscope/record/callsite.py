@@ -59,6 +59,16 @@ def line_of(code: CodeType, lasti: int) -> int:
     return code.co_firstlineno
 
 
+def code_site(code: CodeType, lasti: int) -> str:
+    """``file:line in function`` of an instruction offset in a code object."""
+    return f"{code.co_filename}:{line_of(code, lasti)} in {code.co_name}"
+
+
+def is_internal(code: CodeType) -> bool:
+    """A frame of torch or of commscope's own plumbing (the native recorder asks this)."""
+    return _is_internal(code)
+
+
 def format_site(site: tuple[int, int] | None) -> str | None:
     """``file:line in function`` for a ``user_frame`` result (cached; runs on the thread)."""
     if site is None:
@@ -68,8 +78,7 @@ def format_site(site: tuple[int, int] | None) -> str | None:
         entry = _internal_cache.get(site[0])
         if entry is None:
             return None  # the cache was cleared meanwhile; the call site is lost
-        code, lasti = entry[0], site[1]
-        text = f"{code.co_filename}:{line_of(code, lasti)} in {code.co_name}"
+        text = code_site(entry[0], site[1])
         if len(_site_cache) > 100_000:
             _site_cache.clear()
         _site_cache[site] = text

@@ -19,6 +19,10 @@ from typing import Any
 
 _BACKENDS = ("nccl:", "gloo:", "ucc:", "mpi:", "xccl:")
 
+#: The reason of ``dropped`` events that count Flight Recorder ring overwrites: entries the
+#: merge never saw, not events the recorder lost (most are ops the wrapper recorded).
+RING_OVERWRITTEN = "Flight Recorder ring overwritten between polls (C++-issued collectives missing)"
+
 
 def fr_env_enabled() -> bool:
     for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
@@ -128,6 +132,8 @@ class FlightRecorderMerge:
             self.last_record_id = rid
             self.seen += 1
             group = str((entry.get("process_group") or ["?"])[0])
+            if group == "":  # TORCH_DISTRIBUTED_DEBUG=DETAIL's hidden helper groups: not user ops
+                continue
             created = int(entry.get("time_created_ns") or now)
             tid = entry.get("thread_id")
             try:

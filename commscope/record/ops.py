@@ -13,9 +13,6 @@ from typing import Any, NamedTuple
 
 SUM: Any = None  # an omitted reduce op means SUM; the recorder writes "sum"
 
-# Tags of the tuples the hot path queues for the recorder thread.
-TAG_BEGIN, TAG_END, TAG_WAIT_BEGIN, TAG_WAIT_END, TAG_GROUP, TAG_EXIT = range(6)
-
 
 class OpArgs(NamedTuple):
     """The field order of the plain tuples extractors return (documentation and slow paths)."""
@@ -219,3 +216,65 @@ VARLEN_OPS = {
         send_tensors, recv_tensors, isend_tensors, irecv_tensors,
     )
 }
+
+
+# --- describing a begin's static fields (both recorder paths write these) ---------------
+
+#: Ops whose reduce op defaults to SUM: their begin says "sum" when none was passed.
+REDUCING = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
+                      "reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter_v"})
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def redop_name(op: Any) -> str:
+    name = getattr(op, "name", None) or str(op)
+    return name.rsplit(".", 1)[-1].lower()
+
+
+def dtype_name(dt: Any) -> str:
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _DTYPE_NAMES[dt] = str(dt).replace("torch.", "")
+    return name
+
+
+def describe_pairs(desc: tuple) -> tuple:
+    """Tensor descriptions: the hot path writes one tensor as a flat (shape, dtype) to save
+    an allocation, several as ((shape, dtype), ...)."""
+    return (desc,) if type(desc[1]) is not tuple else desc
+
+
+def begin_fields(name: str, group: str, peer: Any, direction: str | None, root: Any, redop: Any,
+                 idesc: tuple | None, ib: int | None, odesc: tuple | None, ob: int | None, async_op: bool,
+                 site: str | None, nested: bool, device: int | None) -> dict[str, Any]:
+    """The fields of a begin event that repeat from call to call (see commscope/events.py)."""
+    ev: dict[str, Any] = {"op": name, "group": group}
+    if peer is not None:
+        ev["peer"] = peer
+    if direction is not None:
+        ev["dir"] = direction
+    if root is not None:
+        ev["root"] = root
+    if redop is not None:
+        ev["redop"] = redop_name(redop)
+    elif name in REDUCING:
+        ev["redop"] = "sum"
+    if idesc is not None:
+        pairs = describe_pairs(idesc)
+        ev["in_shapes"] = [list(s) for s, _ in pairs]
+        ev["in_dtypes"] = [dtype_name(d) for _, d in pairs]
+        ev["in_bytes"] = ib
+    if odesc is not None:
+        pairs = describe_pairs(odesc)
+        ev["out_shapes"] = [list(s) for s, _ in pairs]
+        ev["out_dtypes"] = [dtype_name(d) for _, d in pairs]
+        ev["out_bytes"] = ob
+    if async_op:
+        ev["async"] = True
+    if site is not None:
+        ev["site"] = site
+    if nested:
+        ev["nested"] = True
+    if device is not None:
+        ev["device"] = f"cuda:{device}"  # completion comes from a later ``done``
+    return ev

@@ -7,6 +7,12 @@ object op is one logical op by construction and P2POp identity checks keep worki
 ``P2POp`` unwraps our ``isend``/``irecv`` wrappers back to the originals for the same
 reason.  ``Work.wait`` is patched on the class, so the returned Work objects are the
 very objects torch returned.  ``uninstall`` puts every original object back.
+
+Two sets of wrappers share these rules: the native ones (``install_native``: C callables
+from commscope_native that only name and place the collectives the native kernel
+observes) and the Python ones (``install_python``: the whole hot path in Python, for
+machines where the native recorder cannot be built).  ``ACTIVE`` is the op source
+(``nativeops.NativeOps`` or ``pyhot.PythonOps``); its ``rec`` is the Recorder.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from commscope.record import ops as O
 
-ACTIVE: Any = None  # the Recorder while instrumented (read on every wrapped call)
+ACTIVE: Any = None  # the op source while instrumented (read on every wrapped call)
 
 _saved: list[tuple[Any, str, Any, bool]] = []  # (owner, attr, original, existed)
 _wait_patched: dict[type, Any] = {}
@@ -60,6 +66,8 @@ def _record_raise(end: Any, what: Any, exc: BaseException) -> None:
 
 def make_wrapper(name: str, orig: Any, extract: Any, nests: bool = False) -> Any:
     """``nests``: the wrapped function calls other wrapped ones (the varlen ops)."""
+    from commscope.record.pyhot import QueuedEnd  # noqa: PLC0415  (pyhot imports this module)
+
     getframe = sys._getframe
     time_ns = time.time_ns
 
@@ -85,7 +93,7 @@ def make_wrapper(name: str, orig: Any, extract: Any, nests: bool = False) -> Any
             else:  # the common case, inlined: a plain synchronous op ended
                 if nests:
                     rec._tls.cur = tok[1]
-                rec.q.append((O.TAG_END, tok[0], time_ns(), None, None))
+                rec.q.append(QueuedEnd(tok[0], time_ns(), None, None))
         except Exception:
             pass  # recording must never change what the call returns
         return ret
@@ -153,20 +161,21 @@ def _batch_wrapper(orig: Any) -> Any:
 def _destroy_wrapper(orig: Any) -> Any:
     @functools.wraps(orig)
     def destroy_process_group(group=None):
-        rec = ACTIVE
-        if rec is not None and (group is None or group is default_group()):
+        source = ACTIVE
+        if source is not None and (group is None or group is default_group()):
             try:
-                rec.mark_exit("destroy_process_group")
-                rec.flush(timeout=1.0)
+                source.rec.mark_exit("destroy_process_group")
+                source.rec.flush(timeout=1.0)
             except Exception:
                 pass
         try:
             return orig(group)
         finally:
-            if rec is not None:
-                rec._groups.clear()
-                if group is None:
-                    rec._seq.clear()
+            if source is not None:
+                try:
+                    source.on_destroy(group is None)
+                except Exception:
+                    pass
 
     setattr(destroy_process_group, _ORIG_ATTR, orig)
     return destroy_process_group
@@ -176,11 +185,11 @@ def _init_wrapper(orig: Any) -> Any:
     @functools.wraps(orig)
     def init_process_group(*args, **kwargs):
         ret = orig(*args, **kwargs)
-        rec = ACTIVE
-        if rec is not None:
+        source = ACTIVE
+        if source is not None:
             try:
-                rec.on_group_created()
-                rec.start()  # no-op unless the wrappers were installed by ``prepare``
+                source.rec.on_group_created()
+                source.rec.start()  # no-op unless the wrappers were installed by ``prepare``
             except Exception:
                 pass
         return ret
@@ -211,16 +220,17 @@ def _make_wait(orig_wait: Any) -> Any:
     return wait
 
 
-def ensure_wait_patched(cls: type) -> None:
-    """Patch ``cls.wait`` (Work, or a varlen handle class) once while instrumented."""
+def ensure_wait_patched(cls: type, native: Any = None) -> None:
+    """Patch ``cls.wait`` (Work, or a varlen handle class) once while instrumented: with the
+    native recorder's WaitWrapper when ``native`` is its module."""
     if cls in _wait_patched:
         return
-    orig = getattr(cls, "wait", None)
+    orig = vars(cls).get("wait") if "wait" in vars(cls) else getattr(cls, "wait", None)
     if orig is None:
         return
     _wait_patched[cls] = orig
     try:
-        _set(cls, "wait", _make_wait(orig))
+        _set(cls, "wait", native.WaitWrapper(orig) if native is not None else _make_wait(orig))
     except (TypeError, AttributeError):
         pass
 
@@ -242,34 +252,179 @@ def _p2pop_init(orig_init: Any) -> Any:
     return __init__
 
 
-def install(rec: Any) -> None:
-    global ACTIVE
+def _install_common() -> Any:
+    """The wrappers both paths share; returns commscope.varlen (or None)."""
     if _saved:
         uninstall()
-    for name, extract in O.TORCH_OPS.items():
-        orig = getattr(dist, name, None)
-        if orig is None:
-            continue  # older torch
-        _set(dist, name, make_wrapper(name, _unwrap(orig), extract))
-    _set(dist, "batch_isend_irecv", _batch_wrapper(_unwrap(dist.batch_isend_irecv)))
     _set(dist, "destroy_process_group", _destroy_wrapper(_unwrap(dist.destroy_process_group)))
     _set(dist, "init_process_group", _init_wrapper(_unwrap(dist.init_process_group)))
     p2p = dist.P2POp
     _set(p2p, "__new__", _p2pop_new(vars(p2p)["__new__"]))
     _set(p2p, "__init__", _p2pop_init(vars(p2p)["__init__"]))
-    ensure_wait_patched(dist.Work)
     varlen = sys.modules.get("commscope.varlen")
     if varlen is None:
         try:
             import commscope.varlen as varlen  # noqa: PLC0415
         except ImportError:
             varlen = None
+    return varlen
+
+
+def install_python(source: Any) -> None:
+    """The pure-Python hot path (``pyhot.PythonOps``)."""
+    global ACTIVE
+    varlen = _install_common()
+    for name, extract in O.TORCH_OPS.items():
+        orig = getattr(dist, name, None)
+        if orig is None:
+            continue  # older torch
+        _set(dist, name, make_wrapper(name, _unwrap(orig), extract))
+    _set(dist, "batch_isend_irecv", _batch_wrapper(_unwrap(dist.batch_isend_irecv)))
+    ensure_wait_patched(dist.Work)
     if varlen is not None:
         for name, extract in O.VARLEN_OPS.items():
             orig = getattr(varlen, name, None)
             if orig is not None:
                 _set(varlen, name, make_wrapper(name, _unwrap(orig), extract, nests=True))
-    ACTIVE = rec
+    ACTIVE = source
+
+
+# --------------------------------------------------------------------------- native path
+#: Functional collectives (DTensor, tensor parallel): their collectives get the caller's
+#: call site.  Called inside another recorded call, they are its traffic.
+FUNCOL_OPS = ("broadcast", "all_reduce", "all_gather_tensor", "all_gather_tensor_autograd", "reduce_scatter_tensor",
+              "reduce_scatter_tensor_autograd", "all_reduce_coalesced", "all_gather_into_tensor_coalesced",
+              "reduce_scatter_tensor_coalesced", "all_to_all_single", "all_to_all_single_autograd",
+              "permute_tensor")
+
+
+def install_native(source: Any) -> None:
+    """Thin C wrappers over torch.distributed and functional collectives; Python wrappers for
+    the ops whose meaning Python describes (varlen ops, batch_isend_irecv)."""
+    global ACTIVE
+    m = source.m
+    names = source_names(source)
+    varlen = _install_common()
+    for name in O.TORCH_OPS:
+        orig = getattr(dist, name, None)
+        if orig is None:
+            continue
+        _set(dist, name, _native_wrapper(m, _unwrap(orig), names[name], m.KIND_PLAIN, name in ("isend", "irecv")))
+    _set(dist, "batch_isend_irecv", _native_batch_wrapper(source, _unwrap(dist.batch_isend_irecv)))
+    ensure_wait_patched(dist.Work, native=m)
+    try:
+        import torch.distributed._functional_collectives as funcol  # noqa: PLC0415
+    except Exception:
+        funcol = None
+    if funcol is not None:
+        for name in FUNCOL_OPS:
+            orig = getattr(funcol, name, None)
+            if callable(orig):
+                _set(funcol, name, _native_wrapper(m, _unwrap(orig), -1, m.KIND_ANNOTATE, False))
+    if varlen is not None:
+        for name, extract in O.VARLEN_OPS.items():
+            orig = getattr(varlen, name, None)
+            if orig is not None:
+                _set(varlen, name, _native_rich_wrapper(source, name, _unwrap(orig), extract))
+    ACTIVE = source
+
+
+def source_names(source: Any) -> dict[str, int]:
+    from commscope.record.nativeops import NAME_ID  # noqa: PLC0415
+
+    return NAME_ID
+
+
+def _native_wrapper(m: Any, orig: Any, name_id: int, kind: int, async_hint: bool) -> Any:
+    w = m.Wrapper(orig, name_id, kind, async_hint)
+    functools.update_wrapper(w, orig)
+    return w
+
+
+def _native_rich_wrapper(source: Any, name: str, orig: Any, extract: Any) -> Any:
+    """A varlen op: described in Python (its own tensors), its collectives nested."""
+    m = source.m
+    name_id = source_names(source)[name]
+    rich = m.KIND_RICH
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        if ACTIVE is None:
+            return orig(*args, **kwargs)
+        try:
+            a = extract(*args, **kwargs)
+            described = source.describe(name, a)
+        except Exception:
+            described = None  # arguments the op will reject itself
+        if described is None:
+            return orig(*args, **kwargs)
+        frag, gname, peer, direction = described
+        op_id = m.enter(rich, name_id, frag, gname, peer, direction)
+        try:
+            ret = orig(*args, **kwargs)
+        except BaseException as exc:
+            _exit_raised(m, op_id, exc)
+            raise
+        m.exit(op_id, None)
+        if a[5] and ret is not None and hasattr(ret, "wait"):
+            try:
+                m.track(ret, (op_id,))
+                ensure_wait_patched(type(ret), native=m)
+            except Exception:
+                pass
+        return ret
+
+    setattr(wrapper, _ORIG_ATTR, orig)
+    return wrapper
+
+
+def _exit_raised(m: Any, op_id: int, exc: BaseException) -> None:
+    """Record that a call raised; whatever happens here, the caller re-raises ``exc``."""
+    try:
+        from commscope.record.pyhot import fmt_exc  # noqa: PLC0415
+
+        m.exit(op_id, fmt_exc(exc))
+    except Exception:
+        pass
+
+
+def _native_batch_wrapper(source: Any, orig: Any) -> Any:
+    m = source.m
+    name_id = source_names(source)["batch_isend_irecv"]
+
+    @functools.wraps(orig)
+    def batch_isend_irecv(p2p_op_list):
+        if ACTIVE is None:
+            return orig(p2p_op_list)
+        try:
+            items = list(p2p_op_list)
+            described = source.describe("batch_isend_irecv", (items[0].group, None, None, None, None, False, (), ()))
+        except Exception:
+            described = None
+        if described is None:
+            return orig(p2p_op_list)
+        frag, gname, _, _ = described
+        cid = m.enter(m.KIND_CONTAINER, name_id, frag, gname, -1, 0)
+        try:
+            works = orig(p2p_op_list)
+        except BaseException as exc:
+            _exit_raised(m, cid, exc)
+            raise
+        children = m.exit(cid, None)
+        try:
+            if works and children:
+                if len(works) == len(children):
+                    for w, child in zip(works, children, strict=True):
+                        m.track(w, (child,))
+                else:  # coalesced: one Work completes the whole batch
+                    for w in works:
+                        m.track(w, children)
+        except Exception:
+            pass
+        return works
+
+    setattr(batch_isend_irecv, _ORIG_ATTR, orig)
+    return batch_isend_irecv
 
 
 def uninstall() -> None:

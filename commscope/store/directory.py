@@ -20,6 +20,8 @@ from pathlib import Path
 
 import orjson
 
+from commscope.blocks import BlockDecoder
+from commscope.blocks import expand as expand_blocks
 from commscope.events import Event, decode_lines, gc_paused
 from commscope.store.base import ReadStats, StoreError
 
@@ -150,6 +152,7 @@ class DirectoryReader:
             raise StoreError(f"{self.path} holds no commscope trace (no rank-*.jsonl files)")
         self._offsets: dict[int, int] = {}
         self._partial: dict[int, bool] = {}
+        self._blocks: dict[int, BlockDecoder] = {}  # per rank: see commscope.blocks
         self._job: dict | None = None
 
     def job(self) -> dict | None:
@@ -222,10 +225,11 @@ class DirectoryReader:
             except OSError:
                 continue
             good, bad = decode_lines(tail)
+            good, damaged = expand_blocks(good, self._blocks)
             if bad:
                 self.stats.warnings.append(f"rank {rank}: last line of {path.name} is truncated "
                                            f"({len(tail)} bytes skipped)")
-            self.stats.count_corrupt(rank, bad)
+            self.stats.count_corrupt(rank, bad + damaged)
             self.stats.events += len(good)
             events.extend(good)
             self._offsets[rank] = self._offsets.get(rank, 0) + len(tail)
@@ -260,8 +264,9 @@ class DirectoryReader:
         if cut == 0:
             return [], 0
         events, bad = decode_lines(data[:cut])
+        events, damaged = expand_blocks(events, self._blocks)
         self._offsets[rank] = offset + cut
-        self.stats.count_corrupt(rank, bad)
+        self.stats.count_corrupt(rank, bad + damaged)
         self.stats.events += len(events)
         self.stats.bytes += cut
         return events, cut

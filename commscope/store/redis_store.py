@@ -36,6 +36,8 @@ from typing import Any
 import orjson
 
 from commscope import events as E
+from commscope.blocks import BlockDecoder
+from commscope.blocks import expand as expand_blocks
 from commscope.events import Event, decode_lines, gc_paused
 from commscope.store.base import ReadStats, StoreError
 from commscope.store.redis_url import JOB_NAME, RedisTarget, parse_url, redact_text, redact_url, scrub
@@ -672,6 +674,7 @@ class RedisReader:
         self._want = job or self.target.job
         self._shown = self.target.display()
         self.stats = ReadStats()
+        self._blocks: dict[int, BlockDecoder] = {}  # per rank: see commscope.blocks
         self.missing: dict[int, int] = {}  # rank -> events absent from its stream (gaps)
         self._conn: _Conn | None = _Conn(self.target, self._shown)
         self._conn.connect()
@@ -842,7 +845,8 @@ class RedisReader:
             self._last[rank] = last
         self._cursor[rank] = entries[-1][0]
         events, bad = _decode(values)
-        self.stats.count_corrupt(rank, bad)
+        events, damaged = expand_blocks(events, self._blocks)
+        self.stats.count_corrupt(rank, bad + damaged)
         self.stats.events += len(events)
         size = sum(map(len, values))
         self.stats.bytes += size

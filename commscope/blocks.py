@@ -1,0 +1,360 @@
+"""Binary op blocks: how the native recorder packs op events, and how readers unpack them.
+
+Schema version 2 adds three event types to the JSONL/stream trace (see ``events``):
+
+    block   data (base64 of packed records), n (records)
+    site    site (id), text ("file:line in function"): a call site, before the blocks using it
+    group   (as in version 1) plus gid, the id blocks use for the group
+
+and two ``meta`` fields, ``names`` (wrapper op names by id) and ``dtypes`` (c10 type
+names by ScalarType code), so a block never depends on this module's defaults.
+
+A block holds the records one rank's native recorder appended since the last tick (its
+layout is ``commscope_native.cpp``'s, little-endian, packed).  Each record starts with
+
+    u8 type, u8 flags, u16 aux, u32 len (whole record), i64 ts, u64 id
+
+``BlockDecoder`` turns records into ordinary schema op events (``begin``/``end``/
+``wait_begin``/``wait_end``/``done``), so everything after the reader is unchanged.  One
+decoder per rank, fed that rank's events in order: it keeps the site and group tables.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import struct
+from typing import Any
+
+import orjson
+
+from commscope import dtypes
+from commscope.events import SCHEMA_VERSION, signature_key
+
+BLOCK = "block"
+SITE = "site"
+
+# Record types
+BEGIN, END, WAIT_BEGIN, WAIT_END, DONE, RBEGIN, SOURCE = 1, 2, 3, 4, 5, 6, 7
+# Begin roles
+TOP, MERGED, ANNOTATED, NESTED, CHILD, LOGICAL = range(6)
+# Flags
+ERROR, APPROX, ASYNC, ENDS_AT_COMPLETION = 1, 2, 4, 8
+# Begin directions (header aux)
+_DIRS = (None, "send", "recv", "recv")
+# Logical-op kinds (RBEGIN header aux)
+KIND_PLAIN, KIND_ANNOTATE, KIND_RICH, KIND_CONTAINER = range(4)
+
+HEADER = struct.Struct("<BBHIqQ")
+BEGIN_BODY = struct.Struct("<QQiiiiqiihBbHHIIqq")
+DONE_BODY = struct.Struct("<q")
+SOURCE_BODY = struct.Struct("<iq")
+RBEGIN_BODY = struct.Struct("<QQiiqH")
+_U16 = struct.Struct("<H")
+
+#: The c10d operators the native recorder observes, in opcode order, with the name of the
+#: torch.distributed function that issues each (the name ops get when no wrapped call
+#: names them, e.g. DDP's all-reduces).
+C10D_OPS: tuple[tuple[str, str], ...] = (
+    ("allreduce_", "all_reduce"), ("allgather_", "all_gather"), ("_allgather_base_", "all_gather_into_tensor"),
+    ("reduce_scatter_", "reduce_scatter"), ("_reduce_scatter_base_", "reduce_scatter_tensor"),
+    ("broadcast_", "broadcast"), ("reduce_", "reduce"), ("gather_", "gather"), ("scatter_", "scatter"),
+    ("alltoall_", "all_to_all"), ("alltoall_base_", "all_to_all_single"), ("barrier", "barrier"),
+    ("monitored_barrier_", "monitored_barrier"), ("send", "send"), ("recv_", "recv"),
+    ("recv_any_source_", "recv"), ("allgather_coalesced_", "all_gather_coalesced"),
+    ("allgather_into_tensor_coalesced_", "all_gather_into_tensor_coalesced"),
+    ("allreduce_coalesced_", "all_reduce_coalesced"),
+    ("reduce_scatter_tensor_coalesced_", "reduce_scatter_tensor_coalesced"),
+)
+
+#: Reduce ops by c10d::ReduceOp::RedOpType.
+REDOPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum", "unused")
+
+#: Ops whose reduce op is "sum" when none is recorded (as the Python recorder writes it).
+REDUCING = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+                      "reduce_scatter_single", "reduce_scatter_v", "reduce_scatter_tensor_coalesced"})
+
+
+def encode_block(data: bytes, rank: int, ts: int, count: int) -> bytes:
+    """One ``block`` event as a JSON line (without newline)."""
+    return b'{"type":"block","v":%d,"rank":%d,"ts":%d,"n":%d,"data":"%s"}' % (
+        SCHEMA_VERSION, rank, ts, count, base64.b64encode(data))
+
+
+def records_in_line(line: bytes) -> int:
+    """The ``n`` of an encoded block event (0 if it cannot be read)."""
+    head = line[:96]
+    at = head.find(b'"n":')
+    if at < 0:
+        return 0
+    digits = head[at + 4:].split(b",", 1)[0]
+    return int(digits) if digits.isdigit() else 0
+
+
+def count_records(data: bytes) -> int:
+    n = off = 0
+    size = len(data)
+    while off + HEADER.size <= size:
+        length = HEADER.unpack_from(data, off)[3]
+        if length < HEADER.size:
+            break
+        off += length
+        n += 1
+    return n
+
+
+class BlockDecoder:
+    """Unpacks one rank's blocks into op events; keeps that rank's site and group tables."""
+
+    def __init__(self) -> None:
+        self.sites: dict[int, str] = {}
+        self.groups: dict[int, tuple[str, list[int] | None]] = {}
+        self.names: list[str] | None = None
+        self.dtypes: list[str] = [dtypes.torch_name(n) for n in dtypes.CODES]
+        self.c10d_names = [n for _, n in C10D_OPS]
+        self.damaged = 0  # records or blocks that could not be decoded
+        self._static: dict[bytes, tuple[dict, int]] = {}  # begin's static bytes -> (fields, sk)
+        self._gid_of_id: dict[int, int] = {}  # any-source recvs waiting for their source
+
+    # -- tables, from the rank's other events
+    def note(self, ev: dict) -> None:
+        """Learn from a non-block event of this rank (site, group, meta)."""
+        typ = ev.get("type")
+        if typ == SITE:
+            sid, text = ev.get("site"), ev.get("text")
+            if isinstance(sid, int) and isinstance(text, str):
+                self.sites[sid] = text
+        elif typ == "group":
+            gid = ev.get("gid")
+            if isinstance(gid, int):
+                granks = ev.get("granks")
+                ok = isinstance(granks, list) and all(isinstance(r, int) for r in granks)
+                self.groups[gid] = (str(ev.get("group")), list(granks) if ok else None)
+                self._static.clear()  # peers and roots may now resolve to global ranks
+        elif typ == "meta":
+            names = ev.get("names")
+            if isinstance(names, list) and all(isinstance(x, str) for x in names):
+                self.names = names
+            codes = ev.get("dtypes")
+            if isinstance(codes, list) and all(isinstance(x, str) for x in codes):
+                self.dtypes = [dtypes.torch_name(x) for x in codes]
+
+    # -- blocks
+    def expand(self, ev: dict) -> list[dict]:
+        """The op events of one ``block`` event (empty, and counted, when it is damaged)."""
+        rank, data = ev.get("rank"), ev.get("data")
+        if not isinstance(data, str):
+            self.damaged += 1
+            return []
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            self.damaged += 1
+            return []
+        out: list[dict] = []
+        off, size = 0, len(raw)
+        append = out.append
+        unpack_header = HEADER.unpack_from
+        while off + HEADER.size <= size:
+            typ, flags, aux, length, ts, op_id = unpack_header(raw, off)
+            if length < HEADER.size or off + length > size:
+                self.damaged += 1
+                break
+            body = off + HEADER.size
+            try:
+                if typ in (END, WAIT_END):
+                    e = {"type": "op", "ts": ts, "phase": "end" if typ == END else "wait_end", "id": op_id}
+                    if flags & ERROR:
+                        n = _U16.unpack_from(raw, body)[0]
+                        e["exc"] = raw[body + 2:body + 2 + n].decode("utf-8", "replace") or "error"
+                    if flags & APPROX:
+                        e["approx"] = True
+                elif typ == BEGIN:
+                    e = self._begin(raw, body, off + length, ts, op_id, flags, aux)
+                elif typ == WAIT_BEGIN:
+                    e = {"type": "op", "ts": ts, "phase": "wait_begin", "id": op_id}
+                elif typ == DONE:
+                    e = {"type": "op", "ts": ts, "phase": "done", "id": op_id}
+                    gpu = DONE_BODY.unpack_from(raw, body)[0]
+                    if gpu >= 0:
+                        e["gpu_ns"] = gpu
+                    if flags & ERROR:
+                        e["exc"] = "the device reported an error"
+                elif typ == RBEGIN:
+                    e = self._rbegin(raw, body, ts, op_id, aux)
+                elif typ == SOURCE:
+                    peer, seq = SOURCE_BODY.unpack_from(raw, body)
+                    e = {"type": "op", "ts": ts, "phase": "end", "id": op_id}
+                    src = self._global(self._gid_of_id.get(op_id, -1), peer)
+                    if src is not None:
+                        e["peer"] = src
+                        if seq >= 0:
+                            e["seq"] = seq
+                else:
+                    e = None
+                    self.damaged += 1
+            except (struct.error, ValueError, orjson.JSONDecodeError, IndexError):
+                e = None
+                self.damaged += 1
+            if e is not None:
+                e["v"] = SCHEMA_VERSION
+                e["rank"] = rank
+                append(e)
+            off += length
+        return out
+
+    def _global(self, gid: int, group_rank: int) -> int | None:
+        if group_rank < 0:
+            return None
+        g = self.groups.get(gid)
+        granks = g[1] if g else None
+        if granks is None:
+            return group_rank  # membership unknown: the group rank (right for the default group)
+        return granks[group_rank] if group_rank < len(granks) else None
+
+    def _begin(self, raw: bytes, body: int, end: int, ts: int, op_id: int, flags: int, aux: int) -> dict:
+        (tid, parent, name, site, opcode, gid, seq, peer, root, redop, role, device, nin, nout,
+         ntin, ntout, bin_, bout) = BEGIN_BODY.unpack_from(raw, body)
+        # Everything but ts/id/seq/parent/tid repeats call after call: decode it once.
+        key = bytes((flags, aux & 0xFF)) + raw[body + 16:body + 32] + raw[body + 40:end]
+        hit = self._static.get(key)
+        if hit is None:
+            hit = self._static_fields(raw, body + BEGIN_BODY.size, end, flags, aux, name, site, opcode, gid, peer,
+                                      root, redop, role, device, nin, nout, bin_, bout)
+            if len(self._static) > 50_000:
+                self._static.clear()
+            self._static[key] = hit
+        fields, sk = hit
+        e = {"type": "op", "ts": ts, "phase": "begin", "id": op_id}
+        if seq >= 0:
+            e["seq"] = seq
+        if parent:
+            e["parent"] = parent
+        e.update(fields)
+        e["tid"] = tid
+        if sk is not None:
+            e["sk"] = sk
+        if aux == 3 and role != NESTED:  # any-source recv: its peer arrives with a SOURCE record
+            if len(self._gid_of_id) > 100_000:
+                self._gid_of_id.clear()
+            self._gid_of_id[op_id] = gid
+        return e
+
+    def _static_fields(self, raw: bytes, pos: int, end: int, flags: int, aux: int, name: int, site: int, opcode: int,
+                       gid: int, peer: int, root: int, redop: int, role: int, device: int, nin: int, nout: int,
+                       bin_: int, bout: int) -> tuple[dict, int | None]:
+        names = self.names
+        if name >= 0 and names is not None and name < len(names):
+            op = names[name]
+        elif role == CHILD and aux in (1, 2):  # the p2p ops of batch_isend_irecv
+            op = "isend" if aux == 1 else "irecv"
+        elif 0 <= opcode < len(self.c10d_names):
+            op = self.c10d_names[opcode]
+        else:
+            op = "?"
+        f: dict[str, Any] = {"op": op}
+        if gid >= 0:
+            f["group"] = self.groups[gid][0] if gid in self.groups else f"#{gid}"
+        p = self._global(gid, peer)
+        if p is not None:
+            f["peer"] = p
+        direction = _DIRS[aux] if aux < len(_DIRS) else None
+        if direction:
+            f["dir"] = direction
+        r = self._global(gid, root)
+        if r is not None:
+            f["root"] = r
+        if 0 <= redop < len(REDOPS):
+            f["redop"] = REDOPS[redop]
+        elif op in REDUCING:
+            f["redop"] = "sum"
+        ins, pos = self._tensors(raw, pos, nin)
+        outs, pos = self._tensors(raw, pos, nout)
+        if pos != end:
+            raise ValueError("begin record length")
+        if ins is not None:
+            f["in_shapes"] = [s for s, _ in ins]
+            f["in_dtypes"] = [d for _, d in ins]
+            f["in_bytes"] = bin_
+        if outs is not None:
+            f["out_shapes"] = [s for s, _ in outs]
+            f["out_dtypes"] = [d for _, d in outs]
+            f["out_bytes"] = bout
+        if (flags & ASYNC and role == MERGED) or role == CHILD:  # a batch's p2p ops are isend/irecv
+            f["async"] = True
+        if site >= 0:
+            f["site"] = self.sites.get(site)
+            if f["site"] is None:
+                del f["site"]
+        if role == NESTED:
+            f["nested"] = True
+        if device >= 0:
+            f["device"] = f"cuda:{device}"
+        if role == TOP:
+            f["src"] = "c10d"
+        static = orjson.dumps(f)
+        return f, signature_key(static[1:-1])
+
+    def _tensors(self, raw: bytes, pos: int, n: int) -> tuple[list | None, int]:
+        if n == 0:
+            return None, pos
+        out = []
+        dt = self.dtypes
+        for _ in range(n):
+            code, nd = raw[pos], raw[pos + 1]
+            dims = list(struct.unpack_from(f"<{nd}q", raw, pos + 2)) if nd else []
+            pos += 2 + 8 * nd
+            out.append((dims, dt[code] if code < len(dt) else f"dtype{code}"))
+        return out, pos
+
+    def _rbegin(self, raw: bytes, body: int, ts: int, op_id: int, kind: int) -> dict:
+        tid, parent, site, gid, seq, n = RBEGIN_BODY.unpack_from(raw, body)
+        start = body + RBEGIN_BODY.size
+        e = orjson.loads(b"{" + raw[start:start + n] + b"}")
+        if not isinstance(e, dict):
+            raise ValueError("fragment")
+        e.update(type="op", ts=ts, phase="begin", id=op_id, tid=tid)
+        if seq >= 0:
+            e["seq"] = seq
+        if parent:
+            e["parent"] = parent
+            if seq < 0 and kind == KIND_RICH:
+                e["nested"] = True
+        if site >= 0 and site in self.sites:
+            e["site"] = self.sites[site]
+        return e
+
+
+def expand(events: list[dict], decoders: dict[int, BlockDecoder]) -> tuple[list[dict], int]:
+    """Replace every ``block`` event by its op events (tables from ``site``/``group``/``meta``
+    events are learnt on the way); ``decoders`` holds one decoder per rank across calls.
+    Returns (events, records that could not be decoded)."""
+    if not any(e.get("type") in (BLOCK, SITE) for e in events):
+        for e in events:  # cheap: only tables matter here
+            if e.get("type") in ("group", "meta") and ("gid" in e or "names" in e or "dtypes" in e):
+                _decoder(decoders, e).note(e)
+        return events, 0
+    out: list[dict] = []
+    damaged = 0
+    for e in events:
+        typ = e.get("type")
+        if typ == BLOCK:
+            dec = _decoder(decoders, e)
+            before = dec.damaged
+            out.extend(dec.expand(e))
+            damaged += dec.damaged - before
+            continue
+        if typ in (SITE, "group", "meta"):
+            _decoder(decoders, e).note(e)
+            if typ == SITE:
+                continue
+        out.append(e)
+    return out, damaged
+
+
+def _decoder(decoders: dict[int, BlockDecoder], e: dict) -> BlockDecoder:
+    rank = e.get("rank")
+    dec = decoders.get(rank)  # type: ignore[arg-type]
+    if dec is None:
+        dec = decoders[rank] = BlockDecoder()  # type: ignore[index]
+    return dec

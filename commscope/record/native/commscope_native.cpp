@@ -1,0 +1,1416 @@
+// commscope's native recorder: one observer of every c10d collective, and the thin
+// wrappers that give those collectives their Python names and call sites.
+//
+// Every ProcessGroup collective, whoever issues it (Python's torch.distributed, DDP's C++
+// reducer, functional collectives of DTensor and torch.compile, FSDP), is dispatched
+// through a ``c10d::*`` operator.  A boxed kernel registered at the BackendSelect key (in
+// every dispatch key set, below Python modes, so fake tensors never reach it) sees each
+// of them, notes what it moves, and redispatches.  Completion comes from the Work's
+// future (CPU backends) or from polling the Work (CUDA), never from a host sync.
+//
+// The Python-facing wrappers (``Wrapper``, ``WaitWrapper``) are C callables: they record
+// which torch.distributed function the user called and from where, in thread-local
+// state, and the kernel folds that into the record of the first collective the call
+// dispatches.  Everything is appended as fixed-layout binary records to one bounded
+// buffer; the recorder thread takes the whole buffer at once and the trace readers
+// decode it (commscope/record/blocks.py documents the layout).  No Python object is
+// touched without the GIL: the kernel runs with the GIL released.
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <pthread.h>
+#include <time.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+// ---------------------------------------------------------------- record layout
+// Keep in sync with commscope/record/blocks.py.
+enum RecType : uint8_t {
+  REC_BEGIN = 1,   // an op began (a collective, or a logical op without one)
+  REC_END = 2,     // an op ended (returned, or completed for ops that end at completion)
+  REC_WAIT_BEGIN = 3,
+  REC_WAIT_END = 4,
+  REC_DONE = 5,    // device-side completion (CUDA): gpu time
+  REC_RBEGIN = 6,  // a logical op described by Python (varlen, batch): JSON fragment
+  REC_SOURCE = 7,  // an any-source recv learned its peer (and seq)
+};
+
+// BEGIN roles: how the op relates to the logical op around it.
+enum Role : uint8_t {
+  ROLE_TOP = 0,        // issued outside any wrapped call (C++: DDP, functional collectives)
+  ROLE_MERGED = 1,     // the collective of a wrapped torch.distributed call: one op, Python's name
+  ROLE_ANNOTATED = 2,  // the collective of a wrapped functional collective: ends at completion
+  ROLE_NESTED = 3,     // further traffic inside a logical op
+  ROLE_CHILD = 4,      // a p2p op of a container (batch_isend_irecv): own seq, parent set
+  ROLE_LOGICAL = 5,    // a wrapped call that dispatched no collective (it failed before)
+};
+
+enum Kind : uint8_t { KIND_PLAIN = 0, KIND_ANNOTATE = 1, KIND_RICH = 2, KIND_CONTAINER = 3 };
+
+enum Flag : uint8_t { FLAG_ERROR = 1, FLAG_APPROX = 2, FLAG_ASYNC = 4, FLAG_ENDS_AT_COMPLETION = 8 };
+
+#pragma pack(push, 1)
+struct Header {
+  uint8_t type;
+  uint8_t flags;
+  uint16_t aux;
+  uint32_t len;  // whole record, header included
+  int64_t ts;
+  uint64_t id;
+};
+struct BeginBody {
+  uint64_t tid;
+  uint64_t parent;
+  int32_t name;   // wrapper name id, -1: the collective's own name
+  int32_t site;   // call site id, -1: none
+  int32_t opcode; // c10d operator id, -1: none
+  int32_t gid;    // group id, -1: none
+  int64_t seq;    // -1: none
+  int32_t peer;   // group rank, -1: none
+  int32_t root;   // group rank, -1: none
+  int16_t redop;  // -1: none
+  uint8_t role;
+  int8_t device;  // CUDA device index, -1: not a CUDA op
+  uint16_t nin;
+  uint16_t nout;
+  uint32_t ntensors_in;   // tensors really passed (nin/nout may be capped)
+  uint32_t ntensors_out;
+  int64_t bytes_in;
+  int64_t bytes_out;
+};
+struct DoneBody {
+  int64_t gpu_ns;
+};
+struct SourceBody {
+  int32_t peer;
+  int64_t seq;
+};
+#pragma pack(pop)
+
+constexpr size_t kMaxTensorsDescribed = 256;
+constexpr size_t kMaxText = 4096;
+
+inline int64_t now_ns() {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return int64_t(t.tv_sec) * 1000000000LL + t.tv_nsec;
+}
+
+inline uint64_t thread_id() { return uint64_t(pthread_self()); }
+
+// ---------------------------------------------------------------- operator specs
+enum Dir : int8_t { DIR_NONE = 0, DIR_SEND = 1, DIR_RECV = 2, DIR_RECV_ANY = 3 };
+
+struct OpSpec {
+  int32_t opcode = -1;
+  int in_arg = -1, out_arg = -1, pg_arg = -1, redop_arg = -1, root_arg = -1, peer_arg = -1, async_arg = -1;
+  Dir dir = DIR_NONE;
+  bool describe = true;  // barriers carry a dummy tensor: not described
+  int max_arg = -1;
+  bool returns_work = false;
+  void finish() {
+    for (int a : {in_arg, out_arg, pg_arg, redop_arg, root_arg, peer_arg, async_arg}) max_arg = a > max_arg ? a : max_arg;
+  }
+};
+
+// ---------------------------------------------------------------- shared state
+struct Inflight {
+  int64_t ts;
+  uint64_t tid;
+  uint64_t parent;
+  bool waiting;
+  bool reported;
+};
+
+// Ops in flight: few at a time (one per thread, plus async work being waited on), so a
+// flat vector searched from the back beats a node-allocating hash map on the hot path.
+struct InflightTable {
+  std::vector<std::pair<uint64_t, Inflight>> items;
+  void put(uint64_t id, const Inflight& f) {
+    for (auto it = items.rbegin(); it != items.rend(); ++it)
+      if (it->first == id) {
+        it->second = f;
+        return;
+      }
+    items.emplace_back(id, f);
+  }
+  void erase(uint64_t id) {
+    for (size_t i = items.size(); i-- > 0;)
+      if (items[i].first == id) {
+        items[i] = items.back();
+        items.pop_back();
+        return;
+      }
+  }
+  bool contains(uint64_t id) const {
+    for (const auto& p : items)
+      if (p.first == id) return true;
+    return false;
+  }
+  size_t size() const { return items.size(); }
+  void clear() { items.clear(); }
+};
+
+struct GroupEntry {
+  int32_t gid;
+  std::string name;
+};
+
+struct PendingDevice {
+  c10::intrusive_ptr<c10d::Work> work;
+  uint64_t id;
+  uint8_t role;
+};
+
+struct State {
+  std::mutex mu;
+  std::vector<uint8_t> buf;
+  size_t cap = 16u << 20;
+  uint64_t dropped = 0;        // records that did not fit
+  uint64_t dropped_total = 0;
+  uint64_t records = 0;        // records in buf
+  std::atomic<uint64_t> next_id{1};
+  // groups
+  std::unordered_map<const void*, GroupEntry> gid_by_pg;
+  std::unordered_map<std::string, int32_t> gid_by_name;
+  std::vector<std::pair<int32_t, std::string>> new_groups;
+  // sequence numbers: per group for collectives, per (group, peer, direction) for p2p
+  std::unordered_map<int32_t, int64_t> coll_seq;
+  std::map<std::tuple<int32_t, int32_t, int8_t>, int64_t> p2p_seq;
+  InflightTable inflight;
+  std::vector<PendingDevice> device_pending;
+  std::unordered_map<uint64_t, std::pair<int32_t, int64_t>> resolved_source;  // any-source recv id -> (peer, seq)
+};
+
+State* S = nullptr;  // never freed: backend threads may complete futures during exit
+std::atomic<bool> g_active{false};
+std::unique_ptr<torch::Library>* g_lib = nullptr;
+std::unordered_map<std::string, OpSpec>* g_specs = nullptr;
+std::atomic<uint64_t> g_seen{0};
+
+// The wrapped call a thread is inside (logical ops nest: varlen calls torch.distributed).
+struct Frame {
+  uint64_t id;
+  int32_t name;
+  int32_t site;
+  int64_t ts;
+  uint64_t parent;
+  uint8_t kind;
+  bool async_hint;
+  bool child_seen;
+  std::vector<uint64_t> children;  // containers: their p2p ops
+};
+thread_local std::vector<Frame> t_frames;
+thread_local int t_native_depth = 0;  // >0 while inside our kernel (nested dispatches)
+thread_local uint64_t t_native_id = 0;
+
+// ---------------------------------------------------------------- buffer writes (under S->mu)
+inline uint8_t* reserve(size_t n) {
+  auto& b = S->buf;
+  if (b.size() + n > S->cap) {
+    S->dropped++;
+    S->dropped_total++;
+    return nullptr;
+  }
+  size_t at = b.size();
+  b.resize(at + n);
+  S->records++;
+  return b.data() + at;
+}
+
+inline void put_header(uint8_t* p, uint8_t type, uint8_t flags, uint32_t len, int64_t ts, uint64_t id,
+                       uint16_t aux = 0) {
+  Header h{type, flags, aux, len, ts, id};
+  std::memcpy(p, &h, sizeof h);
+}
+
+void write_text_record(uint8_t type, uint8_t flags, int64_t ts, uint64_t id, const char* text, size_t n) {
+  if (n > kMaxText) n = kMaxText;
+  size_t len = sizeof(Header) + 2 + n;
+  uint8_t* p = reserve(len);
+  if (!p) return;
+  put_header(p, type, flags, uint32_t(len), ts, id);
+  uint16_t n16 = uint16_t(n);
+  std::memcpy(p + sizeof(Header), &n16, 2);
+  if (n) std::memcpy(p + sizeof(Header) + 2, text, n);
+}
+
+int32_t group_id_locked(const c10d::ProcessGroup* pg) {
+  auto it = S->gid_by_pg.find(pg);
+  const std::string& name = pg->getGroupName();
+  if (it != S->gid_by_pg.end() && it->second.name == name) return it->second.gid;
+  auto nit = S->gid_by_name.find(name);
+  int32_t gid;
+  if (nit == S->gid_by_name.end()) {
+    gid = int32_t(S->gid_by_name.size());
+    S->gid_by_name.emplace(name, gid);
+    S->new_groups.emplace_back(gid, name);
+  } else {
+    gid = nit->second;
+  }
+  S->gid_by_pg[pg] = GroupEntry{gid, name};
+  return gid;
+}
+
+int32_t group_id_by_name_locked(const std::string& name) {
+  auto nit = S->gid_by_name.find(name);
+  if (nit != S->gid_by_name.end()) return nit->second;
+  int32_t gid = int32_t(S->gid_by_name.size());
+  S->gid_by_name.emplace(name, gid);
+  S->new_groups.emplace_back(gid, name);
+  return gid;
+}
+
+int64_t next_seq_locked(int32_t gid, Dir dir, int32_t peer) {
+  if (dir == DIR_NONE) return ++S->coll_seq[gid];
+  if (peer < 0) return -1;  // any-source recv: numbered once its source is known
+  return ++S->p2p_seq[std::make_tuple(gid, peer, int8_t(dir == DIR_SEND ? DIR_SEND : DIR_RECV))];
+}
+
+// ---------------------------------------------------------------- tensor descriptions
+// A side's tensors, encoded as they are read: per tensor u8 dtype, u8 ndim, i64 dims[ndim],
+// into a buffer the thread reuses (no allocation per call once warm).
+struct Side {
+  std::vector<uint8_t>* enc;
+  uint32_t count = 0;     // tensors passed
+  uint16_t described = 0; // tensors encoded (capped)
+  int64_t bytes = 0;
+  int8_t device = -1;
+  void add(const at::Tensor& t) {
+    count++;
+    if (!t.defined()) return;
+    bytes += int64_t(t.nbytes());
+    if (device < 0 && t.is_cuda()) device = int8_t(t.device().index());
+    if (described >= kMaxTensorsDescribed) return;
+    described++;
+    auto s = t.sizes();
+    size_t nd = s.size() > 255 ? 255 : s.size();
+    size_t at = enc->size();
+    enc->resize(at + 2 + 8 * nd);
+    uint8_t* p = enc->data() + at;
+    p[0] = uint8_t(int8_t(t.scalar_type()));
+    p[1] = uint8_t(nd);
+    std::memcpy(p + 2, s.data(), 8 * nd);
+  }
+  void add_value(const c10::IValue& v) {
+    if (v.isTensor()) {
+      add(v.toTensor());
+    } else if (v.isTensorList() || v.isList()) {  // Tensor[] or Tensor[][]: no refcount traffic
+      for (const c10::IValue& inner : v.toListRef()) add_value(inner);
+    }
+  }
+};
+
+thread_local std::vector<uint8_t> t_enc_in, t_enc_out;
+
+// ---------------------------------------------------------------- completion
+void complete_locked(uint64_t id, uint8_t role, bool error, const std::string& msg, bool approx) {
+  // Ops that end at completion: issued from C++, annotated, nested.  A merged op ends
+  // when the Python call returns; its completion is only noted for device ops (DONE).
+  int64_t ts = now_ns();
+  uint8_t flags = (error ? FLAG_ERROR : 0) | (approx ? FLAG_APPROX : 0);
+  if (error)
+    write_text_record(REC_END, flags, ts, id, msg.data(), msg.size());
+  else
+    write_text_record(REC_END, flags, ts, id, nullptr, 0);
+  if (role != ROLE_NESTED) S->inflight.erase(id);
+}
+
+void on_completed(uint64_t id, uint8_t role, bool error, const std::string& msg, bool approx) {
+  std::lock_guard<std::mutex> g(S->mu);
+  complete_locked(id, role, error, msg, approx);
+}
+
+void resolve_source(uint64_t id, int32_t gid, int32_t src, bool ends_here, uint8_t role, bool error,
+                    const std::string& msg) {
+  std::lock_guard<std::mutex> g(S->mu);
+  if (!error && src >= 0) {
+    int64_t seq = -1;
+    if (role != ROLE_NESTED)
+      seq = ++S->p2p_seq[std::make_tuple(gid, src, int8_t(DIR_RECV))];
+    if (role == ROLE_MERGED) {
+      S->resolved_source[id] = {src, seq};  // the Python call's END carries it
+    } else {
+      size_t len = sizeof(Header) + sizeof(SourceBody);
+      if (uint8_t* p = reserve(len)) {
+        put_header(p, REC_SOURCE, 0, uint32_t(len), now_ns(), id);
+        SourceBody b{src, seq};
+        std::memcpy(p + sizeof(Header), &b, sizeof b);
+      }
+    }
+  }
+  if (ends_here) complete_locked(id, role, error, msg, false);
+}
+
+// ---------------------------------------------------------------- the kernel
+// The object behind a custom-class argument, without touching reference counts (the
+// refcount traffic of toCustomClass() costs more than the rest of the observation).
+// The operator's schema guarantees the argument's class.
+template <class T>
+const T* custom_ptr(const c10::IValue& v) {
+  if (!v.isObject()) return nullptr;
+  const auto& slots = v.toObjectRef().slots();
+  if (slots.size() != 1 || !slots[0].isCapsule()) return nullptr;
+  return static_cast<const T*>(static_cast<const torch::CustomClassHolder*>(slots[0].internalToPointer()));
+}
+
+const OpSpec* spec_of(const c10::OperatorHandle& op) {
+  // One lookup per operator per thread: the schema object outlives the registration.
+  thread_local const void* last_schema = nullptr;
+  thread_local const OpSpec* last_spec = nullptr;
+  const void* key = &op.schema();
+  if (key == last_schema) return last_spec;
+  auto it = g_specs->find(op.schema().name());
+  const OpSpec* spec = it == g_specs->end() ? nullptr : &it->second;
+  last_schema = key;
+  last_spec = spec;
+  return spec;
+}
+
+void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const auto next = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect);
+  if (!g_active.load(std::memory_order_relaxed)) {
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  const OpSpec* spec = spec_of(op);
+  const size_t nargs = op.schema().arguments().size();
+  if (spec == nullptr || stack->size() < nargs || spec->max_arg >= int(nargs)) {
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  g_seen.fetch_add(1, std::memory_order_relaxed);
+  const c10::IValue* args = stack->data() + (stack->size() - nargs);
+
+  // What moves, on which group (no lock needed: only this call's arguments).
+  t_enc_in.clear();
+  t_enc_out.clear();
+  Side in{&t_enc_in}, out{&t_enc_out};
+  const c10d::ProcessGroup* pg = nullptr;
+  int32_t root = -1, peer = -1;
+  int16_t redop = -1;
+  bool async_op = false;
+  try {
+    if (spec->describe) {
+      if (spec->in_arg >= 0) in.add_value(args[spec->in_arg]);
+      if (spec->out_arg >= 0 && spec->out_arg != spec->in_arg) out.add_value(args[spec->out_arg]);
+    }
+    if (spec->pg_arg >= 0) pg = custom_ptr<c10d::ProcessGroup>(args[spec->pg_arg]);
+    if (spec->root_arg >= 0 && args[spec->root_arg].isInt()) root = int32_t(args[spec->root_arg].toInt());
+    if (spec->peer_arg >= 0 && args[spec->peer_arg].isInt()) peer = int32_t(args[spec->peer_arg].toInt());
+    if (spec->redop_arg >= 0) {
+      const c10d::ReduceOp* r = custom_ptr<c10d::ReduceOp>(args[spec->redop_arg]);
+      if (r != nullptr) redop = int16_t(r->op_);
+    }
+    if (spec->async_arg >= 0 && args[spec->async_arg].isBool()) async_op = args[spec->async_arg].toBool();
+  } catch (...) {
+    pg = nullptr;
+  }
+  if (pg == nullptr) {  // not an op we understand: torch decides
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  const int8_t device = in.device >= 0 ? in.device : out.device;
+
+  // Who issued it.
+  Frame* frame = t_frames.empty() ? nullptr : &t_frames.back();
+  uint8_t role = ROLE_TOP;
+  uint64_t parent = 0;
+  if (t_native_depth > 0) {
+    role = ROLE_NESTED;
+    parent = t_native_id;
+  } else if (frame != nullptr) {
+    parent = frame->id;
+    if (frame->kind == KIND_CONTAINER)
+      role = ROLE_CHILD;
+    else if (frame->kind == KIND_RICH || frame->child_seen)
+      role = ROLE_NESTED;
+    else
+      role = frame->kind == KIND_ANNOTATE ? ROLE_ANNOTATED : ROLE_MERGED;
+  }
+  const bool ends_at_completion = role == ROLE_TOP || role == ROLE_ANNOTATED || role == ROLE_NESTED;
+  const bool merged = role == ROLE_MERGED || role == ROLE_ANNOTATED;
+  const uint64_t rec_parent = merged ? frame->parent : parent;
+  uint64_t id;
+  int32_t gid;
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    gid = group_id_locked(pg);
+    int64_t seq = -1;
+    if (role == ROLE_MERGED || role == ROLE_ANNOTATED) {
+      id = frame->id;  // the wrapped call and its collective are one op
+      frame->child_seen = true;
+    } else {
+      id = S->next_id.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (role != ROLE_NESTED) seq = next_seq_locked(gid, spec->dir, peer);
+    if (role == ROLE_CHILD) frame->children.push_back(id);
+    size_t len = sizeof(Header) + sizeof(BeginBody) + t_enc_in.size() + t_enc_out.size();
+    uint8_t* p = reserve(len);
+    int64_t ts = (role == ROLE_MERGED || role == ROLE_ANNOTATED) ? frame->ts : now_ns();
+    if (p) {
+      uint8_t flags = ((async_op || (frame && frame->async_hint && role == ROLE_MERGED)) ? FLAG_ASYNC : 0) |
+                      (ends_at_completion ? FLAG_ENDS_AT_COMPLETION : 0);
+      put_header(p, REC_BEGIN, flags, uint32_t(len), ts, id, uint16_t(spec->dir));
+      BeginBody b{};
+      b.tid = thread_id();
+      b.parent = rec_parent;
+      b.name = (role == ROLE_MERGED || role == ROLE_ANNOTATED) ? frame->name : -1;
+      b.site = (role == ROLE_MERGED || role == ROLE_ANNOTATED) ? frame->site : -1;
+      b.opcode = spec->opcode;
+      b.gid = gid;
+      b.seq = seq;
+      b.peer = peer;
+      b.root = root;
+      b.redop = redop;
+      b.role = role;
+      b.device = device;
+      b.nin = in.described;
+      b.nout = out.described;
+      b.ntensors_in = in.count;
+      b.ntensors_out = out.count;
+      b.bytes_in = in.bytes;
+      b.bytes_out = out.bytes;
+      std::memcpy(p + sizeof(Header), &b, sizeof b);
+      uint8_t* q = p + sizeof(Header) + sizeof b;
+      if (!t_enc_in.empty()) std::memcpy(q, t_enc_in.data(), t_enc_in.size());
+      if (!t_enc_out.empty()) std::memcpy(q + t_enc_in.size(), t_enc_out.data(), t_enc_out.size());
+    }
+    if (role != ROLE_NESTED && role != ROLE_CHILD)
+      S->inflight.put(id, Inflight{ts, thread_id(), rec_parent, false, false});
+  }
+
+  const uint64_t outer_id = t_native_id;
+  t_native_depth++;
+  t_native_id = id;
+  try {
+    op.redispatchBoxed(next, stack);
+  } catch (const std::exception& e) {
+    t_native_depth--;
+    t_native_id = outer_id;
+    if (ends_at_completion) on_completed(id, role, true, e.what(), false);
+    throw;
+  } catch (...) {
+    t_native_depth--;
+    t_native_id = outer_id;
+    if (ends_at_completion) on_completed(id, role, true, "unknown error", false);
+    throw;
+  }
+  t_native_depth--;
+  t_native_id = outer_id;
+
+  // Completion.
+  const bool any_source = spec->dir == DIR_RECV_ANY;
+  if (!ends_at_completion && !any_source && device < 0) return;  // the Python call's END is the end
+  c10::intrusive_ptr<c10d::Work> work;  // the last return value, when the op returns one
+  if (!stack->empty() && stack->back().isObject() && spec->returns_work) {
+    try {
+      work = stack->back().toCustomClass<c10d::Work>();
+    } catch (...) {
+    }
+  }
+  if (!work) {  // a synchronous op (monitored_barrier): it completed here
+    if (ends_at_completion) on_completed(id, role, false, std::string(), false);
+    return;
+  }
+  if (device >= 0) {  // CUDA: the future completes at enqueue; poll the work instead
+    std::lock_guard<std::mutex> g(S->mu);
+    if (S->device_pending.size() < 65536) S->device_pending.push_back(PendingDevice{work, id, role});
+    return;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> fut;
+  try {
+    fut = work->getFuture();
+  } catch (...) {
+  }
+  if (!fut) {
+    if (ends_at_completion) on_completed(id, role, false, std::string(), true);
+    return;
+  }
+  c10::weak_intrusive_ptr<c10d::Work> weak(work);
+  try {
+    fut->addCallback([id, role, gid, any_source, ends_at_completion, weak](c10::ivalue::Future& f) {
+      bool error = f.hasError();
+      std::string msg = error ? f.tryRetrieveErrorMessage() : std::string();
+      if (any_source) {
+        int32_t src = -1;
+        if (!error) {
+          auto w = weak.lock();
+          if (w) {
+            try {
+              src = w->sourceRank();
+            } catch (...) {
+            }
+          }
+        }
+        resolve_source(id, gid, src, ends_at_completion, role, error, msg);
+      } else {
+        on_completed(id, role, error, msg, false);
+      }
+    });
+  } catch (...) {
+    if (ends_at_completion) on_completed(id, role, false, std::string(), true);
+  }
+}
+
+
+// ================================================================ Python side (GIL held)
+PyObject* g_is_internal = nullptr;  // callable(code) -> bool: torch's or commscope's own frame
+PyObject* g_work_type = nullptr;    // torch.distributed.Work
+PyObject* g_after_op = nullptr;     // called once after the next wrapped call returns (job id settling)
+std::unordered_map<PyObject*, int8_t>* g_code_internal = nullptr;  // code -> internal? (holds a ref)
+std::map<std::pair<PyObject*, int>, int32_t>* g_sites = nullptr;   // (code, lasti) -> site id (holds a ref)
+std::vector<std::tuple<int32_t, PyObject*, int>>* g_new_sites = nullptr;
+constexpr size_t kMaxCodes = 50000, kMaxSites = 100000;
+
+struct Tracked {
+  PyObject* ref;  // weakref to the Work (or varlen handle)
+  std::vector<uint64_t> ids;
+};
+std::unordered_map<PyObject*, Tracked>* g_tracked = nullptr;
+std::vector<uint64_t>* g_unwaited_lost = nullptr;  // collected without a wait
+constexpr size_t kMaxTracked = 4096, kMaxUnwaitedLost = 10000;
+
+int frame_lasti(PyFrameObject* f) {
+#if PY_VERSION_HEX >= 0x030B0000
+  return PyFrame_GetLasti(f);
+#else
+  return f->f_lasti * int(sizeof(_Py_CODEUNIT));
+#endif
+}
+
+int code_internal(PyObject* code) {
+  auto it = g_code_internal->find(code);
+  if (it != g_code_internal->end()) return it->second;
+  int internal = 0;
+  if (g_is_internal != nullptr) {
+    PyObject* r = PyObject_CallOneArg(g_is_internal, code);
+    if (r == nullptr) {
+      PyErr_Clear();
+    } else {
+      internal = PyObject_IsTrue(r) == 1;
+      Py_DECREF(r);
+    }
+  }
+  if (g_code_internal->size() < kMaxCodes) {
+    Py_INCREF(code);
+    g_code_internal->emplace(code, int8_t(internal));
+  }
+  return internal;
+}
+
+int32_t site_id(PyObject* code, int lasti) {
+  auto key = std::make_pair(code, lasti);
+  auto it = g_sites->find(key);
+  if (it != g_sites->end()) return it->second;
+  if (g_sites->size() >= kMaxSites) return -1;
+  int32_t sid = int32_t(g_sites->size());
+  Py_INCREF(code);
+  g_sites->emplace(key, sid);
+  g_new_sites->emplace_back(sid, code, lasti);
+  return sid;
+}
+
+// The first frame outside torch and commscope, as a site id.
+int32_t current_site() {
+  PyFrameObject* f = PyEval_GetFrame();  // borrowed: the caller of the wrapper
+  if (f == nullptr) return -1;
+  Py_INCREF(f);
+  for (int depth = 0; f != nullptr && depth < 128; depth++) {
+    PyCodeObject* code = PyFrame_GetCode(f);  // new reference
+    if (!code_internal((PyObject*)code)) {
+      int32_t sid = site_id((PyObject*)code, frame_lasti(f));
+      Py_DECREF(code);
+      Py_DECREF(f);
+      return sid;
+    }
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(f);  // new reference
+    Py_DECREF(f);
+    f = back;
+  }
+  Py_XDECREF(f);
+  return -1;
+}
+
+// "Type: message" of the exception being raised, leaving it raised.
+std::string exception_text() {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  std::string text;
+  if (type != nullptr) {
+    const char* name = ((PyTypeObject*)type)->tp_name;
+    const char* dot = strrchr(name, '.');
+    text = dot ? dot + 1 : name;
+    if (value != nullptr) {
+      PyObject* s = PyObject_Str(value);
+      if (s != nullptr) {
+        Py_ssize_t n = 0;
+        const char* c = PyUnicode_AsUTF8AndSize(s, &n);
+        if (c != nullptr && n > 0) {
+          text += ": ";
+          text.append(c, size_t(n) > kMaxText ? kMaxText : size_t(n));
+        }
+        Py_DECREF(s);
+      }
+      PyErr_Clear();
+    }
+  }
+  PyErr_Restore(type, value, tb);
+  return text;
+}
+
+void write_logical_begin_locked(const Frame& fr, uint8_t role) {
+  size_t len = sizeof(Header) + sizeof(BeginBody);
+  uint8_t* p = reserve(len);
+  if (!p) return;
+  put_header(p, REC_BEGIN, 0, uint32_t(len), fr.ts, fr.id);
+  BeginBody b{};
+  b.tid = thread_id();
+  b.parent = fr.parent;
+  b.name = fr.name;
+  b.site = fr.site;
+  b.opcode = -1;
+  b.gid = -1;
+  b.seq = -1;
+  b.peer = b.root = -1;
+  b.redop = -1;
+  b.role = role;
+  b.device = -1;
+  std::memcpy(p + sizeof(Header), &b, sizeof b);
+}
+
+// The wrapped call returned (or raised): its END, and its children's for a container.
+void record_exit(Frame& fr, bool error, const std::string& text) {
+  std::lock_guard<std::mutex> g(S->mu);
+  int64_t ts = now_ns();
+  uint8_t flags = error ? FLAG_ERROR : 0;
+  if (fr.kind == KIND_CONTAINER) {
+    for (uint64_t child : fr.children) write_text_record(REC_END, flags, ts, child, text.data(), error ? text.size() : 0);
+  }
+  if (!fr.child_seen && (fr.kind == KIND_PLAIN || fr.kind == KIND_ANNOTATE)) {
+    if (!error) return;  // nothing dispatched, nothing failed: e.g. a group this rank is not in
+    write_logical_begin_locked(fr, ROLE_LOGICAL);
+  } else if (fr.kind == KIND_ANNOTATE && !error) {
+    return;  // ends when its collective completes
+  }
+  auto src = S->resolved_source.find(fr.id);
+  if (src != S->resolved_source.end()) {
+    size_t len = sizeof(Header) + sizeof(SourceBody);
+    if (uint8_t* p = reserve(len)) {
+      put_header(p, REC_SOURCE, 0, uint32_t(len), ts, fr.id);
+      SourceBody b{src->second.first, src->second.second};
+      std::memcpy(p + sizeof(Header), &b, sizeof b);
+    }
+    S->resolved_source.erase(src);
+  }
+  write_text_record(REC_END, flags, ts, fr.id, text.data(), error ? text.size() : 0);
+  S->inflight.erase(fr.id);
+}
+
+void track_work(PyObject* work, std::vector<uint64_t> ids) {
+  if (g_tracked->size() >= kMaxTracked) {  // forget collected ones: they were never waited on
+    for (auto it = g_tracked->begin(); it != g_tracked->end();) {
+      if (PyWeakref_GetObject(it->second.ref) == Py_None) {
+        for (uint64_t id : it->second.ids)
+          if (g_unwaited_lost->size() < kMaxUnwaitedLost) g_unwaited_lost->push_back(id);
+        Py_DECREF(it->second.ref);
+        it = g_tracked->erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (g_tracked->size() >= kMaxTracked) return;
+  }
+  PyObject* ref = PyWeakref_NewRef(work, nullptr);
+  if (ref == nullptr) {
+    PyErr_Clear();
+    return;
+  }
+  auto it = g_tracked->find(work);
+  if (it != g_tracked->end()) {
+    Py_DECREF(it->second.ref);
+    g_tracked->erase(it);
+  }
+  g_tracked->emplace(work, Tracked{ref, std::move(ids)});
+}
+
+// ---------------------------------------------------------------- Wrapper: a recorded callable
+struct WrapperObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* orig;
+  PyObject* dict;
+  PyObject* weakrefs;
+  int32_t name;
+  uint8_t kind;
+  bool async_hint;
+};
+
+PyObject* wrapper_vectorcall(PyObject* self_, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  auto* self = (WrapperObject*)self_;
+  // Inside another recorded call (a varlen op calling torch.distributed), this call's
+  // collectives are that call's nested traffic: no frame of its own.
+  if (!g_active.load(std::memory_order_relaxed) || !t_frames.empty())
+    return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+  Frame fr;
+  fr.id = S->next_id.fetch_add(1, std::memory_order_relaxed);
+  fr.name = self->name;
+  fr.site = current_site();
+  fr.ts = now_ns();
+  fr.parent = t_frames.empty() ? 0 : t_frames.back().id;
+  fr.kind = self->kind;
+  fr.async_hint = self->async_hint;
+  fr.child_seen = false;
+  t_frames.push_back(std::move(fr));
+  PyObject* ret = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+  Frame done = std::move(t_frames.back());
+  t_frames.pop_back();
+  if (ret == nullptr) {
+    record_exit(done, true, exception_text());
+    return nullptr;
+  }
+  record_exit(done, false, std::string());
+  if (g_after_op != nullptr && done.child_seen) {
+    PyObject* cb = g_after_op;
+    g_after_op = nullptr;
+    PyObject* r = PyObject_CallNoArgs(cb);
+    if (r == nullptr) PyErr_Clear();
+    Py_XDECREF(r);
+    Py_DECREF(cb);
+  }
+  if (done.child_seen && g_work_type != nullptr && PyObject_TypeCheck(ret, (PyTypeObject*)g_work_type))
+    track_work(ret, {done.id});
+  return ret;
+}
+
+PyObject* wrapper_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  PyObject* orig;
+  int name, kind, async_hint = 0;
+  static const char* kw[] = {"orig", "name", "kind", "async_hint", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oii|p", (char**)kw, &orig, &name, &kind, &async_hint))
+    return nullptr;
+  auto* self = (WrapperObject*)type->tp_alloc(type, 0);
+  if (self == nullptr) return nullptr;
+  self->vectorcall = wrapper_vectorcall;
+  Py_INCREF(orig);
+  self->orig = orig;
+  self->dict = nullptr;
+  self->weakrefs = nullptr;
+  self->name = name;
+  self->kind = uint8_t(kind);
+  self->async_hint = async_hint != 0;
+  return (PyObject*)self;
+}
+
+int wrapper_traverse(PyObject* self_, visitproc visit, void* arg) {
+  auto* self = (WrapperObject*)self_;
+  Py_VISIT(self->orig);
+  Py_VISIT(self->dict);
+  return 0;
+}
+
+int wrapper_clear(PyObject* self_) {
+  auto* self = (WrapperObject*)self_;
+  Py_CLEAR(self->orig);
+  Py_CLEAR(self->dict);
+  return 0;
+}
+
+void wrapper_dealloc(PyObject* self_) {
+  auto* self = (WrapperObject*)self_;
+  PyObject_GC_UnTrack(self_);
+  if (self->weakrefs != nullptr) PyObject_ClearWeakRefs(self_);
+  wrapper_clear(self_);
+  Py_TYPE(self_)->tp_free(self_);
+}
+
+PyObject* wrapper_orig(PyObject* self_, void*) {
+  PyObject* o = ((WrapperObject*)self_)->orig;
+  Py_INCREF(o);
+  return o;
+}
+
+PyGetSetDef wrapper_getset[] = {
+    {"__commscope_orig__", wrapper_orig, nullptr, nullptr, nullptr},
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyTypeObject WrapperType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// ---------------------------------------------------------------- WaitWrapper: Work.wait, recorded
+struct WaitObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* orig;
+};
+
+PyObject* wait_vectorcall(PyObject* self_, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  auto* self = (WaitObject*)self_;
+  Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+  if (!g_active.load(std::memory_order_relaxed) || n < 1 || g_tracked->empty())
+    return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+  auto it = g_tracked->find(args[0]);
+  if (it == g_tracked->end() || PyWeakref_GetObject(it->second.ref) != args[0])
+    return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+  std::vector<uint64_t> ids = std::move(it->second.ids);
+  Py_DECREF(it->second.ref);
+  g_tracked->erase(it);
+  const uint64_t tid = thread_id();
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    int64_t ts = now_ns();
+    for (uint64_t id : ids) {
+      size_t len = sizeof(Header) + 8;
+      if (uint8_t* p = reserve(len)) {
+        put_header(p, REC_WAIT_BEGIN, 0, uint32_t(len), ts, id);
+        std::memcpy(p + sizeof(Header), &tid, 8);
+      }
+    }
+    if (!ids.empty()) S->inflight.put(ids[0], Inflight{ts, tid, 0, true, false});
+  }
+  PyObject* ret = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+  std::string text = ret == nullptr ? exception_text() : std::string();
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    int64_t ts = now_ns();
+    for (uint64_t id : ids)
+      write_text_record(REC_WAIT_END, ret == nullptr ? FLAG_ERROR : 0, ts, id, text.data(), text.size());
+    if (!ids.empty()) S->inflight.erase(ids[0]);
+  }
+  return ret;
+}
+
+PyObject* wait_new(PyTypeObject* type, PyObject* args, PyObject*) {
+  PyObject* orig;
+  if (!PyArg_ParseTuple(args, "O", &orig)) return nullptr;
+  auto* self = (WaitObject*)type->tp_alloc(type, 0);
+  if (self == nullptr) return nullptr;
+  self->vectorcall = wait_vectorcall;
+  Py_INCREF(orig);
+  self->orig = orig;
+  return (PyObject*)self;
+}
+
+void wait_dealloc(PyObject* self_) {
+  Py_XDECREF(((WaitObject*)self_)->orig);
+  Py_TYPE(self_)->tp_free(self_);
+}
+
+PyObject* wait_get(PyObject* self, PyObject* obj, PyObject*) {  // a method: bind like a function
+  if (obj == nullptr || obj == Py_None) {
+    Py_INCREF(self);
+    return self;
+  }
+  return PyMethod_New(self, obj);
+}
+
+PyObject* wait_orig(PyObject* self_, void*) {
+  PyObject* o = ((WaitObject*)self_)->orig;
+  Py_INCREF(o);
+  return o;
+}
+
+PyGetSetDef wait_getset[] = {
+    {"__commscope_orig__", wait_orig, nullptr, nullptr, nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyTypeObject WaitType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// ---------------------------------------------------------------- module functions
+int arg_index(const c10::FunctionSchema& schema, std::initializer_list<const char*> names) {
+  const auto& args = schema.arguments();
+  for (const char* want : names)
+    for (size_t i = 0; i < args.size(); i++)
+      if (args[i].name() == want) return int(i);
+  return -1;
+}
+
+// install(ops, is_internal, work_type): ops is a list of c10d operator names to observe,
+// in opcode order.  Returns the names actually registered.
+PyObject* py_install(PyObject*, PyObject* args) {
+  PyObject *ops, *is_internal, *work_type;
+  if (!PyArg_ParseTuple(args, "OOO", &ops, &is_internal, &work_type)) return nullptr;
+  PyObject* seq = PySequence_Fast(ops, "ops must be a sequence");
+  if (seq == nullptr) return nullptr;
+  Py_XDECREF(g_is_internal);
+  Py_INCREF(is_internal);
+  g_is_internal = is_internal;
+  Py_XDECREF(g_work_type);
+  Py_INCREF(work_type);
+  g_work_type = work_type;
+  PyObject* done = PyList_New(0);
+  try {
+    g_lib->reset();  // specs stay: a thread's cached spec pointer must never dangle
+    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "c10d", c10::DispatchKey::BackendSelect,
+                                                __FILE__, __LINE__);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+      const char* name = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i));
+      if (name == nullptr) {
+        PyErr_Clear();
+        continue;
+      }
+      auto handle = c10::Dispatcher::singleton().findSchema({std::string("c10d::") + name, ""});
+      if (!handle) continue;  // not in this torch
+      const auto& schema = handle->schema();
+      OpSpec spec;
+      spec.opcode = int32_t(i);
+      std::string op(name);
+      spec.pg_arg = arg_index(schema, {"process_group"});
+      spec.redop_arg = arg_index(schema, {"reduce_op"});
+      spec.root_arg = arg_index(schema, {"root_rank"});
+      spec.async_arg = arg_index(schema, {"async_op"});
+      if (op == "send") {
+        spec.dir = DIR_SEND;
+        spec.peer_arg = arg_index(schema, {"dst", "dstRank"});
+      } else if (op == "recv_") {
+        spec.dir = DIR_RECV;
+        spec.peer_arg = arg_index(schema, {"src", "srcRank"});
+      } else if (op == "recv_any_source_") {
+        spec.dir = DIR_RECV_ANY;
+      }
+      if (op == "barrier" || op == "monitored_barrier_") spec.describe = false;
+      int both = arg_index(schema, {"tensors", "tensor"});
+      if (both >= 0) {
+        if (spec.dir == DIR_RECV || spec.dir == DIR_RECV_ANY)
+          spec.out_arg = both;
+        else if (spec.dir == DIR_SEND)
+          spec.in_arg = both;
+        else
+          spec.in_arg = spec.out_arg = both;
+      } else {
+        spec.in_arg = arg_index(schema, {"input_tensors", "input_tensor", "inputs", "input_list", "input"});
+        spec.out_arg = arg_index(schema, {"output_tensors", "output_tensor", "outputs", "output_lists", "output"});
+      }
+      if (spec.pg_arg < 0) continue;
+      spec.finish();
+      const auto& rets = schema.returns();
+      spec.returns_work = !rets.empty() && rets.back().type()->str().find("Work") != std::string::npos;
+      (*g_specs)[schema.name()] = spec;  // assigned in place: its address is stable
+      lib->impl(name, torch::CppFunction::makeFromBoxedFunction<&observe>());
+      PyObject* s = PyUnicode_FromString(name);
+      PyList_Append(done, s);
+      Py_DECREF(s);
+    }
+    *g_lib = std::move(lib);
+  } catch (const std::exception& e) {
+    Py_DECREF(seq);
+    Py_DECREF(done);
+    g_lib->reset();
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  Py_DECREF(seq);
+  g_active.store(true);
+  return done;
+}
+
+PyObject* py_uninstall(PyObject*, PyObject*) {
+  g_active.store(false);
+  try {
+    g_lib->reset();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* py_set_after_op(PyObject*, PyObject* arg) {
+  Py_XDECREF(g_after_op);
+  g_after_op = nullptr;
+  if (arg != Py_None) {
+    Py_INCREF(arg);
+    g_after_op = arg;
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* py_set_active(PyObject*, PyObject* arg) {
+  g_active.store(PyObject_IsTrue(arg) == 1);
+  Py_RETURN_NONE;
+}
+
+PyObject* py_drain(PyObject*, PyObject*) {
+  std::vector<uint8_t> out;
+  uint64_t dropped, records;
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    out.swap(S->buf);
+    S->buf.reserve(out.capacity() < (64u << 10) ? (64u << 10) : std::min(out.capacity(), S->cap));
+    dropped = S->dropped;
+    records = S->records;
+    S->dropped = 0;
+    S->records = 0;
+  }
+  PyObject* data = PyBytes_FromStringAndSize((const char*)out.data(), Py_ssize_t(out.size()));
+  if (data == nullptr) return nullptr;
+  return Py_BuildValue("(NKK)", data, (unsigned long long)records, (unsigned long long)dropped);
+}
+
+PyObject* py_take_groups(PyObject*, PyObject*) {
+  std::vector<std::pair<int32_t, std::string>> groups;
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    groups.swap(S->new_groups);
+  }
+  PyObject* out = PyList_New(0);
+  for (auto& [gid, name] : groups) {
+    PyObject* t = Py_BuildValue("(is#)", gid, name.data(), Py_ssize_t(name.size()));
+    if (t == nullptr) {
+      PyErr_Clear();
+      continue;
+    }
+    PyList_Append(out, t);
+    Py_DECREF(t);
+  }
+  return out;
+}
+
+PyObject* py_take_sites(PyObject*, PyObject*) {
+  PyObject* out = PyList_New(0);
+  for (auto& [sid, code, lasti] : *g_new_sites) {
+    PyObject* t = Py_BuildValue("(iOi)", sid, code, lasti);
+    PyList_Append(out, t);
+    Py_DECREF(t);
+  }
+  g_new_sites->clear();
+  return out;
+}
+
+// stuck(now_ns, limit_ns) -> [(op id, thread id, parent id, waiting)] newly past the limit
+PyObject* py_stuck(PyObject*, PyObject* args) {
+  long long now, limit;
+  if (!PyArg_ParseTuple(args, "LL", &now, &limit)) return nullptr;
+  std::vector<std::tuple<uint64_t, uint64_t, uint64_t, bool>> hits;
+  size_t count;
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    count = S->inflight.size();
+    for (auto& [id, f] : S->inflight.items) {
+      if (f.reported || now - f.ts < limit) continue;
+      f.reported = true;
+      hits.emplace_back(id, f.tid, f.parent, f.waiting);
+    }
+    for (auto& h : hits) {  // an outer op in flight gets the stack instead
+      uint64_t parent = std::get<2>(h);
+      if (parent && S->inflight.contains(parent)) std::get<0>(h) = 0;
+    }
+  }
+  PyObject* out = PyList_New(0);
+  for (auto& [id, tid, parent, waiting] : hits) {
+    if (id == 0) continue;
+    PyObject* t = Py_BuildValue("(KKKO)", (unsigned long long)id, (unsigned long long)tid,
+                                (unsigned long long)parent, waiting ? Py_True : Py_False);
+    PyList_Append(out, t);
+    Py_DECREF(t);
+  }
+  return Py_BuildValue("(Nn)", out, Py_ssize_t(count));
+}
+
+// poll_devices(): record completion of CUDA ops whose Work finished (non-blocking).
+PyObject* py_poll_devices(PyObject*, PyObject*) {
+  std::vector<PendingDevice> pending;
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    if (S->device_pending.empty()) Py_RETURN_NONE;
+    pending.swap(S->device_pending);
+  }
+  std::vector<PendingDevice> keep;
+  Py_BEGIN_ALLOW_THREADS
+  for (auto& p : pending) {
+    bool done = false, error = false;
+    std::string msg;
+    try {
+      done = p.work->isCompleted();
+      if (done) error = !p.work->isSuccess();
+    } catch (const std::exception& e) {
+      done = error = true;
+      msg = e.what();
+    }
+    if (!done) {
+      keep.push_back(std::move(p));
+      continue;
+    }
+    int64_t gpu_ns = -1;
+    try {
+      float ms = p.work->getDuration();
+      if (ms >= 0) gpu_ns = int64_t(double(ms) * 1e6);
+    } catch (...) {
+    }
+    std::lock_guard<std::mutex> g(S->mu);
+    size_t len = sizeof(Header) + sizeof(DoneBody);
+    if (uint8_t* q = reserve(len)) {
+      put_header(q, REC_DONE, uint8_t((error ? FLAG_ERROR : 0) | FLAG_APPROX), uint32_t(len), now_ns(), p.id);
+      DoneBody b{gpu_ns};
+      std::memcpy(q + sizeof(Header), &b, sizeof b);
+    }
+    if (p.role == ROLE_TOP || p.role == ROLE_ANNOTATED || p.role == ROLE_NESTED)
+      complete_locked(p.id, p.role, error, msg, true);
+  }
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    for (auto& p : keep) S->device_pending.push_back(std::move(p));
+  }
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+// enter(kind, name, fragment, group, peer, direction) -> op id: a logical op described by Python
+// (varlen ops, batch_isend_irecv).  Its collectives become nested (or, for a container, its
+// children).  ``fragment`` is the JSON of its static fields; a collective (direction 0) or a
+// p2p op (1 send, 2 recv, with peer as a group rank) takes the group's next sequence number.
+PyObject* py_enter(PyObject*, PyObject* args) {
+  int kind, name, peer, direction;
+  const char* frag;
+  Py_ssize_t frag_len;
+  const char* group;
+  if (!PyArg_ParseTuple(args, "iiy#sii", &kind, &name, &frag, &frag_len, &group, &peer, &direction)) return nullptr;
+  Frame fr;
+  fr.id = S->next_id.fetch_add(1, std::memory_order_relaxed);
+  fr.name = name;
+  fr.site = current_site();
+  fr.ts = now_ns();
+  fr.parent = t_frames.empty() ? 0 : t_frames.back().id;
+  fr.kind = uint8_t(kind);
+  fr.async_hint = false;
+  fr.child_seen = true;
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    int32_t gid = group_id_by_name_locked(group);
+    int64_t seq = -1;
+    if (kind != KIND_CONTAINER && t_frames.empty())
+      seq = next_seq_locked(gid, Dir(direction), peer);
+    size_t n = size_t(frag_len) > 60000 ? 60000 : size_t(frag_len);
+    size_t len = sizeof(Header) + 8 + 8 + 4 + 4 + 8 + 2 + n;
+    if (uint8_t* p = reserve(len)) {
+      put_header(p, REC_RBEGIN, 0, uint32_t(len), fr.ts, fr.id, uint16_t(kind));
+      uint8_t* q = p + sizeof(Header);
+      uint64_t tid = thread_id();
+      std::memcpy(q, &tid, 8);
+      std::memcpy(q + 8, &fr.parent, 8);
+      std::memcpy(q + 16, &fr.site, 4);
+      std::memcpy(q + 20, &gid, 4);
+      std::memcpy(q + 24, &seq, 8);
+      uint16_t n16 = uint16_t(n);
+      std::memcpy(q + 32, &n16, 2);
+      std::memcpy(q + 34, frag, n);
+    }
+    S->inflight.put(fr.id, Inflight{fr.ts, thread_id(), fr.parent, false, false});
+  }
+  uint64_t id = fr.id;
+  t_frames.push_back(std::move(fr));
+  return PyLong_FromUnsignedLongLong(id);
+}
+
+// exit(op_id, error_text_or_None) -> tuple of the container's children ids
+PyObject* py_exit(PyObject*, PyObject* args) {
+  unsigned long long id;
+  PyObject* text;
+  if (!PyArg_ParseTuple(args, "KO", &id, &text)) return nullptr;
+  if (t_frames.empty() || t_frames.back().id != id) {
+    PyErr_SetString(PyExc_RuntimeError, "commscope: exit() does not match the innermost enter()");
+    return nullptr;
+  }
+  Frame fr = std::move(t_frames.back());
+  t_frames.pop_back();
+  std::string msg;
+  bool error = text != Py_None;
+  if (error) {
+    Py_ssize_t n = 0;
+    const char* c = PyUnicode_AsUTF8AndSize(text, &n);
+    if (c == nullptr)
+      PyErr_Clear();
+    else
+      msg.assign(c, size_t(n));
+  }
+  std::vector<uint64_t> children = fr.children;
+  record_exit(fr, error, msg);
+  PyObject* out = PyTuple_New(Py_ssize_t(children.size()));
+  for (size_t i = 0; i < children.size(); i++)
+    PyTuple_SET_ITEM(out, Py_ssize_t(i), PyLong_FromUnsignedLongLong(children[i]));
+  return out;
+}
+
+// track(work, ids): Work.wait() on ``work`` is recorded as waits of these ops.
+PyObject* py_track(PyObject*, PyObject* args) {
+  PyObject *work, *ids;
+  if (!PyArg_ParseTuple(args, "OO", &work, &ids)) return nullptr;
+  PyObject* seq = PySequence_Fast(ids, "ids must be a sequence");
+  if (seq == nullptr) return nullptr;
+  std::vector<uint64_t> v;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+    unsigned long long x = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      continue;
+    }
+    v.push_back(uint64_t(x));
+  }
+  Py_DECREF(seq);
+  if (!v.empty()) track_work(work, std::move(v));
+  Py_RETURN_NONE;
+}
+
+// unwaited() -> op ids of tracked async work never waited on (collected or still alive)
+PyObject* py_unwaited(PyObject*, PyObject*) {
+  PyObject* out = PyList_New(0);
+  auto add = [&](uint64_t id) {
+    PyObject* x = PyLong_FromUnsignedLongLong(id);
+    PyList_Append(out, x);
+    Py_DECREF(x);
+  };
+  for (uint64_t id : *g_unwaited_lost) add(id);
+  for (auto& [obj, t] : *g_tracked)
+    for (uint64_t id : t.ids) add(id);
+  return out;
+}
+
+PyObject* py_reset_seqs(PyObject*, PyObject*) {
+  std::lock_guard<std::mutex> g(S->mu);
+  S->coll_seq.clear();
+  S->p2p_seq.clear();
+  S->gid_by_pg.clear();
+  Py_RETURN_NONE;
+}
+
+PyObject* py_stats(PyObject*, PyObject*) {
+  std::lock_guard<std::mutex> g(S->mu);
+  return Py_BuildValue("{s:K,s:K,s:n,s:n,s:n,s:n}", "seen", (unsigned long long)g_seen.load(), "dropped_total",
+                       (unsigned long long)S->dropped_total, "buffered", Py_ssize_t(S->buf.size()), "inflight",
+                       Py_ssize_t(S->inflight.size()), "tracked", Py_ssize_t(g_tracked->size()), "groups",
+                       Py_ssize_t(S->gid_by_name.size()));
+}
+
+PyObject* py_set_capacity(PyObject*, PyObject* arg) {
+  Py_ssize_t cap = PyLong_AsSsize_t(arg);
+  if (cap <= 0 && PyErr_Occurred()) return nullptr;
+  std::lock_guard<std::mutex> g(S->mu);
+  S->cap = size_t(cap);
+  Py_RETURN_NONE;
+}
+
+PyObject* py_scalar_type_names(PyObject*, PyObject*) {
+  PyObject* out = PyList_New(0);
+  for (int i = 0; i < int(c10::ScalarType::NumOptions); i++) {
+    PyObject* s = PyUnicode_FromString(c10::toString(c10::ScalarType(i)));
+    PyList_Append(out, s);
+    Py_DECREF(s);
+  }
+  return out;
+}
+
+PyObject* py_layout(PyObject*, PyObject*) {  // checked by the decoder's tests
+  return Py_BuildValue("{s:n,s:n,s:n,s:n}", "header", Py_ssize_t(sizeof(Header)), "begin",
+                       Py_ssize_t(sizeof(BeginBody)), "done", Py_ssize_t(sizeof(DoneBody)), "source",
+                       Py_ssize_t(sizeof(SourceBody)));
+}
+
+void after_fork_child() {
+  // A forked child (DataLoader worker) records nothing, and must not wait on a lock that
+  // a thread of the parent held at fork time.
+  g_active.store(false);
+  new (&S->mu) std::mutex();
+  S->buf.clear();
+  S->records = 0;
+  S->inflight.clear();
+  S->device_pending.clear();
+}
+
+PyMethodDef methods[] = {
+    {"install", py_install, METH_VARARGS, "install(ops, is_internal, work_type) -> registered op names"},
+    {"uninstall", py_uninstall, METH_NOARGS, "stop observing and remove the kernels"},
+    {"set_active", py_set_active, METH_O, "pause or resume recording"},
+    {"set_after_op", py_set_after_op, METH_O, "call this once after the next recorded call returns"},
+    {"drain", py_drain, METH_NOARGS, "drain() -> (packed records, their count, records dropped since the last drain)"},
+    {"take_groups", py_take_groups, METH_NOARGS, "new (gid, name) since the last call"},
+    {"take_sites", py_take_sites, METH_NOARGS, "new (site id, code, lasti) since the last call"},
+    {"stuck", py_stuck, METH_VARARGS, "stuck(now_ns, limit_ns) -> ([(id, tid, parent, waiting)], in flight)"},
+    {"poll_devices", py_poll_devices, METH_NOARGS, "record completed CUDA work"},
+    {"enter", py_enter, METH_VARARGS, "enter(kind, name, fragment, group, peer, direction) -> op id"},
+    {"exit", py_exit, METH_VARARGS, "exit(op id, error text or None) -> container children ids"},
+    {"track", py_track, METH_VARARGS, "track(work, ids)"},
+    {"unwaited", py_unwaited, METH_NOARGS, "op ids of async work never waited on"},
+    {"reset_seqs", py_reset_seqs, METH_NOARGS, "forget sequence numbers (the process group was destroyed)"},
+    {"stats", py_stats, METH_NOARGS, "counters"},
+    {"set_capacity", py_set_capacity, METH_O, "buffer capacity in bytes"},
+    {"scalar_type_names", py_scalar_type_names, METH_NOARGS, "c10 ScalarType names by code"},
+    {"layout", py_layout, METH_NOARGS, "record struct sizes"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "commscope_native", "commscope's native recorder", -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit_commscope_native(void) {
+  if (S == nullptr) {
+    S = new State();
+    g_lib = new std::unique_ptr<torch::Library>();
+    g_specs = new std::unordered_map<std::string, OpSpec>();
+    g_code_internal = new std::unordered_map<PyObject*, int8_t>();
+    g_sites = new std::map<std::pair<PyObject*, int>, int32_t>();
+    g_new_sites = new std::vector<std::tuple<int32_t, PyObject*, int>>();
+    g_tracked = new std::unordered_map<PyObject*, Tracked>();
+    g_unwaited_lost = new std::vector<uint64_t>();
+    pthread_atfork(nullptr, nullptr, after_fork_child);
+  }
+  WrapperType.tp_name = "commscope_native.Wrapper";
+  WrapperType.tp_basicsize = sizeof(WrapperObject);
+  WrapperType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
+  WrapperType.tp_new = wrapper_new;
+  WrapperType.tp_dealloc = wrapper_dealloc;
+  WrapperType.tp_traverse = wrapper_traverse;
+  WrapperType.tp_clear = wrapper_clear;
+  WrapperType.tp_call = PyVectorcall_Call;
+  WrapperType.tp_vectorcall_offset = offsetof(WrapperObject, vectorcall);
+  WrapperType.tp_dictoffset = offsetof(WrapperObject, dict);
+  WrapperType.tp_weaklistoffset = offsetof(WrapperObject, weakrefs);
+  WrapperType.tp_getset = wrapper_getset;
+  WrapperType.tp_doc = "Wrapper(orig, name, kind, async_hint=False): calls orig, recording it";
+  if (PyType_Ready(&WrapperType) < 0) return nullptr;
+  WaitType.tp_name = "commscope_native.WaitWrapper";
+  WaitType.tp_basicsize = sizeof(WaitObject);
+  WaitType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  WaitType.tp_new = wait_new;
+  WaitType.tp_dealloc = wait_dealloc;
+  WaitType.tp_call = PyVectorcall_Call;
+  WaitType.tp_vectorcall_offset = offsetof(WaitObject, vectorcall);
+  WaitType.tp_descr_get = wait_get;
+  WaitType.tp_getset = wait_getset;
+  WaitType.tp_doc = "WaitWrapper(orig_wait): a Work.wait that records waits of tracked work";
+  if (PyType_Ready(&WaitType) < 0) return nullptr;
+  PyObject* m = PyModule_Create(&module_def);
+  if (m == nullptr) return nullptr;
+  Py_INCREF(&WrapperType);
+  PyModule_AddObject(m, "Wrapper", (PyObject*)&WrapperType);
+  Py_INCREF(&WaitType);
+  PyModule_AddObject(m, "WaitWrapper", (PyObject*)&WaitType);
+  PyModule_AddIntConstant(m, "KIND_PLAIN", KIND_PLAIN);
+  PyModule_AddIntConstant(m, "KIND_ANNOTATE", KIND_ANNOTATE);
+  PyModule_AddIntConstant(m, "KIND_RICH", KIND_RICH);
+  PyModule_AddIntConstant(m, "KIND_CONTAINER", KIND_CONTAINER);
+  return m;
+}

@@ -1,0 +1,138 @@
+"""The native op source: every c10d collective observed in C++, named and placed by thin wrappers.
+
+``commscope_native.cpp`` does the per-op work (see its header).  This module installs it
+(``patch.install_native``), and on the recorder thread moves what it recorded into the
+trace: one ``block`` event per tick holding the packed records as they are (decoded by
+the readers, ``commscope.blocks``), preceded by the ``group`` and ``site`` events that
+give the block's ids their names.  The thread never touches an op one by one.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import torch.distributed as dist
+
+from commscope import blocks
+from commscope import events as E
+from commscope.events import encode as _dumps
+from commscope.record import callsite, ops, patch
+
+#: Names of the wrapped functions, by the id the native records carry.
+NAMES: tuple[str, ...] = (*ops.TORCH_OPS, "batch_isend_irecv", *ops.VARLEN_OPS)
+NAME_ID = {n: i for i, n in enumerate(NAMES)}
+
+
+class NativeOps:
+    """Op capture by the native recorder."""
+
+    name = "native"
+
+    def __init__(self, rec: Any, module: ModuleType):
+        self.rec = rec
+        self.m = module
+        self._dropped = 0
+        self._inflight = 0
+        self.gpu_index: int | None = None
+        self.cuda = None
+        self.registered: list[str] = []
+
+    # ------------------------------------------------------------------ install
+    def install(self) -> None:
+        self.registered = self.m.install([op for op, _ in blocks.C10D_OPS], callsite.is_internal, dist.Work)
+        patch.install_native(self)
+
+    def uninstall(self) -> None:
+        patch.uninstall()
+        self.m.uninstall()
+
+    def request_settle(self) -> None:
+        """Settle the job id on the training thread right after its next completed op."""
+        self.m.set_after_op(self.rec.settle_job)
+
+    # ------------------------------------------------------------------ the thread's side
+    def collect(self, now: int, final: bool, emit, out, rank: int | None) -> None:
+        if rank is None:
+            return  # records wait in the native buffer until the rank is known
+        m = self.m
+        m.poll_devices()
+        data, count, dropped = m.drain()
+        self._dropped += dropped
+        for gid, name in m.take_groups():  # before the block that uses them
+            emit(self._group_event(gid, name, now))
+        for sid, code, lasti in m.take_sites():
+            emit({"type": blocks.SITE, "ts": now, "site": sid, "text": callsite.code_site(code, lasti)})
+        if count:
+            out(blocks.encode_block(data, rank, now, count))
+
+    def _group_event(self, gid: int, name: str, now: int) -> dict:
+        ev: dict[str, Any] = {"type": E.GROUP, "ts": now, "group": name, "gid": gid}
+        try:
+            for pg, pg_name in list(patch.c10d._world.pg_names.items()):
+                if str(pg_name) == name:
+                    ev["granks"] = list(dist.get_process_group_ranks(pg))
+                    ev["backend"] = str(dist.get_backend(pg))
+                    break
+        except Exception:
+            pass  # destroyed already: members are inferred from the trace
+        return ev
+
+    def dropped(self) -> int:
+        return self._dropped
+
+    def stuck(self, now: int, limit: int) -> list[tuple[int, int]]:
+        hits, self._inflight = self.m.stuck(now, limit)
+        return [(op_id, tid) for op_id, tid, _parent, _waiting in hits]
+
+    def inflight(self) -> int:
+        return self._inflight
+
+    def unwaited(self) -> list[int]:
+        return self.m.unwaited()
+
+    def meta(self) -> dict:
+        return {"recorder": "native", "names": list(NAMES), "dtypes": self.m.scalar_type_names()}
+
+    def on_destroy(self, whole_job: bool) -> None:
+        if whole_job:
+            self.m.reset_seqs()
+
+    def after_fork(self) -> None:
+        self.m.set_active(False)  # the extension's own fork handler does the rest
+
+    def poll_fr_soon(self) -> None:
+        pass
+
+    # ------------------------------------------------------------------ logical ops described in Python
+    def describe(self, name: str, a: tuple) -> tuple[bytes, str, int, int] | None:
+        """(JSON fragment, group name, peer as a group rank, direction code) of a varlen or
+        batch op from its extractor tuple (``ops.OpArgs``); None when torch will decide."""
+        pg, peer, direction, root, redop, async_op, ins, outs = a
+        if pg is None:
+            pg = patch.default_group()
+            if pg is None:
+                return None
+        try:
+            gname = str(pg.group_name)
+            granks = dist.get_process_group_ranks(pg)
+        except Exception:
+            return None
+        if isinstance(peer, tuple):
+            peer = granks[peer[1]] if 0 <= peer[1] < len(granks) else None
+        if isinstance(root, tuple):
+            root = granks[root[1]] if 0 <= root[1] < len(granks) else None
+        idesc = ib = odesc = ob = None
+        if ins:
+            idesc = tuple((t.shape, t.dtype) for t in ins)
+            ib = sum(t.nbytes for t in ins)
+        if outs:
+            odesc = tuple((t.shape, t.dtype) for t in outs)
+            ob = sum(t.nbytes for t in outs)
+        fields = ops.begin_fields(name, gname, peer, direction, root, redop,
+                                  idesc if idesc and len(idesc) > 1 else (idesc[0] if idesc else None), ib,
+                                  odesc if odesc and len(odesc) > 1 else (odesc[0] if odesc else None), ob,
+                                  bool(async_op), None, False, None)
+        group_peer = granks.index(peer) if peer is not None and peer in granks else -1
+        code = {"send": 1, "recv": 2}.get(direction or "", 0)
+        return _dumps(fields)[1:-1], gname, group_peer, code
