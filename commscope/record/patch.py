@@ -18,6 +18,8 @@ machines where the native recorder cannot be built).  ``ACTIVE`` is the op sourc
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.util
 import sys
 import time
 from typing import Any
@@ -290,12 +292,25 @@ def install_python(source: Any) -> None:
 
 
 # --------------------------------------------------------------------------- native path
-#: Functional collectives (DTensor, tensor parallel): their collectives get the caller's
-#: call site.  Called inside another recorded call, they are its traffic.
-FUNCOL_OPS = ("broadcast", "all_reduce", "all_gather_tensor", "all_gather_tensor_autograd", "reduce_scatter_tensor",
-              "reduce_scatter_tensor_autograd", "all_reduce_coalesced", "all_gather_into_tensor_coalesced",
-              "reduce_scatter_tensor_coalesced", "all_to_all_single", "all_to_all_single_autograd",
-              "permute_tensor")
+#: torch's own entry points to collectives (functional collectives, DTensor's helpers, the
+#: c10d functions torch calls internally), by module.  Wrapped to lend the collectives
+#: they issue the caller's call site; inside another recorded call they are its traffic.
+#: ``isend``/``irecv`` of distributed_c10d stay: ``batch_isend_irecv`` compares them by identity.
+ANNOTATE: dict[str, tuple[str, ...]] = {
+    "torch.distributed.distributed_c10d": tuple(n for n in O.TORCH_OPS if n not in ("isend", "irecv")),
+    "torch.distributed._functional_collectives": (
+        "broadcast", "all_reduce", "all_gather_tensor", "all_gather_tensor_autograd", "reduce_scatter_tensor",
+        "reduce_scatter_tensor_autograd", "all_reduce_coalesced", "all_gather_into_tensor_coalesced",
+        "reduce_scatter_tensor_coalesced", "all_to_all_single", "all_to_all_single_autograd", "permute_tensor",
+        "all_gather_single", "reduce_scatter_single", "all_gather_single_coalesced",
+        "reduce_scatter_single_coalesced"),
+    "torch.distributed._functional_collectives_impl": (
+        "_broadcast", "_all_reduce", "_all_reduce_coalesced", "_all_gather_into_tensor",
+        "_all_gather_into_tensor_coalesced", "_reduce_scatter_tensor", "_reduce_scatter_tensor_coalesced",
+        "_all_to_all_single", "_isend", "_irecv", "_batch_p2p_ops"),
+    "torch.distributed.tensor._collective_utils": ("broadcast", "scatter", "mesh_scatter", "mesh_broadcast",
+                                                   "shard_dim_alltoall"),
+}
 
 
 def install_native(source: Any) -> None:
@@ -312,21 +327,81 @@ def install_native(source: Any) -> None:
         _set(dist, name, _native_wrapper(m, _unwrap(orig), names[name], m.KIND_PLAIN, name in ("isend", "irecv")))
     _set(dist, "batch_isend_irecv", _native_batch_wrapper(source, _unwrap(dist.batch_isend_irecv)))
     ensure_wait_patched(dist.Work, native=m)
-    try:
-        import torch.distributed._functional_collectives as funcol  # noqa: PLC0415
-    except Exception:
-        funcol = None
-    if funcol is not None:
-        for name in FUNCOL_OPS:
-            orig = getattr(funcol, name, None)
-            if callable(orig):
-                _set(funcol, name, _native_wrapper(m, _unwrap(orig), -1, m.KIND_ANNOTATE, False))
+    for module, names in ANNOTATE.items():
+        when_imported(module, lambda mod, names=names: _annotate(m, mod, names))
     if varlen is not None:
         for name, extract in O.VARLEN_OPS.items():
             orig = getattr(varlen, name, None)
             if orig is not None:
                 _set(varlen, name, _native_rich_wrapper(source, name, _unwrap(orig), extract))
     ACTIVE = source
+
+
+def _annotate(m: Any, module: Any, names: tuple[str, ...]) -> None:
+    if ACTIVE is None and not _saved:
+        return  # uninstalled meanwhile
+    for name in names:
+        orig = vars(module).get(name)
+        if callable(orig) and not isinstance(orig, type):
+            _set(module, name, _native_wrapper(m, _unwrap(orig), -1, m.KIND_ANNOTATE, False))
+
+
+class _Hook(importlib.abc.MetaPathFinder):
+    """Runs callbacks right after a module is first imported (DTensor's modules are usually
+    imported after commscope installs itself)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, list] = {}
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.pending:
+            return None
+        sys.meta_path.remove(self)  # find the real spec without finding ourselves
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _HookLoader(spec.loader, self.pending.pop(name))
+        return spec
+
+
+class _HookLoader(importlib.abc.Loader):
+    def __init__(self, inner: Any, callbacks: list):
+        self.inner, self.callbacks = inner, callbacks
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = self.inner
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.inner
+        self.inner.exec_module(module)
+        for cb in self.callbacks:
+            try:
+                cb(module)
+            except Exception:
+                pass  # recording must never break an import
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+_hook: _Hook | None = None
+
+
+def when_imported(name: str, callback: Any) -> None:
+    """``callback(module)`` now if ``name`` is imported, else right after its import."""
+    global _hook
+    module = sys.modules.get(name)
+    if module is not None:
+        callback(module)
+        return
+    if _hook is None:
+        _hook = _Hook()
+        sys.meta_path.insert(0, _hook)
+    _hook.pending.setdefault(name, []).append(callback)
 
 
 def source_names(source: Any) -> dict[str, int]:
@@ -428,8 +503,12 @@ def _native_batch_wrapper(source: Any, orig: Any) -> Any:
 
 
 def uninstall() -> None:
-    global ACTIVE
+    global ACTIVE, _hook
     ACTIVE = None
+    if _hook is not None:
+        if _hook in sys.meta_path:
+            sys.meta_path.remove(_hook)
+        _hook = None
     while _saved:
         owner, attr, original, existed = _saved.pop()
         if existed:

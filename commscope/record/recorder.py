@@ -177,6 +177,14 @@ class Recorder:
             time.sleep(0.002)
         return self._ticks >= target
 
+    def pause(self) -> None:
+        """Put torch.distributed back exactly as it was, keeping the thread and the trace
+        (benchmarks alternate raw and recorded rounds in one process with this)."""
+        self.ops.uninstall()
+
+    def resume(self) -> None:
+        self.ops.install()
+
     def mark_exit(self, reason: str) -> None:
         """Note a clean shutdown once; its ``exit`` event follows everything recorded before."""
         if self.exited:

@@ -58,7 +58,7 @@ enum RecType : uint8_t {
 enum Role : uint8_t {
   ROLE_TOP = 0,        // issued outside any wrapped call (C++: DDP, functional collectives)
   ROLE_MERGED = 1,     // the collective of a wrapped torch.distributed call: one op, Python's name
-  ROLE_ANNOTATED = 2,  // the collective of a wrapped functional collective: ends at completion
+  ROLE_ANNOTATED = 2,  // a collective inside a call that lends it its call site (torch internals)
   ROLE_NESTED = 3,     // further traffic inside a logical op
   ROLE_CHILD = 4,      // a p2p op of a container (batch_isend_irecv): own seq, parent set
   ROLE_LOGICAL = 5,    // a wrapped call that dispatched no collective (it failed before)
@@ -175,10 +175,13 @@ struct GroupEntry {
   std::string name;
 };
 
+// Work whose completion the thread polls (non-blocking): CUDA work (its future completes at
+// enqueue) and work without a future.
 struct PendingDevice {
   c10::intrusive_ptr<c10d::Work> work;
   uint64_t id;
   uint8_t role;
+  bool device = true;
 };
 
 struct State {
@@ -442,31 +445,34 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
     parent = frame->id;
     if (frame->kind == KIND_CONTAINER)
       role = ROLE_CHILD;
+    else if (frame->kind == KIND_ANNOTATE)
+      role = ROLE_ANNOTATED;  // every collective inside: its own op, with the frame's call site
     else if (frame->kind == KIND_RICH || frame->child_seen)
       role = ROLE_NESTED;
     else
-      role = frame->kind == KIND_ANNOTATE ? ROLE_ANNOTATED : ROLE_MERGED;
+      role = ROLE_MERGED;
   }
   const bool ends_at_completion = role == ROLE_TOP || role == ROLE_ANNOTATED || role == ROLE_NESTED;
-  const bool merged = role == ROLE_MERGED || role == ROLE_ANNOTATED;
-  const uint64_t rec_parent = merged ? frame->parent : parent;
+  const bool merged = role == ROLE_MERGED;
+  const bool framed = role == ROLE_MERGED || role == ROLE_ANNOTATED;  // name/site from the wrapped call
+  const uint64_t rec_parent = framed ? frame->parent : parent;
   uint64_t id;
   int32_t gid;
   {
     std::lock_guard<std::mutex> g(S->mu);
     gid = group_id_locked(pg);
     int64_t seq = -1;
-    if (role == ROLE_MERGED || role == ROLE_ANNOTATED) {
+    if (merged) {
       id = frame->id;  // the wrapped call and its collective are one op
-      frame->child_seen = true;
     } else {
       id = S->next_id.fetch_add(1, std::memory_order_relaxed);
     }
+    if (framed) frame->child_seen = true;
     if (role != ROLE_NESTED) seq = next_seq_locked(gid, spec->dir, peer);
     if (role == ROLE_CHILD) frame->children.push_back(id);
     size_t len = sizeof(Header) + sizeof(BeginBody) + t_enc_in.size() + t_enc_out.size();
     uint8_t* p = reserve(len);
-    int64_t ts = (role == ROLE_MERGED || role == ROLE_ANNOTATED) ? frame->ts : now_ns();
+    int64_t ts = merged ? frame->ts : now_ns();
     if (p) {
       uint8_t flags = ((async_op || (frame && frame->async_hint && role == ROLE_MERGED)) ? FLAG_ASYNC : 0) |
                       (ends_at_completion ? FLAG_ENDS_AT_COMPLETION : 0);
@@ -474,8 +480,8 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
       BeginBody b{};
       b.tid = thread_id();
       b.parent = rec_parent;
-      b.name = (role == ROLE_MERGED || role == ROLE_ANNOTATED) ? frame->name : -1;
-      b.site = (role == ROLE_MERGED || role == ROLE_ANNOTATED) ? frame->site : -1;
+      b.name = merged ? frame->name : -1;
+      b.site = (framed || role == ROLE_CHILD) ? frame->site : -1;
       b.opcode = spec->opcode;
       b.gid = gid;
       b.seq = seq;
@@ -534,7 +540,7 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
   }
   if (device >= 0) {  // CUDA: the future completes at enqueue; poll the work instead
     std::lock_guard<std::mutex> g(S->mu);
-    if (S->device_pending.size() < 65536) S->device_pending.push_back(PendingDevice{work, id, role});
+    if (S->device_pending.size() < 65536) S->device_pending.push_back(PendingDevice{work, id, role, true});
     return;
   }
   c10::intrusive_ptr<c10::ivalue::Future> fut;
@@ -542,8 +548,12 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
     fut = work->getFuture();
   } catch (...) {
   }
-  if (!fut) {
-    if (ends_at_completion) on_completed(id, role, false, std::string(), true);
+  if (!fut) {  // no future (Gloo's send/recv work): the thread polls the work instead
+    std::lock_guard<std::mutex> g(S->mu);
+    if (S->device_pending.size() < 65536)
+      S->device_pending.push_back(PendingDevice{work, id, role, false});
+    else if (ends_at_completion)
+      complete_locked(id, role, false, std::string(), true);
     return;
   }
   c10::weak_intrusive_ptr<c10d::Work> weak(work);
@@ -710,8 +720,8 @@ void record_exit(Frame& fr, bool error, const std::string& text) {
   if (!fr.child_seen && (fr.kind == KIND_PLAIN || fr.kind == KIND_ANNOTATE)) {
     if (!error) return;  // nothing dispatched, nothing failed: e.g. a group this rank is not in
     write_logical_begin_locked(fr, ROLE_LOGICAL);
-  } else if (fr.kind == KIND_ANNOTATE && !error) {
-    return;  // ends when its collective completes
+  } else if (fr.kind == KIND_ANNOTATE) {
+    return;  // not an op itself: its collectives end (or fail) when they complete
   }
   auto src = S->resolved_source.find(fr.id);
   if (src != S->resolved_source.end()) {
@@ -769,8 +779,11 @@ struct WrapperObject {
 PyObject* wrapper_vectorcall(PyObject* self_, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto* self = (WrapperObject*)self_;
   // Inside another recorded call (a varlen op calling torch.distributed), this call's
-  // collectives are that call's nested traffic: no frame of its own.
-  if (!g_active.load(std::memory_order_relaxed) || !t_frames.empty())
+  // collectives are that call's nested traffic: no frame of its own.  Only a call that
+  // merely lends its call site (ANNOTATE: torch's internal entry points) lets a wrapped
+  // torch.distributed call inside it be an op of its own.
+  if (!g_active.load(std::memory_order_relaxed) ||
+      (!t_frames.empty() && (t_frames.back().kind != KIND_ANNOTATE || self->kind == KIND_ANNOTATE)))
     return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
   Frame fr;
   fr.id = S->next_id.fetch_add(1, std::memory_order_relaxed);
@@ -1155,14 +1168,17 @@ PyObject* py_poll_devices(PyObject*, PyObject*) {
       continue;
     }
     int64_t gpu_ns = -1;
-    try {
-      float ms = p.work->getDuration();
-      if (ms >= 0) gpu_ns = int64_t(double(ms) * 1e6);
-    } catch (...) {
+    if (p.device) {
+      try {
+        float ms = p.work->getDuration();
+        if (ms >= 0) gpu_ns = int64_t(double(ms) * 1e6);
+      } catch (...) {
+      }
     }
     std::lock_guard<std::mutex> g(S->mu);
     size_t len = sizeof(Header) + sizeof(DoneBody);
-    if (uint8_t* q = reserve(len)) {
+    uint8_t* q = p.device ? reserve(len) : nullptr;
+    if (q) {
       put_header(q, REC_DONE, uint8_t((error ? FLAG_ERROR : 0) | FLAG_APPROX), uint32_t(len), now_ns(), p.id);
       DoneBody b{gpu_ns};
       std::memcpy(q + sizeof(Header), &b, sizeof b);
