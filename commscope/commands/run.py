@@ -30,11 +30,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", help="job id shared by all ranks (default: agreed automatically per job)")
     p.add_argument("--sample-interval", type=float, metavar="SECONDS", help="resource sample period (default 1)")
     p.add_argument("--no-flight-recorder", action="store_true",
-                   help="do not enable PyTorch's Flight Recorder (C++ collectives such as DDP's go unseen)")
+                   help="never enable PyTorch's Flight Recorder (only the Python recorder uses it, for "
+                        "collectives issued from C++ such as DDP's)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
 
 
-def build_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> dict[str, str]:
+def build_env(args: argparse.Namespace, base: dict[str, str] | None = None, native: bool = True) -> dict[str, str]:
+    """The command's environment.  ``native``: the native recorder is ready, so Flight Recorder
+    (the Python recorder's only view of C++-issued collectives) stays off."""
     env = dict(os.environ if base is None else base)
     store = default_store(args.store)
     if not is_redis(store):
@@ -49,11 +52,23 @@ def build_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> d
         env["COMMSCOPE_SAMPLE_INTERVAL"] = str(args.sample_interval)
     if args.no_flight_recorder:
         env["COMMSCOPE_FLIGHT_RECORDER"] = "0"
-    else:
+    elif not native:
         env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")  # before any process group exists
     paths = [str(BOOTSTRAP_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
+
+
+def _native_ready() -> bool:
+    """Build the native recorder here, once, rather than in every rank at its first op."""
+    from commscope.record import native
+
+    if not native.enabled():
+        return False
+    try:
+        return native.load() is not None
+    except Exception:
+        return False
 
 
 def main(args: argparse.Namespace) -> int:
@@ -64,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise UsageError("give the command to run after --, e.g. commscope run -- torchrun --nproc-per-node 2 train.py")
-    env = build_env(args)
+    env = build_env(args, native=_native_ready())
     shown = redact(env[ENV_STORE])
     print(f"commscope: recording to {shown}", file=sys.stderr)
     print(f"commscope: watch it with:  commscope attach {shown}", file=sys.stderr)

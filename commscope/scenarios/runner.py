@@ -73,6 +73,16 @@ def cuda_devices() -> int:
 
 
 # ---------------------------------------------------------------------- rank side
+def _native_ready() -> bool:
+    """Whether the ranks will record natively (built here once, not in every rank)."""
+    from commscope.record import native
+
+    try:
+        return native.enabled() and native.load() is not None
+    except Exception:
+        return False
+
+
 def _rank_main(rank: int, world_size: int, worker: Any, ctx: DemoContext, pg_timeout: float) -> Any:
     """Runs in each worker process (launched by commscope.launch.Job with init=False)."""
     from datetime import timedelta
@@ -256,9 +266,10 @@ class DemoJob:
             # Hanging scenarios keep their ops blocked until the deadline, so the trace they
             # leave still shows the hang; the others get the usual generous timeout.
             pg_timeout = self.time_limit + 60.0 if self.scenario.hangs else max(60.0, self.time_limit)
-            env = {"TORCH_FR_BUFFER_SIZE": os.environ.get("TORCH_FR_BUFFER_SIZE", "2000"),
-                   "COMMSCOPE_JOB": self.job_id, "COMMSCOPE_STORE": self.store,
+            env = {"COMMSCOPE_JOB": self.job_id, "COMMSCOPE_STORE": self.store,
                    "COMMSCOPE_HANG_AFTER": str(self.hang_after)}
+            if not _native_ready():  # the Python recorder sees C++-issued collectives only this way
+                env["TORCH_FR_BUFFER_SIZE"] = os.environ.get("TORCH_FR_BUFFER_SIZE", "2000")
             self._job = Job(_rank_main, self.ranks, args=(self.scenario.worker, ctx, pg_timeout),
                             backend=self.backend, env=env, init=False)
             if not _ATEXIT:
