@@ -375,3 +375,41 @@ def unprintable(rank: int, ws: int, store: str) -> bool:
 
 def test_even_an_unprintable_exception_propagates_as_itself(tmp_path):
     assert run_ranks(unprintable, 1, args=(str(tmp_path),))[0].value is True
+
+
+def test_instrument_with_another_store_warns_and_keeps_the_running_one(tmp_path):
+    rec = commscope.instrument(tmp_path / "a", flight_recorder=False)
+    try:
+        with pytest.warns(RuntimeWarning, match=r"already recording to .*[/\\]a; instrument\(.*[/\\]b\)"):
+            again = commscope.instrument(tmp_path / "b")
+        assert again is rec and rec.store == str(tmp_path / "a")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert commscope.instrument() is rec  # no store named: nothing to warn about
+    finally:
+        commscope.uninstrument()
+
+
+def detail_work(rank: int, ws: int, store: str) -> float:
+    commscope.instrument(store, sample_interval=0.2)
+    x = torch.ones(4) * (rank + 1)
+    for _ in range(3):
+        dist.all_reduce(x)
+    dist.broadcast(x, src=0)
+    dist.barrier()
+    return float(x[0])
+
+
+def test_debug_detail_helper_groups_are_not_user_ops(tmp_path):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective with extra collectives on hidden
+    helper groups; those are the backend's own traffic, not ops of the job."""
+    store = tmp_path / "trace"
+    results = run_ranks(detail_work, 2, args=(str(store),), env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    assert [r.value for r in results] == [12.0, 12.0]  # (1 + 2), then doubled twice
+    events = read_events(store)
+    for rank in (0, 1):
+        top = [o for o in ops(events, rank) if not o.get("nested")]
+        assert [(o["op"], o["group"], o["seq"]) for o in top] == [
+            ("all_reduce", "0", 1), ("all_reduce", "0", 2), ("all_reduce", "0", 3), ("broadcast", "0", 4),
+            ("barrier", "0", 5)]
+        assert {e["group"] for e in of_type(events, "group", rank)} == {"0"}

@@ -46,22 +46,25 @@ def _writer_rate(rank: int, ws: int, store: str, n_ops: int, seconds: float) -> 
     from commscope.record.recorder import Recorder
 
     proc = psutil.Process()
-    rec = Recorder(store, flight_recorder=False, sample_interval=1.0)
+    # The Python recorder: one JSON event per op through the thread, the heavier pipeline
+    # (the native recorder moves whole blocks instead).
+    rec = Recorder(store, flight_recorder=False, sample_interval=1.0, source="python")
     rec.rank, rec.job = rank, "bench-writer-" + new_job_id()  # a store given by URL may hold earlier runs
-    patch.ACTIVE = rec
+    hot = rec.ops
+    patch.ACTIVE = hot
     wrapped = patch.make_wrapper("all_reduce", lambda *a, **k: None, ops.all_reduce)
     x = torch.ones(256)
     # 1. the recorder thread's pipeline alone
-    rec.QUEUE_CAP = 2 * n_ops + 10
+    hot.QUEUE_CAP = 2 * n_ops + 10
     for _ in range(n_ops):
         wrapped(x)
-    queued = len(rec.q)
+    queued = len(hot.q)
     assert rec._open_writer()
     t0 = time.perf_counter()
     rec._tick()
     alone = queued / (time.perf_counter() - t0)
     # 2. a producer saturating the hot path while the thread runs normally
-    rec.QUEUE_CAP = Recorder.QUEUE_CAP
+    hot.QUEUE_CAP = type(hot).QUEUE_CAP
     rss0 = proc.memory_info().rss
     stop = threading.Event()
     produced = [0]
@@ -90,7 +93,7 @@ def _writer_rate(rank: int, ws: int, store: str, n_ops: int, seconds: float) -> 
     written = _stored(rec.writer) - stored0
     patch.ACTIVE = None
     return {"alone": alone, "produced": produced[0] / elapsed, "written": written / elapsed,
-            "dropped": rec.hot_dropped, "peak_rss_delta": peak - rss0}
+            "dropped": hot.hot_dropped, "peak_rss_delta": peak - rss0}
 
 
 def _stored(writer: Any) -> int:

@@ -73,6 +73,11 @@ class NativeOps:
                 if str(pg_name) == name:
                     ev["granks"] = list(dist.get_process_group_ranks(pg))
                     ev["backend"] = str(dist.get_backend(pg))
+                    if "nccl" in ev["backend"]:  # CUDA event timing inside NCCL: GPU durations
+                        try:
+                            pg._enable_collectives_timing()
+                        except Exception:
+                            pass
                     break
         except Exception:
             pass  # destroyed already: members are inferred from the trace

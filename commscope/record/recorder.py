@@ -192,7 +192,9 @@ class Recorder:
         self.exited = True
         self._exit = (time.time_ns(), reason)
 
-    def stop(self, reason: str = "uninstrument", timeout: float = 3.0) -> None:
+    FINAL_WRITE_S = 0.8  # the last write's retries at shutdown; exit is never held longer than ~1 s
+
+    def stop(self, reason: str = "uninstrument", timeout: float = 1.0) -> None:
         self.mark_exit(reason)
         self._stop.set()
         self._wake.set()
@@ -368,24 +370,48 @@ class Recorder:
         self._retry_delay = min(self._retry_delay * 2, 10.0)
 
     def _write(self, final: bool) -> None:
+        if final:
+            self._write_final()
+            return
         pending = self.pending
-        if not pending or not self._open_writer():
+        if not pending or time.monotonic() < self._retry_at or not self._open_writer():
             return
-        if time.monotonic() < self._retry_at and not final:
-            return
-        batch = list(pending)
+        self._write_once()
+
+    def _write_once(self) -> bool:
+        pending = self.pending
         try:
-            self.writer.write(batch)
+            self.writer.write(list(pending))
         except StoreError as exc:
             for _ in range(min(exc.written, len(pending))):
                 pending.popleft()
             self._store_failed(str(exc))
-            return
+            return False
         pending.clear()
         if self._store_error is not None:
             self._store_error = None
             self._retry_delay = 0.5
-        if final:
+        return True
+
+    def _write_final(self) -> None:
+        """A last, bounded attempt; what still cannot be written is reported on stderr."""
+        deadline = time.monotonic() + self.FINAL_WRITE_S
+        while self.pending:
+            self._retry_at = 0.0
+            if self._open_writer() and self._write_once():
+                break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        if self.pending:
+            lost = len(self.pending)
+            records = sum(blocks.records_in_line(line) for line in self.pending
+                          if line.startswith(b'{"type":"block"'))
+            what = f"{lost} trace events" + (f" ({records} op records in blocks)" if records else "")
+            print(f"commscope: rank {self.rank}: {what} could not be written at exit to {redact(self.store)}: "
+                  f"{self._store_error or 'the store is unavailable'}", file=sys.stderr)
+            self.pending.clear()
+        if self.writer is not None:
             try:
                 self.writer.close()
             except Exception:
@@ -427,10 +453,17 @@ def prepare(store: Any = None, *, hang_after: float | None = None, capture_stack
     global _active, _atexit_registered
     with _lock:
         if _active is not None:
+            if store is not None and default_store(store) != _active.store:
+                warnings.warn(f"commscope: already recording to {redact(_active.store)}; instrument("
+                              f"{redact(default_store(store))}) changes nothing (call commscope.uninstrument() "
+                              "first to record elsewhere)", RuntimeWarning, stacklevel=3)
             return _active
         rec = Recorder(store, hang_after=hang_after, capture_stacks=capture_stacks,
                        sample_interval=sample_interval, flight_recorder=flight_recorder,
                        source=os.environ.get("COMMSCOPE_SOURCE") or None)
+        if rec.ops.name == "native":
+            # NCCL then times each collective with CUDA events (GPU durations in ``done``).
+            os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
         if flight_recorder and rec.ops.name == "python":
             # The Python path sees C++-issued collectives only through Flight Recorder, which
             # must be switched on before the first process group exists.
