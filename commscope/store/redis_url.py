@@ -18,10 +18,9 @@ import dataclasses
 import re
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from commscope.store.base import StoreError
+from commscope.store.base import StoreError, is_job_name
 
 SCHEMES = ("redis", "rediss", "unix")
-JOB_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,120}$")
 QUERY_KEYS = frozenset({"job", "maxlen", "timeout", "db", "password", "username", "ssl_cert_reqs", "ssl_ca_certs"})
 DEFAULT_PORT = 6379
 DEFAULT_TIMEOUT = 5.0
@@ -136,8 +135,8 @@ def parse_url(url: str) -> RedisTarget:
             raise StoreError(f"bad Redis URL {shown}: the database must be a number, e.g. /0")
         fields["db"] = int(db_text)
         job = query.get("job")
-        if job is not None and not JOB_NAME.match(job):
-            raise StoreError(f"bad job name in {shown}: use 1-120 letters, digits, '_', '.', '-'")
+        if job is not None and not is_job_name(job):
+            raise StoreError(f"bad job name in {shown}: use 1-120 letters, digits, '_', '.', '-', not starting with '.'")
         fields["job"] = job
         if "maxlen" in query:
             if not query["maxlen"].isdigit() or int(query["maxlen"]) < 1:
