@@ -200,7 +200,7 @@ def decode_lines(data: bytes, rank: int | None = None) -> Decoded:
     try:
         objs = _DECODER.decode_lines(data)
         damaged = 0
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         objs, damaged = [], 0
         decode = _DECODER.decode
         for line in data.split(b"\n"):
@@ -217,6 +217,8 @@ def decode_lines(data: bytes, rank: int | None = None) -> Decoded:
                     damaged += 1
             except msgspec.DecodeError:
                 damaged += 1
+            except RecursionError:
+                invalid[f"{_what(line)}: nested too deeply"] += 1
     return Decoded(_sift(objs, rank, invalid), damaged, invalid)
 
 
@@ -229,6 +231,8 @@ def validate_events(objs: Iterable[Any], rank: int | None = None) -> tuple[list[
     for obj in objs:
         try:
             good.append(convert(obj, RawEvent))
+        except RecursionError:
+            invalid["event: nested too deeply"] += 1
         except msgspec.ValidationError as exc:
             kind = "event"
             if isinstance(obj, dict):
@@ -243,6 +247,8 @@ def decode_job(data: bytes) -> tuple[dict | None, str | None]:
     """Job metadata from ``job.json``; (None, reason) when it is damaged or invalid."""
     try:
         return _JOB_DECODER.decode(data), None
+    except RecursionError:
+        return None, "job metadata: nested too deeply"
     except msgspec.ValidationError as exc:
         m = _FIELD.search(str(exc))
         return None, f"job metadata: bad {m.group(1) if m and m.group(1) else 'document'}"

@@ -54,6 +54,7 @@ class ReadStats:
     invalid: int = 0  # well-formed JSON that failed the schema (commscope.schema), skipped
     invalid_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
     invalid_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
+    missing_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)  # entries the store lost or trimmed
     partial_tail: int = 0  # ranks whose last line is still incomplete
     trimmed: bool = False  # the backend dropped old events (Redis maxlen)
     warnings: list[str] = dataclasses.field(default_factory=list)

@@ -859,6 +859,7 @@ class RedisReader:
     def _gap(self, rank: int, last: int, k: int) -> None:
         n = k - last - 1
         self.missing[rank] = self.missing.get(rank, 0) + n
+        self.stats.missing_by_rank[rank] = self.stats.missing_by_rank.get(rank, 0) + n
         maxlen = (self.job() or {}).get("maxlen")
         if last == 0:
             self.stats.trimmed = True
