@@ -1,8 +1,8 @@
 """Reader fuzzing: mutants of a healthy trace and of Flight Recorder dumps through every reader.
 
 Each mutant (a directory store with its rank files and job.json, or a directory of
-Flight Recorder dumps in JSON and pickle) goes through ``check --json``, ``report
---json``, ``export --chrome -`` and the replay loader (``open_source`` + ``TraceModel``
+Flight Recorder dumps in JSON and pickle) goes through ``check --json``, ``check``
+(rendered), ``report --json``, ``export --chrome -`` and the replay loader (``open_source`` + ``TraceModel``
 + ``diagnose``) in a worker process whose address space is capped (RLIMIT_AS) and
 whose commands each get a time limit.  A crash is any exception that escapes a
 command (exit 2 with a message is the right answer to bad input), a command over its
@@ -42,7 +42,7 @@ from typing import Any
 WORLD = 3
 MEM_MB = 2048  # address space a worker may add above its own baseline
 TIMEOUT_S = 20.0  # per command
-COMMANDS = ("check", "report", "export", "replay")
+COMMANDS = ("check", "check-text", "report", "export", "replay")
 INF = "\x00inf\x00"  # stands for the JSON number 1e400 (which json cannot write)
 
 Files = dict[str, bytes]  # relative path -> content; a mutant is one of these
@@ -132,8 +132,12 @@ EVENT_TYPES = ["op", "meta", "group", "sample", "heartbeat", "stack", "exit", "d
 
 def _dumps(obj: Any) -> bytes:
     """JSON with INF written as 1e400 and deep nesting allowed (json, not orjson)."""
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
-    return json.dumps(obj).replace(json.dumps(INF), "1e400").encode()
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20_000))
+    try:
+        return json.dumps(obj).replace(json.dumps(INF), "1e400").encode()
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def _pick_value(rng: random.Random) -> Any:
@@ -347,7 +351,8 @@ def run_commands(path: str, timeout: float = TIMEOUT_S) -> list[dict]:
                 if command == "replay":
                     _replay_loader(path)
                 else:
-                    argv = {"check": ["check", path, "--json"], "report": ["report", path, "--json"],
+                    argv = {"check": ["check", path, "--json"], "check-text": ["check", path],
+                            "report": ["report", path, "--json"],
                             "export": ["export", path, "--chrome", "-"]}[command]
                     cli(argv)
         except _Timeout:
