@@ -97,14 +97,15 @@ class JobMeta(TypedDict, total=False):
     """``job.json`` of the directory store / the job key of the Redis store."""
 
     job: Name
-    created: Count
-    world_size: WorldSize
-    backend: Name
-    schema: Count
-    commscope: Name
-    host: Name
-    maxlen: Count
-    source: Name
+    created: Count | None
+    world_size: WorldSize | None
+    backend: Name | None
+    schema: Count | None
+    commscope: Name | None
+    host: Name | None
+    maxlen: Count | None
+    source: Name | None
+    copied_from: Text | None
 
 
 _DECODER = msgspec.json.Decoder(RawEvent)

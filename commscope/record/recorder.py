@@ -44,7 +44,7 @@ from commscope.record.ops import (
     TAG_WAIT_END,
 )
 from commscope.record.probes import ResourceProbe
-from commscope.store import StoreError, default_store, open_writer, redact
+from commscope.store import StoreError, default_store, open_writer, redact, redact_args
 
 ENV_HANG_AFTER = "COMMSCOPE_HANG_AFTER"
 ENV_JOB = "COMMSCOPE_JOB"
@@ -744,7 +744,7 @@ class Recorder:
                 "world_size": world, "backend": backend, "torch": torch.__version__, "commscope": __version__,
                 "python": sys.version.split()[0], "job": self.job, "hang_after": self.hang_after,
                 "sample_interval": self.sample_interval,
-                "argv": [redact(a) if "://" in a else a for a in sys.argv[:16]],  # no passwords in traces
+                "argv": redact_args(sys.argv[:16]),  # no passwords in traces
                 "store": redact(self.store), "fr": bool(self._fr is not None and flight.fr_env_enabled())}
         if os.environ.get("LOCAL_RANK", "").isdigit():
             meta["local_rank"] = int(os.environ["LOCAL_RANK"])
