@@ -197,7 +197,7 @@ def m_bytes(rng: random.Random, files: Files) -> Files:
         del data[rng.randrange(len(data) + 1):]
     elif how == "garbage":
         at = rng.randrange(len(data) + 1)
-        data[at:at] = rng.choice([b"\x00" * 100, b"{{{{", b"\n\n\n", b'{"type":"op"', os.urandom(64), b"\xff\xfe"])
+        data[at:at] = rng.choice([b"\x00" * 100, b"{{{{", b"\n\n\n", b'{"type":"op"', rng.randbytes(64), b"\xff\xfe"])
     elif how == "empty":
         data = bytearray()
     else:
