@@ -224,7 +224,7 @@ class DirectoryReader:
             if m and int(m.group(1)) <= MAX_RANK:
                 path = self.job_dir / name
                 try:
-                    regular = stat.S_ISREG(os.lstat(path).st_mode)
+                    regular = stat.S_ISREG(os.stat(path).st_mode)  # a symlink to a regular file is fine
                 except OSError:
                     continue
                 if regular:
