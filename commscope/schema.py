@@ -153,7 +153,7 @@ def reason_of(exc: msgspec.ValidationError, kind: str) -> str:
 def _is_json(line: bytes) -> bool:
     try:
         _ANY.decode(line)
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         return False
     return True
 
@@ -201,7 +201,7 @@ def decode_lines(data: bytes, rank: int | None = None) -> Decoded:
     try:
         objs = _DECODER.decode_lines(data)
         damaged = 0
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError):
         objs, damaged = [], 0
         decode = _DECODER.decode
         for line in data.split(b"\n"):
@@ -216,7 +216,7 @@ def decode_lines(data: bytes, rank: int | None = None) -> Decoded:
                     invalid[reason_of(exc, _what(line))] += 1
                 else:
                     damaged += 1
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, UnicodeDecodeError):  # not JSON, or not UTF-8 (bit flips)
                 damaged += 1
             except RecursionError:
                 invalid[f"{_what(line)}: nested too deeply"] += 1
@@ -253,5 +253,5 @@ def decode_job(data: bytes) -> tuple[dict | None, str | None]:
     except msgspec.ValidationError as exc:
         m = _FIELD.search(str(exc))
         return None, f"job metadata: bad {m.group(1) if m and m.group(1) else 'document'}"
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):
         return None, "job metadata: not JSON"

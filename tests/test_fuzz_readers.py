@@ -80,6 +80,7 @@ def test_flight_recorder_mutants_never_crash_a_reader(worker, seeds, tmp_path_fa
     b'{"type":"meta","rank":0,"ts":1700000000200000000,"world_size":10000000}',
     b'{"type":"exit","rank":0,"ts":1700000000200000000,"unwaited":["a"]}',
     b'{"type":"op","rank":0,"ts":1700000000200000000,"phase":"begin","id":67108863,"op":"barrier","group":"0"}',
+    b'{"type":"heartbeat","rank":0,"ts":1700000000200000000,"host":"\xe7\xff"}',  # not UTF-8 (a bit flip)
 ])
 def test_known_crashers_are_skipped_and_counted(worker, seeds, tmp_path_factory, line):
     """One appended line each crashed or stalled a reader before (issue 14)."""

@@ -140,6 +140,15 @@ def _dumps(obj: Any) -> bytes:
         sys.setrecursionlimit(limit)
 
 
+def _pickle(obj: Any) -> bytes:
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20_000))
+    try:
+        return pickle.dumps(obj, protocol=4)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
 def _pick_value(rng: random.Random) -> Any:
     if rng.random() < 0.05:
         return _deep(rng.choice([200, 5000]))
@@ -151,7 +160,12 @@ def _lines(data: bytes) -> list[bytes]:
 
 
 def _rank_files(files: Files) -> list[str]:
-    return sorted(k for k in files if k.endswith(".jsonl"))
+    """The rank files (one, empty, is made when earlier mutations left none)."""
+    names = sorted(k for k in files if k.endswith(".jsonl"))
+    if not names:
+        files["job/rank-00000.jsonl"] = b""
+        names = ["job/rank-00000.jsonl"]
+    return names
 
 
 def _hostile_event(rng: random.Random, files: Files) -> dict:
@@ -179,7 +193,7 @@ def m_append_event(rng: random.Random, files: Files) -> Files:
 def m_rewrite_event(rng: random.Random, files: Files) -> Files:
     """Replace a line in the middle of a rank file by a hostile event."""
     name = rng.choice(_rank_files(files))
-    lines = _lines(files[name])
+    lines = _lines(files[name]) or [b"{}"]
     lines[rng.randrange(len(lines))] = _dumps(_hostile_event(rng, files))
     files[name] = b"\n".join(lines) + b"\n"
     return files
@@ -187,8 +201,8 @@ def m_rewrite_event(rng: random.Random, files: Files) -> Files:
 
 def m_bytes(rng: random.Random, files: Files) -> Files:
     """Bit flips, truncation, garbage, duplicated/dropped/swapped lines."""
-    name = rng.choice(sorted(files))
-    data = bytearray(files[name])
+    name = rng.choice(sorted(files) or ["job/rank-00000.jsonl"])
+    data = bytearray(files.get(name, b""))
     how = rng.choice(["flip", "truncate", "garbage", "dup", "drop", "swap", "empty"])
     if how == "flip" and data:
         for _ in range(rng.randint(1, 8)):
@@ -248,7 +262,7 @@ def _fr_load(data: bytes) -> Any:
 
 def m_fr_field(rng: random.Random, files: Files) -> Files:
     """A hostile value in a dump field or entry field (record_id 1e400, ranks strings, nesting)."""
-    name = rng.choice(sorted(files))
+    name = rng.choice(sorted(files) or ["fr_trace_0"])
     try:
         dump = _fr_load(files[name])
     except Exception:
@@ -266,13 +280,14 @@ def m_fr_field(rng: random.Random, files: Files) -> Files:
         if isinstance(e, dict):
             e[rng.choice(list(e) + ["record_id", "time_created_ns", "input_sizes"])] = value
     pickled = files[name][:1] == b"\x80"
-    files[name] = pickle.dumps(dump, protocol=4) if pickled and rng.random() < 0.8 else _dumps(dump)
+    files[name] = _pickle(dump) if pickled and rng.random() < 0.8 else _dumps(dump)
     return files
 
 
 def m_fr_structure(rng: random.Random, files: Files) -> Files:
     """Deep nesting, pickle length claims, shared-reference amplification, rank file names."""
-    name = rng.choice(sorted(files))
+    name = rng.choice(sorted(files) or ["fr_trace_0"])
+    files.setdefault(name, b"")
     how = rng.choice(["deep_json", "deep_pickle", "claim", "amplify", "name", "bytes"])
     if how == "deep_json":
         files[name] = b'{"version": "2.10", "entries": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
