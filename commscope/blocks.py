@@ -3,7 +3,7 @@
 Schema version 2 adds three event types to the JSONL/stream trace (see ``events``):
 
     block   data (base64 of packed records), n (records)
-    site    site (id), text ("file:line in function"): a call site, before the blocks using it
+    site    sid (id), text ("file:line in function"): a call site, before the blocks using it
     group   (as in version 1) plus gid, the id blocks use for the group
 
 and two ``meta`` fields, ``names`` (wrapper op names by id) and ``dtypes`` (c10 type
@@ -24,12 +24,15 @@ from __future__ import annotations
 import base64
 import binascii
 import struct
+from collections import Counter
 from typing import Any
 
+import msgspec
 import orjson
 
-from commscope import dtypes
-from commscope.events import SCHEMA_VERSION, signature_key
+from commscope import dtypes, schema
+from commscope.events import Decoded, signature_key
+from commscope.schema import MAX_INT, SCHEMA_VERSION
 
 BLOCK = "block"
 SITE = "site"
@@ -112,8 +115,8 @@ class BlockDecoder:
         self.names: list[str] | None = None
         self.dtypes: list[str] = [dtypes.torch_name(n) for n in dtypes.CODES]
         self.c10d_names = [n for _, n in C10D_OPS]
-        self.damaged = 0  # records or blocks that could not be decoded
-        self._static: dict[bytes, tuple[dict, int]] = {}  # begin's static bytes -> (fields, sk)
+        self.invalid: Counter = Counter()  # records (or whole blocks) that could not be decoded, by reason
+        self._static: dict[bytes, tuple[dict, int] | None] = {}  # begin's static bytes -> (fields, sk)
         self._gid_of_id: dict[int, int] = {}  # any-source recvs waiting for their source
 
     # -- tables, from the rank's other events
@@ -121,7 +124,7 @@ class BlockDecoder:
         """Learn from a non-block event of this rank (site, group, meta)."""
         typ = ev.get("type")
         if typ == SITE:
-            sid, text = ev.get("site"), ev.get("text")
+            sid, text = ev.get("sid"), ev.get("text")
             if isinstance(sid, int) and isinstance(text, str):
                 self.sites[sid] = text
         elif typ == "group":
@@ -141,26 +144,28 @@ class BlockDecoder:
 
     # -- blocks
     def expand(self, ev: dict) -> list[dict]:
-        """The op events of one ``block`` event (empty, and counted, when it is damaged)."""
+        """The op events of one ``block`` event; what cannot be decoded is counted in ``invalid``."""
         rank, data = ev.get("rank"), ev.get("data")
-        if not isinstance(data, str):
-            self.damaged += 1
-            return []
         try:
             raw = base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError):
-            self.damaged += 1
+        except (binascii.Error, ValueError, TypeError):
+            self.invalid["block: not base64"] += 1
             return []
         out: list[dict] = []
         off, size = 0, len(raw)
         append = out.append
         unpack_header = HEADER.unpack_from
+        invalid = self.invalid
         while off + HEADER.size <= size:
             typ, flags, aux, length, ts, op_id = unpack_header(raw, off)
             if length < HEADER.size or off + length > size:
-                self.damaged += 1
+                invalid["block: truncated record"] += 1
                 break
-            body = off + HEADER.size
+            off += length
+            if not (0 <= ts <= MAX_INT and op_id <= MAX_INT):
+                invalid["block: bad record"] += 1
+                continue
+            body = off - length + HEADER.size
             try:
                 if typ in (END, WAIT_END):
                     e = {"type": "op", "ts": ts, "phase": "end" if typ == END else "wait_end", "id": op_id}
@@ -170,37 +175,36 @@ class BlockDecoder:
                     if flags & APPROX:
                         e["approx"] = True
                 elif typ == BEGIN:
-                    e = self._begin(raw, body, off + length, ts, op_id, flags, aux)
+                    e = self._begin(raw, body, off, ts, op_id, flags, aux)
                 elif typ == WAIT_BEGIN:
                     e = {"type": "op", "ts": ts, "phase": "wait_begin", "id": op_id}
                 elif typ == DONE:
                     e = {"type": "op", "ts": ts, "phase": "done", "id": op_id}
                     gpu = DONE_BODY.unpack_from(raw, body)[0]
-                    if gpu >= 0:
+                    if 0 <= gpu <= MAX_INT:
                         e["gpu_ns"] = gpu
                     if flags & ERROR:
                         e["exc"] = "the device reported an error"
                 elif typ == RBEGIN:
-                    e = self._rbegin(raw, body, ts, op_id, aux)
+                    e = self._rbegin(raw, body, ts, op_id, aux, rank)
                 elif typ == SOURCE:
                     peer, seq = SOURCE_BODY.unpack_from(raw, body)
                     e = {"type": "op", "ts": ts, "phase": "end", "id": op_id}
                     src = self._global(self._gid_of_id.get(op_id, -1), peer)
                     if src is not None:
                         e["peer"] = src
-                        if seq >= 0:
+                        if 0 <= seq <= MAX_INT:
                             e["seq"] = seq
                 else:
                     e = None
-                    self.damaged += 1
-            except (struct.error, ValueError, orjson.JSONDecodeError, IndexError):
+                    invalid["block: unknown record"] += 1
+            except (struct.error, ValueError, msgspec.ValidationError, msgspec.DecodeError, IndexError, KeyError):
                 e = None
-                self.damaged += 1
+                invalid["block: bad record"] += 1
             if e is not None:
                 e["v"] = SCHEMA_VERSION
                 e["rank"] = rank
                 append(e)
-            off += length
         return out
 
     def _global(self, gid: int, group_rank: int) -> int | None:
@@ -219,12 +223,19 @@ class BlockDecoder:
         key = bytes((flags, aux & 0xFF)) + raw[body + 16:body + 32] + raw[body + 40:end]
         hit = self._static.get(key)
         if hit is None:
-            hit = self._static_fields(raw, body + BEGIN_BODY.size, end, flags, aux, name, site, opcode, gid, peer,
-                                      root, redop, role, device, nin, nout, bin_, bout)
+            try:
+                hit = self._static_fields(raw, body + BEGIN_BODY.size, end, flags, aux, name, site, opcode, gid,
+                                          peer, root, redop, role, device, nin, nout, bin_, bout)
+            except (struct.error, ValueError, IndexError, msgspec.ValidationError):
+                hit = False  # remembered: every record with these fields is invalid
             if len(self._static) > 50_000:
                 self._static.clear()
             self._static[key] = hit
+        if hit is False:
+            raise ValueError("invalid begin fields")
         fields, sk = hit
+        if seq > MAX_INT or parent > MAX_INT:
+            raise ValueError("bad begin record")
         e = {"type": "op", "ts": ts, "phase": "begin", "id": op_id}
         if seq >= 0:
             e["seq"] = seq
@@ -292,6 +303,8 @@ class BlockDecoder:
             f["device"] = f"cuda:{device}"
         if role == TOP:
             f["src"] = "c10d"
+        # The same checks as any event's (shape sizes, lengths, ranks), once per signature.
+        msgspec.convert(dict(f, type="op", phase="begin", id=0, ts=0), schema.RawEvent)
         static = orjson.dumps(f)
         return f, signature_key(static[1:-1])
 
@@ -307,13 +320,14 @@ class BlockDecoder:
             out.append((dims, dt[code] if code < len(dt) else f"dtype{code}"))
         return out, pos
 
-    def _rbegin(self, raw: bytes, body: int, ts: int, op_id: int, kind: int) -> dict:
+    def _rbegin(self, raw: bytes, body: int, ts: int, op_id: int, kind: int, rank: Any) -> dict:
         tid, parent, site, gid, seq, n = RBEGIN_BODY.unpack_from(raw, body)
         start = body + RBEGIN_BODY.size
         e = orjson.loads(b"{" + raw[start:start + n] + b"}")
-        if not isinstance(e, dict):
+        if not isinstance(e, dict) or seq > MAX_INT or parent > MAX_INT:
             raise ValueError("fragment")
-        e.update(type="op", ts=ts, phase="begin", id=op_id, tid=tid)
+        e.update(type="op", ts=ts, phase="begin", id=op_id, tid=tid, rank=rank)
+        e = msgspec.convert(e, schema.RawEvent)  # a fragment is JSON like any event: checked like one
         if seq >= 0:
             e["seq"] = seq
         if parent:
@@ -325,31 +339,42 @@ class BlockDecoder:
         return e
 
 
-def expand(events: list[dict], decoders: dict[int, BlockDecoder]) -> tuple[list[dict], int]:
+def expand(events: list[dict], decoders: dict[int, BlockDecoder]) -> tuple[list[dict], Counter]:
     """Replace every ``block`` event by its op events (tables from ``site``/``group``/``meta``
     events are learnt on the way); ``decoders`` holds one decoder per rank across calls.
-    Returns (events, records that could not be decoded)."""
+    Returns (events, records that could not be decoded, by reason)."""
+    invalid: Counter = Counter()
     if not any(e.get("type") in (BLOCK, SITE) for e in events):
         for e in events:  # cheap: only tables matter here
             if e.get("type") in ("group", "meta") and ("gid" in e or "names" in e or "dtypes" in e):
                 _decoder(decoders, e).note(e)
-        return events, 0
+        return events, invalid
     out: list[dict] = []
-    damaged = 0
     for e in events:
         typ = e.get("type")
         if typ == BLOCK:
             dec = _decoder(decoders, e)
-            before = dec.damaged
             out.extend(dec.expand(e))
-            damaged += dec.damaged - before
+            if dec.invalid:
+                invalid.update(dec.invalid)
+                dec.invalid.clear()
             continue
         if typ in (SITE, "group", "meta"):
             _decoder(decoders, e).note(e)
             if typ == SITE:
                 continue
         out.append(e)
-    return out, damaged
+    return out, invalid
+
+
+def expand_decoded(got: Decoded, decoders: dict[int, BlockDecoder]) -> Decoded:
+    """A reader's decoded batch with its blocks expanded (and their bad records counted)."""
+    events, invalid = expand(got.events, decoders)
+    if invalid:
+        merged = Counter(got.invalid)
+        merged.update(invalid)
+        return Decoded(events, got.damaged, merged)
+    return got if events is got.events else Decoded(events, got.damaged, got.invalid)
 
 
 def _decoder(decoders: dict[int, BlockDecoder], e: dict) -> BlockDecoder:

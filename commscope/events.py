@@ -76,7 +76,11 @@ from typing import Any
 
 import orjson
 
-SCHEMA_VERSION = 2
+from commscope import schema
+from commscope.schema import SCHEMA_VERSION, Decoded
+
+__all__ = ["SCHEMA_VERSION", "Decoded", "Event", "TraceFormatError", "decode", "decode_lines", "encode",
+           "encode_lines", "gc_paused", "signature_key"]
 
 OP = "op"
 META = "meta"
@@ -132,30 +136,18 @@ def encode_lines(events: list[Event]) -> bytes:
     return b"\n".join([dumps(e) for e in events]) + b"\n"
 
 
-def decode(line: bytes | str) -> Event:
-    """Parse and validate one event; raises TraceFormatError on anything malformed."""
-    try:
-        event = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        raise TraceFormatError(f"not JSON: {exc}") from None
-    check(event)
-    return event
-
-
-def check(event: Any) -> None:
-    """Raise TraceFormatError unless ``event`` looks like a schema event."""
-    if not isinstance(event, dict):
-        raise TraceFormatError("event is not a JSON object")
-    typ = event.get("type")
-    if typ not in TYPES:
-        raise TraceFormatError(f"unknown event type {typ!r}")
-    if not isinstance(event.get("rank"), int) or not isinstance(event.get("ts"), int):
-        raise TraceFormatError("event lacks an integer rank or ts")
-    v = event.get("v", SCHEMA_VERSION)
-    if not isinstance(v, int) or v > SCHEMA_VERSION:
-        raise TraceFormatError(f"unsupported schema version {v!r}")
-    if typ == OP and (event.get("phase") not in PHASES or not isinstance(event.get("id"), int)):
-        raise TraceFormatError("op event lacks a valid phase or id")
+def decode(line: bytes | str, rank: int | None = None) -> Event:
+    """Parse and validate one event (``schema``); raises TraceFormatError on anything malformed."""
+    data = line.encode() if isinstance(line, str) else bytes(line)
+    if b"\n" in data.strip():
+        raise TraceFormatError("more than one line")
+    got = schema.decode_lines(data.strip(), rank)
+    if got.damaged:
+        raise TraceFormatError("not JSON")
+    if not got.events:
+        reason = next(iter(got.invalid), "empty")
+        raise TraceFormatError(f"invalid event: {reason}")
+    return got.events[0]
 
 
 @contextlib.contextmanager
@@ -175,56 +167,10 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _valid(e: Any) -> bool:
-    if type(e) is not dict:
-        return False
-    typ = e.get("type")
-    if typ not in TYPES or type(e.get("rank")) is not int or type(e.get("ts")) is not int:
-        return False
-    v = e.get("v", SCHEMA_VERSION)
-    if type(v) is not int or v > SCHEMA_VERSION:
-        return False
-    return typ != OP or (e.get("phase") in PHASES and type(e.get("id")) is int)
+def decode_lines(data: bytes, rank: int | None = None) -> Decoded:
+    """Decode newline-separated events read from ``rank``'s stream (None: any), each validated
+    against ``schema``; returns (events, damaged lines, invalid events by reason).
 
-
-def decode_lines(data: bytes) -> tuple[list[Event], int]:
-    """Decode newline-separated events; returns (events, number of damaged lines).
-
-    Fast path: parse every line in one C-level ``map``; only when a line is damaged does
-    it fall back to line-by-line parsing, so one bad line costs only itself.
+    The one entry point every reader decodes through.
     """
-    if not data:
-        return [], 0
-    lines = data.split(b"\n")
-    if not lines[-1]:
-        lines.pop()
-    with gc_paused():
-        try:
-            parsed = list(map(orjson.loads, lines))
-        except orjson.JSONDecodeError:
-            parsed = None
-        if parsed is None:
-            parsed = []
-            bad = 0
-            for line in lines:
-                if not line.strip():
-                    continue
-                try:
-                    parsed.append(orjson.loads(line))
-                except orjson.JSONDecodeError:
-                    bad += 1
-        else:
-            bad = 0
-        # _valid, inlined: a function call per event is a tenth of the whole read
-        events = []
-        append = events.append
-        types, phases, version = TYPES, PHASES, SCHEMA_VERSION
-        for e in parsed:
-            if type(e) is dict:
-                typ = e.get("type")
-                if (typ in types and type(e.get("rank")) is int and type(e.get("ts")) is int
-                        and (typ != "op" or (e.get("phase") in phases and type(e.get("id")) is int))):
-                    v = e.get("v", version)
-                    if type(v) is int and v <= version:
-                        append(e)
-    return events, bad + len(parsed) - len(events)
+    return schema.decode_lines(data, rank)

@@ -202,7 +202,9 @@ def test_corrupt_entries_are_counted_and_skipped(backend):
     reader = open_reader(backend.store)
     got = reader.read_all()
     assert ids(got) == [(3, 1), (3, 2), (3, 3)]
-    assert reader.stats.corrupt == 4 and reader.stats.corrupt_by_rank == {3: 4}
+    assert reader.stats.corrupt == 1 and reader.stats.corrupt_by_rank == {3: 1}  # not JSON
+    assert reader.stats.invalid == 3 and reader.stats.invalid_by_reason == {  # JSON, not an event
+        "op: no ts": 1, "meta: unsupported schema version": 1, "event: not an object": 1}
 
 
 def test_jobs_are_separate_newest_by_default(backend):

@@ -75,7 +75,9 @@ def test_corrupt_lines_are_counted_and_skipped(tmp_path):
     reader = open_reader(tmp_path)
     got = reader.read_all()
     assert [e["id"] for e in got] == [1, 2, 3, 4]
-    assert reader.stats.corrupt == 5 and reader.stats.corrupt_by_rank == {3: 5}
+    assert reader.stats.corrupt == 3 and reader.stats.corrupt_by_rank == {3: 3}  # not JSON
+    assert reader.stats.invalid == 2 and reader.stats.invalid_by_reason == {  # JSON, not an event
+        "op: no ts": 1, "meta: unsupported schema version": 1}
 
 
 def test_truncated_file_reports_its_torn_last_line(tmp_path):
@@ -168,16 +170,18 @@ def test_default_store_follows_env(monkeypatch):
 def test_decode_lines_never_glues_two_broken_lines_into_one_event():
     a = b'{"v":1,"type":"op","rank":0,"ts":1,"phase":"begin","id":1,"x":[1'
     b = b'2]}'
-    good, bad = E.decode_lines(a + b"\n" + b + b"\n")
-    assert good == [] and bad == 2
+    got = E.decode_lines(a + b"\n" + b + b"\n")
+    assert got.events == [] and got.damaged == 2 and not got.invalid
 
 
 @pytest.mark.parametrize("event, problem", [
     ({"type": "nope", "rank": 0, "ts": 1}, "unknown event type"),
-    ({"type": "op", "ts": 1, "phase": "begin", "id": 1}, "integer rank"),
-    ({"type": "op", "rank": 0, "ts": 1, "phase": "middle", "id": 1}, "phase"),
-    ({"type": "meta", "rank": 0, "ts": 1, "v": E.SCHEMA_VERSION + 1}, "schema version"),
-    ([1, 2], "not a JSON object"),
+    ({"type": "op", "ts": 1, "phase": "begin", "id": 1}, "op: no rank"),
+    ({"type": "op", "rank": 0, "ts": 1, "phase": "middle", "id": 1}, "bad phase"),
+    ({"type": "meta", "rank": 0, "ts": 1, "v": E.SCHEMA_VERSION + 1}, "unsupported schema version"),
+    ([1, 2], "not an object"),
+    ({"type": "sample", "rank": 0, "ts": 1, "rss": "x"}, "sample: bad rss"),
+    ({"type": "dropped", "rank": 0, "ts": 1, "count": None}, "dropped: bad count"),
 ])
 def test_event_validation_names_the_problem(event, problem):
     with pytest.raises(E.TraceFormatError, match=problem):

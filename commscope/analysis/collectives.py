@@ -32,7 +32,7 @@ def gather(model: TraceModel, gi: GroupIndex, column: str, rows: np.ndarray | sl
     """[rows x members] of one op column (int64); 0 where the member has no op at that seq."""
     mat = gi.seqs.rows()[rows]
     out = np.zeros(mat.shape, np.int64)
-    for c, r in enumerate(gi.members[: mat.shape[1]]):
+    for c, r in enumerate(gi.ranks[: mat.shape[1]]):
         rt = model.ranks.get(r)
         if rt is None:
             continue
@@ -44,7 +44,7 @@ def gather(model: TraceModel, gi: GroupIndex, column: str, rows: np.ndarray | sl
 
 
 def seq_of_row(gi: GroupIndex, row: int) -> int:
-    return int(row + (gi.seqs.base or 0))
+    return gi.seqs.seq_of(row)
 
 
 # ---------------------------------------------------------------------- mismatch
@@ -73,7 +73,7 @@ def find_mismatches(model: TraceModel, now: int) -> tuple[list[Finding], set[tup
 def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, now: int, later: int) -> Finding:
     seq = seq_of_row(gi, row)
     ops = gi.at(seq)
-    by_rank = {gi.members[c]: int(code) for c, code in enumerate(codes.tolist()) if code >= 0}
+    by_rank = {gi.ranks[c]: int(code) for c, code in enumerate(codes.tolist()) if code >= 0}
     counts = Counter(by_rank.values())
     top = counts.most_common()
     tie = len(top) > 1 and top[0][1] == top[1][1]
@@ -182,7 +182,7 @@ def _missing(model: TraceModel, gi: GroupIndex, seq: int, entered: dict[int, int
 def complete_rows(model: TraceModel, gi: GroupIndex) -> np.ndarray:
     """Row numbers where every member ran the collective and all finished."""
     mat = gi.seqs.rows()
-    if mat.shape[0] == 0:
+    if mat.shape[0] == 0 or not gi.complete():
         return np.zeros(0, np.int64)
     full = np.nonzero((mat >= 0).all(axis=1))[0]
     if full.shape[0] == 0:
@@ -205,7 +205,7 @@ def find_stragglers(model: TraceModel) -> list[Finding]:
         latency = np.maximum(c.max(axis=1) - b.max(axis=1), 0)
         last = b.argmax(axis=1)
         lat_med = float(np.median(latency))
-        for col, r in enumerate(gi.members):
+        for col, r in enumerate(gi.ranks):
             share = float((last == col).mean())
             if share < STRAGGLER_LAST_SHARE:
                 continue

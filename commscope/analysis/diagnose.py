@@ -8,6 +8,7 @@ so a job that was killed while hung is judged as it was when it last wrote.
 from __future__ import annotations
 
 from commscope.analysis.collectives import find_mismatches, find_missing, find_stragglers
+from commscope.analysis.completeness import find_incomplete
 from commscope.analysis.findings import Finding
 from commscope.analysis.liveness import find_dead, find_unwaited
 from commscope.analysis.model import TraceModel
@@ -41,5 +42,6 @@ def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None
     findings += find_dead(model, now)
     findings += find_stragglers(model)
     findings += find_unwaited(model, now)
+    findings += find_incomplete(model, now)
     findings.sort(key=Finding.sort_key)
     return findings

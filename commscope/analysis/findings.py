@@ -18,6 +18,7 @@ KINDS: dict[str, str] = {
     "dead_rank": ERROR,
     "straggler": WARNING,
     "unwaited_work": WARNING,
+    "trace_incomplete": WARNING,
 }
 _ORDER = {k: i for i, k in enumerate(KINDS)}
 

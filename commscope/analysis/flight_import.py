@@ -22,19 +22,23 @@ Mapping onto the event model (``src: "fr-import"``):
 
 from __future__ import annotations
 
-import ast
 import io
-import json
 import os
 import pickle
+import pickletools
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from commscope.events import SCHEMA_VERSION, Event
-from commscope.store import ReadStats, StoreError
+import msgspec
 
-_RANK_SUFFIX = re.compile(r"(\d+)(\.(json|pkl|pickle))?$")
+from commscope.events import SCHEMA_VERSION, Event
+from commscope.schema import MAX_INT, MAX_RANK, validate_events
+from commscope.store import ReadStats, StoreError
+from commscope.store.directory import read_regular
+
+_RANK_SUFFIX = re.compile(r"(?<!\d)(\d{1,8})(\.(json|pkl|pickle))?$")
 _BACKENDS = ("nccl:", "gloo:", "ucc:", "mpi:", "xccl:")
 _DTYPES = {
     "Float": ("float32", 4), "Double": ("float64", 8), "Half": ("float16", 2), "BFloat16": ("bfloat16", 2),
@@ -42,8 +46,17 @@ _DTYPES = {
     "Byte": ("uint8", 1), "Bool": ("bool", 1), "ComplexFloat": ("complex64", 8),
     "ComplexDouble": ("complex128", 16), "Float8_e4m3fn": ("float8_e4m3fn", 1), "Float8_e5m2": ("float8_e5m2", 1),
 }
-MAX_DUMP_BYTES = 1 << 30
-
+MAX_DUMP_BYTES = 256 << 20
+#: A dump may expand to at most this many objects per byte of file (plus DUMP_SLACK), counting
+#: an object again wherever it is referenced: pickle memo references cannot amplify it.
+DUMP_OBJECTS_PER_BYTE = 4
+DUMP_SLACK = 1 << 16
+_ENTRY_PROBLEMS = frozenset({"bad time_created_ns", "bad record_id"})
+MAX_DEPTH = 32  # FR dumps nest 4-5 levels (dump > entries > entry > sizes > shape)
+#: Ranks named in a file name or pg_config beyond this many per dump read are not guessed at
+#: (a default group is then the ranks seen, not range(max rank + 1)).
+WORLD_PER_DUMP = 1024
+_RANK_LIST = re.compile(r"\s*[\[(]?\s*(\d{1,8}\s*(,\s*\d{1,8}\s*)*,?)?\s*[\])]?\s*")
 
 class SafeUnpickler(pickle.Unpickler):
     """Loads only plain containers and scalars: every class or function lookup is refused."""
@@ -55,27 +68,70 @@ class SafeUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError("refusing persistent ids in an untrusted Flight Recorder dump")
 
 
+def _scan_pickle(data: bytes) -> None:
+    """Walk the opcodes before unpickling: every length an opcode claims must be present
+    in the data (a 2**40-byte string claim would otherwise be allocated first), and no
+    opcode may build a class.  ``pickletools`` reads lengths without allocating them."""
+    try:
+        for op, _, _ in pickletools.genops(data):
+            if op.name in ("GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "REDUCE", "BUILD",
+                           "EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID"):
+                raise pickle.UnpicklingError(f"refusing {op.name} in an untrusted Flight Recorder dump")
+    except ValueError as exc:  # a length past the end, a bad opcode
+        raise pickle.UnpicklingError(str(exc)[:200]) from None
+
+
 def safe_loads(data: bytes) -> Any:
+    _scan_pickle(data)
     return SafeUnpickler(io.BytesIO(data)).load()
 
 
+def check_size(obj: Any, budget: int) -> None:
+    """Raise ValueError when ``obj`` nests deeper than MAX_DEPTH or, counting shared objects
+    once per reference, holds more than ``budget`` objects (iterative: no recursion)."""
+    stack = [(obj, 0)]
+    seen = 0
+    while stack:
+        x, depth = stack.pop()
+        seen += 1
+        if seen > budget:
+            raise ValueError(f"expands to more than {budget:,} objects")
+        if isinstance(x, dict):
+            if depth >= MAX_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_DEPTH}")
+            stack.extend((v, depth + 1) for v in x.values())
+            seen += len(x)
+        elif isinstance(x, list | tuple):
+            if depth >= MAX_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_DEPTH}")
+            stack.extend((v, depth + 1) for v in x)
+        elif isinstance(x, str | bytes) and len(x) > MAX_DUMP_BYTES:
+            raise ValueError("a string larger than the dump limit")
+
+
 def load_dump(path: str | os.PathLike) -> dict:
-    """One dump file as a dict (JSON or restricted pickle); raises ValueError when it is not one."""
+    """One dump file as a dict (JSON or restricted pickle); raises ValueError when it is not one.
+
+    Bounded whatever the file holds: its size, what its opcodes claim, its nesting and
+    how far shared references expand it (``check_size``).
+    """
     p = Path(path)
-    if p.stat().st_size > MAX_DUMP_BYTES:
-        raise ValueError(f"{p.name}: larger than {MAX_DUMP_BYTES >> 20} MiB")
-    data = p.read_bytes()
+    try:
+        data = read_regular(p, MAX_DUMP_BYTES)
+    except OSError as exc:
+        raise ValueError(f"{p.name}: {exc.strerror or exc}") from None
     head = data.lstrip()[:1]
     try:
         if head == b"{":
-            obj = json.loads(data)
+            obj = msgspec.json.decode(data)
         elif data[:1] == b"\x80":
             obj = safe_loads(data)
         else:
             raise ValueError(f"{p.name}: neither JSON nor pickle")
-    except (pickle.UnpicklingError, json.JSONDecodeError, EOFError, UnicodeDecodeError, ValueError,
-            TypeError, IndexError, KeyError, AttributeError) as exc:
-        raise ValueError(f"{p.name}: {exc}") from None
+        check_size(obj, DUMP_OBJECTS_PER_BYTE * len(data) + DUMP_SLACK)
+    except (pickle.UnpicklingError, msgspec.DecodeError, EOFError, UnicodeDecodeError, ValueError, TypeError,
+            IndexError, KeyError, AttributeError, OverflowError, RecursionError, MemoryError) as exc:
+        raise ValueError(f"{p.name}: {str(exc)[:200] or type(exc).__name__}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("entries", []), list) or "version" not in obj:
         raise ValueError(f"{p.name}: not a Flight Recorder dump")
     return obj
@@ -91,7 +147,7 @@ def dump_files(path: str | os.PathLike) -> dict[int, Path]:
         if not f.is_file() or f.name.startswith("."):
             continue
         m = _RANK_SUFFIX.search(f.name)
-        if m:
+        if m and int(m.group(1)) <= MAX_RANK:
             out.setdefault(int(m.group(1)), f)
     return out
 
@@ -122,7 +178,7 @@ def parse_name(profiling_name: str) -> tuple[str, str, str | None, int | None]:
                  "recv" if base in ("recv", "irecv", "recv_anysource") else None)
     peer = None
     if direction and len(parts) > 1:
-        m = re.match(r"(\d+)(->|<-)(\d+)", parts[1])
+        m = re.match(r"(\d{1,8})(->|<-)(\d{1,8})", parts[1])
         if m:
             a, arrow, b = int(m.group(1)), m.group(2), int(m.group(3))
             src, dst = (a, b) if arrow == "->" else (b, a)
@@ -130,25 +186,39 @@ def parse_name(profiling_name: str) -> tuple[str, str, str | None, int | None]:
     return backend, base, direction, peer
 
 
+def _int(v: Any, lo: int = 0, hi: int = MAX_INT) -> int | None:
+    """``v`` if it is an int (not a bool) in [lo, hi], else None: dumps hold anything."""
+    return v if type(v) is int and lo <= v <= hi else None
+
+
 def _nbytes(shapes: list, dtypes: list) -> int:
+    """Bytes of the tensors; MAX_INT + 1 (which the schema rejects) when a size is no size."""
     total = 0
     for shape, dt in zip(shapes, dtypes, strict=False):
         n = 1
-        for d in shape:
-            n *= int(d)
+        for d in shape if isinstance(shape, list | tuple) else (None,):
+            d = _int(d)
+            if d is None:
+                return MAX_INT + 1
+            n *= d
+            if n > MAX_INT:
+                return MAX_INT + 1
         total += n * _DTYPES.get(str(dt), ("", 0))[1]
+        if total > MAX_INT:
+            return MAX_INT + 1
     return total
 
 
 def _ranks_of(cfg: Any) -> list[int] | None:
+    """A pg_config entry's ranks: a list, or its text '[0, 1, 2]' (parsed by a regular
+    expression, never evaluated)."""
     ranks = cfg.get("ranks") if isinstance(cfg, dict) else None
     if isinstance(ranks, str):
-        try:
-            ranks = ast.literal_eval(ranks)
-        except (ValueError, SyntaxError):
+        if not _RANK_LIST.fullmatch(ranks):
             return None
-    if isinstance(ranks, list | tuple) and ranks and all(isinstance(r, int) for r in ranks):
-        return [int(r) for r in ranks]
+        ranks = [int(x) for x in re.findall(r"\d+", ranks)]
+    if isinstance(ranks, list | tuple) and ranks and all(_int(r, 0, MAX_RANK) is not None for r in ranks):
+        return list(dict.fromkeys(ranks))
     return None
 
 
@@ -166,10 +236,13 @@ def _site(frames: Any) -> str | None:
 
 
 def dumps_to_events(dumps: dict[int, dict], mtimes: dict[int, int] | None = None,
-                    job: str = "flight-recorder") -> list[Event]:
-    """Convert per-rank dumps to schema events, per-rank order preserved."""
+                    job: str = "flight-recorder", skipped: dict[int, Counter] | None = None) -> list[Event]:
+    """Convert per-rank dumps to schema events, per-rank order preserved.  Entries that are
+    not entries are left out and counted in ``skipped`` (rank -> reason -> count)."""
     mtimes = mtimes or {}
     world = max(dumps) + 1 if dumps else 0
+    if world > WORLD_PER_DUMP * len(dumps):  # a rank number far beyond the dumps read: no guess
+        world = 0
     # group membership: pg_config where it says, else the ranks that logged the group
     members: dict[str, list[int]] = {}
     default_ranks: list[int] | None = None
@@ -193,15 +266,16 @@ def dumps_to_events(dumps: dict[int, dict], mtimes: dict[int, int] | None = None
                     descs[g] = str(pg[1])
     for g, rs in seen.items():
         if g not in members:
-            members[g] = (default_ranks or list(range(world))) if descs.get(g) == "default_pg" else sorted(rs)
+            everyone = default_ranks or (list(range(world)) if world else sorted(dumps))
+            members[g] = everyone if descs.get(g) == "default_pg" else sorted(rs)
     out: list[Event] = []
     for rank in sorted(dumps):
         d = dumps[rank]
         entries = [e for e in (d.get("entries") or []) if isinstance(e, dict)]
-        created = [int(e["time_created_ns"]) for e in entries if isinstance(e.get("time_created_ns"), int)]
+        created = [t for t in (_int(e.get("time_created_ns")) for e in entries) if t is not None]
         t_meta = min(created) if created else mtimes.get(rank, 0)
         backend = next((parse_name(str(e.get("profiling_name", "")))[0] for e in entries), "") or "?"
-        out.append({"v": SCHEMA_VERSION, "type": "meta", "rank": rank, "ts": t_meta, "world_size": world,
+        out.append({"v": SCHEMA_VERSION, "type": "meta", "rank": rank, "ts": t_meta, "world_size": world or None,
                     "backend": backend, "job": job, "fr_version": str(d.get("version")), "src": "fr-import",
                     "sample_interval": 1.0})
         announced: set[str] = set()
@@ -211,11 +285,14 @@ def dumps_to_events(dumps: dict[int, dict], mtimes: dict[int, int] | None = None
         for e in entries:
             try:
                 ev = _entry_events(e, rank, members, announced, p2p_seq)
-            except (TypeError, ValueError, KeyError):
+            except (TypeError, ValueError, KeyError, OverflowError) as exc:
+                if skipped is not None:
+                    why = str(exc) if isinstance(exc, ValueError) and str(exc) in _ENTRY_PROBLEMS else type(exc).__name__
+                    skipped.setdefault(rank, Counter())[f"fr entry: {why}"] += 1
                 continue
             for x in ev:
                 out.append(x)
-            if ev and ev[-1]["phase"] == "begin" and stuck_first is None:
+            if ev and ev[-1].get("phase") == "begin" and stuck_first is None:
                 stuck_first = ev[-1]["id"]
                 frames_of[stuck_first] = e.get("frames")
         ts_end = mtimes.get(rank) or (max(created) if created else 0)
@@ -234,7 +311,9 @@ def _entry_events(e: dict, rank: int, members: dict[str, list[int]], announced: 
     pg = e.get("process_group") or ("?",)
     group = str(pg[0])
     ranks = members.get(group, [])
-    created = int(e["time_created_ns"])
+    created = _int(e.get("time_created_ns"))
+    if created is None:
+        raise ValueError("bad time_created_ns")
     out: list[Event] = []
     if group not in announced:
         announced.add(group)
@@ -243,7 +322,10 @@ def _entry_events(e: dict, rank: int, members: dict[str, list[int]], announced: 
         if out[-1]["desc"] is None:
             del out[-1]["desc"]
     _, op, direction, gpeer = parse_name(str(e.get("profiling_name", "")))
-    op_id = int(e.get("record_id", 0)) + 1
+    record_id = _int(e.get("record_id", 0), 0, MAX_INT - 1)
+    if record_id is None:
+        raise ValueError("bad record_id")
+    op_id = record_id + 1
     ins, outs = list(e.get("input_sizes") or []), list(e.get("output_sizes") or [])
     idt, odt = list(e.get("input_dtypes") or []), list(e.get("output_dtypes") or [])
     begin: Event = {"v": SCHEMA_VERSION, "type": "op", "rank": rank, "ts": created, "phase": "begin", "id": op_id,
@@ -254,11 +336,10 @@ def _entry_events(e: dict, rank: int, members: dict[str, list[int]], announced: 
                     "out_dtypes": [_DTYPES.get(str(x), (str(x).lower(), 0))[0] for x in odt],
                     "out_bytes": _nbytes(outs, odt)}
     tid = e.get("thread_id")
-    if tid is not None:
-        try:
-            begin["tid"] = int(tid)
-        except (TypeError, ValueError):
-            pass
+    if isinstance(tid, str) and tid.isdigit() and len(tid) <= 18:
+        tid = int(tid)
+    if _int(tid) is not None:
+        begin["tid"] = tid
     site = _site(e.get("frames"))
     if site:
         begin["site"] = site
@@ -270,12 +351,12 @@ def _entry_events(e: dict, rank: int, members: dict[str, list[int]], announced: 
             begin["peer"] = peer
             key = (group, peer, direction)
             begin["seq"] = p2p_seq[key] = p2p_seq.get(key, 0) + 1
-    elif isinstance(e.get("collective_seq_id"), int):
-        begin["seq"] = int(e["collective_seq_id"])
+    elif _int(e.get("collective_seq_id")) is not None:
+        begin["seq"] = e["collective_seq_id"]
     out.append(begin)
-    done_ns = e.get("time_discovered_completed_ns") or 0
+    done_ns = _int(e.get("time_discovered_completed_ns")) or 0
     if done_ns:
-        out.append({"v": SCHEMA_VERSION, "type": "op", "rank": rank, "ts": int(done_ns), "phase": "end", "id": op_id})
+        out.append({"v": SCHEMA_VERSION, "type": "op", "rank": rank, "ts": done_ns, "phase": "end", "id": op_id})
     elif e.get("retired") or e.get("state") == "completed":
         out.append({"v": SCHEMA_VERSION, "type": "op", "rank": rank, "ts": created, "phase": "end", "id": op_id,
                     "approx": True})
@@ -308,8 +389,18 @@ class FlightRecorderReader:
         if not dumps:
             raise StoreError(f"{self.path}: no readable Flight Recorder dump "
                              f"({'; '.join(self.stats.warnings[:3])})")
-        events = dumps_to_events(dumps, mtimes, job=self.path.name)
-        versions = sorted({str(d.get("version")) for d in dumps.values()})
+        by_rank: dict[int, list[Event]] = {}
+        skipped: dict[int, Counter] = {}
+        for ev in dumps_to_events(dumps, mtimes, job=self.path.name, skipped=skipped):
+            by_rank.setdefault(ev["rank"], []).append(ev)
+        events: list[Event] = []
+        for rank, evs in by_rank.items():  # the one schema every reader validates against
+            good, invalid = validate_events(evs, rank)
+            self.stats.count_invalid(rank, invalid)
+            events.extend(good)
+        for rank, reasons in skipped.items():
+            self.stats.count_invalid(rank, reasons)
+        versions = sorted({str(d.get("version"))[:64] for d in dumps.values()})
         self._job = {"job": self.path.name, "world_size": max(dumps) + 1, "source": "flight-recorder",
                      "fr_version": versions}
         self.stats.events += len(events)

@@ -39,13 +39,12 @@ def find_unwaited(model: TraceModel, now: int) -> list[Finding]:
     out = []
     for r in model.rank_ids():
         rt = model.ranks[r]
-        ids: list[int] = []
+        seen: dict[int, None] = {}  # ordered set: an exit may list thousands of ids
         ex_ts = 0
         for ex in rt.exits:
-            for op_id in ex.get("unwaited") or []:
-                if op_id not in ids:
-                    ids.append(op_id)
+            seen.update(dict.fromkeys(ex.get("unwaited") or []))
             ex_ts = ex["ts"]
+        ids = list(seen)
         if not ids:
             continue
         ops = []

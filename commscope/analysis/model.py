@@ -37,10 +37,17 @@ DEFAULT_SAMPLE_INTERVAL = 1.0
 #: Events are ingested in chunks this long, so that the several column passes over a chunk's
 #: dicts find them in cache (one pass over a cold dict costs ~100 ns, a warm one ~25 ns).
 INGEST_CHUNK = 2048
-MAX_DENSE_ID = 1 << 26  # op ids above this switch a rank's id lookup from an array to a dict
+#: A rank's op ids are looked up in a dense array while they stay below this multiple of its
+#: op count (plus DENSE_ID_SLACK); sparse or huge ids (foreign, trimmed or hostile traces)
+#: switch it to a dict, so an id costs memory by the ops held, never by its value.
+DENSE_ID_FACTOR = 4
+DENSE_ID_SLACK = 1 << 12
 #: A rank whose heartbeat is older than max(DEAD_INTERVALS x sample_interval, DEAD_MIN_S) is dead.
 DEAD_INTERVALS = 5
 DEAD_MIN_S = 2.0
+#: ``dropped`` events whose reason starts so count Flight Recorder ring overwrites: entries of
+#: collectives the wrapper mostly recorded itself, so they are not lost trace events.
+FR_OVERWRITE = "Flight Recorder ring overwritten"
 
 #: Ops whose per-rank tensors must agree in shape across the group: name -> sides compared.
 SAME_SHAPE: dict[str, tuple[str, ...]] = {
@@ -153,15 +160,28 @@ class Sig:
 
 
 class SeqIndex:
-    """An int32 matrix [seq - base, column] -> op index (-1: none), grown on demand."""
+    """An int32 matrix [row, column] -> op index (-1: none) with one row per seq some op has.
 
-    __slots__ = ("base", "cols", "mat", "max_row")
+    ``keys`` holds the seqs of the rows, sorted.  Rows exist only for seqs present, so
+    memory follows the number of ops, never the seq values: a damaged or hostile seq of
+    10**12 costs one row, and a gap after dropped events costs nothing.
+    """
+
+    __slots__ = ("cols", "keys", "mat", "n")
 
     def __init__(self, ncols: int):
-        self.base: int | None = None
         self.cols = ncols
         self.mat = np.full((64, max(ncols, 1)), -1, np.int32)
-        self.max_row = -1
+        self.keys = np.zeros(64, np.int64)
+        self.n = 0
+
+    @property
+    def base(self) -> int | None:
+        """The smallest seq indexed (None: empty)."""
+        return int(self.keys[0]) if self.n else None
+
+    def seq_of(self, row: int) -> int:
+        return int(self.keys[row])
 
     def add_cols(self, ncols: int) -> None:
         if ncols > self.mat.shape[1]:
@@ -170,62 +190,95 @@ class SeqIndex:
             self.mat = grown
         self.cols = max(self.cols, ncols)
 
+    def _grow(self, rows: int) -> None:
+        if rows > self.mat.shape[0]:
+            cap = max(rows, 2 * self.mat.shape[0])
+            grown = np.full((cap, self.mat.shape[1]), -1, np.int32)
+            grown[: self.n] = self.mat[: self.n]
+            keys = np.zeros(cap, np.int64)
+            keys[: self.n] = self.keys[: self.n]
+            self.mat, self.keys = grown, keys
+
+    def _add_keys(self, new: np.ndarray) -> None:
+        """Add rows for ``new`` (sorted, unique, none present yet)."""
+        n, k = self.n, new.shape[0]
+        self._grow(n + k)
+        if n == 0 or new[0] > self.keys[n - 1]:  # the usual case: later seqs, appended in place
+            self.keys[n:n + k] = new
+        else:  # seqs before or between present ones (late Flight Recorder ops, gaps filled)
+            keys = np.concatenate([self.keys[:n], new])
+            order = np.argsort(keys, kind="stable")
+            self.mat[: n + k] = np.concatenate([self.mat[:n], np.full((k, self.mat.shape[1]), -1, np.int32)])[order]
+            self.keys[: n + k] = keys[order]
+        self.n = n + k
+
     def put(self, seqs: np.ndarray, col: int, idx: np.ndarray) -> None:
-        lo = int(seqs.min())
-        if self.base is None:
-            self.base = lo
-        elif lo < self.base:
-            shift = self.base - lo
-            grown = np.full((self.mat.shape[0] + shift, self.mat.shape[1]), -1, np.int32)
-            grown[shift:] = self.mat
-            self.mat = grown
-            self.base = lo
-            self.max_row += shift
-        rows = seqs - self.base
-        hi = int(rows.max())
-        if hi >= self.mat.shape[0]:
-            grown = np.full((max(hi + 1, 2 * self.mat.shape[0]), self.mat.shape[1]), -1, np.int32)
-            grown[: self.mat.shape[0]] = self.mat
-            self.mat = grown
+        n = self.n
+        if n == 0 or int(seqs.min()) > int(self.keys[n - 1]):
+            self._add_keys(np.unique(seqs))
+        else:
+            keys = self.keys[:n]
+            pos = np.minimum(np.searchsorted(keys, seqs), n - 1)
+            missing = keys[pos] != seqs
+            if missing.any():
+                self._add_keys(np.unique(seqs[missing]))
+        rows = np.searchsorted(self.keys[: self.n], seqs)
         self.mat[rows, col] = idx
-        self.max_row = max(self.max_row, hi)
 
     def rows(self) -> np.ndarray:
-        """The filled part, [rows x cols] (a view)."""
-        return self.mat[: self.max_row + 1, : self.cols]
+        """The filled part, [rows x cols] (a view); row r holds seq ``keys[r]``."""
+        return self.mat[: self.n, : self.cols]
 
     def get(self, seq: int) -> np.ndarray | None:
-        if self.base is None:
+        n = self.n
+        if n == 0:
             return None
-        r = seq - self.base
-        if r < 0 or r > self.max_row:
+        r = int(np.searchsorted(self.keys[:n], seq))
+        if r >= n or int(self.keys[r]) != seq:
             return None
         return self.mat[r, : self.cols]
 
 
 class GroupIndex:
-    """Collectives of one group in one seq space: which op each member ran at each seq."""
+    """Collectives of one group in one seq space: which op each member ran at each seq.
+
+    ``members`` is the group (group-rank order when a ``group`` event said so); the seq
+    matrix has a column only for members that ran an op, ``ranks`` in column order, so
+    a trace holding few ranks of a huge group costs only what those ranks recorded.
+    """
 
     def __init__(self, name: str, space: int, members: list[int]):
         self.name = name
         self.space = space
-        self.members = list(members)
-        self.col = {r: i for i, r in enumerate(self.members)}
-        self.seqs = SeqIndex(len(self.members))
+        self.members = list(dict.fromkeys(members))
+        self._member_set = set(self.members)
+        self.ranks: list[int] = []  # rank of each matrix column
+        self.col: dict[int, int] = {}
+        self.seqs = SeqIndex(0)
+
+    def add_member(self, rank: int) -> None:
+        if rank not in self._member_set:
+            self._member_set.add(rank)
+            self.members.append(rank)
 
     def column(self, rank: int) -> int:
         c = self.col.get(rank)
         if c is None:
-            c = self.col[rank] = len(self.members)
-            self.members.append(rank)
-            self.seqs.add_cols(len(self.members))
+            self.add_member(rank)
+            c = self.col[rank] = len(self.ranks)
+            self.ranks.append(rank)
+            self.seqs.add_cols(len(self.ranks))
         return c
+
+    def complete(self) -> bool:
+        """Every member has a column (rows can be complete)."""
+        return len(self.ranks) == len(self.members)
 
     def at(self, seq: int) -> dict[int, int]:
         row = self.seqs.get(seq)
         if row is None:
             return {}
-        return {self.members[c]: int(i) for c, i in enumerate(row) if i >= 0}
+        return {self.ranks[c]: int(i) for c, i in enumerate(row) if i >= 0}
 
 
 _SIG_KEYS = ("op", "group", "site", "redop", "root", "async", "nested", "src", "dir", "tid", "in_bytes",
@@ -260,7 +313,8 @@ class RankTrace:
         self.first_ts = 0
         self.last_ts = 0
         self.last_op_ts = 0
-        self.dropped = 0
+        self.dropped = 0  # events the recorder lost (backpressure, store failures)
+        self.fr_overwritten = 0  # Flight Recorder entries overwritten before a poll: not losses
         self.device_seen = False
         self.samples = _Samples()
         self._order: np.ndarray | None = None
@@ -288,7 +342,8 @@ class RankTrace:
             setattr(self, c, arr)  # replaced, never resized: views handed out stay valid
 
     def map_ids(self, ids: np.ndarray, idx: np.ndarray) -> None:
-        if self.id_dict is None and ids.shape[0] and int(ids.max()) >= MAX_DENSE_ID:
+        if (self.id_dict is None and ids.shape[0]
+                and int(ids.max()) >= DENSE_ID_FACTOR * (self.n + ids.shape[0]) + DENSE_ID_SLACK):
             self.id_dict = {int(k): int(v) for k, v in enumerate(self.id2idx.tolist()) if v >= 0}
         if self.id_dict is not None:  # sparse or huge ids (foreign traces): a dict instead
             self.id_dict.update(zip(ids.tolist(), idx.tolist(), strict=True))
@@ -468,6 +523,9 @@ class TraceModel:
         self.p2p: dict[tuple[int, str, int, int], SeqIndex] = {}  # (space, group, src, dst) -> [send, recv]
         self.job: dict | None = None
         self.events = 0
+        #: What the reader skipped, per rank: {"damaged": lines, "invalid": events, "missing": entries}
+        #: (see ``note_read_stats``); rank -1 is the job metadata.
+        self.read_losses: dict[int, dict[str, int]] = {}
         self.start_ns = 0
         self.end_ns = 0
         self.version = 0
@@ -501,6 +559,17 @@ class TraceModel:
         self.version += 1
         self.changed = frozenset(changed)
         return self.changed
+
+    def note_read_stats(self, stats: Any) -> None:
+        """Take the reader's running loss counts (``store.ReadStats``), so that diagnose() can
+        tell an incomplete trace from a healthy one."""
+        losses: dict[int, dict[str, int]] = {}
+        for key, per_rank in (("damaged", stats.corrupt_by_rank), ("invalid", stats.invalid_by_rank),
+                              ("missing", getattr(stats, "missing_by_rank", {}))):
+            for r, n in per_rank.items():
+                if n:
+                    losses.setdefault(int(r), {})[key] = int(n)
+        self.read_losses = losses
 
     def _ingest_chunk(self, events: list[Event], changed: set[int]) -> tuple[int, int]:
         """Ingest one chunk; add its ranks to ``changed``; return its (first, last) timestamp."""
@@ -560,7 +629,7 @@ class TraceModel:
                         gi = self.coll.get((space, name))
                         if gi is not None:  # ops came first: adopt the real membership
                             for r in self.groups[name]:
-                                gi.column(r)
+                                gi.add_member(r)
                 if e.get("backend"):
                     self.group_backend[name] = e["backend"]
             elif t == "stack":
@@ -570,8 +639,11 @@ class TraceModel:
                 rt.exits.append(e)
             elif t == "meta":
                 rt.meta = e
-            elif t == "dropped":
-                rt.dropped = max(rt.dropped + int(e.get("count", 0)), int(e.get("total", 0)))
+            elif t == "dropped":  # count: this report; total: the recorder's running total
+                if str(e.get("reason", "")).startswith(FR_OVERWRITE):
+                    rt.fr_overwritten = max(rt.fr_overwritten + e.get("count", 0), e.get("total", 0))
+                else:
+                    rt.dropped = max(rt.dropped + e.get("count", 0), e.get("total", 0))
         if samples:
             rt.samples.add(samples)
         return t0, t1

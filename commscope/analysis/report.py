@@ -83,7 +83,7 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
                     acc.alg.append(alg)
                     acc.bus.append(bus)
             waits = inst.waits[m]
-            for col, r in enumerate(gi.members):
+            for col, r in enumerate(gi.ranks):
                 w = int(waits[:, col].sum())
                 by_rank[r].wait += w
                 by_op[s.op].wait += w

@@ -12,4 +12,5 @@ SUITES: dict[str, str] = {
     "varlen": "commscope.bench.varlen",
     "analysis": "commscope.bench.analysis",
     "tui": "commscope.bench.tui",
+    "fuzz": "commscope.bench.fuzz",
 }

@@ -46,32 +46,69 @@ def load(store: str | None) -> tuple[TraceModel, Any, list[str]]:
             pass
     stats = reader.stats
     if not events:
-        if stats.corrupt:
-            raise UsageError(f"{redact(reader.description)}: corrupt beyond use "
-                             f"({stats.corrupt} damaged lines, no readable event)")
+        if stats.corrupt or stats.invalid:
+            raise UsageError(f"{redact(reader.description)}: corrupt beyond use ({stats.corrupt} damaged "
+                             f"line(s), {stats.invalid} invalid event(s), no readable event)")
         raise UsageError(f"{redact(reader.description)}: no events recorded")
-    warnings = list(stats.warnings)
+    model = TraceModel.from_events(events)
+    model.note_read_stats(stats)
+    return model, reader, read_warnings(model, stats)
+
+
+def read_warnings(model: TraceModel, stats: Any) -> list[str]:
+    """What the reader had to skip or could not see, as short lines (bounded whatever the input)."""
+    warnings = list(stats.warnings[:50])
+    if len(stats.warnings) > 50:
+        warnings.append(f"... and {len(stats.warnings) - 50} more reader warning(s)")
     if stats.corrupt:
-        per = ", ".join(f"rank {r}: {n}" for r, n in sorted(stats.corrupt_by_rank.items()))
+        per = ", ".join(f"rank {r}: {n}" for r, n in sorted(stats.corrupt_by_rank.items())[:16])
         warnings.append(f"skipped {stats.corrupt} damaged line(s) ({per})")
+    if stats.invalid:
+        why = ", ".join(f"{reason}: {n}" for reason, n in sorted(stats.invalid_by_reason.items(),
+                                                                    key=lambda kv: -kv[1])[:8])
+        warnings.append(f"skipped {stats.invalid} invalid event(s) ({why})")
     if stats.trimmed:
         warnings.append("the store dropped old events (maxlen): early ops may be missing")
-    model = TraceModel.from_events(events)
-    for r in model.rank_ids():
+    for r in model.rank_ids()[:64]:
         if model.ranks[r].dropped:
-            warnings.append(f"rank {r}: the recorder dropped {model.ranks[r].dropped} event(s) under backpressure")
+            warnings.append(f"rank {r}: the recorder dropped {model.ranks[r].dropped} event(s)")
     ws = model.world_size
-    missing = [r for r in range(ws) if r not in model.ranks]
-    if missing and len(missing) < ws:
-        warnings.append(f"no events from rank(s) {', '.join(map(str, missing))} of world size {ws}")
-    return model, reader, warnings
+    present = model.rank_ids()
+    absent = ws - sum(1 for r in present if r < ws)
+    if 0 < absent < ws:
+        warnings.append(f"no events from rank(s) {_ranges(_absent(present, ws), limit=8)} of world size {ws}")
+    return warnings
+
+
+def _absent(present: list[int], ws: int) -> list[tuple[int, int]]:
+    """Ranks in [0, ws) not in ``present`` (sorted), as inclusive ranges: O(len(present))."""
+    out, lo = [], 0
+    for r in present:
+        if r >= ws:
+            break
+        if r > lo:
+            out.append((lo, r - 1))
+        lo = r + 1
+    if lo < ws:
+        out.append((lo, ws - 1))
+    return out
+
+
+def read_summary(stats: Any) -> dict[str, Any]:
+    """What the reader skipped, for --json: damaged lines, invalid events by reason, store gaps."""
+    return {"damaged": stats.corrupt, "invalid": stats.invalid,
+            "invalid_by_reason": dict(stats.invalid_by_reason),
+            "store_missing": sum(stats.missing_by_rank.values()), "trimmed": stats.trimmed}
 
 
 def to_json(model: TraceModel, findings: list[Finding], warnings: list[str], hang_after: float,
-            now: int, source: str) -> dict[str, Any]:
-    return {"ranks": model.world_size, "events": model.events, "findings": [f.to_json() for f in findings],
-            "warnings": warnings, "hang_after": hang_after, "now_ns": now, "source": source,
-            "ops": model.total_ops()}
+            now: int, source: str, stats: Any = None) -> dict[str, Any]:
+    out = {"ranks": model.world_size, "events": model.events, "findings": [f.to_json() for f in findings],
+           "warnings": warnings, "hang_after": hang_after, "now_ns": now, "source": source,
+           "ops": model.total_ops()}
+    if stats is not None:
+        out["skipped"] = read_summary(stats)
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -84,7 +121,7 @@ def main(args: argparse.Namespace) -> int:
     now = trace_now(model)
     findings = diagnose(model, now, hang_after)
     if args.json:
-        out = to_json(model, findings, warnings, hang_after, now, redact(reader.description))
+        out = to_json(model, findings, warnings, hang_after, now, redact(reader.description), reader.stats)
         sys.stdout.write(json.dumps(out, default=str) + "\n")
     else:
         render(model, findings, warnings, hang_after, redact(reader.description))
@@ -120,21 +157,27 @@ def _panel(f: Finding) -> Any:
                                  f"#{f.seq}" if f.seq is not None else "", f.op or "") if x)
     title = f"[{color} bold]{f.severity.upper()}[/] {f.kind}  {where}"
     parts: list[Any] = [Text(f.message)]
-    parts.append(Text(f"culprits: {', '.join(map(str, f.culprits)) or '-'}   ranks: "
+    parts.append(Text(f"culprits: {_ranges(f.culprits) or '-'}   ranks: "
                       f"{_ranges(f.ranks)}", style="bold"))
     parts.extend(_evidence(f))
     return Panel(Group(*parts), title=title, title_align="left", border_style=color)
 
 
-def _ranges(rs: list[int]) -> str:
-    rs = sorted(rs)
-    out, i = [], 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
+def _ranges(rs: list[int] | list[tuple[int, int]], limit: int = 64) -> str:
+    """'0-3,7' from ranks or from inclusive (first, last) ranges; at most ``limit`` ranges shown."""
+    if rs and not isinstance(rs[0], tuple):
+        singles = sorted(rs)
+        spans: list[tuple[int, int]] = []
+        for r in singles:
+            if spans and r == spans[-1][1] + 1:
+                spans[-1] = (spans[-1][0], r)
+            else:
+                spans.append((r, r))
+    else:
+        spans = list(rs)  # type: ignore[arg-type]
+    out = [str(a) if a == b else f"{a}-{b}" for a, b in spans[:limit]]
+    if len(spans) > limit:
+        out.append(f"... ({len(spans) - limit} more)")
     return ",".join(out)
 
 
@@ -203,6 +246,13 @@ def _evidence(f: Finding) -> list[Any]:
                  g["p90_lateness_s"], g["median_latency_s"]] for g in [ev, *(ev.get("other_groups") or [])]]
         out.append(_table("arrival", ["group", "collectives", "last", "median late s", "p90 late s",
                                       "median latency s"], rows))
+    elif f.kind == "trace_incomplete":
+        rows = [[r, d.get("dropped"), d.get("damaged"), d.get("invalid"), d.get("missing"),
+                 "no exit" if d.get("no_exit") else ""] for r, d in ev["per_rank"].items()]
+        out.append(_table("lost per rank", ["rank", "dropped", "damaged", "invalid", "store lost", "end"], rows))
+        if ev.get("fr_ring_overwritten"):
+            out.append(Text("Flight Recorder ring overwrites (not losses): " + ", ".join(
+                f"rank {r}: {n:,}" for r, n in list(ev["fr_ring_overwritten"].items())[:16]), style="dim"))
     elif f.kind == "unwaited_work":
         rows = [[o.get("id"), o.get("op"), o.get("group"), o.get("seq"), o.get("site")] for o in ev["ops"]]
         out.append(_table("never waited", ["id", "op", "group", "seq", "site"], rows))

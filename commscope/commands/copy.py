@@ -21,6 +21,7 @@ from typing import Any
 
 from commscope import events as E
 from commscope.store import StoreError, StoreWriter, is_redis, open_writer, redact
+from commscope.store.base import is_job_name
 
 PAGE_BYTES = 16 << 20
 PROGRESS_MIN = 50_000  # events (or ~their bytes): smaller copies finish before a bar helps
@@ -45,6 +46,9 @@ def _dest_job(args: argparse.Namespace, meta: dict, src_reader: Any) -> str:
         from commscope.store.redis_url import parse_url
 
         url_job = parse_url(args.dst).job
+    if args.job is not None and not is_job_name(args.job):
+        raise UsageError(f"bad --job {args.job[:130]!r}: use 1-120 letters, digits, '_', '.', '-', not starting "
+                         "with '.' (a job id names a directory or key inside the store)")
     if args.job and url_job and args.job != url_job:
         raise UsageError(f"--job {args.job!r} contradicts ?job={url_job} in the destination URL")
     job = args.job or url_job or meta.get("job") or getattr(src_reader, "job_id", None)

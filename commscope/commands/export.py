@@ -26,13 +26,14 @@ def main(args: argparse.Namespace) -> int:
     import sys
 
     from commscope.cli import UsageError
-    from commscope.commands.check import load
+    from commscope.commands.check import load, read_summary
 
-    model, _, warnings = load(args.store)
+    model, reader, warnings = load(args.store)
     now = trace_now(model)
     hang = args.hang_after if args.hang_after is not None else default_hang_after(model)
     findings = diagnose(model, now, hang)
     data = chrome_trace(model, findings, now)
+    data["metadata"]["skipped"] = read_summary(reader.stats)
     text = json.dumps(data, separators=(",", ":"))
     if args.chrome == "-":
         sys.stdout.write(text + "\n")

@@ -31,12 +31,13 @@ def _bw(v: float | None) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from commscope.commands.check import load
+    from commscope.commands.check import load, read_summary
 
     model, reader, warnings = load(args.store)
     rep = compute_report(model, top_sites=args.top)
     if args.json:
         rep["warnings"] = warnings
+        rep["skipped"] = read_summary(reader.stats)
         rep["source"] = redact(reader.description)
         sys.stdout.write(json.dumps(rep, default=str) + "\n")
         return 0

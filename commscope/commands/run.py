@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from commscope.store import ENV_STORE, default_store, is_redis, redact
+from commscope.store.base import is_job_name
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "record" / "bootstrap"
 
@@ -79,6 +80,9 @@ def main(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise UsageError("give the command to run after --, e.g. commscope run -- torchrun --nproc-per-node 2 train.py")
+    if args.job is not None and not is_job_name(args.job):
+        raise UsageError(f"bad --job {args.job[:130]!r}: use 1-120 letters, digits, '_', '.', '-', not starting "
+                         "with '.' (a job id names a directory or key inside the store)")
     env = build_env(args, native=_native_ready())
     shown = redact(env[ENV_STORE])
     print(f"commscope: recording to {shown}", file=sys.stderr)

@@ -27,7 +27,9 @@ def new_job_id() -> str:
 
 
 def sanitize(job: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", job)[:120] or "job"
+    """A valid job id (store.base.JOB_NAME) from any text: no separators, no leading '.'."""
+    job = re.sub(r"[^A-Za-z0-9_.-]", "_", job)[:120]
+    return job if job and not job.startswith(".") else ("job" + job)[:120]
 
 
 def _key() -> str:

@@ -62,7 +62,7 @@ class NativeOps:
         for gid, name in m.take_groups():  # before the block that uses them
             emit(self._group_event(gid, name, now))
         for sid, code, lasti in m.take_sites():
-            emit({"type": blocks.SITE, "ts": now, "site": sid, "text": callsite.code_site(code, lasti)})
+            emit({"type": blocks.SITE, "ts": now, "sid": sid, "text": callsite.code_site(code, lasti)})
         if count:
             out(blocks.encode_block(data, rank, now, count))
 

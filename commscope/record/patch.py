@@ -434,7 +434,7 @@ def _native_rich_wrapper(source: Any, name: str, orig: Any, extract: Any) -> Any
         if described is None:
             return orig(*args, **kwargs)
         frag, gname, peer, direction = described
-        op_id = m.enter(rich, name_id, frag, gname, peer, direction)
+        op_id = m.enter(rich, name_id, frag, gname, peer, direction, bool(a[5]))
         try:
             ret = orig(*args, **kwargs)
         except BaseException as exc:

@@ -35,7 +35,7 @@ from commscope import events as E
 from commscope.events import encode as _dumps
 from commscope.record import callsite, native
 from commscope.record.probes import ResourceProbe
-from commscope.store import StoreError, default_store, open_writer, redact
+from commscope.store import StoreError, default_store, open_writer, redact, redact_args
 
 ENV_HANG_AFTER = "COMMSCOPE_HANG_AFTER"
 ENV_JOB = "COMMSCOPE_JOB"
@@ -355,7 +355,7 @@ class Recorder:
                 "world_size": world, "backend": backend, "torch": torch.__version__, "commscope": __version__,
                 "python": sys.version.split()[0], "job": self.job, "hang_after": self.hang_after,
                 "sample_interval": self.sample_interval,
-                "argv": [redact(a) if "://" in a else a for a in sys.argv[:16]],  # no passwords in traces
+                "argv": redact_args(sys.argv[:16]),  # no passwords in traces
                 "store": redact(self.store), "recorder": self.ops.name}
         meta.update(self.ops.meta())
         if os.environ.get("LOCAL_RANK", "").isdigit():

@@ -18,7 +18,7 @@ ENV_STORE = "COMMSCOPE_STORE"
 
 __all__ = [
     "DEFAULT_STORE", "ENV_STORE", "ReadStats", "StoreError", "StoreWriter", "TraceReader",
-    "default_store", "is_redis", "open_reader", "open_writer", "redact",
+    "default_store", "is_redis", "open_reader", "open_writer", "redact", "redact_args",
 ]
 
 
@@ -39,6 +39,21 @@ def redact(store: str) -> str:
 
         return redact_url(store)
     return store
+
+
+def redact_args(args: list[str]) -> list[str]:
+    """Command-line arguments safe to record (``meta.argv``): the password of every URL in any
+    of them hidden, whatever the store, and every spelling of $COMMSCOPE_REDIS_PASSWORD."""
+    from commscope.store.redis_url import ENV_PASSWORD, redact_text
+
+    secret = os.environ.get(ENV_PASSWORD) or ""
+    out = []
+    for a in args:
+        a = redact_text(a)
+        if len(secret) >= 4 and secret in a:
+            a = a.replace(secret, "***")
+        out.append(a)
+    return out
 
 
 def open_writer(store: str | os.PathLike | None, job: str, rank: int, job_meta: dict | None = None) -> StoreWriter:

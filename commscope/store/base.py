@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Mapping
 from typing import Protocol
 
-from commscope.events import Event
+from commscope.events import Decoded, Event
+
+#: Distinct invalid-event reasons kept; more are counted as "other" (a hostile trace cannot
+#: grow the stats without bound).
+MAX_REASONS = 64
 
 
 class StoreError(Exception):
@@ -20,14 +26,35 @@ class StoreError(Exception):
         self.written = written
 
 
+#: A job id: a single path component / key part that cannot name anything outside its store
+#: ('.', '..', separators, absolute paths): letters, digits, '_', '.', '-', not starting with '.'.
+JOB_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,119}$")
+
+
+def is_job_name(job: object) -> bool:
+    return isinstance(job, str) and JOB_NAME.fullmatch(job) is not None
+
+
+def check_job_name(job: str) -> str:
+    """``job`` if it is a valid job id, else StoreError (a job may never escape its store)."""
+    if not is_job_name(job):
+        raise StoreError(f"bad job id {str(job)[:130]!r}: use 1-120 letters, digits, '_', '.', '-', "
+                         "not starting with '.'")
+    return job
+
+
 @dataclasses.dataclass
 class ReadStats:
     """What a reader has seen so far; shown by the console and ``check``."""
 
     events: int = 0
     bytes: int = 0
-    corrupt: int = 0  # damaged lines/entries skipped
+    corrupt: int = 0  # damaged lines/entries skipped (not JSON: torn writes, corruption)
     corrupt_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
+    invalid: int = 0  # well-formed JSON that failed the schema (commscope.schema), skipped
+    invalid_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
+    invalid_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
+    missing_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)  # entries the store lost or trimmed
     partial_tail: int = 0  # ranks whose last line is still incomplete
     trimmed: bool = False  # the backend dropped old events (Redis maxlen)
     warnings: list[str] = dataclasses.field(default_factory=list)
@@ -36,6 +63,30 @@ class ReadStats:
         if n:
             self.corrupt += n
             self.corrupt_by_rank[rank] = self.corrupt_by_rank.get(rank, 0) + n
+
+    def count_invalid(self, rank: int, reasons: Mapping[str, int]) -> None:
+        """Add skipped invalid events of ``rank`` by reason (at most MAX_REASONS distinct)."""
+        for reason, n in reasons.items():
+            if not n:
+                continue
+            self.invalid += n
+            self.invalid_by_rank[rank] = self.invalid_by_rank.get(rank, 0) + n
+            if reason not in self.invalid_by_reason and len(self.invalid_by_reason) >= MAX_REASONS:
+                reason = "other"
+            self.invalid_by_reason[reason] = self.invalid_by_reason.get(reason, 0) + n
+
+    def count_decoded(self, rank: int, decoded: Decoded) -> None:
+        """Account one decoded batch of ``rank``: its events, damaged lines and invalid events."""
+        self.events += len(decoded.events)
+        self.count_corrupt(rank, decoded.damaged)
+        self.count_invalid(rank, decoded.invalid)
+
+    def lost_by_rank(self) -> dict[int, int]:
+        """Damaged plus invalid events skipped, per rank."""
+        out = dict(self.corrupt_by_rank)
+        for r, n in self.invalid_by_rank.items():
+            out[r] = out.get(r, 0) + n
+        return out
 
 
 class StoreWriter(Protocol):

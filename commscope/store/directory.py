@@ -16,18 +16,21 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 from pathlib import Path
 
 import orjson
 
-from commscope.blocks import BlockDecoder
-from commscope.blocks import expand as expand_blocks
+from commscope.blocks import BlockDecoder, expand_decoded
 from commscope.events import Event, decode_lines, gc_paused
-from commscope.store.base import ReadStats, StoreError
+from commscope.schema import MAX_RANK, decode_job
+from commscope.store.base import ReadStats, StoreError, check_job_name, is_job_name
 
-RANK_FILE = re.compile(r"^rank-(\d+)\.jsonl$")
+RANK_FILE = re.compile(r"^rank-(\d{1,8})\.jsonl$")
 LATEST = "LATEST"
 JOB_FILE = "job.json"
+MAX_JOB_FILE = 1 << 20  # job.json is a few hundred bytes; never read more than this
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def rank_file_name(rank: int) -> str:
@@ -45,21 +48,21 @@ class DirectoryWriter:
 
     def __init__(self, root: str | os.PathLike, job: str, rank: int, job_meta: dict | None = None):
         self.root = Path(root)
-        self.job = job
+        self.job = check_job_name(job)
         self.rank = rank
         self.dir = self.root / job
         self.path = self.dir / rank_file_name(rank)
         self.description = str(self.path)
         self._fd: int | None = None
-        self._torn = False  # the last write stopped mid-line
+        self._torn = False  # the file ends mid-line: a failed write stopped there
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            if self.path.exists() and self.path.stat().st_size > 0:
+            self._open()
+            if os.fstat(self._fd).st_size > 0:
                 raise StoreError(
                     f"{self.path} already holds events of an earlier job with id {job!r}; "
                     "refusing to mix jobs (choose a new COMMSCOPE_JOB or another store)"
                 )
-            self._open()
             if rank == 0:
                 meta = dict(job_meta or {}, job=job)
                 _atomic_write(self.dir / JOB_FILE, orjson.dumps(meta, option=orjson.OPT_INDENT_2))
@@ -67,16 +70,30 @@ class DirectoryWriter:
         except OSError as exc:
             self.close()
             raise StoreError(f"cannot write trace store {self.dir}: {exc.strerror or exc}") from None
+        except StoreError:
+            self.close()
+            raise
 
     def _open(self) -> None:
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        """Open the rank file for appending without ever blocking: a FIFO (or any file that is
+        not a regular file) in its place is refused at once instead of hanging the thread."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | _O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno in (errno.ENXIO, errno.ELOOP):  # a FIFO with no reader; a symlink
+                raise StoreError(f"cannot write trace store {self.path}: not a regular file") from None
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise StoreError(f"cannot write trace store {self.path}: not a regular file")
+        os.set_blocking(fd, True)
+        self._fd = fd
 
     def write(self, lines: list[bytes]) -> None:
         if not lines:
             return
-        lead = b"\n" if self._torn else b""  # end a torn line from a failed write
-        data = lead + b"\n".join(lines) + b"\n"
         done = 0
+        lead = b""
         try:
             if self._fd is None or os.fstat(self._fd).st_nlink == 0:
                 # The store was deleted under us: recreate it rather than write into an
@@ -84,17 +101,23 @@ class DirectoryWriter:
                 self.close()
                 self.dir.mkdir(parents=True, exist_ok=True)
                 self._open()
+                self._torn = False
+            lead = b"\n" if self._torn else b""  # end a torn line from a failed write
+            data = lead + b"\n".join(lines) + b"\n"
             view = memoryview(data)
             while done < len(data):
                 n = os.write(self._fd, view[done:])
                 if n <= 0:
                     raise OSError(errno.EIO, "short write")
                 done += n
-        except OSError as exc:
-            # Whole lines that landed count as written; a torn tail is ended next time.
-            self._torn = done > 0 and data[done - 1] != 0x0A
+        except (OSError, StoreError) as exc:
+            # Whole lines that landed count as written; a torn tail is ended next time.  A
+            # retry that wrote nothing leaves the file as torn as it was.
+            if done:
+                self._torn = data[done - 1] != 0x0A
             landed = data[len(lead):done].count(b"\n") if done > len(lead) else 0
-            raise StoreError(f"cannot append to {self.path}: {exc.strerror or exc}", landed) from None
+            why = exc.strerror or exc if isinstance(exc, OSError) else exc
+            raise StoreError(f"cannot append to {self.path}: {why}", landed) from None
         self._torn = False
 
     def close(self) -> None:
@@ -104,6 +127,21 @@ class DirectoryWriter:
             except OSError:
                 pass
             self._fd = None
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """Up to ``limit`` bytes of a regular file, never blocking on a FIFO or device in its place."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes")
+    return data
 
 
 def resolve_job_dir(path: str | os.PathLike) -> Path | None:
@@ -116,10 +154,10 @@ def resolve_job_dir(path: str | os.PathLike) -> Path | None:
     latest = p / LATEST
     if latest.exists():
         try:
-            name = latest.read_text().strip()
+            name = read_regular(latest, 4096).decode("utf-8", "replace").strip()
         except OSError:
             name = ""
-        if name and (p / name).is_dir():
+        if is_job_name(name) and (p / name).is_dir():
             return p / name
     jobs = [d for d in p.iterdir() if d.is_dir() and ((d / JOB_FILE).exists() or any(
         RANK_FILE.match(n) for n in os.listdir(d)))]
@@ -154,13 +192,23 @@ class DirectoryReader:
         self._partial: dict[int, bool] = {}
         self._blocks: dict[int, BlockDecoder] = {}  # per rank: see commscope.blocks
         self._job: dict | None = None
+        self._job_failed = False
+        self._refused: set[str] = set()  # rank files that are not regular files (warned once)
 
     def job(self) -> dict | None:
-        if self._job is None and self.job_dir is not None:
+        if self._job is None and self.job_dir is not None and not self._job_failed:
             try:
-                self._job = orjson.loads((self.job_dir / JOB_FILE).read_bytes())
-            except (OSError, orjson.JSONDecodeError):
-                self._job = None
+                data = read_regular(self.job_dir / JOB_FILE, MAX_JOB_FILE)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                data, why = None, f"job metadata: {exc.strerror or exc}"
+            if data is not None:
+                self._job, why = decode_job(data)
+            if self._job is None:
+                self._job_failed = True
+                self.stats.count_invalid(-1, {why: 1})
+                self.stats.warnings.append(f"{JOB_FILE} skipped ({why})")
         return self._job
 
     def rank_files(self) -> dict[int, Path]:
@@ -175,8 +223,17 @@ class DirectoryReader:
             return {}
         for name in names:
             m = RANK_FILE.match(name)
-            if m:
-                files[int(m.group(1))] = self.job_dir / name
+            if m and int(m.group(1)) <= MAX_RANK:
+                path = self.job_dir / name
+                try:
+                    regular = stat.S_ISREG(os.stat(path).st_mode)  # a symlink to a regular file is fine
+                except OSError:
+                    continue
+                if regular:
+                    files[int(m.group(1))] = path
+                elif name not in self._refused:  # a FIFO would block the reader: never open it
+                    self._refused.add(name)
+                    self.stats.warnings.append(f"{name} is not a regular file; skipped")
         return dict(sorted(files.items()))
 
     def total_bytes(self) -> int:
@@ -224,14 +281,12 @@ class DirectoryReader:
                     tail = f.read()
             except OSError:
                 continue
-            good, bad = decode_lines(tail)
-            good, damaged = expand_blocks(good, self._blocks)
-            if bad:
+            got = expand_decoded(decode_lines(tail, rank), self._blocks)
+            if got.damaged:
                 self.stats.warnings.append(f"rank {rank}: last line of {path.name} is truncated "
                                            f"({len(tail)} bytes skipped)")
-            self.stats.count_corrupt(rank, bad + damaged)
-            self.stats.events += len(good)
-            events.extend(good)
+            self.stats.count_decoded(rank, got)
+            events.extend(got.events)
             self._offsets[rank] = self._offsets.get(rank, 0) + len(tail)
             self._partial[rank] = False
         self.stats.partial_tail = 0
@@ -263,13 +318,11 @@ class DirectoryReader:
         self._partial[rank] = cut < len(data) and offset + len(data) >= size
         if cut == 0:
             return [], 0
-        events, bad = decode_lines(data[:cut])
-        events, damaged = expand_blocks(events, self._blocks)
+        got = expand_decoded(decode_lines(data[:cut], rank), self._blocks)
         self._offsets[rank] = offset + cut
-        self.stats.count_corrupt(rank, bad + damaged)
-        self.stats.events += len(events)
+        self.stats.count_decoded(rank, got)
         self.stats.bytes += cut
-        return events, cut
+        return got.events, cut
 
     def close(self) -> None:
         pass

@@ -31,16 +31,17 @@ import contextlib
 import socket
 import ssl
 import time
+from collections import Counter
 from typing import Any
 
 import orjson
 
 from commscope import events as E
-from commscope.blocks import BlockDecoder
-from commscope.blocks import expand as expand_blocks
-from commscope.events import Event, decode_lines, gc_paused
-from commscope.store.base import ReadStats, StoreError
-from commscope.store.redis_url import JOB_NAME, RedisTarget, parse_url, redact_text, redact_url, scrub
+from commscope.blocks import BlockDecoder, expand_decoded
+from commscope.events import Decoded, Event, decode_lines, gc_paused
+from commscope.schema import decode_job
+from commscope.store.base import ReadStats, StoreError, is_job_name
+from commscope.store.redis_url import RedisTarget, parse_url, redact_text, redact_url, scrub
 
 PREFIX = "commscope"
 JOBS_KEY = f"{PREFIX}:jobs"
@@ -444,7 +445,7 @@ class RedisWriter:
     def __init__(self, url: str, job: str, rank: int, job_meta: dict | None = None):
         self.target = parse_url(url)
         self.job = self.target.job or job
-        if not isinstance(self.job, str) or not JOB_NAME.match(self.job):
+        if not is_job_name(self.job):
             raise StoreError(f"bad job id {self.job!r}: use 1-120 letters, digits, '_', '.', '-'")
         self.rank = int(rank)
         self.maxlen = self.target.maxlen or 0
@@ -688,6 +689,7 @@ class RedisReader:
         self._cursor: dict[int, bytes] = {}  # rank -> id of the last entry returned
         self._last: dict[int, int] = {}  # rank -> number of the last commscope entry returned
         self._job: dict | None = None
+        self._job_failed = False
 
     @property
     def description(self) -> str:
@@ -728,16 +730,21 @@ class RedisReader:
         if self._job is None and self.job_id is not None:
             try:
                 raw = self._conn_ok().call("GET", meta_key(self.job_id))
-                self._job = orjson.loads(raw) if raw else None
-            except (OSError, ReplyError, StoreError, orjson.JSONDecodeError):
-                self._job = None
+            except (OSError, ReplyError, StoreError):
+                return None
+            if isinstance(raw, bytes) and raw:
+                self._job, why = decode_job(raw)
+                if self._job is None and not self._job_failed:
+                    self._job_failed = True
+                    self.stats.count_invalid(-1, {why: 1})
+                    self.stats.warnings.append(f"job metadata skipped ({why})")
         return self._job
 
     def ranks(self) -> list[int]:
         if self.job_id is None:
             return []
         members = self._conn_ok().call("SMEMBERS", ranks_key(self.job_id)) or []
-        return sorted(int(m) for m in members if m.isdigit())
+        return sorted(int(m) for m in members if m.isdigit() and len(m) <= 8)
 
     def count(self) -> int:
         """Entries stored for this job right now (XLEN summed over ranks): progress totals."""
@@ -844,18 +851,17 @@ class RedisReader:
                 values.append(v or b"")
             self._last[rank] = last
         self._cursor[rank] = entries[-1][0]
-        events, bad = _decode(values)
-        events, damaged = expand_blocks(events, self._blocks)
-        self.stats.count_corrupt(rank, bad + damaged)
-        self.stats.events += len(events)
+        got = expand_decoded(_decode(values, rank), self._blocks)
+        self.stats.count_decoded(rank, got)
         size = sum(map(len, values))
         self.stats.bytes += size
-        out.extend(events)
+        out.extend(got.events)
         return size
 
     def _gap(self, rank: int, last: int, k: int) -> None:
         n = k - last - 1
         self.missing[rank] = self.missing.get(rank, 0) + n
+        self.stats.missing_by_rank[rank] = self.stats.missing_by_rank.get(rank, 0) + n
         maxlen = (self.job() or {}).get("maxlen")
         if last == 0:
             self.stats.trimmed = True
@@ -882,22 +888,25 @@ def _after(entry_id: bytes) -> bytes:
     return b"%s-%d" % (ms, int(k) + 1)
 
 
-def _decode(values: list[bytes]) -> tuple[list[Event], int]:
-    """Entries to events: one C-speed pass when every entry is one clean line."""
+def _decode(values: list[bytes], rank: int) -> Decoded:
+    """Entries to validated events: one C-speed pass when every entry is one clean line."""
     if not values:
-        return [], 0
+        return Decoded([], 0, Counter())
     joined = b"\n".join(values)
     if joined.count(b"\n") == len(values) - 1:
-        events, bad = decode_lines(joined)
-        if len(events) + bad == len(values):
-            return events, bad
-    events, bad = [], 0  # empty or multi-line entries: judge each on its own
+        got = decode_lines(joined, rank)
+        if len(got.events) + got.damaged + sum(got.invalid.values()) == len(values):
+            return got
+    events, damaged, invalid = [], 0, Counter()  # empty or multi-line entries: judge each on its own
     for v in values:
-        try:
-            events.append(E.decode(v))
-        except E.TraceFormatError:
-            bad += 1
-    return events, bad
+        one = decode_lines(v.replace(b"\n", b" "), rank) if v.strip() else Decoded([], 1, Counter())
+        if len(one.events) + one.damaged + sum(one.invalid.values()) != 1:  # not exactly one event
+            damaged += 1
+            continue
+        events.extend(one.events)
+        damaged += one.damaged
+        invalid.update(one.invalid)
+    return Decoded(events, damaged, invalid)
 
 
 # ---------------------------------------------------------------------------- helpers

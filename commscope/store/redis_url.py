@@ -9,20 +9,26 @@ Accepted forms (the password is optional everywhere)::
 
 A bare ``secret@host`` is taken as a password, not a user name: AUTH needs a password,
 and treating it as one means it is also redacted.  ``redact_url`` never raises and
-never returns the password, so anything that prints a store may call it blindly.
+never returns the password, so anything that prints a store may call it blindly; it
+hides the user info and the value of any query key that decodes to a secret's name
+(``password``, ``pass%77ord``, ``PASSWORD`` ...).
+
+Without a password in the URL, ``$COMMSCOPE_REDIS_PASSWORD`` is used (like redis-cli's
+``REDISCLI_AUTH``), so that no password needs to appear in a command line (``ps``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, unquote_plus, urlsplit
 
-from commscope.store.base import StoreError
+from commscope.store.base import StoreError, is_job_name
 
 SCHEMES = ("redis", "rediss", "unix")
-JOB_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,120}$")
 QUERY_KEYS = frozenset({"job", "maxlen", "timeout", "db", "password", "username", "ssl_cert_reqs", "ssl_ca_certs"})
+ENV_PASSWORD = "COMMSCOPE_REDIS_PASSWORD"
 DEFAULT_PORT = 6379
 DEFAULT_TIMEOUT = 5.0
 
@@ -113,6 +119,8 @@ def parse_url(url: str) -> RedisTarget:
             query[key] = value
         if "password" in query:
             password = query["password"] or None
+        if password is None:
+            password = os.environ.get(ENV_PASSWORD) or None
         if "username" in query:
             username = query["username"] or None
         fields: dict = {"scheme": scheme, "username": username, "password": password}
@@ -136,8 +144,8 @@ def parse_url(url: str) -> RedisTarget:
             raise StoreError(f"bad Redis URL {shown}: the database must be a number, e.g. /0")
         fields["db"] = int(db_text)
         job = query.get("job")
-        if job is not None and not JOB_NAME.match(job):
-            raise StoreError(f"bad job name in {shown}: use 1-120 letters, digits, '_', '.', '-'")
+        if job is not None and not is_job_name(job):
+            raise StoreError(f"bad job name in {shown}: use 1-120 letters, digits, '_', '.', '-', not starting with '.'")
         fields["job"] = job
         if "maxlen" in query:
             if not query["maxlen"].isdigit() or int(query["maxlen"]) < 1:
@@ -166,7 +174,24 @@ def parse_url(url: str) -> RedisTarget:
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _USER = re.compile(r"^[A-Za-z0-9_.-]*$")
-_QUERY_SECRET = re.compile(r"([?&;]password=)[^&#]*", re.IGNORECASE)
+#: A query member: separator, key, '=', value (in a URL the value runs to the next separator;
+#: in free text also to whitespace).
+_QUERY_MEMBER = re.compile(r"([?&;])([^=&;#?]*)=([^&;#]*)")
+_QUERY_MEMBER_IN_TEXT = re.compile(r"([?&;])([^=&;#?\s]*)=([^&;#\s]*)")
+_SECRET_KEY = re.compile(r"pass|pwd|auth|secret|token", re.IGNORECASE)
+
+
+def _hide_query(text: str, member: re.Pattern) -> str:
+    """Values of query keys that name a secret once percent-decoded (``pass%77ord``) -> ***."""
+
+    def hide(m: re.Match) -> str:
+        try:
+            key = unquote_plus(m.group(2))
+        except Exception:
+            key = m.group(2)
+        return f"{m.group(1)}{m.group(2)}=***" if _SECRET_KEY.search(key) else m.group(0)
+
+    return member.sub(hide, text)
 
 
 def redact_url(url: str) -> str:
@@ -185,7 +210,7 @@ def redact_url(url: str) -> str:
             user, colon, _ = userinfo.partition(":")
             hidden = f"{user}:***" if colon and _USER.match(user) else "***"
             text = text[:m.end()] + hidden + text[at:]
-    return _QUERY_SECRET.sub(r"\1***", text)
+    return _hide_query(text, _QUERY_MEMBER)
 
 
 _URL_IN_TEXT = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)(\S*)@")
@@ -193,11 +218,12 @@ _URL_IN_TEXT = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)(\S*)@")
 
 def redact_text(text: str) -> str:
     """Any text with the password of every URL in it replaced by *** (e.g. an argv entry
-    like ``--store=redis://:pw@host/0``).  Takes each URL's user info up to its last '@'."""
+    like ``--store=redis://:pw@host/0`` or ``--x=redis://h/0?pass%77ord=pw``).  Takes each
+    URL's user info up to its last '@'."""
 
     def hide(m: re.Match) -> str:
         user, colon, _ = m.group(2).partition(":")
         return m.group(1) + (f"{user}:***" if colon and _USER.match(user) else "***") + "@"
 
-    return _QUERY_SECRET.sub(r"\1***", _URL_IN_TEXT.sub(hide, text))
-
+    text = _URL_IN_TEXT.sub(hide, str(text))
+    return _hide_query(text, _QUERY_MEMBER_IN_TEXT) if "=" in text else text

@@ -34,7 +34,8 @@ class FeedInfo:
     rate: float = 0.0  # events/s ingested recently
     behind_bytes: int = 0  # written but not yet read (live)
     behind: bool = False
-    corrupt: int = 0
+    corrupt: int = 0  # damaged lines the reader skipped
+    invalid: int = 0  # events that failed the schema, skipped
     trimmed: bool = False
     warnings: tuple[str, ...] = ()
     waiting: bool = True  # nothing recorded yet
@@ -100,10 +101,13 @@ class Feed:
                     batch = self.reader.poll(max_bytes=self.BUDGET)
                 except TypeError:
                     batch = self.reader.poll()
-                if batch:
-                    with self.lock:
+                stats = getattr(self.reader, "stats", None)
+                with self.lock:
+                    if batch:
                         self.model.ingest(batch)
-                    got = len(batch)
+                    if stats is not None:
+                        self.model.note_read_stats(stats)
+                got = len(batch)
             backlog = getattr(self.reader, "backlog_bytes", None)
             behind_bytes = backlog() if backlog else 0
         except Exception as exc:  # a store that vanished, a wrong password...
@@ -133,7 +137,7 @@ class Feed:
         return FeedInfo(
             mode=self.mode, source=self.source, version=m.version, events=m.events, rate=rate,
             behind_bytes=behind_bytes, behind=behind_bytes > self.BUDGET,
-            corrupt=getattr(stats, "corrupt", 0), trimmed=bool(getattr(stats, "trimmed", False)),
+            corrupt=getattr(stats, "corrupt", 0), invalid=getattr(stats, "invalid", 0), trimmed=bool(getattr(stats, "trimmed", False)),
             warnings=tuple(getattr(stats, "warnings", ())[-5:]), waiting=m.events == 0, ended=ended,
             loaded=self.info.loaded, progress=self.info.progress, now_ns=now, error=self.error)
 

@@ -24,6 +24,8 @@ class StatusHeader(Static):
                 t.append(f"loading {info.progress * 100:.0f}% ", style="#ffd75f")
             elif cursor_ns is not None:
                 t.append(f"{'▶' if playing else '❚❚'} x{speed:g} +{duration(cursor_ns - start_ns)} ", style="#ffd75f")
+            if info.error:
+                t.append(f"· {info.error} ", style="bold #e05050")
         else:
             if info.error:
                 t.append(f"· {info.error} ", style="bold #e05050")
@@ -45,6 +47,8 @@ class StatusHeader(Static):
             t.append("· trimmed ", style="#e0a030")
         if info.corrupt:
             t.append(f"· {info.corrupt} damaged lines skipped ", style="#e0a030")
+        if info.invalid:
+            t.append(f"· {info.invalid} invalid events skipped ", style="#e0a030")
         t.append(f"✖ {errors} ", style="bold #e05050" if errors else "grey42")
         t.append(f"▲ {warnings}", style="bold #e0a030" if warnings else "grey42")
         self.update(t)

@@ -1,7 +1,7 @@
 """Variable-length collectives and multi-tensor send/recv for torch.distributed (Gloo and NCCL).
 
-    all_gather_v(t, *, dim=0, sizes=None, cat=False, group=None, async_op=False)
-    gather_v(t, dst=0, *, dim=0, sizes=None, cat=False, group=None)
+    all_gather_v(t, *, dim=0, sizes=None, cat=False, group=None, async_op=False, check_sizes=None)
+    gather_v(t, dst=0, *, dim=0, sizes=None, cat=False, group=None, check_sizes=None)
     scatter_v(chunks_or_tensor, src=0, *, split_sizes=None, dim=0, group=None)
     all_to_all_v(tensors_per_dst, *, dim=0, group=None)
     reduce_scatter_v(t, split_sizes, op=SUM, *, dim=0, group=None)
@@ -19,10 +19,14 @@ How a collective runs
 ---------------------
 1. Metadata: every rank encodes op, root, dim, dtype (a stable small code, see DTYPE_CODES),
    device type, shape, forced strategy and any local problem (0-d tensor, dim out of range,
-   bad split sizes, unknown strategy, non-tensor...) into one 26 x int64 record.  One small
+   bad split sizes, unknown strategy, non-tensor, meta/nested/sparse tensor...) into one
+   26 x int64 record: no local problem raises before the exchange.  One small
    exchange hands everyone every record (NCCL: all_gather on the current CUDA device; Gloo:
    one isend/irecv message per pair of ranks, the same for every op), then one host read.
-   ``sizes=`` on all_gather_v/gather_v skips this; then only local checks run.
+   ``sizes=`` on all_gather_v/gather_v skips this; then only local checks run, and a rank
+   that fails them raises alone while the others block (docs/varlen.md says exactly what
+   each disagreement does).  ``check_sizes=True`` or ``$COMMSCOPE_VARLEN_CHECK=1`` exchanges
+   anyway, with the sizes in the record, so that every rank raises together.
    all_gather_v on Gloo sends its data in the same message: each rank makes room after
    rank s's record for as many bytes as rank s sent in the group's previous all_gather_v (a
    Gloo receive takes a shorter message; every rank knows those counts alike, from the

@@ -140,31 +140,42 @@ def _gathered_layout(tensor: torch.Tensor, dim: int) -> tuple[int, torch.Tensor,
 
 def all_gather_v(tensor: torch.Tensor, *, dim: int = 0, sizes: Sequence[int] | None = None, cat: bool = False,
                  group: dist.ProcessGroup | None = None, async_op: bool = False,
-                 strategy: str | None = None) -> list[torch.Tensor] | torch.Tensor | VarlenWork:
+                 strategy: str | None = None, check_sizes: bool | None = None) -> list[torch.Tensor] | torch.Tensor | VarlenWork:
     """Gather tensors that differ in length along ``dim`` from every rank of ``group``.
 
     Returns every rank's tensor in group-rank order (views of one receive buffer), or their
     concatenation along ``dim`` with ``cat=True``.  ``sizes`` (every rank's length, same on
-    all ranks) skips the metadata exchange and its checks.  With ``async_op=True`` the
-    metadata exchange still completes before the call returns; the data transfer does not,
-    and the returned handle's ``wait()`` yields the result.  ``strategy`` forces one of
-    "native" (equal lengths), "padded", "p2p", "bcast", "a2a" (all ranks must pass the same).
+    all ranks) skips the metadata exchange and its checks, unless ``check_sizes`` (default:
+    ``$COMMSCOPE_VARLEN_CHECK``) asks to verify them: then every rank raises the same error
+    when sizes= disagree across ranks or with a tensor, or were passed on some ranks only.
+    With ``async_op=True`` the metadata exchange still completes before the call returns;
+    the data transfer does not, and the returned handle's ``wait()`` yields the result.
+    ``strategy`` forces one of "native" (equal lengths), "padded", "p2p", "bcast", "a2a" (all
+    ranks must pass the same).
     """
     op = "all_gather_v"
     g = m.Group.of(group)
+    given = sizes
+    check = m.checking(check_sizes)
+    if sizes is not None and check:
+        sizes = None  # exchange after all, with the caller's sizes in the record
+    aux = m.SIZES_AUX if check else ()
     if sizes is None and m.p2p_metadata(g):
-        rec = m.describe(m.new_record(op, strategy=strategy), tensor, dim)
+        rec = m.note_sizes(m.describe(m.new_record(op, strategy=strategy), tensor, dim), given, tensor, dim,
+                           g.size, g.rank)
         mine = _bytes(_dense(m.raw(tensor), torch.device("cpu"))) if rec[m.F_STATUS] == m.OK else None
         recs, arrived = m.exchange_p2p(g, [rec] * g.size, payload=mine)
-        m.validate(g, op, recs)
+        m.validate(g, op, recs, aux=aux)
         got = _speculated(g, tensor, dim, recs, arrived, mine)
         if got is not None and strategy is None:
             pieces, d = got
             return _done([], lambda: (pieces, None), cat, d, tensor, async_op)
         sizes = [m.length(r) for r in recs]
     elif sizes is None:
-        recs = m.exchange(g, m.describe(m.new_record(op, strategy=strategy), tensor, dim))
-        m.validate(g, op, recs)
+        rec = m.note_sizes(m.describe(m.new_record(op, strategy=strategy), tensor, dim), given, tensor, dim,
+                           g.size, g.rank)
+        recs = m.exchange(g, rec)
+        m.validate(g, op, recs, aux=aux)
         sizes = [m.length(r) for r in recs]
     else:
         sizes = _check_known_sizes(g, op, tensor, dim, sizes, strategy)
@@ -275,20 +286,24 @@ _AG = {"native": _ag_native, "padded": _ag_padded, "p2p": _ag_p2p, "bcast": _ag_
 
 def gather_v(tensor: torch.Tensor, dst: int = 0, *, dim: int = 0, sizes: Sequence[int] | None = None,
              cat: bool = False, group: dist.ProcessGroup | None = None,
-             strategy: str | None = None) -> list[torch.Tensor] | torch.Tensor | None:
+             strategy: str | None = None, check_sizes: bool | None = None) -> list[torch.Tensor] | torch.Tensor | None:
     """Gather tensors that differ in length along ``dim`` onto ``dst`` (a global rank, as in
     torch.distributed).  Returns the list in group-rank order (or the concatenation with
-    ``cat=True``) on ``dst`` and None elsewhere.  ``sizes`` skips the metadata exchange.
+    ``cat=True``) on ``dst`` and None elsewhere.  ``sizes`` skips the metadata exchange unless
+    ``check_sizes`` (default: ``$COMMSCOPE_VARLEN_CHECK``) verifies them, as in all_gather_v.
     ``strategy`` forces "native" (equal lengths), "padded", "p2p" or "a2a"."""
     op = "gather_v"
     g = m.Group.of(group)
     root = g.group_rank(dst)
-    if sizes is None:
+    given = sizes
+    check = m.checking(check_sizes)
+    if sizes is None or check:
         rec = m.new_record(op, root=root, strategy=strategy)
         if root < 0:
             rec[m.F_STATUS] = m.BAD_ROOT
-        recs = m.exchange(g, m.describe(rec, tensor, dim))
-        m.validate(g, op, recs)
+        rec = m.note_sizes(m.describe(rec, tensor, dim), given, tensor, dim, g.size, g.rank)
+        recs = m.exchange(g, rec)
+        m.validate(g, op, recs, aux=m.SIZES_AUX if check else ())
         sizes = [m.length(r) for r in recs]
     else:
         sizes = _check_known_sizes(g, op, tensor, dim, sizes, strategy)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -58,7 +59,7 @@ _BAD_STRATEGY = -1
 
 # status codes: a local problem that every rank must learn about
 OK, ZERO_DIM, TOO_MANY_DIMS, BAD_DTYPE, BAD_DIM, NOT_TENSOR, CHUNKS_DISAGREE, BAD_SPLITS, \
-    BAD_ROOT, BAD_STRATEGY, BAD_LAYOUT = range(11)
+    BAD_ROOT, BAD_STRATEGY, BAD_LAYOUT, NO_DATA, NESTED, UNREADABLE, BAD_SIZES = range(15)
 STATUS_TEXT = {
     ZERO_DIM: "a 0-d tensor (varlen ops need a dimension to vary along; use t.reshape(1))",
     TOO_MANY_DIMS: "a tensor with more than {maxd} dims",
@@ -70,6 +71,10 @@ STATUS_TEXT = {
     BAD_ROOT: "a src/dst that is not a member of the group",
     BAD_STRATEGY: "an unknown strategy",
     BAD_LAYOUT: "a sparse or otherwise non-strided tensor",
+    NO_DATA: "a tensor without data (on the meta device)",
+    NESTED: "a nested tensor (pass its components, e.g. t.unbind(), or a padded tensor)",
+    UNREADABLE: "a tensor whose shape or layout cannot be read",
+    BAD_SIZES: "sizes= that do not fit (one non-negative length per rank; its own entry must be its tensor's length)",
 }
 
 # record layout
@@ -229,9 +234,21 @@ def new_record(op: str, *, root: int = -1, strategy: str | None = None) -> list[
 
 
 def tensor_status(t: object, dim: int | None, *, allow_0d: bool = False) -> int:
-    """Local problems with one input tensor, as a status code (OK when fine)."""
+    """Local problems with one input tensor, as a status code (OK when fine).
+
+    Never raises: a problem found here travels in the metadata record, so that every rank
+    raises the same error instead of this one raising alone and the others hanging."""
     if not isinstance(t, torch.Tensor):
         return NOT_TENSOR
+    try:
+        return _tensor_status(t, dim, allow_0d)
+    except Exception:  # a subclass or layout whose shape or strides raise
+        return UNREADABLE
+
+
+def _tensor_status(t: torch.Tensor, dim: int | None, allow_0d: bool) -> int:
+    if t.is_nested:
+        return NESTED
     if t.layout != torch.strided or t.is_quantized:
         return BAD_LAYOUT if t.layout != torch.strided else BAD_DTYPE
     if dtype_code(t.dtype) == 0:
@@ -242,7 +259,47 @@ def tensor_status(t: object, dim: int | None, *, allow_0d: bool = False) -> int:
         return TOO_MANY_DIMS
     if dim is not None and not -t.dim() <= dim < t.dim():
         return BAD_DIM
+    if t.device.type == "meta":
+        return NO_DATA
+    tuple(t.shape)  # readable (raises for exotic subclasses: UNREADABLE)
     return OK
+
+
+#: ``COMMSCOPE_VARLEN_CHECK=1``: ops given ``sizes=`` still exchange metadata and check them.
+ENV_CHECK = "COMMSCOPE_VARLEN_CHECK"
+
+
+def checking(check_sizes: bool | None) -> bool:
+    """Whether a call given ``sizes=`` verifies them with a metadata exchange."""
+    if check_sizes is not None:
+        return bool(check_sizes)
+    return os.environ.get(ENV_CHECK, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def note_sizes(rec: list[int], sizes: Sequence[int] | None, t: object, dim: int, group_size: int,
+               rank: int) -> list[int]:
+    """Checking mode: put the caller's ``sizes=`` into the record (passed or not, and a
+    fingerprint) and a status when they do not fit this rank's tensor.  ``validate`` with
+    ``SIZES_AUX`` then raises the same error on every rank when they disagree."""
+    if sizes is None:
+        return rec
+    rec[F_AUX0] = 1
+    try:
+        sizes = [int(s) for s in sizes]
+        ok = len(sizes) == group_size and min(sizes) >= 0
+    except (TypeError, ValueError):
+        ok = False
+    if ok:
+        rec[F_AUX1] = hash_ints(sizes)
+        if rec[F_STATUS] == OK and rec[F_NDIM] and rec[F_DIM] >= 0 and length(rec) != sizes[rank]:
+            ok = False
+    if not ok and rec[F_STATUS] == OK:
+        rec[F_STATUS] = BAD_SIZES
+    return rec
+
+
+SIZES_AUX = ((F_AUX0, "whether sizes= was passed", lambda v: "passed" if v else "not passed"),
+             (F_AUX1, "sizes= (fingerprint)", lambda h: f"#{h:x}"))
 
 
 def describe(rec: list[int], t: torch.Tensor, dim: int | None, *, allow_0d: bool = False,

@@ -48,12 +48,15 @@ COPY_OUT_MAX = 64 << 10
 #: Above this average tensor size a per-tensor message costs less than packing it.
 SPLIT_MIN_AVG_BYTES = 1 << 20
 
-_ERR_NOT_TENSOR, _ERR_DTYPE, _ERR_LAYOUT, _ERR_TOO_MANY = 1, 2, 3, 4
+_ERR_NOT_TENSOR, _ERR_DTYPE, _ERR_LAYOUT, _ERR_TOO_MANY, _ERR_NESTED, _ERR_NO_DATA, _ERR_UNREADABLE = range(1, 8)
 _ERR_TEXT = {
     _ERR_NOT_TENSOR: "an item that is not a torch.Tensor",
     _ERR_DTYPE: "a tensor of an unsupported dtype (quantized?)",
     _ERR_LAYOUT: "a sparse or otherwise non-strided tensor",
     _ERR_TOO_MANY: f"more tensors than a {EAGER_CAP >> 20} MiB header can describe",
+    _ERR_NESTED: m.STATUS_TEXT[m.NESTED],
+    _ERR_NO_DATA: m.STATUS_TEXT[m.NO_DATA],
+    _ERR_UNREADABLE: m.STATUS_TEXT[m.UNREADABLE],
 }
 
 
@@ -163,14 +166,14 @@ def _describe(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, int] | None, 
     return None, words, offsets, pos, kinds
 
 
+#: _meta's tensor status -> this header's error code (0: fine)
+_FROM_STATUS = {m.OK: 0, m.NOT_TENSOR: _ERR_NOT_TENSOR, m.BAD_DTYPE: _ERR_DTYPE, m.BAD_LAYOUT: _ERR_LAYOUT,
+                m.NESTED: _ERR_NESTED, m.NO_DATA: _ERR_NO_DATA, m.UNREADABLE: _ERR_UNREADABLE}
+
+
 def _error_code(t: object) -> int:
-    if not isinstance(t, torch.Tensor):
-        return _ERR_NOT_TENSOR
-    if t.layout != torch.strided:
-        return _ERR_LAYOUT
-    if t.is_quantized or m.dtype_code(t.dtype) == 0:
-        return _ERR_DTYPE
-    return 0
+    """A problem the receiver must learn about (it raises too), from the one local check."""
+    return _FROM_STATUS.get(m.tensor_status(t, None, allow_0d=True), 0)
 
 
 def _peer(g: m.Group, rank: int, what: str, fn: str) -> int:

@@ -38,6 +38,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace {
@@ -202,6 +203,7 @@ struct State {
   InflightTable inflight;
   std::vector<PendingDevice> device_pending;
   std::unordered_map<uint64_t, std::pair<int32_t, int64_t>> resolved_source;  // any-source recv id -> (peer, seq)
+  std::unordered_set<uint64_t> open_nested;  // nested ops not ended yet
 };
 
 State* S = nullptr;  // never freed: backend threads may complete futures during exit
@@ -221,6 +223,7 @@ struct Frame {
   bool async_hint;
   bool child_seen;
   std::vector<uint64_t> children;  // containers: their p2p ops
+  std::vector<uint64_t> nested;    // nested traffic: ends at the latest when a synchronous call returns
 };
 thread_local std::vector<Frame> t_frames;
 thread_local int t_native_depth = 0;  // >0 while inside our kernel (nested dispatches)
@@ -329,6 +332,7 @@ thread_local std::vector<uint8_t> t_enc_in, t_enc_out;
 void complete_locked(uint64_t id, uint8_t role, bool error, const std::string& msg, bool approx) {
   // Ops that end at completion: issued from C++, annotated, nested.  A merged op ends
   // when the Python call returns; its completion is only noted for device ops (DONE).
+  if (role == ROLE_NESTED && S->open_nested.erase(id) == 0) return;  // closed when its call returned
   int64_t ts = now_ns();
   uint8_t flags = (error ? FLAG_ERROR : 0) | (approx ? FLAG_APPROX : 0);
   if (error)
@@ -470,6 +474,10 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
     if (framed) frame->child_seen = true;
     if (role != ROLE_NESTED) seq = next_seq_locked(gid, spec->dir, peer);
     if (role == ROLE_CHILD) frame->children.push_back(id);
+    if (role == ROLE_NESTED && ends_at_completion) {
+      S->open_nested.insert(id);
+      if (frame != nullptr && t_native_depth == 0) frame->nested.push_back(id);
+    }
     size_t len = sizeof(Header) + sizeof(BeginBody) + t_enc_in.size() + t_enc_out.size();
     uint8_t* p = reserve(len);
     int64_t ts = merged ? frame->ts : now_ns();
@@ -716,6 +724,10 @@ void record_exit(Frame& fr, bool error, const std::string& text) {
   uint8_t flags = error ? FLAG_ERROR : 0;
   if (fr.kind == KIND_CONTAINER) {
     for (uint64_t child : fr.children) write_text_record(REC_END, flags, ts, child, text.data(), error ? text.size() : 0);
+  }
+  if (!fr.async_hint) {  // a call that returned is done with its traffic
+    for (uint64_t child : fr.nested)
+      if (S->open_nested.erase(child)) write_text_record(REC_END, 0, ts, child, nullptr, 0);
   }
   if (!fr.child_seen && (fr.kind == KIND_PLAIN || fr.kind == KIND_ANNOTATE)) {
     if (!error) return;  // nothing dispatched, nothing failed: e.g. a group this rank is not in
@@ -1199,11 +1211,12 @@ PyObject* py_poll_devices(PyObject*, PyObject*) {
 // children).  ``fragment`` is the JSON of its static fields; a collective (direction 0) or a
 // p2p op (1 send, 2 recv, with peer as a group rank) takes the group's next sequence number.
 PyObject* py_enter(PyObject*, PyObject* args) {
-  int kind, name, peer, direction;
+  int kind, name, peer, direction, is_async = 0;
   const char* frag;
   Py_ssize_t frag_len;
   const char* group;
-  if (!PyArg_ParseTuple(args, "iiy#sii", &kind, &name, &frag, &frag_len, &group, &peer, &direction)) return nullptr;
+  if (!PyArg_ParseTuple(args, "iiy#sii|p", &kind, &name, &frag, &frag_len, &group, &peer, &direction, &is_async))
+    return nullptr;
   Frame fr;
   fr.id = S->next_id.fetch_add(1, std::memory_order_relaxed);
   fr.name = name;
@@ -1211,7 +1224,7 @@ PyObject* py_enter(PyObject*, PyObject* args) {
   fr.ts = now_ns();
   fr.parent = t_frames.empty() ? 0 : t_frames.back().id;
   fr.kind = uint8_t(kind);
-  fr.async_hint = false;
+  fr.async_hint = is_async != 0;
   fr.child_seen = true;
   {
     std::lock_guard<std::mutex> g(S->mu);
@@ -1365,7 +1378,7 @@ PyMethodDef methods[] = {
     {"take_sites", py_take_sites, METH_NOARGS, "new (site id, code, lasti) since the last call"},
     {"stuck", py_stuck, METH_VARARGS, "stuck(now_ns, limit_ns) -> ([(id, tid, parent, waiting)], in flight)"},
     {"poll_devices", py_poll_devices, METH_NOARGS, "record completed CUDA work"},
-    {"enter", py_enter, METH_VARARGS, "enter(kind, name, fragment, group, peer, direction) -> op id"},
+    {"enter", py_enter, METH_VARARGS, "enter(kind, name, fragment, group, peer, direction, async=False) -> op id"},
     {"exit", py_exit, METH_VARARGS, "exit(op id, error text or None) -> container children ids"},
     {"track", py_track, METH_VARARGS, "track(work, ids)"},
     {"unwaited", py_unwaited, METH_NOARGS, "op ids of async work never waited on"},

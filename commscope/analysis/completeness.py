@@ -1,0 +1,73 @@
+"""The trace_incomplete finding: a trace that lost events is never called healthy.
+
+A rank's stream is incomplete when the recorder dropped events (Flight Recorder ring
+overwrites excepted: those are collectives the wrapper recorded itself), when the reader
+skipped damaged lines or invalid events of it, when the store lost entries of it, or
+when it ends without an ``exit`` while another rank exited after its last event (the
+job went on; its tail never reached the store).  A dead rank's missing exit is left to
+``dead_rank``, which already explains it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from commscope.analysis.findings import Finding
+from commscope.analysis.model import TraceModel
+
+_LOSS_WORDS = {"dropped": "dropped by the recorder", "damaged": "damaged line(s) skipped",
+               "invalid": "invalid event(s) skipped", "missing": "lost by the store"}
+
+
+def _ranges(rs: list[int]) -> str:
+    out, i = [], 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def find_incomplete(model: TraceModel, now: int) -> list[Finding]:
+    per_rank: dict[int, dict[str, Any]] = {}
+    for r, losses in model.read_losses.items():
+        if r >= 0:
+            per_rank.setdefault(r, {}).update(losses)
+    exits = {r: model.exited(r) for r in model.rank_ids()}
+    last_exit = max((int(ex["ts"]) for ex in exits.values() if ex is not None), default=None)
+    for r in model.rank_ids():
+        rt = model.ranks[r]
+        if rt.dropped:
+            per_rank.setdefault(r, {})["dropped"] = int(rt.dropped)
+        if (exits[r] is None and last_exit is not None and rt.last_ts <= last_exit
+                and not model.is_dead(r, now)):
+            per_rank.setdefault(r, {})["no_exit"] = True
+            per_rank[r]["last_event_ns"] = int(rt.last_ts)
+    if not per_rank:
+        return []
+    ranks = sorted(per_rank)
+    lost = sum(v for d in per_rank.values() for k, v in d.items() if k in _LOSS_WORDS)
+    parts = []
+    for kind, words in _LOSS_WORDS.items():
+        counts = {r: d[kind] for r, d in per_rank.items() if d.get(kind)}
+        if counts:
+            parts.append(f"{sum(counts.values()):,} event(s) {words} (" +
+                         ", ".join(f"rank {r}: {n:,}" for r, n in sorted(counts.items())[:8]) +
+                         (", ..." if len(counts) > 8 else "") + ")")
+    ended = sorted(r for r, d in per_rank.items() if d.get("no_exit"))
+    if ended:
+        parts.append(f"the stream of rank(s) {_ranges(ended)} ends without an exit event while other ranks "
+                     "exited later: its last events never reached the store")
+    msg = "the trace is incomplete: " + "; ".join(parts)
+    if model.read_losses.get(-1):
+        msg += "; the job metadata was skipped as invalid"
+    ev: dict[str, Any] = {"lost_events": lost, "per_rank": {str(r): per_rank[r] for r in ranks[:256]}}
+    if len(ranks) > 256:
+        ev["more_ranks"] = len(ranks) - 256
+    fr = {str(r): int(rt.fr_overwritten) for r, rt in model.ranks.items() if rt.fr_overwritten}
+    if fr:
+        ev["fr_ring_overwritten"] = fr  # not losses: shown so the numbers add up
+    ts = max((int(model.ranks[r].last_ts) for r in ranks if r in model.ranks), default=model.end_ns)
+    return [Finding("trace_incomplete", None, None, None, ranks, ranks, msg, ev, ts=ts)]

@@ -1,0 +1,265 @@
+"""The typed schema every reader validates events against before they reach the model.
+
+Readers trust nothing (DESIGN.md): a trace may come from a crashed job, a copy, a
+hostile file.  Each event is decoded by one msgspec ``TypedDict`` decoder that checks,
+at C speed, every known key's type and range: names and texts have length caps,
+ranks, sequence numbers, ids, byte counts and timestamps are non-negative and bounded,
+shapes are lists of lists of sizes, floats are finite.  Unknown keys are skipped
+without being built.  A short Python pass then checks what depends on the event type
+(required keys) and on the trace itself: an event must carry the rank of the stream it
+was read from, so a trace can never name more ranks than it has streams.  Quantities the
+model indexes by value (seqs, ids) are bounded there by the number of ops it holds.
+
+An invalid event is skipped and counted by a reason such as ``"sample: bad rss"``;
+a line that is not JSON at all is *damaged* (torn writes, corruption), counted apart.
+
+Measured on a 230k-event healthy trace (one process, shared 2-core machine): orjson
+plus the old minimal checks read ~0.29-0.36 M events/s; orjson plus a hand validator
+of every field ~0.17-0.22 M/s; this decoder with full validation ~0.45-0.50 M/s.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal, NamedTuple, TypedDict
+
+import msgspec
+from msgspec import Meta
+
+SCHEMA_VERSION = 2
+
+#: Bounds no real job reaches and every count, size and time fits in (int64 with room).
+MAX_INT = (1 << 62) - 1
+#: Ranks (and world sizes) above this are not a job but a damaged or hostile value.
+MAX_RANK = (1 << 24) - 1
+MAX_NAME = 4096  # op, group, dtype, host, backend ... names
+MAX_TEXT = 1 << 20  # exception text, call sites, argv entries, reasons
+MAX_DIMS = 64  # per shape
+MAX_SECONDS = 1e9  # hang_after, sample_interval
+
+Count = Annotated[int, Meta(ge=0, le=MAX_INT)]
+AnyInt = Annotated[int, Meta(ge=-MAX_INT, le=MAX_INT)]
+Rank = Annotated[int, Meta(ge=0, le=MAX_RANK)]
+WorldSize = Annotated[int, Meta(ge=1, le=MAX_RANK + 1)]
+Name = Annotated[str, Meta(max_length=MAX_NAME)]
+Text = Annotated[str, Meta(max_length=MAX_TEXT)]
+Shape = Annotated[list[Count], Meta(max_length=MAX_DIMS)]
+Real = Annotated[float, Meta(ge=-1e18, le=1e18)]  # finite: rejects 1e400 (inf)
+Seconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
+Frame = tuple[Text, AnyInt | None, Text]
+
+TYPES = ("op", "meta", "group", "sample", "heartbeat", "stack", "exit", "dropped", "block", "site")
+#: A block holds at most the native recorder's buffer (16 MiB), base64-encoded.
+MAX_BLOCK = 24 << 20
+PHASES = ("begin", "end", "wait_begin", "wait_end", "done")
+
+
+class StackThread(TypedDict, total=False):
+    tid: AnyInt
+    name: Name
+    frames: list[Frame]
+    op_thread: bool
+
+
+# Every key of every event type in one TypedDict: msgspec then decodes straight into the
+# plain dicts the model reads (a union of per-type Structs would need a second pass to
+# become dicts, which costs more than it saves).  No key has two meanings across types.
+RawEvent = TypedDict("RawEvent", {
+    # every event
+    "type": Literal[TYPES], "rank": Rank, "ts": Count, "v": Annotated[int, Meta(ge=0, le=SCHEMA_VERSION)],
+    # op
+    "phase": Literal[PHASES], "id": Count, "op": Name, "group": Name, "seq": Count, "peer": Rank,
+    "dir": Literal["send", "recv"], "root": Rank, "redop": Name, "in_shapes": list[Shape],
+    "in_dtypes": list[Name], "in_bytes": Count, "out_shapes": list[Shape], "out_dtypes": list[Name],
+    "out_bytes": Count, "async": bool, "site": Text, "tid": AnyInt, "sk": Count, "device": Name,
+    "nested": bool, "parent": Count, "src": Name, "tag": AnyInt, "exc": Text, "approx": bool, "gpu_ns": Count,
+    # meta
+    # (the recorder writes null where it does not know: before init_process_group, no hang_after)
+    "host": Name | None, "pid": Count | None, "world_size": WorldSize | None, "backend": Name | None,
+    "torch": Name | None, "commscope": Name | None, "python": Name | None, "job": Name | None,
+    "hang_after": Seconds | None, "sample_interval": Seconds | None, "argv": list[Text] | None,
+    "store": Text | None, "fr": bool | None, "local_rank": Count | None, "fr_version": Name | None,
+    "recorder": Name | None, "names": Annotated[list[Name], Meta(max_length=4096)] | None,
+    "dtypes": Annotated[list[Name], Meta(max_length=4096)] | None,
+    # group
+    "granks": list[Rank], "desc": Name, "gid": Annotated[int, Meta(ge=0, le=MAX_RANK)],
+    # sample
+    "cpu": Real, "rss": Count, "gpu_util": Real, "gpu_mem": Count, "gpu_mem_total": Count, "gpu_power": Real,
+    "gpu_temp": Real, "gpu_error": Text,
+    # heartbeat, stack, exit, dropped
+    "inflight": Count, "threads": list[StackThread], "reason": Text, "unwaited": list[Count],
+    "count": Count, "total": Count, "records": Count,
+    # block (version 2): packed op records, see commscope.blocks; site: a call site by id
+    "n": Count, "data": Annotated[str, Meta(max_length=MAX_BLOCK)], "sid": Annotated[int, Meta(ge=0, le=MAX_INT)],
+    "text": Text,
+}, total=False)
+
+#: Keys each type must carry besides type, rank and ts.
+REQUIRED: dict[str, tuple[str, ...]] = {"op": ("phase", "id"), "group": ("group",), "stack": ("id",),
+                                        "block": ("data",), "site": ("sid", "text")}
+
+
+class JobMeta(TypedDict, total=False):
+    """``job.json`` of the directory store / the job key of the Redis store."""
+
+    job: Name
+    created: Count | None
+    world_size: WorldSize | None
+    backend: Name | None
+    schema: Count | None
+    commscope: Name | None
+    host: Name | None
+    maxlen: Count | None
+    source: Name | None
+    copied_from: Text | None
+
+
+_DECODER = msgspec.json.Decoder(RawEvent)
+_JOB_DECODER = msgspec.json.Decoder(JobMeta)
+_ANY = msgspec.json.Decoder()
+_TYPE_IN_LINE = re.compile(rb'"type"\s*:\s*"([A-Za-z_]{1,24})"')
+_PHASE_IN_LINE = re.compile(rb'"phase"\s*:\s*"([A-Za-z_]{1,24})"')
+_FIELD = re.compile(r"at `\$\.?([A-Za-z_]*)")
+
+
+class Decoded(NamedTuple):
+    """What a batch of lines held: valid events, damaged lines, invalid events by reason."""
+
+    events: list[dict[str, Any]]
+    damaged: int
+    invalid: Counter
+
+
+def _what(line: bytes) -> str:
+    """'sample', 'op begin', or 'event': the kind an invalid line claims to be, for its reason."""
+    m = _TYPE_IN_LINE.search(line)
+    if m is None:
+        return "event"
+    kind = m.group(1).decode()
+    if kind == "op":
+        p = _PHASE_IN_LINE.search(line)
+        if p is not None:
+            kind += " " + p.group(1).decode()
+    return kind
+
+
+def reason_of(exc: msgspec.ValidationError, kind: str) -> str:
+    """A short, bounded reason from a validation error: 'sample: bad rss', 'event: not an object'."""
+    m = _FIELD.search(str(exc))
+    field = m.group(1) if m else ""
+    if not field:
+        return f"{kind}: not an object"
+    if field == "type":
+        return "unknown event type"
+    if field == "v":
+        return f"{kind}: unsupported schema version"
+    return f"{kind}: bad {field}"
+
+
+def _is_json(line: bytes) -> bool:
+    try:
+        _ANY.decode(line)
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        return False
+    return True
+
+
+def _check(e: dict, rank: int | None) -> str | None:
+    """The checks msgspec cannot express: required keys per type, the stream's rank."""
+    typ = e.get("type")
+    if typ is None:
+        return "event: no type"
+    if "ts" not in e or "rank" not in e:
+        return f"{typ}: no {'ts' if 'ts' not in e else 'rank'}"
+    if rank is not None and e["rank"] != rank:
+        return f"{typ}: rank differs from its stream"
+    for key in REQUIRED.get(typ, ()):
+        if key not in e:
+            return f"{typ}: no {key}"
+    return None
+
+
+def _sift(objs: list, rank: int | None, invalid: Counter) -> list[dict]:
+    """Keep the events that pass ``_check``; count the rest."""
+    out = []
+    append = out.append
+    required = REQUIRED
+    for e in objs:
+        # _check, inlined for the common case: a call per event is a tenth of the read
+        typ = e.get("type")
+        if (typ is not None and "ts" in e and (e.get("rank") == rank if rank is not None else "rank" in e)
+                and (typ not in required or all(k in e for k in required[typ]))):
+            append(e)
+        else:
+            invalid[_check(e, rank) or "event: invalid"] += 1
+    return out
+
+
+def decode_lines(data: bytes, rank: int | None = None) -> Decoded:
+    """Decode and validate newline-separated events read from ``rank``'s stream (None: any).
+
+    Fast path: the whole batch in one C call; only when a line fails does it go line by
+    line, so one bad line costs only itself.
+    """
+    invalid: Counter = Counter()
+    if not data:
+        return Decoded([], 0, invalid)
+    try:
+        objs = _DECODER.decode_lines(data)
+        damaged = 0
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError):
+        objs, damaged = [], 0
+        decode = _DECODER.decode
+        for line in data.split(b"\n"):
+            if not line.strip():
+                continue
+            try:
+                objs.append(decode(line))
+            except msgspec.ValidationError as exc:
+                # msgspec validates while it parses: a torn line may fail validation before
+                # its end is reached.  Only well-formed JSON counts as invalid.
+                if _is_json(line):
+                    invalid[reason_of(exc, _what(line))] += 1
+                else:
+                    damaged += 1
+            except (msgspec.DecodeError, UnicodeDecodeError):  # not JSON, or not UTF-8 (bit flips)
+                damaged += 1
+            except RecursionError:
+                invalid[f"{_what(line)}: nested too deeply"] += 1
+    return Decoded(_sift(objs, rank, invalid), damaged, invalid)
+
+
+def validate_events(objs: Iterable[Any], rank: int | None = None) -> tuple[list[dict], Counter]:
+    """Validate events that are already Python objects (Flight Recorder imports, expanded
+    blocks) against the same schema; returns (valid events, invalid counts by reason)."""
+    invalid: Counter = Counter()
+    good = []
+    convert = msgspec.convert
+    for obj in objs:
+        try:
+            good.append(convert(obj, RawEvent))
+        except RecursionError:
+            invalid["event: nested too deeply"] += 1
+        except msgspec.ValidationError as exc:
+            kind = "event"
+            if isinstance(obj, dict):
+                kind = str(obj.get("type"))[:24]
+                if kind == "op":
+                    kind += " " + str(obj.get("phase"))[:24]
+            invalid[reason_of(exc, kind)] += 1
+    return _sift(good, rank, invalid), invalid
+
+
+def decode_job(data: bytes) -> tuple[dict | None, str | None]:
+    """Job metadata from ``job.json``; (None, reason) when it is damaged or invalid."""
+    try:
+        return _JOB_DECODER.decode(data), None
+    except RecursionError:
+        return None, "job metadata: nested too deeply"
+    except msgspec.ValidationError as exc:
+        m = _FIELD.search(str(exc))
+        return None, f"job metadata: bad {m.group(1) if m and m.group(1) else 'document'}"
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None, "job metadata: not JSON"

@@ -1,0 +1,110 @@
+"""Fuzzing the readers: no mutant of a trace or of Flight Recorder dumps makes check, report,
+export or the replay loader raise, exceed a memory cap or run past a time limit.
+
+Hypothesis picks the mutations (commscope.bench.fuzz's mutators, fixed seed, derandomized);
+each mutant runs in one worker process whose address space is capped (RLIMIT_AS) and
+whose commands each have a time limit.  A longer run: ``commscope bench fuzz --mutants N``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+
+from commscope.bench import fuzz
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc: Linux")
+
+MEM_MB = 1536
+TIMEOUT_S = 15.0
+SETTINGS = settings(max_examples=60, derandomize=True, deadline=None, database=None,
+                    suppress_health_check=list(HealthCheck))
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = fuzz.Worker(MEM_MB, TIMEOUT_S, os.environ.get("COMMSCOPE_FUZZ_CODE"))  # other code: see bench.fuzz
+    yield w
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def seeds():
+    return {"store": fuzz.healthy_store(), "json": fuzz.fr_dumps("json"), "pickle": fuzz.fr_dumps("pickle")}
+
+
+def _choices(n_mutators: int):
+    return st.lists(st.tuples(st.integers(0, n_mutators - 1), st.integers(0, 2**32 - 1)), min_size=1, max_size=3)
+
+
+def _survives(worker, tmp_path_factory, files) -> None:
+    path = fuzz.write_mutant(files, tmp_path_factory.mktemp("mutant") / f"m{next(_counter)}")
+    res = worker.run(path)
+    assert res["problems"] == [], res
+
+
+def test_the_seeds_are_healthy(worker, seeds, tmp_path_factory):
+    for files in seeds.values():
+        _survives(worker, tmp_path_factory, files)
+
+
+@seed(14)
+@SETTINGS
+@given(choices=_choices(len(fuzz.STORE_MUTATORS)))
+def test_store_mutants_never_crash_a_reader(worker, seeds, tmp_path_factory, choices):
+    _survives(worker, tmp_path_factory, fuzz.mutate(seeds["store"], fuzz.STORE_MUTATORS, choices))
+
+
+@seed(14)
+@settings(SETTINGS, max_examples=24)
+@given(fmt=st.sampled_from(["json", "pickle"]), choices=_choices(len(fuzz.FR_MUTATORS)))
+def test_flight_recorder_mutants_never_crash_a_reader(worker, seeds, tmp_path_factory, fmt, choices):
+    _survives(worker, tmp_path_factory, fuzz.mutate(seeds[fmt], fuzz.FR_MUTATORS, choices))
+
+
+@pytest.mark.parametrize("line", [
+    b'{"type":"dropped","rank":0,"ts":1700000000200000000,"count":null}',
+    b'{"type":"sample","rank":0,"ts":1700000000200000000,"rss":"x"}',
+    b'{"type":"op","rank":0,"ts":1700000000200000000,"phase":"begin","id":900,"op":[1]}',
+    b'{"type":"op","rank":0,"ts":1700000000200000000,"phase":"begin","id":901,"op":"all_reduce","group":"0",'
+    b'"seq":500000000}',
+    b'{"type":"op","rank":0,"ts":1700000000200000000,"phase":"begin","id":902,"op":"all_reduce","group":"0",'
+    b'"seq":1000000000000}',
+    b'{"type":"heartbeat","rank":1000000000,"ts":1700000000200000000}',
+    b'{"type":"meta","rank":0,"ts":1700000000200000000,"world_size":10000000}',
+    b'{"type":"exit","rank":0,"ts":1700000000200000000,"unwaited":["a"]}',
+    b'{"type":"op","rank":0,"ts":1700000000200000000,"phase":"begin","id":67108863,"op":"barrier","group":"0"}',
+    b'{"type":"heartbeat","rank":0,"ts":1700000000200000000,"host":"\xe7\xff"}',  # not UTF-8 (a bit flip)
+])
+def test_known_crashers_are_skipped_and_counted(worker, seeds, tmp_path_factory, line):
+    """One appended line each crashed or stalled a reader before (issue 14)."""
+    files = dict(seeds["store"])
+    files["job/rank-00000.jsonl"] += line + b"\n"
+    _survives(worker, tmp_path_factory, files)
+
+
+def test_known_flight_recorder_crashers(worker, seeds, tmp_path_factory):
+    import pickle
+
+    base = fuzz.fr_dump(0)
+    big = fuzz.fr_entries(0, 1)[0]
+    big["input_sizes"] = big["output_sizes"] = [[4, 4]] * 3000
+    bad_id = fuzz.fr_dump(1)
+    bad_id["entries"][0]["record_id"] = fuzz.INF
+    long_ranks = fuzz.fr_dump(2)
+    long_ranks["pg_config"]["0"]["ranks"] = "[" + ", ".join(["1"] * 50_000) + "]"
+    cases = [
+        {"fr_trace_0": b'{"version": "2.10", "entries": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"},
+        {"fr_trace_0": b"\x80\x04\x8d" + (1 << 40).to_bytes(8, "little") + b"abc"},
+        {"fr_trace_0": pickle.dumps({"version": "2.10", "entries": [big] * 20_000}, protocol=4)},
+        {"fr_trace_1": fuzz._dumps(bad_id), "fr_trace_2": fuzz._dumps(long_ranks)},
+        {"fr_trace_99999999999": fuzz._dumps(base), "fr_trace_16000000": fuzz._dumps(base)},
+    ]
+    for extra in cases:
+        _survives(worker, tmp_path_factory, {**seeds["json"], **extra})

@@ -1,0 +1,153 @@
+"""trace_incomplete: every way a trace loses events is a warning finding with true counts, never
+'healthy'; and the reader's validation counts what it skipped, by reason, in every command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from commscope.analysis import TraceModel, diagnose
+from commscope.analysis.synth import S, TraceBuilder
+from commscope.cli import main as cli
+from commscope.events import encode
+from commscope.store import open_reader, open_writer
+
+MS = 1_000_000
+
+
+def finished(world: int = 3, *, exits: tuple[int, ...] | None = None) -> TraceBuilder:
+    b = TraceBuilder(world)
+    t = b.t0 + S // 10
+    for _ in range(5):
+        t = b.collective(t, "all_reduce") + MS
+    b.heartbeats(t, t)
+    for r in range(world) if exits is None else exits:
+        b.exit(r, t + MS)
+    return b
+
+
+def incomplete(b: TraceBuilder, model: TraceModel | None = None):
+    m = model or TraceModel.from_events(b.sorted_events())
+    found = [f for f in diagnose(m) if f.kind == "trace_incomplete"]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+def test_a_complete_trace_has_no_such_finding():
+    assert incomplete(finished()) is None
+
+
+def test_drops_are_counted_and_ring_overwrites_are_not():
+    b = finished()
+    t = b.t0 + S
+    b.add(1, t, "dropped", count=40, total=40, reason="queue full (backpressure)")
+    b.add(1, t + 1, "dropped", count=2, total=42, reason="queue full (backpressure)")
+    for r in range(3):
+        b.add(r, t, "dropped", count=13_000, total=13_000,
+              reason="Flight Recorder ring overwritten between polls (C++-issued collectives missing)")
+    f = incomplete(b)
+    assert f is not None and f.severity == "warning" and f.culprits == [1]
+    assert f.evidence["lost_events"] == 42 and f.evidence["per_rank"] == {"1": {"dropped": 42}}
+    assert f.evidence["fr_ring_overwritten"] == {"0": 13_000, "1": 13_000, "2": 13_000}
+    assert "42 event(s) dropped by the recorder (rank 1: 42)" in f.message
+
+
+def test_only_ring_overwrites_is_a_healthy_trace():
+    b = finished()
+    b.add(0, b.t0 + S, "dropped", count=5, total=5, reason="Flight Recorder ring overwritten between polls")
+    assert incomplete(b) is None
+
+
+def test_a_stream_that_ends_without_exit_while_others_exited():
+    b = finished(exits=(0, 2))
+    f = incomplete(b)
+    assert f is not None and f.culprits == [1] and f.evidence["per_rank"]["1"]["no_exit"] is True
+    assert "rank(s) 1 ends without an exit event" in f.message
+
+
+def test_no_exit_anywhere_is_a_live_or_killed_job_not_a_loss():
+    assert incomplete(finished(exits=())) is None
+
+
+def test_a_dead_rank_is_left_to_dead_rank():
+    b = TraceBuilder(2, sample_interval=0.2)
+    t = b.t0 + S // 10
+    t = b.collective(t, "all_reduce") + MS
+    b.heartbeats(t, t, ranks=[1])
+    b.heartbeats(t, t + 10 * S, ranks=[0])
+    b.exit(0, t + 10 * S)
+    m = TraceModel.from_events(b.sorted_events())
+    kinds = sorted(f.kind for f in diagnose(m))
+    assert "dead_rank" in kinds and "trace_incomplete" not in kinds
+
+
+def write_store(root: Path, events: list[dict], extra: dict[int, list[bytes]] | None = None) -> Path:
+    by: dict[int, list[bytes]] = {}
+    for e in events:
+        by.setdefault(e["rank"], []).append(encode(e))
+    for r, lines in (extra or {}).items():
+        by.setdefault(r, []).extend(lines)
+    for r, lines in sorted(by.items()):
+        w = open_writer(str(root), "job", r, job_meta={"world_size": len(by)})
+        w.write(lines)
+        w.close()
+    return root
+
+
+BAD = [b'{"type":"dropped","rank":2,"ts":1700000001000000000,"count":null}',
+       b'{"type":"sample","rank":2,"ts":1700000001000000000,"rss":"x"}',
+       b'{"type":"op","rank":2,"ts":1700000001000000000,"phase":"begin","id":900,"op":[1]}',
+       b'{"type":"op","rank":2,"ts":1700000001000000000,"phase":"begin","id":901,"op":"x","seq":500000000}',
+       b'{"type":"heartbeat","rank":1000000000,"ts":1700000001000000000}',
+       b'{"type":"heartbeat","rank":5,"ts":1700000001000000000}',
+       b'{"type":"exit","rank":2,"ts":1700000001000000000,"unwaited":["a"]}',
+       b'{"type":"op","rank":2,"ts":17',
+       b'[1, 2]']
+
+
+def test_invalid_and_damaged_lines_are_counted_by_reason_in_every_command(tmp_path, capsys):
+    store = write_store(tmp_path / "s", finished().sorted_events(), {2: BAD})
+    reader = open_reader(store)
+    reader.read_all()
+    assert reader.stats.corrupt == 1 and reader.stats.invalid == 7
+    assert reader.stats.invalid_by_reason == {
+        "dropped: bad count": 1, "sample: bad rss": 1, "op begin: bad op": 1,
+        "heartbeat: bad rank": 1, "heartbeat: rank differs from its stream": 1, "exit: bad unwaited": 1, "event: not an object": 1}
+    # the seq of 500000000 is valid: it must cost one index row, not 500 million
+    capsys.readouterr()
+    assert cli(["check", str(store), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["skipped"]["damaged"] == 1 and out["skipped"]["invalid"] == 7
+    f = [x for x in out["findings"] if x["kind"] == "trace_incomplete"]
+    assert len(f) == 1 and f[0]["culprits"] == [2]
+    assert f[0]["evidence"]["per_rank"]["2"] == {"damaged": 1, "invalid": 7}
+    assert any("skipped 7 invalid event(s)" in w for w in out["warnings"])
+    assert cli(["check", str(store)]) == 0
+    text = capsys.readouterr().out
+    assert "trace_incomplete" in text and "no findings" not in text and "1 warning(s)" in text
+    assert cli(["report", str(store), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["skipped"]["invalid"] == 7
+    assert cli(["export", str(store), "--chrome", str(tmp_path / "t.json")]) == 0
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["metadata"]["skipped"]["invalid"] == 7
+    assert any(e.get("name") == "warning: trace_incomplete" for e in data["traceEvents"])
+
+
+def test_a_huge_world_size_renders_briefly(tmp_path, capsys):
+    b = finished()
+    b.add(0, b.t0 + S, "meta", world_size=10_000_000, host="h")
+    store = write_store(tmp_path / "s", b.sorted_events())
+    capsys.readouterr()
+    assert cli(["check", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert len(out) < 5000 and "no events from rank(s) 3-9999999 of world size 10000000" in out
+
+
+def test_console_feed_counts_invalid_events(tmp_path):
+    from commscope.tui.feed import REPLAY, Feed
+
+    store = write_store(tmp_path / "s", finished().sorted_events(), {2: BAD})
+    feed = Feed(open_reader(store), mode=REPLAY)
+    info = feed.load_all()
+    assert info.invalid == 7 and info.corrupt == 1
+    assert [f.kind for f in feed.findings] == ["trace_incomplete"]

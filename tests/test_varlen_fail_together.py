@@ -1,0 +1,127 @@
+"""Varlen fails together: a local problem on one rank (a meta, nested or sparse tensor; sizes= that
+disagree) makes every rank raise the same error within seconds, never hang (real Gloo ranks)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from commscope import varlen
+from commscope.launch import run_ranks
+
+
+def _bad(kind: str) -> torch.Tensor:
+    if kind == "meta":
+        return torch.empty(3, 2, device="meta")
+    if kind == "nested":
+        return torch.nested.nested_tensor([torch.ones(2, 2), torch.ones(3, 2)])
+    if kind == "jagged":
+        return torch.nested.nested_tensor([torch.ones(2, 2), torch.ones(3, 2)], layout=torch.jagged)
+    return torch.ones(3, 2).to_sparse()
+
+
+def _call(name: str, kind: str, rank: int, ws: int) -> None:
+    good = torch.ones(3, 2) * rank
+    culprit = ws - 1
+    t = _bad(kind) if rank == culprit else good
+    if name == "all_gather_v":
+        varlen.all_gather_v(t)
+    elif name == "gather_v":
+        varlen.gather_v(t, dst=0)
+    elif name == "all_to_all_v":
+        varlen.all_to_all_v([t] * ws)
+    elif name == "reduce_scatter_v":
+        varlen.reduce_scatter_v(t if rank == culprit else torch.ones(ws, 2), [1] * ws)
+    elif name == "broadcast_v":
+        varlen.broadcast_v(_bad(kind) if rank == 0 else None, src=0)
+    elif name == "scatter_v":
+        varlen.scatter_v([good] * (ws - 1) + [_bad(kind)] if rank == 0 else None, src=0)
+    elif name == "scatter_v_split":
+        varlen.scatter_v(_bad(kind) if rank == 0 else None, src=0, split_sizes=[1] * (ws - 1) + [3 - ws + 1])
+    elif name == "send_tensors":
+        if rank == 0:
+            varlen.send_tensors([good, _bad(kind)], dst=1)
+        elif rank == 1:
+            varlen.recv_tensors(src=0)
+    else:
+        raise AssertionError(name)
+
+
+def _sized(name: str, rank: int, ws: int) -> None:
+    """sizes= cases, in checking mode (check_sizes=True or $COMMSCOPE_VARLEN_CHECK=1)."""
+    n = 3 + rank
+    t = torch.ones(n, 2)
+    true = [3 + r for r in range(ws)]
+    last = rank == ws - 1
+    if name == "tensor_disagrees":
+        varlen.all_gather_v(torch.ones(n + 1, 2) if last else t, sizes=true)
+    elif name == "one_rank_only":
+        varlen.all_gather_v(t, sizes=true if last else None)
+    elif name == "differ_across_ranks":  # each consistent with its own tensor
+        varlen.all_gather_v(t, sizes=[s + 1 if (last and r != rank) else s for r, s in enumerate(true)])
+    elif name == "gather_disagrees":
+        varlen.gather_v(t, dst=0, sizes=[s + (1 if last else 0) for s in true])
+    elif name == "fine":
+        out = varlen.all_gather_v(t, sizes=true, cat=True)
+        assert out.shape == (sum(true), 2)
+        out = varlen.gather_v(t, dst=0, sizes=true, cat=True)
+        assert rank != 0 or out.shape == (sum(true), 2)
+
+
+COLLECTIVE_CASES = [(name, kind) for name in ("all_gather_v", "gather_v", "all_to_all_v", "reduce_scatter_v",
+                                              "broadcast_v", "scatter_v", "scatter_v_split")
+                    for kind in ("meta", "nested", "jagged", "sparse")]
+SIZED_CASES = ["tensor_disagrees", "one_rank_only", "differ_across_ranks", "gather_disagrees", "fine"]
+
+
+def every_case(rank: int, ws: int, p2p: bool) -> dict:
+    """Run every case in one job; per case (error text or None, seconds).  After a rank raised,
+    the group is still consistent (the records were fully exchanged), so the next case runs."""
+    import os
+
+    out = {}
+    runs = ([(f"send_tensors/{k}", lambda k=k: _call("send_tensors", k, rank, ws))
+             for k in ("meta", "nested", "jagged", "sparse")] if p2p else
+            [(f"{n}/{k}", lambda n=n, k=k: _call(n, k, rank, ws)) for n, k in COLLECTIVE_CASES])
+    if not p2p:
+        os.environ["COMMSCOPE_VARLEN_CHECK"] = "1"
+        runs += [(f"sizes/{n}", lambda n=n: _sized(n, rank, ws)) for n in SIZED_CASES]
+    for label, fn in runs:
+        t0 = time.monotonic()
+        try:
+            fn()
+            out[label] = (None, time.monotonic() - t0)
+        except ValueError as exc:
+            out[label] = (str(exc), time.monotonic() - t0)
+    return out
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_collectives_fail_together_on_every_rank(ws):
+    results = [r.value for r in run_ranks(every_case, ws, args=(False,), timeout=180)]
+    for label in results[0]:
+        errors = [res[label][0] for res in results]
+        seconds = [res[label][1] for res in results]
+        if label == "sizes/fine":
+            assert errors == [None] * ws, errors
+            continue
+        assert all(errors), (label, errors)
+        assert len(set(errors)) == 1, (label, errors)  # the same message on every rank
+        assert max(seconds) < 10, (label, seconds)
+    assert "nested tensor" in results[0]["all_gather_v/nested"][0]
+    assert "meta device" in results[0]["scatter_v/meta"][0]
+    assert "sizes= was passed differs" in results[0]["sizes/one_rank_only"][0]
+    assert "sizes= (fingerprint) differs" in results[0]["sizes/differ_across_ranks"][0]
+    assert f"ranks [{ws - 1}] passed sizes=" in results[0]["sizes/tensor_disagrees"][0]
+
+
+def test_send_tensors_fails_on_both_sides():
+    results = [r.value for r in run_ranks(every_case, 2, args=(True,), timeout=120)]
+    for label, (err0, s0) in results[0].items():
+        err1, s1 = results[1][label]
+        assert err0 and err1, (label, err0, err1)
+        assert err0.startswith("send_tensors: tensor #1 is ")
+        assert err1.startswith("recv_tensors: the sender (rank 0) failed")
+        assert max(s0, s1) < 10
