@@ -383,3 +383,31 @@ def _decoder(decoders: dict[int, BlockDecoder], e: dict) -> BlockDecoder:
     if dec is None:
         dec = decoders[rank] = BlockDecoder()  # type: ignore[index]
     return dec
+
+
+# ------------------------------------------------------------------------------ reference encoder
+# The recorder packs records in C++; these build the same bytes in Python, for tests and
+# for the reader fuzzer (commscope/bench/fuzz.py).
+
+def pack_begin(op_id: int, ts: int, *, tid: int = 1, parent: int = 0, name: int = -1, site: int = -1,
+               opcode: int = 0, gid: int = 0, seq: int = -1, peer: int = -1, root: int = -1, redop: int = -1,
+               role: int = MERGED, device: int = -1, direction: int = 0, flags: int = 0,
+               ins: list[tuple[int, list[int]]] = (), outs: list[tuple[int, list[int]]] = (),
+               in_bytes: int = 0, out_bytes: int = 0) -> bytes:
+    """A BEGIN record; ``ins``/``outs`` are (dtype code, dims) per tensor."""
+    tensors = b"".join(bytes((code, len(dims))) + struct.pack(f"<{len(dims)}q", *dims) for code, dims in [*ins, *outs])
+    body = BEGIN_BODY.pack(tid, parent, name, site, opcode, gid, seq, peer, root, redop, role, device, len(ins),
+                           len(outs), len(ins), len(outs), in_bytes, out_bytes)
+    length = HEADER.size + len(body) + len(tensors)
+    return HEADER.pack(BEGIN, flags, direction, length, ts, op_id) + body + tensors
+
+
+def pack_end(op_id: int, ts: int, *, exc: str | None = None, wait: bool = False, approx: bool = False) -> bytes:
+    text = (exc or "").encode()[:4096]
+    flags = (ERROR if exc is not None else 0) | (APPROX if approx else 0)
+    body = _U16.pack(len(text)) + text
+    return HEADER.pack(WAIT_END if wait else END, flags, 0, HEADER.size + len(body), ts, op_id) + body
+
+
+def pack_wait_begin(op_id: int, ts: int, tid: int = 1) -> bytes:
+    return HEADER.pack(WAIT_BEGIN, 0, 0, HEADER.size + 8, ts, op_id) + struct.pack("<Q", tid)

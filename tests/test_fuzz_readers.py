@@ -36,7 +36,8 @@ def worker():
 
 @pytest.fixture(scope="module")
 def seeds():
-    return {"store": fuzz.healthy_store(), "json": fuzz.fr_dumps("json"), "pickle": fuzz.fr_dumps("pickle")}
+    return {"store": fuzz.healthy_store(), "native": fuzz.native_store(), "json": fuzz.fr_dumps("json"),
+            "pickle": fuzz.fr_dumps("pickle")}
 
 
 def _choices(n_mutators: int):
@@ -59,6 +60,14 @@ def test_the_seeds_are_healthy(worker, seeds, tmp_path_factory):
 @given(choices=_choices(len(fuzz.STORE_MUTATORS)))
 def test_store_mutants_never_crash_a_reader(worker, seeds, tmp_path_factory, choices):
     _survives(worker, tmp_path_factory, fuzz.mutate(seeds["store"], fuzz.STORE_MUTATORS, choices))
+
+
+@seed(14)
+@settings(SETTINGS, max_examples=40)
+@given(choices=_choices(len(fuzz.STORE_MUTATORS)))
+def test_native_store_mutants_never_crash_a_reader(worker, seeds, tmp_path_factory, choices):
+    """The same, on a trace whose ops are packed in blocks (the native recorder's)."""
+    _survives(worker, tmp_path_factory, fuzz.mutate(seeds["native"], fuzz.STORE_MUTATORS, choices))
 
 
 @seed(14)

@@ -83,6 +83,50 @@ def healthy_store() -> Files:
     return files
 
 
+def native_store() -> Files:
+    """The same kind of job as the native recorder writes it: ops packed in ``block`` events."""
+    import orjson
+
+    from commscope import blocks as B
+    from commscope.analysis.synth import S
+
+    t0 = 1_700_000_000_000_000_000 + S // 10
+    files: Files = {"job/job.json": orjson.dumps({"job": "job", "world_size": WORLD, "backend": "gloo",
+                                                  "schema": 2, "created": t0, "host": "h"})}
+    names = ["all_reduce", "isend", "irecv", "all_gather"]
+    for r in range(WORLD):
+        head = [{"type": "meta", "rank": r, "ts": t0, "v": 2, "world_size": WORLD, "backend": "gloo",
+                 "recorder": "native", "names": names, "hang_after": 5.0, "sample_interval": 0.2},
+                {"type": "group", "rank": r, "ts": t0, "v": 2, "group": "0", "gid": 0, "granks": list(range(WORLD))},
+                {"type": "site", "rank": r, "ts": t0, "v": 2, "sid": 0, "text": "train.py:10 in step"}]
+        recs = b""
+        t, op_id = t0, 0
+        for step in range(12):
+            p2p = step + 1
+            op_id += 1
+            recs += B.pack_begin(op_id, t, name=0, site=0, seq=step + 1, ins=[(6, [64, 8])], outs=[(6, [64, 8])],
+                                 in_bytes=2048, out_bytes=2048) + B.pack_end(op_id, t + 100_000)
+            op_id += 1
+            recs += B.pack_begin(op_id, t + 200_000, name=1, site=0, seq=p2p, peer=(r + 1) % WORLD, direction=1,
+                                 flags=B.ASYNC, ins=[(6, [16])], in_bytes=64) + B.pack_end(op_id, t + 210_000)
+            recs += B.pack_wait_begin(op_id, t + 220_000) + B.pack_end(op_id, t + 260_000, wait=True)
+            op_id += 1
+            recs += B.pack_begin(op_id, t + 230_000, name=2, site=0, seq=p2p, peer=(r - 1) % WORLD, direction=2,
+                                 flags=B.ASYNC, outs=[(6, [16])], out_bytes=64) + B.pack_end(op_id, t + 240_000)
+            recs += B.pack_wait_begin(op_id, t + 245_000) + B.pack_end(op_id, t + 270_000, wait=True)
+            op_id += 1
+            recs += B.pack_begin(op_id, t + 300_000, opcode=1, seq=-1, role=B.NESTED,
+                                 parent=op_id - 3, ins=[(6, [4])], outs=[(6, [4]), (6, [4]), (6, [4])],
+                                 in_bytes=16, out_bytes=48) + B.pack_end(op_id, t + 350_000)
+            t += 1_000_000
+        lines = [orjson.dumps(e) for e in head] + [B.encode_block(recs, r, t, B.count_records(recs))]
+        lines += [orjson.dumps({"type": "heartbeat", "rank": r, "ts": t, "v": 2, "inflight": 0}),
+                  orjson.dumps({"type": "exit", "rank": r, "ts": t + 1000, "v": 2, "reason": "atexit"})]
+        files[f"job/rank-{r:05d}.jsonl"] = b"\n".join(lines) + b"\n"
+    files["LATEST"] = b"job\n"
+    return files
+
+
 def fr_entries(rank: int, n: int = 12) -> list[dict]:
     t0 = 1_700_000_000_000_000_000
     out = []
@@ -248,8 +292,49 @@ def m_rename(rng: random.Random, files: Files) -> Files:
     return files
 
 
+def m_block(rng: random.Random, files: Files) -> Files:
+    """Hostile packed records inside a ``block`` event: flipped, cut or rewritten header and
+    body fields (lengths, ids, dims, counts), still valid base64 and JSON around them."""
+    import base64
+    import struct
+
+    import orjson
+
+    from commscope import blocks as B
+
+    names = [n for n in _rank_files(files) if b'"type":"block"' in files[n]]
+    if not names:
+        return m_bytes(rng, files)
+    name = rng.choice(names)
+    lines = _lines(files[name])
+    idx = [i for i, line in enumerate(lines) if b'"type":"block"' in line]
+    i = rng.choice(idx)
+    try:
+        ev = orjson.loads(lines[i])
+        raw = bytearray(base64.b64decode(ev["data"]))
+    except Exception:
+        return files
+    how = rng.choice(["flip", "cut", "field", "append"])
+    if how == "flip" and raw:
+        for _ in range(rng.randint(1, 16)):
+            raw[rng.randrange(len(raw))] ^= 1 << rng.randrange(8)
+    elif how == "cut":
+        del raw[rng.randrange(len(raw) + 1):]
+    elif how == "field" and len(raw) >= B.HEADER.size + B.BEGIN_BODY.size:
+        at = rng.randrange(0, len(raw) - 8)
+        raw[at:at + 8] = struct.pack("<q", rng.choice([-1, 0, 1 << 62, -(1 << 63), (1 << 63) - 1, 255, 65535]))
+    else:
+        raw += B.pack_begin(rng.randrange(1 << 40), rng.choice([0, -5, 1 << 62]), seq=rng.choice([-1, 10**12]),
+                            ins=[(rng.randrange(256), [rng.choice([-1, 1 << 40, 3])] * rng.randrange(80))],
+                            gid=rng.choice([0, 7, -3]), peer=rng.choice([-1, 5, 1 << 30]))
+    ev["data"] = base64.b64encode(bytes(raw)).decode()
+    lines[i] = orjson.dumps(ev)
+    files[name] = b"\n".join(lines) + b"\n"
+    return files
+
+
 STORE_MUTATORS: list[Callable[[random.Random, Files], Files]] = [m_append_event, m_rewrite_event, m_bytes,
-                                                                  m_job_json, m_rename]
+                                                                  m_job_json, m_rename, m_block]
 
 
 def _fr_load(data: bytes) -> Any:
@@ -334,11 +419,11 @@ def write_mutant(files: Files, root: Path) -> Path:
 def make_mutants(n: int, seed: int, out: Path) -> list[Path]:
     """``n`` mutants (about one in four of Flight Recorder dumps), reproducible from ``seed``."""
     rng = random.Random(seed)
-    seeds = {"store": healthy_store(), "json": fr_dumps("json"), "pickle": fr_dumps("pickle")}
+    seeds = {"store": healthy_store(), "native": native_store(), "json": fr_dumps("json"), "pickle": fr_dumps("pickle")}
     paths = []
     for k in range(n):
-        kind = "store" if rng.random() < 0.75 else rng.choice(["json", "pickle"])
-        mutators = STORE_MUTATORS if kind == "store" else FR_MUTATORS
+        kind = rng.choice(["store", "native"]) if rng.random() < 0.75 else rng.choice(["json", "pickle"])
+        mutators = STORE_MUTATORS if kind in ("store", "native") else FR_MUTATORS
         choices = [(rng.randrange(1 << 16), rng.randrange(1 << 32)) for _ in range(rng.choice([1, 1, 2, 3]))]
         paths.append(write_mutant(mutate(seeds[kind], mutators, choices), out / f"m{k:05d}"))
     return paths
