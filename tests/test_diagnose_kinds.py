@@ -228,11 +228,13 @@ def test_dead_rank():
     for r in (0, 1):
         b.sync(r, t + 2 * S, None, "all_reduce")
     _, f = run(b)
-    assert kinds(f) == ["dead_rank", "missing_ranks"]
-    dead = [x for x in f if x.kind == "dead_rank"][0]
+    assert kinds(f) == ["dead_rank"]  # the ranks left waiting for it are its consequence, not a finding
+    dead = f[0]
     assert dead.culprits == [2] and dead.evidence["silent_s"] >= 8.9
-    miss = [x for x in f if x.kind == "missing_ranks"][0]
-    assert miss.evidence["missing_activity"]["2"]["state"] == "dead"
+    (miss,) = dead.evidence["consequences"]
+    assert miss["kind"] == "missing_ranks" and miss["culprits"] == [2] and miss["seq"] == 4
+    assert set(dead.evidence["stack_info"]) == {"0", "1", "2"}
+    assert dead.evidence["stack_info"]["2"]["role"] == "culprit"
 
 
 def test_killed_job_is_judged_at_its_last_timestamp():
