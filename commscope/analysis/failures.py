@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from commscope.analysis import stacks
 from commscope.analysis.errors import NAMED, PEER_GONE, RELAYED, TIMEOUT, first_line
-from commscope.analysis.findings import Finding, activity, op_brief, secs
+from commscope.analysis.findings import Finding, activity, op_brief, rank_stack, secs
 from commscope.analysis.model import CONTAINER, NESTED, P2P, SEND, SLACK_NS, SPACE_FR, TraceModel
 
 #: Failed instances reported in full per finding; more with the same blame are counted.
@@ -225,8 +226,9 @@ def find_crashes(model: TraceModel, now: int, failures: list[Failure]) -> list[F
             where = "before any op"
         doing = act.get("in_op") or act.get("last_completed_op") or {}
         msg = f"rank {r} crashed {where}: {what}"
-        if doing.get("site"):
-            msg += f" (at {doing['site']})"
+        at = stacks.one_line(rank_stack(model, r, now)[0])
+        if at:
+            msg += f", at {at}"
         ev: dict[str, Any] = {"exit_ns": t, "reason": ex.get("reason"), "activity": act}
         for k in ("exc", "signal"):
             if ex.get(k):

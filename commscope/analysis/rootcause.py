@@ -56,20 +56,31 @@ def _absorb(root: Finding, f: Finding) -> None:
     root.instances = tuple(dict.fromkeys(root.instances + f.instances))
 
 
+def _say(c: dict[str, Any], root: Finding) -> str:
+    """One consequence in a few words: 'all_reduce #6 failed on ranks 0, 2'."""
+    where = f"{c['op']} #{c['seq']}" if c.get("op") and c.get("seq") is not None else c.get("op") or "an op"
+    hit = ", ".join(map(str, sorted(set(c["ranks"]) - set(root.culprits)) or c["ranks"]))
+    if c["kind"] == "op_failed":
+        return f"{where} failed on ranks {hit}"
+    if c["kind"] == "missing_ranks":
+        return f"ranks {hit} waited in {where}"
+    if c["kind"] == "rank_crashed":
+        return f"rank {', '.join(map(str, c['culprits']))} crashed on that failure"
+    if c["kind"] == "dead_rank":
+        return f"rank {', '.join(map(str, c['culprits']))} went away"
+    if c["kind"] == "unmatched_p2p":
+        return f"rank {hit} blocked in {where}"
+    return f"{c['kind']} {where}"
+
+
 def _summary(root: Finding) -> None:
-    cons = root.evidence.get("consequences") or []
+    cons = sorted(root.evidence.get("consequences") or [], key=lambda c: c.get("ts") or 0)
     if not cons:
         return
-    parts = []
-    for c in cons[:4]:
-        hit = sorted(set(c["ranks"]) - set(root.culprits)) if c["kind"] in ("op_failed", "missing_ranks") \
-            else c["culprits"]
-        what = {"op_failed": "failed on", "missing_ranks": "waited on", "rank_crashed": "crashed:",
-                "dead_rank": "went away:", "unmatched_p2p": "blocked on"}.get(c["kind"], c["kind"])
-        where = f"{c['op']} #{c['seq']}" if c.get("op") and c.get("seq") is not None else c.get("op") or ""
-        parts.append(f"{where} {what} rank(s) {', '.join(map(str, hit))}".strip())
-    more = f" and {len(cons) - 4} more" if len(cons) > 4 else ""
-    root.message += f". Consequences: {'; '.join(parts)}{more}"
+    root.evidence["consequences"] = cons
+    parts = list(dict.fromkeys(_say(c, root) for c in cons))
+    more = f" and {len(parts) - 4} more" if len(parts) > 4 else ""
+    root.message += f". Then: {'; '.join(parts[:4])}{more}"
 
 
 def _departure_instances(model: TraceModel, f: Finding) -> tuple:

@@ -13,12 +13,12 @@ import re
 from typing import Any, NamedTuple
 
 #: File paths of frames that are plumbing, not the user's code: torch, commscope's own
-#: recorder, varlen toolkit and launchers, and the stdlib's thread/process/import machinery.
+#: recorder, varlen toolkit and launchers, and the standard library (its thread, process
+#: and import machinery, and leaf calls like ``os.path.exists`` the user's frame is inside).
 _INTERNAL = re.compile(
     r"[/\\]torch[/\\]|[/\\]commscope[/\\](record|varlen)[/\\]|[/\\]commscope[/\\]launch\.py$|"
     r"[/\\]commscope[/\\]scenarios[/\\](runner|base)\.py$|[/\\]multiprocessing[/\\]|"
-    r"[/\\]concurrent[/\\]futures[/\\]|[/\\](threading|runpy|contextlib|functools)\.py$|^<frozen |"
-    r"[/\\]importlib[/\\]")
+    r"[/\\]lib[/\\]python3\.\d+[/\\](?!site-packages|dist-packages)|^<frozen ")
 
 
 def is_internal(path: str) -> bool:

@@ -33,7 +33,7 @@ from commscope import __version__
 from commscope import events as E
 from commscope.events import encode as _dumps
 from commscope.events import signature_key
-from commscope.record import callsite, flight, patch
+from commscope.record import callsite, crashlog, flight, hangsignal, patch
 from commscope.record.cuda_timing import CudaTimer
 from commscope.record.ops import (
     TAG_BEGIN,
@@ -155,6 +155,7 @@ class Recorder:
         self.cuda: CudaTimer | None = None
         self._gpu_index: int | None = None
         self.crash: str | None = None
+        self.failed_ns: int | None = None  # when an op of this rank last raised (see hangsignal)
         self.exited = False
         self._thread: threading.Thread | None = None
         self.need_job = False  # the job id is still unknown: see settle_job
@@ -455,7 +456,9 @@ class Recorder:
                 for op_id, gpu_ns in self.cuda.poll():
                     emit({"type": E.OP, "ts": time.time_ns(), "phase": E.DONE, "id": op_id, "gpu_ns": gpu_ns})
             if self.capture_stacks:
-                self._check_hangs(now, emit)
+                stuck_ns = self._check_hangs(now, emit)
+                hangsignal.tick(self, now, max(stuck_ns or 0, self.failed_ns or 0) or None, emit, final)
+            crashlog.tick(self, emit, final)
             if final or time.monotonic() >= self._next_sample:
                 self._next_sample = time.monotonic() + self.sample_interval
                 self._samples(now, emit)
@@ -576,6 +579,8 @@ class Recorder:
                 top_windows[op_id] = self._windows.open(tid, group, ts)
         elif tag == _E:
             _, op_id, ts, exc, extra = item
+            if exc is not None:
+                self.failed_ns = ts
             if exc is None and extra is None and rank is not None:
                 out(b'{"type":"op","ts":%d,"phase":"end","id":%d,"v":1,"rank":%d}' % (ts, op_id, rank))
             else:
@@ -596,6 +601,8 @@ class Recorder:
                     unwaited.popitem(last=False)
         elif tag in (_WB, _WE):
             _, op_ids, ts, exc, tid = item
+            if exc is not None:
+                self.failed_ns = ts
             phase = E.WAIT_BEGIN if tag == _WB else E.WAIT_END
             for op_id in op_ids:
                 ev = {"type": E.OP, "ts": ts, "phase": phase, "id": op_id}
@@ -678,10 +685,15 @@ class Recorder:
             self.store_dropped += 1
         pending.append(line)
 
-    def _check_hangs(self, now: int, emit) -> None:
+    def _check_hangs(self, now: int, emit) -> int | None:
+        """Capture the stack of each op newly stuck past hang_after; returns the begin of the
+        oldest op stuck past it (None: none), for ``hangsignal``."""
         limit = int(self.hang_after * 1e9)
+        oldest = None
         for table in (self._inflight, self._waiting):
             for op_id, info in table.items():
+                if now - info[0] >= limit and (oldest is None or info[0] < oldest):
+                    oldest = info[0]
                 if info[4] or now - info[0] < limit:
                     continue
                 info[4] = True
@@ -694,6 +706,7 @@ class Recorder:
                     if t["tid"] == info[2]:
                         t["op_thread"] = True
                 emit({"type": E.STACK, "ts": now, "id": op_id, "threads": threads})
+        return oldest
 
     def _samples(self, now: int, emit) -> None:
         if self._probe is None:
