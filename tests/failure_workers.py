@@ -48,7 +48,7 @@ def finish() -> None:
     commscope.uninstrument()
 
 
-def _loop(rank: int, fault, steps: int = 400) -> None:
+def _loop(rank: int, fault, steps: int = 400, group=None) -> None:
     import torch
     import torch.distributed as dist
 
@@ -56,8 +56,16 @@ def _loop(rank: int, fault, steps: int = 400) -> None:
     for step in range(steps):
         if step == FAULT_STEP:
             fault(rank)
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=group)
         t.fill_(1.0)
+
+
+def quick_group(seconds: float):
+    """A group over every rank whose own timeout is ``seconds`` (the default group keeps a
+    long one, so a slow start under load never trips it)."""
+    import torch.distributed as dist
+
+    return dist.new_group(timeout=timedelta(seconds=seconds))
 
 
 def killed(rank: int, ws: int, store: str, release: str) -> None:
@@ -109,16 +117,18 @@ def spin_in_python(release: str) -> int:
             look = time.monotonic() + 0.5
 
 
-def spinning(rank: int, ws: int, store: str, release: str, hang_after: float) -> None:
-    """Rank 1 spins in Python while the others wait in all_reduce (or time out on it)."""
+def spinning(rank: int, ws: int, store: str, release: str, hang_after: float, timeout: float | None = None) -> None:
+    """Rank 1 spins in Python while the others wait in all_reduce, or time out on it after
+    ``timeout`` seconds."""
     start(store, hang_after)
+    group = quick_group(timeout) if timeout else None
 
     def fault(r: int) -> None:
         if r == 1:
             spin_in_python(release)
 
     try:
-        _loop(rank, fault, steps=FAULT_STEP + 1)
+        _loop(rank, fault, steps=FAULT_STEP + 1, group=group)
     except RuntimeError:
         wait_release(release)
     wait_release(release)
@@ -130,6 +140,7 @@ def late_barrier(rank: int, ws: int, store: str, release: str, monitored: bool) 
     import torch.distributed as dist
 
     start(store, 60.0)
+    quick = quick_group(1.0)
     dist.barrier()
     if rank == 1:
         wait_release(release)
@@ -137,7 +148,7 @@ def late_barrier(rank: int, ws: int, store: str, release: str, monitored: bool) 
         if monitored:
             dist.monitored_barrier(timeout=timedelta(seconds=1))
         else:
-            dist.barrier()
+            dist.barrier(group=quick)
     except RuntimeError:
         wait_release(release)
     finish()

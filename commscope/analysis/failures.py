@@ -26,7 +26,16 @@ from typing import Any, NamedTuple
 from commscope.analysis import stacks
 from commscope.analysis.errors import NAMED, PEER_GONE, RELAYED, TIMEOUT, first_line
 from commscope.analysis.findings import Finding, activity, op_brief, rank_stack, secs
-from commscope.analysis.model import CONTAINER, NESTED, P2P, SEND, SLACK_NS, SPACE_FR, TraceModel
+from commscope.analysis.model import (
+    ARRIVAL_SLACK_NS,
+    CONTAINER,
+    NESTED,
+    P2P,
+    SEND,
+    SLACK_NS,
+    SPACE_FR,
+    TraceModel,
+)
 
 #: Failed instances reported in full per finding; more with the same blame are counted.
 FAILED_REPORT = 5
@@ -89,7 +98,7 @@ def _blame_one(model: TraceModel, r: int, i: int, now: int, ops: dict[int, int])
         return None
     if kind.kind == TIMEOUT:
         absent = [m for m in model.members(r, i) if m != r and
-                  (m not in ops or int(model.ranks[m].begin[ops[m]]) > t + SLACK_NS)]
+                  (m not in ops or int(model.ranks[m].begin[ops[m]]) > t + ARRIVAL_SLACK_NS)]
         if absent:
             return Blame(tuple(absent), "absent", f"{_ranks(absent)} had not entered it when the timeout fired")
         return Blame((), "unknown", "every member had entered it when the timeout fired")
@@ -145,7 +154,7 @@ def failed_instances(model: TraceModel, now: int, mismatch_rows: dict[tuple, lis
             out.append(Failure(key, failed, first, Blame(culprits, "mismatch",
                                                          "the ranks called mismatched collectives here")))
             continue
-        primary = [(r, i) for r, i in failed.items() if int(model.ranks[r].begin[i]) <= first + SLACK_NS]
+        primary = [(r, i) for r, i in failed.items() if int(model.ranks[r].begin[i]) <= first + ARRIVAL_SLACK_NS]
         blames = [b for r, i in primary if (b := _blame_one(model, r, i, now, ops)) is not None]
         out.append(Failure(key, failed, first, _combine(blames)))
     out.sort(key=lambda f: f.first_ns)
@@ -167,7 +176,8 @@ def find_failed_ops(model: TraceModel, now: int, failures: list[Failure]) -> lis
         where = model.label(r0, i0)
         excs = {r: model.ranks[r].exc[i] for r, i in f.failed.items()}
         msg = (f"{where} failed on {_ranks(f.failed)} ({first_line(excs[r0], 120)}); "
-               + (f"blamed on {_ranks(f.blame.culprits)}: " if f.blame.culprits else "not blamed yet: ")
+               + (f"blamed on {_ranks(f.blame.culprits)}: " if f.blame.culprits else
+                  "not blamed yet: " if f.blame.reason == "pending" else "no rank to blame: ")
                + f.blame.text)
         failed_ev = {}
         for r, i in sorted(f.failed.items()):

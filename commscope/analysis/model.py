@@ -47,8 +47,11 @@ DEAD_MIN_S = 2.0
 #: or at once when it is the only member of that op that could have left.
 VANISH_INTERVALS = 3
 VANISH_MIN_S = 1.5
-#: Clock slack when comparing one rank's events with another's (writes lag, clocks differ).
+#: Clock slack when comparing when one rank was last heard from with another's events
+#: (heartbeats come every sample interval, writes lag a tick).
 SLACK_NS = 200_000_000
+#: Clock slack when comparing when ranks entered an op with when another's op failed.
+ARRIVAL_SLACK_NS = 20_000_000
 
 #: Ops whose per-rank tensors must agree in shape across the group: name -> sides compared.
 SAME_SHAPE: dict[str, tuple[str, ...]] = {

@@ -18,7 +18,10 @@ from typing import Any, NamedTuple
 _INTERNAL = re.compile(
     r"[/\\]torch[/\\]|[/\\]commscope[/\\](record|varlen)[/\\]|[/\\]commscope[/\\]launch\.py$|"
     r"[/\\]commscope[/\\]scenarios[/\\](runner|base)\.py$|[/\\]multiprocessing[/\\]|"
-    r"[/\\]lib[/\\]python3\.\d+[/\\](?!site-packages|dist-packages)|^<frozen ")
+    r"[/\\]lib[/\\]python3\.\d+[/\\](?!site-packages|dist-packages)|^<frozen |^<string>$")
+#: Names of decorator layers: "inside" names the first real function below the user's frame.
+_GENERIC = frozenset({"wrapper", "inner", "wrapped", "_fn", "decorate_context", "__call__", "_call_impl",
+                      "_wrapped_call_impl"})
 
 
 def is_internal(path: str) -> bool:
@@ -48,7 +51,7 @@ def _frames(raw: Any) -> list[Frame]:
 def fold(name: Any, raw_frames: Any, keep_internal: int = 3) -> dict[str, Any]:
     """One thread's frames as evidence: ``frames`` (the user's, outermost first, as
     'file:line in func'), ``where`` (the innermost user frame: what the thread is doing),
-    ``inside`` (the innermost folded function, e.g. 'all_reduce'), ``folded`` (how many
+    ``inside`` (the function the user's frame called, e.g. 'all_reduce'), ``folded`` (how many
     frames were left out).  A thread with no user frame keeps its innermost few."""
     frames = _frames(raw_frames)
     user = [f for f in frames if not is_internal(f.file)]
@@ -58,9 +61,10 @@ def fold(name: Any, raw_frames: Any, keep_internal: int = 3) -> dict[str, Any]:
         d["frames"] = [f.text() for f in user]
         d["where"] = user[-1].text()
         last_user = max(i for i, f in enumerate(frames) if not is_internal(f.file))
-        inner = frames[last_user + 1:]
+        inner = [f.func for f in frames[last_user + 1:]]
+        named = [f for f in inner if f not in _GENERIC]
         if inner:
-            d["inside"] = inner[-1].func
+            d["inside"] = (named or inner)[0]
         d["folded"] = len(internal)
     else:
         kept = frames[-keep_internal:]
