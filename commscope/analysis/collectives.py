@@ -141,7 +141,7 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
     entered.  (Once the waiting op raises, it is an ``op_failed``.)"""
     pending: dict[tuple[int, str, int], dict[int, int]] = {}
     for r, rt in model.ranks.items():
-        if model.exited(r) is not None or model.is_dead(r, now):
+        if model.left_early(r, now):
             continue  # a rank that is gone no longer waits
         cands = [i for i in rt.open if rt.comp[i] == 0]
         for i in cands:

@@ -21,7 +21,7 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
         rt = model.ranks[r]
         seen = model.last_seen(r)
         how = "vanished" if r in vanished else "silent"
-        if how == "silent" and model.end_ns - seen <= model.dead_after_ns(r):
+        if not model.left_early(r, now):
             continue  # everyone stopped at about the same time: the job was stopped, nobody died first
         act = activity(model, r, now)
         doing = act.get("in_op") or act.get("last_completed_op")

@@ -1023,6 +1023,16 @@ class TraceModel:
             return True
         return rank in self.vanished(now)
 
+    def left_early(self, rank: int, now: int) -> bool:
+        """Gone while the job went on: exited or crashed, vanished, or silent past the dead
+        threshold while other ranks kept writing.  Ranks that all stopped together (a job
+        killed as a whole) are judged as they were when they stopped: still waiting."""
+        if self.exited(rank) is not None:
+            return True
+        if not self.is_dead(rank, now):
+            return False
+        return rank in self.vanished(now) or self.end_ns - self.last_seen(rank) > self.dead_after_ns(rank)
+
     # ------------------------------------------------------------------ failures and departures
     def failed_ns(self, rank: int, i: int) -> int:
         """When op ``i`` raised (its end, or the end of its wait)."""

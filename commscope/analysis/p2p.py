@@ -19,7 +19,7 @@ def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[in
     """rank -> [(peer it waits for, op index)] for blocked, unmatched p2p ops."""
     edges: dict[int, list[tuple[int, int]]] = {}
     for r in model.rank_ids():
-        if model.exited(r) is not None or model.is_dead(r, now):
+        if model.left_early(r, now):
             continue  # a rank that is gone no longer waits
         rt = model.ranks[r]
         for i in model.blocked(r):
