@@ -301,3 +301,18 @@ def test_fr_ops_match_only_fr_ops():
     b.sync(1, t + 2 * MS, None, "broadcast", seq=2, src="fr", root=0)
     _, f = run(b)
     assert kinds(f) == ["collective_mismatch"] and f[0].evidence.get("src") == "fr"
+
+
+def test_no_straggler_where_completion_times_are_only_bounds():
+    """Flight Recorder on Gloo gives no completion time (``approx`` ends): a rank a few ms late
+    to DDP's all_reduces cannot be weighed against the collectives' unknown latency."""
+    b = TraceBuilder(2)
+    t = warmup(b)
+    for k in range(20):
+        for r in range(2):
+            i = b.begin(r, t + (2 * MS if r == 1 else 0), "all_reduce", seq=k + 1, src="fr")
+            b.end(r, i, t + (2 * MS if r == 1 else 0), approx=True)
+        t += 10 * MS
+    b.heartbeats(b.t0, t)
+    _, f = run(b)
+    assert f == []

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from commscope.analysis.findings import Finding, activity, op_brief, secs
-from commscope.analysis.model import COLL, SPACE_FR, GroupIndex, TraceModel
+from commscope.analysis.model import APPROX, COLL, SPACE_FR, GroupIndex, TraceModel
 
 #: A rank straggles when it arrives last in at least this share of recent collectives...
 STRAGGLER_LAST_SHARE = 0.7
@@ -218,6 +218,10 @@ def find_stragglers(model: TraceModel) -> list[Finding]:
             continue
         rows = complete_rows(model, gi)[-STRAGGLER_WINDOW:]
         if rows.shape[0] < STRAGGLER_MIN_ROWS:
+            continue
+        if (gather(model, gi, "flags", rows) & APPROX).any():
+            # Completion times are only bounds (Flight Recorder on Gloo): the collectives' own
+            # latency is unknown, so lateness cannot be weighed against it.
             continue
         b = gather(model, gi, "begin", rows)
         c = gather(model, gi, "comp", rows)
