@@ -27,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--hang-after", type=float, default=None, metavar="SECONDS",
                    help="how long a rank must wait before it counts as hung")
+    p.add_argument("--py-spy", action="store_true",
+                   help="for a culprit running on this host whose Python threads cannot answer (native code "
+                        "holding the GIL), take a native+Python stack dump with py-spy (pip install py-spy)")
 
 
 def load(store: str | None) -> tuple[TraceModel, Any, list[str]]:
@@ -84,12 +87,52 @@ def main(args: argparse.Namespace) -> int:
     hang_after = args.hang_after if args.hang_after is not None else default_hang_after(model)
     now = trace_now(model)
     findings = diagnose(model, now, hang_after)
+    if getattr(args, "py_spy", False):
+        native_dumps(model, findings)
     if args.json:
         out = to_json(model, findings, warnings, hang_after, now, redact(reader.description))
         sys.stdout.write(json.dumps(out, default=str) + "\n")
     else:
         render(model, findings, warnings, hang_after, redact(reader.description))
     return 1 if any(f.severity == ERROR for f in findings) else 0
+
+
+# ---------------------------------------------------------------------- py-spy
+PY_SPY_TIMEOUT = 20.0
+
+
+def native_dumps(model: TraceModel, findings: list[Finding], exe: str | None = None) -> None:
+    """Add ``native_dump`` to the ``stack_info`` of each culprit without a Python stack that
+    runs on this host: py-spy's native+Python dump of its pid, or why there is none.
+
+    Only on request (``--py-spy``): py-spy attaches to the process with ptrace."""
+    import shutil
+    import socket
+    import subprocess
+
+    exe = exe or shutil.which("py-spy")
+    host = socket.gethostname()
+    done: dict[int, str] = {}
+    for f in findings:
+        for r, info in (f.evidence.get("stack_info") or {}).items():
+            if f.severity != ERROR or info.get("role") != "culprit" or "missing" not in info:
+                continue
+            rank = int(r)
+            if rank not in done:
+                meta = (model.ranks[rank].meta or {}) if rank in model.ranks else {}
+                pid = meta.get("pid")
+                if meta.get("host") != host or not isinstance(pid, int):
+                    done[rank] = f"runs on {meta.get('host', 'another host')}: run py-spy dump --native there"
+                elif exe is None:
+                    done[rank] = "py-spy is not installed (pip install py-spy)"
+                else:
+                    try:
+                        out = subprocess.run([exe, "dump", "--native", "--pid", str(pid)], capture_output=True,
+                                             text=True, timeout=PY_SPY_TIMEOUT)
+                        done[rank] = (out.stdout or out.stderr or f"py-spy exited {out.returncode}")[-20000:]
+                    except (OSError, subprocess.TimeoutExpired) as exc:
+                        done[rank] = f"py-spy failed: {exc}"
+            info["native_dump"] = done[rank]
 
 
 # ---------------------------------------------------------------------- rich rendering
@@ -184,6 +227,8 @@ def _stacks(f: Finding) -> list[Any]:
                                        *_stack_lines(stacks[r])]), style="dim" if role != "culprit" else ""))
         else:
             out.append(Text(f"rank {r} ({role}): no stack: {info.get('missing')}", style="dim"))
+        if info.get("native_dump"):
+            out.append(Text(f"py-spy dump of rank {r}:\n{info['native_dump'].rstrip()}"))
     return out
 
 
