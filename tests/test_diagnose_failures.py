@@ -340,3 +340,19 @@ def test_unanswered_stack_request_says_the_rank_cannot_run_python():
     _, f = replay(b, {1})
     assert errors(f) == [("missing_ranks", [1])]
     assert "GIL" in f[0].evidence["stack_info"]["1"]["missing"]
+
+
+def test_mismatch_names_nobody_until_the_last_call_is_in():
+    b = TraceBuilder(3)
+    t = warmup(b)
+    b.sync(0, t, None, "all_reduce")
+    b.sync(1, t + MS, None, "broadcast", root=0)
+    b.heartbeats(b.t0, t + 2 * S)
+    m = TraceModel.from_events(sorted(b.events, key=lambda e: e["ts"]))
+    f = diagnose(m, now=t + 2 * S, hang_after=60.0)
+    assert errors(f) == [("collective_mismatch", [])]
+    assert f[0].evidence["undecided"] == {"died_in_it": [], "not_yet": [2]}
+    b.sync(2, t + 2 * S + MS, None, "all_reduce")
+    b.heartbeats(t + 2 * S, t + 3 * S)
+    _, f = replay(b, {1}, hang_after=60.0)
+    assert errors(f) == [("collective_mismatch", [1])]

@@ -80,12 +80,15 @@ def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, no
     top = counts.most_common()
     tie = len(top) > 1 and top[0][1] == top[1][1]
     majority = None if tie else top[0][0]
-    # A member that died in this collective before its call reached the trace (Gloo aborts a
-    # process on mismatched sizes) would have had a vote: without it a tie cannot be broken,
-    # and naming every rank would name innocents.
-    lost = [m for m in gi.members if m not in ops and (model.crash(m) is not None or model.is_dead(m, now))
-            and _last_seq(gi, m) == seq - 1]
-    undecided = tie and bool(lost)
+    # Members without a call here still have a vote: one that died in it before its call
+    # reached the trace (Gloo aborts a process on mismatched sizes), or one that is still on
+    # its way.  While their votes could make it a tie or turn it, the odd one out cannot be
+    # told, and naming ranks would name innocents.
+    absent = [m for m in gi.members if m not in ops]
+    lost = [m for m in absent if (model.crash(m) is not None or model.is_dead(m, now)) and _last_seq(gi, m) == seq - 1]
+    coming = [m for m in absent if m not in lost and not model.left_early(m, now)]
+    margin = top[0][1] - (top[1][1] if len(top) > 1 else 0)
+    undecided = bool(lost or coming) and margin <= len(lost) + len(coming)
     culprits = [] if undecided else sorted(by_rank) if tie else sorted(r for r, c in by_rank.items() if c != majority)
     table = {}
     for r in sorted(ops):
@@ -101,18 +104,28 @@ def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, no
            ", ".join(f"rank {r}: {table[str(r)]['op']}" + (f" {table[str(r)].get('in_shapes')}" if 'shape' in diff else "")
                      for r in sorted(ops)) +
            (f"; differing: {', '.join(diff)}" if diff else "") +
-           (f"; a tie, and rank(s) {', '.join(map(str, lost))} died in it before its call was recorded, so the odd "
-            "one out cannot be told" if undecided else "; tie, so every rank is named" if tie else
+           (_undecided(lost, coming) if undecided else "; tie, so every rank is named" if tie else
             f"; rank(s) {', '.join(map(str, culprits))} differ from the majority"))
     ev: dict[str, Any] = {"per_rank": table, "differs": diff, "majority": None if tie else
                           {k: table[str(maj_rank)].get(k) for k in ("op", "in_shapes", "in_dtypes", "redop", "root")},
                           "absent_ranks": absent, "later_mismatches": later}
     if lost:
         ev["died_in_it"] = lost
+    if undecided:
+        ev["undecided"] = {"died_in_it": lost, "not_yet": coming}
     if gi.space == SPACE_FR:
         ev["src"] = "fr"
     t = max(int(model.ranks[r].begin[i]) for r, i in ops.items())
     return Finding("collective_mismatch", gi.name, seq, op_name, list(gi.members), culprits, msg, ev, ts=t)
+
+
+def _undecided(lost: list[int], coming: list[int]) -> str:
+    why = []
+    if lost:
+        why.append(f"rank(s) {', '.join(map(str, lost))} died in it before its call was recorded")
+    if coming:
+        why.append(f"rank(s) {', '.join(map(str, coming))} have not called it yet")
+    return "; " + " and ".join(why) + ", so the odd one out cannot be told" + (" yet" if coming and not lost else "")
 
 
 def _last_seq(gi: GroupIndex, rank: int) -> int | None:
