@@ -96,12 +96,6 @@ def op_brief(model: TraceModel, rank: int, i: int, now: int | None = None) -> di
     return d
 
 
-def stack_of(model: TraceModel, rank: int, i: int | None) -> list | None:
-    """The stack the rank captured for op ``i`` (or its parent), folded (``stacks.view``)."""
-    ev = _op_stack(model, rank, i)
-    return stacks.view(ev) if ev is not None else None
-
-
 def _op_stack(model: TraceModel, rank: int, i: int | None) -> dict | None:
     rt = model.ranks.get(rank)
     if rt is None or i is None:
