@@ -48,10 +48,22 @@ Other types:
     sample     cpu (%), rss (bytes), [gpu_util (%), gpu_mem, gpu_mem_total (bytes),
                gpu_power (W), gpu_temp (C)], [gpu_error]
     heartbeat  inflight (ops begun and not finished)
-    stack      id (the stuck op), threads: [{tid, name, frames: [[file, line, func], ...],
-               [op_thread]}]
+    stack      [id] (the stuck op), threads: [{tid, name, frames: [[file, line, func], ...]
+               outermost first, [op_thread]}], [reason]: why it was captured --
+                 "hang"      (the default) an op of this rank passed hang_after; op_thread is the
+                             thread blocked in op ``id``
+                 "request"   another rank asked every rank for its stacks (one of its ops passed
+                             hang_after or failed; see record/hangsignal.py): [trigger] the asking
+                             rank, [request_ns] when it asked; no ``id``; op_thread is the main thread
+                 "exception" the uncaught exception the rank is dying of: [exc], one thread (its
+                             traceback)
+                 "signal"    the fatal signal it died of, read from faulthandler's crash file by
+                             the directory reader (store/crashlog.py); op_thread: the crashing thread
+               Readers treat a stack without ``reason`` as "hang".
     exit       reason, [unwaited: [op ids of async work never waited]], [exc] the unhandled
-               exception the process died of
+               exception the process died of; reason "signal": [signal] ("Segmentation fault",
+               "Aborted", ...), [src: "faulthandler"] (written by the reader from the crash file,
+               not by the rank)
     dropped    count (this batch), total, reason, [records: op records inside the dropped
                ``block`` events, which count once each in ``count``]
 
@@ -59,7 +71,7 @@ Version 2 (the native recorder) adds, see ``commscope.blocks``:
 
     block      n, data: many op events packed in binary; readers expand them into the op
                events above before anything else sees them
-    site       site (id), text: a call site the blocks refer to by id
+    site       sid (id), text: a call site the blocks refer to by id
     group      [gid]: the id blocks use for the group
     meta       [recorder] "native" or "python", [names], [dtypes]: the tables blocks use
     begin      [src] "c10d": a collective issued from C++ (DDP's reducer, functional

@@ -90,6 +90,7 @@ RawEvent = TypedDict("RawEvent", {
     "gpu_temp": Real, "gpu_error": Text,
     # heartbeat, stack, exit, dropped
     "inflight": Count, "threads": list[StackThread], "reason": Text, "unwaited": list[Count],
+    "trigger": Rank, "request_ns": Count, "signal": Name,
     "count": Count, "total": Count, "records": Count,
     # block (version 2): packed op records, see commscope.blocks; site: a call site by id
     "n": Count, "data": Annotated[str, Meta(max_length=MAX_BLOCK)], "sid": Annotated[int, Meta(ge=0, le=MAX_INT)],
@@ -97,7 +98,7 @@ RawEvent = TypedDict("RawEvent", {
 }, total=False)
 
 #: Keys each type must carry besides type, rank and ts.
-REQUIRED: dict[str, tuple[str, ...]] = {"op": ("phase", "id"), "group": ("group",), "stack": ("id",),
+REQUIRED: dict[str, tuple[str, ...]] = {"op": ("phase", "id"), "group": ("group",),
                                         "block": ("data",), "site": ("sid", "text")}
 
 

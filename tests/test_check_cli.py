@@ -104,3 +104,37 @@ def test_corrupt_and_truncated_lines_are_warnings(tmp_path, capsys):
     assert rc == 1 and out["findings"][0]["culprits"] == [2]
     text = " ".join(out["warnings"])
     assert "damaged" in text and "truncated" in text
+
+
+def test_py_spy_dump_of_a_culprit_that_cannot_run_python(tmp_path, capsys, monkeypatch):
+    """Rank 2 never arrives and never answers the stack request: with --py-spy, check takes a
+    native dump of its pid on this host (a stand-in py-spy here) and shows it."""
+    import os
+    import socket
+
+    b = TraceBuilder(3)
+    for r in range(3):  # this host, a pid of our own (py-spy is a stand-in)
+        b.events[r]["host"], b.events[r]["pid"] = socket.gethostname(), os.getpid()
+    t = b.t0 + S
+    t = b.collective(t, "all_reduce")
+    for r in (0, 1):
+        b.sync(r, t, None, "all_reduce")
+        b.add(r, t + 2 * S + 300_000_000, "stack", reason="request", trigger=0, request_ns=t + 2 * S,
+              threads=[{"tid": 1, "name": "MainThread", "op_thread": True, "frames": [["train.py", 9, "step"]]}])
+    b.heartbeats(t, t + 8 * S)
+    store = write_store(tmp_path / "trace", b.sorted_events())
+    fake = tmp_path / "bin" / "py-spy"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho \"Thread 42 (active): MainThread\"\necho \"    spin (native.c:12)\"\necho \"$@\"\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    rc, out = run_json(capsys, str(store), "--py-spy")
+    assert rc == 1
+    (f,) = out["findings"]
+    info = f["evidence"]["stack_info"]["2"]
+    assert f["culprits"] == [2] and "GIL" in info["missing"]
+    assert "spin (native.c:12)" in info["native_dump"] and f"--native --pid {os.getpid()}" in info["native_dump"]
+    rc, _ = run_json(capsys, str(store))
+    capsys.readouterr()
+    assert cli(["check", str(store), "--py-spy"]) == 1
+    assert "py-spy dump of rank 2" in capsys.readouterr().out

@@ -109,3 +109,26 @@ def test_chrome_export_overlapping_async_ops_get_lanes():
     assert names == {"group 0", "group 0 #2"}
     cn = {e["name"] for e in data["traceEvents"] if e["ph"] == "C"}
     assert {"GPU util %", "GPU memory (MiB)"} <= cn
+
+
+def test_failures_in_report_and_chrome_export():
+    from tui_scenarios import crashed_rank
+
+    from commscope.analysis.report import compute_report
+
+    events, now = crashed_rank()
+    m = TraceModel.from_events(events)
+    rep = compute_report(m)
+    assert rep["ranks"]["1"]["end"] == "crashed (Segmentation fault)"
+    assert rep["ranks"]["0"]["end"] == "running" and rep["ranks"]["0"]["failed"] == 1
+    assert rep["ops"]["all_reduce"]["failed"] == 2
+    findings = diagnose(m)
+    trace = chrome_trace(m, findings)
+    validate_chrome(trace)
+    marks = [e for e in trace["traceEvents"] if e["ph"] == "i"]
+    (crash,) = [e for e in marks if e["cat"] == "finding"]
+    assert crash["pid"] == 1 and crash["name"] == "error: rank_crashed"
+    assert crash["args"]["culprit_where"] == "data.py:12 in parse_record (inside string_at)"
+    assert crash["args"]["consequences"] and crash["args"]["culprits"] == [1]
+    failed = sorted(e["pid"] for e in marks if e["cat"] == "failure")
+    assert failed == [0, 2] and all("Connection closed" in e["name"] for e in marks if e["cat"] == "failure")

@@ -6,7 +6,7 @@ import asyncio
 import time
 
 import pytest
-from tui_scenarios import MS, healthy, hung_missing_rank, load, make_app
+from tui_scenarios import MS, S, healthy, hung_missing_rank, load, make_app
 
 from commscope.analysis.source import open_source
 from commscope.analysis.synth import TraceBuilder
@@ -229,5 +229,49 @@ def test_cpu_only_jobs_say_why_there_is_no_gpu_panel():
             assert app.gpu.mode == "cpu"
             assert "CPU-only job" in app.gpu.render_line(0).text
             assert "gpu" not in [c.value for c in app.ranks_table.columns]
+
+    asyncio.run(run())
+
+
+def test_a_crash_shows_its_signal_frame_and_consequences():
+    from tui_scenarios import crashed_rank
+
+    events, now = crashed_rank()
+    app = make_app(events, now)
+
+    async def run():
+        async with app.run_test(size=(140, 50)) as pilot:
+            load(app)
+            await pilot.pause()
+            assert [(f.kind, f.culprits) for f in app.findings] == [("rank_crashed", [1])]
+            assert app.detail.border_title == "finding · rank_crashed"
+            text = app.detail.text(width=140)
+            assert "Segmentation fault" in text and "data.py:12 in parse_record" in text
+            assert "inside string_at" in text
+            assert "consequences (1)" in text and "failed on ranks 0, 2" in text
+            assert "stack of rank 0  waiting" in text  # the ranks it left waiting get theirs too
+            assert app.ranks_table.get_row("1")  # the crashed rank's row exists
+
+    asyncio.run(run())
+
+
+def test_the_finding_detail_stays_current_while_the_job_is_live():
+    """The list and the open detail must agree: re-diagnosed 1.5 s later, both say 7.5 s."""
+    from commscope.analysis import diagnose
+
+    events, now = hung_missing_rank()
+    app = make_app(events, now)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            load(app)
+            await pilot.pause()
+            assert app.detail.border_title == "finding · missing_ranks"
+            assert "waited 6.0 s" in app.detail.text()
+            later = diagnose(app.feed.model, now=now + 3 * S // 2, hang_after=2.0)
+            app.apply(app.info, later)
+            await pilot.pause()
+            assert app.detail.border_title == "finding · missing_ranks"
+            assert "waited 7.5 s" in app.detail.text() and "waited 6.0 s" not in app.detail.text()
 
     asyncio.run(run())

@@ -123,3 +123,23 @@ def load(app: CommscopeApp) -> None:
         feed._dirty = True
         info, _ = feed.step()
     app.apply(info, feed.findings)
+
+
+def crashed_rank() -> tuple[list[dict], int]:
+    """3 ranks: rank 1 segfaults in parse_record; ranks 0 and 2's all_reduce fails and they hang on."""
+    b = TraceBuilder(3, hang_after=2.0)
+    t = T0 + 100 * MS
+    for _ in range(4):
+        t = b.collective(t, "all_reduce", latency=5 * MS) + MS
+    b.heartbeats(T0, t, interval=S // 5)
+    frames = [["train.py", 80, "<module>"], ["train.py", 61, "main"], ["data.py", 12, "parse_record"],
+              ["/usr/lib/python3.11/ctypes/__init__.py", 519, "string_at"]]
+    b.add(1, t + 2 * MS, "stack", reason="signal",
+          threads=[{"tid": 1, "name": "crashing thread", "op_thread": True, "frames": frames}])
+    b.exit(1, t + 2 * MS, reason="signal", signal="Segmentation fault", exc="Fatal Python error: Segmentation fault")
+    for r in (0, 2):
+        i = b.begin(r, t, "all_reduce")
+        b.end(r, i, t + 5 * MS, exc="RuntimeError: [../pair.cc:553] Connection closed by peer [127.0.0.1]:4242.")
+    now = t + 4 * S
+    b.heartbeats(t + 10 * MS, now, interval=S // 5, ranks=[0, 2])
+    return b.sorted_events(), now

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from commscope.analysis.bandwidth import op_busbw
+from commscope.analysis.errors import first_line
 from commscope.analysis.findings import Finding
 from commscope.analysis.model import ASYNC, P2P, SPACE_FR, TraceModel
 
@@ -85,6 +86,8 @@ def chrome_trace(model: TraceModel, findings: list[Finding] | None = None, now: 
                 args["in_flight"] = True
             if i in rt.exc:
                 args["exc"] = rt.exc[i]
+                ev.append({"ph": "i", "s": "t", "name": f"failed: {first_line(rt.exc[i], 80)}", "cat": "failure",
+                           "pid": r, "tid": tid, "ts": _us(model.failed_ns(r, i), t0), "args": {"id": int(rt.id[i])}})
             if rt.gpu[i] > 0:
                 args["gpu_ms"] = round(int(rt.gpu[i]) / 1e6, 3)
             if rt.comp[i]:
@@ -115,8 +118,13 @@ def chrome_trace(model: TraceModel, findings: list[Finding] | None = None, now: 
                            "args": {fields[0]: round(float(v), 3)}})
     for f in findings or []:
         ts = _us(f.ts or t_end, t0)
+        args: dict[str, Any] = {"message": f.message, "group": f.group, "seq": f.seq, "culprits": f.culprits}
+        if f.evidence.get("culprit_where"):
+            args["culprit_where"] = f.evidence["culprit_where"]
+        if f.evidence.get("consequences"):
+            args["consequences"] = [c["message"] for c in f.evidence["consequences"][:10]]
         for r in sorted(set(f.culprits) or set(f.ranks)):
             ev.append({"ph": "i", "s": "p", "name": f"{f.severity}: {f.kind}", "cat": "finding", "pid": r,
-                       "tid": 0, "ts": ts, "args": {"message": f.message, "group": f.group, "seq": f.seq}})
+                       "tid": 0, "ts": ts, "args": args})
     return {"traceEvents": ev, "displayTimeUnit": "ms",
             "metadata": {"source": "commscope", "start_ns": t0, "end_ns": t_end, "ranks": len(model.ranks)}}

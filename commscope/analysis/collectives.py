@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from commscope.analysis.findings import Finding, activity, op_brief, secs
-from commscope.analysis.model import COLL, SPACE_FR, GroupIndex, TraceModel
+from commscope.analysis.model import APPROX, COLL, SPACE_FR, GroupIndex, TraceModel
 
 #: A rank straggles when it arrives last in at least this share of recent collectives...
 STRAGGLER_LAST_SHARE = 0.7
@@ -48,9 +48,11 @@ def seq_of_row(gi: GroupIndex, row: int) -> int:
 
 
 # ---------------------------------------------------------------------- mismatch
-def find_mismatches(model: TraceModel, now: int) -> tuple[list[Finding], set[tuple[int, str, int]]]:
+def find_mismatches(model: TraceModel, now: int) -> tuple[list[Finding], dict[tuple[int, str, int], list[int]]]:
+    """Mismatch findings, and every mismatched (space, group, seq) with the culprits its
+    group's finding names (later instances of a group are counted in the first one)."""
     findings: list[Finding] = []
-    rows_hit: set[tuple[int, str, int]] = set()
+    rows_hit: dict[tuple[int, str, int], list[int]] = {}
     for (space, name), gi in model.coll.items():
         mat = gi.seqs.rows()
         if mat.shape[0] == 0 or mat.shape[1] < 2:
@@ -63,10 +65,10 @@ def find_mismatches(model: TraceModel, now: int) -> tuple[list[Finding], set[tup
         bad = np.nonzero((present.sum(axis=1) >= 2) & (hi != lo))[0]
         if bad.shape[0] == 0:
             continue
-        for b in bad.tolist():
-            rows_hit.add((space, name, seq_of_row(gi, b)))
         for row in bad[:MISMATCH_REPORT].tolist():
             findings.append(_mismatch(model, gi, row, codes[row], now, later=int(bad.shape[0]) - 1))
+        for b in bad.tolist():
+            rows_hit[(space, name, seq_of_row(gi, b))] = list(findings[-1].culprits)
     return findings, rows_hit
 
 
@@ -78,7 +80,16 @@ def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, no
     top = counts.most_common()
     tie = len(top) > 1 and top[0][1] == top[1][1]
     majority = None if tie else top[0][0]
-    culprits = sorted(by_rank) if tie else sorted(r for r, c in by_rank.items() if c != majority)
+    # Members without a call here still have a vote: one that died in it before its call
+    # reached the trace (Gloo aborts a process on mismatched sizes), or one that is still on
+    # its way.  While their votes could make it a tie or turn it, the odd one out cannot be
+    # told, and naming ranks would name innocents.
+    absent = [m for m in gi.members if m not in ops]
+    lost = [m for m in absent if (model.crash(m) is not None or model.is_dead(m, now)) and _last_seq(gi, m) == seq - 1]
+    coming = [m for m in absent if m not in lost and not model.left_early(m, now)]
+    margin = top[0][1] - (top[1][1] if len(top) > 1 else 0)
+    undecided = bool(lost or coming) and margin <= len(lost) + len(coming)
+    culprits = [] if undecided else sorted(by_rank) if tie else sorted(r for r, c in by_rank.items() if c != majority)
     table = {}
     for r in sorted(ops):
         b = op_brief(model, r, ops[r], now)
@@ -93,14 +104,38 @@ def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, no
            ", ".join(f"rank {r}: {table[str(r)]['op']}" + (f" {table[str(r)].get('in_shapes')}" if 'shape' in diff else "")
                      for r in sorted(ops)) +
            (f"; differing: {', '.join(diff)}" if diff else "") +
-           ("; tie, so every rank is named" if tie else f"; rank(s) {', '.join(map(str, culprits))} differ from the majority"))
+           (_undecided(lost, coming) if undecided else "; tie, so every rank is named" if tie else
+            f"; rank(s) {', '.join(map(str, culprits))} differ from the majority"))
     ev: dict[str, Any] = {"per_rank": table, "differs": diff, "majority": None if tie else
                           {k: table[str(maj_rank)].get(k) for k in ("op", "in_shapes", "in_dtypes", "redop", "root")},
                           "absent_ranks": absent, "later_mismatches": later}
+    if lost:
+        ev["died_in_it"] = lost
+    if undecided:
+        ev["undecided"] = {"died_in_it": lost, "not_yet": coming}
     if gi.space == SPACE_FR:
         ev["src"] = "fr"
     t = max(int(model.ranks[r].begin[i]) for r, i in ops.items())
     return Finding("collective_mismatch", gi.name, seq, op_name, list(gi.members), culprits, msg, ev, ts=t)
+
+
+def _undecided(lost: list[int], coming: list[int]) -> str:
+    why = []
+    if lost:
+        why.append(f"rank(s) {', '.join(map(str, lost))} died in it before its call was recorded")
+    if coming:
+        why.append(f"rank(s) {', '.join(map(str, coming))} have not called it yet")
+    return "; " + " and ".join(why) + ", so the odd one out cannot be told" + (" yet" if coming and not lost else "")
+
+
+def _last_seq(gi: GroupIndex, rank: int) -> int | None:
+    """The last seq of the group the rank ran (None: none)."""
+    col = gi.col.get(rank)
+    mat = gi.seqs.rows()
+    if col is None or mat.shape[0] == 0:
+        return None
+    have = np.nonzero(mat[:, col] >= 0)[0]
+    return seq_of_row(gi, int(have[-1])) if have.shape[0] else None
 
 
 def _what_differs(sigs: list) -> list[str]:
@@ -114,12 +149,14 @@ def _what_differs(sigs: list) -> list[str]:
 
 
 # ---------------------------------------------------------------------- missing ranks
-def find_missing(model: TraceModel, now: int, hang_ns: int, skip: set[tuple[int, str, int]]) -> list[Finding]:
-    """Collectives some members entered long ago (still waiting, or failed) and others never did."""
+def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[Finding]:
+    """Collectives some members entered long ago and still wait in, which others never
+    entered.  (Once the waiting op raises, it is an ``op_failed``.)"""
     pending: dict[tuple[int, str, int], dict[int, int]] = {}
     for r, rt in model.ranks.items():
+        if model.left_early(r, now):
+            continue  # a rank that is gone no longer waits
         cands = [i for i in rt.open if rt.comp[i] == 0]
-        cands += [i for i in rt.exc if rt.seq[i] >= 0]
         for i in cands:
             s = model.sigs[int(rt.sig[i])]
             if not s.flags & COLL or rt.seq[i] < 0:
@@ -155,13 +192,8 @@ def _missing(model: TraceModel, gi: GroupIndex, seq: int, entered: dict[int, int
     instead = {}
     for m in missing:
         a = activity(model, m, now)
-        rt = model.ranks.get(m)
-        if rt is not None:
-            col = gi.col.get(m)
-            mat = gi.seqs.rows()
-            if col is not None and mat.shape[0]:
-                have = np.nonzero(mat[:, col] >= 0)[0]
-                a["last_seq_in_group"] = seq_of_row(gi, int(have[-1])) if have.shape[0] else None
+        if m in model.ranks:
+            a["last_seq_in_group"] = _last_seq(gi, m)
         instead[str(m)] = a
     longest = max(waited.values()) if waited else 0.0
     failed = [r for r, i in entered.items() if i in model.ranks[r].exc]
@@ -175,7 +207,8 @@ def _missing(model: TraceModel, gi: GroupIndex, seq: int, entered: dict[int, int
     if gi.space == SPACE_FR:
         ev["src"] = "fr"
     t = min(int(model.ranks[r].begin[i]) for r, i in entered.items())
-    return Finding("missing_ranks", gi.name, seq, s.op, list(gi.members), missing, msg, ev, ts=t)
+    return Finding("missing_ranks", gi.name, seq, s.op, list(gi.members), missing, msg, ev, ts=t,
+                   victims={r: tuple(missing) for r in waiting}, instances=(("coll", gi.space, gi.name, seq),))
 
 
 # ---------------------------------------------------------------------- stragglers
@@ -198,6 +231,10 @@ def find_stragglers(model: TraceModel) -> list[Finding]:
             continue
         rows = complete_rows(model, gi)[-STRAGGLER_WINDOW:]
         if rows.shape[0] < STRAGGLER_MIN_ROWS:
+            continue
+        if (gather(model, gi, "flags", rows) & APPROX).any():
+            # Completion times are only bounds (Flight Recorder on Gloo): the collectives' own
+            # latency is unknown, so lateness cannot be weighed against it.
             continue
         b = gather(model, gi, "begin", rows)
         c = gather(model, gi, "comp", rows)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from commscope.analysis.collectives import find_mismatches, find_missing, find_stragglers
 from commscope.analysis.completeness import find_incomplete
+from commscope.analysis.failures import failed_instances, find_crashes, find_failed_ops
 from commscope.analysis.findings import Finding
 from commscope.analysis.liveness import find_dead, find_unwaited
 from commscope.analysis.model import TraceModel
 from commscope.analysis.p2p import find_p2p
+from commscope.analysis.rootcause import resolve
 
 DEFAULT_HANG_AFTER = 30.0
 
@@ -28,7 +30,8 @@ def default_hang_after(model: TraceModel) -> float:
 
 
 def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None = None) -> list[Finding]:
-    """All findings, errors first.  A healthy trace yields an empty list."""
+    """All findings, errors first, one error finding per root cause (``rootcause``).
+    A healthy trace yields an empty list."""
     if now is None:
         now = trace_now(model)
     if hang_after is None:
@@ -39,9 +42,11 @@ def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None
     findings += mismatches
     findings += find_missing(model, now, hang_ns, mismatch_rows)
     findings += find_p2p(model, now, hang_ns)
-    findings += find_dead(model, now)
+    failures = failed_instances(model, now, mismatch_rows)
+    findings += find_failed_ops(model, now, failures)
+    findings += find_crashes(model, now, failures)
+    findings += find_dead(model, now, failures)
     findings += find_stragglers(model)
     findings += find_unwaited(model, now)
     findings += find_incomplete(model, now)
-    findings.sort(key=Finding.sort_key)
-    return findings
+    return resolve(model, findings, now, mismatch_rows)

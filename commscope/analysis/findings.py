@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from commscope.analysis import stacks
 from commscope.analysis.model import ASYNC, SPACE_FR, TraceModel
 
 ERROR, WARNING = "error", "warning"
@@ -16,6 +17,8 @@ KINDS: dict[str, str] = {
     "p2p_deadlock": ERROR,
     "unmatched_p2p": ERROR,
     "dead_rank": ERROR,
+    "rank_crashed": ERROR,
+    "op_failed": ERROR,
     "straggler": WARNING,
     "unwaited_work": WARNING,
     "trace_incomplete": WARNING,
@@ -35,6 +38,11 @@ class Finding:
     evidence: dict[str, Any]
     severity: str = ""
     ts: int = 0  # when the problem became visible (for timelines); not part of the JSON contract
+    #: Ranks this finding shows waiting or failing because of others: victim -> the ranks it
+    #: waits on (empty: not known yet).  Drives the root-cause merge; not part of the JSON.
+    victims: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    #: Cross-rank instances (``failures.instance_key``) this finding is about or caused by.
+    instances: tuple = ()
 
     def __post_init__(self) -> None:
         if not self.severity:
@@ -89,20 +97,61 @@ def op_brief(model: TraceModel, rank: int, i: int, now: int | None = None) -> di
     return d
 
 
-def stack_of(model: TraceModel, rank: int, i: int | None) -> list | None:
-    """The stack the rank captured for op ``i`` (or its latest capture), compacted."""
+def _op_stack(model: TraceModel, rank: int, i: int | None) -> dict | None:
+    rt = model.ranks.get(rank)
+    if rt is None or i is None:
+        return None
+    st = rt.stacks.get(int(rt.id[i]))
+    if st is None and rt.parent[i] >= 0:
+        st = rt.stacks.get(int(rt.id[rt.parent[i]]))
+    return st
+
+
+#: A rank that has not answered a stack request this long after it was made cannot run Python.
+ANSWER_GRACE_NS = 3_000_000_000
+
+
+def rank_stack(model: TraceModel, rank: int, now: int,
+               during: tuple[int, int] | None = None) -> tuple[list[dict] | None, dict[str, Any]]:
+    """The rank's most telling captured stack at ``now``, folded, and a note on where it came from.
+
+    Newest first: a capture taken after the rank's last op began or finished (a stack
+    request, a crash) shows where it is *now*; else the capture of the op it is blocked
+    in.  ``during`` (t0, t1) asks for where it was in that window instead (a failure:
+    where the culprit was when the others gave up), when a capture falls in it.  Without
+    one the note says why: it exited, it is gone, or it did not answer a stack request
+    (its Python threads cannot run: native code holding the GIL).
+    """
     rt = model.ranks.get(rank)
     if rt is None:
-        return None
-    st = rt.stacks.get(int(rt.id[i])) if i is not None else None
-    if st is None and i is not None and rt.parent[i] >= 0:
-        st = rt.stacks.get(int(rt.id[rt.parent[i]]))
-    if st is None:
-        return None
-    threads = st.get("threads") or []
-    main = [t for t in threads if t.get("op_thread")] or threads[:1]
-    return [{"thread": t.get("name"), "frames": [f"{f[0]}:{f[1]} in {f[2]}" for f in (t.get("frames") or [])
-                                                  if isinstance(f, list | tuple) and len(f) >= 3]} for t in main]
+        return None, {"missing": "no events from this rank"}
+    st = model.state(rank, now)
+    latest = rt.last_stack
+    fresh = latest is not None and latest["ts"] >= max(rt.last_op_ts, rt.last_comp)
+    chosen = latest if fresh else _op_stack(model, rank, st.op) if st.kind == "blocked" else None
+    if during is not None:
+        inside = [c for c in rt.captures if during[0] <= c["ts"] <= during[1]]
+        if inside:
+            chosen = max(inside, key=lambda c: c["ts"])
+    if chosen is None and latest is not None and st.kind in ("dead", "crashed"):
+        chosen = latest  # its last words, even if older than its last op
+    if chosen is not None:
+        info: dict[str, Any] = {"captured_ns": int(chosen["ts"]), "age_s": secs(now - int(chosen["ts"])),
+                                "reason": chosen.get("reason", "hang")}
+        if chosen.get("trigger") is not None:
+            info["requested_by"] = chosen.get("trigger")
+        return stacks.view(chosen), info
+    if st.kind == "exited":
+        return None, {"missing": "exited"}
+    if st.kind == "dead":
+        return None, {"missing": "silent: the process is gone, or cannot run Python (stuck in native code "
+                                 "holding the GIL); no stack was captured before it went silent"}
+    req = model.request_ns
+    if req and now - req > ANSWER_GRACE_NS and (latest is None or latest["ts"] < req):
+        return None, {"missing": f"did not answer the stack request made {secs(now - req):.1f} s ago: none of "
+                                 "its Python threads could run (stuck in native code holding the GIL?)"}
+    return None, {"missing": "no stack captured yet (every rank captures one when an op passes hang_after "
+                             "or fails)"}
 
 
 def activity(model: TraceModel, rank: int, now: int) -> dict[str, Any]:
@@ -116,20 +165,41 @@ def activity(model: TraceModel, rank: int, now: int) -> dict[str, Any]:
         return d
     if st.kind in ("blocked", "dead") and st.op is not None:
         d["in_op"] = op_brief(model, rank, st.op, now)
-        stack = stack_of(model, rank, st.op)
-        if stack:
-            d["stack"] = stack
     last = model.last_op(rank)
     if last is not None:
         d["last_completed_op"] = op_brief(model, rank, last, now)
-    if st.kind == "exited":
+    if st.kind in ("exited", "crashed"):
         ex = model.exited(rank) or {}
-        d["exit"] = {k: ex[k] for k in ("reason", "exc", "ts") if k in ex}
+        d["exit"] = {k: ex[k] for k in ("reason", "exc", "signal", "ts") if k in ex}
     if st.kind == "dead":
-        d["last_seen_ns"] = int(max(rt.last_hb, rt.last_ts))
-    if "stack" not in d and rt.last_stack is not None and st.kind != "exited":
-        idx = model.op_index(rank, rt.last_stack.get("id", -1))
-        stack = stack_of(model, rank, idx)
-        if stack:
-            d["stack"] = stack
+        d["last_seen_ns"] = model.last_seen(rank)
+    if st.kind != "exited":
+        threads, info = rank_stack(model, rank, now)
+        if threads:
+            d["stack"] = threads
+            d["stack_info"] = info
     return d
+
+
+def attach_stacks(model: TraceModel, f: Finding, now: int, limit: int = 8) -> None:
+    """Give an error finding the culprits' and the waiting ranks' stacks: ``stacks`` (rank ->
+    folded threads, culprits first) and ``stack_info`` (rank -> role, capture time or why none)."""
+    roles: dict[int, str] = {c: "culprit" for c in f.culprits}
+    for v in f.victims:
+        roles.setdefault(v, "waiting")
+    out: dict[str, Any] = {}
+    info: dict[str, Any] = {}
+    during = None
+    if f.kind == "op_failed":  # where everyone was when the op failed, if captured then
+        begins = [int(x["begin_ns"]) for x in (f.evidence.get("failed") or {}).values() if "begin_ns" in x]
+        during = (min(begins, default=f.ts), f.ts + ANSWER_GRACE_NS)
+    for r, role in list(roles.items())[:limit]:
+        threads, note = rank_stack(model, r, now, during)
+        info[str(r)] = {"role": role, **note}
+        if threads:
+            out[str(r)] = threads
+    f.evidence["stacks"] = out
+    f.evidence["stack_info"] = info
+    culprit_where = [stacks.one_line(out.get(str(c))) for c in f.culprits]
+    if len(f.culprits) == 1 and culprit_where[0]:
+        f.evidence["culprit_where"] = culprit_where[0]

@@ -4,34 +4,55 @@ from __future__ import annotations
 
 from typing import Any
 
+from commscope.analysis.failures import cause_of_departure
 from commscope.analysis.findings import Finding, activity, op_brief, secs
 from commscope.analysis.model import TraceModel
 
 
-def find_dead(model: TraceModel, now: int) -> list[Finding]:
+def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list[Finding]:
+    """Ranks gone without an ``exit``: silent for longer than the dead threshold while other
+    ranks kept writing (ranks that all stop together were killed together: no finding), or
+    vanished while their peers' ops failed (``TraceModel.vanished``)."""
     out = []
+    vanished = model.vanished(now)
     for r in model.rank_ids():
         if not model.is_dead(r, now):
             continue
         rt = model.ranks[r]
-        seen = int(max(rt.last_hb, rt.last_ts))
+        seen = model.last_seen(r)
+        how = "vanished" if r in vanished else "silent"
+        if not model.left_early(r, now):
+            continue  # everyone stopped at about the same time: the job was stopped, nobody died first
         act = activity(model, r, now)
         doing = act.get("in_op") or act.get("last_completed_op")
         what = (f"in {model.label(r, act['in_op'] and model.op_index(r, act['in_op']['id']))}"
                 if act.get("in_op") else
                 f"after {model.label(r, model.op_index(r, doing['id']))}" if doing else "before any op")
-        msg = (f"rank {r} stopped sending heartbeats {secs(now - seen):.1f} s ago without a clean exit "
-               f"({what}); it probably crashed or was killed")
-        ev: dict[str, Any] = {"last_seen_ns": seen, "silent_s": secs(now - seen),
-                              "threshold_s": secs(model.dead_after_ns(r)),
+        if how == "vanished":
+            msg = (f"rank {r} vanished without a clean exit ({what}): its peers' ops failed because their "
+                   f"connection to it closed, and nothing came from it since; it crashed or was killed")
+        else:
+            msg = (f"rank {r} stopped sending heartbeats {secs(now - seen):.1f} s ago without a clean exit "
+                   f"({what}); it crashed, was killed, or cannot run Python (native code holding the GIL)")
+        ev: dict[str, Any] = {"how": how, "last_seen_ns": seen, "silent_s": secs(now - seen),
+                              "threshold_s": secs(model.dead_after_ns(r) if how == "silent" else
+                                                  model.vanish_after_ns(r)),
                               "sample_interval_s": model.sample_interval(r), "activity": act}
         if rt.samples.last:
             ev["last_sample"] = {k: v for k, v in rt.samples.last.items() if k not in ("v", "type", "rank")}
         if rt.meta:
             ev["host"], ev["pid"] = rt.meta.get("host"), rt.meta.get("pid")
+        victims: dict[int, tuple[int, ...]] = {}
+        instances: tuple = ()
+        cause = cause_of_departure(model, r, failures or [])
+        if cause is not None:
+            ev["caused_by"] = {"instance": list(cause.key), "culprits": list(cause.blame.culprits),
+                               "reason": cause.blame.text}
+            victims = {r: cause.blame.culprits}
+            instances = (cause.key,)
         group = doing["group"] if doing else None
         out.append(Finding("dead_rank", group, doing.get("seq") if doing else None, doing["op"] if doing else None,
-                           [r], [r], msg, ev, ts=seen))
+                           [r], [r], msg, ev, ts=seen, victims=victims, instances=instances))
     return out
 
 

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from commscope.analysis.errors import PEER_GONE, classify
 from commscope.events import P2P_OPS, Event
 
 I64_MAX = np.iinfo(np.int64).max
@@ -48,6 +49,16 @@ DEAD_MIN_S = 2.0
 #: ``dropped`` events whose reason starts so count Flight Recorder ring overwrites: entries of
 #: collectives the wrapper mostly recorded itself, so they are not lost trace events.
 FR_OVERWRITE = "Flight Recorder ring overwritten"
+#: A peer's op failed because a connection closed, and this rank has been silent since: it left
+#: (vanished) once it stays silent for max(VANISH_INTERVALS x sample_interval, VANISH_MIN_S),
+#: or at once when it is the only member of that op that could have left.
+VANISH_INTERVALS = 3
+VANISH_MIN_S = 1.5
+#: Clock slack when comparing when one rank was last heard from with another's events
+#: (heartbeats come every sample interval, writes lag a tick).
+SLACK_NS = 200_000_000
+#: Clock slack when comparing when ranks entered an op with when another's op failed.
+ARRIVAL_SLACK_NS = 20_000_000
 
 #: Ops whose per-rank tensors must agree in shape across the group: name -> sides compared.
 SAME_SHAPE: dict[str, tuple[str, ...]] = {
@@ -307,12 +318,14 @@ class RankTrace:
         self.meta: dict | None = None
         self.exits: list[dict] = []
         self.stacks: dict[int, dict] = {}  # op id -> stack event
+        self.captures: list[dict] = []  # the latest stack events, any reason, in arrival order
         self.last_stack: dict | None = None
         self.last_hb = 0
         self.hb_inflight = 0
         self.first_ts = 0
         self.last_ts = 0
         self.last_op_ts = 0
+        self.last_comp = 0  # latest completion time of any op
         self.dropped = 0  # events the recorder lost (backpressure, store failures)
         self.fr_overwritten = 0  # Flight Recorder entries overwritten before a poll: not losses
         self.device_seen = False
@@ -498,7 +511,7 @@ class _Samples:
 
 
 class RankState(NamedTuple):
-    kind: str  # "blocked" | "running" | "idle" | "exited" | "dead" | "unknown"
+    kind: str  # "blocked" | "running" | "idle" | "exited" | "crashed" | "dead" | "unknown"
     text: str
     op: int | None  # op index the rank is in (blocked/running), or its last op
     since_ns: int
@@ -522,6 +535,10 @@ class TraceModel:
         self.coll: dict[tuple[int, str], GroupIndex] = {}  # (space, group) -> index
         self.p2p: dict[tuple[int, str, int, int], SeqIndex] = {}  # (space, group, src, dst) -> [send, recv]
         self.job: dict | None = None
+        self.failed: list[tuple[int, int]] = []  # (rank, op index) of ops that raised, in arrival order
+        self.request_ns = 0  # latest cross-rank stack request seen (see record/hangsignal.py)
+        self._vanish_memo: tuple[int, int, frozenset[int]] | None = None
+        self._exc_kinds: dict[tuple[int, int], Any] = {}
         self.events = 0
         #: What the reader skipped, per rank: {"damaged": lines, "invalid": events, "missing": entries}
         #: (see ``note_read_stats``); rank -1 is the job metadata.
@@ -634,7 +651,13 @@ class TraceModel:
                     self.group_backend[name] = e["backend"]
             elif t == "stack":
                 rt.stacks[e.get("id", -1)] = e
-                rt.last_stack = e
+                rt.captures.append(e)
+                if len(rt.captures) > 16:
+                    del rt.captures[0]
+                if rt.last_stack is None or ts >= rt.last_stack["ts"]:
+                    rt.last_stack = e
+                if e.get("reason") == "request" and isinstance(e.get("request_ns"), int):
+                    self.request_ns = max(self.request_ns, e["request_ns"])
             elif t == "exit":
                 rt.exits.append(e)
             elif t == "meta":
@@ -802,6 +825,8 @@ class TraceModel:
                 continue
             if "exc" in e:
                 rt.flags[i] |= EXC if e["phase"] == "end" else WAIT_EXC
+                if i not in rt.exc:
+                    self.failed.append((rt.rank, i))
                 rt.exc[i] = str(e["exc"])
             if e.get("approx"):
                 rt.flags[i] |= APPROX
@@ -832,6 +857,8 @@ class TraceModel:
         comp = np.where(dev & (done > 0), done, np.where(dev & ~failed, 0, comp))
         comp = np.where((~dev) & (done > 0) & (comp > 0), np.maximum(comp, done), comp)
         rt.comp[aff] = comp
+        if comp.shape[0]:
+            rt.last_comp = max(rt.last_comp, int(comp.max()))
         finished = aff[comp > 0].tolist()
         if finished:
             rt.open.difference_update(finished)
@@ -1033,25 +1060,131 @@ class TraceModel:
         return max(vals) if vals else None
 
     def exited(self, rank: int) -> dict | None:
-        """The rank's exit event if it exited cleanly after its last op, else None."""
+        """The rank's exit event if it exited after its last op (cleanly or on a crash), else None."""
         rt = self.ranks.get(rank)
         if not rt or not rt.exits:
             return None
         ex = rt.exits[-1]
         return ex if ex["ts"] >= rt.last_op_ts else None  # ops after an exit: the rank re-initialized
 
+    def crash(self, rank: int) -> dict | None:
+        """The exit event if the rank died of an uncaught exception or a fatal signal."""
+        ex = self.exited(rank)
+        if ex is not None and (ex.get("exc") or ex.get("reason") in ("exception", "signal")):
+            return ex
+        return None
+
+    def last_seen(self, rank: int) -> int:
+        """The rank's latest timestamp of any kind (0: never seen)."""
+        rt = self.ranks.get(rank)
+        return int(max(rt.last_hb, rt.last_ts)) if rt else 0
+
     def dead_after_ns(self, rank: int) -> int:
         return int(max(DEAD_INTERVALS * self.sample_interval(rank), DEAD_MIN_S) * 1e9)
 
+    def vanish_after_ns(self, rank: int) -> int:
+        return int(max(VANISH_INTERVALS * self.sample_interval(rank), VANISH_MIN_S) * 1e9)
+
     def is_dead(self, rank: int, now: int) -> bool:
-        """Heartbeat stopped for several sample intervals without a clean exit."""
+        """Gone without an exit: its heartbeat stopped for several sample intervals, or it
+        vanished while its peers' ops failed (see ``vanished``)."""
         rt = self.ranks.get(rank)
-        if not rt or not rt.last_hb or self.exited(rank) is not None:
+        if not rt or self.exited(rank) is not None:
             return False
-        return now - max(rt.last_hb, rt.last_ts) > self.dead_after_ns(rank)
+        if rt.last_hb and now - max(rt.last_hb, rt.last_ts) > self.dead_after_ns(rank):
+            return True
+        return rank in self.vanished(now)
+
+    def left_early(self, rank: int, now: int) -> bool:
+        """Gone while the job went on: exited or crashed, vanished, or silent past the dead
+        threshold while other ranks kept writing.  Ranks that all stopped together (a job
+        killed as a whole) are judged as they were when they stopped: still waiting."""
+        if self.exited(rank) is not None:
+            return True
+        if not self.is_dead(rank, now):
+            return False
+        return rank in self.vanished(now) or self.end_ns - self.last_seen(rank) > self.dead_after_ns(rank)
+
+    # ------------------------------------------------------------------ failures and departures
+    def failed_ns(self, rank: int, i: int) -> int:
+        """When op ``i`` raised (its end, or the end of its wait)."""
+        rt = self.ranks[rank]
+        return int(rt.comp[i] or rt.we[i] or rt.end[i])
+
+    def exc_kind(self, rank: int, i: int):
+        """The classified exception of a failed op (``errors.classify``), cached."""
+        key = (rank, i)
+        k = self._exc_kinds.get(key)
+        if k is None:
+            k = self._exc_kinds[key] = classify(self.ranks[rank].exc.get(i, ""))
+        return k
+
+    def members(self, rank: int, i: int) -> list[int]:
+        """The ranks op ``i`` involves: its group for a collective or an any-source recv, else
+        the two ends of a p2p op."""
+        s = self.sig_of(rank, i)
+        peer = int(self.ranks[rank].peer[i])
+        if s.flags & P2P and peer >= 0:
+            return sorted({rank, peer})
+        gi = self.coll.get((s.space, s.group))
+        return list(self.groups.get(s.group) or (gi.members if gi else [rank]))
+
+    def counterparts(self, rank: int, i: int) -> dict[int, int]:
+        """rank -> op index of the same instance on every rank that ran it, this one included."""
+        out = dict(self.matching(rank, i))
+        out[rank] = i
+        return out
+
+    def departed_ns(self, rank: int) -> int | None:
+        """When the rank left with an ``exit`` event (clean or crash); None if it did not."""
+        ex = self.exited(rank)
+        return int(ex["ts"]) if ex is not None else None
+
+    def peers_gone(self, rank: int, i: int) -> tuple[list[int], list[int]]:
+        """For an op that failed because a connection closed: the other members that (left
+        with an exit by then, stayed silent since).  Members whose own op of this instance
+        failed too are fellow victims, and members heard from after the failure are around."""
+        t = self.failed_ns(rank, i)
+        inst = self.counterparts(rank, i)
+        left, silent = [], []
+        for m in self.members(rank, i):
+            if m == rank or (m in inst and inst[m] in self.ranks[m].exc):
+                continue
+            dep = self.departed_ns(m)
+            if dep is not None:
+                if dep <= t + SLACK_NS:
+                    left.append(m)
+            elif self.last_seen(m) <= t + SLACK_NS:
+                silent.append(m)
+        return left, silent
+
+    def vanished(self, now: int) -> frozenset[int]:
+        """Ranks that left without an ``exit`` while their peers' ops failed.
+
+        A peer's op failed because a connection closed, and this rank has been silent since
+        the failure: it vanished when it is the only member of that op that could have left,
+        or once it has stayed silent for ``vanish_after_ns``.  Judged from the trace alone,
+        so a finished trace (every rank gone together) reads the same as the live job did.
+        """
+        memo = self._vanish_memo
+        if memo is not None and memo[0] == self.version and memo[1] == now:
+            return memo[2]
+        out: set[int] = set()
+        for p, i in self.failed[-1000:]:
+            if self.exc_kind(p, i).kind != PEER_GONE:
+                continue
+            left, silent = self.peers_gone(p, i)
+            for m in silent:
+                if m in out or self.exited(m) is not None or m not in self.ranks:
+                    continue
+                if (silent == [m] and not left) or now - self.last_seen(m) > self.vanish_after_ns(m):
+                    out.add(m)
+        res = frozenset(out)
+        self._vanish_memo = (self.version, now, res)
+        return res
 
     def state(self, rank: int, now: int) -> RankState:
-        """What the rank is doing at ``now``: '<op> for 12.3 s', idle, exited or dead."""
+        """What the rank is doing at ``now``: '<op> for 12.3 s', idle, exited, crashed or dead."""
         rt = self.ranks.get(rank)
         if rt is None:
             return RankState("unknown", "no events", None, 0)
@@ -1062,9 +1195,10 @@ class TraceModel:
             return RankState("dead", f"dead (last seen {(now - seen) / 1e9:.1f} s ago{where})", cur, seen)
         ex = self.exited(rank)
         if ex is not None:
+            if self.crash(rank) is not None:
+                what = ex.get("signal") or ex.get("exc") or ex.get("reason")
+                return RankState("crashed", f"crashed ({what})", self.last_op(rank, completed=False), int(ex["ts"]))
             why = ex.get("reason", "exit")
-            if ex.get("exc"):
-                why += f", {ex['exc']}"
             return RankState("exited", f"exited ({why})", self.last_op(rank), int(ex["ts"]))
         if cur is not None:
             since = self.blocked_since(rank, cur)

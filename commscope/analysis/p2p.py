@@ -19,8 +19,8 @@ def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[in
     """rank -> [(peer it waits for, op index)] for blocked, unmatched p2p ops."""
     edges: dict[int, list[tuple[int, int]]] = {}
     for r in model.rank_ids():
-        if model.exited(r) is not None:
-            continue
+        if model.left_early(r, now):
+            continue  # a rank that is gone no longer waits
         rt = model.ranks[r]
         for i in model.blocked(r):
             s = model.sigs[int(rt.sig[i])]
@@ -130,4 +130,4 @@ def _unmatched(model: TraceModel, r: int, i: int, peers: list[int], now: int) ->
            "; ".join(f"rank {p} is {acts[str(p)]['text']}" for p in peers))
     ev = {"blocked_op": _step(model, r, i, now), "expected": counterpart, "peer_activity": acts}
     return Finding("unmatched_p2p", s.group, seq, s.op, sorted({r, *peers}), peers, msg, ev,
-                   ts=model.blocked_since(r, i))
+                   ts=model.blocked_since(r, i), victims={r: tuple(peers)})

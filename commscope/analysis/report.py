@@ -2,7 +2,9 @@
 
 Collectives are measured per instance (one (group, seq) on every member): true latency,
 arrival skew, per-rank waits, algbw/busbw from the true latency.  P2p ops and ops not
-run by every member count with their own duration.  Plain dicts, ready for JSON or tables.
+run by every member count with their own duration.  Ops that raised are counted per op,
+group and rank (``failed``), and each rank says how it ended (``end``: exited, crashed,
+dead, or still running at the trace's end).  Plain dicts, ready for JSON or tables.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class _Acc:
         self.skew: list[np.ndarray] = []
         self.async_wait = 0
         self.wait = 0
+        self.failed = 0
 
     def row(self) -> dict[str, Any]:
         lat = np.concatenate(self.lat) if self.lat else np.zeros(0)
@@ -43,11 +46,19 @@ class _Acc:
                 "latency_p50_s": _s(_pct(lat, 50)), "latency_p99_s": _s(_pct(lat, 99)),
                 "algbw_p50": _pct(alg, 50), "busbw_p50": _pct(bus, 50),
                 "async_wait_s": round(self.async_wait / 1e9, 6), "wait_s": round(self.wait / 1e9, 6),
-                "skew_p50_s": _s(_pct(skew, 50)), "skew_p99_s": _s(_pct(skew, 99))}
+                "skew_p50_s": _s(_pct(skew, 50)), "skew_p99_s": _s(_pct(skew, 99)), "failed": self.failed}
 
 
 def _s(ns: float | None) -> float | None:
     return None if ns is None else round(ns / 1e9, 9)
+
+
+def _end_of(model: TraceModel, r: int) -> str:
+    """How the rank's stream ends: 'exited (reason)', 'crashed (...)', 'dead', or 'running'."""
+    st = model.state(r, model.end_ns)
+    if st.kind in ("exited", "crashed", "dead"):
+        return st.text.split(" (last seen")[0] if st.kind == "dead" else st.text
+    return "running"
 
 
 def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
@@ -136,10 +147,18 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
                         alg = np.where(d > 0, S / (d / 1e9), np.nan)
                         a.alg.append(alg)
                         a.bus.append(alg)
+    for r, i in model.failed:
+        s = model.sig_of(r, i)
+        if s.nested:
+            continue
+        by_op[s.op].failed += 1
+        by_group[s.group + (" (p2p)" if s.flags & P2P else " (fr)" if s.space == SPACE_FR else "")].failed += 1
+        by_rank[r].failed += 1
     ranks_rows = {}
     for r in sorted(by_rank):
         row = by_rank[r].row()
         row["busy_s"] = round(float(np.concatenate(by_rank[r].lat).sum()) / 1e9, 6) if by_rank[r].lat else 0.0
+        row["end"] = _end_of(model, r)
         ranks_rows[str(r)] = row
     sites = sorted(site_wait.items(), key=lambda kv: -kv[1][0])[:top_sites]
     return {

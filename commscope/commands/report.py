@@ -43,6 +43,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     con = Console()
     con.print(f"[bold]{redact(reader.description)}[/]: {model.world_size} ranks, {rep['ops_total']:,} ops over "
@@ -53,22 +54,23 @@ def main(args: argparse.Namespace) -> int:
     def table(title: str, key: str, rows: dict[str, dict[str, Any]]) -> Table:
         t = Table(title=title, title_justify="left")
         for c in (key, "count", "bytes", "lat p50", "lat p99", "algbw GB/s", "busbw GB/s", "wait", "async wait",
-                  "skew p50", "skew p99"):
+                  "skew p50", "skew p99", "failed"):
             t.add_column(c, justify="left" if c == key else "right")
         for k, r in rows.items():
             t.add_row(k, f"{r['count']:,}", fmt_bytes(r["bytes"]), _t(r["latency_p50_s"]), _t(r["latency_p99_s"]),
                       _bw(r["algbw_p50"]), _bw(r["busbw_p50"]), _t(r["wait_s"]), _t(r["async_wait_s"]),
-                      _t(r["skew_p50_s"]), _t(r["skew_p99_s"]))
+                      _t(r["skew_p50_s"]), _t(r["skew_p99_s"]), f"{r['failed']:,}" if r["failed"] else "")
         return t
 
     con.print(table("per op (collectives: per instance, true latency = last end - last begin)", "op", rep["ops"]))
     con.print(table("per group", "group", rep["groups"]))
     t = Table(title="per rank", title_justify="left")
-    for c in ("rank", "ops", "bytes", "busy", "op p50", "op p99", "waiting for others", "async wait"):
-        t.add_column(c, justify="right")
+    for c in ("rank", "ops", "bytes", "busy", "op p50", "op p99", "waiting for others", "async wait", "failed", "end"):
+        t.add_column(c, justify="left" if c == "end" else "right")
     for r, row in rep["ranks"].items():
         t.add_row(r, f"{row['count']:,}", fmt_bytes(row["bytes"]), _t(row["busy_s"]), _t(row["latency_p50_s"]),
-                  _t(row["latency_p99_s"]), _t(row["wait_s"]), _t(row["async_wait_s"]))
+                  _t(row["latency_p99_s"]), _t(row["wait_s"]), _t(row["async_wait_s"]),
+                  f"{row['failed']:,}" if row["failed"] else "", Text(row["end"]))
     con.print(t)
     t = Table(title="top call sites by time waiting", title_justify="left")
     for c in ("site", "waiting", "ops"):

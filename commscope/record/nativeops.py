@@ -86,9 +86,15 @@ class NativeOps:
     def dropped(self) -> int:
         return self._dropped
 
-    def stuck(self, now: int, limit: int) -> list[tuple[int, int]]:
-        hits, self._inflight = self.m.stuck(now, limit)
-        return [(op_id, tid) for op_id, tid, _parent, _waiting in hits]
+    def stuck(self, now: int, limit: int) -> tuple[list[tuple[int, int]], int | None]:
+        """(op id, thread id) of ops newly in flight past ``limit`` ns (an op whose outer op is
+        in flight too leaves the stack to it), and the begin of the oldest op past it."""
+        hits, self._inflight, oldest = self.m.stuck(now, limit)
+        return [(op_id, tid) for op_id, tid, _parent, _waiting in hits], (oldest if oldest >= 0 else None)
+
+    def failed_ns(self) -> int | None:
+        """When an op of this rank last raised, or None."""
+        return self.m.last_failure() or None
 
     def inflight(self) -> int:
         return self._inflight

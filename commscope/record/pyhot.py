@@ -151,6 +151,7 @@ class PythonOps:
         self._fr_missed_reported = 0
         self.cuda: CudaTimer | None = None
         self.gpu_index: int | None = None
+        self._failed_ns: int | None = None  # when an op last raised (for stack requests)
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
@@ -348,21 +349,30 @@ class PythonOps:
     def dropped(self) -> int:
         return self.hot_dropped + self.convert_failed + (self.cuda.dropped if self.cuda else 0)
 
-    def stuck(self, now: int, limit: int) -> list[tuple[int, int]]:
-        """(op id, thread id) of ops and waits newly in flight longer than ``limit`` ns; an
-        op whose outer op is also in flight leaves the stack to it."""
+    def stuck(self, now: int, limit: int) -> tuple[list[tuple[int, int]], int | None]:
+        """(op id, thread id) of ops and waits newly in flight longer than ``limit`` ns (an
+        op whose outer op is also in flight leaves the stack to it), and the begin of the
+        oldest op past the limit."""
         hits = []
+        oldest = None
         inflight, waiting = self._inflight, self._waiting
         for table in (inflight, waiting):
             for op_id, info in table.items():
-                if info.reported or now - info.ts < limit:
+                if now - info.ts < limit:
+                    continue
+                if oldest is None or info.ts < oldest:
+                    oldest = info.ts
+                if info.reported:
                     continue
                 info.reported = True
                 parent = info.parent
                 if parent is not None and (parent in inflight or parent in waiting):
                     continue
                 hits.append((op_id, info.tid))
-        return hits
+        return hits, oldest
+
+    def failed_ns(self) -> int | None:
+        return self._failed_ns
 
     def inflight(self) -> int:
         return len(self._inflight) + len(self._waiting)
@@ -459,6 +469,8 @@ class PythonOps:
                 if item.source is not None:
                     ev["peer"], ev["seq"] = item.source
                 emit(ev)
+            if item.exc is not None:
+                self._failed_ns = item.ts
             info = inflight.pop(item.op_id, None)
             win = self._top_windows.pop(item.op_id, None)
             if win is not None:
@@ -469,6 +481,8 @@ class PythonOps:
                     unwaited.popitem(last=False)
         elif cls is QueuedWait:
             phase = E.WAIT_BEGIN if item.begin else E.WAIT_END
+            if item.exc is not None:
+                self._failed_ns = item.ts
             for op_id in item.op_ids:
                 ev = {"type": E.OP, "ts": item.ts, "phase": phase, "id": op_id}
                 if item.exc is not None:

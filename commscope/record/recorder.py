@@ -33,7 +33,7 @@ import torch.distributed as dist
 from commscope import __version__, blocks
 from commscope import events as E
 from commscope.events import encode as _dumps
-from commscope.record import callsite, native
+from commscope.record import callsite, crashlog, hangsignal, native
 from commscope.record.probes import ResourceProbe
 from commscope.store import StoreError, default_store, open_writer, redact, redact_args
 
@@ -234,7 +234,10 @@ class Recorder:
             emit = self._emit
             self.ops.collect(now, final, emit, self._out, self.rank)
             if self.capture_stacks:
-                self._capture_stuck(now, emit)
+                stuck_ns = self._capture_stuck(now, emit)
+                failed_ns = self.ops.failed_ns()
+                hangsignal.tick(self, now, max(stuck_ns or 0, failed_ns or 0) or None, emit, final)
+            crashlog.tick(self, emit, final)
             if final or time.monotonic() >= self._next_sample:
                 self._next_sample = time.monotonic() + self.sample_interval
                 self._samples(now, emit)
@@ -292,11 +295,12 @@ class Recorder:
             return note
         return "recorder buffer full"
 
-    def _capture_stuck(self, now: int, emit) -> None:
-        """Every thread's stack, once per op in flight longer than hang_after."""
-        stuck = self.ops.stuck(now, int(self.hang_after * 1e9))
+    def _capture_stuck(self, now: int, emit) -> int | None:
+        """Every thread's stack, once per op in flight longer than hang_after; returns the
+        begin of the oldest op past hang_after (None: none), for ``hangsignal``."""
+        stuck, oldest = self.ops.stuck(now, int(self.hang_after * 1e9))
         if not stuck:
-            return
+            return oldest
         me = threading.get_ident()
         for op_id, tid in stuck:
             threads = [t for t in callsite.all_stacks() if t["tid"] != me]
@@ -304,6 +308,7 @@ class Recorder:
                 if t["tid"] == tid:
                     t["op_thread"] = True
             emit({"type": E.STACK, "ts": now, "id": op_id, "threads": threads})
+        return oldest
 
     def _samples(self, now: int, emit) -> None:
         if self._probe is None:

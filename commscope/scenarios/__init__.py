@@ -118,9 +118,10 @@ _LIST = [
         summary=("A loop of all_reduces; halfway through, rank 1 exits abruptly (os._exit, like a segfault or "
                  "the OOM killer: no exception, no clean shutdown). The others' next all_reduce fails; they tear "
                  "their process group down cleanly, keep running for a few seconds and exit."),
-        look_for=("Rank 1's heartbeat stops while the others keep theirs: it turns dead, they show a failed "
-                  "all_reduce and a clean exit. A dead_rank error names rank 1 with the op it was after and "
-                  "its last resource sample."),
+        look_for=("Rank 1 vanishes while the others keep their heartbeat: it turns dead, they show a failed "
+                  "all_reduce and a clean exit. One dead_rank error names rank 1 with the op it was after and "
+                  "its last resource sample; the others' failed all_reduce is listed as its consequence, not "
+                  "as an error of their own."),
         worker=W.dead_rank,
         expected=(("dead_rank", (1,)),)),
     _scenario(

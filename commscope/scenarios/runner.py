@@ -106,6 +106,9 @@ def _rank_main(rank: int, world_size: int, worker: Any, ctx: DemoContext, pg_tim
         result = worker(rank, world_size, ctx)
         print(f"[rank {rank}] scenario {ctx.scenario} completed", flush=True)
         return result
+    except Exception:
+        _uncaught(*sys.exc_info())
+        raise
     finally:
         commscope.uninstrument()  # writes the `exit` event (with any unwaited async work)
         try:
@@ -114,6 +117,18 @@ def _rank_main(rank: int, world_size: int, worker: Any, ctx: DemoContext, pg_tim
             pass
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+def _uncaught(exc_type: Any, exc: Any, tb: Any) -> None:
+    """Report a worker's exception as the interpreter reports an uncaught one (``sys.last_*``,
+    ``sys.excepthook``): the launcher catches it, but the trace should say the rank crashed."""
+    sys.last_type, sys.last_value, sys.last_traceback = exc_type, exc, tb
+    if sys.version_info >= (3, 12):
+        sys.last_exc = exc
+    try:
+        sys.excepthook(exc_type, exc, tb)
+    except Exception:
+        pass
 
 
 def _redirect_output(ctx: DemoContext, rank: int) -> None:

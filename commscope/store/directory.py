@@ -5,6 +5,8 @@ Layout::
     ROOT/LATEST                 id of the newest job (rank 0 replaces it atomically)
     ROOT/<job>/job.json         job metadata, written by rank 0
     ROOT/<job>/rank-00003.jsonl events of rank 3, one JSON object per line
+    ROOT/<job>/rank-00003.crash what faulthandler wrote if rank 3 died of a fatal signal
+                                (read back as events: see store/crashlog.py)
 
 Each job gets its own directory, so a new job never mixes with an old one, and each
 rank writes only its own file, so the layout is safe on a shared filesystem.  Readers
@@ -25,6 +27,7 @@ from commscope.blocks import BlockDecoder, expand_decoded
 from commscope.events import Event, decode_lines, gc_paused
 from commscope.schema import MAX_RANK, decode_job
 from commscope.store.base import ReadStats, StoreError, check_job_name, is_job_name
+from commscope.store.crashlog import CrashFiles
 
 RANK_FILE = re.compile(r"^rank-(\d{1,8})\.jsonl$")
 LATEST = "LATEST"
@@ -194,6 +197,7 @@ class DirectoryReader:
         self._job: dict | None = None
         self._job_failed = False
         self._refused: set[str] = set()  # rank files that are not regular files (warned once)
+        self._crashes = CrashFiles()
 
     def job(self) -> dict | None:
         if self._job is None and self.job_dir is not None and not self._job_failed:
@@ -266,8 +270,17 @@ class DirectoryReader:
                 out.extend(events)
                 if budget is not None:
                     budget = max(0, budget - used)
+            out.extend(self._crashes.poll(self.job_dir, self._caught_up))
         self.stats.partial_tail = sum(self._partial.values())
         return out
+
+    def _caught_up(self, rank: int) -> bool:
+        """Everything of the rank's file is read (a crash file's events come after it)."""
+        path = self.rank_files().get(rank)
+        try:
+            return path is None or os.path.getsize(path) <= self._offsets.get(rank, 0)
+        except OSError:
+            return True
 
     def read_all(self) -> list[Event]:
         """Everything in the job, treating an incomplete last line as truncated."""
@@ -289,6 +302,7 @@ class DirectoryReader:
             events.extend(got.events)
             self._offsets[rank] = self._offsets.get(rank, 0) + len(tail)
             self._partial[rank] = False
+        events.extend(self._crashes.poll(self.job_dir, lambda rank: True, final=True))
         self.stats.partial_tail = 0
         return events
 

@@ -78,6 +78,7 @@ class CommscopeApp(App):
         self._last_table = 0.0
         self._loading: LoadingScreen | None = None
         self._finding_jump: tuple[int, int] | None = None
+        self._shown_finding: Finding | None = None  # the finding the detail pane shows, kept current
         # replay clock
         self.cursor_ns: int | None = None
         self.playing = False
@@ -179,6 +180,7 @@ class CommscopeApp(App):
         self._fit_timeline()
         self.ruler.refresh()
         self.findings_panel.show(findings)
+        self._refresh_finding_detail(findings)
         mono = time.monotonic()
         if mono - self._last_table > 0.5 or first_load:
             self._last_table = mono
@@ -192,6 +194,24 @@ class CommscopeApp(App):
             self.findings_panel.highlighted = 0
         if self.timeline.sel is not None and self.detail.border_title and self.detail.border_title.startswith("op"):
             self._show_op(*self.timeline.sel)
+
+    def _refresh_finding_detail(self, findings: list[Finding]) -> None:
+        """Keep the finding shown in the detail pane current: the same finding (by kind,
+        instance and culprits) as just diagnosed, else the one that now names the same
+        culprits (a live finding may turn, say, from op_failed into dead_rank)."""
+        shown = self._shown_finding
+        if shown is None or not (self.detail.border_title or "").startswith("finding"):
+            return
+        key = finding_key(shown)
+        now = next((f for f in findings if finding_key(f) == key), None)
+        if now is None:
+            now = next((f for f in findings if f.culprits and f.culprits == shown.culprits), None)
+        if now is None or now is shown:
+            return
+        scroll = self.detail.scroll_y
+        self._shown_finding = now
+        self.detail.show(finding_detail(now), f"finding · {now.kind}")
+        self.detail.scroll_to(y=scroll, animate=False)
 
     def _fit_timeline(self) -> None:
         """Few ranks: the timeline takes only the rows it needs and the panels get the rest."""
@@ -274,6 +294,7 @@ class CommscopeApp(App):
 
     def on_findings_panel_chosen(self, message: FindingsPanel.Chosen) -> None:
         f = message.finding
+        self._shown_finding = f
         self.detail.show(finding_detail(f), f"finding · {f.kind}")
         target = self._finding_op(f)
         if target is not None:

@@ -13,6 +13,8 @@ from textual.widgets import Static
 
 from commscope.analysis import Finding
 from commscope.analysis.bandwidth import op_busbw
+from commscope.analysis.errors import first_line
+from commscope.analysis.stacks import fold
 from commscope.tui import palette as P
 from commscope.tui.fmt import clock, duration, size
 
@@ -40,20 +42,27 @@ def _shapes(shapes: Any, dtypes: Any) -> str:
     return ", ".join(parts)
 
 
-def _stack(frames_by_thread: list[dict] | None, limit: int = 12) -> RenderableType | None:
-    if not frames_by_thread:
+def _stack(threads: list[dict] | None, limit: int = 12) -> RenderableType | None:
+    """Folded thread views (``analysis.stacks.fold``): the user's frames, innermost last, and
+    what they are inside; torch's, commscope's and the standard library's frames folded."""
+    if not threads:
         return None
     out = []
-    for th in frames_by_thread:
+    for th in threads:
         frames = th.get("frames") or []
         text = Text()
-        text.append(f"thread {th.get('thread') or th.get('name')}\n", style="bold")
+        text.append(f"thread {th.get('thread') or th.get('name')}", style="bold")
         shown = frames[-limit:]
         if len(frames) > limit:
-            text.append(f"  … {len(frames) - limit} outer frames\n", style="grey50")
-        for f in shown:
+            text.append(f"\n  … {len(frames) - limit} outer frames", style="grey50")
+        for k, f in enumerate(shown):
             line = f if isinstance(f, str) else f"{f[0]}:{f[1]} in {f[2]}"
-            text.append(f"  {line}\n", style="grey70")
+            text.append(f"\n  {line}", style="bold #e0e0e0" if k == len(shown) - 1 else "grey70")
+        if th.get("inside"):
+            folded = th.get("folded")
+            text.append(f"\n    └ inside {th['inside']}" + (f"  ({folded} frames of torch, commscope and the "
+                                                             "standard library folded)" if folded else ""),
+                        style="grey50")
         out.append(text)
     return Group(*out)
 
@@ -128,7 +137,7 @@ def op_detail(model: Any, rank: int, i: int, now: int) -> RenderableType:
             t.caption = f"not entered by rank{'s' if len(missing) > 1 else ''} {missing}"
             t.caption_style = "bold #e05050"
         parts.append(t)
-    stack = _stack([{"thread": th.get("name"), "frames": th.get("frames")} for th in (d.get("stack") or [])
+    stack = _stack([fold(th.get("name"), th.get("frames")) for th in (d.get("stack") or [])
                      if th.get("op_thread")] or None)
     if stack is not None:
         parts.append(Text("captured stack", style="bold grey70"))
@@ -171,19 +180,45 @@ def _values(x: Any) -> list:
     return list(x or [])
 
 
-def _stacks_block(ev: Any) -> list[RenderableType]:
+_WHY = {"request": "on request", "hang": "stuck in its op", "exception": "at its exception",
+        "signal": "at its fatal signal"}
+
+
+def _stacks_block(ev: dict) -> list[RenderableType]:
+    """The culprits' and waiting ranks' stacks (evidence ``stacks`` and ``stack_info``), or
+    why a rank has none."""
     out: list[RenderableType] = []
-    if isinstance(ev, dict) and ev and all(isinstance(v, list) for v in ev.values()) and all(
-            str(k).lstrip("-").isdigit() for k in ev):  # {rank: [threads]}
-        found = [(k, v) for k, v in ev.items()]
-    else:
-        found = _collect_stacks(ev)
-    for rank, frames in found:
-        out.append(Text(f"stack of rank {rank}", style="bold grey70"))
-        block = _stack(frames)
-        if block is not None:
-            out.append(block)
+    stacks = ev.get("stacks") or {}
+    info = ev.get("stack_info") or {str(r): {} for r in stacks}
+    for r, note in info.items():
+        role = note.get("role")
+        head = Text(f"stack of rank {r}", style="bold #e05050" if role == "culprit" else "bold grey70")
+        if role:
+            head.append(f"  {role}", style="grey62")
+        if r in stacks:
+            if note.get("age_s") is not None:
+                head.append(f" · {float(note['age_s']):.1f} s ago {_WHY.get(note.get('reason'), '')}", style="grey50")
+            out.append(head)
+            block = _stack(stacks[r])
+            if block is not None:
+                out.append(block)
+        else:
+            head.append(f": no stack: {note.get('missing', '?')}", style="grey50")
+            out.append(head)
     return out
+
+
+def _consequences(ev: dict) -> list[RenderableType]:
+    cons = ev.get("consequences") or []
+    if not cons:
+        return []
+    t = Text()
+    for c in cons[:12]:
+        t.append(f"  {c['kind']}", style="#e0a030")
+        t.append(f"  {c['message']}\n", style="grey70")
+    if len(cons) > 12:
+        t.append(f"  … {len(cons) - 12} more\n", style="grey50")
+    return [Text(f"consequences ({len(cons)}): folded into this finding", style="bold grey70"), t]
 
 
 def _missing_ranks(f: Finding, ev: dict) -> list[RenderableType]:
@@ -213,7 +248,7 @@ def _missing_ranks(f: Finding, ev: dict) -> list[RenderableType]:
         parts.append(t)
     if ev.get("failed_on"):
         parts.append(Text(f"the waiting op raised: {_cell(ev['failed_on'])}", style="#e05050"))
-    return parts + _stacks_block(ev.get("missing_activity"))
+    return parts
 
 
 def _mismatch(f: Finding, ev: dict) -> list[RenderableType]:
@@ -244,7 +279,7 @@ def _deadlock(f: Finding, ev: dict) -> list[RenderableType]:
         parts.append(_table("blocked", ["rank", "op", "peer", "seq", "blocked"],
                             [[c.get("rank"), c.get("op"), c.get("peer"), c.get("seq"),
                               f"{float(c.get('blocked_s', 0)):.1f} s"] for c in cyc], set(f.culprits)))
-    return parts + _stacks_block(ev.get("stacks", ev))
+    return parts
 
 
 def _unmatched(f: Finding, ev: dict) -> list[RenderableType]:
@@ -256,16 +291,45 @@ def _unmatched(f: Finding, ev: dict) -> list[RenderableType]:
     if peers:
         parts.append(_table("the peer instead", ["rank", "doing"], [[p.get("rank"), p.get("text")] for p in peers],
                             set(f.culprits)))
-    return parts + _stacks_block(ev)
+    return parts
 
 
 def _dead(f: Finding, ev: dict) -> list[RenderableType]:
     act = ev.get("activity") or {}
-    rows = [("silent for", f"{float(ev.get('silent_s', 0)):.1f} s (threshold {float(ev.get('threshold_s', 0)):.1f} s)"),
+    rows = [("how", "vanished while its peers' ops failed" if ev.get("how") == "vanished" else "heartbeat stopped"),
+            ("silent for", f"{float(ev.get('silent_s', 0)):.1f} s (threshold {float(ev.get('threshold_s', 0)):.1f} s)"),
             ("was", act.get("text")), ("in", _brief(act.get("in_op")) if act.get("in_op") else None),
             ("last op", _brief(act.get("last_completed_op")) if act.get("last_completed_op") else None),
             ("host / pid", f"{ev.get('host', '?')} / {ev.get('pid', '?')}")]
-    return [_kv(rows)] + _stacks_block(act)
+    return [_kv(rows)]
+
+
+def _crashed(f: Finding, ev: dict) -> list[RenderableType]:
+    act = ev.get("activity") or {}
+    rows = [("signal", Text(ev["signal"], style="#e05050") if ev.get("signal") else None),
+            ("exception", Text(first_line(ev["exc"], 300), style="#e05050") if ev.get("exc") and not ev.get("signal")
+             else None),
+            ("where", ev.get("culprit_where")),
+            ("in", _brief(act.get("in_op")) if act.get("in_op") else None),
+            ("last op", _brief(act.get("last_completed_op")) if act.get("last_completed_op") and not act.get("in_op")
+             else None),
+            ("host / pid", f"{ev.get('host', '?')} / {ev.get('pid', '?')}")]
+    return [_kv(rows)]
+
+
+def _failed(f: Finding, ev: dict) -> list[RenderableType]:
+    failed = _values(ev.get("failed"))
+    parts: list[RenderableType] = [
+        _table("failed on", ["rank", "op", "seq", "kind", "after", "exception"],
+               [[x.get("rank"), x.get("op"), x.get("seq"), x.get("failure"), f"{float(x.get('after_s', 0)):.2f} s",
+                 first_line(x.get("exc") or "", 100)] for x in failed])]
+    blame = ev.get("blame") or {}
+    parts.append(Text("blame  ", style="grey62") + Text(f"{blame.get('text', '?')}", style="bold #e0a030"))
+    for c, act in (ev.get("culprit_activity") or {}).items():
+        parts.append(Text(f"rank {c} is {act.get('text', '?')}", style="grey70"))
+    if ev.get("later_failures"):
+        parts.append(Text(f"{ev['later_failures']} later failed instances with the same blame", style="grey50"))
+    return parts
 
 
 def _straggler(f: Finding, ev: dict) -> list[RenderableType]:
@@ -284,7 +348,8 @@ def _unwaited(f: Finding, ev: dict) -> list[RenderableType]:
 
 
 _BY_KIND = {"missing_ranks": _missing_ranks, "collective_mismatch": _mismatch, "p2p_deadlock": _deadlock,
-            "unmatched_p2p": _unmatched, "dead_rank": _dead, "straggler": _straggler, "unwaited_work": _unwaited}
+            "unmatched_p2p": _unmatched, "dead_rank": _dead, "rank_crashed": _crashed, "op_failed": _failed,
+            "straggler": _straggler, "unwaited_work": _unwaited}
 
 
 def finding_detail(f: Finding) -> RenderableType:
@@ -300,7 +365,8 @@ def finding_detail(f: Finding) -> RenderableType:
     ev = f.evidence or {}
     render = _BY_KIND.get(f.kind)
     try:
-        parts += render(f, ev) if render else [_evidence_block(ev)] + _stacks_block(ev)
+        parts += render(f, ev) if render else [_evidence_block(ev)]
+        parts += _consequences(ev) + _stacks_block(ev)
     except Exception:  # evidence of an unexpected shape: still show it, plainly
         parts += [_evidence_block(ev)]
     return Group(*parts)
@@ -320,33 +386,12 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def _has_stack(v: Any) -> bool:
-    return isinstance(v, dict) and "stack" in v and not set(v) - {"stack"}
-
-
-def _collect_stacks(ev: Any, out: list | None = None, rank: Any = None) -> list[tuple[Any, list]]:
-    """Every ``stack`` found anywhere in the evidence, with the rank it belongs to."""
-    out = [] if out is None else out
-    if isinstance(ev, dict):
-        r = ev.get("rank", rank)
-        st = ev.get("stack")
-        if isinstance(st, list) and st and isinstance(st[0], dict):
-            out.append((r, st))
-        for k, v in ev.items():
-            if k != "stack":
-                _collect_stacks(v, out, r)
-    elif isinstance(ev, list):
-        for v in ev:
-            _collect_stacks(v, out, rank)
-    return out
-
-
 def _evidence_block(val: Any, depth: int = 0) -> RenderableType:
     if isinstance(val, dict):
         rows = []
         for k, v in val.items():
-            if k == "stack":
-                continue
+            if k in ("stack", "stacks", "stack_info", "consequences"):
+                continue  # shown by _stacks_block and _consequences
             if isinstance(v, dict | list) and v and depth < 2 and not (isinstance(v, list) and all(
                     isinstance(x, int | float | str) for x in v)):
                 rows.append((str(k), _evidence_block(v, depth + 1)))

@@ -140,7 +140,7 @@ class RankTable(DataTable):
             s = m.latest_sample(r) or {}
         meta = m.ranks[r].meta or {}
         gutil, gmem, cpu, rss = s.get("gpu_util"), s.get("gpu_mem"), s.get("cpu"), s.get("rss")
-        order = {"dead": 0, "blocked": 1, "running": 2, "idle": 3, "exited": 4, "unknown": 5}
+        order = {"dead": 0, "crashed": 0, "blocked": 1, "running": 2, "idle": 3, "exited": 4, "unknown": 5}
         return {
             "rank": (r, Text(str(r), style="bold")),
             "host": (str(meta.get("host", "")), str(meta.get("host", ""))),

@@ -34,7 +34,11 @@ def state_at(m: Any, rank: int, t: int) -> RankState:
             verb = "waiting on" if is_async[j] else "in"
             return RankState("blocked", f"{verb} {m.label(rank, i)} for {(t - since) / 1e9:.1f} s", i, since)
     if exits and (not rt.n or exits[-1]["ts"] >= _last_begin_before(m, rank, t)):
-        return RankState("exited", f"exited ({exits[-1].get('reason', 'exit')})", None, int(exits[-1]["ts"]))
+        ex = exits[-1]
+        if ex.get("exc") or ex.get("reason") in ("exception", "signal"):
+            return RankState("crashed", f"crashed ({ex.get('signal') or ex.get('exc') or ex.get('reason')})", None,
+                             int(ex["ts"]))
+        return RankState("exited", f"exited ({ex.get('reason', 'exit')})", None, int(ex["ts"]))
     if rt.last_hb and t >= max(rt.last_hb, rt.last_ts) and m.is_dead(rank, t):
         return m.state(rank, t)
     last = _last_done_before(m, rank, t)

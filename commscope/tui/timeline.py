@@ -240,6 +240,8 @@ class Timeline(ScrollView, can_focus=True):
             return state_at(m, rank, now).kind
         if m.is_dead(rank, now):
             return "dead"
+        if m.crash(rank) is not None:
+            return "crashed"
         if m.exited(rank) is not None:
             return "exited"
         return "blocked" if m.ranks[rank].open and m.blocked(rank) else "idle"
@@ -250,7 +252,7 @@ class Timeline(ScrollView, can_focus=True):
             kind = self._dot(row.ranks[0])
         elif row.ranks:
             kinds = {self._dot(r) for r in row.ranks}
-            kind = next((k for k in ("dead", "blocked", "running", "idle", "exited") if k in kinds), "unknown")
+            kind = next((k for k in ("dead", "crashed", "blocked", "running", "idle", "exited") if k in kinds), "unknown")
         flag = "!" if self.flagged.intersection(row.ranks) else " "
         label = row.label[: GUTTER - 4].ljust(GUTTER - 4)
         label_style = Style(bold=True, reverse=True) if focused_row else Style(bold=True)

@@ -204,6 +204,7 @@ struct State {
   std::vector<PendingDevice> device_pending;
   std::unordered_map<uint64_t, std::pair<int32_t, int64_t>> resolved_source;  // any-source recv id -> (peer, seq)
   std::unordered_set<uint64_t> open_nested;  // nested ops not ended yet
+  int64_t last_failed_ns = 0;                // when an op (or a wait) last raised
 };
 
 State* S = nullptr;  // never freed: backend threads may complete futures during exit
@@ -335,6 +336,7 @@ void complete_locked(uint64_t id, uint8_t role, bool error, const std::string& m
   if (role == ROLE_NESTED && S->open_nested.erase(id) == 0) return;  // closed when its call returned
   int64_t ts = now_ns();
   uint8_t flags = (error ? FLAG_ERROR : 0) | (approx ? FLAG_APPROX : 0);
+  if (error) S->last_failed_ns = ts;
   if (error)
     write_text_record(REC_END, flags, ts, id, msg.data(), msg.size());
   else
@@ -722,6 +724,7 @@ void record_exit(Frame& fr, bool error, const std::string& text) {
   std::lock_guard<std::mutex> g(S->mu);
   int64_t ts = now_ns();
   uint8_t flags = error ? FLAG_ERROR : 0;
+  if (error) S->last_failed_ns = ts;
   if (fr.kind == KIND_CONTAINER) {
     for (uint64_t child : fr.children) write_text_record(REC_END, flags, ts, child, text.data(), error ? text.size() : 0);
   }
@@ -919,6 +922,7 @@ PyObject* wait_vectorcall(PyObject* self_, PyObject* const* args, size_t nargsf,
   {
     std::lock_guard<std::mutex> g(S->mu);
     int64_t ts = now_ns();
+    if (ret == nullptr) S->last_failed_ns = ts;
     for (uint64_t id : ids)
       write_text_record(REC_WAIT_END, ret == nullptr ? FLAG_ERROR : 0, ts, id, text.data(), text.size());
     if (!ids.empty()) S->inflight.erase(ids[0]);
@@ -1125,17 +1129,21 @@ PyObject* py_take_sites(PyObject*, PyObject*) {
   return out;
 }
 
-// stuck(now_ns, limit_ns) -> [(op id, thread id, parent id, waiting)] newly past the limit
+// stuck(now_ns, limit_ns) -> ([(op id, thread id, parent id, waiting)] newly past the limit,
+//                               ops in flight, begin of the oldest op past the limit or -1)
 PyObject* py_stuck(PyObject*, PyObject* args) {
   long long now, limit;
   if (!PyArg_ParseTuple(args, "LL", &now, &limit)) return nullptr;
   std::vector<std::tuple<uint64_t, uint64_t, uint64_t, bool>> hits;
   size_t count;
+  long long oldest = -1;
   {
     std::lock_guard<std::mutex> g(S->mu);
     count = S->inflight.size();
     for (auto& [id, f] : S->inflight.items) {
-      if (f.reported || now - f.ts < limit) continue;
+      if (now - f.ts < limit) continue;
+      if (oldest < 0 || f.ts < oldest) oldest = f.ts;
+      if (f.reported) continue;
       f.reported = true;
       hits.emplace_back(id, f.tid, f.parent, f.waiting);
     }
@@ -1152,7 +1160,12 @@ PyObject* py_stuck(PyObject*, PyObject* args) {
     PyList_Append(out, t);
     Py_DECREF(t);
   }
-  return Py_BuildValue("(Nn)", out, Py_ssize_t(count));
+  return Py_BuildValue("(NnL)", out, Py_ssize_t(count), oldest);
+}
+
+PyObject* py_last_failure(PyObject*, PyObject*) {
+  std::lock_guard<std::mutex> g(S->mu);
+  return PyLong_FromLongLong(S->last_failed_ns);
 }
 
 // poll_devices(): record completion of CUDA ops whose Work finished (non-blocking).
@@ -1376,8 +1389,9 @@ PyMethodDef methods[] = {
     {"drain", py_drain, METH_NOARGS, "drain() -> (packed records, their count, records dropped since the last drain)"},
     {"take_groups", py_take_groups, METH_NOARGS, "new (gid, name) since the last call"},
     {"take_sites", py_take_sites, METH_NOARGS, "new (site id, code, lasti) since the last call"},
-    {"stuck", py_stuck, METH_VARARGS, "stuck(now_ns, limit_ns) -> ([(id, tid, parent, waiting)], in flight)"},
+    {"stuck", py_stuck, METH_VARARGS, "stuck(now_ns, limit_ns) -> ([(id, tid, parent, waiting)], in flight, oldest stuck begin or -1)"},
     {"poll_devices", py_poll_devices, METH_NOARGS, "record completed CUDA work"},
+    {"last_failure", py_last_failure, METH_NOARGS, "when an op last raised (ns; 0: never)"},
     {"enter", py_enter, METH_VARARGS, "enter(kind, name, fragment, group, peer, direction, async=False) -> op id"},
     {"exit", py_exit, METH_VARARGS, "exit(op id, error text or None) -> container children ids"},
     {"track", py_track, METH_VARARGS, "track(work, ids)"},

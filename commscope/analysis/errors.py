@@ -1,0 +1,56 @@
+"""What an op's exception text says happened, so a failure can be blamed on the right rank.
+
+Backends word their errors differently, but they fall into a few kinds: a peer's
+connection closed (the peer went away), the group's timeout fired (someone never
+arrived), ``monitored_barrier`` naming the ranks that did not arrive, a rank reporting
+that *another* rank's monitored barrier failed, and everything else (the op raised on
+its own: a bad argument, a size check).  Texts below are the ones Gloo, NCCL and
+``ProcessGroupGloo::monitoredBarrier`` print in torch 2.4-2.13.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+PEER_GONE = "peer_gone"  # a connection to a peer closed or reset: the peer went away
+TIMEOUT = "timeout"  # the group's own timeout fired: some member never arrived
+NAMED = "named"  # monitored_barrier: the text names the ranks that never arrived
+RELAYED = "relayed"  # this rank only heard that another rank's op failed
+LOCAL = "local"  # anything else: the op raised on its own
+
+_PEER_GONE = re.compile(
+    r"connection (closed|reset)|broken pipe|socket closed|end of file|remote process exited|"
+    r"connection refused|peer (closed|disconnected|hung up)|NCCL communicator was aborted|"
+    r"ProcessGroup.* is aborted|aborted communicator", re.I)
+_TIMEOUT = re.compile(r"timed out|timeout|watchdog caught collective operation", re.I)
+_NAMED = re.compile(r"\bRanks? ((?:\d+\s*,\s*)*\d+) failed to pass monitoredBarrier")
+_RELAYED = re.compile(r"successfully reached monitoredBarrier, but received errors while waiting for "
+                      r"send/recv from rank (\d+)")
+
+
+class ExcKind(NamedTuple):
+    kind: str
+    ranks: tuple[int, ...] = ()  # NAMED: the ranks named; RELAYED: the rank relayed from
+
+
+def classify(text: str) -> ExcKind:
+    """The kind of failure an exception text describes (see the module docstring)."""
+    m = _NAMED.search(text)
+    if m:
+        return ExcKind(NAMED, tuple(int(x) for x in re.findall(r"\d+", m.group(1))))
+    m = _RELAYED.search(text)
+    if m:
+        return ExcKind(RELAYED, (int(m.group(1)),))
+    if _PEER_GONE.search(text):
+        return ExcKind(PEER_GONE)
+    if _TIMEOUT.search(text):
+        return ExcKind(TIMEOUT)
+    return ExcKind(LOCAL)
+
+
+def first_line(text: str, limit: int = 160) -> str:
+    """An exception's first line, without the C++ source location Gloo prefixes."""
+    line = next((x for x in str(text).splitlines() if x.strip()), "")
+    line = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", line)
+    return line if len(line) <= limit else line[: limit - 1] + "…"

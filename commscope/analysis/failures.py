@@ -1,0 +1,270 @@
+"""Failure findings: ops that raised (``op_failed``) and ranks that crashed (``rank_crashed``).
+
+An op that raised is blamed on the rank that caused it, never on the ranks it hurt.  The
+failures of one cross-rank instance (a collective's (group, seq), a p2p message) are
+judged together, from the ones that happened while every member that had arrived was
+still there ("primary" failures; a rank arriving at an instance that already broke fails
+as a consequence):
+
+* ``monitored_barrier`` names the ranks that did not arrive: those;
+* the group's timeout fired: the members that had not entered the instance by then;
+* a connection closed: the members that left first (an exit, a crash, or silence since
+  the failure; see ``TraceModel.peers_gone``), or, while more than one member could have
+  left and none is known yet, nobody (the finding says it is waiting to hear from them);
+* any other exception: the op raised on its own rank, which is then the culprit;
+* at an instance where the ranks called mismatched collectives: the mismatch (merged into
+  that finding by ``rootcause``).
+
+A crash is a consequence when the rank died of the exception a failed op raised and that
+failure is blamed on other ranks; ``rootcause`` then folds it into the root finding.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from commscope.analysis import stacks
+from commscope.analysis.errors import NAMED, PEER_GONE, RELAYED, TIMEOUT, first_line
+from commscope.analysis.findings import Finding, activity, op_brief, rank_stack, secs
+from commscope.analysis.model import (
+    ARRIVAL_SLACK_NS,
+    CONTAINER,
+    NESTED,
+    P2P,
+    SEND,
+    SLACK_NS,
+    SPACE_FR,
+    TraceModel,
+)
+
+#: Failed instances reported in full per finding; more with the same blame are counted.
+FAILED_REPORT = 5
+
+
+def instance_key(model: TraceModel, rank: int, i: int) -> tuple:
+    """The cross-rank instance op ``i`` belongs to: ("coll", space, group, seq),
+    ("p2p", space, group, src, dst, seq), or ("op", rank, id) for ops matched with nobody."""
+    rt = model.ranks[rank]
+    s = model.sigs[int(rt.sig[i])]
+    seq, peer = int(rt.seq[i]), int(rt.peer[i])
+    if seq < 0 or s.nested:
+        return ("op", rank, int(rt.id[i]))
+    if s.flags & P2P:
+        if peer < 0:
+            return ("op", rank, int(rt.id[i]))
+        src, dst = (rank, peer) if s.flags & SEND else (peer, rank)
+        return ("p2p", s.space, s.group, src, dst, seq)
+    return ("coll", s.space, s.group, seq)
+
+
+class Blame(NamedTuple):
+    culprits: tuple[int, ...]
+    reason: str  # named | absent | left | local | mismatch | pending | unknown
+    text: str
+
+
+class Failure(NamedTuple):
+    """One failed instance: who failed, and who is to blame."""
+
+    key: tuple
+    failed: dict[int, int]  # rank -> op index that raised
+    first_ns: int
+    blame: Blame
+
+
+def _ranks(rs: Any) -> str:
+    rs = sorted(rs)
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+
+def _departure(model: TraceModel, m: int, now: int) -> str:
+    if model.crash(m) is not None:
+        ex = model.crash(m) or {}
+        return f"crashed ({ex.get('signal') or first_line(ex.get('exc') or ex.get('reason', ''), 80)})"
+    if model.exited(m) is not None:
+        return f"exited ({(model.exited(m) or {}).get('reason', 'exit')})"
+    if model.is_dead(m, now):
+        return "vanished (no exit; nothing from it since)"
+    return "has not been heard from since"
+
+
+def _blame_one(model: TraceModel, r: int, i: int, now: int, ops: dict[int, int]) -> Blame | None:
+    """Blame for one primary failure (None: it only relays another rank's failure)."""
+    kind = model.exc_kind(r, i)
+    t = model.failed_ns(r, i)
+    if kind.kind == NAMED:
+        return Blame(kind.ranks, "named", f"{_ranks(kind.ranks)} never arrived (named by the exception)")
+    if kind.kind == RELAYED:
+        return None
+    if kind.kind == TIMEOUT:
+        absent = [m for m in model.members(r, i) if m != r and
+                  (m not in ops or int(model.ranks[m].begin[ops[m]]) > t + ARRIVAL_SLACK_NS)]
+        if absent:
+            return Blame(tuple(absent), "absent", f"{_ranks(absent)} had not entered it when the timeout fired")
+        return Blame((), "unknown", "every member had entered it when the timeout fired")
+    if kind.kind == PEER_GONE:
+        left, silent = model.peers_gone(r, i)
+        gone = left + [m for m in silent if m in model.vanished(now)]
+        if gone:
+            return Blame(tuple(sorted(set(gone))), "left", "; ".join(
+                f"rank {m} {_departure(model, m, now)}" for m in sorted(set(gone))) + " before the op failed")
+        if len(silent) == 1:
+            return Blame(tuple(silent), "left", f"its connection to rank {silent[0]} closed, and rank "
+                                                f"{silent[0]} has not been heard from since")
+        if silent:
+            return Blame((), "pending", f"a connection closed: one of {_ranks(silent)} left; waiting to hear "
+                                        "which (none has been heard from since)")
+        return Blame((), "unknown", "a connection closed, but every other member is still there")
+    return Blame((r,), "local", f"the op raised on rank {r} itself")
+
+
+def _combine(blames: list[Blame]) -> Blame:
+    named = [b for b in blames if b.culprits]
+    if named:
+        culprits = tuple(sorted({c for b in named for c in b.culprits}))
+        reasons = sorted({b.reason for b in named})
+        texts = list(dict.fromkeys(b.text for b in named))
+        return Blame(culprits, "+".join(reasons), "; ".join(texts))
+    if any(b.reason == "pending" for b in blames):
+        return next(b for b in blames if b.reason == "pending")
+    return blames[0] if blames else Blame((), "unknown", "no rank to blame")
+
+
+def failed_instances(model: TraceModel, now: int, mismatch_rows: dict[tuple, list[int]]) -> list[Failure]:
+    """Every instance with a failed op, with its blame, in order of first failure."""
+    by_key: dict[tuple, dict[int, int]] = {}
+    for r, i in model.failed:
+        rt = model.ranks.get(r)
+        if rt is None or i not in rt.exc:
+            continue
+        s = model.sigs[int(rt.sig[i])]
+        if s.flags & CONTAINER or s.space == SPACE_FR:
+            continue
+        if s.flags & NESTED and rt.parent[i] >= 0 and int(rt.parent[i]) in rt.exc:
+            continue  # the logical op that contains it failed too: that one is reported
+        by_key.setdefault(instance_key(model, r, i), {})[r] = i
+    out = []
+    for key, failed in by_key.items():
+        r0, i0 = next(iter(failed.items()))
+        ops = model.counterparts(r0, i0)
+        first = min(model.failed_ns(r, i) for r, i in failed.items())
+        row = (key[1], key[2], key[3]) if key[0] == "coll" else None
+        if row is not None and row in mismatch_rows:
+            culprits = tuple(mismatch_rows[row])
+            out.append(Failure(key, failed, first, Blame(culprits, "mismatch",
+                                                         "the ranks called mismatched collectives here")))
+            continue
+        primary = [(r, i) for r, i in failed.items() if int(model.ranks[r].begin[i]) <= first + ARRIVAL_SLACK_NS]
+        blames = [b for r, i in primary if (b := _blame_one(model, r, i, now, ops)) is not None]
+        out.append(Failure(key, failed, first, _combine(blames)))
+    out.sort(key=lambda f: f.first_ns)
+    return out
+
+
+def find_failed_ops(model: TraceModel, now: int, failures: list[Failure]) -> list[Finding]:
+    """One ``op_failed`` per blame: the first failed instance in full, later ones counted."""
+    groups: dict[tuple, list[Failure]] = {}
+    for f in failures:
+        groups.setdefault((f.blame.culprits, f.blame.reason), []).append(f)
+    out = []
+    for fs in groups.values():
+        f = fs[0]
+        r0 = min(f.failed)
+        i0 = f.failed[r0]
+        s = model.sig_of(r0, i0)
+        seq = int(model.ranks[r0].seq[i0])
+        where = model.label(r0, i0)
+        excs = {r: model.ranks[r].exc[i] for r, i in f.failed.items()}
+        msg = (f"{where} failed on {_ranks(f.failed)} ({first_line(excs[r0], 120)}); "
+               + (f"blamed on {_ranks(f.blame.culprits)}: " if f.blame.culprits else
+                  "not blamed yet: " if f.blame.reason == "pending" else "no rank to blame: ")
+               + f.blame.text)
+        failed_ev = {}
+        for r, i in sorted(f.failed.items()):
+            b = op_brief(model, r, i, now)
+            b["failure"] = model.exc_kind(r, i).kind
+            b["failed_ns"] = model.failed_ns(r, i)
+            b["after_s"] = secs(model.failed_ns(r, i) - int(model.ranks[r].begin[i]))
+            failed_ev[str(r)] = b
+        ev: dict[str, Any] = {
+            "failed": failed_ev, "blame": {"reason": f.blame.reason, "culprits": list(f.blame.culprits),
+                                           "text": f.blame.text},
+            "culprit_activity": {str(c): activity(model, c, now) for c in f.blame.culprits}}
+        if len(fs) > 1:
+            ev["later_failures"] = len(fs) - 1
+            ev["later"] = [{"instance": list(x.key), "ranks": sorted(x.failed),
+                            "exc": first_line(model.ranks[min(x.failed)].exc[x.failed[min(x.failed)]], 120)}
+                           for x in fs[1:1 + FAILED_REPORT]]
+        victims = {r: f.blame.culprits for r in f.failed if r not in f.blame.culprits}
+        members = sorted(set(model.members(r0, i0)) | set(f.failed))
+        out.append(Finding("op_failed", s.group, seq if seq >= 0 else None, s.op, members,
+                           list(f.blame.culprits), msg, ev, ts=f.first_ns, victims=victims,
+                           instances=tuple(x.key for x in fs)))
+    return out
+
+
+def find_crashes(model: TraceModel, now: int, failures: list[Failure]) -> list[Finding]:
+    """``rank_crashed`` for every rank that died of an uncaught exception or a fatal signal.
+
+    A crash caused by a failed op blamed on others is still reported here, with the
+    failure as its ``cause``; ``rootcause`` folds it into the root finding."""
+    blame_of = {(r, i): f for f in failures for r, i in f.failed.items()}
+    out = []
+    for r in model.rank_ids():
+        ex = model.crash(r)
+        if ex is None:
+            continue
+        rt = model.ranks[r]
+        t = int(ex["ts"])
+        cause = None
+        failed = sorted((i for i in rt.exc if model.failed_ns(r, i) <= t + SLACK_NS),
+                        key=lambda i: model.failed_ns(r, i))
+        if failed and ex.get("reason") != "signal":
+            i = failed[-1]
+            last = model.last_op(r, completed=False)
+            if rt.exc[i] == ex.get("exc") or i == last or (last is not None and rt.parent[last] == i):
+                cause = blame_of.get((r, i))
+        act = activity(model, r, now)
+        inflight = [i for i in model.inflight(r)] or ([failed[-1]] if cause is not None else [])
+        what = ex.get("signal") and f"a fatal signal ({ex['signal']})" or first_line(ex.get("exc") or "", 140)
+        if inflight:
+            act["in_op"] = op_brief(model, r, inflight[-1], now)
+            where = f"in {model.label(r, inflight[-1])}"
+        elif act.get("last_completed_op"):
+            where = f"after {model.label(r, model.op_index(r, act['last_completed_op']['id']))}"
+        else:
+            where = "before any op"
+        doing = act.get("in_op") or act.get("last_completed_op") or {}
+        msg = f"rank {r} crashed {where}: {what}"
+        at = stacks.one_line(rank_stack(model, r, now)[0])
+        if at:
+            msg += f", at {at}"
+        ev: dict[str, Any] = {"exit_ns": t, "reason": ex.get("reason"), "activity": act}
+        for k in ("exc", "signal"):
+            if ex.get(k):
+                ev[k] = ex[k]
+        if rt.meta:
+            ev["host"], ev["pid"] = rt.meta.get("host"), rt.meta.get("pid")
+        victims: dict[int, tuple[int, ...]] = {}
+        instances: tuple = (cause.key,) if cause is not None else ()
+        if cause is not None and r not in cause.blame.culprits:
+            ev["caused_by"] = {"instance": list(cause.key), "culprits": list(cause.blame.culprits),
+                               "reason": cause.blame.text}
+            victims = {r: cause.blame.culprits}
+        out.append(Finding("rank_crashed", doing.get("group"), doing.get("seq"), doing.get("op"), [r], [r], msg,
+                           ev, ts=t, victims=victims, instances=instances))
+    return out
+
+
+def cause_of_departure(model: TraceModel, r: int, failures: list[Failure]) -> Failure | None:
+    """The failed op a vanished rank had just before it went (blamed on others), if any:
+    the launcher killing survivors after a failure makes them consequences, not causes."""
+    rt = model.ranks.get(r)
+    if rt is None or not rt.exc:
+        return None
+    seen = model.last_seen(r)
+    for f in reversed(failures):
+        i = f.failed.get(r)
+        if i is not None and model.failed_ns(r, i) <= seen + SLACK_NS and r not in f.blame.culprits:
+            return f
+    return None

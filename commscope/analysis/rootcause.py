@@ -1,0 +1,193 @@
+"""One root cause, one error finding: fold the consequences of a fault into the finding of its cause.
+
+The detectors each see one symptom.  When rank 1 dies, rank 0 and 2's all_reduce fails
+(``op_failed``), they may crash on that exception (``rank_crashed``), or hang waiting
+for rank 1 (``missing_ranks``); all of these are consequences of rank 1's death.  The
+rules, applied to one snapshot of the model (so they hold at every moment of a live job):
+
+1. A collective mismatch is the root of everything at its instances: the ops that failed
+   there, and the ranks that died in it (Gloo aborts a process on mismatched sizes).
+2. Every finding says which ranks it shows as victims and whom they wait on
+   (``Finding.victims``).  A culprit that is itself a victim is followed to the ranks it
+   waits on, transitively (a cycle stops the walk: those ranks are each other's culprits).
+   A finding whose culprits lead elsewhere is a consequence of the finding that names
+   the ranks they lead to.  A victim whose blame is not known yet makes its finding a
+   consequence of the failure it waits to have explained, never a culprit.
+3. A rank that is dead or crashed is the root of every other finding that names it:
+   ``missing_ranks``, ``op_failed``, ``unmatched_p2p``.  A ``missing_ranks`` naming the
+   same ranks as an ``op_failed`` (the wait that then timed out) folds into it.
+
+A consequence is listed in its root's ``consequences`` evidence (kind, instance, ranks,
+message, per-rank exceptions), its victims join the root's waiting ranks, and the root's
+message says what followed.  Every error finding left then gets the stacks of its
+culprits and waiting ranks (``findings.attach_stacks``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from commscope.analysis.failures import instance_key
+from commscope.analysis.findings import ERROR, Finding, attach_stacks
+from commscope.analysis.model import TraceModel
+
+#: Which finding absorbs another naming the same culprits: earlier wins.
+PRIORITY = ["collective_mismatch", "rank_crashed", "dead_rank", "op_failed", "p2p_deadlock", "unmatched_p2p",
+            "missing_ranks"]
+_RANK = {k: i for i, k in enumerate(PRIORITY)}
+DEPARTED = ("rank_crashed", "dead_rank")
+
+
+def _consequence(f: Finding) -> dict[str, Any]:
+    d: dict[str, Any] = {"kind": f.kind, "group": f.group, "seq": f.seq, "op": f.op, "ranks": sorted(f.ranks),
+                         "culprits": sorted(f.culprits), "message": f.message, "ts": f.ts}
+    for k in ("failed", "waited_s", "exc", "signal", "blame", "later_failures"):
+        if k in f.evidence:
+            d[k] = f.evidence[k]
+    return d
+
+
+def _absorb(root: Finding, f: Finding) -> None:
+    root.evidence.setdefault("consequences", []).append(_consequence(f))
+    root.evidence["consequences"].extend(f.evidence.pop("consequences", []))
+    for v in f.victims:
+        if v not in root.culprits:
+            root.victims.setdefault(v, tuple(root.culprits))
+    root.instances = tuple(dict.fromkeys(root.instances + f.instances))
+
+
+def _say(c: dict[str, Any], root: Finding) -> str:
+    """One consequence in a few words: 'all_reduce #6 failed on ranks 0, 2'."""
+    where = f"{c['op']} #{c['seq']}" if c.get("op") and c.get("seq") is not None else c.get("op") or "an op"
+    hit = ", ".join(map(str, sorted(set(c["ranks"]) - set(root.culprits)) or c["ranks"]))
+    if c["kind"] == "op_failed":
+        return f"{where} failed on ranks {hit}"
+    if c["kind"] == "missing_ranks":
+        return f"ranks {hit} waited in {where}"
+    if c["kind"] == "rank_crashed":
+        return f"rank {', '.join(map(str, c['culprits']))} crashed on that failure"
+    if c["kind"] == "dead_rank":
+        return f"rank {', '.join(map(str, c['culprits']))} went away"
+    if c["kind"] == "unmatched_p2p":
+        return f"rank {hit} blocked in {where}"
+    return f"{c['kind']} {where}"
+
+
+def _summary(root: Finding) -> None:
+    cons = sorted(root.evidence.get("consequences") or [], key=lambda c: c.get("ts") or 0)
+    if not cons:
+        return
+    root.evidence["consequences"] = cons
+    parts = list(dict.fromkeys(_say(c, root) for c in cons))
+    more = f" and {len(parts) - 4} more" if len(parts) > 4 else ""
+    root.message += f". Then: {'; '.join(parts[:4])}{more}"
+
+
+def _departure_instances(model: TraceModel, f: Finding) -> tuple:
+    """The instances a dead or crashed rank was in when it went."""
+    r = f.culprits[0]
+    if r not in model.ranks:
+        return ()
+    return tuple(instance_key(model, r, i) for i in model.inflight(r))
+
+
+def resolve(model: TraceModel, findings: list[Finding], now: int,
+            mismatch_rows: dict[tuple[int, str, int], list[int]]) -> list[Finding]:
+    """Fold consequences into their root findings (see the module docstring)."""
+    errors = [f for f in findings if f.severity == ERROR]
+    rest = [f for f in findings if f.severity != ERROR]
+    gone: set[int] = set()
+    # 1. mismatches absorb what happened at their instances
+    mism = {("coll", 1 if f.evidence.get("src") == "fr" else 0, f.group, f.seq): f
+            for f in errors if f.kind == "collective_mismatch"}
+    by_group = {(k[1], k[2]): f for k, f in mism.items()}
+    keep: list[Finding] = []
+    for f in errors:
+        if f.kind == "collective_mismatch":
+            keep.append(f)
+            continue
+        insts = f.instances + (_departure_instances(model, f) if f.kind in DEPARTED else ())
+        target = None
+        for k in insts:
+            if k[0] == "coll" and (k[1], k[2], k[3]) in mismatch_rows:
+                target = by_group.get((k[1], k[2]))
+                break
+        if target is None and f.kind in DEPARTED:
+            target = next((m for m in mism.values() if f.culprits[0] in m.evidence.get("died_in_it", ())), None)
+        if target is not None:
+            _absorb(target, f)
+        else:
+            keep.append(f)
+    errors = keep
+    # 2. follow victims to the ranks they wait on
+    waits_on: dict[int, set[int]] = {}
+    for f in errors:
+        for v, on in f.victims.items():
+            waits_on.setdefault(v, set()).update(on)
+
+    def chase(c: int, path: frozenset[int]) -> set[int] | None:
+        if c in path or c not in waits_on:
+            return {c}
+        on = waits_on[c]
+        if not on:
+            return None  # its blame is not known yet
+        out: set[int] = set()
+        for x in on:
+            got = chase(x, path | {c})
+            if got is None:
+                return None
+            out |= got
+        return out
+
+    def roots_of(f: Finding) -> set[int] | None:
+        out: set[int] = set()
+        for c in f.culprits:
+            got = chase(c, frozenset())
+            if got is None:
+                return None
+            out |= got
+        return out
+
+    roots, consequences = [], []
+    for f in errors:
+        r = roots_of(f)
+        if r is not None and r == set(f.culprits):
+            roots.append(f)
+        else:
+            consequences.append((f, r))
+    roots.sort(key=lambda f: (_RANK.get(f.kind, 99), f.ts))
+    gone = {f.culprits[0] for f in roots if f.kind in DEPARTED}
+
+    def home(f: Finding, want: set[int] | None) -> Finding | None:
+        if want is None:  # waiting for its blame: belongs with the failure that will give it
+            return next((t for t in roots if t is not f and set(t.instances) & set(f.instances)), None)
+        if not want:
+            return None
+        return next((t for t in roots if t is not f and want <= set(t.culprits)), None) or \
+            next((t for t in roots if t is not f and t.kind in DEPARTED and set(t.culprits) & want), None)
+
+    for f, want in consequences:
+        t = home(f, want)
+        if t is not None:
+            _absorb(t, f)
+            continue
+        # no finding names its root yet: keep it, naming the roots instead of victims
+        f.evidence["named_through"] = sorted(f.culprits)
+        f.culprits = sorted(want or ())
+        roots.append(f)
+    # 3. departed ranks and timed-out waits absorb the findings that name them
+    final: list[Finding] = []
+    for f in roots:
+        target = None
+        if f.kind not in DEPARTED and f.kind != "collective_mismatch" and f.culprits and set(f.culprits) <= gone:
+            target = next(t for t in roots if t.kind in DEPARTED and t.culprits[0] in f.culprits)
+        elif f.kind == "missing_ranks":
+            target = next((t for t in roots if t.kind == "op_failed" and set(t.culprits) == set(f.culprits)), None)
+        if target is not None and target is not f:
+            _absorb(target, f)
+        else:
+            final.append(f)
+    for f in final:
+        _summary(f)
+        attach_stacks(model, f, now)
+    return sorted(final + rest, key=Finding.sort_key)

@@ -1,0 +1,96 @@
+"""Captured stacks as people read them: the user's frames, with the plumbing folded away.
+
+A stack captured inside ``dist.all_reduce`` is mostly torch's and commscope's wrapper
+frames (and, at the outer end, the launcher's); the line that matters is the user's
+own call.  ``fold`` keeps the user's frames (outermost first, like a traceback) and
+counts the rest, remembering the innermost folded function ("inside all_reduce").
+Frames are classified by file path only, so this works on stacks from any machine.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+#: File paths of frames that are plumbing, not the user's code: torch, commscope's own
+#: recorder, varlen toolkit and launchers, and the standard library (its thread, process
+#: and import machinery, and leaf calls like ``os.path.exists`` the user's frame is inside).
+_INTERNAL = re.compile(
+    r"[/\\]torch[/\\]|[/\\]commscope[/\\](record|varlen)[/\\]|[/\\]commscope[/\\]launch\.py$|"
+    r"[/\\]commscope[/\\]scenarios[/\\](runner|base)\.py$|[/\\]multiprocessing[/\\]|"
+    r"[/\\]lib[/\\]python3\.\d+[/\\](?!site-packages|dist-packages)|^<frozen |^<string>$")
+#: Names of decorator layers: "inside" names the first real function below the user's frame.
+_GENERIC = frozenset({"wrapper", "inner", "wrapped", "_fn", "decorate_context", "__call__", "_call_impl",
+                      "_wrapped_call_impl"})
+
+
+def is_internal(path: str) -> bool:
+    return bool(_INTERNAL.search(path or ""))
+
+
+class Frame(NamedTuple):
+    file: str
+    line: int
+    func: str
+
+    def text(self) -> str:
+        return f"{self.file}:{self.line} in {self.func}"
+
+
+def _frames(raw: Any) -> list[Frame]:
+    out = []
+    for f in raw or []:
+        if isinstance(f, list | tuple) and len(f) >= 3:
+            try:
+                out.append(Frame(str(f[0]), int(f[1]), str(f[2])))
+            except (TypeError, ValueError):
+                continue
+    return out
+
+
+def fold(name: Any, raw_frames: Any, keep_internal: int = 3) -> dict[str, Any]:
+    """One thread's frames as evidence: ``frames`` (the user's, outermost first, as
+    'file:line in func'), ``where`` (the innermost user frame: what the thread is doing),
+    ``inside`` (the function the user's frame called, e.g. 'all_reduce'), ``folded`` (how many
+    frames were left out).  A thread with no user frame keeps its innermost few."""
+    frames = _frames(raw_frames)
+    user = [f for f in frames if not is_internal(f.file)]
+    internal = [f for f in frames if is_internal(f.file)]
+    d: dict[str, Any] = {"thread": name}
+    if user:
+        d["frames"] = [f.text() for f in user]
+        d["where"] = user[-1].text()
+        last_user = max(i for i, f in enumerate(frames) if not is_internal(f.file))
+        inner = [f.func for f in frames[last_user + 1:]]
+        named = [f for f in inner if f not in _GENERIC]
+        if inner:
+            d["inside"] = (named or inner)[0]
+        d["folded"] = len(internal)
+    else:
+        kept = frames[-keep_internal:]
+        d["frames"] = [f.text() for f in kept]
+        d["where"] = kept[-1].text() if kept else None
+        d["folded"] = len(frames) - len(kept)
+    return d
+
+
+def main_threads(stack_event: dict) -> list[dict]:
+    """The threads worth showing from a ``stack`` event: the one in the op (or, for
+    request and crash captures, the main/crashing thread), else the first."""
+    threads = [t for t in stack_event.get("threads") or [] if isinstance(t, dict)]
+    return [t for t in threads if t.get("op_thread")] or threads[:1]
+
+
+def view(stack_event: dict) -> list[dict]:
+    """A ``stack`` event as folded thread views (see ``fold``)."""
+    return [fold(t.get("name"), t.get("frames")) for t in main_threads(stack_event)]
+
+
+def one_line(threads: list[dict] | None) -> str | None:
+    """'train.py:42 in step (inside all_reduce)' for the first thread of a view."""
+    if not threads:
+        return None
+    t = threads[0]
+    if not t.get("where"):
+        return None
+    return t["where"] + (f" (inside {t['inside']})" if t.get("inside") else "")

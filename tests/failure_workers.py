@@ -1,0 +1,174 @@
+"""Rank functions for the failure end-to-end tests (module level: pickled by reference).
+
+Faults happen at a fixed step, after ``flush()`` so what came before is in the store.
+Where a test must look at the job while it is broken, the ranks wait for a release file
+the test creates once it has seen what it needs (no sleeps as synchronisation).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from datetime import timedelta
+
+SAMPLE = 0.2
+FAULT_STEP = 5
+LIMIT = 60.0
+
+
+def start(store: str, hang_after: float) -> None:
+    import commscope
+
+    commscope.instrument(store, hang_after=hang_after, sample_interval=SAMPLE)
+
+
+def flush() -> None:
+    from commscope.record.recorder import active
+
+    rec = active()
+    if rec is not None:
+        rec.flush(timeout=2.0)
+
+
+def released(path: str) -> bool:
+    return os.path.exists(path)
+
+
+def wait_release(path: str) -> None:
+    end = time.monotonic() + LIMIT
+    while not released(path) and time.monotonic() < end:
+        time.sleep(0.05)
+
+
+def finish() -> None:
+    import commscope
+
+    commscope.uninstrument()
+
+
+def _loop(rank: int, fault, steps: int = 400, group=None) -> None:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(8)
+    for step in range(steps):
+        if step == FAULT_STEP:
+            fault(rank)
+        dist.all_reduce(t, group=group)
+        t.fill_(1.0)
+
+
+def quick_group(seconds: float):
+    """A group over every rank whose ops time out after ``seconds``.  Created with the default
+    group's long timeout (creating it is itself a store barrier that a slow start under load
+    must not trip), then shortened."""
+    import torch.distributed as dist
+
+    group = dist.new_group()
+    group.set_timeout(timedelta(seconds=seconds))
+    return group
+
+
+def killed(rank: int, ws: int, store: str, release: str) -> None:
+    """Rank 1 is killed with SIGKILL mid-loop; the others' all_reduce fails."""
+    start(store, 2.0)
+
+    def fault(r: int) -> None:
+        if r == 1:
+            flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    try:
+        _loop(rank, fault)
+    except RuntimeError:
+        wait_release(release)
+    finish()
+
+
+def segfault(rank: int, ws: int, store: str, release: str) -> None:
+    """Rank 1 dereferences a null pointer mid-loop."""
+    start(store, 2.0)
+
+    def parse_record(r: int) -> None:
+        if r == 1:
+            flush()
+            ctypes.string_at(0)
+
+    try:
+        _loop(rank, parse_record)
+    except RuntimeError:
+        wait_release(release)
+    finish()
+
+
+def spin_in_python(release: str) -> int:
+    """Busy pure-Python work that never calls into torch.distributed (the culprit's frame).
+
+    It looks for the release file only twice a second: a loop of short calls that release
+    the GIL (like ``os.stat``) starves every other thread of the process in CPython, the
+    recorder's included, and the rank would look dead."""
+    n = 0
+    look = time.monotonic() + 0.5
+    while True:
+        for _ in range(20_000):
+            n += 1
+        if time.monotonic() > look:
+            if os.path.exists(release):
+                return n
+            look = time.monotonic() + 0.5
+
+
+def spinning(rank: int, ws: int, store: str, release: str, hang_after: float, timeout: float | None = None) -> None:
+    """Rank 1 spins in Python while the others wait in all_reduce, or time out on it after
+    ``timeout`` seconds."""
+    start(store, hang_after)
+    group = quick_group(timeout) if timeout else None
+
+    def fault(r: int) -> None:
+        if r == 1:
+            spin_in_python(release)
+
+    try:
+        _loop(rank, fault, steps=FAULT_STEP + 1, group=group)
+    except RuntimeError:
+        wait_release(release)
+    wait_release(release)
+    finish()
+
+
+def late_barrier(rank: int, ws: int, store: str, release: str, monitored: bool) -> None:
+    """Rank 1 reaches the barrier only after the test releases it: the others time out."""
+    import torch.distributed as dist
+
+    start(store, 60.0)
+    quick = None if monitored else quick_group(1.0)
+    dist.barrier()
+    if rank == 1:
+        wait_release(release)
+    try:
+        if monitored:
+            dist.monitored_barrier(timeout=timedelta(seconds=1))
+        else:
+            dist.barrier(group=quick)
+    except RuntimeError:
+        wait_release(release)
+    finish()
+
+
+def healthy(rank: int, ws: int, store: str) -> None:
+    """A slow-but-progressing rank, ranks leaving at different times, destroy_process_group."""
+    import torch
+    import torch.distributed as dist
+
+    start(store, 2.0)
+    t = torch.ones(8)
+    for _ in range(10):
+        if rank == ws - 1:
+            time.sleep(0.3)  # the slow rank: late every step, never past hang_after
+        dist.all_reduce(t)
+    dist.barrier()
+    time.sleep(0.4 * rank)  # ranks finish at different times
+    dist.destroy_process_group()
+    finish()

@@ -1,0 +1,358 @@
+"""diagnose() on failures: crashed and killed ranks, failed ops, one root cause per incident.
+
+Every scenario is replayed the way a live console sees it: events arrive in time order in
+small batches and the trace is judged after each one, at that moment.  At no moment may
+an error finding name a rank other than the culprit; at the end exactly the root cause
+remains, with its consequences as evidence.
+"""
+
+from __future__ import annotations
+
+import json
+
+from commscope.analysis import TraceModel, diagnose
+from commscope.analysis.errors import LOCAL, NAMED, PEER_GONE, RELAYED, TIMEOUT, classify
+from commscope.analysis.stacks import fold
+from commscope.analysis.synth import S, TraceBuilder
+
+MS = 1_000_000
+CLOSED = ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+          "[127.0.0.1]:17102. This is typically caused by a remote worker crashing.")
+RESET = "RuntimeError: [../pair.cc:537] Read error [127.0.0.1]:58529: Connection reset by peer."
+TIMED_OUT = "RuntimeError: [../unbound_buffer.cc:78] Timed out waiting 1000ms for recv operation to complete"
+MONITORED = ("RuntimeError: [Rank 0]: Rank 1 failed to pass monitoredBarrier in 1000 ms\n Original exception: \n"
+             "[../unbound_buffer.cc:78] Timed out waiting 998ms for recv operation to complete")
+RELAY = ("RuntimeError: Rank 2 successfully reached monitoredBarrier, but received errors while waiting for "
+         "send/recv from rank 0. Please check rank 0 logs for faulty rank.\n Original exception: \n" + CLOSED)
+
+
+def warmup(b: TraceBuilder, n: int = 3) -> int:
+    t = b.t0 + S // 10
+    for _ in range(n):
+        t = b.collective(t, "all_reduce") + MS
+    return t
+
+
+def stack(func: str, line: int = 30, *, inside: bool = False) -> list[dict]:
+    frames = [["/job/train.py", 100, "<module>"], ["/job/train.py", line, func]]
+    if inside:
+        frames += [["/venv/lib/python3.11/site-packages/commscope/record/patch.py", 80, "wrapper"],
+                   ["/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 2500, "all_reduce"]]
+    return [{"tid": 1, "name": "MainThread", "op_thread": True, "frames": frames},
+            {"tid": 2, "name": "loader", "frames": [["/job/data.py", 5, "load"]]}]
+
+
+def replay(b: TraceBuilder, culprits: set[int], hang_after: float = 2.0, step: int = 7, end: int | None = None):
+    """Feed the events in time order, diagnose after every batch (at that batch's time) and
+    check no error finding ever names a rank outside ``culprits``.  Returns the model and
+    the findings at the end (judged at ``end``, default the trace's last timestamp)."""
+    events = sorted(b.events, key=lambda e: e["ts"])
+    m = TraceModel()
+    for k in range(0, len(events), step):
+        batch = events[k:k + step]
+        m.ingest(batch)
+        now = batch[-1]["ts"]
+        for f in diagnose(m, now=now, hang_after=hang_after):
+            json.dumps(f.to_json())
+            if f.severity == "error":
+                assert set(f.culprits) <= culprits, (now - b.t0, f.to_json())
+    f = diagnose(m, now=end, hang_after=hang_after)
+    for x in f:
+        json.dumps(x.to_json())
+    return m, f
+
+
+def errors(findings):
+    return [(f.kind, f.culprits) for f in findings if f.severity == "error"]
+
+
+# ---------------------------------------------------------------------- text rules
+def test_exception_texts_are_classified():
+    assert classify(CLOSED).kind == PEER_GONE and classify(RESET).kind == PEER_GONE
+    assert classify(TIMED_OUT).kind == TIMEOUT
+    assert classify(MONITORED) == (NAMED, (1,))
+    assert classify("[Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 5000 ms") == (NAMED, (1, 3))
+    assert classify(RELAY) == (RELAYED, (0,))
+    assert classify("RuntimeError: ProcessGroupGloo::allgather: invalid tensor size at index 0").kind == LOCAL
+
+
+def test_stacks_fold_the_plumbing_and_keep_user_frames():
+    v = fold("MainThread", stack("step", 42, inside=True)[0]["frames"])
+    assert v["frames"] == ["/job/train.py:100 in <module>", "/job/train.py:42 in step"]
+    assert v["where"] == "/job/train.py:42 in step" and v["inside"] == "all_reduce" and v["folded"] == 2
+    demo = fold("MainThread", [["/x/commscope/scenarios/runner.py", 5, "_rank_main"],
+                               ["/x/commscope/scenarios/workloads.py", 9, "dead_rank"]])
+    assert demo["where"] == "/x/commscope/scenarios/workloads.py:9 in dead_rank"  # demo workloads are user code
+
+
+# ---------------------------------------------------------------------- a rank killed
+def _killed(b: TraceBuilder, victim: int, *, entered: bool, survivors_exit: bool | None) -> int:
+    t = warmup(b)
+    b.heartbeats(b.t0, t)
+    others = [r for r in range(b.world) if r != victim]
+    if entered:
+        b.begin(victim, t, "all_reduce")
+    ids = {r: b.begin(r, t + MS, "all_reduce") for r in others}
+    tf = t + 20 * MS
+    for k, r in enumerate(others):
+        b.end(r, ids[r], tf + k * MS, exc=CLOSED if k % 2 == 0 else RESET)
+    if survivors_exit is None:  # they hang on, alive
+        b.heartbeats(tf + 2 * MS, tf + 6 * S, ranks=others)
+    elif survivors_exit:
+        for r in others:
+            b.exit(r, tf + 50 * MS, reason="exception", exc=CLOSED)
+    return tf
+
+
+def test_sigkill_survivors_hang_on():
+    b = TraceBuilder(3)
+    _killed(b, 1, entered=False, survivors_exit=None)
+    m, f = replay(b, {1})
+    assert errors(f) == [("dead_rank", [1])]
+    dead = f[0]
+    assert dead.evidence["how"] == "vanished"
+    cons = dead.evidence["consequences"]
+    assert [c["kind"] for c in cons] == ["op_failed"] and sorted(cons[0]["failed"]) == ["0", "2"]
+    assert {"0", "2"} <= set(dead.evidence["stack_info"])  # the waiting ranks have a say
+    assert "gone" in dead.evidence["stack_info"]["1"]["missing"]
+
+
+def test_sigkill_inside_the_collective_and_everyone_gone_at_the_end():
+    """The killed rank had entered the all_reduce; the survivors die right after (a launcher
+    tearing the job down), so the trace ends with every rank silent together."""
+    b = TraceBuilder(3)
+    _killed(b, 1, entered=True, survivors_exit=False)
+    _, f = replay(b, {1})
+    assert errors(f) == [("dead_rank", [1])]
+    _, f = replay(b, {1}, end=b.events[-1]["ts"] + 60 * S)  # a live console long after: the same
+    assert errors(f) == [("dead_rank", [1])]
+
+
+def test_survivors_crash_on_the_failure_they_saw():
+    b = TraceBuilder(3)
+    _killed(b, 1, entered=False, survivors_exit=True)
+    _, f = replay(b, {1})
+    assert errors(f) == [("dead_rank", [1])]
+    kinds = sorted(c["kind"] for c in f[0].evidence["consequences"])
+    assert kinds == ["op_failed", "rank_crashed", "rank_crashed"]
+
+
+def test_four_ranks_blame_waits_until_the_bystander_is_heard_from():
+    """Ranks 0 and 2 fail when rank 3 is killed; rank 1 sits in the same all_reduce and says
+    nothing for a moment.  Until it does, either could have left: nobody is named."""
+    b = TraceBuilder(4)
+    t = warmup(b)
+    b.heartbeats(b.t0, t)
+    ids = {r: b.begin(r, t + MS, "all_reduce") for r in (0, 1, 2)}
+    tf = t + 20 * MS
+    b.end(0, ids[0], tf, exc=CLOSED)
+    b.end(2, ids[2], tf + MS, exc=CLOSED)
+    m = TraceModel.from_events(sorted(b.events, key=lambda e: e["ts"]))
+    f = diagnose(m, now=tf + 10 * MS, hang_after=2.0)
+    assert errors(f) == [("op_failed", [])]
+    assert f[0].evidence["blame"]["reason"] == "pending"
+    b.heartbeats(tf + 300 * MS, tf + 5 * S, ranks=[0, 1, 2])
+    _, f = replay(b, {3})
+    assert errors(f) == [("dead_rank", [3])]
+
+
+# ---------------------------------------------------------------------- a rank raising, crashing
+def test_python_exception_is_the_root_and_the_others_failures_its_consequence():
+    b = TraceBuilder(3)
+    t = warmup(b)
+    b.heartbeats(b.t0, t)
+    b.add(1, t + MS, "stack", reason="exception", threads=[dict(stack("load_batch", 77)[0])])
+    b.exit(1, t + 2 * MS, reason="exception", exc="ValueError: bad data")
+    ids = {r: b.begin(r, t, "all_reduce") for r in (0, 2)}
+    for r in (0, 2):
+        b.end(r, ids[r], t + 10 * MS, exc=CLOSED)
+        b.exit(r, t + 20 * MS, reason="exception", exc=CLOSED)
+    _, f = replay(b, {1})
+    assert errors(f) == [("rank_crashed", [1])]
+    x = f[0]
+    assert x.evidence["exc"] == "ValueError: bad data"
+    assert x.evidence["culprit_where"] == "/job/train.py:77 in load_batch"
+    assert "after all_reduce #3" in x.message
+    assert sorted(c["kind"] for c in x.evidence["consequences"]) == ["op_failed", "rank_crashed", "rank_crashed"]
+
+
+def test_segfault_is_rank_crashed_with_its_signal_and_stack():
+    b = TraceBuilder(3)
+    t = warmup(b)
+    b.heartbeats(b.t0, t)
+    b.add(1, t + MS, "stack", reason="signal", threads=[dict(stack("parse", 12)[0])])
+    b.exit(1, t + MS, reason="signal", signal="Segmentation fault", exc="Fatal Python error: Segmentation fault")
+    ids = {r: b.begin(r, t, "all_reduce") for r in (0, 2)}
+    for r in (0, 2):
+        b.end(r, ids[r], t + 5 * MS, exc=CLOSED)
+    b.heartbeats(t + 10 * MS, t + 3 * S, ranks=[0, 2])
+    m, f = replay(b, {1})
+    assert errors(f) == [("rank_crashed", [1])]
+    assert f[0].evidence["signal"] == "Segmentation fault"
+    assert f[0].evidence["stacks"]["1"][0]["where"] == "/job/train.py:12 in parse"
+    assert m.state(1, m.end_ns).kind == "crashed"
+
+
+def test_local_failure_then_crash_is_one_finding():
+    b = TraceBuilder(3)
+    t = warmup(b)
+    b.heartbeats(b.t0, t)
+    i = b.begin(1, t, "all_gather")
+    exc = "RuntimeError: ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected (12), got (8))"
+    b.end(1, i, t + MS, exc=exc)
+    b.exit(1, t + 3 * MS, reason="exception", exc=exc)
+    ids = {r: b.begin(r, t, "all_gather") for r in (0, 2)}
+    for r in (0, 2):
+        b.end(r, ids[r], t + 9 * MS, exc=CLOSED)
+    b.heartbeats(t + 10 * MS, t + 3 * S, ranks=[0, 2])
+    _, f = replay(b, {1})
+    assert errors(f) == [("rank_crashed", [1])]
+    assert "in all_gather #4" in f[0].message
+
+
+# ---------------------------------------------------------------------- a rank that never arrives
+def test_spinning_rank_shows_its_current_frame():
+    b = TraceBuilder(3)
+    t = warmup(b)
+    for r in (0, 2):
+        b.sync(r, t, None, "all_reduce")
+        b.add(r, t + 2 * S + 10 * MS, "stack", id=b._ids[r], threads=stack("step", 42, inside=True))
+    for r in range(3):
+        b.add(r, t + 2 * S + 300 * MS, "stack", reason="request", trigger=0, request_ns=t + 2 * S + 20 * MS,
+              threads=stack("spin_forever", 9) if r == 1 else stack("step", 42, inside=True))
+    b.heartbeats(b.t0, t + 4 * S)
+    _, f = replay(b, {1})
+    assert errors(f) == [("missing_ranks", [1])]
+    x = f[0]
+    assert x.evidence["culprit_where"] == "/job/train.py:9 in spin_forever"
+    assert list(x.evidence["stacks"])[0] == "1"  # the culprit first
+    assert x.evidence["stacks"]["0"][0]["inside"] == "all_reduce"
+    info = x.evidence["stack_info"]["1"]
+    assert info["role"] == "culprit" and info["captured_ns"] == t + 2 * S + 300 * MS
+    assert info["reason"] == "request" and info["requested_by"] == 0 and info["age_s"] > 1
+
+
+def test_pg_timeout_blames_the_rank_that_had_not_arrived():
+    b = TraceBuilder(3)
+    t = warmup(b)
+    ids = {r: b.begin(r, t, "all_reduce") for r in (0, 2)}
+    b.add(1, t + 3 * S + 400 * MS, "stack", reason="request", trigger=0, request_ns=t + 3 * S + 100 * MS,
+          threads=stack("spin_forever", 9))
+    for r in (0, 2):
+        b.end(r, ids[r], t + 3 * S + r * MS, exc=TIMED_OUT)
+    late = b.begin(1, t + 5 * S, "all_reduce")  # it finally arrives, at an instance already broken
+    b.end(1, late, t + 5 * S + MS, exc=CLOSED)
+    b.heartbeats(b.t0, t + 6 * S)
+    _, f = replay(b, {1}, hang_after=1.0)
+    assert errors(f) == [("op_failed", [1])]
+    x = f[0]
+    assert x.evidence["blame"]["reason"] == "absent" and sorted(x.evidence["failed"]) == ["0", "1", "2"]
+    assert x.evidence["culprit_where"] == "/job/train.py:9 in spin_forever"
+    _, f = replay(b, {1}, hang_after=60.0)  # hang_after far beyond the timeout: the failure still counts
+    assert errors(f) == [("op_failed", [1])]
+
+
+def test_monitored_barrier_names_the_absent_rank():
+    b = TraceBuilder(3)
+    t = warmup(b)
+    ids = {r: b.begin(r, t, "monitored_barrier") for r in (0, 2)}
+    b.end(0, ids[0], t + S, exc=MONITORED)
+    b.end(2, ids[2], t + S + 2 * MS, exc=RELAY)
+    b.heartbeats(b.t0, t + 3 * S)
+    _, f = replay(b, {1}, hang_after=60.0)
+    assert errors(f) == [("op_failed", [1])]
+    assert f[0].evidence["blame"]["reason"] == "named" and f[0].op == "monitored_barrier"
+
+
+def test_p2p_recv_timeout_blames_the_peer_that_never_sent():
+    b = TraceBuilder(2)
+    t = warmup(b)
+    i = b.begin(0, t, "recv", peer=1, dir="recv")
+    b.end(0, i, t + S, exc=TIMED_OUT)
+    b.heartbeats(b.t0, t + 2 * S)
+    _, f = replay(b, {1}, hang_after=60.0)
+    assert errors(f) == [("op_failed", [1])]
+
+
+# ---------------------------------------------------------------------- mismatches that kill
+def _mismatch_abort(b: TraceBuilder, *, recorded: bool) -> None:
+    t = warmup(b)
+    b.heartbeats(b.t0, t)
+    if recorded:
+        b.begin(0, t, "all_reduce", shape=(1000,))
+    b.add(0, t + 3 * MS, "stack", reason="signal", threads=[dict(stack("step", 42, inside=True)[0])])
+    b.exit(0, t + 3 * MS, reason="signal", signal="Aborted", exc="Fatal Python error: Aborted")
+    ids = {1: b.begin(1, t, "all_reduce", shape=(100000,)), 2: b.begin(2, t, "all_reduce", shape=(1000,))}
+    for r in (1, 2):
+        b.end(r, ids[r], t + 5 * MS, exc=RESET)
+    b.heartbeats(t + 10 * MS, t + 3 * S, ranks=[1, 2])
+
+
+def test_mismatch_that_kills_a_rank_is_the_root_cause():
+    b = TraceBuilder(3)
+    _mismatch_abort(b, recorded=True)
+    _, f = replay(b, {1})
+    assert errors(f) == [("collective_mismatch", [1])]
+    kinds = sorted(c["kind"] for c in f[0].evidence["consequences"])
+    assert kinds == ["op_failed", "rank_crashed"]
+
+
+def test_mismatch_whose_dead_rank_never_recorded_its_call_names_no_innocent():
+    b = TraceBuilder(3)
+    _mismatch_abort(b, recorded=False)
+    _, f = replay(b, {1})
+    assert errors(f) == [("collective_mismatch", [])]
+    assert f[0].evidence["died_in_it"] == [0] and "cannot be told" in f[0].message
+
+
+# ---------------------------------------------------------------------- health and stacks
+def test_ranks_exiting_at_different_times_are_healthy():
+    b = TraceBuilder(3)
+    t = warmup(b, 6)
+    for r in range(3):
+        b.heartbeats(b.t0, t + r * 700 * MS, ranks=[r])
+        b.exit(r, t + r * 700 * MS + MS, reason="destroy_process_group")
+    _, f = replay(b, set(), step=3)
+    assert f == []
+    _, f = replay(b, set(), end=t + 3600 * S)
+    assert f == []
+
+
+def test_slow_progressing_rank_is_healthy():
+    b = TraceBuilder(3)
+    t = b.t0 + S // 10
+    for _ in range(8):
+        t = b.collective(t, "all_reduce", skew={2: 900 * MS}) + MS
+    b.heartbeats(b.t0, t)
+    _, f = replay(b, set())
+    assert errors(f) == []
+
+
+def test_unanswered_stack_request_says_the_rank_cannot_run_python():
+    b = TraceBuilder(3)
+    t = warmup(b)
+    for r in (0, 2):
+        b.sync(r, t, None, "all_reduce")
+        b.add(r, t + 2 * S + 300 * MS, "stack", reason="request", trigger=0, request_ns=t + 2 * S + 20 * MS,
+              threads=stack("step", 42, inside=True))
+    b.heartbeats(b.t0, t + 8 * S, ranks=[0, 2])
+    b.heartbeats(b.t0, t + 8 * S, ranks=[1])  # its heartbeat runs, but its threads never answer
+    _, f = replay(b, {1})
+    assert errors(f) == [("missing_ranks", [1])]
+    assert "GIL" in f[0].evidence["stack_info"]["1"]["missing"]
+
+
+def test_mismatch_names_nobody_until_the_last_call_is_in():
+    b = TraceBuilder(3)
+    t = warmup(b)
+    b.sync(0, t, None, "all_reduce")
+    b.sync(1, t + MS, None, "broadcast", root=0)
+    b.heartbeats(b.t0, t + 2 * S)
+    m = TraceModel.from_events(sorted(b.events, key=lambda e: e["ts"]))
+    f = diagnose(m, now=t + 2 * S, hang_after=60.0)
+    assert errors(f) == [("collective_mismatch", [])]
+    assert f[0].evidence["undecided"] == {"died_in_it": [], "not_yet": [2]}
+    b.sync(2, t + 2 * S + MS, None, "all_reduce")
+    b.heartbeats(t + 2 * S, t + 3 * S)
+    _, f = replay(b, {1}, hang_after=60.0)
+    assert errors(f) == [("collective_mismatch", [1])]

@@ -1,0 +1,228 @@
+"""Failures on real Gloo ranks: one root cause, named while the job is live and on the trace it leaves.
+
+Every test polls the store from this process the way the live console does (incremental
+ingest, wall-clock ``now``) and checks at *every* poll that no error finding names a
+rank other than the culprit.  Once the root cause shows (alone), the test releases the
+job (or kills it) and runs ``commscope check --json`` on the finished trace, which must
+report exactly that finding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import failure_workers as W
+import pytest
+
+from commscope.analysis import Finding, TraceModel, diagnose
+from commscope.analysis.source import open_source
+from commscope.cli import main as cli
+from commscope.launch import Job, free_port
+
+pytestmark = pytest.mark.timeout(150)
+LIMIT = 60.0
+
+
+class Follow:
+    """Tails a live store like the console and checks every poll's error findings."""
+
+    def __init__(self, store: str, culprits: set[int], hang_after: float):
+        self.store, self.culprits, self.hang_after = store, culprits, hang_after
+        self.model = TraceModel()
+        self.reader = None
+        self.polls = 0
+        self.last: list[Finding] = []
+
+    def poll(self) -> list[Finding]:
+        if self.reader is None:
+            try:
+                self.reader = open_source(self.store)
+            except Exception:
+                return []
+        self.model.ingest(self.reader.poll())
+        self.last = diagnose(self.model, now=time.time_ns(), hang_after=self.hang_after)
+        self.polls += 1
+        for f in self.last:
+            if f.severity == "error":
+                assert set(f.culprits) <= self.culprits, ("an error finding names a victim", f.to_json())
+        return self.last
+
+    def until(self, want, alive) -> Finding:
+        """Poll until ``want(findings)`` gives a finding while the job is still alive."""
+        end = time.monotonic() + LIMIT
+        while time.monotonic() < end:
+            time.sleep(0.2)
+            hit = want(self.poll())
+            if hit is not None:
+                assert alive(), "the job should still be running when diagnosed"
+                return hit
+            if self.reader is not None and not alive():
+                break
+        raise AssertionError(f"not diagnosed live; findings: {[f.to_json() for f in self.last]}")
+
+    def while_alive(self, alive) -> None:
+        end = time.monotonic() + LIMIT
+        while alive() and time.monotonic() < end:
+            time.sleep(0.2)
+            self.poll()
+        self.poll()
+
+
+def only(kind: str, culprit: int, check=lambda f: True):
+    """The finding, when it is the only error finding, of that kind, naming that culprit."""
+    def pick(findings):
+        errors = [f for f in findings if f.severity == "error"]
+        if len(errors) == 1 and errors[0].kind == kind and errors[0].culprits == [culprit] and check(errors[0]):
+            return errors[0]
+        return None
+    return pick
+
+
+def where_has(func: str):
+    return lambda f: func in (f.evidence.get("culprit_where") or "")
+
+
+def finished(store: str, capsys) -> dict:
+    """``commscope check --json`` on the trace the job left."""
+    capsys.readouterr()
+    code = cli(["check", store, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    errors = [f for f in out["findings"] if f["severity"] == "error"]
+    assert code == (1 if errors else 0)
+    return out
+
+
+def errors_of(out: dict) -> list[tuple[str, list[int]]]:
+    return [(f["kind"], f["culprits"]) for f in out["findings"] if f["severity"] == "error"]
+
+
+def run_job(tmp_path, fn, extra: tuple = (), *, pg_timeout: float, hang_after: float, want,
+            culprit: int = 1, kill: bool = False, world: int = 3):
+    store, release = str(tmp_path / "trace"), str(tmp_path / "release")
+    job = Job(fn, world, args=(store, release, *extra), pg_timeout=pg_timeout).start()
+    try:
+        follow = Follow(store, {culprit}, hang_after)
+        live = follow.until(want, lambda: bool(job.alive()))
+        if kill:
+            follow.poll()
+            time.sleep(3 * W.SAMPLE)  # a few more heartbeats: the trace shows the hang going on
+            job.kill()
+        else:
+            Path(release).touch()
+            follow.while_alive(lambda: bool(job.alive()))
+            job.join(30)
+    finally:
+        job.kill()
+    return live, follow, store
+
+
+def test_rank_killed_with_sigkill(tmp_path, capsys):
+    live, _, store = run_job(tmp_path, W.killed, pg_timeout=60, hang_after=2.0, want=only("dead_rank", 1))
+    assert live.evidence["how"] == "vanished"
+    out = finished(store, capsys)
+    assert errors_of(out) == [("dead_rank", [1])]
+    (dead,) = out["findings"]
+    cons = dead["evidence"]["consequences"]
+    assert [c["kind"] for c in cons] == ["op_failed"] and sorted(cons[0]["failed"]) == ["0", "2"]
+    assert "Connection" in cons[0]["failed"]["0"]["exc"]
+
+
+def test_rank_raising_a_python_exception(tmp_path, capsys):
+    """A plain script per rank, so the exception takes the interpreter's own path."""
+    store, release = str(tmp_path / "trace"), str(tmp_path / "release")
+    script = str(Path(__file__).with_name("raising_rank.py"))
+    port = free_port()
+    root = str(Path(__file__).resolve().parents[1])
+    procs = [subprocess.Popen([sys.executable, script, store, release], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env=dict(
+                                  os.environ, RANK=str(r), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1",
+                                  MASTER_PORT=str(port), COMMSCOPE_JOB="raising",
+                                  PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])))
+             for r in range(3)]
+
+    def alive() -> bool:
+        return any(p.poll() is None for p in procs)
+
+    try:
+        follow = Follow(store, {1}, 2.0)
+        live = follow.until(only("rank_crashed", 1, where_has("load_batch")), alive)
+        assert live.evidence["exc"].startswith("ValueError: corrupt record")
+        Path(release).touch()
+        follow.while_alive(alive)
+        codes = [p.wait(30) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert codes == [1, 1, 1]  # every rank died of an uncaught exception
+    out = finished(store, capsys)
+    assert errors_of(out) == [("rank_crashed", [1])]
+    (crash,) = out["findings"]
+    assert crash["evidence"]["culprit_where"].endswith("raising_rank.py:24 in load_batch")
+    kinds = sorted(c["kind"] for c in crash["evidence"]["consequences"])
+    assert kinds == ["op_failed", "rank_crashed", "rank_crashed"]  # ranks 0 and 2 died of the failure it caused
+
+
+def test_rank_segfaults(tmp_path, capsys):
+    live, _, store = run_job(tmp_path, W.segfault, pg_timeout=60, hang_after=2.0,
+                             want=only("rank_crashed", 1, where_has("parse_record")))
+    assert live.evidence["signal"] == "Segmentation fault"
+    out = finished(store, capsys)
+    assert errors_of(out) == [("rank_crashed", [1])]
+    ev = out["findings"][0]["evidence"]
+    assert ev["signal"] == "Segmentation fault" and "parse_record" in ev["culprit_where"]
+    assert ev["stacks"]["1"][0]["inside"] == "string_at"
+
+
+def test_rank_spinning_in_python_is_shown_where_it_spins(tmp_path, capsys):
+    live, follow, store = run_job(tmp_path, W.spinning, (2.0,), pg_timeout=300, hang_after=2.0,
+                                  want=only("missing_ranks", 1, where_has("spin_in_python")), kill=True)
+    info = live.evidence["stack_info"]
+    assert info["1"]["role"] == "culprit" and info["1"]["reason"] == "request"
+    assert info["0"]["role"] == "waiting" and live.evidence["stacks"]["0"][0]["inside"] == "all_reduce"
+    out = finished(store, capsys)  # killed while hung: judged at the trace's end
+    assert errors_of(out) == [("missing_ranks", [1])]
+    assert "spin_in_python" in out["findings"][0]["evidence"]["culprit_where"]
+
+
+def test_group_timeout_while_a_rank_spins(tmp_path, capsys):
+    """The waiting ranks' all_reduce times out (3 s) long before hang_after (30 s): the
+    failure itself asks every rank for its stack."""
+    live, _, store = run_job(tmp_path, W.spinning, (30.0, 3.0), pg_timeout=60, hang_after=30.0,
+                             want=only("op_failed", 1, where_has("spin_in_python")))
+    assert live.evidence["blame"]["reason"] == "absent"
+    out = finished(store, capsys)
+    assert errors_of(out) == [("op_failed", [1])]
+    ev = out["findings"][0]["evidence"]
+    assert ev["blame"]["reason"] == "absent" and "spin_in_python" in ev["culprit_where"]
+    assert {"0", "2"} <= set(ev["failed"])
+
+
+@pytest.mark.parametrize("monitored", [False, True], ids=["barrier", "monitored_barrier"])
+def test_barrier_timeout_names_the_absent_rank(tmp_path, capsys, monitored):
+    op = "monitored_barrier" if monitored else "barrier"
+    live, _, store = run_job(tmp_path, W.late_barrier, (monitored,), pg_timeout=60, hang_after=60.0, want=only("op_failed", 1, lambda f: f.op == op))
+    assert live.evidence["blame"]["reason"] == ("named" if monitored else "absent")
+    out = finished(store, capsys)
+    assert errors_of(out) == [("op_failed", [1])]
+    assert out["findings"][0]["op"] == op
+
+
+def test_healthy_job_never_shows_an_error(tmp_path, capsys):
+    """A slow-but-progressing rank, ranks leaving at different times, destroy_process_group."""
+    store = str(tmp_path / "trace")
+    job = Job(W.healthy, 3, args=(store,), pg_timeout=60).start()
+    try:
+        follow = Follow(store, set(), 2.0)
+        follow.while_alive(lambda: bool(job.alive()))
+        results = job.join(30)
+    finally:
+        job.kill()
+    assert all(r.ok for r in results.values()), results
+    assert follow.polls > 5
+    out = finished(store, capsys)
+    assert errors_of(out) == []
