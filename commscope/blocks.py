@@ -38,7 +38,7 @@ BLOCK = "block"
 SITE = "site"
 
 # Record types
-BEGIN, END, WAIT_BEGIN, WAIT_END, DONE, RBEGIN, SOURCE = 1, 2, 3, 4, 5, 6, 7
+BEGIN, END, WAIT_BEGIN, WAIT_END, DONE, RBEGIN, SOURCE, SIG, BEGIN_SIG = 1, 2, 3, 4, 5, 6, 7, 8, 9
 # Begin roles
 TOP, MERGED, ANNOTATED, NESTED, CHILD, LOGICAL = range(6)
 # Flags
@@ -53,6 +53,7 @@ BEGIN_BODY = struct.Struct("<QQiiiiqiihBbHHIIqq")
 DONE_BODY = struct.Struct("<q")
 SOURCE_BODY = struct.Struct("<iq")
 RBEGIN_BODY = struct.Struct("<QQiiqH")
+SIG_BEGIN_BODY = struct.Struct("<IqQQ")
 _U16 = struct.Struct("<H")
 
 #: The c10d operators the native recorder observes, in opcode order, with the name of the
@@ -118,6 +119,8 @@ class BlockDecoder:
         self.invalid: Counter = Counter()  # records (or whole blocks) that could not be decoded, by reason
         self._static: dict[bytes, tuple[dict, int] | None] = {}  # begin's static bytes -> (fields, sk)
         self._gid_of_id: dict[int, int] = {}  # any-source recvs waiting for their source
+        self._sigs: dict[int, tuple[int, int, bytes]] = {}  # signature id -> (flags, aux, its body)
+        self._by_sig: dict[int, tuple | bool] = {}  # signature id -> decoded (see _static_of)
 
     # -- tables, from the rank's other events
     def note(self, ev: dict) -> None:
@@ -134,6 +137,7 @@ class BlockDecoder:
                 ok = isinstance(granks, list) and all(isinstance(r, int) for r in granks)
                 self.groups[gid] = (str(ev.get("group")), list(granks) if ok else None)
                 self._static.clear()  # peers and roots may now resolve to global ranks
+                self._by_sig.clear()
         elif typ == "meta":
             names = ev.get("names")
             if isinstance(names, list) and all(isinstance(x, str) for x in names):
@@ -174,6 +178,12 @@ class BlockDecoder:
                         e["exc"] = raw[body + 2:body + 2 + n].decode("utf-8", "replace") or "error"
                     if flags & APPROX:
                         e["approx"] = True
+                elif typ == BEGIN_SIG:
+                    e = self._sig_begin(raw, body, ts, op_id)
+                elif typ == SIG:
+                    if len(self._sigs) < 200_000:
+                        self._sigs[op_id] = (flags, aux, raw[body:off])
+                    e = None
                 elif typ == BEGIN:
                     e = self._begin(raw, body, off, ts, op_id, flags, aux)
                 elif typ == WAIT_BEGIN:
@@ -198,6 +208,8 @@ class BlockDecoder:
                 else:
                     e = None
                     invalid["block: unknown record"] += 1
+                if e is None:
+                    continue
             except (struct.error, ValueError, msgspec.ValidationError, msgspec.DecodeError, IndexError, KeyError):
                 e = None
                 invalid["block: bad record"] += 1
@@ -206,6 +218,39 @@ class BlockDecoder:
                 e["rank"] = rank
                 append(e)
         return out
+
+    def _sig_begin(self, raw: bytes, body: int, ts: int, op_id: int) -> dict:
+        sid, seq, parent, tid = SIG_BEGIN_BODY.unpack_from(raw, body)
+        hit = self._by_sig.get(sid)
+        if hit is None:
+            sig = self._sigs.get(sid)
+            if sig is None:
+                raise KeyError("unknown signature")  # its SIG record was lost (a trimmed stream)
+            flags, aux, static = sig
+            # a SIG body is a BeginBody (tid, parent and seq left out) followed by the tensors
+            hit = self._by_sig[sid] = self._static_of(static, 0, len(static), flags, aux)
+        if hit is False:
+            raise ValueError("invalid begin fields")
+        if seq > MAX_INT or parent > MAX_INT:
+            raise ValueError("bad begin record")
+        fields, sk, gid_any = hit
+        e = {"type": "op", "ts": ts, "phase": "begin", "id": op_id}
+        if seq >= 0:
+            e["seq"] = seq
+        if parent:
+            e["parent"] = parent
+        e.update(fields)
+        e["tid"] = tid
+        e["sk"] = sk
+        if gid_any is not None:
+            self._note_any_source(op_id, gid_any)
+        return e
+
+    def _note_any_source(self, op_id: int, gid: int) -> None:
+        """An any-source recv: its peer arrives with a SOURCE record."""
+        if len(self._gid_of_id) > 100_000:
+            self._gid_of_id.clear()
+        self._gid_of_id[op_id] = gid
 
     def _global(self, gid: int, group_rank: int) -> int | None:
         if group_rank < 0:
@@ -217,25 +262,14 @@ class BlockDecoder:
         return granks[group_rank] if group_rank < len(granks) else None
 
     def _begin(self, raw: bytes, body: int, end: int, ts: int, op_id: int, flags: int, aux: int) -> dict:
-        (tid, parent, name, site, opcode, gid, seq, peer, root, redop, role, device, nin, nout,
-         ntin, ntout, bin_, bout) = BEGIN_BODY.unpack_from(raw, body)
-        # Everything but ts/id/seq/parent/tid repeats call after call: decode it once.
-        key = bytes((flags, aux & 0xFF)) + raw[body + 16:body + 32] + raw[body + 40:end]
-        hit = self._static.get(key)
-        if hit is None:
-            try:
-                hit = self._static_fields(raw, body + BEGIN_BODY.size, end, flags, aux, name, site, opcode, gid,
-                                          peer, root, redop, role, device, nin, nout, bin_, bout)
-            except (struct.error, ValueError, IndexError, msgspec.ValidationError):
-                hit = False  # remembered: every record with these fields is invalid
-            if len(self._static) > 50_000:
-                self._static.clear()
-            self._static[key] = hit
+        """A self-contained BEGIN record (written when the signature table is full)."""
+        tid, parent, seq = struct.unpack_from("<QQ", raw, body) + (struct.unpack_from("<q", raw, body + 32)[0],)
+        hit = self._static_of(raw, body, end, flags, aux)
         if hit is False:
             raise ValueError("invalid begin fields")
-        fields, sk = hit
         if seq > MAX_INT or parent > MAX_INT:
             raise ValueError("bad begin record")
+        fields, sk, gid_any = hit
         e = {"type": "op", "ts": ts, "phase": "begin", "id": op_id}
         if seq >= 0:
             e["seq"] = seq
@@ -243,13 +277,30 @@ class BlockDecoder:
             e["parent"] = parent
         e.update(fields)
         e["tid"] = tid
-        if sk is not None:
-            e["sk"] = sk
-        if aux == 3 and role != NESTED:  # any-source recv: its peer arrives with a SOURCE record
-            if len(self._gid_of_id) > 100_000:
-                self._gid_of_id.clear()
-            self._gid_of_id[op_id] = gid
+        e["sk"] = sk
+        if gid_any is not None:
+            self._note_any_source(op_id, gid_any)
         return e
+
+    def _static_of(self, raw: bytes, body: int, end: int, flags: int, aux: int) -> tuple | bool:
+        """(fields, sk, group id if an any-source recv) of a BeginBody and its tensors, decoded once
+        per distinct content; False when invalid (remembered too)."""
+        # Everything but ts/id/seq/parent/tid repeats call after call.
+        key = bytes((flags, aux & 0xFF)) + raw[body + 16:body + 32] + raw[body + 40:end]
+        hit = self._static.get(key)
+        if hit is None:
+            (_tid, _parent, name, site, opcode, gid, _seq, peer, root, redop, role, device, nin, nout,
+             _ntin, _ntout, bin_, bout) = BEGIN_BODY.unpack_from(raw, body)
+            try:
+                fields, sk = self._static_fields(raw, body + BEGIN_BODY.size, end, flags, aux, name, site, opcode,
+                                                 gid, peer, root, redop, role, device, nin, nout, bin_, bout)
+                hit = (fields, sk, gid if aux == 3 and role != NESTED else None)
+            except (struct.error, ValueError, IndexError, msgspec.ValidationError):
+                hit = False  # remembered: every record with these fields is invalid
+            if len(self._static) > 50_000:
+                self._static.clear()
+            self._static[key] = hit
+        return hit
 
     def _static_fields(self, raw: bytes, pos: int, end: int, flags: int, aux: int, name: int, site: int, opcode: int,
                        gid: int, peer: int, root: int, redop: int, role: int, device: int, nin: int, nout: int,
@@ -411,3 +462,15 @@ def pack_end(op_id: int, ts: int, *, exc: str | None = None, wait: bool = False,
 
 def pack_wait_begin(op_id: int, ts: int, tid: int = 1) -> bytes:
     return HEADER.pack(WAIT_BEGIN, 0, 0, HEADER.size + 8, ts, op_id) + struct.pack("<Q", tid)
+
+
+def pack_sig(sid: int, *, flags: int = 0, direction: int = 0, **fields: Any) -> bytes:
+    """A SIG record: the repeating part of a begin (``pack_begin``'s fields but ts/id/seq/parent/tid)."""
+    begin = pack_begin(0, 0, **fields)
+    body = begin[HEADER.size:]
+    return HEADER.pack(SIG, flags, direction, HEADER.size + len(body), 0, sid) + body
+
+
+def pack_sig_begin(op_id: int, ts: int, sid: int, *, seq: int = -1, parent: int = 0, tid: int = 1) -> bytes:
+    return HEADER.pack(BEGIN_SIG, 0, 0, HEADER.size + SIG_BEGIN_BODY.size, ts, op_id) + \
+        SIG_BEGIN_BODY.pack(sid, seq, parent, tid)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from commscope import blocks
 from commscope import events as E
+from commscope.events import SCHEMA_VERSION
 from commscope.events import encode as _dumps
 from commscope.record import callsite, ops, patch
 
@@ -57,14 +58,14 @@ class NativeOps:
             return  # records wait in the native buffer until the rank is known
         m = self.m
         m.poll_devices()
-        data, count, dropped = m.drain()
+        line, _count, dropped = m.drain_block(rank, now, SCHEMA_VERSION)  # encoded without the GIL
         self._dropped += dropped
         for gid, name in m.take_groups():  # before the block that uses them
             emit(self._group_event(gid, name, now))
         for sid, code, lasti in m.take_sites():
             emit({"type": blocks.SITE, "ts": now, "sid": sid, "text": callsite.code_site(code, lasti)})
-        if count:
-            out(blocks.encode_block(data, rank, now, count))
+        if line is not None:
+            out(line)
 
     def _group_event(self, gid: int, name: str, now: int) -> dict:
         ev: dict[str, Any] = {"type": E.GROUP, "ts": now, "group": name, "gid": gid}

@@ -53,6 +53,8 @@ enum RecType : uint8_t {
   REC_DONE = 5,    // device-side completion (CUDA): gpu time
   REC_RBEGIN = 6,  // a logical op described by Python (varlen, batch): JSON fragment
   REC_SOURCE = 7,  // an any-source recv learned its peer (and seq)
+  REC_SIG = 8,     // a begin's repeating part (a BeginBody without ts/id/seq/parent/tid), by id
+  REC_BEGIN_SIG = 9,  // an op began: its signature id and what changes each call
 };
 
 // BEGIN roles: how the op relates to the logical op around it.
@@ -97,6 +99,12 @@ struct BeginBody {
   uint32_t ntensors_out;
   int64_t bytes_in;
   int64_t bytes_out;
+};
+struct SigBeginBody {
+  uint32_t sig;
+  int64_t seq;
+  uint64_t parent;
+  uint64_t tid;
 };
 struct DoneBody {
   int64_t gpu_ns;
@@ -205,6 +213,7 @@ struct State {
   std::unordered_map<uint64_t, std::pair<int32_t, int64_t>> resolved_source;  // any-source recv id -> (peer, seq)
   std::unordered_set<uint64_t> open_nested;  // nested ops not ended yet
   int64_t last_failed_ns = 0;                // when an op (or a wait) last raised
+  std::unordered_map<std::string, uint32_t> sigs;  // signature bytes -> id (see REC_SIG)
 };
 
 State* S = nullptr;  // never freed: backend threads may complete futures during exit
@@ -328,6 +337,9 @@ struct Side {
 };
 
 thread_local std::vector<uint8_t> t_enc_in, t_enc_out;
+thread_local std::string t_sig_key;
+constexpr uint32_t kNoSig = 0xFFFFFFFFu;
+constexpr size_t kMaxSigs = 100000;
 
 // ---------------------------------------------------------------- completion
 void complete_locked(uint64_t id, uint8_t role, bool error, const std::string& msg, bool approx) {
@@ -480,36 +492,66 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
       S->open_nested.insert(id);
       if (frame != nullptr && t_native_depth == 0) frame->nested.push_back(id);
     }
-    size_t len = sizeof(Header) + sizeof(BeginBody) + t_enc_in.size() + t_enc_out.size();
-    uint8_t* p = reserve(len);
     int64_t ts = merged ? frame->ts : now_ns();
-    if (p) {
-      uint8_t flags = ((async_op || (frame && frame->async_hint && role == ROLE_MERGED)) ? FLAG_ASYNC : 0) |
-                      (ends_at_completion ? FLAG_ENDS_AT_COMPLETION : 0);
-      put_header(p, REC_BEGIN, flags, uint32_t(len), ts, id, uint16_t(spec->dir));
-      BeginBody b{};
-      b.tid = thread_id();
-      b.parent = rec_parent;
-      b.name = merged ? frame->name : -1;
-      b.site = (framed || role == ROLE_CHILD) ? frame->site : -1;
-      b.opcode = spec->opcode;
-      b.gid = gid;
-      b.seq = seq;
-      b.peer = peer;
-      b.root = root;
-      b.redop = redop;
-      b.role = role;
-      b.device = device;
-      b.nin = in.described;
-      b.nout = out.described;
-      b.ntensors_in = in.count;
-      b.ntensors_out = out.count;
-      b.bytes_in = in.bytes;
-      b.bytes_out = out.bytes;
-      std::memcpy(p + sizeof(Header), &b, sizeof b);
-      uint8_t* q = p + sizeof(Header) + sizeof b;
-      if (!t_enc_in.empty()) std::memcpy(q, t_enc_in.data(), t_enc_in.size());
-      if (!t_enc_out.empty()) std::memcpy(q + t_enc_in.size(), t_enc_out.data(), t_enc_out.size());
+    uint8_t flags = ((async_op || (frame && frame->async_hint && role == ROLE_MERGED)) ? FLAG_ASYNC : 0) |
+                    (ends_at_completion ? FLAG_ENDS_AT_COMPLETION : 0);
+    // What repeats call after call (everything but ts, id, seq, parent, thread) is a
+    // signature, written once as a SIG record; each begin then only refers to it.
+    BeginBody b{};
+    b.name = merged ? frame->name : -1;
+    b.site = (framed || role == ROLE_CHILD) ? frame->site : -1;
+    b.opcode = spec->opcode;
+    b.gid = gid;
+    b.seq = -1;
+    b.peer = peer;
+    b.root = root;
+    b.redop = redop;
+    b.role = role;
+    b.device = device;
+    b.nin = in.described;
+    b.nout = out.described;
+    b.ntensors_in = in.count;
+    b.ntensors_out = out.count;
+    b.bytes_in = in.bytes;
+    b.bytes_out = out.bytes;
+    std::string& key = t_sig_key;
+    key.clear();
+    key.push_back(char(flags));
+    key.push_back(char(spec->dir));
+    key.append(reinterpret_cast<const char*>(&b), sizeof b);
+    key.append(reinterpret_cast<const char*>(t_enc_in.data()), t_enc_in.size());
+    key.append(reinterpret_cast<const char*>(t_enc_out.data()), t_enc_out.size());
+    auto sit = S->sigs.find(key);
+    uint32_t sid = sit != S->sigs.end() ? sit->second : (S->sigs.size() < kMaxSigs ? uint32_t(S->sigs.size()) : kNoSig);
+    if (sid != kNoSig) {
+      const bool fresh = sit == S->sigs.end();
+      const size_t sig_len = sizeof(Header) + key.size() - 2;
+      const size_t len = sizeof(Header) + sizeof(SigBeginBody);
+      uint8_t* p = reserve(len + (fresh ? sig_len : 0));  // a signature is never written without its begin
+      if (p) {
+        if (fresh) {
+          put_header(p, REC_SIG, flags, uint32_t(sig_len), 0, sid, uint16_t(spec->dir));
+          std::memcpy(p + sizeof(Header), key.data() + 2, key.size() - 2);
+          S->sigs.emplace(key, sid);
+          p += sig_len;
+        }
+        put_header(p, REC_BEGIN_SIG, 0, uint32_t(len), ts, id);
+        SigBeginBody sb{sid, seq, rec_parent, thread_id()};
+        std::memcpy(p + sizeof(Header), &sb, sizeof sb);
+      }
+    } else {  // the signature table is full: self-contained begins
+      size_t len = sizeof(Header) + sizeof(BeginBody) + t_enc_in.size() + t_enc_out.size();
+      uint8_t* p = reserve(len);
+      if (p) {
+        put_header(p, REC_BEGIN, flags, uint32_t(len), ts, id, uint16_t(spec->dir));
+        b.tid = thread_id();
+        b.parent = rec_parent;
+        b.seq = seq;
+        std::memcpy(p + sizeof(Header), &b, sizeof b);
+        uint8_t* q = p + sizeof(Header) + sizeof b;
+        if (!t_enc_in.empty()) std::memcpy(q, t_enc_in.data(), t_enc_in.size());
+        if (!t_enc_out.empty()) std::memcpy(q + t_enc_in.size(), t_enc_out.data(), t_enc_out.size());
+      }
     }
     if (role != ROLE_NESTED && role != ROLE_CHILD)
       S->inflight.put(id, Inflight{ts, thread_id(), rec_parent, false, false});
@@ -619,8 +661,15 @@ int frame_lasti(PyFrameObject* f) {
 }
 
 int code_internal(PyObject* code) {
+  thread_local PyObject* last_code = nullptr;  // held by g_code_internal once cached
+  thread_local int last_internal = 0;
+  if (code == last_code) return last_internal;
   auto it = g_code_internal->find(code);
-  if (it != g_code_internal->end()) return it->second;
+  if (it != g_code_internal->end()) {
+    last_code = code;
+    last_internal = it->second;
+    return last_internal;
+  }
   int internal = 0;
   if (g_is_internal != nullptr) {
     PyObject* r = PyObject_CallOneArg(g_is_internal, code);
@@ -639,14 +688,26 @@ int code_internal(PyObject* code) {
 }
 
 int32_t site_id(PyObject* code, int lasti) {
+  // A training loop calls from the same place again and again: remember the last one.
+  thread_local PyObject* last_code = nullptr;
+  thread_local int last_lasti = -1;
+  thread_local int32_t last_sid = -1;
+  if (code == last_code && lasti == last_lasti) return last_sid;
   auto key = std::make_pair(code, lasti);
   auto it = g_sites->find(key);
-  if (it != g_sites->end()) return it->second;
-  if (g_sites->size() >= kMaxSites) return -1;
-  int32_t sid = int32_t(g_sites->size());
-  Py_INCREF(code);
-  g_sites->emplace(key, sid);
-  g_new_sites->emplace_back(sid, code, lasti);
+  int32_t sid;
+  if (it != g_sites->end()) {
+    sid = it->second;
+  } else {
+    if (g_sites->size() >= kMaxSites) return -1;
+    sid = int32_t(g_sites->size());
+    Py_INCREF(code);  // held by g_sites: the pointer stays this code object's
+    g_sites->emplace(key, sid);
+    g_new_sites->emplace_back(sid, code, lasti);
+  }
+  last_code = code;
+  last_lasti = lasti;
+  last_sid = sid;
   return sid;
 }
 
@@ -1099,6 +1160,61 @@ PyObject* py_drain(PyObject*, PyObject*) {
   return Py_BuildValue("(NKK)", data, (unsigned long long)records, (unsigned long long)dropped);
 }
 
+void base64_encode(const uint8_t* in, size_t n, char* out) {
+  static const char T[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  size_t i = 0;
+  for (; i + 3 <= n; i += 3) {
+    uint32_t v = (uint32_t(in[i]) << 16) | (uint32_t(in[i + 1]) << 8) | in[i + 2];
+    *out++ = T[v >> 18];
+    *out++ = T[(v >> 12) & 63];
+    *out++ = T[(v >> 6) & 63];
+    *out++ = T[v & 63];
+  }
+  if (i < n) {
+    uint32_t v = uint32_t(in[i]) << 16;
+    if (i + 1 < n) v |= uint32_t(in[i + 1]) << 8;
+    *out++ = T[v >> 18];
+    *out++ = T[(v >> 12) & 63];
+    *out++ = i + 1 < n ? T[(v >> 6) & 63] : '=';
+    *out++ = '=';
+  }
+}
+
+// drain_block(rank, ts, version) -> (the ``block`` event as a JSON line, or None; records; dropped).
+// The whole buffer in one line, base64-encoded here with the GIL released: the training
+// thread never waits for the encoding.
+PyObject* py_drain_block(PyObject*, PyObject* args) {
+  long long rank, ts;
+  int version;
+  if (!PyArg_ParseTuple(args, "LLi", &rank, &ts, &version)) return nullptr;
+  std::vector<uint8_t> out;
+  uint64_t dropped, records;
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    out.swap(S->buf);
+    S->buf.reserve(out.capacity() < (64u << 10) ? (64u << 10) : std::min(out.capacity(), S->cap));
+    dropped = S->dropped;
+    records = S->records;
+    S->dropped = 0;
+    S->records = 0;
+  }
+  if (out.empty()) return Py_BuildValue("(OKK)", Py_None, 0ULL, (unsigned long long)dropped);
+  char prefix[160];
+  int np = snprintf(prefix, sizeof prefix, "{\"type\":\"block\",\"v\":%d,\"rank\":%lld,\"ts\":%lld,\"n\":%llu,\"data\":\"",
+                    version, rank, ts, (unsigned long long)records);
+  size_t b64 = 4 * ((out.size() + 2) / 3);
+  PyObject* line = PyBytes_FromStringAndSize(nullptr, Py_ssize_t(np + b64 + 2));
+  if (line == nullptr) return nullptr;
+  char* dst = PyBytes_AS_STRING(line);  // nobody else sees it yet: filled without the GIL
+  std::memcpy(dst, prefix, size_t(np));
+  Py_BEGIN_ALLOW_THREADS
+  base64_encode(out.data(), out.size(), dst + np);
+  Py_END_ALLOW_THREADS
+  dst[np + b64] = '"';
+  dst[np + b64 + 1] = '}';
+  return Py_BuildValue("(NKK)", line, (unsigned long long)records, (unsigned long long)dropped);
+}
+
 PyObject* py_take_groups(PyObject*, PyObject*) {
   std::vector<std::pair<int32_t, std::string>> groups;
   {
@@ -1365,9 +1481,9 @@ PyObject* py_scalar_type_names(PyObject*, PyObject*) {
 }
 
 PyObject* py_layout(PyObject*, PyObject*) {  // checked by the decoder's tests
-  return Py_BuildValue("{s:n,s:n,s:n,s:n}", "header", Py_ssize_t(sizeof(Header)), "begin",
+  return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n}", "header", Py_ssize_t(sizeof(Header)), "begin",
                        Py_ssize_t(sizeof(BeginBody)), "done", Py_ssize_t(sizeof(DoneBody)), "source",
-                       Py_ssize_t(sizeof(SourceBody)));
+                       Py_ssize_t(sizeof(SourceBody)), "sig_begin", Py_ssize_t(sizeof(SigBeginBody)));
 }
 
 void after_fork_child() {
@@ -1387,6 +1503,8 @@ PyMethodDef methods[] = {
     {"set_active", py_set_active, METH_O, "pause or resume recording"},
     {"set_after_op", py_set_after_op, METH_O, "call this once after the next recorded call returns"},
     {"drain", py_drain, METH_NOARGS, "drain() -> (packed records, their count, records dropped since the last drain)"},
+    {"drain_block", py_drain_block, METH_VARARGS,
+     "drain_block(rank, ts, version) -> (block event line or None, records, records dropped since last)"},
     {"take_groups", py_take_groups, METH_NOARGS, "new (gid, name) since the last call"},
     {"take_sites", py_take_sites, METH_NOARGS, "new (site id, code, lasti) since the last call"},
     {"stuck", py_stuck, METH_VARARGS, "stuck(now_ns, limit_ns) -> ([(id, tid, parent, waiting)], in flight, oldest stuck begin or -1)"},
