@@ -4,8 +4,12 @@ A rank's stream is incomplete when the recorder dropped events (Flight Recorder 
 overwrites excepted: those are collectives the wrapper recorded itself), when the reader
 skipped damaged lines or invalid events of it, when the store lost entries of it, or
 when it ends without an ``exit`` while another rank exited after its last event (the
-job went on; its tail never reached the store).  A dead rank's missing exit is left to
-``dead_rank``, which already explains it.
+job went on; its tail never reached the store, and peers completing its collectives
+afterwards prove it was alive: ``liveness.outlived``).  A dead rank's missing exit is left to
+``dead_rank``, which already explains it.  When no rank wrote an exit and the whole trace
+stopped well before the clock's now (``job_stopped``), the job was killed as a whole or its
+tail never reached the store (a store that went down and never came back): that too is
+incomplete, unless an error finding already explains the end.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from commscope.analysis.findings import Finding
+from commscope.analysis.liveness import outlived
 from commscope.analysis.model import TraceModel
 
 _LOSS_WORDS = {"dropped": "dropped by the recorder", "damaged": "damaged line(s) skipped",
@@ -30,7 +35,16 @@ def _ranges(rs: list[int]) -> str:
     return ",".join(out)
 
 
-def find_incomplete(model: TraceModel, now: int) -> list[Finding]:
+def job_stopped(model: TraceModel, wall_ns: int) -> bool:
+    """No rank exited and every rank's last event or heartbeat is older, at ``wall_ns``,
+    than its dead threshold: nobody is writing to this trace any more."""
+    ranks = model.rank_ids()
+    return bool(ranks) and all(
+        model.exited(r) is None and wall_ns - model.last_seen(r) > model.dead_after_ns(r) for r in ranks)
+
+
+def find_incomplete(model: TraceModel, now: int, stopped: bool = False) -> list[Finding]:
+    """``stopped``: the caller found ``job_stopped`` and no error finding explaining it."""
     per_rank: dict[int, dict[str, Any]] = {}
     for r, losses in model.read_losses.items():
         if r >= 0:
@@ -41,8 +55,9 @@ def find_incomplete(model: TraceModel, now: int) -> list[Finding]:
         rt = model.ranks[r]
         if rt.dropped:
             per_rank.setdefault(r, {})["dropped"] = int(rt.dropped)
-        if (exits[r] is None and last_exit is not None and rt.last_ts <= last_exit
-                and not model.is_dead(r, now)):
+        went_on = (exits[r] is None and last_exit is not None and rt.last_ts <= last_exit
+                   and (not model.is_dead(r, now) or outlived(model, r)))
+        if went_on or stopped:
             per_rank.setdefault(r, {})["no_exit"] = True
             per_rank[r]["last_event_ns"] = int(rt.last_ts)
     if not per_rank:
@@ -57,7 +72,11 @@ def find_incomplete(model: TraceModel, now: int) -> list[Finding]:
                          ", ".join(f"rank {r}: {n:,}" for r, n in sorted(counts.items())[:8]) +
                          (", ..." if len(counts) > 8 else "") + ")")
     ended = sorted(r for r, d in per_rank.items() if d.get("no_exit"))
-    if ended:
+    if ended and stopped:
+        parts.append("no rank wrote an exit event and every rank stopped writing: the job was killed "
+                     "as a whole, or its last events never reached the store (a store that went "
+                     "down and did not come back)")
+    elif ended:
         parts.append(f"the stream of rank(s) {_ranges(ended)} ends without an exit event while other ranks "
                      "exited later: its last events never reached the store")
     msg = "the trace is incomplete: " + "; ".join(parts)

@@ -8,7 +8,7 @@ so a job that was killed while hung is judged as it was when it last wrote.
 from __future__ import annotations
 
 from commscope.analysis.collectives import find_mismatches, find_missing, find_stragglers
-from commscope.analysis.completeness import find_incomplete
+from commscope.analysis.completeness import find_incomplete, job_stopped
 from commscope.analysis.failures import failed_instances, find_crashes, find_failed_ops
 from commscope.analysis.findings import Finding
 from commscope.analysis.liveness import find_dead, find_unwaited
@@ -29,9 +29,12 @@ def default_hang_after(model: TraceModel) -> float:
     return model.hang_after() or DEFAULT_HANG_AFTER
 
 
-def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None = None) -> list[Finding]:
+def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None = None,
+             wall_ns: int | None = None) -> list[Finding]:
     """All findings, errors first, one error finding per root cause (``rootcause``).
-    A healthy trace yields an empty list."""
+    A healthy trace yields an empty list.  ``wall_ns`` (the clock now, for a stored trace
+    judged at its end) lets a job that stopped writing without any exit be told apart from
+    one still running: see ``completeness.job_stopped``."""
     if now is None:
         now = trace_now(model)
     if hang_after is None:
@@ -48,5 +51,7 @@ def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None
     findings += find_dead(model, now, failures)
     findings += find_stragglers(model)
     findings += find_unwaited(model, now)
-    findings += find_incomplete(model, now)
+    stopped = (wall_ns is not None and not any(f.severity == "error" for f in findings)
+               and job_stopped(model, wall_ns))
+    findings += find_incomplete(model, now, stopped)
     return resolve(model, findings, now, mismatch_rows)

@@ -6,7 +6,24 @@ from typing import Any
 
 from commscope.analysis.failures import cause_of_departure
 from commscope.analysis.findings import Finding, activity, op_brief, secs
-from commscope.analysis.model import TraceModel
+from commscope.analysis.model import P2P, TraceModel
+
+
+def outlived(model: TraceModel, rank: int) -> bool:
+    """Peers completed the next collective of the rank's last group after its last recorded
+    op: the rank took part, so it was alive after its stream stopped (a full disk, a store
+    gone) and did not die.  Only a collective can prove it: it completes on no member
+    unless every member joined."""
+    i = model.last_op(rank, completed=False)
+    if i is None:
+        return False
+    s = model.sig_of(rank, i)
+    seq = int(model.ranks[rank].seq[i])
+    if seq < 0 or s.nested or s.flags & P2P:
+        return False
+    later = model.collective(s.group, seq + 1, s.space)
+    return any(p != rank and model.ranks[p].comp[j] > 0 and j not in model.ranks[p].exc
+               for p, j in later.items())
 
 
 def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list[Finding]:
@@ -16,8 +33,8 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
     out = []
     vanished = model.vanished(now)
     for r in model.rank_ids():
-        if not model.is_dead(r, now):
-            continue
+        if not model.is_dead(r, now) or outlived(model, r):
+            continue  # alive, or alive past its stream's end: trace_incomplete tells that
         rt = model.ranks[r]
         seen = model.last_seen(r)
         how = "vanished" if r in vanished else "silent"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
@@ -123,7 +124,7 @@ def main(args: argparse.Namespace) -> int:
     model, reader, warnings = load(args.store)
     hang_after = args.hang_after if args.hang_after is not None else default_hang_after(model)
     now = trace_now(model)
-    findings = diagnose(model, now, hang_after)
+    findings = diagnose(model, now, hang_after, wall_ns=time.time_ns())
     if getattr(args, "py_spy", False):
         native_dumps(model, findings)
     if args.json:

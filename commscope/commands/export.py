@@ -24,6 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     import sys
+    import time
 
     from commscope.cli import UsageError
     from commscope.commands.check import load, read_summary
@@ -31,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
     model, reader, warnings = load(args.store)
     now = trace_now(model)
     hang = args.hang_after if args.hang_after is not None else default_hang_after(model)
-    findings = diagnose(model, now, hang)
+    findings = diagnose(model, now, hang, wall_ns=time.time_ns())
     data = chrome_trace(model, findings, now)
     data["metadata"]["skipped"] = read_summary(reader.stats)
     text = json.dumps(data, separators=(",", ":"))

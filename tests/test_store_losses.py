@@ -1,0 +1,127 @@
+"""A store that fails during or at the end of a job: training is untouched, the loss is told.
+
+Real Gloo ranks.  A disk that fills up (the rank's file may not grow past a limit:
+RLIMIT_FSIZE, the same EFBIG a full quota gives) and a Redis that is gone when the job
+ends: the rank says on stderr how many events it could not write, and ``commscope
+check`` on what the store kept never calls the trace healthy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from redis_fixture import require_redis_server
+
+import commscope
+from commscope import cli
+from commscope.analysis.model import DEAD_MIN_S
+from commscope.bench.redis_server import RedisServer
+from commscope.launch import Job, run_ranks
+
+pytestmark = pytest.mark.timeout(180)
+STEPS = 3000
+
+
+def _stderr_to(path: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 2)
+
+
+def _one_step(rank: int) -> float:
+    """An all_reduce whose result is exact: 1 + 2 on two ranks."""
+    y = torch.full((4,), float(rank + 1))
+    dist.all_reduce(y)
+    return float(y[0])
+
+
+def disk_fills_up(rank: int, ws: int, store: str, err: str) -> float:
+    _stderr_to(f"{err}.{rank}")
+    commscope.instrument(store, sample_interval=0.1, hang_after=60.0)
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    commscope.record.recorder.active().flush()
+    if rank == 1:  # from here on, rank 1's trace file cannot grow: its disk is full
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        size = os.path.getsize(next(Path(store).glob("*/rank-00001.jsonl")))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size + 4096, resource.RLIM_INFINITY))
+    total = sum(_one_step(rank) for _ in range(STEPS))
+    commscope.uninstrument()
+    return total
+
+
+def test_a_full_disk_never_stops_training_and_the_check_shows_the_loss(tmp_path, capsys):
+    store, err = str(tmp_path / "trace"), str(tmp_path / "err")
+    results = run_ranks(disk_fills_up, 2, args=(store, err), timeout=120)
+    assert [r.value for r in results] == [3.0 * STEPS] * 2  # training went on, exactly
+    text = Path(f"{err}.1").read_text()
+    assert text.count("could not be written at exit") == 1, text
+    assert "File too large" in text  # what the store said, once
+    assert "could not be written" not in Path(f"{err}.0").read_text()
+    capsys.readouterr()
+    assert cli.main(["check", store, "--json"]) in (0, 1)
+    out = json.loads(capsys.readouterr().out)
+    incomplete = [f for f in out["findings"] if f["kind"] == "trace_incomplete"]
+    assert incomplete and incomplete[0]["culprits"] == [1], out["findings"]
+    assert not [f for f in out["findings"] if f["severity"] == "error" and 0 in f["culprits"]]
+
+
+def redis_goes_away(rank: int, ws: int, store: str, err: str, gone: str) -> float:
+    _stderr_to(f"{err}.{rank}")
+    commscope.instrument(store, sample_interval=0.1, hang_after=60.0)
+    total = 0.0
+    for _ in range(200):
+        total += _one_step(rank)
+    commscope.record.recorder.active().flush()
+    Path(f"{gone}.ready.{rank}").touch()  # this rank's first 200 ops are in Redis
+    while not os.path.exists(gone):  # the test stops Redis now
+        time.sleep(0.02)
+    for _ in range(200):
+        total += _one_step(rank)
+    t0 = time.monotonic()
+    commscope.uninstrument()  # the last write fails: bounded, then reported
+    if time.monotonic() - t0 > 2.5:
+        raise AssertionError(f"leaving took {time.monotonic() - t0:.1f} s")
+    return total
+
+
+def test_redis_gone_at_the_end_of_a_job_is_reported_and_never_holds_the_exit(tmp_path, capsys):
+    require_redis_server()
+    server = RedisServer(appendonly=True, data_dir=tmp_path / "redis")
+    server.start()
+    url = server.url + "?job=gone"
+    err, gone = str(tmp_path / "err"), str(tmp_path / "gone")
+    job = Job(redis_goes_away, 2, args=(url, err, gone)).start()
+    try:
+        deadline = time.monotonic() + 60
+        while not all(Path(f"{gone}.ready.{r}").exists() for r in range(2)):
+            assert time.monotonic() < deadline, "the ranks never recorded their first ops"
+            time.sleep(0.05)
+        server.stop()
+        stopped = time.monotonic()
+        Path(gone).touch()
+        results = job.join(60)
+        assert all(r.ok for r in results.values()), {r: x.error for r, x in results.items()}
+        assert [results[r].value for r in range(2)] == [3.0 * 400] * 2
+        for r in range(2):
+            text = Path(f"{err}.{r}").read_text()
+            assert text.count("could not be written at exit") == 1, text
+        server.start()  # what Redis kept (its append-only file): the check says it is incomplete
+        # Nothing reached Redis after it stopped: once the ranks' silence passes the dead
+        # threshold, the check knows nobody is writing (before that it could be a live job).
+        time.sleep(max(0.0, stopped + DEAD_MIN_S + 0.2 - time.monotonic()))
+        capsys.readouterr()
+        assert cli.main(["check", url, "--json"]) in (0, 1)
+        out = json.loads(capsys.readouterr().out)
+        incomplete = [f for f in out["findings"] if f["kind"] == "trace_incomplete"]
+        assert incomplete and sorted(incomplete[0]["culprits"]) == [0, 1], out["findings"]
+    finally:
+        job.kill()
+        server.close()
