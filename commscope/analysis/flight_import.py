@@ -36,7 +36,7 @@ import msgspec
 from commscope.events import SCHEMA_VERSION, Event
 from commscope.flightfmt import FrOp, as_int, completed_ns, finished, parse_name, tensor_fields, thread_id
 from commscope.schema import MAX_INT, MAX_RANK, validate_events
-from commscope.store import ReadStats, StoreError
+from commscope.store import ReadStats, StoreError, TraceReader
 from commscope.store.directory import read_regular
 
 _RANK_SUFFIX = re.compile(r"(?<!\d)(\d{1,8})(\.(json|pkl|pickle))?$")
@@ -300,8 +300,9 @@ def _entry_events(e: dict, rank: int, members: dict[str, list[int]], announced: 
     return out
 
 
-class FlightRecorderReader:
-    """A reader (same interface as the store readers) over a directory of FR dumps."""
+class FlightRecorderReader(TraceReader):
+    """A reader over a directory of FR dumps: the first ``poll`` returns them all (a dump
+    is a snapshot: there is nothing to follow, and no budget to honour)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -343,17 +344,11 @@ class FlightRecorderReader:
         self.stats.events += len(events)
         return events
 
-    def poll(self) -> list[Event]:
+    def poll(self, max_bytes: int | None = None) -> list[Event]:
         if self._done:
             return []
         self._done = True
         return self._load()
 
-    def read_all(self) -> list[Event]:
-        return self.poll()
-
     def job(self) -> dict | None:
         return self._job
-
-    def close(self) -> None:
-        pass

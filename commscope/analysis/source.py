@@ -7,12 +7,12 @@ from typing import Any
 
 from commscope.analysis.flight_import import FlightRecorderReader, looks_like_fr_dir
 from commscope.analysis.model import TraceModel
-from commscope.store import StoreError, default_store, is_redis, open_reader
+from commscope.store import StoreError, TraceReader, default_store, is_redis, open_reader
 
 
-def open_source(path_or_url: str | os.PathLike | None, *, wait: bool = False) -> Any:
-    """A reader (``poll``/``read_all``/``job``/``stats``/``close``) for a trace store or a
-    directory of PyTorch Flight Recorder dumps.  Raises StoreError when it is neither."""
+def open_source(path_or_url: str | os.PathLike | None, *, wait: bool = False) -> TraceReader:
+    """A reader for a trace store or a directory of PyTorch Flight Recorder dumps.
+    Raises StoreError when it is neither."""
     name = default_store(path_or_url)
     if is_redis(name):
         return open_reader(name, wait=wait)

@@ -40,7 +40,7 @@ from commscope import events as E
 from commscope.blocks import BlockDecoder, expand_decoded
 from commscope.events import Decoded, Event, decode_lines, gc_paused
 from commscope.schema import decode_job
-from commscope.store.base import ReadStats, StoreError, is_job_name
+from commscope.store.base import ReadStats, StoreError, TraceReader, is_job_name
 from commscope.store.redis_url import RedisTarget, parse_url, redact_text, redact_url, scrub
 
 PREFIX = "commscope"
@@ -659,7 +659,7 @@ class RedisWriter:
 
 
 # ---------------------------------------------------------------------------- reader
-class RedisReader:
+class RedisReader(TraceReader):
     """Reads or follows one job: XREAD for ``poll``, XRANGE pages for ``read_all``.
 
     Without ?job= it opens the newest job in ``commscope:jobs``; ``wait`` lets it open
