@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _dest_job(args: argparse.Namespace, meta: dict, src_reader: Any) -> str:
-    from commscope.cli import UsageError
+    from commscope.errors import UsageError
     from commscope.record.jobid import new_job_id, sanitize
 
     url_job = None
@@ -111,7 +111,7 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
 
 def main(args: argparse.Namespace) -> int:
     from commscope.analysis.source import open_source
-    from commscope.cli import UsageError
+    from commscope.errors import UsageError
 
     t0 = time.perf_counter()
     try:

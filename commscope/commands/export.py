@@ -25,10 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import sys
 
-    from commscope.cli import UsageError
-    from commscope.commands.check import load, read_summary
+    from commscope.analysis.source import load_trace
+    from commscope.commands.check import read_summary
+    from commscope.errors import UsageError
 
-    model, reader, warnings = load(args.store)
+    model, reader, warnings = load_trace(args.store)
     now = trace_now(model)
     hang = args.hang_after if args.hang_after is not None else default_hang_after(model)
     findings = diagnose(model, now, hang)
