@@ -25,6 +25,26 @@ from commscope.events import P2P_OPS, Event
 
 I64_MAX = np.iinfo(np.int64).max
 
+
+def grown(arr: np.ndarray, need: int, keep: int | None = None, fill: Any = 0, minimum: int = 0,
+          axis: int = 0) -> np.ndarray:
+    """``arr`` if it holds ``need`` entries along ``axis``; else a new array of
+    max(need, twice as many, ``minimum``) there, its first ``keep`` entries (default: all)
+    copied and the rest ``fill``.  Always a new array, never a resize in place, so views
+    already handed out stay valid; doubling keeps appends amortized O(1)."""
+    cap = arr.shape[axis]
+    if need <= cap:
+        return arr
+    shape = list(arr.shape)
+    shape[axis] = max(need, 2 * cap, minimum)
+    out = np.full(shape, fill, arr.dtype)
+    keep = cap if keep is None else keep
+    if axis == 0:
+        out[:keep] = arr[:keep]
+    else:
+        out[:, :keep] = arr[:, :keep]
+    return out
+
 # Sig flags
 ASYNC, NESTED, P2P, COLL, CONTAINER, FR, SEND, RECV, DEVICE = (1 << i for i in range(9))
 # Per-op flags
@@ -195,20 +215,12 @@ class SeqIndex:
         return int(self.keys[row])
 
     def add_cols(self, ncols: int) -> None:
-        if ncols > self.mat.shape[1]:
-            grown = np.full((self.mat.shape[0], max(ncols, 2 * self.mat.shape[1])), -1, np.int32)
-            grown[:, : self.mat.shape[1]] = self.mat
-            self.mat = grown
+        self.mat = grown(self.mat, ncols, fill=-1, axis=1)
         self.cols = max(self.cols, ncols)
 
     def _grow(self, rows: int) -> None:
-        if rows > self.mat.shape[0]:
-            cap = max(rows, 2 * self.mat.shape[0])
-            grown = np.full((cap, self.mat.shape[1]), -1, np.int32)
-            grown[: self.n] = self.mat[: self.n]
-            keys = np.zeros(cap, np.int64)
-            keys[: self.n] = self.keys[: self.n]
-            self.mat, self.keys = grown, keys
+        self.mat = grown(self.mat, rows, self.n, fill=-1)
+        self.keys = grown(self.keys, self.mat.shape[0], self.n)
 
     def _add_keys(self, new: np.ndarray) -> None:
         """Add rows for ``new`` (sorted, unique, none present yet)."""
@@ -344,15 +356,10 @@ class RankTrace:
 
     # -- storage
     def reserve(self, n: int) -> None:
-        cap = self.begin.shape[0]
-        if n <= cap:
+        if n <= self.begin.shape[0]:
             return
-        new = max(n, cap * 2)
         for c in (*_COLS_I8, *_COLS_I4, "flags"):
-            old = getattr(self, c)
-            arr = np.zeros(new, old.dtype) if c not in _COLS_I4 else np.full(new, -1, np.int32)
-            arr[: self.n] = old[: self.n]
-            setattr(self, c, arr)  # replaced, never resized: views handed out stay valid
+            setattr(self, c, grown(getattr(self, c), n, self.n, fill=-1 if c in _COLS_I4 else 0))
 
     def map_ids(self, ids: np.ndarray, idx: np.ndarray) -> None:
         if (self.id_dict is None and ids.shape[0]
@@ -361,11 +368,7 @@ class RankTrace:
         if self.id_dict is not None:  # sparse or huge ids (foreign traces): a dict instead
             self.id_dict.update(zip(ids.tolist(), idx.tolist(), strict=True))
             return
-        hi = int(ids.max())
-        if hi >= self.id2idx.shape[0]:
-            grown = np.full(max(hi + 1, 2 * self.id2idx.shape[0]), -1, np.int32)
-            grown[: self.id2idx.shape[0]] = self.id2idx
-            self.id2idx = grown
+        self.id2idx = grown(self.id2idx, int(ids.max()) + 1, fill=-1)
         ok = ids >= 0
         self.id2idx[ids[ok]] = idx[ok]
 
@@ -411,11 +414,8 @@ class RankTrace:
             m = self._order.shape[0]
             if pos[0] == m:  # the usual case: everything new comes last; append in place
                 k = new.shape[0]
-                if self._ord_buf.shape[0] < m + k:
-                    cap = max(2 * (m + k), 1024)
-                    ob, sb = np.empty(cap, np.int64), np.empty(cap, np.int64)
-                    ob[:m], sb[:m] = self._order, self._sb
-                    self._ord_buf, self._sb_buf = ob, sb
+                self._ord_buf = grown(self._ord_buf, m + k, m, minimum=1024)
+                self._sb_buf = grown(self._sb_buf, m + k, m, minimum=1024)
                 self._ord_buf[m:m + k] = new
                 self._sb_buf[m:m + k] = nb
                 self._order, self._sb = self._ord_buf[: m + k], self._sb_buf[: m + k]
@@ -467,9 +467,7 @@ class RankTrace:
             if ends.shape[0]:
                 ends[0] = max(int(ends[0]), int(self._pmax[start - 1]))
             if self._pmax_buf.shape[0] < n:
-                buf = np.empty(max(2 * n, 1024), np.int64)
-                buf[:start] = self._pmax[:start]
-                self._pmax_buf = buf
+                self._pmax_buf = grown(self._pmax, n, start, minimum=1024)
             np.maximum.accumulate(ends, out=self._pmax_buf[start:n])
             self._pmax = self._pmax_buf[:n]
         else:
@@ -494,12 +492,8 @@ class _Samples:
     def add(self, evs: list[dict]) -> None:
         k = len(evs)
         need = self.n + k
-        cap = self.cols["ts"].shape[0]
-        if need > cap:
-            for f in self.FIELDS:
-                arr = np.full(max(need, cap * 2), np.nan)
-                arr[: self.n] = self.cols[f][: self.n]
-                self.cols[f] = arr
+        for f in self.FIELDS:
+            self.cols[f] = grown(self.cols[f], need, self.n, fill=np.nan)
         for f in self.FIELDS:
             vals = [e.get(f) for e in evs]
             self.cols[f][self.n: need] = [np.nan if v is None else v for v in vals]
@@ -708,10 +702,9 @@ class TraceModel:
         mk = sig.match_key()
         sig.match = self._match_codes.setdefault(mk, len(self._match_codes))
         self.sigs.append(sig)
-        if code >= self._sig_flags.shape[0]:
-            self._sig_flags = np.concatenate([self._sig_flags, np.zeros_like(self._sig_flags)])
-            self._sig_match = np.concatenate([self._sig_match, np.zeros_like(self._sig_match)])
-            self._sig_gkey = np.concatenate([self._sig_gkey, np.zeros_like(self._sig_gkey)])
+        self._sig_flags = grown(self._sig_flags, code + 1)
+        self._sig_match = grown(self._sig_match, code + 1)
+        self._sig_gkey = grown(self._sig_gkey, code + 1)
         self._sig_flags[code] = flags
         self._sig_match[code] = sig.match
         self._sig_gkey[code] = self._gkeys.setdefault((sig.space, sig.group), len(self._gkeys))
