@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from commscope.analysis.model import TraceModel, grown
+from commscope.analysis.columns import grown
+from commscope.analysis.model import TraceModel
 
 
 def test_grown_keeps_a_prefix_doubles_and_never_resizes_in_place():
