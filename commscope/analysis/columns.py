@@ -26,7 +26,9 @@ def grown(arr: np.ndarray, need: int, keep: int | None = None, fill: Any = 0, mi
     """``arr`` if it holds ``need`` entries along ``axis``; else a new array of
     max(need, twice as many, ``minimum``) there, its first ``keep`` entries (default: all)
     copied and the rest ``fill``.  Always a new array, never a resize in place, so views
-    already handed out stay valid; doubling keeps appends amortized O(1)."""
+    already handed out stay valid; doubling keeps appends amortized O(1).  Paths run per
+    rank per batch compare the capacity themselves first: the comparison costs less than
+    the call."""
     cap = arr.shape[axis]
     if need <= cap:
         return arr
@@ -102,7 +104,9 @@ class RankTrace:
         if self.id_dict is not None:  # sparse or huge ids (foreign traces): a dict instead
             self.id_dict.update(zip(ids.tolist(), idx.tolist(), strict=True))
             return
-        self.id2idx = grown(self.id2idx, int(ids.max()) + 1, fill=-1)
+        hi = int(ids.max())
+        if hi >= self.id2idx.shape[0]:  # (checked here too: this runs per rank per batch)
+            self.id2idx = grown(self.id2idx, hi + 1, fill=-1)
         ok = ids >= 0
         self.id2idx[ids[ok]] = idx[ok]
 
@@ -148,8 +152,9 @@ class RankTrace:
             m = self._order.shape[0]
             if pos[0] == m:  # the usual case: everything new comes last; append in place
                 k = new.shape[0]
-                self._ord_buf = grown(self._ord_buf, m + k, m, minimum=1024)
-                self._sb_buf = grown(self._sb_buf, m + k, m, minimum=1024)
+                if self._ord_buf.shape[0] < m + k:
+                    self._ord_buf = grown(self._ord_buf, m + k, m, minimum=1024)
+                    self._sb_buf = grown(self._sb_buf, m + k, m, minimum=1024)
                 self._ord_buf[m:m + k] = new
                 self._sb_buf[m:m + k] = nb
                 self._order, self._sb = self._ord_buf[: m + k], self._sb_buf[: m + k]
@@ -226,8 +231,9 @@ class Samples:
     def add(self, evs: list[dict]) -> None:
         k = len(evs)
         need = self.n + k
-        for f in self.FIELDS:
-            self.cols[f] = grown(self.cols[f], need, self.n, fill=np.nan)
+        if need > self.cols["ts"].shape[0]:
+            for f in self.FIELDS:
+                self.cols[f] = grown(self.cols[f], need, self.n, fill=np.nan)
         for f in self.FIELDS:
             vals = [e.get(f) for e in evs]
             self.cols[f][self.n: need] = [np.nan if v is None else v for v in vals]

@@ -41,8 +41,9 @@ class SeqIndex:
         self.cols = max(self.cols, ncols)
 
     def _grow(self, rows: int) -> None:
-        self.mat = grown(self.mat, rows, self.n, fill=-1)
-        self.keys = grown(self.keys, self.mat.shape[0], self.n)
+        if rows > self.mat.shape[0]:
+            self.mat = grown(self.mat, rows, self.n, fill=-1)
+            self.keys = grown(self.keys, self.mat.shape[0], self.n)
 
     def _add_keys(self, new: np.ndarray) -> None:
         """Add rows for ``new`` (sorted, unique, none present yet)."""

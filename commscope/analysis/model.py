@@ -244,7 +244,7 @@ class TraceModel:
         tell an incomplete trace from a healthy one."""
         losses: dict[int, dict[str, int]] = {}
         for key, per_rank in (("damaged", stats.corrupt_by_rank), ("invalid", stats.invalid_by_rank),
-                              ("missing", getattr(stats, "missing_by_rank", {}))):
+                              ("missing", stats.missing_by_rank)):
             for r, n in per_rank.items():
                 if n:
                     losses.setdefault(int(r), {})[key] = int(n)
@@ -370,9 +370,10 @@ class TraceModel:
         mk = sig.match_key()
         sig.match = self._match_codes.setdefault(mk, len(self._match_codes))
         self.sigs.append(sig)
-        self._sig_flags = grown(self._sig_flags, code + 1)
-        self._sig_match = grown(self._sig_match, code + 1)
-        self._sig_gkey = grown(self._sig_gkey, code + 1)
+        if code >= self._sig_flags.shape[0]:
+            self._sig_flags = grown(self._sig_flags, code + 1)
+            self._sig_match = grown(self._sig_match, code + 1)
+            self._sig_gkey = grown(self._sig_gkey, code + 1)
         self._sig_flags[code] = flags
         self._sig_match[code] = sig.match
         self._sig_gkey[code] = self._gkeys.setdefault((sig.space, sig.group), len(self._gkeys))
