@@ -8,6 +8,10 @@ outside the wrapper's own ops, as ops with ``src: "fr"`` and Flight Recorder's s
 ids.  An entry is the wrapper's own when it was created on the same thread and group
 during a top-level wrapped op (that also covers the inner traffic of object and varlen
 ops).  The dump comes from this very process, so reading its pickle is safe.
+
+What an entry means (op, direction, the peer as a global rank, dtypes, bytes) is read by
+``commscope.flightfmt``, the translator the dump import (``analysis/flight_import.py``)
+uses too; the recorder passes it the ranks of its groups (``pyhot.PythonOps._group_ranks``).
 """
 
 from __future__ import annotations
