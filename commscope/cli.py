@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-from commscope import __version__
+from commscope import __version__, errors
 
 #: verb -> (module, one-line help).  The verbs are a public contract (DESIGN.md).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -22,8 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class UsageError(Exception):
-    """Bad input or usage: exit code 2 with a one-line message."""
+UsageError = errors.UsageError  # where commands raise it from (commscope.errors)
 
 
 def build_parser() -> argparse.ArgumentParser:

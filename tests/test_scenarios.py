@@ -23,6 +23,7 @@ from rich.console import Console
 
 from commscope.analysis import TraceModel, diagnose
 from commscope.analysis.source import open_source
+from commscope.commands.check import check_store
 from commscope.scenarios import EXIT_TIME_LIMIT, SCENARIOS, DemoJob, Scenario, run_headless
 
 pytestmark = pytest.mark.timeout(120)
@@ -81,7 +82,7 @@ def test_scenario_headless_reports_its_expected_findings(name, tmp_path, capsys)
     ranks, knobs = RUNS[name]
     out = io.StringIO()
     code = run_headless(name, ranks=ranks, store=str(tmp_path), json=True, timeout=60,
-                        console=Console(file=out), **knobs)
+                        console=Console(file=out), check=check_store, **knobs)
     report = json.loads(out.getvalue())
     got = Counter((f["kind"], tuple(f["culprits"])) for f in report["findings"])
     want = Counter((k, tuple(c)) for k, c in SCENARIOS[name].expect(ranks))
@@ -115,7 +116,7 @@ def test_healthy_training_trace_has_ddp_async_and_varlen_ops(tmp_path):
 def test_text_report_is_what_check_prints(tmp_path):
     out = io.StringIO()
     code = run_headless("async-leak", ranks=2, store=str(tmp_path), steps=3, pace=0,
-                        console=Console(file=out, width=120))
+                        console=Console(file=out, width=120), check=check_store)
     text = out.getvalue()
     assert code == 0
     assert text.splitlines()[0].startswith("commscope demo async-leak: 2 ranks on gloo")
@@ -166,8 +167,6 @@ def spawn_and_wait(rank: int, ws: int, ctx) -> None:
 
 
 def test_hanging_scenario_ends_on_its_own_and_keeps_the_diagnosis(tmp_path):
-    from commscope.scenarios import check_store
-
     job = DemoJob("missing-rank", ranks=2, store=str(tmp_path), steps=4, pace=0.1, hang_after=1.0,
                   time_limit=6.0).start()
     pids = job.pids

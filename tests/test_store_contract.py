@@ -266,3 +266,28 @@ def test_failed_write_reports_exactly_what_landed(backend, monkeypatch):
     assert ids(got) == [(0, i) for i in range(1, 40_002)]  # nothing lost, nothing twice
     # The directory store loses at most the torn copy of one line, ended by the retry.
     assert reader.stats.corrupt == (1 if backend.name == "directory" else 0)
+
+
+def test_every_reader_is_a_trace_reader_with_one_poll(backend, tmp_path):
+    from commscope.analysis.flight_import import FlightRecorderReader
+    from commscope.analysis.source import open_source
+    from commscope.store import EmptyReader, TraceReader
+
+    w = open_writer(backend.store, "j", 0, {"world_size": 1})
+    w.write(lines(*(ev(0, i) for i in range(1, 201))))
+    reader = open_source(backend.store)
+    assert isinstance(reader, TraceReader)
+    first = reader.poll(max_bytes=1)  # a budget bounds a read, never stops one
+    rest = reader.poll(max_bytes=None)
+    assert ids(first + rest) == [(0, i) for i in range(1, 201)] and first
+    assert reader.backlog_bytes() == 0 and reader.total_bytes() >= 0 and reader.stats.events == 200
+    reader.close()
+    w.close()
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    (dumps / "fr_trace_0").write_text('{"version": "2.4", "entries": []}')
+    for other in (FlightRecorderReader(dumps), EmptyReader("nothing")):
+        assert isinstance(other, TraceReader)
+        assert other.poll(max_bytes=1 << 20) == [] or other.stats.events >= 0
+        assert other.poll() == [] and other.backlog_bytes() == 0 and other.total_bytes() == 0
+        other.close()

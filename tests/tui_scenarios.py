@@ -6,6 +6,7 @@ import os
 import time
 
 from commscope.analysis.synth import T0, S, TraceBuilder
+from commscope.store import ReadStats, TraceReader
 from commscope.tui.app import CommscopeApp
 from commscope.tui.feed import LIVE, REPLAY, Feed
 
@@ -15,24 +16,18 @@ time.tzset()
 MS = S // 1000
 
 
-class StaticReader:
+class StaticReader(TraceReader):
     """A reader that hands over a fixed list of events, once, like a store poll would."""
 
     description = "synthetic-job"
 
     def __init__(self, events: list[dict]):
         self.events = list(events)
-        self.stats = None
+        self.stats = ReadStats()
 
     def poll(self, max_bytes=None):
         out, self.events = self.events, []
         return out
-
-    def read_all(self):
-        return self.poll()
-
-    def close(self):
-        pass
 
 
 def _stack(op_id: int, func: str, line: int) -> list[dict]:

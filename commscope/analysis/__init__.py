@@ -1,6 +1,7 @@
 """Analysis: TraceModel, cross-rank matching, diagnose(), bandwidth, Flight Recorder import, export.
 
-Imports only ``commscope.events`` and ``commscope.store`` (and numpy).  See docs/analysis.md.
+Imports only the torch-free modules below it (``commscope.events``, ``schema``, ``dtypes``,
+``flightfmt``, ``errors``, ``store``) and numpy: never ``commands``, ``cli`` or ``tui``.  See docs/analysis.md.
 """
 
 from __future__ import annotations
@@ -8,6 +9,6 @@ from __future__ import annotations
 from commscope.analysis.diagnose import diagnose, trace_now
 from commscope.analysis.findings import KINDS, Finding
 from commscope.analysis.model import RankState, TraceModel
-from commscope.analysis.source import load_model, open_source
+from commscope.analysis.source import load_trace, open_source
 
-__all__ = ["KINDS", "Finding", "RankState", "TraceModel", "diagnose", "load_model", "open_source", "trace_now"]
+__all__ = ["KINDS", "Finding", "RankState", "TraceModel", "diagnose", "load_trace", "open_source", "trace_now"]

@@ -15,7 +15,8 @@ import dataclasses
 import numpy as np
 
 from commscope.analysis.collectives import complete_rows, gather, seq_of_row
-from commscope.analysis.model import GroupIndex, Sig, TraceModel
+from commscope.analysis.indexes import GroupIndex
+from commscope.analysis.model import Sig, TraceModel
 
 _ALL_REDUCE = ("all_reduce", "all_reduce_coalesced", "allreduce", "allreduce_coalesced")
 _ALL_GATHER = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_coalesced", "all_gather_v",

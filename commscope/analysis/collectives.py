@@ -1,6 +1,6 @@
 """Collective findings: missing ranks, mismatches, stragglers; plus per-instance matrices.
 
-A group's collectives form a matrix [seq x member] of op indices (see model.GroupIndex).
+A group's collectives form a matrix [seq x member] of op indices (see indexes.GroupIndex).
 Gathering one column of every member's op table through it gives a dense matrix
 (begin times, completion times, match codes) that numpy scans in milliseconds.
 """
@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from commscope.analysis.findings import Finding, activity, op_brief, secs
-from commscope.analysis.model import APPROX, COLL, SPACE_FR, GroupIndex, TraceModel
+from commscope.analysis.indexes import GroupIndex
+from commscope.analysis.model import APPROX, COLL, SPACE_FR, TraceModel
 
 #: A rank straggles when it arrives last in at least this share of recent collectives...
 STRAGGLER_LAST_SHARE = 0.7

@@ -19,20 +19,10 @@ from typing import Any
 from commscope.analysis.findings import Finding
 from commscope.analysis.liveness import outlived
 from commscope.analysis.model import TraceModel
+from commscope.analysis.ranks import ranges
 
 _LOSS_WORDS = {"dropped": "dropped by the recorder", "damaged": "damaged line(s) skipped",
                "invalid": "invalid event(s) skipped", "missing": "lost by the store"}
-
-
-def _ranges(rs: list[int]) -> str:
-    out, i = [], 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def job_stopped(model: TraceModel, wall_ns: int) -> bool:
@@ -77,7 +67,7 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False) -> list[
                      "as a whole, or its last events never reached the store (a store that went "
                      "down and did not come back)")
     elif ended:
-        parts.append(f"the stream of rank(s) {_ranges(ended)} ends without an exit event while other ranks "
+        parts.append(f"the stream of rank(s) {ranges(ended, limit=None)} ends without an exit event while other ranks "
                      "exited later: its last events never reached the store")
     msg = "the trace is incomplete: " + "; ".join(parts)
     if model.read_losses.get(-1):

@@ -34,18 +34,12 @@ from typing import Any
 import msgspec
 
 from commscope.events import SCHEMA_VERSION, Event
+from commscope.flightfmt import FrOp, as_int, completed_ns, finished, parse_name, tensor_fields, thread_id
 from commscope.schema import MAX_INT, MAX_RANK, validate_events
-from commscope.store import ReadStats, StoreError
+from commscope.store import ReadStats, StoreError, TraceReader
 from commscope.store.directory import read_regular
 
 _RANK_SUFFIX = re.compile(r"(?<!\d)(\d{1,8})(\.(json|pkl|pickle))?$")
-_BACKENDS = ("nccl:", "gloo:", "ucc:", "mpi:", "xccl:")
-_DTYPES = {
-    "Float": ("float32", 4), "Double": ("float64", 8), "Half": ("float16", 2), "BFloat16": ("bfloat16", 2),
-    "Long": ("int64", 8), "Int": ("int32", 4), "Short": ("int16", 2), "Char": ("int8", 1),
-    "Byte": ("uint8", 1), "Bool": ("bool", 1), "ComplexFloat": ("complex64", 8),
-    "ComplexDouble": ("complex128", 16), "Float8_e4m3fn": ("float8_e4m3fn", 1), "Float8_e5m2": ("float8_e5m2", 1),
-}
 MAX_DUMP_BYTES = 256 << 20
 #: A dump may expand to at most this many objects per byte of file (plus DUMP_SLACK), counting
 #: an object again wherever it is referenced: pickle memo references cannot amplify it.
@@ -164,51 +158,6 @@ def looks_like_fr_dir(path: str | os.PathLike) -> bool:
     return False
 
 
-def parse_name(profiling_name: str) -> tuple[str, str, str | None, int | None]:
-    """'nccl:send 0->1' -> ('nccl', 'send', 'send', 1); peer is a group rank."""
-    name = profiling_name or "unknown"
-    backend = ""
-    for prefix in _BACKENDS:
-        if name.startswith(prefix):
-            backend, name = prefix[:-1], name[len(prefix):]
-            break
-    parts = name.split()
-    base = parts[0] if parts else "unknown"
-    direction = ("send" if base in ("send", "isend") else
-                 "recv" if base in ("recv", "irecv", "recv_anysource") else None)
-    peer = None
-    if direction and len(parts) > 1:
-        m = re.match(r"(\d{1,8})(->|<-)(\d{1,8})", parts[1])
-        if m:
-            a, arrow, b = int(m.group(1)), m.group(2), int(m.group(3))
-            src, dst = (a, b) if arrow == "->" else (b, a)
-            peer = dst if direction == "send" else src
-    return backend, base, direction, peer
-
-
-def _int(v: Any, lo: int = 0, hi: int = MAX_INT) -> int | None:
-    """``v`` if it is an int (not a bool) in [lo, hi], else None: dumps hold anything."""
-    return v if type(v) is int and lo <= v <= hi else None
-
-
-def _nbytes(shapes: list, dtypes: list) -> int:
-    """Bytes of the tensors; MAX_INT + 1 (which the schema rejects) when a size is no size."""
-    total = 0
-    for shape, dt in zip(shapes, dtypes, strict=False):
-        n = 1
-        for d in shape if isinstance(shape, list | tuple) else (None,):
-            d = _int(d)
-            if d is None:
-                return MAX_INT + 1
-            n *= d
-            if n > MAX_INT:
-                return MAX_INT + 1
-        total += n * _DTYPES.get(str(dt), ("", 0))[1]
-        if total > MAX_INT:
-            return MAX_INT + 1
-    return total
-
-
 def _ranks_of(cfg: Any) -> list[int] | None:
     """A pg_config entry's ranks: a list, or its text '[0, 1, 2]' (parsed by a regular
     expression, never evaluated)."""
@@ -217,7 +166,7 @@ def _ranks_of(cfg: Any) -> list[int] | None:
         if not _RANK_LIST.fullmatch(ranks):
             return None
         ranks = [int(x) for x in re.findall(r"\d+", ranks)]
-    if isinstance(ranks, list | tuple) and ranks and all(_int(r, 0, MAX_RANK) is not None for r in ranks):
+    if isinstance(ranks, list | tuple) and ranks and all(as_int(r, 0, MAX_RANK) is not None for r in ranks):
         return list(dict.fromkeys(ranks))
     return None
 
@@ -272,7 +221,7 @@ def dumps_to_events(dumps: dict[int, dict], mtimes: dict[int, int] | None = None
     for rank in sorted(dumps):
         d = dumps[rank]
         entries = [e for e in (d.get("entries") or []) if isinstance(e, dict)]
-        created = [t for t in (_int(e.get("time_created_ns")) for e in entries) if t is not None]
+        created = [t for t in (as_int(e.get("time_created_ns")) for e in entries) if t is not None]
         t_meta = min(created) if created else mtimes.get(rank, 0)
         backend = next((parse_name(str(e.get("profiling_name", "")))[0] for e in entries), "") or "?"
         out.append({"v": SCHEMA_VERSION, "type": "meta", "rank": rank, "ts": t_meta, "world_size": world or None,
@@ -308,63 +257,52 @@ def dumps_to_events(dumps: dict[int, dict], mtimes: dict[int, int] | None = None
 
 def _entry_events(e: dict, rank: int, members: dict[str, list[int]], announced: set[str],
                   p2p_seq: dict[tuple, int]) -> list[Event]:
-    pg = e.get("process_group") or ("?",)
-    group = str(pg[0])
-    ranks = members.get(group, [])
-    created = _int(e.get("time_created_ns"))
+    fr = FrOp(e, members.get)
+    group = fr.group
+    created = as_int(e.get("time_created_ns"))
     if created is None:
         raise ValueError("bad time_created_ns")
     out: list[Event] = []
     if group not in announced:
         announced.add(group)
         out.append({"v": SCHEMA_VERSION, "type": "group", "rank": rank, "ts": created, "group": group,
-                    "granks": ranks, "desc": str(pg[1]) if len(pg) > 1 else None})
-        if out[-1]["desc"] is None:
-            del out[-1]["desc"]
-    _, op, direction, gpeer = parse_name(str(e.get("profiling_name", "")))
-    record_id = _int(e.get("record_id", 0), 0, MAX_INT - 1)
+                    "granks": members.get(group, [])})
+        if fr.desc is not None:
+            out[-1]["desc"] = fr.desc
+    record_id = as_int(e.get("record_id", 0), 0, MAX_INT - 1)
     if record_id is None:
         raise ValueError("bad record_id")
     op_id = record_id + 1
-    ins, outs = list(e.get("input_sizes") or []), list(e.get("output_sizes") or [])
-    idt, odt = list(e.get("input_dtypes") or []), list(e.get("output_dtypes") or [])
     begin: Event = {"v": SCHEMA_VERSION, "type": "op", "rank": rank, "ts": created, "phase": "begin", "id": op_id,
-                    "op": op, "group": group, "src": "fr-import",
-                    "in_shapes": [list(s) for s in ins], "in_dtypes": [_DTYPES.get(str(x), (str(x).lower(), 0))[0]
-                                                                      for x in idt],
-                    "in_bytes": _nbytes(ins, idt), "out_shapes": [list(s) for s in outs],
-                    "out_dtypes": [_DTYPES.get(str(x), (str(x).lower(), 0))[0] for x in odt],
-                    "out_bytes": _nbytes(outs, odt)}
-    tid = e.get("thread_id")
-    if isinstance(tid, str) and tid.isdigit() and len(tid) <= 18:
-        tid = int(tid)
-    if _int(tid) is not None:
+                    "op": fr.op, "group": group, "src": "fr-import", **tensor_fields(e)}
+    tid = thread_id(e)
+    if tid is not None:
         begin["tid"] = tid
     site = _site(e.get("frames"))
     if site:
         begin["site"] = site
-    if direction or e.get("is_p2p"):
-        direction = direction or "send"
-        peer = ranks[gpeer] if gpeer is not None and 0 <= gpeer < len(ranks) else gpeer
+    if fr.is_p2p:
+        direction = fr.direction or "send"
         begin["dir"] = direction
-        if peer is not None:
-            begin["peer"] = peer
-            key = (group, peer, direction)
+        if fr.peer is not None:
+            begin["peer"] = fr.peer
+            key = (group, fr.peer, direction)
             begin["seq"] = p2p_seq[key] = p2p_seq.get(key, 0) + 1
-    elif _int(e.get("collective_seq_id")) is not None:
+    elif as_int(e.get("collective_seq_id")) is not None:
         begin["seq"] = e["collective_seq_id"]
     out.append(begin)
-    done_ns = _int(e.get("time_discovered_completed_ns")) or 0
+    done_ns = completed_ns(e)
     if done_ns:
         out.append({"v": SCHEMA_VERSION, "type": "op", "rank": rank, "ts": done_ns, "phase": "end", "id": op_id})
-    elif e.get("retired") or e.get("state") == "completed":
+    elif finished(e):
         out.append({"v": SCHEMA_VERSION, "type": "op", "rank": rank, "ts": created, "phase": "end", "id": op_id,
                     "approx": True})
     return out
 
 
-class FlightRecorderReader:
-    """A reader (same interface as the store readers) over a directory of FR dumps."""
+class FlightRecorderReader(TraceReader):
+    """A reader over a directory of FR dumps: the first ``poll`` returns them all (a dump
+    is a snapshot: there is nothing to follow, and no budget to honour)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -406,17 +344,11 @@ class FlightRecorderReader:
         self.stats.events += len(events)
         return events
 
-    def poll(self) -> list[Event]:
+    def poll(self, max_bytes: int | None = None) -> list[Event]:
         if self._done:
             return []
         self._done = True
         return self._load()
 
-    def read_all(self) -> list[Event]:
-        return self.poll()
-
     def job(self) -> dict | None:
         return self._job
-
-    def close(self) -> None:
-        pass

@@ -1,13 +1,17 @@
 """TraceModel: one compact, incrementally updated in-memory model of a trace.
 
-Ops are stored per rank in numpy columns (begin/end/wait/done times, id, seq, peer,
-parent, signature code, flags), so a million ops take 90-130 MB and window queries
-are binary searches.  Everything about an op that repeats from call to call (op name,
-group, call site, shapes, dtypes, reduce op, root, thread) is interned once as a
-``Sig`` and referenced by an int32 code.  Cross-rank indexes (collectives by
-(group, seq), p2p by (group, src, dst, seq)) are small int32 matrices per group or
-channel.  ``ingest`` costs time proportional to its batch: per cache-sized chunk, C-level
-passes that pull columns out of the event dicts, then vectorized column writes.
+Three layers, three modules:
+
+- ``columns``: ops stored per rank in numpy columns (begin/end/wait/done times, id, seq,
+  peer, parent, signature code, flags), so a million ops take 90-130 MB and window
+  queries are binary searches (``RankTrace``), and the one growth helper (``grown``);
+- this module: ingest and interning.  Everything about an op that repeats from call to
+  call (op name, group, call site, shapes, dtypes, reduce op, root, thread) is interned
+  once as a ``Sig`` and referenced by an int32 code.  ``ingest`` costs time proportional
+  to its batch: per cache-sized chunk, C-level passes that pull columns out of the event
+  dicts, then vectorized column writes.  The queries the detectors and the console use;
+- ``indexes``: cross-rank indexes (collectives by (group, seq), p2p by (group, src, dst,
+  seq)), small int32 matrices per group or channel.
 """
 
 from __future__ import annotations
@@ -20,10 +24,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from commscope.analysis.columns import I64_MAX, RankTrace, Samples, grown
 from commscope.analysis.errors import PEER_GONE, classify
+from commscope.analysis.indexes import GroupIndex, SeqIndex
 from commscope.events import P2P_OPS, Event
-
-I64_MAX = np.iinfo(np.int64).max
 
 # Sig flags
 ASYNC, NESTED, P2P, COLL, CONTAINER, FR, SEND, RECV, DEVICE = (1 << i for i in range(9))
@@ -38,11 +42,6 @@ DEFAULT_SAMPLE_INTERVAL = 1.0
 #: Events are ingested in chunks this long, so that the several column passes over a chunk's
 #: dicts find them in cache (one pass over a cold dict costs ~100 ns, a warm one ~25 ns).
 INGEST_CHUNK = 2048
-#: A rank's op ids are looked up in a dense array while they stay below this multiple of its
-#: op count (plus DENSE_ID_SLACK); sparse or huge ids (foreign, trimmed or hostile traces)
-#: switch it to a dict, so an id costs memory by the ops held, never by its value.
-DENSE_ID_FACTOR = 4
-DENSE_ID_SLACK = 1 << 12
 #: A rank whose heartbeat is older than max(DEAD_INTERVALS x sample_interval, DEAD_MIN_S) is dead.
 DEAD_INTERVALS = 5
 DEAD_MIN_S = 2.0
@@ -170,346 +169,9 @@ class Sig:
         return d
 
 
-class SeqIndex:
-    """An int32 matrix [row, column] -> op index (-1: none) with one row per seq some op has.
-
-    ``keys`` holds the seqs of the rows, sorted.  Rows exist only for seqs present, so
-    memory follows the number of ops, never the seq values: a damaged or hostile seq of
-    10**12 costs one row, and a gap after dropped events costs nothing.
-    """
-
-    __slots__ = ("cols", "keys", "mat", "n")
-
-    def __init__(self, ncols: int):
-        self.cols = ncols
-        self.mat = np.full((64, max(ncols, 1)), -1, np.int32)
-        self.keys = np.zeros(64, np.int64)
-        self.n = 0
-
-    @property
-    def base(self) -> int | None:
-        """The smallest seq indexed (None: empty)."""
-        return int(self.keys[0]) if self.n else None
-
-    def seq_of(self, row: int) -> int:
-        return int(self.keys[row])
-
-    def add_cols(self, ncols: int) -> None:
-        if ncols > self.mat.shape[1]:
-            grown = np.full((self.mat.shape[0], max(ncols, 2 * self.mat.shape[1])), -1, np.int32)
-            grown[:, : self.mat.shape[1]] = self.mat
-            self.mat = grown
-        self.cols = max(self.cols, ncols)
-
-    def _grow(self, rows: int) -> None:
-        if rows > self.mat.shape[0]:
-            cap = max(rows, 2 * self.mat.shape[0])
-            grown = np.full((cap, self.mat.shape[1]), -1, np.int32)
-            grown[: self.n] = self.mat[: self.n]
-            keys = np.zeros(cap, np.int64)
-            keys[: self.n] = self.keys[: self.n]
-            self.mat, self.keys = grown, keys
-
-    def _add_keys(self, new: np.ndarray) -> None:
-        """Add rows for ``new`` (sorted, unique, none present yet)."""
-        n, k = self.n, new.shape[0]
-        self._grow(n + k)
-        if n == 0 or new[0] > self.keys[n - 1]:  # the usual case: later seqs, appended in place
-            self.keys[n:n + k] = new
-        else:  # seqs before or between present ones (late Flight Recorder ops, gaps filled)
-            keys = np.concatenate([self.keys[:n], new])
-            order = np.argsort(keys, kind="stable")
-            self.mat[: n + k] = np.concatenate([self.mat[:n], np.full((k, self.mat.shape[1]), -1, np.int32)])[order]
-            self.keys[: n + k] = keys[order]
-        self.n = n + k
-
-    def put(self, seqs: np.ndarray, col: int, idx: np.ndarray) -> None:
-        n = self.n
-        if n == 0 or int(seqs.min()) > int(self.keys[n - 1]):
-            self._add_keys(np.unique(seqs))
-        else:
-            keys = self.keys[:n]
-            pos = np.minimum(np.searchsorted(keys, seqs), n - 1)
-            missing = keys[pos] != seqs
-            if missing.any():
-                self._add_keys(np.unique(seqs[missing]))
-        rows = np.searchsorted(self.keys[: self.n], seqs)
-        self.mat[rows, col] = idx
-
-    def rows(self) -> np.ndarray:
-        """The filled part, [rows x cols] (a view); row r holds seq ``keys[r]``."""
-        return self.mat[: self.n, : self.cols]
-
-    def get(self, seq: int) -> np.ndarray | None:
-        n = self.n
-        if n == 0:
-            return None
-        r = int(np.searchsorted(self.keys[:n], seq))
-        if r >= n or int(self.keys[r]) != seq:
-            return None
-        return self.mat[r, : self.cols]
-
-
-class GroupIndex:
-    """Collectives of one group in one seq space: which op each member ran at each seq.
-
-    ``members`` is the group (group-rank order when a ``group`` event said so); the seq
-    matrix has a column only for members that ran an op, ``ranks`` in column order, so
-    a trace holding few ranks of a huge group costs only what those ranks recorded.
-    """
-
-    def __init__(self, name: str, space: int, members: list[int]):
-        self.name = name
-        self.space = space
-        self.members = list(dict.fromkeys(members))
-        self._member_set = set(self.members)
-        self.ranks: list[int] = []  # rank of each matrix column
-        self.col: dict[int, int] = {}
-        self.seqs = SeqIndex(0)
-
-    def add_member(self, rank: int) -> None:
-        if rank not in self._member_set:
-            self._member_set.add(rank)
-            self.members.append(rank)
-
-    def column(self, rank: int) -> int:
-        c = self.col.get(rank)
-        if c is None:
-            self.add_member(rank)
-            c = self.col[rank] = len(self.ranks)
-            self.ranks.append(rank)
-            self.seqs.add_cols(len(self.ranks))
-        return c
-
-    def complete(self) -> bool:
-        """Every member has a column (rows can be complete)."""
-        return len(self.ranks) == len(self.members)
-
-    def at(self, seq: int) -> dict[int, int]:
-        row = self.seqs.get(seq)
-        if row is None:
-            return {}
-        return {self.ranks[c]: int(i) for c, i in enumerate(row) if i >= 0}
-
-
 _SIG_KEYS = ("op", "group", "site", "redop", "root", "async", "nested", "src", "dir", "tid", "in_bytes",
              "out_bytes", "tag", "device")
 _SIG_LISTS = ("in_shapes", "out_shapes", "in_dtypes", "out_dtypes")
-_COLS_I8 = ("begin", "end", "wb", "we", "done", "gpu", "comp", "id", "seq")
-_COLS_I4 = ("peer", "parent", "sig")
-
-
-class RankTrace:
-    """One rank: op columns plus liveness, samples, stacks and exits."""
-
-    def __init__(self, rank: int):
-        self.rank = rank
-        self.n = 0
-        cap = 256
-        for c in _COLS_I8:
-            setattr(self, c, np.zeros(cap, np.int64))
-        for c in _COLS_I4:
-            setattr(self, c, np.full(cap, -1, np.int32))
-        self.flags = np.zeros(cap, np.uint8)
-        self.id2idx = np.full(1024, -1, np.int32)
-        self.id_dict: dict[int, int] | None = None
-        self.open: set[int] = set()  # op indices not yet complete
-        self.exc: dict[int, str] = {}  # op index -> exception text
-        self.meta: dict | None = None
-        self.exits: list[dict] = []
-        self.stacks: dict[int, dict] = {}  # op id -> stack event
-        self.captures: list[dict] = []  # the latest stack events, any reason, in arrival order
-        self.last_stack: dict | None = None
-        self.last_hb = 0
-        self.hb_inflight = 0
-        self.first_ts = 0
-        self.last_ts = 0
-        self.last_op_ts = 0
-        self.last_comp = 0  # latest completion time of any op
-        self.dropped = 0  # events the recorder lost (backpressure, store failures)
-        self.fr_overwritten = 0  # Flight Recorder entries overwritten before a poll: not losses
-        self.device_seen = False
-        self.samples = _Samples()
-        self._order: np.ndarray | None = None
-        self._order_n = 0
-        self._sorted = True
-        self._last_begin = 0
-        self._pmax: np.ndarray | None = None
-        self._pmax_version = -1
-        self._sb = np.zeros(0, np.int64)  # begin times in ``order``
-        self._ord_buf = self._sb_buf = self._pmax_buf = np.zeros(0, np.int64)  # capacity behind them
-        self._ins_min = 0  # first order position changed by insertions since the last prefix max
-        self._open_min_begin = I64_MAX  # earliest begin among ops open at the last prefix max
-        self.version = 0
-
-    # -- storage
-    def reserve(self, n: int) -> None:
-        cap = self.begin.shape[0]
-        if n <= cap:
-            return
-        new = max(n, cap * 2)
-        for c in (*_COLS_I8, *_COLS_I4, "flags"):
-            old = getattr(self, c)
-            arr = np.zeros(new, old.dtype) if c not in _COLS_I4 else np.full(new, -1, np.int32)
-            arr[: self.n] = old[: self.n]
-            setattr(self, c, arr)  # replaced, never resized: views handed out stay valid
-
-    def map_ids(self, ids: np.ndarray, idx: np.ndarray) -> None:
-        if (self.id_dict is None and ids.shape[0]
-                and int(ids.max()) >= DENSE_ID_FACTOR * (self.n + ids.shape[0]) + DENSE_ID_SLACK):
-            self.id_dict = {int(k): int(v) for k, v in enumerate(self.id2idx.tolist()) if v >= 0}
-        if self.id_dict is not None:  # sparse or huge ids (foreign traces): a dict instead
-            self.id_dict.update(zip(ids.tolist(), idx.tolist(), strict=True))
-            return
-        hi = int(ids.max())
-        if hi >= self.id2idx.shape[0]:
-            grown = np.full(max(hi + 1, 2 * self.id2idx.shape[0]), -1, np.int32)
-            grown[: self.id2idx.shape[0]] = self.id2idx
-            self.id2idx = grown
-        ok = ids >= 0
-        self.id2idx[ids[ok]] = idx[ok]
-
-    def lookup(self, ids: np.ndarray) -> np.ndarray:
-        if self.id_dict is not None:
-            get = self.id_dict.get
-            return np.array([get(k, -1) for k in ids.tolist()], np.int32)
-        out = np.full(ids.shape[0], -1, np.int32)
-        ok = (ids >= 0) & (ids < self.id2idx.shape[0])
-        out[ok] = self.id2idx[ids[ok]]
-        return out
-
-    def index_of(self, op_id: int) -> int | None:
-        if self.id_dict is not None:
-            return self.id_dict.get(op_id)
-        if 0 <= op_id < self.id2idx.shape[0]:
-            i = int(self.id2idx[op_id])
-            return i if i >= 0 else None
-        return None
-
-    # -- time queries
-    def order(self) -> np.ndarray:
-        """Op indices sorted by begin time (ops may arrive out of time order, e.g. Flight Recorder).
-
-        Maintained incrementally: new ops are merged into the sorted order (one
-        ``searchsorted`` and ``insert``), so a live trace never re-sorts a whole rank.
-        """
-        n = self.n
-        if self._order is not None and self._order_n == n:
-            return self._order
-        if self._order is None or self._order_n > n:
-            self._order = np.argsort(self.begin[:n], kind="stable")
-            self._sb = self.begin[self._order]
-            self._ord_buf, self._sb_buf = self._order, self._sb
-            self._ins_min = 0
-        else:
-            new = np.arange(self._order_n, n, dtype=np.int64)
-            nb = self.begin[self._order_n:n]
-            if nb.shape[0] > 1 and bool((np.diff(nb) < 0).any()):
-                k = np.argsort(nb, kind="stable")
-                new, nb = new[k], nb[k]
-            pos = np.searchsorted(self._sb, nb, side="right")
-            m = self._order.shape[0]
-            if pos[0] == m:  # the usual case: everything new comes last; append in place
-                k = new.shape[0]
-                if self._ord_buf.shape[0] < m + k:
-                    cap = max(2 * (m + k), 1024)
-                    ob, sb = np.empty(cap, np.int64), np.empty(cap, np.int64)
-                    ob[:m], sb[:m] = self._order, self._sb
-                    self._ord_buf, self._sb_buf = ob, sb
-                self._ord_buf[m:m + k] = new
-                self._sb_buf[m:m + k] = nb
-                self._order, self._sb = self._ord_buf[: m + k], self._sb_buf[: m + k]
-            else:
-                self._order = np.insert(self._order, pos, new)
-                self._sb = np.insert(self._sb, pos, nb)
-                self._ord_buf, self._sb_buf = self._order, self._sb
-            self._ins_min = min(self._ins_min, int(pos[0]))
-        self._order_n = n
-        return self._order
-
-    def window(self, t0: int, t1: int) -> np.ndarray:
-        """Indices of ops overlapping [t0, t1), by begin time; ops in flight extend to +inf."""
-        n = self.n
-        if n == 0:
-            return np.zeros(0, np.int64)
-        order = self.order()
-        begins = self._sb
-        i1 = int(np.searchsorted(begins, t1, side="left"))
-        pmax = self._prefix_max(order, begins)
-        i0 = int(np.searchsorted(pmax, t0, side="right"))
-        cand = order[i0:i1]
-        if cand.shape[0]:
-            ends = self.comp[cand]
-            cand = cand[(ends > t0) | (ends == 0) | (self.begin[cand] >= t0)]
-        if self.open:
-            extra = [i for i in self.open if self.begin[i] < t1 and self.comp[i] == 0]
-            if extra:
-                cand = np.union1d(cand, np.array(extra, np.int64))
-                cand = cand[np.argsort(self.begin[cand], kind="stable")]
-        return cand
-
-    def _prefix_max(self, order: np.ndarray, begins: np.ndarray) -> np.ndarray:
-        """Running max of op ends in begin order (in-flight ops count with their begin).
-
-        Recomputed only from the first position that can have changed: where ops were
-        inserted, or where the earliest op that was still open last time begins.
-        """
-        n = order.shape[0]
-        if self._pmax is not None and self._pmax_version == self.version and self._pmax.shape[0] == n:
-            return self._pmax
-        start = 0
-        if self._pmax is not None:
-            start = min(self._ins_min, int(np.searchsorted(begins, self._open_min_begin, side="left")),
-                        self._pmax.shape[0])
-        ends = self.comp[order[start:]]
-        ends = np.where(ends == 0, begins[start:], ends)
-        if start and start <= self._pmax.shape[0]:
-            if ends.shape[0]:
-                ends[0] = max(int(ends[0]), int(self._pmax[start - 1]))
-            if self._pmax_buf.shape[0] < n:
-                buf = np.empty(max(2 * n, 1024), np.int64)
-                buf[:start] = self._pmax[:start]
-                self._pmax_buf = buf
-            np.maximum.accumulate(ends, out=self._pmax_buf[start:n])
-            self._pmax = self._pmax_buf[:n]
-        else:
-            self._pmax_buf = np.maximum.accumulate(ends)
-            self._pmax = self._pmax_buf
-        self._pmax_version = self.version
-        self._ins_min = n
-        self._open_min_begin = min((int(self.begin[i]) for i in self.open), default=I64_MAX)
-        return self._pmax
-
-
-class _Samples:
-    """Per-rank resource samples for sparklines: ts, cpu, rss, gpu_util, gpu_mem, gpu_mem_total."""
-
-    FIELDS = ("ts", "cpu", "rss", "gpu_util", "gpu_mem", "gpu_mem_total")
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.cols = {f: np.full(64, np.nan) for f in self.FIELDS}
-        self.last: dict | None = None
-
-    def add(self, evs: list[dict]) -> None:
-        k = len(evs)
-        need = self.n + k
-        cap = self.cols["ts"].shape[0]
-        if need > cap:
-            for f in self.FIELDS:
-                arr = np.full(max(need, cap * 2), np.nan)
-                arr[: self.n] = self.cols[f][: self.n]
-                self.cols[f] = arr
-        for f in self.FIELDS:
-            vals = [e.get(f) for e in evs]
-            self.cols[f][self.n: need] = [np.nan if v is None else v for v in vals]
-        self.n = need
-        self.last = evs[-1]
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {f: self.cols[f][: self.n] for f in self.FIELDS}
-
-
 class RankState(NamedTuple):
     kind: str  # "blocked" | "running" | "idle" | "exited" | "crashed" | "dead" | "unknown"
     text: str
@@ -582,7 +244,7 @@ class TraceModel:
         tell an incomplete trace from a healthy one."""
         losses: dict[int, dict[str, int]] = {}
         for key, per_rank in (("damaged", stats.corrupt_by_rank), ("invalid", stats.invalid_by_rank),
-                              ("missing", getattr(stats, "missing_by_rank", {}))):
+                              ("missing", stats.missing_by_rank)):
             for r, n in per_rank.items():
                 if n:
                     losses.setdefault(int(r), {})[key] = int(n)
@@ -709,9 +371,9 @@ class TraceModel:
         sig.match = self._match_codes.setdefault(mk, len(self._match_codes))
         self.sigs.append(sig)
         if code >= self._sig_flags.shape[0]:
-            self._sig_flags = np.concatenate([self._sig_flags, np.zeros_like(self._sig_flags)])
-            self._sig_match = np.concatenate([self._sig_match, np.zeros_like(self._sig_match)])
-            self._sig_gkey = np.concatenate([self._sig_gkey, np.zeros_like(self._sig_gkey)])
+            self._sig_flags = grown(self._sig_flags, code + 1)
+            self._sig_match = grown(self._sig_match, code + 1)
+            self._sig_gkey = grown(self._sig_gkey, code + 1)
         self._sig_flags[code] = flags
         self._sig_match[code] = sig.match
         self._sig_gkey[code] = self._gkeys.setdefault((sig.space, sig.group), len(self._gkeys))
@@ -1040,7 +702,7 @@ class TraceModel:
     def samples(self, rank: int) -> dict[str, np.ndarray]:
         """Sample history for sparklines: ts, cpu, rss, gpu_util, gpu_mem, gpu_mem_total (NaN = absent)."""
         rt = self.ranks.get(rank)
-        return rt.samples.arrays() if rt else _Samples().arrays()
+        return rt.samples.arrays() if rt else Samples().arrays()
 
     def latest_sample(self, rank: int) -> dict | None:
         rt = self.ranks.get(rank)

@@ -1,18 +1,20 @@
-"""open_source(): the one way the CLI and the TUI open anything that holds a trace."""
+"""Opening a trace: ``open_source`` (a reader, the one way the CLI and the TUI open
+anything that holds a trace) and ``load_trace`` (a whole source read into a model)."""
 
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from commscope.analysis.flight_import import FlightRecorderReader, looks_like_fr_dir
 from commscope.analysis.model import TraceModel
-from commscope.store import StoreError, default_store, is_redis, open_reader
+from commscope.analysis.ranks import absent, ranges
+from commscope.errors import UsageError
+from commscope.store import ReadStats, StoreError, TraceReader, default_store, is_redis, open_reader, redact
 
 
-def open_source(path_or_url: str | os.PathLike | None, *, wait: bool = False) -> Any:
-    """A reader (``poll``/``read_all``/``job``/``stats``/``close``) for a trace store or a
-    directory of PyTorch Flight Recorder dumps.  Raises StoreError when it is neither."""
+def open_source(path_or_url: str | os.PathLike | None, *, wait: bool = False) -> TraceReader:
+    """A reader for a trace store or a directory of PyTorch Flight Recorder dumps.
+    Raises StoreError when it is neither."""
     name = default_store(path_or_url)
     if is_redis(name):
         return open_reader(name, wait=wait)
@@ -26,11 +28,53 @@ def open_source(path_or_url: str | os.PathLike | None, *, wait: bool = False) ->
         raise
 
 
-def load_model(path_or_url: str | os.PathLike | None) -> tuple[TraceModel, Any]:
-    """Read a whole source into a model; returns (model, reader) so callers can show stats."""
-    reader = open_source(path_or_url)
+def load_trace(store: str | os.PathLike | None) -> tuple[TraceModel, TraceReader, list[str]]:
+    """Read a whole source into a model: (model, the closed reader, warnings).  What
+    ``check``, ``report``, ``export`` and the headless demo all start from.  Raises
+    UsageError on input that cannot be used (no source, no events)."""
     try:
+        reader = open_source(store)
         events = reader.read_all()
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {store}: {exc}") from None
     finally:
-        reader.close()
-    return TraceModel.from_events(events), reader
+        try:
+            reader.close()  # type: ignore[possibly-undefined]
+        except Exception:
+            pass
+    stats = reader.stats
+    if not events:
+        if stats.corrupt or stats.invalid:
+            raise UsageError(f"{redact(reader.description)}: corrupt beyond use ({stats.corrupt} damaged "
+                             f"line(s), {stats.invalid} invalid event(s), no readable event)")
+        raise UsageError(f"{redact(reader.description)}: no events recorded")
+    model = TraceModel.from_events(events)
+    model.note_read_stats(stats)
+    return model, reader, read_warnings(model, stats)
+
+
+def read_warnings(model: TraceModel, stats: ReadStats) -> list[str]:
+    """What the reader had to skip or could not see, as short lines (bounded whatever the input)."""
+    warnings = list(stats.warnings[:50])
+    if len(stats.warnings) > 50:
+        warnings.append(f"... and {len(stats.warnings) - 50} more reader warning(s)")
+    if stats.corrupt:
+        per = ", ".join(f"rank {r}: {n}" for r, n in sorted(stats.corrupt_by_rank.items())[:16])
+        warnings.append(f"skipped {stats.corrupt} damaged line(s) ({per})")
+    if stats.invalid:
+        why = ", ".join(f"{reason}: {n}" for reason, n in sorted(stats.invalid_by_reason.items(),
+                                                                    key=lambda kv: -kv[1])[:8])
+        warnings.append(f"skipped {stats.invalid} invalid event(s) ({why})")
+    if stats.trimmed:
+        warnings.append("the store dropped old events (maxlen): early ops may be missing")
+    for r in model.rank_ids()[:64]:
+        if model.ranks[r].dropped:
+            warnings.append(f"rank {r}: the recorder dropped {model.ranks[r].dropped} event(s)")
+    ws = model.world_size
+    present = model.rank_ids()
+    missing = ws - sum(1 for r in present if r < ws)
+    if 0 < missing < ws:
+        warnings.append(f"no events from rank(s) {ranges(absent(present, ws), limit=8)} of world size {ws}")
+    return warnings

@@ -161,15 +161,25 @@ def _redis_follow(url: str, ranks: int, rate: int, seconds: float) -> dict[str, 
             "catch_up_s": caught_up, "read_rate": seen / (time.perf_counter() - t0)}
 
 
-def _write_trace(store: str, ranks: int, per_rank: int) -> None:
+def write_trace(store: str, ranks: int, per_rank: int, job: str = "bench") -> None:
+    """A synthetic ``ranks``-rank job ``job`` in any store, for the reader measurements.
+    In Redis it replaces an earlier job of that name (the URL must not name another job)."""
     from commscope.events import encode
-    from commscope.store import open_writer
+    from commscope.store import StoreError, is_redis, open_writer
+
+    if is_redis(store):
+        from commscope.store.redis_store import delete_job
+        from commscope.store.redis_url import parse_url
+
+        if parse_url(store).job not in (None, job):
+            raise StoreError(f"give the benchmark a URL without ?job= (it writes job {job!r})")
+        delete_job(store, job)
 
     template = {"v": 1, "type": "op", "phase": "begin", "op": "all_reduce", "group": "0", "redop": "sum",
                 "in_shapes": [[256]], "in_dtypes": ["float32"], "in_bytes": 1024, "out_shapes": [[256]],
                 "out_dtypes": ["float32"], "out_bytes": 1024, "site": "train.py:42 in step", "tid": 1}
     for r in range(ranks):
-        w = open_writer(store, "bench", r, {"world_size": ranks})
+        w = open_writer(store, job, r, {"world_size": ranks})
         batch = []
         for i in range(per_rank):
             if i % 2 == 0:
@@ -233,12 +243,7 @@ def run(args: argparse.Namespace) -> int:
             rstore = os.path.join(base, "r") if name == "directory" else base + ("&" if "?" in base else "?") + "job=bench"
             read_ranks = args.ranks if name == "directory" else max(args.ranks, REDIS_FOLLOW_RANKS)
             per_rank = args.events // read_ranks
-            if name == "directory":
-                _write_trace(rstore, read_ranks, per_rank)
-            else:
-                from commscope.store.redis_store import write_bench_trace
-
-                write_bench_trace(base, read_ranks, per_rank)
+            write_trace(rstore if name == "directory" else base, read_ranks, per_rank)
             rate, n = _reader_rate(rstore)
             write_target = TARGET_WRITE if name == "directory" else TARGET_WRITE_REDIS
             read_target = TARGET_READ if name == "directory" else TARGET_READ_REDIS

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from commscope.bench.stats import fmt_time, median
+from commscope.store import EmptyReader
 
 TARGET_FRAME = 0.030
 TARGET_UPDATE = 0.010
@@ -30,14 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ops", type=int, default=1_000_000, help="ops in total (default 1M)")
     p.add_argument("--frames", type=int, default=20, help="frames per measurement")
     p.add_argument("--quick", action="store_true", help="8 ranks x 20k ops, for a smoke test")
-
-
-class _NoReader:
-    description = "synthetic"
-    stats = None
-
-    def poll(self, max_bytes=None):
-        return []
 
 
 def _frame(tl) -> float:
@@ -72,7 +65,7 @@ async def _measure(model, frames: int) -> dict:
     from commscope.tui.app import CommscopeApp
     from commscope.tui.feed import REPLAY, Feed
 
-    feed = Feed(_NoReader(), mode=REPLAY)
+    feed = Feed(EmptyReader("synthetic"), mode=REPLAY)
     feed.model = model
     info = feed.load_all()
     app = CommscopeApp(feed, clock=lambda: model.end_ns, start_feed=False, bell=False)

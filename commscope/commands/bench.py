@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     if not getattr(args, "_suite", None):
-        from commscope.cli import UsageError
+        from commscope.errors import UsageError
 
         raise UsageError("name a suite: " + ", ".join(SUITES))
     return int(args._suite(args) or 0)

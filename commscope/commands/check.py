@@ -18,8 +18,10 @@ from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
 from commscope.analysis.errors import first_line
 from commscope.analysis.findings import ERROR, Finding
 from commscope.analysis.model import TraceModel
-from commscope.analysis.source import open_source
-from commscope.store import StoreError, redact
+from commscope.analysis.ranks import ranges
+from commscope.analysis.source import load_trace
+from commscope.errors import UsageError
+from commscope.store import redact
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,72 +33,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--py-spy", action="store_true",
                    help="for a culprit running on this host whose Python threads cannot answer (native code "
                         "holding the GIL), take a native+Python stack dump with py-spy (pip install py-spy)")
-
-
-def load(store: str | None) -> tuple[TraceModel, Any, list[str]]:
-    """Model, reader and warnings; raises UsageError on input that cannot be used."""
-    from commscope.cli import UsageError
-
-    try:
-        reader = open_source(store)
-        events = reader.read_all()
-    except StoreError as exc:
-        raise UsageError(str(exc)) from None
-    except OSError as exc:
-        raise UsageError(f"cannot read {store}: {exc}") from None
-    finally:
-        try:
-            reader.close()  # type: ignore[possibly-undefined]
-        except Exception:
-            pass
-    stats = reader.stats
-    if not events:
-        if stats.corrupt or stats.invalid:
-            raise UsageError(f"{redact(reader.description)}: corrupt beyond use ({stats.corrupt} damaged "
-                             f"line(s), {stats.invalid} invalid event(s), no readable event)")
-        raise UsageError(f"{redact(reader.description)}: no events recorded")
-    model = TraceModel.from_events(events)
-    model.note_read_stats(stats)
-    return model, reader, read_warnings(model, stats)
-
-
-def read_warnings(model: TraceModel, stats: Any) -> list[str]:
-    """What the reader had to skip or could not see, as short lines (bounded whatever the input)."""
-    warnings = list(stats.warnings[:50])
-    if len(stats.warnings) > 50:
-        warnings.append(f"... and {len(stats.warnings) - 50} more reader warning(s)")
-    if stats.corrupt:
-        per = ", ".join(f"rank {r}: {n}" for r, n in sorted(stats.corrupt_by_rank.items())[:16])
-        warnings.append(f"skipped {stats.corrupt} damaged line(s) ({per})")
-    if stats.invalid:
-        why = ", ".join(f"{reason}: {n}" for reason, n in sorted(stats.invalid_by_reason.items(),
-                                                                    key=lambda kv: -kv[1])[:8])
-        warnings.append(f"skipped {stats.invalid} invalid event(s) ({why})")
-    if stats.trimmed:
-        warnings.append("the store dropped old events (maxlen): early ops may be missing")
-    for r in model.rank_ids()[:64]:
-        if model.ranks[r].dropped:
-            warnings.append(f"rank {r}: the recorder dropped {model.ranks[r].dropped} event(s)")
-    ws = model.world_size
-    present = model.rank_ids()
-    absent = ws - sum(1 for r in present if r < ws)
-    if 0 < absent < ws:
-        warnings.append(f"no events from rank(s) {_ranges(_absent(present, ws), limit=8)} of world size {ws}")
-    return warnings
-
-
-def _absent(present: list[int], ws: int) -> list[tuple[int, int]]:
-    """Ranks in [0, ws) not in ``present`` (sorted), as inclusive ranges: O(len(present))."""
-    out, lo = [], 0
-    for r in present:
-        if r >= ws:
-            break
-        if r > lo:
-            out.append((lo, r - 1))
-        lo = r + 1
-    if lo < ws:
-        out.append((lo, ws - 1))
-    return out
 
 
 def read_summary(stats: Any) -> dict[str, Any]:
@@ -116,9 +52,11 @@ def to_json(model: TraceModel, findings: list[Finding], warnings: list[str], han
     return out
 
 
-def main(args: argparse.Namespace) -> int:
-    from commscope.cli import UsageError
+#: The shared loader (commands/report.py and export.py import it from here).
+load = load_trace
 
+
+def main(args: argparse.Namespace) -> int:
     if args.hang_after is not None and args.hang_after < 0:
         raise UsageError("--hang-after must be >= 0")
     model, reader, warnings = load(args.store)
@@ -132,6 +70,29 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(out, default=str) + "\n")
     else:
         render(model, findings, warnings, hang_after, redact(reader.description))
+    return 1 if any(f.severity == ERROR for f in findings) else 0
+
+
+def check_store(store: str, *, json: bool = False, console: Any = None) -> int:
+    """Exactly ``commscope check STORE [--json]``: prints the report, returns its exit code
+    (the headless demo's last step: ``scenarios.run_headless(check=check_store)``)."""
+    import json as _json
+
+    try:
+        model, reader, warnings = load_trace(store)
+    except UsageError as exc:
+        print(f"commscope check: error: {exc}", file=sys.stderr)
+        return 2
+    hang_after = default_hang_after(model)
+    now = trace_now(model)
+    findings = diagnose(model, now, hang_after)
+    if json:
+        out = to_json(model, findings, warnings, hang_after, now, redact(reader.description))
+        stream = console.file if console is not None else sys.stdout
+        stream.write(_json.dumps(out, default=str) + "\n")
+        stream.flush()
+    else:
+        render(model, findings, warnings, hang_after, redact(reader.description), console=console)
     return 1 if any(f.severity == ERROR for f in findings) else 0
 
 
@@ -202,28 +163,10 @@ def _panel(f: Finding) -> Any:
                                  f"#{f.seq}" if f.seq is not None else "", f.op or "") if x)
     title = f"[{color} bold]{f.severity.upper()}[/] {f.kind}  {where}"
     parts: list[Any] = [Text(f.message)]
-    parts.append(Text(f"culprits: {_ranges(f.culprits) or '-'}   ranks: "
-                      f"{_ranges(f.ranks)}", style="bold"))
+    parts.append(Text(f"culprits: {ranges(f.culprits) or '-'}   ranks: "
+                      f"{ranges(f.ranks)}", style="bold"))
     parts.extend(_evidence(f))
     return Panel(Group(*parts), title=title, title_align="left", border_style=color)
-
-
-def _ranges(rs: list[int] | list[tuple[int, int]], limit: int = 64) -> str:
-    """'0-3,7' from ranks or from inclusive (first, last) ranges; at most ``limit`` ranges shown."""
-    if rs and not isinstance(rs[0], tuple):
-        singles = sorted(rs)
-        spans: list[tuple[int, int]] = []
-        for r in singles:
-            if spans and r == spans[-1][1] + 1:
-                spans[-1] = (spans[-1][0], r)
-            else:
-                spans.append((r, r))
-    else:
-        spans = list(rs)  # type: ignore[arg-type]
-    out = [str(a) if a == b else f"{a}-{b}" for a, b in spans[:limit]]
-    if len(spans) > limit:
-        out.append(f"... ({len(spans) - limit} more)")
-    return ",".join(out)
 
 
 def _table(title: str, cols: list[str], rows: list[list[Any]]) -> Any:
@@ -281,7 +224,7 @@ def _consequences(f: Finding) -> list[Any]:
     if not cons:
         return []
     rows = [[c["kind"], f"{c.get('op') or ''} #{c.get('seq')}" if c.get("seq") is not None else c.get("op"),
-             _ranges(c.get("ranks") or []), c["message"][:160]] for c in cons[:12]]
+             ranges(c.get("ranks") or []), c["message"][:160]] for c in cons[:12]]
     return [_table(f"consequences ({len(cons)})", ["kind", "op", "ranks", "what"], rows)]
 
 

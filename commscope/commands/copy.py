@@ -14,13 +14,12 @@ The trace is read in pages, so a large one never sits in memory whole.
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
 import time
 from typing import Any
 
 from commscope import events as E
-from commscope.store import StoreError, StoreWriter, is_redis, open_writer, redact
+from commscope.store import StoreError, StoreWriter, TraceReader, is_redis, open_writer, redact
 from commscope.store.base import is_job_name
 
 PAGE_BYTES = 16 << 20
@@ -38,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _dest_job(args: argparse.Namespace, meta: dict, src_reader: Any) -> str:
-    from commscope.cli import UsageError
+    from commscope.errors import UsageError
     from commscope.record.jobid import new_job_id, sanitize
 
     url_job = None
@@ -70,30 +69,18 @@ def _size(reader: Any) -> tuple[int, str]:
     return 0, "events"
 
 
-def _pager(reader: Any):
-    """``poll`` with a page size where the reader supports one."""
-    try:
-        takes_budget = "max_bytes" in inspect.signature(reader.poll).parameters
-    except (TypeError, ValueError):
-        takes_budget = False
-    if takes_budget:
-        return lambda: reader.poll(max_bytes=PAGE_BYTES)
-    return reader.poll
-
-
-def copy_trace(src: Any, dst: str, job: str, meta: dict, progress: Any = None, task: Any = None,
+def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any = None, task: Any = None,
                unit: str = "events") -> dict[int, int]:
     """Copy every event ``src`` still has into job ``job`` of store ``dst``; events per rank."""
     writers: dict[int, StoreWriter] = {}
     copied: dict[int, int] = {}
     job_meta = {k: v for k, v in meta.items() if k not in ("job", "maxlen")}
-    job_meta["copied_from"] = redact(getattr(src, "description", "?"))
-    next_page = _pager(src)
+    job_meta["copied_from"] = redact(src.description)
     encode = E.encode
     try:
         done_reading = False
         while True:
-            page = next_page() if not done_reading else []
+            page = src.poll(max_bytes=PAGE_BYTES) if not done_reading else []
             if not page:
                 if done_reading:
                     break
@@ -124,7 +111,7 @@ def copy_trace(src: Any, dst: str, job: str, meta: dict, progress: Any = None, t
 
 def main(args: argparse.Namespace) -> int:
     from commscope.analysis.source import open_source
-    from commscope.cli import UsageError
+    from commscope.errors import UsageError
 
     t0 = time.perf_counter()
     try:

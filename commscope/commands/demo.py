@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from commscope.cli import UsageError
+    from commscope.errors import UsageError
     from commscope.scenarios import SCENARIOS
 
     if args.list:
@@ -41,13 +41,14 @@ def main(args: argparse.Namespace) -> int:
     if args.ranks is not None and args.ranks < 1:
         raise UsageError("--ranks must be at least 1")
     if args.headless:
+        from commscope.commands.check import check_store
         from commscope.scenarios import run_headless
 
         if args.scenario is None:
             raise UsageError("--headless needs a scenario name (see commscope demo --list)")
         try:
             return run_headless(args.scenario, ranks=args.ranks, backend=args.backend, store=args.store,
-                                hang_after=args.hang_after, json=args.json)
+                                hang_after=args.hang_after, json=args.json, check=check_store)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     if args.backend == "nccl":
@@ -63,7 +64,7 @@ def _check_gpus(args: argparse.Namespace) -> None:
     """Fail before the console opens rather than inside it."""
     import torch
 
-    from commscope.cli import UsageError
+    from commscope.errors import UsageError
     from commscope.scenarios import SCENARIOS
 
     need = args.ranks or (SCENARIOS[args.scenario].default_ranks if args.scenario else 1)

@@ -26,10 +26,11 @@ def main(args: argparse.Namespace) -> int:
     import sys
     import time
 
-    from commscope.cli import UsageError
-    from commscope.commands.check import load, read_summary
+    from commscope.analysis.source import load_trace
+    from commscope.commands.check import read_summary
+    from commscope.errors import UsageError
 
-    model, reader, warnings = load(args.store)
+    model, reader, warnings = load_trace(args.store)
     now = trace_now(model)
     hang = args.hang_after if args.hang_after is not None else default_hang_after(model)
     findings = diagnose(model, now, hang, wall_ns=time.time_ns())

@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from commscope.analysis.source import open_source
-    from commscope.cli import UsageError
+    from commscope.errors import UsageError
     from commscope.tui.app import CommscopeApp
     from commscope.tui.feed import REPLAY, Feed
 

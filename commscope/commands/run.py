@@ -73,7 +73,7 @@ def _native_ready() -> bool:
 
 
 def main(args: argparse.Namespace) -> int:
-    from commscope.cli import UsageError
+    from commscope.errors import UsageError
 
     command = list(args.command)
     if command and command[0] == "--":

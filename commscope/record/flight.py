@@ -8,6 +8,10 @@ outside the wrapper's own ops, as ops with ``src: "fr"`` and Flight Recorder's s
 ids.  An entry is the wrapper's own when it was created on the same thread and group
 during a top-level wrapped op (that also covers the inner traffic of object and varlen
 ops).  The dump comes from this very process, so reading its pickle is safe.
+
+What an entry means (op, direction, the peer as a global rank, dtypes, bytes) is read by
+``commscope.flightfmt``, the translator the dump import (``analysis/flight_import.py``)
+uses too; the recorder passes it the ranks of its groups (``pyhot.PythonOps._group_ranks``).
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from __future__ import annotations
 import os
 import pickle
 from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
-_BACKENDS = ("nccl:", "gloo:", "ucc:", "mpi:", "xccl:")
+from commscope.flightfmt import FrOp, completed_ns, finished, group_of, parse_name, tensor_fields, thread_id
 
 #: The reason of ``dropped`` events that count Flight Recorder ring overwrites: entries the
 #: merge never saw, not events the recorder lost (most are ops the wrapper recorded).
@@ -49,27 +54,9 @@ def dump_entries() -> list[dict[str, Any]]:
 
 
 def op_name(profiling_name: str) -> tuple[str, str | None, int | None]:
-    """'nccl:send 0->1' -> ('send', 'send', 1); 'gloo:all_reduce' -> ('all_reduce', None, None)."""
-    name = profiling_name or "unknown"
-    for prefix in _BACKENDS:
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-            break
-    parts = name.split()
-    base = parts[0] if parts else "unknown"
-    direction = "send" if base in ("send", "isend") else "recv" if base in ("recv", "irecv", "recv_anysource") else None
-    peer = None
-    if direction and len(parts) > 1 and "->" in parts[1]:
-        src, _, dst = parts[1].partition("->")
-        try:
-            peer = int(dst if direction == "send" else src)
-        except ValueError:
-            peer = None
-    return base, direction, peer
-
-
-def _finished(entry: dict) -> bool:
-    return bool(entry.get("retired")) or entry.get("state") == "completed"
+    """'nccl:send 0->1' -> ('send', 'send', 1); 'gloo:all_reduce' -> ('all_reduce', None, None).
+    The peer is a group rank (``flightfmt.parse_name`` without the backend)."""
+    return parse_name(profiling_name)[1:]
 
 
 class WrapperWindows:
@@ -108,8 +95,11 @@ class WrapperWindows:
 class FlightRecorderMerge:
     """Turns new Flight Recorder entries into schema events (without rank/v, like the rest)."""
 
-    def __init__(self, next_id) -> None:
+    def __init__(self, next_id, ranks_of: Callable[[str], Sequence[int] | None] | None = None) -> None:
+        """``ranks_of``: a group's global ranks by group name (to map a p2p entry's group
+        peer to a global rank, as the wrapper records it); None: peers stay group ranks."""
         self._next_id = next_id
+        self._ranks_of = ranks_of
         self.last_record_id = -1
         self._open: dict[int, tuple[int, int]] = {}  # record_id -> (op id, when seen unfinished)
         self.errors = 0
@@ -131,16 +121,11 @@ class FlightRecorderMerge:
                 continue
             self.last_record_id = rid
             self.seen += 1
-            group = str((entry.get("process_group") or ["?"])[0])
+            group = group_of(entry)[0]
             if group == "":  # TORCH_DISTRIBUTED_DEBUG=DETAIL's hidden helper groups: not user ops
                 continue
             created = int(entry.get("time_created_ns") or now)
-            tid = entry.get("thread_id")
-            try:
-                tid = int(tid) if tid is not None else None
-            except (TypeError, ValueError):
-                tid = None
-            if windows.covers(tid, group, created):
+            if windows.covers(thread_id(entry), group, created):
                 continue
             out.extend(self._begin(entry, group, created, now))
         # Close entries that finished (or fell out of the ring buffer) since last time.
@@ -150,7 +135,7 @@ class FlightRecorderMerge:
             if entry is None:
                 op_id, seen = self._open.pop(rid)
                 out.append(self._end(op_id, seen, approx=True))
-            elif _finished(entry):
+            elif finished(entry):
                 op_id, seen = self._open.pop(rid)
                 out.append(self._end_from(op_id, entry, seen))
             else:
@@ -159,31 +144,27 @@ class FlightRecorderMerge:
 
     def _begin(self, entry: dict, group: str, created: int, now: int) -> list[dict]:
         op_id = self._next_id()
-        name, direction, peer = op_name(str(entry.get("profiling_name") or ""))
-        is_p2p = bool(entry.get("is_p2p")) or direction is not None
-        seq = entry.get("p2p_seq_id") if is_p2p else entry.get("collective_seq_id")
-        begin: dict[str, Any] = {"type": "op", "ts": created, "phase": "begin", "id": op_id, "op": name,
+        fr = FrOp(entry, self._ranks_of)
+        seq = entry.get("p2p_seq_id") if fr.is_p2p else entry.get("collective_seq_id")
+        begin: dict[str, Any] = {"type": "op", "ts": created, "phase": "begin", "id": op_id, "op": fr.op,
                                  "group": group, "src": "fr"}
         if isinstance(seq, int):
             begin["seq"] = seq
-        if direction:
-            begin["dir"] = direction
-        if peer is not None:
-            begin["peer"] = peer
-        ins, outs = entry.get("input_sizes") or [], entry.get("output_sizes") or []
-        idt, odt = entry.get("input_dtypes") or [], entry.get("output_dtypes") or []
-        begin.update(in_shapes=ins, in_dtypes=[_dtype(d) for d in idt], in_bytes=_nbytes(ins, idt),
-                     out_shapes=outs, out_dtypes=[_dtype(d) for d in odt], out_bytes=_nbytes(outs, odt))
+        if fr.direction:
+            begin["dir"] = fr.direction
+        if fr.peer is not None:
+            begin["peer"] = fr.peer
+        begin.update(tensor_fields(entry))
         events = [begin]
-        if _finished(entry):
+        if finished(entry):
             events.append(self._end_from(op_id, entry, created))
         else:
             self._open[entry["record_id"]] = (op_id, now)
         return events
 
     def _end_from(self, op_id: int, entry: dict, fallback_ts: int) -> dict:
-        completed = entry.get("time_discovered_completed_ns") or 0
-        ev = self._end(op_id, int(completed) if completed else fallback_ts, approx=not completed)
+        completed = completed_ns(entry)
+        ev = self._end(op_id, completed or fallback_ts, approx=not completed)
         dur = entry.get("duration_ms")
         if isinstance(dur, int | float) and dur >= 0:
             ev["gpu_ns"] = int(dur * 1e6)
@@ -195,25 +176,3 @@ class FlightRecorderMerge:
         if approx:
             ev["approx"] = True
         return ev
-
-
-_DTYPE_BYTES = {
-    "Float": ("float32", 4), "Double": ("float64", 8), "Half": ("float16", 2), "BFloat16": ("bfloat16", 2),
-    "Long": ("int64", 8), "Int": ("int32", 4), "Short": ("int16", 2), "Char": ("int8", 1),
-    "Byte": ("uint8", 1), "Bool": ("bool", 1), "ComplexFloat": ("complex64", 8),
-    "ComplexDouble": ("complex128", 16),
-}
-
-
-def _dtype(name: str) -> str:
-    return _DTYPE_BYTES.get(name, (str(name).lower(), 0))[0]
-
-
-def _nbytes(shapes: list, dtypes: list) -> int:
-    total = 0
-    for shape, dt in zip(shapes, dtypes, strict=False):
-        n = 1
-        for d in shape:
-            n *= int(d)
-        total += n * _DTYPE_BYTES.get(dt, ("", 0))[1]
-    return total

@@ -146,7 +146,7 @@ class PythonOps:
         self._top_windows: dict[int, list] = {}
         self._frags: dict[tuple, bytes] = {}
         self._group_names: set[str] = set()
-        self._fr = flight.FlightRecorderMerge(self._next_id) if flight_recorder else None
+        self._fr = flight.FlightRecorderMerge(self._next_id, self._group_ranks) if flight_recorder else None
         self._fr_next = 0.0
         self._fr_missed_reported = 0
         self.cuda: CudaTimer | None = None
@@ -508,6 +508,20 @@ class PythonOps:
         frag = b'"sk":%d,%s' % (signature_key(frag), frag)
         self._frags[key] = frag
         return frag
+
+    def _group_ranks(self, name: str) -> tuple[int, ...] | None:
+        """A group's global ranks by name (the recorder thread's side: Flight Recorder
+        names a p2p peer as a group rank); None when the group is unknown here."""
+        for info in list(self._groups.values()):
+            if info.name == name:
+                return info.granks
+        try:
+            for pg, pg_name in list(_c10d_world.pg_names.items()):
+                if str(pg_name) == name:
+                    return tuple(dist.get_process_group_ranks(pg))
+        except Exception:
+            pass
+        return None
 
     def _describe_group(self, name: str, now: int, emit) -> None:
         """A ``group`` event for a group used only from C++ (seen via Flight Recorder)."""

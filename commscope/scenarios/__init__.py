@@ -16,7 +16,7 @@ API (what the console and ``commscope demo`` use)::
     job.store                      # fresh trace directory of this run: open_source(job.store, wait=True)
     job.alive(), job.pids, job.finished, job.exitcodes, job.wait(timeout), job.stop()
 
-    run_headless("missing-rank", json=False) -> int   # `commscope demo X --headless`
+    run_headless("missing-rank", json=False, check=commands.check.check_store) -> int  # demo X --headless
 
 ``DemoJob(..., backend="nccl")`` raises ValueError("nccl backend needs 4 GPUs, found 0; use
 --backend gloo") without enough GPUs.  See commscope/scenarios/runner.py for the process
@@ -31,7 +31,6 @@ from commscope.scenarios.runner import (
     EXIT_ORPHANED,
     EXIT_TIME_LIMIT,
     DemoJob,
-    check_store,
     get_scenario,
     run_headless,
     watch_until_diagnosed,
@@ -138,5 +137,5 @@ _LIST = [
 #: Every scenario by name, in the order of issue 6.
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in _LIST}
 
-__all__ = ["SCENARIOS", "Scenario", "DemoContext", "DemoJob", "Expected", "run_headless", "check_store",
+__all__ = ["SCENARIOS", "Scenario", "DemoContext", "DemoJob", "Expected", "run_headless",
            "get_scenario", "watch_until_diagnosed", "EXIT_TIME_LIMIT", "EXIT_ORPHANED"]

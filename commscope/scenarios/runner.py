@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -483,9 +484,11 @@ def watch_until_diagnosed(job: DemoJob, timeout: float) -> list[Any]:
 def run_headless(name: str | Scenario, *, ranks: int | None = None, backend: str = "gloo", store: str | None = None,
                  hang_after: float = 3.0, json: bool = False, timeout: float = 120.0, console: Any = None,
                  pace: float = 1.0, steps: int | None = None, time_limit: float | None = None,
-                 sample_interval: float = 0.2) -> int:
+                 sample_interval: float = 0.2, check: Callable[..., int] | None = None) -> int:
     """Run a scenario to its end (a hanging one until its hang is diagnosed from the live
-    store, then stop it), then print what ``commscope check STORE [--json]`` prints.
+    store, then stop it), then print what ``commscope check STORE [--json]`` prints:
+    ``check(store, json=, console=)`` does (``commands.check.check_store``; passed in, as
+    nothing below ``commands`` imports it).
 
     Returns check's exit code: 0 no error-level finding, 1 errors, 2 bad input (unknown
     scenario, too few ranks, nccl without GPUs, empty trace); 130 when interrupted.
@@ -517,32 +520,6 @@ def run_headless(name: str | Scenario, *, ranks: int | None = None, backend: str
         return 130
     finally:
         job.stop()
-    return check_store(job.store, json=json, console=con)
-
-
-def check_store(store: str, *, json: bool = False, console: Any = None) -> int:
-    """Exactly ``commscope check STORE [--json]``: prints the report, returns its exit code."""
-    import json as _json
-
-    from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
-    from commscope.analysis.findings import ERROR
-    from commscope.cli import UsageError
-    from commscope.commands import check
-    from commscope.store import redact
-
-    try:
-        model, reader, warnings = check.load(store)
-    except UsageError as exc:
-        print(f"commscope check: error: {exc}", file=sys.stderr)
-        return 2
-    hang_after = default_hang_after(model)
-    now = trace_now(model)
-    findings = diagnose(model, now, hang_after)
-    if json:
-        out = check.to_json(model, findings, warnings, hang_after, now, redact(reader.description))
-        stream = console.file if console is not None else sys.stdout
-        stream.write(_json.dumps(out, default=str) + "\n")
-        stream.flush()
-    else:
-        check.render(model, findings, warnings, hang_after, redact(reader.description), console=console)
-    return 1 if any(f.severity == ERROR for f in findings) else 0
+    if check is None:
+        raise TypeError("run_headless needs check= (commscope.commands.check.check_store)")
+    return check(job.store, json=json, console=con)

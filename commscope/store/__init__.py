@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from commscope.store.base import ReadStats, StoreError, StoreWriter, TraceReader
+from commscope.store.base import EmptyReader, ReadStats, StoreError, StoreWriter, TraceReader
 from commscope.store.directory import DirectoryReader, DirectoryWriter
 
 DEFAULT_STORE = "./commscope-trace"
 ENV_STORE = "COMMSCOPE_STORE"
 
 __all__ = [
-    "DEFAULT_STORE", "ENV_STORE", "ReadStats", "StoreError", "StoreWriter", "TraceReader",
+    "DEFAULT_STORE", "ENV_STORE", "EmptyReader", "ReadStats", "StoreError", "StoreWriter", "TraceReader",
     "default_store", "is_redis", "open_reader", "open_writer", "redact", "redact_args",
 ]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import re
 from collections.abc import Mapping
@@ -103,17 +104,49 @@ class StoreWriter(Protocol):
     def close(self) -> None: ...
 
 
-class TraceReader(Protocol):
-    """Reads one job.  ``poll`` returns only events not returned before, in per-rank order."""
+class TraceReader(abc.ABC):
+    """Reads one job.  Every reader (directory, Redis, Flight Recorder dumps, test and
+    placeholder readers) derives from this class, so consumers (``tui/feed.py``,
+    ``commands/copy.py``) call every method directly, never probing for one.
 
-    description: str
+    ``poll`` returns only events not returned before, in per-rank order, reading about
+    ``max_bytes`` of stored data at most (None: everything there is; a reader that cannot
+    bound its reads returns everything).  ``read_all`` also returns what ``poll`` holds
+    back (an incomplete last line, taken as truncated): call it once, at the end.
+    """
+
+    description: str = ""
     stats: ReadStats
 
-    def poll(self) -> list[Event]: ...
+    @abc.abstractmethod
+    def poll(self, max_bytes: int | None = None) -> list[Event]: ...
 
-    def read_all(self) -> list[Event]: ...
+    def read_all(self) -> list[Event]:
+        return self.poll()
 
     def job(self) -> dict | None:
         """Job metadata once known (job id, world size, ...), else None."""
+        return None
 
-    def close(self) -> None: ...
+    def total_bytes(self) -> int:
+        """Bytes stored for the job now, for progress bars; 0 when the store cannot say."""
+        return 0
+
+    def backlog_bytes(self) -> int:
+        """Bytes stored but not yet returned by ``poll`` (how far behind a follower is);
+        0 when the store cannot say."""
+        return 0
+
+    def close(self) -> None:  # noqa: B027 (a reader without resources has nothing to close)
+        pass
+
+
+class EmptyReader(TraceReader):
+    """A reader of nothing: a console before any job exists (the demo), benchmarks."""
+
+    def __init__(self, description: str = "") -> None:
+        self.description = description
+        self.stats = ReadStats()
+
+    def poll(self, max_bytes: int | None = None) -> list[Event]:
+        return []

@@ -26,7 +26,7 @@ import orjson
 from commscope.blocks import BlockDecoder, expand_decoded
 from commscope.events import Event, decode_lines, gc_paused
 from commscope.schema import MAX_RANK, decode_job
-from commscope.store.base import ReadStats, StoreError, check_job_name, is_job_name
+from commscope.store.base import ReadStats, StoreError, TraceReader, check_job_name, is_job_name
 from commscope.store.crashlog import CrashFiles
 
 RANK_FILE = re.compile(r"^rank-(\d{1,8})\.jsonl$")
@@ -176,7 +176,7 @@ def list_jobs(path: str | os.PathLike) -> list[str]:
     return sorted(d.name for d in p.iterdir() if d.is_dir() and (d / JOB_FILE).exists())
 
 
-class DirectoryReader:
+class DirectoryReader(TraceReader):
     """Reads or tails one job directory.  Tolerates torn tails, corrupt lines, truncation."""
 
     CHUNK = 8 << 20

@@ -20,16 +20,11 @@ content, so events the recorder re-sends are stored once.  Readers see ``0-K`` n
 so a gap (``maxlen`` trimming, or data a Redis without persistence lost) is counted and
 reported rather than silently skipped.
 
-A small RESP client lives here instead of redis-py: the reader must parse hundreds of
-thousands of entries a second (redis-py's pure-Python parser manages ~180k/s), and the
-writer must control reconnects itself (no hidden retries that would resend a batch).
+The RESP client is ``commscope.store.resp`` (why not redis-py: see there).
 """
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import ssl
 import time
 from collections import Counter
 from typing import Any
@@ -40,12 +35,12 @@ from commscope import events as E
 from commscope.blocks import BlockDecoder, expand_decoded
 from commscope.events import Decoded, Event, decode_lines, gc_paused
 from commscope.schema import decode_job
-from commscope.store.base import ReadStats, StoreError, is_job_name
+from commscope.store.base import ReadStats, StoreError, TraceReader, is_job_name
 from commscope.store.redis_url import RedisTarget, parse_url, redact_text, redact_url, scrub
+from commscope.store.resp import Connection, RedisAuthError, ReplyError
 
 PREFIX = "commscope"
 JOBS_KEY = f"{PREFIX}:jobs"
-FIELD = b"e"
 
 
 def meta_key(job: str) -> str:
@@ -58,326 +53,6 @@ def ranks_key(job: str) -> str:
 
 def stream_key(job: str, rank: int) -> str:
     return f"{PREFIX}:{job}:rank:{rank}"
-
-
-# ---------------------------------------------------------------------------- RESP client
-class ReplyError(Exception):
-    """An error reply from Redis; the connection itself is still usable."""
-
-
-class RedisAuthError(StoreError):
-    """Wrong or missing password.  The message names the store with the password hidden."""
-
-
-def _arg(a: Any) -> bytes:
-    if isinstance(a, bytes):
-        return a
-    if isinstance(a, str):
-        return a.encode()
-    if isinstance(a, int):
-        return b"%d" % a
-    return str(a).encode()
-
-
-def pack(*args: Any) -> bytes:
-    """One command in RESP2."""
-    parts = [b"*%d\r\n" % len(args)]
-    for a in args:
-        b = _arg(a)
-        parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
-    return b"".join(parts)
-
-
-_MID = b"\r\n*2\r\n$1\r\n" + FIELD + b"\r\n$"  # between an entry's id and its value
-_MID_LEN = len(_MID)
-
-
-class _Conn:
-    """One connection: send packed commands, read replies.  No retries, no pooling.
-
-    Any OSError (refused, reset, timeout, closed) leaves the connection unusable: the
-    owner closes it and decides what a retry may resend.
-    """
-
-    RECV = 1 << 20
-
-    def __init__(self, target: RedisTarget, shown: str):
-        self.t = target
-        self.shown = shown
-        self.sock: socket.socket | None = None
-        self._buf = b""
-        self._pos = 0
-
-    # -- connecting
-    def connect(self) -> None:
-        """Connect, log in and select the database; raises StoreError with a clear message."""
-        t = self.t
-        try:
-            self.sock = self._socket()
-            if t.password:
-                self.call("AUTH", *([t.username] if t.username else []), t.password)
-            if t.db:
-                self.call("SELECT", t.db)
-            self.call("PING")
-        except ReplyError as exc:
-            self.close()
-            raise self._login_error(str(exc)) from None
-        except ssl.SSLError as exc:
-            self.close()
-            raise StoreError(f"cannot connect to {self.shown}: TLS handshake failed "
-                             f"({scrub(exc.reason or str(exc), t)})") from None
-        except OSError as exc:
-            self.close()
-            raise StoreError(f"cannot connect to {self.shown}: {self.why(exc)}") from None
-
-    def _socket(self) -> socket.socket:
-        t = self.t
-        if t.scheme == "unix":
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                s.settimeout(t.timeout)
-                s.connect(t.path)
-            except BaseException:
-                s.close()
-                raise
-            return s
-        s = socket.create_connection((t.host, t.port), timeout=t.timeout)
-        try:
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            if t.tls:
-                ctx = ssl.create_default_context(cafile=t.ssl_ca_certs)
-                if not t.ssl_verify:
-                    ctx.check_hostname = False
-                    ctx.verify_mode = ssl.CERT_NONE
-                s = ctx.wrap_socket(s, server_hostname=t.host)
-        except BaseException:
-            s.close()
-            raise
-        return s
-
-    def _login_error(self, reply: str) -> StoreError:
-        r = scrub(reply, self.t)
-        up = r.upper()
-        if up.startswith("WRONGPASS") or "INVALID PASSWORD" in up or "INVALID USERNAME-PASSWORD" in up:
-            return RedisAuthError(f"cannot log in to {self.shown}: wrong password or user name")
-        if up.startswith("NOAUTH"):
-            return RedisAuthError(f"cannot log in to {self.shown}: the server requires a password "
-                                  "(redis://:PASSWORD@host:port/db)")
-        if "WITHOUT ANY PASSWORD CONFIGURED" in up:
-            return RedisAuthError(f"cannot log in to {self.shown}: the server has no password set; "
-                                  "remove it from the URL")
-        if "DB INDEX" in up:
-            return StoreError(f"cannot use {self.shown}: no database {self.t.db} on that server")
-        return StoreError(f"cannot use {self.shown}: Redis said: {r}")
-
-    def why(self, exc: BaseException) -> str:
-        """A short, secret-free reason for a connection failure."""
-        if isinstance(exc, ConnectionRefusedError):
-            return "connection refused (is redis-server running there?)"
-        if isinstance(exc, socket.gaierror):
-            return f"unknown host {self.t.host!r}"
-        if isinstance(exc, TimeoutError | socket.timeout):
-            return f"no answer within {self.t.timeout:g} s"
-        if isinstance(exc, FileNotFoundError):
-            return f"no socket at {self.t.path}"
-        if isinstance(exc, ConnectionError) and not exc.args:
-            return "connection lost"
-        return scrub(getattr(exc, "strerror", None) or str(exc) or type(exc).__name__, self.t)
-
-    # -- talking
-    def send(self, data: bytes) -> None:
-        if self.sock is None:
-            raise ConnectionError("not connected")
-        self.sock.sendall(data)
-
-    def call(self, *args: Any) -> Any:
-        """One command, one reply; an error reply raises ReplyError."""
-        self.send(pack(*args))
-        reply = self.read()
-        if isinstance(reply, ReplyError):
-            raise reply
-        return reply
-
-    def pipeline(self, commands: list[tuple]) -> list[Any]:
-        """Several commands in one round trip; error replies come back as ReplyError objects."""
-        self.send(b"".join(pack(*c) for c in commands))
-        return [self.read() for _ in commands]
-
-    def _more(self, buf: bytes, pos: int, need: int) -> tuple[bytes, int]:
-        if self.sock is None:
-            raise ConnectionError("not connected")
-        chunk = self.sock.recv(max(self.RECV, need))
-        if not chunk:
-            raise ConnectionError("Redis closed the connection")
-        return buf[pos:] + chunk, 0
-
-    def read(self) -> Any:
-        """One reply.  Iterative and resumable, so a 30 MB XREAD reply arriving in pieces
-        is parsed once, and each element costs a find, a slice and an append."""
-        buf, pos = self._buf, self._pos
-        stack: list[list] = []  # [items, expected length]
-        try:
-            while True:
-                nl = buf.find(b"\r\n", pos)
-                if nl < 0:
-                    buf, pos = self._more(buf, pos, 0)
-                    continue
-                kind = buf[pos]
-                if kind == 36:  # $ bulk string
-                    n = int(buf[pos + 1:nl])
-                    if n < 0:
-                        val: Any = None
-                        pos = nl + 2
-                    else:
-                        end = nl + 2 + n
-                        if end + 2 > len(buf):
-                            buf, pos = self._more(buf, pos, end + 2 - pos)
-                            continue
-                        val = buf[nl + 2:end]
-                        pos = end + 2
-                elif kind == 42:  # * array
-                    n = int(buf[pos + 1:nl])
-                    pos = nl + 2
-                    if n > 0:
-                        stack.append([[], n])
-                        continue
-                    val = None if n < 0 else []
-                elif kind == 58:  # : integer
-                    val = int(buf[pos + 1:nl])
-                    pos = nl + 2
-                elif kind == 43:  # + simple string
-                    val = buf[pos + 1:nl]
-                    pos = nl + 2
-                elif kind == 45:  # - error
-                    val = ReplyError(buf[pos + 1:nl].decode("utf-8", "replace"))
-                    pos = nl + 2
-                else:
-                    raise ConnectionError(f"protocol error: unexpected byte {kind!r} from Redis")
-                while stack:
-                    top = stack[-1]
-                    top[0].append(val)
-                    if len(top[0]) < top[1]:
-                        break
-                    val = stack.pop()[0]
-                else:
-                    self._buf, self._pos = buf, pos
-                    if pos > (1 << 16) and pos * 2 > len(buf):
-                        self._buf, self._pos = buf[pos:], 0
-                    return val
-        except BaseException:
-            self.close()  # a half-read reply poisons the stream
-            raise
-
-    # -- stream replies: the reader's hot path
-    def _header(self) -> tuple[int, int]:
-        """The next reply line as (type byte, its number): '*' and '$' lengths, ':' ints."""
-        buf, pos = self._buf, self._pos
-        while True:
-            nl = buf.find(b"\r\n", pos)
-            if nl >= 0:
-                break
-            buf, pos = self._more(buf, pos, 0)
-        kind = buf[pos]
-        self._buf, self._pos = buf, nl + 2
-        if kind == 45:
-            raise ReplyError(buf[pos + 1:nl].decode("utf-8", "replace"))
-        if kind not in (42, 36, 58):
-            raise ConnectionError(f"protocol error: unexpected reply {buf[pos:nl][:40]!r} from Redis")
-        return kind, int(buf[pos + 1:nl])
-
-    def _bulk(self) -> bytes:
-        kind, n = self._header()
-        if kind != 36 or n < 0:
-            raise ConnectionError("protocol error: expected a bulk string from Redis")
-        while self._pos + n + 2 > len(self._buf):
-            self._buf, self._pos = self._more(self._buf, self._pos, self._pos + n + 2 - len(self._buf))
-        val = self._buf[self._pos:self._pos + n]
-        self._pos += n + 2
-        return val
-
-    def _entries(self, n: int) -> list[tuple[bytes, bytes | None]]:
-        """``n`` stream entries as (id, value of field ``e``); value None when the entry
-        is not exactly {e: value}.  Reads the layout commscope writes with two finds per
-        entry; anything else (or a reply split across reads) goes through ``read``."""
-        out: list[tuple[bytes, bytes | None]] = []
-        append = out.append
-        buf, pos = self._buf, self._pos
-        find, startswith = buf.find, buf.startswith
-        size = len(buf)
-        i = 0
-        while i < n:
-            if startswith(b"*2\r\n$", pos):
-                nl = find(b"\r\n", pos + 5)
-                if nl > 0:
-                    s = nl + 2
-                    e = s + int(buf[pos + 5:nl])
-                    if startswith(_MID, e):
-                        nl = find(b"\r\n", e + _MID_LEN)
-                        if nl > 0:
-                            vs = nl + 2
-                            ve = vs + int(buf[e + _MID_LEN:nl])
-                            if ve + 2 <= size:
-                                append((buf[s:e], buf[vs:ve]))
-                                pos = ve + 2
-                                i += 1
-                                continue
-            self._buf, self._pos = buf, pos  # slow path for this one entry
-            entry = self.read()
-            if isinstance(entry, ReplyError):
-                raise entry
-            fields = entry[1] if isinstance(entry, list) and len(entry) == 2 else None
-            value = fields[1] if isinstance(fields, list) and len(fields) == 2 and fields[0] == FIELD else None
-            append((entry[0], value))
-            i += 1
-            buf, pos = self._buf, self._pos
-            find, startswith = buf.find, buf.startswith
-            size = len(buf)
-        self._buf, self._pos = buf, pos
-        return out
-
-    def xrange(self, *args: Any) -> list[tuple[bytes, bytes | None]]:
-        """XRANGE/XREVRANGE with the fast entry parser."""
-        self.send(pack(*args))
-        try:
-            kind, n = self._header()
-            if kind != 42:
-                raise ConnectionError("protocol error: XRANGE reply is not an array")
-            return self._entries(n) if n > 0 else []
-        except ReplyError:
-            raise  # a whole error line was consumed: the connection is fine
-        except BaseException:
-            self.close()
-            raise
-
-    def xread(self, *args: Any) -> list[tuple[bytes, list[tuple[bytes, bytes | None]]]]:
-        """XREAD with the fast entry parser: [(key, entries)] ([] when nothing is new)."""
-        self.send(pack(*args))
-        try:
-            kind, n = self._header()
-            if kind != 42:
-                raise ConnectionError("protocol error: XREAD reply is not an array")
-            out = []
-            for _ in range(max(n, 0)):
-                kind, two = self._header()
-                if kind != 42 or two != 2:
-                    raise ConnectionError("protocol error: unexpected XREAD reply layout")
-                key = self._bulk()
-                kind, m = self._header()
-                out.append((key, self._entries(m) if kind == 42 and m > 0 else []))
-            return out
-        except ReplyError:
-            raise
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        sock, self.sock = self.sock, None
-        self._buf, self._pos = b"", 0
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.close()
 
 
 def _seq(entry_id: bytes) -> int:
@@ -457,7 +132,7 @@ class RedisWriter:
             meta["maxlen"] = self.maxlen
         self._meta = orjson.dumps(meta)
         self._secrets = [s.encode() for s in self.target.secrets() if len(s) >= 4]
-        self._conn: _Conn | None = None
+        self._conn: Connection | None = None
         self._next = 1  # number of the next entry this writer appends
         self._unsure: list[bytes] | None = None  # sent as entries _next.. ; landed or not?
         self._settled: tuple[int, list[bytes]] | None = None  # last batch settled by reading the top
@@ -476,7 +151,7 @@ class RedisWriter:
         return f"RedisWriter({self.description})"
 
     def _open(self) -> None:
-        conn = _Conn(self.target, self._shown)
+        conn = Connection(self.target, self._shown)
         conn.connect()
         try:
             if conn.call("EXISTS", self.key):
@@ -496,7 +171,7 @@ class RedisWriter:
             raise StoreError(f"cannot use {self._shown}: {conn.why(exc)}") from None
         self._conn = conn
 
-    def _register(self, conn: _Conn, first: bool) -> None:
+    def _register(self, conn: Connection, first: bool) -> None:
         """Make the job findable: again after every reconnect, in case Redis lost its data."""
         now_us = time.time_ns() // 1000
         lead = self.rank == 0 and first  # rank 0 opening: this job becomes the newest
@@ -510,7 +185,7 @@ class RedisWriter:
                 raise r
 
     def _reconnect(self) -> None:
-        conn = _Conn(self.target, self._shown)
+        conn = Connection(self.target, self._shown)
         conn.connect()  # StoreError
         try:
             self._register(conn, first=False)
@@ -659,7 +334,7 @@ class RedisWriter:
 
 
 # ---------------------------------------------------------------------------- reader
-class RedisReader:
+class RedisReader(TraceReader):
     """Reads or follows one job: XREAD for ``poll``, XRANGE pages for ``read_all``.
 
     Without ?job= it opens the newest job in ``commscope:jobs``; ``wait`` lets it open
@@ -677,7 +352,7 @@ class RedisReader:
         self.stats = ReadStats()
         self._blocks: dict[int, BlockDecoder] = {}  # per rank: see commscope.blocks
         self.missing: dict[int, int] = {}  # rank -> events absent from its stream (gaps)
-        self._conn: _Conn | None = _Conn(self.target, self._shown)
+        self._conn: Connection | None = Connection(self.target, self._shown)
         self._conn.connect()
         self._down = False
         self.job_id: str | None = self._find_job()
@@ -705,9 +380,9 @@ class RedisReader:
             return ""
         return f" (newest jobs there: {', '.join(j for j, _ in reversed(jobs))})" if jobs else ""
 
-    def _conn_ok(self) -> _Conn:
+    def _conn_ok(self) -> Connection:
         if self._conn is None:
-            conn = _Conn(self.target, self._shown)
+            conn = Connection(self.target, self._shown)
             conn.connect()
             self._conn = conn
         return self._conn
@@ -910,9 +585,9 @@ def _decode(values: list[bytes], rank: int) -> Decoded:
 
 
 # ---------------------------------------------------------------------------- helpers
-def _connect(url: str) -> tuple[RedisTarget, _Conn]:
+def _connect(url: str) -> tuple[RedisTarget, Connection]:
     target = parse_url(url)
-    conn = _Conn(target, target.display())
+    conn = Connection(target, target.display())
     conn.connect()
     return target, conn
 
@@ -946,29 +621,4 @@ def delete_job(url: str, job: str) -> int:
         conn.close()
 
 
-def write_bench_trace(url: str, ranks: int, per_rank: int, job: str = "bench") -> None:
-    """A synthetic ``ranks``-rank job ``bench`` for ``commscope bench store --redis``
-    (same events as the directory benchmark); replaces an earlier ``bench`` job."""
-    if parse_url(url).job not in (None, job):
-        raise StoreError(f"give the benchmark a URL without ?job= (it writes job {job!r})")
-    delete_job(url, job)
-    template = {"v": 1, "type": "op", "phase": "begin", "op": "all_reduce", "group": "0", "redop": "sum",
-                "in_shapes": [[256]], "in_dtypes": ["float32"], "in_bytes": 1024, "out_shapes": [[256]],
-                "out_dtypes": ["float32"], "out_bytes": 1024, "site": "train.py:42 in step", "tid": 1}
-    for r in range(ranks):
-        w = RedisWriter(url, job, r, {"world_size": ranks})
-        batch: list[bytes] = []
-        for i in range(per_rank):
-            if i % 2 == 0:
-                ev = dict(template, rank=r, ts=10**18 + i, id=i // 2 + 1, seq=i // 2 + 1)
-            else:
-                ev = {"v": 1, "type": "op", "rank": r, "ts": 10**18 + i, "phase": "end", "id": i // 2 + 1}
-            batch.append(E.encode(ev))
-            if len(batch) == 10_000:
-                w.write(batch)
-                batch = []
-        w.write(batch)
-        w.close()
-
-
-__all__ = ["RedisAuthError", "RedisReader", "RedisWriter", "delete_job", "list_jobs", "write_bench_trace"]
+__all__ = ["Connection", "RedisAuthError", "ReplyError", "RedisReader", "RedisWriter", "delete_job", "list_jobs"]

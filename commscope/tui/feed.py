@@ -19,6 +19,7 @@ from textual.message import Message
 
 from commscope.analysis import Finding, TraceModel, diagnose
 from commscope.events import gc_paused
+from commscope.store import EmptyReader, TraceReader
 
 LIVE, REPLAY = "live", "replay"
 
@@ -63,12 +64,17 @@ class Feed:
     BUDGET = 8 << 20  # bytes per read: keeps each cycle short on huge backlogs
     DIAGNOSE_S = 0.5
 
-    def __init__(self, reader: Any, *, mode: str = LIVE, hang_after: float | None = None,
+    def __init__(self, reader: TraceReader, *, mode: str = LIVE, hang_after: float | None = None,
                  clock: Callable[[], int] = time.time_ns, source: str = ""):
-        self.reader = reader
+        if not isinstance(reader, TraceReader):
+            # Only tui/demo_app.py's placeholder (``_Nothing``: no events, stats None) is no
+            # TraceReader yet; it reads as an EmptyReader.  TODO: demo_app's placeholder
+            # becomes ``store.EmptyReader("commscope demo")`` and this branch goes.
+            reader = EmptyReader(str(reader.description))
+        self.reader: TraceReader = reader
         self.mode = mode
         self.clock = clock
-        self.source = source or getattr(reader, "description", "")
+        self.source = source or reader.description
         self.model = TraceModel()
         self.lock = threading.RLock()  # ingest (this thread) vs rendering (UI thread)
         self.hang_after_override = hang_after
@@ -97,19 +103,13 @@ class Feed:
         behind_bytes = 0
         try:
             with gc_paused():  # decoded dicts die right after ingest: no GC work for them
-                try:
-                    batch = self.reader.poll(max_bytes=self.BUDGET)
-                except TypeError:
-                    batch = self.reader.poll()
-                stats = getattr(self.reader, "stats", None)
+                batch = self.reader.poll(max_bytes=self.BUDGET)
                 with self.lock:
                     if batch:
                         self.model.ingest(batch)
-                    if stats is not None:
-                        self.model.note_read_stats(stats)
+                    self.model.note_read_stats(self.reader.stats)
                 got = len(batch)
-            backlog = getattr(self.reader, "backlog_bytes", None)
-            behind_bytes = backlog() if backlog else 0
+            behind_bytes = self.reader.backlog_bytes()
         except Exception as exc:  # a store that vanished, a wrong password...
             self.error = str(exc) or type(exc).__name__
         mono = time.monotonic()
@@ -125,7 +125,7 @@ class Feed:
 
     def _info(self, behind_bytes: int) -> FeedInfo:
         m = self.model
-        stats = getattr(self.reader, "stats", None)
+        stats = self.reader.stats
         window = [x for x in self._rates if x[0] >= time.monotonic() - 2.0]
         rate = 0.0
         if len(window) >= 2:
@@ -137,22 +137,21 @@ class Feed:
         return FeedInfo(
             mode=self.mode, source=self.source, version=m.version, events=m.events, rate=rate,
             behind_bytes=behind_bytes, behind=behind_bytes > self.BUDGET,
-            corrupt=getattr(stats, "corrupt", 0), invalid=getattr(stats, "invalid", 0), trimmed=bool(getattr(stats, "trimmed", False)),
-            warnings=tuple(getattr(stats, "warnings", ())[-5:]), waiting=m.events == 0, ended=ended,
+            corrupt=stats.corrupt, invalid=stats.invalid, trimmed=stats.trimmed,
+            warnings=tuple(stats.warnings[-5:]), waiting=m.events == 0, ended=ended,
             loaded=self.info.loaded, progress=self.info.progress, now_ns=now, error=self.error)
 
     # ------------------------------------------------------------------ replay loading
     def load_all(self, progress: Callable[[float], None] | None = None) -> FeedInfo:
         """Replay: read everything, reporting progress, then diagnose at the trace's end."""
-        total = getattr(self.reader, "total_bytes", lambda: 0)() or 0
+        total = self.reader.total_bytes()
         read = 0
         while True:
-            backlog = getattr(self.reader, "backlog_bytes", None)
             info, got = self.step()
             if self.error:
                 break
-            if backlog is not None and total:
-                read = total - backlog()
+            if total:
+                read = total - self.reader.backlog_bytes()
                 if progress:
                     progress(min(1.0, read / total))
             if not got:

@@ -1,0 +1,244 @@
+"""Columnar op storage of one rank (``RankTrace``) and the growth helper every array uses.
+
+Ops are stored per rank in numpy columns (begin/end/wait/done times, id, seq, peer,
+parent, signature code, flags), so a million ops take 90-130 MB and window queries are
+binary searches; ``order``/``window`` keep a begin-time order and a running max of op
+ends incrementally.  Ingest (``model.TraceModel.ingest``) writes these columns; the
+cross-rank indexes live in ``indexes``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+I64_MAX = np.iinfo(np.int64).max
+#: A rank's op ids are looked up in a dense array while they stay below this multiple of its
+#: op count (plus DENSE_ID_SLACK); sparse or huge ids (foreign, trimmed or hostile traces)
+#: switch it to a dict, so an id costs memory by the ops held, never by its value.
+DENSE_ID_FACTOR = 4
+DENSE_ID_SLACK = 1 << 12
+
+
+def grown(arr: np.ndarray, need: int, keep: int | None = None, fill: Any = 0, minimum: int = 0,
+          axis: int = 0) -> np.ndarray:
+    """``arr`` if it holds ``need`` entries along ``axis``; else a new array of
+    max(need, twice as many, ``minimum``) there, its first ``keep`` entries (default: all)
+    copied and the rest ``fill``.  Always a new array, never a resize in place, so views
+    already handed out stay valid; doubling keeps appends amortized O(1).  Paths run per
+    rank per batch compare the capacity themselves first: the comparison costs less than
+    the call."""
+    cap = arr.shape[axis]
+    if need <= cap:
+        return arr
+    shape = list(arr.shape)
+    shape[axis] = max(need, 2 * cap, minimum)
+    out = np.full(shape, fill, arr.dtype)
+    keep = cap if keep is None else keep
+    if axis == 0:
+        out[:keep] = arr[:keep]
+    else:
+        out[:, :keep] = arr[:, :keep]
+    return out
+
+
+_COLS_I8 = ("begin", "end", "wb", "we", "done", "gpu", "comp", "id", "seq")
+_COLS_I4 = ("peer", "parent", "sig")
+
+
+class RankTrace:
+    """One rank: op columns plus liveness, samples, stacks and exits."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.n = 0
+        cap = 256
+        for c in _COLS_I8:
+            setattr(self, c, np.zeros(cap, np.int64))
+        for c in _COLS_I4:
+            setattr(self, c, np.full(cap, -1, np.int32))
+        self.flags = np.zeros(cap, np.uint8)
+        self.id2idx = np.full(1024, -1, np.int32)
+        self.id_dict: dict[int, int] | None = None
+        self.open: set[int] = set()  # op indices not yet complete
+        self.exc: dict[int, str] = {}  # op index -> exception text
+        self.meta: dict | None = None
+        self.exits: list[dict] = []
+        self.stacks: dict[int, dict] = {}  # op id -> stack event
+        self.captures: list[dict] = []  # the latest stack events, any reason, in arrival order
+        self.last_stack: dict | None = None
+        self.last_hb = 0
+        self.hb_inflight = 0
+        self.first_ts = 0
+        self.last_ts = 0
+        self.last_op_ts = 0
+        self.last_comp = 0  # latest completion time of any op
+        self.dropped = 0  # events the recorder lost (backpressure, store failures)
+        self.fr_overwritten = 0  # Flight Recorder entries overwritten before a poll: not losses
+        self.device_seen = False
+        self.samples = Samples()
+        self._order: np.ndarray | None = None
+        self._order_n = 0
+        self._sorted = True
+        self._last_begin = 0
+        self._pmax: np.ndarray | None = None
+        self._pmax_version = -1
+        self._sb = np.zeros(0, np.int64)  # begin times in ``order``
+        self._ord_buf = self._sb_buf = self._pmax_buf = np.zeros(0, np.int64)  # capacity behind them
+        self._ins_min = 0  # first order position changed by insertions since the last prefix max
+        self._open_min_begin = I64_MAX  # earliest begin among ops open at the last prefix max
+        self.version = 0
+
+    # -- storage
+    def reserve(self, n: int) -> None:
+        if n <= self.begin.shape[0]:
+            return
+        for c in (*_COLS_I8, *_COLS_I4, "flags"):
+            setattr(self, c, grown(getattr(self, c), n, self.n, fill=-1 if c in _COLS_I4 else 0))
+
+    def map_ids(self, ids: np.ndarray, idx: np.ndarray) -> None:
+        if (self.id_dict is None and ids.shape[0]
+                and int(ids.max()) >= DENSE_ID_FACTOR * (self.n + ids.shape[0]) + DENSE_ID_SLACK):
+            self.id_dict = {int(k): int(v) for k, v in enumerate(self.id2idx.tolist()) if v >= 0}
+        if self.id_dict is not None:  # sparse or huge ids (foreign traces): a dict instead
+            self.id_dict.update(zip(ids.tolist(), idx.tolist(), strict=True))
+            return
+        hi = int(ids.max())
+        if hi >= self.id2idx.shape[0]:  # (checked here too: this runs per rank per batch)
+            self.id2idx = grown(self.id2idx, hi + 1, fill=-1)
+        ok = ids >= 0
+        self.id2idx[ids[ok]] = idx[ok]
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        if self.id_dict is not None:
+            get = self.id_dict.get
+            return np.array([get(k, -1) for k in ids.tolist()], np.int32)
+        out = np.full(ids.shape[0], -1, np.int32)
+        ok = (ids >= 0) & (ids < self.id2idx.shape[0])
+        out[ok] = self.id2idx[ids[ok]]
+        return out
+
+    def index_of(self, op_id: int) -> int | None:
+        if self.id_dict is not None:
+            return self.id_dict.get(op_id)
+        if 0 <= op_id < self.id2idx.shape[0]:
+            i = int(self.id2idx[op_id])
+            return i if i >= 0 else None
+        return None
+
+    # -- time queries
+    def order(self) -> np.ndarray:
+        """Op indices sorted by begin time (ops may arrive out of time order, e.g. Flight Recorder).
+
+        Maintained incrementally: new ops are merged into the sorted order (one
+        ``searchsorted`` and ``insert``), so a live trace never re-sorts a whole rank.
+        """
+        n = self.n
+        if self._order is not None and self._order_n == n:
+            return self._order
+        if self._order is None or self._order_n > n:
+            self._order = np.argsort(self.begin[:n], kind="stable")
+            self._sb = self.begin[self._order]
+            self._ord_buf, self._sb_buf = self._order, self._sb
+            self._ins_min = 0
+        else:
+            new = np.arange(self._order_n, n, dtype=np.int64)
+            nb = self.begin[self._order_n:n]
+            if nb.shape[0] > 1 and bool((np.diff(nb) < 0).any()):
+                k = np.argsort(nb, kind="stable")
+                new, nb = new[k], nb[k]
+            pos = np.searchsorted(self._sb, nb, side="right")
+            m = self._order.shape[0]
+            if pos[0] == m:  # the usual case: everything new comes last; append in place
+                k = new.shape[0]
+                if self._ord_buf.shape[0] < m + k:
+                    self._ord_buf = grown(self._ord_buf, m + k, m, minimum=1024)
+                    self._sb_buf = grown(self._sb_buf, m + k, m, minimum=1024)
+                self._ord_buf[m:m + k] = new
+                self._sb_buf[m:m + k] = nb
+                self._order, self._sb = self._ord_buf[: m + k], self._sb_buf[: m + k]
+            else:
+                self._order = np.insert(self._order, pos, new)
+                self._sb = np.insert(self._sb, pos, nb)
+                self._ord_buf, self._sb_buf = self._order, self._sb
+            self._ins_min = min(self._ins_min, int(pos[0]))
+        self._order_n = n
+        return self._order
+
+    def window(self, t0: int, t1: int) -> np.ndarray:
+        """Indices of ops overlapping [t0, t1), by begin time; ops in flight extend to +inf."""
+        n = self.n
+        if n == 0:
+            return np.zeros(0, np.int64)
+        order = self.order()
+        begins = self._sb
+        i1 = int(np.searchsorted(begins, t1, side="left"))
+        pmax = self._prefix_max(order, begins)
+        i0 = int(np.searchsorted(pmax, t0, side="right"))
+        cand = order[i0:i1]
+        if cand.shape[0]:
+            ends = self.comp[cand]
+            cand = cand[(ends > t0) | (ends == 0) | (self.begin[cand] >= t0)]
+        if self.open:
+            extra = [i for i in self.open if self.begin[i] < t1 and self.comp[i] == 0]
+            if extra:
+                cand = np.union1d(cand, np.array(extra, np.int64))
+                cand = cand[np.argsort(self.begin[cand], kind="stable")]
+        return cand
+
+    def _prefix_max(self, order: np.ndarray, begins: np.ndarray) -> np.ndarray:
+        """Running max of op ends in begin order (in-flight ops count with their begin).
+
+        Recomputed only from the first position that can have changed: where ops were
+        inserted, or where the earliest op that was still open last time begins.
+        """
+        n = order.shape[0]
+        if self._pmax is not None and self._pmax_version == self.version and self._pmax.shape[0] == n:
+            return self._pmax
+        start = 0
+        if self._pmax is not None:
+            start = min(self._ins_min, int(np.searchsorted(begins, self._open_min_begin, side="left")),
+                        self._pmax.shape[0])
+        ends = self.comp[order[start:]]
+        ends = np.where(ends == 0, begins[start:], ends)
+        if start and start <= self._pmax.shape[0]:
+            if ends.shape[0]:
+                ends[0] = max(int(ends[0]), int(self._pmax[start - 1]))
+            if self._pmax_buf.shape[0] < n:
+                self._pmax_buf = grown(self._pmax, n, start, minimum=1024)
+            np.maximum.accumulate(ends, out=self._pmax_buf[start:n])
+            self._pmax = self._pmax_buf[:n]
+        else:
+            self._pmax_buf = np.maximum.accumulate(ends)
+            self._pmax = self._pmax_buf
+        self._pmax_version = self.version
+        self._ins_min = n
+        self._open_min_begin = min((int(self.begin[i]) for i in self.open), default=I64_MAX)
+        return self._pmax
+
+
+class Samples:
+    """Per-rank resource samples for sparklines: ts, cpu, rss, gpu_util, gpu_mem, gpu_mem_total."""
+
+    FIELDS = ("ts", "cpu", "rss", "gpu_util", "gpu_mem", "gpu_mem_total")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.cols = {f: np.full(64, np.nan) for f in self.FIELDS}
+        self.last: dict | None = None
+
+    def add(self, evs: list[dict]) -> None:
+        k = len(evs)
+        need = self.n + k
+        if need > self.cols["ts"].shape[0]:
+            for f in self.FIELDS:
+                self.cols[f] = grown(self.cols[f], need, self.n, fill=np.nan)
+        for f in self.FIELDS:
+            vals = [e.get(f) for e in evs]
+            self.cols[f][self.n: need] = [np.nan if v is None else v for v in vals]
+        self.n = need
+        self.last = evs[-1]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {f: self.cols[f][: self.n] for f in self.FIELDS}
