@@ -173,6 +173,8 @@ class CommscopeApp(App):
                 self._loading = None
             if first_load or self.cursor_ns is None:
                 self.cursor_ns = self.feed.model.end_ns  # the whole trace; g goes to the start
+            if first_load:
+                self.timeline.unplace()  # a layout during the load placed the view on a part
         self.timeline.cursor_ns = self.cursor_ns
         self.timeline.hang_after_ns = int(self.feed.hang_after() * 1e9)
         self.timeline.set_flagged({r for f in findings for r in (f.culprits or f.ranks)})
@@ -212,6 +214,9 @@ class CommscopeApp(App):
         self._shown_finding = now
         self.detail.show(finding_detail(now), f"finding · {now.kind}")
         self.detail.scroll_to(y=scroll, animate=False)
+
+    def on_timeline_view_changed(self, message: Timeline.ViewChanged) -> None:
+        self.ruler.refresh()
 
     def _fit_timeline(self) -> None:
         """Few ranks: the timeline takes only the rows it needs and the panels get the rest."""

@@ -147,11 +147,31 @@ class Timeline(ScrollView, can_focus=True):
         self.now_ns = now_ns
         with self.feed.lock:
             self.rebuild_rows()
-            if not self._placed and self.model.end_ns and self.size.width > GUTTER + 8:
-                self._place_initial()  # only once laid out: the fit needs the real width
-            if self.follow and self.cursor_ns is None:
+            self.ensure_placed()
+            if self._placed and self.follow and self.cursor_ns is None:
                 self._follow_now()
         self.refresh()
+
+    def unplace(self) -> None:
+        """Fit the view to the whole trace again at the next update or paint (a replay
+        finished loading: what was placed while it loaded saw only a part)."""
+        self._placed = False
+        self._cache.clear()
+
+    def ensure_placed(self) -> bool:
+        """Fit the view to the trace once both exist: events in the model and a laid-out
+        width.  Called on updates and resizes, and by the paint paths (this widget's rows
+        and the ruler), so that the first painted frame shows the trace whatever order the
+        feed's first update and the first layout arrive in."""
+        if self._placed:
+            return True
+        if not self.model.end_ns or self.size.width <= GUTTER + 8:
+            return False
+        with self.feed.lock:
+            self._place_initial()
+            if self.follow and self.cursor_ns is None:
+                self._follow_now()
+        return True
 
     def _place_initial(self) -> None:
         start, end = self.model.bounds()
@@ -159,11 +179,14 @@ class Timeline(ScrollView, can_focus=True):
         self.npc = _clamp(span // max(1, int(self.timeline_width() * 0.8)))
         self.t0 = start - self.npc * 2
         self._placed = True
+        self._cache.clear()
         self.post_message(self.ViewChanged())
 
     def _follow_now(self) -> None:
         w = self.timeline_width() * self.npc
         edge = self.now_ns if self.cursor_ns is None else self.cursor_ns
+        if not edge:  # no clock reading yet (a resize before the first update): keep the fit
+            return
         if not (self.t0 + w * 0.1 <= edge <= self.t0 + w * 0.9):
             # jump in pages (now at 60%) so most updates leave the cached rows valid
             self.t0 = edge - int(w * 0.6)
@@ -171,6 +194,8 @@ class Timeline(ScrollView, can_focus=True):
 
     # ------------------------------------------------------------------ rendering
     def render_line(self, y: int) -> Strip:
+        if not self._placed:
+            self.ensure_placed()
         width = self.size.width
         ri = y + self.scroll_offset.y
         if not self.rows:
@@ -570,11 +595,7 @@ class Timeline(ScrollView, can_focus=True):
     def on_resize(self, event: events.Resize) -> None:
         self._cache.clear()
         self.virtual_size = Size(self.size.width, len(self.rows))
-        if not self._placed and self.model.end_ns and self.size.width > GUTTER + 8:
-            with self.feed.lock:
-                self._place_initial()
-                if self.follow and self.cursor_ns is None:
-                    self._follow_now()
+        self.ensure_placed()
 
 
 N_CATEGORIES = P.SELECTED + 1
