@@ -275,3 +275,86 @@ def test_the_finding_detail_stays_current_while_the_job_is_live():
             assert "waited 7.5 s" in app.detail.text() and "waited 6.0 s" not in app.detail.text()
 
     asyncio.run(run())
+
+
+# ---------------------------------------------------------------------- keys go where the trouble is
+def _label(app) -> str:
+    return app.feed.model.label(*app.timeline.sel)
+
+
+def test_open_selects_the_latest_op_without_findings():
+    events, _ = healthy()
+    app = make_app(events, 0, mode=REPLAY)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            load(app)
+            await pilot.pause()
+            m = app.feed.model
+            assert app.findings == [] and app.timeline.sel is not None
+            rank, idx = app.timeline.sel
+            # nothing began later on any rank (outer ops only)
+            for r in m.rank_ids():
+                rt = m.ranks[r]
+                top = [i for i in range(rt.n) if not m.sig_of(r, i).nested]
+                assert max(int(rt.begin[i]) for i in top) <= int(m.ranks[rank].begin[idx])
+            assert app.detail.border_title == f"op · rank {rank}"
+            assert _label(app).startswith("all_gather_v")  # each step ends in a varlen all_gather
+
+    asyncio.run(run())
+
+
+def test_open_selects_the_first_findings_op_and_arrows_reach_the_in_flight_op():
+    events, now = hung_missing_rank()
+    app = make_app(events, now)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            load(app)
+            await pilot.pause()
+            tl, m = app.timeline, app.feed.model
+            assert app.detail.border_title == "finding · missing_ranks"
+            assert tl.sel == app._finding_op(app.findings[0])
+            assert _label(app).startswith("all_reduce #7") and m.ranks[tl.sel[0]].comp[tl.sel[1]] == 0
+            tl.focus()
+            rank = tl.sel[0]
+            await pilot.press("left")
+            assert tl.sel[0] == rank and _label(app).startswith("all_reduce #6")
+            await pilot.press("right")  # back onto the in-flight op, not past it
+            assert _label(app).startswith("all_reduce #7") and m.ranks[rank].comp[tl.sel[1]] == 0
+            sel = tl.sel
+            await pilot.press("right")  # the end: stays (and says so)
+            assert tl.sel == sel
+            # another row, nothing selected there: ← takes that rank's latest op, the stuck recv
+            tl.sel = None
+            while tl.sel_row != 2:
+                await pilot.press("down" if tl.sel_row < 2 else "up")
+            await pilot.press("left")
+            assert tl.sel[0] == 2 and _label(app).startswith("recv #1") and m.ranks[2].comp[tl.sel[1]] == 0
+            await pilot.press("up")  # rank 1, with rank 2's recv selected: → goes to the op at/after it
+            await pilot.press("right")
+            assert tl.sel[0] == 1 and _label(app).startswith("all_reduce #7")
+            await pilot.press("left")
+            assert tl.sel[0] == 1 and _label(app).startswith("all_reduce #6")
+
+    asyncio.run(run())
+
+
+def test_replay_arrows_from_the_end_include_the_in_flight_op():
+    events, _ = hung_missing_rank()
+    app = make_app(events, 0, mode=REPLAY)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            load(app)
+            await pilot.pause()
+            tl = app.timeline
+            await pilot.press("G")
+            tl.focus()
+            tl.sel = None
+            tl.sel_row = 0
+            await pilot.press("left")
+            assert tl.sel[0] == 0 and _label(app).startswith("all_reduce #7")
+            assert app.feed.model.ranks[0].comp[tl.sel[1]] == 0
+
+    asyncio.run(run())

@@ -79,6 +79,7 @@ class CommscopeApp(App):
         self._loading: LoadingScreen | None = None
         self._finding_jump: tuple[int, int] | None = None
         self._shown_finding: Finding | None = None  # the finding the detail pane shows, kept current
+        self._auto_op: tuple[int, int] | None = None  # the op selected on open (not by the user)
         # replay clock
         self.cursor_ns: int | None = None
         self.playing = False
@@ -137,6 +138,7 @@ class CommscopeApp(App):
         self.ranks_table.reset()
         self.findings = []
         self.info = feed.info
+        self._auto_op = None
         self._alerted.clear()
         self.cursor_ns = None
         self.playing = False
@@ -191,11 +193,36 @@ class CommscopeApp(App):
         self._show_header()
         if info.mode == LIVE:
             self._alert(findings)
-        if findings and self.timeline.sel is None and not (self.detail.border_title or "").startswith("finding"):
+        untouched = self.timeline.sel is None or self.timeline.sel == self._auto_op
+        if findings and untouched and not (self.detail.border_title or "").startswith("finding"):
             # Nothing chosen yet: open the most important finding, so a hang explains itself.
             self.findings_panel.highlighted = 0
+        elif not findings and self.timeline.sel is None and self._auto_op is None:
+            # No finding: select the latest op (the one still running, if any), once.
+            target = self._latest_op()
+            if target is not None:
+                self._auto_op = target
+                self.timeline.select(*target)
         if self.timeline.sel is not None and self.detail.border_title and self.detail.border_title.startswith("op"):
             self._show_op(*self.timeline.sel)
+
+    def _latest_op(self) -> tuple[int, int] | None:
+        """The top-level op that began last (up to the replay cursor), on any rank."""
+        m = self.feed.model
+        now = self._now()
+        best: tuple[int, int, int] | None = None
+        with self.feed.lock:
+            for r in m.rank_ids():
+                rt = m.ranks[r]
+                if rt.n == 0:
+                    continue
+                order = rt.order()
+                keep = (m.sig_flags(rt.sig[order]) & (NESTED | CONTAINER)) == 0
+                order = order[keep]
+                order = order[rt.begin[order] <= now] if self.feed.mode == REPLAY else order
+                if order.shape[0] and (best is None or int(rt.begin[order[-1]]) > best[0]):
+                    best = (int(rt.begin[order[-1]]), r, int(order[-1]))
+        return None if best is None else (best[1], best[2])
 
     def _refresh_finding_detail(self, findings: list[Finding]) -> None:
         """Keep the finding shown in the detail pane current: the same finding (by kind,

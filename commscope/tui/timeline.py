@@ -440,7 +440,7 @@ class Timeline(ScrollView, can_focus=True):
             if rank in row.ranks:
                 self.sel_row = i
                 break
-        if reveal:
+        if reveal and self.ensure_placed():  # not laid out yet: the first fit shows the whole trace
             with self.feed.lock:
                 rt = self.model.ranks[rank]
                 b = int(rt.begin[index])
@@ -456,6 +456,10 @@ class Timeline(ScrollView, can_focus=True):
         self.post_message(self.OpSelected(rank, index))
 
     def _neighbor(self, forward: bool) -> None:
+        """←/→: the previous/next op in time on the focused row's rank, in-flight ops included.
+        On the selected op's rank, one op along; on another row (or with nothing selected),
+        the op at or before (←) / at or after (→) the selected op's begin, else the replay
+        cursor or now: ← with nothing selected takes the latest op, the one still running."""
         rank = self._row_rank()
         if rank is None:
             return
@@ -468,20 +472,27 @@ class Timeline(ScrollView, can_focus=True):
             begins = rt.begin[order]
             keep = (m.sig_flags(rt.sig[order]) & (NESTED | CONTAINER)) == 0
             order, begins = order[keep], begins[keep]
-            if order.shape[0] == 0:
+            n = order.shape[0]
+            if n == 0:
                 return
-            if self.sel and self.sel[0] == rank:
-                ref = int(rt.begin[self.sel[1]])
-                pos = int(np.flatnonzero(order == self.sel[1])[0]) if (order == self.sel[1]).any() else None
-                if pos is not None:
-                    j = pos + (1 if forward else -1)
-                else:
-                    j = int(np.searchsorted(begins, ref, side="right" if forward else "left")) - (0 if forward else 1)
+            here = np.flatnonzero(order == self.sel[1]) if self.sel and self.sel[0] == rank else np.zeros(0, np.int64)
+            if here.shape[0]:
+                j = int(here[0]) + (1 if forward else -1)
+                if not 0 <= j < n:
+                    self.notify(f"{'last' if forward else 'first'} op of rank {rank}", timeout=2)
+                    return
             else:
-                ref = self.t0 + (self.t1() - self.t0) // 2 if self.cursor_ns is None else self.cursor_ns
-                j = int(np.searchsorted(begins, ref)) - (0 if forward else 1)
-            if not 0 <= j < order.shape[0]:
-                return
+                if self.sel and self.sel[0] in m.ranks:
+                    ref = int(m.ranks[self.sel[0]].begin[self.sel[1]])
+                elif self.cursor_ns is not None:
+                    ref = self.cursor_ns
+                elif self.follow:
+                    ref = self.now_ns or int(begins[-1])
+                else:
+                    ref = self.t0 + (self.t1() - self.t0) // 2
+                j = int(np.searchsorted(begins, ref, side="left")) if forward else \
+                    int(np.searchsorted(begins, ref, side="right")) - 1
+                j = min(max(j, 0), n - 1)
             target = int(order[j])
         self.select(rank, target)
 
