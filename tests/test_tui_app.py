@@ -358,3 +358,79 @@ def test_replay_arrows_from_the_end_include_the_in_flight_op():
             assert app.feed.model.ranks[0].comp[tl.sel[1]] == 0
 
     asyncio.run(run())
+
+
+# ---------------------------------------------------------------------- reader errors reach the screen
+class _FailingReader:
+    description = "broken-store"
+    stats = None
+
+    def poll(self, max_bytes=None):
+        raise OSError("Connection refused by redis://host:6379/0")
+
+    def close(self):
+        pass
+
+
+def _screen_text(app) -> str:
+    return "\n".join("".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips())
+
+
+def test_reader_failure_reaches_header_and_findings():
+    feed = Feed(_FailingReader(), mode=REPLAY, clock=lambda: 0, source="broken-store")
+    app = CommscopeApp(feed, clock=lambda: 0, start_feed=False, bell=False)
+
+    async def run():
+        async with app.run_test(size=(120, 30)) as pilot:
+            load(app)
+            await pilot.pause()
+            assert [f.kind for f in app.findings] == ["trace_incomplete"]
+            assert "Connection refused" in app.findings[0].message
+            header = str(app.header_bar.render())
+            assert "could not be read: Connection refused" in header
+            text = _screen_text(app)
+            assert "no problems found" not in text and "waiting for the job" not in text
+            assert "the trace could not be read" in text  # timeline and findings list say it
+
+    asyncio.run(run())
+
+
+def test_unparseable_trace_shows_why(tmp_path):
+    from test_check_cli import write_store
+
+    events, _ = healthy(steps=2)
+    store = write_store(tmp_path / "s", events)
+    for f in store.rglob("rank-*.jsonl"):
+        f.write_bytes(b"\x00\xff garbage, not a trace\n" * 20)
+    feed = Feed(open_source(store), mode=REPLAY, source=str(store))
+    app = CommscopeApp(feed, start_feed=False, bell=False)
+
+    async def run():
+        async with app.run_test(size=(120, 30)) as pilot:
+            load(app)
+            await pilot.pause()
+            assert app.findings and app.findings[0].kind == "trace_incomplete"
+            header = str(app.header_bar.render())
+            assert "no readable event (" in header and "damaged lines skipped" in header
+            text = _screen_text(app)
+            assert "no problems found" not in text and "waiting for the job" not in text
+            assert "no readable event" in text
+
+    asyncio.run(run())
+
+
+def test_header_counts_ops_without_timings():
+    from test_report_export import _fr_dump_events
+
+    app = make_app(_fr_dump_events(), 0, mode=REPLAY)
+
+    async def run():
+        async with app.run_test(size=(160, 30)) as pilot:
+            load(app)
+            await pilot.pause()
+            assert "120 ops without timings" in str(app.header_bar.render())
+            assert not any(f.kind == "straggler" for f in app.findings)
+            text = app.detail.text()
+            assert "no timing recorded" in text and "done   —" in text
+
+    asyncio.run(run())

@@ -15,8 +15,8 @@ from typing import Any
 from commscope.analysis.findings import Finding
 from commscope.analysis.model import TraceModel
 
-_LOSS_WORDS = {"dropped": "dropped by the recorder", "damaged": "damaged line(s) skipped",
-               "invalid": "invalid event(s) skipped", "missing": "lost by the store"}
+_LOSS_WORDS = {"dropped": "event(s) dropped by the recorder", "damaged": "damaged line(s) skipped",
+               "invalid": "invalid event(s) skipped", "missing": "event(s) lost by the store"}
 
 
 def _ranges(rs: list[int]) -> str:
@@ -53,7 +53,7 @@ def find_incomplete(model: TraceModel, now: int) -> list[Finding]:
     for kind, words in _LOSS_WORDS.items():
         counts = {r: d[kind] for r, d in per_rank.items() if d.get(kind)}
         if counts:
-            parts.append(f"{sum(counts.values()):,} event(s) {words} (" +
+            parts.append(f"{sum(counts.values()):,} {words} (" +
                          ", ".join(f"rank {r}: {n:,}" for r, n in sorted(counts.items())[:8]) +
                          (", ..." if len(counts) > 8 else "") + ")")
     ended = sorted(r for r, d in per_rank.items() if d.get("no_exit"))

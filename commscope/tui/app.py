@@ -19,7 +19,7 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer
 
 from commscope.analysis import Finding
-from commscope.analysis.model import CONTAINER, NESTED
+from commscope.analysis.model import CONTAINER, NESTED, untimed
 from commscope.tui.detail import DetailPane, finding_detail, op_detail
 from commscope.tui.feed import LIVE, REPLAY, Feed, FeedInfo, FeedUpdated
 from commscope.tui.findings_panel import FindingsPanel, finding_key
@@ -80,6 +80,8 @@ class CommscopeApp(App):
         self._finding_jump: tuple[int, int] | None = None
         self._shown_finding: Finding | None = None  # the finding the detail pane shows, kept current
         self._auto_op: tuple[int, int] | None = None  # the op selected on open (not by the user)
+        self._problem: str | None = None  # what kept the trace from being read
+        self._untimed_cache: dict[int, tuple[int, int]] = {}  # rank -> (version, ops without timings)
         # replay clock
         self.cursor_ns: int | None = None
         self.playing = False
@@ -139,6 +141,8 @@ class CommscopeApp(App):
         self.findings = []
         self.info = feed.info
         self._auto_op = None
+        self._problem = None
+        self._untimed_cache.clear()
         self._alerted.clear()
         self.cursor_ns = None
         self.playing = False
@@ -168,7 +172,13 @@ class CommscopeApp(App):
         """Show a new feed state (also called directly by tests)."""
         first_load = info.loaded and not self.info.loaded
         self.info = info
+        self._problem = self._reader_problem(info)
+        if self._problem and (info.error or not any(f.kind == "trace_incomplete" for f in findings)):
+            # The reader's failure is a finding too: never "no problems found" on a trace not read.
+            ev = {"reader_error": info.error} if info.error else {"damaged": info.corrupt, "invalid": info.invalid}
+            findings = [Finding("trace_incomplete", None, None, None, [], [], self._problem, ev), *findings]
         self.findings = findings
+        self.timeline.empty_text = self._problem
         if info.mode == REPLAY and info.loaded:
             if self._loading is not None:
                 self._loading.dismiss()
@@ -205,6 +215,33 @@ class CommscopeApp(App):
                 self.timeline.select(*target)
         if self.timeline.sel is not None and self.detail.border_title and self.detail.border_title.startswith("op"):
             self._show_op(*self.timeline.sel)
+
+    def _reader_problem(self, info: FeedInfo) -> str | None:
+        """What kept the trace from being read, for the header and the findings list."""
+        if info.error:
+            return f"the trace could not be read: {info.error}"
+        if info.mode == REPLAY and info.loaded and self.feed.model.events == 0:
+            if info.corrupt or info.invalid:
+                skipped = [f"{n:,} {what}" for n, what in ((info.corrupt, "damaged lines"),
+                                                           (info.invalid, "invalid events")) if n]
+                return f"no readable event ({' and '.join(skipped)} skipped)"
+            return "the trace holds no events"
+        return None
+
+    def _untimed_ops(self) -> int:
+        """Ops completed without a measured duration (cached per rank version)."""
+        m = self.feed.model
+        total = 0
+        with self.feed.lock:
+            for r, rt in m.ranks.items():
+                hit = self._untimed_cache.get(r)
+                if hit is None or hit[0] != rt.version:
+                    n = rt.n
+                    top = (m.sig_flags(rt.sig[:n]) & NESTED) == 0
+                    hit = (rt.version, int((top & untimed(rt.flags[:n], rt.begin[:n], rt.comp[:n])).sum()))
+                    self._untimed_cache[r] = hit
+                total += hit[1]
+        return total
 
     def _latest_op(self) -> tuple[int, int] | None:
         """The top-level op that began last (up to the replay cursor), on any rank."""
@@ -282,7 +319,8 @@ class CommscopeApp(App):
         warnings = sum(f.severity == "warning" for f in self.findings)
         self.header_bar.show(self.info, job=str(job), world=m.world_size, backend=str(meta.get("backend", "?")),
                              errors=errors, warnings=warnings, cursor_ns=self.cursor_ns, start_ns=m.start_ns,
-                             playing=self.playing, speed=self.speed)
+                             playing=self.playing, speed=self.speed, problem=self._problem,
+                             untimed=self._untimed_ops())
 
     def _tick(self) -> None:
         """10 Hz: advance the replay cursor; in live mode keep in-flight spans growing."""

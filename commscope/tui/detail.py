@@ -14,6 +14,7 @@ from textual.widgets import Static
 from commscope.analysis import Finding
 from commscope.analysis.bandwidth import op_busbw
 from commscope.analysis.errors import first_line
+from commscope.analysis.model import untimed
 from commscope.analysis.stacks import fold
 from commscope.tui import palette as P
 from commscope.tui.fmt import clock, duration, size
@@ -95,7 +96,9 @@ def op_detail(model: Any, rank: int, i: int, now: int) -> RenderableType:
         ("source", "PyTorch Flight Recorder (issued from C++)" if d.get("space") == 1 or d.get("src") == "fr" else None),
         ("begin", f"{clock(begin)}  (+{duration(begin - start)})"),
     ]
-    if d.get("end_ns"):
+    rt = model.ranks[rank]
+    no_timing = bool(untimed(rt.flags[i], rt.begin[i], rt.comp[i]))
+    if d.get("end_ns") and not no_timing:
         rows.append(("returned", f"+{duration(d['end_ns'] - begin)}"))
     if d.get("wait_begin_ns"):
         rows.append(("wait()", f"+{duration(d['wait_begin_ns'] - begin)} → "
@@ -104,6 +107,9 @@ def op_detail(model: Any, rank: int, i: int, now: int) -> RenderableType:
         rows.append(("GPU time", duration(d["gpu_ns"])))
     if d.get("in_flight"):
         rows.append(("state", Text(f"in flight for {duration(now - begin)}", style="bold #e0a030")))
+    elif no_timing:
+        rows.append(("duration", Text("— no timing recorded (completed; Flight Recorder on Gloo or an old trace)",
+                                      style="grey62")))
     elif d.get("complete_ns"):
         rows.append(("duration", duration(d["complete_ns"] - begin) + ("  (approx.)" if d.get("approx") else "")))
     bw = op_busbw(model, rank, i)
@@ -129,8 +135,10 @@ def op_detail(model: Any, rank: int, i: int, now: int) -> RenderableType:
             skew = begins[r] - first
             state = "done" if comp else "in flight"
             last = len(set(begins.values())) > 1 and begins[r] == max(begins.values())
+            dur = "—" if comp and untimed(rt.flags[j], rt.begin[j], rt.comp[j]) else \
+                duration(comp - begins[r]) if comp else duration(now - begins[r])
             t.add_row(str(r) + (" ◀" if r == rank else ""), f"+{duration(skew)}" + (" (last)" if last else ""),
-                      state, duration(comp - begins[r]) if comp else duration(now - begins[r]))
+                      state, dur)
         group_size = len(model.groups.get(d.get("group"), [])) or len(everyone)
         if len(everyone) < group_size:
             missing = sorted(set(model.groups.get(d.get("group"), [])) - set(everyone))

@@ -90,6 +90,7 @@ class Timeline(ScrollView, can_focus=True):
         self._cache: OrderedDict[tuple, Strip] = OrderedDict()
         self._cat_table = np.zeros(0, np.int8)
         self._placed = False
+        self.empty_text: str | None = None  # why there is nothing to show (set by the app)
 
     def reset(self) -> None:
         """Forget everything about the previous source (the feed was switched)."""
@@ -200,6 +201,9 @@ class Timeline(ScrollView, can_focus=True):
         ri = y + self.scroll_offset.y
         if not self.rows:
             if y == self.size.height // 2:
+                if self.empty_text:
+                    return Strip([Segment(self.empty_text.center(width)[:width], Style(color="#e05050", bold=True))],
+                                 width)
                 text = "waiting for the job to write its first events…"
                 return Strip([Segment(text.center(width)[:width], Style(color="grey50"))], width)
             return Strip.blank(width)
