@@ -434,3 +434,62 @@ def test_header_counts_ops_without_timings():
             assert "no timing recorded" in text and "done   —" in text
 
     asyncio.run(run())
+
+
+# ---------------------------------------------------------------------- rank table
+def _long_names_trace() -> list[dict]:
+    """2 ranks with long op names; rank 1's stream starts 3 ms after rank 0's; both exit."""
+    b = TraceBuilder(2, meta=False)
+    t = b.t0
+    b.add(0, t, "meta", host="h", pid=1, world_size=2, backend="gloo")
+    b.add(1, t + 3 * MS, "meta", host="h", pid=2, world_size=2, backend="gloo")
+    t += 100 * MS
+    for op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_gather_single"):
+        t = b.collective(t, op, latency=5 * MS) + MS
+    b.heartbeats(b.t0 + 5 * MS, t, interval=S // 10)
+    for r in range(2):
+        b.exit(r, t + MS, reason="destroy_process_group")
+    return b.sorted_events()
+
+
+def _cells(app, rank: int) -> dict[str, str]:
+    table = app.ranks_table
+    row = table.get_row(str(rank))
+    keys = [str(c.key.value) for c in table.ordered_columns]
+    return {k: (v.plain if hasattr(v, "plain") else str(v)) for k, v in zip(keys, row, strict=True)}
+
+
+@pytest.mark.parametrize("width", [120, 200])
+def test_rank_table_last_op_whole_names_and_consistent_start(width):
+    app = make_app(_long_names_trace(), 0, mode=REPLAY)
+
+    async def run():
+        async with app.run_test(size=(width, 40)) as pilot:
+            load(app)
+            await pilot.pause()
+            await pilot.pause()
+            for r in (0, 1):
+                c = _cells(app, r)
+                assert c["state"].endswith("exited (destroy_pg)"), c
+                if "last" in c:  # a rank that exited still shows its last op, abbreviated on purpose
+                    assert c["last"] == "ag_single #3", c
+            table = app.ranks_table
+            assert "last" in [str(c.key.value) for c in table.ordered_columns] or width < 160
+            await pilot.press("g")  # the replay's start: both ranks read the same
+            await pilot.pause()
+            states = [_cells(app, r)["state"] for r in (0, 1)]
+            assert states[0] == states[1] == "○ idle", states
+
+    asyncio.run(run())
+
+
+def test_abbreviations_and_word_fitting():
+    from commscope.tui.rank_table import abbreviate, fit_words
+
+    assert abbreviate("all_gather_single") == "ag_single"
+    assert abbreviate("all_gather_into_tensor") == "ag_tensor"
+    assert abbreviate("reduce_scatter_tensor") == "rs_tensor"
+    assert abbreviate("all_to_all_single") == "a2a_single"
+    assert abbreviate("all_reduce") == "all_reduce" and abbreviate("broadcast") == "broadcast"
+    assert fit_words("● in all_reduce #7 · 6.0 s", 20) == "● in all_reduce #7…"
+    assert fit_words("exited (destroy_pg)", 12) == "exited…"
