@@ -6,7 +6,7 @@ import asyncio
 import time
 
 import pytest
-from tui_scenarios import MS, S, healthy, hung_missing_rank, load, make_app
+from tui_scenarios import MS, S, StaticReader, healthy, hung_missing_rank, load, make_app
 
 from commscope.analysis.source import open_source
 from commscope.analysis.synth import TraceBuilder
@@ -493,3 +493,37 @@ def test_abbreviations_and_word_fitting():
     assert abbreviate("all_reduce") == "all_reduce" and abbreviate("broadcast") == "broadcast"
     assert fit_words("● in all_reduce #7 · 6.0 s", 20) == "● in all_reduce #7…"
     assert fit_words("exited (destroy_pg)", 12) == "exited…"
+
+
+def test_finding_detail_keeps_up_with_its_list_entry():
+    """A live hang: each diagnose says the ranks waited longer; the detail pane and the list's
+    highlight follow the same finding, and the timeline's selection stays put."""
+    import re
+
+    events, now = hung_missing_rank()
+    clock = [now - 3 * S]
+    feed = Feed(StaticReader(events), clock=lambda: clock[0], source="synthetic-job")
+    app = CommscopeApp(feed, clock=lambda: clock[0], start_feed=False, bell=False)
+
+    def waited(text: str) -> str:
+        return re.search(r"waited up to ([\d.]+ s)", text).group(1)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            load(app)
+            await pilot.pause()
+            assert app.detail.border_title == "finding · missing_ranks"
+            assert waited(app.detail.text()) == waited(app.findings[0].message) == "3.0 s"
+            mine = app.timeline.sel
+            for k in range(1, 4):
+                clock[0] += 10 * S
+                feed._next_diag, feed._dirty = 0.0, True
+                info, _ = feed.step()
+                app.apply(info, feed.findings)
+                await pilot.pause()
+                listed = app.findings[app.findings_panel.highlighted]
+                assert listed.kind == "missing_ranks"
+                assert waited(listed.message) == waited(app.detail.text()) == f"{3 + 10 * k}.0 s"
+                assert app.timeline.sel == mine
+
+    asyncio.run(run())

@@ -274,6 +274,7 @@ class CommscopeApp(App):
             now = next((f for f in findings if f.culprits and f.culprits == shown.culprits), None)
         if now is None or now is shown:
             return
+        self.findings_panel.keep_highlight(now)
         scroll = self.detail.scroll_y
         self._shown_finding = now
         self.detail.show(finding_detail(now), f"finding · {now.kind}")

@@ -32,7 +32,8 @@ class FindingsPanel(OptionList):
             return
         highlighted = self.highlighted
         old = self._keys or []
-        prev = old[highlighted] if highlighted is not None and highlighted < len(old) else None
+        # the same finding by identity, whatever its message now says (a wait grows: "35.2 s")
+        prev = old[highlighted][:-1] if highlighted is not None and highlighted < len(old) else None
         self.findings = findings
         self._keys = keys
         self.clear_options()
@@ -48,8 +49,19 @@ class FindingsPanel(OptionList):
                          style="bold")
             t.append("\n  " + f.message, style="grey70")
             self.add_option(Option(t))
-        if prev is not None and prev in keys:
-            self.highlighted = keys.index(prev)
+        ids = [k[:-1] for k in keys]
+        if prev is not None and prev in ids:
+            # Keep the highlight on it without a new Chosen: the app refreshes the detail pane
+            # itself (and choosing again would move the timeline away from the user's op).
+            with self.prevent(OptionList.OptionHighlighted):
+                self.highlighted = ids.index(prev)
+
+    def keep_highlight(self, finding: Finding) -> None:
+        """Highlight ``finding`` (the one the detail pane shows) without choosing it again."""
+        idx = next((i for i, f in enumerate(self.findings) if f is finding), None)
+        if idx is not None and idx != self.highlighted:
+            with self.prevent(OptionList.OptionHighlighted):
+                self.highlighted = idx
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         if self.findings and event.option_index < len(self.findings):
