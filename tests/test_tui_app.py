@@ -527,3 +527,29 @@ def test_finding_detail_keeps_up_with_its_list_entry():
                 assert app.timeline.sel == mine
 
     asyncio.run(run())
+
+
+def test_op_detail_site_latency_sparkline_and_group_best():
+    b = TraceBuilder(2)
+    t = b.t0 + S
+    lats = [2, 2, 2, 8, 2, 2, 4, 2]
+    for lat in lats:
+        t = b.collective(t, "all_reduce", latency=lat * MS, shape=(250_000,), site="train.py:9 in step") + MS
+    b.heartbeats(b.t0, t)
+    app = make_app(b.sorted_events(), 0, mode=REPLAY)
+
+    async def run():
+        async with app.run_test(size=(160, 40)) as pilot:
+            load(app)
+            await pilot.pause()
+            m = app.feed.model
+            slow = next(i for i in range(m.ranks[0].n) if m.label(0, i).startswith("all_reduce #4"))
+            app.timeline.select(0, slow)
+            await pilot.pause()
+            text = app.detail.text()
+            assert "at site" in text and "8 ops · p50 2.0 ms · max 8.0 ms · this one 8.0 ms" in text
+            bars = next(ln for ln in text.splitlines() if "at site" in ln).split("at site")[1].strip()
+            assert bars == "▃▃▃█▃▃▅▃"
+            assert "best bw" in text and "this op at 25%" in text  # 2 ms is the best; this one took 8
+
+    asyncio.run(run())

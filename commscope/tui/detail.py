@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import numpy as np
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -68,6 +69,78 @@ def _stack(threads: list[dict] | None, limit: int = 12) -> RenderableType | None
     return Group(*out)
 
 
+SPARK_BARS = "▁▂▃▄▅▆▇█"
+_best_cache: dict[tuple, float | None] = {}
+
+
+def site_latency(model: Any, rank: int, i: int, width: int = 36) -> tuple[Text, str] | None:
+    """Durations of this rank's ops of the same op, group and call site over the trace, in
+    time order, as a sparkline (the bar holding op ``i`` in yellow) and a summary; None if
+    fewer than two such ops have timings."""
+    rt = model.ranks[rank]
+    s = model.sigs[int(rt.sig[i])]
+    codes = [c for c, x in enumerate(model.sigs) if x.op == s.op and x.group == s.group and x.site == s.site
+             and x.space == s.space]
+    n = rt.n
+    sig, begin, comp = rt.sig[:n], rt.begin[:n], rt.comp[:n]
+    sel = np.isin(sig, codes) & (comp > 0) & ~untimed(rt.flags[:n], begin, comp)
+    idx = np.flatnonzero(sel)
+    if idx.shape[0] < 2:
+        return None
+    idx = idx[np.argsort(begin[idx], kind="stable")]
+    d = (comp[idx] - begin[idx]).astype(np.float64)
+    k = min(width, d.shape[0])
+    chunks = np.array_split(np.arange(d.shape[0]), k)
+    peaks = np.array([d[c].max() for c in chunks])  # the slowest of each bucket: spikes stay visible
+    hi = float(peaks.max()) or 1.0
+    here = np.flatnonzero(idx == i)
+    mine = next((b for b, c in enumerate(chunks) if here.shape[0] and int(here[0]) in c), None)
+    text = Text()
+    for b, v in enumerate(peaks.tolist()):
+        ch = SPARK_BARS[min(len(SPARK_BARS) - 1, int(v / hi * (len(SPARK_BARS) - 1) + 0.5))]
+        text.append(ch, style="bold #ffd75f" if b == mine else "#6fa8dc")
+    summary = (f"{d.shape[0]:,} ops · p50 {duration(float(np.median(d)))} · max {duration(float(d.max()))}"
+               + (f" · this one {duration(float(d[here[0]]))}" if here.shape[0] else ""))
+    return text, summary
+
+
+def group_best_busbw(model: Any, rank: int, i: int) -> float | None:
+    """The best busbw this op (same name) reached in its group over the trace, from complete,
+    timed instances (cached per model version)."""
+    from commscope.analysis.bandwidth import busbw_factor, instances, sig_size
+
+    s = model.sig_of(rank, i)
+    gi = model.coll.get((s.space, s.group))
+    if gi is None or not s.flags & 8:  # COLL only
+        return None
+    key = (id(model), model.version, s.space, s.group, s.op)
+    if key in _best_cache:
+        return _best_cache[key]
+    inst = instances(model, gi)
+    best = None
+    if inst.n:
+        timed = ~inst.untimed.any(axis=1) & (inst.latency > 0)
+        codes = inst.sig[:, 0]
+        for code in np.unique(codes[timed]).tolist():
+            sg = model.sigs[code]
+            S = sig_size(sg)
+            if sg.op != s.op or not S:
+                continue
+            lat = inst.latency[timed & (codes == code)].astype(np.float64)
+            bw = float((S / (lat.min() / 1e9)) * busbw_factor(sg.op, len(gi.members)))
+            best = bw if best is None else max(best, bw)
+    if len(_best_cache) > 256:
+        _best_cache.clear()
+    _best_cache[key] = best
+    return best
+
+
+def _meter(frac: float, width: int = 10) -> Text:
+    """A bar of ``width`` cells filled to ``frac`` (0..1)."""
+    full = max(0, min(width, int(round(frac * width))))
+    return Text.assemble(("█" * full, "#3fa58f"), ("░" * (width - full), "grey35"))
+
+
 def _bw(bytes_per_s: float) -> str:
     for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
         if bytes_per_s >= scale:
@@ -115,6 +188,14 @@ def op_detail(model: Any, rank: int, i: int, now: int) -> RenderableType:
     bw = op_busbw(model, rank, i)
     if bw:
         rows.append(("bandwidth", f"algbw {_bw(bw.get('algbw', 0))} · busbw {_bw(bw.get('busbw', 0))}"))
+        best = group_best_busbw(model, rank, i)
+        if best:
+            share = bw.get("busbw", 0) / best
+            rows.append(("best bw", Text.assemble(f"busbw {_bw(best)}  ", _meter(share),
+                                                     f" this op at {share * 100:.0f}%")))
+    trend = site_latency(model, rank, i)
+    if trend is not None:
+        rows.append(("at site", Text.assemble(trend[0], "\n", (trend[1], "grey62"))))
     if d.get("exc"):
         rows.append(("raised", Text(d["exc"], style="#e05050")))
     parts: list[RenderableType] = [title, _kv(rows)]
