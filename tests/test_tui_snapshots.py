@@ -102,3 +102,21 @@ def test_first_frame_under_delayed_feed(snap_compare, size):
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
     assert seen
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)])
+def test_fsdp2_hang_opens_on_its_finding(snap_compare, size):
+    from tui_scenarios import fsdp2_hang
+
+    events, now = fsdp2_hang()
+    app = make_app(events, now)
+
+    async def run_before(pilot) -> None:
+        await _loaded(pilot)
+        a = pilot.app
+        assert a.findings and a.findings[0].kind == "missing_ranks" and a.findings[0].culprits == [3]
+        assert a.detail.border_title == "finding · missing_ranks"
+        assert a.timeline.sel == a._finding_op(a.findings[0])
+        assert a.feed.model.label(*a.timeline.sel).startswith("all_gather_into_tensor #")
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)

@@ -16,8 +16,8 @@ COLUMNS = [("rank", "Rank", 4), ("host", "Host", 10), ("state", "State", 30), ("
            ("gpu", "GPU%", 4), ("gmem", "GPU mem", 8), ("cpu", "CPU%", 4), ("rss", "RSS", 8)]
 FLEX = "state"  # takes whatever width the others leave
 LABELS = {k: label for k, label, _ in COLUMNS}
-PRIORITY = ["rank", "gpu", "cpu", "last", "gmem", "rss", "host"]
-STATE_MIN = 18
+PRIORITY = ["rank", "gpu", "cpu", "gmem", "rss", "last", "host"]
+STATE_MIN = 26  # room for "● in all_reduce #7 · 6.0 s" before any optional column
 
 
 def _plain(cell: Any) -> str:
@@ -55,7 +55,7 @@ def fit_words(text: str, width: int) -> str:
     """``text`` in ``width`` columns, cut only between words (with '…'), never inside one."""
     if len(text) <= width:
         return text
-    cut = text.rfind(" ", 0, max(1, width - 1))
+    cut = text.rfind(" ", 0, max(1, width))
     return (text[:cut].rstrip(" ·(") if cut > 0 else text[: max(1, width - 1)]) + "…"
 
 
@@ -104,9 +104,9 @@ class RankTable(DataTable):
         cols = [c if c[0] != "last" else (c[0], c[1], self._last_width) for c in COLUMNS
                 if (c[0] != "host" or len(hosts) > 1) and (c[0] not in ("gpu", "gmem") or gpu)]
         # Narrow panes keep the most telling columns; the state text names the op anyway.
-        budget = self._room() - (STATE_MIN + 2) if self.size.width else 10**6
-        keep = {FLEX}
-        for key in PRIORITY:
+        budget = self._room() - (STATE_MIN + 2) - (COLUMNS[0][2] + 2) if self.size.width else 10**6
+        keep = {FLEX, "rank"}  # the rank number and its state always show
+        for key in PRIORITY[1:]:
             col = next((c for c in cols if c[0] == key), None)
             if col is not None and col[2] + 2 <= budget:
                 keep.add(key)
@@ -115,7 +115,8 @@ class RankTable(DataTable):
 
     def _room(self) -> int:
         """Columns of text the table can show without scrolling sideways."""
-        return self.size.width - 3  # vertical scrollbar and a margin
+        bar = self.scrollbar_size_vertical if self.show_vertical_scrollbar else 0
+        return self.size.width - bar - 1  # the vertical scrollbar when shown, and a margin
 
     def _layout(self, cols: list[tuple[str, str, int]]) -> None:
         if [c[0] for c in cols] != [str(k.value) for k in self.columns] or not self._cols:
@@ -139,8 +140,12 @@ class RankTable(DataTable):
         fixed = sum(w + 2 for k, _, w in cols if k != FLEX)
         col = self.columns.get(FLEX)  # type: ignore[call-overload]
         if col is not None:
-            col.width = max(STATE_MIN, self._room() - fixed - 2)
+            width = max(8, self._room() - fixed - 2)  # below STATE_MIN only when no other column is left
+            changed = col.width != width
+            col.width = width
             col.auto_width = False
+            if changed and self._values:  # re-fit the state cells to the new width (cut between words)
+                self.refresh_ranks(getattr(self.app, "_now", lambda: 0)())
             self.refresh()
 
     def _fit_last(self, rows: dict[int, dict[str, tuple[Any, Any]]]) -> None:
@@ -163,7 +168,7 @@ class RankTable(DataTable):
             self._layout(self._wanted())
         self._fit_last(rows)
         state_col = self.columns.get(FLEX)  # type: ignore[call-overload]
-        room = max(STATE_MIN, state_col.width) if state_col is not None and state_col.width else None
+        room = state_col.width if state_col is not None and state_col.width else None
         last_col = self.columns.get("last")  # type: ignore[call-overload]
         for vals in rows.values():
             if room is not None:
