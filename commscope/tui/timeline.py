@@ -60,6 +60,7 @@ class Timeline(ScrollView, can_focus=True):
     DEFAULT_CSS = """
     Timeline { height: 1fr; }
     """
+    FAST_OVERVIEW = True  # the overview path (bench tui compares it with the detailed one)
 
     class OpSelected(Message):
         def __init__(self, rank: int, index: int):
@@ -340,6 +341,8 @@ class Timeline(ScrollView, can_focus=True):
             idx, sig, flags, begin, comp = idx[visible], sig[visible], flags[visible], begin[visible], comp[visible]
         inflight = comp == 0
         stop = np.where(inflight, max(now, 1), comp)
+        if self.FAST_OVERVIEW and idx.shape[0] > 4 * w:
+            return self._paint_overview(rank, w, idx, sig, flags, begin, stop, inflight, now)
         # Ops whose end is only approximately known (Flight Recorder on Gloo) are drawn like
         # async work: a mark at the start, then a thin line, not a solid bar.
         approx = (rt.flags[idx] & APPROX) != 0
@@ -410,6 +413,71 @@ class Timeline(ScrollView, can_focus=True):
             # only over a run of one colour: a label must not straddle wait/issue parts
             if b - a + 1 >= len(text) + 2 and (cells[a + 1:a + 1 + len(text)] == cells[a + 1]).all():
                 labels.append((a + 1, len(text), text, int(cells[a + 1])))
+        return cells, labels
+
+    def _paint_overview(self, rank: int, w: int, idx: np.ndarray, sig: np.ndarray, flags: np.ndarray,
+                        begin: np.ndarray, stop: np.ndarray, inflight: np.ndarray,
+                        now: int) -> tuple[np.ndarray, list[tuple[int, int, str, int]]]:
+        """Far zoomed out (several ops per cell): each op one span, the issue/wait breakdown
+        left out.  The same picture as the detailed path draws there, with the per-op work
+        done only on the few ops that need it: async ops (their span ends at wait_end),
+        in-flight ones (thresholds), the selection and spans wide enough for a label."""
+        m, rt, t0, npc = self.model, self.model.ranks[rank], self.t0, self.npc
+        approx = (rt.flags[idx] & APPROX) != 0
+        is_async = ((flags & ASYNC) != 0) | approx
+        ai = np.flatnonzero(is_async)
+        end = stop
+        wb_a = we_a = None
+        if ai.shape[0]:
+            sub = idx[ai]
+            wb_a, we_a = rt.wb[sub], rt.we[sub]
+            if self.cursor_ns is not None:
+                wb_a = np.where(wb_a > now, 0, wb_a)
+                we_a = np.where(we_a > now, 0, we_a)
+            end = stop.copy()
+            end[ai] = np.where(wb_a > 0, np.where(we_a > 0, we_a, stop[ai]), stop[ai])
+        starts, stops, kinds = [begin], [end], [self._categories()[sig]]
+        fi = np.flatnonzero(inflight)
+        if fi.shape[0]:  # blocked too long: the part of the span past the thresholds
+            fa = is_async[fi]
+            wb_f = np.zeros(fi.shape[0], np.int64)
+            if ai.shape[0] and fa.any():
+                wb_f[fa] = wb_a[np.searchsorted(ai, fi[fa])]
+            blocked = ~fa | (wb_f > 0)
+            since = np.where(fa, wb_f, begin[fi])
+            for at, cat in ((since + max(self.hang_after_ns // 3, 1), P.WARN), (since + self.hang_after_ns, P.ERROR)):
+                mk = blocked & (at < now)
+                if mk.any():
+                    starts.append(at[mk])
+                    stops.append(stop[fi][mk])
+                    kinds.append(np.full(int(mk.sum()), cat, np.int8))
+        if self.sel and self.sel[0] == rank:
+            one = np.flatnonzero(idx == self.sel[1])
+            if one.shape[0]:
+                j = int(one[0])
+                e = int(stop[j])
+                if is_async[j]:
+                    i = int(idx[j])
+                    ie = int(begin[j]) if approx[j] else (int(rt.end[i]) if rt.end[i] > 0 else int(begin[j]))
+                    if self.cursor_ns is not None:
+                        ie = min(ie, e)
+                    e = max(e, ie)
+                starts.append(begin[j:j + 1])
+                stops.append(np.array([e], np.int64))
+                kinds.append(np.array([P.SELECTED], np.int8))
+        cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
+        labels: list[tuple[int, int, str, int]] = []
+        cand = np.flatnonzero(stop - begin > 7 * npc)  # c1 - c0 >= 8 needs a span longer than 7 cells
+        if cand.shape[0]:
+            c0 = np.minimum(np.maximum((begin[cand] - t0) // npc, -1), w)
+            c1 = np.minimum(np.maximum((stop[cand] - t0) // npc, -1), w)
+            for k in np.flatnonzero((c1 - c0) >= 8)[:40].tolist():
+                j = int(cand[k])
+                a, b = max(int(c0[k]), 0), min(int(c1[k]), w - 1)
+                seq = int(rt.seq[int(idx[j])])
+                text = m.sigs[int(sig[j])].op + (f" #{seq}" if seq >= 0 else "")
+                if b - a + 1 >= len(text) + 2 and (cells[a + 1:a + 1 + len(text)] == cells[a + 1]).all():
+                    labels.append((a + 1, len(text), text, int(cells[a + 1])))
         return cells, labels
 
     def _paint_group(self, ranks: tuple[int, ...], w: int) -> list[Segment]:
@@ -624,19 +692,33 @@ def _cover(a: np.ndarray, b: np.ndarray, cat: np.ndarray, t0: int, npc: int, w: 
     time, then the highest covered category: a handful of numpy calls whatever the number
     of ops or categories.  Category numbers are their priorities.
     """
-    c0 = (a - t0) // npc
-    c1 = (b - t0) // npc
-    ok = (c1 >= 0) & (c0 < w)
-    c0 = np.maximum(c0[ok], 0)
-    c1 = np.minimum(c1[ok], w - 1)
-    cat = cat[ok]
-    k = cat.astype(np.int64) * (w + 1)
+    # Cell numbers in float64: true division is several times faster than int64 floor
+    # division, and exact here.  A quotient q = (t - t0) / npc is correctly rounded, so its
+    # error is below q * 2**-53, smaller than the 1 / npc that separates a non-integer q from
+    # the next integer for every q that decides anything (|q| <= w, npc <= MAX_NPC): the
+    # comparisons and the truncation of non-negative values give what floor division gives.
+    fa = (a - t0) / npc  # subtract in int64 first: timestamps themselves do not fit a float exactly
+    fb = (b - t0) / npc
+    ok = (fb >= 0) & (fa < w)
+    if not ok.all():
+        fa, fb, cat = fa[ok], fb[ok], cat[ok]
+    # one flat index per (category, cell): category * (w + 1) + cell, built in place
+    k = cat.astype(np.int64)
+    k *= w + 1
+    np.maximum(fa, 0, out=fa)
+    c0 = fa.astype(np.int64)  # truncate first: adding k to the float could round a cell up
+    c0 += k
+    np.minimum(fb, w - 1, out=fb)
+    c1 = fb.astype(np.int64)
+    c1 += k
+    c1 += 1
     n = N_CATEGORIES * (w + 1)
-    diff = np.bincount(k + c0, minlength=n)
-    diff -= np.bincount(k + c1 + 1, minlength=n)
+    starts = np.bincount(c0, minlength=n)
+    diff = starts - np.bincount(c1, minlength=n)
     cov = diff.reshape(N_CATEGORIES, w + 1)[:, :w].cumsum(axis=1) > 0
     cells = np.zeros(w, np.int8)
-    for c in np.flatnonzero(np.bincount(cat, minlength=N_CATEGORIES)).tolist():  # few, low to high
+    present = starts.reshape(N_CATEGORIES, w + 1).any(axis=1)  # every drawn interval has a start
+    for c in np.flatnonzero(present).tolist():  # few, low to high
         cells[cov[c]] = c
     return cells
 
