@@ -101,6 +101,7 @@ class Timeline(ScrollView, can_focus=True):
         self.cursor_ns = None
         self.follow = True
         self._placed = False
+        self.empty_text = None
         self._cache.clear()
         self._cat_table = np.zeros(0, np.int8)
         self.set_flagged(set())
