@@ -82,6 +82,7 @@ class CommscopeApp(App):
         self._auto_op: tuple[int, int] | None = None  # the op selected on open (not by the user)
         self._problem: str | None = None  # what kept the trace from being read
         self._untimed_cache: dict[int, tuple[int, int]] = {}  # rank -> (version, ops without timings)
+        self._untimed_total, self._untimed_at = 0, 0.0
         # replay clock
         self.cursor_ns: int | None = None
         self.playing = False
@@ -143,6 +144,7 @@ class CommscopeApp(App):
         self._auto_op = None
         self._problem = None
         self._untimed_cache.clear()
+        self._untimed_total, self._untimed_at = 0, 0.0
         self._alerted.clear()
         self.cursor_ns = None
         self.playing = False
@@ -229,8 +231,13 @@ class CommscopeApp(App):
         return None
 
     def _untimed_ops(self) -> int:
-        """Ops completed without a measured duration (cached per rank version)."""
+        """Ops completed without a measured duration (cached per rank version; a live job's
+        count is refreshed at most once a second: it scans every changed rank's ops)."""
         m = self.feed.model
+        mono = time.monotonic()
+        if self.feed.mode != REPLAY and mono - self._untimed_at < 1.0:
+            return self._untimed_total
+        self._untimed_at = mono
         total = 0
         with self.feed.lock:
             for r, rt in m.ranks.items():
@@ -241,6 +248,7 @@ class CommscopeApp(App):
                     hit = (rt.version, int((top & untimed(rt.flags[:n], rt.begin[:n], rt.comp[:n])).sum()))
                     self._untimed_cache[r] = hit
                 total += hit[1]
+        self._untimed_total = total
         return total
 
     def _latest_op(self) -> tuple[int, int] | None:
