@@ -70,7 +70,7 @@ def _stack(threads: list[dict] | None, limit: int = 12) -> RenderableType | None
 
 
 SPARK_BARS = "▁▂▃▄▅▆▇█"
-_best_cache: dict[tuple, float | None] = {}
+_best_cache: dict[tuple, tuple[int, float, float | None]] = {}
 
 
 def site_latency(model: Any, rank: int, i: int, width: int = 36) -> tuple[Text, str] | None:
@@ -104,19 +104,26 @@ def site_latency(model: Any, rank: int, i: int, width: int = 36) -> tuple[Text, 
     return text, summary
 
 
+BEST_OF = 4096  # instances the group's best busbw is taken from (the latest)
+
+
 def group_best_busbw(model: Any, rank: int, i: int) -> float | None:
-    """The best busbw this op (same name) reached in its group over the trace, from complete,
-    timed instances (cached per model version)."""
+    """The best busbw this op (same name) reached in its group, over its latest BEST_OF
+    complete, timed instances.  Cached per model version, and for 2 s while a live model
+    keeps changing (the op detail is redrawn on every update)."""
+    import time
+
     from commscope.analysis.bandwidth import busbw_factor, instances, sig_size
 
     s = model.sig_of(rank, i)
     gi = model.coll.get((s.space, s.group))
     if gi is None or not s.flags & 8:  # COLL only
         return None
-    key = (id(model), model.version, s.space, s.group, s.op)
-    if key in _best_cache:
-        return _best_cache[key]
-    inst = instances(model, gi)
+    key = (id(model), s.space, s.group, s.op)
+    hit = _best_cache.get(key)
+    if hit is not None and (hit[0] == model.version or time.monotonic() - hit[1] < 2.0):
+        return hit[2]
+    inst = instances(model, gi, last=BEST_OF)
     best = None
     if inst.n:
         timed = ~inst.untimed.any(axis=1) & (inst.latency > 0)
@@ -131,7 +138,7 @@ def group_best_busbw(model: Any, rank: int, i: int) -> float | None:
             best = bw if best is None else max(best, bw)
     if len(_best_cache) > 256:
         _best_cache.clear()
-    _best_cache[key] = best
+    _best_cache[key] = (model.version, time.monotonic(), best)
     return best
 
 
