@@ -132,3 +132,109 @@ def test_failures_in_report_and_chrome_export():
     assert crash["args"]["consequences"] and crash["args"]["culprits"] == [1]
     failed = sorted(e["pid"] for e in marks if e["cat"] == "failure")
     assert failed == [0, 2] and all("Connection closed" in e["name"] for e in marks if e["cat"] == "failure")
+
+
+# ---------------------------------------------------------------------- report layout
+def _report_text(events: list[dict], width: int, wide: bool = False) -> str:
+    import io
+
+    from rich.console import Console
+
+    from commscope.analysis.report import compute_report
+    from commscope.commands.report import render
+
+    m = TraceModel.from_events(events)
+    buf = io.StringIO()
+    con = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    render(compute_report(m), "synthetic-job", m.world_size, [], con, wide=wide)
+    return buf.getvalue()
+
+
+def _fr_dump_events(rank_delay_ns: int = 3 * MS, n: int = 40, completed: str = "zero") -> list[dict]:
+    """Gloo-style Flight Recorder dumps of 3 ranks: rank 1 enters every all_reduce 3 ms late, and the
+    entries carry no duration (completion at creation, or none at all)."""
+    from commscope.analysis.flight_import import dumps_to_events
+
+    def entry(rank: int, rid: int) -> dict:
+        created = 10**18 + rid * 10 * MS + (rank_delay_ns if rank == 1 else 0)
+        return {"record_id": rid, "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": rid + 1,
+                "p2p_seq_id": 0, "op_id": rid, "profiling_name": "gloo:all_reduce", "time_created_ns": created,
+                "input_sizes": [[1024]], "input_dtypes": ["Float"], "output_sizes": [[1024]],
+                "output_dtypes": ["Float"], "state": "completed", "time_discovered_started_ns": None,
+                "time_discovered_completed_ns": created if completed == "zero" else None, "retired": True,
+                "is_p2p": False, "frames": [{"name": "step", "filename": "train.py", "line": 7}]}
+
+    cfg = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}}
+    dumps = {r: {"version": "2.10", "pg_config": cfg, "entries": [entry(r, i) for i in range(n)]} for r in range(3)}
+    return dumps_to_events(dumps, {r: 10**18 + 60 * S for r in range(3)})
+
+
+def test_report_reads_in_80_columns(snapshot):
+    from tui_scenarios import healthy
+
+    events, _ = healthy()
+    text = _report_text(events, 80)
+    assert max(map(len, text.splitlines())) <= 80
+    for name in ("all_gather_v", "all_reduce", "broadcast", "recv", "send", "exited (destroy_process_group)"):
+        assert name in text  # whole, never "all…"
+    assert "…" not in text
+    assert "Left out to fit 80 columns" in text
+    assert text == snapshot
+    wide = _report_text(events, 80, wide=True)
+    assert "skew p99" in wide and "algbw" in wide and "…" not in wide
+    assert "skew p99" in _report_text(events, 200)  # a wide terminal shows every column
+    assert "Left out" not in _report_text(events, 200)
+
+
+def test_report_long_names_run_past_the_width_uncut():
+    b = TraceBuilder(2)
+    t = b.t0 + S
+    for _ in range(3):
+        t = b.collective(t, "reduce_scatter_tensor_coalesced_with_a_very_long_name_indeed_for_testing",
+                         latency=2 * MS) + MS
+    text = _report_text(b.sorted_events(), 40)
+    assert "reduce_scatter_tensor_coalesced_with_a_very_long_name_indeed_for_testing" in text
+    assert "lat p50" in text and "…" not in text
+
+
+def test_report_csv_and_json(tmp_path, capsys):
+    import csv
+    import io
+
+    store = write_store(tmp_path / "s", _fr_dump_events())
+    capsys.readouterr()
+    assert cli(["report", str(store), "--csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    ar = next(r for r in rows if r["table"] == "op" and r["key"] == "all_reduce")
+    assert ar["count"] == "40" and ar["untimed"] == "40" and ar["latency_p50_s"] == ""
+    assert {r["table"] for r in rows} >= {"op", "group", "rank"}
+    assert cli(["report", str(store), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["ops_untimed"] == 120 and rep["ops"]["all_reduce"]["latency_p50_s"] is None
+
+
+@pytest.mark.parametrize("completed", ["zero", "none"])
+def test_ops_without_timings_no_straggler_and_counted(completed):
+    from commscope.analysis.report import compute_report
+
+    events = _fr_dump_events(completed=completed)
+    m = TraceModel.from_events(events)
+    assert [f.kind for f in diagnose(m, hang_after=5)] == []  # rank 1's 3 ms lateness vs an unknown latency
+    rep = compute_report(m)
+    assert rep["ops_untimed"] == 120 and rep["ranks"]["1"]["untimed"] == 40
+    assert rep["ops"]["all_reduce"]["latency_p50_s"] is None and rep["ops"]["all_reduce"]["busbw_p50"] is None
+    assert rep["ops"]["all_reduce"]["skew_p50_s"] == pytest.approx(0.003)  # arrivals are still measured
+    text = _report_text(events, 80)
+    assert "120 ops without timings" in text
+    row = next(ln for ln in text.splitlines() if ln.startswith("all_reduce")).split()
+    assert row[1:5] == ["40", "160.0", "KiB", "—"]  # count, bytes, lat p50
+    assert rep["ranks"]["1"]["busy_s"] is None
+
+
+def test_straggler_still_found_among_some_untimed_ops():
+    b = TraceBuilder(3)
+    t = b.t0 + S
+    for k in range(40):
+        t = b.collective(t, "all_reduce", skew={1: 5 * MS}, latency=MS if k % 4 else 0) + MS
+    kinds = [f.kind for f in diagnose(TraceModel.from_events(b.sorted_events()))]
+    assert kinds == ["straggler"]

@@ -6,7 +6,7 @@ import asyncio
 import time
 
 import pytest
-from tui_scenarios import MS, S, healthy, hung_missing_rank, load, make_app
+from tui_scenarios import MS, S, StaticReader, healthy, hung_missing_rank, load, make_app
 
 from commscope.analysis.source import open_source
 from commscope.analysis.synth import TraceBuilder
@@ -273,5 +273,283 @@ def test_the_finding_detail_stays_current_while_the_job_is_live():
             await pilot.pause()
             assert app.detail.border_title == "finding · missing_ranks"
             assert "waited 7.5 s" in app.detail.text() and "waited 6.0 s" not in app.detail.text()
+
+    asyncio.run(run())
+
+
+# ---------------------------------------------------------------------- keys go where the trouble is
+def _label(app) -> str:
+    return app.feed.model.label(*app.timeline.sel)
+
+
+def test_open_selects_the_latest_op_without_findings():
+    events, _ = healthy()
+    app = make_app(events, 0, mode=REPLAY)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            load(app)
+            await pilot.pause()
+            m = app.feed.model
+            assert app.findings == [] and app.timeline.sel is not None
+            rank, idx = app.timeline.sel
+            # nothing began later on any rank (outer ops only)
+            for r in m.rank_ids():
+                rt = m.ranks[r]
+                top = [i for i in range(rt.n) if not m.sig_of(r, i).nested]
+                assert max(int(rt.begin[i]) for i in top) <= int(m.ranks[rank].begin[idx])
+            assert app.detail.border_title == f"op · rank {rank}"
+            assert _label(app).startswith("all_gather_v")  # each step ends in a varlen all_gather
+
+    asyncio.run(run())
+
+
+def test_open_selects_the_first_findings_op_and_arrows_reach_the_in_flight_op():
+    events, now = hung_missing_rank()
+    app = make_app(events, now)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            load(app)
+            await pilot.pause()
+            tl, m = app.timeline, app.feed.model
+            assert app.detail.border_title == "finding · missing_ranks"
+            assert tl.sel == app._finding_op(app.findings[0])
+            assert _label(app).startswith("all_reduce #7") and m.ranks[tl.sel[0]].comp[tl.sel[1]] == 0
+            tl.focus()
+            rank = tl.sel[0]
+            await pilot.press("left")
+            assert tl.sel[0] == rank and _label(app).startswith("all_reduce #6")
+            await pilot.press("right")  # back onto the in-flight op, not past it
+            assert _label(app).startswith("all_reduce #7") and m.ranks[rank].comp[tl.sel[1]] == 0
+            sel = tl.sel
+            await pilot.press("right")  # the end: stays (and says so)
+            assert tl.sel == sel
+            # another row, nothing selected there: ← takes that rank's latest op, the stuck recv
+            tl.sel = None
+            while tl.sel_row != 2:
+                await pilot.press("down" if tl.sel_row < 2 else "up")
+            await pilot.press("left")
+            assert tl.sel[0] == 2 and _label(app).startswith("recv #1") and m.ranks[2].comp[tl.sel[1]] == 0
+            await pilot.press("up")  # rank 1, with rank 2's recv selected: → goes to the op at/after it
+            await pilot.press("right")
+            assert tl.sel[0] == 1 and _label(app).startswith("all_reduce #7")
+            await pilot.press("left")
+            assert tl.sel[0] == 1 and _label(app).startswith("all_reduce #6")
+
+    asyncio.run(run())
+
+
+def test_replay_arrows_from_the_end_include_the_in_flight_op():
+    events, _ = hung_missing_rank()
+    app = make_app(events, 0, mode=REPLAY)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            load(app)
+            await pilot.pause()
+            tl = app.timeline
+            await pilot.press("G")
+            tl.focus()
+            tl.sel = None
+            tl.sel_row = 0
+            await pilot.press("left")
+            assert tl.sel[0] == 0 and _label(app).startswith("all_reduce #7")
+            assert app.feed.model.ranks[0].comp[tl.sel[1]] == 0
+
+    asyncio.run(run())
+
+
+# ---------------------------------------------------------------------- reader errors reach the screen
+class _FailingReader:
+    description = "broken-store"
+    stats = None
+
+    def poll(self, max_bytes=None):
+        raise OSError("Connection refused by redis://host:6379/0")
+
+    def close(self):
+        pass
+
+
+def _screen_text(app) -> str:
+    return "\n".join("".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips())
+
+
+def test_reader_failure_reaches_header_and_findings():
+    feed = Feed(_FailingReader(), mode=REPLAY, clock=lambda: 0, source="broken-store")
+    app = CommscopeApp(feed, clock=lambda: 0, start_feed=False, bell=False)
+
+    async def run():
+        async with app.run_test(size=(120, 30)) as pilot:
+            load(app)
+            await pilot.pause()
+            assert [f.kind for f in app.findings] == ["trace_incomplete"]
+            assert "Connection refused" in app.findings[0].message
+            header = str(app.header_bar.render())
+            assert "could not be read: Connection refused" in header
+            text = _screen_text(app)
+            assert "no problems found" not in text and "waiting for the job" not in text
+            assert "the trace could not be read" in text  # timeline and findings list say it
+
+    asyncio.run(run())
+
+
+def test_unparseable_trace_shows_why(tmp_path):
+    from test_check_cli import write_store
+
+    events, _ = healthy(steps=2)
+    store = write_store(tmp_path / "s", events)
+    for f in store.rglob("rank-*.jsonl"):
+        f.write_bytes(b"\x00\xff garbage, not a trace\n" * 20)
+    feed = Feed(open_source(store), mode=REPLAY, source=str(store))
+    app = CommscopeApp(feed, start_feed=False, bell=False)
+
+    async def run():
+        async with app.run_test(size=(120, 30)) as pilot:
+            load(app)
+            await pilot.pause()
+            assert app.findings and app.findings[0].kind == "trace_incomplete"
+            header = str(app.header_bar.render())
+            assert "no readable event (" in header and "damaged lines skipped" in header
+            text = _screen_text(app)
+            assert "no problems found" not in text and "waiting for the job" not in text
+            assert "no readable event" in text
+
+    asyncio.run(run())
+
+
+def test_header_counts_ops_without_timings():
+    from test_report_export import _fr_dump_events
+
+    app = make_app(_fr_dump_events(), 0, mode=REPLAY)
+
+    async def run():
+        async with app.run_test(size=(160, 30)) as pilot:
+            load(app)
+            await pilot.pause()
+            assert "120 ops without timings" in str(app.header_bar.render())
+            assert not any(f.kind == "straggler" for f in app.findings)
+            text = app.detail.text()
+            assert "no timing recorded" in text and "done   —" in text
+
+    asyncio.run(run())
+
+
+# ---------------------------------------------------------------------- rank table
+def _long_names_trace() -> list[dict]:
+    """2 ranks with long op names; rank 1's stream starts 3 ms after rank 0's; both exit."""
+    b = TraceBuilder(2, meta=False)
+    t = b.t0
+    b.add(0, t, "meta", host="h", pid=1, world_size=2, backend="gloo")
+    b.add(1, t + 3 * MS, "meta", host="h", pid=2, world_size=2, backend="gloo")
+    t += 100 * MS
+    for op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_gather_single"):
+        t = b.collective(t, op, latency=5 * MS) + MS
+    b.heartbeats(b.t0 + 5 * MS, t, interval=S // 10)
+    for r in range(2):
+        b.exit(r, t + MS, reason="destroy_process_group")
+    return b.sorted_events()
+
+
+def _cells(app, rank: int) -> dict[str, str]:
+    table = app.ranks_table
+    row = table.get_row(str(rank))
+    keys = [str(c.key.value) for c in table.ordered_columns]
+    return {k: (v.plain if hasattr(v, "plain") else str(v)) for k, v in zip(keys, row, strict=True)}
+
+
+@pytest.mark.parametrize("width", [120, 200])
+def test_rank_table_last_op_whole_names_and_consistent_start(width):
+    app = make_app(_long_names_trace(), 0, mode=REPLAY)
+
+    async def run():
+        async with app.run_test(size=(width, 40)) as pilot:
+            load(app)
+            await pilot.pause()
+            await pilot.pause()
+            for r in (0, 1):
+                c = _cells(app, r)
+                assert c["state"].endswith("exited (destroy_pg)"), c
+                if "last" in c:  # a rank that exited still shows its last op, abbreviated on purpose
+                    assert c["last"] == "ag_single #3", c
+            table = app.ranks_table
+            assert "last" in [str(c.key.value) for c in table.ordered_columns] or width < 160
+            await pilot.press("g")  # the replay's start: both ranks read the same
+            await pilot.pause()
+            states = [_cells(app, r)["state"] for r in (0, 1)]
+            assert states[0] == states[1] == "○ idle", states
+
+    asyncio.run(run())
+
+
+def test_abbreviations_and_word_fitting():
+    from commscope.tui.rank_table import abbreviate, fit_words
+
+    assert abbreviate("all_gather_single") == "ag_single"
+    assert abbreviate("all_gather_into_tensor") == "ag_tensor"
+    assert abbreviate("reduce_scatter_tensor") == "rs_tensor"
+    assert abbreviate("all_to_all_single") == "a2a_single"
+    assert abbreviate("all_reduce") == "all_reduce" and abbreviate("broadcast") == "broadcast"
+    assert fit_words("● in all_reduce #7 · 6.0 s", 20) == "● in all_reduce #7…"
+    assert fit_words("exited (destroy_pg)", 12) == "exited…"
+
+
+def test_finding_detail_keeps_up_with_its_list_entry():
+    """A live hang: each diagnose says the ranks waited longer; the detail pane and the list's
+    highlight follow the same finding, and the timeline's selection stays put."""
+    import re
+
+    events, now = hung_missing_rank()
+    clock = [now - 3 * S]
+    feed = Feed(StaticReader(events), clock=lambda: clock[0], source="synthetic-job")
+    app = CommscopeApp(feed, clock=lambda: clock[0], start_feed=False, bell=False)
+
+    def waited(text: str) -> str:
+        return re.search(r"waited up to ([\d.]+ s)", text).group(1)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            load(app)
+            await pilot.pause()
+            assert app.detail.border_title == "finding · missing_ranks"
+            assert waited(app.detail.text()) == waited(app.findings[0].message) == "3.0 s"
+            mine = app.timeline.sel
+            for k in range(1, 4):
+                clock[0] += 10 * S
+                feed._next_diag, feed._dirty = 0.0, True
+                info, _ = feed.step()
+                app.apply(info, feed.findings)
+                await pilot.pause()
+                listed = app.findings[app.findings_panel.highlighted]
+                assert listed.kind == "missing_ranks"
+                assert waited(listed.message) == waited(app.detail.text()) == f"{3 + 10 * k}.0 s"
+                assert app.timeline.sel == mine
+
+    asyncio.run(run())
+
+
+def test_op_detail_site_latency_sparkline_and_group_best():
+    b = TraceBuilder(2)
+    t = b.t0 + S
+    lats = [2, 2, 2, 8, 2, 2, 4, 2]
+    for lat in lats:
+        t = b.collective(t, "all_reduce", latency=lat * MS, shape=(250_000,), site="train.py:9 in step") + MS
+    b.heartbeats(b.t0, t)
+    app = make_app(b.sorted_events(), 0, mode=REPLAY)
+
+    async def run():
+        async with app.run_test(size=(160, 40)) as pilot:
+            load(app)
+            await pilot.pause()
+            m = app.feed.model
+            slow = next(i for i in range(m.ranks[0].n) if m.label(0, i).startswith("all_reduce #4"))
+            app.timeline.select(0, slow)
+            await pilot.pause()
+            text = app.detail.text()
+            assert "at site" in text and "8 ops · p50 2.0 ms · max 8.0 ms · this one 8.0 ms" in text
+            bars = next(ln for ln in text.splitlines() if "at site" in ln).split("at site")[1].strip()
+            assert bars == "▃▃▃█▃▃▅▃"
+            assert "best bw" in text and "this op at 25%" in text  # 2 ms is the best; this one took 8
 
     asyncio.run(run())

@@ -5,6 +5,7 @@ Update after an intended visual change with: pytest tests/test_tui_snapshots.py 
 
 from __future__ import annotations
 
+import pytest
 from tui_scenarios import healthy, hung_missing_rank, load, make_app, p2p_deadlock
 
 from commscope.tui.feed import REPLAY
@@ -57,3 +58,65 @@ def test_replay_mid_way(snap_compare):
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=(120, 40), run_before=run_before)
+
+
+async def _delayed_feed(pilot, events: list[dict]) -> None:
+    """The race of a busy machine: the first layouts (resizes) arrive while the replay is
+    still loading (part of the trace in the model, no clock reading yet); the rest comes
+    after.  The first painted frame must still show the whole trace with true labels."""
+    app = pilot.app
+    feed = app.feed
+    k = len(events) // 3
+    feed.reader.events = list(events[:k])
+    feed.step()  # the feed thread, mid-load
+    w, h = app.size
+    await pilot.resize_terminal(w - 1, h)
+    await pilot.pause()
+    await pilot.resize_terminal(w, h)
+    await pilot.pause()
+    feed.reader.events = list(events[k:])
+    app.apply(feed.load_all(), feed.findings)
+    await pilot.pause()
+
+
+def _check_first_frame(app) -> None:
+    tl = app.timeline
+    m = app.feed.model
+    assert m.start_ns - 10 * tl.npc <= tl.t0 <= m.start_ns  # the whole trace in view from its start
+    assert tl.t1() >= m.end_ns
+    labels = [t[1:] for t in app.ruler.render().plain.split() if t.startswith("┆")]
+    assert labels and labels[0] in ("+0s", "+0ms", "+0.0s"), labels
+    assert not any(t.startswith("-") for t in labels), labels  # never "-1795354608.5s"
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)])
+def test_first_frame_under_delayed_feed(snap_compare, size):
+    events, _ = healthy()
+    app = make_app([], 0, mode=REPLAY)
+    seen = {}
+
+    async def run_before(pilot) -> None:
+        await _delayed_feed(pilot, events)
+        _check_first_frame(pilot.app)
+        seen["ok"] = True
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+    assert seen
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)])
+def test_fsdp2_hang_opens_on_its_finding(snap_compare, size):
+    from tui_scenarios import fsdp2_hang
+
+    events, now = fsdp2_hang()
+    app = make_app(events, now)
+
+    async def run_before(pilot) -> None:
+        await _loaded(pilot)
+        a = pilot.app
+        assert a.findings and a.findings[0].kind == "missing_ranks" and a.findings[0].culprits == [3]
+        assert a.detail.border_title == "finding · missing_ranks"
+        assert a.timeline.sel == a._finding_op(a.findings[0])
+        assert a.feed.model.label(*a.timeline.sel).startswith("all_gather_into_tensor #")
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)

@@ -114,3 +114,63 @@ def test_findings_filter_keeps_only_flagged_ranks():
     tl.only_findings = True
     tl.rebuild_rows()
     assert [r.key for r in tl.rows] == ["r2"]
+
+
+def test_cover_matches_integer_reference():
+    """_cover's float cell arithmetic gives what floor division gives, at real timestamps."""
+    import numpy as np
+
+    from commscope.tui.timeline import N_CATEGORIES, _cover
+
+    def reference(a, b, cat, t0, npc, w):
+        c0, c1 = (a - t0) // npc, (b - t0) // npc
+        cells = np.zeros(w, np.int8)
+        for x0, x1, c in zip(c0.tolist(), c1.tolist(), cat.tolist(), strict=True):
+            if x1 < 0 or x0 >= w:
+                continue
+            seg = cells[max(x0, 0):min(x1, w - 1) + 1]
+            np.maximum(seg, c, out=seg)
+        return cells
+
+    rng = np.random.default_rng(7)
+    t0 = 1_795_354_608_500_000_000
+    for _ in range(2000):
+        n, w = int(rng.integers(1, 40)), int(rng.integers(5, 60))
+        npc = int(rng.choice([100, 137, 10**3, 999_983, 10**9, 3600 * 10**9]))
+        a = t0 + rng.integers(-5 * npc, (w + 5) * npc, n)
+        b = a + rng.integers(0, 12 * npc, n)
+        cat = rng.integers(0, N_CATEGORIES, n).astype(np.int8)
+        assert np.array_equal(_cover(a, b, cat, t0, npc, w), reference(a, b, cat, t0, npc, w))
+
+
+def test_overview_path_draws_what_the_detailed_path_draws():
+    """Far zoomed out the timeline takes a cheaper path; the picture is the same."""
+    from commscope.analysis.synth import healthy_trace
+
+    events = healthy_trace(4, 3000)
+    end = max(e["ts"] for e in events)
+    tl = timeline_for(events, end)
+    m = tl.model
+    start, end = m.bounds()
+    w = 120
+    taken = 0
+    try:
+        for cursor in (None, (start + end) // 2):
+            tl.cursor_ns = cursor
+            for frac, off in ((1.0, 0.0), (0.6, 0.3), (0.5, 0.45)):
+                tl.npc = max(1, int((end - start) * frac) // w)
+                tl.t0 = start + int((end - start) * off)
+                for r in m.rank_ids():
+                    first = m.ranks[r].window(tl.t0, tl.t0 + w * tl.npc)
+                    if first.shape[0] <= 4 * w:  # the replay cursor hides the rest: detailed path
+                        continue
+                    tl.sel = (r, int(first[first.shape[0] // 2]))
+                    Timeline.FAST_OVERVIEW = True
+                    fast = tl._paint_rank(r, w)
+                    Timeline.FAST_OVERVIEW = False
+                    slow = tl._paint_rank(r, w)
+                    assert np.array_equal(fast[0], slow[0]) and fast[1] == slow[1]
+                    taken += 1
+    finally:
+        Timeline.FAST_OVERVIEW = True
+    assert taken >= 12

@@ -138,3 +138,35 @@ def crashed_rank() -> tuple[list[dict], int]:
     now = t + 4 * S
     b.heartbeats(t + 10 * MS, now, interval=S // 5, ranks=[0, 2])
     return b.sorted_events(), now
+
+
+def fsdp2_hang(steps: int = 3, layers: int = 4) -> tuple[list[dict], int]:
+    """FSDP2-style: per layer an all_gather_into_tensor (forward) and, backward, a
+    reduce_scatter_tensor, on 4 ranks; in the last step rank 3 never reaches layer 2's
+    all_gather (stuck in its data loader) while ranks 0-2 wait in it."""
+    b = TraceBuilder(4, hang_after=2.0)
+    t = T0 + 100 * MS
+    site_ag, site_rs = "fsdp/_fully_shard/_fsdp_collectives.py:246 in foreach_all_gather", \
+        "fsdp/_fully_shard/_fsdp_collectives.py:370 in foreach_reduce"
+    for _ in range(steps):
+        for _ in range(layers):
+            t = b.collective(t, "all_gather_into_tensor", latency=3 * MS, shape=(1 << 20,), dtype="bfloat16",
+                             site=site_ag, skew={1: MS // 2}) + MS
+        for _ in range(layers):
+            t = b.collective(t, "reduce_scatter_tensor", latency=4 * MS, shape=(1 << 20,), dtype="float32",
+                             site=site_rs) + MS
+        t += 20 * MS
+    for _ in range(2):
+        t = b.collective(t, "all_gather_into_tensor", latency=3 * MS, shape=(1 << 20,), dtype="bfloat16",
+                         site=site_ag) + MS
+    stuck = {r: b.sync(r, t + r * MS, None, "all_gather_into_tensor", shape=(1 << 20,), dtype="bfloat16",
+                       site=site_ag) for r in (0, 1, 2)}
+    now = t + 8 * S
+    for r, i in stuck.items():
+        b.add(r, t + 2 * S + 50 * MS, "stack", id=i, threads=_stack(i, "forward", 120))
+    b.add(3, t + 2 * S + 50 * MS, "stack", reason="request",
+          threads=[{"tid": 1, "name": "MainThread", "op_thread": True,
+                    "frames": [["train.py", 80, "<module>"], ["train.py", 61, "main"],
+                               ["data.py", 33, "next_batch"]]}])
+    b.heartbeats(T0, now, interval=S // 5)
+    return b.sorted_events(), now

@@ -16,7 +16,7 @@ import numpy as np
 
 from commscope.analysis.collectives import complete_rows, gather, seq_of_row
 from commscope.analysis.indexes import GroupIndex
-from commscope.analysis.model import Sig, TraceModel
+from commscope.analysis.model import Sig, TraceModel, untimed
 
 _ALL_REDUCE = ("all_reduce", "all_reduce_coalesced", "allreduce", "allreduce_coalesced")
 _ALL_GATHER = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_coalesced", "all_gather_v",
@@ -76,6 +76,7 @@ class Instances:
     latency: np.ndarray  # ns, last completion - last begin
     skew: np.ndarray  # ns, last begin - first begin
     waits: np.ndarray  # [instances x members] ns, last begin - own begin
+    untimed: np.ndarray  # [instances x members] bool: completed without a measured duration
 
     @property
     def n(self) -> int:
@@ -89,6 +90,7 @@ def instances(model: TraceModel, gi: GroupIndex, last: int | None = None) -> Ins
     b = gather(model, gi, "begin", rows)
     c = gather(model, gi, "comp", rows)
     s = gather(model, gi, "sig", rows)
+    u = untimed(gather(model, gi, "flags", rows), b, c)
     if rows.shape[0]:
         lastb = b.max(axis=1)
         lat = np.maximum(c.max(axis=1) - lastb, 0)
@@ -98,7 +100,7 @@ def instances(model: TraceModel, gi: GroupIndex, last: int | None = None) -> Ins
         lat = skew = np.zeros(0, np.int64)
         waits = np.zeros((0, b.shape[1]), np.int64)
     seqs = np.array([seq_of_row(gi, int(r)) for r in rows.tolist()], np.int64)
-    return Instances(gi, seqs, b, c, s, lat, skew, waits)
+    return Instances(gi, seqs, b, c, s, lat, skew, waits, u)
 
 
 def op_busbw(model: TraceModel, rank: int, i: int) -> dict[str, float] | None:
@@ -107,7 +109,7 @@ def op_busbw(model: TraceModel, rank: int, i: int) -> dict[str, float] | None:
     rt = model.ranks[rank]
     s = model.sigs[int(rt.sig[i])]
     S = sig_size(s)
-    if not S or not rt.comp[i]:
+    if not S or not rt.comp[i] or untimed(rt.flags[i], rt.begin[i], rt.comp[i]):
         return None
     t = int(rt.comp[i] - rt.begin[i])
     n = 2
@@ -116,6 +118,9 @@ def op_busbw(model: TraceModel, rank: int, i: int) -> dict[str, float] | None:
         gi = model.coll.get((s.space, s.group))
         n = len(gi.members) if gi else len(peers) + 1
         members = {rank: i, **peers}
+        if any(untimed(model.ranks[r].flags[j], model.ranks[r].begin[j], model.ranks[r].comp[j])
+               for r, j in members.items()):
+            return None
         if len(members) == n and all(model.ranks[r].comp[j] for r, j in members.items()):
             lastb = max(int(model.ranks[r].begin[j]) for r, j in members.items())
             t = max(int(model.ranks[r].comp[j]) for r, j in members.items()) - lastb

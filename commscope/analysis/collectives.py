@@ -14,7 +14,7 @@ import numpy as np
 
 from commscope.analysis.findings import Finding, activity, op_brief, secs
 from commscope.analysis.indexes import GroupIndex
-from commscope.analysis.model import APPROX, COLL, SPACE_FR, TraceModel
+from commscope.analysis.model import COLL, SPACE_FR, TraceModel, untimed
 
 #: A rank straggles when it arrives last in at least this share of recent collectives...
 STRAGGLER_LAST_SHARE = 0.7
@@ -230,12 +230,15 @@ def find_stragglers(model: TraceModel) -> list[Finding]:
     for (space, name), gi in model.coll.items():
         if len(gi.members) < 2:
             continue
-        rows = complete_rows(model, gi)[-STRAGGLER_WINDOW:]
+        rows = complete_rows(model, gi)
+        if rows.shape[0]:
+            # Instances where a member's completion is only a bound (Flight Recorder on Gloo) or
+            # missing (dur 0) have no known latency to weigh lateness against: left out.
+            timed = ~untimed(gather(model, gi, "flags", rows), gather(model, gi, "begin", rows),
+                             gather(model, gi, "comp", rows)).any(axis=1)
+            rows = rows[timed]
+        rows = rows[-STRAGGLER_WINDOW:]
         if rows.shape[0] < STRAGGLER_MIN_ROWS:
-            continue
-        if (gather(model, gi, "flags", rows) & APPROX).any():
-            # Completion times are only bounds (Flight Recorder on Gloo): the collectives' own
-            # latency is unknown, so lateness cannot be weighed against it.
             continue
         b = gather(model, gi, "begin", rows)
         c = gather(model, gi, "comp", rows)

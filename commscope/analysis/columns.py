@@ -177,7 +177,7 @@ class RankTrace:
         pmax = self._prefix_max(order, begins)
         i0 = int(np.searchsorted(pmax, t0, side="right"))
         cand = order[i0:i1]
-        if cand.shape[0]:
+        if cand.shape[0] and t0 > begins[i0]:  # (from before the first op on: every one overlaps)
             ends = self.comp[cand]
             cand = cand[(ends > t0) | (ends == 0) | (self.begin[cand] >= t0)]
         if self.open:

@@ -21,8 +21,8 @@ from commscope.analysis.liveness import outlived
 from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
 
-_LOSS_WORDS = {"dropped": "dropped by the recorder", "damaged": "damaged line(s) skipped",
-               "invalid": "invalid event(s) skipped", "missing": "lost by the store"}
+_LOSS_WORDS = {"dropped": "event(s) dropped by the recorder", "damaged": "damaged line(s) skipped",
+               "invalid": "invalid event(s) skipped", "missing": "event(s) lost by the store"}
 
 
 def job_stopped(model: TraceModel, wall_ns: int) -> bool:
@@ -58,7 +58,7 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False) -> list[
     for kind, words in _LOSS_WORDS.items():
         counts = {r: d[kind] for r, d in per_rank.items() if d.get(kind)}
         if counts:
-            parts.append(f"{sum(counts.values()):,} event(s) {words} (" +
+            parts.append(f"{sum(counts.values()):,} {words} (" +
                          ", ".join(f"rank {r}: {n:,}" for r, n in sorted(counts.items())[:8]) +
                          (", ..." if len(counts) > 8 else "") + ")")
     ended = sorted(r for r, d in per_rank.items() if d.get("no_exit"))

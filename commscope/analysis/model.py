@@ -35,6 +35,14 @@ ASYNC, NESTED, P2P, COLL, CONTAINER, FR, SEND, RECV, DEVICE = (1 << i for i in r
 EXC, WAIT_EXC, APPROX, DONE, INFERRED = 1, 2, 4, 8, 16
 
 SPACE_NATIVE, SPACE_FR = 0, 1
+
+
+def untimed(flags: np.ndarray, begin: np.ndarray, comp: np.ndarray) -> np.ndarray:
+    """Completed ops without a measured duration: Flight Recorder entries whose completion is
+    only a bound (Gloo), and ends recorded at the begin's own timestamp (old traces, dur 0).
+    Their latency and bandwidth are unknown: left out of statistics and straggler thresholds."""
+    return (comp > 0) & (((flags & APPROX) != 0) | (comp <= begin))
+
 _PHASE_OF = {"begin": 0, "end": 1, "wait_begin": 2, "wait_end": 3, "done": 4}  # other events: -1
 _RANK_OF = itemgetter("rank")
 _TS_OF = itemgetter("ts")

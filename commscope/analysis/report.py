@@ -4,7 +4,10 @@ Collectives are measured per instance (one (group, seq) on every member): true l
 arrival skew, per-rank waits, algbw/busbw from the true latency.  P2p ops and ops not
 run by every member count with their own duration.  Ops that raised are counted per op,
 group and rank (``failed``), and each rank says how it ended (``end``: exited, crashed,
-dead, or still running at the trace's end).  Plain dicts, ready for JSON or tables.
+dead, or still running at the trace's end).  Ops completed without a measured duration
+(Flight Recorder on Gloo, ends at the begin's timestamp) are counted (``untimed``) and left
+out of latency, bandwidth and busy time; their arrival skew and waits still count.
+Plain dicts, ready for JSON or tables.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from commscope.analysis.bandwidth import busbw_factor, instances, sig_size
-from commscope.analysis.model import ASYNC, NESTED, P2P, SPACE_FR, TraceModel
+from commscope.analysis.model import ASYNC, NESTED, P2P, SPACE_FR, TraceModel, untimed
 
 
 def _pct(xs: list[float] | np.ndarray, q: float) -> float | None:
@@ -35,6 +38,7 @@ class _Acc:
         self.async_wait = 0
         self.wait = 0
         self.failed = 0
+        self.untimed = 0
 
     def row(self) -> dict[str, Any]:
         lat = np.concatenate(self.lat) if self.lat else np.zeros(0)
@@ -46,7 +50,8 @@ class _Acc:
                 "latency_p50_s": _s(_pct(lat, 50)), "latency_p99_s": _s(_pct(lat, 99)),
                 "algbw_p50": _pct(alg, 50), "busbw_p50": _pct(bus, 50),
                 "async_wait_s": round(self.async_wait / 1e9, 6), "wait_s": round(self.wait / 1e9, 6),
-                "skew_p50_s": _s(_pct(skew, 50)), "skew_p99_s": _s(_pct(skew, 99)), "failed": self.failed}
+                "skew_p50_s": _s(_pct(skew, 50)), "skew_p99_s": _s(_pct(skew, 99)), "failed": self.failed,
+                "untimed": self.untimed}
 
 
 def _s(ns: float | None) -> float | None:
@@ -81,12 +86,14 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
             m = codes == code
             s = model.sigs[code]
             S = sig_size(s)
-            lat = inst.latency[m].astype(np.float64)
+            timed = ~inst.untimed[m].any(axis=1)  # instances with a measured latency
+            lat = inst.latency[m][timed].astype(np.float64)
             with np.errstate(divide="ignore", invalid="ignore"):
                 alg = np.where(lat > 0, S / (lat / 1e9), np.nan)
             bus = alg * busbw_factor(s.op, n)
             for acc in (by_op[s.op], by_group[gkey]):
                 acc.count += int(m.sum())
+                acc.untimed += int((~timed).sum())
                 acc.bytes += S * int(m.sum())
                 acc.lat.append(lat)
                 acc.skew.append(inst.skew[m].astype(np.float64))
@@ -119,7 +126,9 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
         acc.count += int(top.sum())
         size = sizes[sig]
         acc.bytes += int(size[top].sum())
-        done = top & (comp > 0)
+        unt = untimed(rt.flags[:n], begin, comp)
+        acc.untimed += int((top & unt).sum())
+        done = top & (comp > 0) & ~unt
         dur = (comp - begin)[done].astype(np.float64)
         acc.lat.append(dur)
         aw = ((flags & ASYNC) != 0) & (rt.we[:n] > 0) & (rt.wb[:n] > 0)
@@ -132,15 +141,16 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
             by_group[s.group + (" (fr)" if s.space == SPACE_FR else "")].async_wait += v
             site_wait[s.site or "?"][0] += v
             site_wait[s.site or "?"][1] += int((sig[aw] == code).sum())
-        p2p = done & ((flags & P2P) != 0)
+        p2p = top & (comp > 0) & ((flags & P2P) != 0)
         if p2p.any():
             for code in np.unique(sig[p2p]).tolist():
                 s = model.sigs[code]
                 m = p2p & (sig == code)
-                d = (comp - begin)[m].astype(np.float64)
+                d = (comp - begin)[m & ~unt].astype(np.float64)
                 S = sig_size(s)
                 for a in (by_op[s.op], by_group[s.group + " (p2p)"]):
                     a.count += int(m.sum())
+                    a.untimed += int((m & unt).sum())
                     a.bytes += S * int(m.sum())
                     a.lat.append(d)
                     if S:
@@ -157,7 +167,8 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
     ranks_rows = {}
     for r in sorted(by_rank):
         row = by_rank[r].row()
-        row["busy_s"] = round(float(np.concatenate(by_rank[r].lat).sum()) / 1e9, 6) if by_rank[r].lat else 0.0
+        lat = np.concatenate(by_rank[r].lat) if by_rank[r].lat else np.zeros(0)
+        row["busy_s"] = None if row["untimed"] and not lat.size else round(float(lat.sum()) / 1e9, 6)
         row["end"] = _end_of(model, r)
         ranks_rows[str(r)] = row
     sites = sorted(site_wait.items(), key=lambda kv: -kv[1][0])[:top_sites]
@@ -169,4 +180,5 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
         "incomplete_collectives": incomplete,
         "span_s": round((model.end_ns - model.start_ns) / 1e9, 6),
         "ops_total": model.total_ops(),
+        "ops_untimed": sum(r["untimed"] for r in ranks_rows.values()),
     }

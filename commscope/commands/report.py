@@ -1,11 +1,17 @@
 """Summary tables per op, group and rank: count, bytes, latency p50/p99, algbw/busbw
 (nccl-tests definitions, group size), async wait, arrival skew; and the call sites
-where ranks spend the most time waiting.  Accepts trace stores and Flight Recorder dumps.
+where ranks wait most.  Accepts trace stores and Flight Recorder dumps.
+
+The tables fit the terminal (80 columns in a pipe or a CI log): columns are dropped,
+least useful first, until they fit, never truncated; ``--wide`` keeps every column
+(the lines then run past the terminal's width).  ``--json`` and ``--csv`` for tools.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
 import sys
 from typing import Any
@@ -14,20 +20,179 @@ from commscope.analysis.report import compute_report
 from commscope.bench.stats import fmt_bytes, fmt_time
 from commscope.store import redact
 
+NONE = "—"  # no value: no timed op, or nothing to measure
+SEP = "  "
+
+# (header, key in the row, formatter, priority): a column with a lower priority is dropped first
+# when the table does not fit; priority 9 is never dropped.
+_STAT_COLS: list[tuple[str, str, str, int]] = [
+    ("count", "count", "n", 9),
+    ("bytes", "bytes", "b", 8),
+    ("lat p50", "latency_p50_s", "t", 9),
+    ("lat p99", "latency_p99_s", "t", 7),
+    ("algbw", "algbw_p50", "bw", 2),
+    ("busbw", "busbw_p50", "bw", 6),
+    ("wait", "wait_s", "t", 5),
+    ("async wait", "async_wait_s", "t", 3),
+    ("skew p50", "skew_p50_s", "t", 4),
+    ("skew p99", "skew_p99_s", "t", 1),
+    ("untimed", "untimed", "n0", 8),
+    ("failed", "failed", "n0", 9),
+]
+_RANK_COLS: list[tuple[str, str, str, int]] = [
+    ("ops", "count", "n", 9),
+    ("bytes", "bytes", "b", 6),
+    ("busy", "busy_s", "t", 4),
+    ("op p50", "latency_p50_s", "t", 7),
+    ("op p99", "latency_p99_s", "t", 3),
+    ("waiting", "wait_s", "t", 8),
+    ("async wait", "async_wait_s", "t", 5),
+    ("untimed", "untimed", "n0", 8),
+    ("failed", "failed", "n0", 9),
+    ("end", "end", "s", 9),
+]
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", nargs="?", default=None,
                    help="trace store (directory or redis://...) or Flight Recorder dump directory")
-    p.add_argument("--json", action="store_true", help="the tables as one JSON object")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="the tables as one JSON object")
+    out.add_argument("--csv", action="store_true",
+                     help="the per op, group and rank tables as CSV (a 'table' column names each row's table)")
+    p.add_argument("--wide", action="store_true",
+                   help="every column, however wide the terminal (default: the columns that fit)")
     p.add_argument("--top", type=int, default=10, help="call sites to list (default 10)")
 
 
-def _t(v: float | None) -> str:
-    return "" if v is None else fmt_time(v)
+def _cell(kind: str, v: Any) -> str:
+    if kind == "s":
+        return str(v)
+    if kind in ("n", "n0"):
+        return f"{v:,}" if v else ("" if kind == "n0" else "0")
+    if v is None or v != v:
+        return NONE
+    if kind == "t":
+        return fmt_time(v)
+    if kind == "b":
+        return fmt_bytes(v)
+    return _bw(v)
 
 
-def _bw(v: float | None) -> str:
-    return "" if v is None or v != v else f"{v / 1e9:.3f}"
+def _bw(v: float) -> str:
+    """Bytes/s, decimal units (GB/s as nccl-tests prints it), 3 significant digits."""
+    for unit, f in (("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
+        if v >= f:
+            return f"{v / f:.3g} {unit}" if v / f < 1000 else f"{v / f:.0f} {unit}"
+    return f"{v:.0f} B/s"
+
+
+def _layout(key: str, rows: dict[str, dict[str, Any]], cols: list[tuple[str, str, str, int]], width: int,
+            wide: bool) -> tuple[list[str], list[list[str]], list[str]]:
+    """Headers, cells and the names of the columns left out so that the table fits ``width``.
+    Columns with no value in any row (no failures, no untimed ops) are always left out."""
+    cells = {h: [_cell(kind, r.get(k)) for r in rows.values()] for h, k, kind, _ in cols}
+    keep = [c for c in cols if any(v not in ("", NONE) for v in cells[c[0]]) or c[3] == 9 and c[2] != "n0"]
+    dropped: list[str] = []
+
+    def need(cs: list[tuple[str, str, str, int]]) -> int:
+        ws = [max([len(key), *(len(k) for k in rows)])] + [max([len(c[0]), *(len(v) for v in cells[c[0]])])
+                                                            for c in cs]
+        return sum(ws) + len(SEP) * (len(ws) - 1)
+
+    if not wide:
+        while need(keep) > width:
+            cand = [c for c in keep if c[3] < 9]
+            if not cand:
+                break
+            low = min(cand, key=lambda c: c[3])
+            keep.remove(low)
+            dropped.append(low[0])
+    heads = [key] + [c[0] for c in keep]
+    body = [[k] + [cells[c[0]][i] for c in keep] for i, k in enumerate(rows)]
+    return heads, body, dropped
+
+
+def _widths(heads: list[str], body: list[list[str]]) -> list[int]:
+    return [max([len(h), *(len(r[i]) for r in body)]) for i, h in enumerate(heads)]
+
+
+def _table_lines(title: str, heads: list[str], body: list[list[str]], left: set[str]) -> list[str]:
+    """Plain fixed-width lines: every cell whole, numbers right-aligned, names left-aligned."""
+    ws = _widths(heads, body)
+
+    def line(cells: list[str]) -> str:
+        return SEP.join(c.ljust(w) if heads[i] in left else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(cells, ws, strict=True))).rstrip()
+
+    return [title, line(heads), "─" * (sum(ws) + len(SEP) * (len(ws) - 1)), *(line(r) for r in body)]
+
+
+def render(rep: dict[str, Any], description: str, world_size: int, warnings: list[str], con, *,
+           wide: bool = False) -> None:
+    """The report as tables on a rich console, fitted to its width (``wide``: every column).
+    Cells are never cut: a table whose names alone are too wide runs past the width."""
+    from rich.text import Text
+
+    width = con.width
+
+    def out(text: str, style: str = "") -> None:
+        con.print(Text(text, style=style, no_wrap=True, overflow="ignore"), crop=False, soft_wrap=True)
+
+    con.print(Text.assemble((description, "bold"), f": {world_size} ranks, {rep['ops_total']:,} ops over "
+                            f"{rep['span_s']:.2f} s"), soft_wrap=True)
+    for w in warnings:
+        con.print(Text.assemble(("warning:", "yellow"), f" {w}"), soft_wrap=True)
+    hidden: set[str] = set()
+
+    def show(title: str, key: str, rows: dict[str, dict[str, Any]], cols) -> None:
+        heads, body, dropped = _layout(key, rows, cols, width, wide)
+        hidden.update(dropped)
+        lines = _table_lines(title, heads, body, {key, "end"})
+        out("")
+        out(lines[0], "italic")
+        out(lines[1], "bold")
+        for ln in lines[2:]:
+            out(ln)
+
+    show("per op (collectives: per instance, true latency = last end - last begin)", "op", rep["ops"], _STAT_COLS)
+    show("per group", "group", rep["groups"], _STAT_COLS)
+    show("per rank", "rank", rep["ranks"], _RANK_COLS)
+    sites = {s["site"]: {"waiting": s["wait_s"], "ops": s["count"]} for s in rep["sites"]}
+    if sites:
+        show("top call sites by time waiting", "site", sites, [("waiting", "waiting", "t", 9), ("ops", "ops", "n", 9)])
+    notes = []
+    if rep.get("ops_untimed"):
+        notes.append(f"{rep['ops_untimed']:,} ops without timings (Flight Recorder on Gloo, or no end time) are "
+                     f"shown as {NONE} and left out of latency and bandwidth.")
+    if rep["incomplete_collectives"]:
+        notes.append(f"{rep['incomplete_collectives']:,} collective instance(s) not complete on every member are "
+                     "left out of the latency columns.")
+    if hidden:
+        order = [c[0] for c in _STAT_COLS + _RANK_COLS]
+        notes.append(f"Left out to fit {width} columns: " + ", ".join(sorted(hidden, key=order.index))
+                     + " (--wide, --json or --csv show them).")
+    if notes:
+        out("")
+    for n in notes:
+        con.print(n)
+
+
+def to_csv(rep: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    fields: list[str] = []
+    for tab in ("ops", "groups", "ranks"):
+        for row in rep[tab].values():
+            fields += [k for k in row if k not in fields]
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["table", "key", *fields])
+    for tab in ("ops", "groups", "ranks"):
+        for key, row in rep[tab].items():
+            w.writerow([tab[:-1], key, *("" if row.get(f) is None else row.get(f) for f in fields)])
+    for s in rep["sites"]:
+        w.writerow(["site", s["site"], *(s["count"] if f == "count" else s["wait_s"] if f == "wait_s" else ""
+                                        for f in fields)])
+    return buf.getvalue()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -41,44 +206,12 @@ def main(args: argparse.Namespace) -> int:
         rep["source"] = redact(reader.description)
         sys.stdout.write(json.dumps(rep, default=str) + "\n")
         return 0
+    if args.csv:
+        sys.stdout.write(to_csv(rep))
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        return 0
     from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
 
-    con = Console()
-    con.print(f"[bold]{redact(reader.description)}[/]: {model.world_size} ranks, {rep['ops_total']:,} ops over "
-              f"{rep['span_s']:.2f} s")
-    for w in warnings:
-        con.print(f"[yellow]warning:[/] {w}")
-
-    def table(title: str, key: str, rows: dict[str, dict[str, Any]]) -> Table:
-        t = Table(title=title, title_justify="left")
-        for c in (key, "count", "bytes", "lat p50", "lat p99", "algbw GB/s", "busbw GB/s", "wait", "async wait",
-                  "skew p50", "skew p99", "failed"):
-            t.add_column(c, justify="left" if c == key else "right")
-        for k, r in rows.items():
-            t.add_row(k, f"{r['count']:,}", fmt_bytes(r["bytes"]), _t(r["latency_p50_s"]), _t(r["latency_p99_s"]),
-                      _bw(r["algbw_p50"]), _bw(r["busbw_p50"]), _t(r["wait_s"]), _t(r["async_wait_s"]),
-                      _t(r["skew_p50_s"]), _t(r["skew_p99_s"]), f"{r['failed']:,}" if r["failed"] else "")
-        return t
-
-    con.print(table("per op (collectives: per instance, true latency = last end - last begin)", "op", rep["ops"]))
-    con.print(table("per group", "group", rep["groups"]))
-    t = Table(title="per rank", title_justify="left")
-    for c in ("rank", "ops", "bytes", "busy", "op p50", "op p99", "waiting for others", "async wait", "failed", "end"):
-        t.add_column(c, justify="left" if c == "end" else "right")
-    for r, row in rep["ranks"].items():
-        t.add_row(r, f"{row['count']:,}", fmt_bytes(row["bytes"]), _t(row["busy_s"]), _t(row["latency_p50_s"]),
-                  _t(row["latency_p99_s"]), _t(row["wait_s"]), _t(row["async_wait_s"]),
-                  f"{row['failed']:,}" if row["failed"] else "", Text(row["end"]))
-    con.print(t)
-    t = Table(title="top call sites by time waiting", title_justify="left")
-    for c in ("site", "waiting", "ops"):
-        t.add_column(c, justify="left" if c == "site" else "right")
-    for s in rep["sites"]:
-        t.add_row(s["site"], _t(s["wait_s"]), f"{s['count']:,}")
-    con.print(t)
-    if rep["incomplete_collectives"]:
-        con.print(f"{rep['incomplete_collectives']} collective instance(s) not complete on every member "
-                  "are left out of the latency columns")
+    render(rep, redact(reader.description), model.world_size, warnings, Console(), wide=args.wide)
     return 0

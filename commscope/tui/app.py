@@ -19,7 +19,7 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer
 
 from commscope.analysis import Finding
-from commscope.analysis.model import CONTAINER, NESTED
+from commscope.analysis.model import CONTAINER, NESTED, untimed
 from commscope.tui.detail import DetailPane, finding_detail, op_detail
 from commscope.tui.feed import LIVE, REPLAY, Feed, FeedInfo, FeedUpdated
 from commscope.tui.findings_panel import FindingsPanel, finding_key
@@ -79,6 +79,10 @@ class CommscopeApp(App):
         self._loading: LoadingScreen | None = None
         self._finding_jump: tuple[int, int] | None = None
         self._shown_finding: Finding | None = None  # the finding the detail pane shows, kept current
+        self._auto_op: tuple[int, int] | None = None  # the op selected on open (not by the user)
+        self._problem: str | None = None  # what kept the trace from being read
+        self._untimed_cache: dict[int, tuple[int, int]] = {}  # rank -> (version, ops without timings)
+        self._untimed_total, self._untimed_at = 0, 0.0
         # replay clock
         self.cursor_ns: int | None = None
         self.playing = False
@@ -137,6 +141,10 @@ class CommscopeApp(App):
         self.ranks_table.reset()
         self.findings = []
         self.info = feed.info
+        self._auto_op = None
+        self._problem = None
+        self._untimed_cache.clear()
+        self._untimed_total, self._untimed_at = 0, 0.0
         self._alerted.clear()
         self.cursor_ns = None
         self.playing = False
@@ -166,13 +174,21 @@ class CommscopeApp(App):
         """Show a new feed state (also called directly by tests)."""
         first_load = info.loaded and not self.info.loaded
         self.info = info
+        self._problem = self._reader_problem(info)
+        if self._problem and (info.error or not any(f.kind == "trace_incomplete" for f in findings)):
+            # The reader's failure is a finding too: never "no problems found" on a trace not read.
+            ev = {"reader_error": info.error} if info.error else {"damaged": info.corrupt, "invalid": info.invalid}
+            findings = [Finding("trace_incomplete", None, None, None, [], [], self._problem, ev), *findings]
         self.findings = findings
+        self.timeline.empty_text = self._problem
         if info.mode == REPLAY and info.loaded:
             if self._loading is not None:
                 self._loading.dismiss()
                 self._loading = None
             if first_load or self.cursor_ns is None:
                 self.cursor_ns = self.feed.model.end_ns  # the whole trace; g goes to the start
+            if first_load:
+                self.timeline.unplace()  # a layout during the load placed the view on a part
         self.timeline.cursor_ns = self.cursor_ns
         self.timeline.hang_after_ns = int(self.feed.hang_after() * 1e9)
         self.timeline.set_flagged({r for f in findings for r in (f.culprits or f.ranks)})
@@ -189,11 +205,69 @@ class CommscopeApp(App):
         self._show_header()
         if info.mode == LIVE:
             self._alert(findings)
-        if findings and self.timeline.sel is None and not (self.detail.border_title or "").startswith("finding"):
+        untouched = self.timeline.sel is None or self.timeline.sel == self._auto_op
+        if findings and untouched and not (self.detail.border_title or "").startswith("finding"):
             # Nothing chosen yet: open the most important finding, so a hang explains itself.
             self.findings_panel.highlighted = 0
+        elif not findings and self.timeline.sel is None and self._auto_op is None:
+            # No finding: select the latest op (the one still running, if any), once.
+            target = self._latest_op()
+            if target is not None:
+                self._auto_op = target
+                self.timeline.select(*target)
         if self.timeline.sel is not None and self.detail.border_title and self.detail.border_title.startswith("op"):
             self._show_op(*self.timeline.sel)
+
+    def _reader_problem(self, info: FeedInfo) -> str | None:
+        """What kept the trace from being read, for the header and the findings list."""
+        if info.error:
+            return f"the trace could not be read: {info.error}"
+        if info.mode == REPLAY and info.loaded and self.feed.model.events == 0:
+            if info.corrupt or info.invalid:
+                skipped = [f"{n:,} {what}" for n, what in ((info.corrupt, "damaged lines"),
+                                                           (info.invalid, "invalid events")) if n]
+                return f"no readable event ({' and '.join(skipped)} skipped)"
+            return "the trace holds no events"
+        return None
+
+    def _untimed_ops(self) -> int:
+        """Ops completed without a measured duration (cached per rank version; a live job's
+        count is refreshed at most once a second: it scans every changed rank's ops)."""
+        m = self.feed.model
+        mono = time.monotonic()
+        if self.feed.mode != REPLAY and mono - self._untimed_at < 1.0:
+            return self._untimed_total
+        self._untimed_at = mono
+        total = 0
+        with self.feed.lock:
+            for r, rt in m.ranks.items():
+                hit = self._untimed_cache.get(r)
+                if hit is None or hit[0] != rt.version:
+                    n = rt.n
+                    top = (m.sig_flags(rt.sig[:n]) & NESTED) == 0
+                    hit = (rt.version, int((top & untimed(rt.flags[:n], rt.begin[:n], rt.comp[:n])).sum()))
+                    self._untimed_cache[r] = hit
+                total += hit[1]
+        self._untimed_total = total
+        return total
+
+    def _latest_op(self) -> tuple[int, int] | None:
+        """The top-level op that began last (up to the replay cursor), on any rank."""
+        m = self.feed.model
+        now = self._now()
+        best: tuple[int, int, int] | None = None
+        with self.feed.lock:
+            for r in m.rank_ids():
+                rt = m.ranks[r]
+                if rt.n == 0:
+                    continue
+                order = rt.order()
+                keep = (m.sig_flags(rt.sig[order]) & (NESTED | CONTAINER)) == 0
+                order = order[keep]
+                order = order[rt.begin[order] <= now] if self.feed.mode == REPLAY else order
+                if order.shape[0] and (best is None or int(rt.begin[order[-1]]) > best[0]):
+                    best = (int(rt.begin[order[-1]]), r, int(order[-1]))
+        return None if best is None else (best[1], best[2])
 
     def _refresh_finding_detail(self, findings: list[Finding]) -> None:
         """Keep the finding shown in the detail pane current: the same finding (by kind,
@@ -208,10 +282,14 @@ class CommscopeApp(App):
             now = next((f for f in findings if f.culprits and f.culprits == shown.culprits), None)
         if now is None or now is shown:
             return
+        self.findings_panel.keep_highlight(now)
         scroll = self.detail.scroll_y
         self._shown_finding = now
         self.detail.show(finding_detail(now), f"finding · {now.kind}")
         self.detail.scroll_to(y=scroll, animate=False)
+
+    def on_timeline_view_changed(self, message: Timeline.ViewChanged) -> None:
+        self.ruler.refresh()
 
     def _fit_timeline(self) -> None:
         """Few ranks: the timeline takes only the rows it needs and the panels get the rest."""
@@ -250,7 +328,8 @@ class CommscopeApp(App):
         warnings = sum(f.severity == "warning" for f in self.findings)
         self.header_bar.show(self.info, job=str(job), world=m.world_size, backend=str(meta.get("backend", "?")),
                              errors=errors, warnings=warnings, cursor_ns=self.cursor_ns, start_ns=m.start_ns,
-                             playing=self.playing, speed=self.speed)
+                             playing=self.playing, speed=self.speed, problem=self._problem,
+                             untimed=self._untimed_ops())
 
     def _tick(self) -> None:
         """10 Hz: advance the replay cursor; in live mode keep in-flight spans growing."""

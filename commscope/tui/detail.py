@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import numpy as np
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -14,6 +15,7 @@ from textual.widgets import Static
 from commscope.analysis import Finding
 from commscope.analysis.bandwidth import op_busbw
 from commscope.analysis.errors import first_line
+from commscope.analysis.model import untimed
 from commscope.analysis.stacks import fold
 from commscope.tui import palette as P
 from commscope.tui.fmt import clock, duration, size
@@ -67,6 +69,85 @@ def _stack(threads: list[dict] | None, limit: int = 12) -> RenderableType | None
     return Group(*out)
 
 
+SPARK_BARS = "▁▂▃▄▅▆▇█"
+_best_cache: dict[tuple, tuple[int, float, float | None]] = {}
+
+
+def site_latency(model: Any, rank: int, i: int, width: int = 36) -> tuple[Text, str] | None:
+    """Durations of this rank's ops of the same op, group and call site over the trace, in
+    time order, as a sparkline (the bar holding op ``i`` in yellow) and a summary; None if
+    fewer than two such ops have timings."""
+    rt = model.ranks[rank]
+    s = model.sigs[int(rt.sig[i])]
+    codes = [c for c, x in enumerate(model.sigs) if x.op == s.op and x.group == s.group and x.site == s.site
+             and x.space == s.space]
+    n = rt.n
+    sig, begin, comp = rt.sig[:n], rt.begin[:n], rt.comp[:n]
+    sel = np.isin(sig, codes) & (comp > 0) & ~untimed(rt.flags[:n], begin, comp)
+    idx = np.flatnonzero(sel)
+    if idx.shape[0] < 2:
+        return None
+    idx = idx[np.argsort(begin[idx], kind="stable")]
+    d = (comp[idx] - begin[idx]).astype(np.float64)
+    k = min(width, d.shape[0])
+    chunks = np.array_split(np.arange(d.shape[0]), k)
+    peaks = np.array([d[c].max() for c in chunks])  # the slowest of each bucket: spikes stay visible
+    hi = float(peaks.max()) or 1.0
+    here = np.flatnonzero(idx == i)
+    mine = next((b for b, c in enumerate(chunks) if here.shape[0] and int(here[0]) in c), None)
+    text = Text()
+    for b, v in enumerate(peaks.tolist()):
+        ch = SPARK_BARS[min(len(SPARK_BARS) - 1, int(v / hi * (len(SPARK_BARS) - 1) + 0.5))]
+        text.append(ch, style="bold #ffd75f" if b == mine else "#6fa8dc")
+    summary = (f"{d.shape[0]:,} ops · p50 {duration(float(np.median(d)))} · max {duration(float(d.max()))}"
+               + (f" · this one {duration(float(d[here[0]]))}" if here.shape[0] else ""))
+    return text, summary
+
+
+BEST_OF = 4096  # instances the group's best busbw is taken from (the latest)
+
+
+def group_best_busbw(model: Any, rank: int, i: int) -> float | None:
+    """The best busbw this op (same name) reached in its group, over its latest BEST_OF
+    complete, timed instances.  Cached per model version, and for 2 s while a live model
+    keeps changing (the op detail is redrawn on every update)."""
+    import time
+
+    from commscope.analysis.bandwidth import busbw_factor, instances, sig_size
+
+    s = model.sig_of(rank, i)
+    gi = model.coll.get((s.space, s.group))
+    if gi is None or not s.flags & 8:  # COLL only
+        return None
+    key = (id(model), s.space, s.group, s.op)
+    hit = _best_cache.get(key)
+    if hit is not None and (hit[0] == model.version or time.monotonic() - hit[1] < 2.0):
+        return hit[2]
+    inst = instances(model, gi, last=BEST_OF)
+    best = None
+    if inst.n:
+        timed = ~inst.untimed.any(axis=1) & (inst.latency > 0)
+        codes = inst.sig[:, 0]
+        for code in np.unique(codes[timed]).tolist():
+            sg = model.sigs[code]
+            S = sig_size(sg)
+            if sg.op != s.op or not S:
+                continue
+            lat = inst.latency[timed & (codes == code)].astype(np.float64)
+            bw = float((S / (lat.min() / 1e9)) * busbw_factor(sg.op, len(gi.members)))
+            best = bw if best is None else max(best, bw)
+    if len(_best_cache) > 256:
+        _best_cache.clear()
+    _best_cache[key] = (model.version, time.monotonic(), best)
+    return best
+
+
+def _meter(frac: float, width: int = 10) -> Text:
+    """A bar of ``width`` cells filled to ``frac`` (0..1)."""
+    full = max(0, min(width, int(round(frac * width))))
+    return Text.assemble(("█" * full, "#3fa58f"), ("░" * (width - full), "grey35"))
+
+
 def _bw(bytes_per_s: float) -> str:
     for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
         if bytes_per_s >= scale:
@@ -95,7 +176,9 @@ def op_detail(model: Any, rank: int, i: int, now: int) -> RenderableType:
         ("source", "PyTorch Flight Recorder (issued from C++)" if d.get("space") == 1 or d.get("src") == "fr" else None),
         ("begin", f"{clock(begin)}  (+{duration(begin - start)})"),
     ]
-    if d.get("end_ns"):
+    rt = model.ranks[rank]
+    no_timing = bool(untimed(rt.flags[i], rt.begin[i], rt.comp[i]))
+    if d.get("end_ns") and not no_timing:
         rows.append(("returned", f"+{duration(d['end_ns'] - begin)}"))
     if d.get("wait_begin_ns"):
         rows.append(("wait()", f"+{duration(d['wait_begin_ns'] - begin)} → "
@@ -104,11 +187,22 @@ def op_detail(model: Any, rank: int, i: int, now: int) -> RenderableType:
         rows.append(("GPU time", duration(d["gpu_ns"])))
     if d.get("in_flight"):
         rows.append(("state", Text(f"in flight for {duration(now - begin)}", style="bold #e0a030")))
+    elif no_timing:
+        rows.append(("duration", Text("— no timing recorded (completed; Flight Recorder on Gloo or an old trace)",
+                                      style="grey62")))
     elif d.get("complete_ns"):
         rows.append(("duration", duration(d["complete_ns"] - begin) + ("  (approx.)" if d.get("approx") else "")))
     bw = op_busbw(model, rank, i)
     if bw:
         rows.append(("bandwidth", f"algbw {_bw(bw.get('algbw', 0))} · busbw {_bw(bw.get('busbw', 0))}"))
+        best = group_best_busbw(model, rank, i)
+        if best:
+            share = bw.get("busbw", 0) / best
+            rows.append(("best bw", Text.assemble(f"busbw {_bw(best)}  ", _meter(share),
+                                                     f" this op at {share * 100:.0f}%")))
+    trend = site_latency(model, rank, i)
+    if trend is not None:
+        rows.append(("at site", Text.assemble(trend[0], "\n", (trend[1], "grey62"))))
     if d.get("exc"):
         rows.append(("raised", Text(d["exc"], style="#e05050")))
     parts: list[RenderableType] = [title, _kv(rows)]
@@ -129,8 +223,10 @@ def op_detail(model: Any, rank: int, i: int, now: int) -> RenderableType:
             skew = begins[r] - first
             state = "done" if comp else "in flight"
             last = len(set(begins.values())) > 1 and begins[r] == max(begins.values())
+            dur = "—" if comp and untimed(rt.flags[j], rt.begin[j], rt.comp[j]) else \
+                duration(comp - begins[r]) if comp else duration(now - begins[r])
             t.add_row(str(r) + (" ◀" if r == rank else ""), f"+{duration(skew)}" + (" (last)" if last else ""),
-                      state, duration(comp - begins[r]) if comp else duration(now - begins[r]))
+                      state, dur)
         group_size = len(model.groups.get(d.get("group"), [])) or len(everyone)
         if len(everyone) < group_size:
             missing = sorted(set(model.groups.get(d.get("group"), [])) - set(everyone))

@@ -9,6 +9,7 @@ from textual.widgets.option_list import Option
 
 from commscope.analysis import Finding
 from commscope.tui import palette as P
+from commscope.tui.rank_table import abbreviate
 
 
 def finding_key(f: Finding) -> tuple:
@@ -26,13 +27,14 @@ class FindingsPanel(OptionList):
         self.findings: list[Finding] = []
         self._keys: list[tuple] | None = None
 
-    def show(self, findings: list[Finding]) -> None:
+    def show(self, findings: list[Finding], _old: list[tuple] | None = None) -> None:
         keys = [finding_key(f) + (f.message,) for f in findings]
         if keys == self._keys:
             return
         highlighted = self.highlighted
-        old = self._keys or []
-        prev = old[highlighted] if highlighted is not None and highlighted < len(old) else None
+        old = _old or self._keys or []
+        # the same finding by identity, whatever its message now says (a wait grows: "35.2 s")
+        prev = old[highlighted][:-1] if highlighted is not None and highlighted < len(old) else None
         self.findings = findings
         self._keys = keys
         self.clear_options()
@@ -46,10 +48,32 @@ class FindingsPanel(OptionList):
             if f.culprits:
                 t.append(f"  culprit{'s' if len(f.culprits) > 1 else ''} {', '.join(map(str, f.culprits))}",
                          style="bold")
-            t.append("\n  " + f.message, style="grey70")
+            t.append("\n  " + self._fit_names(f.message), style="grey70")
             self.add_option(Option(t))
-        if prev is not None and prev in keys:
-            self.highlighted = keys.index(prev)
+        ids = [k[:-1] for k in keys]
+        if prev is not None and prev in ids:
+            # Keep the highlight on it without a new Chosen: the app refreshes the detail pane
+            # itself (and choosing again would move the timeline away from the user's op).
+            with self.prevent(OptionList.OptionHighlighted):
+                self.highlighted = ids.index(prev)
+
+    def on_resize(self) -> None:
+        if self.findings and self._keys is not None:
+            keys, self._keys = self._keys, None  # lay the entries out again for the new width
+            self.show(self.findings, _old=keys)
+
+    def _fit_names(self, message: str) -> str:
+        """A narrow list abbreviates op names too long for a line (all_gather_into_tensor ->
+        ag_tensor) rather than folding them mid-word; the detail pane keeps them whole."""
+        room = self.size.width - 4 if self.size.width else 10**6
+        return " ".join(abbreviate(w, room) if len(w) > room and "_" in w else w for w in message.split(" "))
+
+    def keep_highlight(self, finding: Finding) -> None:
+        """Highlight ``finding`` (the one the detail pane shows) without choosing it again."""
+        idx = next((i for i, f in enumerate(self.findings) if f is finding), None)
+        if idx is not None and idx != self.highlighted:
+            with self.prevent(OptionList.OptionHighlighted):
+                self.highlighted = idx
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         if self.findings and event.option_index < len(self.findings):

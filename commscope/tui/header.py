@@ -13,7 +13,11 @@ class StatusHeader(Static):
     DEFAULT_CSS = "StatusHeader { height: 1; background: $panel; }"
 
     def show(self, info: FeedInfo, *, job: str, world: int, backend: str, errors: int, warnings: int,
-             cursor_ns: int | None = None, start_ns: int = 0, playing: bool = False, speed: float = 1.0) -> None:
+             cursor_ns: int | None = None, start_ns: int = 0, playing: bool = False, speed: float = 1.0,
+             problem: str | None = None, untimed: int = 0) -> None:
+        """``problem``: what keeps the trace from being read (shown in red, before anything
+        else can be cut); ``untimed``: ops without a measured duration."""
+        error = problem or info.error
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(" commscope ", style="bold white on #4f8fd6")
         t.append(f" {job or info.source} ", style="bold")
@@ -24,11 +28,11 @@ class StatusHeader(Static):
                 t.append(f"loading {info.progress * 100:.0f}% ", style="#ffd75f")
             elif cursor_ns is not None:
                 t.append(f"{'▶' if playing else '❚❚'} x{speed:g} +{duration(cursor_ns - start_ns)} ", style="#ffd75f")
-            if info.error:
-                t.append(f"· {info.error} ", style="bold #e05050")
+            if error:
+                t.append(f"· {error} ", style="bold #e05050")
         else:
-            if info.error:
-                t.append(f"· {info.error} ", style="bold #e05050")
+            if error:
+                t.append(f"· {error} ", style="bold #e05050")
             elif info.waiting:
                 t.append("· waiting for the job… ", style="#e0a030")
             elif info.ended:
@@ -49,6 +53,8 @@ class StatusHeader(Static):
             t.append(f"· {info.corrupt} damaged lines skipped ", style="#e0a030")
         if info.invalid:
             t.append(f"· {info.invalid} invalid events skipped ", style="#e0a030")
+        if untimed:
+            t.append(f"· {untimed:,} ops without timings ", style="grey62")
         t.append(f"✖ {errors} ", style="bold #e05050" if errors else "grey42")
         t.append(f"▲ {warnings}", style="bold #e0a030" if warnings else "grey42")
         self.update(t)

@@ -10,24 +10,53 @@ from textual.widgets import DataTable
 from commscope.tui import palette as P
 from commscope.tui.feed import REPLAY
 from commscope.tui.fmt import compact_size, duration, percent
-from commscope.tui.replay_state import sample_at, state_at
+from commscope.tui.replay_state import last_op_before, sample_at, state_at
 
 COLUMNS = [("rank", "Rank", 4), ("host", "Host", 10), ("state", "State", 30), ("last", "Last op", 16),
            ("gpu", "GPU%", 4), ("gmem", "GPU mem", 8), ("cpu", "CPU%", 4), ("rss", "RSS", 8)]
 FLEX = "state"  # takes whatever width the others leave
 LABELS = {k: label for k, label, _ in COLUMNS}
 PRIORITY = ["rank", "gpu", "cpu", "gmem", "rss", "last", "host"]
-STATE_MIN = 18
+STATE_MIN = 26  # room for "● in all_reduce #7 · 6.0 s" before any optional column
 
 
 def _plain(cell: Any) -> str:
     return cell.plain if isinstance(cell, Text) else str(cell)
 
 
+LAST_MIN, LAST_MAX = 9, 24  # the last-op column fits its longest (abbreviated) label within these
+NAME_ROOM = 12  # op names longer than this are abbreviated, deliberately, never cut
+# Deliberate abbreviations, applied in order until a name fits: all_gather_single -> ag_single,
+# all_gather_into_tensor -> ag_tensor, reduce_scatter_tensor -> rs_tensor, all_to_all_single -> a2a_single.
+_ABBREV = [("all_gather", "ag"), ("reduce_scatter", "rs"), ("all_to_all", "a2a"), ("all_reduce", "ar"),
+           ("_into_tensor", "_tensor"), ("_coalesced", "_coal"), ("broadcast", "bcast"), ("_tensors", "_t")]
+_REASONS = {"destroy_process_group": "destroy_pg"}
+
+
+def abbreviate(name: str, room: int = NAME_ROOM) -> str:
+    """An op name in at most ``room`` characters where the abbreviations allow, else whole."""
+    for long, short in _ABBREV:
+        if len(name) <= room:
+            break
+        name = name.replace(long, short)
+    return name
+
+
 def short_label(m: Any, r: int, i: int) -> str:
-    """'all_reduce #42' / 'send #3 → 1': the label without its group suffix."""
+    """'all_reduce #42' / 'send #3 → 1' / 'ag_tensor #7': the label without its group suffix,
+    long op names abbreviated."""
     text = m.label(r, i).split(" (")[0]
+    name, _, rest = text.partition(" ")
+    text = abbreviate(name) + (" " + rest if rest else "")
     return text.replace(" to ", " → ").replace(" from ", " ← ")
+
+
+def fit_words(text: str, width: int) -> str:
+    """``text`` in ``width`` columns, cut only between words (with '…'), never inside one."""
+    if len(text) <= width:
+        return text
+    cut = text.rfind(" ", 0, max(1, width))
+    return (text[:cut].rstrip(" ·(") if cut > 0 else text[: max(1, width - 1)]) + "…"
 
 
 def compact_state(m: Any, r: int, st: Any, now: int) -> str:
@@ -39,6 +68,9 @@ def compact_state(m: Any, r: int, st: Any, now: int) -> str:
     if st.kind == "dead":
         return f"dead · silent {duration(now - st.since_ns)}"
     if st.kind == "exited":
+        for long, short in _REASONS.items():
+            if f"({long})" in st.text:
+                return st.text.replace(long, short)
         return st.text
     return st.text
 
@@ -56,6 +88,7 @@ class RankTable(DataTable):
         self._sort_reverse = False
         self._values: dict[int, dict[str, Any]] = {}
         self._cols: list[tuple[str, str, int]] = []
+        self._last_width = 16  # the last-op column: as wide as its longest label
 
     def reset(self) -> None:
         self.clear(columns=True)
@@ -68,11 +101,12 @@ class RankTable(DataTable):
         m = self.feed.model
         hosts = {str((rt.meta or {}).get("host", "")) for rt in m.ranks.values()}
         gpu = any((m.latest_sample(r) or {}).get("gpu_util") is not None for r in m.rank_ids())
-        cols = [c for c in COLUMNS if (c[0] != "host" or len(hosts) > 1) and (c[0] not in ("gpu", "gmem") or gpu)]
+        cols = [c if c[0] != "last" else (c[0], c[1], self._last_width) for c in COLUMNS
+                if (c[0] != "host" or len(hosts) > 1) and (c[0] not in ("gpu", "gmem") or gpu)]
         # Narrow panes keep the most telling columns; the state text names the op anyway.
-        budget = self._room() - (STATE_MIN + 2) if self.size.width else 10**6
-        keep = {FLEX}
-        for key in PRIORITY:
+        budget = self._room() - (STATE_MIN + 2) - (COLUMNS[0][2] + 2) if self.size.width else 10**6
+        keep = {FLEX, "rank"}  # the rank number and its state always show
+        for key in PRIORITY[1:]:
             col = next((c for c in cols if c[0] == key), None)
             if col is not None and col[2] + 2 <= budget:
                 keep.add(key)
@@ -81,7 +115,8 @@ class RankTable(DataTable):
 
     def _room(self) -> int:
         """Columns of text the table can show without scrolling sideways."""
-        return self.size.width - 3  # vertical scrollbar and a margin
+        bar = self.scrollbar_size_vertical if self.show_vertical_scrollbar else 0
+        return self.size.width - bar - 1  # the vertical scrollbar when shown, and a margin
 
     def _layout(self, cols: list[tuple[str, str, int]]) -> None:
         if [c[0] for c in cols] != [str(k.value) for k in self.columns] or not self._cols:
@@ -105,15 +140,43 @@ class RankTable(DataTable):
         fixed = sum(w + 2 for k, _, w in cols if k != FLEX)
         col = self.columns.get(FLEX)  # type: ignore[call-overload]
         if col is not None:
-            col.width = max(STATE_MIN, self._room() - fixed - 2)
+            width = max(8, self._room() - fixed - 2)  # below STATE_MIN only when no other column is left
+            changed = col.width != width
+            col.width = width
             col.auto_width = False
+            if changed and self._values:  # re-fit the state cells to the new width (cut between words)
+                self.refresh_ranks(getattr(self.app, "_now", lambda: 0)())
             self.refresh()
+
+    def _fit_last(self, rows: dict[int, dict[str, tuple[Any, Any]]]) -> None:
+        """The last-op column as wide as its longest label (within LAST_MIN..LAST_MAX)."""
+        col = self.columns.get("last")  # type: ignore[call-overload]
+        if col is None:
+            return
+        want = self._last_width
+        if col.width != want:
+            col.width = want
+            col.auto_width = False
+            self.call_after_refresh(self.on_resize)
 
     def refresh_ranks(self, now: int) -> None:
         m = self.feed.model
         with self.feed.lock:
-            self._layout(self._wanted())
             rows = {r: self._row_values(r, now) for r in m.rank_ids()}
+            want = max([LAST_MIN, *(len(_plain(v["last"][1])) for v in rows.values())])
+            self._last_width = min(want, LAST_MAX)
+            self._layout(self._wanted())
+        self._fit_last(rows)
+        state_col = self.columns.get(FLEX)  # type: ignore[call-overload]
+        room = state_col.width if state_col is not None and state_col.width else None
+        last_col = self.columns.get("last")  # type: ignore[call-overload]
+        for vals in rows.values():
+            if room is not None:
+                key, cell = vals["state"]
+                if len(cell.plain) > room:
+                    vals["state"] = (key, Text(fit_words(cell.plain, room), style=cell.style))
+            if last_col is not None and len(_plain(vals["last"][1])) > last_col.width:
+                vals["last"] = (vals["last"][0], fit_words(_plain(vals["last"][1]), last_col.width))
         for r, vals in rows.items():
             if r not in self._rows:
                 self.add_row(*[vals[k][1] for k, _, _ in self._cols], key=str(r))
@@ -132,12 +195,12 @@ class RankTable(DataTable):
         m = self.feed.model
         if self.feed.mode == REPLAY:  # as of the replay cursor, not the end of the trace
             st = state_at(m, r, now)
-            last = st.op
             s = sample_at(m, r, now)
         else:
             st = m.state(r, now)
-            last = m.last_op(r, completed=False)
             s = m.latest_sample(r) or {}
+        # the op it is in, else the last one it began (also for ranks that exited or died)
+        last = st.op if st.op is not None else last_op_before(m, r, now)
         meta = m.ranks[r].meta or {}
         gutil, gmem, cpu, rss = s.get("gpu_util"), s.get("gpu_mem"), s.get("cpu"), s.get("rss")
         order = {"dead": 0, "crashed": 0, "blocked": 1, "running": 2, "idle": 3, "exited": 4, "unknown": 5}

@@ -12,11 +12,19 @@ import numpy as np
 
 from commscope.analysis.model import ASYNC, CONTAINER, NESTED, RankState
 
+STARTUP_SLACK_NS = 2 * 10**9  # ranks whose streams begin this close to the job's start started with it
+
 
 def state_at(m: Any, rank: int, t: int) -> RankState:
     rt = m.ranks.get(rank)
-    if rt is None or rt.first_ts > t:
+    if rt is None:
         return RankState("unknown", "not started yet", None, 0)
+    if rt.first_ts > t:
+        # At the replay's start every rank of a job that started together reads the same:
+        # "idle", not "not started yet" for the ones whose first event came a moment later.
+        if rt.first_ts - m.start_ns > STARTUP_SLACK_NS:
+            return RankState("unknown", "not started yet", None, 0)
+        return RankState("idle", "idle (no ops yet)", None, rt.first_ts)
     exits = [e for e in rt.exits if e["ts"] <= t]
     idx = m.ops_in_window(rank, t, t + 1)
     if idx.shape[0]:
@@ -58,6 +66,16 @@ def _candidates(m: Any, rank: int, t: int, k: int = 256) -> np.ndarray:
 def _last_begin_before(m: Any, rank: int, t: int) -> int:
     cand = _candidates(m, rank, t, 1)
     return int(m.ranks[rank].begin[cand[-1]]) if cand.shape[0] else 0
+
+
+def last_op_before(m: Any, rank: int, t: int) -> int | None:
+    """The last top-level op the rank began at or before ``t`` (running, done or failed)."""
+    rt = m.ranks.get(rank)
+    if rt is None or rt.n == 0:
+        return None
+    cand = _candidates(m, rank, t, 64)
+    cand = cand[(m.sig_flags(rt.sig[cand]) & (NESTED | CONTAINER)) == 0]
+    return int(cand[-1]) if cand.shape[0] else None
 
 
 def _last_done_before(m: Any, rank: int, t: int) -> int | None:

@@ -36,6 +36,8 @@ class Ruler(Widget):
 
     def render(self) -> Text:
         tl = self.timeline
+        if not tl.ensure_placed():  # the ruler may paint before the rows: never label an unplaced view
+            return Text("")
         width = self.size.width
         w = max(1, width - GUTTER)
         origin = tl.feed.model.start_ns or tl.t0

@@ -60,6 +60,7 @@ class Timeline(ScrollView, can_focus=True):
     DEFAULT_CSS = """
     Timeline { height: 1fr; }
     """
+    FAST_OVERVIEW = True  # the overview path (bench tui compares it with the detailed one)
 
     class OpSelected(Message):
         def __init__(self, rank: int, index: int):
@@ -90,6 +91,7 @@ class Timeline(ScrollView, can_focus=True):
         self._cache: OrderedDict[tuple, Strip] = OrderedDict()
         self._cat_table = np.zeros(0, np.int8)
         self._placed = False
+        self.empty_text: str | None = None  # why there is nothing to show (set by the app)
 
     def reset(self) -> None:
         """Forget everything about the previous source (the feed was switched)."""
@@ -99,6 +101,7 @@ class Timeline(ScrollView, can_focus=True):
         self.cursor_ns = None
         self.follow = True
         self._placed = False
+        self.empty_text = None
         self._cache.clear()
         self._cat_table = np.zeros(0, np.int8)
         self.set_flagged(set())
@@ -147,11 +150,31 @@ class Timeline(ScrollView, can_focus=True):
         self.now_ns = now_ns
         with self.feed.lock:
             self.rebuild_rows()
-            if not self._placed and self.model.end_ns and self.size.width > GUTTER + 8:
-                self._place_initial()  # only once laid out: the fit needs the real width
-            if self.follow and self.cursor_ns is None:
+            self.ensure_placed()
+            if self._placed and self.follow and self.cursor_ns is None:
                 self._follow_now()
         self.refresh()
+
+    def unplace(self) -> None:
+        """Fit the view to the whole trace again at the next update or paint (a replay
+        finished loading: what was placed while it loaded saw only a part)."""
+        self._placed = False
+        self._cache.clear()
+
+    def ensure_placed(self) -> bool:
+        """Fit the view to the trace once both exist: events in the model and a laid-out
+        width.  Called on updates and resizes, and by the paint paths (this widget's rows
+        and the ruler), so that the first painted frame shows the trace whatever order the
+        feed's first update and the first layout arrive in."""
+        if self._placed:
+            return True
+        if not self.model.end_ns or self.size.width <= GUTTER + 8:
+            return False
+        with self.feed.lock:
+            self._place_initial()
+            if self.follow and self.cursor_ns is None:
+                self._follow_now()
+        return True
 
     def _place_initial(self) -> None:
         start, end = self.model.bounds()
@@ -159,11 +182,14 @@ class Timeline(ScrollView, can_focus=True):
         self.npc = _clamp(span // max(1, int(self.timeline_width() * 0.8)))
         self.t0 = start - self.npc * 2
         self._placed = True
+        self._cache.clear()
         self.post_message(self.ViewChanged())
 
     def _follow_now(self) -> None:
         w = self.timeline_width() * self.npc
         edge = self.now_ns if self.cursor_ns is None else self.cursor_ns
+        if not edge:  # no clock reading yet (a resize before the first update): keep the fit
+            return
         if not (self.t0 + w * 0.1 <= edge <= self.t0 + w * 0.9):
             # jump in pages (now at 60%) so most updates leave the cached rows valid
             self.t0 = edge - int(w * 0.6)
@@ -171,10 +197,15 @@ class Timeline(ScrollView, can_focus=True):
 
     # ------------------------------------------------------------------ rendering
     def render_line(self, y: int) -> Strip:
+        if not self._placed:
+            self.ensure_placed()
         width = self.size.width
         ri = y + self.scroll_offset.y
         if not self.rows:
             if y == self.size.height // 2:
+                if self.empty_text:
+                    return Strip([Segment(self.empty_text.center(width)[:width], Style(color="#e05050", bold=True))],
+                                 width)
                 text = "waiting for the job to write its first events…"
                 return Strip([Segment(text.center(width)[:width], Style(color="grey50"))], width)
             return Strip.blank(width)
@@ -311,6 +342,8 @@ class Timeline(ScrollView, can_focus=True):
             idx, sig, flags, begin, comp = idx[visible], sig[visible], flags[visible], begin[visible], comp[visible]
         inflight = comp == 0
         stop = np.where(inflight, max(now, 1), comp)
+        if self.FAST_OVERVIEW and idx.shape[0] > 4 * w:
+            return self._paint_overview(rank, w, idx, sig, flags, begin, stop, inflight, now)
         # Ops whose end is only approximately known (Flight Recorder on Gloo) are drawn like
         # async work: a mark at the start, then a thin line, not a solid bar.
         approx = (rt.flags[idx] & APPROX) != 0
@@ -383,6 +416,71 @@ class Timeline(ScrollView, can_focus=True):
                 labels.append((a + 1, len(text), text, int(cells[a + 1])))
         return cells, labels
 
+    def _paint_overview(self, rank: int, w: int, idx: np.ndarray, sig: np.ndarray, flags: np.ndarray,
+                        begin: np.ndarray, stop: np.ndarray, inflight: np.ndarray,
+                        now: int) -> tuple[np.ndarray, list[tuple[int, int, str, int]]]:
+        """Far zoomed out (several ops per cell): each op one span, the issue/wait breakdown
+        left out.  The same picture as the detailed path draws there, with the per-op work
+        done only on the few ops that need it: async ops (their span ends at wait_end),
+        in-flight ones (thresholds), the selection and spans wide enough for a label."""
+        m, rt, t0, npc = self.model, self.model.ranks[rank], self.t0, self.npc
+        approx = (rt.flags[idx] & APPROX) != 0
+        is_async = ((flags & ASYNC) != 0) | approx
+        ai = np.flatnonzero(is_async)
+        end = stop
+        wb_a = we_a = None
+        if ai.shape[0]:
+            sub = idx[ai]
+            wb_a, we_a = rt.wb[sub], rt.we[sub]
+            if self.cursor_ns is not None:
+                wb_a = np.where(wb_a > now, 0, wb_a)
+                we_a = np.where(we_a > now, 0, we_a)
+            end = stop.copy()
+            end[ai] = np.where(wb_a > 0, np.where(we_a > 0, we_a, stop[ai]), stop[ai])
+        starts, stops, kinds = [begin], [end], [self._categories()[sig]]
+        fi = np.flatnonzero(inflight)
+        if fi.shape[0]:  # blocked too long: the part of the span past the thresholds
+            fa = is_async[fi]
+            wb_f = np.zeros(fi.shape[0], np.int64)
+            if ai.shape[0] and fa.any():
+                wb_f[fa] = wb_a[np.searchsorted(ai, fi[fa])]
+            blocked = ~fa | (wb_f > 0)
+            since = np.where(fa, wb_f, begin[fi])
+            for at, cat in ((since + max(self.hang_after_ns // 3, 1), P.WARN), (since + self.hang_after_ns, P.ERROR)):
+                mk = blocked & (at < now)
+                if mk.any():
+                    starts.append(at[mk])
+                    stops.append(stop[fi][mk])
+                    kinds.append(np.full(int(mk.sum()), cat, np.int8))
+        if self.sel and self.sel[0] == rank:
+            one = np.flatnonzero(idx == self.sel[1])
+            if one.shape[0]:
+                j = int(one[0])
+                e = int(stop[j])
+                if is_async[j]:
+                    i = int(idx[j])
+                    ie = int(begin[j]) if approx[j] else (int(rt.end[i]) if rt.end[i] > 0 else int(begin[j]))
+                    if self.cursor_ns is not None:
+                        ie = min(ie, e)
+                    e = max(e, ie)
+                starts.append(begin[j:j + 1])
+                stops.append(np.array([e], np.int64))
+                kinds.append(np.array([P.SELECTED], np.int8))
+        cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
+        labels: list[tuple[int, int, str, int]] = []
+        cand = np.flatnonzero(stop - begin > 7 * npc)  # c1 - c0 >= 8 needs a span longer than 7 cells
+        if cand.shape[0]:
+            c0 = np.minimum(np.maximum((begin[cand] - t0) // npc, -1), w)
+            c1 = np.minimum(np.maximum((stop[cand] - t0) // npc, -1), w)
+            for k in np.flatnonzero((c1 - c0) >= 8)[:40].tolist():
+                j = int(cand[k])
+                a, b = max(int(c0[k]), 0), min(int(c1[k]), w - 1)
+                seq = int(rt.seq[int(idx[j])])
+                text = m.sigs[int(sig[j])].op + (f" #{seq}" if seq >= 0 else "")
+                if b - a + 1 >= len(text) + 2 and (cells[a + 1:a + 1 + len(text)] == cells[a + 1]).all():
+                    labels.append((a + 1, len(text), text, int(cells[a + 1])))
+        return cells, labels
+
     def _paint_group(self, ranks: tuple[int, ...], w: int) -> list[Segment]:
         """Collapsed rows: how many of the ranks are busy in each cell, as shades."""
         busy = np.zeros(w, np.int32)
@@ -415,7 +513,7 @@ class Timeline(ScrollView, can_focus=True):
             if rank in row.ranks:
                 self.sel_row = i
                 break
-        if reveal:
+        if reveal and self.ensure_placed():  # not laid out yet: the first fit shows the whole trace
             with self.feed.lock:
                 rt = self.model.ranks[rank]
                 b = int(rt.begin[index])
@@ -431,6 +529,10 @@ class Timeline(ScrollView, can_focus=True):
         self.post_message(self.OpSelected(rank, index))
 
     def _neighbor(self, forward: bool) -> None:
+        """←/→: the previous/next op in time on the focused row's rank, in-flight ops included.
+        On the selected op's rank, one op along; on another row (or with nothing selected),
+        the op at or before (←) / at or after (→) the selected op's begin, else the replay
+        cursor or now: ← with nothing selected takes the latest op, the one still running."""
         rank = self._row_rank()
         if rank is None:
             return
@@ -443,20 +545,27 @@ class Timeline(ScrollView, can_focus=True):
             begins = rt.begin[order]
             keep = (m.sig_flags(rt.sig[order]) & (NESTED | CONTAINER)) == 0
             order, begins = order[keep], begins[keep]
-            if order.shape[0] == 0:
+            n = order.shape[0]
+            if n == 0:
                 return
-            if self.sel and self.sel[0] == rank:
-                ref = int(rt.begin[self.sel[1]])
-                pos = int(np.flatnonzero(order == self.sel[1])[0]) if (order == self.sel[1]).any() else None
-                if pos is not None:
-                    j = pos + (1 if forward else -1)
-                else:
-                    j = int(np.searchsorted(begins, ref, side="right" if forward else "left")) - (0 if forward else 1)
+            here = np.flatnonzero(order == self.sel[1]) if self.sel and self.sel[0] == rank else np.zeros(0, np.int64)
+            if here.shape[0]:
+                j = int(here[0]) + (1 if forward else -1)
+                if not 0 <= j < n:
+                    self.notify(f"{'last' if forward else 'first'} op of rank {rank}", timeout=2)
+                    return
             else:
-                ref = self.t0 + (self.t1() - self.t0) // 2 if self.cursor_ns is None else self.cursor_ns
-                j = int(np.searchsorted(begins, ref)) - (0 if forward else 1)
-            if not 0 <= j < order.shape[0]:
-                return
+                if self.sel and self.sel[0] in m.ranks:
+                    ref = int(m.ranks[self.sel[0]].begin[self.sel[1]])
+                elif self.cursor_ns is not None:
+                    ref = self.cursor_ns
+                elif self.follow:
+                    ref = self.now_ns or int(begins[-1])
+                else:
+                    ref = self.t0 + (self.t1() - self.t0) // 2
+                j = int(np.searchsorted(begins, ref, side="left")) if forward else \
+                    int(np.searchsorted(begins, ref, side="right")) - 1
+                j = min(max(j, 0), n - 1)
             target = int(order[j])
         self.select(rank, target)
 
@@ -570,11 +679,7 @@ class Timeline(ScrollView, can_focus=True):
     def on_resize(self, event: events.Resize) -> None:
         self._cache.clear()
         self.virtual_size = Size(self.size.width, len(self.rows))
-        if not self._placed and self.model.end_ns and self.size.width > GUTTER + 8:
-            with self.feed.lock:
-                self._place_initial()
-                if self.follow and self.cursor_ns is None:
-                    self._follow_now()
+        self.ensure_placed()
 
 
 N_CATEGORIES = P.SELECTED + 1
@@ -588,19 +693,33 @@ def _cover(a: np.ndarray, b: np.ndarray, cat: np.ndarray, t0: int, npc: int, w: 
     time, then the highest covered category: a handful of numpy calls whatever the number
     of ops or categories.  Category numbers are their priorities.
     """
-    c0 = (a - t0) // npc
-    c1 = (b - t0) // npc
-    ok = (c1 >= 0) & (c0 < w)
-    c0 = np.maximum(c0[ok], 0)
-    c1 = np.minimum(c1[ok], w - 1)
-    cat = cat[ok]
-    k = cat.astype(np.int64) * (w + 1)
+    # Cell numbers in float64: true division is several times faster than int64 floor
+    # division, and exact here.  A quotient q = (t - t0) / npc is correctly rounded, so its
+    # error is below q * 2**-53, smaller than the 1 / npc that separates a non-integer q from
+    # the next integer for every q that decides anything (|q| <= w, npc <= MAX_NPC): the
+    # comparisons and the truncation of non-negative values give what floor division gives.
+    fa = (a - t0) / npc  # subtract in int64 first: timestamps themselves do not fit a float exactly
+    fb = (b - t0) / npc
+    ok = (fb >= 0) & (fa < w)
+    if not ok.all():
+        fa, fb, cat = fa[ok], fb[ok], cat[ok]
+    # one flat index per (category, cell): category * (w + 1) + cell, built in place
+    k = cat.astype(np.int64)
+    k *= w + 1
+    np.maximum(fa, 0, out=fa)
+    c0 = fa.astype(np.int64)  # truncate first: adding k to the float could round a cell up
+    c0 += k
+    np.minimum(fb, w - 1, out=fb)
+    c1 = fb.astype(np.int64)
+    c1 += k
+    c1 += 1
     n = N_CATEGORIES * (w + 1)
-    diff = np.bincount(k + c0, minlength=n)
-    diff -= np.bincount(k + c1 + 1, minlength=n)
+    starts = np.bincount(c0, minlength=n)
+    diff = starts - np.bincount(c1, minlength=n)
     cov = diff.reshape(N_CATEGORIES, w + 1)[:, :w].cumsum(axis=1) > 0
     cells = np.zeros(w, np.int8)
-    for c in np.flatnonzero(np.bincount(cat, minlength=N_CATEGORIES)).tolist():  # few, low to high
+    present = starts.reshape(N_CATEGORIES, w + 1).any(axis=1)  # every drawn interval has a start
+    for c in np.flatnonzero(present).tolist():  # few, low to high
         cells[cov[c]] = c
     return cells
 
