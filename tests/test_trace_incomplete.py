@@ -151,3 +151,28 @@ def test_console_feed_counts_invalid_events(tmp_path):
     info = feed.load_all()
     assert info.invalid == 7 and info.corrupt == 1
     assert [f.kind for f in feed.findings] == ["trace_incomplete"]
+
+
+def test_a_job_nobody_writes_any_more_without_any_exit_is_incomplete():
+    """Every rank heartbeated, stopped between ops and never exited: judged at a wall clock
+    past the dead threshold the job is gone (killed as a whole, or its store lost the tail);
+    judged at the trace's own end it may still be running, and is healthy."""
+    b = finished(3, exits=())
+    m = TraceModel.from_events(b.sorted_events())
+    assert not [f for f in diagnose(m) if f.kind == "trace_incomplete"]  # no wall clock: live
+    assert not [f for f in diagnose(m, wall_ns=m.end_ns + S) if f.kind == "trace_incomplete"]
+    (f,) = [f for f in diagnose(m, wall_ns=m.end_ns + 60 * S) if f.kind == "trace_incomplete"]
+    assert f.culprits == [0, 1, 2] and "no rank wrote an exit event" in f.message
+    assert all(v["no_exit"] for v in f.evidence["per_rank"].values())
+
+
+def test_a_job_stopped_inside_an_op_is_judged_as_a_hang_not_as_lost_events():
+    b = finished(3, exits=())
+    t = b.sorted_events()[-1]["ts"] + S
+    b.sync(0, t, None, "all_reduce")  # rank 0 waits, ranks 1 and 2 never come
+    b.heartbeats(t, t + S)
+    m = TraceModel.from_events(b.sorted_events())
+    found = diagnose(m, hang_after=0.5, wall_ns=m.end_ns + 60 * S)
+    assert [f.kind for f in found] == ["missing_ranks"] and found[0].culprits == [1, 2]
+    found = diagnose(m, hang_after=60.0, wall_ns=m.end_ns + 60 * S)
+    assert not found  # still waiting when it stopped, not yet a hang: nothing lost either

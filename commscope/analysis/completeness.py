@@ -26,11 +26,15 @@ _LOSS_WORDS = {"dropped": "event(s) dropped by the recorder", "damaged": "damage
 
 
 def job_stopped(model: TraceModel, wall_ns: int) -> bool:
-    """No rank exited and every rank's last event or heartbeat is older, at ``wall_ns``,
-    than its dead threshold: nobody is writing to this trace any more."""
+    """No rank exited, and every rank sent heartbeats (a recorder was writing), stopped
+    between ops (a rank stopped inside an op is judged as waiting there, like any snapshot
+    of a stuck job) and is silent, at ``wall_ns``, for longer than its dead threshold:
+    nobody writes to this trace any more.  A trace without heartbeats (synthetic,
+    converted) is not judged this way."""
     ranks = model.rank_ids()
     return bool(ranks) and all(
-        model.exited(r) is None and wall_ns - model.last_seen(r) > model.dead_after_ns(r) for r in ranks)
+        model.exited(r) is None and model.ranks[r].last_hb > 0 and not model.inflight(r)
+        and wall_ns - model.last_seen(r) > model.dead_after_ns(r) for r in ranks)
 
 
 def find_incomplete(model: TraceModel, now: int, stopped: bool = False) -> list[Finding]:

@@ -19,18 +19,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
+from commscope.store import EmptyReader
 from commscope.tui.app import CommscopeApp
 from commscope.tui.feed import LIVE, Feed
-
-
-class _Nothing:
-    """The feed before any scenario runs."""
-
-    description = "commscope demo"
-    stats = None
-
-    def poll(self, max_bytes=None):
-        return []
 
 
 class ScenarioPicker(Screen):
@@ -149,7 +140,7 @@ class DemoApp(CommscopeApp):
         from commscope.launch import warm_up
 
         warm_up()  # before Textual takes over stderr, which multiprocessing's spawns need
-        super().__init__(Feed(_Nothing(), mode=LIVE, source="commscope demo"), **kwargs)
+        super().__init__(Feed(EmptyReader("commscope demo"), mode=LIVE, source="commscope demo"), **kwargs)
         self.scenarios = scenarios if scenarios is not None else sc_mod.SCENARIOS
         self.job_factory = job_factory or sc_mod.DemoJob
         self.job_options = dict(job_options or {})  # e.g. pace/steps for quick runs

@@ -19,7 +19,7 @@ from textual.message import Message
 
 from commscope.analysis import Finding, TraceModel, diagnose
 from commscope.events import gc_paused
-from commscope.store import EmptyReader, TraceReader
+from commscope.store import TraceReader
 
 LIVE, REPLAY = "live", "replay"
 
@@ -66,11 +66,6 @@ class Feed:
 
     def __init__(self, reader: TraceReader, *, mode: str = LIVE, hang_after: float | None = None,
                  clock: Callable[[], int] = time.time_ns, source: str = ""):
-        if not isinstance(reader, TraceReader):
-            # Only tui/demo_app.py's placeholder (``_Nothing``: no events, stats None) is no
-            # TraceReader yet; it reads as an EmptyReader.  TODO: demo_app's placeholder
-            # becomes ``store.EmptyReader("commscope demo")`` and this branch goes.
-            reader = EmptyReader(str(reader.description))
         self.reader: TraceReader = reader
         self.mode = mode
         self.clock = clock
