@@ -12,6 +12,7 @@ from commscope.analysis.source import open_source
 from commscope.analysis.synth import TraceBuilder
 from commscope.events import encode
 from commscope.store import open_writer
+from commscope.store.base import ReadStats, TraceReader
 from commscope.tui.app import CommscopeApp
 from commscope.tui.feed import LIVE, REPLAY, Feed
 from commscope.tui.screens import HelpScreen
@@ -361,15 +362,14 @@ def test_replay_arrows_from_the_end_include_the_in_flight_op():
 
 
 # ---------------------------------------------------------------------- reader errors reach the screen
-class _FailingReader:
+class _FailingReader(TraceReader):
     description = "broken-store"
-    stats = None
+
+    def __init__(self):
+        self.stats = ReadStats()
 
     def poll(self, max_bytes=None):
         raise OSError("Connection refused by redis://host:6379/0")
-
-    def close(self):
-        pass
 
 
 def _screen_text(app) -> str:
