@@ -79,10 +79,14 @@ def test_replay_controls_move_the_cursor():
             assert first > m.start_ns and app.timeline.sel is not None
             rank, idx = app.timeline.sel
             assert int(m.ranks[rank].begin[idx]) == first
-            await pilot.press("n", "n")
-            assert app.cursor_ns > first
-            await pilot.press("p")
-            assert app.cursor_ns >= first
+            await pilot.press("n")
+            second = app.cursor_ns
+            await pilot.press("n")
+            assert app.cursor_ns > second > first
+            await pilot.press("p")  # back to the op before: the second one, selected
+            assert app.cursor_ns == second
+            rank, idx = app.timeline.sel
+            assert int(m.ranks[rank].begin[idx]) == second
             await pilot.press("right_square_bracket", "right_square_bracket")
             assert app.speed == 5
             await pilot.press("left_square_bracket")

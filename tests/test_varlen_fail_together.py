@@ -1,5 +1,5 @@
 """Varlen fails together: a local problem on one rank (a meta, nested or sparse tensor; sizes= that
-disagree) makes every rank raise the same error within seconds, never hang (real Gloo ranks)."""
+disagree) makes every rank raise the same error, never hang (real Gloo ranks)."""
 
 from __future__ import annotations
 
@@ -78,7 +78,12 @@ SIZED_CASES = ["tensor_disagrees", "one_rank_only", "differ_across_ranks", "gath
 
 def every_case(rank: int, ws: int, p2p: bool) -> dict:
     """Run every case in one job; per case (error text or None, seconds).  After a rank raised,
-    the group is still consistent (the records were fully exchanged), so the next case runs."""
+    the group is still consistent (the records were fully exchanged), so the next case runs.
+
+    No wall-clock bound is asserted (it flakes on a loaded machine): a rank left waiting for a
+    peer that raised alone would end in the process group's timeout, a RuntimeError that is not
+    caught here, and its clear ValueError would be missing, so the messages alone show that
+    every rank failed together."""
     import os
 
     out = {}
@@ -103,13 +108,11 @@ def test_collectives_fail_together_on_every_rank(ws):
     results = [r.value for r in run_ranks(every_case, ws, args=(False,), timeout=180)]
     for label in results[0]:
         errors = [res[label][0] for res in results]
-        seconds = [res[label][1] for res in results]
         if label == "sizes/fine":
             assert errors == [None] * ws, errors
             continue
         assert all(errors), (label, errors)
         assert len(set(errors)) == 1, (label, errors)  # the same message on every rank
-        assert max(seconds) < 10, (label, seconds)
     assert "nested tensor" in results[0]["all_gather_v/nested"][0]
     assert "meta device" in results[0]["scatter_v/meta"][0]
     assert "sizes= was passed differs" in results[0]["sizes/one_rank_only"][0]
@@ -119,9 +122,8 @@ def test_collectives_fail_together_on_every_rank(ws):
 
 def test_send_tensors_fails_on_both_sides():
     results = [r.value for r in run_ranks(every_case, 2, args=(True,), timeout=120)]
-    for label, (err0, s0) in results[0].items():
-        err1, s1 = results[1][label]
+    for label, (err0, _) in results[0].items():
+        err1, _ = results[1][label]
         assert err0 and err1, (label, err0, err1)
         assert err0.startswith("send_tensors: tensor #1 is ")
         assert err1.startswith("recv_tensors: the sender (rank 0) failed")
-        assert max(s0, s1) < 10

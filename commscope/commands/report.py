@@ -14,7 +14,7 @@ import csv
 import io
 import json
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 from commscope.analysis.report import compute_report
 from commscope.bench.stats import fmt_bytes, fmt_time
@@ -23,34 +23,44 @@ from commscope.store import redact
 NONE = "—"  # no value: no timed op, or nothing to measure
 SEP = "  "
 
-# (header, key in the row, formatter, priority): a column with a lower priority is dropped first
-# when the table does not fit; priority 9 is never dropped.
-_STAT_COLS: list[tuple[str, str, str, int]] = [
-    ("count", "count", "n", 9),
-    ("bytes", "bytes", "b", 8),
-    ("lat p50", "latency_p50_s", "t", 9),
-    ("lat p99", "latency_p99_s", "t", 7),
-    ("algbw", "algbw_p50", "bw", 2),
-    ("busbw", "busbw_p50", "bw", 6),
-    ("wait", "wait_s", "t", 5),
-    ("async wait", "async_wait_s", "t", 3),
-    ("skew p50", "skew_p50_s", "t", 4),
-    ("skew p99", "skew_p99_s", "t", 1),
-    ("untimed", "untimed", "n0", 8),
-    ("failed", "failed", "n0", 9),
+class Column(NamedTuple):
+    """One table column.  ``priority``: a lower one is dropped first when the table does not fit;
+    ALWAYS is never dropped."""
+
+    header: str
+    key: str  # key in the report's row
+    kind: str  # formatter: n count, n0 count shown only when non-zero, b bytes, t time, bw bandwidth, s text
+    priority: int
+
+
+ALWAYS = 9
+#: Counts of ops that could not be measured or failed, at the end of every table.
+_PROBLEM_COLS = [Column("untimed", "untimed", "n0", 8), Column("failed", "failed", "n0", ALWAYS)]
+_STAT_COLS = [
+    Column("count", "count", "n", ALWAYS),
+    Column("bytes", "bytes", "b", 8),
+    Column("lat p50", "latency_p50_s", "t", ALWAYS),
+    Column("lat p99", "latency_p99_s", "t", 7),
+    Column("algbw", "algbw_p50", "bw", 2),
+    Column("busbw", "busbw_p50", "bw", 6),
+    Column("wait", "wait_s", "t", 5),
+    Column("async wait", "async_wait_s", "t", 3),
+    Column("skew p50", "skew_p50_s", "t", 4),
+    Column("skew p99", "skew_p99_s", "t", 1),
+    *_PROBLEM_COLS,
 ]
-_RANK_COLS: list[tuple[str, str, str, int]] = [
-    ("ops", "count", "n", 9),
-    ("bytes", "bytes", "b", 6),
-    ("busy", "busy_s", "t", 4),
-    ("op p50", "latency_p50_s", "t", 7),
-    ("op p99", "latency_p99_s", "t", 3),
-    ("waiting", "wait_s", "t", 8),
-    ("async wait", "async_wait_s", "t", 5),
-    ("untimed", "untimed", "n0", 8),
-    ("failed", "failed", "n0", 9),
-    ("end", "end", "s", 9),
+_RANK_COLS = [
+    Column("ops", "count", "n", ALWAYS),
+    Column("bytes", "bytes", "b", 6),
+    Column("busy", "busy_s", "t", 4),
+    Column("op p50", "latency_p50_s", "t", 7),
+    Column("op p99", "latency_p99_s", "t", 3),
+    Column("waiting", "wait_s", "t", 8),
+    Column("async wait", "async_wait_s", "t", 5),
+    *_PROBLEM_COLS,
+    Column("end", "end", "s", ALWAYS),
 ]
+_SITE_COLS = [Column("waiting", "waiting", "t", ALWAYS), Column("ops", "ops", "n", ALWAYS)]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -87,29 +97,30 @@ def _bw(v: float) -> str:
     return f"{v:.0f} B/s"
 
 
-def _layout(key: str, rows: dict[str, dict[str, Any]], cols: list[tuple[str, str, str, int]], width: int,
+def _layout(key: str, rows: dict[str, dict[str, Any]], cols: list[Column], width: int,
             wide: bool) -> tuple[list[str], list[list[str]], list[str]]:
     """Headers, cells and the names of the columns left out so that the table fits ``width``.
     Columns with no value in any row (no failures, no untimed ops) are always left out."""
-    cells = {h: [_cell(kind, r.get(k)) for r in rows.values()] for h, k, kind, _ in cols}
-    keep = [c for c in cols if any(v not in ("", NONE) for v in cells[c[0]]) or c[3] == 9 and c[2] != "n0"]
+    cells = {c.header: [_cell(c.kind, r.get(c.key)) for r in rows.values()] for c in cols}
+    keep = [c for c in cols
+            if any(v not in ("", NONE) for v in cells[c.header]) or c.priority == ALWAYS and c.kind != "n0"]
     dropped: list[str] = []
 
-    def need(cs: list[tuple[str, str, str, int]]) -> int:
-        ws = [max([len(key), *(len(k) for k in rows)])] + [max([len(c[0]), *(len(v) for v in cells[c[0]])])
+    def need(cs: list[Column]) -> int:
+        ws = [max([len(key), *(len(k) for k in rows)])] + [max([len(c.header), *(len(v) for v in cells[c.header])])
                                                             for c in cs]
         return sum(ws) + len(SEP) * (len(ws) - 1)
 
     if not wide:
         while need(keep) > width:
-            cand = [c for c in keep if c[3] < 9]
+            cand = [c for c in keep if c.priority < ALWAYS]
             if not cand:
                 break
-            low = min(cand, key=lambda c: c[3])
+            low = min(cand, key=lambda c: c.priority)
             keep.remove(low)
-            dropped.append(low[0])
-    heads = [key] + [c[0] for c in keep]
-    body = [[k] + [cells[c[0]][i] for c in keep] for i, k in enumerate(rows)]
+            dropped.append(low.header)
+    heads = [key] + [c.header for c in keep]
+    body = [[k] + [cells[c.header][i] for c in keep] for i, k in enumerate(rows)]
     return heads, body, dropped
 
 
@@ -145,7 +156,7 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
         con.print(Text.assemble(("warning:", "yellow"), f" {w}"), soft_wrap=True)
     hidden: set[str] = set()
 
-    def show(title: str, key: str, rows: dict[str, dict[str, Any]], cols) -> None:
+    def show(title: str, key: str, rows: dict[str, dict[str, Any]], cols: list[Column]) -> None:
         heads, body, dropped = _layout(key, rows, cols, width, wide)
         hidden.update(dropped)
         lines = _table_lines(title, heads, body, {key, "end"})
@@ -160,7 +171,7 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
     show("per rank", "rank", rep["ranks"], _RANK_COLS)
     sites = {s["site"]: {"waiting": s["wait_s"], "ops": s["count"]} for s in rep["sites"]}
     if sites:
-        show("top call sites by time waiting", "site", sites, [("waiting", "waiting", "t", 9), ("ops", "ops", "n", 9)])
+        show("top call sites by time waiting", "site", sites, _SITE_COLS)
     notes = []
     if rep.get("ops_untimed"):
         notes.append(f"{rep['ops_untimed']:,} ops without timings (Flight Recorder on Gloo, or no end time) are "
@@ -169,7 +180,7 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
         notes.append(f"{rep['incomplete_collectives']:,} collective instance(s) not complete on every member are "
                      "left out of the latency columns.")
     if hidden:
-        order = [c[0] for c in _STAT_COLS + _RANK_COLS]
+        order = [c.header for c in _STAT_COLS + _RANK_COLS]
         notes.append(f"Left out to fit {width} columns: " + ", ".join(sorted(hidden, key=order.index))
                      + " (--wide, --json or --csv show them).")
     if notes:
