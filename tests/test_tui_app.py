@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
-from tui_scenarios import MS, S, StaticReader, healthy, hung_missing_rank, load, make_app
+from tui_scenarios import MS, S, StaticReader, drive, healthy, hung_missing_rank, load, make_app
 
 from commscope.analysis.source import open_source
 from commscope.analysis.synth import TraceBuilder
@@ -38,131 +37,121 @@ def test_attach_waits_for_the_job_then_follows_it_to_the_end(tmp_path):
     b.collective(t0, latency=5 * MS)
     first = b.sorted_events()
 
-    async def run():
-        async with app.run_test(size=(120, 40)) as pilot:
-            await pilot.pause(0.3)
-            assert app.info.waiting and "waiting for the job" in str(app.header_bar.render())
-            writers = {r: open_writer(store, "job1", r, {"world_size": 2}) for r in range(2)}
-            for r in range(2):
-                writers[r].write([encode(e) for e in first if e["rank"] == r])
-            await wait_for(pilot, lambda: app.info.events == len(first))
-            assert [row.key for row in app.timeline.rows] == ["r0", "r1"]
-            assert app.info.mode == LIVE and not app.info.ended
-            n = len(b.events)
-            b.collective(t0 + 50 * MS, latency=5 * MS)
-            for r in range(2):
-                b.exit(r, t0 + 60 * MS)
-            for r in range(2):
-                writers[r].write([encode(e) for e in b.events[n:] if e["rank"] == r])
-            await wait_for(pilot, lambda: app.info.ended)
-            assert app.feed.model.total_ops() == 4
-            assert "ENDED" in str(app.header_bar.render())
-            await pilot.press("q")
+    async def check(pilot):
+        await pilot.pause(0.3)
+        assert app.info.waiting and "waiting for the job" in str(app.header_bar.render())
+        writers = {r: open_writer(store, "job1", r, {"world_size": 2}) for r in range(2)}
+        for r in range(2):
+            writers[r].write([encode(e) for e in first if e["rank"] == r])
+        await wait_for(pilot, lambda: app.info.events == len(first))
+        assert [row.key for row in app.timeline.rows] == ["r0", "r1"]
+        assert app.info.mode == LIVE and not app.info.ended
+        n = len(b.events)
+        b.collective(t0 + 50 * MS, latency=5 * MS)
+        for r in range(2):
+            b.exit(r, t0 + 60 * MS)
+        for r in range(2):
+            writers[r].write([encode(e) for e in b.events[n:] if e["rank"] == r])
+        await wait_for(pilot, lambda: app.info.ended)
+        assert app.feed.model.total_ops() == 4
+        assert "ENDED" in str(app.header_bar.render())
+        await pilot.press("q")
 
-    asyncio.run(run())
+    drive(app, check, loaded=False)
 
 
 def test_replay_controls_move_the_cursor():
     events, _ = healthy(4)
     app = make_app(events, 0, mode=REPLAY)
 
-    async def run():
-        async with app.run_test(size=(120, 40)) as pilot:
-            load(app)
-            await pilot.pause()
-            m = app.feed.model
-            assert app.cursor_ns == m.end_ns  # opens showing the whole trace
-            await pilot.press("g")
-            assert app.cursor_ns == m.start_ns
-            await pilot.press("n")
-            first = app.cursor_ns
-            assert first > m.start_ns and app.timeline.sel is not None
-            rank, idx = app.timeline.sel
-            assert int(m.ranks[rank].begin[idx]) == first
-            await pilot.press("n")
-            second = app.cursor_ns
-            await pilot.press("n")
-            assert app.cursor_ns > second > first
-            await pilot.press("p")  # back to the op before: the second one, selected
-            assert app.cursor_ns == second
-            rank, idx = app.timeline.sel
-            assert int(m.ranks[rank].begin[idx]) == second
-            await pilot.press("right_square_bracket", "right_square_bracket")
-            assert app.speed == 5
+    async def check(pilot):
+        m = app.feed.model
+        assert app.cursor_ns == m.end_ns  # opens showing the whole trace
+        await pilot.press("g")
+        assert app.cursor_ns == m.start_ns
+        await pilot.press("n")
+        first = app.cursor_ns
+        assert first > m.start_ns and app.timeline.sel is not None
+        rank, idx = app.timeline.sel
+        assert int(m.ranks[rank].begin[idx]) == first
+        await pilot.press("n")
+        second = app.cursor_ns
+        await pilot.press("n")
+        assert app.cursor_ns > second > first
+        await pilot.press("p")  # back to the op before: the second one, selected
+        assert app.cursor_ns == second
+        rank, idx = app.timeline.sel
+        assert int(m.ranks[rank].begin[idx]) == second
+        await pilot.press("right_square_bracket", "right_square_bracket")
+        assert app.speed == 5
+        await pilot.press("left_square_bracket")
+        assert app.speed == 2
+        while app.speed > 0.1:
             await pilot.press("left_square_bracket")
-            assert app.speed == 2
-            while app.speed > 0.1:
-                await pilot.press("left_square_bracket")
-            before = app.cursor_ns
-            await pilot.press("space")
-            assert app.playing
-            await pilot.pause(1.0)  # the 10 Hz replay clock ticks several times
-            await pilot.press("space")
-            assert not app.playing and app.cursor_ns > before
-            await pilot.press("G")
-            assert app.cursor_ns == m.end_ns
-            assert "REPLAY" in str(app.header_bar.render())
+        before = app.cursor_ns
+        await pilot.press("space")
+        assert app.playing
+        await pilot.pause(1.0)  # the 10 Hz replay clock ticks several times
+        await pilot.press("space")
+        assert not app.playing and app.cursor_ns > before
+        await pilot.press("G")
+        assert app.cursor_ns == m.end_ns
+        assert "REPLAY" in str(app.header_bar.render())
 
-    asyncio.run(run())
+    drive(app, check)
 
 
 def test_select_zoom_pan_and_follow():
     events, now = hung_missing_rank()
     app = make_app(events, now)
 
-    async def run():
-        async with app.run_test(size=(120, 40)) as pilot:
-            load(app)
-            await pilot.pause()
-            tl = app.timeline
-            tl.sel = None
-            tl.focus()
-            await pilot.press("down", "down")  # rank 2
-            assert tl.sel_row == 2
-            await pilot.press("left")
-            assert tl.sel is not None and tl.sel[0] == 2
-            assert app.feed.model.label(*tl.sel).startswith("recv #1")
-            await pilot.pause()
-            assert app.detail.border_title == "op · rank 2"
-            npc = tl.npc
-            await pilot.press("plus")
-            assert tl.npc == npc // 2
-            await pilot.press("minus")
-            assert tl.npc == npc
-            t0 = tl.t0
-            await pilot.press("h")
-            assert tl.t0 < t0 and not tl.follow
-            await pilot.press("f")
-            assert tl.follow and tl.t0 < now < tl.t1()
-            await pilot.click("#timeline", offset=(30, 0))  # rank 0's row, mid timeline
-            assert tl.sel is not None and tl.sel[0] == 0
+    async def check(pilot):
+        tl = app.timeline
+        tl.sel = None
+        tl.focus()
+        await pilot.press("down", "down")  # rank 2
+        assert tl.sel_row == 2
+        await pilot.press("left")
+        assert tl.sel is not None and tl.sel[0] == 2
+        assert app.feed.model.label(*tl.sel).startswith("recv #1")
+        await pilot.pause()
+        assert app.detail.border_title == "op · rank 2"
+        npc = tl.npc
+        await pilot.press("plus")
+        assert tl.npc == npc // 2
+        await pilot.press("minus")
+        assert tl.npc == npc
+        t0 = tl.t0
+        await pilot.press("h")
+        assert tl.t0 < t0 and not tl.follow
+        await pilot.press("f")
+        assert tl.follow and tl.t0 < now < tl.t1()
+        await pilot.click("#timeline", offset=(30, 0))  # rank 0's row, mid timeline
+        assert tl.sel is not None and tl.sel[0] == 0
 
-    asyncio.run(run())
+    drive(app, check)
 
 
 def test_choosing_a_finding_shows_its_evidence_and_moves_the_timeline():
     events, now = hung_missing_rank()
     app = make_app(events, now)
 
-    async def run():
-        async with app.run_test(size=(120, 40)) as pilot:
-            load(app)
-            await pilot.pause()
-            kinds = [f.kind for f in app.findings]
-            assert kinds == ["missing_ranks", "unmatched_p2p"]
-            assert app.detail.border_title == "finding · missing_ranks"  # opened by itself
-            assert app.timeline.sel[0] in (0, 1, 3)  # the waiting collective
-            await pilot.press("2", "down")
-            await pilot.pause()
-            assert app.detail.border_title == "finding · unmatched_p2p"
-            rank, idx = app.timeline.sel
-            assert rank == 2 and app.feed.model.label(rank, idx).startswith("recv #1")
-            text = app.detail.text()
-            assert "never posted" in text and "train.py:57 in fetch_labels" in text
-            await pilot.press("e")
-            assert app.findings_panel.highlighted == 0
+    async def check(pilot):
+        kinds = [f.kind for f in app.findings]
+        assert kinds == ["missing_ranks", "unmatched_p2p"]
+        assert app.detail.border_title == "finding · missing_ranks"  # opened by itself
+        assert app.timeline.sel[0] in (0, 1, 3)  # the waiting collective
+        await pilot.press("2", "down")
+        await pilot.pause()
+        assert app.detail.border_title == "finding · unmatched_p2p"
+        rank, idx = app.timeline.sel
+        assert rank == 2 and app.feed.model.label(rank, idx).startswith("recv #1")
+        text = app.detail.text()
+        assert "never posted" in text and "train.py:57 in fetch_labels" in text
+        await pilot.press("e")
+        assert app.findings_panel.highlighted == 0
 
-    asyncio.run(run())
+    drive(app, check)
 
 
 def test_new_error_findings_alert_once():
@@ -175,67 +164,93 @@ def test_new_error_findings_alert_once():
     app.use_bell = True
     app.bell = lambda: rings.append(1)
 
-    async def run():
-        async with app.run_test(size=(120, 40)) as pilot:
-            load(app)
-            await pilot.pause()
-            assert shown == ["missing_ranks", "unmatched_p2p"] and len(rings) == 2
-            app.apply(app.info, app.findings)
-            app.apply(app.info, app.findings)
-            await pilot.pause()
-            assert shown == ["missing_ranks", "unmatched_p2p"] and len(rings) == 2
+    async def check(pilot):
+        assert shown == ["missing_ranks", "unmatched_p2p"] and len(rings) == 2
+        app.apply(app.info, app.findings)
+        app.apply(app.info, app.findings)
+        await pilot.pause()
+        assert shown == ["missing_ranks", "unmatched_p2p"] and len(rings) == 2
 
-    asyncio.run(run())
+    drive(app, check)
 
 
-def test_help_palette_sorting_and_gpu_panel():
+def test_help_opens_and_closes_and_the_palette_lists_actions():
     events, now = healthy(3)
     app = make_app(events, now, mode=REPLAY)
 
-    async def run():
-        async with app.run_test(size=(200, 50)) as pilot:
-            load(app)
-            await pilot.pause()
-            await pilot.press("question_mark")
-            assert isinstance(app.screen, HelpScreen)
-            await pilot.press("escape")
-            assert not isinstance(app.screen, HelpScreen)
-            titles = [c.title for c in app.get_system_commands(app.screen)]
-            for t in ("Timeline: zoom in", "Replay: play / pause", "Findings: next error", "Help: key bindings"):
-                assert t in titles
-            table = app.ranks_table
-            cols = [c.value for c in table.columns]
-            assert cols[:2] == ["rank", "state"] and {"gpu", "gmem", "cpu", "rss"} <= set(cols)
-            assert "host" not in cols  # one host: no column for it
-            await pilot.press("3")
-            while table._sort_col != "gpu":
-                await pilot.press("s")
-            table._sort_reverse = True
-            table._apply_sort()
-            order = [int(row.key.value) for row in table.ordered_rows]
-            assert order == [3, 2, 1, 0]  # busiest GPU first
-            await pilot.press("r")
-            assert app.query_one("#left").current == "gpu" and app.gpu.mode == "gpu"
-            line = app.gpu.render_line(1).text
-            assert line.startswith("r0") and "%" in line
+    async def check(pilot):
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for t in ("Timeline: zoom in", "Replay: play / pause", "Findings: next error", "Help: key bindings"):
+            assert t in titles
 
-    asyncio.run(run())
+    drive(app, check, size=(200, 50))
+
+
+async def _click_header(pilot, table, key: str) -> None:
+    """Click the header cell of column ``key``, as a user sorting by it would."""
+    x = 0
+    for column in table.ordered_columns:
+        if column.key.value == key:
+            await pilot.click(table, offset=(x + 1, 0))
+            return
+        x += column.get_render_width(table)
+    raise AssertionError(f"no column {key}")
+
+
+def test_rank_table_columns_and_sorting_by_clicks_and_keys():
+    events, now = healthy(3)
+    app = make_app(events, now, mode=REPLAY)
+
+    async def check(pilot):
+        table = app.ranks_table
+
+        def order() -> list[int]:
+            return [int(row.key.value) for row in table.ordered_rows]
+
+        cols = [c.value for c in table.columns]
+        assert cols[:2] == ["rank", "state"] and {"gpu", "gmem", "cpu", "rss"} <= set(cols)
+        assert "host" not in cols  # one host: no column for it
+        await _click_header(pilot, table, "gpu")
+        await _click_header(pilot, table, "gpu")  # the second click reverses
+        await pilot.pause()
+        assert order() == [3, 2, 1, 0]  # busiest GPU first
+        await pilot.press("3", "s")  # the key cycles on to the next column, ascending
+        await pilot.pause()
+        assert order() != [3, 2, 1, 0]
+
+    drive(app, check, size=(200, 50))
+
+
+def test_gpu_panel_shows_each_ranks_usage():
+    events, now = healthy(3)
+    app = make_app(events, now, mode=REPLAY)
+
+    async def check(pilot):
+        await pilot.press("r")
+        assert app.query_one("#left").current == "gpu" and app.gpu.mode == "gpu"
+        line = app.gpu.render_line(1).text
+        assert line.startswith("r0") and "%" in line
+
+    drive(app, check, size=(200, 50))
 
 
 def test_cpu_only_jobs_say_why_there_is_no_gpu_panel():
     events, now = hung_missing_rank()
     app = make_app(events, now)
 
-    async def run():
-        async with app.run_test(size=(120, 40)) as pilot:
-            load(app)
-            await pilot.press("r")
-            await pilot.pause()
-            assert app.gpu.mode == "cpu"
-            assert "CPU-only job" in app.gpu.render_line(0).text
-            assert "gpu" not in [c.value for c in app.ranks_table.columns]
+    async def check(pilot):
+        load(app)
+        await pilot.press("r")
+        await pilot.pause()
+        assert app.gpu.mode == "cpu"
+        assert "CPU-only job" in app.gpu.render_line(0).text
+        assert "gpu" not in [c.value for c in app.ranks_table.columns]
 
-    asyncio.run(run())
+    drive(app, check, loaded=False)
 
 
 def test_a_crash_shows_its_signal_frame_and_consequences():
@@ -244,20 +259,17 @@ def test_a_crash_shows_its_signal_frame_and_consequences():
     events, now = crashed_rank()
     app = make_app(events, now)
 
-    async def run():
-        async with app.run_test(size=(140, 50)) as pilot:
-            load(app)
-            await pilot.pause()
-            assert [(f.kind, f.culprits) for f in app.findings] == [("rank_crashed", [1])]
-            assert app.detail.border_title == "finding · rank_crashed"
-            text = app.detail.text(width=140)
-            assert "Segmentation fault" in text and "data.py:12 in parse_record" in text
-            assert "inside string_at" in text
-            assert "consequences (1)" in text and "failed on ranks 0, 2" in text
-            assert "stack of rank 0  waiting" in text  # the ranks it left waiting get theirs too
-            assert app.ranks_table.get_row("1")  # the crashed rank's row exists
+    async def check(pilot):
+        assert [(f.kind, f.culprits) for f in app.findings] == [("rank_crashed", [1])]
+        assert app.detail.border_title == "finding · rank_crashed"
+        text = app.detail.text(width=140)
+        assert "Segmentation fault" in text and "data.py:12 in parse_record" in text
+        assert "inside string_at" in text
+        assert "consequences (1)" in text and "failed on ranks 0, 2" in text
+        assert "stack of rank 0  waiting" in text  # the ranks it left waiting get theirs too
+        assert app.ranks_table.get_row("1")  # the crashed rank's row exists
 
-    asyncio.run(run())
+    drive(app, check, size=(140, 50))
 
 
 def test_the_finding_detail_stays_current_while_the_job_is_live():
@@ -267,19 +279,16 @@ def test_the_finding_detail_stays_current_while_the_job_is_live():
     events, now = hung_missing_rank()
     app = make_app(events, now)
 
-    async def run():
-        async with app.run_test(size=(120, 40)) as pilot:
-            load(app)
-            await pilot.pause()
-            assert app.detail.border_title == "finding · missing_ranks"
-            assert "waited 6.0 s" in app.detail.text()
-            later = diagnose(app.feed.model, now=now + 3 * S // 2, hang_after=2.0)
-            app.apply(app.info, later)
-            await pilot.pause()
-            assert app.detail.border_title == "finding · missing_ranks"
-            assert "waited 7.5 s" in app.detail.text() and "waited 6.0 s" not in app.detail.text()
+    async def check(pilot):
+        assert app.detail.border_title == "finding · missing_ranks"
+        assert "waited 6.0 s" in app.detail.text()
+        later = diagnose(app.feed.model, now=now + 3 * S // 2, hang_after=2.0)
+        app.apply(app.info, later)
+        await pilot.pause()
+        assert app.detail.border_title == "finding · missing_ranks"
+        assert "waited 7.5 s" in app.detail.text() and "waited 6.0 s" not in app.detail.text()
 
-    asyncio.run(run())
+    drive(app, check)
 
 
 # ---------------------------------------------------------------------- keys go where the trouble is
@@ -291,78 +300,69 @@ def test_open_selects_the_latest_op_without_findings():
     events, _ = healthy()
     app = make_app(events, 0, mode=REPLAY)
 
-    async def run():
-        async with app.run_test(size=(120, 40)) as pilot:
-            load(app)
-            await pilot.pause()
-            m = app.feed.model
-            assert app.findings == [] and app.timeline.sel is not None
-            rank, idx = app.timeline.sel
-            # nothing began later on any rank (outer ops only)
-            for r in m.rank_ids():
-                rt = m.ranks[r]
-                top = [i for i in range(rt.n) if not m.sig_of(r, i).nested]
-                assert max(int(rt.begin[i]) for i in top) <= int(m.ranks[rank].begin[idx])
-            assert app.detail.border_title == f"op · rank {rank}"
-            assert _label(app).startswith("all_gather_v")  # each step ends in a varlen all_gather
+    async def check(pilot):
+        m = app.feed.model
+        assert app.findings == [] and app.timeline.sel is not None
+        rank, idx = app.timeline.sel
+        # nothing began later on any rank (outer ops only)
+        for r in m.rank_ids():
+            rt = m.ranks[r]
+            top = [i for i in range(rt.n) if not m.sig_of(r, i).nested]
+            assert max(int(rt.begin[i]) for i in top) <= int(m.ranks[rank].begin[idx])
+        assert app.detail.border_title == f"op · rank {rank}"
+        assert _label(app).startswith("all_gather_v")  # each step ends in a varlen all_gather
 
-    asyncio.run(run())
+    drive(app, check)
 
 
 def test_open_selects_the_first_findings_op_and_arrows_reach_the_in_flight_op():
     events, now = hung_missing_rank()
     app = make_app(events, now)
 
-    async def run():
-        async with app.run_test(size=(120, 40)) as pilot:
-            load(app)
-            await pilot.pause()
-            tl, m = app.timeline, app.feed.model
-            assert app.detail.border_title == "finding · missing_ranks"
-            assert tl.sel == app._finding_op(app.findings[0])
-            assert _label(app).startswith("all_reduce #7") and m.ranks[tl.sel[0]].comp[tl.sel[1]] == 0
-            tl.focus()
-            rank = tl.sel[0]
-            await pilot.press("left")
-            assert tl.sel[0] == rank and _label(app).startswith("all_reduce #6")
-            await pilot.press("right")  # back onto the in-flight op, not past it
-            assert _label(app).startswith("all_reduce #7") and m.ranks[rank].comp[tl.sel[1]] == 0
-            sel = tl.sel
-            await pilot.press("right")  # the end: stays (and says so)
-            assert tl.sel == sel
-            # another row, nothing selected there: ← takes that rank's latest op, the stuck recv
-            tl.sel = None
-            while tl.sel_row != 2:
-                await pilot.press("down" if tl.sel_row < 2 else "up")
-            await pilot.press("left")
-            assert tl.sel[0] == 2 and _label(app).startswith("recv #1") and m.ranks[2].comp[tl.sel[1]] == 0
-            await pilot.press("up")  # rank 1, with rank 2's recv selected: → goes to the op at/after it
-            await pilot.press("right")
-            assert tl.sel[0] == 1 and _label(app).startswith("all_reduce #7")
-            await pilot.press("left")
-            assert tl.sel[0] == 1 and _label(app).startswith("all_reduce #6")
+    async def check(pilot):
+        tl, m = app.timeline, app.feed.model
+        assert app.detail.border_title == "finding · missing_ranks"
+        assert tl.sel == app._finding_op(app.findings[0])
+        assert _label(app).startswith("all_reduce #7") and m.ranks[tl.sel[0]].comp[tl.sel[1]] == 0
+        tl.focus()
+        rank = tl.sel[0]
+        await pilot.press("left")
+        assert tl.sel[0] == rank and _label(app).startswith("all_reduce #6")
+        await pilot.press("right")  # back onto the in-flight op, not past it
+        assert _label(app).startswith("all_reduce #7") and m.ranks[rank].comp[tl.sel[1]] == 0
+        sel = tl.sel
+        await pilot.press("right")  # the end: stays (and says so)
+        assert tl.sel == sel
+        # another row, nothing selected there: ← takes that rank's latest op, the stuck recv
+        tl.sel = None
+        while tl.sel_row != 2:
+            await pilot.press("down" if tl.sel_row < 2 else "up")
+        await pilot.press("left")
+        assert tl.sel[0] == 2 and _label(app).startswith("recv #1") and m.ranks[2].comp[tl.sel[1]] == 0
+        await pilot.press("up")  # rank 1, with rank 2's recv selected: → goes to the op at/after it
+        await pilot.press("right")
+        assert tl.sel[0] == 1 and _label(app).startswith("all_reduce #7")
+        await pilot.press("left")
+        assert tl.sel[0] == 1 and _label(app).startswith("all_reduce #6")
 
-    asyncio.run(run())
+    drive(app, check)
 
 
 def test_replay_arrows_from_the_end_include_the_in_flight_op():
     events, _ = hung_missing_rank()
     app = make_app(events, 0, mode=REPLAY)
 
-    async def run():
-        async with app.run_test(size=(120, 40)) as pilot:
-            load(app)
-            await pilot.pause()
-            tl = app.timeline
-            await pilot.press("G")
-            tl.focus()
-            tl.sel = None
-            tl.sel_row = 0
-            await pilot.press("left")
-            assert tl.sel[0] == 0 and _label(app).startswith("all_reduce #7")
-            assert app.feed.model.ranks[0].comp[tl.sel[1]] == 0
+    async def check(pilot):
+        tl = app.timeline
+        await pilot.press("G")
+        tl.focus()
+        tl.sel = None
+        tl.sel_row = 0
+        await pilot.press("left")
+        assert tl.sel[0] == 0 and _label(app).startswith("all_reduce #7")
+        assert app.feed.model.ranks[0].comp[tl.sel[1]] == 0
 
-    asyncio.run(run())
+    drive(app, check)
 
 
 # ---------------------------------------------------------------------- reader errors reach the screen
@@ -384,19 +384,16 @@ def test_reader_failure_reaches_header_and_findings():
     feed = Feed(_FailingReader(), mode=REPLAY, clock=lambda: 0, source="broken-store")
     app = CommscopeApp(feed, clock=lambda: 0, start_feed=False, bell=False)
 
-    async def run():
-        async with app.run_test(size=(120, 30)) as pilot:
-            load(app)
-            await pilot.pause()
-            assert [f.kind for f in app.findings] == ["trace_incomplete"]
-            assert "Connection refused" in app.findings[0].message
-            header = str(app.header_bar.render())
-            assert "could not be read: Connection refused" in header
-            text = _screen_text(app)
-            assert "no problems found" not in text and "waiting for the job" not in text
-            assert "the trace could not be read" in text  # timeline and findings list say it
+    async def check(pilot):
+        assert [f.kind for f in app.findings] == ["trace_incomplete"]
+        assert "Connection refused" in app.findings[0].message
+        header = str(app.header_bar.render())
+        assert "could not be read: Connection refused" in header
+        text = _screen_text(app)
+        assert "no problems found" not in text and "waiting for the job" not in text
+        assert "the trace could not be read" in text  # timeline and findings list say it
 
-    asyncio.run(run())
+    drive(app, check, size=(120, 30))
 
 
 def test_unparseable_trace_shows_why(tmp_path):
@@ -409,18 +406,15 @@ def test_unparseable_trace_shows_why(tmp_path):
     feed = Feed(open_source(store), mode=REPLAY, source=str(store))
     app = CommscopeApp(feed, start_feed=False, bell=False)
 
-    async def run():
-        async with app.run_test(size=(120, 30)) as pilot:
-            load(app)
-            await pilot.pause()
-            assert app.findings and app.findings[0].kind == "trace_incomplete"
-            header = str(app.header_bar.render())
-            assert "no readable event (" in header and "damaged lines skipped" in header
-            text = _screen_text(app)
-            assert "no problems found" not in text and "waiting for the job" not in text
-            assert "no readable event" in text
+    async def check(pilot):
+        assert app.findings and app.findings[0].kind == "trace_incomplete"
+        header = str(app.header_bar.render())
+        assert "no readable event (" in header and "damaged lines skipped" in header
+        text = _screen_text(app)
+        assert "no problems found" not in text and "waiting for the job" not in text
+        assert "no readable event" in text
 
-    asyncio.run(run())
+    drive(app, check, size=(120, 30))
 
 
 def test_header_counts_ops_without_timings():
@@ -428,16 +422,13 @@ def test_header_counts_ops_without_timings():
 
     app = make_app(_fr_dump_events(), 0, mode=REPLAY)
 
-    async def run():
-        async with app.run_test(size=(160, 30)) as pilot:
-            load(app)
-            await pilot.pause()
-            assert "120 ops without timings" in str(app.header_bar.render())
-            assert not any(f.kind == "straggler" for f in app.findings)
-            text = app.detail.text()
-            assert "no timing recorded" in text and "done   —" in text
+    async def check(pilot):
+        assert "120 ops without timings" in str(app.header_bar.render())
+        assert not any(f.kind == "straggler" for f in app.findings)
+        text = app.detail.text()
+        assert "no timing recorded" in text and "done   —" in text
 
-    asyncio.run(run())
+    drive(app, check, size=(160, 30))
 
 
 # ---------------------------------------------------------------------- rank table
@@ -467,24 +458,21 @@ def _cells(app, rank: int) -> dict[str, str]:
 def test_rank_table_last_op_whole_names_and_consistent_start(width):
     app = make_app(_long_names_trace(), 0, mode=REPLAY)
 
-    async def run():
-        async with app.run_test(size=(width, 40)) as pilot:
-            load(app)
-            await pilot.pause()
-            await pilot.pause()
-            for r in (0, 1):
-                c = _cells(app, r)
-                assert c["state"].endswith("exited (destroy_pg)"), c
-                if "last" in c:  # a rank that exited still shows its last op, abbreviated on purpose
-                    assert c["last"] == "ag_single #3", c
-            table = app.ranks_table
-            assert "last" in [str(c.key.value) for c in table.ordered_columns] or width < 160
-            await pilot.press("g")  # the replay's start: both ranks read the same
-            await pilot.pause()
-            states = [_cells(app, r)["state"] for r in (0, 1)]
-            assert states[0] == states[1] == "○ idle", states
+    async def check(pilot):
+        await pilot.pause()
+        for r in (0, 1):
+            c = _cells(app, r)
+            assert c["state"].endswith("exited (destroy_pg)"), c
+            if "last" in c:  # a rank that exited still shows its last op, abbreviated on purpose
+                assert c["last"] == "ag_single #3", c
+        table = app.ranks_table
+        assert "last" in [str(c.key.value) for c in table.ordered_columns] or width < 160
+        await pilot.press("g")  # the replay's start: both ranks read the same
+        await pilot.pause()
+        states = [_cells(app, r)["state"] for r in (0, 1)]
+        assert states[0] == states[1] == "○ idle", states
 
-    asyncio.run(run())
+    drive(app, check, size=(width, 40))
 
 
 def test_abbreviations_and_word_fitting():
@@ -512,25 +500,22 @@ def test_finding_detail_keeps_up_with_its_list_entry():
     def waited(text: str) -> str:
         return re.search(r"waited up to ([\d.]+ s)", text).group(1)
 
-    async def run():
-        async with app.run_test(size=(120, 40)) as pilot:
-            load(app)
+    async def check(pilot):
+        assert app.detail.border_title == "finding · missing_ranks"
+        assert waited(app.detail.text()) == waited(app.findings[0].message) == "3.0 s"
+        mine = app.timeline.sel
+        for k in range(1, 4):
+            clock[0] += 10 * S
+            feed._next_diag, feed._dirty = 0.0, True
+            info, _ = feed.step()
+            app.apply(info, feed.findings)
             await pilot.pause()
-            assert app.detail.border_title == "finding · missing_ranks"
-            assert waited(app.detail.text()) == waited(app.findings[0].message) == "3.0 s"
-            mine = app.timeline.sel
-            for k in range(1, 4):
-                clock[0] += 10 * S
-                feed._next_diag, feed._dirty = 0.0, True
-                info, _ = feed.step()
-                app.apply(info, feed.findings)
-                await pilot.pause()
-                listed = app.findings[app.findings_panel.highlighted]
-                assert listed.kind == "missing_ranks"
-                assert waited(listed.message) == waited(app.detail.text()) == f"{3 + 10 * k}.0 s"
-                assert app.timeline.sel == mine
+            listed = app.findings[app.findings_panel.highlighted]
+            assert listed.kind == "missing_ranks"
+            assert waited(listed.message) == waited(app.detail.text()) == f"{3 + 10 * k}.0 s"
+            assert app.timeline.sel == mine
 
-    asyncio.run(run())
+    drive(app, check)
 
 
 def test_op_detail_site_latency_sparkline_and_group_best():
@@ -542,18 +527,15 @@ def test_op_detail_site_latency_sparkline_and_group_best():
     b.heartbeats(b.t0, t)
     app = make_app(b.sorted_events(), 0, mode=REPLAY)
 
-    async def run():
-        async with app.run_test(size=(160, 40)) as pilot:
-            load(app)
-            await pilot.pause()
-            m = app.feed.model
-            slow = next(i for i in range(m.ranks[0].n) if m.label(0, i).startswith("all_reduce #4"))
-            app.timeline.select(0, slow)
-            await pilot.pause()
-            text = app.detail.text()
-            assert "at site" in text and "8 ops · p50 2.0 ms · max 8.0 ms · this one 8.0 ms" in text
-            bars = next(ln for ln in text.splitlines() if "at site" in ln).split("at site")[1].strip()
-            assert bars == "▃▃▃█▃▃▅▃"
-            assert "best bw" in text and "this op at 25%" in text  # 2 ms is the best; this one took 8
+    async def check(pilot):
+        m = app.feed.model
+        slow = next(i for i in range(m.ranks[0].n) if m.label(0, i).startswith("all_reduce #4"))
+        app.timeline.select(0, slow)
+        await pilot.pause()
+        text = app.detail.text()
+        assert "at site" in text and "8 ops · p50 2.0 ms · max 8.0 ms · this one 8.0 ms" in text
+        bars = next(ln for ln in text.splitlines() if "at site" in ln).split("at site")[1].strip()
+        assert bars == "▃▃▃█▃▃▅▃"
+        assert "best bw" in text and "this op at 25%" in text  # 2 ms is the best; this one took 8
 
-    asyncio.run(run())
+    drive(app, check, size=(160, 40))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from commscope.analysis.synth import T0, S, TraceBuilder
 from commscope.store import ReadStats, TraceReader
@@ -118,6 +121,21 @@ def load(app: CommscopeApp) -> None:
         feed._dirty = True
         info, _ = feed.step()
     app.apply(info, feed.findings)
+
+
+def drive(app: CommscopeApp, check: Callable[[Any], Awaitable[None]], *, size: tuple[int, int] = (120, 40),
+          loaded: bool = True) -> None:
+    """Run ``app`` headless at ``size``; with ``loaded``, feed it everything first (``load``) and
+    let it paint; then ``await check(pilot)``."""
+
+    async def run() -> None:
+        async with app.run_test(size=size) as pilot:
+            if loaded:
+                load(app)
+                await pilot.pause()
+            await check(pilot)
+
+    asyncio.run(run())
 
 
 def crashed_rank() -> tuple[list[dict], int]:
