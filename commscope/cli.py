@@ -8,7 +8,7 @@ import sys
 
 from commscope import __version__, errors
 
-#: verb -> (module, one-line help).  The verbs are a public contract (DESIGN.md).
+#: verb -> (module, one-line help).  The verbs are a public contract (`commscope --help`, README.md).
 COMMANDS: dict[str, tuple[str, str]] = {
     "attach": ("commscope.commands.attach", "live console on a running job's trace store"),
     "replay": ("commscope.commands.replay", "console on a finished trace or Flight Recorder dumps"),

@@ -1,6 +1,6 @@
 """The typed schema every reader validates events against before they reach the model.
 
-Readers trust nothing (DESIGN.md): a trace may come from a crashed job, a copy, a
+Readers trust nothing (docs/analysis.md): a trace may come from a crashed job, a copy, a
 hostile file.  Each event is decoded by one msgspec ``TypedDict`` decoder that checks,
 at C speed, every known key's type and range: names and texts have length caps,
 ranks, sequence numbers, ids, byte counts and timestamps are non-negative and bounded,

@@ -7,7 +7,7 @@ recorded rounds run with the recorder as ``commscope.instrument()`` sets it up, 
 thread writing the trace.  "Added wall" is the median over rounds of the per-op
 difference in wall time; "added CPU" the same for the process's CPU time, all threads
 together (the recorder thread's work and the backend's threads included).  Targets: all
-in, at most 3 µs per op (DESIGN.md), 8 µs with CUDA-event timing.
+in, at most 3 µs per op, 8 µs with CUDA-event timing (docs/recorder.md, "Overhead").
 
 Also shown, labelled as partial: the wrapper alone around a stand-in that does nothing
 (no collective, no kernel, no thread work), and an FSDP2 training step on 2 Gloo ranks,
