@@ -273,6 +273,16 @@ def findings_json() -> dict[str, str]:
     return out
 
 
+def final_findings() -> list:
+    """Every scenario's findings at its end (Finding objects)."""
+    out = []
+    for build, hang_after in SCENARIOS.values():
+        out += diagnose(TraceModel.from_events(build().sorted_events()), hang_after=hang_after)
+    for events, now in tui_traces().values():
+        out += diagnose(TraceModel.from_events(events), now=now, hang_after=2.0)
+    return out
+
+
 if __name__ == "__main__":
     json.dump(findings_json(), sys.stdout, indent=0)
     sys.stdout.write("\n")
