@@ -14,7 +14,7 @@ import numpy as np
 from rich.console import RenderableType
 from rich.text import Text
 
-from commscope.analysis import evidence as E
+from commscope.analysis import evidence
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import Finding, activity, op_brief, secs
 from commscope.analysis.indexes import GroupIndex
@@ -67,17 +67,17 @@ class Mismatch(Evidence):
     src: str = ABSENT  # "fr": Flight Recorder collectives
 
     def render(self, f: Finding) -> list[RenderableType]:
-        per = E.values(self.per_rank)
+        per = evidence.values(self.per_rank)
         cols = [c for c in ("rank", "op", "in_shapes", "in_dtypes", "redop", "root", "state", "site")
                 if any(c in row for row in per)]
-        parts: list[RenderableType] = [E.table("per rank at this (group, seq)", cols,
+        parts: list[RenderableType] = [evidence.table("per rank at this (group, seq)", cols,
                                                [[row.get(c) for c in cols] for row in per], set(f.culprits))]
         if self.differs:
-            parts.append(Text(f"differs in: {E.cell(self.differs)}", style=f"bold {E.WARN}"))
+            parts.append(Text(f"differs in: {evidence.cell(self.differs)}", style=f"bold {evidence.WARN}"))
         if self.absent_ranks:
-            parts.append(Text(f"not there yet: ranks {E.cell(self.absent_ranks)}", style=E.GREY))
+            parts.append(Text(f"not there yet: ranks {evidence.cell(self.absent_ranks)}", style=evidence.GREY))
         if self.later_mismatches:
-            parts.append(Text(f"{self.later_mismatches} later mismatched instances not shown", style=E.FAINT))
+            parts.append(Text(f"{self.later_mismatches} later mismatched instances not shown", style=evidence.FAINT))
         return parts
 
 
@@ -102,24 +102,24 @@ class MissingRanks(Evidence):
                 line = f"ranks {', '.join(map(str, sorted(waited)))} waited {vals[-1]:.1f} s"
             else:
                 line = ", ".join(f"{r}: {v:.1f} s" for r, v in sorted(waited.items()))
-            parts.append(Text("waiting  ", style=E.DIM) + Text(line))
+            parts.append(Text("waiting  ", style=evidence.DIM) + Text(line))
         if self.op:
-            parts.append(Text("in       ", style=E.DIM) + Text(E.brief(self.op)))
-        acts = E.values(self.missing_activity)
+            parts.append(Text("in       ", style=evidence.DIM) + Text(evidence.brief(self.op)))
+        acts = evidence.values(self.missing_activity)
         if acts:
-            parts.append(Text("never entered: what they do instead", style=f"bold {E.GREY}"))
+            parts.append(Text("never entered: what they do instead", style=f"bold {evidence.GREY}"))
         for act in acts:
             op = act.get("in_op") or act.get("last_completed_op")
             t = Text()
-            t.append(f"rank {act.get('rank')}  ", style=f"bold {E.BAD}")
+            t.append(f"rank {act.get('rank')}  ", style=f"bold {evidence.BAD}")
             t.append(str(act.get("text", act.get("state"))))
             if op and op.get("site"):
-                t.append(f"\n  at {op['site']}", style=E.GREY)
+                t.append(f"\n  at {op['site']}", style=evidence.GREY)
             if act.get("last_seq_in_group") is not None:
-                t.append(f"\n  last collective of the group it ran: #{act['last_seq_in_group']}", style=E.GREY)
+                t.append(f"\n  last collective of the group it ran: #{act['last_seq_in_group']}", style=evidence.GREY)
             parts.append(t)
         if self.failed_on:
-            parts.append(Text(f"the waiting op raised: {E.cell(self.failed_on)}", style=E.BAD))
+            parts.append(Text(f"the waiting op raised: {evidence.cell(self.failed_on)}", style=evidence.BAD))
         return parts
 
 
@@ -143,7 +143,7 @@ class Straggler(Evidence):
         rows = [[g["group"], g["collectives"], f"{g['last_share'] * 100:.0f}%",
                  f"{float(g['median_lateness_s']) * 1e3:.1f} ms", f"{float(g['p90_lateness_s']) * 1e3:.1f} ms",
                  f"{float(g['median_latency_s']) * 1e3:.1f} ms"] for g in [self, *(self.other_groups or [])]]
-        return [E.table("arrived last", ["group", "collectives", "last", "median late", "p90 late",
+        return [evidence.table("arrived last", ["group", "collectives", "last", "median late", "p90 late",
                                          "median latency"], rows)]
 
 

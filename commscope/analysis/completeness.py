@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import RenderableType
 from rich.text import Text
 
-from commscope.analysis import evidence as E
+from commscope.analysis import evidence
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import Finding
 from commscope.analysis.liveness import outlived
@@ -43,13 +43,13 @@ class Incomplete(Evidence):
     def render(self, f: Finding) -> list[RenderableType]:
         rows = [[r, d.get("dropped"), d.get("damaged"), d.get("invalid"), d.get("missing"),
                  "no exit" if d.get("no_exit") else ""] for r, d in self.per_rank.items()]
-        parts: list[RenderableType] = [E.table("lost per rank", ["rank", "dropped", "damaged", "invalid",
+        parts: list[RenderableType] = [evidence.table("lost per rank", ["rank", "dropped", "damaged", "invalid",
                                                                 "store lost", "end"], rows)]
         if self.more_ranks:
-            parts.append(Text(f"… and {self.more_ranks:,} more ranks", style=E.FAINT))
+            parts.append(Text(f"… and {self.more_ranks:,} more ranks", style=evidence.FAINT))
         if self.fr_ring_overwritten:
             parts.append(Text("Flight Recorder ring overwrites (not losses): " + ", ".join(
-                f"rank {r}: {n:,}" for r, n in list(self.fr_ring_overwritten.items())[:16]), style=E.FAINT))
+                f"rank {r}: {n:,}" for r, n in list(self.fr_ring_overwritten.items())[:16]), style=evidence.FAINT))
         return parts
 
 

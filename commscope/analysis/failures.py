@@ -26,8 +26,7 @@ from typing import Any, NamedTuple
 from rich.console import RenderableType
 from rich.text import Text
 
-from commscope.analysis import evidence as E
-from commscope.analysis import stacks
+from commscope.analysis import evidence, stacks
 from commscope.analysis.errors import NAMED, PEER_GONE, RELAYED, TIMEOUT, first_line
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import Finding, activity, op_brief, rank_stack, secs
@@ -57,16 +56,18 @@ class OpFailed(Evidence):
     later: list[dict[str, Any]] = ABSENT  # the first FAILED_REPORT of them: instance, ranks, exc
 
     def render(self, f: Finding) -> list[RenderableType]:
-        failed = E.values(self.failed)
+        failed = evidence.values(self.failed)
         parts: list[RenderableType] = [
-            E.table("failed on", ["rank", "op", "seq", "kind", "after", "exception"],
+            evidence.table("failed on", ["rank", "op", "seq", "kind", "after", "exception"],
                     [[x.get("rank"), x.get("op"), x.get("seq"), x.get("failure"), f"{float(x.get('after_s', 0)):.2f} s",
                       first_line(x.get("exc") or "", 100)] for x in failed])]
-        parts.append(Text("blame  ", style=E.DIM) + Text(f"{self.blame.get('text', '?')}", style=f"bold {E.WARN}"))
+        parts.append(Text("blame  ", style=evidence.DIM)
+                     + Text(f"{self.blame.get('text', '?')}", style=f"bold {evidence.WARN}"))
         for c, act in self.culprit_activity.items():
-            parts.append(Text(f"rank {c} is {act.get('text', '?')}", style=E.GREY))
+            parts.append(Text(f"rank {c} is {act.get('text', '?')}", style=evidence.GREY))
         if self.later_failures:
-            parts.append(Text(f"{self.later_failures} later failed instances with the same blame", style=E.FAINT))
+            parts.append(Text(f"{self.later_failures} later failed instances with the same blame",
+                              style=evidence.FAINT))
         return parts
 
 
@@ -85,14 +86,15 @@ class Crashed(Evidence):
 
     def render(self, f: Finding) -> list[RenderableType]:
         act = self.activity or {}
-        rows = [("signal", Text(self.signal, style=E.BAD) if self.signal else None),
-                ("exception", Text(first_line(self.exc, 300), style=E.BAD) if self.exc and not self.signal else None),
+        rows = [("signal", Text(self.signal, style=evidence.BAD) if self.signal else None),
+                ("exception", Text(first_line(self.exc, 300), style=evidence.BAD)
+                 if self.exc and not self.signal else None),
                 ("where", self.get("culprit_where")),
-                ("in", E.brief(act.get("in_op")) if act.get("in_op") else None),
-                ("last op", E.brief(act.get("last_completed_op")) if act.get("last_completed_op")
+                ("in", evidence.brief(act.get("in_op")) if act.get("in_op") else None),
+                ("last op", evidence.brief(act.get("last_completed_op")) if act.get("last_completed_op")
                  and not act.get("in_op") else None),
                 ("host / pid", f"{self.get('host', '?')} / {self.get('pid', '?')}")]
-        return [E.kv(rows)]
+        return [evidence.kv(rows)]
 
 
 def instance_key(model: TraceModel, rank: int, i: int) -> tuple:

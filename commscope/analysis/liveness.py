@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import RenderableType
 from rich.text import Text
 
-from commscope.analysis import evidence as E
+from commscope.analysis import evidence
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.failures import cause_of_departure
 from commscope.analysis.findings import Finding, activity, op_brief, secs
@@ -33,12 +33,12 @@ class Dead(Evidence):
         act = self.activity or {}
         rows = [("how", "vanished while its peers' ops failed" if self.how == "vanished" else "heartbeat stopped"),
                 ("silent for", f"{float(self.silent_s or 0):.1f} s (threshold {float(self.threshold_s or 0):.1f} s)"),
-                ("was", act.get("text")), ("in", E.brief(act.get("in_op")) if act.get("in_op") else None),
-                ("last op", E.brief(act.get("last_completed_op")) if act.get("last_completed_op") else None),
+                ("was", act.get("text")), ("in", evidence.brief(act.get("in_op")) if act.get("in_op") else None),
+                ("last op", evidence.brief(act.get("last_completed_op")) if act.get("last_completed_op") else None),
                 ("last sample", Text(", ".join(f"{k} {v}" for k, v in self.last_sample.items() if k != "ts"),
-                                     style=E.FAINT) if self.last_sample else None),
+                                     style=evidence.FAINT) if self.last_sample else None),
                 ("host / pid", f"{self.get('host', '?')} / {self.get('pid', '?')}")]
-        return [E.kv(rows)]
+        return [evidence.kv(rows)]
 
 
 @record
@@ -50,8 +50,8 @@ class Unwaited(Evidence):
     exit_ns: int
 
     def render(self, f: Finding) -> list[RenderableType]:
-        ops = E.values(self.ops)
-        return [E.table(f"{self.count} async ops never waited", ["op", "group", "seq", "site"],
+        ops = evidence.values(self.ops)
+        return [evidence.table(f"{self.count} async ops never waited", ["op", "group", "seq", "site"],
                         [[o.get("op"), o.get("group"), o.get("seq"), o.get("site")] for o in ops[:50]])]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import RenderableType
 from rich.text import Text
 
-from commscope.analysis import evidence as E
+from commscope.analysis import evidence
 from commscope.analysis.evidence import Evidence, record
 from commscope.analysis.findings import Finding, activity, op_brief, secs
 from commscope.analysis.model import P2P, SEND, TraceModel
@@ -31,10 +31,10 @@ class Deadlock(Evidence):
         steps = self.chain.split(" → ")
         t = Text()
         for k, step in enumerate(steps):
-            t.append(("   " if k == 0 else " → ") + step + ("\n" if k < len(steps) - 1 else ""), style=E.WARN)
-        parts: list[RenderableType] = [Text("wait-for cycle", style=f"bold {E.GREY}"), t]
+            t.append(("   " if k == 0 else " → ") + step + ("\n" if k < len(steps) - 1 else ""), style=evidence.WARN)
+        parts: list[RenderableType] = [Text("wait-for cycle", style=f"bold {evidence.GREY}"), t]
         if self.cycle:
-            parts.append(E.table("blocked", ["rank", "op", "peer", "seq", "blocked"],
+            parts.append(evidence.table("blocked", ["rank", "op", "peer", "seq", "blocked"],
                                  [[c.get("rank"), c.get("op"), c.get("peer"), c.get("seq"),
                                    f"{float(c.get('blocked_s', 0)):.1f} s"] for c in self.cycle], set(f.culprits)))
         return parts
@@ -49,13 +49,14 @@ class Unmatched(Evidence):
     peer_activity: dict[str, dict[str, Any]]  # peer -> findings.activity
 
     def render(self, f: Finding) -> list[RenderableType]:
-        parts: list[RenderableType] = [Text(f"blocked: {E.brief(self.blocked_op)}", style=E.WARN)]
+        parts: list[RenderableType] = [Text(f"blocked: {evidence.brief(self.blocked_op)}", style=evidence.WARN)]
         if self.expected:
-            parts.append(Text(f"needs a matching {self.expected} from the peer", style=E.GREY))
-        peers = E.values(self.peer_activity)
+            parts.append(Text(f"needs a matching {self.expected} from the peer", style=evidence.GREY))
+        peers = evidence.values(self.peer_activity)
         if peers:
-            parts.append(E.table("the peer instead", ["rank", "doing"], [[p.get("rank"), p.get("text")] for p in peers],
-                                 set(f.culprits)))
+            parts.append(evidence.table("the peer instead", ["rank", "doing"],
+                                        [[p.get("rank"), p.get("text")] for p in peers],
+                                        set(f.culprits)))
         return parts
 
 
