@@ -1,7 +1,8 @@
 """Analysis: TraceModel, cross-rank matching, diagnose(), bandwidth, Flight Recorder import, export.
 
 Imports only the torch-free modules below it (``commscope.events``, ``schema``, ``dtypes``,
-``flightfmt``, ``errors``, ``store``) and numpy: never ``commands``, ``cli`` or ``tui``.  See docs/analysis.md.
+``flightfmt``, ``errors``, ``store``), numpy and Rich (``evidence`` draws findings): never ``commands``,
+``cli`` or ``tui``.  See docs/analysis.md.
 """
 
 from __future__ import annotations

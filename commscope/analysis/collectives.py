@@ -11,7 +11,11 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+from rich.console import RenderableType
+from rich.text import Text
 
+from commscope.analysis import evidence
+from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import Finding, activity, op_brief, secs
 from commscope.analysis.indexes import GroupIndex
 from commscope.analysis.model import COLL, SPACE_FR, TraceModel, untimed
@@ -46,6 +50,101 @@ def gather(model: TraceModel, gi: GroupIndex, column: str, rows: np.ndarray | sl
 
 def seq_of_row(gi: GroupIndex, row: int) -> int:
     return gi.seqs.seq_of(row)
+
+
+# ---------------------------------------------------------------------- evidence
+@record
+class Mismatch(Evidence):
+    """collective_mismatch: each rank's call at the (group, seq), what differs, the majority."""
+
+    per_rank: dict[str, dict[str, Any]]  # rank -> op, shapes, dtypes, redop, root, site, state, exc
+    differs: list[str]  # of "op", "shape", "dtype", "redop", "root"
+    majority: dict[str, Any] | None  # None: a tie
+    absent_ranks: list[int]
+    later_mismatches: int  # later mismatched instances of the group, counted here
+    died_in_it: list[int] = ABSENT  # members that died in it before their call was recorded
+    undecided: dict[str, list[int]] = ABSENT  # {"died_in_it", "not_yet"}: why nobody is named yet
+    src: str = ABSENT  # "fr": Flight Recorder collectives
+
+    def render(self, f: Finding) -> list[RenderableType]:
+        per = evidence.values(self.per_rank)
+        cols = [c for c in ("rank", "op", "in_shapes", "in_dtypes", "redop", "root", "state", "site")
+                if any(c in row for row in per)]
+        parts: list[RenderableType] = [evidence.table("per rank at this (group, seq)", cols,
+                                               [[row.get(c) for c in cols] for row in per], set(f.culprits))]
+        if self.differs:
+            parts.append(Text(f"differs in: {evidence.cell(self.differs)}", style=f"bold {evidence.WARN}"))
+        if self.absent_ranks:
+            parts.append(Text(f"not there yet: ranks {evidence.cell(self.absent_ranks)}", style=evidence.GREY))
+        if self.later_mismatches:
+            parts.append(Text(f"{self.later_mismatches} later mismatched instances not shown", style=evidence.FAINT))
+        return parts
+
+
+@record
+class MissingRanks(Evidence):
+    """missing_ranks: who entered and how long they waited, what the missing ranks do instead."""
+
+    entered: list[int]
+    missing: list[int]
+    waited_s: dict[str, float]  # rank -> seconds
+    op: dict[str, Any]  # findings.op_brief of the lowest waiting rank's op
+    missing_activity: dict[str, dict[str, Any]]  # rank -> findings.activity + last_seq_in_group
+    failed_on: dict[str, str] = ABSENT  # rank -> exception, where the waiting op raised
+    src: str = ABSENT  # "fr": Flight Recorder collectives
+
+    def render(self, f: Finding) -> list[RenderableType]:
+        waited = {int(r): float(v) for r, v in self.waited_s.items()}
+        parts: list[RenderableType] = []
+        if waited:
+            vals = sorted(waited.values())
+            if vals[-1] - vals[0] < 0.1:
+                line = f"ranks {', '.join(map(str, sorted(waited)))} waited {vals[-1]:.1f} s"
+            else:
+                line = ", ".join(f"{r}: {v:.1f} s" for r, v in sorted(waited.items()))
+            parts.append(Text("waiting  ", style=evidence.DIM) + Text(line))
+        if self.op:
+            parts.append(Text("in       ", style=evidence.DIM) + Text(evidence.brief(self.op)))
+        acts = evidence.values(self.missing_activity)
+        if acts:
+            parts.append(Text("never entered: what they do instead", style=f"bold {evidence.GREY}"))
+        for act in acts:
+            op = act.get("in_op") or act.get("last_completed_op")
+            t = Text()
+            t.append(f"rank {act.get('rank')}  ", style=f"bold {evidence.BAD}")
+            t.append(str(act.get("text", act.get("state"))))
+            if op and op.get("site"):
+                t.append(f"\n  at {op['site']}", style=evidence.GREY)
+            if act.get("last_seq_in_group") is not None:
+                t.append(f"\n  last collective of the group it ran: #{act['last_seq_in_group']}", style=evidence.GREY)
+            parts.append(t)
+        if self.failed_on:
+            parts.append(Text(f"the waiting op raised: {evidence.cell(self.failed_on)}", style=evidence.BAD))
+        return parts
+
+
+@record
+class Straggler(Evidence):
+    """straggler: how late the rank arrives in its worst group, and in its other groups."""
+
+    group: str
+    src: str = ABSENT  # "fr": Flight Recorder collectives
+    collectives: int  # recent complete collectives judged
+    last_share: float  # share of them it arrived last at
+    median_lateness_s: float
+    p90_lateness_s: float
+    median_latency_s: float
+    first_seq: int
+    last_seq: int
+    ops: list[str]
+    other_groups: list[dict[str, Any]] = ABSENT  # the same fields, for its other groups
+
+    def render(self, f: Finding) -> list[RenderableType]:
+        rows = [[g["group"], g["collectives"], f"{g['last_share'] * 100:.0f}%",
+                 f"{float(g['median_lateness_s']) * 1e3:.1f} ms", f"{float(g['p90_lateness_s']) * 1e3:.1f} ms",
+                 f"{float(g['median_latency_s']) * 1e3:.1f} ms"] for g in [self, *(self.other_groups or [])]]
+        return [evidence.table("arrived last", ["group", "collectives", "last", "median late", "p90 late",
+                                         "median latency"], rows)]
 
 
 # ---------------------------------------------------------------------- mismatch
@@ -107,15 +206,11 @@ def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, no
            (f"; differing: {', '.join(diff)}" if diff else "") +
            (_undecided(lost, coming) if undecided else "; tie, so every rank is named" if tie else
             f"; rank(s) {', '.join(map(str, culprits))} differ from the majority"))
-    ev: dict[str, Any] = {"per_rank": table, "differs": diff, "majority": None if tie else
-                          {k: table[str(maj_rank)].get(k) for k in ("op", "in_shapes", "in_dtypes", "redop", "root")},
-                          "absent_ranks": absent, "later_mismatches": later}
-    if lost:
-        ev["died_in_it"] = lost
-    if undecided:
-        ev["undecided"] = {"died_in_it": lost, "not_yet": coming}
-    if gi.space == SPACE_FR:
-        ev["src"] = "fr"
+    ev = Mismatch(per_rank=table, differs=diff, majority=None if tie else
+                  {k: table[str(maj_rank)].get(k) for k in ("op", "in_shapes", "in_dtypes", "redop", "root")},
+                  absent_ranks=absent, later_mismatches=later, died_in_it=lost or ABSENT,
+                  undecided={"died_in_it": lost, "not_yet": coming} if undecided else ABSENT,
+                  src="fr" if gi.space == SPACE_FR else ABSENT)
     t = max(int(model.ranks[r].begin[i]) for r, i in ops.items())
     return Finding("collective_mismatch", gi.name, seq, op_name, list(gi.members), culprits, msg, ev, ts=t)
 
@@ -201,12 +296,10 @@ def _missing(model: TraceModel, gi: GroupIndex, seq: int, entered: dict[int, int
     msg = (f"{s.op} #{seq} of group {gi.name}: rank(s) {', '.join(map(str, sorted(entered)))} entered and waited "
            f"up to {longest:.1f} s; rank(s) {', '.join(map(str, missing))} never entered: " +
            "; ".join(f"rank {m} is {instead[str(m)]['text']}" for m in missing))
-    ev: dict[str, Any] = {"entered": sorted(entered), "missing": missing, "waited_s": waited,
-                          "op": op_brief(model, r0, waiting[r0], now), "missing_activity": instead}
-    if failed:
-        ev["failed_on"] = {str(r): model.ranks[r].exc[entered[r]] for r in failed}
-    if gi.space == SPACE_FR:
-        ev["src"] = "fr"
+    ev = MissingRanks(entered=sorted(entered), missing=missing, waited_s=waited,
+                      op=op_brief(model, r0, waiting[r0], now), missing_activity=instead,
+                      failed_on={str(r): model.ranks[r].exc[entered[r]] for r in failed} if failed else ABSENT,
+                      src="fr" if gi.space == SPACE_FR else ABSENT)
     t = min(int(model.ranks[r].begin[i]) for r, i in entered.items())
     return Finding("missing_ranks", gi.name, seq, s.op, list(gi.members), missing, msg, ev, ts=t,
                    victims={r: tuple(missing) for r in waiting}, instances=(("coll", gi.space, gi.name, seq),))
@@ -273,9 +366,9 @@ def find_stragglers(model: TraceModel) -> list[Finding]:
         msg = (f"rank {r} arrived last in {top['last_share'] * 100:.0f}% of the last {top['collectives']} "
                f"collectives of group {top['group']}, by a median {top['median_lateness_s'] * 1e3:.1f} ms "
                f"(the collectives themselves take a median {top['median_latency_s'] * 1e3:.2f} ms)")
-        ev = {k: v for k, v in top.items() if v is not None}
-        if len(stats) > 1:
-            ev["other_groups"] = [{k: v for k, v in d.items() if v is not None} for d in stats[1:]]
+        ev = Straggler(**{k: v for k, v in top.items() if v is not None},
+                       other_groups=[{k: v for k, v in d.items() if v is not None} for d in stats[1:]]
+                       if len(stats) > 1 else ABSENT)
         out.append(Finding("straggler", top["group"], top["last_seq"], (top["ops"] or [None])[0], members, [r],
                            msg, ev))
     return out

@@ -16,6 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import RenderableType
+from rich.text import Text
+
+from commscope.analysis import evidence
+from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import Finding
 from commscope.analysis.liveness import outlived
 from commscope.analysis.model import TraceModel
@@ -23,6 +28,38 @@ from commscope.analysis.ranks import ranges
 
 _LOSS_WORDS = {"dropped": "event(s) dropped by the recorder", "damaged": "damaged line(s) skipped",
                "invalid": "invalid event(s) skipped", "missing": "event(s) lost by the store"}
+
+
+@record
+class Incomplete(Evidence):
+    """trace_incomplete: what each rank's stream lost, and the Flight Recorder ring overwrites
+    (not losses: shown so the numbers add up)."""
+
+    lost_events: int
+    per_rank: dict[str, dict[str, Any]]  # rank -> dropped, damaged, invalid, missing, no_exit, last_event_ns
+    more_ranks: int = ABSENT  # incomplete ranks beyond the first 256
+    fr_ring_overwritten: dict[str, int] = ABSENT
+
+    def render(self, f: Finding) -> list[RenderableType]:
+        rows = [[r, d.get("dropped"), d.get("damaged"), d.get("invalid"), d.get("missing"),
+                 "no exit" if d.get("no_exit") else ""] for r, d in self.per_rank.items()]
+        parts: list[RenderableType] = [evidence.table("lost per rank", ["rank", "dropped", "damaged", "invalid",
+                                                                "store lost", "end"], rows)]
+        if self.more_ranks:
+            parts.append(Text(f"… and {self.more_ranks:,} more ranks", style=evidence.FAINT))
+        if self.fr_ring_overwritten:
+            parts.append(Text("Flight Recorder ring overwrites (not losses): " + ", ".join(
+                f"rank {r}: {n:,}" for r, n in list(self.fr_ring_overwritten.items())[:16]), style=evidence.FAINT))
+        return parts
+
+
+@record
+class ReaderProblem(Evidence):
+    """trace_incomplete as the console raises it when the reader itself failed or skipped lines."""
+
+    reader_error: str = ABSENT
+    damaged: int = ABSENT
+    invalid: int = ABSENT
 
 
 def job_stopped(model: TraceModel, wall_ns: int) -> bool:
@@ -76,11 +113,8 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False) -> list[
     msg = "the trace is incomplete: " + "; ".join(parts)
     if model.read_losses.get(-1):
         msg += "; the job metadata was skipped as invalid"
-    ev: dict[str, Any] = {"lost_events": lost, "per_rank": {str(r): per_rank[r] for r in ranks[:256]}}
-    if len(ranks) > 256:
-        ev["more_ranks"] = len(ranks) - 256
     fr = {str(r): int(rt.fr_overwritten) for r, rt in model.ranks.items() if rt.fr_overwritten}
-    if fr:
-        ev["fr_ring_overwritten"] = fr  # not losses: shown so the numbers add up
+    ev = Incomplete(lost_events=lost, per_rank={str(r): per_rank[r] for r in ranks[:256]},
+                    more_ranks=len(ranks) - 256 if len(ranks) > 256 else ABSENT, fr_ring_overwritten=fr or ABSENT)
     ts = max((int(model.ranks[r].last_ts) for r in ranks if r in model.ranks), default=model.end_ns)
     return [Finding("trace_incomplete", None, None, None, ranks, ranks, msg, ev, ts=ts)]

@@ -23,8 +23,12 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from commscope.analysis import stacks
+from rich.console import RenderableType
+from rich.text import Text
+
+from commscope.analysis import evidence, stacks
 from commscope.analysis.errors import NAMED, PEER_GONE, RELAYED, TIMEOUT, first_line
+from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import Finding, activity, op_brief, rank_stack, secs
 from commscope.analysis.model import (
     ARRIVAL_SLACK_NS,
@@ -39,6 +43,58 @@ from commscope.analysis.model import (
 
 #: Failed instances reported in full per finding; more with the same blame are counted.
 FAILED_REPORT = 5
+
+
+@record
+class OpFailed(Evidence):
+    """op_failed: the first failed instance on each rank, whom it is blamed on and why."""
+
+    failed: dict[str, dict[str, Any]]  # rank -> findings.op_brief + failure, failed_ns, after_s
+    blame: dict[str, Any]  # reason, culprits, text
+    culprit_activity: dict[str, dict[str, Any]]  # culprit -> findings.activity
+    later_failures: int = ABSENT  # later failed instances with the same blame
+    later: list[dict[str, Any]] = ABSENT  # the first FAILED_REPORT of them: instance, ranks, exc
+
+    def render(self, f: Finding) -> list[RenderableType]:
+        failed = evidence.values(self.failed)
+        parts: list[RenderableType] = [
+            evidence.table("failed on", ["rank", "op", "seq", "kind", "after", "exception"],
+                    [[x.get("rank"), x.get("op"), x.get("seq"), x.get("failure"), f"{float(x.get('after_s', 0)):.2f} s",
+                      first_line(x.get("exc") or "", 100)] for x in failed])]
+        parts.append(Text("blame  ", style=evidence.DIM)
+                     + Text(f"{self.blame.get('text', '?')}", style=f"bold {evidence.WARN}"))
+        for c, act in self.culprit_activity.items():
+            parts.append(Text(f"rank {c} is {act.get('text', '?')}", style=evidence.GREY))
+        if self.later_failures:
+            parts.append(Text(f"{self.later_failures} later failed instances with the same blame",
+                              style=evidence.FAINT))
+        return parts
+
+
+@record
+class Crashed(Evidence):
+    """rank_crashed: how the rank exited, what it was doing, where it ran."""
+
+    exit_ns: int
+    reason: str | None  # the exit event's reason: "exception", "signal"
+    activity: dict[str, Any]  # findings.activity (in_op: the op it crashed in)
+    exc: str = ABSENT
+    signal: str = ABSENT
+    host: str | None = ABSENT
+    pid: int | None = ABSENT
+    caused_by: dict[str, Any] = ABSENT  # the failure blamed on others it crashed on: instance, culprits, reason
+
+    def render(self, f: Finding) -> list[RenderableType]:
+        act = self.activity or {}
+        rows = [("signal", Text(self.signal, style=evidence.BAD) if self.signal else None),
+                ("exception", Text(first_line(self.exc, 300), style=evidence.BAD)
+                 if self.exc and not self.signal else None),
+                ("where", self.get("culprit_where")),
+                ("in", evidence.brief(act.get("in_op")) if act.get("in_op") else None),
+                ("last op", evidence.brief(act.get("last_completed_op")) if act.get("last_completed_op")
+                 and not act.get("in_op") else None),
+                ("host / pid", f"{self.get('host', '?')} / {self.get('pid', '?')}")]
+        return [evidence.kv(rows)]
 
 
 def instance_key(model: TraceModel, rank: int, i: int) -> tuple:
@@ -186,15 +242,14 @@ def find_failed_ops(model: TraceModel, now: int, failures: list[Failure]) -> lis
             b["failed_ns"] = model.failed_ns(r, i)
             b["after_s"] = secs(model.failed_ns(r, i) - int(model.ranks[r].begin[i]))
             failed_ev[str(r)] = b
-        ev: dict[str, Any] = {
-            "failed": failed_ev, "blame": {"reason": f.blame.reason, "culprits": list(f.blame.culprits),
-                                           "text": f.blame.text},
-            "culprit_activity": {str(c): activity(model, c, now) for c in f.blame.culprits}}
+        ev = OpFailed(failed=failed_ev, blame={"reason": f.blame.reason, "culprits": list(f.blame.culprits),
+                                               "text": f.blame.text},
+                      culprit_activity={str(c): activity(model, c, now) for c in f.blame.culprits})
         if len(fs) > 1:
-            ev["later_failures"] = len(fs) - 1
-            ev["later"] = [{"instance": list(x.key), "ranks": sorted(x.failed),
-                            "exc": first_line(model.ranks[min(x.failed)].exc[x.failed[min(x.failed)]], 120)}
-                           for x in fs[1:1 + FAILED_REPORT]]
+            ev.later_failures = len(fs) - 1
+            ev.later = [{"instance": list(x.key), "ranks": sorted(x.failed),
+                         "exc": first_line(model.ranks[min(x.failed)].exc[x.failed[min(x.failed)]], 120)}
+                        for x in fs[1:1 + FAILED_REPORT]]
         victims = {r: f.blame.culprits for r in f.failed if r not in f.blame.culprits}
         members = sorted(set(model.members(r0, i0)) | set(f.failed))
         out.append(Finding("op_failed", s.group, seq if seq >= 0 else None, s.op, members,
@@ -239,17 +294,15 @@ def find_crashes(model: TraceModel, now: int, failures: list[Failure]) -> list[F
         at = stacks.one_line(rank_stack(model, r, now)[0])
         if at:
             msg += f", at {at}"
-        ev: dict[str, Any] = {"exit_ns": t, "reason": ex.get("reason"), "activity": act}
-        for k in ("exc", "signal"):
-            if ex.get(k):
-                ev[k] = ex[k]
+        ev = Crashed(exit_ns=t, reason=ex.get("reason"), activity=act, exc=ex.get("exc") or ABSENT,
+                     signal=ex.get("signal") or ABSENT)
         if rt.meta:
-            ev["host"], ev["pid"] = rt.meta.get("host"), rt.meta.get("pid")
+            ev.host, ev.pid = rt.meta.get("host"), rt.meta.get("pid")
         victims: dict[int, tuple[int, ...]] = {}
         instances: tuple = (cause.key,) if cause is not None else ()
         if cause is not None and r not in cause.blame.culprits:
-            ev["caused_by"] = {"instance": list(cause.key), "culprits": list(cause.blame.culprits),
-                               "reason": cause.blame.text}
+            ev.caused_by = {"instance": list(cause.key), "culprits": list(cause.blame.culprits),
+                            "reason": cause.blame.text}
             victims = {r: cause.blame.culprits}
         out.append(Finding("rank_crashed", doing.get("group"), doing.get("seq"), doing.get("op"), [r], [r], msg,
                            ev, ts=t, victims=victims, instances=instances))

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from commscope.analysis import stacks
+from commscope.analysis.evidence import Evidence, RawEvidence
 from commscope.analysis.model import ASYNC, SPACE_FR, TraceModel
 
 ERROR, WARNING = "error", "warning"
@@ -35,7 +36,8 @@ class Finding:
     ranks: list[int]
     culprits: list[int]
     message: str
-    evidence: dict[str, Any]
+    #: The kind's typed evidence record (``analysis.evidence``); a plain dict is taken as ``RawEvidence``.
+    evidence: Evidence
     severity: str = ""
     ts: int = 0  # when the problem became visible (for timelines); not part of the JSON contract
     #: Ranks this finding shows waiting or failing because of others: victim -> the ranks it
@@ -47,11 +49,13 @@ class Finding:
     def __post_init__(self) -> None:
         if not self.severity:
             self.severity = KINDS[self.kind]
+        if not isinstance(self.evidence, Evidence):
+            self.evidence = RawEvidence(self.evidence)
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "severity": self.severity, "group": self.group, "seq": self.seq,
                 "op": self.op, "ranks": sorted(self.ranks), "culprits": sorted(self.culprits),
-                "message": self.message, "evidence": self.evidence}
+                "message": self.message, "evidence": self.evidence.to_json()}
 
     def sort_key(self) -> tuple:
         return (self.severity != ERROR, _ORDER.get(self.kind, 99), self.ts)

@@ -4,9 +4,55 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import RenderableType
+from rich.text import Text
+
+from commscope.analysis import evidence
+from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.failures import cause_of_departure
 from commscope.analysis.findings import Finding, activity, op_brief, secs
 from commscope.analysis.model import P2P, TraceModel
+
+
+@record
+class Dead(Evidence):
+    """dead_rank: how long the rank has been silent, against which threshold, what it did last."""
+
+    how: str  # "silent" (heartbeats stopped) or "vanished" (its peers' ops failed, then nothing came)
+    last_seen_ns: int
+    silent_s: float
+    threshold_s: float
+    sample_interval_s: float | None
+    activity: dict[str, Any]  # findings.activity
+    last_sample: dict[str, Any] = ABSENT  # its last CPU/GPU sample
+    host: str | None = ABSENT
+    pid: int | None = ABSENT
+    caused_by: dict[str, Any] = ABSENT  # the failure blamed on others it had just before: instance, culprits, reason
+
+    def render(self, f: Finding) -> list[RenderableType]:
+        act = self.activity or {}
+        rows = [("how", "vanished while its peers' ops failed" if self.how == "vanished" else "heartbeat stopped"),
+                ("silent for", f"{float(self.silent_s or 0):.1f} s (threshold {float(self.threshold_s or 0):.1f} s)"),
+                ("was", act.get("text")), ("in", evidence.brief(act.get("in_op")) if act.get("in_op") else None),
+                ("last op", evidence.brief(act.get("last_completed_op")) if act.get("last_completed_op") else None),
+                ("last sample", Text(", ".join(f"{k} {v}" for k, v in self.last_sample.items() if k != "ts"),
+                                     style=evidence.FAINT) if self.last_sample else None),
+                ("host / pid", f"{self.get('host', '?')} / {self.get('pid', '?')}")]
+        return [evidence.kv(rows)]
+
+
+@record
+class Unwaited(Evidence):
+    """unwaited_work: the async ops the rank never waited on before it exited."""
+
+    count: int
+    ops: list[dict[str, Any]]  # findings.op_brief (or just the id), the first 20
+    exit_ns: int
+
+    def render(self, f: Finding) -> list[RenderableType]:
+        ops = evidence.values(self.ops)
+        return [evidence.table(f"{self.count} async ops never waited", ["op", "group", "seq", "site"],
+                        [[o.get("op"), o.get("group"), o.get("seq"), o.get("site")] for o in ops[:50]])]
 
 
 def outlived(model: TraceModel, rank: int) -> bool:
@@ -51,20 +97,19 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
         else:
             msg = (f"rank {r} stopped sending heartbeats {secs(now - seen):.1f} s ago without a clean exit "
                    f"({what}); it crashed, was killed, or cannot run Python (native code holding the GIL)")
-        ev: dict[str, Any] = {"how": how, "last_seen_ns": seen, "silent_s": secs(now - seen),
-                              "threshold_s": secs(model.dead_after_ns(r) if how == "silent" else
-                                                  model.vanish_after_ns(r)),
-                              "sample_interval_s": model.sample_interval(r), "activity": act}
+        ev = Dead(how=how, last_seen_ns=seen, silent_s=secs(now - seen),
+                  threshold_s=secs(model.dead_after_ns(r) if how == "silent" else model.vanish_after_ns(r)),
+                  sample_interval_s=model.sample_interval(r), activity=act)
         if rt.samples.last:
-            ev["last_sample"] = {k: v for k, v in rt.samples.last.items() if k not in ("v", "type", "rank")}
+            ev.last_sample = {k: v for k, v in rt.samples.last.items() if k not in ("v", "type", "rank")}
         if rt.meta:
-            ev["host"], ev["pid"] = rt.meta.get("host"), rt.meta.get("pid")
+            ev.host, ev.pid = rt.meta.get("host"), rt.meta.get("pid")
         victims: dict[int, tuple[int, ...]] = {}
         instances: tuple = ()
         cause = cause_of_departure(model, r, failures or [])
         if cause is not None:
-            ev["caused_by"] = {"instance": list(cause.key), "culprits": list(cause.blame.culprits),
-                               "reason": cause.blame.text}
+            ev.caused_by = {"instance": list(cause.key), "culprits": list(cause.blame.culprits),
+                            "reason": cause.blame.text}
             victims = {r: cause.blame.culprits}
             instances = (cause.key,)
         group = doing["group"] if doing else None
@@ -100,5 +145,5 @@ def find_unwaited(model: TraceModel, now: int) -> list[Finding]:
                + (f" at {', '.join(sites[:3])}" if sites else "") + "): call .wait() on the returned Work")
         first = ops[0]
         out.append(Finding("unwaited_work", first.get("group"), first.get("seq"), first.get("op"), [r], [r], msg,
-                           {"count": len(ops), "ops": ops[:20], "exit_ns": ex_ts}, ts=ex_ts))
+                           Unwaited(count=len(ops), ops=ops[:20], exit_ns=ex_ts), ts=ex_ts))
     return out

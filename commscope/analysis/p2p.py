@@ -11,8 +11,53 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import RenderableType
+from rich.text import Text
+
+from commscope.analysis import evidence
+from commscope.analysis.evidence import Evidence, record
 from commscope.analysis.findings import Finding, activity, op_brief, secs
 from commscope.analysis.model import P2P, SEND, TraceModel
+
+
+@record
+class Deadlock(Evidence):
+    """p2p_deadlock: the wait-for cycle, one blocked op per rank (its ``stacks`` set at detection)."""
+
+    cycle: list[dict[str, Any]]  # findings.op_brief + blocked_s, in cycle order
+    chain: str  # "rank 0 waits recv (recv from 2) at ... → ... → rank 0"
+
+    def render(self, f: Finding) -> list[RenderableType]:
+        steps = self.chain.split(" → ")
+        t = Text()
+        for k, step in enumerate(steps):
+            t.append(("   " if k == 0 else " → ") + step + ("\n" if k < len(steps) - 1 else ""), style=evidence.WARN)
+        parts: list[RenderableType] = [Text("wait-for cycle", style=f"bold {evidence.GREY}"), t]
+        if self.cycle:
+            parts.append(evidence.table("blocked", ["rank", "op", "peer", "seq", "blocked"],
+                                 [[c.get("rank"), c.get("op"), c.get("peer"), c.get("seq"),
+                                   f"{float(c.get('blocked_s', 0)):.1f} s"] for c in self.cycle], set(f.culprits)))
+        return parts
+
+
+@record
+class Unmatched(Evidence):
+    """unmatched_p2p: the blocked op, the op the peer should post, what the peer does instead."""
+
+    blocked_op: dict[str, Any]  # findings.op_brief + blocked_s
+    expected: str  # "send" or "recv"
+    peer_activity: dict[str, dict[str, Any]]  # peer -> findings.activity
+
+    def render(self, f: Finding) -> list[RenderableType]:
+        parts: list[RenderableType] = [Text(f"blocked: {evidence.brief(self.blocked_op)}", style=evidence.WARN)]
+        if self.expected:
+            parts.append(Text(f"needs a matching {self.expected} from the peer", style=evidence.GREY))
+        peers = evidence.values(self.peer_activity)
+        if peers:
+            parts.append(evidence.table("the peer instead", ["rank", "doing"],
+                                        [[p.get("rank"), p.get("text")] for p in peers],
+                                        set(f.culprits)))
+        return parts
 
 
 def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[int, int]]]:
@@ -100,8 +145,8 @@ def find_p2p(model: TraceModel, now: int, hang_ns: int) -> list[Finding]:
         s = model.sig_of(r0, i0)
         text = " → ".join(_say(model, r, i) for r, i in cyc) + f" → rank {r0}"
         msg = f"p2p deadlock among ranks {', '.join(map(str, ranks))}: {text}"
-        ev = {"cycle": chain, "chain": text,
-              "stacks": {str(r): a["stack"] for r in ranks if (a := activity(model, r, now)).get("stack")}}
+        ev = Deadlock(cycle=chain, chain=text)
+        ev["stacks"] = {str(r): a["stack"] for r in ranks if (a := activity(model, r, now)).get("stack")}
         out.append(Finding("p2p_deadlock", s.group, int(model.ranks[r0].seq[i0]) if model.ranks[r0].seq[i0] >= 0
                            else None, s.op, sorted(set(ranks)), sorted(set(ranks)), msg, ev,
                            ts=min(model.blocked_since(r, i) for r, i in cyc)))
@@ -128,6 +173,6 @@ def _unmatched(model: TraceModel, r: int, i: int, peers: list[int], now: int) ->
     msg = (f"{_say(model, r, i)} (#{seq if seq is not None else '?'} of group {s.group}) for "
            f"{secs(now - model.blocked_since(r, i)):.1f} s; the matching {counterpart} was never posted: " +
            "; ".join(f"rank {p} is {acts[str(p)]['text']}" for p in peers))
-    ev = {"blocked_op": _step(model, r, i, now), "expected": counterpart, "peer_activity": acts}
+    ev = Unmatched(blocked_op=_step(model, r, i, now), expected=counterpart, peer_activity=acts)
     return Finding("unmatched_p2p", s.group, seq, s.op, sorted({r, *peers}), peers, msg, ev,
                    ts=model.blocked_since(r, i), victims={r: tuple(peers)})

@@ -19,6 +19,7 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer
 
 from commscope.analysis import Finding
+from commscope.analysis.completeness import ReaderProblem
 from commscope.analysis.model import CONTAINER, NESTED, untimed
 from commscope.tui.detail import DetailPane, finding_detail, op_detail
 from commscope.tui.feed import LIVE, REPLAY, Feed, FeedInfo, FeedUpdated
@@ -177,7 +178,8 @@ class CommscopeApp(App):
         self._problem = self._reader_problem(info)
         if self._problem and (info.error or not any(f.kind == "trace_incomplete" for f in findings)):
             # The reader's failure is a finding too: never "no problems found" on a trace not read.
-            ev = {"reader_error": info.error} if info.error else {"damaged": info.corrupt, "invalid": info.invalid}
+            ev = ReaderProblem(reader_error=info.error) if info.error else ReaderProblem(damaged=info.corrupt,
+                                                                                         invalid=info.invalid)
             findings = [Finding("trace_incomplete", None, None, None, [], [], self._problem, ev), *findings]
         self.findings = findings
         self.timeline.empty_text = self._problem

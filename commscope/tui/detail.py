@@ -1,4 +1,5 @@
-"""The detail pane: everything about the selected op, or the evidence of a finding."""
+"""The detail pane: everything about the selected op, or the evidence of a finding (drawn by
+``analysis.evidence.render``, as ``commscope check`` draws it)."""
 
 from __future__ import annotations
 
@@ -12,24 +13,14 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from commscope.analysis import Finding
+from commscope.analysis import Finding, evidence
 from commscope.analysis.bandwidth import op_busbw
-from commscope.analysis.errors import first_line
+from commscope.analysis.evidence import kv as _kv
+from commscope.analysis.evidence import stack as _stack
 from commscope.analysis.model import untimed
 from commscope.analysis.stacks import fold
 from commscope.tui import palette as P
 from commscope.tui.fmt import clock, duration, size
-
-
-def _kv(rows: list[tuple[str, Any]]) -> Table:
-    t = Table.grid(padding=(0, 1))
-    t.add_column(style="grey62", no_wrap=True)
-    t.add_column(overflow="fold")
-    for k, v in rows:
-        if v is None or v == "" or v == []:
-            continue
-        t.add_row(k, v if isinstance(v, Text) else str(v))
-    return t
 
 
 def _shapes(shapes: Any, dtypes: Any) -> str:
@@ -42,31 +33,6 @@ def _shapes(shapes: Any, dtypes: Any) -> str:
     if len(parts) > 6:
         parts = parts[:6] + [f"… ({len(shapes)} tensors)"]
     return ", ".join(parts)
-
-
-def _stack(threads: list[dict] | None, limit: int = 12) -> RenderableType | None:
-    """Folded thread views (``analysis.stacks.fold``): the user's frames, innermost last, and
-    what they are inside; torch's, commscope's and the standard library's frames folded."""
-    if not threads:
-        return None
-    out = []
-    for th in threads:
-        frames = th.get("frames") or []
-        text = Text()
-        text.append(f"thread {th.get('thread') or th.get('name')}", style="bold")
-        shown = frames[-limit:]
-        if len(frames) > limit:
-            text.append(f"\n  … {len(frames) - limit} outer frames", style="grey50")
-        for k, f in enumerate(shown):
-            line = f if isinstance(f, str) else f"{f[0]}:{f[1]} in {f[2]}"
-            text.append(f"\n  {line}", style="bold #e0e0e0" if k == len(shown) - 1 else "grey70")
-        if th.get("inside"):
-            folded = th.get("folded")
-            text.append(f"\n    └ inside {th['inside']}" + (f"  ({folded} frames of torch, commscope and the "
-                                                             "standard library folded)" if folded else ""),
-                        style="grey50")
-        out.append(text)
-    return Group(*out)
 
 
 SPARK_BARS = "▁▂▃▄▅▆▇█"
@@ -241,213 +207,6 @@ def op_detail(model: Any, rank: int, i: int, now: int) -> RenderableType:
     return Group(*parts)
 
 
-def _brief(op: dict | None) -> str:
-    """'all_reduce #61 (group 0) at train.py:19 in step' from an evidence op."""
-    if not op:
-        return "–"
-    text = str(op.get("op", "?"))
-    if op.get("seq") is not None:
-        text += f" #{op['seq']}"
-    if op.get("peer") is not None:
-        text += f" {'to' if op.get('dir') == 'send' else 'from'} {op['peer']}"
-    if op.get("group") is not None:
-        text += f" (group {op['group']})"
-    if op.get("site"):
-        text += f" at {op['site']}"
-    return text
-
-
-def _table(title: str, columns: list[str], rows: list[list[Any]], bad: set[int] | None = None,
-           key_col: int = 0) -> Table:
-    t = Table(title=title, title_justify="left", title_style="bold grey70", box=None, padding=(0, 1),
-              show_edge=False, header_style="grey62")
-    for c in columns:
-        t.add_column(c, overflow="fold")
-    for row in rows:
-        style = "bold #e05050" if bad and row[key_col] in bad else ""
-        t.add_row(*[_cell(x) for x in row], style=style)
-    return t
-
-
-def _values(x: Any) -> list:
-    """Evidence collections come as lists or as dicts keyed by rank: their items either way."""
-    if isinstance(x, dict):
-        return [dict(v, rank=v.get("rank", k)) if isinstance(v, dict) else v for k, v in x.items()]
-    return list(x or [])
-
-
-_WHY = {"request": "on request", "hang": "stuck in its op", "exception": "at its exception",
-        "signal": "at its fatal signal"}
-
-
-def _stacks_block(ev: dict) -> list[RenderableType]:
-    """The culprits' and waiting ranks' stacks (evidence ``stacks`` and ``stack_info``), or
-    why a rank has none."""
-    out: list[RenderableType] = []
-    stacks = ev.get("stacks") or {}
-    info = ev.get("stack_info") or {str(r): {} for r in stacks}
-    for r, note in info.items():
-        role = note.get("role")
-        head = Text(f"stack of rank {r}", style="bold #e05050" if role == "culprit" else "bold grey70")
-        if role:
-            head.append(f"  {role}", style="grey62")
-        if r in stacks:
-            if note.get("age_s") is not None:
-                head.append(f" · {float(note['age_s']):.1f} s ago {_WHY.get(note.get('reason'), '')}", style="grey50")
-            out.append(head)
-            block = _stack(stacks[r])
-            if block is not None:
-                out.append(block)
-        else:
-            head.append(f": no stack: {note.get('missing', '?')}", style="grey50")
-            out.append(head)
-    return out
-
-
-def _consequences(ev: dict) -> list[RenderableType]:
-    cons = ev.get("consequences") or []
-    if not cons:
-        return []
-    t = Text()
-    for c in cons[:12]:
-        t.append(f"  {c['kind']}", style="#e0a030")
-        t.append(f"  {c['message']}\n", style="grey70")
-    if len(cons) > 12:
-        t.append(f"  … {len(cons) - 12} more\n", style="grey50")
-    return [Text(f"consequences ({len(cons)}): folded into this finding", style="bold grey70"), t]
-
-
-def _missing_ranks(f: Finding, ev: dict) -> list[RenderableType]:
-    waited = {int(r): float(v) for r, v in (ev.get("waited_s") or {}).items()}
-    parts: list[RenderableType] = []
-    if waited:
-        vals = sorted(waited.values())
-        if vals[-1] - vals[0] < 0.1:
-            line = f"ranks {', '.join(map(str, sorted(waited)))} waited {vals[-1]:.1f} s"
-        else:
-            line = ", ".join(f"{r}: {v:.1f} s" for r, v in sorted(waited.items()))
-        parts.append(Text("waiting  ", style="grey62") + Text(line))
-    if ev.get("op"):
-        parts.append(Text("in       ", style="grey62") + Text(_brief(ev["op"])))
-    acts = _values(ev.get("missing_activity"))
-    if acts:
-        parts.append(Text("never entered: what they do instead", style="bold grey70"))
-    for act in acts:
-        op = act.get("in_op") or act.get("last_completed_op")
-        t = Text()
-        t.append(f"rank {act.get('rank')}  ", style="bold #e05050")
-        t.append(str(act.get("text", act.get("state"))))
-        if op and op.get("site"):
-            t.append(f"\n  at {op['site']}", style="grey70")
-        if act.get("last_seq_in_group") is not None:
-            t.append(f"\n  last collective of the group it ran: #{act['last_seq_in_group']}", style="grey70")
-        parts.append(t)
-    if ev.get("failed_on"):
-        parts.append(Text(f"the waiting op raised: {_cell(ev['failed_on'])}", style="#e05050"))
-    return parts
-
-
-def _mismatch(f: Finding, ev: dict) -> list[RenderableType]:
-    per = _values(ev.get("per_rank"))
-    cols = [c for c in ("rank", "op", "in_shapes", "in_dtypes", "redop", "root", "state", "site")
-            if any(c in row for row in per)]
-    parts: list[RenderableType] = [
-        _table("per rank at this (group, seq)", cols, [[row.get(c) for c in cols] for row in per], set(f.culprits))]
-    if ev.get("differs"):
-        parts.append(Text(f"differs in: {_cell(ev['differs'])}", style="bold #e0a030"))
-    if ev.get("absent_ranks"):
-        parts.append(Text(f"not there yet: ranks {_cell(ev['absent_ranks'])}", style="grey70"))
-    if ev.get("later_mismatches"):
-        parts.append(Text(f"{ev['later_mismatches']} later mismatched instances not shown", style="grey50"))
-    return parts
-
-
-def _deadlock(f: Finding, ev: dict) -> list[RenderableType]:
-    chain = ev.get("chain") or []
-    steps = chain.split(" → ") if isinstance(chain, str) else [
-        s if isinstance(s, str) else _one_line(s) for s in chain]
-    t = Text()
-    for k, step in enumerate(steps):
-        t.append(("   " if k == 0 else " → ") + step + ("\n" if k < len(steps) - 1 else ""), style="#e0a030")
-    parts: list[RenderableType] = [Text("wait-for cycle", style="bold grey70"), t]
-    cyc = _values(ev.get("cycle"))
-    if cyc:
-        parts.append(_table("blocked", ["rank", "op", "peer", "seq", "blocked"],
-                            [[c.get("rank"), c.get("op"), c.get("peer"), c.get("seq"),
-                              f"{float(c.get('blocked_s', 0)):.1f} s"] for c in cyc], set(f.culprits)))
-    return parts
-
-
-def _unmatched(f: Finding, ev: dict) -> list[RenderableType]:
-    parts: list[RenderableType] = [Text(f"blocked: {_brief(ev.get('blocked_op'))}", style="#e0a030")]
-    if ev.get("expected"):
-        parts.append(Text(f"needs a matching {ev['expected']} from the peer", style="grey70"))
-    peers = ev.get("peer_activity")
-    peers = _values(peers) if not (isinstance(peers, dict) and "rank" in peers) else [peers]
-    if peers:
-        parts.append(_table("the peer instead", ["rank", "doing"], [[p.get("rank"), p.get("text")] for p in peers],
-                            set(f.culprits)))
-    return parts
-
-
-def _dead(f: Finding, ev: dict) -> list[RenderableType]:
-    act = ev.get("activity") or {}
-    rows = [("how", "vanished while its peers' ops failed" if ev.get("how") == "vanished" else "heartbeat stopped"),
-            ("silent for", f"{float(ev.get('silent_s', 0)):.1f} s (threshold {float(ev.get('threshold_s', 0)):.1f} s)"),
-            ("was", act.get("text")), ("in", _brief(act.get("in_op")) if act.get("in_op") else None),
-            ("last op", _brief(act.get("last_completed_op")) if act.get("last_completed_op") else None),
-            ("host / pid", f"{ev.get('host', '?')} / {ev.get('pid', '?')}")]
-    return [_kv(rows)]
-
-
-def _crashed(f: Finding, ev: dict) -> list[RenderableType]:
-    act = ev.get("activity") or {}
-    rows = [("signal", Text(ev["signal"], style="#e05050") if ev.get("signal") else None),
-            ("exception", Text(first_line(ev["exc"], 300), style="#e05050") if ev.get("exc") and not ev.get("signal")
-             else None),
-            ("where", ev.get("culprit_where")),
-            ("in", _brief(act.get("in_op")) if act.get("in_op") else None),
-            ("last op", _brief(act.get("last_completed_op")) if act.get("last_completed_op") and not act.get("in_op")
-             else None),
-            ("host / pid", f"{ev.get('host', '?')} / {ev.get('pid', '?')}")]
-    return [_kv(rows)]
-
-
-def _failed(f: Finding, ev: dict) -> list[RenderableType]:
-    failed = _values(ev.get("failed"))
-    parts: list[RenderableType] = [
-        _table("failed on", ["rank", "op", "seq", "kind", "after", "exception"],
-               [[x.get("rank"), x.get("op"), x.get("seq"), x.get("failure"), f"{float(x.get('after_s', 0)):.2f} s",
-                 first_line(x.get("exc") or "", 100)] for x in failed])]
-    blame = ev.get("blame") or {}
-    parts.append(Text("blame  ", style="grey62") + Text(f"{blame.get('text', '?')}", style="bold #e0a030"))
-    for c, act in (ev.get("culprit_activity") or {}).items():
-        parts.append(Text(f"rank {c} is {act.get('text', '?')}", style="grey70"))
-    if ev.get("later_failures"):
-        parts.append(Text(f"{ev['later_failures']} later failed instances with the same blame", style="grey50"))
-    return parts
-
-
-def _straggler(f: Finding, ev: dict) -> list[RenderableType]:
-    rows = [("arrived last", f"{float(ev.get('last_share', 0)) * 100:.0f}% of {ev.get('collectives', '?')} collectives"),
-            ("median lateness", f"{float(ev.get('median_lateness_s', 0)) * 1e3:.1f} ms"),
-            ("p90 lateness", f"{float(ev.get('p90_lateness_s', 0)) * 1e3:.1f} ms"),
-            ("median latency", f"{float(ev.get('median_latency_s', 0)) * 1e3:.1f} ms"),
-            ("other groups", _cell(ev.get("other_groups")) if ev.get("other_groups") else None)]
-    return [_kv(rows)]
-
-
-def _unwaited(f: Finding, ev: dict) -> list[RenderableType]:
-    ops = _values(ev.get("ops"))
-    return [_table(f"{ev.get('count', len(ops))} async ops never waited", ["op", "group", "seq", "site"],
-                   [[o.get("op"), o.get("group"), o.get("seq"), o.get("site")] for o in ops[:50]])]
-
-
-_BY_KIND = {"missing_ranks": _missing_ranks, "collective_mismatch": _mismatch, "p2p_deadlock": _deadlock,
-            "unmatched_p2p": _unmatched, "dead_rank": _dead, "rank_crashed": _crashed, "op_failed": _failed,
-            "straggler": _straggler, "unwaited_work": _unwaited}
-
-
 def finding_detail(f: Finding) -> RenderableType:
     head = Text()
     head.append(f"{P.SEVERITY_ICON[f.severity]} {f.kind}", style=P.SEVERITY_STYLE[f.severity])
@@ -458,50 +217,8 @@ def finding_detail(f: Finding) -> RenderableType:
     if f.culprits:
         parts.append(Text(f"culprit{'s' if len(f.culprits) > 1 else ''}: {', '.join(map(str, f.culprits))}",
                           style="bold #e05050"))
-    ev = f.evidence or {}
-    render = _BY_KIND.get(f.kind)
-    try:
-        parts += render(f, ev) if render else [_evidence_block(ev)]
-        parts += _consequences(ev) + _stacks_block(ev)
-    except Exception:  # evidence of an unexpected shape: still show it, plainly
-        parts += [_evidence_block(ev)]
+    parts += evidence.render(f)
     return Group(*parts)
-
-
-def _one_line(step: Any) -> str:
-    if isinstance(step, dict):
-        return " ".join(f"{k}={v}" for k, v in step.items() if k not in ("stack",))
-    return str(step)
-
-
-def _cell(v: Any) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, list | tuple):
-        return ", ".join(_cell(x) for x in v) if not all(isinstance(x, int) for x in v) else str(list(v))
-    return str(v)
-
-
-def _evidence_block(val: Any, depth: int = 0) -> RenderableType:
-    if isinstance(val, dict):
-        rows = []
-        for k, v in val.items():
-            if k in ("stack", "stacks", "stack_info", "consequences"):
-                continue  # shown by _stacks_block and _consequences
-            if isinstance(v, dict | list) and v and depth < 2 and not (isinstance(v, list) and all(
-                    isinstance(x, int | float | str) for x in v)):
-                rows.append((str(k), _evidence_block(v, depth + 1)))
-            else:
-                rows.append((str(k), _cell(v)))
-        t = Table.grid(padding=(0, 1))
-        t.add_column(style="grey62", no_wrap=True)
-        t.add_column(overflow="fold")
-        for k, v in rows:
-            t.add_row(k, v)
-        return t
-    if isinstance(val, list):
-        return Group(*[_evidence_block(v, depth + 1) for v in val[:32]])
-    return Text(_cell(val))
 
 
 class DetailPane(VerticalScroll):

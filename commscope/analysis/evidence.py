@@ -1,0 +1,277 @@
+"""Typed evidence of a finding, and the one Rich renderer of it (``commscope check`` and the console).
+
+Each finding kind has an evidence record, a dataclass declared next to its detector
+(``collectives.MissingRanks``, ``p2p.Deadlock``, ...), that derives from ``Evidence``:
+
+- its fields are the keys of its ``check --json`` evidence, in that order.  A field left
+  ``ABSENT`` is not in the JSON (``None`` is: it prints as ``null``);
+- ``render(f)`` draws it with Rich.  ``render(f)`` below adds what every error finding
+  carries: its consequences and the stacks of its culprits and waiting ranks.
+
+After detection, ``rootcause`` and ``findings.attach_stacks`` annotate a finding with the
+``ANNOTATIONS`` keys, in the order they happen to be added: they follow the kind's own
+fields in the JSON.  An ``Evidence`` is a mutable mapping of JSON key to value, so code
+reads ``f.evidence["blame"]`` whatever the kind; writing a key that is neither a field
+nor an annotation is a ``KeyError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+#: A field not in the evidence (a key the JSON leaves out).
+ABSENT: Any = _Absent()
+
+#: Keys any finding may gain after detection: ``consequences`` (rootcause: the findings folded
+#: into it), ``named_through`` (rootcause: the culprits it named before they were followed to
+#: their roots), ``stacks`` (rank -> folded threads), ``stack_info`` (rank -> role, capture
+#: time or why none) and ``culprit_where`` (findings.attach_stacks).
+ANNOTATIONS = ("consequences", "named_through", "stacks", "stack_info", "culprit_where")
+
+
+@dataclasses.dataclass(kw_only=True, eq=False)
+class Evidence(MutableMapping[str, Any]):
+    """Base of every finding kind's evidence record (see the module docstring)."""
+
+    def __post_init__(self) -> None:
+        self._names = tuple(f.name for f in dataclasses.fields(self))
+        self._notes: dict[str, Any] = {}
+
+    # -- the mapping of JSON key -> value
+    def __getitem__(self, key: str) -> Any:
+        if key in self._notes:
+            return self._notes[key]
+        if key in self._names:
+            v = getattr(self, key)
+            if v is not ABSENT:
+                return v
+        raise KeyError(key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key in self._names:
+            setattr(self, key, value)
+        elif key in ANNOTATIONS:
+            self._notes[key] = value
+        else:
+            raise KeyError(f"{type(self).__name__} has no evidence field {key!r}")
+
+    def __delitem__(self, key: str) -> None:
+        if key in self._notes:
+            del self._notes[key]
+        elif key in self._names and getattr(self, key) is not ABSENT:
+            setattr(self, key, ABSENT)
+        else:
+            raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from (k for k in self._names if getattr(self, k) is not ABSENT)
+        yield from self._notes
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({dict(self)!r})"
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``evidence`` object of ``check --json``."""
+        return dict(self.items())
+
+    # -- presentation
+    def render(self, f: Any) -> list[RenderableType]:
+        """The kind's own evidence, drawn (``f`` is the finding: culprits, seq).  The default
+        lists the fields; a kind overrides it."""
+        return [evidence_block({k: v for k, v in self.items() if k not in ANNOTATIONS})]
+
+
+#: The decorator of an evidence record: ``@record class MissingRanks(Evidence): ...``.
+record = dataclasses.dataclass(kw_only=True, eq=False)
+
+
+class RawEvidence(Evidence):
+    """Evidence given as a plain dict (code that builds a ``Finding`` by hand): any keys,
+    drawn as a key/value block."""
+
+    def __init__(self, data: dict[str, Any] | None = None):
+        self._names = ()
+        self._notes = dict(data or {})
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._notes[key] = value
+
+
+def render(f: Any) -> list[RenderableType]:
+    """Everything a finding's evidence shows: its kind's part, then its consequences and stacks.
+    Used by ``commscope check`` (inside a panel) and by the console's detail pane."""
+    ev = f.evidence
+    try:
+        return [*ev.render(f), *consequences(ev), *stacks_block(ev)]
+    except Exception:  # nested parts of an unexpected shape: still show them, plainly
+        return [evidence_block(dict(ev))]
+
+
+# ---------------------------------------------------------------------- shared pieces
+GREY, DIM, FAINT = "grey70", "grey62", "grey50"
+BAD, WARN = "#e05050", "#e0a030"
+
+
+def cell(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, list | tuple):
+        return ", ".join(cell(x) for x in v) if not all(isinstance(x, int) for x in v) else str(list(v))
+    return str(v)
+
+
+def kv(rows: list[tuple[str, Any]]) -> Table:
+    """Two columns, key and value; rows without a value are left out."""
+    t = Table.grid(padding=(0, 1))
+    t.add_column(style=DIM, no_wrap=True)
+    t.add_column(overflow="fold")
+    for k, v in rows:
+        if v is None or v == "" or v == []:
+            continue
+        t.add_row(k, v if isinstance(v, Text) else str(v))
+    return t
+
+
+def table(title: str, columns: list[str], rows: list[list[Any]], bad: set[int] | None = None,
+          key_col: int = 0) -> Table:
+    """A borderless table; rows whose ``key_col`` is in ``bad`` stand out."""
+    t = Table(title=title, title_justify="left", title_style=f"bold {GREY}", box=None, padding=(0, 1),
+              show_edge=False, header_style=DIM)
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    for row in rows:
+        style = f"bold {BAD}" if bad and row[key_col] in bad else ""
+        t.add_row(*[cell(x) for x in row], style=style)
+    return t
+
+
+def values(x: Any) -> list:
+    """Evidence collections come as lists or as dicts keyed by rank: their items either way."""
+    if isinstance(x, dict):
+        return [dict(v, rank=v.get("rank", k)) if isinstance(v, dict) else v for k, v in x.items()]
+    return list(x or [])
+
+
+def brief(op: dict | None) -> str:
+    """'all_reduce #61 (group 0) at train.py:19 in step' from an evidence op (``findings.op_brief``)."""
+    if not op:
+        return "–"
+    text = str(op.get("op", "?"))
+    if op.get("seq") is not None:
+        text += f" #{op['seq']}"
+    if op.get("peer") is not None:
+        text += f" {'to' if op.get('dir') == 'send' else 'from'} {op['peer']}"
+    if op.get("group") is not None:
+        text += f" (group {op['group']})"
+    if op.get("site"):
+        text += f" at {op['site']}"
+    return text
+
+
+def stack(threads: list[dict] | None, limit: int = 12) -> RenderableType | None:
+    """Folded thread views (``analysis.stacks.fold``): the user's frames, innermost last, and
+    what they are inside; torch's, commscope's and the standard library's frames folded."""
+    if not threads:
+        return None
+    out = []
+    for th in threads:
+        frames = th.get("frames") or []
+        text = Text()
+        text.append(f"thread {th.get('thread') or th.get('name')}", style="bold")
+        shown = frames[-limit:]
+        if len(frames) > limit:
+            text.append(f"\n  … {len(frames) - limit} outer frames", style=FAINT)
+        for k, fr in enumerate(shown):
+            line = fr if isinstance(fr, str) else f"{fr[0]}:{fr[1]} in {fr[2]}"
+            text.append(f"\n  {line}", style="bold #e0e0e0" if k == len(shown) - 1 else GREY)
+        if th.get("inside"):
+            folded = th.get("folded")
+            text.append(f"\n    └ inside {th['inside']}" + (f"  ({folded} frames of torch, commscope and the "
+                                                             "standard library folded)" if folded else ""),
+                        style=FAINT)
+        out.append(text)
+    return Group(*out)
+
+
+_WHY = {"request": "on request", "hang": "stuck in its op", "exception": "at its exception",
+        "signal": "at its fatal signal"}
+
+
+def stacks_block(ev: MutableMapping[str, Any]) -> list[RenderableType]:
+    """The culprits' and waiting ranks' stacks (``stacks`` and ``stack_info``), or why a rank
+    has none, and py-spy's dump where ``check --py-spy`` took one."""
+    out: list[RenderableType] = []
+    stacks = ev.get("stacks") or {}
+    info = ev.get("stack_info") or {str(r): {} for r in stacks}
+    for r, note in info.items():
+        role = note.get("role")
+        head = Text(f"stack of rank {r}", style=f"bold {BAD}" if role == "culprit" else f"bold {GREY}")
+        if role:
+            head.append(f"  {role}", style=DIM)
+        if r in stacks:
+            if note.get("age_s") is not None:
+                head.append(f" · {float(note['age_s']):.1f} s ago {_WHY.get(note.get('reason'), '')}", style=FAINT)
+            out.append(head)
+            block = stack(stacks[r])
+            if block is not None:
+                out.append(block)
+        else:
+            head.append(f": no stack: {note.get('missing', '?')}", style=FAINT)
+            out.append(head)
+        if note.get("native_dump"):
+            out.append(Text(f"py-spy dump of rank {r}:\n{note['native_dump'].rstrip()}"))
+    return out
+
+
+def consequences(ev: MutableMapping[str, Any]) -> list[RenderableType]:
+    cons = ev.get("consequences") or []
+    if not cons:
+        return []
+    t = Text()
+    for c in cons[:12]:
+        t.append(f"  {c['kind']}", style=WARN)
+        t.append(f"  {c['message']}\n", style=GREY)
+    if len(cons) > 12:
+        t.append(f"  … {len(cons) - 12} more\n", style=FAINT)
+    return [Text(f"consequences ({len(cons)}): folded into this finding", style=f"bold {GREY}"), t]
+
+
+def evidence_block(val: Any, depth: int = 0) -> RenderableType:
+    """Any evidence value as nested key/value blocks (stacks and consequences left out)."""
+    if isinstance(val, dict):
+        rows = []
+        for k, v in val.items():
+            if k in ("stack", "stacks", "stack_info", "consequences"):
+                continue  # shown by stacks_block and consequences
+            if isinstance(v, dict | list) and v and depth < 2 and not (isinstance(v, list) and all(
+                    isinstance(x, int | float | str) for x in v)):
+                rows.append((str(k), evidence_block(v, depth + 1)))
+            else:
+                rows.append((str(k), cell(v)))
+        t = Table.grid(padding=(0, 1))
+        t.add_column(style=DIM, no_wrap=True)
+        t.add_column(overflow="fold")
+        for k, v in rows:
+            t.add_row(k, v)
+        return t
+    if isinstance(val, list):
+        return Group(*[evidence_block(v, depth + 1) for v in val[:32]])
+    return Text(cell(val))
