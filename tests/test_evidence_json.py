@@ -55,3 +55,29 @@ def test_each_kind_has_a_typed_record_that_draws_itself():
             first = c.export_text().strip().splitlines()[0].strip()
             assert first[:40] in detail and first[:40] in check, (f.kind, first)
     assert seen == set(KINDS)
+
+
+def test_ranks_with_the_same_stack_share_one_block():
+    import io
+
+    from rich.console import Console
+
+    from commscope.analysis.evidence import stacks_block
+
+    def threads(fn: str) -> list[dict]:
+        return [{"thread": "MainThread", "frames": [["train.py", 12, fn]], "inside": "all_reduce", "folded": 3}]
+
+    ev = {"stacks": {"3": threads("hold"), "0": threads("step"), "1": threads("step"), "2": threads("log")},
+          "stack_info": {"3": {"role": "culprit", "age_s": 0.6, "reason": "request"},
+                         "0": {"role": "waiting", "age_s": 0.5, "reason": "request"},
+                         "1": {"role": "waiting", "age_s": 0.7, "reason": "request"},
+                         "2": {"role": "waiting", "age_s": 0.5, "reason": "request"},
+                         "5": {"role": "waiting", "missing": "rank 5 wrote no stack"}}}
+    con = Console(file=io.StringIO(), width=100)
+    for block in stacks_block(ev):
+        con.print(block)
+    heads = [ln for ln in con.file.getvalue().splitlines() if ln.startswith("stack of")]
+    assert heads == ["stack of rank 3  culprit · 0.6 s ago on request",
+                     "stack of ranks 0, 1  waiting · 0.5-0.7 s ago on request",
+                     "stack of rank 2  waiting · 0.5 s ago on request",
+                     "stack of rank 5  waiting: no stack: rank 5 wrote no stack"]

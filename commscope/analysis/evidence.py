@@ -18,6 +18,7 @@ nor an annotation is a ``KeyError``.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
@@ -217,18 +218,33 @@ _WHY = {"request": "on request", "hang": "stuck in its op", "exception": "at its
 
 def stacks_block(ev: MutableMapping[str, Any]) -> list[RenderableType]:
     """The culprits' and waiting ranks' stacks (``stacks`` and ``stack_info``), or why a rank
-    has none, and py-spy's dump where ``check --py-spy`` took one."""
+    has none, and py-spy's dump where ``check --py-spy`` took one.  Ranks of one role whose
+    stacks are the same (every waiting rank inside the same call) share one block."""
     out: list[RenderableType] = []
     stacks = ev.get("stacks") or {}
     info = ev.get("stack_info") or {str(r): {} for r in stacks}
+    same: dict[str, list[str]] = {}  # first rank of a block -> the ranks it shows
+    seen: dict[tuple, str] = {}
     for r, note in info.items():
+        if r in stacks and not note.get("native_dump"):
+            key = (note.get("role"), note.get("reason"), json.dumps(stacks[r], sort_keys=True, default=str))
+            if key in seen:
+                same[seen[key]].append(r)
+                continue
+            seen[key] = r
+        same[r] = [r]
+    for r, ranks in same.items():
+        note = info[r]
         role = note.get("role")
-        head = Text(f"stack of rank {r}", style=f"bold {BAD}" if role == "culprit" else f"bold {GREY}")
+        who = f"rank {r}" if len(ranks) == 1 else f"ranks {', '.join(ranks)}"
+        head = Text(f"stack of {who}", style=f"bold {BAD}" if role == "culprit" else f"bold {GREY}")
         if role:
             head.append(f"  {role}", style=DIM)
         if r in stacks:
-            if note.get("age_s") is not None:
-                head.append(f" · {float(note['age_s']):.1f} s ago {_WHY.get(note.get('reason'), '')}", style=FAINT)
+            ages = [float(info[x]["age_s"]) for x in ranks if info[x].get("age_s") is not None]
+            if ages:
+                age = f"{min(ages):.1f}" if max(ages) - min(ages) < 0.05 else f"{min(ages):.1f}-{max(ages):.1f}"
+                head.append(f" · {age} s ago {_WHY.get(note.get('reason'), '')}", style=FAINT)
             out.append(head)
             block = stack(stacks[r])
             if block is not None:
