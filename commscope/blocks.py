@@ -25,7 +25,7 @@ import base64
 import binascii
 import struct
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import orjson
@@ -79,14 +79,21 @@ REDUCING = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_sc
                       "reduce_scatter_single", "reduce_scatter_v", "reduce_scatter_tensor_coalesced"})
 
 
+#: How every encoded ``block`` line starts (``encode_block`` and commscope_native.cpp's
+#: ``drain_block`` write the same template).
+LINE_PREFIX = b'{"type":"block",'
+
+
 def encode_block(data: bytes, rank: int, ts: int, count: int) -> bytes:
     """One ``block`` event as a JSON line (without newline)."""
-    return b'{"type":"block","v":%d,"rank":%d,"ts":%d,"n":%d,"data":"%s"}' % (
+    return LINE_PREFIX + b'"v":%d,"rank":%d,"ts":%d,"n":%d,"data":"%s"}' % (
         SCHEMA_VERSION, rank, ts, count, base64.b64encode(data))
 
 
 def records_in_line(line: bytes) -> int:
-    """The ``n`` of an encoded block event (0 if it cannot be read)."""
+    """The ``n`` of an encoded block event (0 if it cannot be read, or is another event)."""
+    if not line.startswith(LINE_PREFIX):
+        return 0
     head = line[:96]
     at = head.find(b'"n":')
     if at < 0:
@@ -107,20 +114,35 @@ def count_records(data: bytes) -> int:
     return n
 
 
+class StaticBegin(NamedTuple):
+    """What a begin record's repeating part decodes to (``BlockDecoder._static_of``)."""
+
+    fields: dict  # the op event's fields but ts/id/seq/parent/tid
+    sk: int  # their signature key (``events.signature_key``)
+    any_source_gid: int | None  # an any-source recv's group id: its peer comes with a SOURCE record
+
+
+class GroupEntry(NamedTuple):
+    """A group as a rank's ``group`` event describes it, by the id its blocks use."""
+
+    name: str
+    granks: list[int] | None  # global ranks by group rank; None when the event had none (or bad ones)
+
+
 class BlockDecoder:
     """Unpacks one rank's blocks into op events; keeps that rank's site and group tables."""
 
     def __init__(self) -> None:
         self.sites: dict[int, str] = {}
-        self.groups: dict[int, tuple[str, list[int] | None]] = {}
+        self.groups: dict[int, GroupEntry] = {}
         self.names: list[str] | None = None
         self.dtypes: list[str] = [dtypes.torch_name(n) for n in dtypes.CODES]
         self.c10d_names = [n for _, n in C10D_OPS]
         self.invalid: Counter = Counter()  # records (or whole blocks) that could not be decoded, by reason
-        self._static: dict[bytes, tuple[dict, int] | None] = {}  # begin's static bytes -> (fields, sk)
+        self._static: dict[bytes, StaticBegin | bool] = {}  # begin's static bytes -> decoded, False: invalid
         self._gid_of_id: dict[int, int] = {}  # any-source recvs waiting for their source
         self._sigs: dict[int, tuple[int, int, bytes]] = {}  # signature id -> (flags, aux, its body)
-        self._by_sig: dict[int, tuple | bool] = {}  # signature id -> decoded (see _static_of)
+        self._by_sig: dict[int, StaticBegin | bool] = {}  # signature id -> decoded (see _static_of)
 
     # -- tables, from the rank's other events
     def note(self, ev: dict) -> None:
@@ -135,7 +157,7 @@ class BlockDecoder:
             if isinstance(gid, int):
                 granks = ev.get("granks")
                 ok = isinstance(granks, list) and all(isinstance(r, int) for r in granks)
-                self.groups[gid] = (str(ev.get("group")), list(granks) if ok else None)
+                self.groups[gid] = GroupEntry(str(ev.get("group")), list(granks) if ok else None)
                 self._static.clear()  # peers and roots may now resolve to global ranks
                 self._by_sig.clear()
         elif typ == "meta":
@@ -229,21 +251,25 @@ class BlockDecoder:
             flags, aux, static = sig
             # a SIG body is a BeginBody (tid, parent and seq left out) followed by the tensors
             hit = self._by_sig[sid] = self._static_of(static, 0, len(static), flags, aux)
+        return self._begin_event(hit, ts, op_id, seq, parent, tid)
+
+    def _begin_event(self, hit: StaticBegin | bool, ts: int, op_id: int, seq: int, parent: int, tid: int) -> dict:
+        """The op event of a begin record: its static fields (``_static_of``) and what differs
+        per call (``seq`` < 0: none; ``parent`` 0: none)."""
         if hit is False:
             raise ValueError("invalid begin fields")
         if seq > MAX_INT or parent > MAX_INT:
             raise ValueError("bad begin record")
-        fields, sk, gid_any = hit
         e = {"type": "op", "ts": ts, "phase": "begin", "id": op_id}
         if seq >= 0:
             e["seq"] = seq
         if parent:
             e["parent"] = parent
-        e.update(fields)
+        e.update(hit.fields)
         e["tid"] = tid
-        e["sk"] = sk
-        if gid_any is not None:
-            self._note_any_source(op_id, gid_any)
+        e["sk"] = hit.sk
+        if hit.any_source_gid is not None:
+            self._note_any_source(op_id, hit.any_source_gid)
         return e
 
     def _note_any_source(self, op_id: int, gid: int) -> None:
@@ -256,7 +282,7 @@ class BlockDecoder:
         if group_rank < 0:
             return None
         g = self.groups.get(gid)
-        granks = g[1] if g else None
+        granks = g.granks if g else None
         if granks is None:
             return group_rank  # membership unknown: the group rank (right for the default group)
         return granks[group_rank] if group_rank < len(granks) else None
@@ -265,26 +291,11 @@ class BlockDecoder:
         """A self-contained BEGIN record (written when the signature table is full)."""
         tid, parent, seq = struct.unpack_from("<QQ", raw, body) + (struct.unpack_from("<q", raw, body + 32)[0],)
         hit = self._static_of(raw, body, end, flags, aux)
-        if hit is False:
-            raise ValueError("invalid begin fields")
-        if seq > MAX_INT or parent > MAX_INT:
-            raise ValueError("bad begin record")
-        fields, sk, gid_any = hit
-        e = {"type": "op", "ts": ts, "phase": "begin", "id": op_id}
-        if seq >= 0:
-            e["seq"] = seq
-        if parent:
-            e["parent"] = parent
-        e.update(fields)
-        e["tid"] = tid
-        e["sk"] = sk
-        if gid_any is not None:
-            self._note_any_source(op_id, gid_any)
-        return e
+        return self._begin_event(hit, ts, op_id, seq, parent, tid)
 
-    def _static_of(self, raw: bytes, body: int, end: int, flags: int, aux: int) -> tuple | bool:
-        """(fields, sk, group id if an any-source recv) of a BeginBody and its tensors, decoded once
-        per distinct content; False when invalid (remembered too)."""
+    def _static_of(self, raw: bytes, body: int, end: int, flags: int, aux: int) -> StaticBegin | bool:
+        """A BeginBody and its tensors, decoded once per distinct content; False when invalid
+        (remembered too)."""
         # Everything but ts/id/seq/parent/tid repeats call after call.
         key = bytes((flags, aux & 0xFF)) + raw[body + 16:body + 32] + raw[body + 40:end]
         hit = self._static.get(key)
@@ -294,7 +305,7 @@ class BlockDecoder:
             try:
                 fields, sk = self._static_fields(raw, body + BEGIN_BODY.size, end, flags, aux, name, site, opcode,
                                                  gid, peer, root, redop, role, device, nin, nout, bin_, bout)
-                hit = (fields, sk, gid if aux == 3 and role != NESTED else None)
+                hit = StaticBegin(fields, sk, gid if aux == 3 and role != NESTED else None)
             except (struct.error, ValueError, IndexError, msgspec.ValidationError):
                 hit = False  # remembered: every record with these fields is invalid
             if len(self._static) > 50_000:
@@ -316,7 +327,7 @@ class BlockDecoder:
             op = "?"
         f: dict[str, Any] = {"op": op}
         if gid >= 0:
-            f["group"] = self.groups[gid][0] if gid in self.groups else f"#{gid}"
+            f["group"] = self.groups[gid].name if gid in self.groups else f"#{gid}"
         p = self._global(gid, peer)
         if p is not None:
             f["peer"] = p

@@ -17,7 +17,7 @@ def entry(rid, ts, name="gloo:all_reduce", seq=None, tid=7, group="0", retired=T
 def test_entries_inside_a_wrapped_op_are_skipped_and_the_rest_become_ops():
     windows = WrapperWindows()
     win = windows.open(7, "0", 100)
-    win[1] = 200  # a wrapped op on thread 7, group 0, from t=100 to t=200
+    win.end = 200  # a wrapped op on thread 7, group 0, from t=100 to t=200
     merge = FlightRecorderMerge(itertools.count(1000).__next__)
     out = merge.poll([entry(0, 150), entry(1, 250), entry(2, 160, tid=8), entry(3, 170, group="1")], windows, 300)
     begins = [e for e in out if e["phase"] == "begin"]

@@ -81,7 +81,7 @@ def unwritable(rank: int, ws: int, store: str) -> list:
             dist.all_reduce(x)
         time.sleep(0.5)
         rec = commscope.record.recorder.active()
-        dropped = rec.store_dropped + len(rec.pending)
+        dropped = rec.outbox.dropped + len(rec.outbox.pending)
         commscope.uninstrument()
     msgs = [str(w.message) for w in caught if "commscope" in str(w.message)]
     return [x.tolist(), msgs, dropped]

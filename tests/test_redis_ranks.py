@@ -133,8 +133,8 @@ class LoggedPending(deque):
 def restart_job(rank: int, ws: int, store: str, stop_file: str) -> dict:
     rec = commscope.instrument(store, sample_interval=0.1, hang_after=60.0, flight_recorder=False)
     with rec._tick_lock:  # before the process group exists, so before anything is written
-        rec.pending = LoggedPending(rec.pending)
-        rec.PENDING_CAP = 30  # small, so that the outage overflows it and drops get counted
+        rec.outbox.pending = LoggedPending(rec.outbox.pending)
+        rec.outbox.PENDING_CAP = 30  # small, so that the outage overflows it and drops get counted
     dist.init_process_group("gloo", rank=rank, world_size=ws)
     x = torch.ones(16)
     flag = torch.zeros(1)
@@ -149,9 +149,9 @@ def restart_job(rank: int, ws: int, store: str, stop_file: str) -> dict:
         time.sleep(0.002)
     commscope.uninstrument()  # the final write goes through: Redis is back by now
     dist.destroy_process_group()
-    return {"log": [line for _, line in sorted(rec.pending.log)], "left": len(rec.pending),
-            "store_dropped": rec.store_dropped, "hot_dropped": rec.ops.dropped(), "steps": steps,
-            "saw_failure": "store" in rec._warned, "stored_after_drop": rec.writer.stored_after_drop}
+    return {"log": [line for _, line in sorted(rec.outbox.pending.log)], "left": len(rec.outbox.pending),
+            "store_dropped": rec.outbox.dropped, "hot_dropped": rec.ops.dropped(), "steps": steps,
+            "saw_failure": "store" in rec._warned, "stored_after_drop": rec.outbox.writer.stored_after_drop}
 
 
 def _wait_for(predicate, timeout: float, what: str) -> None:
@@ -243,7 +243,7 @@ def password_job(rank: int, ws: int, store: str, err_file: str) -> dict:
         time.sleep(0.01)
     commscope.uninstrument()
     sys.stderr.flush()
-    return {"steps": 20, "value": float(x[0]), "error": rec._store_error}
+    return {"steps": 20, "value": float(x[0]), "error": rec.outbox.error}
 
 
 def _everything_in(url: str) -> bytes:

@@ -20,6 +20,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from commscope.events import SCHEMA_VERSION
+
 TARGET_WRITE = 200_000
 TARGET_READ = 500_000
 TARGET_WRITE_REDIS = 100_000  # events/s one rank pushes into Redis
@@ -77,7 +79,7 @@ def _writer_rate(rank: int, ws: int, store: str, n_ops: int, seconds: float) -> 
             n += 2000
         produced[0] = n
 
-    stored0 = _stored(rec.writer)
+    stored0 = _stored(rec.outbox.writer)
     rec.start()
     t = threading.Thread(target=produce)
     t0 = time.perf_counter()
@@ -90,7 +92,7 @@ def _writer_rate(rank: int, ws: int, store: str, n_ops: int, seconds: float) -> 
     t.join()
     elapsed = time.perf_counter() - t0
     rec.stop("bench")
-    written = _stored(rec.writer) - stored0
+    written = _stored(rec.outbox.writer) - stored0
     patch.ACTIVE = None
     return {"alone": alone, "produced": produced[0] / elapsed, "written": written / elapsed,
             "dropped": hot.hot_dropped, "peak_rss_delta": peak - rss0}
@@ -111,7 +113,7 @@ def _paced_writer(_rank: int, _ws: int, url: str, job: str, ranks: int, rate: in
     writers = [RedisWriter(url, job, r, {"world_size": ranks}) for r in range(ranks)]
     frag = (b'"op":"all_reduce","group":"0","redop":"sum","in_shapes":[[256]],"in_dtypes":["float32"],'
             b'"in_bytes":1024,"out_shapes":[[256]],"out_dtypes":["float32"],"out_bytes":1024,'
-            b'"site":"train.py:42 in step","tid":1,"v":1')
+            b'"site":"train.py:42 in step","tid":1,"v":%d' % SCHEMA_VERSION)
     done = 0
     t0 = time.monotonic()
     while True:
@@ -175,7 +177,7 @@ def write_trace(store: str, ranks: int, per_rank: int, job: str = "bench") -> No
             raise StoreError(f"give the benchmark a URL without ?job= (it writes job {job!r})")
         delete_job(store, job)
 
-    template = {"v": 1, "type": "op", "phase": "begin", "op": "all_reduce", "group": "0", "redop": "sum",
+    template = {"v": SCHEMA_VERSION, "type": "op", "phase": "begin", "op": "all_reduce", "group": "0", "redop": "sum",
                 "in_shapes": [[256]], "in_dtypes": ["float32"], "in_bytes": 1024, "out_shapes": [[256]],
                 "out_dtypes": ["float32"], "out_bytes": 1024, "site": "train.py:42 in step", "tid": 1}
     for r in range(ranks):
@@ -185,7 +187,7 @@ def write_trace(store: str, ranks: int, per_rank: int, job: str = "bench") -> No
             if i % 2 == 0:
                 ev = dict(template, rank=r, ts=10**18 + i, id=i // 2 + 1, seq=i // 2 + 1)
             else:
-                ev = {"v": 1, "type": "op", "rank": r, "ts": 10**18 + i, "phase": "end", "id": i // 2 + 1}
+                ev = {"v": SCHEMA_VERSION, "type": "op", "rank": r, "ts": 10**18 + i, "phase": "end", "id": i // 2 + 1}
             batch.append(encode(ev))
             if len(batch) == 10_000:
                 w.write(batch)

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from commscope import events as E
+from commscope import events
 from commscope.store import StoreError, StoreWriter, TraceReader, is_redis, open_writer, redact
 from commscope.store.base import is_job_name
 
@@ -76,7 +76,7 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
     copied: dict[int, int] = {}
     job_meta = {k: v for k, v in meta.items() if k not in ("job", "maxlen")}
     job_meta["copied_from"] = redact(src.description)
-    encode = E.encode
+    encode = events.encode
     try:
         done_reading = False
         while True:

@@ -14,6 +14,8 @@ import importlib.util
 import sys
 from typing import Any
 
+from commscope.record.importhook import AfterImportLoader
+
 
 def _prepare(dist: Any) -> None:
     """Wrap torch.distributed now; the recorder thread starts with the process group."""
@@ -28,26 +30,11 @@ def _prepare(dist: Any) -> None:
         rec.start()
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader):
-        self.inner = inner
-
-    def create_module(self, spec):
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module):
-        # Hand the real loader back first: importlib.resources and friends look at it.
-        module.__loader__ = self.inner
-        if module.__spec__ is not None:
-            module.__spec__.loader = self.inner
-        self.inner.exec_module(module)
-        try:
-            _prepare(module)
-        except Exception as exc:
-            print(f"commscope: bootstrap failed: {exc!r}", file=sys.stderr)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+def _prepare_or_say(dist: Any) -> None:
+    try:
+        _prepare(dist)
+    except Exception as exc:
+        print(f"commscope: bootstrap failed: {exc!r}", file=sys.stderr)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -59,7 +46,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         sys.meta_path.remove(self)  # one shot; also avoids finding ourselves
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader)
+            spec.loader = AfterImportLoader(spec.loader, [_prepare_or_say])
         return spec
 
 

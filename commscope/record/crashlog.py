@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Any
 
-from commscope import events as E
+from commscope import events
 from commscope.store.crashlog import crash_file_name
 
 _file: Any = None  # the open crash file while faulthandler writes to it
@@ -69,7 +69,7 @@ def exception_stack(rec: Any) -> dict | None:
     if tb is None:
         return None
     frames = [[fs.filename, fs.lineno, fs.name] for fs in traceback.extract_tb(tb, limit=64)]
-    return {"type": E.STACK, "ts": time.time_ns(), "reason": "exception", "exc": rec.crash,
+    return {"type": events.STACK, "ts": time.time_ns(), "reason": "exception", "exc": rec.crash,
             "threads": [{"tid": threading.main_thread().ident, "name": "MainThread", "frames": frames,
                          "op_thread": True}]}
 
@@ -82,8 +82,8 @@ def tick(rec: Any, emit: Any, final: bool = False) -> None:
         if ev is not None:
             emit(ev)
         disarm()
-    elif _file is None and getattr(rec, "writer", None) is not None:
-        arm(rec.writer)
+    elif _file is None and rec.outbox.writer is not None:
+        arm(rec.outbox.writer)
 
 
 def _after_fork_child() -> None:

@@ -59,6 +59,16 @@ def op_name(profiling_name: str) -> tuple[str, str | None, int | None]:
     return parse_name(profiling_name)[1:]
 
 
+class Window:
+    """When a top-level wrapper op ran: from its begin to its end (None while in flight)."""
+
+    __slots__ = ("begin", "end")
+
+    def __init__(self, begin: int) -> None:
+        self.begin = begin
+        self.end: int | None = None
+
+
 class WrapperWindows:
     """Recent top-level wrapper ops per (thread, group), to tell our ops from C++ ones."""
 
@@ -66,10 +76,11 @@ class WrapperWindows:
     MAX = 8192
 
     def __init__(self) -> None:
-        self._by_key: dict[tuple[int, str], deque[list]] = {}
+        self._by_key: dict[tuple[int, str], deque[Window]] = {}
 
-    def open(self, tid: int, group: str, ts: int) -> list:
-        win = [ts, None]
+    def open(self, tid: int, group: str, ts: int) -> Window:
+        """A window from ``ts``; the caller sets its ``end`` when the op ends."""
+        win = Window(ts)
         q = self._by_key.get((tid, group))
         if q is None:
             q = self._by_key.setdefault((tid, group), deque(maxlen=self.MAX))
@@ -79,8 +90,9 @@ class WrapperWindows:
     def covers(self, tid: int | None, group: str, ts: int) -> bool:
         keys = [(tid, group)] if tid is not None else [k for k in self._by_key if k[1] == group]
         for key in keys:
-            for begin, end in reversed(self._by_key.get(key, ())):
-                if begin <= ts and (end is None or ts <= end):
+            for win in reversed(self._by_key.get(key, ())):
+                end = win.end
+                if win.begin <= ts and (end is None or ts <= end):
                     return True
                 if end is not None and end < ts:
                     break  # windows are in time order; older ones end even earlier
@@ -88,7 +100,7 @@ class WrapperWindows:
 
     def prune(self, now: int) -> None:
         for q in self._by_key.values():
-            while q and q[0][1] is not None and now - q[0][1] > self.KEEP_NS:
+            while q and q[0].end is not None and now - q[0].end > self.KEEP_NS:
                 q.popleft()
 
 

@@ -35,7 +35,7 @@ import weakref
 from collections import deque
 from typing import Any
 
-from commscope import events as E
+from commscope import events
 from commscope.record import callsite
 
 KEY = "commscope/stacks/"
@@ -125,7 +125,7 @@ class StackRequests:
         for t in threads:
             if t["tid"] == main:
                 t["op_thread"] = True
-        return {"type": E.STACK, "ts": time.time_ns(), "reason": "request", "trigger": trigger,
+        return {"type": events.STACK, "ts": time.time_ns(), "reason": "request", "trigger": trigger,
                 "request_ns": request_ns, "threads": threads}
 
 

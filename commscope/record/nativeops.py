@@ -14,8 +14,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from commscope import blocks
-from commscope import events as E
+from commscope import blocks, events
 from commscope.events import SCHEMA_VERSION
 from commscope.events import encode as _dumps
 from commscope.record import callsite, ops, patch
@@ -68,7 +67,7 @@ class NativeOps:
             out(line)
 
     def _group_event(self, gid: int, name: str, now: int) -> dict:
-        ev: dict[str, Any] = {"type": E.GROUP, "ts": now, "group": name, "gid": gid}
+        ev: dict[str, Any] = {"type": events.GROUP, "ts": now, "group": name, "gid": gid}
         try:
             for pg, pg_name in list(patch.c10d._world.pg_names.items()):
                 if str(pg_name) == name:

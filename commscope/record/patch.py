@@ -27,7 +27,8 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from commscope.record import ops as O
+from commscope.record import ops
+from commscope.record.importhook import AfterImportLoader
 
 ACTIVE: Any = None  # the op source while instrumented (read on every wrapped call)
 
@@ -90,12 +91,12 @@ def make_wrapper(name: str, orig: Any, extract: Any, nests: bool = False) -> Any
             _record_raise(rec.end, tok, exc)
             raise
         try:
-            if tok[2] or tok[3] is not None or tok[4] is not None or rec.need_job:
+            if not tok.plain or rec.need_job:
                 rec.end(tok, None, ret)  # async, any-source recv, CUDA, job id unknown: full path
             else:  # the common case, inlined: a plain synchronous op ended
                 if nests:
-                    rec._tls.cur = tok[1]
-                rec.q.append(QueuedEnd(tok[0], time_ns(), None, None))
+                    rec._tls.cur = tok.parent
+                rec.q.append(QueuedEnd(tok.op_id, time_ns(), None, None))
         except Exception:
             pass  # recording must never change what the call returns
         return ret
@@ -115,7 +116,7 @@ def _batch_wrapper(orig: Any) -> Any:
         try:
             items = list(p2p_op_list)
             frame = sys._getframe(1)
-            outer = rec.begin("batch_isend_irecv", (items[0].group, None, None, None, None, False, (), ()),
+            outer = rec.begin("batch_isend_irecv", ops.OpArgs(items[0].group, None, None, None, None, False, (), ()),
                               frame, container=True)  # its children get child_of, not nesting
         except Exception:
             outer = None
@@ -126,9 +127,9 @@ def _batch_wrapper(orig: Any) -> Any:
             for p in items:
                 send = _unwrap(p.op) is orig_isend
                 ts = (p.tensor,)
-                a = (p.group, p.peer, "send" if send else "recv", None, None, True,
-                     ts if send else (), () if send else ts)
-                tok = rec.begin("isend" if send else "irecv", a, frame, child_of=outer[0])
+                a = ops.OpArgs(p.group, p.peer, "send" if send else "recv", None, None, True,
+                               ts if send else (), () if send else ts)
+                tok = rec.begin("isend" if send else "irecv", a, frame, child_of=outer.op_id)
                 if tok is not None:
                     children.append(tok)
         except Exception:
@@ -147,11 +148,11 @@ def _batch_wrapper(orig: Any) -> Any:
             if works:
                 if len(works) == len(children):
                     for w, tok in zip(works, children, strict=True):
-                        rec.track(w, (tok[0],), tok[4])
+                        rec.track(w, (tok.op_id,), tok.cuda)
                 else:  # coalesced: one Work completes the whole batch
-                    ids = tuple(t[0] for t in children)
+                    ids = tuple(t.op_id for t in children)
                     for w in works:
-                        rec.track(w, ids, children[0][4] if children else None)
+                        rec.track(w, ids, children[0].cuda if children else None)
         except Exception:
             pass
         return works
@@ -207,9 +208,9 @@ def _make_wait(orig_wait: Any) -> Any:
         if rec is None or not rec.works:
             return orig_wait(self, *args, **kwargs)
         entry = rec.works.pop(id(self), None)
-        if entry is None or entry[0]() is not self:
+        if entry is None or entry.ref() is not self:
             return orig_wait(self, *args, **kwargs)
-        _, op_ids, cuda = entry
+        op_ids, cuda = entry.op_ids, entry.cuda
         rec.wait_begin(op_ids)
         try:
             ret = orig_wait(self, *args, **kwargs)
@@ -276,7 +277,7 @@ def install_python(source: Any) -> None:
     """The pure-Python hot path (``pyhot.PythonOps``)."""
     global ACTIVE
     varlen = _install_common()
-    for name, extract in O.TORCH_OPS.items():
+    for name, extract in ops.TORCH_OPS.items():
         orig = getattr(dist, name, None)
         if orig is None:
             continue  # older torch
@@ -284,7 +285,7 @@ def install_python(source: Any) -> None:
     _set(dist, "batch_isend_irecv", _batch_wrapper(_unwrap(dist.batch_isend_irecv)))
     ensure_wait_patched(dist.Work)
     if varlen is not None:
-        for name, extract in O.VARLEN_OPS.items():
+        for name, extract in ops.VARLEN_OPS.items():
             orig = getattr(varlen, name, None)
             if orig is not None:
                 _set(varlen, name, make_wrapper(name, _unwrap(orig), extract, nests=True))
@@ -297,7 +298,7 @@ def install_python(source: Any) -> None:
 #: they issue the caller's call site; inside another recorded call they are its traffic.
 #: ``isend``/``irecv`` of distributed_c10d stay: ``batch_isend_irecv`` compares them by identity.
 ANNOTATE: dict[str, tuple[str, ...]] = {
-    "torch.distributed.distributed_c10d": tuple(n for n in O.TORCH_OPS if n not in ("isend", "irecv")),
+    "torch.distributed.distributed_c10d": tuple(n for n in ops.TORCH_OPS if n not in ("isend", "irecv")),
     "torch.distributed._functional_collectives": (
         "broadcast", "all_reduce", "all_gather_tensor", "all_gather_tensor_autograd", "reduce_scatter_tensor",
         "reduce_scatter_tensor_autograd", "all_reduce_coalesced", "all_gather_into_tensor_coalesced",
@@ -320,7 +321,7 @@ def install_native(source: Any) -> None:
     m = source.m
     names = source_names(source)
     varlen = _install_common()
-    for name in O.TORCH_OPS:
+    for name in ops.TORCH_OPS:
         orig = getattr(dist, name, None)
         if orig is None:
             continue
@@ -330,7 +331,7 @@ def install_native(source: Any) -> None:
     for module, names in ANNOTATE.items():
         when_imported(module, lambda mod, names=names: _annotate(m, mod, names))
     if varlen is not None:
-        for name, extract in O.VARLEN_OPS.items():
+        for name, extract in ops.VARLEN_OPS.items():
             orig = getattr(varlen, name, None)
             if orig is not None:
                 _set(varlen, name, _native_rich_wrapper(source, name, _unwrap(orig), extract))
@@ -362,30 +363,8 @@ class _Hook(importlib.abc.MetaPathFinder):
         finally:
             sys.meta_path.insert(0, self)
         if spec is not None and spec.loader is not None:
-            spec.loader = _HookLoader(spec.loader, self.pending.pop(name))
+            spec.loader = AfterImportLoader(spec.loader, self.pending.pop(name))
         return spec
-
-
-class _HookLoader(importlib.abc.Loader):
-    def __init__(self, inner: Any, callbacks: list):
-        self.inner, self.callbacks = inner, callbacks
-
-    def create_module(self, spec):
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module):
-        module.__loader__ = self.inner
-        if module.__spec__ is not None:
-            module.__spec__.loader = self.inner
-        self.inner.exec_module(module)
-        for cb in self.callbacks:
-            try:
-                cb(module)
-            except Exception:
-                pass  # recording must never break an import
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 _hook: _Hook | None = None

@@ -30,10 +30,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commscope import __version__, blocks
-from commscope import events as E
+from commscope import __version__, events
 from commscope.events import encode as _dumps
 from commscope.record import callsite, crashlog, hangsignal, native
+from commscope.record.outbox import Outbox
 from commscope.record.probes import ResourceProbe
 from commscope.store import StoreError, default_store, open_writer, redact, redact_args
 
@@ -43,8 +43,10 @@ DEFAULT_HANG_AFTER = 30.0
 
 
 class Recorder:
+    """The recorder thread of one rank: each tick collects from the op source (``ops``),
+    adds stacks, samples, heartbeats, drops and the exit, and writes through ``outbox``."""
+
     TICK = 0.05  # seconds between drains; a begin reaches the store within ~2 ticks
-    PENDING_CAP = 100_000  # encoded events waiting for a writable store (about 30 MB)
     EARLY_CAP = 1_000
 
     def __init__(self, store: Any = None, *, hang_after: float | None = None, capture_stacks: bool = True,
@@ -62,17 +64,11 @@ class Recorder:
         self.flight_recorder = flight_recorder
         self.rank: int | None = None
         self.job: str | None = None
-        self.writer: Any = None
-        self.pending: deque[bytes] = deque()  # encoded events not yet in the store
+        self._warned: set[str] = set()
+        self.outbox = Outbox(self.warn)  # encoded events on their way to the store
         self._early: deque[dict] = deque()  # events from before the rank is known
-        self.store_dropped = 0  # events (lines) the store buffer gave up on
-        self.store_dropped_records = 0  # op records inside the ``block`` events among them
         self._records_reported = 0
         self._dropped_reported = 0
-        self._store_error: str | None = None
-        self._warned: set[str] = set()
-        self._retry_at = 0.0
-        self._retry_delay = 0.5
         self.drop_note: str | None = None
         self._next_sample = 0.0
         self._probe: ResourceProbe | None = None
@@ -192,8 +188,6 @@ class Recorder:
         self.exited = True
         self._exit = (time.time_ns(), reason)
 
-    FINAL_WRITE_S = 0.8  # the last write's retries at shutdown; exit is never held longer than ~1 s
-
     def stop(self, reason: str = "uninstrument", timeout: float = 1.0) -> None:
         self.mark_exit(reason)
         self._stop.set()
@@ -232,7 +226,7 @@ class Recorder:
                     self._emit(ev)
                 self._early.clear()
             emit = self._emit
-            self.ops.collect(now, final, emit, self._out, self.rank)
+            self.ops.collect(now, final, emit, self.outbox.put, self.rank)
             if self.capture_stacks:
                 stuck_ns = self._capture_stuck(now, emit)
                 failed_ns = self.ops.failed_ns()
@@ -241,21 +235,22 @@ class Recorder:
             if final or time.monotonic() >= self._next_sample:
                 self._next_sample = time.monotonic() + self.sample_interval
                 self._samples(now, emit)
-            dropped = self.ops.dropped() + self.store_dropped
+            outbox = self.outbox
+            dropped = self.ops.dropped() + outbox.dropped
             if dropped > self._dropped_reported:
                 reason = self._drop_reason()
-                ev = {"type": E.DROPPED, "ts": now, "count": dropped - self._dropped_reported,
+                ev = {"type": events.DROPPED, "ts": now, "count": dropped - self._dropped_reported,
                       "total": dropped, "reason": reason}
-                if self.store_dropped_records > self._records_reported:
-                    ev["records"] = self.store_dropped_records - self._records_reported
-                    self._records_reported = self.store_dropped_records
+                if outbox.dropped_records > self._records_reported:
+                    ev["records"] = outbox.dropped_records - self._records_reported
+                    self._records_reported = outbox.dropped_records
                 emit(ev)
                 self._dropped_reported = dropped
                 self.warn("dropped", f"commscope: dropped {dropped} trace events ({reason}); training is unaffected")
             if self._exit is not None and (self.rank is not None or final):
                 ts, reason = self._exit
                 self._exit = None
-                exit_ev: dict[str, Any] = {"type": E.EXIT, "ts": ts, "reason": reason}
+                exit_ev: dict[str, Any] = {"type": events.EXIT, "ts": ts, "reason": reason}
                 unwaited = self.ops.unwaited()
                 if unwaited:
                     exit_ev["unwaited"] = unwaited
@@ -270,26 +265,16 @@ class Recorder:
         if self.rank is None:
             if len(self._early) >= self.EARLY_CAP:
                 self._early.popleft()
-                self.store_dropped += 1
+                self.outbox.dropped += 1
             self._early.append(ev)
             return
-        ev["v"] = E.SCHEMA_VERSION
+        ev["v"] = events.SCHEMA_VERSION
         ev["rank"] = self.rank
-        self._out(_dumps(ev))
-
-    def _out(self, line: bytes) -> None:
-        """Queue an encoded event for the store (bounded: the oldest is dropped and counted)."""
-        pending = self.pending
-        if len(pending) >= self.PENDING_CAP:
-            lost = pending.popleft()
-            self.store_dropped += 1
-            if lost.startswith(b'{"type":"block"'):
-                self.store_dropped_records += blocks.records_in_line(lost)
-        pending.append(line)
+        self.outbox.put(_dumps(ev))
 
     def _drop_reason(self) -> str:
-        if self._store_error:
-            return self._store_error
+        if self.outbox.error:
+            return self.outbox.error
         if self.drop_note:
             note, self.drop_note = self.drop_note, None
             return note
@@ -307,7 +292,7 @@ class Recorder:
             for t in threads:
                 if t["tid"] == tid:
                     t["op_thread"] = True
-            emit({"type": E.STACK, "ts": now, "id": op_id, "threads": threads})
+            emit({"type": events.STACK, "ts": now, "id": op_id, "threads": threads})
         return oldest
 
     def _samples(self, now: int, emit) -> None:
@@ -318,36 +303,38 @@ class Recorder:
             gpu = self.ops.gpu_index = _current_cuda_device()
         if gpu is not None:
             self._probe.use_gpu(gpu)
-        sample = {"type": E.SAMPLE, "ts": now}
+        sample = {"type": events.SAMPLE, "ts": now}
         sample.update(self._probe.sample())
         emit(sample)
-        emit({"type": E.HEARTBEAT, "ts": now, "inflight": self.ops.inflight()})
+        emit({"type": events.HEARTBEAT, "ts": now, "inflight": self.ops.inflight()})
 
     # ------------------------------------------------------------------ writing
     def _open_writer(self) -> bool:
-        if self.writer is not None:
+        """Open the store once the rank and the job are known (True: ``outbox.writer`` is set)."""
+        outbox = self.outbox
+        if outbox.writer is not None:
             return True
         if self.rank is None:
             if not (dist.is_available() and dist.is_initialized()):
                 return False
             self.rank = dist.get_rank()
-        if time.monotonic() < self._retry_at:
+        if outbox.backing_off():
             return False
         if self.job is None and not self._settle_job_from_thread():
             return False
         meta = self._meta()
         try:
-            self.writer = open_writer(self.store, self.job, self.rank, job_meta={
+            writer = open_writer(self.store, self.job, self.rank, job_meta={
                 "created": self.started_ns, "world_size": meta["world_size"], "backend": meta["backend"],
-                "schema": E.SCHEMA_VERSION, "commscope": __version__, "host": meta["host"],
+                "schema": events.SCHEMA_VERSION, "commscope": __version__, "host": meta["host"],
             })
         except StoreError as exc:
-            self._store_failed(str(exc))
+            outbox.failed(str(exc))
             return False
         # A store URL may name the job (redis://...?job=NAME): the events must say the same.
-        self.job = meta["job"] = getattr(self.writer, "job", self.job)
-        meta["v"], meta["rank"] = E.SCHEMA_VERSION, self.rank
-        self.pending.appendleft(_dumps(meta))
+        self.job = meta["job"] = getattr(writer, "job", self.job)
+        meta["v"], meta["rank"] = events.SCHEMA_VERSION, self.rank
+        outbox.opened(writer, _dumps(meta))
         return True
 
     def _meta(self) -> dict:
@@ -356,7 +343,7 @@ class Recorder:
             backend = str(dist.get_backend())
         except Exception:
             world, backend = None, "?"
-        meta = {"type": E.META, "ts": self.started_ns, "host": socket.gethostname(), "pid": os.getpid(),
+        meta = {"type": events.META, "ts": self.started_ns, "host": socket.gethostname(), "pid": os.getpid(),
                 "world_size": world, "backend": backend, "torch": torch.__version__, "commscope": __version__,
                 "python": sys.version.split()[0], "job": self.job, "hang_after": self.hang_after,
                 "sample_interval": self.sample_interval,
@@ -367,60 +354,12 @@ class Recorder:
             meta["local_rank"] = int(os.environ["LOCAL_RANK"])
         return meta
 
-    def _store_failed(self, message: str) -> None:
-        self._store_error = message
-        self.warn("store", f"commscope: {message}; training continues, trace events are buffered "
-                           "(bounded) and dropped if the store stays unavailable")
-        self._retry_at = time.monotonic() + self._retry_delay
-        self._retry_delay = min(self._retry_delay * 2, 10.0)
-
     def _write(self, final: bool) -> None:
+        outbox = self.outbox
         if final:
-            self._write_final()
-            return
-        pending = self.pending
-        if not pending or time.monotonic() < self._retry_at or not self._open_writer():
-            return
-        self._write_once()
-
-    def _write_once(self) -> bool:
-        pending = self.pending
-        try:
-            self.writer.write(list(pending))
-        except StoreError as exc:
-            for _ in range(min(exc.written, len(pending))):
-                pending.popleft()
-            self._store_failed(str(exc))
-            return False
-        pending.clear()
-        if self._store_error is not None:
-            self._store_error = None
-            self._retry_delay = 0.5
-        return True
-
-    def _write_final(self) -> None:
-        """A last, bounded attempt; what still cannot be written is reported on stderr."""
-        deadline = time.monotonic() + self.FINAL_WRITE_S
-        while self.pending:
-            self._retry_at = 0.0
-            if self._open_writer() and self._write_once():
-                break
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.1)
-        if self.pending:
-            lost = len(self.pending)
-            records = sum(blocks.records_in_line(line) for line in self.pending
-                          if line.startswith(b'{"type":"block"'))
-            what = f"{lost} trace events" + (f" ({records} op records in blocks)" if records else "")
-            print(f"commscope: rank {self.rank}: {what} could not be written at exit to {redact(self.store)}: "
-                  f"{self._store_error or 'the store is unavailable'}", file=sys.stderr)
-            self.pending.clear()
-        if self.writer is not None:
-            try:
-                self.writer.close()
-            except Exception:
-                pass
+            outbox.write_final(self._open_writer, f"rank {self.rank}", redact(self.store))
+        elif outbox.pending and not outbox.backing_off() and self._open_writer():
+            outbox.write_once()
 
 
 def _current_cuda_device() -> int | None:
@@ -543,5 +482,4 @@ def _after_fork_child() -> None:
 
     patch.uninstall()
     rec.ops.after_fork()
-    rec.pending.clear()
-    rec.writer = None
+    rec.outbox.forget()

@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from commscope import events as E
+from commscope import events
 from commscope.blocks import BlockDecoder, expand_decoded
 from commscope.events import Decoded, Event, decode_lines, gc_paused
 from commscope.schema import decode_job
@@ -247,7 +247,7 @@ class RedisWriter:
             ev = orjson.loads(line)
         except orjson.JSONDecodeError:
             return line
-        if not isinstance(ev, dict) or ev.get("type") != E.META:
+        if not isinstance(ev, dict) or ev.get("type") != events.META:
             return line
         secrets = [s.decode() for s in self._secrets]
 
@@ -572,16 +572,16 @@ def _decode(values: list[bytes], rank: int) -> Decoded:
         got = decode_lines(joined, rank)
         if len(got.events) + got.damaged + sum(got.invalid.values()) == len(values):
             return got
-    events, damaged, invalid = [], 0, Counter()  # empty or multi-line entries: judge each on its own
+    kept, damaged, invalid = [], 0, Counter()  # empty or multi-line entries: judge each on its own
     for v in values:
         one = decode_lines(v.replace(b"\n", b" "), rank) if v.strip() else Decoded([], 1, Counter())
         if len(one.events) + one.damaged + sum(one.invalid.values()) != 1:  # not exactly one event
             damaged += 1
             continue
-        events.extend(one.events)
+        kept.extend(one.events)
         damaged += one.damaged
         invalid.update(one.invalid)
-    return Decoded(events, damaged, invalid)
+    return Decoded(kept, damaged, invalid)
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -1143,18 +1143,22 @@ PyObject* py_set_active(PyObject*, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
+// Takes every record appended since the last call (leaving a fresh buffer behind), with
+// their count and the records dropped since then; the appenders wait only for the swap.
+void take_buffer(std::vector<uint8_t>& out, uint64_t& records, uint64_t& dropped) {
+  std::lock_guard<std::mutex> g(S->mu);
+  out.swap(S->buf);
+  S->buf.reserve(out.capacity() < (64u << 10) ? (64u << 10) : std::min(out.capacity(), S->cap));
+  dropped = S->dropped;
+  records = S->records;
+  S->dropped = 0;
+  S->records = 0;
+}
+
 PyObject* py_drain(PyObject*, PyObject*) {
   std::vector<uint8_t> out;
   uint64_t dropped, records;
-  {
-    std::lock_guard<std::mutex> g(S->mu);
-    out.swap(S->buf);
-    S->buf.reserve(out.capacity() < (64u << 10) ? (64u << 10) : std::min(out.capacity(), S->cap));
-    dropped = S->dropped;
-    records = S->records;
-    S->dropped = 0;
-    S->records = 0;
-  }
+  take_buffer(out, records, dropped);
   PyObject* data = PyBytes_FromStringAndSize((const char*)out.data(), Py_ssize_t(out.size()));
   if (data == nullptr) return nullptr;
   return Py_BuildValue("(NKK)", data, (unsigned long long)records, (unsigned long long)dropped);
@@ -1189,15 +1193,7 @@ PyObject* py_drain_block(PyObject*, PyObject* args) {
   if (!PyArg_ParseTuple(args, "LLi", &rank, &ts, &version)) return nullptr;
   std::vector<uint8_t> out;
   uint64_t dropped, records;
-  {
-    std::lock_guard<std::mutex> g(S->mu);
-    out.swap(S->buf);
-    S->buf.reserve(out.capacity() < (64u << 10) ? (64u << 10) : std::min(out.capacity(), S->cap));
-    dropped = S->dropped;
-    records = S->records;
-    S->dropped = 0;
-    S->records = 0;
-  }
+  take_buffer(out, records, dropped);
   if (out.empty()) return Py_BuildValue("(OKK)", Py_None, 0ULL, (unsigned long long)dropped);
   char prefix[160];
   int np = snprintf(prefix, sizeof prefix, "{\"type\":\"block\",\"v\":%d,\"rank\":%lld,\"ts\":%lld,\"n\":%llu,\"data\":\"",
