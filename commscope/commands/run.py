@@ -67,7 +67,7 @@ def _native_ready() -> bool:
     if not native.enabled():
         return False
     try:
-        return native.load() is not None
+        return native.load(build=True) is not None
     except Exception:
         return False
 

@@ -79,7 +79,7 @@ def _native_ready() -> bool:
     from commscope.record import native
 
     try:
-        return native.enabled() and native.load() is not None
+        return native.enabled() and native.load(build=True) is not None
     except Exception:
         return False
 

@@ -3,9 +3,16 @@
 The extension is compiled against the installed torch, once per machine, torch version,
 Python version and source, into ``$COMMSCOPE_NATIVE_DIR`` (default
 ``~/.cache/commscope/native``); later processes import the built file directly.  Building
-needs a C++ compiler and ninja and takes 20-60 s; concurrent ranks wait for one build
-(torch's build lock).  ``COMMSCOPE_NATIVE=0`` turns it off, and so does any failure: the
-recorder then falls back to its pure-Python path (see ``commscope.record.recorder``).
+needs a C++ compiler and ninja and takes 20-60 s, so only launchers build (the install
+script, ``commscope run``, the demo runner): a rank never does, because a build in a rank
+would stall training for that long.  A rank without a built module records in Python.
+
+A build runs in a child process, in a private directory, under a time limit, and the
+finished file is moved into place atomically: a build killed half-way (a rank killed, a
+Ctrl-C) leaves no lock behind for the next one to wait on forever, as torch's own build
+lock in a shared directory would.  ``COMMSCOPE_NATIVE=0`` turns the native recorder off,
+and so does any failure: the recorder then falls back to its pure-Python path (see
+``commscope.record.recorder``).
 
 ``python -m commscope.record.native`` builds it ahead of time and says where it is.
 """
@@ -16,7 +23,9 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -61,9 +70,13 @@ def _import_built(directory: Path) -> ModuleType | None:
     return None
 
 
-def load(build: bool = True, verbose: bool = False) -> ModuleType | None:
-    """The extension module, building it if needed and allowed; None when unavailable
-    (``error()`` says why)."""
+#: How long a build may take before it is given up (a machine under load takes minutes).
+BUILD_TIMEOUT_S = 600.0
+
+
+def load(build: bool = False, verbose: bool = False) -> ModuleType | None:
+    """The extension module, building it first when ``build`` (launchers only, never a
+    rank); None when unavailable (``error()`` says why)."""
     global _module, _error
     with _lock:
         if _module is not None or (_error is not None and not build):
@@ -75,7 +88,8 @@ def load(build: bool = True, verbose: bool = False) -> ModuleType | None:
             directory = build_dir()
             module = _import_built(directory)
             if module is None and build:
-                module = _build(directory, verbose)
+                _build(directory, verbose)
+                module = _import_built(directory)
             if module is None:
                 _error = "not built yet (python -m commscope.record.native builds it)"
                 return None
@@ -87,15 +101,61 @@ def load(build: bool = True, verbose: bool = False) -> ModuleType | None:
             return None
 
 
-def _build(directory: Path, verbose: bool) -> ModuleType:
-    import torch.utils.cpp_extension as cpp
-
+def _build(directory: Path, verbose: bool) -> None:
+    """Compile in a child process into a fresh directory beside ``directory``, then move the
+    module into ``directory`` (atomic: readers see the whole file or none)."""
     directory.mkdir(parents=True, exist_ok=True)
     if not verbose:
         print(f"commscope: building the native recorder for torch {_torch_version()} (once, ~30 s) in {directory}",
               file=sys.stderr)
-    return cpp.load(name=MODULE, sources=[str(SOURCE)], build_directory=str(directory),
-                    extra_cflags=["-O2", "-w"], verbose=verbose)
+    with tempfile.TemporaryDirectory(prefix=".build-", dir=directory.parent, ignore_cleanup_errors=True) as scratch:
+        command = [sys.executable, str(Path(__file__).resolve()), "compile", scratch] + (["-v"] if verbose else [])
+        # A session of its own: on timeout or interrupt the compilers it started go with it.
+        child = subprocess.Popen(command, text=True, start_new_session=True,
+                                 stdout=None if verbose else subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            output, _ = child.communicate(timeout=BUILD_TIMEOUT_S)
+        except BaseException as exc:
+            _kill_session(child.pid)
+            child.wait()
+            if isinstance(exc, subprocess.TimeoutExpired):
+                raise RuntimeError(f"the build took longer than {BUILD_TIMEOUT_S:.0f} s and was stopped") from None
+            raise
+        if child.returncode != 0:
+            lines = (output or "").strip().splitlines()
+            raise RuntimeError(lines[-1] if lines else f"the build failed (exit {child.returncode})")
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES + [".so"]:
+            built = Path(scratch) / (MODULE + suffix)
+            if built.is_file():
+                os.replace(built, directory / built.name)
+                return
+        raise RuntimeError("the build finished without a module")
+
+
+def _kill_session(sid: int) -> None:
+    """Kill every process of session ``sid``: ninja gives each compiler a process group of
+    its own, so killing the child's group would leave the compilers running."""
+    import psutil
+
+    for _ in range(5):  # a process may start another while the first pass kills
+        found = False
+        for proc in psutil.process_iter():
+            try:
+                if os.getsid(proc.pid) == sid:
+                    proc.kill()
+                    found = True
+            except (OSError, psutil.Error):
+                pass
+        if not found:
+            return
+
+
+def _compile(scratch: str, verbose: bool) -> None:
+    """The child's side of ``_build``: torch's extension builder, in a directory of its own."""
+    import torch.utils.cpp_extension as cpp
+
+    cpp.load(name=MODULE, sources=[str(SOURCE)], build_directory=scratch, extra_cflags=["-O2", "-w"],
+             verbose=verbose)
 
 
 def _torch_version() -> str:
@@ -114,9 +174,14 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m commscope.record.native",
                                 description="Build commscope's native recorder for this torch, or show its state.")
-    p.add_argument("action", nargs="?", choices=("build", "status"), default="build")
+    p.add_argument("action", nargs="?", choices=("build", "status", "compile"), default="build",
+                   help="build (default): build unless built; status: say whether it is built")
+    p.add_argument("scratch", nargs="?", help=argparse.SUPPRESS)
     p.add_argument("-v", "--verbose", action="store_true", help="show the compiler's output")
     args = p.parse_args(argv)
+    if args.action == "compile":  # the child process of a build
+        _compile(args.scratch, args.verbose)
+        return 0
     if not enabled():
         print(f"native recorder disabled ({ENV_NATIVE}=0)")
         return 0 if args.action == "status" else 1
