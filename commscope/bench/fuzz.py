@@ -87,7 +87,7 @@ def native_store() -> Files:
     """The same kind of job as the native recorder writes it: ops packed in ``block`` events."""
     import orjson
 
-    from commscope import blocks as B
+    from commscope import blocks
     from commscope.analysis.synth import S
 
     t0 = 1_700_000_000_000_000_000 + S // 10
@@ -104,22 +104,22 @@ def native_store() -> Files:
         for step in range(12):
             p2p = step + 1
             op_id += 1
-            recs += B.pack_begin(op_id, t, name=0, site=0, seq=step + 1, ins=[(6, [64, 8])], outs=[(6, [64, 8])],
-                                 in_bytes=2048, out_bytes=2048) + B.pack_end(op_id, t + 100_000)
+            recs += blocks.pack_begin(op_id, t, name=0, site=0, seq=step + 1, ins=[(6, [64, 8])], outs=[(6, [64, 8])],
+                                 in_bytes=2048, out_bytes=2048) + blocks.pack_end(op_id, t + 100_000)
             op_id += 1
-            recs += B.pack_begin(op_id, t + 200_000, name=1, site=0, seq=p2p, peer=(r + 1) % WORLD, direction=1,
-                                 flags=B.ASYNC, ins=[(6, [16])], in_bytes=64) + B.pack_end(op_id, t + 210_000)
-            recs += B.pack_wait_begin(op_id, t + 220_000) + B.pack_end(op_id, t + 260_000, wait=True)
+            recs += blocks.pack_begin(op_id, t + 200_000, name=1, site=0, seq=p2p, peer=(r + 1) % WORLD, direction=1,
+                                 flags=blocks.ASYNC, ins=[(6, [16])], in_bytes=64) + blocks.pack_end(op_id, t + 210_000)
+            recs += blocks.pack_wait_begin(op_id, t + 220_000) + blocks.pack_end(op_id, t + 260_000, wait=True)
             op_id += 1
-            recs += B.pack_begin(op_id, t + 230_000, name=2, site=0, seq=p2p, peer=(r - 1) % WORLD, direction=2,
-                                 flags=B.ASYNC, outs=[(6, [16])], out_bytes=64) + B.pack_end(op_id, t + 240_000)
-            recs += B.pack_wait_begin(op_id, t + 245_000) + B.pack_end(op_id, t + 270_000, wait=True)
+            recs += blocks.pack_begin(op_id, t + 230_000, name=2, site=0, seq=p2p, peer=(r - 1) % WORLD, direction=2,
+                                 flags=blocks.ASYNC, outs=[(6, [16])], out_bytes=64) + blocks.pack_end(op_id, t + 240_000)
+            recs += blocks.pack_wait_begin(op_id, t + 245_000) + blocks.pack_end(op_id, t + 270_000, wait=True)
             op_id += 1
-            recs += B.pack_begin(op_id, t + 300_000, opcode=1, seq=-1, role=B.NESTED,
+            recs += blocks.pack_begin(op_id, t + 300_000, opcode=1, seq=-1, role=blocks.NESTED,
                                  parent=op_id - 3, ins=[(6, [4])], outs=[(6, [4]), (6, [4]), (6, [4])],
-                                 in_bytes=16, out_bytes=48) + B.pack_end(op_id, t + 350_000)
+                                 in_bytes=16, out_bytes=48) + blocks.pack_end(op_id, t + 350_000)
             t += 1_000_000
-        lines = [orjson.dumps(e) for e in head] + [B.encode_block(recs, r, t, B.count_records(recs))]
+        lines = [orjson.dumps(e) for e in head] + [blocks.encode_block(recs, r, t, blocks.count_records(recs))]
         lines += [orjson.dumps({"type": "heartbeat", "rank": r, "ts": t, "v": 2, "inflight": 0}),
                   orjson.dumps({"type": "exit", "rank": r, "ts": t + 1000, "v": 2, "reason": "atexit"})]
         files[f"job/rank-{r:05d}.jsonl"] = b"\n".join(lines) + b"\n"
@@ -300,7 +300,7 @@ def m_block(rng: random.Random, files: Files) -> Files:
 
     import orjson
 
-    from commscope import blocks as B
+    from commscope import blocks
 
     names = [n for n in _rank_files(files) if b'"type":"block"' in files[n]]
     if not names:
@@ -320,11 +320,11 @@ def m_block(rng: random.Random, files: Files) -> Files:
             raw[rng.randrange(len(raw))] ^= 1 << rng.randrange(8)
     elif how == "cut":
         del raw[rng.randrange(len(raw) + 1):]
-    elif how == "field" and len(raw) >= B.HEADER.size + B.BEGIN_BODY.size:
+    elif how == "field" and len(raw) >= blocks.HEADER.size + blocks.BEGIN_BODY.size:
         at = rng.randrange(0, len(raw) - 8)
         raw[at:at + 8] = struct.pack("<q", rng.choice([-1, 0, 1 << 62, -(1 << 63), (1 << 63) - 1, 255, 65535]))
     else:
-        raw += B.pack_begin(rng.randrange(1 << 40), rng.choice([0, -5, 1 << 62]), seq=rng.choice([-1, 10**12]),
+        raw += blocks.pack_begin(rng.randrange(1 << 40), rng.choice([0, -5, 1 << 62]), seq=rng.choice([-1, 10**12]),
                             ins=[(rng.randrange(256), [rng.choice([-1, 1 << 40, 3])] * rng.randrange(80))],
                             gid=rng.choice([0, 7, -3]), peer=rng.choice([-1, 5, 1 << 30]))
     ev["data"] = base64.b64encode(bytes(raw)).decode()

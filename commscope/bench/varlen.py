@@ -101,7 +101,7 @@ def _timeit(dist, variants: dict[str, Callable[[], Any]], iters: int, warmup: in
 def _all_gather_variants(dist, torch, rank: int, ws: int, sizes: list[int]) -> dict[str, Callable[[], Any]]:
     import torch.nn.functional as F
 
-    import commscope.varlen as V
+    from commscope import varlen
 
     x = torch.randn(sizes[rank])
     width = max(sizes)
@@ -157,8 +157,8 @@ def _all_gather_variants(dist, torch, rank: int, ws: int, sizes: list[int]) -> d
     return {
         "limit": limit,
         "limit(out reused)": limit_reused,
-        "all_gather_v": lambda: V.all_gather_v(x),
-        "all_gather_v(sizes=)": lambda: V.all_gather_v(x, sizes=sizes),
+        "all_gather_v": lambda: varlen.all_gather_v(x),
+        "all_gather_v(sizes=)": lambda: varlen.all_gather_v(x, sizes=sizes),
         "seed000_allreduce": seed000_example2,
         "lightning": lightning,
         "all_gather_object": gather_object,
@@ -179,7 +179,7 @@ def _p2p_tensors(torch, nbytes: int) -> list:
 
 
 def _send_variants(dist, torch, rank: int, nbytes: int) -> dict[str, Callable[[], Any]]:
-    import commscope.varlen as V
+    from commscope import varlen
     from commscope.varlen import _p2p
 
     tensors = _p2p_tensors(torch, nbytes)
@@ -214,18 +214,18 @@ def _send_variants(dist, torch, rank: int, nbytes: int) -> dict[str, Callable[[]
     return {
         "raw_send": on(lambda: dist.send(raw, 1), raw_recv),
         "raw_send(buffer reused)": on(lambda: dist.send(raw, 1), lambda: dist.recv(raw, 0)),
-        "send_tensors": on(lambda: V.send_tensors(tensors, 1), lambda: V.recv_tensors(0)),
+        "send_tensors": on(lambda: varlen.send_tensors(tensors, 1), lambda: varlen.recv_tensors(0)),
         "send_tensors[packed]": on(lambda: _p2p.post_send(tensors, 1, None, mode=_p2p.PACKED).wait(),
-                                   lambda: V.recv_tensors(0)),
+                                   lambda: varlen.recv_tensors(0)),
         "send_tensors[split]": on(lambda: _p2p.post_send(tensors, 1, None, mode=_p2p.SPLIT).wait(),
-                                  lambda: V.recv_tensors(0)),
+                                  lambda: varlen.recv_tensors(0)),
         "send_object_list": on(lambda: dist.send_object_list([tensors], 1), object_recv),
         "seed002_pickle": on(pickle_send, pickle_recv),
     }
 
 
 def _strategy_variants(dist, torch, rank: int, ws: int, sizes: list[int]) -> dict[str, Callable[[], Any]]:
-    import commscope.varlen as V
+    from commscope import varlen
     from commscope.varlen import _meta
     from commscope.varlen._plan import SUPPORTED
 
@@ -238,14 +238,14 @@ def _strategy_variants(dist, torch, rank: int, ws: int, sizes: list[int]) -> dic
             if s == "native" and not equal:
                 continue
             if op == "all_gather_v":
-                out[f"{op}[{s}]"] = lambda s=s: V.all_gather_v(x, sizes=sizes, strategy=s)
+                out[f"{op}[{s}]"] = lambda s=s: varlen.all_gather_v(x, sizes=sizes, strategy=s)
             elif op == "gather_v":
-                out[f"{op}[{s}]"] = lambda s=s: V.gather_v(x, 0, sizes=sizes, strategy=s)
+                out[f"{op}[{s}]"] = lambda s=s: varlen.gather_v(x, 0, sizes=sizes, strategy=s)
             elif op == "scatter_v":
-                out[f"{op}[{s}]"] = lambda s=s: V.scatter_v(whole if rank == 0 else None, 0, split_sizes=sizes,
+                out[f"{op}[{s}]"] = lambda s=s: varlen.scatter_v(whole if rank == 0 else None, 0, split_sizes=sizes,
                                                              strategy=s)
             else:
-                out[f"{op}[{s}]"] = lambda s=s: V.reduce_scatter_v(whole, sizes, strategy=s)
+                out[f"{op}[{s}]"] = lambda s=s: varlen.reduce_scatter_v(whole, sizes, strategy=s)
     g = _meta.Group.of(None)
     rec = _meta.new_record("all_gather_v")
     mine = torch.tensor(rec, dtype=torch.int64)

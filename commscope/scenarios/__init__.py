@@ -25,7 +25,7 @@ lifecycle and docs/demos.md for the scenarios.
 
 from __future__ import annotations
 
-from commscope.scenarios import workloads as W
+from commscope.scenarios import workloads
 from commscope.scenarios.base import DemoContext, Expected, Scenario
 from commscope.scenarios.runner import (
     EXIT_ORPHANED,
@@ -55,7 +55,7 @@ _LIST = [
         look_for=("A steady rhythm on every rank: the 'fr' all_reduce ops of DDP in each step, the async "
                   "all_reduce whose wait overlaps compute, and the periodic all_gather_v with its per-rank "
                   "sizes in the op detail. No findings: this is what healthy looks like."),
-        worker=W.healthy_training),
+        worker=workloads.healthy_training),
     _scenario(
         name="varlen-tour", title="Tour of the varlen toolkit",
         summary=("Calls every commscope.varlen function in turn, four rounds: all_gather_v, gather_v, "
@@ -64,7 +64,7 @@ _LIST = [
                  "time; every result is checked."),
         look_for=("Open an op's detail to see the sizes per rank (the empty rank has 0 bytes), and the inner "
                   "collectives each varlen op ran, marked nested. No findings."),
-        worker=W.varlen_tour),
+        worker=workloads.varlen_tour),
     _scenario(
         name="pipeline", title="Pipeline-parallel p2p",
         summary=("Each rank is a pipeline stage. Activations of micro-batches with different sequence lengths "
@@ -73,7 +73,7 @@ _LIST = [
                  "batch_isend_irecv."),
         look_for=("The fill-and-drain wave across ranks in the timeline, matching send/recv pairs, and the "
                   "batch_isend_irecv containers with their isend/irecv children. No findings."),
-        worker=W.pipeline),
+        worker=workloads.pipeline),
     _scenario(
         name="straggler", title="One slow rank",
         summary=("A training loop of compute plus a gradient all_reduce, where the last rank also spends "
@@ -81,7 +81,7 @@ _LIST = [
                  "all_reduce."),
         look_for=("The others' all_reduce bars are long and the slow rank's are short: it arrives last every "
                   "time. A straggler warning names it, with its median lateness."),
-        worker=W.straggler,
+        worker=workloads.straggler,
         expect_fn=lambda n: (("straggler", (n - 1,)),)),
     _scenario(
         name="missing-rank", title="A rank skips a collective (hangs)",
@@ -91,7 +91,7 @@ _LIST = [
         look_for=("All ranks but one blocked in the same all_reduce, waiting longer and longer; after hang_after "
                   "a missing_ranks error names the rank that never entered, what it is doing instead and its "
                   "last sequence number in the group."),
-        worker=W.missing_rank, hangs=True,
+        worker=workloads.missing_rank, hangs=True,
         expect_fn=lambda n: (("missing_ranks", (n - 1,)),)),
     _scenario(
         name="collective-mismatch", title="Ranks disagree on the collective (hangs)",
@@ -102,7 +102,7 @@ _LIST = [
         look_for=("Two collective_mismatch errors naming rank 1: one on the default group (broadcast vs "
                   "all_reduce, at the same sequence number), one on the second group (shape). The per-rank "
                   "table shows what each rank called and where."),
-        worker=W.collective_mismatch, hangs=True, min_ranks=3,
+        worker=workloads.collective_mismatch, hangs=True, min_ranks=3,
         expect_fn=lambda n: (("collective_mismatch", (1,)), ("collective_mismatch", (1,)))),
     _scenario(
         name="p2p-deadlock", title="Everyone receives first (hangs)",
@@ -110,7 +110,7 @@ _LIST = [
                  "receives from its left neighbour before sending to its right one: all ranks block in recv."),
         look_for=("Every rank blocked in recv; a p2p_deadlock error shows the wait-for cycle rank by rank "
                   "(rank 0 waits for 3, 3 for 2, ...) with each rank's call site and stack."),
-        worker=W.p2p_deadlock, hangs=True,
+        worker=workloads.p2p_deadlock, hangs=True,
         expect_fn=lambda n: (("p2p_deadlock", tuple(range(n))),)),
     _scenario(
         name="dead-rank", title="A rank dies mid-run",
@@ -121,7 +121,7 @@ _LIST = [
                   "all_reduce and a clean exit. One dead_rank error names rank 1 with the op it was after and "
                   "its last resource sample; the others' failed all_reduce is listed as its consequence, not "
                   "as an error of their own."),
-        worker=W.dead_rank,
+        worker=workloads.dead_rank,
         expected=(("dead_rank", (1,)),)),
     _scenario(
         name="async-leak", title="Async work never waited on",
@@ -130,7 +130,7 @@ _LIST = [
                  "returned work."),
         look_for=("When the ranks exit, an unwaited_work warning lists the leaked isend ops of the last rank "
                   "with their call site."),
-        worker=W.async_leak,
+        worker=workloads.async_leak,
         expect_fn=lambda n: (("unwaited_work", (n - 1,)),)),
 ]
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from commscope.varlen import _meta as m
+from commscope.varlen import _meta as meta
 from commscope.varlen._plan import EQUAL_ONLY, SUPPORTED, choose_strategy
 
 #: Gloo tag for the isend/irecv that emulate collectives (keeps them apart from user p2p on tag 0).
@@ -55,7 +55,7 @@ class VarlenWork:
 # small helpers
 # ---------------------------------------------------------------------------------------
 
-_bytes = m.as_bytes
+_bytes = meta.as_bytes
 
 
 def _dense(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
@@ -66,10 +66,10 @@ def _dense(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
 
 
 def _row_bytes(rest: Sequence[int], dtype: torch.dtype) -> int:
-    return m.numel(rest) * dtype.itemsize
+    return meta.numel(rest) * dtype.itemsize
 
 
-def _p2p(g: m.Group, ops: list[tuple[str, torch.Tensor, int]], tag: int = COLLECTIVE_TAG) -> list[Any]:
+def _p2p(g: meta.Group, ops: list[tuple[str, torch.Tensor, int]], tag: int = COLLECTIVE_TAG) -> list[Any]:
     """Post isend/irecv ops ``(kind, tensor, group_peer)``; return their works.
 
     NCCL needs them grouped (two ranks that both send first would deadlock otherwise), so it
@@ -109,20 +109,20 @@ def _finish_pieces(pieces: list[torch.Tensor], flat: torch.Tensor | None, *, cat
     return [p.movedim(0, dim).to(home).view(dtype) for p in pieces]
 
 
-def _check_known_sizes(g: m.Group, op: str, tensor: torch.Tensor, dim: int, sizes: Sequence[int],
+def _check_known_sizes(g: meta.Group, op: str, tensor: torch.Tensor, dim: int, sizes: Sequence[int],
                        strategy: str | None) -> list[int]:
     """``sizes=`` skips the metadata exchange, so these checks are local: a rank that fails
     them raises alone (the caller vouched that sizes, dtype and trailing dims agree)."""
-    status = m.tensor_status(tensor, dim)
-    if status != m.OK:
-        raise ValueError(f"{op}: this rank passed " + m.STATUS_TEXT[status].format(maxd=m.MAX_NDIM))
+    status = meta.tensor_status(tensor, dim)
+    if status != meta.OK:
+        raise ValueError(f"{op}: this rank passed " + meta.STATUS_TEXT[status].format(maxd=meta.MAX_NDIM))
     sizes = [int(s) for s in sizes]
     if len(sizes) != g.size or any(s < 0 for s in sizes):
         raise ValueError(f"{op}: sizes must hold one non-negative length per rank ({g.size}), got {sizes}")
     if sizes[g.rank] != tensor.shape[dim]:
         raise ValueError(f"{op}: sizes[{g.rank}] = {sizes[g.rank]} but this rank's tensor has "
                          f"{tensor.shape[dim]} along dim {dim}")
-    if strategy is not None and strategy not in m.STRATEGY_CODES:
+    if strategy is not None and strategy not in meta.STRATEGY_CODES:
         raise ValueError(f"{op}: unknown strategy {strategy!r}")
     return sizes
 
@@ -130,7 +130,7 @@ def _check_known_sizes(g: m.Group, op: str, tensor: torch.Tensor, dim: int, size
 def _gathered_layout(tensor: torch.Tensor, dim: int) -> tuple[int, torch.Tensor, tuple[int, ...]]:
     """(normalized dim, the tensor as raw row blocks with ``dim`` in front, the other dims)."""
     d = dim % tensor.dim()
-    front = m.raw(tensor).movedim(d, 0)
+    front = meta.raw(tensor).movedim(d, 0)
     return d, front, tuple(front.shape[1:])
 
 
@@ -154,29 +154,29 @@ def all_gather_v(tensor: torch.Tensor, *, dim: int = 0, sizes: Sequence[int] | N
     ranks must pass the same).
     """
     op = "all_gather_v"
-    g = m.Group.of(group)
+    g = meta.Group.of(group)
     given = sizes
-    check = m.checking(check_sizes)
+    check = meta.checking(check_sizes)
     if sizes is not None and check:
         sizes = None  # exchange after all, with the caller's sizes in the record
-    aux = m.SIZES_AUX if check else ()
-    if sizes is None and m.p2p_metadata(g):
-        rec = m.note_sizes(m.describe(m.new_record(op, strategy=strategy), tensor, dim), given, tensor, dim,
+    aux = meta.SIZES_AUX if check else ()
+    if sizes is None and meta.p2p_metadata(g):
+        rec = meta.note_sizes(meta.describe(meta.new_record(op, strategy=strategy), tensor, dim), given, tensor, dim,
                            g.size, g.rank)
-        mine = _bytes(_dense(m.raw(tensor), torch.device("cpu"))) if rec[m.F_STATUS] == m.OK else None
-        recs, arrived = m.exchange_p2p(g, [rec] * g.size, payload=mine)
-        m.validate(g, op, recs, aux=aux)
+        mine = _bytes(_dense(meta.raw(tensor), torch.device("cpu"))) if rec[meta.F_STATUS] == meta.OK else None
+        recs, arrived = meta.exchange_p2p(g, [rec] * g.size, payload=mine)
+        meta.validate(g, op, recs, aux=aux)
         got = _speculated(g, tensor, dim, recs, arrived, mine)
         if got is not None and strategy is None:
             pieces, d = got
             return _done([], lambda: (pieces, None), cat, d, tensor, async_op)
-        sizes = [m.length(r) for r in recs]
+        sizes = [meta.length(r) for r in recs]
     elif sizes is None:
-        rec = m.note_sizes(m.describe(m.new_record(op, strategy=strategy), tensor, dim), given, tensor, dim,
+        rec = meta.note_sizes(meta.describe(meta.new_record(op, strategy=strategy), tensor, dim), given, tensor, dim,
                            g.size, g.rank)
-        recs = m.exchange(g, rec)
-        m.validate(g, op, recs, aux=aux)
-        sizes = [m.length(r) for r in recs]
+        recs = meta.exchange(g, rec)
+        meta.validate(g, op, recs, aux=aux)
+        sizes = [meta.length(r) for r in recs]
     else:
         sizes = _check_known_sizes(g, op, tensor, dim, sizes, strategy)
     d, front, rest = _gathered_layout(tensor, dim)
@@ -189,24 +189,24 @@ def all_gather_v(tensor: torch.Tensor, *, dim: int = 0, sizes: Sequence[int] | N
     return _done(works, finish, cat, d, tensor, async_op)
 
 
-def _speculated(g: m.Group, tensor: torch.Tensor, dim: int, recs: list[list[int]],
+def _speculated(g: meta.Group, tensor: torch.Tensor, dim: int, recs: list[list[int]],
                 arrived: list[torch.Tensor | None], mine: torch.Tensor | None) -> tuple[list[torch.Tensor], int] | None:
     """The row blocks, if every rank's whole tensor came with its metadata record (see
     ``_meta.exchange_p2p``), else None; and remember this call's sizes for the next one."""
-    need = [m.numel(m.shape_of(r)) * m.CODE_DTYPES[r[m.F_DTYPE]].itemsize for r in recs]
-    caps = m.payload_caps(g)  # what this call made room for (the same on every rank)
+    need = [meta.numel(meta.shape_of(r)) * meta.CODE_DTYPES[r[meta.F_DTYPE]].itemsize for r in recs]
+    caps = meta.payload_caps(g)  # what this call made room for (the same on every rank)
     hit = all(n <= c for n, c in zip(need, caps, strict=True))
-    m.set_payload_caps(g, need)
+    meta.set_payload_caps(g, need)
     if not hit or mine is None:
         return None
     d = dim % tensor.dim()
-    rd = m.raw_dtype(tensor.dtype)
+    rd = meta.raw_dtype(tensor.dtype)
     pieces = []
     for s, r in enumerate(recs):
         b = mine.clone() if s == g.rank else arrived[s][:need[s]]
         if b.storage_offset() % 16 or b.data_ptr() % 16:  # views need itemsize-aligned offsets
             b = b.clone()
-        rows = b.view(rd).view(m.shape_of(r))  # the sender's layout: its own dim order
+        rows = b.view(rd).view(meta.shape_of(r))  # the sender's layout: its own dim order
         pieces.append(rows.movedim(d, 0))
     return pieces, d
 
@@ -225,7 +225,7 @@ def _ag_native(g, x, sizes, rest, dev):
     else:  # copy straight into our own slot and gather in place: one copy, no extra buffer
         inp = out[g.rank * n:(g.rank + 1) * n]
         inp.copy_(x)
-    work = m._all_gather_into(_bytes(out), _bytes(inp), g.pg, async_op=True)
+    work = meta._all_gather_into(_bytes(out), _bytes(inp), g.pg, async_op=True)
     return [work], lambda: (list(out.split(n)), out)
 
 
@@ -233,7 +233,7 @@ def _ag_padded(g, x, sizes, rest, dev):
     width = max(sizes)
     buf = torch.empty((g.size, width, *rest), dtype=x.dtype, device=dev)
     buf[g.rank, :sizes[g.rank]].copy_(x)
-    work = m._all_gather_into(_bytes(buf), _bytes(buf[g.rank]), g.pg, async_op=True)
+    work = meta._all_gather_into(_bytes(buf), _bytes(buf[g.rank]), g.pg, async_op=True)
     return [work], lambda: ([buf[i, :s] for i, s in enumerate(sizes)], None)
 
 
@@ -293,18 +293,18 @@ def gather_v(tensor: torch.Tensor, dst: int = 0, *, dim: int = 0, sizes: Sequenc
     ``check_sizes`` (default: ``$COMMSCOPE_VARLEN_CHECK``) verifies them, as in all_gather_v.
     ``strategy`` forces "native" (equal lengths), "padded", "p2p" or "a2a"."""
     op = "gather_v"
-    g = m.Group.of(group)
+    g = meta.Group.of(group)
     root = g.group_rank(dst)
     given = sizes
-    check = m.checking(check_sizes)
+    check = meta.checking(check_sizes)
     if sizes is None or check:
-        rec = m.new_record(op, root=root, strategy=strategy)
+        rec = meta.new_record(op, root=root, strategy=strategy)
         if root < 0:
-            rec[m.F_STATUS] = m.BAD_ROOT
-        rec = m.note_sizes(m.describe(rec, tensor, dim), given, tensor, dim, g.size, g.rank)
-        recs = m.exchange(g, rec)
-        m.validate(g, op, recs, aux=m.SIZES_AUX if check else ())
-        sizes = [m.length(r) for r in recs]
+            rec[meta.F_STATUS] = meta.BAD_ROOT
+        rec = meta.note_sizes(meta.describe(rec, tensor, dim), given, tensor, dim, g.size, g.rank)
+        recs = meta.exchange(g, rec)
+        meta.validate(g, op, recs, aux=meta.SIZES_AUX if check else ())
+        sizes = [meta.length(r) for r in recs]
     else:
         sizes = _check_known_sizes(g, op, tensor, dim, sizes, strategy)
         if root < 0:
@@ -381,56 +381,56 @@ def scatter_v(chunks_or_tensor: Sequence[torch.Tensor] | torch.Tensor | None, sr
     so they need not know them.  Returns this rank's chunk (a fresh tensor, also on src).
     ``strategy`` forces "native" (equal lengths), "padded", "p2p" or "a2a"."""
     op = "scatter_v"
-    g = m.Group.of(group)
+    g = meta.Group.of(group)
     root = g.group_rank(src)
-    base = m.new_record(op, root=root, strategy=strategy)
+    base = meta.new_record(op, root=root, strategy=strategy)
     if root < 0:
-        base[m.F_STATUS] = m.BAD_ROOT
+        base[meta.F_STATUS] = meta.BAD_ROOT
     chunks: list[torch.Tensor] | None = None
-    if g.rank == root and base[m.F_STATUS] == m.OK:
+    if g.rank == root and base[meta.F_STATUS] == meta.OK:
         chunks, records = _scatter_records(g, base, chunks_or_tensor, split_sizes, dim, strategy)
     else:
         records = [base] * g.size
-    recs = m.exchange_per_dst(g, records)
-    m.validate(g, op, recs, data_ranks=[root] if root >= 0 else [])
+    recs = meta.exchange_per_dst(g, records)
+    meta.validate(g, op, recs, data_ranks=[root] if root >= 0 else [])
     info = recs[root]
-    d, plan = info[m.F_DIM], m.STRATEGIES[info[m.F_AUX1] - 1]
-    shape = m.shape_of(info)
+    d, plan = info[meta.F_DIM], meta.STRATEGIES[info[meta.F_AUX1] - 1]
+    shape = meta.shape_of(info)
     n = shape[d]
     rest = tuple(shape[:d] + shape[d + 1:])
-    dtype = m.CODE_DTYPES[info[m.F_DTYPE]]
-    dev = g.data_device(m.CODE_DEVICES.get(info[m.F_DEV], "cpu"))
-    out = torch.empty((n, *rest), dtype=m.raw_dtype(dtype), device=dev)
-    if info[m.F_AUX0] * _row_bytes(rest, dtype) > 0:
-        for w in _SCATTER[plan](g, root, chunks, out, info[m.F_AUX0], dev):
+    dtype = meta.CODE_DTYPES[info[meta.F_DTYPE]]
+    dev = g.data_device(meta.CODE_DEVICES.get(info[meta.F_DEV], "cpu"))
+    out = torch.empty((n, *rest), dtype=meta.raw_dtype(dtype), device=dev)
+    if info[meta.F_AUX0] * _row_bytes(rest, dtype) > 0:
+        for w in _SCATTER[plan](g, root, chunks, out, info[meta.F_AUX0], dev):
             w.wait()
     home = chunks[root].device if chunks is not None else dev
     return out.movedim(0, d).to(home).view(dtype)
 
 
-def _scatter_records(g: m.Group, base: list[int], chunks_or_tensor, split_sizes, dim, strategy):
+def _scatter_records(g: meta.Group, base: list[int], chunks_or_tensor, split_sizes, dim, strategy):
     """On src: the row-block chunks and one record per destination (status on trouble)."""
-    status, chunks = m.OK, None
+    status, chunks = meta.OK, None
     if isinstance(chunks_or_tensor, torch.Tensor):
         t = chunks_or_tensor
-        status = m.tensor_status(t, dim)
-        if status == m.OK:
+        status = meta.tensor_status(t, dim)
+        if status == meta.OK:
             try:
                 sizes = [int(s) for s in split_sizes]  # type: ignore[union-attr]
                 ok = len(sizes) == g.size and min(sizes) >= 0 and sum(sizes) == t.shape[dim]
             except (TypeError, ValueError):
                 ok = False
-            status = m.OK if ok else m.BAD_SPLITS
-        if status == m.OK:
+            status = meta.OK if ok else meta.BAD_SPLITS
+        if status == meta.OK:
             chunks = list(t.split(sizes, dim))
     elif isinstance(chunks_or_tensor, (list, tuple)) and len(chunks_or_tensor) == g.size:
         chunks = list(chunks_or_tensor)
         status = _chunks_status(chunks, dim)
     else:
-        status = m.BAD_SPLITS
-    if status != m.OK:
+        status = meta.BAD_SPLITS
+    if status != meta.OK:
         base = list(base)
-        base[m.F_STATUS] = status
+        base[meta.F_STATUS] = status
         return None, [base] * g.size
     d = dim % chunks[0].dim()
     sizes = [c.shape[d] for c in chunks]
@@ -440,21 +440,21 @@ def _scatter_records(g: m.Group, base: list[int], chunks_or_tensor, split_sizes,
         plan = _resolve("scatter_v", strategy, sizes, _row_bytes(rest, chunks[0].dtype), g.backend_for(dev))
     except ValueError:
         base = list(base)
-        base[m.F_STATUS] = m.BAD_STRATEGY
+        base[meta.F_STATUS] = meta.BAD_STRATEGY
         return None, [base] * g.size
     records = []
     for c in chunks:
-        rec = m.describe(list(base), c, d)
-        rec[m.F_AUX0], rec[m.F_AUX1] = max(sizes), m.STRATEGY_CODES[plan]
+        rec = meta.describe(list(base), c, d)
+        rec[meta.F_AUX0], rec[meta.F_AUX1] = max(sizes), meta.STRATEGY_CODES[plan]
         records.append(rec)
-    return [m.raw(c).movedim(d, 0) for c in chunks], records
+    return [meta.raw(c).movedim(d, 0) for c in chunks], records
 
 
 def _chunks_status(chunks: Sequence[Any], dim: int) -> int:
     """OK when every chunk is a usable tensor and they agree on all but the length along dim."""
     for c in chunks:
-        status = m.tensor_status(c, dim)
-        if status != m.OK:
+        status = meta.tensor_status(c, dim)
+        if status != meta.OK:
             return status
     first = chunks[0]
     d = dim % first.dim()
@@ -462,7 +462,7 @@ def _chunks_status(chunks: Sequence[Any], dim: int) -> int:
     def key(c):
         return (c.dtype, c.device.type, c.dim(), tuple(s for i, s in enumerate(c.shape) if i != d))
 
-    return m.OK if all(key(c) == key(first) for c in chunks) else m.CHUNKS_DISAGREE
+    return meta.OK if all(key(c) == key(first) for c in chunks) else meta.CHUNKS_DISAGREE
 
 
 def _s_native(g, root, chunks, out, width, dev):
@@ -527,23 +527,23 @@ def all_to_all_v(tensors_per_dst: Sequence[torch.Tensor], *, dim: int = 0,
     source group rank.  Lengths along ``dim`` may differ per pair; dtype and the other dims
     must agree across everything.  Data move as one exact-size ``all_to_all_single``."""
     op = "all_to_all_v"
-    g = m.Group.of(group)
-    base = m.new_record(op)
+    g = meta.Group.of(group)
+    base = meta.new_record(op)
     chunks = list(tensors_per_dst) if isinstance(tensors_per_dst, (list, tuple)) else None
-    status = m.BAD_SPLITS if chunks is None or len(chunks) != g.size else _chunks_status(chunks, dim)
-    if status != m.OK:
-        base[m.F_STATUS] = status
+    status = meta.BAD_SPLITS if chunks is None or len(chunks) != g.size else _chunks_status(chunks, dim)
+    if status != meta.OK:
+        base[meta.F_STATUS] = status
         records = [base] * g.size
     else:
         d = dim % chunks[0].dim()
-        records = [m.describe(list(base), c, d) for c in chunks]
-    recs = m.exchange_per_dst(g, records)
-    m.validate(g, op, recs)
-    d = recs[0][m.F_DIM]
-    recv = [m.length(r) for r in recs]
+        records = [meta.describe(list(base), c, d) for c in chunks]
+    recs = meta.exchange_per_dst(g, records)
+    meta.validate(g, op, recs)
+    d = recs[0][meta.F_DIM]
+    recv = [meta.length(r) for r in recs]
     home = chunks[0].device
     dev = g.data_device(home.type)
-    fronts = [m.raw(c).movedim(d, 0) for c in chunks]
+    fronts = [meta.raw(c).movedim(d, 0) for c in chunks]
     rest = tuple(fronts[0].shape[1:])
     rb = _row_bytes(rest, chunks[0].dtype)
     inp = torch.cat([f.to(dev) for f in fronts])
@@ -563,17 +563,17 @@ def reduce_scatter_v(tensor: torch.Tensor, split_sizes: Sequence[int], op=dist.R
     this rank's chunk: chunk j has ``split_sizes[j]`` entries along ``dim``.  ``strategy``
     forces "native" (equal splits), "padded", "list" or "allreduce"."""
     name = "reduce_scatter_v"
-    g = m.Group.of(group)
-    rec = m.describe(m.new_record(name, strategy=strategy), tensor, dim)
+    g = meta.Group.of(group)
+    rec = meta.describe(meta.new_record(name, strategy=strategy), tensor, dim)
     splits = _splits_or_none(split_sizes, g.size)
-    if rec[m.F_STATUS] == m.OK and (splits is None or sum(splits) != tensor.shape[dim]):
-        rec[m.F_STATUS] = m.BAD_SPLITS
-    rec[m.F_AUX0] = m.reduce_op_code(op)
-    rec[m.F_AUX1] = m.hash_ints(splits or [])
-    recs = m.exchange(g, rec)
-    m.validate(g, name, recs, compare_length=True,
-               aux=[(m.F_AUX0, "reduce op", _op_name),
-                    (m.F_AUX1, "split_sizes (fingerprint)", lambda h: f"#{h:x}")])
+    if rec[meta.F_STATUS] == meta.OK and (splits is None or sum(splits) != tensor.shape[dim]):
+        rec[meta.F_STATUS] = meta.BAD_SPLITS
+    rec[meta.F_AUX0] = meta.reduce_op_code(op)
+    rec[meta.F_AUX1] = meta.hash_ints(splits or [])
+    recs = meta.exchange(g, rec)
+    meta.validate(g, name, recs, compare_length=True,
+               aux=[(meta.F_AUX0, "reduce op", _op_name),
+                    (meta.F_AUX1, "split_sizes (fingerprint)", lambda h: f"#{h:x}")])
     d = dim % tensor.dim()
     front = tensor.movedim(d, 0)  # reductions need the real dtype, not raw bytes
     rest = tuple(front.shape[1:])
@@ -581,7 +581,7 @@ def reduce_scatter_v(tensor: torch.Tensor, split_sizes: Sequence[int], op=dist.R
     backend = g.backend_for(dev)
     op, post = _reduce_op(name, op, tensor.dtype, backend, g.size)
     plan = _resolve(name, strategy, splits, _row_bytes(rest, tensor.dtype), backend)
-    out = _RS[plan](g, front, splits, op, dev) if m.numel(front.shape) else \
+    out = _RS[plan](g, front, splits, op, dev) if meta.numel(front.shape) else \
         front.new_empty((splits[g.rank], *rest), device=dev)
     return post(out).movedim(0, d).to(tensor.device)
 
@@ -603,8 +603,8 @@ def _op_name(code: int) -> str:
 def _reduce_op(name: str, op, dtype: torch.dtype, backend: str, size: int):
     """(op to run, post-step).  Gloo has no AVG: run SUM and divide (floating/complex only)."""
     if dtype.is_complex and not dist.supports_complex(op):
-        raise ValueError(f"{name}: reduce op {_op_name(m.reduce_op_code(op))} does not support complex tensors")
-    if backend == "gloo" and m.reduce_op_code(op) == int(dist.ReduceOp.AVG):
+        raise ValueError(f"{name}: reduce op {_op_name(meta.reduce_op_code(op))} does not support complex tensors")
+    if backend == "gloo" and meta.reduce_op_code(op) == int(dist.ReduceOp.AVG):
         if not (dtype.is_floating_point or dtype.is_complex):
             raise ValueError(f"{name}: ReduceOp.AVG on gloo needs a floating or complex dtype, got {dtype}")
         return dist.ReduceOp.SUM, lambda t: t.div_(size)
@@ -613,7 +613,7 @@ def _reduce_op(name: str, op, dtype: torch.dtype, backend: str, size: int):
 
 def _rs_native(g, x, splits, op, dev):
     out = torch.empty((splits[g.rank], *x.shape[1:]), dtype=x.dtype, device=dev)
-    m._reduce_scatter_into(out, _dense(x, dev), op, g.pg)
+    meta._reduce_scatter_into(out, _dense(x, dev), op, g.pg)
     return out
 
 
@@ -623,7 +623,7 @@ def _rs_padded(g, x, splits, op, dev):
     for i, chunk in enumerate(x.split(splits)):
         buf[i, :splits[i]].copy_(chunk)
     out = torch.empty(buf.shape[1:], dtype=x.dtype, device=dev)
-    m._reduce_scatter_into(out, buf.reshape(g.size * width, *x.shape[1:]), op, g.pg)
+    meta._reduce_scatter_into(out, buf.reshape(g.size * width, *x.shape[1:]), op, g.pg)
     return out[:splits[g.rank]]
 
 
@@ -654,22 +654,22 @@ def broadcast_v(tensor_or_none: torch.Tensor | None, src: int = 0, *,
     Receivers pass None (anything they pass is ignored) and get a new tensor on the group's
     device for that device type; ``src`` gets its own tensor back.  0-d tensors are fine."""
     op = "broadcast_v"
-    g = m.Group.of(group)
+    g = meta.Group.of(group)
     root = g.group_rank(src)
-    rec = m.new_record(op, root=root)
+    rec = meta.new_record(op, root=root)
     if root < 0:
-        rec[m.F_STATUS] = m.BAD_ROOT
+        rec[meta.F_STATUS] = meta.BAD_ROOT
     elif g.rank == root:
-        m.describe(rec, tensor_or_none, None, allow_0d=True)
-    recs = m.exchange(g, rec)
-    m.validate(g, op, recs, data_ranks=[root] if root >= 0 else [])
+        meta.describe(rec, tensor_or_none, None, allow_0d=True)
+    recs = meta.exchange(g, rec)
+    meta.validate(g, op, recs, data_ranks=[root] if root >= 0 else [])
     info = recs[root]
-    dtype = m.CODE_DTYPES[info[m.F_DTYPE]]
-    dev = g.data_device(m.CODE_DEVICES.get(info[m.F_DEV], "cpu"))
+    dtype = meta.CODE_DTYPES[info[meta.F_DTYPE]]
+    dev = g.data_device(meta.CODE_DEVICES.get(info[meta.F_DEV], "cpu"))
     if g.rank == root:
-        buf = _dense(m.raw(tensor_or_none), dev)
+        buf = _dense(meta.raw(tensor_or_none), dev)
     else:
-        buf = torch.empty(m.shape_of(info), dtype=m.raw_dtype(dtype), device=dev)
+        buf = torch.empty(meta.shape_of(info), dtype=meta.raw_dtype(dtype), device=dev)
     if buf.numel():
         dist.broadcast(_bytes(buf), src=g.global_rank(root), group=g.pg)
     return tensor_or_none if g.rank == root else buf.view(dtype)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from commscope.varlen import _meta as m
+from commscope.varlen import _meta as meta
 
 MAGIC = 0x766C7431  # "vlt1"
 HEAD = 6            # fixed header words before the per-tensor entries
@@ -54,9 +54,9 @@ _ERR_TEXT = {
     _ERR_DTYPE: "a tensor of an unsupported dtype (quantized?)",
     _ERR_LAYOUT: "a sparse or otherwise non-strided tensor",
     _ERR_TOO_MANY: f"more tensors than a {EAGER_CAP >> 20} MiB header can describe",
-    _ERR_NESTED: m.STATUS_TEXT[m.NESTED],
-    _ERR_NO_DATA: m.STATUS_TEXT[m.NO_DATA],
-    _ERR_UNREADABLE: m.STATUS_TEXT[m.UNREADABLE],
+    _ERR_NESTED: meta.STATUS_TEXT[meta.NESTED],
+    _ERR_NO_DATA: meta.STATUS_TEXT[meta.NO_DATA],
+    _ERR_UNREADABLE: meta.STATUS_TEXT[meta.UNREADABLE],
 }
 
 
@@ -99,7 +99,7 @@ def layout(specs: Sequence[tuple[torch.dtype, Sequence[int]]]) -> tuple[list[int
     offsets, pos = [], 0
     for dtype, shape in specs:
         offsets.append(pos)
-        pos = _aligned(pos + m.numel(shape) * dtype.itemsize)
+        pos = _aligned(pos + meta.numel(shape) * dtype.itemsize)
     return offsets, pos
 
 
@@ -117,7 +117,7 @@ def choose_mode(tensors: Sequence[torch.Tensor], header_bytes: int, payload_byte
 
 
 def _segment(buf: torch.Tensor, offset: int, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
-    nbytes = m.numel(shape) * dtype.itemsize
+    nbytes = meta.numel(shape) * dtype.itemsize
     return buf[offset:offset + nbytes].view(dtype).view(tuple(shape))
 
 
@@ -134,7 +134,7 @@ def _pack(buf: torch.Tensor, start: int, tensors: Sequence[torch.Tensor], offset
                 and not t.is_neg():
             ctypes.memmove(base + off, t.data_ptr(), n * t.element_size())
         else:
-            m.raw(_segment(buf, start + off, t.dtype, t.shape)).copy_(m.raw(t))
+            meta.raw(_segment(buf, start + off, t.dtype, t.shape)).copy_(meta.raw(t))
 
 
 def _views(buf: torch.Tensor, start: int, specs: Sequence[tuple[torch.dtype, Sequence[int]]],
@@ -143,7 +143,7 @@ def _views(buf: torch.Tensor, start: int, specs: Sequence[tuple[torch.dtype, Seq
     one ``set_`` each, half the cost of slice + two views; offsets are ALIGN-aligned."""
     storage = buf.untyped_storage()
     return [torch.empty(0, dtype=dt, device=buf.device).set_(storage, (start + off) // dt.itemsize, tuple(shape))
-            if m.numel(shape) else torch.empty(tuple(shape), dtype=dt, device=buf.device)
+            if meta.numel(shape) else torch.empty(tuple(shape), dtype=dt, device=buf.device)
             for (dt, shape), off in zip(specs, offsets, strict=True)]
 
 
@@ -159,7 +159,7 @@ def _describe(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, int] | None, 
         if code:
             return (i, code), words, offsets, pos, kinds
         shape = t.shape
-        words += (m.dtype_code(t.dtype), len(shape), *shape)
+        words += (meta.dtype_code(t.dtype), len(shape), *shape)
         offsets.append(pos)
         pos = _aligned(pos + t.numel() * t.element_size())
         kinds.add(t.device.type)
@@ -167,16 +167,16 @@ def _describe(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, int] | None, 
 
 
 #: _meta's tensor status -> this header's error code (0: fine)
-_FROM_STATUS = {m.OK: 0, m.NOT_TENSOR: _ERR_NOT_TENSOR, m.BAD_DTYPE: _ERR_DTYPE, m.BAD_LAYOUT: _ERR_LAYOUT,
-                m.NESTED: _ERR_NESTED, m.NO_DATA: _ERR_NO_DATA, m.UNREADABLE: _ERR_UNREADABLE}
+_FROM_STATUS = {meta.OK: 0, meta.NOT_TENSOR: _ERR_NOT_TENSOR, meta.BAD_DTYPE: _ERR_DTYPE, meta.BAD_LAYOUT: _ERR_LAYOUT,
+                meta.NESTED: _ERR_NESTED, meta.NO_DATA: _ERR_NO_DATA, meta.UNREADABLE: _ERR_UNREADABLE}
 
 
 def _error_code(t: object) -> int:
     """A problem the receiver must learn about (it raises too), from the one local check."""
-    return _FROM_STATUS.get(m.tensor_status(t, None, allow_0d=True), 0)
+    return _FROM_STATUS.get(meta.tensor_status(t, None, allow_0d=True), 0)
 
 
-def _peer(g: m.Group, rank: int, what: str, fn: str) -> int:
+def _peer(g: meta.Group, rank: int, what: str, fn: str) -> int:
     peer = g.group_rank(rank)
     if peer < 0:
         raise ValueError(f"{fn}: {what} {rank} is not a member of the group")
@@ -185,16 +185,16 @@ def _peer(g: m.Group, rank: int, what: str, fn: str) -> int:
     return peer
 
 
-def _eager(g: m.Group) -> bool:
+def _eager(g: meta.Group) -> bool:
     """Gloo: the header travels on a CPU Gloo backend, which takes short messages."""
     return g.backend_for(g.meta_device) == "gloo"
 
 
-def _isend(t: torch.Tensor, g: m.Group, peer: int):
+def _isend(t: torch.Tensor, g: meta.Group, peer: int):
     return dist.isend(t, dst=g.global_rank(peer), group=g.pg, tag=P2P_TAG)
 
 
-def _irecv(t: torch.Tensor, g: m.Group, peer: int):
+def _irecv(t: torch.Tensor, g: meta.Group, peer: int):
     return dist.irecv(t, src=g.global_rank(peer), group=g.pg, tag=P2P_TAG)
 
 
@@ -220,7 +220,7 @@ class SendWork:
 def post_send(tensors: Sequence[torch.Tensor], dst: int, group, *, mode: int | None = None,
               fn: str = "isend_tensors") -> SendWork:
     """Post the header and the payload; the pack copy (if any) happens here, synchronously."""
-    g = m.Group.of(group)
+    g = meta.Group.of(group)
     peer = _peer(g, dst, "dst", fn)
     tensors = list(tensors)
     eager = _eager(g)
@@ -232,7 +232,7 @@ def post_send(tensors: Sequence[torch.Tensor], dst: int, group, *, mode: int | N
         _send_header([MAGIC, -bad[1], 0, HEAD, 0, 0], g, peer, eager).wait()
         raise ValueError(f"{fn}: tensor #{bad[0]} is {_ERR_TEXT[bad[1]]}")
     dev = g.data_device(kinds.pop()) if len(kinds) == 1 else g.meta_device
-    header = [MAGIC, len(tensors), total, HEAD + len(entries), m.device_code(dev), 0, *entries]
+    header = [MAGIC, len(tensors), total, HEAD + len(entries), meta.device_code(dev), 0, *entries]
     fits = eager and _aligned(8 * len(header)) + total <= EAGER_CAP
     if mode is None or (mode == EAGER and not fits):
         mode = choose_mode(tensors, 8 * len(header), total, eager)
@@ -254,7 +254,7 @@ def post_send(tensors: Sequence[torch.Tensor], dst: int, group, *, mode: int | N
     elif mode == SPLIT:
         for t in tensors:
             if t.numel():
-                flat = m.as_bytes(m.raw(t).to(dev).contiguous())
+                flat = meta.as_bytes(meta.raw(t).to(dev).contiguous())
                 keep.append(flat)
                 works.append(_isend(flat, g, peer))
     return SendWork(works, keep)
@@ -274,7 +274,7 @@ class _HeaderSend:
             w.wait()
 
 
-def _send_header(header: list[int], g: m.Group, peer: int, eager: bool) -> _HeaderSend:
+def _send_header(header: list[int], g: meta.Group, peer: int, eager: bool) -> _HeaderSend:
     if eager:  # any length: the receiver's first buffer is EAGER_CAP bytes
         words = torch.tensor(header, dtype=torch.int64)
         return _HeaderSend([_isend(words.view(torch.uint8), g, peer)], words)
@@ -296,7 +296,7 @@ class RecvWork:
     once waited on (a torch limitation), so there ``is_completed()`` stays False until
     ``wait()``, which finishes the rest and returns the tensors."""
 
-    def __init__(self, g: m.Group, peer: int, fn: str):
+    def __init__(self, g: meta.Group, peer: int, fn: str):
         self._g, self._peer, self._fn = g, peer, fn
         self._eager = _eager(g)
         if self._eager:
@@ -350,7 +350,7 @@ class RecvWork:
         w, specs, pos = self._words, [], HEAD
         for _ in range(w[1]):
             ndim = w[pos + 1]
-            specs.append((m.CODE_DTYPES[w[pos]], w[pos + 2:pos + 2 + ndim]))
+            specs.append((meta.CODE_DTYPES[w[pos]], w[pos + 2:pos + 2 + ndim]))
             pos += 2 + ndim
         return specs
 
@@ -366,7 +366,7 @@ class RecvWork:
                 base, start = base[start:start + total].clone(), 0
                 POOL.give(self._first)
         else:
-            dev = self._g.data_device(m.CODE_DEVICES.get(dev_code, "cpu"))
+            dev = self._g.data_device(meta.CODE_DEVICES.get(dev_code, "cpu"))
             base, start = torch.empty(total, dtype=torch.uint8, device=dev), 0
             POOL.give(self._first)
         buf = base[start:start + total]
@@ -375,7 +375,7 @@ class RecvWork:
         if mode == PACKED and total:
             self._work = [_irecv(buf, self._g, self._peer)]
         elif mode == SPLIT:
-            self._work = [_irecv(m.as_bytes(t), self._g, self._peer) for t in self._result if t.numel()]
+            self._work = [_irecv(meta.as_bytes(t), self._g, self._peer) for t in self._result if t.numel()]
         self._stage = "payload"
 
     def _after_payload(self) -> None:
@@ -391,7 +391,7 @@ class RecvWork:
 
 
 def post_recv(src: int, group, *, fn: str = "irecv_tensors") -> RecvWork:
-    g = m.Group.of(group)
+    g = meta.Group.of(group)
     return RecvWork(g, _peer(g, src, "src", fn), fn)
 
 
