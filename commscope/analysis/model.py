@@ -217,6 +217,7 @@ class TraceModel:
         self.end_ns = 0
         self.version = 0
         self.changed: frozenset[int] = frozenset()
+        self._rank_snapshot: Any = None  # see rankstate.snapshot
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -854,29 +855,8 @@ class TraceModel:
         return res
 
     def state(self, rank: int, now: int) -> RankState:
-        """What the rank is doing at ``now``: '<op> for 12.3 s', idle, exited, crashed or dead."""
-        rt = self.ranks.get(rank)
-        if rt is None:
-            return RankState("unknown", "no events", None, 0)
-        cur = self.current_op(rank)
-        if self.is_dead(rank, now):
-            seen = max(rt.last_hb, rt.last_ts)
-            where = f", was in {self.label(rank, cur)}" if cur is not None else ""
-            return RankState("dead", f"dead (last seen {(now - seen) / 1e9:.1f} s ago{where})", cur, seen)
-        ex = self.exited(rank)
-        if ex is not None:
-            if self.crash(rank) is not None:
-                what = ex.get("signal") or ex.get("exc") or ex.get("reason")
-                return RankState("crashed", f"crashed ({what})", self.last_op(rank, completed=False), int(ex["ts"]))
-            why = ex.get("reason", "exit")
-            return RankState("exited", f"exited ({why})", self.last_op(rank), int(ex["ts"]))
-        if cur is not None:
-            since = self.blocked_since(rank, cur)
-            verb = "waiting on" if self._sig_flags[rt.sig[cur]] & ASYNC else "in"
-            return RankState("blocked", f"{verb} {self.label(rank, cur)} for {(now - since) / 1e9:.1f} s",
-                             cur, since)
-        last = self.last_op(rank)
-        if last is None:
-            return RankState("idle", "idle (no ops yet)", None, rt.first_ts)
-        t = int(rt.comp[last])
-        return RankState("idle", f"idle (last {self.label(rank, last)} {(now - t) / 1e9:.1f} s ago)", last, t)
+        """What the rank is doing at ``now``: '<op> for 12.3 s', idle, exited, crashed or dead
+        (``rankstate.rank_state``, the one implementation)."""
+        from commscope.analysis.rankstate import rank_state
+
+        return rank_state(self, rank, now)

@@ -23,8 +23,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from commscope.analysis.model import APPROX, ASYNC, CONTAINER, FR, NESTED, P2P, SPACE_FR
+from commscope.analysis.rankstate import rank_state
 from commscope.tui import palette as P
-from commscope.tui.replay_state import state_at
 
 VARLEN_OPS = frozenset({"all_gather_v", "gather_v", "scatter_v", "all_to_all_v", "reduce_scatter_v", "broadcast_v",
                         "send_tensors", "recv_tensors", "isend_tensors", "irecv_tensors"})
@@ -262,20 +262,8 @@ class Timeline(ScrollView, can_focus=True):
         return strip.crop(0, width)
 
     def _dot(self, rank: int) -> str:
-        """The rank's state kind for the gutter dot, without building the state text."""
-        m = self.model
-        if rank not in m.ranks:
-            return "unknown"
-        now = self._now()
-        if self.cursor_ns is not None:
-            return state_at(m, rank, now).kind
-        if m.is_dead(rank, now):
-            return "dead"
-        if m.crash(rank) is not None:
-            return "crashed"
-        if m.exited(rank) is not None:
-            return "exited"
-        return "blocked" if m.ranks[rank].open and m.blocked(rank) else "idle"
+        """The rank's state kind for the gutter dot (as of the replay cursor, if any)."""
+        return rank_state(self.model, rank, self._now(), as_of=self.cursor_ns is not None).kind
 
     def _gutter(self, row: Row, focused_row: bool) -> list[Segment]:
         kind = "unknown"
