@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from commscope.analysis.columns import I64_MAX, RankTrace, Samples, grown
+from commscope.analysis.columns import I64_MAX, RankTrace, RankView, Samples, grown
 from commscope.analysis.errors import PEER_GONE, classify
 from commscope.analysis.indexes import GroupIndex, SeqIndex
 from commscope.events import P2P_OPS, Event
@@ -187,6 +187,40 @@ class RankState(NamedTuple):
     since_ns: int
 
 
+class ModelView(NamedTuple):
+    """The model as published after an ingest batch (``TraceModel.view``): immutable, read
+    without a lock while the next batch is ingested.  Holds what the console paints from:
+    per-rank ``RankView``s, the signatures seen so far, and each rank's state at ``now``."""
+
+    version: int
+    start_ns: int
+    end_ns: int
+    ranks: dict[int, RankView]
+    sigs: tuple[Sig, ...]
+    flag_table: np.ndarray  # sig code -> Sig flags
+    now: int
+    states: dict[int, RankState]  # at ``now`` (``rankstate.rank_state``); empty if not asked
+
+    def rank_ids(self) -> list[int]:
+        return sorted(self.ranks)
+
+    def bounds(self) -> tuple[int, int]:
+        return self.start_ns, self.end_ns
+
+    def total_ops(self) -> int:
+        return sum(rv.n for rv in self.ranks.values())
+
+    def sig_flags(self, codes: np.ndarray) -> np.ndarray:
+        return self.flag_table[codes]
+
+    def ops_in_window(self, rank: int, t0: int, t1: int) -> np.ndarray:
+        rv = self.ranks.get(rank)
+        return rv.window(t0, t1) if rv else np.zeros(0, np.int64)
+
+
+EMPTY_VIEW = ModelView(0, 0, 0, {}, (), np.zeros(0, np.int32), 0, {})
+
+
 class TraceModel:
     """The whole trace; see the module docstring.  Build with ``ingest`` (repeatedly)."""
 
@@ -218,6 +252,7 @@ class TraceModel:
         self.version = 0
         self.changed: frozenset[int] = frozenset()
         self._rank_snapshot: Any = None  # see rankstate.snapshot
+        self._published: ModelView = EMPTY_VIEW
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -543,6 +578,25 @@ class TraceModel:
                 rt.comp[i] = max(int(rt.comp[p]), int(rt.begin[i]))
                 rt.flags[i] |= INFERRED
                 rt.open.discard(i)
+
+    def view(self, now: int | None = None) -> ModelView:
+        """Publish the model as it stands: an immutable ``ModelView`` (see ``RankView`` for
+        what stays shared).  Builds the lazy per-rank caches (begin order, running max of
+        ends) here, on the writer's side, so readers of the view never write.  ``now``: also
+        each rank's state at that time.  Costs the ranks changed since the last view."""
+        from commscope.analysis.rankstate import rank_state
+
+        old = self._published
+        ranks = {r: rt.view() for r, rt in self.ranks.items()}
+        sigs = old.sigs if len(old.sigs) == len(self.sigs) else tuple(self.sigs)
+        table = old.flag_table
+        if table.shape[0] != len(sigs):
+            table = self._sig_flags[: len(sigs)].copy()
+            table.flags.writeable = False
+        states = {} if now is None else {r: rank_state(self, r, now) for r in ranks}
+        v = self._published = ModelView(self.version, self.start_ns, self.end_ns, ranks, sigs, table,
+                                        now or 0, states)
+        return v
 
     # ------------------------------------------------------------------ queries
     def rank_ids(self) -> list[int]:
