@@ -171,3 +171,51 @@ def test_overview_path_draws_what_the_detailed_path_draws():
                 assert np.array_equal(fast[0], direct[0]) and fast[1] == direct[1]
                 taken += 1
     assert taken >= 12
+
+
+def test_repainting_what_changed_draws_what_a_full_paint_draws():
+    """A row repainted after each batch from only the ops changed since (and those in
+    flight) equals the row painted from scratch: cells and labels, live and with a selection."""
+    from commscope.analysis import TraceModel
+    from commscope.analysis.synth import healthy_trace
+    from commscope.tui.timeline import Window, repaint_rank
+
+    events = sorted(healthy_trace(2, 2500), key=lambda e: e["ts"])
+    start, end = events[0]["ts"], events[-1]["ts"]
+    m = TraceModel()
+    painted: dict = {}
+    partial = 0
+    for k in range(0, len(events), 613):  # batches cut through ops: some are in flight at each view
+        m.ingest(events[k:k + 613])
+        v = m.view()
+        for r in v.rank_ids():
+            for span, sel in ((end - start, None), ((end - start) // 3, (r, 1500))):
+                win = Window(start + (end - start) // 2 - span // 2, max(1, span // 120), 120, v.end_ns,
+                             hang_after_ns=50 * MS, sel=sel)
+                prev = painted.get((r, span))
+                p = repaint_rank(v, r, win, prev)
+                painted[(r, span)] = p
+                cells, labels = paint_rank(v, r, win)
+                assert np.array_equal(p.cells, cells) and p.labels == labels
+                partial += prev is not None and prev.overview and p.overview
+    assert partial >= 10
+
+
+def test_repainting_a_stuck_rank_follows_the_clock():
+    """No new events, the clock moves: the op in flight grows, past the hang thresholds."""
+    from commscope.analysis import TraceModel
+    from commscope.tui.timeline import Window, repaint_rank
+
+    b = TraceBuilder(1)
+    for k in range(600):
+        b.sync(0, T0 + k * MS, T0 + k * MS + MS // 2, "all_reduce")
+    b.sync(0, T0 + 600 * MS, None, "all_reduce")
+    v = TraceModel.from_events(b.sorted_events()).view()
+    prev = None
+    for now in (T0 + 601 * MS, T0 + 900 * MS, T0 + 1500 * MS):
+        win = Window(T0, 10 * MS, 150, now, hang_after_ns=300 * MS)
+        prev = repaint_rank(v, 0, win, prev)
+        assert prev.overview
+        cells, labels = paint_rank(v, 0, win)
+        assert np.array_equal(prev.cells, cells) and prev.labels == labels
+    assert (prev.cells[70:150] >= P.WARN).all() and (prev.cells[90:150] == P.ERROR).all()

@@ -19,6 +19,7 @@ I64_MAX = np.iinfo(np.int64).max
 #: switch it to a dict, so an id costs memory by the ops held, never by its value.
 DENSE_ID_FACTOR = 4
 DENSE_ID_SLACK = 1 << 12
+TOUCH_LOG = 64  # batches a rank remembers the changes of (RankTrace.touched)
 
 
 def grown(arr: np.ndarray, need: int, keep: int | None = None, fill: Any = 0, minimum: int = 0,
@@ -91,6 +92,9 @@ class RankTrace:
         self._pmax_shared = False  # a published RankView holds the prefix max: rewrite a copy
         self._view: RankView | None = None
         self.version = 0
+        #: (version, earliest begin among the ops that batch added or changed), the latest
+        #: TOUCH_LOG batches: what a painter needs to repaint only the part of a row that changed.
+        self.touched: list[tuple[int, int]] = []
 
     # -- storage
     def reserve(self, n: int) -> None:
@@ -213,6 +217,13 @@ class RankTrace:
         return self._pmax
 
 
+    def touch(self, first_begin: int) -> None:
+        """Note that the batch that made ``version`` changed ops beginning at ``first_begin``
+        or later (I64_MAX: none, only liveness or samples)."""
+        self.touched.append((self.version, int(first_begin)))
+        if len(self.touched) > TOUCH_LOG:
+            del self.touched[: len(self.touched) - TOUCH_LOG]
+
     def view(self) -> RankView:
         """This rank as an immutable ``RankView`` (the same object while nothing changed)."""
         v = self._view
@@ -225,7 +236,8 @@ class RankTrace:
         cols = [_frozen(getattr(self, c)[:n]) for c in RankView.COLUMNS]
         v = self._view = RankView(self.rank, self.version, n, *cols, _frozen(order), _frozen(self._sb),
                                   _frozen(pmax), tuple(sorted(i for i in self.open if self.comp[i] == 0)),
-                                  self.first_ts, self.last_ts, self.last_hb, self.meta, tuple(self.exits))
+                                  self.first_ts, self.last_ts, self.last_hb, self.meta, tuple(self.exits),
+                                  tuple(self.touched))
         return v
 
 
@@ -268,12 +280,23 @@ class RankView(NamedTuple):
     last_hb: int
     meta: dict | None
     exits: tuple[dict, ...]
+    touched: tuple[tuple[int, int], ...] = ()  # see RankTrace.touched
 
     COLUMNS = ("begin", "end", "wb", "we", "comp", "sig", "seq", "peer", "flags")
 
     def order(self) -> np.ndarray:
         """Op indices sorted by begin time."""
         return self.order_
+
+    def touched_since(self, version: int) -> int | None:
+        """The earliest begin among the ops changed after ``version`` (I64_MAX: none), or
+        None when the log no longer reaches back that far."""
+        log = self.touched
+        if version >= self.version:
+            return I64_MAX
+        if not log or log[0][0] > version + 1:
+            return None
+        return min((b for v, b in log if v > version), default=I64_MAX)
 
     def window(self, t0: int, t1: int) -> np.ndarray:
         """``RankTrace.window`` on the published arrays."""

@@ -310,6 +310,7 @@ class TraceModel:
             ph = phase if pos is None else phase[pos]
             misc, begins, phases = ph < 0, ph == 0, ph > 0
             t0, t1 = I64_MAX, 0
+            touched = I64_MAX  # the earliest begin among the ops this chunk added or changed
             if misc.any():
                 a, b = self._misc(rt, _take(events, _positions(pos, misc)))
                 t0, t1 = min(t0, a), max(t1, b)
@@ -317,15 +318,18 @@ class TraceModel:
                 bpos = _positions(pos, begins)
                 a, b = self._begins(rt, _take(events, bpos), ts[bpos], ids[bpos])
                 t0, t1 = min(t0, a), max(t1, b)
+                touched = a
             if phases.any():
                 opos = _positions(pos, phases)
-                a, b = self._phases(rt, events, opos, ts[opos], ids[opos], phase[opos])
+                a, b, first = self._phases(rt, events, opos, ts[opos], ids[opos], phase[opos])
                 t0, t1 = min(t0, a), max(t1, b)
+                touched = min(touched, first)
             if t1:
                 rt.first_ts = t0 if not rt.first_ts else min(rt.first_ts, t0)
                 rt.last_ts = max(rt.last_ts, t1)
                 lo, hi = min(lo, t0), max(hi, t1)
             rt.version += 1
+            rt.touch(touched)
             changed.add(r)
         return lo, hi
 
@@ -513,7 +517,9 @@ class TraceModel:
         return gi
 
     def _phases(self, rt: RankTrace, events: list[dict], pos: np.ndarray, ts: np.ndarray, ids: np.ndarray,
-                ph: np.ndarray) -> tuple[int, int]:
+                ph: np.ndarray) -> tuple[int, int, int]:
+        """Returns the (first, last) timestamp of the events and the earliest begin among
+        the ops they changed."""
         idx = rt.lookup(ids)
         ok = idx >= 0
         for code, col in ((1, rt.end), (2, rt.wb), (3, rt.we), (4, rt.done)):
@@ -550,7 +556,8 @@ class TraceModel:
         aff = idx[ok & (ph != 2)]  # an op may come twice (end and wait_end): harmless below
         if aff.shape[0]:
             self._complete(rt, aff)
-        return int(ts.min()), int(ts.max())
+        first = int(rt.begin[idx[ok]].min()) if ok.any() else I64_MAX
+        return int(ts.min()), int(ts.max()), first
 
     def _complete(self, rt: RankTrace, aff: np.ndarray) -> None:
         """Recompute completion times of ops whose phases changed."""

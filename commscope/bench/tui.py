@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _frame(tl) -> float:
-    tl._cache.clear()
+    tl.clear_caches()  # every line and row painted from scratch
     t0 = time.perf_counter()
     for y in range(tl.size.height):
         tl.render_line(y)

@@ -23,6 +23,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from commscope.analysis.columns import I64_MAX
 from commscope.analysis.model import APPROX, ASYNC, CONTAINER, FR, NESTED, P2P, SPACE_FR
 from commscope.analysis.rankstate import rank_state
 from commscope.tui import palette as P
@@ -91,7 +92,8 @@ class Timeline(ScrollView, can_focus=True):
         self.cursor_ns: int | None = None  # replay cursor
         self.now_ns = 0
         self.hang_after_ns = 30 * 10**9
-        self._cache: OrderedDict[tuple, Strip] = OrderedDict()
+        self._cache: OrderedDict[tuple, Strip] = OrderedDict()  # finished lines
+        self._painted: OrderedDict[tuple, Painted] = OrderedDict()  # rows' cells, repainted in part on changes
         self._cat_table = np.zeros(0, np.int8)
         self._dots_key: tuple[int, int] | None = None  # (view version, replay cursor) of _dots
         self._dots: dict[int, str] = {}
@@ -107,7 +109,7 @@ class Timeline(ScrollView, can_focus=True):
         self.follow = True
         self._placed = False
         self.empty_text = None
-        self._cache.clear()
+        self.clear_caches()
         self._cat_table = np.zeros(0, np.int8)
         self._dots_key, self._dots = None, {}
         self.set_flagged(set())
@@ -160,6 +162,11 @@ class Timeline(ScrollView, can_focus=True):
         if self._placed and self.follow and self.cursor_ns is None:
             self._follow_now()
         self.refresh()
+
+    def clear_caches(self) -> None:
+        """Forget every painted line and row (the next frame paints everything)."""
+        self._cache.clear()
+        self._painted.clear()
 
     def unplace(self) -> None:
         """Fit the view to the whole trace again at the next update or paint (a replay
@@ -232,8 +239,19 @@ class Timeline(ScrollView, can_focus=True):
                self.hang_after_ns, row.key in self._flagged_rows, kind)
         strip = self._cache.get(key)
         if strip is None:
+            cats = self._categories(m)
+            painted = None
+            if len(row.ranks) == 1:  # repaint only what changed since this row was last painted here
+                r = row.ranks[0]
+                pkey = (r, self.t0, self.npc, win.width, self.cursor_ns, sel, self.hang_after_ns, win.overview)
+                p = repaint_rank(m, r, win, self._painted.get(pkey), cats)
+                self._painted[pkey] = p
+                self._painted.move_to_end(pkey)
+                if len(self._painted) > 512:
+                    self._painted.popitem(last=False)
+                painted = (p.cells, p.labels)
             strip = render_row(m, row, win, kind=kind, focused=focused, flagged=row.key in self._flagged_rows,
-                               cats=self._categories(m))
+                               cats=cats, painted=painted)
             self._cache[key] = strip
             if len(self._cache) > 2000:
                 self._cache.popitem(last=False)
@@ -503,13 +521,15 @@ def categories(sigs: Sequence[Any], table: np.ndarray | None = None) -> np.ndarr
 
 
 def render_row(m: Any, row: Row, win: Window, *, kind: str = "unknown", focused: bool = False,
-               flagged: bool = False, cats: np.ndarray | None = None) -> Strip:
+               flagged: bool = False, cats: np.ndarray | None = None,
+               painted: tuple[np.ndarray, list] | None = None) -> Strip:
     """A whole timeline line: the gutter (state dot ``kind``, label, findings mark) and the
-    row's cells over ``win``, with the replay cursor drawn on top."""
+    row's cells over ``win`` (``painted``: a one-rank row's cells and labels, already
+    painted), with the replay cursor drawn on top."""
     w = win.width
     width = w + GUTTER
     if len(row.ranks) == 1:
-        cells, labels = paint_rank(m, row.ranks[0], win, cats)
+        cells, labels = painted if painted is not None else paint_rank(m, row.ranks[0], win, cats)
         segs = _segments(cells, labels)
     else:
         segs = paint_group(m, row.ranks, win, cats)
@@ -536,6 +556,67 @@ def paint_rank(m: Any, rank: int, win: Window,
     """One rank's row as a category per cell, and (start cell, length, text, category)
     labels for wide spans.  Pure: reads ``m`` (a ``TraceModel`` or its published
     ``ModelView``) and nothing else; ``cats`` is ``categories(m.sigs)`` if the caller keeps one."""
+    cells, cands, _ = _paint(m, rank, win, cats)
+    return cells, _labels(cells, cands)
+
+
+class Painted(NamedTuple):
+    """A painted row and what repainting it after a change needs (``repaint_rank``)."""
+
+    version: int  # the rank's version painted
+    now: int
+    open_min: int  # earliest begin among the ops in flight then (their spans grow with the clock)
+    overview: bool  # painted by the overview path
+    cells: np.ndarray
+    cands: list[tuple[int, int, int, int, str]]  # label candidates, see _paint
+    labels: list[tuple[int, int, str, int]]
+
+
+def repaint_rank(m: Any, rank: int, win: Window, prev: Painted | None,
+                 cats: np.ndarray | None = None) -> Painted:
+    """``paint_rank`` given the same row painted earlier over the same window (``prev``):
+    only the cells from the earliest op changed since (``RankView.touched_since``), or in
+    flight, are painted again, from the ops overlapping them; the cells before are kept.
+    Cells depend only on the ops that touch them, so the result is what ``paint_rank``
+    gives.  Far zoomed out (the overview path) only: there a row holds thousands of ops."""
+    rt = m.ranks.get(rank)
+    version = -1 if rt is None else rt.version
+    open_min = min((int(rt.begin[i]) for i in rt.open), default=I64_MAX) if rt is not None else I64_MAX
+    dirty = None
+    if prev is not None and prev.overview and win.overview and rt is not None and hasattr(rt, "touched_since"):
+        dirty = rt.touched_since(prev.version)
+        if dirty is not None and (win.now != prev.now or version != prev.version):
+            dirty = min(dirty, open_min, prev.open_min)
+    if dirty is None or prev is None or len(prev.cands) >= 40:  # (at the label cap: all again)
+        cells, cands, overview = _paint(m, rank, win, cats)
+        return Painted(version, win.now, open_min, overview, cells, cands, _labels(cells, cands))
+    d = min(max((dirty - win.t0) // win.npc, 0), win.width) if dirty < I64_MAX else win.width
+    if d >= win.width:  # nothing in view changed
+        return prev._replace(version=version, now=win.now, open_min=open_min)
+    from_t = win.t0 + d * win.npc
+    new, cands, _ = _paint(m, rank, win, cats, from_t=from_t - 1, overview=True)
+    cells = np.concatenate([prev.cells[:d], new[d:]])
+    # candidates of spans ending before the repainted part are as they were; the others are new
+    cands = sorted([c for c in prev.cands if c[3] < d] + [c for c in cands if c[3] >= d])[:40]
+    return Painted(version, win.now, open_min, True, cells, cands, _labels(cells, cands))
+
+
+def _labels(cells: np.ndarray, cands: list[tuple[int, int, int, int, str]]) -> list[tuple[int, int, str, int]]:
+    """Labels on the wide spans (the first 40 by begin), each only over a run of one colour:
+    a label must not straddle wait/issue parts."""
+    labels = []
+    for _, _, a, b, text in cands[:40]:
+        if b - a + 1 >= len(text) + 2 and (cells[a + 1:a + 1 + len(text)] == cells[a + 1]).all():
+            labels.append((a + 1, len(text), text, int(cells[a + 1])))
+    return labels
+
+
+def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_t: int | None = None,
+           overview: bool | None = None) -> tuple[np.ndarray, list[tuple[int, int, int, int, str]], bool]:
+    """(cells, label candidates, whether the overview path drew it).  A candidate is a span
+    at least 8 cells wide: (begin, op index, first cell, last cell, text), by begin.
+    ``from_t``: only the ops overlapping [from_t, end of window), so only the cells from
+    ``from_t`` on are right; ``overview``: take the overview path whatever the op count."""
     w = win.width
     cells = _EMPTY.get(w)
     if cells is None:
@@ -543,13 +624,13 @@ def paint_rank(m: Any, rank: int, win: Window,
         cells.flags.writeable = False
     rt = m.ranks.get(rank)
     if rt is None or rt.n == 0:
-        return cells, []
+        return cells, [], False
     t0, npc = win.t0, win.npc
     if cats is None or cats.shape[0] < len(m.sigs):
         cats = categories(m.sigs)
-    idx = rt.window(t0, t0 + w * npc)
+    idx = rt.window(t0 if from_t is None else max(t0, from_t), t0 + w * npc)
     if idx.shape[0] == 0:
-        return cells, []
+        return cells, [], False
     sig = rt.sig[idx]
     flags = m.sig_flags(sig)
     hidden = (flags & (NESTED | CONTAINER)) != 0  # inner traffic is drawn as its outer op
@@ -557,7 +638,7 @@ def paint_rank(m: Any, rank: int, win: Window,
         keep = ~hidden
         idx, sig, flags = idx[keep], sig[keep], flags[keep]
         if idx.shape[0] == 0:
-            return cells, []
+            return cells, [], False
     now = win.now
     begin = rt.begin[idx]
     comp = rt.comp[idx]
@@ -567,8 +648,8 @@ def paint_rank(m: Any, rank: int, win: Window,
         idx, sig, flags, begin, comp = idx[visible], sig[visible], flags[visible], begin[visible], comp[visible]
     inflight = comp == 0
     stop = np.where(inflight, max(now, 1), comp)
-    if win.overview and idx.shape[0] > 4 * w:
-        return _paint_overview(m, rt, rank, win, idx, sig, flags, begin, stop, inflight, cats)
+    if overview or (overview is None and win.overview and idx.shape[0] > 4 * w):
+        return (*_paint_overview(m, rt, rank, win, idx, sig, flags, begin, stop, inflight, cats), True)
     # Ops whose end is only approximately known (Flight Recorder on Gloo) are drawn like
     # async work: a mark at the start, then a thin line, not a solid bar.
     approx = (rt.flags[idx] & APPROX) != 0
@@ -626,24 +707,21 @@ def paint_rank(m: Any, rank: int, win: Window,
             add(one, begin, end_t, P.SELECTED)
     if starts:
         cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
-    labels: list[tuple[int, int, str, int]] = []
+    cands = []
     c0 = np.minimum(np.maximum((begin - t0) // npc, -1), w)
     c1 = np.minimum(np.maximum((stop - t0) // npc, -1), w)
     # labels on spans wide enough to hold them
     wide = np.flatnonzero((c1 - c0) >= 8)
-    for j in wide[:40]:
-        a, b = max(int(c0[j]), 0), min(int(c1[j]), w - 1)
+    for j in wide[:40].tolist():
         i = int(idx[j])
         seq = int(rt.seq[i])
         text = m.sigs[int(sig[j])].op + (f" #{seq}" if seq >= 0 else "")
-        # only over a run of one colour: a label must not straddle wait/issue parts
-        if b - a + 1 >= len(text) + 2 and (cells[a + 1:a + 1 + len(text)] == cells[a + 1]).all():
-            labels.append((a + 1, len(text), text, int(cells[a + 1])))
-    return cells, labels
+        cands.append((int(begin[j]), i, max(int(c0[j]), 0), min(int(c1[j]), w - 1), text))
+    return cells, cands, bool(overview)
 
 def _paint_overview(m: Any, rt: Any, rank: int, win: Window, idx: np.ndarray, sig: np.ndarray, flags: np.ndarray,
                     begin: np.ndarray, stop: np.ndarray, inflight: np.ndarray,
-                    cat_table: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, str, int]]]:
+                    cat_table: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int, int, str]]]:
     """Far zoomed out (several ops per cell): each op one span, the issue/wait breakdown
     left out.  The same picture as the detailed path draws there, with the per-op work
     done only on the few ops that need it: async ops (their span ends at wait_end),
@@ -692,19 +770,18 @@ def _paint_overview(m: Any, rt: Any, rank: int, win: Window, idx: np.ndarray, si
             stops.append(np.array([e], np.int64))
             kinds.append(np.array([P.SELECTED], np.int8))
     cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
-    labels: list[tuple[int, int, str, int]] = []
+    cands = []
     cand = np.flatnonzero(stop - begin > 7 * npc)  # c1 - c0 >= 8 needs a span longer than 7 cells
     if cand.shape[0]:
         c0 = np.minimum(np.maximum((begin[cand] - t0) // npc, -1), w)
         c1 = np.minimum(np.maximum((stop[cand] - t0) // npc, -1), w)
         for k in np.flatnonzero((c1 - c0) >= 8)[:40].tolist():
             j = int(cand[k])
-            a, b = max(int(c0[k]), 0), min(int(c1[k]), w - 1)
-            seq = int(rt.seq[int(idx[j])])
+            i = int(idx[j])
+            seq = int(rt.seq[i])
             text = m.sigs[int(sig[j])].op + (f" #{seq}" if seq >= 0 else "")
-            if b - a + 1 >= len(text) + 2 and (cells[a + 1:a + 1 + len(text)] == cells[a + 1]).all():
-                labels.append((a + 1, len(text), text, int(cells[a + 1])))
-    return cells, labels
+            cands.append((int(begin[j]), i, max(int(c0[k]), 0), min(int(c1[k]), w - 1), text))
+    return cells, cands
 
 def paint_group(m: Any, ranks: tuple[int, ...], win: Window, cats: np.ndarray | None = None) -> list[Segment]:
     """Collapsed rows: how many of the ranks are busy in each cell, as shades."""
