@@ -185,20 +185,30 @@ def test_repainting_what_changed_draws_what_a_full_paint_draws():
     m = TraceModel()
     painted: dict = {}
     partial = 0
+    modes: set = set()
+    labelled = 0
     for k in range(0, len(events), 613):  # batches cut through ops: some are in flight at each view
         m.ingest(events[k:k + 613])
         v = m.view()
         for r in v.rank_ids():
-            for span, sel in ((end - start, None), ((end - start) // 3, (r, 1500))):
-                win = Window(start + (end - start) // 2 - span // 2, max(1, span // 120), 120, v.end_ns,
-                             hang_after_ns=50 * MS, sel=sel)
-                prev = painted.get((r, span))
+            for span, sel, mid, fast in ((end - start, None, 0.5, True), ((end - start) // 3, (r, 1500), 0.5, True),
+                                         ((end - start) // 8, None, 0.3, True), ((end - start) // 8, None, 0.6, False),
+                                         ((end - start) // 40, (r, 2000), 0.7, True),
+                                         ((end - start) // 400, None, 0.8, True)):
+                # whole trace, a third, an eighth (detailed, then overview once filled; and the
+                # detailed path's own overview), a fortieth (detailed throughout), a 400th (labels)
+                win = Window(start + int((end - start) * mid) - span // 2, max(1, span // 120), 120, v.end_ns,
+                             hang_after_ns=50 * MS, sel=sel, overview=fast)
+                key = (r, span, mid, fast)
+                prev = painted.get(key)
                 p = repaint_rank(v, r, win, prev)
-                painted[(r, span)] = p
+                painted[key] = p
                 cells, labels = paint_rank(v, r, win)
                 assert np.array_equal(p.cells, cells) and p.labels == labels
-                partial += prev is not None and prev.overview and p.overview
-    assert partial >= 10
+                partial += prev is not None and prev.version != p.version
+                modes.add((key, p.overview))
+                labelled += bool(labels)
+    assert partial >= 40 and labelled >= 4 and {k for k, ov in modes if ov} & {k for k, ov in modes if not ov}  # some switched
 
 
 def test_repainting_a_stuck_rank_follows_the_clock():
@@ -219,3 +229,10 @@ def test_repainting_a_stuck_rank_follows_the_clock():
         cells, labels = paint_rank(v, 0, win)
         assert np.array_equal(prev.cells, cells) and prev.labels == labels
     assert (prev.cells[70:150] >= P.WARN).all() and (prev.cells[90:150] == P.ERROR).all()
+    prev = None
+    for now in (T0 + 601 * MS, T0 + 900 * MS, T0 + 1500 * MS):  # below hang_after: one span, labelled
+        win = Window(T0, 10 * MS, 150, now, hang_after_ns=10_000 * MS)
+        prev = repaint_rank(v, 0, win, prev)
+        cells, labels = paint_rank(v, 0, win)
+        assert np.array_equal(prev.cells, cells) and prev.labels == labels
+    assert prev.labels == [(61, 15, "all_reduce #601", P.COLL)]

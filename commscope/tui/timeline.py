@@ -556,7 +556,7 @@ def paint_rank(m: Any, rank: int, win: Window,
     """One rank's row as a category per cell, and (start cell, length, text, category)
     labels for wide spans.  Pure: reads ``m`` (a ``TraceModel`` or its published
     ``ModelView``) and nothing else; ``cats`` is ``categories(m.sigs)`` if the caller keeps one."""
-    cells, cands, _ = _paint(m, rank, win, cats)
+    cells, cands, _, _ = _paint(m, rank, win, cats)
     return cells, _labels(cells, cands)
 
 
@@ -564,9 +564,11 @@ class Painted(NamedTuple):
     """A painted row and what repainting it after a change needs (``repaint_rank``)."""
 
     version: int  # the rank's version painted
+    n: int  # its op count then
     now: int
     open_min: int  # earliest begin among the ops in flight then (their spans grow with the clock)
-    overview: bool  # painted by the overview path
+    count: int  # ops drawn (in the window, top-level, not in the future): picks the drawing
+    overview: bool  # drawn by the overview path
     cells: np.ndarray
     cands: list[tuple[int, int, int, int, str]]  # label candidates, see _paint
     labels: list[tuple[int, int, str, int]]
@@ -575,30 +577,34 @@ class Painted(NamedTuple):
 def repaint_rank(m: Any, rank: int, win: Window, prev: Painted | None,
                  cats: np.ndarray | None = None) -> Painted:
     """``paint_rank`` given the same row painted earlier over the same window (``prev``):
-    only the cells from the earliest op changed since (``RankView.touched_since``), or in
-    flight, are painted again, from the ops overlapping them; the cells before are kept.
-    Cells depend only on the ops that touch them, so the result is what ``paint_rank``
-    gives.  Far zoomed out (the overview path) only: there a row holds thousands of ops."""
+    only the cells from the earliest op changed since (``RankView.touched_since``) or in
+    flight are painted again, from the ops overlapping them; the cells before are kept.
+    A cell depends only on the ops that touch it, and the drawing (overview or detailed)
+    on how many ops the window holds, which only grows by the ops added: so the result is
+    what ``paint_rank`` gives."""
     rt = m.ranks.get(rank)
-    version = -1 if rt is None else rt.version
+    version, n = (-1, 0) if rt is None else (rt.version, rt.n)
     open_min = min((int(rt.begin[i]) for i in rt.open), default=I64_MAX) if rt is not None else I64_MAX
     dirty = None
-    if prev is not None and prev.overview and win.overview and rt is not None and hasattr(rt, "touched_since"):
-        dirty = rt.touched_since(prev.version)
+    if prev is not None and rt is not None and hasattr(rt, "touched_since") and len(prev.cands) < 40:
+        dirty = rt.touched_since(prev.version)  # (at the label cap: everything again, below)
         if dirty is not None and (win.now != prev.now or version != prev.version):
             dirty = min(dirty, open_min, prev.open_min)
-    if dirty is None or prev is None or len(prev.cands) >= 40:  # (at the label cap: all again)
-        cells, cands, overview = _paint(m, rank, win, cats)
-        return Painted(version, win.now, open_min, overview, cells, cands, _labels(cells, cands))
-    d = min(max((dirty - win.t0) // win.npc, 0), win.width) if dirty < I64_MAX else win.width
+    d = 0 if dirty is None else min(max((dirty - win.t0) // win.npc, 0), win.width) if dirty < I64_MAX else win.width
+    if prev is None or d == 0:
+        cells, cands, overview, count = _paint(m, rank, win, cats)
+        return Painted(version, n, win.now, open_min, count, overview, cells, cands, _labels(cells, cands))
     if d >= win.width:  # nothing in view changed
-        return prev._replace(version=version, now=win.now, open_min=open_min)
+        return prev._replace(version=version, n=n, now=win.now, open_min=open_min)
     from_t = win.t0 + d * win.npc
-    new, cands, _ = _paint(m, rank, win, cats, from_t=from_t - 1, overview=True)
+    new, cands, overview, count = _paint(m, rank, win, cats, from_t=from_t - 1, base=(prev.count, prev.n))
+    if overview != prev.overview:  # the ops added switched the drawing: all of it changes
+        cells, cands, overview, count = _paint(m, rank, win, cats)
+        return Painted(version, n, win.now, open_min, count, overview, cells, cands, _labels(cells, cands))
     cells = np.concatenate([prev.cells[:d], new[d:]])
     # candidates of spans ending before the repainted part are as they were; the others are new
     cands = sorted([c for c in prev.cands if c[3] < d] + [c for c in cands if c[3] >= d])[:40]
-    return Painted(version, win.now, open_min, True, cells, cands, _labels(cells, cands))
+    return Painted(version, n, win.now, open_min, count, overview, cells, cands, _labels(cells, cands))
 
 
 def _labels(cells: np.ndarray, cands: list[tuple[int, int, int, int, str]]) -> list[tuple[int, int, str, int]]:
@@ -612,11 +618,13 @@ def _labels(cells: np.ndarray, cands: list[tuple[int, int, int, int, str]]) -> l
 
 
 def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_t: int | None = None,
-           overview: bool | None = None) -> tuple[np.ndarray, list[tuple[int, int, int, int, str]], bool]:
-    """(cells, label candidates, whether the overview path drew it).  A candidate is a span
-    at least 8 cells wide: (begin, op index, first cell, last cell, text), by begin.
+           base: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, list[tuple[int, int, int, int, str]], bool, int]:
+    """(cells, label candidates, whether drawn as an overview (one span per op: more than 4
+    ops per cell), ops drawn).  A candidate
+    is a span at least 8 cells wide: (begin, op index, first cell, last cell, text), by begin.
     ``from_t``: only the ops overlapping [from_t, end of window), so only the cells from
-    ``from_t`` on are right; ``overview``: take the overview path whatever the op count."""
+    ``from_t`` on are right; ``base``: (ops drawn, op count) of the same window painted
+    before, so that the count, and the drawing it picks, is the whole window's."""
     w = win.width
     cells = _EMPTY.get(w)
     if cells is None:
@@ -624,13 +632,13 @@ def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_
         cells.flags.writeable = False
     rt = m.ranks.get(rank)
     if rt is None or rt.n == 0:
-        return cells, [], False
+        return cells, [], False, 0
     t0, npc = win.t0, win.npc
     if cats is None or cats.shape[0] < len(m.sigs):
         cats = categories(m.sigs)
     idx = rt.window(t0 if from_t is None else max(t0, from_t), t0 + w * npc)
     if idx.shape[0] == 0:
-        return cells, [], False
+        return cells, [], base[0] > 4 * w, base[0]
     sig = rt.sig[idx]
     flags = m.sig_flags(sig)
     hidden = (flags & (NESTED | CONTAINER)) != 0  # inner traffic is drawn as its outer op
@@ -638,7 +646,7 @@ def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_
         keep = ~hidden
         idx, sig, flags = idx[keep], sig[keep], flags[keep]
         if idx.shape[0] == 0:
-            return cells, [], False
+            return cells, [], base[0] > 4 * w, base[0]
     now = win.now
     begin = rt.begin[idx]
     comp = rt.comp[idx]
@@ -648,8 +656,9 @@ def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_
         idx, sig, flags, begin, comp = idx[visible], sig[visible], flags[visible], begin[visible], comp[visible]
     inflight = comp == 0
     stop = np.where(inflight, max(now, 1), comp)
-    if overview or (overview is None and win.overview and idx.shape[0] > 4 * w):
-        return (*_paint_overview(m, rt, rank, win, idx, sig, flags, begin, stop, inflight, cats), True)
+    count = idx.shape[0] if from_t is None else base[0] + int((idx >= base[1]).sum())
+    if win.overview and count > 4 * w:
+        return (*_paint_overview(m, rt, rank, win, idx, sig, flags, begin, stop, inflight, cats), True, count)
     # Ops whose end is only approximately known (Flight Recorder on Gloo) are drawn like
     # async work: a mark at the start, then a thin line, not a solid bar.
     approx = (rt.flags[idx] & APPROX) != 0
@@ -673,7 +682,7 @@ def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_
 
     # Far zoomed out (several ops per cell) the issue/wait breakdown is invisible: draw
     # each op as one span, which halves the work on the largest windows.
-    overview = idx.shape[0] > 4 * w
+    overview = count > 4 * w
     any_async = bool(is_async.any()) and not overview
     sync = ~is_async
     if overview:
@@ -717,7 +726,7 @@ def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_
         seq = int(rt.seq[i])
         text = m.sigs[int(sig[j])].op + (f" #{seq}" if seq >= 0 else "")
         cands.append((int(begin[j]), i, max(int(c0[j]), 0), min(int(c1[j]), w - 1), text))
-    return cells, cands, bool(overview)
+    return cells, cands, overview, count
 
 def _paint_overview(m: Any, rt: Any, rank: int, win: Window, idx: np.ndarray, sig: np.ndarray, flags: np.ndarray,
                     begin: np.ndarray, stop: np.ndarray, inflight: np.ndarray,
