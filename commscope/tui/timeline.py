@@ -9,6 +9,7 @@ clock cell), so a model update re-renders only the rows whose ranks changed.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -538,17 +539,21 @@ def render_row(m: Any, row: Row, win: Window, *, kind: str = "unknown", focused:
         c = (win.cursor_ns - win.t0) // win.npc
         if 0 <= c < w:
             x = GUTTER + int(c)
-            strip = Strip.join([strip.crop(0, x), Strip([Segment("│", Style(color="#ffd75f", bold=True))], 1),
+            strip = Strip.join([strip.crop(0, x), Strip([_CURSOR], 1),
                                 strip.crop(x + 1, width)])
     return strip.crop(0, width)
 
 
 def _gutter(row: Row, kind: str, focused: bool, flagged: bool) -> list[Segment]:
     label = row.label[: GUTTER - 4].ljust(GUTTER - 4)
-    label_style = Style(bold=True, reverse=True) if focused else Style(bold=True)
-    return [Segment(P.STATE_DOT[kind], P.STATE_STYLE[kind]), Segment(" "),
-            Segment(label, label_style), Segment("!" if flagged else " ", Style(color="#e05050", bold=True)),
-            Segment("│", Style(color="grey30"))]
+    return [Segment(P.STATE_DOT[kind], P.STATE_STYLE[kind]), _SPACE,
+            Segment(label, _FOCUSED if focused else _BOLD), _FLAG if flagged else _NO_FLAG, _BAR]
+
+
+_BOLD, _FOCUSED = Style(bold=True), Style(bold=True, reverse=True)
+_CURSOR = Segment("│", Style(color="#ffd75f", bold=True))
+_SPACE, _BAR = Segment(" "), Segment("│", Style(color="grey30"))
+_FLAG, _NO_FLAG = Segment("!", Style(color="#e05050", bold=True)), Segment(" ", Style(color="#e05050", bold=True))
 
 
 def paint_rank(m: Any, rank: int, win: Window,
@@ -828,6 +833,13 @@ def _cover(a: np.ndarray, b: np.ndarray, cat: np.ndarray, t0: int, npc: int, w: 
     time, then the highest covered category: a handful of numpy calls whatever the number
     of ops or categories.  Category numbers are their priorities.
     """
+    if a.shape[0] <= 32:  # a few intervals: one slice each, low categories first, exact integers
+        cells = np.zeros(w, np.int8)
+        for c, x, y in sorted(zip(cat.tolist(), a.tolist(), b.tolist(), strict=True)):
+            c0, c1 = (x - t0) // npc, (y - t0) // npc
+            if c1 >= 0 and c0 < w:
+                cells[max(c0, 0):min(c1, w - 1) + 1] = c
+        return cells
     # Cell numbers in float64: true division is several times faster than int64 floor
     # division, and exact here.  A quotient q = (t - t0) / npc is correctly rounded, so its
     # error is below q * 2**-53, smaller than the 1 / npc that separates a non-integer q from
@@ -868,13 +880,17 @@ def _segments(cells: np.ndarray, labels: list[tuple[int, int, str, int]]) -> lis
     w = cells.shape[0]
     segs: list[Segment] = []
     label_at = {a: (n, text, cat) for a, n, text, cat in labels}
-    starts = np.concatenate(([0], np.flatnonzero(np.diff(cells)) + 1)).tolist()
+    keys = sorted(label_at)
+    starts = np.concatenate(([0], np.flatnonzero(cells[1:] != cells[:-1]) + 1)).tolist()
     ends = starts[1:] + [w]
-    for a, b in zip(starts, ends, strict=True):
-        cat = int(cells[a])
+    cats = cells[starts].tolist()
+    if not keys:
+        return [Segment(P.GLYPH[c] * (b - a), P.STYLE[c]) for a, b, c in zip(starts, ends, cats, strict=True)]
+    for a, b, cat in zip(starts, ends, cats, strict=True):
         x = a
         while x < b:
-            lab = next((p for p in range(x, b) if p in label_at), None)
+            k = bisect_left(keys, x)
+            lab = keys[k] if k < len(keys) and keys[k] < b else None
             if lab is None:
                 segs.append(Segment(P.GLYPH[cat] * (b - x), P.STYLE[cat]))
                 break
