@@ -766,8 +766,15 @@ class TraceModel:
         order = rt.order()
         if not completed:
             return int(order[-1])
-        done = order[rt.comp[order] > 0]
-        return int(done[-1]) if done.shape[0] else None
+        k = 64  # the last completed op is nearly always among the last few begun: look there first
+        while True:
+            tail = order[-k:]
+            done = tail[rt.comp[tail] > 0]
+            if done.shape[0]:
+                return int(done[-1])
+            if k >= order.shape[0]:
+                return None
+            k *= 16
 
     def samples(self, rank: int) -> dict[str, np.ndarray]:
         """Sample history for sparklines: ts, cpu, rss, gpu_util, gpu_mem, gpu_mem_total (NaN = absent)."""

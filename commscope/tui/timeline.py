@@ -502,22 +502,28 @@ class Window(NamedTuple):
     overview: bool = True
 
 
+CAT_MASK, ASYNC_BIT, HIDDEN_BIT = 0x1F, 0x20, 0x80  # a signature's paint code: see categories
+
+
 def categories(sigs: Sequence[Any], table: np.ndarray | None = None) -> np.ndarray:
-    """Traffic category of every signature code, as a lookup table; ``table``: the one built
-    for a prefix of ``sigs`` (signatures only append), extended."""
-    table = np.zeros(0, np.int8) if table is None else table
-    new = np.empty(len(sigs), np.int8)
+    """Paint code of every signature code, as a lookup table: its traffic category
+    (``& CAT_MASK``), ``ASYNC_BIT`` for async ops and ``HIDDEN_BIT`` for inner traffic drawn
+    as its outer op (nested ops, containers), so one lookup per op tells all three.
+    ``table``: the one built for a prefix of ``sigs`` (signatures only append), extended."""
+    table = np.zeros(0, np.uint8) if table is None else table
+    new = np.empty(len(sigs), np.uint8)
     new[: table.shape[0]] = table
     for code in range(table.shape[0], len(sigs)):
         sig = sigs[code]
         if sig.space == SPACE_FR or sig.flags & FR:
-            new[code] = P.FR
+            c = P.FR
         elif sig.op in VARLEN_OPS:
-            new[code] = P.VARLEN
+            c = P.VARLEN
         elif sig.flags & P2P:
-            new[code] = P.P2P
+            c = P.P2P
         else:
-            new[code] = P.COLL
+            c = P.COLL
+        new[code] = c | (ASYNC_BIT if sig.flags & ASYNC else 0) | (HIDDEN_BIT if sig.flags & (NESTED | CONTAINER) else 0)
     return new
 
 
@@ -644,12 +650,11 @@ def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_
     idx = rt.window(t0 if from_t is None else max(t0, from_t), t0 + w * npc)
     if idx.shape[0] == 0:
         return cells, [], base[0] > 4 * w, base[0]
-    sig = rt.sig[idx]
-    flags = m.sig_flags(sig)
-    hidden = (flags & (NESTED | CONTAINER)) != 0  # inner traffic is drawn as its outer op
+    code = cats[rt.sig[idx]]  # category, async, hidden: see categories
+    hidden = code >= HIDDEN_BIT  # inner traffic is drawn as its outer op
     if hidden.any():
         keep = ~hidden
-        idx, sig, flags = idx[keep], sig[keep], flags[keep]
+        idx, code = idx[keep], code[keep]
         if idx.shape[0] == 0:
             return cells, [], base[0] > 4 * w, base[0]
     now = win.now
@@ -658,23 +663,23 @@ def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_
     if win.cursor_ns is not None:  # replay: the future has not happened yet
         comp = np.where(comp > now, 0, comp)
         visible = begin <= now
-        idx, sig, flags, begin, comp = idx[visible], sig[visible], flags[visible], begin[visible], comp[visible]
+        idx, code, begin, comp = idx[visible], code[visible], begin[visible], comp[visible]
     inflight = comp == 0
-    stop = np.where(inflight, max(now, 1), comp)
+    stop = np.where(inflight, max(now, 1), comp) if inflight.any() else comp
     count = idx.shape[0] if from_t is None else base[0] + int((idx >= base[1]).sum())
     if win.overview and count > 4 * w:
-        return (*_paint_overview(m, rt, rank, win, idx, sig, flags, begin, stop, inflight, cats), True, count)
+        return (*_paint_overview(m, rt, rank, win, idx, code, begin, stop, inflight), True, count)
     # Ops whose end is only approximately known (Flight Recorder on Gloo) are drawn like
     # async work: a mark at the start, then a thin line, not a solid bar.
     approx = (rt.flags[idx] & APPROX) != 0
-    is_async = ((flags & ASYNC) != 0) | approx
+    is_async = ((code & ASYNC_BIT) != 0) | approx
     issue_end = np.where(approx, begin, np.where(rt.end[idx] > 0, rt.end[idx], begin))
     wb, we = rt.wb[idx], rt.we[idx]
     if win.cursor_ns is not None:
         wb = np.where(wb > now, 0, wb)
         we = np.where(we > now, 0, we)
         issue_end = np.minimum(issue_end, stop)
-    cats = cats[sig]
+    cats = code & CAT_MASK
     starts: list[np.ndarray] = []
     stops: list[np.ndarray] = []
     kinds: list[np.ndarray] = []
@@ -729,20 +734,20 @@ def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_
     for j in wide[:40].tolist():
         i = int(idx[j])
         seq = int(rt.seq[i])
-        text = m.sigs[int(sig[j])].op + (f" #{seq}" if seq >= 0 else "")
+        text = m.sigs[int(rt.sig[i])].op + (f" #{seq}" if seq >= 0 else "")
         cands.append((int(begin[j]), i, max(int(c0[j]), 0), min(int(c1[j]), w - 1), text))
     return cells, cands, overview, count
 
-def _paint_overview(m: Any, rt: Any, rank: int, win: Window, idx: np.ndarray, sig: np.ndarray, flags: np.ndarray,
-                    begin: np.ndarray, stop: np.ndarray, inflight: np.ndarray,
-                    cat_table: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int, int, str]]]:
+def _paint_overview(m: Any, rt: Any, rank: int, win: Window, idx: np.ndarray, code: np.ndarray,
+                    begin: np.ndarray, stop: np.ndarray,
+                    inflight: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int, int, str]]]:
     """Far zoomed out (several ops per cell): each op one span, the issue/wait breakdown
     left out.  The same picture as the detailed path draws there, with the per-op work
     done only on the few ops that need it: async ops (their span ends at wait_end),
     in-flight ones (thresholds), the selection and spans wide enough for a label."""
     t0, npc, w, now = win.t0, win.npc, win.width, win.now
     approx = (rt.flags[idx] & APPROX) != 0
-    is_async = ((flags & ASYNC) != 0) | approx
+    is_async = ((code & ASYNC_BIT) != 0) | approx
     ai = np.flatnonzero(is_async)
     end = stop
     wb_a = we_a = None
@@ -754,7 +759,7 @@ def _paint_overview(m: Any, rt: Any, rank: int, win: Window, idx: np.ndarray, si
             we_a = np.where(we_a > now, 0, we_a)
         end = stop.copy()
         end[ai] = np.where(wb_a > 0, np.where(we_a > 0, we_a, stop[ai]), stop[ai])
-    starts, stops, kinds = [begin], [end], [cat_table[sig]]
+    starts, stops, kinds = [begin], [end], [code & CAT_MASK]
     fi = np.flatnonzero(inflight)
     if fi.shape[0]:  # blocked too long: the part of the span past the thresholds
         fa = is_async[fi]
@@ -793,7 +798,7 @@ def _paint_overview(m: Any, rt: Any, rank: int, win: Window, idx: np.ndarray, si
             j = int(cand[k])
             i = int(idx[j])
             seq = int(rt.seq[i])
-            text = m.sigs[int(sig[j])].op + (f" #{seq}" if seq >= 0 else "")
+            text = m.sigs[int(rt.sig[i])].op + (f" #{seq}" if seq >= 0 else "")
             cands.append((int(begin[j]), i, max(int(c0[k]), 0), min(int(c1[k]), w - 1), text))
     return cells, cands
 
@@ -847,12 +852,11 @@ def _cover(a: np.ndarray, b: np.ndarray, cat: np.ndarray, t0: int, npc: int, w: 
     # comparisons and the truncation of non-negative values give what floor division gives.
     fa = (a - t0) / npc  # subtract in int64 first: timestamps themselves do not fit a float exactly
     fb = (b - t0) / npc
-    ok = (fb >= 0) & (fa < w)
-    if not ok.all():
+    if fb.min() < 0 or fa.max() >= w:  # (two reductions: cheaper than a mask when all are in view)
+        ok = (fb >= 0) & (fa < w)
         fa, fb, cat = fa[ok], fb[ok], cat[ok]
     # one flat index per (category, cell): category * (w + 1) + cell, built in place
-    k = cat.astype(np.int64)
-    k *= w + 1
+    k = np.multiply(cat, w + 1, dtype=np.int64)
     np.maximum(fa, 0, out=fa)
     c0 = fa.astype(np.int64)  # truncate first: adding k to the float could round a cell up
     c0 += k
