@@ -1,7 +1,8 @@
 """The console's data side: a reader, a TraceModel and diagnose(), driven from a thread.
 
 The UI thread only renders.  ``Feed.step`` does one cycle (read a bounded batch, ingest
-it under the model lock, diagnose now and then) and returns an immutable ``FeedInfo``;
+it under the model lock and publish the model's immutable ``view``, diagnose now and then)
+and returns an immutable ``FeedInfo``;
 ``run`` repeats it on a worker thread and posts ``FeedUpdated`` messages, which coalesce
 when the UI is busy.  Tests call ``step`` directly.
 """

@@ -4,7 +4,11 @@ Drawn with Textual's Line API: ``render_line`` paints one row into a ``Strip``. 
 cells are computed with numpy over the ops in view (coverage of each traffic category
 via ``bincount``/``cumsum``, highest priority wins), never one widget or one Python loop
 iteration per op, and strips are cached by (row, rank versions, viewport, selection,
-clock cell), so a model update re-renders only the rows whose ranks changed.
+clock cell), so a model update re-renders only the rows whose ranks changed, and of a row
+only the part from the earliest op changed (``repaint_rank``).
+
+Painting is pure (``paint_rank``, ``paint_group``, ``render_row`` over a ``Window``) and
+reads the model's published view (``feed.view``), never the live model: no lock.
 """
 
 from __future__ import annotations
