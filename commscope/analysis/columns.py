@@ -296,7 +296,13 @@ class RankView(NamedTuple):
             return I64_MAX
         if not log or log[0][0] > version + 1:
             return None
-        return min((b for v, b in log if v > version), default=I64_MAX)
+        first = I64_MAX
+        for v, b in reversed(log):  # the latest batches last: only those after ``version``
+            if v <= version:
+                break
+            if b < first:
+                first = b
+        return first
 
     def window(self, t0: int, t1: int) -> np.ndarray:
         """``RankTrace.window`` on the published arrays."""
