@@ -8,7 +8,7 @@ from tui_scenarios import MS, StaticReader, healthy, hung_missing_rank
 from commscope.analysis.synth import T0, TraceBuilder
 from commscope.tui import palette as P
 from commscope.tui.feed import Feed
-from commscope.tui.timeline import Row, Timeline
+from commscope.tui.timeline import GUTTER, Row, Timeline, paint_group, paint_rank, render_row
 
 
 def timeline_for(events, now, *, t0=T0, npc=MS) -> Timeline:
@@ -21,7 +21,7 @@ def timeline_for(events, now, *, t0=T0, npc=MS) -> Timeline:
 
 
 def cells_of(tl: Timeline, rank: int, w: int = 100) -> np.ndarray:
-    return tl._paint_rank(rank, w)[0]
+    return paint_rank(tl.model, rank, tl.window(w))[0]
 
 
 def test_each_kind_of_traffic_gets_its_own_category():
@@ -59,12 +59,12 @@ def test_selection_and_labels_on_wide_spans():
     i = b.sync(0, T0 + 10 * MS, T0 + 60 * MS, "broadcast")
     b.sync(0, T0 + 70 * MS, T0 + 72 * MS, "all_reduce")
     tl = timeline_for(b.sorted_events(), T0 + 100 * MS)
-    cells, labels = tl._paint_rank(0, 100)
+    cells, labels = paint_rank(tl.model, 0, tl.window(100))
     assert [(a, text) for a, _, text, _ in labels] == [(11, "broadcast #1")]
-    tl.sel = (0, tl.model.op_index(0, i))
-    cells, _ = tl._paint_rank(0, 100)
+    tl.sel = (0, tl.feed.model.op_index(0, i))
+    cells, _ = paint_rank(tl.model, 0, tl.window(100))
     assert (cells[10:61] == P.SELECTED).all() and cells[71] == P.COLL
-    strip = tl._render_row(Row("r0", "r0", (0,)), 120, False)
+    strip = render_row(tl.model, Row("r0", "r0", (0,)), tl.window(120 - GUTTER))
     assert "broadcast #1" in strip.text and strip.cell_length == 120
 
 
@@ -87,7 +87,7 @@ def test_collapsed_rows_shade_by_how_many_ranks_are_busy():
     tl.mode = "nodes"  # all four ranks run on host "h"
     tl.rebuild_rows()
     assert len(tl.rows) == 1 and tl.rows[0].ranks == (0, 1, 2, 3)
-    segs = tl._paint_group((0, 1, 2, 3), 100)
+    segs = paint_group(tl.model, (0, 1, 2, 3), tl.window(100))
     text = "".join(s.text for s in segs)
     assert set(text) == {P.SHADES[4]}  # everyone is stuck in something: fully shaded
     assert any(s.style == P.STYLE[P.ERROR] for s in segs)
@@ -100,7 +100,7 @@ def test_many_ranks_collapse_into_at_most_32_block_rows():
     tl.mode = "blocks"
     tl.rebuild_rows()
     assert len(tl.rows) == 32 and tl.rows[0].label == "r0-30" and tl.rows[0].ranks[-1] == 30
-    text = "".join(s.text for s in tl._paint_group(tl.rows[0].ranks, 100))
+    text = "".join(s.text for s in paint_group(tl.model, tl.rows[0].ranks, tl.window(100)))
     assert text[0:10] == P.SHADES[4] * 10  # every rank present in row 0 is busy (odd ones sent nothing)
     assert text[12:] == " " * 88
 
@@ -154,23 +154,85 @@ def test_overview_path_draws_what_the_detailed_path_draws():
     start, end = m.bounds()
     w = 120
     taken = 0
-    try:
-        for cursor in (None, (start + end) // 2):
-            tl.cursor_ns = cursor
-            for frac, off in ((1.0, 0.0), (0.6, 0.3), (0.5, 0.45)):
-                tl.npc = max(1, int((end - start) * frac) // w)
-                tl.t0 = start + int((end - start) * off)
-                for r in m.rank_ids():
-                    first = m.ranks[r].window(tl.t0, tl.t0 + w * tl.npc)
-                    if first.shape[0] <= 4 * w:  # the replay cursor hides the rest: detailed path
-                        continue
-                    tl.sel = (r, int(first[first.shape[0] // 2]))
-                    Timeline.FAST_OVERVIEW = True
-                    fast = tl._paint_rank(r, w)
-                    Timeline.FAST_OVERVIEW = False
-                    slow = tl._paint_rank(r, w)
-                    assert np.array_equal(fast[0], slow[0]) and fast[1] == slow[1]
-                    taken += 1
-    finally:
-        Timeline.FAST_OVERVIEW = True
+    for cursor in (None, (start + end) // 2):
+        tl.cursor_ns = cursor
+        for frac, off in ((1.0, 0.0), (0.6, 0.3), (0.5, 0.45)):
+            tl.npc = max(1, int((end - start) * frac) // w)
+            tl.t0 = start + int((end - start) * off)
+            for r in m.rank_ids():
+                first = m.ranks[r].window(tl.t0, tl.t0 + w * tl.npc)
+                if first.shape[0] <= 4 * w:  # the replay cursor hides the rest: detailed path
+                    continue
+                tl.sel = (r, int(first[first.shape[0] // 2]))
+                fast = paint_rank(m, r, tl.window(w))
+                slow = paint_rank(m, r, tl.window(w)._replace(overview=False))
+                assert np.array_equal(fast[0], slow[0]) and fast[1] == slow[1]
+                direct = paint_rank(tl.feed.model, r, tl.window(w))  # the model itself paints the same
+                assert np.array_equal(fast[0], direct[0]) and fast[1] == direct[1]
+                taken += 1
     assert taken >= 12
+
+
+def test_repainting_what_changed_draws_what_a_full_paint_draws():
+    """A row repainted after each batch from only the ops changed since (and those in
+    flight) equals the row painted from scratch: cells and labels, live and with a selection."""
+    from commscope.analysis import TraceModel
+    from commscope.analysis.synth import healthy_trace
+    from commscope.tui.timeline import Window, repaint_rank
+
+    events = sorted(healthy_trace(2, 2500), key=lambda e: e["ts"])
+    start, end = events[0]["ts"], events[-1]["ts"]
+    m = TraceModel()
+    painted: dict = {}
+    partial = 0
+    modes: set = set()
+    labelled = 0
+    for k in range(0, len(events), 613):  # batches cut through ops: some are in flight at each view
+        m.ingest(events[k:k + 613])
+        v = m.view()
+        for r in v.rank_ids():
+            for span, sel, mid, fast in ((end - start, None, 0.5, True), ((end - start) // 3, (r, 1500), 0.5, True),
+                                         ((end - start) // 8, None, 0.3, True), ((end - start) // 8, None, 0.6, False),
+                                         ((end - start) // 40, (r, 2000), 0.7, True),
+                                         ((end - start) // 400, None, 0.8, True)):
+                # whole trace, a third, an eighth (detailed, then overview once filled; and the
+                # detailed path's own overview), a fortieth (detailed throughout), a 400th (labels)
+                win = Window(start + int((end - start) * mid) - span // 2, max(1, span // 120), 120, v.end_ns,
+                             hang_after_ns=50 * MS, sel=sel, overview=fast)
+                key = (r, span, mid, fast)
+                prev = painted.get(key)
+                p = repaint_rank(v, r, win, prev)
+                painted[key] = p
+                cells, labels = paint_rank(v, r, win)
+                assert np.array_equal(p.cells, cells) and p.labels == labels
+                partial += prev is not None and prev.version != p.version
+                modes.add((key, p.overview))
+                labelled += bool(labels)
+    assert partial >= 40 and labelled >= 4 and {k for k, ov in modes if ov} & {k for k, ov in modes if not ov}  # some switched
+
+
+def test_repainting_a_stuck_rank_follows_the_clock():
+    """No new events, the clock moves: the op in flight grows, past the hang thresholds."""
+    from commscope.analysis import TraceModel
+    from commscope.tui.timeline import Window, repaint_rank
+
+    b = TraceBuilder(1)
+    for k in range(600):
+        b.sync(0, T0 + k * MS, T0 + k * MS + MS // 2, "all_reduce")
+    b.sync(0, T0 + 600 * MS, None, "all_reduce")
+    v = TraceModel.from_events(b.sorted_events()).view()
+    prev = None
+    for now in (T0 + 601 * MS, T0 + 900 * MS, T0 + 1500 * MS):
+        win = Window(T0, 10 * MS, 150, now, hang_after_ns=300 * MS)
+        prev = repaint_rank(v, 0, win, prev)
+        assert prev.overview
+        cells, labels = paint_rank(v, 0, win)
+        assert np.array_equal(prev.cells, cells) and prev.labels == labels
+    assert (prev.cells[70:150] >= P.WARN).all() and (prev.cells[90:150] == P.ERROR).all()
+    prev = None
+    for now in (T0 + 601 * MS, T0 + 900 * MS, T0 + 1500 * MS):  # below hang_after: one span, labelled
+        win = Window(T0, 10 * MS, 150, now, hang_after_ns=10_000 * MS)
+        prev = repaint_rank(v, 0, win, prev)
+        cells, labels = paint_rank(v, 0, win)
+        assert np.array_equal(prev.cells, cells) and prev.labels == labels
+    assert prev.labels == [(61, 15, "all_reduce #601", P.COLL)]

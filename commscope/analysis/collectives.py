@@ -19,6 +19,7 @@ from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import Finding, activity, op_brief, secs
 from commscope.analysis.indexes import GroupIndex
 from commscope.analysis.model import COLL, SPACE_FR, TraceModel, untimed
+from commscope.analysis.rankstate import snapshot
 
 #: A rank straggles when it arrives last in at least this share of recent collectives...
 STRAGGLER_LAST_SHARE = 0.7
@@ -185,7 +186,8 @@ def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, no
     # its way.  While their votes could make it a tie or turn it, the odd one out cannot be
     # told, and naming ranks would name innocents.
     absent = [m for m in gi.members if m not in ops]
-    lost = [m for m in absent if (model.crash(m) is not None or model.is_dead(m, now)) and _last_seq(gi, m) == seq - 1]
+    snap = snapshot(model, now)
+    lost = [m for m in absent if (snap[m].crashed or snap[m].dead) and _last_seq(gi, m) == seq - 1]
     coming = [m for m in absent if m not in lost and not model.left_early(m, now)]
     margin = top[0][1] - (top[1][1] if len(top) > 1 else 0)
     undecided = bool(lost or coming) and margin <= len(lost) + len(coming)

@@ -9,7 +9,7 @@ cross-rank indexes live in ``indexes``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -19,6 +19,7 @@ I64_MAX = np.iinfo(np.int64).max
 #: switch it to a dict, so an id costs memory by the ops held, never by its value.
 DENSE_ID_FACTOR = 4
 DENSE_ID_SLACK = 1 << 12
+TOUCH_LOG = 64  # batches a rank remembers the changes of (RankTrace.touched)
 
 
 def grown(arr: np.ndarray, need: int, keep: int | None = None, fill: Any = 0, minimum: int = 0,
@@ -88,7 +89,12 @@ class RankTrace:
         self._ord_buf = self._sb_buf = self._pmax_buf = np.zeros(0, np.int64)  # capacity behind them
         self._ins_min = 0  # first order position changed by insertions since the last prefix max
         self._open_min_begin = I64_MAX  # earliest begin among ops open at the last prefix max
+        self._pmax_shared = False  # a published RankView holds the prefix max: rewrite a copy
+        self._view: RankView | None = None
         self.version = 0
+        #: (version, earliest begin among the ops that batch added or changed), the latest
+        #: TOUCH_LOG batches: what a painter needs to repaint only the part of a row that changed.
+        self.touched: list[tuple[int, int]] = []
 
     # -- storage
     def reserve(self, n: int) -> None:
@@ -168,24 +174,11 @@ class RankTrace:
 
     def window(self, t0: int, t1: int) -> np.ndarray:
         """Indices of ops overlapping [t0, t1), by begin time; ops in flight extend to +inf."""
-        n = self.n
-        if n == 0:
+        if self.n == 0:
             return np.zeros(0, np.int64)
         order = self.order()
-        begins = self._sb
-        i1 = int(np.searchsorted(begins, t1, side="left"))
-        pmax = self._prefix_max(order, begins)
-        i0 = int(np.searchsorted(pmax, t0, side="right"))
-        cand = order[i0:i1]
-        if cand.shape[0] and t0 > begins[i0]:  # (from before the first op on: every one overlaps)
-            ends = self.comp[cand]
-            cand = cand[(ends > t0) | (ends == 0) | (self.begin[cand] >= t0)]
-        if self.open:
-            extra = [i for i in self.open if self.begin[i] < t1 and self.comp[i] == 0]
-            if extra:
-                cand = np.union1d(cand, np.array(extra, np.int64))
-                cand = cand[np.argsort(self.begin[cand], kind="stable")]
-        return cand
+        pmax = self._prefix_max(order, self._sb)
+        return _window(order, self._sb, pmax, self.begin, self.comp, self.open, t0, t1)
 
     def _prefix_max(self, order: np.ndarray, begins: np.ndarray) -> np.ndarray:
         """Running max of op ends in begin order (in-flight ops count with their begin).
@@ -207,15 +200,132 @@ class RankTrace:
                 ends[0] = max(int(ends[0]), int(self._pmax[start - 1]))
             if self._pmax_buf.shape[0] < n:
                 self._pmax_buf = grown(self._pmax, n, start, minimum=1024)
+            elif self._pmax_shared and start < self._pmax.shape[0]:  # never rewrite what a view holds
+                buf = np.empty(self._pmax_buf.shape[0], np.int64)
+                buf[:start] = self._pmax[:start]
+                self._pmax_buf = buf
+            self._pmax_shared = False
             np.maximum.accumulate(ends, out=self._pmax_buf[start:n])
             self._pmax = self._pmax_buf[:n]
         else:
             self._pmax_buf = np.maximum.accumulate(ends)
             self._pmax = self._pmax_buf
+            self._pmax_shared = False
         self._pmax_version = self.version
         self._ins_min = n
         self._open_min_begin = min((int(self.begin[i]) for i in self.open), default=I64_MAX)
         return self._pmax
+
+
+    def touch(self, first_begin: int) -> None:
+        """Note that the batch that made ``version`` changed ops beginning at ``first_begin``
+        or later (I64_MAX: none, only liveness or samples)."""
+        self.touched.append((self.version, int(first_begin)))
+        if len(self.touched) > TOUCH_LOG:
+            del self.touched[: len(self.touched) - TOUCH_LOG]
+
+    def view(self) -> RankView:
+        """This rank as an immutable ``RankView`` (the same object while nothing changed)."""
+        v = self._view
+        if v is not None and v.version == self.version and v.n == self.n:
+            return v
+        n = self.n
+        order = self.order()
+        pmax = self._prefix_max(order, self._sb) if n else np.zeros(0, np.int64)
+        self._pmax_shared = True
+        cols = [_frozen(getattr(self, c)[:n]) for c in RankView.COLUMNS]
+        v = self._view = RankView(self.rank, self.version, n, *cols, _frozen(order), _frozen(self._sb),
+                                  _frozen(pmax), tuple(sorted(i for i in self.open if self.comp[i] == 0)),
+                                  self.first_ts, self.last_ts, self.last_hb, self.meta, tuple(self.exits),
+                                  tuple(self.touched))
+        return v
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+class RankView(NamedTuple):
+    """One rank as published after an ingest batch: what the console paints from, with no lock.
+
+    The index arrays (``order``, ``sb``: begins in that order, ``pmax``: running max of op
+    ends) are never written again once published: the writer appends past them or rewrites a
+    copy.  The op columns are the model's own, read-only here: after publishing, the writer
+    only appends past ``n`` and fills in the completion of ops listed in ``open`` (0 -> a
+    time, once), so a reader may see such an op complete a moment early, never an index
+    out of order.  The column names are those of ``RankTrace``, so painting and queries take
+    either.
+    """
+
+    rank: int
+    version: int
+    n: int
+    begin: np.ndarray
+    end: np.ndarray
+    wb: np.ndarray
+    we: np.ndarray
+    comp: np.ndarray
+    sig: np.ndarray
+    seq: np.ndarray
+    peer: np.ndarray
+    flags: np.ndarray
+    order_: np.ndarray
+    sb: np.ndarray
+    pmax: np.ndarray
+    open: tuple[int, ...]  # ops in flight at publishing, by index
+    first_ts: int
+    last_ts: int
+    last_hb: int
+    meta: dict | None
+    exits: tuple[dict, ...]
+    touched: tuple[tuple[int, int], ...] = ()  # see RankTrace.touched
+
+    COLUMNS = ("begin", "end", "wb", "we", "comp", "sig", "seq", "peer", "flags")
+
+    def order(self) -> np.ndarray:
+        """Op indices sorted by begin time."""
+        return self.order_
+
+    def touched_since(self, version: int) -> int | None:
+        """The earliest begin among the ops changed after ``version`` (I64_MAX: none), or
+        None when the log no longer reaches back that far."""
+        log = self.touched
+        if version >= self.version:
+            return I64_MAX
+        if not log or log[0][0] > version + 1:
+            return None
+        first = I64_MAX
+        for v, b in reversed(log):  # the latest batches last: only those after ``version``
+            if v <= version:
+                break
+            if b < first:
+                first = b
+        return first
+
+    def window(self, t0: int, t1: int) -> np.ndarray:
+        """``RankTrace.window`` on the published arrays."""
+        return _window(self.order_, self.sb, self.pmax, self.begin, self.comp, self.open, t0, t1)
+
+
+def _window(order: np.ndarray, begins: np.ndarray, pmax: np.ndarray, begin: np.ndarray, comp: np.ndarray,
+            open_ops: Any, t0: int, t1: int) -> np.ndarray:
+    """Indices of ops overlapping [t0, t1), by begin time; ops in flight extend to +inf."""
+    if order.shape[0] == 0:
+        return np.zeros(0, np.int64)
+    i1 = int(np.searchsorted(begins, t1, side="left"))
+    i0 = int(np.searchsorted(pmax, t0, side="right"))
+    cand = order[i0:i1]
+    if cand.shape[0] and t0 > begins[i0]:  # (from before the first op on: every one overlaps)
+        ends = comp[cand]
+        cand = cand[(ends > t0) | (ends == 0) | (begin[cand] >= t0)]
+    if open_ops:  # (only ops in flight: a view's list was taken when it was published)
+        extra = [i for i in open_ops if begin[i] < t1]
+        if extra:
+            cand = np.union1d(cand, np.array(extra, np.int64))
+            cand = cand[np.argsort(begin[cand], kind="stable")]
+    return cand
 
 
 class Samples:

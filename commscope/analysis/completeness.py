@@ -25,6 +25,7 @@ from commscope.analysis.findings import Finding
 from commscope.analysis.liveness import outlived
 from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
+from commscope.analysis.rankstate import snapshot
 
 _LOSS_WORDS = {"dropped": "event(s) dropped by the recorder", "damaged": "damaged line(s) skipped",
                "invalid": "invalid event(s) skipped", "missing": "event(s) lost by the store"}
@@ -87,7 +88,7 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False) -> list[
         if rt.dropped:
             per_rank.setdefault(r, {})["dropped"] = int(rt.dropped)
         went_on = (exits[r] is None and last_exit is not None and rt.last_ts <= last_exit
-                   and (not model.is_dead(r, now) or outlived(model, r)))
+                   and (not snapshot(model, now)[r].dead or outlived(model, r)))
         if went_on or stopped:
             per_rank.setdefault(r, {})["no_exit"] = True
             per_rank[r]["last_event_ns"] = int(rt.last_ts)

@@ -14,6 +14,7 @@ from commscope.analysis.findings import Finding
 from commscope.analysis.liveness import find_dead, find_unwaited
 from commscope.analysis.model import TraceModel
 from commscope.analysis.p2p import find_p2p
+from commscope.analysis.rankstate import snapshot
 from commscope.analysis.rootcause import resolve
 
 DEFAULT_HANG_AFTER = 30.0
@@ -40,6 +41,7 @@ def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None
     if hang_after is None:
         hang_after = default_hang_after(model)
     hang_ns = int(hang_after * 1e9)
+    snapshot(model, now)  # every rank's state, computed once for all the detectors below
     findings: list[Finding] = []
     mismatches, mismatch_rows = find_mismatches(model, now)
     findings += mismatches

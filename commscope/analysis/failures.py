@@ -40,6 +40,7 @@ from commscope.analysis.model import (
     SPACE_FR,
     TraceModel,
 )
+from commscope.analysis.rankstate import snapshot
 
 #: Failed instances reported in full per finding; more with the same blame are counted.
 FAILED_REPORT = 5
@@ -134,12 +135,13 @@ def _ranks(rs: Any) -> str:
 
 
 def _departure(model: TraceModel, m: int, now: int) -> str:
-    if model.crash(m) is not None:
-        ex = model.crash(m) or {}
+    snap = snapshot(model, now)[m]
+    if snap.crashed:
+        ex = snap.exit or {}
         return f"crashed ({ex.get('signal') or first_line(ex.get('exc') or ex.get('reason', ''), 80)})"
-    if model.exited(m) is not None:
-        return f"exited ({(model.exited(m) or {}).get('reason', 'exit')})"
-    if model.is_dead(m, now):
+    if snap.exit is not None:
+        return f"exited ({snap.exit.get('reason', 'exit')})"
+    if snap.dead:
         return "vanished (no exit; nothing from it since)"
     return "has not been heard from since"
 

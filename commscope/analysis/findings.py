@@ -8,6 +8,7 @@ from typing import Any
 from commscope.analysis import stacks
 from commscope.analysis.evidence import Evidence, RawEvidence
 from commscope.analysis.model import ASYNC, SPACE_FR, TraceModel
+from commscope.analysis.rankstate import snapshot
 
 ERROR, WARNING = "error", "warning"
 
@@ -129,7 +130,7 @@ def rank_stack(model: TraceModel, rank: int, now: int,
     rt = model.ranks.get(rank)
     if rt is None:
         return None, {"missing": "no events from this rank"}
-    st = model.state(rank, now)
+    st = snapshot(model, now).state(rank)
     latest = rt.last_stack
     fresh = latest is not None and latest["ts"] >= max(rt.last_op_ts, rt.last_comp)
     chosen = latest if fresh else _op_stack(model, rank, st.op) if st.kind == "blocked" else None
@@ -160,7 +161,8 @@ def rank_stack(model: TraceModel, rank: int, now: int,
 
 def activity(model: TraceModel, rank: int, now: int) -> dict[str, Any]:
     """What a rank is doing instead: its state, current or last op, stack."""
-    st = model.state(rank, now)
+    snap = snapshot(model, now)[rank]
+    st = snap.state
     d: dict[str, Any] = {"rank": rank, "state": st.kind, "text": st.text}
     rt = model.ranks.get(rank)
     if rt is None:
@@ -169,11 +171,11 @@ def activity(model: TraceModel, rank: int, now: int) -> dict[str, Any]:
         return d
     if st.kind in ("blocked", "dead") and st.op is not None:
         d["in_op"] = op_brief(model, rank, st.op, now)
-    last = model.last_op(rank)
+    last = snap.last_done
     if last is not None:
         d["last_completed_op"] = op_brief(model, rank, last, now)
     if st.kind in ("exited", "crashed"):
-        ex = model.exited(rank) or {}
+        ex = snap.exit or {}
         d["exit"] = {k: ex[k] for k in ("reason", "exc", "signal", "ts") if k in ex}
     if st.kind == "dead":
         d["last_seen_ns"] = model.last_seen(rank)

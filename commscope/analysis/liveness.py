@@ -12,6 +12,7 @@ from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.failures import cause_of_departure
 from commscope.analysis.findings import Finding, activity, op_brief, secs
 from commscope.analysis.model import P2P, TraceModel
+from commscope.analysis.rankstate import snapshot
 
 
 @record
@@ -78,8 +79,9 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
     vanished while their peers' ops failed (``TraceModel.vanished``)."""
     out = []
     vanished = model.vanished(now)
+    snap = snapshot(model, now)
     for r in model.rank_ids():
-        if not model.is_dead(r, now) or outlived(model, r):
+        if not snap[r].dead or outlived(model, r):
             continue  # alive, or alive past its stream's end: trace_incomplete tells that
         rt = model.ranks[r]
         seen = model.last_seen(r)

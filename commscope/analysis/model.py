@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from commscope.analysis.columns import I64_MAX, RankTrace, Samples, grown
+from commscope.analysis.columns import I64_MAX, RankTrace, RankView, Samples, grown
 from commscope.analysis.errors import PEER_GONE, classify
 from commscope.analysis.indexes import GroupIndex, SeqIndex
 from commscope.events import P2P_OPS, Event
@@ -187,6 +187,40 @@ class RankState(NamedTuple):
     since_ns: int
 
 
+class ModelView(NamedTuple):
+    """The model as published after an ingest batch (``TraceModel.view``): immutable, read
+    without a lock while the next batch is ingested.  Holds what the console paints from:
+    per-rank ``RankView``s, the signatures seen so far, and each rank's state at ``now``."""
+
+    version: int
+    start_ns: int
+    end_ns: int
+    ranks: dict[int, RankView]
+    sigs: tuple[Sig, ...]
+    flag_table: np.ndarray  # sig code -> Sig flags
+    now: int
+    states: dict[int, RankState]  # at ``now`` (``rankstate.rank_state``); empty if not asked
+
+    def rank_ids(self) -> list[int]:
+        return sorted(self.ranks)
+
+    def bounds(self) -> tuple[int, int]:
+        return self.start_ns, self.end_ns
+
+    def total_ops(self) -> int:
+        return sum(rv.n for rv in self.ranks.values())
+
+    def sig_flags(self, codes: np.ndarray) -> np.ndarray:
+        return self.flag_table[codes]
+
+    def ops_in_window(self, rank: int, t0: int, t1: int) -> np.ndarray:
+        rv = self.ranks.get(rank)
+        return rv.window(t0, t1) if rv else np.zeros(0, np.int64)
+
+
+EMPTY_VIEW = ModelView(0, 0, 0, {}, (), np.zeros(0, np.int32), 0, {})
+
+
 class TraceModel:
     """The whole trace; see the module docstring.  Build with ``ingest`` (repeatedly)."""
 
@@ -217,6 +251,8 @@ class TraceModel:
         self.end_ns = 0
         self.version = 0
         self.changed: frozenset[int] = frozenset()
+        self._rank_snapshot: Any = None  # see rankstate.snapshot
+        self._published: ModelView = EMPTY_VIEW
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -274,6 +310,7 @@ class TraceModel:
             ph = phase if pos is None else phase[pos]
             misc, begins, phases = ph < 0, ph == 0, ph > 0
             t0, t1 = I64_MAX, 0
+            touched = I64_MAX  # the earliest begin among the ops this chunk added or changed
             if misc.any():
                 a, b = self._misc(rt, _take(events, _positions(pos, misc)))
                 t0, t1 = min(t0, a), max(t1, b)
@@ -281,15 +318,18 @@ class TraceModel:
                 bpos = _positions(pos, begins)
                 a, b = self._begins(rt, _take(events, bpos), ts[bpos], ids[bpos])
                 t0, t1 = min(t0, a), max(t1, b)
+                touched = a
             if phases.any():
                 opos = _positions(pos, phases)
-                a, b = self._phases(rt, events, opos, ts[opos], ids[opos], phase[opos])
+                a, b, first = self._phases(rt, events, opos, ts[opos], ids[opos], phase[opos])
                 t0, t1 = min(t0, a), max(t1, b)
+                touched = min(touched, first)
             if t1:
                 rt.first_ts = t0 if not rt.first_ts else min(rt.first_ts, t0)
                 rt.last_ts = max(rt.last_ts, t1)
                 lo, hi = min(lo, t0), max(hi, t1)
             rt.version += 1
+            rt.touch(touched)
             changed.add(r)
         return lo, hi
 
@@ -477,7 +517,9 @@ class TraceModel:
         return gi
 
     def _phases(self, rt: RankTrace, events: list[dict], pos: np.ndarray, ts: np.ndarray, ids: np.ndarray,
-                ph: np.ndarray) -> tuple[int, int]:
+                ph: np.ndarray) -> tuple[int, int, int]:
+        """Returns the (first, last) timestamp of the events and the earliest begin among
+        the ops they changed."""
         idx = rt.lookup(ids)
         ok = idx >= 0
         for code, col in ((1, rt.end), (2, rt.wb), (3, rt.we), (4, rt.done)):
@@ -514,7 +556,8 @@ class TraceModel:
         aff = idx[ok & (ph != 2)]  # an op may come twice (end and wait_end): harmless below
         if aff.shape[0]:
             self._complete(rt, aff)
-        return int(ts.min()), int(ts.max())
+        first = int(rt.begin[idx[ok]].min()) if ok.any() else I64_MAX
+        return int(ts.min()), int(ts.max()), first
 
     def _complete(self, rt: RankTrace, aff: np.ndarray) -> None:
         """Recompute completion times of ops whose phases changed."""
@@ -542,6 +585,25 @@ class TraceModel:
                 rt.comp[i] = max(int(rt.comp[p]), int(rt.begin[i]))
                 rt.flags[i] |= INFERRED
                 rt.open.discard(i)
+
+    def view(self, now: int | None = None) -> ModelView:
+        """Publish the model as it stands: an immutable ``ModelView`` (see ``RankView`` for
+        what stays shared).  Builds the lazy per-rank caches (begin order, running max of
+        ends) here, on the writer's side, so readers of the view never write.  ``now``: also
+        each rank's state at that time.  Costs the ranks changed since the last view."""
+        from commscope.analysis.rankstate import rank_state
+
+        old = self._published
+        ranks = {r: rt.view() for r, rt in self.ranks.items()}
+        sigs = old.sigs if len(old.sigs) == len(self.sigs) else tuple(self.sigs)
+        table = old.flag_table
+        if table.shape[0] != len(sigs):
+            table = self._sig_flags[: len(sigs)].copy()
+            table.flags.writeable = False
+        states = {} if now is None else {r: rank_state(self, r, now) for r in ranks}
+        v = self._published = ModelView(self.version, self.start_ns, self.end_ns, ranks, sigs, table,
+                                        now or 0, states)
+        return v
 
     # ------------------------------------------------------------------ queries
     def rank_ids(self) -> list[int]:
@@ -704,8 +766,15 @@ class TraceModel:
         order = rt.order()
         if not completed:
             return int(order[-1])
-        done = order[rt.comp[order] > 0]
-        return int(done[-1]) if done.shape[0] else None
+        k = 64  # the last completed op is nearly always among the last few begun: look there first
+        while True:
+            tail = order[-k:]
+            done = tail[rt.comp[tail] > 0]
+            if done.shape[0]:
+                return int(done[-1])
+            if k >= order.shape[0]:
+                return None
+            k *= 16
 
     def samples(self, rank: int) -> dict[str, np.ndarray]:
         """Sample history for sparklines: ts, cpu, rss, gpu_util, gpu_mem, gpu_mem_total (NaN = absent)."""
@@ -854,29 +923,8 @@ class TraceModel:
         return res
 
     def state(self, rank: int, now: int) -> RankState:
-        """What the rank is doing at ``now``: '<op> for 12.3 s', idle, exited, crashed or dead."""
-        rt = self.ranks.get(rank)
-        if rt is None:
-            return RankState("unknown", "no events", None, 0)
-        cur = self.current_op(rank)
-        if self.is_dead(rank, now):
-            seen = max(rt.last_hb, rt.last_ts)
-            where = f", was in {self.label(rank, cur)}" if cur is not None else ""
-            return RankState("dead", f"dead (last seen {(now - seen) / 1e9:.1f} s ago{where})", cur, seen)
-        ex = self.exited(rank)
-        if ex is not None:
-            if self.crash(rank) is not None:
-                what = ex.get("signal") or ex.get("exc") or ex.get("reason")
-                return RankState("crashed", f"crashed ({what})", self.last_op(rank, completed=False), int(ex["ts"]))
-            why = ex.get("reason", "exit")
-            return RankState("exited", f"exited ({why})", self.last_op(rank), int(ex["ts"]))
-        if cur is not None:
-            since = self.blocked_since(rank, cur)
-            verb = "waiting on" if self._sig_flags[rt.sig[cur]] & ASYNC else "in"
-            return RankState("blocked", f"{verb} {self.label(rank, cur)} for {(now - since) / 1e9:.1f} s",
-                             cur, since)
-        last = self.last_op(rank)
-        if last is None:
-            return RankState("idle", "idle (no ops yet)", None, rt.first_ts)
-        t = int(rt.comp[last])
-        return RankState("idle", f"idle (last {self.label(rank, last)} {(now - t) / 1e9:.1f} s ago)", last, t)
+        """What the rank is doing at ``now``: '<op> for 12.3 s', idle, exited, crashed or dead
+        (``rankstate.rank_state``, the one implementation)."""
+        from commscope.analysis.rankstate import rank_state
+
+        return rank_state(self, rank, now)

@@ -1,7 +1,8 @@
 """The console's data side: a reader, a TraceModel and diagnose(), driven from a thread.
 
 The UI thread only renders.  ``Feed.step`` does one cycle (read a bounded batch, ingest
-it under the model lock, diagnose now and then) and returns an immutable ``FeedInfo``;
+it under the model lock and publish the model's immutable ``view``, diagnose now and then)
+and returns an immutable ``FeedInfo``;
 ``run`` repeats it on a worker thread and posts ``FeedUpdated`` messages, which coalesce
 when the UI is busy.  Tests call ``step`` directly.
 """
@@ -18,6 +19,7 @@ from typing import Any
 from textual.message import Message
 
 from commscope.analysis import Finding, TraceModel, diagnose
+from commscope.analysis.model import EMPTY_VIEW, ModelView
 from commscope.events import gc_paused
 from commscope.store import TraceReader
 
@@ -71,7 +73,11 @@ class Feed:
         self.clock = clock
         self.source = source or reader.description
         self.model = TraceModel()
-        self.lock = threading.RLock()  # ingest (this thread) vs rendering (UI thread)
+        self.lock = threading.RLock()  # ingest (this thread) vs the panels that query the model
+        #: The model as of the last batch (``TraceModel.view``): the timeline paints from it
+        #: without the lock.  Replaced, never changed.
+        self.view: ModelView = EMPTY_VIEW
+        self._next_publish = 0.0
         self.hang_after_override = hang_after
         self.findings: list[Finding] = []
         self._rates: deque[tuple[float, int]] = deque(maxlen=50)
@@ -99,10 +105,7 @@ class Feed:
         try:
             with gc_paused():  # decoded dicts die right after ingest: no GC work for them
                 batch = self.reader.poll(max_bytes=self.BUDGET)
-                with self.lock:
-                    if batch:
-                        self.model.ingest(batch)
-                    self.model.note_read_stats(self.reader.stats)
+                self.ingest(batch)
                 got = len(batch)
             behind_bytes = self.reader.backlog_bytes()
         except Exception as exc:  # a store that vanished, a wrong password...
@@ -115,8 +118,25 @@ class Feed:
             self.findings = sorted(diagnose(self.model, self.now(), self.hang_after()), key=Finding.sort_key)
             self._next_diag = mono + self.DIAGNOSE_S
             self._dirty = False
+        if not got and mono >= self._next_publish:  # states change with the clock too (dead ranks)
+            self.publish()
         self.info = self._info(behind_bytes)
         return self.info, bool(got)
+
+    def ingest(self, batch: list) -> None:
+        """Ingest one batch under the lock, then publish the new view."""
+        with self.lock:
+            if batch:
+                self.model.ingest(batch)
+            self.model.note_read_stats(self.reader.stats)
+            if batch:
+                self.publish()
+
+    def publish(self) -> None:
+        """Publish the model's view (see ``view``), with each rank's state at ``now``."""
+        with self.lock:
+            self.view = self.model.view(self.now())
+        self._next_publish = time.monotonic() + self.DIAGNOSE_S
 
     def _info(self, behind_bytes: int) -> FeedInfo:
         m = self.model
@@ -154,6 +174,7 @@ class Feed:
         with self.lock:
             self.findings = sorted(diagnose(self.model, self.model.end_ns, self.hang_after()),
                                    key=Finding.sort_key)
+        self.publish()
         self.info = dataclasses.replace(self._info(0), loaded=True, progress=1.0)
         if progress:
             progress(1.0)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.text import Text
 from textual.widgets import DataTable
 
+from commscope.analysis.rankstate import last_op_before, rank_state, sample_at
 from commscope.tui import palette as P
 from commscope.tui.feed import REPLAY
 from commscope.tui.fmt import compact_size, duration, percent
-from commscope.tui.replay_state import last_op_before, sample_at, state_at
 
 COLUMNS = [("rank", "Rank", 4), ("host", "Host", 10), ("state", "State", 30), ("last", "Last op", 16),
            ("gpu", "GPU%", 4), ("gmem", "GPU mem", 8), ("cpu", "CPU%", 4), ("rss", "RSS", 8)]
@@ -73,6 +74,18 @@ def compact_state(m: Any, r: int, st: Any, now: int) -> str:
                 return st.text.replace(long, short)
         return st.text
     return st.text
+
+
+def sort_key(v: Any) -> tuple:
+    """A key any two cell values compare by without raising: numbers (NaN last), then text,
+    then tuples of such keys, then anything else by its repr."""
+    if isinstance(v, int | float):
+        return (0, v if v == v else math.inf, "")
+    if isinstance(v, str):
+        return (1, 0, v)
+    if isinstance(v, tuple):
+        return (2, 0, "", tuple(sort_key(x) for x in v))
+    return (3, 0, repr(v))
 
 
 class RankTable(DataTable):
@@ -193,12 +206,9 @@ class RankTable(DataTable):
     def _row_values(self, r: int, now: int) -> dict[str, tuple[Any, Any]]:
         """column -> (sort key, cell renderable)."""
         m = self.feed.model
-        if self.feed.mode == REPLAY:  # as of the replay cursor, not the end of the trace
-            st = state_at(m, r, now)
-            s = sample_at(m, r, now)
-        else:
-            st = m.state(r, now)
-            s = m.latest_sample(r) or {}
+        replay = self.feed.mode == REPLAY  # as of the replay cursor, not the end of the trace
+        st = rank_state(m, r, now, as_of=replay)
+        s = sample_at(m, r, now) if replay else m.latest_sample(r) or {}
         # the op it is in, else the last one it began (also for ranks that exited or died)
         last = st.op if st.op is not None else last_op_before(m, r, now)
         meta = m.ranks[r].meta or {}
@@ -218,10 +228,7 @@ class RankTable(DataTable):
 
     def _apply_sort(self) -> None:
         col, vals = self._sort_col, self._values
-        try:
-            order = sorted(vals, key=lambda r: (vals[r][col][0], r), reverse=self._sort_reverse)
-        except TypeError:
-            order = sorted(vals)
+        order = sorted(vals, key=lambda r: (sort_key(vals[r][col][0]), r), reverse=self._sort_reverse)
         if [int(row.key.value) for row in self.ordered_rows] != order:
             pos = {r: i for i, r in enumerate(order)}
             self.sort("rank", key=lambda cell: pos.get(int(cell.plain), 0))

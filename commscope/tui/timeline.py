@@ -4,12 +4,18 @@ Drawn with Textual's Line API: ``render_line`` paints one row into a ``Strip``. 
 cells are computed with numpy over the ops in view (coverage of each traffic category
 via ``bincount``/``cumsum``, highest priority wins), never one widget or one Python loop
 iteration per op, and strips are cached by (row, rank versions, viewport, selection,
-clock cell), so a model update re-renders only the rows whose ranks changed.
+clock cell), so a model update re-renders only the rows whose ranks changed, and of a row
+only the part from the earliest op changed (``repaint_rank``).
+
+Painting is pure (``paint_rank``, ``paint_group``, ``render_row`` over a ``Window``) and
+reads the model's published view (``feed.view``), never the live model: no lock.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -22,9 +28,11 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from commscope.analysis.columns import I64_MAX
 from commscope.analysis.model import APPROX, ASYNC, CONTAINER, FR, NESTED, P2P, SPACE_FR
+from commscope.analysis.rankstate import rank_state
 from commscope.tui import palette as P
-from commscope.tui.replay_state import state_at
+from commscope.tui.feed import REPLAY
 
 VARLEN_OPS = frozenset({"all_gather_v", "gather_v", "scatter_v", "all_to_all_v", "reduce_scatter_v", "broadcast_v",
                         "send_tensors", "recv_tensors", "isend_tensors", "irecv_tensors"})
@@ -40,7 +48,8 @@ class Row(NamedTuple):
 
 
 class Timeline(ScrollView, can_focus=True):
-    """Rows of ranks against time.  ``feed`` provides ``model`` and ``lock``."""
+    """Rows of ranks against time.  ``feed`` provides ``view``, the model as of its last
+    batch, which this widget reads without a lock (painting: ``paint_rank``, ``render_row``)."""
 
     BINDINGS = [
         Binding("left", "select_prev", "Prev op", show=False),
@@ -88,8 +97,11 @@ class Timeline(ScrollView, can_focus=True):
         self.cursor_ns: int | None = None  # replay cursor
         self.now_ns = 0
         self.hang_after_ns = 30 * 10**9
-        self._cache: OrderedDict[tuple, Strip] = OrderedDict()
+        self._cache: OrderedDict[tuple, Strip] = OrderedDict()  # finished lines
+        self._painted: OrderedDict[tuple, Painted] = OrderedDict()  # rows' cells, repainted in part on changes
         self._cat_table = np.zeros(0, np.int8)
+        self._dots_key: tuple[int, int] | None = None  # (view version, replay cursor) of _dots
+        self._dots: dict[int, str] = {}
         self._placed = False
         self.empty_text: str | None = None  # why there is nothing to show (set by the app)
 
@@ -102,15 +114,17 @@ class Timeline(ScrollView, can_focus=True):
         self.follow = True
         self._placed = False
         self.empty_text = None
-        self._cache.clear()
+        self.clear_caches()
         self._cat_table = np.zeros(0, np.int8)
+        self._dots_key, self._dots = None, {}
         self.set_flagged(set())
         self.virtual_size = Size(self.size.width, 0)
 
     # ------------------------------------------------------------------ data
     @property
     def model(self):
-        return self.feed.model
+        """The model as of the feed's last batch (``TraceModel.view``): read without a lock."""
+        return self.feed.view
 
     def timeline_width(self) -> int:
         return max(1, self.size.width - GUTTER)
@@ -148,12 +162,16 @@ class Timeline(ScrollView, can_focus=True):
     def on_model_update(self, now_ns: int, changed: set[int] | None = None) -> None:
         """Called by the app after each feed update (UI thread)."""
         self.now_ns = now_ns
-        with self.feed.lock:
-            self.rebuild_rows()
-            self.ensure_placed()
-            if self._placed and self.follow and self.cursor_ns is None:
-                self._follow_now()
+        self.rebuild_rows()
+        self.ensure_placed()
+        if self._placed and self.follow and self.cursor_ns is None:
+            self._follow_now()
         self.refresh()
+
+    def clear_caches(self) -> None:
+        """Forget every painted line and row (the next frame paints everything)."""
+        self._cache.clear()
+        self._painted.clear()
 
     def unplace(self) -> None:
         """Fit the view to the whole trace again at the next update or paint (a replay
@@ -170,10 +188,9 @@ class Timeline(ScrollView, can_focus=True):
             return True
         if not self.model.end_ns or self.size.width <= GUTTER + 8:
             return False
-        with self.feed.lock:
-            self._place_initial()
-            if self.follow and self.cursor_ns is None:
-                self._follow_now()
+        self._place_initial()
+        if self.follow and self.cursor_ns is None:
+            self._follow_now()
         return True
 
     def _place_initial(self) -> None:
@@ -214,21 +231,42 @@ class Timeline(ScrollView, can_focus=True):
                 return self._legend(width)
             return Strip.blank(width)
         row = self.rows[ri]
-        with self.feed.lock:
-            m = self.model
-            versions = tuple(m.ranks[r].version if r in m.ranks else -1 for r in row.ranks)
-            live = any(m.ranks[r].open for r in row.ranks if r in m.ranks)
-            sel = self.sel if self.sel and self.sel[0] in row.ranks else None
-            now_cell = (self._now() - self.t0) // self.npc if live else None
-            key = (row.key, versions, self.t0, self.npc, width, sel, self.cursor_ns, now_cell, ri == self.sel_row,
-                   self.hang_after_ns, row.key in self._flagged_rows)
-            strip = self._cache.get(key)
-            if strip is None:
-                strip = self._render_row(row, width, ri == self.sel_row)
-                self._cache[key] = strip
-                if len(self._cache) > 2000:
-                    self._cache.popitem(last=False)
+        m = self.model  # one published view for the whole row: no lock, nothing written
+        rviews = [m.ranks.get(r) for r in row.ranks]
+        versions = tuple(-1 if rv is None else rv.version for rv in rviews)
+        live = any(rv is not None and rv.open for rv in rviews)
+        focused = ri == self.sel_row
+        kind = self._row_kind(m, row)
+        win = self.window(width - GUTTER)
+        sel = win.sel if win.sel and win.sel[0] in row.ranks else None
+        now_cell = (win.now - self.t0) // self.npc if live else None
+        key = (row.key, versions, self.t0, self.npc, width, sel, self.cursor_ns, now_cell, focused,
+               self.hang_after_ns, row.key in self._flagged_rows, kind)
+        strip = self._cache.get(key)
+        if strip is None:
+            cats = self._categories(m)
+            painted = None
+            if len(row.ranks) == 1:  # repaint only what changed since this row was last painted here
+                r = row.ranks[0]
+                pkey = (r, self.t0, self.npc, win.width, self.cursor_ns, sel, self.hang_after_ns, win.overview)
+                p = repaint_rank(m, r, win, self._painted.get(pkey), cats)
+                self._painted[pkey] = p
+                self._painted.move_to_end(pkey)
+                if len(self._painted) > 512:
+                    self._painted.popitem(last=False)
+                painted = (p.cells, p.labels)
+            strip = render_row(m, row, win, kind=kind, focused=focused, flagged=row.key in self._flagged_rows,
+                               cats=cats, painted=painted)
+            self._cache[key] = strip
+            if len(self._cache) > 2000:
+                self._cache.popitem(last=False)
         return strip
+
+    def window(self, width: int | None = None) -> Window:
+        """What a row is painted for now: the time window, ``width`` cells of it (default: the
+        timeline's), the clock or replay cursor, the hang threshold and the selection."""
+        return Window(self.t0, self.npc, max(1, self.timeline_width() if width is None else width), self._now(),
+                      self.cursor_ns, self.hang_after_ns, self.sel, self.FAST_OVERVIEW)
 
     def _legend(self, width: int) -> Strip:
         segs = [Segment(" " * GUTTER)]
@@ -244,262 +282,35 @@ class Timeline(ScrollView, can_focus=True):
     def _now(self) -> int:
         return self.cursor_ns if self.cursor_ns is not None else self.now_ns
 
-    def _render_row(self, row: Row, width: int, focused_row: bool) -> Strip:
-        w = max(1, width - GUTTER)
-        if len(row.ranks) == 1:
-            cells, labels = self._paint_rank(row.ranks[0], w)
-            segs = _segments(cells, labels)
+    def _row_kind(self, m: Any, row: Row) -> str:
+        """The gutter dot of a row: its rank's state, the worst of its ranks' when collapsed.
+        Live: the states the feed published with the view.  Replay cursor: as of the cursor
+        (the trace is loaded and no longer changes), cached per cursor position."""
+        if self.cursor_ns is not None and self.feed.mode == REPLAY:
+            key = (m.version, self.cursor_ns)
+            if self._dots_key != key:
+                self._dots_key, self._dots = key, {}
+            dots = self._dots
+
+            def kind_of(r: int) -> str:
+                k = dots.get(r)
+                if k is None:
+                    k = dots[r] = rank_state(self.feed.model, r, self.cursor_ns, as_of=True).kind
+                return k
         else:
-            segs = self._paint_group(row.ranks, w)
-        gutter = self._gutter(row, focused_row)
-        strip = Strip(gutter + segs, width)
-        if self.cursor_ns is not None:
-            c = (self.cursor_ns - self.t0) // self.npc
-            if 0 <= c < w:
-                x = GUTTER + int(c)
-                strip = Strip.join([strip.crop(0, x), Strip([Segment("│", Style(color="#ffd75f", bold=True))], 1),
-                                    strip.crop(x + 1, width)])
-        return strip.crop(0, width)
-
-    def _dot(self, rank: int) -> str:
-        """The rank's state kind for the gutter dot, without building the state text."""
-        m = self.model
-        if rank not in m.ranks:
-            return "unknown"
-        now = self._now()
-        if self.cursor_ns is not None:
-            return state_at(m, rank, now).kind
-        if m.is_dead(rank, now):
-            return "dead"
-        if m.crash(rank) is not None:
-            return "crashed"
-        if m.exited(rank) is not None:
-            return "exited"
-        return "blocked" if m.ranks[rank].open and m.blocked(rank) else "idle"
-
-    def _gutter(self, row: Row, focused_row: bool) -> list[Segment]:
-        kind = "unknown"
+            def kind_of(r: int) -> str:
+                st = m.states.get(r)
+                return st.kind if st is not None else "unknown"
         if len(row.ranks) == 1:
-            kind = self._dot(row.ranks[0])
-        elif row.ranks:
-            kinds = {self._dot(r) for r in row.ranks}
-            kind = next((k for k in ("dead", "crashed", "blocked", "running", "idle", "exited") if k in kinds), "unknown")
-        flag = "!" if self.flagged.intersection(row.ranks) else " "
-        label = row.label[: GUTTER - 4].ljust(GUTTER - 4)
-        label_style = Style(bold=True, reverse=True) if focused_row else Style(bold=True)
-        return [Segment(P.STATE_DOT[kind], P.STATE_STYLE[kind]), Segment(" "),
-                Segment(label, label_style), Segment(flag, Style(color="#e05050", bold=True)),
-                Segment("│", Style(color="grey30"))]
+            return kind_of(row.ranks[0])
+        kinds = {kind_of(r) for r in row.ranks}
+        return next((k for k in ("dead", "crashed", "blocked", "running", "idle", "exited") if k in kinds), "unknown")
 
-    def _categories(self) -> np.ndarray:
-        """Traffic category of every signature code, as a lookup table (grown as sigs appear)."""
-        sigs = self.model.sigs
-        table = self._cat_table
-        if table.shape[0] < len(sigs):
-            new = np.empty(len(sigs), np.int8)
-            new[: table.shape[0]] = table
-            for code in range(table.shape[0], len(sigs)):
-                sig = sigs[code]
-                if sig.space == SPACE_FR or sig.flags & FR:
-                    new[code] = P.FR
-                elif sig.op in VARLEN_OPS:
-                    new[code] = P.VARLEN
-                elif sig.flags & P2P:
-                    new[code] = P.P2P
-                else:
-                    new[code] = P.COLL
-            self._cat_table = table = new
-        return table
-
-    def _paint_rank(self, rank: int, w: int) -> tuple[np.ndarray, list[tuple[int, int, str, int]]]:
-        """Category per cell, and (start cell, length, text, category) labels for wide spans."""
-        cells = _EMPTY.get(w)
-        if cells is None:
-            cells = _EMPTY[w] = np.zeros(w, np.int8)
-            cells.flags.writeable = False
-        m = self.model
-        rt = m.ranks.get(rank)
-        if rt is None or rt.n == 0:
-            return cells, []
-        t0, npc = self.t0, self.npc
-        idx = rt.window(t0, t0 + w * npc)
-        if idx.shape[0] == 0:
-            return cells, []
-        sig = rt.sig[idx]
-        flags = m.sig_flags(sig)
-        hidden = (flags & (NESTED | CONTAINER)) != 0  # inner traffic is drawn as its outer op
-        if hidden.any():
-            keep = ~hidden
-            idx, sig, flags = idx[keep], sig[keep], flags[keep]
-            if idx.shape[0] == 0:
-                return cells, []
-        now = self._now()
-        begin = rt.begin[idx]
-        comp = rt.comp[idx]
-        if self.cursor_ns is not None:  # replay: the future has not happened yet
-            comp = np.where(comp > now, 0, comp)
-            visible = begin <= now
-            idx, sig, flags, begin, comp = idx[visible], sig[visible], flags[visible], begin[visible], comp[visible]
-        inflight = comp == 0
-        stop = np.where(inflight, max(now, 1), comp)
-        if self.FAST_OVERVIEW and idx.shape[0] > 4 * w:
-            return self._paint_overview(rank, w, idx, sig, flags, begin, stop, inflight, now)
-        # Ops whose end is only approximately known (Flight Recorder on Gloo) are drawn like
-        # async work: a mark at the start, then a thin line, not a solid bar.
-        approx = (rt.flags[idx] & APPROX) != 0
-        is_async = ((flags & ASYNC) != 0) | approx
-        issue_end = np.where(approx, begin, np.where(rt.end[idx] > 0, rt.end[idx], begin))
-        wb, we = rt.wb[idx], rt.we[idx]
-        if self.cursor_ns is not None:
-            wb = np.where(wb > now, 0, wb)
-            we = np.where(we > now, 0, we)
-            issue_end = np.minimum(issue_end, stop)
-        cats = self._categories()[sig]
-        starts: list[np.ndarray] = []
-        stops: list[np.ndarray] = []
-        kinds: list[np.ndarray] = []
-
-        def add(mask: np.ndarray, a: np.ndarray, b: np.ndarray, cat: int | np.ndarray) -> None:
-            if mask.any():
-                starts.append(a[mask])
-                stops.append(b[mask])
-                kinds.append(cat[mask] if isinstance(cat, np.ndarray) else np.full(int(mask.sum()), cat, np.int8))
-
-        # Far zoomed out (several ops per cell) the issue/wait breakdown is invisible: draw
-        # each op as one span, which halves the work on the largest windows.
-        overview = idx.shape[0] > 4 * w
-        any_async = bool(is_async.any()) and not overview
-        sync = ~is_async
-        if overview:
-            starts.append(begin)
-            stops.append(np.where(is_async & (wb > 0), np.where(we > 0, we, stop), stop))
-            kinds.append(cats)
-        elif any_async:
-            # async issue -> wait: a thin line while the op runs in the background
-            add(is_async, issue_end, np.where(wb > 0, wb, stop), P.PENDING)
-            add(sync, begin, stop, cats)
-            add(is_async, begin, issue_end, cats)
-            waiting = is_async & (wb > 0)
-            add(waiting, wb, np.where(we > 0, we, stop), P.WAIT)
-        else:
-            starts.append(begin)
-            stops.append(stop)
-            kinds.append(cats)
-        # blocked too long: the part of the span past the thresholds
-        blocked = inflight & (sync | (wb > 0))
-        if blocked.any():
-            since = np.where(is_async, wb, begin)
-            warn_at = since + max(self.hang_after_ns // 3, 1)
-            err_at = since + self.hang_after_ns
-            add(blocked & (warn_at < now), warn_at, stop, P.WARN)
-            add(blocked & (err_at < now), err_at, stop, P.ERROR)
-        if self.sel and self.sel[0] == rank:
-            one = idx == self.sel[1]
-            if one.any():
-                j = int(np.flatnonzero(one)[0])
-                end_t = np.full(idx.shape[0], stop[j] if not is_async[j] else max(int(stop[j]), int(issue_end[j])))
-                add(one, begin, end_t, P.SELECTED)
-        if starts:
-            cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
-        labels: list[tuple[int, int, str, int]] = []
-        c0 = np.minimum(np.maximum((begin - t0) // npc, -1), w)
-        c1 = np.minimum(np.maximum((stop - t0) // npc, -1), w)
-        # labels on spans wide enough to hold them
-        wide = np.flatnonzero((c1 - c0) >= 8)
-        for j in wide[:40]:
-            a, b = max(int(c0[j]), 0), min(int(c1[j]), w - 1)
-            i = int(idx[j])
-            seq = int(rt.seq[i])
-            text = m.sigs[int(sig[j])].op + (f" #{seq}" if seq >= 0 else "")
-            # only over a run of one colour: a label must not straddle wait/issue parts
-            if b - a + 1 >= len(text) + 2 and (cells[a + 1:a + 1 + len(text)] == cells[a + 1]).all():
-                labels.append((a + 1, len(text), text, int(cells[a + 1])))
-        return cells, labels
-
-    def _paint_overview(self, rank: int, w: int, idx: np.ndarray, sig: np.ndarray, flags: np.ndarray,
-                        begin: np.ndarray, stop: np.ndarray, inflight: np.ndarray,
-                        now: int) -> tuple[np.ndarray, list[tuple[int, int, str, int]]]:
-        """Far zoomed out (several ops per cell): each op one span, the issue/wait breakdown
-        left out.  The same picture as the detailed path draws there, with the per-op work
-        done only on the few ops that need it: async ops (their span ends at wait_end),
-        in-flight ones (thresholds), the selection and spans wide enough for a label."""
-        m, rt, t0, npc = self.model, self.model.ranks[rank], self.t0, self.npc
-        approx = (rt.flags[idx] & APPROX) != 0
-        is_async = ((flags & ASYNC) != 0) | approx
-        ai = np.flatnonzero(is_async)
-        end = stop
-        wb_a = we_a = None
-        if ai.shape[0]:
-            sub = idx[ai]
-            wb_a, we_a = rt.wb[sub], rt.we[sub]
-            if self.cursor_ns is not None:
-                wb_a = np.where(wb_a > now, 0, wb_a)
-                we_a = np.where(we_a > now, 0, we_a)
-            end = stop.copy()
-            end[ai] = np.where(wb_a > 0, np.where(we_a > 0, we_a, stop[ai]), stop[ai])
-        starts, stops, kinds = [begin], [end], [self._categories()[sig]]
-        fi = np.flatnonzero(inflight)
-        if fi.shape[0]:  # blocked too long: the part of the span past the thresholds
-            fa = is_async[fi]
-            wb_f = np.zeros(fi.shape[0], np.int64)
-            if ai.shape[0] and fa.any():
-                wb_f[fa] = wb_a[np.searchsorted(ai, fi[fa])]
-            blocked = ~fa | (wb_f > 0)
-            since = np.where(fa, wb_f, begin[fi])
-            for at, cat in ((since + max(self.hang_after_ns // 3, 1), P.WARN), (since + self.hang_after_ns, P.ERROR)):
-                mk = blocked & (at < now)
-                if mk.any():
-                    starts.append(at[mk])
-                    stops.append(stop[fi][mk])
-                    kinds.append(np.full(int(mk.sum()), cat, np.int8))
-        if self.sel and self.sel[0] == rank:
-            one = np.flatnonzero(idx == self.sel[1])
-            if one.shape[0]:
-                j = int(one[0])
-                e = int(stop[j])
-                if is_async[j]:
-                    i = int(idx[j])
-                    ie = int(begin[j]) if approx[j] else (int(rt.end[i]) if rt.end[i] > 0 else int(begin[j]))
-                    if self.cursor_ns is not None:
-                        ie = min(ie, e)
-                    e = max(e, ie)
-                starts.append(begin[j:j + 1])
-                stops.append(np.array([e], np.int64))
-                kinds.append(np.array([P.SELECTED], np.int8))
-        cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
-        labels: list[tuple[int, int, str, int]] = []
-        cand = np.flatnonzero(stop - begin > 7 * npc)  # c1 - c0 >= 8 needs a span longer than 7 cells
-        if cand.shape[0]:
-            c0 = np.minimum(np.maximum((begin[cand] - t0) // npc, -1), w)
-            c1 = np.minimum(np.maximum((stop[cand] - t0) // npc, -1), w)
-            for k in np.flatnonzero((c1 - c0) >= 8)[:40].tolist():
-                j = int(cand[k])
-                a, b = max(int(c0[k]), 0), min(int(c1[k]), w - 1)
-                seq = int(rt.seq[int(idx[j])])
-                text = m.sigs[int(sig[j])].op + (f" #{seq}" if seq >= 0 else "")
-                if b - a + 1 >= len(text) + 2 and (cells[a + 1:a + 1 + len(text)] == cells[a + 1]).all():
-                    labels.append((a + 1, len(text), text, int(cells[a + 1])))
-        return cells, labels
-
-    def _paint_group(self, ranks: tuple[int, ...], w: int) -> list[Segment]:
-        """Collapsed rows: how many of the ranks are busy in each cell, as shades."""
-        busy = np.zeros(w, np.int32)
-        worst = np.zeros(w, np.int8)
-        for r in ranks:
-            cells, _ = self._paint_rank(r, w)
-            busy += cells >= P.COLL
-            np.maximum(worst, np.where(cells >= P.WARN, cells, 0), out=worst)
-        frac = busy / max(1, len(ranks))
-        level = np.where(busy > 0, np.maximum(1, np.round(frac * 4)), 0).astype(np.int8)
-        segs: list[Segment] = []
-        key = level * 16 + worst
-        starts = np.concatenate(([0], np.flatnonzero(np.diff(key)) + 1))
-        ends = np.concatenate((starts[1:], [w]))
-        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-            lv, wr = int(level[a]), int(worst[a])
-            style = P.STYLE[wr] if wr else P.STYLE[P.COLL]
-            segs.append(Segment(P.SHADES[lv] * (b - a), style))
-        return segs
+    def _categories(self, m: Any) -> np.ndarray:
+        """Traffic category per signature code, grown as signatures appear (they only append)."""
+        if self._cat_table.shape[0] < len(m.sigs):
+            self._cat_table = categories(m.sigs, self._cat_table)
+        return self._cat_table
 
     # ------------------------------------------------------------------ navigation
     def _row_rank(self) -> int | None:
@@ -513,11 +324,12 @@ class Timeline(ScrollView, can_focus=True):
             if rank in row.ranks:
                 self.sel_row = i
                 break
-        if reveal and self.ensure_placed():  # not laid out yet: the first fit shows the whole trace
-            with self.feed.lock:
-                rt = self.model.ranks[rank]
-                b = int(rt.begin[index])
-                e = int(rt.comp[index]) or self._now()
+        rt = self.model.ranks.get(rank)
+        if rt is not None and index >= rt.n:  # (an op newer than the view: shown once published)
+            rt = None
+        if reveal and rt is not None and self.ensure_placed():  # not laid out: the first fit shows it all
+            b = int(rt.begin[index])
+            e = int(rt.comp[index]) or self._now()
             if not (self.t0 <= b < self.t1()) or e - b > (self.t1() - self.t0):
                 self.follow = False
                 if e - b > (self.t1() - self.t0) * 0.8:
@@ -536,37 +348,36 @@ class Timeline(ScrollView, can_focus=True):
         rank = self._row_rank()
         if rank is None:
             return
-        with self.feed.lock:
-            m = self.model
-            rt = m.ranks.get(rank)
-            if rt is None or rt.n == 0:
+        m = self.model
+        rt = m.ranks.get(rank)
+        if rt is None or rt.n == 0:
+            return
+        order = rt.order()
+        begins = rt.begin[order]
+        keep = (m.sig_flags(rt.sig[order]) & (NESTED | CONTAINER)) == 0
+        order, begins = order[keep], begins[keep]
+        n = order.shape[0]
+        if n == 0:
+            return
+        here = np.flatnonzero(order == self.sel[1]) if self.sel and self.sel[0] == rank else np.zeros(0, np.int64)
+        if here.shape[0]:
+            j = int(here[0]) + (1 if forward else -1)
+            if not 0 <= j < n:
+                self.notify(f"{'last' if forward else 'first'} op of rank {rank}", timeout=2)
                 return
-            order = rt.order()
-            begins = rt.begin[order]
-            keep = (m.sig_flags(rt.sig[order]) & (NESTED | CONTAINER)) == 0
-            order, begins = order[keep], begins[keep]
-            n = order.shape[0]
-            if n == 0:
-                return
-            here = np.flatnonzero(order == self.sel[1]) if self.sel and self.sel[0] == rank else np.zeros(0, np.int64)
-            if here.shape[0]:
-                j = int(here[0]) + (1 if forward else -1)
-                if not 0 <= j < n:
-                    self.notify(f"{'last' if forward else 'first'} op of rank {rank}", timeout=2)
-                    return
+        else:
+            if self.sel and self.sel[0] in m.ranks and self.sel[1] < m.ranks[self.sel[0]].n:
+                ref = int(m.ranks[self.sel[0]].begin[self.sel[1]])
+            elif self.cursor_ns is not None:
+                ref = self.cursor_ns
+            elif self.follow:
+                ref = self.now_ns or int(begins[-1])
             else:
-                if self.sel and self.sel[0] in m.ranks:
-                    ref = int(m.ranks[self.sel[0]].begin[self.sel[1]])
-                elif self.cursor_ns is not None:
-                    ref = self.cursor_ns
-                elif self.follow:
-                    ref = self.now_ns or int(begins[-1])
-                else:
-                    ref = self.t0 + (self.t1() - self.t0) // 2
-                j = int(np.searchsorted(begins, ref, side="left")) if forward else \
-                    int(np.searchsorted(begins, ref, side="right")) - 1
-                j = min(max(j, 0), n - 1)
-            target = int(order[j])
+                ref = self.t0 + (self.t1() - self.t0) // 2
+            j = int(np.searchsorted(begins, ref, side="left")) if forward else \
+                int(np.searchsorted(begins, ref, side="right")) - 1
+            j = min(max(j, 0), n - 1)
+        target = int(order[j])
         self.select(rank, target)
 
     def action_select_next(self) -> None:
@@ -594,9 +405,9 @@ class Timeline(ScrollView, can_focus=True):
 
     def _zoom(self, factor: float) -> None:
         w = self.t1() - self.t0
-        if self.sel:
-            with self.feed.lock:
-                center = int(self.model.ranks[self.sel[0]].begin[self.sel[1]])
+        sel_rt = self.model.ranks.get(self.sel[0]) if self.sel else None
+        if self.sel and sel_rt is not None and self.sel[1] < sel_rt.n:
+            center = int(sel_rt.begin[self.sel[1]])
         elif self.cursor_ns is not None:
             center = self.cursor_ns
         elif self.follow:
@@ -637,15 +448,13 @@ class Timeline(ScrollView, can_focus=True):
 
     def action_collapse(self) -> None:
         self.mode = {"ranks": "nodes", "nodes": "blocks", "blocks": "ranks"}[self.mode]
-        with self.feed.lock:
-            self.rebuild_rows()
+        self.rebuild_rows()
         self.notify(f"timeline rows: {self.mode}", timeout=2)
         self.refresh()
 
     def action_filter_findings(self) -> None:
         self.only_findings = not self.only_findings
-        with self.feed.lock:
-            self.rebuild_rows()
+        self.rebuild_rows()
         self.notify("showing only ranks named in findings" if self.only_findings else "showing all ranks",
                     timeout=2)
         self.refresh()
@@ -665,21 +474,361 @@ class Timeline(ScrollView, can_focus=True):
             return
         t = self.t0 + x * self.npc
         rank = self.rows[ri].ranks[0]
-        with self.feed.lock:
-            idx = self.model.ops_in_window(rank, t - self.npc, t + 2 * self.npc)
-            rt = self.model.ranks.get(rank)
-            if idx.shape[0] == 0 or rt is None:
-                self.refresh()
-                return
-            keep = (self.model.sig_flags(rt.sig[idx]) & (NESTED | CONTAINER)) == 0
-            idx = idx[keep] if keep.any() else idx
-            best = int(idx[np.argmin(np.abs(rt.begin[idx] - t))])
+        idx = self.model.ops_in_window(rank, t - self.npc, t + 2 * self.npc)
+        rt = self.model.ranks.get(rank)
+        if idx.shape[0] == 0 or rt is None:
+            self.refresh()
+            return
+        keep = (self.model.sig_flags(rt.sig[idx]) & (NESTED | CONTAINER)) == 0
+        idx = idx[keep] if keep.any() else idx
+        best = int(idx[np.argmin(np.abs(rt.begin[idx] - t))])
         self.select(rank, best, reveal=False)
 
     def on_resize(self, event: events.Resize) -> None:
         self._cache.clear()
         self.virtual_size = Size(self.size.width, len(self.rows))
         self.ensure_placed()
+
+
+# ---------------------------------------------------------------------- painting (pure)
+class Window(NamedTuple):
+    """What a row is painted for: the time window (``width`` cells of ``npc`` ns from ``t0``),
+    the clock (``now``) or the replay cursor (the future hidden), the hang threshold, the
+    selected op (rank, index), and whether far zoomed out takes the cheaper overview path."""
+
+    t0: int
+    npc: int
+    width: int
+    now: int
+    cursor_ns: int | None = None
+    hang_after_ns: int = 30 * 10**9
+    sel: tuple[int, int] | None = None
+    overview: bool = True
+
+
+CAT_MASK, ASYNC_BIT, HIDDEN_BIT = 0x1F, 0x20, 0x80  # a signature's paint code: see categories
+
+
+def categories(sigs: Sequence[Any], table: np.ndarray | None = None) -> np.ndarray:
+    """Paint code of every signature code, as a lookup table: its traffic category
+    (``& CAT_MASK``), ``ASYNC_BIT`` for async ops and ``HIDDEN_BIT`` for inner traffic drawn
+    as its outer op (nested ops, containers), so one lookup per op tells all three.
+    ``table``: the one built for a prefix of ``sigs`` (signatures only append), extended."""
+    table = np.zeros(0, np.uint8) if table is None else table
+    new = np.empty(len(sigs), np.uint8)
+    new[: table.shape[0]] = table
+    for code in range(table.shape[0], len(sigs)):
+        sig = sigs[code]
+        if sig.space == SPACE_FR or sig.flags & FR:
+            c = P.FR
+        elif sig.op in VARLEN_OPS:
+            c = P.VARLEN
+        elif sig.flags & P2P:
+            c = P.P2P
+        else:
+            c = P.COLL
+        new[code] = c | (ASYNC_BIT if sig.flags & ASYNC else 0) | (HIDDEN_BIT if sig.flags & (NESTED | CONTAINER) else 0)
+    return new
+
+
+def render_row(m: Any, row: Row, win: Window, *, kind: str = "unknown", focused: bool = False,
+               flagged: bool = False, cats: np.ndarray | None = None,
+               painted: tuple[np.ndarray, list] | None = None) -> Strip:
+    """A whole timeline line: the gutter (state dot ``kind``, label, findings mark) and the
+    row's cells over ``win`` (``painted``: a one-rank row's cells and labels, already
+    painted), with the replay cursor drawn on top."""
+    w = win.width
+    width = w + GUTTER
+    if len(row.ranks) == 1:
+        cells, labels = painted if painted is not None else paint_rank(m, row.ranks[0], win, cats)
+        segs = _segments(cells, labels)
+    else:
+        segs = paint_group(m, row.ranks, win, cats)
+    strip = Strip(_gutter(row, kind, focused, flagged) + segs, width)
+    if win.cursor_ns is not None:
+        c = (win.cursor_ns - win.t0) // win.npc
+        if 0 <= c < w:
+            x = GUTTER + int(c)
+            strip = Strip.join([strip.crop(0, x), Strip([_CURSOR], 1),
+                                strip.crop(x + 1, width)])
+    return strip.crop(0, width)
+
+
+def _gutter(row: Row, kind: str, focused: bool, flagged: bool) -> list[Segment]:
+    label = row.label[: GUTTER - 4].ljust(GUTTER - 4)
+    return [Segment(P.STATE_DOT[kind], P.STATE_STYLE[kind]), _SPACE,
+            Segment(label, _FOCUSED if focused else _BOLD), _FLAG if flagged else _NO_FLAG, _BAR]
+
+
+_BOLD, _FOCUSED = Style(bold=True), Style(bold=True, reverse=True)
+_CURSOR = Segment("│", Style(color="#ffd75f", bold=True))
+_SPACE, _BAR = Segment(" "), Segment("│", Style(color="grey30"))
+_FLAG, _NO_FLAG = Segment("!", Style(color="#e05050", bold=True)), Segment(" ", Style(color="#e05050", bold=True))
+
+
+def paint_rank(m: Any, rank: int, win: Window,
+               cats: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple[int, int, str, int]]]:
+    """One rank's row as a category per cell, and (start cell, length, text, category)
+    labels for wide spans.  Pure: reads ``m`` (a ``TraceModel`` or its published
+    ``ModelView``) and nothing else; ``cats`` is ``categories(m.sigs)`` if the caller keeps one."""
+    cells, cands, _, _ = _paint(m, rank, win, cats)
+    return cells, _labels(cells, cands)
+
+
+class Painted(NamedTuple):
+    """A painted row and what repainting it after a change needs (``repaint_rank``)."""
+
+    version: int  # the rank's version painted
+    n: int  # its op count then
+    now: int
+    open_min: int  # earliest begin among the ops in flight then (their spans grow with the clock)
+    count: int  # ops drawn (in the window, top-level, not in the future): picks the drawing
+    overview: bool  # drawn by the overview path
+    cells: np.ndarray
+    cands: list[tuple[int, int, int, int, str]]  # label candidates, see _paint
+    labels: list[tuple[int, int, str, int]]
+
+
+def repaint_rank(m: Any, rank: int, win: Window, prev: Painted | None,
+                 cats: np.ndarray | None = None) -> Painted:
+    """``paint_rank`` given the same row painted earlier over the same window (``prev``):
+    only the cells from the earliest op changed since (``RankView.touched_since``) or in
+    flight are painted again, from the ops overlapping them; the cells before are kept.
+    A cell depends only on the ops that touch it, and the drawing (overview or detailed)
+    on how many ops the window holds, which only grows by the ops added: so the result is
+    what ``paint_rank`` gives."""
+    rt = m.ranks.get(rank)
+    version, n = (-1, 0) if rt is None else (rt.version, rt.n)
+    open_min = min((int(rt.begin[i]) for i in rt.open), default=I64_MAX) if rt is not None else I64_MAX
+    dirty = None
+    if prev is not None and rt is not None and hasattr(rt, "touched_since") and len(prev.cands) < 40:
+        dirty = rt.touched_since(prev.version)  # (at the label cap: everything again, below)
+        if dirty is not None and (win.now != prev.now or version != prev.version):
+            dirty = min(dirty, open_min, prev.open_min)
+    d = 0 if dirty is None else min(max((dirty - win.t0) // win.npc, 0), win.width) if dirty < I64_MAX else win.width
+    if prev is None or d == 0:
+        cells, cands, overview, count = _paint(m, rank, win, cats)
+        return Painted(version, n, win.now, open_min, count, overview, cells, cands, _labels(cells, cands))
+    if d >= win.width:  # nothing in view changed
+        return prev._replace(version=version, n=n, now=win.now, open_min=open_min)
+    from_t = win.t0 + d * win.npc
+    new, cands, overview, count = _paint(m, rank, win, cats, from_t=from_t - 1, base=(prev.count, prev.n))
+    if overview != prev.overview:  # the ops added switched the drawing: all of it changes
+        cells, cands, overview, count = _paint(m, rank, win, cats)
+        return Painted(version, n, win.now, open_min, count, overview, cells, cands, _labels(cells, cands))
+    cells = np.concatenate([prev.cells[:d], new[d:]])
+    # candidates of spans ending before the repainted part are as they were; the others are new
+    cands = sorted([c for c in prev.cands if c[3] < d] + [c for c in cands if c[3] >= d])[:40]
+    return Painted(version, n, win.now, open_min, count, overview, cells, cands, _labels(cells, cands))
+
+
+def _labels(cells: np.ndarray, cands: list[tuple[int, int, int, int, str]]) -> list[tuple[int, int, str, int]]:
+    """Labels on the wide spans (the first 40 by begin), each only over a run of one colour:
+    a label must not straddle wait/issue parts."""
+    labels = []
+    for _, _, a, b, text in cands[:40]:
+        if b - a + 1 >= len(text) + 2 and (cells[a + 1:a + 1 + len(text)] == cells[a + 1]).all():
+            labels.append((a + 1, len(text), text, int(cells[a + 1])))
+    return labels
+
+
+def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_t: int | None = None,
+           base: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, list[tuple[int, int, int, int, str]], bool, int]:
+    """(cells, label candidates, whether drawn as an overview (one span per op: more than 4
+    ops per cell), ops drawn).  A candidate
+    is a span at least 8 cells wide: (begin, op index, first cell, last cell, text), by begin.
+    ``from_t``: only the ops overlapping [from_t, end of window), so only the cells from
+    ``from_t`` on are right; ``base``: (ops drawn, op count) of the same window painted
+    before, so that the count, and the drawing it picks, is the whole window's."""
+    w = win.width
+    cells = _EMPTY.get(w)
+    if cells is None:
+        cells = _EMPTY[w] = np.zeros(w, np.int8)
+        cells.flags.writeable = False
+    rt = m.ranks.get(rank)
+    if rt is None or rt.n == 0:
+        return cells, [], False, 0
+    t0, npc = win.t0, win.npc
+    if cats is None or cats.shape[0] < len(m.sigs):
+        cats = categories(m.sigs)
+    idx = rt.window(t0 if from_t is None else max(t0, from_t), t0 + w * npc)
+    if idx.shape[0] == 0:
+        return cells, [], base[0] > 4 * w, base[0]
+    code = cats[rt.sig[idx]]  # category, async, hidden: see categories
+    hidden = code >= HIDDEN_BIT  # inner traffic is drawn as its outer op
+    if hidden.any():
+        keep = ~hidden
+        idx, code = idx[keep], code[keep]
+        if idx.shape[0] == 0:
+            return cells, [], base[0] > 4 * w, base[0]
+    now = win.now
+    begin = rt.begin[idx]
+    comp = rt.comp[idx]
+    if win.cursor_ns is not None:  # replay: the future has not happened yet
+        comp = np.where(comp > now, 0, comp)
+        visible = begin <= now
+        idx, code, begin, comp = idx[visible], code[visible], begin[visible], comp[visible]
+    inflight = comp == 0
+    stop = np.where(inflight, max(now, 1), comp) if inflight.any() else comp
+    count = idx.shape[0] if from_t is None else base[0] + int((idx >= base[1]).sum())
+    if win.overview and count > 4 * w:
+        return (*_paint_overview(m, rt, rank, win, idx, code, begin, stop, inflight), True, count)
+    # Ops whose end is only approximately known (Flight Recorder on Gloo) are drawn like
+    # async work: a mark at the start, then a thin line, not a solid bar.
+    approx = (rt.flags[idx] & APPROX) != 0
+    is_async = ((code & ASYNC_BIT) != 0) | approx
+    issue_end = np.where(approx, begin, np.where(rt.end[idx] > 0, rt.end[idx], begin))
+    wb, we = rt.wb[idx], rt.we[idx]
+    if win.cursor_ns is not None:
+        wb = np.where(wb > now, 0, wb)
+        we = np.where(we > now, 0, we)
+        issue_end = np.minimum(issue_end, stop)
+    cats = code & CAT_MASK
+    starts: list[np.ndarray] = []
+    stops: list[np.ndarray] = []
+    kinds: list[np.ndarray] = []
+
+    def add(mask: np.ndarray, a: np.ndarray, b: np.ndarray, cat: int | np.ndarray) -> None:
+        if mask.any():
+            starts.append(a[mask])
+            stops.append(b[mask])
+            kinds.append(cat[mask] if isinstance(cat, np.ndarray) else np.full(int(mask.sum()), cat, np.int8))
+
+    # Far zoomed out (several ops per cell) the issue/wait breakdown is invisible: draw
+    # each op as one span, which halves the work on the largest windows.
+    overview = count > 4 * w
+    any_async = bool(is_async.any()) and not overview
+    sync = ~is_async
+    if overview:
+        starts.append(begin)
+        stops.append(np.where(is_async & (wb > 0), np.where(we > 0, we, stop), stop))
+        kinds.append(cats)
+    elif any_async:
+        # async issue -> wait: a thin line while the op runs in the background
+        add(is_async, issue_end, np.where(wb > 0, wb, stop), P.PENDING)
+        add(sync, begin, stop, cats)
+        add(is_async, begin, issue_end, cats)
+        waiting = is_async & (wb > 0)
+        add(waiting, wb, np.where(we > 0, we, stop), P.WAIT)
+    else:
+        starts.append(begin)
+        stops.append(stop)
+        kinds.append(cats)
+    # blocked too long: the part of the span past the thresholds
+    blocked = inflight & (sync | (wb > 0))
+    if blocked.any():
+        since = np.where(is_async, wb, begin)
+        warn_at = since + max(win.hang_after_ns // 3, 1)
+        err_at = since + win.hang_after_ns
+        add(blocked & (warn_at < now), warn_at, stop, P.WARN)
+        add(blocked & (err_at < now), err_at, stop, P.ERROR)
+    if win.sel and win.sel[0] == rank:
+        one = idx == win.sel[1]
+        if one.any():
+            j = int(np.flatnonzero(one)[0])
+            end_t = np.full(idx.shape[0], stop[j] if not is_async[j] else max(int(stop[j]), int(issue_end[j])))
+            add(one, begin, end_t, P.SELECTED)
+    if starts:
+        cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
+    cands = []
+    c0 = np.minimum(np.maximum((begin - t0) // npc, -1), w)
+    c1 = np.minimum(np.maximum((stop - t0) // npc, -1), w)
+    # labels on spans wide enough to hold them
+    wide = np.flatnonzero((c1 - c0) >= 8)
+    for j in wide[:40].tolist():
+        i = int(idx[j])
+        seq = int(rt.seq[i])
+        text = m.sigs[int(rt.sig[i])].op + (f" #{seq}" if seq >= 0 else "")
+        cands.append((int(begin[j]), i, max(int(c0[j]), 0), min(int(c1[j]), w - 1), text))
+    return cells, cands, overview, count
+
+def _paint_overview(m: Any, rt: Any, rank: int, win: Window, idx: np.ndarray, code: np.ndarray,
+                    begin: np.ndarray, stop: np.ndarray,
+                    inflight: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int, int, str]]]:
+    """Far zoomed out (several ops per cell): each op one span, the issue/wait breakdown
+    left out.  The same picture as the detailed path draws there, with the per-op work
+    done only on the few ops that need it: async ops (their span ends at wait_end),
+    in-flight ones (thresholds), the selection and spans wide enough for a label."""
+    t0, npc, w, now = win.t0, win.npc, win.width, win.now
+    approx = (rt.flags[idx] & APPROX) != 0
+    is_async = ((code & ASYNC_BIT) != 0) | approx
+    ai = np.flatnonzero(is_async)
+    end = stop
+    wb_a = we_a = None
+    if ai.shape[0]:
+        sub = idx[ai]
+        wb_a, we_a = rt.wb[sub], rt.we[sub]
+        if win.cursor_ns is not None:
+            wb_a = np.where(wb_a > now, 0, wb_a)
+            we_a = np.where(we_a > now, 0, we_a)
+        end = stop.copy()
+        end[ai] = np.where(wb_a > 0, np.where(we_a > 0, we_a, stop[ai]), stop[ai])
+    starts, stops, kinds = [begin], [end], [code & CAT_MASK]
+    fi = np.flatnonzero(inflight)
+    if fi.shape[0]:  # blocked too long: the part of the span past the thresholds
+        fa = is_async[fi]
+        wb_f = np.zeros(fi.shape[0], np.int64)
+        if ai.shape[0] and fa.any():
+            wb_f[fa] = wb_a[np.searchsorted(ai, fi[fa])]
+        blocked = ~fa | (wb_f > 0)
+        since = np.where(fa, wb_f, begin[fi])
+        for at, cat in ((since + max(win.hang_after_ns // 3, 1), P.WARN), (since + win.hang_after_ns, P.ERROR)):
+            mk = blocked & (at < now)
+            if mk.any():
+                starts.append(at[mk])
+                stops.append(stop[fi][mk])
+                kinds.append(np.full(int(mk.sum()), cat, np.int8))
+    if win.sel and win.sel[0] == rank:
+        one = np.flatnonzero(idx == win.sel[1])
+        if one.shape[0]:
+            j = int(one[0])
+            e = int(stop[j])
+            if is_async[j]:
+                i = int(idx[j])
+                ie = int(begin[j]) if approx[j] else (int(rt.end[i]) if rt.end[i] > 0 else int(begin[j]))
+                if win.cursor_ns is not None:
+                    ie = min(ie, e)
+                e = max(e, ie)
+            starts.append(begin[j:j + 1])
+            stops.append(np.array([e], np.int64))
+            kinds.append(np.array([P.SELECTED], np.int8))
+    cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
+    cands = []
+    cand = np.flatnonzero(stop - begin > 7 * npc)  # c1 - c0 >= 8 needs a span longer than 7 cells
+    if cand.shape[0]:
+        c0 = np.minimum(np.maximum((begin[cand] - t0) // npc, -1), w)
+        c1 = np.minimum(np.maximum((stop[cand] - t0) // npc, -1), w)
+        for k in np.flatnonzero((c1 - c0) >= 8)[:40].tolist():
+            j = int(cand[k])
+            i = int(idx[j])
+            seq = int(rt.seq[i])
+            text = m.sigs[int(rt.sig[i])].op + (f" #{seq}" if seq >= 0 else "")
+            cands.append((int(begin[j]), i, max(int(c0[k]), 0), min(int(c1[k]), w - 1), text))
+    return cells, cands
+
+def paint_group(m: Any, ranks: tuple[int, ...], win: Window, cats: np.ndarray | None = None) -> list[Segment]:
+    """Collapsed rows: how many of the ranks are busy in each cell, as shades."""
+    w = win.width
+    if cats is None or cats.shape[0] < len(m.sigs):
+        cats = categories(m.sigs)
+    busy = np.zeros(w, np.int32)
+    worst = np.zeros(w, np.int8)
+    for r in ranks:
+        cells, _ = paint_rank(m, r, win, cats)
+        busy += cells >= P.COLL
+        np.maximum(worst, np.where(cells >= P.WARN, cells, 0), out=worst)
+    frac = busy / max(1, len(ranks))
+    level = np.where(busy > 0, np.maximum(1, np.round(frac * 4)), 0).astype(np.int8)
+    segs: list[Segment] = []
+    key = level * 16 + worst
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(key)) + 1))
+    ends = np.concatenate((starts[1:], [w]))
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        lv, wr = int(level[a]), int(worst[a])
+        style = P.STYLE[wr] if wr else P.STYLE[P.COLL]
+        segs.append(Segment(P.SHADES[lv] * (b - a), style))
+    return segs
+
 
 
 N_CATEGORIES = P.SELECTED + 1
@@ -693,6 +842,13 @@ def _cover(a: np.ndarray, b: np.ndarray, cat: np.ndarray, t0: int, npc: int, w: 
     time, then the highest covered category: a handful of numpy calls whatever the number
     of ops or categories.  Category numbers are their priorities.
     """
+    if a.shape[0] <= 32:  # a few intervals: one slice each, low categories first, exact integers
+        cells = np.zeros(w, np.int8)
+        for c, x, y in sorted(zip(cat.tolist(), a.tolist(), b.tolist(), strict=True)):
+            c0, c1 = (x - t0) // npc, (y - t0) // npc
+            if c1 >= 0 and c0 < w:
+                cells[max(c0, 0):min(c1, w - 1) + 1] = c
+        return cells
     # Cell numbers in float64: true division is several times faster than int64 floor
     # division, and exact here.  A quotient q = (t - t0) / npc is correctly rounded, so its
     # error is below q * 2**-53, smaller than the 1 / npc that separates a non-integer q from
@@ -700,12 +856,11 @@ def _cover(a: np.ndarray, b: np.ndarray, cat: np.ndarray, t0: int, npc: int, w: 
     # comparisons and the truncation of non-negative values give what floor division gives.
     fa = (a - t0) / npc  # subtract in int64 first: timestamps themselves do not fit a float exactly
     fb = (b - t0) / npc
-    ok = (fb >= 0) & (fa < w)
-    if not ok.all():
+    if fb.min() < 0 or fa.max() >= w:  # (two reductions: cheaper than a mask when all are in view)
+        ok = (fb >= 0) & (fa < w)
         fa, fb, cat = fa[ok], fb[ok], cat[ok]
     # one flat index per (category, cell): category * (w + 1) + cell, built in place
-    k = cat.astype(np.int64)
-    k *= w + 1
+    k = np.multiply(cat, w + 1, dtype=np.int64)
     np.maximum(fa, 0, out=fa)
     c0 = fa.astype(np.int64)  # truncate first: adding k to the float could round a cell up
     c0 += k
@@ -733,13 +888,17 @@ def _segments(cells: np.ndarray, labels: list[tuple[int, int, str, int]]) -> lis
     w = cells.shape[0]
     segs: list[Segment] = []
     label_at = {a: (n, text, cat) for a, n, text, cat in labels}
-    starts = np.concatenate(([0], np.flatnonzero(np.diff(cells)) + 1)).tolist()
+    keys = sorted(label_at)
+    starts = np.concatenate(([0], np.flatnonzero(cells[1:] != cells[:-1]) + 1)).tolist()
     ends = starts[1:] + [w]
-    for a, b in zip(starts, ends, strict=True):
-        cat = int(cells[a])
+    cats = cells[starts].tolist()
+    if not keys:
+        return [Segment(P.GLYPH[c] * (b - a), P.STYLE[c]) for a, b, c in zip(starts, ends, cats, strict=True)]
+    for a, b, cat in zip(starts, ends, cats, strict=True):
         x = a
         while x < b:
-            lab = next((p for p in range(x, b) if p in label_at), None)
+            k = bisect_left(keys, x)
+            lab = keys[k] if k < len(keys) and keys[k] < b else None
             if lab is None:
                 segs.append(Segment(P.GLYPH[cat] * (b - x), P.STYLE[cat]))
                 break

@@ -1,0 +1,81 @@
+"""One answer to 'what is rank r doing at t': live, as of a replay cursor, once per diagnose,
+and as the console shows it (the published view, the rank table's sort)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from commscope.analysis import TraceModel, diagnose
+from commscope.analysis.rankstate import rank_state, snapshot
+from commscope.analysis.synth import TraceBuilder
+from commscope.tui.rank_table import sort_key
+
+S = 10**9
+MS = 10**6
+
+
+def _job():
+    b = TraceBuilder(4, sample_interval=0.2)
+    t = b.t0 + S
+    b.heartbeats(t, t + 10 * S, ranks=[0, 1, 2])
+    b.heartbeats(t, t + 2 * S, ranks=[3])
+    b.collective(t, "all_reduce")
+    b.async_op(1, t + S, t + 2 * S, None, "all_reduce")
+    b.sync(0, t + S, None, "all_reduce")
+    b.exit(2, t + 3 * S, reason="destroy_process_group")
+    return TraceModel.from_events(b.sorted_events()), t
+
+
+def test_the_model_the_cursor_and_the_view_agree():
+    m, t = _job()
+    now = t + 10 * S
+    for r in range(4):
+        assert m.state(r, now) == rank_state(m, r, now)
+        assert m.view(now).states[r] == rank_state(m, r, now)
+    # as of a moment: later events ignored
+    assert rank_state(m, 0, t + S // 2, as_of=True).kind == "idle"
+    assert rank_state(m, 0, t + 2 * S, as_of=True).text == "in all_reduce #2 (group 0) for 1.0 s"
+    assert rank_state(m, 2, t + 2 * S, as_of=True).kind == "idle"  # it exits at t + 3 s
+    assert rank_state(m, 2, t + 4 * S, as_of=True).kind == "exited"
+    assert rank_state(m, 9, now, as_of=True).kind == "unknown"
+
+
+def test_diagnose_computes_each_rank_state_once():
+    m, t = _job()
+    now = t + 10 * S
+    diagnose(m, now, 2.0)
+    snap = snapshot(m, now)
+    assert snapshot(m, now) is snap  # the detectors of one diagnose() share it
+    assert snap[3].dead and not snap[0].dead and snap[2].exit is not None and not snap[2].crashed
+    assert snap[0].state == m.state(0, now)
+    assert snapshot(m, now + S) is not snap
+
+
+def test_published_views_are_never_written_again():
+    b = TraceBuilder(1, meta=False)
+    for k in range(50):
+        b.sync(0, b.t0 + k * MS, b.t0 + k * MS + MS // 2, "all_reduce")
+    b.sync(0, b.t0 + 60 * MS, b.t0 + 70 * MS, "all_reduce")  # in flight when the second view is taken
+    for k in range(80, 90):
+        b.sync(0, b.t0 + k * MS, b.t0 + k * MS + MS // 2, "all_reduce")
+    events = b.sorted_events()
+    m = TraceModel.from_events([e for e in events if e["ts"] < b.t0 + 30 * MS])
+    m.view()
+    m.ingest([e for e in events if b.t0 + 30 * MS <= e["ts"] < b.t0 + 65 * MS])  # (arrays with room to spare)
+    v = m.view()
+    assert v.ranks[0].n == 51 and len(v.ranks[0].open) == 1
+    copies = [a.copy() for a in (v.ranks[0].order_, v.ranks[0].sb, v.ranks[0].pmax)]
+    m.ingest([e for e in events if e["ts"] >= b.t0 + 65 * MS])
+    v2 = m.view()
+    for old, a in zip(copies, (v.ranks[0].order_, v.ranks[0].sb, v.ranks[0].pmax), strict=True):
+        assert np.array_equal(old, a)  # the earlier view still reads as it was published
+    assert v2.ranks[0].n == 61 and not v2.ranks[0].open and not v.ranks[0].pmax.flags.writeable
+    assert v2.ranks[0].touched_since(v.ranks[0].version) == b.t0 + 60 * MS  # the op that ended
+
+
+def test_rank_table_sort_key_never_raises():
+    vals = [3, 2.5, None, "x", (1, -2.0), (0, "a"), float("nan"), -1, {"odd": 1}, (1, None)]
+    keys = sorted(vals, key=sort_key)
+    assert keys[:3] == [-1, 2.5, 3] and math.isnan(keys[3]) and keys[4] == "x"
