@@ -131,6 +131,8 @@ class LoggedPending(deque):
 
 
 def restart_job(rank: int, ws: int, store: str, stop_file: str) -> dict:
+    """Trains until ``stop_file`` exists; touches ``stop_file.noticed.<rank>`` once the
+    recorder has reported the store failing (so the test knows the outage was seen)."""
     rec = commscope.instrument(store, sample_interval=0.1, hang_after=60.0, flight_recorder=False)
     with rec._tick_lock:  # before the process group exists, so before anything is written
         rec.outbox.pending = LoggedPending(rec.outbox.pending)
@@ -144,6 +146,8 @@ def restart_job(rank: int, ws: int, store: str, stop_file: str) -> dict:
         flag[0] = float(os.path.exists(stop_file))
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # all ranks stop at the same step
         steps += 1
+        if "store" in rec._warned and not os.path.exists(f"{stop_file}.noticed.{rank}"):
+            Path(f"{stop_file}.noticed.{rank}").touch()
         if flag[0] > 0:
             break
         time.sleep(0.002)
@@ -185,7 +189,10 @@ def test_redis_outage_loses_only_what_was_reported_dropped(tmp_path, fault):
             _wait_for(lambda: all(client.xlen(k) > 100 for k in keys), 60, "both ranks to record")
             client.close()
             server.stop()  # SIGTERM: Redis writes its AOF and goes away; ranks keep training
-        time.sleep(2.0)
+        # the outage lasts until a rank has noticed it (a fixed sleep was too short under load)
+        _wait_for(lambda: any(Path(f"{stop_file}.noticed.{r}").exists() for r in range(2)), 120,
+                  "a rank to notice the outage")
+        time.sleep(0.5)
         assert sorted(job.alive()) == [0, 1]
         server.start()  # same port, same data directory
         client = redis_client(server.url)
