@@ -1,4 +1,4 @@
-"""diagnose(model, now, hang_after) -> findings: every check of DESIGN.md, as a pure function.
+"""diagnose(model, now, hang_after) -> findings: every check of docs/analysis.md, as a pure function.
 
 ``now`` is the time the trace is judged at.  The live console passes the wall clock;
 ``check`` on a stored trace passes ``trace_now(model)``, the last timestamp in the trace,

@@ -12,7 +12,7 @@ from commscope.analysis.rankstate import snapshot
 
 ERROR, WARNING = "error", "warning"
 
-#: kind -> severity, as fixed by DESIGN.md.
+#: kind -> severity: the `check --json` contract (docs/analysis.md, README exit codes).
 KINDS: dict[str, str] = {
     "missing_ranks": ERROR,
     "collective_mismatch": ERROR,

@@ -19,7 +19,7 @@ from commscope.analysis.evidence import kv as _kv
 from commscope.analysis.evidence import stack as _stack
 from commscope.analysis.model import untimed
 from commscope.analysis.stacks import fold
-from commscope.tui import palette as P
+from commscope.tui import palette
 from commscope.tui.fmt import clock, duration, size
 
 
@@ -209,7 +209,7 @@ def op_detail(model: Any, rank: int, i: int, now: int) -> RenderableType:
 
 def finding_detail(f: Finding) -> RenderableType:
     head = Text()
-    head.append(f"{P.SEVERITY_ICON[f.severity]} {f.kind}", style=P.SEVERITY_STYLE[f.severity])
+    head.append(f"{palette.SEVERITY_ICON[f.severity]} {f.kind}", style=palette.SEVERITY_STYLE[f.severity])
     if f.group is not None:
         head.append(f" · group {f.group}" + (f" #{f.seq}" if f.seq is not None else "") + (f" {f.op}" if f.op else ""),
                     style="grey70")

@@ -8,7 +8,7 @@ from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from commscope.analysis import Finding
-from commscope.tui import palette as P
+from commscope.tui import palette
 from commscope.tui.rank_table import abbreviate
 
 
@@ -43,8 +43,8 @@ class FindingsPanel(OptionList):
             return
         for f in findings:
             t = Text(no_wrap=False)
-            t.append(f"{P.SEVERITY_ICON[f.severity]} ", style=P.SEVERITY_STYLE[f.severity])
-            t.append(f.kind, style=P.SEVERITY_STYLE[f.severity])
+            t.append(f"{palette.SEVERITY_ICON[f.severity]} ", style=palette.SEVERITY_STYLE[f.severity])
+            t.append(f.kind, style=palette.SEVERITY_STYLE[f.severity])
             if f.culprits:
                 t.append(f"  culprit{'s' if len(f.culprits) > 1 else ''} {', '.join(map(str, f.culprits))}",
                          style="bold")

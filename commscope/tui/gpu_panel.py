@@ -13,7 +13,7 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from commscope.tui import palette as P
+from commscope.tui import palette
 from commscope.tui.fmt import percent, size
 
 LABEL = 7
@@ -28,7 +28,7 @@ def spark(values: np.ndarray, lo: float, hi: float, width: int) -> str:
             out.append(" ")
             continue
         frac = 0.0 if hi <= lo else (x - lo) / (hi - lo)
-        out.append(P.SPARK[max(1, min(8, round(frac * 8)))])
+        out.append(palette.SPARK[max(1, min(8, round(frac * 8)))])
     return "".join(out).rjust(width)
 
 

@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from commscope.analysis.rankstate import last_op_before, rank_state, sample_at
-from commscope.tui import palette as P
+from commscope.tui import palette
 from commscope.tui.feed import REPLAY
 from commscope.tui.fmt import compact_size, duration, percent
 
@@ -218,7 +218,7 @@ class RankTable(DataTable):
             "rank": (r, Text(str(r), style="bold")),
             "host": (str(meta.get("host", "")), str(meta.get("host", ""))),
             "state": ((order.get(st.kind, 9), -(now - st.since_ns)),
-                      Text(f"{P.STATE_DOT[st.kind]} {compact_state(m, r, st, now)}", style=P.STATE_STYLE[st.kind])),
+                      Text(f"{palette.STATE_DOT[st.kind]} {compact_state(m, r, st, now)}", style=palette.STATE_STYLE[st.kind])),
             "last": (m.label(r, last) if last is not None else "", short_label(m, r, last) if last is not None else "–"),
             "gpu": (gutil if gutil is not None else -1, percent(gutil)),
             "gmem": (gmem if gmem is not None else -1, compact_size(gmem)),

@@ -9,7 +9,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, ProgressBar, Static
 
-from commscope.tui import palette as P
+from commscope.tui import palette
 
 HELP_SECTIONS: list[tuple[str, list[tuple[str, str]]]] = [
     ("Timeline", [("← →", "previous / next op on the highlighted rank"), ("↑ ↓", "move between ranks"),
@@ -45,8 +45,8 @@ class HelpScreen(ModalScreen[None]):
             t.add_row("", "")
         legend = Table(box=None, padding=(0, 1), show_header=False, title="timeline colours",
                        title_justify="left", title_style="bold")
-        for cat, name in P.LEGEND:
-            legend.add_row(f"[{P.STYLE[cat]}]{P.GLYPH[cat] * 3}[/]", name)
+        for cat, name in palette.LEGEND:
+            legend.add_row(f"[{palette.STYLE[cat]}]{palette.GLYPH[cat] * 3}[/]", name)
         with Vertical():
             yield Static(t)
             yield Static(legend)

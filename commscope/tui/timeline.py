@@ -31,7 +31,7 @@ from textual.strip import Strip
 from commscope.analysis.columns import I64_MAX
 from commscope.analysis.model import APPROX, ASYNC, CONTAINER, FR, NESTED, P2P, SPACE_FR
 from commscope.analysis.rankstate import rank_state
-from commscope.tui import palette as P
+from commscope.tui import palette
 from commscope.tui.feed import REPLAY
 
 VARLEN_OPS = frozenset({"all_gather_v", "gather_v", "scatter_v", "all_to_all_v", "reduce_scatter_v", "broadcast_v",
@@ -270,8 +270,8 @@ class Timeline(ScrollView, can_focus=True):
 
     def _legend(self, width: int) -> Strip:
         segs = [Segment(" " * GUTTER)]
-        for cat, name in P.LEGEND:
-            segs += [Segment(P.GLYPH[cat] * 2, P.STYLE[cat]), Segment(f" {name}   ", Style(color="grey50"))]
+        for cat, name in palette.LEGEND:
+            segs += [Segment(palette.GLYPH[cat] * 2, palette.STYLE[cat]), Segment(f" {name}   ", Style(color="grey50"))]
         return Strip(segs, width).crop(0, width)
 
     def set_flagged(self, ranks: set[int]) -> None:
@@ -520,13 +520,13 @@ def categories(sigs: Sequence[Any], table: np.ndarray | None = None) -> np.ndarr
     for code in range(table.shape[0], len(sigs)):
         sig = sigs[code]
         if sig.space == SPACE_FR or sig.flags & FR:
-            c = P.FR
+            c = palette.FR
         elif sig.op in VARLEN_OPS:
-            c = P.VARLEN
+            c = palette.VARLEN
         elif sig.flags & P2P:
-            c = P.P2P
+            c = palette.P2P
         else:
-            c = P.COLL
+            c = palette.COLL
         new[code] = c | (ASYNC_BIT if sig.flags & ASYNC else 0) | (HIDDEN_BIT if sig.flags & (NESTED | CONTAINER) else 0)
     return new
 
@@ -556,7 +556,7 @@ def render_row(m: Any, row: Row, win: Window, *, kind: str = "unknown", focused:
 
 def _gutter(row: Row, kind: str, focused: bool, flagged: bool) -> list[Segment]:
     label = row.label[: GUTTER - 4].ljust(GUTTER - 4)
-    return [Segment(P.STATE_DOT[kind], P.STATE_STYLE[kind]), _SPACE,
+    return [Segment(palette.STATE_DOT[kind], palette.STATE_STYLE[kind]), _SPACE,
             Segment(label, _FOCUSED if focused else _BOLD), _FLAG if flagged else _NO_FLAG, _BAR]
 
 
@@ -705,11 +705,11 @@ def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_
         kinds.append(cats)
     elif any_async:
         # async issue -> wait: a thin line while the op runs in the background
-        add(is_async, issue_end, np.where(wb > 0, wb, stop), P.PENDING)
+        add(is_async, issue_end, np.where(wb > 0, wb, stop), palette.PENDING)
         add(sync, begin, stop, cats)
         add(is_async, begin, issue_end, cats)
         waiting = is_async & (wb > 0)
-        add(waiting, wb, np.where(we > 0, we, stop), P.WAIT)
+        add(waiting, wb, np.where(we > 0, we, stop), palette.WAIT)
     else:
         starts.append(begin)
         stops.append(stop)
@@ -720,14 +720,14 @@ def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_
         since = np.where(is_async, wb, begin)
         warn_at = since + max(win.hang_after_ns // 3, 1)
         err_at = since + win.hang_after_ns
-        add(blocked & (warn_at < now), warn_at, stop, P.WARN)
-        add(blocked & (err_at < now), err_at, stop, P.ERROR)
+        add(blocked & (warn_at < now), warn_at, stop, palette.WARN)
+        add(blocked & (err_at < now), err_at, stop, palette.ERROR)
     if win.sel and win.sel[0] == rank:
         one = idx == win.sel[1]
         if one.any():
             j = int(np.flatnonzero(one)[0])
             end_t = np.full(idx.shape[0], stop[j] if not is_async[j] else max(int(stop[j]), int(issue_end[j])))
-            add(one, begin, end_t, P.SELECTED)
+            add(one, begin, end_t, palette.SELECTED)
     if starts:
         cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
     cands = []
@@ -772,7 +772,7 @@ def _paint_overview(m: Any, rt: Any, rank: int, win: Window, idx: np.ndarray, co
             wb_f[fa] = wb_a[np.searchsorted(ai, fi[fa])]
         blocked = ~fa | (wb_f > 0)
         since = np.where(fa, wb_f, begin[fi])
-        for at, cat in ((since + max(win.hang_after_ns // 3, 1), P.WARN), (since + win.hang_after_ns, P.ERROR)):
+        for at, cat in ((since + max(win.hang_after_ns // 3, 1), palette.WARN), (since + win.hang_after_ns, palette.ERROR)):
             mk = blocked & (at < now)
             if mk.any():
                 starts.append(at[mk])
@@ -791,7 +791,7 @@ def _paint_overview(m: Any, rt: Any, rank: int, win: Window, idx: np.ndarray, co
                 e = max(e, ie)
             starts.append(begin[j:j + 1])
             stops.append(np.array([e], np.int64))
-            kinds.append(np.array([P.SELECTED], np.int8))
+            kinds.append(np.array([palette.SELECTED], np.int8))
     cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
     cands = []
     cand = np.flatnonzero(stop - begin > 7 * npc)  # c1 - c0 >= 8 needs a span longer than 7 cells
@@ -815,8 +815,8 @@ def paint_group(m: Any, ranks: tuple[int, ...], win: Window, cats: np.ndarray | 
     worst = np.zeros(w, np.int8)
     for r in ranks:
         cells, _ = paint_rank(m, r, win, cats)
-        busy += cells >= P.COLL
-        np.maximum(worst, np.where(cells >= P.WARN, cells, 0), out=worst)
+        busy += cells >= palette.COLL
+        np.maximum(worst, np.where(cells >= palette.WARN, cells, 0), out=worst)
     frac = busy / max(1, len(ranks))
     level = np.where(busy > 0, np.maximum(1, np.round(frac * 4)), 0).astype(np.int8)
     segs: list[Segment] = []
@@ -825,13 +825,13 @@ def paint_group(m: Any, ranks: tuple[int, ...], win: Window, cats: np.ndarray | 
     ends = np.concatenate((starts[1:], [w]))
     for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
         lv, wr = int(level[a]), int(worst[a])
-        style = P.STYLE[wr] if wr else P.STYLE[P.COLL]
-        segs.append(Segment(P.SHADES[lv] * (b - a), style))
+        style = palette.STYLE[wr] if wr else palette.STYLE[palette.COLL]
+        segs.append(Segment(palette.SHADES[lv] * (b - a), style))
     return segs
 
 
 
-N_CATEGORIES = P.SELECTED + 1
+N_CATEGORIES = palette.SELECTED + 1
 _EMPTY: dict[int, np.ndarray] = {}  # read-only blank rows by width
 
 
@@ -893,19 +893,19 @@ def _segments(cells: np.ndarray, labels: list[tuple[int, int, str, int]]) -> lis
     ends = starts[1:] + [w]
     cats = cells[starts].tolist()
     if not keys:
-        return [Segment(P.GLYPH[c] * (b - a), P.STYLE[c]) for a, b, c in zip(starts, ends, cats, strict=True)]
+        return [Segment(palette.GLYPH[c] * (b - a), palette.STYLE[c]) for a, b, c in zip(starts, ends, cats, strict=True)]
     for a, b, cat in zip(starts, ends, cats, strict=True):
         x = a
         while x < b:
             k = bisect_left(keys, x)
             lab = keys[k] if k < len(keys) and keys[k] < b else None
             if lab is None:
-                segs.append(Segment(P.GLYPH[cat] * (b - x), P.STYLE[cat]))
+                segs.append(Segment(palette.GLYPH[cat] * (b - x), palette.STYLE[cat]))
                 break
             if lab > x:
-                segs.append(Segment(P.GLYPH[cat] * (lab - x), P.STYLE[cat]))
+                segs.append(Segment(palette.GLYPH[cat] * (lab - x), palette.STYLE[cat]))
             n, text, lcat = label_at[lab]
             n = min(n, b - lab)
-            segs.append(Segment(text[:n], P.LABEL_STYLE.get(cat, P.LABEL_STYLE[P.COLL])))
+            segs.append(Segment(text[:n], palette.LABEL_STYLE.get(cat, palette.LABEL_STYLE[palette.COLL])))
             x = lab + n
     return segs
