@@ -428,12 +428,12 @@ class TraceModel:
         self._sig_cache.setdefault(k, []).append((lists, code))
         return code
 
-    def _begins(self, rt: RankTrace, bl: Sequence[dict], ts: np.ndarray, ids: np.ndarray) -> tuple[int, int]:
+    def _begins(self, rt: RankTrace, begin_events: Sequence[dict], ts: np.ndarray, ids: np.ndarray) -> tuple[int, int]:
         dget = dict.get
-        k = len(bl)
+        k = len(begin_events)
         by_sk = self._sig_by_sk
         try:  # the recorder's key of the static fields (events.signature_key): one lookup per begin
-            keys = list(zip(map(dget, bl, repeat("sk")), map(dget, bl, repeat("tid")), strict=True))
+            keys = list(zip(map(dget, begin_events, repeat("sk")), map(dget, begin_events, repeat("tid")), strict=True))
             codes = np.fromiter(map(by_sk.get, keys, repeat(-1)), np.int32, k)
         except TypeError:  # an unhashable tid: a foreign or damaged trace
             keys = [(None, None)] * k
@@ -442,7 +442,7 @@ class TraceModel:
             key = keys[j]
             code = by_sk.get(key, -1) if key[0] is not None else -1
             if code < 0:  # a signature key not seen yet (or none): intern the fields
-                code = self._intern(bl[j])
+                code = self._intern(begin_events[j])
                 if key[0] is not None:
                     by_sk[key] = code
             codes[j] = code
@@ -452,10 +452,10 @@ class TraceModel:
         rt.begin[n0:n1] = ts
         rt.id[n0:n1] = ids
         rt.sig[n0:n1] = codes
-        rt.seq[n0:n1] = _ints(list(map(dget, bl, repeat("seq"), repeat(-1))))
-        rt.peer[n0:n1] = _ints(list(map(dget, bl, repeat("peer"), repeat(-1))))
+        rt.seq[n0:n1] = _ints(list(map(dget, begin_events, repeat("seq"), repeat(-1))))
+        rt.peer[n0:n1] = _ints(list(map(dget, begin_events, repeat("peer"), repeat(-1))))
         idx = np.arange(n0, n1, dtype=np.int32)
-        parents = _ints(list(map(dget, bl, repeat("parent"), repeat(-1))))
+        parents = _ints(list(map(dget, begin_events, repeat("parent"), repeat(-1))))
         rt.map_ids(ids, idx)
         has_parent = parents >= 0
         if has_parent.any():
@@ -526,12 +526,12 @@ class TraceModel:
             m = ok & (ph == code)
             if m.any():
                 col[idx[m]] = ts[m]
-        ol = _take(events, pos)
-        k = len(ol)
+        phase_events = _take(events, pos)
+        k = len(phase_events)
         # more keys than type, ts, rank, phase, id (and v): an exception, peer, gpu time ...
-        extra = np.fromiter(map(len, ol), np.int64, k) - np.fromiter(map(dict.__contains__, ol, repeat("v")), np.int64, k)
+        extra = np.fromiter(map(len, phase_events), np.int64, k) - np.fromiter(map(dict.__contains__, phase_events, repeat("v")), np.int64, k)
         for j in np.flatnonzero(extra > 5).tolist():
-            e = ol[j]
+            e = phase_events[j]
             i = int(idx[j])
             if i < 0:
                 continue
@@ -553,26 +553,26 @@ class TraceModel:
         if (ph == 4).any():
             rt.device_seen = True
             rt.flags[idx[ok & (ph == 4)]] |= DONE
-        aff = idx[ok & (ph != 2)]  # an op may come twice (end and wait_end): harmless below
-        if aff.shape[0]:
-            self._complete(rt, aff)
+        updated = idx[ok & (ph != 2)]  # an op may come twice (end and wait_end): harmless below
+        if updated.shape[0]:
+            self._complete(rt, updated)
         first = int(rt.begin[idx[ok]].min()) if ok.any() else I64_MAX
         return int(ts.min()), int(ts.max()), first
 
-    def _complete(self, rt: RankTrace, aff: np.ndarray) -> None:
-        """Recompute completion times of ops whose phases changed."""
-        fl = self._sig_flags[rt.sig[aff]]
-        end, we, done, of = rt.end[aff], rt.we[aff], rt.done[aff], rt.flags[aff]
-        comp = np.where((fl & ASYNC) != 0, we, end)
-        failed = (of & EXC) != 0
+    def _complete(self, rt: RankTrace, updated: np.ndarray) -> None:
+        """Recompute completion times op_flags ops whose phases changed."""
+        signature_flags = self._sig_flags[rt.sig[updated]]
+        end, we, done, op_flags = rt.end[updated], rt.we[updated], rt.done[updated], rt.flags[updated]
+        comp = np.where((signature_flags & ASYNC) != 0, we, end)
+        failed = (op_flags & EXC) != 0
         comp = np.where(failed & (comp == 0), end, comp)
-        dev = (fl & DEVICE) != 0
+        dev = (signature_flags & DEVICE) != 0
         comp = np.where(dev & (done > 0), done, np.where(dev & ~failed, 0, comp))
         comp = np.where((~dev) & (done > 0) & (comp > 0), np.maximum(comp, done), comp)
-        rt.comp[aff] = comp
+        rt.comp[updated] = comp
         if comp.shape[0]:
             rt.last_comp = max(rt.last_comp, int(comp.max()))
-        finished = aff[comp > 0].tolist()
+        finished = updated[comp > 0].tolist()
         if finished:
             rt.open.difference_update(finished)
             self._close_nested(rt)
