@@ -23,6 +23,16 @@ STARTUP_SLACK_NS = 2 * 10**9  # ranks whose streams begin this close to the job'
 _TOP = NESTED | CONTAINER  # inner traffic and containers: never "the op a rank is in"
 
 
+def top_level_ops(m: Any, rank: int) -> np.ndarray:
+    """The rank's ops a user issued (no inner traffic, no containers), in begin order: what
+    the console steps through and selects.  ``m``: a TraceModel or a published view."""
+    rt = m.ranks.get(rank)
+    if rt is None or rt.n == 0:
+        return np.zeros(0, np.int64)
+    order = rt.order()
+    return order[(m.sig_flags(rt.sig[order]) & _TOP) == 0]
+
+
 def rank_state(m: Any, rank: int, t: int, *, as_of: bool = False) -> RankState:
     """What ``rank`` is doing at ``t``: '<op> for 12.3 s', idle, exited, crashed or dead.
     ``as_of``: as of ``t``, events recorded later ignored (replay)."""

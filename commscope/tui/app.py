@@ -20,7 +20,8 @@ from textual.widgets import ContentSwitcher, Footer
 
 from commscope.analysis import Finding
 from commscope.analysis.completeness import ReaderProblem
-from commscope.analysis.model import CONTAINER, NESTED, untimed
+from commscope.analysis.model import NESTED, untimed
+from commscope.analysis.rankstate import top_level_ops
 from commscope.tui.detail import DetailPane, finding_detail, op_detail
 from commscope.tui.feed import LIVE, REPLAY, Feed, FeedInfo, FeedUpdated
 from commscope.tui.findings_panel import FindingsPanel, finding_key
@@ -261,11 +262,7 @@ class CommscopeApp(App):
         with self.feed.lock:
             for r in m.rank_ids():
                 rt = m.ranks[r]
-                if rt.n == 0:
-                    continue
-                order = rt.order()
-                keep = (m.sig_flags(rt.sig[order]) & (NESTED | CONTAINER)) == 0
-                order = order[keep]
+                order = top_level_ops(m, r)
                 order = order[rt.begin[order] <= now] if self.feed.mode == REPLAY else order
                 if order.shape[0] and (best is None or int(rt.begin[order[-1]]) > best[0]):
                     best = (int(rt.begin[order[-1]]), r, int(order[-1]))
@@ -481,15 +478,10 @@ class CommscopeApp(App):
         best: tuple[int, int, int] | None = None
         with self.feed.lock:
             for r in m.rank_ids():
-                rt = m.ranks[r]
-                if rt.n == 0:
-                    continue
-                order = rt.order()
-                begins = rt.begin[order]
-                keep = (m.sig_flags(rt.sig[order]) & (NESTED | CONTAINER)) == 0
-                order, begins = order[keep], begins[keep]
+                order = top_level_ops(m, r)
                 if order.shape[0] == 0:
                     continue
+                begins = m.ranks[r].begin[order]
                 j = int(np.searchsorted(begins, self.cursor_ns, side="right")) if forward else \
                     int(np.searchsorted(begins, self.cursor_ns, side="left")) - 1
                 if 0 <= j < order.shape[0]:

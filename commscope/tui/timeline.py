@@ -30,7 +30,7 @@ from textual.strip import Strip
 
 from commscope.analysis.columns import I64_MAX
 from commscope.analysis.model import APPROX, ASYNC, CONTAINER, FR, NESTED, P2P, SPACE_FR
-from commscope.analysis.rankstate import rank_state
+from commscope.analysis.rankstate import rank_state, top_level_ops
 from commscope.tui import palette
 from commscope.tui.feed import REPLAY
 
@@ -349,13 +349,8 @@ class Timeline(ScrollView, can_focus=True):
         if rank is None:
             return
         m = self.model
-        rt = m.ranks.get(rank)
-        if rt is None or rt.n == 0:
-            return
-        order = rt.order()
-        begins = rt.begin[order]
-        keep = (m.sig_flags(rt.sig[order]) & (NESTED | CONTAINER)) == 0
-        order, begins = order[keep], begins[keep]
+        order = top_level_ops(m, rank)
+        begins = m.ranks[rank].begin[order] if order.shape[0] else order
         n = order.shape[0]
         if n == 0:
             return
