@@ -8,6 +8,7 @@ import time
 import psutil
 import pytest
 
+from commscope.scenarios import SCENARIOS, DemoJob
 from commscope.tui.demo_app import DemoApp, ScenarioPicker
 
 pytestmark = pytest.mark.timeout(180)
@@ -31,7 +32,7 @@ async def until(pilot, cond, timeout: float = 60.0) -> None:
 
 
 def test_picker_starts_stops_and_switches_scenarios_without_orphans(tmp_path):
-    app = DemoApp(ranks=3, store=str(tmp_path), bell=False, job_options={"pace": 0.2, "steps": 40})
+    app = DemoApp(scenarios=SCENARIOS, job_factory=DemoJob, ranks=3, store=str(tmp_path), bell=False, job_options={"pace": 0.2, "steps": 40})
     all_pids: list[int] = []
 
     async def run():
@@ -72,7 +73,7 @@ def test_picker_starts_stops_and_switches_scenarios_without_orphans(tmp_path):
 
 
 def test_unknown_backend_errors_are_shown_not_raised(tmp_path):
-    app = DemoApp(scenario="pipeline", ranks=2, backend="nccl", store=str(tmp_path), bell=False)
+    app = DemoApp(scenarios=SCENARIOS, job_factory=DemoJob, scenario="pipeline", ranks=2, backend="nccl", store=str(tmp_path), bell=False)
     shown: list[str] = []
     real = app.notify
     app.notify = lambda message, **kw: (shown.append(message), real(message, **kw))

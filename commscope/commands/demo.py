@@ -53,10 +53,11 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     if args.backend == "nccl":
         _check_gpus(args)
+    from commscope.scenarios import SCENARIOS, DemoJob
     from commscope.tui.demo_app import DemoApp
 
-    DemoApp(scenario=args.scenario, ranks=args.ranks, backend=args.backend, store=args.store,
-            hang_after=args.hang_after).run()
+    DemoApp(scenarios=SCENARIOS, job_factory=DemoJob, scenario=args.scenario, ranks=args.ranks,
+            backend=args.backend, store=args.store, hang_after=args.hang_after).run()
     return 0
 
 

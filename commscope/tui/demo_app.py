@@ -133,16 +133,17 @@ class DemoApp(CommscopeApp):
         Binding("R", "restart_demo", "Restart demo"),
     ]
 
-    def __init__(self, *, scenario: str | None = None, ranks: int | None = None, backend: str = "gloo",
-                 store: str | None = None, hang_after: float = 3.0, scenarios: dict[str, Any] | None = None,
-                 job_factory: Any = None, job_options: dict[str, Any] | None = None, **kwargs: Any):
-        from commscope import scenarios as sc_mod
+    def __init__(self, *, scenarios: dict[str, Any], job_factory: Any, scenario: str | None = None,
+                 ranks: int | None = None, backend: str = "gloo", store: str | None = None, hang_after: float = 3.0,
+                 job_options: dict[str, Any] | None = None, **kwargs: Any):
+        """``scenarios`` (name -> scenario) and ``job_factory`` (``scenarios.DemoJob``) come
+        from the caller (``commands/demo.py``): the console does not import the workloads."""
         from commscope.launch import warm_up
 
         warm_up()  # before Textual takes over stderr, which multiprocessing's spawns need
         super().__init__(Feed(EmptyReader("commscope demo"), mode=LIVE, source="commscope demo"), **kwargs)
-        self.scenarios = scenarios if scenarios is not None else sc_mod.SCENARIOS
-        self.job_factory = job_factory or sc_mod.DemoJob
+        self.scenarios = scenarios
+        self.job_factory = job_factory
         self.job_options = dict(job_options or {})  # e.g. pace/steps for quick runs
         self.first = scenario
         self.ranks = ranks
