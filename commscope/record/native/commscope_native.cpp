@@ -742,9 +742,32 @@ std::map<std::pair<PyObject*, int>, int32_t>* g_sites = nullptr;   // (code, las
 std::vector<std::tuple<int32_t, PyObject*, int>>* g_new_sites = nullptr;
 constexpr size_t kMaxCodes = 50000, kMaxSites = 100000;
 
+// The op ids a Work (or varlen handle) stands for: nearly always one, kept inline (no
+// allocation per async op).
+struct OpIds {
+  uint64_t one = 0;
+  std::vector<uint64_t> many;  // all of them, once there is more than one
+  uint32_t n = 0;
+  OpIds() = default;
+  explicit OpIds(uint64_t id) : one(id), n(1) {}
+  void push_back(uint64_t id) {
+    if (n == 0) {
+      one = id;
+    } else {
+      if (n == 1) many.push_back(one);
+      many.push_back(id);
+    }
+    n++;
+  }
+  const uint64_t* begin() const { return n <= 1 ? &one : many.data(); }
+  const uint64_t* end() const { return begin() + n; }
+  bool empty() const { return n == 0; }
+  uint64_t operator[](size_t i) const { return begin()[i]; }
+};
+
 struct Tracked {
   PyObject* ref;  // weakref to the Work (or varlen handle)
-  std::vector<uint64_t> ids;
+  OpIds ids;
 };
 std::unordered_map<PyObject*, Tracked>* g_tracked = nullptr;
 std::vector<uint64_t>* g_unwaited_lost = nullptr;  // collected without a wait
@@ -922,7 +945,7 @@ void record_exit(Frame& fr, bool error, const std::string& text) {
   S->inflight.erase(fr.id);
 }
 
-void track_work(PyObject* work, std::vector<uint64_t> ids) {
+void track_work(PyObject* work, OpIds ids) {
   if (g_tracked->size() >= kMaxTracked) {  // forget collected ones: they were never waited on
     for (auto it = g_tracked->begin(); it != g_tracked->end();) {
       if (PyWeakref_GetObject(it->second.ref) == Py_None) {
@@ -999,7 +1022,7 @@ PyObject* wrapper_vectorcall(PyObject* self_, PyObject* const* args, size_t narg
     Py_DECREF(cb);
   }
   if (done.child_seen && g_work_type != nullptr && PyObject_TypeCheck(ret, (PyTypeObject*)g_work_type))
-    track_work(ret, {done.id});
+    track_work(ret, OpIds(done.id));
   return ret;
 }
 
@@ -1073,7 +1096,7 @@ PyObject* wait_vectorcall(PyObject* self_, PyObject* const* args, size_t nargsf,
   auto it = g_tracked->find(args[0]);
   if (it == g_tracked->end() || PyWeakref_GetObject(it->second.ref) != args[0])
     return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
-  std::vector<uint64_t> ids = std::move(it->second.ids);
+  OpIds ids = std::move(it->second.ids);
   Py_DECREF(it->second.ref);
   g_tracked->erase(it);
   const uint64_t tid = thread_id();
@@ -1553,7 +1576,7 @@ PyObject* py_track(PyObject*, PyObject* args) {
   if (!PyArg_ParseTuple(args, "OO", &work, &ids)) return nullptr;
   PyObject* seq = PySequence_Fast(ids, "ids must be a sequence");
   if (seq == nullptr) return nullptr;
-  std::vector<uint64_t> v;
+  OpIds v;
   for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
     unsigned long long x = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
     if (PyErr_Occurred()) {
