@@ -19,6 +19,14 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+// CPython 3.11: the call site is read from the interpreter's own frames, so the hot path
+// never materializes a frame object (an allocation, and a copy when the frame exits).
+#define Py_BUILD_CORE
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#define COMMSCOPE_INTERPRETER_FRAMES 1
+#endif
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -29,7 +37,9 @@
 #include <pthread.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -141,6 +151,44 @@ struct OpSpec {
   }
 };
 
+// ---------------------------------------------------------------- byte buffers
+// A growable byte buffer that never zero-fills what it hands out (std::vector::resize
+// does, and is an out-of-line call per record on the hot path).
+struct ByteBuf {
+  uint8_t* p = nullptr;
+  size_t n = 0, cap = 0;
+  ByteBuf() = default;
+  ByteBuf(const ByteBuf&) = delete;
+  ByteBuf& operator=(const ByteBuf&) = delete;
+  ~ByteBuf() { std::free(p); }
+  uint8_t* data() { return p; }
+  const uint8_t* data() const { return p; }
+  size_t size() const { return n; }
+  bool empty() const { return n == 0; }
+  size_t capacity() const { return cap; }
+  void clear() { n = 0; }
+  bool reserve(size_t c) {
+    if (c <= cap) return true;
+    void* q = std::realloc(p, c);
+    if (q == nullptr) return false;
+    p = static_cast<uint8_t*>(q);
+    cap = c;
+    return true;
+  }
+  // k more bytes at the end (uninitialised), or nullptr when memory ran out.
+  uint8_t* grow(size_t k) {
+    if (n + k > cap && !reserve(std::max(cap * 2, std::max(n + k, size_t(256))))) return nullptr;
+    uint8_t* at = p + n;
+    n += k;
+    return at;
+  }
+  void swap(ByteBuf& o) {
+    std::swap(p, o.p);
+    std::swap(n, o.n);
+    std::swap(cap, o.cap);
+  }
+};
+
 // ---------------------------------------------------------------- shared state
 struct Inflight {
   int64_t ts;
@@ -195,7 +243,8 @@ struct PendingDevice {
 
 struct State {
   std::mutex mu;
-  std::vector<uint8_t> buf;
+  ByteBuf buf;
+  ByteBuf spare;  // the buffer the thread drained last, kept for the next swap (no allocation per tick)
   size_t cap = 16u << 20;
   uint64_t dropped = 0;        // records that did not fit
   uint64_t dropped_total = 0;
@@ -206,7 +255,7 @@ struct State {
   std::unordered_map<std::string, int32_t> gid_by_name;
   std::vector<std::pair<int32_t, std::string>> new_groups;
   // sequence numbers: per group for collectives, per (group, peer, direction) for p2p
-  std::unordered_map<int32_t, int64_t> coll_seq;
+  std::vector<int64_t> coll_seq;  // by group id (dense, small)
   std::map<std::tuple<int32_t, int32_t, int8_t>, int64_t> p2p_seq;
   InflightTable inflight;
   std::vector<PendingDevice> device_pending;
@@ -235,22 +284,19 @@ struct Frame {
   std::vector<uint64_t> children;  // containers: their p2p ops
   std::vector<uint64_t> nested;    // nested traffic: ends at the latest when a synchronous call returns
 };
-thread_local std::vector<Frame> t_frames;
-thread_local int t_native_depth = 0;  // >0 while inside our kernel (nested dispatches)
-thread_local uint64_t t_native_id = 0;
+struct Frame;
 
 // ---------------------------------------------------------------- buffer writes (under S->mu)
 inline uint8_t* reserve(size_t n) {
   auto& b = S->buf;
-  if (b.size() + n > S->cap) {
+  uint8_t* p = b.size() + n > S->cap ? nullptr : b.grow(n);
+  if (p == nullptr) {
     S->dropped++;
     S->dropped_total++;
     return nullptr;
   }
-  size_t at = b.size();
-  b.resize(at + n);
   S->records++;
-  return b.data() + at;
+  return p;
 }
 
 inline void put_header(uint8_t* p, uint8_t type, uint8_t flags, uint32_t len, int64_t ts, uint64_t id,
@@ -297,7 +343,11 @@ int32_t group_id_by_name_locked(const std::string& name) {
 }
 
 int64_t next_seq_locked(int32_t gid, Dir dir, int32_t peer) {
-  if (dir == DIR_NONE) return ++S->coll_seq[gid];
+  if (dir == DIR_NONE) {
+    auto& seqs = S->coll_seq;
+    if (size_t(gid) >= seqs.size()) seqs.resize(size_t(gid) + 1, 0);
+    return ++seqs[size_t(gid)];
+  }
   if (peer < 0) return -1;  // any-source recv: numbered once its source is known
   return ++S->p2p_seq[std::make_tuple(gid, peer, int8_t(dir == DIR_SEND ? DIR_SEND : DIR_RECV))];
 }
@@ -306,7 +356,7 @@ int64_t next_seq_locked(int32_t gid, Dir dir, int32_t peer) {
 // A side's tensors, encoded as they are read: per tensor u8 dtype, u8 ndim, i64 dims[ndim],
 // into a buffer the thread reuses (no allocation per call once warm).
 struct Side {
-  std::vector<uint8_t>* enc;
+  ByteBuf* enc;
   uint32_t count = 0;     // tensors passed
   uint16_t described = 0; // tensors encoded (capped)
   int64_t bytes = 0;
@@ -320,9 +370,11 @@ struct Side {
     described++;
     auto s = t.sizes();
     size_t nd = s.size() > 255 ? 255 : s.size();
-    size_t at = enc->size();
-    enc->resize(at + 2 + 8 * nd);
-    uint8_t* p = enc->data() + at;
+    uint8_t* p = enc->grow(2 + 8 * nd);
+    if (p == nullptr) {
+      described--;
+      return;
+    }
     p[0] = uint8_t(int8_t(t.scalar_type()));
     p[1] = uint8_t(nd);
     std::memcpy(p + 2, s.data(), 8 * nd);
@@ -336,8 +388,42 @@ struct Side {
   }
 };
 
-thread_local std::vector<uint8_t> t_enc_in, t_enc_out;
-thread_local std::string t_sig_key;
+// Everything a thread keeps for itself, in one block reached through one plain pointer:
+// each C++ thread_local of a dlopen'ed module costs a __tls_get_addr call per use (and a
+// guard check for those with constructors), dozens per op.
+struct Tls {
+  std::vector<Frame> frames;  // the wrapped calls this thread is inside
+  int native_depth = 0;       // >0 while inside our kernel (nested dispatches)
+  uint64_t native_id = 0;
+  ByteBuf enc_in, enc_out;    // tensor descriptions of the op being observed
+  std::string sig_key;
+  std::string last_sig_key;   // the thread's last signature and its id: a loop repeats it
+  uint32_t last_sid = 0;
+  const void* last_schema = nullptr;  // spec_of's cache
+  const OpSpec* last_spec = nullptr;
+  PyObject* internal_code = nullptr;  // code_internal's cache (held by g_code_internal)
+  int internal_value = 0;
+  PyObject* site_code = nullptr;  // site_id's cache
+  int site_lasti = -1;
+  int32_t site_sid = -1;
+};
+thread_local Tls* t_tls = nullptr;  // trivially initialised: no guard
+pthread_key_t g_tls_key;
+
+void tls_free(void* p) {
+  t_tls = nullptr;
+  delete static_cast<Tls*>(p);
+}
+
+inline Tls& tls() {
+  Tls* t = t_tls;
+  if (__builtin_expect(t == nullptr, 0)) {
+    t = new Tls();
+    t_tls = t;
+    pthread_setspecific(g_tls_key, t);  // freed when the thread exits
+  }
+  return *t;
+}
 constexpr uint32_t kNoSig = 0xFFFFFFFFu;
 constexpr size_t kMaxSigs = 100000;
 
@@ -394,16 +480,14 @@ const T* custom_ptr(const c10::IValue& v) {
   return static_cast<const T*>(static_cast<const torch::CustomClassHolder*>(slots[0].internalToPointer()));
 }
 
-const OpSpec* spec_of(const c10::OperatorHandle& op) {
+const OpSpec* spec_of(Tls& T, const c10::OperatorHandle& op) {
   // One lookup per operator per thread: the schema object outlives the registration.
-  thread_local const void* last_schema = nullptr;
-  thread_local const OpSpec* last_spec = nullptr;
   const void* key = &op.schema();
-  if (key == last_schema) return last_spec;
+  if (key == T.last_schema) return T.last_spec;
   auto it = g_specs->find(op.schema().name());
   const OpSpec* spec = it == g_specs->end() ? nullptr : &it->second;
-  last_schema = key;
-  last_spec = spec;
+  T.last_schema = key;
+  T.last_spec = spec;
   return spec;
 }
 
@@ -413,7 +497,8 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
     op.redispatchBoxed(next, stack);
     return;
   }
-  const OpSpec* spec = spec_of(op);
+  Tls& T = tls();
+  const OpSpec* spec = spec_of(T, op);
   const size_t nargs = op.schema().arguments().size();
   if (spec == nullptr || stack->size() < nargs || spec->max_arg >= int(nargs)) {
     op.redispatchBoxed(next, stack);
@@ -423,9 +508,9 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
   const c10::IValue* args = stack->data() + (stack->size() - nargs);
 
   // What moves, on which group (no lock needed: only this call's arguments).
-  t_enc_in.clear();
-  t_enc_out.clear();
-  Side in{&t_enc_in}, out{&t_enc_out};
+  T.enc_in.clear();
+  T.enc_out.clear();
+  Side in{&T.enc_in}, out{&T.enc_out};
   const c10d::ProcessGroup* pg = nullptr;
   int32_t root = -1, peer = -1;
   int16_t redop = -1;
@@ -453,12 +538,12 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
   const int8_t device = in.device >= 0 ? in.device : out.device;
 
   // Who issued it.
-  Frame* frame = t_frames.empty() ? nullptr : &t_frames.back();
+  Frame* frame = T.frames.empty() ? nullptr : &T.frames.back();
   uint8_t role = ROLE_TOP;
   uint64_t parent = 0;
-  if (t_native_depth > 0) {
+  if (T.native_depth > 0) {
     role = ROLE_NESTED;
-    parent = t_native_id;
+    parent = T.native_id;
   } else if (frame != nullptr) {
     parent = frame->id;
     if (frame->kind == KIND_CONTAINER)
@@ -490,7 +575,7 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
     if (role == ROLE_CHILD) frame->children.push_back(id);
     if (role == ROLE_NESTED && ends_at_completion) {
       S->open_nested.insert(id);
-      if (frame != nullptr && t_native_depth == 0) frame->nested.push_back(id);
+      if (frame != nullptr && T.native_depth == 0) frame->nested.push_back(id);
     }
     int64_t ts = merged ? frame->ts : now_ns();
     uint8_t flags = ((async_op || (frame && frame->async_hint && role == ROLE_MERGED)) ? FLAG_ASYNC : 0) |
@@ -514,17 +599,26 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
     b.ntensors_out = out.count;
     b.bytes_in = in.bytes;
     b.bytes_out = out.bytes;
-    std::string& key = t_sig_key;
+    std::string& key = T.sig_key;
     key.clear();
     key.push_back(char(flags));
     key.push_back(char(spec->dir));
     key.append(reinterpret_cast<const char*>(&b), sizeof b);
-    key.append(reinterpret_cast<const char*>(t_enc_in.data()), t_enc_in.size());
-    key.append(reinterpret_cast<const char*>(t_enc_out.data()), t_enc_out.size());
-    auto sit = S->sigs.find(key);
-    uint32_t sid = sit != S->sigs.end() ? sit->second : (S->sigs.size() < kMaxSigs ? uint32_t(S->sigs.size()) : kNoSig);
+    key.append(reinterpret_cast<const char*>(T.enc_in.data()), T.enc_in.size());
+    key.append(reinterpret_cast<const char*>(T.enc_out.data()), T.enc_out.size());
+    uint32_t sid = kNoSig;
+    bool fresh = false;
+    const bool repeat = key == T.last_sig_key;
+    if (repeat) {  // signatures are never forgotten: the id stays valid
+      sid = T.last_sid;
+    } else {
+      auto sit = S->sigs.find(key);
+      if (sit != S->sigs.end())
+        sid = sit->second;
+      else if (S->sigs.size() < kMaxSigs)
+        sid = uint32_t(S->sigs.size()), fresh = true;
+    }
     if (sid != kNoSig) {
-      const bool fresh = sit == S->sigs.end();
       const size_t sig_len = sizeof(Header) + key.size() - 2;
       const size_t len = sizeof(Header) + sizeof(SigBeginBody);
       uint8_t* p = reserve(len + (fresh ? sig_len : 0));  // a signature is never written without its begin
@@ -535,12 +629,16 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
           S->sigs.emplace(key, sid);
           p += sig_len;
         }
+        if (!repeat) {
+          T.last_sig_key = key;
+          T.last_sid = sid;
+        }
         put_header(p, REC_BEGIN_SIG, 0, uint32_t(len), ts, id);
         SigBeginBody sb{sid, seq, rec_parent, thread_id()};
         std::memcpy(p + sizeof(Header), &sb, sizeof sb);
       }
     } else {  // the signature table is full: self-contained begins
-      size_t len = sizeof(Header) + sizeof(BeginBody) + t_enc_in.size() + t_enc_out.size();
+      size_t len = sizeof(Header) + sizeof(BeginBody) + T.enc_in.size() + T.enc_out.size();
       uint8_t* p = reserve(len);
       if (p) {
         put_header(p, REC_BEGIN, flags, uint32_t(len), ts, id, uint16_t(spec->dir));
@@ -549,32 +647,32 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
         b.seq = seq;
         std::memcpy(p + sizeof(Header), &b, sizeof b);
         uint8_t* q = p + sizeof(Header) + sizeof b;
-        if (!t_enc_in.empty()) std::memcpy(q, t_enc_in.data(), t_enc_in.size());
-        if (!t_enc_out.empty()) std::memcpy(q + t_enc_in.size(), t_enc_out.data(), t_enc_out.size());
+        if (!T.enc_in.empty()) std::memcpy(q, T.enc_in.data(), T.enc_in.size());
+        if (!T.enc_out.empty()) std::memcpy(q + T.enc_in.size(), T.enc_out.data(), T.enc_out.size());
       }
     }
     if (role != ROLE_NESTED && role != ROLE_CHILD)
       S->inflight.put(id, Inflight{ts, thread_id(), rec_parent, false, false});
   }
 
-  const uint64_t outer_id = t_native_id;
-  t_native_depth++;
-  t_native_id = id;
+  const uint64_t outer_id = T.native_id;
+  T.native_depth++;
+  T.native_id = id;
   try {
     op.redispatchBoxed(next, stack);
   } catch (const std::exception& e) {
-    t_native_depth--;
-    t_native_id = outer_id;
+    T.native_depth--;
+    T.native_id = outer_id;
     if (ends_at_completion) on_completed(id, role, true, e.what(), false);
     throw;
   } catch (...) {
-    t_native_depth--;
-    t_native_id = outer_id;
+    T.native_depth--;
+    T.native_id = outer_id;
     if (ends_at_completion) on_completed(id, role, true, "unknown error", false);
     throw;
   }
-  t_native_depth--;
-  t_native_id = outer_id;
+  T.native_depth--;
+  T.native_id = outer_id;
 
   // Completion.
   const bool any_source = spec->dir == DIR_RECV_ANY;
@@ -644,9 +742,32 @@ std::map<std::pair<PyObject*, int>, int32_t>* g_sites = nullptr;   // (code, las
 std::vector<std::tuple<int32_t, PyObject*, int>>* g_new_sites = nullptr;
 constexpr size_t kMaxCodes = 50000, kMaxSites = 100000;
 
+// The op ids a Work (or varlen handle) stands for: nearly always one, kept inline (no
+// allocation per async op).
+struct OpIds {
+  uint64_t one = 0;
+  std::vector<uint64_t> many;  // all of them, once there is more than one
+  uint32_t n = 0;
+  OpIds() = default;
+  explicit OpIds(uint64_t id) : one(id), n(1) {}
+  void push_back(uint64_t id) {
+    if (n == 0) {
+      one = id;
+    } else {
+      if (n == 1) many.push_back(one);
+      many.push_back(id);
+    }
+    n++;
+  }
+  const uint64_t* begin() const { return n <= 1 ? &one : many.data(); }
+  const uint64_t* end() const { return begin() + n; }
+  bool empty() const { return n == 0; }
+  uint64_t operator[](size_t i) const { return begin()[i]; }
+};
+
 struct Tracked {
   PyObject* ref;  // weakref to the Work (or varlen handle)
-  std::vector<uint64_t> ids;
+  OpIds ids;
 };
 std::unordered_map<PyObject*, Tracked>* g_tracked = nullptr;
 std::vector<uint64_t>* g_unwaited_lost = nullptr;  // collected without a wait
@@ -660,15 +781,13 @@ int frame_lasti(PyFrameObject* f) {
 #endif
 }
 
-int code_internal(PyObject* code) {
-  thread_local PyObject* last_code = nullptr;  // held by g_code_internal once cached
-  thread_local int last_internal = 0;
-  if (code == last_code) return last_internal;
+int code_internal(Tls& T, PyObject* code) {
+  if (code == T.internal_code) return T.internal_value;  // held by g_code_internal once cached
   auto it = g_code_internal->find(code);
   if (it != g_code_internal->end()) {
-    last_code = code;
-    last_internal = it->second;
-    return last_internal;
+    T.internal_code = code;
+    T.internal_value = it->second;
+    return T.internal_value;
   }
   int internal = 0;
   if (g_is_internal != nullptr) {
@@ -687,12 +806,9 @@ int code_internal(PyObject* code) {
   return internal;
 }
 
-int32_t site_id(PyObject* code, int lasti) {
+int32_t site_id(Tls& T, PyObject* code, int lasti) {
   // A training loop calls from the same place again and again: remember the last one.
-  thread_local PyObject* last_code = nullptr;
-  thread_local int last_lasti = -1;
-  thread_local int32_t last_sid = -1;
-  if (code == last_code && lasti == last_lasti) return last_sid;
+  if (code == T.site_code && lasti == T.site_lasti) return T.site_sid;
   auto key = std::make_pair(code, lasti);
   auto it = g_sites->find(key);
   int32_t sid;
@@ -705,21 +821,36 @@ int32_t site_id(PyObject* code, int lasti) {
     g_sites->emplace(key, sid);
     g_new_sites->emplace_back(sid, code, lasti);
   }
-  last_code = code;
-  last_lasti = lasti;
-  last_sid = sid;
+  T.site_code = code;
+  T.site_lasti = lasti;
+  T.site_sid = sid;
   return sid;
 }
 
 // The first frame outside torch and commscope, as a site id.
-int32_t current_site() {
+int32_t current_site(Tls& T) {
+#ifdef COMMSCOPE_INTERPRETER_FRAMES
+  // What PyEval_GetFrame/PyFrame_GetBack walk, without making frame objects.
+  PyThreadState* ts = PyThreadState_Get();
+  int depth = 0;
+  for (_PyInterpreterFrame* f = ts->cframe->current_frame; f != nullptr && depth < 128; f = f->previous) {
+    if (_PyFrame_IsIncomplete(f)) continue;
+    depth++;
+    PyObject* code = (PyObject*)f->f_code;  // held by the frame, which outlives this call
+    if (!code_internal(T, code)) {
+      int lasti = _PyInterpreterFrame_LASTI(f);
+      return site_id(T, code, lasti < 0 ? -1 : lasti * int(sizeof(_Py_CODEUNIT)));  // as PyFrame_GetLasti
+    }
+  }
+  return -1;
+#else
   PyFrameObject* f = PyEval_GetFrame();  // borrowed: the caller of the wrapper
   if (f == nullptr) return -1;
   Py_INCREF(f);
   for (int depth = 0; f != nullptr && depth < 128; depth++) {
     PyCodeObject* code = PyFrame_GetCode(f);  // new reference
-    if (!code_internal((PyObject*)code)) {
-      int32_t sid = site_id((PyObject*)code, frame_lasti(f));
+    if (!code_internal(T, (PyObject*)code)) {
+      int32_t sid = site_id(T, (PyObject*)code, frame_lasti(f));
       Py_DECREF(code);
       Py_DECREF(f);
       return sid;
@@ -731,6 +862,7 @@ int32_t current_site() {
   }
   Py_XDECREF(f);
   return -1;
+#endif
 }
 
 // "Type: message" of the exception being raised, leaving it raised.
@@ -813,7 +945,7 @@ void record_exit(Frame& fr, bool error, const std::string& text) {
   S->inflight.erase(fr.id);
 }
 
-void track_work(PyObject* work, std::vector<uint64_t> ids) {
+void track_work(PyObject* work, OpIds ids) {
   if (g_tracked->size() >= kMaxTracked) {  // forget collected ones: they were never waited on
     for (auto it = g_tracked->begin(); it != g_tracked->end();) {
       if (PyWeakref_GetObject(it->second.ref) == Py_None) {
@@ -858,22 +990,24 @@ PyObject* wrapper_vectorcall(PyObject* self_, PyObject* const* args, size_t narg
   // collectives are that call's nested traffic: no frame of its own.  Only a call that
   // merely lends its call site (ANNOTATE: torch's internal entry points) lets a wrapped
   // torch.distributed call inside it be an op of its own.
-  if (!g_active.load(std::memory_order_relaxed) ||
-      (!t_frames.empty() && (t_frames.back().kind != KIND_ANNOTATE || self->kind == KIND_ANNOTATE)))
+  if (!g_active.load(std::memory_order_relaxed)) return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+  Tls& T = tls();
+  auto& frames = T.frames;
+  if (!frames.empty() && (frames.back().kind != KIND_ANNOTATE || self->kind == KIND_ANNOTATE))
     return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
   Frame fr;
   fr.id = S->next_id.fetch_add(1, std::memory_order_relaxed);
   fr.name = self->name;
-  fr.site = current_site();
+  fr.site = current_site(T);
   fr.ts = now_ns();
-  fr.parent = t_frames.empty() ? 0 : t_frames.back().id;
+  fr.parent = frames.empty() ? 0 : frames.back().id;
   fr.kind = self->kind;
   fr.async_hint = self->async_hint;
   fr.child_seen = false;
-  t_frames.push_back(std::move(fr));
+  frames.push_back(std::move(fr));
   PyObject* ret = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
-  Frame done = std::move(t_frames.back());
-  t_frames.pop_back();
+  Frame done = std::move(frames.back());  // the same thread's block: still valid
+  frames.pop_back();
   if (ret == nullptr) {
     record_exit(done, true, exception_text());
     return nullptr;
@@ -888,7 +1022,7 @@ PyObject* wrapper_vectorcall(PyObject* self_, PyObject* const* args, size_t narg
     Py_DECREF(cb);
   }
   if (done.child_seen && g_work_type != nullptr && PyObject_TypeCheck(ret, (PyTypeObject*)g_work_type))
-    track_work(ret, {done.id});
+    track_work(ret, OpIds(done.id));
   return ret;
 }
 
@@ -962,7 +1096,7 @@ PyObject* wait_vectorcall(PyObject* self_, PyObject* const* args, size_t nargsf,
   auto it = g_tracked->find(args[0]);
   if (it == g_tracked->end() || PyWeakref_GetObject(it->second.ref) != args[0])
     return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
-  std::vector<uint64_t> ids = std::move(it->second.ids);
+  OpIds ids = std::move(it->second.ids);
   Py_DECREF(it->second.ref);
   g_tracked->erase(it);
   const uint64_t tid = thread_id();
@@ -1145,9 +1279,11 @@ PyObject* py_set_active(PyObject*, PyObject* arg) {
 
 // Takes every record appended since the last call (leaving a fresh buffer behind), with
 // their count and the records dropped since then; the appenders wait only for the swap.
-void take_buffer(std::vector<uint8_t>& out, uint64_t& records, uint64_t& dropped) {
+void take_buffer(ByteBuf& out, uint64_t& records, uint64_t& dropped) {
   std::lock_guard<std::mutex> g(S->mu);
   out.swap(S->buf);
+  S->buf.swap(S->spare);  // the buffer drained last time, emptied
+  S->buf.clear();
   S->buf.reserve(out.capacity() < (64u << 10) ? (64u << 10) : std::min(out.capacity(), S->cap));
   dropped = S->dropped;
   records = S->records;
@@ -1155,24 +1291,40 @@ void take_buffer(std::vector<uint8_t>& out, uint64_t& records, uint64_t& dropped
   S->records = 0;
 }
 
+// The drained buffer goes back as the next spare (its memory is reused, not freed).
+void give_back(ByteBuf& out) {
+  out.clear();
+  std::lock_guard<std::mutex> g(S->mu);
+  if (S->spare.capacity() < out.capacity()) S->spare.swap(out);
+}
+
 PyObject* py_drain(PyObject*, PyObject*) {
-  std::vector<uint8_t> out;
+  ByteBuf out;
   uint64_t dropped, records;
   take_buffer(out, records, dropped);
   PyObject* data = PyBytes_FromStringAndSize((const char*)out.data(), Py_ssize_t(out.size()));
+  give_back(out);
   if (data == nullptr) return nullptr;
   return Py_BuildValue("(NKK)", data, (unsigned long long)records, (unsigned long long)dropped);
 }
 
 void base64_encode(const uint8_t* in, size_t n, char* out) {
   static const char T[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  // Two output characters per lookup (12 bits of input): half the lookups and stores.
+  static const uint16_t* T2 = [] {
+    auto* t = new uint16_t[4096];
+    for (int x = 0; x < 4096; x++) {
+      char two[2] = {T[x >> 6], T[x & 63]};
+      std::memcpy(&t[x], two, 2);
+    }
+    return t;
+  }();
   size_t i = 0;
   for (; i + 3 <= n; i += 3) {
     uint32_t v = (uint32_t(in[i]) << 16) | (uint32_t(in[i + 1]) << 8) | in[i + 2];
-    *out++ = T[v >> 18];
-    *out++ = T[(v >> 12) & 63];
-    *out++ = T[(v >> 6) & 63];
-    *out++ = T[v & 63];
+    std::memcpy(out, &T2[v >> 12], 2);
+    std::memcpy(out + 2, &T2[v & 0xFFF], 2);
+    out += 4;
   }
   if (i < n) {
     uint32_t v = uint32_t(in[i]) << 16;
@@ -1191,21 +1343,28 @@ PyObject* py_drain_block(PyObject*, PyObject* args) {
   long long rank, ts;
   int version;
   if (!PyArg_ParseTuple(args, "LLi", &rank, &ts, &version)) return nullptr;
-  std::vector<uint8_t> out;
+  ByteBuf out;
   uint64_t dropped, records;
   take_buffer(out, records, dropped);
-  if (out.empty()) return Py_BuildValue("(OKK)", Py_None, 0ULL, (unsigned long long)dropped);
+  if (out.empty()) {
+    give_back(out);
+    return Py_BuildValue("(OKK)", Py_None, 0ULL, (unsigned long long)dropped);
+  }
   char prefix[160];
   int np = snprintf(prefix, sizeof prefix, "{\"type\":\"block\",\"v\":%d,\"rank\":%lld,\"ts\":%lld,\"n\":%llu,\"data\":\"",
                     version, rank, ts, (unsigned long long)records);
   size_t b64 = 4 * ((out.size() + 2) / 3);
   PyObject* line = PyBytes_FromStringAndSize(nullptr, Py_ssize_t(np + b64 + 2));
-  if (line == nullptr) return nullptr;
+  if (line == nullptr) {
+    give_back(out);
+    return nullptr;
+  }
   char* dst = PyBytes_AS_STRING(line);  // nobody else sees it yet: filled without the GIL
   std::memcpy(dst, prefix, size_t(np));
   Py_BEGIN_ALLOW_THREADS
   base64_encode(out.data(), out.size(), dst + np);
   Py_END_ALLOW_THREADS
+  give_back(out);
   dst[np + b64] = '"';
   dst[np + b64 + 1] = '}';
   return Py_BuildValue("(NKK)", line, (unsigned long long)records, (unsigned long long)dropped);
@@ -1342,10 +1501,12 @@ PyObject* py_enter(PyObject*, PyObject* args) {
   const char* group;
   if (!PyArg_ParseTuple(args, "iiy#sii|p", &kind, &name, &frag, &frag_len, &group, &peer, &direction, &is_async))
     return nullptr;
+  Tls& T = tls();
+  auto& t_frames = T.frames;
   Frame fr;
   fr.id = S->next_id.fetch_add(1, std::memory_order_relaxed);
   fr.name = name;
-  fr.site = current_site();
+  fr.site = current_site(T);
   fr.ts = now_ns();
   fr.parent = t_frames.empty() ? 0 : t_frames.back().id;
   fr.kind = uint8_t(kind);
@@ -1384,6 +1545,7 @@ PyObject* py_exit(PyObject*, PyObject* args) {
   unsigned long long id;
   PyObject* text;
   if (!PyArg_ParseTuple(args, "KO", &id, &text)) return nullptr;
+  auto& t_frames = tls().frames;
   if (t_frames.empty() || t_frames.back().id != id) {
     PyErr_SetString(PyExc_RuntimeError, "commscope: exit() does not match the innermost enter()");
     return nullptr;
@@ -1414,7 +1576,7 @@ PyObject* py_track(PyObject*, PyObject* args) {
   if (!PyArg_ParseTuple(args, "OO", &work, &ids)) return nullptr;
   PyObject* seq = PySequence_Fast(ids, "ids must be a sequence");
   if (seq == nullptr) return nullptr;
-  std::vector<uint64_t> v;
+  OpIds v;
   for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
     unsigned long long x = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
     if (PyErr_Occurred()) {
@@ -1533,6 +1695,7 @@ PyMODINIT_FUNC PyInit_commscope_native(void) {
     g_tracked = new std::unordered_map<PyObject*, Tracked>();
     g_unwaited_lost = new std::vector<uint64_t>();
     pthread_atfork(nullptr, nullptr, after_fork_child);
+    pthread_key_create(&g_tls_key, tls_free);
   }
   WrapperType.tp_name = "commscope_native.Wrapper";
   WrapperType.tp_basicsize = sizeof(WrapperObject);
@@ -1550,7 +1713,9 @@ PyMODINIT_FUNC PyInit_commscope_native(void) {
   if (PyType_Ready(&WrapperType) < 0) return nullptr;
   WaitType.tp_name = "commscope_native.WaitWrapper";
   WaitType.tp_basicsize = sizeof(WaitObject);
-  WaitType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  // A method descriptor: ``work.wait()`` calls it with the Work as first argument, no
+  // bound method made per call.
+  WaitType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR;
   WaitType.tp_new = wait_new;
   WaitType.tp_dealloc = wait_dealloc;
   WaitType.tp_call = PyVectorcall_Call;
