@@ -26,12 +26,6 @@ MONITORED = ("RuntimeError: [Rank 0]: Rank 1 failed to pass monitoredBarrier in 
              "[../unbound_buffer.cc:78] Timed out waiting 998ms for recv operation to complete")
 
 
-def _warmup(b: TraceBuilder, n: int = 3) -> int:
-    t = b.t0 + S // 10
-    for _ in range(n):
-        t = b.collective(t, "all_reduce") + MS
-    return t
-
 
 def _stack(func: str, line: int = 30, *, inside: bool = False) -> list[dict]:
     frames = [["/job/train.py", 100, "<module>"], ["/job/train.py", line, func]]
@@ -42,7 +36,7 @@ def _stack(func: str, line: int = 30, *, inside: bool = False) -> list[dict]:
 
 def missing_ranks() -> TraceBuilder:
     b = TraceBuilder(4)
-    t = _warmup(b)
+    t = b.warmup()
     for r in (0, 1, 3):
         b.sync(r, t, None, "all_reduce")
     b.add(2, t + 2 * S + 300 * MS, "stack", reason="request", trigger=0, request_ns=t + 2 * S,
@@ -53,7 +47,7 @@ def missing_ranks() -> TraceBuilder:
 
 def mismatch() -> TraceBuilder:
     b = TraceBuilder(4)
-    t = _warmup(b)
+    t = b.warmup()
     for r in (0, 1, 3):
         b.sync(r, t, None, "all_reduce")
     b.sync(2, t, None, "broadcast", root=0)
@@ -63,7 +57,7 @@ def mismatch() -> TraceBuilder:
 
 def mismatch_tie() -> TraceBuilder:
     b = TraceBuilder(2)
-    t = _warmup(b)
+    t = b.warmup()
     a = b.sync(0, t, None, "all_reduce", shape=(10,))
     c = b.sync(1, t, None, "all_reduce", shape=(12,))
     b.end(0, a, t + MS, exc="RuntimeError: size mismatch")
@@ -75,7 +69,7 @@ def mismatch_tie() -> TraceBuilder:
 
 def mismatch_abort() -> TraceBuilder:
     b = TraceBuilder(3)
-    t = _warmup(b)
+    t = b.warmup()
     b.heartbeats(b.t0, t)
     b.add(0, t + 3 * MS, "stack", reason="signal", threads=_stack("step", 42, inside=True))
     b.exit(0, t + 3 * MS, reason="signal", signal="Aborted", exc="Fatal Python error: Aborted")
@@ -88,7 +82,7 @@ def mismatch_abort() -> TraceBuilder:
 
 def p2p_deadlock() -> TraceBuilder:
     b = TraceBuilder(3)
-    t = _warmup(b)
+    t = b.warmup()
     for r in range(3):
         i = b.sync(r, t + r * MS, None, "recv", peer=(r - 1) % 3, dir="recv", shape=(4,))
         b.add(r, t + 2 * S + 10 * MS, "stack", id=i, threads=_stack("stage", 30))
@@ -98,7 +92,7 @@ def p2p_deadlock() -> TraceBuilder:
 
 def unmatched_p2p() -> TraceBuilder:
     b = TraceBuilder(2)
-    t = _warmup(b)
+    t = b.warmup()
     b.sync(0, t, None, "send_tensors", peer=1, dir="send")
     b.exit(1, t + MS)
     b.heartbeats(t, t + 5 * S, ranks=[0])
@@ -107,7 +101,7 @@ def unmatched_p2p() -> TraceBuilder:
 
 def dead_rank() -> TraceBuilder:
     b = TraceBuilder(3)
-    t = _warmup(b)
+    t = b.warmup()
     b.heartbeats(t, t + 10 * S, ranks=[0, 1])
     b.heartbeats(t, t + 1 * S, ranks=[2])
     for r in (0, 1):
@@ -117,7 +111,7 @@ def dead_rank() -> TraceBuilder:
 
 def vanished() -> TraceBuilder:
     b = TraceBuilder(3)
-    t = _warmup(b)
+    t = b.warmup()
     b.heartbeats(b.t0, t)
     ids = {r: b.begin(r, t + MS, "all_reduce") for r in (0, 2)}
     for k, r in enumerate((0, 2)):
@@ -128,7 +122,7 @@ def vanished() -> TraceBuilder:
 
 def crashed() -> TraceBuilder:
     b = TraceBuilder(3)
-    t = _warmup(b)
+    t = b.warmup()
     b.heartbeats(b.t0, t)
     b.add(1, t + MS, "stack", reason="exception", threads=_stack("load_batch", 77))
     b.exit(1, t + 2 * MS, reason="exception", exc="ValueError: bad data")
@@ -141,7 +135,7 @@ def crashed() -> TraceBuilder:
 
 def segfault() -> TraceBuilder:
     b = TraceBuilder(3)
-    t = _warmup(b)
+    t = b.warmup()
     b.heartbeats(b.t0, t)
     b.add(1, t + MS, "stack", reason="signal", threads=_stack("parse", 12))
     b.exit(1, t + MS, reason="signal", signal="Segmentation fault", exc="Fatal Python error: Segmentation fault")
@@ -154,7 +148,7 @@ def segfault() -> TraceBuilder:
 
 def pg_timeout() -> TraceBuilder:
     b = TraceBuilder(3)
-    t = _warmup(b)
+    t = b.warmup()
     ids = {r: b.begin(r, t, "all_reduce") for r in (0, 2)}
     b.add(1, t + 3 * S + 400 * MS, "stack", reason="request", trigger=0, request_ns=t + 3 * S + 100 * MS,
           threads=_stack("spin_forever", 9))
@@ -168,7 +162,7 @@ def pg_timeout() -> TraceBuilder:
 
 def monitored_barrier() -> TraceBuilder:
     b = TraceBuilder(3)
-    t = _warmup(b)
+    t = b.warmup()
     for _ in range(2):  # two failed instances with the same blame: the later one counted
         ids = {r: b.begin(r, t, "monitored_barrier") for r in (0, 2)}
         b.end(0, ids[0], t + S, exc=MONITORED)
@@ -191,7 +185,7 @@ def straggler() -> TraceBuilder:
 
 def unwaited() -> TraceBuilder:
     b = TraceBuilder(2)
-    t = _warmup(b)
+    t = b.warmup()
     ids = [b.async_op(r, t, None, None, "all_reduce") for r in range(2)]
     b.exit(0, t + MS, unwaited=[ids[0], 999])
     b.exit(1, t + MS)
@@ -215,7 +209,7 @@ def incomplete() -> TraceBuilder:
 
 def flight_recorder() -> TraceBuilder:
     b = TraceBuilder(3)
-    t = _warmup(b)
+    t = b.warmup()
     for r in range(3):  # a Flight Recorder mismatch, and a Flight Recorder wait rank 2 never enters
         b.sync(r, t, t + MS, "all_reduce", seq=1, src="fr")
     b.sync(0, t + 2 * MS, None, "all_reduce", seq=2, src="fr")

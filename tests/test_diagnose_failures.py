@@ -26,12 +26,6 @@ RELAY = ("RuntimeError: Rank 2 successfully reached monitoredBarrier, but receiv
          "send/recv from rank 0. Please check rank 0 logs for faulty rank.\n Original exception: \n" + CLOSED)
 
 
-def warmup(b: TraceBuilder, n: int = 3) -> int:
-    t = b.t0 + S // 10
-    for _ in range(n):
-        t = b.collective(t, "all_reduce") + MS
-    return t
-
 
 def stack(func: str, line: int = 30, *, inside: bool = False) -> list[dict]:
     frames = [["/job/train.py", 100, "<module>"], ["/job/train.py", line, func]]
@@ -87,7 +81,7 @@ def test_stacks_fold_the_plumbing_and_keep_user_frames():
 
 # ---------------------------------------------------------------------- a rank killed
 def _killed(b: TraceBuilder, victim: int, *, entered: bool, survivors_exit: bool | None) -> int:
-    t = warmup(b)
+    t = b.warmup()
     b.heartbeats(b.t0, t)
     others = [r for r in range(b.world) if r != victim]
     if entered:
@@ -141,7 +135,7 @@ def test_four_ranks_blame_waits_until_the_bystander_is_heard_from():
     """Ranks 0 and 2 fail when rank 3 is killed; rank 1 sits in the same all_reduce and says
     nothing for a moment.  Until it does, either could have left: nobody is named."""
     b = TraceBuilder(4)
-    t = warmup(b)
+    t = b.warmup()
     b.heartbeats(b.t0, t)
     ids = {r: b.begin(r, t + MS, "all_reduce") for r in (0, 1, 2)}
     tf = t + 20 * MS
@@ -159,7 +153,7 @@ def test_four_ranks_blame_waits_until_the_bystander_is_heard_from():
 # ---------------------------------------------------------------------- a rank raising, crashing
 def test_python_exception_is_the_root_and_the_others_failures_its_consequence():
     b = TraceBuilder(3)
-    t = warmup(b)
+    t = b.warmup()
     b.heartbeats(b.t0, t)
     b.add(1, t + MS, "stack", reason="exception", threads=[dict(stack("load_batch", 77)[0])])
     b.exit(1, t + 2 * MS, reason="exception", exc="ValueError: bad data")
@@ -178,7 +172,7 @@ def test_python_exception_is_the_root_and_the_others_failures_its_consequence():
 
 def test_segfault_is_rank_crashed_with_its_signal_and_stack():
     b = TraceBuilder(3)
-    t = warmup(b)
+    t = b.warmup()
     b.heartbeats(b.t0, t)
     b.add(1, t + MS, "stack", reason="signal", threads=[dict(stack("parse", 12)[0])])
     b.exit(1, t + MS, reason="signal", signal="Segmentation fault", exc="Fatal Python error: Segmentation fault")
@@ -195,7 +189,7 @@ def test_segfault_is_rank_crashed_with_its_signal_and_stack():
 
 def test_local_failure_then_crash_is_one_finding():
     b = TraceBuilder(3)
-    t = warmup(b)
+    t = b.warmup()
     b.heartbeats(b.t0, t)
     i = b.begin(1, t, "all_gather")
     exc = "RuntimeError: ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected (12), got (8))"
@@ -213,7 +207,7 @@ def test_local_failure_then_crash_is_one_finding():
 # ---------------------------------------------------------------------- a rank that never arrives
 def test_spinning_rank_shows_its_current_frame():
     b = TraceBuilder(3)
-    t = warmup(b)
+    t = b.warmup()
     for r in (0, 2):
         b.sync(r, t, None, "all_reduce")
         b.add(r, t + 2 * S + 10 * MS, "stack", id=b._ids[r], threads=stack("step", 42, inside=True))
@@ -234,7 +228,7 @@ def test_spinning_rank_shows_its_current_frame():
 
 def test_pg_timeout_blames_the_rank_that_had_not_arrived():
     b = TraceBuilder(3)
-    t = warmup(b)
+    t = b.warmup()
     ids = {r: b.begin(r, t, "all_reduce") for r in (0, 2)}
     b.add(1, t + 3 * S + 400 * MS, "stack", reason="request", trigger=0, request_ns=t + 3 * S + 100 * MS,
           threads=stack("spin_forever", 9))
@@ -254,7 +248,7 @@ def test_pg_timeout_blames_the_rank_that_had_not_arrived():
 
 def test_monitored_barrier_names_the_absent_rank():
     b = TraceBuilder(3)
-    t = warmup(b)
+    t = b.warmup()
     ids = {r: b.begin(r, t, "monitored_barrier") for r in (0, 2)}
     b.end(0, ids[0], t + S, exc=MONITORED)
     b.end(2, ids[2], t + S + 2 * MS, exc=RELAY)
@@ -266,7 +260,7 @@ def test_monitored_barrier_names_the_absent_rank():
 
 def test_p2p_recv_timeout_blames_the_peer_that_never_sent():
     b = TraceBuilder(2)
-    t = warmup(b)
+    t = b.warmup()
     i = b.begin(0, t, "recv", peer=1, dir="recv")
     b.end(0, i, t + S, exc=TIMED_OUT)
     b.heartbeats(b.t0, t + 2 * S)
@@ -276,7 +270,7 @@ def test_p2p_recv_timeout_blames_the_peer_that_never_sent():
 
 # ---------------------------------------------------------------------- mismatches that kill
 def _mismatch_abort(b: TraceBuilder, *, recorded: bool) -> None:
-    t = warmup(b)
+    t = b.warmup()
     b.heartbeats(b.t0, t)
     if recorded:
         b.begin(0, t, "all_reduce", shape=(1000,))
@@ -308,7 +302,7 @@ def test_mismatch_whose_dead_rank_never_recorded_its_call_names_no_innocent():
 # ---------------------------------------------------------------------- health and stacks
 def test_ranks_exiting_at_different_times_are_healthy():
     b = TraceBuilder(3)
-    t = warmup(b, 6)
+    t = b.warmup(6)
     for r in range(3):
         b.heartbeats(b.t0, t + r * 700 * MS, ranks=[r])
         b.exit(r, t + r * 700 * MS + MS, reason="destroy_process_group")
@@ -330,7 +324,7 @@ def test_slow_progressing_rank_is_healthy():
 
 def test_unanswered_stack_request_says_the_rank_cannot_run_python():
     b = TraceBuilder(3)
-    t = warmup(b)
+    t = b.warmup()
     for r in (0, 2):
         b.sync(r, t, None, "all_reduce")
         b.add(r, t + 2 * S + 300 * MS, "stack", reason="request", trigger=0, request_ns=t + 2 * S + 20 * MS,
@@ -344,7 +338,7 @@ def test_unanswered_stack_request_says_the_rank_cannot_run_python():
 
 def test_mismatch_names_nobody_until_the_last_call_is_in():
     b = TraceBuilder(3)
-    t = warmup(b)
+    t = b.warmup()
     b.sync(0, t, None, "all_reduce")
     b.sync(1, t + MS, None, "broadcast", root=0)
     b.heartbeats(b.t0, t + 2 * S)

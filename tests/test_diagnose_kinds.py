@@ -28,17 +28,11 @@ def kinds(findings):
     return sorted(f.kind for f in findings)
 
 
-def warmup(b: TraceBuilder, n: int = 3) -> int:
-    t = b.t0 + S // 10
-    for _ in range(n):
-        t = b.collective(t, "all_reduce") + MS
-    return t
-
 
 @pytest.mark.parametrize("batches", [1, 7])
 def test_missing_ranks_names_the_absent_rank_and_what_it_does(batches):
     b = TraceBuilder(4)
-    t = warmup(b)
+    t = b.warmup()
     for r in (0, 1, 3):
         b.sync(r, t, None, "all_reduce")
     b.heartbeats(t, t + 10 * S)
@@ -54,7 +48,7 @@ def test_missing_ranks_names_the_absent_rank_and_what_it_does(batches):
 
 def test_missing_rank_blocked_elsewhere_shows_its_op_and_stack():
     b = TraceBuilder(3)
-    t = warmup(b)
+    t = b.warmup()
     b.group("1", [1, 2])
     b.sync(0, t, None, "all_reduce")
     b.sync(1, t, None, "all_reduce")
@@ -74,14 +68,14 @@ def test_missing_rank_blocked_elsewhere_shows_its_op_and_stack():
 
 def test_no_missing_before_hang_after_and_long_progressing_collective_is_fine():
     b = TraceBuilder(3)
-    t = warmup(b)
+    t = b.warmup()
     for r in range(3):
         b.sync(r, t + r * 100, None, "all_reduce", shape=(1 << 20,))  # everyone in, takes long
     b.heartbeats(t, t + 60 * S)
     _, f = run(b)
     assert f == []
     b2 = TraceBuilder(3)
-    t = warmup(b2)
+    t = b2.warmup()
     b2.sync(0, t, None, "all_reduce")
     b2.heartbeats(t, t + S)
     _, f = run(b2)  # 1 s < hang_after
@@ -90,7 +84,7 @@ def test_no_missing_before_hang_after_and_long_progressing_collective_is_fine():
 
 def test_collective_mismatch_op_and_majority():
     b = TraceBuilder(4)
-    t = warmup(b)
+    t = b.warmup()
     for r in (0, 1, 3):
         b.sync(r, t, None, "all_reduce")
     b.sync(2, t, None, "broadcast", root=0)
@@ -105,7 +99,7 @@ def test_collective_mismatch_op_and_majority():
 
 def test_collective_mismatch_shape_reported_even_after_error_and_exit():
     b = TraceBuilder(2)
-    t = warmup(b)
+    t = b.warmup()
     a = b.sync(0, t, None, "all_reduce", shape=(10,))
     c = b.sync(1, t, None, "all_reduce", shape=(12,))
     b.end(0, a, t + MS, exc="RuntimeError: size mismatch")
@@ -125,7 +119,7 @@ def test_mismatch_dtype_redop_root():
     for kw0, kw1, what in (({"dtype": "float32"}, {"dtype": "float16"}, "dtype"),
                            ({"redop": "sum"}, {"redop": "max"}, "redop")):
         b = TraceBuilder(3)
-        t = warmup(b)
+        t = b.warmup()
         b.sync(0, t, None, "all_reduce", **kw0)
         b.sync(1, t, None, "all_reduce", **kw0)
         b.sync(2, t, None, "all_reduce", **kw1)
@@ -133,7 +127,7 @@ def test_mismatch_dtype_redop_root():
         assert kinds(f) == ["collective_mismatch"] and f[0].culprits == [2]
         assert f[0].evidence["differs"] == [what]
     b = TraceBuilder(3)
-    t = warmup(b)
+    t = b.warmup()
     for r in range(3):
         b.sync(r, t, t + MS, "broadcast", root=0 if r != 1 else 1)
     _, f = run(b)
@@ -142,7 +136,7 @@ def test_mismatch_dtype_redop_root():
 
 def test_gather_root_and_varlen_shapes_are_not_mismatches():
     b = TraceBuilder(3)
-    t = warmup(b)
+    t = b.warmup()
     for r in range(3):
         i = b.begin(r, t, "all_to_all_single", shape=(3 + r,))
         b.end(r, i, t + MS)
@@ -156,7 +150,7 @@ def test_gather_root_and_varlen_shapes_are_not_mismatches():
 
 def test_p2p_deadlock_cycle():
     b = TraceBuilder(3)
-    t = warmup(b)
+    t = b.warmup()
     for r in range(3):
         b.sync(r, t + r * MS, None, "recv", peer=(r - 1) % 3, dir="recv", shape=(4,))
     b.heartbeats(t, t + 5 * S)
@@ -170,7 +164,7 @@ def test_p2p_deadlock_cycle():
 
 def test_p2p_deadlock_inside_batch_isend_irecv_waits():
     b = TraceBuilder(2)
-    t = warmup(b)
+    t = b.warmup()
     for r in range(2):
         c = b.begin(r, t, "batch_isend_irecv", seq=None)
         i = b.begin(r, t, "irecv", peer=1 - r, dir="recv", parent=c, **{"async": True})
@@ -184,7 +178,7 @@ def test_p2p_deadlock_inside_batch_isend_irecv_waits():
 
 def test_unmatched_p2p_peer_idle_or_exited():
     b = TraceBuilder(2)
-    t = warmup(b)
+    t = b.warmup()
     b.sync(0, t, None, "send_tensors", peer=1, dir="send")
     b.exit(1, t + MS)
     b.heartbeats(t, t + 5 * S, ranks=[0])
@@ -197,7 +191,7 @@ def test_unmatched_p2p_peer_idle_or_exited():
 
 def test_matched_but_slow_p2p_and_rings_are_fine():
     b = TraceBuilder(4)
-    t = warmup(b)
+    t = b.warmup()
     for r in range(4):  # ring: everyone sends first (isend), then recvs; all complete
         s = b.async_op(r, t, t + MS, t + 2 * MS, "isend", peer=(r + 1) % 4, dir="send")
         b.sync(r, t + MS, t + 2 * MS, "recv", peer=(r - 1) % 4, dir="recv")
@@ -211,7 +205,7 @@ def test_matched_but_slow_p2p_and_rings_are_fine():
 
 def test_any_source_recv_resolves_peer_at_end():
     b = TraceBuilder(2)
-    t = warmup(b)
+    t = b.warmup()
     s = b.sync(0, t, t + MS, "send", peer=1, dir="send")
     r = b.begin(1, t, "recv", dir="recv")
     b.end(1, r, t + MS, peer=0, seq=1)
@@ -222,7 +216,7 @@ def test_any_source_recv_resolves_peer_at_end():
 
 def test_dead_rank():
     b = TraceBuilder(3)
-    t = warmup(b)
+    t = b.warmup()
     b.heartbeats(t, t + 10 * S, ranks=[0, 1])
     b.heartbeats(t, t + 1 * S, ranks=[2])
     for r in (0, 1):
@@ -239,7 +233,7 @@ def test_dead_rank():
 
 def test_killed_job_is_judged_at_its_last_timestamp():
     b = TraceBuilder(3)
-    t = warmup(b)
+    t = b.warmup()
     for r in (0, 1):
         b.sync(r, t, None, "all_reduce")
     b.heartbeats(t, t + 6 * S)  # all three stop together: killed, not dead
@@ -262,7 +256,7 @@ def test_straggler():
 
 def test_unwaited_work():
     b = TraceBuilder(2)
-    t = warmup(b)
+    t = b.warmup()
     ids = [b.async_op(r, t, None, None, "all_reduce") for r in range(2)]
     b.exit(0, t + MS, unwaited=[ids[0]])
     b.exit(1, t + MS)
@@ -291,7 +285,7 @@ def test_healthy_trace_single_and_two_ranks():
 
 def test_fr_ops_match_only_fr_ops():
     b = TraceBuilder(2)
-    t = warmup(b)
+    t = b.warmup()
     # FR seq 1 on both ranks, while native seq 4 exists only on rank 0: no cross-space confusion
     for r in range(2):
         b.sync(r, t, t + MS, "all_reduce", seq=1, src="fr")
@@ -307,7 +301,7 @@ def test_no_straggler_where_completion_times_are_only_bounds():
     """Flight Recorder on Gloo gives no completion time (``approx`` ends): a rank a few ms late
     to DDP's all_reduces cannot be weighed against the collectives' unknown latency."""
     b = TraceBuilder(2)
-    t = warmup(b)
+    t = b.warmup()
     for k in range(20):
         for r in range(2):
             i = b.begin(r, t + (2 * MS if r == 1 else 0), "all_reduce", seq=k + 1, src="fr")

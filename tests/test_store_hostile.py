@@ -31,7 +31,6 @@ def commscope_cli(*args: str, cwd=None, env=None, timeout=120) -> subprocess.Com
 
 # ---------------------------------------------------------------------------- FIFO rank file
 def fifo_job(rank: int, ws: int, store: str) -> dict:
-    t0 = time.monotonic()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         commscope.instrument(store, sample_interval=0.1, flight_recorder=False)
@@ -40,7 +39,7 @@ def fifo_job(rank: int, ws: int, store: str) -> dict:
             dist.all_reduce(x)
         time.sleep(0.3)
         commscope.uninstrument()
-    return {"value": x.tolist(), "seconds": time.monotonic() - t0,
+    return {"value": x.tolist(),
             "warnings": [str(w.message) for w in caught if "commscope" in str(w.message)]}
 
 
@@ -50,7 +49,9 @@ def test_fifo_rank_file_is_refused_at_once_and_training_goes_on(tmp_path):
     os.mkfifo(store / "fifo-job" / "rank-00001.jsonl")
     results = run_ranks(fifo_job, 2, args=(str(store),), env={"COMMSCOPE_JOB": "fifo-job"}, timeout=60)
     for r in results:
-        assert r.value["value"] == [2.0**10] * 2 and r.value["seconds"] < 20
+        # no clock needed: a recorder blocked opening the FIFO would hold uninstrument() past
+        # the job's time limit, and the ranks would not return
+        assert r.value["value"] == [2.0**10] * 2
     assert not results[0].value["warnings"]
     assert any("not a regular file" in w for w in results[1].value["warnings"]), results[1].value
     # the readers skip it without opening it (opening a FIFO would block them)

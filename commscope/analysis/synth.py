@@ -115,6 +115,14 @@ class TraceBuilder:
             self.sync(r, begins[r], end, op, group, **kw)
         return end
 
+    def warmup(self, n: int = 3) -> int:
+        """``n`` healthy all_reduces from shortly after the start (a job that ran before its
+        trouble); returns when the next op may begin."""
+        t = self.t0 + S // 10
+        for _ in range(n):
+            t = self.collective(t, "all_reduce") + 1_000_000
+        return t
+
     def heartbeat(self, rank: int, ts: int, **sample: Any) -> None:
         self.add(rank, ts, "sample", cpu=sample.get("cpu", 50.0), rss=sample.get("rss", 1 << 30),
                  gpu_util=sample.get("gpu_util"), gpu_mem=sample.get("gpu_mem"))
