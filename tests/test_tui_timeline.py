@@ -236,3 +236,90 @@ def test_repainting_a_stuck_rank_follows_the_clock():
         cells, labels = paint_rank(v, 0, win)
         assert np.array_equal(prev.cells, cells) and prev.labels == labels
     assert prev.labels == [(61, 15, "all_reduce #601", P.COLL)]
+
+
+def test_span_index_draws_what_the_ops_draw():
+    """The overview painted from the span index equals the one painted from the ops:
+    cells, labels and op count, over views published while the trace arrives (ops in
+    flight, async waits landing later), windows cutting through ops, the replay cursor
+    anywhere, a selection, a rank stuck from the start, and an index brought up to date
+    view after view (as the console keeps it) as well as built afresh."""
+    from commscope.analysis import TraceModel
+    from commscope.analysis.synth import healthy_trace
+    from commscope.tui import timeline as T
+    from commscope.tui.spanindex import SpanIndex
+    from commscope.tui.timeline import Window, _paint, categories
+
+    b = TraceBuilder(3)
+    rng = np.random.default_rng(7)
+    b.sync(0, T0, None, "all_reduce")  # in flight from the start: never touched again
+    for k in range(600):
+        b.sync(0, T0 + 10 * MS + k * 3 * MS, T0 + 11 * MS + k * 3 * MS, "all_reduce")
+    for r in (1, 2):  # bursts of tiny ops, then sparse ones of every length, async work waited late
+        t = T0 + 10 * MS
+        for k in range(1400):
+            if k % 200 < 150:
+                t += int(rng.integers(1, 20_000))
+                b.sync(r, t, t + int(rng.integers(0, 10_000)), "all_reduce")
+                continue
+            t += int(rng.integers(1, 80 * MS))
+            d = int(rng.integers(0, 200 * MS))
+            if k % 3 == 0:
+                wait = t + int(rng.integers(0, 300 * MS))
+                b.async_op(r, t, wait, wait + d if k != 1393 else None, "all_gather", peer=None)
+            else:
+                b.sync(r, t, t + d if k != 1390 else None, "broadcast" if k % 2 else "send",
+                       **({"peer": 1 - r % 2, "dir": "send"} if not k % 2 else {}))
+    events = healthy_trace(2, 2500) + [{**e, "rank": e["rank"] + 2} for e in b.sorted_events() if "rank" in e]  # ranks 2-4
+    events.sort(key=lambda e: e["ts"])
+    start, end = events[0]["ts"], events[-1]["ts"]
+    span = end - start
+    m = TraceModel()
+    kept: dict[int, SpanIndex] = {}
+    indexed = compared = 0
+    per_rank: dict[int, int] = {}
+    real = T._paint_indexed
+
+    def counting(*a, **k):
+        nonlocal indexed
+        out = real(*a, **k)
+        indexed += out is not None
+        return out
+
+    T._paint_indexed = counting
+    try:
+        for k in range(0, len(events), 2311):
+            m.ingest(events[k:k + 2311])
+            v = m.view()
+            cats = categories(v.sigs)
+            for r in v.rank_ids():
+                rv = v.ranks[r]
+                sel = (r, int(rv.order_[rv.n // 2])) if rv.n else None
+                # windows starting exactly where an op ends, and where a zero-length op is
+                # (the window takes neither: the index must not draw them at cell 0)
+                comp = rv.comp[: rv.n]
+                done = np.flatnonzero(comp > 0)
+                zero = np.flatnonzero((comp > 0) & (comp == rv.begin[: rv.n]))
+                edges = [int(comp[i]) for i in done[len(done) // 3:: max(1, len(done) // 4)][:3]]
+                edges += [int(comp[i]) for i in zero[len(zero) // 2:][:2]]
+                for frac, off, cursor in ((1.0, -0.01, None), (0.5, 0.3, None), (0.35, 0.51, None),
+                                          (1.0, 0.0, 0.5), (0.4, 0.4, 0.55), (0.7, 0.2, 0.33), (1.0, 0.0, 0.02),
+                                          *((0.4, t, None) for t in edges), *((0.3, t, 0.8) for t in edges)):
+                    w = 97
+                    npc = max(1, int(span * frac) // w)
+                    t0 = off if isinstance(off, int) else start + int(span * off)
+                    now = v.end_ns if cursor is None else start + int(span * cursor)
+                    for s in (None, sel):
+                        win = Window(t0, npc, w, now, now if cursor is not None else None, 40 * MS, s, True)
+                        ref = _paint(v, r, win, cats)
+                        got = _paint(v, r, win, cats, spans=kept.setdefault(r, SpanIndex()))
+                        fresh = _paint(v, r, win, cats, spans=SpanIndex())
+                        for out in (got, fresh):
+                            assert np.array_equal(out[0], ref[0]), (r, frac, off, cursor, s)
+                            assert out[1] == ref[1] and out[2:] == ref[2:], (r, frac, off, cursor, s)
+                        compared += ref[2]
+                        per_rank[r] = per_rank.get(r, 0) + ref[2]
+    finally:
+        T._paint_indexed = real
+    # every rank drawn as an overview many times, each painted from the index twice
+    assert min(per_rank.values()) >= 20 and len(per_rank) == 5 and indexed == 2 * compared

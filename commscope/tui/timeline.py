@@ -14,8 +14,8 @@ reads the model's published view (``feed.view``), never the live model: no lock.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import OrderedDict, defaultdict
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -28,14 +28,14 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from commscope.analysis.columns import I64_MAX
-from commscope.analysis.model import APPROX, ASYNC, CONTAINER, FR, NESTED, P2P, SPACE_FR
+from commscope.analysis.columns import I64_MAX, RankView
+from commscope.analysis.model import APPROX, CONTAINER, NESTED
 from commscope.analysis.rankstate import rank_state, top_level_ops
 from commscope.tui import palette
 from commscope.tui.feed import REPLAY
+from commscope.tui.paintcode import ASYNC_BIT, CAT_MASK, HIDDEN_BIT, VARLEN_OPS, categories  # noqa: F401
+from commscope.tui.spanindex import SpanIndex
 
-VARLEN_OPS = frozenset({"all_gather_v", "gather_v", "scatter_v", "all_to_all_v", "reduce_scatter_v", "broadcast_v",
-                        "send_tensors", "recv_tensors", "isend_tensors", "irecv_tensors"})
 MIN_NPC = 100  # ns per cell at the deepest zoom
 MAX_NPC = 3600 * 10**9
 GUTTER = 11
@@ -100,6 +100,9 @@ class Timeline(ScrollView, can_focus=True):
         self._cache: OrderedDict[tuple, Strip] = OrderedDict()  # finished lines
         self._painted: OrderedDict[tuple, Painted] = OrderedDict()  # rows' cells, repainted in part on changes
         self._cat_table = np.zeros(0, np.int8)
+        # per rank, the overview's span index (spanindex), kept across frames and views: it
+        # is data, not a painted cache, so clear_caches leaves it
+        self._spans: defaultdict[int, SpanIndex] = defaultdict(SpanIndex)
         self._dots_key: tuple[int, int] | None = None  # (view version, replay cursor) of _dots
         self._dots: dict[int, str] = {}
         self._placed = False
@@ -116,6 +119,7 @@ class Timeline(ScrollView, can_focus=True):
         self.empty_text = None
         self.clear_caches()
         self._cat_table = np.zeros(0, np.int8)
+        self._spans.clear()
         self._dots_key, self._dots = None, {}
         self.set_flagged(set())
         self.virtual_size = Size(self.size.width, 0)
@@ -249,14 +253,14 @@ class Timeline(ScrollView, can_focus=True):
             if len(row.ranks) == 1:  # repaint only what changed since this row was last painted here
                 r = row.ranks[0]
                 pkey = (r, self.t0, self.npc, win.width, self.cursor_ns, sel, self.hang_after_ns, win.overview)
-                p = repaint_rank(m, r, win, self._painted.get(pkey), cats)
+                p = repaint_rank(m, r, win, self._painted.get(pkey), cats, self._spans[r])
                 self._painted[pkey] = p
                 self._painted.move_to_end(pkey)
                 if len(self._painted) > 512:
                     self._painted.popitem(last=False)
                 painted = (p.cells, p.labels)
             strip = render_row(m, row, win, kind=kind, focused=focused, flagged=row.key in self._flagged_rows,
-                               cats=cats, painted=painted)
+                               cats=cats, painted=painted, spans=self._spans)
             self._cache[key] = strip
             if len(self._cache) > 2000:
                 self._cache.popitem(last=False)
@@ -501,44 +505,23 @@ class Window(NamedTuple):
     overview: bool = True
 
 
-CAT_MASK, ASYNC_BIT, HIDDEN_BIT = 0x1F, 0x20, 0x80  # a signature's paint code: see categories
-
-
-def categories(sigs: Sequence[Any], table: np.ndarray | None = None) -> np.ndarray:
-    """Paint code of every signature code, as a lookup table: its traffic category
-    (``& CAT_MASK``), ``ASYNC_BIT`` for async ops and ``HIDDEN_BIT`` for inner traffic drawn
-    as its outer op (nested ops, containers), so one lookup per op tells all three.
-    ``table``: the one built for a prefix of ``sigs`` (signatures only append), extended."""
-    table = np.zeros(0, np.uint8) if table is None else table
-    new = np.empty(len(sigs), np.uint8)
-    new[: table.shape[0]] = table
-    for code in range(table.shape[0], len(sigs)):
-        sig = sigs[code]
-        if sig.space == SPACE_FR or sig.flags & FR:
-            c = palette.FR
-        elif sig.op in VARLEN_OPS:
-            c = palette.VARLEN
-        elif sig.flags & P2P:
-            c = palette.P2P
-        else:
-            c = palette.COLL
-        new[code] = c | (ASYNC_BIT if sig.flags & ASYNC else 0) | (HIDDEN_BIT if sig.flags & (NESTED | CONTAINER) else 0)
-    return new
-
-
 def render_row(m: Any, row: Row, win: Window, *, kind: str = "unknown", focused: bool = False,
                flagged: bool = False, cats: np.ndarray | None = None,
-               painted: tuple[np.ndarray, list] | None = None) -> Strip:
+               painted: tuple[np.ndarray, list] | None = None,
+               spans: Mapping[int, SpanIndex] | None = None) -> Strip:
     """A whole timeline line: the gutter (state dot ``kind``, label, findings mark) and the
     row's cells over ``win`` (``painted``: a one-rank row's cells and labels, already
-    painted), with the replay cursor drawn on top."""
+    painted), with the replay cursor drawn on top.  ``spans``: span indexes by rank (for
+    the overview; see ``paint_rank``)."""
     w = win.width
     width = w + GUTTER
     if len(row.ranks) == 1:
-        cells, labels = painted if painted is not None else paint_rank(m, row.ranks[0], win, cats)
+        r = row.ranks[0]
+        cells, labels = painted if painted is not None else paint_rank(m, r, win, cats,
+                                                                        None if spans is None else spans[r])
         segs = _segments(cells, labels)
     else:
-        segs = paint_group(m, row.ranks, win, cats)
+        segs = paint_group(m, row.ranks, win, cats, spans)
     strip = Strip(_gutter(row, kind, focused, flagged) + segs, width)
     if win.cursor_ns is not None:
         c = (win.cursor_ns - win.t0) // win.npc
@@ -561,12 +544,14 @@ _SPACE, _BAR = Segment(" "), Segment("│", Style(color="grey30"))
 _FLAG, _NO_FLAG = Segment("!", Style(color="#e05050", bold=True)), Segment(" ", Style(color="#e05050", bold=True))
 
 
-def paint_rank(m: Any, rank: int, win: Window,
-               cats: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple[int, int, str, int]]]:
+def paint_rank(m: Any, rank: int, win: Window, cats: np.ndarray | None = None,
+               spans: SpanIndex | None = None) -> tuple[np.ndarray, list[tuple[int, int, str, int]]]:
     """One rank's row as a category per cell, and (start cell, length, text, category)
-    labels for wide spans.  Pure: reads ``m`` (a ``TraceModel`` or its published
-    ``ModelView``) and nothing else; ``cats`` is ``categories(m.sigs)`` if the caller keeps one."""
-    cells, cands, _, _ = _paint(m, rank, win, cats)
+    labels for wide spans.  Pure but for ``spans``: reads ``m`` (a ``TraceModel`` or its
+    published ``ModelView``) and nothing else; ``cats`` is ``categories(m.sigs)`` if the
+    caller keeps one.  ``spans``: the rank's span index, which the overview of a published
+    view paints from (brought up to date here); the picture is the same without it."""
+    cells, cands, _, _ = _paint(m, rank, win, cats, spans=spans)
     return cells, _labels(cells, cands)
 
 
@@ -585,7 +570,7 @@ class Painted(NamedTuple):
 
 
 def repaint_rank(m: Any, rank: int, win: Window, prev: Painted | None,
-                 cats: np.ndarray | None = None) -> Painted:
+                 cats: np.ndarray | None = None, spans: SpanIndex | None = None) -> Painted:
     """``paint_rank`` given the same row painted earlier over the same window (``prev``):
     only the cells from the earliest op changed since (``RankView.touched_since``) or in
     flight are painted again, from the ops overlapping them; the cells before are kept.
@@ -602,14 +587,14 @@ def repaint_rank(m: Any, rank: int, win: Window, prev: Painted | None,
             dirty = min(dirty, open_min, prev.open_min)
     d = 0 if dirty is None else min(max((dirty - win.t0) // win.npc, 0), win.width) if dirty < I64_MAX else win.width
     if prev is None or d == 0:
-        cells, cands, overview, count = _paint(m, rank, win, cats)
+        cells, cands, overview, count = _paint(m, rank, win, cats, spans=spans)
         return Painted(version, n, win.now, open_min, count, overview, cells, cands, _labels(cells, cands))
     if d >= win.width:  # nothing in view changed
         return prev._replace(version=version, n=n, now=win.now, open_min=open_min)
     from_t = win.t0 + d * win.npc
     new, cands, overview, count = _paint(m, rank, win, cats, from_t=from_t - 1, base=(prev.count, prev.n))
     if overview != prev.overview:  # the ops added switched the drawing: all of it changes
-        cells, cands, overview, count = _paint(m, rank, win, cats)
+        cells, cands, overview, count = _paint(m, rank, win, cats, spans=spans)
         return Painted(version, n, win.now, open_min, count, overview, cells, cands, _labels(cells, cands))
     cells = np.concatenate([prev.cells[:d], new[d:]])
     # candidates of spans ending before the repainted part are as they were; the others are new
@@ -628,13 +613,16 @@ def _labels(cells: np.ndarray, cands: list[tuple[int, int, int, int, str]]) -> l
 
 
 def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_t: int | None = None,
-           base: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, list[tuple[int, int, int, int, str]], bool, int]:
+           base: tuple[int, int] = (0, 0), spans: SpanIndex | None = None
+           ) -> tuple[np.ndarray, list[tuple[int, int, int, int, str]], bool, int]:
     """(cells, label candidates, whether drawn as an overview (one span per op: more than 4
     ops per cell), ops drawn).  A candidate
     is a span at least 8 cells wide: (begin, op index, first cell, last cell, text), by begin.
     ``from_t``: only the ops overlapping [from_t, end of window), so only the cells from
     ``from_t`` on are right; ``base``: (ops drawn, op count) of the same window painted
-    before, so that the count, and the drawing it picks, is the whole window's."""
+    before, so that the count, and the drawing it picks, is the whole window's.
+    ``spans``: the rank's span index: a whole overview of a published view is painted from
+    it (``_paint_indexed``), the same picture in O(cells x log ops)."""
     w = win.width
     cells = _EMPTY.get(w)
     if cells is None:
@@ -646,25 +634,17 @@ def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_
     t0, npc = win.t0, win.npc
     if cats is None or cats.shape[0] < len(m.sigs):
         cats = categories(m.sigs)
+    if spans is not None and from_t is None and win.overview and isinstance(rt, RankView):
+        done = _paint_indexed(m, rt, rank, win, cats, spans.update(rt, cats))
+        if done is not None:
+            return (*done[:2], True, done[2])
     idx = rt.window(t0 if from_t is None else max(t0, from_t), t0 + w * npc)
     if idx.shape[0] == 0:
         return cells, [], base[0] > 4 * w, base[0]
-    code = cats[rt.sig[idx]]  # category, async, hidden: see categories
-    hidden = code >= HIDDEN_BIT  # inner traffic is drawn as its outer op
-    if hidden.any():
-        keep = ~hidden
-        idx, code = idx[keep], code[keep]
-        if idx.shape[0] == 0:
-            return cells, [], base[0] > 4 * w, base[0]
+    idx, code, begin, comp, inflight, stop = _drawn(rt, idx, cats, win)
+    if idx.shape[0] == 0:
+        return cells, [], base[0] > 4 * w, base[0]
     now = win.now
-    begin = rt.begin[idx]
-    comp = rt.comp[idx]
-    if win.cursor_ns is not None:  # replay: the future has not happened yet
-        comp = np.where(comp > now, 0, comp)
-        visible = begin <= now
-        idx, code, begin, comp = idx[visible], code[visible], begin[visible], comp[visible]
-    inflight = comp == 0
-    stop = np.where(inflight, max(now, 1), comp) if inflight.any() else comp
     count = idx.shape[0] if from_t is None else base[0] + int((idx >= base[1]).sum())
     if win.overview and count > 4 * w:
         return (*_paint_overview(m, rt, rank, win, idx, code, begin, stop, inflight), True, count)
@@ -737,6 +717,106 @@ def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_
         cands.append((int(begin[j]), i, max(int(c0[j]), 0), min(int(c1[j]), w - 1), text))
     return cells, cands, overview, count
 
+def _drawn(rt: Any, idx: np.ndarray, cats: np.ndarray, win: Window
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Of the ops ``idx`` (by begin), those drawn: not inner traffic (drawn as its outer op)
+    and, with the replay cursor, begun by then.  Returns (idx, paint code, begin, completion,
+    in flight, drawn end), completion 0 and the end at the clock for the ops in flight
+    (with the cursor: not complete by then)."""
+    code = cats[rt.sig[idx]]  # category, async, hidden: see categories
+    hidden = code >= HIDDEN_BIT  # inner traffic is drawn as its outer op
+    if hidden.any():
+        keep = ~hidden
+        idx, code = idx[keep], code[keep]
+    now = win.now
+    begin = rt.begin[idx]
+    comp = rt.comp[idx]
+    if win.cursor_ns is not None:  # replay: the future has not happened yet
+        comp = np.where(comp > now, 0, comp)
+        visible = begin <= now
+        idx, code, begin, comp = idx[visible], code[visible], begin[visible], comp[visible]
+    inflight = comp == 0
+    stop = np.where(inflight, max(now, 1), comp) if inflight.any() else comp
+    return idx, code, begin, comp, inflight, stop
+
+
+def _position(rv: RankView, i: int) -> int:
+    """Where op ``i`` stands in the rank's begin order."""
+    p = int(np.searchsorted(rv.sb, rv.begin[i], side="left"))
+    order = rv.order_
+    while p < order.shape[0] and order[p] != i:  # (ties in begin: a few)
+        p += 1
+    return p
+
+
+def _paint_indexed(m: Any, rv: RankView, rank: int, win: Window, cats: np.ndarray,
+                   spans: SpanIndex) -> tuple[np.ndarray, list[tuple[int, int, int, int, str]], int] | None:
+    """The overview of a whole window from the rank's span index: (cells, label candidates,
+    ops drawn), or None when the window holds too few ops for an overview.
+
+    The window's ops (``RankView.window``) are those beginning in it (positions [lo, hi) of
+    the begin order, counted by the index), those straddling its start and those in flight.
+    The index draws the completed ones of the first kind; the others, the selection and
+    (replay cursor) the ops not over by the cursor are drawn from the ops, as
+    ``_paint_overview`` draws any: the highest category of the two pictures is the one
+    ``_paint`` draws from all of them.  Labels: the spans wide enough, from both."""
+    t0, npc, w, now = win.t0, win.npc, win.width, win.now
+    t1 = t0 + w * npc
+    cursor = win.cursor_ns
+    sb, order = rv.sb, rv.order_
+    i1 = int(np.searchsorted(sb, t1, side="left"))
+    s0 = int(np.searchsorted(sb, t0, side="left"))
+    i0 = int(np.searchsorted(rv.pmax, t0, side="right"))
+    if cursor is not None:
+        i1 = min(i1, int(np.searchsorted(sb, now, side="right")))
+    lo = max(s0, i0)
+    hi = max(i1, lo)
+    parts = []  # ops of the window drawn from the ops
+    if i0 < s0:  # begun before the window, ending in it or in flight
+        early = order[i0:s0]
+        ends = rv.comp[early]
+        parts.append(early[(ends > t0) | (ends == 0)])
+    flight = [i for i in rv.open if rv.begin[i] < t1]
+    outside = [i for i in flight if not lo <= _position(rv, i) < hi]
+    if outside:
+        parts.append(np.array(outside, np.int64))
+    extra = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+    if extra.shape[0]:
+        extra = extra[np.argsort(rv.begin[extra], kind="stable")]
+        extra = _drawn(rv, extra, cats, win)[0]
+    count = spans.drawn(lo, hi) + extra.shape[0]
+    if count <= 4 * w:
+        return None
+    cells, rest = spans.cells(lo, hi, t0, npc, w, cursor)
+    parts = [extra, order[spans.in_flight(lo, hi)], *(order[p] for p in rest)]
+    if flight:
+        parts.append(np.array(flight, np.int64))
+    if win.sel and win.sel[0] == rank and 0 <= win.sel[1] < rv.n and lo <= _position(rv, win.sel[1]) < hi:
+        parts.append(np.array([win.sel[1]], np.int64))
+    slow = np.unique(np.concatenate(parts))
+    cands: list[tuple[int, int, int, int, str]] = []
+    if slow.shape[0]:
+        slow = slow[np.argsort(rv.begin[slow], kind="stable")]
+        idx, code, begin, _, inflight, stop = _drawn(rv, slow, cats, win)
+        if idx.shape[0]:
+            drawn, cands = _paint_overview(m, rv, rank, win, idx, code, begin, stop, inflight)
+            np.maximum(cells, drawn, out=cells)
+            slow = idx
+    wide = order[spans.wide(rv, cats, lo, hi, 7 * npc)]
+    if wide.shape[0]:
+        wide = wide[~np.isin(wide, slow)]
+        begin, stop = rv.begin[wide], rv.comp[wide]
+        c0 = np.minimum(np.maximum((begin - t0) // npc, -1), w)
+        c1 = np.minimum(np.maximum((stop - t0) // npc, -1), w)
+        for k in np.flatnonzero((c1 - c0) >= 8).tolist():
+            i = int(wide[k])
+            seq = int(rv.seq[i])
+            text = m.sigs[int(rv.sig[i])].op + (f" #{seq}" if seq >= 0 else "")
+            cands.append((int(begin[k]), i, max(int(c0[k]), 0), min(int(c1[k]), w - 1), text))
+        cands.sort(key=lambda c: (c[0], c[1]))
+    return cells, cands[:40], count
+
+
 def _paint_overview(m: Any, rt: Any, rank: int, win: Window, idx: np.ndarray, code: np.ndarray,
                     begin: np.ndarray, stop: np.ndarray,
                     inflight: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int, int, str]]]:
@@ -801,7 +881,8 @@ def _paint_overview(m: Any, rt: Any, rank: int, win: Window, idx: np.ndarray, co
             cands.append((int(begin[j]), i, max(int(c0[k]), 0), min(int(c1[k]), w - 1), text))
     return cells, cands
 
-def paint_group(m: Any, ranks: tuple[int, ...], win: Window, cats: np.ndarray | None = None) -> list[Segment]:
+def paint_group(m: Any, ranks: tuple[int, ...], win: Window, cats: np.ndarray | None = None,
+                spans: Mapping[int, SpanIndex] | None = None) -> list[Segment]:
     """Collapsed rows: how many of the ranks are busy in each cell, as shades."""
     w = win.width
     if cats is None or cats.shape[0] < len(m.sigs):
@@ -809,7 +890,7 @@ def paint_group(m: Any, ranks: tuple[int, ...], win: Window, cats: np.ndarray | 
     busy = np.zeros(w, np.int32)
     worst = np.zeros(w, np.int8)
     for r in ranks:
-        cells, _ = paint_rank(m, r, win, cats)
+        cells, _ = paint_rank(m, r, win, cats, None if spans is None else spans[r])
         busy += cells >= palette.COLL
         np.maximum(worst, np.where(cells >= palette.WARN, cells, 0), out=worst)
     frac = busy / max(1, len(ranks))
