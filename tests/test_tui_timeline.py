@@ -271,6 +271,13 @@ def test_span_index_draws_what_the_ops_draw():
                 b.sync(r, t, t + d if k != 1390 else None, "broadcast" if k % 2 else "send",
                        **({"peer": 1 - r % 2, "dir": "send"} if not k % 2 else {}))
     events = healthy_trace(2, 2500) + [{**e, "rank": e["rank"] + 2} for e in b.sorted_events() if "rank" in e]  # ranks 2-4
+    grid = TraceBuilder(1)  # rank 5: spans ending exactly on a cell's first ns (npc = 1 ms)
+    for g in range(60):
+        at = T0 + 3 * g * MS
+        for j in range(14):
+            grid.sync(0, at + j * 50_000, at + j * 50_000, "all_reduce")
+        grid.sync(0, at + 800_000, at + MS, "all_reduce")
+    events += [{**e, "rank": 5} for e in grid.sorted_events() if "rank" in e]
     events.sort(key=lambda e: e["ts"])
     start, end = events[0]["ts"], events[-1]["ts"]
     span = end - start
@@ -287,6 +294,7 @@ def test_span_index_draws_what_the_ops_draw():
         return out
 
     T._paint_indexed = counting
+    threshold, T.INDEX_MIN_OPS = T.INDEX_MIN_OPS, 0  # the index for every overview, however few ops
     try:
         for k in range(0, len(events), 2311):
             m.ingest(events[k:k + 2311])
@@ -304,9 +312,10 @@ def test_span_index_draws_what_the_ops_draw():
                 edges += [int(comp[i]) for i in zero[len(zero) // 2:][:2]]
                 for frac, off, cursor in ((1.0, -0.01, None), (0.5, 0.3, None), (0.35, 0.51, None),
                                           (1.0, 0.0, 0.5), (0.4, 0.4, 0.55), (0.7, 0.2, 0.33), (1.0, 0.0, 0.02),
-                                          *((0.4, t, None) for t in edges), *((0.3, t, 0.8) for t in edges)):
+                                          *((0.4, t, None) for t in edges), *((0.3, t, 0.8) for t in edges),
+                                          (MS, T0, None)):
                     w = 97
-                    npc = max(1, int(span * frac) // w)
+                    npc = frac if isinstance(frac, int) else max(1, int(span * frac) // w)
                     t0 = off if isinstance(off, int) else start + int(span * off)
                     now = v.end_ns if cursor is None else start + int(span * cursor)
                     for s in (None, sel):
@@ -321,5 +330,6 @@ def test_span_index_draws_what_the_ops_draw():
                         per_rank[r] = per_rank.get(r, 0) + ref[2]
     finally:
         T._paint_indexed = real
-    # every rank drawn as an overview many times, each painted from the index twice
-    assert min(per_rank.values()) >= 20 and len(per_rank) == 5 and indexed == 2 * compared
+        T.INDEX_MIN_OPS = threshold
+    # every rank drawn as an overview, each time painted from the index twice
+    assert min(per_rank.values()) >= 2 and len(per_rank) == 6 and indexed == 2 * compared

@@ -27,8 +27,9 @@ BLOCK = 64  # positions per block of the label index (longest span per block)
 
 
 class _Spans:
-    """One category's spans in begin order: their positions in the rank's begin order,
-    begins, and running maxima of their overview ends and of their latest timestamps."""
+    """One category's spans in begin order: their positions in the rank's begin order and
+    begins, and the running maxima of their overview ends and of their latest timestamps,
+    each led by a -1 (``end_max[j]``: the latest end among the first j spans)."""
 
     __slots__ = ("n", "pos", "begin", "end_max", "last_max")
 
@@ -36,8 +37,8 @@ class _Spans:
         self.n = 0
         self.pos = np.zeros(0, np.int64)
         self.begin = np.zeros(0, np.int64)
-        self.end_max = np.zeros(0, np.int64)
-        self.last_max = np.zeros(0, np.int64)
+        self.end_max = np.full(1, -1, np.int64)
+        self.last_max = np.full(1, -1, np.int64)
 
     def truncate(self, p0: int) -> None:
         """Forget the spans at positions >= p0."""
@@ -50,20 +51,19 @@ class _Spans:
         n = self.n
         if self.pos.shape[0] < n + k:
             cap = max(n + k, 2 * self.pos.shape[0], 256)
-            for name in ("pos", "begin", "end_max", "last_max"):
+            for name, extra in (("pos", 0), ("begin", 0), ("end_max", 1), ("last_max", 1)):
                 old = getattr(self, name)
-                new = np.empty(cap, np.int64)
-                new[:n] = old[:n]
+                new = np.empty(cap + extra, np.int64)
+                new[:n + extra] = old[:n + extra]
                 setattr(self, name, new)
         self.pos[n:n + k] = pos
         self.begin[n:n + k] = begin
-        if n:  # the running maxima go on from the spans kept
-            end = end.copy()
-            last = last.copy()
-            end[0] = max(int(end[0]), int(self.end_max[n - 1]))
-            last[0] = max(int(last[0]), int(self.last_max[n - 1]))
-        np.maximum.accumulate(end, out=self.end_max[n:n + k])
-        np.maximum.accumulate(last, out=self.last_max[n:n + k])
+        end = end.copy()  # the running maxima go on from the spans kept
+        last = last.copy()
+        end[0] = max(int(end[0]), int(self.end_max[n]))
+        last[0] = max(int(last[0]), int(self.last_max[n]))
+        np.maximum.accumulate(end, out=self.end_max[n + 1:n + k + 1])
+        np.maximum.accumulate(last, out=self.last_max[n + 1:n + k + 1])
         self.n = n + k
 
 
@@ -115,7 +115,7 @@ class SpanIndex:
         # on, to the end of the wait (to completion while the wait has not ended)
         end = np.where(is_async & (wb > 0), np.where(we > 0, we, comp), comp)
         last = np.maximum(np.maximum(begin, comp), np.maximum(wb, we))
-        end = np.where(flight, begin, end)  # drawn from the op itself (pending), see _paint
+        end[flight] = 0  # drawn from the op itself (pending), see _paint
         pos = np.arange(p0, n, dtype=np.int64)
         cat = code & CAT_MASK
         for c in np.unique(cat[shown]).tolist():
@@ -123,6 +123,7 @@ class SpanIndex:
             sp = self.spans.get(c)
             if sp is None:
                 sp = self.spans[c] = _Spans()
+                self.spans = dict(sorted(self.spans.items()))  # low categories first, see cells
             sp.extend(pos[sel], begin[sel], end[sel], last[sel])
         counts = np.empty(n + 1, np.int64)
         counts[: p0 + 1] = self.shown[: p0 + 1]
@@ -181,24 +182,27 @@ class SpanIndex:
         rest: list[np.ndarray] = []
         c_first = t0 + np.arange(w, dtype=np.int64) * npc  # each cell's first and last ns
         c_last = c_first + (npc - 1)
-        for c in sorted(self.spans):
-            sp = self.spans[c]
+        bounds = np.array([lo, hi], np.int64)
+        for c, sp in self.spans.items():  # low categories first: the highest drawn wins
             pos = sp.pos[: sp.n]
-            j_lo = int(np.searchsorted(pos, lo, side="left"))
-            j_hi = int(np.searchsorted(pos, hi, side="left"))
+            j_lo, j_hi = np.searchsorted(pos, bounds, side="left").tolist()
             if j_hi <= j_lo:
                 continue
             q = j_hi
             if cursor is not None:  # spans not over by the cursor: drawn from the ops
-                q = min(max(int(np.searchsorted(sp.last_max[: sp.n], cursor, side="right")), j_lo), j_hi)
+                q = min(max(int(np.searchsorted(sp.last_max[1:sp.n + 1], cursor, side="right")), j_lo), j_hi)
                 if q < j_hi:
                     rest.append(pos[q:j_hi])
             if q <= j_lo:
                 continue
-            j = np.searchsorted(sp.begin[j_lo:q], c_last, side="right") + j_lo
-            hit = (j > j_lo) & (sp.end_max[np.maximum(j - 1, 0)] >= c_first)
-            if j_lo and sp.end_max[j_lo - 1] >= t0:  # earlier spans reach into the window
-                k = min(int((int(sp.end_max[j_lo - 1]) - t0) // npc), w - 1)
+            # spans begun by each cell's last ns, and whether the latest-ending reaches its
+            # first.  (Those before j_lo begin before the window: counting them changes nothing
+            # when none reaches into it; where they do, below.)
+            j = np.searchsorted(sp.begin[:q], c_last, side="right")
+            hit = sp.end_max[j] >= c_first
+            reach = int(sp.end_max[j_lo])
+            if reach >= t0:  # earlier spans reach into the window: its first cells from the ops
+                k = min((reach - t0) // npc, w - 1)
                 hit[: k + 1] = False
                 rest.append(pos[j_lo:int(j[k])])
             cells[hit] = c

@@ -16,6 +16,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import OrderedDict, defaultdict
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -39,6 +40,9 @@ from commscope.tui.spanindex import SpanIndex
 MIN_NPC = 100  # ns per cell at the deepest zoom
 MAX_NPC = 3600 * 10**9
 GUTTER = 11
+#: Windows with fewer ops beginning in them are painted from the ops: below about this many
+#: (200 cells), the span index's fixed cost is no smaller (``bench tui`` compares both).
+INDEX_MIN_OPS = 2500
 
 
 class Row(NamedTuple):
@@ -70,6 +74,7 @@ class Timeline(ScrollView, can_focus=True):
     Timeline { height: 1fr; }
     """
     FAST_OVERVIEW = True  # the overview path (bench tui compares it with the detailed one)
+    SPAN_INDEX = True  # the overview painted from span indexes (bench tui compares it with painting from the ops)
 
     class OpSelected(Message):
         def __init__(self, rank: int, index: int):
@@ -253,14 +258,14 @@ class Timeline(ScrollView, can_focus=True):
             if len(row.ranks) == 1:  # repaint only what changed since this row was last painted here
                 r = row.ranks[0]
                 pkey = (r, self.t0, self.npc, win.width, self.cursor_ns, sel, self.hang_after_ns, win.overview)
-                p = repaint_rank(m, r, win, self._painted.get(pkey), cats, self._spans[r])
+                p = repaint_rank(m, r, win, self._painted.get(pkey), cats, self._spans[r] if self.SPAN_INDEX else None)
                 self._painted[pkey] = p
                 self._painted.move_to_end(pkey)
                 if len(self._painted) > 512:
                     self._painted.popitem(last=False)
                 painted = (p.cells, p.labels)
             strip = render_row(m, row, win, kind=kind, focused=focused, flagged=row.key in self._flagged_rows,
-                               cats=cats, painted=painted, spans=self._spans)
+                               cats=cats, painted=painted, spans=self._spans if self.SPAN_INDEX else None)
             self._cache[key] = strip
             if len(self._cache) > 2000:
                 self._cache.popitem(last=False)
@@ -635,7 +640,7 @@ def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_
     if cats is None or cats.shape[0] < len(m.sigs):
         cats = categories(m.sigs)
     if spans is not None and from_t is None and win.overview and isinstance(rt, RankView):
-        done = _paint_indexed(m, rt, rank, win, cats, spans.update(rt, cats))
+        done = _paint_indexed(m, rt, rank, win, cats, spans)
         if done is not None:
             return (*done[:2], True, done[2])
     idx = rt.window(t0 if from_t is None else max(t0, from_t), t0 + w * npc)
@@ -650,18 +655,13 @@ def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_
         return (*_paint_overview(m, rt, rank, win, idx, code, begin, stop, inflight), True, count)
     # Ops whose end is only approximately known (Flight Recorder on Gloo) are drawn like
     # async work: a mark at the start, then a thin line, not a solid bar.
-    approx = (rt.flags[idx] & APPROX) != 0
-    is_async = ((code & ASYNC_BIT) != 0) | approx
-    issue_end = np.where(approx, begin, np.where(rt.end[idx] > 0, rt.end[idx], begin))
-    wb, we = rt.wb[idx], rt.we[idx]
-    if win.cursor_ns is not None:
-        wb = np.where(wb > now, 0, wb)
-        we = np.where(we > now, 0, we)
-        issue_end = np.minimum(issue_end, stop)
+    flags = rt.flags[idx] & APPROX
+    is_async = ((code & ASYNC_BIT) | flags) != 0
+    any_async = bool(is_async.any())
     cats = code & CAT_MASK
-    starts: list[np.ndarray] = []
+    starts: list[np.ndarray] = [begin]
     stops: list[np.ndarray] = []
-    kinds: list[np.ndarray] = []
+    kinds: list[np.ndarray] = [cats]
 
     def add(mask: np.ndarray, a: np.ndarray, b: np.ndarray, cat: int | np.ndarray) -> None:
         if mask.any():
@@ -669,30 +669,43 @@ def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_
             stops.append(b[mask])
             kinds.append(cat[mask] if isinstance(cat, np.ndarray) else np.full(int(mask.sum()), cat, np.int8))
 
+    wb = we = issue_end = None
+    if any_async:  # (the issue/wait parts of async work: only where there is some)
+        approx = flags != 0
+        end = rt.end[idx]
+        issue_end = np.where(approx, begin, np.where(end > 0, end, begin))
+        wb, we = rt.wb[idx], rt.we[idx]
+        if win.cursor_ns is not None:
+            wb = np.where(wb > now, 0, wb)
+            we = np.where(we > now, 0, we)
+            issue_end = np.minimum(issue_end, stop)
     # Far zoomed out (several ops per cell) the issue/wait breakdown is invisible: draw
     # each op as one span, which halves the work on the largest windows.
     overview = count > 4 * w
-    any_async = bool(is_async.any()) and not overview
-    sync = ~is_async
-    if overview:
-        starts.append(begin)
-        stops.append(np.where(is_async & (wb > 0), np.where(we > 0, we, stop), stop))
-        kinds.append(cats)
-    elif any_async:
-        # async issue -> wait: a thin line while the op runs in the background
-        add(is_async, issue_end, np.where(wb > 0, wb, stop), palette.PENDING)
-        add(sync, begin, stop, cats)
-        add(is_async, begin, issue_end, cats)
-        waiting = is_async & (wb > 0)
-        add(waiting, wb, np.where(we > 0, we, stop), palette.WAIT)
-    else:
-        starts.append(begin)
+    if not any_async:
         stops.append(stop)
-        kinds.append(cats)
+    elif overview:
+        stops.append(np.where(is_async & (wb > 0), np.where(we > 0, we, stop), stop))
+    else:
+        # sync ops, and the issue part of async ones, in their category
+        stops.append(np.where(is_async, issue_end, stop))
+        # async issue -> wait: a thin line while the op runs in the background; then the wait
+        ai = np.flatnonzero(is_async)
+        wb_a = wb[ai]
+        waited = wb_a > 0
+        starts.append(issue_end[ai])
+        stops.append(np.where(waited, wb_a, stop[ai]))
+        kinds.append(np.full(ai.shape[0], palette.PENDING, np.int8))
+        wi = ai[waited]
+        if wi.shape[0]:
+            we_w = we[wi]
+            starts.append(wb[wi])
+            stops.append(np.where(we_w > 0, we_w, stop[wi]))
+            kinds.append(np.full(wi.shape[0], palette.WAIT, np.int8))
     # blocked too long: the part of the span past the thresholds
-    blocked = inflight & (sync | (wb > 0))
-    if blocked.any():
-        since = np.where(is_async, wb, begin)
+    if inflight.any():
+        blocked = inflight & (~is_async | (wb > 0)) if any_async else inflight
+        since = np.where(is_async, wb, begin) if any_async else begin
         warn_at = since + max(win.hang_after_ns // 3, 1)
         err_at = since + win.hang_after_ns
         add(blocked & (warn_at < now), warn_at, stop, palette.WARN)
@@ -703,19 +716,31 @@ def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_
             j = int(np.flatnonzero(one)[0])
             end_t = np.full(idx.shape[0], stop[j] if not is_async[j] else max(int(stop[j]), int(issue_end[j])))
             add(one, begin, end_t, palette.SELECTED)
-    if starts:
+    if len(starts) == 1:
+        cells = _cover(starts[0], stops[0], kinds[0], t0, npc, w)
+    else:
         cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
+    return cells, _candidates(m, rt, idx, begin, stop, win), overview, count
+
+
+def _candidates(m: Any, rt: Any, idx: np.ndarray, begin: np.ndarray, stop: np.ndarray,
+                win: Window) -> list[tuple[int, int, int, int, str]]:
+    """Label candidates: the first 40 spans (``begin``..``stop`` of ops ``idx``, by begin) at
+    least 8 cells wide, as (begin, op index, first cell, last cell, text)."""
+    t0, npc, w = win.t0, win.npc, win.width
+    cand = np.flatnonzero(stop - begin > 7 * npc)  # c1 - c0 >= 8 needs a span longer than 7 cells
+    if not cand.shape[0]:
+        return []
+    c0 = np.minimum(np.maximum((begin[cand] - t0) // npc, -1), w)
+    c1 = np.minimum(np.maximum((stop[cand] - t0) // npc, -1), w)
     cands = []
-    c0 = np.minimum(np.maximum((begin - t0) // npc, -1), w)
-    c1 = np.minimum(np.maximum((stop - t0) // npc, -1), w)
-    # labels on spans wide enough to hold them
-    wide = np.flatnonzero((c1 - c0) >= 8)
-    for j in wide[:40].tolist():
+    for k in np.flatnonzero((c1 - c0) >= 8)[:40].tolist():
+        j = int(cand[k])
         i = int(idx[j])
         seq = int(rt.seq[i])
         text = m.sigs[int(rt.sig[i])].op + (f" #{seq}" if seq >= 0 else "")
-        cands.append((int(begin[j]), i, max(int(c0[j]), 0), min(int(c1[j]), w - 1), text))
-    return cells, cands, overview, count
+        cands.append((int(begin[j]), i, max(int(c0[k]), 0), min(int(c1[k]), w - 1), text))
+    return cands
 
 def _drawn(rt: Any, idx: np.ndarray, cats: np.ndarray, win: Window
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -751,8 +776,9 @@ def _position(rv: RankView, i: int) -> int:
 
 def _paint_indexed(m: Any, rv: RankView, rank: int, win: Window, cats: np.ndarray,
                    spans: SpanIndex) -> tuple[np.ndarray, list[tuple[int, int, int, int, str]], int] | None:
-    """The overview of a whole window from the rank's span index: (cells, label candidates,
-    ops drawn), or None when the window holds too few ops for an overview.
+    """The overview of a whole window from the rank's span index (brought up to date with
+    ``rv`` here): (cells, label candidates, ops drawn), or None when the window holds too
+    few ops for an overview, or too few for the index to pay.
 
     The window's ops (``RankView.window``) are those beginning in it (positions [lo, hi) of
     the begin order, counted by the index), those straddling its start and those in flight.
@@ -764,13 +790,15 @@ def _paint_indexed(m: Any, rv: RankView, rank: int, win: Window, cats: np.ndarra
     t1 = t0 + w * npc
     cursor = win.cursor_ns
     sb, order = rv.sb, rv.order_
-    i1 = int(np.searchsorted(sb, t1, side="left"))
-    s0 = int(np.searchsorted(sb, t0, side="left"))
+    s0, i1 = np.searchsorted(sb, np.array([t0, t1], np.int64), side="left").tolist()
     i0 = int(np.searchsorted(rv.pmax, t0, side="right"))
     if cursor is not None:
         i1 = min(i1, int(np.searchsorted(sb, now, side="right")))
     lo = max(s0, i0)
     hi = max(i1, lo)
+    if hi - lo < INDEX_MIN_OPS:  # painting from the ops costs no more
+        return None
+    spans.update(rv, cats)
     parts = []  # ops of the window drawn from the ops
     if i0 < s0:  # begun before the window, ending in it or in flight
         early = order[i0:s0]
@@ -838,7 +866,8 @@ def _paint_overview(m: Any, rt: Any, rank: int, win: Window, idx: np.ndarray, co
             we_a = np.where(we_a > now, 0, we_a)
         end = stop.copy()
         end[ai] = np.where(wb_a > 0, np.where(we_a > 0, we_a, stop[ai]), stop[ai])
-    starts, stops, kinds = [begin], [end], [code & CAT_MASK]
+    span_kind = code & CAT_MASK
+    starts, stops, kinds = [begin], [end], [span_kind]
     fi = np.flatnonzero(inflight)
     if fi.shape[0]:  # blocked too long: the part of the span past the thresholds
         fa = is_async[fi]
@@ -867,19 +896,11 @@ def _paint_overview(m: Any, rt: Any, rank: int, win: Window, idx: np.ndarray, co
             starts.append(begin[j:j + 1])
             stops.append(np.array([e], np.int64))
             kinds.append(np.array([palette.SELECTED], np.int8))
-    cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
-    cands = []
-    cand = np.flatnonzero(stop - begin > 7 * npc)  # c1 - c0 >= 8 needs a span longer than 7 cells
-    if cand.shape[0]:
-        c0 = np.minimum(np.maximum((begin[cand] - t0) // npc, -1), w)
-        c1 = np.minimum(np.maximum((stop[cand] - t0) // npc, -1), w)
-        for k in np.flatnonzero((c1 - c0) >= 8)[:40].tolist():
-            j = int(cand[k])
-            i = int(idx[j])
-            seq = int(rt.seq[i])
-            text = m.sigs[int(rt.sig[i])].op + (f" #{seq}" if seq >= 0 else "")
-            cands.append((int(begin[j]), i, max(int(c0[k]), 0), min(int(c1[k]), w - 1), text))
-    return cells, cands
+    if len(starts) == 1:
+        cells = _cover(begin, end, span_kind, t0, npc, w)
+    else:
+        cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
+    return cells, _candidates(m, rt, idx, begin, stop, win)
 
 def paint_group(m: Any, ranks: tuple[int, ...], win: Window, cats: np.ndarray | None = None,
                 spans: Mapping[int, SpanIndex] | None = None) -> list[Segment]:
@@ -959,6 +980,12 @@ def _clamp(npc: int) -> int:
     return int(min(max(npc, MIN_NPC), MAX_NPC))
 
 
+@lru_cache(maxsize=4096)
+def _run(cat: int, n: int) -> Segment:
+    """A run of ``n`` cells of one category (rows repeat the same few: made once)."""
+    return Segment(palette.GLYPH[cat] * n, palette.STYLE[cat])
+
+
 def _segments(cells: np.ndarray, labels: list[tuple[int, int, str, int]]) -> list[Segment]:
     """Run-length encode the cells into segments, with labels written over wide spans."""
     w = cells.shape[0]
@@ -969,17 +996,17 @@ def _segments(cells: np.ndarray, labels: list[tuple[int, int, str, int]]) -> lis
     ends = starts[1:] + [w]
     cats = cells[starts].tolist()
     if not keys:
-        return [Segment(palette.GLYPH[c] * (b - a), palette.STYLE[c]) for a, b, c in zip(starts, ends, cats, strict=True)]
+        return [_run(c, b - a) for a, b, c in zip(starts, ends, cats, strict=True)]
     for a, b, cat in zip(starts, ends, cats, strict=True):
         x = a
         while x < b:
             k = bisect_left(keys, x)
             lab = keys[k] if k < len(keys) and keys[k] < b else None
             if lab is None:
-                segs.append(Segment(palette.GLYPH[cat] * (b - x), palette.STYLE[cat]))
+                segs.append(_run(cat, b - x))
                 break
             if lab > x:
-                segs.append(Segment(palette.GLYPH[cat] * (lab - x), palette.STYLE[cat]))
+                segs.append(_run(cat, lab - x))
             n, text, lcat = label_at[lab]
             n = min(n, b - lab)
             segs.append(Segment(text[:n], palette.LABEL_STYLE.get(cat, palette.LABEL_STYLE[palette.COLL])))
