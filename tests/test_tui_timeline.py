@@ -178,7 +178,7 @@ def test_repainting_what_changed_draws_what_a_full_paint_draws():
     flight) equals the row painted from scratch: cells and labels, live and with a selection."""
     from commscope.analysis import TraceModel
     from commscope.analysis.synth import healthy_trace
-    from commscope.tui.timeline import Window, repaint_rank
+    from commscope.tui.timeline import Window, repaint_rank, repaint_ranks
 
     events = sorted(healthy_trace(2, 2500), key=lambda e: e["ts"])
     start, end = events[0]["ts"], events[-1]["ts"]
@@ -187,9 +187,11 @@ def test_repainting_what_changed_draws_what_a_full_paint_draws():
     partial = 0
     modes: set = set()
     labelled = 0
+    batched = 0
     for k in range(0, len(events), 613):  # batches cut through ops: some are in flight at each view
         m.ingest(events[k:k + 613])
         v = m.view()
+        before = dict(painted)
         for r in v.rank_ids():
             for span, sel, mid, fast in ((end - start, None, 0.5, True), ((end - start) // 3, (r, 1500), 0.5, True),
                                          ((end - start) // 8, None, 0.3, True), ((end - start) // 8, None, 0.6, False),
@@ -208,6 +210,18 @@ def test_repainting_what_changed_draws_what_a_full_paint_draws():
                 partial += prev is not None and prev.version != p.version
                 modes.add((key, p.overview))
                 labelled += bool(labels)
+        # the console repaints a frame's rows together: the same rows
+        for span, sel, mid, fast in ((end - start, None, 0.5, True), ((end - start) // 8, None, 0.3, True),
+                                     ((end - start) // 8, None, 0.6, False), ((end - start) // 40, (1, 2000), 0.7, True)):
+            win = Window(start + int((end - start) * mid) - span // 2, max(1, span // 120), 120, v.end_ns,
+                         hang_after_ns=50 * MS, sel=sel, overview=fast)
+            ranks = v.rank_ids()
+            together = repaint_ranks(v, [(r, before.get((r, span, mid, fast)), None) for r in ranks], win)
+            for r, p in zip(ranks, together, strict=True):
+                assert np.array_equal(p.cells, painted[(r, span, mid, fast)].cells)
+                assert p.labels == painted[(r, span, mid, fast)].labels and p.count == painted[(r, span, mid, fast)].count
+                batched += 1
+    assert batched >= 40
     assert partial >= 40 and labelled >= 4 and {k for k, ov in modes if ov} & {k for k, ov in modes if not ov}  # some switched
 
 
@@ -333,3 +347,48 @@ def test_span_index_draws_what_the_ops_draw():
         T.INDEX_MIN_OPS = threshold
     # every rank drawn as an overview, each time painted from the index twice
     assert min(per_rank.values()) >= 2 and len(per_rank) == 6 and indexed == 2 * compared
+
+
+def test_rows_painted_together_are_the_rows_painted_one_by_one():
+    """The console paints every row a frame needs in one pass (``_paint_rows``): each row
+    equals that row painted alone, detailed and overview rows mixed, whole rows and the
+    parts repainted after a batch, with the replay cursor and a selection."""
+    from commscope.analysis import TraceModel
+    from commscope.analysis.synth import healthy_trace
+    from commscope.tui.timeline import Job, Window, _paint, _paint_rows, categories
+
+    b = TraceBuilder(2)
+    b.sync(0, T0, None, "all_reduce")  # stuck from the start
+    for k in range(300):
+        b.async_op(1, T0 + k * MS, T0 + k * MS + MS // 2, T0 + k * MS + 3 * MS // 4 if k != 299 else None, "all_gather")
+    events = healthy_trace(3, 1500) + [{**e, "rank": e["rank"] + 3} for e in b.sorted_events() if "rank" in e]
+    events.sort(key=lambda e: e["ts"])
+    start, end = events[0]["ts"], events[-1]["ts"]
+    span = end - start
+    m = TraceModel()
+    checked = modes = 0
+    for k in range(0, len(events), 3001):
+        before = m.view()
+        m.ingest(events[k:k + 3001])
+        v = m.view()
+        cats = categories(v.sigs)
+        ranks = v.rank_ids()
+        for frac, off, cursor in ((1.0, 0.0, None), (0.2, 0.4, None), (0.03, 0.5, None), (0.5, 0.1, 0.3),
+                                  (0.05, 0.28, 0.3)):
+            npc = max(1, int(span * frac) // 90)
+            t0 = start + int(span * off)
+            now = v.end_ns if cursor is None else start + int(span * cursor)
+            for sel in (None, (ranks[-1], v.ranks[ranks[-1]].n // 2)):
+                win = Window(t0, npc, 90, now, None if cursor is None else now, 20 * MS, sel, True)
+                jobs = [Job(r) for r in ranks]
+                if before.ranks:  # the parts changed by the batch, as a repaint asks for them
+                    jobs += [Job(r, t0 + (90 - 1 - r * 7) * npc, (300, before.ranks[r].n if r in before.ranks else 0))
+                             for r in ranks]
+                together = _paint_rows(v, win, jobs, cats)
+                for job, got in zip(jobs, together, strict=True):
+                    alone = _paint(v, job.rank, win, cats, job.from_t, job.base)
+                    if got[2]:  # overview rows: the single-row path takes its own (equivalent) drawing
+                        modes += 1
+                    assert np.array_equal(got[0], alone[0]) and got[1:] == alone[1:], (job, frac, off, cursor, sel)
+                    checked += 1
+    assert checked >= 200 and modes >= 20

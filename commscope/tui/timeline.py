@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import OrderedDict, defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -104,6 +104,8 @@ class Timeline(ScrollView, can_focus=True):
         self.hang_after_ns = 30 * 10**9
         self._cache: OrderedDict[tuple, Strip] = OrderedDict()  # finished lines
         self._painted: OrderedDict[tuple, Painted] = OrderedDict()  # rows' cells, repainted in part on changes
+        self._frame_token: tuple | None = None  # (view, window) the rows below were painted for
+        self._frame_rows: dict[tuple, Painted] = {}  # this frame's visible rows, painted together
         self._cat_table = np.zeros(0, np.int8)
         # per rank, the overview's span index (spanindex), kept across frames and views: it
         # is data, not a painted cache, so clear_caches leaves it
@@ -122,9 +124,8 @@ class Timeline(ScrollView, can_focus=True):
         self.follow = True
         self._placed = False
         self.empty_text = None
-        self.clear_caches()
+        self.clear_caches(indexes=True)
         self._cat_table = np.zeros(0, np.int8)
-        self._spans.clear()
         self._dots_key, self._dots = None, {}
         self.set_flagged(set())
         self.virtual_size = Size(self.size.width, 0)
@@ -177,10 +178,14 @@ class Timeline(ScrollView, can_focus=True):
             self._follow_now()
         self.refresh()
 
-    def clear_caches(self) -> None:
-        """Forget every painted line and row (the next frame paints everything)."""
+    def clear_caches(self, *, indexes: bool = False) -> None:
+        """Forget every painted line and row (the next frame paints everything); with
+        ``indexes``, the span indexes too (the next overview builds them again)."""
         self._cache.clear()
         self._painted.clear()
+        self._frame_token, self._frame_rows = None, {}
+        if indexes:
+            self._spans.clear()
 
     def unplace(self) -> None:
         """Fit the view to the whole trace again at the next update or paint (a replay
@@ -257,12 +262,15 @@ class Timeline(ScrollView, can_focus=True):
             painted = None
             if len(row.ranks) == 1:  # repaint only what changed since this row was last painted here
                 r = row.ranks[0]
-                pkey = (r, self.t0, self.npc, win.width, self.cursor_ns, sel, self.hang_after_ns, win.overview)
-                p = repaint_rank(m, r, win, self._painted.get(pkey), cats, self._spans[r] if self.SPAN_INDEX else None)
-                self._painted[pkey] = p
-                self._painted.move_to_end(pkey)
-                if len(self._painted) > 512:
-                    self._painted.popitem(last=False)
+                pkey = self._painted_key(r, win)
+                token = (id(m), m.version, win)
+                p = self._frame_rows.get(pkey) if self._frame_token == token else None
+                if p is None:  # the first row of a frame: every visible row, in one pass
+                    self._repaint_visible(m, win, cats, token)
+                    p = self._frame_rows.get(pkey)
+                if p is None:  # (a row outside the visible ones)
+                    p = repaint_rank(m, r, win, self._painted.get(pkey), cats, self._spans_of(r))
+                    self._keep_painted(pkey, p)
                 painted = (p.cells, p.labels)
             strip = render_row(m, row, win, kind=kind, focused=focused, flagged=row.key in self._flagged_rows,
                                cats=cats, painted=painted, spans=self._spans if self.SPAN_INDEX else None)
@@ -270,6 +278,35 @@ class Timeline(ScrollView, can_focus=True):
             if len(self._cache) > 2000:
                 self._cache.popitem(last=False)
         return strip
+
+    def _painted_key(self, rank: int, win: Window) -> tuple:
+        sel = win.sel if win.sel and win.sel[0] == rank else None
+        return (rank, self.t0, self.npc, win.width, self.cursor_ns, sel, self.hang_after_ns, win.overview)
+
+    def _spans_of(self, rank: int) -> SpanIndex | None:
+        return self._spans[rank] if self.SPAN_INDEX else None
+
+    def _keep_painted(self, pkey: tuple, p: Painted) -> None:
+        self._painted[pkey] = p
+        self._painted.move_to_end(pkey)
+        if len(self._painted) > 512:
+            self._painted.popitem(last=False)
+
+    def _repaint_visible(self, m: Any, win: Window, cats: np.ndarray, token: tuple) -> None:
+        """Bring every visible one-rank row's painting up to date (``repaint_ranks``: in one
+        pass, which costs much less than row by row), for the frame ``token``."""
+        top = self.scroll_offset.y
+        keys, asks = [], []
+        for row in self.rows[top:top + self.size.height]:
+            if len(row.ranks) == 1:
+                r = row.ranks[0]
+                pkey = self._painted_key(r, win)
+                keys.append(pkey)
+                asks.append((r, self._painted.get(pkey), self._spans_of(r)))
+        done = repaint_ranks(m, asks, win, cats)
+        for pkey, p in zip(keys, done, strict=True):
+            self._keep_painted(pkey, p)
+        self._frame_token, self._frame_rows = token, dict(zip(keys, done, strict=True))
 
     def window(self, width: int | None = None) -> Window:
         """What a row is painted for now: the time window, ``width`` cells of it (default: the
@@ -582,29 +619,53 @@ def repaint_rank(m: Any, rank: int, win: Window, prev: Painted | None,
     A cell depends only on the ops that touch it, and the drawing (overview or detailed)
     on how many ops the window holds, which only grows by the ops added: so the result is
     what ``paint_rank`` gives."""
-    rt = m.ranks.get(rank)
-    version, n = (-1, 0) if rt is None else (rt.version, rt.n)
-    open_min = min((int(rt.begin[i]) for i in rt.open), default=I64_MAX) if rt is not None else I64_MAX
-    dirty = None
-    if prev is not None and rt is not None and hasattr(rt, "touched_since") and len(prev.cands) < 40:
-        dirty = rt.touched_since(prev.version)  # (at the label cap: everything again, below)
-        if dirty is not None and (win.now != prev.now or version != prev.version):
-            dirty = min(dirty, open_min, prev.open_min)
-    d = 0 if dirty is None else min(max((dirty - win.t0) // win.npc, 0), win.width) if dirty < I64_MAX else win.width
-    if prev is None or d == 0:
-        cells, cands, overview, count = _paint(m, rank, win, cats, spans=spans)
-        return Painted(version, n, win.now, open_min, count, overview, cells, cands, _labels(cells, cands))
-    if d >= win.width:  # nothing in view changed
-        return prev._replace(version=version, n=n, now=win.now, open_min=open_min)
-    from_t = win.t0 + d * win.npc
-    new, cands, overview, count = _paint(m, rank, win, cats, from_t=from_t - 1, base=(prev.count, prev.n))
-    if overview != prev.overview:  # the ops added switched the drawing: all of it changes
-        cells, cands, overview, count = _paint(m, rank, win, cats, spans=spans)
-        return Painted(version, n, win.now, open_min, count, overview, cells, cands, _labels(cells, cands))
-    cells = np.concatenate([prev.cells[:d], new[d:]])
-    # candidates of spans ending before the repainted part are as they were; the others are new
-    cands = sorted([c for c in prev.cands if c[3] < d] + [c for c in cands if c[3] >= d])[:40]
-    return Painted(version, n, win.now, open_min, count, overview, cells, cands, _labels(cells, cands))
+    return repaint_ranks(m, [(rank, prev, spans)], win, cats)[0]
+
+
+def repaint_ranks(m: Any, rows: Sequence[tuple[int, Painted | None, SpanIndex | None]], win: Window,
+                  cats: np.ndarray | None = None) -> list[Painted]:
+    """``repaint_rank`` for several rows (rank, painted before, span index) over one window,
+    painted together (``_paint_rows``): what a frame after a batch of events needs."""
+    if cats is None or cats.shape[0] < len(m.sigs):
+        cats = categories(m.sigs)
+    out: list[Any] = [None] * len(rows)
+    plans = []  # (row, version, n, open_min, cells kept)
+    jobs: list[Job] = []
+    for k, (rank, prev, spans) in enumerate(rows):
+        rt = m.ranks.get(rank)
+        version, n = (-1, 0) if rt is None else (rt.version, rt.n)
+        open_min = min((int(rt.begin[i]) for i in rt.open), default=I64_MAX) if rt is not None else I64_MAX
+        dirty = None
+        if prev is not None and rt is not None and hasattr(rt, "touched_since") and len(prev.cands) < 40:
+            dirty = rt.touched_since(prev.version)  # (at the label cap: everything again, below)
+            if dirty is not None and (win.now != prev.now or version != prev.version):
+                dirty = min(dirty, open_min, prev.open_min)
+        d = 0 if dirty is None else min(max((dirty - win.t0) // win.npc, 0), win.width) if dirty < I64_MAX else win.width
+        if prev is not None and d >= win.width:  # nothing in view changed
+            out[k] = prev._replace(version=version, n=n, now=win.now, open_min=open_min)
+            continue
+        if prev is None or d == 0:
+            jobs.append(Job(rank, spans=spans))
+        else:
+            jobs.append(Job(rank, win.t0 + d * win.npc - 1, (prev.count, prev.n)))
+        plans.append((k, version, n, open_min, d))
+    again = []  # rows whose drawing the ops added switched: all of it changes
+    for (k, version, n, open_min, d), job, (cells, cands, overview, count) in zip(
+            plans, jobs, _paint_rows(m, win, jobs, cats), strict=True):
+        prev = rows[k][1]
+        if job.from_t is not None:
+            if overview != prev.overview:
+                again.append((k, version, n, open_min))
+                continue
+            cells = np.concatenate([prev.cells[:d], cells[d:]])
+            # candidates of spans ending before the repainted part are as they were; the others are new
+            cands = sorted([c for c in prev.cands if c[3] < d] + [c for c in cands if c[3] >= d])[:40]
+        out[k] = Painted(version, n, win.now, open_min, count, overview, cells, cands, _labels(cells, cands))
+    if again:
+        redone = _paint_rows(m, win, [Job(rows[k][0], spans=rows[k][2]) for k, *_ in again], cats)
+        for (k, version, n, open_min), (cells, cands, overview, count) in zip(again, redone, strict=True):
+            out[k] = Painted(version, n, win.now, open_min, count, overview, cells, cands, _labels(cells, cands))
+    return out
 
 
 def _labels(cells: np.ndarray, cands: list[tuple[int, int, int, int, str]]) -> list[tuple[int, int, str, int]]:
@@ -628,119 +689,190 @@ def _paint(m: Any, rank: int, win: Window, cats: np.ndarray | None = None, from_
     before, so that the count, and the drawing it picks, is the whole window's.
     ``spans``: the rank's span index: a whole overview of a published view is painted from
     it (``_paint_indexed``), the same picture in O(cells x log ops)."""
-    w = win.width
+    return _paint_rows(m, win, [Job(rank, from_t, base, spans)], cats)[0]
+
+
+class Job(NamedTuple):
+    """One row for ``_paint_rows``: ``_paint``'s arguments but the window."""
+
+    rank: int
+    from_t: int | None = None
+    base: tuple[int, int] = (0, 0)
+    spans: SpanIndex | None = None
+
+
+def _blank(w: int) -> np.ndarray:
     cells = _EMPTY.get(w)
     if cells is None:
         cells = _EMPTY[w] = np.zeros(w, np.int8)
         cells.flags.writeable = False
-    rt = m.ranks.get(rank)
-    if rt is None or rt.n == 0:
-        return cells, [], False, 0
+    return cells
+
+
+def _paint_rows(m: Any, win: Window, jobs: Sequence[Job], cats: np.ndarray | None = None
+                ) -> list[tuple[np.ndarray, list[tuple[int, int, int, int, str]], bool, int]]:
+    """``_paint`` for several rows over one window: each row's ops are found and filtered on
+    its own, then drawn together (intervals per op, coverage, labels), so the fixed cost of
+    the numpy calls is paid once per frame, not once per row."""
+    w = win.width
     t0, npc = win.t0, win.npc
     if cats is None or cats.shape[0] < len(m.sigs):
         cats = categories(m.sigs)
-    if spans is not None and from_t is None and win.overview and isinstance(rt, RankView):
-        done = _paint_indexed(m, rt, rank, win, cats, spans)
-        if done is not None:
-            return (*done[:2], True, done[2])
-    idx = rt.window(t0 if from_t is None else max(t0, from_t), t0 + w * npc)
-    if idx.shape[0] == 0:
-        return cells, [], base[0] > 4 * w, base[0]
-    idx, code, begin, comp, inflight, stop = _drawn(rt, idx, cats, win)
-    if idx.shape[0] == 0:
-        return cells, [], base[0] > 4 * w, base[0]
-    now = win.now
-    count = idx.shape[0] if from_t is None else base[0] + int((idx >= base[1]).sum())
-    if win.overview and count > 4 * w:
-        return (*_paint_overview(m, rt, rank, win, idx, code, begin, stop, inflight), True, count)
+    out: list[Any] = [None] * len(jobs)
+    rows: list[tuple[int, Any, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]] = []
+    for k, job in enumerate(jobs):
+        rt = m.ranks.get(job.rank)
+        if rt is None or rt.n == 0:
+            out[k] = (_blank(w), [], False, 0)
+            continue
+        if job.spans is not None and job.from_t is None and win.overview and isinstance(rt, RankView):
+            done = _paint_indexed(m, rt, job.rank, win, cats, job.spans)
+            if done is not None:
+                out[k] = (*done[:2], True, done[2])
+                continue
+        idx = rt.window(t0 if job.from_t is None else max(t0, job.from_t), t0 + w * npc)
+        if idx.shape[0]:
+            idx, code, begin, _, inflight, stop = _drawn(rt, idx, cats, win)
+        if idx.shape[0] == 0:
+            out[k] = (_blank(w), [], job.base[0] > 4 * w, job.base[0])
+            continue
+        count = idx.shape[0] if job.from_t is None else job.base[0] + int((idx >= job.base[1]).sum())
+        if win.overview and count > 4 * w and (len(jobs) == 1 or idx.shape[0] > 256):
+            # many ops, one span each: the drawing that does per op only what it must
+            out[k] = (*_paint_overview(m, rt, job.rank, win, idx, code, begin, stop, inflight), True, count)
+            continue
+        rows.append((k, rt, idx, code, begin, stop, inflight, count))
+    if rows:
+        for k, row_out in zip((r[0] for r in rows), _draw_rows(m, win, jobs, rows), strict=True):
+            out[k] = row_out
+    return out
+
+
+def _draw_rows(m: Any, win: Window, jobs: Sequence[Job], rows: list) -> list:
+    """The drawing of ``_paint_rows``: every row's ops (by begin) as intervals of categories,
+    their coverage per cell, and the label candidates, all rows at once."""
+    w = win.width
+    t0, npc, now = win.t0, win.npc, win.now
+    sizes = [r[2].shape[0] for r in rows]
+    offsets = np.cumsum([0, *sizes])  # where each row's ops start
+    row = np.repeat(np.arange(len(rows)), sizes)
+    code = np.concatenate([r[3] for r in rows]) if len(rows) > 1 else rows[0][3]
+    begin = np.concatenate([r[4] for r in rows]) if len(rows) > 1 else rows[0][4]
+    stop = np.concatenate([r[5] for r in rows]) if len(rows) > 1 else rows[0][5]
+    inflight = np.concatenate([r[6] for r in rows]) if len(rows) > 1 else rows[0][6]
+    flags = np.concatenate([r[1].flags[r[2]] for r in rows]) & APPROX
+    counts = np.array([r[7] for r in rows])
+    overview = counts > 4 * w  # far zoomed out the issue/wait breakdown is invisible: one span per op
     # Ops whose end is only approximately known (Flight Recorder on Gloo) are drawn like
     # async work: a mark at the start, then a thin line, not a solid bar.
-    flags = rt.flags[idx] & APPROX
     is_async = ((code & ASYNC_BIT) | flags) != 0
-    any_async = bool(is_async.any())
-    cats = code & CAT_MASK
+    cat = code & CAT_MASK
     starts: list[np.ndarray] = [begin]
     stops: list[np.ndarray] = []
-    kinds: list[np.ndarray] = [cats]
+    kinds: list[np.ndarray] = [cat]
+    rows_of: list[np.ndarray] = [row]
 
-    def add(mask: np.ndarray, a: np.ndarray, b: np.ndarray, cat: int | np.ndarray) -> None:
+    def add(mask: np.ndarray, a: np.ndarray, b: np.ndarray, kind: int) -> None:
         if mask.any():
             starts.append(a[mask])
             stops.append(b[mask])
-            kinds.append(cat[mask] if isinstance(cat, np.ndarray) else np.full(int(mask.sum()), cat, np.int8))
+            kinds.append(np.full(int(mask.sum()), kind, np.int8))
+            rows_of.append(row[mask])
 
+    ai = np.flatnonzero(is_async)
     wb = we = issue_end = None
-    if any_async:  # (the issue/wait parts of async work: only where there is some)
-        approx = flags != 0
-        end = rt.end[idx]
-        issue_end = np.where(approx, begin, np.where(end > 0, end, begin))
-        wb, we = rt.wb[idx], rt.we[idx]
+    if ai.shape[0]:  # the issue/wait parts of async work: only where there is some
+        issue_end, wb, we = begin.copy(), np.zeros_like(begin), np.zeros_like(begin)
+        for j, (_, rt, idx, *_) in enumerate(rows):
+            lo, hi = int(offsets[j]), int(offsets[j + 1])
+            sub = ai[(ai >= lo) & (ai < hi)]
+            if sub.shape[0]:
+                ops = idx[sub - lo]
+                end = rt.end[ops]
+                issue_end[sub] = np.where(flags[sub] != 0, begin[sub], np.where(end > 0, end, begin[sub]))
+                wb[sub], we[sub] = rt.wb[ops], rt.we[ops]
         if win.cursor_ns is not None:
             wb = np.where(wb > now, 0, wb)
             we = np.where(we > now, 0, we)
             issue_end = np.minimum(issue_end, stop)
-    # Far zoomed out (several ops per cell) the issue/wait breakdown is invisible: draw
-    # each op as one span, which halves the work on the largest windows.
-    overview = count > 4 * w
-    if not any_async:
-        stops.append(stop)
-    elif overview:
-        stops.append(np.where(is_async & (wb > 0), np.where(we > 0, we, stop), stop))
-    else:
-        # sync ops, and the issue part of async ones, in their category
-        stops.append(np.where(is_async, issue_end, stop))
-        # async issue -> wait: a thin line while the op runs in the background; then the wait
-        ai = np.flatnonzero(is_async)
-        wb_a = wb[ai]
+        ov = overview[row[ai]]
+        wb_a, we_a, stop_a = wb[ai], we[ai], stop[ai]
         waited = wb_a > 0
-        starts.append(issue_end[ai])
-        stops.append(np.where(waited, wb_a, stop[ai]))
-        kinds.append(np.full(ai.shape[0], palette.PENDING, np.int8))
-        wi = ai[waited]
-        if wi.shape[0]:
-            we_w = we[wi]
-            starts.append(wb[wi])
-            stops.append(np.where(we_w > 0, we_w, stop[wi]))
-            kinds.append(np.full(wi.shape[0], palette.WAIT, np.int8))
+        # sync ops, the issue part of async ones (overview: the whole op, to the wait's end)
+        stops.append(stop.copy())
+        stops[0][ai] = np.where(ov, np.where(waited, np.where(we_a > 0, we_a, stop_a), stop_a), issue_end[ai])
+        # async issue -> wait: a thin line while the op runs in the background; then the wait
+        detail = ~ov
+        pend = ai[detail]
+        if pend.shape[0]:
+            starts.append(issue_end[pend])
+            stops.append(np.where(waited[detail], wb_a[detail], stop_a[detail]))
+            kinds.append(np.full(pend.shape[0], palette.PENDING, np.int8))
+            rows_of.append(row[pend])
+            wi = ai[detail & waited]
+            if wi.shape[0]:
+                we_w = we[wi]
+                starts.append(wb[wi])
+                stops.append(np.where(we_w > 0, we_w, stop[wi]))
+                kinds.append(np.full(wi.shape[0], palette.WAIT, np.int8))
+                rows_of.append(row[wi])
+    else:
+        stops.append(stop)
     # blocked too long: the part of the span past the thresholds
     if inflight.any():
-        blocked = inflight & (~is_async | (wb > 0)) if any_async else inflight
-        since = np.where(is_async, wb, begin) if any_async else begin
+        blocked = inflight & (~is_async | (wb > 0)) if ai.shape[0] else inflight
+        since = np.where(is_async, wb, begin) if ai.shape[0] else begin
         warn_at = since + max(win.hang_after_ns // 3, 1)
         err_at = since + win.hang_after_ns
         add(blocked & (warn_at < now), warn_at, stop, palette.WARN)
         add(blocked & (err_at < now), err_at, stop, palette.ERROR)
-    if win.sel and win.sel[0] == rank:
-        one = idx == win.sel[1]
-        if one.any():
-            j = int(np.flatnonzero(one)[0])
-            end_t = np.full(idx.shape[0], stop[j] if not is_async[j] else max(int(stop[j]), int(issue_end[j])))
-            add(one, begin, end_t, palette.SELECTED)
-    if len(starts) == 1:
-        cells = _cover(starts[0], stops[0], kinds[0], t0, npc, w)
+    if win.sel:
+        for j, (k, _, idx, *_) in enumerate(rows):
+            if jobs[k].rank != win.sel[0]:
+                continue
+            hit = np.flatnonzero(idx == win.sel[1])
+            if hit.shape[0]:
+                at = int(offsets[j]) + int(hit[0])
+                e = int(stop[at]) if not is_async[at] else max(int(stop[at]), int(issue_end[at]))
+                starts.append(begin[at:at + 1])
+                stops.append(np.array([e], np.int64))
+                kinds.append(np.array([palette.SELECTED], np.int8))
+                rows_of.append(row[at:at + 1])
+    if len(rows) == 1:
+        one = [_cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
+               if len(starts) > 1 else _cover(starts[0], stops[0], kinds[0], t0, npc, w)]
     else:
-        cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
-    return cells, _candidates(m, rt, idx, begin, stop, win), overview, count
+        one = _cover_rows(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds),
+                          np.concatenate(rows_of), len(rows), t0, npc, w)
+    cands = _candidates(m, rows, begin, stop, row, win)
+    return [(one[j], cands[j], bool(overview[j]), int(counts[j])) for j in range(len(rows))]
 
 
-def _candidates(m: Any, rt: Any, idx: np.ndarray, begin: np.ndarray, stop: np.ndarray,
-                win: Window) -> list[tuple[int, int, int, int, str]]:
-    """Label candidates: the first 40 spans (``begin``..``stop`` of ops ``idx``, by begin) at
-    least 8 cells wide, as (begin, op index, first cell, last cell, text)."""
+def _candidates(m: Any, rows: list, begin: np.ndarray, stop: np.ndarray, row: np.ndarray | None,
+                win: Window) -> list[list[tuple[int, int, int, int, str]]]:
+    """Label candidates of each row: its first 40 spans (``begin``..``stop``, by begin; rows'
+    ops one after the other, ``row`` telling whose) at least 8 cells wide, as (begin, op
+    index, first cell, last cell, text).  ``rows``: (_, rank trace, op indices, ...) each."""
     t0, npc, w = win.t0, win.npc, win.width
+    out: list[list[tuple[int, int, int, int, str]]] = [[] for _ in rows]
     cand = np.flatnonzero(stop - begin > 7 * npc)  # c1 - c0 >= 8 needs a span longer than 7 cells
     if not cand.shape[0]:
-        return []
+        return out
     c0 = np.minimum(np.maximum((begin[cand] - t0) // npc, -1), w)
     c1 = np.minimum(np.maximum((stop[cand] - t0) // npc, -1), w)
-    cands = []
-    for k in np.flatnonzero((c1 - c0) >= 8)[:40].tolist():
-        j = int(cand[k])
-        i = int(idx[j])
+    first = np.cumsum([0, *(r[2].shape[0] for r in rows)])
+    for q in np.flatnonzero((c1 - c0) >= 8).tolist():
+        j = int(cand[q])
+        r = 0 if row is None else int(row[j])
+        if len(out[r]) >= 40:
+            continue
+        rt, idx = rows[r][1], rows[r][2]
+        i = int(idx[j - int(first[r])])
         seq = int(rt.seq[i])
         text = m.sigs[int(rt.sig[i])].op + (f" #{seq}" if seq >= 0 else "")
-        cands.append((int(begin[j]), i, max(int(c0[k]), 0), min(int(c1[k]), w - 1), text))
-    return cands
+        out[r].append((int(begin[j]), i, max(int(c0[q]), 0), min(int(c1[q]), w - 1), text))
+    return out
+
 
 def _drawn(rt: Any, idx: np.ndarray, cats: np.ndarray, win: Window
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -900,7 +1032,7 @@ def _paint_overview(m: Any, rt: Any, rank: int, win: Window, idx: np.ndarray, co
         cells = _cover(begin, end, span_kind, t0, npc, w)
     else:
         cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
-    return cells, _candidates(m, rt, idx, begin, stop, win)
+    return cells, _candidates(m, [(None, rt, idx)], begin, stop, None, win)[0]
 
 def paint_group(m: Any, ranks: tuple[int, ...], win: Window, cats: np.ndarray | None = None,
                 spans: Mapping[int, SpanIndex] | None = None) -> list[Segment]:
@@ -974,6 +1106,31 @@ def _cover(a: np.ndarray, b: np.ndarray, cat: np.ndarray, t0: int, npc: int, w: 
     for c in np.flatnonzero(present).tolist():  # few, low to high
         cells[cov[c]] = c
     return cells
+
+
+def _cover_rows(a: np.ndarray, b: np.ndarray, cat: np.ndarray, row: np.ndarray, rows: int,
+                t0: int, npc: int, w: int) -> np.ndarray:
+    """``_cover`` for several rows at once (``row``: each interval's), as (rows, w) cells."""
+    fa = (a - t0) / npc  # (exact: see _cover)
+    fb = (b - t0) / npc
+    if fb.min() < 0 or fa.max() >= w:
+        ok = (fb >= 0) & (fa < w)
+        fa, fb, cat, row = fa[ok], fb[ok], cat[ok], row[ok]
+    k = np.multiply(row, N_CATEGORIES, dtype=np.int64)
+    k += cat
+    k *= w + 1
+    np.maximum(fa, 0, out=fa)
+    c0 = fa.astype(np.int64)
+    c0 += k
+    np.minimum(fb, w - 1, out=fb)
+    c1 = fb.astype(np.int64)
+    c1 += k
+    c1 += 1
+    n = rows * N_CATEGORIES * (w + 1)
+    diff = np.bincount(c0, minlength=n) - np.bincount(c1, minlength=n)
+    cov = diff.reshape(rows, N_CATEGORIES, w + 1)[:, :, :w].cumsum(axis=2) > 0
+    top = N_CATEGORIES - 1 - cov[:, ::-1, :].argmax(axis=1)  # the highest category covering each cell
+    return np.where(cov.any(axis=1), top, 0).astype(np.int8)
 
 
 def _clamp(npc: int) -> int:
