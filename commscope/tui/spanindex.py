@@ -75,9 +75,9 @@ class SpanIndex:
         self.version = -1
         self.n = 0  # ops (positions) indexed
         self.spans: dict[int, _Spans] = {}  # by category
-        self.shown = np.zeros(1, np.int64)  # ops drawn (not hidden) before each position
+        self.shown = np.zeros(1, np.int64)  # ops drawn (not hidden) before each position (to n; capacity past)
         self.pending = np.zeros(0, np.int64)  # positions of ops in flight when indexed, ascending
-        self.longest = np.zeros(0, np.int64)  # per BLOCK positions: longest completed drawn span
+        self.longest = np.zeros(0, np.int64)  # per BLOCK positions: longest completed drawn span (capacity past)
 
     def update(self, rv: Any, cats: np.ndarray) -> SpanIndex:
         """Index ``rv`` (a ``RankView`` of this rank, the same or newer than the last one),
@@ -125,10 +125,12 @@ class SpanIndex:
                 sp = self.spans[c] = _Spans()
                 self.spans = dict(sorted(self.spans.items()))  # low categories first, see cells
             sp.extend(pos[sel], begin[sel], end[sel], last[sel])
-        counts = np.empty(n + 1, np.int64)
-        counts[: p0 + 1] = self.shown[: p0 + 1]
-        np.cumsum(shown, out=counts[p0 + 1:])
-        counts[p0 + 1:] += counts[p0]
+        counts = self.shown  # grown in place: the index is the painting thread's own
+        if counts.shape[0] < n + 1:
+            counts = np.empty(max(n + 1, 2 * counts.shape[0]), np.int64)
+            counts[: p0 + 1] = self.shown[: p0 + 1]
+        np.cumsum(shown, out=counts[p0 + 1:n + 1])
+        counts[p0 + 1:n + 1] += counts[p0]
         self.shown = counts
         keep = int(np.searchsorted(self.pending, p0, side="left"))
         self.pending = np.concatenate([self.pending[:keep], pos[flight & shown]])
@@ -138,12 +140,14 @@ class SpanIndex:
         ids = rv.order_[lo:n]
         dur = np.where((rv.comp[ids] > 0) & (cats[rv.sig[ids]] < HIDDEN_BIT), rv.comp[ids] - rv.begin[ids], -1)
         nb = -(-n // BLOCK)
-        longest = np.empty(nb, np.int64)
-        longest[:b0] = self.longest[:b0]
+        longest = self.longest
+        if longest.shape[0] < nb:
+            longest = np.empty(max(nb, 2 * longest.shape[0]), np.int64)
+            longest[:b0] = self.longest[:b0]
         if dur.shape[0]:
             pad = np.full((nb - b0) * BLOCK, -1, np.int64)
             pad[: dur.shape[0]] = dur
-            longest[b0:] = pad.reshape(-1, BLOCK).max(axis=1)
+            longest[b0:nb] = pad.reshape(-1, BLOCK).max(axis=1)
         self.longest = longest
         self.n = n
 
