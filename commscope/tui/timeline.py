@@ -318,7 +318,8 @@ class Timeline(ScrollView, can_focus=True):
         segs = [Segment(" " * GUTTER)]
         for cat, name in palette.LEGEND:
             segs += [Segment(palette.GLYPH[cat] * 2, palette.STYLE[cat]), Segment(f" {name}   ", Style(color="grey50"))]
-        return Strip(segs, width).crop(0, width)
+        # padded to the full width: a shorter line leaves what the terminal showed there before
+        return Strip(segs).crop_extend(0, width, None)
 
     def set_flagged(self, ranks: set[int]) -> None:
         """Ranks named in findings: marked in the gutter, and kept by the findings filter."""
