@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from tui_scenarios import MS, StaticReader, healthy, hung_missing_rank
+from tui_scenarios import MS, StaticReader, drive, healthy, hung_missing_rank, make_app
 
 from commscope.analysis.synth import T0, TraceBuilder
 from commscope.tui import palette as P
@@ -392,3 +392,38 @@ def test_rows_painted_together_are_the_rows_painted_one_by_one():
                     assert np.array_equal(got[0], alone[0]) and got[1:] == alone[1:], (job, frac, off, cursor, sel)
                     checked += 1
     assert checked >= 200 and modes >= 20
+
+
+def test_large_trace_first_frame_from_the_ops_then_span_indexes_built_when_idle():
+    """Opening a large trace: the first whole-trace frame is painted from the ops (building
+    the span indexes would cost more than the frame), the indexes the frame wanted are built
+    when the UI is idle, and the frames after are painted from them: the same rows."""
+    from commscope.analysis.synth import healthy_trace
+
+    events = healthy_trace(3, 4000)
+    app = make_app(events, max(e["ts"] for e in events))
+
+    async def check(pilot) -> None:
+        tl = app.timeline
+        start, end = tl.model.bounds()
+        tl.follow = False
+        tl.npc = (end - start) // tl.timeline_width() + 1
+        tl.t0 = start
+        tl.clear_caches(indexes=True)
+        built = []
+        build = tl.build_indexes
+        tl.build_indexes = lambda *a: built.append(build(*a)) or built[-1]
+        first = [tl.render_line(y).text for y in range(4)]
+        ranks = tl.model.rank_ids()
+        assert all(tl._spans[r].wanted and tl._spans[r].version < 0 for r in ranks)
+        for _ in range(20):
+            await pilot.pause()
+            if built and built[-1]:
+                break
+        assert built and built[-1]
+        assert all(tl._spans[r].version == tl.model.ranks[r].version and not tl._spans[r].wanted for r in ranks)
+        tl.clear_caches()
+        assert [tl.render_line(y).text for y in range(4)] == first
+        assert any("█" in line for line in first)
+
+    drive(app, check, size=(160, 30))

@@ -71,13 +71,25 @@ class SpanIndex:
     """The overview's spans of one rank (see the module docstring), for ``RankView``s of
     that rank as they are published: ``update`` brings it to a newer view."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, deferred: bool = False) -> None:
+        #: build the first time later (``build_later``): the painter paints from the ops and
+        #: sets ``wanted``, and the console builds it when idle, so the first frame of a large
+        #: trace costs no more than painting it from the ops
+        self.deferred = deferred
+        self.wanted = False
         self.version = -1
         self.n = 0  # ops (positions) indexed
         self.spans: dict[int, _Spans] = {}  # by category
         self.shown = np.zeros(1, np.int64)  # ops drawn (not hidden) before each position (to n; capacity past)
         self.pending = np.zeros(0, np.int64)  # positions of ops in flight when indexed, ascending
         self.longest = np.zeros(0, np.int64)  # per BLOCK positions: longest completed drawn span (capacity past)
+
+    def build_later(self) -> bool:
+        """Whether the painter should leave this index unbuilt for now (and mark it wanted)."""
+        if self.deferred and self.version < 0:
+            self.wanted = True
+            return True
+        return False
 
     def update(self, rv: Any, cats: np.ndarray) -> SpanIndex:
         """Index ``rv`` (a ``RankView`` of this rank, the same or newer than the last one),

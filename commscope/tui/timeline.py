@@ -13,6 +13,7 @@ reads the model's published view (``feed.view``), never the live model: no lock.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections import OrderedDict, defaultdict
 from collections.abc import Mapping, Sequence
@@ -109,7 +110,8 @@ class Timeline(ScrollView, can_focus=True):
         self._cat_table = np.zeros(0, np.int8)
         # per rank, the overview's span index (spanindex), kept across frames and views: it
         # is data, not a painted cache, so clear_caches leaves it
-        self._spans: defaultdict[int, SpanIndex] = defaultdict(SpanIndex)
+        self._spans: defaultdict[int, SpanIndex] = defaultdict(lambda: SpanIndex(deferred=True))
+        self._building = False  # a build of wanted span indexes is scheduled
         self._dots_key: tuple[int, int] | None = None  # (view version, replay cursor) of _dots
         self._dots: dict[int, str] = {}
         self._placed = False
@@ -307,6 +309,31 @@ class Timeline(ScrollView, can_focus=True):
         for pkey, p in zip(keys, done, strict=True):
             self._keep_painted(pkey, p)
         self._frame_token, self._frame_rows = token, dict(zip(keys, done, strict=True))
+        if not self._building and any(sp is not None and sp.wanted for _, _, sp in asks):
+            self._building = True
+            self.call_later(self.build_indexes)
+
+    def build_indexes(self, budget_s: float = 0.015) -> bool:
+        """Build the span indexes the last frames wanted, for ``budget_s`` at most, then yield
+        to the event loop and go on: the UI stays responsive while a large trace's indexes
+        are built.  The picture does not change (the index draws what the ops draw), so
+        nothing is repainted.  Returns whether all are built."""
+        self._building = False
+        m = self.model
+        cats = self._categories(m)
+        t = time.perf_counter()
+        for r, sp in list(self._spans.items()):
+            if not sp.wanted:
+                continue
+            if time.perf_counter() - t > budget_s:
+                self._building = True
+                self.set_timer(0.001, self.build_indexes)
+                return False
+            rv = m.ranks.get(r)
+            if rv is not None:
+                sp.update(rv, cats)
+            sp.wanted = False
+        return True
 
     def window(self, width: int | None = None) -> Window:
         """What a row is painted for now: the time window, ``width`` cells of it (default: the
@@ -929,7 +956,7 @@ def _paint_indexed(m: Any, rv: RankView, rank: int, win: Window, cats: np.ndarra
         i1 = min(i1, int(np.searchsorted(sb, now, side="right")))
     lo = max(s0, i0)
     hi = max(i1, lo)
-    if hi - lo < INDEX_MIN_OPS:  # painting from the ops costs no more
+    if hi - lo < INDEX_MIN_OPS or spans.build_later():  # from the ops: no dearer, or no index yet
         return None
     spans.update(rv, cats)
     parts = []  # ops of the window drawn from the ops
