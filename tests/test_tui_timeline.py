@@ -425,5 +425,18 @@ def test_large_trace_first_frame_from_the_ops_then_span_indexes_built_when_idle(
         tl.clear_caches()
         assert [tl.render_line(y).text for y in range(4)] == first
         assert any("█" in line for line in first)
+        # collapsed rows (all ranks of a host in one): their ranks' indexes are built too
+        tl.clear_caches(indexes=True)
+        tl.mode = "nodes"
+        tl.rebuild_rows()
+        assert len(tl.rows) == 1 and len(tl.rows[0].ranks) == 3
+        built.clear()
+        tl.render_line(0)
+        assert all(tl._spans[r].wanted for r in ranks)
+        for _ in range(20):
+            await pilot.pause()
+            if built and built[-1]:
+                break
+        assert all(tl._spans[r].version >= 0 and not tl._spans[r].wanted for r in ranks)
 
     drive(app, check, size=(160, 30))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections import OrderedDict, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -276,6 +276,8 @@ class Timeline(ScrollView, can_focus=True):
                 painted = (p.cells, p.labels)
             strip = render_row(m, row, win, kind=kind, focused=focused, flagged=row.key in self._flagged_rows,
                                cats=cats, painted=painted, spans=self._spans if self.SPAN_INDEX else None)
+            if len(row.ranks) > 1:  # a collapsed row's ranks may want their indexes too
+                self._build_wanted(self._spans[r] for r in row.ranks)
             self._cache[key] = strip
             if len(self._cache) > 2000:
                 self._cache.popitem(last=False)
@@ -309,7 +311,11 @@ class Timeline(ScrollView, can_focus=True):
         for pkey, p in zip(keys, done, strict=True):
             self._keep_painted(pkey, p)
         self._frame_token, self._frame_rows = token, dict(zip(keys, done, strict=True))
-        if not self._building and any(sp is not None and sp.wanted for _, _, sp in asks):
+        self._build_wanted(sp for _, _, sp in asks)
+
+    def _build_wanted(self, spans: Iterable[SpanIndex | None]) -> None:
+        """Schedule ``build_indexes`` if one of ``spans`` was wanted by a frame."""
+        if not self._building and any(sp is not None and sp.wanted for sp in spans):
             self._building = True
             self.call_later(self.build_indexes)
 
