@@ -1143,16 +1143,20 @@ struct WaitObject {
   PyObject_HEAD
   vectorcallfunc vectorcall;
   PyObject* orig;
+  // What calling orig calls: pybind11 makes Work.wait an instancemethod around a builtin,
+  // which calling it would reach through a tuple and PyObject_Call; the builtin is called
+  // with the same arguments directly (what instancemethod_call does).
+  PyObject* call;
 };
 
 PyObject* wait_vectorcall(PyObject* self_, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto* self = (WaitObject*)self_;
   Py_ssize_t n = PyVectorcall_NARGS(nargsf);
   if (!g_active.load(std::memory_order_relaxed) || n < 1 || g_tracked->empty())
-    return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    return PyObject_Vectorcall(self->call, args, nargsf, kwnames);
   auto it = g_tracked->find(args[0]);
   if (it == g_tracked->end() || PyWeakref_GetObject(it->second.ref) != args[0])
-    return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    return PyObject_Vectorcall(self->call, args, nargsf, kwnames);
   OpIds ids = std::move(it->second.ids);
   Py_DECREF(it->second.ref);
   g_tracked->erase(it);
@@ -1169,7 +1173,7 @@ PyObject* wait_vectorcall(PyObject* self_, PyObject* const* args, size_t nargsf,
     }
     if (!ids.empty()) S->inflight.put(ids[0], Inflight{ts, tid, 0, true, false});
   }
-  PyObject* ret = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+  PyObject* ret = PyObject_Vectorcall(self->call, args, nargsf, kwnames);
   std::string text = ret == nullptr ? exception_text() : std::string();
   {
     std::lock_guard<RecordLock> g(S->mu);
@@ -1190,11 +1194,14 @@ PyObject* wait_new(PyTypeObject* type, PyObject* args, PyObject*) {
   self->vectorcall = wait_vectorcall;
   Py_INCREF(orig);
   self->orig = orig;
+  self->call = PyInstanceMethod_Check(orig) ? PyInstanceMethod_GET_FUNCTION(orig) : orig;
+  Py_INCREF(self->call);
   return (PyObject*)self;
 }
 
 void wait_dealloc(PyObject* self_) {
   Py_XDECREF(((WaitObject*)self_)->orig);
+  Py_XDECREF(((WaitObject*)self_)->call);
   Py_TYPE(self_)->tp_free(self_);
 }
 
