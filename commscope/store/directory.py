@@ -106,7 +106,9 @@ class DirectoryWriter:
                 self._open()
                 self._torn = False
             lead = b"\n" if self._torn else b""  # end a torn line from a failed write
-            data = lead + b"\n".join(lines) + b"\n"
+            # One copy of the lines (a block line is most of a tick's bytes): the lead and
+            # the last newline are joined in, not concatenated after.
+            data = b"\n".join([b"", *lines, b""] if lead else [*lines, b""])
             view = memoryview(data)
             while done < len(data):
                 n = os.write(self._fd, view[done:])

@@ -34,8 +34,11 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <linux/futex.h>
 #include <pthread.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -189,6 +192,42 @@ struct ByteBuf {
   }
 };
 
+// ---------------------------------------------------------------- the lock
+// The records' lock: taken two to four times per op, nearly always free.  Free and held
+// are one atomic instruction each, inline (a pthread mutex is two library calls and ~45
+// instructions per round trip); a thread that finds it held spins briefly, then sleeps on
+// a futex (Drepper, "Futexes Are Tricky", mutex 2).  Usable with std::lock_guard.
+class RecordLock {
+  std::atomic<int> v_{0};  // 0 free, 1 held, 2 held and someone may sleep on it
+  void lock_slow() {
+    int c = v_.load(std::memory_order_relaxed);
+    for (int spin = 0; spin < 100; spin++) {
+      if (c == 0 && v_.compare_exchange_weak(c, 1, std::memory_order_acquire, std::memory_order_relaxed)) return;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      c = v_.load(std::memory_order_relaxed);
+    }
+    if (c != 2) c = v_.exchange(2, std::memory_order_acquire);
+    while (c != 0) {
+      syscall(SYS_futex, reinterpret_cast<int*>(&v_), FUTEX_WAIT_PRIVATE, 2, nullptr, nullptr, 0);
+      c = v_.exchange(2, std::memory_order_acquire);
+    }
+  }
+
+ public:
+  void lock() {
+    int c = 0;
+    if (__builtin_expect(!v_.compare_exchange_strong(c, 1, std::memory_order_acquire, std::memory_order_relaxed), 0))
+      lock_slow();
+  }
+  void unlock() {
+    if (__builtin_expect(v_.exchange(0, std::memory_order_release) == 2, 0))
+      syscall(SYS_futex, reinterpret_cast<int*>(&v_), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+  }
+};
+static_assert(sizeof(std::atomic<int>) == sizeof(int), "futex word");
+
 // ---------------------------------------------------------------- shared state
 struct Inflight {
   int64_t ts;
@@ -242,7 +281,7 @@ struct PendingDevice {
 };
 
 struct State {
-  std::mutex mu;
+  RecordLock mu;
   ByteBuf buf;
   ByteBuf spare;  // the buffer the thread drained last, kept for the next swap (no allocation per tick)
   size_t cap = 16u << 20;
@@ -396,8 +435,8 @@ struct Tls {
   int native_depth = 0;       // >0 while inside our kernel (nested dispatches)
   uint64_t native_id = 0;
   ByteBuf enc_in, enc_out;    // tensor descriptions of the op being observed
-  std::string sig_key;
-  std::string last_sig_key;   // the thread's last signature and its id: a loop repeats it
+  ByteBuf key, last_key;      // this begin's signature key, and the thread's last one (a loop repeats it)
+  std::string sig_key;        // the key as the signature table's key (made only on a change)
   uint32_t last_sid = 0;
   const void* last_schema = nullptr;  // spec_of's cache
   const OpSpec* last_spec = nullptr;
@@ -443,13 +482,13 @@ void complete_locked(uint64_t id, uint8_t role, bool error, const std::string& m
 }
 
 void on_completed(uint64_t id, uint8_t role, bool error, const std::string& msg, bool approx) {
-  std::lock_guard<std::mutex> g(S->mu);
+  std::lock_guard<RecordLock> g(S->mu);
   complete_locked(id, role, error, msg, approx);
 }
 
 void resolve_source(uint64_t id, int32_t gid, int32_t src, bool ends_here, uint8_t role, bool error,
                     const std::string& msg) {
-  std::lock_guard<std::mutex> g(S->mu);
+  std::lock_guard<RecordLock> g(S->mu);
   if (!error && src >= 0) {
     int64_t seq = -1;
     if (role != ROLE_NESTED)
@@ -562,7 +601,7 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
   uint64_t id;
   int32_t gid;
   {
-    std::lock_guard<std::mutex> g(S->mu);
+    std::lock_guard<RecordLock> g(S->mu);
     gid = group_id_locked(pg);
     int64_t seq = -1;
     if (merged) {
@@ -599,19 +638,28 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
     b.ntensors_out = out.count;
     b.bytes_in = in.bytes;
     b.bytes_out = out.bytes;
+    // The key: flags, direction, the body, the tensor descriptions; built with inline
+    // copies, and a std::string made of it only when it differs from the thread's last.
+    const size_t key_len = 2 + sizeof b + T.enc_in.size() + T.enc_out.size();
+    T.key.clear();
+    uint8_t* kp = T.key.grow(key_len);
+    bool repeat = false;
+    if (kp != nullptr) {
+      kp[0] = flags;
+      kp[1] = uint8_t(spec->dir);
+      std::memcpy(kp + 2, &b, sizeof b);
+      if (!T.enc_in.empty()) std::memcpy(kp + 2 + sizeof b, T.enc_in.data(), T.enc_in.size());
+      if (!T.enc_out.empty()) std::memcpy(kp + 2 + sizeof b + T.enc_in.size(), T.enc_out.data(), T.enc_out.size());
+      repeat = T.last_key.size() == key_len && std::memcmp(T.last_key.data(), kp, key_len) == 0;
+    }
     std::string& key = T.sig_key;
-    key.clear();
-    key.push_back(char(flags));
-    key.push_back(char(spec->dir));
-    key.append(reinterpret_cast<const char*>(&b), sizeof b);
-    key.append(reinterpret_cast<const char*>(T.enc_in.data()), T.enc_in.size());
-    key.append(reinterpret_cast<const char*>(T.enc_out.data()), T.enc_out.size());
     uint32_t sid = kNoSig;
     bool fresh = false;
-    const bool repeat = key == T.last_sig_key;
-    if (repeat) {  // signatures are never forgotten: the id stays valid
+    if (kp == nullptr) {  // out of memory: a self-contained begin
+    } else if (repeat) {  // signatures are never forgotten: the id stays valid
       sid = T.last_sid;
     } else {
+      key.assign(reinterpret_cast<const char*>(kp), key_len);
       auto sit = S->sigs.find(key);
       if (sit != S->sigs.end())
         sid = sit->second;
@@ -619,18 +667,18 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
         sid = uint32_t(S->sigs.size()), fresh = true;
     }
     if (sid != kNoSig) {
-      const size_t sig_len = sizeof(Header) + key.size() - 2;
+      const size_t sig_len = sizeof(Header) + key_len - 2;
       const size_t len = sizeof(Header) + sizeof(SigBeginBody);
       uint8_t* p = reserve(len + (fresh ? sig_len : 0));  // a signature is never written without its begin
       if (p) {
         if (fresh) {
           put_header(p, REC_SIG, flags, uint32_t(sig_len), 0, sid, uint16_t(spec->dir));
-          std::memcpy(p + sizeof(Header), key.data() + 2, key.size() - 2);
+          std::memcpy(p + sizeof(Header), kp + 2, key_len - 2);
           S->sigs.emplace(key, sid);
           p += sig_len;
         }
         if (!repeat) {
-          T.last_sig_key = key;
+          T.last_key.swap(T.key);  // the key becomes the last one; the old buffer is reused next time
           T.last_sid = sid;
         }
         put_header(p, REC_BEGIN_SIG, 0, uint32_t(len), ts, id);
@@ -689,7 +737,7 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
     return;
   }
   if (device >= 0) {  // CUDA: the future completes at enqueue; poll the work instead
-    std::lock_guard<std::mutex> g(S->mu);
+    std::lock_guard<RecordLock> g(S->mu);
     if (S->device_pending.size() < 65536) S->device_pending.push_back(PendingDevice{work, id, role, true});
     return;
   }
@@ -699,7 +747,7 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
   } catch (...) {
   }
   if (!fut) {  // no future (Gloo's send/recv work): the thread polls the work instead
-    std::lock_guard<std::mutex> g(S->mu);
+    std::lock_guard<RecordLock> g(S->mu);
     if (S->device_pending.size() < 65536)
       S->device_pending.push_back(PendingDevice{work, id, role, false});
     else if (ends_at_completion)
@@ -913,13 +961,13 @@ void write_logical_begin_locked(const Frame& fr, uint8_t role) {
 }
 
 // The wrapped call returned (or raised): its END, and its children's for a container.
-void record_exit(Frame& fr, bool error, const std::string& text) {
-  std::lock_guard<std::mutex> g(S->mu);
+void record_exit(Frame& fr, bool error, const char* text, size_t text_len) {
+  std::lock_guard<RecordLock> g(S->mu);
   int64_t ts = now_ns();
   uint8_t flags = error ? FLAG_ERROR : 0;
   if (error) S->last_failed_ns = ts;
   if (fr.kind == KIND_CONTAINER) {
-    for (uint64_t child : fr.children) write_text_record(REC_END, flags, ts, child, text.data(), error ? text.size() : 0);
+    for (uint64_t child : fr.children) write_text_record(REC_END, flags, ts, child, text, error ? text_len : 0);
   }
   if (!fr.async_hint) {  // a call that returned is done with its traffic
     for (uint64_t child : fr.nested)
@@ -931,7 +979,7 @@ void record_exit(Frame& fr, bool error, const std::string& text) {
   } else if (fr.kind == KIND_ANNOTATE) {
     return;  // not an op itself: its collectives end (or fail) when they complete
   }
-  auto src = S->resolved_source.find(fr.id);
+  auto src = S->resolved_source.empty() ? S->resolved_source.end() : S->resolved_source.find(fr.id);
   if (src != S->resolved_source.end()) {
     size_t len = sizeof(Header) + sizeof(SourceBody);
     if (uint8_t* p = reserve(len)) {
@@ -941,7 +989,7 @@ void record_exit(Frame& fr, bool error, const std::string& text) {
     }
     S->resolved_source.erase(src);
   }
-  write_text_record(REC_END, flags, ts, fr.id, text.data(), error ? text.size() : 0);
+  write_text_record(REC_END, flags, ts, fr.id, text, error ? text_len : 0);
   S->inflight.erase(fr.id);
 }
 
@@ -995,25 +1043,34 @@ PyObject* wrapper_vectorcall(PyObject* self_, PyObject* const* args, size_t narg
   auto& frames = T.frames;
   if (!frames.empty() && (frames.back().kind != KIND_ANNOTATE || self->kind == KIND_ANNOTATE))
     return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
-  Frame fr;
-  fr.id = S->next_id.fetch_add(1, std::memory_order_relaxed);
-  fr.name = self->name;
-  fr.site = current_site(T);
-  fr.ts = now_ns();
-  fr.parent = frames.empty() ? 0 : frames.back().id;
-  fr.kind = self->kind;
-  fr.async_hint = self->async_hint;
-  fr.child_seen = false;
-  frames.push_back(std::move(fr));
+  const int32_t site = current_site(T);
+  const uint64_t parent = frames.empty() ? 0 : frames.back().id;
+  {
+    Frame& fr = frames.emplace_back();  // built in place: no Frame (two vectors) moved in and out
+    fr.id = S->next_id.fetch_add(1, std::memory_order_relaxed);
+    fr.name = self->name;
+    fr.site = site;
+    fr.ts = now_ns();
+    fr.parent = parent;
+    fr.kind = self->kind;
+    fr.async_hint = self->async_hint;
+    fr.child_seen = false;
+  }
   PyObject* ret = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
-  Frame done = std::move(frames.back());  // the same thread's block: still valid
-  frames.pop_back();
+  // Calls inside have pushed and popped theirs: ours is the innermost again (the vector
+  // may have moved, so it is looked up, not kept).
+  Frame& done = frames.back();
   if (ret == nullptr) {
-    record_exit(done, true, exception_text());
+    std::string text = exception_text();
+    record_exit(done, true, text.data(), text.size());
+    frames.pop_back();
     return nullptr;
   }
-  record_exit(done, false, std::string());
-  if (g_after_op != nullptr && done.child_seen) {
+  record_exit(done, false, nullptr, 0);
+  const uint64_t done_id = done.id;
+  const bool child_seen = done.child_seen;
+  frames.pop_back();
+  if (g_after_op != nullptr && child_seen) {
     PyObject* cb = g_after_op;
     g_after_op = nullptr;
     PyObject* r = PyObject_CallNoArgs(cb);
@@ -1021,8 +1078,8 @@ PyObject* wrapper_vectorcall(PyObject* self_, PyObject* const* args, size_t narg
     Py_XDECREF(r);
     Py_DECREF(cb);
   }
-  if (done.child_seen && g_work_type != nullptr && PyObject_TypeCheck(ret, (PyTypeObject*)g_work_type))
-    track_work(ret, OpIds(done.id));
+  if (child_seen && g_work_type != nullptr && PyObject_TypeCheck(ret, (PyTypeObject*)g_work_type))
+    track_work(ret, OpIds(done_id));
   return ret;
 }
 
@@ -1086,22 +1143,26 @@ struct WaitObject {
   PyObject_HEAD
   vectorcallfunc vectorcall;
   PyObject* orig;
+  // What calling orig calls: pybind11 makes Work.wait an instancemethod around a builtin,
+  // which calling it would reach through a tuple and PyObject_Call; the builtin is called
+  // with the same arguments directly (what instancemethod_call does).
+  PyObject* call;
 };
 
 PyObject* wait_vectorcall(PyObject* self_, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto* self = (WaitObject*)self_;
   Py_ssize_t n = PyVectorcall_NARGS(nargsf);
   if (!g_active.load(std::memory_order_relaxed) || n < 1 || g_tracked->empty())
-    return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    return PyObject_Vectorcall(self->call, args, nargsf, kwnames);
   auto it = g_tracked->find(args[0]);
   if (it == g_tracked->end() || PyWeakref_GetObject(it->second.ref) != args[0])
-    return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    return PyObject_Vectorcall(self->call, args, nargsf, kwnames);
   OpIds ids = std::move(it->second.ids);
   Py_DECREF(it->second.ref);
   g_tracked->erase(it);
   const uint64_t tid = thread_id();
   {
-    std::lock_guard<std::mutex> g(S->mu);
+    std::lock_guard<RecordLock> g(S->mu);
     int64_t ts = now_ns();
     for (uint64_t id : ids) {
       size_t len = sizeof(Header) + 8;
@@ -1112,10 +1173,10 @@ PyObject* wait_vectorcall(PyObject* self_, PyObject* const* args, size_t nargsf,
     }
     if (!ids.empty()) S->inflight.put(ids[0], Inflight{ts, tid, 0, true, false});
   }
-  PyObject* ret = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+  PyObject* ret = PyObject_Vectorcall(self->call, args, nargsf, kwnames);
   std::string text = ret == nullptr ? exception_text() : std::string();
   {
-    std::lock_guard<std::mutex> g(S->mu);
+    std::lock_guard<RecordLock> g(S->mu);
     int64_t ts = now_ns();
     if (ret == nullptr) S->last_failed_ns = ts;
     for (uint64_t id : ids)
@@ -1133,11 +1194,14 @@ PyObject* wait_new(PyTypeObject* type, PyObject* args, PyObject*) {
   self->vectorcall = wait_vectorcall;
   Py_INCREF(orig);
   self->orig = orig;
+  self->call = PyInstanceMethod_Check(orig) ? PyInstanceMethod_GET_FUNCTION(orig) : orig;
+  Py_INCREF(self->call);
   return (PyObject*)self;
 }
 
 void wait_dealloc(PyObject* self_) {
   Py_XDECREF(((WaitObject*)self_)->orig);
+  Py_XDECREF(((WaitObject*)self_)->call);
   Py_TYPE(self_)->tp_free(self_);
 }
 
@@ -1280,7 +1344,7 @@ PyObject* py_set_active(PyObject*, PyObject* arg) {
 // Takes every record appended since the last call (leaving a fresh buffer behind), with
 // their count and the records dropped since then; the appenders wait only for the swap.
 void take_buffer(ByteBuf& out, uint64_t& records, uint64_t& dropped) {
-  std::lock_guard<std::mutex> g(S->mu);
+  std::lock_guard<RecordLock> g(S->mu);
   out.swap(S->buf);
   S->buf.swap(S->spare);  // the buffer drained last time, emptied
   S->buf.clear();
@@ -1294,7 +1358,7 @@ void take_buffer(ByteBuf& out, uint64_t& records, uint64_t& dropped) {
 // The drained buffer goes back as the next spare (its memory is reused, not freed).
 void give_back(ByteBuf& out) {
   out.clear();
-  std::lock_guard<std::mutex> g(S->mu);
+  std::lock_guard<RecordLock> g(S->mu);
   if (S->spare.capacity() < out.capacity()) S->spare.swap(out);
 }
 
@@ -1308,13 +1372,20 @@ PyObject* py_drain(PyObject*, PyObject*) {
   return Py_BuildValue("(NKK)", data, (unsigned long long)records, (unsigned long long)dropped);
 }
 
-void base64_encode(const uint8_t* in, size_t n, char* out) {
-  static const char T[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+// ---------------------------------------------------------------- base64
+// Standard base64 with padding (what Python's base64.b64encode writes).  The recorder
+// thread encodes every drained byte, so the vector paths matter: AVX2 turns 24 bytes into
+// 32 characters in about a dozen instructions, SSSE3 12 into 16; the scalar path (two
+// characters per lookup) does the tail and every CPU without them.
+const char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+// The scalar encoder: whole groups of 3 bytes, then the padded tail.
+void base64_scalar(const uint8_t* in, size_t n, char* out) {
   // Two output characters per lookup (12 bits of input): half the lookups and stores.
   static const uint16_t* T2 = [] {
     auto* t = new uint16_t[4096];
     for (int x = 0; x < 4096; x++) {
-      char two[2] = {T[x >> 6], T[x & 63]};
+      char two[2] = {kB64[x >> 6], kB64[x & 63]};
       std::memcpy(&t[x], two, 2);
     }
     return t;
@@ -1329,11 +1400,106 @@ void base64_encode(const uint8_t* in, size_t n, char* out) {
   if (i < n) {
     uint32_t v = uint32_t(in[i]) << 16;
     if (i + 1 < n) v |= uint32_t(in[i + 1]) << 8;
-    *out++ = T[v >> 18];
-    *out++ = T[(v >> 12) & 63];
-    *out++ = i + 1 < n ? T[(v >> 6) & 63] : '=';
+    *out++ = kB64[v >> 18];
+    *out++ = kB64[(v >> 12) & 63];
+    *out++ = i + 1 < n ? kB64[(v >> 6) & 63] : '=';
     *out++ = '=';
   }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define COMMSCOPE_B64_X86 1
+// The vector encoders (Muła and Lemire's method, as in aklomp/base64): each 32-bit lane
+// takes 3 input bytes, splits them into four 6-bit indices (one per byte), and the
+// indices become ASCII by adding an offset chosen by range (A-Z, a-z, 0-9, +, /).
+// Both return how many input bytes they encoded (a multiple of 3); the caller finishes.
+__attribute__((target("ssse3"))) size_t base64_ssse3(const uint8_t* in, size_t n, char* out) {
+  const __m128i shuf = _mm_setr_epi8(1, 0, 2, 1, 4, 3, 5, 4, 7, 6, 8, 7, 10, 9, 11, 10);
+  const __m128i lut = _mm_setr_epi8(65, 71, -4, -4, -4, -4, -4, -4, -4, -4, -4, -4, -19, -16, 0, 0);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 12) {  // reads 16 bytes, encodes 12
+    __m128i v = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(in + i)), shuf);
+    __m128i t0 = _mm_mulhi_epu16(_mm_and_si128(v, _mm_set1_epi32(0x0fc0fc00)), _mm_set1_epi32(0x04000040));
+    __m128i t1 = _mm_mullo_epi16(_mm_and_si128(v, _mm_set1_epi32(0x003f03f0)), _mm_set1_epi32(0x01000010));
+    __m128i idx = _mm_or_si128(t0, t1);
+    __m128i k = _mm_subs_epu8(idx, _mm_set1_epi8(51));
+    k = _mm_sub_epi8(k, _mm_cmpgt_epi8(idx, _mm_set1_epi8(25)));
+    _mm_storeu_si128((__m128i*)(out + i / 3 * 4), _mm_add_epi8(idx, _mm_shuffle_epi8(lut, k)));
+  }
+  return i;
+}
+
+__attribute__((target("avx2"))) size_t base64_avx2(const uint8_t* in, size_t n, char* out) {
+  const __m256i shuf = _mm256_setr_epi8(1, 0, 2, 1, 4, 3, 5, 4, 7, 6, 8, 7, 10, 9, 11, 10,
+                                        1, 0, 2, 1, 4, 3, 5, 4, 7, 6, 8, 7, 10, 9, 11, 10);
+  const __m256i lut = _mm256_setr_epi8(65, 71, -4, -4, -4, -4, -4, -4, -4, -4, -4, -4, -19, -16, 0, 0,
+                                       65, 71, -4, -4, -4, -4, -4, -4, -4, -4, -4, -4, -19, -16, 0, 0);
+  size_t i = 0;
+  for (; i + 28 <= n; i += 24) {  // reads 28 bytes (two 16-byte lanes, 12 apart), encodes 24
+    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(in + i))),
+                                        _mm_loadu_si128((const __m128i*)(in + i + 12)), 1);
+    v = _mm256_shuffle_epi8(v, shuf);
+    __m256i t0 = _mm256_mulhi_epu16(_mm256_and_si256(v, _mm256_set1_epi32(0x0fc0fc00)),
+                                    _mm256_set1_epi32(0x04000040));
+    __m256i t1 = _mm256_mullo_epi16(_mm256_and_si256(v, _mm256_set1_epi32(0x003f03f0)),
+                                    _mm256_set1_epi32(0x01000010));
+    __m256i idx = _mm256_or_si256(t0, t1);
+    __m256i k = _mm256_subs_epu8(idx, _mm256_set1_epi8(51));
+    k = _mm256_sub_epi8(k, _mm256_cmpgt_epi8(idx, _mm256_set1_epi8(25)));
+    _mm256_storeu_si256((__m256i*)(out + i / 3 * 4), _mm256_add_epi8(idx, _mm256_shuffle_epi8(lut, k)));
+  }
+  return i;
+}
+#endif
+
+enum B64Impl : int { B64_AUTO = 0, B64_SCALAR = 1, B64_SSSE3 = 2, B64_AVX2 = 3 };
+
+// The best encoder this CPU has (asked once).
+int base64_best() {
+#ifdef COMMSCOPE_B64_X86
+  static const int best = __builtin_cpu_supports("avx2") ? B64_AVX2 : __builtin_cpu_supports("ssse3") ? B64_SSSE3 : B64_SCALAR;
+  return best;
+#else
+  return B64_SCALAR;
+#endif
+}
+
+bool base64_available(int impl) {
+  if (impl == B64_AUTO || impl == B64_SCALAR) return true;
+#ifdef COMMSCOPE_B64_X86
+  if (impl == B64_SSSE3) return base64_best() >= B64_SSSE3;
+  if (impl == B64_AVX2) return base64_best() == B64_AVX2;
+#endif
+  return false;
+}
+
+// base64 of in[0, n) into out (4 * ceil(n / 3) characters, no terminator).
+void base64_encode(const uint8_t* in, size_t n, char* out, int impl = B64_AUTO) {
+  if (impl == B64_AUTO) impl = base64_best();
+  size_t done = 0;
+#ifdef COMMSCOPE_B64_X86
+  if (impl == B64_AVX2) done = base64_avx2(in, n, out);
+  if (impl >= B64_SSSE3) done += base64_ssse3(in + done, n - done, out + done / 3 * 4);
+#endif
+  base64_scalar(in + done, n - done, out + done / 3 * 4);
+}
+
+// _base64(data, impl=0) -> bytes, or None where this CPU lacks impl (0 best, 1 scalar,
+// 2 SSSE3, 3 AVX2): the tests compare every path with Python's base64.
+PyObject* py_base64(PyObject*, PyObject* args) {
+  Py_buffer in;
+  int impl = B64_AUTO;
+  if (!PyArg_ParseTuple(args, "y*|i", &in, &impl)) return nullptr;
+  if (!base64_available(impl)) {
+    PyBuffer_Release(&in);
+    Py_RETURN_NONE;
+  }
+  size_t n = size_t(in.len);
+  PyObject* out = PyBytes_FromStringAndSize(nullptr, Py_ssize_t(4 * ((n + 2) / 3)));
+  if (out != nullptr) base64_encode(static_cast<const uint8_t*>(in.buf), n, PyBytes_AS_STRING(out), impl);
+  PyBuffer_Release(&in);
+  return out;
 }
 
 // drain_block(rank, ts, version) -> (the ``block`` event as a JSON line, or None; records; dropped).
@@ -1373,7 +1539,7 @@ PyObject* py_drain_block(PyObject*, PyObject* args) {
 PyObject* py_take_groups(PyObject*, PyObject*) {
   std::vector<std::pair<int32_t, std::string>> groups;
   {
-    std::lock_guard<std::mutex> g(S->mu);
+    std::lock_guard<RecordLock> g(S->mu);
     groups.swap(S->new_groups);
   }
   PyObject* out = PyList_New(0);
@@ -1409,7 +1575,7 @@ PyObject* py_stuck(PyObject*, PyObject* args) {
   size_t count;
   long long oldest = -1;
   {
-    std::lock_guard<std::mutex> g(S->mu);
+    std::lock_guard<RecordLock> g(S->mu);
     count = S->inflight.size();
     for (auto& [id, f] : S->inflight.items) {
       if (now - f.ts < limit) continue;
@@ -1435,7 +1601,7 @@ PyObject* py_stuck(PyObject*, PyObject* args) {
 }
 
 PyObject* py_last_failure(PyObject*, PyObject*) {
-  std::lock_guard<std::mutex> g(S->mu);
+  std::lock_guard<RecordLock> g(S->mu);
   return PyLong_FromLongLong(S->last_failed_ns);
 }
 
@@ -1443,7 +1609,7 @@ PyObject* py_last_failure(PyObject*, PyObject*) {
 PyObject* py_poll_devices(PyObject*, PyObject*) {
   std::vector<PendingDevice> pending;
   {
-    std::lock_guard<std::mutex> g(S->mu);
+    std::lock_guard<RecordLock> g(S->mu);
     if (S->device_pending.empty()) Py_RETURN_NONE;
     pending.swap(S->device_pending);
   }
@@ -1471,7 +1637,7 @@ PyObject* py_poll_devices(PyObject*, PyObject*) {
       } catch (...) {
       }
     }
-    std::lock_guard<std::mutex> g(S->mu);
+    std::lock_guard<RecordLock> g(S->mu);
     size_t len = sizeof(Header) + sizeof(DoneBody);
     uint8_t* q = p.device ? reserve(len) : nullptr;
     if (q) {
@@ -1483,7 +1649,7 @@ PyObject* py_poll_devices(PyObject*, PyObject*) {
       complete_locked(p.id, p.role, error, msg, true);
   }
   {
-    std::lock_guard<std::mutex> g(S->mu);
+    std::lock_guard<RecordLock> g(S->mu);
     for (auto& p : keep) S->device_pending.push_back(std::move(p));
   }
   Py_END_ALLOW_THREADS
@@ -1513,7 +1679,7 @@ PyObject* py_enter(PyObject*, PyObject* args) {
   fr.async_hint = is_async != 0;
   fr.child_seen = true;
   {
-    std::lock_guard<std::mutex> g(S->mu);
+    std::lock_guard<RecordLock> g(S->mu);
     int32_t gid = group_id_by_name_locked(group);
     int64_t seq = -1;
     if (kind != KIND_CONTAINER && t_frames.empty())
@@ -1563,7 +1729,7 @@ PyObject* py_exit(PyObject*, PyObject* args) {
       msg.assign(c, size_t(n));
   }
   std::vector<uint64_t> children = fr.children;
-  record_exit(fr, error, msg);
+  record_exit(fr, error, msg.data(), msg.size());
   PyObject* out = PyTuple_New(Py_ssize_t(children.size()));
   for (size_t i = 0; i < children.size(); i++)
     PyTuple_SET_ITEM(out, Py_ssize_t(i), PyLong_FromUnsignedLongLong(children[i]));
@@ -1605,7 +1771,7 @@ PyObject* py_unwaited(PyObject*, PyObject*) {
 }
 
 PyObject* py_reset_seqs(PyObject*, PyObject*) {
-  std::lock_guard<std::mutex> g(S->mu);
+  std::lock_guard<RecordLock> g(S->mu);
   S->coll_seq.clear();
   S->p2p_seq.clear();
   S->gid_by_pg.clear();
@@ -1613,7 +1779,7 @@ PyObject* py_reset_seqs(PyObject*, PyObject*) {
 }
 
 PyObject* py_stats(PyObject*, PyObject*) {
-  std::lock_guard<std::mutex> g(S->mu);
+  std::lock_guard<RecordLock> g(S->mu);
   return Py_BuildValue("{s:K,s:K,s:n,s:n,s:n,s:n}", "seen", (unsigned long long)g_seen.load(), "dropped_total",
                        (unsigned long long)S->dropped_total, "buffered", Py_ssize_t(S->buf.size()), "inflight",
                        Py_ssize_t(S->inflight.size()), "tracked", Py_ssize_t(g_tracked->size()), "groups",
@@ -1623,7 +1789,7 @@ PyObject* py_stats(PyObject*, PyObject*) {
 PyObject* py_set_capacity(PyObject*, PyObject* arg) {
   Py_ssize_t cap = PyLong_AsSsize_t(arg);
   if (cap <= 0 && PyErr_Occurred()) return nullptr;
-  std::lock_guard<std::mutex> g(S->mu);
+  std::lock_guard<RecordLock> g(S->mu);
   S->cap = size_t(cap);
   Py_RETURN_NONE;
 }
@@ -1648,7 +1814,7 @@ void after_fork_child() {
   // A forked child (DataLoader worker) records nothing, and must not wait on a lock that
   // a thread of the parent held at fork time.
   g_active.store(false);
-  new (&S->mu) std::mutex();
+  new (&S->mu) RecordLock();
   S->buf.clear();
   S->records = 0;
   S->inflight.clear();
@@ -1677,6 +1843,7 @@ PyMethodDef methods[] = {
     {"set_capacity", py_set_capacity, METH_O, "buffer capacity in bytes"},
     {"scalar_type_names", py_scalar_type_names, METH_NOARGS, "c10 ScalarType names by code"},
     {"layout", py_layout, METH_NOARGS, "record struct sizes"},
+    {"_base64", py_base64, METH_VARARGS, "_base64(data, impl=0) -> base64 bytes, or None where the CPU lacks impl (test hook)"},
     {nullptr, nullptr, 0, nullptr},
 };
 
