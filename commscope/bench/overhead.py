@@ -23,6 +23,7 @@ import time
 import warnings
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -65,9 +66,9 @@ def _cases(rank: int, ws: int) -> dict[str, Any]:
         s.wait()
         r.wait()
 
-    cases = {"all_reduce, sync": sync_all_reduce, "all_reduce, async + wait": async_all_reduce}
+    cases = {"all_reduce sync": sync_all_reduce, "all_reduce async+wait": async_all_reduce}
     if ws == 2:
-        cases["isend/irecv pair + waits"] = p2p_pair
+        cases["isend/irecv + waits"] = p2p_pair
     return cases
 
 
@@ -201,6 +202,14 @@ def _fsdp_step(rank: int, ws: int, steps: int, rounds: int, store: str, source: 
     return {"ratio": median(ratios), "raw": median(raw), "inst": median(inst)}
 
 
+def verdict(added_wall: float, added_cpu: float, spread: float) -> str:
+    """'yes' or 'NO' for an op's added cost (seconds) against the target; '?' when the
+    round-to-round spread is itself above the target, so the machine cannot tell."""
+    if spread * 1e6 > TARGET_US:
+        return "?"
+    return "yes" if added_wall * 1e6 <= TARGET_US and added_cpu * 1e6 <= TARGET_US else "NO"
+
+
 def run(args: argparse.Namespace) -> int:
     from commscope.launch import run_ranks
 
@@ -210,23 +219,26 @@ def run(args: argparse.Namespace) -> int:
     tmp = tempfile.mkdtemp(prefix="commscope-bench-")
     console.print(f"[bold]commscope bench overhead[/] (traces in {tmp})")
     table = Table(title=f"All in: added per real op, every thread counted (median of {args.rounds} "
-                        f"alternating round pairs of {args.calls} ops)")
-    for col in ("ranks", "op", "raw / op", "added wall", "±", "added CPU", "target", "met"):
-        table.add_column(col, justify="left" if col in ("op",) else "right")
-    ok = True
+                        f"alternating round pairs of {args.calls} ops); target ≤ {TARGET_US:g} µs wall and CPU",
+                  box=box.SIMPLE_HEAD)
+    for col in ("ranks", "op", "raw/op", "+wall", "±", "+CPU", "met"):
+        table.add_column(col, justify="left" if col == "op" else "right", no_wrap=True)
+    missed = unresolved = False
     source = None
     for ws in (1, 2):
         res = run_ranks(_allin, ws, args=(args.calls, args.rounds, os.path.join(tmp, f"allin{ws}"), args.source),
                         timeout=1800)[0].value
         source = res.pop("source")
         for name, r in res.items():
-            met = r["added_wall"] * 1e6 <= TARGET_US and r["added_cpu"] * 1e6 <= TARGET_US
-            ok &= met
+            status = verdict(r["added_wall"], r["added_cpu"], r["spread"])
+            missed |= status == "NO"
+            unresolved |= status == "?"
             table.add_row(str(ws), name, fmt_time(r["raw"]), fmt_time(r["added_wall"]), fmt_time(r["spread"]),
-                          fmt_time(r["added_cpu"]), f"≤ {TARGET_US:g} µs", "yes" if met else "NO")
+                          fmt_time(r["added_cpu"]), status)
     console.print(table)
     console.print("±: half the interquartile range of the per-round differences, i.e. how far apart "
-                  "rounds of the same op land on this machine; a difference smaller than it is not resolved.")
+                  "rounds of the same op land on this machine; a difference smaller than it is not resolved."
+                  + (" ?: not resolved here (± is above the target), so neither met nor missed." if unresolved else ""))
     console.print(f"Recorder: [bold]{source}[/] (COMMSCOPE_SOURCE or --source chooses).")
 
     part = run_ranks(_wrapper_only, 1, args=(args.calls * 10, args.rounds), timeout=600)[0].value
@@ -241,5 +253,7 @@ def run(args: argparse.Namespace) -> int:
                       f"over {args.step_rounds} alternating round pairs.")
     except Exception as exc:  # an old torch without FSDP2
         console.print(f"FSDP2 step not measured: {exc}")
-    console.print("[green]all targets met[/]" if ok else "[red]some targets missed[/]")
+    console.print("[red]some targets missed[/]" if missed else
+                  "[yellow]targets met where this machine can resolve them[/]" if unresolved else
+                  "[green]all targets met[/]")
     return 0

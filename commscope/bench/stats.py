@@ -20,6 +20,8 @@ def quantile(xs: Sequence[float], q: float) -> float:
 def fmt_time(seconds: float) -> str:
     if seconds != seconds:
         return "n/a"
+    if seconds < 0:  # (a difference of medians can be)
+        return "-" + fmt_time(-seconds)
     if seconds < 1e-6:
         return f"{seconds * 1e9:.0f} ns"
     if seconds < 1e-3:
