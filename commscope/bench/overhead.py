@@ -220,9 +220,10 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[bold]commscope bench overhead[/] (traces in {tmp})")
     table = Table(title=f"All in: added per real op, every thread counted (median of {args.rounds} "
                         f"alternating round pairs of {args.calls} ops); target ≤ {TARGET_US:g} µs wall and CPU",
-                  box=box.SIMPLE_HEAD)
-    for col in ("ranks", "op", "raw/op", "+wall", "±", "+CPU", "met"):
-        table.add_column(col, justify="left" if col == "op" else "right", no_wrap=True)
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)  # (80 columns)
+    for col in ("n", "op", "raw/op", "+wall", "±", "+CPU", "met"):  # n: ranks
+        table.add_column(col, justify="left" if col == "op" else "right", no_wrap=True,
+                         min_width=3 if col == "met" else None)
     missed = unresolved = False
     source = None
     for ws in (1, 2):
@@ -236,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
             table.add_row(str(ws), name, fmt_time(r["raw"]), fmt_time(r["added_wall"]), fmt_time(r["spread"]),
                           fmt_time(r["added_cpu"]), status)
     console.print(table)
-    console.print("±: half the interquartile range of the per-round differences, i.e. how far apart "
+    console.print("n: ranks. ±: half the interquartile range of the per-round differences, i.e. how far apart "
                   "rounds of the same op land on this machine; a difference smaller than it is not resolved."
                   + (" ?: not resolved here (± is above the target), so neither met nor missed." if unresolved else ""))
     console.print(f"Recorder: [bold]{source}[/] (COMMSCOPE_SOURCE or --source chooses).")
