@@ -416,8 +416,8 @@ def test_large_trace_first_frame_from_the_ops_then_span_indexes_built_when_idle(
         first = [tl.render_line(y).text for y in range(4)]
         ranks = tl.model.rank_ids()
         assert all(tl._spans[r].wanted and tl._spans[r].version < 0 for r in ranks)
-        for _ in range(20):
-            await pilot.pause()
+        for _ in range(2000):  # until the scheduled build has run (bounded only against a hang)
+            await pilot.pause(0.005)
             if built and built[-1]:
                 break
         assert built and built[-1]
@@ -433,8 +433,8 @@ def test_large_trace_first_frame_from_the_ops_then_span_indexes_built_when_idle(
         built.clear()
         tl.render_line(0)
         assert all(tl._spans[r].wanted for r in ranks)
-        for _ in range(20):
-            await pilot.pause()
+        for _ in range(2000):  # until the scheduled build has run (bounded only against a hang)
+            await pilot.pause(0.005)
             if built and built[-1]:
                 break
         assert all(tl._spans[r].version >= 0 and not tl._spans[r].wanted for r in ranks)
