@@ -141,3 +141,28 @@ def _threads_after_uninstrument(rank: int, ws: int, store: str) -> tuple[bool, b
     while any(t.name == "commscope-stack-requests" for t in threading.enumerate()) and time.monotonic() < end:
         time.sleep(0.05)
     return running, any(t.name == "commscope-stack-requests" for t in threading.enumerate())
+
+
+def test_a_crash_timed_by_a_coarse_mtime_still_follows_the_last_op():
+    """The kernel stamps the crash file with a coarse clock, so its exit can read a few ms
+    before the last op the rank began (seen in CI: 1.2 ms): still the rank's crash.  An
+    exit long before the rank's last op is another run's, as before."""
+    from commscope.analysis import TraceModel
+    from commscope.analysis.synth import S, TraceBuilder
+
+    MS = S // 1000
+
+    for lag, crashed in ((3 * MS, True), (2 * S, False)):
+        b = TraceBuilder(2)
+        t = b.warmup()
+        b.sync(1, t, t + MS, "all_reduce")
+        b.add(1, t - lag, "exit", reason="signal", signal="Segmentation fault",
+              exc="Fatal Python error: Segmentation fault", src="faulthandler")
+        m = TraceModel.from_events(b.sorted_events())
+        assert (m.crash(1) is not None) is crashed, lag
+        assert m.crash(0) is None
+    b = TraceBuilder(2)
+    t = b.warmup()
+    b.sync(1, t, t + MS, "all_reduce")
+    b.add(1, t - 3 * MS, "exit", reason="atexit")  # a clean exit is timed by the rank's own clock
+    assert TraceModel.from_events(b.sorted_events()).exited(1) is None

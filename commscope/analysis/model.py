@@ -66,6 +66,8 @@ VANISH_MIN_S = 1.5
 SLACK_NS = 200_000_000
 #: Clock slack when comparing when ranks entered an op with when another's op failed.
 ARRIVAL_SLACK_NS = 20_000_000
+#: How far behind the clock a file's mtime may lag (the kernel's coarse clock: a jiffy or two)
+COARSE_MTIME_NS = 50_000_000
 
 #: Ops whose per-rank tensors must agree in shape across the group: name -> sides compared.
 SAME_SHAPE: dict[str, tuple[str, ...]] = {
@@ -804,7 +806,10 @@ class TraceModel:
         if not rt or not rt.exits:
             return None
         ex = rt.exits[-1]
-        return ex if ex["ts"] >= rt.last_op_ts else None  # ops after an exit: the rank re-initialized
+        # A crash file's exit is timed by the file's mtime, which the kernel keeps with a coarse
+        # clock (up to a few ms behind): ops just before it may look later than the crash.
+        slack = COARSE_MTIME_NS if ex.get("src") == "faulthandler" else 0
+        return ex if ex["ts"] + slack >= rt.last_op_ts else None  # ops after an exit: the rank re-initialized
 
     def crash(self, rank: int) -> dict | None:
         """The exit event if the rank died of an uncaught exception or a fatal signal."""
