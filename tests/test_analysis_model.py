@@ -8,7 +8,7 @@ import pytest
 from commscope.analysis import TraceModel
 from commscope.analysis import model as model_mod
 from commscope.analysis.bandwidth import busbw, busbw_factor, instances, op_busbw, size_bytes
-from commscope.analysis.synth import S, TraceBuilder, healthy_trace
+from commscope.analysis.synth import S, TraceBuilder, healthy_trace, liveness_trace
 
 MS = 1_000_000
 
@@ -115,14 +115,7 @@ def test_out_of_order_flight_recorder_ops_are_sorted_for_queries():
 
 
 def test_states_samples_and_liveness():
-    b = TraceBuilder(4, sample_interval=0.2)
-    t = b.t0 + S
-    b.heartbeats(t, t + 10 * S, ranks=[0, 1, 2])
-    b.heartbeats(t, t + 2 * S, ranks=[3])
-    b.collective(t, "all_reduce")
-    a = b.async_op(1, t + S, t + 2 * S, None, "all_reduce")
-    b.sync(0, t + S, None, "all_reduce")
-    b.exit(2, t + 3 * S, reason="destroy_process_group")
+    b, t, a = liveness_trace()
     m = TraceModel.from_events(b.sorted_events())
     now = t + 10 * S
     assert m.state(0, now).text == "in all_reduce #2 (group 0) for 9.0 s"

@@ -9,7 +9,7 @@ import numpy as np
 
 from commscope.analysis import TraceModel, diagnose
 from commscope.analysis.rankstate import rank_state, snapshot
-from commscope.analysis.synth import TraceBuilder
+from commscope.analysis.synth import TraceBuilder, liveness_trace
 from commscope.tui.rank_table import sort_key
 
 S = 10**9
@@ -17,14 +17,7 @@ MS = 10**6
 
 
 def _job():
-    b = TraceBuilder(4, sample_interval=0.2)
-    t = b.t0 + S
-    b.heartbeats(t, t + 10 * S, ranks=[0, 1, 2])
-    b.heartbeats(t, t + 2 * S, ranks=[3])
-    b.collective(t, "all_reduce")
-    b.async_op(1, t + S, t + 2 * S, None, "all_reduce")
-    b.sync(0, t + S, None, "all_reduce")
-    b.exit(2, t + 3 * S, reason="destroy_process_group")
+    b, t, _ = liveness_trace()
     return TraceModel.from_events(b.sorted_events()), t
 
 

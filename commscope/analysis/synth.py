@@ -149,6 +149,21 @@ class TraceBuilder:
         return out
 
 
+def liveness_trace() -> tuple[TraceBuilder, int, int]:
+    """Four ranks in every state a rank table shows, 10 s after ``t``: rank 0 stuck in a sync
+    all_reduce from t + 1 s, rank 1 waiting on an async one from t + 2 s, rank 2 exited at
+    t + 3 s, rank 3 silent since t + 2 s.  Returns (builder, t, the async op's id)."""
+    b = TraceBuilder(4, sample_interval=0.2)
+    t = b.t0 + S
+    b.heartbeats(t, t + 10 * S, ranks=[0, 1, 2])
+    b.heartbeats(t, t + 2 * S, ranks=[3])
+    b.collective(t, "all_reduce")
+    waiting = b.async_op(1, t + S, t + 2 * S, None, "all_reduce")
+    b.sync(0, t + S, None, "all_reduce")
+    b.exit(2, t + 3 * S, reason="destroy_process_group")
+    return b, t, waiting
+
+
 def healthy_trace(world: int = 8, ops_per_rank: int = 2000, *, seed: int = 1, fr: bool = True,
                   sub: int = 8) -> list[dict]:
     """A long healthy job: every pattern diagnose() must stay silent on.

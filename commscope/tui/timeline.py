@@ -735,6 +735,19 @@ class Job(NamedTuple):
     spans: SpanIndex | None = None
 
 
+class RowOps(NamedTuple):
+    """One row's drawn ops (``_drawn``), as ``_paint_rows`` hands them to ``_draw_rows``."""
+
+    job: int  # its place in the jobs
+    rt: Any  # the rank's trace (RankView or RankTrace)
+    idx: np.ndarray  # op indices, by begin
+    code: np.ndarray
+    begin: np.ndarray
+    stop: np.ndarray
+    inflight: np.ndarray
+    count: int  # ops the whole window draws (picks the drawing)
+
+
 def _blank(w: int) -> np.ndarray:
     cells = _EMPTY.get(w)
     if cells is None:
@@ -753,7 +766,7 @@ def _paint_rows(m: Any, win: Window, jobs: Sequence[Job], cats: np.ndarray | Non
     if cats is None or cats.shape[0] < len(m.sigs):
         cats = categories(m.sigs)
     out: list[Any] = [None] * len(jobs)
-    rows: list[tuple[int, Any, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]] = []
+    rows: list[RowOps] = []
     for k, job in enumerate(jobs):
         rt = m.ranks.get(job.rank)
         if rt is None or rt.n == 0:
@@ -775,27 +788,27 @@ def _paint_rows(m: Any, win: Window, jobs: Sequence[Job], cats: np.ndarray | Non
             # many ops, one span each: the drawing that does per op only what it must
             out[k] = (*_paint_overview(m, rt, job.rank, win, idx, code, begin, stop, inflight), True, count)
             continue
-        rows.append((k, rt, idx, code, begin, stop, inflight, count))
+        rows.append(RowOps(k, rt, idx, code, begin, stop, inflight, count))
     if rows:
-        for k, row_out in zip((r[0] for r in rows), _draw_rows(m, win, jobs, rows), strict=True):
+        for k, row_out in zip((r.job for r in rows), _draw_rows(m, win, jobs, rows), strict=True):
             out[k] = row_out
     return out
 
 
-def _draw_rows(m: Any, win: Window, jobs: Sequence[Job], rows: list) -> list:
+def _draw_rows(m: Any, win: Window, jobs: Sequence[Job], rows: list[RowOps]) -> list:
     """The drawing of ``_paint_rows``: every row's ops (by begin) as intervals of categories,
     their coverage per cell, and the label candidates, all rows at once."""
     w = win.width
     t0, npc, now = win.t0, win.npc, win.now
-    sizes = [r[2].shape[0] for r in rows]
+    sizes = [r.idx.shape[0] for r in rows]
     offsets = np.cumsum([0, *sizes])  # where each row's ops start
     row = np.repeat(np.arange(len(rows)), sizes)
-    code = np.concatenate([r[3] for r in rows]) if len(rows) > 1 else rows[0][3]
-    begin = np.concatenate([r[4] for r in rows]) if len(rows) > 1 else rows[0][4]
-    stop = np.concatenate([r[5] for r in rows]) if len(rows) > 1 else rows[0][5]
-    inflight = np.concatenate([r[6] for r in rows]) if len(rows) > 1 else rows[0][6]
-    flags = np.concatenate([r[1].flags[r[2]] for r in rows]) & APPROX
-    counts = np.array([r[7] for r in rows])
+    code = np.concatenate([r.code for r in rows]) if len(rows) > 1 else rows[0].code
+    begin = np.concatenate([r.begin for r in rows]) if len(rows) > 1 else rows[0].begin
+    stop = np.concatenate([r.stop for r in rows]) if len(rows) > 1 else rows[0].stop
+    inflight = np.concatenate([r.inflight for r in rows]) if len(rows) > 1 else rows[0].inflight
+    flags = np.concatenate([r.rt.flags[r.idx] for r in rows]) & APPROX
+    counts = np.array([r.count for r in rows])
     overview = counts > 4 * w  # far zoomed out the issue/wait breakdown is invisible: one span per op
     # Ops whose end is only approximately known (Flight Recorder on Gloo) are drawn like
     # async work: a mark at the start, then a thin line, not a solid bar.
@@ -817,11 +830,12 @@ def _draw_rows(m: Any, win: Window, jobs: Sequence[Job], rows: list) -> list:
     wb = we = issue_end = None
     if ai.shape[0]:  # the issue/wait parts of async work: only where there is some
         issue_end, wb, we = begin.copy(), np.zeros_like(begin), np.zeros_like(begin)
-        for j, (_, rt, idx, *_) in enumerate(rows):
+        for j, r in enumerate(rows):
             lo, hi = int(offsets[j]), int(offsets[j + 1])
             sub = ai[(ai >= lo) & (ai < hi)]
             if sub.shape[0]:
-                ops = idx[sub - lo]
+                ops = r.idx[sub - lo]
+                rt = r.rt
                 end = rt.end[ops]
                 issue_end[sub] = np.where(flags[sub] != 0, begin[sub], np.where(end > 0, end, begin[sub]))
                 wb[sub], we[sub] = rt.wb[ops], rt.we[ops]
@@ -861,8 +875,9 @@ def _draw_rows(m: Any, win: Window, jobs: Sequence[Job], rows: list) -> list:
         add(blocked & (warn_at < now), warn_at, stop, palette.WARN)
         add(blocked & (err_at < now), err_at, stop, palette.ERROR)
     if win.sel:
-        for j, (k, _, idx, *_) in enumerate(rows):
-            if jobs[k].rank != win.sel[0]:
+        for j, r in enumerate(rows):
+            idx = r.idx
+            if jobs[r.job].rank != win.sel[0]:
                 continue
             hit = np.flatnonzero(idx == win.sel[1])
             if hit.shape[0]:
@@ -878,15 +893,15 @@ def _draw_rows(m: Any, win: Window, jobs: Sequence[Job], rows: list) -> list:
     else:
         one = _cover_rows(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds),
                           np.concatenate(rows_of), len(rows), t0, npc, w)
-    cands = _candidates(m, rows, begin, stop, row, win)
+    cands = _candidates(m, [(r.rt, r.idx) for r in rows], begin, stop, row, win)
     return [(one[j], cands[j], bool(overview[j]), int(counts[j])) for j in range(len(rows))]
 
 
-def _candidates(m: Any, rows: list, begin: np.ndarray, stop: np.ndarray, row: np.ndarray | None,
-                win: Window) -> list[list[tuple[int, int, int, int, str]]]:
+def _candidates(m: Any, rows: Sequence[tuple[Any, np.ndarray]], begin: np.ndarray, stop: np.ndarray,
+                row: np.ndarray | None, win: Window) -> list[list[tuple[int, int, int, int, str]]]:
     """Label candidates of each row: its first 40 spans (``begin``..``stop``, by begin; rows'
     ops one after the other, ``row`` telling whose) at least 8 cells wide, as (begin, op
-    index, first cell, last cell, text).  ``rows``: (_, rank trace, op indices, ...) each."""
+    index, first cell, last cell, text).  ``rows``: (rank trace, op indices) of each."""
     t0, npc, w = win.t0, win.npc, win.width
     out: list[list[tuple[int, int, int, int, str]]] = [[] for _ in rows]
     cand = np.flatnonzero(stop - begin > 7 * npc)  # c1 - c0 >= 8 needs a span longer than 7 cells
@@ -894,13 +909,13 @@ def _candidates(m: Any, rows: list, begin: np.ndarray, stop: np.ndarray, row: np
         return out
     c0 = np.minimum(np.maximum((begin[cand] - t0) // npc, -1), w)
     c1 = np.minimum(np.maximum((stop[cand] - t0) // npc, -1), w)
-    first = np.cumsum([0, *(r[2].shape[0] for r in rows)])
+    first = np.cumsum([0, *(idx.shape[0] for _, idx in rows)])
     for q in np.flatnonzero((c1 - c0) >= 8).tolist():
         j = int(cand[q])
         r = 0 if row is None else int(row[j])
         if len(out[r]) >= 40:
             continue
-        rt, idx = rows[r][1], rows[r][2]
+        rt, idx = rows[r]
         i = int(idx[j - int(first[r])])
         seq = int(rt.seq[i])
         text = m.sigs[int(rt.sig[i])].op + (f" #{seq}" if seq >= 0 else "")
@@ -1066,7 +1081,7 @@ def _paint_overview(m: Any, rt: Any, rank: int, win: Window, idx: np.ndarray, co
         cells = _cover(begin, end, span_kind, t0, npc, w)
     else:
         cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
-    return cells, _candidates(m, [(None, rt, idx)], begin, stop, None, win)[0]
+    return cells, _candidates(m, [(rt, idx)], begin, stop, None, win)[0]
 
 def paint_group(m: Any, ranks: tuple[int, ...], win: Window, cats: np.ndarray | None = None,
                 spans: Mapping[int, SpanIndex] | None = None) -> list[Segment]:
