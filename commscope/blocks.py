@@ -1,5 +1,12 @@
 """Binary op blocks: how the native recorder packs op events, and how readers unpack them.
 
+Schema version 3 makes every block self-describing: the signatures, call sites and groups
+its records refer to are restated as table records (SIG, SITE, GROUP) at its head, so any
+suffix of a stream decodes on its own (a trimmed, restarted or recreated store loses only
+what it lost), and the block carries the ring positions of its records (``pos``, ``end``),
+so a reader keeps each record once when a dead rank's last records are forwarded again
+from its spool (``commscope.store.spool``).
+
 Schema version 2 adds three event types to the JSONL/stream trace (see ``events``):
 
     block   data (base64 of packed records), n (records)
@@ -39,6 +46,9 @@ SITE = "site"
 
 # Record types
 BEGIN, END, WAIT_BEGIN, WAIT_END, DONE, RBEGIN, SOURCE, SIG, BEGIN_SIG = 1, 2, 3, 4, 5, 6, 7, 8, 9
+# Table records (version 3): restated at the head of every block that refers to them.
+SITE_REC, GROUP_REC, META_REC, EVENT_REC = 10, 11, 12, 13
+TABLE_RECORDS = frozenset({SIG, SITE_REC, GROUP_REC, META_REC, EVENT_REC})
 # Begin roles
 TOP, MERGED, ANNOTATED, NESTED, CHILD, LOGICAL = range(6)
 # Flags
@@ -84,10 +94,12 @@ REDUCING = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_sc
 LINE_PREFIX = b'{"type":"block",'
 
 
-def encode_block(data: bytes, rank: int, ts: int, count: int) -> bytes:
-    """One ``block`` event as a JSON line (without newline)."""
-    return LINE_PREFIX + b'"v":%d,"rank":%d,"ts":%d,"n":%d,"data":"%s"}' % (
-        SCHEMA_VERSION, rank, ts, count, base64.b64encode(data))
+def encode_block(data: bytes, rank: int, ts: int, count: int, pos: int | None = None, end: int | None = None) -> bytes:
+    """One ``block`` event as a JSON line (without newline); ``pos``/``end``: the ring
+    positions of its records (version 3)."""
+    where = b'"pos":%d,"end":%d,' % (pos, end) if pos is not None and end is not None else b""
+    return LINE_PREFIX + b'"v":%d,"rank":%d,"ts":%d,"n":%d,%s"data":"%s"}' % (
+        SCHEMA_VERSION, rank, ts, count, where, base64.b64encode(data))
 
 
 def records_in_line(line: bytes) -> int:
@@ -130,9 +142,11 @@ class GroupEntry(NamedTuple):
 
 
 class BlockDecoder:
-    """Unpacks one rank's blocks into op events; keeps that rank's site and group tables."""
+    """Unpacks one stream's blocks into op events; keeps that stream's site and group tables."""
 
     def __init__(self) -> None:
+        self.seen_end = 0  # ring position after the last record decoded (version 3 blocks)
+        self.duplicates = 0  # records skipped because an earlier block held them
         self.sites: dict[int, str] = {}
         self.groups: dict[int, GroupEntry] = {}
         self.names: list[str] | None = None
@@ -168,6 +182,47 @@ class BlockDecoder:
             if isinstance(codes, list) and all(isinstance(x, str) for x in codes):
                 self.dtypes = [dtypes.torch_name(x) for x in codes]
 
+    def _table(self, typ: int, raw: bytes, body: int, end: int, flags: int, aux: int, key: int, ev: dict,
+               out: list[dict]) -> None:
+        """A table record: remembered (a restatement that changes nothing costs a compare)."""
+        if typ == SIG:
+            rec = (flags, aux, raw[body:end])
+            if self._sigs.get(key) != rec and (key in self._sigs or len(self._sigs) < 200_000):
+                self._sigs[key] = rec
+                self._by_sig.pop(key, None)
+        elif typ == SITE_REC:
+            n = _U16.unpack_from(raw, body)[0]
+            text = raw[body + 2:body + 2 + n].decode("utf-8", "replace")
+            if self.sites.get(key) != text and (key in self.sites or len(self.sites) < 200_000):
+                self.sites[key] = text
+                self._static.clear()  # decoded begins carry the text
+                self._by_sig.clear()
+        elif typ == GROUP_REC:
+            n = _U16.unpack_from(raw, body)[0]
+            name = raw[body + 2:body + 2 + n].decode("utf-8", "replace")
+            pos = body + 2 + n
+            nb = _U16.unpack_from(raw, pos)[0]
+            backend = raw[pos + 2:pos + 2 + nb].decode("utf-8", "replace")
+            pos += 2 + nb
+            count = struct.unpack_from("<i", raw, pos)[0]
+            granks = list(struct.unpack_from(f"<{count}i", raw, pos + 4)) if 0 <= count <= (end - pos - 4) // 4 else None
+            if granks is not None and any(not 0 <= r <= schema.MAX_RANK for r in granks):
+                raise ValueError("group ranks")
+            if len(name) > schema.MAX_NAME or len(backend) > schema.MAX_NAME:
+                raise ValueError("group name")
+            entry = GroupEntry(name, granks)
+            if self.groups.get(key) == entry or (key not in self.groups and len(self.groups) >= 100_000):
+                return
+            self.groups[key] = entry
+            self._static.clear()  # peers and roots may now resolve to global ranks
+            self._by_sig.clear()
+            group = {"type": "group", "ts": ev.get("ts", 0), "group": name, "gid": key}
+            if granks is not None:
+                group["granks"] = granks
+            if backend:
+                group["backend"] = backend
+            out.append(group)  # the model learns the group's members from it
+
     # -- blocks
     def expand(self, ev: dict) -> list[dict]:
         """The op events of one ``block`` event; what cannot be decoded is counted in ``invalid``."""
@@ -182,16 +237,34 @@ class BlockDecoder:
         append = out.append
         unpack_header = HEADER.unpack_from
         invalid = self.invalid
+        # Ring positions (version 3): records below seen_end were decoded from an earlier block.
+        pos = ev.get("pos")
+        skip_below = self.seen_end if isinstance(pos, int) else -1
+        if isinstance(pos, int) and isinstance(ev.get("end"), int):
+            self.seen_end = max(self.seen_end, ev["end"])
         while off + HEADER.size <= size:
             typ, flags, aux, length, ts, op_id = unpack_header(raw, off)
             if length < HEADER.size or off + length > size:
                 invalid["block: truncated record"] += 1
                 break
             off += length
+            body = off - length + HEADER.size
+            if typ in TABLE_RECORDS:
+                try:
+                    if op_id <= MAX_INT:
+                        self._table(typ, raw, body, off, flags, aux, op_id, ev, out)
+                except (struct.error, ValueError):
+                    invalid["block: bad table record"] += 1
+                continue
+            if skip_below >= 0:
+                at = pos
+                pos += length
+                if at < skip_below:
+                    self.duplicates += 1
+                    continue
             if not (0 <= ts <= MAX_INT and op_id <= MAX_INT):
                 invalid["block: bad record"] += 1
                 continue
-            body = off - length + HEADER.size
             try:
                 if typ in (END, WAIT_END):
                     e = {"type": "op", "ts": ts, "phase": "end" if typ == END else "wait_end", "id": op_id}
@@ -202,10 +275,6 @@ class BlockDecoder:
                         e["approx"] = True
                 elif typ == BEGIN_SIG:
                     e = self._sig_begin(raw, body, ts, op_id)
-                elif typ == SIG:
-                    if len(self._sigs) < 200_000:
-                        self._sigs[op_id] = (flags, aux, raw[body:off])
-                    e = None
                 elif typ == BEGIN:
                     e = self._begin(raw, body, off, ts, op_id, flags, aux)
                 elif typ == WAIT_BEGIN:
@@ -236,9 +305,10 @@ class BlockDecoder:
                 e = None
                 invalid["block: bad record"] += 1
             if e is not None:
-                e["v"] = SCHEMA_VERSION
-                e["rank"] = rank
                 append(e)
+        for e in out:
+            e["v"] = SCHEMA_VERSION
+            e["rank"] = rank
         return out
 
     def _sig_begin(self, raw: bytes, body: int, ts: int, op_id: int) -> dict:
@@ -355,10 +425,8 @@ class BlockDecoder:
             f["out_bytes"] = bout
         if (flags & ASYNC and role == MERGED) or role == CHILD:  # a batch's p2p ops are isend/irecv
             f["async"] = True
-        if site >= 0:
-            f["site"] = self.sites.get(site)
-            if f["site"] is None:
-                del f["site"]
+        if site >= 0 and self.sites.get(site):
+            f["site"] = self.sites[site]
         if role == NESTED:
             f["nested"] = True
         if device >= 0:
@@ -389,6 +457,8 @@ class BlockDecoder:
         if not isinstance(e, dict) or seq > MAX_INT or parent > MAX_INT:
             raise ValueError("fragment")
         e.update(type="op", ts=ts, phase="begin", id=op_id, tid=tid, rank=rank)
+        if gid in self.groups:  # the stream's name for the group (an incarnation's own)
+            e["group"] = self.groups[gid].name
         e = msgspec.convert(e, schema.RawEvent)  # a fragment is JSON like any event: checked like one
         if seq >= 0:
             e["seq"] = seq
@@ -396,7 +466,7 @@ class BlockDecoder:
             e["parent"] = parent
             if seq < 0 and kind == KIND_RICH:
                 e["nested"] = True
-        if site >= 0 and site in self.sites:
+        if site >= 0 and self.sites.get(site):
             e["site"] = self.sites[site]
         return e
 
@@ -485,3 +555,44 @@ def pack_sig(sid: int, *, flags: int = 0, direction: int = 0, **fields: Any) -> 
 def pack_sig_begin(op_id: int, ts: int, sid: int, *, seq: int = -1, parent: int = 0, tid: int = 1) -> bytes:
     return HEADER.pack(BEGIN_SIG, 0, 0, HEADER.size + SIG_BEGIN_BODY.size, ts, op_id) + \
         SIG_BEGIN_BODY.pack(sid, seq, parent, tid)
+
+
+def pack_source(op_id: int, ts: int, peer: int, seq: int) -> bytes:
+    """A SOURCE record: an any-source recv learned its peer (and seq)."""
+    return HEADER.pack(SOURCE, 0, 0, HEADER.size + SOURCE_BODY.size, ts, op_id) + SOURCE_BODY.pack(peer, seq)
+
+
+def pack_rbegin(op_id: int, ts: int, fragment: bytes, *, kind: int = KIND_PLAIN, tid: int = 1, parent: int = 0,
+                site: int = -1, gid: int = -1, seq: int = -1) -> bytes:
+    """An RBEGIN record: a begin described by a JSON fragment of its static fields."""
+    frag = fragment[:60000]
+    body = RBEGIN_BODY.pack(tid & ((1 << 64) - 1), parent, site, gid, seq, len(frag)) + frag
+    return HEADER.pack(RBEGIN, 0, kind, HEADER.size + len(body), ts, op_id) + body
+
+
+def _u16_text(text: str) -> bytes:
+    raw = text.encode("utf-8", "replace")[:0xFFFF]
+    return _U16.pack(len(raw)) + raw
+
+
+def pack_group(gid: int, name: str, backend: str = "", granks: list[int] | tuple[int, ...] | None = None) -> bytes:
+    """A GROUP table record (what ``put_group_locked`` writes in C++)."""
+    ranks = b"" if granks is None else struct.pack(f"<{len(granks)}i", *granks)
+    body = _u16_text(name) + _u16_text(backend) + struct.pack("<i", -1 if granks is None else len(granks)) + ranks
+    return HEADER.pack(GROUP_REC, 0, 0, HEADER.size + len(body), 0, gid) + body
+
+
+def pack_site(sid: int, text: str) -> bytes:
+    """A SITE table record."""
+    body = _u16_text(text)
+    return HEADER.pack(SITE_REC, 0, 0, HEADER.size + len(body), 0, sid) + body
+
+
+def pack_meta(line: bytes) -> bytes:
+    """A META table record: the rank's meta event (spools only)."""
+    return HEADER.pack(META_REC, 0, 0, HEADER.size + len(line), 0, 0) + line
+
+
+def pack_event(line: bytes) -> bytes:
+    """An EVENT table record: an event the store did not take at the end (spools only)."""
+    return HEADER.pack(EVENT_REC, 0, 0, HEADER.size + len(line), 0, 0) + line

@@ -1,9 +1,9 @@
-"""The trace event schema (version 2), shared by the recorder, the stores and analysis.
+"""The trace event schema (version 3), shared by the recorder, the stores and analysis.
 
 A trace is, per rank, an ordered stream of JSON objects (one per line in the
 directory store, one per stream entry in Redis).  Every event carries:
 
-    v      schema version (int, currently 2; readers read version 1 traces too)
+    v      schema version (int, currently 3; readers read versions 1 and 2 too)
     type   one of TYPES below
     rank   global rank of the writer
     ts     wall-clock time in ns (``time.time_ns()``; the same clock Flight Recorder uses)
@@ -76,6 +76,24 @@ Version 2 (the native recorder) adds, see ``commscope.blocks``:
     meta       [recorder] "native" or "python", [names], [dtypes]: the tables blocks use
     begin      [src] "c10d": a collective issued from C++ (DDP's reducer, functional
                collectives): its seq counts in the same per-group sequence as the rest
+
+Version 3 (spools, self-describing streams, incarnations):
+
+    block      pos, end: the ring positions of its records (readers drop a block, or the
+               part of one, they have already seen: a dead rank's spool may be forwarded
+               after its recorder sent part of it); each block restates the signatures,
+               sites and groups its records use, so any suffix of a stream decodes alone
+    meta       inc: the incarnation (the process initialised a process group again after
+               destroying one: a new stream, its groups named "0@1", ...); run: a nonce
+               rank 0 draws at init, so a forwarder never mixes two runs of one job id
+    exit       code (os._exit's or the process's exit code); reason "killed": a launcher
+               saw the process die of [signal] (src "launcher"); reason "os._exit";
+               reason "signal" with [exc]: the C++ exception std::terminate was called
+               with (src "spool": read from the dead rank's spool header);
+               unwaited_count: all async work never waited (``unwaited`` lists 1,000)
+    dropped    entries, reason "store_lost: ...": a writer found its stream gone or
+               shorter than what had landed (Redis restarted empty, the job directory
+               deleted); ``entries`` lines were lost by the store, not the recorder
 """
 
 from __future__ import annotations

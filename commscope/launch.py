@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import signal
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -80,8 +81,10 @@ def _child(fn, rank, world_size, args, port, backend, env, queue, init, pg_timeo
             dist.init_process_group(backend, rank=rank, world_size=world_size,
                                     timeout=timedelta(seconds=pg_timeout))
         value = fn(rank, world_size, *args)
-    except BaseException:
+    except BaseException as exc:
         status, value = "error", traceback.format_exc()
+        if "commscope.record.recorder" in sys.modules:  # the rank dies of it, as if uncaught
+            sys.modules["commscope.record.recorder"].note_uncaught(exc)
     try:
         queue.put((rank, status, value))
     except Exception:
@@ -156,7 +159,19 @@ class Job:
             p.join(5)
             self.results[r].exitcode = p.exitcode
         self._drain()
+        self.forward_spools()
         return self.results
+
+    def forward_spools(self) -> int:
+        """Send what ranks that died left in their spools to the store (as a launcher does
+        when its command ends), with the exit status each died of."""
+        from commscope.store import spool
+
+        status = {p.pid: p.exitcode for p in self.procs if p.pid is not None}
+        try:
+            return spool.forward_orphans(exit_status=status.get)
+        except Exception:
+            return 0
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         for p in self.procs:

@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal, NamedTuple, TypedDict
 import msgspec
 from msgspec import Meta
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Bounds no real job reaches and every count, size and time fits in (int64 with room).
 MAX_INT = (1 << 62) - 1
@@ -90,11 +90,17 @@ RawEvent = TypedDict("RawEvent", {
     "gpu_temp": Real, "gpu_error": Text,
     # heartbeat, stack, exit, dropped
     "inflight": Count, "threads": list[StackThread], "reason": Text, "unwaited": list[Count],
-    "trigger": Rank, "request_ns": Count, "signal": Name,
+    "trigger": Rank, "request_ns": Count, "signal": Name, "code": AnyInt, "unwaited_count": Count,
     "count": Count, "total": Count, "records": Count,
     # block (version 2): packed op records, see commscope.blocks; site: a call site by id
     "n": Count, "data": Annotated[str, Meta(max_length=MAX_BLOCK)], "sid": Annotated[int, Meta(ge=0, le=MAX_INT)],
     "text": Text,
+    # version 3: a block's ring positions; meta: the incarnation (the process initialised its
+    # process group again) the stream belongs to, and the run (a nonce rank 0 draws at init)
+    "pos": Count, "end": Count, "inc": Count, "run": Name,
+    # dropped (version 3): entries (lines) of the stream the store lost before this one; the
+    # writer that found its stream gone or shorter says so (``store.base.store_lost``)
+    "entries": Count,
 }, total=False)
 
 #: Keys each type must carry besides type, rank and ts.

@@ -20,10 +20,11 @@ pytestmark = pytest.mark.timeout(60)
 CRASHING = textwrap.dedent("""
     import ctypes, sys, threading, time
     from commscope.record import crashlog
+    from commscope.store.crashlog import crash_file_name
     from commscope.store.directory import DirectoryWriter
     w = DirectoryWriter(sys.argv[1], "job", 3)
     w.write([b'{"type":"heartbeat","ts":%d,"v":1,"rank":3}' % time.time_ns()])
-    assert crashlog.arm(w)
+    assert crashlog.arm(w.dir / crash_file_name(3))
     threading.Thread(target=time.sleep, args=(60,), name="loader", daemon=True).start()
     def parse_record():
         ctypes.string_at(0)
@@ -73,11 +74,11 @@ def test_clean_exit_removes_the_empty_crash_file(tmp_path):
     faulthandler.disable()  # pytest enables it for itself; a program that did keeps its own
     try:
         w = DirectoryWriter(tmp_path, "job", 0)
-        assert crashlog.arm(w) and (tmp_path / "job" / crash_file_name(0)).exists()
+        assert crashlog.arm(w.dir / crash_file_name(0)) and (tmp_path / "job" / crash_file_name(0)).exists()
         crashlog.disarm()
         assert not (tmp_path / "job" / crash_file_name(0)).exists()
         faulthandler.enable()
-        assert not crashlog.arm(w)  # enabled by the program: left alone
+        assert not crashlog.arm(w.dir / crash_file_name(0))  # enabled by the program: left alone
     finally:
         faulthandler.disable()
         if was:

@@ -41,38 +41,51 @@ def test_block_lines_carry_the_schema_version_and_their_record_count():
     assert blocks.records_in_line(b'{"type":"op","n":7}') == 0  # not a block: no op records
 
 
-def test_a_full_outbox_drops_the_oldest_and_counts_records_inside_dropped_blocks():
+def test_a_full_outbox_drops_the_oldest_lines_by_bytes_but_never_a_ring_block():
     box, _ = _box()
-    box.PENDING_CAP = 3
-    box.put(blocks.encode_block(b"", 0, 1, 5))
+    box.cap_bytes = 100
+    ring_block = blocks.encode_block(b"\0" * 300, 0, 1, 5, pos=0, end=300)
+    box.put(ring_block, ring_end=300)  # its records wait in the spool's ring: bounded there
+    stray = blocks.encode_block(b"", 0, 1, 4)  # a block that is not the ring's (no position)
+    box.put(stray)
     for i in range(4):
-        box.put(b'{"type":"heartbeat","ts":%d}' % i)
-    assert len(box.pending) == 3
-    assert box.dropped == 2 and box.dropped_records == 5
+        box.put(b'{"type":"heartbeat","ts":%d}' % i)  # 27-28 bytes each
+    assert box.bytes <= 100
+    assert [item.data for item in box.pending][0] == ring_block
+    assert len(box.pending) == 4  # the ring block and the three newest heartbeats
+    assert box.dropped == 2 and box.dropped_records == 4  # the stray block and the oldest heartbeat
 
 
-def test_a_failing_store_keeps_what_it_did_not_take_and_backs_off():
-    box, warned = _box()
-    writer = FlakyWriter(accept=1)
+def test_a_failing_store_keeps_what_it_did_not_take_in_order_and_backs_off():
+    forwarded = []
+    warned: list[tuple[str, str]] = []
+    box = Outbox(lambda key, message: warned.append((key, message)), on_forwarded=forwarded.append)
+    writer = FlakyWriter(accept=2)
     box.opened(writer, b"meta")
+    box.put(b"blockA", ring_end=10)
     box.put(b"a")
+    box.put(b"blockB", ring_end=20)
     box.put(b"b")
     assert not box.write_once()
-    assert writer.stored == [b"meta"] and list(box.pending) == [b"a", b"b"]
+    assert writer.stored == [b"meta", b"blockA"] and forwarded == [10]  # the ring may free up to 10
+    assert [item.data for item in box.pending] == [b"a", b"blockB", b"b"]
     assert box.error == "disk full" and box.backing_off()
     assert [key for key, _ in warned] == ["store"]
     writer.accept = None
     assert box.write_once()
-    assert writer.stored == [b"meta", b"a", b"b"] and not box.pending and box.error is None
+    assert writer.stored == [b"meta", b"blockA", b"a", b"blockB", b"b"] and not box.pending
+    assert box.error is None and forwarded == [10, 20] and box.bytes == 0
 
 
 def test_the_last_write_reports_what_is_lost_and_closes_the_writer(capsys):
     box, _ = _box()
     box.FINAL_WRITE_S = 0.0
     writer = FlakyWriter(accept=0)
-    box.opened(writer, blocks.encode_block(b"", 0, 1, 4))
+    box.opened(writer, b"meta")
+    box.put(blocks.encode_block(b"", 0, 1, 4, pos=0, end=96), ring_end=96)
     box.put(b"x")
-    box.write_final(lambda: True, "rank 2", "/somewhere")
+    box.write_final(lambda: True, "rank 2", "/somewhere", kept="/dev/shm/x.spool")
     err = capsys.readouterr().err
-    assert "rank 2: 2 trace events (4 op records in blocks)" in err and "/somewhere" in err
+    assert "rank 2: 3 trace events (4 op records in blocks)" in err and "/somewhere" in err
+    assert "they wait in /dev/shm/x.spool for a forwarder" in err
     assert not box.pending and writer.closed

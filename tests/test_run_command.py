@@ -97,3 +97,26 @@ def test_run_without_a_command_is_a_usage_error():
     assert proc.returncode == 2 and "give the command to run" in proc.stderr
     proc = commscope("run", "--", "no-such-command-xyz")
     assert proc.returncode == 2 and "command not found" in proc.stderr
+
+
+KILLED = textwrap.dedent("""
+    import os, signal, sys, torch, torch.distributed as dist
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
+    for _ in range(50):
+        dist.all_reduce(torch.ones(1))
+    os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
+""")
+
+
+def test_run_forwards_a_killed_rank_s_records_with_its_cause(tmp_path):
+    from commscope.launch import free_port
+
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    proc = commscope("run", "--store", "trace", "--", sys.executable, str(script), str(free_port()), cwd=tmp_path)
+    assert proc.returncode == 128 + 9, proc.stderr
+    assert "sent what 1 rank(s) that died left in their spools" in proc.stderr
+    events = read_events(tmp_path / "trace")
+    assert len(ops(events, 0)) == 50  # every record made before the kill
+    (ex,) = of_type(events, "exit", 0)
+    assert (ex["reason"], ex["signal"], ex["src"]) == ("killed", "Killed", "launcher")

@@ -1,9 +1,11 @@
 """A store that fails during or at the end of a job: training is untouched, the loss is told.
 
 Real Gloo ranks.  A disk that fills up (the rank's file may not grow past a limit:
-RLIMIT_FSIZE, the same EFBIG a full quota gives) and a Redis that is gone when the job
-ends: the rank says on stderr how many events it could not write, and ``commscope
-check`` on what the store kept never calls the trace healthy.
+RLIMIT_FSIZE, the same EFBIG a full quota gives): the rank says on stderr how many
+events it could not write, and ``commscope check`` on what the store kept never calls
+the trace healthy.  A Redis that is gone when the job ends: the ranks say what they could
+not write and that it waits in their spools, and the next commscope command on the host
+forwards it once Redis is back, so that nothing is lost.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ import pytest
 import torch
 import torch.distributed as dist
 from redis_fixture import require_redis_server
+from trace_helpers import ops
 
 import commscope
 from commscope import cli
 from commscope.analysis.model import DEAD_MIN_S
 from commscope.bench.redis_server import RedisServer
 from commscope.launch import Job, run_ranks
+from commscope.store import open_reader, spool
 
 pytestmark = pytest.mark.timeout(180)
 STEPS = 3000
@@ -113,15 +117,23 @@ def test_redis_gone_at_the_end_of_a_job_is_reported_and_never_holds_the_exit(tmp
         for r in range(2):
             text = Path(f"{err}.{r}").read_text()
             assert text.count("could not be written at exit") == 1, text
-        server.start()  # what Redis kept (its append-only file): the check says it is incomplete
-        # Nothing reached Redis after it stopped: once the ranks' silence passes the dead
-        # threshold, the check knows nobody is writing (before that it could be a live job).
+            assert "for a forwarder" in text  # ... and where it waits meanwhile: the rank's spool
+        spools = list(Path(os.environ["COMMSCOPE_SPOOL_DIR"]).glob("*.spool"))
+        assert len([p for p in spools if spool.read(p).identity.get("job") == "gone"]) == 2
+        server.start()  # Redis is back with what it kept (its append-only file)
         time.sleep(max(0.0, stopped + DEAD_MIN_S + 0.2 - time.monotonic()))
         capsys.readouterr()
-        assert cli.main(["check", url, "--json"]) in (0, 1)
+        # The next commscope command on this host forwards what the ranks could not write:
+        # nothing is lost, every op and both exits are there, and the spools are gone.
+        assert cli.main(["check", url, "--json"]) == 0
         out = json.loads(capsys.readouterr().out)
-        incomplete = [f for f in out["findings"] if f["kind"] == "trace_incomplete"]
-        assert incomplete and sorted(incomplete[0]["culprits"]) == [0, 1], out["findings"]
+        assert out["findings"] == [], out["findings"]
+        events = open_reader(url).read_all()
+        for r in range(2):
+            assert len([o for o in ops(events, r) if o["op"] == "all_reduce"]) == 400  # 200 before, 200 after
+            assert [e["reason"] for e in events if e["type"] == "exit" and e["rank"] == r] == ["uninstrument"]
+        assert not [p for p in Path(os.environ["COMMSCOPE_SPOOL_DIR"]).glob("*.spool")
+                    if spool.read(p) and spool.read(p).identity.get("job") == "gone"]
     finally:
         job.kill()
         server.close()

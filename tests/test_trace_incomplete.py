@@ -1,5 +1,6 @@
-"""trace_incomplete: every way a trace loses events is a warning finding with true counts, never
-'healthy'; and the reader's validation counts what it skipped, by reason, in every command."""
+"""trace_incomplete: every way a trace loses events is a finding with true counts, never
+'healthy' (an error, so check exits 1, when events were lost; a warning when a stream only
+ends without an exit); and the reader's validation counts what it skipped, by reason, in every command."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def test_drops_are_counted_and_ring_overwrites_are_not():
         b.add(r, t, "dropped", count=13_000, total=13_000,
               reason="Flight Recorder ring overwritten between polls (C++-issued collectives missing)")
     f = incomplete(b)
-    assert f is not None and f.severity == "warning" and f.culprits == [1]
+    assert f is not None and f.severity == "error" and f.culprits == [1]
     assert f.evidence["lost_events"] == 42 and f.evidence["per_rank"] == {"1": {"dropped": 42}}
     assert f.evidence["fr_ring_overwritten"] == {"0": 13_000, "1": 13_000, "2": 13_000}
     assert "42 event(s) dropped by the recorder (rank 1: 42)" in f.message
@@ -115,22 +116,22 @@ def test_invalid_and_damaged_lines_are_counted_by_reason_in_every_command(tmp_pa
         "heartbeat: bad rank": 1, "heartbeat: rank differs from its stream": 1, "exit: bad unwaited": 1, "event: not an object": 1}
     # the seq of 500000000 is valid: it must cost one index row, not 500 million
     capsys.readouterr()
-    assert cli(["check", str(store), "--json"]) == 0
+    assert cli(["check", str(store), "--json"]) == 1  # never 0 over events it could not read
     out = json.loads(capsys.readouterr().out)
     assert out["skipped"]["damaged"] == 1 and out["skipped"]["invalid"] == 7
     f = [x for x in out["findings"] if x["kind"] == "trace_incomplete"]
     assert len(f) == 1 and f[0]["culprits"] == [2]
     assert f[0]["evidence"]["per_rank"]["2"] == {"damaged": 1, "invalid": 7}
     assert any("skipped 7 invalid event(s)" in w for w in out["warnings"])
-    assert cli(["check", str(store)]) == 0
+    assert cli(["check", str(store)]) == 1
     text = capsys.readouterr().out
-    assert "trace_incomplete" in text and "no findings" not in text and "1 warning(s)" in text
+    assert "trace_incomplete" in text and "no findings" not in text
     assert cli(["report", str(store), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["skipped"]["invalid"] == 7
     assert cli(["export", str(store), "--chrome", str(tmp_path / "t.json")]) == 0
     data = json.loads((tmp_path / "t.json").read_text())
     assert data["metadata"]["skipped"]["invalid"] == 7
-    assert any(e.get("name") == "warning: trace_incomplete" for e in data["traceEvents"])
+    assert any(e.get("name") == "error: trace_incomplete" for e in data["traceEvents"])
 
 
 def test_a_huge_world_size_renders_briefly(tmp_path, capsys):

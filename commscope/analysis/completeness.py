@@ -1,5 +1,10 @@
 """The trace_incomplete finding: a trace that lost events is never called healthy.
 
+Its severity is an error when events were lost (dropped by a full recorder buffer, damaged
+or invalid lines, entries the store lost or trimmed): they may have held ops, and ``check``
+never exits 0 over ops it could not read.  A stream that only ends without ``exit`` is a
+warning.
+
 A rank's stream is incomplete when the recorder dropped events (Flight Recorder ring
 overwrites excepted: those are collectives the wrapper recorded itself), when the reader
 skipped damaged lines or invalid events of it, when the store lost entries of it, or
@@ -21,7 +26,7 @@ from rich.text import Text
 
 from commscope.analysis import evidence
 from commscope.analysis.evidence import ABSENT, Evidence, record
-from commscope.analysis.findings import Finding
+from commscope.analysis.findings import ERROR, WARNING, Finding
 from commscope.analysis.liveness import outlived
 from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
@@ -118,4 +123,6 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False) -> list[
     ev = Incomplete(lost_events=lost, per_rank={str(r): per_rank[r] for r in ranks[:256]},
                     more_ranks=len(ranks) - 256 if len(ranks) > 256 else ABSENT, fr_ring_overwritten=fr or ABSENT)
     ts = max((int(model.ranks[r].last_ts) for r in ranks if r in model.ranks), default=model.end_ns)
-    return [Finding("trace_incomplete", None, None, None, ranks, ranks, msg, ev, ts=ts)]
+    # Lost events may have held ops: never a healthy exit (check exits 1).
+    return [Finding("trace_incomplete", None, None, None, ranks, ranks, msg, ev, ts=ts,
+                    severity=ERROR if lost else WARNING)]

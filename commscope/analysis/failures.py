@@ -39,6 +39,7 @@ from commscope.analysis.model import (
     SLACK_NS,
     SPACE_FR,
     TraceModel,
+    signal_label,
 )
 from commscope.analysis.rankstate import snapshot
 
@@ -260,6 +261,24 @@ def find_failed_ops(model: TraceModel, now: int, failures: list[Failure]) -> lis
     return out
 
 
+def death_message(ex: dict, limit: int = 140) -> str:
+    """The first line of what a dying rank said (its exception, or the C++ exception that
+    ``std::terminate`` was called with); empty for faulthandler's header, which only
+    repeats the signal."""
+    exc = first_line(ex.get("exc") or "", limit)
+    return "" if exc.startswith("Fatal Python error") else exc
+
+
+def crash_cause(ex: dict) -> str:
+    """How a rank died, in words: the backend's C++ exception (through ``std::terminate``) is
+    the most useful line of an abort, so it comes before the signal it raised."""
+    exc = death_message(ex)
+    if ex.get("signal"):
+        sig = signal_label(ex["signal"])
+        return f"{exc} (then {sig})" if exc else f"a fatal signal: {sig}"
+    return exc
+
+
 def find_crashes(model: TraceModel, now: int, failures: list[Failure]) -> list[Finding]:
     """``rank_crashed`` for every rank that died of an uncaught exception or a fatal signal.
 
@@ -283,7 +302,7 @@ def find_crashes(model: TraceModel, now: int, failures: list[Failure]) -> list[F
                 cause = blame_of.get((r, i))
         act = activity(model, r, now)
         inflight = [i for i in model.inflight(r)] or ([failed[-1]] if cause is not None else [])
-        what = ex.get("signal") and f"a fatal signal ({ex['signal']})" or first_line(ex.get("exc") or "", 140)
+        what = crash_cause(ex)
         if inflight:
             act["in_op"] = op_brief(model, r, inflight[-1], now)
             where = f"in {model.label(r, inflight[-1])}"

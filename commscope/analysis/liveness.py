@@ -11,7 +11,7 @@ from commscope.analysis import evidence
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.failures import cause_of_departure
 from commscope.analysis.findings import Finding, activity, op_brief, secs
-from commscope.analysis.model import P2P, TraceModel
+from commscope.analysis.model import P2P, TraceModel, describe_kill
 from commscope.analysis.rankstate import snapshot
 
 
@@ -19,7 +19,8 @@ from commscope.analysis.rankstate import snapshot
 class Dead(Evidence):
     """dead_rank: how long the rank has been silent, against which threshold, what it did last."""
 
-    how: str  # "silent" (heartbeats stopped) or "vanished" (its peers' ops failed, then nothing came)
+    how: str  # "silent" (heartbeats stopped), "vanished" (its peers' ops failed, then nothing came) or
+    # "killed" (its exit says it was killed, or cut itself off with os._exit: ``cause``)
     last_seen_ns: int
     silent_s: float
     threshold_s: float
@@ -29,10 +30,12 @@ class Dead(Evidence):
     host: str | None = ABSENT
     pid: int | None = ABSENT
     caused_by: dict[str, Any] = ABSENT  # the failure blamed on others it had just before: instance, culprits, reason
+    cause: str = ABSENT  # how it was killed: "killed (Killed) (its launcher saw it)", "left through os._exit(3)"
 
     def render(self, f: Finding) -> list[RenderableType]:
         act = self.activity or {}
-        rows = [("how", "vanished while its peers' ops failed" if self.how == "vanished" else "heartbeat stopped"),
+        how = {"vanished": "vanished while its peers' ops failed", "killed": self.get("cause", "killed")}
+        rows = [("how", how.get(self.how, "heartbeat stopped")),
                 ("silent for", f"{float(self.silent_s or 0):.1f} s (threshold {float(self.threshold_s or 0):.1f} s)"),
                 ("was", act.get("text")), ("in", evidence.brief(act.get("in_op")) if act.get("in_op") else None),
                 ("last op", evidence.brief(act.get("last_completed_op")) if act.get("last_completed_op") else None),
@@ -85,7 +88,8 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
             continue  # alive, or alive past its stream's end: trace_incomplete tells that
         rt = model.ranks[r]
         seen = model.last_seen(r)
-        how = "vanished" if r in vanished else "silent"
+        killed = model.killed(r)
+        how = "killed" if killed is not None else "vanished" if r in vanished else "silent"
         if not model.left_early(r, now):
             continue  # everyone stopped at about the same time: the job was stopped, nobody died first
         act = activity(model, r, now)
@@ -93,7 +97,9 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
         what = (f"in {model.label(r, act['in_op'] and model.op_index(r, act['in_op']['id']))}"
                 if act.get("in_op") else
                 f"after {model.label(r, model.op_index(r, doing['id']))}" if doing else "before any op")
-        if how == "vanished":
+        if killed is not None:
+            msg = f"rank {r} was gone without a clean exit ({what}): {describe_kill(killed)}"
+        elif how == "vanished":
             msg = (f"rank {r} vanished without a clean exit ({what}): its peers' ops failed because their "
                    f"connection to it closed, and nothing came from it since; it crashed or was killed")
         else:
@@ -102,6 +108,8 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
         ev = Dead(how=how, last_seen_ns=seen, silent_s=secs(now - seen),
                   threshold_s=secs(model.dead_after_ns(r) if how == "silent" else model.vanish_after_ns(r)),
                   sample_interval_s=model.sample_interval(r), activity=act)
+        if killed is not None:
+            ev.cause = describe_kill(killed)
         if rt.samples.last:
             ev.last_sample = {k: v for k, v in rt.samples.last.items() if k not in ("v", "type", "rank")}
         if rt.meta:
@@ -126,8 +134,11 @@ def find_unwaited(model: TraceModel, now: int) -> list[Finding]:
         rt = model.ranks[r]
         seen: dict[int, None] = {}  # ordered set: an exit may list thousands of ids
         ex_ts = 0
+        counted = 0  # the recorder's count of them all (an exit lists the first 1,000)
         for ex in rt.exits:
-            seen.update(dict.fromkeys(ex.get("unwaited") or []))
+            listed = ex.get("unwaited") or []
+            seen.update(dict.fromkeys(listed))
+            counted += int(ex.get("unwaited_count") or len(listed))
             ex_ts = ex["ts"]
         ids = list(seen)
         if not ids:
@@ -143,9 +154,10 @@ def find_unwaited(model: TraceModel, now: int) -> list[Finding]:
             continue
         names = sorted({o.get("op", "?") for o in ops})
         sites = sorted({o["site"] for o in ops if o.get("site")})
-        msg = (f"rank {r} exited with {len(ops)} async op(s) never waited on ({', '.join(names)}"
+        total = max(counted - (len(ids) - len(ops)), len(ops))  # less those the trace shows waited
+        msg = (f"rank {r} exited with {total:,} async op(s) never waited on ({', '.join(names)}"
                + (f" at {', '.join(sites[:3])}" if sites else "") + "): call .wait() on the returned Work")
         first = ops[0]
         out.append(Finding("unwaited_work", first.get("group"), first.get("seq"), first.get("op"), [r], [r], msg,
-                           Unwaited(count=len(ops), ops=ops[:20], exit_ns=ex_ts), ts=ex_ts))
+                           Unwaited(count=total, ops=ops[:20], exit_ns=ex_ts), ts=ex_ts))
     return out

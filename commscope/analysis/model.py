@@ -17,6 +17,7 @@ Three layers, three modules:
 from __future__ import annotations
 
 import dataclasses
+import signal
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
 from operator import itemgetter
@@ -68,6 +69,35 @@ SLACK_NS = 200_000_000
 ARRIVAL_SLACK_NS = 20_000_000
 #: How far behind the clock a file's mtime may lag (the kernel's coarse clock: a jiffy or two)
 COARSE_MTIME_NS = 50_000_000
+#: Signals that kill a process from outside (a launcher stopping it, a user, the OOM killer):
+#: the rank did not crash, it was killed.
+KILL_SIGNALS = frozenset({"Terminated", "Killed", "Interrupt", "Hangup", "SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"})
+#: 'Segmentation fault' -> 'SIGSEGV': exits name signals as faulthandler and strsignal do.
+_SIGNAL_LABELS = {signal.strsignal(s): s.name for s in signal.Signals if signal.strsignal(s)}
+
+
+def signal_label(name: str) -> str:
+    """'SIGSEGV (Segmentation fault)' for an exit's signal, as people search for it."""
+    short = _SIGNAL_LABELS.get(name)
+    return f"{short} ({name})" if short and short != name else name
+
+
+def is_kill(ex: dict) -> bool:
+    """An exit that is a killing, not a leaving: a launcher saw the rank die of a signal
+    (``reason: "killed"``), the rank noted SIGTERM/SIGKILL as it died, or it cut itself off
+    with ``os._exit`` and a failing code."""
+    reason = ex.get("reason")
+    return (reason == "killed" or (reason == "signal" and ex.get("signal") in KILL_SIGNALS)
+            or (reason == "os._exit" and ex.get("code", 0) != 0))
+
+
+def describe_kill(ex: dict) -> str:
+    """'killed by SIGKILL', 'terminated (SIGTERM)', 'left through os._exit(3)'."""
+    if ex.get("reason") == "os._exit":
+        return f"left through os._exit({ex.get('code')})"
+    sig = ex.get("signal") or "a signal"
+    who = " (its launcher saw it)" if ex.get("src") == "launcher" else ""
+    return f"killed by {signal_label(sig)}{who}"
 
 #: Ops whose per-rank tensors must agree in shape across the group: name -> sides compared.
 SAME_SHAPE: dict[str, tuple[str, ...]] = {
@@ -800,8 +830,9 @@ class TraceModel:
                 if rt.meta and isinstance(rt.meta.get("hang_after"), int | float)]
         return max(vals) if vals else None
 
-    def exited(self, rank: int) -> dict | None:
-        """The rank's exit event if it exited after its last op (cleanly or on a crash), else None."""
+    def _last_exit(self, rank: int) -> dict | None:
+        """The rank's last exit event if it came after its last op (else the rank went on:
+        it initialised again), whatever kind."""
         rt = self.ranks.get(rank)
         if not rt or not rt.exits:
             return None
@@ -810,6 +841,18 @@ class TraceModel:
         # clock (up to a few ms behind): ops just before it may look later than the crash.
         slack = COARSE_MTIME_NS if ex.get("src") == "faulthandler" else 0
         return ex if ex["ts"] + slack >= rt.last_op_ts else None  # ops after an exit: the rank re-initialized
+
+    def exited(self, rank: int) -> dict | None:
+        """The rank's exit event if it left after its last op, cleanly or on a crash (not
+        when it was killed: see ``killed``), else None."""
+        ex = self._last_exit(rank)
+        return None if ex is None or is_kill(ex) else ex
+
+    def killed(self, rank: int) -> dict | None:
+        """The exit event of a rank that was killed, or cut itself off, after its last op
+        (``is_kill``): gone without leaving, like a rank that vanished, but with its cause."""
+        ex = self._last_exit(rank)
+        return ex if ex is not None and is_kill(ex) else None
 
     def crash(self, rank: int) -> dict | None:
         """The exit event if the rank died of an uncaught exception or a fatal signal."""
@@ -830,11 +873,13 @@ class TraceModel:
         return int(max(VANISH_INTERVALS * self.sample_interval(rank), VANISH_MIN_S) * 1e9)
 
     def is_dead(self, rank: int, now: int) -> bool:
-        """Gone without an exit: its heartbeat stopped for several sample intervals, or it
-        vanished while its peers' ops failed (see ``vanished``)."""
+        """Gone without an exit: killed (``killed``), its heartbeat stopped for several
+        sample intervals, or it vanished while its peers' ops failed (see ``vanished``)."""
         rt = self.ranks.get(rank)
         if not rt or self.exited(rank) is not None:
             return False
+        if self.killed(rank) is not None:
+            return True
         if rt.last_hb and now - max(rt.last_hb, rt.last_ts) > self.dead_after_ns(rank):
             return True
         return rank in self.vanished(now)
@@ -847,7 +892,15 @@ class TraceModel:
             return True
         if not self.is_dead(rank, now):
             return False
-        return rank in self.vanished(now) or self.end_ns - self.last_seen(rank) > self.dead_after_ns(rank)
+        if rank in self.vanished(now):
+            return True
+        k = self.killed(rank)
+        if k is not None:  # killed while others went on (ranks killed together are a job stopped)
+            t = self.departed_ns(rank) or int(k["ts"])
+            failed_after = {p for p, i in self.failed[-1000:] if p != rank and self.failed_ns(p, i) >= t}
+            return any(r != rank and self.killed(r) is None and (r in failed_after or self.last_seen(r) > t + SLACK_NS)
+                       for r in self.ranks)
+        return self.end_ns - self.last_seen(rank) > self.dead_after_ns(rank)
 
     # ------------------------------------------------------------------ failures and departures
     def failed_ns(self, rank: int, i: int) -> int:
@@ -880,9 +933,15 @@ class TraceModel:
         return out
 
     def departed_ns(self, rank: int) -> int | None:
-        """When the rank left with an ``exit`` event (clean or crash); None if it did not."""
-        ex = self.exited(rank)
-        return int(ex["ts"]) if ex is not None else None
+        """When the rank left with an ``exit`` event (clean, crash or killed); None if it did not."""
+        ex = self._last_exit(rank)
+        if ex is None:
+            return None
+        if ex.get("src") == "launcher":  # timed when the launcher noticed: the rank went after its last word
+            rt = self.ranks[rank]
+            last = max(rt.last_hb, rt.last_op_ts, int(rt.meta["ts"]) if rt.meta else 0)
+            return int(min(ex["ts"], last)) if last else int(ex["ts"])
+        return int(ex["ts"])
 
     def peers_gone(self, rank: int, i: int) -> tuple[list[int], list[int]]:
         """For an op that failed because a connection closed: the other members that (left

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from commscope.analysis.model import ASYNC, CONTAINER, NESTED, RankState
+from commscope.analysis.model import ASYNC, CONTAINER, NESTED, RankState, describe_kill, is_kill
 
 STARTUP_SLACK_NS = 2 * 10**9  # ranks whose streams begin this close to the job's start started with it
 _TOP = NESTED | CONTAINER  # inner traffic and containers: never "the op a rank is in"
@@ -47,6 +47,9 @@ def _present(m: Any, rank: int, now: int) -> RankState:
     if m.is_dead(rank, now):
         seen = max(rt.last_hb, rt.last_ts)
         where = f", was in {m.label(rank, cur)}" if cur is not None else ""
+        k = m.killed(rank)
+        if k is not None:
+            return RankState("dead", f"dead ({describe_kill(k)}{where})", cur, int(k["ts"]))
         return RankState("dead", f"dead (last seen {(now - seen) / 1e9:.1f} s ago{where})", cur, seen)
     ex = m.exited(rank)
     if ex is not None:
@@ -94,6 +97,8 @@ def _as_of(m: Any, rank: int, t: int) -> RankState:
             return RankState("blocked", f"{verb} {m.label(rank, i)} for {(t - since) / 1e9:.1f} s", i, since)
     if exits and (not rt.n or exits[-1]["ts"] >= _last_begin_before(m, rank, t)):
         ex = exits[-1]
+        if is_kill(ex):
+            return RankState("dead", f"dead ({describe_kill(ex)})", None, int(ex["ts"]))
         if ex.get("exc") or ex.get("reason") in ("exception", "signal"):
             return RankState("crashed", f"crashed ({ex.get('signal') or ex.get('exc') or ex.get('reason')})", None,
                              int(ex["ts"]))

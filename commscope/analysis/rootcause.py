@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from commscope.analysis.failures import instance_key
+from commscope.analysis.failures import death_message, instance_key
 from commscope.analysis.findings import ERROR, Finding, attach_stacks
 from commscope.analysis.model import TraceModel
 
@@ -65,7 +65,11 @@ def _say(c: dict[str, Any], root: Finding) -> str:
     if c["kind"] == "missing_ranks":
         return f"ranks {hit} waited in {where}"
     if c["kind"] == "rank_crashed":
-        return f"rank {', '.join(map(str, c['culprits']))} crashed on that failure"
+        who = ", ".join(map(str, c["culprits"]))
+        said = death_message(c, 160)
+        if c.get("signal") and said:  # the backend aborted it: its message is the best clue
+            return f"the backend aborted rank {who} ({said})"
+        return f"rank {who} crashed on that failure"
     if c["kind"] == "dead_rank":
         return f"rank {', '.join(map(str, c['culprits']))} went away"
     if c["kind"] == "unmatched_p2p":

@@ -13,4 +13,5 @@ SUITES: dict[str, str] = {
     "analysis": "commscope.bench.analysis",
     "tui": "commscope.bench.tui",
     "fuzz": "commscope.bench.fuzz",
+    "deaths": "commscope.bench.deaths",
 }

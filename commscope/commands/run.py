@@ -72,6 +72,20 @@ def _native_ready() -> bool:
         return False
 
 
+def _forward_spools(store: str, pid: int, code: int) -> int:
+    """As a launcher: forward the spools ranks of this store left on this host when they
+    died, with the exit status of the process we started (a rank killed outright)."""
+    from commscope.store import spool
+
+    sid = spool.store_id(store)
+    try:
+        return spool.forward_orphans(exit_status={pid: code}.get, stores=lambda s: store if s == sid else None,
+                                     only=sid)
+    except Exception as exc:  # never turn the command's own exit into ours
+        print(f"commscope: could not forward the spools of dead ranks: {exc}", file=sys.stderr)
+        return 0
+
+
 def main(args: argparse.Namespace) -> int:
     from commscope.errors import UsageError
 
@@ -104,5 +118,8 @@ def main(args: argparse.Namespace) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    n = _forward_spools(env[ENV_STORE], proc.pid, code)
+    if n:
+        print(f"commscope: sent what {n} rank(s) that died left in their spools to the store", file=sys.stderr)
     print(f"commscope: done (exit code {code}); diagnose with:  commscope check {shown}", file=sys.stderr)
     return code if code >= 0 else 128 - code

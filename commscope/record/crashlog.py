@@ -1,16 +1,19 @@
 """A rank's last words: fatal signals and uncaught exceptions leave their stacks in the trace.
 
-* **Fatal signals** (segfault, abort, bus error, illegal instruction, FPE): once the rank
-  writes to a directory store, ``faulthandler`` is pointed at ``rank-NNNNN.crash`` next to
-  the rank's trace file; the directory reader turns what it writes into ``stack`` and
-  ``exit`` events (``commscope.store.crashlog``).  If the program enabled faulthandler
-  itself, it is left alone.  A forked child (a DataLoader worker) does not inherit it, so
-  its crashes are not blamed on the rank.  The Redis store has no such file: a rank
-  killed by a signal shows there as a rank that vanished.
+* **Fatal signals** (segfault, abort, bus error, illegal instruction, FPE): when the rank
+  attaches, ``faulthandler`` is pointed at the crash file next to its spool
+  (``store/spool.py``; without a spool, ``rank-NNNNN.crash`` in a directory store's job
+  directory), and then the native recorder's handlers, which chain to it, note the
+  signal (and a C++ exception's type and message from ``std::terminate``) in the spool's
+  header.  Whoever forwards the dead rank's spool turns the crash file into a ``stack``
+  event and the header into its ``exit``.  If the program enabled faulthandler itself,
+  it is left alone.  A forked child (a DataLoader worker) does not inherit it, so its
+  crashes are not blamed on the rank.
 * **Uncaught exceptions**: the recorder's ``sys.excepthook`` notes the exception; at the
   final tick its traceback is recorded as a ``stack`` event with ``reason: "exception"``.
 
-Interface: ``tick(recorder, emit, final)``, called by the recorder thread every tick.
+Interface: ``arm(path)`` when the rank attaches, ``tick(recorder, emit, final)`` every
+tick, ``disarm()`` when it leaves.
 """
 
 from __future__ import annotations
@@ -21,41 +24,44 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from commscope import events
-from commscope.store.crashlog import crash_file_name
 
 _file: Any = None  # the open crash file while faulthandler writes to it
+_path: Path | None = None  # and its path
 
 
-def arm(writer: Any) -> bool:
-    """Point faulthandler at the writer's crash file (directory stores only)."""
-    global _file
+def arm(path: Path) -> bool:
+    """Point faulthandler at ``path`` (unless the program enabled faulthandler itself)."""
+    global _file, _path
     if _file is not None:
-        return True
-    job_dir, rank = getattr(writer, "dir", None), getattr(writer, "rank", None)
-    if job_dir is None or not isinstance(rank, int) or faulthandler.is_enabled():
+        if _path == Path(path):
+            return True
+        disarm()
+    if faulthandler.is_enabled():
         return False
     try:
-        f = open(os.path.join(job_dir, crash_file_name(rank)), "w")  # noqa: SIM115 (lives until disarm)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        f = os.fdopen(fd, "w")
         faulthandler.enable(file=f, all_threads=True)
     except (OSError, ValueError, RuntimeError):
         return False
-    _file = f
+    _file, _path = f, Path(path)
     return True
 
 
 def disarm(remove_empty: bool = True) -> None:
-    global _file
-    f, _file = _file, None
+    global _file, _path
+    f, path, _file, _path = _file, _path, None, None
     if f is None:
         return
     try:
         faulthandler.disable()
         f.close()
-        if remove_empty and os.path.getsize(f.name) == 0:
-            os.unlink(f.name)
+        if remove_empty and path is not None and os.path.getsize(path) == 0:
+            os.unlink(path)
     except OSError:
         pass
 
@@ -75,25 +81,21 @@ def exception_stack(rec: Any) -> dict | None:
 
 
 def tick(rec: Any, emit: Any, final: bool = False) -> None:
-    """Arm once the rank's store is open; at the final tick record an uncaught exception's
-    traceback and disarm (an empty crash file is removed)."""
+    """At the final tick: record an uncaught exception's traceback."""
     if final:
         ev = exception_stack(rec)
         if ev is not None:
             emit(ev)
-        disarm()
-    elif _file is None and rec.outbox.writer is not None:
-        arm(rec.outbox.writer)
 
 
 def _after_fork_child() -> None:
-    global _file
+    global _file, _path
     if _file is not None:
         try:
             faulthandler.disable()
         except Exception:
             pass
-        _file = None  # the parent's file: not ours to close or remove
+        _file = _path = None  # the parent's file: not ours to close or remove
 
 
 os.register_at_fork(after_in_child=_after_fork_child)

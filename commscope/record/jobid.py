@@ -3,13 +3,15 @@
 Order: ``$COMMSCOPE_JOB`` (set by ``commscope run``/``demo``, or by hand); else rank 0
 proposes an id through the process group's own c10d key-value store (a TCP store, not a
 collective) and the other ranks read it; else an id derived from the launcher's
-environment.  Rank 0 publishes when its process group is created; the others take it
-then, at the end of their first completed op (rank 0 has published by then), or from
-the recorder thread's per-tick retry.
+environment.  ``settle`` runs on the training thread inside ``init_process_group`` (or
+``instrument()`` after it), so a rank is in the store before training code runs: rank 0
+publishes, the others wait for it, bounded.  Should that fail, ``publish`` is retried
+without waiting: at the end of the rank's first completed op (rank 0 has published by
+then), or by the recorder thread each tick.
 
 The c10d store client is shared with the training thread (``new_group`` rendezvous
-uses it), so this only issues short requests (``set``, ``check``, ``get``), never a
-blocking ``wait`` that could hold the client while training needs it.
+uses it), so the recorder thread only issues short requests (``set``, ``check``,
+``get``), never a blocking ``wait`` that could hold the client while training needs it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import re
 import secrets
 import time
+from typing import NamedTuple
 
 ENV_JOB = "COMMSCOPE_JOB"
 
@@ -55,10 +58,42 @@ def publish(rank: int) -> str | None:
             store.set(_key(), job)
             return job
         if store.check([_key()]):
-            return sanitize(store.get(_key()).decode())
+            return sanitize(store.get(_key()).decode().split()[0])
     except Exception:
         pass
     return None
+
+
+class Settled(NamedTuple):
+    job: str | None  # None: rank 0 said nothing in time (the recorder thread derives one)
+    incarnation: int
+    run: str  # this run of the job (a nonce rank 0 draws): forwarders keep runs apart
+
+
+def settle(rank: int, job: str | None, incarnation: int, timeout: float = 5.0) -> Settled:
+    """The job id, incarnation and run agreed with rank 0, right after ``init_process_group``,
+    on the training thread (the only place a blocking ``wait`` on the c10d store is safe:
+    nobody else uses the client then).  Rank 0 publishes "<job> <incarnation> <run>" (its
+    job, or a new one); the others wait for it, at most ``timeout``.  The incarnation is
+    the larger of this process's own count and rank 0's, so ranks that restart together
+    agree."""
+    env = os.environ.get(ENV_JOB)
+    try:
+        store = _store()
+        if rank == 0:
+            job = sanitize(env) if env else (job or new_job_id())
+            run = secrets.token_hex(6)
+            store.set(_key(), f"{job} {incarnation} {run}")
+            return Settled(job, incarnation, run)
+        from datetime import timedelta
+
+        store.wait([_key()], timedelta(seconds=timeout))
+        value = store.get(_key()).decode().split()
+        theirs = int(value[1]) if len(value) > 1 and value[1].isdigit() else 0
+        run = value[2][:32] if len(value) > 2 else "?"
+        return Settled(sanitize(env) if env else sanitize(value[0]), max(incarnation, theirs), run)
+    except Exception:
+        return Settled(sanitize(env) if env else job, incarnation, "?")
 
 
 def fallback_job_id() -> str:

@@ -3,8 +3,10 @@
 ``commscope_native.cpp`` does the per-op work (see its header).  This module installs it
 (``patch.install_native``), and on the recorder thread moves what it recorded into the
 trace: one ``block`` event per tick holding the packed records as they are (decoded by
-the readers, ``commscope.blocks``), preceded by the ``group`` and ``site`` events that
-give the block's ids their names.  The thread never touches an op one by one.
+the readers, ``commscope.blocks``), with the groups, call sites and signatures they refer
+to restated at its head, so every block decodes on its own.  The records sit in the
+rank's spool (``store/spool.py``) until the store has them.  The thread never touches an
+op one by one.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from commscope import blocks, events
+from commscope import blocks
 from commscope.events import SCHEMA_VERSION
 from commscope.events import encode as _dumps
 from commscope.record import callsite, ops, patch
@@ -28,6 +30,7 @@ class NativeOps:
     """Op capture by the native recorder."""
 
     name = "native"
+    spools = True  # its records live in a spool (see attach_spool)
 
     def __init__(self, rec: Any, module: ModuleType):
         self.rec = rec
@@ -40,7 +43,8 @@ class NativeOps:
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
-        self.registered = self.m.install([op for op, _ in blocks.C10D_OPS], callsite.is_internal, dist.Work)
+        self.registered = self.m.install([op for op, _ in blocks.C10D_OPS], callsite.is_internal, dist.Work,
+                                         callsite.code_site)
         patch.install_native(self)
 
     def uninstall(self) -> None:
@@ -52,36 +56,65 @@ class NativeOps:
         self.m.set_after_op(self.rec.settle_job)
 
     # ------------------------------------------------------------------ the thread's side
-    def collect(self, now: int, final: bool, emit, out, rank: int | None) -> None:
+    def collect(self, now: int, final: bool, emit, out, rank: int | None, drain: bool = True) -> None:
+        """Groups' members to the tables, then (unless the store is failing: ``drain`` False)
+        the records since the last drain as one block, handed to ``out(line, end)``."""
         if rank is None:
             return  # records wait in the native buffer until the rank is known
         m = self.m
         m.poll_devices()
-        line, _count, dropped = m.drain_block(rank, now, SCHEMA_VERSION)  # encoded without the GIL
+        for _gid, name in m.take_groups():  # before the block that uses them
+            self._note_group(name)
+        if not drain:
+            return
+        line, _count, dropped, end = m.drain_block(rank, now, SCHEMA_VERSION)  # encoded without the GIL
         self._dropped += dropped
-        for gid, name in m.take_groups():  # before the block that uses them
-            emit(self._group_event(gid, name, now))
-        for sid, code, lasti in m.take_sites():
-            emit({"type": blocks.SITE, "ts": now, "sid": sid, "text": callsite.code_site(code, lasti)})
         if line is not None:
-            out(line)
+            out(line, end)
 
-    def _group_event(self, gid: int, name: str, now: int) -> dict:
-        ev: dict[str, Any] = {"type": events.GROUP, "ts": now, "group": name, "gid": gid}
+    def _note_group(self, name: str) -> None:
+        """Tell the tables a group's global ranks and backend (blocks restate them)."""
         try:
             for pg, pg_name in list(patch.c10d._world.pg_names.items()):
                 if str(pg_name) == name:
-                    ev["granks"] = list(dist.get_process_group_ranks(pg))
-                    ev["backend"] = str(dist.get_backend(pg))
-                    if "nccl" in ev["backend"]:  # CUDA event timing inside NCCL: GPU durations
+                    backend = str(dist.get_backend(pg))
+                    self.m.note_group(name, backend, list(dist.get_process_group_ranks(pg)))
+                    if "nccl" in backend:  # CUDA event timing inside NCCL: GPU durations
                         try:
                             pg._enable_collectives_timing()
                         except Exception:
                             pass
-                    break
+                    return
         except Exception:
             pass  # destroyed already: members are inferred from the trace
-        return ev
+
+    # ------------------------------------------------------------------ the spool
+    def attach_spool(self, sp: Any) -> None:
+        self.m.attach_spool(sp.fd)
+
+    def detach_spool(self) -> None:
+        self.m.detach_spool()
+
+    def forwarded(self, end: int) -> None:
+        self.m.forwarded(end)
+
+    def keep_event(self, line: bytes) -> None:
+        self.m.keep_event(line)
+
+    def note_meta(self, line: bytes) -> None:
+        self.m.note_meta(line)
+
+    def arm_death(self) -> None:
+        self.m.arm_death()
+
+    def disarm_death(self) -> None:
+        self.m.disarm_death()
+
+    def note_exit(self, code: int) -> None:
+        self.m.note_exit(code)
+
+    def new_incarnation(self, number: int, suffix: str) -> None:
+        self.m.new_incarnation(number, suffix)
 
     def dropped(self) -> int:
         return self._dropped
@@ -99,8 +132,13 @@ class NativeOps:
     def inflight(self) -> int:
         return self._inflight
 
-    def unwaited(self) -> list[int]:
+    def unwaited(self) -> tuple[list[int], int]:
+        """(op ids of async work never waited on: the first ones, how many in all)."""
         return self.m.unwaited()
+
+    def untrack(self, work: Any) -> None:
+        """``Work.get_future()``: completion is taken through the future."""
+        self.m.untrack(work)
 
     def meta(self) -> dict:
         return {"recorder": "native", "names": list(NAMES), "dtypes": self.m.scalar_type_names()}

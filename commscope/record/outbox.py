@@ -2,45 +2,85 @@
 
 ``Recorder`` (``recorder.py``) decides what to write and when; an ``Outbox`` holds the
 encoded lines until the store takes them, and owns the store's writer once it is open.
-A slow, full or missing store never reaches training: lines wait here, bounded (past
-``PENDING_CAP`` the oldest is dropped and counted), and a failing store is retried with
-backoff from 0.5 s to 10 s.  Only the recorder thread touches an outbox.
+A slow, full or missing store never reaches training.  Lines wait here, bounded in
+bytes (``$COMMSCOPE_OUTBOX_MB``, default 32 MiB): past the bound the oldest is dropped
+and counted.  A failing store is retried with backoff from 0.5 s to 10 s.
+
+Op records are bounded by the spool's ring (``store/spool.py``), not by this cap: a
+``block`` line is an encoded view of records that stay in the ring until the store has
+the line (``on_forwarded(end)`` then frees their room), and while the store fails the
+recorder drains no more (so the ring fills, and drops and counts what does not fit).
+Only the recorder thread touches an outbox.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from commscope import blocks
 from commscope.store import StoreError
 
+ENV_OUTBOX_MB = "COMMSCOPE_OUTBOX_MB"
+
+
+def _cap_bytes() -> int:
+    try:
+        mb = float(os.environ.get(ENV_OUTBOX_MB) or 32)
+    except ValueError:
+        mb = 32.0
+    return max(1 << 16, int(mb * (1 << 20)))
+
+
+class Line(NamedTuple):
+    data: bytes
+    ring_end: int  # a block's end position in the spool's ring; -1: not a block of the ring
+
 
 class Outbox:
-    PENDING_CAP = 100_000  # encoded events waiting for a writable store (about 30 MB)
     FINAL_WRITE_S = 0.8  # the last write's retries at shutdown; exit is never held longer than ~1 s
 
-    def __init__(self, warn: Callable[[str, str], None]):
-        """``warn(key, message)``: warns once per key (``Recorder.warn``)."""
-        self.pending: deque[bytes] = deque()  # encoded events not yet in the store
+    def __init__(self, warn: Callable[[str, str], None], on_forwarded: Callable[[int], None] | None = None):
+        """``warn(key, message)``: warns once per key (``Recorder.warn``); ``on_forwarded(end)``:
+        the store holds the ring's records before ``end``."""
+        self.pending: deque[Line] = deque()  # encoded events not yet in the store
+        self.cap_bytes = _cap_bytes()
+        self.bytes = 0  # of the pending lines that are not ring blocks (those the ring bounds)
         self.writer: Any = None  # a ``StoreWriter`` once the store is open
         self.dropped = 0  # events (lines) given up on
         self.dropped_records = 0  # op records inside the ``block`` events among them
         self.error: str | None = None  # why the store last failed, while it fails
         self._warn = warn
+        self._on_forwarded = on_forwarded
         self._retry_at = 0.0
         self._retry_delay = 0.5
 
-    def put(self, line: bytes) -> None:
-        """Queue an encoded event (bounded: the oldest is dropped and counted)."""
-        pending = self.pending
-        if len(pending) >= self.PENDING_CAP:
+    def put(self, line: bytes, ring_end: int = -1) -> None:
+        """Queue an encoded event (a ring block with its end position).  Past the byte cap
+        the oldest lines that are not ring blocks are dropped and counted."""
+        self.pending.append(Line(line, ring_end))
+        if ring_end >= 0:
+            return
+        self.bytes += len(line)
+        if self.bytes > self.cap_bytes:
+            self._shed()
+
+    def _shed(self) -> None:
+        keep: deque[Line] = deque()
+        while self.pending and self.bytes > self.cap_bytes:
+            item = self.pending.popleft()
+            if item.ring_end >= 0:
+                keep.append(item)
+                continue
+            self.bytes -= len(item.data)
             self.dropped += 1
-            self.dropped_records += blocks.records_in_line(pending.popleft())
-        pending.append(line)
+            self.dropped_records += blocks.records_in_line(item.data)
+        keep.extend(self.pending)
+        self.pending = keep
 
     def backing_off(self) -> bool:
         """The store failed a moment ago: not yet time to try it again."""
@@ -49,7 +89,8 @@ class Outbox:
     def opened(self, writer: Any, first: bytes) -> None:
         """The store is open; ``first`` (the ``meta`` event) goes before everything queued."""
         self.writer = writer
-        self.pending.appendleft(first)
+        self.pending.appendleft(Line(first, -1))
+        self.bytes += len(first)
 
     def failed(self, message: str) -> None:
         self.error = message
@@ -58,25 +99,40 @@ class Outbox:
         self._retry_at = time.monotonic() + self._retry_delay
         self._retry_delay = min(self._retry_delay * 2, 10.0)
 
+    def _landed(self, k: int) -> None:
+        """The first ``k`` pending lines are in the store."""
+        end = -1
+        for _ in range(min(k, len(self.pending))):
+            item = self.pending.popleft()
+            if item.ring_end >= 0:
+                end = max(end, item.ring_end)
+            else:
+                self.bytes -= len(item.data)
+        if end >= 0 and self._on_forwarded is not None:
+            self._on_forwarded(end)
+
     def write_once(self) -> bool:
-        """Hand everything queued to the open writer; on failure, keep what it did not take."""
+        """Hand everything queued to the open writer; on failure, keep what it did not take,
+        in order (a retry then neither loses nor duplicates a line: see the writers)."""
         pending = self.pending
         try:
-            self.writer.write(list(pending))
+            self.writer.write([item.data for item in pending])
         except StoreError as exc:
-            for _ in range(min(exc.written, len(pending))):
-                pending.popleft()
+            self._landed(exc.written)
             self.failed(str(exc))
             return False
-        pending.clear()
+        self._landed(len(pending))
         if self.error is not None:
             self.error = None
             self._retry_delay = 0.5
         return True
 
-    def write_final(self, open_writer: Callable[[], bool], who: str, store: str) -> None:
+    def write_final(self, open_writer: Callable[[], bool], who: str, store: str, kept: str | None = None,
+                    keep: Callable[[bytes], None] | None = None) -> None:
         """A last, bounded attempt; what still cannot be written is reported on stderr.
-        ``open_writer()`` opens the store if needed (True: ``writer`` is set)."""
+        ``open_writer()`` opens the store if needed (True: ``writer`` is set); ``kept``: where
+        what did not make it waits for a forwarder (the spool), if anywhere: the op records
+        are there already, and ``keep(line)`` puts each other event there too."""
         deadline = time.monotonic() + self.FINAL_WRITE_S
         while self.pending:
             self._retry_at = 0.0
@@ -87,11 +143,19 @@ class Outbox:
             time.sleep(0.1)
         if self.pending:
             lost = len(self.pending)
-            records = sum(blocks.records_in_line(line) for line in self.pending)
+            records = sum(blocks.records_in_line(item.data) for item in self.pending)
             what = f"{lost} trace events" + (f" ({records} op records in blocks)" if records else "")
+            tail = ""
+            if kept:
+                if keep is not None:
+                    for item in self.pending:
+                        if item.ring_end < 0:
+                            keep(item.data)
+                tail = f"; they wait in {kept} for a forwarder (any commscope command on this host)"
             print(f"commscope: {who}: {what} could not be written at exit to {store}: "
-                  f"{self.error or 'the store is unavailable'}", file=sys.stderr)
+                  f"{self.error or 'the store is unavailable'}{tail}", file=sys.stderr)
             self.pending.clear()
+            self.bytes = 0
         if self.writer is not None:
             try:
                 self.writer.close()
@@ -101,4 +165,5 @@ class Outbox:
     def forget(self) -> None:
         """In a forked child: nothing queued or open here belongs to it."""
         self.pending.clear()
+        self.bytes = 0
         self.writer = None

@@ -69,7 +69,7 @@ def _record_raise(end: Any, what: Any, exc: BaseException) -> None:
 
 def make_wrapper(name: str, orig: Any, extract: Any, nests: bool = False) -> Any:
     """``nests``: the wrapped function calls other wrapped ones (the varlen ops)."""
-    from commscope.record.pyhot import QueuedEnd  # noqa: PLC0415  (pyhot imports this module)
+    from commscope.record.pyhot import QueuedEnd, pack_plain_end  # noqa: PLC0415  (pyhot imports this module)
 
     getframe = sys._getframe
     time_ns = time.time_ns
@@ -96,7 +96,9 @@ def make_wrapper(name: str, orig: Any, extract: Any, nests: bool = False) -> Any
             else:  # the common case, inlined: a plain synchronous op ended
                 if nests:
                     rec._tls.cur = tok.parent
-                rec.q.append(QueuedEnd(tok.op_id, time_ns(), None, None))
+                ts = time_ns()
+                rec.ring.put(pack_plain_end(ts, tok.op_id))
+                rec.q.append(QueuedEnd(tok.op_id, ts, None, None))
         except Exception:
             pass  # recording must never change what the call returns
         return ret
@@ -177,6 +179,8 @@ def _destroy_wrapper(orig: Any) -> Any:
             if source is not None:
                 try:
                     source.on_destroy(group is None)
+                    if group is None:
+                        source.rec.on_destroyed()
                 except Exception:
                     pass
 
@@ -255,10 +259,28 @@ def _p2pop_init(orig_init: Any) -> Any:
     return __init__
 
 
+def _get_future_wrapper(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def get_future(self, *args, **kwargs):
+        fut = orig(self, *args, **kwargs)
+        source = ACTIVE
+        if source is not None:
+            try:
+                source.untrack(self)  # its completion is taken through the future: not "never waited"
+            except Exception:
+                pass
+        return fut
+
+    return get_future
+
+
 def _install_common() -> Any:
     """The wrappers both paths share; returns commscope.varlen (or None)."""
     if _saved:
         uninstall()
+    get_future = vars(dist.Work).get("get_future")
+    if get_future is not None:
+        _set(dist.Work, "get_future", _get_future_wrapper(get_future))
     _set(dist, "destroy_process_group", _destroy_wrapper(_unwrap(dist.destroy_process_group)))
     _set(dist, "init_process_group", _init_wrapper(_unwrap(dist.init_process_group)))
     p2p = dist.P2POp

@@ -1,7 +1,8 @@
 """The recorder thread's side of the Python op source (``pyhot.PythonOps``).
 
-Each tick, ``QueueEncoder.collect`` turns the records the hot path queued (``pyqueue``)
-into schema events, tracks the ops in flight (for stacks past ``hang_after``, the
+The hot path packs each op's records into the spool ring (``pyspool``), which the thread
+drains as blocks, and queues a note of it (``pyqueue``).  Each tick, ``QueueEncoder.collect``
+reads those notes to track the ops in flight (for stacks past ``hang_after``, the
 heartbeat's count and the ``unwaited`` list at exit), and merges what Flight Recorder saw
 of C++-issued collectives (DDP's reducer, functional collectives), which the Python
 wrappers cannot see otherwise.  Only the recorder thread calls it.
@@ -13,15 +14,11 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-import orjson
 import torch.distributed as dist
 
 from commscope import events
-from commscope.events import encode as _dumps
-from commscope.events import signature_key
-from commscope.record import callsite, flight
-from commscope.record.ops import begin_fields
-from commscope.record.pyqueue import QueuedBegin, QueuedEnd, QueuedGroup, QueuedWait
+from commscope.record import flight
+from commscope.record.pyqueue import QueuedBegin, QueuedEnd, QueuedTaken, QueuedWait
 
 
 class InFlight:
@@ -48,10 +45,10 @@ class QueueEncoder:
         self.convert_failed = 0
         self._inflight: dict[int, InFlight] = {}
         self._waiting: dict[int, InFlight] = {}
-        self._unwaited: OrderedDict[int, str] = OrderedDict()
+        self._unwaited: OrderedDict[int, str] = OrderedDict()  # the latest UNWAITED_CAP of them
+        self.unwaited_count = 0  # all of them
         self._windows = flight.WrapperWindows()
         self._top_windows: dict[int, flight.Window] = {}
-        self._frags: dict[tuple, bytes] = {}
         self._group_names: set[str] = set()
         self._fr = flight.FlightRecorderMerge(hot.next_id, self._group_ranks) if flight_recorder else None
         self._fr_next = 0.0
@@ -106,8 +103,8 @@ class QueueEncoder:
     def inflight(self) -> int:
         return len(self._inflight) + len(self._waiting)
 
-    def unwaited(self) -> list[int]:
-        return list(self._unwaited)
+    def unwaited(self) -> tuple[list[int], int]:
+        return list(self._unwaited), self.unwaited_count
 
     def meta(self) -> dict:
         return {"fr": bool(self._fr is not None and flight.fr_env_enabled())}
@@ -138,9 +135,6 @@ class QueueEncoder:
 
     def _drain(self, emit, out, rank: int | None) -> None:
         q = self.hot.q
-        frags = self._frags
-        if len(frags) > 20_000:
-            frags.clear()
         for _ in range(len(q)):
             item = q.popleft()
             try:
@@ -151,45 +145,14 @@ class QueueEncoder:
                 self.rec.warn("convert", f"commscope: could not record an event ({exc!r}); recording continues")
 
     def _convert(self, item: Any, emit, out, rank: int | None) -> None:
+        """Bookkeeping of one queued record (the record itself is in the spool ring)."""
         inflight, waiting, unwaited = self._inflight, self._waiting, self._unwaited
         cls = type(item)
         if cls is QueuedBegin:
-            # Everything but ts/id/seq/parent/tid repeats step after step in a training
-            # loop: encode that part once and format the rest straight into the line.
-            key = (item.name, item.group, item.peer, item.direction, item.root, item.redop, item.ins,
-                   item.in_bytes, item.outs, item.out_bytes, item.async_op, item.site, item.nested, item.device)
-            frag = self._frags.get(key)
-            if frag is None:
-                frag = self._begin_fragment(key)
-            if rank is None:  # rare: keep it as a dict until the rank is known
-                ev = orjson.loads(b"{" + frag + b"}")
-                ev.update(type=events.OP, ts=item.ts, phase=events.BEGIN, id=item.op_id, tid=item.tid)
-                if item.seq is not None:
-                    ev["seq"] = item.seq
-                if item.parent is not None:
-                    ev["parent"] = item.parent
-                emit(ev)
-            else:
-                line = b'{"type":"op","ts":%d,"phase":"begin","id":%d,' % (item.ts, item.op_id)
-                if item.seq is not None:
-                    line += b'"seq":%d,' % item.seq
-                if item.parent is not None:
-                    line += b'"parent":%d,' % item.parent
-                out(line + frag + b',"tid":%d,"v":%d,"rank":%d}' % (item.tid, events.SCHEMA_VERSION, rank))
             inflight[item.op_id] = InFlight(item.ts, item.name, item.tid, item.parent, item.async_op)
             if item.parent is None and self._fr is not None:
                 self._top_windows[item.op_id] = self._windows.open(item.tid, item.group, item.ts)
         elif cls is QueuedEnd:
-            if item.exc is None and item.source is None and rank is not None:
-                out(b'{"type":"op","ts":%d,"phase":"end","id":%d,"v":%d,"rank":%d}'
-                    % (item.ts, item.op_id, events.SCHEMA_VERSION, rank))
-            else:
-                ev = {"type": events.OP, "ts": item.ts, "phase": events.END, "id": item.op_id}
-                if item.exc is not None:
-                    ev["exc"] = item.exc
-                if item.source is not None:
-                    ev["peer"], ev["seq"] = item.source
-                emit(ev)
             if item.exc is not None:
                 self._failed_ns = item.ts
             info = inflight.pop(item.op_id, None)
@@ -198,37 +161,24 @@ class QueueEncoder:
                 win.end = item.ts
             if info is not None and info.is_async and item.exc is None:
                 unwaited[item.op_id] = info.name
+                self.unwaited_count += 1
                 if len(unwaited) > self.UNWAITED_CAP:
                     unwaited.popitem(last=False)
         elif cls is QueuedWait:
-            phase = events.WAIT_BEGIN if item.begin else events.WAIT_END
             if item.exc is not None:
                 self._failed_ns = item.ts
             for op_id in item.op_ids:
-                ev = {"type": events.OP, "ts": item.ts, "phase": phase, "id": op_id}
-                if item.exc is not None:
-                    ev["exc"] = item.exc
-                emit(ev)
                 if item.begin:
-                    name = unwaited.pop(op_id, "?")
-                    waiting[op_id] = InFlight(item.ts, name, item.tid, None, False)
+                    name = unwaited.pop(op_id, None)
+                    if name is not None:
+                        self.unwaited_count -= 1
+                    waiting[op_id] = InFlight(item.ts, name or "?", item.tid, None, False)
                 else:
                     waiting.pop(op_id, None)
-        elif cls is QueuedGroup:
-            emit({"type": events.GROUP, "ts": item.ts, "group": item.name, "granks": list(item.granks),
-                  "backend": item.backend})
-
-    def _begin_fragment(self, key: tuple) -> bytes:
-        """The JSON members of a begin event that repeat across steps, encoded once."""
-        name, group, peer, direction, root, redop, idesc, ib, odesc, ob, async_op, site, nested, device = key
-        ev = begin_fields(name, group, peer, direction, root, redop, idesc, ib, odesc, ob, async_op,
-                          callsite.format_site(site), nested, device)
-        frag = _dumps(ev)[1:-1]
-        # A key for readers: equal exactly when these static fields are equal, so a model
-        # can intern a begin's signature with one lookup instead of comparing every field.
-        frag = b'"sk":%d,%s' % (signature_key(frag), frag)
-        self._frags[key] = frag
-        return frag
+        elif cls is QueuedTaken:
+            for op_id in item.op_ids:
+                if unwaited.pop(op_id, None) is not None:
+                    self.unwaited_count -= 1
 
     def _group_ranks(self, name: str) -> tuple[int, ...] | None:
         """A group's global ranks by name (the recorder thread's side: Flight Recorder

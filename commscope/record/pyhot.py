@@ -24,10 +24,17 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
+from commscope import blocks
+from commscope.blocks import pack_end, pack_rbegin, pack_source, pack_wait_begin
+from commscope.events import encode as _dumps
+from commscope.events import signature_key
 from commscope.record import callsite, patch
 from commscope.record.cuda_timing import CudaTimer
+from commscope.record.ops import begin_fields
 from commscope.record.pyencode import QueueEncoder
-from commscope.record.pyqueue import QueuedBegin, QueuedEnd, QueuedGroup, QueuedWait
+from commscope.record.pyqueue import QueuedBegin, QueuedEnd, QueuedTaken, QueuedWait
+from commscope.record.pyspool import PyRing
+from commscope.store import spool
 
 _time_ns = time.time_ns
 _weakref = weakref.ref
@@ -68,6 +75,16 @@ class GroupInfo(NamedTuple):
     name: str
     granks: tuple[int, ...]
     backend: str
+    gid: int  # its id in the spool ring's records (``PyRing.group``)
+
+
+_END = blocks.HEADER.size + 2
+_HEADER_PACK = blocks.HEADER.pack
+
+
+def pack_plain_end(ts: int, op_id: int) -> bytes:
+    """The END record of an op that returned (``blocks.pack_end`` without an exception)."""
+    return _HEADER_PACK(blocks.END, 0, 0, _END, ts, op_id) + b"\0\0"
 
 
 class _OpStack(threading.local):
@@ -87,13 +104,17 @@ class PythonOps:
     ``wait_begin``, ``wait_end``).  The recorder thread's side is ``encoder``."""
 
     name = "python"
+    spools = True  # its records are packed into a spool ring as they are made (``pyspool``)
     QUEUE_CAP = 100_000  # hot-path records waiting for the thread (about 50 MB at most)
 
     def __init__(self, rec: Any, flight_recorder: bool):
         self.rec = rec
         self.q: deque = deque()
         self.hot_dropped = 0
-        self.next_id = itertools.count(1).__next__  # op ids (the Flight Recorder merge takes them too)
+        self.ring = PyRing()  # the records themselves, in the spool (see pyspool)
+        self._ids = itertools.count(1)
+        self.suffix = ""  # added to group names from the second incarnation on
+        self.next_id = self._next_id  # op ids (the Flight Recorder merge takes them too)
         self._seq: dict[Any, int] = {}
         self._groups: dict[Any, GroupInfo] = {}
         self._tls = _OpStack()
@@ -101,6 +122,9 @@ class PythonOps:
         self.cuda: CudaTimer | None = None
         self.gpu_index: int | None = None
         self.encoder = QueueEncoder(self, flight_recorder)  # the recorder thread's side
+
+    def _next_id(self) -> int:
+        return next(self._ids)
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
@@ -121,7 +145,7 @@ class PythonOps:
         info = self._groups.get(pg)
         if info is None:
             try:
-                name = str(pg.group_name)
+                name = str(pg.group_name) + self.suffix
                 granks = tuple(dist.get_process_group_ranks(pg))
                 try:
                     backend = str(dist.get_backend(pg))
@@ -129,9 +153,8 @@ class PythonOps:
                     backend = "?"
             except Exception:
                 return None  # not a group of ours (e.g. NON_GROUP_MEMBER): torch decides
-            info = GroupInfo(name, granks, backend)
+            info = GroupInfo(name, granks, backend, self.ring.group(name, backend, granks))
             self._groups[pg] = info
-            self.q.append(QueuedGroup(time.time_ns(), name, granks, backend))
         return info
 
     def begin(self, name: str, a: tuple, frame: Any, child_of: int | None = None,
@@ -207,13 +230,34 @@ class PythonOps:
         except Exception:
             t0 = idesc = ib = odesc = ob = cuda = None
         op_id = self.next_id()
-        q.append(QueuedBegin(op_id, _time_ns(), name, gname, seq, peer, direction, root, redop, idesc, ib,
-                             odesc, ob, async_op, site, get_ident(), parent, nested,
-                             None if cuda is None else cuda.device))
+        ts = _time_ns()
+        tid = get_ident()
+        dev = None if cuda is None else cuda.device
+        key = (name, gname, peer, direction, root, redop, idesc, ib, odesc, ob, async_op, site, nested, dev)
+        ring = self.ring
+        frag = ring.frags.get(key) or self._fragment(key)
+        ring.put(pack_rbegin(op_id, ts, frag, tid=tid, parent=parent or 0, gid=info.gid,
+                             seq=-1 if seq is None else seq), info.gid)
+        q.append(QueuedBegin(op_id, ts, name, gname, seq, peer, direction, root, redop, idesc, ib,
+                             odesc, ob, async_op, site, tid, parent, nested, dev))
         if nests:
             tls.cur = op_id
         return Token(op_id, parent, async_op, recv_any, cuda, nests,
                      not async_op and recv_any is None and cuda is None)
+
+    def _fragment(self, key: tuple) -> bytes:
+        """The JSON members of a begin that repeat across steps, encoded once, with their
+        signature key (readers intern a begin's signature with one lookup)."""
+        name, group, peer, direction, root, redop, idesc, ib, odesc, ob, async_op, site, nested, device = key
+        ev = begin_fields(name, group, peer, direction, root, redop, idesc, ib, odesc, ob, async_op,
+                          callsite.format_site(site), nested, device)
+        frag = _dumps(ev)[1:-1]
+        frag = b'"sk":%d,%s' % (signature_key(frag), frag)
+        frags = self.ring.frags
+        if len(frags) > 20_000:
+            frags.clear()
+        frags[key] = frag
+        return frag
 
     def end(self, tok: Token, exc: BaseException | None, ret: Any) -> None:
         ts = time.time_ns()
@@ -225,7 +269,10 @@ class PythonOps:
             key = (recv_any, ret, "recv")
             seq = self._seq[key] = self._seq.get(key, 0) + 1
             source = (ret, seq)
-        self.q.append(QueuedEnd(op_id, ts, None if exc is None else fmt_exc(exc), source))
+            self.ring.put(pack_source(op_id, ts, ret, seq))
+        text = None if exc is None else fmt_exc(exc)
+        self.ring.put(pack_plain_end(ts, op_id) if text is None else pack_end(op_id, ts, exc=text))
+        self.q.append(QueuedEnd(op_id, ts, text, source))
         if self.rec.need_job:
             self.rec.settle_job()
         if exc is not None:
@@ -252,10 +299,15 @@ class PythonOps:
             patch.ensure_wait_patched(cls)
 
     def wait_begin(self, op_ids: tuple) -> None:
-        self.q.append(QueuedWait(op_ids, time.time_ns(), None, threading.get_ident(), True))
+        ts, tid = time.time_ns(), threading.get_ident()
+        self.ring.put_many(pack_wait_begin(op_id, ts, tid) for op_id in op_ids)
+        self.q.append(QueuedWait(op_ids, ts, None, tid, True))
 
     def wait_end(self, op_ids: tuple, exc: BaseException | None, cuda: CudaStart | None) -> None:
-        self.q.append(QueuedWait(op_ids, time.time_ns(), None if exc is None else fmt_exc(exc), 0, False))
+        ts = time.time_ns()
+        text = None if exc is None else fmt_exc(exc)
+        self.ring.put_many(pack_end(op_id, ts, exc=text, wait=True) for op_id in op_ids)
+        self.q.append(QueuedWait(op_ids, ts, text, 0, False))
         if cuda is not None and exc is None:
             self._cuda_stop(op_ids, cuda)
 
@@ -279,8 +331,14 @@ class PythonOps:
 
     # ------------------------------------------------------------------ the thread's side
     # The recorder calls these on its op source; ``QueueEncoder`` does that work.
-    def collect(self, now: int, final: bool, emit, out, rank: int | None) -> None:
+    def collect(self, now: int, final: bool, emit, out, rank: int | None, drain: bool = True) -> None:
+        """Bookkeeping and Flight Recorder's entries (``encoder``), then (unless the store is
+        failing) the records since the last drain as one block, to ``out(line, end)``."""
         self.encoder.collect(now, final, emit, out, rank)
+        if rank is not None and drain:
+            line, _n, end = self.ring.drain_block(rank, now)
+            if line is not None:
+                out(line, end)
 
     def stuck(self, now: int, limit: int) -> tuple[list[tuple[int, int]], int | None]:
         return self.encoder.stuck(now, limit)
@@ -291,8 +349,14 @@ class PythonOps:
     def inflight(self) -> int:
         return self.encoder.inflight()
 
-    def unwaited(self) -> list[int]:
+    def unwaited(self) -> tuple[list[int], int]:
         return self.encoder.unwaited()
+
+    def untrack(self, work: Any) -> None:
+        """``Work.get_future()``: completion is taken through the future."""
+        entry = self.works.pop(id(work), None)
+        if entry is not None and entry.ref() is work:
+            self.q.append(QueuedTaken(entry.op_ids))
 
     def meta(self) -> dict:
         return self.encoder.meta()
@@ -301,15 +365,50 @@ class PythonOps:
         self.encoder.poll_fr_soon()
 
     def dropped(self) -> int:
-        return self.hot_dropped + self.encoder.convert_failed + (self.cuda.dropped if self.cuda else 0)
+        return (self.hot_dropped + self.ring.dropped + self.encoder.convert_failed
+                + (self.cuda.dropped if self.cuda else 0))
 
     def on_destroy(self, whole_job: bool) -> None:
         self._groups.clear()
         if whole_job:
             self._seq.clear()
 
+    # ------------------------------------------------------------------ the spool
+    def attach_spool(self, sp: Any) -> None:
+        self.ring.attach(sp.fd)
+
+    def detach_spool(self) -> None:
+        self.ring.detach()
+
+    def forwarded(self, end: int) -> None:
+        self.ring.forwarded(end)
+
+    def keep_event(self, line: bytes) -> None:
+        self.ring.keep_event(line)
+
+    def note_meta(self, line: bytes) -> None:
+        self.ring.note_meta(line)
+
+    def arm_death(self) -> None:
+        pass  # no C here: faulthandler's crash file tells a fatal signal (recorder._arm)
+
+    def disarm_death(self) -> None:
+        pass
+
+    def note_exit(self, code: int) -> None:
+        self.ring.note_exit(code)
+
+    def new_incarnation(self, number: int, suffix: str) -> None:
+        """A new incarnation: groups and sequence numbers afresh, group names with
+        ``suffix``, op ids from number << 40 (unique within a rank)."""
+        self._groups.clear()
+        self._seq.clear()
+        self.suffix = suffix
+        self._ids = itertools.count((number << 40) + 1)
+
     def after_fork(self) -> None:
         self.q.clear()
+        self.ring = PyRing(spool.MIN_RING)  # never the parent's spool
 
 
 _internal_cache = callsite._internal_cache

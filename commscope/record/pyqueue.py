@@ -53,3 +53,10 @@ class QueuedGroup(NamedTuple):
     name: str
     granks: tuple[int, ...]
     backend: str
+
+
+class QueuedTaken(NamedTuple):
+    """The ops' Work was handed to a future (``Work.get_future``): completion is taken
+    there, so never waiting on the Work is no mistake."""
+
+    op_ids: tuple

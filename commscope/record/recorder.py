@@ -32,10 +32,11 @@ import torch.distributed as dist
 
 from commscope import __version__, events
 from commscope.events import encode as _dumps
-from commscope.record import callsite, crashlog, hangsignal, native
+from commscope.record import callsite, crashlog, hangsignal, jobid, native
 from commscope.record.outbox import Outbox
 from commscope.record.probes import ResourceProbe
-from commscope.store import StoreError, default_store, open_writer, redact, redact_args
+from commscope.store import StoreError, default_store, is_redis, open_writer, redact, redact_args, spool
+from commscope.store.crashlog import crash_file_name
 
 ENV_HANG_AFTER = "COMMSCOPE_HANG_AFTER"
 ENV_JOB = "COMMSCOPE_JOB"
@@ -44,10 +45,20 @@ DEFAULT_HANG_AFTER = 30.0
 
 class Recorder:
     """The recorder thread of one rank: each tick collects from the op source (``ops``),
-    adds stacks, samples, heartbeats, drops and the exit, and writes through ``outbox``."""
+    adds stacks, samples, heartbeats, drops and the exit, and writes through ``outbox``.
+
+    ``attach`` (on the training thread, inside ``init_process_group`` or ``instrument()``)
+    makes the rank known before training code runs: job and incarnation agreed with rank
+    0, the spool created (the native records' ring, which outlives the process: see
+    ``store/spool.py``), the ``meta`` written, the crash path armed.  Each later
+    ``init_process_group`` after a ``destroy_process_group`` starts a new incarnation: a
+    stream of its own, with its own groups, sequence numbers, rank and world size."""
 
     TICK = 0.05  # seconds between drains; a begin reaches the store within ~2 ticks
     EARLY_CAP = 1_000
+    SETTLE_S = 5.0  # how long a rank waits at init for rank 0's job id
+    FORWARD_EVERY = 1.0  # seconds between looks for spools of dead ranks on this host
+    OPEN_TIMEOUT_S = 2.0  # connecting to the store from inside init_process_group, at most
 
     def __init__(self, store: Any = None, *, hang_after: float | None = None, capture_stacks: bool = True,
                  sample_interval: float = 1.0, flight_recorder: bool = True, source: str | None = None):
@@ -64,8 +75,15 @@ class Recorder:
         self.flight_recorder = flight_recorder
         self.rank: int | None = None
         self.job: str | None = None
+        self.incarnation = -1  # of the process group being recorded (-1: none yet)
+        self.run = "?"  # this run of the job, as rank 0 drew it (``jobid.settle``)
+        self.group_alive = False  # between attach and destroy_process_group
+        self.spool: spool.Spool | None = None
+        self._spool_tried = False  # for this incarnation
+        self.pid = os.getpid()
         self._warned: set[str] = set()
-        self.outbox = Outbox(self.warn)  # encoded events on their way to the store
+        # encoded events on their way to the store; op records wait in the spool's ring
+        self.outbox = Outbox(self.warn, on_forwarded=lambda end: self.ops.forwarded(end))
         self._early: deque[dict] = deque()  # events from before the rank is known
         self._records_reported = 0
         self._dropped_reported = 0
@@ -74,7 +92,8 @@ class Recorder:
         self._probe: ResourceProbe | None = None
         self.crash: str | None = None
         self.exited = False
-        self._exit: tuple[int, str] | None = None  # (ts, reason) once a clean exit is marked
+        self._exit: tuple[int, str, int | None] | None = None  # (ts, reason, exit code) once marked
+        self._next_forward = 0.0
         self._thread: threading.Thread | None = None
         self.need_job = False  # the job id is still unknown: see settle_job
         self._job_wait_since: float | None = None
@@ -103,17 +122,67 @@ class Recorder:
 
     # ------------------------------------------------------------------ lifecycle
     def on_group_created(self) -> None:
-        """The default process group now exists: settle the job id while rank 0 is surely up."""
-        if self.job is None:
-            from commscope.record.jobid import publish
+        """The default process group now exists: make the rank known to the store (``attach``)."""
+        try:
+            self.attach()
+        except Exception as exc:  # never break init_process_group
+            self.warn("attach", f"commscope: could not register this rank with the store ({exc!r}); "
+                                "the recorder thread keeps trying")
 
-            try:
-                self.job = publish(dist.get_rank())
-            except Exception:
-                self.job = None
+    def attach(self) -> None:
+        """On the training thread, before training code runs: agree on the job and the
+        incarnation with rank 0, create the spool, write the ``meta``, arm the crash path.
+        A group initialised again after ``destroy_process_group`` starts a new incarnation
+        (what the last one holds goes to its own stream first)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        with self._tick_lock:
+            if self.group_alive:
+                return
+            if self.incarnation >= 0:
+                self._close_incarnation()
+            rank = dist.get_rank()
+            job, inc, self.run = jobid.settle(rank, self.job, self.incarnation + 1, self.SETTLE_S)
+            self.rank, self.incarnation, self.group_alive = rank, inc, True
+            if inc > 0:
+                self.ops.new_incarnation(inc, f"@{inc}")
+            if job is not None:
+                self.job = job
             self.need_job = self.job is None
             if self.need_job and hasattr(self.ops, "request_settle"):
                 self.ops.request_settle()
+            for ev in self._early:
+                self._emit(ev)
+            self._early.clear()
+            if self.job is not None:
+                self.outbox._retry_at = 0.0
+                if self._open_writer(timeout=self.OPEN_TIMEOUT_S) and self.outbox.write_once() and self.spool:
+                    self.spool.set_flag(spool.META_STORED)
+            self._arm()
+
+    def _close_incarnation(self) -> None:
+        """Before a new incarnation: everything of the last one to its stream (its ``exit``
+        was written at destroy_process_group), its writer and spool closed.  Under the tick lock."""
+        self._do_tick(final=True)
+        self.outbox = Outbox(self.warn, on_forwarded=lambda end: self.ops.forwarded(end))
+        self.exited, self._exit, self.crash = False, None, None
+        self._spool_tried = False
+
+    def on_destroyed(self) -> None:
+        """``destroy_process_group()`` returned: the incarnation ends (its exit is written)."""
+        self.group_alive = False
+
+    def _arm(self) -> None:
+        """The crash path: faulthandler into the spool's crash file (or, without a spool, the
+        directory store's), then the native handlers that note the death in the spool."""
+        if self.spool is not None:
+            path = self.spool.crash_path
+        else:
+            job_dir = getattr(self.outbox.writer, "dir", None)
+            path = job_dir / crash_file_name(self.rank) if job_dir is not None and self.incarnation == 0 else None
+        if path is not None:
+            crashlog.arm(path)
+        self.ops.arm_death()
 
     JOB_WAIT = 15.0  # seconds to wait for rank 0's job id before deriving one
 
@@ -153,7 +222,7 @@ class Recorder:
                 pass
 
     def start(self) -> None:
-        """Start the thread (once); settles the job id if the process group exists."""
+        """Start the thread (once); attaches the rank if the process group exists."""
         if self._thread is not None:
             return
         if dist.is_available() and dist.is_initialized():
@@ -181,15 +250,15 @@ class Recorder:
     def resume(self) -> None:
         self.ops.install()
 
-    def mark_exit(self, reason: str) -> None:
-        """Note a clean shutdown once; its ``exit`` event follows everything recorded before."""
+    def mark_exit(self, reason: str, code: int | None = None) -> None:
+        """Note a shutdown once; its ``exit`` event follows everything recorded before."""
         if self.exited:
             return
         self.exited = True
-        self._exit = (time.time_ns(), reason)
+        self._exit = (time.time_ns(), reason, code)
 
-    def stop(self, reason: str = "uninstrument", timeout: float = 1.0) -> None:
-        self.mark_exit(reason)
+    def stop(self, reason: str = "uninstrument", timeout: float = 1.0, code: int | None = None) -> None:
+        self.mark_exit(reason, code)
         self._stop.set()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -219,46 +288,110 @@ class Recorder:
 
     def _tick(self, final: bool = False) -> None:
         with self._tick_lock:
-            now = time.time_ns()
-            if self.rank is None and dist.is_available() and dist.is_initialized():
-                self.rank = dist.get_rank()
-                for ev in self._early:
-                    self._emit(ev)
-                self._early.clear()
-            emit = self._emit
-            self.ops.collect(now, final, emit, self.outbox.put, self.rank)
-            if self.capture_stacks:
-                stuck_ns = self._capture_stuck(now, emit)
-                failed_ns = self.ops.failed_ns()
-                hangsignal.tick(self, now, max(stuck_ns or 0, failed_ns or 0) or None, emit, final)
-            crashlog.tick(self, emit, final)
-            if final or time.monotonic() >= self._next_sample:
-                self._next_sample = time.monotonic() + self.sample_interval
-                self._samples(now, emit)
-            outbox = self.outbox
-            dropped = self.ops.dropped() + outbox.dropped
-            if dropped > self._dropped_reported:
-                reason = self._drop_reason()
-                ev = {"type": events.DROPPED, "ts": now, "count": dropped - self._dropped_reported,
-                      "total": dropped, "reason": reason}
-                if outbox.dropped_records > self._records_reported:
-                    ev["records"] = outbox.dropped_records - self._records_reported
-                    self._records_reported = outbox.dropped_records
-                emit(ev)
-                self._dropped_reported = dropped
-                self.warn("dropped", f"commscope: dropped {dropped} trace events ({reason}); training is unaffected")
-            if self._exit is not None and (self.rank is not None or final):
-                ts, reason = self._exit
-                self._exit = None
-                exit_ev: dict[str, Any] = {"type": events.EXIT, "ts": ts, "reason": reason}
-                unwaited = self.ops.unwaited()
-                if unwaited:
-                    exit_ev["unwaited"] = unwaited
-                if self.crash:
-                    exit_ev["exc"] = self.crash
-                emit(exit_ev)  # last, after everything recorded before it
-            self._write(final)
-            self._ticks += 1
+            self._do_tick(final)
+
+    def _do_tick(self, final: bool) -> None:
+        """One tick (under the tick lock); ``final``: everything out, the writer closed."""
+        now = time.time_ns()
+        if self.rank is None and dist.is_available() and dist.is_initialized():
+            self.rank = dist.get_rank()
+            for ev in self._early:
+                self._emit(ev)
+            self._early.clear()
+        emit = self._emit
+        # While the store fails, op records wait in the spool's ring (bounded by its size).
+        drain = final or not self.outbox.backing_off()
+        self.ops.collect(now, final, emit, self.outbox.put, self.rank, drain)
+        if self.capture_stacks:
+            stuck_ns = self._capture_stuck(now, emit)
+            failed_ns = self.ops.failed_ns()
+            hangsignal.tick(self, now, max(stuck_ns or 0, failed_ns or 0) or None, emit, final)
+        crashlog.tick(self, emit, final)
+        if final or time.monotonic() >= self._next_sample:
+            self._next_sample = time.monotonic() + self.sample_interval
+            self._samples(now, emit)
+        outbox = self.outbox
+        dropped = self.ops.dropped() + outbox.dropped  # hot-path records and whole events
+        if dropped > self._dropped_reported:
+            reason = self._drop_reason()
+            ev = {"type": events.DROPPED, "ts": now, "count": dropped - self._dropped_reported,
+                  "total": dropped, "reason": reason}
+            records = self.ops.dropped() + outbox.dropped_records  # op records among them
+            if records > self._records_reported:
+                ev["records"] = records - self._records_reported
+                self._records_reported = records
+            emit(ev)
+            self._dropped_reported = dropped
+            self.warn("dropped", f"commscope: dropped {dropped} trace events ({reason}); training is unaffected")
+        if self._exit is not None and (self.rank is not None or final):
+            ts, reason, code = self._exit
+            self._exit = None
+            exit_ev: dict[str, Any] = {"type": events.EXIT, "ts": ts, "reason": reason}
+            if code is not None:
+                exit_ev["code"] = code
+            unwaited, count = self.ops.unwaited()
+            if count:
+                exit_ev["unwaited"] = unwaited[:1000]
+                exit_ev["unwaited_count"] = count
+            if self.crash:
+                exit_ev["exc"] = self.crash
+            emit(exit_ev)  # last, after everything recorded before it
+        self._write(final)
+        if final or time.monotonic() >= self._next_forward:
+            self._forward_dead()
+        if final:
+            self._leave_spool()
+        self._ticks += 1
+
+    def _forward_dead(self) -> None:
+        """Send what ranks of this job that died on this host left in their spools to their
+        streams (``store/spool.py``)."""
+        self._next_forward = time.monotonic() + self.FORWARD_EVERY
+        if self.job is None:
+            return
+        own = {self.spool.path} if self.spool is not None else set()
+        try:
+            spool.forward_dead(self.job, self.store, self._resume_writer, own, run=self.run)
+        except Exception as exc:
+            self.warn("forward", f"commscope: could not forward a dead rank's last records: {exc}")
+
+    def _resume_writer(self, rank: int, incarnation: int) -> Any:
+        return open_writer(self.store, self.job, rank, incarnation=incarnation, resume=True,
+                           connect_timeout=self.OPEN_TIMEOUT_S)
+
+    def _leave_spool(self) -> None:
+        """At the end of an incarnation: the spool goes if the store has everything, else it
+        stays (unlocked) for a forwarder."""
+        sp, self.spool = self.spool, None
+        crashlog.disarm()
+        self.ops.disarm_death()
+        if sp is not None:
+            drained = sp.drained()
+            self.ops.detach_spool()
+            sp.close(remove=drained)
+
+    def _open_spool(self) -> None:
+        """Create this incarnation's spool (once): the native records go there from now on."""
+        if self._spool_tried or not self.ops.spools:
+            return
+        self._spool_tried = True
+        where = redact(self.store) if is_redis(self.store) else os.path.abspath(self.store)
+        identity = {"job": self.job, "run": self.run, "rank": self.rank, "inc": self.incarnation,
+                    "store_id": spool.store_id(self.store),
+                    "store": where[:600], "host": socket.gethostname()[:100], "pid": self.pid}
+        try:
+            sp = spool.Spool.create(identity)
+        except (OSError, ValueError) as exc:
+            self.warn("spool", f"commscope: no spool ({exc}); recording in memory: a rank killed outright "
+                               f"loses the records of its last tick")
+            return
+        try:
+            self.ops.attach_spool(sp)
+        except Exception as exc:
+            sp.close(remove=True)
+            self.warn("spool", f"commscope: cannot use the spool {sp.path} ({exc}); recording in memory")
+            return
+        self.spool = sp
 
     def _emit(self, ev: dict) -> None:
         """Stamp and encode one event at once, so no batch of dicts outlives the tick."""
@@ -278,7 +411,7 @@ class Recorder:
         if self.drop_note:
             note, self.drop_note = self.drop_note, None
             return note
-        return "recorder buffer full"
+        return "recorder buffer full (the store could not keep up)"
 
     def _capture_stuck(self, now: int, emit) -> int | None:
         """Every thread's stack, once per op in flight longer than hang_after; returns the
@@ -309,7 +442,7 @@ class Recorder:
         emit({"type": events.HEARTBEAT, "ts": now, "inflight": self.ops.inflight()})
 
     # ------------------------------------------------------------------ writing
-    def _open_writer(self) -> bool:
+    def _open_writer(self, timeout: float | None = None) -> bool:
         """Open the store once the rank and the job are known (True: ``outbox.writer`` is set)."""
         outbox = self.outbox
         if outbox.writer is not None:
@@ -322,19 +455,25 @@ class Recorder:
             return False
         if self.job is None and not self._settle_job_from_thread():
             return False
+        if self.incarnation < 0:
+            self.incarnation = 0
         meta = self._meta()
         try:
             writer = open_writer(self.store, self.job, self.rank, job_meta={
                 "created": self.started_ns, "world_size": meta["world_size"], "backend": meta["backend"],
                 "schema": events.SCHEMA_VERSION, "commscope": __version__, "host": meta["host"],
-            })
+            }, incarnation=self.incarnation, connect_timeout=timeout)
         except StoreError as exc:
+            self._open_spool()  # the records wait there meanwhile
             outbox.failed(str(exc))
             return False
         # A store URL may name the job (redis://...?job=NAME): the events must say the same.
         self.job = meta["job"] = getattr(writer, "job", self.job)
         meta["v"], meta["rank"] = events.SCHEMA_VERSION, self.rank
-        outbox.opened(writer, _dumps(meta))
+        line = _dumps(meta)
+        self._open_spool()
+        self.ops.note_meta(line)
+        outbox.opened(writer, line)
         return True
 
     def _meta(self) -> dict:
@@ -349,6 +488,10 @@ class Recorder:
                 "sample_interval": self.sample_interval,
                 "argv": redact_args(sys.argv[:16]),  # no passwords in traces
                 "store": redact(self.store), "recorder": self.ops.name}
+        if self.incarnation > 0:
+            meta["inc"] = self.incarnation
+        if self.run != "?":
+            meta["run"] = self.run
         meta.update(self.ops.meta())
         if os.environ.get("LOCAL_RANK", "").isdigit():
             meta["local_rank"] = int(os.environ["LOCAL_RANK"])
@@ -357,7 +500,8 @@ class Recorder:
     def _write(self, final: bool) -> None:
         outbox = self.outbox
         if final:
-            outbox.write_final(self._open_writer, f"rank {self.rank}", redact(self.store))
+            outbox.write_final(self._open_writer, f"rank {self.rank}", redact(self.store),
+                               kept=str(self.spool.path) if self.spool is not None else None, keep=self.ops.keep_event)
         elif outbox.pending and not outbox.backing_off() and self._open_writer():
             outbox.write_once()
 
@@ -414,6 +558,7 @@ def prepare(store: Any = None, *, hang_after: float | None = None, capture_stack
             os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
         rec.ops.install()
         _install_excepthook()
+        _install_exit_hook()
         _active = rec
         if not _atexit_registered:
             atexit.register(_at_exit)
@@ -430,6 +575,8 @@ def uninstrument() -> None:
             return
         rec.ops.uninstall()
         _remove_excepthook()
+        if os._exit is _os_exit:
+            os._exit = _real_os_exit
         _active = None
     rec.stop("uninstrument")
 
@@ -469,6 +616,41 @@ def _at_exit() -> None:
     rec.ops.uninstall()
     _active = None
     rec.stop("atexit" if rec.crash is None else "exception")
+
+
+_real_os_exit = os._exit
+
+
+def _os_exit(code: int) -> None:
+    """``os._exit``: no atexit, no finally.  What the rank recorded still reaches the store
+    (bounded, ~1 s at most) and its ``exit`` says so, then the process leaves as asked."""
+    rec = _active
+    if rec is not None and os.getpid() == rec.pid:
+        try:
+            rec.ops.note_exit(int(code))
+            rec.ops.uninstall()
+            rec.stop("exception" if rec.crash else "os._exit", code=int(code))
+        except BaseException:
+            pass
+    _real_os_exit(code)
+
+
+def note_uncaught(exc: BaseException) -> None:
+    """A launcher caught the exception a rank's function died of (it would have been
+    uncaught): the exit says so, with its traceback, as ``sys.excepthook`` would have."""
+    rec = _active
+    if rec is None or isinstance(exc, KeyboardInterrupt | SystemExit):
+        return
+    from commscope.record.pyhot import fmt_exc
+
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+    sys.last_exc = exc
+    rec.crash = fmt_exc(exc)
+
+
+def _install_exit_hook() -> None:
+    if os._exit is not _os_exit:
+        os._exit = _os_exit
 
 
 def _after_fork_child() -> None:

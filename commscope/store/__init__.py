@@ -56,13 +56,18 @@ def redact_args(args: list[str]) -> list[str]:
     return out
 
 
-def open_writer(store: str | os.PathLike | None, job: str, rank: int, job_meta: dict | None = None) -> StoreWriter:
+def open_writer(store: str | os.PathLike | None, job: str, rank: int, job_meta: dict | None = None, *,
+                incarnation: int = 0, resume: bool = False, connect_timeout: float | None = None) -> StoreWriter:
+    """A writer for one stream: the rank's (of its ``incarnation``).  ``resume``: append to a
+    stream that exists (a forwarder sending a dead rank's last records); ``connect_timeout``:
+    give up connecting sooner than the store's own timeout (Redis)."""
     name = default_store(store)
     if is_redis(name):
         from commscope.store.redis_store import RedisWriter
 
-        return RedisWriter(name, job, rank, job_meta)
-    return DirectoryWriter(Path(name), job, rank, job_meta)
+        return RedisWriter(name, job, rank, job_meta, incarnation=incarnation, resume=resume,
+                           connect_timeout=connect_timeout)
+    return DirectoryWriter(Path(name), job, rank, job_meta, incarnation=incarnation, resume=resume)
 
 
 def open_reader(store: str | os.PathLike | None, *, wait: bool = False) -> TraceReader:

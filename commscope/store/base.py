@@ -5,10 +5,14 @@ from __future__ import annotations
 import abc
 import dataclasses
 import re
+import time
 from collections.abc import Mapping
 from typing import Protocol
 
+import orjson
+
 from commscope.events import Decoded, Event
+from commscope.schema import SCHEMA_VERSION
 
 #: Distinct invalid-event reasons kept; more are counted as "other" (a hostile trace cannot
 #: grow the stats without bound).
@@ -82,12 +86,40 @@ class ReadStats:
         self.count_corrupt(rank, decoded.damaged)
         self.count_invalid(rank, decoded.invalid)
 
+    def count_store_lost(self, rank: int, raw: bytes, decoded: Decoded) -> None:
+        """Count what a writer's ``store_lost`` markers in ``raw`` say the store lost (a
+        directory store deleted and recreated under a running rank)."""
+        if STORE_LOST.encode() not in raw:
+            return
+        for e in decoded.events:
+            if e["type"] == "dropped" and str(e.get("reason", "")).startswith(STORE_LOST) and e.get("entries"):
+                n = int(e["entries"])
+                self.missing_by_rank[rank] = self.missing_by_rank.get(rank, 0) + n
+                self.warnings.append(f"rank {rank}: {n} line(s) of its stream were lost: "
+                                     f"{str(e['reason'])[len(STORE_LOST) + 2:]}")
+
     def lost_by_rank(self) -> dict[int, int]:
         """Damaged plus invalid events skipped, per rank."""
         out = dict(self.corrupt_by_rank)
         for r, n in self.invalid_by_rank.items():
             out[r] = out.get(r, 0) + n
         return out
+
+
+#: A ``dropped`` event whose reason starts so was written by a writer that found its
+#: stream gone or shorter than what it had written (the store restarted empty, the job
+#: directory was deleted): ``entries`` lines were lost, not dropped by the recorder.
+STORE_LOST = "store_lost"
+
+
+def store_lost(rank: int, entries: int, why: str) -> bytes:
+    """The marker a writer puts first in a stream it had to start again."""
+    return orjson.dumps({"type": "dropped", "v": SCHEMA_VERSION, "rank": rank, "ts": time.time_ns(), "count": 0,
+                         "entries": entries, "reason": f"{STORE_LOST}: {why}"})
+
+
+def is_store_lost(line: bytes) -> bool:
+    return b'"reason":"' + STORE_LOST.encode() in line
 
 
 class StoreWriter(Protocol):

@@ -29,8 +29,39 @@ def crash_file_name(rank: int) -> str:
     return f"rank-{rank:05d}.crash"
 
 
-def parse(text: str) -> tuple[str | None, list[dict]]:
-    """(the fatal error, threads with frames outermost first) from faulthandler's output."""
+#: Frames of commscope's own threads (the recorder, the stack-request poller): never the
+#: thread a rank died in.
+_OWN_THREAD = re.compile(r"[/\\]commscope[/\\]record[/\\](recorder|hangsignal)\.py$")
+_COLLECTIVE = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
+
+
+def _ours(t: dict) -> bool:
+    return any(_OWN_THREAD.search(f[0]) for f in t["frames"])
+
+
+def mark_dying_thread(threads: list[dict], tid: int | None = None) -> None:
+    """Mark the thread the rank died in (``op_thread``) when faulthandler did not name one
+    ("Current thread"): the signal hit a thread without Python frames, such as a backend's
+    worker that called std::terminate.  Then it is the thread the signal hit if it has
+    Python frames (``tid``), else the one inside torch.distributed (the collective the
+    backend was serving), else the last one faulthandler listed (the oldest: the main
+    thread), never commscope's own."""
+    if any(t.get("op_thread") for t in threads):
+        return
+    pick = next((t for t in threads if tid is not None and t["tid"] == tid), None)
+    if pick is None:
+        candidates = [t for t in threads if not _ours(t)]
+        pick = next((t for t in candidates if any(_COLLECTIVE.search(f[0]) for f in t["frames"])), None)
+        if pick is None and candidates:
+            pick = candidates[-1]
+    if pick is not None:
+        pick["op_thread"] = True
+
+
+def parse(text: str, tid: int | None = None) -> tuple[str | None, list[dict]]:
+    """(the fatal error, threads with frames outermost first) from faulthandler's output;
+    the dying thread is marked ``op_thread`` (``mark_dying_thread``; ``tid``: the pthread id
+    the signal hit, if known)."""
     error = None
     threads: list[dict] = []
     cur: dict | None = None
@@ -41,8 +72,8 @@ def parse(text: str) -> tuple[str | None, list[dict]]:
         m = _THREAD.match(line)
         if m:
             current = m.group(1) == "Current thread" or m.group(3) == "Stack"
-            tid = int(m.group(2), 16) if m.group(2) else 0
-            cur = {"tid": tid, "name": "crashing thread" if current else f"thread {m.group(2)}", "frames": []}
+            ident = int(m.group(2), 16) if m.group(2) else 0
+            cur = {"tid": ident, "name": "crashing thread" if current else f"thread {m.group(2)}", "frames": []}
             if current:
                 cur["op_thread"] = True
             threads.append(cur)
@@ -52,7 +83,16 @@ def parse(text: str) -> tuple[str | None, list[dict]]:
             cur["frames"].append([f.group(1), int(f.group(2)), f.group(3)])
     for t in threads:
         t["frames"].reverse()  # faulthandler prints the most recent call first
+    mark_dying_thread(threads, tid)
     return error, threads
+
+
+def exit_from(stack: dict, ts: int, rank: int) -> Event:
+    """The ``exit`` of a fatal signal known only from faulthandler's crash file."""
+    error = str(stack.get("exc") or "").removeprefix("Fatal Python error: ") or None
+    return {"type": "exit", "v": SCHEMA_VERSION, "rank": rank, "ts": ts, "reason": "signal",
+            "signal": error or "fatal signal", "exc": f"Fatal Python error: {error}" if error else "fatal signal",
+            "src": "faulthandler"}
 
 
 def crash_events(path: Path, rank: int) -> list[Event]:

@@ -5,8 +5,11 @@ Layout::
     ROOT/LATEST                 id of the newest job (rank 0 replaces it atomically)
     ROOT/<job>/job.json         job metadata, written by rank 0
     ROOT/<job>/rank-00003.jsonl events of rank 3, one JSON object per line
+    ROOT/<job>/rank-00003+1.jsonl  the same rank's next incarnation (its process group
+                                initialised again in one process): a stream of its own
     ROOT/<job>/rank-00003.crash what faulthandler wrote if rank 3 died of a fatal signal
-                                (read back as events: see store/crashlog.py)
+                                (traces of earlier versions; read back as events: see
+                                store/crashlog.py)
 
 Each job gets its own directory, so a new job never mixes with an old one, and each
 rank writes only its own file, so the layout is safe on a shared filesystem.  Readers
@@ -19,6 +22,7 @@ import errno
 import os
 import re
 import stat
+import time
 from pathlib import Path
 
 import orjson
@@ -26,18 +30,29 @@ import orjson
 from commscope.blocks import BlockDecoder, expand_decoded
 from commscope.events import Event, decode_lines, gc_paused
 from commscope.schema import MAX_RANK, decode_job
-from commscope.store.base import ReadStats, StoreError, TraceReader, check_job_name, is_job_name
+from commscope.store.base import (
+    ReadStats,
+    StoreError,
+    TraceReader,
+    check_job_name,
+    is_job_name,
+    store_lost,
+)
 from commscope.store.crashlog import CrashFiles
 
-RANK_FILE = re.compile(r"^rank-(\d{1,8})\.jsonl$")
+RANK_FILE = re.compile(r"^rank-(\d{1,8})(?:\+(\d{1,6}))?\.jsonl$")
 LATEST = "LATEST"
 JOB_FILE = "job.json"
 MAX_JOB_FILE = 1 << 20  # job.json is a few hundred bytes; never read more than this
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
-def rank_file_name(rank: int) -> str:
-    return f"rank-{rank:05d}.jsonl"
+def rank_file_name(rank: int, incarnation: int = 0) -> str:
+    return f"rank-{rank:05d}.jsonl" if not incarnation else f"rank-{rank:05d}+{incarnation}.jsonl"
+
+
+#: A stream: (rank, incarnation).
+Stream = tuple[int, int]
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -49,24 +64,37 @@ def _atomic_write(path: Path, data: bytes) -> None:
 class DirectoryWriter:
     """Appends one rank's events; owned by that rank's recorder thread."""
 
-    def __init__(self, root: str | os.PathLike, job: str, rank: int, job_meta: dict | None = None):
+    def __init__(self, root: str | os.PathLike, job: str, rank: int, job_meta: dict | None = None, *,
+                 incarnation: int = 0, resume: bool = False):
+        """``resume``: append to the stream of a rank that died (a forwarder sending what its
+        spool kept), instead of refusing a stream that holds events already."""
         self.root = Path(root)
         self.job = check_job_name(job)
         self.rank = rank
         self.dir = self.root / job
-        self.path = self.dir / rank_file_name(rank)
+        self.path = self.dir / rank_file_name(rank, incarnation)
         self.description = str(self.path)
         self._fd: int | None = None
         self._torn = False  # the file ends mid-line: a failed write stopped there
+        self._job_meta = dict(job_meta or {}, job=job)
+        self._meta_line: bytes | None = None  # the rank's meta, written again into a recreated store
+        self._lines = 0  # lines this writer put into the file (what a deleted store lost)
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            if resume and not self.dir.is_dir():  # the store is gone: never recreate it for a dead rank
+                raise StoreError(f"no job {job!r} in {self.root} any more")
+            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             self._open()
-            if os.fstat(self._fd).st_size > 0:
+            size = os.fstat(self._fd).st_size
+            if size > 0 and not resume:
                 raise StoreError(
                     f"{self.path} already holds events of an earlier job with id {job!r}; "
                     "refusing to mix jobs (choose a new COMMSCOPE_JOB or another store)"
                 )
-            if rank == 0:
+            if resume and size > 0:
+                with open(self.path, "rb") as f:  # a line the dead rank left half-written is ended
+                    f.seek(size - 1)
+                    self._torn = f.read(1) != b"\n"
+            if rank == 0 and incarnation == 0 and not resume:
                 meta = dict(job_meta or {}, job=job)
                 _atomic_write(self.dir / JOB_FILE, orjson.dumps(meta, option=orjson.OPT_INDENT_2))
                 _atomic_write(self.root / LATEST, job.encode() + b"\n")
@@ -77,11 +105,21 @@ class DirectoryWriter:
             self.close()
             raise
 
+    def first_event(self) -> dict | None:
+        """The stream's first event (its meta), None when empty or unreadable."""
+        try:
+            with open(self.path, "rb") as f:
+                line = f.readline(1 << 20)
+            ev = orjson.loads(line)
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        return ev if isinstance(ev, dict) else None
+
     def _open(self) -> None:
         """Open the rank file for appending without ever blocking: a FIFO (or any file that is
         not a regular file) in its place is refused at once instead of hanging the thread."""
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | _O_NOFOLLOW, 0o644)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | _O_NOFOLLOW, 0o600)
         except OSError as exc:
             if exc.errno in (errno.ENXIO, errno.ELOOP):  # a FIFO with no reader; a symlink
                 raise StoreError(f"cannot write trace store {self.path}: not a regular file") from None
@@ -97,18 +135,30 @@ class DirectoryWriter:
             return
         done = 0
         lead = b""
+        extra: list[bytes] = []
+        if self._meta_line is None:
+            self._meta_line = next((x for x in lines[:4] if b'"type":"meta"' in x), None)
         try:
             if self._fd is None or os.fstat(self._fd).st_nlink == 0:
                 # The store was deleted under us: recreate it rather than write into an
-                # unlinked file nobody can read.
+                # unlinked file nobody can read, and say so first: what it held is lost.
                 self.close()
-                self.dir.mkdir(parents=True, exist_ok=True)
+                self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                if not (self.dir / JOB_FILE).exists():
+                    _atomic_write(self.dir / JOB_FILE, orjson.dumps(self._job_meta, option=orjson.OPT_INDENT_2))
                 self._open()
                 self._torn = False
+                if self._lines:
+                    extra = [store_lost(self.rank, self._lines, "the job directory was deleted while the rank "
+                                        "was writing; its earlier events went with it")]
+                    extra += [self._meta_line] if self._meta_line is not None else []
             lead = b"\n" if self._torn else b""  # end a torn line from a failed write
             # One copy of the lines (a block line is most of a tick's bytes): the lead and
             # the last newline are joined in, not concatenated after.
-            data = b"\n".join([b"", *lines, b""] if lead else [*lines, b""])
+            parts = [*extra, *lines, b""]
+            if lead:
+                parts.insert(0, b"")
+            data = b"\n".join(parts)
             view = memoryview(data)
             while done < len(data):
                 n = os.write(self._fd, view[done:])
@@ -121,9 +171,11 @@ class DirectoryWriter:
             if done:
                 self._torn = data[done - 1] != 0x0A
             landed = data[len(lead):done].count(b"\n") if done > len(lead) else 0
+            self._lines += landed
             why = exc.strerror or exc if isinstance(exc, OSError) else exc
-            raise StoreError(f"cannot append to {self.path}: {why}", landed) from None
+            raise StoreError(f"cannot append to {self.path}: {why}", max(landed - len(extra), 0)) from None
         self._torn = False
+        self._lines += len(extra) + len(lines)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -193,9 +245,10 @@ class DirectoryReader(TraceReader):
             if not self.path.exists():
                 raise StoreError(f"no trace store at {self.path}")
             raise StoreError(f"{self.path} holds no commscope trace (no rank-*.jsonl files)")
-        self._offsets: dict[int, int] = {}
-        self._partial: dict[int, bool] = {}
-        self._blocks: dict[int, BlockDecoder] = {}  # per rank: see commscope.blocks
+        self._offsets: dict[Stream, int] = {}
+        self._partial: dict[Stream, bool] = {}
+        self._blocks: dict[Stream, dict[int, BlockDecoder]] = {}  # per stream: see commscope.blocks
+        self._next_spool_look = 0.0
         self._job: dict | None = None
         self._job_failed = False
         self._refused: set[str] = set()  # rank files that are not regular files (warned once)
@@ -217,7 +270,8 @@ class DirectoryReader(TraceReader):
                 self.stats.warnings.append(f"{JOB_FILE} skipped ({why})")
         return self._job
 
-    def rank_files(self) -> dict[int, Path]:
+    def rank_files(self) -> dict[Stream, Path]:
+        """The job's streams: (rank, incarnation) -> file, in that order."""
         if self.job_dir is None:
             self.job_dir = resolve_job_dir(self.path)
             if self.job_dir is None:
@@ -236,7 +290,7 @@ class DirectoryReader(TraceReader):
                 except OSError:
                     continue
                 if regular:
-                    files[int(m.group(1))] = path
+                    files[(int(m.group(1)), int(m.group(2) or 0))] = path
                 elif name not in self._refused:  # a FIFO would block the reader: never open it
                     self._refused.add(name)
                     self.stats.warnings.append(f"{name} is not a regular file; skipped")
@@ -255,9 +309,9 @@ class DirectoryReader(TraceReader):
     def backlog_bytes(self) -> int:
         """Bytes written but not yet returned by ``poll`` (how far behind a follower is)."""
         behind = 0
-        for rank, path in self.rank_files().items():
+        for stream, path in self.rank_files().items():
             try:
-                behind += max(0, os.path.getsize(path) - self._offsets.get(rank, 0))
+                behind += max(0, os.path.getsize(path) - self._offsets.get(stream, 0))
             except OSError:
                 pass
         return behind
@@ -267,49 +321,80 @@ class DirectoryReader(TraceReader):
         out: list[Event] = []
         budget = max_bytes
         with gc_paused():  # see events.gc_paused: 2x faster on large batches
-            for rank, path in self.rank_files().items():
-                events, used = self._read_rank(rank, path, budget)
+            for stream, path in self.rank_files().items():
+                events, used = self._read_stream(stream, path, budget)
                 out.extend(events)
                 if budget is not None:
                     budget = max(0, budget - used)
             out.extend(self._crashes.poll(self.job_dir, self._caught_up))
+            out.extend(self._remnants(final=False))
         self.stats.partial_tail = sum(self._partial.values())
+        return out
+
+    def _remnants(self, final: bool) -> list[Event]:
+        """What ranks of this job that died on this host left in their spools and nobody
+        forwarded yet: forwarded to their rank files where this reader may write (then gone
+        from the spool directory, and in the trace for every reader), else only read.
+        Looked for at most every 2 s while following, and at the end."""
+        now = time.monotonic()
+        if self.job_dir is None or (not final and now < self._next_spool_look):
+            return []
+        self._next_spool_look = now + 2.0
+        from commscope.store import spool
+
+        job, root = self.job_dir.name, str(self.job_dir.parent)
+
+        def writer(rank: int, inc: int) -> DirectoryWriter:
+            return DirectoryWriter(root, job, rank, incarnation=inc, resume=True)
+
+        out: list[Event] = []
+        if spool.forward_dead(job, root, writer):
+            for stream, path in self.rank_files().items():
+                out.extend(self._read_stream(stream, path, None)[0])
+        for rank, inc, lines in spool.remnant_events(job, root):  # those it could not forward
+            got = expand_decoded(decode_lines(b"\n".join(lines), rank), self._blocks.setdefault((rank, inc), {}))
+            self.stats.count_decoded(rank, got)
+            out.extend(got.events)
         return out
 
     def _caught_up(self, rank: int) -> bool:
         """Everything of the rank's file is read (a crash file's events come after it)."""
-        path = self.rank_files().get(rank)
+        path = self.rank_files().get((rank, 0))
         try:
-            return path is None or os.path.getsize(path) <= self._offsets.get(rank, 0)
+            return path is None or os.path.getsize(path) <= self._offsets.get((rank, 0), 0)
         except OSError:
             return True
 
     def read_all(self) -> list[Event]:
         """Everything in the job, treating an incomplete last line as truncated."""
         events = self.poll()
-        for rank, path in self.rank_files().items():
-            if not self._partial.get(rank):
+        for stream, path in self.rank_files().items():
+            if not self._partial.get(stream):
                 continue
+            rank = stream[0]
             try:
                 with open(path, "rb") as f:
-                    f.seek(self._offsets.get(rank, 0))
+                    f.seek(self._offsets.get(stream, 0))
                     tail = f.read()
             except OSError:
                 continue
-            got = expand_decoded(decode_lines(tail, rank), self._blocks)
+            got = expand_decoded(decode_lines(tail, rank), self._blocks.setdefault(stream, {}))
             if got.damaged:
                 self.stats.warnings.append(f"rank {rank}: last line of {path.name} is truncated "
                                            f"({len(tail)} bytes skipped)")
             self.stats.count_decoded(rank, got)
+            self.stats.count_store_lost(rank, tail, got)
             events.extend(got.events)
-            self._offsets[rank] = self._offsets.get(rank, 0) + len(tail)
-            self._partial[rank] = False
+            self._offsets[stream] = self._offsets.get(stream, 0) + len(tail)
+            self._partial[stream] = False
         events.extend(self._crashes.poll(self.job_dir, lambda rank: True, final=True))
+        events.extend(self._remnants(final=True))
         self.stats.partial_tail = 0
         return events
 
-    def _read_rank(self, rank: int, path: Path, budget: int | None) -> tuple[list[Event], int]:
-        offset = self._offsets.get(rank, 0)
+    def _read_stream(self, stream: Stream, path: Path, budget: int | None) -> tuple[list[Event], int]:
+        rank = stream[0]
+        offset = self._offsets.get(stream, 0)
         try:
             size = os.path.getsize(path)
         except OSError:
@@ -331,12 +416,13 @@ class DirectoryReader(TraceReader):
             self.stats.warnings.append(f"rank {rank}: cannot read {path}: {exc}")
             return [], 0
         cut = data.rfind(b"\n") + 1
-        self._partial[rank] = cut < len(data) and offset + len(data) >= size
+        self._partial[stream] = cut < len(data) and offset + len(data) >= size
         if cut == 0:
             return [], 0
-        got = expand_decoded(decode_lines(data[:cut], rank), self._blocks)
-        self._offsets[rank] = offset + cut
+        got = expand_decoded(decode_lines(data[:cut], rank), self._blocks.setdefault(stream, {}))
+        self._offsets[stream] = offset + cut
         self.stats.count_decoded(rank, got)
+        self.stats.count_store_lost(rank, data[:cut], got)
         self.stats.bytes += cut
         return got.events, cut
 

@@ -5,9 +5,11 @@ Layout (``J`` is the job id, ``N`` the global rank)::
     commscope:jobs          sorted set: job ids scored by registration time (µs); the
                             newest is what a reader without ?job= opens (like LATEST)
     commscope:J:meta        job metadata, JSON (rank 0 writes it; others only if missing)
-    commscope:J:ranks       set of the ranks that have a stream
+    commscope:J:ranks       set of the streams: "N" for rank N, "N+I" for its incarnation I
     commscope:J:rank:N      stream of rank N: entry ``0-K`` holds the K-th event (K = 1,
                             2, ...) of that rank in field ``e``, one JSON event per entry
+    commscope:J:rank:N+I    the same rank's incarnation I (its process group initialised
+                            again in one process)
 
 No duplicates, no reordering.  Each writer numbers its entries itself (``0-1``, ``0-2``
 ...) instead of letting Redis stamp them, and appends a batch with one Lua script, which
@@ -25,6 +27,7 @@ The RESP client is ``commscope.store.resp`` (why not redis-py: see there).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from typing import Any
@@ -35,9 +38,12 @@ from commscope import events
 from commscope.blocks import BlockDecoder, expand_decoded
 from commscope.events import Decoded, Event, decode_lines, gc_paused
 from commscope.schema import decode_job
-from commscope.store.base import ReadStats, StoreError, TraceReader, is_job_name
+from commscope.store.base import ReadStats, StoreError, TraceReader, is_job_name, is_store_lost, store_lost
 from commscope.store.redis_url import RedisTarget, parse_url, redact_text, redact_url, scrub
 from commscope.store.resp import Connection, RedisAuthError, ReplyError
+
+#: A stream: (rank, incarnation).
+Stream = tuple[int, int]
 
 PREFIX = "commscope"
 JOBS_KEY = f"{PREFIX}:jobs"
@@ -51,8 +57,22 @@ def ranks_key(job: str) -> str:
     return f"{PREFIX}:{job}:ranks"
 
 
-def stream_key(job: str, rank: int) -> str:
-    return f"{PREFIX}:{job}:rank:{rank}"
+def stream_name(rank: int, incarnation: int = 0) -> str:
+    """A stream's member in ``commscope:J:ranks``: "3", or "3+1" for an incarnation."""
+    return f"{rank}+{incarnation}" if incarnation else str(rank)
+
+
+def parse_stream(name: bytes | str) -> tuple[int, int] | None:
+    """(rank, incarnation) of a ``stream_name``; None for anything else."""
+    text = name.decode() if isinstance(name, bytes) else name
+    rank, _, inc = text.partition("+")
+    if not (rank.isdigit() and len(rank) <= 8 and (not inc or (inc.isdigit() and len(inc) <= 6))):
+        return None
+    return int(rank), int(inc or 0)
+
+
+def stream_key(job: str, rank: int, incarnation: int = 0) -> str:
+    return f"{PREFIX}:{job}:rank:{stream_name(rank, incarnation)}"
 
 
 def _seq(entry_id: bytes) -> int:
@@ -117,14 +137,21 @@ class RedisWriter:
     CHUNK = 5_000  # events per script call: bounds how long one call holds Redis (~10 ms)
     CHUNK_BYTES = 4 << 20
 
-    def __init__(self, url: str, job: str, rank: int, job_meta: dict | None = None):
+    def __init__(self, url: str, job: str, rank: int, job_meta: dict | None = None, *, incarnation: int = 0,
+                 resume: bool = False, connect_timeout: float | None = None):
+        """``resume``: append to the stream of a rank that died (a forwarder sending what its
+        spool kept), after its last entry, instead of refusing a stream that exists."""
         self.target = parse_url(url)
+        if connect_timeout is not None:
+            self.target = dataclasses.replace(self.target, timeout=min(self.target.timeout, connect_timeout))
         self.job = self.target.job or job
         if not is_job_name(self.job):
             raise StoreError(f"bad job id {self.job!r}: use 1-120 letters, digits, '_', '.', '-'")
         self.rank = int(rank)
+        self.incarnation = int(incarnation)
+        self.resume = resume
         self.maxlen = self.target.maxlen or 0
-        self.key = stream_key(self.job, self.rank).encode()
+        self.key = stream_key(self.job, self.rank, self.incarnation).encode()
         self.description = f"{self.target.display(job=self.job)} rank {self.rank}"
         self._shown = self.target.display()
         meta = dict(job_meta or {}, job=self.job)
@@ -140,6 +167,8 @@ class RedisWriter:
         #: Redis was away) that had in fact reached Redis: a ``dropped`` count overstates
         #: what is missing by exactly this much.
         self.stored_after_drop = 0
+        self._meta_line: bytes | None = None  # the rank's meta, stored again after Redis lost it
+        self._lost: tuple[int, int] | None = None  # entries Redis no longer held on reconnecting
         self._open()
 
     @property
@@ -154,7 +183,15 @@ class RedisWriter:
         conn = Connection(self.target, self._shown)
         conn.connect()
         try:
-            if conn.call("EXISTS", self.key):
+            if self.resume:
+                self._conn = conn
+                top = self._top()
+                self._conn = None
+                if top < 0:
+                    raise StoreError(f"{self._shown} job {self.job!r}: rank {self.rank}'s stream holds entries "
+                                     "commscope did not write; not appending to it")
+                self._next = top + 1
+            elif conn.call("EXISTS", self.key):
                 raise StoreError(
                     f"{self._shown} job {self.job!r} already holds events of rank {self.rank} "
                     "(an earlier job with the same id); refusing to mix jobs (choose a new COMMSCOPE_JOB, "
@@ -176,7 +213,7 @@ class RedisWriter:
         now_us = time.time_ns() // 1000
         lead = self.rank == 0 and first  # rank 0 opening: this job becomes the newest
         replies = conn.pipeline([
-            ("SADD", ranks_key(self.job), self.rank),
+            ("SADD", ranks_key(self.job), stream_name(self.rank, self.incarnation)),
             ("ZADD", JOBS_KEY, now_us, self.job) if lead else ("ZADD", JOBS_KEY, "NX", now_us, self.job),
             ("SET", meta_key(self.job), self._meta) if lead else ("SET", meta_key(self.job), self._meta, "NX"),
         ])
@@ -195,6 +232,35 @@ class RedisWriter:
             conn.close()
             raise
         self._conn = conn
+        top = self._top()
+        if 0 <= top < self._next - 1:  # Redis lost what had landed: restarted empty, flushed
+            self._lost = (top + 1, self._next - 1)
+
+    def _say_lost(self) -> None:
+        """Append a ``store_lost`` marker (the true cause of the gap readers will see) and
+        the rank's meta, which went with the lost entries."""
+        first, last = self._lost
+        lines = [store_lost(self.rank, last - first + 1,
+                            f"Redis no longer held entries #{first}-#{last} of this stream when the rank "
+                            "reconnected (it restarted without persistence, or was flushed)")]
+        lines += [self._meta_line] if self._meta_line is not None else []
+        done = 0
+        while done < len(lines):
+            done += self._append(lines, done)
+        self._lost = None
+
+    def first_event(self) -> dict | None:
+        """The stream's first event (its meta), None when empty or unreadable."""
+        conn = self._conn
+        try:
+            if conn is None:
+                self._reconnect()
+                conn = self._conn
+            entries = conn.xrange("XRANGE", self.key, "-", "+", "COUNT", 1)
+            ev = orjson.loads(entries[0][1]) if entries else None
+        except (OSError, ReplyError, StoreError, orjson.JSONDecodeError, IndexError, TypeError):
+            return None
+        return ev if isinstance(ev, dict) else None
 
     def _top(self) -> int:
         """Number of the stream's last entry (0 when empty or gone); -1 if it is not ours."""
@@ -205,10 +271,10 @@ class RedisWriter:
         """Find out how much of the batch in flight landed; returns how many leading
         ``lines`` are therefore already stored (the caller skips them).
 
-        ``lines`` is what the caller sends now: the batch in flight, maybe minus some of
-        its oldest events (the recorder drops from the front when its buffer is full),
-        followed by newer ones.  The landed part is a prefix of the batch in flight, so
-        lining ``lines`` up against that batch by content tells which to skip.
+        ``lines`` is what the caller sends now: the batch in flight, in order, maybe
+        without some of its events (the recorder drops the oldest events, not blocks,
+        when its buffer is full), followed by newer ones.  The landed part is a prefix of
+        the batch in flight, so the leading ``lines`` found in it are the ones to skip.
         """
         sent = self._unsure or []
         base = self._next - 1
@@ -218,15 +284,16 @@ class RedisWriter:
             raise StoreError(f"{self._shown} job {self.job!r}: rank {self.rank}'s stream is also written by "
                              "another process; refusing to mix events (two recorders with the same rank and job?)")
         landed = min(max(top - base, 0), len(sent))
-        try:
-            d = sent.index(lines[0]) if lines else len(sent)
-        except ValueError:
-            d = len(sent)
+        done = set(sent[:landed])
+        skip = 0
+        while skip < len(lines) and lines[skip] in done:
+            skip += 1
         self._settled = (base, sent)
         self._unsure = None
         self._next = base + landed + 1
-        self.stored_after_drop += min(landed, d) if lines else 0
-        return min(max(landed - d, 0), len(lines))
+        if lines:  # landed events the caller no longer sends: it dropped (and counted) them
+            self.stored_after_drop += len(done) - len(set(lines[:skip]))
+        return skip
 
     def _retry_settled(self, lines: list[bytes], top: int) -> int:
         """The stream's top is past what we thought (a batch we took for lost landed after
@@ -272,6 +339,8 @@ class RedisWriter:
             return
         done = 0  # leading lines known to be stored
         reason = "?"
+        if self._meta_line is None:
+            self._meta_line = next((x for x in lines[:4] if b'"type":"meta"' in x), None)
         try:
             for _attempt in range(2):  # one immediate reconnect, e.g. after an idle-timeout close
                 try:
@@ -279,6 +348,8 @@ class RedisWriter:
                         self._reconnect()
                     if self._unsure is not None:
                         done += self._settle(lines[done:])
+                    if self._lost is not None:
+                        self._say_lost()
                     while done < len(lines):
                         done += self._append(lines, done)
                     return
@@ -346,23 +417,27 @@ class RedisReader(TraceReader):
     PAGE = 10_000
 
     def __init__(self, url: str, *, wait: bool = False, job: str | None = None):
+        self._url = url
         self.target = parse_url(url)
         self._want = job or self.target.job
         self._shown = self.target.display()
         self.stats = ReadStats()
-        self._blocks: dict[int, BlockDecoder] = {}  # per rank: see commscope.blocks
-        self.missing: dict[int, int] = {}  # rank -> events absent from its stream (gaps)
+        self._blocks: dict[Stream, dict[int, BlockDecoder]] = {}  # per stream: see commscope.blocks
+        self.missing: dict[int, int] = {}  # rank -> events absent from its streams (gaps)
+        self._next_spool_look = 0.0
         self._conn: Connection | None = Connection(self.target, self._shown)
         self._conn.connect()
         self._down = False
         self.job_id: str | None = self._find_job()
+        if self.job_id is None and self._orphans():
+            self.job_id = self._find_job()
         if self.job_id is None and not wait:
             self.close()
             if self._want:
                 raise StoreError(f"no job {self._want!r} in {self._shown}{self._known_jobs(url)}")
             raise StoreError(f"{self._shown} holds no commscope trace (no job in {JOBS_KEY})")
-        self._cursor: dict[int, bytes] = {}  # rank -> id of the last entry returned
-        self._last: dict[int, int] = {}  # rank -> number of the last commscope entry returned
+        self._cursor: dict[Stream, bytes] = {}  # stream -> id of the last entry returned
+        self._last: dict[Stream, int] = {}  # stream -> number of the last commscope entry returned
         self._job: dict | None = None
         self._job_failed = False
 
@@ -379,6 +454,17 @@ class RedisReader(TraceReader):
         except StoreError:
             return ""
         return f" (newest jobs there: {', '.join(j for j, _ in reversed(jobs))})" if jobs else ""
+
+    def _orphans(self) -> int:
+        """Forward the spools of dead ranks of this store on this host: a job whose ranks
+        never reached Redis (it was down all along) exists only there."""
+        from commscope.store import spool
+
+        sid = spool.store_id(self._url)
+        try:
+            return spool.forward_orphans(stores=lambda s: self._url if s == sid else None, only=sid)
+        except Exception:
+            return 0
 
     def _conn_ok(self) -> Connection:
         if self._conn is None:
@@ -415,20 +501,21 @@ class RedisReader(TraceReader):
                     self.stats.warnings.append(f"job metadata skipped ({why})")
         return self._job
 
-    def ranks(self) -> list[int]:
+    def ranks(self) -> list[Stream]:
+        """The job's streams: (rank, incarnation), in order."""
         if self.job_id is None:
             return []
         members = self._conn_ok().call("SMEMBERS", ranks_key(self.job_id)) or []
-        return sorted(int(m) for m in members if m.isdigit() and len(m) <= 8)
+        return sorted(filter(None, map(parse_stream, members)))
 
     def count(self) -> int:
-        """Entries stored for this job right now (XLEN summed over ranks): progress totals."""
+        """Entries stored for this job right now (XLEN summed over streams): progress totals."""
         if self.job_id is None:
             return 0
-        ranks = self.ranks()
-        if not ranks:
+        streams = self.ranks()
+        if not streams:
             return 0
-        replies = self._conn_ok().pipeline([("XLEN", stream_key(self.job_id, r)) for r in ranks])
+        replies = self._conn_ok().pipeline([("XLEN", stream_key(self.job_id, *st)) for st in streams])
         return sum(r for r in replies if isinstance(r, int))
 
     # -- reading
@@ -440,6 +527,8 @@ class RedisReader(TraceReader):
                 self.job_id = self._find_job()
             if self.job_id is not None:
                 self._xread(max_bytes, got)
+                if self._remnants(got, final=False):
+                    self._xread(max_bytes, got)
             if self._down:
                 self._down = False
                 self.stats.warnings.append(f"reconnected to {self._shown}")
@@ -453,22 +542,48 @@ class RedisReader(TraceReader):
                 self.stats.warnings.append(f"{why}; still trying")
         return [e for r in sorted(got) for e in got[r]]  # what was read before any failure too
 
-    def _xread(self, max_bytes: int | None, got: dict[int, list[Event]]) -> None:
+    def _remnants(self, got: dict[Stream, list[Event]], final: bool) -> bool:
+        """What ranks of this job that died on this host left in their spools and nobody
+        forwarded yet: forwarded to their streams (True: read them again), where this
+        reader can write, else only read.  Looked for at most every 2 s while following,
+        and at the end."""
+        now = time.monotonic()
+        if self.job_id is None or (not final and now < self._next_spool_look):
+            return False
+        self._next_spool_look = now + 2.0
+        from commscope.store import spool
+
+        job, url = self.job_id, self._url
+
+        def writer(rank: int, inc: int) -> RedisWriter:
+            return RedisWriter(url, job, rank, incarnation=inc, resume=True, connect_timeout=2.0)
+
+        forwarded = spool.forward_dead(job, url, writer) > 0
+        for rank, inc, lines in spool.remnant_events(job, url):  # those it could not forward
+            stream = (rank, inc)
+            dec = expand_decoded(decode_lines(b"\n".join(lines), rank), self._blocks.setdefault(stream, {}))
+            self.stats.count_decoded(rank, dec)
+            got.setdefault(stream, []).extend(dec.events)
+        return forwarded
+
+    def _xread(self, max_bytes: int | None, got: dict[Stream, list[Event]]) -> None:
         conn = self._conn_ok()
         job = self.job_id
         pending = self.ranks()
         used = 0
         with gc_paused():
             while pending:
-                keys = [stream_key(job, r) for r in pending]
-                ids = [self._cursor.get(r, b"0-0") for r in pending]
+                keys = [stream_key(job, *st) for st in pending]
+                ids = [self._cursor.get(st, b"0-0") for st in pending]
                 reply = conn.xread("XREAD", "COUNT", self.PAGE, "STREAMS", *keys, *ids)
                 full = []
                 for key, entries in reply:
-                    rank = int(key.rsplit(b":", 1)[1])
-                    used += self._take(rank, entries, got.setdefault(rank, []))
+                    stream = parse_stream(key.rsplit(b":", 1)[1])
+                    if stream is None:
+                        continue
+                    used += self._take(stream, entries, got.setdefault(stream, []))
                     if len(entries) >= self.PAGE:
-                        full.append(rank)
+                        full.append(stream)
                 pending = full
                 if max_bytes is not None and used >= max_bytes:
                     break
@@ -480,20 +595,24 @@ class RedisReader(TraceReader):
             if self.job_id is None:
                 return []
         out: list[Event] = []
+        rest: dict[Stream, list[Event]] = {}
+        self._remnants(rest, final=True)  # forwarded first: then read with the rest of the streams
         try:
             conn = self._conn_ok()
             with gc_paused():
-                for rank in self.ranks():
-                    key = stream_key(self.job_id, rank)
+                for stream in self.ranks():
+                    key = stream_key(self.job_id, *stream)
                     while True:
-                        start = self._cursor.get(rank)
+                        start = self._cursor.get(stream)
                         lo = b"-" if start is None else _after(start)
                         entries = conn.xrange("XRANGE", key, lo, "+", "COUNT", self.PAGE)
                         if not entries:
                             break
-                        self._take(rank, entries, out)
+                        self._take(stream, entries, out)
                         if len(entries) < self.PAGE:
                             break
+                for stream in sorted(rest):
+                    out.extend(rest[stream])
         except ReplyError as exc:
             raise StoreError(f"cannot read {self.description}: Redis said: {scrub(str(exc), self.target)}") from None
         except OSError as exc:
@@ -504,15 +623,16 @@ class RedisReader(TraceReader):
             raise StoreError(f"cannot read {self.description}: {why}") from None
         return out
 
-    def _take(self, rank: int, entries: list, out: list[Event]) -> int:
-        """Decode one rank's entries into ``out``; count gaps and damaged entries.  Returns bytes."""
+    def _take(self, stream: Stream, entries: list, out: list[Event]) -> int:
+        """Decode one stream's entries into ``out``; count gaps and damaged entries.  Returns bytes."""
         if not entries:
             return 0
-        last = self._last.get(rank, 0)
+        rank = stream[0]
+        last = self._last.get(stream, 0)
         first_k, last_k = _seq(entries[0][0]), _seq(entries[-1][0])
         if first_k == last + 1 and last_k - first_k + 1 == len(entries):  # contiguous: the usual case
             values = [v or b"" for _, v in entries]
-            self._last[rank] = last_k
+            self._last[stream] = last_k
         else:
             values = []
             for eid, v in entries:
@@ -521,24 +641,29 @@ class RedisReader(TraceReader):
                     values.append(b"")
                     continue
                 if k > last + 1:
-                    self._gap(rank, last, k)
+                    self._gap(rank, last, k, is_store_lost(v or b""))
                 last = max(last, k)
                 values.append(v or b"")
-            self._last[rank] = last
-        self._cursor[rank] = entries[-1][0]
-        got = expand_decoded(_decode(values, rank), self._blocks)
+            self._last[stream] = last
+        self._cursor[stream] = entries[-1][0]
+        got = expand_decoded(_decode(values, rank), self._blocks.setdefault(stream, {}))
         self.stats.count_decoded(rank, got)
         size = sum(map(len, values))
         self.stats.bytes += size
         out.extend(got.events)
         return size
 
-    def _gap(self, rank: int, last: int, k: int) -> None:
+    def _gap(self, rank: int, last: int, k: int, reset: bool = False) -> None:
+        """Entries #last+1..#k-1 are not in the stream; ``reset``: the writer found them gone
+        when it reconnected (its marker is entry #k), so Redis lost them, not maxlen."""
         n = k - last - 1
         self.missing[rank] = self.missing.get(rank, 0) + n
         self.stats.missing_by_rank[rank] = self.stats.missing_by_rank.get(rank, 0) + n
         maxlen = (self.job() or {}).get("maxlen")
-        if last == 0:
+        if reset:
+            self.stats.warnings.append(f"rank {rank}: {n} events (#{last + 1}-#{k - 1}) were lost by Redis "
+                                       "(gone when the rank reconnected: a restart without persistence, or a flush)")
+        elif last == 0:
             self.stats.trimmed = True
             cause = "trimmed by maxlen" if maxlen else "no longer in Redis (trimmed, or lost by a restart)"
             self.stats.warnings.append(f"rank {rank}: the oldest {n} events are {cause}; the trace starts at "
@@ -609,8 +734,8 @@ def delete_job(url: str, job: str) -> int:
     """Remove a job's streams, metadata and registration; returns how many keys went."""
     target, conn = _connect(url)
     try:
-        ranks = conn.call("SMEMBERS", ranks_key(job)) or []
-        keys = [meta_key(job), ranks_key(job)] + [stream_key(job, int(r)) for r in ranks if r.isdigit()]
+        members = conn.call("SMEMBERS", ranks_key(job)) or []
+        keys = [meta_key(job), ranks_key(job)] + [stream_key(job, *st) for st in map(parse_stream, members) if st]
         n = conn.call("DEL", *keys)
         conn.call("ZREM", JOBS_KEY, job)
         return int(n)

@@ -34,21 +34,29 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <cxxabi.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdlib>
+#include <exception>
+#include <typeinfo>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <unordered_map>
 #include <unordered_set>
@@ -68,6 +76,13 @@ enum RecType : uint8_t {
   REC_SOURCE = 7,  // an any-source recv learned its peer (and seq)
   REC_SIG = 8,     // a begin's repeating part (a BeginBody without ts/id/seq/parent/tid), by id
   REC_BEGIN_SIG = 9,  // an op began: its signature id and what changes each call
+  // Table records: what the ring's records refer to by id.  Kept in the spool's table
+  // region and restated at the head of every block that refers to them (never in the ring).
+  REC_SITE = 10,   // id: site id; u16 length, "file:line in function"
+  REC_GROUP = 11,  // id: group id; u16 name length, name, u16 backend length, backend,
+                   // i32 ranks (-1: not known yet), i32 global rank by group rank
+  REC_META = 12,   // the rank's meta event, JSON (spool table only: for the forwarder)
+  REC_EVENT = 13,  // an event the store did not take at exit, JSON (spool table only)
 };
 
 // BEGIN roles: how the op relates to the logical op around it.
@@ -130,6 +145,68 @@ struct SourceBody {
 
 constexpr size_t kMaxTensorsDescribed = 256;
 constexpr size_t kMaxText = 4096;
+// No ring record is larger than this: it is the spool's slack (see SpoolHeader), so a
+// record near the ring's end runs on into the slack instead of wrapping.
+constexpr size_t kMaxRecord = 64u << 10;
+constexpr size_t kMaxDescribedBytes = 24u << 10;  // tensor descriptions per side of one record
+
+// ---------------------------------------------------------------- the spool
+// The records live in a spool: a ring of records with a header and a table region,
+// in a file the recorder maps (commscope/store/spool.py creates it in a local spool
+// directory) or, until one is attached, in anonymous memory.  A record is written, then
+// ``head`` moves past it; the recorder thread encodes what lies between its drain mark
+// and ``head`` and, once the store has it, moves ``tail`` (the store holds everything
+// before ``tail``).  Because the file outlives the process, a rank killed outright
+// (SIGKILL, the OOM killer) or dying of a fatal signal loses nothing: whoever finds
+// the spool of a dead rank forwards ``[tail, head)`` (spool.py).  Positions grow for
+// ever; a record at position p sits at ring offset p mod ring_size, contiguous, running
+// on into the slack past the ring's end if it must (so no record ever wraps).  Layout
+// mirrored in spool.py (HEADER_FIELDS); ``spool_layout()`` lets a test compare them.
+struct SpoolHeader {
+  char magic[8];                      // "CSSPOOL1"
+  uint32_t version;                   // 1
+  uint32_t header_size;               // sizeof(SpoolHeader)
+  uint64_t ring_offset;
+  uint64_t ring_size;                 // a power of two
+  uint64_t slack;                     // >= kMaxRecord
+  uint64_t table_offset;
+  uint64_t table_size;
+  std::atomic<uint64_t> head;         // position after the last whole record
+  std::atomic<uint64_t> tail;         // everything before it is in the store
+  std::atomic<uint64_t> table_used;   // bytes of table records
+  std::atomic<uint64_t> dropped;      // records that did not fit (running total)
+  int64_t pid;
+  int64_t created_ns;
+  std::atomic<int64_t> forwarded_ns;  // when ``tail`` last moved
+  int32_t rank;
+  int32_t incarnation;
+  std::atomic<uint32_t> flags;        // SPOOL_* below
+  uint32_t reserved0;
+  // The death, as the process saw it (written by the handlers, read by the forwarder).
+  std::atomic<int32_t> sig;           // the fatal signal, 0: none
+  int32_t sig_code;                   // si_code
+  uint64_t sig_addr;                  // si_addr
+  uint64_t sig_tid;                   // pthread id of the thread the signal hit
+  int64_t sig_ns;
+  std::atomic<int32_t> exit_set;      // 1: the process called os._exit / _exit
+  int32_t exit_code;
+  int64_t exit_ns;
+  std::atomic<int32_t> term_set;      // 1: std::terminate ran
+  uint16_t term_type_len;
+  uint16_t term_what_len;
+  int64_t term_ns;
+  uint64_t term_tid;
+  char reserved1[56];
+  char term_type[256];                // the uncaught C++ exception's type
+  char term_what[2048];               // and its what()
+  char identity[1536];                // JSON written by spool.py: job, rank, store, ...
+};
+static_assert(sizeof(SpoolHeader) == 4096, "spool header layout (spool.py HEADER_SIZE)");
+static_assert(offsetof(SpoolHeader, head) == 56 && offsetof(SpoolHeader, sig) == 128 &&
+                  offsetof(SpoolHeader, term_type) == 256 && offsetof(SpoolHeader, identity) == 2560,
+              "spool header layout (spool.py HEADER_FIELDS)");
+static_assert(sizeof(std::atomic<uint64_t>) == 8 && sizeof(std::atomic<int32_t>) == 4, "plain atomics");
+constexpr uint32_t SPOOL_CLOSED = 1;  // the owner forwarded everything and left
 
 inline int64_t now_ns() {
   struct timespec t;
@@ -282,12 +359,20 @@ struct PendingDevice {
 
 struct State {
   RecordLock mu;
-  ByteBuf buf;
-  ByteBuf spare;  // the buffer the thread drained last, kept for the next swap (no allocation per tick)
-  size_t cap = 16u << 20;
-  uint64_t dropped = 0;        // records that did not fit
+  // The spool (see SpoolHeader): records go to ring[pos & ring_mask].
+  SpoolHeader* hdr = nullptr;
+  uint8_t* ring = nullptr;
+  uint64_t ring_mask = 0;
+  uint8_t* table = nullptr;
+  size_t map_size = 0;
+  bool map_file = false;         // hdr maps a spool file (else anonymous memory)
+  uint64_t staged = 0;           // head, counting records written in the current locked region
+  uint64_t published = 0;        // what hdr->head says
+  uint64_t limit = 0;            // bytes of the ring in use at most (set_capacity; <= ring size)
+  uint64_t drained = 0;          // the thread has encoded records up to here
+  uint64_t dropped = 0;          // records that did not fit, since the last drain
   uint64_t dropped_total = 0;
-  uint64_t records = 0;        // records in buf
+  uint64_t table_dropped = 0;    // table records that did not fit the spool's table region
   std::atomic<uint64_t> next_id{1};
   // groups
   std::unordered_map<const void*, GroupEntry> gid_by_pg;
@@ -302,6 +387,13 @@ struct State {
   std::unordered_set<uint64_t> open_nested;  // nested ops not ended yet
   int64_t last_failed_ns = 0;                // when an op (or a wait) last raised
   std::unordered_map<std::string, uint32_t> sigs;  // signature bytes -> id (see REC_SIG)
+  // The table records by id, as restated at the head of each block (and kept in the
+  // spool's table region for the forwarder).
+  std::vector<std::string> sig_recs, site_recs, group_recs;
+  std::vector<uint32_t> sig_mark, site_mark, group_mark;  // the drain that last restated each
+  uint32_t drain_no = 0;
+  ByteBuf scratch;  // the drain's block, reused tick after tick
+  std::string group_suffix;  // added to group names from the second incarnation on
 };
 
 State* S = nullptr;  // never freed: backend threads may complete futures during exit
@@ -325,17 +417,52 @@ struct Frame {
 };
 struct Frame;
 
-// ---------------------------------------------------------------- buffer writes (under S->mu)
+// ---------------------------------------------------------------- ring writes (under S->mu)
+// The records' lock, publishing on release what was written while it was held: a record
+// is whole before ``head`` moves past it, so a spool read after any death holds only
+// whole records.
+struct Recording {
+  Recording() { S->mu.lock(); }
+  ~Recording() {
+    if (S->staged != S->published) {
+      S->published = S->staged;
+      S->hdr->head.store(S->staged, std::memory_order_release);
+    }
+    S->mu.unlock();
+  }
+  Recording(const Recording&) = delete;
+  Recording& operator=(const Recording&) = delete;
+};
+
 inline uint8_t* reserve(size_t n) {
-  auto& b = S->buf;
-  uint8_t* p = b.size() + n > S->cap ? nullptr : b.grow(n);
-  if (p == nullptr) {
+  const uint64_t head = S->staged;
+  if (__builtin_expect(head + n - S->hdr->tail.load(std::memory_order_relaxed) > S->limit || n > kMaxRecord, 0)) {
     S->dropped++;
     S->dropped_total++;
+    S->hdr->dropped.store(S->dropped_total, std::memory_order_relaxed);
     return nullptr;
   }
-  S->records++;
-  return p;
+  S->staged = head + n;
+  return S->ring + (head & S->ring_mask);
+}
+
+// A table record (SIG, SITE, GROUP, META): kept by id for the blocks that restate it, and
+// appended to the spool's table region for the forwarder (a later record of the same
+// id replaces an earlier one).  Under S->mu.
+void table_put(std::vector<std::string>& recs, std::vector<uint32_t>* marks, size_t id, std::string rec) {
+  SpoolHeader* h = S->hdr;
+  const uint64_t used = h->table_used.load(std::memory_order_relaxed);
+  if (used + rec.size() <= h->table_size) {
+    std::memcpy(S->table + used, rec.data(), rec.size());
+    h->table_used.store(used + rec.size(), std::memory_order_release);
+  } else {
+    S->table_dropped++;
+  }
+  if (id >= recs.size()) {
+    recs.resize(id + 1);
+    if (marks != nullptr) marks->resize(id + 1, 0);
+  }
+  recs[id] = std::move(rec);
 }
 
 inline void put_header(uint8_t* p, uint8_t type, uint8_t flags, uint32_t len, int64_t ts, uint64_t id,
@@ -355,30 +482,56 @@ void write_text_record(uint8_t type, uint8_t flags, int64_t ts, uint64_t id, con
   if (n) std::memcpy(p + sizeof(Header) + 2, text, n);
 }
 
+// A table record: header (ts 0, id) and body.
+std::string table_record(uint8_t type, uint64_t id, const std::string& body) {
+  std::string rec(sizeof(Header) + body.size(), '\0');
+  Header h{type, 0, 0, uint32_t(rec.size()), 0, id};
+  std::memcpy(&rec[0], &h, sizeof h);
+  if (!body.empty()) std::memcpy(&rec[sizeof h], body.data(), body.size());
+  return rec;
+}
+
+void put_u16_text(std::string& out, const char* text, size_t n) {
+  if (n > 0xFFFF) n = 0xFFFF;
+  uint16_t n16 = uint16_t(n);
+  out.append(reinterpret_cast<const char*>(&n16), 2);
+  out.append(text, n);
+}
+
+// A GROUP record: the name (and, once Python has told them, backend and global ranks).
+void put_group_locked(int32_t gid, const std::string& name, const std::string& backend,
+                      const std::vector<int32_t>* granks) {
+  std::string body;
+  const std::string shown = name + S->group_suffix;
+  put_u16_text(body, shown.data(), shown.size());
+  put_u16_text(body, backend.data(), backend.size());
+  int32_t n = granks == nullptr ? -1 : int32_t(granks->size());
+  body.append(reinterpret_cast<const char*>(&n), 4);
+  if (granks != nullptr && n > 0) body.append(reinterpret_cast<const char*>(granks->data()), 4 * size_t(n));
+  table_put(S->group_recs, &S->group_mark, size_t(gid), table_record(REC_GROUP, uint64_t(gid), body));
+}
+
+int32_t new_group_locked(const std::string& name) {
+  int32_t gid = int32_t(S->gid_by_name.size());
+  S->gid_by_name.emplace(name, gid);
+  S->new_groups.emplace_back(gid, name);
+  put_group_locked(gid, name, std::string(), nullptr);
+  return gid;
+}
+
 int32_t group_id_locked(const c10d::ProcessGroup* pg) {
   auto it = S->gid_by_pg.find(pg);
   const std::string& name = pg->getGroupName();
   if (it != S->gid_by_pg.end() && it->second.name == name) return it->second.gid;
   auto nit = S->gid_by_name.find(name);
-  int32_t gid;
-  if (nit == S->gid_by_name.end()) {
-    gid = int32_t(S->gid_by_name.size());
-    S->gid_by_name.emplace(name, gid);
-    S->new_groups.emplace_back(gid, name);
-  } else {
-    gid = nit->second;
-  }
+  int32_t gid = nit == S->gid_by_name.end() ? new_group_locked(name) : nit->second;
   S->gid_by_pg[pg] = GroupEntry{gid, name};
   return gid;
 }
 
 int32_t group_id_by_name_locked(const std::string& name) {
   auto nit = S->gid_by_name.find(name);
-  if (nit != S->gid_by_name.end()) return nit->second;
-  int32_t gid = int32_t(S->gid_by_name.size());
-  S->gid_by_name.emplace(name, gid);
-  S->new_groups.emplace_back(gid, name);
-  return gid;
+  return nit != S->gid_by_name.end() ? nit->second : new_group_locked(name);
 }
 
 int64_t next_seq_locked(int32_t gid, Dir dir, int32_t peer) {
@@ -405,10 +558,10 @@ struct Side {
     if (!t.defined()) return;
     bytes += int64_t(t.nbytes());
     if (device < 0 && t.is_cuda()) device = int8_t(t.device().index());
-    if (described >= kMaxTensorsDescribed) return;
-    described++;
     auto s = t.sizes();
     size_t nd = s.size() > 255 ? 255 : s.size();
+    if (described >= kMaxTensorsDescribed || enc->size() + 2 + 8 * nd > kMaxDescribedBytes) return;
+    described++;
     uint8_t* p = enc->grow(2 + 8 * nd);
     if (p == nullptr) {
       described--;
@@ -482,13 +635,13 @@ void complete_locked(uint64_t id, uint8_t role, bool error, const std::string& m
 }
 
 void on_completed(uint64_t id, uint8_t role, bool error, const std::string& msg, bool approx) {
-  std::lock_guard<RecordLock> g(S->mu);
+  Recording g;
   complete_locked(id, role, error, msg, approx);
 }
 
 void resolve_source(uint64_t id, int32_t gid, int32_t src, bool ends_here, uint8_t role, bool error,
                     const std::string& msg) {
-  std::lock_guard<RecordLock> g(S->mu);
+  Recording g;
   if (!error && src >= 0) {
     int64_t seq = -1;
     if (role != ROLE_NESTED)
@@ -601,7 +754,7 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
   uint64_t id;
   int32_t gid;
   {
-    std::lock_guard<RecordLock> g(S->mu);
+    Recording g;
     gid = group_id_locked(pg);
     int64_t seq = -1;
     if (merged) {
@@ -667,20 +820,21 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
         sid = uint32_t(S->sigs.size()), fresh = true;
     }
     if (sid != kNoSig) {
-      const size_t sig_len = sizeof(Header) + key_len - 2;
+      if (fresh) {  // a new signature: a table record, restated by every block that uses it
+        std::string rec(sizeof(Header) + key_len - 2, '\0');
+        Header h{REC_SIG, flags, uint16_t(spec->dir), uint32_t(rec.size()), 0, sid};
+        std::memcpy(&rec[0], &h, sizeof h);
+        std::memcpy(&rec[sizeof h], kp + 2, key_len - 2);
+        table_put(S->sig_recs, &S->sig_mark, sid, std::move(rec));
+        S->sigs.emplace(key, sid);
+      }
+      if (!repeat) {
+        T.last_key.swap(T.key);  // the key becomes the last one; the old buffer is reused next time
+        T.last_sid = sid;
+      }
       const size_t len = sizeof(Header) + sizeof(SigBeginBody);
-      uint8_t* p = reserve(len + (fresh ? sig_len : 0));  // a signature is never written without its begin
+      uint8_t* p = reserve(len);
       if (p) {
-        if (fresh) {
-          put_header(p, REC_SIG, flags, uint32_t(sig_len), 0, sid, uint16_t(spec->dir));
-          std::memcpy(p + sizeof(Header), kp + 2, key_len - 2);
-          S->sigs.emplace(key, sid);
-          p += sig_len;
-        }
-        if (!repeat) {
-          T.last_key.swap(T.key);  // the key becomes the last one; the old buffer is reused next time
-          T.last_sid = sid;
-        }
         put_header(p, REC_BEGIN_SIG, 0, uint32_t(len), ts, id);
         SigBeginBody sb{sid, seq, rec_parent, thread_id()};
         std::memcpy(p + sizeof(Header), &sb, sizeof sb);
@@ -737,7 +891,7 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
     return;
   }
   if (device >= 0) {  // CUDA: the future completes at enqueue; poll the work instead
-    std::lock_guard<RecordLock> g(S->mu);
+    Recording g;
     if (S->device_pending.size() < 65536) S->device_pending.push_back(PendingDevice{work, id, role, true});
     return;
   }
@@ -747,7 +901,7 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
   } catch (...) {
   }
   if (!fut) {  // no future (Gloo's send/recv work): the thread polls the work instead
-    std::lock_guard<RecordLock> g(S->mu);
+    Recording g;
     if (S->device_pending.size() < 65536)
       S->device_pending.push_back(PendingDevice{work, id, role, false});
     else if (ends_at_completion)
@@ -787,7 +941,7 @@ PyObject* g_work_type = nullptr;    // torch.distributed.Work
 PyObject* g_after_op = nullptr;     // called once after the next wrapped call returns (job id settling)
 std::unordered_map<PyObject*, int8_t>* g_code_internal = nullptr;  // code -> internal? (holds a ref)
 std::map<std::pair<PyObject*, int>, int32_t>* g_sites = nullptr;   // (code, lasti) -> site id (holds a ref)
-std::vector<std::tuple<int32_t, PyObject*, int>>* g_new_sites = nullptr;
+PyObject* g_site_text = nullptr;    // callable(code, lasti) -> "file:line in function"
 constexpr size_t kMaxCodes = 50000, kMaxSites = 100000;
 
 // The op ids a Work (or varlen handle) stands for: nearly always one, kept inline (no
@@ -818,8 +972,25 @@ struct Tracked {
   OpIds ids;
 };
 std::unordered_map<PyObject*, Tracked>* g_tracked = nullptr;
-std::vector<uint64_t>* g_unwaited_lost = nullptr;  // collected without a wait
-constexpr size_t kMaxTracked = 4096, kMaxUnwaitedLost = 10000;
+std::vector<uint64_t>* g_unwaited_lost = nullptr;  // collected without a wait (the first ones)
+uint64_t g_unwaited_count = 0;                      // all ops collected without a wait
+constexpr size_t kMaxTracked = 4096, kMaxUnwaitedLost = 1000;
+
+// Tracked work collected without a wait: counted (every one) and listed (the first ones).
+void sweep_tracked() {
+  for (auto it = g_tracked->begin(); it != g_tracked->end();) {
+    if (PyWeakref_GetObject(it->second.ref) == Py_None) {
+      for (uint64_t id : it->second.ids) {
+        g_unwaited_count++;
+        if (g_unwaited_lost->size() < kMaxUnwaitedLost) g_unwaited_lost->push_back(id);
+      }
+      Py_DECREF(it->second.ref);
+      it = g_tracked->erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
 
 int frame_lasti(PyFrameObject* f) {
 #if PY_VERSION_HEX >= 0x030B0000
@@ -854,6 +1025,28 @@ int code_internal(Tls& T, PyObject* code) {
   return internal;
 }
 
+// A new call site's text, asked of Python once (the GIL is held) and kept as a table
+// record, so the spool can say where an op was called from even if the rank dies
+// before its next tick.
+void note_site(int32_t sid, PyObject* code, int lasti) {
+  std::string body;
+  if (g_site_text != nullptr) {
+    PyObject* r = PyObject_CallFunction(g_site_text, "Oi", code, lasti);
+    if (r == nullptr) {
+      PyErr_Clear();
+    } else {
+      Py_ssize_t n = 0;
+      const char* c = PyUnicode_Check(r) ? PyUnicode_AsUTF8AndSize(r, &n) : nullptr;
+      if (c == nullptr) PyErr_Clear();
+      else put_u16_text(body, c, size_t(n) > kMaxText ? kMaxText : size_t(n));
+      Py_DECREF(r);
+    }
+  }
+  if (body.empty()) put_u16_text(body, "", 0);
+  Recording g;
+  table_put(S->site_recs, &S->site_mark, size_t(sid), table_record(REC_SITE, uint64_t(sid), body));
+}
+
 int32_t site_id(Tls& T, PyObject* code, int lasti) {
   // A training loop calls from the same place again and again: remember the last one.
   if (code == T.site_code && lasti == T.site_lasti) return T.site_sid;
@@ -867,7 +1060,7 @@ int32_t site_id(Tls& T, PyObject* code, int lasti) {
     sid = int32_t(g_sites->size());
     Py_INCREF(code);  // held by g_sites: the pointer stays this code object's
     g_sites->emplace(key, sid);
-    g_new_sites->emplace_back(sid, code, lasti);
+    note_site(sid, code, lasti);
   }
   T.site_code = code;
   T.site_lasti = lasti;
@@ -962,7 +1155,7 @@ void write_logical_begin_locked(const Frame& fr, uint8_t role) {
 
 // The wrapped call returned (or raised): its END, and its children's for a container.
 void record_exit(Frame& fr, bool error, const char* text, size_t text_len) {
-  std::lock_guard<RecordLock> g(S->mu);
+  Recording g;
   int64_t ts = now_ns();
   uint8_t flags = error ? FLAG_ERROR : 0;
   if (error) S->last_failed_ns = ts;
@@ -995,16 +1188,7 @@ void record_exit(Frame& fr, bool error, const char* text, size_t text_len) {
 
 void track_work(PyObject* work, OpIds ids) {
   if (g_tracked->size() >= kMaxTracked) {  // forget collected ones: they were never waited on
-    for (auto it = g_tracked->begin(); it != g_tracked->end();) {
-      if (PyWeakref_GetObject(it->second.ref) == Py_None) {
-        for (uint64_t id : it->second.ids)
-          if (g_unwaited_lost->size() < kMaxUnwaitedLost) g_unwaited_lost->push_back(id);
-        Py_DECREF(it->second.ref);
-        it = g_tracked->erase(it);
-      } else {
-        ++it;
-      }
-    }
+    sweep_tracked();
     if (g_tracked->size() >= kMaxTracked) return;
   }
   PyObject* ref = PyWeakref_NewRef(work, nullptr);
@@ -1162,7 +1346,7 @@ PyObject* wait_vectorcall(PyObject* self_, PyObject* const* args, size_t nargsf,
   g_tracked->erase(it);
   const uint64_t tid = thread_id();
   {
-    std::lock_guard<RecordLock> g(S->mu);
+    Recording g;
     int64_t ts = now_ns();
     for (uint64_t id : ids) {
       size_t len = sizeof(Header) + 8;
@@ -1176,7 +1360,7 @@ PyObject* wait_vectorcall(PyObject* self_, PyObject* const* args, size_t nargsf,
   PyObject* ret = PyObject_Vectorcall(self->call, args, nargsf, kwnames);
   std::string text = ret == nullptr ? exception_text() : std::string();
   {
-    std::lock_guard<RecordLock> g(S->mu);
+    Recording g;
     int64_t ts = now_ns();
     if (ret == nullptr) S->last_failed_ns = ts;
     for (uint64_t id : ids)
@@ -1235,11 +1419,15 @@ int arg_index(const c10::FunctionSchema& schema, std::initializer_list<const cha
   return -1;
 }
 
-// install(ops, is_internal, work_type): ops is a list of c10d operator names to observe,
-// in opcode order.  Returns the names actually registered.
+// install(ops, is_internal, work_type, site_text): ops is a list of c10d operator names to
+// observe, in opcode order; site_text(code, lasti) formats a new call site.  Returns the
+// names actually registered.
 PyObject* py_install(PyObject*, PyObject* args) {
-  PyObject *ops, *is_internal, *work_type;
-  if (!PyArg_ParseTuple(args, "OOO", &ops, &is_internal, &work_type)) return nullptr;
+  PyObject *ops, *is_internal, *work_type, *site_text;
+  if (!PyArg_ParseTuple(args, "OOOO", &ops, &is_internal, &work_type, &site_text)) return nullptr;
+  Py_XDECREF(g_site_text);
+  Py_INCREF(site_text);
+  g_site_text = site_text;
   PyObject* seq = PySequence_Fast(ops, "ops must be a sequence");
   if (seq == nullptr) return nullptr;
   Py_XDECREF(g_is_internal);
@@ -1341,35 +1529,124 @@ PyObject* py_set_active(PyObject*, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
-// Takes every record appended since the last call (leaving a fresh buffer behind), with
-// their count and the records dropped since then; the appenders wait only for the swap.
-void take_buffer(ByteBuf& out, uint64_t& records, uint64_t& dropped) {
-  std::lock_guard<RecordLock> g(S->mu);
-  out.swap(S->buf);
-  S->buf.swap(S->spare);  // the buffer drained last time, emptied
-  S->buf.clear();
-  S->buf.reserve(out.capacity() < (64u << 10) ? (64u << 10) : std::min(out.capacity(), S->cap));
-  dropped = S->dropped;
-  records = S->records;
-  S->dropped = 0;
-  S->records = 0;
+// ---------------------------------------------------------------- draining the spool
+// What a block refers to by id (sids, sites, groups).  Ids are gathered while walking
+// the records without the lock (a loop repeats the same few: consecutive repeats are
+// skipped), then listed once each under it (``unique``).
+struct Refs {
+  std::vector<int64_t> sigs, sites, groups;
+  static void add(std::vector<int64_t>& out, int64_t id) {
+    if (id >= 0 && (out.empty() || out.back() != id)) out.push_back(id);
+  }
+  void add_body(const uint8_t* body) {  // a BeginBody (BEGIN, SIG): its site and group
+    BeginBody b;
+    std::memcpy(&b, body, sizeof b);
+    add(sites, b.site);
+    add(groups, b.gid);
+  }
+  // Under S->mu: each id once, known ids only.
+  static void unique(std::vector<int64_t>& ids, std::vector<uint32_t>& marks, const std::vector<std::string>& recs) {
+    size_t k = 0;
+    for (int64_t id : ids) {
+      if (size_t(id) >= marks.size() || size_t(id) >= recs.size() || marks[size_t(id)] == S->drain_no) continue;
+      marks[size_t(id)] = S->drain_no;
+      ids[k++] = id;
+    }
+    ids.resize(k);
+  }
+};
+
+// The records in [from, to) of the ring: whole records, in order (a length that makes no
+// sense stops the walk there: nothing after it can be trusted).  Calls f(record, len).
+template <class F>
+uint64_t walk_ring(uint64_t from, uint64_t to, F&& f) {
+  uint64_t pos = from;
+  while (pos + sizeof(Header) <= to) {
+    const uint8_t* r = S->ring + (pos & S->ring_mask);
+    uint32_t len;
+    std::memcpy(&len, r + offsetof(Header, len), 4);
+    if (len < sizeof(Header) || len > kMaxRecord || pos + len > to) break;
+    f(r, len);
+    pos += len;
+  }
+  return pos;
 }
 
-// The drained buffer goes back as the next spare (its memory is reused, not freed).
-void give_back(ByteBuf& out) {
-  out.clear();
-  std::lock_guard<RecordLock> g(S->mu);
-  if (S->spare.capacity() < out.capacity()) S->spare.swap(out);
+// The block of records [S->drained, head): the table records they refer to (restated,
+// so that the block decodes on its own: any suffix of a stream is readable), then the
+// records.  Appends it to S->scratch; returns (records, end position).
+std::pair<uint64_t, uint64_t> build_block(uint64_t start, uint64_t end) {
+  S->drain_no++;
+  Refs refs;
+  uint64_t n = 0;
+  // The records below ``head`` are whole and stay put until ``tail`` passes them: read
+  // without the lock.
+  end = walk_ring(start, end, [&](const uint8_t* r, uint32_t len) {
+    n++;
+    const uint8_t type = r[0];
+    if (type == REC_BEGIN_SIG) {
+      uint32_t sid;
+      std::memcpy(&sid, r + sizeof(Header), 4);
+      Refs::add(refs.sigs, int64_t(sid));
+    } else if (type == REC_BEGIN && len >= sizeof(Header) + sizeof(BeginBody)) {
+      refs.add_body(r + sizeof(Header));
+    } else if (type == REC_RBEGIN && len >= sizeof(Header) + 24) {
+      int32_t site, gid;
+      std::memcpy(&site, r + sizeof(Header) + 16, 4);
+      std::memcpy(&gid, r + sizeof(Header) + 20, 4);
+      Refs::add(refs.sites, site);
+      Refs::add(refs.groups, gid);
+    }
+  });
+  ByteBuf& out = S->scratch;
+  {
+    Recording g;  // the tables grow under the lock
+    Refs::unique(refs.sigs, S->sig_mark, S->sig_recs);
+    for (int64_t sid : refs.sigs) {
+      const std::string& rec = S->sig_recs[size_t(sid)];
+      if (rec.size() >= sizeof(Header) + sizeof(BeginBody)) refs.add_body(reinterpret_cast<const uint8_t*>(rec.data()) + sizeof(Header));
+    }
+    Refs::unique(refs.sites, S->site_mark, S->site_recs);
+    Refs::unique(refs.groups, S->group_mark, S->group_recs);
+    size_t total = 0;
+    for (int64_t id : refs.groups) total += S->group_recs[size_t(id)].size();
+    for (int64_t id : refs.sites) total += S->site_recs[size_t(id)].size();
+    for (int64_t id : refs.sigs) total += S->sig_recs[size_t(id)].size();
+    uint8_t* p = out.grow(total);
+    if (p != nullptr) {
+      for (auto* list : {&refs.groups, &refs.sites, &refs.sigs}) {
+        auto& recs = list == &refs.groups ? S->group_recs : list == &refs.sites ? S->site_recs : S->sig_recs;
+        for (int64_t id : *list) {
+          const std::string& rec = recs[size_t(id)];
+          std::memcpy(p, rec.data(), rec.size());
+          p += rec.size();
+        }
+      }
+    }
+  }
+  walk_ring(start, end, [&](const uint8_t* r, uint32_t len) {
+    uint8_t* p = out.grow(len);
+    if (p != nullptr) std::memcpy(p, r, len);
+  });
+  return {n, end};
 }
 
+// drain() -> (packed records with the table records they use, records, dropped, end position)
 PyObject* py_drain(PyObject*, PyObject*) {
-  ByteBuf out;
-  uint64_t dropped, records;
-  take_buffer(out, records, dropped);
-  PyObject* data = PyBytes_FromStringAndSize((const char*)out.data(), Py_ssize_t(out.size()));
-  give_back(out);
+  uint64_t start, head, dropped;
+  {
+    Recording g;
+    start = S->drained;
+    head = S->published;
+    dropped = S->dropped;
+    S->dropped = 0;
+  }
+  S->scratch.clear();
+  auto [n, end] = build_block(start, head);
+  S->drained = end;
+  PyObject* data = PyBytes_FromStringAndSize((const char*)S->scratch.data(), Py_ssize_t(S->scratch.size()));
   if (data == nullptr) return nullptr;
-  return Py_BuildValue("(NKK)", data, (unsigned long long)records, (unsigned long long)dropped);
+  return Py_BuildValue("(NKKK)", data, (unsigned long long)n, (unsigned long long)dropped, (unsigned long long)end);
 }
 
 // ---------------------------------------------------------------- base64
@@ -1502,44 +1779,66 @@ PyObject* py_base64(PyObject*, PyObject* args) {
   return out;
 }
 
-// drain_block(rank, ts, version) -> (the ``block`` event as a JSON line, or None; records; dropped).
-// The whole buffer in one line, base64-encoded here with the GIL released: the training
-// thread never waits for the encoding.
+// drain_block(rank, ts, version) -> (the ``block`` event as a JSON line, or None; records;
+//                                   records dropped since the last drain; its end position)
+// The block is records [drained, head) with the table records they use, base64-encoded
+// here with the GIL released: the training thread never waits for the encoding.  The
+// line carries the ring positions it covers (``pos``, ``end``), so a reader drops what
+// it already has when a forwarder sends a dead rank's last records again.  The caller
+// calls ``forwarded(end)`` once the store holds the line.
 PyObject* py_drain_block(PyObject*, PyObject* args) {
   long long rank, ts;
   int version;
   if (!PyArg_ParseTuple(args, "LLi", &rank, &ts, &version)) return nullptr;
-  ByteBuf out;
-  uint64_t dropped, records;
-  take_buffer(out, records, dropped);
-  if (out.empty()) {
-    give_back(out);
-    return Py_BuildValue("(OKK)", Py_None, 0ULL, (unsigned long long)dropped);
+  uint64_t start, head, dropped;
+  {
+    Recording g;
+    start = S->drained;
+    head = S->published;
+    dropped = S->dropped;
+    S->dropped = 0;
   }
-  char prefix[160];
-  int np = snprintf(prefix, sizeof prefix, "{\"type\":\"block\",\"v\":%d,\"rank\":%lld,\"ts\":%lld,\"n\":%llu,\"data\":\"",
-                    version, rank, ts, (unsigned long long)records);
+  if (start == head) return Py_BuildValue("(OKKK)", Py_None, 0ULL, (unsigned long long)dropped, (unsigned long long)start);
+  ByteBuf& out = S->scratch;
+  out.clear();
+  uint64_t n, end;
+  Py_BEGIN_ALLOW_THREADS
+  std::tie(n, end) = build_block(start, head);
+  Py_END_ALLOW_THREADS
+  S->drained = end;
+  char prefix[224];
+  int np = snprintf(prefix, sizeof prefix,
+                    "{\"type\":\"block\",\"v\":%d,\"rank\":%lld,\"ts\":%lld,\"n\":%llu,\"pos\":%llu,\"end\":%llu,\"data\":\"",
+                    version, rank, ts, (unsigned long long)n, (unsigned long long)start, (unsigned long long)end);
   size_t b64 = 4 * ((out.size() + 2) / 3);
   PyObject* line = PyBytes_FromStringAndSize(nullptr, Py_ssize_t(np + b64 + 2));
-  if (line == nullptr) {
-    give_back(out);
-    return nullptr;
-  }
+  if (line == nullptr) return nullptr;
   char* dst = PyBytes_AS_STRING(line);  // nobody else sees it yet: filled without the GIL
   std::memcpy(dst, prefix, size_t(np));
   Py_BEGIN_ALLOW_THREADS
   base64_encode(out.data(), out.size(), dst + np);
   Py_END_ALLOW_THREADS
-  give_back(out);
   dst[np + b64] = '"';
   dst[np + b64 + 1] = '}';
-  return Py_BuildValue("(NKK)", line, (unsigned long long)records, (unsigned long long)dropped);
+  return Py_BuildValue("(NKKK)", line, (unsigned long long)n, (unsigned long long)dropped, (unsigned long long)end);
+}
+
+// forwarded(end): the store holds every record before ``end``; their room is free again.
+PyObject* py_forwarded(PyObject*, PyObject* arg) {
+  unsigned long long end = PyLong_AsUnsignedLongLong(arg);
+  if (PyErr_Occurred()) return nullptr;
+  SpoolHeader* h = S->hdr;
+  if (end > h->tail.load(std::memory_order_relaxed) && end <= S->drained) {
+    h->tail.store(end, std::memory_order_release);
+    h->forwarded_ns.store(now_ns(), std::memory_order_relaxed);
+  }
+  Py_RETURN_NONE;
 }
 
 PyObject* py_take_groups(PyObject*, PyObject*) {
   std::vector<std::pair<int32_t, std::string>> groups;
   {
-    std::lock_guard<RecordLock> g(S->mu);
+    Recording g;
     groups.swap(S->new_groups);
   }
   PyObject* out = PyList_New(0);
@@ -1555,17 +1854,6 @@ PyObject* py_take_groups(PyObject*, PyObject*) {
   return out;
 }
 
-PyObject* py_take_sites(PyObject*, PyObject*) {
-  PyObject* out = PyList_New(0);
-  for (auto& [sid, code, lasti] : *g_new_sites) {
-    PyObject* t = Py_BuildValue("(iOi)", sid, code, lasti);
-    PyList_Append(out, t);
-    Py_DECREF(t);
-  }
-  g_new_sites->clear();
-  return out;
-}
-
 // stuck(now_ns, limit_ns) -> ([(op id, thread id, parent id, waiting)] newly past the limit,
 //                               ops in flight, begin of the oldest op past the limit or -1)
 PyObject* py_stuck(PyObject*, PyObject* args) {
@@ -1575,7 +1863,7 @@ PyObject* py_stuck(PyObject*, PyObject* args) {
   size_t count;
   long long oldest = -1;
   {
-    std::lock_guard<RecordLock> g(S->mu);
+    Recording g;
     count = S->inflight.size();
     for (auto& [id, f] : S->inflight.items) {
       if (now - f.ts < limit) continue;
@@ -1601,7 +1889,7 @@ PyObject* py_stuck(PyObject*, PyObject* args) {
 }
 
 PyObject* py_last_failure(PyObject*, PyObject*) {
-  std::lock_guard<RecordLock> g(S->mu);
+  Recording g;
   return PyLong_FromLongLong(S->last_failed_ns);
 }
 
@@ -1609,7 +1897,7 @@ PyObject* py_last_failure(PyObject*, PyObject*) {
 PyObject* py_poll_devices(PyObject*, PyObject*) {
   std::vector<PendingDevice> pending;
   {
-    std::lock_guard<RecordLock> g(S->mu);
+    Recording g;
     if (S->device_pending.empty()) Py_RETURN_NONE;
     pending.swap(S->device_pending);
   }
@@ -1637,7 +1925,7 @@ PyObject* py_poll_devices(PyObject*, PyObject*) {
       } catch (...) {
       }
     }
-    std::lock_guard<RecordLock> g(S->mu);
+    Recording g;
     size_t len = sizeof(Header) + sizeof(DoneBody);
     uint8_t* q = p.device ? reserve(len) : nullptr;
     if (q) {
@@ -1649,7 +1937,7 @@ PyObject* py_poll_devices(PyObject*, PyObject*) {
       complete_locked(p.id, p.role, error, msg, true);
   }
   {
-    std::lock_guard<RecordLock> g(S->mu);
+    Recording g;
     for (auto& p : keep) S->device_pending.push_back(std::move(p));
   }
   Py_END_ALLOW_THREADS
@@ -1679,7 +1967,7 @@ PyObject* py_enter(PyObject*, PyObject* args) {
   fr.async_hint = is_async != 0;
   fr.child_seen = true;
   {
-    std::lock_guard<RecordLock> g(S->mu);
+    Recording g;
     int32_t gid = group_id_by_name_locked(group);
     int64_t seq = -1;
     if (kind != KIND_CONTAINER && t_frames.empty())
@@ -1756,8 +2044,10 @@ PyObject* py_track(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-// unwaited() -> op ids of tracked async work never waited on (collected or still alive)
+// unwaited() -> (op ids of async work never waited on: the first ones collected, then those
+// still alive; how many in all)
 PyObject* py_unwaited(PyObject*, PyObject*) {
+  sweep_tracked();
   PyObject* out = PyList_New(0);
   auto add = [&](uint64_t id) {
     PyObject* x = PyLong_FromUnsignedLongLong(id);
@@ -1765,33 +2055,375 @@ PyObject* py_unwaited(PyObject*, PyObject*) {
     Py_DECREF(x);
   };
   for (uint64_t id : *g_unwaited_lost) add(id);
+  uint64_t alive = 0;
   for (auto& [obj, t] : *g_tracked)
-    for (uint64_t id : t.ids) add(id);
-  return out;
+    for (uint64_t id : t.ids) {
+      alive++;
+      if (PyList_GET_SIZE(out) < Py_ssize_t(2 * kMaxUnwaitedLost)) add(id);
+    }
+  return Py_BuildValue("(NK)", out, (unsigned long long)(g_unwaited_count + alive));
+}
+
+// untrack(work): the work's completion is taken through its future (get_future()): it
+// will never be waited on, and that is no mistake.
+PyObject* py_untrack(PyObject*, PyObject* work) {
+  auto it = g_tracked->find(work);
+  if (it != g_tracked->end() && PyWeakref_GetObject(it->second.ref) == work) {
+    Py_DECREF(it->second.ref);
+    g_tracked->erase(it);
+  }
+  Py_RETURN_NONE;
 }
 
 PyObject* py_reset_seqs(PyObject*, PyObject*) {
-  std::lock_guard<RecordLock> g(S->mu);
+  Recording g;
   S->coll_seq.clear();
   S->p2p_seq.clear();
   S->gid_by_pg.clear();
   Py_RETURN_NONE;
 }
 
-PyObject* py_stats(PyObject*, PyObject*) {
-  std::lock_guard<RecordLock> g(S->mu);
-  return Py_BuildValue("{s:K,s:K,s:n,s:n,s:n,s:n}", "seen", (unsigned long long)g_seen.load(), "dropped_total",
-                       (unsigned long long)S->dropped_total, "buffered", Py_ssize_t(S->buf.size()), "inflight",
-                       Py_ssize_t(S->inflight.size()), "tracked", Py_ssize_t(g_tracked->size()), "groups",
-                       Py_ssize_t(S->gid_by_name.size()));
+// new_incarnation(number, suffix): the process initialised its process group again (a new
+// incarnation of its rank, in a stream of its own): groups, their ids and sequence numbers
+// start afresh, group names get ``suffix`` (so that ops match within an incarnation), and
+// op ids start at number << 40 (unique within a rank whichever process held it before).
+PyObject* py_new_incarnation(PyObject*, PyObject* args) {
+  unsigned long long number;
+  const char* suffix;
+  if (!PyArg_ParseTuple(args, "Ks", &number, &suffix)) return nullptr;
+  Recording g;
+  S->coll_seq.clear();
+  S->p2p_seq.clear();
+  S->gid_by_pg.clear();
+  S->gid_by_name.clear();
+  S->new_groups.clear();
+  S->group_recs.clear();
+  S->group_mark.clear();
+  S->resolved_source.clear();
+  S->group_suffix = suffix;
+  const uint64_t base = (uint64_t(number) << 40) + 1;
+  if (S->next_id.load() < base) S->next_id.store(base);
+  Py_RETURN_NONE;
 }
 
+PyObject* py_stats(PyObject*, PyObject*) {
+  Recording g;
+  const SpoolHeader* h = S->hdr;
+  return Py_BuildValue("{s:K,s:K,s:K,s:n,s:n,s:n,s:K,s:K,s:K,s:O}", "seen", (unsigned long long)g_seen.load(),
+                       "dropped_total", (unsigned long long)S->dropped_total, "buffered",
+                       (unsigned long long)(S->staged - h->tail.load()), "inflight", Py_ssize_t(S->inflight.size()),
+                       "tracked", Py_ssize_t(g_tracked->size()), "groups", Py_ssize_t(S->gid_by_name.size()),
+                       "ring_size", (unsigned long long)h->ring_size, "table_used",
+                       (unsigned long long)h->table_used.load(), "table_dropped", (unsigned long long)S->table_dropped,
+                       "spool", S->map_file ? Py_True : Py_False);
+}
+
+// set_capacity(bytes): use at most this much of the ring (tests make the buffer tiny with it).
 PyObject* py_set_capacity(PyObject*, PyObject* arg) {
   Py_ssize_t cap = PyLong_AsSsize_t(arg);
   if (cap <= 0 && PyErr_Occurred()) return nullptr;
-  std::lock_guard<RecordLock> g(S->mu);
-  S->cap = size_t(cap);
+  Recording g;
+  S->limit = std::min<uint64_t>(uint64_t(cap), S->hdr->ring_size);
   Py_RETURN_NONE;
+}
+
+// ---------------------------------------------------------------- spools
+uint64_t g_limit_cfg = ~0ULL;  // set_capacity's wish, kept across spools
+
+// A spool in anonymous memory: where records go until a spool file is attached (and in
+// a forked child, which must never write into its parent's file).
+SpoolHeader* anon_spool(uint64_t ring_size, size_t& map_size) {
+  const uint64_t slack = kMaxRecord, table = 4u << 20;
+  map_size = sizeof(SpoolHeader) + ring_size + slack + table;
+  void* m = mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  auto* h = static_cast<SpoolHeader*>(m);  // zero-filled: every counter starts at 0
+  std::memcpy(h->magic, "CSSPOOL1", 8);
+  h->version = 1;
+  h->header_size = sizeof(SpoolHeader);
+  h->ring_offset = sizeof(SpoolHeader);
+  h->ring_size = ring_size;
+  h->slack = slack;
+  h->table_offset = sizeof(SpoolHeader) + ring_size + slack;
+  h->table_size = table;
+  h->pid = getpid();
+  h->created_ns = now_ns();
+  h->rank = -1;
+  return h;
+}
+
+// Records go to ``nh`` from now on.  Under S->mu.  What the old spool holds that the store
+// does not (its [tail, head)) moves along at the same positions, and every table record
+// is put into the new table region.
+void switch_spool_locked(SpoolHeader* nh, size_t map_size, bool file) {
+  SpoolHeader* oh = S->hdr;
+  uint8_t* nring = reinterpret_cast<uint8_t*>(nh) + nh->ring_offset;
+  const uint64_t nmask = nh->ring_size - 1;
+  uint64_t head = S->staged, tail = head;
+  if (oh != nullptr) {
+    tail = oh->tail.load();
+    while (head - tail > nh->ring_size) {  // the new ring is smaller: the oldest go (counted)
+      uint32_t len;
+      std::memcpy(&len, S->ring + (tail & S->ring_mask) + offsetof(Header, len), 4);
+      if (len < sizeof(Header)) { tail = head; break; }
+      tail += len;
+      S->dropped++;
+      S->dropped_total++;
+    }
+    uint64_t pos = tail;
+    walk_ring(tail, head, [&](const uint8_t* r, uint32_t len) {
+      std::memcpy(nring + (pos & nmask), r, len);
+      pos += len;
+    });
+    head = pos;
+  }
+  nh->tail.store(tail);
+  nh->head.store(head);
+  nh->dropped.store(S->dropped_total);
+  nh->table_used.store(0);
+  void* old_map = oh;
+  const size_t old_size = S->map_size;
+  S->hdr = nh;
+  S->ring = nring;
+  S->ring_mask = nmask;
+  S->table = reinterpret_cast<uint8_t*>(nh) + nh->table_offset;
+  S->map_size = map_size;
+  S->map_file = file;
+  S->staged = S->published = head;
+  if (S->drained < tail || S->drained > head) S->drained = tail;
+  S->limit = std::min<uint64_t>(g_limit_cfg, nh->ring_size);
+  for (auto* recs : {&S->group_recs, &S->site_recs, &S->sig_recs})
+    for (const std::string& rec : *recs) {
+      const uint64_t used = nh->table_used.load(std::memory_order_relaxed);
+      if (rec.empty()) continue;
+      if (used + rec.size() > nh->table_size) {
+        S->table_dropped++;
+        continue;
+      }
+      std::memcpy(S->table + used, rec.data(), rec.size());
+      nh->table_used.store(used + rec.size(), std::memory_order_release);
+    }
+  if (old_map != nullptr) munmap(old_map, old_size);
+}
+
+// attach_spool(fd): records go to the spool file spool.py created (and initialised) on
+// ``fd`` from now on; returns its ring size.  Called with the recorder thread's tick lock
+// held (the drain reads the ring without S->mu).
+PyObject* py_attach_spool(PyObject*, PyObject* args) {
+  int fd;
+  if (!PyArg_ParseTuple(args, "i", &fd)) return nullptr;
+  SpoolHeader probe;
+  if (pread(fd, &probe, sizeof probe, 0) != ssize_t(sizeof probe) || std::memcmp(probe.magic, "CSSPOOL1", 8) != 0 ||
+      probe.version != 1 || probe.header_size != sizeof(SpoolHeader) || probe.ring_size == 0 ||
+      (probe.ring_size & (probe.ring_size - 1)) != 0 || probe.slack < kMaxRecord ||
+      probe.ring_offset != sizeof(SpoolHeader) || probe.table_offset != sizeof(SpoolHeader) + probe.ring_size + probe.slack) {
+    PyErr_SetString(PyExc_ValueError, "commscope: not a spool file of this layout");
+    return nullptr;
+  }
+  const size_t size = size_t(probe.table_offset + probe.table_size);
+  void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) return PyErr_SetFromErrno(PyExc_OSError);
+  {
+    Recording g;
+    switch_spool_locked(static_cast<SpoolHeader*>(m), size, true);
+  }
+  return PyLong_FromUnsignedLongLong(probe.ring_size);
+}
+
+// detach_spool(): back to anonymous memory (what the file does not hand over is copied).
+PyObject* py_detach_spool(PyObject*, PyObject*) {
+  size_t size;
+  SpoolHeader* h = anon_spool(S->hdr->ring_size, size);
+  if (h == nullptr) return PyErr_SetFromErrno(PyExc_OSError);
+  Recording g;
+  switch_spool_locked(h, size, false);
+  Py_RETURN_NONE;
+}
+
+// note_group(name, backend, granks or None): a group's members, from Python.
+PyObject* py_note_group(PyObject*, PyObject* args) {
+  const char *name, *backend;
+  PyObject* ranks;
+  if (!PyArg_ParseTuple(args, "ssO", &name, &backend, &ranks)) return nullptr;
+  std::vector<int32_t> granks;
+  bool known = ranks != Py_None;
+  if (known) {
+    PyObject* seq = PySequence_Fast(ranks, "granks must be a sequence");
+    if (seq == nullptr) return nullptr;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+      long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+      if (v == -1 && PyErr_Occurred()) {
+        Py_DECREF(seq);
+        return nullptr;
+      }
+      granks.push_back(int32_t(v));
+    }
+    Py_DECREF(seq);
+  }
+  Recording g;
+  int32_t gid = group_id_by_name_locked(name);
+  put_group_locked(gid, name, backend, known ? &granks : nullptr);
+  return PyLong_FromLong(gid);
+}
+
+// A table line for a forwarder: REC_META, the rank's meta (for a rank that died before its
+// meta reached the store); REC_EVENT, an event the store would not take at the end.
+PyObject* put_table_line(PyObject* args, uint8_t type) {
+  const char* line;
+  Py_ssize_t n;
+  if (!PyArg_ParseTuple(args, "y#", &line, &n)) return nullptr;
+  std::vector<std::string> unused;
+  Recording g;
+  table_put(unused, nullptr, 0, table_record(type, 0, std::string(line, size_t(n))));
+  Py_RETURN_NONE;
+}
+
+PyObject* py_note_meta(PyObject*, PyObject* args) { return put_table_line(args, REC_META); }
+PyObject* py_keep_event(PyObject*, PyObject* args) { return put_table_line(args, REC_EVENT); }
+
+// ---------------------------------------------------------------- deaths the process sees
+// A fatal signal, std::terminate and _exit leave their cause in the spool's header (the
+// records are there already); whoever forwards the spool turns it into the ``exit`` event.
+// The handlers chain to what was installed before (faulthandler, whose crash file gives
+// the Python stacks) and the process dies as it would have.
+const int kDeathSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTERM};
+struct sigaction g_old_action[NSIG];
+bool g_armed[NSIG];
+std::terminate_handler g_old_terminate = nullptr;
+bool g_terminate_armed = false;
+
+void on_death_signal(int sig, siginfo_t* info, void* ctx) {
+  const struct sigaction& old = g_old_action[sig];
+  const bool old_siginfo = (old.sa_flags & SA_SIGINFO) != 0;
+  // SIGTERM kills only where nobody handles it (a program with its own handler lives on).
+  const bool dies = sig != SIGTERM || (!old_siginfo && old.sa_handler == SIG_DFL);
+  SpoolHeader* h = S != nullptr ? S->hdr : nullptr;
+  if (dies && h != nullptr && g_armed[sig] && h->sig.load(std::memory_order_relaxed) == 0) {
+    h->sig_code = info != nullptr ? info->si_code : 0;
+    h->sig_addr = info != nullptr ? uint64_t(reinterpret_cast<uintptr_t>(info->si_addr)) : 0;
+    h->sig_tid = thread_id();
+    h->sig_ns = now_ns();
+    h->sig.store(sig, std::memory_order_release);
+  }
+  if (old_siginfo) {
+    if (old.sa_sigaction != nullptr) old.sa_sigaction(sig, info, ctx);
+    return;
+  }
+  if (old.sa_handler == SIG_IGN) return;
+  if (old.sa_handler == SIG_DFL) {  // die of it, as without us
+    struct sigaction dfl;
+    std::memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, nullptr);
+    raise(sig);
+    return;
+  }
+  old.sa_handler(sig);
+}
+
+void on_terminate() {
+  SpoolHeader* h = S != nullptr ? S->hdr : nullptr;
+  if (h != nullptr && h->term_set.load() == 0) {
+    const std::type_info* t = abi::__cxa_current_exception_type();
+    std::string type = t != nullptr ? t->name() : "";
+    if (t != nullptr) {
+      int status = 0;
+      char* d = abi::__cxa_demangle(t->name(), nullptr, nullptr, &status);
+      if (d != nullptr) {
+        type = d;
+        std::free(d);
+      }
+    }
+    std::string what;
+    try {
+      std::exception_ptr e = std::current_exception();
+      if (e) std::rethrow_exception(e);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    size_t nt = std::min(type.size(), sizeof h->term_type), nw = std::min(what.size(), sizeof h->term_what);
+    std::memcpy(h->term_type, type.data(), nt);
+    std::memcpy(h->term_what, what.data(), nw);
+    h->term_type_len = uint16_t(nt);
+    h->term_what_len = uint16_t(nw);
+    h->term_ns = now_ns();
+    h->term_tid = thread_id();
+    h->term_set.store(1, std::memory_order_release);
+  }
+  if (g_old_terminate != nullptr) g_old_terminate();
+  std::abort();
+}
+
+// arm_death(): install the handlers (after faulthandler, which they chain to).
+PyObject* py_arm_death(PyObject*, PyObject*) {
+  for (int sig : kDeathSignals) {
+    struct sigaction now;
+    if (sigaction(sig, nullptr, &now) != 0) continue;
+    if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_death_signal) continue;  // armed already
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_death_signal;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(sig, &sa, &g_old_action[sig]) == 0) g_armed[sig] = true;
+  }
+  if (!g_terminate_armed) {
+    g_old_terminate = std::set_terminate(on_terminate);
+    g_terminate_armed = true;
+  }
+  Py_RETURN_NONE;
+}
+
+// disarm_death(): put back what was there, where ours is still installed.
+PyObject* py_disarm_death(PyObject*, PyObject*) {
+  for (int sig : kDeathSignals) {
+    if (!g_armed[sig]) continue;
+    struct sigaction now;
+    if (sigaction(sig, nullptr, &now) == 0 && (now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_death_signal)
+      sigaction(sig, &g_old_action[sig], nullptr);
+    g_armed[sig] = false;
+  }
+  if (g_terminate_armed && std::get_terminate() == on_terminate) {
+    std::set_terminate(g_old_terminate);
+    g_terminate_armed = false;
+  }
+  Py_RETURN_NONE;
+}
+
+// note_exit(code): the process is about to leave through os._exit(code).
+PyObject* py_note_exit(PyObject*, PyObject* arg) {
+  long code = PyLong_AsLong(arg);
+  if (code == -1 && PyErr_Occurred()) return nullptr;
+  SpoolHeader* h = S->hdr;
+  h->exit_code = int32_t(code);
+  h->exit_ns = now_ns();
+  h->exit_set.store(1, std::memory_order_release);
+  Py_RETURN_NONE;
+}
+
+// _die_of_cpp_exception(what): a C++ exception escapes a thread, as one escapes a backend's
+// worker (Gloo's EnforceNotMet): std::terminate, then abort.  For the death tests.
+PyObject* py_die_of_cpp_exception(PyObject*, PyObject* arg) {
+  const char* what = PyUnicode_AsUTF8(arg);
+  if (what == nullptr) return nullptr;
+  std::string text(what);
+  Py_BEGIN_ALLOW_THREADS
+  std::thread([text] { throw std::runtime_error(text); }).join();
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+PyObject* py_spool_layout(PyObject*, PyObject*) {  // compared with spool.py by a test
+  return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "size", Py_ssize_t(sizeof(SpoolHeader)), "head",
+                       Py_ssize_t(offsetof(SpoolHeader, head)), "tail", Py_ssize_t(offsetof(SpoolHeader, tail)),
+                       "flags", Py_ssize_t(offsetof(SpoolHeader, flags)), "sig", Py_ssize_t(offsetof(SpoolHeader, sig)),
+                       "exit_set", Py_ssize_t(offsetof(SpoolHeader, exit_set)), "term_set",
+                       Py_ssize_t(offsetof(SpoolHeader, term_set)), "term_type",
+                       Py_ssize_t(offsetof(SpoolHeader, term_type)), "term_what",
+                       Py_ssize_t(offsetof(SpoolHeader, term_what)), "identity",
+                       Py_ssize_t(offsetof(SpoolHeader, identity)));
 }
 
 PyObject* py_scalar_type_names(PyObject*, PyObject*) {
@@ -1811,34 +2443,57 @@ PyObject* py_layout(PyObject*, PyObject*) {  // checked by the decoder's tests
 }
 
 void after_fork_child() {
-  // A forked child (DataLoader worker) records nothing, and must not wait on a lock that
-  // a thread of the parent held at fork time.
+  // A forked child (DataLoader worker) records nothing, must not wait on a lock that a
+  // thread of the parent held at fork time, and must never write into (or die into) the
+  // parent's spool, which it shares.
   g_active.store(false);
   new (&S->mu) RecordLock();
-  S->buf.clear();
-  S->records = 0;
+  size_t size;
+  SpoolHeader* h = anon_spool(1u << 16, size);
+  if (h != nullptr) {
+    S->hdr = h;  // the parent's mapping stays mapped (the child may not unmap what it never owned)
+    S->ring = reinterpret_cast<uint8_t*>(h) + h->ring_offset;
+    S->ring_mask = h->ring_size - 1;
+    S->table = reinterpret_cast<uint8_t*>(h) + h->table_offset;
+    S->map_size = size;
+    S->map_file = false;
+    S->staged = S->published = S->drained = 0;
+    S->limit = h->ring_size;
+  }
   S->inflight.clear();
   S->device_pending.clear();
 }
 
 PyMethodDef methods[] = {
-    {"install", py_install, METH_VARARGS, "install(ops, is_internal, work_type) -> registered op names"},
+    {"install", py_install, METH_VARARGS, "install(ops, is_internal, work_type, site_text) -> registered op names"},
     {"uninstall", py_uninstall, METH_NOARGS, "stop observing and remove the kernels"},
     {"set_active", py_set_active, METH_O, "pause or resume recording"},
     {"set_after_op", py_set_after_op, METH_O, "call this once after the next recorded call returns"},
-    {"drain", py_drain, METH_NOARGS, "drain() -> (packed records, their count, records dropped since the last drain)"},
+    {"drain", py_drain, METH_NOARGS, "drain() -> (packed records with their tables, records, dropped, end position)"},
     {"drain_block", py_drain_block, METH_VARARGS,
-     "drain_block(rank, ts, version) -> (block event line or None, records, records dropped since last)"},
+     "drain_block(rank, ts, version) -> (block event line or None, records, records dropped since last, end position)"},
     {"take_groups", py_take_groups, METH_NOARGS, "new (gid, name) since the last call"},
-    {"take_sites", py_take_sites, METH_NOARGS, "new (site id, code, lasti) since the last call"},
+    {"forwarded", py_forwarded, METH_O, "forwarded(end): the store holds every record before end"},
+    {"attach_spool", py_attach_spool, METH_VARARGS, "attach_spool(fd) -> ring size: record into this spool file"},
+    {"detach_spool", py_detach_spool, METH_NOARGS, "record into anonymous memory again"},
+    {"note_group", py_note_group, METH_VARARGS, "note_group(name, backend, granks or None) -> group id"},
+    {"note_meta", py_note_meta, METH_VARARGS, "note_meta(line): the meta event, kept in the spool"},
+    {"keep_event", py_keep_event, METH_VARARGS, "keep_event(line): an event the store did not take, kept in the spool"},
+    {"arm_death", py_arm_death, METH_NOARGS, "note fatal signals and std::terminate in the spool"},
+    {"disarm_death", py_disarm_death, METH_NOARGS, "put the previous handlers back"},
+    {"note_exit", py_note_exit, METH_O, "note_exit(code): the process leaves through os._exit"},
+    {"spool_layout", py_spool_layout, METH_NOARGS, "spool header offsets"},
+    {"_die_of_cpp_exception", py_die_of_cpp_exception, METH_O, "a C++ exception escapes a thread (test hook)"},
     {"stuck", py_stuck, METH_VARARGS, "stuck(now_ns, limit_ns) -> ([(id, tid, parent, waiting)], in flight, oldest stuck begin or -1)"},
     {"poll_devices", py_poll_devices, METH_NOARGS, "record completed CUDA work"},
     {"last_failure", py_last_failure, METH_NOARGS, "when an op last raised (ns; 0: never)"},
     {"enter", py_enter, METH_VARARGS, "enter(kind, name, fragment, group, peer, direction, async=False) -> op id"},
     {"exit", py_exit, METH_VARARGS, "exit(op id, error text or None) -> container children ids"},
     {"track", py_track, METH_VARARGS, "track(work, ids)"},
-    {"unwaited", py_unwaited, METH_NOARGS, "op ids of async work never waited on"},
+    {"unwaited", py_unwaited, METH_NOARGS, "(op ids of async work never waited on, how many in all)"},
+    {"untrack", py_untrack, METH_O, "untrack(work): its completion is taken through its future"},
     {"reset_seqs", py_reset_seqs, METH_NOARGS, "forget sequence numbers (the process group was destroyed)"},
+    {"new_incarnation", py_new_incarnation, METH_VARARGS, "new_incarnation(number, group name suffix)"},
     {"stats", py_stats, METH_NOARGS, "counters"},
     {"set_capacity", py_set_capacity, METH_O, "buffer capacity in bytes"},
     {"scalar_type_names", py_scalar_type_names, METH_NOARGS, "c10 ScalarType names by code"},
@@ -1858,11 +2513,18 @@ PyMODINIT_FUNC PyInit_commscope_native(void) {
     g_specs = new std::unordered_map<std::string, OpSpec>();
     g_code_internal = new std::unordered_map<PyObject*, int8_t>();
     g_sites = new std::map<std::pair<PyObject*, int>, int32_t>();
-    g_new_sites = new std::vector<std::tuple<int32_t, PyObject*, int>>();
     g_tracked = new std::unordered_map<PyObject*, Tracked>();
     g_unwaited_lost = new std::vector<uint64_t>();
     pthread_atfork(nullptr, nullptr, after_fork_child);
     pthread_key_create(&g_tls_key, tls_free);
+    size_t size;
+    SpoolHeader* h = anon_spool(16u << 20, size);
+    if (h == nullptr) {
+      PyErr_SetFromErrno(PyExc_OSError);
+      return nullptr;
+    }
+    Recording g;
+    switch_spool_locked(h, size, false);
   }
   WrapperType.tp_name = "commscope_native.Wrapper";
   WrapperType.tp_basicsize = sizeof(WrapperObject);

@@ -1,0 +1,621 @@
+"""Spools: a rank's records in a local file that outlives the rank, forwarded if it dies.
+
+The native recorder appends its records to a ring inside a spool file (layout:
+``SpoolHeader`` in ``commscope_native.cpp``), in a local directory private to the user
+(``/dev/shm/commscope-<uid>``, else the temporary directory; ``$COMMSCOPE_SPOOL_DIR``).
+Its thread moves ``[tail, head)`` to the store every tick and advances ``tail``.  When the
+rank dies (SIGKILL, the OOM killer, a fatal signal, ``os._exit``) the records it made
+since are still in the file, with what the process saw of its death in the header: the
+signal, the C++ exception that reached ``std::terminate``, the exit code.
+
+A spool is *dead* when nobody holds its lock: the rank takes a POSIX record lock on it
+for its whole life (released by the kernel however the process dies, and not inherited by
+a forked child).  ``forward_dead`` sends a dead spool's last records (one self-describing
+``block``), the stacks faulthandler wrote next to it, and an ``exit`` event saying how the
+rank died to the rank's own stream, then removes the spool.  It is called by the other
+ranks' recorder threads on the same host, by ``commscope run`` and the local launcher
+when their command ends, and, read-only (``remnant_events``), by readers on the host.
+Readers keep each record once (``blocks.BlockDecoder`` tracks ring positions), so a
+remnant read twice, or forwarded after the rank had sent part of it, is harmless.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import hashlib
+import os
+import signal
+import stat
+import struct
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from commscope import blocks
+from commscope.schema import SCHEMA_VERSION
+from commscope.store import crashlog
+
+ENV_SPOOL_DIR = "COMMSCOPE_SPOOL_DIR"
+ENV_BUFFER_MB = "COMMSCOPE_BUFFER_MB"
+MAGIC = b"CSSPOOL1"
+VERSION = 1
+HEADER_SIZE = 4096
+SLACK = 64 << 10  # commscope_native.cpp kMaxRecord
+DEFAULT_RING = 16 << 20
+TABLE_SIZE = 4 << 20
+MIN_RING = 64 << 10
+SUFFIX = ".spool"
+CRASH_SUFFIX = ".crash"
+CLOSED = 1  # SPOOL_CLOSED: the owner forwarded everything and left
+META_STORED = 2  # the rank's meta reached the store: a forwarder need not send it again
+FORWARDED = 4  # a tombstone: records forwarded, how the rank died still unknown (for its launcher)
+TOMBSTONE_AGE_S = 3600.0  # a tombstone no launcher claimed by then is removed
+
+#: Header fields by offset (SpoolHeader; ``commscope_native.spool_layout()`` agrees, tested).
+_STATIC = struct.Struct("<8sIIQQQQQ")  # magic .. table_size, at 0
+_U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
+_I32 = struct.Struct("<i")
+OFF_HEAD, OFF_TAIL, OFF_TABLE_USED, OFF_DROPPED = 56, 64, 72, 80
+OFF_PID, OFF_CREATED, OFF_FORWARDED = 88, 96, 104
+OFF_RANK, OFF_INC, OFF_FLAGS = 112, 116, 120
+_DEATH = struct.Struct("<iiQQqiiqiHHqQ")  # sig, code, addr, tid, ns; exit set, code, ns; term set, lens, ns, tid
+OFF_DEATH = 128
+OFF_TERM_TYPE, OFF_TERM_WHAT, OFF_IDENTITY = 256, 512, 2560
+IDENTITY_SIZE = HEADER_SIZE - OFF_IDENTITY
+LAYOUT = {"size": HEADER_SIZE, "head": OFF_HEAD, "tail": OFF_TAIL, "flags": OFF_FLAGS, "sig": OFF_DEATH,
+          "exit_set": OFF_DEATH + 32, "term_set": OFF_DEATH + 48, "term_type": OFF_TERM_TYPE,
+          "term_what": OFF_TERM_WHAT, "identity": OFF_IDENTITY}
+
+#: What faulthandler calls each signal (so an exit read from a spool and one read from a
+#: crash file say the same).
+SIGNAL_NAMES = {signal.SIGSEGV: "Segmentation fault", signal.SIGBUS: "Bus error",
+                signal.SIGFPE: "Floating point exception", signal.SIGILL: "Illegal instruction",
+                signal.SIGABRT: "Aborted", signal.SIGTERM: "Terminated", signal.SIGKILL: "Killed"}
+
+
+def signal_name(sig: int) -> str:
+    try:
+        return SIGNAL_NAMES.get(sig) or signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def store_id(store: str) -> str:
+    """Which store a spool belongs to, without its credentials: forwarders only forward
+    spools of the store they write to (and can reach with their own URL)."""
+    from commscope.store import is_redis
+    from commscope.store.redis_url import parse_url
+
+    if is_redis(store):
+        try:
+            t = parse_url(store)
+            key = f"{t.scheme}://{t.path or t.host}:{t.port}/{t.db}"
+        except Exception:
+            key = store.split("@")[-1]
+    else:
+        key = os.path.realpath(store)
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+# ------------------------------------------------------------------------------ the directory
+def _usable(d: Path) -> bool:
+    """A private directory of ours: created 0700, never a link or someone else's."""
+    try:
+        d.mkdir(mode=0o700, parents=False, exist_ok=True)
+        st = os.lstat(d)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
+def spool_dirs() -> list[Path]:
+    """Where spools may be: $COMMSCOPE_SPOOL_DIR, else /dev/shm (memory: no disk I/O on the
+    hot path's pages), then the temporary directory."""
+    env = os.environ.get(ENV_SPOOL_DIR)
+    if env:
+        return [Path(env)]
+    name = f"commscope-{os.getuid()}"
+    out = []
+    if os.path.isdir("/dev/shm"):
+        out.append(Path("/dev/shm") / name)
+    out.append(Path(tempfile.gettempdir()) / name)
+    return out
+
+
+def ring_bytes() -> int:
+    """The ring's size: $COMMSCOPE_BUFFER_MB (default 16), a power of two."""
+    try:
+        want = int(float(os.environ.get(ENV_BUFFER_MB) or 0) * (1 << 20)) or DEFAULT_RING
+    except ValueError:
+        want = DEFAULT_RING
+    want = max(MIN_RING, min(want, 1 << 34))
+    return 1 << (want.bit_length() - 1)
+
+
+# ------------------------------------------------------------------------------ the owner's side
+def header_bytes(ring: int, table: int, identity: dict[str, Any] | None = None) -> bytes:
+    """A new spool's header: sizes, this process, and ``identity`` (job, rank, store ...)."""
+    identity = identity or {}
+    ident = orjson.dumps(identity) if identity else b""
+    if len(ident) >= IDENTITY_SIZE:
+        raise ValueError("spool identity too long")
+    head = bytearray(HEADER_SIZE)
+    _STATIC.pack_into(head, 0, MAGIC, VERSION, HEADER_SIZE, HEADER_SIZE, ring, SLACK, HEADER_SIZE + ring + SLACK, table)
+    _I64.pack_into(head, OFF_PID, os.getpid())
+    _I64.pack_into(head, OFF_CREATED, time.time_ns())
+    _I32.pack_into(head, OFF_RANK, int(identity.get("rank", -1)))
+    _I32.pack_into(head, OFF_INC, int(identity.get("inc", 0)))
+    head[OFF_IDENTITY:OFF_IDENTITY + len(ident)] = ident
+    return bytes(head)
+
+
+@dataclasses.dataclass
+class Spool:
+    """A spool file this process owns (locked for its whole life)."""
+
+    path: Path
+    fd: int
+    size: int
+
+    @property
+    def crash_path(self) -> Path:
+        return self.path.with_suffix(CRASH_SUFFIX)
+
+    @classmethod
+    def create(cls, identity: dict[str, Any], ring: int | None = None, table: int = TABLE_SIZE) -> Spool:
+        """A new spool for this process in the first usable spool directory; OSError when
+        there is none (the caller records without one)."""
+        ring = ring or ring_bytes()
+        header_bytes(ring, table, identity)  # ValueError now, before any file exists
+        size = HEADER_SIZE + ring + SLACK + table
+        last: OSError | None = None
+        for d in spool_dirs():
+            if not _usable(d):
+                last = OSError(errno.EACCES, f"{d} is not a private directory")
+                continue
+            path = d / f"{os.getpid()}-{identity.get('inc', 0)}-{os.urandom(3).hex()}{SUFFIX}"
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            except OSError as exc:
+                last = exc
+                continue
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours while we live
+                # Every page now: a full /dev/shm fails here, never later as a SIGBUS in training.
+                os.posix_fallocate(fd, 0, size)
+                os.pwrite(fd, header_bytes(ring, table, identity), 0)
+            except OSError as exc:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                last = exc
+                continue
+            return cls(path, fd, size)
+        raise last or OSError(errno.ENOENT, "no spool directory")
+
+    def drained(self) -> bool:
+        """Everything recorded is in the store (``tail == head``)."""
+        try:
+            raw = os.pread(self.fd, 16, OFF_HEAD)
+        except OSError:
+            return False
+        head, tail = struct.unpack("<QQ", raw)
+        return head == tail
+
+    def set_flag(self, flag: int) -> None:
+        """Note a fact for a forwarder (META_STORED)."""
+        try:
+            flags = struct.unpack("<I", os.pread(self.fd, 4, OFF_FLAGS))[0]
+            os.pwrite(self.fd, struct.pack("<I", flags | flag), OFF_FLAGS)
+        except OSError:
+            pass
+
+    def close(self, remove: bool) -> None:
+        """Leave the spool: removed when the store has everything (``remove``), else kept
+        (unlocked) for a forwarder."""
+        if self.fd < 0:
+            return
+        if remove:
+            os.pwrite(self.fd, struct.pack("<I", CLOSED), OFF_FLAGS)
+            for p in (self.path, self.crash_path):
+                with contextlib.suppress(OSError):
+                    os.unlink(p)
+        with contextlib.suppress(OSError):
+            os.close(self.fd)  # releases the lock
+        self.fd = -1
+
+
+# ------------------------------------------------------------------------------ reading a spool
+@dataclasses.dataclass
+class Death:
+    """What the process saw of its death (the spool header's last words)."""
+
+    signal: int = 0
+    signal_code: int = 0
+    signal_tid: int = 0
+    signal_ns: int = 0
+    exit_code: int | None = None
+    exit_ns: int = 0
+    terminate_type: str | None = None
+    terminate_what: str | None = None
+    terminate_ns: int = 0
+
+
+@dataclasses.dataclass
+class Image:
+    """A spool as read from its file."""
+
+    path: Path
+    identity: dict[str, Any]
+    pid: int
+    rank: int
+    incarnation: int
+    head: int
+    tail: int
+    dropped: int
+    flags: int
+    tables: bytes  # the table records the blocks use (meta and kept events left out)
+    meta: bytes | None  # the meta event line, if the rank noted one
+    kept: list[bytes]  # events the store did not take at the end, kept for the forwarder
+    ring: bytes  # records [tail, head), whole records only
+    end: int  # position after the last whole record in ``ring``
+    death: Death
+
+
+def _records(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """(type, offset, length) of each whole record."""
+    off = 0
+    while off + blocks.HEADER.size <= len(data):
+        length = blocks.HEADER.unpack_from(data, off)[3]
+        if length < blocks.HEADER.size or off + length > len(data):
+            return
+        yield data[off], off, length
+        off += length
+
+
+def read(path: Path) -> Image | None:
+    """The spool at ``path`` (None when it is not one, or is damaged beyond use)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER_SIZE)
+            if len(head) < HEADER_SIZE:
+                return None
+            magic, version, hsize, ring_off, ring_size, slack, table_off, table_size = _STATIC.unpack_from(head)
+            if magic != MAGIC or version != VERSION or hsize != HEADER_SIZE or ring_off != HEADER_SIZE:
+                return None
+            if ring_size & (ring_size - 1) or slack < SLACK or table_off != HEADER_SIZE + ring_size + slack:
+                return None
+            hd, tl, used = (_U64.unpack_from(head, o)[0] for o in (OFF_HEAD, OFF_TAIL, OFF_TABLE_USED))
+            used = min(used, table_size)
+            f.seek(table_off)
+            table = f.read(used)
+            n = min(hd - tl, ring_size) if hd >= tl else 0
+            start = hd - n
+            ring = bytearray()
+            pos = start
+            mask = ring_size - 1
+            while pos < hd:  # record by record: one may run on into the slack
+                f.seek(ring_off + (pos & mask))
+                hdr = f.read(blocks.HEADER.size)
+                if len(hdr) < blocks.HEADER.size:
+                    break
+                length = blocks.HEADER.unpack_from(hdr)[3]
+                if length < blocks.HEADER.size or length > SLACK or pos + length > hd:
+                    break
+                ring += hdr + f.read(length - blocks.HEADER.size)
+                pos += length
+    except OSError:
+        return None
+    try:
+        ident = orjson.loads(head[OFF_IDENTITY:].split(b"\0", 1)[0] or b"{}")
+    except orjson.JSONDecodeError:
+        ident = {}
+    if not isinstance(ident, dict):
+        ident = {}
+    (sig, code, _addr, tid, sig_ns, exit_set, exit_code, exit_ns, term_set, tlen, wlen, term_ns,
+     _term_tid) = _DEATH.unpack_from(head, OFF_DEATH)
+    death = Death(signal=sig, signal_code=code, signal_tid=tid, signal_ns=sig_ns,
+                  exit_code=exit_code if exit_set else None, exit_ns=exit_ns, terminate_ns=term_ns)
+    if term_set:
+        death.terminate_type = head[OFF_TERM_TYPE:OFF_TERM_TYPE + min(tlen, 256)].decode("utf-8", "replace")
+        death.terminate_what = head[OFF_TERM_WHAT:OFF_TERM_WHAT + min(wlen, 2048)].decode("utf-8", "replace")
+    tables, meta, kept = bytearray(), None, []
+    for typ, off, length in _records(table):
+        if typ == blocks.META_REC:
+            meta = table[off + blocks.HEADER.size:off + length]
+        elif typ == blocks.EVENT_REC:
+            kept.append(table[off + blocks.HEADER.size:off + length])
+        else:
+            tables += table[off:off + length]
+    return Image(path=Path(path), identity=ident, pid=_I64.unpack_from(head, OFF_PID)[0],
+                 rank=_I32.unpack_from(head, OFF_RANK)[0], incarnation=_I32.unpack_from(head, OFF_INC)[0],
+                 head=hd, tail=tl, dropped=_U64.unpack_from(head, OFF_DROPPED)[0],
+                 flags=struct.unpack_from("<I", head, OFF_FLAGS)[0], tables=bytes(tables), meta=meta, kept=kept,
+                 ring=bytes(ring), end=start + len(ring), death=death)
+
+
+def exit_event(img: Image, rank: int) -> dict | None:
+    """The ``exit`` event of the death the header records (None: it recorded none, e.g. a
+    rank killed outright)."""
+    d = img.death
+    base: dict[str, Any] = {"type": "exit", "v": SCHEMA_VERSION, "rank": rank, "src": "spool"}
+    if d.signal:
+        ev = dict(base, ts=d.signal_ns, reason="signal", signal=signal_name(d.signal))
+        if d.signal_tid:
+            ev["tid"] = d.signal_tid & ((1 << 62) - 1)
+    elif d.terminate_type is not None:
+        ev = dict(base, ts=d.terminate_ns, reason="signal", signal=signal_name(signal.SIGABRT))
+    elif d.exit_code is not None:
+        return dict(base, ts=d.exit_ns, reason="os._exit", code=d.exit_code)
+    else:
+        return None
+    if d.terminate_type is not None:
+        what = d.terminate_what or ""
+        ev["exc"] = f"{d.terminate_type}: {what}" if what else d.terminate_type
+    return ev
+
+
+def remnant_lines(img: Image, rank: int, *, with_meta: bool = False) -> list[bytes]:
+    """The events a dead rank's spool adds to its stream, encoded: its meta (if asked and
+    noted), the records the store lacks as one self-describing block, the stacks
+    faulthandler wrote, and how it died."""
+    out: list[bytes] = []
+    if with_meta and img.meta:
+        out.append(bytes(img.meta))
+    now = max(img.death.signal_ns, img.death.exit_ns, img.death.terminate_ns) or time.time_ns()
+    if img.ring:
+        n = sum(1 for _ in _records(img.ring))
+        out.append(blocks.encode_block(img.tables + img.ring, rank, now, n, pos=img.end - len(img.ring), end=img.end))
+    out.extend(img.kept)
+    stack = crash_stack(img, rank)
+    if stack is not None:
+        out.append(orjson.dumps(stack))
+    ex = exit_event(img, rank)
+    if ex is None and stack is not None:  # faulthandler saw a fatal signal the header missed
+        ex = crashlog.exit_from(stack, img.death.signal_ns or stack["ts"], rank)
+    if ex is not None and not any(b'"type":"exit"' in line for line in img.kept):
+        out.append(orjson.dumps(ex))
+    return out
+
+
+def crash_stack(img: Image, rank: int) -> dict | None:
+    """The ``stack`` event of the crash file faulthandler wrote next to the spool."""
+    crash = img.path.with_suffix(CRASH_SUFFIX)
+    try:
+        st = os.stat(crash)
+        if st.st_size == 0:
+            return None
+        with open(crash, "rb") as f:
+            text = f.read(crashlog.MAX_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return None
+    error, threads = crashlog.parse(text, tid=img.death.signal_tid or None)
+    if not threads:
+        return None
+    ts = img.death.signal_ns or st.st_mtime_ns
+    ev: dict[str, Any] = {"type": "stack", "v": SCHEMA_VERSION, "rank": rank, "ts": ts, "reason": "signal",
+                          "threads": threads}
+    if error:
+        ev["exc"] = f"Fatal Python error: {error}"
+    return ev
+
+
+# ------------------------------------------------------------------------------ finding dead spools
+def _spools(directory: Path) -> list[Path]:
+    try:
+        return sorted(p for p in directory.iterdir() if p.name.endswith(SUFFIX))
+    except OSError:
+        return []
+
+
+@contextlib.contextmanager
+def _claimed(path: Path) -> Iterator[int | None]:
+    """The spool's lock if its owner is gone (None while it lives, or another forwarder
+    holds it).  Never called on a spool of this process: closing a second descriptor of a
+    file drops every POSIX lock the process holds on it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        yield None
+        return
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield None
+            return
+        yield fd
+    finally:
+        os.close(fd)
+
+
+#: A dead spool nobody could forward for this long is given up (its store is gone or out of
+#: reach for good); it is removed so that dead spools never fill /dev/shm.
+MAX_AGE_S = 3 * 86400
+
+
+def dead_spools(job: str, store: str, own: set[Path] = frozenset(), run: str | None = None) -> list[Path]:
+    """Spools of this job and store (and run, if given) whose owner is gone, in every spool
+    directory.  Dead spools of any job older than MAX_AGE_S are removed on the way."""
+    sid = store_id(store)
+    out = []
+    now = time.time()
+    for d in spool_dirs():
+        for p in _spools(d):
+            if p in own:
+                continue
+            img_ident = _identity(p)
+            mine = (img_ident.get("job") == job and img_ident.get("store_id") == sid
+                    and (run is None or img_ident.get("run") == run))
+            try:
+                old = now - os.stat(p).st_mtime > MAX_AGE_S
+            except OSError:
+                continue
+            if not mine and not old:
+                continue
+            with _claimed(p) as fd:
+                if fd is None:
+                    continue
+                if mine:
+                    out.append(p)
+                else:
+                    _remove(p)
+    return out
+
+
+def _identity(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(OFF_IDENTITY)
+            raw = f.read(IDENTITY_SIZE).split(b"\0", 1)[0]
+        ident = orjson.loads(raw or b"{}")
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return ident if isinstance(ident, dict) else {}
+
+
+def forward_dead(job: str, store: str, open_writer: Callable[[int, int], Any], own: set[Path] = frozenset(),
+                 exit_status: Callable[[int], int | None] | None = None, run: str | None = None) -> int:
+    """Forward every dead spool of this job and store to its rank's stream; returns how
+    many.  ``open_writer(rank, incarnation)`` gives a writer appending to that stream;
+    ``exit_status(pid)`` the launcher's view of a process's exit (negative: the signal that
+    killed it), which names a death the process could not record itself (SIGKILL).  A
+    rank of a running job forwards its own run's spools only (``run``): an earlier run
+    under the same job id is not its to mix in."""
+    done = 0
+    for path in dead_spools(job, store, own, run):
+        with _claimed(path) as fd:
+            if fd is None:
+                continue  # another forwarder took it meanwhile
+            img = read(path)
+            if img is None or img.flags & CLOSED:
+                _remove(path)
+                continue
+            rank = img.rank if img.rank >= 0 else img.identity.get("rank")
+            if not isinstance(rank, int) or rank < 0:
+                _remove(path)
+                continue
+            if img.flags & FORWARDED:  # records already in the store: only the launcher can add more
+                lines = []
+            else:
+                lines = remnant_lines(img, rank, with_meta=not img.flags & META_STORED)
+            known = any(b'"type":"exit"' in line for line in lines)
+            if exit_status is not None and not known:
+                status = exit_status(img.pid)
+                if status is not None:
+                    lines.append(orjson.dumps(launcher_exit(rank, status)))
+                    known = True
+            if lines:
+                try:
+                    writer = open_writer(rank, img.incarnation)
+                    if not _same_run(writer, img.identity.get("run")):
+                        writer.close()
+                        continue  # that stream is another run's (a job id used twice): not ours to mix in
+                except Exception:
+                    continue  # the store is not reachable (or writable) from here: left for someone else
+                try:
+                    writer.write(lines)
+                except Exception:
+                    continue
+                finally:
+                    writer.close()
+            os.pwrite(fd, _U64.pack(img.end), OFF_TAIL)
+            if known or _age(path) > TOMBSTONE_AGE_S:
+                os.pwrite(fd, struct.pack("<I", img.flags | CLOSED), OFF_FLAGS)
+                _remove(path)
+            elif not img.flags & FORWARDED:
+                # SIGKILL or the OOM killer: nothing in the process could say so.  Keep the header
+                # (its pid) as a tombstone so the launcher, which sees the exit status, can.
+                os.pwrite(fd, struct.pack("<I", img.flags | FORWARDED | META_STORED), OFF_FLAGS)
+                os.ftruncate(fd, HEADER_SIZE)
+            else:
+                continue
+            done += 1
+    return done
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def forward_orphans(exit_status: Callable[[int], int | None] | None = None,
+                    stores: Callable[[str], str | None] | None = None, only: str | None = None) -> int:
+    """Forward every dead spool on this host whose store can be named: a launcher whose
+    command ended.  ``stores(store_id)`` gives the launcher's own store (with its
+    credentials) when it is that one; otherwise the spool's own record of its store is
+    used, unless it had to hide a password.  ``only``: spools of that store (a reader
+    that found no job there: its ranks may never have reached it).  Returns how many
+    were forwarded."""
+    from commscope.store import open_writer
+
+    done = 0
+    seen: set[tuple[str, str]] = set()
+    for d in spool_dirs():
+        for p in _spools(d):
+            ident = _identity(p)
+            job, sid = ident.get("job"), ident.get("store_id")
+            if not isinstance(job, str) or not isinstance(sid, str) or (job, sid) in seen:
+                continue
+            if only is not None and sid != only:
+                continue
+            store = (stores(sid) if stores is not None else None) or ident.get("store")
+            if not isinstance(store, str) or "***" in store or store_id(store) != sid:
+                continue
+            seen.add((job, sid))
+
+            def writer(rank: int, inc: int, store: str = store, job: str = job) -> Any:
+                return open_writer(store, job, rank, incarnation=inc, resume=True, connect_timeout=2.0)
+
+            done += forward_dead(job, store, writer, exit_status=exit_status)
+    return done
+
+
+def _same_run(writer: Any, run: Any) -> bool:
+    """The stream the writer appends to is empty, or belongs to ``run`` (its meta says so)."""
+    first = getattr(writer, "first_event", None)
+    if first is None or not isinstance(run, str) or run == "?":
+        return True
+    ev = first()
+    return ev is None or ev.get("run") in (None, run)
+
+
+def launcher_exit(rank: int, status: int) -> dict:
+    """The ``exit`` a launcher writes for a rank it saw die: negative status, a signal."""
+    ev: dict[str, Any] = {"type": "exit", "v": SCHEMA_VERSION, "rank": rank, "ts": time.time_ns(), "src": "launcher"}
+    if status < 0:
+        ev.update(reason="killed", signal=signal_name(-status))
+    else:
+        ev.update(reason="exit", code=status)
+    return ev
+
+
+def _remove(path: Path) -> None:
+    for p in (path, path.with_suffix(CRASH_SUFFIX)):
+        with contextlib.suppress(OSError):
+            os.unlink(p)
+
+
+def remnant_events(job: str, store: str) -> list[tuple[int, int, list[bytes]]]:
+    """(rank, incarnation, encoded events) of every dead spool of this job and store, read
+    without forwarding (a reader that may not write to the store)."""
+    out = []
+    for path in dead_spools(job, store):
+        img = read(path)
+        if img is None or img.flags & (CLOSED | FORWARDED):
+            continue
+        rank = img.rank if img.rank >= 0 else img.identity.get("rank")
+        if isinstance(rank, int) and rank >= 0:
+            out.append((rank, img.incarnation, remnant_lines(img, rank, with_meta=False)))
+    return out
+

@@ -1,0 +1,80 @@
+"""Rank functions for the death matrix (module level: pickled by reference).  How a rank
+dies (``die``) is the one ``commscope bench deaths`` uses.
+
+Rank 1 dies of ``cause`` at ``moment``; before it dies it writes how many ops it issued
+(its own count) to ``count_path``, which the test compares with what the trace holds.
+Rank 0 runs on until its collective fails.  No sleep synchronises anything: the sleeps in
+``mid_run`` only give the recorder thread time to drain some ticks, as a real job would.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from commscope.bench.deaths import die
+
+CAUSES = ("abort", "segfault", "sigkill", "os_exit", "exception", "terminate")
+MOMENTS = ("after_init", "first_tick", "mid_run", "after_op")
+MID = 30  # ops before a mid-run death
+
+#: What the trace must say about each cause: the finding's kind and a word of its cause.
+EXPECT = {
+    "abort": ("rank_crashed", "SIGABRT (Aborted)"),
+    "segfault": ("rank_crashed", "SIGSEGV (Segmentation fault)"),
+    "sigkill": ("dead_rank", "killed by SIGKILL"),
+    "os_exit": ("dead_rank", "os._exit(3)"),
+    "exception": ("rank_crashed", "RuntimeError: rank 1 gave up"),
+    "terminate": ("rank_crashed", "gloo::EnforceNotMet: sizes differ"),
+    "sigterm": ("dead_rank", "killed by SIGTERM"),
+}
+#: The Python recorder has no C++ in the process to hook ``std::terminate``: it sees the abort.
+EXPECT_PYTHON = {**EXPECT, "terminate": ("rank_crashed", "SIGABRT (Aborted)")}
+
+
+def dying(rank: int, ws: int, store: str, cause: str, moment: str, count_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import commscope
+
+    commscope.instrument(store, sample_interval=0.2, hang_after=60.0, flight_recorder=False)
+    t = torch.ones(16)
+    issued = 0
+
+    def own_count(n: int) -> None:
+        with open(count_path + ".tmp", "w") as f:
+            f.write(str(n))
+        os.replace(count_path + ".tmp", count_path)
+
+    last = {"after_init": 0, "first_tick": 3, "mid_run": MID, "after_op": MID}[moment]
+    for step in range(400):
+        if rank == 1 and step == last:
+            if moment == "mid_run":  # one async op still in flight when it dies
+                dist.all_reduce(t, async_op=True)
+                issued += 1
+            own_count(issued)
+            die(cause)
+        dist.all_reduce(t)
+        issued += 1
+        if moment in ("mid_run", "after_op") and step == MID // 2:
+            time.sleep(0.3)  # the recorder drains a few ticks: the death finds a half-sent ring
+    commscope.uninstrument()
+
+
+def skipping(rank: int, ws: int, store: str) -> None:
+    """The commonest DDP bug: rank 2 skips the loss all_reduce of one batch.  Its next
+    all_reduce (the big gradient) meets the others' small one, and Gloo aborts a rank
+    (``terminate called after throwing gloo::EnforceNotMet``)."""
+    import torch
+    import torch.distributed as dist
+
+    import commscope
+
+    commscope.instrument(store, sample_interval=0.2, hang_after=60.0, flight_recorder=False)
+    grad, loss = torch.ones(100_000), torch.ones(10)
+    for step in range(60):
+        dist.all_reduce(grad)
+        if not (rank == 2 and step == 20):
+            dist.all_reduce(loss)
+    commscope.uninstrument()

@@ -1,0 +1,106 @@
+"""The death matrix: a rank dies of every cause at every moment, on both stores and both
+recorders, and the trace says exactly what happened.
+
+Cause (abort, segfault, SIGKILL, ``os._exit``, uncaught exception, C++ ``std::terminate``)
+× moment (right after ``init_process_group``, inside the recorder's first tick, mid-run
+with an async op in flight, right after an op) × store (directory, Redis) × recorder
+(native, Python).  Each job is two real Gloo ranks; rank 1 dies.  Every case asserts:
+
+- one error finding, of the cause's kind, naming rank 1 and quoting the cause;
+- no survivor blamed: rank 0 is never a culprit, and no ``trace_incomplete`` appears;
+- nothing lost: the trace holds exactly as many ops of rank 1 as it issued (its own
+  count, written just before it died), and the reader skipped nothing.
+
+The spool makes even SIGKILL lossless: whoever finds the dead spool first (the launcher
+with the exit status, rank 0's recorder, or the reader) forwards it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import death_workers as W
+import pytest
+from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
+
+from commscope.analysis.model import TraceModel
+from commscope.analysis.source import load_trace
+from commscope.cli import main as cli
+from commscope.launch import Job
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def run_death(store: str, cause: str, moment: str, recorder: str, tmp_path: Path, job: str) -> int:
+    """Run the two-rank job; return rank 1's own count of ops."""
+    count = tmp_path / "own-count"
+    env = {"COMMSCOPE_JOB": job, "COMMSCOPE_SOURCE": recorder}
+    j = Job(W.dying, 2, args=(store, cause, moment, str(count)), env=env, pg_timeout=30).start()
+    results = j.join(90)
+    assert results[1].exitcode != 0, f"rank 1 did not die of {cause}: {results[1]}"
+    return int(count.read_text())
+
+
+def check_json(store: str, capsys) -> tuple[int, dict]:
+    capsys.readouterr()
+    rc = cli(["check", store, "--json", "--hang-after", "60"])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def assert_diagnosed(store: str, cause: str, own: int, capsys, recorder: str = "native") -> None:
+    kind, word = (W.EXPECT_PYTHON if recorder == "python" else W.EXPECT)[cause]
+    rc, out = check_json(store, capsys)
+    errors = [f for f in out["findings"] if f["severity"] == "error"]
+    assert rc == 1
+    assert [(f["kind"], f["culprits"]) for f in errors] == [(kind, [1])], errors
+    assert word in errors[0]["message"], errors[0]["message"]
+    assert all(0 not in f["culprits"] for f in out["findings"]), out["findings"]
+    assert not [f for f in out["findings"] if f["kind"] == "trace_incomplete"], out["findings"]
+    skipped = out["skipped"]
+    assert (skipped["damaged"], skipped["invalid"], skipped["store_missing"]) == (0, 0, 0), skipped
+    model, _reader, _warnings = load_trace(store)
+    assert isinstance(model, TraceModel)
+    assert model.n_ops(1) == own, f"rank 1 issued {own} ops, the trace holds {model.n_ops(1)}"
+    assert model.ranks[1].dropped == 0
+
+
+@pytest.mark.parametrize("recorder", ["native", "python"])
+@pytest.mark.parametrize("moment", W.MOMENTS)
+@pytest.mark.parametrize("cause", W.CAUSES)
+def test_death_directory(cause, moment, recorder, tmp_path, capsys):
+    store = str(tmp_path / "trace")
+    own = run_death(store, cause, moment, recorder, tmp_path, "death")
+    assert_diagnosed(store, cause, own, capsys, recorder)
+
+
+@pytest.mark.parametrize("recorder", ["native", "python"])
+@pytest.mark.parametrize("moment", W.MOMENTS)
+@pytest.mark.parametrize("cause", W.CAUSES)
+def test_death_redis(cause, moment, recorder, redis_url, tmp_path, capsys):
+    own = run_death(redis_url, cause, moment, recorder, tmp_path, "death")
+    assert_diagnosed(redis_url, cause, own, capsys, recorder)
+
+
+@pytest.mark.parametrize("cause", ["sigterm"])
+def test_sigterm_is_a_killing(cause, tmp_path, capsys):
+    """SIGTERM (what a launcher sends first) is noted by the rank itself."""
+    store = str(tmp_path / "trace")
+    own = run_death(store, cause, "mid_run", "native", tmp_path, "death")
+    assert_diagnosed(store, cause, own, capsys)
+
+
+def test_skipped_all_reduce_names_the_skipping_rank(tmp_path, capsys):
+    """Gloo aborts a rank that did nothing wrong; the finding names the rank that skipped
+    (the odd one out by majority), quotes the backend's message, and folds the abort in."""
+    store = str(tmp_path / "trace")
+    results = Job(W.skipping, 3, args=(store,), env={"COMMSCOPE_JOB": "skip"}, pg_timeout=30).start().join(90)
+    assert any(r.exitcode == -6 for r in results.values()), results  # the backend aborted someone
+    rc, out = check_json(store, capsys)
+    errors = [f for f in out["findings"] if f["severity"] == "error"]
+    assert rc == 1
+    assert [(f["kind"], f["culprits"]) for f in errors] == [("collective_mismatch", [2])], errors
+    assert "EnforceNotMet" in errors[0]["message"], errors[0]["message"]
+    aborted = [c for c in errors[0]["evidence"]["consequences"] if c["kind"] == "rank_crashed" and c.get("signal")]
+    assert aborted and all(c["culprits"] != [2] for c in aborted), aborted
+    assert not [f for f in out["findings"] if f["kind"] == "trace_incomplete"], out["findings"]

@@ -1,0 +1,82 @@
+"""The spool: the file a rank's records wait in until the store has them.
+
+Its header layout is shared by the C++ recorder and the Python reader (one layout, checked
+here against the native module's own); a dead rank's spool is found by anyone (the lock
+its owner held is free), forwarded once, and a rank that died without a word (SIGKILL)
+leaves a tombstone until its launcher, the one that saw the exit status, names the death.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from commscope.record import native
+from commscope.store import open_reader, open_writer, spool
+
+
+def test_header_layout_is_the_native_recorder_s():
+    mod = native.load()
+    if mod is None:
+        pytest.fail("the native recorder did not build here")
+    assert mod.spool_layout() == spool.LAYOUT
+
+
+CHILD = """
+import os, signal, sys
+from commscope.store import spool
+sp = spool.Spool.create({"job": "tomb", "store_id": spool.store_id(sys.argv[1]), "store": sys.argv[1],
+                         "rank": 1, "inc": 0, "run": "r1", "host": "h", "pid": os.getpid()}, ring=1 << 16)
+print(sp.path, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def killed_spool(store: str) -> tuple[Path, int]:
+    """A spool whose owner was SIGKILLed: (its path, the owner's pid)."""
+    p = subprocess.run([sys.executable, "-c", CHILD, store], capture_output=True, text=True)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    path = Path(p.stdout.strip())
+    assert path.exists() and oct(path.stat().st_mode & 0o777) == "0o600"
+    return path, int(path.name.split("-")[0])
+
+
+def test_a_silent_death_leaves_a_tombstone_for_its_launcher(tmp_path):
+    store = str(tmp_path / "trace")
+    open_writer(store, "tomb", 0, {"world_size": 2}).close()
+    path, pid = killed_spool(store)
+
+    def writer(rank: int, inc: int):
+        return open_writer(store, "tomb", rank, incarnation=inc, resume=True)
+
+    # A sibling or a reader forwards what it holds but cannot say how the rank died.
+    assert spool.forward_dead("tomb", store, writer) == 1
+    assert path.exists() and path.stat().st_size == spool.HEADER_SIZE  # the ring's memory is given back
+    assert spool.read(path).flags & spool.FORWARDED
+    assert spool.forward_dead("tomb", store, writer) == 0  # nothing more to forward: left for the launcher
+    # The launcher saw the exit status: the death gets its cause, the tombstone goes.
+    assert spool.forward_orphans(exit_status={pid: -signal.SIGKILL}.get) == 1
+    assert not path.exists()
+    exits = [e for e in open_reader(f"{store}/tomb").read_all() if e["type"] == "exit"]
+    assert [(e["rank"], e["reason"], e["signal"], e["src"]) for e in exits] == [(1, "killed", "Killed", "launcher")]
+
+
+def test_a_launcher_forwards_a_killed_rank_s_spool_with_its_cause(tmp_path):
+    store = str(tmp_path / "trace")
+    open_writer(store, "tomb", 0, {"world_size": 2}).close()
+    path, pid = killed_spool(store)
+    assert spool.forward_orphans(exit_status={pid: -signal.SIGKILL}.get) == 1
+    assert not path.exists()
+    events = [e for e in open_reader(f"{store}/tomb").read_all() if e["rank"] == 1]
+    # it recorded nothing before it died: all there is to say is how it died
+    assert [(e["type"], e.get("reason"), e.get("signal")) for e in events] == [("exit", "killed", "Killed")]
+
+
+def test_spool_directory_is_private():
+    d = spool.spool_dirs()[0]
+    assert d.stat().st_mode & 0o077 == 0 and d.stat().st_uid == os.getuid()
