@@ -20,6 +20,13 @@ TRAIN = textwrap.dedent("""
     import gc  # DDP sits in reference cycles, so collect them now
     gc.collect()
     dist.destroy_process_group()
+    # Even so, about 1 run in 15 on 2 loaded cores still died at interpreter teardown, after
+    # all of the above ("terminate called without an active exception", SIGABRT: a backend
+    # thread still joinable in a static destructor). Nothing is left to record by then,
+    # and this test is about what commscope run records, so skip the teardown.
+    import os, sys
+    sys.stdout.flush()
+    os._exit(0)
 """)
 
 
