@@ -83,7 +83,7 @@ class Recorder:
         self.pid = os.getpid()
         self._warned: set[str] = set()
         # encoded events on their way to the store; op records wait in the spool's ring
-        self.outbox = Outbox(self.warn, on_forwarded=lambda end: self.ops.forwarded(end))
+        self.outbox = self._new_outbox()
         self._early: deque[dict] = deque()  # events from before the rank is known
         self._records_reported = 0
         self._dropped_reported = 0
@@ -151,9 +151,7 @@ class Recorder:
             self.need_job = self.job is None
             if self.need_job and hasattr(self.ops, "request_settle"):
                 self.ops.request_settle()
-            for ev in self._early:
-                self._emit(ev)
-            self._early.clear()
+            self._flush_early()
             if self.job is not None:
                 self.outbox._retry_at = 0.0
                 if self._open_writer(timeout=self.OPEN_TIMEOUT_S) and self.outbox.write_once() and self.spool:
@@ -164,9 +162,19 @@ class Recorder:
         """Before a new incarnation: everything of the last one to its stream (its ``exit``
         was written at destroy_process_group), its writer and spool closed.  Under the tick lock."""
         self._do_tick(final=True)
-        self.outbox = Outbox(self.warn, on_forwarded=lambda end: self.ops.forwarded(end))
+        self.outbox = self._new_outbox()
         self.exited, self._exit, self.crash = False, None, None
         self._spool_tried = False
+
+    def _new_outbox(self) -> Outbox:
+        """An incarnation's outbox: a block it hands to the store frees the ring up to its end."""
+        return Outbox(self.warn, on_forwarded=lambda end: self.ops.forwarded(end))
+
+    def _flush_early(self) -> None:
+        """Events made before the rank was known, emitted now that it is."""
+        for ev in self._early:
+            self._emit(ev)
+        self._early.clear()
 
     def on_destroyed(self) -> None:
         """``destroy_process_group()`` returned: the incarnation ends (its exit is written)."""
@@ -295,9 +303,7 @@ class Recorder:
         now = time.time_ns()
         if self.rank is None and dist.is_available() and dist.is_initialized():
             self.rank = dist.get_rank()
-            for ev in self._early:
-                self._emit(ev)
-            self._early.clear()
+            self._flush_early()
         emit = self._emit
         # While the store fails, op records wait in the spool's ring (bounded by its size).
         drain = final or not self.outbox.backing_off()

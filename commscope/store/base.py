@@ -118,6 +118,12 @@ def store_lost(rank: int, entries: int, why: str) -> bytes:
                          "entries": entries, "reason": f"{STORE_LOST}: {why}"})
 
 
+def meta_line(lines: list[bytes]) -> bytes | None:
+    """The rank's ``meta`` among the first lines a writer is given (it comes first), kept
+    to be stated again after a ``store_lost`` marker."""
+    return next((x for x in lines[:4] if b'"type":"meta"' in x), None)
+
+
 def is_store_lost(line: bytes) -> bool:
     return b'"reason":"' + STORE_LOST.encode() in line
 

@@ -36,6 +36,7 @@ from commscope.store.base import (
     TraceReader,
     check_job_name,
     is_job_name,
+    meta_line,
     store_lost,
 )
 from commscope.store.crashlog import CrashFiles
@@ -137,7 +138,7 @@ class DirectoryWriter:
         lead = b""
         extra: list[bytes] = []
         if self._meta_line is None:
-            self._meta_line = next((x for x in lines[:4] if b'"type":"meta"' in x), None)
+            self._meta_line = meta_line(lines)
         try:
             if self._fd is None or os.fstat(self._fd).st_nlink == 0:
                 # The store was deleted under us: recreate it rather than write into an

@@ -38,7 +38,15 @@ from commscope import events
 from commscope.blocks import BlockDecoder, expand_decoded
 from commscope.events import Decoded, Event, decode_lines, gc_paused
 from commscope.schema import decode_job
-from commscope.store.base import ReadStats, StoreError, TraceReader, is_job_name, is_store_lost, store_lost
+from commscope.store.base import (
+    ReadStats,
+    StoreError,
+    TraceReader,
+    is_job_name,
+    is_store_lost,
+    meta_line,
+    store_lost,
+)
 from commscope.store.redis_url import RedisTarget, parse_url, redact_text, redact_url, scrub
 from commscope.store.resp import Connection, RedisAuthError, ReplyError
 
@@ -340,7 +348,7 @@ class RedisWriter:
         done = 0  # leading lines known to be stored
         reason = "?"
         if self._meta_line is None:
-            self._meta_line = next((x for x in lines[:4] if b'"type":"meta"' in x), None)
+            self._meta_line = meta_line(lines)
         try:
             for _attempt in range(2):  # one immediate reconnect, e.g. after an idle-timeout close
                 try:

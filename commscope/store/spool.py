@@ -447,7 +447,6 @@ def dead_spools(job: str, store: str, own: set[Path] = frozenset(), run: str | N
     directory.  Dead spools of any job older than MAX_AGE_S are removed on the way."""
     sid = store_id(store)
     out = []
-    now = time.time()
     for d in spool_dirs():
         for p in _spools(d):
             if p in own:
@@ -455,10 +454,7 @@ def dead_spools(job: str, store: str, own: set[Path] = frozenset(), run: str | N
             img_ident = _identity(p)
             mine = (img_ident.get("job") == job and img_ident.get("store_id") == sid
                     and (run is None or img_ident.get("run") == run))
-            try:
-                old = now - os.stat(p).st_mtime > MAX_AGE_S
-            except OSError:
-                continue
+            old = _age(p) > MAX_AGE_S
             if not mine and not old:
                 continue
             with _claimed(p) as fd:

@@ -1631,16 +1631,22 @@ std::pair<uint64_t, uint64_t> build_block(uint64_t start, uint64_t end) {
   return {n, end};
 }
 
+// What a drain covers: from the last drained position to the published head, and the
+// records dropped since the last drain (the count is taken: reported once).
+struct Pending {
+  uint64_t start, head, dropped;
+};
+
+Pending take_pending() {
+  Recording g;
+  Pending p{S->drained, S->published, S->dropped};
+  S->dropped = 0;
+  return p;
+}
+
 // drain() -> (packed records with the table records they use, records, dropped, end position)
 PyObject* py_drain(PyObject*, PyObject*) {
-  uint64_t start, head, dropped;
-  {
-    Recording g;
-    start = S->drained;
-    head = S->published;
-    dropped = S->dropped;
-    S->dropped = 0;
-  }
+  auto [start, head, dropped] = take_pending();
   S->scratch.clear();
   auto [n, end] = build_block(start, head);
   S->drained = end;
@@ -1790,14 +1796,7 @@ PyObject* py_drain_block(PyObject*, PyObject* args) {
   long long rank, ts;
   int version;
   if (!PyArg_ParseTuple(args, "LLi", &rank, &ts, &version)) return nullptr;
-  uint64_t start, head, dropped;
-  {
-    Recording g;
-    start = S->drained;
-    head = S->published;
-    dropped = S->dropped;
-    S->dropped = 0;
-  }
+  auto [start, head, dropped] = take_pending();
   if (start == head) return Py_BuildValue("(OKKK)", Py_None, 0ULL, (unsigned long long)dropped, (unsigned long long)start);
   ByteBuf& out = S->scratch;
   out.clear();
