@@ -39,6 +39,7 @@ import orjson
 
 from commscope import dtypes, schema
 from commscope.events import Decoded, signature_key
+from commscope.redact import mask, redact
 from commscope.schema import MAX_INT, SCHEMA_VERSION
 
 BLOCK = "block"
@@ -112,6 +113,47 @@ def records_in_line(line: bytes) -> int:
         return 0
     digits = head[at + 4:].split(b",", 1)[0]
     return int(digits) if digits.isdigit() else 0
+
+
+#: Records whose body is a u16-length text (an error message, a call site).
+_TEXT_RECORDS = frozenset({END, WAIT_END, SITE_REC})
+
+
+def mask_texts(data: bytes) -> bytes:
+    """Packed records with the credentials in their texts (error messages, call sites)
+    masked in place (``redact.mask``): no record changes length, so ring positions and
+    counts hold."""
+    out: bytearray | None = None
+    off, size = 0, len(data)
+    while off + HEADER.size <= size:
+        typ, _flags, _aux, length = HEADER.unpack_from(data, off)[:4]
+        if length < HEADER.size or off + length > size:
+            break
+        body = off + HEADER.size
+        if typ in _TEXT_RECORDS and body + 2 <= off + length:
+            n = min(_U16.unpack_from(data, body)[0], off + length - body - 2)
+            text = bytes(data[body + 2:body + 2 + n])
+            hidden = mask(text)
+            if hidden != text:
+                if out is None:
+                    out = bytearray(data)
+                out[body + 2:body + 2 + n] = hidden
+        off += length
+    return data if out is None else bytes(out)
+
+
+def mask_line(line: bytes) -> bytes:
+    """An encoded ``block`` line (``encode_block``, the native drain) with ``mask_texts``
+    applied to its records; any other line unchanged."""
+    at = line.find(b'"data":"')
+    if not line.startswith(LINE_PREFIX) or at < 0 or not line.endswith(b'"}'):
+        return line
+    try:
+        data = base64.b64decode(line[at + 8:-2], validate=True)
+    except (binascii.Error, ValueError):
+        return line
+    hidden = mask_texts(data)
+    return line if hidden is data else line[:at + 8] + base64.b64encode(hidden) + b'"}'
 
 
 def count_records(data: bytes) -> int:
@@ -192,7 +234,7 @@ class BlockDecoder:
                 self._by_sig.pop(key, None)
         elif typ == SITE_REC:
             n = _U16.unpack_from(raw, body)[0]
-            text = raw[body + 2:body + 2 + n].decode("utf-8", "replace")
+            text = redact(raw[body + 2:body + 2 + n].decode("utf-8", "replace"))
             if self.sites.get(key) != text and (key in self.sites or len(self.sites) < 200_000):
                 self.sites[key] = text
                 self._static.clear()  # decoded begins carry the text
@@ -270,7 +312,7 @@ class BlockDecoder:
                     e = {"type": "op", "ts": ts, "phase": "end" if typ == END else "wait_end", "id": op_id}
                     if flags & ERROR:
                         n = _U16.unpack_from(raw, body)[0]
-                        e["exc"] = raw[body + 2:body + 2 + n].decode("utf-8", "replace") or "error"
+                        e["exc"] = redact(raw[body + 2:body + 2 + n].decode("utf-8", "replace")) or "error"
                     if flags & APPROX:
                         e["approx"] = True
                 elif typ == BEGIN_SIG:

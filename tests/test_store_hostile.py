@@ -19,9 +19,10 @@ from trace_helpers import of_type, read_events
 
 import commscope
 from commscope.launch import run_ranks
-from commscope.store import StoreError, open_reader, redact_args
+from commscope.redact import redact, redact_args
+from commscope.store import StoreError, open_reader
 from commscope.store.directory import DirectoryWriter
-from commscope.store.redis_url import parse_url, redact_text, redact_url
+from commscope.store.redis_url import parse_url
 
 
 def commscope_cli(*args: str, cwd=None, env=None, timeout=120) -> subprocess.CompletedProcess:
@@ -142,7 +143,7 @@ LEAKY = [
 
 @pytest.mark.parametrize("url", LEAKY)
 def test_every_spelling_of_the_password_is_redacted(url):
-    for text in (redact_url(url), redact_text(f"--store={url}"), redact_text(f"x {url} y"),
+    for text in (redact(url), redact(f"--store={url}"), redact(f"x {url} y"),
                  *redact_args(["train.py", f"--x={url}", url])[1:]):
         assert SECRET not in text and SECRET.replace("-", "%2D") not in text and "***" in text, text
 

@@ -9,7 +9,8 @@ from commscope.analysis.flight_import import FlightRecorderReader, looks_like_fr
 from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import absent, ranges
 from commscope.errors import UsageError
-from commscope.store import ReadStats, StoreError, TraceReader, default_store, is_redis, open_reader, redact
+from commscope.redact import redact
+from commscope.store import ReadStats, StoreError, TraceReader, default_store, is_redis, open_reader
 
 
 def open_source(path_or_url: str | os.PathLike | None, *, wait: bool = False) -> TraceReader:

@@ -14,4 +14,5 @@ SUITES: dict[str, str] = {
     "tui": "commscope.bench.tui",
     "fuzz": "commscope.bench.fuzz",
     "deaths": "commscope.bench.deaths",
+    "redact": "commscope.bench.redact",
 }

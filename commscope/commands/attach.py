@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import argparse
 
-from commscope.store import StoreError, default_store, redact
+from commscope.redact import redact
+from commscope.store import StoreError, default_store
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

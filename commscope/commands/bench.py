@@ -2,7 +2,8 @@
 
 Suites: overhead (recorder cost), store (trace store throughput), varlen (variable-length
 collectives vs hand-written recipes), analysis (model build and diagnose), tui (frame times),
-fuzz (readers against hostile input), deaths (records lost per death, per cause).
+fuzz (readers against hostile input), deaths (records lost per death, per cause), redact
+(what hiding credentials costs).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
 from commscope.analysis.source import load_trace
 from commscope.errors import UsageError
-from commscope.store import redact
+from commscope.redact import redact
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -5,7 +5,10 @@ directory trace (or Flight Recorder dumps) into Redis.
     commscope copy 'redis://host:6379/0?job=J' ./archive   a named job
     commscope copy ./commscope-trace redis://host:6379/0   newest directory job -> Redis
 
-Events keep their per-rank order and content; the job keeps its id (--job renames it).
+Events keep their per-rank order and content, with any credential in their text redacted
+(as every reader does, so an older trace is cleaned on the way); the job keeps its id
+(--job renames it).  A directory copy is yours alone unless its source job was readable by
+your group, or --share-with-group is given.
 The destination refuses to mix with a job of the same id that is already there.  Damaged
 events in the source are skipped and counted, and a trimmed Redis trace is reported.
 The trace is read in pages, so a large one never sits in memory whole.
@@ -19,7 +22,8 @@ import time
 from typing import Any
 
 from commscope import events
-from commscope.store import StoreError, StoreWriter, TraceReader, is_redis, open_writer, redact
+from commscope.redact import redact
+from commscope.store import StoreError, StoreWriter, TraceReader, is_redis, open_writer
 from commscope.store.base import is_job_name
 
 PAGE_BYTES = 16 << 20
@@ -31,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dst", help="destination: directory (the job goes to DST/JOB/) or redis://... URL")
     p.add_argument("--job", metavar="NAME", default=None,
                    help="job id in the destination (default: the source's job id)")
+    p.add_argument("--share-with-group", action="store_true",
+                   help="make the copy (a directory store) readable by your group; without it the copy keeps "
+                        "the source's modes (a Redis source: private to you)")
     p.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
                    help="progress bar on stderr (auto: large traces on a terminal)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary line")
@@ -57,6 +64,16 @@ def _dest_job(args: argparse.Namespace, meta: dict, src_reader: Any) -> str:
     return sanitize(str(job))
 
 
+def _share(args: argparse.Namespace, reader: Any) -> bool:
+    """Whether the copy is group-readable: asked for, or a directory job that was."""
+    from commscope.store.directory import GROUP, DirectoryReader, modes_of
+
+    if args.share_with_group:
+        return True
+    job_dir = reader.job_dir if isinstance(reader, DirectoryReader) else None
+    return job_dir is not None and modes_of(job_dir) == GROUP
+
+
 def _size(reader: Any) -> tuple[int, str]:
     """What the progress bar counts to: stored entries (Redis) or file bytes (directory)."""
     try:
@@ -70,8 +87,9 @@ def _size(reader: Any) -> tuple[int, str]:
 
 
 def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any = None, task: Any = None,
-               unit: str = "events") -> dict[int, int]:
-    """Copy every event ``src`` still has into job ``job`` of store ``dst``; events per rank."""
+               unit: str = "events", share: bool | None = None) -> dict[int, int]:
+    """Copy every event ``src`` still has into job ``job`` of store ``dst``; events per rank.
+    ``share``: the copy is readable by the group (``open_writer``)."""
     writers: dict[int, StoreWriter] = {}
     copied: dict[int, int] = {}
     job_meta = {k: v for k, v in meta.items() if k not in ("job", "maxlen")}
@@ -94,7 +112,7 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
             for rank in sorted(by_rank):
                 w = writers.get(rank)
                 if w is None:
-                    w = writers[rank] = open_writer(dst, job, rank, job_meta)
+                    w = writers[rank] = open_writer(dst, job, rank, job_meta, share=share)
                 w.write(by_rank[rank])
                 copied[rank] = copied.get(rank, 0) + len(by_rank[rank])
             if progress is not None:
@@ -121,6 +139,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         meta = reader.job() or {}
         job = _dest_job(args, meta, reader)
+        share = _share(args, reader)
         total, unit = _size(reader)
         show = args.progress == "always" or (args.progress == "auto" and total >= PROGRESS_MIN * (
             300 if unit == "bytes" else 1) and sys.stderr.isatty())
@@ -132,9 +151,9 @@ def main(args: argparse.Namespace) -> int:
                        TimeRemainingColumn()]
             with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
                 task = progress.add_task(f"job {job}", total=total or None)
-                copied = copy_trace(reader, args.dst, job, meta, progress, task, unit)
+                copied = copy_trace(reader, args.dst, job, meta, progress, task, unit, share=share)
         else:
-            copied = copy_trace(reader, args.dst, job, meta)
+            copied = copy_trace(reader, args.dst, job, meta, share=share)
     except StoreError as exc:
         if "refusing to mix" in str(exc):
             raise UsageError(f"{exc} (use --job NEW to copy under another id)") from None

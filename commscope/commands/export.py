@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from commscope.analysis.chrome import chrome_trace
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
@@ -17,7 +18,7 @@ from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", nargs="?", default=None,
                    help="trace store (directory or redis://...) or Flight Recorder dump directory")
-    p.add_argument("--chrome", metavar="FILE", required=True, help="write Chrome trace JSON here ('-' = stdout)")
+    p.add_argument("--chrome", metavar="FILE", required=True, help="write Chrome trace JSON here ('-' = stdout); a new file is readable by you alone")
     p.add_argument("--hang-after", type=float, default=None, metavar="SECONDS",
                    help="for the findings marked in the trace")
 
@@ -41,7 +42,9 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(text + "\n")
         return 0
     try:
-        with open(args.chrome, "w") as f:
+        # a new file is the owner's alone, as the store it came from (one that exists keeps its mode)
+        fd = os.open(args.chrome, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
             f.write(text)
     except OSError as exc:
         raise UsageError(f"cannot write {args.chrome}: {exc.strerror or exc}") from None

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from commscope.store import StoreError, redact
+from commscope.redact import redact
+from commscope.store import StoreError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from commscope.analysis.report import compute_report
 from commscope.bench.stats import fmt_bytes, fmt_time
-from commscope.store import redact
+from commscope.redact import redact
 
 NONE = "—"  # no value: no timed op, or nothing to measure
 SEP = "  "

@@ -17,8 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from commscope.store import ENV_STORE, default_store, is_redis, redact
+from commscope.redact import redact
+from commscope.store import ENV_STORE, default_store, is_redis
 from commscope.store.base import is_job_name
+from commscope.store.directory import ENV_SHARE
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "record" / "bootstrap"
 
@@ -33,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-flight-recorder", action="store_true",
                    help="never enable PyTorch's Flight Recorder (only the Python recorder uses it, for "
                         "collectives issued from C++ such as DDP's)")
+    p.add_argument("--share-with-group", action="store_true",
+                   help="a directory store's trace is readable by your group (default: by you alone; "
+                        "sets $COMMSCOPE_SHARE_WITH_GROUP for the ranks)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
 
 
@@ -51,6 +56,8 @@ def build_env(args: argparse.Namespace, base: dict[str, str] | None = None, nati
         env["COMMSCOPE_JOB"] = args.job
     if args.sample_interval is not None:
         env["COMMSCOPE_SAMPLE_INTERVAL"] = str(args.sample_interval)
+    if getattr(args, "share_with_group", False):
+        env[ENV_SHARE] = "1"
     if args.no_flight_recorder:
         env["COMMSCOPE_FLIGHT_RECORDER"] = "0"
     elif not native:

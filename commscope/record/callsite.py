@@ -10,6 +10,8 @@ from types import CodeType, FrameType
 
 import torch
 
+from commscope.redact import redact
+
 _INTERNAL_DIRS = (
     os.path.dirname(torch.__file__) + os.sep,
     os.path.dirname(os.path.abspath(__file__)) + os.sep,  # commscope/record/
@@ -60,8 +62,9 @@ def line_of(code: CodeType, lasti: int) -> int:
 
 
 def code_site(code: CodeType, lasti: int) -> str:
-    """``file:line in function`` of an instruction offset in a code object."""
-    return f"{code.co_filename}:{line_of(code, lasti)} in {code.co_name}"
+    """``file:line in function`` of an instruction offset in a code object (redacted: it
+    becomes a trace's call site; asked once per site)."""
+    return redact(f"{code.co_filename}:{line_of(code, lasti)} in {code.co_name}")
 
 
 def is_internal(code: CodeType) -> bool:

@@ -67,9 +67,11 @@ class NativeOps:
             self._note_group(name)
         if not drain:
             return
-        line, _count, dropped, end = m.drain_block(rank, now, SCHEMA_VERSION)  # encoded without the GIL
+        line, _count, dropped, end, texts = m.drain_block(rank, now, SCHEMA_VERSION)  # encoded without the GIL
         self._dropped += dropped
         if line is not None:
+            if texts:  # an op failed: its error message may quote a credential (rare: decoded only then)
+                line = blocks.mask_line(line)
             out(line, end)
 
     def _note_group(self, name: str) -> None:

@@ -34,6 +34,7 @@ from commscope.record.ops import begin_fields
 from commscope.record.pyencode import QueueEncoder
 from commscope.record.pyqueue import QueuedBegin, QueuedEnd, QueuedTaken, QueuedWait
 from commscope.record.pyspool import PyRing
+from commscope.redact import redact
 from commscope.store import spool
 
 _time_ns = time.time_ns
@@ -95,8 +96,12 @@ class _OpStack(threading.local):
 
 
 def fmt_exc(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    """``Type: message`` of an exception, redacted: its message may quote a credential."""
+    try:
+        text = str(exc)
+    except Exception:  # a broken __str__ must not break the op that raised
+        text = ""
+    return redact(f"{type(exc).__name__}: {text}") if text else type(exc).__name__
 
 
 class PythonOps:

@@ -35,7 +35,9 @@ from commscope.events import encode as _dumps
 from commscope.record import callsite, crashlog, hangsignal, jobid, native
 from commscope.record.outbox import Outbox
 from commscope.record.probes import ResourceProbe
-from commscope.store import StoreError, default_store, is_redis, open_writer, redact, redact_args, spool
+from commscope.redact import redact, redact_args
+from commscope.schema import redact_event
+from commscope.store import StoreError, default_store, is_redis, open_writer, spool
 from commscope.store.crashlog import crash_file_name
 
 ENV_HANG_AFTER = "COMMSCOPE_HANG_AFTER"
@@ -409,6 +411,7 @@ class Recorder:
             return
         ev["v"] = events.SCHEMA_VERSION
         ev["rank"] = self.rank
+        redact_event(ev)  # stacks, exceptions, reasons: text from the program
         self.outbox.put(_dumps(ev))
 
     def _drop_reason(self) -> str:

@@ -245,8 +245,10 @@ class DemoJob:
             if store is None:
                 run_dir = Path(tempfile.mkdtemp(prefix=f"commscope-demo-{sc.name}-"))
             else:
+                from commscope.store.directory import PRIVATE, make_dirs
+
                 run_dir = Path(store).resolve() / self.job_id
-                run_dir.mkdir(parents=True, exist_ok=False)
+                make_dirs(run_dir, PRIVATE.dir)  # the owner's alone, as every store is (logs too)
             self.store = str(run_dir)
             self.log_dir = str(run_dir / "logs") if logs else None
         if self.log_dir:

@@ -18,7 +18,7 @@ ENV_STORE = "COMMSCOPE_STORE"
 
 __all__ = [
     "DEFAULT_STORE", "ENV_STORE", "EmptyReader", "ReadStats", "StoreError", "StoreWriter", "TraceReader",
-    "default_store", "is_redis", "open_reader", "open_writer", "redact", "redact_args",
+    "default_store", "is_redis", "open_reader", "open_writer",
 ]
 
 
@@ -32,42 +32,21 @@ def is_redis(store: str) -> bool:
     return str(store).startswith(("redis://", "rediss://", "unix://"))
 
 
-def redact(store: str) -> str:
-    """The store name safe to print: any password replaced by ***."""
-    if is_redis(store):
-        from commscope.store.redis_url import redact_url
-
-        return redact_url(store)
-    return store
-
-
-def redact_args(args: list[str]) -> list[str]:
-    """Command-line arguments safe to record (``meta.argv``): the password of every URL in any
-    of them hidden, whatever the store, and every spelling of $COMMSCOPE_REDIS_PASSWORD."""
-    from commscope.store.redis_url import ENV_PASSWORD, redact_text
-
-    secret = os.environ.get(ENV_PASSWORD) or ""
-    out = []
-    for a in args:
-        a = redact_text(a)
-        if len(secret) >= 4 and secret in a:
-            a = a.replace(secret, "***")
-        out.append(a)
-    return out
-
-
 def open_writer(store: str | os.PathLike | None, job: str, rank: int, job_meta: dict | None = None, *,
-                incarnation: int = 0, resume: bool = False, connect_timeout: float | None = None) -> StoreWriter:
+                incarnation: int = 0, resume: bool = False, connect_timeout: float | None = None,
+                share: bool | None = None) -> StoreWriter:
     """A writer for one stream: the rank's (of its ``incarnation``).  ``resume``: append to a
     stream that exists (a forwarder sending a dead rank's last records); ``connect_timeout``:
-    give up connecting sooner than the store's own timeout (Redis)."""
+    give up connecting sooner than the store's own timeout (Redis); ``share``: a directory
+    store's new job is readable by the owner's group (None: ``$COMMSCOPE_SHARE_WITH_GROUP``;
+    a Redis store's readers are whoever its ACLs let in)."""
     name = default_store(store)
     if is_redis(name):
         from commscope.store.redis_store import RedisWriter
 
         return RedisWriter(name, job, rank, job_meta, incarnation=incarnation, resume=resume,
                            connect_timeout=connect_timeout)
-    return DirectoryWriter(Path(name), job, rank, job_meta, incarnation=incarnation, resume=resume)
+    return DirectoryWriter(Path(name), job, rank, job_meta, incarnation=incarnation, resume=resume, share=share)
 
 
 def open_reader(store: str | os.PathLike | None, *, wait: bool = False) -> TraceReader:

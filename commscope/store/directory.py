@@ -18,12 +18,14 @@ tail files from byte offsets and leave an incomplete last line for the next poll
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import stat
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import orjson
 
@@ -56,9 +58,74 @@ def rank_file_name(rank: int, incarnation: int = 0) -> str:
 Stream = tuple[int, int]
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+#: ``commscope run --share-with-group`` sets it for the ranks: stores they create are
+#: readable by the owner's group.  Otherwise a store is its owner's alone.
+ENV_SHARE = "COMMSCOPE_SHARE_WITH_GROUP"
+
+
+class Modes(NamedTuple):
+    """Permission bits of what a directory store creates (never changed on what exists)."""
+
+    dir: int
+    file: int
+
+
+PRIVATE = Modes(0o700, 0o600)
+GROUP = Modes(0o750, 0o640)
+
+
+def share_from_env() -> bool:
+    return os.environ.get(ENV_SHARE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def modes_of(directory: Path) -> Modes:
+    """The modes of a job directory's files: its own group bits say (the directory is
+    what its creator chose; every later writer follows it)."""
+    try:
+        return GROUP if os.stat(directory).st_mode & stat.S_IRGRP else PRIVATE
+    except OSError:
+        return PRIVATE
+
+
+def make_dirs(path: Path, mode: int) -> None:
+    """``path`` and its missing parents, each created with exactly ``mode`` whatever the
+    umask (a 022 umask would open a store to every local user; 0 to writing too)."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, mode)
+        except FileExistsError:
+            continue  # another rank made it: its creator set the mode
+        os.chmod(d, mode)
+
+
+def create_file(path: Path, flags: int, mode: int) -> int:
+    """Open ``path`` (``flags``), creating it with exactly ``mode`` if it does not exist."""
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, mode)
+    except FileExistsError:
+        return os.open(path, flags)
+    try:
+        os.fchmod(fd, mode)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _atomic_write(path: Path, data: bytes, mode: int) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # one a killed writer left
+    fd = create_file(tmp, os.O_WRONLY | _O_NOFOLLOW, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
     os.replace(tmp, path)
 
 
@@ -66,9 +133,11 @@ class DirectoryWriter:
     """Appends one rank's events; owned by that rank's recorder thread."""
 
     def __init__(self, root: str | os.PathLike, job: str, rank: int, job_meta: dict | None = None, *,
-                 incarnation: int = 0, resume: bool = False):
+                 incarnation: int = 0, resume: bool = False, share: bool | None = None):
         """``resume``: append to the stream of a rank that died (a forwarder sending what its
-        spool kept), instead of refusing a stream that holds events already."""
+        spool kept), instead of refusing a stream that holds events already.  ``share``:
+        a job directory this writer creates is readable by the group (None:
+        ``$COMMSCOPE_SHARE_WITH_GROUP``); one that exists keeps its modes."""
         self.root = Path(root)
         self.job = check_job_name(job)
         self.rank = rank
@@ -80,10 +149,12 @@ class DirectoryWriter:
         self._job_meta = dict(job_meta or {}, job=job)
         self._meta_line: bytes | None = None  # the rank's meta, written again into a recreated store
         self._lines = 0  # lines this writer put into the file (what a deleted store lost)
+        self.modes = GROUP if (share_from_env() if share is None else share) else PRIVATE
         try:
             if resume and not self.dir.is_dir():  # the store is gone: never recreate it for a dead rank
                 raise StoreError(f"no job {job!r} in {self.root} any more")
-            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            make_dirs(self.dir, self.modes.dir)
+            self.modes = modes_of(self.dir)
             self._open()
             size = os.fstat(self._fd).st_size
             if size > 0 and not resume:
@@ -97,8 +168,8 @@ class DirectoryWriter:
                     self._torn = f.read(1) != b"\n"
             if rank == 0 and incarnation == 0 and not resume:
                 meta = dict(job_meta or {}, job=job)
-                _atomic_write(self.dir / JOB_FILE, orjson.dumps(meta, option=orjson.OPT_INDENT_2))
-                _atomic_write(self.root / LATEST, job.encode() + b"\n")
+                _atomic_write(self.dir / JOB_FILE, orjson.dumps(meta, option=orjson.OPT_INDENT_2), self.modes.file)
+                _atomic_write(self.root / LATEST, job.encode() + b"\n", modes_of(self.root).file)
         except OSError as exc:
             self.close()
             raise StoreError(f"cannot write trace store {self.dir}: {exc.strerror or exc}") from None
@@ -120,7 +191,7 @@ class DirectoryWriter:
         """Open the rank file for appending without ever blocking: a FIFO (or any file that is
         not a regular file) in its place is refused at once instead of hanging the thread."""
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | _O_NOFOLLOW, 0o600)
+            fd = create_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | _O_NOFOLLOW, self.modes.file)
         except OSError as exc:
             if exc.errno in (errno.ENXIO, errno.ELOOP):  # a FIFO with no reader; a symlink
                 raise StoreError(f"cannot write trace store {self.path}: not a regular file") from None
@@ -144,9 +215,10 @@ class DirectoryWriter:
                 # The store was deleted under us: recreate it rather than write into an
                 # unlinked file nobody can read, and say so first: what it held is lost.
                 self.close()
-                self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                make_dirs(self.dir, self.modes.dir)
                 if not (self.dir / JOB_FILE).exists():
-                    _atomic_write(self.dir / JOB_FILE, orjson.dumps(self._job_meta, option=orjson.OPT_INDENT_2))
+                    _atomic_write(self.dir / JOB_FILE, orjson.dumps(self._job_meta, option=orjson.OPT_INDENT_2),
+                                  self.modes.file)
                 self._open()
                 self._torn = False
                 if self._lines:

@@ -37,6 +37,7 @@ import orjson
 from commscope import events
 from commscope.blocks import BlockDecoder, expand_decoded
 from commscope.events import Decoded, Event, decode_lines, gc_paused
+from commscope.redact import redact
 from commscope.schema import decode_job
 from commscope.store.base import (
     ReadStats,
@@ -47,7 +48,7 @@ from commscope.store.base import (
     meta_line,
     store_lost,
 )
-from commscope.store.redis_url import RedisTarget, parse_url, redact_text, redact_url, scrub
+from commscope.store.redis_url import RedisTarget, parse_url, scrub
 from commscope.store.resp import Connection, RedisAuthError, ReplyError
 
 #: A stream: (rank, incarnation).
@@ -329,7 +330,7 @@ class RedisWriter:
         def clean(v: Any) -> Any:
             if isinstance(v, str):
                 if "://" in v:
-                    v = redact_text(v)
+                    v = redact(v)
                 for s in secrets:
                     v = v.replace(s, "***")
                 return v
@@ -732,7 +733,7 @@ def list_jobs(url: str) -> list[tuple[str, float]]:
         flat = conn.call("ZRANGE", JOBS_KEY, 0, -1, "WITHSCORES")
     except (OSError, ReplyError) as exc:
         why = conn.why(exc) if isinstance(exc, OSError) else scrub(str(exc), conn.t)
-        raise StoreError(f"cannot list jobs in {redact_url(url)}: {why}") from None
+        raise StoreError(f"cannot list jobs in {redact(url)}: {why}") from None
     finally:
         conn.close()
     return [(flat[i].decode(), float(flat[i + 1]) / 1e6) for i in range(0, len(flat), 2)]

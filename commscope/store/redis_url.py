@@ -8,10 +8,10 @@ Accepted forms (the password is optional everywhere)::
     unix://[[user]:password@]/path/to/redis.sock[?db=N&job=...]
 
 A bare ``secret@host`` is taken as a password, not a user name: AUTH needs a password,
-and treating it as one means it is also redacted.  ``redact_url`` never raises and
-never returns the password, so anything that prints a store may call it blindly; it
-hides the user info and the value of any query key that decodes to a secret's name
-(``password``, ``pass%77ord``, ``PASSWORD`` ...).
+and treating it as one means it is also redacted.  ``commscope.redact.redact`` never
+raises and never returns the password, so anything that prints a store may call it
+blindly; it hides the user info and the value of any query key that decodes to a
+secret's name (``password``, ``pass%77ord``, ``PASSWORD`` ...).
 
 Without a password in the URL, ``$COMMSCOPE_REDIS_PASSWORD`` is used (like redis-cli's
 ``REDISCLI_AUTH``), so that no password needs to appear in a command line (``ps``).
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
-from urllib.parse import parse_qsl, unquote, unquote_plus, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
+from commscope.redact import redact
 from commscope.store.base import StoreError, is_job_name
 
 SCHEMES = ("redis", "rediss", "unix")
@@ -97,7 +97,7 @@ def scrub(text: str, target: RedisTarget | None) -> str:
 
 def parse_url(url: str) -> RedisTarget:
     """Parse a store URL; raises StoreError naming the problem (never the password)."""
-    shown = redact_url(url)
+    shown = redact(url)
     try:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
@@ -170,60 +170,3 @@ def parse_url(url: str) -> RedisTarget:
         raise
     except Exception:  # anything urlsplit may throw; its text could quote the URL
         raise StoreError(f"bad Redis URL {shown}") from None
-
-
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_USER = re.compile(r"^[A-Za-z0-9_.-]*$")
-#: A query member: separator, key, '=', value (in a URL the value runs to the next separator;
-#: in free text also to whitespace).
-_QUERY_MEMBER = re.compile(r"([?&;])([^=&;#?]*)=([^&;#]*)")
-_QUERY_MEMBER_IN_TEXT = re.compile(r"([?&;])([^=&;#?\s]*)=([^&;#\s]*)")
-_SECRET_KEY = re.compile(r"pass|pwd|auth|secret|token", re.IGNORECASE)
-
-
-def _hide_query(text: str, member: re.Pattern) -> str:
-    """Values of query keys that name a secret once percent-decoded (``pass%77ord``) -> ***."""
-
-    def hide(m: re.Match) -> str:
-        try:
-            key = unquote_plus(m.group(2))
-        except Exception:
-            key = m.group(2)
-        return f"{m.group(1)}{m.group(2)}=***" if _SECRET_KEY.search(key) else m.group(0)
-
-    return member.sub(hide, text)
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password replaced by ***; never raises.
-
-    Works on the raw text rather than a parse, and takes everything up to the *last*
-    '@' as user info, so that a password holding unencoded '/', '?', '#' or '@' is still
-    hidden.  Over-redacting an odd URL is harmless; leaking a password is not.
-    """
-    text = str(url)
-    m = _SCHEME.match(text)
-    if m:
-        at = text.rfind("@", m.end())
-        if at >= 0:
-            userinfo = text[m.end():at]
-            user, colon, _ = userinfo.partition(":")
-            hidden = f"{user}:***" if colon and _USER.match(user) else "***"
-            text = text[:m.end()] + hidden + text[at:]
-    return _hide_query(text, _QUERY_MEMBER)
-
-
-_URL_IN_TEXT = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)(\S*)@")
-
-
-def redact_text(text: str) -> str:
-    """Any text with the password of every URL in it replaced by *** (e.g. an argv entry
-    like ``--store=redis://:pw@host/0`` or ``--x=redis://h/0?pass%77ord=pw``).  Takes each
-    URL's user info up to its last '@'."""
-
-    def hide(m: re.Match) -> str:
-        user, colon, _ = m.group(2).partition(":")
-        return m.group(1) + (f"{user}:***" if colon and _USER.match(user) else "***") + "@"
-
-    text = _URL_IN_TEXT.sub(hide, str(text))
-    return _hide_query(text, _QUERY_MEMBER_IN_TEXT) if "=" in text else text

@@ -39,7 +39,7 @@ from typing import Any
 import orjson
 
 from commscope import blocks
-from commscope.schema import SCHEMA_VERSION
+from commscope.schema import SCHEMA_VERSION, redact_event
 from commscope.store import crashlog
 
 ENV_SPOOL_DIR = "COMMSCOPE_SPOOL_DIR"
@@ -369,21 +369,33 @@ def remnant_lines(img: Image, rank: int, *, with_meta: bool = False) -> list[byt
     faulthandler wrote, and how it died."""
     out: list[bytes] = []
     if with_meta and img.meta:
-        out.append(bytes(img.meta))
+        out.append(_redacted(bytes(img.meta)))
     now = max(img.death.signal_ns, img.death.exit_ns, img.death.terminate_ns) or time.time_ns()
-    if img.ring:
+    if img.ring:  # error messages the rank never sent are redacted here (the live drain does its own)
         n = sum(1 for _ in _records(img.ring))
-        out.append(blocks.encode_block(img.tables + img.ring, rank, now, n, pos=img.end - len(img.ring), end=img.end))
-    out.extend(img.kept)
+        out.append(blocks.encode_block(blocks.mask_texts(img.tables + img.ring), rank, now, n,
+                                       pos=img.end - len(img.ring), end=img.end))
+    out.extend(_redacted(line) for line in img.kept)
     stack = crash_stack(img, rank)
     if stack is not None:
-        out.append(orjson.dumps(stack))
+        out.append(orjson.dumps(redact_event(stack)))
     ex = exit_event(img, rank)
     if ex is None and stack is not None:  # faulthandler saw a fatal signal the header missed
         ex = crashlog.exit_from(stack, img.death.signal_ns or stack["ts"], rank)
     if ex is not None and not any(b'"type":"exit"' in line for line in img.kept):
-        out.append(orjson.dumps(ex))
+        out.append(orjson.dumps(redact_event(ex)))  # std::terminate's what() is the program's text
     return out
+
+
+def _redacted(line: bytes) -> bytes:
+    """A line a spool kept, its text redacted (it was when made; a spool may be older)."""
+    if line.startswith(blocks.LINE_PREFIX):
+        return blocks.mask_line(line)
+    try:
+        ev = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return line
+    return orjson.dumps(redact_event(ev)) if isinstance(ev, dict) else line
 
 
 def crash_stack(img: Image, rank: int) -> dict | None:

@@ -392,6 +392,7 @@ struct State {
   std::vector<std::string> sig_recs, site_recs, group_recs;
   std::vector<uint32_t> sig_mark, site_mark, group_mark;  // the drain that last restated each
   uint32_t drain_no = 0;
+  uint64_t block_texts = 0;  // text records (error messages) in the last block built
   ByteBuf scratch;  // the drain's block, reused tick after tick
   std::string group_suffix;  // added to group names from the second incarnation on
 };
@@ -1624,10 +1625,13 @@ std::pair<uint64_t, uint64_t> build_block(uint64_t start, uint64_t end) {
       }
     }
   }
+  uint64_t texts = 0;
   walk_ring(start, end, [&](const uint8_t* r, uint32_t len) {
     uint8_t* p = out.grow(len);
     if (p != nullptr) std::memcpy(p, r, len);
+    if ((r[0] == REC_END || r[0] == REC_WAIT_END) && len > sizeof(Header) + 2) texts++;
   });
+  S->block_texts = texts;
   return {n, end};
 }
 
@@ -1786,7 +1790,9 @@ PyObject* py_base64(PyObject*, PyObject* args) {
 }
 
 // drain_block(rank, ts, version) -> (the ``block`` event as a JSON line, or None; records;
-//                                   records dropped since the last drain; its end position)
+//                                   records dropped since the last drain; its end position;
+//                                   records in it that carry a text: an error message, which
+//                                   the caller redacts, blocks.mask_line)
 // The block is records [drained, head) with the table records they use, base64-encoded
 // here with the GIL released: the training thread never waits for the encoding.  The
 // line carries the ring positions it covers (``pos``, ``end``), so a reader drops what
@@ -1797,7 +1803,8 @@ PyObject* py_drain_block(PyObject*, PyObject* args) {
   int version;
   if (!PyArg_ParseTuple(args, "LLi", &rank, &ts, &version)) return nullptr;
   auto [start, head, dropped] = take_pending();
-  if (start == head) return Py_BuildValue("(OKKK)", Py_None, 0ULL, (unsigned long long)dropped, (unsigned long long)start);
+  if (start == head)
+    return Py_BuildValue("(OKKKK)", Py_None, 0ULL, (unsigned long long)dropped, (unsigned long long)start, 0ULL);
   ByteBuf& out = S->scratch;
   out.clear();
   uint64_t n, end;
@@ -1819,7 +1826,8 @@ PyObject* py_drain_block(PyObject*, PyObject* args) {
   Py_END_ALLOW_THREADS
   dst[np + b64] = '"';
   dst[np + b64 + 1] = '}';
-  return Py_BuildValue("(NKKK)", line, (unsigned long long)n, (unsigned long long)dropped, (unsigned long long)end);
+  return Py_BuildValue("(NKKKK)", line, (unsigned long long)n, (unsigned long long)dropped, (unsigned long long)end,
+                       (unsigned long long)S->block_texts);
 }
 
 // forwarded(end): the store holds every record before ``end``; their room is free again.

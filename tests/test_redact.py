@@ -1,0 +1,231 @@
+"""The redaction function (commscope/redact.py): every credential kind it promises to hide,
+embedded in generated text, is hidden with exactly its value removed; text that holds no
+credential comes back unchanged."""
+
+from __future__ import annotations
+
+import string
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from commscope.redact import MARK, Redactor, is_secret_name, mask
+
+R = Redactor()  # no environment secrets: what these tests see is the same everywhere
+
+# Filler around a secret: lower-case words, digits and punctuation that start no rule (no
+# '=', '-', '@', '_', quotes, no upper case: no token prefix, no option, no pair).
+FILLER = st.text(alphabet=string.ascii_lowercase + string.digits + " .,:;()[]/", max_size=40).filter(
+    lambda t: "bearer" not in t and "basic" not in t)  # "Bearer x1y2z3w4" anywhere is a credential
+VALUE = st.text(alphabet=string.ascii_letters + string.digits + "_.~+/!$*%", min_size=6, max_size=40).filter(
+    lambda v: v[-1] not in ".!$*%" and v[0] != "/")  # (a path under a `key` name is a path, not a secret)
+SECRET_NAMES = st.sampled_from([
+    "hf-token", "api-key", "password", "db-passwd", "client-secret", "aws_secret_access_key", "auth", "credentials",
+    "apiKey", "hfToken", "wandb_api_key", "access-token", "secret", "private-key", "passphrase", "authorization"])
+ENV_NAMES = st.sampled_from(["WANDB_API_KEY", "HF_TOKEN", "PGPASSWORD", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN",
+                             "OPENAI_API_KEY", "DB_PASSWORD", "SLACK_SIGNING_SECRET"])
+HOST = st.from_regex(r"[a-z][a-z0-9]{0,10}(\.[a-z0-9]{1,8}){0,2}(:[1-9][0-9]{1,4})?", fullmatch=True)
+PATH = st.from_regex(r"[a-z0-9]{1,8}(/[a-z0-9._]{1,8}){0,3}", fullmatch=True)
+URL_PASSWORD = st.text(alphabet=string.ascii_letters + string.digits + "-._~!$&'()*+,;=", min_size=1, max_size=30) | \
+    st.builds(lambda a, b: a + "%40" + b, st.text(string.ascii_letters, min_size=1, max_size=8),
+              st.text(string.digits, min_size=1, max_size=8))
+ALNUM = string.ascii_letters + string.digits
+
+
+def _tok(alphabet: str, lo: int, hi: int) -> st.SearchStrategy[str]:
+    return st.text(alphabet=alphabet, min_size=lo, max_size=hi)
+
+
+# (the token as it appears, what the redacted text shows instead)
+SHAPES = st.one_of(
+    _tok(ALNUM, 16, 40).map(lambda v: ("hf_" + v, "hf_" + MARK)),
+    st.tuples(st.sampled_from(["sk_live_", "rk_test_"]), _tok(ALNUM, 16, 40)).map(lambda t: (t[0] + t[1], t[0] + MARK)),
+    st.tuples(st.sampled_from(string.digits), _tok(ALNUM + "-_", 19, 60)).map(
+        lambda t: ("sk-" + t[0] + t[1], "sk-" + MARK)),
+    st.tuples(st.sampled_from("pousr"), _tok(ALNUM, 36, 40)).map(lambda t: (f"gh{t[0]}_{t[1]}", f"gh{t[0]}_{MARK}")),
+    _tok(ALNUM + "_", 22, 82).map(lambda v: ("github_pat_" + v, "github_pat_" + MARK)),
+    _tok(ALNUM + "-_", 20, 20).map(lambda v: ("glpat-" + v, "glpat-" + MARK)),
+    st.tuples(st.sampled_from(["AKIA", "ASIA"]), _tok(string.ascii_uppercase + string.digits, 16, 16)).map(
+        lambda t: (t[0] + t[1], t[0] + MARK)),
+    st.tuples(st.sampled_from("abpr"), _tok(ALNUM + "-", 10, 40)).map(
+        lambda t: (f"xox{t[0]}-{t[1]}", f"xox{t[0]}-{MARK}")),
+    _tok(ALNUM + "-_", 35, 35).map(lambda v: ("AIza" + v, "AIza" + MARK)),
+    st.tuples(_tok(ALNUM + "-_", 10, 40), _tok(ALNUM + "-_", 10, 80), _tok(ALNUM + "-_", 10, 43)).map(
+        lambda t: (f"eyJ{t[0]}.eyJ{t[1]}.{t[2]}", "eyJ" + MARK)),
+)
+
+
+def embeddings() -> st.SearchStrategy[tuple[str, str, str]]:
+    """(text holding a secret, the secret, the text as redacted)."""
+    return st.one_of(
+        st.tuples(SECRET_NAMES, VALUE).map(lambda t: (f"--{t[0]} {t[1]}", t[1], f"--{t[0]} {MARK}")),
+        st.tuples(SECRET_NAMES, VALUE).map(lambda t: (f"--{t[0]}={t[1]}", t[1], f"--{t[0]}={MARK}")),
+        st.tuples(ENV_NAMES, VALUE).map(lambda t: (f"{t[0]}={t[1]}", t[1], f"{t[0]}={MARK}")),
+        st.tuples(SECRET_NAMES, VALUE).map(lambda t: (f'{{"{t[0]}": "{t[1]}"}}', t[1], f'{{"{t[0]}": "{MARK}"}}')),
+        st.tuples(st.sampled_from(["postgres", "https", "redis", "mysql+pymysql", "amqp"]),
+                  st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True), URL_PASSWORD, HOST, PATH).map(
+            lambda t: (f"{t[0]}://{t[1]}:{t[2]}@{t[3]}/{t[4]}", t[2], f"{t[0]}://{t[1]}:{MARK}@{t[3]}/{t[4]}")),
+        st.tuples(st.sampled_from(["password", "token", "key", "api_key", "access_token", "pass%77ord", "X-Amz-Signature",
+                                   "sig"]), VALUE.filter(lambda v: "%" not in v), HOST, PATH).map(
+            lambda t: (f"https://{t[2]}/{t[3]}?page=2&{t[0]}={t[1]}&x=1", t[1],
+                       f"https://{t[2]}/{t[3]}?page=2&{t[0]}={MARK}&x=1")),
+        st.tuples(st.sampled_from(["Bearer", "Basic"]), _tok(ALNUM + "._~+/=-", 12, 60)).map(
+            lambda t: (f"Authorization: {t[0]} {t[1]}", t[1], f"Authorization: {t[0]} {MARK}")),
+        st.tuples(st.sampled_from(["", "RSA ", "EC ", "OPENSSH "]), _tok(ALNUM + "+/=\n", 20, 200)).map(
+            lambda t: (f"-----BEGIN {t[0]}PRIVATE KEY-----\n{t[1]}\n-----END {t[0]}PRIVATE KEY-----",
+                       t[1].strip("\n") or t[1],
+                       f"-----BEGIN {t[0]}PRIVATE KEY-----{MARK}-----END {t[0]}PRIVATE KEY-----")),
+        SHAPES.map(lambda t: (t[0], t[0], t[1])),
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(FILLER, embeddings(), FILLER)
+def test_no_credential_survives_and_nothing_else_is_removed(before, embedded, after):
+    text, secret, expected = embedded
+    assume(secret not in f"{before} {expected} {after}")  # (a one-letter password that is also the host)
+    out = R.redact(f"{before} {text} {after}")
+    assert secret not in out
+    assert out == f"{before} {expected} {after}"
+    assert R.redact(out) == out  # redacting again (a reader, over a redacted trace) changes nothing
+
+
+@settings(max_examples=200, deadline=None)
+@given(FILLER, embeddings(), FILLER)
+def test_masking_keeps_the_length_and_hides_the_same(before, embedded, after):
+    text, secret, expected = embedded
+    assume(secret not in f"{before} {expected} {after}")
+    data = f"{before} {text} {after}".encode()
+    hidden = R.mask(data)
+    assert len(hidden) == len(data)
+    assert secret.encode() not in hidden
+    assert hidden.startswith(before.encode()) and hidden.endswith(after.encode())
+
+
+# Text that holds no credential: what commscope records every day.
+BENIGN = st.lists(st.one_of(
+    st.sampled_from([
+        "train.py:42 in step", "--lr 3e-4", "--max-tokens 512", "--tokenizer gpt2", "--num-layers=32",
+        "TOKENIZERS_PARALLELISM=false", "--password-stdin", "--token-file /run/secrets/hf", "--key-id abc",
+        "Connection closed by peer [127.0.0.1]:43210", "ssh://git@github.com/org/repo.git",
+        "https://huggingface.co/meta-llama/Llama-2-7b?revision=main&x=1",
+        "WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000)",
+        "RuntimeError: Expected all tensors to be on the same device", "redis://localhost:6379/0?job=j",
+        "task-manager-service-account-prod-01", "hf_hub_download_with_retries", "sk-learn", "skeleton-key",
+        "ghost_protocol_handler", "{'lr': 0.1, 'keys': 3}", "Authorization required", "eyJ", "AKIA",
+        "/home/alice/.cache/huggingface/hub", "os.environ['HOME']", "GPU 3: 79.2 GiB used",
+        "--sort-key name --text-key text --pad-token '<pad>' --eos-token </s>", "{'pad_token': '<pad>'}",
+        "NCCL_IB_PKEY=0", "sig=15", "--hotkey F5", "--no-bypass x", "Basic transformer configuration",
+        "run-sk-learn-baseline-experiment-2024", "--add-eos-token data.jsonl", "key=/default_pg/0//nccl//cuda//0",
+        "store_key=abc:1",
+        "missing fields: ['password', 'username']", "KeyError: 'password'", "token embeddings are computed",
+        "Bearer authentication failed", "if key == other:", "password=None", "https://registry.npmjs.org/@scope/pkg",
+    ]),
+    FILLER,
+), max_size=8).map(" ".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(BENIGN)
+def test_text_without_credentials_comes_back_unchanged(text):
+    assert R.redact(text) == text
+    assert R.mask(text.encode()) == text.encode()
+
+
+@pytest.mark.parametrize("name, secret", [
+    ("hf-token", True), ("api-key", True), ("apiKey", True), ("PGPASSWORD", True), ("WANDB_API_KEY", True),
+    ("pass%77ord", True), ("X-Amz-Signature", True), ("auth", True), ("client_secret", True),
+    ("max-tokens", False), ("tokenizer", False), ("token-file", False), ("password-stdin", False),
+    ("TOKENIZERS_PARALLELISM", False), ("key-id", False), ("author", False), ("num_keys", False),
+])
+def test_secret_names_are_told_by_their_last_word(name, secret):
+    assert is_secret_name(name) is secret
+
+
+def test_argv_hides_the_word_after_a_secret_option_and_keeps_the_rest():
+    argv = ["train.py", "--password", "hunter2!", "--hf-token", "hf_" + "x" * 34, "--lr", "3", "--use-auth-token",
+            "--epochs", "2", "--tokenizer", "gpt2", "--api-key=sk-" + "a" * 24, "-p", "8080"]
+    assert R.args(argv) == ["train.py", "--password", MARK, "--hf-token", MARK, "--lr", "3", "--use-auth-token",
+                            "--epochs", "2", "--tokenizer", "gpt2", f"--api-key={MARK}", "-p", "8080"]
+
+
+def test_the_environments_secret_values_are_hidden_wherever_they_appear():
+    env = {"WANDB_API_KEY": "0123456789abcdef0123", "HOME": "/home/alice", "LR": "3e-4", "SHORT_KEY": "abc"}
+    r = Redactor.from_environ(env)
+    assert r.redact("login failed for 0123456789abcdef0123 in /home/alice") == f"login failed for {MARK} in /home/alice"
+    assert r.redact("abc is too short to be looked for") == "abc is too short to be looked for"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("cannot reach postgres://admin:hunter2@db:5432/runs", f"cannot reach postgres://admin:{MARK}@db:5432/runs"),
+    ("redis://:p@ss/w?rd#x@h/0", f"redis://:{MARK}@h/0"),  # an unencoded '/', '?', '#', '@' in a password
+    ("redis://hunter2secret@h", f"redis://{MARK}@h"),  # redis: a bare user info is the password
+    ("'postgres://u:pw@db/x'", f"'postgres://u:{MARK}@db/x'"),
+    # a password may hold an unencoded '/', '?', '#' or '@' (even one that starts like a port)
+    ("postgres://admin:2024/Summer@db/x", f"postgres://admin:{MARK}@db/x"),
+    ("https://u:pw@host/x?mail=a@b.com", f"https://u:{MARK}@host/x?mail=a@b.com"),
+    ('{"url":"amqp://u:pw@mq/v","other":"x"}', f'{{"url":"amqp://u:{MARK}@mq/v","other":"x"}}'),
+    ("Config(password=hunter2, lr=3)", f"Config(password={MARK}, lr=3)"),
+    ("f(api_key='a b c')", f"f(api_key='{MARK}')"),
+    ("-----BEGIN PRIVATE KEY-----\nMIIE (cut short", f"-----BEGIN PRIVATE KEY-----{MARK}"),
+    ("BEGIN PRIVATE KEY-----MIIE (a cut header)", f"BEGIN PRIVATE KEY-----{MARK}"),
+    ("-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOY\n-----END PGP PRIVATE KEY BLOCK-----",
+     f"-----BEGIN PGP PRIVATE KEY BLOCK-----{MARK}-----END PGP PRIVATE KEY BLOCK-----"),
+    # what Python prints: an argv list (CalledProcessError), values that are not plain strings
+    ("Command '['train', '--hf-token', 'abc123xyz']' returned non-zero exit status 1.",
+     f"Command '['train', '--hf-token', '{MARK}']' returned non-zero exit status 1."),
+    ("requests.get(url, auth=('user', 'pw'))", f"requests.get(url, auth={MARK})"),
+    ("{'password': b'hunter2', 'x': SecretStr('y'), 'api_key': SecretStr('z')}",
+     f"{{'password': b'{MARK}', 'x': SecretStr('y'), 'api_key': {MARK}}}"),
+    ("{'credentials': {'user': 'u', 'pw': 'p'}, 'lr': 3}", f"{{'credentials': {MARK}, 'lr': 3}}"),
+    ("Namespace(password='it\\'s \"q\"', lr=3)", f"Namespace(password='{MARK}', lr=3)"),
+    ('{"cfg": "{\\"password\\": \\"abc\\"}"}', f'{{"cfg": "{{\\"password\\": \\"{MARK}\\"}}"}}'),
+    ("('password', 'abc123')", f"('password', '{MARK}')"),
+    ("{'name': 'HF_TOKEN', 'value': 'abc123'}", f"{{'name': 'HF_TOKEN', 'value': '{MARK}'}}"),
+    # source lines in tracebacks, config printouts, headers
+    ('    os.environ["HF_TOKEN"] = "abc123xyz"', f'    os.environ["HF_TOKEN"] = "{MARK}"'),
+    ("    db_password = 'abc123xyz'", f"    db_password = '{MARK}'"),
+    ("model: llama\npassword: my pass phrase\nlr: 3", f"model: llama\npassword: {MARK}\nlr: 3"),
+    ("Authorization: bearer abcdefgh12345 (retrying)", f"Authorization: bearer {MARK} (retrying)"),
+    ("Cookie: session=abc123; theme=dark", f"Cookie: {MARK}"),
+    ("X-Api-Key: abc123xyz", f"X-Api-Key: {MARK}"),
+    ("--password -Xhunter2 --lr 3", f"--password {MARK} --lr 3"),
+    ("https://hooks.slack.com/services/T0/B0/abcdefgh1234", f"https://hooks.slack.com/services/T0/B0/{MARK}"),
+    ("postgres://admin:2024/Summer@db/x", f"postgres://admin:{MARK}@db/x"),
+])
+def test_odd_spellings(text, expected):
+    assert R.redact(text) == expected
+
+
+def test_the_module_functions_use_this_processs_environment(monkeypatch):
+    from commscope import redact as module
+
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "s3rv1ce-t0ken-value")
+    monkeypatch.setattr(module, "_default", None)
+    assert module.redact("x s3rv1ce-t0ken-value y") == f"x {MARK} y"
+    assert mask(b"s3rv1ce-t0ken-value") == b"*" * len("s3rv1ce-t0ken-value")
+
+
+def test_every_free_text_key_of_the_schema_is_redacted_when_read():
+    """``schema.TEXT_KEYS`` follows ``RawEvent``'s ``Text`` fields, and each is redacted."""
+    from commscope import schema
+    from commscope.events import decode
+
+    assert set(schema.TEXT_KEYS) == {"site", "exc", "argv", "store", "gpu_error", "reason", "text"}
+    secret = "hf_" + "Q7w" * 8
+    ev = decode(('{"type":"stack","rank":0,"ts":1,"v":3,"reason":"x ' + secret + '","exc":"' + secret
+                 + '","threads":[{"tid":1,"name":"' + secret + '","frames":[["/a/' + secret + '.py",3,"'
+                 + secret + '"]]}]}').encode(), 0)
+    assert secret not in repr(ev) and ev["threads"][0]["frames"][0][0] == "/a/hf_***.py"
+
+
+def test_the_redaction_bench_runs(capsys):
+    """``commscope bench redact --quick`` (the figures docs/security.md quotes) runs."""
+    import argparse
+
+    from commscope.bench import redact as bench
+
+    assert bench.run(argparse.Namespace(events=2_000, rounds=1, quick=True)) == 0
+    out = capsys.readouterr().out
+    assert "hostile text" in out and "native blocks" in out
