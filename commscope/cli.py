@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                "redis://[:password@]host:port/db.  Run 'commscope COMMAND --help' for details.",
     )
     parser.add_argument("--version", action="version", version=f"commscope {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # dest "verb": ``run`` has a positional called ``command`` (the command it runs)
+    sub = parser.add_subparsers(dest="verb", metavar="COMMAND")
     for verb, (module, help_text) in COMMANDS.items():
         try:
             mod = importlib.import_module(module)
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._main(args) or 0)
     except UsageError as exc:
-        print(f"commscope {args.command}: error: {exc}", file=sys.stderr)
+        print(f"commscope {args.verb}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -11,9 +11,16 @@ fi
 pip_install() {  # quiet: setuptools' editable-install notice is not news
   PYTHONWARNINGS=ignore python -m pip install -q --disable-pip-version-check "$@"
 }
-pip_install --upgrade pip
-python -c "import torch" 2>/dev/null || pip_install torch==2.13.0
-pip_install -e ".[${COMMSCOPE_EXTRAS:-test}]"
+# Installed already, with these extras and this pyproject: nothing to do (a second launch of
+# scripts/demo starts at once instead of re-running pip for ~10 s).
+stamp="${VIRTUAL_ENV}/.commscope-installed-${COMMSCOPE_EXTRAS:-test}"
+want="$(python -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! python -c "import commscope, torch" 2>/dev/null; then
+  pip_install --upgrade pip
+  python -c "import torch" 2>/dev/null || pip_install torch==2.13.0
+  pip_install -e ".[${COMMSCOPE_EXTRAS:-test}]"
+  echo "$want" > "$stamp"
+fi
 # The native recorder is compiled against this torch once per machine (~30 s; cached in
 # ~/.cache/commscope/native).  Without a compiler commscope records in Python instead.
 python -m commscope.record.native build || echo "commscope: continuing with the Python recorder"

@@ -11,9 +11,10 @@ runs, and shows when the job has ended or a rank went silent.  Press ? for keys.
 from __future__ import annotations
 
 import argparse
+import os
 
 from commscope.redact import redact
-from commscope.store import StoreError, default_store
+from commscope.store import StoreError, default_store, is_redis
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,6 +22,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hang-after", type=float, metavar="SECONDS",
                    help="flag ops in flight longer than this (default: what the job was recorded with, else 30)")
     p.add_argument("--no-bell", action="store_true", help="do not ring the terminal bell on new errors")
+
+
+def waiting_hint(store: str) -> str:
+    """What to say while no job has written to ``store``: a directory that does not exist
+    is most likely a typo, or a job not started yet."""
+    if is_redis(store) or os.path.exists(store):
+        return ""
+    return f"{store} does not exist yet: start a job with  commscope run --store {store} -- …  (q quits)"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -34,6 +43,6 @@ def main(args: argparse.Namespace) -> int:
         reader = open_source(store, wait=True)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
-    feed = Feed(reader, mode=LIVE, hang_after=args.hang_after, source=redact(store))
+    feed = Feed(reader, mode=LIVE, hang_after=args.hang_after, source=redact(store), hint=waiting_hint(store))
     CommscopeApp(feed, bell=not args.no_bell).run()
     return 0

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from commscope.redact import redact
-from commscope.store import ENV_STORE, default_store, is_redis
+from commscope.store import ENV_STORE, StoreError, default_store, is_redis
 from commscope.store.base import is_job_name
 from commscope.store.directory import ENV_SHARE
 
@@ -104,8 +105,11 @@ def main(args: argparse.Namespace) -> int:
     if args.job is not None and not is_job_name(args.job):
         raise UsageError(f"bad --job {args.job[:130]!r}: use 1-120 letters, digits, '_', '.', '-', not starting "
                          "with '.' (a job id names a directory or key inside the store)")
+    if shutil.which(command[0]) is None:  # before saying "recording to": nothing will be
+        raise UsageError(f"command not found: {command[0]}")
     env = build_env(args, native=_native_ready())
     shown = redact(env[ENV_STORE])
+    before = _jobs(env[ENV_STORE])
     print(f"commscope: recording to {shown}", file=sys.stderr)
     print(f"commscope: watch it with:  commscope attach {shown}", file=sys.stderr)
     try:
@@ -128,5 +132,21 @@ def main(args: argparse.Namespace) -> int:
     n = _forward_spools(env[ENV_STORE], proc.pid, code)
     if n:
         print(f"commscope: sent what {n} rank(s) that died left in their spools to the store", file=sys.stderr)
-    print(f"commscope: done (exit code {code}); diagnose with:  commscope check {shown}", file=sys.stderr)
+    if before is not None and _jobs(env[ENV_STORE]) == before:
+        print(f"commscope: done (exit code {code}); nothing was recorded: no process of the command called "
+              "init_process_group", file=sys.stderr)
+    else:
+        print(f"commscope: done (exit code {code}); diagnose with:  commscope check {shown}", file=sys.stderr)
     return code if code >= 0 else 128 - code
+
+
+def _jobs(store: str) -> set[str] | None:
+    """The jobs a directory store holds (None: a Redis store, not looked at)."""
+    if is_redis(store):
+        return None
+    from commscope.store.directory import list_jobs
+
+    try:
+        return set(list_jobs(store))
+    except (OSError, StoreError):
+        return set()

@@ -67,11 +67,13 @@ class Feed:
     DIAGNOSE_S = 0.5
 
     def __init__(self, reader: TraceReader, *, mode: str = LIVE, hang_after: float | None = None,
-                 clock: Callable[[], int] = time.time_ns, source: str = ""):
+                 clock: Callable[[], int] = time.time_ns, source: str = "", hint: str = ""):
+        """``hint``: what to tell the user while nothing has been read (how a job gets there)."""
         self.reader: TraceReader = reader
         self.mode = mode
         self.clock = clock
         self.source = source or reader.description
+        self.hint = hint
         self.model = TraceModel()
         self.lock = threading.RLock()  # ingest (this thread) vs the panels that query the model
         #: The model as of the last batch (``TraceModel.view``): the timeline paints from it

@@ -1,0 +1,51 @@
+"""Errors a newcomer makes get a clear message (issue 23, item 6): the command's own name in
+every error, no "recording to" for a command that does not exist, no "diagnose with" for a
+run that recorded nothing, and a hint while attach waits on a store that does not exist."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tui_scenarios import StaticReader, drive
+
+from commscope.cli import main as cli
+from commscope.commands.attach import waiting_hint
+from commscope.tui.app import CommscopeApp
+from commscope.tui.feed import LIVE, Feed
+
+
+def test_run_without_a_command_names_itself(capsys):
+    assert cli(["run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("commscope run: error: give the command to run after --")
+
+
+def test_run_of_a_missing_program_says_so_before_recording_anything(tmp_path, capsys):
+    assert cli(["run", "--store", str(tmp_path / "t"), "--", "no-such-program-xyz"]) == 2
+    err = capsys.readouterr().err
+    assert err == "commscope run: error: command not found: no-such-program-xyz\n"
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_run_that_recorded_nothing_does_not_send_you_to_check(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "commscope", "run", "--store", "t", "--", sys.executable, "-c",
+                           "print('hi')"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "hi\n"
+    assert "nothing was recorded: no process of the command called init_process_group" in proc.stderr
+    assert "diagnose with" not in proc.stderr
+
+
+def test_attach_on_a_store_that_does_not_exist_says_how_one_gets_there(tmp_path):
+    store = str(tmp_path / "typo")
+    hint = waiting_hint(store)
+    assert hint.startswith(f"{store} does not exist yet: start a job with  commscope run --store {store}")
+    assert waiting_hint(str(tmp_path)) == "" and waiting_hint("redis://h:6379/0") == ""
+    app = CommscopeApp(Feed(StaticReader([]), mode=LIVE, hint=hint), start_feed=False, bell=False)
+
+    async def check(pilot):
+        h = app.timeline.size.height
+        assert "waiting for the job to write its first events" in app.timeline.render_line(h // 2).text
+        assert "does not exist yet" in app.timeline.render_line(h // 2 + 1).text
+
+    drive(app, check, size=(200, 40), loaded=False)
