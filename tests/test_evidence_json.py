@@ -81,3 +81,57 @@ def test_ranks_with_the_same_stack_share_one_block():
                      "stack of ranks 0, 1  waiting · 0.5-0.7 s ago on request",
                      "stack of rank 2  waiting · 0.5 s ago on request",
                      "stack of rank 5  waiting: no stack: rank 5 wrote no stack"]
+
+
+def test_each_then_clause_names_the_ranks_its_table_lists():
+    """A root's 'Then: …' sentence is made from the same facts as the consequences under it:
+    an op that failed names the ranks whose op raised (the 'failed on' table), a wait names
+    the ranks that waited; never a member that had not even called it."""
+    import re
+
+    checked = 0
+    for text in NOW.values():
+        for run in json.loads(text):
+            for f in run:
+                cons = f["evidence"].get("consequences") or []
+                said = f["message"].split(". Then: ", 1)[1] if ". Then: " in f["message"] else ""
+                for c in cons:
+                    if c["kind"] == "op_failed" and c.get("failed"):
+                        want = sorted(int(r) for r in c["failed"])
+                        verb = "failed on"
+                    elif c["kind"] == "missing_ranks" and c.get("waited_s"):
+                        want = sorted(int(r) for r in c["waited_s"])
+                        verb = "waited in"
+                    else:
+                        continue
+                    where = f"{c['op']} #{c['seq']}"
+                    clause = next((p for p in said.split("; ") if where in p and verb in p), None)
+                    if clause is None:  # more than four consequences: the rest are counted
+                        assert " more" in said, (said, c)
+                        continue
+                    before, after = clause.split(verb)
+                    named = sorted(int(x) for x in re.findall(r"\d+", after if verb == "failed on" else before))
+                    assert named == want, (clause, c)
+                    checked += 1
+    assert checked >= 5
+
+
+def test_a_p2p_ops_detail_names_no_missing_rank_outside_its_two_ends():
+    """A recv matched by its send in a 4-rank group: nobody 'not entered'."""
+    from rich.console import Console
+
+    from commscope.analysis import TraceModel
+    from commscope.analysis.synth import T0, S, TraceBuilder
+    from commscope.tui.detail import op_detail
+
+    MS = S // 1000
+    b = TraceBuilder(4)
+    t = T0 + 10 * MS
+    t = b.collective(t, "barrier", latency=MS, shape=())
+    b.sync(1, t, t + 2 * MS, "send", peer=2, dir="send", shape=(8,))
+    i = b.sync(2, t, t + 2 * MS, "recv", peer=1, dir="recv", shape=(8,))
+    m = TraceModel.from_events(b.sorted_events())
+    console = Console(width=100, record=True)
+    console.print(op_detail(m, 2, m.op_index(2, i), t + 3 * MS))
+    out = console.export_text()
+    assert "same op on the other ranks" in out and "not entered" not in out

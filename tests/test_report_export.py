@@ -119,7 +119,7 @@ def test_failures_in_report_and_chrome_export():
     events, now = crashed_rank()
     m = TraceModel.from_events(events)
     rep = compute_report(m)
-    assert rep["ranks"]["1"]["end"] == "crashed (Segmentation fault)"
+    assert rep["ranks"]["1"]["end"] == "crashed (SIGSEGV)"
     assert rep["ranks"]["0"]["end"] == "running" and rep["ranks"]["0"]["failed"] == 1
     assert rep["ops"]["all_reduce"]["failed"] == 2
     findings = diagnose(m)
@@ -167,6 +167,28 @@ def _fr_dump_events(rank_delay_ns: int = 3 * MS, n: int = 40, completed: str = "
     cfg = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}}
     dumps = {r: {"version": "2.10", "pg_config": cfg, "entries": [entry(r, i) for i in range(n)]} for r in range(3)}
     return dumps_to_events(dumps, {r: 10**18 + 60 * S for r in range(3)})
+
+
+def test_report_fits_80_columns_with_a_long_exception_and_a_stopped_job():
+    """A rank that crashed on a long Gloo error and ranks stopped together by SIGTERM: the
+    per-rank table's end column says how each ended in a few words (the whole exception is
+    in the findings), and no line runs past 80 columns."""
+    from commscope.analysis.synth import T0, TraceBuilder
+
+    b = TraceBuilder(3)
+    t = b.collective(T0 + 10 * MS, "all_reduce", latency=5 * MS)
+    gloo = ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+            "[127.0.0.1]:29500 while waiting for the all_reduce of 4096 floats to complete; the process group "
+            "is unusable from here on, and every later collective on it will fail the same way")
+    i = b.begin(1, t, "all_reduce")
+    b.end(1, i, t + 5 * MS, exc=gloo)
+    b.exit(1, t + 6 * MS, reason="exception", exc=gloo)
+    for r in (0, 2):
+        b.heartbeats(T0, t + S, ranks=[r])
+        b.exit(r, t + S, reason="signal", signal="Terminated", src="spool")
+    text = _report_text(b.sorted_events(), 80)
+    assert max(map(len, text.splitlines())) <= 80, text
+    assert "crashed (RuntimeError)" in text and "job stopped (SIGTERM)" in text and "running" not in text
 
 
 def test_report_reads_in_80_columns(snapshot):

@@ -127,3 +127,68 @@ def test_run_forwards_a_killed_rank_s_records_with_its_cause(tmp_path):
     assert len(ops(events, 0)) == 50  # every record made before the kill
     (ex,) = of_type(events, "exit", 0)
     assert (ex["reason"], ex["signal"], ex["src"]) == ("killed", "Killed", "launcher")
+
+
+DEADLOCK = textwrap.dedent("""
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    r = dist.get_rank()
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    dist.recv(t, src=1 - r)  # both receive first: blocked in C++, deaf to Ctrl-C
+""")
+
+
+#: A launcher that, like torchrun during its 30 s grace, leaves Ctrl-C to its ranks and waits.
+PATIENT_LAUNCHER = textwrap.dedent("""
+    import os, signal, socket, subprocess, sys
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+    ranks = [subprocess.Popen([sys.executable, sys.argv[1]], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+             for r in range(2)]
+    sys.exit(max(abs(p.wait()) for p in ranks))
+""")
+
+
+def test_ctrl_c_during_a_hang_stops_the_ranks_and_keeps_the_stacks_captured_while_hung(tmp_path):
+    """Ctrl-C (SIGINT to the whole foreground group, as a terminal sends it) while every rank
+    is blocked inside a recv: the ranks cannot act on it, and a launcher may wait (torchrun:
+    30 s, then SIGKILL; this one: for ever).  commscope run SIGTERMs them after its grace
+    period; the trace keeps the deadlock, with the stacks captured while it hung, and says
+    the job was stopped."""
+    import json
+    import os
+    import signal
+    import time
+
+    script = tmp_path / "deadlock.py"
+    script.write_text(DEADLOCK)
+    launcher = tmp_path / "launch.py"
+    launcher.write_text(PATIENT_LAUNCHER)
+    store = tmp_path / "trace"
+    proc = subprocess.Popen([sys.executable, "-m", "commscope", "run", "--store", str(store), "--hang-after", "1",
+                             "--", sys.executable, str(launcher), str(script)], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150  # a guard against a broken build, not a timing assertion
+        while not (store.exists() and {e["rank"] for e in of_type(read_events(store), "stack")} == {0, 1}):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
+        out, err = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "stopping the job" in err and "sending them SIGTERM" in err, err
+    exits = {e["rank"]: e for e in of_type(read_events(store), "exit")}
+    assert sorted(exits) == [0, 1] and all(e.get("signal") == "Terminated" for e in exits.values()), exits
+    check = subprocess.run([sys.executable, "-m", "commscope", "check", "--json", str(store)], capture_output=True,
+                           text=True, timeout=120)
+    (f,) = [f for f in json.loads(check.stdout)["findings"] if f["severity"] == "error"]
+    assert f["kind"] == "p2p_deadlock" and sorted(f["culprits"]) == [0, 1]
+    info = f["evidence"]["stack_info"]
+    assert all("missing" not in info[str(r)] for r in (0, 1)), info  # the stacks taken while it hung
+    assert all(f["evidence"]["stacks"][str(r)] for r in (0, 1))

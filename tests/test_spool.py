@@ -60,7 +60,7 @@ def test_a_silent_death_leaves_a_tombstone_for_its_launcher(tmp_path):
     assert spool.read(path).flags & spool.FORWARDED
     assert spool.forward_dead("tomb", store, writer) == 0  # nothing more to forward: left for the launcher
     # The launcher saw the exit status: the death gets its cause, the tombstone goes.
-    assert spool.forward_orphans(exit_status={pid: -signal.SIGKILL}.get) == 1
+    assert spool.forward_orphans(exit_status={pid: -signal.SIGKILL}.get, only=spool.store_id(store)) == 1
     assert not path.exists()
     exits = [e for e in open_reader(f"{store}/tomb").read_all() if e["type"] == "exit"]
     assert [(e["rank"], e["reason"], e["signal"], e["src"]) for e in exits] == [(1, "killed", "Killed", "launcher")]
@@ -70,7 +70,7 @@ def test_a_launcher_forwards_a_killed_rank_s_spool_with_its_cause(tmp_path):
     store = str(tmp_path / "trace")
     open_writer(store, "tomb", 0, {"world_size": 2}).close()
     path, pid = killed_spool(store)
-    assert spool.forward_orphans(exit_status={pid: -signal.SIGKILL}.get) == 1
+    assert spool.forward_orphans(exit_status={pid: -signal.SIGKILL}.get, only=spool.store_id(store)) == 1
     assert not path.exists()
     events = [e for e in open_reader(f"{store}/tomb").read_all() if e["rank"] == 1]
     # it recorded nothing before it died: all there is to say is how it died

@@ -505,6 +505,9 @@ def test_finding_detail_keeps_up_with_its_list_entry():
         assert waited(app.detail.text()) == waited(app.findings[0].message) == "3.0 s"
         mine = app.timeline.sel
         for k in range(1, 4):
+            beats = TraceBuilder(4, hang_after=2.0)
+            beats.heartbeats(clock[0] + S // 5, clock[0] + 10 * S, interval=S // 5)  # hung, alive
+            feed.reader.events = beats.sorted_events()
             clock[0] += 10 * S
             feed._next_diag, feed._dirty = 0.0, True
             info, _ = feed.step()
@@ -539,3 +542,111 @@ def test_op_detail_site_latency_sparkline_and_group_best():
         assert "best bw" in text and "this op at 25%" in text  # 2 ms is the best; this one took 8
 
     drive(app, check, size=(160, 40))
+
+
+def _rank_states(app) -> dict[int, str]:
+    return {r: _plain_cell(app.ranks_table.get_cell(str(r), "state")) for r in sorted(app.feed.model.ranks)}
+
+
+def _plain_cell(cell) -> str:
+    return getattr(cell, "plain", str(cell))
+
+
+def test_an_ended_job_stays_frozen_at_its_end_as_check_judges_it(tmp_path):
+    """The demo's S on a hung job: every rank is killed together.  From then on the console
+    shows the job at its end however long it stays open: the header's clock stops, no rank
+    turns dead by the passing of time, and the findings are the ones `commscope check` gives
+    for the same store, word for word."""
+    import json
+    import subprocess
+    import sys
+
+    events, now = hung_missing_rank()
+    for r in range(4):  # stopped with the job, as the demo's S does: SIGTERM to every worker
+        events.append({"type": "exit", "v": 1, "rank": r, "ts": now + r * MS, "reason": "signal",
+                       "signal": "Terminated", "src": "spool"})
+    store = tmp_path / "trace"
+    for r in range(4):
+        open_writer(store, "job1", r, {"world_size": 4}).write([encode(e) for e in events if e["rank"] == r])
+    clock = [now + S]
+    feed = Feed(open_source(store), mode=LIVE, clock=lambda: clock[0], source=str(store))
+    app = CommscopeApp(feed, clock=lambda: clock[0], start_feed=False, bell=False)
+    out = subprocess.run([sys.executable, "-m", "commscope", "check", "--json", str(store)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 1, out.stderr
+    checked = [(f["kind"], f["culprits"], f["message"]) for f in json.loads(out.stdout)["findings"]]
+
+    def seen() -> tuple[str, dict[int, str], list]:
+        return (str(app.header_bar.render()), _rank_states(app),
+                [(f.kind, f.culprits, f.message) for f in app.findings])
+
+    async def step() -> None:
+        feed._next_diag, feed._dirty = 0.0, True
+        info, _ = feed.step()
+        app.apply(info, feed.findings)
+        app._last_table = 0.0
+        await app.workers.wait_for_complete()
+
+    async def check(pilot):
+        while not app.info.ended:
+            await step()
+        await step()
+        await pilot.pause()
+        header, states, findings = seen()
+        assert "ENDED" in header and findings == checked
+        assert findings[0][:2] == ("missing_ranks", [2]), findings
+        assert "rank 2 is in recv" in findings[0][2] and "when the job was stopped" in findings[0][2]
+        assert all(s == "✖ job stopped · SIGTERM" for s in states.values()), states
+        for _ in range(3):
+            clock[0] += 100 * S  # the console stays open; nothing new arrives
+            await step()
+            app._tick()
+            await pilot.pause()
+            assert seen() == (header, states, findings)
+
+    drive(app, check, loaded=False)
+
+
+def test_help_lists_every_key_including_the_demos():
+    """`?` lists every key the console binds, and in the demo also S, R and m."""
+    from commscope.scenarios import SCENARIOS, DemoJob
+    from commscope.tui.demo_app import DemoApp
+    from commscope.tui.rank_table import RankTable
+    from commscope.tui.timeline import Timeline
+
+    def listed(app) -> dict[str, str]:
+        return {k: what for _, keys in app.screen.sections for k, what in keys}
+
+    events, now = healthy(3)
+    app = make_app(events, now)
+
+    async def check(pilot):
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        keys = " ".join(listed(app))
+        for cls in (CommscopeApp, Timeline, RankTable):
+            for b in cls.BINDINGS:
+                key, action = (b.key, b.action) if hasattr(b, "key") else (b[0], b[1])
+                names = {"question_mark": "?", "right_square_bracket": "]", "left_square_bracket": "[",
+                         "plus": "+", "minus": "-", "equals_sign": "+", "shift+left": "shift+←", "left": "←",
+                         "right": "→", "up": "↑", "down": "↓"}
+                first = key.split(",")[0]
+                assert names.get(first, first) in keys, (cls.__name__, key, action)
+
+    drive(app, check, size=(80, 24))
+
+    demo = DemoApp(scenarios=SCENARIOS, job_factory=DemoJob, bell=False)
+
+    async def run_demo():
+        async with demo.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            await pilot.press("question_mark")
+            assert isinstance(demo.screen, HelpScreen)
+            keys = listed(demo)
+            assert "stop" in keys["S"] and "again" in keys["R"] and "scenarios" in keys["m"]
+            await pilot.press("escape")
+            assert not isinstance(demo.screen, HelpScreen)
+
+    import asyncio
+
+    asyncio.run(run_demo())

@@ -7,6 +7,8 @@ import time
 
 import psutil
 import pytest
+from textual.screen import Screen
+from textual.widgets import OptionList
 
 from commscope.scenarios import SCENARIOS, DemoJob
 from commscope.tui.demo_app import DemoApp, ScenarioPicker
@@ -39,12 +41,13 @@ def test_picker_starts_stops_and_switches_scenarios_without_orphans(tmp_path):
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause()
             assert isinstance(app.screen, ScenarioPicker)
-            names = app.picker.names
+            names = app.screen.names
             assert names[0] == "healthy-training" and "missing-rank" in names
-            lst = app.picker.query_one("#list")
+            lst = app.screen.query_one("#list")
+            assert app.focused is lst and lst.highlighted == 0  # nothing shown yet: the first one
             lst.highlighted = names.index("missing-rank")
             await pilot.pause()
-            about = str(app.picker.query_one("#about-text").render())
+            about = str(app.screen.query_one("#about-text").render())
             assert "What to look for" in about
             await pilot.press("enter")
             await until(pilot, lambda: app.job is not None and app.feed.model.events > 0)
@@ -54,9 +57,18 @@ def test_picker_starts_stops_and_switches_scenarios_without_orphans(tmp_path):
             await until(pilot, lambda: any(f.kind == "missing_ranks" for f in app.findings))
             await pilot.press("S")  # stop: the hung workers are killed
             await until(pilot, lambda: gone(first.pids), timeout=15)
+            painted: list[Screen] = []
+            display = app._display
+            app._display = lambda screen, update: (painted.append(screen), display(screen, update))
             await pilot.press("m")
-            assert isinstance(app.screen, ScenarioPicker)
-            lst = app.picker.query_one("#list")
+            await pilot.pause()
+            picker = app.screen
+            assert isinstance(picker, ScenarioPicker) and picker.is_running and picker in painted
+            lst = picker.query_one("#list", OptionList)
+            assert app.focused is lst and names[lst.highlighted] == "missing-rank"  # where the user is
+            assert "A rank skips a collective" in str(picker.query_one("#about-text").render())
+            await pilot.press("down")  # keys reach the picker
+            assert names[lst.highlighted] == names[names.index("missing-rank") + 1]
             lst.highlighted = names.index("pipeline")
             await pilot.press("enter")
             await until(pilot, lambda: app.job is not None and app.job is not first and app.job.pids)
@@ -85,3 +97,52 @@ def test_unknown_backend_errors_are_shown_not_raised(tmp_path):
             assert app.job is None
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_demo_removes_its_temporary_traces_unless_kept(keep):
+    """Without --store a run records into a temporary directory: shown while it runs,
+    removed when the demo quits, unless --keep."""
+    import os
+    import shutil
+
+    app = DemoApp(scenarios=SCENARIOS, job_factory=DemoJob, scenario="pipeline", ranks=2, bell=False, keep=keep,
+                  job_options={"pace": 0.2, "steps": 40})
+    shown: list[str] = []
+    real = app.notify
+    app.notify = lambda message, **kw: (shown.append(message), real(message, **kw))
+    stores: list[str] = []
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.job is not None and app.feed.model.events > 0)
+            stores.append(app.job.store)
+            assert os.path.isdir(app.job.store)
+            assert any(f"trace: {app.job.store}" in m for m in shown), shown
+            await pilot.press("q")
+
+    asyncio.run(run())
+    assert os.path.isdir(stores[0]) is keep
+    shutil.rmtree(stores[0], ignore_errors=True)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_headless_demo_removes_its_temporary_trace_unless_kept(keep):
+    import io
+    import os
+    import re
+    import shutil
+
+    from rich.console import Console
+
+    from commscope.commands.check import check_store
+    from commscope.scenarios import run_headless
+
+    out = io.StringIO()
+    con = Console(file=out, width=200)
+    code = run_headless("async-leak", ranks=2, pace=0.0, steps=6, console=con, check=check_store, keep=keep)
+    assert code == 0, out.getvalue()
+    store = re.search(r"trace: (\S+)", out.getvalue()).group(1)
+    assert os.path.isdir(store) is keep, out.getvalue()
+    assert ("removed the temporary trace" in out.getvalue()) is not keep
+    shutil.rmtree(store, ignore_errors=True)

@@ -120,3 +120,45 @@ def test_fsdp2_hang_opens_on_its_finding(snap_compare, size):
         assert a.feed.model.label(*a.timeline.sel).startswith("all_gather_into_tensor #")
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)])
+def test_finding_with_per_rank_tables(snap_compare, size):
+    """A mismatch whose all_reduce then failed with a long Gloo error: the per-rank tables
+    keep op names and shapes whole (never 'all_reduc/e'), with call sites and the exception
+    on lines of their own where the pane is narrow."""
+    from tui_scenarios import mismatch_after_failure
+
+    events, now = mismatch_after_failure()
+    app = make_app(events, now)
+
+    async def run_before(pilot) -> None:
+        await _loaded(pilot)
+        a = pilot.app
+        assert a.findings[0].kind == "collective_mismatch" and a.findings[0].culprits == [1]
+        assert a.detail.border_title == "finding · collective_mismatch"
+        text = a.detail.text(width=a.detail.content_size.width)  # as wide as the pane shows it
+        words = text.split()
+        assert "all_reduce" in words and "broadcast" in words and "4096" in text, text
+        a.clear_notifications()  # the alert's toast would hide the pane
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)])
+@pytest.mark.parametrize("job", ["gpu", "cpu"])
+def test_gpu_panel(snap_compare, size, job):
+    """`r` shows the GPU panel: GPU use per rank, or for a CPU-only job CPU and RSS with the
+    reason in a title line that is cut to the pane and never runs into the next one."""
+    events, now = healthy() if job == "gpu" else hung_missing_rank()
+    app = make_app(events, now)
+
+    async def run_before(pilot) -> None:
+        await _loaded(pilot)
+        await pilot.press("r")
+        pilot.app.clear_notifications()  # a hung job's alert would hide the panes
+        await pilot.pause()
+        assert pilot.app.gpu.mode == job
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)

@@ -188,3 +188,25 @@ def fsdp2_hang(steps: int = 3, layers: int = 4) -> tuple[list[dict], int]:
                                ["data.py", 33, "next_batch"]]}])
     b.heartbeats(T0, now, interval=S // 5)
     return b.sorted_events(), now
+
+
+def mismatch_after_failure() -> tuple[list[dict], int]:
+    """3 ranks: rank 1 broadcasts where ranks 0 and 2 all_reduce (long call sites); the
+    all_reduce then fails on rank 2 with a long Gloo error.  Its finding holds two per-rank
+    tables (the mismatch's, and the failure's with the exception) to lay out."""
+    b = TraceBuilder(3, hang_after=2.0)
+    t = T0 + 100 * MS
+    site = "/home/alice/projects/llm-pretrain/src/llm_pretrain/parallel/data_parallel.py:412 in sync_gradients"
+    for _ in range(3):
+        t = b.collective(t, "all_reduce", latency=5 * MS, shape=(4096,), site=site) + MS
+    stuck = {r: b.sync(r, t + r * MS, None, "all_reduce", shape=(4096,), site=site) for r in (0, 2)}
+    odd = b.sync(1, t + MS, None, "broadcast", root=0, shape=(4096,),
+                 site="/home/alice/projects/llm-pretrain/src/llm_pretrain/parallel/checkpoint.py:88 in load_shard")
+    gloo = ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error "
+            "[127.0.0.1]:29500: Connection reset by peer; the process group is unusable from here on")
+    b.end(2, stuck[2], t + 3 * S, exc=gloo)
+    for r, i in ((0, stuck[0]), (1, odd)):
+        b.add(r, t + 2 * S + 50 * MS, "stack", id=i, threads=_stack(i, "sync_gradients", 412))
+    now = t + 5 * S
+    b.heartbeats(T0, now, interval=S // 5)
+    return b.sorted_events(), now

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from commscope.analysis import evidence
 from commscope.analysis.evidence import ABSENT, Evidence, record
-from commscope.analysis.findings import Finding, activity, op_brief, secs
+from commscope.analysis.findings import Finding, activity, op_brief, ranks_text, secs
 from commscope.analysis.indexes import GroupIndex
 from commscope.analysis.model import COLL, SPACE_FR, TraceModel, untimed
 from commscope.analysis.rankstate import snapshot
@@ -76,7 +76,7 @@ class Mismatch(Evidence):
         if self.differs:
             parts.append(Text(f"differs in: {evidence.cell(self.differs)}", style=f"bold {evidence.WARN}"))
         if self.absent_ranks:
-            parts.append(Text(f"not there yet: ranks {evidence.cell(self.absent_ranks)}", style=evidence.GREY))
+            parts.append(Text(f"not there yet: {ranks_text(self.absent_ranks)}", style=evidence.GREY))
         if self.later_mismatches:
             parts.append(Text(f"{self.later_mismatches} later mismatched instances not shown", style=evidence.FAINT))
         return parts
@@ -100,7 +100,7 @@ class MissingRanks(Evidence):
         if waited:
             vals = sorted(waited.values())
             if vals[-1] - vals[0] < 0.1:
-                line = f"ranks {', '.join(map(str, sorted(waited)))} waited {vals[-1]:.1f} s"
+                line = f"{ranks_text(waited)} waited {vals[-1]:.1f} s"
             else:
                 line = ", ".join(f"{r}: {v:.1f} s" for r, v in sorted(waited.items()))
             parts.append(Text("waiting  ", style=evidence.DIM) + Text(line))

@@ -151,17 +151,74 @@ def kv(rows: list[tuple[str, Any]]) -> Table:
     return t
 
 
+#: A column whose every cell fits this many characters is short: never broken.
+SHORT_CELL = 24
+
+
+class PerRankTable:
+    """A borderless table that fits the width it is drawn at, never breaking a short cell
+    ('all_reduce', '#12', '0.50 s'):
+
+    - everything fits: one table;
+    - the short columns fit: a table of them, each row followed by its long cells
+      (exceptions, call sites) on indented lines of their own, wrapped at spaces;
+    - not even that (a narrow pane): each row as ``column value`` pairs, wrapped.
+
+    Rows whose ``key_col`` is in ``bad`` stand out."""
+
+    def __init__(self, title: str, columns: list[str], rows: list[list[Any]], bad: set[int] | None = None,
+                 key_col: int = 0):
+        self.title = title
+        self.columns = columns
+        self.keys = [row[key_col] for row in rows]
+        self.cells = [[cell(x) for x in row] for row in rows]
+        self.bad = bad or set()
+
+    def __rich_console__(self, console: Any, options: Any) -> Iterator[RenderableType]:
+        from rich.cells import cell_len
+        from rich.padding import Padding
+
+        width = options.max_width
+        widths = [max([cell_len(c), *(cell_len(row[i]) for row in self.cells)]) for i, c in enumerate(self.columns)]
+        short = [i for i, w in enumerate(widths) if w <= SHORT_CELL]
+        long = [i for i in range(len(widths)) if i not in short]
+        styles = [f"bold {BAD}" if k in self.bad else "" for k in self.keys]
+        yield Text(self.title, style=f"bold {GREY}")
+        if sum(widths) + len(widths) - 1 <= width or not long:
+            shown, beneath = list(range(len(widths))), []
+        elif sum(widths[i] for i in short) + len(short) - 1 <= width:
+            shown, beneath = short, long
+        else:
+            for row, style in zip(self.cells, styles, strict=True):
+                line = Text(style=style)
+                for i, (c, v) in enumerate(zip(self.columns, row, strict=True)):
+                    line.append("  " if i else "")
+                    line.append(f"{c} ", style=DIM)
+                    line.append(v)
+                yield line
+            return
+
+        gap = "  " if sum(widths[i] for i in shown) + 2 * (len(shown) - 1) <= width else " "
+
+        def line(cells: list[str], style: str) -> Text:
+            t = Text(style=style, no_wrap=True, overflow="crop")
+            for k, i in enumerate(shown):
+                t.append(cells[i].ljust(widths[i]) + (gap if k < len(shown) - 1 else ""))
+            t.rstrip()
+            return t
+
+        yield line(self.columns, DIM)
+        for row, style in zip(self.cells, styles, strict=True):
+            yield line(row, style)
+            for i in beneath:
+                if row[i] not in ("", "–"):
+                    yield Padding(Text.assemble((f"{self.columns[i]} ", DIM), (row[i], style or GREY)), (0, 0, 0, 2))
+
+
 def table(title: str, columns: list[str], rows: list[list[Any]], bad: set[int] | None = None,
-          key_col: int = 0) -> Table:
-    """A borderless table; rows whose ``key_col`` is in ``bad`` stand out."""
-    t = Table(title=title, title_justify="left", title_style=f"bold {GREY}", box=None, padding=(0, 1),
-              show_edge=False, header_style=DIM)
-    for c in columns:
-        t.add_column(c, overflow="fold")
-    for row in rows:
-        style = f"bold {BAD}" if bad and row[key_col] in bad else ""
-        t.add_row(*[cell(x) for x in row], style=style)
-    return t
+          key_col: int = 0) -> PerRankTable:
+    """A per-rank table that fits its width (``PerRankTable``)."""
+    return PerRankTable(title, columns, rows, bad, key_col)
 
 
 def values(x: Any) -> list:
@@ -250,7 +307,8 @@ def stacks_block(ev: MutableMapping[str, Any]) -> list[RenderableType]:
             if block is not None:
                 out.append(block)
         else:
-            head.append(f": no stack: {note.get('missing', '?')}", style=FAINT)
+            why = str(note.get("missing", "?"))
+            head.append(f": {why}" if why.startswith("no stack") else f": no stack: {why}", style=FAINT)
             out.append(head)
         if note.get("native_dump"):
             out.append(Text(f"py-spy dump of rank {r}:\n{note['native_dump'].rstrip()}"))

@@ -29,7 +29,7 @@ from rich.text import Text
 from commscope.analysis import evidence, stacks
 from commscope.analysis.errors import NAMED, PEER_GONE, RELAYED, TIMEOUT, first_line
 from commscope.analysis.evidence import ABSENT, Evidence, record
-from commscope.analysis.findings import Finding, activity, op_brief, rank_stack, secs
+from commscope.analysis.findings import Finding, activity, op_brief, rank_stack, ranks_text, secs
 from commscope.analysis.model import (
     ARRIVAL_SLACK_NS,
     CONTAINER,
@@ -41,7 +41,7 @@ from commscope.analysis.model import (
     TraceModel,
     signal_label,
 )
-from commscope.analysis.rankstate import snapshot
+from commscope.analysis.rankstate import EXIT_WORDS, snapshot
 
 #: Failed instances reported in full per finding; more with the same blame are counted.
 FAILED_REPORT = 5
@@ -130,18 +130,14 @@ class Failure(NamedTuple):
     blame: Blame
 
 
-def _ranks(rs: Any) -> str:
-    rs = sorted(rs)
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
-
-
 def _departure(model: TraceModel, m: int, now: int) -> str:
     snap = snapshot(model, now)[m]
     if snap.crashed:
         ex = snap.exit or {}
         return f"crashed ({ex.get('signal') or first_line(ex.get('exc') or ex.get('reason', ''), 80)})"
     if snap.exit is not None:
-        return f"exited ({snap.exit.get('reason', 'exit')})"
+        why = snap.exit.get("reason", "exit")
+        return f"exited ({EXIT_WORDS.get(why, why)})"
     if snap.dead:
         return "vanished (no exit; nothing from it since)"
     return "has not been heard from since"
@@ -152,14 +148,14 @@ def _blame_one(model: TraceModel, r: int, i: int, now: int, ops: dict[int, int])
     kind = model.exc_kind(r, i)
     t = model.failed_ns(r, i)
     if kind.kind == NAMED:
-        return Blame(kind.ranks, "named", f"{_ranks(kind.ranks)} never arrived (named by the exception)")
+        return Blame(kind.ranks, "named", f"{ranks_text(kind.ranks)} never arrived (named by the exception)")
     if kind.kind == RELAYED:
         return None
     if kind.kind == TIMEOUT:
         absent = [m for m in model.members(r, i) if m != r and
                   (m not in ops or int(model.ranks[m].begin[ops[m]]) > t + ARRIVAL_SLACK_NS)]
         if absent:
-            return Blame(tuple(absent), "absent", f"{_ranks(absent)} had not entered it when the timeout fired")
+            return Blame(tuple(absent), "absent", f"{ranks_text(absent)} had not entered it when the timeout fired")
         return Blame((), "unknown", "every member had entered it when the timeout fired")
     if kind.kind == PEER_GONE:
         left, silent = model.peers_gone(r, i)
@@ -171,7 +167,7 @@ def _blame_one(model: TraceModel, r: int, i: int, now: int, ops: dict[int, int])
             return Blame(tuple(silent), "left", f"its connection to rank {silent[0]} closed, and rank "
                                                 f"{silent[0]} has not been heard from since")
         if silent:
-            return Blame((), "pending", f"a connection closed: one of {_ranks(silent)} left; waiting to hear "
+            return Blame((), "pending", f"a connection closed: one of {ranks_text(silent)} left; waiting to hear "
                                         "which (none has been heard from since)")
         return Blame((), "unknown", "a connection closed, but every other member is still there")
     return Blame((r,), "local", f"the op raised on rank {r} itself")
@@ -234,8 +230,8 @@ def find_failed_ops(model: TraceModel, now: int, failures: list[Failure]) -> lis
         seq = int(model.ranks[r0].seq[i0])
         where = model.label(r0, i0)
         excs = {r: model.ranks[r].exc[i] for r, i in f.failed.items()}
-        msg = (f"{where} failed on {_ranks(f.failed)} ({first_line(excs[r0], 120)}); "
-               + (f"blamed on {_ranks(f.blame.culprits)}: " if f.blame.culprits else
+        msg = (f"{where} failed on {ranks_text(f.failed)} ({first_line(excs[r0], 120)}); "
+               + (f"blamed on {ranks_text(f.blame.culprits)}: " if f.blame.culprits else
                   "not blamed yet: " if f.blame.reason == "pending" else "no rank to blame: ")
                + f.blame.text)
         failed_ev = {}

@@ -62,6 +62,12 @@ class Finding:
         return (self.severity != ERROR, _ORDER.get(self.kind, 99), self.ts)
 
 
+def ranks_text(ranks: Any) -> str:
+    """'rank 3' / 'ranks 0, 2': ranks named in a sentence, sorted."""
+    rs = sorted(ranks)
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+
 def secs(ns: int | float) -> float:
     return round(float(ns) / 1e9, 3)
 

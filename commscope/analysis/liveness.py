@@ -13,6 +13,7 @@ from commscope.analysis.failures import cause_of_departure
 from commscope.analysis.findings import Finding, activity, op_brief, secs
 from commscope.analysis.model import P2P, TraceModel, describe_kill
 from commscope.analysis.rankstate import snapshot
+from commscope.units import sample_text
 
 
 @record
@@ -39,8 +40,8 @@ class Dead(Evidence):
                 ("silent for", f"{float(self.silent_s or 0):.1f} s (threshold {float(self.threshold_s or 0):.1f} s)"),
                 ("was", act.get("text")), ("in", evidence.brief(act.get("in_op")) if act.get("in_op") else None),
                 ("last op", evidence.brief(act.get("last_completed_op")) if act.get("last_completed_op") else None),
-                ("last sample", Text(", ".join(f"{k} {v}" for k, v in self.last_sample.items() if k != "ts"),
-                                     style=evidence.FAINT) if self.last_sample else None),
+                ("last sample", Text(sample_text(self.last_sample), style=evidence.FAINT)
+                 if self.last_sample else None),
                 ("host / pid", f"{self.get('host', '?')} / {self.get('pid', '?')}")]
         return [evidence.kv(rows)]
 

@@ -160,6 +160,10 @@ def _tup(x: Any) -> tuple:
     return tuple(tuple(s) if isinstance(s, list | tuple) else s for s in x)
 
 
+#: The call site of an op issued from C++ with no Python caller.
+CPP_CALLER = "C++ (DDP reducer or another C++ caller)"
+
+
 @dataclasses.dataclass(slots=True)
 class Sig:
     """Everything about an op that is shared by its repeated calls."""
@@ -195,6 +199,13 @@ class Sig:
         else:
             dtypes = tuple(sorted(set(self.in_dtypes) | set(self.out_dtypes)))
         return (self.op, dtypes, shapes, self.redop, self.root)
+
+    def where(self) -> str:
+        """Its call site, or who issued it when no Python frame did: a collective the native
+        hook saw issued from C++ (DDP's reducer, its start-up broadcasts) has no site."""
+        if self.site:
+            return self.site
+        return CPP_CALLER if self.src == "c10d" else "unknown call site"
 
     def describe(self) -> dict:
         d = {"op": self.op, "group": self.group, "site": self.site, "in_shapes": [list(s) for s in self.in_shapes],
@@ -274,6 +285,7 @@ class TraceModel:
         self.failed: list[tuple[int, int]] = []  # (rank, op index) of ops that raised, in arrival order
         self.request_ns = 0  # latest cross-rank stack request seen (see record/hangsignal.py)
         self._vanish_memo: tuple[int, int, frozenset[int]] | None = None
+        self._survivors_memo: tuple[int, int, int] | None = None
         self._exc_kinds: dict[tuple[int, int], Any] = {}
         self.events = 0
         #: What the reader skipped, per rank: {"damaged": lines, "invalid": events, "missing": entries}
@@ -897,10 +909,19 @@ class TraceModel:
         k = self.killed(rank)
         if k is not None:  # killed while others went on (ranks killed together are a job stopped)
             t = self.departed_ns(rank) or int(k["ts"])
-            failed_after = {p for p, i in self.failed[-1000:] if p != rank and self.failed_ns(p, i) >= t}
-            return any(r != rank and self.killed(r) is None and (r in failed_after or self.last_seen(r) > t + SLACK_NS)
-                       for r in self.ranks)
+            last_failed, last_seen = self._survivors_last()
+            return last_failed >= t or last_seen > t + SLACK_NS
         return self.end_ns - self.last_seen(rank) > self.dead_after_ns(rank)
+
+    def _survivors_last(self) -> tuple[int, int]:
+        """Over the ranks not killed: the latest failure of an op and the latest sign of
+        life (what "killed while others went on" compares with), once per version."""
+        memo = self._survivors_memo
+        if memo is None or memo[0] != self.version:
+            failed = [self.failed_ns(p, i) for p, i in self.failed[-1000:] if self.killed(p) is None]
+            seen = [self.last_seen(r) for r in self.ranks if self.killed(r) is None]
+            memo = self._survivors_memo = (self.version, max(failed, default=-1), max(seen, default=-1))
+        return memo[1], memo[2]
 
     # ------------------------------------------------------------------ failures and departures
     def failed_ns(self, rank: int, i: int) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from commscope.analysis.model import ASYNC, CONTAINER, NESTED, RankState, describe_kill, is_kill
+from commscope.analysis.model import ASYNC, CONTAINER, NESTED, RankState, describe_kill, is_kill, signal_label
 
 STARTUP_SLACK_NS = 2 * 10**9  # ranks whose streams begin this close to the job's start started with it
 _TOP = NESTED | CONTAINER  # inner traffic and containers: never "the op a rank is in"
@@ -49,14 +49,18 @@ def _present(m: Any, rank: int, now: int) -> RankState:
         where = f", was in {m.label(rank, cur)}" if cur is not None else ""
         k = m.killed(rank)
         if k is not None:
-            return RankState("dead", f"dead ({describe_kill(k)}{where})", cur, int(k["ts"]))
+            kt = int(k["ts"])
+            if not m.left_early(rank, now):  # stopped with the whole job: say what it was doing
+                return RankState("dead", f"{_doing(m, rank, cur, kt)} when the job was stopped "
+                                 f"({describe_kill(k)})", cur, kt)
+            return RankState("dead", f"dead ({describe_kill(k)}{where})", cur, kt)
         return RankState("dead", f"dead (last seen {(now - seen) / 1e9:.1f} s ago{where})", cur, seen)
     ex = m.exited(rank)
     if ex is not None:
         if m.crash(rank) is not None:
             what = ex.get("signal") or ex.get("exc") or ex.get("reason")
             return RankState("crashed", f"crashed ({what})", m.last_op(rank, completed=False), int(ex["ts"]))
-        why = ex.get("reason", "exit")
+        why = EXIT_WORDS.get(ex.get("reason", ""), ex.get("reason", "exit"))
         return RankState("exited", f"exited ({why})", m.last_op(rank), int(ex["ts"]))
     if cur is not None:
         since = m.blocked_since(rank, cur)
@@ -67,6 +71,52 @@ def _present(m: Any, rank: int, now: int) -> RankState:
         return RankState("idle", "idle (no ops yet)", None, rt.first_ts)
     done = int(rt.comp[last])
     return RankState("idle", f"idle (last {m.label(rank, last)} {(now - done) / 1e9:.1f} s ago)", last, done)
+
+
+#: Exit reasons in words (the ``exit`` event keeps the recorder's own names).
+EXIT_WORDS = {"uninstrument": "recording stopped"}
+
+
+def _short_signal(name: str) -> str:
+    """'SIGTERM' for 'Terminated' / 'SIGTERM (Terminated)'."""
+    return signal_label(name).split(" (")[0]
+
+
+def ending(m: Any, rank: int, now: int) -> str | None:
+    """How a rank that is gone ended, in a few words for a table cell: 'exited (at exit)',
+    'crashed (SIGSEGV)', 'crashed (RuntimeError)', 'killed (SIGKILL)', 'job stopped
+    (SIGTERM)' for ranks stopped together with their job, 'dead (silent)'.  None while it
+    runs.  The whole story (the exception, the stack) is in the findings."""
+    st = rank_state(m, rank, now)
+    if st.kind == "exited":
+        ex = m.exited(rank) or {}
+        return f"exited ({EXIT_WORDS.get(ex.get('reason', ''), ex.get('reason', 'exit'))})"
+    if st.kind == "crashed":
+        ex = m.exited(rank) or {}
+        if ex.get("signal"):
+            return f"crashed ({_short_signal(str(ex['signal']))})"
+        exc = str(ex.get("exc") or ex.get("reason") or "?").strip().splitlines()[0]
+        kind = exc.split(":")[0].split()[-1] if exc.split(":")[0].split() else exc
+        return f"crashed ({kind[:32]})"
+    if st.kind == "dead":
+        k = m.killed(rank)
+        if k is None:
+            return "dead (silent)"
+        how = _short_signal(str(k["signal"])) if k.get("signal") else f"os._exit({k.get('code')})"
+        return f"job stopped ({how})" if not m.left_early(rank, now) else f"killed ({how})"
+    return None
+
+
+def _doing(m: Any, rank: int, cur: int | None, t: int) -> str:
+    """'in all_reduce #12 (group 0) for 22.1 s' / 'idle, 22.2 s after all_reduce #11 (group 0)'
+    at ``t``: what a rank was doing when the job around it was stopped."""
+    if cur is not None:
+        since = m.blocked_since(rank, cur)
+        return f"in {m.label(rank, cur)} for {(t - since) / 1e9:.1f} s"
+    last = m.last_op(rank)
+    if last is None:
+        return "idle (no ops yet)"
+    return f"idle, {(t - int(m.ranks[rank].comp[last])) / 1e9:.1f} s after {m.label(rank, last)},"
 
 
 def _as_of(m: Any, rank: int, t: int) -> RankState:
@@ -98,11 +148,14 @@ def _as_of(m: Any, rank: int, t: int) -> RankState:
     if exits and (not rt.n or exits[-1]["ts"] >= _last_begin_before(m, rank, t)):
         ex = exits[-1]
         if is_kill(ex):
+            if ex is m.killed(rank) and not m.left_early(rank, t):
+                return _present(m, rank, t)  # stopped with the job: read as the present does
             return RankState("dead", f"dead ({describe_kill(ex)})", None, int(ex["ts"]))
         if ex.get("exc") or ex.get("reason") in ("exception", "signal"):
             return RankState("crashed", f"crashed ({ex.get('signal') or ex.get('exc') or ex.get('reason')})", None,
                              int(ex["ts"]))
-        return RankState("exited", f"exited ({ex.get('reason', 'exit')})", None, int(ex["ts"]))
+        why = EXIT_WORDS.get(ex.get("reason", ""), ex.get("reason", "exit"))
+        return RankState("exited", f"exited ({why})", None, int(ex["ts"]))
     if rt.last_hb and t >= max(rt.last_hb, rt.last_ts) and m.is_dead(rank, t):
         return _present(m, rank, t)  # past its last word: the present answer is the answer
     last = _last_done_before(m, rank, t)

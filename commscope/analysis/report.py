@@ -19,6 +19,7 @@ import numpy as np
 
 from commscope.analysis.bandwidth import busbw_factor, instances, sig_size
 from commscope.analysis.model import ASYNC, NESTED, P2P, SPACE_FR, TraceModel, untimed
+from commscope.analysis.rankstate import ending
 
 
 def _pct(xs: list[float] | np.ndarray, q: float) -> float | None:
@@ -59,11 +60,8 @@ def _s(ns: float | None) -> float | None:
 
 
 def _end_of(model: TraceModel, r: int) -> str:
-    """How the rank's stream ends: 'exited (reason)', 'crashed (...)', 'dead', or 'running'."""
-    st = model.state(r, model.end_ns)
-    if st.kind in ("exited", "crashed", "dead"):
-        return st.text.split(" (last seen")[0] if st.kind == "dead" else st.text
-    return "running"
+    """How the rank's stream ends, in a few words (``rankstate.ending``), or 'running'."""
+    return ending(model, r, model.end_ns) or "running"
 
 
 def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
@@ -108,7 +106,7 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
                 by_group[gkey].wait += w
                 if w:
                     for c2 in np.unique(inst.sig[m, col]).tolist():
-                        site = model.sigs[c2].site or "?"
+                        site = model.sigs[c2].where()
                         sel = inst.sig[m, col] == c2
                         site_wait[site][0] += int(waits[sel, col].sum())
                         site_wait[site][1] += int(sel.sum())
@@ -139,8 +137,8 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
             v = int(wait_ns[sig[aw] == code].sum())
             by_op[s.op].async_wait += v
             by_group[s.group + (" (fr)" if s.space == SPACE_FR else "")].async_wait += v
-            site_wait[s.site or "?"][0] += v
-            site_wait[s.site or "?"][1] += int((sig[aw] == code).sum())
+            site_wait[s.where()][0] += v
+            site_wait[s.where()][1] += int((sig[aw] == code).sum())
         p2p = top & (comp > 0) & ((flags & P2P) != 0)
         if p2p.any():
             for code in np.unique(sig[p2p]).tolist():

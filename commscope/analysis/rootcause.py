@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from commscope.analysis.failures import death_message, instance_key
-from commscope.analysis.findings import ERROR, Finding, attach_stacks
+from commscope.analysis.findings import ERROR, Finding, attach_stacks, ranks_text
 from commscope.analysis.model import TraceModel
 
 #: Which finding absorbs another naming the same culprits: earlier wins.
@@ -59,11 +59,15 @@ def _absorb(root: Finding, f: Finding) -> None:
 def _say(c: dict[str, Any], root: Finding) -> str:
     """One consequence in a few words: 'all_reduce #6 failed on ranks 0, 2'."""
     where = f"{c['op']} #{c['seq']}" if c.get("op") and c.get("seq") is not None else c.get("op") or "an op"
-    hit = ", ".join(map(str, sorted(set(c["ranks"]) - set(root.culprits)) or c["ranks"]))
+    hit = ranks_text(sorted(set(c["ranks"]) - set(root.culprits)) or c["ranks"])
+    if c["kind"] == "op_failed" and c.get("failed"):  # the ranks whose op raised, as its table lists them
+        return f"{where} failed on {ranks_text(int(r) for r in c['failed'])}"
+    if c["kind"] == "missing_ranks" and c.get("waited_s"):  # the ranks that entered and waited
+        return f"{ranks_text(int(r) for r in c['waited_s'])} waited in {where}"
     if c["kind"] == "op_failed":
-        return f"{where} failed on ranks {hit}"
+        return f"{where} failed on {hit}"
     if c["kind"] == "missing_ranks":
-        return f"ranks {hit} waited in {where}"
+        return f"{hit} waited in {where}"
     if c["kind"] == "rank_crashed":
         who = ", ".join(map(str, c["culprits"]))
         said = death_message(c, 160)
@@ -73,7 +77,7 @@ def _say(c: dict[str, Any], root: Finding) -> str:
     if c["kind"] == "dead_rank":
         return f"rank {', '.join(map(str, c['culprits']))} went away"
     if c["kind"] == "unmatched_p2p":
-        return f"rank {hit} blocked in {where}"
+        return f"{hit} blocked in {where}"
     return f"{c['kind']} {where}"
 
 

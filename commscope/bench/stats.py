@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from commscope.units import size
+
 
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
@@ -32,8 +34,4 @@ def fmt_time(seconds: float) -> str:
 
 
 def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
+    return size(n)

@@ -9,6 +9,11 @@ is painted from the ops while the rows' span indexes (``tui/spanindex.py``) are 
 the UI is idle: both are shown apart, and so are full frames painted from the ops alone,
 alternated with the measured ones, for comparison.
 Targets: full frame <= 30 ms median, frame after 1k events <= 10 ms, RSS <= 400 MB.
+
+Idle CPU: the real `commscope attach` on a job that has ended, side by side with a paused
+`commscope replay` of the same trace (each in its own pseudo-terminal, 120x40, written
+through the directory store's writer), alternated, CPU seconds per minute once loaded.
+Target: attach on an ended job idles like a paused replay (<= 1 CPU s per minute).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from commscope.store import EmptyReader
 TARGET_FRAME = 0.030
 TARGET_UPDATE = 0.010
 TARGET_RSS = 400 * 2**20
+TARGET_IDLE = 1.0  # CPU seconds per minute
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ops", type=int, default=1_000_000, help="ops in total (default 1M)")
     p.add_argument("--frames", type=int, default=20, help="frames per measurement")
     p.add_argument("--quick", action="store_true", help="8 ranks x 20k ops, for a smoke test")
+    p.add_argument("--idle-window", type=float, default=20.0, metavar="S",
+                   help="seconds of idle CPU measured per run (default 20; 5 with --quick)")
+    p.add_argument("--idle-rounds", type=int, default=2, help="attach/replay pairs, alternated (default 2)")
 
 
 def _frame(tl, index: bool = True, *, first: bool = False) -> float:
@@ -140,6 +149,90 @@ async def _measure(model, frames: int) -> dict:
     return out
 
 
+def _ended_store(root: str) -> str:
+    """A 4-rank job that ran and exited, written through the directory store's writer."""
+    from commscope.analysis.synth import healthy_trace
+    from commscope.events import encode
+    from commscope.store import open_writer
+
+    events = healthy_trace(4, 2000)
+    for r in range(4):
+        w = open_writer(root, "ended", r, {"world_size": 4})
+        w.write([encode(e) for e in events if e["rank"] == r])
+        w.close()
+    return root
+
+
+def _idle_cpu(argv: list[str], window: float) -> float:
+    """CPU seconds per minute the console ``argv`` spends once it has drawn its first
+    screen, in a pseudo-terminal whose output is drained (as a terminal would)."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+    import threading
+
+    import psutil
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    env = dict(os.environ, TERM="xterm-256color", COLUMNS="120", LINES="40")
+    proc = subprocess.Popen([sys.executable, "-m", "commscope", *argv], stdin=slave, stdout=slave, stderr=slave,
+                            env=env, start_new_session=True)
+    os.close(slave)
+    seen = bytearray()
+    drained = threading.Event()
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen.extend(chunk[-4096:])
+            del seen[:-8192]
+        drained.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        p = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 60
+        while b"events" not in seen and time.monotonic() < deadline:  # the header is drawn
+            time.sleep(0.1)
+        time.sleep(2.0)  # let the first diagnosis and table refresh settle
+        c0 = p.cpu_times()
+        time.sleep(window)
+        c1 = p.cpu_times()
+        return (c1.user + c1.system - c0.user - c0.system) / window * 60
+    finally:
+        os.write(master, b"q")
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+        drained.wait(5)
+
+
+def idle_cpu(window: float, rounds: int) -> dict[str, list[float]]:
+    """attach on an ended job vs a paused replay of it, alternated: CPU s per minute each."""
+    import tempfile
+
+    out: dict[str, list[float]] = {"attach": [], "replay": []}
+    with tempfile.TemporaryDirectory(prefix="commscope-bench-idle-") as tmp:
+        store = _ended_store(tmp)
+        for _ in range(rounds):
+            out["attach"].append(_idle_cpu(["attach", "--no-bell", store], window))
+            out["replay"].append(_idle_cpu(["replay", store], window))
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     import psutil
 
@@ -189,5 +282,14 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"RSS: {rss0 / 2**20:.0f} MiB at start, {rss_model / 2**20:.0f} MiB holding the model, "
                   f"{rss_app / 2**20:.0f} MiB with the app running (target ≤ {TARGET_RSS // 2**20} MB): "
                   + ("met" if met else "MISSED"))
+    window = 5.0 if args.quick else args.idle_window
+    console.print(f"idle CPU: attach on an ended job and a paused replay, {args.idle_rounds} rounds of "
+                  f"{window:g} s each, alternated ...")
+    idle = idle_cpu(window, args.idle_rounds)
+    attach, replay = median(idle["attach"]), median(idle["replay"])
+    met = attach <= TARGET_IDLE
+    ok &= met
+    console.print(f"idle CPU, s per minute (median): attach on an ended job {attach:.2f}, paused replay "
+                  f"{replay:.2f} (target ≤ {TARGET_IDLE:g}): " + ("met" if met else "MISSED"))
     console.print("[green]all targets met[/]" if ok else "[red]some targets missed[/]")
     return 0

@@ -18,7 +18,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", nargs="?", help="scenario name (omit to pick one in the console)")
     p.add_argument("--ranks", type=int, help="worker processes (default: the scenario's, usually 4)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="process group backend (default gloo)")
-    p.add_argument("--store", help="trace store root (default: a fresh temporary directory per run)")
+    p.add_argument("--store", help="trace store root (default: a fresh temporary directory per run, removed when "
+                                   "the demo ends unless --keep)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary traces the demo records (their paths are "
+                                                       "shown while they run)")
     p.add_argument("--hang-after", type=float, default=3.0, metavar="SECONDS",
                    help="report ops stuck longer than this (default 3)")
     p.add_argument("--headless", action="store_true",
@@ -48,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError("--headless needs a scenario name (see commscope demo --list)")
         try:
             return run_headless(args.scenario, ranks=args.ranks, backend=args.backend, store=args.store,
-                                hang_after=args.hang_after, json=args.json, check=check_store)
+                                hang_after=args.hang_after, json=args.json, check=check_store, keep=args.keep)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     if args.backend == "nccl":
@@ -57,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
     from commscope.tui.demo_app import DemoApp
 
     DemoApp(scenarios=SCENARIOS, job_factory=DemoJob, scenario=args.scenario, ranks=args.ranks,
-            backend=args.backend, store=args.store, hang_after=args.hang_after).run()
+            backend=args.backend, store=args.store, hang_after=args.hang_after, keep=args.keep).run()
     return 0
 
 

@@ -124,6 +124,21 @@ def _layout(key: str, rows: dict[str, dict[str, Any]], cols: list[Column], width
     return heads, body, dropped
 
 
+def _common_dir(sites: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The directory every call site's file shares, and the sites relative to it (other
+    keys, such as the C++ caller, unchanged): keeps the table in 80 columns."""
+    import os
+
+    files = [k.split(":")[0] for k in sites if k.startswith("/") and ":" in k]
+    if len(files) < 2:
+        return "", sites
+    under = os.path.dirname(os.path.commonpath(files)) if len(set(files)) == 1 else os.path.commonpath(files)
+    if under in ("", "/"):
+        return "", sites
+    cut = len(under) + 1
+    return under, {(k[cut:] if k.startswith(under + "/") else k): v for k, v in sites.items()}
+
+
 def _widths(heads: list[str], body: list[list[str]]) -> list[int]:
     return [max([len(h), *(len(r[i]) for r in body)]) for i, h in enumerate(heads)]
 
@@ -171,7 +186,8 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
     show("per rank", "rank", rep["ranks"], _RANK_COLS)
     sites = {s["site"]: {"waiting": s["wait_s"], "ops": s["count"]} for s in rep["sites"]}
     if sites:
-        show("top call sites by time waiting", "site", sites, _SITE_COLS)
+        under, sites = _common_dir(sites)
+        show("top call sites by time waiting" + (f", in {under}/" if under else ""), "site", sites, _SITE_COLS)
     notes = []
     if rep.get("ops_untimed"):
         notes.append(f"{rep['ops_untimed']:,} ops without timings (Flight Recorder on Gloo, or no end time) are "

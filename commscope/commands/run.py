@@ -6,6 +6,11 @@
 No code change: a bootstrap on PYTHONPATH (a sitecustomize that chains to any existing
 one) instruments each Python process when it calls init_process_group.  Processes that
 never do are not touched.  Watch the job live with the printed `commscope attach` line.
+
+Ctrl-C (or SIGTERM) is passed to the command.  Ranks blocked inside a collective cannot
+act on it (they are in C++), and torchrun waits 30 s before it kills them; so ranks still
+running 5 s later get SIGTERM from commscope (a second Ctrl-C: at once).  What they
+recorded, the stacks captured while they hung included, stays in the trace.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from commscope.redact import redact
@@ -24,6 +30,8 @@ from commscope.store.base import is_job_name
 from commscope.store.directory import ENV_SHARE
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "record" / "bootstrap"
+#: Seconds a stop request (Ctrl-C, SIGTERM) is left to the command before its ranks get SIGTERM.
+STOP_GRACE_S = 5.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -117,15 +125,10 @@ def main(args: argparse.Namespace) -> int:
     except FileNotFoundError:
         raise UsageError(f"command not found: {command[0]}") from None
 
-    def forward(signum, _frame):
-        try:
-            proc.send_signal(signum)
-        except ProcessLookupError:
-            pass
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    stop = _Stop(proc)
+    old = {s: signal.signal(s, stop.request) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        code = proc.wait()
+        code = stop.wait()
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -138,6 +141,53 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(f"commscope: done (exit code {code}); diagnose with:  commscope check {shown}", file=sys.stderr)
     return code if code >= 0 else 128 - code
+
+
+class _Stop:
+    """Passes a stop request on to the command, and ends ranks that cannot act on it: the
+    processes below the command (the ranks, under a launcher; the command itself when it has
+    none) get SIGTERM ``STOP_GRACE_S`` after the first request, or at the second."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.asked: float | None = None
+        self.terminated = False
+
+    def request(self, signum: int, _frame: object) -> None:
+        try:
+            self.proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+        if self.asked is None:
+            self.asked = time.monotonic()
+            print(f"commscope: stopping the job; ranks still running in {STOP_GRACE_S:g} s get SIGTERM "
+                  "(Ctrl-C again: now)", file=sys.stderr)
+        else:
+            self.terminate()
+
+    def terminate(self) -> None:
+        """SIGTERM to every process below the command (or to the command, if it has none)."""
+        import psutil
+
+        self.terminated = True
+        try:
+            below = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return
+        for p in below or [psutil.Process(self.proc.pid)]:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+
+    def wait(self) -> int:
+        while True:
+            try:
+                return self.proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                if self.asked is not None and not self.terminated and time.monotonic() - self.asked >= STOP_GRACE_S:
+                    print("commscope: ranks still running: sending them SIGTERM", file=sys.stderr)
+                    self.terminate()
 
 
 def _jobs(store: str) -> set[str] | None:

@@ -209,7 +209,8 @@ class DemoJob:
     watchable, tests use ~0), ``steps`` overrides its iteration count, ``time_limit`` is
     how long after ``start()`` every worker is gone at the latest (default 40 s for
     hanging scenarios, 180 s otherwise), ``seed`` varies the random sizes, ``logs=False``
-    leaves worker output on this terminal.
+    leaves worker output on this terminal.  ``discard()`` removes what the job made in the
+    temporary directory (``temporary``: the trace when no ``store`` was given, the logs).
     """
 
     def __init__(self, scenario: str | Scenario, *, ranks: int | None = None, backend: str = "gloo",
@@ -238,12 +239,15 @@ class DemoJob:
         self.job_id = f"{sc.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         from commscope.store import is_redis
 
+        self.temporary: list[str] = []  # what discard() removes
         if store is not None and is_redis(store):
             self.store = store
             self.log_dir: str | None = tempfile.mkdtemp(prefix=f"commscope-demo-{sc.name}-logs-") if logs else None
+            self.temporary += [self.log_dir] if self.log_dir else []
         else:
             if store is None:
                 run_dir = Path(tempfile.mkdtemp(prefix=f"commscope-demo-{sc.name}-"))
+                self.temporary.append(str(run_dir))
             else:
                 from commscope.store.directory import PRIVATE, make_dirs
 
@@ -349,6 +353,17 @@ class DemoJob:
         self.errors()
         _LIVE.discard(self)
         return True
+
+    def discard(self) -> None:
+        """Stop the workers and remove what this job made in the temporary directory (its
+        trace when no store was given, its logs): a demo leaves nothing behind unless asked.
+        A store the user named is never touched."""
+        import shutil
+
+        self.stop()
+        for path in self.temporary:
+            shutil.rmtree(path, ignore_errors=True)
+        self.temporary = []
 
     def stop(self, timeout: float = 5.0) -> None:
         """Kill every worker (and its child processes): SIGTERM, then SIGKILL after ``timeout``.
@@ -486,7 +501,7 @@ def watch_until_diagnosed(job: DemoJob, timeout: float) -> list[Any]:
 def run_headless(name: str | Scenario, *, ranks: int | None = None, backend: str = "gloo", store: str | None = None,
                  hang_after: float = 3.0, json: bool = False, timeout: float = 120.0, console: Any = None,
                  pace: float = 1.0, steps: int | None = None, time_limit: float | None = None,
-                 sample_interval: float = 0.2, check: Callable[..., int] | None = None) -> int:
+                 sample_interval: float = 0.2, check: Callable[..., int] | None = None, keep: bool = True) -> int:
     """Run a scenario to its end (a hanging one until its hang is diagnosed from the live
     store, then stop it), then print what ``commscope check STORE [--json]`` prints:
     ``check(store, json=, console=)`` does (``commands.check.check_store``; passed in, as
@@ -494,7 +509,8 @@ def run_headless(name: str | Scenario, *, ranks: int | None = None, backend: str
 
     Returns check's exit code: 0 no error-level finding, 1 errors, 2 bad input (unknown
     scenario, too few ranks, nccl without GPUs, empty trace); 130 when interrupted.
-    The header line goes to stderr with ``json`` (stdout is the JSON object alone)."""
+    The header line goes to stderr with ``json`` (stdout is the JSON object alone).
+    ``keep=False``: a trace in the temporary directory is removed once checked."""
     from rich.console import Console
 
     con = console or Console()
@@ -519,9 +535,17 @@ def run_headless(name: str | Scenario, *, ranks: int | None = None, backend: str
                       highlight=False)
     except KeyboardInterrupt:
         job.stop()
+        if not keep:
+            job.discard()
         return 130
     finally:
         job.stop()
     if check is None:
         raise TypeError("run_headless needs check= (commscope.commands.check.check_store)")
-    return check(job.store, json=json, console=con)
+    try:
+        return check(job.store, json=json, console=con)
+    finally:
+        if job.temporary and not keep:
+            job.discard()
+            err.print(f"commscope demo: removed the temporary trace {job.store} (--keep keeps it)", highlight=False,
+                      soft_wrap=True, style="grey50")

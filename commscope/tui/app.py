@@ -29,7 +29,7 @@ from commscope.tui.gpu_panel import GpuPanel
 from commscope.tui.header import StatusHeader
 from commscope.tui.rank_table import RankTable
 from commscope.tui.ruler import Ruler
-from commscope.tui.screens import HelpScreen, LoadingScreen
+from commscope.tui.screens import HELP_SECTIONS, HelpScreen, LoadingScreen
 from commscope.tui.timeline import Timeline
 
 SPEEDS = [0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 100, 1000]
@@ -315,8 +315,12 @@ class CommscopeApp(App):
                 self.bell()
 
     def _now(self) -> int:
+        """Replay: the cursor.  Live: the clock, or a job's end once it ended (the feed's
+        judgement, ``Feed.ended``): an ended job is shown frozen, as ``check`` judges it."""
         if self.feed.mode == REPLAY:
             return self.cursor_ns if self.cursor_ns is not None else self.feed.model.end_ns
+        if self.info.ended and self.info.now_ns:
+            return self.info.now_ns
         return self.clock()
 
     def _show_header(self) -> None:
@@ -343,7 +347,7 @@ class CommscopeApp(App):
                     self.playing = False
                 self._cursor_moved(playing=True)
             return
-        if self.feed.model.events:
+        if self.feed.model.events and not self.info.ended:  # an ended job does not move
             self.timeline.on_model_update(self._now())
             self.ruler.refresh()
             self._show_header()
@@ -409,8 +413,12 @@ class CommscopeApp(App):
         return None
 
     # ------------------------------------------------------------------ actions
+    def help_sections(self) -> list[tuple[str, list[tuple[str, str]]]]:
+        """What ``?`` lists; an app with keys of its own (the demo) adds a section."""
+        return HELP_SECTIONS
+
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        self.push_screen(HelpScreen(self.help_sections()))
 
     def action_toggle_panel(self) -> None:
         sw = self.query_one("#left", ContentSwitcher)

@@ -42,10 +42,11 @@ class ScenarioPicker(Screen):
     ScenarioPicker #status { height: 1; padding: 0 2; color: $text-muted; }
     """
 
-    def __init__(self, scenarios: dict[str, Any]):
+    def __init__(self, scenarios: dict[str, Any], current: str | None = None):
         super().__init__()
         self.scenarios = scenarios
         self.names = list(scenarios)
+        self.current = current if current in scenarios else self.names[0]
 
     def compose(self) -> ComposeResult:
         yield Static(Text.assemble(("commscope demo", "bold"), "  pick a scenario: it runs on real Gloo ranks "
@@ -66,9 +67,9 @@ class ScenarioPicker(Screen):
         self.query_one("#list").border_title = "scenarios"
         self.query_one("#about").border_title = "about"
         lst = self.query_one("#list", OptionList)
-        lst.highlighted = 0
+        lst.highlighted = self.names.index(self.current)
         lst.focus()
-        self._describe(self.names[0])
+        self._describe(self.current)
         self.show_status()
 
     def _describe(self, name: str) -> None:
@@ -128,16 +129,17 @@ class ScenarioPicker(Screen):
 
 class DemoApp(CommscopeApp):
     BINDINGS = [
-        Binding("m", "menu", "Scenarios"),
-        Binding("S", "stop_demo", "Stop demo"),
-        Binding("R", "restart_demo", "Restart demo"),
+        Binding("m", "menu", "Scenarios", tooltip="scenarios: pick one to start (enter), esc returns"),
+        Binding("S", "stop_demo", "Stop demo", tooltip="stop the running scenario (its workers are killed)"),
+        Binding("R", "restart_demo", "Restart demo", tooltip="start the scenario shown again, on a fresh store"),
     ]
 
     def __init__(self, *, scenarios: dict[str, Any], job_factory: Any, scenario: str | None = None,
                  ranks: int | None = None, backend: str = "gloo", store: str | None = None, hang_after: float = 3.0,
-                 job_options: dict[str, Any] | None = None, **kwargs: Any):
+                 job_options: dict[str, Any] | None = None, keep: bool = False, **kwargs: Any):
         """``scenarios`` (name -> scenario) and ``job_factory`` (``scenarios.DemoJob``) come
-        from the caller (``commands/demo.py``): the console does not import the workloads."""
+        from the caller (``commands/demo.py``): the console does not import the workloads.
+        ``keep``: leave the temporary traces of the runs behind (else removed on quit)."""
         from commscope.launch import warm_up
 
         warm_up()  # before Textual takes over stderr, which multiprocessing's spawns need
@@ -152,16 +154,21 @@ class DemoApp(CommscopeApp):
         self.demo_hang_after = hang_after
         self.job: Any = None
         self.job_name = ""
-        self.picker = ScenarioPicker(self.scenarios)
-        atexit.register(self._stop_job)
+        self.keep = keep
+        self.jobs: list[Any] = []  # every run started: their temporary traces go on quit
+        self.picker: ScenarioPicker | None = None  # the one on screen; a fresh one per `m`
+        atexit.register(self._clean_up)
 
     def on_mount(self) -> None:
         super().on_mount()
         if self.first:
             self.start_scenario(self.first)
         else:
-            self.push_screen(self.picker)
+            self.action_menu()
         self.set_interval(1.0, self._job_status)
+
+    def help_sections(self) -> list[tuple[str, list[tuple[str, str]]]]:
+        return [*super().help_sections(), ("Demo", [(b.key, b.tooltip) for b in self.BINDINGS])]
 
     def start_scenario(self, name: str) -> None:
         """Stop what runs, then launch ``name`` off the UI thread (the first launch starts
@@ -170,32 +177,40 @@ class DemoApp(CommscopeApp):
         self.job, self.job_name = None, name
         self.title_override = f"demo {name} · starting…"
         self._show_header()
-        if self.screen is self.picker:
+        if self.picker is not None and self.screen is self.picker:
             self.pop_screen()
+        self.picker = None
         self.run_worker(lambda: self._launch(name), thread=True, exclusive=True, group="demo-launch")
 
     def _launch(self, name: str) -> None:
         from commscope.analysis.source import open_source
 
+        job = None
         try:
             job = self.job_factory(name, ranks=self.ranks, backend=self.backend, store=self.store_root,
                                    hang_after=self.demo_hang_after, **self.job_options)
             job.start()
             reader = open_source(job.store, wait=True)
         except (ValueError, OSError, RuntimeError) as exc:
+            if job is not None:
+                job.discard()  # it never ran: nothing of it to keep
             self.call_from_thread(self.notify, str(exc), title=f"cannot start {name}", severity="error", timeout=10)
             return
         self.call_from_thread(self._attach, name, job, reader)
 
     def _attach(self, name: str, job: Any, reader: Any) -> None:
         if self.job_name != name or self.job is not None:  # something else was started meanwhile
-            job.stop()
+            job.stop() if self.keep else job.discard()
             return
         self.job = job
+        self.jobs.append(job)
         feed = Feed(reader, mode=LIVE, hang_after=self.demo_hang_after, clock=self.clock, source=str(job.store))
         self.switch_feed(feed, title=f"demo {name}")
         self._job_status()
-        self.notify(f"{name} started on {job.ranks} ranks (S stops it, R restarts it, m picks another)", timeout=5)
+        where = f"trace: {job.store}" + (" (removed on quit; --keep keeps it)" if job.temporary and not self.keep
+                                         else "")
+        self.notify(f"{name} started on {job.ranks} ranks (S stops it, R restarts it, m picks another). {where}",
+                    timeout=6)
 
     def _stop_job(self) -> None:
         job = self.job
@@ -205,17 +220,33 @@ class DemoApp(CommscopeApp):
             except Exception:
                 pass
 
+    def _clean_up(self) -> None:
+        """Stop what runs; remove the temporary traces of every run unless ``keep``."""
+        self._stop_job()
+        if self.keep:
+            return
+        for job in self.jobs:
+            try:
+                job.discard()
+            except Exception:
+                pass
+
     def _job_status(self) -> None:
         if self.job is not None:
             state = "finished" if self.job.finished else ("running" if self.job.alive() else "stopped")
             self.title_override = f"demo {self.job_name} · {state}"
             self._show_header()
-        if self.screen is self.picker:
+        if self.picker is not None and self.screen is self.picker:
             self.picker.show_status()
 
     def action_menu(self) -> None:
-        if self.screen is not self.picker:
-            self.push_screen(self.picker)
+        """Show the picker, its cursor on the scenario shown.  A new screen each time: a
+        popped screen is removed by Textual, and pushing the removed one again left it
+        unpainted in a real terminal (the console's last frame stayed, keys went to it)."""
+        if self.picker is not None and self.screen is self.picker:
+            return
+        self.picker = ScenarioPicker(self.scenarios, current=self.job_name or None)
+        self.push_screen(self.picker)
 
     def action_stop_demo(self) -> None:
         if self.job is None:
@@ -230,9 +261,9 @@ class DemoApp(CommscopeApp):
             self.start_scenario(self.job_name)
 
     async def action_quit(self) -> None:
-        self._stop_job()
+        self._clean_up()
         await super().action_quit()
 
     def on_unmount(self) -> None:
-        self._stop_job()
+        self._clean_up()
         super().on_unmount()

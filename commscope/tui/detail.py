@@ -17,6 +17,7 @@ from commscope.analysis import Finding, evidence
 from commscope.analysis.bandwidth import op_busbw
 from commscope.analysis.evidence import kv as _kv
 from commscope.analysis.evidence import stack as _stack
+from commscope.analysis.findings import ranks_text
 from commscope.analysis.model import untimed
 from commscope.analysis.stacks import fold
 from commscope.tui import palette
@@ -138,7 +139,7 @@ def op_detail(model: Any, rank: int, i: int, now: int) -> RenderableType:
         ("bytes", f"in {size(d.get('in_bytes'))} · out {size(d.get('out_bytes'))}"
          if d.get("in_bytes") is not None or d.get("out_bytes") is not None else None),
         ("async", "yes" if d.get("async") else None),
-        ("call site", d.get("site")),
+        ("call site", model.sig_of(rank, i).where()),
         ("source", "PyTorch Flight Recorder (issued from C++)" if d.get("space") == 1 or d.get("src") == "fr" else None),
         ("begin", f"{clock(begin)}  (+{duration(begin - start)})"),
     ]
@@ -193,10 +194,9 @@ def op_detail(model: Any, rank: int, i: int, now: int) -> RenderableType:
                 duration(comp - begins[r]) if comp else duration(now - begins[r])
             t.add_row(str(r) + (" ◀" if r == rank else ""), f"+{duration(skew)}" + (" (last)" if last else ""),
                       state, dur)
-        group_size = len(model.groups.get(d.get("group"), [])) or len(everyone)
-        if len(everyone) < group_size:
-            missing = sorted(set(model.groups.get(d.get("group"), [])) - set(everyone))
-            t.caption = f"not entered by rank{'s' if len(missing) > 1 else ''} {missing}"
+        missing = sorted(set(model.members(rank, i)) - set(everyone))  # a p2p op: its two ends
+        if missing:
+            t.caption = f"not entered by {ranks_text(missing)}"
             t.caption_style = "bold #e05050"
         parts.append(t)
     stack = _stack([fold(th.get("name"), th.get("frames")) for th in (d.get("stack") or [])

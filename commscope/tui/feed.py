@@ -63,6 +63,7 @@ class FeedUpdated(Message):
 
 class Feed:
     POLL_S = 0.1
+    ENDED_POLL_S = 1.0  # an ended job is still watched (a restart appends), at a lower rate
     BUDGET = 8 << 20  # bytes per read: keeps each cycle short on huge backlogs
     DIAGNOSE_S = 0.5
 
@@ -87,6 +88,9 @@ class Feed:
         self._dirty = False
         self.info = FeedInfo(mode=mode, source=self.source)
         self.error: str | None = None
+        #: (model version, trace end) once every rank has exited or died: the job is judged at
+        #: its end from then on, as ``commscope check`` judges it, until something new arrives.
+        self._ended: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ one cycle
     def hang_after(self) -> float:
@@ -95,10 +99,33 @@ class Feed:
         return self.model.hang_after() or 30.0
 
     def now(self) -> int:
-        """Live: the wall clock.  Replay: the end of the trace (the UI moves its own cursor)."""
+        """Live: the wall clock, or the trace's end once the job ended.  Replay: the end of
+        the trace (the UI moves its own cursor)."""
         if self.mode == REPLAY:
             return self.model.end_ns
+        if self._ended is not None:
+            return self._ended[1]
         return self.clock()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended is not None
+
+    def _judge_end(self) -> bool:
+        """Whether the job ended: every rank exited or died, by the wall clock.  An ended job
+        stays frozen at its last record (clocks stop, nobody turns dead by the passing of
+        time) until a new event arrives.  Returns whether the judgement (or the end) moved."""
+        m = self.model
+        if self.mode == REPLAY or (self._ended is not None and self._ended[0] == m.version):
+            return False
+        wall = self.clock()
+        ranks = m.rank_ids()
+        over = bool(ranks) and all(m.exited(r) is not None or m.is_dead(r, wall) for r in ranks)
+        was = self._ended
+        self._ended = (m.version, m.end_ns) if over else None
+        if (was is None) != (self._ended is None):
+            return True
+        return was is not None and self._ended is not None and was[1] != self._ended[1]
 
     def step(self) -> tuple[FeedInfo, bool]:
         """Read and ingest one bounded batch; returns (info, whether anything new came in)."""
@@ -114,13 +141,21 @@ class Feed:
             self.error = str(exc) or type(exc).__name__
         mono = time.monotonic()
         self._rates.append((mono, got))
+        if self._judge_end():
+            self._dirty = True
+            self.publish()  # every rank's state as of the end (or, resumed, of now)
         if got:
             self._dirty = True
-        if self._dirty and mono >= self._next_diag or (self.mode == LIVE and mono >= self._next_diag + 1.0):
-            self.findings = sorted(diagnose(self.model, self.now(), self.hang_after()), key=Finding.sort_key)
+        ticking = self.mode == LIVE and not self.ended  # findings age with the clock
+        if self._dirty and mono >= self._next_diag or (ticking and mono >= self._next_diag + 1.0):
+            # An ended job is judged as ``check`` judges its trace: at its end, with the wall
+            # clock only to tell a job that stopped writing from one still running.
+            wall = self.clock() if self.ended else None
+            self.findings = sorted(diagnose(self.model, self.now(), self.hang_after(), wall_ns=wall),
+                                   key=Finding.sort_key)
             self._next_diag = mono + self.DIAGNOSE_S
             self._dirty = False
-        if not got and mono >= self._next_publish:  # states change with the clock too (dead ranks)
+        if not got and mono >= self._next_publish and not self.ended:  # states age with the clock too
             self.publish()
         self.info = self._info(behind_bytes)
         return self.info, bool(got)
@@ -149,8 +184,7 @@ class Feed:
             span = window[-1][0] - window[0][0]
             rate = sum(n for _, n in window[1:]) / span if span > 0 else 0.0
         now = self.now()
-        ranks = m.rank_ids()
-        ended = bool(ranks) and all(m.exited(r) is not None or m.is_dead(r, now) for r in ranks)
+        ended = self.ended
         return FeedInfo(
             mode=self.mode, source=self.source, version=m.version, events=m.events, rate=rate,
             behind_bytes=behind_bytes, behind=behind_bytes > self.BUDGET,
@@ -191,11 +225,14 @@ class Feed:
             return
         last_version = -1
         last_post = 0.0
+        last_ended = False
         while not stop.is_set():
             info, got = self.step()
             mono = time.monotonic()
-            if info.version != last_version or mono - last_post >= 0.5:
+            # An ended job changes only when something new arrives: no repaint meanwhile.
+            if info.version != last_version or info.ended != last_ended or (
+                    not info.ended and mono - last_post >= 0.5):
                 post(FeedUpdated(info, list(self.findings)))
-                last_version, last_post = info.version, mono
+                last_version, last_post, last_ended = info.version, mono, info.ended
             if not got or info.error:
-                stop.wait(self.POLL_S)
+                stop.wait(self.ENDED_POLL_S if info.ended else self.POLL_S)

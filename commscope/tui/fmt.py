@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from commscope.units import size as size  # the one size formatter, re-exported for the console
+
 
 def duration(ns: float) -> str:
     s = ns / 1e9
@@ -18,16 +20,6 @@ def duration(ns: float) -> str:
     if s < 7200:
         return f"{s / 60:.1f} min"
     return f"{s / 3600:.1f} h"
-
-
-def size(n: float | None) -> str:
-    if n is None or n != n:
-        return "–"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def compact_size(n: float | None) -> str:

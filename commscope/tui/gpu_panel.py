@@ -68,7 +68,9 @@ class GpuPanel(ScrollView):
                 text = "GPU utilization · memory"
             else:
                 text = f"CPU % · RSS  ({self.reason})"
-            return Strip([Segment(text[:width], Style(color="grey62", italic=True))], width).crop(0, width)
+            if len(text) > width:
+                text = text[: max(0, width - 1)] + "…"
+            return Strip([Segment(text, Style(color="grey62", italic=True))]).crop_extend(0, width, None)
         ri -= 1
         if ri >= len(self.ranks):
             return Strip.blank(width)
@@ -98,4 +100,5 @@ class GpuPanel(ScrollView):
                 Segment(f" {last_a:>4} ", Style(color="grey70")),
                 Segment(s2, Style(color="#4f8fd6")),
                 Segment(f" {last_b:>9}", Style(color="grey70"))]
-        return Strip(segs, width).crop(0, width)
+        # cut and padded to the width: a shorter line would leave the last frame's cells there
+        return Strip(segs).crop_extend(0, width, None)

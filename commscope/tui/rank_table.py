@@ -8,7 +8,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
-from commscope.analysis.rankstate import last_op_before, rank_state, sample_at
+from commscope.analysis.rankstate import ending, last_op_before, rank_state, sample_at
 from commscope.tui import palette
 from commscope.tui.feed import REPLAY
 from commscope.tui.fmt import compact_size, duration, percent
@@ -67,7 +67,10 @@ def compact_state(m: Any, r: int, st: Any, now: int) -> str:
     if st.kind == "idle":
         return f"idle · {duration(now - st.since_ns)}" if st.op is not None else "idle"
     if st.kind == "dead":
-        return f"dead · silent {duration(now - st.since_ns)}"
+        words = ending(m, r, now) or ""
+        if words == "dead (silent)":
+            return f"dead · silent {duration(now - st.since_ns)}"
+        return words.replace(" (", " · ").rstrip(")")  # 'job stopped · SIGTERM', 'killed · SIGKILL'
     if st.kind == "exited":
         for long, short in _REASONS.items():
             if f"({long})" in st.text:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, ProgressBar, Static
 
@@ -27,18 +27,24 @@ HELP_SECTIONS: list[tuple[str, list[tuple[str, str]]]] = [
 
 
 class HelpScreen(ModalScreen[None]):
+    """Every key, by section: ``HELP_SECTIONS`` plus what the app adds (the demo's keys)."""
+
     BINDINGS = [Binding("escape,question_mark,q", "dismiss", "Close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Vertical { width: 84; height: auto; max-height: 90%; border: round $accent;
-                            background: $panel; padding: 1 2; }
+    HelpScreen > VerticalScroll { width: 84; max-width: 100%; height: auto; max-height: 100%;
+                                  border: round $accent; background: $panel; padding: 0 1; }
     """
+
+    def __init__(self, sections: list[tuple[str, list[tuple[str, str]]]] | None = None):
+        super().__init__()
+        self.sections = HELP_SECTIONS if sections is None else sections
 
     def compose(self) -> ComposeResult:
         t = Table(box=None, padding=(0, 2), show_header=False)
         t.add_column(style="bold #4f8fd6", no_wrap=True)
         t.add_column()
-        for title, keys in HELP_SECTIONS:
+        for title, keys in self.sections:
             t.add_row(f"[bold underline]{title}[/]", "")
             for k, what in keys:
                 t.add_row(k, what)
@@ -47,10 +53,11 @@ class HelpScreen(ModalScreen[None]):
                        title_justify="left", title_style="bold")
         for cat, name in palette.LEGEND:
             legend.add_row(f"[{palette.STYLE[cat]}]{palette.GLYPH[cat] * 3}[/]", name)
-        with Vertical():
+        with VerticalScroll() as box:  # scrolls where the terminal is shorter than the list
+            box.border_title = "keys"
+            box.border_subtitle = "↑↓ scroll · esc closes"
             yield Static(t)
             yield Static(legend)
-            yield Label("[grey50]esc to close[/]")
 
 
 class LoadingScreen(ModalScreen[None]):
