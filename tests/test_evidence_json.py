@@ -3,6 +3,7 @@ the same order, on the scenarios of ``evidence_scenarios`` (golden captured befo
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -135,3 +136,37 @@ def test_a_p2p_ops_detail_names_no_missing_rank_outside_its_two_ends():
     console.print(op_detail(m, 2, m.op_index(2, i), t + 3 * MS))
     out = console.export_text()
     assert "same op on the other ranks" in out and "not entered" not in out
+
+
+def _drawn(table, width: int) -> str:
+    from rich.console import Console
+
+    console = Console(width=width, record=True, color_system=None, file=io.StringIO())
+    console.print(table)
+    return console.export_text()
+
+
+def test_per_rank_tables_fit_their_width_without_breaking_a_short_cell():
+    from rich.cells import cell_len
+
+    from commscope.analysis.evidence import PerRankTable
+
+    cols = ["rank", "op", "in_shapes", "state", "site"]
+    site = "/home/alice/projects/llm/src/llm/parallel/data_parallel.py:412 in sync_gradients"
+    rows = [[r, "reduce_scatter_tensor", "[[1024, 1024]]", "blocked 12.3 s", site] for r in range(2)]
+    wide = _drawn(PerRankTable("per rank", cols, rows), 200)
+    assert len(wide.splitlines()) == 4 and site in wide  # one table: title, header, two rows
+    mid = _drawn(PerRankTable("per rank", cols, rows), 72)  # the short ones fit, the site goes beneath
+    lines = mid.splitlines()
+    assert lines[1].split() == ["rank", "op", "in_shapes", "state"] and "reduce_scatter_tensor" in lines[2]
+    assert lines[3].strip().startswith("site /home/alice")
+    narrow = _drawn(PerRankTable("per rank", cols, rows), 40)  # not even those: pairs, wrapped at spaces
+    assert "op reduce_scatter_tensor" in narrow.replace("\n", " ")
+    for text, width in ((wide, 200), (mid, 72), (narrow, 40)):
+        assert max(cell_len(x) for x in text.splitlines()) <= width
+        assert "reduce_scatter_tensor" in text.split()  # never broken
+    short = _drawn(PerRankTable("the peer instead", ["rank", "host", "doing"], [[0, "节点一号", "idle"],
+                                                                            [1, "node-1", "idle"]]), 80)
+    a, b = short.splitlines()[2:4]
+    assert cell_len(a[: a.index("idle")]) == cell_len(b[: b.index("idle")])  # aligned in cells
+    assert _drawn(PerRankTable("empty", ["rank", "exception"], []), 40).splitlines()[0] == "empty"

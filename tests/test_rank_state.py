@@ -72,3 +72,33 @@ def test_rank_table_sort_key_never_raises():
     vals = [3, 2.5, None, "x", (1, -2.0), (0, "a"), float("nan"), -1, {"odd": 1}, (1, None)]
     keys = sorted(vals, key=sort_key)
     assert keys[:3] == [-1, 2.5, 3] and math.isnan(keys[3]) and keys[4] == "x"
+
+
+def test_ending_in_a_few_words_for_every_way_a_rank_goes():
+    """report's end column and the rank table: how a rank ended, never raising, whatever
+    its exit says."""
+    from commscope.analysis import TraceModel
+    from commscope.analysis.rankstate import ending
+    from commscope.analysis.synth import T0, S, TraceBuilder
+
+    def end_of(**exit_kw) -> str | None:
+        b = TraceBuilder(2)
+        t = b.collective(T0 + S, "all_reduce", latency=S // 100)
+        b.heartbeats(T0, t + 5 * S, ranks=[1])  # rank 1 goes on after rank 0 is gone
+        b.exit(1, t + 5 * S, reason="destroy_process_group")
+        b.heartbeats(T0, t + (S if exit_kw else 5 * S), ranks=[0])
+        if exit_kw:
+            b.exit(0, t + S, **exit_kw)
+        m = TraceModel.from_events(b.sorted_events())
+        return ending(m, 0, m.end_ns)
+
+    assert end_of(reason="destroy_process_group") == "exited (destroy_process_group)"
+    assert end_of(reason="uninstrument") == "exited (recording stopped)"
+    assert end_of(reason="signal", signal="Segmentation fault") == "crashed (SIGSEGV)"
+    assert end_of(reason="exception", exc="RuntimeError: [pair.cc:534] Connection closed by peer") == \
+        "crashed (RuntimeError)"
+    assert end_of(reason="exception", exc="Traceback (most recent call last):\n  x\nValueError: bad") == \
+        "crashed (ValueError)"
+    assert end_of(reason="exception", exc="\n") == "crashed (exception)"
+    assert end_of(reason="os._exit", code=3) == "killed (os._exit(3))"  # rank 1 went on: not the job stopping
+    assert end_of() is None  # still running at the trace's end

@@ -596,7 +596,7 @@ def test_an_ended_job_stays_frozen_at_its_end_as_check_judges_it(tmp_path):
         assert "ENDED" in header and findings == checked
         assert findings[0][:2] == ("missing_ranks", [2]), findings
         assert "rank 2 is in recv" in findings[0][2] and "when the job was stopped" in findings[0][2]
-        assert all(s == "✖ job stopped · SIGTERM" for s in states.values()), states
+        assert all(s == "✖ stopped · SIGTERM" for s in states.values()), states
         for _ in range(3):
             clock[0] += 100 * S  # the console stays open; nothing new arrives
             await step()
@@ -650,3 +650,36 @@ def test_help_lists_every_key_including_the_demos():
     import asyncio
 
     asyncio.run(run_demo())
+
+
+def test_the_feed_thread_sends_the_end_as_check_judges_it():
+    """With the real feed thread: the job's last events (every rank stopped) arrive while
+    heartbeats keep the diagnosis busy; the UI gets the findings judged at the end and a
+    rank table that says the job was stopped, not the last live frame."""
+
+    class Batches(TraceReader):
+        description = "synthetic-job"
+
+        def __init__(self, batches: list[list[dict]]):
+            self.batches = batches
+            self.stats = ReadStats()
+
+        def poll(self, max_bytes=None):
+            return self.batches.pop(0) if self.batches else []
+
+    events, now = hung_missing_rank()
+    exits = [{"type": "exit", "v": 1, "rank": r, "ts": now + r * MS, "reason": "signal", "signal": "Terminated",
+              "src": "spool"} for r in range(4)]
+    reader = Batches([events])
+    feed = Feed(reader, mode=LIVE, clock=lambda: now + S, source="synthetic-job")
+    app = CommscopeApp(feed, clock=lambda: now + S, bell=False)
+
+    async def check(pilot):
+        await wait_for(pilot, lambda: app.findings and app.info.events == len(events))
+        reader.batches.append(exits)
+        await wait_for(pilot, lambda: app.info.ended and app.findings and "when the job was stopped"
+                       in app.findings[0].message)
+        await wait_for(pilot, lambda: set(_rank_states(app).values()) == {"✖ stopped · SIGTERM"})
+        assert [f.message for f in app.findings] == [f.message for f in feed.findings]
+
+    drive(app, check, loaded=False)

@@ -184,9 +184,9 @@ class PerRankTable:
         long = [i for i in range(len(widths)) if i not in short]
         styles = [f"bold {BAD}" if k in self.bad else "" for k in self.keys]
         yield Text(self.title, style=f"bold {GREY}")
-        if sum(widths) + len(widths) - 1 <= width or not long:
+        if sum(widths) + len(widths) - 1 <= width:
             shown, beneath = list(range(len(widths))), []
-        elif sum(widths[i] for i in short) + len(short) - 1 <= width:
+        elif long and sum(widths[i] for i in short) + len(short) - 1 <= width:
             shown, beneath = short, long
         else:
             for row, style in zip(self.cells, styles, strict=True):
@@ -202,8 +202,8 @@ class PerRankTable:
 
         def line(cells: list[str], style: str) -> Text:
             t = Text(style=style, no_wrap=True, overflow="crop")
-            for k, i in enumerate(shown):
-                t.append(cells[i].ljust(widths[i]) + (gap if k < len(shown) - 1 else ""))
+            for k, i in enumerate(shown):  # padded by cells, not characters (wide glyphs)
+                t.append(cells[i] + " " * (widths[i] - cell_len(cells[i])) + (gap if k < len(shown) - 1 else ""))
             t.rstrip()
             return t
 

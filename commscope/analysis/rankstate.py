@@ -82,12 +82,13 @@ def _short_signal(name: str) -> str:
     return signal_label(name).split(" (")[0]
 
 
-def ending(m: Any, rank: int, now: int) -> str | None:
+def ending(m: Any, rank: int, now: int, state: RankState | None = None) -> str | None:
     """How a rank that is gone ended, in a few words for a table cell: 'exited (at exit)',
     'crashed (SIGSEGV)', 'crashed (RuntimeError)', 'killed (SIGKILL)', 'job stopped
     (SIGTERM)' for ranks stopped together with their job, 'dead (silent)'.  None while it
-    runs.  The whole story (the exception, the stack) is in the findings."""
-    st = rank_state(m, rank, now)
+    runs.  ``state``: the rank's state when the caller has it (as of a replay cursor).  The
+    whole story (the exception, the stack) is in the findings."""
+    st = state or rank_state(m, rank, now)
     if st.kind == "exited":
         ex = m.exited(rank) or {}
         return f"exited ({EXIT_WORDS.get(ex.get('reason', ''), ex.get('reason', 'exit'))})"
@@ -95,12 +96,13 @@ def ending(m: Any, rank: int, now: int) -> str | None:
         ex = m.exited(rank) or {}
         if ex.get("signal"):
             return f"crashed ({_short_signal(str(ex['signal']))})"
-        exc = str(ex.get("exc") or ex.get("reason") or "?").strip().splitlines()[0]
-        kind = exc.split(":")[0].split()[-1] if exc.split(":")[0].split() else exc
-        return f"crashed ({kind[:32]})"
+        lines = [x for x in str(ex.get("exc") or ex.get("reason") or "").splitlines() if x.strip()]
+        line = lines[-1] if lines and lines[0].startswith("Traceback") else lines[0] if lines else ""
+        words = line.split(":")[0].split()
+        return f"crashed ({words[-1][:32] if words else 'exception'})"  # the exception's type
     if st.kind == "dead":
         k = m.killed(rank)
-        if k is None:
+        if k is None or int(k["ts"]) > now:  # (as of a replay cursor: not killed yet)
             return "dead (silent)"
         how = _short_signal(str(k["signal"])) if k.get("signal") else f"os._exit({k.get('code')})"
         return f"job stopped ({how})" if not m.left_early(rank, now) else f"killed ({how})"

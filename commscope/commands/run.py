@@ -145,8 +145,8 @@ def main(args: argparse.Namespace) -> int:
 
 class _Stop:
     """Passes a stop request on to the command, and ends ranks that cannot act on it: the
-    processes below the command (the ranks, under a launcher; the command itself when it has
-    none) get SIGTERM ``STOP_GRACE_S`` after the first request, or at the second."""
+    command and every process below it get SIGTERM ``STOP_GRACE_S`` after the first request,
+    or at the second."""
 
     def __init__(self, proc: subprocess.Popen):
         self.proc = proc
@@ -166,15 +166,17 @@ class _Stop:
             self.terminate()
 
     def terminate(self) -> None:
-        """SIGTERM to every process below the command (or to the command, if it has none)."""
+        """SIGTERM to every process below the command, then to the command: the ranks under a
+        launcher, or the command itself when it is the rank (with its helper processes)."""
         import psutil
 
         self.terminated = True
         try:
-            below = psutil.Process(self.proc.pid).children(recursive=True)
+            top = psutil.Process(self.proc.pid)
+            family = [*top.children(recursive=True), top]  # looked up before any is signalled
         except psutil.Error:
             return
-        for p in below or [psutil.Process(self.proc.pid)]:
+        for p in family:
             try:
                 p.terminate()
             except psutil.Error:

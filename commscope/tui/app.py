@@ -175,6 +175,7 @@ class CommscopeApp(App):
     def apply(self, info: FeedInfo, findings: list[Finding]) -> None:
         """Show a new feed state (also called directly by tests)."""
         first_load = info.loaded and not self.info.loaded
+        just_ended = info.ended and not self.info.ended  # the table shows the end at once
         self.info = info
         self._problem = self._reader_problem(info)
         if self._problem and (info.error or not any(f.kind == "trace_incomplete" for f in findings)):
@@ -201,7 +202,7 @@ class CommscopeApp(App):
         self.findings_panel.show(findings)
         self._refresh_finding_detail(findings)
         mono = time.monotonic()
-        if mono - self._last_table > 0.5 or first_load:
+        if mono - self._last_table > 0.5 or first_load or just_ended:
             self._last_table = mono
             self.ranks_table.refresh_ranks(self._now())
             self.gpu.refresh_ranks()

@@ -49,8 +49,8 @@ class ScenarioPicker(Screen):
         self.current = current if current in scenarios else self.names[0]
 
     def compose(self) -> ComposeResult:
-        yield Static(Text.assemble(("commscope demo", "bold"), "  pick a scenario: it runs on real Gloo ranks "
-                                   "while the console watches"), id="title")
+        yield Static(Text.assemble(("commscope demo", "bold"), "  pick a scenario: a real job on local Gloo ranks"),
+                     id="title")
         with Horizontal():
             options = []
             for name, sc in self.scenarios.items():

@@ -83,6 +83,7 @@ class Feed:
         self._next_publish = 0.0
         self.hang_after_override = hang_after
         self.findings: list[Finding] = []
+        self.diagnoses = 0  # how many times ``findings`` was made: a change to send the UI
         self._rates: deque[tuple[float, int]] = deque(maxlen=50)
         self._next_diag = 0.0
         self._dirty = False
@@ -143,6 +144,7 @@ class Feed:
         self._rates.append((mono, got))
         if self._judge_end():
             self._dirty = True
+            self._next_diag = 0.0  # judged at once: the findings the UI is sent next are check's
             self.publish()  # every rank's state as of the end (or, resumed, of now)
         if got:
             self._dirty = True
@@ -153,6 +155,7 @@ class Feed:
             wall = self.clock() if self.ended else None
             self.findings = sorted(diagnose(self.model, self.now(), self.hang_after(), wall_ns=wall),
                                    key=Finding.sort_key)
+            self.diagnoses += 1
             self._next_diag = mono + self.DIAGNOSE_S
             self._dirty = False
         if not got and mono >= self._next_publish and not self.ended:  # states age with the clock too
@@ -223,16 +226,16 @@ class Feed:
             info = self.load_all(progress)
             post(FeedUpdated(info, list(self.findings)))
             return
-        last_version = -1
         last_post = 0.0
-        last_ended = False
+        last: tuple = ()
         while not stop.is_set():
             info, got = self.step()
             mono = time.monotonic()
-            # An ended job changes only when something new arrives: no repaint meanwhile.
-            if info.version != last_version or info.ended != last_ended or (
-                    not info.ended and mono - last_post >= 0.5):
+            # What the UI shows changed (a new diagnosis among it); a live job also ages
+            # with the clock.  An ended job changes only when something new arrives.
+            now = (info.version, info.ended, info.error, self.diagnoses)
+            if now != last or (not info.ended and mono - last_post >= 0.5):
                 post(FeedUpdated(info, list(self.findings)))
-                last_version, last_post, last_ended = info.version, mono, info.ended
+                last, last_post = now, mono
             if not got or info.error:
                 stop.wait(self.ENDED_POLL_S if info.ended else self.POLL_S)

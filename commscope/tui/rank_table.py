@@ -67,10 +67,11 @@ def compact_state(m: Any, r: int, st: Any, now: int) -> str:
     if st.kind == "idle":
         return f"idle · {duration(now - st.since_ns)}" if st.op is not None else "idle"
     if st.kind == "dead":
-        words = ending(m, r, now) or ""
+        words = ending(m, r, now, st) or "dead (silent)"
         if words == "dead (silent)":
             return f"dead · silent {duration(now - st.since_ns)}"
-        return words.replace(" (", " · ").rstrip(")")  # 'job stopped · SIGTERM', 'killed · SIGKILL'
+        how, _, why = words.partition(" (")  # 'job stopped (SIGTERM)' -> 'stopped · SIGTERM'
+        return f"{how.removeprefix('job ')} · {why[:-1]}" if why else how
     if st.kind == "exited":
         for long, short in _REASONS.items():
             if f"({long})" in st.text:
