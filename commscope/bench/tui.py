@@ -1,4 +1,4 @@
-"""Console frame times: the timeline at 200x60 over a synthetic 64-rank job of 1M ops.
+"""Console frame times (the timeline at 200x60, 64 ranks, 1M ops) and idle CPU on an ended job.
 
 Offscreen (Textual's headless driver).  Measured in one run:
 a full frame of the timeline with an empty strip cache, at two zoom levels (the whole

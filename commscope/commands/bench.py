@@ -1,9 +1,9 @@
 """Run a benchmark suite.  Each prints ratios measured side by side in one run and medians.
 
 Suites: overhead (recorder cost), store (trace store throughput), varlen (variable-length
-collectives vs hand-written recipes), analysis (model build and diagnose), tui (frame times),
-fuzz (readers against hostile input), deaths (records lost per death, per cause), redact
-(what hiding credentials costs).
+collectives vs hand-written recipes), analysis (model build and diagnose), tui (frame times,
+idle CPU), fuzz (readers against hostile input), deaths (records lost per death, per cause),
+redact (what hiding credentials costs).
 """
 
 from __future__ import annotations
