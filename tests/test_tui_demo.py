@@ -146,3 +146,48 @@ def test_a_headless_demo_removes_its_temporary_trace_unless_kept(keep):
     assert os.path.isdir(store) is keep, out.getvalue()
     assert ("removed the temporary trace" in out.getvalue()) is not keep
     shutil.rmtree(store, ignore_errors=True)
+
+
+def test_closing_the_terminal_stops_the_workers_and_removes_the_temporary_trace(tmp_path):
+    """SIGHUP (the terminal window closed) skips atexit by default: the demo handles it."""
+    import os
+    import pty
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    master, slave = pty.openpty()
+    env = dict(os.environ, TMPDIR=str(tmp_path), TERM="xterm-256color")
+    proc = subprocess.Popen([sys.executable, "-m", "commscope", "demo", "pipeline", "--ranks", "2"], stdin=slave,
+                            stdout=slave, stderr=slave, env=env, start_new_session=True)
+    os.close(slave)
+
+    def drain() -> None:
+        try:
+            while os.read(master, 65536):
+                pass
+        except OSError:
+            pass
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        deadline = time.monotonic() + 120  # a guard, not a timing assertion
+        runs: list = []
+        while not runs:
+            runs = [p for p in tmp_path.glob("commscope-demo-pipeline-*") if any(p.rglob("rank-*.jsonl"))]
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        assert workers
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(timeout=60) == 128 + signal.SIGHUP
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert not any(p.exists() for p in runs)
+    deadline = time.monotonic() + 15
+    while not gone(workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gone(workers)

@@ -9,6 +9,8 @@ process outlives the app.
 from __future__ import annotations
 
 import atexit
+import os
+import threading
 from typing import Any
 
 from rich.text import Text
@@ -161,6 +163,11 @@ class DemoApp(CommscopeApp):
 
     def on_mount(self) -> None:
         super().on_mount()
+        import signal
+
+        if threading.current_thread() is threading.main_thread():
+            # The terminal closed: no quit comes, and Python's default for SIGHUP skips atexit.
+            signal.signal(signal.SIGHUP, self._hang_up)
         if self.first:
             self.start_scenario(self.first)
         else:
@@ -219,6 +226,11 @@ class DemoApp(CommscopeApp):
                 job.stop()
             except Exception:
                 pass
+
+    def _hang_up(self, signum: int, _frame: object) -> None:
+        """The terminal went away: stop the workers, remove the temporary traces, leave."""
+        self._clean_up()
+        os._exit(128 + signum)
 
     def _clean_up(self) -> None:
         """Stop what runs; remove the temporary traces of every run unless ``keep``."""
