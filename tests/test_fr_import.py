@@ -94,14 +94,24 @@ def crosscheck(tmp_path_factory):
         if mismatch:  # hangs (or aborts) by design: wait for the dumps, then kill
             job = Job(W.fr_crosscheck, 3, args=args, env=FR_ENV, pg_timeout=300.0).start()
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and len(list((base / "fr" / "pkl").glob("fr_trace_*"))) < 3:
+            while time.monotonic() < deadline and not (len(list((base / "fr" / "pkl").glob("fr_trace_*"))) == 3
+                                                       and _in_flight_recorded(store)):
                 time.sleep(0.2)
-            time.sleep(1.5)  # the recorders write the in-flight op
             job.kill()
         else:
             run_ranks(W.fr_crosscheck, 3, args=args, env=FR_ENV, timeout=60)
         out[mismatch] = base
     return out
+
+
+def _in_flight_recorded(store: str) -> bool:
+    """Every rank's stream holds the mismatched all_reduce (#5 of the default group)."""
+    try:
+        events = open_source(store).read_all()
+    except Exception:  # nothing written yet
+        return False
+    return {e["rank"] for e in events if e.get("type") == "op" and e.get("phase") == "begin"
+            and e.get("op") == "all_reduce" and e.get("seq") == 5} == {0, 1, 2}
 
 
 def _collectives(model: TraceModel, rank: int) -> list[tuple[str, int, str, list]]:

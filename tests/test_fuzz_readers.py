@@ -77,25 +77,42 @@ def test_flight_recorder_mutants_never_crash_a_reader(worker, seeds, tmp_path_fa
     _survives(worker, tmp_path_factory, fuzz.mutate(seeds[fmt], fuzz.FR_MUTATORS, choices))
 
 
-@pytest.mark.parametrize("line", [
-    b'{"type":"dropped","rank":0,"ts":1700000000200000000,"count":null}',
-    b'{"type":"sample","rank":0,"ts":1700000000200000000,"rss":"x"}',
-    b'{"type":"op","rank":0,"ts":1700000000200000000,"phase":"begin","id":900,"op":[1]}',
-    b'{"type":"op","rank":0,"ts":1700000000200000000,"phase":"begin","id":901,"op":"all_reduce","group":"0",'
-    b'"seq":500000000}',
-    b'{"type":"op","rank":0,"ts":1700000000200000000,"phase":"begin","id":902,"op":"all_reduce","group":"0",'
-    b'"seq":1000000000000}',
-    b'{"type":"heartbeat","rank":1000000000,"ts":1700000000200000000}',
-    b'{"type":"meta","rank":0,"ts":1700000000200000000,"world_size":10000000}',
-    b'{"type":"exit","rank":0,"ts":1700000000200000000,"unwaited":["a"]}',
-    b'{"type":"op","rank":0,"ts":1700000000200000000,"phase":"begin","id":67108863,"op":"barrier","group":"0"}',
-    b'{"type":"heartbeat","rank":0,"ts":1700000000200000000,"host":"\xe7\xff"}',  # not UTF-8 (a bit flip)
+SKIPPED, KEPT = "skipped", "kept"
+
+
+@pytest.mark.parametrize("line,fate", [
+    (b'{"type":"dropped","rank":0,"ts":1700000000200000000,"count":null}', SKIPPED),
+    (b'{"type":"sample","rank":0,"ts":1700000000200000000,"rss":"x"}', SKIPPED),
+    (b'{"type":"op","rank":0,"ts":1700000000200000000,"phase":"begin","id":900,"op":[1]}', SKIPPED),
+    (b'{"type":"op","rank":0,"ts":1700000000200000000,"phase":"begin","id":901,"op":"all_reduce","group":"0",'
+     b'"seq":500000000}', KEPT),
+    (b'{"type":"op","rank":0,"ts":1700000000200000000,"phase":"begin","id":902,"op":"all_reduce","group":"0",'
+     b'"seq":1000000000000}', KEPT),
+    (b'{"type":"heartbeat","rank":1000000000,"ts":1700000000200000000}', SKIPPED),
+    (b'{"type":"meta","rank":0,"ts":1700000000200000000,"world_size":10000000}', KEPT),
+    (b'{"type":"exit","rank":0,"ts":1700000000200000000,"unwaited":["a"]}', SKIPPED),
+    (b'{"type":"op","rank":0,"ts":1700000000200000000,"phase":"begin","id":67108863,"op":"barrier","group":"0"}',
+     KEPT),
+    (b'{"type":"heartbeat","rank":0,"ts":1700000000200000000,"host":"\xe7\xff"}', SKIPPED),  # not UTF-8
 ])
-def test_known_crashers_are_skipped_and_counted(worker, seeds, tmp_path_factory, line):
-    """One appended line each crashed or stalled a reader before (issue 14)."""
+def test_known_crashers_are_skipped_and_counted(worker, seeds, tmp_path_factory, line, fate):
+    """One appended line each crashed or stalled a reader before (issue 14).  Now every
+    command survives it, and the reader either keeps it (an extreme but valid event) or
+    skips it and counts it: never both, never neither."""
+    from commscope.analysis.source import open_source
+
     files = dict(seeds["store"])
     files["job/rank-00000.jsonl"] += line + b"\n"
     _survives(worker, tmp_path_factory, files)
+
+    def counts(files) -> tuple[int, int]:
+        reader = open_source(str(fuzz.write_mutant(files, tmp_path_factory.mktemp("read") / "m")))
+        reader.read_all()
+        return reader.stats.events, reader.stats.invalid + reader.stats.corrupt
+
+    (events0, skipped0), (events, skipped) = counts(seeds["store"]), counts(files)
+    assert skipped0 == 0
+    assert (events - events0, skipped) == ((1, 0) if fate == KEPT else (0, 1))
 
 
 def test_known_flight_recorder_crashers(worker, seeds, tmp_path_factory):

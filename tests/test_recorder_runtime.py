@@ -79,7 +79,9 @@ def unwritable(rank: int, ws: int, store: str) -> list:
         x = torch.ones(3) * (rank + 1)
         for _ in range(20):
             dist.all_reduce(x)
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60  # until the recorder has tried the store and said so
+        while not any("cannot write trace store" in str(w.message) for w in caught) and time.monotonic() < deadline:
+            time.sleep(0.05)
         rec = commscope.record.recorder.active()
         dropped = rec.outbox.dropped + len(rec.outbox.pending)
         commscope.uninstrument()

@@ -91,7 +91,7 @@ def test_replay_controls_move_the_cursor():
         before = app.cursor_ns
         await pilot.press("space")
         assert app.playing
-        await pilot.pause(1.0)  # the 10 Hz replay clock ticks several times
+        await wait_for(pilot, lambda: app.cursor_ns > before)  # the 10 Hz replay clock ticked
         await pilot.press("space")
         assert not app.playing and app.cursor_ns > before
         await pilot.press("G")
