@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import msgspec
 import orjson
 
-from commscope import dtypes, schema
+from commscope import dtypes, optable, schema
 from commscope.events import Decoded, signature_key
 from commscope.redact import mask, redact
 from commscope.schema import MAX_INT, SCHEMA_VERSION
@@ -50,10 +50,10 @@ BEGIN, END, WAIT_BEGIN, WAIT_END, DONE, RBEGIN, SOURCE, SIG, BEGIN_SIG = 1, 2, 3
 # Table records (version 3): restated at the head of every block that refers to them.
 SITE_REC, GROUP_REC, META_REC, EVENT_REC = 10, 11, 12, 13
 TABLE_RECORDS = frozenset({SIG, SITE_REC, GROUP_REC, META_REC, EVENT_REC})
-# Begin roles
-TOP, MERGED, ANNOTATED, NESTED, CHILD, LOGICAL = range(6)
-# Flags
-ERROR, APPROX, ASYNC, ENDS_AT_COMPLETION = 1, 2, 4, 8
+# Begin roles (commscope_native.cpp's ``Role``: not the model's op flags of similar names)
+ROLE_TOP, ROLE_MERGED, ROLE_ANNOTATED, ROLE_NESTED, ROLE_CHILD, ROLE_LOGICAL = range(6)
+# Record flags (commscope_native.cpp's ``Flag``)
+FLAG_ERROR, FLAG_APPROX, FLAG_ASYNC, FLAG_ENDS_AT_COMPLETION = 1, 2, 4, 8
 # Begin directions (header aux)
 _DIRS = (None, "send", "recv", "recv")
 # Logical-op kinds (RBEGIN header aux)
@@ -70,24 +70,13 @@ _U16 = struct.Struct("<H")
 #: The c10d operators the native recorder observes, in opcode order, with the name of the
 #: torch.distributed function that issues each (the name ops get when no wrapped call
 #: names them, e.g. DDP's all-reduces).
-C10D_OPS: tuple[tuple[str, str], ...] = (
-    ("allreduce_", "all_reduce"), ("allgather_", "all_gather"), ("_allgather_base_", "all_gather_into_tensor"),
-    ("reduce_scatter_", "reduce_scatter"), ("_reduce_scatter_base_", "reduce_scatter_tensor"),
-    ("broadcast_", "broadcast"), ("reduce_", "reduce"), ("gather_", "gather"), ("scatter_", "scatter"),
-    ("alltoall_", "all_to_all"), ("alltoall_base_", "all_to_all_single"), ("barrier", "barrier"),
-    ("monitored_barrier_", "monitored_barrier"), ("send", "send"), ("recv_", "recv"),
-    ("recv_any_source_", "recv"), ("allgather_coalesced_", "all_gather_coalesced"),
-    ("allgather_into_tensor_coalesced_", "all_gather_into_tensor_coalesced"),
-    ("allreduce_coalesced_", "all_reduce_coalesced"),
-    ("reduce_scatter_tensor_coalesced_", "reduce_scatter_tensor_coalesced"),
-)
+C10D_OPS: tuple[tuple[str, str], ...] = tuple((c.operator, c.name) for c in optable.C10D)
 
 #: Reduce ops by c10d::ReduceOp::RedOpType.
 REDOPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum", "unused")
 
 #: Ops whose reduce op is "sum" when none is recorded (as the Python recorder writes it).
-REDUCING = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
-                      "reduce_scatter_single", "reduce_scatter_v", "reduce_scatter_tensor_coalesced"})
+REDUCING = optable.REDUCING
 
 
 #: How every encoded ``block`` line starts (``encode_block`` and commscope_native.cpp's
@@ -310,10 +299,10 @@ class BlockDecoder:
             try:
                 if typ in (END, WAIT_END):
                     e = {"type": "op", "ts": ts, "phase": "end" if typ == END else "wait_end", "id": op_id}
-                    if flags & ERROR:
+                    if flags & FLAG_ERROR:
                         n = _U16.unpack_from(raw, body)[0]
                         e["exc"] = redact(raw[body + 2:body + 2 + n].decode("utf-8", "replace")) or "error"
-                    if flags & APPROX:
+                    if flags & FLAG_APPROX:
                         e["approx"] = True
                 elif typ == BEGIN_SIG:
                     e = self._sig_begin(raw, body, ts, op_id)
@@ -326,7 +315,7 @@ class BlockDecoder:
                     gpu = DONE_BODY.unpack_from(raw, body)[0]
                     if 0 <= gpu <= MAX_INT:
                         e["gpu_ns"] = gpu
-                    if flags & ERROR:
+                    if flags & FLAG_ERROR:
                         e["exc"] = "the device reported an error"
                 elif typ == RBEGIN:
                     e = self._rbegin(raw, body, ts, op_id, aux, rank)
@@ -417,7 +406,7 @@ class BlockDecoder:
             try:
                 fields, sk = self._static_fields(raw, body + BEGIN_BODY.size, end, flags, aux, name, site, opcode,
                                                  gid, peer, root, redop, role, device, nin, nout, bin_, bout)
-                hit = StaticBegin(fields, sk, gid if aux == 3 and role != NESTED else None)
+                hit = StaticBegin(fields, sk, gid if aux == 3 and role != ROLE_NESTED else None)
             except (struct.error, ValueError, IndexError, msgspec.ValidationError):
                 hit = False  # remembered: every record with these fields is invalid
             if len(self._static) > 50_000:
@@ -431,7 +420,7 @@ class BlockDecoder:
         names = self.names
         if name >= 0 and names is not None and name < len(names):
             op = names[name]
-        elif role == CHILD and aux in (1, 2):  # the p2p ops of batch_isend_irecv
+        elif role == ROLE_CHILD and aux in (1, 2):  # the p2p ops of batch_isend_irecv
             op = "isend" if aux == 1 else "irecv"
         elif 0 <= opcode < len(self.c10d_names):
             op = self.c10d_names[opcode]
@@ -465,15 +454,15 @@ class BlockDecoder:
             f["out_shapes"] = [s for s, _ in outs]
             f["out_dtypes"] = [d for _, d in outs]
             f["out_bytes"] = bout
-        if (flags & ASYNC and role == MERGED) or role == CHILD:  # a batch's p2p ops are isend/irecv
+        if (flags & FLAG_ASYNC and role == ROLE_MERGED) or role == ROLE_CHILD:  # a batch's p2p ops are isend/irecv
             f["async"] = True
         if site >= 0 and self.sites.get(site):
             f["site"] = self.sites[site]
-        if role == NESTED:
+        if role == ROLE_NESTED:
             f["nested"] = True
         if device >= 0:
             f["device"] = f"cuda:{device}"
-        if role == TOP:
+        if role == ROLE_TOP:
             f["src"] = "c10d"
         # The same checks as any event's (shape sizes, lengths, ranks), once per signature.
         msgspec.convert(dict(f, type="op", phase="begin", id=0, ts=0), schema.RawEvent)
@@ -565,7 +554,7 @@ def _decoder(decoders: dict[int, BlockDecoder], e: dict) -> BlockDecoder:
 
 def pack_begin(op_id: int, ts: int, *, tid: int = 1, parent: int = 0, name: int = -1, site: int = -1,
                opcode: int = 0, gid: int = 0, seq: int = -1, peer: int = -1, root: int = -1, redop: int = -1,
-               role: int = MERGED, device: int = -1, direction: int = 0, flags: int = 0,
+               role: int = ROLE_MERGED, device: int = -1, direction: int = 0, flags: int = 0,
                ins: list[tuple[int, list[int]]] = (), outs: list[tuple[int, list[int]]] = (),
                in_bytes: int = 0, out_bytes: int = 0) -> bytes:
     """A BEGIN record; ``ins``/``outs`` are (dtype code, dims) per tensor."""
@@ -578,7 +567,7 @@ def pack_begin(op_id: int, ts: int, *, tid: int = 1, parent: int = 0, name: int 
 
 def pack_end(op_id: int, ts: int, *, exc: str | None = None, wait: bool = False, approx: bool = False) -> bytes:
     text = (exc or "").encode()[:4096]
-    flags = (ERROR if exc is not None else 0) | (APPROX if approx else 0)
+    flags = (FLAG_ERROR if exc is not None else 0) | (FLAG_APPROX if approx else 0)
     body = _U16.pack(len(text)) + text
     return HEADER.pack(WAIT_END if wait else END, flags, 0, HEADER.size + len(body), ts, op_id) + body
 

@@ -106,7 +106,7 @@ from typing import Any
 
 import orjson
 
-from commscope import schema
+from commscope import optable, schema
 from commscope.schema import SCHEMA_VERSION, Decoded
 
 __all__ = ["SCHEMA_VERSION", "Decoded", "Event", "TraceFormatError", "decode", "decode_lines", "encode",
@@ -135,10 +135,7 @@ SEND = "send"
 RECV = "recv"
 
 #: Ops that move data between exactly two ranks.
-P2P_OPS = frozenset({
-    "send", "recv", "isend", "irecv", "send_object_list", "recv_object_list",
-    "send_tensors", "recv_tensors", "isend_tensors", "irecv_tensors",
-})
+P2P_OPS = optable.P2P_OPS
 
 Event = dict[str, Any]
 

@@ -23,12 +23,11 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from commscope import dtypes
+from commscope import dtypes, optable
 from commscope.schema import MAX_INT
 
 BACKENDS = ("nccl:", "gloo:", "ucc:", "mpi:", "xccl:")
-_SENDS = frozenset({"send", "isend"})
-_RECVS = frozenset({"recv", "irecv", "recv_anysource"})
+_SENDS, _RECVS = optable.SENDS, optable.RECVS
 _PAIR = re.compile(r"(\d{1,8})(->|<-)(\d{1,8})")
 
 

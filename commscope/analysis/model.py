@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from commscope import optable
 from commscope.analysis.columns import I64_MAX, RankTrace, RankView, Samples, grown
 from commscope.analysis.errors import PEER_GONE, classify
 from commscope.analysis.indexes import GroupIndex, SeqIndex
@@ -44,7 +45,9 @@ def untimed(flags: np.ndarray, begin: np.ndarray, comp: np.ndarray) -> np.ndarra
     Their latency and bandwidth are unknown: left out of statistics and straggler thresholds."""
     return (comp > 0) & (((flags & APPROX) != 0) | (comp <= begin))
 
-_PHASE_OF = {"begin": 0, "end": 1, "wait_begin": 2, "wait_end": 3, "done": 4}  # other events: -1
+#: Phase codes of op events in the ingest's columns (other events: -1).
+PH_BEGIN, PH_END, PH_WAIT_BEGIN, PH_WAIT_END, PH_DONE = range(5)
+_PHASE_OF = {"begin": PH_BEGIN, "end": PH_END, "wait_begin": PH_WAIT_BEGIN, "wait_end": PH_WAIT_END, "done": PH_DONE}
 _RANK_OF = itemgetter("rank")
 _TS_OF = itemgetter("ts")
 DEFAULT_SAMPLE_INTERVAL = 1.0
@@ -99,20 +102,9 @@ def describe_kill(ex: dict) -> str:
     who = " (its launcher saw it)" if ex.get("src") == "launcher" else ""
     return f"killed by {signal_label(sig)}{who}"
 
-#: Ops whose per-rank tensors must agree in shape across the group: name -> sides compared.
-SAME_SHAPE: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("in",), "all_reduce_coalesced": ("in",), "allreduce": ("in",),
-    "broadcast": ("in",), "reduce": ("in",), "all_gather": ("in",),
-    "all_gather_into_tensor": ("in", "out"), "all_gather_single": ("in", "out"), "_allgather_base": ("in", "out"),
-    "all_gather_coalesced": ("in",), "gather": ("in",), "scatter": ("out",),
-    "reduce_scatter": ("out",), "reduce_scatter_tensor": ("in", "out"), "reduce_scatter_single": ("in", "out"),
-    "_reduce_scatter_base": ("in", "out"),
-}
-#: Ops whose tensors carry no comparable dtype: object ops, barriers, and varlen ops, whose
-#: non-root ranks may pass no tensor at all and which check dtypes across ranks themselves.
-NO_DTYPE = frozenset({"barrier", "monitored_barrier", "all_gather_object", "gather_object",
-                      "broadcast_object_list", "scatter_object_list", "all_gather_v", "gather_v", "scatter_v",
-                      "all_to_all_v", "reduce_scatter_v", "broadcast_v"})
+#: Ops whose per-rank tensors must agree in shape across the group, and those whose tensors
+#: carry no comparable dtype (``optable``).
+SAME_SHAPE, NO_DTYPE = optable.SAME_SHAPE, optable.DTYPE_FREE
 
 
 def _ints(values: list) -> np.ndarray:
@@ -352,7 +344,7 @@ class TraceModel:
             if rt is None:
                 rt = self.ranks[r] = RankTrace(r)
             ph = phase if pos is None else phase[pos]
-            misc, begins, phases = ph < 0, ph == 0, ph > 0
+            misc, begins, phases = ph < 0, ph == PH_BEGIN, ph > PH_BEGIN
             t0, t1 = I64_MAX, 0
             touched = I64_MAX  # the earliest begin among the ops this chunk added or changed
             if misc.any():
@@ -566,7 +558,7 @@ class TraceModel:
         the ops they changed."""
         idx = rt.lookup(ids)
         ok = idx >= 0
-        for code, col in ((1, rt.end), (2, rt.wb), (3, rt.we), (4, rt.done)):
+        for code, col in ((PH_END, rt.end), (PH_WAIT_BEGIN, rt.wb), (PH_WAIT_END, rt.we), (PH_DONE, rt.done)):
             m = ok & (ph == code)
             if m.any():
                 col[idx[m]] = ts[m]
@@ -594,10 +586,10 @@ class TraceModel:
                     rt.seq[i] = int(e["seq"])
                     if not self._sig_flags[rt.sig[i]] & NESTED:
                         self._index_p2p(rt, i)
-        if (ph == 4).any():
+        if (ph == PH_DONE).any():
             rt.device_seen = True
-            rt.flags[idx[ok & (ph == 4)]] |= DONE
-        updated = idx[ok & (ph != 2)]  # an op may come twice (end and wait_end): harmless below
+            rt.flags[idx[ok & (ph == PH_DONE)]] |= DONE
+        updated = idx[ok & (ph != PH_WAIT_BEGIN)]  # an op may come twice (end and wait_end): harmless below
         if updated.shape[0]:
             self._complete(rt, updated)
         first = int(rt.begin[idx[ok]].min()) if ok.any() else I64_MAX

@@ -108,14 +108,14 @@ def native_store() -> Files:
                                  in_bytes=2048, out_bytes=2048) + blocks.pack_end(op_id, t + 100_000)
             op_id += 1
             recs += blocks.pack_begin(op_id, t + 200_000, name=1, site=0, seq=p2p, peer=(r + 1) % WORLD, direction=1,
-                                 flags=blocks.ASYNC, ins=[(6, [16])], in_bytes=64) + blocks.pack_end(op_id, t + 210_000)
+                                 flags=blocks.FLAG_ASYNC, ins=[(6, [16])], in_bytes=64) + blocks.pack_end(op_id, t + 210_000)
             recs += blocks.pack_wait_begin(op_id, t + 220_000) + blocks.pack_end(op_id, t + 260_000, wait=True)
             op_id += 1
             recs += blocks.pack_begin(op_id, t + 230_000, name=2, site=0, seq=p2p, peer=(r - 1) % WORLD, direction=2,
-                                 flags=blocks.ASYNC, outs=[(6, [16])], out_bytes=64) + blocks.pack_end(op_id, t + 240_000)
+                                 flags=blocks.FLAG_ASYNC, outs=[(6, [16])], out_bytes=64) + blocks.pack_end(op_id, t + 240_000)
             recs += blocks.pack_wait_begin(op_id, t + 245_000) + blocks.pack_end(op_id, t + 270_000, wait=True)
             op_id += 1
-            recs += blocks.pack_begin(op_id, t + 300_000, opcode=1, seq=-1, role=blocks.NESTED,
+            recs += blocks.pack_begin(op_id, t + 300_000, opcode=1, seq=-1, role=blocks.ROLE_NESTED,
                                  parent=op_id - 3, ins=[(6, [4])], outs=[(6, [4]), (6, [4]), (6, [4])],
                                  in_bytes=16, out_bytes=48) + blocks.pack_end(op_id, t + 350_000)
             t += 1_000_000

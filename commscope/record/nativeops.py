@@ -16,7 +16,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from commscope import blocks
+from commscope import blocks, optable
 from commscope.events import SCHEMA_VERSION
 from commscope.events import encode as _dumps
 from commscope.record import callsite, ops, patch
@@ -43,8 +43,8 @@ class NativeOps:
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
-        self.registered = self.m.install([op for op, _ in blocks.C10D_OPS], callsite.is_internal, dist.Work,
-                                         callsite.code_site)
+        specs = [(c.operator, c.direction, c.describe) for c in optable.C10D]  # the C++ takes traits, not names
+        self.registered = self.m.install(specs, callsite.is_internal, dist.Work, callsite.code_site)
         patch.install_native(self)
 
     def uninstall(self) -> None:

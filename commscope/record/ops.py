@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from commscope import optable
+
 SUM: Any = None  # an omitted reduce op means SUM; the recorder writes "sum"
 
 
@@ -221,8 +223,7 @@ VARLEN_OPS = {
 # --- describing a begin's static fields (both recorder paths write these) ---------------
 
 #: Ops whose reduce op defaults to SUM: their begin says "sum" when none was passed.
-REDUCING = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
-                      "reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter_v"})
+REDUCING = optable.REDUCING
 _DTYPE_NAMES: dict[Any, str] = {}
 
 

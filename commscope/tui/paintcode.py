@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from commscope import optable
 from commscope.analysis.model import ASYNC, CONTAINER, FR, NESTED, P2P, SPACE_FR
 from commscope.tui import palette
 
-VARLEN_OPS = frozenset({"all_gather_v", "gather_v", "scatter_v", "all_to_all_v", "reduce_scatter_v", "broadcast_v",
-                        "send_tensors", "recv_tensors", "isend_tensors", "irecv_tensors"})
+VARLEN_OPS = optable.VARLEN
 
 CAT_MASK, ASYNC_BIT, HIDDEN_BIT = 0x1F, 0x20, 0x80  # a signature's paint code: see categories
 

@@ -142,6 +142,13 @@ struct SourceBody {
   int64_t seq;
 };
 #pragma pack(pop)
+// The packed layout, as commscope/blocks.py reads it (tests/test_optable.py compares these
+// sizes with blocks' struct formats): a change on one side fails the build or that test.
+static_assert(sizeof(Header) == 24, "blocks.HEADER");
+static_assert(sizeof(BeginBody) == 80, "blocks.BEGIN_BODY");
+static_assert(sizeof(SigBeginBody) == 28, "blocks.SIG_BEGIN_BODY");
+static_assert(sizeof(DoneBody) == 8, "blocks.DONE_BODY");
+static_assert(sizeof(SourceBody) == 12, "blocks.SOURCE_BODY");
 
 constexpr size_t kMaxTensorsDescribed = 256;
 constexpr size_t kMaxText = 4096;
@@ -1444,8 +1451,11 @@ PyObject* py_install(PyObject*, PyObject* args) {
                                                 __FILE__, __LINE__);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
-      const char* name = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i));
-      if (name == nullptr) {
+      // (operator, direction, describe): the traits come from commscope/optable.py's C10D rows
+      const char* name = nullptr;
+      int dir = DIR_NONE, describe = 1;
+      if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "sip", &name, &dir, &describe) ||
+          dir < DIR_NONE || dir > DIR_RECV_ANY) {
         PyErr_Clear();
         continue;
       }
@@ -1454,21 +1464,16 @@ PyObject* py_install(PyObject*, PyObject* args) {
       const auto& schema = handle->schema();
       OpSpec spec;
       spec.opcode = int32_t(i);
-      std::string op(name);
+      spec.dir = Dir(dir);
+      spec.describe = describe != 0;
       spec.pg_arg = arg_index(schema, {"process_group"});
       spec.redop_arg = arg_index(schema, {"reduce_op"});
       spec.root_arg = arg_index(schema, {"root_rank"});
       spec.async_arg = arg_index(schema, {"async_op"});
-      if (op == "send") {
-        spec.dir = DIR_SEND;
+      if (spec.dir == DIR_SEND)
         spec.peer_arg = arg_index(schema, {"dst", "dstRank"});
-      } else if (op == "recv_") {
-        spec.dir = DIR_RECV;
+      else if (spec.dir == DIR_RECV)
         spec.peer_arg = arg_index(schema, {"src", "srcRank"});
-      } else if (op == "recv_any_source_") {
-        spec.dir = DIR_RECV_ANY;
-      }
-      if (op == "barrier" || op == "monitored_barrier_") spec.describe = false;
       int both = arg_index(schema, {"tensors", "tensor"});
       if (both >= 0) {
         if (spec.dir == DIR_RECV || spec.dir == DIR_RECV_ANY)
@@ -2472,7 +2477,8 @@ void after_fork_child() {
 }
 
 PyMethodDef methods[] = {
-    {"install", py_install, METH_VARARGS, "install(ops, is_internal, work_type, site_text) -> registered op names"},
+    {"install", py_install, METH_VARARGS,
+     "install(ops, is_internal, work_type, site_text) -> registered op names; ops: (operator, direction, describe)"},
     {"uninstall", py_uninstall, METH_NOARGS, "stop observing and remove the kernels"},
     {"set_active", py_set_active, METH_O, "pause or resume recording"},
     {"set_after_op", py_set_after_op, METH_O, "call this once after the next recorded call returns"},
