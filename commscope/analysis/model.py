@@ -17,7 +17,6 @@ Three layers, three modules:
 from __future__ import annotations
 
 import dataclasses
-import signal
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
 from operator import itemgetter
@@ -29,14 +28,31 @@ from commscope import optable
 from commscope.analysis.columns import I64_MAX, RankTrace, RankView, Samples, grown
 from commscope.analysis.errors import PEER_GONE, classify
 from commscope.analysis.indexes import GroupIndex, SeqIndex
+from commscope.analysis.rankstate import rank_state
+from commscope.analysis.vocab import (  # noqa: F401  (re-exported: the model's names)
+    APPROX,
+    ASYNC,
+    COLL,
+    CONTAINER,
+    DEVICE,
+    DONE,
+    EXC,
+    FR,
+    INFERRED,
+    KILL_SIGNALS,
+    NESTED,
+    P2P,
+    RECV,
+    SEND,
+    SPACE_FR,
+    SPACE_NATIVE,
+    WAIT_EXC,
+    RankState,
+    describe_kill,
+    is_kill,
+    signal_label,
+)
 from commscope.events import P2P_OPS, Event
-
-# Sig flags
-ASYNC, NESTED, P2P, COLL, CONTAINER, FR, SEND, RECV, DEVICE = (1 << i for i in range(9))
-# Per-op flags
-EXC, WAIT_EXC, APPROX, DONE, INFERRED = 1, 2, 4, 8, 16
-
-SPACE_NATIVE, SPACE_FR = 0, 1
 
 
 def untimed(flags: np.ndarray, begin: np.ndarray, comp: np.ndarray) -> np.ndarray:
@@ -72,36 +88,6 @@ SLACK_NS = 200_000_000
 ARRIVAL_SLACK_NS = 20_000_000
 #: How far behind the clock a file's mtime may lag (the kernel's coarse clock: a jiffy or two)
 COARSE_MTIME_NS = 50_000_000
-#: Signals that kill a process from outside (a launcher stopping it, a user, the OOM killer):
-#: the rank did not crash, it was killed.
-KILL_SIGNALS = frozenset({"Terminated", "Killed", "Interrupt", "Hangup", "SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"})
-#: 'Segmentation fault' -> 'SIGSEGV': exits name signals as faulthandler and strsignal do.
-_SIGNAL_LABELS = {signal.strsignal(s): s.name for s in signal.Signals if signal.strsignal(s)}
-
-
-def signal_label(name: str) -> str:
-    """'SIGSEGV (Segmentation fault)' for an exit's signal, as people search for it."""
-    short = _SIGNAL_LABELS.get(name)
-    return f"{short} ({name})" if short and short != name else name
-
-
-def is_kill(ex: dict) -> bool:
-    """An exit that is a killing, not a leaving: a launcher saw the rank die of a signal
-    (``reason: "killed"``), the rank noted SIGTERM/SIGKILL as it died, or it cut itself off
-    with ``os._exit`` and a failing code."""
-    reason = ex.get("reason")
-    return (reason == "killed" or (reason == "signal" and ex.get("signal") in KILL_SIGNALS)
-            or (reason == "os._exit" and ex.get("code", 0) != 0))
-
-
-def describe_kill(ex: dict) -> str:
-    """'killed by SIGKILL', 'terminated (SIGTERM)', 'left through os._exit(3)'."""
-    if ex.get("reason") == "os._exit":
-        return f"left through os._exit({ex.get('code')})"
-    sig = ex.get("signal") or "a signal"
-    who = " (its launcher saw it)" if ex.get("src") == "launcher" else ""
-    return f"killed by {signal_label(sig)}{who}"
-
 #: Ops whose per-rank tensors must agree in shape across the group, and those whose tensors
 #: carry no comparable dtype (``optable``).
 SAME_SHAPE, NO_DTYPE = optable.SAME_SHAPE, optable.DTYPE_FREE
@@ -215,13 +201,6 @@ class Sig:
 _SIG_KEYS = ("op", "group", "site", "redop", "root", "async", "nested", "src", "dir", "tid", "in_bytes",
              "out_bytes", "tag", "device")
 _SIG_LISTS = ("in_shapes", "out_shapes", "in_dtypes", "out_dtypes")
-class RankState(NamedTuple):
-    kind: str  # "blocked" | "running" | "idle" | "exited" | "crashed" | "dead" | "unknown"
-    text: str
-    op: int | None  # op index the rank is in (blocked/running), or its last op
-    since_ns: int
-
-
 class ModelView(NamedTuple):
     """The model as published after an ingest batch (``TraceModel.view``): immutable, read
     without a lock while the next batch is ingested.  Holds what the console paints from:
@@ -627,8 +606,6 @@ class TraceModel:
         what stays shared).  Builds the lazy per-rank caches (begin order, running max of
         ends) here, on the writer's side, so readers of the view never write.  ``now``: also
         each rank's state at that time.  Costs the ranks changed since the last view."""
-        from commscope.analysis.rankstate import rank_state
-
         old = self._published
         ranks = {r: rt.view() for r, rt in self.ranks.items()}
         sigs = old.sigs if len(old.sigs) == len(self.sigs) else tuple(self.sigs)
@@ -1002,6 +979,4 @@ class TraceModel:
     def state(self, rank: int, now: int) -> RankState:
         """What the rank is doing at ``now``: '<op> for 12.3 s', idle, exited, crashed or dead
         (``rankstate.rank_state``, the one implementation)."""
-        from commscope.analysis.rankstate import rank_state
-
         return rank_state(self, rank, now)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from commscope.analysis.model import ASYNC, CONTAINER, NESTED, RankState, describe_kill, is_kill, signal_label
+from commscope.analysis.vocab import ASYNC, CONTAINER, NESTED, RankState, describe_kill, is_kill, signal_label
 
 STARTUP_SLACK_NS = 2 * 10**9  # ranks whose streams begin this close to the job's start started with it
 _TOP = NESTED | CONTAINER  # inner traffic and containers: never "the op a rank is in"

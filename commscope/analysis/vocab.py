@@ -1,0 +1,54 @@
+"""The model's vocabulary: op flags, Flight Recorder's space, rank states and how exits read.
+
+A leaf the model, the rank-state judgements and the console all import, so that none of
+them imports another back (``model`` imports ``rankstate``, which needs only these).
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import NamedTuple
+
+# Sig flags
+ASYNC, NESTED, P2P, COLL, CONTAINER, FR, SEND, RECV, DEVICE = (1 << i for i in range(9))
+# Per-op flags
+EXC, WAIT_EXC, APPROX, DONE, INFERRED = 1, 2, 4, 8, 16
+
+SPACE_NATIVE, SPACE_FR = 0, 1
+
+#: Signals that kill a process from outside (a launcher stopping it, a user, the OOM killer):
+#: the rank did not crash, it was killed.
+KILL_SIGNALS = frozenset({"Terminated", "Killed", "Interrupt", "Hangup", "SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"})
+#: 'Segmentation fault' -> 'SIGSEGV': exits name signals as faulthandler and strsignal do.
+_SIGNAL_LABELS = {signal.strsignal(s): s.name for s in signal.Signals if signal.strsignal(s)}
+
+
+def signal_label(name: str) -> str:
+    """'SIGSEGV (Segmentation fault)' for an exit's signal, as people search for it."""
+    short = _SIGNAL_LABELS.get(name)
+    return f"{short} ({name})" if short and short != name else name
+
+
+def is_kill(ex: dict) -> bool:
+    """An exit that is a killing, not a leaving: a launcher saw the rank die of a signal
+    (``reason: "killed"``), the rank noted SIGTERM/SIGKILL as it died, or it cut itself off
+    with ``os._exit`` and a failing code."""
+    reason = ex.get("reason")
+    return (reason == "killed" or (reason == "signal" and ex.get("signal") in KILL_SIGNALS)
+            or (reason == "os._exit" and ex.get("code", 0) != 0))
+
+
+def describe_kill(ex: dict) -> str:
+    """'killed by SIGKILL', 'terminated (SIGTERM)', 'left through os._exit(3)'."""
+    if ex.get("reason") == "os._exit":
+        return f"left through os._exit({ex.get('code')})"
+    sig = ex.get("signal") or "a signal"
+    who = " (its launcher saw it)" if ex.get("src") == "launcher" else ""
+    return f"killed by {signal_label(sig)}{who}"
+
+
+class RankState(NamedTuple):
+    kind: str  # "blocked" | "running" | "idle" | "exited" | "crashed" | "dead" | "unknown"
+    text: str
+    op: int | None  # op index the rank is in (blocked/running), or its last op
+    since_ns: int

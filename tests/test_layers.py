@@ -1,0 +1,57 @@
+"""The import structure docs/architecture.md promises: no module of the analysis imports one
+that imports it back (even inside a function), and nothing below the commands imports the
+commands, the CLI or the console."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "commscope"
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """The modules of ``package`` that ``path`` imports, wherever in it."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == package:
+                out |= {f"{package}.{a.name}" for a in node.names}
+            elif node.module.startswith(package + "."):
+                out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith(package + ".")}
+    return out
+
+
+def _cycles(directory: Path, package: str) -> set[tuple[str, ...]]:
+    graph = {f"{package}.{p.stem}": _imports(p, package) for p in directory.glob("*.py")}
+    found: set[tuple[str, ...]] = set()
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in graph.get(node, ()):
+            if nxt in path:
+                cycle = path[path.index(nxt):]
+                k = cycle.index(min(cycle))
+                found.add(tuple(cycle[k:] + cycle[:k]))
+            else:
+                walk(nxt, [*path, nxt])
+
+    for start in graph:
+        walk(start, [start])
+    return found
+
+
+def test_the_analysis_has_no_import_cycle():
+    assert _cycles(ROOT / "analysis", "commscope.analysis") == set()
+
+
+def test_nothing_below_the_commands_imports_them_or_the_console():
+    above = ("commscope.commands", "commscope.cli", "commscope.tui")
+    for layer in ("analysis", "record", "store", "scenarios", "varlen"):
+        for path in (ROOT / layer).rglob("*.py"):
+            bad = {m for m in _imports(path, "commscope") if m.startswith(above)}
+            assert not bad, (path, bad)
+    for path in ROOT.glob("*.py"):
+        if path.stem not in ("cli", "__main__"):
+            assert not {m for m in _imports(path, "commscope") if m.startswith(above)}, path
