@@ -207,7 +207,10 @@ class DemoApp(CommscopeApp):
 
     def _attach(self, name: str, job: Any, reader: Any) -> None:
         if self.job_name != name or self.job is not None:  # something else was started meanwhile
-            job.stop() if self.keep else job.discard()
+            if self.keep:
+                job.stop()
+            else:
+                job.discard()
             return
         self.job = job
         self.jobs.append(job)
