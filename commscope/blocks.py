@@ -17,7 +17,7 @@ and two ``meta`` fields, ``names`` (wrapper op names by id) and ``dtypes`` (c10 
 names by ScalarType code), so a block never depends on this module's defaults.
 
 A block holds the records one rank's native recorder appended since the last tick (its
-layout is ``commscope_native.cpp``'s, little-endian, packed).  Each record starts with
+layout is ``record/native/layout.h``'s, little-endian, packed).  Each record starts with
 
     u8 type, u8 flags, u16 aux, u32 len (whole record), i64 ts, u64 id
 
@@ -50,9 +50,9 @@ BEGIN, END, WAIT_BEGIN, WAIT_END, DONE, RBEGIN, SOURCE, SIG, BEGIN_SIG = 1, 2, 3
 # Table records (version 3): restated at the head of every block that refers to them.
 SITE_REC, GROUP_REC, META_REC, EVENT_REC = 10, 11, 12, 13
 TABLE_RECORDS = frozenset({SIG, SITE_REC, GROUP_REC, META_REC, EVENT_REC})
-# Begin roles (commscope_native.cpp's ``Role``: not the model's op flags of similar names)
+# Begin roles (record/native/layout.h's ``Role``: not the model's op flags of similar names)
 ROLE_TOP, ROLE_MERGED, ROLE_ANNOTATED, ROLE_NESTED, ROLE_CHILD, ROLE_LOGICAL = range(6)
-# Record flags (commscope_native.cpp's ``Flag``)
+# Record flags (record/native/layout.h's ``Flag``)
 FLAG_ERROR, FLAG_APPROX, FLAG_ASYNC, FLAG_ENDS_AT_COMPLETION = 1, 2, 4, 8
 # Begin directions (header aux)
 _DIRS = (None, "send", "recv", "recv")
@@ -79,7 +79,7 @@ REDOPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_
 REDUCING = optable.REDUCING
 
 
-#: How every encoded ``block`` line starts (``encode_block`` and commscope_native.cpp's
+#: How every encoded ``block`` line starts (``encode_block`` and record/native/drain.h's
 #: ``drain_block`` write the same template).
 LINE_PREFIX = b'{"type":"block",'
 

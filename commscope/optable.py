@@ -93,7 +93,7 @@ class C10dOp:
     describe: bool = True  # its tensors are the op's data (a barrier's is a dummy)
 
 
-#: Directions as the native recorder takes them (``commscope_native.cpp``'s ``Dir``).
+#: Directions as the native recorder takes them (``record/native/layout.h``'s ``Dir``).
 DIR_NONE, DIR_SEND, DIR_RECV, DIR_RECV_ANY = 0, 1, 2, 3
 
 #: The c10d operators the native recorder observes; a row's index is its opcode.

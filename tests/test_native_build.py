@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from pathlib import Path
 import psutil
 
 from commscope.launch import free_port
+from commscope.record import native
 
 RANK = textwrap.dedent("""
     import json, sys
@@ -98,3 +101,60 @@ def test_a_build_stopped_half_way_leaves_nothing_to_wait_on(tmp_path):
         "module": False, "error": "RuntimeError: the build took longer than 2 s and was stopped"}
     assert [p for p in _files(cache) if "/" in p or p.startswith(".build-")] == [], _files(cache)
     assert _compilers(cache) == []
+
+
+# ---------------------------------------------------------------- the build's key
+def _copy_sources(tmp_path: Path) -> Path:
+    copy = tmp_path / "native"
+    copy.mkdir()
+    for path in native.source_files():
+        shutil.copyfile(path, copy / path.name)
+    return copy
+
+
+def test_every_source_file_is_part_of_the_build_key():
+    """The build directory is keyed by every source of the extension: the translation unit
+    and each part it includes."""
+    names = [p.name for p in native.source_files()]
+    assert names == sorted(names) and native.SOURCE.name in names
+    included = re.findall(r'^#include "([^"]+)"', native.SOURCE.read_text(), re.MULTILINE)
+    assert included and set(included) <= set(names)
+    assert set(names) - set(included) == {native.SOURCE.name}  # and nothing else
+    assert native.build_dir().name.endswith("-" + native.source_digest()[:12])
+
+
+def test_changing_adding_or_renaming_any_source_file_changes_the_key(tmp_path):
+    """On a copy of the sources: one byte changed in any one file, a line moved from one file
+    to the next, a file added or renamed: each gives a digest never seen before."""
+    copy = _copy_sources(tmp_path)
+    base = native.source_digest(copy)
+    assert base == native.source_digest()  # names and contents, not where they lie
+    files = native.source_files(copy)
+    assert [p.name for p in files] == [p.name for p in native.source_files()]
+    seen = {base}
+
+    def fresh(why: str) -> None:
+        digest = native.source_digest(copy)
+        assert digest not in seen, why
+        seen.add(digest)
+
+    for path in files:
+        data = path.read_bytes()
+        path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, one bit off
+        fresh(f"{path.name} changed")
+        path.write_bytes(data)
+        assert native.source_digest(copy) == base
+    first, second = files[0], files[1]
+    a, b = first.read_bytes(), second.read_bytes()
+    head, _, last = a.rstrip(b"\n").rpartition(b"\n")
+    first.write_bytes(head + b"\n")  # the same bytes in all, split differently
+    second.write_bytes(last + b"\n" + b)
+    fresh(f"a line moved from {first.name} to {second.name}")
+    first.write_bytes(a)
+    second.write_bytes(b)
+    assert native.source_digest(copy) == base
+    (copy / "extra.h").write_text("// a new part\n")
+    fresh("a file added")
+    (copy / "extra.h").unlink()
+    first.rename(copy / ("renamed_" + first.name))
+    fresh("a file renamed")

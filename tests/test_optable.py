@@ -34,12 +34,13 @@ def test_the_traits_read_as_the_ops_behave():
 
 
 def test_the_packed_record_layout_is_checked_on_both_sides():
-    """commscope_native.cpp static_asserts each packed struct's size; those sizes are
+    """record/native/layout.h static_asserts each packed struct's size; those sizes are
     blocks' struct formats', and the C++ flags and roles are blocks' (distinct names)."""
     import re
-    from pathlib import Path
 
-    src = (Path(blocks.__file__).parent / "record" / "native" / "commscope_native.cpp").read_text()
+    from commscope.record import native
+
+    src = "".join(p.read_text() for p in native.source_files())
     found = re.findall(r'static_assert\(sizeof\(\w+\) == (\d+), "blocks\.(\w+)"\)', src)
     asserted = {name: int(size) for size, name in found}
     assert asserted == {name: getattr(blocks, name).size for name in
@@ -53,3 +54,50 @@ def test_the_packed_record_layout_is_checked_on_both_sides():
     dirs = dict(re.findall(r"DIR_(\w+) = (\d+)", src.split("enum Dir", 1)[1].split("};", 1)[0]))
     assert {k: int(v) for k, v in dirs.items()} == {k[4:]: getattr(optable, k) for k in dir(optable)
                                                      if k.startswith("DIR_")}
+
+
+_ONE_ROW = r'''
+import importlib.util, sys
+from pathlib import Path
+
+import commscope
+path = Path(commscope.__file__).with_name("optable.py")
+text = path.read_text()
+head = "OPS: dict[str, Op] = {\n"
+assert head in text
+text = text.replace(head, head + '    "frob_v": Op(varlen=True, dtype_free=True, reducing=True),\n')
+spec = importlib.util.spec_from_loader("commscope.optable", loader=None)
+assert "commscope.optable" not in sys.modules
+table = sys.modules["commscope.optable"] = commscope.optable = importlib.util.module_from_spec(spec)
+exec(compile(text, str(path), "exec"), table.__dict__)  # the row, added in one place
+
+from commscope.record import ops
+ops.VARLEN_OPS["frob_v"] = ops.all_gather_v  # its extractor (how to read its arguments)
+
+from types import SimpleNamespace
+from commscope import blocks, events
+from commscope.analysis import model
+from commscope.record import nativeops
+from commscope.tui import palette, paintcode
+
+assert "frob_v" in nativeops.NAMES  # the native recorder's names
+assert ops.begin_fields("frob_v", "0", None, None, None, None, None, None, None, None, False, None, False,
+                        None) == {"op": "frob_v", "group": "0", "redop": "sum"}  # the recorder: reducing
+assert "frob_v" in blocks.REDUCING  # the block reader
+assert "frob_v" in model.NO_DTYPE and "frob_v" not in events.P2P_OPS  # the analysis
+sig = SimpleNamespace(op="frob_v", space=model.SPACE_NATIVE, flags=model.COLL)
+assert paintcode.categories([sig])[0] & paintcode.CAT_MASK == palette.VARLEN  # the console's colour
+print("reached every layer")
+'''
+
+
+def test_a_row_added_in_one_place_reaches_every_layer():
+    """Adding an op is its extractor plus one row: the native recorder's names, the
+    recorder's begin fields, the block reader, the analysis and the console's colours all
+    take the new row, with nothing else edited."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _ONE_ROW], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "reached every layer"

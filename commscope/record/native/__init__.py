@@ -1,11 +1,13 @@
-"""Building and loading commscope's native recorder (commscope_native.cpp).
+"""Building and loading commscope's native recorder (commscope_native.cpp, one translation
+unit, and the parts it includes: the .h files beside it).
 
 The extension is compiled against the installed torch, once per machine, torch version,
-Python version and source, into ``$COMMSCOPE_NATIVE_DIR`` (default
-``~/.cache/commscope/native``); later processes import the built file directly.  Building
-needs a C++ compiler and ninja and takes 20-60 s, so only launchers build (the install
-script, ``commscope run``, the demo runner): a rank never does, because a build in a rank
-would stall training for that long.  A rank without a built module records in Python.
+Python version and source (``source_digest``: every source file's name and contents), into
+``$COMMSCOPE_NATIVE_DIR`` (default ``~/.cache/commscope/native``); later processes import
+the built file directly.  Building needs a C++ compiler and ninja and takes 20-60 s, so
+only launchers build (the install script, ``commscope run``, the demo runner): a rank never
+does, because a build in a rank would stall training for that long.  A rank without a
+built module records in Python.
 
 A build runs in a child process, in a private directory, under a time limit, and the
 finished file is moved into place atomically: a build killed half-way (a rank killed, a
@@ -33,7 +35,11 @@ from types import ModuleType
 ENV_NATIVE = "COMMSCOPE_NATIVE"
 ENV_DIR = "COMMSCOPE_NATIVE_DIR"
 MODULE = "commscope_native"
-SOURCE = Path(__file__).with_name("commscope_native.cpp")
+#: The extension's sources: the one file compiled, which includes the rest (headers, so that
+#: torch's headers are compiled once), all in this directory.
+SOURCE_DIR = Path(__file__).parent
+SOURCE = SOURCE_DIR / "commscope_native.cpp"
+SOURCE_SUFFIXES = (".cpp", ".cc", ".h", ".hpp")
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -44,12 +50,29 @@ def enabled() -> bool:
     return os.environ.get(ENV_NATIVE, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def source_files(directory: Path = SOURCE_DIR) -> list[Path]:
+    """Every source file of the extension in ``directory`` (C++ sources and headers), by name."""
+    return sorted((p for p in directory.iterdir() if p.suffix in SOURCE_SUFFIXES and p.is_file()),
+                  key=lambda p: p.name)
+
+
+def source_digest(directory: Path = SOURCE_DIR) -> str:
+    """sha256 of every source file's name and contents, in name order: editing, adding,
+    removing or renaming any of them gives another digest, so another build."""
+    h = hashlib.sha256()
+    for path in source_files(directory):
+        data = path.read_bytes()
+        h.update(os.fsencode(path.name) + b"\0" + str(len(data)).encode() + b"\0")
+        h.update(data)
+    return h.hexdigest()
+
+
 def build_dir() -> Path:
     """Where this torch, Python and source's build lives."""
     import torch
 
     base = os.environ.get(ENV_DIR) or os.path.join(os.path.expanduser("~"), ".cache", "commscope", "native")
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    digest = source_digest()[:12]
     tag = f"torch-{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}".replace("+", "_")
     return Path(base) / tag
 
