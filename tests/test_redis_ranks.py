@@ -21,7 +21,7 @@ from commscope import events as E
 from commscope.bench.redis_server import RedisServer
 from commscope.launch import Job, run_ranks
 from commscope.store import open_reader
-from commscope.store.redis_store import stream_key
+from commscope.store.redis_store import Keys
 
 # ---------------------------------------------------------------------------- same diagnosis
 
@@ -150,7 +150,7 @@ def test_redis_outage_loses_no_op_and_only_what_was_reported_dropped(tmp_path, f
     server.start()
     url = server.url + "?job=outage"
     stop_file = str(tmp_path / "stop")
-    keys = [stream_key("outage", r) for r in range(2)]
+    keys = [Keys.stream("outage", r) for r in range(2)]
     if fault == "down_at_start":
         server.stop()
     job = Job(restart_job, 2, args=(url, stop_file), init=False).start()
@@ -178,7 +178,7 @@ def test_redis_outage_loses_no_op_and_only_what_was_reported_dropped(tmp_path, f
         trace = open_reader(url).read_all()
         for rank in range(2):
             res = results[rank].value
-            entries = client.xrange(stream_key("outage", rank))
+            entries = client.xrange(Keys.stream("outage", rank))
             stored = [f[b"e"] for _, f in entries]
             # Redis kept every entry: numbered 1..n without a gap, none twice.
             assert [eid for eid, _ in entries] == [b"0-%d" % k for k in range(1, len(entries) + 1)]

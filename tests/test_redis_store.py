@@ -16,16 +16,7 @@ from commscope import events as E
 from commscope.bench.redis_server import RedisServer
 from commscope.redact import redact
 from commscope.store import StoreError, open_reader, open_writer
-from commscope.store.redis_store import (
-    JOBS_KEY,
-    RedisAuthError,
-    RedisWriter,
-    delete_job,
-    list_jobs,
-    meta_key,
-    ranks_key,
-    stream_key,
-)
+from commscope.store.redis_store import Keys, RedisAuthError, RedisWriter, delete_job, list_jobs
 from commscope.store.redis_url import parse_url
 
 
@@ -41,7 +32,7 @@ def stored_ids(url: str, job: str, rank: int) -> list[tuple[bytes, int]]:
     """(entry id, event id) of every entry, read with redis-py: an independent view."""
     c = redis_client(url)
     try:
-        return [(eid, E.decode(f[b"e"])["id"]) for eid, f in c.xrange(stream_key(job, rank))]
+        return [(eid, E.decode(f[b"e"])["id"]) for eid, f in c.xrange(Keys.stream(job, rank))]
     finally:
         c.close()
 
@@ -100,14 +91,14 @@ def test_key_layout_and_job_registry(redis_url):
     w.write(lines(0, 1, 4))
     open_writer(redis_url, "j1", 1).write(lines(1, 1, 2))
     c = redis_client(redis_url)
-    assert c.type(stream_key("j1", 0)) == b"stream"
-    assert [eid for eid, _ in c.xrange(stream_key("j1", 0))] == [b"0-1", b"0-2", b"0-3"]
-    assert c.smembers(ranks_key("j1")) == {b"0", b"1"}
-    assert c.get(meta_key("j1")) == b'{"world_size":2,"job":"j1"}'
-    assert c.zrange(JOBS_KEY, 0, -1) == [b"j1"]
+    assert c.type(Keys.stream("j1", 0)) == b"stream"
+    assert [eid for eid, _ in c.xrange(Keys.stream("j1", 0))] == [b"0-1", b"0-2", b"0-3"]
+    assert c.smembers(Keys.ranks("j1")) == {b"0", b"1"}
+    assert c.get(Keys.meta("j1")) == b'{"world_size":2,"job":"j1"}'
+    assert c.zrange(Keys.JOBS, 0, -1) == [b"j1"]
     assert [j for j, _ in list_jobs(redis_url)] == ["j1"]
     assert delete_job(redis_url, "j1") == 4
-    assert c.keys("commscope:*") == []
+    assert c.keys(Keys.ALL) == []
     c.close()
 
 
@@ -124,7 +115,7 @@ def test_maxlen_trims_and_the_reader_says_so(redis_url):
     for a in range(1, 2001, 100):
         w.write(lines(0, a, a + 100))
     c = redis_client(redis_url)
-    assert c.xlen(stream_key("t", 0)) < 400  # approximate trimming: whole macro nodes go
+    assert c.xlen(Keys.stream("t", 0)) < 400  # approximate trimming: whole macro nodes go
     reader = open_reader(redis_url)
     got = [e["id"] for e in reader.read_all()]
     assert got == list(range(got[0], 2001)) and got[0] > 1  # the newest, contiguous
@@ -143,7 +134,7 @@ def test_lost_entries_in_the_middle_are_counted(redis_url):
     w = open_writer(redis_url, "g", 0)
     w.write(lines(0, 1, 11))
     c = redis_client(redis_url)
-    c.xdel(stream_key("g", 0), "0-4", "0-5")  # what a Redis without persistence may lose
+    c.xdel(Keys.stream("g", 0), "0-4", "0-5")  # what a Redis without persistence may lose
     reader = open_reader(redis_url)
     assert [e["id"] for e in reader.read_all()] == [1, 2, 3, 6, 7, 8, 9, 10]
     assert reader.missing == {0: 2} and not reader.stats.trimmed
@@ -154,7 +145,7 @@ def test_foreign_entries_are_counted_as_corrupt(redis_url):
     w = open_writer(redis_url, "f", 0)
     w.write(lines(0, 1, 3))
     c = redis_client(redis_url)
-    c.xadd(stream_key("f", 0), {"something": "else"})  # an auto id ms-seq: not ours
+    c.xadd(Keys.stream("f", 0), {"something": "else"})  # an auto id ms-seq: not ours
     reader = open_reader(redis_url)
     assert [e["id"] for e in reader.read_all()] == [1, 2] and reader.stats.corrupt == 1
     with pytest.raises(StoreError) as info:  # and the writer refuses to append after it
@@ -340,7 +331,7 @@ def test_meta_event_never_stores_the_password(redis_url):
             "rank": 0}
     w.write([E.encode(meta), E.encode(ev(0, 1, site="a://b@c"))])
     c = redis_client(redis_url)
-    raw = [f[b"e"] for _, f in c.xrange(stream_key("m", 0))]
+    raw = [f[b"e"] for _, f in c.xrange(Keys.stream("m", 0))]
     assert b"pw-in-argv-1234" not in raw[0] and b"--store=redis://:***@127.0.0.1" in raw[0]
     assert raw[1] == E.encode(ev(0, 1, site="a://b@c"))  # only meta events are touched
 
@@ -354,4 +345,4 @@ def test_unix_socket_url(tmp_path):
         reader = open_reader(url)
         assert [e["id"] for e in reader.read_all()] == [1, 2, 3]
         assert reader.description == f"unix://{sock}?db=2&job=u"
-        assert redis_client(f"redis://127.0.0.1:{server.port}/2").xlen(stream_key("u", 0)) == 3
+        assert redis_client(f"redis://127.0.0.1:{server.port}/2").xlen(Keys.stream("u", 0)) == 3

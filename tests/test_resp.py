@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from commscope.store.redis_store import Keys
 from commscope.store.redis_url import parse_url
 from commscope.store.resp import FIELD, Connection, ReplyError, pack
 
@@ -73,12 +74,13 @@ def entry(k: int, value: bytes):
 
 # An XREAD reply for two streams: commscope's layout, an empty value, a value holding CRLF
 # and RESP-looking bytes, and one entry in a foreign layout (two fields: value None).
-XREAD = [[b"commscope:j:rank:0", [entry(1, b'{"type":"op","id":1}'), entry(2, b""),
-                                   entry(3, b"a\r\n*2\r\n$1\r\ne\r\n$"), [b"5-0", [b"x", b"1", b"e", b"2"]]]],
-         [b"commscope:j:rank:1", [entry(1, b'{"id":7}')]]]
-XREAD_PARSED = [(b"commscope:j:rank:0", [(b"0-1", b'{"type":"op","id":1}'), (b"0-2", b""),
-                                         (b"0-3", b"a\r\n*2\r\n$1\r\ne\r\n$"), (b"5-0", None)]),
-                (b"commscope:j:rank:1", [(b"0-1", b'{"id":7}')])]
+RANK0, RANK1 = Keys.stream("j", 0).encode(), Keys.stream("j", 1).encode()
+XREAD = [[RANK0, [entry(1, b'{"type":"op","id":1}'), entry(2, b""),
+                  entry(3, b"a\r\n*2\r\n$1\r\ne\r\n$"), [b"5-0", [b"x", b"1", b"e", b"2"]]]],
+         [RANK1, [entry(1, b'{"id":7}')]]]
+XREAD_PARSED = [(RANK0, [(b"0-1", b'{"type":"op","id":1}'), (b"0-2", b""),
+                          (b"0-3", b"a\r\n*2\r\n$1\r\ne\r\n$"), (b"5-0", None)]),
+                (RANK1, [(b"0-1", b'{"id":7}')])]
 
 
 def test_pack_is_resp2():

@@ -20,6 +20,7 @@ from redis_fixture import redis_client
 from commscope import events as E
 from commscope.store import StoreError, open_reader, open_writer
 from commscope.store.directory import rank_file_name
+from commscope.store.redis_store import Keys
 
 
 def ev(rank: int, i: int, **kw) -> dict:
@@ -88,7 +89,7 @@ class RedisBackend:
         return self.store  # a flushed database: no job at all yet
 
     def append_raw(self, job: str, rank: int, records: list[bytes]) -> None:
-        key = f"commscope:{job}:rank:{rank}"
+        key = Keys.stream(job, rank)
         top = self.client.xrevrange(key, count=1)
         k = int(top[0][0].split(b"-")[1]) if top else 0
         for r in records:

@@ -20,12 +20,13 @@ import pytest
 from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
 from redis_fixture import redis_client, require_redis_server
 
+from commscope.analysis import rankstate
 from commscope.analysis.source import load_trace
 from commscope.bench.redis_server import RedisServer
 from commscope.cli import main as cli
 from commscope.launch import Job
 from commscope.store.directory import rank_file_name
-from commscope.store.redis_store import stream_key
+from commscope.store.redis_store import Keys
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -95,9 +96,9 @@ def test_maxlen_trimmed_streams_decode_what_is_left(redis_url, tmp_path, capsys)
     client = redis_client(redis_url)
     try:
         # XADD MAXLEN ~ trims whole nodes: write until the head is certainly gone
-        wait_for(lambda: all(int(client.xinfo_stream(stream_key("trimmed", r))["first-entry"][0].split(b"-")[1]) > 150
-                             for r in range(2) if client.exists(stream_key("trimmed", r))) and
-                 all(client.exists(stream_key("trimmed", r)) for r in range(2)), "the streams to be trimmed")
+        wait_for(lambda: all(int(client.xinfo_stream(Keys.stream("trimmed", r))["first-entry"][0].split(b"-")[1]) > 150
+                             for r in range(2) if client.exists(Keys.stream("trimmed", r))) and
+                 all(client.exists(Keys.stream("trimmed", r)) for r in range(2)), "the streams to be trimmed")
         stop.touch()
         results = job.join(90)
     finally:
@@ -114,7 +115,7 @@ def test_redis_restarted_empty_mid_job(tmp_path, capsys):
     server.start()
     url = server.url + "?job=restarted"
     stop = tmp_path / "stop"
-    keys = [stream_key("restarted", r) for r in range(2)]
+    keys = [Keys.stream("restarted", r) for r in range(2)]
     job = Job(history_job, 2, args=(url, str(stop), 5)).start()
     try:
         client = redis_client(server.url)
@@ -196,7 +197,7 @@ def test_store_down_for_a_million_ops_keeps_memory_flat(tmp_path, capsys):
         model, reader, _w = load_trace(url)  # the reader forwards the spool the rank left
         seqs = [int(model.op(0, i)["seq"]) for i in range(model.n_ops(0))]
         assert seqs and seqs == list(range(1, len(seqs) + 1)), "the oldest records, kept whole"
-        assert model.ranks[0].dropped > 0 and model.exited(0) is not None
+        assert model.ranks[0].dropped > 0 and rankstate.exited(model, 0) is not None
         capsys.readouterr()
         assert cli(["check", url, "--json"]) == 1
         out = json.loads(capsys.readouterr().out)

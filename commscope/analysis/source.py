@@ -10,14 +10,14 @@ from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import absent, ranges
 from commscope.errors import UsageError
 from commscope.redact import redact
-from commscope.store import ReadStats, StoreError, TraceReader, default_store, is_redis, open_reader
+from commscope.store import ReadStats, StoreError, TraceReader, backend_for, default_store, open_reader
 
 
 def open_source(path_or_url: str | os.PathLike | None, *, wait: bool = False) -> TraceReader:
     """A reader for a trace store or a directory of PyTorch Flight Recorder dumps.
     Raises StoreError when it is neither."""
     name = default_store(path_or_url)
-    if is_redis(name):
+    if not backend_for(name).local:  # only a path may also be a directory of Flight Recorder dumps
         return open_reader(name, wait=wait)
     try:
         return open_reader(name, wait=False)

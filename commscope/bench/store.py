@@ -43,7 +43,7 @@ def _writer_rate(rank: int, ws: int, store: str, n_ops: int, seconds: float) -> 
     import psutil
     import torch
 
-    from commscope.record import ops, patch
+    from commscope.record import ops, patch, pyhot
     from commscope.record.jobid import new_job_id
     from commscope.record.recorder import Recorder
 
@@ -54,7 +54,7 @@ def _writer_rate(rank: int, ws: int, store: str, n_ops: int, seconds: float) -> 
     rec.rank, rec.job = rank, "bench-writer-" + new_job_id()  # a store given by URL may hold earlier runs
     hot = rec.ops
     patch.ACTIVE = hot
-    wrapped = patch.make_wrapper("all_reduce", lambda *a, **k: None, ops.all_reduce)
+    wrapped = pyhot.make_wrapper("all_reduce", lambda *a, **k: None, ops.all_reduce)
     x = torch.ones(256)
     # 1. the recorder thread's pipeline alone
     hot.QUEUE_CAP = 2 * n_ops + 10
@@ -70,6 +70,7 @@ def _writer_rate(rank: int, ws: int, store: str, n_ops: int, seconds: float) -> 
     rss0 = proc.memory_info().rss
     stop = threading.Event()
     produced = [0]
+    stored0 = _op_events(store, rec.job)  # what phase 1 wrote
 
     def produce():
         n = 0
@@ -79,7 +80,6 @@ def _writer_rate(rank: int, ws: int, store: str, n_ops: int, seconds: float) -> 
             n += 2000
         produced[0] = n
 
-    stored0 = _stored(rec.outbox.writer)
     rec.start()
     t = threading.Thread(target=produce)
     t0 = time.perf_counter()
@@ -92,18 +92,23 @@ def _writer_rate(rank: int, ws: int, store: str, n_ops: int, seconds: float) -> 
     t.join()
     elapsed = time.perf_counter() - t0
     rec.stop("bench")
-    written = _stored(rec.outbox.writer) - stored0
+    written = _op_events(store, rec.job) - stored0
     patch.ACTIVE = None
     return {"alone": alone, "produced": produced[0] / elapsed, "written": written / elapsed,
             "dropped": hot.hot_dropped, "peak_rss_delta": peak - rss0}
 
 
-def _stored(writer: Any) -> int:
-    """Events a writer has stored so far: lines in its file, or entries it appended (Redis)."""
-    if hasattr(writer, "appended"):
-        return writer.appended
-    with open(writer.path, "rb") as f:
-        return f.read().count(b"\n")
+def _op_events(store: str, job: str) -> int:
+    """Op events (a begin and an end per op) the store holds for ``job``: the records the
+    blocks pack, counted one by one as the reader unpacks them."""
+    from commscope.store import open_reader
+
+    reader = open_reader(store)
+    try:
+        assert (reader.job() or {}).get("job") == job, (reader.job(), job)
+        return sum(1 for e in reader.read_all() if e["type"] == "op")
+    finally:
+        reader.close()
 
 
 def _paced_writer(_rank: int, _ws: int, url: str, job: str, ranks: int, rate: int, seconds: float) -> dict:
@@ -167,15 +172,13 @@ def write_trace(store: str, ranks: int, per_rank: int, job: str = "bench") -> No
     """A synthetic ``ranks``-rank job ``job`` in any store, for the reader measurements.
     In Redis it replaces an earlier job of that name (the URL must not name another job)."""
     from commscope.events import encode
-    from commscope.store import StoreError, is_redis, open_writer
+    from commscope.store import StoreError, backend_for, open_writer
 
-    if is_redis(store):
-        from commscope.store.redis_store import delete_job
-        from commscope.store.redis_url import parse_url
-
-        if parse_url(store).job not in (None, job):
-            raise StoreError(f"give the benchmark a URL without ?job= (it writes job {job!r})")
-        delete_job(store, job)
+    backend = backend_for(store)
+    if backend.pinned_job(store) not in (None, job):
+        raise StoreError(f"give the benchmark a URL without ?job= (it writes job {job!r})")
+    if backend.delete_job is not None:  # else a fresh store (the directories are)
+        backend.delete_job(store, job)
 
     template = {"v": SCHEMA_VERSION, "type": "op", "phase": "begin", "op": "all_reduce", "group": "0", "redop": "sum",
                 "in_shapes": [[256]], "in_dtypes": ["float32"], "in_bytes": 1024, "out_shapes": [[256]],

@@ -13,8 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from commscope.redact import redact
-from commscope.store import StoreError, default_store, is_redis
+from commscope.store import StoreError, backend_for, default_store, redact_store
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def waiting_hint(store: str) -> str:
     """What to say while no job has written to ``store``: a directory that does not exist
     is most likely a typo, or a job not started yet."""
-    if is_redis(store) or os.path.exists(store):
+    if not backend_for(store).local or os.path.exists(store):
         return ""
     return f"{store} does not exist yet: start a job with  commscope run --store {store} -- …  (q quits)"
 
@@ -43,6 +42,6 @@ def main(args: argparse.Namespace) -> int:
         reader = open_source(store, wait=True)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
-    feed = Feed(reader, mode=LIVE, hang_after=args.hang_after, source=redact(store), hint=waiting_hint(store))
+    feed = Feed(reader, mode=LIVE, hang_after=args.hang_after, source=redact_store(store), hint=waiting_hint(store))
     CommscopeApp(feed, bell=not args.no_bell).run()
     return 0

@@ -23,7 +23,7 @@ from typing import Any
 
 from commscope import events
 from commscope.redact import redact
-from commscope.store import StoreError, StoreWriter, TraceReader, is_redis, open_writer
+from commscope.store import Size, StoreError, StoreWriter, TraceReader, backend_for, open_writer
 from commscope.store.base import is_job_name
 
 PAGE_BYTES = 16 << 20
@@ -43,47 +43,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no summary line")
 
 
-def _dest_job(args: argparse.Namespace, meta: dict, src_reader: Any) -> str:
+def _dest_job(args: argparse.Namespace, meta: dict, src_reader: TraceReader) -> str:
     from commscope.errors import UsageError
     from commscope.record.jobid import new_job_id, sanitize
 
-    url_job = None
-    if is_redis(args.dst):
-        from commscope.store.redis_url import parse_url
-
-        url_job = parse_url(args.dst).job
+    url_job = backend_for(args.dst).pinned_job(args.dst)
     if args.job is not None and not is_job_name(args.job):
         raise UsageError(f"bad --job {args.job[:130]!r}: use 1-120 letters, digits, '_', '.', '-', not starting "
                          "with '.' (a job id names a directory or key inside the store)")
     if args.job and url_job and args.job != url_job:
         raise UsageError(f"--job {args.job!r} contradicts ?job={url_job} in the destination URL")
-    job = args.job or url_job or meta.get("job") or getattr(src_reader, "job_id", None)
-    if not job:
-        job_dir = getattr(src_reader, "job_dir", None)
-        job = job_dir.name if job_dir is not None else new_job_id()
+    job = args.job or url_job or meta.get("job") or src_reader.job_name() or new_job_id()
     return sanitize(str(job))
 
 
-def _share(args: argparse.Namespace, reader: Any) -> bool:
-    """Whether the copy is group-readable: asked for, or a directory job that was."""
-    from commscope.store.directory import GROUP, DirectoryReader, modes_of
-
-    if args.share_with_group:
-        return True
-    job_dir = reader.job_dir if isinstance(reader, DirectoryReader) else None
-    return job_dir is not None and modes_of(job_dir) == GROUP
+def _share(args: argparse.Namespace, reader: TraceReader) -> bool:
+    """Whether the copy is group-readable: asked for, or a source job that was."""
+    return args.share_with_group or reader.shared_with_group()
 
 
-def _size(reader: Any) -> tuple[int, str]:
-    """What the progress bar counts to: stored entries (Redis) or file bytes (directory)."""
+def _size(reader: TraceReader) -> Size:
+    """What the progress bar counts to (``TraceReader.size``): stored entries or bytes."""
     try:
-        if hasattr(reader, "count"):
-            return int(reader.count()), "events"
-        if hasattr(reader, "rank_files"):
-            return sum(p.stat().st_size for p in reader.rank_files().values()), "bytes"
+        return reader.size()
     except (OSError, StoreError):
-        pass
-    return 0, "events"
+        return Size(0, "events")
 
 
 def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any = None, task: Any = None,
@@ -165,12 +149,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"{redact(reader.description)}: no events to copy")
     if not args.quiet:
         n = sum(copied.values())
-        if is_redis(args.dst):
-            from commscope.store.redis_url import parse_url
-
-            where = parse_url(args.dst).display(job=job)
-        else:
-            where = f"{args.dst.rstrip('/')}/{job}"
+        where = backend_for(args.dst).job_location(args.dst, job)
         print(f"copied {n:,} events of {len(copied)} rank(s), job {job}, from {redact(reader.description)} "
               f"to {where} in {time.perf_counter() - t0:.1f} s")
         for warning in stats.warnings:

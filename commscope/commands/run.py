@@ -24,8 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from commscope.redact import redact
-from commscope.store import ENV_STORE, StoreError, default_store, is_redis
+from commscope.store import ENV_STORE, backend_for, default_store, redact_store
 from commscope.store.base import is_job_name
 from commscope.store.directory import ENV_SHARE
 
@@ -55,9 +54,7 @@ def build_env(args: argparse.Namespace, base: dict[str, str] | None = None, nati
     (the Python recorder's only view of C++-issued collectives) stays off."""
     env = dict(os.environ if base is None else base)
     store = default_store(args.store)
-    if not is_redis(store):
-        store = str(Path(store).resolve())  # the command may change directory
-    env[ENV_STORE] = store
+    env[ENV_STORE] = backend_for(store).absolute(store)  # the command may change directory
     env["COMMSCOPE_AUTO"] = "1"
     if args.hang_after is not None:
         env["COMMSCOPE_HANG_AFTER"] = str(args.hang_after)
@@ -116,7 +113,7 @@ def main(args: argparse.Namespace) -> int:
     if shutil.which(command[0]) is None:  # before saying "recording to": nothing will be
         raise UsageError(f"command not found: {command[0]}")
     env = build_env(args, native=_native_ready())
-    shown = redact(env[ENV_STORE])
+    shown = redact_store(env[ENV_STORE])
     before = _jobs(env[ENV_STORE])
     print(f"commscope: recording to {shown}", file=sys.stderr)
     print(f"commscope: watch it with:  commscope attach {shown}", file=sys.stderr)
@@ -193,12 +190,6 @@ class _Stop:
 
 
 def _jobs(store: str) -> set[str] | None:
-    """The jobs a directory store holds (None: a Redis store, not looked at)."""
-    if is_redis(store):
-        return None
-    from commscope.store.directory import list_jobs
-
-    try:
-        return set(list_jobs(store))
-    except (OSError, StoreError):
-        return set()
+    """The jobs the store holds (None: a store its backend does not look at, a server)."""
+    jobs = backend_for(store).jobs
+    return jobs(store) if jobs is not None else None

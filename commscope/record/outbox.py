@@ -20,10 +20,10 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from commscope import blocks
-from commscope.store import StoreError
+from commscope.store import StoreError, StoreWriter
 
 ENV_OUTBOX_MB = "COMMSCOPE_OUTBOX_MB"
 
@@ -50,7 +50,7 @@ class Outbox:
         self.pending: deque[Line] = deque()  # encoded events not yet in the store
         self.cap_bytes = _cap_bytes()
         self.bytes = 0  # of the pending lines that are not ring blocks (those the ring bounds)
-        self.writer: Any = None  # a ``StoreWriter`` once the store is open
+        self.writer: StoreWriter | None = None  # once the store is open
         self.dropped = 0  # events (lines) given up on
         self.dropped_records = 0  # op records inside the ``block`` events among them
         self.error: str | None = None  # why the store last failed, while it fails
@@ -86,7 +86,7 @@ class Outbox:
         """The store failed a moment ago: not yet time to try it again."""
         return time.monotonic() < self._retry_at
 
-    def opened(self, writer: Any, first: bytes) -> None:
+    def opened(self, writer: StoreWriter, first: bytes) -> None:
         """The store is open; ``first`` (the ``meta`` event) goes before everything queued."""
         self.writer = writer
         self.pending.appendleft(Line(first, -1))

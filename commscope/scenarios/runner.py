@@ -237,10 +237,10 @@ class DemoJob:
         self.time_limit = float(time_limit if time_limit is not None else
                                 HANG_TIME_LIMIT if sc.hangs else RUN_TIME_LIMIT)
         self.job_id = f"{sc.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-        from commscope.store import is_redis
+        from commscope.store import backend_for
 
         self.temporary: list[str] = []  # what discard() removes
-        if store is not None and is_redis(store):
+        if store is not None and not backend_for(store).local:  # a server: the run is its job there
             self.store = store
             self.log_dir: str | None = tempfile.mkdtemp(prefix=f"commscope-demo-{sc.name}-logs-") if logs else None
             self.temporary += [self.log_dir] if self.log_dir else []

@@ -2,23 +2,23 @@
 
 A store is named by a URL-ish string: a filesystem path (the directory store) or
 ``redis://[:password@]host:port/db[?job=NAME&maxlen=N]``.  ``None`` means
-``$COMMSCOPE_STORE``, then ``./commscope-trace``.
+``$COMMSCOPE_STORE``, then ``./commscope-trace``.  Which backend a name means, and what
+callers need to know about it, is its row in ``store.registry`` (``backend_for``).
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-from commscope.store.base import EmptyReader, ReadStats, StoreError, StoreWriter, TraceReader
-from commscope.store.directory import DirectoryReader, DirectoryWriter
+from commscope.store.base import EmptyReader, ReadStats, Size, StoreError, StoreWriter, TraceReader
+from commscope.store.registry import BACKENDS, Backend, backend_for, redact_store
 
 DEFAULT_STORE = "./commscope-trace"
 ENV_STORE = "COMMSCOPE_STORE"
 
 __all__ = [
-    "DEFAULT_STORE", "ENV_STORE", "EmptyReader", "ReadStats", "StoreError", "StoreWriter", "TraceReader",
-    "default_store", "is_redis", "open_reader", "open_writer",
+    "BACKENDS", "DEFAULT_STORE", "ENV_STORE", "Backend", "EmptyReader", "ReadStats", "Size", "StoreError",
+    "StoreWriter", "TraceReader", "backend_for", "default_store", "open_reader", "open_writer", "redact_store",
 ]
 
 
@@ -26,10 +26,6 @@ def default_store(store: str | os.PathLike | None = None) -> str:
     if store is None or str(store) == "":
         store = os.environ.get(ENV_STORE) or DEFAULT_STORE
     return os.fspath(store)
-
-
-def is_redis(store: str) -> bool:
-    return str(store).startswith(("redis://", "rediss://", "unix://"))
 
 
 def open_writer(store: str | os.PathLike | None, job: str, rank: int, job_meta: dict | None = None, *,
@@ -41,19 +37,11 @@ def open_writer(store: str | os.PathLike | None, job: str, rank: int, job_meta: 
     store's new job is readable by the owner's group (None: ``$COMMSCOPE_SHARE_WITH_GROUP``;
     a Redis store's readers are whoever its ACLs let in)."""
     name = default_store(store)
-    if is_redis(name):
-        from commscope.store.redis_store import RedisWriter
-
-        return RedisWriter(name, job, rank, job_meta, incarnation=incarnation, resume=resume,
-                           connect_timeout=connect_timeout)
-    return DirectoryWriter(Path(name), job, rank, job_meta, incarnation=incarnation, resume=resume, share=share)
+    return backend_for(name).writer(name, job, rank, job_meta, incarnation=incarnation, resume=resume,
+                                    connect_timeout=connect_timeout, share=share)
 
 
 def open_reader(store: str | os.PathLike | None, *, wait: bool = False) -> TraceReader:
     """A reader for the newest job in a store.  ``wait`` lets it open before the job exists."""
     name = default_store(store)
-    if is_redis(name):
-        from commscope.store.redis_store import RedisReader
-
-        return RedisReader(name, wait=wait)
-    return DirectoryReader(Path(name), wait=wait)
+    return backend_for(name).reader(name, wait=wait)

@@ -6,12 +6,15 @@ import abc
 import dataclasses
 import re
 import time
-from collections.abc import Mapping
-from typing import Protocol
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
-from commscope.events import Decoded, Event
+from commscope.blocks import BlockDecoder, expand_decoded
+from commscope.events import Decoded, Event, decode_lines
 from commscope.schema import SCHEMA_VERSION
 
 #: Distinct invalid-event reasons kept; more are counted as "other" (a hostile trace cannot
@@ -132,6 +135,14 @@ class StoreWriter(Protocol):
     """Owned by one rank's recorder thread; never called from the training hot path."""
 
     description: str
+    #: the job it writes (a store URL may pin it: ``redis://...?job=NAME``)
+    job: str
+    #: a directory of this machine beside the stream, where a crash file may go (None: a server)
+    crash_dir: Path | None
+
+    @property
+    def stored(self) -> int:
+        """Lines (entries) this writer has put into its stream so far."""
 
     def write(self, lines: list[bytes]) -> None:
         """Persist encoded events (``events.encode``, no newline) in order.
@@ -139,7 +150,23 @@ class StoreWriter(Protocol):
         Raises StoreError on failure; its ``written`` says how many leading lines landed.
         """
 
+    def first_event(self) -> dict | None:
+        """The stream's first event (its meta), None when empty or unreadable."""
+
     def close(self) -> None: ...
+
+
+#: A stream: (rank, incarnation).  A rank that initialises its process group again in one
+#: process starts a new incarnation, and a stream of its own.
+Stream = tuple[int, int]
+
+
+class Size(NamedTuple):
+    """How much a job holds, for a progress bar: ``amount`` in ``unit``, "bytes" (the bar
+    counts ``ReadStats.bytes``) or "events" (it counts the events read)."""
+
+    amount: int
+    unit: str
 
 
 class TraceReader(abc.ABC):
@@ -151,10 +178,23 @@ class TraceReader(abc.ABC):
     ``max_bytes`` of stored data at most (None: everything there is; a reader that cannot
     bound its reads returns everything).  ``read_all`` also returns what ``poll`` holds
     back (an incomplete last line, taken as truncated): call it once, at the end.
+
+    A store's reader only fetches each stream's raw data and hands it to ``ingest``, the
+    one pipeline every store shares: validate and redact (``events.decode_lines``), unpack
+    ``block`` events (``blocks.expand_decoded``, with one set of decoders per stream) and
+    count what was skipped or lost in ``stats``.
     """
 
     description: str = ""
     stats: ReadStats
+    #: Whether a writer's ``store_lost`` marker is what counts the events a store lost (a
+    #: directory: nothing else numbers its lines).  A store that numbers its entries sees
+    #: the gap and counts it itself (Redis).
+    counts_lost_markers: bool = False
+    #: Seconds between looks at the spools dead ranks left on this host, while following.
+    SPOOL_LOOK_S = 2.0
+    _next_spool_look = 0.0
+    _block_decoders: dict[Stream, dict[int, BlockDecoder]]  # per stream, made by ``ingest``: see commscope.blocks
 
     @abc.abstractmethod
     def poll(self, max_bytes: int | None = None) -> list[Event]: ...
@@ -166,9 +206,24 @@ class TraceReader(abc.ABC):
         """Job metadata once known (job id, world size, ...), else None."""
         return None
 
+    def job_name(self) -> str | None:
+        """The id of the job being read, once known (a store may know it before it can read
+        the job's metadata); None when it cannot say."""
+        return None
+
+    def shared_with_group(self) -> bool:
+        """Whether the job is readable by its owner's group (a copy keeps it so)."""
+        return False
+
     def total_bytes(self) -> int:
         """Bytes stored for the job now, for progress bars; 0 when the store cannot say."""
         return 0
+
+    def size(self) -> Size:
+        """How much the job holds now, for a progress bar: ``total_bytes()`` bytes by
+        default, ``Size(0, "events")`` when the store cannot say."""
+        n = self.total_bytes()
+        return Size(n, "bytes") if n else Size(0, "events")
 
     def backlog_bytes(self) -> int:
         """Bytes stored but not yet returned by ``poll`` (how far behind a follower is);
@@ -177,6 +232,70 @@ class TraceReader(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 (a reader without resources has nothing to close)
         pass
+
+    # ------------------------------------------------------------ the shared pipeline
+    def ingest(self, stream: Stream, raw: bytes | Sequence[bytes], size: int = 0) -> Decoded:
+        """Events of ``raw``, data of one stream: complete lines (bytes), or entries that
+        each hold one event (a sequence).  Validated and redacted, blocks expanded; damaged,
+        invalid and (``counts_lost_markers``) lost events counted in ``stats``, and ``size``
+        stored bytes added to ``stats.bytes``.  Blocks are decoded with the tables the
+        stream's earlier data defined, so call it in stream order."""
+        rank = stream[0]
+        got = decode_lines(raw, rank) if isinstance(raw, bytes) else decode_entries(raw, rank)
+        try:
+            decoders = self._block_decoders
+        except AttributeError:
+            decoders = self._block_decoders = {}
+        got = expand_decoded(got, decoders.setdefault(stream, {}))
+        stats = self.stats
+        stats.count_decoded(rank, got)
+        if self.counts_lost_markers and isinstance(raw, bytes):
+            stats.count_store_lost(rank, raw, got)
+        stats.bytes += size
+        return got
+
+    def spool_remnants(self, job: str | None, store: str, writer: Callable[[int, int], Any],
+                       final: bool) -> tuple[int, dict[Stream, list[Event]]]:
+        """What ranks of ``job`` that died on this host left in their spools and nobody
+        forwarded yet: (how many spools were forwarded to their streams with ``writer(rank,
+        incarnation)``, where this reader may write: read them again; the events of those it
+        could not forward, by stream).  Looked at most every ``SPOOL_LOOK_S`` while
+        following (``final``: at the end, always)."""
+        now = time.monotonic()
+        if job is None or (not final and now < self._next_spool_look):
+            return 0, {}
+        self._next_spool_look = now + self.SPOOL_LOOK_S
+        from commscope.store import spool
+
+        forwarded = spool.forward_dead(job, store, writer)
+        left: dict[Stream, list[Event]] = {}
+        for rank, inc, lines in spool.remnant_events(job, store):  # those it could not forward
+            left.setdefault((rank, inc), []).extend(self.ingest((rank, inc), b"\n".join(lines)).events)
+        return forwarded, left
+
+
+def decode_entries(values: Sequence[bytes], rank: int) -> Decoded:
+    """Entries that each hold one event (a Redis stream's) to validated events: one
+    C-speed pass when every entry is one clean line; an entry that is empty, or holds other
+    than exactly one event, is one damaged event."""
+    if not values:
+        return Decoded([], 0, Counter())
+    joined = b"\n".join(values)
+    if joined.count(b"\n") == len(values) - 1:
+        got = decode_lines(joined, rank)
+        if len(got.events) + got.damaged + sum(got.invalid.values()) == len(values):
+            return got
+    kept: list[Event] = []
+    damaged, invalid = 0, Counter()  # empty or multi-line entries: judge each on its own
+    for v in values:
+        one = decode_lines(v.replace(b"\n", b" "), rank) if v.strip() else Decoded([], 1, Counter())
+        if len(one.events) + one.damaged + sum(one.invalid.values()) != 1:  # not exactly one event
+            damaged += 1
+            continue
+        kept.extend(one.events)
+        damaged += one.damaged
+        invalid.update(one.invalid)
+    return Decoded(kept, damaged, invalid)
 
 
 class EmptyReader(TraceReader):

@@ -23,18 +23,17 @@ import errno
 import os
 import re
 import stat
-import time
 from pathlib import Path
 from typing import NamedTuple
 
 import orjson
 
-from commscope.blocks import BlockDecoder, expand_decoded
-from commscope.events import Event, decode_lines, gc_paused
+from commscope.events import Event, gc_paused
 from commscope.schema import MAX_RANK, decode_job
 from commscope.store.base import (
     ReadStats,
     StoreError,
+    Stream,
     TraceReader,
     check_job_name,
     is_job_name,
@@ -52,10 +51,6 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 def rank_file_name(rank: int, incarnation: int = 0) -> str:
     return f"rank-{rank:05d}.jsonl" if not incarnation else f"rank-{rank:05d}+{incarnation}.jsonl"
-
-
-#: A stream: (rank, incarnation).
-Stream = tuple[int, int]
 
 
 #: ``commscope run --share-with-group`` sets it for the ranks: stores they create are
@@ -133,11 +128,13 @@ class DirectoryWriter:
     """Appends one rank's events; owned by that rank's recorder thread."""
 
     def __init__(self, root: str | os.PathLike, job: str, rank: int, job_meta: dict | None = None, *,
-                 incarnation: int = 0, resume: bool = False, share: bool | None = None):
+                 incarnation: int = 0, resume: bool = False, connect_timeout: float | None = None,
+                 share: bool | None = None):
         """``resume``: append to the stream of a rank that died (a forwarder sending what its
         spool kept), instead of refusing a stream that holds events already.  ``share``:
         a job directory this writer creates is readable by the group (None:
-        ``$COMMSCOPE_SHARE_WITH_GROUP``); one that exists keeps its modes."""
+        ``$COMMSCOPE_SHARE_WITH_GROUP``); one that exists keeps its modes.  ``connect_timeout``:
+        a directory connects to nothing (``store.open_writer`` passes it to every store)."""
         self.root = Path(root)
         self.job = check_job_name(job)
         self.rank = rank
@@ -176,6 +173,14 @@ class DirectoryWriter:
         except StoreError:
             self.close()
             raise
+
+    @property
+    def crash_dir(self) -> Path:
+        return self.dir
+
+    @property
+    def stored(self) -> int:
+        return self._lines
 
     def first_event(self) -> dict | None:
         """The stream's first event (its meta), None when empty or unreadable."""
@@ -303,10 +308,30 @@ def list_jobs(path: str | os.PathLike) -> list[str]:
     return sorted(d.name for d in p.iterdir() if d.is_dir() and (d / JOB_FILE).exists())
 
 
+def jobs(path: str) -> set[str]:
+    """The jobs the store holds now, never raising (``commscope run``: did the command record
+    anything?)."""
+    try:
+        return set(list_jobs(path))
+    except (OSError, StoreError):
+        return set()
+
+
+def absolute(path: str) -> str:
+    """The store's path from anywhere on this host (a command may change directory)."""
+    return str(Path(path).resolve())
+
+
+def job_location(path: str, job: str) -> str:
+    """Where job ``job`` of the store lies."""
+    return f"{path.rstrip('/')}/{job}"
+
+
 class DirectoryReader(TraceReader):
     """Reads or tails one job directory.  Tolerates torn tails, corrupt lines, truncation."""
 
     CHUNK = 8 << 20
+    counts_lost_markers = True  # a writer that found its file deleted says what went with it
 
     def __init__(self, path: str | os.PathLike, *, wait: bool = False):
         self.path = Path(path)
@@ -320,8 +345,6 @@ class DirectoryReader(TraceReader):
             raise StoreError(f"{self.path} holds no commscope trace (no rank-*.jsonl files)")
         self._offsets: dict[Stream, int] = {}
         self._partial: dict[Stream, bool] = {}
-        self._blocks: dict[Stream, dict[int, BlockDecoder]] = {}  # per stream: see commscope.blocks
-        self._next_spool_look = 0.0
         self._job: dict | None = None
         self._job_failed = False
         self._refused: set[str] = set()  # rank files that are not regular files (warned once)
@@ -342,6 +365,12 @@ class DirectoryReader(TraceReader):
                 self.stats.count_invalid(-1, {why: 1})
                 self.stats.warnings.append(f"{JOB_FILE} skipped ({why})")
         return self._job
+
+    def job_name(self) -> str | None:
+        return self.job_dir.name if self.job_dir is not None else None
+
+    def shared_with_group(self) -> bool:
+        return self.job_dir is not None and modes_of(self.job_dir) == GROUP
 
     def rank_files(self) -> dict[Stream, Path]:
         """The job's streams: (rank, incarnation) -> file, in that order."""
@@ -405,29 +434,24 @@ class DirectoryReader(TraceReader):
         return out
 
     def _remnants(self, final: bool) -> list[Event]:
-        """What ranks of this job that died on this host left in their spools and nobody
-        forwarded yet: forwarded to their rank files where this reader may write (then gone
-        from the spool directory, and in the trace for every reader), else only read.
-        Looked for at most every 2 s while following, and at the end."""
-        now = time.monotonic()
-        if self.job_dir is None or (not final and now < self._next_spool_look):
+        """What ranks of this job that died on this host left in their spools
+        (``TraceReader.spool_remnants``): forwarded to their rank files where this reader may
+        write (then gone from the spool directory, and in the trace for every reader), else
+        only read."""
+        if self.job_dir is None:
             return []
-        self._next_spool_look = now + 2.0
-        from commscope.store import spool
-
         job, root = self.job_dir.name, str(self.job_dir.parent)
 
         def writer(rank: int, inc: int) -> DirectoryWriter:
             return DirectoryWriter(root, job, rank, incarnation=inc, resume=True)
 
+        forwarded, left = self.spool_remnants(job, root, writer, final)
         out: list[Event] = []
-        if spool.forward_dead(job, root, writer):
+        if forwarded:
             for stream, path in self.rank_files().items():
                 out.extend(self._read_stream(stream, path, None)[0])
-        for rank, inc, lines in spool.remnant_events(job, root):  # those it could not forward
-            got = expand_decoded(decode_lines(b"\n".join(lines), rank), self._blocks.setdefault((rank, inc), {}))
-            self.stats.count_decoded(rank, got)
-            out.extend(got.events)
+        for events in left.values():
+            out.extend(events)
         return out
 
     def _caught_up(self, rank: int) -> bool:
@@ -444,19 +468,16 @@ class DirectoryReader(TraceReader):
         for stream, path in self.rank_files().items():
             if not self._partial.get(stream):
                 continue
-            rank = stream[0]
             try:
                 with open(path, "rb") as f:
                     f.seek(self._offsets.get(stream, 0))
                     tail = f.read()
             except OSError:
                 continue
-            got = expand_decoded(decode_lines(tail, rank), self._blocks.setdefault(stream, {}))
+            got = self.ingest(stream, tail)
             if got.damaged:
-                self.stats.warnings.append(f"rank {rank}: last line of {path.name} is truncated "
+                self.stats.warnings.append(f"rank {stream[0]}: last line of {path.name} is truncated "
                                            f"({len(tail)} bytes skipped)")
-            self.stats.count_decoded(rank, got)
-            self.stats.count_store_lost(rank, tail, got)
             events.extend(got.events)
             self._offsets[stream] = self._offsets.get(stream, 0) + len(tail)
             self._partial[stream] = False
@@ -492,11 +513,8 @@ class DirectoryReader(TraceReader):
         self._partial[stream] = cut < len(data) and offset + len(data) >= size
         if cut == 0:
             return [], 0
-        got = expand_decoded(decode_lines(data[:cut], rank), self._blocks.setdefault(stream, {}))
+        got = self.ingest(stream, data[:cut], cut)
         self._offsets[stream] = offset + cut
-        self.stats.count_decoded(rank, got)
-        self.stats.count_store_lost(rank, data[:cut], got)
-        self.stats.bytes += cut
         return got.events, cut
 
     def close(self) -> None:

@@ -22,26 +22,27 @@ content, so events the recorder re-sends are stored once.  Readers see ``0-K`` n
 so a gap (``maxlen`` trimming, or data a Redis without persistence lost) is counted and
 reported rather than silently skipped.
 
-The RESP client is ``commscope.store.resp`` (why not redis-py: see there).
+Every key and stream member is made (and a member read back) by ``Keys``, the one copy
+of this layout.  The RESP client is ``commscope.store.resp`` (why not redis-py: see there).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections import Counter
 from typing import Any
 
 import orjson
 
 from commscope import events
-from commscope.blocks import BlockDecoder, expand_decoded
-from commscope.events import Decoded, Event, decode_lines, gc_paused
+from commscope.events import Event, gc_paused
 from commscope.redact import redact
 from commscope.schema import decode_job
 from commscope.store.base import (
     ReadStats,
+    Size,
     StoreError,
+    Stream,
     TraceReader,
     is_job_name,
     is_store_lost,
@@ -51,37 +52,45 @@ from commscope.store.base import (
 from commscope.store.redis_url import RedisTarget, parse_url, scrub
 from commscope.store.resp import Connection, RedisAuthError, ReplyError
 
-#: A stream: (rank, incarnation).
-Stream = tuple[int, int]
 
-PREFIX = "commscope"
-JOBS_KEY = f"{PREFIX}:jobs"
+class Keys:
+    """The key layout (module docstring), in one place: every key commscope reads or
+    writes, and every stream member, is made (and a member read back) here."""
 
+    PREFIX = "commscope"
+    #: sorted set of the job ids, scored by registration time (µs)
+    JOBS = f"{PREFIX}:jobs"
+    #: a pattern matching every key commscope writes (KEYS, SCAN)
+    ALL = f"{PREFIX}:*"
 
-def meta_key(job: str) -> str:
-    return f"{PREFIX}:{job}:meta"
+    @staticmethod
+    def meta(job: str) -> str:
+        """The job's metadata (JSON)."""
+        return f"{Keys.PREFIX}:{job}:meta"
 
+    @staticmethod
+    def ranks(job: str) -> str:
+        """The set of the job's stream members (``member``)."""
+        return f"{Keys.PREFIX}:{job}:ranks"
 
-def ranks_key(job: str) -> str:
-    return f"{PREFIX}:{job}:ranks"
+    @staticmethod
+    def member(rank: int, incarnation: int = 0) -> str:
+        """A stream's member in ``ranks(job)``: "3", or "3+1" for an incarnation."""
+        return f"{rank}+{incarnation}" if incarnation else str(rank)
 
+    @staticmethod
+    def parse_member(name: bytes | str) -> Stream | None:
+        """(rank, incarnation) of a ``member``; None for anything else."""
+        text = name.decode() if isinstance(name, bytes) else name
+        rank, _, inc = text.partition("+")
+        if not (rank.isdigit() and len(rank) <= 8 and (not inc or (inc.isdigit() and len(inc) <= 6))):
+            return None
+        return int(rank), int(inc or 0)
 
-def stream_name(rank: int, incarnation: int = 0) -> str:
-    """A stream's member in ``commscope:J:ranks``: "3", or "3+1" for an incarnation."""
-    return f"{rank}+{incarnation}" if incarnation else str(rank)
-
-
-def parse_stream(name: bytes | str) -> tuple[int, int] | None:
-    """(rank, incarnation) of a ``stream_name``; None for anything else."""
-    text = name.decode() if isinstance(name, bytes) else name
-    rank, _, inc = text.partition("+")
-    if not (rank.isdigit() and len(rank) <= 8 and (not inc or (inc.isdigit() and len(inc) <= 6))):
-        return None
-    return int(rank), int(inc or 0)
-
-
-def stream_key(job: str, rank: int, incarnation: int = 0) -> str:
-    return f"{PREFIX}:{job}:rank:{stream_name(rank, incarnation)}"
+    @staticmethod
+    def stream(job: str, rank: int, incarnation: int = 0) -> str:
+        """The stream of one rank (incarnation) of the job."""
+        return f"{Keys.PREFIX}:{job}:rank:{Keys.member(rank, incarnation)}"
 
 
 def _seq(entry_id: bytes) -> int:
@@ -147,9 +156,10 @@ class RedisWriter:
     CHUNK_BYTES = 4 << 20
 
     def __init__(self, url: str, job: str, rank: int, job_meta: dict | None = None, *, incarnation: int = 0,
-                 resume: bool = False, connect_timeout: float | None = None):
+                 resume: bool = False, connect_timeout: float | None = None, share: bool | None = None):
         """``resume``: append to the stream of a rank that died (a forwarder sending what its
-        spool kept), after its last entry, instead of refusing a stream that exists."""
+        spool kept), after its last entry, instead of refusing a stream that exists.
+        ``share``: not Redis's to decide (its readers are whoever its ACLs let in)."""
         self.target = parse_url(url)
         if connect_timeout is not None:
             self.target = dataclasses.replace(self.target, timeout=min(self.target.timeout, connect_timeout))
@@ -160,7 +170,7 @@ class RedisWriter:
         self.incarnation = int(incarnation)
         self.resume = resume
         self.maxlen = self.target.maxlen or 0
-        self.key = stream_key(self.job, self.rank, self.incarnation).encode()
+        self.key = Keys.stream(self.job, self.rank, self.incarnation).encode()
         self.description = f"{self.target.display(job=self.job)} rank {self.rank}"
         self._shown = self.target.display()
         meta = dict(job_meta or {}, job=self.job)
@@ -180,8 +190,10 @@ class RedisWriter:
         self._lost: tuple[int, int] | None = None  # entries Redis no longer held on reconnecting
         self._open()
 
+    crash_dir = None  # a server: no directory of this machine beside the stream
+
     @property
-    def appended(self) -> int:
+    def stored(self) -> int:
         """Entries this writer has put into its stream (known to have landed)."""
         return self._next - 1
 
@@ -222,9 +234,9 @@ class RedisWriter:
         now_us = time.time_ns() // 1000
         lead = self.rank == 0 and first  # rank 0 opening: this job becomes the newest
         replies = conn.pipeline([
-            ("SADD", ranks_key(self.job), stream_name(self.rank, self.incarnation)),
-            ("ZADD", JOBS_KEY, now_us, self.job) if lead else ("ZADD", JOBS_KEY, "NX", now_us, self.job),
-            ("SET", meta_key(self.job), self._meta) if lead else ("SET", meta_key(self.job), self._meta, "NX"),
+            ("SADD", Keys.ranks(self.job), Keys.member(self.rank, self.incarnation)),
+            ("ZADD", Keys.JOBS, now_us, self.job) if lead else ("ZADD", Keys.JOBS, "NX", now_us, self.job),
+            ("SET", Keys.meta(self.job), self._meta) if lead else ("SET", Keys.meta(self.job), self._meta, "NX"),
         ])
         for r in replies:
             if isinstance(r, ReplyError):
@@ -431,9 +443,7 @@ class RedisReader(TraceReader):
         self._want = job or self.target.job
         self._shown = self.target.display()
         self.stats = ReadStats()
-        self._blocks: dict[Stream, dict[int, BlockDecoder]] = {}  # per stream: see commscope.blocks
         self.missing: dict[int, int] = {}  # rank -> events absent from its streams (gaps)
-        self._next_spool_look = 0.0
         self._conn: Connection | None = Connection(self.target, self._shown)
         self._conn.connect()
         self._down = False
@@ -444,7 +454,7 @@ class RedisReader(TraceReader):
             self.close()
             if self._want:
                 raise StoreError(f"no job {self._want!r} in {self._shown}{self._known_jobs(url)}")
-            raise StoreError(f"{self._shown} holds no commscope trace (no job in {JOBS_KEY})")
+            raise StoreError(f"{self._shown} holds no commscope trace (no job in {Keys.JOBS})")
         self._cursor: dict[Stream, bytes] = {}  # stream -> id of the last entry returned
         self._last: dict[Stream, int] = {}  # stream -> number of the last commscope entry returned
         self._job: dict | None = None
@@ -486,9 +496,9 @@ class RedisReader(TraceReader):
         conn = self._conn_ok()
         try:
             if self._want:
-                found = conn.call("EXISTS", ranks_key(self._want)) or conn.call("EXISTS", meta_key(self._want))
+                found = conn.call("EXISTS", Keys.ranks(self._want)) or conn.call("EXISTS", Keys.meta(self._want))
                 return self._want if found else None
-            newest = conn.call("ZREVRANGE", JOBS_KEY, 0, 0)
+            newest = conn.call("ZREVRANGE", Keys.JOBS, 0, 0)
         except ReplyError as exc:
             raise StoreError(f"cannot read {self._shown}: Redis said: {scrub(str(exc), self.target)}") from None
         except OSError as exc:
@@ -499,7 +509,7 @@ class RedisReader(TraceReader):
     def job(self) -> dict | None:
         if self._job is None and self.job_id is not None:
             try:
-                raw = self._conn_ok().call("GET", meta_key(self.job_id))
+                raw = self._conn_ok().call("GET", Keys.meta(self.job_id))
             except (OSError, ReplyError, StoreError):
                 return None
             if isinstance(raw, bytes) and raw:
@@ -510,12 +520,15 @@ class RedisReader(TraceReader):
                     self.stats.warnings.append(f"job metadata skipped ({why})")
         return self._job
 
+    def job_name(self) -> str | None:
+        return self.job_id
+
     def ranks(self) -> list[Stream]:
         """The job's streams: (rank, incarnation), in order."""
         if self.job_id is None:
             return []
-        members = self._conn_ok().call("SMEMBERS", ranks_key(self.job_id)) or []
-        return sorted(filter(None, map(parse_stream, members)))
+        members = self._conn_ok().call("SMEMBERS", Keys.ranks(self.job_id)) or []
+        return sorted(filter(None, map(Keys.parse_member, members)))
 
     def count(self) -> int:
         """Entries stored for this job right now (XLEN summed over streams): progress totals."""
@@ -524,8 +537,12 @@ class RedisReader(TraceReader):
         streams = self.ranks()
         if not streams:
             return 0
-        replies = self._conn_ok().pipeline([("XLEN", stream_key(self.job_id, *st)) for st in streams])
+        replies = self._conn_ok().pipeline([("XLEN", Keys.stream(self.job_id, *st)) for st in streams])
         return sum(r for r in replies if isinstance(r, int))
+
+    def size(self) -> Size:
+        """Entries stored (``count``): a progress bar counts events."""
+        return Size(self.count(), "events")
 
     # -- reading
     def poll(self, max_bytes: int | None = None) -> list[Event]:
@@ -552,28 +569,18 @@ class RedisReader(TraceReader):
         return [e for r in sorted(got) for e in got[r]]  # what was read before any failure too
 
     def _remnants(self, got: dict[Stream, list[Event]], final: bool) -> bool:
-        """What ranks of this job that died on this host left in their spools and nobody
-        forwarded yet: forwarded to their streams (True: read them again), where this
-        reader can write, else only read.  Looked for at most every 2 s while following,
-        and at the end."""
-        now = time.monotonic()
-        if self.job_id is None or (not final and now < self._next_spool_look):
-            return False
-        self._next_spool_look = now + 2.0
-        from commscope.store import spool
-
+        """What ranks of this job that died on this host left in their spools
+        (``TraceReader.spool_remnants``): forwarded to their streams (True: read them
+        again), where this reader can write, else only read."""
         job, url = self.job_id, self._url
 
         def writer(rank: int, inc: int) -> RedisWriter:
             return RedisWriter(url, job, rank, incarnation=inc, resume=True, connect_timeout=2.0)
 
-        forwarded = spool.forward_dead(job, url, writer) > 0
-        for rank, inc, lines in spool.remnant_events(job, url):  # those it could not forward
-            stream = (rank, inc)
-            dec = expand_decoded(decode_lines(b"\n".join(lines), rank), self._blocks.setdefault(stream, {}))
-            self.stats.count_decoded(rank, dec)
-            got.setdefault(stream, []).extend(dec.events)
-        return forwarded
+        forwarded, left = self.spool_remnants(job, url, writer, final)
+        for stream, evs in left.items():
+            got.setdefault(stream, []).extend(evs)
+        return forwarded > 0
 
     def _xread(self, max_bytes: int | None, got: dict[Stream, list[Event]]) -> None:
         conn = self._conn_ok()
@@ -582,12 +589,12 @@ class RedisReader(TraceReader):
         used = 0
         with gc_paused():
             while pending:
-                keys = [stream_key(job, *st) for st in pending]
+                keys = {Keys.stream(job, *st).encode(): st for st in pending}
                 ids = [self._cursor.get(st, b"0-0") for st in pending]
                 reply = conn.xread("XREAD", "COUNT", self.PAGE, "STREAMS", *keys, *ids)
                 full = []
                 for key, entries in reply:
-                    stream = parse_stream(key.rsplit(b":", 1)[1])
+                    stream = keys.get(key)
                     if stream is None:
                         continue
                     used += self._take(stream, entries, got.setdefault(stream, []))
@@ -610,7 +617,7 @@ class RedisReader(TraceReader):
             conn = self._conn_ok()
             with gc_paused():
                 for stream in self.ranks():
-                    key = stream_key(self.job_id, *stream)
+                    key = Keys.stream(self.job_id, *stream)
                     while True:
                         start = self._cursor.get(stream)
                         lo = b"-" if start is None else _after(start)
@@ -655,11 +662,8 @@ class RedisReader(TraceReader):
                 values.append(v or b"")
             self._last[stream] = last
         self._cursor[stream] = entries[-1][0]
-        got = expand_decoded(_decode(values, rank), self._blocks.setdefault(stream, {}))
-        self.stats.count_decoded(rank, got)
         size = sum(map(len, values))
-        self.stats.bytes += size
-        out.extend(got.events)
+        out.extend(self.ingest(stream, values, size).events)
         return size
 
     def _gap(self, rank: int, last: int, k: int, reset: bool = False) -> None:
@@ -697,27 +701,6 @@ def _after(entry_id: bytes) -> bytes:
     return b"%s-%d" % (ms, int(k) + 1)
 
 
-def _decode(values: list[bytes], rank: int) -> Decoded:
-    """Entries to validated events: one C-speed pass when every entry is one clean line."""
-    if not values:
-        return Decoded([], 0, Counter())
-    joined = b"\n".join(values)
-    if joined.count(b"\n") == len(values) - 1:
-        got = decode_lines(joined, rank)
-        if len(got.events) + got.damaged + sum(got.invalid.values()) == len(values):
-            return got
-    kept, damaged, invalid = [], 0, Counter()  # empty or multi-line entries: judge each on its own
-    for v in values:
-        one = decode_lines(v.replace(b"\n", b" "), rank) if v.strip() else Decoded([], 1, Counter())
-        if len(one.events) + one.damaged + sum(one.invalid.values()) != 1:  # not exactly one event
-            damaged += 1
-            continue
-        kept.extend(one.events)
-        damaged += one.damaged
-        invalid.update(one.invalid)
-    return Decoded(kept, damaged, invalid)
-
-
 # ---------------------------------------------------------------------------- helpers
 def _connect(url: str) -> tuple[RedisTarget, Connection]:
     target = parse_url(url)
@@ -730,7 +713,7 @@ def list_jobs(url: str) -> list[tuple[str, float]]:
     """(job id, registration time in s) for every job in the store, oldest first."""
     _, conn = _connect(url)
     try:
-        flat = conn.call("ZRANGE", JOBS_KEY, 0, -1, "WITHSCORES")
+        flat = conn.call("ZRANGE", Keys.JOBS, 0, -1, "WITHSCORES")
     except (OSError, ReplyError) as exc:
         why = conn.why(exc) if isinstance(exc, OSError) else scrub(str(exc), conn.t)
         raise StoreError(f"cannot list jobs in {redact(url)}: {why}") from None
@@ -743,10 +726,11 @@ def delete_job(url: str, job: str) -> int:
     """Remove a job's streams, metadata and registration; returns how many keys went."""
     target, conn = _connect(url)
     try:
-        members = conn.call("SMEMBERS", ranks_key(job)) or []
-        keys = [meta_key(job), ranks_key(job)] + [stream_key(job, *st) for st in map(parse_stream, members) if st]
+        members = conn.call("SMEMBERS", Keys.ranks(job)) or []
+        streams = filter(None, map(Keys.parse_member, members))
+        keys = [Keys.meta(job), Keys.ranks(job)] + [Keys.stream(job, *st) for st in streams]
         n = conn.call("DEL", *keys)
-        conn.call("ZREM", JOBS_KEY, job)
+        conn.call("ZREM", Keys.JOBS, job)
         return int(n)
     except (OSError, ReplyError) as exc:
         why = conn.why(exc) if isinstance(exc, OSError) else scrub(str(exc), target)
@@ -755,4 +739,5 @@ def delete_job(url: str, job: str) -> int:
         conn.close()
 
 
-__all__ = ["Connection", "RedisAuthError", "ReplyError", "RedisReader", "RedisWriter", "delete_job", "list_jobs"]
+__all__ = ["Connection", "Keys", "RedisAuthError", "ReplyError", "RedisReader", "RedisWriter", "delete_job",
+           "list_jobs"]

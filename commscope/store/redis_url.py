@@ -86,6 +86,26 @@ class RedisTarget:
         return f"RedisTarget({self.display()})"
 
 
+def identity(url: str) -> str:
+    """Which Redis the URL names, however spelt and without credentials or options:
+    ``scheme://host:port/db`` (a socket's path for a host)."""
+    try:
+        t = parse_url(url)
+    except Exception:
+        return url.split("@")[-1]
+    return f"{t.scheme}://{t.path or t.host}:{t.port}/{t.db}"
+
+
+def pinned_job(url: str) -> str | None:
+    """The job the URL names (``?job=``), if any."""
+    return parse_url(url).job
+
+
+def job_location(url: str, job: str) -> str:
+    """A URL naming job ``job`` of the store, its password hidden."""
+    return parse_url(url).display(job=job)
+
+
 def scrub(text: str, target: RedisTarget | None) -> str:
     """``text`` with any spelling of the target's password replaced by ***."""
     if target is None:

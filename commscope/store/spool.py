@@ -1,7 +1,7 @@
 """Spools: a rank's records in a local file that outlives the rank, forwarded if it dies.
 
 The native recorder appends its records to a ring inside a spool file (layout:
-``SpoolHeader`` in ``commscope_native.cpp``), in a local directory private to the user
+``SpoolHeader`` in ``record/native/layout.h``), in a local directory private to the user
 (``/dev/shm/commscope-<uid>``, else the temporary directory; ``$COMMSCOPE_SPOOL_DIR``).
 Its thread moves ``[tail, head)`` to the store every tick and advances ``tail``.  When the
 rank dies (SIGKILL, the OOM killer, a fatal signal, ``os._exit``) the records it made
@@ -41,13 +41,14 @@ import orjson
 from commscope import blocks
 from commscope.schema import SCHEMA_VERSION, redact_event
 from commscope.store import crashlog
+from commscope.store.base import StoreWriter
 
 ENV_SPOOL_DIR = "COMMSCOPE_SPOOL_DIR"
 ENV_BUFFER_MB = "COMMSCOPE_BUFFER_MB"
 MAGIC = b"CSSPOOL1"
 VERSION = 1
 HEADER_SIZE = 4096
-SLACK = 64 << 10  # commscope_native.cpp kMaxRecord
+SLACK = 64 << 10  # record/native/layout.h kMaxRecord
 DEFAULT_RING = 16 << 20
 TABLE_SIZE = 4 << 20
 MIN_RING = 64 << 10
@@ -91,18 +92,9 @@ def signal_name(sig: int) -> str:
 def store_id(store: str) -> str:
     """Which store a spool belongs to, without its credentials: forwarders only forward
     spools of the store they write to (and can reach with their own URL)."""
-    from commscope.store import is_redis
-    from commscope.store.redis_url import parse_url
+    from commscope.store import backend_for
 
-    if is_redis(store):
-        try:
-            t = parse_url(store)
-            key = f"{t.scheme}://{t.path or t.host}:{t.port}/{t.db}"
-        except Exception:
-            key = store.split("@")[-1]
-    else:
-        key = os.path.realpath(store)
-    return hashlib.sha256(key.encode()).hexdigest()[:24]
+    return hashlib.sha256(backend_for(store).identity(store).encode()).hexdigest()[:24]
 
 
 # ------------------------------------------------------------------------------ the directory
@@ -589,12 +581,11 @@ def forward_orphans(exit_status: Callable[[int], int | None] | None = None,
     return done
 
 
-def _same_run(writer: Any, run: Any) -> bool:
+def _same_run(writer: StoreWriter, run: Any) -> bool:
     """The stream the writer appends to is empty, or belongs to ``run`` (its meta says so)."""
-    first = getattr(writer, "first_event", None)
-    if first is None or not isinstance(run, str) or run == "?":
+    if not isinstance(run, str) or run == "?":
         return True
-    ev = first()
+    ev = writer.first_event()
     return ev is None or ev.get("run") in (None, run)
 
 
