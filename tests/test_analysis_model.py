@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from commscope.analysis import TraceModel
+from commscope.analysis import TraceModel, rankstate
 from commscope.analysis import model as model_mod
 from commscope.analysis.bandwidth import busbw, busbw_factor, instances, op_busbw, size_bytes
 from commscope.analysis.synth import S, TraceBuilder, healthy_trace, liveness_trace
@@ -99,7 +99,7 @@ def test_window_queries_handle_long_and_inflight_ops():
     w = m.ops_in_window(0, t + 10 * S, t + 11 * S)
     assert w.tolist() == [m.op_index(0, stuck)]
     assert m.inflight(0) == [m.op_index(0, stuck)]
-    assert m.current_op(0) == m.op_index(0, stuck)
+    assert rankstate.current_op(m, 0) == m.op_index(0, stuck)
 
 
 def test_out_of_order_flight_recorder_ops_are_sorted_for_queries():
@@ -118,11 +118,11 @@ def test_states_samples_and_liveness():
     b, t, a = liveness_trace()
     m = TraceModel.from_events(b.sorted_events())
     now = t + 10 * S
-    assert m.state(0, now).text == "in all_reduce #2 (group 0) for 9.0 s"
-    assert m.state(1, now).text.startswith("waiting on all_reduce #2 (group 0) for 8.0 s")
-    assert m.state(2, now).kind == "exited"
-    assert m.state(3, now).kind == "dead"
-    assert m.state(3, t + 3 * S).kind == "idle"
+    assert rankstate.rank_state(m, 0, now).text == "in all_reduce #2 (group 0) for 9.0 s"
+    assert rankstate.rank_state(m, 1, now).text.startswith("waiting on all_reduce #2 (group 0) for 8.0 s")
+    assert rankstate.rank_state(m, 2, now).kind == "exited"
+    assert rankstate.rank_state(m, 3, now).kind == "dead"
+    assert rankstate.rank_state(m, 3, t + 3 * S).kind == "idle"
     s = m.samples(0)
     assert s["ts"].shape[0] == 51 and np.isnan(s["gpu_util"]).all() and (s["cpu"] == 50.0).all()
     assert m.latest_sample(0)["ts"] == now

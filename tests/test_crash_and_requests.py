@@ -10,6 +10,7 @@ import time
 import pytest
 import torch.distributed as dist
 
+from commscope.analysis import rankstate
 from commscope.record.hangsignal import StackRequests
 from commscope.schema import SCHEMA_VERSION
 from commscope.store.crashlog import crash_file_name, parse
@@ -160,10 +161,10 @@ def test_a_crash_timed_by_a_coarse_mtime_still_follows_the_last_op():
         b.add(1, t - lag, "exit", reason="signal", signal="Segmentation fault",
               exc="Fatal Python error: Segmentation fault", src="faulthandler")
         m = TraceModel.from_events(b.sorted_events())
-        assert (m.crash(1) is not None) is crashed, lag
-        assert m.crash(0) is None
+        assert (rankstate.crash(m, 1) is not None) is crashed, lag
+        assert rankstate.crash(m, 0) is None
     b = TraceBuilder(2)
     t = b.warmup()
     b.sync(1, t, t + MS, "all_reduce")
     b.add(1, t - 3 * MS, "exit", reason="atexit")  # a clean exit is timed by the rank's own clock
-    assert TraceModel.from_events(b.sorted_events()).exited(1) is None
+    assert rankstate.exited(TraceModel.from_events(b.sorted_events()), 1) is None

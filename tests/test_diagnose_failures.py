@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from commscope.analysis import TraceModel, diagnose
+from commscope.analysis import TraceModel, diagnose, rankstate
 from commscope.analysis.errors import LOCAL, NAMED, PEER_GONE, RELAYED, TIMEOUT, classify
 from commscope.analysis.stacks import fold
 from commscope.analysis.synth import S, TraceBuilder
@@ -184,7 +184,7 @@ def test_segfault_is_rank_crashed_with_its_signal_and_stack():
     assert errors(f) == [("rank_crashed", [1])]
     assert f[0].evidence["signal"] == "Segmentation fault"
     assert f[0].evidence["stacks"]["1"][0]["where"] == "/job/train.py:12 in parse"
-    assert m.state(1, m.end_ns).kind == "crashed"
+    assert rankstate.rank_state(m, 1, m.end_ns).kind == "crashed"
 
 
 def test_local_failure_then_crash_is_one_finding():

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from commscope.analysis import TraceModel, diagnose
-from commscope.analysis.rankstate import rank_state, snapshot
+from commscope.analysis.rankstate import rank_state, rank_states, snapshot
 from commscope.analysis.synth import TraceBuilder, liveness_trace
 from commscope.tui.rank_table import sort_key
 
@@ -25,8 +25,7 @@ def test_the_model_the_cursor_and_the_view_agree():
     m, t = _job()
     now = t + 10 * S
     for r in range(4):
-        assert m.state(r, now) == rank_state(m, r, now)
-        assert m.view(now).states[r] == rank_state(m, r, now)
+        assert m.view(now, rank_states(m, now)).states[r] == rank_state(m, r, now)
     # as of a moment: later events ignored
     assert rank_state(m, 0, t + S // 2, as_of=True).kind == "idle"
     assert rank_state(m, 0, t + 2 * S, as_of=True).text == "in all_reduce #2 (group 0) for 1.0 s"
@@ -42,7 +41,7 @@ def test_diagnose_computes_each_rank_state_once():
     snap = snapshot(m, now)
     assert snapshot(m, now) is snap  # the detectors of one diagnose() share it
     assert snap[3].dead and not snap[0].dead and snap[2].exit is not None and not snap[2].crashed
-    assert snap[0].state == m.state(0, now)
+    assert snap[0].state == rank_state(m, 0, now)
     assert snapshot(m, now + S) is not snap
 
 

@@ -25,7 +25,7 @@ from trace_helpers import ops
 
 import commscope
 from commscope import cli
-from commscope.analysis.model import DEAD_MIN_S
+from commscope.analysis.rankstate import DEAD_MIN_S
 from commscope.bench.redis_server import RedisServer
 from commscope.launch import Job, run_ranks
 from commscope.store import open_reader, spool

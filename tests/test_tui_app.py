@@ -253,6 +253,25 @@ def test_cpu_only_jobs_say_why_there_is_no_gpu_panel():
     drive(app, check, loaded=False)
 
 
+def test_the_gpu_panel_keeps_the_probes_reason_after_later_samples():
+    """The probe says why there is no GPU once, in a rank's first sample; the panel still
+    shows that reason once later samples came without it."""
+    events, now = hung_missing_rank()
+    samples = [e for e in events if e["type"] == "sample" and e["rank"] == 1]
+    assert len(samples) > 1
+    samples[0]["gpu_error"] = "NVML Shared Library Not Found"
+    app = make_app(events, now)
+
+    async def check(pilot):
+        load(app)
+        await pilot.press("r")
+        await pilot.pause()
+        assert app.gpu.mode == "cpu"
+        assert "NVML Shared Library Not Found" in app.gpu.render_line(0).text
+
+    drive(app, check, loaded=False, size=(200, 50))
+
+
 def test_a_crash_shows_its_signal_frame_and_consequences():
     from tui_scenarios import crashed_rank
 

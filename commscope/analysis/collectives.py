@@ -14,7 +14,7 @@ import numpy as np
 from rich.console import RenderableType
 from rich.text import Text
 
-from commscope.analysis import evidence
+from commscope.analysis import evidence, rankstate
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import Finding, activity, op_brief, ranks_text, secs
 from commscope.analysis.indexes import GroupIndex
@@ -188,7 +188,7 @@ def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, no
     absent = [m for m in gi.members if m not in ops]
     snap = snapshot(model, now)
     lost = [m for m in absent if (snap[m].crashed or snap[m].dead) and _last_seq(gi, m) == seq - 1]
-    coming = [m for m in absent if m not in lost and not model.left_early(m, now)]
+    coming = [m for m in absent if m not in lost and not rankstate.left_early(model, m, now)]
     margin = top[0][1] - (top[1][1] if len(top) > 1 else 0)
     undecided = bool(lost or coming) and margin <= len(lost) + len(coming)
     culprits = [] if undecided else sorted(by_rank) if tie else sorted(r for r, c in by_rank.items() if c != majority)
@@ -252,7 +252,7 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
     entered.  (Once the waiting op raises, it is an ``op_failed``.)"""
     pending: dict[tuple[int, str, int], dict[int, int]] = {}
     for r, rt in model.ranks.items():
-        if model.left_early(r, now):
+        if rankstate.left_early(model, r, now):
             continue  # a rank that is gone no longer waits
         cands = [i for i in rt.open if rt.comp[i] == 0]
         for i in cands:

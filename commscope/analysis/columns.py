@@ -9,7 +9,7 @@ cross-rank indexes live in ``indexes``.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -46,6 +46,44 @@ def grown(arr: np.ndarray, need: int, keep: int | None = None, fill: Any = 0, mi
 
 _COLS_I8 = ("begin", "end", "wb", "we", "done", "gpu", "comp", "id", "seq")
 _COLS_I4 = ("peer", "parent", "sig")
+
+
+class RankColumns(Protocol):
+    """One rank's op columns as the console and the rank-state judgements read them: a
+    ``RankTrace`` (the model's own) or a ``RankView`` (published)."""
+
+    @property
+    def n(self) -> int: ...
+    @property
+    def begin(self) -> np.ndarray: ...
+    @property
+    def end(self) -> np.ndarray: ...
+    @property
+    def wb(self) -> np.ndarray: ...
+    @property
+    def we(self) -> np.ndarray: ...
+    @property
+    def comp(self) -> np.ndarray: ...
+    @property
+    def sig(self) -> np.ndarray: ...
+    @property
+    def seq(self) -> np.ndarray: ...
+    @property
+    def peer(self) -> np.ndarray: ...
+    @property
+    def flags(self) -> np.ndarray: ...
+    @property
+    def first_ts(self) -> int: ...
+    @property
+    def last_ts(self) -> int: ...
+    @property
+    def last_hb(self) -> int: ...
+    @property
+    def meta(self) -> dict | None: ...
+
+    def order(self) -> np.ndarray: ...
+
+    def window(self, t0: int, t1: int) -> np.ndarray: ...
 
 
 class RankTrace:
@@ -337,6 +375,8 @@ class Samples:
         self.n = 0
         self.cols = {f: np.full(64, np.nan) for f in self.FIELDS}
         self.last: dict | None = None
+        #: Why GPU samples are missing, as the rank's probe said (once: ``gpu_error``)
+        self.gpu_error: str | None = None
 
     def add(self, evs: list[dict]) -> None:
         k = len(evs)
@@ -349,6 +389,9 @@ class Samples:
             self.cols[f][self.n: need] = [np.nan if v is None else v for v in vals]
         self.n = need
         self.last = evs[-1]
+        err = next((e["gpu_error"] for e in evs if e.get("gpu_error")), None)
+        if err is not None:
+            self.gpu_error = str(err)
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {f: self.cols[f][: self.n] for f in self.FIELDS}

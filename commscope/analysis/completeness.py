@@ -24,7 +24,7 @@ from typing import Any
 from rich.console import RenderableType
 from rich.text import Text
 
-from commscope.analysis import evidence
+from commscope.analysis import evidence, rankstate
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import ERROR, WARNING, Finding
 from commscope.analysis.liveness import outlived
@@ -76,8 +76,8 @@ def job_stopped(model: TraceModel, wall_ns: int) -> bool:
     converted) is not judged this way."""
     ranks = model.rank_ids()
     return bool(ranks) and all(
-        model.exited(r) is None and model.ranks[r].last_hb > 0 and not model.inflight(r)
-        and wall_ns - model.last_seen(r) > model.dead_after_ns(r) for r in ranks)
+        rankstate.exited(model, r) is None and model.ranks[r].last_hb > 0 and not model.inflight(r)
+        and wall_ns - model.last_seen(r) > rankstate.dead_after_ns(model, r) for r in ranks)
 
 
 def find_incomplete(model: TraceModel, now: int, stopped: bool = False) -> list[Finding]:
@@ -86,7 +86,7 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False) -> list[
     for r, losses in model.read_losses.items():
         if r >= 0:
             per_rank.setdefault(r, {}).update(losses)
-    exits = {r: model.exited(r) for r in model.rank_ids()}
+    exits = {r: rankstate.exited(model, r) for r in model.rank_ids()}
     last_exit = max((int(ex["ts"]) for ex in exits.values() if ex is not None), default=None)
     for r in model.rank_ids():
         rt = model.ranks[r]

@@ -26,22 +26,20 @@ from typing import Any, NamedTuple
 from rich.console import RenderableType
 from rich.text import Text
 
-from commscope.analysis import evidence, stacks
+from commscope.analysis import evidence, rankstate, stacks
 from commscope.analysis.errors import NAMED, PEER_GONE, RELAYED, TIMEOUT, first_line
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import Finding, activity, op_brief, rank_stack, ranks_text, secs
 from commscope.analysis.model import (
-    ARRIVAL_SLACK_NS,
     CONTAINER,
     NESTED,
     P2P,
     SEND,
-    SLACK_NS,
     SPACE_FR,
     TraceModel,
     signal_label,
 )
-from commscope.analysis.rankstate import EXIT_WORDS, snapshot
+from commscope.analysis.rankstate import ARRIVAL_SLACK_NS, EXIT_WORDS, SLACK_NS, snapshot
 
 #: Failed instances reported in full per finding; more with the same blame are counted.
 FAILED_REPORT = 5
@@ -158,8 +156,8 @@ def _blame_one(model: TraceModel, r: int, i: int, now: int, ops: dict[int, int])
             return Blame(tuple(absent), "absent", f"{ranks_text(absent)} had not entered it when the timeout fired")
         return Blame((), "unknown", "every member had entered it when the timeout fired")
     if kind.kind == PEER_GONE:
-        left, silent = model.peers_gone(r, i)
-        gone = left + [m for m in silent if m in model.vanished(now)]
+        left, silent = rankstate.peers_gone(model, r, i)
+        gone = left + [m for m in silent if m in rankstate.vanished(model, now)]
         if gone:
             return Blame(tuple(sorted(set(gone))), "left", "; ".join(
                 f"rank {m} {_departure(model, m, now)}" for m in sorted(set(gone))) + " before the op failed")
@@ -283,7 +281,7 @@ def find_crashes(model: TraceModel, now: int, failures: list[Failure]) -> list[F
     blame_of = {(r, i): f for f in failures for r, i in f.failed.items()}
     out = []
     for r in model.rank_ids():
-        ex = model.crash(r)
+        ex = rankstate.crash(model, r)
         if ex is None:
             continue
         rt = model.ranks[r]

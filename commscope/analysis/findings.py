@@ -7,8 +7,8 @@ from typing import Any
 
 from commscope.analysis import stacks
 from commscope.analysis.evidence import Evidence, RawEvidence
-from commscope.analysis.model import ASYNC, SPACE_FR, TraceModel
-from commscope.analysis.rankstate import snapshot
+from commscope.analysis.model import SPACE_FR, TraceModel
+from commscope.analysis.rankstate import is_blocked_in, snapshot
 
 ERROR, WARNING = "error", "warning"
 
@@ -99,8 +99,7 @@ def op_brief(model: TraceModel, rank: int, i: int, now: int | None = None) -> di
         d["state"] = "failed" if i in rt.exc else "completed"
         d["duration_s"] = secs(rt.comp[i] - rt.begin[i])
     else:
-        waiting = bool(model.sig_flags(rt.sig[i:i + 1])[0] & ASYNC) and rt.wb[i] and not rt.we[i]
-        d["state"] = "waiting" if waiting or not (s.flags & ASYNC) else "issued"
+        d["state"] = "waiting" if is_blocked_in(model, rank, i) else "issued"
         if now is not None:
             d["for_s"] = secs(now - int(rt.begin[i]))
     if i in rt.exc:

@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import RenderableType
 from rich.text import Text
 
-from commscope.analysis import evidence
+from commscope.analysis import evidence, rankstate
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.failures import cause_of_departure
 from commscope.analysis.findings import Finding, activity, op_brief, secs
@@ -82,16 +82,16 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
     ranks kept writing (ranks that all stop together were killed together: no finding), or
     vanished while their peers' ops failed (``TraceModel.vanished``)."""
     out = []
-    vanished = model.vanished(now)
+    vanished = rankstate.vanished(model, now)
     snap = snapshot(model, now)
     for r in model.rank_ids():
         if not snap[r].dead or outlived(model, r):
             continue  # alive, or alive past its stream's end: trace_incomplete tells that
         rt = model.ranks[r]
         seen = model.last_seen(r)
-        killed = model.killed(r)
+        killed = rankstate.killed(model, r)
         how = "killed" if killed is not None else "vanished" if r in vanished else "silent"
-        if not model.left_early(r, now):
+        if not rankstate.left_early(model, r, now):
             continue  # everyone stopped at about the same time: the job was stopped, nobody died first
         act = activity(model, r, now)
         doing = act.get("in_op") or act.get("last_completed_op")
@@ -107,7 +107,7 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
             msg = (f"rank {r} stopped sending heartbeats {secs(now - seen):.1f} s ago without a clean exit "
                    f"({what}); it crashed, was killed, or cannot run Python (native code holding the GIL)")
         ev = Dead(how=how, last_seen_ns=seen, silent_s=secs(now - seen),
-                  threshold_s=secs(model.dead_after_ns(r) if how == "silent" else model.vanish_after_ns(r)),
+                  threshold_s=secs(rankstate.dead_after_ns(model, r) if how == "silent" else rankstate.vanish_after_ns(model, r)),
                   sample_interval_s=model.sample_interval(r), activity=act)
         if killed is not None:
             ev.cause = describe_kill(killed)

@@ -17,18 +17,17 @@ Three layers, three modules:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import repeat
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from commscope import optable
-from commscope.analysis.columns import I64_MAX, RankTrace, RankView, Samples, grown
-from commscope.analysis.errors import PEER_GONE, classify
+from commscope.analysis.columns import I64_MAX, RankColumns, RankTrace, RankView, Samples, grown
+from commscope.analysis.errors import classify
 from commscope.analysis.indexes import GroupIndex, SeqIndex
-from commscope.analysis.rankstate import rank_state
 from commscope.analysis.vocab import (  # noqa: F401  (re-exported: the model's names)
     APPROX,
     ASYNC,
@@ -70,24 +69,9 @@ DEFAULT_SAMPLE_INTERVAL = 1.0
 #: Events are ingested in chunks this long, so that the several column passes over a chunk's
 #: dicts find them in cache (one pass over a cold dict costs ~100 ns, a warm one ~25 ns).
 INGEST_CHUNK = 2048
-#: A rank whose heartbeat is older than max(DEAD_INTERVALS x sample_interval, DEAD_MIN_S) is dead.
-DEAD_INTERVALS = 5
-DEAD_MIN_S = 2.0
 #: ``dropped`` events whose reason starts so count Flight Recorder ring overwrites: entries of
 #: collectives the wrapper mostly recorded itself, so they are not lost trace events.
 FR_OVERWRITE = "Flight Recorder ring overwritten"
-#: A peer's op failed because a connection closed, and this rank has been silent since: it left
-#: (vanished) once it stays silent for max(VANISH_INTERVALS x sample_interval, VANISH_MIN_S),
-#: or at once when it is the only member of that op that could have left.
-VANISH_INTERVALS = 3
-VANISH_MIN_S = 1.5
-#: Clock slack when comparing when one rank was last heard from with another's events
-#: (heartbeats come every sample interval, writes lag a tick).
-SLACK_NS = 200_000_000
-#: Clock slack when comparing when ranks entered an op with when another's op failed.
-ARRIVAL_SLACK_NS = 20_000_000
-#: How far behind the clock a file's mtime may lag (the kernel's coarse clock: a jiffy or two)
-COARSE_MTIME_NS = 50_000_000
 #: Ops whose per-rank tensors must agree in shape across the group, and those whose tensors
 #: carry no comparable dtype (``optable``).
 SAME_SHAPE, NO_DTYPE = optable.SAME_SHAPE, optable.DTYPE_FREE
@@ -201,6 +185,35 @@ class Sig:
 _SIG_KEYS = ("op", "group", "site", "redop", "root", "async", "nested", "src", "dir", "tid", "in_bytes",
              "out_bytes", "tag", "device")
 _SIG_LISTS = ("in_shapes", "out_shapes", "in_dtypes", "out_dtypes")
+
+
+class ModelLike(Protocol):
+    """What a ``TraceModel`` and its published ``ModelView`` both answer: the painters, the
+    rank table and the queries that work on either are typed against this.  Anything else
+    (exits, failures, cross-rank indexes, the rank-state judgements) needs the model."""
+
+    @property
+    def version(self) -> int: ...
+    @property
+    def start_ns(self) -> int: ...
+    @property
+    def end_ns(self) -> int: ...
+    @property
+    def ranks(self) -> Mapping[int, RankColumns]: ...
+    @property
+    def sigs(self) -> Sequence[Sig]: ...
+
+    def rank_ids(self) -> list[int]: ...
+
+    def bounds(self) -> tuple[int, int]: ...
+
+    def total_ops(self) -> int: ...
+
+    def sig_flags(self, codes: np.ndarray) -> np.ndarray: ...
+
+    def ops_in_window(self, rank: int, t0: int, t1: int) -> np.ndarray: ...
+
+
 class ModelView(NamedTuple):
     """The model as published after an ingest batch (``TraceModel.view``): immutable, read
     without a lock while the next batch is ingested.  Holds what the console paints from:
@@ -255,8 +268,6 @@ class TraceModel:
         self.job: dict | None = None
         self.failed: list[tuple[int, int]] = []  # (rank, op index) of ops that raised, in arrival order
         self.request_ns = 0  # latest cross-rank stack request seen (see record/hangsignal.py)
-        self._vanish_memo: tuple[int, int, frozenset[int]] | None = None
-        self._survivors_memo: tuple[int, int, int] | None = None
         self._exc_kinds: dict[tuple[int, int], Any] = {}
         self.events = 0
         #: What the reader skipped, per rank: {"damaged": lines, "invalid": events, "missing": entries}
@@ -266,8 +277,9 @@ class TraceModel:
         self.end_ns = 0
         self.version = 0
         self.changed: frozenset[int] = frozenset()
-        self._rank_snapshot: Any = None  # see rankstate.snapshot
         self._published: ModelView = EMPTY_VIEW
+        #: ``rankstate``'s cache of its judgements for one version (the model stores; rankstate judges)
+        self.judged: object = None
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -601,11 +613,12 @@ class TraceModel:
                 rt.flags[i] |= INFERRED
                 rt.open.discard(i)
 
-    def view(self, now: int | None = None) -> ModelView:
+    def view(self, now: int | None = None, states: dict[int, RankState] | None = None) -> ModelView:
         """Publish the model as it stands: an immutable ``ModelView`` (see ``RankView`` for
         what stays shared).  Builds the lazy per-rank caches (begin order, running max of
-        ends) here, on the writer's side, so readers of the view never write.  ``now``: also
-        each rank's state at that time.  Costs the ranks changed since the last view."""
+        ends) here, on the writer's side, so readers of the view never write.  ``states``:
+        each rank's state at ``now``, as the caller judged it (``rankstate.rank_states``).
+        Costs the ranks changed since the last view."""
         old = self._published
         ranks = {r: rt.view() for r, rt in self.ranks.items()}
         sigs = old.sigs if len(old.sigs) == len(self.sigs) else tuple(self.sigs)
@@ -613,9 +626,8 @@ class TraceModel:
         if table.shape[0] != len(sigs):
             table = self._sig_flags[: len(sigs)].copy()
             table.flags.writeable = False
-        states = {} if now is None else {r: rank_state(self, r, now) for r in ranks}
         v = self._published = ModelView(self.version, self.start_ns, self.end_ns, ranks, sigs, table,
-                                        now or 0, states)
+                                        now or 0, states or {})
         return v
 
     # ------------------------------------------------------------------ queries
@@ -743,35 +755,6 @@ class TraceModel:
             return []
         return sorted((i for i in rt.open if rt.comp[i] == 0), key=lambda i: int(rt.begin[i]))
 
-    def blocked(self, rank: int) -> list[int]:
-        """Ops the rank's threads are blocked in: sync ops in flight, async ops inside wait().
-
-        Outer logical ops win over their nested inner traffic.
-        """
-        rt = self.ranks.get(rank)
-        if not rt:
-            return []
-        out = []
-        for i in self.inflight(rank):
-            f = int(self._sig_flags[rt.sig[i]])
-            if f & CONTAINER:
-                continue
-            if f & ASYNC and not (rt.wb[i] and not rt.we[i]):
-                continue
-            if f & NESTED and rt.parent[i] >= 0 and rt.comp[rt.parent[i]] == 0:
-                continue
-            out.append(i)
-        return out
-
-    def blocked_since(self, rank: int, i: int) -> int:
-        rt = self.ranks[rank]
-        return int(rt.wb[i]) if (self._sig_flags[rt.sig[i]] & ASYNC) and rt.wb[i] else int(rt.begin[i])
-
-    def current_op(self, rank: int) -> int | None:
-        """The op the rank is in right now (the most recent blocked one), if any."""
-        b = self.blocked(rank)
-        return b[-1] if b else None
-
     def last_op(self, rank: int, *, completed: bool = True) -> int | None:
         rt = self.ranks.get(rank)
         if not rt or rt.n == 0:
@@ -811,86 +794,10 @@ class TraceModel:
                 if rt.meta and isinstance(rt.meta.get("hang_after"), int | float)]
         return max(vals) if vals else None
 
-    def _last_exit(self, rank: int) -> dict | None:
-        """The rank's last exit event if it came after its last op (else the rank went on:
-        it initialised again), whatever kind."""
-        rt = self.ranks.get(rank)
-        if not rt or not rt.exits:
-            return None
-        ex = rt.exits[-1]
-        # A crash file's exit is timed by the file's mtime, which the kernel keeps with a coarse
-        # clock (up to a few ms behind): ops just before it may look later than the crash.
-        slack = COARSE_MTIME_NS if ex.get("src") == "faulthandler" else 0
-        return ex if ex["ts"] + slack >= rt.last_op_ts else None  # ops after an exit: the rank re-initialized
-
-    def exited(self, rank: int) -> dict | None:
-        """The rank's exit event if it left after its last op, cleanly or on a crash (not
-        when it was killed: see ``killed``), else None."""
-        ex = self._last_exit(rank)
-        return None if ex is None or is_kill(ex) else ex
-
-    def killed(self, rank: int) -> dict | None:
-        """The exit event of a rank that was killed, or cut itself off, after its last op
-        (``is_kill``): gone without leaving, like a rank that vanished, but with its cause."""
-        ex = self._last_exit(rank)
-        return ex if ex is not None and is_kill(ex) else None
-
-    def crash(self, rank: int) -> dict | None:
-        """The exit event if the rank died of an uncaught exception or a fatal signal."""
-        ex = self.exited(rank)
-        if ex is not None and (ex.get("exc") or ex.get("reason") in ("exception", "signal")):
-            return ex
-        return None
-
     def last_seen(self, rank: int) -> int:
         """The rank's latest timestamp of any kind (0: never seen)."""
         rt = self.ranks.get(rank)
         return int(max(rt.last_hb, rt.last_ts)) if rt else 0
-
-    def dead_after_ns(self, rank: int) -> int:
-        return int(max(DEAD_INTERVALS * self.sample_interval(rank), DEAD_MIN_S) * 1e9)
-
-    def vanish_after_ns(self, rank: int) -> int:
-        return int(max(VANISH_INTERVALS * self.sample_interval(rank), VANISH_MIN_S) * 1e9)
-
-    def is_dead(self, rank: int, now: int) -> bool:
-        """Gone without an exit: killed (``killed``), its heartbeat stopped for several
-        sample intervals, or it vanished while its peers' ops failed (see ``vanished``)."""
-        rt = self.ranks.get(rank)
-        if not rt or self.exited(rank) is not None:
-            return False
-        if self.killed(rank) is not None:
-            return True
-        if rt.last_hb and now - max(rt.last_hb, rt.last_ts) > self.dead_after_ns(rank):
-            return True
-        return rank in self.vanished(now)
-
-    def left_early(self, rank: int, now: int) -> bool:
-        """Gone while the job went on: exited or crashed, vanished, or silent past the dead
-        threshold while other ranks kept writing.  Ranks that all stopped together (a job
-        killed as a whole) are judged as they were when they stopped: still waiting."""
-        if self.exited(rank) is not None:
-            return True
-        if not self.is_dead(rank, now):
-            return False
-        if rank in self.vanished(now):
-            return True
-        k = self.killed(rank)
-        if k is not None:  # killed while others went on (ranks killed together are a job stopped)
-            t = self.departed_ns(rank) or int(k["ts"])
-            last_failed, last_seen = self._survivors_last()
-            return last_failed >= t or last_seen > t + SLACK_NS
-        return self.end_ns - self.last_seen(rank) > self.dead_after_ns(rank)
-
-    def _survivors_last(self) -> tuple[int, int]:
-        """Over the ranks not killed: the latest failure of an op and the latest sign of
-        life (what "killed while others went on" compares with), once per version."""
-        memo = self._survivors_memo
-        if memo is None or memo[0] != self.version:
-            failed = [self.failed_ns(p, i) for p, i in self.failed[-1000:] if self.killed(p) is None]
-            seen = [self.last_seen(r) for r in self.ranks if self.killed(r) is None]
-            memo = self._survivors_memo = (self.version, max(failed, default=-1), max(seen, default=-1))
-        return memo[1], memo[2]
 
     # ------------------------------------------------------------------ failures and departures
     def failed_ns(self, rank: int, i: int) -> int:
@@ -921,62 +828,3 @@ class TraceModel:
         out = dict(self.matching(rank, i))
         out[rank] = i
         return out
-
-    def departed_ns(self, rank: int) -> int | None:
-        """When the rank left with an ``exit`` event (clean, crash or killed); None if it did not."""
-        ex = self._last_exit(rank)
-        if ex is None:
-            return None
-        if ex.get("src") == "launcher":  # timed when the launcher noticed: the rank went after its last word
-            rt = self.ranks[rank]
-            last = max(rt.last_hb, rt.last_op_ts, int(rt.meta["ts"]) if rt.meta else 0)
-            return int(min(ex["ts"], last)) if last else int(ex["ts"])
-        return int(ex["ts"])
-
-    def peers_gone(self, rank: int, i: int) -> tuple[list[int], list[int]]:
-        """For an op that failed because a connection closed: the other members that (left
-        with an exit by then, stayed silent since).  Members whose own op of this instance
-        failed too are fellow victims, and members heard from after the failure are around."""
-        t = self.failed_ns(rank, i)
-        inst = self.counterparts(rank, i)
-        left, silent = [], []
-        for m in self.members(rank, i):
-            if m == rank or (m in inst and inst[m] in self.ranks[m].exc):
-                continue
-            dep = self.departed_ns(m)
-            if dep is not None:
-                if dep <= t + SLACK_NS:
-                    left.append(m)
-            elif self.last_seen(m) <= t + SLACK_NS:
-                silent.append(m)
-        return left, silent
-
-    def vanished(self, now: int) -> frozenset[int]:
-        """Ranks that left without an ``exit`` while their peers' ops failed.
-
-        A peer's op failed because a connection closed, and this rank has been silent since
-        the failure: it vanished when it is the only member of that op that could have left,
-        or once it has stayed silent for ``vanish_after_ns``.  Judged from the trace alone,
-        so a finished trace (every rank gone together) reads the same as the live job did.
-        """
-        memo = self._vanish_memo
-        if memo is not None and memo[0] == self.version and memo[1] == now:
-            return memo[2]
-        out: set[int] = set()
-        for p, i in self.failed[-1000:]:
-            if self.exc_kind(p, i).kind != PEER_GONE:
-                continue
-            left, silent = self.peers_gone(p, i)
-            for m in silent:
-                if m in out or self.exited(m) is not None or m not in self.ranks:
-                    continue
-                if (silent == [m] and not left) or now - self.last_seen(m) > self.vanish_after_ns(m):
-                    out.add(m)
-        res = frozenset(out)
-        self._vanish_memo = (self.version, now, res)
-        return res
-
-    def state(self, rank: int, now: int) -> RankState:
-        """What the rank is doing at ``now``: '<op> for 12.3 s', idle, exited, crashed or dead
-        (``rankstate.rank_state``, the one implementation)."""
-        return rank_state(self, rank, now)

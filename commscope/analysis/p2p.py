@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import RenderableType
 from rich.text import Text
 
-from commscope.analysis import evidence
+from commscope.analysis import evidence, rankstate
 from commscope.analysis.evidence import Evidence, record
 from commscope.analysis.findings import Finding, activity, op_brief, secs
 from commscope.analysis.model import P2P, SEND, TraceModel
@@ -64,14 +64,14 @@ def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[in
     """rank -> [(peer it waits for, op index)] for blocked, unmatched p2p ops."""
     edges: dict[int, list[tuple[int, int]]] = {}
     for r in model.rank_ids():
-        if model.left_early(r, now):
+        if rankstate.left_early(model, r, now):
             continue  # a rank that is gone no longer waits
         rt = model.ranks[r]
-        for i in model.blocked(r):
+        for i in rankstate.blocked(model, r):
             s = model.sigs[int(rt.sig[i])]
             if not s.flags & P2P or s.nested:
                 continue
-            if now - model.blocked_since(r, i) < hang_ns:
+            if now - rankstate.blocked_since(model, r, i) < hang_ns:
                 continue
             peer = int(rt.peer[i])
             if peer < 0:  # any-source recv: every other member could be the sender
@@ -92,7 +92,7 @@ def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[in
 
 def _step(model: TraceModel, r: int, i: int, now: int) -> dict[str, Any]:
     d = op_brief(model, r, i, now)
-    d["blocked_s"] = secs(now - model.blocked_since(r, i))
+    d["blocked_s"] = secs(now - rankstate.blocked_since(model, r, i))
     return d
 
 
@@ -149,7 +149,7 @@ def find_p2p(model: TraceModel, now: int, hang_ns: int) -> list[Finding]:
         ev["stacks"] = {str(r): a["stack"] for r in ranks if (a := activity(model, r, now)).get("stack")}
         out.append(Finding("p2p_deadlock", s.group, int(model.ranks[r0].seq[i0]) if model.ranks[r0].seq[i0] >= 0
                            else None, s.op, sorted(set(ranks)), sorted(set(ranks)), msg, ev,
-                           ts=min(model.blocked_since(r, i) for r, i in cyc)))
+                           ts=min(rankstate.blocked_since(model, r, i) for r, i in cyc)))
         in_cycle.update(cyc)
     for r, lst in sorted(edges.items()):
         any_source = [(p, i) for p, i in lst if model.ranks[r].peer[i] < 0]
@@ -171,8 +171,8 @@ def _unmatched(model: TraceModel, r: int, i: int, peers: list[int], now: int) ->
     acts = {str(p): activity(model, p, now) for p in peers}
     counterpart = "recv" if s.flags & SEND else "send"
     msg = (f"{_say(model, r, i)} (#{seq if seq is not None else '?'} of group {s.group}) for "
-           f"{secs(now - model.blocked_since(r, i)):.1f} s; the matching {counterpart} was never posted: " +
+           f"{secs(now - rankstate.blocked_since(model, r, i)):.1f} s; the matching {counterpart} was never posted: " +
            "; ".join(f"rank {p} is {acts[str(p)]['text']}" for p in peers))
     ev = Unmatched(blocked_op=_step(model, r, i, now), expected=counterpart, peer_activity=acts)
     return Finding("unmatched_p2p", s.group, seq, s.op, sorted({r, *peers}), peers, msg, ev,
-                   ts=model.blocked_since(r, i), victims={r: tuple(peers)})
+                   ts=rankstate.blocked_since(model, r, i), victims={r: tuple(peers)})

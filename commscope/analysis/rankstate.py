@@ -1,5 +1,7 @@
-"""What rank r is doing at time t: the one implementation, for the detectors, the report
-and the console (rank table, timeline gutter, replay cursor).
+"""Judging ranks: whether a rank is gone, crashed, killed or blocked, and what it is doing
+at time t.  The one implementation, for the detectors, the report and the console (rank
+table, timeline gutter, replay cursor).  The model (``model.TraceModel``) stores; this
+module judges what it stores.
 
 ``rank_state(model, rank, t)`` describes the present: the rank's latest events, judged at
 ``t`` (a live clock, or a stored trace's end).  ``as_of=True`` gives the same answer as of
@@ -7,23 +9,261 @@ time ``t``, ignoring everything recorded later (a replay cursor).
 
 ``RankSnapshot`` holds what diagnose() asks about each rank (its state, exit, whether it
 is dead) computed once per (model version, judging time), so the detectors read one typed
-record per rank instead of calling back into the model: see ``snapshot``.
+record per rank instead of judging again: see ``snapshot``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 
+from commscope.analysis.errors import PEER_GONE
+from commscope.analysis.model import ModelLike, TraceModel
 from commscope.analysis.vocab import ASYNC, CONTAINER, NESTED, RankState, describe_kill, is_kill, signal_label
 
 STARTUP_SLACK_NS = 2 * 10**9  # ranks whose streams begin this close to the job's start started with it
 _TOP = NESTED | CONTAINER  # inner traffic and containers: never "the op a rank is in"
+#: A rank whose heartbeat is older than max(DEAD_INTERVALS x sample_interval, DEAD_MIN_S) is dead.
+DEAD_INTERVALS = 5
+DEAD_MIN_S = 2.0
+#: A peer's op failed because a connection closed, and this rank has been silent since: it left
+#: (vanished) once it stays silent for max(VANISH_INTERVALS x sample_interval, VANISH_MIN_S),
+#: or at once when it is the only member of that op that could have left.
+VANISH_INTERVALS = 3
+VANISH_MIN_S = 1.5
+#: Clock slack when comparing when one rank was last heard from with another's events
+#: (heartbeats come every sample interval, writes lag a tick).
+SLACK_NS = 200_000_000
+#: Clock slack when comparing when ranks entered an op with when another's op failed.
+ARRIVAL_SLACK_NS = 20_000_000
+#: How far behind the clock a file's mtime may lag (the kernel's coarse clock: a jiffy or two)
+COARSE_MTIME_NS = 50_000_000
 
 
-def top_level_ops(m: Any, rank: int) -> np.ndarray:
+@dataclasses.dataclass(slots=True)
+class _Memo:
+    """A model's judgements, cached for one model version."""
+
+    version: int
+    vanished: tuple[int, frozenset[int]] | None = None  # (now, ranks)
+    survivors: tuple[int, int] | None = None  # see _survivors_last
+    snapshot: RankSnapshot | None = None
+
+
+def _memo(m: TraceModel) -> _Memo:
+    """The model's judgements cache for its current version (``TraceModel.judged``: kept on
+    the model so that it goes with it)."""
+    memo = m.judged
+    if not isinstance(memo, _Memo) or memo.version != m.version:
+        memo = m.judged = _Memo(m.version)
+    return memo
+
+
+# ---------------------------------------------------------------------- blocked in an op
+def blocked_mask(flags: np.ndarray, begin: np.ndarray, comp: np.ndarray, wb: np.ndarray, we: np.ndarray,
+                 t: int | None = None) -> np.ndarray:
+    """Of some ops (their sig flags and time columns), those a thread is blocked in at ``t``
+    (None: as the latest events say): a sync op begun and not complete, an async op inside
+    its ``wait()``.  The one definition of "blocked in op i"."""
+    is_async = (flags & ASYNC) != 0
+    if t is None:
+        running = comp == 0
+        waiting = (wb > 0) & (we == 0)
+    else:
+        running = (begin <= t) & ((comp == 0) | (comp > t))
+        waiting = (wb > 0) & (wb <= t) & ((we == 0) | (we > t))
+    return running & (~is_async | waiting)
+
+
+def _since(flags: np.ndarray, begin: np.ndarray, wb: np.ndarray) -> np.ndarray:
+    """When a thread blocked in each op began waiting: its wait() for an async op."""
+    return np.where(((flags & ASYNC) != 0) & (wb > 0), wb, begin)
+
+
+def is_blocked_in(m: ModelLike, rank: int, i: int) -> bool:
+    """Whether the rank's thread is blocked in op ``i`` now (see ``blocked_mask``)."""
+    rt, k = m.ranks[rank], slice(i, i + 1)
+    return bool(blocked_mask(m.sig_flags(rt.sig[k]), rt.begin[k], rt.comp[k], rt.wb[k], rt.we[k])[0])
+
+
+def blocked_since(m: ModelLike, rank: int, i: int) -> int:
+    """Since when the rank has been blocked in op ``i``."""
+    rt, k = m.ranks[rank], slice(i, i + 1)
+    return int(_since(m.sig_flags(rt.sig[k]), rt.begin[k], rt.wb[k])[0])
+
+
+def blocked(m: TraceModel, rank: int) -> list[int]:
+    """Ops the rank's threads are blocked in now, by begin time.  Outer logical ops win over
+    their nested inner traffic; containers are never "the op a rank is in"."""
+    rt = m.ranks.get(rank)
+    if not rt:
+        return []
+    out = []
+    for i in m.inflight(rank):
+        f = int(m.sig_flags(rt.sig[i:i + 1])[0])
+        if f & CONTAINER or not is_blocked_in(m, rank, i):
+            continue
+        if f & NESTED and rt.parent[i] >= 0 and rt.comp[rt.parent[i]] == 0:
+            continue
+        out.append(i)
+    return out
+
+
+def current_op(m: TraceModel, rank: int) -> int | None:
+    """The op the rank is in right now (the most recent blocked one), if any."""
+    b = blocked(m, rank)
+    return b[-1] if b else None
+
+
+# ---------------------------------------------------------------------- exits and deaths
+def _last_exit(m: TraceModel, rank: int) -> dict | None:
+    """The rank's last exit event if it came after its last op (else the rank went on: it
+    initialised again), whatever kind."""
+    rt = m.ranks.get(rank)
+    if not rt or not rt.exits:
+        return None
+    ex = rt.exits[-1]
+    # A crash file's exit is timed by the file's mtime, which the kernel keeps with a coarse
+    # clock (up to a few ms behind): ops just before it may look later than the crash.
+    slack = COARSE_MTIME_NS if ex.get("src") == "faulthandler" else 0
+    return ex if ex["ts"] + slack >= rt.last_op_ts else None  # ops after an exit: the rank re-initialized
+
+
+def exited(m: TraceModel, rank: int) -> dict | None:
+    """The rank's exit event if it left after its last op, cleanly or on a crash (not when
+    it was killed: see ``killed``), else None."""
+    ex = _last_exit(m, rank)
+    return None if ex is None or is_kill(ex) else ex
+
+
+def killed(m: TraceModel, rank: int) -> dict | None:
+    """The exit event of a rank that was killed, or cut itself off, after its last op
+    (``is_kill``): gone without leaving, like a rank that vanished, but with its cause."""
+    ex = _last_exit(m, rank)
+    return ex if ex is not None and is_kill(ex) else None
+
+
+def is_crash(ex: dict) -> bool:
+    """An exit on an uncaught exception or a fatal signal (the one crash test)."""
+    return bool(ex.get("exc")) or ex.get("reason") in ("exception", "signal")
+
+
+def crash(m: TraceModel, rank: int) -> dict | None:
+    """The exit event if the rank died of an uncaught exception or a fatal signal."""
+    ex = exited(m, rank)
+    return ex if ex is not None and is_crash(ex) else None
+
+
+def departed_ns(m: TraceModel, rank: int) -> int | None:
+    """When the rank left with an ``exit`` event (clean, crash or killed); None if it did not."""
+    ex = _last_exit(m, rank)
+    if ex is None:
+        return None
+    if ex.get("src") == "launcher":  # timed when the launcher noticed: the rank went after its last word
+        rt = m.ranks[rank]
+        last = max(rt.last_hb, rt.last_op_ts, int(rt.meta["ts"]) if rt.meta else 0)
+        return int(min(ex["ts"], last)) if last else int(ex["ts"])
+    return int(ex["ts"])
+
+
+def dead_after_ns(m: TraceModel, rank: int) -> int:
+    return int(max(DEAD_INTERVALS * m.sample_interval(rank), DEAD_MIN_S) * 1e9)
+
+
+def vanish_after_ns(m: TraceModel, rank: int) -> int:
+    return int(max(VANISH_INTERVALS * m.sample_interval(rank), VANISH_MIN_S) * 1e9)
+
+
+def is_dead(m: TraceModel, rank: int, now: int) -> bool:
+    """Gone without an exit: killed (``killed``), its heartbeat stopped for several sample
+    intervals, or it vanished while its peers' ops failed (see ``vanished``)."""
+    rt = m.ranks.get(rank)
+    if not rt or exited(m, rank) is not None:
+        return False
+    if killed(m, rank) is not None:
+        return True
+    if rt.last_hb and now - max(rt.last_hb, rt.last_ts) > dead_after_ns(m, rank):
+        return True
+    return rank in vanished(m, now)
+
+
+def left_early(m: TraceModel, rank: int, now: int) -> bool:
+    """Gone while the job went on: exited or crashed, vanished, or silent past the dead
+    threshold while other ranks kept writing.  Ranks that all stopped together (a job killed
+    as a whole) are judged as they were when they stopped: still waiting."""
+    if exited(m, rank) is not None:
+        return True
+    if not is_dead(m, rank, now):
+        return False
+    if rank in vanished(m, now):
+        return True
+    k = killed(m, rank)
+    if k is not None:  # killed while others went on (ranks killed together are a job stopped)
+        t = departed_ns(m, rank) or int(k["ts"])
+        last_failed, last_seen = _survivors_last(m)
+        return last_failed >= t or last_seen > t + SLACK_NS
+    return m.end_ns - m.last_seen(rank) > dead_after_ns(m, rank)
+
+
+def _survivors_last(m: TraceModel) -> tuple[int, int]:
+    """Over the ranks not killed: the latest failure of an op and the latest sign of life
+    (what "killed while others went on" compares with), once per version."""
+    memo = _memo(m)
+    if memo.survivors is None:
+        failed = [m.failed_ns(p, i) for p, i in m.failed[-1000:] if killed(m, p) is None]
+        seen = [m.last_seen(r) for r in m.ranks if killed(m, r) is None]
+        memo.survivors = (max(failed, default=-1), max(seen, default=-1))
+    return memo.survivors
+
+
+def peers_gone(m: TraceModel, rank: int, i: int) -> tuple[list[int], list[int]]:
+    """For an op that failed because a connection closed: the other members that (left with
+    an exit by then, stayed silent since).  Members whose own op of this instance failed too
+    are fellow victims, and members heard from after the failure are around."""
+    t = m.failed_ns(rank, i)
+    inst = m.counterparts(rank, i)
+    left, silent = [], []
+    for p in m.members(rank, i):
+        if p == rank or (p in inst and inst[p] in m.ranks[p].exc):
+            continue
+        dep = departed_ns(m, p)
+        if dep is not None:
+            if dep <= t + SLACK_NS:
+                left.append(p)
+        elif m.last_seen(p) <= t + SLACK_NS:
+            silent.append(p)
+    return left, silent
+
+
+def vanished(m: TraceModel, now: int) -> frozenset[int]:
+    """Ranks that left without an ``exit`` while their peers' ops failed.
+
+    A peer's op failed because a connection closed, and this rank has been silent since the
+    failure: it vanished when it is the only member of that op that could have left, or once
+    it has stayed silent for ``vanish_after_ns``.  Judged from the trace alone, so a finished
+    trace (every rank gone together) reads the same as the live job did.
+    """
+    memo = _memo(m)
+    if memo.vanished is not None and memo.vanished[0] == now:
+        return memo.vanished[1]
+    out: set[int] = set()
+    for p, i in m.failed[-1000:]:
+        if m.exc_kind(p, i).kind != PEER_GONE:
+            continue
+        left, silent = peers_gone(m, p, i)
+        for r in silent:
+            if r in out or exited(m, r) is not None or r not in m.ranks:
+                continue
+            if (silent == [r] and not left) or now - m.last_seen(r) > vanish_after_ns(m, r):
+                out.add(r)
+    res = frozenset(out)
+    memo.vanished = (now, res)
+    return res
+
+
+# ---------------------------------------------------------------------- what a rank is doing
+def top_level_ops(m: ModelLike, rank: int) -> np.ndarray:
     """The rank's ops a user issued (no inner traffic, no containers), in begin order: what
     the console steps through and selects.  ``m``: a TraceModel or a published view."""
     rt = m.ranks.get(rank)
@@ -33,44 +273,49 @@ def top_level_ops(m: Any, rank: int) -> np.ndarray:
     return order[(m.sig_flags(rt.sig[order]) & _TOP) == 0]
 
 
-def rank_state(m: Any, rank: int, t: int, *, as_of: bool = False) -> RankState:
+def rank_state(m: TraceModel, rank: int, t: int, *, as_of: bool = False) -> RankState:
     """What ``rank`` is doing at ``t``: '<op> for 12.3 s', idle, exited, crashed or dead.
     ``as_of``: as of ``t``, events recorded later ignored (replay)."""
     return _as_of(m, rank, t) if as_of else _present(m, rank, t)
 
 
-def _present(m: Any, rank: int, now: int) -> RankState:
+def _present(m: TraceModel, rank: int, now: int) -> RankState:
     rt = m.ranks.get(rank)
     if rt is None:
         return RankState("unknown", "no events", None, 0)
-    cur = m.current_op(rank)
-    if m.is_dead(rank, now):
+    cur = current_op(m, rank)
+    if is_dead(m, rank, now):
         seen = max(rt.last_hb, rt.last_ts)
         where = f", was in {m.label(rank, cur)}" if cur is not None else ""
-        k = m.killed(rank)
+        k = killed(m, rank)
         if k is not None:
             kt = int(k["ts"])
-            if not m.left_early(rank, now):  # stopped with the whole job: say what it was doing
+            if not left_early(m, rank, now):  # stopped with the whole job: say what it was doing
                 return RankState("dead", f"{_doing(m, rank, cur, kt)} when the job was stopped "
                                  f"({describe_kill(k)})", cur, kt)
             return RankState("dead", f"dead ({describe_kill(k)}{where})", cur, kt)
         return RankState("dead", f"dead (last seen {(now - seen) / 1e9:.1f} s ago{where})", cur, seen)
-    ex = m.exited(rank)
+    ex = exited(m, rank)
     if ex is not None:
-        if m.crash(rank) is not None:
+        if crash(m, rank) is not None:
             what = ex.get("signal") or ex.get("exc") or ex.get("reason")
             return RankState("crashed", f"crashed ({what})", m.last_op(rank, completed=False), int(ex["ts"]))
         why = EXIT_WORDS.get(ex.get("reason", ""), ex.get("reason", "exit"))
         return RankState("exited", f"exited ({why})", m.last_op(rank), int(ex["ts"]))
     if cur is not None:
-        since = m.blocked_since(rank, cur)
-        verb = "waiting on" if m.sig_flags(rt.sig[cur:cur + 1])[0] & ASYNC else "in"
-        return RankState("blocked", f"{verb} {m.label(rank, cur)} for {(now - since) / 1e9:.1f} s", cur, since)
+        return _blocked_state(m, rank, cur, now)
     last = m.last_op(rank)
     if last is None:
         return RankState("idle", "idle (no ops yet)", None, rt.first_ts)
     done = int(rt.comp[last])
     return RankState("idle", f"idle (last {m.label(rank, last)} {(now - done) / 1e9:.1f} s ago)", last, done)
+
+
+def _blocked_state(m: TraceModel, rank: int, i: int, t: int) -> RankState:
+    """'in all_reduce #3 (group 0) for 2.0 s' / 'waiting on …' (an async op's wait())."""
+    since = blocked_since(m, rank, i)
+    verb = "waiting on" if m.sig_flags(m.ranks[rank].sig[i:i + 1])[0] & ASYNC else "in"
+    return RankState("blocked", f"{verb} {m.label(rank, i)} for {(t - since) / 1e9:.1f} s", i, since)
 
 
 #: Exit reasons in words (the ``exit`` event keeps the recorder's own names).
@@ -82,7 +327,7 @@ def _short_signal(name: str) -> str:
     return signal_label(name).split(" (")[0]
 
 
-def ending(m: Any, rank: int, now: int, state: RankState | None = None) -> str | None:
+def ending(m: TraceModel, rank: int, now: int, state: RankState | None = None) -> str | None:
     """How a rank that is gone ended, in a few words for a table cell: 'exited (at exit)',
     'crashed (SIGSEGV)', 'crashed (RuntimeError)', 'killed (SIGKILL)', 'job stopped
     (SIGTERM)' for ranks stopped together with their job, 'dead (silent)'.  None while it
@@ -90,10 +335,10 @@ def ending(m: Any, rank: int, now: int, state: RankState | None = None) -> str |
     whole story (the exception, the stack) is in the findings."""
     st = state or rank_state(m, rank, now)
     if st.kind == "exited":
-        ex = m.exited(rank) or {}
+        ex = exited(m, rank) or {}
         return f"exited ({EXIT_WORDS.get(ex.get('reason', ''), ex.get('reason', 'exit'))})"
     if st.kind == "crashed":
-        ex = m.exited(rank) or {}
+        ex = exited(m, rank) or {}
         if ex.get("signal"):
             return f"crashed ({_short_signal(str(ex['signal']))})"
         lines = [x for x in str(ex.get("exc") or ex.get("reason") or "").splitlines() if x.strip()]
@@ -101,19 +346,19 @@ def ending(m: Any, rank: int, now: int, state: RankState | None = None) -> str |
         words = line.split(":")[0].split()
         return f"crashed ({words[-1][:32] if words else 'exception'})"  # the exception's type
     if st.kind == "dead":
-        k = m.killed(rank)
+        k = killed(m, rank)
         if k is None or int(k["ts"]) > now:  # (as of a replay cursor: not killed yet)
             return "dead (silent)"
         how = _short_signal(str(k["signal"])) if k.get("signal") else f"os._exit({k.get('code')})"
-        return f"job stopped ({how})" if not m.left_early(rank, now) else f"killed ({how})"
+        return f"job stopped ({how})" if not left_early(m, rank, now) else f"killed ({how})"
     return None
 
 
-def _doing(m: Any, rank: int, cur: int | None, t: int) -> str:
+def _doing(m: TraceModel, rank: int, cur: int | None, t: int) -> str:
     """'in all_reduce #12 (group 0) for 22.1 s' / 'idle, 22.2 s after all_reduce #11 (group 0)'
     at ``t``: what a rank was doing when the job around it was stopped."""
     if cur is not None:
-        since = m.blocked_since(rank, cur)
+        since = blocked_since(m, rank, cur)
         return f"in {m.label(rank, cur)} for {(t - since) / 1e9:.1f} s"
     last = m.last_op(rank)
     if last is None:
@@ -121,7 +366,7 @@ def _doing(m: Any, rank: int, cur: int | None, t: int) -> str:
     return f"idle, {(t - int(m.ranks[rank].comp[last])) / 1e9:.1f} s after {m.label(rank, last)},"
 
 
-def _as_of(m: Any, rank: int, t: int) -> RankState:
+def _as_of(m: TraceModel, rank: int, t: int) -> RankState:
     rt = m.ranks.get(rank)
     if rt is None:
         return RankState("unknown", "not started yet", None, 0)
@@ -135,30 +380,21 @@ def _as_of(m: Any, rank: int, t: int) -> RankState:
     idx = m.ops_in_window(rank, t, t + 1)
     if idx.shape[0]:
         flags = m.sig_flags(rt.sig[idx])
-        comp = rt.comp[idx]
-        begin = rt.begin[idx]
-        running = (begin <= t) & ((comp == 0) | (comp > t)) & ((flags & _TOP) == 0)
-        is_async = (flags & ASYNC) != 0
-        waiting = is_async & (rt.wb[idx] > 0) & (rt.wb[idx] <= t)
-        running &= ~is_async | waiting
+        running = blocked_mask(flags, rt.begin[idx], rt.comp[idx], rt.wb[idx], rt.we[idx], t) & ((flags & _TOP) == 0)
         if running.any():
-            j = int(np.flatnonzero(running)[-1])
-            i = int(idx[j])
-            since = int(rt.wb[i]) if is_async[j] else int(begin[j])
-            verb = "waiting on" if is_async[j] else "in"
-            return RankState("blocked", f"{verb} {m.label(rank, i)} for {(t - since) / 1e9:.1f} s", i, since)
+            return _blocked_state(m, rank, int(idx[np.flatnonzero(running)[-1]]), t)
     if exits and (not rt.n or exits[-1]["ts"] >= _last_begin_before(m, rank, t)):
         ex = exits[-1]
         if is_kill(ex):
-            if ex is m.killed(rank) and not m.left_early(rank, t):
+            if ex is killed(m, rank) and not left_early(m, rank, t):
                 return _present(m, rank, t)  # stopped with the job: read as the present does
             return RankState("dead", f"dead ({describe_kill(ex)})", None, int(ex["ts"]))
-        if ex.get("exc") or ex.get("reason") in ("exception", "signal"):
+        if is_crash(ex):
             return RankState("crashed", f"crashed ({ex.get('signal') or ex.get('exc') or ex.get('reason')})", None,
                              int(ex["ts"]))
         why = EXIT_WORDS.get(ex.get("reason", ""), ex.get("reason", "exit"))
         return RankState("exited", f"exited ({why})", None, int(ex["ts"]))
-    if rt.last_hb and t >= max(rt.last_hb, rt.last_ts) and m.is_dead(rank, t):
+    if rt.last_hb and t >= max(rt.last_hb, rt.last_ts) and is_dead(m, rank, t):
         return _present(m, rank, t)  # past its last word: the present answer is the answer
     last = _last_done_before(m, rank, t)
     if last is None:
@@ -167,19 +403,19 @@ def _as_of(m: Any, rank: int, t: int) -> RankState:
     return RankState("idle", f"idle (last {m.label(rank, last)} {(t - done) / 1e9:.1f} s ago)", last, done)
 
 
-def _candidates(m: Any, rank: int, t: int, k: int = 256) -> np.ndarray:
+def _candidates(m: ModelLike, rank: int, t: int, k: int = 256) -> np.ndarray:
     rt = m.ranks[rank]
     order = rt.order()
     n = int(np.searchsorted(rt.begin[order], t, side="right"))
     return order[max(0, n - k):n]
 
 
-def _last_begin_before(m: Any, rank: int, t: int) -> int:
+def _last_begin_before(m: ModelLike, rank: int, t: int) -> int:
     cand = _candidates(m, rank, t, 1)
     return int(m.ranks[rank].begin[cand[-1]]) if cand.shape[0] else 0
 
 
-def last_op_before(m: Any, rank: int, t: int) -> int | None:
+def last_op_before(m: ModelLike, rank: int, t: int) -> int | None:
     """The last top-level op the rank began at or before ``t`` (running, done or failed)."""
     rt = m.ranks.get(rank)
     if rt is None or rt.n == 0:
@@ -189,7 +425,7 @@ def last_op_before(m: Any, rank: int, t: int) -> int | None:
     return int(cand[-1]) if cand.shape[0] else None
 
 
-def _last_done_before(m: Any, rank: int, t: int) -> int | None:
+def _last_done_before(m: TraceModel, rank: int, t: int) -> int | None:
     rt = m.ranks[rank]
     cand = _candidates(m, rank, t)
     if not cand.shape[0]:
@@ -201,7 +437,7 @@ def _last_done_before(m: Any, rank: int, t: int) -> int | None:
     return int(cand[ok][np.argmax(comp[ok])])
 
 
-def sample_at(m: Any, rank: int, t: int) -> dict:
+def sample_at(m: TraceModel, rank: int, t: int) -> dict:
     """The latest resource sample at or before ``t``."""
     s = m.samples(rank)
     ts = s["ts"]
@@ -235,7 +471,7 @@ class RankSnapshot:
 
     __slots__ = ("_m", "_snaps", "now", "version")
 
-    def __init__(self, m: Any, now: int):
+    def __init__(self, m: TraceModel, now: int):
         self._m = m
         self.now = now
         self.version = m.version
@@ -246,7 +482,7 @@ class RankSnapshot:
         if s is None:
             m = self._m
             st = _present(m, rank, self.now)
-            ex = m.exited(rank) if rank in m.ranks else None
+            ex = exited(m, rank) if rank in m.ranks else None
             s = self._snaps[rank] = RankSnap(
                 rank, st, ex, st.kind == "crashed", st.kind == "dead",
                 m.last_op(rank) if rank in m.ranks else None)
@@ -256,11 +492,15 @@ class RankSnapshot:
         return self[rank].state
 
 
-def snapshot(m: Any, now: int) -> RankSnapshot:
+def snapshot(m: TraceModel, now: int) -> RankSnapshot:
     """The model's rank snapshot at ``now``: one per (model version, now), shared by every
     detector of one diagnose() (``diagnose`` makes it first; later calls find it)."""
-    snap = getattr(m, "_rank_snapshot", None)
-    if snap is None or snap.version != m.version or snap.now != now:
-        snap = RankSnapshot(m, now)
-        m._rank_snapshot = snap
-    return snap
+    memo = _memo(m)
+    if memo.snapshot is None or memo.snapshot.now != now:
+        memo.snapshot = RankSnapshot(m, now)
+    return memo.snapshot
+
+
+def rank_states(m: TraceModel, now: int) -> dict[int, RankState]:
+    """Every rank's state at ``now`` (what a published ``ModelView`` carries)."""
+    return {r: _present(m, r, now) for r in m.ranks}

@@ -21,7 +21,7 @@ from textual.widgets import ContentSwitcher, Footer
 from commscope.analysis import Finding
 from commscope.analysis.completeness import ReaderProblem
 from commscope.analysis.model import NESTED, untimed
-from commscope.analysis.rankstate import top_level_ops
+from commscope.analysis.rankstate import rank_state, top_level_ops
 from commscope.tui.detail import DetailPane, finding_detail, op_detail
 from commscope.tui.feed import LIVE, REPLAY, Feed, FeedInfo, FeedUpdated
 from commscope.tui.findings_panel import FindingsPanel, finding_key
@@ -408,7 +408,7 @@ class CommscopeApp(App):
                     if r in at:
                         return r, at[r]
             for r in list(f.culprits) + list(f.ranks):
-                st = m.state(r, self._now()) if r in m.ranks else None
+                st = rank_state(m, r, self._now()) if r in m.ranks else None
                 if st is not None and st.op is not None:
                     return r, st.op
         return None

@@ -18,7 +18,7 @@ from commscope.analysis.bandwidth import op_busbw
 from commscope.analysis.evidence import kv as _kv
 from commscope.analysis.evidence import stack as _stack
 from commscope.analysis.findings import ranks_text
-from commscope.analysis.model import untimed
+from commscope.analysis.model import TraceModel, untimed
 from commscope.analysis.stacks import fold
 from commscope.tui import palette
 from commscope.tui.fmt import clock, duration, size
@@ -40,7 +40,7 @@ SPARK_BARS = "▁▂▃▄▅▆▇█"
 _best_cache: dict[tuple, tuple[int, float, float | None]] = {}
 
 
-def site_latency(model: Any, rank: int, i: int, width: int = 36) -> tuple[Text, str] | None:
+def site_latency(model: TraceModel, rank: int, i: int, width: int = 36) -> tuple[Text, str] | None:
     """Durations of this rank's ops of the same op, group and call site over the trace, in
     time order, as a sparkline (the bar holding op ``i`` in yellow) and a summary; None if
     fewer than two such ops have timings."""
@@ -74,7 +74,7 @@ def site_latency(model: Any, rank: int, i: int, width: int = 36) -> tuple[Text, 
 BEST_OF = 4096  # instances the group's best busbw is taken from (the latest)
 
 
-def group_best_busbw(model: Any, rank: int, i: int) -> float | None:
+def group_best_busbw(model: TraceModel, rank: int, i: int) -> float | None:
     """The best busbw this op (same name) reached in its group, over its latest BEST_OF
     complete, timed instances.  Cached per model version, and for 2 s while a live model
     keeps changing (the op detail is redrawn on every update)."""
@@ -122,7 +122,7 @@ def _bw(bytes_per_s: float) -> str:
     return f"{bytes_per_s:.0f} B/s"
 
 
-def op_detail(model: Any, rank: int, i: int, now: int) -> RenderableType:
+def op_detail(model: TraceModel, rank: int, i: int, now: int) -> RenderableType:
     d = model.op(rank, i)
     title = Text(model.label(rank, i), style="bold")
     title.append(f"  rank {rank}", style="grey62")

@@ -18,7 +18,7 @@ from typing import Any
 
 from textual.message import Message
 
-from commscope.analysis import Finding, TraceModel, diagnose
+from commscope.analysis import Finding, TraceModel, diagnose, rankstate
 from commscope.analysis.model import EMPTY_VIEW, ModelView
 from commscope.events import gc_paused
 from commscope.store import TraceReader
@@ -121,7 +121,7 @@ class Feed:
             return False
         wall = self.clock()
         ranks = m.rank_ids()
-        over = bool(ranks) and all(m.exited(r) is not None or m.is_dead(r, wall) for r in ranks)
+        over = bool(ranks) and all(rankstate.exited(m, r) is not None or rankstate.is_dead(m, r, wall) for r in ranks)
         was = self._ended
         self._ended = (m.version, m.end_ns) if over else None
         if (was is None) != (self._ended is None):
@@ -175,7 +175,8 @@ class Feed:
     def publish(self) -> None:
         """Publish the model's view (see ``view``), with each rank's state at ``now``."""
         with self.lock:
-            self.view = self.model.view(self.now())
+            now = self.now()
+            self.view = self.model.view(now, rankstate.rank_states(self.model, now))
         self._next_publish = time.monotonic() + self.DIAGNOSE_S
 
     def _info(self, behind_bytes: int) -> FeedInfo:

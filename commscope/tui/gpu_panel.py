@@ -48,15 +48,10 @@ class GpuPanel(ScrollView):
             self.ranks = m.rank_ids()
             has_gpu = any(not np.all(np.isnan(m.samples(r)["gpu_util"])) for r in self.ranks
                           if m.samples(r)["gpu_util"].shape[0])
-            errors = {str((m.latest_sample(r) or {}).get("gpu_error", "")) for r in self.ranks}
-            errors.discard("")
-            for r in self.ranks:
-                err = m.ranks[r].gpu_error if hasattr(m.ranks[r], "gpu_error") else None
-                if err:
-                    errors.add(str(err))
+            errors = {e for r in self.ranks if (e := m.ranks[r].samples.gpu_error)}
         self.mode = "gpu" if has_gpu else "cpu"
         if not has_gpu:
-            self.reason = (next(iter(errors)) if errors else "no GPU samples: a CPU-only job (no CUDA device in use)")
+            self.reason = (min(errors) if errors else "no GPU samples: a CPU-only job (no CUDA device in use)")
         self.virtual_size = Size(self.size.width, len(self.ranks) + 1)
         self.refresh()
 

@@ -8,6 +8,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
+from commscope.analysis.model import RankState, TraceModel
 from commscope.analysis.rankstate import ending, last_op_before, rank_state, sample_at
 from commscope.tui import palette
 from commscope.tui.feed import REPLAY
@@ -43,7 +44,7 @@ def abbreviate(name: str, room: int = NAME_ROOM) -> str:
     return name
 
 
-def short_label(m: Any, r: int, i: int) -> str:
+def short_label(m: TraceModel, r: int, i: int) -> str:
     """'all_reduce #42' / 'send #3 → 1' / 'ag_tensor #7': the label without its group suffix,
     long op names abbreviated."""
     text = m.label(r, i).split(" (")[0]
@@ -60,7 +61,7 @@ def fit_words(text: str, width: int) -> str:
     return (text[:cut].rstrip(" ·(") if cut > 0 else text[: max(1, width - 1)]) + "…"
 
 
-def compact_state(m: Any, r: int, st: Any, now: int) -> str:
+def compact_state(m: TraceModel, r: int, st: RankState, now: int) -> str:
     if st.kind == "blocked" and st.op is not None:
         verb = "waiting" if st.text.startswith("waiting") else "in"
         return f"{verb} {short_label(m, r, st.op)} · {duration(now - st.since_ns)}"
