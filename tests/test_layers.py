@@ -1,6 +1,6 @@
-"""The import structure docs/architecture.md promises: no module of the analysis imports one
-that imports it back (even inside a function), and nothing below the commands imports the
-commands, the CLI or the console."""
+"""The import structure docs/architecture.md promises: no module of the analysis or of the
+recorder imports one that imports it back (even inside a function), and nothing below the
+commands imports the commands, the CLI or the console."""
 
 from __future__ import annotations
 
@@ -44,6 +44,13 @@ def _cycles(directory: Path, package: str) -> set[tuple[str, ...]]:
 
 def test_the_analysis_has_no_import_cycle():
     assert _cycles(ROOT / "analysis", "commscope.analysis") == set()
+
+
+def test_the_recorder_has_no_import_cycle():
+    """Each op source owns its wrappers: ``patch`` patches, and imports neither source."""
+    assert _cycles(ROOT / "record", "commscope.record") == set()
+    assert not {"commscope.record.pyhot", "commscope.record.nativeops"} & _imports(ROOT / "record" / "patch.py",
+                                                                                   "commscope.record")
 
 
 def test_nothing_below_the_commands_imports_them_or_the_console():

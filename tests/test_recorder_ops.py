@@ -357,7 +357,7 @@ class _Unprintable(Exception):
 
 def unprintable(rank: int, ws: int, store: str) -> bool:
     from commscope.record import ops as O
-    from commscope.record import patch
+    from commscope.record import pyhot
 
     commscope.instrument(store, flight_recorder=False)
     err = _Unprintable()
@@ -365,7 +365,7 @@ def unprintable(rank: int, ws: int, store: str) -> bool:
     def stand_in(*args, **kwargs):
         raise err
 
-    wrapped = patch.make_wrapper("all_reduce", stand_in, O.all_reduce)
+    wrapped = pyhot.make_wrapper("all_reduce", stand_in, O.all_reduce)
     try:
         wrapped(torch.ones(1))
     except _Unprintable as exc:

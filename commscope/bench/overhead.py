@@ -112,7 +112,7 @@ def _allin(rank: int, ws: int, calls: int, rounds: int, store: str, source: str 
 def _wrapper_only(rank: int, ws: int, calls: int, rounds: int) -> dict[str, float]:
     """Partial: the wrapper alone, around a stand-in (no collective, no kernel, no thread work)."""
     from commscope.record import native, ops, patch
-    from commscope.record.pyhot import PythonOps
+    from commscope.record.pyhot import PythonOps, make_wrapper
 
     def standin(*args, **kwargs):
         return None
@@ -129,7 +129,7 @@ def _wrapper_only(rank: int, ws: int, calls: int, rounds: int) -> dict[str, floa
         need_job = False
 
     py = PythonOps(_Rec(), flight_recorder=False)
-    wrapped["Python wrapper"] = patch.make_wrapper("all_reduce", standin, ops.all_reduce)
+    wrapped["Python wrapper"] = make_wrapper("all_reduce", standin, ops.all_reduce)
     out = {}
     for name, fn in wrapped.items():
         patch.ACTIVE = py if name.startswith("Python") else None

@@ -1,7 +1,7 @@
 """The native op source: every c10d collective observed in C++, named and placed by thin wrappers.
 
 ``commscope_native.cpp`` does the per-op work (see its header).  This module installs it
-(``patch.install_native``), and on the recorder thread moves what it recorded into the
+(``install_native``), and on the recorder thread moves what it recorded into the
 trace: one ``block`` event per tick holding the packed records as they are (decoded by
 the readers, ``commscope.blocks``), with the groups, call sites and signatures they refer
 to restated at its head, so every block decodes on its own.  The records sit in the
@@ -11,6 +11,7 @@ op one by one.
 
 from __future__ import annotations
 
+import functools
 from types import ModuleType
 from typing import Any
 
@@ -20,6 +21,7 @@ from commscope import blocks, optable
 from commscope.events import SCHEMA_VERSION
 from commscope.events import encode as _dumps
 from commscope.record import callsite, ops, patch
+from commscope.record.ops import fmt_exc
 
 #: Names of the wrapped functions, by the id the native records carry.
 NAMES: tuple[str, ...] = (*ops.TORCH_OPS, "batch_isend_irecv", *ops.VARLEN_OPS)
@@ -45,7 +47,7 @@ class NativeOps:
     def install(self) -> None:
         specs = [(c.operator, c.direction, c.describe) for c in optable.C10D]  # the C++ takes traits, not names
         self.registered = self.m.install(specs, callsite.is_internal, dist.Work, callsite.code_site)
-        patch.install_native(self)
+        install_native(self)
 
     def uninstall(self) -> None:
         patch.uninstall()
@@ -185,5 +187,147 @@ class NativeOps:
                                   odesc if odesc and len(odesc) > 1 else (odesc[0] if odesc else None), ob,
                                   bool(async_op), None, False, None)
         group_peer = granks.index(peer) if peer is not None and peer in granks else -1
-        code = {"send": 1, "recv": 2}.get(direction or "", 0)
+        code = {"send": optable.DIR_SEND, "recv": optable.DIR_RECV}.get(direction or "", optable.DIR_NONE)
         return _dumps(fields)[1:-1], gname, group_peer, code
+
+
+# --------------------------------------------------------------------------- the wrappers
+#: torch's own entry points to collectives (functional collectives, DTensor's helpers, the
+#: c10d functions torch calls internally), by module.  Wrapped to lend the collectives
+#: they issue the caller's call site; inside another recorded call they are its traffic.
+#: ``isend``/``irecv`` of distributed_c10d stay: ``batch_isend_irecv`` compares them by identity.
+ANNOTATE: dict[str, tuple[str, ...]] = {
+    "torch.distributed.distributed_c10d": tuple(n for n in ops.TORCH_OPS if n not in ("isend", "irecv")),
+    "torch.distributed._functional_collectives": (
+        "broadcast", "all_reduce", "all_gather_tensor", "all_gather_tensor_autograd", "reduce_scatter_tensor",
+        "reduce_scatter_tensor_autograd", "all_reduce_coalesced", "all_gather_into_tensor_coalesced",
+        "reduce_scatter_tensor_coalesced", "all_to_all_single", "all_to_all_single_autograd", "permute_tensor",
+        "all_gather_single", "reduce_scatter_single", "all_gather_single_coalesced",
+        "reduce_scatter_single_coalesced"),
+    "torch.distributed._functional_collectives_impl": (
+        "_broadcast", "_all_reduce", "_all_reduce_coalesced", "_all_gather_into_tensor",
+        "_all_gather_into_tensor_coalesced", "_reduce_scatter_tensor", "_reduce_scatter_tensor_coalesced",
+        "_all_to_all_single", "_isend", "_irecv", "_batch_p2p_ops"),
+    "torch.distributed.tensor._collective_utils": ("broadcast", "scatter", "mesh_scatter", "mesh_broadcast",
+                                                   "shard_dim_alltoall"),
+}
+
+
+def install_native(source: NativeOps) -> None:
+    """Thin C wrappers over torch.distributed and functional collectives; Python wrappers for
+    the ops whose meaning Python describes (varlen ops, batch_isend_irecv)."""
+    m = source.m
+    varlen = patch.install_common()
+    for name in ops.TORCH_OPS:
+        orig = getattr(dist, name, None)
+        if orig is None:
+            continue
+        patch.replace(dist, name, _native_wrapper(m, patch.unwrap(orig), NAME_ID[name], m.KIND_PLAIN,
+                                                  name in ("isend", "irecv")))
+    patch.replace(dist, "batch_isend_irecv", _native_batch_wrapper(source, patch.unwrap(dist.batch_isend_irecv)))
+    patch.ensure_wait_patched(dist.Work, m.WaitWrapper)
+    for module, names in ANNOTATE.items():
+        patch.when_imported(module, lambda mod, names=names: _annotate(m, mod, names))
+    if varlen is not None:
+        for name, extract in ops.VARLEN_OPS.items():
+            orig = getattr(varlen, name, None)
+            if orig is not None:
+                patch.replace(varlen, name, _native_rich_wrapper(source, name, patch.unwrap(orig), extract))
+    patch.activate(source)
+
+
+def _annotate(m: Any, module: Any, names: tuple[str, ...]) -> None:
+    if patch.ACTIVE is None and not patch.installed():
+        return  # uninstalled meanwhile
+    for name in names:
+        orig = vars(module).get(name)
+        if callable(orig) and not isinstance(orig, type):
+            patch.replace(module, name, _native_wrapper(m, patch.unwrap(orig), -1, m.KIND_ANNOTATE, False))
+
+
+def _native_wrapper(m: Any, orig: Any, name_id: int, kind: int, async_hint: bool) -> Any:
+    w = m.Wrapper(orig, name_id, kind, async_hint)
+    functools.update_wrapper(w, orig)
+    return w
+
+
+def _native_rich_wrapper(source: NativeOps, name: str, orig: Any, extract: Any) -> Any:
+    """A varlen op: described in Python (its own tensors), its collectives nested."""
+    m = source.m
+    name_id = NAME_ID[name]
+    rich = m.KIND_RICH
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        if patch.ACTIVE is None:
+            return orig(*args, **kwargs)
+        try:
+            a = extract(*args, **kwargs)
+            described = source.describe(name, a)
+        except Exception:
+            described = None  # arguments the op will reject itself
+        if described is None:
+            return orig(*args, **kwargs)
+        frag, gname, peer, direction = described
+        op_id = m.enter(rich, name_id, frag, gname, peer, direction, bool(a[5]))
+        try:
+            ret = orig(*args, **kwargs)
+        except BaseException as exc:
+            _exit_raised(m, op_id, exc)
+            raise
+        m.exit(op_id, None)
+        if a[5] and ret is not None and hasattr(ret, "wait"):
+            try:
+                m.track(ret, (op_id,))
+                patch.ensure_wait_patched(type(ret), m.WaitWrapper)
+            except Exception:
+                pass
+        return ret
+
+    return patch.wrapped(wrapper, orig)
+
+
+def _exit_raised(m: Any, op_id: int, exc: BaseException) -> None:
+    """Record that a call raised; whatever happens here, the caller re-raises ``exc``."""
+    try:
+        m.exit(op_id, fmt_exc(exc))
+    except Exception:
+        pass
+
+
+def _native_batch_wrapper(source: NativeOps, orig: Any) -> Any:
+    m = source.m
+    name_id = NAME_ID["batch_isend_irecv"]
+
+    @functools.wraps(orig)
+    def batch_isend_irecv(p2p_op_list):
+        if patch.ACTIVE is None:
+            return orig(p2p_op_list)
+        try:
+            items = list(p2p_op_list)
+            described = source.describe("batch_isend_irecv", (items[0].group, None, None, None, None, False, (), ()))
+        except Exception:
+            described = None
+        if described is None:
+            return orig(p2p_op_list)
+        frag, gname, _, _ = described
+        cid = m.enter(m.KIND_CONTAINER, name_id, frag, gname, -1, 0)
+        try:
+            works = orig(p2p_op_list)
+        except BaseException as exc:
+            _exit_raised(m, cid, exc)
+            raise
+        children = m.exit(cid, None)
+        try:
+            if works and children:
+                if len(works) == len(children):
+                    for w, child in zip(works, children, strict=True):
+                        m.track(w, (child,))
+                else:  # coalesced: one Work completes the whole batch
+                    for w in works:
+                        m.track(w, children)
+        except Exception:
+            pass
+        return works
+
+    return patch.wrapped(batch_isend_irecv, orig)

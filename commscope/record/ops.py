@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from commscope import optable
+from commscope.redact import redact
 
 SUM: Any = None  # an omitted reduce op means SUM; the recorder writes "sum"
 
@@ -279,3 +280,12 @@ def begin_fields(name: str, group: str, peer: Any, direction: str | None, root: 
     if device is not None:
         ev["device"] = f"cuda:{device}"  # completion comes from a later ``done``
     return ev
+
+
+def fmt_exc(exc: BaseException) -> str:
+    """``Type: message`` of an exception, redacted: its message may quote a credential."""
+    try:
+        text = str(exc)
+    except Exception:  # a broken __str__ must not break the op that raised
+        text = ""
+    return redact(f"{type(exc).__name__}: {text}") if text else type(exc).__name__

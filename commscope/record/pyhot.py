@@ -1,6 +1,6 @@
 """The pure-Python op source: used where the native recorder cannot be built.
 
-Hot path (the training thread, inside each wrapped call, see ``patch.make_wrapper``):
+Hot path (the training thread, inside each wrapped call, see ``make_wrapper``):
 resolve the group, bump a sequence counter, note shapes/dtypes/bytes and the call site,
 append a ``Queued*`` record to a bounded deque.  No I/O, no locks, no device syncs.
 
@@ -13,7 +13,9 @@ It costs several times the native path per op (docs/recorder.md has the figures)
 
 from __future__ import annotations
 
+import functools
 import itertools
+import sys
 import threading
 import time
 import weakref
@@ -28,13 +30,12 @@ from commscope import blocks
 from commscope.blocks import pack_end, pack_rbegin, pack_source, pack_wait_begin
 from commscope.events import encode as _dumps
 from commscope.events import signature_key
-from commscope.record import callsite, patch
+from commscope.record import callsite, ops, patch
 from commscope.record.cuda_timing import CudaTimer
-from commscope.record.ops import begin_fields
+from commscope.record.ops import begin_fields, fmt_exc
 from commscope.record.pyencode import QueueEncoder
 from commscope.record.pyqueue import QueuedBegin, QueuedEnd, QueuedTaken, QueuedWait
 from commscope.record.pyspool import PyRing
-from commscope.redact import redact
 from commscope.store import spool
 
 _time_ns = time.time_ns
@@ -57,7 +58,7 @@ class Token(NamedTuple):
     recv_any: str | None  # the group of an any-source recv
     cuda: CudaStart | None
     nests: bool
-    # Ended inline by the wrapper (``patch.make_wrapper``): a synchronous op with no
+    # Ended inline by the wrapper (``make_wrapper``): a synchronous op with no
     # any-source peer to note and no CUDA timing to stop.  One field to read on the hot path.
     plain: bool
 
@@ -95,15 +96,6 @@ class _OpStack(threading.local):
     cur: int | None = None
 
 
-def fmt_exc(exc: BaseException) -> str:
-    """``Type: message`` of an exception, redacted: its message may quote a credential."""
-    try:
-        text = str(exc)
-    except Exception:  # a broken __str__ must not break the op that raised
-        text = ""
-    return redact(f"{type(exc).__name__}: {text}") if text else type(exc).__name__
-
-
 class PythonOps:
     """Op capture in Python: the hot path the wrappers call (``begin``, ``end``, ``track``,
     ``wait_begin``, ``wait_end``).  The recorder thread's side is ``encoder``."""
@@ -133,7 +125,7 @@ class PythonOps:
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
-        patch.install_python(self)
+        install_python(self)
 
     def uninstall(self) -> None:
         patch.uninstall()
@@ -144,6 +136,10 @@ class PythonOps:
 
     def settle_job(self) -> None:
         self.rec.settle_job()
+
+    def request_settle(self) -> None:
+        """Nothing to arm: while ``need_job``, every wrapped call takes the full path
+        (``end``), which settles the job id."""
 
     # ------------------------------------------------------------------ hot path
     def _group(self, pg: Any) -> GroupInfo | None:
@@ -299,9 +295,7 @@ class PythonOps:
             works[id(work)] = TrackedWork(_weakref(work), op_ids, cuda)
         except TypeError:
             return
-        cls = type(work)
-        if cls not in patch._wait_patched:
-            patch.ensure_wait_patched(cls)
+        patch.ensure_wait_patched(type(work), _make_wait)
 
     def wait_begin(self, op_ids: tuple) -> None:
         ts, tid = time.time_ns(), threading.get_ident()
@@ -418,4 +412,145 @@ class PythonOps:
 
 _internal_cache = callsite._internal_cache
 
-__all__ = ["PythonOps", "fmt_exc", "torch"]
+__all__ = ["PythonOps", "torch"]
+
+
+# --------------------------------------------------------------------------- the wrappers
+def _record_raise(end: Any, what: Any, exc: BaseException) -> None:
+    """Record that a call raised; whatever happens here, the caller re-raises ``exc``."""
+    try:
+        end(what, exc, None)
+    except Exception:
+        pass
+
+
+def make_wrapper(name: str, orig: Any, extract: Any, nests: bool = False) -> Any:
+    """``nests``: the wrapped function calls other wrapped ones (the varlen ops)."""
+    getframe = sys._getframe
+    time_ns = time.time_ns
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        rec = patch.ACTIVE
+        if rec is None:
+            return orig(*args, **kwargs)
+        try:
+            tok = rec.begin(name, extract(*args, **kwargs), getframe(1), None, False, nests)
+        except Exception:
+            tok = None  # arguments torch will reject itself, or an unknown group
+        if tok is None:
+            return orig(*args, **kwargs)
+        try:
+            ret = orig(*args, **kwargs)
+        except BaseException as exc:
+            _record_raise(rec.end, tok, exc)
+            raise
+        try:
+            if not tok.plain or rec.need_job:
+                rec.end(tok, None, ret)  # async, any-source recv, CUDA, job id unknown: full path
+            else:  # the common case, inlined: a plain synchronous op ended
+                if nests:
+                    rec._tls.cur = tok.parent
+                ts = time_ns()
+                rec.ring.put(pack_plain_end(ts, tok.op_id))
+                rec.q.append(QueuedEnd(tok.op_id, ts, None, None))
+        except Exception:
+            pass  # recording must never change what the call returns
+        return ret
+
+    return patch.wrapped(wrapper, orig)
+
+
+def _batch_wrapper(orig: Any) -> Any:
+    orig_isend = dist.distributed_c10d.isend
+
+    @functools.wraps(orig)
+    def batch_isend_irecv(p2p_op_list):
+        rec = patch.ACTIVE
+        if rec is None:
+            return orig(p2p_op_list)
+        try:
+            items = list(p2p_op_list)
+            frame = sys._getframe(1)
+            outer = rec.begin("batch_isend_irecv", ops.OpArgs(items[0].group, None, None, None, None, False, (), ()),
+                              frame, container=True)  # its children get child_of, not nesting
+        except Exception:
+            outer = None
+        if outer is None:
+            return orig(p2p_op_list)
+        children = []
+        try:
+            for p in items:
+                send = patch.unwrap(p.op) is orig_isend
+                ts = (p.tensor,)
+                a = ops.OpArgs(p.group, p.peer, "send" if send else "recv", None, None, True,
+                               ts if send else (), () if send else ts)
+                tok = rec.begin("isend" if send else "irecv", a, frame, child_of=outer.op_id)
+                if tok is not None:
+                    children.append(tok)
+        except Exception:
+            pass
+        try:
+            works = orig(p2p_op_list)
+        except BaseException as exc:
+            for tok in children:
+                _record_raise(rec.end, tok, exc)
+            _record_raise(rec.end, outer, exc)
+            raise
+        for tok in children:
+            rec.end(tok, None, None)
+        rec.end(outer, None, None)
+        try:
+            if works:
+                if len(works) == len(children):
+                    for w, tok in zip(works, children, strict=True):
+                        rec.track(w, (tok.op_id,), tok.cuda)
+                else:  # coalesced: one Work completes the whole batch
+                    ids = tuple(t.op_id for t in children)
+                    for w in works:
+                        rec.track(w, ids, children[0].cuda if children else None)
+        except Exception:
+            pass
+        return works
+
+    return patch.wrapped(batch_isend_irecv, orig)
+
+
+def _make_wait(orig_wait: Any) -> Any:
+    @functools.wraps(orig_wait)
+    def wait(self, *args, **kwargs):
+        rec = patch.ACTIVE
+        if rec is None or not rec.works:
+            return orig_wait(self, *args, **kwargs)
+        entry = rec.works.pop(id(self), None)
+        if entry is None or entry.ref() is not self:
+            return orig_wait(self, *args, **kwargs)
+        op_ids, cuda = entry.op_ids, entry.cuda
+        rec.wait_begin(op_ids)
+        try:
+            ret = orig_wait(self, *args, **kwargs)
+        except BaseException as exc:
+            _record_raise(rec.wait_end, op_ids, exc)
+            raise
+        rec.wait_end(op_ids, None, cuda)
+        return ret
+
+    return wait
+
+
+def install_python(source: PythonOps) -> None:
+    """Install the Python wrappers of every op, reporting to ``source``."""
+    varlen = patch.install_common()
+    for name, extract in ops.TORCH_OPS.items():
+        orig = getattr(dist, name, None)
+        if orig is None:
+            continue  # older torch
+        patch.replace(dist, name, make_wrapper(name, patch.unwrap(orig), extract))
+    patch.replace(dist, "batch_isend_irecv", _batch_wrapper(patch.unwrap(dist.batch_isend_irecv)))
+    patch.ensure_wait_patched(dist.Work, _make_wait)
+    if varlen is not None:
+        for name, extract in ops.VARLEN_OPS.items():
+            orig = getattr(varlen, name, None)
+            if orig is not None:
+                patch.replace(varlen, name, make_wrapper(name, patch.unwrap(orig), extract, nests=True))
+    patch.activate(source)

@@ -33,11 +33,12 @@ import torch.distributed as dist
 from commscope import __version__, events
 from commscope.events import encode as _dumps
 from commscope.record import callsite, crashlog, hangsignal, jobid, native
+from commscope.record.opsource import OpSource
 from commscope.record.outbox import Outbox
 from commscope.record.probes import ResourceProbe
-from commscope.redact import redact, redact_args
+from commscope.redact import redact_args
 from commscope.schema import redact_event
-from commscope.store import StoreError, default_store, is_redis, open_writer, spool
+from commscope.store import StoreError, backend_for, default_store, open_writer, redact_store, spool
 from commscope.store.crashlog import crash_file_name
 
 ENV_HANG_AFTER = "COMMSCOPE_HANG_AFTER"
@@ -106,7 +107,7 @@ class Recorder:
         self.started_ns = time.time_ns()
         self.ops = self._make_source(source)
 
-    def _make_source(self, source: str | None) -> Any:
+    def _make_source(self, source: str | None) -> OpSource:
         if source != "python":
             module = native.load()
             if module is not None:
@@ -151,7 +152,7 @@ class Recorder:
             if job is not None:
                 self.job = job
             self.need_job = self.job is None
-            if self.need_job and hasattr(self.ops, "request_settle"):
+            if self.need_job:
                 self.ops.request_settle()
             self._flush_early()
             if self.job is not None:
@@ -188,7 +189,7 @@ class Recorder:
         if self.spool is not None:
             path = self.spool.crash_path
         else:
-            job_dir = getattr(self.outbox.writer, "dir", None)
+            job_dir = self.outbox.writer.crash_dir if self.outbox.writer is not None else None
             path = job_dir / crash_file_name(self.rank) if job_dir is not None and self.incarnation == 0 else None
         if path is not None:
             crashlog.arm(path)
@@ -383,7 +384,8 @@ class Recorder:
         if self._spool_tried or not self.ops.spools:
             return
         self._spool_tried = True
-        where = redact(self.store) if is_redis(self.store) else os.path.abspath(self.store)
+        backend = backend_for(self.store)  # a name to forward by: no credentials, whatever the store
+        where = backend.redact(backend.absolute(self.store))
         identity = {"job": self.job, "run": self.run, "rank": self.rank, "inc": self.incarnation,
                     "store_id": spool.store_id(self.store),
                     "store": where[:600], "host": socket.gethostname()[:100], "pid": self.pid}
@@ -477,7 +479,7 @@ class Recorder:
             outbox.failed(str(exc))
             return False
         # A store URL may name the job (redis://...?job=NAME): the events must say the same.
-        self.job = meta["job"] = getattr(writer, "job", self.job)
+        self.job = meta["job"] = writer.job
         meta["v"], meta["rank"] = events.SCHEMA_VERSION, self.rank
         line = _dumps(meta)
         self._open_spool()
@@ -496,7 +498,7 @@ class Recorder:
                 "python": sys.version.split()[0], "job": self.job, "hang_after": self.hang_after,
                 "sample_interval": self.sample_interval,
                 "argv": redact_args(sys.argv[:16]),  # no passwords in traces
-                "store": redact(self.store), "recorder": self.ops.name}
+                "store": redact_store(self.store), "recorder": self.ops.name}
         if self.incarnation > 0:
             meta["inc"] = self.incarnation
         if self.run != "?":
@@ -509,7 +511,7 @@ class Recorder:
     def _write(self, final: bool) -> None:
         outbox = self.outbox
         if final:
-            outbox.write_final(self._open_writer, f"rank {self.rank}", redact(self.store),
+            outbox.write_final(self._open_writer, f"rank {self.rank}", redact_store(self.store),
                                kept=str(self.spool.path) if self.spool is not None else None, keep=self.ops.keep_event)
         elif outbox.pending and not outbox.backing_off() and self._open_writer():
             outbox.write_once()
@@ -551,8 +553,8 @@ def prepare(store: Any = None, *, hang_after: float | None = None, capture_stack
     with _lock:
         if _active is not None:
             if store is not None and default_store(store) != _active.store:
-                warnings.warn(f"commscope: already recording to {redact(_active.store)}; instrument("
-                              f"{redact(default_store(store))}) changes nothing (call commscope.uninstrument() "
+                warnings.warn(f"commscope: already recording to {redact_store(_active.store)}; instrument("
+                              f"{redact_store(default_store(store))}) changes nothing (call commscope.uninstrument() "
                               "first to record elsewhere)", RuntimeWarning, stacklevel=3)
             return _active
         rec = Recorder(store, hang_after=hang_after, capture_stacks=capture_stacks,
@@ -597,7 +599,7 @@ def _excepthook(exc_type, exc, tb):
     """Note an unhandled exception so the ``exit`` event says the process crashed."""
     rec = _active
     if rec is not None and not issubclass(exc_type, KeyboardInterrupt | SystemExit):
-        from commscope.record.pyhot import fmt_exc
+        from commscope.record.ops import fmt_exc
 
         rec.crash = fmt_exc(exc) if exc is not None else exc_type.__name__
     (_prev_excepthook or sys.__excepthook__)(exc_type, exc, tb)
@@ -650,7 +652,7 @@ def note_uncaught(exc: BaseException) -> None:
     rec = _active
     if rec is None or isinstance(exc, KeyboardInterrupt | SystemExit):
         return
-    from commscope.record.pyhot import fmt_exc
+    from commscope.record.ops import fmt_exc
 
     sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
     sys.last_exc = exc
