@@ -8,7 +8,8 @@ from tui_scenarios import MS, StaticReader, drive, healthy, hung_missing_rank, m
 from commscope.analysis.synth import T0, TraceBuilder
 from commscope.tui import palette as P
 from commscope.tui.feed import Feed
-from commscope.tui.timeline import GUTTER, Row, Timeline, paint_group, paint_rank, render_row
+from commscope.tui.painter import GUTTER, Row, paint_group, paint_rank, render_row
+from commscope.tui.timeline import Timeline
 
 
 def timeline_for(events, now, *, t0=T0, npc=MS) -> Timeline:
@@ -120,7 +121,7 @@ def test_cover_matches_integer_reference():
     """_cover's float cell arithmetic gives what floor division gives, at real timestamps."""
     import numpy as np
 
-    from commscope.tui.timeline import N_CATEGORIES, _cover
+    from commscope.tui.painter import N_CATEGORIES, _cover
 
     def reference(a, b, cat, t0, npc, w):
         c0, c1 = (a - t0) // npc, (b - t0) // npc
@@ -178,7 +179,7 @@ def test_repainting_what_changed_draws_what_a_full_paint_draws():
     flight) equals the row painted from scratch: cells and labels, live and with a selection."""
     from commscope.analysis import TraceModel
     from commscope.analysis.synth import healthy_trace
-    from commscope.tui.timeline import Window, repaint_rank, repaint_ranks
+    from commscope.tui.painter import Window, repaint_rank, repaint_ranks
 
     events = sorted(healthy_trace(2, 2500), key=lambda e: e["ts"])
     start, end = events[0]["ts"], events[-1]["ts"]
@@ -228,7 +229,7 @@ def test_repainting_what_changed_draws_what_a_full_paint_draws():
 def test_repainting_a_stuck_rank_follows_the_clock():
     """No new events, the clock moves: the op in flight grows, past the hang thresholds."""
     from commscope.analysis import TraceModel
-    from commscope.tui.timeline import Window, repaint_rank
+    from commscope.tui.painter import Window, repaint_rank
 
     b = TraceBuilder(1)
     for k in range(600):
@@ -257,12 +258,24 @@ def test_span_index_draws_what_the_ops_draw():
     cells, labels and op count, over views published while the trace arrives (ops in
     flight, async waits landing later), windows cutting through ops, the replay cursor
     anywhere, a selection, a rank stuck from the start, and an index brought up to date
-    view after view (as the console keeps it) as well as built afresh."""
+    view after view (as the console keeps it) as well as built afresh.  The windows ask
+    for the index whatever the number of ops in them (``Window.index_min_ops``), and every
+    overview must be painted from it."""
     from commscope.analysis import TraceModel
     from commscope.analysis.synth import healthy_trace
-    from commscope.tui import timeline as T
+    from commscope.tui.paintcode import categories
+    from commscope.tui.painter import Window, repaint_rank
     from commscope.tui.spanindex import SpanIndex
-    from commscope.tui.timeline import Window, _paint, categories
+
+    indexed = compared = 0
+
+    class Counting(SpanIndex):
+        """A span index counting the rows painted from it (its ``cells`` draws them)."""
+
+        def cells(self, *args, **kwargs):
+            nonlocal indexed
+            indexed += 1
+            return super().cells(*args, **kwargs)
 
     b = TraceBuilder(3)
     rng = np.random.default_rng(7)
@@ -297,54 +310,41 @@ def test_span_index_draws_what_the_ops_draw():
     span = end - start
     m = TraceModel()
     kept: dict[int, SpanIndex] = {}
-    indexed = compared = 0
     per_rank: dict[int, int] = {}
-    real = T._paint_indexed
-
-    def counting(*a, **k):
-        nonlocal indexed
-        out = real(*a, **k)
-        indexed += out is not None
-        return out
-
-    T._paint_indexed = counting
-    threshold, T.INDEX_MIN_OPS = T.INDEX_MIN_OPS, 0  # the index for every overview, however few ops
-    try:
-        for k in range(0, len(events), 2311):
-            m.ingest(events[k:k + 2311])
-            v = m.view()
-            cats = categories(v.sigs)
-            for r in v.rank_ids():
-                rv = v.ranks[r]
-                sel = (r, int(rv.order_[rv.n // 2])) if rv.n else None
-                # windows starting exactly where an op ends, and where a zero-length op is
-                # (the window takes neither: the index must not draw them at cell 0)
-                comp = rv.comp[: rv.n]
-                done = np.flatnonzero(comp > 0)
-                zero = np.flatnonzero((comp > 0) & (comp == rv.begin[: rv.n]))
-                edges = [int(comp[i]) for i in done[len(done) // 3:: max(1, len(done) // 4)][:3]]
-                edges += [int(comp[i]) for i in zero[len(zero) // 2:][:2]]
-                for frac, off, cursor in ((1.0, -0.01, None), (0.5, 0.3, None), (0.35, 0.51, None),
-                                          (1.0, 0.0, 0.5), (0.4, 0.4, 0.55), (0.7, 0.2, 0.33), (1.0, 0.0, 0.02),
-                                          *((0.4, t, None) for t in edges), *((0.3, t, 0.8) for t in edges),
-                                          (MS, T0, None)):
-                    w = 97
-                    npc = frac if isinstance(frac, int) else max(1, int(span * frac) // w)
-                    t0 = off if isinstance(off, int) else start + int(span * off)
-                    now = v.end_ns if cursor is None else start + int(span * cursor)
-                    for s in (None, sel):
-                        win = Window(t0, npc, w, now, now if cursor is not None else None, 40 * MS, s, True)
-                        ref = _paint(v, r, win, cats)
-                        got = _paint(v, r, win, cats, spans=kept.setdefault(r, SpanIndex()))
-                        fresh = _paint(v, r, win, cats, spans=SpanIndex())
-                        for out in (got, fresh):
-                            assert np.array_equal(out[0], ref[0]), (r, frac, off, cursor, s)
-                            assert out[1] == ref[1] and out[2:] == ref[2:], (r, frac, off, cursor, s)
-                        compared += ref[2]
-                        per_rank[r] = per_rank.get(r, 0) + ref[2]
-    finally:
-        T._paint_indexed = real
-        T.INDEX_MIN_OPS = threshold
+    for k in range(0, len(events), 2311):
+        m.ingest(events[k:k + 2311])
+        v = m.view()
+        cats = categories(v.sigs)
+        for r in v.rank_ids():
+            rv = v.ranks[r]
+            sel = (r, int(rv.order_[rv.n // 2])) if rv.n else None
+            # windows starting exactly where an op ends, and where a zero-length op is
+            # (the window takes neither: the index must not draw them at cell 0)
+            comp = rv.comp[: rv.n]
+            done = np.flatnonzero(comp > 0)
+            zero = np.flatnonzero((comp > 0) & (comp == rv.begin[: rv.n]))
+            edges = [int(comp[i]) for i in done[len(done) // 3:: max(1, len(done) // 4)][:3]]
+            edges += [int(comp[i]) for i in zero[len(zero) // 2:][:2]]
+            for frac, off, cursor in ((1.0, -0.01, None), (0.5, 0.3, None), (0.35, 0.51, None),
+                                      (1.0, 0.0, 0.5), (0.4, 0.4, 0.55), (0.7, 0.2, 0.33), (1.0, 0.0, 0.02),
+                                      *((0.4, t, None) for t in edges), *((0.3, t, 0.8) for t in edges),
+                                      (MS, T0, None)):
+                w = 97
+                npc = frac if isinstance(frac, int) else max(1, int(span * frac) // w)
+                t0 = off if isinstance(off, int) else start + int(span * off)
+                now = v.end_ns if cursor is None else start + int(span * cursor)
+                for s in (None, sel):
+                    win = Window(t0, npc, w, now, now if cursor is not None else None, 40 * MS, s, True,
+                                 index_min_ops=0)
+                    ref = repaint_rank(v, r, win, None, cats)  # (no span index: from the ops)
+                    got = repaint_rank(v, r, win, None, cats, kept.setdefault(r, Counting()))
+                    fresh = repaint_rank(v, r, win, None, cats, Counting())
+                    for out in (got, fresh):
+                        assert np.array_equal(out.cells, ref.cells), (r, frac, off, cursor, s)
+                        assert (out.cands, out.overview, out.count) == (ref.cands, ref.overview, ref.count), \
+                            (r, frac, off, cursor, s)
+                    compared += ref.overview
+                    per_rank[r] = per_rank.get(r, 0) + ref.overview
     # every rank drawn as an overview, each time painted from the index twice
     assert min(per_rank.values()) >= 2 and len(per_rank) == 6 and indexed == 2 * compared
 
@@ -355,7 +355,8 @@ def test_rows_painted_together_are_the_rows_painted_one_by_one():
     parts repainted after a batch, with the replay cursor and a selection."""
     from commscope.analysis import TraceModel
     from commscope.analysis.synth import healthy_trace
-    from commscope.tui.timeline import Job, Window, _paint, _paint_rows, categories
+    from commscope.tui.paintcode import categories
+    from commscope.tui.painter import Job, Window, _paint, _paint_rows
 
     b = TraceBuilder(2)
     b.sync(0, T0, None, "all_reduce")  # stuck from the start

@@ -7,7 +7,7 @@ from typing import Any
 from rich.text import Text
 from textual.widget import Widget
 
-from commscope.tui.timeline import GUTTER
+from commscope.tui.painter import GUTTER
 
 _STEPS = [k * 10**e for e in range(2, 13) for k in (1, 2, 5)]
 

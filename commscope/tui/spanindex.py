@@ -10,7 +10,7 @@ from the first op a new view changed (``RankView.touched_since``), on the painti
 the views it reads are immutable and the index is its own.
 
 What the index cannot draw exactly, the painter draws from the ops themselves
-(``timeline._paint``): ops in flight when the index was built (``pending``), and with the
+(``painter._paint``): ops in flight when the index was built (``pending``), and with the
 replay cursor, the ops not over by the cursor (``cells`` returns them).
 """
 

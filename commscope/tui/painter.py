@@ -1,0 +1,708 @@
+"""The timeline's painter: a row of ranks over a time window as a category per cell, then as
+Rich segments behind a gutter.  Pure (no widget, no Textual app, never the widget module):
+it reads a model's published view (``feed.view``) or the model itself and nothing else, so
+the widget (``tui/timeline.py``) and the tests paint the same rows the same way, without
+a running app, and the painting can be read and tested apart from the widget's state.
+
+A row's cells are computed with numpy over the ops in view (coverage of each traffic
+category via ``bincount``/``cumsum``, highest priority wins), never one Python loop
+iteration per op.  Far zoomed out, each op is one span (the overview), painted from the
+rank's span index (``tui/spanindex.py``) when the window holds enough ops for the index to
+pay.  A row painted before over the same window is repainted only from the earliest op
+changed since (``repaint_rank``), and a frame's rows are painted together
+(``repaint_ranks``): one set of numpy calls per frame, not per row.
+
+Entry points: ``render_row`` (a whole line), ``paint_rank`` and ``paint_group`` (the cells
+of one rank / a collapsed group), ``repaint_rank(s)`` (the same, incrementally), all over
+a ``Window``.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+import numpy as np
+from rich.segment import Segment
+from rich.style import Style
+from textual.strip import Strip
+
+from commscope.analysis.columns import I64_MAX, RankColumns, RankView
+from commscope.analysis.model import APPROX, ModelLike
+from commscope.tui import palette
+from commscope.tui.paintcode import ASYNC_BIT, CAT_MASK, HIDDEN_BIT, categories
+from commscope.tui.spanindex import SpanIndex
+
+#: Cells left of the time axis on every line: state dot, label, findings mark, bar.
+GUTTER = 11
+#: The default of ``Window.index_min_ops``: windows with fewer ops beginning in them are
+#: painted from the ops: below about this many (200 cells), the span index's fixed cost is
+#: no smaller (``bench tui`` compares both).
+INDEX_MIN_OPS = 2500
+
+
+class Row(NamedTuple):
+    """One timeline line: a rank, or a collapsed group of ranks (a node, a block)."""
+
+    key: str
+    label: str
+    ranks: tuple[int, ...]
+
+
+class Window(NamedTuple):
+    """What a row is painted for: the time window (``width`` cells of ``npc`` ns from ``t0``),
+    the clock (``now``) or the replay cursor (the future hidden), the hang threshold, the
+    selected op (rank, index), whether far zoomed out takes the cheaper overview path, and
+    from how many ops beginning in the window an overview with a span index is painted
+    from it (fewer: from the ops; 0: whenever there is an index).  The last two choose
+    only how a row is painted, never what: every choice gives the same picture, so tests
+    compare the paths through them."""
+
+    t0: int
+    npc: int
+    width: int
+    now: int
+    cursor_ns: int | None = None
+    hang_after_ns: int = 30 * 10**9
+    sel: tuple[int, int] | None = None
+    overview: bool = True
+    index_min_ops: int = INDEX_MIN_OPS
+
+
+def render_row(m: ModelLike, row: Row, win: Window, *, kind: str = "unknown", focused: bool = False,
+               flagged: bool = False, cats: np.ndarray | None = None,
+               painted: tuple[np.ndarray, list] | None = None,
+               spans: Mapping[int, SpanIndex] | None = None) -> Strip:
+    """A whole timeline line: the gutter (state dot ``kind``, label, findings mark) and the
+    row's cells over ``win`` (``painted``: a one-rank row's cells and labels, already
+    painted), with the replay cursor drawn on top.  ``spans``: span indexes by rank (for
+    the overview; see ``paint_rank``)."""
+    w = win.width
+    width = w + GUTTER
+    if len(row.ranks) == 1:
+        r = row.ranks[0]
+        cells, labels = painted if painted is not None else paint_rank(m, r, win, cats,
+                                                                        None if spans is None else spans[r])
+        segs = _segments(cells, labels)
+    else:
+        segs = paint_group(m, row.ranks, win, cats, spans)
+    strip = Strip(_gutter(row, kind, focused, flagged) + segs, width)
+    if win.cursor_ns is not None:
+        c = (win.cursor_ns - win.t0) // win.npc
+        if 0 <= c < w:
+            x = GUTTER + int(c)
+            strip = Strip.join([strip.crop(0, x), Strip([_CURSOR], 1),
+                                strip.crop(x + 1, width)])
+    return strip.crop(0, width)
+
+
+def _gutter(row: Row, kind: str, focused: bool, flagged: bool) -> list[Segment]:
+    label = row.label[: GUTTER - 4].ljust(GUTTER - 4)
+    return [Segment(palette.STATE_DOT[kind], palette.STATE_STYLE[kind]), _SPACE,
+            Segment(label, _FOCUSED if focused else _BOLD), _FLAG if flagged else _NO_FLAG, _BAR]
+
+
+_BOLD, _FOCUSED = Style(bold=True), Style(bold=True, reverse=True)
+_CURSOR = Segment("│", Style(color="#ffd75f", bold=True))
+_SPACE, _BAR = Segment(" "), Segment("│", Style(color="grey30"))
+_FLAG, _NO_FLAG = Segment("!", Style(color="#e05050", bold=True)), Segment(" ", Style(color="#e05050", bold=True))
+
+
+def paint_rank(m: ModelLike, rank: int, win: Window, cats: np.ndarray | None = None,
+               spans: SpanIndex | None = None) -> tuple[np.ndarray, list[tuple[int, int, str, int]]]:
+    """One rank's row as a category per cell, and (start cell, length, text, category)
+    labels for wide spans.  Pure but for ``spans``: reads ``m`` (a ``TraceModel`` or its
+    published ``ModelView``) and nothing else; ``cats`` is ``categories(m.sigs)`` if the
+    caller keeps one.  ``spans``: the rank's span index, which the overview of a published
+    view paints from (brought up to date here); the picture is the same without it."""
+    cells, cands, _, _ = _paint(m, rank, win, cats, spans=spans)
+    return cells, _labels(cells, cands)
+
+
+class Painted(NamedTuple):
+    """A painted row and what repainting it after a change needs (``repaint_rank``)."""
+
+    version: int  # the rank's version painted
+    n: int  # its op count then
+    now: int
+    open_min: int  # earliest begin among the ops in flight then (their spans grow with the clock)
+    count: int  # ops drawn (in the window, top-level, not in the future): picks the drawing
+    overview: bool  # drawn by the overview path
+    cells: np.ndarray
+    cands: list[tuple[int, int, int, int, str]]  # label candidates, see _paint
+    labels: list[tuple[int, int, str, int]]
+
+
+def repaint_rank(m: ModelLike, rank: int, win: Window, prev: Painted | None,
+                 cats: np.ndarray | None = None, spans: SpanIndex | None = None) -> Painted:
+    """``paint_rank`` given the same row painted earlier over the same window (``prev``):
+    only the cells from the earliest op changed since (``RankView.touched_since``) or in
+    flight are painted again, from the ops overlapping them; the cells before are kept.
+    A cell depends only on the ops that touch it, and the drawing (overview or detailed)
+    on how many ops the window holds, which only grows by the ops added: so the result is
+    what ``paint_rank`` gives."""
+    return repaint_ranks(m, [(rank, prev, spans)], win, cats)[0]
+
+
+def repaint_ranks(m: ModelLike, rows: Sequence[tuple[int, Painted | None, SpanIndex | None]], win: Window,
+                  cats: np.ndarray | None = None) -> list[Painted]:
+    """``repaint_rank`` for several rows (rank, painted before, span index) over one window,
+    painted together (``_paint_rows``): what a frame after a batch of events needs."""
+    if cats is None or cats.shape[0] < len(m.sigs):
+        cats = categories(m.sigs)
+    out: list[Any] = [None] * len(rows)
+    plans = []  # (row, version, n, open_min, cells kept)
+    jobs: list[Job] = []
+    for k, (rank, prev, spans) in enumerate(rows):
+        rt = m.ranks.get(rank)
+        version, n = (-1, 0) if rt is None else (rt.version, rt.n)
+        open_min = min((int(rt.begin[i]) for i in rt.open), default=I64_MAX) if rt is not None else I64_MAX
+        dirty = None
+        if prev is not None and rt is not None and hasattr(rt, "touched_since") and len(prev.cands) < 40:
+            dirty = rt.touched_since(prev.version)  # (at the label cap: everything again, below)
+            if dirty is not None and (win.now != prev.now or version != prev.version):
+                dirty = min(dirty, open_min, prev.open_min)
+        d = 0 if dirty is None else min(max((dirty - win.t0) // win.npc, 0), win.width) if dirty < I64_MAX else win.width
+        if prev is not None and d >= win.width:  # nothing in view changed
+            out[k] = prev._replace(version=version, n=n, now=win.now, open_min=open_min)
+            continue
+        if prev is None or d == 0:
+            jobs.append(Job(rank, spans=spans))
+        else:
+            jobs.append(Job(rank, win.t0 + d * win.npc - 1, (prev.count, prev.n)))
+        plans.append((k, version, n, open_min, d))
+    again = []  # rows whose drawing the ops added switched: all of it changes
+    for (k, version, n, open_min, d), job, (cells, cands, overview, count) in zip(
+            plans, jobs, _paint_rows(m, win, jobs, cats), strict=True):
+        prev = rows[k][1]
+        if job.from_t is not None:
+            if overview != prev.overview:
+                again.append((k, version, n, open_min))
+                continue
+            cells = np.concatenate([prev.cells[:d], cells[d:]])
+            # candidates of spans ending before the repainted part are as they were; the others are new
+            cands = sorted([c for c in prev.cands if c[3] < d] + [c for c in cands if c[3] >= d])[:40]
+        out[k] = Painted(version, n, win.now, open_min, count, overview, cells, cands, _labels(cells, cands))
+    if again:
+        redone = _paint_rows(m, win, [Job(rows[k][0], spans=rows[k][2]) for k, *_ in again], cats)
+        for (k, version, n, open_min), (cells, cands, overview, count) in zip(again, redone, strict=True):
+            out[k] = Painted(version, n, win.now, open_min, count, overview, cells, cands, _labels(cells, cands))
+    return out
+
+
+def _labels(cells: np.ndarray, cands: list[tuple[int, int, int, int, str]]) -> list[tuple[int, int, str, int]]:
+    """Labels on the wide spans (the first 40 by begin), each only over a run of one colour:
+    a label must not straddle wait/issue parts."""
+    labels = []
+    for _, _, a, b, text in cands[:40]:
+        if b - a + 1 >= len(text) + 2 and (cells[a + 1:a + 1 + len(text)] == cells[a + 1]).all():
+            labels.append((a + 1, len(text), text, int(cells[a + 1])))
+    return labels
+
+
+def _paint(m: ModelLike, rank: int, win: Window, cats: np.ndarray | None = None, from_t: int | None = None,
+           base: tuple[int, int] = (0, 0), spans: SpanIndex | None = None
+           ) -> tuple[np.ndarray, list[tuple[int, int, int, int, str]], bool, int]:
+    """(cells, label candidates, whether drawn as an overview (one span per op: more than 4
+    ops per cell), ops drawn).  A candidate
+    is a span at least 8 cells wide: (begin, op index, first cell, last cell, text), by begin.
+    ``from_t``: only the ops overlapping [from_t, end of window), so only the cells from
+    ``from_t`` on are right; ``base``: (ops drawn, op count) of the same window painted
+    before, so that the count, and the drawing it picks, is the whole window's.
+    ``spans``: the rank's span index: a whole overview of a published view is painted from
+    it (``_paint_indexed``), the same picture in O(cells x log ops)."""
+    return _paint_rows(m, win, [Job(rank, from_t, base, spans)], cats)[0]
+
+
+class Job(NamedTuple):
+    """One row for ``_paint_rows``: ``_paint``'s arguments but the window."""
+
+    rank: int
+    from_t: int | None = None
+    base: tuple[int, int] = (0, 0)
+    spans: SpanIndex | None = None
+
+
+class RowOps(NamedTuple):
+    """One row's drawn ops (``_drawn``), as ``_paint_rows`` hands them to ``_draw_rows``."""
+
+    job: int  # its place in the jobs
+    rt: RankColumns  # the rank's trace (RankView or RankTrace)
+    idx: np.ndarray  # op indices, by begin
+    code: np.ndarray
+    begin: np.ndarray
+    stop: np.ndarray
+    inflight: np.ndarray
+    count: int  # ops the whole window draws (picks the drawing)
+
+
+def _blank(w: int) -> np.ndarray:
+    cells = _EMPTY.get(w)
+    if cells is None:
+        cells = _EMPTY[w] = np.zeros(w, np.int8)
+        cells.flags.writeable = False
+    return cells
+
+
+def _paint_rows(m: ModelLike, win: Window, jobs: Sequence[Job], cats: np.ndarray | None = None
+                ) -> list[tuple[np.ndarray, list[tuple[int, int, int, int, str]], bool, int]]:
+    """``_paint`` for several rows over one window: each row's ops are found and filtered on
+    its own, then drawn together (intervals per op, coverage, labels), so the fixed cost of
+    the numpy calls is paid once per frame, not once per row."""
+    w = win.width
+    t0, npc = win.t0, win.npc
+    if cats is None or cats.shape[0] < len(m.sigs):
+        cats = categories(m.sigs)
+    out: list[Any] = [None] * len(jobs)
+    rows: list[RowOps] = []
+    for k, job in enumerate(jobs):
+        rt = m.ranks.get(job.rank)
+        if rt is None or rt.n == 0:
+            out[k] = (_blank(w), [], False, 0)
+            continue
+        if job.spans is not None and job.from_t is None and win.overview and isinstance(rt, RankView):
+            done = _paint_indexed(m, rt, job.rank, win, cats, job.spans)
+            if done is not None:
+                out[k] = (*done[:2], True, done[2])
+                continue
+        idx = rt.window(t0 if job.from_t is None else max(t0, job.from_t), t0 + w * npc)
+        if idx.shape[0]:
+            idx, code, begin, _, inflight, stop = _drawn(rt, idx, cats, win)
+        if idx.shape[0] == 0:
+            out[k] = (_blank(w), [], job.base[0] > 4 * w, job.base[0])
+            continue
+        count = idx.shape[0] if job.from_t is None else job.base[0] + int((idx >= job.base[1]).sum())
+        if win.overview and count > 4 * w and (len(jobs) == 1 or idx.shape[0] > 256):
+            # many ops, one span each: the drawing that does per op only what it must
+            out[k] = (*_paint_overview(m, rt, job.rank, win, idx, code, begin, stop, inflight), True, count)
+            continue
+        rows.append(RowOps(k, rt, idx, code, begin, stop, inflight, count))
+    if rows:
+        for k, row_out in zip((r.job for r in rows), _draw_rows(m, win, jobs, rows), strict=True):
+            out[k] = row_out
+    return out
+
+
+def _draw_rows(m: ModelLike, win: Window, jobs: Sequence[Job], rows: list[RowOps]) -> list:
+    """The drawing of ``_paint_rows``: every row's ops (by begin) as intervals of categories,
+    their coverage per cell, and the label candidates, all rows at once."""
+    w = win.width
+    t0, npc, now = win.t0, win.npc, win.now
+    sizes = [r.idx.shape[0] for r in rows]
+    offsets = np.cumsum([0, *sizes])  # where each row's ops start
+    row = np.repeat(np.arange(len(rows)), sizes)
+    code = np.concatenate([r.code for r in rows]) if len(rows) > 1 else rows[0].code
+    begin = np.concatenate([r.begin for r in rows]) if len(rows) > 1 else rows[0].begin
+    stop = np.concatenate([r.stop for r in rows]) if len(rows) > 1 else rows[0].stop
+    inflight = np.concatenate([r.inflight for r in rows]) if len(rows) > 1 else rows[0].inflight
+    flags = np.concatenate([r.rt.flags[r.idx] for r in rows]) & APPROX
+    counts = np.array([r.count for r in rows])
+    overview = counts > 4 * w  # far zoomed out the issue/wait breakdown is invisible: one span per op
+    # Ops whose end is only approximately known (Flight Recorder on Gloo) are drawn like
+    # async work: a mark at the start, then a thin line, not a solid bar.
+    is_async = ((code & ASYNC_BIT) | flags) != 0
+    cat = code & CAT_MASK
+    starts: list[np.ndarray] = [begin]
+    stops: list[np.ndarray] = []
+    kinds: list[np.ndarray] = [cat]
+    rows_of: list[np.ndarray] = [row]
+
+    def add(mask: np.ndarray, a: np.ndarray, b: np.ndarray, kind: int) -> None:
+        if mask.any():
+            starts.append(a[mask])
+            stops.append(b[mask])
+            kinds.append(np.full(int(mask.sum()), kind, np.int8))
+            rows_of.append(row[mask])
+
+    ai = np.flatnonzero(is_async)
+    wb = we = issue_end = None
+    if ai.shape[0]:  # the issue/wait parts of async work: only where there is some
+        issue_end, wb, we = begin.copy(), np.zeros_like(begin), np.zeros_like(begin)
+        for j, r in enumerate(rows):
+            lo, hi = int(offsets[j]), int(offsets[j + 1])
+            sub = ai[(ai >= lo) & (ai < hi)]
+            if sub.shape[0]:
+                ops = r.idx[sub - lo]
+                rt = r.rt
+                end = rt.end[ops]
+                issue_end[sub] = np.where(flags[sub] != 0, begin[sub], np.where(end > 0, end, begin[sub]))
+                wb[sub], we[sub] = rt.wb[ops], rt.we[ops]
+        if win.cursor_ns is not None:
+            wb = np.where(wb > now, 0, wb)
+            we = np.where(we > now, 0, we)
+            issue_end = np.minimum(issue_end, stop)
+        ov = overview[row[ai]]
+        wb_a, we_a, stop_a = wb[ai], we[ai], stop[ai]
+        waited = wb_a > 0
+        # sync ops, the issue part of async ones (overview: the whole op, to the wait's end)
+        stops.append(stop.copy())
+        stops[0][ai] = np.where(ov, np.where(waited, np.where(we_a > 0, we_a, stop_a), stop_a), issue_end[ai])
+        # async issue -> wait: a thin line while the op runs in the background; then the wait
+        detail = ~ov
+        pend = ai[detail]
+        if pend.shape[0]:
+            starts.append(issue_end[pend])
+            stops.append(np.where(waited[detail], wb_a[detail], stop_a[detail]))
+            kinds.append(np.full(pend.shape[0], palette.PENDING, np.int8))
+            rows_of.append(row[pend])
+            wi = ai[detail & waited]
+            if wi.shape[0]:
+                we_w = we[wi]
+                starts.append(wb[wi])
+                stops.append(np.where(we_w > 0, we_w, stop[wi]))
+                kinds.append(np.full(wi.shape[0], palette.WAIT, np.int8))
+                rows_of.append(row[wi])
+    else:
+        stops.append(stop)
+    # blocked too long: the part of the span past the thresholds
+    if inflight.any():
+        blocked = inflight & (~is_async | (wb > 0)) if ai.shape[0] else inflight
+        since = np.where(is_async, wb, begin) if ai.shape[0] else begin
+        warn_at = since + max(win.hang_after_ns // 3, 1)
+        err_at = since + win.hang_after_ns
+        add(blocked & (warn_at < now), warn_at, stop, palette.WARN)
+        add(blocked & (err_at < now), err_at, stop, palette.ERROR)
+    if win.sel:
+        for j, r in enumerate(rows):
+            idx = r.idx
+            if jobs[r.job].rank != win.sel[0]:
+                continue
+            hit = np.flatnonzero(idx == win.sel[1])
+            if hit.shape[0]:
+                at = int(offsets[j]) + int(hit[0])
+                e = int(stop[at]) if not is_async[at] else max(int(stop[at]), int(issue_end[at]))
+                starts.append(begin[at:at + 1])
+                stops.append(np.array([e], np.int64))
+                kinds.append(np.array([palette.SELECTED], np.int8))
+                rows_of.append(row[at:at + 1])
+    if len(rows) == 1:
+        one = [_cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
+               if len(starts) > 1 else _cover(starts[0], stops[0], kinds[0], t0, npc, w)]
+    else:
+        one = _cover_rows(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds),
+                          np.concatenate(rows_of), len(rows), t0, npc, w)
+    cands = _candidates(m, [(r.rt, r.idx) for r in rows], begin, stop, row, win)
+    return [(one[j], cands[j], bool(overview[j]), int(counts[j])) for j in range(len(rows))]
+
+
+def _candidates(m: ModelLike, rows: Sequence[tuple[Any, np.ndarray]], begin: np.ndarray, stop: np.ndarray,
+                row: np.ndarray | None, win: Window) -> list[list[tuple[int, int, int, int, str]]]:
+    """Label candidates of each row: its first 40 spans (``begin``..``stop``, by begin; rows'
+    ops one after the other, ``row`` telling whose) at least 8 cells wide, as (begin, op
+    index, first cell, last cell, text).  ``rows``: (rank trace, op indices) of each."""
+    t0, npc, w = win.t0, win.npc, win.width
+    out: list[list[tuple[int, int, int, int, str]]] = [[] for _ in rows]
+    cand = np.flatnonzero(stop - begin > 7 * npc)  # c1 - c0 >= 8 needs a span longer than 7 cells
+    if not cand.shape[0]:
+        return out
+    c0 = np.minimum(np.maximum((begin[cand] - t0) // npc, -1), w)
+    c1 = np.minimum(np.maximum((stop[cand] - t0) // npc, -1), w)
+    first = np.cumsum([0, *(idx.shape[0] for _, idx in rows)])
+    for q in np.flatnonzero((c1 - c0) >= 8).tolist():
+        j = int(cand[q])
+        r = 0 if row is None else int(row[j])
+        if len(out[r]) >= 40:
+            continue
+        rt, idx = rows[r]
+        i = int(idx[j - int(first[r])])
+        seq = int(rt.seq[i])
+        text = m.sigs[int(rt.sig[i])].op + (f" #{seq}" if seq >= 0 else "")
+        out[r].append((int(begin[j]), i, max(int(c0[q]), 0), min(int(c1[q]), w - 1), text))
+    return out
+
+
+def _drawn(rt: RankColumns, idx: np.ndarray, cats: np.ndarray, win: Window
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Of the ops ``idx`` (by begin), those drawn: not inner traffic (drawn as its outer op)
+    and, with the replay cursor, begun by then.  Returns (idx, paint code, begin, completion,
+    in flight, drawn end), completion 0 and the end at the clock for the ops in flight
+    (with the cursor: not complete by then)."""
+    code = cats[rt.sig[idx]]  # category, async, hidden: see categories
+    hidden = code >= HIDDEN_BIT  # inner traffic is drawn as its outer op
+    if hidden.any():
+        keep = ~hidden
+        idx, code = idx[keep], code[keep]
+    now = win.now
+    begin = rt.begin[idx]
+    comp = rt.comp[idx]
+    if win.cursor_ns is not None:  # replay: the future has not happened yet
+        comp = np.where(comp > now, 0, comp)
+        visible = begin <= now
+        idx, code, begin, comp = idx[visible], code[visible], begin[visible], comp[visible]
+    inflight = comp == 0
+    stop = np.where(inflight, max(now, 1), comp) if inflight.any() else comp
+    return idx, code, begin, comp, inflight, stop
+
+
+def _position(rv: RankView, i: int) -> int:
+    """Where op ``i`` stands in the rank's begin order."""
+    p = int(np.searchsorted(rv.sb, rv.begin[i], side="left"))
+    order = rv.order_
+    while p < order.shape[0] and order[p] != i:  # (ties in begin: a few)
+        p += 1
+    return p
+
+
+def _paint_indexed(m: ModelLike, rv: RankView, rank: int, win: Window, cats: np.ndarray,
+                   spans: SpanIndex) -> tuple[np.ndarray, list[tuple[int, int, int, int, str]], int] | None:
+    """The overview of a whole window from the rank's span index (brought up to date with
+    ``rv`` here): (cells, label candidates, ops drawn), or None when the window holds too
+    few ops for an overview, or too few for the index to pay (``win.index_min_ops``).
+
+    The window's ops (``RankView.window``) are those beginning in it (positions [lo, hi) of
+    the begin order, counted by the index), those straddling its start and those in flight.
+    The index draws the completed ones of the first kind; the others, the selection and
+    (replay cursor) the ops not over by the cursor are drawn from the ops, as
+    ``_paint_overview`` draws any: the highest category of the two pictures is the one
+    ``_paint`` draws from all of them.  Labels: the spans wide enough, from both."""
+    t0, npc, w, now = win.t0, win.npc, win.width, win.now
+    t1 = t0 + w * npc
+    cursor = win.cursor_ns
+    sb, order = rv.sb, rv.order_
+    s0, i1 = np.searchsorted(sb, np.array([t0, t1], np.int64), side="left").tolist()
+    i0 = int(np.searchsorted(rv.pmax, t0, side="right"))
+    if cursor is not None:
+        i1 = min(i1, int(np.searchsorted(sb, now, side="right")))
+    lo = max(s0, i0)
+    hi = max(i1, lo)
+    if hi - lo < win.index_min_ops or spans.build_later():  # from the ops: no dearer, or no index yet
+        return None
+    spans.update(rv, cats)
+    parts = []  # ops of the window drawn from the ops
+    if i0 < s0:  # begun before the window, ending in it or in flight
+        early = order[i0:s0]
+        ends = rv.comp[early]
+        parts.append(early[(ends > t0) | (ends == 0)])
+    flight = [i for i in rv.open if rv.begin[i] < t1]
+    outside = [i for i in flight if not lo <= _position(rv, i) < hi]
+    if outside:
+        parts.append(np.array(outside, np.int64))
+    extra = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+    if extra.shape[0]:
+        extra = extra[np.argsort(rv.begin[extra], kind="stable")]
+        extra = _drawn(rv, extra, cats, win)[0]
+    count = spans.drawn(lo, hi) + extra.shape[0]
+    if count <= 4 * w:
+        return None
+    cells, rest = spans.cells(lo, hi, t0, npc, w, cursor)
+    parts = [extra, order[spans.in_flight(lo, hi)], *(order[p] for p in rest)]
+    if flight:
+        parts.append(np.array(flight, np.int64))
+    if win.sel and win.sel[0] == rank and 0 <= win.sel[1] < rv.n and lo <= _position(rv, win.sel[1]) < hi:
+        parts.append(np.array([win.sel[1]], np.int64))
+    slow = np.unique(np.concatenate(parts))
+    cands: list[tuple[int, int, int, int, str]] = []
+    if slow.shape[0]:
+        slow = slow[np.argsort(rv.begin[slow], kind="stable")]
+        idx, code, begin, _, inflight, stop = _drawn(rv, slow, cats, win)
+        if idx.shape[0]:
+            drawn, cands = _paint_overview(m, rv, rank, win, idx, code, begin, stop, inflight)
+            np.maximum(cells, drawn, out=cells)
+            slow = idx
+    wide = order[spans.wide(rv, cats, lo, hi, 7 * npc)]
+    if wide.shape[0]:
+        wide = wide[~np.isin(wide, slow)]
+        begin, stop = rv.begin[wide], rv.comp[wide]
+        c0 = np.minimum(np.maximum((begin - t0) // npc, -1), w)
+        c1 = np.minimum(np.maximum((stop - t0) // npc, -1), w)
+        for k in np.flatnonzero((c1 - c0) >= 8).tolist():
+            i = int(wide[k])
+            seq = int(rv.seq[i])
+            text = m.sigs[int(rv.sig[i])].op + (f" #{seq}" if seq >= 0 else "")
+            cands.append((int(begin[k]), i, max(int(c0[k]), 0), min(int(c1[k]), w - 1), text))
+        cands.sort(key=lambda c: (c[0], c[1]))
+    return cells, cands[:40], count
+
+
+def _paint_overview(m: ModelLike, rt: RankColumns, rank: int, win: Window, idx: np.ndarray, code: np.ndarray,
+                    begin: np.ndarray, stop: np.ndarray,
+                    inflight: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int, int, str]]]:
+    """Far zoomed out (several ops per cell): each op one span, the issue/wait breakdown
+    left out.  The same picture as the detailed path draws there, with the per-op work
+    done only on the few ops that need it: async ops (their span ends at wait_end),
+    in-flight ones (thresholds), the selection and spans wide enough for a label."""
+    t0, npc, w, now = win.t0, win.npc, win.width, win.now
+    approx = (rt.flags[idx] & APPROX) != 0
+    is_async = ((code & ASYNC_BIT) != 0) | approx
+    ai = np.flatnonzero(is_async)
+    end = stop
+    wb_a = we_a = None
+    if ai.shape[0]:
+        sub = idx[ai]
+        wb_a, we_a = rt.wb[sub], rt.we[sub]
+        if win.cursor_ns is not None:
+            wb_a = np.where(wb_a > now, 0, wb_a)
+            we_a = np.where(we_a > now, 0, we_a)
+        end = stop.copy()
+        end[ai] = np.where(wb_a > 0, np.where(we_a > 0, we_a, stop[ai]), stop[ai])
+    span_kind = code & CAT_MASK
+    starts, stops, kinds = [begin], [end], [span_kind]
+    fi = np.flatnonzero(inflight)
+    if fi.shape[0]:  # blocked too long: the part of the span past the thresholds
+        fa = is_async[fi]
+        wb_f = np.zeros(fi.shape[0], np.int64)
+        if ai.shape[0] and fa.any():
+            wb_f[fa] = wb_a[np.searchsorted(ai, fi[fa])]
+        blocked = ~fa | (wb_f > 0)
+        since = np.where(fa, wb_f, begin[fi])
+        for at, cat in ((since + max(win.hang_after_ns // 3, 1), palette.WARN), (since + win.hang_after_ns, palette.ERROR)):
+            mk = blocked & (at < now)
+            if mk.any():
+                starts.append(at[mk])
+                stops.append(stop[fi][mk])
+                kinds.append(np.full(int(mk.sum()), cat, np.int8))
+    if win.sel and win.sel[0] == rank:
+        one = np.flatnonzero(idx == win.sel[1])
+        if one.shape[0]:
+            j = int(one[0])
+            e = int(stop[j])
+            if is_async[j]:
+                i = int(idx[j])
+                ie = int(begin[j]) if approx[j] else (int(rt.end[i]) if rt.end[i] > 0 else int(begin[j]))
+                if win.cursor_ns is not None:
+                    ie = min(ie, e)
+                e = max(e, ie)
+            starts.append(begin[j:j + 1])
+            stops.append(np.array([e], np.int64))
+            kinds.append(np.array([palette.SELECTED], np.int8))
+    if len(starts) == 1:
+        cells = _cover(begin, end, span_kind, t0, npc, w)
+    else:
+        cells = _cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
+    return cells, _candidates(m, [(rt, idx)], begin, stop, None, win)[0]
+
+
+def paint_group(m: ModelLike, ranks: tuple[int, ...], win: Window, cats: np.ndarray | None = None,
+                spans: Mapping[int, SpanIndex] | None = None) -> list[Segment]:
+    """Collapsed rows: how many of the ranks are busy in each cell, as shades."""
+    w = win.width
+    if cats is None or cats.shape[0] < len(m.sigs):
+        cats = categories(m.sigs)
+    busy = np.zeros(w, np.int32)
+    worst = np.zeros(w, np.int8)
+    for r in ranks:
+        cells, _ = paint_rank(m, r, win, cats, None if spans is None else spans[r])
+        busy += cells >= palette.COLL
+        np.maximum(worst, np.where(cells >= palette.WARN, cells, 0), out=worst)
+    frac = busy / max(1, len(ranks))
+    level = np.where(busy > 0, np.maximum(1, np.round(frac * 4)), 0).astype(np.int8)
+    segs: list[Segment] = []
+    key = level * 16 + worst
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(key)) + 1))
+    ends = np.concatenate((starts[1:], [w]))
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        lv, wr = int(level[a]), int(worst[a])
+        style = palette.STYLE[wr] if wr else palette.STYLE[palette.COLL]
+        segs.append(Segment(palette.SHADES[lv] * (b - a), style))
+    return segs
+
+
+N_CATEGORIES = palette.SELECTED + 1
+_EMPTY: dict[int, np.ndarray] = {}  # read-only blank rows by width
+
+
+def _cover(a: np.ndarray, b: np.ndarray, cat: np.ndarray, t0: int, npc: int, w: int) -> np.ndarray:
+    """Per cell, the highest category among the intervals [a, b] that touch it.
+
+    One 2D bincount of interval starts and ends (+1) per category, a cumulative sum along
+    time, then the highest covered category: a handful of numpy calls whatever the number
+    of ops or categories.  Category numbers are their priorities.
+    """
+    if a.shape[0] <= 32:  # a few intervals: one slice each, low categories first, exact integers
+        cells = np.zeros(w, np.int8)
+        for c, x, y in sorted(zip(cat.tolist(), a.tolist(), b.tolist(), strict=True)):
+            c0, c1 = (x - t0) // npc, (y - t0) // npc
+            if c1 >= 0 and c0 < w:
+                cells[max(c0, 0):min(c1, w - 1) + 1] = c
+        return cells
+    # Cell numbers in float64: true division is several times faster than int64 floor
+    # division, and exact here.  A quotient q = (t - t0) / npc is correctly rounded, so its
+    # error is below q * 2**-53, smaller than the 1 / npc that separates a non-integer q from
+    # the next integer for every q that decides anything (|q| <= w, npc <= timeline.MAX_NPC): the
+    # comparisons and the truncation of non-negative values give what floor division gives.
+    fa = (a - t0) / npc  # subtract in int64 first: timestamps themselves do not fit a float exactly
+    fb = (b - t0) / npc
+    if fb.min() < 0 or fa.max() >= w:  # (two reductions: cheaper than a mask when all are in view)
+        ok = (fb >= 0) & (fa < w)
+        fa, fb, cat = fa[ok], fb[ok], cat[ok]
+    # one flat index per (category, cell): category * (w + 1) + cell, built in place
+    k = np.multiply(cat, w + 1, dtype=np.int64)
+    np.maximum(fa, 0, out=fa)
+    c0 = fa.astype(np.int64)  # truncate first: adding k to the float could round a cell up
+    c0 += k
+    np.minimum(fb, w - 1, out=fb)
+    c1 = fb.astype(np.int64)
+    c1 += k
+    c1 += 1
+    n = N_CATEGORIES * (w + 1)
+    starts = np.bincount(c0, minlength=n)
+    diff = starts - np.bincount(c1, minlength=n)
+    cov = diff.reshape(N_CATEGORIES, w + 1)[:, :w].cumsum(axis=1) > 0
+    cells = np.zeros(w, np.int8)
+    present = starts.reshape(N_CATEGORIES, w + 1).any(axis=1)  # every drawn interval has a start
+    for c in np.flatnonzero(present).tolist():  # few, low to high
+        cells[cov[c]] = c
+    return cells
+
+
+def _cover_rows(a: np.ndarray, b: np.ndarray, cat: np.ndarray, row: np.ndarray, rows: int,
+                t0: int, npc: int, w: int) -> np.ndarray:
+    """``_cover`` for several rows at once (``row``: each interval's), as (rows, w) cells."""
+    fa = (a - t0) / npc  # (exact: see _cover)
+    fb = (b - t0) / npc
+    if fb.min() < 0 or fa.max() >= w:
+        ok = (fb >= 0) & (fa < w)
+        fa, fb, cat, row = fa[ok], fb[ok], cat[ok], row[ok]
+    k = np.multiply(row, N_CATEGORIES, dtype=np.int64)
+    k += cat
+    k *= w + 1
+    np.maximum(fa, 0, out=fa)
+    c0 = fa.astype(np.int64)
+    c0 += k
+    np.minimum(fb, w - 1, out=fb)
+    c1 = fb.astype(np.int64)
+    c1 += k
+    c1 += 1
+    n = rows * N_CATEGORIES * (w + 1)
+    diff = np.bincount(c0, minlength=n) - np.bincount(c1, minlength=n)
+    cov = diff.reshape(rows, N_CATEGORIES, w + 1)[:, :, :w].cumsum(axis=2) > 0
+    top = N_CATEGORIES - 1 - cov[:, ::-1, :].argmax(axis=1)  # the highest category covering each cell
+    return np.where(cov.any(axis=1), top, 0).astype(np.int8)
+
+
+@lru_cache(maxsize=4096)
+def _run(cat: int, n: int) -> Segment:
+    """A run of ``n`` cells of one category (rows repeat the same few: made once).  A pure
+    function of two small ints called for every run of every row painted: the stdlib's
+    C-implemented cache suits it better than ``textual.cache.LRUCache``."""
+    return Segment(palette.GLYPH[cat] * n, palette.STYLE[cat])
+
+
+def _segments(cells: np.ndarray, labels: list[tuple[int, int, str, int]]) -> list[Segment]:
+    """Run-length encode the cells into segments, with labels written over wide spans."""
+    w = cells.shape[0]
+    segs: list[Segment] = []
+    label_at = {a: (n, text, cat) for a, n, text, cat in labels}
+    keys = sorted(label_at)
+    starts = np.concatenate(([0], np.flatnonzero(cells[1:] != cells[:-1]) + 1)).tolist()
+    ends = starts[1:] + [w]
+    cats = cells[starts].tolist()
+    if not keys:
+        return [_run(c, b - a) for a, b, c in zip(starts, ends, cats, strict=True)]
+    for a, b, cat in zip(starts, ends, cats, strict=True):
+        x = a
+        while x < b:
+            k = bisect_left(keys, x)
+            lab = keys[k] if k < len(keys) and keys[k] < b else None
+            if lab is None:
+                segs.append(_run(cat, b - x))
+                break
+            if lab > x:
+                segs.append(_run(cat, lab - x))
+            n, text, lcat = label_at[lab]
+            n = min(n, b - lab)
+            segs.append(Segment(text[:n], palette.LABEL_STYLE.get(cat, palette.LABEL_STYLE[palette.COLL])))
+            x = lab + n
+    return segs
