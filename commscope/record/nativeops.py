@@ -236,7 +236,7 @@ def install_native(source: NativeOps) -> None:
     patch.activate(source)
 
 
-def _annotate(m: Any, module: Any, names: tuple[str, ...]) -> None:
+def _annotate(m: ModuleType, module: ModuleType, names: tuple[str, ...]) -> None:
     if patch.ACTIVE is None and not patch.installed():
         return  # uninstalled meanwhile
     for name in names:
@@ -245,7 +245,7 @@ def _annotate(m: Any, module: Any, names: tuple[str, ...]) -> None:
             patch.replace(module, name, _native_wrapper(m, patch.unwrap(orig), -1, m.KIND_ANNOTATE, False))
 
 
-def _native_wrapper(m: Any, orig: Any, name_id: int, kind: int, async_hint: bool) -> Any:
+def _native_wrapper(m: ModuleType, orig: Any, name_id: int, kind: int, async_hint: bool) -> Any:
     w = m.Wrapper(orig, name_id, kind, async_hint)
     functools.update_wrapper(w, orig)
     return w
@@ -287,7 +287,7 @@ def _native_rich_wrapper(source: NativeOps, name: str, orig: Any, extract: Any) 
     return patch.wrapped(wrapper, orig)
 
 
-def _exit_raised(m: Any, op_id: int, exc: BaseException) -> None:
+def _exit_raised(m: ModuleType, op_id: int, exc: BaseException) -> None:
     """Record that a call raised; whatever happens here, the caller re-raises ``exc``."""
     try:
         m.exit(op_id, fmt_exc(exc))
