@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import ast
 import inspect
-import re
 from pathlib import Path
+
+from trace_helpers import missing_members, protocol_members
 
 from commscope.record.nativeops import NativeOps
 from commscope.record.opsource import OpSource
@@ -15,17 +16,11 @@ from commscope.record.pyhot import PythonOps
 RECORDER = Path(__file__).resolve().parent.parent / "commscope" / "record" / "recorder.py"
 
 
-def _members(proto: type) -> set[str]:
-    names = {n for n, v in vars(proto).items() if inspect.isfunction(v) and not n.startswith("_")}
-    return names | set(proto.__annotations__)
-
-
 def test_both_sources_have_every_member_the_protocol_names():
-    members = _members(OpSource)
+    members = protocol_members(OpSource)
     assert {"install", "collect", "request_settle", "spools", "rec"} <= members
     for source in (NativeOps, PythonOps):
-        init = inspect.getsource(source.__init__)
-        missing = {n for n in members if not hasattr(source, n) and not re.search(rf"self\.{n}\b\s*[:=]", init)}
+        missing = missing_members(source, OpSource)
         assert not missing, (source.__name__, missing)
         for name in members:
             proto_fn, fn = vars(OpSource).get(name), getattr(source, name, None)
@@ -40,5 +35,5 @@ def test_the_recorder_asks_its_source_only_for_what_the_protocol_names():
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "ops":
             asked.add(node.attr)
     assert {"install", "collect", "request_settle"} <= asked
-    assert asked <= _members(OpSource), asked - _members(OpSource)
+    assert asked <= protocol_members(OpSource), asked - protocol_members(OpSource)
     assert "hasattr(self.ops" not in RECORDER.read_text()

@@ -4,10 +4,10 @@ what is shown or recorded."""
 
 from __future__ import annotations
 
-import inspect
-import re
 import subprocess
 import sys
+
+from trace_helpers import missing_members, protocol_members
 
 from commscope.store import redact_store
 from commscope.store.base import StoreWriter
@@ -15,18 +15,11 @@ from commscope.store.directory import DirectoryWriter
 from commscope.store.redis_store import RedisWriter
 
 
-def _members(proto: type) -> set[str]:
-    names = {n for n, v in vars(proto).items() if (inspect.isfunction(v) or isinstance(v, property))
-             and not n.startswith("_")}
-    return names | set(proto.__annotations__)
-
-
 def test_every_writer_has_what_the_recorder_asks_of_it():
-    members = _members(StoreWriter)
+    members = protocol_members(StoreWriter)
     assert {"write", "close", "job", "stored", "first_event", "crash_dir"} <= members
     for writer in (DirectoryWriter, RedisWriter):
-        init = inspect.getsource(writer.__init__)
-        missing = {n for n in members if not hasattr(writer, n) and not re.search(rf"self\.{n}\b\s*[:=]", init)}
+        missing = missing_members(writer, StoreWriter)
         assert not missing, (writer.__name__, missing)
 
 

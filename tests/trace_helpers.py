@@ -36,3 +36,22 @@ def ops(events: list[dict], rank: int | None = None) -> list[dict]:
 
 def of_type(events: list[dict], typ: str, rank: int | None = None) -> list[dict]:
     return [e for e in events if e["type"] == typ and (rank is None or e["rank"] == rank)]
+
+
+def protocol_members(proto: type) -> set[str]:
+    """The public members a ``typing.Protocol`` names: methods, properties, attributes."""
+    import inspect
+
+    names = {n for n, v in vars(proto).items() if (inspect.isfunction(v) or isinstance(v, property))
+             and not n.startswith("_")}
+    return names | set(proto.__annotations__)
+
+
+def missing_members(cls: type, proto: type) -> set[str]:
+    """Members of ``proto`` that ``cls`` neither defines nor sets in ``__init__``."""
+    import inspect
+    import re
+
+    init = inspect.getsource(cls.__init__)
+    return {n for n in protocol_members(proto)
+            if not hasattr(cls, n) and not re.search(rf"self\.{n}\b\s*[:=]", init)}
