@@ -32,13 +32,29 @@ import base64
 import binascii
 import struct
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import msgspec
+import numpy as np
 import orjson
 
 from commscope import dtypes, optable, schema
 from commscope.events import Decoded, signature_key
+from commscope.oprecords import (
+    F_APPROX,
+    F_GPU,
+    F_SOURCE,
+    PH_BEGIN,
+    PH_DONE,
+    PH_END,
+    PH_WAIT_BEGIN,
+    PH_WAIT_END,
+    OpRecords,
+    Static,
+    concat,
+    merged,
+)
 from commscope.redact import mask, redact
 from commscope.schema import MAX_INT, SCHEMA_VERSION
 
@@ -157,14 +173,6 @@ def count_records(data: bytes) -> int:
     return n
 
 
-class StaticBegin(NamedTuple):
-    """What a begin record's repeating part decodes to (``BlockDecoder._static_of``)."""
-
-    fields: dict  # the op event's fields but ts/id/seq/parent/tid
-    sk: int  # their signature key (``events.signature_key``)
-    any_source_gid: int | None  # an any-source recv's group id: its peer comes with a SOURCE record
-
-
 class GroupEntry(NamedTuple):
     """A group as a rank's ``group`` event describes it, by the id its blocks use."""
 
@@ -172,10 +180,36 @@ class GroupEntry(NamedTuple):
     granks: list[int] | None  # global ranks by group rank; None when the event had none (or bad ones)
 
 
-class BlockDecoder:
-    """Unpacks one stream's blocks into op events; keeps that stream's site and group tables."""
+#: A GROUP record's member count that says runs follow: (start, stride, length) triples
+#: (``pack_group``), so a group of 16k ranks restated in every block costs 12 bytes, not 64k.
+RUNS = -2
+#: The most members one decoder expands out of runs in all (a run of 12 bytes may name
+#: millions): a hostile trace cannot make a reader allocate past it.
+MAX_RUN_MEMBERS = 1 << 24
+_TYPE_LEN = struct.Struct("<BxxxI")
+_NO_STATIC = -1  # sid -> static index: not defined
+_BAD_STATIC = -2  # defined, but its fields are invalid: every record of it is invalid
+
+
+class _Walk:
+    """The op records of a run of blocks, gathered while walking them (``BlockDecoder``)."""
+
+    __slots__ = ("bufs", "offs", "where", "base", "dups")
 
     def __init__(self) -> None:
+        self.bufs: list[bytes] = []
+        self.offs: list[int] = []  # offsets of op records in the joined buffers
+        self.where: list[tuple[int, int]] = []  # (records so far, event position) per block
+        self.base = 0
+        self.dups = 0
+
+
+class BlockDecoder:
+    """Decodes one stream's blocks into ``OpRecords`` columns; keeps that stream's tables
+    (signatures, sites, groups, op names, dtypes) and the ring position read up to."""
+
+    def __init__(self, rank: int = 0) -> None:
+        self.rank = rank
         self.seen_end = 0  # ring position after the last record decoded (version 3 blocks)
         self.duplicates = 0  # records skipped because an earlier block held them
         self.sites: dict[int, str] = {}
@@ -184,50 +218,86 @@ class BlockDecoder:
         self.dtypes: list[str] = [dtypes.torch_name(n) for n in dtypes.CODES]
         self.c10d_names = [n for _, n in C10D_OPS]
         self.invalid: Counter = Counter()  # records (or whole blocks) that could not be decoded, by reason
-        self._static: dict[bytes, StaticBegin | bool] = {}  # begin's static bytes -> decoded, False: invalid
+        #: Every distinct begin decoded so far (``OpRecords.static`` indexes it; only grows)
+        self.statics: list[Static] = []
+        self._static_at: dict[bytes, int] = {}  # a begin's static bytes (or fragment key) -> index, _BAD_STATIC
+        self._sigs: dict[int, bytes] = {}  # signature id -> its SIG record
+        self._sid = np.full(64, _NO_STATIC, np.int32)  # signature id -> static index (or _NO_*/_BAD_)
+        self._in_effect: set[bytes] = set()  # table records restating only what is known: skipped
         self._gid_of_id: dict[int, int] = {}  # any-source recvs waiting for their source
-        self._sigs: dict[int, tuple[int, int, bytes]] = {}  # signature id -> (flags, aux, its body)
-        self._by_sig: dict[int, StaticBegin | bool] = {}  # signature id -> decoded (see _static_of)
+        self._run_members = 0
 
     # -- tables, from the rank's other events
-    def note(self, ev: dict) -> None:
-        """Learn from a non-block event of this rank (site, group, meta)."""
+    def note(self, ev: dict) -> bool:
+        """Learn from a non-block event of this rank (site, group, meta); whether the tables
+        changed (begins decoded before must then be resolved first: ``decode`` does)."""
         typ = ev.get("type")
         if typ == SITE:
             sid, text = ev.get("sid"), ev.get("text")
-            if isinstance(sid, int) and isinstance(text, str):
+            if isinstance(sid, int) and isinstance(text, str) and self.sites.get(sid) != text:
                 self.sites[sid] = text
+                self._forget()
+                return True
         elif typ == "group":
             gid = ev.get("gid")
             if isinstance(gid, int):
                 granks = ev.get("granks")
                 ok = isinstance(granks, list) and all(isinstance(r, int) for r in granks)
-                self.groups[gid] = GroupEntry(str(ev.get("group")), list(granks) if ok else None)
-                self._static.clear()  # peers and roots may now resolve to global ranks
-                self._by_sig.clear()
+                entry = GroupEntry(str(ev.get("group")), list(granks) if ok else None)
+                if self.groups.get(gid) != entry:
+                    self.groups[gid] = entry
+                    self._forget()  # peers and roots may now resolve to global ranks
+                    return True
         elif typ == "meta":
+            changed = False
             names = ev.get("names")
-            if isinstance(names, list) and all(isinstance(x, str) for x in names):
+            if isinstance(names, list) and all(isinstance(x, str) for x in names) and names != self.names:
                 self.names = names
+                changed = True
             codes = ev.get("dtypes")
             if isinstance(codes, list) and all(isinstance(x, str) for x in codes):
-                self.dtypes = [dtypes.torch_name(x) for x in codes]
+                table = [dtypes.torch_name(x) for x in codes]
+                if table != self.dtypes:
+                    self.dtypes = table
+                    changed = True
+            if changed:
+                self._forget()
+            return changed
+        return False
 
-    def _table(self, typ: int, raw: bytes, body: int, end: int, flags: int, aux: int, key: int, ev: dict,
-               out: list[dict]) -> None:
-        """A table record: remembered (a restatement that changes nothing costs a compare)."""
+    def _forget(self) -> None:
+        """The tables changed: begins decode anew (what they decoded to may differ now)."""
+        self._static_at.clear()
+        self._sid[:] = _NO_STATIC
+        self._in_effect.clear()
+
+    def _table(self, typ: int, raw: bytes, off: int, length: int, events: list[dict], ts: int,
+               before: Callable[[], None]) -> None:
+        """A table record: remembered, ``before()`` called first when it changes what begins
+        decode to (a restatement that changes nothing costs a compare)."""
+        _t, flags, aux, _len, _ts, key = HEADER.unpack_from(raw, off)
+        if key > MAX_INT:
+            return
+        body, end = off + HEADER.size, off + length
         if typ == SIG:
-            rec = (flags, aux, raw[body:end])
-            if self._sigs.get(key) != rec and (key in self._sigs or len(self._sigs) < 200_000):
-                self._sigs[key] = rec
-                self._by_sig.pop(key, None)
+            rec = raw[off:end]
+            old = self._sigs.get(key)
+            if old == rec or (old is None and len(self._sigs) >= 200_000):
+                return
+            if old is not None:
+                before()  # begins of the old signature resolve with it
+                self._in_effect.discard(old)
+            self._sigs[key] = rec
+            if key < self._sid.shape[0]:
+                self._sid[key] = _NO_STATIC
         elif typ == SITE_REC:
             n = _U16.unpack_from(raw, body)[0]
             text = redact(raw[body + 2:body + 2 + n].decode("utf-8", "replace"))
-            if self.sites.get(key) != text and (key in self.sites or len(self.sites) < 200_000):
-                self.sites[key] = text
-                self._static.clear()  # decoded begins carry the text
-                self._by_sig.clear()
+            if self.sites.get(key) == text or (key not in self.sites and len(self.sites) >= 200_000):
+                return
+            before()
+            self.sites[key] = text
+            self._forget()  # decoded begins carry the text
         elif typ == GROUP_REC:
             n = _U16.unpack_from(raw, body)[0]
             name = raw[body + 2:body + 2 + n].decode("utf-8", "replace")
@@ -236,7 +306,11 @@ class BlockDecoder:
             backend = raw[pos + 2:pos + 2 + nb].decode("utf-8", "replace")
             pos += 2 + nb
             count = struct.unpack_from("<i", raw, pos)[0]
-            granks = list(struct.unpack_from(f"<{count}i", raw, pos + 4)) if 0 <= count <= (end - pos - 4) // 4 else None
+            if count == RUNS:
+                granks = self._runs(raw, pos + 4, end)
+            else:
+                granks = list(struct.unpack_from(f"<{count}i", raw, pos + 4)) if 0 <= count <= (end - pos - 4) // 4 \
+                    else None
             if granks is not None and any(not 0 <= r <= schema.MAX_RANK for r in granks):
                 raise ValueError("group ranks")
             if len(name) > schema.MAX_NAME or len(backend) > schema.MAX_NAME:
@@ -244,134 +318,281 @@ class BlockDecoder:
             entry = GroupEntry(name, granks)
             if self.groups.get(key) == entry or (key not in self.groups and len(self.groups) >= 100_000):
                 return
+            before()
             self.groups[key] = entry
-            self._static.clear()  # peers and roots may now resolve to global ranks
-            self._by_sig.clear()
-            group = {"type": "group", "ts": ev.get("ts", 0), "group": name, "gid": key}
+            self._forget()  # peers and roots may now resolve to global ranks
+            group = {"type": "group", "ts": ts, "group": name, "gid": key}
             if granks is not None:
                 group["granks"] = granks
             if backend:
                 group["backend"] = backend
-            out.append(group)  # the model learns the group's members from it
+            group["v"] = SCHEMA_VERSION
+            group["rank"] = self.rank
+            events.append(group)  # the model learns the group's members from it
 
-    # -- blocks
-    def expand(self, ev: dict) -> list[dict]:
-        """The op events of one ``block`` event; what cannot be decoded is counted in ``invalid``."""
-        rank, data = ev.get("rank"), ev.get("data")
-        try:
-            raw = base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError, TypeError):
-            self.invalid["block: not base64"] += 1
-            return []
-        out: list[dict] = []
-        off, size = 0, len(raw)
-        append = out.append
-        unpack_header = HEADER.unpack_from
-        invalid = self.invalid
-        # Ring positions (version 3): records below seen_end were decoded from an earlier block.
-        pos = ev.get("pos")
-        skip_below = self.seen_end if isinstance(pos, int) else -1
-        if isinstance(pos, int) and isinstance(ev.get("end"), int):
-            self.seen_end = max(self.seen_end, ev["end"])
-        while off + HEADER.size <= size:
-            typ, flags, aux, length, ts, op_id = unpack_header(raw, off)
-            if length < HEADER.size or off + length > size:
-                invalid["block: truncated record"] += 1
-                break
-            off += length
-            body = off - length + HEADER.size
-            if typ in TABLE_RECORDS:
-                try:
-                    if op_id <= MAX_INT:
-                        self._table(typ, raw, body, off, flags, aux, op_id, ev, out)
-                except (struct.error, ValueError):
-                    invalid["block: bad table record"] += 1
-                continue
-            if skip_below >= 0:
-                at = pos
-                pos += length
-                if at < skip_below:
-                    self.duplicates += 1
-                    continue
-            if not (0 <= ts <= MAX_INT and op_id <= MAX_INT):
-                invalid["block: bad record"] += 1
-                continue
-            try:
-                if typ in (END, WAIT_END):
-                    e = {"type": "op", "ts": ts, "phase": "end" if typ == END else "wait_end", "id": op_id}
-                    if flags & FLAG_ERROR:
-                        n = _U16.unpack_from(raw, body)[0]
-                        e["exc"] = redact(raw[body + 2:body + 2 + n].decode("utf-8", "replace")) or "error"
-                    if flags & FLAG_APPROX:
-                        e["approx"] = True
-                elif typ == BEGIN_SIG:
-                    e = self._sig_begin(raw, body, ts, op_id)
-                elif typ == BEGIN:
-                    e = self._begin(raw, body, off, ts, op_id, flags, aux)
-                elif typ == WAIT_BEGIN:
-                    e = {"type": "op", "ts": ts, "phase": "wait_begin", "id": op_id}
-                elif typ == DONE:
-                    e = {"type": "op", "ts": ts, "phase": "done", "id": op_id}
-                    gpu = DONE_BODY.unpack_from(raw, body)[0]
-                    if 0 <= gpu <= MAX_INT:
-                        e["gpu_ns"] = gpu
-                    if flags & FLAG_ERROR:
-                        e["exc"] = "the device reported an error"
-                elif typ == RBEGIN:
-                    e = self._rbegin(raw, body, ts, op_id, aux, rank)
-                elif typ == SOURCE:
-                    peer, seq = SOURCE_BODY.unpack_from(raw, body)
-                    e = {"type": "op", "ts": ts, "phase": "end", "id": op_id}
-                    src = self._global(self._gid_of_id.get(op_id, -1), peer)
-                    if src is not None:
-                        e["peer"] = src
-                        if 0 <= seq <= MAX_INT:
-                            e["seq"] = seq
-                else:
-                    e = None
-                    invalid["block: unknown record"] += 1
-                if e is None:
-                    continue
-            except (struct.error, ValueError, msgspec.ValidationError, msgspec.DecodeError, IndexError, KeyError):
-                e = None
-                invalid["block: bad record"] += 1
-            if e is not None:
-                append(e)
-        for e in out:
-            e["v"] = SCHEMA_VERSION
-            e["rank"] = rank
+    def _runs(self, raw: bytes, pos: int, end: int) -> list[int]:
+        """Members given as runs (``RUNS``): i32 count, then (start, stride, length) each."""
+        nruns = struct.unpack_from("<i", raw, pos)[0]
+        if not 0 <= nruns <= (end - pos - 4) // 12:
+            raise ValueError("group runs")
+        out: list[int] = []
+        for start, stride, length in struct.iter_unpack("<iii", raw[pos + 4:pos + 4 + 12 * nruns]):
+            if length < 0 or self._run_members + len(out) + length > MAX_RUN_MEMBERS:
+                raise ValueError("group runs")
+            out.extend(range(start, start + stride * length, stride) if stride else [start] * length)
+        self._run_members += len(out)
         return out
 
-    def _sig_begin(self, raw: bytes, body: int, ts: int, op_id: int) -> dict:
-        sid, seq, parent, tid = SIG_BEGIN_BODY.unpack_from(raw, body)
-        hit = self._by_sig.get(sid)
-        if hit is None:
-            sig = self._sigs.get(sid)
-            if sig is None:
-                raise KeyError("unknown signature")  # its SIG record was lost (a trimmed stream)
-            flags, aux, static = sig
-            # a SIG body is a BeginBody (tid, parent and seq left out) followed by the tensors
-            hit = self._by_sig[sid] = self._static_of(static, 0, len(static), flags, aux)
-        return self._begin_event(hit, ts, op_id, seq, parent, tid)
+    # -- blocks
+    def decode(self, events: list[dict], out: list[dict], where: bool = False) -> OpRecords | None:
+        """The op records of the ``block`` events among ``events`` (one stream's, in order)
+        as columns; every other event goes to ``out`` in order (``site`` events only teach
+        tables), and so do the ``group`` events that GROUP records define.  ``where``: note
+        each record's place among ``out`` (``OpRecords.where``).  What cannot be decoded is
+        counted in ``invalid``."""
+        parts: list[OpRecords] = []
+        walk = _Walk()
+        for ev in events:
+            typ = ev.get("type")
+            if typ == BLOCK:
+                self._walk(ev, walk, parts, out)
+                continue
+            if typ in (SITE, "group", "meta") and ("gid" in ev or "names" in ev or "dtypes" in ev or typ == SITE):
+                if walk.offs:
+                    self._flush(walk, parts)
+                self.note(ev)
+                if typ == SITE:
+                    continue
+            out.append(ev)
+        self._flush(walk, parts)
+        if not parts:
+            return None
+        ops = concat(parts)
+        if not where:
+            ops.where = None
+        return ops
 
-    def _begin_event(self, hit: StaticBegin | bool, ts: int, op_id: int, seq: int, parent: int, tid: int) -> dict:
-        """The op event of a begin record: its static fields (``_static_of``) and what differs
-        per call (``seq`` < 0: none; ``parent`` 0: none)."""
-        if hit is False:
-            raise ValueError("invalid begin fields")
-        if seq > MAX_INT or parent > MAX_INT:
-            raise ValueError("bad begin record")
-        e = {"type": "op", "ts": ts, "phase": "begin", "id": op_id}
-        if seq >= 0:
-            e["seq"] = seq
-        if parent:
-            e["parent"] = parent
-        e.update(hit.fields)
-        e["tid"] = tid
-        e["sk"] = hit.sk
-        if hit.any_source_gid is not None:
-            self._note_any_source(op_id, hit.any_source_gid)
-        return e
+    def _walk(self, ev: dict, walk: _Walk, parts: list[OpRecords], out: list[dict]) -> None:
+        """Gather one block's op records into ``walk``; its table records take effect in
+        order (what was gathered before a change is resolved first, with the old tables)."""
+        try:
+            raw = base64.b64decode(ev.get("data"), validate=True)
+        except (binascii.Error, ValueError, TypeError):
+            self.invalid["block: not base64"] += 1
+            return
+        # Ring positions (version 3): records below seen_end were decoded from an earlier block.
+        pos = ev.get("pos")
+        skip_below = self.seen_end if isinstance(pos, int) and pos < self.seen_end else -1
+        if isinstance(pos, int) and isinstance(ev.get("end"), int):
+            self.seen_end = max(self.seen_end, ev["end"])
+        size = len(raw)
+        walk.bufs.append(raw)
+        walk.where.append((len(walk.offs), len(out)))
+        walk.base += size
+        base = walk.base - size
+        append = walk.offs.append
+        type_len = _TYPE_LEN.unpack_from
+        in_effect = self._in_effect
+        ts = ev.get("ts", 0)
+
+        def before() -> None:  # a table changes: what came before resolves with the old one
+            if walk.offs:
+                self._flush(walk, parts, carry=raw)
+
+        off = 0
+        while off + 24 <= size:
+            typ, length = type_len(raw, off)
+            if length < 24 or off + length > size:
+                self.invalid["block: truncated record"] += 1
+                break
+            if typ in TABLE_RECORDS:
+                rec = raw[off:off + length]
+                if rec not in in_effect:
+                    try:
+                        self._table(typ, raw, off, length, out, ts, before)
+                        in_effect.add(rec)
+                    except (struct.error, ValueError):
+                        self.invalid["block: bad table record"] += 1
+                    base = walk.base - size
+            elif skip_below >= 0 and pos < skip_below:
+                self.duplicates += 1
+                pos += length
+            else:
+                append(base + off)
+                if skip_below >= 0:
+                    pos += length
+            off += length
+        # the block's records come after the groups its table records defined
+        walk.where[-1] = (walk.where[-1][0], len(out))
+
+    def _flush(self, walk: _Walk, parts: list[OpRecords], carry: bytes | None = None) -> None:
+        """Resolve what ``walk`` gathered into a part.  ``carry``: the block being walked
+        goes on (its buffer starts the next walk, so the offsets gathered next stay valid)."""
+        if walk.offs:
+            buf = walk.bufs[0] if len(walk.bufs) == 1 else b"".join(walk.bufs)
+            part = self._resolve(buf, np.array(walk.offs, np.int64), walk.where)
+            if part is not None:
+                parts.append(part)
+        at = walk.where[-1][1] if walk.where else 0
+        walk.bufs.clear()
+        walk.offs.clear()
+        walk.where.clear()
+        walk.base = 0
+        if carry is not None:
+            walk.bufs.append(carry)
+            walk.where.append((0, at))
+            walk.base = len(carry)
+
+    # -- columns
+    def _resolve(self, buf: bytes, offs: np.ndarray, where: list[tuple[int, int]]) -> OpRecords | None:
+        """The records at ``offs`` of ``buf`` as columns: fixed fields gathered at once,
+        begins mapped to statics through their signature ids; the rare records (self-
+        contained or JSON-described begins, errors, sources) one by one."""
+        k = offs.shape[0]
+        u8 = np.frombuffer(buf, np.uint8)
+        typ = u8[offs]
+        rflags = u8[offs + 1]
+        ts = _gather(u8, offs + 8, "<i8")
+        ids = _gather(u8, offs + 16, "<u8")
+        lens = _gather(u8, offs + 4, "<u4")
+        phase = np.full(k, -1, np.int8)
+        static = np.full(k, -1, np.int32)
+        seq = np.full(k, -1, np.int64)
+        parent = np.full(k, -1, np.int64)
+        tid = np.zeros(k, np.uint64)
+        peer = np.full(k, -1, np.int32)
+        gpu = np.zeros(k, np.int64)
+        flags = np.zeros(k, np.uint8)
+        exc: dict[int, str] = {}
+        ok = (ts >= 0) & (ts <= MAX_INT) & (ids <= MAX_INT)
+        ids = ids.astype(np.int64)
+        # fixed-size phases (an END's text is read only when it says it has one)
+        for code, ph, need in ((END, PH_END, 24), (WAIT_BEGIN, PH_WAIT_BEGIN, 24), (WAIT_END, PH_WAIT_END, 24),
+                               (DONE, PH_DONE, HEADER.size + DONE_BODY.size)):
+            m = (typ == code) & ok
+            if m.any():
+                phase[m & (lens >= need)] = ph
+        flags[(phase == PH_END) & ((rflags & FLAG_APPROX) != 0)] |= F_APPROX
+        errs = np.flatnonzero(((phase == PH_END) | (phase == PH_WAIT_END)) & ((rflags & FLAG_ERROR) != 0))
+        for row in errs.tolist():
+            o, room = int(offs[row]) + HEADER.size, int(lens[row]) - HEADER.size - 2
+            if room < 0:
+                phase[row] = -1  # says it has a text, and has no room for one
+                continue
+            n = min(int.from_bytes(buf[o:o + 2], "little"), room)
+            exc[row] = redact(buf[o + 2:o + 2 + n].decode("utf-8", "replace")) or "error"
+        done = phase == PH_DONE
+        if done.any():
+            rows = np.flatnonzero(done)
+            g = _gather(u8, offs[rows] + HEADER.size, "<i8")
+            good = (g >= 0) & (g <= MAX_INT)
+            gpu[rows[good]] = g[good]
+            flags[rows[good]] |= F_GPU
+            for row in np.flatnonzero(done & ((rflags & FLAG_ERROR) != 0)).tolist():
+                exc[row] = "the device reported an error"
+        # begins through a signature: the common case, all at once
+        sigm = (typ == BEGIN_SIG) & ok & (lens >= HEADER.size + SIG_BEGIN_BODY.size)
+        if sigm.any():
+            rows = np.flatnonzero(sigm)
+            body = offs[rows] + HEADER.size
+            sid = _gather(u8, body, "<u4").astype(np.int64)
+            sq = _gather(u8, body + 4, "<i8")
+            par = _gather(u8, body + 12, "<u8")
+            st = self._statics_of(sid)
+            good = (st >= 0) & (sq <= MAX_INT) & (par <= MAX_INT)
+            rows, st, sq, par = rows[good], st[good], sq[good], par[good]
+            phase[rows] = PH_BEGIN
+            static[rows] = st
+            seq[rows] = np.where(sq >= 0, sq, -1)
+            parent[rows] = np.where(par == 0, -1, par.astype(np.int64))
+            tid[rows] = _gather(u8, offs[rows] + HEADER.size + 20, "<u8")
+            peer[rows] = self._peers(st)
+            if self._any_source_rows(st):
+                for row, s in zip(rows.tolist(), st.tolist(), strict=True):
+                    gid = self.statics[s].any_source_gid
+                    if gid is not None:
+                        self._note_any_source(int(ids[row]), gid)
+        # the rare records, one by one
+        rare = np.flatnonzero(ok & ((typ == BEGIN) | (typ == RBEGIN) | (typ == SOURCE)))
+        for row in rare.tolist():
+            o = int(offs[row])
+            r_typ, r_flags, aux, length, r_ts, op_id = HEADER.unpack_from(buf, o)
+            body = o + HEADER.size
+            try:
+                if r_typ == SOURCE:
+                    p, s = SOURCE_BODY.unpack_from(buf, body)
+                    phase[row] = PH_END
+                    src = self._global(self._gid_of_id.get(op_id, -1), p)
+                    if src is not None:
+                        peer[row] = src
+                        flags[row] |= F_SOURCE
+                        if 0 <= s <= MAX_INT:
+                            seq[row] = s
+                    continue
+                if r_typ == BEGIN:
+                    t, par, s, st = self._begin(buf, body, o + length, flags=r_flags, aux=aux)
+                else:
+                    t, par, s, st = self._rbegin(buf, body, o + length, aux)
+                if par > MAX_INT or s > MAX_INT:
+                    raise ValueError("bad begin record")
+                phase[row] = PH_BEGIN
+                static[row] = st
+                seq[row] = s if s >= 0 else -1
+                parent[row] = par if par else -1
+                tid[row] = t
+                peer[row] = self.statics[st].peer
+                gid = self.statics[st].any_source_gid
+                if gid is not None:
+                    self._note_any_source(op_id, gid)
+            except (struct.error, ValueError, msgspec.ValidationError, msgspec.DecodeError, IndexError, KeyError,
+                    orjson.JSONDecodeError):
+                phase[row] = -1
+        unknown = ok & (phase < 0) & ~np.isin(typ, _KNOWN)
+        n_unknown = int(np.count_nonzero(unknown))
+        if n_unknown:
+            self.invalid["block: unknown record"] += n_unknown
+        bad = int(k - np.count_nonzero(phase >= 0)) - n_unknown
+        if bad:
+            self.invalid["block: bad record"] += bad
+        keep = np.flatnonzero(phase >= 0)
+        if not keep.shape[0]:
+            return None
+        counts = np.diff(np.array([w for w, _ in where] + [k], np.int64))
+        at = np.repeat(np.array([p for _, p in where], np.int64), counts)
+        ops = OpRecords(self.rank, phase, ts, ids, static, seq, parent, tid, peer, gpu, flags, exc, self.statics, at)
+        return ops if keep.shape[0] == k else ops.take(keep)
+
+    def _statics_of(self, sid: np.ndarray) -> np.ndarray:
+        """Static indices of signature ids (decoding each new one once); <0: unknown, invalid."""
+        out = np.full(sid.shape[0], _NO_STATIC, np.int32)
+        inside = (sid >= 0) & (sid < self._sid.shape[0])
+        out[inside] = self._sid[sid[inside]]
+        missing = np.flatnonzero(out == _NO_STATIC)
+        if missing.shape[0]:
+            for s in np.unique(sid[missing]).tolist():
+                rec = self._sigs.get(s)
+                if rec is None:
+                    continue  # its SIG record was lost (a trimmed stream): those begins are invalid
+                _t, flags, aux, length, _ts, _key = HEADER.unpack_from(rec, 0)
+                # a SIG body is a BeginBody (tid, parent and seq left out) followed by the tensors
+                got = self._static_index(rec, HEADER.size, length, flags, aux)
+                if s >= self._sid.shape[0]:
+                    more = max(s + 1, 2 * self._sid.shape[0]) - self._sid.shape[0]
+                    self._sid = np.concatenate([self._sid, np.full(more, _NO_STATIC, np.int32)])
+                self._sid[s] = got
+            inside = (sid >= 0) & (sid < self._sid.shape[0])
+            out[inside] = self._sid[sid[inside]]
+        return out
+
+    def _peers(self, st: np.ndarray) -> np.ndarray:
+        u = np.unique(st)
+        if u.shape[0] == 1:
+            return np.full(st.shape[0], self.statics[int(u[0])].peer, np.int32)
+        table = np.array([self.statics[int(s)].peer for s in u.tolist()], np.int32)
+        return table[np.searchsorted(u, st)]
+
+    def _any_source_rows(self, st: np.ndarray) -> bool:
+        return any(self.statics[int(s)].any_source_gid is not None for s in np.unique(st).tolist())
 
     def _note_any_source(self, op_id: int, gid: int) -> None:
         """An any-source recv: its peer arrives with a SOURCE record."""
@@ -388,35 +609,44 @@ class BlockDecoder:
             return group_rank  # membership unknown: the group rank (right for the default group)
         return granks[group_rank] if group_rank < len(granks) else None
 
-    def _begin(self, raw: bytes, body: int, end: int, ts: int, op_id: int, flags: int, aux: int) -> dict:
-        """A self-contained BEGIN record (written when the signature table is full)."""
-        tid, parent, seq = struct.unpack_from("<QQ", raw, body) + (struct.unpack_from("<q", raw, body + 32)[0],)
-        hit = self._static_of(raw, body, end, flags, aux)
-        return self._begin_event(hit, ts, op_id, seq, parent, tid)
+    def _begin(self, raw: bytes, body: int, end: int, *, flags: int, aux: int) -> tuple[int, int, int, int]:
+        """A self-contained BEGIN record (written when the signature table is full):
+        (tid, parent, seq, static index)."""
+        t, par = struct.unpack_from("<QQ", raw, body)
+        s = struct.unpack_from("<q", raw, body + 32)[0]
+        st = self._static_index(raw, body, end, flags, aux)
+        if st < 0:
+            raise ValueError("invalid begin fields")
+        return t, par, s, st
 
-    def _static_of(self, raw: bytes, body: int, end: int, flags: int, aux: int) -> StaticBegin | bool:
-        """A BeginBody and its tensors, decoded once per distinct content; False when invalid
-        (remembered too)."""
+    def _static_index(self, raw: bytes, body: int, end: int, flags: int, aux: int) -> int:
+        """A BeginBody and its tensors as a static index, decoded once per distinct content;
+        _BAD_STATIC when invalid (remembered too)."""
         # Everything but ts/id/seq/parent/tid repeats call after call.
         key = bytes((flags, aux & 0xFF)) + raw[body + 16:body + 32] + raw[body + 40:end]
-        hit = self._static.get(key)
+        hit = self._static_at.get(key)
         if hit is None:
             (_tid, _parent, name, site, opcode, gid, _seq, peer, root, redop, role, device, nin, nout,
              _ntin, _ntout, bin_, bout) = BEGIN_BODY.unpack_from(raw, body)
             try:
                 fields, sk = self._static_fields(raw, body + BEGIN_BODY.size, end, flags, aux, name, site, opcode,
                                                  gid, peer, root, redop, role, device, nin, nout, bin_, bout)
-                hit = StaticBegin(fields, sk, gid if aux == 3 and role != ROLE_NESTED else None)
+                hit = self._add_static(Static(fields, sk, fields.get("peer", -1),
+                                              gid if aux == 3 and role != ROLE_NESTED else None))
             except (struct.error, ValueError, IndexError, msgspec.ValidationError):
-                hit = False  # remembered: every record with these fields is invalid
-            if len(self._static) > 50_000:
-                self._static.clear()
-            self._static[key] = hit
+                hit = _BAD_STATIC  # remembered: every record with these fields is invalid
+            if len(self._static_at) > 50_000:
+                self._static_at.clear()
+            self._static_at[key] = hit
         return hit
+
+    def _add_static(self, s: Static) -> int:
+        self.statics.append(s)
+        return len(self.statics) - 1
 
     def _static_fields(self, raw: bytes, pos: int, end: int, flags: int, aux: int, name: int, site: int, opcode: int,
                        gid: int, peer: int, root: int, redop: int, role: int, device: int, nin: int, nout: int,
-                       bin_: int, bout: int) -> tuple[dict, int | None]:
+                       bin_: int, bout: int) -> tuple[dict, int]:
         names = self.names
         if name >= 0 and names is not None and name < len(names):
             op = names[name]
@@ -481,71 +711,92 @@ class BlockDecoder:
             out.append((dims, dt[code] if code < len(dt) else f"dtype{code}"))
         return out, pos
 
-    def _rbegin(self, raw: bytes, body: int, ts: int, op_id: int, kind: int, rank: Any) -> dict:
-        tid, parent, site, gid, seq, n = RBEGIN_BODY.unpack_from(raw, body)
+    def _rbegin(self, raw: bytes, body: int, end: int, kind: int) -> tuple[int, int, int, int]:
+        """An RBEGIN record (a begin described by a JSON fragment): (tid, parent, seq, static index)."""
+        t, par, site, gid, s, n = RBEGIN_BODY.unpack_from(raw, body)
+        if t > MAX_INT:
+            raise ValueError("bad tid")
         start = body + RBEGIN_BODY.size
-        e = orjson.loads(b"{" + raw[start:start + n] + b"}")
-        if not isinstance(e, dict) or seq > MAX_INT or parent > MAX_INT:
-            raise ValueError("fragment")
-        e.update(type="op", ts=ts, phase="begin", id=op_id, tid=tid, rank=rank)
-        if gid in self.groups:  # the stream's name for the group (an incarnation's own)
-            e["group"] = self.groups[gid].name
-        e = msgspec.convert(e, schema.RawEvent)  # a fragment is JSON like any event: checked like one
-        if seq >= 0:
-            e["seq"] = seq
-        if parent:
-            e["parent"] = parent
-            if seq < 0 and kind == KIND_RICH:
-                e["nested"] = True
-        if site >= 0 and self.sites.get(site):
-            e["site"] = self.sites[site]
-        return e
+        nested = bool(par) and s < 0 and kind == KIND_RICH
+        key = b"R%d,%d,%d," % (site, gid, nested) + raw[start:start + n]
+        hit = self._static_at.get(key)
+        if hit is None:
+            try:
+                e = orjson.loads(b"{" + raw[start:start + n] + b"}")
+                if not isinstance(e, dict):
+                    raise ValueError("fragment")
+                e.update(type="op", ts=0, phase="begin", id=0, rank=self.rank)
+                if gid in self.groups:  # the stream's name for the group (an incarnation's own)
+                    e["group"] = self.groups[gid].name
+                e = msgspec.convert(e, schema.RawEvent)  # a fragment is JSON like any event: checked like one
+                for k in ("type", "ts", "phase", "id", "rank", "tid", "seq", "parent", "v"):
+                    e.pop(k, None)
+                if nested:
+                    e["nested"] = True
+                if site >= 0 and self.sites.get(site):
+                    e["site"] = self.sites[site]
+                sk = signature_key(orjson.dumps(e)[1:-1])
+                peer = e.get("peer", -1)
+                hit = self._add_static(Static(e, sk, peer if isinstance(peer, int) else -1, None, keyed=False))
+            except (ValueError, TypeError, msgspec.ValidationError, orjson.JSONDecodeError):
+                hit = _BAD_STATIC
+            if len(self._static_at) > 50_000:
+                self._static_at.clear()
+            self._static_at[key] = hit
+        if hit < 0:
+            raise ValueError("invalid begin fields")
+        return t, par, s, hit
 
 
-def expand(events: list[dict], decoders: dict[int, BlockDecoder]) -> tuple[list[dict], Counter]:
-    """Replace every ``block`` event by its op events (tables from ``site``/``group``/``meta``
-    events are learnt on the way); ``decoders`` holds one decoder per rank across calls.
-    Returns (events, records that could not be decoded, by reason)."""
-    invalid: Counter = Counter()
+_KNOWN = np.array([BEGIN, END, WAIT_BEGIN, WAIT_END, DONE, RBEGIN, SOURCE, BEGIN_SIG], np.uint8)
+
+
+def _gather(u8: np.ndarray, at: np.ndarray, dtype: str) -> np.ndarray:
+    """The little-endian integers of ``dtype`` at byte offsets ``at`` of ``u8`` (unaligned)."""
+    size = np.dtype(dtype).itemsize
+    idx = at[:, None] + np.arange(size)
+    return np.ascontiguousarray(u8[idx]).view(dtype).reshape(-1)
+
+
+def decode_stream(got: Decoded, decoder: BlockDecoder, columns: bool) -> Decoded:
+    """A reader's decoded batch of one stream with its blocks decoded (their bad records
+    counted): as ``OpRecords`` in ``Decoded.ops`` (``columns``), or as op events in stream
+    order among the others."""
+    events = got.events
     if not any(e.get("type") in (BLOCK, SITE) for e in events):
         for e in events:  # cheap: only tables matter here
             if e.get("type") in ("group", "meta") and ("gid" in e or "names" in e or "dtypes" in e):
-                _decoder(decoders, e).note(e)
-        return events, invalid
+                decoder.note(e)
+        return got
     out: list[dict] = []
+    ops = decoder.decode(events, out, where=not columns)
+    invalid = got.invalid
+    if decoder.invalid:
+        invalid = Counter(got.invalid)
+        invalid.update(decoder.invalid)
+        decoder.invalid.clear()
+    if columns:
+        return Decoded(out, got.damaged, invalid, ops)
+    return Decoded(merged(out, ops), got.damaged, invalid)
+
+
+def expand(events: list[dict], decoders: dict[int, BlockDecoder]) -> tuple[list[dict], Counter]:
+    """Replace every ``block`` event by its op events (for tests and tools that want events;
+    readers use ``decode_stream``); ``decoders`` holds one decoder per rank across calls.
+    Returns (events, records that could not be decoded, by reason)."""
+    by_rank: dict[int, list[dict]] = {}
     for e in events:
-        typ = e.get("type")
-        if typ == BLOCK:
-            dec = _decoder(decoders, e)
-            out.extend(dec.expand(e))
-            if dec.invalid:
-                invalid.update(dec.invalid)
-                dec.invalid.clear()
-            continue
-        if typ in (SITE, "group", "meta"):
-            _decoder(decoders, e).note(e)
-            if typ == SITE:
-                continue
-        out.append(e)
+        by_rank.setdefault(e.get("rank"), []).append(e)  # type: ignore[arg-type]
+    out: list[dict] = []
+    invalid: Counter = Counter()
+    for rank, evs in by_rank.items():
+        dec = decoders.get(rank)
+        if dec is None:
+            dec = decoders[rank] = BlockDecoder(rank if isinstance(rank, int) else 0)
+        got = decode_stream(Decoded(evs, 0, Counter()), dec, columns=False)
+        out.extend(got.events)
+        invalid.update(got.invalid)
     return out, invalid
-
-
-def expand_decoded(got: Decoded, decoders: dict[int, BlockDecoder]) -> Decoded:
-    """A reader's decoded batch with its blocks expanded (and their bad records counted)."""
-    events, invalid = expand(got.events, decoders)
-    if invalid:
-        merged = Counter(got.invalid)
-        merged.update(invalid)
-        return Decoded(events, got.damaged, merged)
-    return got if events is got.events else Decoded(events, got.damaged, got.invalid)
-
-
-def _decoder(decoders: dict[int, BlockDecoder], e: dict) -> BlockDecoder:
-    rank = e.get("rank")
-    dec = decoders.get(rank)  # type: ignore[arg-type]
-    if dec is None:
-        dec = decoders[rank] = BlockDecoder()  # type: ignore[index]
-    return dec
 
 
 # ------------------------------------------------------------------------------ reference encoder
@@ -606,10 +857,36 @@ def _u16_text(text: str) -> bytes:
     return _U16.pack(len(raw)) + raw
 
 
+def runs_of(granks: list[int] | tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """``granks`` as (start, stride, length) runs, in order (``record/native/buffer.h``'s
+    ``group_runs`` splits them the same way)."""
+    out: list[tuple[int, int, int]] = []
+    i, n = 0, len(granks)
+    while i < n:
+        if i + 1 == n:
+            out.append((granks[i], 1, 1))
+            break
+        stride = granks[i + 1] - granks[i]
+        j = i + 1
+        while j + 1 < n and granks[j + 1] - granks[j] == stride:
+            j += 1
+        out.append((granks[i], stride, j - i + 1))
+        i = j + 1
+    return out
+
+
 def pack_group(gid: int, name: str, backend: str = "", granks: list[int] | tuple[int, ...] | None = None) -> bytes:
-    """A GROUP table record (what ``put_group_locked`` writes in C++)."""
-    ranks = b"" if granks is None else struct.pack(f"<{len(granks)}i", *granks)
-    body = _u16_text(name) + _u16_text(backend) + struct.pack("<i", -1 if granks is None else len(granks)) + ranks
+    """A GROUP table record (what ``put_group_locked`` writes in C++): the members as runs
+    (``RUNS``) when that is shorter than listing them (a world of 16k ranks: 16 bytes, not 64k)."""
+    if granks is None:
+        ranks = struct.pack("<i", -1)
+    else:
+        runs = runs_of(granks)
+        if 4 + 12 * len(runs) < 4 * len(granks):
+            ranks = struct.pack("<ii", RUNS, len(runs)) + b"".join(struct.pack("<iii", *r) for r in runs)
+        else:
+            ranks = struct.pack(f"<i{len(granks)}i", len(granks), *granks)
+    body = _u16_text(name) + _u16_text(backend) + ranks
     return HEADER.pack(GROUP_REC, 0, 0, HEADER.size + len(body), 0, gid) + body
 
 

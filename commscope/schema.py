@@ -24,12 +24,15 @@ import re
 import typing
 from collections import Counter
 from collections.abc import Iterable
-from typing import Annotated, Any, Literal, NamedTuple, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, TypedDict
 
 import msgspec
 from msgspec import Meta
 
 from commscope.redact import known_texts, redact, redact_args
+
+if TYPE_CHECKING:
+    from commscope.oprecords import OpRecords
 
 SCHEMA_VERSION = 3
 
@@ -152,11 +155,18 @@ _FIELD = re.compile(r"at `\$\.?([A-Za-z_]*)")
 
 
 class Decoded(NamedTuple):
-    """What a batch of lines held: valid events, damaged lines, invalid events by reason."""
+    """What a batch of lines held: valid events, damaged lines, invalid events by reason,
+    and (a reader that keeps op records in columns: ``blocks.decode_stream``) the op
+    records of its blocks, an ``oprecords.OpRecords``."""
 
     events: list[dict[str, Any]]
     damaged: int
     invalid: Counter
+    ops: OpRecords | None = None
+
+    def count(self) -> int:
+        """Events read: the dicts and the op records."""
+        return len(self.events) + (len(self.ops) if self.ops is not None else 0)
 
 
 def _what(line: bytes) -> str:

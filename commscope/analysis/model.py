@@ -52,6 +52,19 @@ from commscope.analysis.vocab import (  # noqa: F401  (re-exported: the model's 
     signal_label,
 )
 from commscope.events import P2P_OPS, Event
+from commscope.oprecords import (
+    F_APPROX,
+    F_GPU,
+    F_SOURCE,
+    PH_BEGIN,
+    PH_DONE,
+    PH_END,
+    PH_WAIT_BEGIN,
+    PH_WAIT_END,
+    PHASE_CODE,
+    OpRecords,
+    Static,
+)
 
 
 def untimed(flags: np.ndarray, begin: np.ndarray, comp: np.ndarray) -> np.ndarray:
@@ -60,9 +73,8 @@ def untimed(flags: np.ndarray, begin: np.ndarray, comp: np.ndarray) -> np.ndarra
     Their latency and bandwidth are unknown: left out of statistics and straggler thresholds."""
     return (comp > 0) & (((flags & APPROX) != 0) | (comp <= begin))
 
-#: Phase codes of op events in the ingest's columns (other events: -1).
-PH_BEGIN, PH_END, PH_WAIT_BEGIN, PH_WAIT_END, PH_DONE = range(5)
-_PHASE_OF = {"begin": PH_BEGIN, "end": PH_END, "wait_begin": PH_WAIT_BEGIN, "wait_end": PH_WAIT_END, "done": PH_DONE}
+#: Phase codes of op events in the ingest's columns (other events: -1): ``oprecords``'.
+_PHASE_OF = PHASE_CODE
 _RANK_OF = itemgetter("rank")
 _TS_OF = itemgetter("ts")
 DEFAULT_SAMPLE_INTERVAL = 1.0
@@ -120,6 +132,35 @@ def _tup(x: Any) -> tuple:
     if not x:
         return ()
     return tuple(tuple(s) if isinstance(s, list | tuple) else s for s in x)
+
+
+class PhaseExtra(NamedTuple):
+    """What a phase says beyond its time (``TraceModel._phases``): the row among the
+    phases, whether it is an ``end``, and what it carries (None: nothing)."""
+
+    row: int
+    end: bool
+    exc: str | None
+    approx: bool
+    gpu: int | None
+    peer: int | None  # an any-source recv's source, resolved at its end
+    seq: int  # with it (-1: none)
+
+
+def _extras(phase_events: Sequence[dict]) -> list[PhaseExtra]:
+    """The ``PhaseExtra`` of phase events with more keys than type, ts, rank, phase, id (and
+    v): an exception, a peer, a device time ..."""
+    k = len(phase_events)
+    extra = np.fromiter(map(len, phase_events), np.int64, k) - np.fromiter(
+        map(dict.__contains__, phase_events, repeat("v")), np.int64, k)
+    out = []
+    for j in np.flatnonzero(extra > 5).tolist():
+        e = phase_events[j]
+        seq = e.get("seq")
+        out.append(PhaseExtra(j, e["phase"] == "end", str(e["exc"]) if "exc" in e else None, bool(e.get("approx")),
+                              int(e["gpu_ns"]) if "gpu_ns" in e else None,
+                              int(e["peer"]) if "peer" in e else None, int(seq) if isinstance(seq, int) else -1))
+    return out
 
 
 #: The call site of an op issued from C++ with no Python caller.
@@ -288,27 +329,109 @@ class TraceModel:
         m.ingest(list(events))
         return m
 
-    def ingest(self, events: list[Event]) -> frozenset[int]:
-        """Add a batch of events (any ranks, per-rank order preserved); returns ranks changed.
+    def ingest(self, events: list[Event], ops: Sequence[OpRecords] = ()) -> frozenset[int]:
+        """Add a batch of events (any ranks, per-rank order preserved) and of op records in
+        columns (``oprecords.OpRecords``, what a reader's ``poll_batch`` returns); returns
+        the ranks changed.
 
         The per-event work is a few C-level ``map`` passes that pull whole columns
         (rank, phase, ts, id) out of the dicts at once; only begins whose signature is
-        new, and the rare misc events, are looked at one by one in Python.
+        new, and the rare misc events, are looked at one by one in Python.  Op records are
+        columns already: their begins are interned once per distinct signature.  The
+        records' begins go first (a ``done`` event of the Python recorder refers to one),
+        their other phases last.
         """
-        if not events:
+        if not events and not ops:
             self.changed = frozenset()
             return self.changed
         lo, hi, changed = I64_MAX, 0, set()
+        for recs in ops:
+            if len(recs):
+                a, b = self._record_begins(recs, changed)
+                lo, hi = min(lo, a), max(hi, b)
         for k in range(0, len(events), INGEST_CHUNK):
             a, b = self._ingest_chunk(events[k:k + INGEST_CHUNK] if len(events) > INGEST_CHUNK else events, changed)
             lo, hi = min(lo, a), max(hi, b)
+        for recs in ops:
+            if len(recs):
+                a, b = self._record_phases(recs, changed)
+                lo, hi = min(lo, a), max(hi, b)
         if hi:
             self.start_ns = lo if not self.start_ns else min(self.start_ns, lo)
             self.end_ns = max(self.end_ns, hi)
-        self.events += len(events)
+        self.events += len(events) + sum(len(o) for o in ops)
         self.version += 1
         self.changed = frozenset(changed)
         return self.changed
+
+    def _rank(self, r: int) -> RankTrace:
+        rt = self.ranks.get(r)
+        if rt is None:
+            rt = self.ranks[r] = RankTrace(r)
+        return rt
+
+    def _record_begins(self, recs: OpRecords, changed: set[int]) -> tuple[int, int]:
+        """The begins among op records; returns their (first, last) timestamp."""
+        rows = recs.begins()
+        if not rows.shape[0]:
+            return I64_MAX, 0
+        rt = self._rank(recs.rank)
+        ts = recs.ts[rows]
+        codes = self._codes(recs.statics, recs.static[rows], recs.tid[rows])
+        a, b = self._add_ops(rt, ts, recs.id[rows], codes, recs.seq[rows], recs.peer[rows], recs.parent[rows])
+        self._seen(rt, a, b, a)
+        changed.add(rt.rank)
+        return a, b
+
+    def _record_phases(self, recs: OpRecords, changed: set[int]) -> tuple[int, int]:
+        """The other phases among op records; returns their (first, last) timestamp."""
+        rows = np.flatnonzero(recs.phase > PH_BEGIN)
+        if not rows.shape[0]:
+            return I64_MAX, 0
+        rt = self._rank(recs.rank)
+        flags = recs.flags[rows]
+        extra = np.flatnonzero(flags != 0).tolist()
+        if recs.exc:
+            at = {int(r): j for j, r in enumerate(rows.tolist())}
+            extra = sorted(set(extra) | {at[r] for r in recs.exc if r in at})
+        extras = []
+        ph = recs.phase[rows]
+        for j in extra:
+            row, f = int(rows[j]), int(flags[j])
+            extras.append(PhaseExtra(j, int(ph[j]) == PH_END, recs.exc.get(row), bool(f & F_APPROX),
+                                     int(recs.gpu[row]) if f & F_GPU else None,
+                                     int(recs.peer[row]) if f & F_SOURCE else None, int(recs.seq[row])))
+        a, b, first = self._phases(rt, recs.ts[rows], recs.id[rows], ph, extras)
+        self._seen(rt, a, b, first)
+        changed.add(rt.rank)
+        return a, b
+
+    def _seen(self, rt: RankTrace, t0: int, t1: int, touched: int) -> None:
+        if t1:
+            rt.first_ts = t0 if not rt.first_ts else min(rt.first_ts, t0)
+            rt.last_ts = max(rt.last_ts, t1)
+        rt.version += 1
+        rt.touch(touched)
+
+    def _codes(self, statics: Sequence[Static], st: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        """Signature codes of begins given as (static index, thread id): interned once per
+        distinct pair, looked up by the static's key (``Static.sk``) like a begin event's."""
+        if bool((tid == tid[0]).all()):
+            u, inv = np.unique(st, return_inverse=True)
+            t = int(tid[0])
+            table = np.array([self._code(statics[s], t) for s in u.tolist()], np.int32)
+            return table[inv]
+        pairs = np.stack([st.astype(np.uint64), tid])
+        u, inv = np.unique(pairs, axis=1, return_inverse=True)
+        table = np.array([self._code(statics[int(s)], int(t)) for s, t in u.T.tolist()], np.int32)
+        return table[inv.reshape(-1)]
+
+    def _code(self, static: Static, tid: int) -> int:
+        key = (static.sk, tid)
+        code = self._sig_by_sk.get(key)
+        if code is None:
+            code = self._sig_by_sk[key] = self._intern(dict(static.fields, tid=tid))
+        return code
 
     def note_read_stats(self, stats: Any) -> None:
         """Take the reader's running loss counts (``store.ReadStats``), so that diagnose() can
@@ -331,9 +454,7 @@ class TraceModel:
         ts = _column(map(_TS_OF, events))
         ids = _column(map(dget, events, repeat("id"), repeat(-1)))
         for r, pos in _split_by_rank(ranks):
-            rt = self.ranks.get(r)
-            if rt is None:
-                rt = self.ranks[r] = RankTrace(r)
+            rt = self._rank(r)
             ph = phase if pos is None else phase[pos]
             misc, begins, phases = ph < 0, ph == PH_BEGIN, ph > PH_BEGIN
             t0, t1 = I64_MAX, 0
@@ -348,15 +469,12 @@ class TraceModel:
                 touched = a
             if phases.any():
                 opos = _positions(pos, phases)
-                a, b, first = self._phases(rt, events, opos, ts[opos], ids[opos], phase[opos])
+                a, b, first = self._phases(rt, ts[opos], ids[opos], phase[opos], _extras(_take(events, opos)))
                 t0, t1 = min(t0, a), max(t1, b)
                 touched = min(touched, first)
             if t1:
-                rt.first_ts = t0 if not rt.first_ts else min(rt.first_ts, t0)
-                rt.last_ts = max(rt.last_ts, t1)
                 lo, hi = min(lo, t0), max(hi, t1)
-            rt.version += 1
-            rt.touch(touched)
+            self._seen(rt, t0, t1, touched)
             changed.add(r)
         return lo, hi
 
@@ -473,16 +591,25 @@ class TraceModel:
                 if key[0] is not None:
                     by_sk[key] = code
             codes[j] = code
+        seq = _ints(list(map(dget, begin_events, repeat("seq"), repeat(-1))))
+        peer = _ints(list(map(dget, begin_events, repeat("peer"), repeat(-1))))
+        parents = _ints(list(map(dget, begin_events, repeat("parent"), repeat(-1))))
+        return self._add_ops(rt, ts, ids, codes, seq, peer, parents)
+
+    def _add_ops(self, rt: RankTrace, ts: np.ndarray, ids: np.ndarray, codes: np.ndarray, seq: np.ndarray,
+                 peer: np.ndarray, parents: np.ndarray) -> tuple[int, int]:
+        """Append begun ops to a rank's columns and the cross-rank indexes (``parents``: op
+        ids, -1: none); returns the (first, last) begin of the rank so far."""
+        k = ts.shape[0]
         n0 = rt.n
         n1 = n0 + k
         rt.reserve(n1)
         rt.begin[n0:n1] = ts
         rt.id[n0:n1] = ids
         rt.sig[n0:n1] = codes
-        rt.seq[n0:n1] = _ints(list(map(dget, begin_events, repeat("seq"), repeat(-1))))
-        rt.peer[n0:n1] = _ints(list(map(dget, begin_events, repeat("peer"), repeat(-1))))
+        rt.seq[n0:n1] = seq
+        rt.peer[n0:n1] = peer
         idx = np.arange(n0, n1, dtype=np.int32)
-        parents = _ints(list(map(dget, begin_events, repeat("parent"), repeat(-1))))
         rt.map_ids(ids, idx)
         has_parent = parents >= 0
         if has_parent.any():
@@ -543,38 +670,34 @@ class TraceModel:
             gi = self.coll[(space, group)] = GroupIndex(group, space, self.groups.get(group, []))
         return gi
 
-    def _phases(self, rt: RankTrace, events: list[dict], pos: np.ndarray, ts: np.ndarray, ids: np.ndarray,
-                ph: np.ndarray) -> tuple[int, int, int]:
-        """Returns the (first, last) timestamp of the events and the earliest begin among
-        the ops they changed."""
+    def _phases(self, rt: RankTrace, ts: np.ndarray, ids: np.ndarray, ph: np.ndarray,
+                extras: list[PhaseExtra]) -> tuple[int, int, int]:
+        """Apply phases (``ph``) to the ops they name; ``extras``: what some say beyond their
+        time (exception, approximate end, device time, resolved source).  Returns the
+        (first, last) timestamp of the phases and the earliest begin among the ops changed."""
         idx = rt.lookup(ids)
         ok = idx >= 0
         for code, col in ((PH_END, rt.end), (PH_WAIT_BEGIN, rt.wb), (PH_WAIT_END, rt.we), (PH_DONE, rt.done)):
             m = ok & (ph == code)
             if m.any():
                 col[idx[m]] = ts[m]
-        phase_events = _take(events, pos)
-        k = len(phase_events)
-        # more keys than type, ts, rank, phase, id (and v): an exception, peer, gpu time ...
-        extra = np.fromiter(map(len, phase_events), np.int64, k) - np.fromiter(map(dict.__contains__, phase_events, repeat("v")), np.int64, k)
-        for j in np.flatnonzero(extra > 5).tolist():
-            e = phase_events[j]
-            i = int(idx[j])
+        for x in extras:
+            i = int(idx[x.row])
             if i < 0:
                 continue
-            if "exc" in e:
-                rt.flags[i] |= EXC if e["phase"] == "end" else WAIT_EXC
+            if x.exc is not None:
+                rt.flags[i] |= EXC if x.end else WAIT_EXC
                 if i not in rt.exc:
                     self.failed.append((rt.rank, i))
-                rt.exc[i] = str(e["exc"])
-            if e.get("approx"):
+                rt.exc[i] = x.exc
+            if x.approx:
                 rt.flags[i] |= APPROX
-            if "gpu_ns" in e:
-                rt.gpu[i] = int(e["gpu_ns"])
-            if e["phase"] == "end" and "peer" in e and rt.peer[i] < 0:  # any-source recv resolved
-                rt.peer[i] = int(e["peer"])
-                if "seq" in e:
-                    rt.seq[i] = int(e["seq"])
+            if x.gpu is not None:
+                rt.gpu[i] = x.gpu
+            if x.end and x.peer is not None and rt.peer[i] < 0:  # any-source recv resolved
+                rt.peer[i] = x.peer
+                if x.seq >= 0:
+                    rt.seq[i] = x.seq
                     if not self._sig_flags[rt.sig[i]] & NESTED:
                         self._index_p2p(rt, i)
         if (ph == PH_DONE).any():

@@ -4,11 +4,14 @@ anything that holds a trace) and ``load_trace`` (a whole source read into a mode
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import NamedTuple
 
 from commscope.analysis.flight_import import FlightRecorderReader, looks_like_fr_dir
 from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import absent, ranges
 from commscope.errors import UsageError
+from commscope.events import gc_paused
 from commscope.redact import redact
 from commscope.store import ReadStats, StoreError, TraceReader, backend_for, default_store, open_reader
 
@@ -29,13 +32,46 @@ def open_source(path_or_url: str | os.PathLike | None, *, wait: bool = False) ->
         raise
 
 
-def load_trace(store: str | os.PathLike | None) -> tuple[TraceModel, TraceReader, list[str]]:
+class Loading(NamedTuple):
+    """How far a load is, for a progress bar: bytes read of ``total`` (0: unknown), events
+    ingested, ranks seen."""
+
+    read: int
+    total: int
+    events: int
+    ranks: int
+
+
+#: Bytes a load reads per step: the model takes each step's events and columns before the
+#: next is read, so a load holds the model and one step, never the trace.
+LOAD_STEP = 32 << 20
+
+
+def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], None] | None = None
+               ) -> tuple[TraceModel, TraceReader, list[str]]:
     """Read a whole source into a model: (model, the closed reader, warnings).  What
-    ``check``, ``report``, ``export`` and the headless demo all start from.  Raises
-    UsageError on input that cannot be used (no source, no events)."""
+    ``check``, ``report``, ``export`` and the headless demo all start from.  Streams: the
+    reader is read ``LOAD_STEP`` bytes at a time, op records in columns, each step ingested
+    before the next is read; ``progress`` is told after each.  Raises UsageError on input
+    that cannot be used (no source, no events)."""
+    model = TraceModel()
     try:
         reader = open_source(store)
-        events = reader.read_all()
+        total = reader.size()
+        with gc_paused():
+            while True:
+                before = reader.stats.bytes
+                batch = reader.poll_batch(LOAD_STEP)
+                if batch.count():
+                    model.ingest(batch.events, batch.ops)
+                if progress is not None:
+                    read = reader.stats.bytes if total.unit == "bytes" else model.events
+                    progress(Loading(read, total.amount, model.events, len(model.ranks)))
+                if not batch.count() and reader.stats.bytes == before:
+                    break
+            batch = reader.read_all_batch()  # what polls hold back: a torn last line, what dead ranks left
+            if batch.count():
+                model.ingest(batch.events, batch.ops)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
@@ -46,12 +82,11 @@ def load_trace(store: str | os.PathLike | None) -> tuple[TraceModel, TraceReader
         except Exception:
             pass
     stats = reader.stats
-    if not events:
+    if not model.events:
         if stats.corrupt or stats.invalid:
             raise UsageError(f"{redact(reader.description)}: corrupt beyond use ({stats.corrupt} damaged "
                              f"line(s), {stats.invalid} invalid event(s), no readable event)")
         raise UsageError(f"{redact(reader.description)}: no events recorded")
-    model = TraceModel.from_events(events)
     model.note_read_stats(stats)
     return model, reader, read_warnings(model, stats)
 

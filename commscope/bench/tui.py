@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from commscope.bench.stats import fmt_time, median
-from commscope.store import EmptyReader
+from commscope.store import Batch, EmptyReader
 
 TARGET_FRAME = 0.030
 TARGET_UPDATE = 0.010
@@ -136,7 +136,7 @@ async def _measure(model, frames: int) -> dict:
                 tl.render_line(y)
             batch = _more_events(model, 1000)
             t0 = time.perf_counter()
-            feed.ingest(batch)  # ingest and publish the view the timeline paints from
+            feed.ingest(Batch(batch, []))  # ingest and publish the view the timeline paints from
             t1 = time.perf_counter()
             tl.t0 = tl.t0  # same view: only rows whose ranks changed are re-rendered
             for y in range(tl.size.height):

@@ -20,6 +20,7 @@ from commscope.analysis.findings import ERROR, Finding
 from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
 from commscope.analysis.source import load_trace
+from commscope.commands import progress
 from commscope.errors import UsageError
 from commscope.redact import redact
 
@@ -52,17 +53,15 @@ def to_json(model: TraceModel, findings: list[Finding], warnings: list[str], han
     return out
 
 
-#: The shared loader (commands/report.py and export.py import it from here).
-load = load_trace
-
-
 def main(args: argparse.Namespace) -> int:
     if args.hang_after is not None and args.hang_after < 0:
         raise UsageError("--hang-after must be >= 0")
-    model, reader, warnings = load(args.store)
+    shown = progress.wanted(args.json)
+    model, reader, warnings = progress.load(args.store, shown)
     hang_after = args.hang_after if args.hang_after is not None else default_hang_after(model)
     now = trace_now(model)
-    findings = diagnose(model, now, hang_after, wall_ns=time.time_ns())
+    with progress.status(f"diagnosing {len(model.ranks):,} ranks", shown):
+        findings = diagnose(model, now, hang_after, wall_ns=time.time_ns())
     if getattr(args, "py_spy", False):
         native_dumps(model, findings)
     if args.json:

@@ -27,11 +27,11 @@ def main(args: argparse.Namespace) -> int:
     import sys
     import time
 
-    from commscope.analysis.source import load_trace
+    from commscope.commands import progress
     from commscope.commands.check import read_summary
     from commscope.errors import UsageError
 
-    model, reader, warnings = load_trace(args.store)
+    model, reader, warnings = progress.load(args.store, progress.wanted(args.chrome == "-" and sys.stdout.isatty()))
     now = trace_now(model)
     hang = args.hang_after if args.hang_after is not None else default_hang_after(model)
     findings = diagnose(model, now, hang, wall_ns=time.time_ns())

@@ -223,10 +223,13 @@ def to_csv(rep: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from commscope.commands.check import load, read_summary
+    from commscope.commands import progress
+    from commscope.commands.check import read_summary
 
-    model, reader, warnings = load(args.store)
-    rep = compute_report(model, top_sites=args.top)
+    shown = progress.wanted(args.json or args.csv)
+    model, reader, warnings = progress.load(args.store, shown)
+    with progress.status(f"summarizing {len(model.ranks):,} ranks", shown):
+        rep = compute_report(model, top_sites=args.top)
     if args.json:
         rep["warnings"] = warnings
         rep["skipped"] = read_summary(reader.stats)

@@ -13,8 +13,9 @@ from typing import Any, NamedTuple, Protocol
 
 import orjson
 
-from commscope.blocks import BlockDecoder, expand_decoded
+from commscope.blocks import BlockDecoder, decode_stream
 from commscope.events import Decoded, Event, decode_lines
+from commscope.oprecords import OpRecords
 from commscope.schema import SCHEMA_VERSION
 
 #: Distinct invalid-event reasons kept; more are counted as "other" (a hostile trace cannot
@@ -85,7 +86,7 @@ class ReadStats:
 
     def count_decoded(self, rank: int, decoded: Decoded) -> None:
         """Account one decoded batch of ``rank``: its events, damaged lines and invalid events."""
-        self.events += len(decoded.events)
+        self.events += decoded.count()
         self.count_corrupt(rank, decoded.damaged)
         self.count_invalid(rank, decoded.invalid)
 
@@ -169,10 +170,26 @@ class Size(NamedTuple):
     unit: str
 
 
+class Batch(NamedTuple):
+    """What one read returned, for a consumer that takes op records in columns
+    (``TraceReader.poll_batch``): the events, and the op records of the blocks, one
+    ``OpRecords`` per stream read (in its order)."""
+
+    events: list[Event]
+    ops: list[OpRecords]
+
+    def count(self) -> int:
+        return len(self.events) + sum(len(o) for o in self.ops)
+
+
 class TraceReader(abc.ABC):
     """Reads one job.  Every reader (directory, Redis, Flight Recorder dumps, test and
     placeholder readers) derives from this class, so consumers (``tui/feed.py``,
     ``commands/copy.py``) call every method directly, never probing for one.
+
+    ``poll_batch``/``read_all_batch`` return the same as ``Batch``es: the op records of
+    blocks stay in numpy columns (``oprecords.OpRecords``), not one dict each; the model
+    ingests them as they are.  A reader is read one way or the other, not both.
 
     ``poll`` returns only events not returned before, in per-rank order, reading about
     ``max_bytes`` of stored data at most (None: everything there is; a reader that cannot
@@ -194,13 +211,33 @@ class TraceReader(abc.ABC):
     #: Seconds between looks at the spools dead ranks left on this host, while following.
     SPOOL_LOOK_S = 2.0
     _next_spool_look = 0.0
-    _block_decoders: dict[Stream, dict[int, BlockDecoder]]  # per stream, made by ``ingest``: see commscope.blocks
+    _block_decoders: dict[Stream, BlockDecoder]  # per stream, made by ``ingest``: see commscope.blocks
+    #: Op records stay in columns (``poll_batch``): ``ingest`` keeps them in ``_ops``
+    columnar = False
+    _ops: list[OpRecords]
 
     @abc.abstractmethod
     def poll(self, max_bytes: int | None = None) -> list[Event]: ...
 
     def read_all(self) -> list[Event]:
         return self.poll()
+
+    def poll_batch(self, max_bytes: int | None = None) -> Batch:
+        """``poll``, with the op records of blocks in columns."""
+        self.columnar = True
+        events = self.poll(max_bytes)
+        return Batch(events, self._take_ops())
+
+    def read_all_batch(self) -> Batch:
+        """``read_all``, with the op records of blocks in columns."""
+        self.columnar = True
+        events = self.read_all()
+        return Batch(events, self._take_ops())
+
+    def _take_ops(self) -> list[OpRecords]:
+        ops = getattr(self, "_ops", None) or []
+        self._ops = []
+        return ops
 
     def job(self) -> dict | None:
         """Job metadata once known (job id, world size, ...), else None."""
@@ -239,14 +276,24 @@ class TraceReader(abc.ABC):
         each hold one event (a sequence).  Validated and redacted, blocks expanded; damaged,
         invalid and (``counts_lost_markers``) lost events counted in ``stats``, and ``size``
         stored bytes added to ``stats.bytes``.  Blocks are decoded with the tables the
-        stream's earlier data defined, so call it in stream order."""
+        stream's earlier data defined, so call it in stream order.  A ``columnar`` reader
+        keeps the op records of blocks in columns (``poll_batch`` hands them over): they are
+        not among the events returned."""
         rank = stream[0]
         got = decode_lines(raw, rank) if isinstance(raw, bytes) else decode_entries(raw, rank)
         try:
             decoders = self._block_decoders
         except AttributeError:
             decoders = self._block_decoders = {}
-        got = expand_decoded(got, decoders.setdefault(stream, {}))
+        decoder = decoders.get(stream)
+        if decoder is None:
+            decoder = decoders[stream] = BlockDecoder(rank)
+        got = decode_stream(got, decoder, columns=self.columnar)
+        if got.ops is not None:
+            try:
+                self._ops.append(got.ops)
+            except AttributeError:
+                self._ops = [got.ops]
         stats = self.stats
         stats.count_decoded(rank, got)
         if self.counts_lost_markers and isinstance(raw, bytes):

@@ -23,6 +23,7 @@ import errno
 import os
 import re
 import stat
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -331,6 +332,7 @@ class DirectoryReader(TraceReader):
     """Reads or tails one job directory.  Tolerates torn tails, corrupt lines, truncation."""
 
     CHUNK = 8 << 20
+    MIN_READ = 1 << 16  # bytes a budgeted poll reads of a stream at least
     counts_lost_markers = True  # a writer that found its file deleted says what went with it
 
     def __init__(self, path: str | os.PathLike, *, wait: bool = False):
@@ -345,6 +347,9 @@ class DirectoryReader(TraceReader):
             raise StoreError(f"{self.path} holds no commscope trace (no rank-*.jsonl files)")
         self._offsets: dict[Stream, int] = {}
         self._partial: dict[Stream, bool] = {}
+        self._next = 0  # the stream a budgeted poll starts with (they take turns)
+        self._files: dict[Stream, Path] = {}
+        self._listed: tuple[int, float] | None = None  # (directory mtime, when) of the last listing
         self._job: dict | None = None
         self._job_failed = False
         self._refused: set[str] = set()  # rank files that are not regular files (warned once)
@@ -372,12 +377,25 @@ class DirectoryReader(TraceReader):
     def shared_with_group(self) -> bool:
         return self.job_dir is not None and modes_of(self.job_dir) == GROUP
 
+    #: A listing is trusted while the directory's mtime stays put and is older than this when
+    #: listed (a filesystem with coarse timestamps may not move it for a file made within)
+    LIST_TRUST_S = 2.0
+
     def rank_files(self) -> dict[Stream, Path]:
-        """The job's streams: (rank, incarnation) -> file, in that order."""
+        """The job's streams: (rank, incarnation) -> file, in that order.  Listed again only
+        when the directory changed (a job of 16k ranks is not 16k stats per poll)."""
         if self.job_dir is None:
             self.job_dir = resolve_job_dir(self.path)
             if self.job_dir is None:
                 return {}
+        try:
+            mtime = os.stat(self.job_dir).st_mtime_ns
+        except OSError:
+            return {}
+        now = time.time()
+        if self._listed is not None and self._listed[0] == mtime and \
+                self._listed[1] - mtime / 1e9 > self.LIST_TRUST_S:
+            return self._files
         files = {}
         try:
             names = os.listdir(self.job_dir)
@@ -396,7 +414,9 @@ class DirectoryReader(TraceReader):
                 elif name not in self._refused:  # a FIFO would block the reader: never open it
                     self._refused.add(name)
                     self.stats.warnings.append(f"{name} is not a regular file; skipped")
-        return dict(sorted(files.items()))
+        self._files = dict(sorted(files.items()))
+        self._listed = (mtime, now)
+        return self._files
 
     def total_bytes(self) -> int:
         """Bytes in the job's rank files now (for progress bars)."""
@@ -419,15 +439,24 @@ class DirectoryReader(TraceReader):
         return behind
 
     def poll(self, max_bytes: int | None = None) -> list[Event]:
-        """New complete events from every rank file since the last call."""
+        """New complete events from the rank files since the last call.  With a budget, the
+        streams take turns: a poll stops once ``max_bytes`` are read (at least 64 KiB of a
+        stream, so each goes on), and the next starts with the stream after the last read."""
         out: list[Event] = []
         budget = max_bytes
         with gc_paused():  # see events.gc_paused: 2x faster on large batches
-            for stream, path in self.rank_files().items():
+            files = list(self.rank_files().items())
+            n = len(files)
+            start = self._next % n if n and budget is not None else 0
+            for k in range(n):
+                stream, path = files[(start + k) % n]
                 events, used = self._read_stream(stream, path, budget)
                 out.extend(events)
                 if budget is not None:
-                    budget = max(0, budget - used)
+                    budget -= used
+                    if budget <= 0:
+                        self._next = start + k + 1
+                        break
             out.extend(self._crashes.poll(self.job_dir, self._caught_up))
             out.extend(self._remnants(final=False))
         self.stats.partial_tail = sum(self._partial.values())
@@ -501,7 +530,7 @@ class DirectoryReader(TraceReader):
             return [], 0
         want = size - offset
         if budget is not None:
-            want = min(want, max(budget, 1 << 16))
+            want = min(want, max(budget, self.MIN_READ))
         try:
             with open(path, "rb") as f:
                 f.seek(offset)

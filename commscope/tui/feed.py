@@ -21,7 +21,7 @@ from textual.message import Message
 from commscope.analysis import Finding, TraceModel, diagnose, rankstate
 from commscope.analysis.model import EMPTY_VIEW, ModelView
 from commscope.events import gc_paused
-from commscope.store import TraceReader
+from commscope.store import Batch, TraceReader
 
 LIVE, REPLAY = "live", "replay"
 
@@ -134,9 +134,9 @@ class Feed:
         behind_bytes = 0
         try:
             with gc_paused():  # decoded dicts die right after ingest: no GC work for them
-                batch = self.reader.poll(max_bytes=self.BUDGET)
+                batch = self.reader.poll_batch(max_bytes=self.BUDGET)
                 self.ingest(batch)
-                got = len(batch)
+                got = batch.count()
             behind_bytes = self.reader.backlog_bytes()
         except Exception as exc:  # a store that vanished, a wrong password...
             self.error = str(exc) or type(exc).__name__
@@ -163,13 +163,15 @@ class Feed:
         self.info = self._info(behind_bytes)
         return self.info, bool(got)
 
-    def ingest(self, batch: list) -> None:
-        """Ingest one batch under the lock, then publish the new view."""
+    def ingest(self, batch: Batch) -> None:
+        """Ingest one batch (events, and op records in columns) under the lock, then publish
+        the new view."""
+        got = batch.count()
         with self.lock:
-            if batch:
-                self.model.ingest(batch)
+            if got:
+                self.model.ingest(batch.events, batch.ops)
             self.model.note_read_stats(self.reader.stats)
-            if batch:
+            if got:
                 self.publish()
 
     def publish(self) -> None:

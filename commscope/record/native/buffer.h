@@ -263,7 +263,29 @@ void put_u16_text(std::string& out, const char* text, size_t n) {
   out.append(text, n);
 }
 
+// A group's global ranks as (start, stride, length) runs, in order (blocks.runs_of splits
+// them the same way).
+std::vector<int32_t> group_runs(const std::vector<int32_t>& g) {
+  std::vector<int32_t> out;
+  size_t i = 0, n = g.size();
+  while (i < n) {
+    if (i + 1 == n) {
+      out.insert(out.end(), {g[i], 1, 1});
+      break;
+    }
+    const int64_t stride = int64_t(g[i + 1]) - g[i];
+    size_t j = i + 1;
+    while (j + 1 < n && int64_t(g[j + 1]) - g[j] == stride) j++;
+    out.insert(out.end(), {g[i], int32_t(stride), int32_t(j - i + 1)});
+    i = j + 1;
+  }
+  return out;
+}
+
 // A GROUP record: the name (and, once Python has told them, backend and global ranks).
+// Every block restates the groups it uses, so members go as runs (kGroupRuns, then the run
+// count and the runs) where that is shorter: a world of 16k ranks is 16 bytes, not 64k.
+constexpr int32_t kGroupRuns = -2;
 void put_group_locked(int32_t gid, const std::string& name, const std::string& backend,
                       const std::vector<int32_t>* granks) {
   std::string body;
@@ -271,8 +293,16 @@ void put_group_locked(int32_t gid, const std::string& name, const std::string& b
   put_u16_text(body, shown.data(), shown.size());
   put_u16_text(body, backend.data(), backend.size());
   int32_t n = granks == nullptr ? -1 : int32_t(granks->size());
-  body.append(reinterpret_cast<const char*>(&n), 4);
-  if (granks != nullptr && n > 0) body.append(reinterpret_cast<const char*>(granks->data()), 4 * size_t(n));
+  std::vector<int32_t> runs;
+  if (granks != nullptr) runs = group_runs(*granks);
+  if (granks != nullptr && 4 + 4 * runs.size() < 4 * size_t(n)) {
+    int32_t head[2] = {kGroupRuns, int32_t(runs.size() / 3)};
+    body.append(reinterpret_cast<const char*>(head), 8);
+    body.append(reinterpret_cast<const char*>(runs.data()), 4 * runs.size());
+  } else {
+    body.append(reinterpret_cast<const char*>(&n), 4);
+    if (granks != nullptr && n > 0) body.append(reinterpret_cast<const char*>(granks->data()), 4 * size_t(n));
+  }
   table_put(S->group_recs, &S->group_mark, size_t(gid), table_record(REC_GROUP, uint64_t(gid), body));
 }
 

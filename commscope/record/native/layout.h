@@ -21,7 +21,8 @@ enum RecType : uint8_t {
   // region and restated at the head of every block that refers to them (never in the ring).
   REC_SITE = 10,   // id: site id; u16 length, "file:line in function"
   REC_GROUP = 11,  // id: group id; u16 name length, name, u16 backend length, backend,
-                   // i32 ranks (-1: not known yet), i32 global rank by group rank
+                   // i32 ranks (-1: not known yet), i32 global rank by group rank; or i32 -2
+                   // (kGroupRuns), i32 runs, then (i32 start, stride, length) per run
   REC_META = 12,   // the rank's meta event, JSON (spool table only: for the forwarder)
   REC_EVENT = 13,  // an event the store did not take at exit, JSON (spool table only)
 };

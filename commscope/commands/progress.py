@@ -1,0 +1,76 @@
+"""The progress of a long read on a terminal: what ``check``, ``report`` and ``export``
+show while a large trace loads and is diagnosed.
+
+Shown on standard error, and only when it is a terminal and the output is not ``--json``:
+a CI log or a pipe gets the report alone.  The bar counts bytes read of the store's size
+(or events, where the store cannot say), with the events ingested, the ranks seen and an
+estimate of the time left; it disappears when the report starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from commscope.analysis.model import TraceModel
+from commscope.analysis.source import Loading, load_trace
+from commscope.store import TraceReader
+
+
+def wanted(json_output: bool = False, stream: Any = None) -> bool:
+    """Whether to show progress: on a terminal, not for --json, not when asked not to
+    (``COMMSCOPE_NO_PROGRESS``, and ``TERM=dumb``)."""
+    stream = stream if stream is not None else sys.stderr
+    if json_output or os.environ.get("COMMSCOPE_NO_PROGRESS") or os.environ.get("TERM") == "dumb":
+        return False
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def bar(description: str, enabled: bool) -> Iterator[Callable[[Loading], None] | None]:
+    """A transient progress bar on standard error, updated by the ``Loading`` it is given;
+    None (and nothing shown) when not ``enabled``."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(bar_width=24),
+               TextColumn("{task.percentage:>3.0f}%"), TextColumn("{task.fields[what]}"), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True, refresh_per_second=8) as progress:
+        task = progress.add_task(description, total=None, what="")
+
+        def update(at: Loading) -> None:
+            what = f"{at.events:,} events, {at.ranks:,} ranks"
+            progress.update(task, completed=at.read, total=at.total or None, what=what)
+
+        yield update
+
+
+@contextlib.contextmanager
+def status(text: str, enabled: bool) -> Iterator[None]:
+    """A transient spinner on standard error while a step without a measure runs."""
+    if not enabled:
+        yield
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(text):
+        yield
+
+
+def load(store: str | os.PathLike | None, shown: bool, what: str = "reading"
+         ) -> tuple[TraceModel, TraceReader, list[str]]:
+    """``analysis.source.load_trace`` with a progress bar when ``shown``."""
+    from commscope.redact import redact
+
+    with bar(f"{what} {redact(str(store or 'trace'))[-40:]}", shown) as update:
+        return load_trace(store, progress=update)

@@ -1,0 +1,163 @@
+"""Op records in columns: what a reader hands the model for a stream's packed op records.
+
+The native and Python recorders pack op phases as binary records in ``block`` events
+(``commscope.blocks``).  Turning each into a dict, only for the model to pull the dict
+apart into its numpy columns again, cost most of a read and most of its memory: a large
+trace held one dict per event at once.  ``blocks.BlockDecoder`` decodes a stream's blocks
+straight into an ``OpRecords``: one numpy column per field, one row per record, in stream
+order, with what repeats from call to call (a begin's op, group, shapes, call site ...)
+interned once per stream as a ``Static`` and referenced by index.  The model ingests the
+columns as they are (``analysis.model.TraceModel.ingest``); a consumer that wants events
+asks ``events()``, which gives exactly the op events the records stand for.
+
+Torch-free and numpy only: a format, below the stores and the analysis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from commscope.schema import SCHEMA_VERSION
+
+#: Phase codes, in ``PHASES`` order (the model's op columns use the same codes).
+PH_BEGIN, PH_END, PH_WAIT_BEGIN, PH_WAIT_END, PH_DONE = range(5)
+PHASES = ("begin", "end", "wait_begin", "wait_end", "done")
+PHASE_CODE = {p: i for i, p in enumerate(PHASES)}
+
+#: Bits of ``OpRecords.flags``
+F_APPROX = 1  # an end whose time is only a bound
+F_GPU = 2  # ``gpu`` holds the device time a ``done`` measured
+F_SOURCE = 4  # an end that resolved an any-source recv: ``peer`` and ``seq`` hold its source
+
+
+class Static(NamedTuple):
+    """What a begin record's repeating part decodes to: the op event's fields but ts, id,
+    seq, parent and tid, decoded, validated and redacted once per distinct content."""
+
+    fields: dict
+    sk: int  # their signature key (``events.signature_key``)
+    peer: int  # the global peer rank (-1: none)
+    any_source_gid: int | None  # an any-source recv's group id: its peer comes with a SOURCE record
+    keyed: bool = True  # the event carries ``sk`` (BEGIN/BEGIN_SIG records; RBEGIN fragments do not)
+
+
+@dataclasses.dataclass(slots=True)
+class OpRecords:
+    """One stream's op records, a row each, in stream order (see the module docstring).
+
+    Begins have ``static`` >= 0 (an index into ``statics``, the decoder's table, which only
+    grows), ``seq`` (-1: none), ``parent`` (an op id, -1: none), ``tid`` and ``peer`` (the
+    static's).  Other phases have ``static`` -1; an end of an any-source recv carries its
+    source in ``peer``/``seq`` (``F_SOURCE``), a ``done`` its device time in ``gpu``
+    (``F_GPU``).  Exception texts (redacted) are sparse: ``exc`` maps a row to its text.
+    ``where`` (optional) says, per row, before which event of the stream's other events
+    the record came, so ``merged`` can put events back in stream order.
+    """
+
+    rank: int
+    phase: np.ndarray  # int8, PH_*
+    ts: np.ndarray  # int64
+    id: np.ndarray  # int64
+    static: np.ndarray  # int32
+    seq: np.ndarray  # int64
+    parent: np.ndarray  # int64
+    tid: np.ndarray  # uint64
+    peer: np.ndarray  # int32
+    gpu: np.ndarray  # int64
+    flags: np.ndarray  # uint8
+    exc: dict[int, str]
+    statics: Sequence[Static]
+    where: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.phase.shape[0])
+
+    def begins(self) -> np.ndarray:
+        return np.flatnonzero(self.phase == PH_BEGIN)
+
+    def events(self) -> list[dict]:
+        """The op events these records stand for, as dicts (schema version SCHEMA_VERSION),
+        exactly what a reader returned before records stayed in columns."""
+        out: list[dict] = []
+        rank, statics, exc = self.rank, self.statics, self.exc
+        cols = zip(self.phase.tolist(), self.ts.tolist(), self.id.tolist(), self.static.tolist(), self.seq.tolist(),
+                   self.parent.tolist(), self.tid.tolist(), self.peer.tolist(), self.gpu.tolist(),
+                   self.flags.tolist(), strict=True)
+        for row, (ph, ts, op_id, st, seq, parent, tid, peer, gpu, flags) in enumerate(cols):
+            e: dict = {"type": "op", "ts": ts, "phase": PHASES[ph], "id": op_id}
+            if ph == PH_BEGIN:
+                s = statics[st]
+                if seq >= 0:
+                    e["seq"] = seq
+                if parent >= 0:
+                    e["parent"] = parent
+                e.update(s.fields)
+                e["tid"] = tid
+                if s.keyed:
+                    e["sk"] = s.sk
+            else:
+                if row in exc:
+                    e["exc"] = exc[row]
+                if flags & F_APPROX:
+                    e["approx"] = True
+                if flags & F_GPU:
+                    e["gpu_ns"] = gpu
+                if flags & F_SOURCE:
+                    e["peer"] = peer
+                    if seq >= 0:
+                        e["seq"] = seq
+            e["v"] = SCHEMA_VERSION
+            e["rank"] = rank
+            out.append(e)
+        return out
+
+    def take(self, rows: np.ndarray) -> OpRecords:
+        """The records at ``rows`` (sorted), as a batch of their own."""
+        exc = {}
+        if self.exc:
+            at = {int(r): k for k, r in enumerate(rows.tolist())}
+            exc = {at[r]: t for r, t in self.exc.items() if r in at}
+        return OpRecords(self.rank, self.phase[rows], self.ts[rows], self.id[rows], self.static[rows], self.seq[rows],
+                         self.parent[rows], self.tid[rows], self.peer[rows], self.gpu[rows], self.flags[rows], exc,
+                         self.statics, None if self.where is None else self.where[rows])
+
+
+def concat(parts: list[OpRecords]) -> OpRecords:
+    """One batch of several of one stream (in order; they share the decoder's statics)."""
+    if len(parts) == 1:
+        return parts[0]
+    exc: dict[int, str] = {}
+    base = 0
+    for p in parts:
+        for r, t in p.exc.items():
+            exc[base + r] = t
+        base += len(p)
+    where = None if any(p.where is None for p in parts) else np.concatenate([p.where for p in parts])
+    cat = np.concatenate
+    return OpRecords(parts[0].rank, cat([p.phase for p in parts]), cat([p.ts for p in parts]),
+                     cat([p.id for p in parts]), cat([p.static for p in parts]), cat([p.seq for p in parts]),
+                     cat([p.parent for p in parts]), cat([p.tid for p in parts]), cat([p.peer for p in parts]),
+                     cat([p.gpu for p in parts]), cat([p.flags for p in parts]), exc, parts[-1].statics, where)
+
+
+def merged(events: list[dict], ops: OpRecords | None) -> list[dict]:
+    """``events`` with the records' events put back where they came in the stream
+    (``OpRecords.where``); without positions, after them."""
+    if ops is None or not len(ops):
+        return events
+    expanded = ops.events()
+    if ops.where is None:
+        return events + expanded
+    out: list[dict] = []
+    at = 0
+    for where, e in zip(ops.where.tolist(), expanded, strict=True):
+        if where > at:
+            out.extend(events[at:where])
+            at = where
+        out.append(e)
+    out.extend(events[at:])
+    return out
