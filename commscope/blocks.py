@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import struct
+import sys
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -183,33 +185,118 @@ class GroupEntry(NamedTuple):
 #: A GROUP record's member count that says runs follow: (start, stride, length) triples
 #: (``pack_group``), so a group of 16k ranks restated in every block costs 12 bytes, not 64k.
 RUNS = -2
-#: The most members one decoder expands out of runs in all (a run of 12 bytes may name
+#: The most members one reader expands out of runs in all (a run of 12 bytes may name
 #: millions): a hostile trace cannot make a reader allocate past it.
 MAX_RUN_MEMBERS = 1 << 24
 _TYPE_LEN = struct.Struct("<BxxxI")
+#: base64 to bytes, refusing anything else (strict where Python can: 3.11 and later)
+_b64 = functools.partial(binascii.a2b_base64, strict_mode=True) if sys.version_info >= (3, 11) else \
+    functools.partial(base64.b64decode, validate=True)
 _NO_STATIC = -1  # sid -> static index: not defined
+_NEVER = 1 << 62  # sid -> since: never defined
 _BAD_STATIC = -2  # defined, but its fields are invalid: every record of it is invalid
 
 
 class _Walk:
     """The op records of a run of blocks, gathered while walking them (``BlockDecoder``)."""
 
-    __slots__ = ("bufs", "offs", "where", "base", "dups")
+    __slots__ = ("bufs", "offs", "where", "base", "current", "want_where")
 
-    def __init__(self) -> None:
+    def __init__(self, want_where: bool = False) -> None:
+        self.want_where = want_where
         self.bufs: list[bytes] = []
         self.offs: list[int] = []  # offsets of op records in the joined buffers
         self.where: list[tuple[int, int]] = []  # (records so far, event position) per block
-        self.base = 0
-        self.dups = 0
+        self.base = 0  # where the next block's buffer starts in the joined buffers
+        self.current = b""  # the block being walked
+
+
+class StaticTable:
+    """The distinct begins a reader decoded, shared by its streams' decoders: every rank of
+    a job restates the same few signatures, decoded (validated, keyed) once for all of
+    them.  A static is found by its begin bytes and by what they resolve to in the stream's
+    tables (op name, group name, global peer and root, call site, dtype table), so two
+    streams share one only when it decodes the same in both."""
+
+    def __init__(self) -> None:
+        self.statics: list[Static] = []
+        self.peer = np.zeros(64, np.int32)  # each static's global peer (-1: none), for begins at once
+        self.any_source = np.zeros(64, bool)  # whether it is an any-source recv (its peer comes later)
+        self._index: dict[tuple, int] = {}
+        self._dtypes: dict[tuple[str, ...], int] = {}
+        self._groups: dict[bytes, tuple[GroupEntry, str]] = {}
+        self._run_members = 0  # members expanded out of runs, all groups (see MAX_RUN_MEMBERS)
+
+    def group_of(self, body: bytes) -> tuple[GroupEntry, str] | None:
+        """A GROUP record's body as (entry, backend), parsed once per distinct body (a group
+        of 16k ranks restated by 16k streams is one list); raises ValueError when invalid,
+        None past the cap on distinct groups."""
+        hit = self._groups.get(body)
+        if hit is not None:
+            return hit
+        if len(self._groups) >= 100_000:
+            return None
+        n = _U16.unpack_from(body, 0)[0]
+        name = body[2:2 + n].decode("utf-8", "replace")
+        pos = 2 + n
+        nb = _U16.unpack_from(body, pos)[0]
+        backend = body[pos + 2:pos + 2 + nb].decode("utf-8", "replace")
+        pos += 2 + nb
+        count = struct.unpack_from("<i", body, pos)[0]
+        if count == RUNS:
+            granks = self._runs(body, pos + 4)
+        else:
+            granks = list(struct.unpack_from(f"<{count}i", body, pos + 4)) \
+                if 0 <= count <= (len(body) - pos - 4) // 4 else None
+        if granks and not (min(granks) >= 0 and max(granks) <= schema.MAX_RANK):
+            raise ValueError("group ranks")
+        if len(name) > schema.MAX_NAME or len(backend) > schema.MAX_NAME:
+            raise ValueError("group name")
+        hit = self._groups[body] = (GroupEntry(name, granks), backend)
+        return hit
+
+    def _runs(self, body: bytes, pos: int) -> list[int]:
+        """Members given as runs (``RUNS``): i32 count, then (start, stride, length) each."""
+        nruns = struct.unpack_from("<i", body, pos)[0]
+        if not 0 <= nruns <= (len(body) - pos - 4) // 12:
+            raise ValueError("group runs")
+        out: list[int] = []
+        for start, stride, length in struct.iter_unpack("<iii", body[pos + 4:pos + 4 + 12 * nruns]):
+            if length < 0 or self._run_members + len(out) + length > MAX_RUN_MEMBERS:
+                raise ValueError("group runs")
+            out.extend(range(start, start + stride * length, stride) if stride else [start] * length)
+        self._run_members += len(out)
+        return out
+
+    def dtypes_token(self, table: list[str]) -> int:
+        return self._dtypes.setdefault(tuple(table), len(self._dtypes))
+
+    def get(self, key: tuple) -> int | None:
+        return self._index.get(key)
+
+    def add(self, key: tuple, static: Static | None) -> int:
+        """``static``'s index (None: invalid, remembered as ``_BAD_STATIC``)."""
+        if static is None:
+            at = _BAD_STATIC
+        else:
+            at = len(self.statics)
+            self.statics.append(static)
+            if at >= self.peer.shape[0]:
+                self.peer = np.concatenate([self.peer, np.zeros(at + 1, np.int32)])
+                self.any_source = np.concatenate([self.any_source, np.zeros(at + 1, bool)])
+            self.peer[at] = static.peer
+            self.any_source[at] = static.any_source_gid is not None
+        self._index[key] = at
+        return at
 
 
 class BlockDecoder:
     """Decodes one stream's blocks into ``OpRecords`` columns; keeps that stream's tables
     (signatures, sites, groups, op names, dtypes) and the ring position read up to."""
 
-    def __init__(self, rank: int = 0) -> None:
+    def __init__(self, rank: int = 0, table: StaticTable | None = None) -> None:
         self.rank = rank
+        self.table = table if table is not None else StaticTable()
         self.seen_end = 0  # ring position after the last record decoded (version 3 blocks)
         self.duplicates = 0  # records skipped because an earlier block held them
         self.sites: dict[int, str] = {}
@@ -219,13 +306,20 @@ class BlockDecoder:
         self.c10d_names = [n for _, n in C10D_OPS]
         self.invalid: Counter = Counter()  # records (or whole blocks) that could not be decoded, by reason
         #: Every distinct begin decoded so far (``OpRecords.static`` indexes it; only grows)
-        self.statics: list[Static] = []
+        self.statics: list[Static] = self.table.statics
         self._static_at: dict[bytes, int] = {}  # a begin's static bytes (or fragment key) -> index, _BAD_STATIC
+        #: Site and group ids that decoded statics referred to before the tables had them
+        self._unresolved: set[tuple[int, int]] = set()
         self._sigs: dict[int, bytes] = {}  # signature id -> its SIG record
         self._sid = np.full(64, _NO_STATIC, np.int32)  # signature id -> static index (or _NO_*/_BAD_)
+        #: signature id -> how many op records this stream had when its SIG record came (a
+        #: begin before that names it is invalid, as its SIG record was lost)
+        self._sid_since = np.full(64, _NEVER, np.int64)
+        self._gathered = 0  # op records resolved so far
+        self._sig_refs: set[tuple[int, int]] = set()  # (SITE_REC, id) and (GROUP_REC, id) signatures refer to
         self._in_effect: set[bytes] = set()  # table records restating only what is known: skipped
+        self._prefixes: list[bytes] = []  # table prefixes of recent blocks (all in effect), newest first
         self._gid_of_id: dict[int, int] = {}  # any-source recvs waiting for their source
-        self._run_members = 0
 
     # -- tables, from the rank's other events
     def note(self, ev: dict) -> bool:
@@ -235,9 +329,9 @@ class BlockDecoder:
         if typ == SITE:
             sid, text = ev.get("sid"), ev.get("text")
             if isinstance(sid, int) and isinstance(text, str) and self.sites.get(sid) != text:
+                changed = self._define(SITE_REC, sid, sid in self.sites)
                 self.sites[sid] = text
-                self._forget()
-                return True
+                return changed
         elif typ == "group":
             gid = ev.get("gid")
             if isinstance(gid, int):
@@ -245,9 +339,9 @@ class BlockDecoder:
                 ok = isinstance(granks, list) and all(isinstance(r, int) for r in granks)
                 entry = GroupEntry(str(ev.get("group")), list(granks) if ok else None)
                 if self.groups.get(gid) != entry:
+                    changed = self._define(GROUP_REC, gid, gid in self.groups)
                     self.groups[gid] = entry
-                    self._forget()  # peers and roots may now resolve to global ranks
-                    return True
+                    return changed
         elif typ == "meta":
             changed = False
             names = ev.get("names")
@@ -269,12 +363,45 @@ class BlockDecoder:
         """The tables changed: begins decode anew (what they decoded to may differ now)."""
         self._static_at.clear()
         self._sid[:] = _NO_STATIC
-        self._in_effect.clear()
 
-    def _table(self, typ: int, raw: bytes, off: int, length: int, events: list[dict], ts: int,
-               before: Callable[[], None]) -> None:
-        """A table record: remembered, ``before()`` called first when it changes what begins
-        decode to (a restatement that changes nothing costs a compare)."""
+    def _define(self, typ: int, key: int, replaces: bool, walk: _Walk | None = None,
+                before: Callable[[], None] | None = None) -> bool:
+        """A site or group is about to be (re)defined: whether that changes what begins
+        decode to.  Begins decode with the tables as they stood at the begin, so what was
+        gathered and may refer to this one is resolved first (``before``): everything when
+        one replaces another, else when a signature refers to it or a begin that carries
+        its own fields was gathered.  A new one changes nothing decoded unless a begin
+        referred to it before it was known."""
+        if replaces:
+            if before is not None:
+                before()
+            self._superseded()
+            self._forget()
+            return True
+        if before is not None and walk is not None and walk.offs and (
+                (typ, key) in self._sig_refs or _has_own_fields(walk)):
+            before()
+        if (typ, key) in self._unresolved:
+            self._unresolved.discard((typ, key))
+            self._forget()
+            return True
+        return False
+
+    def _superseded(self) -> None:
+        """A table entry changed: the records that restated the old one no longer restate
+        what is in effect (all are forgotten: changes are rare, restatements common)."""
+        self._in_effect.clear()
+        self._prefixes.clear()
+
+    def _table(self, typ: int, raw: bytes, off: int, length: int, events: list[dict], ts: int, walk: _Walk,
+               parts: list[OpRecords]) -> None:
+        """A table record: remembered; what ``walk`` gathered before it is resolved first when
+        it changes what begins decode to (a restatement that changes nothing costs a compare)."""
+
+        def before() -> None:
+            if walk.offs:
+                self._flush(walk, parts, carry=walk.current)
+
         _t, flags, aux, _len, _ts, key = HEADER.unpack_from(raw, off)
         if key > MAX_INT:
             return
@@ -286,7 +413,13 @@ class BlockDecoder:
                 return
             if old is not None:
                 before()  # begins of the old signature resolve with it
-                self._in_effect.discard(old)
+                self._superseded()
+            else:  # begins before this record that name it are invalid (its SIG record was lost)
+                if key >= self._sid.shape[0]:
+                    self._grow_sids(key)
+                self._sid_since[key] = self._gathered + len(walk.offs)
+                self._sig_refs.add((SITE_REC, struct.unpack_from("<i", raw, body + 20)[0]))
+                self._sig_refs.add((GROUP_REC, struct.unpack_from("<i", raw, body + 28)[0]))
             self._sigs[key] = rec
             if key < self._sid.shape[0]:
                 self._sid[key] = _NO_STATIC
@@ -295,53 +428,26 @@ class BlockDecoder:
             text = redact(raw[body + 2:body + 2 + n].decode("utf-8", "replace"))
             if self.sites.get(key) == text or (key not in self.sites and len(self.sites) >= 200_000):
                 return
-            before()
+            self._define(SITE_REC, key, key in self.sites, walk, before)
             self.sites[key] = text
-            self._forget()  # decoded begins carry the text
         elif typ == GROUP_REC:
-            n = _U16.unpack_from(raw, body)[0]
-            name = raw[body + 2:body + 2 + n].decode("utf-8", "replace")
-            pos = body + 2 + n
-            nb = _U16.unpack_from(raw, pos)[0]
-            backend = raw[pos + 2:pos + 2 + nb].decode("utf-8", "replace")
-            pos += 2 + nb
-            count = struct.unpack_from("<i", raw, pos)[0]
-            if count == RUNS:
-                granks = self._runs(raw, pos + 4, end)
-            else:
-                granks = list(struct.unpack_from(f"<{count}i", raw, pos + 4)) if 0 <= count <= (end - pos - 4) // 4 \
-                    else None
-            if granks is not None and any(not 0 <= r <= schema.MAX_RANK for r in granks):
-                raise ValueError("group ranks")
-            if len(name) > schema.MAX_NAME or len(backend) > schema.MAX_NAME:
-                raise ValueError("group name")
-            entry = GroupEntry(name, granks)
-            if self.groups.get(key) == entry or (key not in self.groups and len(self.groups) >= 100_000):
+            got = self.table.group_of(raw[body:end])
+            if got is None:
                 return
-            before()
+            entry, backend = got
+            if self.groups.get(key) is entry or self.groups.get(key) == entry or (
+                    key not in self.groups and len(self.groups) >= 100_000):
+                return
+            self._define(GROUP_REC, key, key in self.groups, walk, before)
             self.groups[key] = entry
-            self._forget()  # peers and roots may now resolve to global ranks
-            group = {"type": "group", "ts": ts, "group": name, "gid": key}
-            if granks is not None:
-                group["granks"] = granks
+            group = {"type": "group", "ts": ts, "group": entry.name, "gid": key}
+            if entry.granks is not None:
+                group["granks"] = entry.granks  # (shared by every stream that has the group: read, never written)
             if backend:
                 group["backend"] = backend
             group["v"] = SCHEMA_VERSION
             group["rank"] = self.rank
             events.append(group)  # the model learns the group's members from it
-
-    def _runs(self, raw: bytes, pos: int, end: int) -> list[int]:
-        """Members given as runs (``RUNS``): i32 count, then (start, stride, length) each."""
-        nruns = struct.unpack_from("<i", raw, pos)[0]
-        if not 0 <= nruns <= (end - pos - 4) // 12:
-            raise ValueError("group runs")
-        out: list[int] = []
-        for start, stride, length in struct.iter_unpack("<iii", raw[pos + 4:pos + 4 + 12 * nruns]):
-            if length < 0 or self._run_members + len(out) + length > MAX_RUN_MEMBERS:
-                raise ValueError("group runs")
-            out.extend(range(start, start + stride * length, stride) if stride else [start] * length)
-        self._run_members += len(out)
-        return out
 
     # -- blocks
     def decode(self, events: list[dict], out: list[dict], where: bool = False) -> OpRecords | None:
@@ -349,88 +455,120 @@ class BlockDecoder:
         as columns; every other event goes to ``out`` in order (``site`` events only teach
         tables), and so do the ``group`` events that GROUP records define.  ``where``: note
         each record's place among ``out`` (``OpRecords.where``).  What cannot be decoded is
-        counted in ``invalid``."""
+        counted in ``invalid``.
+
+        Each block's records are walked in Python (a record's length says where the next
+        starts), gathering only the offsets of its op records; ``_resolve`` then reads their
+        fields for all of them at once.  Table records restating what is known cost a set
+        lookup, and a block whose table records repeat a recent block's byte for byte
+        skips them with one compare.  A table record that changes something first resolves
+        the records gathered before it, with the tables they were written under."""
         parts: list[OpRecords] = []
-        walk = _Walk()
+        walk = _Walk(where)
+        offs, bufs, wh = walk.offs, walk.bufs, walk.where
+        append = offs.append
+        type_len = _TYPE_LEN.unpack_from
+        in_effect = self._in_effect
+        prefixes = self._prefixes
+        invalid = self.invalid
+        want_where = walk.want_where
+        seen_end = self.seen_end
         for ev in events:
             typ = ev.get("type")
-            if typ == BLOCK:
-                self._walk(ev, walk, parts, out)
+            if typ != BLOCK:
+                if typ in (SITE, "group", "meta") and ("gid" in ev or "names" in ev or "dtypes" in ev or typ == SITE):
+                    if offs:
+                        self._flush(walk, parts)
+                    self.note(ev)
+                    if typ == SITE:
+                        continue
+                out.append(ev)
                 continue
-            if typ in (SITE, "group", "meta") and ("gid" in ev or "names" in ev or "dtypes" in ev or typ == SITE):
-                if walk.offs:
-                    self._flush(walk, parts)
-                self.note(ev)
-                if typ == SITE:
+            try:
+                raw = _b64(ev["data"])
+            except (binascii.Error, ValueError, TypeError):
+                invalid["block: not base64"] += 1
+                continue
+            # Ring positions (version 3): records below seen_end were decoded from an earlier block.
+            pos = ev.get("pos")
+            skip_below = -1
+            if pos.__class__ is int:
+                if pos < seen_end:
+                    skip_below = seen_end
+                end = ev.get("end")
+                if end.__class__ is int and end > seen_end:
+                    seen_end = end
+            size = len(raw)
+            bufs.append(raw)
+            if want_where:
+                wh.append((len(offs), len(out)))
+            base = walk.base
+            walk.base = base + size
+            off = 0
+            head = size > 0 and raw[0] in TABLE_RECORDS  # in the block's table prefix
+            if head:
+                for k, p in enumerate(prefixes):  # the tables restated as a recent block did: nothing to learn
+                    n = len(p)
+                    if raw.startswith(p) and (n == size or raw[n] not in TABLE_RECORDS):
+                        off, head = n, False
+                        if k:  # most recent first: blocks alternate between a few
+                            prefixes.insert(0, prefixes.pop(k))
+                        break
+            while off + 24 <= size:
+                typ, length = type_len(raw, off)
+                if length < 24 or off + length > size:
+                    invalid["block: truncated record"] += 1
+                    head = False
+                    break
+                if typ in TABLE_RECORDS:
+                    rec = raw[off:off + length]
+                    if rec not in in_effect:
+                        walk.current = raw
+                        try:
+                            self._table(typ, raw, off, length, out, ev.get("ts", 0), walk, parts)
+                            in_effect.add(rec)
+                        except (struct.error, ValueError):
+                            invalid["block: bad table record"] += 1
+                            head = False
+                        base = walk.base - size  # (a change resolved what came before: offsets restart)
+                    off += length
                     continue
-            out.append(ev)
+                if head:
+                    if off:
+                        self._note_prefix(raw[:off])
+                    head = False
+                if skip_below >= 0 and pos < skip_below:
+                    self.duplicates += 1
+                    pos += length
+                else:
+                    append(base + off)
+                    if skip_below >= 0:
+                        pos += length
+                off += length
+            if head and off:
+                self._note_prefix(raw[:off])
+            if want_where:
+                wh[-1] = (wh[-1][0], len(out))  # the block's records come after the groups it defined
+        self.seen_end = seen_end
         self._flush(walk, parts)
         if not parts:
             return None
-        ops = concat(parts)
-        if not where:
-            ops.where = None
-        return ops
+        return concat(parts)
 
-    def _walk(self, ev: dict, walk: _Walk, parts: list[OpRecords], out: list[dict]) -> None:
-        """Gather one block's op records into ``walk``; its table records take effect in
-        order (what was gathered before a change is resolved first, with the old tables)."""
-        try:
-            raw = base64.b64decode(ev.get("data"), validate=True)
-        except (binascii.Error, ValueError, TypeError):
-            self.invalid["block: not base64"] += 1
-            return
-        # Ring positions (version 3): records below seen_end were decoded from an earlier block.
-        pos = ev.get("pos")
-        skip_below = self.seen_end if isinstance(pos, int) and pos < self.seen_end else -1
-        if isinstance(pos, int) and isinstance(ev.get("end"), int):
-            self.seen_end = max(self.seen_end, ev["end"])
-        size = len(raw)
-        walk.bufs.append(raw)
-        walk.where.append((len(walk.offs), len(out)))
-        walk.base += size
-        base = walk.base - size
-        append = walk.offs.append
-        type_len = _TYPE_LEN.unpack_from
-        in_effect = self._in_effect
-        ts = ev.get("ts", 0)
-
-        def before() -> None:  # a table changes: what came before resolves with the old one
-            if walk.offs:
-                self._flush(walk, parts, carry=raw)
-
-        off = 0
-        while off + 24 <= size:
-            typ, length = type_len(raw, off)
-            if length < 24 or off + length > size:
-                self.invalid["block: truncated record"] += 1
-                break
-            if typ in TABLE_RECORDS:
-                rec = raw[off:off + length]
-                if rec not in in_effect:
-                    try:
-                        self._table(typ, raw, off, length, out, ts, before)
-                        in_effect.add(rec)
-                    except (struct.error, ValueError):
-                        self.invalid["block: bad table record"] += 1
-                    base = walk.base - size
-            elif skip_below >= 0 and pos < skip_below:
-                self.duplicates += 1
-                pos += length
-            else:
-                append(base + off)
-                if skip_below >= 0:
-                    pos += length
-            off += length
-        # the block's records come after the groups its table records defined
-        walk.where[-1] = (walk.where[-1][0], len(out))
+    def _note_prefix(self, prefix: bytes) -> None:
+        """A block's table records, all in effect now: a block that starts with the same
+        bytes skips them at once."""
+        if prefix not in self._prefixes:
+            self._prefixes.insert(0, prefix)
+            del self._prefixes[8:]
 
     def _flush(self, walk: _Walk, parts: list[OpRecords], carry: bytes | None = None) -> None:
         """Resolve what ``walk`` gathered into a part.  ``carry``: the block being walked
         goes on (its buffer starts the next walk, so the offsets gathered next stay valid)."""
         if walk.offs:
             buf = walk.bufs[0] if len(walk.bufs) == 1 else b"".join(walk.bufs)
-            part = self._resolve(buf, np.array(walk.offs, np.int64), walk.where)
+            part = self._resolve(buf, np.array(walk.offs, np.int64), walk.where if walk.want_where else [])
+            self._gathered += len(walk.offs)
             if part is not None:
                 parts.append(part)
         at = walk.where[-1][1] if walk.where else 0
@@ -499,15 +637,18 @@ class BlockDecoder:
             sq = _gather(u8, body + 4, "<i8")
             par = _gather(u8, body + 12, "<u8")
             st = self._statics_of(sid)
-            good = (st >= 0) & (sq <= MAX_INT) & (par <= MAX_INT)
+            inside = sid < self._sid_since.shape[0]
+            since = np.full(sid.shape[0], _NEVER, np.int64)
+            since[inside] = self._sid_since[sid[inside]]
+            good = (st >= 0) & (sq <= MAX_INT) & (par <= MAX_INT) & (since <= self._gathered + rows)
             rows, st, sq, par = rows[good], st[good], sq[good], par[good]
             phase[rows] = PH_BEGIN
             static[rows] = st
             seq[rows] = np.where(sq >= 0, sq, -1)
             parent[rows] = np.where(par == 0, -1, par.astype(np.int64))
             tid[rows] = _gather(u8, offs[rows] + HEADER.size + 20, "<u8")
-            peer[rows] = self._peers(st)
-            if self._any_source_rows(st):
+            peer[rows] = self.table.peer[st]
+            if self.table.any_source[st].any():
                 for row, s in zip(rows.tolist(), st.tolist(), strict=True):
                     gid = self.statics[s].any_source_gid
                     if gid is not None:
@@ -547,7 +688,7 @@ class BlockDecoder:
             except (struct.error, ValueError, msgspec.ValidationError, msgspec.DecodeError, IndexError, KeyError,
                     orjson.JSONDecodeError):
                 phase[row] = -1
-        unknown = ok & (phase < 0) & ~np.isin(typ, _KNOWN)
+        unknown = ok & (phase < 0) & ~_KNOWN[typ]
         n_unknown = int(np.count_nonzero(unknown))
         if n_unknown:
             self.invalid["block: unknown record"] += n_unknown
@@ -557,8 +698,10 @@ class BlockDecoder:
         keep = np.flatnonzero(phase >= 0)
         if not keep.shape[0]:
             return None
-        counts = np.diff(np.array([w for w, _ in where] + [k], np.int64))
-        at = np.repeat(np.array([p for _, p in where], np.int64), counts)
+        at = None
+        if where:  # (only events want it: columns go to the model as they are)
+            counts = np.diff(np.array([w for w, _ in where] + [k], np.int64))
+            at = np.repeat(np.array([p for _, p in where], np.int64), counts)
         ops = OpRecords(self.rank, phase, ts, ids, static, seq, parent, tid, peer, gpu, flags, exc, self.statics, at)
         return ops if keep.shape[0] == k else ops.take(keep)
 
@@ -569,7 +712,7 @@ class BlockDecoder:
         out[inside] = self._sid[sid[inside]]
         missing = np.flatnonzero(out == _NO_STATIC)
         if missing.shape[0]:
-            for s in np.unique(sid[missing]).tolist():
+            for s in sorted(set(sid[missing].tolist())):
                 rec = self._sigs.get(s)
                 if rec is None:
                     continue  # its SIG record was lost (a trimmed stream): those begins are invalid
@@ -577,22 +720,16 @@ class BlockDecoder:
                 # a SIG body is a BeginBody (tid, parent and seq left out) followed by the tensors
                 got = self._static_index(rec, HEADER.size, length, flags, aux)
                 if s >= self._sid.shape[0]:
-                    more = max(s + 1, 2 * self._sid.shape[0]) - self._sid.shape[0]
-                    self._sid = np.concatenate([self._sid, np.full(more, _NO_STATIC, np.int32)])
+                    self._grow_sids(s)
                 self._sid[s] = got
             inside = (sid >= 0) & (sid < self._sid.shape[0])
             out[inside] = self._sid[sid[inside]]
         return out
 
-    def _peers(self, st: np.ndarray) -> np.ndarray:
-        u = np.unique(st)
-        if u.shape[0] == 1:
-            return np.full(st.shape[0], self.statics[int(u[0])].peer, np.int32)
-        table = np.array([self.statics[int(s)].peer for s in u.tolist()], np.int32)
-        return table[np.searchsorted(u, st)]
-
-    def _any_source_rows(self, st: np.ndarray) -> bool:
-        return any(self.statics[int(s)].any_source_gid is not None for s in np.unique(st).tolist())
+    def _grow_sids(self, sid: int) -> None:
+        more = max(sid + 1, 2 * self._sid.shape[0]) - self._sid.shape[0]
+        self._sid = np.concatenate([self._sid, np.full(more, _NO_STATIC, np.int32)])
+        self._sid_since = np.concatenate([self._sid_since, np.full(more, _NEVER, np.int64)])
 
     def _note_any_source(self, op_id: int, gid: int) -> None:
         """An any-source recv: its peer arrives with a SOURCE record."""
@@ -620,42 +757,50 @@ class BlockDecoder:
         return t, par, s, st
 
     def _static_index(self, raw: bytes, body: int, end: int, flags: int, aux: int) -> int:
-        """A BeginBody and its tensors as a static index, decoded once per distinct content;
-        _BAD_STATIC when invalid (remembered too)."""
+        """A BeginBody and its tensors as a static index, decoded once per distinct content
+        and context (``StaticTable``); _BAD_STATIC when invalid (remembered too)."""
         # Everything but ts/id/seq/parent/tid repeats call after call.
         key = bytes((flags, aux & 0xFF)) + raw[body + 16:body + 32] + raw[body + 40:end]
         hit = self._static_at.get(key)
+        if hit is not None:
+            return hit
+        (_tid, _parent, name, site, opcode, gid, _seq, peer, root, redop, role, device, nin, nout,
+         _ntin, _ntout, bin_, bout) = BEGIN_BODY.unpack_from(raw, body)
+        op = self._op_name(name, role, aux, opcode)
+        group = self.groups.get(gid)
+        if gid >= 0 and group is None:
+            self._unresolved.add((GROUP_REC, gid))
+        if site >= 0 and site not in self.sites:
+            self._unresolved.add((SITE_REC, site))
+        context = (key, op, group.name if group else None, self._global(gid, peer), self._global(gid, root),
+                   self.sites.get(site), self.table.dtypes_token(self.dtypes))
+        hit = self.table.get(context)
         if hit is None:
-            (_tid, _parent, name, site, opcode, gid, _seq, peer, root, redop, role, device, nin, nout,
-             _ntin, _ntout, bin_, bout) = BEGIN_BODY.unpack_from(raw, body)
             try:
-                fields, sk = self._static_fields(raw, body + BEGIN_BODY.size, end, flags, aux, name, site, opcode,
-                                                 gid, peer, root, redop, role, device, nin, nout, bin_, bout)
-                hit = self._add_static(Static(fields, sk, fields.get("peer", -1),
-                                              gid if aux == 3 and role != ROLE_NESTED else None))
+                fields, sk = self._static_fields(raw, body + BEGIN_BODY.size, end, flags, aux, op, site, gid,
+                                                 peer, root, redop, role, device, nin, nout, bin_, bout)
+                hit = self.table.add(context, Static(fields, sk, fields.get("peer", -1),
+                                                     gid if aux == 3 and role != ROLE_NESTED else None))
             except (struct.error, ValueError, IndexError, msgspec.ValidationError):
-                hit = _BAD_STATIC  # remembered: every record with these fields is invalid
-            if len(self._static_at) > 50_000:
-                self._static_at.clear()
-            self._static_at[key] = hit
+                hit = self.table.add(context, None)  # remembered: every record with these fields is invalid
+        if len(self._static_at) > 50_000:
+            self._static_at.clear()
+        self._static_at[key] = hit
         return hit
 
-    def _add_static(self, s: Static) -> int:
-        self.statics.append(s)
-        return len(self.statics) - 1
-
-    def _static_fields(self, raw: bytes, pos: int, end: int, flags: int, aux: int, name: int, site: int, opcode: int,
-                       gid: int, peer: int, root: int, redop: int, role: int, device: int, nin: int, nout: int,
-                       bin_: int, bout: int) -> tuple[dict, int]:
+    def _op_name(self, name: int, role: int, aux: int, opcode: int) -> str:
         names = self.names
         if name >= 0 and names is not None and name < len(names):
-            op = names[name]
-        elif role == ROLE_CHILD and aux in (1, 2):  # the p2p ops of batch_isend_irecv
-            op = "isend" if aux == 1 else "irecv"
-        elif 0 <= opcode < len(self.c10d_names):
-            op = self.c10d_names[opcode]
-        else:
-            op = "?"
+            return names[name]
+        if role == ROLE_CHILD and aux in (1, 2):  # the p2p ops of batch_isend_irecv
+            return "isend" if aux == 1 else "irecv"
+        if 0 <= opcode < len(self.c10d_names):
+            return self.c10d_names[opcode]
+        return "?"
+
+    def _static_fields(self, raw: bytes, pos: int, end: int, flags: int, aux: int, op: str, site: int,
+                       gid: int, peer: int, root: int, redop: int, role: int, device: int, nin: int, nout: int,
+                       bin_: int, bout: int) -> tuple[dict, int]:
         f: dict[str, Any] = {"op": op}
         if gid >= 0:
             f["group"] = self.groups[gid].name if gid in self.groups else f"#{gid}"
@@ -721,6 +866,14 @@ class BlockDecoder:
         key = b"R%d,%d,%d," % (site, gid, nested) + raw[start:start + n]
         hit = self._static_at.get(key)
         if hit is None:
+            group = self.groups.get(gid)
+            if site >= 0 and site not in self.sites:
+                self._unresolved.add((SITE_REC, site))
+            if gid >= 0 and group is None:
+                self._unresolved.add((GROUP_REC, gid))
+            context = (key, group.name if group else None, self.sites.get(site))
+            hit = self.table.get(context)
+        if hit is None:
             try:
                 e = orjson.loads(b"{" + raw[start:start + n] + b"}")
                 if not isinstance(e, dict):
@@ -737,9 +890,10 @@ class BlockDecoder:
                     e["site"] = self.sites[site]
                 sk = signature_key(orjson.dumps(e)[1:-1])
                 peer = e.get("peer", -1)
-                hit = self._add_static(Static(e, sk, peer if isinstance(peer, int) else -1, None, keyed=False))
+                hit = self.table.add(context, Static(e, sk, peer if isinstance(peer, int) else -1, None, keyed=False))
             except (ValueError, TypeError, msgspec.ValidationError, orjson.JSONDecodeError):
-                hit = _BAD_STATIC
+                hit = self.table.add(context, None)
+        if key not in self._static_at:
             if len(self._static_at) > 50_000:
                 self._static_at.clear()
             self._static_at[key] = hit
@@ -748,7 +902,17 @@ class BlockDecoder:
         return t, par, s, hit
 
 
-_KNOWN = np.array([BEGIN, END, WAIT_BEGIN, WAIT_END, DONE, RBEGIN, SOURCE, BEGIN_SIG], np.uint8)
+_KNOWN = np.zeros(256, bool)  # record types an op record may have
+_KNOWN[[BEGIN, END, WAIT_BEGIN, WAIT_END, DONE, RBEGIN, SOURCE, BEGIN_SIG]] = True
+
+
+def _has_own_fields(walk: _Walk) -> bool:
+    """Whether ``walk`` gathered a begin that carries its own fields (BEGIN, RBEGIN): one that
+    refers to sites and groups directly, not through a signature."""
+    if len(walk.offs) > 4096:
+        return True  # (not worth looking: resolving once more costs less)
+    buf = walk.bufs[0] if len(walk.bufs) == 1 else b"".join(walk.bufs)
+    return any(buf[o] in (BEGIN, RBEGIN) for o in walk.offs)
 
 
 def _gather(u8: np.ndarray, at: np.ndarray, dtype: str) -> np.ndarray:

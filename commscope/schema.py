@@ -258,6 +258,12 @@ def _sift(objs: list, rank: int | None, invalid: Counter) -> list[dict]:
     for e in objs:
         # _check, inlined for the common case: a call per event is a tenth of the read
         typ = e.get("type")
+        if typ == "block":  # the native recorder's: most lines of a trace, and nothing to redact
+            if "data" in e and "ts" in e and (e.get("rank") == rank if rank is not None else "rank" in e):
+                append(e)
+            else:
+                invalid[_check(e, rank) or "event: invalid"] += 1
+            continue
         if (typ is not None and "ts" in e and (e.get("rank") == rank if rank is not None else "rank" in e)
                 and (typ not in required or all(k in e for k in required[typ]))):
             if typ == "op":  # the common case: only a call site, or an exception text
@@ -267,7 +273,7 @@ def _sift(objs: list, rank: int | None, invalid: Counter) -> list[dict]:
                     e["site"] = hit if hit is not None else redact(site)
                 if "exc" in e:
                     e["exc"] = redact(e["exc"])
-            elif typ != "block":
+            else:
                 redact_event(e)
             append(e)
         else:

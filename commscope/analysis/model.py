@@ -417,10 +417,14 @@ class TraceModel:
         """Signature codes of begins given as (static index, thread id): interned once per
         distinct pair, looked up by the static's key (``Static.sk``) like a begin event's."""
         if bool((tid == tid[0]).all()):
-            u, inv = np.unique(st, return_inverse=True)
             t = int(tid[0])
-            table = np.array([self._code(statics[s], t) for s in u.tolist()], np.int32)
-            return table[inv]
+            distinct = sorted(set(st.tolist()))  # a handful: cheaper than np.unique on small batches
+            if len(distinct) == 1:
+                return np.full(st.shape[0], self._code(statics[distinct[0]], t), np.int32)
+            table = np.full(distinct[-1] + 1, -1, np.int32)
+            for s in distinct:
+                table[s] = self._code(statics[s], t)
+            return table[st]
         pairs = np.stack([st.astype(np.uint64), tid])
         u, inv = np.unique(pairs, axis=1, return_inverse=True)
         table = np.array([self._code(statics[int(s)], int(t)) for s, t in u.T.tolist()], np.int32)

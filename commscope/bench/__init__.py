@@ -11,6 +11,7 @@ SUITES: dict[str, str] = {
     "store": "commscope.bench.store",
     "varlen": "commscope.bench.varlen",
     "analysis": "commscope.bench.analysis",
+    "large": "commscope.bench.large",
     "tui": "commscope.bench.tui",
     "fuzz": "commscope.bench.fuzz",
     "deaths": "commscope.bench.deaths",

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, Protocol
 
 import orjson
 
-from commscope.blocks import BlockDecoder, decode_stream
+from commscope.blocks import BlockDecoder, StaticTable, decode_stream
 from commscope.events import Decoded, Event, decode_lines
 from commscope.oprecords import OpRecords
 from commscope.schema import SCHEMA_VERSION
@@ -212,6 +212,7 @@ class TraceReader(abc.ABC):
     SPOOL_LOOK_S = 2.0
     _next_spool_look = 0.0
     _block_decoders: dict[Stream, BlockDecoder]  # per stream, made by ``ingest``: see commscope.blocks
+    _statics: StaticTable  # what the streams' decoders share (every rank restates the same signatures)
     #: Op records stay in columns (``poll_batch``): ``ingest`` keeps them in ``_ops``
     columnar = False
     _ops: list[OpRecords]
@@ -287,7 +288,11 @@ class TraceReader(abc.ABC):
             decoders = self._block_decoders = {}
         decoder = decoders.get(stream)
         if decoder is None:
-            decoder = decoders[stream] = BlockDecoder(rank)
+            try:
+                table = self._statics
+            except AttributeError:
+                table = self._statics = StaticTable()
+            decoder = decoders[stream] = BlockDecoder(rank, table)
         got = decode_stream(got, decoder, columns=self.columnar)
         if got.ops is not None:
             try:

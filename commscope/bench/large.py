@@ -1,0 +1,278 @@
+"""Large traces: check's time and memory, the reader and model's rate, and a live batch's cost, at 1k-16k ranks.
+
+Each job is written first (``bench/synthstore.py``: R ranks x N collectives, FSDP-like,
+one rank missing from the last all_reduce) through the real directory store writer, in
+the native recorder's block format and, for the JSON figure, as JSON op events.  Then,
+side by side in one run, alternating A and B, each measurement in a fresh process (its
+peak RSS is its own):
+
+    events   the path before columns: the reader returns every event as a dict (blocks
+             expanded), all of them at once (``read_all``), and the model is built from
+             them (``TraceModel.from_events``)
+    columns  ``analysis.source.load_trace``: op records stay in numpy columns, read and
+             ingested in 32 MiB steps
+
+each followed by ``diagnose()``, as ``commscope check`` runs.  Both must name the same
+finding (kind and culprit), or the run fails.  The events path holds every event of the
+trace at once: where it would not fit (``--events-max-ranks``), it runs on the same job
+with fewer ops (``--events-fraction``), and its figures are labelled so.
+
+Then a live console's batch: the model built from all but the last events, the rest
+ingested in 10k-event batches drawn from every rank in turn (a poll of a job this wide
+sees a few events from each of many ranks), as event dicts and as columns.
+
+Targets (docs/analysis.md): check 4,096 ranks x 400 ops <= 5 s and 1.5 GiB, 16,384 ranks
+<= 15 s and 4 GiB; reader + model >= 2 M events/s (native), >= 1 M/s (JSON); a 10k-event
+batch <= 5 ms at 16,384 ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from commscope.bench.stats import fmt_bytes, fmt_time, median, quantile
+
+TARGETS = {4096: (5.0, 1.5 * 2**30), 16384: (15.0, 4 * 2**30)}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ranks", default="1024,4096,16384", help="rank counts, comma-separated (default 1024,4096,16384)")
+    p.add_argument("--ops", type=int, default=400, help="collectives per rank (default 400)")
+    p.add_argument("--rate", type=float, default=25.0,
+                   help="collectives per second on each rank (default 25: ~1 op per 50 ms recorder tick)")
+    p.add_argument("--repeat", type=int, default=3, help="alternating runs of each path (default 3; medians)")
+    p.add_argument("--formats", default="native,json", help="trace formats to measure (default native,json)")
+    p.add_argument("--events-max-ranks", type=int, default=4096,
+                   help="above this many ranks the events path reads a smaller job (default 4096)")
+    p.add_argument("--events-fraction", type=float, default=0.25,
+                   help="the fraction of ops the events path reads above --events-max-ranks (default 0.25)")
+    p.add_argument("--no-batch", action="store_true", help="skip the live-batch measurement")
+    p.add_argument("--dir", default=None, help="where to write the jobs (default: a temporary directory, removed)")
+    p.add_argument("--quick", action="store_true", help="256 and 1024 ranks x 100 ops, once (a smoke run)")
+
+
+# ------------------------------------------------------------------ one measurement, in its own process
+def measure(path: str, store: str) -> dict[str, Any]:
+    """Run ``commscope check``'s work one way on ``store``: load, then diagnose."""
+    import resource
+
+    from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+    from commscope.events import gc_paused
+
+    t0 = time.perf_counter()
+    if path == "columns":
+        from commscope.analysis.source import load_trace
+
+        model, reader, _ = load_trace(store)
+    else:
+        from commscope.analysis.model import TraceModel
+        from commscope.store import open_reader
+
+        reader = open_reader(store)
+        with gc_paused():
+            events = reader.read_all()
+            model = TraceModel.from_events(events)
+        model.note_read_stats(reader.stats)
+        del events
+    t1 = time.perf_counter()
+    found = diagnose(model, trace_now(model), default_hang_after(model))
+    t2 = time.perf_counter()
+    errors = [(f.kind, f.culprits) for f in found if f.severity == "error"]
+    return {"load_s": t1 - t0, "diag_s": t2 - t1, "events": model.events, "ranks": len(model.ranks),
+            "ops": model.total_ops(), "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "errors": errors, "bytes": reader.stats.bytes}
+
+
+def _run(path: str, store: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "commscope.bench.large", path, store], capture_output=True,
+                         text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{path} on {store} failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------ the live batch
+def batches(store: str, columns: bool, tail_events: int, batch: int) -> tuple[list[float], int]:
+    """Ingest times of ``batch``-event batches drawn round-robin from every rank's last
+    events, into a model built from the rest; (times, ranks touched per batch)."""
+    import numpy as np
+
+    from commscope.analysis.model import TraceModel
+    from commscope.events import gc_paused
+    from commscope.oprecords import OpRecords
+    from commscope.store import open_reader
+
+    reader = open_reader(store)
+    with gc_paused():
+        if columns:
+            b = reader.read_all_batch()
+            per: dict[int, OpRecords] = {}
+            for o in b.ops:
+                per[o.rank] = o
+            head_ops, tails = [], []
+            share = max(1, tail_events // max(1, len(per)))
+            for o in per.values():
+                n = len(o)
+                k = min(share, n)
+                head_ops.append(o.take(np.arange(0, n - k)))
+                tails.append([o.take(np.arange(j, j + 1)) for j in range(n - k, n)])
+            model = TraceModel()
+            model.ingest(b.events, head_ops)
+            units: list[Any] = []
+            depth = max(len(t) for t in tails)
+            for j in range(depth):
+                units.extend(t[j] for t in tails if j < len(t))
+            times, touched = [], []
+            for k in range(0, len(units), batch):
+                part = units[k:k + batch]
+                t0 = time.perf_counter()
+                model.ingest([], part)
+                times.append(time.perf_counter() - t0)
+                touched.append(len({u.rank for u in part}))
+        else:
+            events = reader.read_all()
+            by: dict[int, list[dict]] = {}
+            for e in events:
+                by.setdefault(e["rank"], []).append(e)
+            share = max(1, tail_events // max(1, len(by)))
+            head, tails2 = [], []
+            for evs in by.values():
+                ops_at = [i for i, e in enumerate(evs) if e["type"] == "op"]
+                cut = ops_at[-share] if len(ops_at) >= share else len(evs)
+                head.extend(evs[:cut])
+                tails2.append(evs[cut:])
+            model = TraceModel()
+            model.ingest(head)
+            flat: list[dict] = []
+            depth = max(len(t) for t in tails2)
+            for j in range(depth):
+                flat.extend(t[j] for t in tails2 if j < len(t))
+            times, touched = [], []
+            for k in range(0, len(flat), batch):
+                part = flat[k:k + batch]
+                t0 = time.perf_counter()
+                model.ingest(part)
+                times.append(time.perf_counter() - t0)
+                touched.append(len({e["rank"] for e in part}))
+    return times, int(median(touched)) if touched else 0
+
+
+# ------------------------------------------------------------------ the suite
+def _write(root: Path, ranks: int, ops: int, rate: float, fmt: str) -> tuple[str, Any]:
+    from commscope.bench.synthstore import JobShape, write_store
+
+    store = root / f"{fmt}-{ranks}x{ops}"
+    shape = JobShape(ranks, ops, fault="missing", rate=rate, json=fmt == "json")
+    t0 = time.perf_counter()
+    last = [0.0]
+
+    def tick(done: int) -> None:
+        now = time.perf_counter()
+        if now - last[0] > 2.0 or done == ranks:
+            last[0] = now
+            print(f"\r  writing {fmt} {ranks:,} ranks x {ops} ops: {done:,}/{ranks:,}", end="", flush=True)
+
+    written = write_store(str(store), shape, progress=tick)
+    print(f"\r  wrote {fmt} {ranks:,} ranks x {ops} ops: {written.events:,} events, "
+          f"{fmt_bytes(written.bytes)} in {time.perf_counter() - t0:.1f} s", flush=True)
+    return str(store), written
+
+
+def run(args: argparse.Namespace) -> int:
+    ranks_list = [256, 1024] if args.quick else [int(x) for x in str(args.ranks).split(",") if x.strip()]
+    ops = 100 if args.quick else args.ops
+    repeat = 1 if args.quick else max(1, args.repeat)
+    formats = [f.strip() for f in str(args.formats).split(",") if f.strip() in ("native", "json")]
+    root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="commscope-bench-large-"))
+    root.mkdir(parents=True, exist_ok=True)
+    print(f"jobs in {root}; {repeat} alternating run(s) of each path, medians; each run a fresh process")
+    rows: list[dict[str, Any]] = []
+    failed = False
+    try:
+        for ranks in ranks_list:
+            for fmt in formats:
+                store, written = _write(root, ranks, ops, args.rate, fmt)
+                expected = [(written.kind, [written.shape.culprit_rank])]
+                ev_store, ev_note = store, ""
+                if ranks > args.events_max_ranks:
+                    frac_ops = max(2, int(ops * args.events_fraction))
+                    ev_store, _ = _write(root, ranks, frac_ops, args.rate, fmt)
+                    ev_note = f" ({frac_ops} ops, {args.events_fraction:g} of the job)"
+                results: dict[str, list[dict]] = {"events": [], "columns": []}
+                for i in range(repeat):
+                    for path in (("events", "columns") if i % 2 == 0 else ("columns", "events")):
+                        r = _run(path, ev_store if path == "events" else store)
+                        if r["errors"] != [list(x) for x in expected]:
+                            print(f"  {path}: WRONG findings {r['errors']} (expected {expected})")
+                            failed = True
+                        results[path].append(r)
+                rows.append({"ranks": ranks, "fmt": fmt, "results": results, "note": ev_note,
+                             "scale": (ops / max(2, int(ops * args.events_fraction))) if ev_note else 1.0})
+                _print_row(rows[-1])
+                if fmt == "native" and not args.no_batch:
+                    for columns in (False, True):
+                        times, touched = batches(store, columns, tail_events=min(400_000, written.events // 4),
+                                                 batch=10_000)
+                        what = "columns" if columns else "events"
+                        print(f"    live batch, {what:<8} 10k events over {touched:,} ranks: median "
+                              f"{fmt_time(median(times))}, p99 {fmt_time(quantile(times, 0.99))}"
+                              f" ({len(times)} batches; target <= 5 ms at 16,384 ranks)")
+                        rows[-1][f"batch_{what}"] = (median(times), quantile(times, 0.99), touched)
+                shutil.rmtree(store, ignore_errors=True)
+                if ev_store != store:
+                    shutil.rmtree(ev_store, ignore_errors=True)
+    finally:
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+    print()
+    _print_summary(rows)
+    return 1 if failed else 0
+
+
+def _med(results: list[dict], key: str) -> float:
+    return median([r[key] for r in results])
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    res = row["results"]
+    for path in ("events", "columns"):
+        rs = res[path]
+        load, diag, rss = _med(rs, "load_s"), _med(rs, "diag_s"), _med(rs, "rss")
+        events = rs[0]["events"]
+        note = row["note"] if path == "events" else ""
+        print(f"    {path:<8} load {fmt_time(load):>9} ({events / load / 1e6:.2f} M events/s)  diagnose "
+              f"{fmt_time(diag):>9}  check {fmt_time(load + diag):>9}  peak RSS {fmt_bytes(rss):>9}{note}")
+
+
+def _print_summary(rows: list[dict[str, Any]]) -> None:
+    print(f"{'job':<22}{'check, events':>15}{'check, columns':>16}{'ratio':>8}{'RSS events':>12}"
+          f"{'RSS columns':>13}{'target':>16}")
+    for row in rows:
+        res = row["results"]
+        te = _med(res["events"], "load_s") + _med(res["events"], "diag_s")
+        tc = _med(res["columns"], "load_s") + _med(res["columns"], "diag_s")
+        re_, rc = _med(res["events"], "rss"), _med(res["columns"], "rss")
+        scale = row["scale"]
+        te_full = te * scale
+        mark = "*" if scale != 1.0 else ""
+        target = TARGETS.get(row["ranks"])
+        tgt = f"{target[0]:g} s, {fmt_bytes(target[1])}" if target and row["fmt"] == "native" else ""
+        print(f"{row['fmt'] + ' ' + format(row['ranks'], ',') + ' ranks':<22}{fmt_time(te_full) + mark:>15}"
+              f"{fmt_time(tc):>16}{te_full / tc:>7.1f}x{fmt_bytes(re_) + mark:>12}{fmt_bytes(rc):>13}{tgt:>16}")
+    if any(r["scale"] != 1.0 for r in rows):
+        print("* the events path read a smaller job (see above); its time is scaled to the whole job by ops "
+              "(extrapolated), its RSS is what the smaller job took")
+
+
+if __name__ == "__main__":  # one measurement: python -m commscope.bench.large PATH STORE
+    os.environ.setdefault("COMMSCOPE_NO_PROGRESS", "1")
+    print(json.dumps(measure(sys.argv[1], sys.argv[2])))

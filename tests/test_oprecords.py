@@ -1,0 +1,304 @@
+"""Op records in columns (commscope.oprecords): blocks decode straight into numpy columns,
+and the model built from the columns is the model built from the events.
+
+Every record type is decoded both ways (columns, and events in stream order) and checked
+against the events it stands for; a table redefined mid-stream resolves the records
+before it with the old table; records a forwarded spool repeats are kept once; groups
+of 16k ranks travel as runs; a reader's streams share what they decode; and a load
+streams in bounded steps whatever the trace's size.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from collections import Counter
+
+import numpy as np
+import orjson
+import pytest
+
+from commscope import blocks
+from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+from commscope.analysis.model import TraceModel
+from commscope.bench.synthstore import JobShape, write_store
+from commscope.blocks import BlockDecoder, StaticTable, decode_stream
+from commscope.events import Decoded
+from commscope.oprecords import PH_BEGIN, PH_END, merged
+from commscope.schema import SCHEMA_VERSION
+from commscope.store import open_reader
+
+NAMES = ["all_reduce", "broadcast", "isend", "irecv", "all_gather"]
+T = 1_700_000_000_000_000_000
+
+
+def meta(rank: int = 0) -> dict:
+    return {"type": "meta", "ts": T, "v": SCHEMA_VERSION, "rank": rank, "world_size": 4, "names": NAMES,
+            "recorder": "native"}
+
+
+def block(data: bytes, rank: int = 0, pos: int | None = None, end: int | None = None, ts: int = T) -> dict:
+    ev = {"type": "block", "ts": ts, "v": SCHEMA_VERSION, "rank": rank, "n": blocks.count_records(data),
+          "data": base64.b64encode(data).decode()}
+    if pos is not None:
+        ev.update(pos=pos, end=end)
+    return ev
+
+
+def tables(sid: int = 0, name: int = 0, site: str = "train.py:10 in step", granks=(0, 1, 2, 3), **sig) -> bytes:
+    return (blocks.pack_group(0, "0", "gloo", list(granks)) + blocks.pack_site(0, site)
+            + blocks.pack_sig(sid, name=name, site=0, gid=0, ins=[(6, [8])], outs=[(6, [8])], in_bytes=32,
+                              out_bytes=32, **sig))
+
+
+def both(events: list[dict], rank: int = 0) -> tuple[list[dict], Decoded]:
+    """(the events, as an event reader returns them; the columns' batch)."""
+    as_events = decode_stream(Decoded([dict(e) for e in events], 0, Counter()), BlockDecoder(rank), columns=False)
+    as_columns = decode_stream(Decoded([dict(e) for e in events], 0, Counter()), BlockDecoder(rank), columns=True)
+    assert as_events.invalid == as_columns.invalid
+    return as_events.events, as_columns
+
+
+def ops_of(events: list[dict]) -> list[dict]:
+    return [e for e in events if e["type"] == "op"]
+
+
+def test_every_record_type_decodes_to_the_events_it_stands_for():
+    recs = (tables(direction=0, redop=0)
+            + blocks.pack_sig_begin(1, T + 10, 0, seq=1, tid=7)
+            + blocks.pack_end(1, T + 20)
+            + blocks.pack_begin(2, T + 30, name=2, site=0, gid=0, seq=1, peer=1, direction=1, flags=blocks.FLAG_ASYNC,
+                                ins=[(6, [4])], in_bytes=16, tid=7)
+            + blocks.pack_end(2, T + 40, approx=True)
+            + blocks.pack_wait_begin(2, T + 50)
+            + blocks.pack_end(2, T + 60, wait=True, exc="peer closed: token=hunter2")
+            + blocks.pack_begin(3, T + 70, name=3, site=0, gid=0, peer=-1, direction=3, outs=[(6, [4])], out_bytes=16)
+            + blocks.pack_source(3, T + 80, 2, 5)
+            + blocks.pack_rbegin(4, T + 90, b'"op":"all_gather_v","group":"0","in_shapes":[[3]],"in_dtypes":["float32"]',
+                                 kind=blocks.KIND_RICH, site=0, gid=0, seq=2, tid=7)
+            + blocks.pack_sig_begin(5, T + 100, 0, seq=-1, parent=4, tid=7)
+            + blocks.pack_end(5, T + 110)
+            + blocks.pack_end(4, T + 120))
+    got, cols = both([meta(), block(recs, pos=0, end=10_000)])
+    ops = ops_of(got)
+    assert [(e["phase"], e["id"]) for e in ops] == [
+        ("begin", 1), ("end", 1), ("begin", 2), ("end", 2), ("wait_begin", 2), ("wait_end", 2), ("begin", 3),
+        ("end", 3), ("begin", 4), ("begin", 5), ("end", 5), ("end", 4)]
+    b1 = ops[0]
+    assert (b1["op"], b1["group"], b1["seq"], b1["tid"], b1["redop"], b1["in_shapes"], b1["in_dtypes"], b1["site"]) == (
+        "all_reduce", "0", 1, 7, "sum", [[8]], ["float32"], "train.py:10 in step")
+    assert isinstance(b1["sk"], int) and b1["v"] == SCHEMA_VERSION and b1["rank"] == 0
+    assert ops[2]["op"] == "isend" and ops[2]["peer"] == 1 and ops[2]["dir"] == "send" and ops[2]["async"] is True
+    assert ops[3].get("approx") is True
+    assert ops[5]["exc"] == "peer closed: token=***"  # redacted like any text read
+    assert ops[6]["op"] == "irecv" and "peer" not in ops[6] and ops[7]["peer"] == 2 and ops[7]["seq"] == 5
+    assert ops[8]["op"] == "all_gather_v" and ops[8]["seq"] == 2 and "sk" not in ops[8]
+    assert ops[9]["parent"] == 4 and "seq" not in ops[9]
+    assert [e["type"] for e in got if e["type"] != "op"] == ["meta", "group"]
+    # the columns stand for exactly these events
+    assert cols.ops is not None and len(cols.ops) == 12
+    assert cols.ops.events() == ops
+    assert [e["type"] for e in cols.events] == ["meta", "group"]
+    assert cols.count() == len(got)
+
+
+def test_a_redefined_signature_decodes_the_records_before_it_with_the_old_one():
+    first = tables(name=0) + blocks.pack_sig_begin(1, T + 1, 0, seq=1) + blocks.pack_end(1, T + 2)
+    again = tables(name=1) + blocks.pack_sig_begin(2, T + 3, 0, seq=2) + blocks.pack_end(2, T + 4)
+    # in the middle of a block too: the records before the table record are the old signature's
+    mixed = (blocks.pack_sig_begin(3, T + 5, 0, seq=3)
+             + blocks.pack_sig(0, name=0, site=0, gid=0, ins=[(6, [8])], outs=[(6, [8])], in_bytes=32, out_bytes=32)
+             + blocks.pack_sig_begin(4, T + 6, 0, seq=4))
+    got, cols = both([meta(), block(first), block(again), block(mixed)])
+    begins = [e for e in ops_of(got) if e["phase"] == "begin"]
+    assert [(e["id"], e["op"]) for e in begins] == [(1, "all_reduce"), (2, "broadcast"), (3, "broadcast"),
+                                                     (4, "all_reduce")]
+    assert cols.ops.events() == ops_of(got)
+
+
+def test_a_new_site_or_group_resolves_what_referred_to_it_before_it_was_known():
+    sig = blocks.pack_sig(0, name=0, site=5, gid=3, ins=[(6, [8])], outs=[(6, [8])], in_bytes=32, out_bytes=32)
+    early = sig + blocks.pack_sig_begin(1, T + 1, 0, seq=1)
+    late = blocks.pack_group(3, "dp", "gloo", [0, 2]) + blocks.pack_site(5, "model.py:7 in fwd") + sig \
+        + blocks.pack_sig_begin(2, T + 2, 0, seq=2)
+    got, cols = both([meta(), block(early), block(late)])
+    b1, b2 = [e for e in ops_of(got) if e["phase"] == "begin"]
+    assert b1["group"] == "#3" and "site" not in b1  # what the stream said at the time
+    assert b2["group"] == "dp" and b2["site"] == "model.py:7 in fwd"
+    assert cols.ops.events() == ops_of(got)
+
+
+def test_records_a_forwarded_spool_repeats_are_kept_once():
+    a = blocks.pack_sig_begin(1, T + 1, 0, seq=1)
+    b = blocks.pack_end(1, T + 2)
+    c = blocks.pack_sig_begin(2, T + 3, 0, seq=2)
+    ta = tables()
+    # ring positions count op records only: a=[0,52) b=[52,78) c=[78,130)
+    first = block(ta + a + b, pos=0, end=78)
+    repeat = block(ta + b + c, pos=52, end=130)  # b again (a dead rank's spool forwarded after its recorder sent it)
+    dec = BlockDecoder(0)
+    got = decode_stream(Decoded([meta(), first, repeat], 0, Counter()), dec, columns=True)
+    assert [(int(i), int(p)) for i, p in zip(got.ops.id, got.ops.phase, strict=True)] == [
+        (1, PH_BEGIN), (1, PH_END), (2, PH_BEGIN)]
+    assert dec.duplicates == 1
+
+
+def test_damaged_records_are_counted_by_reason_and_skipped_alone():
+    good = tables() + blocks.pack_sig_begin(1, T + 1, 0, seq=1)
+    unknown_sig = blocks.pack_sig_begin(2, T + 2, 9, seq=2)  # its signature was never stated
+    bad_ts = blocks.HEADER.pack(blocks.END, 0, 0, 26, -5, 1) + b"\0\0"
+    odd_type = blocks.HEADER.pack(77, 0, 0, 24, T, 1)
+    truncated = blocks.HEADER.pack(blocks.END, 0, 0, 999, T, 1)  # longer than what is left
+    events = [meta(), block(good + unknown_sig + bad_ts + odd_type + truncated), {"type": "block", "ts": T, "v": 3,
+                                                                                   "rank": 0, "n": 1, "data": "!!"}]
+    got, cols = both(events)
+    assert [(e["phase"], e["id"]) for e in ops_of(got)] == [("begin", 1)]
+    inv = cols.invalid
+    assert inv["block: bad record"] == 2 and inv["block: unknown record"] == 1
+    assert inv["block: truncated record"] == 1 and inv["block: not base64"] == 1
+
+
+@pytest.mark.parametrize("granks", [list(range(16384)), [0, 8, 16, 24, 1, 9], [5], [3, 1, 2], []])
+def test_groups_travel_as_runs_and_read_back_exactly(granks):
+    rec = blocks.pack_group(0, "world", "nccl", granks)
+    if len(granks) > 8:
+        assert len(rec) < 100  # 16k ranks in a few bytes, restated in every block
+    got, _ = both([meta(), block(rec + blocks.pack_site(0, "x.py:1 in f"))])
+    group = next(e for e in got if e["type"] == "group")
+    assert group.get("granks", []) == granks and group["group"] == "world"
+
+
+def test_runs_that_would_expand_past_the_cap_are_refused():
+    body = blocks._u16_text("g") + blocks._u16_text("") + struct.pack("<ii", blocks.RUNS, 1) + struct.pack(
+        "<iii", 0, 1, blocks.MAX_RUN_MEMBERS + 1)
+    rec = blocks.HEADER.pack(blocks.GROUP_REC, 0, 0, blocks.HEADER.size + len(body), 0, 0) + body
+    got, cols = both([meta(), block(rec)])
+    assert not [e for e in got if e["type"] == "group"]
+    assert cols.invalid["block: bad table record"] == 1
+
+
+def test_streams_share_what_they_decode_only_where_it_decodes_the_same():
+    table = StaticTable()
+    a, b, c = BlockDecoder(0, table), BlockDecoder(1, table), BlockDecoder(2, table)
+    recs = tables() + blocks.pack_sig_begin(1, T, 0, seq=1)
+    ra = decode_stream(Decoded([meta(0), block(recs, 0)], 0, Counter()), a, columns=True).ops
+    rb = decode_stream(Decoded([meta(1), block(recs, 1)], 0, Counter()), b, columns=True).ops
+    # the same bytes, but a group whose members differ: the root resolves to another global rank
+    other = tables(granks=(3, 2, 1, 0), root=1) + blocks.pack_sig_begin(1, T, 0, seq=1)
+    same = tables(root=1) + blocks.pack_sig_begin(1, T, 0, seq=1)
+    rc = decode_stream(Decoded([meta(2), block(other, 2)], 0, Counter()), c, columns=True).ops
+    rd = decode_stream(Decoded([meta(3), block(same, 3)], 0, Counter()), BlockDecoder(3, table), columns=True).ops
+    assert int(ra.static[0]) == int(rb.static[0])
+    assert table.statics[int(rc.static[0])].fields["root"] == 2
+    assert table.statics[int(rd.static[0])].fields["root"] == 1
+
+
+def test_merged_puts_records_back_where_they_came_in_the_stream():
+    recs = tables() + blocks.pack_sig_begin(1, T, 0, seq=1)
+    hb = {"type": "heartbeat", "ts": T + 5, "v": 3, "rank": 0, "inflight": 1}
+    out: list[dict] = []
+    ops = BlockDecoder(0).decode([meta(), block(recs), hb, block(blocks.pack_end(1, T + 9))], out, where=True)
+    assert [e["type"] + ":" + e.get("phase", "") for e in merged(out, ops)] == [
+        "meta:", "group:", "op:begin", "heartbeat:", "op:end"]
+
+
+# ------------------------------------------------------------------ the model from columns
+def _model(reader, columns: bool) -> TraceModel:
+    m = TraceModel()
+    while True:
+        if columns:
+            batch = reader.poll_batch(1 << 16)
+            got = batch.count()
+            m.ingest(batch.events, batch.ops)
+        else:
+            events = reader.poll(1 << 16)
+            got = len(events)
+            m.ingest(events)
+        if not got:
+            break
+    m.note_read_stats(reader.stats)
+    return m
+
+
+@pytest.mark.parametrize("fault", ["missing", "dead", "mismatch", "healthy"])
+def test_the_model_from_columns_is_the_model_from_events(tmp_path, fault):
+    store = str(tmp_path / "trace")
+    written = write_store(store, JobShape(12, 40, fault=fault, hang_after=2.0))
+    a, b = _model(open_reader(store), False), _model(open_reader(store), True)
+    assert a.events == b.events == written.events + 12  # and one group event per rank, from its GROUP record
+    assert a.rank_ids() == b.rank_ids() == list(range(12))
+    for r in a.rank_ids():
+        assert a.n_ops(r) == b.n_ops(r)
+        for i in range(a.n_ops(r)):
+            assert a.op(r, i) == b.op(r, i)
+    fa = diagnose(a, trace_now(a), default_hang_after(a))
+    fb = diagnose(b, trace_now(b), default_hang_after(b))
+    assert [f.to_json() for f in fa] == [f.to_json() for f in fb]
+    errors = [f for f in fb if f.severity == "error"]
+    if written.kind is None:
+        assert errors == []
+    else:  # the exact kind and culprit, no victim blamed, nothing lost
+        assert [(f.kind, f.culprits) for f in errors] == [(written.kind, [written.shape.culprit_rank])]
+        assert b.read_losses == {}
+
+
+def test_columns_keep_what_the_model_reads_of_failures(tmp_path):
+    """Exceptions, approximate ends and resolved sources reach the model from columns."""
+    recs = (tables() + blocks.pack_sig_begin(1, T + 1, 0, seq=1) + blocks.pack_end(1, T + 2, exc="boom")
+            + blocks.pack_begin(2, T + 3, name=3, site=0, gid=0, peer=-1, direction=3, outs=[(6, [4])], out_bytes=16)
+            + blocks.pack_source(2, T + 4, 2, 1))
+    got, cols = both([meta(), block(recs)])
+    a, b = TraceModel(), TraceModel()
+    a.ingest(got)
+    b.ingest(cols.events, [cols.ops])
+    for m in (a, b):
+        assert m.failed == [(0, 0)] and m.ranks[0].exc == {0: "boom"}
+        assert int(m.ranks[0].peer[1]) == 2 and int(m.ranks[0].seq[1]) == 1
+    assert a.op(0, 1) == b.op(0, 1)
+
+
+def test_a_load_reads_in_bounded_steps(tmp_path, monkeypatch):
+    """load_trace holds the model and one step, never the trace: each poll reads at most its
+    budget plus one stream's minimum read."""
+    from commscope.analysis import source
+    from commscope.store.directory import DirectoryReader
+
+    store = str(tmp_path / "trace")
+    written = write_store(store, JobShape(32, 60, fault="missing", hang_after=2.0))
+    steps: list[int] = []
+    real = DirectoryReader.poll_batch
+
+    def spy(self, max_bytes=None):
+        before = self.stats.bytes
+        got = real(self, max_bytes)
+        steps.append(self.stats.bytes - before)
+        return got
+
+    monkeypatch.setattr(DirectoryReader, "poll_batch", spy)
+    monkeypatch.setattr(source, "LOAD_STEP", 1 << 16)
+    seen = []
+    model, reader, _ = source.load_trace(store, progress=seen.append)
+    assert max(steps) <= (1 << 16) + DirectoryReader.MIN_READ
+    assert sum(steps) == reader.stats.bytes and len(steps) > 10
+    assert model.events == written.events + 32
+    assert seen and seen[-1].events == model.events and seen[-1].ranks == 32
+    assert [s.read for s in seen] == sorted(s.read for s in seen) and seen[-1].read == seen[-1].total
+
+
+def test_a_budgeted_poll_lets_streams_take_turns(tmp_path):
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(8, 200, fault="healthy"))
+    reader = open_reader(store)
+    first = reader.poll_batch(1)  # one stream's minimum read, then the next poll goes on with the next stream
+    ranks_first = {o.rank for o in first.ops}
+    second = reader.poll_batch(1)
+    assert len(ranks_first) == 1 and {o.rank for o in second.ops} and not ({o.rank for o in second.ops} & ranks_first)
+
+
+def test_ops_columns_are_numpy_not_dicts(tmp_path):
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(4, 30, fault="healthy"))
+    batch = open_reader(store).read_all_batch()
+    assert batch.ops and all(isinstance(o.ts, np.ndarray) for o in batch.ops)
+    assert not [e for e in batch.events if e["type"] in ("op", "block")]  # no op event became a dict
+    assert orjson.dumps(batch.ops[0].events()[0])  # and they still read as events on request
