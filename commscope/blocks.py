@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import operator
 import struct
 import sys
 from collections import Counter
@@ -922,12 +923,16 @@ def _gather(u8: np.ndarray, at: np.ndarray, dtype: str) -> np.ndarray:
     return np.ascontiguousarray(u8[idx]).view(dtype).reshape(-1)
 
 
+_TYPE = operator.itemgetter("type")  # (every event a reader keeps has one)
+
+
 def decode_stream(got: Decoded, decoder: BlockDecoder, columns: bool) -> Decoded:
     """A reader's decoded batch of one stream with its blocks decoded (their bad records
     counted): as ``OpRecords`` in ``Decoded.ops`` (``columns``), or as op events in stream
     order among the others."""
     events = got.events
-    if not any(e.get("type") in (BLOCK, SITE) for e in events):
+    types = set(map(_TYPE, events))  # (one C-level pass)
+    if BLOCK not in types and SITE not in types:
         for e in events:  # cheap: only tables matter here
             if e.get("type") in ("group", "meta") and ("gid" in e or "names" in e or "dtypes" in e):
                 decoder.note(e)

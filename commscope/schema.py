@@ -125,6 +125,7 @@ def _text_keys() -> tuple[str, ...]:
 #: Keys holding free text (``Text``), derived from ``RawEvent``; ``argv`` is a list of it.
 TEXT_KEYS = _text_keys()
 _TEXT_STR_KEYS = tuple(k for k in TEXT_KEYS if k != "argv")
+_TEXT_KEY_SET = frozenset([*TEXT_KEYS, "threads"])
 
 #: Keys each type must carry besides type, rank and ts.
 REQUIRED: dict[str, tuple[str, ...]] = {"op": ("phase", "id"), "group": ("group",),
@@ -264,17 +265,23 @@ def _sift(objs: list, rank: int | None, invalid: Counter) -> list[dict]:
             else:
                 invalid[_check(e, rank) or "event: invalid"] += 1
             continue
-        if (typ is not None and "ts" in e and (e.get("rank") == rank if rank is not None else "rank" in e)
-                and (typ not in required or all(k in e for k in required[typ]))):
-            if typ == "op":  # the common case: only a call site, or an exception text
+        if typ == "op":  # JSON op events (older recorders, Flight Recorder merges): only a call site or an exception
+            if "phase" in e and "id" in e and "ts" in e and (
+                    e.get("rank") == rank if rank is not None else "rank" in e):
                 site = e.get("site")
                 if site is not None:
                     hit = known.get(site)
                     e["site"] = hit if hit is not None else redact(site)
                 if "exc" in e:
                     e["exc"] = redact(e["exc"])
+                append(e)
             else:
-                redact_event(e)
+                invalid[_check(e, rank) or "event: invalid"] += 1
+            continue
+        if (typ is not None and "ts" in e and (e.get("rank") == rank if rank is not None else "rank" in e)
+                and (typ not in required or all(k in e for k in required[typ]))):
+            if (typ != "sample" and typ != "heartbeat") or not _TEXT_KEY_SET.isdisjoint(e):
+                redact_event(e)  # (samples and heartbeats carry no text but a GPU probe's error)
             append(e)
         else:
             invalid[_check(e, rank) or "event: invalid"] += 1

@@ -702,3 +702,56 @@ def test_the_feed_thread_sends_the_end_as_check_judges_it():
         assert [f.message for f in app.findings] == [f.message for f in feed.findings]
 
     drive(app, check, loaded=False)
+
+
+def test_a_large_replay_paints_what_is_read_before_it_has_loaded(tmp_path):
+    """Never a blank screen: a replay shows the part of the trace already read, with a load
+    bar (events, ranks), before the rest is in; the findings come once all of it is, and are
+    check's."""
+    import threading
+
+    from commscope.analysis.diagnose import default_hang_after, diagnose
+    from commscope.analysis.source import load_trace
+    from commscope.bench.synthstore import JobShape, write_store
+
+    store = str(tmp_path / "trace")
+    written = write_store(store, JobShape(48, 120, fault="missing", hang_after=2.0))
+    reader = open_source(store)
+    gate, polls = threading.Event(), [0]
+    real = reader.poll_batch
+
+    def gated(max_bytes=None):  # the rest of the load waits until the test has seen a frame
+        polls[0] += 1
+        if polls[0] > 4:
+            gate.wait(60)
+        return real(max_bytes)
+
+    reader.poll_batch = gated
+    feed = Feed(reader, mode=REPLAY, source=store)
+    feed.BUDGET = 1 << 15  # many steps, as a large trace takes
+    feed.LOAD_POST_S = 0.0
+    app = CommscopeApp(feed, bell=False)
+
+    async def check(pilot):
+        await wait_for(pilot, lambda: polls[0] > 4 and len(app.timeline.rows) > 0 and " events · " in _screen_text(app))
+        assert not app.info.loaded and not feed.info.loaded
+        text = _screen_text(app)
+        line = next((x for x in text.splitlines() if x.startswith(" loading ")), "")  # the load bar, on screen
+        assert " events · " in line and " ranks" in line and "%" in line, text
+        assert "findings come once" in text
+        assert "no problems found" not in text
+        shown = len(app.timeline.rows)
+        gate.set()
+        await wait_for(pilot, lambda: app.info.loaded)
+        await pilot.pause()
+        assert not app.loadbar.display and len(app.timeline.rows) >= shown
+        model, _, _ = load_trace(store)
+        expect = [(f.kind, f.culprits) for f in diagnose(model, model.end_ns, default_hang_after(model))]
+        assert [(f.kind, f.culprits) for f in app.findings] == expect == [
+            (written.kind, [written.shape.culprit_rank])]
+        assert app.feed.model.events == model.events
+
+    try:
+        drive(app, check, size=(120, 40), loaded=False)
+    finally:
+        gate.set()

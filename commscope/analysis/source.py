@@ -43,8 +43,9 @@ class Loading(NamedTuple):
 
 
 #: Bytes a load reads per step: the model takes each step's events and columns before the
-#: next is read, so a load holds the model and one step, never the trace.
-LOAD_STEP = 32 << 20
+#: next is read, so a load holds the model and one step, never the trace (a step of JSON
+#: events is ~5x its size as dicts; of native blocks, ~1x as columns).
+LOAD_STEP = 8 << 20
 
 
 def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], None] | None = None

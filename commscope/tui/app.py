@@ -22,23 +22,27 @@ from commscope.analysis import Finding
 from commscope.analysis.completeness import ReaderProblem
 from commscope.analysis.model import NESTED, untimed
 from commscope.analysis.rankstate import rank_state, top_level_ops
+from commscope.analysis.source import Loading
 from commscope.tui.detail import DetailPane, finding_detail, op_detail
 from commscope.tui.feed import LIVE, REPLAY, Feed, FeedInfo, FeedUpdated
 from commscope.tui.findings_panel import FindingsPanel, finding_key
 from commscope.tui.gpu_panel import GpuPanel
 from commscope.tui.header import StatusHeader
+from commscope.tui.loadbar import LoadBar
 from commscope.tui.rank_table import RankTable
 from commscope.tui.ruler import Ruler
-from commscope.tui.screens import HELP_SECTIONS, HelpScreen, LoadingScreen
+from commscope.tui.screens import HELP_SECTIONS, HelpScreen
 from commscope.tui.timeline import Timeline
 
 SPEEDS = [0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 100, 1000]
 
 
 class LoadProgress(Message):
-    def __init__(self, frac: float):
+    """How far a replay's load is (what the load bar shows)."""
+
+    def __init__(self, at: Loading):
         super().__init__()
-        self.frac = frac
+        self.at = at
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, LoadProgress)
@@ -78,7 +82,7 @@ class CommscopeApp(App):
         self._alerted: set[tuple] = set()
         self._stop = threading.Event()
         self._last_table = 0.0
-        self._loading: LoadingScreen | None = None
+        self.loadbar = LoadBar(id="loadbar")
         self._finding_jump: tuple[int, int] | None = None
         self._shown_finding: Finding | None = None  # the finding the detail pane shows, kept current
         self._auto_op: tuple[int, int] | None = None  # the op selected on open (not by the user)
@@ -101,6 +105,7 @@ class CommscopeApp(App):
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
         yield self.header_bar
+        yield self.loadbar
         with Vertical(id="top"):
             yield self.ruler
             yield self.timeline
@@ -119,9 +124,8 @@ class CommscopeApp(App):
         self.detail.border_title = "detail"
         self.timeline.focus()
         self._show_header()
-        if self.feed.mode == REPLAY and self.start_feed:
-            self._loading = LoadingScreen(self.feed.source)
-            self.push_screen(self._loading)
+        if self.feed.mode == REPLAY and self.start_feed and not self.feed.info.loaded:
+            self.loadbar.start()
         if self.start_feed:
             self.run_worker(self._feed_thread, thread=True, exclusive=True, name="feed")
         self.set_interval(0.1, self._tick)
@@ -166,8 +170,8 @@ class CommscopeApp(App):
 
     # ------------------------------------------------------------------ feed updates
     def on_load_progress(self, message: LoadProgress) -> None:
-        if self._loading is not None:
-            self._loading.set_progress(message.frac)
+        if not self.info.loaded:
+            self.loadbar.set(message.at)
 
     def on_feed_updated(self, message: FeedUpdated) -> None:
         self.apply(message.info, message.findings)
@@ -186,9 +190,7 @@ class CommscopeApp(App):
         self.findings = findings
         self.timeline.empty_text = self._problem
         if info.mode == REPLAY and info.loaded:
-            if self._loading is not None:
-                self._loading.dismiss()
-                self._loading = None
+            self.loadbar.done()
             if first_load or self.cursor_ns is None:
                 self.cursor_ns = self.feed.model.end_ns  # the whole trace; g goes to the start
             if first_load:
@@ -199,7 +201,8 @@ class CommscopeApp(App):
         self.timeline.on_model_update(self._now())
         self._fit_timeline()
         self.ruler.refresh()
-        self.findings_panel.show(findings)
+        loading = info.mode == REPLAY and not info.loaded
+        self.findings_panel.show(findings, empty=FindingsPanel.LOADING if loading else None)
         self._refresh_finding_detail(findings)
         mono = time.monotonic()
         if mono - self._last_table > 0.5 or first_load or just_ended:
@@ -213,7 +216,7 @@ class CommscopeApp(App):
         if findings and untouched and not (self.detail.border_title or "").startswith("finding"):
             # Nothing chosen yet: open the most important finding, so a hang explains itself.
             self.findings_panel.highlighted = 0
-        elif not findings and self.timeline.sel is None and self._auto_op is None:
+        elif not findings and self.timeline.sel is None and self._auto_op is None and not loading:
             # No finding: select the latest op (the one still running, if any), once.
             target = self._latest_op()
             if target is not None:

@@ -20,6 +20,7 @@ from textual.message import Message
 
 from commscope.analysis import Finding, TraceModel, diagnose, rankstate
 from commscope.analysis.model import EMPTY_VIEW, ModelView
+from commscope.analysis.source import Loading
 from commscope.events import gc_paused
 from commscope.store import Batch, TraceReader
 
@@ -43,7 +44,7 @@ class FeedInfo:
     warnings: tuple[str, ...] = ()
     waiting: bool = True  # nothing recorded yet
     ended: bool = False  # every rank exited or died
-    loaded: bool = False  # replay: the whole trace is in
+    loaded: bool = False  # replay: the whole trace is in (findings are made then)
     progress: float = 0.0  # replay loading, 0..1
     now_ns: int = 0
     error: str | None = None
@@ -199,34 +200,69 @@ class Feed:
             loaded=self.info.loaded, progress=self.info.progress, now_ns=now, error=self.error)
 
     # ------------------------------------------------------------------ replay loading
-    def load_all(self, progress: Callable[[float], None] | None = None) -> FeedInfo:
-        """Replay: read everything, reporting progress, then diagnose at the trace's end."""
-        total = self.reader.total_bytes()
-        read = 0
-        while True:
-            info, got = self.step()
-            if self.error:
+    #: While a replay loads, the console is shown what is in at most this often
+    LOAD_POST_S = 0.5
+
+    def load_all(self, progress: Callable[[Loading], None] | None = None,
+                 post: Callable[[Message], Any] | None = None) -> FeedInfo:
+        """Replay: read everything (op records in columns, ``BUDGET`` bytes a step), telling
+        ``progress`` how far it is after each step and ``post``-ing the part read so far at
+        most every ``LOAD_POST_S`` (no findings yet: a part of a trace is not judged); then
+        what the polls held back (a torn last line, what dead ranks left, as ``check``
+        reads it), and diagnose at the trace's end."""
+        total = self.reader.size()
+        next_post = time.monotonic() + self.LOAD_POST_S
+        while not self.error:
+            before = self.reader.stats.bytes
+            got = self._read(self.reader.poll_batch, self.BUDGET)
+            m = self.model
+            if progress is not None:
+                read = self.reader.stats.bytes if total.unit == "bytes" else m.events
+                progress(Loading(read, total.amount, m.events, len(m.ranks)))
+            if post is not None and time.monotonic() >= next_post:
+                self.publish()
+                frac = min(1.0, self.reader.stats.bytes / total.amount) if total.unit == "bytes" and total.amount \
+                    else 0.0
+                self.info = dataclasses.replace(self._info(0), progress=frac)
+                post(FeedUpdated(self.info, []))
+                next_post = time.monotonic() + self.LOAD_POST_S
+            if not got and self.reader.stats.bytes == before:
                 break
-            if total:
-                read = total - self.reader.backlog_bytes()
-                if progress:
-                    progress(min(1.0, read / total))
-            if not got:
-                break
+        if not self.error:
+            self._read(lambda _budget: self.reader.read_all_batch(), None)
         with self.lock:
+            self.model.note_read_stats(self.reader.stats)
             self.findings = sorted(diagnose(self.model, self.model.end_ns, self.hang_after()),
                                    key=Finding.sort_key)
+        self.diagnoses += 1
         self.publish()
         self.info = dataclasses.replace(self._info(0), loaded=True, progress=1.0)
-        if progress:
-            progress(1.0)
+        if progress is not None:
+            m = self.model
+            read = self.reader.stats.bytes if total.unit == "bytes" else m.events
+            progress(Loading(max(read, total.amount), total.amount, m.events, len(m.ranks)))
         return self.info
+
+    def _read(self, poll: Callable[[int | None], Batch], budget: int | None) -> int:
+        """One read into the model (no view published: the loader publishes now and then);
+        events read, 0 on a failure (kept in ``error``)."""
+        try:
+            with gc_paused():
+                batch = poll(budget)
+                got = batch.count()
+                if got:
+                    with self.lock:
+                        self.model.ingest(batch.events, batch.ops)
+            return got
+        except Exception as exc:  # a store that vanished, a wrong password...
+            self.error = str(exc) or type(exc).__name__
+            return 0
 
     # ------------------------------------------------------------------ thread
     def run(self, post: Callable[[Message], Any], stop: threading.Event,
-            progress: Callable[[float], None] | None = None) -> None:
+            progress: Callable[[Loading], None] | None = None) -> None:
         if self.mode == REPLAY:
-            info = self.load_all(progress)
+            info = self.load_all(progress, post)
             post(FeedUpdated(info, list(self.findings)))
             return
         last_post = 0.0

@@ -22,15 +22,22 @@ class FindingsPanel(OptionList):
             super().__init__()
             self.finding = finding
 
+    NONE = "no problems found"
+    LOADING = "findings come once the whole trace is read"
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.findings: list[Finding] = []
         self._keys: list[tuple] | None = None
+        self.empty_text = self.NONE
 
-    def show(self, findings: list[Finding], _old: list[tuple] | None = None) -> None:
+    def show(self, findings: list[Finding], _old: list[tuple] | None = None, *, empty: str | None = None) -> None:
+        """List ``findings``; with none, say ``empty`` (default: that there is no problem)."""
         keys = [finding_key(f) + (f.message,) for f in findings]
-        if keys == self._keys:
+        empty = empty or self.NONE
+        if keys == self._keys and (keys or empty == self.empty_text):
             return
+        self.empty_text = empty
         highlighted = self.highlighted
         old = _old or self._keys or []
         # the same finding by identity, whatever its message now says (a wait grows: "35.2 s")
@@ -39,7 +46,7 @@ class FindingsPanel(OptionList):
         self._keys = keys
         self.clear_options()
         if not findings:
-            self.add_option(Option(Text("no problems found", style="grey50 italic"), disabled=True))
+            self.add_option(Option(Text(self.empty_text, style="grey50 italic"), disabled=True))
             return
         for f in findings:
             t = Text(no_wrap=False)

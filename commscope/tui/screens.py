@@ -1,13 +1,13 @@
-"""Modal screens: key help, and the progress bar while a large trace loads."""
+"""Modal screens: key help."""
 
 from __future__ import annotations
 
 from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Label, ProgressBar, Static
+from textual.widgets import Static
 
 from commscope.tui import palette
 
@@ -58,23 +58,3 @@ class HelpScreen(ModalScreen[None]):
             box.border_subtitle = "↑↓ scroll · esc closes"
             yield Static(t)
             yield Static(legend)
-
-
-class LoadingScreen(ModalScreen[None]):
-    DEFAULT_CSS = """
-    LoadingScreen { align: center middle; }
-    LoadingScreen > Vertical { width: 70; height: auto; border: round $accent; background: $panel; padding: 1 2; }
-    """
-
-    def __init__(self, what: str):
-        super().__init__()
-        self.what = what
-        self.bar = ProgressBar(total=100, show_eta=True)
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Label(f"loading {self.what}")
-            yield self.bar
-
-    def set_progress(self, frac: float) -> None:
-        self.bar.update(progress=frac * 100)
