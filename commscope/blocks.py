@@ -312,10 +312,10 @@ class BlockDecoder:
         #: Site and group ids that decoded statics referred to before the tables had them
         self._unresolved: set[tuple[int, int]] = set()
         self._sigs: dict[int, bytes] = {}  # signature id -> its SIG record
-        self._sid = np.full(64, _NO_STATIC, np.int32)  # signature id -> static index (or _NO_*/_BAD_)
+        self._sid: dict[int, int] = {}  # signature id -> static index (or _BAD_STATIC), once decoded
         #: signature id -> how many op records this stream had when its SIG record came (a
         #: begin before that names it is invalid, as its SIG record was lost)
-        self._sid_since = np.full(64, _NEVER, np.int64)
+        self._sid_since: dict[int, int] = {}
         self._gathered = 0  # op records resolved so far
         self._sig_refs: set[tuple[int, int]] = set()  # (SITE_REC, id) and (GROUP_REC, id) signatures refer to
         self._in_effect: set[bytes] = set()  # table records restating only what is known: skipped
@@ -363,7 +363,7 @@ class BlockDecoder:
     def _forget(self) -> None:
         """The tables changed: begins decode anew (what they decoded to may differ now)."""
         self._static_at.clear()
-        self._sid[:] = _NO_STATIC
+        self._sid.clear()
 
     def _define(self, typ: int, key: int, replaces: bool, walk: _Walk | None = None,
                 before: Callable[[], None] | None = None) -> bool:
@@ -408,6 +408,8 @@ class BlockDecoder:
             return
         body, end = off + HEADER.size, off + length
         if typ == SIG:
+            if key > 0xFFFFFFFF:
+                return  # no begin can name it (a BEGIN_SIG's id is 32 bits)
             rec = raw[off:end]
             old = self._sigs.get(key)
             if old == rec or (old is None and len(self._sigs) >= 200_000):
@@ -416,14 +418,12 @@ class BlockDecoder:
                 before()  # begins of the old signature resolve with it
                 self._superseded()
             else:  # begins before this record that name it are invalid (its SIG record was lost)
-                if key >= self._sid.shape[0]:
-                    self._grow_sids(key)
                 self._sid_since[key] = self._gathered + len(walk.offs)
+            if length >= HEADER.size + 32:  # the site and group it refers to are watched for
                 self._sig_refs.add((SITE_REC, struct.unpack_from("<i", raw, body + 20)[0]))
                 self._sig_refs.add((GROUP_REC, struct.unpack_from("<i", raw, body + 28)[0]))
             self._sigs[key] = rec
-            if key < self._sid.shape[0]:
-                self._sid[key] = _NO_STATIC
+            self._sid.pop(key, None)
         elif typ == SITE_REC:
             n = _U16.unpack_from(raw, body)[0]
             text = redact(raw[body + 2:body + 2 + n].decode("utf-8", "replace"))
@@ -522,16 +522,25 @@ class BlockDecoder:
                     head = False
                     break
                 if typ in TABLE_RECORDS:
+                    if typ >= META_REC:  # (spool-only tables: nothing for a reader to learn)
+                        off += length
+                        continue
                     rec = raw[off:off + length]
                     if rec not in in_effect:
                         walk.current = raw
+                        n_out = len(out)
                         try:
                             self._table(typ, raw, off, length, out, ev.get("ts", 0), walk, parts)
+                            if len(in_effect) > 100_000:
+                                in_effect.clear()  # (only costs reading restatements again)
                             in_effect.add(rec)
                         except (struct.error, ValueError):
                             invalid["block: bad table record"] += 1
                             head = False
                         base = walk.base - size  # (a change resolved what came before: offsets restart)
+                        if want_where and len(out) != n_out:  # a group among the records keeps its place
+                            wh[-1] = (wh[-1][0], n_out)
+                            wh.append((len(offs), len(out)))
                     off += length
                     continue
                 if head:
@@ -637,10 +646,7 @@ class BlockDecoder:
             sid = _gather(u8, body, "<u4").astype(np.int64)
             sq = _gather(u8, body + 4, "<i8")
             par = _gather(u8, body + 12, "<u8")
-            st = self._statics_of(sid)
-            inside = sid < self._sid_since.shape[0]
-            since = np.full(sid.shape[0], _NEVER, np.int64)
-            since[inside] = self._sid_since[sid[inside]]
+            st, since = self._statics_of(sid)
             good = (st >= 0) & (sq <= MAX_INT) & (par <= MAX_INT) & (since <= self._gathered + rows)
             rows, st, sq, par = rows[good], st[good], sq[good], par[good]
             phase[rows] = PH_BEGIN
@@ -649,17 +655,21 @@ class BlockDecoder:
             parent[rows] = np.where(par == 0, -1, par.astype(np.int64))
             tid[rows] = _gather(u8, offs[rows] + HEADER.size + 20, "<u8")
             peer[rows] = self.table.peer[st]
-            if self.table.any_source[st].any():
-                for row, s in zip(rows.tolist(), st.tolist(), strict=True):
-                    gid = self.statics[s].any_source_gid
-                    if gid is not None:
-                        self._note_any_source(int(ids[row]), gid)
-        # the rare records, one by one
-        rare = np.flatnonzero(ok & ((typ == BEGIN) | (typ == RBEGIN) | (typ == SOURCE)))
+            any_source = rows[self.table.any_source[st]]
+        else:
+            any_source = np.zeros(0, np.int64)
+        # the rare records one by one, in stream order (a SOURCE sees the any-source begins before it)
+        rare = np.union1d(np.flatnonzero(ok & ((typ == BEGIN) | (typ == RBEGIN) | (typ == SOURCE))), any_source)
         for row in rare.tolist():
             o = int(offs[row])
             r_typ, r_flags, aux, length, r_ts, op_id = HEADER.unpack_from(buf, o)
             body = o + HEADER.size
+            if r_typ == BEGIN_SIG:  # an any-source recv's: its peer comes with a SOURCE record
+                self._note_any_source(op_id, self.statics[int(static[row])].any_source_gid)
+                continue
+            if length < _MIN_LEN[r_typ]:
+                phase[row] = -1  # (its body is not all there: never read into what follows)
+                continue
             try:
                 if r_typ == SOURCE:
                     p, s = SOURCE_BODY.unpack_from(buf, body)
@@ -706,31 +716,29 @@ class BlockDecoder:
         ops = OpRecords(self.rank, phase, ts, ids, static, seq, parent, tid, peer, gpu, flags, exc, self.statics, at)
         return ops if keep.shape[0] == k else ops.take(keep)
 
-    def _statics_of(self, sid: np.ndarray) -> np.ndarray:
-        """Static indices of signature ids (decoding each new one once); <0: unknown, invalid."""
-        out = np.full(sid.shape[0], _NO_STATIC, np.int32)
-        inside = (sid >= 0) & (sid < self._sid.shape[0])
-        out[inside] = self._sid[sid[inside]]
-        missing = np.flatnonzero(out == _NO_STATIC)
-        if missing.shape[0]:
-            for s in sorted(set(sid[missing].tolist())):
+    def _statics_of(self, sid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(static indices, since) of signature ids, each distinct one looked up once and
+        decoded the first time; a static < 0: unknown or invalid.  Memory follows the
+        signatures a stream stated, never their ids' values."""
+        distinct = sorted(set(sid.tolist()))
+        statics = np.empty(len(distinct), np.int32)
+        since = np.empty(len(distinct), np.int64)
+        for k, s in enumerate(distinct):
+            got = self._sid.get(s)
+            if got is None:
                 rec = self._sigs.get(s)
                 if rec is None:
-                    continue  # its SIG record was lost (a trimmed stream): those begins are invalid
-                _t, flags, aux, length, _ts, _key = HEADER.unpack_from(rec, 0)
-                # a SIG body is a BeginBody (tid, parent and seq left out) followed by the tensors
-                got = self._static_index(rec, HEADER.size, length, flags, aux)
-                if s >= self._sid.shape[0]:
-                    self._grow_sids(s)
-                self._sid[s] = got
-            inside = (sid >= 0) & (sid < self._sid.shape[0])
-            out[inside] = self._sid[sid[inside]]
-        return out
-
-    def _grow_sids(self, sid: int) -> None:
-        more = max(sid + 1, 2 * self._sid.shape[0]) - self._sid.shape[0]
-        self._sid = np.concatenate([self._sid, np.full(more, _NO_STATIC, np.int32)])
-        self._sid_since = np.concatenate([self._sid_since, np.full(more, _NEVER, np.int64)])
+                    got = _NO_STATIC  # its SIG record was lost (a trimmed stream): those begins are invalid
+                else:
+                    _t, flags, aux, length, _ts, _key = HEADER.unpack_from(rec, 0)
+                    # a SIG body is a BeginBody (tid, parent and seq left out) followed by the tensors
+                    got = self._sid[s] = self._static_index(rec, HEADER.size, length, flags, aux)
+            statics[k] = got
+            since[k] = self._sid_since.get(s, _NEVER)
+        if len(distinct) == 1:
+            return np.full(sid.shape[0], statics[0], np.int32), np.full(sid.shape[0], since[0], np.int64)
+        at = np.searchsorted(np.array(distinct, np.int64), sid)
+        return statics[at], since[at]
 
     def _note_any_source(self, op_id: int, gid: int) -> None:
         """An any-source recv: its peer arrives with a SOURCE record."""
@@ -761,6 +769,8 @@ class BlockDecoder:
         """A BeginBody and its tensors as a static index, decoded once per distinct content
         and context (``StaticTable``); _BAD_STATIC when invalid (remembered too)."""
         # Everything but ts/id/seq/parent/tid repeats call after call.
+        if end - body < BEGIN_BODY.size:
+            return _BAD_STATIC  # too short for a begin: every begin naming it is invalid
         key = bytes((flags, aux & 0xFF)) + raw[body + 16:body + 32] + raw[body + 40:end]
         hit = self._static_at.get(key)
         if hit is not None:
@@ -863,6 +873,8 @@ class BlockDecoder:
         if t > MAX_INT:
             raise ValueError("bad tid")
         start = body + RBEGIN_BODY.size
+        if start + n > end:
+            raise ValueError("fragment past its record")
         nested = bool(par) and s < 0 and kind == KIND_RICH
         key = b"R%d,%d,%d," % (site, gid, nested) + raw[start:start + n]
         hit = self._static_at.get(key)
@@ -903,17 +915,21 @@ class BlockDecoder:
         return t, par, s, hit
 
 
+#: The shortest a record of each type may be to be read (past it: the next record, or block)
+_MIN_LEN = {BEGIN: HEADER.size + BEGIN_BODY.size, RBEGIN: HEADER.size + RBEGIN_BODY.size,
+            SOURCE: HEADER.size + SOURCE_BODY.size}
 _KNOWN = np.zeros(256, bool)  # record types an op record may have
 _KNOWN[[BEGIN, END, WAIT_BEGIN, WAIT_END, DONE, RBEGIN, SOURCE, BEGIN_SIG]] = True
 
 
 def _has_own_fields(walk: _Walk) -> bool:
-    """Whether ``walk`` gathered a begin that carries its own fields (BEGIN, RBEGIN): one that
-    refers to sites and groups directly, not through a signature."""
+    """Whether ``walk`` gathered a record that refers to sites and groups directly, not
+    through a signature: a begin that carries its own fields (BEGIN, RBEGIN), or a SOURCE
+    (its peer is a group rank)."""
     if len(walk.offs) > 4096:
         return True  # (not worth looking: resolving once more costs less)
     buf = walk.bufs[0] if len(walk.bufs) == 1 else b"".join(walk.bufs)
-    return any(buf[o] in (BEGIN, RBEGIN) for o in walk.offs)
+    return any(buf[o] in (BEGIN, RBEGIN, SOURCE) for o in walk.offs)
 
 
 def _gather(u8: np.ndarray, at: np.ndarray, dtype: str) -> np.ndarray:

@@ -94,6 +94,11 @@ Version 3 (spools, self-describing streams, incarnations):
     dropped    entries, reason "store_lost: ...": a writer found its stream gone or
                shorter than what had landed (Redis restarted empty, the job directory
                deleted); ``entries`` lines were lost by the store, not the recorder
+    summary    what retention kept of a segment of the stream it deleted (not written by
+               the rank: ``store/retention.py``, in ``rank-*.summary.jsonl``): seg (its
+               number), first_ns, last_ns, events, size (bytes), ops: per op and group
+               {op, group, count, in_bytes, out_bytes, unfinished, failed, minutes: [[minute
+               start ns, ops, latency sum ns, latency max ns, [[log2 us bucket, ops]]]]}
 """
 
 from __future__ import annotations
@@ -122,7 +127,8 @@ EXIT = "exit"
 DROPPED = "dropped"
 BLOCK = "block"
 SITE = "site"
-TYPES = frozenset({OP, META, GROUP, SAMPLE, HEARTBEAT, STACK, EXIT, DROPPED, BLOCK, SITE})
+SUMMARY = "summary"
+TYPES = frozenset({OP, META, GROUP, SAMPLE, HEARTBEAT, STACK, EXIT, DROPPED, BLOCK, SITE, SUMMARY})
 
 BEGIN = "begin"
 END = "end"

@@ -56,7 +56,7 @@ Real = Annotated[float, Meta(ge=-1e18, le=1e18)]  # finite: rejects 1e400 (inf)
 Seconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
 Frame = tuple[Text, AnyInt | None, Text]
 
-TYPES = ("op", "meta", "group", "sample", "heartbeat", "stack", "exit", "dropped", "block", "site")
+TYPES = ("op", "meta", "group", "sample", "heartbeat", "stack", "exit", "dropped", "block", "site", "summary")
 #: A block holds at most the native recorder's buffer (16 MiB), base64-encoded.
 MAX_BLOCK = 24 << 20
 PHASES = ("begin", "end", "wait_begin", "wait_end", "done")
@@ -67,6 +67,21 @@ class StackThread(TypedDict, total=False):
     name: Name
     frames: list[Frame]
     op_thread: bool
+
+
+class SummaryOp(TypedDict, total=False):
+    """One op and group of a ``summary`` (what retention kept of a deleted segment)."""
+
+    op: Name
+    group: Name
+    count: Count
+    in_bytes: Count
+    out_bytes: Count
+    unfinished: Count  # begun in the segment, not finished in it (no latency)
+    failed: Count
+    #: per minute: (minute start ns, ops, latency sum ns, latency max ns, [(log2 us bucket, ops)])
+    minutes: Annotated[list[tuple[Count, Count, Count, Count, Annotated[list[tuple[Count, Count]], Meta(
+        max_length=64)]]], Meta(max_length=100_000)]
 
 
 # Every key of every event type in one TypedDict: msgspec then decodes straight into the
@@ -107,6 +122,10 @@ RawEvent = TypedDict("RawEvent", {
     # dropped (version 3): entries (lines) of the stream the store lost before this one; the
     # writer that found its stream gone or shorter says so (``store.base.store_lost``)
     "entries": Count,
+    # summary: what retention kept of a segment it deleted (store/retention.py): its number,
+    # its first and last timestamps, how many events and bytes it held, per op and group
+    "seg": Count, "first_ns": Count, "last_ns": Count, "events": Count, "size": Count,
+    "ops": Annotated[list[SummaryOp], Meta(max_length=100_000)],
 }, total=False)
 
 
@@ -129,7 +148,8 @@ _TEXT_KEY_SET = frozenset([*TEXT_KEYS, "threads"])
 
 #: Keys each type must carry besides type, rank and ts.
 REQUIRED: dict[str, tuple[str, ...]] = {"op": ("phase", "id"), "group": ("group",),
-                                        "block": ("data",), "site": ("sid", "text")}
+                                        "block": ("data",), "site": ("sid", "text"),
+                                        "summary": ("seg", "events", "ops")}
 
 
 class JobMeta(TypedDict, total=False):

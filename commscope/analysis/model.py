@@ -487,9 +487,10 @@ class TraceModel:
         t0, t1 = I64_MAX, 0
         for e in evs:
             ts = e["ts"]
-            t0 = min(t0, ts)
-            t1 = max(t1, ts)
             t = e["type"]
+            if t != "summary":  # (a deleted segment's: history, not part of what the trace shows)
+                t0 = min(t0, ts)
+                t1 = max(t1, ts)
             if t == "heartbeat":
                 if ts >= rt.last_hb:
                     rt.last_hb = ts
@@ -519,6 +520,9 @@ class TraceModel:
                     self.request_ns = max(self.request_ns, e["request_ns"])
             elif t == "exit":
                 rt.exits.append(e)
+            elif t == "summary":  # a deleted segment, as retention kept it
+                rt.summaries.append(e)
+                rt.summarized += int(e.get("events") or 0)
             elif t == "meta":
                 rt.meta = e
             elif t == "dropped":  # count: this report; total: the recorder's running total

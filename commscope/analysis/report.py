@@ -170,7 +170,9 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
         row["end"] = _end_of(model, r)
         ranks_rows[str(r)] = row
     sites = sorted(site_wait.items(), key=lambda kv: -kv[1][0])[:top_sites]
+    history = summarized_history(model)
     return {
+        **({"history": history} if history else {}),
         "ops": {k: v.row() for k, v in sorted(by_op.items())},
         "groups": {k: v.row() for k, v in sorted(by_group.items())},
         "ranks": ranks_rows,
@@ -180,3 +182,42 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
         "ops_total": model.total_ops(),
         "ops_untimed": sum(r["untimed"] for r in ranks_rows.values()),
     }
+
+
+def summarized_history(model: TraceModel) -> dict[str, dict[str, Any]]:
+    """What retention kept of the history it deleted (``summary`` events), per op over every
+    rank: ops, bytes, failures, latency p50 and p99 (from the per-minute histograms: the
+    power-of-two bucket holding them, its middle) and max, and the span it covers."""
+    acc: dict[str, dict[str, Any]] = {}
+    for rt in model.ranks.values():
+        for s in rt.summaries:
+            for op in s.get("ops", ()):
+                row = acc.setdefault(op["op"], {"count": 0, "bytes": 0, "failed": 0, "unfinished": 0, "max_ns": 0,
+                                                "hist": np.zeros(64, np.int64), "first_ns": 0, "last_ns": 0})
+                row["count"] += op.get("count", 0)
+                row["bytes"] += max(op.get("in_bytes", 0), op.get("out_bytes", 0))
+                row["failed"] += op.get("failed", 0)
+                row["unfinished"] += op.get("unfinished", 0)
+                for minute, _n, _sum, mx, buckets in op.get("minutes", ()):
+                    row["max_ns"] = max(row["max_ns"], mx)
+                    for b, c in buckets:
+                        if 0 <= b < 64:
+                            row["hist"][b] += c
+                    row["first_ns"] = minute if not row["first_ns"] else min(row["first_ns"], minute)
+                    row["last_ns"] = max(row["last_ns"], minute)
+    out = {}
+    for name, row in sorted(acc.items()):
+        hist = row.pop("hist")
+        row["latency_p50_s"], row["latency_p99_s"] = (_bucket_quantile(hist, q) for q in (0.5, 0.99))
+        row["latency_max_s"] = round(row.pop("max_ns") / 1e9, 6)
+        out[name] = row
+    return out
+
+
+def _bucket_quantile(hist: np.ndarray, q: float) -> float | None:
+    """The middle of the power-of-two bucket (of microseconds) that holds quantile ``q``."""
+    total = int(hist.sum())
+    if not total:
+        return None
+    b = int(np.searchsorted(np.cumsum(hist), q * total))
+    return round(1.5 * (1 << b) / 1e6, 6)

@@ -14,11 +14,21 @@ from commscope.errors import UsageError
 from commscope.events import gc_paused
 from commscope.redact import redact
 from commscope.store import ReadStats, StoreError, TraceReader, backend_for, default_store, open_reader
+from commscope.units import size
+from commscope.window import Since
 
 
-def open_source(path_or_url: str | os.PathLike | None, *, wait: bool = False) -> TraceReader:
-    """A reader for a trace store or a directory of PyTorch Flight Recorder dumps.
-    Raises StoreError when it is neither."""
+def open_source(path_or_url: str | os.PathLike | None, *, wait: bool = False, since: Since | None = None
+                ) -> TraceReader:
+    """A reader for a trace store or a directory of PyTorch Flight Recorder dumps, reading
+    the window ``since`` on (None: everything).  Raises StoreError when it is neither."""
+    reader = _open(path_or_url, wait)
+    if since is not None:
+        reader.start_at(since)
+    return reader
+
+
+def _open(path_or_url: str | os.PathLike | None, wait: bool) -> TraceReader:
     name = default_store(path_or_url)
     if not backend_for(name).local:  # only a path may also be a directory of Flight Recorder dumps
         return open_reader(name, wait=wait)
@@ -48,16 +58,17 @@ class Loading(NamedTuple):
 LOAD_STEP = 8 << 20
 
 
-def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], None] | None = None
-               ) -> tuple[TraceModel, TraceReader, list[str]]:
+def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], None] | None = None,
+               since: Since | None = None) -> tuple[TraceModel, TraceReader, list[str]]:
     """Read a whole source into a model: (model, the closed reader, warnings).  What
     ``check``, ``report``, ``export`` and the headless demo all start from.  Streams: the
     reader is read ``LOAD_STEP`` bytes at a time, op records in columns, each step ingested
     before the next is read; ``progress`` is told after each.  Raises UsageError on input
-    that cannot be used (no source, no events)."""
+    that cannot be used (no source, no events).  ``since``: read that window only
+    (``window.py``)."""
     model = TraceModel()
     try:
-        reader = open_source(store)
+        reader = open_source(store, since=since)
         total = reader.size()
         with gc_paused():
             while True:
@@ -106,6 +117,13 @@ def read_warnings(model: TraceModel, stats: ReadStats) -> list[str]:
         warnings.append(f"skipped {stats.invalid} invalid event(s) ({why})")
     if stats.trimmed:
         warnings.append("the store dropped old events (maxlen): early ops may be missing")
+    if stats.summarized:
+        n = len(stats.summarized_by_rank)
+        warnings.append(f"retention summarized {stats.summarized:,} older event(s) of {n:,} rank(s) and deleted "
+                        "them: their counts, bytes and latencies per minute are kept (commscope report)")
+    if stats.skipped_bytes:
+        warnings.append(f"{size(stats.skipped_bytes)} of history before the window not read "
+                        f"({len(stats.skipped_by_rank):,} rank(s); drop --since to read it)")
     for r in model.rank_ids()[:64]:
         if model.ranks[r].dropped:
             warnings.append(f"rank {r}: the recorder dropped {model.ranks[r].dropped} event(s)")

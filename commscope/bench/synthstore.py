@@ -19,7 +19,10 @@ Faults, on ``culprit`` at the last collective:
     mismatch   the culprit calls broadcast where the others all_reduce -> collective_mismatch
 
 ``days`` spreads the job over that many days (a week-long job simulated, not waited for):
-the ops keep their rate in bursts, with idle gaps between, so timestamps cover the span.
+the ops keep their rate in bursts, with idle gaps between, so timestamps cover the span;
+``tail_s`` keeps the job going that long after the fault (a rank dead for an hour);
+``segment_bytes`` and ``retain`` are the directory writer's (``store/segments.py``,
+``store/retention.py``).
 """
 
 from __future__ import annotations
@@ -72,6 +75,9 @@ class JobShape:
     layers: int = 4  # all_gather + reduce_scatter per layer, then one all_reduce: a step
     json: bool = False
     days: float = 0.0  # spread the ops over this many days (bursts with idle gaps)
+    tail_s: float = 0.0  # how long the job goes on after the fault (0: hang_after + 5 s)
+    segment_bytes: int | None = None  # the directory writer's segment size (None: its default)
+    retain: str = "none"  # the history the directory writer keeps (store/retention.py)
     t0: int = T0
     seed: int = 1
 
@@ -315,7 +321,7 @@ def write_store(store: str, shape: JobShape, *, job: str = "synthetic",
     base = _schedule(shape)
     sids = _op_sids(shape)
     sigs = _sigs(shape)
-    t_end = int(base[-1]) + 500_000 + int((shape.hang_after + 5) * S)
+    t_end = int(base[-1]) + 500_000 + int((shape.tail_s or shape.hang_after + 5) * S)
     tables = None if shape.json else _Tables(shape, sigs)
     statics = None
     if shape.json:
@@ -328,18 +334,35 @@ def write_store(store: str, shape: JobShape, *, job: str = "synthetic",
     meta = {"world_size": shape.ranks, "backend": "nccl", "synthetic": True}
     for r in range(shape.ranks):
         lines, events, ops = rank_lines(shape, r, job, store, base, sids, t_end, tables, statics)
-        w = open_writer(store, job, r, meta)
+        w = _writer(store, job, r, meta, shape)
+        step = 4096 if shape.segment_bytes is None else 64  # (a writer starts a segment between writes)
         try:
-            for k in range(0, len(lines), 4096):
-                w.write(lines[k:k + 4096])
+            for k in range(0, len(lines), step):
+                w.write(lines[k:k + step])
         finally:
             w.close()
+        if getattr(w, "closer", True) is False:  # the directory writer's children, run here
+            from commscope.store.retention import close_stream, parse
+
+            close_stream(w.dir, r, 0, parse(shape.retain))
         out.events += events
         out.ops += ops
         out.bytes += sum(len(x) + 1 for x in lines)
         if progress is not None:
             progress(r + 1)
     return out
+
+
+def _writer(store: str, job: str, rank: int, meta: dict, shape: JobShape):
+    """The store's writer; for a directory, with the shape's segment size and retention."""
+    from commscope.store import backend_for
+    from commscope.store.directory import DirectoryWriter
+    from commscope.store.retention import parse
+
+    if backend_for(store).local and (shape.segment_bytes is not None or shape.retain != "none"):
+        return DirectoryWriter(store, job, rank, meta, segment_bytes=shape.segment_bytes, retain=parse(shape.retain),
+                               closer=False)
+    return open_writer(store, job, rank, meta)
 
 
 def du(path: str) -> int:

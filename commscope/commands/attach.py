@@ -13,7 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 
+from commscope.commands import options
 from commscope.store import StoreError, backend_for, default_store, redact_store
+
+#: Where attach starts by default: the tail of a job, however long it has run (the history
+#: before it is summarized, not read: --since all reads it)
+TAIL = "10m"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,6 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hang-after", type=float, metavar="SECONDS",
                    help="flag ops in flight longer than this (default: what the job was recorded with, else 30)")
     p.add_argument("--no-bell", action="store_true", help="do not ring the terminal bell on new errors")
+    options.add_since(p, default=TAIL)
 
 
 def waiting_hint(store: str) -> str:
@@ -38,8 +44,9 @@ def main(args: argparse.Namespace) -> int:
     from commscope.tui.feed import LIVE, Feed
 
     store = default_store(args.store)
+    since = options.since_of(args)
     try:
-        reader = open_source(store, wait=True)
+        reader = open_source(store, wait=True, since=since)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     feed = Feed(reader, mode=LIVE, hang_after=args.hang_after, source=redact_store(store), hint=waiting_hint(store))

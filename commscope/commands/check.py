@@ -20,7 +20,7 @@ from commscope.analysis.findings import ERROR, Finding
 from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
 from commscope.analysis.source import load_trace
-from commscope.commands import progress
+from commscope.commands import options, progress
 from commscope.errors import UsageError
 from commscope.redact import redact
 
@@ -31,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--hang-after", type=float, default=None, metavar="SECONDS",
                    help="how long a rank must wait before it counts as hung")
+    options.add_since(p)
     p.add_argument("--py-spy", action="store_true",
                    help="for a culprit running on this host whose Python threads cannot answer (native code "
                         "holding the GIL), take a native+Python stack dump with py-spy (pip install py-spy)")
@@ -40,7 +41,8 @@ def read_summary(stats: Any) -> dict[str, Any]:
     """What the reader skipped, for --json: damaged lines, invalid events by reason, store gaps."""
     return {"damaged": stats.corrupt, "invalid": stats.invalid,
             "invalid_by_reason": dict(stats.invalid_by_reason),
-            "store_missing": sum(stats.missing_by_rank.values()), "trimmed": stats.trimmed}
+            "store_missing": sum(stats.missing_by_rank.values()), "trimmed": stats.trimmed,
+            "summarized": stats.summarized, "before_window_bytes": stats.skipped_bytes}
 
 
 def to_json(model: TraceModel, findings: list[Finding], warnings: list[str], hang_after: float,
@@ -57,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
     if args.hang_after is not None and args.hang_after < 0:
         raise UsageError("--hang-after must be >= 0")
     shown = progress.wanted(args.json)
-    model, reader, warnings = progress.load(args.store, shown)
+    model, reader, warnings = progress.load(args.store, shown, since=options.since_of(args))
     hang_after = args.hang_after if args.hang_after is not None else default_hang_after(model)
     now = trace_now(model)
     with progress.status(f"diagnosing {len(model.ranks):,} ranks", shown):

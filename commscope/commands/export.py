@@ -21,17 +21,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chrome", metavar="FILE", required=True, help="write Chrome trace JSON here ('-' = stdout); a new file is readable by you alone")
     p.add_argument("--hang-after", type=float, default=None, metavar="SECONDS",
                    help="for the findings marked in the trace")
+    from commscope.commands import options
+
+    options.add_since(p)
 
 
 def main(args: argparse.Namespace) -> int:
     import sys
     import time
 
-    from commscope.commands import progress
+    from commscope.commands import options, progress
     from commscope.commands.check import read_summary
     from commscope.errors import UsageError
 
-    model, reader, warnings = progress.load(args.store, progress.wanted(args.chrome == "-" and sys.stdout.isatty()))
+    model, reader, warnings = progress.load(args.store, progress.wanted(args.chrome == "-" and sys.stdout.isatty()),
+                                            since=options.since_of(args))
     now = trace_now(model)
     hang = args.hang_after if args.hang_after is not None else default_hang_after(model)
     findings = diagnose(model, now, hang, wall_ns=time.time_ns())

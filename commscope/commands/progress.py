@@ -18,6 +18,7 @@ from typing import Any
 from commscope.analysis.model import TraceModel
 from commscope.analysis.source import Loading, load_trace
 from commscope.store import TraceReader
+from commscope.window import Since
 
 
 def wanted(json_output: bool = False, stream: Any = None) -> bool:
@@ -67,10 +68,10 @@ def status(text: str, enabled: bool) -> Iterator[None]:
         yield
 
 
-def load(store: str | os.PathLike | None, shown: bool, what: str = "reading"
+def load(store: str | os.PathLike | None, shown: bool, what: str = "reading", since: Since | None = None
          ) -> tuple[TraceModel, TraceReader, list[str]]:
-    """``analysis.source.load_trace`` with a progress bar when ``shown``."""
+    """``analysis.source.load_trace`` (of the window ``since``) with a progress bar when ``shown``."""
     from commscope.redact import redact
 
     with bar(f"{what} {redact(str(store or 'trace'))[-40:]}", shown) as update:
-        return load_trace(store, progress=update)
+        return load_trace(store, progress=update, since=since)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+from commscope.commands import options
 from commscope.redact import redact
 from commscope.store import StoreError
 
@@ -19,6 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", help="trace store (directory or redis:// URL) or a Flight Recorder dump directory")
     p.add_argument("--hang-after", type=float, metavar="SECONDS",
                    help="flag ops in flight longer than this (default: as recorded, else 30)")
+    options.add_since(p)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -27,8 +29,9 @@ def main(args: argparse.Namespace) -> int:
     from commscope.tui.app import CommscopeApp
     from commscope.tui.feed import REPLAY, Feed
 
+    since = options.since_of(args)
     try:
-        reader = open_source(args.store)
+        reader = open_source(args.store, since=since)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     feed = Feed(reader, mode=REPLAY, hang_after=args.hang_after, source=redact(args.store))

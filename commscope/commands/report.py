@@ -61,6 +61,15 @@ _RANK_COLS = [
     Column("end", "end", "s", ALWAYS),
 ]
 _SITE_COLS = [Column("waiting", "waiting", "t", ALWAYS), Column("ops", "ops", "n", ALWAYS)]
+_HISTORY_COLS = [
+    Column("count", "count", "n", ALWAYS),
+    Column("bytes", "bytes", "b", 8),
+    Column("lat p50", "latency_p50_s", "t", ALWAYS),
+    Column("lat p99", "latency_p99_s", "t", 6),
+    Column("lat max", "latency_max_s", "t", 7),
+    Column("unfinished", "unfinished", "n0", 5),
+    Column("failed", "failed", "n0", ALWAYS),
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -73,6 +82,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wide", action="store_true",
                    help="every column, however wide the terminal (default: the columns that fit)")
     p.add_argument("--top", type=int, default=10, help="call sites to list (default 10)")
+    from commscope.commands import options
+
+    options.add_since(p)
 
 
 def _cell(kind: str, v: Any) -> str:
@@ -184,6 +196,10 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
     show("per op (collectives: per instance, true latency = last end - last begin)", "op", rep["ops"], _STAT_COLS)
     show("per group", "group", rep["groups"], _STAT_COLS)
     show("per rank", "rank", rep["ranks"], _RANK_COLS)
+    history = rep.get("history")
+    if history:
+        show("summarized history (retention deleted it; per op over all ranks, latency from its histograms)",
+             "op", history, _HISTORY_COLS)
     sites = {s["site"]: {"waiting": s["wait_s"], "ops": s["count"]} for s in rep["sites"]}
     if sites:
         under, sites = _common_dir(sites)
@@ -208,14 +224,16 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
 def to_csv(rep: dict[str, Any]) -> str:
     buf = io.StringIO()
     fields: list[str] = []
-    for tab in ("ops", "groups", "ranks"):
+    tables = [t for t in ("ops", "groups", "ranks", "history") if t in rep]
+    for tab in tables:
         for row in rep[tab].values():
             fields += [k for k in row if k not in fields]
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["table", "key", *fields])
-    for tab in ("ops", "groups", "ranks"):
+    for tab in tables:
         for key, row in rep[tab].items():
-            w.writerow([tab[:-1], key, *("" if row.get(f) is None else row.get(f) for f in fields)])
+            w.writerow([tab[:-1] if tab != "history" else "history", key,
+                        *("" if row.get(f) is None else row.get(f) for f in fields)])
     for s in rep["sites"]:
         w.writerow(["site", s["site"], *(s["count"] if f == "count" else s["wait_s"] if f == "wait_s" else ""
                                         for f in fields)])
@@ -223,11 +241,11 @@ def to_csv(rep: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from commscope.commands import progress
+    from commscope.commands import options, progress
     from commscope.commands.check import read_summary
 
     shown = progress.wanted(args.json or args.csv)
-    model, reader, warnings = progress.load(args.store, shown)
+    model, reader, warnings = progress.load(args.store, shown, since=options.since_of(args))
     with progress.status(f"summarizing {len(model.ranks):,} ranks", shown):
         rep = compute_report(model, top_sites=args.top)
     if args.json:

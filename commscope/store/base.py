@@ -17,6 +17,7 @@ from commscope.blocks import BlockDecoder, StaticTable, decode_stream
 from commscope.events import Decoded, Event, decode_lines
 from commscope.oprecords import OpRecords
 from commscope.schema import SCHEMA_VERSION
+from commscope.window import Since
 
 #: Distinct invalid-event reasons kept; more are counted as "other" (a hostile trace cannot
 #: grow the stats without bound).
@@ -65,6 +66,12 @@ class ReadStats:
     invalid_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
     missing_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)  # entries the store lost or trimmed
     partial_tail: int = 0  # ranks whose last line is still incomplete
+    #: events of segments retention deleted (store/retention.py), which their summaries stand for
+    summarized: int = 0
+    summarized_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: bytes of segments before the window the reader was asked to read (``since``): not read
+    skipped_bytes: int = 0
+    skipped_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
     trimmed: bool = False  # the backend dropped old events (Redis maxlen)
     warnings: list[str] = dataclasses.field(default_factory=list)
 
@@ -72,6 +79,14 @@ class ReadStats:
         if n:
             self.corrupt += n
             self.corrupt_by_rank[rank] = self.corrupt_by_rank.get(rank, 0) + n
+
+    def count_summarized(self, rank: int, events: int) -> None:
+        self.summarized += events
+        self.summarized_by_rank[rank] = self.summarized_by_rank.get(rank, 0) + events
+
+    def count_skipped(self, rank: int, nbytes: int) -> None:
+        self.skipped_bytes += nbytes
+        self.skipped_by_rank[rank] = self.skipped_by_rank.get(rank, 0) + nbytes
 
     def count_invalid(self, rank: int, reasons: Mapping[str, int]) -> None:
         """Add skipped invalid events of ``rank`` by reason (at most MAX_REASONS distinct)."""
@@ -270,6 +285,12 @@ class TraceReader(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 (a reader without resources has nothing to close)
         pass
+
+    def start_at(self, since: Since) -> None:
+        """Read from the start of the window ``since`` on (``window.py``), not from each
+        stream's start: call before the first read.  A store that cannot skip (this default)
+        reads everything and says so."""
+        self.stats.warnings.append(f"{since.describe()} asked for: this store is read from its start")
 
     # ------------------------------------------------------------ the shared pipeline
     def ingest(self, stream: Stream, raw: bytes | Sequence[bytes], size: int = 0) -> Decoded:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import stat
+import subprocess
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -31,6 +31,7 @@ import orjson
 
 from commscope.events import Event, gc_paused
 from commscope.schema import MAX_RANK, decode_job
+from commscope.store import inflight, retention, segments
 from commscope.store.base import (
     ReadStats,
     StoreError,
@@ -42,8 +43,17 @@ from commscope.store.base import (
     store_lost,
 )
 from commscope.store.crashlog import CrashFiles
+from commscope.store.retention import Retention
+from commscope.store.segments import (
+    SUMMARY_FILE,
+    Segment,
+    list_segments,
+    segment_bytes_from_env,
+    segment_name,
+    window_start,
+)
+from commscope.window import Since
 
-RANK_FILE = re.compile(r"^rank-(\d{1,8})(?:\+(\d{1,6}))?\.jsonl$")
 LATEST = "LATEST"
 JOB_FILE = "job.json"
 MAX_JOB_FILE = 1 << 20  # job.json is a few hundred bytes; never read more than this
@@ -51,7 +61,8 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def rank_file_name(rank: int, incarnation: int = 0) -> str:
-    return f"rank-{rank:05d}.jsonl" if not incarnation else f"rank-{rank:05d}+{incarnation}.jsonl"
+    """The stream's first segment (``store/segments.py``): the one file of a short job."""
+    return segment_name(rank, incarnation, 0)
 
 
 #: ``commscope run --share-with-group`` sets it for the ranks: stores they create are
@@ -130,17 +141,33 @@ class DirectoryWriter:
 
     def __init__(self, root: str | os.PathLike, job: str, rank: int, job_meta: dict | None = None, *,
                  incarnation: int = 0, resume: bool = False, connect_timeout: float | None = None,
-                 share: bool | None = None):
+                 share: bool | None = None, segment_bytes: int | None = None, retain: Retention | None = None,
+                 closer: bool = True):
         """``resume``: append to the stream of a rank that died (a forwarder sending what its
         spool kept), instead of refusing a stream that holds events already.  ``share``:
         a job directory this writer creates is readable by the group (None:
         ``$COMMSCOPE_SHARE_WITH_GROUP``); one that exists keeps its modes.  ``connect_timeout``:
-        a directory connects to nothing (``store.open_writer`` passes it to every store)."""
+        a directory connects to nothing (``store.open_writer`` passes it to every store).
+        ``segment_bytes``: start a new segment past this size (None: ``$COMMSCOPE_SEGMENT_MB``,
+        default 64 MiB); ``retain``: the history kept (None: ``$COMMSCOPE_RETAIN``, see
+        ``store/retention.py``); ``closer``: run the child that closes a segment after each
+        new one (False: the caller runs ``retention.close_stream`` itself)."""
         self.root = Path(root)
         self.job = check_job_name(job)
         self.rank = rank
+        self.incarnation = incarnation
         self.dir = self.root / job
-        self.path = self.dir / rank_file_name(rank, incarnation)
+        self.segment_bytes = segment_bytes if segment_bytes is not None else segment_bytes_from_env()
+        self.retain = retain if retain is not None else retention.from_env()
+        self.closer = closer
+        self._retainer: subprocess.Popen | None = None  # the child closing the last segment
+        self._segment = 0
+        self._segment_size = 0
+        existing = list_segments(self.dir).get((rank, incarnation), []) if self.dir.is_dir() else []
+        if resume and existing:  # go on in the newest segment
+            self._segment = existing[-1].number
+        start = existing[-1].start_s if resume and existing else 0
+        self.path = self.dir / segment_name(rank, incarnation, self._segment, start)
         self.description = str(self.path)
         self._fd: int | None = None
         self._torn = False  # the file ends mid-line: a failed write stopped there
@@ -155,11 +182,12 @@ class DirectoryWriter:
             self.modes = modes_of(self.dir)
             self._open()
             size = os.fstat(self._fd).st_size
-            if size > 0 and not resume:
+            if (size > 0 or len(existing) > 1) and not resume:
                 raise StoreError(
                     f"{self.path} already holds events of an earlier job with id {job!r}; "
                     "refusing to mix jobs (choose a new COMMSCOPE_JOB or another store)"
                 )
+            self._segment_size = size
             if resume and size > 0:
                 with open(self.path, "rb") as f:  # a line the dead rank left half-written is ended
                     f.seek(size - 1)
@@ -184,9 +212,11 @@ class DirectoryWriter:
         return self._lines
 
     def first_event(self) -> dict | None:
-        """The stream's first event (its meta), None when empty or unreadable."""
+        """The stream's first event (its meta: every segment starts with it), None when empty
+        or unreadable."""
+        segs = list_segments(self.dir).get((self.rank, self.incarnation), [])
         try:
-            with open(self.path, "rb") as f:
+            with open(segs[0].path if segs else self.path, "rb") as f:
                 line = f.readline(1 << 20)
             ev = orjson.loads(line)
         except (OSError, orjson.JSONDecodeError):
@@ -231,6 +261,8 @@ class DirectoryWriter:
                     extra = [store_lost(self.rank, self._lines, "the job directory was deleted while the rank "
                                         "was writing; its earlier events went with it")]
                     extra += [self._meta_line] if self._meta_line is not None else []
+            if self._segment_size and not extra and self._segment_size + sum(map(len, lines)) > self.segment_bytes:
+                extra = self._next_segment(lines)
             lead = b"\n" if self._torn else b""  # end a torn line from a failed write
             # One copy of the lines (a block line is most of a tick's bytes): the lead and
             # the last newline are joined in, not concatenated after.
@@ -249,12 +281,37 @@ class DirectoryWriter:
             # retry that wrote nothing leaves the file as torn as it was.
             if done:
                 self._torn = data[done - 1] != 0x0A
+                self._segment_size += done
             landed = data[len(lead):done].count(b"\n") if done > len(lead) else 0
             self._lines += landed
             why = exc.strerror or exc if isinstance(exc, OSError) else exc
             raise StoreError(f"cannot append to {self.path}: {why}", max(landed - len(extra), 0)) from None
         self._torn = False
         self._lines += len(extra) + len(lines)
+        self._segment_size += len(data)
+
+    def _next_segment(self, lines: list[bytes]) -> list[bytes]:
+        """Close the current segment and start the next one (named by the time of its first
+        line); returns what it must begin with: the rank's meta, so it decodes alone.  Then
+        let a child bound the history (``store/retention.py``)."""
+        start = segments.start_of(lines[0]) or time.time_ns() // 1_000_000_000
+        self.close()
+        self._segment += 1
+        self.path = self.dir / segment_name(self.rank, self.incarnation, self._segment, start)
+        self.description = str(self.path)
+        self._open()
+        self._torn = False
+        self._segment_size = os.fstat(self._fd).st_size
+        self._retire()
+        return [self._meta_line] if self._meta_line is not None and lines[0] is not self._meta_line else []
+
+    def _retire(self) -> None:
+        """Start the child that closes the last segment (carries what is in flight, bounds
+        the history: ``retention.close_stream``) unless one still runs: the next one then
+        closes every segment left open."""
+        if not self.closer or (self._retainer is not None and self._retainer.poll() is None):
+            return
+        self._retainer = retention.spawn(self.dir, self.rank, self.incarnation, self.retain)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -285,7 +342,7 @@ def resolve_job_dir(path: str | os.PathLike) -> Path | None:
     p = Path(path)
     if not p.is_dir():
         return None
-    if (p / JOB_FILE).exists() or any(RANK_FILE.match(n) for n in os.listdir(p)):
+    if (p / JOB_FILE).exists() or any(segments.parse(n) for n in os.listdir(p)):
         return p
     latest = p / LATEST
     if latest.exists():
@@ -296,7 +353,7 @@ def resolve_job_dir(path: str | os.PathLike) -> Path | None:
         if is_job_name(name) and (p / name).is_dir():
             return p / name
     jobs = [d for d in p.iterdir() if d.is_dir() and ((d / JOB_FILE).exists() or any(
-        RANK_FILE.match(n) for n in os.listdir(d)))]
+        segments.parse(n) for n in os.listdir(d)))]
     if not jobs:
         return None
     return max(jobs, key=lambda d: d.stat().st_mtime_ns)
@@ -329,26 +386,36 @@ def job_location(path: str, job: str) -> str:
 
 
 class DirectoryReader(TraceReader):
-    """Reads or tails one job directory.  Tolerates torn tails, corrupt lines, truncation."""
+    """Reads or tails one job directory.  Tolerates torn tails, corrupt lines, truncation.
+
+    A stream is read segment after segment (``store/segments.py``); ``since_ns`` starts each
+    at the segment that holds that time (its newest, if it ended before), so a read of the
+    last minutes of a week-long job costs those minutes.  What retention summarized before
+    deleting (``rank-*.summary.jsonl``) is read with the streams."""
 
     CHUNK = 8 << 20
     MIN_READ = 1 << 16  # bytes a budgeted poll reads of a stream at least
     counts_lost_markers = True  # a writer that found its file deleted says what went with it
 
-    def __init__(self, path: str | os.PathLike, *, wait: bool = False):
+    def __init__(self, path: str | os.PathLike, *, wait: bool = False, since_ns: int | None = None):
         self.path = Path(path)
         self.description = str(self.path)
         self.stats = ReadStats()
         self._wait = wait
+        self.since_ns = since_ns
         self.job_dir: Path | None = resolve_job_dir(self.path)
         if self.job_dir is None and not wait:
             if not self.path.exists():
                 raise StoreError(f"no trace store at {self.path}")
             raise StoreError(f"{self.path} holds no commscope trace (no rank-*.jsonl files)")
-        self._offsets: dict[Stream, int] = {}
+        self._offsets: dict[Stream, int] = {}  # in the segment being read
+        self._reading: dict[Stream, int] = {}  # the number of the segment being read
         self._partial: dict[Stream, bool] = {}
         self._next = 0  # the stream a budgeted poll starts with (they take turns)
-        self._files: dict[Stream, Path] = {}
+        self._streams: dict[Stream, list[Segment]] = {}
+        self._summaries: dict[Stream, Path] = {}
+        self._summary_offsets: dict[Stream, int] = {}
+        self._carried: list[Event] = []  # what streams starting at a later segment were in (``_carry``)
         self._listed: tuple[int, float] | None = None  # (directory mtime, when) of the last listing
         self._job: dict | None = None
         self._job_failed = False
@@ -381,9 +448,10 @@ class DirectoryReader(TraceReader):
     #: listed (a filesystem with coarse timestamps may not move it for a file made within)
     LIST_TRUST_S = 2.0
 
-    def rank_files(self) -> dict[Stream, Path]:
-        """The job's streams: (rank, incarnation) -> file, in that order.  Listed again only
-        when the directory changed (a job of 16k ranks is not 16k stats per poll)."""
+    def streams(self) -> dict[Stream, list[Segment]]:
+        """The job's streams, (rank, incarnation) -> its segments oldest first, in stream
+        order.  Listed again only when the directory changed (a job of 16k ranks is not 16k
+        stats per poll)."""
         if self.job_dir is None:
             self.job_dir = resolve_job_dir(self.path)
             if self.job_dir is None:
@@ -395,48 +463,110 @@ class DirectoryReader(TraceReader):
         now = time.time()
         if self._listed is not None and self._listed[0] == mtime and \
                 self._listed[1] - mtime / 1e9 > self.LIST_TRUST_S:
-            return self._files
-        files = {}
+            return self._streams
         try:
             names = os.listdir(self.job_dir)
         except OSError:
             return {}
+        regular = []
         for name in names:
-            m = RANK_FILE.match(name)
+            if segments.parse(name) is None and SUMMARY_FILE.match(name) is None:
+                continue
+            try:
+                ok = stat.S_ISREG(os.stat(self.job_dir / name).st_mode)  # a symlink to a regular file is fine
+            except OSError:
+                continue
+            if ok:
+                regular.append(name)
+            elif name not in self._refused:  # a FIFO would block the reader: never open it
+                self._refused.add(name)
+                self.stats.warnings.append(f"{name} is not a regular file; skipped")
+        self._streams = segments.segments_of(regular, self.job_dir)
+        self._summaries = {}
+        for name in regular:
+            m = SUMMARY_FILE.match(name)
             if m and int(m.group(1)) <= MAX_RANK:
-                path = self.job_dir / name
-                try:
-                    regular = stat.S_ISREG(os.stat(path).st_mode)  # a symlink to a regular file is fine
-                except OSError:
-                    continue
-                if regular:
-                    files[(int(m.group(1)), int(m.group(2) or 0))] = path
-                elif name not in self._refused:  # a FIFO would block the reader: never open it
-                    self._refused.add(name)
-                    self.stats.warnings.append(f"{name} is not a regular file; skipped")
-        self._files = dict(sorted(files.items()))
+                self._summaries[(int(m.group(1)), int(m.group(2) or 0))] = self.job_dir / name
         self._listed = (mtime, now)
-        return self._files
+        return self._streams
+
+    def rank_files(self) -> dict[Stream, Path]:
+        """The segment being read (or to be read next) of each stream."""
+        return {stream: self._current(stream, segs).path for stream, segs in self.streams().items() if segs}
+
+    def _current(self, stream: Stream, segs: list[Segment]) -> Segment:
+        """The segment of ``stream`` being read: on first sight, the one the window starts
+        with (those before it counted as skipped); one deleted meanwhile (retention, while
+        this reader was behind) gives way to the oldest one left after it."""
+        number = self._reading.get(stream)
+        if number is None:
+            k = window_start(segs, self.since_ns / 1e9 if self.since_ns is not None else None)
+            for seg in segs[:k]:
+                self.stats.count_skipped(stream[0], _size(seg.path))
+            self._reading[stream] = segs[k].number
+            if segs[k].number > 0:
+                self._carry(stream, segs[k].number - 1)
+            return segs[k]
+        for seg in segs:
+            if seg.number >= number:
+                if seg.number > number:  # it went before this reader was done with it
+                    self.stats.warnings.append(f"rank {stream[0]}: segment {number} was deleted by retention "
+                                               "while being read; its summary stands for it")
+                    self._reading[stream] = seg.number
+                    self._offsets[stream] = 0
+                return seg
+        return segs[-1]
+
+    def _carry(self, stream: Stream, number: int) -> None:
+        """The ops in flight when segment ``number`` ended (``store/inflight.py``): the stream
+        is read after it, so what they are in comes first."""
+        lines = inflight.carried(self.job_dir, stream, number) if self.job_dir is not None else None
+        if lines is None:
+            self.stats.warnings.append(f"rank {stream[0]}: what it was in when segment {number} ended is not "
+                                       "known (not carried yet): an op begun before may be missing")
+            return
+        if lines:
+            self._carried.extend(self.ingest(stream, b"\n".join(lines) + b"\n").events)
 
     def total_bytes(self) -> int:
-        """Bytes in the job's rank files now (for progress bars)."""
+        """Bytes to read in the job's streams now, from the segment each is read in (for
+        progress bars: ask before reading)."""
         total = 0
-        for path in self.rank_files().values():
-            try:
-                total += os.path.getsize(path)
-            except OSError:
-                pass
+        for stream, segs in self.streams().items():
+            cur = self._current(stream, segs) if segs else None
+            for seg in segs:
+                if cur is not None and seg.number >= cur.number:
+                    total += _size(seg.path)
         return total
 
     def backlog_bytes(self) -> int:
         """Bytes written but not yet returned by ``poll`` (how far behind a follower is)."""
         behind = 0
-        for stream, path in self.rank_files().items():
-            try:
-                behind += max(0, os.path.getsize(path) - self._offsets.get(stream, 0))
-            except OSError:
-                pass
+        for stream, segs in self.streams().items():
+            if not segs:
+                continue
+            cur = self._current(stream, segs)
+            for seg in segs:
+                if seg.number >= cur.number:
+                    behind += max(0, _size(seg.path) - (self._offsets.get(stream, 0) if seg.number == cur.number else 0))
         return behind
+
+    def start_at(self, since: Since) -> None:
+        """Start each stream at the segment holding the window's start; a duration counts
+        back from the job's newest write."""
+        self.since_ns = since.start_ns(self.latest_ns() or time.time_ns())
+
+    def latest_ns(self) -> int:
+        """When the job last wrote (the newest segment's mtime over its streams), 0 if never:
+        what a window relative to the trace's end counts from."""
+        latest = 0
+        for segs in self.streams().values():
+            if segs:
+                try:
+                    latest = max(latest, os.stat(segs[-1].path).st_mtime_ns)
+                except OSError:
+                    pass
+        return latest
 
     def poll(self, max_bytes: int | None = None) -> list[Event]:
         """New complete events from the rank files since the last call.  With a budget, the
@@ -445,21 +575,51 @@ class DirectoryReader(TraceReader):
         out: list[Event] = []
         budget = max_bytes
         with gc_paused():  # see events.gc_paused: 2x faster on large batches
-            files = list(self.rank_files().items())
-            n = len(files)
+            streams = list(self.streams().items())
+            n = len(streams)
             start = self._next % n if n and budget is not None else 0
             for k in range(n):
-                stream, path = files[(start + k) % n]
-                events, used = self._read_stream(stream, path, budget)
+                stream, segs = streams[(start + k) % n]
+                events, used = self._read_stream(stream, segs, budget)
                 out.extend(events)
                 if budget is not None:
                     budget -= used
                     if budget <= 0:
                         self._next = start + k + 1
                         break
+            out.extend(self._read_summaries())
+            if self._carried:
+                out[:0] = self._carried  # (what streams read from a later segment were in first)
+                self._carried = []
             out.extend(self._crashes.poll(self.job_dir, self._caught_up))
             out.extend(self._remnants(final=False))
         self.stats.partial_tail = sum(self._partial.values())
+        return out
+
+    def _read_summaries(self) -> list[Event]:
+        """New ``summary`` events (what retention deleted); one whose segment still exists
+        (a retention child stopped between summarizing and deleting) stands for nothing."""
+        out: list[Event] = []
+        for stream, path in list(self._summaries.items()):
+            offset = self._summary_offsets.get(stream, 0)
+            try:
+                size = os.path.getsize(path)
+                if size <= offset:
+                    continue
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read(size - offset)
+            except OSError:
+                continue
+            cut = data.rfind(b"\n") + 1
+            if not cut:
+                continue
+            self._summary_offsets[stream] = offset + cut
+            alive = {s.number for s in self._streams.get(stream, [])}
+            for e in self.ingest(stream, data[:cut], cut).events:
+                if e["type"] == "summary" and e.get("seg") not in alive:
+                    self.stats.count_summarized(stream[0], int(e.get("events") or 0))
+                    out.append(e)
         return out
 
     def _remnants(self, final: bool) -> list[Event]:
@@ -477,57 +637,88 @@ class DirectoryReader(TraceReader):
         forwarded, left = self.spool_remnants(job, root, writer, final)
         out: list[Event] = []
         if forwarded:
-            for stream, path in self.rank_files().items():
-                out.extend(self._read_stream(stream, path, None)[0])
+            self._listed = None  # a stream may be new
+            for stream, segs in self.streams().items():
+                out.extend(self._read_stream(stream, segs, None)[0])
         for events in left.values():
             out.extend(events)
         return out
 
     def _caught_up(self, rank: int) -> bool:
-        """Everything of the rank's file is read (a crash file's events come after it)."""
-        path = self.rank_files().get((rank, 0))
-        try:
-            return path is None or os.path.getsize(path) <= self._offsets.get((rank, 0), 0)
-        except OSError:
+        """Everything of the rank's stream is read (a crash file's events come after it)."""
+        segs = self.streams().get((rank, 0))
+        if not segs:
             return True
+        cur = self._current((rank, 0), segs)
+        return cur.number == segs[-1].number and _size(cur.path) <= self._offsets.get((rank, 0), 0)
 
     def read_all(self) -> list[Event]:
-        """Everything in the job, treating an incomplete last line as truncated."""
+        """Everything in the job (from the window on), treating an incomplete last line as
+        truncated."""
         events = self.poll()
-        for stream, path in self.rank_files().items():
-            if not self._partial.get(stream):
+        for stream, segs in self.streams().items():
+            if not self._partial.get(stream) or not segs:
                 continue
-            try:
-                with open(path, "rb") as f:
-                    f.seek(self._offsets.get(stream, 0))
-                    tail = f.read()
-            except OSError:
-                continue
-            got = self.ingest(stream, tail)
-            if got.damaged:
-                self.stats.warnings.append(f"rank {stream[0]}: last line of {path.name} is truncated "
-                                           f"({len(tail)} bytes skipped)")
-            events.extend(got.events)
-            self._offsets[stream] = self._offsets.get(stream, 0) + len(tail)
-            self._partial[stream] = False
+            events.extend(self._read_tail(stream, self._current(stream, segs).path))
         events.extend(self._crashes.poll(self.job_dir, lambda rank: True, final=True))
         events.extend(self._remnants(final=True))
         self.stats.partial_tail = 0
         return events
 
-    def _read_stream(self, stream: Stream, path: Path, budget: int | None) -> tuple[list[Event], int]:
+    def _read_tail(self, stream: Stream, path: Path) -> list[Event]:
+        """The incomplete last line of a segment that will get no more, as what it is (damaged)."""
+        try:
+            with open(path, "rb") as f:
+                f.seek(self._offsets.get(stream, 0))
+                tail = f.read()
+        except OSError:
+            return []
+        if not tail:
+            self._partial[stream] = False
+            return []
+        got = self.ingest(stream, tail)
+        if got.damaged:
+            self.stats.warnings.append(f"rank {stream[0]}: last line of {path.name} is truncated "
+                                       f"({len(tail)} bytes skipped)")
+        self._offsets[stream] = self._offsets.get(stream, 0) + len(tail)
+        self._partial[stream] = False
+        return got.events
+
+    def _read_stream(self, stream: Stream, segs: list[Segment], budget: int | None) -> tuple[list[Event], int]:
+        """New events of one stream, going on into its next segments while the budget lasts."""
+        if not segs:
+            return [], 0
+        out: list[Event] = []
+        used = 0
+        while True:
+            cur = self._current(stream, segs)
+            events, n, at_end = self._read_segment(stream, cur.path, None if budget is None else budget - used)
+            out.extend(events)
+            used += n
+            newer = [s for s in segs if s.number > cur.number]
+            if not at_end or not newer or (budget is not None and used >= budget):
+                return out, used
+            if self._partial.get(stream):  # the writer moved on: what is left of this one is all it will be
+                out.extend(self._read_tail(stream, cur.path))
+            self._reading[stream] = newer[0].number
+            self._offsets[stream] = 0
+            self._partial[stream] = False
+
+    def _read_segment(self, stream: Stream, path: Path, budget: int | None) -> tuple[list[Event], int, bool]:
+        """(new complete events of one segment, bytes read, whether all of it is read now but
+        an incomplete last line)."""
         rank = stream[0]
         offset = self._offsets.get(stream, 0)
         try:
             size = os.path.getsize(path)
         except OSError:
-            return [], 0
+            return [], 0, True
         if size < offset:
             self.stats.warnings.append(f"rank {rank}: {path.name} shrank from {offset} to {size} bytes; "
                                        "re-reading it from the start")
             offset = 0
         if size == offset:
-            return [], 0
+            return [], 0, True
         want = size - offset
         if budget is not None:
             want = min(want, max(budget, self.MIN_READ))
@@ -537,14 +728,22 @@ class DirectoryReader(TraceReader):
                 data = f.read(want)
         except OSError as exc:
             self.stats.warnings.append(f"rank {rank}: cannot read {path}: {exc}")
-            return [], 0
+            return [], 0, True
         cut = data.rfind(b"\n") + 1
-        self._partial[stream] = cut < len(data) and offset + len(data) >= size
+        at_end = offset + len(data) >= size
+        self._partial[stream] = cut < len(data) and at_end
         if cut == 0:
-            return [], 0
+            return [], 0, at_end
         got = self.ingest(stream, data[:cut], cut)
         self._offsets[stream] = offset + cut
-        return got.events, cut
+        return got.events, cut, at_end
 
     def close(self) -> None:
         pass
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

@@ -1,0 +1,25 @@
+"""Options several commands share."""
+
+from __future__ import annotations
+
+import argparse
+
+from commscope.errors import UsageError
+from commscope.window import Since, parse_since
+
+SINCE_HELP = ("read only this window: a duration back from the trace's end (90s, 10m, 2h, 3d), a UTC time "
+              "(14:00, 2026-11-26T14:00), or all.  Each rank's stream starts at the segment holding the "
+              "window's start; a rank silent since before it still shows its end; what retention "
+              "summarized is read whatever the window")
+
+
+def add_since(p: argparse.ArgumentParser, default: str = "all") -> None:
+    p.add_argument("--since", default=default, metavar="WHEN", help=f"{SINCE_HELP} (default {default})")
+
+
+def since_of(args: argparse.Namespace) -> Since | None:
+    """The parsed ``--since`` (None: everything); UsageError (exit 2) when unreadable."""
+    try:
+        return parse_since(getattr(args, "since", None))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None

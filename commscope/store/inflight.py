@@ -1,0 +1,139 @@
+"""The ops in flight at the end of a segment, carried to whoever starts reading after it.
+
+A reader that starts a rank's stream at a later segment (``--since``, or after retention
+deleted the older ones) would not see the begin of an op the rank entered before and is
+still in: the all_reduce a hung rank has waited in for an hour.  So when a writer closes a
+segment, a child process (the one that enforces retention, ``store/retention.py``) writes
+``rank-00003.open.000004.jsonl``: the groups the stream described (their members), the
+last op it completed, and the phases so far of every op still in flight at the segment's
+end, as JSON events, found by
+replaying the previous segment's carry and this segment through a ``TraceModel``.  A
+reader starting at segment 5 reads segment 4's carry first: the rank's state at the window's
+start is exact, not guessed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import orjson
+
+from commscope.store.segments import Segment, list_segments, stream_prefix
+
+
+def carry_path(directory: Path, stream: tuple[int, int], number: int) -> Path:
+    """Where the ops in flight at the end of segment ``number`` of ``stream`` go
+    (``rank-00003.open.000004.jsonl``: kept while the next segment exists, even once retention
+    deleted this one)."""
+    return directory / f"{stream_prefix(*stream)}.open.{number:06d}.jsonl"
+
+
+def carried(directory: Path, stream: tuple[int, int], number: int) -> list[bytes] | None:
+    """The carry lines of segment ``number`` (None: it has none)."""
+    try:
+        data = carry_path(directory, stream, number).read_bytes()
+    except OSError:
+        return None
+    return [x for x in data.split(b"\n") if x]
+
+
+class Replayed(NamedTuple):
+    """A stream's ops as a run of its lines says (``replay``): each op's phases, when it was
+    done (0: not done), whether one raised, and the groups described."""
+
+    begins: dict[int, dict]
+    phases: dict[int, list[dict]]
+    done: dict[int, int]
+    failed: set[int]
+    groups: dict[str, dict]
+    events: int  # every event the lines held
+
+
+def replay(data: bytes, rank: int) -> Replayed:
+    """Replay lines of a stream.  An op is done as the model judges it: a sync op at its end,
+    an async one at the end of its wait (or an end that raised), one timed on the device when
+    the device says so; a nested op no later than its parent."""
+    from commscope.blocks import BlockDecoder, decode_stream
+    from commscope.events import decode_lines, gc_paused
+
+    data = data[: data.rfind(b"\n") + 1]
+    with gc_paused():
+        got = decode_stream(decode_lines(data, rank), BlockDecoder(rank), columns=False)
+    out = Replayed({}, {}, {}, set(), {}, got.count() + got.damaged + sum(got.invalid.values()))
+    for e in got.events:
+        typ = e.get("type")
+        if typ == "group":
+            out.groups[str(e.get("group"))] = e
+        if typ != "op":
+            continue
+        op_id, ph = e["id"], e["phase"]
+        if ph == "begin":
+            out.begins[op_id] = e
+            out.phases[op_id] = [e]
+            continue
+        b = out.begins.get(op_id)
+        if b is None:
+            continue
+        out.phases[op_id].append(e)
+        if "exc" in e:
+            out.failed.add(op_id)
+        device, sync = b.get("device") is not None, not b.get("async")
+        if ((ph == "end" and ("exc" in e or (sync and not device))) or (ph == "wait_end" and not device)
+                or ph == "done"):
+            out.done.setdefault(op_id, e["ts"])
+    for op_id, b in out.begins.items():  # nested ops end no later than their parent
+        parent = b.get("parent")
+        if b.get("nested") and op_id not in out.done and (parent not in out.begins or parent in out.done):
+            out.done[op_id] = out.done.get(parent, b["ts"])
+    return out
+
+
+def open_at_end(seg: Segment, before: list[bytes], rank: int) -> list[bytes]:
+    """The groups, the last op completed and the phases of the ops in flight at the end of
+    ``seg``, given those at its start (``before``)."""
+    got = replay(b"\n".join(before) + b"\n" + seg.path.read_bytes(), rank)
+    out: list[bytes] = [orjson.dumps(g) for g in got.groups.values()]
+    done = got.done
+    last = max((i for i in done if not got.begins[i].get("nested")), key=lambda i: done[i], default=None)
+    for op_id in got.begins:
+        if op_id == last or op_id not in done:
+            out.extend(orjson.dumps(e) for e in got.phases[op_id])
+    return out
+
+
+def write_carries(directory: Path, rank: int, incarnation: int) -> int:
+    """Write the carry of each closed segment of a stream that has none, oldest first (each
+    starts from the one before); how many were written.  A segment whose predecessor has no
+    carry (deleted before one was written) stops it: readers starting after it say that
+    what was in flight there is unknown."""
+    stream = (rank, incarnation)
+    written = 0
+    for seg in list_segments(directory).get(stream, [])[:-1]:  # (the newest is being written)
+        if carry_path(directory, stream, seg.number).exists():
+            continue
+        before = carried(directory, stream, seg.number - 1) if seg.number > 0 else []
+        if before is None:
+            break
+        try:
+            lines = open_at_end(seg, before, rank)
+        except OSError:
+            break
+        dest = carry_path(directory, stream, seg.number)
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _mode_of(seg.path))
+        with os.fdopen(fd, "wb") as f:
+            f.write(b"".join(x + b"\n" for x in lines))
+        os.replace(tmp, dest)
+        written += 1
+    return written
+
+
+def _mode_of(path: Path) -> int:
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        return 0o600
+
+

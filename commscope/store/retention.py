@@ -1,0 +1,252 @@
+"""A bounded history for a directory store: the oldest segments summarized, then deleted.
+
+A week-long job writes without end; ``COMMSCOPE_RETAIN`` (``commscope run --retain``) bounds
+each rank stream: a size (``2GiB``), an age (``7d``: segments that ended that long before
+the stream's newest one), both (``2GiB,7d``) or ``none``.  The default keeps ``DEFAULT``.
+
+When a writer starts a new segment, it runs this module in a child process at the lowest
+priority (``python -m commscope.store.retention``), never in the training process: the
+child carries the ops in flight at the end of the closed segment (``store/inflight.py``)
+and, where the stream is past its limit, summarizes each segment it drops first, appending one
+``summary`` event per segment to ``rank-00003.summary.jsonl`` (per op and group: counts,
+bytes, failures, and per minute a latency histogram in powers of two of microseconds), and
+only then deletes it.  Readers read the summaries with the stream and count what they
+stand for (``ReadStats.summarized_by_rank``): nothing is dropped unsaid.  A summary whose
+segment still exists (a child killed between the two steps) is ignored by readers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import orjson
+
+from commscope.schema import SCHEMA_VERSION
+from commscope.store import inflight
+from commscope.store.segments import Segment, list_segments, stream_prefix, summary_name
+
+ENV_RETAIN = "COMMSCOPE_RETAIN"
+_UNITS = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20,
+          "gib": 1 << 30, "tib": 1 << 40}
+_AGES = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_PART = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*$")
+MINUTE_NS = 60 * 1_000_000_000
+BUCKETS = 32  # latency histogram: bucket b holds latencies in [2^b, 2^(b+1)) us (b 0: under 2 us)
+
+
+class Retention(NamedTuple):
+    """How much of each rank stream to keep: bytes, and seconds before its newest segment
+    (None: no bound)."""
+
+    max_bytes: int | None
+    max_age_s: float | None
+
+    def describe(self) -> str:
+        from commscope.units import size
+
+        parts = []
+        if self.max_bytes is not None:
+            parts.append(f"{size(self.max_bytes)} per rank")
+        if self.max_age_s is not None:
+            parts.append(f"{self.max_age_s / 3600:g} h")
+        return ", ".join(parts) or "everything"
+
+    @property
+    def bounded(self) -> bool:
+        return self.max_bytes is not None or self.max_age_s is not None
+
+
+#: Keep 1 GiB per rank stream (about a day of a busy rank), summarize the rest.
+DEFAULT = Retention(1 << 30, None)
+NONE = Retention(None, None)
+
+
+def parse(text: str) -> Retention:
+    """``2GiB``, ``500MB``, ``7d``, ``12h``, ``2GiB,7d`` or ``none``; ValueError otherwise."""
+    text = text.strip().lower()
+    if text in ("none", "all", "unlimited", "off"):
+        return NONE
+    max_bytes, max_age = None, None
+    for part in text.split(","):
+        m = _PART.match(part)
+        if m is None:
+            raise ValueError(f"cannot read {part.strip()!r}: give a size (2GiB) or an age (7d), or both: 2GiB,7d")
+        n, unit = float(m.group(1)), m.group(2)
+        if unit in _UNITS:
+            max_bytes = int(n * _UNITS[unit])
+        elif unit in _AGES:
+            max_age = n * _AGES[unit]
+        else:
+            raise ValueError(f"unknown unit {unit!r} in {part.strip()!r}: sizes B, KB, MB, GB, KiB, MiB, GiB; "
+                             "ages s, m, h, d, w")
+    if max_bytes is not None and max_bytes < (1 << 20):
+        raise ValueError("keep at least 1 MiB per rank")
+    return Retention(max_bytes, max_age)
+
+
+def from_env() -> Retention:
+    """``$COMMSCOPE_RETAIN``, else ``DEFAULT`` (a value that cannot be read keeps the default)."""
+    text = os.environ.get(ENV_RETAIN, "").strip()
+    if not text:
+        return DEFAULT
+    try:
+        return parse(text)
+    except ValueError:
+        return DEFAULT
+
+
+def to_drop(segs: list[Segment], sizes: list[int], retain: Retention) -> list[Segment]:
+    """Which of a stream's segments (oldest first, the newest being written) go: the
+    oldest while the stream holds more than ``max_bytes``, and those that ended more than
+    ``max_age_s`` before the newest began.  Never the newest."""
+    out: list[Segment] = []
+    total = sum(sizes)
+    newest = segs[-1].start_s if segs else 0
+    for i, seg in enumerate(segs[:-1]):
+        ended = segs[i + 1].start_s
+        too_big = retain.max_bytes is not None and total > retain.max_bytes
+        too_old = retain.max_age_s is not None and ended and newest - ended > retain.max_age_s
+        if not (too_big or too_old):
+            break
+        out.append(seg)
+        total -= sizes[i]
+    return out
+
+
+def summarize(path: Path, rank: int, number: int, carried_in: list[bytes] = (),
+              carried_out: set[int] = frozenset()) -> dict:
+    """The ``summary`` event of one segment: per op and group, counts, bytes, failures and
+    per minute a latency histogram; what the segment held in events and bytes.  The ops it
+    stands for are those carried into it (``carried_in``: the previous segment's carry) or
+    begun in it, but those carried on out of it (``carried_out``: the op ids of its own
+    carry, which a reader after it reads as ops), so each op is counted once: in one
+    summary, or in what is read."""
+    data = path.read_bytes()
+    got = inflight.replay(b"".join(x + b"\n" for x in carried_in) + data, rank)
+    per: dict[tuple[str, str], dict] = {}
+    stamps = []
+    for op_id, b in got.begins.items():
+        if op_id in carried_out:
+            continue
+        key = (str(b.get("op", "?")), str(b.get("group", "?")))
+        row = per.setdefault(key, {"op": key[0], "group": key[1], "count": 0, "in_bytes": 0, "out_bytes": 0,
+                                   "unfinished": 0, "failed": 0, "minutes": {}})
+        row["count"] += 1
+        row["in_bytes"] += int(b.get("in_bytes") or 0)
+        row["out_bytes"] += int(b.get("out_bytes") or 0)
+        row["failed"] += op_id in got.failed
+        stamps.append(b["ts"])
+        end = got.done.get(op_id)
+        if end is None:
+            row["unfinished"] += 1
+            continue
+        lat = max(0, end - b["ts"])
+        bucket = min(BUCKETS - 1, max(0, int(np.log2(max(lat / 1000.0, 1.0)))))
+        cell = row["minutes"].setdefault(b["ts"] // MINUTE_NS, [0, 0, 0, Counter()])
+        cell[0] += 1
+        cell[1] += lat
+        cell[2] = max(cell[2], lat)
+        cell[3][bucket] += 1
+    out_ops = []
+    for row in per.values():
+        minutes = [[mi * MINUTE_NS, c[0], c[1], c[2], sorted(c[3].items())] for mi, c in sorted(row["minutes"].items())]
+        out_ops.append({**{k: v for k, v in row.items() if k != "minutes"}, "minutes": minutes})
+    first, last = (min(stamps), max(stamps)) if stamps else (0, 0)
+    return {"type": "summary", "v": SCHEMA_VERSION, "rank": rank, "ts": last, "seg": number, "first_ns": first,
+            "last_ns": last, "events": max(0, got.events - len(carried_in)), "size": len(data), "ops": out_ops}
+
+
+def close_stream(directory: Path, rank: int, incarnation: int, retain: Retention) -> int:
+    """What follows a writer's new segment: the ops in flight at the end of each closed one
+    carried (``store/inflight.py``), then the history bounded (``enforce``); how many
+    segments went."""
+    inflight.write_carries(directory, rank, incarnation)
+    return enforce(directory, rank, incarnation, retain)
+
+
+def enforce(directory: Path, rank: int, incarnation: int, retain: Retention) -> int:
+    """Summarize, then delete, the segments of one stream past ``retain``; how many went.
+    The carry of the newest one deleted stays (the oldest left starts from it)."""
+    segs = list_segments(directory).get((rank, incarnation), [])
+    if len(segs) < 2 or not retain.bounded:
+        return 0
+    sizes = []
+    for s in segs:
+        try:
+            sizes.append(os.path.getsize(s.path))
+        except OSError:
+            sizes.append(0)
+    gone = 0
+    stream = (rank, incarnation)
+    summary = directory / summary_name(rank, incarnation)
+    for seg in to_drop(segs, sizes, retain):
+        out = inflight.carried(directory, stream, seg.number)
+        if out is None:
+            break  # not carried yet: deleting it would lose what was in flight at its end
+        before = inflight.carried(directory, stream, seg.number - 1) if seg.number > 0 else []
+        carried_out = {orjson.loads(x)["id"] for x in out if b'"type":"op"' in x}
+        try:
+            line = orjson.dumps(summarize(seg.path, rank, seg.number, before or [], carried_out)) + b"\n"
+        except OSError:
+            continue
+        fd = os.open(summary, os.O_WRONLY | os.O_APPEND | os.O_CREAT, _mode_of(seg.path))
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.unlink(seg.path)
+            gone += 1
+        except FileNotFoundError:
+            pass
+        old = inflight.carry_path(directory, (rank, incarnation), seg.number - 1)
+        with contextlib.suppress(FileNotFoundError):
+            old.unlink()
+    return gone
+
+
+def _mode_of(path: Path) -> int:
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        return 0o600
+
+
+def spawn(directory: Path, rank: int, incarnation: int, retain: Retention) -> subprocess.Popen | None:
+    """Run ``close_stream`` in a child process at the lowest priority (the writer's rank
+    never does the work); None when it cannot be started."""
+    spec = ",".join(x for x in (f"{retain.max_bytes}B" if retain.max_bytes is not None else "",
+                                f"{retain.max_age_s}s" if retain.max_age_s is not None else "") if x)
+    cmd = [sys.executable, "-m", "commscope.store.retention", str(directory), str(rank), str(incarnation), spec]
+    nice = shutil.which("nice")
+    if nice:
+        cmd = [nice, "-n", "19", *cmd]
+    try:
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                close_fds=True, start_new_session=True)
+    except OSError:
+        return None
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 4:
+        print(f"usage: python -m commscope.store.retention JOB_DIR RANK INCARNATION LIMITS "
+              f"(files {stream_prefix(0)}...)", file=sys.stderr)
+        return 2
+    directory, rank, inc, spec = Path(argv[0]), int(argv[1]), int(argv[2]), argv[3]
+    close_stream(directory, rank, inc, parse(spec) if spec else NONE)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,113 @@
+"""A directory store's stream as a sequence of segment files.
+
+    rank-00003.jsonl                       segment 0 (the one file of traces before segments)
+    rank-00003.s000001.t1780001234.jsonl   segment 1, begun at 1780001234 s (its first line's ts)
+    rank-00003+1.s000002.t1780009999.jsonl incarnation 1's segment 2
+    rank-00003.summary.jsonl               what retention summarized of the segments it deleted
+
+A writer appends to its stream's newest segment and starts the next one once the current
+one holds ``segment_bytes`` (``COMMSCOPE_SEGMENT_MB``, default 64 MiB).  Each segment begins
+with the rank's ``meta`` line and blocks restate their own tables, so a segment decodes
+alone: a reader may start at any of them (``--since``), and retention may delete the oldest
+(``store/retention.py``).  A segment with a newer one is complete.  The name carries the
+segment's start, so a reader picks the segments of a time window without opening any.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import NamedTuple
+
+from commscope.schema import MAX_RANK
+
+#: Every file of a stream: its rank, incarnation, and (segments after the first) number and start
+SEGMENT_FILE = re.compile(r"^rank-(\d{1,8})(?:\+(\d{1,6}))?(?:\.s(\d{6,9})\.t(\d{1,12}))?\.jsonl$")
+SUMMARY_FILE = re.compile(r"^rank-(\d{1,8})(?:\+(\d{1,6}))?\.summary\.jsonl$")
+_TS = re.compile(rb'"ts":(\d{1,19})')
+
+DEFAULT_SEGMENT_BYTES = 64 << 20
+ENV_SEGMENT_MB = "COMMSCOPE_SEGMENT_MB"
+
+#: A stream: (rank, incarnation)
+Stream = tuple[int, int]
+
+
+class Segment(NamedTuple):
+    """One file of a stream."""
+
+    number: int
+    start_s: int  # when its first line was written (s; 0: segment 0, from the stream's start)
+    path: Path
+
+
+def stream_prefix(rank: int, incarnation: int = 0) -> str:
+    return f"rank-{rank:05d}" if not incarnation else f"rank-{rank:05d}+{incarnation}"
+
+
+def segment_name(rank: int, incarnation: int, number: int, start_s: int = 0) -> str:
+    base = stream_prefix(rank, incarnation)
+    return f"{base}.jsonl" if number == 0 else f"{base}.s{number:06d}.t{start_s}.jsonl"
+
+
+def summary_name(rank: int, incarnation: int = 0) -> str:
+    return f"{stream_prefix(rank, incarnation)}.summary.jsonl"
+
+
+def parse(name: str) -> tuple[Stream, int, int] | None:
+    """(stream, segment number, start s) of a segment file's name; None for any other name."""
+    m = SEGMENT_FILE.match(name)
+    if m is None or int(m.group(1)) > MAX_RANK:
+        return None
+    return (int(m.group(1)), int(m.group(2) or 0)), int(m.group(3) or 0), int(m.group(4) or 0)
+
+
+def segments_of(names: list[str], directory: Path) -> dict[Stream, list[Segment]]:
+    """The streams among ``names`` (files of ``directory``) with their segments, oldest first."""
+    out: dict[Stream, list[Segment]] = {}
+    for name in names:
+        got = parse(name)
+        if got is not None:
+            stream, number, start = got
+            out.setdefault(stream, []).append(Segment(number, start, directory / name))
+    for segs in out.values():
+        segs.sort()
+    return dict(sorted(out.items()))
+
+
+def list_segments(directory: Path) -> dict[Stream, list[Segment]]:
+    try:
+        return segments_of(os.listdir(directory), directory)
+    except OSError:
+        return {}
+
+
+def start_of(line: bytes) -> int | None:
+    """The time (s) of an encoded event (its ``ts``), None when it has none."""
+    m = _TS.search(line[:256])
+    return int(m.group(1)) // 1_000_000_000 if m else None
+
+
+def segment_bytes_from_env() -> int:
+    try:
+        mb = float(os.environ.get(ENV_SEGMENT_MB, "") or 0)
+    except ValueError:
+        mb = 0
+    return int(mb * (1 << 20)) if mb > 0 else DEFAULT_SEGMENT_BYTES
+
+
+def window_start(segs: list[Segment], since_s: float | None) -> int:
+    """The index of the first of ``segs`` (oldest first) a read of the window from
+    ``since_s`` needs: the last segment begun at or before it (it holds the window's start),
+    else the first.  The stream's newest segment is read whatever the window, so a rank that
+    went silent before it still shows its end."""
+    if since_s is None or not segs:
+        return 0
+    k = 0
+    for i, s in enumerate(segs):
+        if s.number == 0 or s.start_s <= since_s:
+            k = i
+        else:
+            break
+    return k

@@ -1,0 +1,255 @@
+"""A week-long job in a directory store: segments, a bounded history, windowed reads.
+
+A stream rotates into segments that each decode alone; a follower reads every event once
+across rotations; retention summarizes what it deletes, and readers count it; a window
+(``--since``) reads only its segments yet finds exactly what a full read finds, a rank dead
+for an hour included, because the ops in flight at each segment's end are carried.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+
+from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+from commscope.analysis.source import load_trace, open_source
+from commscope.bench.synthstore import JobShape, write_store
+from commscope.cli import main as cli
+from commscope.store import inflight, open_reader, retention
+from commscope.store.directory import DirectoryWriter
+from commscope.store.segments import list_segments
+from commscope.window import Since, parse_since
+
+S = 1_000_000_000
+T0 = 1_780_000_000 * S
+
+
+def meta(rank: int = 0) -> bytes:
+    return orjson.dumps({"type": "meta", "ts": T0, "v": 3, "rank": rank, "world_size": 1, "host": "h",
+                         "sample_interval": 1.0})
+
+
+def beat(rank: int, k: int) -> bytes:
+    return orjson.dumps({"type": "heartbeat", "ts": T0 + k * S, "v": 3, "rank": rank, "inflight": k})
+
+
+def written_beats(events: list[dict]) -> list[int]:
+    return [e["inflight"] for e in events if e["type"] == "heartbeat"]
+
+
+def test_a_stream_rotates_into_segments_that_each_decode_alone(tmp_path):
+    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=2048, closer=False)
+    w.write([meta()])
+    for k in range(0, 300, 10):
+        w.write([beat(0, j) for j in range(k, k + 10)])
+    w.close()
+    segs = list_segments(tmp_path / "job")[(0, 0)]
+    assert len(segs) > 5 and [s.number for s in segs] == list(range(len(segs)))
+    assert segs[0].path.name == "rank-00000.jsonl" and segs[1].path.name.startswith("rank-00000.s000001.t")
+    for s in segs:
+        first = orjson.loads(s.path.read_bytes().split(b"\n", 1)[0])
+        assert first["type"] == "meta"  # each decodes alone
+        if s.number:
+            assert s.start_s == orjson.loads(s.path.read_bytes().split(b"\n")[1])["ts"] // S
+    events = open_reader(tmp_path).read_all()
+    assert written_beats(events) == list(range(300))  # every event once, in order
+    assert sum(e["type"] == "meta" for e in events) == len(segs)
+
+
+def test_a_follower_reads_every_event_once_across_rotations(tmp_path):
+    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=1500, closer=False)
+    w.write([meta()])
+    reader = open_reader(tmp_path)
+    got: list[dict] = []
+    for k in range(0, 200, 7):
+        w.write([beat(0, j) for j in range(k, min(k + 7, 200))])
+        if k % 3 == 0:
+            got += reader.poll(max_bytes=300)  # behind, with a small budget: rotations happen between polls
+    w.close()
+    for _ in range(50):
+        more = reader.poll(max_bytes=300)
+        got += more
+        if not more:
+            break
+    got += reader.read_all()
+    assert written_beats(got) == list(range(200))
+
+
+def test_a_forwarder_appends_to_the_newest_segment(tmp_path):
+    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=1024, closer=False)
+    w.write([meta()])
+    for k in range(0, 60, 6):
+        w.write([beat(0, j) for j in range(k, k + 6)])
+    w.close()
+    newest = list_segments(tmp_path / "job")[(0, 0)][-1]
+    f = DirectoryWriter(tmp_path, "job", 0, resume=True, segment_bytes=1024, closer=False)
+    assert f.path == newest.path
+    f.write([beat(0, 60)])
+    f.close()
+    assert written_beats(open_reader(tmp_path).read_all()) == list(range(61))
+    with pytest.raises(Exception, match="already holds events"):
+        DirectoryWriter(tmp_path, "job", 0, segment_bytes=1024)  # a new job never mixes into it
+
+
+def _ops_by_name(model) -> Counter:
+    out: Counter = Counter()
+    for r in model.rank_ids():
+        rt = model.ranks[r]
+        for i in range(rt.n):
+            out[model.sigs[int(rt.sig[i])].op] += 1
+    return out
+
+
+def test_retention_summarizes_what_it_deletes_and_readers_count_it(tmp_path):
+    store = str(tmp_path / "trace")
+    shape = JobShape(4, 3000, fault="missing", hang_after=2.0, segment_bytes=64 << 10)
+    written = write_store(store, shape)
+    before, _, _ = load_trace(store)
+    job = Path(store) / "synthetic"
+    sizes = {s.path: os.path.getsize(s.path) for segs in list_segments(job).values() for s in segs}
+    limit = retention.Retention(max_bytes=(1 << 20) + 4 * (64 << 10), max_age_s=None)
+    gone = {r: retention.close_stream(job, r, 0, limit) for r in range(4)}
+    assert all(n > 0 for n in gone.values())
+    for r in range(4):  # bounded: what is left fits the limit, give or take the newest segment
+        left = [s for s in list_segments(job)[(r, 0)]]
+        assert sum(os.path.getsize(s.path) for s in left) <= limit.max_bytes + (64 << 10)
+        summaries = [orjson.loads(x) for x in (job / f"rank-{r:05d}.summary.jsonl").read_bytes().splitlines()]
+        assert [s["seg"] for s in summaries] == list(range(gone[r]))  # one per deleted segment, oldest first
+        assert sum(s["size"] for s in summaries) == sum(v for p, v in sizes.items()
+                                                        if p.name.startswith(f"rank-{r:05d}") and not p.exists())
+    after, reader, warnings = load_trace(store)
+    # nothing dropped unsaid: the ops read plus those the summaries stand for are the ops written
+    summarized: Counter = Counter()
+    for r in after.rank_ids():
+        for s in after.ranks[r].summaries:
+            for op in s["ops"]:
+                summarized[op["op"]] += op["count"]
+    assert _ops_by_name(after) + summarized == _ops_by_name(before)
+    assert sum(_ops_by_name(before).values()) == written.ops
+    assert reader.stats.summarized == sum(s["events"] for r in after.rank_ids() for s in after.ranks[r].summaries) > 0
+    assert any("retention summarized" in w for w in warnings)
+    # the diagnosis of what is left is the full one's: the culprit, from the carried state on
+    fa = diagnose(before, trace_now(before), default_hang_after(before))
+    fb = diagnose(after, trace_now(after), default_hang_after(after))
+    assert [(f.kind, f.culprits) for f in fb] == [(f.kind, f.culprits) for f in fa] == [
+        ("missing_ranks", [shape.culprit_rank])]
+    minutes = [m for s in after.ranks[0].summaries for op in s["ops"] for m in op["minutes"]]
+    assert minutes and all(m[1] == sum(c for _, c in m[4]) for m in minutes)  # histograms add up
+
+
+def test_the_writer_starts_the_child_that_closes_its_segments(tmp_path):
+    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=1024,
+                        retain=retention.Retention(max_bytes=1 << 20, max_age_s=None))
+    w.write([meta()])
+    for k in range(0, 80, 8):
+        w.write([beat(0, j) for j in range(k, k + 8)])
+    child = w._retainer
+    assert child is not None
+    child.wait(60)
+    w.close()
+    job = tmp_path / "job"
+    # the child carried what was in flight at the end of every segment closed before it ran
+    assert inflight.carried(job, (0, 0), 0) == []  # (heartbeats only: nothing in flight)
+
+
+@pytest.mark.parametrize("fault", ["dead", "missing", "mismatch"])
+def test_a_window_finds_what_a_full_read_finds(tmp_path, fault):
+    """A week of a job in segments; the fault an hour before the end; --since 30m reads a
+    tenth of it and says the same, evidence and all."""
+    store = str(tmp_path / "trace")
+    shape = JobShape(8, 6000, fault=fault, days=7, tail_s=3600, hang_after=10.0, segment_bytes=128 << 10)
+    write_store(store, shape)
+    full, fr, _ = load_trace(store)
+    part, pr, warnings = load_trace(store, since=Since(ago_s=1800))
+    assert pr.stats.bytes < fr.stats.bytes / 10 and pr.stats.skipped_bytes > 0
+    assert any("not read" in w for w in warnings)
+    fa = [f.to_json() for f in diagnose(full, trace_now(full), default_hang_after(full))]
+    fb = [f.to_json() for f in diagnose(part, trace_now(part), default_hang_after(part))]
+    assert fb == fa
+    assert [(f["kind"], f["culprits"]) for f in fb if f["severity"] == "error"] == [
+        ({"dead": "dead_rank", "missing": "missing_ranks", "mismatch": "collective_mismatch"}[fault],
+         [shape.culprit_rank])]
+
+
+def test_a_window_without_carries_says_what_it_may_miss(tmp_path):
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(2, 3000, fault="missing", hang_after=2.0, segment_bytes=32 << 10))
+    job = Path(store) / "synthetic"
+    for p in job.glob("*.open.*.jsonl"):
+        p.unlink()
+    reader = open_source(store, since=Since(ago_s=1))
+    reader.read_all()
+    assert any("not known (not carried yet)" in w for w in reader.stats.warnings)
+
+
+def test_age_retention_keeps_the_last_days(tmp_path):
+    store = str(tmp_path / "trace")
+    shape = JobShape(2, 6000, fault="healthy", days=7, segment_bytes=64 << 10)
+    write_store(store, shape)
+    job = Path(store) / "synthetic"
+    keep = retention.Retention(max_bytes=None, max_age_s=2 * 86400)
+    for r in range(2):
+        retention.close_stream(job, r, 0, keep)
+        segs = list_segments(job)[(r, 0)]
+        assert segs[0].number > 0 and segs[-1].start_s - segs[1].start_s <= 2 * 86400
+    model, reader, _ = load_trace(store)
+    assert reader.stats.summarized > 0 and diagnose(model, trace_now(model), 30.0) == []
+
+
+@pytest.mark.parametrize("text, ok", [("10m", True), ("90s", True), ("2h", True), ("3d", True), ("all", True),
+                                      ("14:00", True), ("2026-11-26T14:00", True), ("soon", False), ("10x", False)])
+def test_since_reads_durations_times_and_all(text, ok):
+    if ok:
+        got = parse_since(text)
+        assert got is None if text == "all" else isinstance(got, Since)
+    else:
+        with pytest.raises(ValueError, match="cannot read --since"):
+            parse_since(text)
+
+
+def test_check_since_a_bad_window_is_a_usage_error(tmp_path, capsys):
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(2, 20, fault="healthy"))
+    assert cli(["check", store, "--since", "yesterday-ish"]) == 2
+    assert "cannot read --since" in capsys.readouterr().err
+    assert cli(["check", store, "--since", "1h", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["skipped"]["before_window_bytes"] == 0 and out["skipped"]["summarized"] == 0
+
+
+@pytest.mark.parametrize("text, want", [("2GiB", (2 << 30, None)), ("500MB", (500_000_000, None)),
+                                        ("7d", (None, 7 * 86400)), ("2GiB,12h", (2 << 30, 12 * 3600)),
+                                        ("none", (None, None))])
+def test_retention_limits_read_as_users_write_them(text, want):
+    assert tuple(retention.parse(text)) == want
+
+
+@pytest.mark.parametrize("text", ["lots", "5 parsecs", "10KB"])
+def test_retention_limits_that_make_no_sense_are_refused(text):
+    with pytest.raises(ValueError):
+        retention.parse(text)
+
+
+def test_a_segment_name_carries_its_start_so_a_window_opens_none_before_it(tmp_path, monkeypatch):
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(2, 4000, fault="healthy", days=2, segment_bytes=32 << 10))
+    opened: list[str] = []
+    real = open
+
+    def spy(path, *a, **k):
+        opened.append(str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr("builtins.open", spy)
+    reader = open_source(store, since=Since(ago_s=600))
+    reader.read_all()
+    segs = [s for v in list_segments(Path(store) / "synthetic").values() for s in v]
+    read = {p for p in opened if ".s0" in p or p.endswith("rank-00000.jsonl") or p.endswith("rank-00001.jsonl")}
+    assert len(read) <= 4 < len(segs)  # the newest segment or two of each rank, not the week
+    assert time.time() > 0
