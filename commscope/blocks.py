@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import functools
 import operator
 import struct
@@ -188,11 +189,13 @@ class GroupEntry(NamedTuple):
 RUNS = -2
 #: The most members one reader expands out of runs in all (a run of 12 bytes may name
 #: millions): a hostile trace cannot make a reader allocate past it.
-MAX_RUN_MEMBERS = 1 << 24
+MAX_RUN_MEMBERS = 1 << 22
 _TYPE_LEN = struct.Struct("<BxxxI")
+_FLAGS_AUX = struct.Struct("<BH")
 #: base64 to bytes, refusing anything else (strict where Python can: 3.11 and later)
 _b64 = functools.partial(binascii.a2b_base64, strict_mode=True) if sys.version_info >= (3, 11) else \
     functools.partial(base64.b64decode, validate=True)
+_PER_CALL = ("type", "ts", "phase", "id", "rank", "tid", "seq", "parent", "v")  # an event's keys no static holds
 _NO_STATIC = -1  # sid -> static index: not defined
 _NEVER = 1 << 62  # sid -> since: never defined
 _BAD_STATIC = -2  # defined, but its fields are invalid: every record of it is invalid
@@ -201,10 +204,12 @@ _BAD_STATIC = -2  # defined, but its fields are invalid: every record of it is i
 class _Walk:
     """The op records of a run of blocks, gathered while walking them (``BlockDecoder``)."""
 
-    __slots__ = ("bufs", "offs", "where", "base", "current", "want_where")
+    __slots__ = ("bufs", "offs", "where", "base", "current", "want_where", "own", "scanned")
 
     def __init__(self, want_where: bool = False) -> None:
         self.want_where = want_where
+        self.own = False  # a gathered record refers to sites and groups itself (``_has_own_fields``)
+        self.scanned = 0  # gathered records looked at for that
         self.bufs: list[bytes] = []
         self.offs: list[int] = []  # offsets of op records in the joined buffers
         self.where: list[tuple[int, int]] = []  # (records so far, event position) per block
@@ -425,7 +430,9 @@ class BlockDecoder:
             self._sigs[key] = rec
             self._sid.pop(key, None)
         elif typ == SITE_REC:
-            n = _U16.unpack_from(raw, body)[0]
+            if end - body < 2:
+                raise ValueError("site record")
+            n = min(_U16.unpack_from(raw, body)[0], end - body - 2)  # (never read past the record)
             text = redact(raw[body + 2:body + 2 + n].decode("utf-8", "replace"))
             if self.sites.get(key) == text or (key not in self.sites and len(self.sites) >= 200_000):
                 return
@@ -567,10 +574,19 @@ class BlockDecoder:
 
     def _note_prefix(self, prefix: bytes) -> None:
         """A block's table records, all in effect now: a block that starts with the same
-        bytes skips them at once."""
-        if prefix not in self._prefixes:
-            self._prefixes.insert(0, prefix)
-            del self._prefixes[8:]
+        bytes skips them at once.  Not one that states an entry twice (A then B): applied
+        again, it would change the tables and back, which skipping it would not say."""
+        if prefix in self._prefixes:
+            return
+        seen, off = set(), 0
+        while off + HEADER.size <= len(prefix):
+            typ, _f, _a, length, _ts, key = HEADER.unpack_from(prefix, off)
+            if (typ, key) in seen or length < HEADER.size:
+                return
+            seen.add((typ, key))
+            off += length
+        self._prefixes.insert(0, prefix)
+        del self._prefixes[8:]
 
     def _flush(self, walk: _Walk, parts: list[OpRecords], carry: bytes | None = None) -> None:
         """Resolve what ``walk`` gathered into a part.  ``carry``: the block being walked
@@ -586,6 +602,7 @@ class BlockDecoder:
         walk.offs.clear()
         walk.where.clear()
         walk.base = 0
+        walk.own, walk.scanned = False, 0
         if carry is not None:
             walk.bufs.append(carry)
             walk.where.append((0, at))
@@ -771,7 +788,7 @@ class BlockDecoder:
         # Everything but ts/id/seq/parent/tid repeats call after call.
         if end - body < BEGIN_BODY.size:
             return _BAD_STATIC  # too short for a begin: every begin naming it is invalid
-        key = bytes((flags, aux & 0xFF)) + raw[body + 16:body + 32] + raw[body + 40:end]
+        key = _FLAGS_AUX.pack(flags, aux) + raw[body + 16:body + 32] + raw[body + 40:end]
         hit = self._static_at.get(key)
         if hit is not None:
             return hit
@@ -891,11 +908,13 @@ class BlockDecoder:
                 e = orjson.loads(b"{" + raw[start:start + n] + b"}")
                 if not isinstance(e, dict):
                     raise ValueError("fragment")
+                for k in _PER_CALL:  # (what a record carries per call, never its fragment)
+                    e.pop(k, None)
                 e.update(type="op", ts=0, phase="begin", id=0, rank=self.rank)
                 if gid in self.groups:  # the stream's name for the group (an incarnation's own)
                     e["group"] = self.groups[gid].name
                 e = msgspec.convert(e, schema.RawEvent)  # a fragment is JSON like any event: checked like one
-                for k in ("type", "ts", "phase", "id", "rank", "tid", "seq", "parent", "v"):
+                for k in _PER_CALL:
                     e.pop(k, None)
                 if nested:
                     e["nested"] = True
@@ -925,11 +944,22 @@ _KNOWN[[BEGIN, END, WAIT_BEGIN, WAIT_END, DONE, RBEGIN, SOURCE, BEGIN_SIG]] = Tr
 def _has_own_fields(walk: _Walk) -> bool:
     """Whether ``walk`` gathered a record that refers to sites and groups directly, not
     through a signature: a begin that carries its own fields (BEGIN, RBEGIN), or a SOURCE
-    (its peer is a group rank)."""
-    if len(walk.offs) > 4096:
-        return True  # (not worth looking: resolving once more costs less)
-    buf = walk.bufs[0] if len(walk.bufs) == 1 else b"".join(walk.bufs)
-    return any(buf[o] in (BEGIN, RBEGIN, SOURCE) for o in walk.offs)
+    (its peer is a group rank).  Each gathered record is looked at once, however often asked."""
+    if walk.own:
+        return True
+    offs, k = walk.offs, walk.scanned
+    if k < len(offs):
+        starts, at = [], 0
+        for b in walk.bufs:
+            starts.append(at)
+            at += len(b)
+        for o in offs[k:]:
+            i = bisect.bisect_right(starts, o) - 1
+            if walk.bufs[i][o - starts[i]] in (BEGIN, RBEGIN, SOURCE):
+                walk.own = True
+                break
+        walk.scanned = len(offs)
+    return walk.own
 
 
 def _gather(u8: np.ndarray, at: np.ndarray, dtype: str) -> np.ndarray:

@@ -253,3 +253,27 @@ def test_a_segment_name_carries_its_start_so_a_window_opens_none_before_it(tmp_p
     read = {p for p in opened if ".s0" in p or p.endswith("rank-00000.jsonl") or p.endswith("rank-00001.jsonl")}
     assert len(read) <= 4 < len(segs)  # the newest segment or two of each rank, not the week
     assert time.time() > 0
+
+
+def test_a_live_console_past_its_memory_budget_starts_again_at_the_tail(tmp_path):
+    """However long the job ran, the console's model stays bounded: past its budget it is
+    rebuilt from the tail (the store carries what ranks were in), and still says what is wrong."""
+    from commscope.tui.feed import LIVE, Feed
+
+    store = str(tmp_path / "trace")
+    shape = JobShape(8, 6000, fault="missing", days=2, tail_s=600, hang_after=10.0, segment_bytes=64 << 10)
+    written = write_store(store, shape)
+    full, _, _ = load_trace(store)
+    end = full.end_ns
+    feed = Feed(open_source(store), mode=LIVE, clock=lambda: end + S, reopen=lambda w: open_source(store, since=w))
+    feed.MODEL_BUDGET = full.nbytes() // 4
+    feed.BUDGET = 256 << 10
+    for _ in range(500):
+        _, got = feed.step()
+        if not got:
+            break
+    assert feed.restarts >= 1
+    assert feed.model.nbytes() < full.nbytes() / 2
+    found = diagnose(feed.model, feed.now(), feed.hang_after())
+    assert [(f.kind, f.culprits) for f in found if f.severity == "error"] == [
+        (written.kind, [shape.culprit_rank])]

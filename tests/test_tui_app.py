@@ -760,3 +760,23 @@ def test_a_large_replay_paints_what_is_read_before_it_has_loaded(tmp_path):
         drive(app, check, size=(120, 40), loaded=False)
     finally:
         gate.set()
+
+
+def test_history_shows_what_retention_summarized_and_what_the_window_skipped(tmp_path):
+    from commscope.bench.synthstore import JobShape, write_store
+    from commscope.window import Since
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(4, 8000, fault="healthy", days=3, segment_bytes=128 << 10, retain="1MiB"))
+    feed = Feed(open_source(store, since=Since(ago_s=3600)), mode=REPLAY, source=store)
+    app = CommscopeApp(feed, start_feed=False, bell=False)
+
+    async def check(pilot):
+        await pilot.press("H")
+        await pilot.pause()
+        text = app.detail.text()
+        assert app.detail.border_title == "history"
+        assert "retention summarized" in text and "all_reduce" in text and "reduce_scatter_tensor" in text
+        assert "before the window not read" in text and "UTC" in text
+
+    drive(app, check, size=(140, 40))

@@ -137,6 +137,12 @@ class RankTrace:
         self.touched: list[tuple[int, int]] = []
 
     # -- storage
+    def nbytes(self) -> int:
+        """Bytes its arrays hold (capacity, the index buffers and the id map included)."""
+        arrays = [getattr(self, c) for c in (*_COLS_I8, *_COLS_I4, "flags", "id2idx")]
+        arrays += [self._ord_buf, self._sb_buf, self._pmax_buf, *self.samples.cols.values()]
+        return sum(a.nbytes for a in arrays)
+
     def reserve(self, n: int) -> None:
         if n <= self.begin.shape[0]:
             return

@@ -772,6 +772,12 @@ class TraceModel:
         seen = max(self.ranks) + 1 if self.ranks else 0
         return max([seen, *ws])
 
+    def nbytes(self) -> int:
+        """Bytes the model's arrays hold (their capacity): what the console bounds."""
+        total = sum(rt.nbytes() for rt in self.ranks.values())
+        total += sum(gi.seqs.mat.nbytes + gi.seqs.keys.nbytes for gi in self.coll.values())
+        return total + sum(ch.mat.nbytes + ch.keys.nbytes for ch in self.p2p.values())
+
     def n_ops(self, rank: int) -> int:
         rt = self.ranks.get(rank)
         return rt.n if rt else 0

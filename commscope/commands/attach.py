@@ -49,6 +49,7 @@ def main(args: argparse.Namespace) -> int:
         reader = open_source(store, wait=True, since=since)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
-    feed = Feed(reader, mode=LIVE, hang_after=args.hang_after, source=redact_store(store), hint=waiting_hint(store))
+    feed = Feed(reader, mode=LIVE, hang_after=args.hang_after, source=redact_store(store), hint=waiting_hint(store),
+                reopen=lambda window: open_source(store, wait=True, since=window))
     CommscopeApp(feed, bell=not args.no_bell).run()
     return 0

@@ -24,7 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from commscope.store import ENV_STORE, backend_for, default_store, redact_store
+from commscope.errors import UsageError
+from commscope.store import ENV_STORE, backend_for, default_store, redact_store, retention
 from commscope.store.base import is_job_name
 from commscope.store.directory import ENV_SHARE
 
@@ -46,6 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--share-with-group", action="store_true",
                    help="a directory store's trace is readable by your group (default: by you alone; "
                         "sets $COMMSCOPE_SHARE_WITH_GROUP for the ranks)")
+    p.add_argument("--retain", metavar="LIMIT",
+                   help="the history a directory store keeps of each rank: a size (2GiB), an age (7d: segments "
+                        "that ended that long before the newest), both (2GiB,7d) or none; older segments are "
+                        "summarized (counts, bytes, latency per minute: commscope report) and deleted "
+                        f"(default {retention.DEFAULT.describe()}; sets $COMMSCOPE_RETAIN)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
 
 
@@ -64,6 +70,12 @@ def build_env(args: argparse.Namespace, base: dict[str, str] | None = None, nati
         env["COMMSCOPE_SAMPLE_INTERVAL"] = str(args.sample_interval)
     if getattr(args, "share_with_group", False):
         env[ENV_SHARE] = "1"
+    if getattr(args, "retain", None):
+        try:
+            retention.parse(args.retain)
+        except ValueError as exc:
+            raise UsageError(f"--retain: {exc}") from None
+        env[retention.ENV_RETAIN] = args.retain
     if args.no_flight_recorder:
         env["COMMSCOPE_FLIGHT_RECORDER"] = "0"
     elif not native:

@@ -163,10 +163,12 @@ class DirectoryWriter:
         self._retainer: subprocess.Popen | None = None  # the child closing the last segment
         self._segment = 0
         self._segment_size = 0
-        existing = list_segments(self.dir).get((rank, incarnation), []) if self.dir.is_dir() else []
-        if resume and existing:  # go on in the newest segment
+        # (a forwarder lists the directory to find the newest segment; a rank starting never
+        # does: 16k ranks listing a directory of 16k files at once is a metadata storm)
+        existing = list_segments(self.dir).get((rank, incarnation), []) if resume and self.dir.is_dir() else []
+        if existing:  # go on in the newest segment
             self._segment = existing[-1].number
-        start = existing[-1].start_s if resume and existing else 0
+        start = existing[-1].start_s if existing else 0
         self.path = self.dir / segment_name(rank, incarnation, self._segment, start)
         self.description = str(self.path)
         self._fd: int | None = None
@@ -182,7 +184,7 @@ class DirectoryWriter:
             self.modes = modes_of(self.dir)
             self._open()
             size = os.fstat(self._fd).st_size
-            if (size > 0 or len(existing) > 1) and not resume:
+            if size > 0 and not resume:
                 raise StoreError(
                     f"{self.path} already holds events of an earlier job with id {job!r}; "
                     "refusing to mix jobs (choose a new COMMSCOPE_JOB or another store)"
@@ -214,9 +216,12 @@ class DirectoryWriter:
     def first_event(self) -> dict | None:
         """The stream's first event (its meta: every segment starts with it), None when empty
         or unreadable."""
-        segs = list_segments(self.dir).get((self.rank, self.incarnation), [])
+        first = self.dir / segment_name(self.rank, self.incarnation, 0)
+        if not first.exists():  # (retention deleted it: the oldest left starts with the meta too)
+            segs = list_segments(self.dir).get((self.rank, self.incarnation), [])
+            first = segs[0].path if segs else self.path
         try:
-            with open(segs[0].path if segs else self.path, "rb") as f:
+            with open(first, "rb") as f:
                 line = f.readline(1 << 20)
             ev = orjson.loads(line)
         except (OSError, orjson.JSONDecodeError):

@@ -22,8 +22,9 @@ from commscope.analysis import Finding
 from commscope.analysis.completeness import ReaderProblem
 from commscope.analysis.model import NESTED, untimed
 from commscope.analysis.rankstate import rank_state, top_level_ops
+from commscope.analysis.report import summarized_history
 from commscope.analysis.source import Loading
-from commscope.tui.detail import DetailPane, finding_detail, op_detail
+from commscope.tui.detail import DetailPane, finding_detail, history_detail, op_detail
 from commscope.tui.feed import LIVE, REPLAY, Feed, FeedInfo, FeedUpdated
 from commscope.tui.findings_panel import FindingsPanel, finding_key
 from commscope.tui.gpu_panel import GpuPanel
@@ -63,6 +64,7 @@ class CommscopeApp(App):
         Binding("G,end", "jump_end", "End", show=False),
         Binding("e", "next_error", "Next error"),
         Binding("r", "toggle_panel", "Ranks/GPU"),
+        Binding("H", "history", "History", show=False),
         Binding("1", "focus('timeline')", "Timeline", show=False),
         Binding("2", "focus('findings')", "Findings", show=False),
         Binding("3", "focus('ranks')", "Ranks", show=False),
@@ -178,6 +180,9 @@ class CommscopeApp(App):
 
     def apply(self, info: FeedInfo, findings: list[Finding]) -> None:
         """Show a new feed state (also called directly by tests)."""
+        if info.restarts != self.info.restarts:  # a new model, from the tail: what was drawn of the old goes
+            self.timeline.reset()
+            self.ranks_table.reset()
         first_load = info.loaded and not self.info.loaded
         just_ended = info.ended and not self.info.ended  # the table shows the end at once
         self.info = info
@@ -423,6 +428,15 @@ class CommscopeApp(App):
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self.help_sections()))
+
+    def action_history(self) -> None:
+        """The history the timeline does not hold, in the detail pane: what retention
+        summarized (per op over every rank) and what the window did not read."""
+        with self.feed.lock:
+            rows = summarized_history(self.feed.model)
+            stats = self.feed.reader.stats
+            skipped, summarized = stats.skipped_bytes, stats.summarized
+        self.detail.show(history_detail(rows, skipped, summarized), "history")
 
     def action_toggle_panel(self) -> None:
         sw = self.query_one("#left", ContentSwitcher)

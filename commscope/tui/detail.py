@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 from typing import Any
 
@@ -249,3 +250,35 @@ class DetailPane(VerticalScroll):
         console = Console(width=width, record=True, file=io.StringIO())
         console.print(self.current)
         return console.export_text()
+
+
+def history_detail(rows: dict[str, dict[str, Any]], skipped_bytes: int, summarized_events: int) -> RenderableType:
+    """The history the timeline does not hold: what retention summarized of the deleted
+    segments (``analysis.report.summarized_history``), and what the window did not read."""
+    parts: list[RenderableType] = []
+    if skipped_bytes:
+        parts.append(Text(f"{size(skipped_bytes)} before the window not read (attach --since all, or replay "
+                          "without --since, reads it)", style="grey70"))
+    if not rows:
+        parts.append(Text("no summarized history: retention deleted nothing" + (
+            "" if skipped_bytes else ", and the timeline holds the whole job"), style="grey50 italic"))
+        return Group(*parts)
+    parts.append(Text(f"retention summarized {summarized_events:,} events before deleting them:", style="bold"))
+    t = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
+    for col, just in (("op", "left"), ("count", "right"), ("bytes", "right"), ("p50", "right"), ("max", "right"),
+                      ("failed", "right")):
+        t.add_column(col, justify=just, no_wrap=True)
+    first = min((r["first_ns"] for r in rows.values() if r["first_ns"]), default=0)
+    last = max((r["last_ns"] for r in rows.values()), default=0)
+    for name, r in rows.items():
+        p50 = r["latency_p50_s"]
+        t.add_row(name, f"{r['count']:,}", size(r["bytes"]), "—" if p50 is None else duration(p50 * 1e9),
+                  duration(r["latency_max_s"] * 1e9), f"{r['failed']:,}" if r["failed"] else "")
+    parts.append(t)
+    if first:
+        def day(ns: int) -> str:
+            return dt.datetime.fromtimestamp(ns / 1e9, dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+        parts.append(Text(f"from {day(first)} to {day(last)} UTC (latency: power-of-two buckets; commscope "
+                          "report lists it too)", style="grey62"))
+    return Group(*parts)

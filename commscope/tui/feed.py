@@ -23,6 +23,7 @@ from commscope.analysis.model import EMPTY_VIEW, ModelView
 from commscope.analysis.source import Loading
 from commscope.events import gc_paused
 from commscope.store import Batch, TraceReader
+from commscope.window import Since
 
 LIVE, REPLAY = "live", "replay"
 
@@ -48,6 +49,7 @@ class FeedInfo:
     progress: float = 0.0  # replay loading, 0..1
     now_ns: int = 0
     error: str | None = None
+    restarts: int = 0  # the model started again at the tail (``Feed.MODEL_BUDGET``): panels reset
 
 
 class FeedUpdated(Message):
@@ -68,10 +70,21 @@ class Feed:
     BUDGET = 8 << 20  # bytes per read: keeps each cycle short on huge backlogs
     DIAGNOSE_S = 0.5
 
+    #: A live console's model past this many bytes starts again at the tail (``reopen``): its
+    #: memory stays bounded however long the job runs
+    MODEL_BUDGET = 1 << 30
+    TAIL_MIN_S = 60.0
+
     def __init__(self, reader: TraceReader, *, mode: str = LIVE, hang_after: float | None = None,
-                 clock: Callable[[], int] = time.time_ns, source: str = "", hint: str = ""):
-        """``hint``: what to tell the user while nothing has been read (how a job gets there)."""
+                 clock: Callable[[], int] = time.time_ns, source: str = "", hint: str = "",
+                 reopen: Callable[[Since], TraceReader] | None = None):
+        """``hint``: what to tell the user while nothing has been read (how a job gets there);
+        ``reopen``: a reader of the same source from a window on, for a live model grown past
+        ``MODEL_BUDGET`` (None: the model grows with the job)."""
         self.reader: TraceReader = reader
+        self.reopen = reopen
+        self.restarts = 0  # how many times the model started again at the tail (panels reset then)
+        self._restart_floor = 0  # twice what the last restart held: never restart for less (no thrashing)
         self.mode = mode
         self.clock = clock
         self.source = source or reader.description
@@ -141,6 +154,9 @@ class Feed:
             behind_bytes = self.reader.backlog_bytes()
         except Exception as exc:  # a store that vanished, a wrong password...
             self.error = str(exc) or type(exc).__name__
+        if got and self.mode == LIVE and self.reopen is not None and \
+                self.model.nbytes() > max(self.MODEL_BUDGET, self._restart_floor):
+            self._restart_at_tail()
         mono = time.monotonic()
         self._rates.append((mono, got))
         if self._judge_end():
@@ -163,6 +179,37 @@ class Feed:
             self.publish()
         self.info = self._info(behind_bytes)
         return self.info, bool(got)
+
+    def _restart_at_tail(self) -> None:
+        """Start the model again from the last half of what it holds (at least a minute): a
+        reader of the window (the store carries what ranks were in when it starts), read to
+        its end, then swapped in.  What came before is the summarized history's, and the
+        window's skipped bytes say so."""
+        m = self.model
+        span_s = max(self.TAIL_MIN_S, (m.end_ns - m.start_ns) / 2e9)
+        try:
+            reader = self.reopen(Since(ago_s=span_s)) if self.reopen is not None else None
+        except Exception as exc:  # a store gone meanwhile: keep following with what there is
+            self.error = str(exc) or type(exc).__name__
+            return
+        if reader is None:
+            return
+        model = TraceModel()
+        with gc_paused():
+            while True:
+                batch = reader.poll_batch(self.BUDGET)
+                if not batch.count():
+                    break
+                model.ingest(batch.events, batch.ops)
+        model.note_read_stats(reader.stats)
+        with self.lock:
+            old = self.reader
+            self.reader, self.model = reader, model
+            self.restarts += 1
+            self._restart_floor = 2 * model.nbytes()
+            self._ended = None
+        old.close()
+        self.publish()
 
     def ingest(self, batch: Batch) -> None:
         """Ingest one batch (events, and op records in columns) under the lock, then publish
@@ -197,7 +244,8 @@ class Feed:
             behind_bytes=behind_bytes, behind=behind_bytes > self.BUDGET,
             corrupt=stats.corrupt, invalid=stats.invalid, trimmed=stats.trimmed,
             warnings=tuple(stats.warnings[-5:]), waiting=m.events == 0, ended=ended,
-            loaded=self.info.loaded, progress=self.info.progress, now_ns=now, error=self.error)
+            loaded=self.info.loaded, progress=self.info.progress, now_ns=now, error=self.error,
+            restarts=self.restarts)
 
     # ------------------------------------------------------------------ replay loading
     #: While a replay loads, the console is shown what is in at most this often

@@ -21,7 +21,8 @@ HELP_SECTIONS: list[tuple[str, list[tuple[str, str]]]] = [
                 ("g G / home end", "jump to start / end")]),
     ("Panels", [("tab / shift+tab", "move focus between timeline, ranks, findings, detail"),
                 ("1 2 3", "focus timeline / findings / ranks"), ("e", "next error finding"),
-                ("s", "sort ranks by the next column (or click a header)"), ("r", "GPU panel ↔ rank table")]),
+                ("s", "sort ranks by the next column (or click a header)"), ("r", "GPU panel ↔ rank table"),
+                ("H", "history: what retention summarized, what the window did not read")]),
     ("App", [("?", "this help"), ("ctrl+p", "command palette (every action)"), ("q", "quit")]),
 ]
 
