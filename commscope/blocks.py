@@ -324,7 +324,7 @@ class BlockDecoder:
         self._gathered = 0  # op records resolved so far
         self._sig_refs: set[tuple[int, int]] = set()  # (SITE_REC, id) and (GROUP_REC, id) signatures refer to
         self._in_effect: set[bytes] = set()  # table records restating only what is known: skipped
-        self._prefixes: list[bytes] = []  # table prefixes of recent blocks (all in effect), newest first
+        self._prefixes: set[bytes] = set()  # table prefixes of recent blocks, all in effect (at most 64)
         self._gid_of_id: dict[int, int] = {}  # any-source recvs waiting for their source
 
     # -- tables, from the rank's other events
@@ -476,7 +476,6 @@ class BlockDecoder:
         offs, bufs, wh = walk.offs, walk.bufs, walk.where
         append = offs.append
         type_len = _TYPE_LEN.unpack_from
-        in_effect = self._in_effect
         prefixes = self._prefixes
         invalid = self.invalid
         want_where = walk.want_where
@@ -512,49 +511,43 @@ class BlockDecoder:
                 wh.append((len(offs), len(out)))
             base = walk.base
             walk.base = base + size
+            walk.current = raw
             off = 0
-            head = size > 0 and raw[0] in TABLE_RECORDS  # in the block's table prefix
-            if head:
-                for k, p in enumerate(prefixes):  # the tables restated as a recent block did: nothing to learn
-                    n = len(p)
-                    if raw.startswith(p) and (n == size or raw[n] not in TABLE_RECORDS):
-                        off, head = n, False
-                        if k:  # most recent first: blocks alternate between a few
-                            prefixes.insert(0, prefixes.pop(k))
+            if size and raw[0] in TABLE_RECORDS:  # the block's table prefix: where does it end?
+                while off + 24 <= size:
+                    typ, length = type_len(raw, off)
+                    if typ not in TABLE_RECORDS or length < 24 or off + length > size:
                         break
+                    off += length
+                if raw[:off] not in prefixes:  # (restated as a recent block did it: nothing to learn)
+                    off = self._head(raw, ev, walk, parts, out)  # learnt record by record
+                    base = walk.base - size  # (a change resolved what came before: offsets restart)
+            if skip_below < 0 and not want_where:  # the common case, in its own loop
+                while off + 24 <= size:
+                    typ, length = type_len(raw, off)
+                    if length < 24 or off + length > size:
+                        invalid["block: truncated record"] += 1
+                        break
+                    if typ in TABLE_RECORDS:  # (one after the block's op records: rare)
+                        self._table_record(typ, raw, off, length, ev, walk, parts, out)
+                        base = walk.base - size
+                    else:
+                        append(base + off)
+                    off += length
+                continue
             while off + 24 <= size:
                 typ, length = type_len(raw, off)
                 if length < 24 or off + length > size:
                     invalid["block: truncated record"] += 1
-                    head = False
                     break
                 if typ in TABLE_RECORDS:
-                    if typ >= META_REC:  # (spool-only tables: nothing for a reader to learn)
-                        off += length
-                        continue
-                    rec = raw[off:off + length]
-                    if rec not in in_effect:
-                        walk.current = raw
-                        n_out = len(out)
-                        try:
-                            self._table(typ, raw, off, length, out, ev.get("ts", 0), walk, parts)
-                            if len(in_effect) > 100_000:
-                                in_effect.clear()  # (only costs reading restatements again)
-                            in_effect.add(rec)
-                        except (struct.error, ValueError):
-                            invalid["block: bad table record"] += 1
-                            head = False
-                        base = walk.base - size  # (a change resolved what came before: offsets restart)
-                        if want_where and len(out) != n_out:  # a group among the records keeps its place
-                            wh[-1] = (wh[-1][0], n_out)
-                            wh.append((len(offs), len(out)))
-                    off += length
-                    continue
-                if head:
-                    if off:
-                        self._note_prefix(raw[:off])
-                    head = False
-                if skip_below >= 0 and pos < skip_below:
+                    n_out = len(out)
+                    self._table_record(typ, raw, off, length, ev, walk, parts, out)
+                    base = walk.base - size
+                    if want_where and len(out) != n_out:  # a group among the records keeps its place
+                        wh[-1] = (wh[-1][0], n_out)
+                        wh.append((len(offs), len(out)))
+                elif skip_below >= 0 and pos < skip_below:
                     self.duplicates += 1
                     pos += length
                 else:
@@ -562,8 +555,6 @@ class BlockDecoder:
                     if skip_below >= 0:
                         pos += length
                 off += length
-            if head and off:
-                self._note_prefix(raw[:off])
             if want_where:
                 wh[-1] = (wh[-1][0], len(out))  # the block's records come after the groups it defined
         self.seen_end = seen_end
@@ -571,6 +562,45 @@ class BlockDecoder:
         if not parts:
             return None
         return concat(parts)
+
+    def _head(self, raw: bytes, ev: dict, walk: _Walk, parts: list[OpRecords], out: list[dict]) -> int:
+        """Walk a block's table prefix (its records up to the first op record) record by record,
+        learning what they say; note the prefix when all went well (a block that repeats it
+        skips it at once); returns where the op records start."""
+        off, size, ok = 0, len(raw), True
+        type_len = _TYPE_LEN.unpack_from
+        while off + 24 <= size:
+            typ, length = type_len(raw, off)
+            if typ not in TABLE_RECORDS:
+                break
+            if length < 24 or off + length > size:
+                return off  # (the record loop counts it truncated)
+            if not self._table_record(typ, raw, off, length, ev, walk, parts, out):
+                ok = False
+            off += length
+        if ok and off:
+            self._note_prefix(raw[:off])
+        return off
+
+    def _table_record(self, typ: int, raw: bytes, off: int, length: int, ev: dict, walk: _Walk,
+                      parts: list[OpRecords], out: list[dict]) -> bool:
+        """One table record of a block: skipped when it restates what is in effect, else
+        learnt (``_table``); whether it was read (a bad one is counted)."""
+        if typ >= META_REC:  # (spool-only tables: nothing for a reader to learn)
+            return True
+        rec = raw[off:off + length]
+        in_effect = self._in_effect
+        if rec in in_effect:
+            return True
+        try:
+            self._table(typ, raw, off, length, out, ev.get("ts", 0), walk, parts)
+        except (struct.error, ValueError):
+            self.invalid["block: bad table record"] += 1
+            return False
+        if len(in_effect) > 100_000:
+            in_effect.clear()  # (only costs reading restatements again)
+        in_effect.add(rec)
+        return True
 
     def _note_prefix(self, prefix: bytes) -> None:
         """A block's table records, all in effect now: a block that starts with the same
@@ -585,8 +615,9 @@ class BlockDecoder:
                 return
             seen.add((typ, key))
             off += length
-        self._prefixes.insert(0, prefix)
-        del self._prefixes[8:]
+        if len(self._prefixes) >= 64:
+            self._prefixes.clear()
+        self._prefixes.add(prefix)
 
     def _flush(self, walk: _Walk, parts: list[OpRecords], carry: bytes | None = None) -> None:
         """Resolve what ``walk`` gathered into a part.  ``carry``: the block being walked
@@ -615,12 +646,10 @@ class BlockDecoder:
         contained or JSON-described begins, errors, sources) one by one."""
         k = offs.shape[0]
         u8 = np.frombuffer(buf, np.uint8)
-        typ = u8[offs]
-        rflags = u8[offs + 1]
-        ts = _gather(u8, offs + 8, "<i8")
-        ids = _gather(u8, offs + 16, "<u8")
-        lens = _gather(u8, offs + 4, "<u4")
-        phase = np.full(k, -1, np.int8)
+        # every header in one gather: [k x 24] bytes viewed as the header's fields
+        # (a record near the end of the buffer is read no further than it: its length is >= 24)
+        head = u8[offs[:, None] + _HEAD_AT].view(_HEAD_DT).reshape(k)
+        typ, rflags, lens, ts, ids = head["typ"], head["flags"], head["len"], head["ts"], head["id"]
         static = np.full(k, -1, np.int32)
         seq = np.full(k, -1, np.int64)
         parent = np.full(k, -1, np.int64)
@@ -631,12 +660,8 @@ class BlockDecoder:
         exc: dict[int, str] = {}
         ok = (ts >= 0) & (ts <= MAX_INT) & (ids <= MAX_INT)
         ids = ids.astype(np.int64)
-        # fixed-size phases (an END's text is read only when it says it has one)
-        for code, ph, need in ((END, PH_END, 24), (WAIT_BEGIN, PH_WAIT_BEGIN, 24), (WAIT_END, PH_WAIT_END, 24),
-                               (DONE, PH_DONE, HEADER.size + DONE_BODY.size)):
-            m = (typ == code) & ok
-            if m.any():
-                phase[m & (lens >= need)] = ph
+        # fixed-size phases, by type (an END's text is read only when it says it has one)
+        phase = np.where(ok & (lens >= _NEED[typ]), _PHASE_OF_TYPE[typ], -1).astype(np.int8)
         flags[(phase == PH_END) & ((rflags & FLAG_APPROX) != 0)] |= F_APPROX
         errs = np.flatnonzero(((phase == PH_END) | (phase == PH_WAIT_END)) & ((rflags & FLAG_ERROR) != 0))
         for row in errs.tolist():
@@ -659,10 +684,8 @@ class BlockDecoder:
         sigm = (typ == BEGIN_SIG) & ok & (lens >= HEADER.size + SIG_BEGIN_BODY.size)
         if sigm.any():
             rows = np.flatnonzero(sigm)
-            body = offs[rows] + HEADER.size
-            sid = _gather(u8, body, "<u4").astype(np.int64)
-            sq = _gather(u8, body + 4, "<i8")
-            par = _gather(u8, body + 12, "<u8")
+            body = u8[offs[rows, None] + _SIG_AT].view(_SIG_DT).reshape(rows.shape[0])
+            sid, sq, par = body["sid"].astype(np.int64), body["seq"], body["parent"]
             st, since = self._statics_of(sid)
             good = (st >= 0) & (sq <= MAX_INT) & (par <= MAX_INT) & (since <= self._gathered + rows)
             rows, st, sq, par = rows[good], st[good], sq[good], par[good]
@@ -670,7 +693,7 @@ class BlockDecoder:
             static[rows] = st
             seq[rows] = np.where(sq >= 0, sq, -1)
             parent[rows] = np.where(par == 0, -1, par.astype(np.int64))
-            tid[rows] = _gather(u8, offs[rows] + HEADER.size + 20, "<u8")
+            tid[rows] = body["tid"][good]
             peer[rows] = self.table.peer[st]
             any_source = rows[self.table.any_source[st]]
         else:
@@ -933,6 +956,19 @@ class BlockDecoder:
             raise ValueError("invalid begin fields")
         return t, par, s, hit
 
+
+#: A header and a BEGIN_SIG body as numpy reads them out of gathered bytes (``_resolve``)
+_HEAD_DT = np.dtype([("typ", "u1"), ("flags", "u1"), ("aux", "<u2"), ("len", "<u4"), ("ts", "<i8"), ("id", "<u8")])
+_HEAD_AT = np.arange(_HEAD_DT.itemsize)
+_SIG_DT = np.dtype([("sid", "<u4"), ("seq", "<i8"), ("parent", "<u8"), ("tid", "<u8")])
+_SIG_AT = np.arange(HEADER.size, HEADER.size + _SIG_DT.itemsize)
+assert _HEAD_DT.itemsize == HEADER.size and _SIG_DT.itemsize == SIG_BEGIN_BODY.size
+#: The phase each fixed-size record type stands for (-1: none), and the length it needs
+_PHASE_OF_TYPE = np.full(256, -1, np.int8)
+_NEED = np.zeros(256, np.uint32)
+for _code, _ph, _need in ((END, PH_END, 24), (WAIT_BEGIN, PH_WAIT_BEGIN, 24), (WAIT_END, PH_WAIT_END, 24),
+                          (DONE, PH_DONE, HEADER.size + DONE_BODY.size)):
+    _PHASE_OF_TYPE[_code], _NEED[_code] = _ph, _need
 
 #: The shortest a record of each type may be to be read (past it: the next record, or block)
 _MIN_LEN = {BEGIN: HEADER.size + BEGIN_BODY.size, RBEGIN: HEADER.size + RBEGIN_BODY.size,

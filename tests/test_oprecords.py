@@ -302,3 +302,48 @@ def test_ops_columns_are_numpy_not_dicts(tmp_path):
     assert batch.ops and all(isinstance(o.ts, np.ndarray) for o in batch.ops)
     assert not [e for e in batch.events if e["type"] in ("op", "block")]  # no op event became a dict
     assert orjson.dumps(batch.ops[0].events()[0])  # and they still read as events on request
+
+
+@pytest.fixture
+def parallel(monkeypatch):
+    """Whole reads of any size read streams in 2 worker processes."""
+    from commscope.store.directory import DirectoryReader
+
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+
+
+def _loaded(store: str):
+    from commscope.analysis.source import load_trace
+
+    model, reader, warnings = load_trace(store)
+    found = [f.to_json() for f in diagnose(model, trace_now(model), default_hang_after(model))]
+    per_rank = {r: [model.op(r, i) for i in range(model.n_ops(r))] for r in model.rank_ids()}
+    return model.events, per_rank, found, warnings, reader.stats.bytes
+
+
+@pytest.mark.parametrize("fault", ["missing", "dead"])
+def test_a_parallel_read_is_the_sequential_read(tmp_path, monkeypatch, fault):
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(24, 80, fault=fault, hang_after=2.0))
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "1")
+    one = _loaded(store)
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    from commscope.analysis import source
+    from commscope.store.directory import DirectoryReader
+
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(source, "LOAD_STEP", 1 << 16)  # many chunks
+    assert _loaded(store) == one
+
+
+def test_a_parallel_read_whose_workers_fail_reads_everything_itself(tmp_path, monkeypatch, parallel):
+    import sys
+
+    from commscope.store import bulkread
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(12, 60, fault="missing", hang_after=2.0))
+    want = _loaded(store)
+    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", "import sys; sys.exit(3)"))
+    assert _loaded(store) == want

@@ -772,6 +772,12 @@ class TraceModel:
         seen = max(self.ranks) + 1 if self.ranks else 0
         return max([seen, *ws])
 
+    def settle(self) -> None:
+        """Put the ranks in rank order (what a whole read ends with: the order a read came in,
+        streams in parallel or taking turns, must not show in what is judged of them)."""
+        if list(self.ranks) != sorted(self.ranks):
+            self.ranks = dict(sorted(self.ranks.items()))
+
     def nbytes(self) -> int:
         """Bytes the model's arrays hold (their capacity): what the console bounds."""
         total = sum(rt.nbytes() for rt in self.ranks.values())

@@ -62,8 +62,9 @@ def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], No
                since: Since | None = None) -> tuple[TraceModel, TraceReader, list[str]]:
     """Read a whole source into a model: (model, the closed reader, warnings).  What
     ``check``, ``report``, ``export`` and the headless demo all start from.  Streams: the
-    reader is read ``LOAD_STEP`` bytes at a time, op records in columns, each step ingested
-    before the next is read; ``progress`` is told after each.  Raises UsageError on input
+    reader is read ``LOAD_STEP`` bytes at a time (``TraceReader.bulk``: in parallel where the
+    store can), op records in columns, each step ingested before the next is read;
+    ``progress`` is told after each.  Raises UsageError on input
     that cannot be used (no source, no events).  ``since``: read that window only
     (``window.py``)."""
     model = TraceModel()
@@ -71,19 +72,15 @@ def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], No
         reader = open_source(store, since=since)
         total = reader.size()
         with gc_paused():
-            while True:
-                before = reader.stats.bytes
-                batch = reader.poll_batch(LOAD_STEP)
-                if batch.count():
-                    model.ingest(batch.events, batch.ops)
+            for batch in reader.bulk(LOAD_STEP):
+                model.ingest(batch.events, batch.ops)
                 if progress is not None:
                     read = reader.stats.bytes if total.unit == "bytes" else model.events
                     progress(Loading(read, total.amount, model.events, len(model.ranks)))
-                if not batch.count() and reader.stats.bytes == before:
-                    break
             batch = reader.read_all_batch()  # what polls hold back: a torn last line, what dead ranks left
             if batch.count():
                 model.ingest(batch.events, batch.ops)
+        model.settle()
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:

@@ -7,7 +7,7 @@ import dataclasses
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -116,6 +116,20 @@ class ReadStats:
                 self.missing_by_rank[rank] = self.missing_by_rank.get(rank, 0) + n
                 self.warnings.append(f"rank {rank}: {n} line(s) of its stream were lost: "
                                      f"{str(e['reason'])[len(STORE_LOST) + 2:]}")
+
+    def merge(self, other: ReadStats) -> None:
+        """Add what another reader of other streams of the same job saw (a parallel read)."""
+        for f in dataclasses.fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, bool):
+                setattr(self, f.name, mine or theirs)
+            elif isinstance(mine, int):
+                setattr(self, f.name, mine + theirs)
+            elif isinstance(mine, dict):
+                for k, v in theirs.items():
+                    mine[k] = mine.get(k, 0) + v
+            elif isinstance(mine, list):
+                mine.extend(theirs)
 
     def lost_by_rank(self) -> dict[int, int]:
         """Damaged plus invalid events skipped, per rank."""
@@ -249,6 +263,19 @@ class TraceReader(abc.ABC):
         self.columnar = True
         events = self.read_all()
         return Batch(events, self._take_ops())
+
+    def bulk(self, step: int) -> Iterator[Batch]:
+        """Everything stored now, as batches of about ``step`` bytes, op records in columns:
+        what a whole read (``check``, a replay) takes from a store before its final
+        ``read_all_batch``.  A store whose streams can be read apart may read them in
+        parallel (the directory store does); this default polls until nothing new comes."""
+        while True:
+            before = self.stats.bytes
+            batch = self.poll_batch(step)
+            if batch.count():
+                yield batch
+            if not batch.count() and self.stats.bytes == before:
+                return
 
     def _take_ops(self) -> list[OpRecords]:
         ops = getattr(self, "_ops", None) or []

@@ -24,15 +24,18 @@ import os
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 import orjson
 
+from commscope.blocks import BlockDecoder, StaticTable
 from commscope.events import Event, gc_paused
 from commscope.schema import MAX_RANK, decode_job
 from commscope.store import inflight, retention, segments
 from commscope.store.base import (
+    Batch,
     ReadStats,
     StoreError,
     Stream,
@@ -42,6 +45,7 @@ from commscope.store.base import (
     meta_line,
     store_lost,
 )
+from commscope.store.bulkread import StreamsRead
 from commscope.store.crashlog import CrashFiles
 from commscope.store.retention import Retention
 from commscope.store.segments import (
@@ -64,6 +68,9 @@ def rank_file_name(rank: int, incarnation: int = 0) -> str:
     """The stream's first segment (``store/segments.py``): the one file of a short job."""
     return segment_name(rank, incarnation, 0)
 
+
+#: Worker processes a whole read of a large job may use (default: one per core, at most 8; 0 or 1: none)
+ENV_WORKERS = "COMMSCOPE_READ_WORKERS"
 
 #: ``commscope run --share-with-group`` sets it for the ranks: stores they create are
 #: readable by the owner's group.  Otherwise a store is its owner's alone.
@@ -499,18 +506,21 @@ class DirectoryReader(TraceReader):
         """The segment being read (or to be read next) of each stream."""
         return {stream: self._current(stream, segs).path for stream, segs in self.streams().items() if segs}
 
-    def _current(self, stream: Stream, segs: list[Segment]) -> Segment:
-        """The segment of ``stream`` being read: on first sight, the one the window starts
-        with (those before it counted as skipped); one deleted meanwhile (retention, while
-        this reader was behind) gives way to the oldest one left after it."""
+    def _current(self, stream: Stream, segs: list[Segment], start: bool = False) -> Segment:
+        """The segment of ``stream`` being read, or to be read first: the one the window
+        starts with (``start``: the stream is read from now on: those before it are counted
+        as skipped, and what the stream was in when they ended is carried in first); one
+        deleted meanwhile (retention, while this reader was behind) gives way to the oldest
+        one left after it."""
         number = self._reading.get(stream)
         if number is None:
             k = window_start(segs, self.since_ns / 1e9 if self.since_ns is not None else None)
-            for seg in segs[:k]:
-                self.stats.count_skipped(stream[0], _size(seg.path))
-            self._reading[stream] = segs[k].number
-            if segs[k].number > 0:
-                self._carry(stream, segs[k].number - 1)
+            if start:
+                for seg in segs[:k]:
+                    self.stats.count_skipped(stream[0], _size(seg.path))
+                self._reading[stream] = segs[k].number
+                if segs[k].number > 0:
+                    self._carry(stream, segs[k].number - 1)
             return segs[k]
         for seg in segs:
             if seg.number >= number:
@@ -696,7 +706,7 @@ class DirectoryReader(TraceReader):
         out: list[Event] = []
         used = 0
         while True:
-            cur = self._current(stream, segs)
+            cur = self._current(stream, segs, start=True)
             events, n, at_end = self._read_segment(stream, cur.path, None if budget is None else budget - used)
             out.extend(events)
             used += n
@@ -745,6 +755,76 @@ class DirectoryReader(TraceReader):
 
     def close(self) -> None:
         pass
+
+    # ------------------------------------------------------------------ a whole read, in parallel
+    #: Below this many bytes, or with one core, a whole read polls in this process
+    PARALLEL_MIN_BYTES = 256 << 20
+    MAX_WORKERS = 8
+
+    def bulk(self, step: int) -> Iterator[Batch]:
+        """Everything stored now, in batches: with several cores and a large job, the streams
+        are read apart in worker processes (each decodes whole streams into columns, which
+        come back as they are done), so a job of 16k ranks is read at the speed of all the
+        cores; this reader then goes on from where they stopped (``read_all_batch``)."""
+        workers = min(self.MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else (os.cpu_count() or 1))
+        if os.environ.get(ENV_WORKERS, "").isdigit():
+            workers = int(os.environ[ENV_WORKERS])
+        streams = self.streams()
+        if workers < 2 or self._reading or len(streams) < 2 or self.total_bytes() < self.PARALLEL_MIN_BYTES:
+            # (read apart only a job not read yet: each worker starts its streams afresh)
+            yield from super().bulk(step)
+            return
+        yield from self._bulk_parallel(streams, step, workers)
+
+    def _bulk_parallel(self, streams: dict[Stream, list[Segment]], step: int, workers: int) -> Iterator[Batch]:
+        from commscope.store.bulkread import Job, Workers
+
+        jobs: list[Job] = []
+        chunk: dict[Stream, list[Segment]] = {}
+        size = 0
+        for stream, segs in streams.items():
+            if size >= step and chunk:
+                jobs.append(Job(str(self.job_dir), self.since_ns, chunk))
+                chunk, size = {}, 0
+            chunk[stream] = segs
+            size += sum(_size(seg.path) for seg in segs[window_start(segs, self._since_s()):])
+        if chunk:
+            jobs.append(Job(str(self.job_dir), self.since_ns, chunk))
+        for got in Workers(workers).run(jobs):
+            if isinstance(got, Job):  # no worker could read it: this reader does
+                yield from self._read_here(got.streams)
+                continue
+            self._adopt(got)
+            yield got.batch
+
+    def _since_s(self) -> float | None:
+        return self.since_ns / 1e9 if self.since_ns is not None else None
+
+    def _read_here(self, streams: dict[Stream, list[Segment]]) -> Iterator[Batch]:
+        for stream, segs in streams.items():
+            while True:
+                events, used = self._read_stream(stream, segs, None)
+                if events or self._carried or getattr(self, "_ops", None):
+                    yield Batch(self._carried + events, self._take_ops())
+                    self._carried = []
+                if not used:
+                    break
+
+    def _adopt(self, got: StreamsRead) -> None:
+        """Go on from where a worker stopped reading its streams."""
+        self.stats.merge(got.stats)
+        self._reading.update(got.reading)
+        self._offsets.update(got.offsets)
+        self._partial.update(got.partial)
+        try:
+            decoders, table = self._block_decoders, self._statics
+        except AttributeError:
+            decoders = self._block_decoders = {}
+            table = self._statics = StaticTable()
+        for stream, (names, dtypes, seen_end) in got.decoders.items():
+            dec = decoders[stream] = BlockDecoder(stream[0], table)
+            dec.names, dec.dtypes, dec.seen_end = names, dtypes, seen_end
 
 
 def _size(path: Path) -> int:

@@ -260,9 +260,18 @@ class Feed:
         reads it), and diagnose at the trace's end."""
         total = self.reader.size()
         next_post = time.monotonic() + self.LOAD_POST_S
+        batches = self.reader.bulk(self.BUDGET)  # (in parallel where the store can)
         while not self.error:
-            before = self.reader.stats.bytes
-            got = self._read(self.reader.poll_batch, self.BUDGET)
+            try:
+                with gc_paused():
+                    batch = next(batches, None)
+                    if batch is None:
+                        break
+                    with self.lock:
+                        self.model.ingest(batch.events, batch.ops)
+            except Exception as exc:  # a store that vanished, a wrong password...
+                self.error = str(exc) or type(exc).__name__
+                break
             m = self.model
             if progress is not None:
                 read = self.reader.stats.bytes if total.unit == "bytes" else m.events
@@ -274,11 +283,10 @@ class Feed:
                 self.info = dataclasses.replace(self._info(0), progress=frac)
                 post(FeedUpdated(self.info, []))
                 next_post = time.monotonic() + self.LOAD_POST_S
-            if not got and self.reader.stats.bytes == before:
-                break
         if not self.error:
             self._read(lambda _budget: self.reader.read_all_batch(), None)
         with self.lock:
+            self.model.settle()
             self.model.note_read_stats(self.reader.stats)
             self.findings = sorted(diagnose(self.model, self.model.end_ns, self.hang_after()),
                                    key=Finding.sort_key)
