@@ -1031,25 +1031,6 @@ def decode_stream(got: Decoded, decoder: BlockDecoder, columns: bool) -> Decoded
     return Decoded(merged(out, ops), got.damaged, invalid)
 
 
-def expand(events: list[dict], decoders: dict[int, BlockDecoder]) -> tuple[list[dict], Counter]:
-    """Replace every ``block`` event by its op events (for tests and tools that want events;
-    readers use ``decode_stream``); ``decoders`` holds one decoder per rank across calls.
-    Returns (events, records that could not be decoded, by reason)."""
-    by_rank: dict[int, list[dict]] = {}
-    for e in events:
-        by_rank.setdefault(e.get("rank"), []).append(e)  # type: ignore[arg-type]
-    out: list[dict] = []
-    invalid: Counter = Counter()
-    for rank, evs in by_rank.items():
-        dec = decoders.get(rank)
-        if dec is None:
-            dec = decoders[rank] = BlockDecoder(rank if isinstance(rank, int) else 0)
-        got = decode_stream(Decoded(evs, 0, Counter()), dec, columns=False)
-        out.extend(got.events)
-        invalid.update(got.invalid)
-    return out, invalid
-
-
 # ------------------------------------------------------------------------------ reference encoder
 # The recorder packs records in C++; these build the same bytes in Python, for tests and
 # for the reader fuzzer (commscope/bench/fuzz.py).

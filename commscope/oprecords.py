@@ -21,12 +21,25 @@ from typing import NamedTuple
 
 import numpy as np
 
+from commscope import schema
 from commscope.schema import SCHEMA_VERSION
 
-#: Phase codes, in ``PHASES`` order (the model's op columns use the same codes).
-PH_BEGIN, PH_END, PH_WAIT_BEGIN, PH_WAIT_END, PH_DONE = range(5)
-PHASES = ("begin", "end", "wait_begin", "wait_end", "done")
+#: Phase codes, in ``schema.PHASES`` order (the model's op columns use the same codes).
+PHASES = schema.PHASES
+PH_BEGIN, PH_END, PH_WAIT_BEGIN, PH_WAIT_END, PH_DONE = range(len(PHASES))
 PHASE_CODE = {p: i for i, p in enumerate(PHASES)}
+
+
+def completes(phase: str, *, failed: bool, is_async: bool, device: bool) -> bool:
+    """Whether an op is done at this phase, as the model judges it (``TraceModel._complete``,
+    vectorized): a sync op at its end, an async one at the end of its wait, one timed on the
+    device when the device says so; an op that raised at the phase that raised.  (A ``done``
+    of an op not timed on the device only bounds an end still to come.)"""
+    if failed and phase in ("end", "wait_end"):
+        return True
+    if device:
+        return phase == "done"
+    return phase == ("wait_end" if is_async else "end")
 
 #: Bits of ``OpRecords.flags``
 F_APPROX = 1  # an end whose time is only a bound

@@ -14,8 +14,11 @@ import datetime as dt
 import re
 from typing import NamedTuple
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)\s*$", re.IGNORECASE)
-_SECONDS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+#: Units of a duration, in seconds (``--retain`` ages too; ``--since`` also takes ``m`` for
+#: minutes, which ``--retain`` leaves to sizes: ``500m`` there is 500 MiB)
+DURATION_UNITS = {"s": 1, "sec": 1, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SECONDS = {**DURATION_UNITS, "m": 60}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(" + "|".join(_SECONDS) + r")\s*$", re.IGNORECASE)
 
 
 class Since(NamedTuple):

@@ -11,9 +11,15 @@ ROOT = Path(__file__).resolve().parent.parent / "commscope"
 
 
 def _imports(path: Path, package: str) -> set[str]:
-    """The modules of ``package`` that ``path`` imports, wherever in it."""
+    """The modules of ``package`` that ``path`` imports, wherever in it (but for type checkers
+    only: ``if TYPE_CHECKING:``, which never runs)."""
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for top in ast.walk(tree) if isinstance(top, ast.If) and isinstance(top.test, ast.Name)
+                   and top.test.id == "TYPE_CHECKING" for n in ast.walk(top)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom) and node.module:
             if node.module == package:
                 out |= {f"{package}.{a.name}" for a in node.names}
@@ -62,3 +68,11 @@ def test_nothing_below_the_commands_imports_them_or_the_console():
     for path in ROOT.glob("*.py"):
         if path.stem not in ("cli", "__main__"):
             assert not {m for m in _imports(path, "commscope") if m.startswith(above)}, path
+
+
+def test_the_stores_have_no_import_cycle_and_never_import_the_analysis():
+    """The stores sit below the analysis: a reader's worker, a retention child and the carry
+    of a segment judge ops without the model (``oprecords.completes`` is the model's rule)."""
+    assert _cycles(ROOT / "store", "commscope.store") == set()
+    for path in (ROOT / "store").rglob("*.py"):
+        assert not {m for m in _imports(path, "commscope") if m.startswith("commscope.analysis")}, path.name

@@ -347,3 +347,39 @@ def test_a_parallel_read_whose_workers_fail_reads_everything_itself(tmp_path, mo
     want = _loaded(store)
     monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", "import sys; sys.exit(3)"))
     assert _loaded(store) == want
+
+
+def _bulkread_children() -> list:
+    import psutil
+
+    return [p for p in psutil.Process().children(recursive=True)
+            if "commscope.store.bulkread" in " ".join(p.cmdline()) or "time.sleep" in " ".join(p.cmdline())]
+
+
+def test_stopping_a_parallel_read_early_leaves_no_worker(tmp_path, parallel):
+    from commscope.analysis.source import open_source
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(32, 60, fault="healthy"))
+    reader = open_source(store)
+    batches = reader.bulk(1 << 15)
+    assert next(batches).count()
+    assert _bulkread_children()
+    batches.close()  # (a reader given up on: Ctrl-C, an error while ingesting)
+    assert _bulkread_children() == []
+
+
+def test_a_stuck_worker_gives_its_chunk_back(tmp_path, monkeypatch, parallel):
+    import sys
+
+    from commscope.store import bulkread
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(12, 60, fault="missing", hang_after=2.0))
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "1")
+    want = _loaded(store)
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", "import time; time.sleep(120)"))
+    monkeypatch.setattr(bulkread.Workers, "STALL_S", 0.5)
+    assert _loaded(store) == want
+    assert _bulkread_children() == []

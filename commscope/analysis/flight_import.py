@@ -37,7 +37,7 @@ from commscope.events import SCHEMA_VERSION, Event
 from commscope.flightfmt import FrOp, as_int, completed_ns, finished, parse_name, tensor_fields, thread_id
 from commscope.schema import MAX_INT, MAX_RANK, validate_events
 from commscope.store import ReadStats, StoreError, TraceReader
-from commscope.store.directory import read_regular
+from commscope.store.files import read_regular
 
 _RANK_SUFFIX = re.compile(r"(?<!\d)(\d{1,8})(\.(json|pkl|pickle))?$")
 MAX_DUMP_BYTES = 256 << 20

@@ -718,7 +718,8 @@ class TraceModel:
         return int(ts.min()), int(ts.max()), first
 
     def _complete(self, rt: RankTrace, updated: np.ndarray) -> None:
-        """Recompute completion times op_flags ops whose phases changed."""
+        """Recompute the completion times of ops whose phases changed: the rule of
+        ``oprecords.completes`` (which the stores use without the model), vectorized."""
         signature_flags = self._sig_flags[rt.sig[updated]]
         end, we, done, op_flags = rt.end[updated], rt.we[updated], rt.done[updated], rt.flags[updated]
         comp = np.where((signature_flags & ASYNC) != 0, we, end)

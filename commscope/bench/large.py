@@ -23,9 +23,12 @@ Then a live console's batch: the model built from all but the last events, the r
 ingested in 10k-event batches drawn from every rank in turn (a poll of a job this wide
 sees a few events from each of many ranks), as event dicts and as columns.
 
-Targets (docs/analysis.md): check 4,096 ranks x 400 ops <= 5 s and 1.5 GiB, 16,384 ranks
-<= 15 s and 4 GiB; reader + model >= 2 M events/s (native), >= 1 M/s (JSON); a 10k-event
-batch <= 5 ms at 16,384 ranks.
+Last, a week-long job (``week``): its bytes on disk with and without retention, and a read
+of all of it against a read of its last 30 minutes, which must find the same.
+
+Targets (docs/large.md): check 4,096 ranks x 400 ops <= 5 s and 1.5 GiB, 16,384 ranks <= 15 s
+and 4 GiB; reader + model >= 2 M events/s (native), >= 1 M/s (JSON); a 10k-event batch <= 5 ms
+at 16,384 ranks.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--events-fraction", type=float, default=0.25,
                    help="the fraction of ops the events path reads above --events-max-ranks (default 0.25)")
     p.add_argument("--no-batch", action="store_true", help="skip the live-batch measurement")
+    p.add_argument("--no-week", action="store_true", help="skip the week-long job (segments, retention, windows)")
+    p.add_argument("--week-ranks", type=int, default=256, help="ranks of the week-long job (default 256)")
     p.add_argument("--dir", default=None, help="where to write the jobs (default: a temporary directory, removed)")
     p.add_argument("--quick", action="store_true", help="256 and 1024 ranks x 100 ops, once (a smoke run)")
 
@@ -110,16 +115,17 @@ def batches(store: str, columns: bool, tail_events: int, batch: int) -> tuple[li
 
     from commscope.analysis.model import TraceModel
     from commscope.events import gc_paused
-    from commscope.oprecords import OpRecords
+    from commscope.oprecords import OpRecords, concat
     from commscope.store import open_reader
 
     reader = open_reader(store)
     with gc_paused():
         if columns:
             b = reader.read_all_batch()
-            per: dict[int, OpRecords] = {}
+            parts: dict[int, list[OpRecords]] = {}
             for o in b.ops:
-                per[o.rank] = o
+                parts.setdefault(o.rank, []).append(o)
+            per = {r: concat(p) for r, p in parts.items()}  # (a rank's records may come in several)
             head_ops, tails = [], []
             share = max(1, tail_events // max(1, len(per)))
             for o in per.values():
@@ -239,7 +245,65 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(root, ignore_errors=True)
     print()
     _print_summary(rows)
+    if not args.no_week:
+        print()
+        failed |= week(root if args.dir else Path(tempfile.mkdtemp(prefix="commscope-bench-week-")),
+                       16 if args.quick else args.week_ranks, keep=bool(args.dir))
     return 1 if failed else 0
+
+
+def week(root: Path, ranks: int, keep: bool = False) -> bool:
+    """A week-long job, simulated: ops in bursts over 7 days, the fault an hour before the
+    end, 512 KiB segments.  Side by side: the bytes it leaves with and without retention (2 MiB
+    per rank), and check's read of all of it, kept whole and retained, against ``--since 30m``:
+    time, bytes read, and whether the findings are the same.  Returns whether any differs."""
+    from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+    from commscope.analysis.source import load_trace
+    from commscope.bench.synthstore import JobShape, du, write_store
+    from commscope.store import retention
+    from commscope.window import Since
+
+    shape = JobShape(ranks, 8000, fault="dead", days=7, tail_s=3600, hang_after=10.0, segment_bytes=512 << 10)
+    print(f"a week-long job: {ranks:,} ranks x {shape.ops:,} ops over 7 days, 512 KiB segments, rank "
+          f"{shape.culprit_rank} dead an hour before the end")
+
+    def check(store: str, since: Since | None) -> tuple[float, int, list[dict], int, int]:
+        t0 = time.perf_counter()
+        model, reader, _ = load_trace(store, since=since)
+        found = diagnose(model, trace_now(model), default_hang_after(model))
+        return (time.perf_counter() - t0, reader.stats.bytes, [f.to_json() for f in found],
+                reader.stats.summarized, model.nbytes())
+
+    try:
+        store = str(root / "week")
+        written = write_store(store, shape)
+        unbounded = du(store)
+        whole = check(store, None)
+        job = Path(store) / "synthetic"
+        limit = retention.parse("2MiB")
+        t0 = time.perf_counter()
+        for r in range(ranks):
+            retention.close_stream(job, r, 0, limit)
+        spent = time.perf_counter() - t0
+        bounded = du(store)
+        print(f"  on disk: {fmt_bytes(unbounded)} kept whole, {fmt_bytes(bounded)} with --retain 2MiB "
+              f"({unbounded / max(bounded, 1):.1f}x less; summarizing and deleting took {fmt_time(spent)} of "
+              f"child-process time, {fmt_time(spent / ranks)} per rank)")
+        kept = check(store, None)
+        tail = check(store, Since(ago_s=1800))
+        for name, (t, nbytes, _f, summ, mem) in (("check, all kept", whole), ("check, retained", kept),
+                                                  ("check --since 30m", tail)):
+            extra = f", {summ:,} events summarized" if summ else ""
+            print(f"  {name:<18} {fmt_time(t):>9}, {fmt_bytes(nbytes)} read, model {fmt_bytes(mem)}{extra} "
+                  f"({whole[0] / t:.1f}x)")
+        expect = [(written.kind, [shape.culprit_rank])]
+        kinds = [(f["kind"], f["culprits"]) for f in tail[2] if f["severity"] == "error"]
+        same = whole[2] == kept[2] == tail[2]
+        print(f"  findings: {kinds} ({'the same in' if same else 'NOT the same in'} all three; expected {expect})")
+        return not same or kinds != expect
+    finally:
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _med(results: list[dict], key: str) -> float:

@@ -226,9 +226,9 @@ class TraceReader(abc.ABC):
     back (an incomplete last line, taken as truncated): call it once, at the end.
 
     A store's reader only fetches each stream's raw data and hands it to ``ingest``, the
-    one pipeline every store shares: validate and redact (``events.decode_lines``), unpack
-    ``block`` events (``blocks.expand_decoded``, with one set of decoders per stream) and
-    count what was skipped or lost in ``stats``.
+    one pipeline every store shares: validate and redact (``events.decode_lines``), decode
+    ``block`` events (``blocks.decode_stream``, with one decoder per stream) and count what
+    was skipped or lost in ``stats``.
     """
 
     description: str = ""
@@ -245,6 +245,7 @@ class TraceReader(abc.ABC):
     #: Op records stay in columns (``poll_batch``): ``ingest`` keeps them in ``_ops``
     columnar = False
     _ops: list[OpRecords]
+    _max_ids: dict[Stream, int]  # per stream, made by ``ingest``: see ``max_op_id``
 
     @abc.abstractmethod
     def poll(self, max_bytes: int | None = None) -> list[Event]: ...
@@ -276,6 +277,11 @@ class TraceReader(abc.ABC):
                 yield batch
             if not batch.count() and self.stats.bytes == before:
                 return
+
+    def max_op_id(self, stream: Stream) -> int:
+        """The highest op id of the stream's records read so far (-1: none); ids grow within
+        a stream, so an op with a smaller id was read already."""
+        return getattr(self, "_max_ids", {}).get(stream, -1)
 
     def _take_ops(self) -> list[OpRecords]:
         ops = getattr(self, "_ops", None) or []
@@ -347,6 +353,14 @@ class TraceReader(abc.ABC):
                 self._ops.append(got.ops)
             except AttributeError:
                 self._ops = [got.ops]
+            if len(got.ops):
+                top = int(got.ops.id.max())
+                try:
+                    tops = self._max_ids
+                except AttributeError:
+                    tops = self._max_ids = {}
+                if top > tops.get(stream, -1):
+                    tops[stream] = top
         stats = self.stats
         stats.count_decoded(rank, got)
         if self.counts_lost_markers and isinstance(raw, bytes):

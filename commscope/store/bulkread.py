@@ -4,31 +4,37 @@ Decoding is most of a read (a job of 16k ranks writes millions of blocks), and e
 stream decodes alone, so ``DirectoryReader.bulk`` hands chunks of streams to workers: plain
 child processes (``python -m commscope.store.bulkread``), so nothing of the caller's program
 is imported or forked in them.  Each reads its streams to their ends exactly as a reader
-would (``read_streams``) and sends back the events, the op records in columns, its stats
-and where each stream stopped; the reader ingests a chunk while the workers decode the
-next and then goes on from where they stopped.  A worker that fails leaves its chunk to
-the reader itself: a parallel read never reads less than a sequential one.
+would (``DirectoryReader.read_streams``, named to the worker by ``TARGET``, so this module
+imports no store) and sends back what it read; the reader ingests a chunk while the
+workers decode the next and then goes on from where they stopped.  A worker that fails,
+or gives nothing for ``STALL_S``, leaves its chunk to the reader: a parallel read never
+reads less than a sequential one.
 
 The protocol: pickles, each behind its length (8 bytes, little-endian), a job down the
-worker's stdin, its ``StreamsRead`` up its stdout; an empty job ends the worker.  The
-worker reads only files of the job directory it is given, like any reader.
+worker's stdin, what it read up its stdout; ``None`` ends the worker.  The worker reads only
+files of the job directory it is given, like any reader.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import pickle
 import selectors
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import IO, Any, NamedTuple
 
-from commscope.events import Event, gc_paused
+from commscope.store.base import Batch, ReadStats, Stream
+from commscope.store.segments import Segment
 
 _LEN = struct.Struct("<Q")
+#: What a worker runs on each job: "module:function", called with the ``Job``
+TARGET = "commscope.store.directory:read_streams"
 
 
 class Job(NamedTuple):
@@ -36,40 +42,35 @@ class Job(NamedTuple):
 
     job_dir: str
     since_ns: int | None
-    streams: dict[tuple[int, int], list[Any]]  # stream -> its segments (store.segments.Segment)
+    streams: dict[Stream, list[Segment]]
+
+
+class DecoderState(NamedTuple):
+    """What a stream's block decoder keeps from one reader to the next: op names, dtypes,
+    the ring position decoded up to, its groups and sites, the any-source recvs waiting for
+    their source."""
+
+    names: list[str] | None
+    dtypes: list[str]
+    seen_end: int
+    groups: dict[int, Any]
+    sites: dict[int, str]
+    waiting: dict[int, int]
 
 
 class StreamsRead(NamedTuple):
     """What a worker read of some streams: the batch, the reader's stats, where each stream
-    stopped, and what its block decoder keeps (op names, dtypes, the ring position decoded up
-    to)."""
+    stopped (segment, offset, bytes read of each segment, an incomplete last line), and
+    each stream's decoder state."""
 
-    batch: Any  # store.base.Batch
-    stats: Any  # store.base.ReadStats
-    reading: dict[tuple[int, int], int]
-    offsets: dict[tuple[int, int], int]
-    partial: dict[tuple[int, int], bool]
-    decoders: dict[tuple[int, int], tuple[list[str] | None, list[str], int]]
-
-
-def read_streams(job: Job) -> StreamsRead:
-    """Read ``job.streams`` of a job directory to their ends."""
-    from commscope.store.base import Batch
-    from commscope.store.directory import DirectoryReader
-
-    r = DirectoryReader(job.job_dir, since_ns=job.since_ns)
-    r.columnar = True
-    events: list[Event] = []
-    with gc_paused():
-        for stream, segs in job.streams.items():
-            while True:
-                got, used = r._read_stream(stream, segs, None)
-                events.extend(got)
-                if not used:
-                    break
-    decoders = {s: (d.names, d.dtypes, d.seen_end) for s, d in getattr(r, "_block_decoders", {}).items()}
-    return StreamsRead(Batch(r._carried + events, r._take_ops()), r.stats, dict(r._reading), dict(r._offsets),
-                       dict(r._partial), decoders)
+    batch: Batch
+    stats: ReadStats
+    reading: dict[Stream, int]
+    offsets: dict[Stream, int]
+    read_of: dict[tuple[Stream, int], int]
+    partial: dict[Stream, bool]
+    decoders: dict[Stream, DecoderState]
+    max_ids: dict[Stream, int]
 
 
 def _send(f: IO[bytes], obj: Any) -> None:
@@ -92,45 +93,56 @@ def _recv(f: IO[bytes]) -> Any:
 
 class Workers:
     """Worker processes reading chunks of streams; ``run`` yields what each chunk gave, and
-    the chunks no worker could read (to be read by the caller), in the order they finish."""
+    the chunks no worker could read (for the caller to read), in the order they finish."""
 
     #: How a worker starts
     COMMAND = (sys.executable, "-m", "commscope.store.bulkread")
+    #: A worker that sends nothing for this long is taken for stuck: its chunk goes back
+    STALL_S = 300.0
 
     def __init__(self, n: int) -> None:
         env = dict(os.environ, COMMSCOPE_NO_PROGRESS="1")
         self.procs: list[subprocess.Popen] = []
         for _ in range(n):
             try:
-                self.procs.append(subprocess.Popen(list(self.COMMAND),
-                                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                self.procs.append(subprocess.Popen(list(self.COMMAND), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                    stderr=subprocess.DEVNULL, env=env, close_fds=True))
             except OSError:
                 break
 
     def run(self, jobs: list[Job]) -> Iterator[StreamsRead | Job]:
         todo = list(reversed(jobs))
-        busy: dict[int, Job] = {}
+        busy: dict[int, tuple[Job, float]] = {}
         sel = selectors.DefaultSelector()
         try:
             for i, p in enumerate(self.procs):
                 if todo and self._give(p, todo[-1]):
-                    busy[i] = todo.pop()
+                    busy[i] = (todo.pop(), time.monotonic())
                     sel.register(p.stdout, selectors.EVENT_READ, i)
             while busy:
-                for key, _ in sel.select():
+                ready = sel.select(timeout=min(self.STALL_S, 10.0))
+                now = time.monotonic()
+                for i, (job, since) in list(busy.items()):  # a stuck worker: its chunk goes back
+                    if now - since > self.STALL_S and all(key.data != i for key, _ in ready):
+                        del busy[i]
+                        sel.unregister(self.procs[i].stdout)
+                        self.procs[i].kill()
+                        yield job
+                for key, _ in ready:
                     i = key.data
+                    if i not in busy:
+                        continue
                     p = self.procs[i]
-                    job = busy.pop(i)
+                    job, _since = busy.pop(i)
                     try:
                         got = _recv(p.stdout)
                     except Exception:  # (EOF, a torn or foreign pickle: the worker is done for)
                         sel.unregister(p.stdout)
-                        yield job  # the caller reads it
+                        yield job
                         continue
                     yield got
                     if todo and self._give(p, todo[-1]):
-                        busy[i] = todo.pop()
+                        busy[i] = (todo.pop(), time.monotonic())
                     else:
                         sel.unregister(p.stdout)
             yield from reversed(todo)  # (no worker left to take them)
@@ -146,26 +158,28 @@ class Workers:
         except OSError:
             return False
 
-    def close(self) -> None:
+    def close(self, grace_s: float = 2.0) -> None:
+        """End every worker: asked first, then killed, all within one ``grace_s``."""
         for p in self.procs:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, ValueError):
                 _send(p.stdin, None)
                 p.stdin.close()
+        deadline = time.monotonic() + grace_s
         for p in self.procs:
             try:
-                p.wait(5)
+                p.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
             with contextlib.suppress(OSError):
                 p.stdout.close()
         self.procs = []
 
 
 def main() -> int:
-    """A worker: jobs from stdin, what each read to stdout, until an empty job."""
-    # (by the module's own name, not __main__'s: what it sends must unpickle in the reader)
-    from commscope.store import bulkread
-
+    """A worker: jobs from stdin, what each read to stdout, until ``None``."""
+    module, name = TARGET.split(":")
+    read = getattr(importlib.import_module(module), name)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
         try:
@@ -174,7 +188,7 @@ def main() -> int:
             return 0
         if job is None:
             return 0
-        _send(stdout, bulkread.read_streams(bulkread.Job(*job)))
+        _send(stdout, read(job))
 
 
 if __name__ == "__main__":

@@ -1,24 +1,27 @@
-"""The embedded default store: a directory with one append-only JSONL file per rank.
+"""The embedded default store: a directory, one sequence of segment files per rank stream.
 
 Layout::
 
-    ROOT/LATEST                 id of the newest job (rank 0 replaces it atomically)
-    ROOT/<job>/job.json         job metadata, written by rank 0
-    ROOT/<job>/rank-00003.jsonl events of rank 3, one JSON object per line
-    ROOT/<job>/rank-00003+1.jsonl  the same rank's next incarnation (its process group
-                                initialised again in one process): a stream of its own
-    ROOT/<job>/rank-00003.crash what faulthandler wrote if rank 3 died of a fatal signal
-                                (traces of earlier versions; read back as events: see
-                                store/crashlog.py)
+    ROOT/LATEST                      id of the newest job (rank 0 replaces it atomically)
+    ROOT/<job>/job.json              job metadata, written by rank 0
+    ROOT/<job>/rank-00003.jsonl      rank 3's stream, one JSON event per line: its first segment
+    ROOT/<job>/rank-00003.s000001.t1780001234.jsonl   its next segments (store/segments.py)
+    ROOT/<job>/rank-00003+1.jsonl    the same rank's next incarnation (its process group
+                                     initialised again in one process): a stream of its own
+    ROOT/<job>/rank-00003.open.000000.jsonl   what it was in when segment 0 ended (store/inflight.py)
+    ROOT/<job>/rank-00003.summary.jsonl       what retention kept of deleted segments (store/retention.py)
+    ROOT/<job>/rank-00003.crash      what faulthandler wrote if rank 3 died of a fatal signal
+                                     (traces of earlier versions; read back as events: see
+                                     store/crashlog.py)
 
 Each job gets its own directory, so a new job never mixes with an old one, and each
-rank writes only its own file, so the layout is safe on a shared filesystem.  Readers
-tail files from byte offsets and leave an incomplete last line for the next poll.
+rank writes only its own files, so the layout is safe on a shared filesystem.  Readers
+tail segments from byte offsets and leave an incomplete last line for the next poll; a
+whole read of a large job decodes in worker processes (store/bulkread.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
@@ -30,6 +33,7 @@ from typing import NamedTuple
 
 import orjson
 
+from commscope import blocks
 from commscope.blocks import BlockDecoder, StaticTable
 from commscope.events import Event, gc_paused
 from commscope.schema import MAX_RANK, decode_job
@@ -45,8 +49,9 @@ from commscope.store.base import (
     meta_line,
     store_lost,
 )
-from commscope.store.bulkread import StreamsRead
+from commscope.store.bulkread import DecoderState, Job, StreamsRead, Workers
 from commscope.store.crashlog import CrashFiles
+from commscope.store.files import _O_NOFOLLOW, atomic_write, create_file, make_dirs, read_from, read_regular
 from commscope.store.retention import Retention
 from commscope.store.segments import (
     SUMMARY_FILE,
@@ -61,7 +66,6 @@ from commscope.window import Since
 LATEST = "LATEST"
 JOB_FILE = "job.json"
 MAX_JOB_FILE = 1 << 20  # job.json is a few hundred bytes; never read more than this
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def rank_file_name(rank: int, incarnation: int = 0) -> str:
@@ -101,48 +105,6 @@ def modes_of(directory: Path) -> Modes:
         return PRIVATE
 
 
-def make_dirs(path: Path, mode: int) -> None:
-    """``path`` and its missing parents, each created with exactly ``mode`` whatever the
-    umask (a 022 umask would open a store to every local user; 0 to writing too)."""
-    missing = []
-    p = path
-    while not p.exists():
-        missing.append(p)
-        if p.parent == p:
-            break
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, mode)
-        except FileExistsError:
-            continue  # another rank made it: its creator set the mode
-        os.chmod(d, mode)
-
-
-def create_file(path: Path, flags: int, mode: int) -> int:
-    """Open ``path`` (``flags``), creating it with exactly ``mode`` if it does not exist."""
-    try:
-        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, mode)
-    except FileExistsError:
-        return os.open(path, flags)
-    try:
-        os.fchmod(fd, mode)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _atomic_write(path: Path, data: bytes, mode: int) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)  # one a killed writer left
-    fd = create_file(tmp, os.O_WRONLY | _O_NOFOLLOW, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 class DirectoryWriter:
     """Appends one rank's events; owned by that rank's recorder thread."""
 
@@ -166,7 +128,7 @@ class DirectoryWriter:
         self.dir = self.root / job
         self.segment_bytes = segment_bytes if segment_bytes is not None else segment_bytes_from_env()
         self.retain = retain if retain is not None else retention.from_env()
-        self.closer = closer
+        self.closer = closer and not resume  # (a forwarder never bounds a history: the rank's settings do)
         self._retainer: subprocess.Popen | None = None  # the child closing the last segment
         self._segment = 0
         self._segment_size = 0
@@ -203,8 +165,8 @@ class DirectoryWriter:
                     self._torn = f.read(1) != b"\n"
             if rank == 0 and incarnation == 0 and not resume:
                 meta = dict(job_meta or {}, job=job)
-                _atomic_write(self.dir / JOB_FILE, orjson.dumps(meta, option=orjson.OPT_INDENT_2), self.modes.file)
-                _atomic_write(self.root / LATEST, job.encode() + b"\n", modes_of(self.root).file)
+                atomic_write(self.dir / JOB_FILE, orjson.dumps(meta, option=orjson.OPT_INDENT_2), self.modes.file)
+                atomic_write(self.root / LATEST, job.encode() + b"\n", modes_of(self.root).file)
         except OSError as exc:
             self.close()
             raise StoreError(f"cannot write trace store {self.dir}: {exc.strerror or exc}") from None
@@ -265,7 +227,7 @@ class DirectoryWriter:
                 self.close()
                 make_dirs(self.dir, self.modes.dir)
                 if not (self.dir / JOB_FILE).exists():
-                    _atomic_write(self.dir / JOB_FILE, orjson.dumps(self._job_meta, option=orjson.OPT_INDENT_2),
+                    atomic_write(self.dir / JOB_FILE, orjson.dumps(self._job_meta, option=orjson.OPT_INDENT_2),
                                   self.modes.file)
                 self._open()
                 self._torn = False
@@ -332,21 +294,6 @@ class DirectoryWriter:
             except OSError:
                 pass
             self._fd = None
-
-
-def read_regular(path: Path, limit: int) -> bytes:
-    """Up to ``limit`` bytes of a regular file, never blocking on a FIFO or device in its place."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise OSError(errno.EFBIG, f"larger than {limit} bytes")
-    return data
 
 
 def resolve_job_dir(path: str | os.PathLike) -> Path | None:
@@ -428,6 +375,9 @@ class DirectoryReader(TraceReader):
         self._summaries: dict[Stream, Path] = {}
         self._summary_offsets: dict[Stream, int] = {}
         self._carried: list[Event] = []  # what streams starting at a later segment were in (``_carry``)
+        self._read_of: dict[tuple[Stream, int], int] = {}  # (stream, segment) -> bytes of it read
+        self._pending: dict[tuple[Stream, int], Event] = {}  # summaries not decided yet
+        self._decided: set[tuple[Stream, int]] = set()
         self._listed: tuple[int, float] | None = None  # (directory mtime, when) of the last listing
         self._job: dict | None = None
         self._job_failed = False
@@ -502,10 +452,6 @@ class DirectoryReader(TraceReader):
         self._listed = (mtime, now)
         return self._streams
 
-    def rank_files(self) -> dict[Stream, Path]:
-        """The segment being read (or to be read next) of each stream."""
-        return {stream: self._current(stream, segs).path for stream, segs in self.streams().items() if segs}
-
     def _current(self, stream: Stream, segs: list[Segment], start: bool = False) -> Segment:
         """The segment of ``stream`` being read, or to be read first: the one the window
         starts with (``start``: the stream is read from now on: those before it are counted
@@ -524,24 +470,27 @@ class DirectoryReader(TraceReader):
             return segs[k]
         for seg in segs:
             if seg.number >= number:
-                if seg.number > number:  # it went before this reader was done with it
-                    self.stats.warnings.append(f"rank {stream[0]}: segment {number} was deleted by retention "
-                                               "while being read; its summary stands for it")
+                if seg.number > number:  # it went (retention): what was not read of it, its summary says
                     self._reading[stream] = seg.number
                     self._offsets[stream] = 0
+                    self._carry(stream, seg.number - 1, after_id=self.max_op_id(stream))
                 return seg
         return segs[-1]
 
-    def _carry(self, stream: Stream, number: int) -> None:
+    def _carry(self, stream: Stream, number: int, after_id: int = -1) -> None:
         """The ops in flight when segment ``number`` ended (``store/inflight.py``): the stream
-        is read after it, so what they are in comes first."""
+        is read after it, so what they are in comes first.  ``after_id``: the stream's ops up
+        to this id are read already (a reader jumping over deleted segments): their begins
+        are not read twice, what else they reached is."""
         lines = inflight.carried(self.job_dir, stream, number) if self.job_dir is not None else None
         if lines is None:
             self.stats.warnings.append(f"rank {stream[0]}: what it was in when segment {number} ended is not "
                                        "known (not carried yet): an op begun before may be missing")
             return
         if lines:
-            self._carried.extend(self.ingest(stream, b"\n".join(lines) + b"\n").events)
+            events = self.ingest(stream, b"\n".join(lines) + b"\n").events
+            self._carried.extend(e for e in events if not (
+                e["type"] == "op" and e["phase"] == "begin" and e["id"] <= after_id))
 
     def total_bytes(self) -> int:
         """Bytes to read in the job's streams now, from the segment each is read in (for
@@ -611,30 +560,48 @@ class DirectoryReader(TraceReader):
         self.stats.partial_tail = sum(self._partial.values())
         return out
 
+    #: A stream's summary file holds a line per deleted segment: never read more than this a poll
+    MAX_SUMMARY_READ = 64 << 20
+
     def _read_summaries(self) -> list[Event]:
-        """New ``summary`` events (what retention deleted); one whose segment still exists
-        (a retention child stopped between summarizing and deleting) stands for nothing."""
+        """``summary`` events (what retention deleted), each decided once: one whose segment
+        this reader never read stands for that segment (counted, and handed on); one whose
+        segment it read all of stands for nothing; one whose segment went while being read
+        stands for the part not read (counted as lost, its events in proportion to the
+        bytes); one whose segment still exists waits (``_pending``)."""
         out: list[Event] = []
         for stream, path in list(self._summaries.items()):
             offset = self._summary_offsets.get(stream, 0)
             try:
-                size = os.path.getsize(path)
-                if size <= offset:
-                    continue
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    data = f.read(size - offset)
+                data = read_from(path, offset, self.MAX_SUMMARY_READ)
             except OSError:
                 continue
             cut = data.rfind(b"\n") + 1
             if not cut:
                 continue
             self._summary_offsets[stream] = offset + cut
-            alive = {s.number for s in self._streams.get(stream, [])}
             for e in self.ingest(stream, data[:cut], cut).events:
-                if e["type"] == "summary" and e.get("seg") not in alive:
-                    self.stats.count_summarized(stream[0], int(e.get("events") or 0))
-                    out.append(e)
+                if e["type"] == "summary" and isinstance(e.get("seg"), int):
+                    self._pending.setdefault((stream, e["seg"]), e)
+        for key, e in list(self._pending.items()):
+            stream, seg = key
+            alive = any(s.number == seg for s in self._streams.get(stream, []))
+            read = self._read_of.get(key, 0)
+            if alive and read < int(e.get("size") or 0):
+                continue  # the segment is still there, and this reader may still read it
+            del self._pending[key]
+            if key in self._decided:
+                continue  # (a second line for one segment: a child stopped between its two steps)
+            self._decided.add(key)
+            events, size = int(e.get("events") or 0), int(e.get("size") or 0)
+            if not read:
+                self.stats.count_summarized(stream[0], events)
+                out.append(e)
+            elif read < size:
+                lost = round(events * (size - read) / size)
+                self.stats.missing_by_rank[stream[0]] = self.stats.missing_by_rank.get(stream[0], 0) + lost
+                self.stats.warnings.append(f"rank {stream[0]}: retention deleted segment {seg} while this reader "
+                                           f"was reading it: about {lost:,} of its {events:,} events not read")
         return out
 
     def _remnants(self, final: bool) -> list[Event]:
@@ -751,6 +718,7 @@ class DirectoryReader(TraceReader):
             return [], 0, at_end
         got = self.ingest(stream, data[:cut], cut)
         self._offsets[stream] = offset + cut
+        self._read_of[(stream, self._reading.get(stream, 0))] = offset + cut
         return got.events, cut, at_end
 
     def close(self) -> None:
@@ -771,15 +739,15 @@ class DirectoryReader(TraceReader):
         if os.environ.get(ENV_WORKERS, "").isdigit():
             workers = int(os.environ[ENV_WORKERS])
         streams = self.streams()
-        if workers < 2 or self._reading or len(streams) < 2 or self.total_bytes() < self.PARALLEL_MIN_BYTES:
-            # (read apart only a job not read yet: each worker starts its streams afresh)
+        if workers < 2 or self._reading or len(streams) < 2 or self.total_bytes() < self.PARALLEL_MIN_BYTES \
+                or not self._packed(streams):
+            # (read apart only a job not read yet, each worker starting its streams afresh, and
+            # one of packed records: JSON events cost as much to pickle back as to decode)
             yield from super().bulk(step)
             return
         yield from self._bulk_parallel(streams, step, workers)
 
     def _bulk_parallel(self, streams: dict[Stream, list[Segment]], step: int, workers: int) -> Iterator[Batch]:
-        from commscope.store.bulkread import Job, Workers
-
         jobs: list[Job] = []
         chunk: dict[Stream, list[Segment]] = {}
         size = 0
@@ -798,33 +766,73 @@ class DirectoryReader(TraceReader):
             self._adopt(got)
             yield got.batch
 
+    @staticmethod
+    def _packed(streams: dict[Stream, list[Segment]]) -> bool:
+        """Whether the job's op records are packed in blocks (its first stream says)."""
+        segs = next(iter(streams.values()), [])
+        try:
+            head = read_from(segs[-1].path, 0, 1 << 16) if segs else b""
+        except OSError:
+            return False
+        return head.count(blocks.LINE_PREFIX) * 4 > head.count(b"\n")
+
     def _since_s(self) -> float | None:
         return self.since_ns / 1e9 if self.since_ns is not None else None
 
+    def read_whole(self, streams: dict[Stream, list[Segment]]) -> Batch:
+        """Read ``streams`` (with their segments) to their ends, op records in columns."""
+        self.columnar = True
+        events: list[Event] = []
+        with gc_paused():
+            for stream, segs in streams.items():
+                while True:
+                    got, used = self._read_stream(stream, segs, None)
+                    events.extend(got)
+                    if not used:
+                        break
+        batch = Batch(self._carried + events, self._take_ops())
+        self._carried = []
+        return batch
+
     def _read_here(self, streams: dict[Stream, list[Segment]]) -> Iterator[Batch]:
-        for stream, segs in streams.items():
-            while True:
-                events, used = self._read_stream(stream, segs, None)
-                if events or self._carried or getattr(self, "_ops", None):
-                    yield Batch(self._carried + events, self._take_ops())
-                    self._carried = []
-                if not used:
-                    break
+        batch = self.read_whole(streams)
+        if batch.count():
+            yield batch
+
+    def decoder_states(self) -> dict[Stream, DecoderState]:
+        return {s: DecoderState(d.names, d.dtypes, d.seen_end, d.groups, d.sites, d._gid_of_id)
+                for s, d in getattr(self, "_block_decoders", {}).items()}
 
     def _adopt(self, got: StreamsRead) -> None:
         """Go on from where a worker stopped reading its streams."""
         self.stats.merge(got.stats)
         self._reading.update(got.reading)
         self._offsets.update(got.offsets)
+        self._read_of.update(got.read_of)
         self._partial.update(got.partial)
+        try:
+            tops = self._max_ids
+        except AttributeError:
+            tops = self._max_ids = {}
+        tops.update(got.max_ids)
         try:
             decoders, table = self._block_decoders, self._statics
         except AttributeError:
             decoders = self._block_decoders = {}
             table = self._statics = StaticTable()
-        for stream, (names, dtypes, seen_end) in got.decoders.items():
+        for stream, st in got.decoders.items():
             dec = decoders[stream] = BlockDecoder(stream[0], table)
-            dec.names, dec.dtypes, dec.seen_end = names, dtypes, seen_end
+            dec.names, dec.dtypes, dec.seen_end = st.names, st.dtypes, st.seen_end
+            dec.groups, dec.sites, dec._gid_of_id = st.groups, st.sites, st.waiting
+
+
+def read_streams(job: Job) -> StreamsRead:
+    """Read a job's streams to their ends, as a worker of ``DirectoryReader.bulk`` does
+    (``bulkread.TARGET``): what it read, and where each stream stopped."""
+    r = DirectoryReader(job.job_dir, since_ns=job.since_ns)
+    batch = r.read_whole(job.streams)
+    return StreamsRead(batch, r.stats, dict(r._reading), dict(r._offsets), dict(r._read_of), dict(r._partial),
+                       r.decoder_states(), dict(getattr(r, "_max_ids", {})))
 
 
 def _size(path: Path) -> int:

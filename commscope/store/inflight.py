@@ -6,20 +6,21 @@ still in: the all_reduce a hung rank has waited in for an hour.  So when a write
 segment, a child process (the one that enforces retention, ``store/retention.py``) writes
 ``rank-00003.open.000004.jsonl``: the groups the stream described (their members), the
 last op it completed, and the phases so far of every op still in flight at the segment's
-end, as JSON events, found by
-replaying the previous segment's carry and this segment through a ``TraceModel``.  A
+end, as JSON events, found by replaying the previous segment's carry and this segment
+(``replay``: an op is done when the model would judge it done).  A
 reader starting at segment 5 reads segment 4's carry first: the rank's state at the window's
 start is exact, not guessed.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import NamedTuple
 
 import orjson
 
+from commscope.oprecords import completes
+from commscope.store.files import atomic_write, mode_of, read_regular
 from commscope.store.segments import Segment, list_segments, stream_prefix
 
 
@@ -30,10 +31,15 @@ def carry_path(directory: Path, stream: tuple[int, int], number: int) -> Path:
     return directory / f"{stream_prefix(*stream)}.open.{number:06d}.jsonl"
 
 
+#: A carry holds the ops in flight of one rank: far less than this, or it is not one
+MAX_CARRY = 64 << 20
+
+
 def carried(directory: Path, stream: tuple[int, int], number: int) -> list[bytes] | None:
-    """The carry lines of segment ``number`` (None: it has none)."""
+    """The carry lines of segment ``number`` (None: it has none, or what is there is not one:
+    not a regular file, or larger than any carry)."""
     try:
-        data = carry_path(directory, stream, number).read_bytes()
+        data = read_regular(carry_path(directory, stream, number), MAX_CARRY)
     except OSError:
         return None
     return [x for x in data.split(b"\n") if x]
@@ -79,9 +85,7 @@ def replay(data: bytes, rank: int) -> Replayed:
         out.phases[op_id].append(e)
         if "exc" in e:
             out.failed.add(op_id)
-        device, sync = b.get("device") is not None, not b.get("async")
-        if ((ph == "end" and ("exc" in e or (sync and not device))) or (ph == "wait_end" and not device)
-                or ph == "done"):
+        if completes(ph, failed="exc" in e, is_async=bool(b.get("async")), device=b.get("device") is not None):
             out.done.setdefault(op_id, e["ts"])
     for op_id, b in out.begins.items():  # nested ops end no later than their parent
         parent = b.get("parent")
@@ -120,20 +124,9 @@ def write_carries(directory: Path, rank: int, incarnation: int) -> int:
             lines = open_at_end(seg, before, rank)
         except OSError:
             break
-        dest = carry_path(directory, stream, seg.number)
-        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _mode_of(seg.path))
-        with os.fdopen(fd, "wb") as f:
-            f.write(b"".join(x + b"\n" for x in lines))
-        os.replace(tmp, dest)
+        atomic_write(carry_path(directory, stream, seg.number), b"".join(x + b"\n" for x in lines),
+                     mode_of(seg.path))
         written += 1
     return written
-
-
-def _mode_of(path: Path) -> int:
-    try:
-        return os.stat(path).st_mode & 0o777
-    except OSError:
-        return 0o600
 
 

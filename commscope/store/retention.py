@@ -12,17 +12,21 @@ and, where the stream is past its limit, summarizes each segment it drops first,
 bytes, failures, and per minute a latency histogram in powers of two of microseconds), and
 only then deletes it.  Readers read the summaries with the stream and count what they
 stand for (``ReadStats.summarized_by_rank``): nothing is dropped unsaid.  A summary whose
-segment still exists (a child killed between the two steps) is ignored by readers.
+segment a reader reads anyway (a child stopped between the two steps) stands for nothing to
+that reader; a segment is summarized once (a second child finds it summarized and only
+deletes it), and one child works on a stream at a time (a lock on its summary file).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
 import subprocess
 import sys
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
@@ -32,12 +36,14 @@ import orjson
 
 from commscope.schema import SCHEMA_VERSION
 from commscope.store import inflight
+from commscope.store.files import _O_NOFOLLOW, mode_of, read_regular
 from commscope.store.segments import Segment, list_segments, stream_prefix, summary_name
+from commscope.window import DURATION_UNITS
 
 ENV_RETAIN = "COMMSCOPE_RETAIN"
+#: Sizes: decimal with B (``500MB``), binary with iB or alone (``2GiB``, ``2G``, ``500m``: MiB)
 _UNITS = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20,
-          "gib": 1 << 30, "tib": 1 << 40}
-_AGES = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+          "gib": 1 << 30, "tib": 1 << 40, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _PART = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*$")
 MINUTE_NS = 60 * 1_000_000_000
 BUCKETS = 32  # latency histogram: bucket b holds latencies in [2^b, 2^(b+1)) us (b 0: under 2 us)
@@ -83,25 +89,28 @@ def parse(text: str) -> Retention:
         n, unit = float(m.group(1)), m.group(2)
         if unit in _UNITS:
             max_bytes = int(n * _UNITS[unit])
-        elif unit in _AGES:
-            max_age = n * _AGES[unit]
+        elif unit in DURATION_UNITS:
+            max_age = n * DURATION_UNITS[unit]
         else:
-            raise ValueError(f"unknown unit {unit!r} in {part.strip()!r}: sizes B, KB, MB, GB, KiB, MiB, GiB; "
-                             "ages s, m, h, d, w")
+            raise ValueError(f"unknown unit {unit!r} in {part.strip()!r}: sizes B, KB, MB, GB, KiB, MiB, GiB "
+                             "(or K, M, G: binary); ages s, min, h, d, w")
     if max_bytes is not None and max_bytes < (1 << 20):
         raise ValueError("keep at least 1 MiB per rank")
     return Retention(max_bytes, max_age)
 
 
 def from_env() -> Retention:
-    """``$COMMSCOPE_RETAIN``, else ``DEFAULT`` (a value that cannot be read keeps the default)."""
+    """``$COMMSCOPE_RETAIN``, else ``DEFAULT``.  A value that cannot be read keeps everything
+    (a typo never deletes history) and says so once."""
     text = os.environ.get(ENV_RETAIN, "").strip()
     if not text:
         return DEFAULT
     try:
         return parse(text)
-    except ValueError:
-        return DEFAULT
+    except ValueError as exc:
+        warnings.warn(f"commscope: ${ENV_RETAIN}={text!r} cannot be read ({exc}): keeping all history",
+                      RuntimeWarning, stacklevel=2)
+        return NONE
 
 
 def to_drop(segs: list[Segment], sizes: list[int], retain: Retention) -> list[Segment]:
@@ -188,38 +197,63 @@ def enforce(directory: Path, rank: int, incarnation: int, retain: Retention) -> 
     gone = 0
     stream = (rank, incarnation)
     summary = directory / summary_name(rank, incarnation)
-    for seg in to_drop(segs, sizes, retain):
-        out = inflight.carried(directory, stream, seg.number)
-        if out is None:
-            break  # not carried yet: deleting it would lose what was in flight at its end
-        before = inflight.carried(directory, stream, seg.number - 1) if seg.number > 0 else []
-        carried_out = {orjson.loads(x)["id"] for x in out if b'"type":"op"' in x}
-        try:
-            line = orjson.dumps(summarize(seg.path, rank, seg.number, before or [], carried_out)) + b"\n"
+    lock = os.open(summary, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_NOFOLLOW, mode_of(segs[0].path))
+    try:
+        try:  # one child at a time per stream (a rank's, and one a forwarder started)
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            continue
-        fd = os.open(summary, os.O_WRONLY | os.O_APPEND | os.O_CREAT, _mode_of(seg.path))
-        try:
-            os.write(fd, line)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.unlink(seg.path)
-            gone += 1
-        except FileNotFoundError:
-            pass
-        old = inflight.carry_path(directory, (rank, incarnation), seg.number - 1)
-        with contextlib.suppress(FileNotFoundError):
-            old.unlink()
+            return 0
+        done = _summarized(summary)
+        for seg in to_drop(segs, sizes, retain):
+            out = inflight.carried(directory, stream, seg.number)
+            if out is None:
+                break  # not carried yet: deleting it would lose what was in flight at its end
+            if seg.number not in done:  # (a child stopped after summarizing it: once is enough)
+                before = inflight.carried(directory, stream, seg.number - 1) if seg.number > 0 else []
+                try:
+                    line = orjson.dumps(summarize(seg.path, rank, seg.number, before or [], _op_ids(out))) + b"\n"
+                except OSError:
+                    break
+                os.write(lock, line)
+                os.fsync(lock)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(seg.path)
+                gone += 1
+            with contextlib.suppress(FileNotFoundError):
+                inflight.carry_path(directory, stream, seg.number - 1).unlink()
+    finally:
+        os.close(lock)
     return gone
 
 
-def _mode_of(path: Path) -> int:
+def _summarized(summary: Path) -> set[int]:
+    """The segments a stream's summary file already stands for."""
     try:
-        return os.stat(path).st_mode & 0o777
+        data = read_regular(summary, 1 << 30)
     except OSError:
-        return 0o600
+        return set()
+    out = set()
+    for line in data.splitlines():
+        try:
+            seg = orjson.loads(line).get("seg")
+        except (orjson.JSONDecodeError, AttributeError):
+            continue
+        if isinstance(seg, int):
+            out.add(seg)
+    return out
+
+
+def _op_ids(lines: list[bytes]) -> set[int]:
+    """The op ids among carry lines (a damaged line is skipped)."""
+    out = set()
+    for x in lines:
+        try:
+            e = orjson.loads(x)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(e, dict) and e.get("type") == "op" and isinstance(e.get("id"), int):
+            out.add(e["id"])
+    return out
 
 
 def spawn(directory: Path, rank: int, incarnation: int, retain: Retention) -> subprocess.Popen | None:

@@ -34,14 +34,16 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from commscope import blocks
 from commscope.schema import SCHEMA_VERSION, redact_event
 from commscope.store import crashlog
-from commscope.store.base import StoreWriter
+
+if TYPE_CHECKING:  # (base reads spools: a type is all this module needs of it)
+    from commscope.store.base import StoreWriter
 
 ENV_SPOOL_DIR = "COMMSCOPE_SPOOL_DIR"
 ENV_BUFFER_MB = "COMMSCOPE_BUFFER_MB"
