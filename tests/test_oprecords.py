@@ -383,3 +383,22 @@ def test_a_stuck_worker_gives_its_chunk_back(tmp_path, monkeypatch, parallel):
     monkeypatch.setattr(bulkread.Workers, "STALL_S", 0.5)
     assert _loaded(store) == want
     assert _bulkread_children() == []
+
+
+@pytest.mark.parametrize("fault", ["missing", "mismatch", "healthy"])
+def test_a_wide_group_gathers_as_a_narrow_one_does(tmp_path, monkeypatch, fault):
+    """Diagnosis reads a column of every member at once for a wide group (one flat copy)
+    and member by member for a narrow one: the same findings either way."""
+    from commscope.analysis import collectives
+    from commscope.analysis.source import load_trace
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(20, 120, fault=fault, hang_after=2.0))
+    model, _, _ = load_trace(store)
+    monkeypatch.setattr(collectives, "GATHER_FLAT", 10**9)
+    narrow = [f.to_json() for f in diagnose(model, trace_now(model), default_hang_after(model))]
+    monkeypatch.setattr(collectives, "GATHER_FLAT", 0)
+    wide = [f.to_json() for f in diagnose(model, trace_now(model), default_hang_after(model))]
+    assert wide == narrow
+    if fault != "healthy":
+        assert narrow

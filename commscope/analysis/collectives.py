@@ -34,11 +34,24 @@ STRAGGLER_MIN_ROWS = 8
 MISMATCH_REPORT = 1
 
 
+#: Groups with more members than this gather through one flat copy of the column (numpy per
+#: member would cost more than the copy)
+GATHER_FLAT = 64
+
+
 def gather(model: TraceModel, gi: GroupIndex, column: str, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
     """[rows x members] of one op column (int64); 0 where the member has no op at that seq."""
     mat = gi.seqs.rows()[rows]
     out = np.zeros(mat.shape, np.int64)
-    for c, r in enumerate(gi.ranks[: mat.shape[1]]):
+    members = gi.ranks[: mat.shape[1]]
+    if len(members) > GATHER_FLAT:  # a wide group: its members' columns end to end, one fancy index
+        cols = [getattr(model.ranks[r], column)[: model.ranks[r].n] if r in model.ranks else _EMPTY for r in members]
+        base = np.zeros(len(cols), np.int64)
+        np.cumsum([c.shape[0] for c in cols[:-1]], out=base[1:])
+        ok = mat >= 0
+        out[ok] = np.concatenate(cols)[(base[None, :] + mat)[ok]]
+        return out
+    for c, r in enumerate(members):
         rt = model.ranks.get(r)
         if rt is None:
             continue
@@ -47,6 +60,9 @@ def gather(model: TraceModel, gi: GroupIndex, column: str, rows: np.ndarray | sl
         if ok.any():
             out[ok, c] = getattr(rt, column)[idx[ok]]
     return out
+
+
+_EMPTY = np.zeros(0, np.int64)
 
 
 def seq_of_row(gi: GroupIndex, row: int) -> int:
