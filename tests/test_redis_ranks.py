@@ -120,6 +120,8 @@ def restart_job(rank: int, ws: int, store: str, stop_file: str) -> dict:
         steps += 1
         if "store" in rec._warned and not os.path.exists(f"{stop_file}.noticed.{rank}"):
             Path(f"{stop_file}.noticed.{rank}").touch()
+        if rec.outbox.dropped and not os.path.exists(f"{stop_file}.dropped.{rank}"):
+            Path(f"{stop_file}.dropped.{rank}").touch()
         if flag[0] > 0:
             break
         time.sleep(0.002)
@@ -161,10 +163,12 @@ def test_redis_outage_loses_no_op_and_only_what_was_reported_dropped(tmp_path, f
             _wait_for(lambda: all(client.xlen(k) > 20 for k in keys), 60, "both ranks to record")
             client.close()
             server.stop()  # SIGTERM: Redis writes its AOF and goes away; ranks keep training
-        # the outage lasts until a rank has noticed it (a fixed sleep was too short under load)
+        # The outage lasts until a rank has noticed it and its outbox has overflowed (a fixed
+        # sleep was too short under load: the buffer sometimes never filled).
         _wait_for(lambda: any(Path(f"{stop_file}.noticed.{r}").exists() for r in range(2)), 120,
                   "a rank to notice the outage")
-        time.sleep(0.5)
+        _wait_for(lambda: any(Path(f"{stop_file}.dropped.{r}").exists() for r in range(2)), 120,
+                  "a rank's outbox to overflow")
         assert sorted(job.alive()) == [0, 1]
         server.start()  # same port, same data directory
         client = redis_client(server.url)
