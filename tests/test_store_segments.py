@@ -42,12 +42,19 @@ def written_beats(events: list[dict]) -> list[int]:
     return [e["inflight"] for e in events if e["type"] == "heartbeat"]
 
 
+def _segmented(tmp_path, ranks: int = 1, beats: int = 3000, segment: int = 16 << 10, step: int = 50) -> Path:
+    """Writes ``beats`` heartbeats per rank, ``step`` a write, in segments of ``segment`` bytes."""
+    for r in range(ranks):
+        w = DirectoryWriter(tmp_path, "job", r, {"world_size": ranks}, segment_bytes=segment, closer=False)
+        w.write([meta(r)])
+        for k in range(0, beats, step):
+            w.write([beat(r, j) for j in range(k, min(k + step, beats))])
+        w.close()
+    return tmp_path / "job"
+
+
 def test_a_stream_rotates_into_segments_that_each_decode_alone(tmp_path):
-    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=2048, closer=False)
-    w.write([meta()])
-    for k in range(0, 300, 10):
-        w.write([beat(0, j) for j in range(k, k + 10)])
-    w.close()
+    _segmented(tmp_path, beats=300, segment=2048, step=10)
     segs = list_segments(tmp_path / "job")[(0, 0)]
     assert len(segs) > 5 and [s.number for s in segs] == list(range(len(segs)))
     assert segs[0].path.name == "rank-00000.jsonl" and segs[1].path.name.startswith("rank-00000.s000001.t")
@@ -81,11 +88,7 @@ def test_a_follower_reads_every_event_once_across_rotations(tmp_path):
 
 
 def test_a_forwarder_appends_to_the_newest_segment(tmp_path):
-    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=1024, closer=False)
-    w.write([meta()])
-    for k in range(0, 60, 6):
-        w.write([beat(0, j) for j in range(k, k + 6)])
-    w.close()
+    _segmented(tmp_path, beats=60, segment=1024, step=6)
     newest = list_segments(tmp_path / "job")[(0, 0)][-1]
     f = DirectoryWriter(tmp_path, "job", 0, resume=True, segment_bytes=1024, closer=False)
     assert f.path == newest.path
@@ -278,16 +281,6 @@ def test_a_live_console_past_its_memory_budget_starts_again_at_the_tail(tmp_path
 
 
 # ------------------------------------------------------------------ retention under a reader
-def _segmented(tmp_path, ranks: int = 1, beats: int = 3000, segment: int = 16 << 10) -> Path:
-    for r in range(ranks):
-        w = DirectoryWriter(tmp_path, "job", r, {"world_size": ranks}, segment_bytes=segment, closer=False)
-        w.write([meta(r)])
-        for k in range(0, beats, 50):
-            w.write([beat(r, j) for j in range(k, k + 50)])
-        w.close()
-    return tmp_path / "job"
-
-
 def _force(job: Path, keep_bytes: int) -> int:
     """Summarize and delete all but about ``keep_bytes`` of rank 0's stream (a limit below
     what ``--retain`` accepts: the segments here are small)."""

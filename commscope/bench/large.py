@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -135,17 +136,8 @@ def batches(store: str, columns: bool, tail_events: int, batch: int) -> tuple[li
                 tails.append([o.take(np.arange(j, j + 1)) for j in range(n - k, n)])
             model = TraceModel()
             model.ingest(b.events, head_ops)
-            units: list[Any] = []
-            depth = max(len(t) for t in tails)
-            for j in range(depth):
-                units.extend(t[j] for t in tails if j < len(t))
-            times, touched = [], []
-            for k in range(0, len(units), batch):
-                part = units[k:k + batch]
-                t0 = time.perf_counter()
-                model.ingest([], part)
-                times.append(time.perf_counter() - t0)
-                touched.append(len({u.rank for u in part}))
+            times, touched = _batches(_interleaved(tails), batch, lambda part: model.ingest([], part),
+                                      lambda u: u.rank)
         else:
             events = reader.read_all()
             by: dict[int, list[dict]] = {}
@@ -160,18 +152,27 @@ def batches(store: str, columns: bool, tail_events: int, batch: int) -> tuple[li
                 tails2.append(evs[cut:])
             model = TraceModel()
             model.ingest(head)
-            flat: list[dict] = []
-            depth = max(len(t) for t in tails2)
-            for j in range(depth):
-                flat.extend(t[j] for t in tails2 if j < len(t))
-            times, touched = [], []
-            for k in range(0, len(flat), batch):
-                part = flat[k:k + batch]
-                t0 = time.perf_counter()
-                model.ingest(part)
-                times.append(time.perf_counter() - t0)
-                touched.append(len({e["rank"] for e in part}))
+            times, touched = _batches(_interleaved(tails2), batch, model.ingest, lambda e: e["rank"])
     return times, int(median(touched)) if touched else 0
+
+
+def _interleaved(tails: list[list[Any]]) -> list[Any]:
+    """The ranks' tails round-robin, the order a live console receives them in."""
+    depth = max((len(t) for t in tails), default=0)
+    return [t[j] for j in range(depth) for t in tails if j < len(t)]
+
+
+def _batches(units: list[Any], batch: int, ingest: Callable[[list[Any]], object],
+             rank_of: Callable[[Any], int]) -> tuple[list[float], list[int]]:
+    """Times ``ingest`` on each batch of ``units``; with the ranks each batch touched."""
+    times, touched = [], []
+    for k in range(0, len(units), batch):
+        part = units[k:k + batch]
+        t0 = time.perf_counter()
+        ingest(part)
+        times.append(time.perf_counter() - t0)
+        touched.append(len({rank_of(u) for u in part}))
+    return times, touched
 
 
 # ------------------------------------------------------------------ the suite
