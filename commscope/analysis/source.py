@@ -13,7 +13,7 @@ from commscope.analysis.ranks import absent, ranges
 from commscope.errors import UsageError
 from commscope.events import gc_paused
 from commscope.redact import redact
-from commscope.store import ReadStats, StoreError, TraceReader, backend_for, default_store, open_reader
+from commscope.store import ReadStats, Size, StoreError, TraceReader, backend_for, default_store, open_reader
 from commscope.units import size
 from commscope.window import Since
 
@@ -51,6 +51,18 @@ class Loading(NamedTuple):
     events: int
     ranks: int
 
+    @classmethod
+    def of(cls, reader: TraceReader, total: Size, model: TraceModel) -> Loading:
+        """How far ``reader`` is into ``total`` (bytes, or events where the store counts
+        those), with what ``model`` holds."""
+        read = reader.stats.bytes if total.unit == "bytes" else model.events
+        return cls(read, total.amount, model.events, len(model.ranks))
+
+    @property
+    def fraction(self) -> float:
+        """The part read, 0 to 1 (0 while the total is unknown)."""
+        return min(1.0, self.read / self.total) if self.total else 0.0
+
 
 #: Bytes a load reads per step: the model takes each step's events and columns before the
 #: next is read, so a load holds the model and one step, never the trace (a step of JSON
@@ -75,11 +87,7 @@ def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], No
             for batch in reader.bulk(LOAD_STEP):
                 model.ingest(batch.events, batch.ops)
                 if progress is not None:
-                    read = reader.stats.bytes if total.unit == "bytes" else model.events
-                    progress(Loading(read, total.amount, model.events, len(model.ranks)))
-            batch = reader.read_all_batch()  # what polls hold back: a torn last line, what dead ranks left
-            if batch.count():
-                model.ingest(batch.events, batch.ops)
+                    progress(Loading.of(reader, total, model))
         model.settle()
     except StoreError as exc:
         raise UsageError(str(exc)) from None

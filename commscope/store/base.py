@@ -267,9 +267,16 @@ class TraceReader(abc.ABC):
 
     def bulk(self, step: int) -> Iterator[Batch]:
         """Everything stored now, as batches of about ``step`` bytes, op records in columns:
-        what a whole read (``check``, a replay) takes from a store before its final
-        ``read_all_batch``.  A store whose streams can be read apart may read them in
-        parallel (the directory store does); this default polls until nothing new comes."""
+        a whole read (``check``, a replay).  The last batch is what polls hold back
+        (``read_all_batch``: a torn last line, what dead ranks left)."""
+        yield from self._bulk(step)
+        batch = self.read_all_batch()
+        if batch.count():
+            yield batch
+
+    def _bulk(self, step: int) -> Iterator[Batch]:
+        """``bulk`` but its last batch.  A store whose streams can be read apart may read them
+        in parallel (the directory store does); this default polls until nothing new comes."""
         while True:
             before = self.stats.bytes
             batch = self.poll_batch(step)

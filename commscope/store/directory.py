@@ -729,11 +729,11 @@ class DirectoryReader(TraceReader):
     PARALLEL_MIN_BYTES = 256 << 20
     MAX_WORKERS = 8
 
-    def bulk(self, step: int) -> Iterator[Batch]:
-        """Everything stored now, in batches: with several cores and a large job, the streams
-        are read apart in worker processes (each decodes whole streams into columns, which
-        come back as they are done), so a job of 16k ranks is read at the speed of all the
-        cores; this reader then goes on from where they stopped (``read_all_batch``)."""
+    def _bulk(self, step: int) -> Iterator[Batch]:
+        """With several cores and a large job, the streams are read apart in worker processes
+        (each decodes whole streams into columns, which come back as they are done), so a job
+        of 16k ranks is read at the speed of all the cores; ``bulk`` then goes on from where
+        they stopped (``read_all_batch``)."""
         workers = min(self.MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                       else (os.cpu_count() or 1))
         if os.environ.get(ENV_WORKERS, "").isdigit():
@@ -743,7 +743,7 @@ class DirectoryReader(TraceReader):
                 or not self._packed(streams):
             # (read apart only a job not read yet, each worker starting its streams afresh, and
             # one of packed records: JSON events cost as much to pickle back as to decode)
-            yield from super().bulk(step)
+            yield from super()._bulk(step)
             return
         yield from self._bulk_parallel(streams, step, workers)
 

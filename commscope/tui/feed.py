@@ -85,6 +85,7 @@ class Feed:
         self.reopen = reopen
         self.restarts = 0  # how many times the model started again at the tail (panels reset then)
         self._restart_floor = 0  # twice what the last restart held: never restart for less (no thrashing)
+        self._next_size_check = 0  # model.events at which to size the model next
         self.mode = mode
         self.clock = clock
         self.source = source or reader.description
@@ -154,9 +155,10 @@ class Feed:
             behind_bytes = self.reader.backlog_bytes()
         except Exception as exc:  # a store that vanished, a wrong password...
             self.error = str(exc) or type(exc).__name__
-        if got and self.mode == LIVE and self.reopen is not None and \
-                self.model.nbytes() > max(self.MODEL_BUDGET, self._restart_floor):
-            self._restart_at_tail()
+        if got and self.mode == LIVE and self.reopen is not None and self.model.events >= self._next_size_check:
+            self._next_size_check = _next_size_check(self.model)
+            if self.model.nbytes() > max(self.MODEL_BUDGET, self._restart_floor):
+                self._restart_at_tail()
         mono = time.monotonic()
         self._rates.append((mono, got))
         if self._judge_end():
@@ -207,6 +209,7 @@ class Feed:
             self.reader, self.model = reader, model
             self.restarts += 1
             self._restart_floor = 2 * model.nbytes()
+            self._next_size_check = _next_size_check(model)
             self._ended = None
         old.close()
         self.publish()
@@ -256,8 +259,8 @@ class Feed:
         """Replay: read everything (op records in columns, ``BUDGET`` bytes a step), telling
         ``progress`` how far it is after each step and ``post``-ing the part read so far at
         most every ``LOAD_POST_S`` (no findings yet: a part of a trace is not judged); then
-        what the polls held back (a torn last line, what dead ranks left, as ``check``
-        reads it), and diagnose at the trace's end."""
+        what the polls held back (``bulk``'s last batch, as ``check`` reads it), and diagnose
+        at the trace's end."""
         total = self.reader.size()
         next_post = time.monotonic() + self.LOAD_POST_S
         batches = self.reader.bulk(self.BUDGET)  # (in parallel where the store can)
@@ -272,19 +275,14 @@ class Feed:
             except Exception as exc:  # a store that vanished, a wrong password...
                 self.error = str(exc) or type(exc).__name__
                 break
-            m = self.model
+            at = Loading.of(self.reader, total, self.model)
             if progress is not None:
-                read = self.reader.stats.bytes if total.unit == "bytes" else m.events
-                progress(Loading(read, total.amount, m.events, len(m.ranks)))
+                progress(at)
             if post is not None and time.monotonic() >= next_post:
                 self.publish()
-                frac = min(1.0, self.reader.stats.bytes / total.amount) if total.unit == "bytes" and total.amount \
-                    else 0.0
-                self.info = dataclasses.replace(self._info(0), progress=frac)
+                self.info = dataclasses.replace(self._info(0), progress=at.fraction)
                 post(FeedUpdated(self.info, []))
                 next_post = time.monotonic() + self.LOAD_POST_S
-        if not self.error:
-            self._read(lambda _budget: self.reader.read_all_batch(), None)
         with self.lock:
             self.model.settle()
             self.model.note_read_stats(self.reader.stats)
@@ -294,25 +292,9 @@ class Feed:
         self.publish()
         self.info = dataclasses.replace(self._info(0), loaded=True, progress=1.0)
         if progress is not None:
-            m = self.model
-            read = self.reader.stats.bytes if total.unit == "bytes" else m.events
-            progress(Loading(max(read, total.amount), total.amount, m.events, len(m.ranks)))
+            at = Loading.of(self.reader, total, self.model)
+            progress(at._replace(read=max(at.read, at.total)))
         return self.info
-
-    def _read(self, poll: Callable[[int | None], Batch], budget: int | None) -> int:
-        """One read into the model (no view published: the loader publishes now and then);
-        events read, 0 on a failure (kept in ``error``)."""
-        try:
-            with gc_paused():
-                batch = poll(budget)
-                got = batch.count()
-                if got:
-                    with self.lock:
-                        self.model.ingest(batch.events, batch.ops)
-            return got
-        except Exception as exc:  # a store that vanished, a wrong password...
-            self.error = str(exc) or type(exc).__name__
-            return 0
 
     # ------------------------------------------------------------------ thread
     def run(self, post: Callable[[Message], Any], stop: threading.Event,
@@ -334,3 +316,9 @@ class Feed:
                 last, last_post = now, mono
             if not got or info.error:
                 stop.wait(self.ENDED_POLL_S if info.ended else self.POLL_S)
+
+
+def _next_size_check(model: TraceModel) -> int:
+    """The event count at which to size ``model`` next: sizing walks every rank's arrays
+    (~90 ms at 16k ranks), so it is done as the model grows by an eighth, not every poll."""
+    return model.events + max(100 * len(model.ranks), model.events // 8)

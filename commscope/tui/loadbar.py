@@ -47,7 +47,7 @@ class LoadBar(Static):
         at = self.at
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(" loading ", style="bold #ffd75f")
-        frac = min(1.0, at.read / at.total) if at is not None and at.total else 0.0
+        frac = at.fraction if at is not None else 0.0
         filled = int(frac * WIDTH)
         t.append("━" * filled, style="#ffd75f")
         t.append("━" * (WIDTH - filled), style="grey30")
