@@ -443,7 +443,7 @@ class BlockDecoder:
             if got is None:
                 return
             entry, backend = got
-            if self.groups.get(key) is entry or self.groups.get(key) == entry or (
+            if self.groups.get(key) == entry or (
                     key not in self.groups and len(self.groups) >= 100_000):
                 return
             self._define(GROUP_REC, key, key in self.groups, walk, before)
@@ -483,7 +483,7 @@ class BlockDecoder:
         for ev in events:
             typ = ev.get("type")
             if typ != BLOCK:
-                if typ in (SITE, "group", "meta") and ("gid" in ev or "names" in ev or "dtypes" in ev or typ == SITE):
+                if teaches(ev):
                     if offs:
                         self._flush(walk, parts)
                     self.note(ev)
@@ -648,7 +648,7 @@ class BlockDecoder:
         u8 = np.frombuffer(buf, np.uint8)
         # every header in one gather: [k x 24] bytes viewed as the header's fields
         # (a record near the end of the buffer is read no further than it: its length is >= 24)
-        head = u8[offs[:, None] + _HEAD_AT].view(_HEAD_DT).reshape(k)
+        head = _gather(u8, offs, HEAD_DT)
         typ, rflags, lens, ts, ids = head["typ"], head["flags"], head["len"], head["ts"], head["id"]
         static = np.full(k, -1, np.int32)
         seq = np.full(k, -1, np.int64)
@@ -674,7 +674,7 @@ class BlockDecoder:
         done = phase == PH_DONE
         if done.any():
             rows = np.flatnonzero(done)
-            g = _gather(u8, offs[rows] + HEADER.size, "<i8")
+            g = _gather(u8, offs[rows] + HEADER.size, _I64)
             good = (g >= 0) & (g <= MAX_INT)
             gpu[rows[good]] = g[good]
             flags[rows[good]] |= F_GPU
@@ -684,7 +684,7 @@ class BlockDecoder:
         sigm = (typ == BEGIN_SIG) & ok & (lens >= HEADER.size + SIG_BEGIN_BODY.size)
         if sigm.any():
             rows = np.flatnonzero(sigm)
-            body = u8[offs[rows, None] + _SIG_AT].view(_SIG_DT).reshape(rows.shape[0])
+            body = _gather(u8, offs[rows] + HEADER.size, SIG_DT)
             sid, sq, par = body["sid"].astype(np.int64), body["seq"], body["parent"]
             st, since = self._statics_of(sid)
             good = (st >= 0) & (sq <= MAX_INT) & (par <= MAX_INT) & (since <= self._gathered + rows)
@@ -957,12 +957,11 @@ class BlockDecoder:
         return t, par, s, hit
 
 
-#: A header and a BEGIN_SIG body as numpy reads them out of gathered bytes (``_resolve``)
-_HEAD_DT = np.dtype([("typ", "u1"), ("flags", "u1"), ("aux", "<u2"), ("len", "<u4"), ("ts", "<i8"), ("id", "<u8")])
-_HEAD_AT = np.arange(_HEAD_DT.itemsize)
-_SIG_DT = np.dtype([("sid", "<u4"), ("seq", "<i8"), ("parent", "<u8"), ("tid", "<u8")])
-_SIG_AT = np.arange(HEADER.size, HEADER.size + _SIG_DT.itemsize)
-assert _HEAD_DT.itemsize == HEADER.size and _SIG_DT.itemsize == SIG_BEGIN_BODY.size
+#: A header and a BEGIN_SIG body as numpy reads them out of gathered bytes (``_gather``)
+HEAD_DT = np.dtype([("typ", "u1"), ("flags", "u1"), ("aux", "<u2"), ("len", "<u4"), ("ts", "<i8"), ("id", "<u8")])
+SIG_DT = np.dtype([("sid", "<u4"), ("seq", "<i8"), ("parent", "<u8"), ("tid", "<u8")])
+_I64 = np.dtype("<i8")
+assert HEAD_DT.itemsize == HEADER.size and SIG_DT.itemsize == SIG_BEGIN_BODY.size
 #: The phase each fixed-size record type stands for (-1: none), and the length it needs
 _PHASE_OF_TYPE = np.full(256, -1, np.int8)
 _NEED = np.zeros(256, np.uint32)
@@ -998,14 +997,20 @@ def _has_own_fields(walk: _Walk) -> bool:
     return walk.own
 
 
-def _gather(u8: np.ndarray, at: np.ndarray, dtype: str) -> np.ndarray:
-    """The little-endian integers of ``dtype`` at byte offsets ``at`` of ``u8`` (unaligned)."""
-    size = np.dtype(dtype).itemsize
-    idx = at[:, None] + np.arange(size)
-    return np.ascontiguousarray(u8[idx]).view(dtype).reshape(-1)
+def _gather(u8: np.ndarray, at: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The values of ``dtype`` (little-endian, a record's fields or one integer) at byte
+    offsets ``at`` of ``u8``, unaligned: one gather of ``[len(at) x itemsize]`` bytes."""
+    return u8[at[:, None] + np.arange(dtype.itemsize)].view(dtype).reshape(-1)
 
 
 _TYPE = operator.itemgetter("type")  # (every event a reader keeps has one)
+
+
+def teaches(ev: dict) -> bool:
+    """Whether an event (not a block) says something a decoder's tables hold: a site, a
+    group with its id, a meta with the op names or dtypes tables (``BlockDecoder.note``)."""
+    typ = ev.get("type")
+    return typ == SITE or typ in ("group", "meta") and ("gid" in ev or "names" in ev or "dtypes" in ev)
 
 
 def decode_stream(got: Decoded, decoder: BlockDecoder, columns: bool) -> Decoded:
@@ -1016,7 +1021,7 @@ def decode_stream(got: Decoded, decoder: BlockDecoder, columns: bool) -> Decoded
     types = set(map(_TYPE, events))  # (one C-level pass)
     if BLOCK not in types and SITE not in types:
         for e in events:  # cheap: only tables matter here
-            if e.get("type") in ("group", "meta") and ("gid" in e or "names" in e or "dtypes" in e):
+            if teaches(e):
                 decoder.note(e)
         return got
     out: list[dict] = []

@@ -14,7 +14,7 @@ import dataclasses
 
 import numpy as np
 
-from commscope.analysis.collectives import complete_rows, gather, seq_of_row
+from commscope.analysis.collectives import complete_rows, gather_many, seq_of_row
 from commscope.analysis.indexes import GroupIndex
 from commscope.analysis.model import Sig, TraceModel, untimed
 
@@ -87,10 +87,8 @@ def instances(model: TraceModel, gi: GroupIndex, last: int | None = None) -> Ins
     rows = complete_rows(model, gi)
     if last is not None:
         rows = rows[-last:]
-    b = gather(model, gi, "begin", rows)
-    c = gather(model, gi, "comp", rows)
-    s = gather(model, gi, "sig", rows)
-    u = untimed(gather(model, gi, "flags", rows), b, c)
+    b, c, s, f = gather_many(model, gi, ("begin", "comp", "sig", "flags"), rows)
+    u = untimed(f, b, c)
     if rows.shape[0]:
         lastb = b.max(axis=1)
         lat = np.maximum(c.max(axis=1) - lastb, 0)

@@ -41,25 +41,34 @@ GATHER_FLAT = 64
 
 def gather(model: TraceModel, gi: GroupIndex, column: str, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
     """[rows x members] of one op column (int64); 0 where the member has no op at that seq."""
+    return gather_many(model, gi, (column,), rows)[0]
+
+
+def gather_many(model: TraceModel, gi: GroupIndex, columns: tuple[str, ...],
+                rows: np.ndarray | slice = slice(None)) -> list[np.ndarray]:
+    """``gather`` of several columns at the same rows, the rows' op indexes worked out once."""
     mat = gi.seqs.rows()[rows]
-    out = np.zeros(mat.shape, np.int64)
+    outs = [np.zeros(mat.shape, np.int64) for _ in columns]
     members = gi.ranks[: mat.shape[1]]
+    ok = mat >= 0
     if len(members) > GATHER_FLAT:  # a wide group: its members' columns end to end, one fancy index
-        cols = [getattr(model.ranks[r], column)[: model.ranks[r].n] if r in model.ranks else _EMPTY for r in members]
-        base = np.zeros(len(cols), np.int64)
-        np.cumsum([c.shape[0] for c in cols[:-1]], out=base[1:])
-        ok = mat >= 0
-        out[ok] = np.concatenate(cols)[(base[None, :] + mat)[ok]]
-        return out
+        ns = [model.ranks[r].n if r in model.ranks else 0 for r in members]
+        base = np.zeros(len(ns), np.int64)
+        np.cumsum(ns[:-1], out=base[1:])
+        at = (base[None, :] + mat)[ok]
+        for out, column in zip(outs, columns, strict=True):
+            cols = [getattr(model.ranks[r], column)[:n] if n else _EMPTY for r, n in zip(members, ns, strict=True)]
+            out[ok] = np.concatenate(cols)[at]
+        return outs
     for c, r in enumerate(members):
         rt = model.ranks.get(r)
-        if rt is None:
+        okc = ok[:, c]
+        if rt is None or not okc.any():
             continue
-        idx = mat[:, c]
-        ok = idx >= 0
-        if ok.any():
-            out[ok, c] = getattr(rt, column)[idx[ok]]
-    return out
+        idx = mat[okc, c]
+        for out, column in zip(outs, columns, strict=True):
+            out[okc, c] = getattr(rt, column)[idx]
+    return outs
 
 
 _EMPTY = np.zeros(0, np.int64)
@@ -342,17 +351,13 @@ def find_stragglers(model: TraceModel) -> list[Finding]:
         if len(gi.members) < 2:
             continue
         rows = complete_rows(model, gi)
-        if rows.shape[0]:
-            # Instances where a member's completion is only a bound (Flight Recorder on Gloo) or
-            # missing (dur 0) have no known latency to weigh lateness against: left out.
-            timed = ~untimed(gather(model, gi, "flags", rows), gather(model, gi, "begin", rows),
-                             gather(model, gi, "comp", rows)).any(axis=1)
-            rows = rows[timed]
-        rows = rows[-STRAGGLER_WINDOW:]
+        f, b, c = gather_many(model, gi, ("flags", "begin", "comp"), rows)
+        # Instances where a member's completion is only a bound (Flight Recorder on Gloo) or
+        # missing (dur 0) have no known latency to weigh lateness against: left out.
+        timed = ~untimed(f, b, c).any(axis=1)
+        rows, b, c = (x[timed][-STRAGGLER_WINDOW:] for x in (rows, b, c))
         if rows.shape[0] < STRAGGLER_MIN_ROWS:
             continue
-        b = gather(model, gi, "begin", rows)
-        c = gather(model, gi, "comp", rows)
         skew = b - b.min(axis=1, keepdims=True)
         latency = np.maximum(c.max(axis=1) - b.max(axis=1), 0)
         last = b.argmax(axis=1)

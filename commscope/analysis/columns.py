@@ -105,7 +105,6 @@ class RankTrace:
         self.meta: dict | None = None
         self.exits: list[dict] = []
         self.summaries: list[dict] = []  # what retention kept of the segments it deleted (``summary`` events)
-        self.summarized = 0  # the events they stood for
         self.stacks: dict[int, dict] = {}  # op id -> stack event
         self.captures: list[dict] = []  # the latest stack events, any reason, in arrival order
         self.last_stack: dict | None = None

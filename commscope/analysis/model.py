@@ -73,8 +73,7 @@ def untimed(flags: np.ndarray, begin: np.ndarray, comp: np.ndarray) -> np.ndarra
     Their latency and bandwidth are unknown: left out of statistics and straggler thresholds."""
     return (comp > 0) & (((flags & APPROX) != 0) | (comp <= begin))
 
-#: Phase codes of op events in the ingest's columns (other events: -1): ``oprecords``'.
-_PHASE_OF = PHASE_CODE
+
 _RANK_OF = itemgetter("rank")
 _TS_OF = itemgetter("ts")
 DEFAULT_SAMPLE_INTERVAL = 1.0
@@ -454,7 +453,7 @@ class TraceModel:
         lo, hi = I64_MAX, 0
         dget = dict.get
         ranks = _column(map(_RANK_OF, events))
-        phase = np.fromiter(map(_PHASE_OF.get, map(dget, events, repeat("phase")), repeat(-1)), np.int8, n)
+        phase = np.fromiter(map(PHASE_CODE.get, map(dget, events, repeat("phase")), repeat(-1)), np.int8, n)
         ts = _column(map(_TS_OF, events))
         ids = _column(map(dget, events, repeat("id"), repeat(-1)))
         for r, pos in _split_by_rank(ranks):
@@ -522,7 +521,6 @@ class TraceModel:
                 rt.exits.append(e)
             elif t == "summary":  # a deleted segment, as retention kept it
                 rt.summaries.append(e)
-                rt.summarized += int(e.get("events") or 0)
             elif t == "meta":
                 rt.meta = e
             elif t == "dropped":  # count: this report; total: the recorder's running total

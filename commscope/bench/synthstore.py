@@ -27,10 +27,8 @@ the ops keep their rate in bursts, with idle gaps between, so timestamps cover t
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import os
-import random
 from collections.abc import Callable
 
 import numpy as np
@@ -52,10 +50,8 @@ NAMES = tuple(optable.OPS)
 _BF16, _F32 = 15, 6  # c10 ScalarType codes
 
 # Packed record layouts (record/native/layout.h): a BEGIN_SIG and an END without text.
-_HEAD = [("typ", "u1"), ("flags", "u1"), ("aux", "<u2"), ("len", "<u4"), ("ts", "<i8"), ("id", "<u8")]
-BEGIN_SIG_DT = np.dtype([*_HEAD, ("sid", "<u4"), ("seq", "<i8"), ("parent", "<u8"), ("tid", "<u8")])
-END_DT = np.dtype([*_HEAD, ("text", "<u2")])
-assert BEGIN_SIG_DT.itemsize == blocks.HEADER.size + blocks.SIG_BEGIN_BODY.size
+BEGIN_SIG_DT = np.dtype(blocks.HEAD_DT.descr + blocks.SIG_DT.descr)
+END_DT = np.dtype([*blocks.HEAD_DT.descr, ("text", "<u2")])
 PAIR_DT = np.dtype([("b", BEGIN_SIG_DT), ("e", END_DT)])
 
 
@@ -90,13 +86,10 @@ class JobShape:
 class Written:
     """What ``write_store`` wrote: the job and its expected diagnosis."""
 
-    store: str
-    job: str
     shape: JobShape
     events: int = 0  # every line written (op phases counted one each, as readers count them)
     ops: int = 0
     bytes: int = 0
-    end_ns: int = 0
 
     @property
     def kind(self) -> str | None:
@@ -120,7 +113,7 @@ def _sigs(shape: JobShape) -> list[dict]:
 def _nbytes(tensors: list) -> int:
     out = 0
     for code, dims in tensors:
-        n = 2 if code == _BF16 else 4
+        n = dtypes.itemsize(dtypes.CODES[code])
         for d in dims:
             n *= d
         out += n
@@ -209,7 +202,7 @@ class _Tables:
         return self.group + b"".join(self.sites[i] for i in sites) + b"".join(self.sig[s] for s in sorted(sids))
 
 
-def _json_static(shape: JobShape, s: dict) -> dict:
+def _json_static(s: dict) -> dict:
     names = dtypes.CODES
     f: dict = {"op": s["op"], "group": "0"}
     if "root" in s:
@@ -283,14 +276,11 @@ def rank_lines(shape: JobShape, rank: int, job: str, store: str, base: np.ndarra
         stops = [*cuts.tolist(), ts.shape[0]]
         rec_sid = np.full(ts.shape[0], -1, np.int64)
         rec_sid[0::2] = my_sids[: (ts.shape[0] + 1) // 2]
-        prefix = LINE_PREFIX_V
         for a, z in zip(starts, stops, strict=True):
             used = {int(x) for x in rec_sid[a:z].tolist() if x >= 0}
             at = shape.t0 + int(drain[a]) * tick + 1_000_000
             pos, end = int(offs[a]), int(offs[z])
-            body = base64.b64encode(tables.for_sids(used) + data[pos:end])
-            items.append((at, prefix + b'"rank":%d,"ts":%d,"n":%d,"pos":%d,"end":%d,"data":"%s"}' % (
-                rank, at, z - a, pos, end, body)))
+            items.append((at, blocks.encode_block(tables.for_sids(used) + data[pos:end], rank, at, z - a, pos, end)))
             events += z - a
     for lo, hi in _live_times(base, shape, min(t_end, silent_from)):
         beats = _liveness(shape, rank, lo, hi)
@@ -306,9 +296,6 @@ def rank_lines(shape: JobShape, rank: int, job: str, store: str, base: np.ndarra
     return lines, events, ops
 
 
-LINE_PREFIX_V = blocks.LINE_PREFIX + b'"v":%d,' % SCHEMA_VERSION
-
-
 def write_store(store: str, shape: JobShape, *, job: str = "synthetic",
                 progress: Callable[[int], None] | None = None) -> Written:
     """Write the job to ``store`` (a directory or redis:// URL) through ``open_writer``, one
@@ -317,7 +304,6 @@ def write_store(store: str, shape: JobShape, *, job: str = "synthetic",
         raise ValueError(f"unknown fault {shape.fault!r}: one of {', '.join(FAULTS)}")
     if shape.ranks < 2 or shape.ops < 2:
         raise ValueError("a synthetic job needs at least 2 ranks and 2 ops")
-    random.seed(shape.seed)
     base = _schedule(shape)
     sids = _op_sids(shape)
     sigs = _sigs(shape)
@@ -327,10 +313,10 @@ def write_store(store: str, shape: JobShape, *, job: str = "synthetic",
     if shape.json:
         statics = []
         for s in sigs:
-            st = _json_static(shape, s)
+            st = _json_static(s)
             raw = orjson.dumps(st)
             statics.append(raw[1:-1] + b',"sk":%d' % signature_key(raw))
-    out = Written(store, job, shape, end_ns=t_end)
+    out = Written(shape)
     meta = {"world_size": shape.ranks, "backend": "nccl", "synthetic": True}
     for r in range(shape.ranks):
         lines, events, ops = rank_lines(shape, r, job, store, base, sids, t_end, tables, statics)

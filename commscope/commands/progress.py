@@ -13,7 +13,6 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from commscope.analysis.model import TraceModel
 from commscope.analysis.source import Loading, load_trace
@@ -21,14 +20,13 @@ from commscope.store import TraceReader
 from commscope.window import Since
 
 
-def wanted(json_output: bool = False, stream: Any = None) -> bool:
+def wanted(json_output: bool = False) -> bool:
     """Whether to show progress: on a terminal, not for --json, not when asked not to
     (``COMMSCOPE_NO_PROGRESS``, and ``TERM=dumb``)."""
-    stream = stream if stream is not None else sys.stderr
     if json_output or os.environ.get("COMMSCOPE_NO_PROGRESS") or os.environ.get("TERM") == "dumb":
         return False
     try:
-        return bool(stream.isatty())
+        return sys.stderr.isatty()
     except (AttributeError, ValueError):
         return False
 
@@ -68,10 +66,10 @@ def status(text: str, enabled: bool) -> Iterator[None]:
         yield
 
 
-def load(store: str | os.PathLike | None, shown: bool, what: str = "reading", since: Since | None = None
+def load(store: str | os.PathLike | None, shown: bool, since: Since | None = None
          ) -> tuple[TraceModel, TraceReader, list[str]]:
     """``analysis.source.load_trace`` (of the window ``since``) with a progress bar when ``shown``."""
     from commscope.redact import redact
 
-    with bar(f"{what} {redact(str(store or 'trace'))[-40:]}", shown) as update:
+    with bar(f"reading {redact(str(store or 'trace'))[-40:]}", shown) as update:
         return load_trace(store, progress=update, since=since)
