@@ -157,7 +157,7 @@ def test_the_writer_starts_the_child_that_closes_its_segments(tmp_path):
     w.close()
     job = tmp_path / "job"
     # the child carried what was in flight at the end of every segment closed before it ran
-    assert inflight.carried(job, (0, 0), 0) == []  # (heartbeats only: nothing in flight)
+    assert inflight.carried(job, (0, 0), 0) == b""  # (heartbeats only: nothing in flight)
 
 
 @pytest.mark.parametrize("fault", ["dead", "missing", "mismatch"])
@@ -242,13 +242,15 @@ def test_a_segment_name_carries_its_start_so_a_window_opens_none_before_it(tmp_p
     store = str(tmp_path / "trace")
     write_store(store, JobShape(2, 4000, fault="healthy", days=2, segment_bytes=32 << 10))
     opened: list[str] = []
-    real = open
 
-    def spy(path, *a, **k):
-        opened.append(str(path))
-        return real(path, *a, **k)
+    def spy(real):
+        def opens(path, *a, **k):
+            opened.append(str(path))
+            return real(path, *a, **k)
+        return opens
 
-    monkeypatch.setattr("builtins.open", spy)
+    monkeypatch.setattr("builtins.open", spy(open))
+    monkeypatch.setattr("os.open", spy(os.open))  # (segments are read with os.pread: store/files.py)
     reader = open_source(store, since=Since(ago_s=600))
     reader.read_all()
     segs = [s for v in list_segments(Path(store) / "synthetic").values() for s in v]
@@ -373,3 +375,56 @@ def test_a_forwarder_never_bounds_a_history(tmp_path):
     w.write([meta()])
     w.close()
     assert DirectoryWriter(tmp_path, "job", 0, resume=True).closer is False
+
+
+def test_a_segment_read_to_its_torn_end_counts_no_loss_when_it_goes(tmp_path):
+    """A closed segment's incomplete last line is read with it: once retention deletes the
+    segment, a reader that read all of it counts nothing of it lost."""
+    job = _segmented(tmp_path)
+    first = list_segments(job)[(0, 0)][0].path
+    with open(first, "ab") as f:
+        f.write(b'{"type":"heartbeat","pad":"' + b"x" * 300)  # a write torn there (the writer went on)
+    reader = open_reader(tmp_path)
+    assert written_beats(reader.read_all()) == list(range(3000))
+    assert any("is truncated" in w for w in reader.stats.warnings)
+    assert _force(job, 32 << 10) > 0
+    reader.poll()
+    assert not reader.stats.missing_by_rank
+    assert not any("while this reader was reading it" in w for w in reader.stats.warnings)
+
+
+def op_event(k: int, phase: str, op_id: int) -> bytes:
+    more = {"op": "all_reduce", "group": "0", "seq": op_id, "tid": 1} if phase == "begin" else {}
+    return orjson.dumps({"type": "op", "ts": T0 + k * S, "v": 3, "rank": 0, "phase": phase, "id": op_id, **more})
+
+
+def test_a_reader_of_events_jumping_over_deleted_segments_reads_no_begin_twice(tmp_path):
+    """An op begun in a segment this reader read, still in flight when retention deleted the
+    segments after it, is carried on: the reader that jumps to the oldest left reads its begin once."""
+    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=16 << 10, closer=False)
+    w.write([meta(), op_event(0, "begin", 1)])
+    for k in range(0, 3000, 50):
+        w.write([beat(0, j) for j in range(k, k + 50)])
+    w.write([op_event(3000, "end", 1)])
+    w.close()
+    reader = open_reader(tmp_path)
+    got = reader.poll(max_bytes=1)  # the first segment: the begin
+    assert _force(tmp_path / "job", 32 << 10) >= 3
+    got += reader.read_all()
+    assert [e["phase"] for e in got if e["type"] == "op"] == ["begin", "end"]
+
+
+def test_one_child_bounds_a_stream_at_a_time_and_summarizes_a_segment_once(tmp_path):
+    import fcntl
+
+    job = _segmented(tmp_path)
+    summary = job / "rank-00000.summary.jsonl"
+    assert _force(job, 1 << 30) == 0 and not summary.exists()  # nothing to drop: no summary file
+    with open(summary, "ab") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert _force(job, 32 << 10) == 0  # another child holds the stream
+    first = list_segments(job)[(0, 0)][0]
+    summary.write_bytes(orjson.dumps(retention.summarize(first.path, 0, 0)) + b"\n")  # a child stopped there
+    gone = _force(job, 32 << 10)
+    assert gone >= 3 and not first.path.exists()
+    assert [orjson.loads(x)["seg"] for x in summary.read_bytes().splitlines()] == list(range(gone))

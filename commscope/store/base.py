@@ -84,6 +84,9 @@ class ReadStats:
         self.summarized += events
         self.summarized_by_rank[rank] = self.summarized_by_rank.get(rank, 0) + events
 
+    def count_missing(self, rank: int, n: int) -> None:
+        self.missing_by_rank[rank] = self.missing_by_rank.get(rank, 0) + n
+
     def count_skipped(self, rank: int, nbytes: int) -> None:
         self.skipped_bytes += nbytes
         self.skipped_by_rank[rank] = self.skipped_by_rank.get(rank, 0) + nbytes
@@ -113,7 +116,7 @@ class ReadStats:
         for e in decoded.events:
             if e["type"] == "dropped" and str(e.get("reason", "")).startswith(STORE_LOST) and e.get("entries"):
                 n = int(e["entries"])
-                self.missing_by_rank[rank] = self.missing_by_rank.get(rank, 0) + n
+                self.count_missing(rank, n)
                 self.warnings.append(f"rank {rank}: {n} line(s) of its stream were lost: "
                                      f"{str(e['reason'])[len(STORE_LOST) + 2:]}")
 
@@ -245,7 +248,7 @@ class TraceReader(abc.ABC):
     #: Op records stay in columns (``poll_batch``): ``ingest`` keeps them in ``_ops``
     columnar = False
     _ops: list[OpRecords]
-    _max_ids: dict[Stream, int]  # per stream, made by ``ingest``: see ``max_op_id``
+    _max_ids: dict[Stream, int]  # per stream, kept by ``ingest``: see ``max_op_id``
 
     @abc.abstractmethod
     def poll(self, max_bytes: int | None = None) -> list[Event]: ...
@@ -286,9 +289,33 @@ class TraceReader(abc.ABC):
                 return
 
     def max_op_id(self, stream: Stream) -> int:
-        """The highest op id of the stream's records read so far (-1: none); ids grow within
-        a stream, so an op with a smaller id was read already."""
+        """The highest op id of the stream's ops read so far, as records or as events (-1:
+        none); ids grow within a stream, so an op with a smaller id was read already."""
         return getattr(self, "_max_ids", {}).get(stream, -1)
+
+    def _raise_max_id(self, stream: Stream, top: int) -> None:
+        try:
+            tops = self._max_ids
+        except AttributeError:
+            tops = self._max_ids = {}
+        if top > tops.get(stream, -1):
+            tops[stream] = top
+
+    def _decoder(self, stream: Stream) -> BlockDecoder:
+        """The stream's block decoder, made on first use (all share one table of statics:
+        every rank restates the same signatures)."""
+        try:
+            decoders = self._block_decoders
+        except AttributeError:
+            decoders = self._block_decoders = {}
+        decoder = decoders.get(stream)
+        if decoder is None:
+            try:
+                table = self._statics
+            except AttributeError:
+                table = self._statics = StaticTable()
+            decoder = decoders[stream] = BlockDecoder(stream[0], table)
+        return decoder
 
     def _take_ops(self) -> list[OpRecords]:
         ops = getattr(self, "_ops", None) or []
@@ -343,31 +370,17 @@ class TraceReader(abc.ABC):
         not among the events returned."""
         rank = stream[0]
         got = decode_lines(raw, rank) if isinstance(raw, bytes) else decode_entries(raw, rank)
-        try:
-            decoders = self._block_decoders
-        except AttributeError:
-            decoders = self._block_decoders = {}
-        decoder = decoders.get(stream)
-        if decoder is None:
-            try:
-                table = self._statics
-            except AttributeError:
-                table = self._statics = StaticTable()
-            decoder = decoders[stream] = BlockDecoder(rank, table)
-        got = decode_stream(got, decoder, columns=self.columnar)
+        got = decode_stream(got, self._decoder(stream), columns=self.columnar)
+        top = _last_begin(got.events)  # (op events: JSON ones, and a reader of events' records)
         if got.ops is not None:
             try:
                 self._ops.append(got.ops)
             except AttributeError:
                 self._ops = [got.ops]
             if len(got.ops):
-                top = int(got.ops.id.max())
-                try:
-                    tops = self._max_ids
-                except AttributeError:
-                    tops = self._max_ids = {}
-                if top > tops.get(stream, -1):
-                    tops[stream] = top
+                top = max(top, int(got.ops.id.max()))
+        if top >= 0:
+            self._raise_max_id(stream, top)
         stats = self.stats
         stats.count_decoded(rank, got)
         if self.counts_lost_markers and isinstance(raw, bytes):
@@ -393,6 +406,15 @@ class TraceReader(abc.ABC):
         for rank, inc, lines in spool.remnant_events(job, store):  # those it could not forward
             left.setdefault((rank, inc), []).extend(self.ingest((rank, inc), b"\n".join(lines)).events)
         return forwarded, left
+
+
+def _last_begin(events: list[Event]) -> int:
+    """The id of the last op begun among a stream's ``events`` (-1: none): the highest, as
+    ids grow within a stream."""
+    for e in reversed(events):
+        if e["type"] == "op" and e["phase"] == "begin":
+            return e["id"]
+    return -1
 
 
 def decode_entries(values: Sequence[bytes], rank: int) -> Decoded:

@@ -60,13 +60,12 @@ class DecoderState(NamedTuple):
 
 class StreamsRead(NamedTuple):
     """What a worker read of some streams: the batch, the reader's stats, where each stream
-    stopped (segment, offset, bytes read of each segment, an incomplete last line), and
-    each stream's decoder state."""
+    stopped (segment, bytes read of each segment, an incomplete last line), each stream's
+    decoder state and highest op id."""
 
     batch: Batch
     stats: ReadStats
     reading: dict[Stream, int]
-    offsets: dict[Stream, int]
     read_of: dict[tuple[Stream, int], int]
     partial: dict[Stream, bool]
     decoders: dict[Stream, DecoderState]

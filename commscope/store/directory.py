@@ -34,9 +34,8 @@ from typing import NamedTuple
 import orjson
 
 from commscope import blocks
-from commscope.blocks import BlockDecoder, StaticTable
 from commscope.events import Event, gc_paused
-from commscope.schema import MAX_RANK, decode_job
+from commscope.schema import decode_job
 from commscope.store import inflight, retention, segments
 from commscope.store.base import (
     Batch,
@@ -51,10 +50,17 @@ from commscope.store.base import (
 )
 from commscope.store.bulkread import DecoderState, Job, StreamsRead, Workers
 from commscope.store.crashlog import CrashFiles
-from commscope.store.files import _O_NOFOLLOW, atomic_write, create_file, make_dirs, read_from, read_regular
+from commscope.store.files import (
+    O_NOFOLLOW,
+    atomic_write,
+    create_file,
+    make_dirs,
+    read_from,
+    read_regular,
+    size_of,
+)
 from commscope.store.retention import Retention
 from commscope.store.segments import (
-    SUMMARY_FILE,
     Segment,
     list_segments,
     segment_bytes_from_env,
@@ -130,15 +136,13 @@ class DirectoryWriter:
         self.retain = retain if retain is not None else retention.from_env()
         self.closer = closer and not resume  # (a forwarder never bounds a history: the rank's settings do)
         self._retainer: subprocess.Popen | None = None  # the child closing the last segment
-        self._segment = 0
-        self._segment_size = 0
-        # (a forwarder lists the directory to find the newest segment; a rank starting never
-        # does: 16k ranks listing a directory of 16k files at once is a metadata storm)
-        existing = list_segments(self.dir).get((rank, incarnation), []) if resume and self.dir.is_dir() else []
-        if existing:  # go on in the newest segment
-            self._segment = existing[-1].number
-        start = existing[-1].start_s if existing else 0
-        self.path = self.dir / segment_name(rank, incarnation, self._segment, start)
+        self._segment_size = 0  # (``_open`` says)
+        # (a forwarder lists the directory to find the newest segment, to go on in it; a rank
+        # starting never does: 16k ranks listing a directory of 16k files at once is a metadata storm)
+        gone = resume and not self.dir.is_dir()
+        existing = list_segments(self.dir).get((rank, incarnation), []) if resume and not gone else []
+        self._segment = existing[-1].number if existing else 0
+        self.path = existing[-1].path if existing else self.dir / segment_name(rank, incarnation, 0)
         self.description = str(self.path)
         self._fd: int | None = None
         self._torn = False  # the file ends mid-line: a failed write stopped there
@@ -147,22 +151,19 @@ class DirectoryWriter:
         self._lines = 0  # lines this writer put into the file (what a deleted store lost)
         self.modes = GROUP if (share_from_env() if share is None else share) else PRIVATE
         try:
-            if resume and not self.dir.is_dir():  # the store is gone: never recreate it for a dead rank
+            if gone:  # the store is gone: never recreate it for a dead rank
                 raise StoreError(f"no job {job!r} in {self.root} any more")
             make_dirs(self.dir, self.modes.dir)
             self.modes = modes_of(self.dir)
             self._open()
-            size = os.fstat(self._fd).st_size
+            size = self._segment_size
             if size > 0 and not resume:
                 raise StoreError(
                     f"{self.path} already holds events of an earlier job with id {job!r}; "
                     "refusing to mix jobs (choose a new COMMSCOPE_JOB or another store)"
                 )
-            self._segment_size = size
-            if resume and size > 0:
-                with open(self.path, "rb") as f:  # a line the dead rank left half-written is ended
-                    f.seek(size - 1)
-                    self._torn = f.read(1) != b"\n"
+            if resume and size > 0:  # a line the dead rank left half-written is ended
+                self._torn = read_from(self.path, size - 1, 1) != b"\n"
             if rank == 0 and incarnation == 0 and not resume:
                 meta = dict(job_meta or {}, job=job)
                 atomic_write(self.dir / JOB_FILE, orjson.dumps(meta, option=orjson.OPT_INDENT_2), self.modes.file)
@@ -199,18 +200,21 @@ class DirectoryWriter:
 
     def _open(self) -> None:
         """Open the rank file for appending without ever blocking: a FIFO (or any file that is
-        not a regular file) in its place is refused at once instead of hanging the thread."""
+        not a regular file) in its place is refused at once instead of hanging the thread.
+        The segment's size is what the file holds (a recreated store's starts again)."""
         try:
-            fd = create_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | _O_NOFOLLOW, self.modes.file)
+            fd = create_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | O_NOFOLLOW, self.modes.file)
         except OSError as exc:
             if exc.errno in (errno.ENXIO, errno.ELOOP):  # a FIFO with no reader; a symlink
                 raise StoreError(f"cannot write trace store {self.path}: not a regular file") from None
             raise
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             raise StoreError(f"cannot write trace store {self.path}: not a regular file")
         os.set_blocking(fd, True)
         self._fd = fd
+        self._segment_size = st.st_size
 
     def write(self, lines: list[bytes]) -> None:
         if not lines:
@@ -275,7 +279,6 @@ class DirectoryWriter:
         self.description = str(self.path)
         self._open()
         self._torn = False
-        self._segment_size = os.fstat(self._fd).st_size
         self._retire()
         return [self._meta_line] if self._meta_line is not None and lines[0] is not self._meta_line else []
 
@@ -367,7 +370,6 @@ class DirectoryReader(TraceReader):
             if not self.path.exists():
                 raise StoreError(f"no trace store at {self.path}")
             raise StoreError(f"{self.path} holds no commscope trace (no rank-*.jsonl files)")
-        self._offsets: dict[Stream, int] = {}  # in the segment being read
         self._reading: dict[Stream, int] = {}  # the number of the segment being read
         self._partial: dict[Stream, bool] = {}
         self._next = 0  # the stream a budgeted poll starts with (they take turns)
@@ -375,10 +377,11 @@ class DirectoryReader(TraceReader):
         self._summaries: dict[Stream, Path] = {}
         self._summary_offsets: dict[Stream, int] = {}
         self._carried: list[Event] = []  # what streams starting at a later segment were in (``_carry``)
-        self._read_of: dict[tuple[Stream, int], int] = {}  # (stream, segment) -> bytes of it read
+        self._read_of: dict[tuple[Stream, int], int] = {}  # (stream, segment) -> bytes of it read (where it goes on)
         self._pending: dict[tuple[Stream, int], Event] = {}  # summaries not decided yet
         self._decided: set[tuple[Stream, int]] = set()
         self._listed: tuple[int, float] | None = None  # (directory mtime, when) of the last listing
+        self._summaries_due = False  # listed again since the summaries were last read
         self._job: dict | None = None
         self._job_failed = False
         self._refused: set[str] = set()  # rank files that are not regular files (warned once)
@@ -430,90 +433,95 @@ class DirectoryReader(TraceReader):
             names = os.listdir(self.job_dir)
         except OSError:
             return {}
-        regular = []
+        parsed = []
+        self._summaries = {}
         for name in names:
-            if segments.parse(name) is None and SUMMARY_FILE.match(name) is None:
+            seg = segments.parse(name)
+            summary = segments.parse_summary(name) if seg is None else None
+            if seg is None and summary is None:
                 continue
             try:
                 ok = stat.S_ISREG(os.stat(self.job_dir / name).st_mode)  # a symlink to a regular file is fine
             except OSError:
                 continue
-            if ok:
-                regular.append(name)
-            elif name not in self._refused:  # a FIFO would block the reader: never open it
-                self._refused.add(name)
-                self.stats.warnings.append(f"{name} is not a regular file; skipped")
-        self._streams = segments.segments_of(regular, self.job_dir)
-        self._summaries = {}
-        for name in regular:
-            m = SUMMARY_FILE.match(name)
-            if m and int(m.group(1)) <= MAX_RANK:
-                self._summaries[(int(m.group(1)), int(m.group(2) or 0))] = self.job_dir / name
+            if not ok:
+                if name not in self._refused:  # a FIFO would block the reader: never open it
+                    self._refused.add(name)
+                    self.stats.warnings.append(f"{name} is not a regular file; skipped")
+            elif seg is not None:
+                parsed.append((seg, name))
+            else:
+                self._summaries[summary] = self.job_dir / name
+        self._streams = segments.grouped(parsed, self.job_dir)
         self._listed = (mtime, now)
+        self._summaries_due = True
         return self._streams
 
-    def _current(self, stream: Stream, segs: list[Segment], start: bool = False) -> Segment:
-        """The segment of ``stream`` being read, or to be read first: the one the window
-        starts with (``start``: the stream is read from now on: those before it are counted
-        as skipped, and what the stream was in when they ended is carried in first); one
-        deleted meanwhile (retention, while this reader was behind) gives way to the oldest
-        one left after it."""
+    def _current(self, stream: Stream, segs: list[Segment]) -> Segment:
+        """The segment of ``stream`` being read: the oldest one left from the one last read on
+        (retention deletes segments under a reader that is behind), or before the stream is
+        read, the one the window starts with.  A lookup: reading moves on (``_enter``)."""
         number = self._reading.get(stream)
         if number is None:
-            k = window_start(segs, self.since_ns / 1e9 if self.since_ns is not None else None)
-            if start:
-                for seg in segs[:k]:
-                    self.stats.count_skipped(stream[0], _size(seg.path))
-                self._reading[stream] = segs[k].number
-                if segs[k].number > 0:
-                    self._carry(stream, segs[k].number - 1)
-            return segs[k]
-        for seg in segs:
-            if seg.number >= number:
-                if seg.number > number:  # it went (retention): what was not read of it, its summary says
-                    self._reading[stream] = seg.number
-                    self._offsets[stream] = 0
-                    self._carry(stream, seg.number - 1, after_id=self.max_op_id(stream))
-                return seg
-        return segs[-1]
+            return segs[window_start(segs, self._since_s())]
+        return next((seg for seg in segs if seg.number >= number), segs[-1])
+
+    def _enter(self, stream: Stream, segs: list[Segment]) -> Segment:
+        """The segment to read ``stream`` in (``_current``), entered if it is new to this
+        reader: the window's first (those before it counted as skipped), or the one left after
+        those deleted under it (what was not read of them, their summaries say).  What the
+        stream was in when the segment before it ended is carried in first."""
+        number = self._reading.get(stream)
+        cur = self._current(stream, segs)
+        if number is None:
+            for seg in segs:
+                if seg is cur:
+                    break
+                self.stats.count_skipped(stream[0], size_of(seg.path))
+            after_id = -1
+        elif cur.number > number:
+            after_id = self.max_op_id(stream)
+        else:
+            return cur
+        self._reading[stream] = cur.number
+        if cur.number > 0:
+            self._carry(stream, cur.number - 1, after_id)
+        return cur
 
     def _carry(self, stream: Stream, number: int, after_id: int = -1) -> None:
         """The ops in flight when segment ``number`` ended (``store/inflight.py``): the stream
         is read after it, so what they are in comes first.  ``after_id``: the stream's ops up
         to this id are read already (a reader jumping over deleted segments): their begins
         are not read twice, what else they reached is."""
-        lines = inflight.carried(self.job_dir, stream, number) if self.job_dir is not None else None
-        if lines is None:
+        data = inflight.carried(self.job_dir, stream, number) if self.job_dir is not None else None
+        if data is None:
             self.stats.warnings.append(f"rank {stream[0]}: what it was in when segment {number} ended is not "
                                        "known (not carried yet): an op begun before may be missing")
             return
-        if lines:
-            events = self.ingest(stream, b"\n".join(lines) + b"\n").events
+        if data:
+            events = self.ingest(stream, data).events
             self._carried.extend(e for e in events if not (
                 e["type"] == "op" and e["phase"] == "begin" and e["id"] <= after_id))
+
+    def _window(self, streams: dict[Stream, list[Segment]]) -> dict[Stream, tuple[int, list[int]]]:
+        """Per stream, the segment it is read in (``_current``) and the sizes of the segments
+        from it on: what is left to read, for sizes and the split of a parallel read."""
+        out = {}
+        for stream, segs in streams.items():
+            if segs:
+                cur = self._current(stream, segs).number
+                out[stream] = (cur, [size_of(seg.path) for seg in segs if seg.number >= cur])
+        return out
 
     def total_bytes(self) -> int:
         """Bytes to read in the job's streams now, from the segment each is read in (for
         progress bars: ask before reading)."""
-        total = 0
-        for stream, segs in self.streams().items():
-            cur = self._current(stream, segs) if segs else None
-            for seg in segs:
-                if cur is not None and seg.number >= cur.number:
-                    total += _size(seg.path)
-        return total
+        return sum(sum(sizes) for _, sizes in self._window(self.streams()).values())
 
     def backlog_bytes(self) -> int:
         """Bytes written but not yet returned by ``poll`` (how far behind a follower is)."""
-        behind = 0
-        for stream, segs in self.streams().items():
-            if not segs:
-                continue
-            cur = self._current(stream, segs)
-            for seg in segs:
-                if seg.number >= cur.number:
-                    behind += max(0, _size(seg.path) - (self._offsets.get(stream, 0) if seg.number == cur.number else 0))
-        return behind
+        return sum(sum(sizes) - min(sizes[0], self._read_of.get((stream, cur), 0))
+                   for stream, (cur, sizes) in self._window(self.streams()).items())
 
     def start_at(self, since: Since) -> None:
         """Start each stream at the segment holding the window's start; a duration counts
@@ -568,7 +576,13 @@ class DirectoryReader(TraceReader):
         this reader never read stands for that segment (counted, and handed on); one whose
         segment it read all of stands for nothing; one whose segment went while being read
         stands for the part not read (counted as lost, its events in proportion to the
-        bytes); one whose segment still exists waits (``_pending``)."""
+        bytes); one whose segment still exists waits (``_pending``).  Looked at only once the
+        directory was listed again (``_summaries_due``): retention writes a summary before it
+        deletes the segment, and every deletion changes the directory; until then a summary
+        waits or stands for nothing either way."""
+        if not self._summaries_due:
+            return []
+        self._summaries_due = False
         out: list[Event] = []
         for stream, path in list(self._summaries.items()):
             offset = self._summary_offsets.get(stream, 0)
@@ -576,6 +590,8 @@ class DirectoryReader(TraceReader):
                 data = read_from(path, offset, self.MAX_SUMMARY_READ)
             except OSError:
                 continue
+            if len(data) == self.MAX_SUMMARY_READ:
+                self._summaries_due = True  # (more next poll)
             cut = data.rfind(b"\n") + 1
             if not cut:
                 continue
@@ -599,7 +615,7 @@ class DirectoryReader(TraceReader):
                 out.append(e)
             elif read < size:
                 lost = round(events * (size - read) / size)
-                self.stats.missing_by_rank[stream[0]] = self.stats.missing_by_rank.get(stream[0], 0) + lost
+                self.stats.count_missing(stream[0], lost)
                 self.stats.warnings.append(f"rank {stream[0]}: retention deleted segment {seg} while this reader "
                                            f"was reading it: about {lost:,} of its {events:,} events not read")
         return out
@@ -632,65 +648,49 @@ class DirectoryReader(TraceReader):
         if not segs:
             return True
         cur = self._current((rank, 0), segs)
-        return cur.number == segs[-1].number and _size(cur.path) <= self._offsets.get((rank, 0), 0)
+        return cur.number == segs[-1].number and size_of(cur.path) <= self._read_of.get(((rank, 0), cur.number), 0)
 
     def read_all(self) -> list[Event]:
         """Everything in the job (from the window on), treating an incomplete last line as
         truncated."""
+        self._summaries_due = True
         events = self.poll()
         for stream, segs in self.streams().items():
-            if not self._partial.get(stream) or not segs:
-                continue
-            events.extend(self._read_tail(stream, self._current(stream, segs).path))
+            if self._partial.get(stream):
+                events.extend(self._read_stream(stream, segs, None, final=True)[0])
         events.extend(self._crashes.poll(self.job_dir, lambda rank: True, final=True))
         events.extend(self._remnants(final=True))
         self.stats.partial_tail = 0
         return events
 
-    def _read_tail(self, stream: Stream, path: Path) -> list[Event]:
-        """The incomplete last line of a segment that will get no more, as what it is (damaged)."""
-        try:
-            with open(path, "rb") as f:
-                f.seek(self._offsets.get(stream, 0))
-                tail = f.read()
-        except OSError:
-            return []
-        if not tail:
-            self._partial[stream] = False
-            return []
-        got = self.ingest(stream, tail)
-        if got.damaged:
-            self.stats.warnings.append(f"rank {stream[0]}: last line of {path.name} is truncated "
-                                       f"({len(tail)} bytes skipped)")
-        self._offsets[stream] = self._offsets.get(stream, 0) + len(tail)
-        self._partial[stream] = False
-        return got.events
-
-    def _read_stream(self, stream: Stream, segs: list[Segment], budget: int | None) -> tuple[list[Event], int]:
-        """New events of one stream, going on into its next segments while the budget lasts."""
+    def _read_stream(self, stream: Stream, segs: list[Segment], budget: int | None,
+                     final: bool = False) -> tuple[list[Event], int]:
+        """New events of one stream, going on into its next segments while the budget lasts.
+        ``final``: its newest segment gets no more either (``_read_segment``)."""
         if not segs:
             return [], 0
         out: list[Event] = []
         used = 0
         while True:
-            cur = self._current(stream, segs, start=True)
-            events, n, at_end = self._read_segment(stream, cur.path, None if budget is None else budget - used)
+            cur = self._enter(stream, segs)
+            newer = next((seg for seg in segs if seg.number > cur.number), None)
+            events, n, at_end = self._read_segment(stream, cur.path, None if budget is None else budget - used,
+                                                   final or newer is not None)
             out.extend(events)
             used += n
-            newer = [s for s in segs if s.number > cur.number]
-            if not at_end or not newer or (budget is not None and used >= budget):
+            if not at_end or newer is None or (budget is not None and used >= budget):
                 return out, used
-            if self._partial.get(stream):  # the writer moved on: what is left of this one is all it will be
-                out.extend(self._read_tail(stream, cur.path))
-            self._reading[stream] = newer[0].number
-            self._offsets[stream] = 0
+            self._reading[stream] = newer.number
             self._partial[stream] = False
 
-    def _read_segment(self, stream: Stream, path: Path, budget: int | None) -> tuple[list[Event], int, bool]:
-        """(new complete events of one segment, bytes read, whether all of it is read now but
-        an incomplete last line)."""
+    def _read_segment(self, stream: Stream, path: Path, budget: int | None,
+                      final: bool = False) -> tuple[list[Event], int, bool]:
+        """(new complete events of one segment, bytes of them, whether all of it is read now but
+        an incomplete last line).  ``final``: the segment gets no more (the writer moved on to
+        a newer one): an incomplete last line is read too, as what it is (damaged, and said)."""
         rank = stream[0]
-        offset = self._offsets.get(stream, 0)
+        key = (stream, self._reading.get(stream, 0))
+        offset = self._read_of.get(key, 0)
         try:
             size = os.path.getsize(path)
         except OSError:
@@ -705,21 +705,26 @@ class DirectoryReader(TraceReader):
         if budget is not None:
             want = min(want, max(budget, self.MIN_READ))
         try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read(want)
+            data = read_from(path, offset, want)
         except OSError as exc:
             self.stats.warnings.append(f"rank {rank}: cannot read {path}: {exc}")
             return [], 0, True
         cut = data.rfind(b"\n") + 1
         at_end = offset + len(data) >= size
-        self._partial[stream] = cut < len(data) and at_end
-        if cut == 0:
+        torn = at_end and cut < len(data)  # an incomplete last line
+        self._partial[stream] = torn and not final
+        end = len(data) if torn and final else cut
+        if not end:
             return [], 0, at_end
-        got = self.ingest(stream, data[:cut], cut)
-        self._offsets[stream] = offset + cut
-        self._read_of[(stream, self._reading.get(stream, 0))] = offset + cut
-        return got.events, cut, at_end
+        events = self.ingest(stream, data[:cut], cut).events if cut else []
+        if end > cut:  # (all that line will be)
+            got = self.ingest(stream, data[cut:])
+            if got.damaged:
+                self.stats.warnings.append(f"rank {rank}: last line of {path.name} is truncated "
+                                           f"({end - cut} bytes skipped)")
+            events.extend(got.events)
+        self._read_of[key] = offset + end
+        return events, cut, at_end
 
     def close(self) -> None:
         pass
@@ -739,15 +744,16 @@ class DirectoryReader(TraceReader):
         if os.environ.get(ENV_WORKERS, "").isdigit():
             workers = int(os.environ[ENV_WORKERS])
         streams = self.streams()
-        if workers < 2 or self._reading or len(streams) < 2 or self.total_bytes() < self.PARALLEL_MIN_BYTES \
-                or not self._packed(streams):
+        window = {} if workers < 2 or self._reading or len(streams) < 2 else self._window(streams)
+        if sum(sum(sizes) for _, sizes in window.values()) < self.PARALLEL_MIN_BYTES or not self._packed(streams):
             # (read apart only a job not read yet, each worker starting its streams afresh, and
             # one of packed records: JSON events cost as much to pickle back as to decode)
             yield from super()._bulk(step)
             return
-        yield from self._bulk_parallel(streams, step, workers)
+        yield from self._bulk_parallel(streams, window, step, workers)
 
-    def _bulk_parallel(self, streams: dict[Stream, list[Segment]], step: int, workers: int) -> Iterator[Batch]:
+    def _bulk_parallel(self, streams: dict[Stream, list[Segment]], window: dict[Stream, tuple[int, list[int]]],
+                       step: int, workers: int) -> Iterator[Batch]:
         jobs: list[Job] = []
         chunk: dict[Stream, list[Segment]] = {}
         size = 0
@@ -756,12 +762,14 @@ class DirectoryReader(TraceReader):
                 jobs.append(Job(str(self.job_dir), self.since_ns, chunk))
                 chunk, size = {}, 0
             chunk[stream] = segs
-            size += sum(_size(seg.path) for seg in segs[window_start(segs, self._since_s()):])
+            size += sum(window.get(stream, (0, []))[1])
         if chunk:
             jobs.append(Job(str(self.job_dir), self.since_ns, chunk))
-        for got in Workers(workers).run(jobs):
+        for got in Workers(min(workers, len(jobs))).run(jobs):
             if isinstance(got, Job):  # no worker could read it: this reader does
-                yield from self._read_here(got.streams)
+                batch = self.read_whole(got.streams)
+                if batch.count():
+                    yield batch
                 continue
             self._adopt(got)
             yield got.batch
@@ -780,48 +788,31 @@ class DirectoryReader(TraceReader):
         return self.since_ns / 1e9 if self.since_ns is not None else None
 
     def read_whole(self, streams: dict[Stream, list[Segment]]) -> Batch:
-        """Read ``streams`` (with their segments) to their ends, op records in columns."""
+        """Read ``streams`` (with their segments) to their ends, op records in columns (what is
+        written meanwhile, the whole read's last batch reads: ``read_all_batch``)."""
         self.columnar = True
         events: list[Event] = []
         with gc_paused():
             for stream, segs in streams.items():
-                while True:
-                    got, used = self._read_stream(stream, segs, None)
-                    events.extend(got)
-                    if not used:
-                        break
+                events.extend(self._read_stream(stream, segs, None)[0])
         batch = Batch(self._carried + events, self._take_ops())
         self._carried = []
         return batch
-
-    def _read_here(self, streams: dict[Stream, list[Segment]]) -> Iterator[Batch]:
-        batch = self.read_whole(streams)
-        if batch.count():
-            yield batch
 
     def decoder_states(self) -> dict[Stream, DecoderState]:
         return {s: DecoderState(d.names, d.dtypes, d.seen_end, d.groups, d.sites, d._gid_of_id)
                 for s, d in getattr(self, "_block_decoders", {}).items()}
 
     def _adopt(self, got: StreamsRead) -> None:
-        """Go on from where a worker stopped reading its streams."""
+        """Go on from where a worker stopped reading its streams (this reader read none of them)."""
         self.stats.merge(got.stats)
         self._reading.update(got.reading)
-        self._offsets.update(got.offsets)
         self._read_of.update(got.read_of)
         self._partial.update(got.partial)
-        try:
-            tops = self._max_ids
-        except AttributeError:
-            tops = self._max_ids = {}
-        tops.update(got.max_ids)
-        try:
-            decoders, table = self._block_decoders, self._statics
-        except AttributeError:
-            decoders = self._block_decoders = {}
-            table = self._statics = StaticTable()
+        for stream, top in got.max_ids.items():
+            self._raise_max_id(stream, top)
         for stream, st in got.decoders.items():
-            dec = decoders[stream] = BlockDecoder(stream[0], table)
+            dec = self._decoder(stream)
             dec.names, dec.dtypes, dec.seen_end = st.names, st.dtypes, st.seen_end
             dec.groups, dec.sites, dec._gid_of_id = st.groups, st.sites, st.waiting
 
@@ -831,12 +822,5 @@ def read_streams(job: Job) -> StreamsRead:
     (``bulkread.TARGET``): what it read, and where each stream stopped."""
     r = DirectoryReader(job.job_dir, since_ns=job.since_ns)
     batch = r.read_whole(job.streams)
-    return StreamsRead(batch, r.stats, dict(r._reading), dict(r._offsets), dict(r._read_of), dict(r._partial),
-                       r.decoder_states(), dict(getattr(r, "_max_ids", {})))
-
-
-def _size(path: Path) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
+    return StreamsRead(batch, r.stats, dict(r._reading), dict(r._read_of), dict(r._partial), r.decoder_states(),
+                       dict(getattr(r, "_max_ids", {})))

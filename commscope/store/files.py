@@ -10,7 +10,7 @@ import os
 import stat
 from pathlib import Path
 
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def make_dirs(path: Path, mode: int) -> None:
@@ -49,22 +49,16 @@ def atomic_write(path: Path, data: bytes, mode: int) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)  # one a killed writer left
-    fd = create_file(tmp, os.O_WRONLY | _O_NOFOLLOW, mode)
+    fd = create_file(tmp, os.O_WRONLY | O_NOFOLLOW, mode)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
     os.replace(tmp, path)
 
 
 def read_regular(path: Path, limit: int) -> bytes:
-    """Up to ``limit`` bytes of a regular file, never blocking on a FIFO or device in its place."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(limit + 1)
-    finally:
-        os.close(fd)
+    """Up to ``limit`` bytes of a regular file (OSError when it holds more), never blocking on
+    a FIFO or device in its place."""
+    data = read_from(path, 0, limit + 1)
     if len(data) > limit:
         raise OSError(errno.EFBIG, f"larger than {limit} bytes")
     return data
@@ -80,11 +74,30 @@ def mode_of(path: Path) -> int:
 
 def read_from(path: Path, offset: int, limit: int) -> bytes:
     """Up to ``limit`` bytes of a regular file from ``offset`` on (b"" past its end), never
-    blocking on a FIFO or device in its place."""
+    blocking on a FIFO or device in its place.  Only what the file holds is asked for
+    (``os.pread`` allocates all it is asked for first: 64 MiB for a poll of a few bytes)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
-        return os.pread(fd, limit, offset)
+        n = min(limit, st.st_size - offset)
+        if n <= 0:
+            return b""
+        data = os.pread(fd, n, offset)
+        while 0 < len(data) < n:  # (one pread reads at most 2 GiB)
+            more = os.pread(fd, n - len(data), offset + len(data))
+            if not more:
+                break
+            data += more
+        return data
     finally:
         os.close(fd)
+
+
+def size_of(path: Path) -> int:
+    """The size of ``path``, 0 when it is gone or cannot be stat'ed."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

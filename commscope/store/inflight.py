@@ -14,17 +14,19 @@ start is exact, not guessed.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
 import orjson
 
 from commscope.oprecords import completes
-from commscope.store.files import atomic_write, mode_of, read_regular
-from commscope.store.segments import Segment, list_segments, stream_prefix
+from commscope.store.base import Stream
+from commscope.store.files import atomic_write, mode_of, read_from, read_regular
+from commscope.store.segments import Segment, stream_prefix
 
 
-def carry_path(directory: Path, stream: tuple[int, int], number: int) -> Path:
+def carry_path(directory: Path, stream: Stream, number: int) -> Path:
     """Where the ops in flight at the end of segment ``number`` of ``stream`` go
     (``rank-00003.open.000004.jsonl``: kept while the next segment exists, even once retention
     deleted this one)."""
@@ -35,14 +37,19 @@ def carry_path(directory: Path, stream: tuple[int, int], number: int) -> Path:
 MAX_CARRY = 64 << 20
 
 
-def carried(directory: Path, stream: tuple[int, int], number: int) -> list[bytes] | None:
-    """The carry lines of segment ``number`` (None: it has none, or what is there is not one:
-    not a regular file, or larger than any carry)."""
+def carried(directory: Path, stream: Stream, number: int) -> bytes | None:
+    """The carry of segment ``number``, its lines as stored, each ended (None: it has none, or
+    what is there is not one: not a regular file, or larger than any carry)."""
     try:
         data = read_regular(carry_path(directory, stream, number), MAX_CARRY)
     except OSError:
         return None
-    return [x for x in data.split(b"\n") if x]
+    return data if data.endswith(b"\n") or not data else data + b"\n"
+
+
+def read_segment(path: Path) -> bytes:
+    """All of a closed segment (OSError: gone, or not a regular file)."""
+    return read_from(path, 0, sys.maxsize)
 
 
 class Replayed(NamedTuple):
@@ -56,15 +63,23 @@ class Replayed(NamedTuple):
     groups: dict[str, dict]
     events: int  # every event the lines held
 
+    def carried_out(self) -> list[int]:
+        """The ops a carry takes on past the lines' end: those in flight there, and the last
+        one done (what a reader starting after it knows the rank last completed)."""
+        done = self.done
+        last = max((i for i in done if not self.begins[i].get("nested")), key=lambda i: done[i], default=None)
+        return [i for i in self.begins if i == last or i not in done]
 
-def replay(data: bytes, rank: int) -> Replayed:
-    """Replay lines of a stream.  An op is done as the model judges it: a sync op at its end,
-    an async one at the end of its wait (or an end that raised), one timed on the device when
-    the device says so; a nested op no later than its parent."""
+
+def replay(before: bytes, data: bytes, rank: int) -> Replayed:
+    """Replay a carry (``before``: ended lines) and the lines of the segment after it (an
+    incomplete last line is left out).  An op is done as the model judges it: a sync op at
+    its end, an async one at the end of its wait (or an end that raised), one timed on the
+    device when the device says so; a nested op no later than its parent."""
     from commscope.blocks import BlockDecoder, decode_stream
     from commscope.events import decode_lines, gc_paused
 
-    data = data[: data.rfind(b"\n") + 1]
+    data = before + data[: data.rfind(b"\n") + 1]
     with gc_paused():
         got = decode_stream(decode_lines(data, rank), BlockDecoder(rank), columns=False)
     out = Replayed({}, {}, {}, set(), {}, got.count() + got.damaged + sum(got.invalid.values()))
@@ -94,39 +109,37 @@ def replay(data: bytes, rank: int) -> Replayed:
     return out
 
 
-def open_at_end(seg: Segment, before: list[bytes], rank: int) -> list[bytes]:
-    """The groups, the last op completed and the phases of the ops in flight at the end of
-    ``seg``, given those at its start (``before``)."""
-    got = replay(b"\n".join(before) + b"\n" + seg.path.read_bytes(), rank)
-    out: list[bytes] = [orjson.dumps(g) for g in got.groups.values()]
-    done = got.done
-    last = max((i for i in done if not got.begins[i].get("nested")), key=lambda i: done[i], default=None)
-    for op_id in got.begins:
-        if op_id == last or op_id not in done:
-            out.extend(orjson.dumps(e) for e in got.phases[op_id])
-    return out
+def open_at_end(seg: Segment, before: bytes, rank: int) -> bytes:
+    """The carry of ``seg`` given the one of the segment before (``before``): the groups, the
+    last op completed and the phases of the ops in flight at its end, as ended lines."""
+    got = replay(before, read_segment(seg.path), rank)
+    lines = [orjson.dumps(g) for g in got.groups.values()]
+    for op_id in got.carried_out():
+        lines.extend(orjson.dumps(e) for e in got.phases[op_id])
+    return b"".join(x + b"\n" for x in lines)
 
 
-def write_carries(directory: Path, rank: int, incarnation: int) -> int:
-    """Write the carry of each closed segment of a stream that has none, oldest first (each
-    starts from the one before); how many were written.  A segment whose predecessor has no
-    carry (deleted before one was written) stops it: readers starting after it say that
-    what was in flight there is unknown."""
-    stream = (rank, incarnation)
-    written = 0
-    for seg in list_segments(directory).get(stream, [])[:-1]:  # (the newest is being written)
-        if carry_path(directory, stream, seg.number).exists():
+def write_carries(directory: Path, stream: Stream, segs: list[Segment], names: set[str]) -> None:
+    """Write the carry of each closed one of a stream's segments (``segs``, oldest first) that
+    has none (``names``: the files of ``directory``), oldest first: each starts from the one
+    before.  A segment whose predecessor has no carry (deleted before one was written) stops
+    it: readers starting after it say that what was in flight there is unknown."""
+    last: tuple[int, bytes] | None = None  # the carry this call wrote last (not read back)
+    for seg in segs[:-1]:  # (the newest is being written)
+        path = carry_path(directory, stream, seg.number)
+        if path.name in names:
             continue
-        before = carried(directory, stream, seg.number - 1) if seg.number > 0 else []
+        if seg.number == 0:
+            before: bytes | None = b""
+        elif last is not None and last[0] == seg.number - 1:
+            before = last[1]
+        else:
+            before = carried(directory, stream, seg.number - 1)
         if before is None:
             break
         try:
-            lines = open_at_end(seg, before, rank)
+            data = open_at_end(seg, before, stream[0])
         except OSError:
             break
-        atomic_write(carry_path(directory, stream, seg.number), b"".join(x + b"\n" for x in lines),
-                     mode_of(seg.path))
-        written += 1
-    return written
-
-
+        atomic_write(path, data, mode_of(seg.path))
+        last = (seg.number, data)

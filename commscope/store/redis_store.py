@@ -671,7 +671,7 @@ class RedisReader(TraceReader):
         when it reconnected (its marker is entry #k), so Redis lost them, not maxlen."""
         n = k - last - 1
         self.missing[rank] = self.missing.get(rank, 0) + n
-        self.stats.missing_by_rank[rank] = self.stats.missing_by_rank.get(rank, 0) + n
+        self.stats.count_missing(rank, n)
         maxlen = (self.job() or {}).get("maxlen")
         if reset:
             self.stats.warnings.append(f"rank {rank}: {n} events (#{last + 1}-#{k - 1}) were lost by Redis "

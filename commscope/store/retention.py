@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import re
 import shutil
@@ -36,8 +37,8 @@ import orjson
 
 from commscope.schema import SCHEMA_VERSION
 from commscope.store import inflight
-from commscope.store.files import _O_NOFOLLOW, mode_of, read_regular
-from commscope.store.segments import Segment, list_segments, stream_prefix, summary_name
+from commscope.store.files import O_NOFOLLOW, mode_of, read_from, size_of
+from commscope.store.segments import Segment, segments_of, stream_prefix, summary_name
 from commscope.window import DURATION_UNITS
 
 ENV_RETAIN = "COMMSCOPE_RETAIN"
@@ -131,16 +132,16 @@ def to_drop(segs: list[Segment], sizes: list[int], retain: Retention) -> list[Se
     return out
 
 
-def summarize(path: Path, rank: int, number: int, carried_in: list[bytes] = (),
-              carried_out: set[int] = frozenset()) -> dict:
+def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> dict:
     """The ``summary`` event of one segment: per op and group, counts, bytes, failures and
     per minute a latency histogram; what the segment held in events and bytes.  The ops it
     stands for are those carried into it (``carried_in``: the previous segment's carry) or
-    begun in it, but those carried on out of it (``carried_out``: the op ids of its own
-    carry, which a reader after it reads as ops), so each op is counted once: in one
-    summary, or in what is read."""
-    data = path.read_bytes()
-    got = inflight.replay(b"".join(x + b"\n" for x in carried_in) + data, rank)
+    begun in it, but those carried on out of it (its own carry, which a reader after it
+    reads as ops: ``Replayed.carried_out``), so each op is counted once: in one summary, or
+    in what is read."""
+    data = inflight.read_segment(path)
+    got = inflight.replay(carried_in, data, rank)
+    carried_out = set(got.carried_out())
     per: dict[tuple[str, str], dict] = {}
     stamps = []
     for op_id, b in got.begins.items():
@@ -170,48 +171,53 @@ def summarize(path: Path, rank: int, number: int, carried_in: list[bytes] = (),
         minutes = [[mi * MINUTE_NS, c[0], c[1], c[2], sorted(c[3].items())] for mi, c in sorted(row["minutes"].items())]
         out_ops.append({**{k: v for k, v in row.items() if k != "minutes"}, "minutes": minutes})
     first, last = (min(stamps), max(stamps)) if stamps else (0, 0)
+    carry_lines = sum(1 for x in carried_in.split(b"\n") if x)
     return {"type": "summary", "v": SCHEMA_VERSION, "rank": rank, "ts": last, "seg": number, "first_ns": first,
-            "last_ns": last, "events": max(0, got.events - len(carried_in)), "size": len(data), "ops": out_ops}
+            "last_ns": last, "events": max(0, got.events - carry_lines), "size": len(data), "ops": out_ops}
 
 
 def close_stream(directory: Path, rank: int, incarnation: int, retain: Retention) -> int:
     """What follows a writer's new segment: the ops in flight at the end of each closed one
     carried (``store/inflight.py``), then the history bounded (``enforce``); how many
-    segments went."""
-    inflight.write_carries(directory, rank, incarnation)
-    return enforce(directory, rank, incarnation, retain)
+    segments went.  The directory is listed once for both."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    stream = (rank, incarnation)
+    segs = segments_of(names, directory).get(stream, [])
+    inflight.write_carries(directory, stream, segs, set(names))
+    return enforce(directory, rank, incarnation, retain, segs)
 
 
-def enforce(directory: Path, rank: int, incarnation: int, retain: Retention) -> int:
-    """Summarize, then delete, the segments of one stream past ``retain``; how many went.
-    The carry of the newest one deleted stays (the oldest left starts from it)."""
-    segs = list_segments(directory).get((rank, incarnation), [])
+def enforce(directory: Path, rank: int, incarnation: int, retain: Retention, segs: list[Segment]) -> int:
+    """Summarize, then delete, the segments of one stream (``segs``, oldest first) past
+    ``retain``; how many went.  The carry of the newest one deleted stays (the oldest left
+    starts from it)."""
+    stream = (rank, incarnation)
     if len(segs) < 2 or not retain.bounded:
         return 0
-    sizes = []
-    for s in segs:
-        try:
-            sizes.append(os.path.getsize(s.path))
-        except OSError:
-            sizes.append(0)
+    drop = to_drop(segs, [size_of(s.path) for s in segs], retain)
+    if not drop:
+        return 0  # (no summary file made: readers open every one on each listing)
     gone = 0
-    stream = (rank, incarnation)
     summary = directory / summary_name(rank, incarnation)
-    lock = os.open(summary, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_NOFOLLOW, mode_of(segs[0].path))
+    lock = os.open(summary, os.O_WRONLY | os.O_APPEND | os.O_CREAT | O_NOFOLLOW, mode_of(segs[0].path))
     try:
         try:  # one child at a time per stream (a rank's, and one a forwarder started)
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return 0
-        done = _summarized(summary)
-        for seg in to_drop(segs, sizes, retain):
+        done = _last_summarized(summary)
+        # (segments are numbered one after the other: each one's carry is the next one's before)
+        before = inflight.carried(directory, stream, drop[0].number - 1) if drop[0].number > 0 else b""
+        for seg in drop:
             out = inflight.carried(directory, stream, seg.number)
             if out is None:
                 break  # not carried yet: deleting it would lose what was in flight at its end
-            if seg.number not in done:  # (a child stopped after summarizing it: once is enough)
-                before = inflight.carried(directory, stream, seg.number - 1) if seg.number > 0 else []
+            if seg.number > done:  # (a child stopped after summarizing it: once is enough)
                 try:
-                    line = orjson.dumps(summarize(seg.path, rank, seg.number, before or [], _op_ids(out))) + b"\n"
+                    line = orjson.dumps(summarize(seg.path, rank, seg.number, before or b"")) + b"\n"
                 except OSError:
                     break
                 os.write(lock, line)
@@ -221,39 +227,40 @@ def enforce(directory: Path, rank: int, incarnation: int, retain: Retention) -> 
                 gone += 1
             with contextlib.suppress(FileNotFoundError):
                 inflight.carry_path(directory, stream, seg.number - 1).unlink()
+            before = out
     finally:
         os.close(lock)
     return gone
 
 
-def _summarized(summary: Path) -> set[int]:
-    """The segments a stream's summary file already stands for."""
-    try:
-        data = read_regular(summary, 1 << 30)
-    except OSError:
-        return set()
-    out = set()
-    for line in data.splitlines():
-        try:
-            seg = orjson.loads(line).get("seg")
-        except (orjson.JSONDecodeError, AttributeError):
-            continue
-        if isinstance(seg, int):
-            out.add(seg)
-    return out
+_SEG = re.compile(rb'"seg":(\d+)')
 
 
-def _op_ids(lines: list[bytes]) -> set[int]:
-    """The op ids among carry lines (a damaged line is skipped)."""
-    out = set()
-    for x in lines:
+def _last_summarized(summary: Path) -> int:
+    """The newest segment a stream's summary file stands for (-1: none).  Segments are
+    summarized oldest first, each before it is deleted, so every one left up to it is
+    summarized.  Read from the end (the file grows for as long as the job runs): the last
+    complete line's ``seg`` (a line a killed child left incomplete stands for nothing)."""
+    size = size_of(summary)
+    tail = 1 << 16
+    while True:
+        start = max(0, size - tail)
         try:
-            e = orjson.loads(x)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(e, dict) and e.get("type") == "op" and isinstance(e.get("id"), int):
-            out.add(e["id"])
-    return out
+            data = read_from(summary, start, size - start)
+        except OSError:
+            return -1
+        found = _SEG.findall(data, 0, data.rfind(b"\n") + 1)
+        if found:
+            return int(found[-1])
+        if start == 0:
+            return -1
+        tail *= 16
+
+
+@functools.cache
+def _nice() -> str | None:
+    """Where ``nice`` is (looked up once, not at every new segment)."""
+    return shutil.which("nice")
 
 
 def spawn(directory: Path, rank: int, incarnation: int, retain: Retention) -> subprocess.Popen | None:
@@ -262,7 +269,7 @@ def spawn(directory: Path, rank: int, incarnation: int, retain: Retention) -> su
     spec = ",".join(x for x in (f"{retain.max_bytes}B" if retain.max_bytes is not None else "",
                                 f"{retain.max_age_s}s" if retain.max_age_s is not None else "") if x)
     cmd = [sys.executable, "-m", "commscope.store.retention", str(directory), str(rank), str(incarnation), spec]
-    nice = shutil.which("nice")
+    nice = _nice()
     if nice:
         cmd = [nice, "-n", "19", *cmd]
     try:

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
 from commscope.schema import MAX_RANK
+from commscope.store.base import Stream
 
 #: Every file of a stream: its rank, incarnation, and (segments after the first) number and start
 SEGMENT_FILE = re.compile(r"^rank-(\d{1,8})(?:\+(\d{1,6}))?(?:\.s(\d{6,9})\.t(\d{1,12}))?\.jsonl$")
@@ -29,9 +31,6 @@ _TS = re.compile(rb'"ts":(\d{1,19})')
 
 DEFAULT_SEGMENT_BYTES = 64 << 20
 ENV_SEGMENT_MB = "COMMSCOPE_SEGMENT_MB"
-
-#: A stream: (rank, incarnation)
-Stream = tuple[int, int]
 
 
 class Segment(NamedTuple):
@@ -63,14 +62,25 @@ def parse(name: str) -> tuple[Stream, int, int] | None:
     return (int(m.group(1)), int(m.group(2) or 0)), int(m.group(3) or 0), int(m.group(4) or 0)
 
 
-def segments_of(names: list[str], directory: Path) -> dict[Stream, list[Segment]]:
+def parse_summary(name: str) -> Stream | None:
+    """The stream of a summary file's name; None for any other name."""
+    m = SUMMARY_FILE.match(name)
+    if m is None or int(m.group(1)) > MAX_RANK:
+        return None
+    return int(m.group(1)), int(m.group(2) or 0)
+
+
+def segments_of(names: Iterable[str], directory: Path) -> dict[Stream, list[Segment]]:
     """The streams among ``names`` (files of ``directory``) with their segments, oldest first."""
+    return grouped(((got, name) for name in names if (got := parse(name)) is not None), directory)
+
+
+def grouped(parsed: Iterable[tuple[tuple[Stream, int, int], str]], directory: Path) -> dict[Stream, list[Segment]]:
+    """Segments of ``directory`` by stream, oldest first, from their names as ``parse`` read them
+    (a caller that parsed them already parses nothing twice)."""
     out: dict[Stream, list[Segment]] = {}
-    for name in names:
-        got = parse(name)
-        if got is not None:
-            stream, number, start = got
-            out.setdefault(stream, []).append(Segment(number, start, directory / name))
+    for (stream, number, start), name in parsed:
+        out.setdefault(stream, []).append(Segment(number, start, directory / name))
     for segs in out.values():
         segs.sort()
     return dict(sorted(out.items()))
