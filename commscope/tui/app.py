@@ -333,12 +333,14 @@ class CommscopeApp(App):
         return self.clock()
 
     def _show_header(self) -> None:
-        m = self.feed.model
-        meta = next((rt.meta for rt in m.ranks.values() if rt.meta), None) or {}
+        with self.feed.lock:  # (the feed's thread may be adding ranks)
+            m = self.feed.model
+            meta = next((rt.meta for rt in m.ranks.values() if rt.meta), None) or {}
+            world = m.world_size
         job = self.title_override or (m.job or {}).get("job") or meta.get("job") or self.job_title
         errors = sum(f.severity == "error" for f in self.findings)
         warnings = sum(f.severity == "warning" for f in self.findings)
-        self.header_bar.show(self.info, job=str(job), world=m.world_size, backend=str(meta.get("backend", "?")),
+        self.header_bar.show(self.info, job=str(job), world=world, backend=str(meta.get("backend", "?")),
                              errors=errors, warnings=warnings, cursor_ns=self.cursor_ns, start_ns=m.start_ns,
                              playing=self.playing, speed=self.speed, problem=self._problem,
                              untimed=self._untimed_ops())

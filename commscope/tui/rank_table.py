@@ -150,7 +150,8 @@ class RankTable(DataTable):
         cols = getattr(self, "_cols", None)
         if not cols:
             return
-        wanted = self._wanted()
+        with self.feed.lock:  # (a replay's loader ingests while the table shows what is in)
+            wanted = self._wanted()
         if [c[0] for c in wanted] != [c[0] for c in cols]:
             self._layout(wanted)
             self.refresh_ranks(getattr(self.app, "_now", lambda: 0)())
