@@ -20,6 +20,7 @@ import numpy as np
 from commscope.analysis.bandwidth import busbw_factor, instances, sig_size
 from commscope.analysis.model import ASYNC, NESTED, P2P, SPACE_FR, TraceModel, untimed
 from commscope.analysis.rankstate import ending
+from commscope.store.retention import BUCKETS, bucket_mid_s
 
 
 def _pct(xs: list[float] | np.ndarray, q: float) -> float | None:
@@ -193,7 +194,7 @@ def summarized_history(model: TraceModel) -> dict[str, dict[str, Any]]:
         for s in rt.summaries:
             for op in s.get("ops", ()):
                 row = acc.setdefault(op["op"], {"count": 0, "bytes": 0, "failed": 0, "unfinished": 0, "max_ns": 0,
-                                                "hist": np.zeros(64, np.int64), "first_ns": 0, "last_ns": 0})
+                                                "hist": np.zeros(BUCKETS, np.int64), "first_ns": 0, "last_ns": 0})
                 row["count"] += op.get("count", 0)
                 row["bytes"] += max(op.get("in_bytes", 0), op.get("out_bytes", 0))
                 row["failed"] += op.get("failed", 0)
@@ -201,8 +202,7 @@ def summarized_history(model: TraceModel) -> dict[str, dict[str, Any]]:
                 for minute, _n, _sum, mx, buckets in op.get("minutes", ()):
                     row["max_ns"] = max(row["max_ns"], mx)
                     for b, c in buckets:
-                        if 0 <= b < 64:
-                            row["hist"][b] += c
+                        row["hist"][min(b, BUCKETS - 1)] += c
                     row["first_ns"] = minute if not row["first_ns"] else min(row["first_ns"], minute)
                     row["last_ns"] = max(row["last_ns"], minute)
     out = {}
@@ -215,9 +215,9 @@ def summarized_history(model: TraceModel) -> dict[str, dict[str, Any]]:
 
 
 def _bucket_quantile(hist: np.ndarray, q: float) -> float | None:
-    """The middle of the power-of-two bucket (of microseconds) that holds quantile ``q``."""
+    """The middle of the histogram bucket (``store/retention.py``) that holds quantile ``q``."""
     total = int(hist.sum())
     if not total:
         return None
     b = int(np.searchsorted(np.cumsum(hist), q * total))
-    return round(1.5 * (1 << b) / 1e6, 6)
+    return round(bucket_mid_s(b), 6)

@@ -50,6 +50,16 @@ MINUTE_NS = 60 * 1_000_000_000
 BUCKETS = 32  # latency histogram: bucket b holds latencies in [2^b, 2^(b+1)) us (b 0: under 2 us)
 
 
+def bucket_of(lat_ns: int) -> int:
+    """The histogram bucket of a latency (the last one holds every longer one)."""
+    return min(BUCKETS - 1, max(0, int(np.log2(max(lat_ns / 1000.0, 1.0)))))
+
+
+def bucket_mid_s(bucket: int) -> float:
+    """The middle of a bucket, in seconds: what a quantile read from the histogram says."""
+    return 1.5 * (1 << bucket) / 1e6
+
+
 class Retention(NamedTuple):
     """How much of each rank stream to keep: bytes, and seconds before its newest segment
     (None: no bound)."""
@@ -160,7 +170,7 @@ def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> di
             row["unfinished"] += 1
             continue
         lat = max(0, end - b["ts"])
-        bucket = min(BUCKETS - 1, max(0, int(np.log2(max(lat / 1000.0, 1.0)))))
+        bucket = bucket_of(lat)
         cell = row["minutes"].setdefault(b["ts"] // MINUTE_NS, [0, 0, 0, Counter()])
         cell[0] += 1
         cell[1] += lat
