@@ -43,7 +43,7 @@ import msgspec
 import numpy as np
 import orjson
 
-from commscope import dtypes, optable, schema
+from commscope import blockscan, dtypes, optable, schema
 from commscope.events import Decoded, signature_key
 from commscope.oprecords import (
     F_APPROX,
@@ -296,6 +296,10 @@ class StaticTable:
         return at
 
 
+#: The dtype table a stream has until its meta says otherwise (torch names by c10 code).
+_DTYPES = tuple(dtypes.torch_name(n) for n in dtypes.CODES)
+
+
 class BlockDecoder:
     """Decodes one stream's blocks into ``OpRecords`` columns; keeps that stream's tables
     (signatures, sites, groups, op names, dtypes) and the ring position read up to."""
@@ -308,7 +312,7 @@ class BlockDecoder:
         self.sites: dict[int, str] = {}
         self.groups: dict[int, GroupEntry] = {}
         self.names: list[str] | None = None
-        self.dtypes: list[str] = [dtypes.torch_name(n) for n in dtypes.CODES]
+        self.dtypes: list[str] = list(_DTYPES)
         self.c10d_names = [n for _, n in C10D_OPS]
         self.invalid: Counter = Counter()  # records (or whole blocks) that could not be decoded, by reason
         #: Every distinct begin decoded so far (``OpRecords.static`` indexes it; only grows)
@@ -325,6 +329,7 @@ class BlockDecoder:
         self._sig_refs: set[tuple[int, int]] = set()  # (SITE_REC, id) and (GROUP_REC, id) signatures refer to
         self._in_effect: set[bytes] = set()  # table records restating only what is known: skipped
         self._prefixes: set[bytes] = set()  # table prefixes of recent blocks, all in effect (at most 64)
+        self._epoch = 0  # how often _prefixes lost entries (``scanned`` asks again after)
         self._gid_of_id: dict[int, int] = {}  # any-source recvs waiting for their source
 
     # -- tables, from the rank's other events
@@ -398,6 +403,7 @@ class BlockDecoder:
         what is in effect (all are forgotten: changes are rare, restatements common)."""
         self._in_effect.clear()
         self._prefixes.clear()
+        self._epoch += 1
 
     def _table(self, typ: int, raw: bytes, off: int, length: int, events: list[dict], ts: int, walk: _Walk,
                parts: list[OpRecords]) -> None:
@@ -465,103 +471,170 @@ class BlockDecoder:
         each record's place among ``out`` (``OpRecords.where``).  What cannot be decoded is
         counted in ``invalid``.
 
-        Each block's records are walked in Python (a record's length says where the next
-        starts), gathering only the offsets of its op records; ``_resolve`` then reads their
-        fields for all of them at once.  Table records restating what is known cost a set
-        lookup, and a block whose table records repeat a recent block's byte for byte
-        skips them with one compare.  A table record that changes something first resolves
-        the records gathered before it, with the tables they were written under."""
+        Each block's records are walked in Python (``_block``: a record's length says where
+        the next starts), gathering only the offsets of its op records; ``_resolve`` then
+        reads their fields for all of them at once.  Table records restating what is known
+        cost a set lookup, and a block whose table records repeat a recent block's byte for
+        byte skips them with one compare.  A table record that changes something first
+        resolves the records gathered before it, with the tables they were written under.
+        (``decode_chunk`` finds the common blocks faster, compiled, and walks the rest here.)"""
         parts: list[OpRecords] = []
         walk = _Walk(where)
-        offs, bufs, wh = walk.offs, walk.bufs, walk.where
-        append = offs.append
-        type_len = _TYPE_LEN.unpack_from
-        prefixes = self._prefixes
-        invalid = self.invalid
-        want_where = walk.want_where
-        seen_end = self.seen_end
         for ev in events:
             typ = ev.get("type")
-            if typ != BLOCK:
-                if teaches(ev):
-                    if offs:
-                        self._flush(walk, parts)
-                    self.note(ev)
-                    if typ == SITE:
-                        continue
-                out.append(ev)
+            if typ == BLOCK:
+                self._block(ev, None, walk, parts, out)
                 continue
+            if teaches(ev):
+                if walk.offs:
+                    self._flush(walk, parts)
+                self.note(ev)
+                if typ == SITE:
+                    continue
+            out.append(ev)
+        self._flush(walk, parts)
+        if not parts:
+            return None
+        return concat(parts)
+
+    def _block(self, ev: dict, raw: bytes | None, walk: _Walk, parts: list[OpRecords], out: list[dict]) -> None:
+        """One ``block`` event walked record by record (``raw``: its data, when decoded)."""
+        invalid = self.invalid
+        if raw is None:
             try:
                 raw = _b64(ev["data"])
             except (binascii.Error, ValueError, TypeError):
                 invalid["block: not base64"] += 1
-                continue
-            # Ring positions (version 3): records below seen_end were decoded from an earlier block.
-            pos = ev.get("pos")
-            skip_below = -1
-            if pos.__class__ is int:
-                if pos < seen_end:
-                    skip_below = seen_end
-                end = ev.get("end")
-                if end.__class__ is int and end > seen_end:
-                    seen_end = end
-            size = len(raw)
-            bufs.append(raw)
-            if want_where:
-                wh.append((len(offs), len(out)))
-            base = walk.base
-            walk.base = base + size
-            walk.current = raw
-            off = 0
-            if size and raw[0] in TABLE_RECORDS:  # the block's table prefix: where does it end?
-                while off + 24 <= size:
-                    typ, length = type_len(raw, off)
-                    if typ not in TABLE_RECORDS or length < 24 or off + length > size:
-                        break
-                    off += length
-                if raw[:off] not in prefixes:  # (restated as a recent block did it: nothing to learn)
-                    off = self._head(raw, ev, walk, parts, out)  # learnt record by record
-                    base = walk.base - size  # (a change resolved what came before: offsets restart)
-            if skip_below < 0 and not want_where:  # the common case, in its own loop
-                while off + 24 <= size:
-                    typ, length = type_len(raw, off)
-                    if length < 24 or off + length > size:
-                        invalid["block: truncated record"] += 1
-                        break
-                    if typ in TABLE_RECORDS:  # (one after the block's op records: rare)
-                        self._table_record(typ, raw, off, length, ev, walk, parts, out)
-                        base = walk.base - size
-                    else:
-                        append(base + off)
-                    off += length
-                continue
+                return
+        offs, wh = walk.offs, walk.where
+        append = offs.append
+        type_len = _TYPE_LEN.unpack_from
+        want_where = walk.want_where
+        # Ring positions (version 3): records below seen_end were decoded from an earlier block.
+        pos = ev.get("pos")
+        skip_below = -1
+        if pos.__class__ is int:
+            if pos < self.seen_end:
+                skip_below = self.seen_end
+            end = ev.get("end")
+            if end.__class__ is int and end > self.seen_end:
+                self.seen_end = end
+        size = len(raw)
+        walk.bufs.append(raw)
+        if want_where:
+            wh.append((len(offs), len(out)))
+        base = walk.base
+        walk.base = base + size
+        walk.current = raw
+        off = 0
+        if size and raw[0] in TABLE_RECORDS:  # the block's table prefix: where does it end?
+            while off + 24 <= size:
+                typ, length = type_len(raw, off)
+                if typ not in TABLE_RECORDS or length < 24 or off + length > size:
+                    break
+                off += length
+            if raw[:off] not in self._prefixes:  # (restated as a recent block did it: nothing to learn)
+                off = self._head(raw, ev, walk, parts, out)  # learnt record by record
+                base = walk.base - size  # (a change resolved what came before: offsets restart)
+        if skip_below < 0 and not want_where:  # the common case, in its own loop
             while off + 24 <= size:
                 typ, length = type_len(raw, off)
                 if length < 24 or off + length > size:
                     invalid["block: truncated record"] += 1
                     break
-                if typ in TABLE_RECORDS:
-                    n_out = len(out)
+                if typ in TABLE_RECORDS:  # (one after the block's op records: rare)
                     self._table_record(typ, raw, off, length, ev, walk, parts, out)
                     base = walk.base - size
-                    if want_where and len(out) != n_out:  # a group among the records keeps its place
-                        wh[-1] = (wh[-1][0], n_out)
-                        wh.append((len(offs), len(out)))
-                elif skip_below >= 0 and pos < skip_below:
-                    self.duplicates += 1
-                    pos += length
                 else:
                     append(base + off)
-                    if skip_below >= 0:
-                        pos += length
                 off += length
-            if want_where:
-                wh[-1] = (wh[-1][0], len(out))  # the block's records come after the groups it defined
+            return
+        while off + 24 <= size:
+            typ, length = type_len(raw, off)
+            if length < 24 or off + length > size:
+                invalid["block: truncated record"] += 1
+                break
+            if typ in TABLE_RECORDS:
+                n_out = len(out)
+                self._table_record(typ, raw, off, length, ev, walk, parts, out)
+                base = walk.base - size
+                if want_where and len(out) != n_out:  # a group among the records keeps its place
+                    wh[-1] = (wh[-1][0], n_out)
+                    wh.append((len(offs), len(out)))
+            elif skip_below >= 0 and pos < skip_below:
+                self.duplicates += 1
+                pos += length
+            else:
+                append(base + off)
+                if skip_below >= 0:
+                    pos += length
+            off += length
+        if want_where:
+            wh[-1] = (wh[-1][0], len(out))  # the block's records come after the groups it defined
+
+    def scanned(self, s: blockscan.Scan, b0: int, b1: int, walk: _Walk, parts: list[OpRecords],
+                out: list[tuple[int, dict]]) -> None:
+        """Blocks ``b0`` to ``b1`` (excluded) of a chunk the scanner read (``decode_chunk``),
+        as ``_block`` would decode them one by one: those with no bad record, no ring
+        overlap and a table prefix in effect hand their op records over as they are; the
+        others are walked record by record (the group events they define go to ``out``
+        with their block).  Whether a prefix is in effect is asked once
+        per distinct prefix, at its first block: the answer holds for its later blocks
+        until a walked block changes the tables (``_epoch``); then each block is asked."""
+        if b1 <= b0:
+            return
+        pos, end, start, stop, pend = (a[b0:b1] for a in (s.pos, s.end, s.start, s.stop, s.prefix_end))
+        has = pos >= 0  # (a block of version 3 has both)
+        upto = np.maximum.accumulate(np.concatenate([[self.seen_end], np.where(has, end, -1)]))
+        plain = ((s.flags[b0:b1] & blockscan.BAD) == 0) & ~(has & (pos < upto[:-1]))
+        pid = s.prefix_id[b0:b1]
+        firsts = np.flatnonzero(pid == np.arange(b0, b1))  # each prefix's first block
+        mv = memoryview(s.raw)
+        epoch, a, n = self._epoch, 0, b1 - b0
+        for k in np.union1d(np.flatnonzero(~plain), firsts).tolist():
+            if plain[k] and bytes(mv[int(start[k]):int(pend[k])]) in self._prefixes:
+                continue
+            if k > a:
+                self._hand_over(s, mv, b0 + a, b0 + k, walk)
+            self._walk_one(s, mv, b0 + k, int(upto[k]), walk, parts, out)
+            a = k + 1
+            if self._epoch != epoch or (pid[k] >= 0 and bytes(mv[int(start[k]):int(pend[k])]) not in self._prefixes):
+                break  # (what was known may not be now, or its later blocks are not: ask each)
+        else:
+            if n > a:
+                self._hand_over(s, mv, b0 + a, b1, walk)
+            self.seen_end = max(self.seen_end, int(upto[-1]))
+            return
+        for k in range(a, n):  # each block asked
+            if plain[k] and (pend[k] == start[k] or bytes(mv[int(start[k]):int(pend[k])]) in self._prefixes):
+                continue
+            if k > a:
+                self._hand_over(s, mv, b0 + a, b0 + k, walk)
+            self._walk_one(s, mv, b0 + k, int(upto[k]), walk, parts, out)
+            a = k + 1
+        if n > a:
+            self._hand_over(s, mv, b0 + a, b1, walk)
+        self.seen_end = max(self.seen_end, int(upto[-1]))
+
+    def _walk_one(self, s: blockscan.Scan, mv: memoryview, b: int, seen_end: int, walk: _Walk,
+                  parts: list[OpRecords], out: list[tuple[int, dict]]) -> None:
+        """Block ``b`` of a scan, record by record (``_block``), read after ``seen_end``."""
+        ev = {"type": BLOCK, "rank": self.rank, "ts": int(s.ts[b])}
+        if s.pos[b] >= 0:
+            ev["pos"], ev["end"] = int(s.pos[b]), int(s.end[b])
         self.seen_end = seen_end
-        self._flush(walk, parts)
-        if not parts:
-            return None
-        return concat(parts)
+        defined: list[dict] = []
+        self._block(ev, bytes(mv[int(s.start[b]):int(s.stop[b])]), walk, parts, defined)
+        out.extend((b, e) for e in defined)
+
+    @staticmethod
+    def _hand_over(s: blockscan.Scan, mv: memoryview, a: int, b: int, walk: _Walk) -> None:
+        """Blocks ``a`` to ``b`` (excluded) of a scan, as they are: their bytes join the
+        walk's buffers, their op records its offsets."""
+        lo, hi = int(s.start[a]), int(s.stop[b - 1])
+        walk.bufs.append(mv[lo:hi])
+        walk.offs.extend((s.ops[s.op_first[a]:s.op_first[b]] + (walk.base - lo)).tolist())
+        walk.base += hi - lo
 
     def _head(self, raw: bytes, ev: dict, walk: _Walk, parts: list[OpRecords], out: list[dict]) -> int:
         """Walk a block's table prefix (its records up to the first op record) record by record,
@@ -617,13 +690,14 @@ class BlockDecoder:
             off += length
         if len(self._prefixes) >= 64:
             self._prefixes.clear()
+            self._epoch += 1
         self._prefixes.add(prefix)
 
     def _flush(self, walk: _Walk, parts: list[OpRecords], carry: bytes | None = None) -> None:
         """Resolve what ``walk`` gathered into a part.  ``carry``: the block being walked
         goes on (its buffer starts the next walk, so the offsets gathered next stay valid)."""
         if walk.offs:
-            buf = walk.bufs[0] if len(walk.bufs) == 1 else b"".join(walk.bufs)
+            buf = bytes(walk.bufs[0]) if len(walk.bufs) == 1 else b"".join(walk.bufs)
             part = self._resolve(buf, np.array(walk.offs, np.int64), walk.where if walk.want_where else [])
             self._gathered += len(walk.offs)
             if part is not None:
@@ -1034,6 +1108,69 @@ def decode_stream(got: Decoded, decoder: BlockDecoder, columns: bool) -> Decoded
     if columns:
         return Decoded(out, got.damaged, invalid, ops)
     return Decoded(merged(out, ops), got.damaged, invalid)
+
+
+def decode_chunk(data: bytes, rank: int, decoder: BlockDecoder) -> Decoded | None:
+    """Complete lines of ``rank``'s stream decoded as ``decode_stream(decode_lines(data,
+    rank), decoder, columns=True)`` decodes them, the block lines found by the compiled
+    scanner (``blockscan``) and the rest as JSON; None where the scanner is not available.
+    Blocks are decoded in runs between the events that teach the decoder's tables (and
+    the blocks the scanner left to JSON); the events keep their line order, the group
+    events that blocks define included."""
+    s = blockscan.scan(data, rank)
+    if s is None:
+        return None
+    is_block = s.block >= 0
+    other = np.flatnonzero(~is_block)
+    lines, line_at = [], []
+    for k, lo, hi in zip(other.tolist(), s.line_start[other].tolist(), s.line_end[other].tolist(), strict=True):
+        line = data[lo:hi]
+        if line.strip():
+            lines.append(line)
+            line_at.append(k)
+    got, at = schema.decode_indexed(lines, rank)
+    blocks_before = np.cumsum(is_block) - is_block  # blocks on the lines before each
+    walk, parts = _Walk(False), []
+    out: list[dict] = []
+    out_line: list[int] = []  # the line of each event in ``out``
+    defined: list[tuple[int, dict]] = []  # (block, group event) of the scanned blocks
+    b = 0
+    for e, k in zip(got.events, at, strict=True):
+        typ = e.get("type")
+        line = line_at[k]
+        if typ == BLOCK or teaches(e):
+            nb = int(blocks_before[line])
+            decoder.scanned(s, b, nb, walk, parts, defined)
+            b = nb
+            if typ == BLOCK:
+                n0 = len(out)
+                decoder._block(e, None, walk, parts, out)
+                out_line += [line] * (len(out) - n0)
+                continue
+            if walk.offs:
+                decoder._flush(walk, parts)
+            decoder.note(e)
+            if typ == SITE:
+                continue
+        out.append(e)
+        out_line.append(line)
+    decoder.scanned(s, b, len(s.ts), walk, parts, defined)
+    decoder._flush(walk, parts)
+    if defined:  # each among the events at its block's line
+        block_line = np.flatnonzero(is_block).tolist()
+        merged, i = [], 0
+        for blk, e in defined:
+            while i < len(out) and out_line[i] < block_line[blk]:
+                merged.append(out[i])
+                i += 1
+            merged.append(e)
+        out = merged + out[i:]
+    invalid = got.invalid
+    if decoder.invalid:
+        invalid = Counter(got.invalid)
+        invalid.update(decoder.invalid)
+        decoder.invalid.clear()
+    return Decoded(out, got.damaged, invalid, concat(parts) if parts else None)
 
 
 # ------------------------------------------------------------------------------ reference encoder

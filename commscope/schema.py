@@ -342,6 +342,31 @@ def decode_lines(data: bytes, rank: int | None = None) -> Decoded:
     return Decoded(_sift(objs, rank, invalid), damaged, invalid)
 
 
+def decode_indexed(lines: list[bytes], rank: int | None = None) -> tuple[Decoded, list[int]]:
+    """``decode_lines`` of ``lines`` (none of them blank), with the index of the line each
+    event came from: for a reader that decodes the other lines of a chunk another way and
+    must put these back among them (``blocks.decode_chunk``)."""
+    if not lines:
+        return Decoded([], 0, Counter()), []
+    try:
+        objs = _DECODER.decode_lines(b"\n".join(lines))
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError):
+        objs = None
+    if objs is None or len(objs) != len(lines):  # a line that fails: each on its own
+        events, at, damaged, invalid = [], [], 0, Counter()
+        for k, line in enumerate(lines):
+            got = decode_lines(line, rank)
+            events += got.events
+            at += [k] * len(got.events)
+            damaged += got.damaged
+            invalid.update(got.invalid)
+        return Decoded(events, damaged, invalid), at
+    invalid = Counter()
+    kept = _sift(objs, rank, invalid)  # (keeps the very dicts it was given)
+    line_of = {id(o): k for k, o in enumerate(objs)}
+    return Decoded(kept, 0, invalid), [line_of[id(e)] for e in kept]
+
+
 def validate_events(objs: Iterable[Any], rank: int | None = None) -> tuple[list[dict], Counter]:
     """Validate events that are already Python objects (Flight Recorder imports, expanded
     blocks) against the same schema; returns (valid events, invalid counts by reason)."""

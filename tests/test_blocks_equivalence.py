@@ -100,17 +100,24 @@ class Uncached(BlockDecoder):
 
 
 def run(lines: list[bytes], rank: int = 0, chunk: int = 0, columns: bool = False,
-        table: StaticTable | None = None, decoder: type[BlockDecoder] = BlockDecoder,
+        table: StaticTable | None = None, decoder: type[BlockDecoder] = BlockDecoder, scanned: bool = False,
         ) -> tuple[list[dict], list[dict], Counter, int]:
     """``lines`` through one decoder as a reader feeds it, ``chunk`` lines a batch (0: all at
-    once): (op events, other events, invalid counts, duplicates)."""
+    once): (op events, other events, invalid counts, duplicates).  ``scanned``: as a reader
+    of columns with the compiled scanner decodes them (``blocks.decode_chunk``)."""
     dec = decoder(rank, table if table is not None else StaticTable())
     size = chunk or max(1, len(lines))
     ops: list[dict] = []
     others: list[dict] = []
     invalid: Counter = Counter()
     for i in range(0, len(lines), size):
-        got = decode_stream(decode_lines(b"\n".join(lines[i:i + size]) + b"\n", rank), dec, columns=columns)
+        data = b"\n".join(lines[i:i + size]) + b"\n"
+        if scanned:
+            got = blocks.decode_chunk(data, rank, dec)
+            assert got is not None, "the scanner is not available"
+            columns = True
+        else:
+            got = decode_stream(decode_lines(data, rank), dec, columns=columns)
         invalid.update(got.invalid)
         for e in got.events:
             (ops if e["type"] == "op" else others).append(e)
@@ -384,6 +391,15 @@ def test_columns_and_events_stand_for_the_same_records_and_every_record_is_accou
                                                                                 "wait_end", "done")
 
 
+@settings(SETTINGS, max_examples=300)
+@given(st.one_of(streams(mode="upfront"), streams(mode="late"), streams(mode="wild")), st.sampled_from([0, 1, 3]))
+def test_the_compiled_scanner_decodes_as_the_json_path_does(lines, chunk):
+    """``decode_chunk`` (blocks found by ``blockscan``) gives what ``decode_stream`` gives,
+    events in the same order, whatever the input and however it is split."""
+    assert run(lines, chunk=chunk, scanned=True) == run(lines, chunk=chunk, columns=True)
+    assert run(lines, chunk=chunk, scanned=True, decoder=Uncached) == run(lines, chunk=chunk, columns=True)
+
+
 @settings(SETTINGS, max_examples=250)
 @given(st.one_of(streams(mode="upfront"), streams(mode="late"), streams(mode="wild")))
 def test_how_a_stream_is_split_into_batches_changes_nothing(lines):
@@ -449,6 +465,7 @@ def test_the_fuzzer_s_native_store_and_its_block_mutants_decode_alike_both_ways(
             lines = [_sanitize_line(x) if b'"type":"block"' in x else x for x in lines]
             ops, others, invalid, dups = run(lines, rank)
             assert run(lines, rank, columns=True) == (ops, others, invalid, dups), seed
+            assert run(lines, rank, scanned=True) == run(lines, rank, columns=True), seed
             assert len(ops) + invalid["block: bad record"] + invalid["block: unknown record"] + dups == \
                 op_records_walked(lines), seed
 

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, Protocol
 
 import orjson
 
-from commscope.blocks import BlockDecoder, StaticTable, decode_stream
+from commscope.blocks import BlockDecoder, StaticTable, decode_chunk, decode_stream
 from commscope.events import Decoded, Event, decode_lines
 from commscope.oprecords import OpRecords
 from commscope.schema import SCHEMA_VERSION
@@ -111,7 +111,7 @@ class ReadStats:
     def count_store_lost(self, rank: int, raw: bytes, decoded: Decoded) -> None:
         """Count what a writer's ``store_lost`` markers in ``raw`` say the store lost (a
         directory store deleted and recreated under a running rank)."""
-        if STORE_LOST.encode() not in raw:
+        if len(decoded.events) > 64 and STORE_LOST.encode() not in raw:  # (a look at few events costs less)
             return
         for e in decoded.events:
             if e["type"] == "dropped" and str(e.get("reason", "")).startswith(STORE_LOST) and e.get("entries"):
@@ -369,8 +369,10 @@ class TraceReader(abc.ABC):
         keeps the op records of blocks in columns (``poll_batch`` hands them over): they are
         not among the events returned."""
         rank = stream[0]
-        got = decode_lines(raw, rank) if isinstance(raw, bytes) else decode_entries(raw, rank)
-        got = decode_stream(got, self._decoder(stream), columns=self.columnar)
+        got = decode_chunk(raw, rank, self._decoder(stream)) if self.columnar and isinstance(raw, bytes) else None
+        if got is None:
+            got = decode_lines(raw, rank) if isinstance(raw, bytes) else decode_entries(raw, rank)
+            got = decode_stream(got, self._decoder(stream), columns=self.columnar)
         top = _last_begin(got.events)  # (op events: JSON ones, and a reader of events' records)
         if got.ops is not None:
             try:

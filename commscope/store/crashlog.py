@@ -126,15 +126,18 @@ class CrashFiles:
         self._sizes: dict[int, int] = {}
         self._done: set[int] = set()
 
-    def poll(self, job_dir: Path | None, caught_up: Callable[[int], bool], final: bool = False) -> list[Event]:
+    def poll(self, job_dir: Path | None, caught_up: Callable[[int], bool], final: bool = False,
+             names: list[str] | None = None) -> list[Event]:
         """Events of crash files that stopped growing (or all, with ``final``) of ranks whose
-        trace file is read to its end."""
+        trace file is read to its end.  ``names``: the crash files in ``job_dir`` as its
+        reader last listed it (None: list it)."""
         if job_dir is None:
             return []
-        try:
-            names = os.listdir(job_dir)
-        except OSError:
-            return []
+        if names is None:
+            try:
+                names = os.listdir(job_dir)
+            except OSError:
+                return []
         out: list[Event] = []
         for name in names:
             m = CRASH_FILE.match(name)

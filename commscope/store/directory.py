@@ -49,7 +49,7 @@ from commscope.store.base import (
     store_lost,
 )
 from commscope.store.bulkread import DecoderState, Job, StreamsRead, Workers
-from commscope.store.crashlog import CrashFiles
+from commscope.store.crashlog import CRASH_FILE, CrashFiles
 from commscope.store.files import (
     O_NOFOLLOW,
     atomic_write,
@@ -375,6 +375,7 @@ class DirectoryReader(TraceReader):
         self._next = 0  # the stream a budgeted poll starts with (they take turns)
         self._streams: dict[Stream, list[Segment]] = {}
         self._summaries: dict[Stream, Path] = {}
+        self._crash_names: list[str] = []  # crash files (``crashlog``) as the directory was last listed
         self._summary_offsets: dict[Stream, int] = {}
         self._carried: list[Event] = []  # what streams starting at a later segment were in (``_carry``)
         self._read_of: dict[tuple[Stream, int], int] = {}  # (stream, segment) -> bytes of it read (where it goes on)
@@ -435,10 +436,13 @@ class DirectoryReader(TraceReader):
             return {}
         parsed = []
         self._summaries = {}
+        self._crash_names = []
         for name in names:
             seg = segments.parse(name)
             summary = segments.parse_summary(name) if seg is None else None
             if seg is None and summary is None:
+                if CRASH_FILE.match(name):
+                    self._crash_names.append(name)
                 continue
             try:
                 ok = stat.S_ISREG(os.stat(self.job_dir / name).st_mode)  # a symlink to a regular file is fine
@@ -563,7 +567,7 @@ class DirectoryReader(TraceReader):
             if self._carried:
                 out[:0] = self._carried  # (what streams read from a later segment were in first)
                 self._carried = []
-            out.extend(self._crashes.poll(self.job_dir, self._caught_up))
+            out.extend(self._crashes.poll(self.job_dir, self._caught_up, names=self._crash_names))
             out.extend(self._remnants(final=False))
         self.stats.partial_tail = sum(self._partial.values())
         return out

@@ -1,0 +1,301 @@
+"""Scanning a stream's lines for native blocks, compiled: the hot part of reading a trace.
+
+A native trace is mostly ``block`` lines, each the same template (``blocks.encode_block``,
+record/native/drain.h) around base64 data: one block per recorder tick, a few records each,
+most of them table records restating what a recent block stated.  Decoding them one by one
+in Python costs ~3 us a line (JSON, base64, the record walk, the restatements), which
+bounds a reader at ~0.7 M events/s.  ``scan`` reads a whole chunk of lines in one compiled
+pass (numba): each line that is exactly the template, with values the schema accepts,
+becomes a block (its fields, its bytes decoded into one buffer, its op records' offsets,
+where its table prefix ends, and which earlier block of the chunk has the same prefix, so
+the decoder looks at each distinct prefix once); every other line is left for the JSON path, so what a block line means is decided
+in one place (``blocks.BlockDecoder``) and this only finds the common case faster.
+
+Without numba (or with ``COMMSCOPE_SCAN=0``) ``scan`` returns None and readers decode
+every line as JSON: the same events, slower.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+
+from commscope.schema import MAX_BLOCK, MAX_INT, MAX_RANK, SCHEMA_VERSION
+
+ENV_SCAN = "COMMSCOPE_SCAN"
+
+#: A block's flag: a truncated record, or a table record after an op record (decode it record by record)
+BAD = 1
+
+_TABLE = np.zeros(256, np.bool_)
+_TABLE[[8, 10, 11, 12, 13]] = True  # blocks.TABLE_RECORDS (a test holds them equal)
+_B64 = np.full(256, -1, np.int64)  # (-1: not base64, "=" included: its place is checked apart)
+for _i, _c in enumerate(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"):
+    _B64[_c] = _i
+_HEAD = np.frombuffer(b'{"type":"block","v":', np.uint8)
+_RANK = np.frombuffer(b',"rank":', np.uint8)
+_TS = np.frombuffer(b',"ts":', np.uint8)
+_N = np.frombuffer(b',"n":', np.uint8)
+_POS = np.frombuffer(b',"pos":', np.uint8)
+_END = np.frombuffer(b',"end":', np.uint8)
+_DATA = np.frombuffer(b',"data":"', np.uint8)
+_FNV = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
+class Scan(NamedTuple):
+    """A chunk of lines scanned.  Lines: ``line_start``/``line_end`` (byte offsets of each,
+    without its newline) and ``block`` (its block's index; -1: decode it as JSON).  Blocks,
+    in line order: ``ts``, ``pos`` and ``end`` (-1: none), ``start``/``stop`` (their bytes in
+    ``raw``), ``prefix_end`` (where their table prefix ends in ``raw``), ``prefix_id`` (the
+    first block of the chunk with the same table prefix; -1: none), ``flags`` (BAD); their
+    op records' offsets in ``raw`` are ``ops[op_first[b]:op_first[b + 1]]``."""
+
+    raw: np.ndarray
+    line_start: np.ndarray
+    line_end: np.ndarray
+    block: np.ndarray
+    ts: np.ndarray
+    pos: np.ndarray
+    end: np.ndarray
+    start: np.ndarray
+    stop: np.ndarray
+    prefix_end: np.ndarray
+    prefix_id: np.ndarray
+    flags: np.ndarray
+    ops: np.ndarray
+    op_first: np.ndarray
+
+
+_kernel: Callable[..., tuple] | None = None
+_missing = False
+
+
+def available() -> bool:
+    """Whether ``scan`` scans: numba is there and ``COMMSCOPE_SCAN`` does not say no."""
+    if os.environ.get(ENV_SCAN, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return _load() is not None
+
+
+def scan(data: bytes, rank: int) -> Scan | None:
+    """``data`` (lines of ``rank``'s stream) scanned for blocks; None when the scanner is
+    not available."""
+    if not data or not available():
+        return None
+    assert _kernel is not None
+    return Scan(*_kernel(np.frombuffer(data, np.uint8), rank))
+
+
+def _load() -> Callable[..., tuple] | None:
+    """The compiled scanner, compiled (or loaded from numba's cache) on first use: a
+    recording rank imports this module and never pays for numba."""
+    global _kernel, _missing
+    if _kernel is None and not _missing:
+        try:
+            import numba
+        except ImportError:
+            _missing = True
+            return None
+        jit = numba.njit(cache=True, nogil=True, boundscheck=False)
+        names = ("_hash", "_lit", "_num", "_b64", "_same", "_scan")  # (helpers first: _scan calls them)
+        g = globals()
+        for name in names:
+            g[name] = jit(g[name])
+        _kernel = g["_scan"]
+    return _kernel
+
+
+def _hash(b: np.ndarray, lo: int, hi: int) -> np.uint64:
+    """FNV-1a over 8-byte words of ``b[lo:hi]`` (only to find equal prefixes: equal bytes
+    are compared after)."""
+    h = _FNV
+    i = lo
+    while i + 8 <= hi:
+        w = np.uint64(0)
+        for k in range(8):
+            w |= np.uint64(b[i + k]) << np.uint64(8 * k)
+        h = (h ^ w) * _FNV_PRIME
+        i += 8
+    while i < hi:
+        h = (h ^ np.uint64(b[i])) * _FNV_PRIME
+        i += 1
+    return h
+
+
+def _lit(d: np.ndarray, p: int, stop: int, lit: np.ndarray) -> int:
+    """Where ``lit`` ends if it is at ``p`` (-1: it is not)."""
+    n = lit.shape[0]
+    if p + n > stop:
+        return -1
+    for k in range(n):
+        if d[p + k] != lit[k]:
+            return -1
+    return p + n
+
+
+def _num(d: np.ndarray, p: int, stop: int, most: int) -> tuple[int, int]:
+    """(value, where it ends) of the JSON integer at ``p`` if it is one from 0 to ``most``
+    written as JSON writes it (no sign, no leading zero); (-1, -1) if not."""
+    v = np.uint64(0)
+    q = p
+    while q < stop and 48 <= d[q] <= 57 and q - p < 19:
+        v = v * np.uint64(10) + np.uint64(d[q] - 48)
+        q += 1
+    if q == p or (d[p] == 48 and q - p > 1) or (q < stop and 48 <= d[q] <= 57) or v > np.uint64(most):
+        return -1, -1
+    return np.int64(v), q
+
+
+def _b64(d: np.ndarray, p: int, q: int, out: np.ndarray, at: int) -> int:
+    """Decode base64 ``d[p:q]`` into ``out`` at ``at`` as ``binascii.a2b_base64(strict_mode=
+    True)`` would; returns the bytes written, -1 where it would refuse."""
+    n = q - p
+    if n % 4:
+        return -1
+    if n == 0:
+        return 0
+    w = at
+    for k in range(p, q - 4, 4):  # every quartet but the last: no padding (a bad one makes v < 0)
+        v = (_B64[d[k]] << 18) | (_B64[d[k + 1]] << 12) | (_B64[d[k + 2]] << 6) | _B64[d[k + 3]]
+        if v < 0:
+            return -1
+        out[w] = (v >> 16) & 255
+        out[w + 1] = (v >> 8) & 255
+        out[w + 2] = v & 255
+        w += 3
+    k = q - 4  # the last: "xxxx", "xxx=" or "xx=="
+    keep = 3 if d[k + 3] != 61 else (2 if d[k + 2] != 61 else 1)
+    v = (_B64[d[k]] << 18) | (_B64[d[k + 1]] << 12)
+    if keep >= 2:
+        v |= _B64[d[k + 2]] << 6
+    if keep == 3:
+        v |= _B64[d[k + 3]]
+    if v < 0:
+        return -1
+    out[w] = (v >> 16) & 255
+    if keep >= 2:
+        out[w + 1] = (v >> 8) & 255
+    if keep == 3:
+        out[w + 2] = v & 255
+    return w + keep - at
+
+
+def _same(b: np.ndarray, x: int, y: int, n: int) -> bool:
+    for k in range(n):  # noqa: SIM110 (compiled: a loop, not a generator)
+        if b[x + k] != b[y + k]:
+            return False
+    return True
+
+
+def _scan(d, rank):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+    """``scan``'s work, in one pass over the lines (see ``Scan`` for what it returns)."""
+    n = d.shape[0]
+    lines = 1
+    for x in range(n):
+        if d[x] == 10:
+            lines += 1
+    ls, le, blk = np.empty(lines, np.int64), np.empty(lines, np.int64), np.empty(lines, np.int32)
+    bts, bpos, bend = np.empty(lines, np.int64), np.empty(lines, np.int64), np.empty(lines, np.int64)
+    bstart, bstop = np.empty(lines, np.int64), np.empty(lines, np.int64)
+    bpend, bpid = np.empty(lines, np.int64), np.empty(lines, np.int64)
+    bflag = np.empty(lines, np.uint8)
+    raw = np.empty(n * 3 // 4 + 3, np.uint8)
+    ops = np.empty(raw.shape[0] // 24 + 1, np.int64)
+    op_first = np.empty(lines + 1, np.int64)
+    seen = dict()  # prefix hash -> first block with it
+    seen[np.uint64(0)] = np.int64(-1)
+    nl = nb = nraw = nops = 0
+    i = 0
+    while i < n:
+        j = i
+        while j < n and d[j] != 10:
+            j += 1
+        ls[nl], le[nl], blk[nl] = i, j, -1
+        nl += 1
+        line_end, i = j, j + 1
+        # the template, field by field: anything else is left for the JSON path
+        p = _lit(d, ls[nl - 1], line_end, _HEAD)
+        if p < 0:
+            continue
+        _version, p = _num(d, p, line_end, SCHEMA_VERSION)
+        p = _lit(d, p, line_end, _RANK) if p >= 0 else -1
+        if p < 0:
+            continue
+        r, p = _num(d, p, line_end, MAX_RANK)
+        if p < 0 or r != rank:
+            continue
+        p = _lit(d, p, line_end, _TS)
+        if p < 0:
+            continue
+        ts, p = _num(d, p, line_end, MAX_INT)
+        p = _lit(d, p, line_end, _N) if p >= 0 else -1
+        if p < 0:
+            continue
+        _count, p = _num(d, p, line_end, MAX_INT)
+        if p < 0:
+            continue
+        pos = end = -1
+        q = _lit(d, p, line_end, _POS)
+        if q >= 0:
+            pos, q = _num(d, q, line_end, MAX_INT)
+            q = _lit(d, q, line_end, _END) if q >= 0 else -1
+            if q < 0:
+                continue
+            end, p = _num(d, q, line_end, MAX_INT)
+            if p < 0:
+                continue
+        p = _lit(d, p, line_end, _DATA)
+        if p < 0 or line_end - p < 2 or d[line_end - 1] != 125 or d[line_end - 2] != 34:
+            continue
+        q = line_end - 2  # the data ends at the line's '"}' (no '"' can be in base64)
+        if q - p > MAX_BLOCK:
+            continue
+        size = _b64(d, p, q, raw, nraw)
+        if size < 0:
+            continue
+        # a block: its records walked (a record's length says where the next starts)
+        start, stop = nraw, nraw + size
+        nraw = stop
+        b = nb
+        nb += 1
+        blk[nl - 1] = b
+        bts[b], bpos[b], bend[b], bstart[b], bstop[b] = ts, pos, end, start, stop
+        op_first[b] = nops
+        flag = 0
+        pend = start
+        o = start
+        while o + 24 <= stop:
+            length = (np.int64(raw[o + 4]) | (np.int64(raw[o + 5]) << 8) | (np.int64(raw[o + 6]) << 16)
+                      | (np.int64(raw[o + 7]) << 24))
+            if length < 24 or o + length > stop:
+                flag |= BAD
+                break
+            if _TABLE[raw[o]]:
+                if nops > op_first[b]:
+                    flag |= BAD  # a table record after an op record: in order, record by record
+                else:
+                    pend = o + length
+            else:
+                ops[nops] = o
+                nops += 1
+            o += length
+        bpend[b], bflag[b], bpid[b] = pend, flag, -1
+        if pend > start:  # the first block with the same prefix (a hash shared by another: itself)
+            h = _hash(raw, start, pend)
+            first = np.int64(-1)
+            if h in seen:
+                first = seen[h]
+            if first < 0:
+                seen[h] = b
+                bpid[b] = b
+            elif bpend[first] - bstart[first] == pend - start and _same(raw, bstart[first], start, pend - start):
+                bpid[b] = first
+            else:
+                bpid[b] = b
+    op_first[nb] = nops
+    return (raw[:nraw], ls[:nl], le[:nl], blk[:nl], bts[:nb], bpos[:nb], bend[:nb], bstart[:nb], bstop[:nb],
+            bpend[:nb], bpid[:nb], bflag[:nb], ops[:nops], op_first[:nb + 1])

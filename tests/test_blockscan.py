@@ -1,0 +1,107 @@
+"""The compiled block scanner (``commscope.blockscan``): it takes a line for a block only
+where the JSON path would read the same block, and leaves every other line to JSON.
+(That whole streams decode alike both ways: tests/test_blocks_equivalence.py.)"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from commscope import blocks, blockscan
+from commscope.schema import MAX_INT, MAX_RANK
+
+pytestmark = pytest.mark.skipif(not blockscan.available(), reason="numba is not installed")
+
+T = 1_700_000_000_000_000_000
+
+
+def _strict(text: bytes) -> bytes | None:
+    try:
+        return binascii.a2b_base64(text, strict_mode=True)
+    except binascii.Error:
+        return None
+
+
+def _scan_b64(text: bytes) -> bytes | None:
+    blockscan._load()
+    out = np.zeros(len(text), np.uint8)
+    n = blockscan._b64(np.frombuffer(text, np.uint8), 0, len(text), out, 0)
+    return None if n < 0 else out[:n].tobytes()
+
+
+def test_base64_is_read_as_python_s_strict_mode_reads_it_or_left_to_it():
+    """Where the scanner refuses, the line goes to the JSON path (strict base64): so it may
+    refuse more than Python does (``QUJD====``, which Python reads), never read otherwise."""
+    rng = random.Random(7)
+    alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
+    cases = [b"", b"=", b"==", b"QQ==", b"QUI=", b"QUJD", b"Q===", b"QQ=", b"Q=Q=", b"QUJD====", b"QQ==QQ==",
+             b"QU I=", b"QUJD\n", b"-_-_"]
+    for n in range(1, 40):
+        good = base64.b64encode(rng.randbytes(n))
+        cases.append(good)
+        for _ in range(20):  # one byte changed, anywhere, to anything of the alphabet or not
+            bad = bytearray(good)
+            bad[rng.randrange(len(bad))] = rng.choice(alphabet) if rng.random() < 0.8 else rng.randrange(256)
+            cases.append(bytes(bad))
+        assert _scan_b64(good) == base64.b64decode(good)  # what encoders write is always read
+    for text in cases:
+        got = _scan_b64(text)
+        assert got is None or got == _strict(text), text
+    assert _scan_b64(b"QUJD====") is None and _strict(b"QUJD====") == b"ABC"
+
+
+def _line(**kw: object) -> bytes:
+    data = kw.pop("data", blocks.pack_end(1, T))
+    return blocks.encode_block(data, kw.pop("rank", 0), kw.pop("ts", T), 1, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("line", "block"), [
+    (_line(), True),
+    (_line(pos=0, end=26), True),
+    (_line(rank=1), False),  # another rank's: the JSON path counts it invalid
+    (_line(ts=MAX_INT), True),
+    (_line(ts=MAX_INT + 1), False),  # out of the schema's range
+    (b'{"type":"block","v":3,"rank":0,"ts":01,"n":1,"data":"AAAA"}', False),  # not JSON
+    (b'{"type":"block","v":9,"rank":0,"ts":1,"n":1,"data":"AAAA"}', False),  # a version to come
+    (b'{"type":"block","v":3,"rank":0,"ts":1,"n":1,"data":"AAA"}', False),  # not base64
+    (b'{"type":"block", "v":3,"rank":0,"ts":1,"n":1,"data":"AAAA"}', False),  # valid JSON, not the template
+    (b'{"type":"block","v":3,"rank":0,"ts":1,"n":1,"data":"AAAA","x":1}', False),
+    (b'{"type":"block","v":3,"rank":0,"ts":1,"n":1,"data":"AAAA"} ', False),
+    (b'{"type":"block","v":3,"rank":%d,"ts":1,"n":1,"data":"AAAA"}' % (MAX_RANK + 1), False),
+])
+def test_a_line_is_a_block_only_when_it_is_exactly_the_template(line, block):
+    rank = 1 if b'"rank":1,' in line else 0
+    got = blockscan.scan(line + b"\n", rank if block else 0)
+    assert got is not None
+    assert (got.block >= 0).tolist() == [block]
+
+
+def test_a_block_s_records_prefix_and_ring_positions_are_found():
+    sig = blocks.pack_sig(5, opcode=1)
+    group = blocks.pack_group(0, "0", "gloo", [0, 1])
+    ops = blocks.pack_sig_begin(1, T, 5) + blocks.pack_end(1, T + 1)
+    lines = [_line(data=group + sig + ops, pos=0, end=100), b'{"type":"sample","ts":1,"rank":0}',
+             _line(data=group + sig + ops, pos=100, end=200), _line(data=ops + sig)]
+    s = blockscan.scan(b"\n".join(lines), 0)
+    assert s is not None
+    assert s.block.tolist() == [0, -1, 1, 2]
+    assert s.pos.tolist() == [0, 100, -1] and s.end.tolist() == [100, 200, -1]
+    prefix = len(group) + len(sig)
+    assert (s.prefix_end - s.start).tolist() == [prefix, prefix, 0]
+    assert s.prefix_id.tolist() == [0, 0, -1]  # the second restates the first's prefix
+    assert s.flags.tolist() == [0, 0, blockscan.BAD]  # a table record after an op record
+    assert (s.ops - s.start[np.repeat(np.arange(3), np.diff(s.op_first))]).tolist() == \
+        [prefix, prefix + 52, prefix, prefix + 52, 0, 52]
+    assert s.raw[s.start[1]:s.stop[1]].tobytes() == group + sig + ops
+
+
+def test_a_recording_rank_never_imports_numba():
+    code = "import sys, commscope.record.recorder, commscope.blocks; print('numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
