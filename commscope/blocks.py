@@ -1113,13 +1113,21 @@ def decode_stream(got: Decoded, decoder: BlockDecoder, columns: bool) -> Decoded
 def decode_chunk(data: bytes, rank: int, decoder: BlockDecoder) -> Decoded | None:
     """Complete lines of ``rank``'s stream decoded as ``decode_stream(decode_lines(data,
     rank), decoder, columns=True)`` decodes them, the block lines found by the compiled
-    scanner (``blockscan``) and the rest as JSON; None where the scanner is not available.
+    scanner (``blockscan``) and the rest as JSON; None where the scanner is not available
+    or the chunk is mostly other events.
     Blocks are decoded in runs between the events that teach the decoder's tables (and
     the blocks the scanner left to JSON); the events keep their line order, the group
     events that blocks define included."""
-    s = blockscan.scan(data, rank)
-    if s is None:
+    if data.find(LINE_PREFIX, 0, 1 << 16) < 0:  # (JSON events: numba is not even loaded)
         return None
+    s = blockscan.scan(data, rank)
+    if s is None or len(s.ts) * 2 < len(s.line_start):  # (mostly JSON events: JSON's way is faster)
+        return None
+    return decode_scanned(data, s, rank, decoder)
+
+
+def decode_scanned(data: bytes, s: blockscan.Scan, rank: int, decoder: BlockDecoder) -> Decoded:
+    """``decode_chunk``'s work, given the scan ``s`` of ``data``."""
     is_block = s.block >= 0
     other = np.flatnonzero(~is_block)
     lines, line_at = [], []

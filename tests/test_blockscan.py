@@ -105,3 +105,11 @@ def test_a_recording_rank_never_imports_numba():
     code = "import sys, commscope.record.recorder, commscope.blocks; print('numba' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_chunk_of_mostly_json_events_is_left_to_the_json_path():
+    sample = b'{"type":"sample","ts":1,"rank":0}'
+    assert blocks.decode_chunk(sample + b"\n", 0, blocks.BlockDecoder()) is None  # no block: numba not asked
+    assert blocks.decode_chunk(b"\n".join([_line(), sample, sample, sample]), 0, blocks.BlockDecoder()) is None
+    got = blocks.decode_chunk(b"\n".join([_line(), _line(), sample]), 0, blocks.BlockDecoder())
+    assert got is not None and got.events == [{"type": "sample", "ts": 1, "rank": 0}]
