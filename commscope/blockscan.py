@@ -3,12 +3,13 @@
 A native trace is mostly ``block`` lines, each the same template (``blocks.encode_block``,
 record/native/drain.h) around base64 data: one block per recorder tick, a few records each,
 most of them table records restating what a recent block stated.  Decoding them one by one
-in Python costs ~3 us a line (JSON, base64, the record walk, the restatements), which
-bounds a reader at ~0.7 M events/s.  ``scan`` reads a whole chunk of lines in one compiled
-pass (numba): each line that is exactly the template, with values the schema accepts,
-becomes a block (its fields, its bytes decoded into one buffer, its op records' offsets,
-where its table prefix ends, and which earlier block of the chunk has the same prefix, so
-the decoder looks at each distinct prefix once); every other line is left for the JSON path, so what a block line means is decided
+in Python costs ~3.3 us a line (JSON, base64, the record walk, the restatements): a reader
+reads ~0.56 M events/s a core.  ``scan`` reads a whole chunk of lines in one compiled pass
+(numba, ~0.8 us a line; 0.9 M events/s with the rest): each line that is exactly the
+template, with values the schema accepts, becomes a block (its fields, its bytes decoded
+into one buffer, its op records' offsets, where its table prefix ends, and which earlier
+block of the chunk has the same prefix, so the decoder looks at each distinct prefix
+once); every other line is left for the JSON path, so what a block line means is decided
 in one place (``blocks.BlockDecoder``) and this only finds the common case faster.
 
 Without numba (or with ``COMMSCOPE_SCAN=0``) ``scan`` returns None and readers decode
