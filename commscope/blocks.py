@@ -485,17 +485,22 @@ class BlockDecoder:
             if typ == BLOCK:
                 self._block(ev, None, walk, parts, out)
                 continue
-            if teaches(ev):
-                if walk.offs:
-                    self._flush(walk, parts)
-                self.note(ev)
-                if typ == SITE:
-                    continue
+            if teaches(ev) and not self._learn(ev, walk, parts):
+                continue
             out.append(ev)
         self._flush(walk, parts)
         if not parts:
             return None
         return concat(parts)
+
+    def _learn(self, ev: dict, walk: _Walk, parts: list[OpRecords]) -> bool:
+        """An event that teaches the tables (``teaches``), learnt after what ``walk``
+        gathered before it is resolved; whether it goes among the events too (a ``site``
+        event only teaches)."""
+        if walk.offs:
+            self._flush(walk, parts)
+        self.note(ev)
+        return ev.get("type") != SITE
 
     def _block(self, ev: dict, raw: bytes | None, walk: _Walk, parts: list[OpRecords], out: list[dict]) -> None:
         """One ``block`` event walked record by record (``raw``: its data, when decoded)."""
@@ -1155,10 +1160,7 @@ def decode_scanned(data: bytes, s: blockscan.Scan, rank: int, decoder: BlockDeco
                 decoder._block(e, None, walk, parts, out)
                 out_line += [line] * (len(out) - n0)
                 continue
-            if walk.offs:
-                decoder._flush(walk, parts)
-            decoder.note(e)
-            if typ == SITE:
+            if not decoder._learn(e, walk, parts):
                 continue
         out.append(e)
         out_line.append(line)
