@@ -21,3 +21,10 @@ def test_an_added_cost_within_the_spread_is_neither_met_nor_missed():
     assert verdict(1.5 * t, 0.5 * t, 0.5 * t) == "NO"
     assert verdict(-14 * t, -10 * t, 80 * t) == "?"  # two ranks on two cores: ±233 µs
     assert verdict(5 * t, 5 * t, 20 * t) == "?"
+
+
+def test_a_cost_above_the_target_by_more_than_the_spread_is_a_miss():
+    # As measured on an H200 with the Python recorder: +50 µs ± 15 µs against 8 µs.
+    assert verdict(50.3 * US, 52.0 * US, 15.4 * US, 8.0) == "NO"
+    assert verdict(3.3 * US, 7.7 * US, 22.0 * US, 8.0) == "?"  # within its spread of the target
+    assert verdict(1.35 * US, 1.24 * US, 6.8 * US, 8.0) == "yes"

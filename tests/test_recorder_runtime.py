@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import subprocess
 import sys
@@ -262,3 +263,53 @@ def test_instrument_before_init_uses_env_defaults(tmp_path, monkeypatch, source)
     assert meta["recorder"] == source
     if source == "python":
         assert meta["fr"] is True
+
+
+class _PairsDoneByNextPoll:
+    """Stands in for the Python recorder's CudaTimer where there is no GPU: an op's event
+    pair, registered when its call returned (as ``_cuda_stop`` does), has completed by the
+    recorder thread's next poll."""
+
+    def __init__(self) -> None:
+        self.finished: collections.deque = collections.deque()
+        self.dropped = 0
+
+    def poll(self) -> list[tuple[int, int]]:
+        out = []
+        while self.finished:
+            out.append((self.finished.popleft(), 1000))
+        return out
+
+
+def quick_device_ops(rank: int, ws: int, store: str) -> int:
+    rec = commscope.instrument(store, sample_interval=0.05)
+    hot = rec.ops
+    timer = hot.cuda = _PairsDoneByNextPoll()
+    issued = []
+    take_id = hot.next_id
+
+    def next_id() -> int:
+        issued.append(take_id())
+        return issued[-1]
+
+    hot.next_id = next_id
+    x = torch.ones(4)
+    for _ in range(40):
+        dist.all_reduce(x)
+        timer.finished.append(issued[-1])
+        time.sleep(0.002)
+    time.sleep(0.3)
+    return len(issued)
+
+
+def test_python_recorder_writes_a_device_done_after_its_ops_begin_and_end(tmp_path):
+    """Found on an H200: ops that finished on the device before the thread's next drain got
+    their ``done`` written ahead of their begin, and readers dropped it."""
+    store = tmp_path / "trace"
+    n = run_ranks(quick_device_ops, 1, args=(str(store),), env={"COMMSCOPE_SOURCE": "python"})[0].value
+    events = [e for e in read_events(store) if e["type"] == "op"]
+    assert n == 40 and len(ops(events)) == 40
+    position = {(e["id"], e["phase"]): i for i, e in enumerate(events)}
+    for o in ops(events):
+        assert o["phases"]["done"]["gpu_ns"] == 1000, o
+        assert position[(o["id"], "begin")] < position[(o["id"], "end")] < position[(o["id"], "done")]

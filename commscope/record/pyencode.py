@@ -70,10 +70,6 @@ class QueueEncoder:
                 emit({"type": events.DROPPED, "ts": now, "count": missed - self._fr_missed_reported, "total": missed,
                       "reason": flight.RING_OVERWRITTEN})
                 self._fr_missed_reported = missed
-        cuda = self.hot.cuda
-        if cuda is not None:
-            for op_id, gpu_ns in cuda.poll():
-                emit({"type": events.OP, "ts": time.time_ns(), "phase": events.DONE, "id": op_id, "gpu_ns": gpu_ns})
 
     def stuck(self, now: int, limit: int) -> tuple[list[tuple[int, int]], int | None]:
         """(op id, thread id) of ops and waits newly in flight longer than ``limit`` ns (an

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from commscope import blocks
+from commscope import blocks, events
 from commscope.blocks import pack_end, pack_rbegin, pack_source, pack_wait_begin
 from commscope.events import encode as _dumps
 from commscope.events import signature_key
@@ -332,12 +332,19 @@ class PythonOps:
     # The recorder calls these on its op source; ``QueueEncoder`` does that work.
     def collect(self, now: int, final: bool, emit, out, rank: int | None, drain: bool = True) -> None:
         """Bookkeeping and Flight Recorder's entries (``encoder``), then (unless the store is
-        failing) the records since the last drain as one block, to ``out(line, end)``."""
+        failing) the records since the last drain as one block, to ``out(line, end)``, then
+        the ``done`` events of CUDA ops whose event pairs completed.  The pairs are polled
+        before the drain, so every op they finish has its begin in this block or an
+        earlier one: a ``done`` never precedes its op's begin in the stream."""
+        cuda = self.cuda
+        finished = cuda.poll() if cuda is not None and rank is not None and drain else ()
         self.encoder.collect(now, final, emit, out, rank)
         if rank is not None and drain:
             line, _n, end = self.ring.drain_block(rank, now)
             if line is not None:
                 out(line, end)
+        for op_id, gpu_ns in finished:
+            emit({"type": events.OP, "ts": time.time_ns(), "phase": events.DONE, "id": op_id, "gpu_ns": gpu_ns})
 
     def stuck(self, now: int, limit: int) -> tuple[list[tuple[int, int]], int | None]:
         return self.encoder.stuck(now, limit)

@@ -54,6 +54,7 @@ def test_nccl_ops_get_device_timings_without_host_syncs(tmp_path):
     for o in all_ops:
         done = o["phases"].get("done")
         assert done is not None and done["gpu_ns"] > 0, o
+        assert "exc" not in done, o  # a finished op is no error (WorkNCCL.isSuccess throws)
     slow = all_ops[1]  # queued behind the sleep kernel: its device time includes the wait
     assert slow["phases"]["done"]["ts"] >= slow["phases"]["end"]["ts"]
     assert all_ops[3]["group"] == "1"

@@ -131,12 +131,14 @@ struct GroupEntry {
 };
 
 // Work whose completion the thread polls (non-blocking): CUDA work (its future completes at
-// enqueue) and work without a future.
+// enqueue), work without a future, and a synchronous CUDA op that returned no work (NCCL
+// with asyncOp=false runs on the caller's stream): timed by our own event pair on that stream.
 struct PendingDevice {
-  c10::intrusive_ptr<c10d::Work> work;
+  c10::intrusive_ptr<c10d::Work> work;  // null for an event pair
   uint64_t id;
   uint8_t role;
   bool device = true;
+  std::unique_ptr<c10::Event> start, end;  // the pair, when there is no work
 };
 
 struct State {
@@ -165,6 +167,7 @@ struct State {
   std::map<std::tuple<int32_t, int32_t, int8_t>, int64_t> p2p_seq;
   InflightTable inflight;
   std::vector<PendingDevice> device_pending;
+  std::vector<std::unique_ptr<c10::Event>> event_pool;  // timing events whose pair completed
   std::unordered_map<uint64_t, std::pair<int32_t, int64_t>> resolved_source;  // any-source recv id -> (peer, seq)
   std::unordered_set<uint64_t> open_nested;  // nested ops not ended yet
   int64_t last_failed_ns = 0;                // when an op (or a wait) last raised

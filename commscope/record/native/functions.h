@@ -171,26 +171,43 @@ PyObject* py_poll_devices(PyObject*, PyObject*) {
   }
   std::vector<PendingDevice> keep;
   Py_BEGIN_ALLOW_THREADS
+  std::vector<std::unique_ptr<c10::Event>> freed;
   for (auto& p : pending) {
     bool done = false, error = false;
     std::string msg;
-    try {
-      done = p.work->isCompleted();
-      if (done) error = !p.work->isSuccess();
-    } catch (const std::exception& e) {
-      done = error = true;
-      msg = e.what();
-    }
-    if (!done) {
-      keep.push_back(std::move(p));
-      continue;
-    }
     int64_t gpu_ns = -1;
-    if (p.device) {
+    if (!p.work) {  // our event pair (a synchronous CUDA op)
       try {
-        float ms = p.work->getDuration();
-        if (ms >= 0) gpu_ns = int64_t(double(ms) * 1e6);
+        done = p.end->query();
+        if (done) gpu_ns = int64_t(p.start->elapsedTime(*p.end) * 1e6);
       } catch (...) {
+        done = true;  // e.g. the context is being torn down: DONE without a duration
+      }
+      if (!done) {
+        keep.push_back(std::move(p));
+        continue;
+      }
+      freed.push_back(std::move(p.start));
+      freed.push_back(std::move(p.end));
+    } else {
+      try {
+        done = p.work->isCompleted();
+        // exception(), not isSuccess(): WorkNCCL's isSuccess throws ("deprecated")
+        if (done) error = p.work->exception() != nullptr;
+      } catch (const std::exception& e) {
+        done = error = true;
+        msg = e.what();
+      }
+      if (!done) {
+        keep.push_back(std::move(p));
+        continue;
+      }
+      if (p.device) {
+        try {
+          float ms = p.work->getDuration();
+          if (ms >= 0) gpu_ns = int64_t(double(ms) * 1e6);
+        } catch (...) {
+        }
       }
     }
     Recording g;
@@ -207,6 +224,8 @@ PyObject* py_poll_devices(PyObject*, PyObject*) {
   {
     Recording g;
     for (auto& p : keep) S->device_pending.push_back(std::move(p));
+    for (auto& e : freed)
+      if (S->event_pool.size() < 1024) S->event_pool.push_back(std::move(e));
   }
   Py_END_ALLOW_THREADS
   Py_RETURN_NONE;

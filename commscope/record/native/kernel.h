@@ -133,6 +133,28 @@ void on_completed(uint64_t id, uint8_t role, bool error, const std::string& msg,
   complete_locked(id, role, error, msg, approx);
 }
 
+// A timing event recorded on `device`'s current stream (asynchronous, no sync), from the
+// pool when one is free; null where CUDA refuses (the op is then recorded without DONE).
+std::unique_ptr<c10::Event> record_cuda_event(int8_t device) {
+  std::unique_ptr<c10::Event> ev;
+  {
+    Recording g;
+    if (!S->event_pool.empty()) {
+      ev = std::move(S->event_pool.back());
+      S->event_pool.pop_back();
+    }
+  }
+  try {
+    if (ev && ev->device_index() >= 0 && ev->device_index() != device) ev.reset();  // another device's
+    if (!ev) ev = std::make_unique<c10::Event>(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+    const c10::Device dev(c10::DeviceType::CUDA, device);
+    ev->record(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(dev));
+  } catch (...) {
+    return nullptr;
+  }
+  return ev;
+}
+
 void resolve_source(uint64_t id, int32_t gid, int32_t src, bool ends_here, uint8_t role, bool error,
                     const std::string& msg) {
   Recording g;
@@ -351,6 +373,11 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
       S->inflight.put(id, Inflight{ts, thread_id(), rec_parent, false, false});
   }
 
+  // A synchronous CUDA op may return no work (NCCL, asyncOp=false: it runs on this stream):
+  // an event before it, and one after if no work comes back, give its device duration.
+  std::unique_ptr<c10::Event> cuda_start;
+  if (device >= 0 && !async_op && spec->returns_work) cuda_start = record_cuda_event(device);
+
   const uint64_t outer_id = T.native_id;
   T.native_depth++;
   T.native_id = id;
@@ -380,9 +407,23 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
     } catch (...) {
     }
   }
-  if (!work) {  // a synchronous op (monitored_barrier): it completed here
+  if (!work) {  // a synchronous op (monitored_barrier, NCCL asyncOp=false): it returned here
     if (ends_at_completion) on_completed(id, role, false, std::string(), false);
+    std::unique_ptr<c10::Event> cuda_end = cuda_start ? record_cuda_event(device) : nullptr;
+    if (cuda_end) {  // the device finishes later: DONE when the pair has completed
+      Recording g;
+      if (S->device_pending.size() < 65536) {
+        PendingDevice p{nullptr, id, ROLE_MERGED, true};  // merged: the op's END is written already
+        p.start = std::move(cuda_start);
+        p.end = std::move(cuda_end);
+        S->device_pending.push_back(std::move(p));
+      }
+    }
     return;
+  }
+  if (cuda_start) {  // a work came back: NCCL's own timing serves; the event goes back unused
+    Recording g;
+    if (S->event_pool.size() < 1024) S->event_pool.push_back(std::move(cuda_start));
   }
   if (device >= 0) {  // CUDA: the future completes at enqueue; poll the work instead
     Recording g;

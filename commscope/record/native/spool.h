@@ -177,7 +177,12 @@ void after_fork_child() {
     S->limit = h->ring_size;
   }
   S->inflight.clear();
+  // Leaked, not destroyed: the parent's works and CUDA events must not be freed in a child
+  // (CUDA cannot be used after fork).
+  new std::vector<PendingDevice>(std::move(S->device_pending));
+  new std::vector<std::unique_ptr<c10::Event>>(std::move(S->event_pool));
   S->device_pending.clear();
+  S->event_pool.clear();
 }
 
 }  // namespace
