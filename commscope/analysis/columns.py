@@ -9,6 +9,8 @@ cross-rank indexes live in ``indexes``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from itertools import repeat
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -89,10 +91,9 @@ class RankColumns(Protocol):
 class RankTrace:
     """One rank: op columns plus liveness, samples, stacks and exits."""
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, cap: int = 256):
         self.rank = rank
         self.n = 0
-        cap = 256
         for c in _COLS_I8:
             setattr(self, c, np.zeros(cap, np.int64))
         for c in _COLS_I4:
@@ -141,6 +142,14 @@ class RankTrace:
         arrays = [getattr(self, c) for c in (*_COLS_I8, *_COLS_I4, "flags", "id2idx")]
         arrays += [self._ord_buf, self._sb_buf, self._pmax_buf, *self.samples.cols.values()]
         return sum(a.nbytes for a in arrays)
+
+    def adopt(self, cols: Mapping[str, np.ndarray], a: int, b: int) -> None:
+        """Take rows [a, b) of columns shared by ranks ingested together as this (empty)
+        rank's op columns: views, not copies (``TraceModel._fresh_begins``).  A later append
+        that outgrows them copies them out, as for any full column."""
+        for c in (*_COLS_I8, *_COLS_I4, "flags"):
+            setattr(self, c, cols[c][a:b])
+        self.n = b - a
 
     def reserve(self, n: int) -> None:
         if n <= self.begin.shape[0]:
@@ -385,15 +394,14 @@ class Samples:
         #: Why GPU samples are missing, as the rank's probe said (once: ``gpu_error``)
         self.gpu_error: str | None = None
 
-    def add(self, evs: list[dict]) -> None:
+    def add(self, evs: Sequence[dict]) -> None:
         k = len(evs)
         need = self.n + k
         if need > self.cols["ts"].shape[0]:
             for f in self.FIELDS:
                 self.cols[f] = grown(self.cols[f], need, self.n, fill=np.nan)
-        for f in self.FIELDS:
-            vals = [e.get(f) for e in evs]
-            self.cols[f][self.n: need] = [np.nan if v is None else v for v in vals]
+        for f in self.FIELDS:  # (None, a field the sample lacks, becomes NaN)
+            self.cols[f][self.n: need] = np.array(list(map(dict.get, evs, repeat(f))), np.float64)
         self.n = need
         self.last = evs[-1]
         err = next((e["gpu_error"] for e in evs if e.get("gpu_error")), None)

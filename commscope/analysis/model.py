@@ -74,6 +74,9 @@ def untimed(flags: np.ndarray, begin: np.ndarray, comp: np.ndarray) -> np.ndarra
     return (comp > 0) & (((flags & APPROX) != 0) | (comp <= begin))
 
 
+#: Kinds of the events other than ops, as ``_liveness`` sorts them
+K_SAMPLE, K_HEARTBEAT, K_OTHER, K_SUMMARY = range(4)
+_KIND = {"sample": K_SAMPLE, "heartbeat": K_HEARTBEAT, "summary": K_SUMMARY}
 _RANK_OF = itemgetter("rank")
 _TS_OF = itemgetter("ts")
 DEFAULT_SAMPLE_INTERVAL = 1.0
@@ -146,6 +149,23 @@ class PhaseExtra(NamedTuple):
     seq: int  # with it (-1: none)
 
 
+def _record_extras(recs: OpRecords, rows: np.ndarray) -> list[PhaseExtra]:
+    """The ``PhaseExtra`` of op records' phases (``rows``): flagged ones and those with an
+    exception text."""
+    flags = recs.flags[rows]
+    extra = np.flatnonzero(flags != 0).tolist()
+    if recs.exc:
+        at = {int(r): j for j, r in enumerate(rows.tolist())}
+        extra = sorted(set(extra) | {at[r] for r in recs.exc if r in at})
+    out = []
+    for j in extra:
+        row, f = int(rows[j]), int(flags[j])
+        out.append(PhaseExtra(j, int(recs.phase[row]) == PH_END, recs.exc.get(row), bool(f & F_APPROX),
+                              int(recs.gpu[row]) if f & F_GPU else None,
+                              int(recs.peer[row]) if f & F_SOURCE else None, int(recs.seq[row])))
+    return out
+
+
 def _extras(phase_events: Sequence[dict]) -> list[PhaseExtra]:
     """The ``PhaseExtra`` of phase events with more keys than type, ts, rank, phase, id (and
     v): an exception, a peer, a device time ..."""
@@ -160,6 +180,28 @@ def _extras(phase_events: Sequence[dict]) -> list[PhaseExtra]:
                               int(e["gpu_ns"]) if "gpu_ns" in e else None,
                               int(e["peer"]) if "peer" in e else None, int(seq) if isinstance(seq, int) else -1))
     return out
+
+
+class _Fresh(NamedTuple):
+    """Ranks new to the model ingested together (``TraceModel._fresh_begins``): their
+    begins in one set of columns, rank after rank, of which each rank's are views."""
+
+    pos: list[int]  # the records' positions in the batch
+    ranks: list[int]
+    start: np.ndarray  # each rank's first row in ``cols`` (and the total last)
+    cols: dict[str, np.ndarray]
+    views: list[np.ndarray]  # each rank's ``begin`` as adopted: still it, the rank is still in ``cols``
+    lo: int
+    hi: int
+
+
+class _FreshPart(NamedTuple):
+    """One rank's phases in ``TraceModel._fresh_phases``."""
+
+    j: int  # the rank's position in ``_Fresh``
+    rows: np.ndarray  # the records' phase rows
+    idx: np.ndarray  # the op index each names (-1: none)
+    off: int  # where they start among the batch's phases
 
 
 #: The call site of an op issued from C++ with no Python caller.
@@ -291,6 +333,10 @@ EMPTY_VIEW = ModelView(0, 0, 0, {}, (), np.zeros(0, np.int32), 0, {})
 class TraceModel:
     """The whole trace; see the module docstring.  Build with ``ingest`` (repeatedly)."""
 
+    #: Ingest the records of ranks new to the model together (``_fresh_begins``); the rank
+    #: by rank path leaves the same model (tests compare the two)
+    batch_ranks = True
+
     def __init__(self) -> None:
         self.ranks: dict[int, RankTrace] = {}
         self.sigs: list[Sig] = []
@@ -344,15 +390,31 @@ class TraceModel:
             self.changed = frozenset()
             return self.changed
         lo, hi, changed = I64_MAX, 0, set()
-        for recs in ops:
-            if len(recs):
-                a, b = self._record_begins(recs, changed)
+        recs_list = [recs for recs in ops if len(recs)]
+        rows = [recs.begins() for recs in recs_list]
+        # signatures interned in the records' order, whichever path ingests them
+        codes = [self._codes(recs.statics, recs.static[b], recs.tid[b]) if b.shape[0] else None
+                 for recs, b in zip(recs_list, rows, strict=True)]
+        fresh = self._fresh(recs_list, rows) if self.batch_ranks else []
+        batch = None
+        if fresh:
+            if len(fresh) < len(recs_list):
+                self._index_order(recs_list, rows, codes)
+            batch = self._fresh_begins(recs_list, fresh, rows, codes, changed)
+            lo, hi = batch.lo, batch.hi
+        taken = set(fresh)
+        for k, recs in enumerate(recs_list):
+            if k not in taken and rows[k].shape[0]:
+                a, b = self._record_begins(recs, rows[k], codes[k], changed)
                 lo, hi = min(lo, a), max(hi, b)
         for k in range(0, len(events), INGEST_CHUNK):
             a, b = self._ingest_chunk(events[k:k + INGEST_CHUNK] if len(events) > INGEST_CHUNK else events, changed)
             lo, hi = min(lo, a), max(hi, b)
-        for recs in ops:
-            if len(recs):
+        if batch is not None:
+            a, b = self._fresh_phases(recs_list, batch, changed)
+            lo, hi = min(lo, a), max(hi, b)
+        else:
+            for recs in recs_list:
                 a, b = self._record_phases(recs, changed)
                 lo, hi = min(lo, a), max(hi, b)
         if hi:
@@ -369,14 +431,12 @@ class TraceModel:
             rt = self.ranks[r] = RankTrace(r)
         return rt
 
-    def _record_begins(self, recs: OpRecords, changed: set[int]) -> tuple[int, int]:
-        """The begins among op records; returns their (first, last) timestamp."""
-        rows = recs.begins()
-        if not rows.shape[0]:
-            return I64_MAX, 0
+    def _record_begins(self, recs: OpRecords, rows: np.ndarray, codes: np.ndarray,
+                       changed: set[int]) -> tuple[int, int]:
+        """The begins among op records (``rows``, their signature ``codes``); returns their
+        (first, last) timestamp."""
         rt = self._rank(recs.rank)
         ts = recs.ts[rows]
-        codes = self._codes(recs.statics, recs.static[rows], recs.tid[rows])
         a, b = self._add_ops(rt, ts, recs.id[rows], codes, recs.seq[rows], recs.peer[rows], recs.parent[rows])
         self._seen(rt, a, b, a)
         changed.add(rt.rank)
@@ -388,22 +448,188 @@ class TraceModel:
         if not rows.shape[0]:
             return I64_MAX, 0
         rt = self._rank(recs.rank)
-        flags = recs.flags[rows]
-        extra = np.flatnonzero(flags != 0).tolist()
-        if recs.exc:
-            at = {int(r): j for j, r in enumerate(rows.tolist())}
-            extra = sorted(set(extra) | {at[r] for r in recs.exc if r in at})
-        extras = []
-        ph = recs.phase[rows]
-        for j in extra:
-            row, f = int(rows[j]), int(flags[j])
-            extras.append(PhaseExtra(j, int(ph[j]) == PH_END, recs.exc.get(row), bool(f & F_APPROX),
-                                     int(recs.gpu[row]) if f & F_GPU else None,
-                                     int(recs.peer[row]) if f & F_SOURCE else None, int(recs.seq[row])))
-        a, b, first = self._phases(rt, recs.ts[rows], recs.id[rows], ph, extras)
+        a, b, first = self._phases(rt, recs.ts[rows], recs.id[rows], recs.phase[rows], _record_extras(recs, rows))
         self._seen(rt, a, b, first)
         changed.add(rt.rank)
         return a, b
+
+    # -- ranks new to the model, ingested together (the bulk of a whole read)
+    def _fresh(self, recs_list: list[OpRecords], rows: list[np.ndarray]) -> list[int]:
+        """Positions of the records whose rank has no ops yet and comes once in this batch:
+        those ``_fresh_begins`` ingests together (none when fewer than two)."""
+        count: dict[int, int] = {}
+        for recs in recs_list:
+            count[recs.rank] = count.get(recs.rank, 0) + 1
+        out = []
+        for k, recs in enumerate(recs_list):
+            rt = self.ranks.get(recs.rank)
+            if count[recs.rank] == 1 and rows[k].shape[0] and (rt is None or (rt.n == 0 and not rt.open)):
+                out.append(k)
+        return out if len(out) > 1 else []
+
+    def _index_order(self, recs_list: list[OpRecords], rows: list[np.ndarray], codes: list) -> None:
+        """Create the collective indexes, and their members' columns, in the order the rank by
+        rank path would (records in batch order): the indexes are iterated, so their order
+        shows in what is judged."""
+        for recs, b, code in zip(recs_list, rows, codes, strict=True):
+            if code is None:
+                continue
+            coll = ((self._sig_flags[code] & COLL) != 0) & (recs.seq[b] >= 0)
+            if coll.any():
+                names = list(self._gkeys)
+                for g in np.unique(self._sig_gkey[code[coll]]).tolist():
+                    self._group_index(*names[g]).column(recs.rank)
+
+    def _fresh_begins(self, recs_list: list[OpRecords], fresh: list[int], rows: list[np.ndarray],
+                      codes: list, changed: set[int]) -> _Fresh:
+        """``_record_begins`` for many new ranks at once: their begins in one set of columns,
+        rank after rank, each rank's columns views of them, and the indexes filled in one
+        pass per group.  What it leaves is what the rank by rank path leaves."""
+        ks = [rows[k].shape[0] for k in fresh]
+        start = np.zeros(len(fresh) + 1, np.int64)
+        np.cumsum(ks, out=start[1:])
+        n = int(start[-1])
+
+        def cat(name: str) -> np.ndarray:
+            return np.concatenate([getattr(recs_list[k], name)[rows[k]] for k in fresh])
+
+        ts, seq, parents = cat("ts"), cat("seq"), cat("parent")
+        sig = np.concatenate([codes[k] for k in fresh]).astype(np.int32, copy=False)
+        cols = {"begin": ts, "id": cat("id"), "sig": sig, "seq": seq, "peer": cat("peer").astype(np.int32),
+                "parent": np.full(n, -1, np.int32), "flags": np.zeros(n, np.uint8)}
+        for c in ("end", "wb", "we", "done", "gpu", "comp"):
+            cols[c] = np.zeros(n, np.int64)
+        who = np.repeat(np.arange(len(fresh), dtype=np.int64), ks)  # the position in ``fresh`` of each row
+        local = (np.arange(n, dtype=np.int64) - start[who]).astype(np.int32)
+        first = np.minimum.reduceat(ts, start[:-1]).tolist()
+        last = np.maximum.reduceat(ts, start[:-1]).tolist()
+        unsorted = set()
+        if n > 1:
+            back = np.flatnonzero(np.diff(ts) < 0) + 1  # rows earlier than the row before them
+            back = back[local[back] > 0]  # within a rank
+            unsorted = set(who[back].tolist())
+        has_parent = parents >= 0
+        with_parent = set(who[has_parent].tolist()) if has_parent.any() else set()
+        ranks, views = [], []
+        for j, k in enumerate(fresh):
+            r = recs_list[k].rank
+            rt = self.ranks.get(r)
+            if rt is None:
+                rt = self.ranks[r] = RankTrace(r, cap=0)
+            a, b = int(start[j]), int(start[j + 1])
+            rt.adopt(cols, a, b)
+            rt.map_ids(cols["id"][a:b], local[a:b])
+            if j in with_parent:
+                hp = has_parent[a:b]
+                rt.parent[hp] = rt.lookup(parents[a:b][hp])
+            if j in unsorted:
+                rt._sorted = False
+            rt._last_begin = max(rt._last_begin, last[j])
+            rt.last_op_ts = max(rt.last_op_ts, rt._last_begin)
+            rt.open.update(range(b - a))
+            self._seen(rt, first[j], rt._last_begin, first[j])
+            changed.add(r)
+            ranks.append(r)
+            views.append(rt.begin)
+        self._fresh_index(ranks, cols, who, local)
+        return _Fresh(fresh, ranks, start, cols, views, min(first), max(last))
+
+    def _fresh_index(self, ranks: list[int], cols: dict[str, np.ndarray], who: np.ndarray,
+                     local: np.ndarray) -> None:
+        """``_index`` for ranks ingested together: one ``put`` per group for all of them."""
+        sig, seq, peer = cols["sig"], cols["seq"], cols["peer"]
+        flags = self._sig_flags[sig]
+        coll = np.flatnonzero(((flags & COLL) != 0) & (seq >= 0))
+        if coll.shape[0]:
+            gk, cw = self._sig_gkey[sig[coll]], who[coll]
+            ngroups = len(self._gkeys)
+            order = np.unique(cw * ngroups + gk) % ngroups  # by rank, then group: as rank by rank
+            _, at = np.unique(order, return_index=True)
+            names = list(self._gkeys)
+            column = np.empty(len(ranks), np.int32)
+            for g in order[np.sort(at)].tolist():
+                m = gk == g
+                gi = self._group_index(*names[g])
+                members = np.unique(cw[m])
+                column[members] = [gi.column(ranks[j]) for j in members.tolist()]
+                gi.seqs.put(seq[coll][m], column[cw[m]], local[coll][m])
+        p2p = ((flags & P2P) != 0) & (seq >= 0) & (peer >= 0) & ((flags & NESTED) == 0)
+        if p2p.any():
+            for j in np.unique(who[p2p]).tolist():
+                rows = np.flatnonzero(p2p & (who == j))
+                key = sig[rows].astype(np.int64) * (1 << 32) + peer[rows]
+                for kv in np.unique(key).tolist():
+                    m = key == kv
+                    self._channel(ranks[j], kv >> 32, kv & 0xFFFFFFFF).put(seq[rows][m], *self._side(kv >> 32),
+                                                                         local[rows][m])
+
+    def _fresh_phases(self, recs_list: list[OpRecords], batch: _Fresh, changed: set[int]) -> tuple[int, int]:
+        """``_record_phases`` of every record in the batch, those of the ranks ingested
+        together in the batch's columns: exceptions in the records' order (``failed`` keeps
+        arrival order), completion and what is still open in one pass.  A rank whose columns
+        the batch's events outgrew goes rank by rank."""
+        lo, hi = I64_MAX, 0
+        cols = batch.cols
+        together = {k: j for j, k in enumerate(batch.pos) if self.ranks[batch.ranks[j]].begin is batch.views[j]}
+        parts: dict[int, _FreshPart] = {}  # record position -> its phases, for the ranks still together
+        off = 0
+        for k, j in together.items():
+            rt = self.ranks[batch.ranks[j]]
+            recs = recs_list[k]
+            rows = np.flatnonzero(recs.phase > PH_BEGIN)
+            if rows.shape[0]:
+                parts[k] = _FreshPart(j, rows, rt.lookup(recs.id[rows]), off)
+                off += rows.shape[0]
+        if parts:
+            ts = np.concatenate([recs_list[k].ts[x.rows] for k, x in parts.items()])
+            ph = np.concatenate([recs_list[k].phase[x.rows] for k, x in parts.items()])
+            loc = np.concatenate([x.idx for x in parts.values()])
+            base = np.repeat(batch.start[[x.j for x in parts.values()]], [x.rows.shape[0] for x in parts.values()])
+            ok = loc >= 0
+            row = base + loc
+            for code, name in ((PH_END, "end"), (PH_WAIT_BEGIN, "wb"), (PH_WAIT_END, "we"), (PH_DONE, "done")):
+                m = ok & (ph == code)
+                if m.any():
+                    cols[name][row[m]] = ts[m]
+        for k, recs in enumerate(recs_list):  # exceptions and the rare extras, in the records' order
+            x = parts.get(k)
+            if x is not None:
+                self._apply_extras(self.ranks[batch.ranks[x.j]], x.idx, _record_extras(recs, x.rows))
+            elif k not in together:
+                a, b = self._record_phases(recs, changed)
+                lo, hi = min(lo, a), max(hi, b)
+        if not parts:
+            return lo, hi
+        done = ph == PH_DONE
+        if done.any():
+            cols["flags"][row[ok & done]] |= DONE
+        upd = ok & (ph != PH_WAIT_BEGIN)
+        if upd.any():
+            r = row[upd]
+            cols["comp"][r] = self._completion(cols["sig"][r], cols["end"][r], cols["we"][r], cols["done"][r],
+                                               cols["flags"][r])
+        starts = [x.off for x in parts.values()]
+        tmin = np.minimum.reduceat(ts, starts).tolist()
+        tmax = np.maximum.reduceat(ts, starts).tolist()
+        comp, begin = cols["comp"], cols["begin"]
+        for n, x in enumerate(parts.values()):
+            rt = self.ranks[batch.ranks[x.j]]
+            a, b = int(batch.start[x.j]), int(batch.start[x.j + 1])
+            mine = slice(x.off, x.off + x.rows.shape[0])
+            if done[mine].any():
+                rt.device_seen = True
+            changed_rows = loc[mine][upd[mine]]
+            if changed_rows.shape[0]:
+                rt.last_comp = max(rt.last_comp, int(comp[a:b][changed_rows].max()))
+            c = comp[a:b]
+            rt.open = set(np.flatnonzero(c == 0).tolist())
+            if rt.open and bool((c[changed_rows] > 0).any()):  # as _complete: when an op finished
+                self._close_nested(rt)
+            seen = loc[mine][ok[mine]]
+            self._seen(rt, tmin[n], tmax[n], int(begin[a:b][seen].min()) if seen.shape[0] else I64_MAX)
+            changed.add(rt.rank)
+            lo, hi = min(lo, tmin[n]), max(hi, tmax[n])
+        return lo, hi
 
     def _seen(self, rt: RankTrace, t0: int, t1: int, touched: int) -> None:
         if t1:
@@ -456,6 +682,7 @@ class TraceModel:
         phase = np.fromiter(map(PHASE_CODE.get, map(dget, events, repeat("phase")), repeat(-1)), np.int8, n)
         ts = _column(map(_TS_OF, events))
         ids = _column(map(dget, events, repeat("id"), repeat(-1)))
+        kind = np.fromiter(map(_KIND.get, map(dget, events, repeat("type")), repeat(K_OTHER)), np.int8, n)
         for r, pos in _split_by_rank(ranks):
             rt = self._rank(r)
             ph = phase if pos is None else phase[pos]
@@ -463,8 +690,7 @@ class TraceModel:
             t0, t1 = I64_MAX, 0
             touched = I64_MAX  # the earliest begin among the ops this chunk added or changed
             if misc.any():
-                a, b = self._misc(rt, _take(events, _positions(pos, misc)))
-                t0, t1 = min(t0, a), max(t1, b)
+                t0, t1 = self._liveness(rt, events, pos, misc, kind if pos is None else kind[pos], ts)
             if begins.any():
                 bpos = _positions(pos, begins)
                 a, b = self._begins(rt, _take(events, bpos), ts[bpos], ids[bpos])
@@ -481,7 +707,33 @@ class TraceModel:
             changed.add(r)
         return lo, hi
 
-    def _misc(self, rt: RankTrace, evs: list[dict]) -> tuple[int, int]:
+    def _liveness(self, rt: RankTrace, events: list[Event], pos: np.ndarray | None, misc: np.ndarray,
+                  kind: np.ndarray, ts: np.ndarray) -> tuple[int, int]:
+        """A rank's events other than ops (``misc``): its heartbeats and samples, most of
+        them, in columns; the rest one by one (``_misc``).  Returns their (first, last)
+        timestamp, a retention summary's left out."""
+        t0, t1 = I64_MAX, 0
+        own = ts if pos is None else ts[pos]
+        timed = misc & (kind != K_SUMMARY)
+        if timed.any():
+            t0, t1 = int(own[timed].min()), int(own[timed].max())
+        beats = misc & (kind == K_HEARTBEAT)
+        if beats.any():
+            bts = own[beats]
+            top = int(bts.max())
+            if top >= rt.last_hb:  # the latest heartbeat's count, the last of equals
+                rt.last_hb = top
+                rt.hb_inflight = events[int(_positions(pos, beats)[np.flatnonzero(bts == top)[-1]])].get("inflight", 0)
+        sampled = misc & (kind == K_SAMPLE)
+        if sampled.any():
+            rt.samples.add(_take(events, _positions(pos, sampled)))
+        rest = misc & (kind >= K_OTHER)
+        if rest.any():
+            a, b = self._misc(rt, _take(events, _positions(pos, rest)))
+            t0, t1 = min(t0, a), max(t1, b)
+        return t0, t1
+
+    def _misc(self, rt: RankTrace, evs: Sequence[dict]) -> tuple[int, int]:
         samples = []
         t0, t1 = I64_MAX, 0
         for e in evs:
@@ -687,6 +939,18 @@ class TraceModel:
             m = ok & (ph == code)
             if m.any():
                 col[idx[m]] = ts[m]
+        self._apply_extras(rt, idx, extras)
+        if (ph == PH_DONE).any():
+            rt.device_seen = True
+            rt.flags[idx[ok & (ph == PH_DONE)]] |= DONE
+        updated = idx[ok & (ph != PH_WAIT_BEGIN)]  # an op may come twice (end and wait_end): harmless below
+        if updated.shape[0]:
+            self._complete(rt, updated)
+        first = int(rt.begin[idx[ok]].min()) if ok.any() else I64_MAX
+        return int(ts.min()), int(ts.max()), first
+
+    def _apply_extras(self, rt: RankTrace, idx: np.ndarray, extras: list[PhaseExtra]) -> None:
+        """What phases say beyond their time (``idx``: the op index of each phase row)."""
         for x in extras:
             i = int(idx[x.row])
             if i < 0:
@@ -706,26 +970,23 @@ class TraceModel:
                     rt.seq[i] = x.seq
                     if not self._sig_flags[rt.sig[i]] & NESTED:
                         self._index_p2p(rt, i)
-        if (ph == PH_DONE).any():
-            rt.device_seen = True
-            rt.flags[idx[ok & (ph == PH_DONE)]] |= DONE
-        updated = idx[ok & (ph != PH_WAIT_BEGIN)]  # an op may come twice (end and wait_end): harmless below
-        if updated.shape[0]:
-            self._complete(rt, updated)
-        first = int(rt.begin[idx[ok]].min()) if ok.any() else I64_MAX
-        return int(ts.min()), int(ts.max()), first
 
-    def _complete(self, rt: RankTrace, updated: np.ndarray) -> None:
-        """Recompute the completion times of ops whose phases changed: the rule of
-        ``oprecords.completes`` (which the stores use without the model), vectorized."""
-        signature_flags = self._sig_flags[rt.sig[updated]]
-        end, we, done, op_flags = rt.end[updated], rt.we[updated], rt.done[updated], rt.flags[updated]
+    def _completion(self, sig: np.ndarray, end: np.ndarray, we: np.ndarray, done: np.ndarray,
+                    op_flags: np.ndarray) -> np.ndarray:
+        """Completion times from ops' columns: the rule of ``oprecords.completes`` (which the
+        stores use without the model), vectorized."""
+        signature_flags = self._sig_flags[sig]
         comp = np.where((signature_flags & ASYNC) != 0, we, end)
         failed = (op_flags & EXC) != 0
         comp = np.where(failed & (comp == 0), end, comp)
         dev = (signature_flags & DEVICE) != 0
         comp = np.where(dev & (done > 0), done, np.where(dev & ~failed, 0, comp))
-        comp = np.where((~dev) & (done > 0) & (comp > 0), np.maximum(comp, done), comp)
+        return np.where((~dev) & (done > 0) & (comp > 0), np.maximum(comp, done), comp)
+
+    def _complete(self, rt: RankTrace, updated: np.ndarray) -> None:
+        """Recompute the completion times of ops whose phases changed."""
+        comp = self._completion(rt.sig[updated], rt.end[updated], rt.we[updated], rt.done[updated],
+                                rt.flags[updated])
         rt.comp[updated] = comp
         if comp.shape[0]:
             rt.last_comp = max(rt.last_comp, int(comp.max()))
@@ -893,8 +1154,11 @@ class TraceModel:
     def inflight(self, rank: int) -> list[int]:
         """Op indices begun and not complete, by begin time."""
         rt = self.ranks.get(rank)
-        if not rt:
+        if not rt or not rt.open:
             return []
+        if len(rt.open) == 1:  # the usual case: the op a rank is in
+            i = next(iter(rt.open))
+            return [i] if rt.comp[i] == 0 else []
         return sorted((i for i in rt.open if rt.comp[i] == 0), key=lambda i: int(rt.begin[i]))
 
     def last_op(self, rank: int, *, completed: bool = True) -> int | None:

@@ -46,6 +46,7 @@ class _Memo:
     """A model's judgements, cached for one model version."""
 
     version: int
+    blocked: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # rank -> ``blocked``
     vanished: tuple[int, frozenset[int]] | None = None  # (now, ranks)
     survivors: tuple[int, int] | None = None  # see _survivors_last
     snapshot: RankSnapshot | None = None
@@ -95,19 +96,26 @@ def blocked_since(m: ModelLike, rank: int, i: int) -> int:
 
 def blocked(m: TraceModel, rank: int) -> list[int]:
     """Ops the rank's threads are blocked in now, by begin time.  Outer logical ops win over
-    their nested inner traffic; containers are never "the op a rank is in"."""
+    their nested inner traffic; containers are never "the op a rank is in".  Kept for the
+    model's version (``_Memo``): the detectors and the rank states ask for every rank."""
+    memo = _memo(m)
+    got = memo.blocked.get(rank)
+    if got is None:
+        got = memo.blocked[rank] = _blocked(m, rank)
+    return list(got)
+
+
+def _blocked(m: TraceModel, rank: int) -> tuple[int, ...]:
     rt = m.ranks.get(rank)
-    if not rt:
-        return []
-    out = []
-    for i in m.inflight(rank):
-        f = int(m.sig_flags(rt.sig[i:i + 1])[0])
-        if f & CONTAINER or not is_blocked_in(m, rank, i):
-            continue
-        if f & NESTED and rt.parent[i] >= 0 and rt.comp[rt.parent[i]] == 0:
-            continue
-        out.append(i)
-    return out
+    cand = m.inflight(rank)
+    if not rt or not cand:
+        return ()
+    i = np.array(cand, np.int64)
+    f = m.sig_flags(rt.sig[i])
+    ok = blocked_mask(f, rt.begin[i], rt.comp[i], rt.wb[i], rt.we[i]) & ((f & CONTAINER) == 0)
+    parent = rt.parent[i]
+    inner = ((f & NESTED) != 0) & (parent >= 0) & (rt.comp[np.maximum(parent, 0)] == 0)  # its outer op runs
+    return tuple(i[ok & ~inner].tolist())
 
 
 def current_op(m: TraceModel, rank: int) -> int | None:

@@ -1,0 +1,259 @@
+"""Ranks new to the model are ingested together (``TraceModel._fresh_begins``); the rank by
+rank path must leave exactly the same model, whatever the records hold and however a
+reader batches them.
+
+Generated op records (collectives, p2p with any-source receives, async ops and their
+waits, device ops and their ``done``, nested ops with parents, exceptions, approximate
+ends, out-of-order begins) are ingested in random batches, some ranks whole in one batch,
+some split over two, with heartbeats, samples, groups, exits, stacks and JSON op phases
+beside them, once with ``batch_ranks`` and once without; every column, index, open set,
+failure list and version must match, and so must what diagnose() finds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from model_compare import differences, model_state
+
+from commscope.analysis.diagnose import diagnose
+from commscope.analysis.model import TraceModel
+from commscope.bench.synthstore import JobShape, write_store
+from commscope.oprecords import (
+    F_APPROX,
+    F_GPU,
+    F_SOURCE,
+    PH_BEGIN,
+    PH_DONE,
+    PH_END,
+    PH_WAIT_BEGIN,
+    PH_WAIT_END,
+    OpRecords,
+    Static,
+)
+from commscope.schema import SCHEMA_VERSION
+
+T = 1_700_000_000_000_000_000
+SETTINGS = settings(derandomize=True, deadline=None, database=None, max_examples=60, print_blob=False,
+                    suppress_health_check=list(HealthCheck))
+
+
+def _static(op: str, group: str = "0", *, is_async: bool = False, nested: bool = False, direction: str | None = None,
+            device: int | None = None, peer: int = -1, any_source: bool = False, shape: int = 4) -> Static:
+    fields = {"type": "op", "phase": "begin", "op": op, "group": group, "in_shapes": [[shape]],
+              "in_dtypes": ["float32"], "in_bytes": 4 * shape, "site": f"train.py:{len(op) + shape} in step"}
+    if is_async:
+        fields["async"] = True
+    if nested:
+        fields["nested"] = True
+    if direction:
+        fields["dir"] = direction
+    if device is not None:
+        fields["device"] = device
+    if peer >= 0:
+        fields["peer"] = peer
+    return Static(fields, hash((op, group, is_async, nested, direction, device, peer, shape)) & 0xFFFFFFFF, peer,
+                  0 if any_source else None)
+
+
+def _pool(world: int, rank: int) -> list[Static]:
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    return [
+        _static("all_reduce"),
+        _static("all_reduce", shape=8),  # a mismatch when ranks differ here
+        _static("all_reduce", is_async=True),
+        _static("broadcast", "1"),
+        _static("all_gather", device=0),
+        _static("isend", direction="send", peer=nxt),
+        _static("irecv", direction="recv", peer=prev, is_async=True),
+        _static("recv", direction="recv", peer=-1, any_source=True),
+        _static("all_reduce", nested=True),
+        _static("batch_isend_irecv"),
+    ]
+
+
+@st.composite
+def records(draw, rank: int, world: int) -> OpRecords:
+    statics = _pool(world, rank)
+    n = draw(st.integers(0, 12))
+    rows: list[tuple] = []  # phase, ts, id, static, seq, parent, tid, peer, gpu, flags
+    exc: dict[int, str] = {}
+    seqs: dict[str, int] = {}
+    ts = T + rank * 7
+    for op_id in range(1, n + 1):
+        k = draw(st.integers(0, len(statics) - 1))
+        s = statics[k]
+        ts += draw(st.integers(-3, 1000))  # now and then earlier than the op before
+        group = s.fields["group"]
+        seqs[group] = seqs.get(group, 0) + 1
+        seq = -1 if s.fields.get("nested") or draw(st.integers(0, 9)) == 0 else seqs[group]
+        parent = op_id - 1 if s.fields.get("nested") and op_id > 1 else -1
+        rows.append((PH_BEGIN, ts, op_id, k, seq, parent, 11, s.peer, 0, 0))
+        fate = draw(st.integers(0, 5))
+        if fate == 0:
+            continue  # still in flight
+        t = ts + draw(st.integers(1, 500))
+        flags = F_APPROX if fate == 1 else 0
+        if s.any_source_gid is not None and fate > 1:
+            flags |= F_SOURCE
+        row = len(rows)
+        rows.append((PH_END, t, op_id, -1, draw(st.integers(1, 5)) if flags & F_SOURCE else -1, -1, 0,
+                     (rank + 2) % world if flags & F_SOURCE else -1, 0, flags))
+        if fate == 2:
+            exc[row] = "RuntimeError: Connection closed by peer"
+        if s.fields.get("async") and fate > 2:
+            rows.append((PH_WAIT_BEGIN, t + 1, op_id, -1, -1, -1, 0, -1, 0, 0))
+            rows.append((PH_WAIT_END, t + 2, op_id, -1, -1, -1, 0, -1, 0, 0))
+        if "device" in s.fields and fate > 3:
+            rows.append((PH_DONE, t + 3, op_id, -1, -1, -1, 0, -1, 50 + op_id, F_GPU))
+    if draw(st.booleans()) and rows:  # a phase of an op this stream never began
+        rows.append((PH_END, ts + 5, n + 40, -1, -1, -1, 0, -1, 0, 0))
+    cols = list(zip(*rows, strict=True)) if rows else [()] * 10
+    dt = (np.int8, np.int64, np.int64, np.int32, np.int64, np.int64, np.uint64, np.int32, np.int64, np.uint8)
+    arrays = [np.array(c, d) for c, d in zip(cols, dt, strict=True)]
+    return OpRecords(rank, *arrays, exc=exc, statics=statics)
+
+
+def _split(recs: OpRecords, at: int) -> tuple[OpRecords, OpRecords]:
+    rows = np.arange(len(recs))
+    return recs.take(rows[:at]), recs.take(rows[at:])
+
+
+def _misc(rank: int, k: int) -> list[dict]:
+    """What a reader hands beside the records: liveness, samples and the rare rest."""
+    base = {"v": SCHEMA_VERSION, "rank": rank}
+    out = [dict(base, type="heartbeat", ts=T + 100 * k + rank, inflight=k % 3),
+           dict(base, type="sample", ts=T + 100 * k + 1, cpu=50.0 + k, rss=1 << 30, gpu_util=None)]
+    if k == 0:
+        out.append(dict(base, type="meta", ts=T, world_size=4, recorder="native"))
+        out.append(dict(base, type="group", ts=T, group="1", granks=[0, 1, 2, 3], backend="gloo"))
+    if k == 2:
+        out.append(dict(base, type="stack", ts=T + 900, id=1, reason="hang", frames=[]))
+        out.append(dict(base, type="op", ts=T + 901, phase="done", id=1, gpu_ns=7))
+    if k == 3 and rank == 3:
+        out.append(dict(base, type="exit", ts=T + 1_000_000, reason="exception", exc="ValueError: boom"))
+    return out
+
+
+@st.composite
+def batches(draw) -> list[tuple[list[dict], list[OpRecords]]]:
+    world = 4
+    recs = [draw(records(r, world)) for r in range(world)]
+    parts: list[list[OpRecords]] = [[], [], []]
+    for r in recs:
+        how = draw(st.integers(0, 3))
+        if how == 3 and len(r) > 1:  # split over two batches: the second finds the rank begun
+            a, b = _split(r, draw(st.integers(1, len(r) - 1)))
+            parts[0].append(a)
+            parts[draw(st.integers(1, 2))].append(b)
+        else:
+            parts[min(how, 2)].append(r)
+    out = []
+    for k, p in enumerate(parts):
+        events = [e for r in range(world) for e in _misc(r, k) if draw(st.integers(0, 3)) > 0]
+        out.append((events, p))
+    return out
+
+
+def _build(plan, batched: bool) -> TraceModel:
+    m = TraceModel()
+    m.batch_ranks = batched
+    for events, ops in plan:
+        m.ingest(events, ops)
+    return m
+
+
+def _found(m: TraceModel) -> list[tuple]:
+    return [(f.kind, tuple(f.culprits), tuple(sorted(f.victims))) for f in diagnose(m, now=T + 10**12)]
+
+
+@SETTINGS
+@given(batches())
+def test_ranks_ingested_together_leave_the_model_rank_by_rank_ingest_leaves(plan):
+    together, alone = _build(plan, True), _build(plan, False)
+    assert differences(model_state(together), model_state(alone)) == []
+    assert _found(together) == _found(alone)
+
+
+def test_the_batched_path_is_taken_and_its_columns_are_views(monkeypatch):
+    """Whole new ranks share one set of columns (no copy per rank); a rank that grows later
+    gets its own, and the others are untouched."""
+    world = 4
+    taken = []
+    original = TraceModel._fresh_begins
+
+    def spy(self, *a, **k):
+        out = original(self, *a, **k)
+        taken.append(out)
+        return out
+
+    monkeypatch.setattr(TraceModel, "_fresh_begins", spy)
+    statics = _pool(world, 0)
+    begins = [OpRecords(r, np.array([PH_BEGIN, PH_END], np.int8), np.array([T + r, T + 10 + r]),
+                        np.array([1, 1]), np.array([0, -1], np.int32), np.array([1, -1]), np.array([-1, -1]),
+                        np.array([5, 0], np.uint64), np.array([-1, -1], np.int32), np.zeros(2, np.int64),
+                        np.zeros(2, np.uint8), {}, statics) for r in range(world)]
+    m = TraceModel()
+    m.ingest([], begins)
+    assert len(taken) == 1 and taken[0].ranks == list(range(world))
+    shared = taken[0].cols["begin"]
+    assert all(m.ranks[r].begin.base is shared for r in range(world))
+    assert m.inflight(0) == [] and m.ranks[0].comp[0] == T + 10
+    more = OpRecords(0, np.array([PH_BEGIN], np.int8), np.array([T + 50]), np.array([2]), np.array([0], np.int32),
+                     np.array([2]), np.array([-1]), np.array([5], np.uint64), np.array([-1], np.int32),
+                     np.zeros(1, np.int64), np.zeros(1, np.uint8), {}, statics)
+    m.ingest([], [more])
+    assert m.ranks[0].begin.base is not shared and m.ranks[0].n == 2 and m.inflight(0) == [1]
+    assert m.ranks[1].begin.base is shared and m.ranks[1].begin.tolist() == [T + 1]
+
+
+def _begins(rank: int, statics: list[Static], which: list[int], first_id: int = 1) -> OpRecords:
+    """Begins of ops ``which`` (static indices), seq 1, 2 ... per static's group."""
+    k = len(which)
+    seq, per = [], {}
+    for w in which:
+        g = statics[w].fields["group"]
+        per[g] = per.get(g, 0) + 1
+        seq.append(per[g])
+    return OpRecords(rank, np.full(k, PH_BEGIN, np.int8), T + np.arange(k) * 10 + rank,
+                     np.arange(first_id, first_id + k), np.array(which, np.int32), np.array(seq),
+                     np.full(k, -1), np.full(k, 5, np.uint64), np.full(k, -1, np.int32), np.zeros(k, np.int64),
+                     np.zeros(k, np.uint8), {}, statics)
+
+
+def test_indexes_are_made_in_the_order_rank_by_rank_makes_them():
+    """A rank already begun (ingested rank by rank) that comes first in a batch and uses a
+    group new to the model makes that group's index, and takes its first column, before
+    the new ranks ingested together do: detectors iterate the indexes in that order."""
+    statics = [_static("all_reduce", "0"), _static("all_reduce", "2"), _static("broadcast", "3")]
+    first = [_begins(0, statics, [0]), _begins(5, statics, [0])]
+    second = [_begins(0, statics, [1, 1], first_id=2), _begins(1, statics, [2, 1]), _begins(2, statics, [1])]
+    models = {}
+    for batched in (True, False):
+        m = models[batched] = TraceModel()
+        m.batch_ranks = batched
+        m.ingest([], first)
+        m.ingest([], second)
+    assert differences(model_state(models[True]), model_state(models[False])) == []
+    assert [k[1] for k in models[True].coll] == ["0", "2", "3"]
+    assert models[True].coll[(0, "2")].ranks == [0, 1, 2]
+
+
+@pytest.mark.parametrize("fmt", ["native", "json"])
+def test_a_synthetic_job_read_from_its_store_is_the_same_either_way(tmp_path, fmt, monkeypatch):
+    """The real reader's batches (``source.load_trace``), a rank missing from the last
+    all_reduce: the same model and the same culprit."""
+    from commscope.analysis import source
+
+    store = tmp_path / "job"
+    write_store(str(store), JobShape(ranks=24, ops=30, culprit=5, json=fmt == "json"))
+    built = {}
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "0")
+    for batched in (True, False):
+        monkeypatch.setattr(TraceModel, "batch_ranks", batched)
+        built[batched], _reader, _warnings = source.load_trace(str(store))
+    assert differences(model_state(built[True]), model_state(built[False])) == []
+    found = diagnose(built[True])
+    assert [(f.kind, f.culprits) for f in found][:1] == [("missing_ranks", [5])]
