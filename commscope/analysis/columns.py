@@ -46,6 +46,9 @@ def grown(arr: np.ndarray, need: int, keep: int | None = None, fill: Any = 0, mi
     return out
 
 
+#: Empty columns, shared: nothing can be written into them, and growing one makes a new array
+_NONE_I8, _NONE_I4, _NONE_U1, _NONE_F8 = (np.zeros(0, t) for t in (np.int64, np.int32, np.uint8, np.float64))
+
 _COLS_I8 = ("begin", "end", "wb", "we", "done", "gpu", "comp", "id", "seq")
 _COLS_I4 = ("peer", "parent", "sig")
 
@@ -92,14 +95,15 @@ class RankTrace:
     """One rank: op columns plus liveness, samples, stacks and exits."""
 
     def __init__(self, rank: int, cap: int = 256):
+        """``cap`` 0: no columns yet (the rank will ``adopt`` some, or grow its own)."""
         self.rank = rank
         self.n = 0
         for c in _COLS_I8:
-            setattr(self, c, np.zeros(cap, np.int64))
+            setattr(self, c, np.zeros(cap, np.int64) if cap else _NONE_I8)
         for c in _COLS_I4:
-            setattr(self, c, np.full(cap, -1, np.int32))
-        self.flags = np.zeros(cap, np.uint8)
-        self.id2idx = np.full(1024, -1, np.int32)
+            setattr(self, c, np.full(cap, -1, np.int32) if cap else _NONE_I4)
+        self.flags = np.zeros(cap, np.uint8) if cap else _NONE_U1
+        self.id2idx = np.full(1024, -1, np.int32) if cap else _NONE_I4
         self.id_dict: dict[int, int] | None = None
         self.open: set[int] = set()  # op indices not yet complete
         self.exc: dict[int, str] = {}  # op index -> exception text
@@ -198,7 +202,8 @@ class RankTrace:
         if self._order is not None and self._order_n == n:
             return self._order
         if self._order is None or self._order_n > n:
-            self._order = np.argsort(self.begin[:n], kind="stable")
+            # begins that came in time order (the usual case) are their own order
+            self._order = np.arange(n, dtype=np.int64) if self._sorted else np.argsort(self.begin[:n], kind="stable")
             self._sb = self.begin[self._order]
             self._ord_buf, self._sb_buf = self._order, self._sb
             self._ins_min = 0
@@ -389,19 +394,27 @@ class Samples:
 
     def __init__(self) -> None:
         self.n = 0
-        self.cols = {f: np.full(64, np.nan) for f in self.FIELDS}
+        self.cols = dict.fromkeys(self.FIELDS, _NONE_F8)  # (grown on the first add)
         self.last: dict | None = None
         #: Why GPU samples are missing, as the rank's probe said (once: ``gpu_error``)
         self.gpu_error: str | None = None
 
-    def add(self, evs: Sequence[dict]) -> None:
+    @classmethod
+    def columns_of(cls, evs: Sequence[dict]) -> dict[str, np.ndarray]:
+        """Sample events as columns (None, a field a sample lacks, becomes NaN)."""
+        return {f: np.array(list(map(dict.get, evs, repeat(f))), np.float64) for f in cls.FIELDS}
+
+    def add(self, evs: Sequence[dict], cols: Mapping[str, np.ndarray] | None = None) -> None:
+        """Append sample events (``cols``: their ``columns_of``, when the caller has them)."""
         k = len(evs)
         need = self.n + k
         if need > self.cols["ts"].shape[0]:
             for f in self.FIELDS:
-                self.cols[f] = grown(self.cols[f], need, self.n, fill=np.nan)
-        for f in self.FIELDS:  # (None, a field the sample lacks, becomes NaN)
-            self.cols[f][self.n: need] = np.array(list(map(dict.get, evs, repeat(f))), np.float64)
+                self.cols[f] = grown(self.cols[f], need, self.n, fill=np.nan, minimum=64)
+        if cols is None:
+            cols = self.columns_of(evs)
+        for f in self.FIELDS:
+            self.cols[f][self.n: need] = cols[f]
         self.n = need
         self.last = evs[-1]
         err = next((e["gpu_error"] for e in evs if e.get("gpu_error")), None)

@@ -116,6 +116,16 @@ def _split_by_rank(ranks: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
     return [(int(sr[a]), order[a:b]) for a, b in zip([0, *cuts], [*cuts, len(order)], strict=True)]
 
 
+def _runs(ufunc: np.ufunc, values: np.ndarray, run: np.ndarray, nruns: int, empty: int) -> np.ndarray:
+    """``ufunc.reduce`` over each run of ``values`` (``run``: each value's run, ascending);
+    ``empty`` for the runs with no value."""
+    out = np.full(nruns, empty, np.int64)
+    if values.shape[0]:
+        at = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
+        out[run[at]] = ufunc.reduceat(values, at)
+    return out
+
+
 def _positions(pos: np.ndarray | None, mask: np.ndarray) -> np.ndarray:
     return np.flatnonzero(mask) if pos is None else pos[mask]
 
@@ -180,6 +190,22 @@ def _extras(phase_events: Sequence[dict]) -> list[PhaseExtra]:
                               int(e["gpu_ns"]) if "gpu_ns" in e else None,
                               int(e["peer"]) if "peer" in e else None, int(seq) if isinstance(seq, int) else -1))
     return out
+
+
+class _ChunkSamples(NamedTuple):
+    """A chunk's sample events in columns, made once for all its ranks."""
+
+    slot: np.ndarray  # chunk position -> row in ``cols`` (-1: not a sample)
+    cols: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, events: list[Event], kind: np.ndarray) -> _ChunkSamples | None:
+        rows = np.flatnonzero(kind == K_SAMPLE)
+        if not rows.shape[0]:
+            return None
+        slot = np.full(kind.shape[0], -1, np.int64)
+        slot[rows] = np.arange(rows.shape[0])
+        return cls(slot, Samples.columns_of(_take(events, rows)))
 
 
 class _Fresh(NamedTuple):
@@ -608,25 +634,32 @@ class TraceModel:
             r = row[upd]
             cols["comp"][r] = self._completion(cols["sig"][r], cols["end"][r], cols["we"][r], cols["done"][r],
                                                cols["flags"][r])
-        starts = [x.off for x in parts.values()]
+        # per rank, all at once: its phases are one run of the batch's (``part``, in order)
+        lens = [x.rows.shape[0] for x in parts.values()]
+        nparts = len(lens)
+        part = np.repeat(np.arange(nparts), lens)
+        starts = np.zeros(nparts, np.int64)
+        np.cumsum(lens[:-1], out=starts[1:])
         tmin = np.minimum.reduceat(ts, starts).tolist()
         tmax = np.maximum.reduceat(ts, starts).tolist()
         comp, begin = cols["comp"], cols["begin"]
+        device = (np.bincount(part[done], minlength=nparts) > 0).tolist()
+        cu = comp[row[upd]]
+        last_comp = _runs(np.maximum, cu, part[upd], nparts, 0).tolist()
+        finished = (np.bincount(part[upd][cu > 0], minlength=nparts) > 0).tolist()
+        first = _runs(np.minimum, begin[row[ok]], part[ok], nparts, I64_MAX).tolist()
+        zero = np.flatnonzero(comp == 0)  # the batch's ops not complete
         for n, x in enumerate(parts.values()):
             rt = self.ranks[batch.ranks[x.j]]
             a, b = int(batch.start[x.j]), int(batch.start[x.j + 1])
-            mine = slice(x.off, x.off + x.rows.shape[0])
-            if done[mine].any():
+            if device[n]:
                 rt.device_seen = True
-            changed_rows = loc[mine][upd[mine]]
-            if changed_rows.shape[0]:
-                rt.last_comp = max(rt.last_comp, int(comp[a:b][changed_rows].max()))
-            c = comp[a:b]
-            rt.open = set(np.flatnonzero(c == 0).tolist())
-            if rt.open and bool((c[changed_rows] > 0).any()):  # as _complete: when an op finished
+            rt.last_comp = max(rt.last_comp, last_comp[n])
+            z0, z1 = np.searchsorted(zero, (a, b)).tolist()
+            rt.open = set((zero[z0:z1] - a).tolist())
+            if rt.open and finished[n]:  # as _complete: when an op finished
                 self._close_nested(rt)
-            seen = loc[mine][ok[mine]]
-            self._seen(rt, tmin[n], tmax[n], int(begin[a:b][seen].min()) if seen.shape[0] else I64_MAX)
+            self._seen(rt, tmin[n], tmax[n], first[n])
             changed.add(rt.rank)
             lo, hi = min(lo, tmin[n]), max(hi, tmax[n])
         return lo, hi
@@ -683,6 +716,7 @@ class TraceModel:
         ts = _column(map(_TS_OF, events))
         ids = _column(map(dget, events, repeat("id"), repeat(-1)))
         kind = np.fromiter(map(_KIND.get, map(dget, events, repeat("type")), repeat(K_OTHER)), np.int8, n)
+        samples = _ChunkSamples.of(events, kind)
         for r, pos in _split_by_rank(ranks):
             rt = self._rank(r)
             ph = phase if pos is None else phase[pos]
@@ -690,7 +724,7 @@ class TraceModel:
             t0, t1 = I64_MAX, 0
             touched = I64_MAX  # the earliest begin among the ops this chunk added or changed
             if misc.any():
-                t0, t1 = self._liveness(rt, events, pos, misc, kind if pos is None else kind[pos], ts)
+                t0, t1 = self._liveness(rt, events, pos, misc, kind if pos is None else kind[pos], ts, samples)
             if begins.any():
                 bpos = _positions(pos, begins)
                 a, b = self._begins(rt, _take(events, bpos), ts[bpos], ids[bpos])
@@ -708,7 +742,7 @@ class TraceModel:
         return lo, hi
 
     def _liveness(self, rt: RankTrace, events: list[Event], pos: np.ndarray | None, misc: np.ndarray,
-                  kind: np.ndarray, ts: np.ndarray) -> tuple[int, int]:
+                  kind: np.ndarray, ts: np.ndarray, samples: _ChunkSamples | None) -> tuple[int, int]:
         """A rank's events other than ops (``misc``): its heartbeats and samples, most of
         them, in columns; the rest one by one (``_misc``).  Returns their (first, last)
         timestamp, a retention summary's left out."""
@@ -725,8 +759,10 @@ class TraceModel:
                 rt.last_hb = top
                 rt.hb_inflight = events[int(_positions(pos, beats)[np.flatnonzero(bts == top)[-1]])].get("inflight", 0)
         sampled = misc & (kind == K_SAMPLE)
-        if sampled.any():
-            rt.samples.add(_take(events, _positions(pos, sampled)))
+        if sampled.any() and samples is not None:
+            rows = _positions(pos, sampled)
+            at = samples.slot[rows]
+            rt.samples.add(_take(events, rows), {f: c[at] for f, c in samples.cols.items()})
         rest = misc & (kind >= K_OTHER)
         if rest.any():
             a, b = self._misc(rt, _take(events, _positions(pos, rest)))
