@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from commscope.analysis import TraceModel, diagnose
@@ -310,3 +311,32 @@ def test_no_straggler_where_completion_times_are_only_bounds():
     b.heartbeats(b.t0, t)
     _, f = run(b)
     assert f == []
+
+
+@pytest.mark.parametrize("spoiled", [0, 3, 7])
+def test_stragglers_read_the_tail_as_a_full_read_would(spoiled):
+    """``_timed_tail`` reads a group's last rows a window at a time; what it keeps must be
+    what filtering every row would keep: the last 64 instances where everyone finished and
+    every completion is a time, not a bound."""
+    from commscope.analysis.collectives import STRAGGLER_WINDOW, _timed_tail, complete_rows, gather_many
+    from commscope.analysis.model import APPROX, untimed
+
+    b = TraceBuilder(4)
+    t = b.t0 + S // 10
+    for _ in range(700):
+        t = b.collective(t, "all_reduce", skew={3: 50 * MS}, latency=MS) + MS
+    b.heartbeats(b.t0, t)
+    m, _ = run(b)
+    gi = next(iter(m.coll.values()))
+    rng = np.random.default_rng(spoiled)
+    for r in m.ranks.values():  # some instances lose a member's completion, some only bound it
+        if spoiled:
+            r.comp[rng.integers(0, r.n, spoiled * 20)] = 0
+            r.flags[rng.integers(0, r.n, spoiled * 20)] |= APPROX
+    rows = complete_rows(m, gi)
+    f, bg, c = gather_many(m, gi, ("flags", "begin", "comp"), rows)
+    timed = ~untimed(f, bg, c).any(axis=1)
+    want = rows[timed][-STRAGGLER_WINDOW:]
+    got, gb, gc = _timed_tail(m, gi)
+    assert got.tolist() == want.tolist() and len(want) == STRAGGLER_WINDOW
+    assert gb.tolist() == bg[timed][-STRAGGLER_WINDOW:].tolist() and gc.tolist() == c[timed][-STRAGGLER_WINDOW:].tolist()

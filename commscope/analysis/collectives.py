@@ -345,17 +345,38 @@ def complete_rows(model: TraceModel, gi: GroupIndex) -> np.ndarray:
     return full[(comp > 0).all(axis=1)]
 
 
+def _timed_tail(model: TraceModel, gi: GroupIndex) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The last ``STRAGGLER_WINDOW`` rows where every member ran the collective, all finished
+    and every latency is known, with their begin and completion times.  Read from the end,
+    a window at a time: a long trace's earlier rows are never gathered.
+
+    Instances where a member's completion is only a bound (Flight Recorder on Gloo) or
+    missing (dur 0) have no known latency to weigh lateness against: left out."""
+    mat = gi.seqs.rows()
+    none = np.zeros(0, np.int64)
+    if mat.shape[0] == 0 or not gi.complete():
+        return none, np.zeros((0, mat.shape[1]), np.int64), np.zeros((0, mat.shape[1]), np.int64)
+    full = np.nonzero((mat >= 0).all(axis=1))[0]
+    got: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    have, end, step = 0, full.shape[0], 2 * STRAGGLER_WINDOW
+    while end > 0 and have < STRAGGLER_WINDOW:
+        rows = full[max(0, end - step):end]
+        f, b, c = gather_many(model, gi, ("flags", "begin", "comp"), rows)
+        keep = (c > 0).all(axis=1) & ~untimed(f, b, c).any(axis=1)
+        got.append((rows[keep], b[keep], c[keep]))
+        have += int(keep.sum())
+        end -= step
+        step *= 4
+    rows, b, c = (np.concatenate(x[::-1]) for x in zip(*got, strict=True)) if got else (none, none, none)
+    return rows[-STRAGGLER_WINDOW:], b[-STRAGGLER_WINDOW:], c[-STRAGGLER_WINDOW:]
+
+
 def find_stragglers(model: TraceModel) -> list[Finding]:
     per_rank: dict[int, list[dict[str, Any]]] = {}
     for (space, name), gi in model.coll.items():
         if len(gi.members) < 2:
             continue
-        rows = complete_rows(model, gi)
-        f, b, c = gather_many(model, gi, ("flags", "begin", "comp"), rows)
-        # Instances where a member's completion is only a bound (Flight Recorder on Gloo) or
-        # missing (dur 0) have no known latency to weigh lateness against: left out.
-        timed = ~untimed(f, b, c).any(axis=1)
-        rows, b, c = (x[timed][-STRAGGLER_WINDOW:] for x in (rows, b, c))
+        rows, b, c = _timed_tail(model, gi)
         if rows.shape[0] < STRAGGLER_MIN_ROWS:
             continue
         skew = b - b.min(axis=1, keepdims=True)

@@ -64,13 +64,13 @@ def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[in
     """rank -> [(peer it waits for, op index)] for blocked, unmatched p2p ops."""
     edges: dict[int, list[tuple[int, int]]] = {}
     for r in model.rank_ids():
-        if rankstate.left_early(model, r, now):
-            continue  # a rank that is gone no longer waits
         rt = model.ranks[r]
-        for i in rankstate.blocked(model, r):
+        p2p = [i for i in rankstate.blocked(model, r) if model.sigs[int(rt.sig[i])].flags & P2P
+               and not model.sigs[int(rt.sig[i])].nested]
+        if not p2p or rankstate.left_early(model, r, now):
+            continue  # (a rank that is gone no longer waits)
+        for i in p2p:
             s = model.sigs[int(rt.sig[i])]
-            if not s.flags & P2P or s.nested:
-                continue
             if now - rankstate.blocked_since(model, r, i) < hang_ns:
                 continue
             peer = int(rt.peer[i])
