@@ -21,7 +21,8 @@ with fewer ops (``--events-fraction``), and its figures are labelled so.
 
 Then a live console's batch: the model built from all but the last events, the rest
 ingested in 10k-event batches drawn from every rank in turn (a poll of a job this wide
-sees a few events from each of many ranks), as event dicts and as columns.
+sees a few events from each of many ranks), as event dicts and as columns (one
+``OpRecords`` per rank in each batch, as a reader's poll hands them over).
 
 Last, a week-long job (``week``): its bytes on disk with and without retention, and a read
 of all of it against a read of its last 30 minutes, which must find the same.
@@ -136,8 +137,16 @@ def batches(store: str, columns: bool, tail_events: int, batch: int) -> tuple[li
                 tails.append([o.take(np.arange(j, j + 1)) for j in range(n - k, n)])
             model = TraceModel()
             model.ingest(b.events, head_ops)
+
+            def per_stream(part: list[OpRecords]) -> list[OpRecords]:
+                """A poll's records as a reader hands them over: one ``OpRecords`` per stream."""
+                by_rank: dict[int, list[OpRecords]] = {}
+                for o in part:
+                    by_rank.setdefault(o.rank, []).append(o)
+                return [concat(p) for p in by_rank.values()]
+
             times, touched = _batches(_interleaved(tails), batch, lambda part: model.ingest([], part),
-                                      lambda u: u.rank)
+                                      lambda u: u.rank, per_stream)
         else:
             events = reader.read_all()
             by: dict[int, list[dict]] = {}
@@ -163,13 +172,16 @@ def _interleaved(tails: list[list[Any]]) -> list[Any]:
 
 
 def _batches(units: list[Any], batch: int, ingest: Callable[[list[Any]], object],
-             rank_of: Callable[[Any], int]) -> tuple[list[float], list[int]]:
-    """Times ``ingest`` on each batch of ``units``; with the ranks each batch touched."""
+             rank_of: Callable[[Any], int],
+             prepare: Callable[[list[Any]], list[Any]] = lambda part: part) -> tuple[list[float], list[int]]:
+    """Times ``ingest`` on each batch of ``units`` (made what a reader hands over by
+    ``prepare``, untimed: the reader's work); with the ranks each batch touched."""
     times, touched = [], []
     for k in range(0, len(units), batch):
         part = units[k:k + batch]
+        given = prepare(part)
         t0 = time.perf_counter()
-        ingest(part)
+        ingest(given)
         times.append(time.perf_counter() - t0)
         touched.append(len({rank_of(u) for u in part}))
     return times, touched

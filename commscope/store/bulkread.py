@@ -139,11 +139,12 @@ class Workers:
                         sel.unregister(p.stdout)
                         yield job
                         continue
-                    yield got
+                    # the next chunk first: the worker decodes it while the caller ingests this one
                     if todo and self._give(p, todo[-1]):
                         busy[i] = (todo.pop(), time.monotonic())
                     else:
                         sel.unregister(p.stdout)
+                    yield got
             yield from reversed(todo)  # (no worker left to take them)
         finally:
             sel.close()
