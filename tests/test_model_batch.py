@@ -77,7 +77,7 @@ def _pool(world: int, rank: int) -> list[Static]:
 @st.composite
 def records(draw, rank: int, world: int) -> OpRecords:
     statics = _pool(world, rank)
-    n = draw(st.integers(0, 12))
+    n = draw(st.integers(0, 40))
     rows: list[tuple] = []  # phase, ts, id, static, seq, parent, tid, peer, gpu, flags
     exc: dict[int, str] = {}
     seqs: dict[str, int] = {}
@@ -89,7 +89,7 @@ def records(draw, rank: int, world: int) -> OpRecords:
         group = s.fields["group"]
         seqs[group] = seqs.get(group, 0) + 1
         seq = -1 if s.fields.get("nested") or draw(st.integers(0, 9)) == 0 else seqs[group]
-        parent = op_id - 1 if s.fields.get("nested") and op_id > 1 else -1
+        parent = draw(st.integers(1, op_id - 1)) if s.fields.get("nested") and op_id > 1 else -1  # (chains too)
         rows.append((PH_BEGIN, ts, op_id, k, seq, parent, 11, s.peer, 0, 0))
         fate = draw(st.integers(0, 5))
         if fate == 0:
@@ -239,6 +239,87 @@ def test_indexes_are_made_in_the_order_rank_by_rank_makes_them():
     assert differences(model_state(models[True]), model_state(models[False])) == []
     assert [k[1] for k in models[True].coll] == ["0", "2", "3"]
     assert models[True].coll[(0, "2")].ranks == [0, 1, 2]
+
+
+def _rows(rank: int, rows: list[tuple], statics: list[Static]) -> OpRecords:
+    """Records from (phase, ts, id, static, seq, parent, flags) rows."""
+    ph, ts, ids, stc, seq, parent, flags = (list(c) for c in zip(*rows, strict=True))
+    k = len(rows)
+    return OpRecords(rank, np.array(ph, np.int8), np.array(ts), np.array(ids), np.array(stc, np.int32),
+                     np.array(seq), np.array(parent), np.full(k, 5, np.uint64), np.full(k, -1, np.int32),
+                     np.zeros(k, np.int64), np.array(flags, np.uint8), {}, statics)
+
+
+def _same(plan) -> dict[bool, TraceModel]:
+    models = {batched: _build(plan, batched) for batched in (True, False)}
+    assert differences(model_state(models[True]), model_state(models[False])) == []
+    return models
+
+
+def test_a_nested_op_inside_a_nested_op_closes_with_its_outer_op():
+    """Found by review: closing nested ops walked the open set in hash order, which differs
+    between a large set that shrank and a small new one ({7, 8} iterates 8 first)."""
+    statics = [_static("all_reduce"), _static("all_reduce", nested=True)]
+    rows = [(PH_BEGIN, T, 1, 0, 1, -1, 0)] + [(PH_BEGIN, T + j, 1 + j, 0, 1 + j, -1, 0) for j in range(1, 7)]
+    rows += [(PH_BEGIN, T + 7, 8, 1, -1, 1, 0), (PH_BEGIN, T + 8, 9, 1, -1, 8, 0)]  # 9 inside 8 inside 1
+    rows += [(PH_END, T + 20 + j, 1 + j, -1, -1, -1, 0) for j in range(7)]
+    models = _same([([], [_rows(r, rows, statics) for r in (0, 1)])])
+    for m in models.values():
+        assert m.inflight(0) == [] and m.ranks[0].comp[7:9].tolist() == [T + 20, T + 20]
+
+
+def test_an_inferred_completion_stays_when_the_ops_own_end_does_not_complete_it():
+    """An async nested op closed at its parent's end (a JSON event here), then its own end
+    arrives (an async op completes at its wait's end): it stays closed, both ways."""
+    statics = [_static("all_reduce"), _static("all_reduce", is_async=True, nested=True)]
+    rows = [(PH_BEGIN, T, 1, 0, 1, -1, 0), (PH_BEGIN, T + 1, 2, 1, -1, 1, 0), (PH_BEGIN, T + 2, 3, 0, 2, -1, 0),
+            (PH_END, T + 5, 2, -1, -1, -1, 0), (PH_END, T + 6, 3, -1, -1, -1, 0)]
+    ends = [{"type": "op", "phase": "end", "ts": T + 3, "id": 1, "rank": r, "v": SCHEMA_VERSION} for r in (0, 1)]
+    models = _same([(ends, [_rows(r, rows, statics) for r in (0, 1)])])
+    for m in models.values():
+        assert m.inflight(0) == [] and int(m.ranks[0].comp[1]) == T + 3
+
+
+def test_ids_past_the_dense_map_are_found_the_same_way():
+    """Found by review: the batch path counted a rank's ops twice when choosing between a
+    dense id map and a dict, so a negative id was found by one path and not the other."""
+    from commscope.analysis.columns import DENSE_ID_FACTOR, DENSE_ID_SLACK
+
+    statics = [_static("all_reduce")]
+    big = DENSE_ID_FACTOR * 2 + DENSE_ID_SLACK + 1
+    rows = [(PH_BEGIN, T, -5, 0, 1, -1, 0), (PH_BEGIN, T + 1, big, 0, 2, -1, 0), (PH_END, T + 9, -5, -1, -1, -1, 0)]
+    models = _same([([], [_rows(r, rows, statics) for r in (0, 1)])])
+    assert {m.ranks[0].index_of(-5) for m in models.values()} == {0}
+
+
+def test_ranks_are_made_in_the_records_order():
+    """A new rank whose records come twice in a batch goes rank by rank; it is still made
+    first when it comes first (the console lists ranks in the model's order)."""
+    statics = [_static("all_reduce")]
+    begin = [(PH_BEGIN, T, 1, 0, 1, -1, 0)]
+    later = [(PH_BEGIN, T + 10, 2, 0, 2, -1, 0)]
+    plan = [([], [_rows(5, begin, statics), _rows(5, later, statics), _rows(0, begin, statics),
+                  _rows(1, begin, statics)])]
+    models = _same(plan)
+    assert [list(m.ranks) for m in models.values()] == [[5, 0, 1], [5, 0, 1]]
+
+
+def test_memory_counts_shared_columns_while_a_rank_still_holds_them():
+    """Found by review: once the other ranks grew out of the columns they shared, a rank
+    that stopped (a hang) keeps the whole block alive; the console's budget must see it."""
+    statics = [_static("all_reduce")]
+    k = 2000
+    first = [(PH_BEGIN, T + j, j + 1, 0, j + 1, -1, 0) for j in range(k)]
+    m = _build([([], [_rows(r, first, statics) for r in range(8)])], True)
+    block = m.ranks[0].begin.base
+    assert block is not None and all(m.ranks[r].begin.base is block for r in range(8))
+    more = [(PH_BEGIN, T + k + 1, k + 1, 0, k + 1, -1, 0)]
+    m.ingest([], [_rows(r, more, statics) for r in range(1, 8)])  # rank 0 stopped
+    assert m.ranks[0].begin.base is block and m.ranks[1].begin.base is None
+    held = {id(a.base): a.base.nbytes for a in (getattr(m.ranks[0], c) for c in ("begin", "end", "comp", "id"))}
+    assert len(held) == 4 and sum(held.values()) == 4 * 8 * k * 8  # int64 columns of 8 ranks, whole
+    others = sum(m.ranks[r].nbytes() for r in range(1, 8))  # grown out: their own arrays
+    assert m.nbytes() >= sum(held.values()) + others  # the blocks are still counted whole
 
 
 @pytest.mark.parametrize("fmt", ["native", "json"])

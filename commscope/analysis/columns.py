@@ -141,11 +141,23 @@ class RankTrace:
         self.touched: list[tuple[int, int]] = []
 
     # -- storage
-    def nbytes(self) -> int:
-        """Bytes its arrays hold (capacity, the index buffers and the id map included)."""
+    def nbytes(self, shared: dict[int, int] | None = None) -> int:
+        """Bytes its arrays hold (capacity, the index buffers and the id map included).
+        Columns it took from ranks ingested together (``adopt``) are views: their whole
+        block goes into ``shared`` (by id, so the model counts it once, for as long as any
+        rank still holds part of it), or into the total without one."""
         arrays = [getattr(self, c) for c in (*_COLS_I8, *_COLS_I4, "flags", "id2idx")]
         arrays += [self._ord_buf, self._sb_buf, self._pmax_buf, *self.samples.cols.values()]
-        return sum(a.nbytes for a in arrays)
+        total = 0
+        for a in arrays:
+            base = a.base
+            if base is None or not isinstance(base, np.ndarray):
+                total += a.nbytes
+            elif shared is None:
+                total += base.nbytes
+            else:
+                shared[id(base)] = base.nbytes
+        return total
 
     def adopt(self, cols: Mapping[str, np.ndarray], a: int, b: int) -> None:
         """Take rows [a, b) of columns shared by ranks ingested together as this (empty)

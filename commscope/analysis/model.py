@@ -422,15 +422,18 @@ class TraceModel:
         codes = [self._codes(recs.statics, recs.static[b], recs.tid[b]) if b.shape[0] else None
                  for recs, b in zip(recs_list, rows, strict=True)]
         fresh = self._fresh(recs_list, rows) if self.batch_ranks else []
+        together = set(fresh)
+        for k, recs in enumerate(recs_list):  # ranks made in the records' order, as rank by rank
+            if rows[k].shape[0] and recs.rank not in self.ranks:
+                self.ranks[recs.rank] = RankTrace(recs.rank, cap=0 if k in together else 256)
         batch = None
         if fresh:
             if len(fresh) < len(recs_list):
                 self._index_order(recs_list, rows, codes)
             batch = self._fresh_begins(recs_list, fresh, rows, codes, changed)
             lo, hi = batch.lo, batch.hi
-        taken = set(fresh)
         for k, recs in enumerate(recs_list):
-            if k not in taken and rows[k].shape[0]:
+            if k not in together and rows[k].shape[0]:
                 a, b = self._record_begins(recs, rows[k], codes[k], changed)
                 lo, hi = min(lo, a), max(hi, b)
         for k in range(0, len(events), INGEST_CHUNK):
@@ -539,12 +542,10 @@ class TraceModel:
         ranks, views = [], []
         for j, k in enumerate(fresh):
             r = recs_list[k].rank
-            rt = self.ranks.get(r)
-            if rt is None:
-                rt = self.ranks[r] = RankTrace(r, cap=0)
+            rt = self.ranks[r]
             a, b = int(start[j]), int(start[j + 1])
+            rt.map_ids(cols["id"][a:b], local[a:b])  # (before adopt: as _add_ops, with the ops before these)
             rt.adopt(cols, a, b)
-            rt.map_ids(cols["id"][a:b], local[a:b])
             if j in with_parent:
                 hp = has_parent[a:b]
                 rt.parent[hp] = rt.lookup(parents[a:b][hp])
@@ -633,7 +634,7 @@ class TraceModel:
         if upd.any():
             r = row[upd]
             cols["comp"][r] = self._completion(cols["sig"][r], cols["end"][r], cols["we"][r], cols["done"][r],
-                                               cols["flags"][r])
+                                               cols["flags"][r], cols["comp"][r])
         # per rank, all at once: its phases are one run of the batch's (``part``, in order)
         lens = [x.rows.shape[0] for x in parts.values()]
         nparts = len(lens)
@@ -1008,21 +1009,25 @@ class TraceModel:
                         self._index_p2p(rt, i)
 
     def _completion(self, sig: np.ndarray, end: np.ndarray, we: np.ndarray, done: np.ndarray,
-                    op_flags: np.ndarray) -> np.ndarray:
-        """Completion times from ops' columns: the rule of ``oprecords.completes`` (which the
-        stores use without the model), vectorized."""
+                    op_flags: np.ndarray, comp: np.ndarray) -> np.ndarray:
+        """Completion times from ops' columns (``comp``: the ones they have): the rule of
+        ``oprecords.completes`` (which the stores use without the model), vectorized.  A
+        completion inferred from a parent's end (``INFERRED``) stays until the op's own
+        phases complete it: a phase that does not (an async op's end) reopens nothing."""
+        kept = np.where((op_flags & INFERRED) != 0, comp, 0)
         signature_flags = self._sig_flags[sig]
         comp = np.where((signature_flags & ASYNC) != 0, we, end)
         failed = (op_flags & EXC) != 0
         comp = np.where(failed & (comp == 0), end, comp)
         dev = (signature_flags & DEVICE) != 0
         comp = np.where(dev & (done > 0), done, np.where(dev & ~failed, 0, comp))
-        return np.where((~dev) & (done > 0) & (comp > 0), np.maximum(comp, done), comp)
+        comp = np.where((~dev) & (done > 0) & (comp > 0), np.maximum(comp, done), comp)
+        return np.where(comp == 0, kept, comp)
 
     def _complete(self, rt: RankTrace, updated: np.ndarray) -> None:
         """Recompute the completion times of ops whose phases changed."""
         comp = self._completion(rt.sig[updated], rt.end[updated], rt.we[updated], rt.done[updated],
-                                rt.flags[updated])
+                                rt.flags[updated], rt.comp[updated])
         rt.comp[updated] = comp
         if comp.shape[0]:
             rt.last_comp = max(rt.last_comp, int(comp.max()))
@@ -1032,8 +1037,10 @@ class TraceModel:
             self._close_nested(rt)
 
     def _close_nested(self, rt: RankTrace) -> None:
-        """Nested ops (inner traffic of a logical op) end at the latest when their parent ends."""
-        for i in list(rt.open):
+        """Nested ops (inner traffic of a logical op) end at the latest when their parent ends.
+        In index order: a parent, begun before its inner ops, is judged first (a nested op
+        inside a nested op closes in the same pass)."""
+        for i in sorted(rt.open):
             p = int(rt.parent[i])
             if p >= 0 and rt.comp[p] > 0 and self._sig_flags[rt.sig[i]] & NESTED:
                 rt.comp[i] = max(int(rt.comp[p]), int(rt.begin[i]))
@@ -1076,7 +1083,8 @@ class TraceModel:
 
     def nbytes(self) -> int:
         """Bytes the model's arrays hold (their capacity): what the console bounds."""
-        total = sum(rt.nbytes() for rt in self.ranks.values())
+        shared: dict[int, int] = {}
+        total = sum(rt.nbytes(shared) for rt in self.ranks.values()) + sum(shared.values())
         total += sum(gi.seqs.mat.nbytes + gi.seqs.keys.nbytes for gi in self.coll.values())
         return total + sum(ch.mat.nbytes + ch.keys.nbytes for ch in self.p2p.values())
 

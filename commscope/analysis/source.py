@@ -3,7 +3,6 @@ anything that holds a trace) and ``load_trace`` (a whole source read into a mode
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Callable
 from typing import NamedTuple
@@ -89,9 +88,6 @@ def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], No
                 model.ingest(batch.events, batch.ops)
                 if progress is not None:
                     progress(Loading.of(reader, total, model))
-            # What the load built lives as long as the model: out of the collector's sight,
-            # or its first pass after the pause walks all of it (0.4 s at 16k ranks)
-            gc.freeze()
         model.settle()
     except StoreError as exc:
         raise UsageError(str(exc)) from None

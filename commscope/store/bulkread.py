@@ -148,6 +148,9 @@ class Workers:
             yield from reversed(todo)  # (no worker left to take them)
         finally:
             sel.close()
+            for i in busy:  # the caller stopped early: what they are reading is not wanted
+                with contextlib.suppress(OSError):
+                    self.procs[i].kill()
             self.close()
 
     @staticmethod
