@@ -227,7 +227,6 @@ class _FreshPart(NamedTuple):
     j: int  # the rank's position in ``_Fresh``
     rows: np.ndarray  # the records' phase rows
     idx: np.ndarray  # the op index each names (-1: none)
-    off: int  # where they start among the batch's phases
 
 
 #: The call site of an op issued from C++ with no Python caller.
@@ -599,14 +598,12 @@ class TraceModel:
         cols = batch.cols
         together = {k: j for j, k in enumerate(batch.pos) if self.ranks[batch.ranks[j]].begin is batch.views[j]}
         parts: dict[int, _FreshPart] = {}  # record position -> its phases, for the ranks still together
-        off = 0
         for k, j in together.items():
             rt = self.ranks[batch.ranks[j]]
             recs = recs_list[k]
             rows = np.flatnonzero(recs.phase > PH_BEGIN)
             if rows.shape[0]:
-                parts[k] = _FreshPart(j, rows, rt.lookup(recs.id[rows]), off)
-                off += rows.shape[0]
+                parts[k] = _FreshPart(j, rows, rt.lookup(recs.id[rows]))
         if parts:
             ts = np.concatenate([recs_list[k].ts[x.rows] for k, x in parts.items()])
             ph = np.concatenate([recs_list[k].phase[x.rows] for k, x in parts.items()])
