@@ -7,6 +7,12 @@ model build from the decoded events (round-tripped through the store encoding ra
 rank, as a reader hands them over), diagnose() on the whole model, ingesting 1k-event
 batches into the built model, and the TUI's window and op-detail queries.
 Targets: build >= 1M events/s, diagnose <= 1 s, 1k-event batch <= 10 ms.
+
+Then the model build from op records in columns, as a whole read hands them over (a job
+of ``--column-ranks`` ranks x 400 collectives written through the real directory store in
+the native block format, read once): the ranks new to the model ingested together against
+rank by rank (``TraceModel.batch_ranks``), alternating, medians; both must give the same
+model size.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, default=64)
     p.add_argument("--ops", type=int, default=20_000, help="ops per rank")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--column-ranks", type=int, default=4096,
+                   help="ranks of the job whose op records are ingested from columns (0: skip; default 4096)")
     p.add_argument("--quick", action="store_true", help="8 ranks x 2k ops (smoke run)")
 
 
@@ -47,6 +55,47 @@ def _as_decoded(events: list[dict]) -> list[dict]:
                 out.extend(decode_lines(encode_lines(chunk[j:j + 20_000]))[0])
             start = k
     return out
+
+
+def _columns_build(ranks: int, repeat: int) -> tuple[int, list[float], list[float]] | None:
+    """(records, build times together, build times rank by rank) from a written job's op
+    records: one read, then each build of the model from what it gave, alternating."""
+    import shutil
+    import tempfile
+
+    from commscope.analysis import TraceModel
+    from commscope.bench.synthstore import JobShape, write_store
+    from commscope.events import gc_paused
+    from commscope.store import open_reader
+
+    root = tempfile.mkdtemp(prefix="commscope-bench-analysis-")
+    try:
+        write_store(root, JobShape(ranks, 400))
+        reader = open_reader(root)
+        with gc_paused():
+            steps = list(reader.bulk(8 << 20))
+        reader.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    records = sum(len(o) for b in steps for o in b.ops)
+    if not records:
+        return None
+    times: dict[bool, list[float]] = {True: [], False: []}
+    sizes: dict[bool, int] = {}
+    for k in range(repeat):
+        for together in (True, False) if k % 2 == 0 else (False, True):
+            gc.collect()
+            m = TraceModel()
+            m.batch_ranks = together
+            with gc_paused():
+                t0 = time.perf_counter()
+                for b in steps:
+                    m.ingest(b.events, b.ops)
+                times[together].append(time.perf_counter() - t0)
+            sizes[together] = m.total_ops()
+    if sizes[True] != sizes[False]:
+        raise RuntimeError(f"the two builds disagree: {sizes[True]} against {sizes[False]} ops")
+    return records, times[True], times[False]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -146,4 +195,17 @@ def run(args: argparse.Namespace) -> int:
           f"{f'{col_bytes / max(nops, 1):.0f} B/op, {nops:,} ops':>34}")
     print(f"{'cross-rank indexes':<44}{idx_bytes / 2**20:>11.1f} MiB{'':>34}")
     print(f"{'findings on the healthy trace':<44}{len(found):>14}{'expected 0':>34}")
+    column_ranks = 16 if args.quick else args.column_ranks
+    if column_ranks:
+        print(f"\nwriting and reading a job of {column_ranks:,} ranks x 400 collectives (native blocks) ...",
+              flush=True)
+        got = _columns_build(column_ranks, args.repeat)
+        if got is not None:
+            records, together, alone = got
+            t1, t2 = median(together), median(alone)
+            print(f"{'model build from columns, new ranks together':<44}{fmt_time(t1):>14}"
+                  f"{f'{records / t1 / 1e6:.2f} M records/s':>34}")
+            print(f"{'model build from columns, rank by rank':<44}{fmt_time(t2):>14}"
+                  f"{f'{records / t2 / 1e6:.2f} M records/s':>34}")
+            print(f"{'  rank by rank / together':<44}{t2 / t1:>13.2f}x{f'{column_ranks:,} ranks, {records:,} records':>34}")
     return 0 if not found else 1
