@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
 
@@ -62,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    finally:
+        if argv is not None and gc.get_freeze_count():
+            # Called in a process that goes on (argv given: a test, a tool): a command's load
+            # froze what was alive (``load_trace(freeze=True)``); give it back to the collector.
+            # The program itself (argv None) exits next and keeps it frozen: the collection
+            # at exit would walk all of it.
+            gc.unfreeze()
 
 
 if __name__ == "__main__":

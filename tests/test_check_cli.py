@@ -138,3 +138,20 @@ def test_py_spy_dump_of_a_culprit_that_cannot_run_python(tmp_path, capsys, monke
     capsys.readouterr()
     assert cli(["check", str(store), "--py-spy"]) == 1
     assert "py-spy dump of rank 2" in capsys.readouterr().out
+
+
+def test_a_check_run_in_process_leaves_nothing_frozen(tmp_path, capsys):
+    """A command's load freezes what is alive out of the collector's sight (the program exits
+    right after); called in a process that goes on, it gives it all back."""
+    import gc
+    import subprocess
+    import sys
+
+    store = write_store(tmp_path / "s", hung_trace())
+    rc, out = run_json(capsys, str(store))
+    assert rc == 1 and out["findings"] and gc.get_freeze_count() == 0
+    # the program itself keeps it frozen to its exit
+    code = ("import gc, io, contextlib, commscope.commands.progress as p\n"
+            f"p.load({str(store)!r}, False)\nprint(gc.get_freeze_count() > 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "True", proc.stderr

@@ -568,17 +568,19 @@ class TraceModel:
         coll = np.flatnonzero(((flags & COLL) != 0) & (seq >= 0))
         if coll.shape[0]:
             gk, cw = self._sig_gkey[sig[coll]], who[coll]
-            ngroups = len(self._gkeys)
-            order = np.unique(cw * ngroups + gk) % ngroups  # by rank, then group: as rank by rank
-            _, at = np.unique(order, return_index=True)
+            present = np.flatnonzero(np.bincount(gk)).tolist()  # (a few groups; no sort of the rows)
+            masks = {g: gk == g for g in present} if len(present) > 1 else {present[0]: slice(None)}
+            # made in the order rank by rank makes them: by the first rank using each, then group
+            first = {g: int(cw[np.argmax(m)]) if len(present) > 1 else 0 for g, m in masks.items()}
             names = list(self._gkeys)
             column = np.empty(len(ranks), np.int32)
-            for g in order[np.sort(at)].tolist():
-                m = gk == g
+            cseq, cloc = seq[coll], local[coll]
+            for g in sorted(present, key=lambda g: (first[g], g)):
+                m = masks[g]
                 gi = self._group_index(*names[g])
-                members = np.unique(cw[m])
+                members = np.flatnonzero(np.bincount(cw[m], minlength=len(ranks)))
                 column[members] = [gi.column(ranks[j]) for j in members.tolist()]
-                gi.seqs.put(seq[coll][m], column[cw[m]], local[coll][m])
+                gi.seqs.put(cseq[m], column[cw[m]], cloc[m])
         p2p = ((flags & P2P) != 0) & (seq >= 0) & (peer >= 0) & ((flags & NESTED) == 0)
         if p2p.any():
             for j in np.unique(who[p2p]).tolist():

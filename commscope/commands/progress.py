@@ -68,16 +68,10 @@ def status(text: str, enabled: bool) -> Iterator[None]:
 
 def load(store: str | os.PathLike | None, shown: bool, since: Since | None = None
          ) -> tuple[TraceModel, TraceReader, list[str]]:
-    """``analysis.source.load_trace`` (of the window ``since``) with a progress bar when ``shown``.
-
-    For commands that load once and exit (check, report, export): what the load built lives
-    as long as the process, so it is put out of the cyclic collector's sight (``gc.freeze``);
-    else the collector's first pass after the load walks all of it (0.4 s at 16k ranks)."""
-    import gc
-
+    """``analysis.source.load_trace`` (of the window ``since``) with a progress bar when
+    ``shown``, for commands that load once and exit (check, report, export): the model lives
+    as long as the process, so the load freezes it out of the collector's sight."""
     from commscope.redact import redact
 
     with bar(f"reading {redact(str(store or 'trace'))[-40:]}", shown) as update:
-        got = load_trace(store, progress=update, since=since)
-    gc.freeze()
-    return got
+        return load_trace(store, progress=update, since=since, freeze=True)
