@@ -102,7 +102,7 @@ def _load() -> Callable[..., tuple] | None:
             _missing = True
             return None
         jit = numba.njit(cache=True, nogil=True, boundscheck=False)
-        names = ("_hash", "_lit", "_num", "_b64", "_same", "_scan")  # (helpers first: _scan calls them)
+        names = ("_hash", "_lit", "_num", "_field", "_b64", "_same", "_scan")  # (helpers first: _scan calls them)
         g = globals()
         for name in names:
             g[name] = jit(g[name])
@@ -149,6 +149,17 @@ def _num(d: np.ndarray, p: int, stop: int, most: int) -> tuple[int, int]:
     if q == p or (d[p] == 48 and q - p > 1) or (q < stop and 48 <= d[q] <= 57) or v > np.uint64(most):
         return -1, -1
     return np.int64(v), q
+
+
+def _field(d: np.ndarray, p: int, stop: int, lit: np.ndarray, most: int) -> tuple[int, int]:
+    """``_num`` of the integer after the literal ``lit`` at ``p`` (a key and its value);
+    (-1, -1) if either is not there, or ``p`` is already -1."""
+    if p < 0:
+        return -1, -1
+    p = _lit(d, p, stop, lit)
+    if p < 0:
+        return -1, -1
+    return _num(d, p, stop, most)
 
 
 def _b64(d: np.ndarray, p: int, q: int, out: np.ndarray, at: int) -> int:
@@ -219,34 +230,18 @@ def _scan(d, rank):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
         nl += 1
         line_end, i = j, j + 1
         # the template, field by field: anything else is left for the JSON path
-        p = _lit(d, ls[nl - 1], line_end, _HEAD)
-        if p < 0:
-            continue
-        _version, p = _num(d, p, line_end, SCHEMA_VERSION)
-        p = _lit(d, p, line_end, _RANK) if p >= 0 else -1
-        if p < 0:
-            continue
-        r, p = _num(d, p, line_end, MAX_RANK)
+        _version, p = _field(d, ls[nl - 1], line_end, _HEAD, SCHEMA_VERSION)
+        r, p = _field(d, p, line_end, _RANK, MAX_RANK)
         if p < 0 or r != rank:
             continue
-        p = _lit(d, p, line_end, _TS)
-        if p < 0:
-            continue
-        ts, p = _num(d, p, line_end, MAX_INT)
-        p = _lit(d, p, line_end, _N) if p >= 0 else -1
-        if p < 0:
-            continue
-        _count, p = _num(d, p, line_end, MAX_INT)
+        ts, p = _field(d, p, line_end, _TS, MAX_INT)
+        _count, p = _field(d, p, line_end, _N, MAX_INT)
         if p < 0:
             continue
         pos = end = -1
-        q = _lit(d, p, line_end, _POS)
-        if q >= 0:
-            pos, q = _num(d, q, line_end, MAX_INT)
-            q = _lit(d, q, line_end, _END) if q >= 0 else -1
-            if q < 0:
-                continue
-            end, p = _num(d, q, line_end, MAX_INT)
+        if _lit(d, p, line_end, _POS) >= 0:  # the ring position and end: both or neither
+            pos, q = _field(d, p, line_end, _POS, MAX_INT)
+            end, p = _field(d, q, line_end, _END, MAX_INT)
             if p < 0:
                 continue
         p = _lit(d, p, line_end, _DATA)

@@ -583,8 +583,11 @@ class TraceModel:
                 gi.seqs.put(cseq[m], column[cw[m]], cloc[m])
         p2p = ((flags & P2P) != 0) & (seq >= 0) & (peer >= 0) & ((flags & NESTED) == 0)
         if p2p.any():
-            for j in np.unique(who[p2p]).tolist():
-                rows = np.flatnonzero(p2p & (who == j))
+            prow = np.flatnonzero(p2p)
+            pwho = who[prow]  # ascending: the rows are rank after rank
+            cuts = np.flatnonzero(np.r_[True, pwho[1:] != pwho[:-1], True])
+            for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+                j, rows = int(pwho[a]), prow[a:b]
                 key = sig[rows].astype(np.int64) * (1 << 32) + peer[rows]
                 for kv in np.unique(key).tolist():
                     m = key == kv
