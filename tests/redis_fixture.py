@@ -3,7 +3,9 @@
 ``redis_server`` (session): one private server on a free loopback port, with its own
 config and data directory, stopped at the end.  ``redis_url`` (function): a URL on a
 database of that server that nobody else used since it was flushed, so "the newest job"
-in one test never sees another test's jobs.  A missing redis-server fails the tests
+in one test never sees another test's jobs.  ``redis_cluster`` (session): a real Redis
+Cluster of three masters (``redis-server --cluster-enabled yes`` x3, ``redis-cli --cluster
+create``); ``redis_cluster_url`` (function): a URL to its first node, every master flushed.  A missing redis-server fails the tests
 that need it with the install hint, instead of silently skipping them.
 
 Import the fixtures into a test module with ``from redis_fixture import *``.
@@ -15,12 +17,13 @@ import itertools
 
 import pytest
 
-from commscope.bench.redis_server import RedisServer, RedisServerMissing, find_redis_server
+from commscope.bench.redis_server import RedisCluster, RedisServer, RedisServerMissing, find_redis_server
 
 DATABASES = 64
 _db_numbers = itertools.cycle(range(1, DATABASES))
 
-__all__ = ["redis_client", "redis_server", "redis_url", "require_redis_server"]
+__all__ = ["cluster_client", "redis_client", "redis_cluster", "redis_cluster_url", "redis_server", "redis_url",
+           "require_redis_server"]
 
 
 def require_redis_server() -> str:
@@ -30,15 +33,19 @@ def require_redis_server() -> str:
         pytest.fail(f"{exc}  (scripts/test and .ci/run install it)", pytrace=False)
 
 
+def _started(thing, what: str):
+    """``thing.start()``, or the test fails saying why (and ``thing`` is cleaned up)."""
+    try:
+        thing.start()
+    except Exception as exc:
+        thing.close()
+        pytest.fail(f"could not start {what}: {exc}", pytrace=False)
+    return thing
+
+
 @pytest.fixture(scope="session")
 def redis_server():
-    binary = require_redis_server()
-    server = RedisServer(binary=binary, extra={"databases": DATABASES})
-    try:
-        server.start()
-    except Exception as exc:
-        server.close()
-        pytest.fail(f"could not start redis-server: {exc}", pytrace=False)
+    server = _started(RedisServer(binary=require_redis_server(), extra={"databases": DATABASES}), "redis-server")
     yield server
     server.close()
 
@@ -63,3 +70,33 @@ def redis_url(redis_server) -> str:
     client.flushdb()
     client.close()
     return url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    cluster = _started(RedisCluster(3, binary=require_redis_server()), "a Redis Cluster")
+    yield cluster
+    cluster.close()
+
+
+def cluster_client(url: str):
+    """A redis-py cluster client for a store URL (any node): an independent look."""
+    import redis
+
+    from commscope.store.redis_url import parse_url
+
+    t = parse_url(url)
+    return redis.RedisCluster(host=t.host, port=t.port, password=t.password, protocol=2)
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster) -> str:
+    """``redis://127.0.0.1:PORT/0`` on the session's cluster, every master flushed."""
+    import redis
+
+    for server in redis_cluster.servers:
+        assert server.running, "a node of the session's cluster died"
+        client = redis.Redis(host="127.0.0.1", port=server.port, protocol=2)
+        client.flushall()
+        client.close()
+    return redis_cluster.url

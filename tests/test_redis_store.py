@@ -47,6 +47,8 @@ def stored_ids(url: str, job: str, rank: int) -> list[tuple[bytes, int]]:
     ("rediss://h:6380/0?ssl_cert_reqs=none", dict(scheme="rediss", ssl_verify=False)),
     ("unix:///run/redis.sock?db=4&job=x", dict(scheme="unix", path="/run/redis.sock", db=4, job="x")),
     ("redis://h/0?timeout=0.5", dict(timeout=0.5)),
+    ("redis://h/0?rate=500", dict(rate=500)),
+    ("redis://h/0", dict(rate=20_000)),
 ])
 def test_url_forms(url, expect):
     t = parse_url(url)
@@ -61,6 +63,8 @@ def test_url_forms(url, expect):
     ("redis://h/0?job=a/b", "job name"),
     ("redis://h/0?maxlen=0", "maxlen"),
     ("redis://h/0?timeout=-1", "timeout"),
+    ("redis://h/0?rate=0", "rate"),
+    ("redis://h/0?rate=fast", "rate"),
     ("unix://", "unix:///path"),
 ])
 def test_bad_urls_are_store_errors(url, problem):
@@ -83,6 +87,18 @@ def test_password_never_survives_redaction_or_parsing(url):
         assert "hunter2" not in str(exc)
         return
     assert "hunter2" not in repr(t) and "hunter2" not in t.display()
+
+
+@pytest.mark.parametrize("world, query, every", [
+    (None, "", 1 / 20_000), (8, "", 8 / 20_000), (1024, "", 1024 / 20_000), (16_384, "", 16_384 / 20_000),
+    (65_536, "", 1.0), (16_384, "?rate=100000", 16_384 / 100_000), (2, "?rate=1", 1.0),
+])
+def test_a_wide_job_writes_each_rank_less_often(redis_url, world, query, every):
+    """A job's appends per second stay at most ``rate`` (20,000 by default): 1,024 ranks
+    write every ~50 ms (a tick), 16,384 every ~0.8 s, none less than once a second."""
+    w = open_writer(redis_url + query, "paced", 0, {"world_size": world} if world else None)
+    assert w.write_every == pytest.approx(every)
+    w.close()
 
 
 # ---------------------------------------------------------------------------- layout
@@ -168,7 +184,7 @@ class _LoseReplyOnce:
 
     def __init__(self, writer: RedisWriter, then_unreachable: bool = False):
         self.writer = writer
-        self.conn = writer._conn
+        self.conn = writer._nodes.conn(writer.key)
         self.then_unreachable = then_unreachable
         real_read = self.conn.read
 
@@ -223,17 +239,18 @@ def test_batch_that_never_landed_is_sent_again(redis_url):
     w = open_writer(redis_url, "nl", 0)
     w.write(lines(0, 1, 5))
     batch = lines(0, 5, 9)
-    real_send = w._conn.send
+    conn = w._nodes.conn(w.key)
+    real_send = conn.send
 
     def send_fails(data):
-        w._conn.send = real_send
-        w._conn.close()
+        conn.send = real_send
+        conn.close()
         raise BrokenPipeError(32, "Broken pipe")
 
     def unreachable():
         raise StoreError("cannot connect: connection refused")
 
-    w._conn.send = send_fails
+    conn.send = send_fails
     w._reconnect = unreachable
     with pytest.raises(StoreError) as info:
         w.write(batch)

@@ -80,3 +80,35 @@ def test_a_launcher_forwards_a_killed_rank_s_spool_with_its_cause(tmp_path):
 def test_spool_directory_is_private():
     d = spool.spool_dirs()[0]
     assert d.stat().st_mode & 0o077 == 0 and d.stat().st_uid == os.getuid()
+
+
+PROBE = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+try:
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print("free")
+except OSError:
+    print("locked")
+"""
+
+
+def test_a_recording_process_never_takes_its_own_live_spool_for_dead(tmp_path):
+    """A process that records and reads its own store (a notebook, ``bench store``) once saw
+    its live spool as dead: POSIX locks never stop their own process, and opening the file
+    again dropped the lock others test.  Its reader forwarded the spool into its own stream
+    (the writer then refused to mix events) and removed it under the recorder: a SIGBUS."""
+    store = str(tmp_path / "trace")
+    open_writer(store, "self", 0, {"world_size": 1}).close()
+    sp = spool.Spool.create({"job": "self", "store_id": spool.store_id(store), "store": store, "rank": 0,
+                             "inc": 0, "run": "r1", "host": "h", "pid": os.getpid()}, ring=1 << 16)
+    try:
+        assert spool.dead_spools("self", store) == [] and spool.remnant_events("self", store) == []
+        open_reader(f"{store}/self").read_all()  # a reader sweeps what dead ranks left on this host
+        assert spool.forward_orphans(only=spool.store_id(store)) == 0  # as a launcher does
+        assert sp.path.exists() and sp.path.stat().st_size > spool.HEADER_SIZE
+        probe = subprocess.run([sys.executable, "-c", PROBE, str(sp.path)], capture_output=True, text=True)
+        assert probe.stdout.strip() == "locked", probe.stderr  # still ours: alive to every other process
+    finally:
+        sp.close(remove=True)
+    assert not sp.path.exists() and sp.path not in spool._HELD

@@ -1,4 +1,5 @@
-"""The store contract, run unchanged against every backend: a directory and Redis Streams.
+"""The store contract, run unchanged against every backend: a directory, Redis Streams on
+one Redis, and on a real Redis Cluster of three masters.
 
 Each test gets a fresh store (a tmp_path, or a flushed Redis database on the session's
 real redis-server).  Backend-specific set-up -- appending raw or damaged data behind a
@@ -15,7 +16,7 @@ import threading
 
 import pytest
 from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
-from redis_fixture import redis_client
+from redis_fixture import cluster_client, redis_client
 
 from commscope import events as E
 from commscope.store import StoreError, open_reader, open_writer
@@ -114,12 +115,40 @@ class RedisBackend:
         self.client.close()
 
 
-@pytest.fixture(params=["directory", "redis"])
+class RedisClusterBackend(RedisBackend):
+    name = "redis-cluster"
+
+    def __init__(self, url: str, cluster):
+        self.store = url
+        self.cluster = cluster
+        self.client = cluster_client(url)
+
+    @contextlib.contextmanager
+    def failing_writes(self, monkeypatch):
+        """The masters run out of memory part way through the next write."""
+        import redis
+
+        nodes = [redis.Redis(host="127.0.0.1", port=s.port, protocol=2) for s in self.cluster.servers]
+        for node in nodes:
+            node.config_set("maxmemory-policy", "noeviction")
+            node.config_set("maxmemory", str(int(node.info("memory")["used_memory"]) + (3 << 20)))
+        try:
+            yield
+        finally:
+            for node in nodes:
+                node.config_set("maxmemory", "0")
+                node.close()
+
+
+@pytest.fixture(params=["directory", "redis", "redis-cluster"])
 def backend(request, tmp_path):
     if request.param == "directory":
         b = DirectoryBackend(tmp_path)
-    else:
+    elif request.param == "redis":
         b = RedisBackend(request.getfixturevalue("redis_url"))
+    else:
+        b = RedisClusterBackend(request.getfixturevalue("redis_cluster_url"),
+                                request.getfixturevalue("redis_cluster"))
     yield b
     b.close()
 

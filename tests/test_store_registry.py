@@ -39,6 +39,7 @@ JOBS: dict[str, str] = {}
 
 class MemWriter:
     crash_dir = None
+    write_every = 0.0
 
     def __init__(self, name, job, rank, job_meta=None, *, incarnation=0, resume=False, connect_timeout=None,
                  share=None):

@@ -164,6 +164,79 @@ class RedisServer:
         return f"RedisServer(127.0.0.1:{self.port}, dir={self.dir})"
 
 
+def find_redis_cli(server_binary: str | None = None) -> str:
+    """redis-cli: beside the server binary, then PATH."""
+    beside = os.path.join(os.path.dirname(server_binary or find_redis_server()), "redis-cli")
+    for c in (beside, shutil.which("redis-cli")):
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    raise RedisServerMissing("redis-cli not found: it comes with redis-server (apt-get install redis-server)")
+
+
+class RedisCluster:
+    """A private Redis Cluster of ``masters`` redis-servers on loopback, each with
+    ``replicas`` replicas, made as a user makes one: ``redis-server --cluster-enabled yes``
+    each, then ``redis-cli --cluster create``.  ``url`` reaches its first node;
+    ``node_timeout_ms`` is how long a master may be silent before its replica takes over."""
+
+    def __init__(self, masters: int = 3, *, replicas: int = 0, node_timeout_ms: int = 5000,
+                 binary: str | None = None):
+        self.binary = binary or find_redis_server()
+        self.replicas = replicas
+        self.servers = [RedisServer(binary=self.binary, appendonly=False,
+                                    extra={"cluster-enabled": "yes", "cluster-config-file": "nodes.conf",
+                                           "cluster-node-timeout": node_timeout_ms})
+                        for _ in range(masters * (1 + replicas))]
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.servers[0].port}/0"
+
+    def start(self, timeout: float = 30.0) -> RedisCluster:
+        for server in self.servers:
+            server.start()
+        cli = find_redis_cli(self.binary)
+        nodes = [f"127.0.0.1:{s.port}" for s in self.servers]
+        made = subprocess.run([cli, "--cluster", "create", *nodes, "--cluster-replicas", str(self.replicas),
+                               "--cluster-yes"],
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if made.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed: {(made.stdout + made.stderr)[-2000:]}")
+        deadline = time.monotonic() + timeout
+        while not all(self.info(s).get("cluster_state") == "ok" for s in self.servers):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the cluster did not reach cluster_state:ok")
+            time.sleep(0.05)
+        return self
+
+    def cli(self, *args: str, server: RedisServer | None = None, timeout: float = 60.0) -> str:
+        """redis-cli against one node (the first by default); its output."""
+        port = (server or self.servers[0]).port
+        done = subprocess.run([find_redis_cli(self.binary), "-p", str(port), *args], capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise RuntimeError(f"redis-cli {' '.join(args)}: {(done.stdout + done.stderr)[-2000:]}")
+        return done.stdout
+
+    def info(self, server: RedisServer) -> dict[str, str]:
+        """CLUSTER INFO of one node, as a dict ({} while it does not answer)."""
+        try:
+            text = self.cli("CLUSTER", "INFO", server=server, timeout=5)
+        except (RuntimeError, subprocess.TimeoutExpired):
+            return {}
+        return dict(line.strip().split(":", 1) for line in text.splitlines() if ":" in line)
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+    def __enter__(self) -> RedisCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class _Handle:
     """What ``commscope bench store --redis`` expects: ``.url`` and ``.stop()``."""
 

@@ -5,7 +5,9 @@ Writer: a rank's recorder thread turning queued hot-path records into stored eve
 op as fast as it can while the recorder runs, to show the sustained rate and that memory
 stays bounded (the queue is capped; the excess is dropped and counted).
 Reader: ``open_reader(...).read_all()`` over a multi-rank trace written the same way.
-With ``--redis URL``: the same for the Redis Streams store (needs redis-server).
+With ``--redis URL``: the same for the Redis Streams store (needs redis-server); with
+``--redis-cluster``: on a Redis Cluster (three local masters, or a node's URL), with the
+requests per second each master served while the reader followed the writers.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=3.0, help="duration of the saturation run (default 3 s)")
     p.add_argument("--redis", metavar="URL", nargs="?", const="auto", default=None,
                    help="also measure the Redis store (a URL, or start a local redis-server)")
+    p.add_argument("--redis-cluster", metavar="URL", nargs="?", const="auto", default=None,
+                   help="also measure the Redis store on a Redis Cluster (a node's URL, or start three local "
+                        "masters)")
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
 
 
@@ -137,6 +142,25 @@ def _paced_writer(_rank: int, _ws: int, url: str, job: str, ranks: int, rate: in
     return {"per_rank": done, "seconds": time.monotonic() - t0}
 
 
+def _requests(ports: list[int]) -> list[tuple[int, int]]:
+    """(appends, XREADs) each local Redis (by port) has served since it started: the
+    requests a job and its console send (INFO commandstats; the XADDs inside an append
+    script are not requests)."""
+    from commscope.store.redis_url import parse_url
+    from commscope.store.resp import Connection
+
+    out = []
+    for port in ports:
+        conn = Connection(parse_url(f"redis://127.0.0.1:{port}/0"), f"127.0.0.1:{port}")
+        conn.connect()
+        text = conn.call("INFO", "commandstats").decode()
+        conn.close()
+        calls = {line.split(":", 1)[0]: int(line.split("calls=", 1)[1].split(",", 1)[0])
+                 for line in text.splitlines() if line.startswith("cmdstat_") and "calls=" in line}
+        out.append((calls.get("cmdstat_eval", 0), calls.get("cmdstat_xread", 0)))
+    return out
+
+
 def _redis_follow(url: str, ranks: int, rate: int, seconds: float) -> dict[str, Any]:
     """A reader polling a live job that ``ranks`` writers feed at ``rate`` events/s each."""
     from commscope.launch import Job
@@ -229,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[bold]commscope bench store[/] (files under {tmp})")
     targets = [("directory", tmp)]
     redis_server = None
+    cluster = None
     if args.redis:
         from commscope.bench.redis_server import start_redis
 
@@ -237,12 +262,21 @@ def run(args: argparse.Namespace) -> int:
             redis_server = start_redis()
             url = redis_server.url
         targets.append(("redis", url))
+    if args.redis_cluster:
+        from commscope.bench.redis_server import RedisCluster
+
+        url = args.redis_cluster
+        if url == "auto":
+            cluster = RedisCluster(3).start()
+            url = cluster.url
+        targets.append(("redis-cluster", url))
     notes: list[str] = []
     table = Table(title="Trace store throughput, events/s (one process per measurement)")
     for col in ("store", "thread alone", "produced", "written", "dropped", "RSS Δ", "reader", "met"):
         table.add_column(col, justify="right" if col != "store" else "left")
     try:
         for name, base in targets:
+            redis = name != "directory"
             store = os.path.join(base, "w") if name == "directory" else base
             w = run_ranks(_writer_rate, 1, args=(store, args.events // 2, args.seconds), timeout=600)[0].value
             rstore = os.path.join(base, "r") if name == "directory" else base + ("&" if "?" in base else "?") + "job=bench"
@@ -253,11 +287,19 @@ def run(args: argparse.Namespace) -> int:
             write_target = TARGET_WRITE if name == "directory" else TARGET_WRITE_REDIS
             read_target = TARGET_READ if name == "directory" else TARGET_READ_REDIS
             met = w["written"] >= write_target and rate >= read_target
-            if name == "redis":
+            if redis:
+                ports = [s.port for s in cluster.servers] if name == "redis-cluster" and cluster is not None else []
+                before, t0 = _requests(ports), time.perf_counter()
                 f = _redis_follow(base, REDIS_FOLLOW_RANKS, REDIS_FOLLOW_RATE, max(args.seconds, 1.0))
+                spent = time.perf_counter() - t0
+                if ports:
+                    per_node = [((b[0] - a[0]) / spent, (b[1] - a[1]) / spent)
+                                for a, b in zip(before, _requests(ports), strict=True)]
+                    notes.append(f"{name}: requests per second per master while following (appends + XREADs): "
+                                 + ", ".join(f"{x:,.0f} + {y:,.0f}" for x, y in per_node))
                 kept_up = f["read"] >= f["written"] and f["catch_up_s"] < 1.0
                 met = met and kept_up
-                notes.append(f"redis live follow: {REDIS_FOLLOW_RANKS} ranks x {REDIS_FOLLOW_RATE // 1000}k events/s: "
+                notes.append(f"{name} live follow: {REDIS_FOLLOW_RANKS} ranks x {REDIS_FOLLOW_RATE // 1000}k events/s: "
                              f"{f['written']:,} events written in {f['write_s']:.1f} s, the reader polled "
                              f"{f['read']:,} of them and caught up {f['catch_up_s'] * 1e3:.0f} ms after the "
                              f"writers stopped: {'kept up' if kept_up else 'FELL BEHIND'}")
@@ -269,6 +311,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if redis_server is not None:
             redis_server.stop()
+        if cluster is not None:
+            cluster.close()
     console.print(table)
     for note in notes:
         console.print(note)

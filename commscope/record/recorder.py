@@ -97,6 +97,7 @@ class Recorder:
         self.exited = False
         self._exit: tuple[int, str, int | None] | None = None  # (ts, reason, exit code) once marked
         self._next_forward = 0.0
+        self._next_write = 0.0  # (monotonic) the store's pace: ``StoreWriter.write_every``
         self._thread: threading.Thread | None = None
         self.need_job = False  # the job id is still unknown: see settle_job
         self._job_wait_since: float | None = None
@@ -246,6 +247,7 @@ class Recorder:
         if self._thread is None or not self._thread.is_alive():
             return False
         self.ops.poll_fr_soon()
+        self._next_write = 0.0  # whatever the store's pace
         target = self._ticks + 2
         deadline = time.monotonic() + timeout
         while self._ticks < target and time.monotonic() < deadline:
@@ -308,8 +310,10 @@ class Recorder:
             self.rank = dist.get_rank()
             self._flush_early()
         emit = self._emit
-        # While the store fails, op records wait in the spool's ring (bounded by its size).
-        drain = final or not self.outbox.backing_off()
+        # While the store fails, or until the store's pace allows the next write, op records
+        # wait in the spool's ring (bounded by its size): then one write takes them all.
+        due = final or time.monotonic() >= self._next_write
+        drain = final or (due and not self.outbox.backing_off())
         self.ops.collect(now, final, emit, self.outbox.put, self.rank, drain)
         if self.capture_stacks:
             stuck_ns = self._capture_stuck(now, emit)
@@ -345,7 +349,8 @@ class Recorder:
             if self.crash:
                 exit_ev["exc"] = self.crash
             emit(exit_ev)  # last, after everything recorded before it
-        self._write(final)
+        if due:
+            self._write(final)
         if final or time.monotonic() >= self._next_forward:
             self._forward_dead()
         if final:
@@ -515,6 +520,7 @@ class Recorder:
                                kept=str(self.spool.path) if self.spool is not None else None, keep=self.ops.keep_event)
         elif outbox.pending and not outbox.backing_off() and self._open_writer():
             outbox.write_once()
+            self._next_write = time.monotonic() + outbox.writer.write_every
 
 
 def _current_cuda_device() -> int | None:

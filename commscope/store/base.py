@@ -170,6 +170,9 @@ class StoreWriter(Protocol):
     job: str
     #: a directory of this machine beside the stream, where a crash file may go (None: a server)
     crash_dir: Path | None
+    #: seconds the recorder lets pass between writes (0: every tick): a server shared by a
+    #: wide job asks its ranks to write less often, so it sees a bounded rate of requests
+    write_every: float
 
     @property
     def stored(self) -> int:

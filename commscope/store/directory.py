@@ -114,6 +114,8 @@ def modes_of(directory: Path) -> Modes:
 class DirectoryWriter:
     """Appends one rank's events; owned by that rank's recorder thread."""
 
+    write_every = 0.0  # a local file: every tick
+
     def __init__(self, root: str | os.PathLike, job: str, rank: int, job_meta: dict | None = None, *,
                  incarnation: int = 0, resume: bool = False, connect_timeout: float | None = None,
                  share: bool | None = None, segment_bytes: int | None = None, retain: Retention | None = None,

@@ -1,15 +1,22 @@
 """The Redis Streams store: one stream per rank, for jobs without a shared filesystem.
 
-Layout (``J`` is the job id, ``N`` the global rank)::
+Layout (``J`` is the job id, ``N`` the global rank, ``S`` the stream's shard, ``N % 256``)::
 
-    commscope:jobs          sorted set: job ids scored by registration time (µs); the
-                            newest is what a reader without ?job= opens (like LATEST)
-    commscope:J:meta        job metadata, JSON (rank 0 writes it; others only if missing)
-    commscope:J:ranks       set of the streams: "N" for rank N, "N+I" for its incarnation I
-    commscope:J:rank:N      stream of rank N: entry ``0-K`` holds the K-th event (K = 1,
-                            2, ...) of that rank in field ``e``, one JSON event per entry
-    commscope:J:rank:N+I    the same rank's incarnation I (its process group initialised
-                            again in one process)
+    commscope:jobs              sorted set: job ids scored by registration time (µs); the
+                                newest is what a reader without ?job= opens (like LATEST)
+    commscope:{J}:meta          job metadata, JSON (rank 0 writes it; others only if missing)
+    commscope:{J}:ranks         set of the streams: "N" for rank N, "N+I" for its incarnation I
+    commscope:{J/S}:rank:N      stream of rank N: entry ``0-K`` holds the K-th event (K = 1,
+                                2, ...) of that rank in field ``e``, one JSON event per entry
+    commscope:{J/S}:rank:N+I    the same rank's incarnation I (its process group initialised
+                                again in one process)
+
+The braces are Redis Cluster hash tags: a job's metadata and set of streams share a slot,
+and its streams are spread over 256 shards, each a slot of its own, so a cluster spreads a
+large job over its masters while a reader still reads a whole shard with one XREAD
+(``store/cluster.py`` routes each command to its node; one Redis is a cluster of one).
+Jobs written before the hash tags (``commscope:J:meta``, ``commscope:J:rank:N``) are still
+read (``LegacyKeys``).
 
 No duplicates, no reordering.  Each writer numbers its entries itself (``0-1``, ``0-2``
 ...) instead of letting Redis stamp them, and appends a batch with one Lua script, which
@@ -49,8 +56,9 @@ from commscope.store.base import (
     meta_line,
     store_lost,
 )
-from commscope.store.redis_url import RedisTarget, parse_url, scrub
-from commscope.store.resp import Connection, RedisAuthError, ReplyError
+from commscope.store.cluster import Nodes, keyslot
+from commscope.store.redis_url import MAX_WRITE_EVERY, RedisTarget, parse_url, scrub
+from commscope.store.resp import Connection, RedisAuthError, ReplyError, pack
 
 
 class Keys:
@@ -62,16 +70,23 @@ class Keys:
     JOBS = f"{PREFIX}:jobs"
     #: a pattern matching every key commscope writes (KEYS, SCAN)
     ALL = f"{PREFIX}:*"
+    #: shards of a job's streams: each its own hash slot (so a cluster spreads them), each
+    #: read with one XREAD (so a poll costs at most this many commands)
+    SHARDS = 256
 
-    @staticmethod
-    def meta(job: str) -> str:
+    #: how a job's own keys, and the keys of a shard of its streams, begin: hash tags
+    JOB = PREFIX + ":{{{job}}}"
+    SHARD = PREFIX + ":{{{job}/{shard}}}"
+
+    @classmethod
+    def meta(cls, job: str) -> str:
         """The job's metadata (JSON)."""
-        return f"{Keys.PREFIX}:{job}:meta"
+        return cls.JOB.format(job=job) + ":meta"
 
-    @staticmethod
-    def ranks(job: str) -> str:
+    @classmethod
+    def ranks(cls, job: str) -> str:
         """The set of the job's stream members (``member``)."""
-        return f"{Keys.PREFIX}:{job}:ranks"
+        return cls.JOB.format(job=job) + ":ranks"
 
     @staticmethod
     def member(rank: int, incarnation: int = 0) -> str:
@@ -87,10 +102,17 @@ class Keys:
             return None
         return int(rank), int(inc or 0)
 
-    @staticmethod
-    def stream(job: str, rank: int, incarnation: int = 0) -> str:
-        """The stream of one rank (incarnation) of the job."""
-        return f"{Keys.PREFIX}:{job}:rank:{Keys.member(rank, incarnation)}"
+    @classmethod
+    def stream(cls, job: str, rank: int, incarnation: int = 0) -> str:
+        """The stream of one rank (incarnation) of the job, in its rank's shard."""
+        return cls.SHARD.format(job=job, shard=rank % cls.SHARDS) + f":rank:{cls.member(rank, incarnation)}"
+
+
+class LegacyKeys(Keys):
+    """The layout before hash tags (``commscope:J:meta``, ``commscope:J:rank:N``): what
+    readers find in a job an earlier commscope wrote.  Never written."""
+
+    JOB = SHARD = Keys.PREFIX + ":{job}"
 
 
 def _seq(entry_id: bytes) -> int:
@@ -170,6 +192,10 @@ class RedisWriter:
         self.incarnation = int(incarnation)
         self.resume = resume
         self.maxlen = self.target.maxlen or 0
+        world = (job_meta or {}).get("world_size")
+        #: the job's appends spread over time: world_size / rate seconds between a rank's writes
+        self.write_every = min(MAX_WRITE_EVERY, (world if isinstance(world, int) and world > 0 else 1)
+                               / self.target.rate)
         self.key = Keys.stream(self.job, self.rank, self.incarnation).encode()
         self.description = f"{self.target.display(job=self.job)} rank {self.rank}"
         self._shown = self.target.display()
@@ -178,7 +204,8 @@ class RedisWriter:
             meta["maxlen"] = self.maxlen
         self._meta = orjson.dumps(meta)
         self._secrets = [s.encode() for s in self.target.secrets() if len(s) >= 4]
-        self._conn: Connection | None = None
+        self._nodes = Nodes(self.target, self._shown)
+        self._connected = False  # False after a failure: the next write reconnects (and settles)
         self._next = 1  # number of the next entry this writer appends
         self._unsure: list[bytes] | None = None  # sent as entries _next.. ; landed or not?
         self._settled: tuple[int, list[bytes]] | None = None  # last batch settled by reading the top
@@ -201,39 +228,37 @@ class RedisWriter:
         return f"RedisWriter({self.description})"
 
     def _open(self) -> None:
-        conn = Connection(self.target, self._shown)
-        conn.connect()
+        nodes = self._nodes
+        nodes.connect()
         try:
             if self.resume:
-                self._conn = conn
                 top = self._top()
-                self._conn = None
                 if top < 0:
                     raise StoreError(f"{self._shown} job {self.job!r}: rank {self.rank}'s stream holds entries "
                                      "commscope did not write; not appending to it")
                 self._next = top + 1
-            elif conn.call("EXISTS", self.key):
+            elif nodes.call(self.key, "EXISTS", self.key):
                 raise StoreError(
                     f"{self._shown} job {self.job!r} already holds events of rank {self.rank} "
                     "(an earlier job with the same id); refusing to mix jobs (choose a new COMMSCOPE_JOB, "
                     "another ?job= or another database)")
-            self._register(conn, first=True)
+            self._register(first=True)
         except StoreError:
-            conn.close()
+            nodes.close()
             raise
         except ReplyError as exc:
-            conn.close()
+            nodes.close()
             raise StoreError(f"cannot use {self._shown}: Redis said: {scrub(str(exc), self.target)}") from None
         except OSError as exc:
-            conn.close()
-            raise StoreError(f"cannot use {self._shown}: {conn.why(exc)}") from None
-        self._conn = conn
+            nodes.close()
+            raise StoreError(f"cannot use {self._shown}: {nodes.why(exc)}") from None
+        self._connected = True
 
-    def _register(self, conn: Connection, first: bool) -> None:
+    def _register(self, first: bool) -> None:
         """Make the job findable: again after every reconnect, in case Redis lost its data."""
         now_us = time.time_ns() // 1000
         lead = self.rank == 0 and first  # rank 0 opening: this job becomes the newest
-        replies = conn.pipeline([
+        replies = self._nodes.pipeline([
             ("SADD", Keys.ranks(self.job), Keys.member(self.rank, self.incarnation)),
             ("ZADD", Keys.JOBS, now_us, self.job) if lead else ("ZADD", Keys.JOBS, "NX", now_us, self.job),
             ("SET", Keys.meta(self.job), self._meta) if lead else ("SET", Keys.meta(self.job), self._meta, "NX"),
@@ -243,16 +268,15 @@ class RedisWriter:
                 raise r
 
     def _reconnect(self) -> None:
-        conn = Connection(self.target, self._shown)
-        conn.connect()  # StoreError
+        self._nodes.connect()  # StoreError (the slot map read again: a failover moved it)
         try:
-            self._register(conn, first=False)
+            self._register(first=False)
         except ReplyError:
             pass  # e.g. OOM: the append will say so; registering again is only a safety net
         except OSError:
-            conn.close()
+            self._nodes.close()
             raise
-        self._conn = conn
+        self._connected = True
         top = self._top()
         if 0 <= top < self._next - 1:  # Redis lost what had landed: restarted empty, flushed
             self._lost = (top + 1, self._next - 1)
@@ -272,12 +296,11 @@ class RedisWriter:
 
     def first_event(self) -> dict | None:
         """The stream's first event (its meta), None when empty or unreadable."""
-        conn = self._conn
         try:
-            if conn is None:
+            if not self._connected:
                 self._reconnect()
-                conn = self._conn
-            entries = conn.xrange("XRANGE", self.key, "-", "+", "COUNT", 1)
+            entries = self._nodes.run(self.key, pack("XRANGE", self.key, "-", "+", "COUNT", 1),
+                                      Connection.read_entries)
             ev = orjson.loads(entries[0][1]) if entries else None
         except (OSError, ReplyError, StoreError, orjson.JSONDecodeError, IndexError, TypeError):
             return None
@@ -285,7 +308,7 @@ class RedisWriter:
 
     def _top(self) -> int:
         """Number of the stream's last entry (0 when empty or gone); -1 if it is not ours."""
-        top = self._conn.xrange("XREVRANGE", self.key, "+", "-", "COUNT", 1)
+        top = self._nodes.run(self.key, pack("XREVRANGE", self.key, "+", "-", "COUNT", 1), Connection.read_entries)
         return _seq(top[0][0]) if top else 0
 
     def _settle(self, lines: list[bytes], top: int | None = None) -> int:
@@ -365,7 +388,7 @@ class RedisWriter:
         try:
             for _attempt in range(2):  # one immediate reconnect, e.g. after an idle-timeout close
                 try:
-                    if self._conn is None:
+                    if not self._connected:
                         self._reconnect()
                     if self._unsure is not None:
                         done += self._settle(lines[done:])
@@ -381,7 +404,7 @@ class RedisWriter:
                         done += self._settle(lines[done:])
                     break
                 except OSError as exc:  # connection lost: the chunk in flight may or may not have landed
-                    reason = self._conn.why(exc) if self._conn is not None else str(exc)
+                    reason = self._nodes.why(exc)
                     self._drop()
         except StoreError as exc:  # cannot connect or log in, or another writer: nothing more landed
             self._drop()
@@ -404,8 +427,7 @@ class RedisWriter:
             payload_lines = [self._scrub_meta(line) for line in chunk]
         payload = _pack_append(self.key, self._next, self.maxlen, payload_lines)
         self._unsure = chunk  # the caller's lines, unscrubbed: _settle matches them by content
-        self._conn.send(payload)
-        reply = self._conn.read()
+        reply = self._nodes.run(self.key, payload)  # (a redirection ran nothing: sent again where it says)
         if isinstance(reply, ReplyError):
             raise reply
         n, top = int(reply[0]), _seq(reply[1])
@@ -417,9 +439,8 @@ class RedisWriter:
         return n
 
     def _drop(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._nodes.close()
+        self._connected = False
 
     def close(self) -> None:
         self._drop()
@@ -444,8 +465,10 @@ class RedisReader(TraceReader):
         self._shown = self.target.display()
         self.stats = ReadStats()
         self.missing: dict[int, int] = {}  # rank -> events absent from its streams (gaps)
-        self._conn: Connection | None = Connection(self.target, self._shown)
-        self._conn.connect()
+        self._nodes = Nodes(self.target, self._shown)
+        self._nodes.connect()
+        self._up = True  # False after a failure: the next use connects again
+        self.keys: type[Keys] = Keys  # the layout of the job (``_find_job``)
         self._down = False
         self.job_id: str | None = self._find_job()
         if self.job_id is None and self._orphans():
@@ -485,31 +508,40 @@ class RedisReader(TraceReader):
         except Exception:
             return 0
 
-    def _conn_ok(self) -> Connection:
-        if self._conn is None:
-            conn = Connection(self.target, self._shown)
-            conn.connect()
-            self._conn = conn
-        return self._conn
+    def _nodes_ok(self) -> Nodes:
+        if not self._up:
+            self._nodes.connect()
+            self._up = True
+        return self._nodes
+
+    def _lost(self) -> None:
+        """After a failure: every connection closed, the next use connects again."""
+        self._nodes.close()
+        self._up = False
 
     def _find_job(self) -> str | None:
-        conn = self._conn_ok()
+        nodes = self._nodes_ok()
         try:
             if self._want:
-                found = conn.call("EXISTS", Keys.ranks(self._want)) or conn.call("EXISTS", Keys.meta(self._want))
-                return self._want if found else None
-            newest = conn.call("ZREVRANGE", Keys.JOBS, 0, 0)
+                keys = _layout(nodes, self._want)
+                if keys is not None:
+                    self.keys = keys
+                return self._want if keys is not None else None
+            newest = nodes.call(Keys.JOBS, "ZREVRANGE", Keys.JOBS, 0, 0)
+            if newest:
+                self.keys = _layout(nodes, newest[0].decode()) or Keys
         except ReplyError as exc:
             raise StoreError(f"cannot read {self._shown}: Redis said: {scrub(str(exc), self.target)}") from None
         except OSError as exc:
-            self._conn = None
-            raise StoreError(f"cannot read {self._shown}: {conn.why(exc)}") from None
+            self._lost()
+            raise StoreError(f"cannot read {self._shown}: {nodes.why(exc)}") from None
         return newest[0].decode() if newest else None
 
     def job(self) -> dict | None:
         if self._job is None and self.job_id is not None:
             try:
-                raw = self._conn_ok().call("GET", Keys.meta(self.job_id))
+                key = self.keys.meta(self.job_id)
+                raw = self._nodes_ok().call(key, "GET", key)
             except (OSError, ReplyError, StoreError):
                 return None
             if isinstance(raw, bytes) and raw:
@@ -527,7 +559,8 @@ class RedisReader(TraceReader):
         """The job's streams: (rank, incarnation), in order."""
         if self.job_id is None:
             return []
-        members = self._conn_ok().call("SMEMBERS", Keys.ranks(self.job_id)) or []
+        key = self.keys.ranks(self.job_id)
+        members = self._nodes_ok().call(key, "SMEMBERS", key) or []
         return sorted(filter(None, map(Keys.parse_member, members)))
 
     def count(self) -> int:
@@ -537,7 +570,7 @@ class RedisReader(TraceReader):
         streams = self.ranks()
         if not streams:
             return 0
-        replies = self._conn_ok().pipeline([("XLEN", Keys.stream(self.job_id, *st)) for st in streams])
+        replies = self._nodes_ok().pipeline([("XLEN", self.keys.stream(self.job_id, *st)) for st in streams])
         return sum(r for r in replies if isinstance(r, int))
 
     def size(self) -> Size:
@@ -559,9 +592,7 @@ class RedisReader(TraceReader):
                 self._down = False
                 self.stats.warnings.append(f"reconnected to {self._shown}")
         except (OSError, StoreError, ReplyError) as exc:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            self._lost()
             if not self._down:
                 self._down = True
                 why = str(exc) if isinstance(exc, StoreError) else f"lost the connection to {self._shown}"
@@ -583,23 +614,32 @@ class RedisReader(TraceReader):
         return forwarded > 0
 
     def _xread(self, max_bytes: int | None, got: dict[Stream, list[Event]]) -> None:
-        conn = self._conn_ok()
+        """New entries of every stream: one XREAD per hash slot (a shard's streams share
+        one), each node's sent together (``Nodes.many``)."""
+        nodes = self._nodes_ok()
         job = self.job_id
         pending = self.ranks()
         used = 0
         with gc_paused():
             while pending:
-                keys = {Keys.stream(job, *st).encode(): st for st in pending}
-                ids = [self._cursor.get(st, b"0-0") for st in pending]
-                reply = conn.xread("XREAD", "COUNT", self.PAGE, "STREAMS", *keys, *ids)
+                keys = {self.keys.stream(job, *st).encode(): st for st in pending}
+                by_slot: dict[int, list[bytes]] = {}
+                for key in keys:
+                    by_slot.setdefault(keyslot(key), []).append(key)
+                commands = [(ks[0], pack("XREAD", "COUNT", self.PAGE, "STREAMS", *ks,
+                                         *(self._cursor.get(keys[k], b"0-0") for k in ks)))
+                            for ks in by_slot.values()]
                 full = []
-                for key, entries in reply:
-                    stream = keys.get(key)
-                    if stream is None:
-                        continue
-                    used += self._take(stream, entries, got.setdefault(stream, []))
-                    if len(entries) >= self.PAGE:
-                        full.append(stream)
+                for reply in nodes.many(commands, Connection.read_streams):
+                    if isinstance(reply, ReplyError):
+                        raise reply
+                    for key, entries in reply:
+                        stream = keys.get(key)
+                        if stream is None:
+                            continue
+                        used += self._take(stream, entries, got.setdefault(stream, []))
+                        if len(entries) >= self.PAGE:
+                            full.append(stream)
                 pending = full
                 if max_bytes is not None and used >= max_bytes:
                     break
@@ -614,14 +654,15 @@ class RedisReader(TraceReader):
         rest: dict[Stream, list[Event]] = {}
         self._remnants(rest, final=True)  # forwarded first: then read with the rest of the streams
         try:
-            conn = self._conn_ok()
+            nodes = self._nodes_ok()
             with gc_paused():
                 for stream in self.ranks():
-                    key = Keys.stream(self.job_id, *stream)
+                    key = self.keys.stream(self.job_id, *stream)
                     while True:
                         start = self._cursor.get(stream)
                         lo = b"-" if start is None else _after(start)
-                        entries = conn.xrange("XRANGE", key, lo, "+", "COUNT", self.PAGE)
+                        entries = nodes.run(key, pack("XRANGE", key, lo, "+", "COUNT", self.PAGE),
+                                            Connection.read_entries)
                         if not entries:
                             break
                         self._take(stream, entries, out)
@@ -632,10 +673,8 @@ class RedisReader(TraceReader):
         except ReplyError as exc:
             raise StoreError(f"cannot read {self.description}: Redis said: {scrub(str(exc), self.target)}") from None
         except OSError as exc:
-            why = self._conn.why(exc) if self._conn is not None else str(exc)
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            why = self._nodes.why(exc)
+            self._lost()
             raise StoreError(f"cannot read {self.description}: {why}") from None
         return out
 
@@ -690,9 +729,7 @@ class RedisReader(TraceReader):
                                        "stream (lost by Redis, e.g. a restart without persistence)")
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._lost()
 
 
 def _after(entry_id: bytes) -> bytes:
@@ -702,42 +739,51 @@ def _after(entry_id: bytes) -> bytes:
 
 
 # ---------------------------------------------------------------------------- helpers
-def _connect(url: str) -> tuple[RedisTarget, Connection]:
+def _layout(nodes: Nodes, job: str) -> type[Keys] | None:
+    """The key layout ``job`` was written with; None when it is not there."""
+    for keys in (Keys, LegacyKeys):
+        if any(r == 1 for r in nodes.pipeline([("EXISTS", keys.ranks(job)), ("EXISTS", keys.meta(job))])):
+            return keys
+    return None
+
+
+def _connect(url: str) -> tuple[RedisTarget, Nodes]:
     target = parse_url(url)
-    conn = Connection(target, target.display())
-    conn.connect()
-    return target, conn
+    nodes = Nodes(target, target.display())
+    nodes.connect()
+    return target, nodes
 
 
 def list_jobs(url: str) -> list[tuple[str, float]]:
     """(job id, registration time in s) for every job in the store, oldest first."""
-    _, conn = _connect(url)
+    target, nodes = _connect(url)
     try:
-        flat = conn.call("ZRANGE", Keys.JOBS, 0, -1, "WITHSCORES")
+        flat = nodes.call(Keys.JOBS, "ZRANGE", Keys.JOBS, 0, -1, "WITHSCORES")
     except (OSError, ReplyError) as exc:
-        why = conn.why(exc) if isinstance(exc, OSError) else scrub(str(exc), conn.t)
+        why = nodes.why(exc) if isinstance(exc, OSError) else scrub(str(exc), target)
         raise StoreError(f"cannot list jobs in {redact(url)}: {why}") from None
     finally:
-        conn.close()
+        nodes.close()
     return [(flat[i].decode(), float(flat[i + 1]) / 1e6) for i in range(0, len(flat), 2)]
 
 
 def delete_job(url: str, job: str) -> int:
     """Remove a job's streams, metadata and registration; returns how many keys went."""
-    target, conn = _connect(url)
+    target, nodes = _connect(url)
     try:
-        members = conn.call("SMEMBERS", Keys.ranks(job)) or []
+        keys = _layout(nodes, job) or Keys
+        members = nodes.call(keys.ranks(job), "SMEMBERS", keys.ranks(job)) or []
         streams = filter(None, map(Keys.parse_member, members))
-        keys = [Keys.meta(job), Keys.ranks(job)] + [Keys.stream(job, *st) for st in streams]
-        n = conn.call("DEL", *keys)
-        conn.call("ZREM", Keys.JOBS, job)
-        return int(n)
+        names = [keys.meta(job), keys.ranks(job)] + [keys.stream(job, *st) for st in streams]
+        replies = nodes.pipeline([("DEL", k) for k in names])  # (one key each: a cluster's slots differ)
+        nodes.call(Keys.JOBS, "ZREM", Keys.JOBS, job)
+        return sum(r for r in replies if isinstance(r, int))
     except (OSError, ReplyError) as exc:
-        why = conn.why(exc) if isinstance(exc, OSError) else scrub(str(exc), target)
+        why = nodes.why(exc) if isinstance(exc, OSError) else scrub(str(exc), target)
         raise StoreError(f"cannot delete job {job!r} in {target.display()}: {why}") from None
     finally:
-        conn.close()
+        nodes.close()
 
 
-__all__ = ["Connection", "Keys", "RedisAuthError", "ReplyError", "RedisReader", "RedisWriter", "delete_job",
+__all__ = ["Connection", "Keys", "LegacyKeys", "RedisAuthError", "ReplyError", "RedisReader", "RedisWriter", "delete_job",
            "list_jobs"]

@@ -2,7 +2,7 @@
 
 Accepted forms (the password is optional everywhere)::
 
-    redis://[[user]:password@]host[:port][/db][?job=NAME&maxlen=N&timeout=S]
+    redis://[[user]:password@]host[:port][/db][?job=NAME&maxlen=N&timeout=S&rate=N]
     rediss://...                           the same over TLS (add ssl_cert_reqs=none to skip
                                            certificate checks, ssl_ca_certs=FILE for a private CA)
     unix://[[user]:password@]/path/to/redis.sock[?db=N&job=...]
@@ -27,10 +27,17 @@ from commscope.redact import redact
 from commscope.store.base import StoreError, is_job_name
 
 SCHEMES = ("redis", "rediss", "unix")
-QUERY_KEYS = frozenset({"job", "maxlen", "timeout", "db", "password", "username", "ssl_cert_reqs", "ssl_ca_certs"})
+QUERY_KEYS = frozenset({"job", "maxlen", "timeout", "rate", "db", "password", "username", "ssl_cert_reqs", "ssl_ca_certs"})
 ENV_PASSWORD = "COMMSCOPE_REDIS_PASSWORD"
 DEFAULT_PORT = 6379
 DEFAULT_TIMEOUT = 5.0
+#: Appends per second a whole job may send (``?rate=``): a rank writes every
+#: world_size / rate seconds (at least the recorder's tick, at most ``MAX_WRITE_EVERY``), so
+#: 1,024 ranks write every 50 ms as before and 16,384 every 0.8 s, one append each
+DEFAULT_RATE = 20_000
+#: The longest a rank waits between writes, whatever its job's width: a reader is never
+#: further behind than this (plus its own poll)
+MAX_WRITE_EVERY = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +54,8 @@ class RedisTarget:
     job: str | None = None
     maxlen: int | None = None
     timeout: float = DEFAULT_TIMEOUT
+    #: appends per second the whole job may send (the writers of a wide job write less often)
+    rate: int = DEFAULT_RATE
     ssl_verify: bool = True
     ssl_ca_certs: str | None = None
 
@@ -71,6 +80,8 @@ class RedisTarget:
             query.append(f"job={job}")
         if self.maxlen:
             query.append(f"maxlen={self.maxlen}")
+        if self.rate != DEFAULT_RATE:
+            query.append(f"rate={self.rate}")
         return base + ("?" + "&".join(query) if query else "")
 
     def secrets(self) -> list[str]:
@@ -179,6 +190,10 @@ def parse_url(url: str) -> RedisTarget:
             if not 0 < timeout <= 3600:
                 raise StoreError(f"bad timeout in {shown}: seconds, greater than 0")
             fields["timeout"] = timeout
+        if "rate" in query:
+            if not query["rate"].isdigit() or int(query["rate"]) < 1:
+                raise StoreError(f"bad rate in {shown}: appends per second for the whole job, at least 1")
+            fields["rate"] = int(query["rate"])
         if "ssl_cert_reqs" in query:
             reqs = query["ssl_cert_reqs"].lower()
             if reqs not in ("none", "required"):

@@ -132,6 +132,9 @@ class Connection:
         if "WITHOUT ANY PASSWORD CONFIGURED" in up:
             return RedisAuthError(f"cannot log in to {self.shown}: the server has no password set; "
                                   "remove it from the URL")
+        if "NOT ALLOWED IN CLUSTER MODE" in up:
+            return StoreError(f"cannot use {self.shown}: it is a Redis Cluster node, and a cluster has only "
+                              "database 0 (use /0 in the URL)")
         if "DB INDEX" in up:
             return StoreError(f"cannot use {self.shown}: no database {self.t.db} on that server")
         return StoreError(f"cannot use {self.shown}: Redis said: {r}")
@@ -304,6 +307,11 @@ class Connection:
     def xrange(self, *args: Any) -> list[tuple[bytes, bytes | None]]:
         """XRANGE/XREVRANGE with the fast entry parser."""
         self.send(pack(*args))
+        return self.read_entries()
+
+    def read_entries(self) -> list[tuple[bytes, bytes | None]]:
+        """The reply of an XRANGE/XREVRANGE sent before, with the fast entry parser; an
+        error reply raises ReplyError (the connection stays usable)."""
         try:
             kind, n = self._header()
             if kind != 42:
@@ -318,6 +326,11 @@ class Connection:
     def xread(self, *args: Any) -> list[tuple[bytes, list[tuple[bytes, bytes | None]]]]:
         """XREAD with the fast entry parser: [(key, entries)] ([] when nothing is new)."""
         self.send(pack(*args))
+        return self.read_streams()
+
+    def read_streams(self) -> list[tuple[bytes, list[tuple[bytes, bytes | None]]]]:
+        """The reply of an XREAD sent before, with the fast entry parser; an error reply
+        raises ReplyError (the connection stays usable)."""
         try:
             kind, n = self._header()
             if kind != 42:

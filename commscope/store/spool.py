@@ -192,6 +192,7 @@ class Spool:
                     os.unlink(path)
                 last = exc
                 continue
+            _HELD.add(path)
             return cls(path, fd, size)
         raise last or OSError(errno.ENOENT, "no spool directory")
 
@@ -225,6 +226,7 @@ class Spool:
         with contextlib.suppress(OSError):
             os.close(self.fd)  # releases the lock
         self.fd = -1
+        _HELD.discard(self.path)
 
 
 # ------------------------------------------------------------------------------ reading a spool
@@ -415,9 +417,18 @@ def crash_stack(img: Image, rank: int) -> dict | None:
 
 
 # ------------------------------------------------------------------------------ finding dead spools
+#: The spools this process holds (created, not yet closed).  Its own forwarders and readers
+#: never open them: closing any other descriptor of a file drops every POSIX lock the
+#: process holds on it, so a live spool would look dead to everyone (and, in this process,
+#: the lock test succeeds anyway: a recording process that read its own store forwarded its
+#: live spool to its own stream, then removed it under the recorder, a SIGBUS).
+_HELD: set[Path] = set()
+
+
 def _spools(directory: Path) -> list[Path]:
+    """The spools in ``directory``, but those this process holds."""
     try:
-        return sorted(p for p in directory.iterdir() if p.name.endswith(SUFFIX))
+        return sorted(p for p in directory.iterdir() if p.name.endswith(SUFFIX) and p not in _HELD)
     except OSError:
         return []
 

@@ -1,0 +1,259 @@
+"""Which Redis node serves a key: one Redis, or a Redis Cluster, seen as one keyspace.
+
+A Redis Cluster splits its keys over 16,384 hash slots (CRC16 of the key, or of its hash
+tag: the part between the first ``{`` and the next ``}``), each served by one master.
+``Nodes`` starts with the node the URL names serving every key, keeps one connection per
+master it talks to, sends each command to the node of its key, and follows the cluster:
+
+- ``MOVED slot host:port``: the slot is served elsewhere (the first one says the store is
+  a cluster; later ones, a resharding or a failover).  The slot map is read
+  (``CLUSTER SLOTS``) and the command sent there.
+- ``ASK slot host:port``: the slot is being migrated and this key is already on the
+  target: ``ASKING``, then the command, there (the map is not changed).
+- ``TRYAGAIN``: a multi-key command during a migration; sent again a moment later.
+
+A node that answers MOVED, ASK or TRYAGAIN ran nothing, so following them never runs a
+command twice; the writer's append script relies on it.  A single Redis never redirects,
+so it is a cluster of one node that never reads a map: the store has one code path for
+both.  A node that cannot be reached is an ``OSError`` for the caller,
+as on one Redis (it owns what a retry may resend); the next ``reset`` reads the map again
+from any node it knew, so a failover is followed.
+
+Commands for many keys (a poll's XREADs, a count's XLENs) go out together: each node's in
+one write, then the replies read node by node, so a poll costs one round trip per node,
+not one per key.
+"""
+
+from __future__ import annotations
+
+import binascii
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from commscope.store.base import StoreError
+from commscope.store.redis_url import RedisTarget
+from commscope.store.resp import Connection, ReplyError, pack
+
+SLOTS = 16384
+T = TypeVar("T")
+Address = tuple[str, int]
+
+
+def keyslot(key: bytes | str) -> int:
+    """The hash slot of ``key``, as Redis Cluster computes it (CRC16/XMODEM, hash tags)."""
+    k = key.encode() if isinstance(key, str) else key
+    start = k.find(b"{")
+    if start >= 0:
+        end = k.find(b"}", start + 1)
+        if end > start + 1:
+            k = k[start + 1:end]
+    return binascii.crc_hqx(k, 0) % SLOTS
+
+
+def _redirect(exc: ReplyError) -> tuple[str, Address] | None:
+    """("MOVED" or "ASK", the node's address) of a redirection error; None for another."""
+    words = str(exc).split()
+    if len(words) == 3 and words[0] in ("MOVED", "ASK"):
+        host, _, port = words[2].rpartition(":")
+        if port.isdigit():
+            return words[0], (host.strip("[]"), int(port))
+    return None
+
+
+class Nodes:
+    """The nodes of one store: every key's connection, redirections followed.
+
+    ``connect`` connects to the URL's node and takes it to serve every key; the first
+    MOVED says it is a cluster, and the slot map is read then (``CLUSTER SLOTS``; an ACL
+    user without it learns each slot from its MOVED), so one Redis never pays for a
+    cluster.  ``reset`` closes every connection but remembers the nodes, so the next
+    ``connect`` can ask another one when the first is gone.
+    """
+
+    #: redirections followed for one command before giving up (a map that keeps moving)
+    MAX_REDIRECTS = 8
+
+    def __init__(self, target: RedisTarget, shown: str):
+        self.target = target
+        self.shown = shown
+        self.cluster = False
+        self._slots: list[Address] = []
+        self._conns: dict[Address, Connection] = {}
+        self._known: list[Address] = [(target.host, target.port)]
+
+    # -- the map
+    def connect(self) -> None:
+        """Connect to the URL's node (or, after a failure, any node known); a cluster's
+        slot map is read again.  StoreError when none answers."""
+        error: StoreError | None = None
+        for address in list(self._known):
+            try:
+                conn = self._conn(address)
+                if not self.cluster:
+                    self._slots = [address]
+                    return
+                try:
+                    self._read_map(conn, address)
+                except ReplyError:  # may not read the map: every slot learnt again from MOVED
+                    self._slots = [address] * SLOTS
+                return
+            except StoreError as exc:
+                error = error or exc
+            except OSError as exc:
+                self.reset()
+                error = error or StoreError(f"cannot connect to {self.shown}: {self._why(exc)}")
+        raise error or StoreError(f"cannot connect to {self.shown}")
+
+    def _read_map(self, conn: Connection, asked: Address) -> None:
+        """The slot map from ``asked``; ReplyError where the node will not say (an ACL
+        without ``cluster|slots``: the map then grows one MOVED at a time)."""
+        reply = conn.call("CLUSTER", "SLOTS")
+        slots: list[Address] = [asked] * SLOTS
+        for row in reply or []:
+            lo, hi, master = int(row[0]), int(row[1]), row[2]
+            host = master[0].decode() if master[0] else ""
+            address = (asked[0] if host in ("", "?") else host, int(master[1]))
+            slots[lo:hi + 1] = [address] * (hi - lo + 1)
+            if address not in self._known:
+                self._known.append(address)
+        self.cluster = True
+        self._slots = slots
+
+    def node(self, key: bytes | str) -> Address:
+        """The address of the node serving ``key``."""
+        return self._slots[keyslot(key)] if self.cluster else self._slots[0]
+
+    def masters(self) -> list[Address]:
+        """Every node known to serve slots (one, for a single Redis)."""
+        return sorted(set(self._slots))
+
+    # -- connections
+    def _conn(self, address: Address) -> Connection:
+        conn = self._conns.get(address)
+        if conn is None or conn.sock is None:
+            target = self.target if address == (self.target.host, self.target.port) else \
+                dataclasses.replace(self.target, host=address[0], port=address[1], db=0)
+            conn = Connection(target, self.shown if target is self.target else
+                              f"{self.shown} (cluster node {address[0]}:{address[1]})")
+            conn.connect()
+            self._conns[address] = conn
+        return conn
+
+    def conn(self, key: bytes | str) -> Connection:
+        """The connection to the node serving ``key`` (connected now if need be)."""
+        return self._conn(self.node(key))
+
+    def _why(self, exc: BaseException) -> str:
+        return Connection(self.target, self.shown).why(exc)
+
+    def why(self, exc: BaseException) -> str:
+        """A short, secret-free reason for a connection failure."""
+        return self._why(exc)
+
+    def reset(self) -> None:
+        """Close every connection (after a failure: the next use connects again)."""
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()
+
+    close = reset
+
+    # -- commands
+    def run(self, key: bytes | str, command: bytes, read: Callable[[Connection], T] | None = None) -> T:
+        """Send a packed ``command`` on ``key`` to its node and ``read`` its reply (None:
+        ``Connection.read``),
+        following redirections.  An error reply is returned (``Connection.read``) or raised
+        (the stream readers) as the reader does; OSError when a node cannot be reached."""
+        asking: Address | None = None
+        for _attempt in range(self.MAX_REDIRECTS + 1):
+            if asking is not None:
+                conn = self._conn(asking)
+                conn.send(pack("ASKING") + command)
+                if isinstance(reply := conn.read(), ReplyError):
+                    raise reply
+            else:
+                conn = self.conn(key)
+                conn.send(command)
+            try:
+                reply = conn.read() if read is None else read(conn)
+            except ReplyError as exc:
+                reply = exc  # type: ignore[assignment]
+                raised = True
+            else:
+                raised = False
+            if isinstance(reply, ReplyError):
+                moved = _redirect(reply)
+                if moved is not None:
+                    asking = self._follow(moved, key)
+                    continue
+                if str(reply).startswith("TRYAGAIN"):
+                    time.sleep(0.05)
+                    asking = None
+                    continue
+                if raised:
+                    raise reply
+            return reply
+        raise StoreError(f"cannot use {self.shown}: the cluster kept redirecting key {key!r}")
+
+    def _follow(self, moved: tuple[str, Address], key: bytes | str) -> Address | None:
+        """Where to send again after a redirection: None (the map read again, or this slot
+        learnt) for MOVED, the target for ASK."""
+        kind, address = moved
+        if address not in self._known:
+            self._known.append(address)
+        if kind == "ASK":
+            return address
+        try:
+            self._read_map(self._conn(address), address)
+        except ReplyError:  # not allowed to read the map: learn the slot
+            if not self.cluster:
+                self._slots, self.cluster = self._slots[:1] * SLOTS, True
+            self._slots[keyslot(key)] = address
+        return None
+
+    def call(self, key: bytes | str, *args: Any) -> Any:
+        """One command on ``key``; an error reply raises ReplyError."""
+        reply = self.run(key, pack(*args))
+        if isinstance(reply, ReplyError):
+            raise reply
+        return reply
+
+    def many(self, commands: Sequence[tuple[bytes | str, bytes]],
+             read: Callable[[Connection], T] | None = None) -> list[T | ReplyError]:
+        """Packed commands, each on its key, with one write per node and then their replies
+        (``read``; None: ``Connection.read``), in order; error replies are returned, and redirected commands sent again
+        one by one."""
+        by_node: dict[Address, list[int]] = {}
+        for i, (key, _) in enumerate(commands):
+            by_node.setdefault(self.node(key), []).append(i)
+        out: list[Any] = [None] * len(commands)
+        for address, idx in by_node.items():
+            self._conn(address).send(b"".join(commands[i][1] for i in idx))
+        again = []
+        for address, idx in by_node.items():
+            conn = self._conn(address)
+            for i in idx:
+                try:
+                    reply: Any = conn.read() if read is None else read(conn)
+                except ReplyError as exc:
+                    reply = exc
+                if isinstance(reply, ReplyError) and (_redirect(reply) or str(reply).startswith("TRYAGAIN")):
+                    again.append(i)
+                out[i] = reply
+        for i in again:
+            key, command = commands[i]
+            try:
+                out[i] = self.run(key, command, read)
+            except ReplyError as exc:
+                out[i] = exc
+        return out
+
+    def pipeline(self, commands: Sequence[tuple]) -> list[Any]:
+        """Commands whose first argument after the name is their key (``("XLEN", key)``),
+        sent together: ``many`` with ``Connection.read``."""
+        return self.many([(c[1], pack(*c)) for c in commands])
+
+
+__all__ = ["Nodes", "SLOTS", "keyslot"]

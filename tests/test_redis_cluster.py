@@ -1,0 +1,274 @@
+"""The Redis store on a real Redis Cluster of three masters (the contract itself runs in
+test_store_contract.py): keys spread over every master, any node's URL works, slots that
+move while a job writes and a console reads (ASK, then MOVED) lose and repeat nothing, an
+ACL user that may not read the slot map still works, and jobs written before hash tags are
+still read."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from redis_fixture import *  # noqa: F403  (the redis_cluster, redis_cluster_url, redis_url fixtures)
+from redis_fixture import cluster_client, redis_client
+
+from commscope import events as E
+from commscope.store import StoreError, open_reader, open_writer
+from commscope.store.cluster import keyslot
+from commscope.store.redis_store import Keys, LegacyKeys, delete_job, list_jobs
+
+
+def ev(rank: int, i: int) -> dict:
+    return {"v": 1, "type": "op", "rank": rank, "ts": 1000 + i, "phase": "begin", "id": i, "op": "all_reduce",
+            "group": "0", "seq": i, "site": "train.py:42 in step"}
+
+
+def batch(rank: int, lo: int, hi: int) -> list[bytes]:
+    return [E.encode(ev(rank, i)) for i in range(lo, hi)]
+
+
+def ids(events: list[dict]) -> list[tuple[int, int]]:
+    return [(e["rank"], e["id"]) for e in events if e["type"] == "op"]
+
+
+def node(cluster, port: int) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=port, protocol=2)
+
+
+def test_a_jobs_streams_spread_over_every_master_and_any_node_reads_them(redis_cluster, redis_cluster_url):
+    ranks = 64
+    writers = [open_writer(redis_cluster_url, "wide", r, {"world_size": ranks} if r == 0 else None)
+               for r in range(ranks)]
+    for r, w in enumerate(writers):
+        w.write(batch(r, 1, 4))
+    streams = [Keys.stream("wide", r) for r in range(ranks)]
+    assert (streams[3], Keys.meta("wide"), Keys.stream("wide", 259, 1)) == \
+        ("commscope:{wide/3}:rank:3", "commscope:{wide}:meta", "commscope:{wide/3}:rank:259+1")
+    assert len({keyslot(k) for k in streams}) == ranks  # one shard each: 64 slots
+    assert keyslot(Keys.meta("wide")) == keyslot(Keys.ranks("wide"))  # a job's own keys together
+    c = cluster_client(redis_cluster_url)
+    assert all(c.cluster_keyslot(k) == keyslot(k) for k in streams)
+    held = [node(redis_cluster, s.port).dbsize() for s in redis_cluster.servers]
+    assert all(n > 0 for n in held) and sum(n for n in held) >= ranks + 2, held
+    other = f"redis://127.0.0.1:{redis_cluster.servers[2].port}/0"  # not the node writers were given
+    reader = open_reader(other)
+    assert reader.job() == {"world_size": ranks, "job": "wide"}
+    got = reader.read_all()
+    assert ids(got) == [(r, i) for r in range(ranks) for i in range(1, 4)]
+    assert reader.count() == 3 * ranks
+    live = open_reader(other)
+    assert sorted(ids(live.poll())) == sorted(ids(got))
+    for r, w in enumerate(writers):
+        w.write(batch(r, 4, 5))
+    assert sorted(ids(live.poll())) == [(r, 4) for r in range(ranks)]  # only what is new
+    assert len(live._nodes.masters()) == 3  # one connection per master
+    assert [j for j, _ in list_jobs(other)] == ["wide"]
+    assert delete_job(other, "wide") == ranks + 2
+    assert [node(redis_cluster, s.port).dbsize() for s in redis_cluster.servers] == [0, 0, 0]
+    assert list_jobs(other) == []
+
+
+def test_a_cluster_url_with_another_database_is_refused_clearly(redis_cluster, redis_cluster_url):
+    with pytest.raises(StoreError, match="Redis Cluster node.*database 0"):
+        open_writer(redis_cluster_url[:-1] + "3", "db3", 0)
+
+
+def _migrate_start(cluster, key: str) -> tuple[redis.Redis, redis.Redis, str, int]:
+    """Begin moving ``key``'s slot to another master and move the key itself: the source
+    then answers ASK for it.  Returns (source, target, target id, slot)."""
+    c = cluster_client(cluster.url)
+    slot = keyslot(key)
+    owner = c.get_node_from_key(key)
+    src = node(cluster, owner.port)
+    dst_port = next(s.port for s in cluster.servers if s.port != owner.port)
+    dst = node(cluster, dst_port)
+    src_id, dst_id = src.execute_command("CLUSTER MYID").decode(), dst.execute_command("CLUSTER MYID").decode()
+    dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
+    src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst_id)
+    src.execute_command("MIGRATE", "127.0.0.1", dst_port, "", 0, 5000, "KEYS", key)
+    return src, dst, dst_id, slot
+
+
+def test_slots_moving_while_a_job_writes_and_a_console_reads_lose_and_repeat_nothing(redis_cluster,
+                                                                                     redis_cluster_url):
+    w0 = open_writer(redis_cluster_url, "moving", 0, {"world_size": 2})
+    w1 = open_writer(redis_cluster_url, "moving", 1)
+    w0.write(batch(0, 1, 3))
+    w1.write(batch(1, 1, 3))
+    live = open_reader(redis_cluster_url)
+    seen = ids(live.poll())
+    key = Keys.stream("moving", 0)
+    src, dst, dst_id, slot = _migrate_start(redis_cluster, key)
+    w0.write(batch(0, 3, 5))  # the key is on the target already: ASK, followed
+    seen += ids(live.poll())
+    asked = dst.pipeline(transaction=False)
+    asked.execute_command("ASKING")
+    asked.xlen(key)
+    assert asked.execute()[1] == 4 and src.execute_command("CLUSTER COUNTKEYSINSLOT", slot) == 0  # all moved
+    for server in redis_cluster.servers:  # the move finished: every node says so (MOVED)
+        node(redis_cluster, server.port).execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
+    w0.write(batch(0, 5, 7))
+    w1.write(batch(1, 3, 5))
+    seen += ids(live.poll())
+    expect = [(0, i) for i in range(1, 7)] + [(1, i) for i in range(1, 5)]
+    assert sorted(seen) == expect and len(seen) == len(expect)  # nothing lost, nothing twice
+    whole = open_reader(redis_cluster_url)
+    assert ids(whole.read_all()) == expect and whole.missing == {} and not whole.stats.trimmed
+
+
+def test_an_acl_user_without_the_slot_map_learns_slots_from_redirections(redis_cluster, redis_cluster_url):
+    """The ACL docs/security.md gives (no ``cluster|slots``): each MOVED teaches one slot."""
+    for server in redis_cluster.servers:
+        node(redis_cluster, server.port).execute_command(
+            "ACL", "SETUSER", "team", "on", ">long-random-password", "~commscope:*", "+@read", "+@write",
+            "+@stream", "+@keyspace", "+@connection", "+@scripting", "-@dangerous")
+    try:
+        url = redis_cluster_url.replace("redis://", "redis://team:long-random-password@")
+        writers = [open_writer(url, "acl", r, {"world_size": 8} if r == 0 else None) for r in range(8)]
+        for r, w in enumerate(writers):
+            w.write(batch(r, 1, 3))
+        reader = open_reader(url)
+        assert ids(reader.read_all()) == [(r, i) for r in range(8) for i in range(1, 3)]
+        assert reader._nodes.cluster and len(reader._nodes.masters()) == 3
+        reader._lost()  # a dropped connection: connecting again, it still may not read the map
+        for r, w in enumerate(writers):
+            w._drop()  # the writers too
+            w.write(batch(r, 3, 4))
+        assert sorted(ids(reader.poll())) == [(r, 3) for r in range(8)]
+    finally:
+        for server in redis_cluster.servers:
+            node(redis_cluster, server.port).execute_command("ACL", "DELUSER", "team")
+
+
+def test_a_job_written_before_hash_tags_is_still_read_and_deleted(redis_url):
+    c = redis_client(redis_url)
+    c.zadd(Keys.JOBS, {"old": 1})
+    c.set(LegacyKeys.meta("old"), b'{"world_size":2,"job":"old"}')
+    c.sadd(LegacyKeys.ranks("old"), "0", "1")
+    for r in range(2):
+        for i in range(1, 4):
+            c.xadd(LegacyKeys.stream("old", r), {"e": E.encode(ev(r, i))}, id=f"0-{i}")
+    assert LegacyKeys.stream("old", 1) == "commscope:old:rank:1" != Keys.stream("old", 1)
+    reader = open_reader(redis_url)  # the newest job, in the old layout
+    assert reader.job() == {"world_size": 2, "job": "old"}
+    assert ids(reader.read_all()) == [(r, i) for r in range(2) for i in range(1, 4)]
+    assert ids(open_reader(redis_url + "?job=old").poll()) == [(r, i) for r in range(2) for i in range(1, 4)]
+    assert delete_job(redis_url, "old") == 4
+    assert c.keys("commscope:*") == []
+
+
+def _replica_of(master: redis.Redis) -> int:
+    """The port of ``master``'s replica (INFO replication: slave0:ip=...,port=...)."""
+    info = master.info("replication")
+    return int(info["slave0"]["port"])
+
+
+def test_a_master_failing_over_counts_what_its_replica_never_got_and_loses_nothing_else(tmp_path):
+    """A master dies with writes its replica never received (asynchronous replication):
+    the replica takes over, the writer finds its stream shorter than what had landed,
+    says so in the stream, and the reader counts exactly those entries as lost by Redis."""
+    import os
+    import signal
+    import time
+
+    from commscope.bench.redis_server import RedisCluster
+
+    with RedisCluster(3, replicas=1, node_timeout_ms=1000) as cluster:
+        cluster.start()
+        w = open_writer(cluster.url, "fo", 0, {"world_size": 1})
+        w.write(batch(0, 1, 11))
+        key = Keys.stream("fo", 0)
+        port = cluster_client(cluster.url).get_node_from_key(key).port
+        master = node(cluster, port)
+        assert master.wait(1, 5000) == 1  # the replica holds entries 1-10
+        replica = next(s for s in cluster.servers if s.port == _replica_of(master))
+        dead = next(s for s in cluster.servers if s.port == port)
+        os.kill(replica.proc.pid, signal.SIGSTOP)  # it misses what comes next: stopped, and
+        master.client_kill_filter(_type="replica")  # its link cut (nothing more reaches its socket)
+        w.write(batch(0, 11, 16))  # acknowledged by the master only
+        dead.kill()
+        os.kill(replica.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while True:  # what the recorder does: retry the batch until it lands
+            try:
+                w.write(batch(0, 16, 21))
+                break
+            except StoreError as exc:
+                assert exc.written == 0
+                assert time.monotonic() < deadline, "the replica never took over"
+                time.sleep(0.2)
+        alive = next(s for s in cluster.servers if s.running and s is not replica)
+        reader = open_reader(f"redis://127.0.0.1:{alive.port}/0")
+        got = ids(reader.read_all())
+        assert got == [(0, i) for i in range(1, 11)] + [(0, i) for i in range(16, 21)]
+        assert reader.missing == {0: 5}  # exactly what the replica never got
+        assert any("lost by Redis" in w for w in reader.stats.warnings), reader.stats.warnings
+
+
+# ---------------------------------------------------------------------------- real ranks
+def steady_job(rank: int, ws: int, store: str, out: str) -> None:
+    """An all_reduce every 20 ms for ~2 s (100 ticks' worth of records), its elapsed time kept."""
+    import time
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    import commscope
+
+    commscope.instrument(store, sample_interval=60.0, hang_after=60.0, flight_recorder=False)
+    x = torch.ones(16)
+    t0 = time.monotonic()
+    for _ in range(100):
+        dist.all_reduce(x)
+        time.sleep(0.02)
+    elapsed = time.monotonic() - t0
+    commscope.uninstrument()
+    Path(out, f"elapsed-{rank}").write_text(f"{elapsed}")
+
+
+def _evals(cluster) -> int:
+    """EVAL calls the masters ran since their statistics were reset."""
+    total = 0
+    for server in cluster.servers:
+        stats = node(cluster, server.port).info("commandstats")
+        total += int(stats.get("cmdstat_eval", {}).get("calls", 0))
+    return total
+
+
+def test_real_ranks_on_a_cluster_are_diagnosed_like_a_directory_trace(redis_cluster, redis_cluster_url, tmp_path,
+                                                                        capsys):
+    from test_redis_ranks import check_json, diagnosable_job, normalized
+
+    from commscope.launch import run_ranks
+
+    env = {"COMMSCOPE_JOB": "same-job"}
+    directory = str(tmp_path / "trace")
+    run_ranks(diagnosable_job, 3, args=(directory,), env=env, timeout=60)
+    run_ranks(diagnosable_job, 3, args=(redis_cluster_url,), env=env, timeout=60)
+    from_dir, from_cluster = normalized(open_reader(directory).read_all()), \
+        normalized(open_reader(redis_cluster_url).read_all())
+    assert sorted(from_cluster) == [0, 1, 2] and from_cluster == from_dir
+    a, b = check_json(directory, capsys), check_json(redis_cluster_url, capsys)
+    def findings(report: dict) -> list[tuple]:
+        return sorted((f["kind"], f.get("group"), f.get("seq"), tuple(f["ranks"]), tuple(f["culprits"]))
+                      for f in report["findings"])
+
+    assert {"straggler", "unwaited_work"} <= {f[0] for f in findings(b)} and findings(a) == findings(b)
+    assert (b["rc"], b["events"], b["ops"]) == (a["rc"], a["events"], a["ops"])
+
+
+def test_a_wide_jobs_ranks_write_less_often_and_lose_nothing(redis_cluster, redis_cluster_url, tmp_path):
+    """``?rate=`` bounds the job's appends per second: with rate=2, each of 2 ranks writes
+    at most once a second (the cap), however many ticks its records took."""
+    from commscope.launch import run_ranks
+
+    for server in redis_cluster.servers:
+        node(redis_cluster, server.port).config_resetstat()
+    run_ranks(steady_job, 2, args=(redis_cluster_url + "?rate=2", str(tmp_path)), env={"COMMSCOPE_JOB": "paced"},
+              timeout=120)
+    elapsed = max(float((tmp_path / f"elapsed-{r}").read_text()) for r in range(2))
+    reader = open_reader(redis_cluster_url + "?job=paced")
+    ops = [e for e in reader.read_all() if e["type"] == "op" and e.get("op") == "all_reduce" and e["phase"] == "begin"]
+    assert len(ops) == 2 * 100 and reader.missing == {}  # everything, in a few appends
+    # per rank: the first write, one a second while it ran, the last at uninstrument
+    assert _evals(redis_cluster) <= 2 * (elapsed + 3), (_evals(redis_cluster), elapsed)
