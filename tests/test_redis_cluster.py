@@ -6,6 +6,8 @@ still read."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis
 from redis_fixture import *  # noqa: F403  (the redis_cluster, redis_cluster_url, redis_url fixtures)
@@ -168,16 +170,16 @@ def test_a_master_failing_over_counts_what_its_replica_never_got_and_loses_nothi
     says so in the stream, and the reader counts exactly those entries as lost by Redis."""
     import os
     import signal
-    import time
 
     from commscope.bench.redis_server import RedisCluster
 
     with RedisCluster(3, replicas=1, node_timeout_ms=1000) as cluster:
         cluster.start()
-        w = open_writer(cluster.url, "fo", 0, {"world_size": 1})
-        w.write(batch(0, 1, 11))
         key = Keys.stream("fo", 0)
         port = cluster_client(cluster.url).get_node_from_key(key).port
+        # the writer is given the very node that fails: it must have learnt the others
+        w = open_writer(f"redis://127.0.0.1:{port}/0", "fo", 0, {"world_size": 1})
+        w.write(batch(0, 1, 11))
         master = node(cluster, port)
         assert master.wait(1, 5000) == 1  # the replica holds entries 1-10
         replica = next(s for s in cluster.servers if s.port == _replica_of(master))
@@ -272,3 +274,58 @@ def test_a_wide_jobs_ranks_write_less_often_and_lose_nothing(redis_cluster, redi
     assert len(ops) == 2 * 100 and reader.missing == {}  # everything, in a few appends
     # per rank: the first write, one a second while it ran, the last at uninstrument
     assert _evals(redis_cluster) <= 2 * (elapsed + 3), (_evals(redis_cluster), elapsed)
+
+
+def test_a_redirection_without_a_host_means_the_node_that_sent_it():
+    from commscope.store.cluster import _redirect
+    from commscope.store.resp import ReplyError
+
+    me = ("10.0.0.5", 7000)
+    assert _redirect(ReplyError("MOVED 14415 :7001"), me) == ("MOVED", ("10.0.0.5", 7001))
+    assert _redirect(ReplyError("ASK 3 ?:7002"), me) == ("ASK", ("10.0.0.5", 7002))
+    assert _redirect(ReplyError("MOVED 3 ::1:7003"), me) == ("MOVED", ("::1", 7003))
+    assert _redirect(ReplyError("MOVED 3 [::1]:7003"), me) == ("MOVED", ("::1", 7003))
+    assert _redirect(ReplyError("MOVED 3 redis-2.internal:7004"), me) == ("MOVED", ("redis-2.internal", 7004))
+    assert _redirect(ReplyError("ERR something else"), me) is None
+
+
+def test_a_node_that_stops_answering_mid_pipeline_leaves_no_reply_behind(redis_cluster, redis_cluster_url):
+    """A reply left unread on one master's connection would be taken for the next command's
+    (a count's XLEN read back as a set of ranks): every connection is dropped instead."""
+    c = cluster_client(redis_cluster_url)
+    # a job whose own keys live on another master than rank 0's stream, which is read first
+    job = next(j for j in (f"stall{k}" for k in range(100))
+               if c.get_node_from_key(Keys.ranks(j)).port != c.get_node_from_key(Keys.stream(j, 0)).port)
+    writers = [open_writer(redis_cluster_url, job, r, {"world_size": 32} if r == 0 else None) for r in range(32)]
+    for r, w in enumerate(writers):
+        w.write(batch(r, 1, 3))
+    reader = open_reader(redis_cluster_url + f"?timeout=1&job={job}")
+    stalled = node(redis_cluster, c.get_node_from_key(Keys.stream(job, 0)).port)
+    stalled.execute_command("CLIENT", "PAUSE", 2500, "ALL")
+    with pytest.raises((OSError, StoreError)):
+        reader.count()  # one master does not answer in time
+    assert reader.ranks() == [(r, 0) for r in range(32)]  # its own master answers, in step
+    deadline = time.monotonic() + 30
+    while True:  # the pause ends: the same reader goes on, in step
+        try:
+            assert reader.count() == 64
+            break
+        except (OSError, StoreError):
+            assert time.monotonic() < deadline
+    assert sorted(ids(reader.poll())) == [(r, i) for r in range(32) for i in (1, 2)]
+
+
+def test_each_writer_keeps_one_connection_to_its_streams_master(redis_cluster, redis_cluster_url):
+    """16k ranks each holding a connection to every master would pass maxclients (10,000)."""
+    masters = [node(redis_cluster, s.port) for s in redis_cluster.servers]
+
+    def clients() -> int:
+        return sum(int(m.info("clients")["connected_clients"]) for m in masters)
+
+    before = clients()
+    writers = [open_writer(redis_cluster_url, "conns", r, {"world_size": 48} if r == 0 else None) for r in range(48)]
+    for r, w in enumerate(writers):
+        w.write(batch(r, 1, 2))
+    assert clients() - before == 48
+    for w in writers:
+        w.close()

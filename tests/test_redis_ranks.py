@@ -301,3 +301,28 @@ def test_fixture_names_the_missing_binary(monkeypatch):
     monkeypatch.setattr(rs.os.path, "isfile", lambda p: False)
     with pytest.raises(pytest.fail.Exception, match="apt-get install redis-server"):
         redis_fixture.require_redis_server()
+
+
+# ---------------------------------------------------------------------------- a paced writer
+def paced_flush_job(rank: int, ws: int, store: str) -> list[int]:
+    """Ops, then ``flush`` with the store's pace at a second: what flush returns for must be
+    in the store when it returns (the recorder writes then, whatever the pace)."""
+    rec = commscope.instrument(store, sample_interval=60.0, hang_after=60.0, flight_recorder=False)
+    x = torch.ones(4)
+    counts = []
+    for n in (3, 5):
+        for _ in range(n):
+            dist.all_reduce(x)
+        assert rec.flush(timeout=30.0)
+        reader = open_reader(store)
+        counts.append(sum(1 for e in reader.read_all() if e["type"] == "op" and e.get("op") == "all_reduce"
+                          and e["phase"] == "begin"))
+        reader.close()
+    commscope.uninstrument()
+    return counts
+
+
+def test_flush_writes_whatever_the_stores_pace(redis_url):
+    url = redis_url + "?rate=1&job=paced"  # one rank: a write a second at most
+    res = run_ranks(paced_flush_job, 1, args=(url,), timeout=120)
+    assert res[0].value == [3, 8]

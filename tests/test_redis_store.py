@@ -48,7 +48,7 @@ def stored_ids(url: str, job: str, rank: int) -> list[tuple[bytes, int]]:
     ("unix:///run/redis.sock?db=4&job=x", dict(scheme="unix", path="/run/redis.sock", db=4, job="x")),
     ("redis://h/0?timeout=0.5", dict(timeout=0.5)),
     ("redis://h/0?rate=500", dict(rate=500)),
-    ("redis://h/0", dict(rate=20_000)),
+    ("redis://h/0", dict(rate=25_000)),
 ])
 def test_url_forms(url, expect):
     t = parse_url(url)
@@ -90,12 +90,12 @@ def test_password_never_survives_redaction_or_parsing(url):
 
 
 @pytest.mark.parametrize("world, query, every", [
-    (None, "", 1 / 20_000), (8, "", 8 / 20_000), (1024, "", 1024 / 20_000), (16_384, "", 16_384 / 20_000),
+    (None, "", 1 / 25_000), (8, "", 8 / 25_000), (1250, "", 0.05), (16_384, "", 16_384 / 25_000),
     (65_536, "", 1.0), (16_384, "?rate=100000", 16_384 / 100_000), (2, "?rate=1", 1.0),
 ])
 def test_a_wide_job_writes_each_rank_less_often(redis_url, world, query, every):
-    """A job's appends per second stay at most ``rate`` (20,000 by default): 1,024 ranks
-    write every ~50 ms (a tick), 16,384 every ~0.8 s, none less than once a second."""
+    """A job's appends per second stay at most ``rate`` (25,000 by default): up to 1,250
+    ranks write every tick (50 ms), 16,384 every ~0.66 s, none less than once a second."""
     w = open_writer(redis_url + query, "paced", 0, {"world_size": world} if world else None)
     assert w.write_every == pytest.approx(every)
     w.close()

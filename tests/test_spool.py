@@ -112,3 +112,26 @@ def test_a_recording_process_never_takes_its_own_live_spool_for_dead(tmp_path):
     finally:
         sp.close(remove=True)
     assert not sp.path.exists() and sp.path not in spool._HELD
+
+
+def test_a_spool_being_created_is_never_opened_by_its_own_process(tmp_path, monkeypatch):
+    """Between taking the lock and returning, ``Spool.create`` allocates the file: a reader
+    thread of the same process scanning then must already leave it alone."""
+    store = str(tmp_path / "trace")
+    open_writer(store, "self", 0, {"world_size": 1}).close()
+    real = os.posix_fallocate
+
+    def scanned_meanwhile(fd: int, offset: int, size: int) -> None:
+        real(fd, offset, size)
+        assert spool.dead_spools("self", store) == []
+        spool.forward_orphans(only=spool.store_id(store))
+
+    monkeypatch.setattr(os, "posix_fallocate", scanned_meanwhile)
+    sp = spool.Spool.create({"job": "self", "store_id": spool.store_id(store), "store": store, "rank": 0,
+                             "inc": 0, "run": "r1", "host": "h", "pid": os.getpid()}, ring=1 << 16)
+    monkeypatch.undo()
+    try:
+        probe = subprocess.run([sys.executable, "-c", PROBE, str(sp.path)], capture_output=True, text=True)
+        assert probe.stdout.strip() == "locked", probe.stderr
+    finally:
+        sp.close(remove=True)

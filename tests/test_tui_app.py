@@ -285,7 +285,7 @@ def test_a_crash_shows_its_signal_frame_and_consequences():
         assert "Segmentation fault" in text and "data.py:12 in parse_record" in text
         assert "inside string_at" in text
         assert "consequences (1)" in text and "failed on ranks 0, 2" in text
-        assert "stack of rank 0  waiting" in text  # the ranks it left waiting get theirs too
+        assert "stack of 2 ranks (0,2)  waiting" in text  # the ranks it left waiting get theirs too, folded
         assert app.ranks_table.get_row("1")  # the crashed rank's row exists
 
     drive(app, check, size=(140, 50))

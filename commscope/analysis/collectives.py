@@ -19,6 +19,7 @@ from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import Finding, activity, op_brief, ranks_text, secs
 from commscope.analysis.indexes import GroupIndex
 from commscope.analysis.model import COLL, SPACE_FR, TraceModel, untimed
+from commscope.analysis.ranks import ranges
 from commscope.analysis.rankstate import snapshot
 
 #: A rank straggles when it arrives last in at least this share of recent collectives...
@@ -151,8 +152,11 @@ class MissingRanks(Evidence):
 
 @record
 class Straggler(Evidence):
-    """straggler: how late the rank arrives in its worst group, and in its other groups."""
+    """straggler: how late the rank (or a host: its ranks together) arrives in its worst
+    group, and in its other groups."""
 
+    host: str = ABSENT  # a straggler host: its name (the culprits are its ranks)
+    host_ranks: list[int] = ABSENT
     group: str
     src: str = ABSENT  # "fr": Flight Recorder collectives
     collectives: int  # recent complete collectives judged
@@ -169,8 +173,10 @@ class Straggler(Evidence):
         rows = [[g["group"], g["collectives"], f"{g['last_share'] * 100:.0f}%",
                  f"{float(g['median_lateness_s']) * 1e3:.1f} ms", f"{float(g['p90_lateness_s']) * 1e3:.1f} ms",
                  f"{float(g['median_latency_s']) * 1e3:.1f} ms"] for g in [self, *(self.other_groups or [])]]
-        return [evidence.table("arrived last", ["group", "collectives", "last", "median late", "p90 late",
-                                         "median latency"], rows)]
+        head = [evidence.kv([("host", f"{self.host}: ranks {ranges(self.host_ranks)}, slow together")])] \
+            if self.host is not ABSENT else []
+        return head + [evidence.table("arrived last", ["group", "collectives", "last", "median late", "p90 late",
+                                                "median latency"], rows)]
 
 
 # ---------------------------------------------------------------------- mismatch
@@ -371,9 +377,37 @@ def _timed_tail(model: TraceModel, gi: GroupIndex) -> tuple[np.ndarray, np.ndarr
     return rows[-STRAGGLER_WINDOW:], b[-STRAGGLER_WINDOW:], c[-STRAGGLER_WINDOW:]
 
 
+def _hosts(model: TraceModel) -> dict[int, str]:
+    """Each rank's host (its ``meta``), where the job spans several: ranks judged together."""
+    hosts = {r: rt.meta["host"] for r, rt in model.ranks.items()
+             if rt.meta and isinstance(rt.meta.get("host"), str)}
+    return hosts if len(set(hosts.values())) > 1 else {}
+
+
+def _lateness(model: TraceModel, gi: GroupIndex, rows: np.ndarray, late_by: np.ndarray, share: float,
+              lat_med: float, col: int) -> dict[str, Any]:
+    """What a straggler finding says of one group: ``late_by`` [row] is how late the culprit
+    arrived (``col``: one of its columns, for the ops it ran)."""
+    late = float(np.median(late_by))
+    return {"group": gi.name, "src": "fr" if gi.space == SPACE_FR else None, "collectives": int(rows.shape[0]),
+            "last_share": round(share, 3), "median_lateness_s": secs(late),
+            "p90_lateness_s": secs(float(np.percentile(late_by, 90))), "median_latency_s": secs(lat_med),
+            "first_seq": seq_of_row(gi, int(rows[0])), "last_seq": seq_of_row(gi, int(rows[-1])),
+            "ops": sorted({model.sig_of(gi.ranks[col], int(gi.seqs.rows()[row, col])).op
+                           for row in rows[-8:].tolist()}),
+            "_late": late, "_members": list(gi.members)}
+
+
 def find_stragglers(model: TraceModel) -> list[Finding]:
+    """Ranks that arrive last at most collectives of a group, by more than the collective
+    takes; and hosts whose ranks do so together (8 slow GPUs of one node: the host is
+    nearly always last, whichever of its ranks is), named once, as the host: its ranks at
+    least half as late as its latest (two at least), whether or not one of them is always
+    the very last."""
     per_rank: dict[int, list[dict[str, Any]]] = {}
-    for (space, name), gi in model.coll.items():
+    per_host: dict[str, list[dict[str, Any]]] = {}
+    hosts = _hosts(model)
+    for gi in model.coll.values():
         if len(gi.members) < 2:
             continue
         rows, b, c = _timed_tail(model, gi)
@@ -383,36 +417,60 @@ def find_stragglers(model: TraceModel) -> list[Finding]:
         latency = np.maximum(c.max(axis=1) - b.max(axis=1), 0)
         last = b.argmax(axis=1)
         lat_med = float(np.median(latency))
+        floor = max(STRAGGLER_FACTOR * lat_med, STRAGGLER_MIN_NS)
+        shares = np.bincount(last, minlength=len(gi.ranks)) / rows.shape[0]
+        for col in np.flatnonzero(shares >= STRAGGLER_LAST_SHARE).tolist():
+            if float(np.median(skew[:, col])) >= floor:
+                per_rank.setdefault(gi.ranks[col], []).append(
+                    _lateness(model, gi, rows, skew[:, col], float(shares[col]), lat_med, col))
+        by_host: dict[str, list[int]] = {}
         for col, r in enumerate(gi.ranks):
-            share = float((last == col).mean())
-            if share < STRAGGLER_LAST_SHARE:
+            if r in hosts:
+                by_host.setdefault(hosts[r], []).append(col)
+        for host, cols in by_host.items():
+            share = float(shares[cols].sum())
+            if len(cols) < 2 or len(cols) == len(gi.ranks) or share < STRAGGLER_LAST_SHARE:
                 continue
-            late = float(np.median(skew[:, col]))
-            if late < max(STRAGGLER_FACTOR * lat_med, STRAGGLER_MIN_NS):
+            lateness = {k: float(np.median(skew[:, k])) for k in cols}
+            bar = max(floor, 0.5 * max(lateness.values()))  # as late as its latest rank, near enough
+            late = [k for k in cols if lateness[k] >= bar]
+            if len(late) < 2:  # one slow rank on a host (its neighbours far less late): named as the rank
                 continue
-            per_rank.setdefault(r, []).append({
-                "group": name, "src": "fr" if space == SPACE_FR else None, "collectives": int(rows.shape[0]),
-                "last_share": round(share, 3), "median_lateness_s": secs(late),
-                "p90_lateness_s": secs(float(np.percentile(skew[:, col], 90))),
-                "median_latency_s": secs(lat_med), "first_seq": seq_of_row(gi, int(rows[0])),
-                "last_seq": seq_of_row(gi, int(rows[-1])),
-                "ops": sorted({model.sig_of(r, int(gi.seqs.rows()[row, col])).op for row in rows[-8:].tolist()}),
-                "_late": late, "_members": list(gi.members)})
+            host_late = skew[:, late].max(axis=1)  # the host is there once its last rank is
+            per_host.setdefault(host, []).append(
+                dict(_lateness(model, gi, rows, host_late, share, lat_med, late[0]),
+                     _ranks=sorted(gi.ranks[k] for k in late)))
     out = []
+    for host, stats in per_host.items():
+        top, ev = _worst(stats, host=host)
+        ranks = top["_ranks"]
+        msg = (f"host {host} (ranks {ranges(ranks)}) arrived last in {top['last_share'] * 100:.0f}% of the "
+               f"last {top['collectives']} collectives of group {top['group']}, by a median "
+               f"{top['median_lateness_s'] * 1e3:.1f} ms: its ranks are slow together (the collectives themselves "
+               f"take a median {top['median_latency_s'] * 1e3:.2f} ms)")
+        out.append(Finding("straggler", top["group"], top["last_seq"], (top["ops"] or [None])[0], top["_members"],
+                           ranks, msg, ev))
+    named = {r for f in out for r in f.culprits}
     for r, stats in per_rank.items():
-        stats.sort(key=lambda d: -d["_late"])
-        top = stats[0]
-        members = top.pop("_members")
-        top.pop("_late")
-        for d in stats[1:]:
-            d.pop("_late")
-            d.pop("_members")
+        if r in named:
+            continue
+        top, ev = _worst(stats)
         msg = (f"rank {r} arrived last in {top['last_share'] * 100:.0f}% of the last {top['collectives']} "
                f"collectives of group {top['group']}, by a median {top['median_lateness_s'] * 1e3:.1f} ms "
                f"(the collectives themselves take a median {top['median_latency_s'] * 1e3:.2f} ms)")
-        ev = Straggler(**{k: v for k, v in top.items() if v is not None},
-                       other_groups=[{k: v for k, v in d.items() if v is not None} for d in stats[1:]]
-                       if len(stats) > 1 else ABSENT)
-        out.append(Finding("straggler", top["group"], top["last_seq"], (top["ops"] or [None])[0], members, [r],
-                           msg, ev))
+        out.append(Finding("straggler", top["group"], top["last_seq"], (top["ops"] or [None])[0], top["_members"],
+                           [r], msg, ev))
     return out
+
+
+def _worst(stats: list[dict[str, Any]], host: str | None = None) -> tuple[dict[str, Any], Straggler]:
+    """The group a culprit is latest in, and its evidence (its other groups after it)."""
+    stats.sort(key=lambda d: -d["_late"])
+
+    def public(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in d.items() if v is not None and not k.startswith("_")}
+
+    top = stats[0]
+    extra: dict[str, Any] = {"host": host, "host_ranks": top["_ranks"]} if host is not None else {}
+    return top, Straggler(**extra, **public(top),
+                          other_groups=[public(d) for d in stats[1:]] if len(stats) > 1 else ABSENT)

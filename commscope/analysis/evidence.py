@@ -41,8 +41,10 @@ ABSENT: Any = _Absent()
 #: Keys any finding may gain after detection: ``consequences`` (rootcause: the findings folded
 #: into it), ``named_through`` (rootcause: the culprits it named before they were followed to
 #: their roots), ``stacks`` (rank -> folded threads), ``stack_info`` (rank -> role, capture
-#: time or why none) and ``culprit_where`` (findings.attach_stacks).
-ANNOTATIONS = ("consequences", "named_through", "stacks", "stack_info", "culprit_where")
+#: time or why none; for waiting ranks that share a stack, how many and which),
+#: ``stacks_more`` (waiting ranks past the distinct stacks shown) and ``culprit_where``
+#: (findings.attach_stacks).
+ANNOTATIONS = ("consequences", "named_through", "stacks", "stack_info", "stacks_more", "culprit_where")
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)
@@ -276,7 +278,8 @@ _WHY = {"request": "on request", "hang": "stuck in its op", "exception": "at its
 def stacks_block(ev: MutableMapping[str, Any]) -> list[RenderableType]:
     """The culprits' and waiting ranks' stacks (``stacks`` and ``stack_info``), or why a rank
     has none, and py-spy's dump where ``check --py-spy`` took one.  Ranks of one role whose
-    stacks are the same (every waiting rank inside the same call) share one block."""
+    stacks are the same (every waiting rank inside the same call) share one block: folded
+    already (``count``, ``ranks``) or here."""
     out: list[RenderableType] = []
     stacks = ev.get("stacks") or {}
     info = ev.get("stack_info") or {str(r): {} for r in stacks}
@@ -293,7 +296,11 @@ def stacks_block(ev: MutableMapping[str, Any]) -> list[RenderableType]:
     for r, ranks in same.items():
         note = info[r]
         role = note.get("role")
-        who = f"rank {r}" if len(ranks) == 1 else f"ranks {', '.join(ranks)}"
+        if note.get("count"):
+            spans = str(note.get("ranks", "")).split(",")
+            who = f"{note['count']} ranks ({','.join(spans[:4])}{',...' if len(spans) > 4 else ''})"
+        else:
+            who = f"rank {r}" if len(ranks) == 1 else f"ranks {', '.join(ranks)}"
         head = Text(f"stack of {who}", style=f"bold {BAD}" if role == "culprit" else f"bold {GREY}")
         if role:
             head.append(f"  {role}", style=DIM)
@@ -312,6 +319,8 @@ def stacks_block(ev: MutableMapping[str, Any]) -> list[RenderableType]:
             out.append(head)
         if note.get("native_dump"):
             out.append(Text(f"py-spy dump of rank {r}:\n{note['native_dump'].rstrip()}"))
+    if ev.get("stacks_more"):
+        out.append(Text(f"... and {ev['stacks_more']} more waiting rank(s), with other stacks", style=FAINT))
     return out
 
 

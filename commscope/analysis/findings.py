@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 from commscope.analysis import stacks
 from commscope.analysis.evidence import Evidence, RawEvidence
 from commscope.analysis.model import SPACE_FR, TraceModel
+from commscope.analysis.ranks import ranges
 from commscope.analysis.rankstate import is_blocked_in, snapshot
 
 ERROR, WARNING = "error", "warning"
@@ -194,23 +196,47 @@ def activity(model: TraceModel, rank: int, now: int) -> dict[str, Any]:
 
 def attach_stacks(model: TraceModel, f: Finding, now: int, limit: int = 8) -> None:
     """Give an error finding the culprits' and the waiting ranks' stacks: ``stacks`` (rank ->
-    folded threads, culprits first) and ``stack_info`` (rank -> role, capture time or why none)."""
-    roles: dict[int, str] = {c: "culprit" for c in f.culprits}
-    for v in f.victims:
-        roles.setdefault(v, "waiting")
+    folded threads, culprits first) and ``stack_info`` (rank -> role, capture time or why none).
+
+    Culprits are shown one by one (at most ``limit``).  Waiting ranks are folded: each
+    distinct stack (or reason for none) once, under the first rank that has it, its note
+    saying how many ranks share it (``count``) and which (``ranks``, as ranges): 16k ranks
+    waiting in one all_reduce are one stack and a count.  At most ``limit`` distinct ones;
+    the ranks past them are counted in ``stacks_more``."""
+    culprits = list(dict.fromkeys(f.culprits))[:limit]
+    waiting = [v for v in dict.fromkeys(f.victims) if v not in set(f.culprits)]
     out: dict[str, Any] = {}
     info: dict[str, Any] = {}
     during = None
     if f.kind == "op_failed":  # where everyone was when the op failed, if captured then
         begins = [int(x["begin_ns"]) for x in (f.evidence.get("failed") or {}).values() if "begin_ns" in x]
         during = (min(begins, default=f.ts), f.ts + ANSWER_GRACE_NS)
-    for r, role in list(roles.items())[:limit]:
+    for r in culprits:
         threads, note = rank_stack(model, r, now, during)
-        info[str(r)] = {"role": role, **note}
+        info[str(r)] = {"role": "culprit", **note}
         if threads:
             out[str(r)] = threads
+    shared: dict[tuple, list[int]] = {}  # what a waiting rank shows -> the ranks showing it
+    more = 0
+    for r in waiting:
+        threads, note = rank_stack(model, r, now, during)
+        key = (note.get("reason"), note.get("missing"), json.dumps(threads, sort_keys=True, default=str))
+        if key in shared:
+            shared[key].append(r)
+        elif len(shared) < limit:
+            shared[key] = [r]
+            info[str(r)] = {"role": "waiting", **note}
+            if threads:
+                out[str(r)] = threads
+        else:
+            more += 1
+    for ranks in shared.values():
+        if len(ranks) > 1:
+            info[str(ranks[0])].update(count=len(ranks), ranks=ranges(sorted(ranks), limit=None))
     f.evidence["stacks"] = out
     f.evidence["stack_info"] = info
+    if more:
+        f.evidence["stacks_more"] = more
     culprit_where = [stacks.one_line(out.get(str(c))) for c in f.culprits]
     if len(f.culprits) == 1 and culprit_where[0]:
         f.evidence["culprit_where"] = culprit_where[0]

@@ -22,7 +22,8 @@ T0 = 1_700_000_000 * S
 
 class TraceBuilder:
     def __init__(self, world_size: int, *, hang_after: float = 2.0, sample_interval: float = 0.2,
-                 t0: int = T0, meta: bool = True):
+                 t0: int = T0, meta: bool = True, ranks_per_host: int = 0):
+        """``ranks_per_host``: ranks r*k..r*k+k-1 on host ``node{r:02d}`` (0: all on host "h")."""
         self.world = world_size
         self.events: list[dict] = []
         self._ids = dict.fromkeys(range(world_size), 0)
@@ -32,7 +33,8 @@ class TraceBuilder:
         self.t0 = t0
         if meta:
             for r in range(world_size):
-                self.add(r, t0, "meta", host="h", pid=1000 + r, world_size=world_size, backend="gloo",
+                host = f"node{r // ranks_per_host:02d}" if ranks_per_host else "h"
+                self.add(r, t0, "meta", host=host, pid=1000 + r, world_size=world_size, backend="gloo",
                          hang_after=hang_after, sample_interval=sample_interval)
         self.group("0", list(range(world_size)))
 

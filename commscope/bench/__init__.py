@@ -12,6 +12,7 @@ SUITES: dict[str, str] = {
     "varlen": "commscope.bench.varlen",
     "analysis": "commscope.bench.analysis",
     "large": "commscope.bench.large",
+    "scale": "commscope.bench.scale",
     "tui": "commscope.bench.tui",
     "fuzz": "commscope.bench.fuzz",
     "deaths": "commscope.bench.deaths",

@@ -98,6 +98,7 @@ class Recorder:
         self._exit: tuple[int, str, int | None] | None = None  # (ts, reason, exit code) once marked
         self._next_forward = 0.0
         self._next_write = 0.0  # (monotonic) the store's pace: ``StoreWriter.write_every``
+        self._write_now = False  # ``flush`` asked: the next tick writes whatever the pace
         self._thread: threading.Thread | None = None
         self.need_job = False  # the job id is still unknown: see settle_job
         self._job_wait_since: float | None = None
@@ -247,7 +248,7 @@ class Recorder:
         if self._thread is None or not self._thread.is_alive():
             return False
         self.ops.poll_fr_soon()
-        self._next_write = 0.0  # whatever the store's pace
+        self._write_now = True  # whatever the store's pace (read by the next tick to start)
         target = self._ticks + 2
         deadline = time.monotonic() + timeout
         while self._ticks < target and time.monotonic() < deadline:
@@ -306,13 +307,15 @@ class Recorder:
     def _do_tick(self, final: bool) -> None:
         """One tick (under the tick lock); ``final``: everything out, the writer closed."""
         now = time.time_ns()
+        started = time.monotonic()
+        asked, self._write_now = self._write_now, False
         if self.rank is None and dist.is_available() and dist.is_initialized():
             self.rank = dist.get_rank()
             self._flush_early()
         emit = self._emit
         # While the store fails, or until the store's pace allows the next write, op records
         # wait in the spool's ring (bounded by its size): then one write takes them all.
-        due = final or time.monotonic() >= self._next_write
+        due = final or asked or started >= self._next_write
         drain = final or (due and not self.outbox.backing_off())
         self.ops.collect(now, final, emit, self.outbox.put, self.rank, drain)
         if self.capture_stacks:
@@ -350,7 +353,7 @@ class Recorder:
                 exit_ev["exc"] = self.crash
             emit(exit_ev)  # last, after everything recorded before it
         if due:
-            self._write(final)
+            self._write(final, started)
         if final or time.monotonic() >= self._next_forward:
             self._forward_dead()
         if final:
@@ -513,14 +516,16 @@ class Recorder:
             meta["local_rank"] = int(os.environ["LOCAL_RANK"])
         return meta
 
-    def _write(self, final: bool) -> None:
+    def _write(self, final: bool, started: float) -> None:
+        """Hand what waits to the store (``started``: the tick's start, which the store's
+        pace counts from, so a pace of one tick writes every tick)."""
         outbox = self.outbox
         if final:
             outbox.write_final(self._open_writer, f"rank {self.rank}", redact_store(self.store),
                                kept=str(self.spool.path) if self.spool is not None else None, keep=self.ops.keep_event)
         elif outbox.pending and not outbox.backing_off() and self._open_writer():
             outbox.write_once()
-            self._next_write = time.monotonic() + outbox.writer.write_every
+            self._next_write = started + outbox.writer.write_every
 
 
 def _current_cuda_device() -> int | None:

@@ -7,7 +7,7 @@ import dataclasses
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -288,6 +288,24 @@ class TraceReader(abc.ABC):
                 yield batch
             if not batch.count() and self.stats.bytes == before:
                 return
+
+    def watermark_ns(self) -> int | None:
+        """The wall time up to which every stream of the job has been read to its end: what
+        it holds from before then is all in (0: some stream not yet; None: this reader cannot
+        tell).  A live console judges silence against it, never against the wall clock
+        alone: a reader behind on 16k streams must not take its own lag for ranks gone quiet."""
+        return None
+
+    def _read_to_end(self, stream: Stream, since_ns: int) -> None:
+        """``stream`` was read to its end by a read that began at ``since_ns``."""
+        try:
+            self._ends[stream] = since_ns
+        except AttributeError:
+            self._ends: dict[Stream, int] = {stream: since_ns}
+
+    def _watermark_of(self, streams: Iterable[Stream]) -> int:
+        caught = getattr(self, "_ends", {})
+        return min((caught.get(s, 0) for s in streams), default=0)
 
     def max_op_id(self, stream: Stream) -> int:
         """The highest op id of the stream's ops read so far, as records or as events (-1:

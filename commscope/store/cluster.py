@@ -2,22 +2,21 @@
 
 A Redis Cluster splits its keys over 16,384 hash slots (CRC16 of the key, or of its hash
 tag: the part between the first ``{`` and the next ``}``), each served by one master.
-``Nodes`` starts with the node the URL names serving every key, keeps one connection per
-master it talks to, sends each command to the node of its key, and follows the cluster:
+``Nodes`` asks the node the URL names for the slot map, keeps one connection per master
+it talks to, sends each command to the node of its key, and follows the cluster:
 
-- ``MOVED slot host:port``: the slot is served elsewhere (the first one says the store is
-  a cluster; later ones, a resharding or a failover).  The slot map is read
-  (``CLUSTER SLOTS``) and the command sent there.
+- ``MOVED slot host:port``: the slot is served elsewhere (a resharding, a failover).  The
+  slot map is read again (``CLUSTER SLOTS``) and the command sent there.
 - ``ASK slot host:port``: the slot is being migrated and this key is already on the
   target: ``ASKING``, then the command, there (the map is not changed).
 - ``TRYAGAIN``: a multi-key command during a migration; sent again a moment later.
 
 A node that answers MOVED, ASK or TRYAGAIN ran nothing, so following them never runs a
-command twice; the writer's append script relies on it.  A single Redis never redirects,
-so it is a cluster of one node that never reads a map: the store has one code path for
-both.  A node that cannot be reached is an ``OSError`` for the caller,
-as on one Redis (it owns what a retry may resend); the next ``reset`` reads the map again
-from any node it knew, so a failover is followed.
+command twice; the writer's append script relies on it.  A single Redis answers the map's
+question with an error and never redirects: a cluster of one node, so the store has one
+code path for both.  A node that cannot be reached is an ``OSError`` for the caller, as on
+one Redis (it owns what a retry may resend); the next ``connect`` reads the map again from
+any node it knew (replicas included), so a failover is followed.
 
 Commands for many keys (a poll's XREADs, a count's XLENs) go out together: each node's in
 one write, then the replies read node by node, so a poll costs one round trip per node,
@@ -52,24 +51,33 @@ def keyslot(key: bytes | str) -> int:
     return binascii.crc_hqx(k, 0) % SLOTS
 
 
-def _redirect(exc: ReplyError) -> tuple[str, Address] | None:
-    """("MOVED" or "ASK", the node's address) of a redirection error; None for another."""
+def _redirect(exc: ReplyError, sender: Address) -> tuple[str, Address] | None:
+    """("MOVED" or "ASK", the node's address) of a redirection error; None for another.  An
+    empty host ("MOVED 14415 :7001", ``cluster-preferred-endpoint-type unknown-endpoint``)
+    is the host of the node that sent it."""
     words = str(exc).split()
     if len(words) == 3 and words[0] in ("MOVED", "ASK"):
         host, _, port = words[2].rpartition(":")
+        host = host.strip("[]")
         if port.isdigit():
-            return words[0], (host.strip("[]"), int(port))
+            return words[0], (sender[0] if host in ("", "?") else host, int(port))
     return None
+
+
+def _redirected(reply: Any) -> bool:
+    return isinstance(reply, ReplyError) and str(reply).split(" ", 1)[0] in ("MOVED", "ASK", "TRYAGAIN")
 
 
 class Nodes:
     """The nodes of one store: every key's connection, redirections followed.
 
-    ``connect`` connects to the URL's node and takes it to serve every key; the first
-    MOVED says it is a cluster, and the slot map is read then (``CLUSTER SLOTS``; an ACL
-    user without it learns each slot from its MOVED), so one Redis never pays for a
-    cluster.  ``reset`` closes every connection but remembers the nodes, so the next
-    ``connect`` can ask another one when the first is gone.
+    ``connect`` connects to the URL's node and asks whether it is a cluster (``CLUSTER
+    SLOTS``): then the slot map, and every master and replica, are known, so a writer whose
+    node fails over finds the replica that took over.  An ACL user that may not read the
+    map learns each slot from its first MOVED.  ``reset`` closes every connection but
+    remembers the nodes, so the next ``connect`` asks another one when the first is gone.
+    Any failure while replies are pending closes every connection (``reset``): a reply
+    left unread would be taken for the next command's.
     """
 
     #: redirections followed for one command before giving up (a map that keeps moving)
@@ -85,19 +93,13 @@ class Nodes:
 
     # -- the map
     def connect(self) -> None:
-        """Connect to the URL's node (or, after a failure, any node known); a cluster's
-        slot map is read again.  StoreError when none answers."""
+        """Connect to the URL's node (or, after a failure, any node known) and read the
+        slot map where it is a cluster.  StoreError when none answers."""
         error: StoreError | None = None
         for address in list(self._known):
             try:
                 conn = self._conn(address)
-                if not self.cluster:
-                    self._slots = [address]
-                    return
-                try:
-                    self._read_map(conn, address)
-                except ReplyError:  # may not read the map: every slot learnt again from MOVED
-                    self._slots = [address] * SLOTS
+                self._ask_map(conn, address)
                 return
             except StoreError as exc:
                 error = error or exc
@@ -106,18 +108,29 @@ class Nodes:
                 error = error or StoreError(f"cannot connect to {self.shown}: {self._why(exc)}")
         raise error or StoreError(f"cannot connect to {self.shown}")
 
+    def _ask_map(self, conn: Connection, address: Address) -> None:
+        """The slot map from ``address``: every slot there for one Redis, and for an ACL
+        user that may not read it (learnt from MOVED)."""
+        if self.target.scheme == "unix":
+            self._slots = [address]
+            return
+        try:
+            self._read_map(conn, address)
+        except ReplyError:
+            self._slots = [address] * SLOTS if self.cluster else [address]
+
     def _read_map(self, conn: Connection, asked: Address) -> None:
-        """The slot map from ``asked``; ReplyError where the node will not say (an ACL
-        without ``cluster|slots``: the map then grows one MOVED at a time)."""
+        """The slot map from ``asked`` (ReplyError where it is not a cluster, or will not say)."""
         reply = conn.call("CLUSTER", "SLOTS")
         slots: list[Address] = [asked] * SLOTS
         for row in reply or []:
-            lo, hi, master = int(row[0]), int(row[1]), row[2]
-            host = master[0].decode() if master[0] else ""
-            address = (asked[0] if host in ("", "?") else host, int(master[1]))
-            slots[lo:hi + 1] = [address] * (hi - lo + 1)
-            if address not in self._known:
-                self._known.append(address)
+            lo, hi = int(row[0]), int(row[1])
+            nodes = []
+            for node in row[2:]:  # the master, then its replicas (a failover promotes one)
+                host = node[0].decode() if node[0] else ""
+                nodes.append((asked[0] if host in ("", "?") else host, int(node[1])))
+            slots[lo:hi + 1] = [nodes[0]] * (hi - lo + 1)
+            self._known.extend(a for a in nodes if a not in self._known)
         self.cluster = True
         self._slots = slots
 
@@ -145,6 +158,14 @@ class Nodes:
         """The connection to the node serving ``key`` (connected now if need be)."""
         return self._conn(self.node(key))
 
+    def keep_only(self, key: bytes | str) -> None:
+        """Close the connections to every node but ``key``'s: a writer appends to one stream,
+        and 16k ranks each holding a connection to every master would pass Redis's
+        ``maxclients``."""
+        keep = self.node(key)
+        for address in [a for a in self._conns if a != keep]:
+            self._conns.pop(address).close()
+
     def _why(self, exc: BaseException) -> str:
         return Connection(self.target, self.shown).why(exc)
 
@@ -163,38 +184,43 @@ class Nodes:
     # -- commands
     def run(self, key: bytes | str, command: bytes, read: Callable[[Connection], T] | None = None) -> T:
         """Send a packed ``command`` on ``key`` to its node and ``read`` its reply (None:
-        ``Connection.read``),
-        following redirections.  An error reply is returned (``Connection.read``) or raised
-        (the stream readers) as the reader does; OSError when a node cannot be reached."""
+        ``Connection.read``), following redirections.  An error reply is returned
+        (``Connection.read``) or raised (the stream readers) as the reader does; OSError or
+        StoreError when a node cannot be reached (every connection closed then)."""
         asking: Address | None = None
-        for _attempt in range(self.MAX_REDIRECTS + 1):
-            if asking is not None:
-                conn = self._conn(asking)
-                conn.send(pack("ASKING") + command)
-                if isinstance(reply := conn.read(), ReplyError):
-                    raise reply
-            else:
-                conn = self.conn(key)
-                conn.send(command)
-            try:
-                reply = conn.read() if read is None else read(conn)
-            except ReplyError as exc:
-                reply = exc  # type: ignore[assignment]
-                raised = True
-            else:
-                raised = False
-            if isinstance(reply, ReplyError):
-                moved = _redirect(reply)
-                if moved is not None:
-                    asking = self._follow(moved, key)
-                    continue
-                if str(reply).startswith("TRYAGAIN"):
-                    time.sleep(0.05)
-                    asking = None
+        try:
+            for _attempt in range(self.MAX_REDIRECTS + 1):
+                sender = asking if asking is not None else self.node(key)
+                conn = self._conn(sender)
+                if asking is not None:
+                    conn.send(pack("ASKING") + command)
+                    asked = conn.read()
+                else:
+                    conn.send(command)
+                    asked = None
+                try:
+                    reply = conn.read() if read is None else read(conn)
+                    raised = False
+                except ReplyError as exc:
+                    reply, raised = exc, True  # type: ignore[assignment]
+                if isinstance(asked, ReplyError):
+                    raise asked  # (both replies read: the connection stays in step)
+                if _redirected(reply):
+                    moved = _redirect(reply, sender)  # type: ignore[arg-type]
+                    if moved is not None:
+                        asking = self._follow(moved, key)
+                    else:  # TRYAGAIN: a multi-key command in a slot being migrated
+                        time.sleep(0.05)
+                        asking = None
                     continue
                 if raised:
-                    raise reply
-            return reply
+                    raise reply  # type: ignore[misc]
+                return reply
+        except ReplyError:
+            raise
+        except BaseException:
+            self.reset()
+            raise
         raise StoreError(f"cannot use {self.shown}: the cluster kept redirecting key {key!r}")
 
     def _follow(self, moved: tuple[str, Address], key: bytes | str) -> Address | None:
@@ -223,25 +249,29 @@ class Nodes:
     def many(self, commands: Sequence[tuple[bytes | str, bytes]],
              read: Callable[[Connection], T] | None = None) -> list[T | ReplyError]:
         """Packed commands, each on its key, with one write per node and then their replies
-        (``read``; None: ``Connection.read``), in order; error replies are returned, and redirected commands sent again
-        one by one."""
+        (``read``; None: ``Connection.read``), in order; error replies are returned, and
+        redirected commands sent again one by one."""
         by_node: dict[Address, list[int]] = {}
         for i, (key, _) in enumerate(commands):
             by_node.setdefault(self.node(key), []).append(i)
         out: list[Any] = [None] * len(commands)
-        for address, idx in by_node.items():
-            self._conn(address).send(b"".join(commands[i][1] for i in idx))
         again = []
-        for address, idx in by_node.items():
-            conn = self._conn(address)
-            for i in idx:
-                try:
-                    reply: Any = conn.read() if read is None else read(conn)
-                except ReplyError as exc:
-                    reply = exc
-                if isinstance(reply, ReplyError) and (_redirect(reply) or str(reply).startswith("TRYAGAIN")):
-                    again.append(i)
-                out[i] = reply
+        try:
+            for address, idx in by_node.items():
+                self._conn(address).send(b"".join(commands[i][1] for i in idx))
+            for address, idx in by_node.items():
+                conn = self._conn(address)
+                for i in idx:
+                    try:
+                        reply: Any = conn.read() if read is None else read(conn)
+                    except ReplyError as exc:
+                        reply = exc
+                    if _redirected(reply):
+                        again.append(i)
+                    out[i] = reply
+        except BaseException:
+            self.reset()  # replies still pending on some connection: none of them is usable
+            raise
         for i in again:
             key, command = commands[i]
             try:

@@ -534,6 +534,10 @@ class DirectoryReader(TraceReader):
         back from the job's newest write."""
         self.since_ns = since.start_ns(self.latest_ns() or time.time_ns())
 
+    def watermark_ns(self) -> int | None:
+        streams = self.streams()
+        return self._watermark_of(streams) if streams else None
+
     def latest_ns(self) -> int:
         """When the job last wrote (the newest segment's mtime over its streams), 0 if never:
         what a window relative to the trace's end counts from."""
@@ -677,6 +681,7 @@ class DirectoryReader(TraceReader):
             return [], 0
         out: list[Event] = []
         used = 0
+        began = time.time_ns()
         while True:
             cur = self._enter(stream, segs)
             newer = next((seg for seg in segs if seg.number > cur.number), None)
@@ -684,6 +689,8 @@ class DirectoryReader(TraceReader):
                                                    final or newer is not None)
             out.extend(events)
             used += n
+            if at_end and newer is None:
+                self._read_to_end(stream, began)
             if not at_end or newer is None or (budget is not None and used >= budget):
                 return out, used
             self._reading[stream] = newer.number

@@ -243,6 +243,7 @@ class RedisWriter:
                     "(an earlier job with the same id); refusing to mix jobs (choose a new COMMSCOPE_JOB, "
                     "another ?job= or another database)")
             self._register(first=True)
+            nodes.keep_only(self.key)
         except StoreError:
             nodes.close()
             raise
@@ -276,6 +277,7 @@ class RedisWriter:
         except OSError:
             self._nodes.close()
             raise
+        self._nodes.keep_only(self.key)
         self._connected = True
         top = self._top()
         if 0 <= top < self._next - 1:  # Redis lost what had landed: restarted empty, flushed
@@ -561,7 +563,12 @@ class RedisReader(TraceReader):
             return []
         key = self.keys.ranks(self.job_id)
         members = self._nodes_ok().call(key, "SMEMBERS", key) or []
-        return sorted(filter(None, map(Keys.parse_member, members)))
+        self._streams = sorted(filter(None, map(Keys.parse_member, members)))
+        return self._streams
+
+    def watermark_ns(self) -> int | None:
+        streams = getattr(self, "_streams", None)
+        return self._watermark_of(streams) if streams else None
 
     def count(self) -> int:
         """Entries stored for this job right now (XLEN summed over streams): progress totals."""
@@ -630,6 +637,7 @@ class RedisReader(TraceReader):
                                          *(self._cursor.get(keys[k], b"0-0") for k in ks)))
                             for ks in by_slot.values()]
                 full = []
+                began = time.time_ns()
                 for reply in nodes.many(commands, Connection.read_streams):
                     if isinstance(reply, ReplyError):
                         raise reply
@@ -640,6 +648,8 @@ class RedisReader(TraceReader):
                         used += self._take(stream, entries, got.setdefault(stream, []))
                         if len(entries) >= self.PAGE:
                             full.append(stream)
+                for st in set(pending) - set(full):
+                    self._read_to_end(st, began)  # (a stream XREAD left out had nothing new)
                 pending = full
                 if max_bytes is not None and used >= max_bytes:
                     break
@@ -658,6 +668,7 @@ class RedisReader(TraceReader):
             with gc_paused():
                 for stream in self.ranks():
                     key = self.keys.stream(self.job_id, *stream)
+                    began = time.time_ns()
                     while True:
                         start = self._cursor.get(stream)
                         lo = b"-" if start is None else _after(start)
@@ -668,6 +679,7 @@ class RedisReader(TraceReader):
                         self._take(stream, entries, out)
                         if len(entries) < self.PAGE:
                             break
+                    self._read_to_end(stream, began)
                 for stream in sorted(rest):
                     out.extend(rest[stream])
         except ReplyError as exc:

@@ -33,8 +33,8 @@ DEFAULT_PORT = 6379
 DEFAULT_TIMEOUT = 5.0
 #: Appends per second a whole job may send (``?rate=``): a rank writes every
 #: world_size / rate seconds (at least the recorder's tick, at most ``MAX_WRITE_EVERY``), so
-#: 1,024 ranks write every 50 ms as before and 16,384 every 0.8 s, one append each
-DEFAULT_RATE = 20_000
+#: up to 1,250 ranks write every tick (50 ms) as before and 16,384 every 0.66 s
+DEFAULT_RATE = 25_000
 #: The longest a rank waits between writes, whatever its job's width: a reader is never
 #: further behind than this (plus its own poll)
 MAX_WRITE_EVERY = 1.0

@@ -176,9 +176,11 @@ class Spool:
                 last = OSError(errno.EACCES, f"{d} is not a private directory")
                 continue
             path = d / f"{os.getpid()}-{identity.get('inc', 0)}-{os.urandom(3).hex()}{SUFFIX}"
+            _HELD.add(path)  # before it exists: a scan of this process's never opens it (see _HELD)
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             except OSError as exc:
+                _HELD.discard(path)
                 last = exc
                 continue
             try:
@@ -190,9 +192,9 @@ class Spool:
                 os.close(fd)
                 with contextlib.suppress(OSError):
                     os.unlink(path)
+                _HELD.discard(path)
                 last = exc
                 continue
-            _HELD.add(path)
             return cls(path, fd, size)
         raise last or OSError(errno.ENOENT, "no spool directory")
 

@@ -39,6 +39,8 @@ class FeedInfo:
     rate: float = 0.0  # events/s ingested recently
     behind_bytes: int = 0  # written but not yet read (live)
     behind: bool = False
+    lag_s: float = 0.0  # how far the clock is past what every stream was read up to (live)
+    catching_up: bool = False  # some stream not read to its end yet: nothing judged
     corrupt: int = 0  # damaged lines the reader skipped
     invalid: int = 0  # events that failed the schema, skipped
     trimmed: bool = False
@@ -69,6 +71,8 @@ class Feed:
     ENDED_POLL_S = 1.0  # an ended job is still watched (a restart appends), at a lower rate
     BUDGET = 8 << 20  # bytes per read: keeps each cycle short on huge backlogs
     DIAGNOSE_S = 0.5
+    #: The header says the console is behind once its watermark is this far behind the clock
+    LAG_SHOWN_S = 2.0
 
     #: A live console's model past this many bytes starts again at the tail (``reopen``): its
     #: memory stays bounded however long the job runs
@@ -115,13 +119,25 @@ class Feed:
         return self.model.hang_after() or 30.0
 
     def now(self) -> int:
-        """Live: the wall clock, or the trace's end once the job ended.  Replay: the end of
-        the trace (the UI moves its own cursor)."""
+        """Live: the wall clock, held back to the reader's watermark (``TraceReader.
+        watermark_ns``: a reader behind on its streams judges ranks as of the moment it has
+        read them all up to, so its own lag never makes a rank look silent), or the trace's
+        end once the job ended.  Replay: the end of the trace (the UI moves its own cursor)."""
         if self.mode == REPLAY:
             return self.model.end_ns
         if self._ended is not None:
             return self._ended[1]
-        return self.clock()
+        return self._live_now()
+
+    def _live_now(self) -> int:
+        wall = self.clock()
+        mark = self.reader.watermark_ns()
+        return wall if not mark else min(wall, mark)
+
+    def caught_up(self) -> bool:
+        """Every stream has been read to its end at least once (live): until then, ranks not
+        read yet would look missing, so nothing is judged."""
+        return self.mode == REPLAY or self.reader.watermark_ns() != 0
 
     @property
     def ended(self) -> bool:
@@ -134,7 +150,7 @@ class Feed:
         m = self.model
         if self.mode == REPLAY or (self._ended is not None and self._ended[0] == m.version):
             return False
-        wall = self.clock()
+        wall = self._live_now()
         ranks = m.rank_ids()
         over = bool(ranks) and all(rankstate.exited(m, r) is not None or rankstate.is_dead(m, r, wall) for r in ranks)
         was = self._ended
@@ -168,7 +184,9 @@ class Feed:
         if got:
             self._dirty = True
         ticking = self.mode == LIVE and not self.ended  # findings age with the clock
-        if self._dirty and mono >= self._next_diag or (ticking and mono >= self._next_diag + 1.0):
+        if not self.caught_up():
+            pass  # first reads of a large job: judged once every stream was read to its end
+        elif self._dirty and mono >= self._next_diag or (ticking and mono >= self._next_diag + 1.0):
             # An ended job is judged as ``check`` judges its trace: at its end, with the wall
             # clock only to tell a job that stopped writing from one still running.
             wall = self.clock() if self.ended else None
@@ -234,6 +252,8 @@ class Feed:
 
     def _info(self, behind_bytes: int) -> FeedInfo:
         m = self.model
+        mark = self.reader.watermark_ns() if self.mode == LIVE else None
+        lag = max(0.0, (self.clock() - mark) / 1e9) if mark else 0.0
         stats = self.reader.stats
         window = [x for x in self._rates if x[0] >= time.monotonic() - 2.0]
         rate = 0.0
@@ -244,7 +264,8 @@ class Feed:
         ended = self.ended
         return FeedInfo(
             mode=self.mode, source=self.source, version=m.version, events=m.events, rate=rate,
-            behind_bytes=behind_bytes, behind=behind_bytes > self.BUDGET,
+            behind_bytes=behind_bytes, behind=behind_bytes > self.BUDGET or lag > self.LAG_SHOWN_S,
+            lag_s=lag, catching_up=not self.caught_up() and m.events > 0,
             corrupt=stats.corrupt, invalid=stats.invalid, trimmed=stats.trimmed,
             warnings=tuple(stats.warnings[-5:]), waiting=m.events == 0, ended=ended,
             loaded=self.info.loaded, progress=self.info.progress, now_ns=now, error=self.error,

@@ -44,8 +44,11 @@ class StatusHeader(Static):
             if start_ns and info.now_ns:
                 t.append(f"(+{duration(info.now_ns - start_ns)}) ", style="grey50")
             t.append(f"· {rate(info.rate)} ", style="grey70")
-            if info.behind:
-                t.append(f"· falling behind ({size(info.behind_bytes)} unread) ", style="bold #e0a030")
+            if info.catching_up:
+                t.append("· catching up: judged once every rank is read ", style="bold #e0a030")
+            elif info.behind:
+                what = f"{info.lag_s:.0f} s behind" if info.lag_s >= 1 else f"{size(info.behind_bytes)} unread"
+                t.append(f"· falling behind ({what}) ", style="bold #e0a030")
         t.append(f"· {info.events:,} events ", style="grey62")
         if info.trimmed:
             t.append("· trimmed ", style="#e0a030")

@@ -1,0 +1,372 @@
+"""Live at scale: simulated ranks write a job as it runs, a console follows it and finds the fault.
+
+Writer processes emit the streams of ``--ranks`` simulated ranks in real time, in the
+native ``block`` format, through the real store writers (a directory, Redis, or a Redis
+Cluster of three local masters): an FSDP-like job (per step an all_gather and a
+reduce_scatter per layer, then an all_reduce) at ``--rate`` collectives per second on every
+rank, ranks 8 to a host, a heartbeat and a sample every second, one block per rank per
+recorder tick (50 ms, or the store's pace: ``StoreWriter.write_every``).  A third of the
+way in, the fault is injected:
+
+    missing         the culprit never enters the next collective (it spins in Python, still
+                    heartbeating); the others wait in it           -> missing_ranks
+    dead            the culprit goes silent (a lost host)            -> dead_rank
+    mismatch        the culprit calls broadcast where the others all_reduce
+                                                                     -> collective_mismatch
+    straggler-host  the culprit's host (its 8 ranks) arrives 20 ms late at every
+                    collective from then on                          -> straggler, the host
+    none            nothing
+
+The console's data side (``tui/feed.Feed``: the reader's polls, the model, diagnose every
+0.5 s) follows the job in this process, as ``commscope attach`` does, and the timeline
+paints 60 rows of 189 cells from its published view every half second.  Measured in one run:
+events written per second (against the job's rate), the reader's lag (how far the model's
+newest event is behind the wall clock), the time from the fault to its finding naming the
+culprit (target: hang_after + 5 s; a straggler needs its window of late collectives), the
+frame time and the console process's RSS.
+
+What 2 cores cannot run at full rate runs at a stated fraction of the rate (``--rate``) and
+is extrapolated from the costs measured per event and per rank, labelled as such.
+Targets (16,384 ranks at 25 collectives/s): lag <= 2 s, fault -> finding <= hang_after +
+5 s, frame <= 50 ms, console RSS <= 4 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import tempfile
+import time
+from statistics import median
+from typing import Any
+
+import numpy as np
+
+from commscope.bench.stats import fmt_time, quantile
+
+S = 1_000_000_000
+FAULTS = ("missing", "dead", "mismatch", "straggler-host", "none")
+#: What the console must find, and whether it names the host's ranks
+EXPECTED = {"missing": "missing_ranks", "dead": "dead_rank", "mismatch": "collective_mismatch",
+            "straggler-host": "straggler", "none": None}
+TARGET_LAG_S = 2.0
+TARGET_FRAME_S = 0.050
+TARGET_RSS = 4 << 30
+HOST_LATE_NS = 20_000_000  # a straggler host's lateness (a collective takes 0.5 ms; one starts every 40 ms)
+TICK_S = 0.05
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ranks", type=int, default=1024, help="simulated ranks (default 1,024)")
+    p.add_argument("--rate", type=float, default=25.0,
+                   help="collectives per second on each rank (default 25, the target's; lower it to run a "
+                        "wide job at a fraction of its rate: the report extrapolates)")
+    p.add_argument("--seconds", type=float, default=30.0, help="how long the job runs (default 30)")
+    p.add_argument("--fault", choices=FAULTS, default="missing", help="what goes wrong a third of the way in")
+    p.add_argument("--hang-after", type=float, default=5.0, help="the job's hang_after (default 5 s)")
+    p.add_argument("--store", choices=("directory", "redis", "redis-cluster"), default="directory",
+                   help="where the job writes (Redis ones are started here)")
+    p.add_argument("--writers", type=int, default=1, help="writer processes (default 1)")
+    p.add_argument("--quick", action="store_true", help="64 ranks for 12 s: a smoke test")
+
+
+# ------------------------------------------------------------------ the simulated job
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The job every writer simulates its share of."""
+
+    ranks: int
+    rate: float
+    t_start: int  # wall ns of collective 0
+    seconds: float
+    fault: str
+    culprit: int
+    fault_k: int  # the first collective the fault changes
+    hang_after: float
+    job: str
+    store: str
+    layers: int = 4
+    ranks_per_host: int = 8
+
+    @property
+    def period(self) -> int:
+        return int(S / self.rate)
+
+    def base(self, k: int) -> int:
+        return self.t_start + k * self.period
+
+    def host_ranks(self) -> range:
+        h = self.culprit // self.ranks_per_host
+        return range(h * self.ranks_per_host, min(self.ranks, (h + 1) * self.ranks_per_host))
+
+
+def _sid(plan: Plan, k: int) -> int:
+    per_step = 2 * plan.layers + 1
+    pos = k % per_step
+    return 2 if pos == per_step - 1 else (0 if pos % 2 == 0 else 1)
+
+
+def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
+    """One writer process: ranks ``w``, ``w + writers``, ... of the job, in real time, through
+    the store's writers; returns what it wrote and what that cost."""
+    from commscope import blocks
+    from commscope.bench.synthstore import BEGIN_SIG_DT, END_DT, JobShape, _meta, _sigs, _Tables
+    from commscope.schema import SCHEMA_VERSION
+    from commscope.store import open_writer
+
+    mine = np.arange(w, plan.ranks, writers)
+    shape = JobShape(plan.ranks, 2, rate=plan.rate, hang_after=plan.hang_after, layers=plan.layers)
+    tables = _Tables(shape, _sigs(shape))
+    outs = [open_writer(plan.store, plan.job, int(r), {"world_size": plan.ranks}) for r in mine.tolist()]
+    every = max(TICK_S, max(o.write_every for o in outs))
+    rnd = np.random.default_rng(w + 1)  # each rank's arrival: up to 0.2 ms after the collective's time
+    culprit_at = int(np.flatnonzero(mine == plan.culprit)[0]) if plan.culprit in mine.tolist() else -1
+    host = np.isin(mine, np.array(list(plan.host_ranks())))
+    pos = np.zeros(mine.shape[0], np.int64)  # each stream's ring position
+    begun = ended = 0  # collectives whose begins / ends every rank has written
+    lines_out = events = before = 0
+    fault_at = plan.base(plan.fault_k)
+    pending = [[_meta(shape, int(r), plan.job, plan.store, plan.t_start)] for r in mine.tolist()]
+    next_beat = plan.t_start
+    cpu0 = time.process_time()
+    end_at = plan.t_start + int(plan.seconds * S)
+    hung = plan.fault in ("missing", "dead", "mismatch")
+    dead_from = plan.base(plan.fault_k) if plan.fault == "dead" else end_at + S
+    while True:
+        now = time.time_ns()
+        if now >= end_at:
+            break
+        due = now - 2_000_000  # (arrivals are up to 0.2 ms after a collective's time; late hosts 20 ms)
+        k_hi = max(0, (due - plan.t_start) // plan.period + 1)
+        if hung:
+            k_hi = min(k_hi, plan.fault_k + 1)
+        late = plan.fault == "straggler-host"
+        k_end = max(0, (due - plan.t_start - (HOST_LATE_NS if late else 0) - 600_000) // plan.period + 1)
+        if hung:
+            k_end = min(k_end, plan.fault_k)  # the fault's collective never ends
+        # this tick's records, in time order: begins of [begun, k_hi), ends of [ended, k_end)
+        recs = sorted([("b", k) for k in range(begun, k_hi)] + [("e", k) for k in range(ended, k_end)],
+                      key=lambda x: (x[1], x[0] == "e"))
+        if recs:
+            dt = np.dtype([(f"r{j}", BEGIN_SIG_DT if kind == "b" else END_DT) for j, (kind, _) in enumerate(recs)])
+            arr = np.zeros(mine.shape[0], dt)
+            used: set[int] = set()
+            for j, (kind, k) in enumerate(recs):
+                f = arr[f"r{j}"]
+                base = plan.base(k)
+                late_k = late and k >= plan.fault_k
+                if kind == "b":
+                    sid = _sid(plan, k)
+                    f["typ"], f["len"], f["id"], f["seq"], f["tid"], f["sid"] = (
+                        blocks.BEGIN_SIG, BEGIN_SIG_DT.itemsize, k + 1, k + 1, 1, sid)
+                    f["ts"] = base + rnd.integers(0, 200_000, mine.shape[0]) + np.where(host & late_k, HOST_LATE_NS, 0)
+                    used.add(sid)
+                    if plan.fault == "mismatch" and k == plan.fault_k and culprit_at >= 0:
+                        f["sid"][culprit_at] = 3
+                else:
+                    f["typ"], f["len"], f["id"] = blocks.END, END_DT.itemsize, k + 1
+                    f["ts"] = base + (HOST_LATE_NS if late_k else 0) + 500_000
+            raw = arr.tobytes()
+            size = dt.itemsize
+            prefix = {False: tables.for_sids(used), True: tables.for_sids(used | {3})}
+            for i in range(mine.shape[0]):
+                if i == culprit_at and hung and plan.fault != "mismatch" and k_hi > plan.fault_k:
+                    # the culprit: in nothing past the fault (missing), or silent (dead)
+                    keep = [(kind, k) for kind, k in recs if k < plan.fault_k]
+                    if not keep:
+                        continue
+                    data = b"".join(arr[f"r{j}"][i].tobytes() for j, x in enumerate(recs) if x in keep)
+                    n = len(keep)
+                else:
+                    data, n = raw[i * size:(i + 1) * size], len(recs)
+                body = prefix[i == culprit_at and plan.fault == "mismatch"] + data
+                pending[i].append(blocks.encode_block(body, int(mine[i]), now, n, int(pos[i]),
+                                                      int(pos[i]) + len(data)))
+                pos[i] += len(data)
+                events += n
+            begun = max(begun, k_hi)
+            ended = max(ended, k_end)
+        if now >= next_beat:
+            next_beat = now + S
+            for i, r in enumerate(mine.tolist()):
+                if i == culprit_at and now >= dead_from:
+                    continue
+                pending[i].append(b'{"type":"sample","ts":%d,"cpu":97.0,"rss":%d,"v":%d,"rank":%d}'
+                                  % (now, 12 << 30, SCHEMA_VERSION, r))
+                pending[i].append(b'{"type":"heartbeat","ts":%d,"inflight":%d,"v":%d,"rank":%d}'
+                                  % (now, 1 if hung and begun > plan.fault_k else 0, SCHEMA_VERSION, r))
+                events += 2
+        if now < fault_at:
+            before = events
+        for i, lines in enumerate(pending):
+            if lines:
+                outs[i].write(lines)
+                lines_out += len(lines)
+                pending[i] = []
+        time.sleep(max(0.0, every - (time.time_ns() - now) / S))
+    for o in outs:
+        o.close()
+    return {"events": events, "before": before, "lines": lines_out, "cpu_s": time.process_time() - cpu0,
+            "ranks": int(mine.shape[0])}
+
+
+# ------------------------------------------------------------------ the console following it
+def _rows_painted(feed: Any, culprit: int, now: int) -> float:
+    """One frame of the timeline's data: 60 rows (the culprit's among them) of 189 cells over
+    the last 10 s, painted from the published view; seconds."""
+    from commscope.tui import painter
+
+    view = feed.view
+    ranks = view.rank_ids()[:59] + [culprit]
+    win = painter.Window(t0=now - 10 * S, npc=10 * S // 189, width=189, now=now)
+    t0 = time.perf_counter()
+    for r in ranks:
+        if r in view.ranks:
+            painter.render_row(view, painter.Row(str(r), f"r{r}", (r,)), win)
+    return time.perf_counter() - t0
+
+
+def follow(plan: Plan, fault_ns: int, until: float) -> dict[str, Any]:
+    """The console's data side on the job until ``until`` (monotonic; longer, bounded, while
+    the expected finding is not there yet): lag samples, when the expected finding first
+    named the culprit, frame times, RSS."""
+    import psutil
+
+    from commscope.analysis.ranks import ranges
+    from commscope.store import open_reader
+    from commscope.tui.feed import Feed
+
+    expect = EXPECTED[plan.fault]
+    culprits = sorted(plan.host_ranks()) if plan.fault == "straggler-host" else [plan.culprit]
+    reader = open_reader(plan.store + ("&" if "?" in plan.store else "?") + f"job={plan.job}"
+                         if plan.store.startswith("redis") else os.path.join(plan.store, plan.job), wait=True)
+    feed = Feed(reader, hang_after=plan.hang_after)
+    lags: list[float] = []  # the newest event read, behind the clock
+    behind: list[float] = []  # what every stream was read up to (the watermark), behind the clock
+    frames: list[float] = []
+    found_ns = 0
+    wrong: list[str] = []
+    rss = 0
+    next_frame = 0.0
+    cpu0 = time.process_time()
+    proc = psutil.Process()
+    hard = until + plan.hang_after + 30.0  # a loaded machine: wait longer for the finding, never forever
+    while time.monotonic() < until or (expect is not None and not found_ns and time.monotonic() < hard):
+        info, got = feed.step()
+        wall = time.time_ns()
+        if got and feed.model.end_ns and wall > plan.t_start + 3 * S:
+            lags.append((wall - feed.model.end_ns) / S)
+            mark = feed.reader.watermark_ns()
+            behind.append((wall - mark) / S if mark else float("inf"))
+        for f in feed.findings:
+            if f.severity == "error" or f.kind == expect:
+                named = f.kind == expect and sorted(f.culprits) == culprits
+                if named and not found_ns and wall >= fault_ns:
+                    found_ns = wall
+                elif not named and f"{f.kind} {ranges(f.culprits, limit=4)}" not in wrong:
+                    wrong.append(f"{f.kind} {ranges(f.culprits, limit=4)}")
+        mono = time.monotonic()
+        if mono >= next_frame and feed.view.rank_ids():
+            frames.append(_rows_painted(feed, plan.culprit, wall))
+            next_frame = mono + 0.5
+            rss = max(rss, proc.memory_info().rss)
+        if not got:
+            time.sleep(Feed.POLL_S)
+    reader.close()
+    return {"lags": lags, "behind": behind, "found_s": (found_ns - fault_ns) / S if found_ns else None, "wrong": wrong,
+            "frames": frames, "rss": rss, "cpu_s": time.process_time() - cpu0, "events": feed.model.events,
+            "ranks_seen": len(feed.model.ranks)}
+
+
+# ------------------------------------------------------------------ the suite
+def _store(kind: str, root: str) -> tuple[str, Any]:
+    if kind == "directory":
+        return root, None
+    from commscope.bench.redis_server import RedisCluster, start_redis
+
+    if kind == "redis":
+        server = start_redis()
+        return server.url, server
+    cluster = RedisCluster(3).start()
+    return cluster.url, cluster
+
+
+def run(args: argparse.Namespace) -> int:
+    from commscope.launch import Job
+    from commscope.record.jobid import new_job_id
+
+    if args.quick:
+        args.ranks, args.seconds = 64, 12.0
+    if args.ranks < 16:
+        raise SystemExit("bench scale: at least 16 ranks (two hosts of 8)")
+    root = tempfile.mkdtemp(prefix="commscope-bench-scale-")
+    store, server = _store(args.store, root)
+    seconds = max(args.seconds, args.hang_after * 2 + 6)
+    start = time.time_ns() + 2 * S  # writers start, open their streams, then the job's clock runs
+    fault_at = start + int(seconds / 3 * S)
+    plan = Plan(ranks=args.ranks, rate=args.rate, t_start=start, seconds=seconds, fault=args.fault,
+                culprit=args.ranks // 2 + 3, fault_k=int((fault_at - start) // int(S / args.rate)) + 1,
+                hang_after=args.hang_after, job="scale-" + new_job_id(), store=store)
+    fault_ns = plan.base(plan.fault_k)
+    print(f"bench scale: {args.ranks:,} ranks x {args.rate:g} collectives/s for {seconds:.0f} s into "
+          f"{args.store} ({store if args.store != 'directory' else root}), {args.writers} writer process(es); "
+          f"fault {args.fault!r} at {seconds / 3:.0f} s on rank {plan.culprit}", flush=True)
+    writers = Job(write_share, args.writers, args=(plan, args.writers), init=False).start()
+    try:
+        seen = follow(plan, fault_ns, time.monotonic() + (start - time.time_ns()) / S + seconds + 1.0)
+        results = list(writers.join(60).values())
+    finally:
+        writers.kill()
+        if server is not None:
+            (server.stop if hasattr(server, "stop") else server.close)()
+        shutil.rmtree(root, ignore_errors=True)
+    failed = [r for r in results if r.error]
+    if failed:
+        print(f"  a writer failed: {failed[0].error}")
+        return 1
+    wrote = [r.value for r in results]
+    return _report(args, plan, seconds, wrote, seen)
+
+
+def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[dict], seen: dict) -> int:
+    events = sum(x["events"] for x in wrote)
+    writer_cpu = sum(x["cpu_s"] for x in wrote)
+    want = plan.ranks * (plan.rate * 2 + 2)  # a begin and an end per collective, a heartbeat and a sample
+    rate = sum(x["before"] for x in wrote) / ((plan.base(plan.fault_k) - plan.t_start) / S)
+    lags = seen["lags"]
+    lag_med = median(lags) if lags else float("nan")
+    lag_p99 = quantile(lags, 0.99) if lags else float("nan")
+    frame = median(seen["frames"]) if seen["frames"] else float("nan")
+    found = seen["found_s"]
+    limit = plan.hang_after + 5.0
+    print(f"  written: {events:,} events; before the fault {rate:,.0f} events/s (the job's rate: {want:,.0f}); "
+          f"writers' CPU {writer_cpu / seconds * 100:.0f}% of a core")
+    print(f"  console read {seen['events']:,} events of {seen['ranks_seen']:,} ranks; its CPU "
+          f"{seen['cpu_s'] / seconds * 100:.0f}% of a core, RSS {seen['rss'] / 2**20:,.0f} MiB")
+    marks = seen["behind"]
+    mark_med = median(marks) if marks else float("nan")
+    mark_p99 = quantile(marks, 0.99) if marks else float("nan")
+    print(f"  reader lag: newest event median {lag_med:.2f} s, p99 {lag_p99:.2f} s; every stream read up to (the "
+          f"watermark diagnosis judges at) median {mark_med:.2f} s, p99 {mark_p99:.2f} s behind "
+          f"(target <= {TARGET_LAG_S:g} s)")
+    if EXPECTED[plan.fault]:
+        note = "; a straggler needs its window of late collectives" if plan.fault == "straggler-host" else ""
+        took = f"{found:.1f} s" if found is not None else "NOT FOUND"
+        print(f"  fault -> finding: {took} (target <= hang_after + 5 = {limit:g} s{note})")
+    if seen["wrong"]:
+        more = f" and {len(seen['wrong']) - 5} more" if len(seen["wrong"]) > 5 else ""
+        print(f"  other findings (WRONG: a victim blamed): {'; '.join(seen['wrong'][:5])}{more}")
+    print(f"  frame (60 timeline rows from the published view): median {fmt_time(frame)} (target <= 50 ms)")
+    per_event = seen["cpu_s"] / max(1, seen["events"])
+    full = plan.ranks * 25.0 * 2
+    if plan.rate < 25.0:
+        print(f"  extrapolated to {plan.ranks:,} ranks at 25 collectives/s ({full:,.0f} events/s): the console "
+              f"needs {per_event * full:.2f} cores at its measured {per_event * 1e6:.2f} us per event "
+              f"(EXTRAPOLATED, not run)")
+    ok = (mark_p99 <= TARGET_LAG_S and frame <= TARGET_FRAME_S and seen["rss"] <= TARGET_RSS
+          and (EXPECTED[plan.fault] is None or (found is not None and found <= limit + (
+              60 / plan.rate if plan.fault == "straggler-host" else 0))))
+    print(f"  met: {'yes' if ok else 'NO'}")
+    return 0
