@@ -79,7 +79,7 @@ class Plan:
 
     ranks: int
     rate: float
-    t_start: int  # wall ns of collective 0
+    t_start: int  # wall ns of collective 0 (0 until every writer is ready: ``sync``)
     seconds: float
     fault: str
     culprit: int
@@ -87,6 +87,7 @@ class Plan:
     hang_after: float
     job: str
     store: str
+    sync: str = ""  # a directory where writers say they are ready and read the job's start
     layers: int = 4
     ranks_per_host: int = 8
 
@@ -108,6 +109,18 @@ def _sid(plan: Plan, k: int) -> int:
     return 2 if pos == per_step - 1 else (0 if pos % 2 == 0 else 1)
 
 
+def _started(plan: Plan, w: int) -> Plan:
+    """Say this writer is ready, and wait for the job's start (``run`` writes it once every
+    writer is): ranks that open their streams over many seconds would look missing."""
+    from pathlib import Path
+
+    Path(plan.sync, f"ready-{w}").touch()
+    go = Path(plan.sync, "go")
+    while not go.exists():
+        time.sleep(0.01)
+    return dataclasses.replace(plan, t_start=int(go.read_text()))
+
+
 def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
     """One writer process: ranks ``w``, ``w + writers``, ... of the job, in real time, through
     the store's writers; returns what it wrote and what that cost."""
@@ -121,6 +134,7 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
     tables = _Tables(shape, _sigs(shape))
     outs = [open_writer(plan.store, plan.job, int(r), {"world_size": plan.ranks}) for r in mine.tolist()]
     every = max(TICK_S, max(o.write_every for o in outs))
+    plan = _started(plan, w)  # every stream open (16k take a while): then the job's clock runs
     rnd = np.random.default_rng(w + 1)  # each rank's arrival: up to 0.2 ms after the collective's time
     culprit_at = int(np.flatnonzero(mine == plan.culprit)[0]) if plan.culprit in mine.tolist() else -1
     host = np.isin(mine, np.array(list(plan.host_ranks())))
@@ -304,24 +318,34 @@ def run(args: argparse.Namespace) -> int:
     root = tempfile.mkdtemp(prefix="commscope-bench-scale-")
     store, server = _store(args.store, root)
     seconds = max(args.seconds, args.hang_after * 2 + 6)
-    start = time.time_ns() + 2 * S  # writers start, open their streams, then the job's clock runs
-    fault_at = start + int(seconds / 3 * S)
-    plan = Plan(ranks=args.ranks, rate=args.rate, t_start=start, seconds=seconds, fault=args.fault,
-                culprit=args.ranks // 2 + 3, fault_k=int((fault_at - start) // int(S / args.rate)) + 1,
-                hang_after=args.hang_after, job="scale-" + new_job_id(), store=store)
-    fault_ns = plan.base(plan.fault_k)
+    sync = tempfile.mkdtemp(prefix="commscope-bench-scale-sync-")
+    plan = Plan(ranks=args.ranks, rate=args.rate, t_start=0, seconds=seconds, fault=args.fault,
+                culprit=args.ranks // 2 + 3, fault_k=int(seconds / 3 * args.rate) + 1,
+                hang_after=args.hang_after, job="scale-" + new_job_id(), store=store, sync=sync)
     print(f"bench scale: {args.ranks:,} ranks x {args.rate:g} collectives/s for {seconds:.0f} s into "
           f"{args.store} ({store if args.store != 'directory' else root}), {args.writers} writer process(es); "
           f"fault {args.fault!r} at {seconds / 3:.0f} s on rank {plan.culprit}", flush=True)
     writers = Job(write_share, args.writers, args=(plan, args.writers), init=False).start()
     try:
-        seen = follow(plan, fault_ns, time.monotonic() + (start - time.time_ns()) / S + seconds + 1.0)
+        opened = time.monotonic()
+        while len(os.listdir(sync)) < args.writers:  # every stream open
+            if not writers.alive() or time.monotonic() - opened > 600:
+                raise SystemExit("bench scale: the writers did not open their streams")
+            time.sleep(0.05)
+        print(f"  {args.ranks:,} streams opened in {time.monotonic() - opened:.1f} s", flush=True)
+        plan = dataclasses.replace(plan, t_start=time.time_ns() + S // 2)
+        with open(os.path.join(sync, "go.tmp"), "w") as f:
+            f.write(str(plan.t_start))
+        os.rename(os.path.join(sync, "go.tmp"), os.path.join(sync, "go"))
+        fault_ns = plan.base(plan.fault_k)
+        seen = follow(plan, fault_ns, time.monotonic() + (plan.t_start - time.time_ns()) / S + seconds + 1.0)
         results = list(writers.join(60).values())
     finally:
         writers.kill()
         if server is not None:
             (server.stop if hasattr(server, "stop") else server.close)()
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(sync, ignore_errors=True)
     failed = [r for r in results if r.error]
     if failed:
         print(f"  a writer failed: {failed[0].error}")

@@ -298,14 +298,22 @@ class TraceReader(abc.ABC):
 
     def _read_to_end(self, stream: Stream, since_ns: int) -> None:
         """``stream`` was read to its end by a read that began at ``since_ns``."""
+        self._reads = getattr(self, "_reads", 0) + 1
         try:
             self._ends[stream] = since_ns
         except AttributeError:
             self._ends: dict[Stream, int] = {stream: since_ns}
 
     def _watermark_of(self, streams: Iterable[Stream]) -> int:
-        caught = getattr(self, "_ends", {})
-        return min((caught.get(s, 0) for s in streams), default=0)
+        """The watermark over ``streams``, computed once per read (``_ends`` changed)."""
+        ends = getattr(self, "_ends", {})
+        key = (len(ends), getattr(self, "_reads", 0))
+        memo = getattr(self, "_mark_memo", None)
+        if memo is not None and memo[0] == key and memo[1] is streams:
+            return memo[2]
+        mark = min((ends.get(s, 0) for s in streams), default=0)
+        self._mark_memo = (key, streams, mark)
+        return mark
 
     def max_op_id(self, stream: Stream) -> int:
         """The highest op id of the stream's ops read so far, as records or as events (-1:
