@@ -410,3 +410,46 @@ def test_the_stacks_of_thousands_of_waiting_ranks_fold_to_their_distinct_stacks_
     assert sum(n["count"] for n in waiting.values()) == ws - 1  # every waiting rank counted once
     assert waiting["0"]["ranks"].startswith("0,3,6,") and "stacks_more" not in x.evidence
     assert len(info) == 3 and len(json.dumps(stacks)) < 5_000  # three stacks, not one per rank
+
+
+def test_a_slow_host_with_one_much_slower_rank_is_still_the_host():
+    b = TraceBuilder(32, ranks_per_host=8)
+    t = b.t0 + S // 10
+    for _ in range(24):
+        slow = {r: 45 * MS for r in range(8, 16)}
+        slow[8] = 100 * MS  # one of them far worse: it must not hide the other seven
+        t = b.collective(t, "all_reduce", skew=slow, latency=MS) + MS
+    b.heartbeats(b.t0, t)
+    _, f = run(b)
+    assert [(x.kind, x.culprits, x.evidence["host"]) for x in f] == [("straggler", list(range(8, 16)), "node01")]
+
+
+def test_a_slow_host_seen_across_hsdp_replica_groups_is_one_finding():
+    """Replica groups hold one rank per host: each sees one of node01's ranks straggle; the
+    finding is the host, once, not eight ranks."""
+    b = TraceBuilder(32, ranks_per_host=8)
+    for k in range(8):
+        b.group(f"rep{k}", [k, k + 8, k + 16, k + 24])
+    t = b.t0 + S // 10
+    for _ in range(24):
+        end = t
+        for k in range(8):
+            end = max(end, b.collective(t, "all_reduce", f"rep{k}", skew={k + 8: 40 * MS}, latency=MS))
+        t = end + MS
+    b.heartbeats(b.t0, t)
+    _, f = run(b)
+    assert [(x.kind, x.culprits, x.evidence["host"]) for x in f] == [("straggler", list(range(8, 16)), "node01")]
+    assert len(f[0].evidence.get("other_groups") or []) == 7  # every replica group it was seen in
+
+
+def test_a_host_rank_straggling_in_another_group_keeps_its_own_finding():
+    b = TraceBuilder(32, ranks_per_host=8)
+    b.group("dp", [0, 1, 2, 8])
+    t = b.t0 + S // 10
+    for _ in range(24):
+        t = b.collective(t, "all_reduce", skew={r: 40 * MS for r in range(8, 16)}, latency=MS) + MS
+        t = b.collective(t, "all_gather", "dp", skew={8: 200 * MS}, latency=MS) + MS
+    b.heartbeats(b.t0, t)
+    _, f = run(b)
+    got = sorted((x.group, x.culprits, x.evidence.get("host")) for x in f)
+    assert got == [("0", list(range(8, 16)), "node01"), ("dp", [8], None)]

@@ -70,3 +70,105 @@ def test_a_console_far_behind_does_not_take_its_lag_for_deaths(tmp_path):
     kinds = [(f.kind, f.culprits) for f in feed.findings if f.severity == "error"]
     assert kinds == [("missing_ranks", [shape.culprit_rank])], kinds  # no dead_rank, no stopped job
     assert not feed.ended
+
+
+def test_a_new_stream_never_lets_the_clock_run_past_what_was_read(tmp_path):
+    """A rank's new incarnation appears while the console is behind: its unread stream sets
+    the reader's watermark back to 0, and the console keeps judging at the last watermark
+    (not the wall clock) until it has read it: no rank turns dead, the job does not end."""
+    import json
+
+    store = str(tmp_path / "trace")
+    recent_job(store, ranks=8)
+    feed = Feed(open_reader(f"{store}/recent"), mode=LIVE, hang_after=2.0, clock=lambda: time.time_ns() + 60 * S)
+    for _ in range(3):
+        feed.step()
+        feed._next_diag = 0.0
+    before = feed.now()
+    feed.reader.LIST_TRUST_S = 0.0  # (list the directory again at once)
+    with open(f"{store}/recent/rank-00007+1.jsonl", "w") as fh:
+        fh.write(json.dumps({"type": "meta", "v": 1, "rank": 7, "ts": time.time_ns(), "host": "node7", "pid": 1,
+                             "world_size": 8, "hang_after": 2.0, "sample_interval": 1.0, "inc": 1}) + "\n")
+    feed.BUDGET = 1  # one stream a poll, from the first: the new one (last in order) is read last
+    feed.reader._next = 0
+    seen_zero = False
+    for _ in range(12):
+        for r in range(8):  # the ranks go on beating: every stream has something new each poll
+            with open(f"{store}/recent/rank-{r:05d}.jsonl", "a") as fh:
+                fh.write(json.dumps({"type": "heartbeat", "v": 1, "rank": r, "ts": time.time_ns(), "inflight": 1})
+                         + "\n")
+        info, _ = feed.step()
+        seen_zero |= feed.reader.watermark_ns() == 0
+        assert before <= feed.now() <= time.time_ns() and not info.ended
+        assert not any(getattr(s, "kind", "") == "dead" for s in feed.view.states.values())
+    assert seen_zero  # the new stream did hold the watermark back for a while
+
+
+def test_a_view_put_off_because_it_is_costly_is_published_later(monkeypatch):
+    """A costly view is published at most every ten times what it costs; a batch that came
+    meanwhile, even to an ended job, is shown once that time has passed."""
+    from commscope.analysis import rankstate
+    from commscope.analysis.synth import TraceBuilder
+    from commscope.store import Batch, EmptyReader
+
+    class Queue(EmptyReader):
+        def __init__(self) -> None:
+            super().__init__("queue")
+            self.batches: list[list[dict]] = []
+
+        def poll_batch(self, max_bytes=None):
+            return Batch(self.batches.pop(0) if self.batches else [], [])
+
+    t0 = time.time_ns() - 60 * S
+    b = TraceBuilder(4, t0=t0)
+    b.warmup(3)
+    b.heartbeats(t0, t0 + 25 * S)  # a job stopped half a minute ago
+    events = b.sorted_events()
+    late = [e for e in events if e["rank"] == 2 and e["type"] == "heartbeat"][-3]
+    reader = Queue()
+    reader.batches = [[e for e in events if e is not late]]
+    slow = rankstate.rank_states
+
+    def costly(m, now):
+        time.sleep(0.03)  # a view of 16k ranks takes ~0.2 s
+        return slow(m, now)
+
+    monkeypatch.setattr(rankstate, "rank_states", costly)
+    feed = Feed(reader, mode=LIVE, hang_after=2.0)
+    info, _ = feed.step()
+    assert info.ended and feed.view.version == feed.model.version
+    reader.batches = [[late]]  # a line that does not move the trace's end
+    feed.step()
+    assert feed.view.version < feed.model.version  # put off
+    deadline = time.monotonic() + 10
+    while feed.view.version < feed.model.version:
+        assert time.monotonic() < deadline, "the view was never published"
+        time.sleep(0.05)
+        feed.step()
+
+
+def test_the_rank_table_of_a_console_far_behind_shows_no_rank_dead(tmp_path):
+    """The console's own clock (the rank table, the timeline's now line) is held back as
+    the feed's is: a console a minute behind shows the ranks waiting, not dead."""
+    from tui_scenarios import drive
+
+    from commscope.tui.app import CommscopeApp
+
+    store = str(tmp_path / "trace")
+    recent_job(store, ranks=8)
+    behind = lambda: time.time_ns() + 60 * S  # noqa: E731
+    feed = Feed(open_reader(f"{store}/recent"), mode=LIVE, hang_after=2.0, clock=behind)
+    app = CommscopeApp(feed, clock=behind, start_feed=False, bell=False)
+
+    async def check(pilot):
+        for _ in range(3):
+            info, _ = feed.step()
+            feed._next_diag = 0.0
+        app.apply(info, feed.findings)
+        await pilot.pause()
+        table = app.ranks_table
+        states = [str(table.get_row_at(i)[1]) for i in range(table.row_count)]
+        assert len(states) == 8 and not any("dead" in s for s in states), states
+        assert sum("in all_reduce" in s for s in states) == 7, states
+
+    drive(app, check, loaded=False)

@@ -401,9 +401,10 @@ def _lateness(model: TraceModel, gi: GroupIndex, rows: np.ndarray, late_by: np.n
 def find_stragglers(model: TraceModel) -> list[Finding]:
     """Ranks that arrive last at most collectives of a group, by more than the collective
     takes; and hosts whose ranks do so together (8 slow GPUs of one node: the host is
-    nearly always last, whichever of its ranks is), named once, as the host: its ranks at
-    least half as late as its latest (two at least), whether or not one of them is always
-    the very last."""
+    nearly always last, whichever of its ranks is), named once, as the host.  A host is
+    judged in a group that holds several of its ranks (most of them late, two at least), or
+    across groups that hold one each (an HSDP replica group per local rank: two of its
+    ranks straggling, each in its own group)."""
     per_rank: dict[int, list[dict[str, Any]]] = {}
     per_host: dict[str, list[dict[str, Any]]] = {}
     hosts = _hosts(model)
@@ -419,10 +420,7 @@ def find_stragglers(model: TraceModel) -> list[Finding]:
         lat_med = float(np.median(latency))
         floor = max(STRAGGLER_FACTOR * lat_med, STRAGGLER_MIN_NS)
         shares = np.bincount(last, minlength=len(gi.ranks)) / rows.shape[0]
-        for col in np.flatnonzero(shares >= STRAGGLER_LAST_SHARE).tolist():
-            if float(np.median(skew[:, col])) >= floor:
-                per_rank.setdefault(gi.ranks[col], []).append(
-                    _lateness(model, gi, rows, skew[:, col], float(shares[col]), lat_med, col))
+        hosted: set[int] = set()  # columns named with their host in this group
         by_host: dict[str, list[int]] = {}
         for col, r in enumerate(gi.ranks):
             if r in hosts:
@@ -431,29 +429,32 @@ def find_stragglers(model: TraceModel) -> list[Finding]:
             share = float(shares[cols].sum())
             if len(cols) < 2 or len(cols) == len(gi.ranks) or share < STRAGGLER_LAST_SHARE:
                 continue
-            lateness = {k: float(np.median(skew[:, k])) for k in cols}
-            bar = max(floor, 0.5 * max(lateness.values()))  # as late as its latest rank, near enough
-            late = [k for k in cols if lateness[k] >= bar]
-            if len(late) < 2:  # one slow rank on a host (its neighbours far less late): named as the rank
+            late = [k for k in cols if float(np.median(skew[:, k])) >= floor]
+            if len(late) < 2 or 2 * len(late) < len(cols):  # one or two slow ranks: named as ranks
                 continue
+            hosted.update(late)
             host_late = skew[:, late].max(axis=1)  # the host is there once its last rank is
             per_host.setdefault(host, []).append(
                 dict(_lateness(model, gi, rows, host_late, share, lat_med, late[0]),
-                     _ranks=sorted(gi.ranks[k] for k in late)))
+                     _ranks=[gi.ranks[k] for k in late]))
+        for col in np.flatnonzero(shares >= STRAGGLER_LAST_SHARE).tolist():
+            if col not in hosted and float(np.median(skew[:, col])) >= floor:
+                per_rank.setdefault(gi.ranks[col], []).append(
+                    _lateness(model, gi, rows, skew[:, col], float(shares[col]), lat_med, col))
+    for host, ranks in _group_by_host(per_rank, hosts).items():  # one rank of the host per group
+        for r in ranks:
+            per_host.setdefault(host, []).extend(dict(d, _ranks=[r]) for d in per_rank.pop(r))
     out = []
     for host, stats in per_host.items():
-        top, ev = _worst(stats, host=host)
-        ranks = top["_ranks"]
+        ranks = sorted({r for d in stats for r in d["_ranks"]})
+        top, ev = _worst(stats, host=host, ranks=ranks)
         msg = (f"host {host} (ranks {ranges(ranks)}) arrived last in {top['last_share'] * 100:.0f}% of the "
                f"last {top['collectives']} collectives of group {top['group']}, by a median "
                f"{top['median_lateness_s'] * 1e3:.1f} ms: its ranks are slow together (the collectives themselves "
                f"take a median {top['median_latency_s'] * 1e3:.2f} ms)")
         out.append(Finding("straggler", top["group"], top["last_seq"], (top["ops"] or [None])[0], top["_members"],
                            ranks, msg, ev))
-    named = {r for f in out for r in f.culprits}
     for r, stats in per_rank.items():
-        if r in named:
-            continue
         top, ev = _worst(stats)
         msg = (f"rank {r} arrived last in {top['last_share'] * 100:.0f}% of the last {top['collectives']} "
                f"collectives of group {top['group']}, by a median {top['median_lateness_s'] * 1e3:.1f} ms "
@@ -463,14 +464,25 @@ def find_stragglers(model: TraceModel) -> list[Finding]:
     return out
 
 
-def _worst(stats: list[dict[str, Any]], host: str | None = None) -> tuple[dict[str, Any], Straggler]:
-    """The group a culprit is latest in, and its evidence (its other groups after it)."""
+def _group_by_host(per_rank: dict[int, list[dict[str, Any]]], hosts: dict[int, str]) -> dict[str, list[int]]:
+    """Straggling ranks that share a host, two or more of them: their host is the straggler."""
+    out: dict[str, list[int]] = {}
+    for r in per_rank:
+        if r in hosts:
+            out.setdefault(hosts[r], []).append(r)
+    return {h: rs for h, rs in out.items() if len(rs) >= 2}
+
+
+def _worst(stats: list[dict[str, Any]], host: str | None = None,
+           ranks: list[int] | None = None) -> tuple[dict[str, Any], Straggler]:
+    """The group a culprit is latest in, and its evidence (its other groups after it); a
+    host's (``ranks``: its straggling ranks)."""
     stats.sort(key=lambda d: -d["_late"])
 
     def public(d: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in d.items() if v is not None and not k.startswith("_")}
 
     top = stats[0]
-    extra: dict[str, Any] = {"host": host, "host_ranks": top["_ranks"]} if host is not None else {}
+    extra: dict[str, Any] = {"host": host, "host_ranks": ranks} if host is not None else {}
     return top, Straggler(**extra, **public(top),
                           other_groups=[public(d) for d in stats[1:]] if len(stats) > 1 else ABSENT)

@@ -232,7 +232,7 @@ def attach_stacks(model: TraceModel, f: Finding, now: int, limit: int = 8) -> No
             more += 1
     for ranks in shared.values():
         if len(ranks) > 1:
-            info[str(ranks[0])].update(count=len(ranks), ranks=ranges(sorted(ranks), limit=None))
+            info[str(ranks[0])].update(count=len(ranks), ranks=ranges(sorted(ranks)))  # (64 runs at most)
     f.evidence["stacks"] = out
     f.evidence["stack_info"] = info
     if more:

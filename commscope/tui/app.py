@@ -324,13 +324,15 @@ class CommscopeApp(App):
                 self.bell()
 
     def _now(self) -> int:
-        """Replay: the cursor.  Live: the clock, or a job's end once it ended (the feed's
-        judgement, ``Feed.ended``): an ended job is shown frozen, as ``check`` judges it."""
+        """Replay: the cursor.  Live: the clock, held back by how far the feed's reader is
+        behind (``FeedInfo.lag_s``: ranks are judged as of what was read, ``Feed.now``), or a
+        job's end once it ended (the feed's judgement, ``Feed.ended``): an ended job is shown
+        frozen, as ``check`` judges it."""
         if self.feed.mode == REPLAY:
             return self.cursor_ns if self.cursor_ns is not None else self.feed.model.end_ns
         if self.info.ended and self.info.now_ns:
             return self.info.now_ns
-        return self.clock()
+        return self.clock() - int(self.info.lag_s * 1e9)
 
     def _show_header(self) -> None:
         with self.feed.lock:  # (the feed's thread may be adding ranks)

@@ -103,6 +103,7 @@ class Feed:
         self._publish_cost = 0.0  # seconds the last publish took
         self._publish_due = 0.0  # (monotonic) a costly publish waits until then (see ``ingest``)
         self._backlog = (0.0, 0)  # (monotonic when to ask again, bytes): the reader's backlog
+        self._mark: int | None = None  # the reader's last watermark (``now`` never runs past it)
         self.hang_after_override = hang_after
         self.findings: list[Finding] = []
         self.diagnoses = 0  # how many times ``findings`` was made: a change to send the UI
@@ -135,12 +136,14 @@ class Feed:
     def _live_now(self) -> int:
         wall = self.clock()
         mark = self.reader.watermark_ns()
-        return wall if not mark else min(wall, mark)
+        if mark:
+            self._mark = mark
+        return wall if self._mark is None else min(wall, self._mark)
 
     def caught_up(self) -> bool:
         """Every stream has been read to its end at least once (live): until then, ranks not
         read yet would look missing, so nothing is judged."""
-        return self.mode == REPLAY or self.reader.watermark_ns() != 0
+        return self.mode == REPLAY or self._mark is not None or self.reader.watermark_ns() != 0
 
     @property
     def ended(self) -> bool:
@@ -180,7 +183,7 @@ class Feed:
                 self._restart_at_tail()
         mono = time.monotonic()
         self._rates.append((mono, got))
-        if self._judge_end():
+        if self.caught_up() and self._judge_end():
             self._dirty = True
             self._next_diag = 0.0  # judged at once: the findings the UI is sent next are check's
             self.publish()  # every rank's state as of the end (or, resumed, of now)
@@ -200,6 +203,8 @@ class Feed:
             self._dirty = False
         if not got and mono >= self._next_publish and not self.ended:  # states age with the clock too
             self.publish()
+        elif self.view.version != self.model.version and mono >= self._publish_due:
+            self.publish()  # a batch whose publish was put off (costly views): never left unshown
         self.info = self._info(behind_bytes)
         return self.info, bool(got)
 
@@ -277,7 +282,7 @@ class Feed:
     def _info(self, behind_bytes: int) -> FeedInfo:
         m = self.model
         mark = self.reader.watermark_ns() if self.mode == LIVE else None
-        lag = max(0.0, (self.clock() - mark) / 1e9) if mark else 0.0
+        lag = max(0.0, (self.clock() - self._live_now()) / 1e9) if mark is not None else 0.0
         stats = self.reader.stats
         window = [x for x in self._rates if x[0] >= time.monotonic() - 2.0]
         rate = 0.0
@@ -355,7 +360,7 @@ class Feed:
             mono = time.monotonic()
             # What the UI shows changed (a new diagnosis among it); a live job also ages
             # with the clock.  An ended job changes only when something new arrives.
-            now = (info.version, info.ended, info.error, self.diagnoses)
+            now = (info.version, info.ended, info.error, self.diagnoses, self.view.version)
             if now != last or (not info.ended and mono - last_post >= 0.5):
                 post(FeedUpdated(info, list(self.findings)))
                 last, last_post = now, mono
