@@ -293,10 +293,10 @@ def run(args: argparse.Namespace) -> int:
                 f = _redis_follow(base, REDIS_FOLLOW_RANKS, REDIS_FOLLOW_RATE, max(args.seconds, 1.0))
                 spent = time.perf_counter() - t0
                 if ports:
-                    per_node = [((b[0] - a[0]) / spent, (b[1] - a[1]) / spent)
+                    per_node = [((b[0] - a[0]) / f["write_s"], (b[1] - a[1]) / spent)
                                 for a, b in zip(before, _requests(ports), strict=True)]
-                    notes.append(f"{name}: requests per second per master while following (appends + XREADs): "
-                                 + ", ".join(f"{x:,.0f} + {y:,.0f}" for x, y in per_node))
+                    notes.append(f"{name}: requests per second per master: appends while the writers wrote + XREADs "
+                                 "while the reader followed: " + ", ".join(f"{x:,.0f} + {y:,.0f}" for x, y in per_node))
                 kept_up = f["read"] >= f["written"] and f["catch_up_s"] < 1.0
                 met = met and kept_up
                 notes.append(f"{name} live follow: {REDIS_FOLLOW_RANKS} ranks x {REDIS_FOLLOW_RATE // 1000}k events/s: "
