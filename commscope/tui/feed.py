@@ -199,7 +199,10 @@ class Feed:
             self.findings = sorted(diagnose(self.model, self.now(), self.hang_after(), wall_ns=wall),
                                    key=Finding.sort_key)
             self.diagnoses += 1
-            self._next_diag = mono + self.DIAGNOSE_S
+            spent = time.monotonic() - mono
+            # at most every DIAGNOSE_S, and never more than a fifth of the time (16k ranks: ~0.4 s a
+            # diagnosis, which would otherwise leave the reader too little to keep up)
+            self._next_diag = mono + max(self.DIAGNOSE_S, 5 * spent)
             self._dirty = False
         if not got and mono >= self._next_publish and not self.ended:  # states age with the clock too
             self.publish()
