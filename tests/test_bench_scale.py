@@ -26,5 +26,5 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault):
     assert re.search(r"fault -> finding: \d+\.\d s", out), out  # found, naming the culprit
     assert "other findings" not in out, out  # and nothing else: no victim blamed
     written = int(re.search(r"written: ([\d,]+) events", out).group(1).replace(",", ""))
-    read = int(re.search(r"console read ([\d,]+) events of 64 ranks", out).group(1).replace(",", ""))
+    read = int(re.search(r"console: read ([\d,]+) events of 64 ranks", out).group(1).replace(",", ""))
     assert written > 0 and read >= written  # every event written was read (and the writers' meta lines)

@@ -326,9 +326,9 @@ def run(args: argparse.Namespace) -> int:
     plan = Plan(ranks=args.ranks, rate=args.rate, t_start=0, seconds=seconds, fault=args.fault,
                 culprit=args.ranks // 2 + 3, fault_k=int(seconds / 3 * args.rate) + 1,
                 hang_after=args.hang_after, job="scale-" + new_job_id(), store=store, sync=sync)
-    print(f"bench scale: {args.ranks:,} ranks x {args.rate:g} collectives/s for {seconds:.0f} s into "
-          f"{args.store} ({store if args.store != 'directory' else root}), {args.writers} writer process(es); "
-          f"fault {args.fault!r} at {seconds / 3:.0f} s on rank {plan.culprit}", flush=True)
+    print(f"bench scale: {args.ranks:,} ranks x {args.rate:g} collectives/s for {seconds:.0f} s\n"
+          f"  into {args.store} ({store if args.store != 'directory' else root}), {args.writers} writer(s);\n"
+          f"  fault {args.fault!r} at {seconds / 3:.0f} s on rank {plan.culprit}", flush=True)
     writers = Job(write_share, args.writers, args=(plan, args.writers), init=False).start()
     try:
         opened = time.monotonic()
@@ -369,31 +369,31 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
     frame = median(seen["frames"]) if seen["frames"] else float("nan")
     found = seen["found_s"]
     limit = plan.hang_after + 5.0
-    print(f"  written: {events:,} events; before the fault {rate:,.0f} events/s (the job's rate: {want:,.0f}); "
-          f"writers' CPU {writer_cpu / seconds * 100:.0f}% of a core")
-    print(f"  console read {seen['events']:,} events of {seen['ranks_seen']:,} ranks; its CPU "
-          f"{seen['cpu_s'] / seconds * 100:.0f}% of a core, RSS {seen['rss'] / 2**20:,.0f} MiB")
+    print(f"  written: {events:,} events; {rate:,.0f} events/s before the fault (the job's: {want:,.0f});\n"
+          f"    writers' CPU {writer_cpu / seconds * 100:.0f}% of a core")
+    print(f"  console: read {seen['events']:,} events of {seen['ranks_seen']:,} ranks;\n"
+          f"    its CPU {seen['cpu_s'] / seconds * 100:.0f}% of a core, RSS {seen['rss'] / 2**20:,.0f} MiB")
     marks = seen["behind"]
     mark_med = median(marks) if marks else float("nan")
     mark_p99 = quantile(marks, 0.99) if marks else float("nan")
-    print(f"  reader lag: newest event median {lag_med:.2f} s, p99 {lag_p99:.2f} s; every stream read up to (the "
-          f"watermark diagnosis judges at) median {mark_med:.2f} s, p99 {mark_p99:.2f} s behind "
-          f"(target <= {TARGET_LAG_S:g} s), once every stream was read a first time "
-          f"({seen['first_round_s']:.1f} s after the job's start)")
+    print(f"  reader lag: newest event median {lag_med:.2f} s, p99 {lag_p99:.2f} s\n"
+          f"    watermark (every stream read up to; diagnosis judges there): median {mark_med:.2f} s,\n"
+          f"    p99 {mark_p99:.2f} s behind (target <= {TARGET_LAG_S:g} s), from the first full read\n"
+          f"    ({seen['first_round_s']:.1f} s after the job's start)")
     if EXPECTED[plan.fault]:
-        note = "; a straggler needs its window of late collectives" if plan.fault == "straggler-host" else ""
+        note = "\n    (a straggler needs its window of late collectives)" if plan.fault == "straggler-host" else ""
         took = f"{found:.1f} s" if found is not None else "NOT FOUND"
-        print(f"  fault -> finding: {took} (target <= hang_after + 5 = {limit:g} s{note})")
+        print(f"  fault -> finding: {took} (target <= hang_after + 5 = {limit:g} s){note}")
     if seen["wrong"]:
         more = f" and {len(seen['wrong']) - 5} more" if len(seen["wrong"]) > 5 else ""
         print(f"  other findings (WRONG: a victim blamed): {'; '.join(seen['wrong'][:5])}{more}")
-    print(f"  frame (60 timeline rows from the published view): median {fmt_time(frame)} (target <= 50 ms)")
+    print(f"  frame (60 timeline rows, from the published view): median {fmt_time(frame)}\n"
+          f"    (target <= 50 ms)")
     per_event = seen["cpu_s"] / max(1, seen["events"])
     full = plan.ranks * 25.0 * 2
     if plan.rate < 25.0:
-        print(f"  extrapolated to {plan.ranks:,} ranks at 25 collectives/s ({full:,.0f} events/s): the console "
-              f"needs {per_event * full:.2f} cores at its measured {per_event * 1e6:.2f} us per event "
-              f"(EXTRAPOLATED, not run)")
+        print(f"  EXTRAPOLATED, not run: {plan.ranks:,} ranks at 25 collectives/s ({full:,.0f} events/s)\n"
+              f"    need {per_event * full:.2f} cores for the console at its {per_event * 1e6:.2f} us per event")
     ok = (mark_p99 <= TARGET_LAG_S and frame <= TARGET_FRAME_S and seen["rss"] <= TARGET_RSS
           and (EXPECTED[plan.fault] is None or (found is not None and found <= limit + (
               60 / plan.rate if plan.fault == "straggler-host" else 0))))
