@@ -410,6 +410,8 @@ def test_the_stacks_of_thousands_of_waiting_ranks_fold_to_their_distinct_stacks_
     assert sum(n["count"] for n in waiting.values()) == ws - 1  # every waiting rank counted once
     assert waiting["0"]["ranks"].startswith("0,3,6,") and "stacks_more" not in x.evidence
     assert len(info) == 3 and len(json.dumps(stacks)) < 5_000  # three stacks, not one per rank
+    assert x.message.startswith("all_reduce #2 of group 0: 4,095 ranks (0-4094) entered and waited")
+    assert len(x.message) < 300  # a count and ranges, not 4,095 numbers
 
 
 def test_a_slow_host_with_one_much_slower_rank_is_still_the_host():

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from commscope.analysis import evidence, rankstate
 from commscope.analysis.evidence import ABSENT, Evidence, record
-from commscope.analysis.findings import Finding, activity, op_brief, ranks_text, secs
+from commscope.analysis.findings import Finding, activity, op_brief, rank_list, ranks_text, secs
 from commscope.analysis.indexes import GroupIndex
 from commscope.analysis.model import COLL, SPACE_FR, TraceModel, untimed
 from commscope.analysis.ranks import ranges
@@ -238,7 +238,7 @@ def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, no
                      for r in sorted(ops)) +
            (f"; differing: {', '.join(diff)}" if diff else "") +
            (_undecided(lost, coming) if undecided else "; tie, so every rank is named" if tie else
-            f"; rank(s) {', '.join(map(str, culprits))} differ from the majority"))
+            f"; {rank_list(culprits)} differ from the majority"))
     ev = Mismatch(per_rank=table, differs=diff, majority=None if tie else
                   {k: table[str(maj_rank)].get(k) for k in ("op", "in_shapes", "in_dtypes", "redop", "root")},
                   absent_ranks=absent, later_mismatches=later, died_in_it=lost or ABSENT,
@@ -251,9 +251,9 @@ def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, no
 def _undecided(lost: list[int], coming: list[int]) -> str:
     why = []
     if lost:
-        why.append(f"rank(s) {', '.join(map(str, lost))} died in it before its call was recorded")
+        why.append(f"{rank_list(lost)} died in it before its call was recorded")
     if coming:
-        why.append(f"rank(s) {', '.join(map(str, coming))} have not called it yet")
+        why.append(f"{rank_list(coming)} have not called it yet")
     return "; " + " and ".join(why) + ", so the odd one out cannot be told" + (" yet" if coming and not lost else "")
 
 
@@ -326,8 +326,8 @@ def _missing(model: TraceModel, gi: GroupIndex, seq: int, entered: dict[int, int
         instead[str(m)] = a
     longest = max(waited.values()) if waited else 0.0
     failed = [r for r, i in entered.items() if i in model.ranks[r].exc]
-    msg = (f"{s.op} #{seq} of group {gi.name}: rank(s) {', '.join(map(str, sorted(entered)))} entered and waited "
-           f"up to {longest:.1f} s; rank(s) {', '.join(map(str, missing))} never entered: " +
+    msg = (f"{s.op} #{seq} of group {gi.name}: {rank_list(entered)} entered and waited "
+           f"up to {longest:.1f} s; {rank_list(missing)} never entered: " +
            "; ".join(f"rank {m} is {instead[str(m)]['text']}" for m in missing))
     ev = MissingRanks(entered=sorted(entered), missing=missing, waited_s=waited,
                       op=op_brief(model, r0, waiting[r0], now), missing_activity=instead,

@@ -64,10 +64,23 @@ class Finding:
         return (self.severity != ERROR, _ORDER.get(self.kind, 99), self.ts)
 
 
+#: Ranks named one by one in a sentence; more are counted and given as ranges
+LISTED_RANKS = 8
+
+
 def ranks_text(ranks: Any) -> str:
-    """'rank 3' / 'ranks 0, 2': ranks named in a sentence, sorted."""
+    """'rank 3' / 'ranks 0, 2' / '4,095 ranks (0-2048,2050-4095)': ranks named in a sentence,
+    sorted; thousands of them are a count and ranges, not a list that fills the screen."""
     rs = sorted(ranks)
+    if len(rs) > LISTED_RANKS:
+        return f"{len(rs):,} ranks ({ranges(rs, limit=6)})"
     return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+
+def rank_list(ranks: Any) -> str:
+    """'rank(s) 0, 2' (as many messages word it) / '4,095 ranks (0-2048,2050-4095)'."""
+    rs = sorted(ranks)
+    return ranks_text(rs) if len(rs) > LISTED_RANKS else "rank(s) " + ", ".join(map(str, rs))
 
 
 def secs(ns: int | float) -> float:
