@@ -780,3 +780,30 @@ def test_history_shows_what_retention_summarized_and_what_the_window_skipped(tmp
         assert "before the window not read" in text and "UTC" in text
 
     drive(app, check, size=(140, 40))
+
+
+def test_the_culprit_among_hundreds_of_ranks_is_on_the_first_screen(tmp_path):
+    """A job of more ranks than fit: the ranks the findings name are the timeline's first rows
+    at 80x24, in every row mode; a small job keeps its rank order."""
+    from commscope.bench.synthstore import JobShape, write_store
+
+    store = str(tmp_path / "trace")
+    shape = JobShape(128, 40, fault="missing", hang_after=2.0)
+    write_store(store, shape)
+    feed = Feed(open_source(store), mode=REPLAY, source=store)
+    app = CommscopeApp(feed, bell=False)
+    culprit = shape.culprit_rank
+
+    async def check(pilot):
+        await wait_for(pilot, lambda: app.info.loaded and app.findings)
+        assert [f.culprits for f in app.findings if f.severity == "error"] == [[culprit]]
+        assert app.timeline.rows[0].ranks == (culprit,)  # first, then the others in order
+        assert [r.ranks[0] for r in app.timeline.rows[1:4]] == [0, 1, 2]
+        assert f"r{culprit}" in _screen_text(app)
+        for _ in range(2):  # nodes, then blocks: the culprit stays its own row, on top
+            await pilot.press("c")
+            await pilot.pause()
+            assert app.timeline.rows[0].ranks == (culprit,)
+            assert all(culprit not in r.ranks for r in app.timeline.rows[1:])
+
+    drive(app, check, size=(80, 24), loaded=False)

@@ -132,20 +132,28 @@ class Timeline(ScrollView, can_focus=True):
     def t1(self) -> int:
         return self.t0 + self.timeline_width() * self.npc
 
+    #: A job of more ranks than this has the ranks its findings name on top, one row each,
+    #: in every mode: among thousands, the culprit is on the first screen
+    PIN_MIN_RANKS = 32
+
     def rebuild_rows(self) -> None:
         m = self.model
         ranks = m.rank_ids()
         if self.only_findings and self.flagged:
             ranks = [r for r in ranks if r in self.flagged]
         rows: list[Row] = []
+        if len(ranks) > self.PIN_MIN_RANKS and self.flagged:
+            pinned = [r for r in ranks if r in self.flagged]
+            rows = [Row(f"r{r}", f"r{r}", (r,)) for r in pinned]
+            ranks = [r for r in ranks if r not in self.flagged]
         if self.mode == "ranks":
-            rows = [Row(f"r{r}", f"r{r}", (r,)) for r in ranks]
+            rows += [Row(f"r{r}", f"r{r}", (r,)) for r in ranks]
         elif self.mode == "nodes":
             hosts: dict[str, list[int]] = {}
             for r in ranks:
                 meta = m.ranks[r].meta or {}
                 hosts.setdefault(str(meta.get("host", "?")), []).append(r)
-            rows = [Row(f"n:{h}", f"{h[:GUTTER - 3]}", tuple(rs)) for h, rs in hosts.items()]
+            rows += [Row(f"n:{h}", f"{h[:GUTTER - 3]}", tuple(rs)) for h, rs in hosts.items()]
         else:
             size = max(1, -(-len(ranks) // 32)) if len(ranks) > 32 else 1
             for i in range(0, len(ranks), size):
@@ -343,9 +351,13 @@ class Timeline(ScrollView, can_focus=True):
         return Strip(segs).crop_extend(0, width, None)
 
     def set_flagged(self, ranks: set[int]) -> None:
-        """Ranks named in findings: marked in the gutter, and kept by the findings filter."""
+        """Ranks named in findings: marked in the gutter, kept by the findings filter, and
+        on top in a job of more than ``PIN_MIN_RANKS`` ranks."""
+        moved = ranks != self.flagged and len(self.model.rank_ids()) > self.PIN_MIN_RANKS
         self.flagged = ranks
         self._flagged_rows = {r.key for r in self.rows if ranks.intersection(r.ranks)}
+        if moved:
+            self.rebuild_rows()
 
     def _now(self) -> int:
         return self.cursor_ns if self.cursor_ns is not None else self.now_ns
