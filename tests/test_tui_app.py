@@ -784,7 +784,7 @@ def test_history_shows_what_retention_summarized_and_what_the_window_skipped(tmp
 
 def test_the_culprit_among_hundreds_of_ranks_is_on_the_first_screen(tmp_path):
     """A job of more ranks than fit: the ranks the findings name are the timeline's first rows
-    at 80x24, in every row mode; a small job keeps its rank order."""
+    at 80x24, in every row mode, and the rank table's first row."""
     from commscope.bench.synthstore import JobShape, write_store
 
     store = str(tmp_path / "trace")
@@ -800,6 +800,7 @@ def test_the_culprit_among_hundreds_of_ranks_is_on_the_first_screen(tmp_path):
         assert app.timeline.rows[0].ranks == (culprit,)  # first, then the others in order
         assert [r.ranks[0] for r in app.timeline.rows[1:4]] == [0, 1, 2]
         assert f"r{culprit}" in _screen_text(app)
+        assert app.ranks_table.ordered_rows[0].key.value == str(culprit)  # the rank table too
         for _ in range(2):  # nodes, then blocks: the culprit stays its own row, on top
             await pilot.press("c")
             await pilot.pause()

@@ -202,7 +202,9 @@ class CommscopeApp(App):
                 self.timeline.unplace()  # a layout during the load placed the view on a part
         self.timeline.cursor_ns = self.cursor_ns
         self.timeline.hang_after_ns = int(self.feed.hang_after() * 1e9)
-        self.timeline.set_flagged({r for f in findings for r in (f.culprits or f.ranks)})
+        flagged = {r for f in findings for r in (f.culprits or f.ranks)}
+        self.timeline.set_flagged(flagged)
+        self.ranks_table.flagged = flagged
         self.timeline.on_model_update(self._now())
         self._fit_timeline()
         self.ruler.refresh()

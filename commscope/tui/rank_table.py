@@ -13,6 +13,7 @@ from commscope.analysis.rankstate import ending, last_op_before, rank_state, sam
 from commscope.tui import palette
 from commscope.tui.feed import REPLAY
 from commscope.tui.fmt import compact_size, duration, percent
+from commscope.tui.timeline import PIN_MIN_RANKS
 
 COLUMNS = [("rank", "Rank", 4), ("host", "Host", 10), ("state", "State", 30), ("last", "Last op", 16),
            ("gpu", "GPU%", 4), ("gmem", "GPU mem", 8), ("cpu", "CPU%", 4), ("rss", "RSS", 8)]
@@ -103,6 +104,8 @@ class RankTable(DataTable):
         self.feed = feed
         self._rows: set[int] = set()
         self._sort_col = "rank"
+        #: ranks named in findings: first, whatever the sort, in a job of more than PIN_MIN_RANKS
+        self.flagged: set[int] = set()
         self._sort_reverse = False
         self._values: dict[int, dict[str, Any]] = {}
         self._cols: list[tuple[str, str, int]] = []
@@ -235,6 +238,8 @@ class RankTable(DataTable):
     def _apply_sort(self) -> None:
         col, vals = self._sort_col, self._values
         order = sorted(vals, key=lambda r: (sort_key(vals[r][col][0]), r), reverse=self._sort_reverse)
+        if len(order) > PIN_MIN_RANKS and self.flagged:  # among thousands, the culprit on top
+            order = [r for r in order if r in self.flagged] + [r for r in order if r not in self.flagged]
         if [int(row.key.value) for row in self.ordered_rows] != order:
             pos = {r: i for i, r in enumerate(order)}
             self.sort("rank", key=lambda cell: pos.get(int(cell.plain), 0))

@@ -38,6 +38,11 @@ MIN_NPC = 100  # ns per cell at the deepest zoom
 MAX_NPC = 3600 * 10**9  # (the painter's cell arithmetic is exact up to this: painter._cover)
 
 
+#: A job of more ranks than this has the ranks its findings name on top (the timeline's
+#: rows, one each in every mode, and the rank table's): among thousands, the culprit is on
+#: the first screen
+PIN_MIN_RANKS = 32
+
 class Timeline(ScrollView, can_focus=True):
     """Rows of ranks against time.  ``feed`` provides ``view``, the model as of its last
     batch, which this widget reads without a lock (painting: ``paint_rank``, ``render_row``)."""
@@ -132,17 +137,13 @@ class Timeline(ScrollView, can_focus=True):
     def t1(self) -> int:
         return self.t0 + self.timeline_width() * self.npc
 
-    #: A job of more ranks than this has the ranks its findings name on top, one row each,
-    #: in every mode: among thousands, the culprit is on the first screen
-    PIN_MIN_RANKS = 32
-
     def rebuild_rows(self) -> None:
         m = self.model
         ranks = m.rank_ids()
         if self.only_findings and self.flagged:
             ranks = [r for r in ranks if r in self.flagged]
         rows: list[Row] = []
-        if len(ranks) > self.PIN_MIN_RANKS and self.flagged:
+        if len(ranks) > PIN_MIN_RANKS and self.flagged:
             pinned = [r for r in ranks if r in self.flagged]
             rows = [Row(f"r{r}", f"r{r}", (r,)) for r in pinned]
             ranks = [r for r in ranks if r not in self.flagged]
@@ -353,7 +354,7 @@ class Timeline(ScrollView, can_focus=True):
     def set_flagged(self, ranks: set[int]) -> None:
         """Ranks named in findings: marked in the gutter, kept by the findings filter, and
         on top in a job of more than ``PIN_MIN_RANKS`` ranks."""
-        moved = ranks != self.flagged and len(self.model.rank_ids()) > self.PIN_MIN_RANKS
+        moved = ranks != self.flagged and len(self.model.rank_ids()) > PIN_MIN_RANKS
         self.flagged = ranks
         self._flagged_rows = {r.key for r in self.rows if ranks.intersection(r.ranks)}
         if moved:
