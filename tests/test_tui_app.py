@@ -808,3 +808,14 @@ def test_the_culprit_among_hundreds_of_ranks_is_on_the_first_screen(tmp_path):
             assert all(culprit not in r.ranks for r in app.timeline.rows[1:])
 
     drive(app, check, size=(80, 24), loaded=False)
+
+
+def test_a_costly_rank_table_is_refreshed_less_often():
+    """16k ranks' rows take ~1 s: the table waits ten times what its last refresh took."""
+    app = CommscopeApp(Feed(StaticReader([])), bell=False)
+    app._table_cost, app._last_table = 0.001, time.monotonic() - 0.6
+    assert app._table_due(0.5)  # cheap: every half second
+    app._table_cost, app._last_table = 1.0, time.monotonic() - 0.6
+    assert not app._table_due(0.5)  # costly: not before ten seconds
+    app._last_table = time.monotonic() - 10.5
+    assert app._table_due(0.5)

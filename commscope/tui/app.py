@@ -84,6 +84,7 @@ class CommscopeApp(App):
         self._alerted: set[tuple] = set()
         self._stop = threading.Event()
         self._last_table = 0.0
+        self._table_cost = 0.0  # seconds the rank table's last refresh took
         self.loadbar = LoadBar(id="loadbar")
         self._finding_jump: tuple[int, int] | None = None
         self._shown_finding: Finding | None = None  # the finding the detail pane shows, kept current
@@ -211,10 +212,8 @@ class CommscopeApp(App):
         loading = info.mode == REPLAY and not info.loaded
         self.findings_panel.show(findings, empty=FindingsPanel.LOADING if loading else None)
         self._refresh_finding_detail(findings)
-        mono = time.monotonic()
-        if mono - self._last_table > 0.5 or first_load or just_ended:
-            self._last_table = mono
-            self.ranks_table.refresh_ranks(self._now())
+        if first_load or just_ended or self._table_due(0.5):
+            self._refresh_table()
             self.gpu.refresh_ranks()
         self._show_header()
         if info.mode == LIVE:
@@ -367,15 +366,24 @@ class CommscopeApp(App):
             self.ruler.refresh()
             self._show_header()
 
+    def _table_due(self, every: float) -> bool:
+        """Whether the rank table is due again: every ``every`` s, or ten times what it took
+        last (16k ranks' rows take ~1 s: the UI thread keeps nine tenths for the rest)."""
+        return time.monotonic() - self._last_table > max(every, 10 * self._table_cost)
+
+    def _refresh_table(self) -> None:
+        t0 = time.monotonic()
+        self.ranks_table.refresh_ranks(self._now())
+        self._last_table = time.monotonic()
+        self._table_cost = self._last_table - t0
+
     def _cursor_moved(self, playing: bool = False) -> None:
         self.timeline.cursor_ns = self.cursor_ns
         self.timeline.on_model_update(self._now())
         self.ruler.refresh()
         self._show_header()
-        mono = time.monotonic()
-        if not playing or mono - self._last_table > 0.25:  # playback refreshes the table at 4 Hz
-            self._last_table = mono
-            self.ranks_table.refresh_ranks(self._now())
+        if not playing or self._table_due(0.25):  # playback refreshes the table at 4 Hz
+            self._refresh_table()
 
     # ------------------------------------------------------------------ selection
     def on_timeline_op_selected(self, message: Timeline.OpSelected) -> None:

@@ -43,6 +43,7 @@ MAX_NPC = 3600 * 10**9  # (the painter's cell arithmetic is exact up to this: pa
 #: the first screen
 PIN_MIN_RANKS = 32
 
+
 class Timeline(ScrollView, can_focus=True):
     """Rows of ranks against time.  ``feed`` provides ``view``, the model as of its last
     batch, which this widget reads without a lock (painting: ``paint_rank``, ``render_row``)."""
