@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import sys
 import time
 
 import torch
@@ -142,3 +143,11 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Even so, torch 2.13's Gloo backend still aborts now and then at interpreter teardown,
+    # after all of the above ("terminate called without an active exception": a backend
+    # thread left joinable in a static destructor), with or without commscope (it failed one
+    # clean-clone CI run of the suite).  The job is over and everything is written: leave
+    # without that teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
