@@ -217,7 +217,8 @@ def attach_stacks(model: TraceModel, f: Finding, now: int, limit: int = 8) -> No
     waiting in one all_reduce are one stack and a count.  At most ``limit`` distinct ones;
     the ranks past them are counted in ``stacks_more``."""
     culprits = list(dict.fromkeys(f.culprits))[:limit]
-    waiting = [v for v in dict.fromkeys(f.victims) if v not in set(f.culprits)]
+    named = set(f.culprits)
+    waiting = [v for v in dict.fromkeys(f.victims) if v not in named]
     out: dict[str, Any] = {}
     info: dict[str, Any] = {}
     during = None

@@ -105,7 +105,7 @@ class Nodes:
                 error = error or exc
             except OSError as exc:
                 self.reset()
-                error = error or StoreError(f"cannot connect to {self.shown}: {self._why(exc)}")
+                error = error or StoreError(f"cannot connect to {self.shown}: {self.why(exc)}")
         raise error or StoreError(f"cannot connect to {self.shown}")
 
     def _ask_map(self, conn: Connection, address: Address) -> None:
@@ -166,12 +166,9 @@ class Nodes:
         for address in [a for a in self._conns if a != keep]:
             self._conns.pop(address).close()
 
-    def _why(self, exc: BaseException) -> str:
-        return Connection(self.target, self.shown).why(exc)
-
     def why(self, exc: BaseException) -> str:
         """A short, secret-free reason for a connection failure."""
-        return self._why(exc)
+        return Connection(self.target, self.shown).why(exc)
 
     def reset(self) -> None:
         """Close every connection (after a failure: the next use connects again)."""
