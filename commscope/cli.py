@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("commscope.commands.check", "headless diagnosis (exit 0 ok, 1 errors found, 2 bad input)"),
     "report": ("commscope.commands.report", "summary tables per op, group and rank"),
     "export": ("commscope.commands.export", "export a trace as Chrome/Perfetto JSON"),
+    "snapshot": ("commscope.commands.snapshot", "snapshot a running job that was never instrumented (py-spy)"),
     "copy": ("commscope.commands.copy", "copy a trace between stores"),
     "bench": ("commscope.commands.bench", "benchmark suites (ratios measured side by side)"),
 }

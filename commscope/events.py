@@ -59,6 +59,8 @@ Other types:
                              traceback)
                  "signal"    the fatal signal it died of, read from faulthandler's crash file by
                              the directory reader (store/crashlog.py); op_thread: the crashing thread
+                 "snapshot"  taken from outside by ``commscope snapshot`` (py-spy): frames may
+                             include native ones (file: the shared library, line 0)
                Readers treat a stack without ``reason`` as "hang".
     exit       reason, [unwaited: [op ids of async work never waited]], [exc] the unhandled
                exception the process died of; reason "signal": [signal] ("Segmentation fault",
@@ -91,6 +93,11 @@ Version 3 (spools, self-describing streams, incarnations):
                reason "signal" with [exc]: the C++ exception std::terminate was called
                with (src "spool": read from the dead rank's spool header);
                unwaited_count: all async work never waited (``unwaited`` lists 1,000)
+    snapshot   (``commscope snapshot``, a job never instrumented; ``commscope/snapshot``)
+               meta recorder "snapshot", hang_after the span of the snapshot's samples; op
+               src "snapshot": the collective a stack shows the rank inside, its seq the
+               snapshot's cycle (the same on every rank: matched only within the cycle);
+               exit reason "gone", src "snapshot": a rank its host should hold had no process
     dropped    entries, reason "store_lost: ...": a writer found its stream gone or
                shorter than what had landed (Redis restarted empty, the job directory
                deleted); ``entries`` lines were lost by the store, not the recorder

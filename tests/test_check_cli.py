@@ -133,7 +133,7 @@ def test_py_spy_dump_of_a_culprit_that_cannot_run_python(tmp_path, capsys, monke
     (f,) = out["findings"]
     info = f["evidence"]["stack_info"]["2"]
     assert f["culprits"] == [2] and "GIL" in info["missing"]
-    assert "spin (native.c:12)" in info["native_dump"] and f"--native --pid {os.getpid()}" in info["native_dump"]
+    assert "spin (native.c:12)" in info["native_dump"] and f"--pid {os.getpid()} --native" in info["native_dump"]
     rc, _ = run_json(capsys, str(store))
     capsys.readouterr()
     assert cli(["check", str(store), "--py-spy"]) == 1

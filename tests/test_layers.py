@@ -61,7 +61,7 @@ def test_the_recorder_has_no_import_cycle():
 
 def test_nothing_below_the_commands_imports_them_or_the_console():
     above = ("commscope.commands", "commscope.cli", "commscope.tui")
-    for layer in ("analysis", "record", "store", "scenarios", "varlen"):
+    for layer in ("analysis", "record", "store", "scenarios", "varlen", "snapshot"):
         for path in (ROOT / layer).rglob("*.py"):
             bad = {m for m in _imports(path, "commscope") if m.startswith(above)}
             assert not bad, (path, bad)
@@ -76,3 +76,11 @@ def test_the_stores_have_no_import_cycle_and_never_import_the_analysis():
     assert _cycles(ROOT / "store", "commscope.store") == set()
     for path in (ROOT / "store").rglob("*.py"):
         assert not {m for m in _imports(path, "commscope") if m.startswith("commscope.analysis")}, path.name
+
+
+def test_the_snapshot_has_no_import_cycle_and_the_analysis_never_imports_it():
+    """``commscope snapshot`` sits above the analysis (it reads Flight Recorder dumps and folds
+    stacks with it); the analysis knows a snapshot only by what it wrote (``analysis.snapshots``)."""
+    assert _cycles(ROOT / "snapshot", "commscope.snapshot") == set()
+    for path in (ROOT / "analysis").rglob("*.py"):
+        assert not {m for m in _imports(path, "commscope") if m.startswith("commscope.snapshot")}, path.name

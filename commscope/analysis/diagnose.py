@@ -16,6 +16,7 @@ from commscope.analysis.model import TraceModel
 from commscope.analysis.p2p import find_p2p
 from commscope.analysis.rankstate import snapshot
 from commscope.analysis.rootcause import resolve
+from commscope.analysis.snapshots import qualify
 
 DEFAULT_HANG_AFTER = 30.0
 
@@ -56,4 +57,4 @@ def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None
     stopped = (wall_ns is not None and not any(f.severity == "error" for f in findings)
                and job_stopped(model, wall_ns))
     findings += find_incomplete(model, now, stopped)
-    return resolve(model, findings, now, mismatch_rows)
+    return qualify(model, resolve(model, findings, now, mismatch_rows))

@@ -43,8 +43,9 @@ ABSENT: Any = _Absent()
 #: their roots), ``stacks`` (rank -> folded threads), ``stack_info`` (rank -> role, capture
 #: time or why none; for waiting ranks that share a stack, how many and which),
 #: ``stacks_more`` (waiting ranks past the distinct stacks shown) and ``culprit_where``
-#: (findings.attach_stacks).
-ANNOTATIONS = ("consequences", "named_through", "stacks", "stack_info", "stacks_more", "culprit_where")
+#: (findings.attach_stacks), ``snapshot`` (the finding is read from a snapshot's stacks: the
+#: span of its samples, the ranks it did not see; ``analysis.snapshots``).
+ANNOTATIONS = ("consequences", "named_through", "stacks", "stack_info", "stacks_more", "culprit_where", "snapshot")
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)

@@ -114,6 +114,12 @@ def load_dump(path: str | os.PathLike) -> dict:
         data = read_regular(p, MAX_DUMP_BYTES)
     except OSError as exc:
         raise ValueError(f"{p.name}: {exc.strerror or exc}") from None
+    return parse_dump(data, p.name)
+
+
+def parse_dump(data: bytes, name: str) -> dict:
+    """A dump's bytes (a file's, or torch's debug server's answer) as a dict; ValueError when
+    it is not one.  ``name`` says where it came from in the error."""
     head = data.lstrip()[:1]
     try:
         if head == b"{":
@@ -121,13 +127,13 @@ def load_dump(path: str | os.PathLike) -> dict:
         elif data[:1] == b"\x80":
             obj = safe_loads(data)
         else:
-            raise ValueError(f"{p.name}: neither JSON nor pickle")
+            raise ValueError(f"{name}: neither JSON nor pickle")
         check_size(obj, DUMP_OBJECTS_PER_BYTE * len(data) + DUMP_SLACK)
     except (pickle.UnpicklingError, msgspec.DecodeError, EOFError, UnicodeDecodeError, ValueError, TypeError,
             IndexError, KeyError, AttributeError, OverflowError, RecursionError, MemoryError) as exc:
-        raise ValueError(f"{p.name}: {str(exc)[:200] or type(exc).__name__}") from None
+        raise ValueError(f"{name}: {str(exc)[:200] or type(exc).__name__}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("entries", []), list) or "version" not in obj:
-        raise ValueError(f"{p.name}: not a Flight Recorder dump")
+        raise ValueError(f"{name}: not a Flight Recorder dump")
     return obj
 
 

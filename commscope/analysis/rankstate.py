@@ -18,6 +18,7 @@ import dataclasses
 
 import numpy as np
 
+from commscope.analysis import stacks
 from commscope.analysis.errors import PEER_GONE
 from commscope.analysis.model import ModelLike, TraceModel
 from commscope.analysis.vocab import ASYNC, CONTAINER, NESTED, RankState, describe_kill, is_kill, signal_label
@@ -207,6 +208,8 @@ def left_early(m: TraceModel, rank: int, now: int) -> bool:
     if rank in vanished(m, now):
         return True
     k = killed(m, rank)
+    if k is not None and k.get("src") == "snapshot":  # gone while a snapshot saw others still there
+        return _survivors_last(m)[1] > int(k["ts"])
     if k is not None:  # killed while others went on (ranks killed together are a job stopped)
         t = departed_ns(m, rank) or int(k["ts"])
         last_failed, last_seen = _survivors_last(m)
@@ -314,9 +317,20 @@ def _present(m: TraceModel, rank: int, now: int) -> RankState:
         return _blocked_state(m, rank, cur, now)
     last = m.last_op(rank)
     if last is None:
-        return RankState("idle", "idle (no ops yet)", None, rt.first_ts)
+        return RankState("idle", _outside(rt) or "idle (no ops yet)", None, rt.first_ts)
     done = int(rt.comp[last])
     return RankState("idle", f"idle (last {m.label(rank, last)} {(now - done) / 1e9:.1f} s ago)", last, done)
+
+
+def _outside(rt) -> str | None:
+    """Where a rank ``commscope snapshot`` saw in no collective is instead: its last stack's
+    innermost user frame, and whether it was busy (CPU) or waiting."""
+    if not rt.meta or rt.meta.get("recorder") != "snapshot" or rt.last_stack is None:
+        return None
+    where = stacks.one_line(stacks.view(rt.last_stack)) or "?"
+    cpu = (rt.samples.last or {}).get("cpu")
+    busy = f", {cpu:.0f}% CPU" if isinstance(cpu, int | float) else ""
+    return f"in no collective: at {where}{busy}"
 
 
 def _blocked_state(m: TraceModel, rank: int, i: int, t: int) -> RankState:

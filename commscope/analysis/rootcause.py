@@ -14,8 +14,10 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
    the ranks they lead to.  A victim whose blame is not known yet makes its finding a
    consequence of the failure it waits to have explained, never a culprit.
 3. A rank that is dead or crashed is the root of every other finding that names it:
-   ``missing_ranks``, ``op_failed``, ``unmatched_p2p``.  A ``missing_ranks`` naming the
-   same ranks as an ``op_failed`` (the wait that then timed out) folds into it.
+   ``missing_ranks`` (even beside living absentees: a collective a dead member never
+   entered can never complete), ``op_failed``, ``unmatched_p2p``.  A ``missing_ranks``
+   naming the same ranks as an ``op_failed`` (the wait that then timed out) folds into it,
+   and one whose absentees are all stuck in a ``p2p_deadlock`` folds into the deadlock.
 
 A consequence is listed in its root's ``consequences`` evidence (kind, instance, ranks,
 message, per-rank exceptions), its victims join the root's waiting ranks, and the root's
@@ -187,10 +189,13 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     final: list[Finding] = []
     for f in roots:
         target = None
-        if f.kind not in DEPARTED and f.kind != "collective_mismatch" and f.culprits and set(f.culprits) <= gone:
+        if f.kind not in DEPARTED and f.kind != "collective_mismatch" and f.culprits and (
+                set(f.culprits) <= gone or (f.kind == "missing_ranks" and set(f.culprits) & gone)):
+            # (a collective a dead member never entered can never complete, whoever else is late)
             target = next(t for t in roots if t.kind in DEPARTED and t.culprits[0] in f.culprits)
         elif f.kind == "missing_ranks":
-            target = next((t for t in roots if t.kind == "op_failed" and set(t.culprits) == set(f.culprits)), None)
+            target = next((t for t in roots if t.kind == "op_failed" and set(t.culprits) == set(f.culprits)), None) \
+                or next((t for t in roots if t.kind == "p2p_deadlock" and set(f.culprits) <= set(t.culprits)), None)
         if target is not None and target is not f:
             _absorb(target, f)
         else:

@@ -32,9 +32,10 @@ def signal_label(name: str) -> str:
 def is_kill(ex: dict) -> bool:
     """An exit that is a killing, not a leaving: a launcher saw the rank die of a signal
     (``reason: "killed"``), the rank noted SIGTERM/SIGKILL as it died, or it cut itself off
-    with ``os._exit`` and a failing code."""
+    with ``os._exit`` and a failing code; or ``commscope snapshot`` found its process gone
+    (``reason: "gone"``: how it went, nobody saw)."""
     reason = ex.get("reason")
-    return (reason == "killed" or (reason == "signal" and ex.get("signal") in KILL_SIGNALS)
+    return (reason in ("killed", "gone") or (reason == "signal" and ex.get("signal") in KILL_SIGNALS)
             or (reason == "os._exit" and ex.get("code", 0) != 0))
 
 
@@ -42,6 +43,8 @@ def describe_kill(ex: dict) -> str:
     """'killed by SIGKILL', 'terminated (SIGTERM)', 'left through os._exit(3)'."""
     if ex.get("reason") == "os._exit":
         return f"left through os._exit({ex.get('code')})"
+    if ex.get("reason") == "gone":
+        return "its process was gone when commscope snapshot looked (how it ended, nothing recorded)"
     sig = ex.get("signal") or "a signal"
     who = " (its launcher saw it)" if ex.get("src") == "launcher" else ""
     return f"killed by {signal_label(sig)}{who}"

@@ -17,4 +17,5 @@ SUITES: dict[str, str] = {
     "fuzz": "commscope.bench.fuzz",
     "deaths": "commscope.bench.deaths",
     "redact": "commscope.bench.redact",
+    "snapshot": "commscope.bench.snapshot",
 }

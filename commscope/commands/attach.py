@@ -3,15 +3,21 @@
     commscope attach                      # $COMMSCOPE_STORE, then ./commscope-trace
     commscope attach runs/trace
     commscope attach redis://host:6379/0
+    commscope attach --pid 4242           # a job never started with commscope
 
 It opens before the job has written anything and waits for it, keeps up while the job
 runs, and shows when the job has ended or a rank went silent.  Press ? for keys.
+
+With --pid it follows a job that was never instrumented: repeated snapshots of its
+ranks' stacks (``commscope snapshot``: py-spy, --interval seconds apart, two samples a
+cycle) written to STORE (default: a new temporary directory, removed on exit).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 
 from commscope.commands import options
 from commscope.store import StoreError, backend_for, default_store, redact_store
@@ -27,6 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="flag ops in flight longer than this (default: what the job was recorded with, else 30)")
     p.add_argument("--no-bell", action="store_true", help="do not ring the terminal bell on new errors")
     options.add_since(p, default=TAIL)
+    p.add_argument("--pid", type=int, nargs="+", metavar="PID",
+                   help="follow an uninstrumented job through repeated snapshots of its ranks' stacks (any pid of "
+                        "it: a rank or its launcher)")
+    p.add_argument("--job-pid", type=int, metavar="PID", help="with --pid and several jobs: the one this pid is of")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S",
+                   help="with --pid: seconds between stack samples (default 1)")
 
 
 def waiting_hint(store: str) -> str:
@@ -43,13 +55,47 @@ def main(args: argparse.Namespace) -> int:
     from commscope.tui.app import CommscopeApp
     from commscope.tui.feed import LIVE, Feed
 
-    store = default_store(args.store)
+    snapshots = None
+    if args.pid:
+        snapshots, store, temporary = _start_snapshots(args)
+    else:
+        store, temporary = default_store(args.store), None
     since = options.since_of(args)
     try:
-        reader = open_source(store, wait=True, since=since)
-    except StoreError as exc:
-        raise UsageError(str(exc)) from None
-    feed = Feed(reader, mode=LIVE, hang_after=args.hang_after, source=redact_store(store), hint=waiting_hint(store),
-                reopen=lambda window: open_source(store, wait=True, since=window))
-    CommscopeApp(feed, bell=not args.no_bell).run()
+        try:
+            reader = open_source(store, wait=True, since=since)
+        except StoreError as exc:
+            raise UsageError(str(exc)) from None
+        feed = Feed(reader, mode=LIVE, hang_after=args.hang_after, source=redact_store(store),
+                    hint=waiting_hint(store) if snapshots is None else "taking the first snapshot of the job's stacks",
+                    reopen=lambda window: open_source(store, wait=True, since=window))
+        CommscopeApp(feed, bell=not args.no_bell).run()
+    finally:
+        if snapshots is not None:
+            snapshots.stop()
+            if snapshots.error:
+                print(f"commscope attach: {snapshots.error}")
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
     return 0
+
+
+def _start_snapshots(args: argparse.Namespace):
+    """Find the job (as ``commscope snapshot`` does) and start snapshotting it into the store."""
+    import tempfile
+
+    from commscope.commands.snapshot import choose, default_id
+    from commscope.errors import UsageError
+    from commscope.snapshot import procs, pyspy
+    from commscope.snapshot.take import Repeating, Snapshotter
+
+    if pyspy.executable() is None:
+        raise UsageError(pyspy.INSTALL)
+    if args.interval <= 0:
+        raise UsageError("--interval must be > 0")
+    found = procs.find(args.pid)
+    job = choose(found, args.job_pid)
+    temporary = None if args.store else tempfile.mkdtemp(prefix="commscope-attach-")
+    store = default_store(args.store or temporary)
+    snap = Snapshotter(job, store, default_id(job) + "-live", count=2, interval=args.interval, host=found.host)
+    return Repeating(snap).start(), store, temporary

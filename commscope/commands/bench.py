@@ -3,7 +3,8 @@
 Suites: overhead (recorder cost), store (trace store throughput), varlen (variable-length
 collectives vs hand-written recipes), analysis (model build and diagnose), tui (frame times,
 idle CPU), fuzz (readers against hostile input), deaths (records lost per death, per cause),
-redact (what hiding credentials costs).
+redact (what hiding credentials costs), snapshot (an uninstrumented job's time to a
+finding, and what a snapshot costs it).
 """
 
 from __future__ import annotations

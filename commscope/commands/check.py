@@ -98,19 +98,15 @@ def check_store(store: str, *, json: bool = False, console: Any = None) -> int:
 
 
 # ---------------------------------------------------------------------- py-spy
-PY_SPY_TIMEOUT = 20.0
-
-
 def native_dumps(model: TraceModel, findings: list[Finding], exe: str | None = None) -> None:
     """Add ``native_dump`` to the ``stack_info`` of each culprit without a Python stack that
     runs on this host: py-spy's native+Python dump of its pid, or why there is none.
 
     Only on request (``--py-spy``): py-spy attaches to the process with ptrace."""
-    import shutil
     import socket
-    import subprocess
 
-    exe = exe or shutil.which("py-spy")
+    from commscope.snapshot import pyspy
+
     host = socket.gethostname()
     done: dict[int, str] = {}
     for f in findings:
@@ -123,15 +119,11 @@ def native_dumps(model: TraceModel, findings: list[Finding], exe: str | None = N
                 pid = meta.get("pid")
                 if meta.get("host") != host or not isinstance(pid, int):
                     done[rank] = f"runs on {meta.get('host', 'another host')}: run py-spy dump --native there"
-                elif exe is None:
-                    done[rank] = "py-spy is not installed (pip install py-spy)"
                 else:
                     try:
-                        out = subprocess.run([exe, "dump", "--native", "--pid", str(pid)], capture_output=True,
-                                             text=True, timeout=PY_SPY_TIMEOUT)
-                        done[rank] = (out.stdout or out.stderr or f"py-spy exited {out.returncode}")[-20000:]
-                    except (OSError, subprocess.TimeoutExpired) as exc:
-                        done[rank] = f"py-spy failed: {exc}"
+                        done[rank] = pyspy.dump_text(pid, native=True, exe=exe)[-20000:]
+                    except pyspy.DumpError as exc:
+                        done[rank] = str(exc) if exc.kind == pyspy.MISSING else f"py-spy failed: {exc}"
             info["native_dump"] = done[rank]
 
 

@@ -1,0 +1,222 @@
+"""Snapshot a running torch.distributed job that was never started with commscope.
+
+    commscope snapshot                      # every rank of the job on this host
+    commscope snapshot --out /shared/snap   # several nodes: each adds its ranks
+    commscope snapshot --job-pid 4242       # one of several jobs (any pid of it)
+
+It finds the job's rank processes (RANK/WORLD_SIZE from torchrun or any launcher,
+SLURM_PROCID under srun, torch.multiprocessing.spawn workers), takes each one's Python
+stacks with py-spy --count times, --interval seconds apart (native frames too, where
+py-spy can), samples CPU and memory, reads from the frames which collective each rank is
+inside, and writes an ordinary trace store: `commscope check`, `report`, `replay` and the
+console read it.  Flight Recorder dumps the job wrote (TORCH_FR_DUMP_TEMP_FILE) are read
+beside the stacks.  The job is only read: py-spy pauses each process for the few
+milliseconds of a dump.
+
+py-spy attaches with ptrace: run as the job's user or root; in a container, add the
+SYS_PTRACE capability.  Exit 0 when the snapshot was written (its findings are printed),
+2 when nothing could be read (no job, no permission, py-spy missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from commscope.errors import UsageError
+from commscope.redact import redact
+from commscope.store import StoreError, default_store
+
+if TYPE_CHECKING:
+    from commscope.snapshot.procs import Found, Job
+    from commscope.snapshot.pyspy import DumpError
+    from commscope.snapshot.take import Cycle
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", metavar="STORE", help="trace store to write (directory or redis:// URL; "
+                   "default $COMMSCOPE_STORE, then ./commscope-trace)")
+    p.add_argument("--pid", type=int, nargs="+", metavar="PID", default=None,
+                   help="look only at these processes and those below them (a launcher's pid will do)")
+    p.add_argument("--job-pid", type=int, metavar="PID",
+                   help="with several jobs on this host: the one this process belongs to")
+    p.add_argument("--count", type=int, default=3, metavar="N",
+                   help="stack samples per rank (default 3): a rank in the same place at every sample "
+                        "is stuck there; one sample cannot tell stuck from busy")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between samples (default 1)")
+    p.add_argument("--id", metavar="NAME", help="the snapshot's job id in the store (several nodes writing one "
+                   "snapshot must agree; default snap-<the job's id>-<UTC time>, to the minute when other "
+                   "hosts hold ranks of the job)")
+    p.add_argument("--no-native", action="store_true", help="Python frames only (native ones cost more per dump)")
+    p.add_argument("--no-flight-recorder", action="store_true", help="leave the job's Flight Recorder dumps out")
+
+
+def main(args: argparse.Namespace) -> int:
+    from commscope.commands import progress
+    from commscope.snapshot import procs, pyspy
+    from commscope.snapshot.take import Snapshotter
+
+    if args.count < 1:
+        raise UsageError("--count must be at least 1")
+    if args.interval < 0:
+        raise UsageError("--interval must be >= 0")
+    if pyspy.executable() is None:
+        raise UsageError(pyspy.INSTALL)
+    shown = progress.wanted()
+    with progress.status("looking for torch.distributed ranks", shown):
+        found = procs.find(args.pid)
+    job = choose(found, args.job_pid)
+    store = default_store(args.out)
+    job_id = args.id or default_id(job)
+    snap = Snapshotter(job, store, job_id, count=args.count, interval=args.interval, native=not args.no_native,
+                       use_flight=not args.no_flight_recorder, host=found.host)
+    try:
+        with _bar(shown) as update:
+            cycle = snap.cycle(update)
+    except StoreError as exc:
+        again = " (give this snapshot its own --id)" if "refusing to mix" in str(exc) else ""
+        raise UsageError(f"cannot write the snapshot: {exc}{again}") from None
+    finally:
+        snap.close()
+    denied = [r for r, e in cycle.failed.items() if e.kind == pyspy.PERMISSION]
+    if denied and len(denied) == len(job.ranks):
+        raise UsageError(permission_help(cycle.failed[denied[0]], job.ranks[0].pid))
+    summary(job, cycle, store, job_id, snap.span_s)
+    return report(store, job)
+
+
+def choose(found: Found, job_pid: int | None) -> Job:
+    """The job to snapshot: the only one, the one ``job_pid`` belongs to, or the user's pick."""
+    jobs = found.jobs
+    if job_pid is not None:
+        jobs = [j for j in jobs if job_pid in j.pids() or _below(job_pid, j)]
+        if not jobs:
+            raise UsageError(f"pid {job_pid} belongs to no torch.distributed job found on this host")
+    if not jobs:
+        if found.unreadable:
+            users = sorted({u.user or "?" for u in found.unreadable})
+            raise UsageError(
+                f"found no job this user may read, but {len(found.unreadable)} Python process(es) of "
+                f"{', '.join(users)} whose environment is not readable (pids "
+                f"{', '.join(str(u.pid) for u in found.unreadable[:8])}): run commscope snapshot as their user or "
+                "root (sudo), or give it CAP_SYS_PTRACE")
+        raise UsageError("no torch.distributed job found on this host (a rank has RANK and WORLD_SIZE, or "
+                         "SLURM_PROCID with MASTER_ADDR, in its environment, or is a torch.multiprocessing.spawn "
+                         "worker); give its processes with --pid")
+    if len(jobs) == 1:
+        return jobs[0]
+    listing = "\n".join(f"  [{i + 1}] {j.describe()}" for i, j in enumerate(jobs))
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        print(f"{len(jobs)} jobs on this host:\n{listing}")
+        answer = input(f"which one [1-{len(jobs)}]? ").strip()
+        if answer.isdigit() and 1 <= int(answer) <= len(jobs):
+            return jobs[int(answer) - 1]
+        raise UsageError("no job chosen")
+    first = ", ".join(str(j.ranks[0].pid) for j in jobs)
+    raise UsageError(f"{len(jobs)} jobs on this host; choose one with --job-pid PID (e.g. {first}):\n{listing}")
+
+
+def _below(pid: int, job: Job) -> bool:
+    import psutil
+
+    try:
+        return any(job.leader == a.pid or a.pid in job.pids() for a in psutil.Process(pid).parents())
+    except psutil.Error:
+        return False
+
+
+def default_id(job: Job) -> str:
+    """snap-<job identity>-<UTC time>: to the minute when other hosts hold ranks of the job (the
+    same on every node that snapshots it then), to the second when this host holds them all."""
+    ident = job.key.rsplit("/", 1)[-1] if "/" in job.key else job.key
+    ident = re.sub(r"[^A-Za-z0-9_.-]+", "_", ident).strip("_")[:60] or "job"
+    whole = len(job.ranks) + len(job.gone) >= job.world_size
+    return f"snap-{ident}-{time.strftime('%Y%m%d-%H%M%S' if whole else '%Y%m%d-%H%M', time.gmtime())}"
+
+
+def permission_help(exc: DumpError, pid: int) -> str:
+    scope = _read("/proc/sys/kernel/yama/ptrace_scope")
+    hint = {"1": " (/proc/sys/kernel/yama/ptrace_scope is 1: only a parent may attach; run with sudo, or set it "
+                 "to 0)", "2": " (ptrace_scope is 2: only root with CAP_SYS_PTRACE may attach)",
+            "3": " (ptrace_scope is 3: attaching is disabled until reboot)"}.get(scope or "", "")
+    return (f"py-spy may not attach to pid {pid}: {exc}{hint}. Run commscope snapshot as the job's user or root "
+            "(sudo); in a container, start it with --cap-add SYS_PTRACE (docker) or the SYS_PTRACE capability "
+            "(Kubernetes securityContext)")
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+class _bar:
+    """A transient bar over the dumps (ranks x samples), on a terminal only."""
+
+    def __init__(self, shown: bool):
+        self.shown = shown
+
+    def __enter__(self):
+        if not self.shown:
+            return None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self.progress = Progress(TextColumn("sampling stacks"), BarColumn(bar_width=24), MofNCompleteColumn(),
+                                 console=Console(stderr=True), transient=True)
+        self.progress.__enter__()
+        task = self.progress.add_task("", total=None)
+        return lambda done, total: self.progress.update(task, completed=done, total=total)
+
+    def __exit__(self, *exc):
+        if self.shown:
+            self.progress.__exit__(*exc)
+        return False
+
+
+def summary(job: Job, cycle: Cycle, store: str, job_id: str, span: float) -> None:
+    from commscope.analysis.ranks import ranges
+
+    print(f"job {job.key} ({job.launcher}): {len(job.ranks)} of {job.world_size} ranks on this host; "
+          f"{len(cycle.ops)} inside a collective"
+          + (f" at every sample over {span:g} s" if span else " (one sample)"))
+    width = max((len(str(r)) for r in range(job.world_size)), default=1)
+    for p in job.ranks:
+        op = cycle.ops.get(p.rank)
+        err = cycle.failed.get(p.rank)
+        if err is not None:
+            what = f"no stack: {err}"
+        elif op is not None:
+            where = f" at {os.path.basename(op.site)}" if op.site else ""
+            group = f"group {op.group}" if op.group else "a group passed by object"
+            what = f"in {op.op} ({group}{f', peer {op.peer}' if op.peer is not None else ''}){where}"
+        else:
+            what = "in no collective"
+        print(f"  rank {p.rank:>{width}}  pid {p.pid:<8} {redact(what)}"[:200])
+    if cycle.gone:
+        print(f"  gone: rank(s) {ranges(cycle.gone)} (this host should hold them; their processes are not there)")
+    if cycle.flight_note:
+        print(f"  {cycle.flight_note}")
+    print(f"written to {redact(store)} (job {job_id})")
+
+
+def report(store: str, job: Job) -> int:
+    """The snapshot's findings, as ``commscope check`` prints them, once every rank is in."""
+    from commscope.analysis.ranks import ranges
+    from commscope.analysis.source import load_trace
+    from commscope.commands.check import check_store
+
+    model, _, _ = load_trace(store)
+    missing = sorted(set(range(job.world_size)) - set(model.ranks))
+    if missing:
+        print(f"rank(s) {ranges(missing)} are on other hosts: run commscope snapshot --out {redact(store)} there "
+              f"(same --id), then commscope check {redact(store)}")
+        return 0
+    check_store(store)
+    return 0

@@ -1,0 +1,307 @@
+"""Finding the rank processes of ``torch.distributed`` jobs on this host, from outside.
+
+A rank is told by what its launcher put in its environment (``/proc/PID/environ``: the
+environment it started with):
+
+- torchrun and any launcher that exports ``RANK`` and ``WORLD_SIZE`` (``LOCAL_RANK`` and
+  ``LOCAL_WORLD_SIZE`` too, with torchrun);
+- Slurm's ``srun``: ``SLURM_PROCID`` and ``SLURM_NTASKS`` beside ``MASTER_ADDR``;
+- ``torch.multiprocessing.spawn``: a ``--multiprocessing-fork`` child whose stack is inside
+  torch's ``spawn._wrap``: its rank is ``_wrap``'s ``i`` and the world its parent's ``nprocs``
+  (read with py-spy, which the snapshot runs anyway).
+
+Processes are grouped into jobs by ``TORCHELASTIC_RUN_ID``, the Slurm job and step,
+``MASTER_ADDR:MASTER_PORT`` or the spawning parent.  A process below a rank of the same job
+(DataLoader workers inherit the rank's environment) is not a rank.  The ranks a job should
+have on this host (``LOCAL_WORLD_SIZE``, ``nprocs``) and did not show are ``gone``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+
+import psutil
+
+from commscope.analysis.ranks import ranges
+from commscope.snapshot import pyspy
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RankProcess:
+    pid: int
+    rank: int
+    world_size: int
+    local_rank: int | None
+    launcher: str  # "torchrun", "env", "slurm", "spawn"
+    job: str  # the key its job is grouped by
+    argv: tuple[str, ...]
+    user: str | None
+    create_time: float
+
+
+@dataclasses.dataclass(slots=True)
+class Job:
+    key: str
+    launcher: str
+    world_size: int
+    ranks: list[RankProcess]  # by rank
+    local_ranks: list[int] | None  # the ranks this host should hold, where the launcher says
+    leader: int | None = None  # the launcher's pid (torchrun's agent, spawn's parent), when known
+
+    @property
+    def gone(self) -> list[int]:
+        """Ranks this host should hold whose process is not there (exited or killed)."""
+        have = {p.rank for p in self.ranks}
+        return [r for r in self.local_ranks or [] if r not in have]
+
+    def pids(self) -> set[int]:
+        return {p.pid for p in self.ranks} | ({self.leader} if self.leader else set())
+
+    def describe(self) -> str:
+        have = sorted(p.rank for p in self.ranks)
+        cmd = " ".join(self.ranks[0].argv)[:60] if self.ranks else ""
+        return (f"{self.key}: {len(have)} of {self.world_size} ranks here ({ranges(have)}), "
+                f"{self.launcher}, pids {ranges(sorted(p.pid for p in self.ranks))}: {cmd}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Unreadable:
+    pid: int
+    name: str
+    user: str | None
+    why: str
+
+
+@dataclasses.dataclass(slots=True)
+class Found:
+    jobs: list[Job]
+    unreadable: list[Unreadable]  # python processes whose environment this user may not read
+    host: str = dataclasses.field(default_factory=socket.gethostname)
+
+
+def _int(env: dict[str, str], name: str) -> int | None:
+    v = env.get(name, "").strip()
+    return int(v) if v.isdigit() else None
+
+
+def _pythonish(p: psutil.Process) -> bool:
+    try:
+        name = p.name().lower()
+        cmd = p.cmdline()
+    except (psutil.Error, OSError):
+        return False
+    return "python" in name or bool(cmd and "python" in os.path.basename(cmd[0]).lower())
+
+
+def classify(env: dict[str, str], cmdline: list[str]) -> tuple[str, str, int | None, int | None, int | None] | None:
+    """(launcher, job key, rank, world size, local rank) from a process's environment, or
+    None when it is no rank; a spawn child's rank and world come later (from stacks)."""
+    master = f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"
+    rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE")
+    if rank is not None and world is not None and 0 <= rank < world:
+        run = env.get("TORCHELASTIC_RUN_ID")
+        launcher = "torchrun" if run or "TORCHELASTIC_RESTART_COUNT" in env else "env"
+        key = f"{master}/{run}" if run else master
+        return launcher, key, rank, world, _int(env, "LOCAL_RANK")
+    proc, ntasks = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS")
+    if proc is not None and ntasks is not None and "MASTER_ADDR" in env and proc < ntasks:
+        key = f"slurm:{env.get('SLURM_JOB_ID', '?')}.{env.get('SLURM_STEP_ID', '?')}"
+        return "slurm", key, proc, ntasks, _int(env, "SLURM_LOCALID")
+    if "--multiprocessing-fork" in cmdline:
+        return "spawn", "", None, None, None
+    return None
+
+
+def find(pids: list[int] | None = None) -> Found:
+    """Every job with a rank on this host (or among ``pids``, with the processes below them)."""
+    me = os.getpid()
+    procs: list[psutil.Process] = []
+    if pids:
+        for pid in pids:
+            try:
+                root = psutil.Process(pid)
+            except psutil.NoSuchProcess:
+                continue
+            procs.append(root)
+            try:
+                procs.extend(root.children(recursive=True))
+            except psutil.Error:
+                pass
+    else:
+        procs = [p for p in psutil.process_iter() if p.pid != me]
+    unreadable: list[Unreadable] = []
+    seen: dict[int, RankProcess] = {}
+    spawn: list[psutil.Process] = []
+    for p in procs:
+        try:
+            env = p.environ()
+            cmd = p.cmdline()
+        except psutil.AccessDenied:
+            if _pythonish(p):
+                unreadable.append(Unreadable(p.pid, _name(p), _user(p), "its environment is not readable"))
+            continue
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
+            continue
+        got = classify(env, cmd)
+        if got is None:
+            continue
+        launcher, key, rank, world, local = got
+        if launcher == "spawn":
+            spawn.append(p)
+            continue
+        assert rank is not None and world is not None
+        seen[p.pid] = RankProcess(p.pid, rank, world, local, launcher, key, tuple(cmd), _user(p), _ctime(p))
+    ranks = _drop_descendants(seen)
+    ranks += _spawned(spawn, unreadable)
+    jobs: dict[str, Job] = {}
+    envs: dict[str, dict[str, str]] = {}
+    for rp in sorted(ranks, key=lambda r: (r.job, r.rank)):
+        job = jobs.get(rp.job)
+        if job is None:
+            job = jobs[rp.job] = Job(rp.job, rp.launcher, rp.world_size, [], None)
+            envs[rp.job] = _environ(rp.pid)
+        if any(x.rank == rp.rank for x in job.ranks):
+            continue  # two processes claim one rank: keep the older (the newer is its child or a restart's)
+        job.ranks.append(rp)
+    for key, job in jobs.items():
+        _local_ranks(job, envs.get(key) or {})
+    return Found(sorted(jobs.values(), key=lambda j: j.key), unreadable)
+
+
+def _drop_descendants(seen: dict[int, RankProcess]) -> list[RankProcess]:
+    """Ranks whose ancestors hold no rank of the same job (a DataLoader worker is not a rank)."""
+    out = []
+    for pid, rp in seen.items():
+        try:
+            parents = psutil.Process(pid).parents()
+        except psutil.Error:
+            parents = []
+        if not any(seen.get(a.pid) is not None and seen[a.pid].job == rp.job for a in parents):
+            out.append(rp)
+    return out
+
+
+def _spawned(children: list[psutil.Process], unreadable: list[Unreadable]) -> list[RankProcess]:
+    """``torch.multiprocessing.spawn`` workers: rank from ``_wrap``'s ``i``, world from the parent."""
+    out = []
+    worlds: dict[int, int | None] = {}
+    for p in children:
+        try:
+            threads = pyspy.dump(p.pid, locals_=True)
+        except pyspy.DumpError as exc:
+            if exc.kind == pyspy.PERMISSION:
+                unreadable.append(Unreadable(p.pid, _name(p), _user(p), str(exc)))
+            continue
+        rank = _spawn_index(threads)
+        if rank is None:
+            continue
+        try:
+            parent = p.ppid()
+            cmd = p.cmdline()
+        except psutil.Error:
+            continue
+        if parent not in worlds:
+            worlds[parent] = _nprocs(parent)
+        world = worlds[parent] or sum(1 for c in children if _ppid(c) == parent)
+        if rank >= world:
+            continue
+        out.append(RankProcess(p.pid, rank, world, rank, "spawn", f"spawn:{parent}", tuple(cmd), _user(p), _ctime(p)))
+    return out
+
+
+def _spawn_index(threads: list[pyspy.PyThread]) -> int | None:
+    for t in threads:
+        for f in t.frames:
+            if f.func == "_wrap" and f.file.replace("\\", "/").endswith("torch/multiprocessing/spawn.py"):
+                v = f.local("i")
+                if v is not None and v.strip().isdigit():
+                    return int(v)
+    return None
+
+
+def _nprocs(parent: int) -> int | None:
+    try:
+        threads = pyspy.dump(parent, locals_=True)
+    except pyspy.DumpError:
+        return None
+    for t in threads:
+        for f in t.frames:
+            if f.func in ("start_processes", "spawn") and "multiprocessing" in f.file:
+                v = f.local("nprocs")
+                if v is not None and v.strip().isdigit():
+                    return int(v)
+    return None
+
+
+def _local_ranks(job: Job, env: dict[str, str]) -> None:
+    """The ranks the launcher put on this host, and its pid."""
+    first = job.ranks[0]
+    if job.launcher == "spawn":
+        job.local_ranks = list(range(job.world_size))
+        job.leader = int(job.key.split(":", 1)[1])
+        return
+    lws = _int(env, "LOCAL_WORLD_SIZE") if job.launcher != "slurm" else _tasks_here(env)
+    if lws is not None and first.local_rank is not None:
+        base = first.rank - first.local_rank
+        if all(p.rank - (p.local_rank or 0) == base for p in job.ranks) and base >= 0 and base + lws <= job.world_size:
+            job.local_ranks = list(range(base, base + lws))
+    if job.launcher == "torchrun":
+        try:
+            job.leader = psutil.Process(first.pid).ppid()
+        except psutil.Error:
+            job.leader = None
+
+
+def _tasks_here(env: dict[str, str]) -> int | None:
+    """Slurm's tasks on this node: ``SLURM_NTASKS_PER_NODE`` or this node's entry of
+    ``SLURM_STEP_TASKS_PER_NODE`` ("4(x2)" means 4 on each of 2 nodes)."""
+    n = _int(env, "SLURM_NTASKS_PER_NODE")
+    if n is not None:
+        return n
+    spec = env.get("SLURM_STEP_TASKS_PER_NODE", "")
+    node = _int(env, "SLURM_NODEID") or 0
+    at = 0
+    for part in spec.split(","):
+        count, _, rep = part.partition("(x")
+        reps = int(rep.rstrip(")")) if rep.rstrip(")").isdigit() else 1
+        if count.isdigit() and node < at + reps:
+            return int(count)
+        at += reps
+    return None
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        return psutil.Process(pid).environ()
+    except psutil.Error:
+        return {}
+
+
+def _ppid(p: psutil.Process) -> int | None:
+    try:
+        return p.ppid()
+    except psutil.Error:
+        return None
+
+
+def _name(p: psutil.Process) -> str:
+    try:
+        return p.name()
+    except psutil.Error:
+        return "?"
+
+
+def _user(p: psutil.Process) -> str | None:
+    try:
+        return p.username()
+    except (psutil.Error, KeyError):
+        return None
+
+
+def _ctime(p: psutil.Process) -> float:
+    try:
+        return p.create_time()
+    except psutil.Error:
+        return 0.0

@@ -1,0 +1,360 @@
+"""Taking a snapshot: samples of every rank's stacks, written as an ordinary trace.
+
+One *cycle* is ``count`` samples ``interval`` apart.  Each rank's stream gets:
+
+- its ``meta`` (``recorder: "snapshot"``, ``hang_after``: the cycle's span, so an op the
+  rank was seen inside at every sample counts as stuck, and one seen once does not when
+  there were several samples; with one sample, every op seen counts) and the default
+  group (every rank of the world);
+- per sample: a ``stack`` (``reason: "snapshot"``; native frames at the last sample, where
+  py-spy can: a native dump of a torch process costs ~0.3 s, a Python one ~20 ms)
+  and a ``sample`` (CPU % and RSS from psutil);
+- the op it was inside at the last sample (``infer``), begun at the first sample of the
+  run of samples that showed it, ``src: "snapshot"``, its ``seq`` the cycle number (the
+  same for every rank of the cycle: a snapshot knows no op history, so the ops of one cycle
+  are matched with each other and nothing else).  The op of an earlier cycle ends where
+  the next cycle starts (``approx``: only a bound);
+- a rank this host should hold whose process is gone: its ``meta`` and an ``exit``
+  (``reason: "gone"``, ``src: "snapshot"``).
+
+Where every live rank wrote a Flight Recorder dump (``flight``), its ops replace the
+inferred ones: they carry real sequence numbers and the ops before the hang.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+
+import psutil
+
+from commscope import __version__, events
+from commscope.redact import redact, redact_args
+from commscope.snapshot import flight, pyspy
+from commscope.snapshot.infer import DEFAULT_GROUP, InFlight, in_flight
+from commscope.snapshot.procs import Job
+from commscope.store import StoreError, StoreWriter, open_writer, redact_store
+
+SNAPSHOT = "snapshot"  # the recorder's name in meta, the op's src, the stack's reason, the exit's src
+GONE = "gone"  # an exit's reason: the process was not there when the snapshot looked
+MAX_FRAMES = 128
+#: hang_after of a one-sample snapshot: every op seen in flight counts (0 would read as "not said")
+ONE_SAMPLE = 1e-6
+#: py-spy processes at once
+DUMPERS = 8
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sample:
+    ts: int
+    threads: list[pyspy.PyThread] | None
+    error: pyspy.DumpError | None
+    op: InFlight | None
+    cpu: float | None
+    rss: int | None
+
+
+@dataclasses.dataclass(slots=True)
+class Cycle:
+    """What one cycle saw, for the command to print."""
+
+    number: int
+    started_ns: int
+    ended_ns: int
+    ops: dict[int, InFlight]  # rank -> the op it stayed inside
+    gone: list[int]
+    failed: dict[int, pyspy.DumpError]  # ranks no sample could be taken of, and why
+    flight: list[int]  # ranks whose ops came from a Flight Recorder dump
+    flight_note: str | None = None
+
+
+class Snapshotter:
+    """Samples one job's ranks and writes them to a store, one cycle at a time."""
+
+    def __init__(self, job: Job, store: str, job_id: str, *, count: int = 3, interval: float = 1.0,
+                 native: bool = True, use_flight: bool = True, host: str | None = None):
+        self.job, self.store, self.job_id = job, store, job_id
+        self.count, self.interval = max(1, count), max(0.0, interval)
+        self.native, self.use_flight = native, use_flight
+        self.host = host or socket.gethostname()
+        self.writers: dict[int, StoreWriter] = {}
+        self.cycles = 0
+        self._open: dict[int, int] = {}  # rank -> id of its op still open (from the last cycle)
+        self._groups: dict[int, set[str]] = {}  # rank -> groups announced in its stream
+        self._procs = {p.rank: _process(p.pid) for p in job.ranks}
+        self._native_ok = native
+        self._gone_written: set[int] = set()
+
+    @property
+    def span_s(self) -> float:
+        return (self.count - 1) * self.interval
+
+    # ------------------------------------------------------------------ sampling
+    def _sample(self, rank: int, pid: int, native: bool) -> Sample:
+        ts = time.time_ns()
+        threads: list[pyspy.PyThread] | None = None
+        error = None
+        native = native and self._native_ok
+        try:
+            threads = pyspy.dump(pid, native=native, locals_=True)
+        except pyspy.DumpError as exc:
+            error = exc
+            if native and exc.kind == pyspy.FAILED:  # native unwinding fails on some builds
+                try:
+                    threads, error = pyspy.dump(pid, native=False, locals_=True), None
+                    self._native_ok = False
+                except pyspy.DumpError as again:
+                    error = again
+        cpu = rss = None
+        p = self._procs.get(rank)
+        if p is not None:
+            try:
+                cpu = p.cpu_percent(None)
+                rss = p.memory_info().rss
+            except psutil.Error:
+                pass
+        return Sample(ts, threads, error, in_flight(threads) if threads else None, cpu, rss)
+
+    def cycle(self, progress: Callable[[int, int], None] | None = None) -> Cycle:
+        """``count`` samples of every rank, written; the cycle's summary."""
+        self.cycles += 1
+        k = self.cycles
+        ranks = [p for p in self.job.ranks if p.rank not in self._gone_written]
+        samples: dict[int, list[Sample]] = {p.rank: [] for p in ranks}
+        started = time.time_ns()
+        total = self.count * len(ranks)
+        done = 0
+        recorded = None  # the job's Flight Recorder buffers, read while the samples are taken
+        if self.use_flight and k == 1:
+            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="commscope-flight")
+            recorded = pool.submit(flight.collect, ranks, self.job_id)
+            pool.shutdown(wait=False)
+        # the ranks of one sample are dumped at once (py-spy is a process each): closer to one
+        # moment, and as many times faster as the host has cores to spare
+        with concurrent.futures.ThreadPoolExecutor(min(DUMPERS, len(ranks) or 1),
+                                                   thread_name_prefix="commscope-dump") as dumpers:
+            for i in range(self.count):
+                t0 = time.monotonic()
+                # native frames (~0.3 s a dump of a torch process: symbols) at the last sample only
+                native = self.native and i + 1 == self.count
+                taken = dumpers.map(self._sample, [p.rank for p in ranks], [p.pid for p in ranks],
+                                    [native] * len(ranks))
+                for p, sample in zip(ranks, taken, strict=True):
+                    samples[p.rank].append(sample)
+                    done += 1
+                    if progress is not None:
+                        progress(done, total)
+                if i + 1 < self.count:
+                    time.sleep(max(0.0, self.interval - (time.monotonic() - t0)))
+        ended = time.time_ns()
+        return self._write(k, started, ended, samples, recorded.result() if recorded is not None else None)
+
+    # ------------------------------------------------------------------ writing
+    def _writer(self, rank: int) -> StoreWriter:
+        w = self.writers.get(rank)
+        if w is None:
+            w = self.writers[rank] = open_writer(self.store, self.job_id, rank, job_meta={
+                "created": time.time_ns(), "world_size": self.job.world_size, "schema": events.SCHEMA_VERSION,
+                "commscope": __version__, "host": self.host, "recorder": SNAPSHOT})
+        return w
+
+    def _meta(self, rank: int, ts: int, pid: int | None, argv: tuple[str, ...]) -> dict:
+        m = {"v": events.SCHEMA_VERSION, "type": events.META, "rank": rank, "ts": ts, "host": self.host, "pid": pid,
+             "world_size": self.job.world_size, "backend": None, "torch": None, "commscope": __version__,
+             "python": sys.version.split()[0], "job": self.job_id, "hang_after": self.span_s or ONE_SAMPLE,
+             "sample_interval": self.interval or 1.0, "argv": redact_args(list(argv)[:16]),
+             "store": redact_store(self.store), "recorder": SNAPSHOT}
+        local = next((p.local_rank for p in self.job.ranks if p.rank == rank), None)
+        if local is not None:
+            m["local_rank"] = local
+        return m
+
+    def _group(self, rank: int, ts: int, name: str, granks: list[int]) -> list[dict]:
+        seen = self._groups.setdefault(rank, set())
+        if name in seen:
+            return []
+        seen.add(name)
+        return [{"v": events.SCHEMA_VERSION, "type": events.GROUP, "rank": rank, "ts": ts, "group": name,
+                 "granks": granks}]
+
+    def _write(self, k: int, started: int, ended: int, samples: dict[int, list[Sample]],
+               recorded: flight.Found | None) -> Cycle:
+        v = events.SCHEMA_VERSION
+        gone = [r for r in self.job.gone if r not in self._gone_written]
+        out: dict[int, list[dict]] = {}
+        ops: dict[int, InFlight] = {}
+        failed: dict[int, pyspy.DumpError] = {}
+        firsts: dict[int, int] = {}
+        for rank, ss in samples.items():
+            ok = [s for s in ss if s.threads is not None]
+            if not ok:
+                failed[rank] = ss[-1].error or pyspy.DumpError(pyspy.FAILED, "no sample")
+                if failed[rank].kind == pyspy.GONE:
+                    gone.append(rank)  # it ended while the snapshot looked
+                continue
+            last = ss[-1]
+            if last.op is not None:
+                ops[rank] = last.op
+                # one sample a cycle: every op seen counts as stuck (hang_after ~0), from the cycle's start
+                firsts[rank] = _tail_run(ss)[0].ts if self.count > 1 else started
+        # ops on a group passed by object: its members are the ranks seen in the same call
+        unknown: dict[str, list[int]] = {}
+        for rank, op in ops.items():
+            if op.group is None:
+                unknown.setdefault(_unknown_group(op), []).append(rank)
+        fr_events, fr_ranks, fr_note = self._flight(samples, recorded)
+        for p in self.job.ranks:
+            rank = p.rank
+            if rank in gone or rank in failed or rank not in samples:
+                continue  # (a rank no sample could be taken of is unknown, as one on another host)
+            evs = out.setdefault(rank, [])
+            if k == 1 or rank not in self._groups:
+                evs.append(self._meta(rank, started, p.pid, p.argv))
+                evs += self._group(rank, started, DEFAULT_GROUP, list(range(self.job.world_size)))
+            prev = self._open.pop(rank, None)
+            if prev is not None:
+                evs.append({"v": v, "type": events.OP, "rank": rank, "ts": started, "id": prev, "phase": events.END,
+                            "approx": True})
+            for s in samples[rank]:
+                if s.threads is None:
+                    continue
+                evs.append({"v": v, "type": events.STACK, "rank": rank, "ts": s.ts, "reason": SNAPSHOT,
+                            "threads": _threads(s.threads, s.op, p.pid)})
+                if s.cpu is not None or s.rss is not None:
+                    sample = {"v": v, "type": events.SAMPLE, "rank": rank, "ts": s.ts}
+                    if s.cpu is not None:
+                        sample["cpu"] = float(s.cpu)
+                    if s.rss is not None:
+                        sample["rss"] = int(s.rss)
+                    evs.append(sample)
+            if rank in fr_ranks:
+                evs += [dict(e, rank=rank) for e in fr_events.get(rank, [])]
+                continue
+            op = ops.get(rank)
+            if op is None:
+                continue
+            group = op.group or _unknown_group(op)
+            if op.group is None:
+                evs += self._group(rank, firsts[rank], group, sorted(unknown[group]))
+            ev = {"v": v, "type": events.OP, "rank": rank, "ts": firsts[rank], "id": k, "phase": events.BEGIN,
+                  "op": op.op, "group": group, "seq": k, "src": SNAPSHOT, "tid": op.tid}
+            if op.site:
+                ev["site"] = redact(op.site)
+            if op.direction:
+                ev["dir"] = op.direction
+                if op.peer is not None:
+                    ev["peer"] = op.peer
+            if op.root is not None:
+                ev["root"] = op.root
+            evs.append(ev)
+            self._open[rank] = k
+        for rank in gone:
+            self._gone_written.add(rank)
+            pid = next((p.pid for p in self.job.ranks if p.rank == rank), None)
+            argv = next((p.argv for p in self.job.ranks if p.rank == rank), ())
+            evs = out.setdefault(rank, [])
+            if rank not in self._groups:
+                evs.append(self._meta(rank, started, pid, argv))
+                evs += self._group(rank, started, DEFAULT_GROUP, list(range(self.job.world_size)))
+            evs.append({"v": v, "type": events.EXIT, "rank": rank, "ts": started, "reason": GONE, "src": SNAPSHOT})
+        for rank in sorted(out):
+            lines = [events.encode(e) for e in out[rank]]
+            if lines:
+                self._writer(rank).write(lines)
+        return Cycle(k, started, ended, ops, sorted(gone), failed, sorted(fr_ranks), fr_note)
+
+    def _flight(self, samples: dict[int, list[Sample]], found: flight.Found | None
+                ) -> tuple[dict[int, list[dict]], set[int], str | None]:
+        """Flight Recorder ops per rank, used only when every live rank has some (their
+        sequence numbers match only each other's)."""
+        if found is None or not found.events:
+            return {}, set(), found.note if found is not None else None
+        live = {r for r, ss in samples.items() if ss and ss[-1].error is None}
+        if not live <= set(found.events):
+            return {}, set(), (f"Flight Recorder dumps of ranks {sorted(set(found.events) & live)} only: not used "
+                               "(the other ranks' ops could not be matched against them)")
+        return found.events, live, found.note
+
+    def close(self) -> None:
+        for w in self.writers.values():
+            try:
+                w.close()
+            except (StoreError, OSError):
+                pass
+        self.writers.clear()
+
+
+def _tail_run(ss: list[Sample]) -> list[Sample]:
+    """The samples at the end that show the same op as the last one (failed samples skipped)."""
+    key = ss[-1].op.key() if ss[-1].op is not None else None
+    run: list[Sample] = []
+    for s in reversed(ss):
+        if s.threads is None:
+            continue
+        if s.op is None or s.op.key() != key:
+            break
+        run.append(s)
+    return list(reversed(run))
+
+
+def _unknown_group(op: InFlight) -> str:
+    """A group passed by object: named after the call site, its members the ranks seen there."""
+    return f"?{os.path.basename((op.site or '?').split(' in ')[0])}"
+
+
+def _threads(threads: list[pyspy.PyThread], op: InFlight | None, pid: int) -> list[dict]:
+    main = op.tid if op is not None else next((t.tid for t in threads if t.tid == pid), threads[0].tid if threads else 0)
+    out = []
+    for t in threads:
+        frames = [[f.file, f.line, f.func] for f in t.frames][-MAX_FRAMES:]
+        d = {"tid": t.tid, "name": t.name or ("MainThread" if t.tid == pid else str(t.tid)), "frames": frames}
+        if t.tid == main:
+            d["op_thread"] = True
+        out.append(d)
+    return out
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        p = psutil.Process(pid)
+        p.cpu_percent(None)  # the first call starts the measurement
+        return p
+    except psutil.Error:
+        return None
+
+
+
+class Repeating:
+    """Cycles of a ``Snapshotter`` on a thread until stopped: ``commscope attach --pid``'s
+    source.  Each cycle's ops end where the next begins, so the console shows each rank's
+    collective as one span per cycle and judges the latest."""
+
+    def __init__(self, snap: Snapshotter):
+        import threading
+
+        self.snap = snap
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="commscope-snapshots", daemon=True)
+
+    def start(self) -> Repeating:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.snap.cycle()
+        except StoreError as exc:
+            self.error = f"cannot write the snapshots: {exc}"
+        finally:
+            self.snap.close()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)

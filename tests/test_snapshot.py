@@ -1,0 +1,425 @@
+"""``commscope snapshot`` on real uninstrumented Gloo jobs (``commscope.bench.hungjob``).
+
+Each job is started by a real launcher (plain processes with RANK/WORLD_SIZE, torchrun,
+torch.multiprocessing.spawn), left to hang, and waited for by polling py-spy until every
+rank is where the fault puts it; then the command runs as a user runs it and ``check
+--json`` must name the exact kind and culprit and blame no victim.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
+
+from commscope.bench import hungjob
+from commscope.snapshot import infer, procs, pyspy
+
+WORKER = hungjob.__file__
+SETTLE_S = 180.0  # a generous bound on a loaded machine; the poll returns as soon as ranks are there
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMMSCOPE_", "TORCH_FR", "RANK", "WORLD_SIZE",
+                                                                       "LOCAL_", "MASTER_", "TORCHELASTIC"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    return {**env, **(extra or {})}
+
+
+class Launched:
+    """A job's launcher processes; kills the whole tree on exit."""
+
+    def __init__(self, popens: list[subprocess.Popen]):
+        self.popens = popens
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.popens]
+
+    def kill(self) -> None:
+        for p in self.popens:
+            try:
+                kids = psutil.Process(p.pid).children(recursive=True)
+            except psutil.Error:
+                kids = []
+            for k in [*kids, p]:
+                try:
+                    k.send_signal(signal.SIGKILL)
+                except (psutil.Error, ProcessLookupError, AttributeError):
+                    try:
+                        os.kill(k.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            p.wait()
+
+
+@pytest.fixture
+def jobs():
+    started: list[Launched] = []
+
+    def start(how: str, mode: str, world: int = 4, *, local_world: int | None = None, extra: dict | None = None,
+              ranks: list[int] | None = None) -> Launched:
+        port = _port()
+        if how == "env":
+            ps = []
+            for r in (ranks if ranks is not None else range(world)):
+                lw = local_world or world
+                e = _env({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r % lw),
+                          "LOCAL_WORLD_SIZE": str(lw), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                          **(extra or {})})
+                ps.append(subprocess.Popen([sys.executable, WORKER, mode], env=e, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL))
+            job = Launched(ps)
+        elif how == "torchrun":
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
+                   "--master-addr", "127.0.0.1", "--master-port", str(port), WORKER, mode]
+            job = Launched([subprocess.Popen(cmd, env=_env(extra), stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL)])
+        else:
+            e = _env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **(extra or {})})
+            job = Launched([subprocess.Popen([sys.executable, WORKER, "--spawn", str(world), mode], env=e,
+                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)])
+        started.append(job)
+        return job
+
+    yield start
+    for job in started:
+        job.kill()
+
+
+def where(threads: list[pyspy.PyThread]) -> str | None:
+    """The op a rank is inside, else the innermost frame of the job's own file."""
+    op = infer.in_flight(threads)
+    if op is not None:
+        return op.op
+    for t in threads:
+        for f in reversed(t.frames):
+            if f.file.endswith("hungjob.py") and f.func != "<module>":
+                return f.func
+    return None
+
+
+def settle(launched: Launched, expect: dict[int, str | None], world: int | None = None) -> None:
+    """Poll until the job's ranks are where ``expect`` says (rank -> op or function; None:
+    the rank's process is gone)."""
+    deadline = time.monotonic() + SETTLE_S
+    last = None
+    while time.monotonic() < deadline:
+        found = procs.find(launched.pids)
+        ranks = {p.rank: p.pid for j in found.jobs for p in j.ranks}
+        state: dict[int, str | None] = {}
+        for r, pid in ranks.items():
+            try:
+                state[r] = where(pyspy.dump(pid, locals_=True))
+            except pyspy.DumpError:
+                state[r] = "?"
+        want = {r: w for r, w in expect.items()}
+        ok = all((r not in ranks) if w is None else state.get(r) == w for r, w in want.items())
+        if ok:
+            return
+        last = state
+        time.sleep(0.2)
+    raise AssertionError(f"the job never settled: expected {expect}, last seen {last}")
+
+
+def snapshot(*args: str, env: dict | None = None, prefix: list[str] | None = None) -> subprocess.CompletedProcess:
+    cmd = [*(prefix or []), sys.executable, "-m", "commscope", "snapshot", "--interval", "0.3", "--count", "2", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(env))
+
+
+def check(store: Path | str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "commscope", "check", str(store), "--json"], capture_output=True,
+                         text=True, timeout=300, env=_env())
+    assert out.returncode in (0, 1), out.stderr
+    return json.loads(out.stdout)
+
+
+def errors(report: dict) -> list[dict]:
+    return [f for f in report["findings"] if f["severity"] == "error"]
+
+
+def one_error(report: dict, kind: str, culprits: list[int]) -> dict:
+    errs = errors(report)
+    assert [(f["kind"], f["culprits"]) for f in errs] == [(kind, culprits)], [f["message"] for f in errs]
+    f = errs[0]
+    assert "snapshot" in f["message"]
+    return f
+
+
+# ---------------------------------------------------------------------- the faults
+def test_a_rank_spinning_in_python_is_the_missing_rank_with_its_frame(jobs, tmp_path):
+    job = jobs("torchrun", "missing")
+    settle(job, {0: "all_reduce", 1: "all_reduce", 2: "spin", 3: "all_reduce"})
+    out = snapshot("--out", str(tmp_path / "s"), "--pid", *map(str, job.pids))
+    assert out.returncode == 0, out.stderr
+    assert "4 of 4 ranks" in out.stdout and "torchrun" in out.stdout
+    f = one_error(check(tmp_path / "s"), "missing_ranks", [2])
+    assert f["seq"] is None and f["op"] == "all_reduce" and f["group"] == "0"
+    assert "spin" in f["message"] and "% CPU" in f["message"]  # where it is instead, and busy
+    culprit = f["evidence"]["stacks"]["2"][0]
+    assert culprit["where"].endswith("in spin")
+    assert f["evidence"]["entered"] == [0, 1, 3] and f["evidence"]["missing"] == [2]
+
+
+def test_a_rank_sleeping_in_a_data_loader_under_spawn(jobs, tmp_path):
+    job = jobs("spawn", "loader")
+    settle(job, {0: "all_reduce", 1: "SlowDataset.__getitem__", 2: "all_reduce", 3: "all_reduce"})
+    out = snapshot("--out", str(tmp_path / "s"), "--pid", *map(str, job.pids))
+    assert out.returncode == 0, out.stderr
+    assert "spawn" in out.stdout and "4 of 4 ranks" in out.stdout
+    f = one_error(check(tmp_path / "s"), "missing_ranks", [1])
+    assert "__getitem__" in f["evidence"]["stacks"]["1"][0]["where"]
+
+
+def test_ranks_in_different_collectives_are_a_mismatch(jobs, tmp_path):
+    job = jobs("env", "mismatch")
+    settle(job, {0: "all_reduce", 1: "all_reduce", 2: "all_reduce", 3: "broadcast"})
+    out = snapshot("--out", str(tmp_path / "s"), "--pid", *map(str, job.pids))
+    assert out.returncode == 0, out.stderr
+    f = one_error(check(tmp_path / "s"), "collective_mismatch", [3])
+    assert f["seq"] is None
+
+
+def test_a_p2p_cycle_is_named_and_the_barrier_behind_it_is_its_consequence(jobs, tmp_path):
+    job = jobs("env", "cycle")
+    settle(job, {0: "recv", 1: "recv", 2: "barrier", 3: "barrier"})
+    out = snapshot("--out", str(tmp_path / "s"), "--pid", *map(str, job.pids))
+    assert out.returncode == 0, out.stderr
+    f = one_error(check(tmp_path / "s"), "p2p_deadlock", [0, 1])
+    assert [c["kind"] for c in f["evidence"]["consequences"]] == ["missing_ranks"]
+
+
+def test_a_dead_rank_is_the_one_culprit(jobs, tmp_path):
+    job = jobs("env", "dead")
+    settle(job, {3: None, 1: "all_reduce"})
+    out = snapshot("--out", str(tmp_path / "s"), "--pid", *map(str, job.pids))
+    assert out.returncode == 0, out.stderr
+    assert "3 of 4 ranks" in out.stdout and "gone: rank(s) 3" in out.stdout
+    report = check(tmp_path / "s")
+    f = one_error(report, "dead_rank", [3])
+    assert "gone" in f["message"]
+    assert report["ranks"] == 4
+
+
+def test_flight_recorder_dumps_give_sequence_numbers(jobs, tmp_path):
+    prefix = str(tmp_path / "fr_")
+    job = jobs("env", "flight", extra={"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": prefix})
+    settle(job, {0: "all_reduce", 1: "all_reduce", 2: "spin", 3: "all_reduce"})
+    deadline = time.monotonic() + SETTLE_S
+    while not all(os.path.exists(f"{prefix}{r}") for r in range(4)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    out = snapshot("--out", str(tmp_path / "s"), "--pid", *map(str, job.pids))
+    assert out.returncode == 0, out.stderr
+    assert "Flight Recorder dumps of 4 rank(s) read (4 from dump files)" in out.stdout
+    f = one_error(check(tmp_path / "s"), "missing_ranks", [2])
+    assert f["seq"] == 2 and "Flight Recorder" in f["message"]  # the job's first all_reduce was #1
+
+
+def test_torchs_debug_server_gives_sequence_numbers(jobs, tmp_path):
+    """A job running torch.distributed.debug's server: each rank's buffer comes from it."""
+    job = jobs("env", "debugserver", extra={"TORCH_FR_BUFFER_SIZE": "2000", "DEBUG_PORT": str(_port())})
+    settle(job, {0: "all_reduce", 1: "all_reduce", 2: "spin", 3: "all_reduce"})
+    out = snapshot("--out", str(tmp_path / "s"), "--pid", *map(str, job.pids))
+    assert out.returncode == 0, out.stderr
+    assert "4 of 4 ranks" in out.stdout  # (not the frontend rank 0 starts: it has rank 0's environment)
+    assert "Flight Recorder dumps of 4 rank(s) read (4 from torch's debug server)" in out.stdout
+    f = one_error(check(tmp_path / "s"), "missing_ranks", [2])
+    assert f["seq"] == 2 and "Flight Recorder" in f["message"]
+
+
+def test_a_snapshot_into_redis(jobs, redis_url):
+    """Redis when given: nodes without a shared filesystem write one snapshot there."""
+    job = jobs("env", "mismatch")
+    settle(job, {0: "all_reduce", 1: "all_reduce", 2: "all_reduce", 3: "broadcast"})
+    out = snapshot("--out", redis_url, "--pid", *map(str, job.pids))
+    assert out.returncode == 0, out.stderr
+    assert "ERROR collective_mismatch" in out.stdout
+    one_error(check(redis_url), "collective_mismatch", [3])
+
+
+# ---------------------------------------------------------------------- jobs and hosts
+def test_two_jobs_on_one_host_ask_which(jobs, tmp_path):
+    a, b = jobs("env", "cycle", 2), jobs("env", "cycle", 2)
+    settle(a, {0: "recv", 1: "recv"})
+    settle(b, {0: "recv", 1: "recv"})
+    pids = [*a.pids, *b.pids]
+    out = snapshot("--out", str(tmp_path / "s"), "--pid", *map(str, pids))
+    assert out.returncode == 2
+    assert "2 jobs on this host" in out.stderr and "--job-pid" in out.stderr
+    out = snapshot("--out", str(tmp_path / "s"), "--pid", *map(str, pids), "--job-pid", str(b.pids[1]))
+    assert out.returncode == 0, out.stderr
+    report = check(tmp_path / "s")
+    one_error(report, "p2p_deadlock", [0, 1])
+    events = [json.loads(x) for p in (tmp_path / "s").rglob("rank-*.jsonl") for x in p.read_text().splitlines()]
+    assert {e["pid"] for e in events if e["type"] == "meta"} == set(b.pids)
+
+
+def test_two_hosts_add_their_ranks_to_one_snapshot(jobs, tmp_path):
+    """Two nodes of two ranks each (LOCAL_WORLD_SIZE 2), snapshotted one after the other
+    into one store: the first half names nobody, the whole names the culprit."""
+    first = jobs("env", "missing", 4, local_world=2, ranks=[0, 1])
+    master = psutil.Process(first.pids[0]).environ()["MASTER_PORT"]
+    second = Launched([subprocess.Popen([sys.executable, WORKER, "missing"], env=_env(
+        {"RANK": str(r), "WORLD_SIZE": "4", "LOCAL_RANK": str(r - 2), "LOCAL_WORLD_SIZE": "2",
+         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master}), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL) for r in (2, 3)])
+    try:
+        settle(first, {0: "all_reduce", 1: "all_reduce"})
+        settle(second, {2: "spin", 3: "all_reduce"})
+        store = tmp_path / "s"
+        out = snapshot("--out", str(store), "--id", "two-hosts", "--pid", *map(str, first.pids))
+        assert out.returncode == 0, out.stderr
+        assert "rank(s) 2-3 are on other hosts" in out.stdout
+        half = check(store)
+        assert errors(half) == []  # nobody blamed for ranks no snapshot saw
+        assert [(f["kind"], f["culprits"]) for f in half["findings"]] == [("trace_incomplete", [2, 3])]
+        out = snapshot("--out", str(store), "--id", "two-hosts", "--pid", *map(str, second.pids))
+        assert out.returncode == 0, out.stderr
+        one_error(check(store), "missing_ranks", [2])
+    finally:
+        second.kill()
+
+
+def test_without_permission_it_says_what_to_do(tmp_path):
+    """A rank this user may not read (another user's, or one that is not dumpable): exit 2."""
+    env = _env({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
+    code = "import ctypes, time; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); print('ok', flush=True); time.sleep(600)"
+    target = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout.readline().strip() == "ok"
+        # root may read anything: drop its capabilities, as a plain user has none
+        prefix = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--"] if os.geteuid() == 0 else []
+        assert os.geteuid() != 0 or shutil.which("setpriv"), "setpriv (util-linux) is needed to drop root's capabilities"
+        out = snapshot("--out", str(tmp_path / "s"), "--pid", str(target.pid), prefix=prefix)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert "not readable" in out.stderr and "CAP_SYS_PTRACE" in out.stderr and str(target.pid) in out.stderr
+        assert not (tmp_path / "s").exists()
+    finally:
+        target.kill()
+        target.wait()
+
+
+def test_no_job_and_bad_arguments_are_clear_errors(tmp_path):
+    out = snapshot("--out", str(tmp_path / "s"), "--pid", str(os.getpid()))
+    assert out.returncode == 2 and "no torch.distributed job found" in out.stderr
+    out = snapshot("--count", "0")
+    assert out.returncode == 2 and "--count" in out.stderr
+
+
+# ---------------------------------------------------------------------- attach --pid
+def test_attach_pid_follows_the_job_through_repeated_snapshots(jobs, tmp_path):
+    """The console on ``attach --pid``'s source: cycle after cycle, one finding, the right culprit."""
+    from tui_scenarios import drive
+
+    from commscope.analysis.source import open_source
+    from commscope.snapshot.take import Repeating, Snapshotter
+    from commscope.tui.app import CommscopeApp
+    from commscope.tui.feed import LIVE, Feed
+
+    job = jobs("env", "missing")
+    settle(job, {0: "all_reduce", 1: "all_reduce", 2: "spin", 3: "all_reduce"})
+    found = procs.find(job.pids)
+    snap = Snapshotter(found.jobs[0], str(tmp_path / "live"), "live", count=2, interval=0.3)
+    loop = Repeating(snap).start()
+    app = CommscopeApp(Feed(open_source(tmp_path / "live", wait=True), mode=LIVE, source="live"), bell=False)
+
+    def judged() -> list:
+        return [(f.kind, f.culprits) for f in app.findings if f.severity == "error"]
+
+    async def check(pilot):
+        deadline = time.monotonic() + SETTLE_S
+        while not (snap.cycles >= 3 and app.info.events and judged() == [("missing_ranks", [2])]):
+            assert time.monotonic() < deadline, (snap.cycles, judged())
+            await pilot.pause(0.1)
+        assert [row.key for row in app.timeline.rows] == ["r0", "r1", "r2", "r3"]
+        await pilot.press("q")
+
+    try:
+        drive(app, check, loaded=False)
+    finally:
+        loop.stop()
+    assert loop.error is None
+
+
+def test_attach_pid_without_a_job_is_a_clear_error(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "commscope", "attach", "--pid", str(os.getpid())],
+                         capture_output=True, text=True, timeout=120, env=_env())
+    assert out.returncode == 2 and "no torch.distributed job found" in out.stderr
+
+
+# ---------------------------------------------------------------------- reading frames (pure)
+def _frame(func: str, file: str, line: int = 1, **locs: str) -> pyspy.PyFrame:
+    return pyspy.PyFrame(func, file, line, tuple(pyspy.Local(k, v, True) for k, v in locs.items()))
+
+
+C10D = "/site-packages/torch/distributed/distributed_c10d.py"
+LOGGER = "/site-packages/torch/distributed/c10d_logger.py"
+
+
+def _thread(*frames: pyspy.PyFrame) -> list[pyspy.PyThread]:
+    return [pyspy.PyThread(7, "MainThread", False, False, tuple(frames))]
+
+
+def test_the_group_is_the_default_only_when_the_call_passed_none():
+    user = _frame("step", "/job/train.py", 42)
+
+    def op(args: str, kwargs: str) -> infer.InFlight | None:
+        wrapper = pyspy.PyFrame("_exception_logger.<locals>.wrapper", LOGGER, 83, (
+            pyspy.Local("args", args, True), pyspy.Local("kwargs", kwargs, True)))
+        return infer.in_flight(_thread(user, wrapper, _frame("all_reduce", C10D, tensor="<Tensor at 0x1>",
+                                                             op="<RedOpType at 0x2>", group="<ProcessGroup at 0x3>",
+                                                             async_op="False")))
+
+    assert op("(<Tensor at 0x1>)", "{}").group == "0"
+    assert op("(<Tensor at 0x1>, <RedOpType at 0x2>, None)", "{}").group == "0"
+    assert op("(<Tensor at 0x1>)", '{"group": None}').group == "0"
+    assert op("(<Tensor at 0x1>, <RedOpType at 0x2>, <ProcessGroup at 0x3>)", "{}").group is None
+    assert op("(<Tensor at 0x1>)", '{"group": <ProcessGroup at 0x3>, "async_op": False}').group is None
+    got = op("(<Tensor at 0x1>)", "{}")
+    assert got.site == "/job/train.py:42 in step" and got.op == "all_reduce" and got.peer is None
+
+
+def test_peers_roots_and_the_outermost_op():
+    user = _frame("step", "/job/train.py", 9)
+    recv = infer.in_flight(_thread(user, _frame("recv", C10D, tensor="<Tensor at 0x1>", src="3", group="None")))
+    assert (recv.op, recv.direction, recv.peer) == ("recv", "recv", 3)
+    anyone = infer.in_flight(_thread(user, _frame("recv", C10D, tensor="<Tensor at 0x1>", src="None")))
+    assert anyone.peer is None
+    bcast = infer.in_flight(_thread(user, _frame("broadcast", C10D, tensor="<Tensor at 0x1>", src="5")))
+    assert (bcast.root, bcast.peer, bcast.direction) == (5, None, None)
+    nested = infer.in_flight(_thread(user, _frame("all_gather_object", C10D, object_list="[]", obj="1"),
+                                     _frame("all_gather", C10D, tensor_list="[]", tensor="<Tensor at 0x1>")))
+    assert nested.op == "all_gather_object"
+    assert infer.in_flight(_thread(user, _frame("all_reduce", "/job/mine.py"))) is None  # not torch's
+
+
+def test_split_items_reads_pyspy_tuples():
+    assert infer.split_items("(<Tensor at 0x1>, 3, None)") == ["<Tensor at 0x1>", "3", "None"]
+    assert infer.split_items("('a, b', [1, 2], {\"k\": 1})") == ["'a, b'", "[1, 2]", '{"k": 1}']
+    assert infer.split_items("()") == [] and infer.split_items("nonsense") == []
+
+
+def test_pyspy_errors_are_classified():
+    assert pyspy.classify("Error: Permission Denied (os error 13)", os.getpid()) == pyspy.PERMISSION
+    assert pyspy.classify("Error: Operation not permitted (os error 1)", os.getpid()) == pyspy.PERMISSION
+    assert pyspy.classify("Error: No such process (os error 3)", 2 ** 22 + 1) == pyspy.GONE
+    assert pyspy.classify("Error: something else", os.getpid()) == pyspy.FAILED
+    with pytest.raises(pyspy.DumpError) as exc:
+        pyspy.dump(os.getpid(), exe="/nonexistent/py-spy")
+    assert exc.value.kind == pyspy.MISSING
