@@ -797,15 +797,17 @@ def test_the_culprit_among_hundreds_of_ranks_is_on_the_first_screen(tmp_path):
     async def check(pilot):
         await wait_for(pilot, lambda: app.info.loaded and app.findings)
         assert [f.culprits for f in app.findings if f.severity == "error"] == [[culprit]]
-        assert app.timeline.rows[0].ranks == (culprit,)  # first, then the others in order
-        assert [r.ranks[0] for r in app.timeline.rows[1:4]] == [0, 1, 2]
+        assert app.timeline.mode == "behaviour"  # more ranks than SUMMARY_MIN_RANKS: summarized
+        assert app.timeline.rows[0].ranks == (culprit,)  # first, then the others
         assert f"r{culprit}" in _screen_text(app)
         assert app.ranks_table.ordered_rows[0].key.value == str(culprit)  # the rank table too
-        for _ in range(2):  # nodes, then blocks: the culprit stays its own row, on top
+        for _ in range(3):  # nodes, blocks, ranks: the culprit stays its own row, on top
             await pilot.press("c")
             await pilot.pause()
             assert app.timeline.rows[0].ranks == (culprit,)
             assert all(culprit not in r.ranks for r in app.timeline.rows[1:])
+        assert app.timeline.mode == "ranks"
+        assert [r.ranks[0] for r in app.timeline.rows[1:4]] == [0, 1, 2]  # then the others in order
 
     drive(app, check, size=(80, 24), loaded=False)
 
@@ -819,3 +821,61 @@ def test_a_costly_rank_table_is_refreshed_less_often():
     assert not app._table_due(0.5)  # costly: not before ten seconds
     app._last_table = time.monotonic() - 10.5
     assert app._table_due(0.5)
+
+
+def test_thousands_of_ranks_are_summarized_by_behaviour_and_every_key_works():
+    """4,096 ranks open summarized: the culprit and the ranks of its host expanded on top,
+    the ranks doing the same thing one row with a count; c cycles the modes, arrows move."""
+    from tui_scenarios import wide_missing_rank
+
+    from commscope.tui.timeline import MODES
+
+    events, now = wide_missing_rank()
+    app = make_app(events, now)
+
+    async def check(pilot):
+        tl = app.timeline
+        assert [(f.kind, f.culprits) for f in app.findings] == [("missing_ranks", [2050])]
+        assert tl.mode == "behaviour"
+        assert [r.key for r in tl.rows[:8]] == ["r2050"] + [f"r{r}" for r in range(2048, 2056) if r != 2050]
+        (rest,) = tl.rows[8:]
+        assert len(rest.ranks) == 4088 and rest.label == "×4088" and "in all_reduce #4 (group 0)" in rest.note
+        assert "4,088 ranks (0-2047,2056-4095)" in rest.note
+        seen = [tl.mode]
+        for _ in MODES:
+            await pilot.press("c")
+            await pilot.pause()
+            seen.append(tl.mode)
+            assert tl.rows and tl.rows[0].key == "r2050"  # the culprit stays on top in every mode
+        assert seen == [*MODES[1:], MODES[0], MODES[1]]
+        assert len(app.timeline.rows) == 9
+        tl.focus()
+        before = tl.sel_row
+        await pilot.press("up", "up")
+        await pilot.pause()
+        assert tl.sel_row == max(0, before - 2)
+        await pilot.press("down")
+        await pilot.pause()
+        assert tl.sel_row == max(0, before - 2) + 1
+        await pilot.press("x")  # findings only: the culprit alone
+        await pilot.pause()
+        assert [r.key for r in tl.rows] == ["r2050"]
+
+    drive(app, check, size=(80, 24))
+
+
+def test_behaviour_rows_put_the_odd_ones_out_first():
+    from tui_scenarios import hung_missing_rank
+
+    from commscope.tui.timeline import behaviours
+
+    events, now = hung_missing_rank()
+    app = make_app(events, now)
+
+    async def check(pilot):
+        rows = behaviours(app.feed.view, [0, 1, 2, 3])
+        assert [r.ranks for r in rows] == [(2,), (0, 1, 3)]
+        assert rows[0].label == "r2" and rows[0].note.startswith("in recv")
+        assert rows[1].label == "×3" and rows[1].note == "ranks 0, 1, 3: in all_reduce #7 (group 0)"
+
+    drive(app, check)

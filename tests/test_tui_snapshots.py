@@ -6,7 +6,7 @@ Update after an intended visual change with: pytest tests/test_tui_snapshots.py 
 from __future__ import annotations
 
 import pytest
-from tui_scenarios import healthy, hung_missing_rank, load, make_app, p2p_deadlock
+from tui_scenarios import healthy, hung_missing_rank, load, make_app, p2p_deadlock, wide_missing_rank
 
 from commscope.tui.feed import REPLAY
 
@@ -162,3 +162,11 @@ def test_gpu_panel(snap_compare, size, job):
         assert pilot.app.gpu.mode == job
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)])
+def test_4096_ranks_say_what_is_wrong_on_the_first_screen(snap_compare, size):
+    """4,096 ranks: the culprit and its host on top, the 4,088 others one row, the finding open."""
+    events, now = wide_missing_rank()
+    app = make_app(events, now)
+    assert snap_compare(app, terminal_size=size, run_before=_loaded)

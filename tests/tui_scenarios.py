@@ -210,3 +210,22 @@ def mismatch_after_failure() -> tuple[list[dict], int]:
     now = t + 5 * S
     b.heartbeats(T0, now, interval=S // 5)
     return b.sorted_events(), now
+
+
+def wide_missing_rank(world: int = 4096, culprit: int = 2050) -> tuple[list[dict], int]:
+    """``world`` ranks, 8 per host: all but ``culprit`` wait in all_reduce #4; it is stuck in
+    a data loader (its stack captured).  What the console must make readable at 80x24."""
+    b = TraceBuilder(world, hang_after=2.0, ranks_per_host=8)
+    t = T0 + 100 * MS
+    for _ in range(3):
+        t = b.collective(t, "all_reduce", latency=20 * MS, shape=(4096,), site="train.py:42 in step") + 10 * MS
+    stuck = {r: b.sync(r, t + (r % 7) * MS, None, "all_reduce", shape=(4096,), site="train.py:42 in step")
+             for r in range(world) if r != culprit}
+    now = t + 6 * S
+    b.add(culprit, t + 2 * S + 50 * MS, "stack", reason="request", trigger=0,
+          threads=[{"tid": 1, "name": "MainThread", "op_thread": True,
+                    "frames": [["train.py", 30, "<module>"], ["train.py", 51, "next_batch"]]}])
+    for r in (0, 1):
+        b.add(r, t + 2 * S + 50 * MS, "stack", id=stuck[r], threads=_stack(stuck[r], "step", 42))
+    b.heartbeats(T0, now, interval=S)
+    return b.sorted_events(), now

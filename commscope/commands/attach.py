@@ -97,5 +97,7 @@ def _start_snapshots(args: argparse.Namespace):
     job = choose(found, args.job_pid)
     temporary = None if args.store else tempfile.mkdtemp(prefix="commscope-attach-")
     store = default_store(args.store or temporary)
-    snap = Snapshotter(job, store, default_id(job) + "-live", count=2, interval=args.interval, host=found.host)
+    # (no Flight Recorder: its ops carry their own sequence numbers, which later cycles cannot end or match)
+    snap = Snapshotter(job, store, default_id(job) + "-live", count=2, interval=args.interval, use_flight=False,
+                       host=found.host)
     return Repeating(snap).start(), store, temporary

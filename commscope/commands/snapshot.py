@@ -9,9 +9,10 @@ SLURM_PROCID under srun, torch.multiprocessing.spawn workers), takes each one's 
 stacks with py-spy --count times, --interval seconds apart (native frames too, where
 py-spy can), samples CPU and memory, reads from the frames which collective each rank is
 inside, and writes an ordinary trace store: `commscope check`, `report`, `replay` and the
-console read it.  Flight Recorder dumps the job wrote (TORCH_FR_DUMP_TEMP_FILE) are read
-beside the stacks.  The job is only read: py-spy pauses each process for the few
-milliseconds of a dump.
+console read it.  Flight Recorder buffers are read beside the stacks: the dumps the job
+wrote (TORCH_FR_DUMP_TEMP_FILE), else torch's debug server when the job runs one.  The job
+is only read: py-spy pauses each process for the few milliseconds of a dump.  See
+docs/snapshot.md.
 
 py-spy attaches with ptrace: run as the job's user or root; in a container, add the
 SYS_PTRACE capability.  Exit 0 when the snapshot was written (its findings are printed),
@@ -86,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
     if denied and len(denied) == len(job.ranks):
         raise UsageError(permission_help(cycle.failed[denied[0]], job.ranks[0].pid))
     summary(job, cycle, store, job_id, snap.span_s)
-    return report(store, job)
+    return report(store, job, set(cycle.failed))
 
 
 def choose(found: Found, job_pid: int | None) -> Job:
@@ -206,14 +207,15 @@ def summary(job: Job, cycle: Cycle, store: str, job_id: str, span: float) -> Non
     print(f"written to {redact(store)} (job {job_id})")
 
 
-def report(store: str, job: Job) -> int:
-    """The snapshot's findings, as ``commscope check`` prints them, once every rank is in."""
+def report(store: str, job: Job, unread: set[int]) -> int:
+    """The snapshot's findings, as ``commscope check`` prints them, once every rank is in the
+    store or known here (``unread``: ranks of this host py-spy could not read)."""
     from commscope.analysis.ranks import ranges
     from commscope.analysis.source import load_trace
     from commscope.commands.check import check_store
 
     model, _, _ = load_trace(store)
-    missing = sorted(set(range(job.world_size)) - set(model.ranks))
+    missing = sorted(set(range(job.world_size)) - set(model.ranks) - unread)
     if missing:
         print(f"rank(s) {ranges(missing)} are on other hosts: run commscope snapshot --out {redact(store)} there "
               f"(same --id), then commscope check {redact(store)}")

@@ -20,6 +20,7 @@ the same op events ``commscope replay DIR`` shows.
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import os
 import urllib.request
 from datetime import timedelta
@@ -27,7 +28,7 @@ from datetime import timedelta
 import psutil
 
 from commscope.analysis.flight_import import MAX_DUMP_BYTES, dumps_to_events, load_dump, parse_dump
-from commscope.snapshot.procs import RankProcess
+from commscope.snapshot.procs import RankProcess, count_of
 
 ENV_PREFIX = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
@@ -121,14 +122,14 @@ def from_debug_server(ranks: list[RankProcess]) -> tuple[dict[int, tuple[dict, i
     import time
 
     env = _environ(ranks[0].pid)
-    addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT", "")
-    if not addr or not port.isdigit():
+    addr, port = env.get("MASTER_ADDR"), count_of(env.get("MASTER_PORT"))
+    if not addr or port is None:
         return {}, []
     try:
         import torch.distributed as dist
 
         store = dist.PrefixStore("debug_server", dist.TCPStore(
-            addr, int(port), is_master=False, timeout=timedelta(seconds=SERVER_TIMEOUT_S), wait_for_workers=False))
+            addr, port, is_master=False, timeout=timedelta(seconds=SERVER_TIMEOUT_S), wait_for_workers=False))
     except Exception:  # no torch, no store there any more: no server to ask
         return {}, []
     out: dict[int, tuple[dict, int]] = {}
@@ -148,6 +149,6 @@ def from_debug_server(ranks: list[RankProcess]) -> tuple[dict[int, tuple[dict, i
             if len(data) > MAX_DUMP_BYTES:
                 raise ValueError(f"rank {p.rank}'s debug server answered more than {MAX_DUMP_BYTES} bytes")
             out[p.rank] = (parse_dump(data, f"rank {p.rank}'s debug server"), time.time_ns())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, http.client.HTTPException) as exc:
             bad.append(f"rank {p.rank}'s debug server: {exc}"[:200])
     return out, bad

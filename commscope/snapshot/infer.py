@@ -103,6 +103,8 @@ def group_of(frames: tuple[PyFrame, ...], at: int) -> str | None:
     if m:
         return DEFAULT_GROUP if m.group(1).strip() == "None" else None
     args = split_items(wrapper.local("args") or "()")
+    if "..." in kwargs or "..." in args:  # py-spy shortened them: the group may hide there
+        return None
     i = params.index("group")
     if i < len(args):
         return DEFAULT_GROUP if args[i] == "None" else None

@@ -81,9 +81,14 @@ class Found:
     host: str = dataclasses.field(default_factory=socket.gethostname)
 
 
+def count_of(text: str | None) -> int | None:
+    """A non-negative int written in ASCII digits (an environment value, a repr py-spy read)."""
+    v = (text or "").strip()
+    return int(v) if v.isascii() and v.isdigit() and len(v) < 10 else None
+
+
 def _int(env: dict[str, str], name: str) -> int | None:
-    v = env.get(name, "").strip()
-    return int(v) if v.isdigit() else None
+    return count_of(env.get(name))
 
 
 def _pythonish(p: psutil.Process) -> bool:
@@ -115,7 +120,9 @@ def classify(env: dict[str, str], cmdline: list[str]) -> tuple[str, str, int | N
 
 
 def find(pids: list[int] | None = None) -> Found:
-    """Every job with a rank on this host (or among ``pids``, with the processes below them)."""
+    """Every job with a rank on this host (or among ``pids``, with the processes below them:
+    then a job's ranks that are not there are called gone only when its launcher was among
+    them, since the others may simply not have been given)."""
     me = os.getpid()
     procs: list[psutil.Process] = []
     if pids:
@@ -145,8 +152,8 @@ def find(pids: list[int] | None = None) -> Found:
         except (psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
             continue
         got = classify(env, cmd)
-        if got is None:
-            continue
+        if got is None or not _pythonish(p):
+            continue  # (a shell or a launcher that passes the environment on is not the rank)
         launcher, key, rank, world, local = got
         if launcher == "spawn":
             spawn.append(p)
@@ -154,7 +161,8 @@ def find(pids: list[int] | None = None) -> Found:
         assert rank is not None and world is not None
         seen[p.pid] = RankProcess(p.pid, rank, world, local, launcher, key, tuple(cmd), _user(p), _ctime(p))
     ranks = _drop_descendants(seen)
-    ranks += _spawned(spawn, unreadable)
+    unsure: set[str] = set()
+    ranks += _spawned(spawn, unreadable, unsure)
     jobs: dict[str, Job] = {}
     envs: dict[str, dict[str, str]] = {}
     for rp in sorted(ranks, key=lambda r: (r.job, r.rank)):
@@ -165,34 +173,52 @@ def find(pids: list[int] | None = None) -> Found:
         if any(x.rank == rp.rank for x in job.ranks):
             continue  # two processes claim one rank: keep the older (the newer is its child or a restart's)
         job.ranks.append(rp)
+    scanned = {p.pid for p in procs}
     for key, job in jobs.items():
         _local_ranks(job, envs.get(key) or {})
+        if pids and (job.leader is None or job.leader not in scanned):
+            job.local_ranks = None
+        if key in unsure:
+            job.local_ranks = None  # a child py-spy could not read may be a live rank
     return Found(sorted(jobs.values(), key=lambda j: j.key), unreadable)
 
 
 def _drop_descendants(seen: dict[int, RankProcess]) -> list[RankProcess]:
-    """Ranks whose ancestors hold no rank of the same job (a DataLoader worker is not a rank)."""
-    out = []
-    for pid, rp in seen.items():
+    """The ranks: not below a rank of the same job (a DataLoader worker inherits its rank's
+    environment), and not above a rank of another job (torchrun's agent under ``srun`` has
+    Slurm's variables; its workers are the ranks)."""
+    ancestors: dict[int, list[int]] = {}
+    for pid in seen:
         try:
-            parents = psutil.Process(pid).parents()
+            ancestors[pid] = [a.pid for a in psutil.Process(pid).parents()]
         except psutil.Error:
-            parents = []
-        if not any(seen.get(a.pid) is not None and seen[a.pid].job == rp.job for a in parents):
-            out.append(rp)
-    return out
+            ancestors[pid] = []
+    above_other = {a for pid, up in ancestors.items() for a in up if a in seen and seen[a].job != seen[pid].job}
+    return [rp for pid, rp in seen.items() if pid not in above_other
+            and not any(a in seen and seen[a].job == rp.job for a in ancestors[pid])]
 
 
-def _spawned(children: list[psutil.Process], unreadable: list[Unreadable]) -> list[RankProcess]:
-    """``torch.multiprocessing.spawn`` workers: rank from ``_wrap``'s ``i``, world from the parent."""
+def _spawned(children: list[psutil.Process], unreadable: list[Unreadable], unsure: set[str]) -> list[RankProcess]:
+    """``torch.multiprocessing.spawn`` workers (one host: a rank is ``_wrap``'s ``i``, the
+    world the parent's ``nprocs``).  A worker's own forks (DataLoader workers) keep its command
+    line and stack: only the outermost counts.  ``unsure`` gets the jobs with a child py-spy
+    could not read (it may be a live rank)."""
     out = []
     worlds: dict[int, int | None] = {}
+    pids = {p.pid for p in children}
     for p in children:
+        try:
+            if any(a.pid in pids for a in p.parents()):
+                continue
+        except psutil.Error:
+            continue
         try:
             threads = pyspy.dump(p.pid, locals_=True)
         except pyspy.DumpError as exc:
             if exc.kind == pyspy.PERMISSION:
                 unreadable.append(Unreadable(p.pid, _name(p), _user(p), str(exc)))
+            if exc.kind != pyspy.GONE:
+                unsure.add(f"spawn:{_ppid(p)}")
             continue
         rank = _spawn_index(threads)
         if rank is None:
@@ -215,9 +241,9 @@ def _spawn_index(threads: list[pyspy.PyThread]) -> int | None:
     for t in threads:
         for f in t.frames:
             if f.func == "_wrap" and f.file.replace("\\", "/").endswith("torch/multiprocessing/spawn.py"):
-                v = f.local("i")
-                if v is not None and v.strip().isdigit():
-                    return int(v)
+                v = count_of(f.local("i"))
+                if v is not None:
+                    return v
     return None
 
 
@@ -229,9 +255,9 @@ def _nprocs(parent: int) -> int | None:
     for t in threads:
         for f in t.frames:
             if f.func in ("start_processes", "spawn") and "multiprocessing" in f.file:
-                v = f.local("nprocs")
-                if v is not None and v.strip().isdigit():
-                    return int(v)
+                v = count_of(f.local("nprocs"))
+                if v is not None:
+                    return v
     return None
 
 
@@ -265,9 +291,10 @@ def _tasks_here(env: dict[str, str]) -> int | None:
     at = 0
     for part in spec.split(","):
         count, _, rep = part.partition("(x")
-        reps = int(rep.rstrip(")")) if rep.rstrip(")").isdigit() else 1
-        if count.isdigit() and node < at + reps:
-            return int(count)
+        reps = count_of(rep.rstrip(")")) or 1
+        n = count_of(count)
+        if n is not None and node < at + reps:
+            return n
         at += reps
     return None
 

@@ -132,10 +132,10 @@ def parse(raw: object) -> list[PyThread]:
                 continue
             locs = tuple(Local(str(x.get("name")), x.get("repr") if isinstance(x.get("repr"), str) else None,
                                bool(x.get("arg"))) for x in f.get("locals") or [] if isinstance(x, dict))
-            line = f.get("line")
+            line = f.get("line") if isinstance(f.get("line"), int) else 0
             file = str(f.get("filename") or f.get("short_filename") or "?")
-            frames.append(PyFrame(str(f.get("name") or "?"), file, int(line) if isinstance(line, int) else 0, locs,
-                                  native=not file.endswith(".py") and "<" not in file and int(line or 0) == 0))
+            frames.append(PyFrame(str(f.get("name") or "?"), file, line, locs,
+                                  native=not file.endswith(".py") and "<" not in file and line == 0))
         frames.reverse()
         tid = t.get("os_thread_id") or t.get("thread_id") or 0
         threads.append(PyThread(int(tid) if isinstance(tid, int) else 0, t.get("thread_name"), bool(t.get("active")),

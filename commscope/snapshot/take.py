@@ -95,8 +95,7 @@ class Snapshotter:
         return (self.count - 1) * self.interval
 
     # ------------------------------------------------------------------ sampling
-    def _sample(self, rank: int, pid: int, native: bool) -> Sample:
-        ts = time.time_ns()
+    def _sample(self, rank: int, pid: int, native: bool, ts: int) -> Sample:
         threads: list[pyspy.PyThread] | None = None
         error = None
         native = native and self._native_ok
@@ -142,8 +141,12 @@ class Snapshotter:
                 t0 = time.monotonic()
                 # native frames (~0.3 s a dump of a torch process: symbols) at the last sample only
                 native = self.native and i + 1 == self.count
+                # every rank's sample is timed at the round's start: rounds are at least
+                # ``interval`` apart, so an op seen at every round spans ``span_s`` exactly or
+                # more, whatever each dump's own delay on a loaded host
+                at = time.time_ns()
                 taken = dumpers.map(self._sample, [p.rank for p in ranks], [p.pid for p in ranks],
-                                    [native] * len(ranks))
+                                    [native] * len(ranks), [at] * len(ranks))
                 for p, sample in zip(ranks, taken, strict=True):
                     samples[p.rank].append(sample)
                     done += 1
@@ -186,6 +189,9 @@ class Snapshotter:
                recorded: flight.Found | None) -> Cycle:
         v = events.SCHEMA_VERSION
         gone = [r for r in self.job.gone if r not in self._gone_written]
+        # when each went: before the cycle (not there when it began), or during it (its end:
+        # only ranks seen alive in a later cycle then make it a death, not a job ending)
+        went = dict.fromkeys(gone, started)
         out: dict[int, list[dict]] = {}
         ops: dict[int, InFlight] = {}
         failed: dict[int, pyspy.DumpError] = {}
@@ -196,6 +202,7 @@ class Snapshotter:
                 failed[rank] = ss[-1].error or pyspy.DumpError(pyspy.FAILED, "no sample")
                 if failed[rank].kind == pyspy.GONE:
                     gone.append(rank)  # it ended while the snapshot looked
+                    went[rank] = ended
                 continue
             last = ss[-1]
             if last.op is not None:
@@ -206,7 +213,7 @@ class Snapshotter:
         unknown: dict[str, list[int]] = {}
         for rank, op in ops.items():
             if op.group is None:
-                unknown.setdefault(_unknown_group(op), []).append(rank)
+                unknown.setdefault(_unknown_group(op, k), []).append(rank)
         fr_events, fr_ranks, fr_note = self._flight(samples, recorded)
         for p in self.job.ranks:
             rank = p.rank
@@ -238,7 +245,7 @@ class Snapshotter:
             op = ops.get(rank)
             if op is None:
                 continue
-            group = op.group or _unknown_group(op)
+            group = op.group or _unknown_group(op, k)
             if op.group is None:
                 evs += self._group(rank, firsts[rank], group, sorted(unknown[group]))
             ev = {"v": v, "type": events.OP, "rank": rank, "ts": firsts[rank], "id": k, "phase": events.BEGIN,
@@ -261,7 +268,7 @@ class Snapshotter:
             if rank not in self._groups:
                 evs.append(self._meta(rank, started, pid, argv))
                 evs += self._group(rank, started, DEFAULT_GROUP, list(range(self.job.world_size)))
-            evs.append({"v": v, "type": events.EXIT, "rank": rank, "ts": started, "reason": GONE, "src": SNAPSHOT})
+            evs.append({"v": v, "type": events.EXIT, "rank": rank, "ts": went[rank], "reason": GONE, "src": SNAPSHOT})
         for rank in sorted(out):
             lines = [events.encode(e) for e in out[rank]]
             if lines:
@@ -302,9 +309,11 @@ def _tail_run(ss: list[Sample]) -> list[Sample]:
     return list(reversed(run))
 
 
-def _unknown_group(op: InFlight) -> str:
-    """A group passed by object: named after the call site, its members the ranks seen there."""
-    return f"?{os.path.basename((op.site or '?').split(' in ')[0])}"
+def _unknown_group(op: InFlight, cycle: int) -> str:
+    """A group passed by object: named after the call site (and the cycle after the first:
+    its members are the ranks seen there in that cycle, and a group's members are fixed)."""
+    name = f"?{os.path.basename((op.site or '?').split(' in ')[0])}"
+    return name if cycle == 1 else f"{name}@{cycle}"
 
 
 def _threads(threads: list[pyspy.PyThread], op: InFlight | None, pid: int) -> list[dict]:
@@ -352,6 +361,8 @@ class Repeating:
                 self.snap.cycle()
         except StoreError as exc:
             self.error = f"cannot write the snapshots: {exc}"
+        except Exception as exc:  # the console must not wait on a thread that died unseen
+            self.error = f"snapshots stopped: {type(exc).__name__}: {exc}"
         finally:
             self.snap.close()
 

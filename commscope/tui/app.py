@@ -551,7 +551,7 @@ class CommscopeApp(App):
             ("Timeline: pan left", "", tl.action_pan_left), ("Timeline: pan right", "", tl.action_pan_right),
             ("Timeline: follow live / jump to now", "", tl.action_follow),
             ("Timeline: next op", "", tl.action_select_next), ("Timeline: previous op", "", tl.action_select_prev),
-            ("Timeline: collapse rows (ranks / nodes / blocks)", "", tl.action_collapse),
+            ("Timeline: rows by rank / behaviour / node / block", "", tl.action_collapse),
             ("Timeline: only ranks with findings", "", tl.action_filter_findings),
             ("Findings: next error", "", self.action_next_error),
             ("Panels: switch ranks / GPU", "", self.action_toggle_panel),

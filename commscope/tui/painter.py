@@ -44,11 +44,14 @@ INDEX_MIN_OPS = 2500
 
 
 class Row(NamedTuple):
-    """One timeline line: a rank, or a collapsed group of ranks (a node, a block)."""
+    """One timeline line: a rank, or a collapsed group of ranks (a node, a block, ranks doing
+    the same thing).  ``note``: what the row's ranks do, written over the start of its time
+    axis (a behaviour row: its gutter holds only the count)."""
 
     key: str
     label: str
     ranks: tuple[int, ...]
+    note: str = ""
 
 
 class Window(NamedTuple):
@@ -89,6 +92,10 @@ def render_row(m: ModelLike, row: Row, win: Window, *, kind: str = "unknown", fo
     else:
         segs = paint_group(m, row.ranks, win, cats, spans)
     strip = Strip(_gutter(row, kind, focused, flagged) + segs, width)
+    if row.note and w > 8:
+        note = f" {row.note} "[:w - 2]
+        strip = Strip.join([strip.crop(0, GUTTER), Strip([Segment(note, _NOTE)], len(note)),
+                            strip.crop(GUTTER + len(note), width)])
     if win.cursor_ns is not None:
         c = (win.cursor_ns - win.t0) // win.npc
         if 0 <= c < w:
@@ -105,6 +112,7 @@ def _gutter(row: Row, kind: str, focused: bool, flagged: bool) -> list[Segment]:
 
 
 _BOLD, _FOCUSED = Style(bold=True), Style(bold=True, reverse=True)
+_NOTE = Style(color="grey85", bgcolor="grey23")
 _CURSOR = Segment("│", Style(color="#ffd75f", bold=True))
 _SPACE, _BAR = Segment(" "), Segment("│", Style(color="grey30"))
 _FLAG, _NO_FLAG = Segment("!", Style(color="#e05050", bold=True)), Segment(" ", Style(color="#e05050", bold=True))

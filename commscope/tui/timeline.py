@@ -26,6 +26,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from commscope.analysis.findings import ranks_text
 from commscope.analysis.model import CONTAINER, NESTED, ModelLike, ModelView
 from commscope.analysis.rankstate import rank_state, top_level_ops
 from commscope.tui import palette
@@ -42,6 +43,34 @@ MAX_NPC = 3600 * 10**9  # (the painter's cell arithmetic is exact up to this: pa
 #: rows, one each in every mode, and the rank table's): among thousands, the culprit is on
 #: the first screen
 PIN_MIN_RANKS = 32
+#: A job of more ranks than this opens with its rows summarized by behaviour (``behaviours``)
+SUMMARY_MIN_RANKS = 64
+#: The row modes, in the order ``c`` cycles through them
+MODES = ("ranks", "behaviour", "nodes", "blocks")
+
+
+def behaviours(m: ModelView, ranks: list[int]) -> list[Row]:
+    """The ranks doing the same thing, one row each with a count: the same state, in (or
+    last done with) the same op of the same group at the same sequence number.  The rarest
+    first: among 16k ranks waiting in one all_reduce, the few elsewhere are on top."""
+    groups: dict[tuple, list[int]] = {}
+    for r in ranks:
+        st = m.states.get(r)
+        if st is None or st.op is None:
+            key: tuple = (st.kind if st is not None else "unknown", "", "", -1)
+        else:
+            rt = m.ranks[r]
+            sig = m.sigs[int(rt.sig[st.op])]
+            key = (st.kind, sig.op, sig.group, int(rt.seq[st.op]))
+        groups.setdefault(key, []).append(r)
+    rows = []
+    for (kind, op, group, seq), rs in sorted(groups.items(), key=lambda kv: (len(kv[1]), kv[0][0], kv[1][0])):
+        what = f"{op}{f' #{seq}' if seq >= 0 else ''} (group {group})" if op else ""
+        doing = {"blocked": "in", "running": "in", "idle": "idle after"}.get(kind, kind)
+        note = f"{ranks_text(rs)}: {doing} {what}".strip() if len(rs) > 1 else f"{doing} {what}".strip()
+        rows.append(Row(f"s:{kind}:{op}:{group}:{seq}:{len(rs)}", f"×{len(rs)}" if len(rs) > 1 else f"r{rs[0]}",
+                        tuple(rs), note))
+    return rows
 
 
 class Timeline(ScrollView, can_focus=True):
@@ -86,7 +115,8 @@ class Timeline(ScrollView, can_focus=True):
         self.npc = 20_000_000  # ns per cell
         self.follow = True
         self.rows: list[Row] = []
-        self.mode = "ranks"  # ranks | nodes | blocks
+        self.mode = "ranks"  # MODES; a large job starts in "behaviour" (SUMMARY_MIN_RANKS)
+        self._mode_chosen = False  # the user pressed c: the job's size no longer picks the mode
         self.only_findings = False
         self.flagged: set[int] = set()  # ranks named in findings
         self._flagged_rows: set[str] = set()
@@ -141,6 +171,8 @@ class Timeline(ScrollView, can_focus=True):
     def rebuild_rows(self) -> None:
         m = self.model
         ranks = m.rank_ids()
+        if not self._mode_chosen and self.mode == "ranks" and len(ranks) > SUMMARY_MIN_RANKS:
+            self.mode = "behaviour"  # (once: a live job's ranks appear one by one)
         if self.only_findings and self.flagged:
             ranks = [r for r in ranks if r in self.flagged]
         rows: list[Row] = []
@@ -148,8 +180,15 @@ class Timeline(ScrollView, can_focus=True):
             pinned = [r for r in ranks if r in self.flagged]
             rows = [Row(f"r{r}", f"r{r}", (r,)) for r in pinned]
             ranks = [r for r in ranks if r not in self.flagged]
-        if self.mode == "ranks":
-            rows += [Row(f"r{r}", f"r{r}", (r,)) for r in ranks]
+            if self.mode == "behaviour":  # the hosts the flagged ranks sit on, expanded below them
+                hosts = {str((m.ranks[r].meta or {}).get("host")) for r in pinned if m.ranks[r].meta}
+                near = [r for r in ranks if str((m.ranks[r].meta or {}).get("host")) in hosts]
+                rows += [Row(f"r{r}", f"r{r}", (r,)) for r in near]
+                ranks = [r for r in ranks if r not in set(near)]
+        if self.mode == "ranks" or (self.mode == "behaviour" and len(ranks) <= PIN_MIN_RANKS):
+            rows += [Row(f"r{r}", f"r{r}", (r,)) for r in ranks]  # (a few ranks read best one by one)
+        elif self.mode == "behaviour":
+            rows += behaviours(m, ranks)
         elif self.mode == "nodes":
             hosts: dict[str, list[int]] = {}
             for r in ranks:
@@ -162,7 +201,7 @@ class Timeline(ScrollView, can_focus=True):
                 chunk = tuple(ranks[i:i + size])
                 label = f"r{chunk[0]}" if len(chunk) == 1 else f"r{chunk[0]}-{chunk[-1]}"
                 rows.append(Row(f"b:{label}", label, chunk))
-        if [r.key for r in rows] != [r.key for r in self.rows]:
+        if rows != self.rows:  # (a behaviour row keeps its key while its ranks change)
             self.rows = rows
             self.sel_row = min(self.sel_row, max(0, len(rows) - 1))
             self._cache.clear()
@@ -524,7 +563,8 @@ class Timeline(ScrollView, can_focus=True):
         self.refresh()
 
     def action_collapse(self) -> None:
-        self.mode = {"ranks": "nodes", "nodes": "blocks", "blocks": "ranks"}[self.mode]
+        self.mode = MODES[(MODES.index(self.mode) + 1) % len(MODES)]
+        self._mode_chosen = True
         self.rebuild_rows()
         self.notify(f"timeline rows: {self.mode}", timeout=2)
         self.refresh()
