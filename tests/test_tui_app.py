@@ -867,6 +867,7 @@ def test_thousands_of_ranks_are_summarized_by_behaviour_and_every_key_works():
 def test_behaviour_rows_put_the_odd_ones_out_first():
     from tui_scenarios import hung_missing_rank
 
+    from commscope.tui.rank_table import UNUSUAL
     from commscope.tui.timeline import behaviours
 
     events, now = hung_missing_rank()
@@ -877,5 +878,14 @@ def test_behaviour_rows_put_the_odd_ones_out_first():
         assert [r.ranks for r in rows] == [(2,), (0, 1, 3)]
         assert rows[0].label == "r2" and rows[0].note.startswith("in recv")
         assert rows[1].label == "×3" and rows[1].note == "ranks 0, 1, 3: in all_reduce #7 (group 0)"
+        table = app.ranks_table  # the rank table sorts the same way, "how unusual"
+        table.focus()
+        for _ in range(12):
+            if table._sort_col == UNUSUAL:
+                break
+            await pilot.press("s")
+        await pilot.pause()
+        assert table._sort_col == UNUSUAL
+        assert [int(row.key.value) for row in table.ordered_rows] == [2, 0, 1, 3]
 
     drive(app, check)

@@ -13,12 +13,15 @@ from commscope.analysis.rankstate import ending, last_op_before, rank_state, sam
 from commscope.tui import palette
 from commscope.tui.feed import REPLAY
 from commscope.tui.fmt import compact_size, duration, percent
-from commscope.tui.timeline import PIN_MIN_RANKS
+from commscope.tui.timeline import PIN_MIN_RANKS, SUMMARY_MIN_RANKS, behaviour_groups
 
 COLUMNS = [("rank", "Rank", 4), ("host", "Host", 10), ("state", "State", 30), ("last", "Last op", 16),
            ("gpu", "GPU%", 4), ("gmem", "GPU mem", 8), ("cpu", "CPU%", 4), ("rss", "RSS", 8)]
 FLEX = "state"  # takes whatever width the others leave
-LABELS = {k: label for k, label, _ in COLUMNS}
+#: The sort that is no column: the rarest behaviour first (``timeline.behaviour_groups``), what a
+#: job of more than SUMMARY_MIN_RANKS ranks opens with: how far a rank is from the rest
+UNUSUAL = "unusual"
+LABELS = {k: label for k, label, _ in COLUMNS} | {UNUSUAL: "how unusual (the rarest behaviour first)"}
 PRIORITY = ["rank", "gpu", "cpu", "gmem", "rss", "last", "host"]
 STATE_MIN = 26  # room for "● in all_reduce #7 · 6.0 s" before any optional column
 
@@ -95,7 +98,8 @@ def sort_key(v: Any) -> tuple:
 
 
 class RankTable(DataTable):
-    """One row per rank.  Click a column header (or press s) to sort by it."""
+    """One row per rank.  Click a column header (or press s) to sort by it; s also offers
+    "how unusual" (the rarest behaviour first), which a large job opens with."""
 
     BINDINGS = [("s", "cycle_sort", "Sort")]
 
@@ -104,6 +108,7 @@ class RankTable(DataTable):
         self.feed = feed
         self._rows: set[int] = set()
         self._sort_col = "rank"
+        self._sort_chosen = False  # the user sorted: the job's size no longer picks the sort
         #: ranks named in findings: first, whatever the sort, in a job of more than PIN_MIN_RANKS
         self.flagged: set[int] = set()
         self._sort_reverse = False
@@ -237,7 +242,13 @@ class RankTable(DataTable):
 
     def _apply_sort(self) -> None:
         col, vals = self._sort_col, self._values
-        order = sorted(vals, key=lambda r: (sort_key(vals[r][col][0]), r), reverse=self._sort_reverse)
+        if not self._sort_chosen and col == "rank" and len(vals) > SUMMARY_MIN_RANKS:
+            col = self._sort_col = UNUSUAL
+        if col == UNUSUAL:
+            order = [r for _, rs in behaviour_groups(self.feed.view, sorted(vals)) for r in rs]
+            order = order[::-1] if self._sort_reverse else order
+        else:
+            order = sorted(vals, key=lambda r: (sort_key(vals[r][col][0]), r), reverse=self._sort_reverse)
         if len(order) > PIN_MIN_RANKS and self.flagged:  # among thousands, the culprit on top
             order = [r for r in order if r in self.flagged] + [r for r in order if r not in self.flagged]
         if [int(row.key.value) for row in self.ordered_rows] != order:
@@ -245,6 +256,7 @@ class RankTable(DataTable):
             self.sort("rank", key=lambda cell: pos.get(int(cell.plain), 0))
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        self._sort_chosen = True
         key = event.column_key.value
         if key == self._sort_col:
             self._sort_reverse = not self._sort_reverse
@@ -253,7 +265,8 @@ class RankTable(DataTable):
         self._apply_sort()
 
     def action_cycle_sort(self) -> None:
-        keys = [k for k, _, _ in getattr(self, "_cols", COLUMNS)]
+        self._sort_chosen = True
+        keys = [k for k, _, _ in getattr(self, "_cols", COLUMNS)] + [UNUSUAL]
         self._sort_col = keys[(keys.index(self._sort_col) + 1) % len(keys)] if self._sort_col in keys else "rank"
         self._sort_reverse = False
         self.notify(f"ranks sorted by {LABELS[self._sort_col]}", timeout=2)

@@ -49,22 +49,28 @@ SUMMARY_MIN_RANKS = 64
 MODES = ("ranks", "behaviour", "nodes", "blocks")
 
 
-def behaviours(m: ModelView, ranks: list[int]) -> list[Row]:
-    """The ranks doing the same thing, one row each with a count: the same state, in (or
-    last done with) the same op of the same group at the same sequence number.  The rarest
-    first: among 16k ranks waiting in one all_reduce, the few elsewhere are on top."""
+def behaviour_groups(m: ModelView, ranks: list[int]) -> list[tuple[tuple, list[int]]]:
+    """The ranks doing the same thing: the same state, in (or last done with) the same op of
+    the same group at the same sequence number; keyed (kind, op, group, seq), the rarest
+    first.  How far a rank is from the rest, for the timeline's rows and the rank table."""
     groups: dict[tuple, list[int]] = {}
     for r in ranks:
         st = m.states.get(r)
-        if st is None or st.op is None:
+        if st is None or st.op is None or r not in m.ranks:
             key: tuple = (st.kind if st is not None else "unknown", "", "", -1)
         else:
             rt = m.ranks[r]
             sig = m.sigs[int(rt.sig[st.op])]
             key = (st.kind, sig.op, sig.group, int(rt.seq[st.op]))
         groups.setdefault(key, []).append(r)
+    return sorted(groups.items(), key=lambda kv: (len(kv[1]), kv[0][0], kv[1][0]))
+
+
+def behaviours(m: ModelView, ranks: list[int]) -> list[Row]:
+    """One row per behaviour (``behaviour_groups``) with its count: among 16k ranks waiting
+    in one all_reduce, the few elsewhere are on top."""
     rows = []
-    for (kind, op, group, seq), rs in sorted(groups.items(), key=lambda kv: (len(kv[1]), kv[0][0], kv[1][0])):
+    for (kind, op, group, seq), rs in behaviour_groups(m, ranks):
         what = f"{op}{f' #{seq}' if seq >= 0 else ''} (group {group})" if op else ""
         doing = {"blocked": "in", "running": "in", "idle": "idle after"}.get(kind, kind)
         note = f"{ranks_text(rs)}: {doing} {what}".strip() if len(rs) > 1 else f"{doing} {what}".strip()
