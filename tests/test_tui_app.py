@@ -801,7 +801,7 @@ def test_the_culprit_among_hundreds_of_ranks_is_on_the_first_screen(tmp_path):
         assert app.timeline.rows[0].ranks == (culprit,)  # first, then the others
         assert f"r{culprit}" in _screen_text(app)
         assert app.ranks_table.ordered_rows[0].key.value == str(culprit)  # the rank table too
-        for _ in range(3):  # nodes, blocks, ranks: the culprit stays its own row, on top
+        for _ in range(4):  # nodes, blocks, heatmap, ranks: the culprit stays its own row, on top
             await pilot.press("c")
             await pilot.pause()
             assert app.timeline.rows[0].ranks == (culprit,)
@@ -889,3 +889,38 @@ def test_behaviour_rows_put_the_odd_ones_out_first():
         assert [int(row.key.value) for row in table.ordered_rows] == [2, 0, 1, 3]
 
     drive(app, check)
+
+
+def test_the_heatmap_holds_every_rank_in_the_lines_the_timeline_has():
+    """4,096 ranks in heat mode at 80x24: the culprit on top, every other rank in exactly one
+    half-cell block, no more lines than the widget shows, the cells coloured by how busy."""
+    from tui_scenarios import wide_missing_rank
+
+    from commscope.tui import palette
+    from commscope.tui.painter import paint_heat
+
+    events, now = wide_missing_rank()
+    app = make_app(events, now)
+
+    async def check(pilot):
+        tl = app.timeline
+        while tl.mode != "heat":
+            await pilot.press("c")
+        await pilot.pause()
+        assert tl.rows[0].key == "r2050"
+        heat = tl.rows[1:]
+        assert 1 <= len(heat) <= tl.size.height - 2 and all(r.upper for r in heat)
+        ranks = [r for row in heat for r in row.ranks]
+        assert sorted(ranks) == [r for r in range(4096) if r != 2050]
+        assert "ranks a half-cell" in heat[0].note
+        line = tl.render_line(1).text
+        assert "▀" in line and "r0" in line
+        # waiting past hang_after is red; blocks of the waiting ranks against an empty lower half
+        win = tl.window(tl.timeline_width())
+        segs = paint_heat(tl.model, heat[0].ranks[:heat[0].upper], (), win)
+        red = palette.STYLE[palette.ERROR].color
+        assert any(seg.style.color == red for seg in segs if seg.text)
+        blank = paint_heat(tl.model, (2050,), (), win)  # the culprit: one op long ago, then nothing
+        assert any(seg.style.color.name == palette.HEAT[0] for seg in blank if seg.text)
+
+    drive(app, check, size=(80, 24))

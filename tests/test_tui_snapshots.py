@@ -170,3 +170,18 @@ def test_4096_ranks_say_what_is_wrong_on_the_first_screen(snap_compare, size):
     events, now = wide_missing_rank()
     app = make_app(events, now)
     assert snap_compare(app, terminal_size=size, run_before=_loaded)
+
+
+def test_4096_ranks_as_a_heatmap(snap_compare):
+    """The heat mode (c three times from behaviour): 4,096 ranks in the timeline's lines, two
+    blocks a line."""
+    events, now = wide_missing_rank()
+    app = make_app(events, now)
+
+    async def run_before(pilot) -> None:
+        await _loaded(pilot)
+        await pilot.press("c", "c", "c")
+        await pilot.pause()
+        assert pilot.app.timeline.mode == "heat"
+
+    assert snap_compare(app, terminal_size=(200, 60), run_before=run_before)

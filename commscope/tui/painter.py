@@ -52,6 +52,8 @@ class Row(NamedTuple):
     label: str
     ranks: tuple[int, ...]
     note: str = ""
+    #: a heatmap row: its first ``upper`` ranks are the upper half of each cell, the rest the lower
+    upper: int = 0
 
 
 class Window(NamedTuple):
@@ -89,6 +91,8 @@ def render_row(m: ModelLike, row: Row, win: Window, *, kind: str = "unknown", fo
         cells, labels = painted if painted is not None else paint_rank(m, r, win, cats,
                                                                         None if spans is None else spans[r])
         segs = _segments(cells, labels)
+    elif row.upper:
+        segs = paint_heat(m, row.ranks[:row.upper], row.ranks[row.upper:], win, cats, spans)
     else:
         segs = paint_group(m, row.ranks, win, cats, spans)
     strip = Strip(_gutter(row, kind, focused, flagged) + segs, width)
@@ -113,6 +117,8 @@ def _gutter(row: Row, kind: str, focused: bool, flagged: bool) -> list[Segment]:
 
 _BOLD, _FOCUSED = Style(bold=True), Style(bold=True, reverse=True)
 _NOTE = Style(color="grey85", bgcolor="grey23")
+_HEAT_COLOURS = [*palette.HEAT, palette.STYLE[palette.WARN].color.name, palette.STYLE[palette.ERROR].color.name]
+_HEAT_STYLES = [[Style(color=a, bgcolor=b) for b in _HEAT_COLOURS] for a in _HEAT_COLOURS]
 _CURSOR = Segment("│", Style(color="#ffd75f", bold=True))
 _SPACE, _BAR = Segment(" "), Segment("│", Style(color="grey30"))
 _FLAG, _NO_FLAG = Segment("!", Style(color="#e05050", bold=True)), Segment(" ", Style(color="#e05050", bold=True))
@@ -582,9 +588,10 @@ def _paint_overview(m: ModelLike, rt: RankColumns, rank: int, win: Window, idx: 
     return cells, _candidates(m, [(rt, idx)], begin, stop, None, win)[0]
 
 
-def paint_group(m: ModelLike, ranks: tuple[int, ...], win: Window, cats: np.ndarray | None = None,
-                spans: Mapping[int, SpanIndex] | None = None) -> list[Segment]:
-    """Collapsed rows: how many of the ranks are busy in each cell, as shades."""
+def group_levels(m: ModelLike, ranks: tuple[int, ...], win: Window, cats: np.ndarray | None = None,
+                 spans: Mapping[int, SpanIndex] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per cell, how many of the ranks are busy (level 0: none, 1-4: up to all) and the worst
+    category among them (0, or WARN / ERROR / SELECTED): what a collapsed row shows."""
     w = win.width
     if cats is None or cats.shape[0] < len(m.sigs):
         cats = categories(m.sigs)
@@ -596,6 +603,35 @@ def paint_group(m: ModelLike, ranks: tuple[int, ...], win: Window, cats: np.ndar
         np.maximum(worst, np.where(cells >= palette.WARN, cells, 0), out=worst)
     frac = busy / max(1, len(ranks))
     level = np.where(busy > 0, np.maximum(1, np.round(frac * 4)), 0).astype(np.int8)
+    return level, worst
+
+
+def paint_heat(m: ModelLike, upper: tuple[int, ...], lower: tuple[int, ...], win: Window,
+               cats: np.ndarray | None = None, spans: Mapping[int, SpanIndex] | None = None) -> list[Segment]:
+    """A heatmap line: two blocks of ranks, one above the other in each cell (``▀``: the upper
+    block's colour on the lower's), coloured by how many of each block's ranks are busy, or
+    amber / red where one of them is slow or past hang_after."""
+    def colours(ranks: tuple[int, ...]) -> np.ndarray:
+        if not ranks:
+            return np.zeros(win.width, np.int16)
+        level, worst = group_levels(m, ranks, win, cats, spans)
+        return np.where(worst >= palette.ERROR, 6, np.where(worst == palette.WARN, 5, level)).astype(np.int16)
+
+    top, bottom = colours(upper), colours(lower)
+    key = top * 8 + bottom
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(key)) + 1))
+    ends = np.concatenate((starts[1:], [win.width]))
+    segs = []
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        segs.append(Segment("▀" * (b - a), _HEAT_STYLES[int(top[a])][int(bottom[a])]))
+    return segs
+
+
+def paint_group(m: ModelLike, ranks: tuple[int, ...], win: Window, cats: np.ndarray | None = None,
+                spans: Mapping[int, SpanIndex] | None = None) -> list[Segment]:
+    """Collapsed rows: how many of the ranks are busy in each cell, as shades."""
+    w = win.width
+    level, worst = group_levels(m, ranks, win, cats, spans)
     segs: list[Segment] = []
     key = level * 16 + worst
     starts = np.concatenate(([0], np.flatnonzero(np.diff(key)) + 1))

@@ -47,3 +47,7 @@ SEVERITY_ICON = {"error": "✖", "warning": "▲"}
 
 SPARK = " ▁▂▃▄▅▆▇█"
 SHADES = " ░▒▓█"
+
+#: The heatmap's cell colours by how many of a block's ranks are busy (level 0: none .. 4: all),
+#: from the collective hue; a block with a rank slow or past hang_after takes WARN's or ERROR's.
+HEAT = ["#1c1c1c", "#1d3a5c", "#2b5688", "#3d74b3", "#5f9be0"]

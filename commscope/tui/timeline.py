@@ -46,7 +46,7 @@ PIN_MIN_RANKS = 32
 #: A job of more ranks than this opens with its rows summarized by behaviour (``behaviours``)
 SUMMARY_MIN_RANKS = 64
 #: The row modes, in the order ``c`` cycles through them
-MODES = ("ranks", "behaviour", "nodes", "blocks")
+MODES = ("ranks", "behaviour", "nodes", "blocks", "heat")
 
 
 def behaviour_groups(m: ModelView, ranks: list[int]) -> list[tuple[tuple, list[int]]]:
@@ -64,6 +64,23 @@ def behaviour_groups(m: ModelView, ranks: list[int]) -> list[tuple[tuple, list[i
             key = (st.kind, sig.op, sig.group, int(rt.seq[st.op]))
         groups.setdefault(key, []).append(r)
     return sorted(groups.items(), key=lambda kv: (len(kv[1]), kv[0][0], kv[1][0]))
+
+
+def heat_rows(ranks: list[int], lines: int) -> list[Row]:
+    """The heatmap: ``ranks`` in 2 x ``lines`` blocks of consecutive ranks (or one each, when
+    fewer), two blocks a line, one above the other in each cell: 16,384 ranks in 40 lines
+    are blocks of 205."""
+    if not ranks:
+        return []
+    per = -(-len(ranks) // max(1, 2 * lines))
+    blocks = [tuple(ranks[i:i + per]) for i in range(0, len(ranks), per)]
+    rows = []
+    for i in range(0, len(blocks), 2):
+        upper, lower = blocks[i], blocks[i + 1] if i + 1 < len(blocks) else ()
+        last = (lower or upper)[-1]
+        rows.append(Row(f"h:{upper[0]}-{last}", f"r{upper[0]}", upper + lower,
+                        "" if i else f"{per} rank{'s' if per > 1 else ''} a half-cell", len(upper)))
+    return rows
 
 
 def behaviours(m: ModelView, ranks: list[int]) -> list[Row]:
@@ -195,6 +212,8 @@ class Timeline(ScrollView, can_focus=True):
             rows += [Row(f"r{r}", f"r{r}", (r,)) for r in ranks]  # (a few ranks read best one by one)
         elif self.mode == "behaviour":
             rows += behaviours(m, ranks)
+        elif self.mode == "heat":  # the whole job in the lines the widget has (less the legend's)
+            rows += heat_rows(ranks, max(4, (self.size.height or 24) - len(rows) - 1))
         elif self.mode == "nodes":
             hosts: dict[str, list[int]] = {}
             for r in ranks:
@@ -609,6 +628,8 @@ class Timeline(ScrollView, can_focus=True):
 
     def on_resize(self, event: events.Resize) -> None:
         self._cache.clear()
+        if self.mode == "heat":
+            self.rebuild_rows()
         self.virtual_size = Size(self.size.width, len(self.rows))
         self.ensure_placed()
 
