@@ -14,7 +14,8 @@ import pytest
 from redis_fixture import require_redis_server
 
 
-@pytest.mark.parametrize("store, fault", [("directory", "dead"), ("redis-cluster", "mismatch")])
+@pytest.mark.parametrize("store, fault", [("directory", "dead"), ("redis-cluster", "mismatch"),
+                                          ("directory", "two-hosts")])
 def test_bench_scale_finds_the_fault_it_injects(store, fault):
     if store != "directory":
         require_redis_server()

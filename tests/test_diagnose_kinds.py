@@ -374,6 +374,39 @@ def test_a_straggler_host_is_the_host_even_when_one_of_its_ranks_is_always_the_l
     assert f[0].culprits == list(range(8, 16)) and f[0].evidence["host"] == "node01"
 
 
+def test_two_slow_hosts_taking_turns_are_both_named_as_hosts():
+    """Hosts node01 and node02 slow in turns (each last in half the collectives, by 40-50 ms):
+    each is a straggler host that takes turns with the other; nobody else is named."""
+    b = TraceBuilder(32, ranks_per_host=8)
+    t = b.t0 + S // 10
+    for k in range(24):
+        host = (8 if k % 2 else 16)
+        slow = {r: 40 * MS for r in range(host, host + 8)}
+        slow[host + k % 8] = 50 * MS
+        t = b.collective(t, "all_reduce", skew=slow, latency=MS) + MS
+    b.heartbeats(b.t0, t)
+    _, f = run(b)
+    got = sorted((x.evidence["host"], x.culprits, x.evidence["turns_with"]) for x in f)
+    assert kinds(f) == ["straggler", "straggler"]
+    assert got == [("node01", list(range(8, 16)), ["host node02"]), ("node02", list(range(16, 24)), ["host node01"])]
+    assert all(x.evidence["last_share"] == 0.5 for x in f)
+    assert all(x.evidence["median_lateness_s"] == pytest.approx(0.05, abs=1e-3) for x in f)
+    assert "takes turns with host node02" in next(x.message for x in f if x.evidence["host"] == "node01")
+
+
+def test_two_ranks_taking_turns_are_both_named_and_jitter_is_not():
+    """Ranks 3 and 9 late in turns by 30 ms: both named; rank 5, last now and then by a hair
+    (0.2 ms against 1 ms collectives), is not."""
+    b = TraceBuilder(16)
+    t = b.t0 + S // 10
+    for k in range(24):
+        skew = {3 if k % 2 else 9: 30 * MS} if k % 6 else {5: 200_000}
+        t = b.collective(t, "all_reduce", skew=skew, latency=MS) + MS
+    b.heartbeats(b.t0, t)
+    _, f = run(b)
+    assert sorted((x.culprits, x.evidence["turns_with"]) for x in f) == [([3], ["rank 9"]), ([9], ["rank 3"])]
+
+
 def test_one_slow_rank_of_a_multi_host_job_is_named_as_the_rank():
     b = TraceBuilder(32, ranks_per_host=8)
     t = b.t0 + S // 10

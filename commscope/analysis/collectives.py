@@ -31,6 +31,11 @@ STRAGGLER_MIN_NS = 1_000_000
 #: judged over this many recent complete collectives (at least STRAGGLER_MIN_ROWS).
 STRAGGLER_WINDOW = 64
 STRAGGLER_MIN_ROWS = 8
+#: Stragglers may take turns (two slow hosts, alternately last): each last in at least this
+#: share, late by the same measure where it is last, at most STRAGGLER_TURNS of them, and
+#: last together in at least STRAGGLER_LAST_SHARE of the collectives.
+STRAGGLER_TURN_SHARE = 0.3
+STRAGGLER_TURNS = 3
 #: Later mismatched instances of a group after its first one are counted, not reported.
 MISMATCH_REPORT = 1
 
@@ -167,6 +172,8 @@ class Straggler(Evidence):
     first_seq: int
     last_seq: int
     ops: list[str]
+    #: the other stragglers of the group it takes turns with at being last ("host node02", "rank 7")
+    turns_with: list[str] = ABSENT
     other_groups: list[dict[str, Any]] = ABSENT  # the same fields, for its other groups
 
     def render(self, f: Finding) -> list[RenderableType]:
@@ -400,8 +407,9 @@ def _lateness(model: TraceModel, gi: GroupIndex, rows: np.ndarray, late_by: np.n
 
 def find_stragglers(model: TraceModel) -> list[Finding]:
     """Ranks that arrive last at most collectives of a group, by more than the collective
-    takes; and hosts whose ranks do so together (8 slow GPUs of one node: the host is
-    nearly always last, whichever of its ranks is), named once, as the host.  A host is
+    takes, or a few that take turns at it (two slow hosts, alternately last: each judged
+    where it is last); and hosts whose ranks do so together (8 slow GPUs of one node: the
+    host is nearly always last, whichever of its ranks is), named once, as the host.  A host is
     judged in a group that holds several of its ranks (most of them late, two at least), or
     across groups that hold one each (an HSDP replica group per local rank: two of its
     ranks straggling, each in its own group)."""
@@ -425,22 +433,42 @@ def find_stragglers(model: TraceModel) -> list[Finding]:
         for col, r in enumerate(gi.ranks):
             if r in hosts:
                 by_host.setdefault(hosts[r], []).append(col)
+        # candidates: (name, share, stats, host or None); one last alone in most collectives,
+        # or several taking turns (judged where each is last)
+        cands: list[tuple[str, float, dict[str, Any], str | None]] = []
         for host, cols in by_host.items():
             share = float(shares[cols].sum())
-            if len(cols) < 2 or len(cols) == len(gi.ranks) or share < STRAGGLER_LAST_SHARE:
+            if len(cols) < 2 or len(cols) == len(gi.ranks) or share < STRAGGLER_TURN_SHARE:
                 continue
-            late = [k for k in cols if float(np.median(skew[:, k])) >= floor]
+            when = slice(None) if share >= STRAGGLER_LAST_SHARE else np.isin(last, cols)
+            late = [k for k in cols if float(np.median(skew[when, k])) >= floor]
             if len(late) < 2 or 2 * len(late) < len(cols):  # one or two slow ranks: named as ranks
                 continue
-            hosted.update(late)
             host_late = skew[:, late].max(axis=1)  # the host is there once its last rank is
-            per_host.setdefault(host, []).append(
-                dict(_lateness(model, gi, rows, host_late, share, lat_med, late[0]),
-                     _ranks=[gi.ranks[k] for k in late]))
-        for col in np.flatnonzero(shares >= STRAGGLER_LAST_SHARE).tolist():
-            if col not in hosted and float(np.median(skew[:, col])) >= floor:
-                per_rank.setdefault(gi.ranks[col], []).append(
-                    _lateness(model, gi, rows, skew[:, col], float(shares[col]), lat_med, col))
+            cands.append((f"host {host}", share, dict(_lateness(model, gi, rows, host_late[when], share, lat_med,
+                                                                late[0]), _ranks=[gi.ranks[k] for k in late],
+                                                       _cols=late), host))
+        for col in np.flatnonzero(shares >= STRAGGLER_TURN_SHARE).tolist():
+            if any(col in c[2]["_cols"] for c in cands if c[3] is not None):
+                continue
+            share = float(shares[col])
+            when = slice(None) if share >= STRAGGLER_LAST_SHARE else last == col
+            if float(np.median(skew[when, col])) >= floor:
+                cands.append((f"rank {gi.ranks[col]}", share, dict(
+                    _lateness(model, gi, rows, skew[when, col], share, lat_med, col), _cols=[col]), None))
+        turns = [c for c in cands if c[1] < STRAGGLER_LAST_SHARE]
+        if not (len(turns) <= STRAGGLER_TURNS and sum(c[1] for c in turns) >= STRAGGLER_LAST_SHARE):
+            turns = []
+        for name, share, stats, host in cands:
+            if share < STRAGGLER_LAST_SHARE and not any(t[0] == name for t in turns):
+                continue
+            if share < STRAGGLER_LAST_SHARE:
+                stats["turns_with"] = [t[0] for t in turns if t[0] != name]
+            if host is not None:
+                hosted.update(stats["_cols"])
+                per_host.setdefault(host, []).append(stats)
+            else:
+                per_rank.setdefault(gi.ranks[stats["_cols"][0]], []).append(stats)
     for host, ranks in _group_by_host(per_rank, hosts).items():  # one rank of the host per group
         for r in ranks:
             per_host.setdefault(host, []).extend(dict(d, _ranks=[r]) for d in per_rank.pop(r))
@@ -451,17 +479,22 @@ def find_stragglers(model: TraceModel) -> list[Finding]:
         msg = (f"host {host} (ranks {ranges(ranks)}) arrived last in {top['last_share'] * 100:.0f}% of the "
                f"last {top['collectives']} collectives of group {top['group']}, by a median "
                f"{top['median_lateness_s'] * 1e3:.1f} ms: its ranks are slow together (the collectives themselves "
-               f"take a median {top['median_latency_s'] * 1e3:.2f} ms)")
+               f"take a median {top['median_latency_s'] * 1e3:.2f} ms){_turns(top)}")
         out.append(Finding("straggler", top["group"], top["last_seq"], (top["ops"] or [None])[0], top["_members"],
                            ranks, msg, ev))
     for r, stats in per_rank.items():
         top, ev = _worst(stats)
         msg = (f"rank {r} arrived last in {top['last_share'] * 100:.0f}% of the last {top['collectives']} "
                f"collectives of group {top['group']}, by a median {top['median_lateness_s'] * 1e3:.1f} ms "
-               f"(the collectives themselves take a median {top['median_latency_s'] * 1e3:.2f} ms)")
+               f"(the collectives themselves take a median {top['median_latency_s'] * 1e3:.2f} ms){_turns(top)}")
         out.append(Finding("straggler", top["group"], top["last_seq"], (top["ops"] or [None])[0], top["_members"],
                            [r], msg, ev))
     return out
+
+
+def _turns(top: dict[str, Any]) -> str:
+    """'; it takes turns with host node02 at being last' for stragglers that alternate."""
+    return f"; it takes turns with {', '.join(top['turns_with'])} at being last" if top.get("turns_with") else ""
 
 
 def _group_by_host(per_rank: dict[int, list[dict[str, Any]]], hosts: dict[int, str]) -> dict[str, list[int]]:

@@ -15,6 +15,8 @@ way in, the fault is injected:
                                                                      -> collective_mismatch
     straggler-host  the culprit's host (its 8 ranks) arrives 20 ms late at every
                     collective from then on                          -> straggler, the host
+    two-hosts       the culprit's host and the next take turns: one is 20 ms late at
+                    every collective from then on, alternately       -> straggler, each host
     none            nothing
 
 The console's data side (``tui/feed.Feed``: the reader's polls, the model, diagnose every
@@ -47,10 +49,12 @@ import numpy as np
 from commscope.bench.stats import fmt_time, quantile
 
 S = 1_000_000_000
-FAULTS = ("missing", "dead", "mismatch", "straggler-host", "none")
+FAULTS = ("missing", "dead", "mismatch", "straggler-host", "two-hosts", "none")
+#: Faults that make hosts late (a straggler needs its window of late collectives)
+SLOW_HOSTS = ("straggler-host", "two-hosts")
 #: What the console must find, and whether it names the host's ranks
 EXPECTED = {"missing": "missing_ranks", "dead": "dead_rank", "mismatch": "collective_mismatch",
-            "straggler-host": "straggler", "none": None}
+            "straggler-host": "straggler", "two-hosts": "straggler", "none": None}
 TARGET_LAG_S = 2.0
 TARGET_FRAME_S = 0.050
 TARGET_RSS = 4 << 30
@@ -98,9 +102,16 @@ class Plan:
     def base(self, k: int) -> int:
         return self.t_start + k * self.period
 
-    def host_ranks(self) -> range:
-        h = self.culprit // self.ranks_per_host
+    def host_ranks(self, turn: int = 0) -> range:
+        """The culprit's host's ranks (``turn`` 1: the next host's, which takes turns with it)."""
+        h = (self.culprit // self.ranks_per_host + turn) % max(1, -(-self.ranks // self.ranks_per_host))
         return range(h * self.ranks_per_host, min(self.ranks, (h + 1) * self.ranks_per_host))
+
+    def culprit_sets(self) -> list[list[int]]:
+        """The culprits the findings must name: one list per finding."""
+        if self.fault == "two-hosts":
+            return [sorted(self.host_ranks(0)), sorted(self.host_ranks(1))]
+        return [sorted(self.host_ranks())] if self.fault == "straggler-host" else [[self.culprit]]
 
 
 def _sid(plan: Plan, k: int) -> int:
@@ -137,7 +148,7 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
     plan = _started(plan, w)  # every stream open (16k take a while): then the job's clock runs
     rnd = np.random.default_rng(w + 1)  # each rank's arrival: up to 0.2 ms after the collective's time
     culprit_at = int(np.flatnonzero(mine == plan.culprit)[0]) if plan.culprit in mine.tolist() else -1
-    host = np.isin(mine, np.array(list(plan.host_ranks())))
+    hosts = [np.isin(mine, np.array(list(plan.host_ranks(turn)))) for turn in (0, 1)]
     pos = np.zeros(mine.shape[0], np.int64)  # each stream's ring position
     begun = ended = 0  # collectives whose begins / ends every rank has written
     lines_out = events = before = 0
@@ -156,7 +167,7 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
         k_hi = max(0, (due - plan.t_start) // plan.period + 1)
         if hung:
             k_hi = min(k_hi, plan.fault_k + 1)
-        late = plan.fault == "straggler-host"
+        late = plan.fault in SLOW_HOSTS
         k_end = max(0, (due - plan.t_start - (HOST_LATE_NS if late else 0) - 600_000) // plan.period + 1)
         if hung:
             k_end = min(k_end, plan.fault_k)  # the fault's collective never ends
@@ -175,6 +186,7 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
                     sid = _sid(plan, k)
                     f["typ"], f["len"], f["id"], f["seq"], f["tid"], f["sid"] = (
                         blocks.BEGIN_SIG, BEGIN_SIG_DT.itemsize, k + 1, k + 1, 1, sid)
+                    host = hosts[k % 2 if plan.fault == "two-hosts" else 0]
                     f["ts"] = base + rnd.integers(0, 200_000, mine.shape[0]) + np.where(host & late_k, HOST_LATE_NS, 0)
                     used.add(sid)
                     if plan.fault == "mismatch" and k == plan.fault_k and culprit_at >= 0:
@@ -253,7 +265,8 @@ def follow(plan: Plan, fault_ns: int, until: float) -> dict[str, Any]:
     from commscope.tui.feed import Feed
 
     expect = EXPECTED[plan.fault]
-    culprits = sorted(plan.host_ranks()) if plan.fault == "straggler-host" else [plan.culprit]
+    want = plan.culprit_sets()  # each named by one finding of the expected kind
+    named_at: dict[int, int] = {}
     reader = open_reader(plan.store + ("&" if "?" in plan.store else "?") + f"job={plan.job}"
                          if plan.store.startswith("redis") else os.path.join(plan.store, plan.job), wait=True)
     feed = Feed(reader, hang_after=plan.hang_after)
@@ -280,9 +293,11 @@ def follow(plan: Plan, fault_ns: int, until: float) -> dict[str, Any]:
                 first_round = wall  # (still reading every stream a first time)
         for f in feed.findings:
             if f.severity == "error" or f.kind == expect:
-                named = f.kind == expect and sorted(f.culprits) == culprits
-                if named and not found_ns and wall >= fault_ns:
-                    found_ns = wall
+                named = f.kind == expect and sorted(f.culprits) in want
+                if named and wall >= fault_ns:
+                    named_at.setdefault(want.index(sorted(f.culprits)), wall)
+                    if not found_ns and len(named_at) == len(want):
+                        found_ns = wall  # (when the last of them was named)
                 elif not named and f"{f.kind} {ranges(f.culprits, limit=4)}" not in wrong:
                     wrong.append(f"{f.kind} {ranges(f.culprits, limit=4)}")
         mono = time.monotonic()
@@ -381,7 +396,7 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
           f"    p99 {mark_p99:.2f} s behind (target <= {TARGET_LAG_S:g} s), from the first full read\n"
           f"    ({seen['first_round_s']:.1f} s after the job's start)")
     if EXPECTED[plan.fault]:
-        note = "\n    (a straggler needs its window of late collectives)" if plan.fault == "straggler-host" else ""
+        note = "\n    (a straggler needs its window of late collectives)" if plan.fault in SLOW_HOSTS else ""
         took = f"{found:.1f} s" if found is not None else "NOT FOUND"
         print(f"  fault -> finding: {took} (target <= hang_after + 5 = {limit:g} s){note}")
     if seen["wrong"]:
@@ -396,6 +411,6 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
               f"    need {per_event * full:.2f} cores for the console at its {per_event * 1e6:.2f} us per event")
     ok = (mark_p99 <= TARGET_LAG_S and frame <= TARGET_FRAME_S and seen["rss"] <= TARGET_RSS
           and (EXPECTED[plan.fault] is None or (found is not None and found <= limit + (
-              60 / plan.rate if plan.fault == "straggler-host" else 0))))
+              60 / plan.rate if plan.fault in SLOW_HOSTS else 0))))
     print(f"  met: {'yes' if ok else 'NO'}")
     return 0
