@@ -828,7 +828,8 @@ def test_thousands_of_ranks_are_summarized_by_behaviour_and_every_key_works():
     the ranks doing the same thing one row with a count; c cycles the modes, arrows move."""
     from tui_scenarios import wide_missing_rank
 
-    from commscope.tui.timeline import MODES
+    from commscope.tui.painter import paint_group
+    from commscope.tui.timeline import BEHAVIOUR_SAMPLE, MODES
 
     events, now = wide_missing_rank()
     app = make_app(events, now)
@@ -841,6 +842,11 @@ def test_thousands_of_ranks_are_summarized_by_behaviour_and_every_key_works():
         (rest,) = tl.rows[8:]
         assert len(rest.ranks) == 4088 and rest.label == "×4088" and "in all_reduce #4 (group 0)" in rest.note
         assert "4,088 ranks (0-2047,2056-4095)" in rest.note
+        # shaded from an even sample of its ranks (they do the same thing): a frame stays cheap
+        sample = rest.painted_ranks()
+        assert len(sample) <= BEHAVIOUR_SAMPLE and sample[0] == 0 and sample[-1] > 4000
+        win = tl.window(tl.timeline_width())
+        assert paint_group(tl.model, sample, win) == paint_group(tl.model, rest.ranks, win)  # alike ranks
         seen = [tl.mode]
         for _ in MODES:
             await pilot.press("c")

@@ -54,6 +54,16 @@ class Row(NamedTuple):
     note: str = ""
     #: a heatmap row: its first ``upper`` ranks are the upper half of each cell, the rest the lower
     upper: int = 0
+    #: paint at most this many of its ranks, evenly spread (0: all of them): a row of ranks
+    #: doing the same thing (a behaviour row) is shaded from a sample, whatever its count
+    sample: int = 0
+
+    def painted_ranks(self) -> tuple[int, ...]:
+        """The ranks its cells are painted from (``sample``)."""
+        if not self.sample or len(self.ranks) <= self.sample:
+            return self.ranks
+        step = -(-len(self.ranks) // self.sample)
+        return self.ranks[::step]
 
 
 class Window(NamedTuple):
@@ -94,7 +104,7 @@ def render_row(m: ModelLike, row: Row, win: Window, *, kind: str = "unknown", fo
     elif row.upper:
         segs = paint_heat(m, row.ranks[:row.upper], row.ranks[row.upper:], win, cats, spans)
     else:
-        segs = paint_group(m, row.ranks, win, cats, spans)
+        segs = paint_group(m, row.painted_ranks(), win, cats, spans)
     strip = Strip(_gutter(row, kind, focused, flagged) + segs, width)
     if row.note and w > 8:
         note = f" {row.note} "[:w - 2]

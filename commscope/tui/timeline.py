@@ -45,6 +45,9 @@ MAX_NPC = 3600 * 10**9  # (the painter's cell arithmetic is exact up to this: pa
 PIN_MIN_RANKS = 32
 #: A job of more ranks than this opens with its rows summarized by behaviour (``behaviours``)
 SUMMARY_MIN_RANKS = 64
+#: A behaviour row is shaded from at most this many of its ranks, evenly spread: they do the
+#: same thing now, and 16,384 of them painted one by one take ~1 s a frame (64: ~5 ms)
+BEHAVIOUR_SAMPLE = 64
 #: The row modes, in the order ``c`` cycles through them
 MODES = ("ranks", "behaviour", "nodes", "blocks", "heat")
 
@@ -92,7 +95,7 @@ def behaviours(m: ModelView, ranks: list[int]) -> list[Row]:
         doing = {"blocked": "in", "running": "in", "idle": "idle after"}.get(kind, kind)
         note = f"{ranks_text(rs)}: {doing} {what}".strip() if len(rs) > 1 else f"{doing} {what}".strip()
         rows.append(Row(f"s:{kind}:{op}:{group}:{seq}:{len(rs)}", f"×{len(rs)}" if len(rs) > 1 else f"r{rs[0]}",
-                        tuple(rs), note))
+                        tuple(rs), note, sample=BEHAVIOUR_SAMPLE))
     return rows
 
 
@@ -341,7 +344,7 @@ class Timeline(ScrollView, can_focus=True):
             strip = render_row(m, row, win, kind=kind, focused=focused, flagged=row.key in self._flagged_rows,
                                cats=cats, painted=painted, spans=self._spans if self.SPAN_INDEX else None)
             if len(row.ranks) > 1:  # a collapsed row's ranks may want their indexes too
-                self._build_wanted(self._spans[r] for r in row.ranks)
+                self._build_wanted(self._spans[r] for r in row.painted_ranks())
             self._cache[key] = strip
         return strip
 
