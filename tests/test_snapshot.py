@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,16 +22,11 @@ import pytest
 from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
 
 from commscope.bench import hungjob
+from commscope.launch import free_port
 from commscope.snapshot import infer, procs, pyspy
 
 WORKER = hungjob.__file__
 SETTLE_S = 180.0  # a generous bound on a loaded machine; the poll returns as soon as ranks are there
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -55,17 +49,14 @@ class Launched:
     def kill(self) -> None:
         for p in self.popens:
             try:
-                kids = psutil.Process(p.pid).children(recursive=True)
+                kids = [k.pid for k in psutil.Process(p.pid).children(recursive=True)]
             except psutil.Error:
                 kids = []
-            for k in [*kids, p]:
+            for pid in [*kids, p.pid]:
                 try:
-                    k.send_signal(signal.SIGKILL)
-                except (psutil.Error, ProcessLookupError, AttributeError):
-                    try:
-                        os.kill(k.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             p.wait()
 
 
@@ -75,7 +66,7 @@ def jobs():
 
     def start(how: str, mode: str, world: int = 4, *, local_world: int | None = None, extra: dict | None = None,
               ranks: list[int] | None = None) -> Launched:
-        port = _port()
+        port = free_port()
         if how == "env":
             ps = []
             for r in (ranks if ranks is not None else range(world)):
@@ -115,7 +106,7 @@ def where(threads: list[pyspy.PyThread]) -> str | None:
     return None
 
 
-def settle(launched: Launched, expect: dict[int, str | None], world: int | None = None) -> None:
+def settle(launched: Launched, expect: dict[int, str | None]) -> None:
     """Poll until the job's ranks are where ``expect`` says (rank -> op or function; None:
     the rank's process is gone)."""
     deadline = time.monotonic() + SETTLE_S
@@ -129,8 +120,7 @@ def settle(launched: Launched, expect: dict[int, str | None], world: int | None 
                 state[r] = where(pyspy.dump(pid, locals_=True))
             except pyspy.DumpError:
                 state[r] = "?"
-        want = {r: w for r, w in expect.items()}
-        ok = all((r not in ranks) if w is None else state.get(r) == w for r, w in want.items())
+        ok = all((r not in ranks) if w is None else state.get(r) == w for r, w in expect.items())
         if ok:
             return
         last = state
@@ -141,6 +131,15 @@ def settle(launched: Launched, expect: dict[int, str | None], world: int | None 
 def snapshot(*args: str, env: dict | None = None, prefix: list[str] | None = None) -> subprocess.CompletedProcess:
     cmd = [*(prefix or []), sys.executable, "-m", "commscope", "snapshot", "--interval", "0.3", "--count", "2", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(env))
+
+
+def taken(store: Path | str, job: Launched | None, *extra: str) -> str:
+    """``commscope snapshot --out STORE [--pid <the job's pids>] EXTRA...``, which must succeed:
+    its output."""
+    pids = ["--pid", *map(str, job.pids)] if job is not None else []
+    out = snapshot("--out", str(store), *pids, *extra)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
 
 
 def check(store: Path | str) -> dict:
@@ -166,9 +165,8 @@ def one_error(report: dict, kind: str, culprits: list[int]) -> dict:
 def test_a_rank_spinning_in_python_is_the_missing_rank_with_its_frame(jobs, tmp_path):
     job = jobs("torchrun", "missing")
     settle(job, {0: "all_reduce", 1: "all_reduce", 2: "spin", 3: "all_reduce"})
-    out = snapshot("--out", str(tmp_path / "s"), "--pid", *map(str, job.pids))
-    assert out.returncode == 0, out.stderr
-    assert "4 of 4 ranks" in out.stdout and "torchrun" in out.stdout
+    out = taken(tmp_path / "s", job)
+    assert "4 of 4 ranks" in out and "torchrun" in out
     f = one_error(check(tmp_path / "s"), "missing_ranks", [2])
     assert f["seq"] is None and f["op"] == "all_reduce" and f["group"] == "0"
     assert "spin" in f["message"] and "% CPU" in f["message"]  # where it is instead, and busy
@@ -180,9 +178,8 @@ def test_a_rank_spinning_in_python_is_the_missing_rank_with_its_frame(jobs, tmp_
 def test_a_rank_sleeping_in_a_data_loader_under_spawn(jobs, tmp_path):
     job = jobs("spawn", "loader")
     settle(job, {0: "all_reduce", 1: "SlowDataset.__getitem__", 2: "all_reduce", 3: "all_reduce"})
-    out = snapshot("--out", str(tmp_path / "s"), "--pid", *map(str, job.pids))
-    assert out.returncode == 0, out.stderr
-    assert "spawn" in out.stdout and "4 of 4 ranks" in out.stdout
+    out = taken(tmp_path / "s", job)
+    assert "spawn" in out and "4 of 4 ranks" in out
     f = one_error(check(tmp_path / "s"), "missing_ranks", [1])
     assert "__getitem__" in f["evidence"]["stacks"]["1"][0]["where"]
 
@@ -190,8 +187,7 @@ def test_a_rank_sleeping_in_a_data_loader_under_spawn(jobs, tmp_path):
 def test_ranks_in_different_collectives_are_a_mismatch(jobs, tmp_path):
     job = jobs("env", "mismatch")
     settle(job, {0: "all_reduce", 1: "all_reduce", 2: "all_reduce", 3: "broadcast"})
-    out = snapshot("--out", str(tmp_path / "s"), "--pid", *map(str, job.pids))
-    assert out.returncode == 0, out.stderr
+    taken(tmp_path / "s", job)
     f = one_error(check(tmp_path / "s"), "collective_mismatch", [3])
     assert f["seq"] is None
 
@@ -199,8 +195,7 @@ def test_ranks_in_different_collectives_are_a_mismatch(jobs, tmp_path):
 def test_a_p2p_cycle_is_named_and_the_barrier_behind_it_is_its_consequence(jobs, tmp_path):
     job = jobs("env", "cycle")
     settle(job, {0: "recv", 1: "recv", 2: "barrier", 3: "barrier"})
-    out = snapshot("--out", str(tmp_path / "s"), "--pid", *map(str, job.pids))
-    assert out.returncode == 0, out.stderr
+    taken(tmp_path / "s", job)
     f = one_error(check(tmp_path / "s"), "p2p_deadlock", [0, 1])
     assert [c["kind"] for c in f["evidence"]["consequences"]] == ["missing_ranks"]
 
@@ -209,9 +204,8 @@ def test_a_dead_rank_is_the_one_culprit(jobs, tmp_path):
     job = jobs("env", "dead")
     settle(job, {3: None, 1: "all_reduce"})
     # (the whole host is looked at: with --pid, ranks not given are not called gone)
-    out = snapshot("--out", str(tmp_path / "s"), "--job-pid", str(job.pids[0]))
-    assert out.returncode == 0, out.stderr
-    assert "3 of 4 ranks" in out.stdout and "gone: rank(s) 3" in out.stdout
+    out = taken(tmp_path / "s", None, "--job-pid", str(job.pids[0]))
+    assert "3 of 4 ranks" in out and "gone: rank(s) 3" in out
     report = check(tmp_path / "s")
     f = one_error(report, "dead_rank", [3])
     assert "gone" in f["message"]
@@ -225,21 +219,19 @@ def test_flight_recorder_dumps_give_sequence_numbers(jobs, tmp_path):
     deadline = time.monotonic() + SETTLE_S
     while not all(os.path.exists(f"{prefix}{r}") for r in range(4)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    out = snapshot("--out", str(tmp_path / "s"), "--pid", *map(str, job.pids))
-    assert out.returncode == 0, out.stderr
-    assert "Flight Recorder dumps of 4 rank(s) read (4 from dump files)" in out.stdout
+    out = taken(tmp_path / "s", job)
+    assert "Flight Recorder dumps of 4 rank(s) read (4 from dump files)" in out
     f = one_error(check(tmp_path / "s"), "missing_ranks", [2])
     assert f["seq"] == 2 and "Flight Recorder" in f["message"]  # the job's first all_reduce was #1
 
 
 def test_torchs_debug_server_gives_sequence_numbers(jobs, tmp_path):
     """A job running torch.distributed.debug's server: each rank's buffer comes from it."""
-    job = jobs("env", "debugserver", extra={"TORCH_FR_BUFFER_SIZE": "2000", "DEBUG_PORT": str(_port())})
+    job = jobs("env", "debugserver", extra={"TORCH_FR_BUFFER_SIZE": "2000", "DEBUG_PORT": str(free_port())})
     settle(job, {0: "all_reduce", 1: "all_reduce", 2: "spin", 3: "all_reduce"})
-    out = snapshot("--out", str(tmp_path / "s"), "--pid", *map(str, job.pids))
-    assert out.returncode == 0, out.stderr
-    assert "4 of 4 ranks" in out.stdout  # (not the frontend rank 0 starts: it has rank 0's environment)
-    assert "Flight Recorder dumps of 4 rank(s) read (4 from torch's debug server)" in out.stdout
+    out = taken(tmp_path / "s", job)
+    assert "4 of 4 ranks" in out  # (not the frontend rank 0 starts: it has rank 0's environment)
+    assert "Flight Recorder dumps of 4 rank(s) read (4 from torch's debug server)" in out
     f = one_error(check(tmp_path / "s"), "missing_ranks", [2])
     assert f["seq"] == 2 and "Flight Recorder" in f["message"]
 
@@ -248,9 +240,8 @@ def test_a_snapshot_into_redis(jobs, redis_url):
     """Redis when given: nodes without a shared filesystem write one snapshot there."""
     job = jobs("env", "mismatch")
     settle(job, {0: "all_reduce", 1: "all_reduce", 2: "all_reduce", 3: "broadcast"})
-    out = snapshot("--out", redis_url, "--pid", *map(str, job.pids))
-    assert out.returncode == 0, out.stderr
-    assert "ERROR collective_mismatch" in out.stdout
+    out = taken(redis_url, job)
+    assert "ERROR collective_mismatch" in out
     one_error(check(redis_url), "collective_mismatch", [3])
 
 
@@ -263,8 +254,7 @@ def test_two_jobs_on_one_host_ask_which(jobs, tmp_path):
     out = snapshot("--out", str(tmp_path / "s"), "--pid", *map(str, pids))
     assert out.returncode == 2
     assert "2 jobs on this host" in out.stderr and "--job-pid" in out.stderr
-    out = snapshot("--out", str(tmp_path / "s"), "--pid", *map(str, pids), "--job-pid", str(b.pids[1]))
-    assert out.returncode == 0, out.stderr
+    taken(tmp_path / "s", None, "--pid", *map(str, pids), "--job-pid", str(b.pids[1]))
     report = check(tmp_path / "s")
     one_error(report, "p2p_deadlock", [0, 1])
     events = [json.loads(x) for p in (tmp_path / "s").rglob("rank-*.jsonl") for x in p.read_text().splitlines()]
@@ -284,14 +274,12 @@ def test_two_hosts_add_their_ranks_to_one_snapshot(jobs, tmp_path):
         settle(first, {0: "all_reduce", 1: "all_reduce"})
         settle(second, {2: "spin", 3: "all_reduce"})
         store = tmp_path / "s"
-        out = snapshot("--out", str(store), "--id", "two-hosts", "--pid", *map(str, first.pids))
-        assert out.returncode == 0, out.stderr
-        assert "rank(s) 2-3 are on other hosts" in out.stdout
+        out = taken(store, first, "--id", "two-hosts")
+        assert "rank(s) 2-3 are on other hosts" in out
         half = check(store)
         assert errors(half) == []  # nobody blamed for ranks no snapshot saw
         assert [(f["kind"], f["culprits"]) for f in half["findings"]] == [("trace_incomplete", [2, 3])]
-        out = snapshot("--out", str(store), "--id", "two-hosts", "--pid", *map(str, second.pids))
-        assert out.returncode == 0, out.stderr
+        taken(store, second, "--id", "two-hosts")
         one_error(check(store), "missing_ranks", [2])
     finally:
         second.kill()

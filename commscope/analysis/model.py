@@ -43,6 +43,7 @@ from commscope.analysis.vocab import (  # noqa: F401  (re-exported: the model's 
     P2P,
     RECV,
     SEND,
+    SNAPSHOT,
     SPACE_FR,
     SPACE_NATIVE,
     WAIT_EXC,
@@ -1156,7 +1157,7 @@ class TraceModel:
         s = self.sigs[int(rt.sig[i])]
         seq = int(rt.seq[i])
         peer = int(rt.peer[i])
-        text = s.op + (f" #{seq}" if seq >= 0 and s.src != "snapshot" else "")  # a snapshot's seq means nothing
+        text = s.op + (f" #{seq}" if seq >= 0 and s.src != SNAPSHOT else "")  # a snapshot's seq means nothing
         if s.flags & P2P:
             text += f" {'to' if s.flags & SEND else 'from'} {peer if peer >= 0 else 'any'}"
         return f"{text} (group {s.group}{', fr' if s.space == SPACE_FR else ''})"

@@ -19,9 +19,19 @@ import dataclasses
 import numpy as np
 
 from commscope.analysis import stacks
+from commscope.analysis.columns import RankTrace
 from commscope.analysis.errors import PEER_GONE
 from commscope.analysis.model import ModelLike, TraceModel
-from commscope.analysis.vocab import ASYNC, CONTAINER, NESTED, RankState, describe_kill, is_kill, signal_label
+from commscope.analysis.vocab import (
+    ASYNC,
+    CONTAINER,
+    NESTED,
+    SNAPSHOT,
+    RankState,
+    describe_kill,
+    is_kill,
+    signal_label,
+)
 
 STARTUP_SLACK_NS = 2 * 10**9  # ranks whose streams begin this close to the job's start started with it
 _TOP = NESTED | CONTAINER  # inner traffic and containers: never "the op a rank is in"
@@ -208,7 +218,7 @@ def left_early(m: TraceModel, rank: int, now: int) -> bool:
     if rank in vanished(m, now):
         return True
     k = killed(m, rank)
-    if k is not None and k.get("src") == "snapshot":  # gone while a snapshot saw others still there
+    if k is not None and k.get("src") == SNAPSHOT:  # gone while a snapshot saw others still there
         return _survivors_last(m)[1] > int(k["ts"])
     if k is not None:  # killed while others went on (ranks killed together are a job stopped)
         t = departed_ns(m, rank) or int(k["ts"])
@@ -322,10 +332,10 @@ def _present(m: TraceModel, rank: int, now: int) -> RankState:
     return RankState("idle", f"idle (last {m.label(rank, last)} {(now - done) / 1e9:.1f} s ago)", last, done)
 
 
-def _outside(rt) -> str | None:
+def _outside(rt: RankTrace) -> str | None:
     """Where a rank ``commscope snapshot`` saw in no collective is instead: its last stack's
     innermost user frame, and whether it was busy (CPU) or waiting."""
-    if not rt.meta or rt.meta.get("recorder") != "snapshot" or rt.last_stack is None:
+    if not rt.meta or rt.meta.get("recorder") != SNAPSHOT or rt.last_stack is None:
         return None
     where = stacks.one_line(stacks.view(rt.last_stack)) or "?"
     cpu = (rt.samples.last or {}).get("cpu")

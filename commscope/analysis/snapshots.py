@@ -15,9 +15,7 @@ import re
 from commscope.analysis.findings import Finding
 from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
-
-#: ``meta.recorder``, ``op.src``, ``stack.reason`` and ``exit.src`` of what a snapshot wrote.
-SNAPSHOT = "snapshot"
+from commscope.analysis.vocab import SNAPSHOT
 
 
 def is_snapshot(model: TraceModel) -> bool:

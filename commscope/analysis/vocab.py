@@ -16,6 +16,12 @@ EXC, WAIT_EXC, APPROX, DONE, INFERRED = 1, 2, 4, 8, 16
 
 SPACE_NATIVE, SPACE_FR = 0, 1
 
+#: What ``commscope snapshot`` writes (a job read from outside, never instrumented): its meta's
+#: ``recorder``, its ops' ``src``, its stacks' ``reason`` and its exits' ``src``; and the exit
+#: ``reason`` of a rank whose process was not there when it looked.
+SNAPSHOT = "snapshot"
+GONE = "gone"
+
 #: Signals that kill a process from outside (a launcher stopping it, a user, the OOM killer):
 #: the rank did not crash, it was killed.
 KILL_SIGNALS = frozenset({"Terminated", "Killed", "Interrupt", "Hangup", "SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"})
@@ -35,7 +41,7 @@ def is_kill(ex: dict) -> bool:
     with ``os._exit`` and a failing code; or ``commscope snapshot`` found its process gone
     (``reason: "gone"``: how it went, nobody saw)."""
     reason = ex.get("reason")
-    return (reason in ("killed", "gone") or (reason == "signal" and ex.get("signal") in KILL_SIGNALS)
+    return (reason in ("killed", GONE) or (reason == "signal" and ex.get("signal") in KILL_SIGNALS)
             or (reason == "os._exit" and ex.get("code", 0) != 0))
 
 
@@ -43,7 +49,7 @@ def describe_kill(ex: dict) -> str:
     """'killed by SIGKILL', 'terminated (SIGTERM)', 'left through os._exit(3)'."""
     if ex.get("reason") == "os._exit":
         return f"left through os._exit({ex.get('code')})"
-    if ex.get("reason") == "gone":
+    if ex.get("reason") == GONE:
         return "its process was gone when commscope snapshot looked (how it ended, nothing recorded)"
     sig = ex.get("signal") or "a signal"
     who = " (its launcher saw it)" if ex.get("src") == "launcher" else ""

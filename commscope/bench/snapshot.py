@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from rich.table import Table
 
 from commscope.bench import hungjob
 from commscope.bench.stats import median
+from commscope.launch import free_port
 
 SETTINGS = {"default (3 samples, 1 s apart, native)": [],
             "one sample, native": ["--count", "1"],
@@ -42,15 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, default=4, help="ranks of the job (default 4)")
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(mode: str, ranks: int, stdout: int | None = subprocess.DEVNULL) -> list[subprocess.Popen]:
     """The job's ranks as plain processes with RANK/WORLD_SIZE, as any launcher starts them."""
-    port = _port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COMMSCOPE_", "TORCH_FR"))}
     out = []
     for r in range(ranks):

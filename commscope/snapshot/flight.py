@@ -5,7 +5,8 @@ Two places hold them:
 - dump files: PyTorch writes a rank's buffer to ``<prefix><rank>`` when its watchdog sees a
   collective time out (NCCL), or when the job asks (``_dump_fr_trace_json``).  The prefix is
   the job's ``TORCH_FR_DUMP_TEMP_FILE`` (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` in older
-  releases), default ``/tmp/nccl_trace_rank_``.  A dump older than its process is an earlier
+  releases), default ``/tmp/nccl_trace_rank_`` (``procs`` reads it with the rest of the rank's
+  environment).  A dump older than its process is an earlier
   run's and is left alone;
 - torch's debug server (``torch.distributed.debug.start_debug_server``): every rank serves
   its buffer at ``<url>/handler/fr_trace_json``, its url in the job's TCPStore
@@ -28,10 +29,8 @@ from datetime import timedelta
 import psutil
 
 from commscope.analysis.flight_import import MAX_DUMP_BYTES, dumps_to_events, load_dump, parse_dump
-from commscope.snapshot.procs import RankProcess, count_of
+from commscope.snapshot.procs import FR_DEFAULT_PREFIX, RankProcess
 
-ENV_PREFIX = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
-DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
 #: Event types a dump contributes (the snapshot writes its own meta; its stacks are better).
 _KEEP = frozenset({"op", "group"})
 
@@ -46,17 +45,8 @@ class Found:
 SERVER_TIMEOUT_S = 5.0
 
 
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        return psutil.Process(pid).environ()
-    except psutil.Error:
-        return {}
-
-
 def dump_path(p: RankProcess) -> str:
-    env = _environ(p.pid)
-    prefix = next((env[k] for k in ENV_PREFIX if env.get(k)), DEFAULT_PREFIX)
-    return f"{prefix}{p.rank}"
+    return f"{p.fr_prefix or FR_DEFAULT_PREFIX}{p.rank}"
 
 
 def collect(ranks: list[RankProcess], job: str, server: bool = True) -> Found:
@@ -105,13 +95,12 @@ def may_serve(ranks: list[RankProcess]) -> bool:
     debug server does ("::", an ephemeral port), Gloo and NCCL listen on one interface's
     address.  Asking the job's TCPStore needs torch (~1.5 s to import): only then."""
     for p in ranks:
-        store_port = _environ(p.pid).get("MASTER_PORT", "")
         try:
             conns = psutil.Process(p.pid).net_connections("tcp")
         except (psutil.Error, OSError):
             return True  # cannot tell: ask
         if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.ip in ("::", "0.0.0.0")
-               and str(c.laddr.port) != store_port for c in conns):
+               and c.laddr.port != p.master[1] for c in conns):
             return True
     return False
 
@@ -121,8 +110,7 @@ def from_debug_server(ranks: list[RankProcess]) -> tuple[dict[int, tuple[dict, i
     what went wrong; nothing when the job runs none (no ``debug_server/rank<N>`` key)."""
     import time
 
-    env = _environ(ranks[0].pid)
-    addr, port = env.get("MASTER_ADDR"), count_of(env.get("MASTER_PORT"))
+    addr, port = ranks[0].master
     if not addr or port is None:
         return {}, []
     try:

@@ -25,6 +25,7 @@ import socket
 import psutil
 
 from commscope.analysis.ranks import ranges
+from commscope.redact import redact_args
 from commscope.snapshot import pyspy
 
 
@@ -39,6 +40,10 @@ class RankProcess:
     argv: tuple[str, ...]
     user: str | None
     create_time: float
+    #: from its environment, read once here: the job's store (``MASTER_ADDR``, ``MASTER_PORT``)
+    #: and where its Flight Recorder dump goes (``flight.dump_path``)
+    master: tuple[str | None, int | None] = (None, None)
+    fr_prefix: str | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -61,7 +66,7 @@ class Job:
 
     def describe(self) -> str:
         have = sorted(p.rank for p in self.ranks)
-        cmd = " ".join(self.ranks[0].argv)[:60] if self.ranks else ""
+        cmd = " ".join(redact_args(list(self.ranks[0].argv)))[:60] if self.ranks else ""
         return (f"{self.key}: {len(have)} of {self.world_size} ranks here ({ranges(have)}), "
                 f"{self.launcher}, pids {ranges(sorted(p.pid for p in self.ranks))}: {cmd}")
 
@@ -159,7 +164,8 @@ def find(pids: list[int] | None = None) -> Found:
             spawn.append(p)
             continue
         assert rank is not None and world is not None
-        seen[p.pid] = RankProcess(p.pid, rank, world, local, launcher, key, tuple(cmd), _user(p), _ctime(p))
+        seen[p.pid] = RankProcess(p.pid, rank, world, local, launcher, key, tuple(cmd), _user(p), _ctime(p),
+                                  *_env_facts(env))
     ranks = _drop_descendants(seen)
     unsure: set[str] = set()
     ranks += _spawned(spawn, unreadable, unsure)
@@ -233,7 +239,8 @@ def _spawned(children: list[psutil.Process], unreadable: list[Unreadable], unsur
         world = worlds[parent] or sum(1 for c in children if _ppid(c) == parent)
         if rank >= world:
             continue
-        out.append(RankProcess(p.pid, rank, world, rank, "spawn", f"spawn:{parent}", tuple(cmd), _user(p), _ctime(p)))
+        out.append(RankProcess(p.pid, rank, world, rank, "spawn", f"spawn:{parent}", tuple(cmd), _user(p), _ctime(p),
+                               *_env_facts(_environ(p.pid))))
     return out
 
 
@@ -297,6 +304,18 @@ def _tasks_here(env: dict[str, str]) -> int | None:
             return n
         at += reps
     return None
+
+
+#: Where a rank's Flight Recorder dump goes: its environment's prefix (the newer name
+#: first), else torch's default, and the rank number after it.
+FR_PREFIX_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+FR_DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
+
+
+def _env_facts(env: dict[str, str]) -> tuple[tuple[str | None, int | None], str]:
+    """(MASTER_ADDR, MASTER_PORT) and the Flight Recorder dump prefix of a rank's environment."""
+    prefix = next((env[k] for k in FR_PREFIX_ENV if env.get(k)), FR_DEFAULT_PREFIX)
+    return (env.get("MASTER_ADDR") or None, count_of(env.get("MASTER_PORT"))), prefix
 
 
 def _environ(pid: int) -> dict[str, str]:

@@ -34,14 +34,13 @@ from collections.abc import Callable
 import psutil
 
 from commscope import __version__, events
+from commscope.analysis.vocab import GONE, SNAPSHOT
 from commscope.redact import redact, redact_args
 from commscope.snapshot import flight, pyspy
 from commscope.snapshot.infer import DEFAULT_GROUP, InFlight, in_flight
 from commscope.snapshot.procs import Job
 from commscope.store import StoreError, StoreWriter, open_writer, redact_store
 
-SNAPSHOT = "snapshot"  # the recorder's name in meta, the op's src, the stack's reason, the exit's src
-GONE = "gone"  # an exit's reason: the process was not there when the snapshot looked
 MAX_FRAMES = 128
 #: hang_after of a one-sample snapshot: every op seen in flight counts (0 would read as "not said")
 ONE_SAMPLE = 1e-6
