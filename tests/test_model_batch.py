@@ -157,6 +157,32 @@ def batches(draw) -> list[tuple[list[dict], list[OpRecords]]]:
     return out
 
 
+@st.composite
+def polls(draw) -> list[tuple[list[dict], list[OpRecords]]]:
+    """What a live console's polls hand over: every rank's records cut into pieces of a
+    few rows, the ranks' next pieces together in each batch (one ``OpRecords`` per rank,
+    ranks already begun: ``_live_begins``), now and then a rank twice or with more than
+    LIVE_ROWS rows (rank by rank) or a rank new to the model beside them."""
+    world = draw(st.integers(2, 5))
+    recs = [draw(records(r, world)) for r in range(world)]
+    pieces: list[list[OpRecords]] = []
+    for r in recs:
+        cuts, at = [], 0
+        while at < len(r):
+            at += draw(st.sampled_from([1, 2, 3, 5, 40]))
+            cuts.append(min(at, len(r)))
+        rows = np.arange(len(r))
+        pieces.append([r.take(rows[a:b]) for a, b in zip([0, *cuts][:len(cuts)], cuts, strict=True)])
+    out = []
+    for k in range(max((len(p) for p in pieces), default=0)):
+        ops = [p[k] for p in pieces if k < len(p)]
+        if ops and draw(st.integers(0, 4)) == 0:
+            ops.append(ops[0])  # a rank twice in one batch (two streams of one rank)
+        events = [e for r in range(world) for e in _misc(r, min(k, 3)) if draw(st.integers(0, 3)) == 0]
+        out.append((events, ops))
+    return out
+
+
 def _build(plan, batched: bool) -> TraceModel:
     m = TraceModel()
     m.batch_ranks = batched
@@ -172,9 +198,36 @@ def _found(m: TraceModel) -> list[tuple]:
 @SETTINGS
 @given(batches())
 def test_ranks_ingested_together_leave_the_model_rank_by_rank_ingest_leaves(plan):
-    together, alone = _build(plan, True), _build(plan, False)
-    assert differences(model_state(together), model_state(alone)) == []
-    assert _found(together) == _found(alone)
+    models = _same(plan)
+    assert _found(models[True]) == _found(models[False])
+
+
+@SETTINGS
+@given(polls())
+def test_ranks_already_begun_ingested_together_leave_what_rank_by_rank_leaves(plan):
+    """A live console's batches: a few records of every rank, ranks already begun."""
+    models = _same(plan)
+    assert _found(models[True]) == _found(models[False])
+
+
+def test_a_live_batch_takes_the_live_path(monkeypatch):
+    """Two polls of four ranks: the second goes through ``_live_begins`` with its codes
+    looked up at once, then a new signature sends them one record after another."""
+    taken = []
+    original = TraceModel._live_begins
+
+    def spy(self, recs_list, live, codes, known, changed):
+        taken.append((list(live.pos), known is not None))
+        return original(self, recs_list, live, codes, known, changed)
+
+    monkeypatch.setattr(TraceModel, "_live_begins", spy)
+    statics = _pool(4, 0)
+    m = TraceModel()
+    m.ingest([], [_begins(r, statics, [0]) for r in range(4)])
+    m.ingest([], [_begins(r, statics, [0, 0], first_id=2) for r in range(4)])
+    m.ingest([], [_begins(r, statics, [3], first_id=4) for r in range(4)])
+    assert taken == [([0, 1, 2, 3], True), ([0, 1, 2, 3], False)]
+    assert m.ranks[2].n == 4 and m.collective("1", 1) == {r: 3 for r in range(4)} and sorted(m.inflight(2)) == [0, 1, 2, 3]
 
 
 def test_the_batched_path_is_taken_and_its_columns_are_views(monkeypatch):

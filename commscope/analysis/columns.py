@@ -173,18 +173,39 @@ class RankTrace:
         for c in (*_COLS_I8, *_COLS_I4, "flags"):
             setattr(self, c, grown(getattr(self, c), n, self.n, fill=-1 if c in _COLS_I4 else 0))
 
-    def map_ids(self, ids: np.ndarray, idx: np.ndarray) -> None:
-        if (self.id_dict is None and ids.shape[0]
-                and int(ids.max()) >= DENSE_ID_FACTOR * (self.n + ids.shape[0]) + DENSE_ID_SLACK):
+    def _dense_map(self, hi: int, k: int) -> np.ndarray | None:
+        """The dense id map, grown to hold id ``hi`` (``k`` ids coming); None once ids are
+        sparse or huge (foreign traces): ``id_dict`` holds them instead."""
+        if self.id_dict is None and hi >= DENSE_ID_FACTOR * (self.n + k) + DENSE_ID_SLACK:
             self.id_dict = {int(k): int(v) for k, v in enumerate(self.id2idx.tolist()) if v >= 0}
-        if self.id_dict is not None:  # sparse or huge ids (foreign traces): a dict instead
-            self.id_dict.update(zip(ids.tolist(), idx.tolist(), strict=True))
-            return
-        hi = int(ids.max())
+        if self.id_dict is not None:
+            return None
         if hi >= self.id2idx.shape[0]:  # (checked here too: this runs per rank per batch)
             self.id2idx = grown(self.id2idx, hi + 1, fill=-1)
+        return self.id2idx
+
+    def map_ids(self, ids: np.ndarray, idx: np.ndarray) -> None:
+        if not ids.shape[0]:
+            return
+        id2idx = self._dense_map(int(ids.max()), ids.shape[0])
+        if id2idx is None:
+            self.id_dict.update(zip(ids.tolist(), idx.tolist(), strict=True))
+            return
         ok = ids >= 0
-        self.id2idx[ids[ok]] = idx[ok]
+        id2idx[ids[ok]] = idx[ok]
+
+    def map_few(self, ids: list[int], first: int) -> None:
+        """``map_ids`` of a few ids, as a list, of ops ``first``, ``first + 1`` ...: a live
+        batch's handful a rank, where Python's scalar steps cost less than numpy's calls."""
+        if not ids:
+            return
+        id2idx = self._dense_map(max(ids), len(ids))
+        if id2idx is None:
+            self.id_dict.update(zip(ids, range(first, first + len(ids)), strict=True))
+            return
+        for i, op_id in enumerate(ids, first):
+            if op_id >= 0:
+                id2idx[op_id] = i
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         if self.id_dict is not None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from itertools import repeat
+from itertools import accumulate, repeat
 from operator import itemgetter
 from typing import Any, NamedTuple, Protocol
 
@@ -84,6 +84,10 @@ DEFAULT_SAMPLE_INTERVAL = 1.0
 #: Events are ingested in chunks this long, so that the several column passes over a chunk's
 #: dicts find them in cache (one pass over a cold dict costs ~100 ns, a warm one ~25 ns).
 INGEST_CHUNK = 2048
+#: A rank already begun whose records in a batch are at most this many is ingested with the
+#: others like it (``TraceModel._live_begins``: a live poll brings a few records a rank, and
+#: numpy's cost per call, not per row, was ~90 us a rank); more go rank by rank
+LIVE_ROWS = 32
 #: ``dropped`` events whose reason starts so count Flight Recorder ring overwrites: entries of
 #: collectives the wrapper mostly recorded itself, so they are not lost trace events.
 FR_OVERWRITE = "Flight Recorder ring overwritten"
@@ -222,8 +226,51 @@ class _Fresh(NamedTuple):
     hi: int
 
 
+class _LiveRank(NamedTuple):
+    """What one rank's phases in a live batch changed (``TraceModel._live_phase``), for the
+    completions computed for all such ranks at once."""
+
+    rt: RankTrace
+    updated: list[int]  # op indices whose completion may have changed
+    t0: int  # the phases' first and last timestamps
+    t1: int
+    first: int  # the earliest begin among the ops they name
+
+
+class _Live(NamedTuple):
+    """Records of ranks already begun, a few rows each (a live poll: ``TraceModel._live``),
+    their columns concatenated once for all of them; record j's rows are [start[j],
+    start[j + 1])."""
+
+    pos: list[int]  # the records' positions in the batch
+    start: list[int]
+    cols: dict[str, np.ndarray]  # OpRecords' columns
+    who: np.ndarray  # the record (j) of each begin row
+    begun: np.ndarray  # the begin rows
+    phase: list[int]  # phase, ts, id and flags as lists, for the phases' scalar steps
+    ts: list[int]
+    id: list[int]
+    flags: list[int]
+
+    COLUMNS = ("phase", "ts", "id", "static", "seq", "parent", "tid", "peer", "flags")
+
+    @classmethod
+    def of(cls, recs_list: list[OpRecords], pos: list[int]) -> _Live:
+        records = [recs_list[k] for k in pos]
+        start = [0, *accumulate(len(recs) for recs in records)]
+        cols = {c: np.concatenate([getattr(recs, c) for recs in records]) for c in cls.COLUMNS}
+        begun = np.flatnonzero(cols["phase"] == PH_BEGIN)
+        who = np.searchsorted(np.array(start), begun, side="right") - 1
+        return cls(pos, start, cols, who, begun, cols["phase"].tolist(), cols["ts"].tolist(), cols["id"].tolist(),
+                   cols["flags"].tolist())
+
+    def counts(self) -> np.ndarray:
+        """Begins per record."""
+        return np.bincount(self.who, minlength=len(self.pos))
+
+
 class _FreshPart(NamedTuple):
-    """One rank's phases in ``TraceModel._fresh_phases``."""
+    """One rank's phases in ``TraceModel._batch_phases``."""
 
     j: int  # the rank's position in ``_Fresh``
     rows: np.ndarray  # the records' phase rows
@@ -362,6 +409,9 @@ class TraceModel:
     #: Ingest the records of ranks new to the model together (``_fresh_begins``); the rank
     #: by rank path leaves the same model (tests compare the two)
     batch_ranks = True
+    #: Ranks already begun with at most this many records in a batch go together
+    #: (``_live_begins``); 0: rank by rank (``bench large`` compares the two)
+    live_rows = LIVE_ROWS
 
     def __init__(self) -> None:
         self.ranks: dict[int, RankTrace] = {}
@@ -418,20 +468,28 @@ class TraceModel:
         lo, hi, changed = I64_MAX, 0, set()
         recs_list = [recs for recs in ops if len(recs)]
         rows = [recs.begins() for recs in recs_list]
-        # signatures interned in the records' order, whichever path ingests them
-        codes = [self._codes(recs.statics, recs.static[b], recs.tid[b]) if b.shape[0] else None
-                 for recs, b in zip(recs_list, rows, strict=True)]
         fresh = self._fresh(recs_list, rows) if self.batch_ranks else []
-        together = set(fresh)
+        live_pos = self._live(recs_list, fresh) if self.batch_ranks else []
+        live = _Live.of(recs_list, live_pos) if live_pos else None
+        # signatures interned in the records' order, whichever path ingests them: the live
+        # ranks' looked up all at once unless one is new
+        known = self._known_codes(recs_list, live) if live else None
+        skip = set(live_pos) if known is not None else set()
+        codes = [self._codes(recs.statics, recs.static[b], recs.tid[b]) if b.shape[0] and k not in skip else None
+                 for k, (recs, b) in enumerate(zip(recs_list, rows, strict=True))]
+        together = set(fresh) | set(live_pos)
         for k, recs in enumerate(recs_list):  # ranks made in the records' order, as rank by rank
             if rows[k].shape[0] and recs.rank not in self.ranks:
                 self.ranks[recs.rank] = RankTrace(recs.rank, cap=0 if k in together else 256)
+        if together and (len(together) < len(recs_list) or (fresh and live)):
+            self._index_order(recs_list, rows, codes, known, live)
         batch = None
         if fresh:
-            if len(fresh) < len(recs_list):
-                self._index_order(recs_list, rows, codes)
             batch = self._fresh_begins(recs_list, fresh, rows, codes, changed)
             lo, hi = batch.lo, batch.hi
+        if live:
+            a, b = self._live_begins(recs_list, live, codes, known, changed)
+            lo, hi = min(lo, a), max(hi, b)
         for k, recs in enumerate(recs_list):
             if k not in together and rows[k].shape[0]:
                 a, b = self._record_begins(recs, rows[k], codes[k], changed)
@@ -439,13 +497,8 @@ class TraceModel:
         for k in range(0, len(events), INGEST_CHUNK):
             a, b = self._ingest_chunk(events[k:k + INGEST_CHUNK] if len(events) > INGEST_CHUNK else events, changed)
             lo, hi = min(lo, a), max(hi, b)
-        if batch is not None:
-            a, b = self._fresh_phases(recs_list, batch, changed)
-            lo, hi = min(lo, a), max(hi, b)
-        else:
-            for recs in recs_list:
-                a, b = self._record_phases(recs, changed)
-                lo, hi = min(lo, a), max(hi, b)
+        a, b = self._batch_phases(recs_list, batch, live, changed)
+        lo, hi = min(lo, a), max(hi, b)
         if hi:
             self.start_ns = lo if not self.start_ns else min(self.start_ns, lo)
             self.end_ns = max(self.end_ns, hi)
@@ -496,10 +549,16 @@ class TraceModel:
                 out.append(k)
         return out if len(out) > 1 else []
 
-    def _index_order(self, recs_list: list[OpRecords], rows: list[np.ndarray], codes: list) -> None:
+    def _index_order(self, recs_list: list[OpRecords], rows: list[np.ndarray], codes: list,
+                     known: np.ndarray | None, live: _Live | None) -> None:
         """Create the collective indexes, and their members' columns, in the order the rank by
         rank path would (records in batch order): the indexes are iterated, so their order
-        shows in what is judged."""
+        shows in what is judged.  ``known``: the live records' codes, concatenated."""
+        if known is not None and live is not None:
+            cuts = np.cumsum(live.counts())[:-1]
+            codes = list(codes)
+            for k, part in zip(live.pos, np.split(known, cuts), strict=True):
+                codes[k] = part if part.shape[0] else None
         for recs, b, code in zip(recs_list, rows, codes, strict=True):
             if code is None:
                 continue
@@ -595,39 +654,227 @@ class TraceModel:
                     self._channel(ranks[j], kv >> 32, kv & 0xFFFFFFFF).put(seq[rows][m], *self._side(kv >> 32),
                                                                          local[rows][m])
 
-    def _fresh_phases(self, recs_list: list[OpRecords], batch: _Fresh, changed: set[int]) -> tuple[int, int]:
-        """``_record_phases`` of every record in the batch, those of the ranks ingested
-        together in the batch's columns: exceptions in the records' order (``failed`` keeps
-        arrival order), completion and what is still open in one pass.  A rank whose columns
-        the batch's events outgrew goes rank by rank."""
+    # -- ranks already begun, a few records each (a live poll)
+    def _live(self, recs_list: list[OpRecords], fresh: list[int]) -> list[int]:
+        """Positions of the records whose rank the model has, that come once in this batch
+        and hold at most ``live_rows`` rows: those ``_live_begins`` ingests together (none when
+        fewer than two)."""
+        count: dict[int, int] = {}
+        for recs in recs_list:
+            count[recs.rank] = count.get(recs.rank, 0) + 1
+        skip = set(fresh)
+        ranks = self.ranks
+        out = [k for k, recs in enumerate(recs_list)
+               if k not in skip and len(recs) <= self.live_rows and count[recs.rank] == 1 and recs.rank in ranks]
+        return out if len(out) > 1 else []
+
+    def _known_codes(self, recs_list: list[OpRecords], live: _Live) -> np.ndarray | None:
+        """The signature codes of the live records' begins, in their order, looked up all at
+        once; None when one is new to the model (then every record's are interned one record
+        after another, as rank by rank) or the records differ in their decoder's table or
+        thread."""
+        if not live.begun.shape[0]:
+            return np.zeros(0, np.int32)
+        statics = recs_list[live.pos[0]].statics
+        if any(recs_list[k].statics is not statics for k in live.pos):
+            return None
+        st, tid = live.cols["static"][live.begun], live.cols["tid"][live.begun]
+        if not bool((tid == tid[0]).all()):
+            return None
+        t, get = int(tid[0]), self._sig_by_sk.get
+        table = np.full(int(st.max()) + 1, -1, np.int32)
+        for s in np.flatnonzero(np.bincount(st)).tolist():
+            code = get((statics[s].sk, t))
+            if code is None:
+                return None
+            table[s] = code
+        return table[st]
+
+    def _live_begins(self, recs_list: list[OpRecords], live: _Live, codes: list, known: np.ndarray | None,
+                     changed: set[int]) -> tuple[int, int]:
+        """``_record_begins`` for ranks already begun, a few begins each: the batch's begins
+        written to each rank's columns a scalar at a time, the indexes filled in one pass per
+        group.  What it leaves is what rank by rank leaves; returns the (first, last) begin."""
+        rows = live.begun
+        n = rows.shape[0]
+        if not n:
+            return I64_MAX, 0
+        has = np.flatnonzero(live.counts())  # the records with begins (j)
+        ts, ids, seq, peer, parents = (live.cols[c][rows] for c in ("ts", "id", "seq", "peer", "parent"))
+        sig = (known if known is not None else
+               np.concatenate([codes[k] for k in live.pos if codes[k] is not None])).astype(np.int32, copy=False)
+        # re-numbered over the records with begins: who[i] is the rank of begin row i in ``rts``
+        renum = np.full(len(live.pos), -1, np.int64)
+        renum[has] = np.arange(has.shape[0])
+        who = renum[live.who]
+        bounds = np.flatnonzero(np.r_[True, who[1:] != who[:-1], True])  # each rank's rows, in order
+        rts = [self.ranks[recs_list[live.pos[j]].rank] for j in has.tolist()]
+        within = np.arange(n, dtype=np.int64) - bounds[who]
+        n0 = np.array([rt.n for rt in rts], np.int64)
+        local = (n0[who] + within).astype(np.int32)
+        first = np.minimum.reduceat(ts, bounds[:-1]).tolist()
+        last = np.maximum.reduceat(ts, bounds[:-1]).tolist()
+        head = ts[bounds[:-1]].tolist()
+        unsorted = set()
+        if n > 1:
+            back = np.flatnonzero(np.diff(ts) < 0) + 1  # rows earlier than the row before them
+            unsorted = set(who[back[within[back] > 0]].tolist())  # within a rank
+        with_parent = set(who[parents >= 0].tolist())
+        bounds_l = bounds.tolist()
+        ts_l, id_l, sig_l, seq_l, peer_l, par_l = (c.tolist() for c in (ts, ids, sig, seq, peer, parents))
         lo, hi = I64_MAX, 0
-        cols = batch.cols
-        together = {k: j for j, k in enumerate(batch.pos) if self.ranks[batch.ranks[j]].begin is batch.views[j]}
+        for j, rt in enumerate(rts):
+            a, b = bounds_l[j], bounds_l[j + 1]
+            m0 = rt.n
+            if m0 + b - a > rt.begin.shape[0]:
+                rt.reserve(m0 + b - a)
+            begin, op_id, code, op_seq, op_peer = rt.begin, rt.id, rt.sig, rt.seq, rt.peer
+            for i, r in enumerate(range(a, b), m0):
+                begin[i], op_id[i], code[i], op_seq[i], op_peer[i] = ts_l[r], id_l[r], sig_l[r], seq_l[r], peer_l[r]
+            rt.map_few(id_l[a:b], m0)
+            if j in with_parent:
+                parent = rt.parent
+                for i, r in enumerate(range(a, b), m0):
+                    if par_l[r] >= 0:
+                        p = rt.index_of(par_l[r])
+                        parent[i] = -1 if p is None else p
+            if rt._sorted and (head[j] < rt._last_begin or j in unsorted):
+                rt._sorted = False
+            rt._last_begin = max(rt._last_begin, last[j])
+            rt.last_op_ts = max(rt.last_op_ts, rt._last_begin)
+            rt.n = m0 + b - a
+            rt.open.update(range(m0, rt.n))
+            self._seen(rt, first[j], rt._last_begin, first[j])
+            changed.add(rt.rank)
+            lo, hi = min(lo, first[j]), max(hi, rt._last_begin)
+        self._fresh_index([rt.rank for rt in rts], {"sig": sig, "seq": seq, "peer": peer}, who, local)
+        return lo, hi
+
+    def _live_phase(self, rt: RankTrace, recs: OpRecords, flat: _Live, j: int) -> _LiveRank | None:
+        """``_phases`` of a live rank's record (the ``j``-th live one) but its completions,
+        which ``_live_complete`` computes for every live rank at once; None: no phases."""
+        a, b = flat.start[j], flat.start[j + 1]
+        phase, ts, ids, flags = flat.phase, flat.ts, flat.id, flat.flags
+        column = {PH_END: rt.end, PH_WAIT_BEGIN: rt.wb, PH_WAIT_END: rt.we, PH_DONE: rt.done}
+        idx: list[int] = []
+        phs: list[int] = []
+        times: list[int] = []
+        extra = bool(recs.exc)
+        for r in range(a, b):
+            ph = phase[r]
+            if ph <= PH_BEGIN:
+                continue
+            i = rt.index_of(ids[r])
+            i = -1 if i is None else i
+            idx.append(i)
+            phs.append(ph)
+            times.append(ts[r])
+            extra = extra or flags[r] != 0
+            col = column.get(ph)
+            if col is not None and i >= 0:
+                col[i] = ts[r]
+        if not idx:
+            return None
+        if extra:
+            self._apply_extras(rt, np.array(idx, np.int32), _record_extras(recs, np.flatnonzero(recs.phase > PH_BEGIN)))
+        if PH_DONE in phs:
+            rt.device_seen = True
+        op_flags, begin = rt.flags, rt.begin
+        updated, first = [], I64_MAX
+        for i, ph in zip(idx, phs, strict=True):
+            if i < 0:
+                continue
+            if ph == PH_DONE:
+                op_flags[i] |= DONE
+            if ph != PH_WAIT_BEGIN:  # an op may come twice (end and wait_end): harmless
+                updated.append(i)
+            first = min(first, begin.item(i))
+        return _LiveRank(rt, updated, min(times), max(times), first)
+
+    def _live_complete(self, ranks: list[_LiveRank], changed: set[int]) -> tuple[int, int]:
+        """``_complete`` of the ops the live ranks' phases changed, computed all at once;
+        then what ``_record_phases`` notes of each rank.  Returns the phases' (first, last)."""
+        sig, end, we, done, op_flags, comp = [], [], [], [], [], []
+        for x in ranks:
+            rt = x.rt
+            if x.updated:  # (``item``: a Python int, which np.array takes faster than numpy's scalars)
+                c_sig, c_end, c_we, c_done, c_flags, c_comp = rt.sig.item, rt.end.item, rt.we.item, rt.done.item, \
+                    rt.flags.item, rt.comp.item
+                for i in x.updated:
+                    sig.append(c_sig(i))
+                    end.append(c_end(i))
+                    we.append(c_we(i))
+                    done.append(c_done(i))
+                    op_flags.append(c_flags(i))
+                    comp.append(c_comp(i))
+        new = self._completion(np.array(sig, np.int32), np.array(end, np.int64), np.array(we, np.int64),
+                               np.array(done, np.int64), np.array(op_flags, np.uint8),
+                               np.array(comp, np.int64)).tolist()
+        lo, hi, k = I64_MAX, 0, 0
+        for x in ranks:
+            rt = x.rt
+            if x.updated:
+                values = new[k:k + len(x.updated)]
+                k += len(x.updated)
+                column = rt.comp
+                for i, v in zip(x.updated, values, strict=True):
+                    column[i] = v
+                rt.last_comp = max(rt.last_comp, max(values))
+                finished = [i for i, v in zip(x.updated, values, strict=True) if v > 0]
+                if finished:
+                    rt.open.difference_update(finished)
+                    self._close_nested(rt)
+            self._seen(rt, x.t0, x.t1, x.first)
+            changed.add(rt.rank)
+            lo, hi = min(lo, x.t0), max(hi, x.t1)
+        return lo, hi
+
+    def _batch_phases(self, recs_list: list[OpRecords], batch: _Fresh | None, live: _Live | None,
+                      changed: set[int]) -> tuple[int, int]:
+        """``_record_phases`` of every record in the batch: those of the ranks ingested
+        together (``batch``) in the batch's columns, those of ``live`` ranks a few scalar
+        steps each, their completions computed all at once (``_live_complete``), the rest
+        rank by rank.  Exceptions are noted in the records' order (``failed`` keeps arrival
+        order); a rank whose columns the batch's events outgrew goes rank by rank."""
+        lo, hi = I64_MAX, 0
+        together: dict[int, int] = {}
         parts: dict[int, _FreshPart] = {}  # record position -> its phases, for the ranks still together
-        for k, j in together.items():
-            rt = self.ranks[batch.ranks[j]]
-            recs = recs_list[k]
-            rows = np.flatnonzero(recs.phase > PH_BEGIN)
-            if rows.shape[0]:
-                parts[k] = _FreshPart(j, rows, rt.lookup(recs.id[rows]))
-        if parts:
-            ts = np.concatenate([recs_list[k].ts[x.rows] for k, x in parts.items()])
-            ph = np.concatenate([recs_list[k].phase[x.rows] for k, x in parts.items()])
-            loc = np.concatenate([x.idx for x in parts.values()])
-            base = np.repeat(batch.start[[x.j for x in parts.values()]], [x.rows.shape[0] for x in parts.values()])
-            ok = loc >= 0
-            row = base + loc
-            for code, name in ((PH_END, "end"), (PH_WAIT_BEGIN, "wb"), (PH_WAIT_END, "we"), (PH_DONE, "done")):
-                m = ok & (ph == code)
-                if m.any():
-                    cols[name][row[m]] = ts[m]
+        if batch is not None:
+            cols = batch.cols
+            together = {k: j for j, k in enumerate(batch.pos) if self.ranks[batch.ranks[j]].begin is batch.views[j]}
+            for k, j in together.items():
+                rt = self.ranks[batch.ranks[j]]
+                recs = recs_list[k]
+                rows = np.flatnonzero(recs.phase > PH_BEGIN)
+                if rows.shape[0]:
+                    parts[k] = _FreshPart(j, rows, rt.lookup(recs.id[rows]))
+            if parts:
+                ts = np.concatenate([recs_list[k].ts[x.rows] for k, x in parts.items()])
+                ph = np.concatenate([recs_list[k].phase[x.rows] for k, x in parts.items()])
+                loc = np.concatenate([x.idx for x in parts.values()])
+                base = np.repeat(batch.start[[x.j for x in parts.values()]], [x.rows.shape[0] for x in parts.values()])
+                ok = loc >= 0
+                row = base + loc
+                for code, name in ((PH_END, "end"), (PH_WAIT_BEGIN, "wb"), (PH_WAIT_END, "we"), (PH_DONE, "done")):
+                    m = ok & (ph == code)
+                    if m.any():
+                        cols[name][row[m]] = ts[m]
+        at = {k: j for j, k in enumerate(live.pos)} if live is not None else {}
+        done_live: list[_LiveRank] = []
         for k, recs in enumerate(recs_list):  # exceptions and the rare extras, in the records' order
             x = parts.get(k)
             if x is not None:
                 self._apply_extras(self.ranks[batch.ranks[x.j]], x.idx, _record_extras(recs, x.rows))
+            elif k in at:
+                got = self._live_phase(self.ranks[recs.rank], recs, live, at[k])
+                if got is not None:
+                    done_live.append(got)
             elif k not in together:
                 a, b = self._record_phases(recs, changed)
                 lo, hi = min(lo, a), max(hi, b)
+        if done_live:
+            a, b = self._live_complete(done_live, changed)
+            lo, hi = min(lo, a), max(hi, b)
         if not parts:
             return lo, hi
         done = ph == PH_DONE

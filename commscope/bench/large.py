@@ -22,7 +22,9 @@ with fewer ops (``--events-fraction``), and its figures are labelled so.
 Then a live console's batch: the model built from all but the last events, the rest
 ingested in 10k-event batches drawn from every rank in turn (a poll of a job this wide
 sees a few events from each of many ranks), as event dicts and as columns (one
-``OpRecords`` per rank in each batch, as a reader's poll hands them over).
+``OpRecords`` per rank in each batch, as a reader's poll hands them over), the columns
+both rank by rank and with the ranks already begun ingested together, into two models
+built alike, each batch into both, alternating which goes first.
 
 Last, a week-long job (``week``): its bytes on disk with and without retention, and a read
 of all of it against a read of its last 30 minutes, which must find the same.
@@ -110,9 +112,12 @@ def _run(path: str, store: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ the live batch
-def batches(store: str, columns: bool, tail_events: int, batch: int) -> tuple[list[float], int]:
+def batches(store: str, columns: bool, tail_events: int, batch: int) -> tuple[dict[str, list[float]], int]:
     """Ingest times of ``batch``-event batches drawn round-robin from every rank's last
-    events, into a model built from the rest; (times, ranks touched per batch)."""
+    events, into a model built from the rest; ({path: times}, ranks touched per batch).
+    Columns go two ways into two models built alike, each batch into both, alternating
+    which first: ``rank by rank`` (``TraceModel.live_rows`` 0, the path before) and
+    ``together`` (ranks already begun ingested together)."""
     import numpy as np
 
     from commscope.analysis.model import TraceModel
@@ -135,8 +140,11 @@ def batches(store: str, columns: bool, tail_events: int, batch: int) -> tuple[li
                 k = min(share, n)
                 head_ops.append(o.take(np.arange(0, n - k)))
                 tails.append([o.take(np.arange(j, j + 1)) for j in range(n - k, n)])
-            model = TraceModel()
-            model.ingest(b.events, head_ops)
+            models: dict[str, TraceModel] = {}
+            for path, rows in (("rank by rank", 0), ("together", TraceModel.live_rows)):
+                models[path] = TraceModel()
+                models[path].live_rows = rows
+                models[path].ingest(b.events, head_ops)
 
             def per_stream(part: list[OpRecords]) -> list[OpRecords]:
                 """A poll's records as a reader hands them over: one ``OpRecords`` per stream."""
@@ -145,24 +153,33 @@ def batches(store: str, columns: bool, tail_events: int, batch: int) -> tuple[li
                     by_rank.setdefault(o.rank, []).append(o)
                 return [concat(p) for p in by_rank.values()]
 
-            times, touched = _batches(_interleaved(tails), batch, lambda part: model.ingest([], part),
-                                      lambda u: u.rank, per_stream)
-        else:
-            events = reader.read_all()
-            by: dict[int, list[dict]] = {}
-            for e in events:
-                by.setdefault(e["rank"], []).append(e)
-            share = max(1, tail_events // max(1, len(by)))
-            head, tails2 = [], []
-            for evs in by.values():
-                ops_at = [i for i, e in enumerate(evs) if e["type"] == "op"]
-                cut = ops_at[-share] if len(ops_at) >= share else len(evs)
-                head.extend(evs[:cut])
-                tails2.append(evs[cut:])
-            model = TraceModel()
-            model.ingest(head)
-            times, touched = _batches(_interleaved(tails2), batch, model.ingest, lambda e: e["rank"])
-    return times, int(median(touched)) if touched else 0
+            units = _interleaved(tails)
+            times: dict[str, list[float]] = {path: [] for path in models}
+            touched = []
+            for i, k in enumerate(range(0, len(units), batch)):
+                part = units[k:k + batch]
+                given = per_stream(part)
+                for path in (list(models) if i % 2 == 0 else list(models)[::-1]):
+                    t0 = time.perf_counter()
+                    models[path].ingest([], given)
+                    times[path].append(time.perf_counter() - t0)
+                touched.append(len({u.rank for u in part}))
+            return times, int(median(touched)) if touched else 0
+        events = reader.read_all()
+        by: dict[int, list[dict]] = {}
+        for e in events:
+            by.setdefault(e["rank"], []).append(e)
+        share = max(1, tail_events // max(1, len(by)))
+        head, tails2 = [], []
+        for evs in by.values():
+            ops_at = [i for i, e in enumerate(evs) if e["type"] == "op"]
+            cut = ops_at[-share] if len(ops_at) >= share else len(evs)
+            head.extend(evs[:cut])
+            tails2.append(evs[cut:])
+        model = TraceModel()
+        model.ingest(head)
+        event_times, touched = _batches(_interleaved(tails2), batch, model.ingest, lambda e: e["rank"])
+    return {"events": event_times}, int(median(touched)) if touched else 0
 
 
 def _interleaved(tails: list[list[Any]]) -> list[Any]:
@@ -243,13 +260,16 @@ def run(args: argparse.Namespace) -> int:
                 _print_row(rows[-1])
                 if fmt == "native" and not args.no_batch:
                     for columns in (False, True):
-                        times, touched = batches(store, columns, tail_events=min(400_000, written.events // 4),
-                                                 batch=10_000)
-                        what = "columns" if columns else "events"
-                        print(f"    live batch, {what:<8} 10k events over {touched:,} ranks: median "
-                              f"{fmt_time(median(times))}, p99 {fmt_time(quantile(times, 0.99))}"
-                              f" ({len(times)} batches; target <= 5 ms at 16,384 ranks)")
-                        rows[-1][f"batch_{what}"] = (median(times), quantile(times, 0.99), touched)
+                        got, touched = batches(store, columns, tail_events=min(400_000, written.events // 4),
+                                               batch=10_000)
+                        for what, times in got.items():
+                            print(f"    live batch, {what:<12} 10k events over {touched:,} ranks: median "
+                                  f"{fmt_time(median(times))}, p99 {fmt_time(quantile(times, 0.99))}"
+                                  f" ({len(times)} batches; target <= 5 ms at 16,384 ranks)")
+                            rows[-1][f"batch_{what}"] = (median(times), quantile(times, 0.99), touched)
+                        if len(got) == 2:
+                            slow, fast = (median(t) for t in got.values())
+                            print(f"    live batch, together against rank by rank: {slow / fast:.1f}x")
                 shutil.rmtree(store, ignore_errors=True)
                 if ev_store != store:
                     shutil.rmtree(ev_store, ignore_errors=True)

@@ -1,0 +1,41 @@
+"""``bench large``'s live batch: a written job's last records ingested in polls, rank by rank
+and with the ranks already begun together, into two models built alike; both must end as
+the same model (what test_model_batch checks on generated records, here on a real store's)."""
+
+from __future__ import annotations
+
+from model_compare import differences, model_state
+
+from commscope.analysis import model
+from commscope.bench import large
+from commscope.bench.synthstore import JobShape, write_store
+
+
+def test_the_live_batch_goes_both_ways_into_the_same_model(tmp_path, monkeypatch):
+    store = tmp_path / "job"
+    write_store(str(store), JobShape(ranks=24, ops=40, culprit=5))
+    built = []
+
+    made = model.TraceModel.__init__
+
+    def keep(self):
+        made(self)
+        built.append(self)
+
+    monkeypatch.setattr(model.TraceModel, "__init__", keep)
+    live = []
+    together = model.TraceModel._live_begins
+
+    def spy(self, *a, **k):
+        live.append(self)
+        return together(self, *a, **k)
+
+    monkeypatch.setattr(model.TraceModel, "_live_begins", spy)
+    times, touched = large.batches(str(store), True, tail_events=24 * 20, batch=100)
+    assert list(times) == ["rank by rank", "together"]
+    assert len(times["rank by rank"]) == len(times["together"]) >= 4 and touched == 24
+    slow, fast = built
+    assert (slow.live_rows, fast.live_rows) == (0, model.LIVE_ROWS)
+    assert live and set(map(id, live)) == {id(fast)}  # every poll of the fast model went together
+    assert slow.total_ops() == fast.total_ops() == 24 * 40 - 1  # (the culprit's last all_reduce missing)
+    assert differences(model_state(slow), model_state(fast)) == []
