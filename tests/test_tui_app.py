@@ -192,13 +192,8 @@ def test_help_opens_and_closes_and_the_palette_lists_actions():
 
 async def _click_header(pilot, table, key: str) -> None:
     """Click the header cell of column ``key``, as a user sorting by it would."""
-    x = 0
-    for column in table.ordered_columns:
-        if column.key.value == key:
-            await pilot.click(table, offset=(x + 1, 0))
-            return
-        x += column.get_render_width(table)
-    raise AssertionError(f"no column {key}")
+    x0, _ = table.column_span(key)
+    await pilot.click(table, offset=(x0 + 1, 0))
 
 
 def test_rank_table_columns_and_sorting_by_clicks_and_keys():
@@ -209,9 +204,9 @@ def test_rank_table_columns_and_sorting_by_clicks_and_keys():
         table = app.ranks_table
 
         def order() -> list[int]:
-            return [int(row.key.value) for row in table.ordered_rows]
+            return table.order
 
-        cols = [c.value for c in table.columns]
+        cols = table.column_keys()
         assert cols[:2] == ["rank", "state"] and {"gpu", "gmem", "cpu", "rss"} <= set(cols)
         assert "host" not in cols  # one host: no column for it
         await _click_header(pilot, table, "gpu")
@@ -248,7 +243,7 @@ def test_cpu_only_jobs_say_why_there_is_no_gpu_panel():
         await pilot.pause()
         assert app.gpu.mode == "cpu"
         assert "CPU-only job" in app.gpu.render_line(0).text
-        assert "gpu" not in [c.value for c in app.ranks_table.columns]
+        assert "gpu" not in app.ranks_table.column_keys()
 
     drive(app, check, loaded=False)
 
@@ -286,7 +281,7 @@ def test_a_crash_shows_its_signal_frame_and_consequences():
         assert "inside string_at" in text
         assert "consequences (1)" in text and "failed on ranks 0, 2" in text
         assert "stack of 2 ranks (0,2)  waiting" in text  # the ranks it left waiting get theirs too, folded
-        assert app.ranks_table.get_row("1")  # the crashed rank's row exists
+        assert 1 in app.ranks_table.order and app.ranks_table.cells(1)["state"]  # the crashed rank's row
 
     drive(app, check, size=(140, 50))
 
@@ -467,10 +462,7 @@ def _long_names_trace() -> list[dict]:
 
 
 def _cells(app, rank: int) -> dict[str, str]:
-    table = app.ranks_table
-    row = table.get_row(str(rank))
-    keys = [str(c.key.value) for c in table.ordered_columns]
-    return {k: (v.plain if hasattr(v, "plain") else str(v)) for k, v in zip(keys, row, strict=True)}
+    return app.ranks_table.cells(rank)
 
 
 @pytest.mark.parametrize("width", [120, 200])
@@ -485,7 +477,7 @@ def test_rank_table_last_op_whole_names_and_consistent_start(width):
             if "last" in c:  # a rank that exited still shows its last op, abbreviated on purpose
                 assert c["last"] == "ag_single #3", c
         table = app.ranks_table
-        assert "last" in [str(c.key.value) for c in table.ordered_columns] or width < 160
+        assert "last" in table.column_keys() or width < 160
         await pilot.press("g")  # the replay's start: both ranks read the same
         await pilot.pause()
         states = [_cells(app, r)["state"] for r in (0, 1)]
@@ -564,11 +556,7 @@ def test_op_detail_site_latency_sparkline_and_group_best():
 
 
 def _rank_states(app) -> dict[int, str]:
-    return {r: _plain_cell(app.ranks_table.get_cell(str(r), "state")) for r in sorted(app.feed.model.ranks)}
-
-
-def _plain_cell(cell) -> str:
-    return getattr(cell, "plain", str(cell))
+    return {r: app.ranks_table.cells(r)["state"] for r in sorted(app.feed.model.ranks)}
 
 
 def test_an_ended_job_stays_frozen_at_its_end_as_check_judges_it(tmp_path):
@@ -800,7 +788,7 @@ def test_the_culprit_among_hundreds_of_ranks_is_on_the_first_screen(tmp_path):
         assert app.timeline.mode == "behaviour"  # more ranks than SUMMARY_MIN_RANKS: summarized
         assert app.timeline.rows[0].ranks == (culprit,)  # first, then the others
         assert f"r{culprit}" in _screen_text(app)
-        assert app.ranks_table.ordered_rows[0].key.value == str(culprit)  # the rank table too
+        assert app.ranks_table.order[0] == culprit  # the rank table too
         for _ in range(4):  # nodes, blocks, heatmap, ranks: the culprit stays its own row, on top
             await pilot.press("c")
             await pilot.pause()
@@ -892,7 +880,7 @@ def test_behaviour_rows_put_the_odd_ones_out_first():
             await pilot.press("s")
         await pilot.pause()
         assert table._sort_col == UNUSUAL
-        assert [int(row.key.value) for row in table.ordered_rows] == [2, 0, 1, 3]
+        assert table.order == [2, 0, 1, 3]
 
     drive(app, check)
 
@@ -928,5 +916,46 @@ def test_the_heatmap_holds_every_rank_in_the_lines_the_timeline_has():
         assert any(seg.style.color == red for seg in segs if seg.text)
         blank = paint_heat(tl.model, (2050,), (), win)  # the culprit: one op long ago, then nothing
         assert any(seg.style.color.name == palette.HEAT[0] for seg in blank if seg.text)
+
+    drive(app, check, size=(80, 24))
+
+
+def test_the_rank_table_of_thousands_computes_only_the_rows_it_shows():
+    """4,096 ranks: the table orders every rank but computes the cells of the rows on screen
+    only; page keys, end and a click move the cursor, and each row reached shows its rank."""
+    from tui_scenarios import wide_missing_rank
+
+    from commscope.tui.rank_table import CELL_CACHE
+
+    events, now = wide_missing_rank()
+    app = make_app(events, now)
+
+    async def check(pilot):
+        table = app.ranks_table
+        await pilot.pause()
+        assert table.row_count == 4096 and sorted(table.order) == list(range(4096))
+        assert table.order[0] == 2050  # the culprit first
+        shown = table.size.height - 1
+        # the cells of the rows on screen (and of those a layout before the last showed), not of 4,096
+        assert 0 < len(table._cells) <= 2 * table.size.height
+        table.focus()
+        await pilot.press("pagedown", "pagedown")
+        await pilot.pause()
+        assert table.cursor_row == 2 * shown
+        line = table.render_line(table.cursor_row - int(table.scroll_offset.y) + 1).text
+        assert line.split()[0] == str(table.order[table.cursor_row])  # the cursor's row is in view
+        await pilot.press("end")
+        await pilot.pause()
+        assert table.cursor_row == 4095
+        last = table.render_line(table.size.height - 1).text
+        assert last.split()[0] == str(table.order[-1]) and "in all_reduce" in last
+        await pilot.click(table, offset=(2, 3))  # the third row on screen
+        await pilot.pause()
+        assert table.cursor_row == int(table.scroll_offset.y) + 2
+        assert len(table._cells) <= CELL_CACHE
+        await pilot.press("home")
+        await pilot.pause()
+        assert table.cursor_row == 0 and table.scroll_offset.y == 0
+        assert table.render_line(1).text.split()[:2] == ["2050", "○"]  # the culprit, idle
 
     drive(app, check, size=(80, 24))

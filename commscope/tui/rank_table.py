@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from typing import Any
 
 from rich.text import Text
-from textual.widgets import DataTable
+from textual import events
+from textual.binding import Binding
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
 from commscope.analysis.model import RankState, TraceModel
 from commscope.analysis.rankstate import ending, last_op_before, rank_state, sample_at
@@ -97,46 +102,129 @@ def sort_key(v: Any) -> tuple:
     return (3, 0, repr(v))
 
 
-class RankTable(DataTable):
-    """One row per rank.  Click a column header (or press s) to sort by it; s also offers
-    "how unusual" (the rarest behaviour first), which a large job opens with."""
+#: Jobs up to this many ranks size the last-op column to every rank's label; larger ones to the
+#: labels of the rows shown so far (never narrowing): a label costs a model lookup per rank
+ALL_LABELS = 1024
+#: Rows' cells kept between refreshes of the values (the rows on screen, and some scrolled past)
+CELL_CACHE = 512
 
-    BINDINGS = [("s", "cycle_sort", "Sort")]
+
+class RankTable(ScrollView, can_focus=True):
+    """One row per rank.  Click a column header (or press s) to sort by it; s also offers
+    "how unusual" (the rarest behaviour first), which a large job opens with.
+
+    Virtual: the order is kept for every rank, but a rank's cells (its state, last op and
+    samples) are computed only when its row is on screen, and painted a line at a time
+    (``render_line``), so 16,384 ranks cost what the 20-60 rows shown cost, not a widget row
+    per rank.  The header stays on the first line; arrows, page keys and home/end move the
+    cursor, the mouse wheel scrolls and a click on a row puts the cursor there."""
+
+    BINDINGS = [("s", "cycle_sort", "Sort"),
+                Binding("up", "cursor_up", "Up", show=False), Binding("down", "cursor_down", "Down", show=False),
+                Binding("pageup", "page_up", "Page up", show=False),
+                Binding("pagedown", "page_down", "Page down", show=False),
+                Binding("home", "first", "First", show=False), Binding("end", "last", "Last", show=False)]
+    COMPONENT_CLASSES = {"rank-table--header", "rank-table--cursor", "rank-table--even-row"}
+    DEFAULT_CSS = """
+    RankTable {
+        background: $surface;
+        color: $foreground;
+        &:focus {
+            background-tint: $foreground 5%;
+            & > .rank-table--cursor {
+                background: $block-cursor-background;
+                color: $block-cursor-foreground;
+                text-style: $block-cursor-text-style;
+            }
+        }
+        &:dark {
+            & > .rank-table--even-row {
+                background: $surface-darken-1 40%;
+            }
+        }
+        & > .rank-table--header {
+            text-style: bold;
+            background: $panel;
+            color: $foreground;
+        }
+        & > .rank-table--even-row {
+            background: $surface-lighten-1 50%;
+        }
+        & > .rank-table--cursor {
+            background: $block-cursor-blurred-background;
+            color: $block-cursor-blurred-foreground;
+            text-style: $block-cursor-blurred-text-style;
+        }
+    }
+    """
 
     def __init__(self, feed: Any, **kwargs: Any):
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        super().__init__(**kwargs)
         self.feed = feed
-        self._rows: set[int] = set()
+        self.order: list[int] = []  # every rank, in the order shown
+        self.cursor_row = 0
         self._sort_col = "rank"
         self._sort_chosen = False  # the user sorted: the job's size no longer picks the sort
         #: ranks named in findings: first, whatever the sort, in a job of more than PIN_MIN_RANKS
         self.flagged: set[int] = set()
         self._sort_reverse = False
-        self._values: dict[int, dict[str, Any]] = {}
+        self._now = 0
+        self._cells: OrderedDict[int, dict[str, tuple[Any, Any]]] = OrderedDict()  # rank -> its row's cells
         self._cols: list[tuple[str, str, int]] = []
-        self._last_width = 16  # the last-op column: as wide as its longest label
+        self._flex_width = STATE_MIN
+        self._last_width = LAST_MIN  # the last-op column: as wide as its longest label
 
+    # -- what the table holds
     def reset(self) -> None:
-        self.clear(columns=True)
-        self._rows.clear()
-        self._values.clear()
+        self.order = []
+        self._cells.clear()
         self._cols = []
+        self._last_width = LAST_MIN
+        self.cursor_row = 0
+        self.virtual_size = Size(self.size.width, 1)
+        self.refresh()
+
+    @property
+    def row_count(self) -> int:
+        return len(self.order)
+
+    def column_keys(self) -> list[str]:
+        return [key for key, _, _ in self._cols]
+
+    def cells(self, rank: int) -> dict[str, str]:
+        """The text of rank ``rank``'s row, by column key, as shown (fitted to its column)."""
+        with self.feed.lock:
+            vals = self._values(rank)
+        return {key: self._fitted(key, width, vals[key][1]).plain for key, _, width in self._shown()}
+
+    def column_span(self, key: str) -> tuple[int, int]:
+        """Where column ``key`` is across the widget (its padding included)."""
+        x = 0
+        for k, width in ((k, w) for k, _, w in self._shown()):
+            if k == key:
+                return x, x + width + 2
+            x += width + 2
+        raise KeyError(key)
+
+    def _shown(self) -> list[tuple[str, str, int]]:
+        """The columns with the widths they are drawn at (the state column takes the rest)."""
+        return [(k, label, self._flex_width if k == FLEX else self._last_width if k == "last" else w)
+                for k, label, w in self._cols]
 
     def _wanted(self) -> list[tuple[str, str, int]]:
         """Host only when ranks span hosts; GPU columns only when some rank sampled a GPU."""
         m = self.feed.model
         hosts = {str((rt.meta or {}).get("host", "")) for rt in m.ranks.values()}
         gpu = any((m.latest_sample(r) or {}).get("gpu_util") is not None for r in m.rank_ids())
-        cols = [c if c[0] != "last" else (c[0], c[1], self._last_width) for c in COLUMNS
-                if (c[0] != "host" or len(hosts) > 1) and (c[0] not in ("gpu", "gmem") or gpu)]
+        cols = [c for c in COLUMNS if (c[0] != "host" or len(hosts) > 1) and (c[0] not in ("gpu", "gmem") or gpu)]
         # Narrow panes keep the most telling columns; the state text names the op anyway.
         budget = self._room() - (STATE_MIN + 2) - (COLUMNS[0][2] + 2) if self.size.width else 10**6
         keep = {FLEX, "rank"}  # the rank number and its state always show
         for key in PRIORITY[1:]:
             col = next((c for c in cols if c[0] == key), None)
-            if col is not None and col[2] + 2 <= budget:
+            if col is not None and (self._last_width if key == "last" else col[2]) + 2 <= budget:
                 keep.add(key)
-                budget -= col[2] + 2
+                budget -= (self._last_width if key == "last" else col[2]) + 2
         return [c for c in cols if c[0] in keep]
 
     def _room(self) -> int:
@@ -144,78 +232,57 @@ class RankTable(DataTable):
         bar = self.scrollbar_size_vertical if self.show_vertical_scrollbar else 0
         return self.size.width - bar - 1  # the vertical scrollbar when shown, and a margin
 
-    def _layout(self, cols: list[tuple[str, str, int]]) -> None:
-        if [c[0] for c in cols] != [str(k.value) for k in self.columns] or not self._cols:
-            self.clear(columns=True)
-            self._rows.clear()
-            self._values.clear()
-            for key, label, width in cols:
-                self.add_column(label, key=key, width=width)
-        self._cols = cols
-        self.call_after_refresh(self.on_resize)
+    def _fit_flex(self) -> None:
+        fixed = sum(w + 2 for k, _, w in self._shown() if k != FLEX)
+        self._flex_width = max(8, self._room() - fixed - 2)  # below STATE_MIN only when no other column is left
 
     def on_resize(self) -> None:
-        cols = getattr(self, "_cols", None)
-        if not cols:
+        if not self._cols:
             return
-        with self.feed.lock:  # (a replay's loader ingests while the table shows what is in)
-            wanted = self._wanted()
-        if [c[0] for c in wanted] != [c[0] for c in cols]:
-            self._layout(wanted)
-            self.refresh_ranks(getattr(self.app, "_now", lambda: 0)())
-            return
-        fixed = sum(w + 2 for k, _, w in cols if k != FLEX)
-        col = self.columns.get(FLEX)  # type: ignore[call-overload]
-        if col is not None:
-            width = max(8, self._room() - fixed - 2)  # below STATE_MIN only when no other column is left
-            changed = col.width != width
-            col.width = width
-            col.auto_width = False
-            if changed and self._values:  # re-fit the state cells to the new width (cut between words)
-                self.refresh_ranks(getattr(self.app, "_now", lambda: 0)())
-            self.refresh()
+        with self.feed.lock:
+            self._cols = self._wanted()
+        self._fit_flex()
+        self._strips_changed()
 
-    def _fit_last(self, rows: dict[int, dict[str, tuple[Any, Any]]]) -> None:
-        """The last-op column as wide as its longest label (within LAST_MIN..LAST_MAX)."""
-        col = self.columns.get("last")  # type: ignore[call-overload]
-        if col is None:
-            return
-        want = self._last_width
-        if col.width != want:
-            col.width = want
-            col.auto_width = False
-            self.call_after_refresh(self.on_resize)
-
+    # -- refreshing: the order of every rank, the cells of the rows shown
     def refresh_ranks(self, now: int) -> None:
         m = self.feed.model
+        self._now = now
         with self.feed.lock:
-            rows = {r: self._row_values(r, now) for r in m.rank_ids()}
-            want = max([LAST_MIN, *(len(_plain(v["last"][1])) for v in rows.values())])
+            ranks = m.rank_ids()
+            self._cells.clear()
+            self._cols = self._wanted()
+            self.order = self._sorted(ranks)
+            labels = ranks if len(ranks) <= ALL_LABELS else self._visible()
+            want = max([self._last_width if len(ranks) > ALL_LABELS else LAST_MIN,
+                        *(len(_plain(self._values(r)["last"][1])) for r in labels)])
             self._last_width = min(want, LAST_MAX)
-            self._layout(self._wanted())
-        self._fit_last(rows)
-        state_col = self.columns.get(FLEX)  # type: ignore[call-overload]
-        room = state_col.width if state_col is not None and state_col.width else None
-        last_col = self.columns.get("last")  # type: ignore[call-overload]
-        for vals in rows.values():
-            if room is not None:
-                key, cell = vals["state"]
-                if len(cell.plain) > room:
-                    vals["state"] = (key, Text(fit_words(cell.plain, room), style=cell.style))
-            if last_col is not None and len(_plain(vals["last"][1])) > last_col.width:
-                vals["last"] = (vals["last"][0], fit_words(_plain(vals["last"][1]), last_col.width))
-        for r, vals in rows.items():
-            if r not in self._rows:
-                self.add_row(*[vals[k][1] for k, _, _ in self._cols], key=str(r))
-                self._rows.add(r)
-            else:
-                old = self._values.get(r, {})
-                for k, _, _ in self._cols:
-                    was = old.get(k)
-                    if was is None or was[0] != vals[k][0] or _plain(was[1]) != _plain(vals[k][1]):
-                        self.update_cell(str(r), k, vals[k][1])
-            self._values[r] = vals
-        self._apply_sort()
+            self._cols = self._wanted()  # (the last-op column may fit now, or no longer)
+        self._fit_flex()
+        if self.order:
+            self.cursor_row = min(self.cursor_row, len(self.order) - 1)
+        self._strips_changed()
+
+    def _strips_changed(self) -> None:
+        width = sum(w + 2 for _, _, w in self._shown())
+        self.virtual_size = Size(width, len(self.order) + 1)
+        self.refresh()
+
+    def _visible(self) -> list[int]:
+        top = int(self.scroll_offset.y)
+        return self.order[top: top + max(1, self.size.height - 1)]  # (under the header)
+
+    def _values(self, r: int) -> dict[str, tuple[Any, Any]]:
+        """Rank ``r``'s cells as of the last refresh (computed once it is wanted; the caller
+        holds the feed's lock)."""
+        vals = self._cells.get(r)
+        if vals is None:
+            vals = self._cells[r] = self._row_values(r, self._now)
+            if len(self._cells) > CELL_CACHE:
+                self._cells.popitem(last=False)
+        else:
+            self._cells.move_to_end(r)
+        return vals
 
     def _row_values(self, r: int, now: int) -> dict[str, tuple[Any, Any]]:
         """column -> (sort key, cell renderable)."""
@@ -240,34 +307,122 @@ class RankTable(DataTable):
             "rss": (rss if rss is not None else -1, compact_size(rss)),
         }
 
-    def _apply_sort(self) -> None:
-        col, vals = self._sort_col, self._values
-        if not self._sort_chosen and col == "rank" and len(vals) > SUMMARY_MIN_RANKS:
+    def _sorted(self, ranks: list[int]) -> list[int]:
+        """Every rank in the order of the chosen sort (a value column computes that column's
+        value for every rank: the user asked for it; the table's refresh is paced by its
+        cost), the ranks named in findings first in a large job."""
+        col = self._sort_col
+        if not self._sort_chosen and col == "rank" and len(ranks) > SUMMARY_MIN_RANKS:
             col = self._sort_col = UNUSUAL
         if col == UNUSUAL:
-            order = [r for _, rs in behaviour_groups(self.feed.view, sorted(vals)) for r in rs]
+            order = [r for _, rs in behaviour_groups(self.feed.view, sorted(ranks)) for r in rs]
             order = order[::-1] if self._sort_reverse else order
+        elif col == "rank":
+            order = sorted(ranks, reverse=self._sort_reverse)
         else:
-            order = sorted(vals, key=lambda r: (sort_key(vals[r][col][0]), r), reverse=self._sort_reverse)
+            key = {r: sort_key(self._row_values(r, self._now)[col][0]) for r in ranks}
+            order = sorted(ranks, key=lambda r: (key[r], r), reverse=self._sort_reverse)
         if len(order) > PIN_MIN_RANKS and self.flagged:  # among thousands, the culprit on top
             order = [r for r in order if r in self.flagged] + [r for r in order if r not in self.flagged]
-        if [int(row.key.value) for row in self.ordered_rows] != order:
-            pos = {r: i for i, r in enumerate(order)}
-            self.sort("rank", key=lambda cell: pos.get(int(cell.plain), 0))
+        return order
 
-    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+    def _apply_sort(self) -> None:
+        with self.feed.lock:
+            self.order = self._sorted(list(self.order))
+        self._strips_changed()
+
+    def action_cycle_sort(self) -> None:
         self._sort_chosen = True
-        key = event.column_key.value
+        keys = [k for k, _, _ in (self._cols or COLUMNS)] + [UNUSUAL]
+        self._sort_col = keys[(keys.index(self._sort_col) + 1) % len(keys)] if self._sort_col in keys else "rank"
+        self._sort_reverse = False
+        self.notify(f"ranks sorted by {LABELS[self._sort_col]}", timeout=2)
+        self._apply_sort()
+
+    def sort_by(self, key: str) -> None:
+        """Sort by column ``key``, or reverse the sort when it is already by ``key`` (a click
+        on its header)."""
+        self._sort_chosen = True
         if key == self._sort_col:
             self._sort_reverse = not self._sort_reverse
         else:
             self._sort_col, self._sort_reverse = key, False
         self._apply_sort()
 
-    def action_cycle_sort(self) -> None:
-        self._sort_chosen = True
-        keys = [k for k, _, _ in getattr(self, "_cols", COLUMNS)] + [UNUSUAL]
-        self._sort_col = keys[(keys.index(self._sort_col) + 1) % len(keys)] if self._sort_col in keys else "rank"
-        self._sort_reverse = False
-        self.notify(f"ranks sorted by {LABELS[self._sort_col]}", timeout=2)
-        self._apply_sort()
+    # -- moving
+    def _move(self, row: int) -> None:
+        if not self.order:
+            return
+        self.cursor_row = max(0, min(row, len(self.order) - 1))
+        rows = max(1, self.size.height - 1)  # the lines under the header
+        top = int(self.scroll_offset.y)
+        if self.cursor_row < top:
+            self.scroll_to(y=self.cursor_row, animate=False)
+        elif self.cursor_row >= top + rows:
+            self.scroll_to(y=self.cursor_row - rows + 1, animate=False)
+        self.refresh()
+
+    def action_cursor_up(self) -> None:
+        self._move(self.cursor_row - 1)
+
+    def action_cursor_down(self) -> None:
+        self._move(self.cursor_row + 1)
+
+    def action_page_up(self) -> None:
+        self._move(self.cursor_row - max(1, self.size.height - 1))
+
+    def action_page_down(self) -> None:
+        self._move(self.cursor_row + max(1, self.size.height - 1))
+
+    def action_first(self) -> None:
+        self._move(0)
+
+    def action_last(self) -> None:
+        self._move(len(self.order) - 1)
+
+    def on_click(self, event: events.Click) -> None:
+        if event.y == 0:  # the header: sort by the column clicked
+            for key, _, _ in self._shown():
+                x0, x1 = self.column_span(key)
+                if x0 <= event.x + int(self.scroll_offset.x) < x1:
+                    self.sort_by(key)
+                    return
+            return
+        self._move(int(self.scroll_offset.y) + event.y - 1)
+
+    # -- painting
+    def _fitted(self, key: str, width: int, cell: Any) -> Text:
+        """A cell cut to its column's width: the state and last op between words."""
+        text = cell if isinstance(cell, Text) else Text(str(cell))
+        if text.cell_len > width:
+            text = Text(fit_words(text.plain, width), style=text.style) if key in (FLEX, "last") else text[:width]
+        return text
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        if y == 0:
+            style = self.get_component_rich_style("rank-table--header")
+            line = Text("".join(" " + label[:w].ljust(w) + " " for _, label, w in self._shown()))
+        else:
+            row = int(self.scroll_offset.y) + y - 1
+            if row >= len(self.order):
+                return Strip.blank(width, self.rich_style)
+            r = self.order[row]
+            with self.feed.lock:
+                vals = self._values(r)
+            line = Text()
+            for key, _, w in self._shown():
+                cell = self._fitted(key, w, vals[key][1])
+                line.append(" ")
+                line.append_text(cell)
+                line.append(" " * (w - cell.cell_len + 1))
+            style = self.rich_style
+            if row % 2 == 0:  # (zebra stripes: the DataTable's, from the first row)
+                style = style + self.get_component_rich_style("rank-table--even-row")
+            if row == self.cursor_row:
+                cursor = self.get_component_rich_style("rank-table--cursor")
+                line.stylize(cursor)  # over the cells' own colours, as the focused cursor is
+                style = style + cursor
+        line.stylize_before(style)
+        strip = Strip(list(line.render(self.app.console)))
+        return strip.crop_extend(int(self.scroll_offset.x), int(self.scroll_offset.x) + width, style)

@@ -14,14 +14,16 @@ from commscope.tui import palette
 HELP_SECTIONS: list[tuple[str, list[tuple[str, str]]]] = [
     ("Timeline", [("← →", "previous / next op on the highlighted rank"), ("↑ ↓", "move between ranks"),
                   ("+ / i, - / o", "zoom in / out"), ("h l, shift+← →", "pan (stops following)"),
-                  ("f", "follow live and jump to now"), ("c", "collapse rows: ranks → nodes → blocks"),
+                  ("f", "follow live and jump to now"), ("c", "rows: ranks → behaviour → nodes → blocks → heatmap"),
                   ("x", "show only ranks named in findings"), ("click", "select the op under the mouse"),
                   ("enter", "show the selected op's detail")]),
     ("Replay", [("space", "play / pause"), ("] [", "faster / slower"), ("n p", "step to the next / previous op"),
                 ("g G / home end", "jump to start / end")]),
     ("Panels", [("tab / shift+tab", "move focus between timeline, ranks, findings, detail"),
                 ("1 2 3", "focus timeline / findings / ranks"), ("e", "next error finding"),
-                ("s", "sort ranks by the next column (or click a header)"), ("r", "GPU panel ↔ rank table"),
+                ("s", "sort ranks by the next column (or click a header)"),
+                ("pageup pagedown", "rank table: a page up / down (↑ ↓ a row, home end: first / last)"),
+                ("r", "GPU panel ↔ rank table"),
                 ("H", "history: what retention summarized, what the window did not read")]),
     ("App", [("?", "this help"), ("ctrl+p", "command palette (every action)"), ("q", "quit")]),
 ]
