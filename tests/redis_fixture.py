@@ -17,13 +17,20 @@ import itertools
 
 import pytest
 
-from commscope.bench.redis_server import RedisCluster, RedisServer, RedisServerMissing, find_redis_server
+from commscope.bench.redis_server import (
+    RedisCluster,
+    RedisServer,
+    RedisServerMissing,
+    TlsFiles,
+    find_redis_server,
+    make_tls_files,
+)
 
 DATABASES = 64
 _db_numbers = itertools.cycle(range(1, DATABASES))
 
-__all__ = ["cluster_client", "redis_client", "redis_cluster", "redis_cluster_url", "redis_server", "redis_url",
-           "require_redis_server"]
+__all__ = ["cluster_client", "redis_client", "redis_cluster", "redis_cluster_url", "redis_server", "redis_tls_cluster",
+           "redis_tls_cluster_url", "redis_url", "require_redis_server", "tls_files"]
 
 
 def require_redis_server() -> str:
@@ -50,6 +57,14 @@ def redis_server():
     server.close()
 
 
+def _tls_kwargs(t) -> dict:
+    """redis-py's TLS arguments for a parsed store URL (its names are the URL's)."""
+    if not t.tls:
+        return {}
+    return {"ssl": True, "ssl_ca_certs": t.ssl_ca_certs, "ssl_certfile": t.ssl_certfile, "ssl_keyfile": t.ssl_keyfile,
+            "ssl_cert_reqs": "required" if t.ssl_verify else "none", "ssl_check_hostname": False}
+
+
 def redis_client(url: str):
     """A redis-py client for a store URL: an independent way to look at what commscope stored."""
     import redis
@@ -57,7 +72,7 @@ def redis_client(url: str):
     from commscope.store.redis_url import parse_url
 
     t = parse_url(url)
-    return redis.Redis(host=t.host, port=t.port, db=t.db, password=t.password, protocol=2)
+    return redis.Redis(host=t.host, port=t.port, db=t.db, password=t.password, protocol=2, **_tls_kwargs(t))
 
 
 @pytest.fixture
@@ -86,17 +101,50 @@ def cluster_client(url: str):
     from commscope.store.redis_url import parse_url
 
     t = parse_url(url)
-    return redis.RedisCluster(host=t.host, port=t.port, password=t.password, protocol=2)
+    return redis.RedisCluster(host=t.host, port=t.port, password=t.password, protocol=2, **_tls_kwargs(t))
 
 
 @pytest.fixture
 def redis_cluster_url(redis_cluster) -> str:
     """``redis://127.0.0.1:PORT/0`` on the session's cluster, every master flushed."""
-    import redis
 
-    for server in redis_cluster.servers:
+    return _flushed(redis_cluster)
+
+
+def _flushed(cluster: RedisCluster) -> str:
+    for server in cluster.servers:
         assert server.running, "a node of the session's cluster died"
-        client = redis.Redis(host="127.0.0.1", port=server.port, protocol=2)
+        client = redis_client(server.url)
         client.flushall()
         client.close()
-    return redis_cluster.url
+    return cluster.url
+
+
+def require_openssl() -> None:
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl not found: the TLS tests make their certificates with it (apt-get install openssl; "
+                    "scripts/test and .ci/run install it)", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory) -> TlsFiles:
+    """A private CA, a server certificate naming 127.0.0.1 and localhost, a client certificate."""
+    require_openssl()
+    return make_tls_files(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="session")
+def redis_tls_cluster(tls_files):
+    """A Redis Cluster of three masters over TLS only (``tls-cluster yes``), asking clients for
+    a certificate (``tls-auth-clients yes``, Redis's default)."""
+    cluster = _started(RedisCluster(3, binary=require_redis_server(), tls=tls_files), "a Redis Cluster over TLS")
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture
+def redis_tls_cluster_url(redis_tls_cluster) -> str:
+    """``rediss://127.0.0.1:PORT/0?ssl_ca_certs=...&ssl_certfile=...&ssl_keyfile=...``, every master flushed."""
+    return _flushed(redis_tls_cluster)

@@ -84,7 +84,7 @@ class RedisBackend:
         self.client = redis_client(url)
 
     def job_store(self, job: str) -> str:
-        return f"{self.store}?job={job}"
+        return f"{self.store}{'&' if '?' in self.store else '?'}job={job}"
 
     def missing_store(self) -> str:
         return self.store  # a flushed database: no job at all yet
@@ -126,9 +126,8 @@ class RedisClusterBackend(RedisBackend):
     @contextlib.contextmanager
     def failing_writes(self, monkeypatch):
         """The masters run out of memory part way through the next write."""
-        import redis
 
-        nodes = [redis.Redis(host="127.0.0.1", port=s.port, protocol=2) for s in self.cluster.servers]
+        nodes = [redis_client(s.url) for s in self.cluster.servers]
         for node in nodes:
             node.config_set("maxmemory-policy", "noeviction")
             node.config_set("maxmemory", str(int(node.info("memory")["used_memory"]) + (3 << 20)))
@@ -140,15 +139,18 @@ class RedisClusterBackend(RedisBackend):
                 node.close()
 
 
-@pytest.fixture(params=["directory", "redis", "redis-cluster"])
+@pytest.fixture(params=["directory", "redis", "redis-cluster", "redis-cluster-tls"])
 def backend(request, tmp_path):
     if request.param == "directory":
         b = DirectoryBackend(tmp_path)
     elif request.param == "redis":
         b = RedisBackend(request.getfixturevalue("redis_url"))
-    else:
+    elif request.param == "redis-cluster":
         b = RedisClusterBackend(request.getfixturevalue("redis_cluster_url"),
                                 request.getfixturevalue("redis_cluster"))
+    else:  # the same over TLS, with client certificates (tests/test_redis_tls.py: its failures)
+        b = RedisClusterBackend(request.getfixturevalue("redis_tls_cluster_url"),
+                                request.getfixturevalue("redis_tls_cluster"))
     yield b
     b.close()
 

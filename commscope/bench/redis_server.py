@@ -12,10 +12,13 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
+from urllib.parse import quote
 
 from commscope.launch import free_port
 
@@ -37,11 +40,74 @@ def find_redis_server() -> str:
                              f"(apt-get install redis-server) or point ${REDIS_SERVER_ENV} at the binary")
 
 
+class TlsFiles(NamedTuple):
+    """A private certificate authority and what it signed: the servers' certificate (whose
+    names are ``names``) and a client's, each with its key (``make_tls_files``)."""
+
+    ca: str
+    server_cert: str
+    server_key: str
+    client_cert: str
+    client_key: str
+    names: str
+
+    def query(self, *, client: bool = True) -> str:
+        """The store URL's options that trust this authority and present the client's
+        certificate."""
+        out = f"ssl_ca_certs={quote(self.ca)}"
+        if client:
+            out += f"&ssl_certfile={quote(self.client_cert)}&ssl_keyfile={quote(self.client_key)}"
+        return out
+
+    def cli(self) -> list[str]:
+        """redis-cli's arguments for the same."""
+        return ["--tls", "--cacert", self.ca, "--cert", self.client_cert, "--key", self.client_key]
+
+    def context(self) -> ssl.SSLContext:
+        """A client context with the same (names not checked: the harness pings by address)."""
+        ctx = ssl.create_default_context(cafile=self.ca)
+        ctx.check_hostname = False
+        ctx.load_cert_chain(self.client_cert, self.client_key)
+        return ctx
+
+
+def make_tls_files(directory: str | os.PathLike, names: str = "IP:127.0.0.1,DNS:localhost") -> TlsFiles:
+    """A certificate authority, a server certificate for ``names`` (subjectAltName syntax) and
+    a client certificate, made with the ``openssl`` command in ``directory``."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise RedisServerMissing("openssl not found: install the Debian package 'openssl' (the TLS tests make "
+                                 "their certificates with it)")
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+
+    def run(*args: str) -> None:
+        done = subprocess.run([openssl, *args], capture_output=True, text=True, cwd=d, timeout=60,
+                              stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise RuntimeError(f"openssl {args[0]} failed: {(done.stdout + done.stderr)[-1000:]}")
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+        "-subj", "/CN=commscope test CA")
+    for who, subject, ext in (("server", "/CN=redis", f"subjectAltName={names}"),
+                              ("client", "/CN=commscope", "extendedKeyUsage=clientAuth")):
+        (d / f"{who}.ext").write_text(ext + "\n")
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{who}.key", "-out", f"{who}.csr", "-subj", subject)
+        run("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{who}.crt", "-days", "2", "-extfile", f"{who}.ext")
+    for key in d.glob("*.key"):
+        key.chmod(0o600)
+    return TlsFiles(*(str(d / f) for f in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")),
+                    names)
+
+
 class RedisServer:
-    """One redis-server process; ``url`` reaches it (with the password, if any)."""
+    """One redis-server process; ``url`` reaches it (with the password, if any).  With ``tls``
+    it listens over TLS only (``rediss://``), asking clients for a certificate, as Redis does
+    by default (``tls-auth-clients yes``)."""
 
     def __init__(self, *, password: str | None = None, appendonly: bool = False, extra: dict | None = None,
-                 data_dir: str | os.PathLike | None = None, binary: str | None = None):
+                 data_dir: str | os.PathLike | None = None, binary: str | None = None, tls: TlsFiles | None = None):
         self.binary = binary or find_redis_server()
         self.password = password
         self.own_dir = data_dir is None
@@ -51,10 +117,13 @@ class RedisServer:
         self.extra = dict(extra or {})
         self.port = 0
         self.proc: subprocess.Popen | None = None
+        self.tls = tls
 
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
+        if self.tls:
+            return f"rediss://{auth}127.0.0.1:{self.port}/0?{self.tls.query()}"
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def _config(self) -> str:
@@ -66,6 +135,10 @@ class RedisServer:
         }
         if self.password:
             conf["requirepass"] = self.password
+        if self.tls:
+            conf.update({"port": "0", "tls-port": str(self.port), "tls-cert-file": self.tls.server_cert,
+                         "tls-key-file": self.tls.server_key, "tls-ca-cert-file": self.tls.ca,
+                         "tls-auth-clients": "yes", "tls-replication": "yes", "tls-cluster": "yes"})
         conf.update({k: str(v) for k, v in self.extra.items()})
         return "".join(f"{k} {v}\n" for k, v in conf.items())
 
@@ -101,7 +174,8 @@ class RedisServer:
     def _ping(self) -> bool:
         """True once the server accepts commands (and has finished loading its data)."""
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as plain:
+                s = self.tls.context().wrap_socket(plain) if self.tls else plain
                 cmd = b""
                 if self.password:
                     pw = self.password.encode()
@@ -114,7 +188,7 @@ class RedisServer:
                         return False
                     data += chunk
                 return data.rstrip().endswith(b"+PONG")
-        except OSError:
+        except OSError:  # (ssl.SSLError too)
             return False
 
     def stop(self, *, timeout: float = 10.0) -> None:
@@ -180,24 +254,26 @@ class RedisCluster:
     ``node_timeout_ms`` is how long a master may be silent before its replica takes over."""
 
     def __init__(self, masters: int = 3, *, replicas: int = 0, node_timeout_ms: int = 5000,
-                 binary: str | None = None):
+                 binary: str | None = None, tls: TlsFiles | None = None):
         self.binary = binary or find_redis_server()
         self.replicas = replicas
-        self.servers = [RedisServer(binary=self.binary, appendonly=False,
+        self.tls = tls
+        self.servers = [RedisServer(binary=self.binary, appendonly=False, tls=tls,
                                     extra={"cluster-enabled": "yes", "cluster-config-file": "nodes.conf",
                                            "cluster-node-timeout": node_timeout_ms})
                         for _ in range(masters * (1 + replicas))]
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.servers[0].port}/0"
+        return self.servers[0].url
 
     def start(self, timeout: float = 30.0) -> RedisCluster:
         for server in self.servers:
             server.start()
         cli = find_redis_cli(self.binary)
         nodes = [f"127.0.0.1:{s.port}" for s in self.servers]
-        made = subprocess.run([cli, "--cluster", "create", *nodes, "--cluster-replicas", str(self.replicas),
+        made = subprocess.run([cli, *(self.tls.cli() if self.tls else []), "--cluster", "create", *nodes,
+                               "--cluster-replicas", str(self.replicas),
                                "--cluster-yes"],
                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         if made.returncode != 0:
@@ -212,7 +288,8 @@ class RedisCluster:
     def cli(self, *args: str, server: RedisServer | None = None, timeout: float = 60.0) -> str:
         """redis-cli against one node (the first by default); its output."""
         port = (server or self.servers[0]).port
-        done = subprocess.run([find_redis_cli(self.binary), "-p", str(port), *args], capture_output=True,
+        tls = self.tls.cli() if self.tls else []
+        done = subprocess.run([find_redis_cli(self.binary), *tls, "-p", str(port), *args], capture_output=True,
                               text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise RuntimeError(f"redis-cli {' '.join(args)}: {(done.stdout + done.stderr)[-2000:]}")

@@ -3,8 +3,12 @@
 Accepted forms (the password is optional everywhere)::
 
     redis://[[user]:password@]host[:port][/db][?job=NAME&maxlen=N&timeout=S&rate=N]
-    rediss://...                           the same over TLS (add ssl_cert_reqs=none to skip
-                                           certificate checks, ssl_ca_certs=FILE for a private CA)
+    rediss://...                           the same over TLS: ssl_ca_certs=FILE for a private CA,
+                                           ssl_certfile=FILE&ssl_keyfile=FILE for a client
+                                           certificate (Redis asks for one by default),
+                                           ssl_check_hostname=false to check a certificate's
+                                           chain but not its names, ssl_cert_reqs=none to skip
+                                           every check (redis-py's names)
     unix://[[user]:password@]/path/to/redis.sock[?db=N&job=...]
 
 A bare ``secret@host`` is taken as a password, not a user name: AUTH needs a password,
@@ -27,7 +31,9 @@ from commscope.redact import redact
 from commscope.store.base import StoreError, is_job_name
 
 SCHEMES = ("redis", "rediss", "unix")
-QUERY_KEYS = frozenset({"job", "maxlen", "timeout", "rate", "db", "password", "username", "ssl_cert_reqs", "ssl_ca_certs"})
+TLS_KEYS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname")
+QUERY_KEYS = frozenset({"job", "maxlen", "timeout", "rate", "db", "password", "username", *TLS_KEYS})
+BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 ENV_PASSWORD = "COMMSCOPE_REDIS_PASSWORD"
 DEFAULT_PORT = 6379
 DEFAULT_TIMEOUT = 5.0
@@ -58,6 +64,9 @@ class RedisTarget:
     rate: int = DEFAULT_RATE
     ssl_verify: bool = True
     ssl_ca_certs: str | None = None
+    ssl_certfile: str | None = None  # a client certificate (and its key), for mutual TLS
+    ssl_keyfile: str | None = None
+    ssl_check_hostname: bool = True  # False: the chain is checked, not the names
 
     @property
     def tls(self) -> bool:
@@ -82,7 +91,19 @@ class RedisTarget:
             query.append(f"maxlen={self.maxlen}")
         if self.rate != DEFAULT_RATE:
             query.append(f"rate={self.rate}")
+        query += self.tls_options()
         return base + ("?" + "&".join(query) if query else "")
+
+    def tls_options(self) -> list[str]:
+        """The URL's TLS options (file paths, no secrets), so that a URL shown can be used."""
+        if not self.tls:
+            return []
+        from urllib.parse import quote
+
+        out = [] if self.ssl_verify else ["ssl_cert_reqs=none"]
+        out += [f"{k}={quote(v)}" for k, v in (("ssl_ca_certs", self.ssl_ca_certs), ("ssl_certfile", self.ssl_certfile),
+                                               ("ssl_keyfile", self.ssl_keyfile)) if v]
+        return out + ([] if self.ssl_check_hostname else ["ssl_check_hostname=false"])
 
     def secrets(self) -> list[str]:
         """Every spelling of the password that might leak into text (raw and URL-encoded)."""
@@ -199,7 +220,17 @@ def parse_url(url: str) -> RedisTarget:
             if reqs not in ("none", "required"):
                 raise StoreError(f"bad ssl_cert_reqs in {shown}: none or required")
             fields["ssl_verify"] = reqs == "required"
-        fields["ssl_ca_certs"] = query.get("ssl_ca_certs") or None
+        for key in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+            fields[key] = query.get(key) or None
+        if fields["ssl_keyfile"] and not fields["ssl_certfile"]:
+            raise StoreError(f"bad Redis URL {shown}: ssl_keyfile without ssl_certfile (the client certificate)")
+        if "ssl_check_hostname" in query:
+            check = query["ssl_check_hostname"].lower()
+            if check not in BOOLS:
+                raise StoreError(f"bad ssl_check_hostname in {shown}: true or false")
+            fields["ssl_check_hostname"] = BOOLS[check]
+        if scheme != "rediss" and any(k in query for k in TLS_KEYS):
+            raise StoreError(f"TLS options in {shown}, which is not a TLS URL: use rediss://")
         return RedisTarget(**fields)
     except StoreError:
         raise

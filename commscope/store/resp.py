@@ -89,8 +89,7 @@ class Connection:
             raise self._login_error(str(exc)) from None
         except ssl.SSLError as exc:
             self.close()
-            raise StoreError(f"cannot connect to {self.shown}: TLS handshake failed "
-                             f"({scrub(exc.reason or str(exc), t)})") from None
+            raise StoreError(f"cannot connect to {self.shown}: {self._tls_why(exc)}") from None
         except OSError as exc:
             self.close()
             raise StoreError(f"cannot connect to {self.shown}: {self.why(exc)}") from None
@@ -111,15 +110,49 @@ class Connection:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             if t.tls:
-                ctx = ssl.create_default_context(cafile=t.ssl_ca_certs)
-                if not t.ssl_verify:
-                    ctx.check_hostname = False
-                    ctx.verify_mode = ssl.CERT_NONE
-                s = ctx.wrap_socket(s, server_hostname=t.host)
+                s = self._tls_context().wrap_socket(s, server_hostname=t.host)
         except BaseException:
             s.close()
             raise
         return s
+
+    def _tls_context(self) -> ssl.SSLContext:
+        """The URL's TLS settings (redis-py's names): a private CA, a client certificate,
+        the names checked or not, or nothing checked."""
+        t = self.t
+        try:
+            ctx = ssl.create_default_context(cafile=t.ssl_ca_certs)
+        except (OSError, ssl.SSLError) as exc:
+            raise StoreError(f"cannot use {self.shown}: cannot read ssl_ca_certs {t.ssl_ca_certs!r} "
+                             f"({getattr(exc, 'strerror', None) or exc})") from None
+        if t.ssl_certfile:
+            try:
+                ctx.load_cert_chain(t.ssl_certfile, t.ssl_keyfile)
+            except (OSError, ssl.SSLError) as exc:
+                raise StoreError(f"cannot use {self.shown}: cannot read the client certificate "
+                                 f"{t.ssl_certfile!r} (and its key: {getattr(exc, 'strerror', None) or exc})") from None
+        if not t.ssl_check_hostname or not t.ssl_verify:
+            ctx.check_hostname = False
+        if not t.ssl_verify:
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    def _tls_why(self, exc: ssl.SSLError) -> str:
+        """What a failed TLS handshake means, and what to add to the URL."""
+        t = self.t
+        what = scrub(getattr(exc, "verify_message", None) or exc.reason or str(exc), t)
+        if isinstance(exc, ssl.SSLCertVerificationError) and "mismatch" in what:
+            return (f"the server's certificate does not name {t.host} ({what}). Connect by a name it holds; on a "
+                    "Redis Cluster its certificates must name the addresses the cluster announces (IP SANs, "
+                    "or cluster-preferred-endpoint-type hostname); or add ssl_check_hostname=false to check "
+                    "its chain only")
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return (f"the server's certificate is not trusted ({what}): add ssl_ca_certs=FILE, the "
+                    "certificate authority that signed it (ssl_cert_reqs=none skips every check)")
+        if not t.ssl_certfile and ("CERTIFICATE_REQUIRED" in what.upper() or "HANDSHAKE_FAILURE" in what.upper()):
+            return (f"TLS handshake failed ({what}): the server asks for a client certificate: add "
+                    "ssl_certfile=FILE&ssl_keyfile=FILE")
+        return f"TLS handshake failed ({what})"
 
     def _login_error(self, reply: str) -> StoreError:
         r = scrub(reply, self.t)
@@ -151,6 +184,8 @@ class Connection:
             return f"no socket at {self.t.path}"
         if isinstance(exc, ConnectionError) and not exc.args:
             return "connection lost"
+        if isinstance(exc, ConnectionResetError) and self.t.scheme == "redis":
+            return "connection reset (a server that speaks TLS only? use rediss://)"
         return scrub(getattr(exc, "strerror", None) or str(exc) or type(exc).__name__, self.t)
 
     # -- talking

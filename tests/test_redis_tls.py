@@ -1,0 +1,104 @@
+"""Redis over TLS (``rediss://``) against real TLS-only servers: what a URL must carry, and
+what each failure says.  A Redis asks clients for a certificate by default
+(``tls-auth-clients yes``); a Redis Cluster's nodes announce addresses their certificates
+must name.  The store contract itself runs over TLS in tests/test_store_contract.py."""
+
+from __future__ import annotations
+
+import pytest
+from redis_fixture import *  # noqa: F403  (tls_files, redis_tls_cluster and what they need)
+from redis_fixture import require_openssl, require_redis_server
+from test_store_contract import ev, ids, lines
+
+from commscope.bench.redis_server import RedisCluster, RedisServer, make_tls_files
+from commscope.store import StoreError, open_reader, open_writer
+from commscope.store.redis_url import parse_url
+
+
+@pytest.fixture(scope="module")
+def tls_server(tls_files):
+    server = RedisServer(binary=require_redis_server(), tls=tls_files).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def localhost_cluster(tmp_path_factory):
+    """A TLS cluster whose certificates name ``localhost`` only, while its nodes announce
+    127.0.0.1: reached at localhost, its other nodes are not what their certificates name."""
+    require_openssl()
+    tls = make_tls_files(tmp_path_factory.mktemp("tls-localhost"), names="DNS:localhost")
+    cluster = RedisCluster(3, binary=require_redis_server(), tls=tls).start()
+    yield cluster
+    cluster.close()
+
+
+def _refused(url: str) -> str:
+    with pytest.raises(StoreError) as info:
+        open_reader(url).read_all()
+    return str(info.value)
+
+
+def test_mutual_tls_round_trip(tls_server):
+    url = tls_server.url  # the CA, the client's certificate and key
+    w = open_writer(url, "tls-job", 0, {"world_size": 1})
+    w.write(lines(ev(0, 1), ev(0, 2)))
+    reader = open_reader(url)
+    assert ids(reader.read_all()) == [(0, 1), (0, 2)] and reader.job()["job"] == "tls-job"
+    w.close()
+    reader.close()
+
+
+def test_each_missing_piece_is_named(tls_server, tls_files):
+    port = tls_server.port
+    no_client = _refused(f"rediss://127.0.0.1:{port}/0?{tls_files.query(client=False)}")
+    assert "asks for a client certificate" in no_client and "ssl_certfile=FILE&ssl_keyfile=FILE" in no_client
+    no_ca = _refused(f"rediss://127.0.0.1:{port}/0?ssl_certfile={tls_files.client_cert}"
+                     f"&ssl_keyfile={tls_files.client_key}")
+    assert "not trusted" in no_ca and "ssl_ca_certs=FILE" in no_ca
+    plain = _refused(f"redis://127.0.0.1:{port}/0")
+    assert "use rediss://" in plain
+    missing = _refused(f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={tls_files.ca}&ssl_certfile=/nonexistent.crt")
+    assert "cannot read the client certificate '/nonexistent.crt'" in missing
+    # nothing checked (ssl_cert_reqs=none): still the client certificate the server asks for
+    unchecked = (f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=none&ssl_certfile={tls_files.client_cert}"
+                 f"&ssl_keyfile={tls_files.client_key}")
+    open_reader(unchecked).close()
+
+
+def test_cluster_nodes_whose_certificates_do_not_name_their_announced_address(localhost_cluster):
+    port, tls = localhost_cluster.servers[0].port, localhost_cluster.tls
+    url = f"rediss://localhost:{port}/0?{tls.query()}"
+    message = _refused(url)
+    assert "(cluster node 127.0.0.1:" in message and "does not name 127.0.0.1" in message
+    assert "cluster-preferred-endpoint-type hostname" in message and "ssl_check_hostname=false" in message
+    chain_only = url + "&ssl_check_hostname=false"
+    writers = [open_writer(chain_only, "named", r, {"world_size": 8}) for r in range(8)]
+    for r, w in enumerate(writers):
+        w.write(lines(ev(r, 1)))
+    reader = open_reader(chain_only)
+    assert sorted(ids(reader.read_all())) == [(r, 1) for r in range(8)]
+    assert len(reader._nodes.masters()) == 3  # (the read reached the masters that hold the streams)
+    for w in writers:
+        w.close()
+    reader.close()
+
+
+@pytest.mark.parametrize(("url", "error"), [
+    ("rediss://h/0?ssl_check_hostname=maybe", "bad ssl_check_hostname"),
+    ("rediss://h/0?ssl_keyfile=k.pem", "ssl_keyfile without ssl_certfile"),
+    ("redis://h/0?ssl_ca_certs=ca.pem", "not a TLS URL: use rediss://"),
+])
+def test_bad_tls_options_are_named(url, error):
+    with pytest.raises(StoreError, match=error):
+        parse_url(url)
+
+
+def test_a_shown_url_keeps_its_tls_options_and_no_secret():
+    t = parse_url("rediss://u:pw@h:7000/0?ssl_ca_certs=/c/ca.crt&ssl_certfile=/c/me.crt&ssl_keyfile=/c/me.key"
+                  "&ssl_check_hostname=false&job=j")
+    shown = t.display()
+    assert "pw" not in shown and shown.startswith("rediss://u:***@h:7000/0?job=j&")
+    again = parse_url(shown.replace("***", "pw"))
+    assert (again.ssl_ca_certs, again.ssl_certfile, again.ssl_keyfile, again.ssl_check_hostname) == \
+        ("/c/ca.crt", "/c/me.crt", "/c/me.key", False)
