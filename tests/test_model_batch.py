@@ -90,7 +90,7 @@ def records(draw, rank: int, world: int) -> OpRecords:
         seqs[group] = seqs.get(group, 0) + 1
         seq = -1 if s.fields.get("nested") or draw(st.integers(0, 9)) == 0 else seqs[group]
         parent = draw(st.integers(1, op_id - 1)) if s.fields.get("nested") and op_id > 1 else -1  # (chains too)
-        rows.append((PH_BEGIN, ts, op_id, k, seq, parent, 11, s.peer, 0, 0))
+        rows.append((PH_BEGIN, ts, op_id, k, seq, parent, 11 + 1000 * rank, s.peer, 0, 0))  # a thread per process
         fate = draw(st.integers(0, 5))
         if fate == 0:
             continue  # still in flight
@@ -211,8 +211,9 @@ def test_ranks_already_begun_ingested_together_leave_what_rank_by_rank_leaves(pl
 
 
 def test_a_live_batch_takes_the_live_path(monkeypatch):
-    """Two polls of four ranks: the second goes through ``_live_begins`` with its codes
-    looked up at once, then a new signature sends them one record after another."""
+    """Two polls of four ranks, each its own thread id: the second goes through
+    ``_live_begins`` with its codes looked up at once, then a new signature sends them one
+    record after another; the same model as rank by rank."""
     taken = []
     original = TraceModel._live_begins
 
@@ -222,11 +223,21 @@ def test_a_live_batch_takes_the_live_path(monkeypatch):
 
     monkeypatch.setattr(TraceModel, "_live_begins", spy)
     statics = _pool(4, 0)
-    m = TraceModel()
-    m.ingest([], [_begins(r, statics, [0]) for r in range(4)])
-    m.ingest([], [_begins(r, statics, [0, 0], first_id=2) for r in range(4)])
-    m.ingest([], [_begins(r, statics, [3], first_id=4) for r in range(4)])
+
+    def threaded(recs: OpRecords) -> OpRecords:  # a thread id per process, as real ranks have
+        recs.tid[:] = 0x7F00_0000_0000 + 4096 * recs.rank
+        return recs
+
+    models = {}
+    for batched in (True, False):
+        m = models[batched] = TraceModel()
+        m.batch_ranks = batched
+        m.ingest([], [threaded(_begins(r, statics, [0])) for r in range(4)])
+        m.ingest([], [threaded(_begins(r, statics, [0, 0], first_id=2)) for r in range(4)])
+        m.ingest([], [threaded(_begins(r, statics, [3], first_id=4)) for r in range(4)])
     assert taken == [([0, 1, 2, 3], True), ([0, 1, 2, 3], False)]
+    assert differences(model_state(models[True]), model_state(models[False])) == []
+    m = models[True]
     assert m.ranks[2].n == 4 and m.collective("1", 1) == {r: 3 for r in range(4)} and sorted(m.inflight(2)) == [0, 1, 2, 3]
 
 

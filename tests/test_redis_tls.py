@@ -52,7 +52,9 @@ def test_mutual_tls_round_trip(tls_server):
 def test_each_missing_piece_is_named(tls_server, tls_files):
     port = tls_server.port
     no_client = _refused(f"rediss://127.0.0.1:{port}/0?{tls_files.query(client=False)}")
-    assert "asks for a client certificate" in no_client and "ssl_certfile=FILE&ssl_keyfile=FILE" in no_client
+    # (the server's alert, or its close when that wins the race: either way the same advice)
+    assert "ask for a client certificate" in no_client or "asks for a client certificate" in no_client
+    assert "add ssl_certfile=FILE&ssl_keyfile=FILE" in no_client
     no_ca = _refused(f"rediss://127.0.0.1:{port}/0?ssl_certfile={tls_files.client_cert}"
                      f"&ssl_keyfile={tls_files.client_key}")
     assert "not trusted" in no_ca and "ssl_ca_certs=FILE" in no_ca
@@ -60,6 +62,12 @@ def test_each_missing_piece_is_named(tls_server, tls_files):
     assert "use rediss://" in plain
     missing = _refused(f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={tls_files.ca}&ssl_certfile=/nonexistent.crt")
     assert "cannot read the client certificate '/nonexistent.crt'" in missing
+    plain_server = RedisServer(binary=require_redis_server()).start()  # rediss:// to a server without TLS
+    try:
+        without_tls = _refused(f"rediss://127.0.0.1:{plain_server.port}/0?timeout=1&{tls_files.query()}")
+    finally:
+        plain_server.close()
+    assert "no answer within 1 s (or a server without TLS: then use redis://)" in without_tls
     # nothing checked (ssl_cert_reqs=none): still the client certificate the server asks for
     unchecked = (f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=none&ssl_certfile={tls_files.client_cert}"
                  f"&ssl_keyfile={tls_files.client_key}")
@@ -102,3 +110,29 @@ def test_a_shown_url_keeps_its_tls_options_and_no_secret():
     again = parse_url(shown.replace("***", "pw"))
     assert (again.ssl_ca_certs, again.ssl_certfile, again.ssl_keyfile, again.ssl_check_hostname) == \
         ("/c/ca.crt", "/c/me.crt", "/c/me.key", False)
+
+
+@pytest.mark.parametrize("exc", [__import__("ssl").SSLEOFError(8, "EOF occurred in violation of protocol"),
+                                 ConnectionResetError(104, "Connection reset by peer")])
+def test_a_close_during_the_handshake_without_a_certificate_reads_as_one_asked_for(exc):
+    """Which the client sees first, the server's alert or its close, is a race (under load, the
+    close): without a client certificate in the URL, both give the same advice."""
+    from commscope.store.resp import Connection
+
+    without = Connection(parse_url("rediss://h/0?ssl_ca_certs=ca.pem"), "rediss://h/0")
+    assert "add ssl_certfile=FILE&ssl_keyfile=FILE" in without._tls_why(exc)
+    given = Connection(parse_url("rediss://h/0?ssl_certfile=c.pem&ssl_keyfile=k.pem"), "rediss://h/0")
+    assert "ssl_certfile" not in given._tls_why(exc)  # given: the close means something else
+
+
+def test_an_encrypted_client_key_is_refused_not_prompted_for(tls_server, tls_files, tmp_path):
+    """OpenSSL would ask for the passphrase on the terminal, and every rank would wait."""
+    import subprocess
+
+    encrypted = tmp_path / "encrypted.key"
+    subprocess.run(["openssl", "pkey", "-in", tls_files.client_key, "-aes256", "-passout", "pass:secret",
+                    "-out", str(encrypted)], check=True, capture_output=True, stdin=subprocess.DEVNULL)
+    url = (f"rediss://127.0.0.1:{tls_server.port}/0?ssl_ca_certs={tls_files.ca}&ssl_certfile={tls_files.client_cert}"
+           f"&ssl_keyfile={encrypted}")
+    message = _refused(url)
+    assert f"the client key '{encrypted}' is encrypted" in message and "openssl pkey" in message

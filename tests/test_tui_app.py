@@ -959,3 +959,35 @@ def test_the_rank_table_of_thousands_computes_only_the_rows_it_shows():
         assert table.render_line(1).text.split()[:2] == ["2050", "○"]  # the culprit, idle
 
     drive(app, check, size=(80, 24))
+
+
+def test_the_rank_table_paints_blank_rows_for_ranks_a_fresh_model_lacks():
+    """Found by review: a live feed that starts again at the tail swaps its model before the
+    app resets the table; a row scrolled into view then named a rank the model no longer has,
+    and painting it raised (Textual exits on that).  It is blank until the next refresh."""
+    from tui_scenarios import wide_missing_rank
+
+    from commscope.analysis.model import TraceModel
+
+    events, now = wide_missing_rank(world=1500, culprit=5)
+    app = make_app(events, now)
+
+    async def check(pilot):
+        table = app.ranks_table
+        await pilot.pause()
+        with app.feed.lock:
+            small = TraceModel()
+            small.ingest([e for e in events if e.get("rank", 0) < 3])
+            app.feed.model = small
+        table.scroll_to(y=700, animate=False)
+        await pilot.pause()
+        lines = [table.render_line(y).text for y in range(1, table.size.height)]
+        assert lines and all(not line.strip() for line in lines)  # blank, no KeyError
+        table.reset()
+        table.refresh_ranks(now)
+        await pilot.pause()
+        assert table.order == [0, 1, 2] and table.render_line(1).text.split()[0] == "0"
+        await pilot.click(table, offset=(2, table.size.height - 1))  # under the last row: nothing
+        assert table.cursor_row == 0
+
+    drive(app, check, size=(120, 40))

@@ -671,24 +671,35 @@ class TraceModel:
     def _known_codes(self, recs_list: list[OpRecords], live: _Live) -> np.ndarray | None:
         """The signature codes of the live records' begins, in their order, looked up all at
         once; None when one is new to the model (then every record's are interned one record
-        after another, as rank by rank) or the records differ in their decoder's table or
-        thread."""
+        after another, as rank by rank) or the records differ in their decoder's table."""
         if not live.begun.shape[0]:
             return np.zeros(0, np.int32)
         statics = recs_list[live.pos[0]].statics
         if any(recs_list[k].statics is not statics for k in live.pos):
             return None
         st, tid = live.cols["static"][live.begun], live.cols["tid"][live.begun]
-        if not bool((tid == tid[0]).all()):
-            return None
-        t, get = int(tid[0]), self._sig_by_sk.get
-        table = np.full(int(st.max()) + 1, -1, np.int32)
-        for s in np.flatnonzero(np.bincount(st)).tolist():
-            code = get((statics[s].sk, t))
+        get = self._sig_by_sk.get
+        span = int(st.max()) + 1
+        if bool((tid == tid[0]).all()):
+            t = int(tid[0])
+            table = np.full(span, -1, np.int32)
+            for s in np.flatnonzero(np.bincount(st)).tolist():
+                code = get((statics[s].sk, t))
+                if code is None:
+                    return None
+                table[s] = code
+            return table[st]
+        # a thread id per process (a rank's own): the distinct (static, thread) pairs, each once
+        tids, tid_at = np.unique(tid, return_inverse=True)
+        pairs, pair_at = np.unique(tid_at.astype(np.int64) * span + st, return_inverse=True)
+        tids_l = tids.tolist()
+        codes = np.empty(pairs.shape[0], np.int32)
+        for j, pair in enumerate(pairs.tolist()):
+            code = get((statics[pair % span].sk, tids_l[pair // span]))
             if code is None:
                 return None
-            table[s] = code
-        return table[st]
+            codes[j] = code
+        return codes[pair_at.reshape(-1)]
 
     def _live_begins(self, recs_list: list[OpRecords], live: _Live, codes: list, known: np.ndarray | None,
                      changed: set[int]) -> tuple[int, int]:

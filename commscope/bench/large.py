@@ -112,6 +112,8 @@ def _run(path: str, store: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ the live batch
+#: Thread ids like a Linux process's main thread (``pthread_self``), one per rank
+THREAD_BASE = 0x7F00_0000_0000
 def batches(store: str, columns: bool, tail_events: int, batch: int) -> tuple[dict[str, list[float]], int]:
     """Ingest times of ``batch``-event batches drawn round-robin from every rank's last
     events, into a model built from the rest; ({path: times}, ranks touched per batch).
@@ -133,6 +135,8 @@ def batches(store: str, columns: bool, tail_events: int, batch: int) -> tuple[di
             for o in b.ops:
                 parts.setdefault(o.rank, []).append(o)
             per = {r: concat(p) for r, p in parts.items()}  # (a rank's records may come in several)
+            for r, o in per.items():  # a thread id per rank, as processes have (the synthetic job's are all 1)
+                o.tid = np.full(len(o), THREAD_BASE + r * 4096, np.uint64)
             head_ops, tails = [], []
             share = max(1, tail_events // max(1, len(per)))
             for o in per.values():

@@ -174,8 +174,8 @@ class RedisServer:
     def _ping(self) -> bool:
         """True once the server accepts commands (and has finished loading its data)."""
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as plain:
-                s = self.tls.context().wrap_socket(plain) if self.tls else plain
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as plain, \
+                    (self.tls.context().wrap_socket(plain) if self.tls else plain) as s:
                 cmd = b""
                 if self.password:
                     pw = self.password.encode()

@@ -91,6 +91,8 @@ class RedisTarget:
             query.append(f"maxlen={self.maxlen}")
         if self.rate != DEFAULT_RATE:
             query.append(f"rate={self.rate}")
+        if self.timeout != DEFAULT_TIMEOUT:
+            query.append(f"timeout={self.timeout:g}")
         query += self.tls_options()
         return base + ("?" + "&".join(query) if query else "")
 

@@ -57,6 +57,16 @@ _MID = b"\r\n*2\r\n$1\r\n" + FIELD + b"\r\n$"  # between an entry's id and its v
 _MID_LEN = len(_MID)
 
 
+class _EncryptedKey(Exception):
+    pass
+
+
+def _no_passphrase() -> str:
+    """An encrypted client key: OpenSSL would ask for its passphrase on the terminal (and
+    wait, in every rank); this refuses instead."""
+    raise _EncryptedKey
+
+
 class Connection:
     """One connection: send packed commands, read replies.  No retries, no pooling.
 
@@ -90,9 +100,17 @@ class Connection:
         except ssl.SSLError as exc:
             self.close()
             raise StoreError(f"cannot connect to {self.shown}: {self._tls_why(exc)}") from None
+        except ConnectionResetError as exc:
+            self.close()
+            why = self._tls_why(exc) if t.tls else \
+                "connection reset while connecting (a server that speaks TLS only? use rediss://)"
+            raise StoreError(f"cannot connect to {self.shown}: {why}") from None
         except OSError as exc:
             self.close()
-            raise StoreError(f"cannot connect to {self.shown}: {self.why(exc)}") from None
+            why = self.why(exc)
+            if t.tls and isinstance(exc, TimeoutError | socket.timeout):
+                why += " (or a server without TLS: then use redis://)"
+            raise StoreError(f"cannot connect to {self.shown}: {why}") from None
 
     def _socket(self) -> socket.socket:
         t = self.t
@@ -127,7 +145,11 @@ class Connection:
                              f"({getattr(exc, 'strerror', None) or exc})") from None
         if t.ssl_certfile:
             try:
-                ctx.load_cert_chain(t.ssl_certfile, t.ssl_keyfile)
+                ctx.load_cert_chain(t.ssl_certfile, t.ssl_keyfile, password=_no_passphrase)
+            except _EncryptedKey:
+                raise StoreError(f"cannot use {self.shown}: the client key {t.ssl_keyfile or t.ssl_certfile!r} is "
+                                 "encrypted, and commscope asks no passphrase (every rank would wait for one): "
+                                 "give it a key without one (openssl pkey -in KEY -out PLAIN_KEY)") from None
             except (OSError, ssl.SSLError) as exc:
                 raise StoreError(f"cannot use {self.shown}: cannot read the client certificate "
                                  f"{t.ssl_certfile!r} (and its key: {getattr(exc, 'strerror', None) or exc})") from None
@@ -137,10 +159,14 @@ class Connection:
             ctx.verify_mode = ssl.CERT_NONE
         return ctx
 
-    def _tls_why(self, exc: ssl.SSLError) -> str:
-        """What a failed TLS handshake means, and what to add to the URL."""
+    def _tls_why(self, exc: OSError) -> str:
+        """What a failed TLS handshake means, and what to add to the URL.  A server that
+        wants a client certificate sends an alert and closes (TLS 1.3: after the handshake,
+        at the first reply); the client reads the alert, or, when the close wins the race,
+        an EOF or a reset: without a certificate given, each means the same."""
         t = self.t
-        what = scrub(getattr(exc, "verify_message", None) or exc.reason or str(exc), t)
+        what = scrub(getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or str(exc)
+                     or type(exc).__name__, t)
         if isinstance(exc, ssl.SSLCertVerificationError) and "mismatch" in what:
             return (f"the server's certificate does not name {t.host} ({what}). Connect by a name it holds; on a "
                     "Redis Cluster its certificates must name the addresses the cluster announces (IP SANs, "
@@ -149,9 +175,15 @@ class Connection:
         if isinstance(exc, ssl.SSLCertVerificationError):
             return (f"the server's certificate is not trusted ({what}): add ssl_ca_certs=FILE, the "
                     "certificate authority that signed it (ssl_cert_reqs=none skips every check)")
-        if not t.ssl_certfile and ("CERTIFICATE_REQUIRED" in what.upper() or "HANDSHAKE_FAILURE" in what.upper()):
+        if not t.ssl_certfile and "CERTIFICATE_REQUIRED" in what.upper():
             return (f"TLS handshake failed ({what}): the server asks for a client certificate: add "
                     "ssl_certfile=FILE&ssl_keyfile=FILE")
+        if not t.ssl_certfile and "HANDSHAKE_FAILURE" in what.upper():
+            return (f"TLS handshake failed ({what}): if the server asks for a client certificate, add "
+                    "ssl_certfile=FILE&ssl_keyfile=FILE")
+        if not t.ssl_certfile and isinstance(exc, ssl.SSLEOFError | ConnectionResetError):
+            return (f"the server closed the connection during the TLS handshake ({what}): it may ask for a "
+                    "client certificate: add ssl_certfile=FILE&ssl_keyfile=FILE")
         return f"TLS handshake failed ({what})"
 
     def _login_error(self, reply: str) -> StoreError:
@@ -184,8 +216,6 @@ class Connection:
             return f"no socket at {self.t.path}"
         if isinstance(exc, ConnectionError) and not exc.args:
             return "connection lost"
-        if isinstance(exc, ConnectionResetError) and self.t.scheme == "redis":
-            return "connection reset (a server that speaks TLS only? use rediss://)"
         return scrub(getattr(exc, "strerror", None) or str(exc) or type(exc).__name__, self.t)
 
     # -- talking

@@ -73,13 +73,13 @@ def fit_words(text: str, width: int) -> str:
 def compact_state(m: TraceModel, r: int, st: RankState, now: int) -> str:
     if st.kind == "blocked" and st.op is not None:
         verb = "waiting" if st.text.startswith("waiting") else "in"
-        return f"{verb} {short_label(m, r, st.op)} · {duration(now - st.since_ns)}"
+        return f"{verb} {short_label(m, r, st.op)} · {duration(max(0, now - st.since_ns))}"
     if st.kind == "idle":
-        return f"idle · {duration(now - st.since_ns)}" if st.op is not None else "idle"
+        return f"idle · {duration(max(0, now - st.since_ns))}" if st.op is not None else "idle"
     if st.kind == "dead":
         words = ending(m, r, now, st) or "dead (silent)"
         if words == "dead (silent)":
-            return f"dead · silent {duration(now - st.since_ns)}"
+            return f"dead · silent {duration(max(0, now - st.since_ns))}"
         how, _, why = words.partition(" (")  # 'job stopped (SIGTERM)' -> 'stopped · SIGTERM'
         return f"{how.removeprefix('job ')} · {why[:-1]}" if why else how
     if st.kind == "exited":
@@ -105,8 +105,9 @@ def sort_key(v: Any) -> tuple:
 #: Jobs up to this many ranks size the last-op column to every rank's label; larger ones to the
 #: labels of the rows shown so far (never narrowing): a label costs a model lookup per rank
 ALL_LABELS = 1024
-#: Rows' cells kept between refreshes of the values (the rows on screen, and some scrolled past)
-CELL_CACHE = 512
+#: Rows' cells kept between refreshes of the values (the rows on screen, and those scrolled past;
+#: every rank's where the last-op column is sized to all of them)
+CELL_CACHE = 2 * ALL_LABELS
 
 
 class RankTable(ScrollView, can_focus=True):
@@ -195,6 +196,8 @@ class RankTable(ScrollView, can_focus=True):
         """The text of rank ``rank``'s row, by column key, as shown (fitted to its column)."""
         with self.feed.lock:
             vals = self._values(rank)
+        if vals is None:
+            return {}
         return {key: self._fitted(key, width, vals[key][1]).plain for key, _, width in self._shown()}
 
     def column_span(self, key: str) -> tuple[int, int]:
@@ -272,11 +275,14 @@ class RankTable(ScrollView, can_focus=True):
         top = int(self.scroll_offset.y)
         return self.order[top: top + max(1, self.size.height - 1)]  # (under the header)
 
-    def _values(self, r: int) -> dict[str, tuple[Any, Any]]:
+    def _values(self, r: int) -> dict[str, tuple[Any, Any]] | None:
         """Rank ``r``'s cells as of the last refresh (computed once it is wanted; the caller
-        holds the feed's lock)."""
+        holds the feed's lock); None when the model no longer has it (a live feed that started
+        again at the tail, before the app's reset)."""
         vals = self._cells.get(r)
         if vals is None:
+            if r not in self.feed.model.ranks:
+                return None
             vals = self._cells[r] = self._row_values(r, self._now)
             if len(self._cells) > CELL_CACHE:
                 self._cells.popitem(last=False)
@@ -388,7 +394,9 @@ class RankTable(ScrollView, can_focus=True):
                     self.sort_by(key)
                     return
             return
-        self._move(int(self.scroll_offset.y) + event.y - 1)
+        row = int(self.scroll_offset.y) + event.y - 1
+        if row < len(self.order):  # (a click under the last row selects nothing)
+            self._move(row)
 
     # -- painting
     def _fitted(self, key: str, width: int, cell: Any) -> Text:
@@ -408,8 +416,12 @@ class RankTable(ScrollView, can_focus=True):
             if row >= len(self.order):
                 return Strip.blank(width, self.rich_style)
             r = self.order[row]
-            with self.feed.lock:
-                vals = self._values(r)
+            vals = self._cells.get(r)  # (the feed's lock only to compute: ingest holds it)
+            if vals is None:
+                with self.feed.lock:
+                    vals = self._values(r)
+            if vals is None:  # the feed started a fresh model without it: until the next refresh
+                return Strip.blank(width, self.rich_style)
             line = Text()
             for key, _, w in self._shown():
                 cell = self._fitted(key, w, vals[key][1])
