@@ -36,7 +36,10 @@ RANK = textwrap.dedent("""
 """)
 
 BUILD = textwrap.dedent("""
-    import json, sys
+    import json, signal, sys
+    # Ctrl-C as a foreground process gets it: a suite started in the background (a CI
+    # runner, `cmd &`) hands its children SIGINT ignored, and the build would run on
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from commscope.record import native
     native.BUILD_TIMEOUT_S = float(sys.argv[1])
     module = native.load(build=True)
