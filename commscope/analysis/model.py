@@ -145,6 +145,15 @@ def _take(events: list[dict], positions: np.ndarray) -> Sequence[dict]:
     return itemgetter(*positions.tolist())(events)
 
 
+def _once(recs_list: Sequence[OpRecords]) -> set[int]:
+    """The ranks whose records come once in a batch (those of a rank twice go rank by rank)."""
+    seen: set[int] = set()
+    twice: set[int] = set()
+    for recs in recs_list:
+        (twice if recs.rank in seen else seen).add(recs.rank)
+    return seen - twice
+
+
 def _tup(x: Any) -> tuple:
     if not x:
         return ()
@@ -468,8 +477,9 @@ class TraceModel:
         lo, hi, changed = I64_MAX, 0, set()
         recs_list = [recs for recs in ops if len(recs)]
         rows = [recs.begins() for recs in recs_list]
-        fresh = self._fresh(recs_list, rows) if self.batch_ranks else []
-        live_pos = self._live(recs_list, fresh) if self.batch_ranks else []
+        once = _once(recs_list)
+        fresh = self._fresh(recs_list, rows, once) if self.batch_ranks else []
+        live_pos = self._live(recs_list, fresh, once) if self.batch_ranks else []
         live = _Live.of(recs_list, live_pos) if live_pos else None
         # signatures interned in the records' order, whichever path ingests them: the live
         # ranks' looked up all at once unless one is new
@@ -536,16 +546,13 @@ class TraceModel:
         return a, b
 
     # -- ranks new to the model, ingested together (the bulk of a whole read)
-    def _fresh(self, recs_list: list[OpRecords], rows: list[np.ndarray]) -> list[int]:
+    def _fresh(self, recs_list: list[OpRecords], rows: list[np.ndarray], once: set[int]) -> list[int]:
         """Positions of the records whose rank has no ops yet and comes once in this batch:
         those ``_fresh_begins`` ingests together (none when fewer than two)."""
-        count: dict[int, int] = {}
-        for recs in recs_list:
-            count[recs.rank] = count.get(recs.rank, 0) + 1
         out = []
         for k, recs in enumerate(recs_list):
             rt = self.ranks.get(recs.rank)
-            if count[recs.rank] == 1 and rows[k].shape[0] and (rt is None or (rt.n == 0 and not rt.open)):
+            if recs.rank in once and rows[k].shape[0] and (rt is None or (rt.n == 0 and not rt.open)):
                 out.append(k)
         return out if len(out) > 1 else []
 
@@ -655,17 +662,14 @@ class TraceModel:
                                                                          local[rows][m])
 
     # -- ranks already begun, a few records each (a live poll)
-    def _live(self, recs_list: list[OpRecords], fresh: list[int]) -> list[int]:
+    def _live(self, recs_list: list[OpRecords], fresh: list[int], once: set[int]) -> list[int]:
         """Positions of the records whose rank the model has, that come once in this batch
         and hold at most ``live_rows`` rows: those ``_live_begins`` ingests together (none when
         fewer than two)."""
-        count: dict[int, int] = {}
-        for recs in recs_list:
-            count[recs.rank] = count.get(recs.rank, 0) + 1
         skip = set(fresh)
         ranks = self.ranks
         out = [k for k, recs in enumerate(recs_list)
-               if k not in skip and len(recs) <= self.live_rows and count[recs.rank] == 1 and recs.rank in ranks]
+               if k not in skip and len(recs) <= self.live_rows and recs.rank in once and recs.rank in ranks]
         return out if len(out) > 1 else []
 
     def _known_codes(self, recs_list: list[OpRecords], live: _Live) -> np.ndarray | None:

@@ -211,8 +211,12 @@ class RankTable(ScrollView, can_focus=True):
 
     def _shown(self) -> list[tuple[str, str, int]]:
         """The columns with the widths they are drawn at (the state column takes the rest)."""
-        return [(k, label, self._flex_width if k == FLEX else self._last_width if k == "last" else w)
-                for k, label, w in self._cols]
+        return [(k, label, self._width(k, w)) for k, label, w in self._cols]
+
+    def _width(self, key: str, width: int) -> int:
+        """A column's drawn width: the state column's what the others leave, the last op's its
+        longest label."""
+        return self._flex_width if key == FLEX else self._last_width if key == "last" else width
 
     def _wanted(self) -> list[tuple[str, str, int]]:
         """Host only when ranks span hosts; GPU columns only when some rank sampled a GPU."""
@@ -225,9 +229,9 @@ class RankTable(ScrollView, can_focus=True):
         keep = {FLEX, "rank"}  # the rank number and its state always show
         for key in PRIORITY[1:]:
             col = next((c for c in cols if c[0] == key), None)
-            if col is not None and (self._last_width if key == "last" else col[2]) + 2 <= budget:
+            if col is not None and self._width(key, col[2]) + 2 <= budget:
                 keep.add(key)
-                budget -= (self._last_width if key == "last" else col[2]) + 2
+                budget -= self._width(key, col[2]) + 2
         return [c for c in cols if c[0] in keep]
 
     def _room(self) -> int:
@@ -254,13 +258,12 @@ class RankTable(ScrollView, can_focus=True):
         with self.feed.lock:
             ranks = m.rank_ids()
             self._cells.clear()
-            self._cols = self._wanted()
             self.order = self._sorted(ranks)
             labels = ranks if len(ranks) <= ALL_LABELS else self._visible()
             want = max([self._last_width if len(ranks) > ALL_LABELS else LAST_MIN,
                         *(len(_plain(self._values(r)["last"][1])) for r in labels)])
             self._last_width = min(want, LAST_MAX)
-            self._cols = self._wanted()  # (the last-op column may fit now, or no longer)
+            self._cols = self._wanted()  # (with the last-op column's width: it may fit now, or no longer)
         self._fit_flex()
         if self.order:
             self.cursor_row = min(self.cursor_row, len(self.order) - 1)
