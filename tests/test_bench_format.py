@@ -28,3 +28,25 @@ def test_a_cost_above_the_target_by_more_than_the_spread_is_a_miss():
     assert verdict(50.3 * US, 52.0 * US, 15.4 * US, 8.0) == "NO"
     assert verdict(3.3 * US, 7.7 * US, 22.0 * US, 8.0) == "?"  # within its spread of the target
     assert verdict(1.35 * US, 1.24 * US, 6.8 * US, 8.0) == "yes"
+
+
+def test_the_overhead_bench_builds_the_native_recorder_it_measures(monkeypatch):
+    """A bench is a launcher: its ranks never build, so without a build first it measured
+    the Python recorder on a fresh machine (seen on a lent H200).  It builds, and says why
+    when it cannot; asked for Python, it builds nothing."""
+    from commscope.bench.overhead import _native_ready
+    from commscope.record import native
+
+    asked: list[bool] = []
+
+    def load(build: bool = False, verbose: bool = False):
+        asked.append(build)
+        return None
+
+    monkeypatch.setattr(native, "load", load)
+    monkeypatch.setattr(native, "error", lambda: "no compiler")
+    monkeypatch.setattr(native, "enabled", lambda: True)
+    assert _native_ready(None) == "no compiler"
+    assert asked == [True]
+    assert _native_ready("python") is None
+    assert asked == [True]

@@ -242,6 +242,16 @@ def _print_fsdp(console: Console, args: argparse.Namespace, tmp: str) -> None:
                   f"over {args.step_rounds} alternating round pairs.")
 
 
+def _native_ready(source: str | None) -> str | None:
+    """Build the native recorder unless Python was asked for (a bench is a launcher: its
+    ranks would not build it and would measure the Python recorder); why not, or None."""
+    from commscope.record import native
+
+    if source == "python" or not native.enabled():
+        return None
+    return None if native.load(build=True, verbose=True) is not None else native.error()
+
+
 def run(args: argparse.Namespace) -> int:
     from commscope.launch import run_ranks
 
@@ -256,6 +266,10 @@ def run(args: argparse.Namespace) -> int:
             console.print("[red]--backend nccl needs a CUDA GPU; none is visible to torch.[/]")
             return 2
     target = TARGET_CUDA_US if nccl else TARGET_US
+    native_why = _native_ready(args.source)  # a launcher builds it; ranks never do
+    if native_why and args.source == "native":
+        console.print(f"[red]--source native: the native recorder is unavailable: {native_why}[/]")
+        return 2
     tmp = tempfile.mkdtemp(prefix="commscope-bench-")
     console.print(f"[bold]commscope bench overhead[/] on {args.backend} (traces in {tmp})")
     table = Table(title=f"All in: added per real op, every thread counted (median of {args.rounds} "
@@ -283,7 +297,8 @@ def run(args: argparse.Namespace) -> int:
                   "rounds of the same op land on this machine; a difference smaller than it is not resolved."
                   + (" ?: not resolved here (± is above the target), so neither met nor missed." if unresolved else "")
                   + (" raw/op: host time per op with a device sync at each round's end." if nccl else ""))
-    console.print(f"Recorder: [bold]{source}[/] (COMMSCOPE_SOURCE or --source chooses).")
+    console.print(f"Recorder: [bold]{source}[/] (COMMSCOPE_SOURCE or --source chooses)"
+                  + (f"; native unavailable: {native_why}." if native_why else "."))
 
     part = run_ranks(_wrapper_only, 1, args=(args.calls * 10, args.rounds), timeout=600)[0].value
     console.print("Partial, for scale (the wrapper alone around a stand-in: no collective, no kernel, no "
