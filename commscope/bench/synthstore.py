@@ -74,6 +74,7 @@ class JobShape:
     tail_s: float = 0.0  # how long the job goes on after the fault (0: hang_after + 5 s)
     segment_bytes: int | None = None  # the directory writer's segment size (None: its default)
     retain: str = "none"  # the history the directory writer keeps (store/retention.py)
+    mark_every_s: float | None = None  # a Redis stream's marks, taken by its writer (None: none)
     t0: int = T0
     seed: int = 1
 
@@ -321,7 +322,8 @@ def write_store(store: str, shape: JobShape, *, job: str = "synthetic",
     for r in range(shape.ranks):
         lines, events, ops = rank_lines(shape, r, job, store, base, sids, t_end, tables, statics)
         w = _writer(store, job, r, meta, shape)
-        step = 4096 if shape.segment_bytes is None else 64  # (a writer starts a segment between writes)
+        # (a writer starts a segment, or takes a mark, between writes)
+        step = 4096 if shape.segment_bytes is None and shape.mark_every_s is None else 64
         try:
             for k in range(0, len(lines), step):
                 w.write(lines[k:k + step])
@@ -348,6 +350,12 @@ def _writer(store: str, job: str, rank: int, meta: dict, shape: JobShape):
     if backend_for(store).local and (shape.segment_bytes is not None or shape.retain != "none"):
         return DirectoryWriter(store, job, rank, meta, segment_bytes=shape.segment_bytes, retain=parse(shape.retain),
                                closer=False)
+    if backend_for(store).name == "redis":  # (written in seconds, a job of days: marks by its own clock, here)
+        from commscope.store.redis_store import RedisWriter
+
+        if shape.mark_every_s is None:
+            return RedisWriter(store, job, rank, meta, marks="off")
+        return RedisWriter(store, job, rank, meta, marks="inline", mark_every_s=shape.mark_every_s)
     return open_writer(store, job, rank, meta)
 
 

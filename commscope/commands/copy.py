@@ -25,6 +25,7 @@ from commscope import events
 from commscope.redact import redact
 from commscope.store import Size, StoreError, StoreWriter, TraceReader, backend_for, open_writer
 from commscope.store.base import is_job_name
+from commscope.store.redis_store import RedisWriter
 
 PAGE_BYTES = 16 << 20
 PROGRESS_MIN = 50_000  # events (or ~their bytes): smaller copies finish before a bar helps
@@ -97,6 +98,8 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
                 w = writers.get(rank)
                 if w is None:
                     w = writers[rank] = open_writer(dst, job, rank, job_meta, share=share)
+                    if isinstance(w, RedisWriter):  # (a history in seconds: marked here, not by a child per rank)
+                        w.marks = "inline"
                 w.write(by_rank[rank])
                 copied[rank] = copied.get(rank, 0) + len(by_rank[rank])
             if progress is not None:

@@ -8,8 +8,9 @@ from commscope.errors import UsageError
 from commscope.window import Since, parse_since
 
 SINCE_HELP = ("read only this window: a duration back from the trace's end (90s, 10m, 2h, 3d), a UTC time "
-              "(14:00, 2026-11-26T14:00), or all.  Each rank's stream starts at the segment holding the "
-              "window's start; a rank silent since before it still shows its end; what retention "
+              "(14:00, 2026-11-26T14:00), or all.  Each rank's stream starts at the segment (Redis: the "
+              "mark) holding the window's start, with the ops in flight there; a rank silent since "
+              "before it still shows its end; what retention "
               "summarized is read whatever the window")
 
 

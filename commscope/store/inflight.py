@@ -62,6 +62,16 @@ class Replayed(NamedTuple):
     failed: set[int]
     groups: dict[str, dict]
     events: int  # every event the lines held
+    meta: dict | None  # the rank's last ``meta`` among them
+
+    def carry(self, with_meta: bool = False) -> bytes:
+        """What a reader starting after these lines reads first, as ended lines: (the rank's
+        meta,) the groups, the last op completed and the phases of the ops in flight."""
+        lines = [orjson.dumps(self.meta)] if with_meta and self.meta is not None else []
+        lines += [orjson.dumps(g) for g in self.groups.values()]
+        for op_id in self.carried_out():
+            lines.extend(orjson.dumps(e) for e in self.phases[op_id])
+        return b"".join(x + b"\n" for x in lines)
 
     def carried_out(self) -> list[int]:
         """The ops a carry takes on past the lines' end: those in flight there, and the last
@@ -82,10 +92,13 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
     data = before + data[: data.rfind(b"\n") + 1]
     with gc_paused():
         got = decode_stream(decode_lines(data, rank), BlockDecoder(rank), columns=False)
-    out = Replayed({}, {}, {}, set(), {}, got.count() + got.damaged + sum(got.invalid.values()))
+    out = Replayed({}, {}, {}, set(), {}, got.count() + got.damaged + sum(got.invalid.values()), None)
+    meta = None
     for e in got.events:
         typ = e.get("type")
-        if typ == "group":
+        if typ == "meta":
+            meta = e
+        elif typ == "group":
             out.groups[str(e.get("group"))] = e
         if typ != "op":
             continue
@@ -106,17 +119,13 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
         parent = b.get("parent")
         if b.get("nested") and op_id not in out.done and (parent not in out.begins or parent in out.done):
             out.done[op_id] = out.done.get(parent, b["ts"])
-    return out
+    return out._replace(meta=meta)
 
 
 def open_at_end(seg: Segment, before: bytes, rank: int) -> bytes:
     """The carry of ``seg`` given the one of the segment before (``before``): the groups, the
     last op completed and the phases of the ops in flight at its end, as ended lines."""
-    got = replay(before, read_segment(seg.path), rank)
-    lines = [orjson.dumps(g) for g in got.groups.values()]
-    for op_id in got.carried_out():
-        lines.extend(orjson.dumps(e) for e in got.phases[op_id])
-    return b"".join(x + b"\n" for x in lines)
+    return replay(before, read_segment(seg.path), rank).carry()
 
 
 def write_carries(directory: Path, stream: Stream, segs: list[Segment], names: set[str]) -> None:

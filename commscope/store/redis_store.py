@@ -1,22 +1,7 @@
 """The Redis Streams store: one stream per rank, for jobs without a shared filesystem.
 
-Layout (``J`` is the job id, ``N`` the global rank, ``S`` the stream's shard, ``N % 256``)::
-
-    commscope:jobs              sorted set: job ids scored by registration time (µs); the
-                                newest is what a reader without ?job= opens (like LATEST)
-    commscope:{J}:meta          job metadata, JSON (rank 0 writes it; others only if missing)
-    commscope:{J}:ranks         set of the streams: "N" for rank N, "N+I" for its incarnation I
-    commscope:{J/S}:rank:N      stream of rank N: entry ``0-K`` holds the K-th event (K = 1,
-                                2, ...) of that rank in field ``e``, one JSON event per entry
-    commscope:{J/S}:rank:N+I    the same rank's incarnation I (its process group initialised
-                                again in one process)
-
-The braces are Redis Cluster hash tags: a job's metadata and set of streams share a slot,
-and its streams are spread over 256 shards, each a slot of its own, so a cluster spreads a
-large job over its masters while a reader still reads a whole shard with one XREAD
-(``store/cluster.py`` routes each command to its node; one Redis is a cluster of one).
-Jobs written before the hash tags (``commscope:J:meta``, ``commscope:J:rank:N``) are still
-read (``LegacyKeys``).
+The key layout is ``store/redis_keys.py``'s (one stream per rank, spread over hash-tagged
+shards; marks beside each stream for windows: ``store/redis_marks.py``).
 
 No duplicates, no reordering.  Each writer numbers its entries itself (``0-1``, ``0-2``
 ...) instead of letting Redis stamp them, and appends a batch with one Lua script, which
@@ -36,6 +21,7 @@ of this layout.  The RESP client is ``commscope.store.resp`` (why not redis-py: 
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 import time
 from typing import Any
 
@@ -45,6 +31,7 @@ from commscope import events
 from commscope.events import Event, gc_paused
 from commscope.redact import redact
 from commscope.schema import decode_job
+from commscope.store import redis_marks
 from commscope.store.base import (
     ReadStats,
     Size,
@@ -57,73 +44,10 @@ from commscope.store.base import (
     store_lost,
 )
 from commscope.store.cluster import Nodes, keyslot
+from commscope.store.redis_keys import Keys, LegacyKeys, entry_number
 from commscope.store.redis_url import MAX_WRITE_EVERY, RedisTarget, parse_url, scrub
 from commscope.store.resp import Connection, RedisAuthError, ReplyError, pack
-
-
-class Keys:
-    """The key layout (module docstring), in one place: every key commscope reads or
-    writes, and every stream member, is made (and a member read back) here."""
-
-    PREFIX = "commscope"
-    #: sorted set of the job ids, scored by registration time (µs)
-    JOBS = f"{PREFIX}:jobs"
-    #: a pattern matching every key commscope writes (KEYS, SCAN)
-    ALL = f"{PREFIX}:*"
-    #: shards of a job's streams: each its own hash slot (so a cluster spreads them), each
-    #: read with one XREAD (so a poll costs at most this many commands)
-    SHARDS = 256
-
-    #: how a job's own keys, and the keys of a shard of its streams, begin: hash tags
-    JOB = PREFIX + ":{{{job}}}"
-    SHARD = PREFIX + ":{{{job}/{shard}}}"
-
-    @classmethod
-    def meta(cls, job: str) -> str:
-        """The job's metadata (JSON)."""
-        return cls.JOB.format(job=job) + ":meta"
-
-    @classmethod
-    def ranks(cls, job: str) -> str:
-        """The set of the job's stream members (``member``)."""
-        return cls.JOB.format(job=job) + ":ranks"
-
-    @staticmethod
-    def member(rank: int, incarnation: int = 0) -> str:
-        """A stream's member in ``ranks(job)``: "3", or "3+1" for an incarnation."""
-        return f"{rank}+{incarnation}" if incarnation else str(rank)
-
-    @staticmethod
-    def parse_member(name: bytes | str) -> Stream | None:
-        """(rank, incarnation) of a ``member``; None for anything else."""
-        text = name.decode() if isinstance(name, bytes) else name
-        rank, _, inc = text.partition("+")
-        if not (rank.isdigit() and len(rank) <= 8 and (not inc or (inc.isdigit() and len(inc) <= 6))):
-            return None
-        return int(rank), int(inc or 0)
-
-    @classmethod
-    def stream(cls, job: str, rank: int, incarnation: int = 0) -> str:
-        """The stream of one rank (incarnation) of the job, in its rank's shard."""
-        return cls.SHARD.format(job=job, shard=rank % cls.SHARDS) + f":rank:{cls.member(rank, incarnation)}"
-
-
-class LegacyKeys(Keys):
-    """The layout before hash tags (``commscope:J:meta``, ``commscope:J:rank:N``): what
-    readers find in a job an earlier commscope wrote.  Never written."""
-
-    JOB = SHARD = Keys.PREFIX + ":{job}"
-
-
-def _seq(entry_id: bytes) -> int:
-    """K of a commscope entry id ``0-K``; -1 for an id commscope did not write."""
-    if entry_id[:2] == b"0-":
-        try:
-            return int(entry_id[2:])
-        except ValueError:
-            return -1
-    return -1
-
+from commscope.window import Since
 
 # ---------------------------------------------------------------------------- writer
 #: KEYS[1] the rank's stream; ARGV[1] the first entry number K; ARGV[2] maxlen (0: none);
@@ -178,10 +102,22 @@ class RedisWriter:
     CHUNK_BYTES = 4 << 20
 
     def __init__(self, url: str, job: str, rank: int, job_meta: dict | None = None, *, incarnation: int = 0,
-                 resume: bool = False, connect_timeout: float | None = None, share: bool | None = None):
+                 resume: bool = False, connect_timeout: float | None = None, share: bool | None = None,
+                 marks: str = "child", mark_every_s: float = redis_marks.MARK_EVERY_S):
         """``resume``: append to the stream of a rank that died (a forwarder sending what its
         spool kept), after its last entry, instead of refusing a stream that exists.
-        ``share``: not Redis's to decide (its readers are whoever its ACLs let in)."""
+        ``share``: not Redis's to decide (its readers are whoever its ACLs let in).
+        ``marks``: who takes the stream's marks (``store/redis_marks.py``) every
+        ``mark_every_s`` of the rank's time: a child process ("child"), this writer between
+        two writes ("inline": tests and synthetic jobs), nobody ("off"; a forwarder never does)."""
+        if marks not in ("child", "inline", "off"):
+            raise ValueError(f"marks={marks!r}: child, inline or off")
+        self._url = url  # (the child that takes marks connects with it)
+        self.marks = "off" if resume else marks
+        self.mark_every_ns = int(mark_every_s * 1e9)
+        self._mark_from = 0  # the time (ns) of the first entry since the last mark: 0 none yet
+        self._unmarked = 0  # bytes written since the last mark
+        self._marker: subprocess.Popen | None = None  # the child taking the last mark
         self.target = parse_url(url)
         if connect_timeout is not None:
             self.target = dataclasses.replace(self.target, timeout=min(self.target.timeout, connect_timeout))
@@ -311,7 +247,7 @@ class RedisWriter:
     def _top(self) -> int:
         """Number of the stream's last entry (0 when empty or gone); -1 if it is not ours."""
         top = self._nodes.run(self.key, pack("XREVRANGE", self.key, "+", "-", "COUNT", 1), Connection.read_entries)
-        return _seq(top[0][0]) if top else 0
+        return entry_number(top[0][0]) if top else 0
 
     def _settle(self, lines: list[bytes], top: int | None = None) -> int:
         """Find out how much of the batch in flight landed; returns how many leading
@@ -398,6 +334,8 @@ class RedisWriter:
                         self._say_lost()
                     while done < len(lines):
                         done += self._append(lines, done)
+                    if self.marks != "off":
+                        self._mark_if_due(lines)
                     return
                 except ReplyError as exc:  # Redis refused: OOM, read-only replica, loading, ...
                     reason = f"Redis said: {scrub(str(exc), self.target)}"
@@ -414,6 +352,27 @@ class RedisWriter:
         except (OSError, ReplyError):  # while settling after a refusal: settle next time
             self._drop()
         raise StoreError(f"cannot append to {self._shown} job {self.job!r} rank {self.rank}: {reason}", written=done)
+
+    def _mark_if_due(self, lines: list[bytes]) -> None:
+        """Have the stream marked once ``mark_every_s`` of the rank's time or ``MARK_BYTES``
+        went by since the last mark (one child at a time: the next one marks all it missed)."""
+        self._unmarked += sum(map(len, lines))
+        now = redis_marks.entry_ns(lines[-1])
+        if not self._mark_from:
+            self._mark_from = redis_marks.entry_ns(lines[0]) or now
+        if now - self._mark_from < self.mark_every_ns and self._unmarked < redis_marks.MARK_BYTES:
+            return
+        if self.marks == "inline":
+            try:
+                redis_marks.take(self._nodes, self.key, Keys.marks(self.job, self.rank, self.incarnation).encode(),
+                                 self.rank)
+            except (OSError, ReplyError, StoreError):
+                return  # (taken at a later write)
+        elif self._marker is not None and self._marker.poll() is None:
+            return  # (still marking: the next write asks again)
+        else:
+            self._marker = redis_marks.spawn(self._url, self.job, self.rank, self.incarnation)
+        self._mark_from, self._unmarked = now, 0
 
     def _append(self, lines: list[bytes], start: int) -> int:
         """Send one chunk from ``lines[start:]``; returns how many of them are now stored."""
@@ -432,7 +391,7 @@ class RedisWriter:
         reply = self._nodes.run(self.key, payload)  # (a redirection ran nothing: sent again where it says)
         if isinstance(reply, ReplyError):
             raise reply
-        n, top = int(reply[0]), _seq(reply[1])
+        n, top = int(reply[0]), entry_number(reply[1])
         if n == 0:  # the script refused: the stream is already at or past our next number
             return self._retry_settled(lines[start:], top)
         self._unsure = None
@@ -482,6 +441,8 @@ class RedisReader(TraceReader):
             raise StoreError(f"{self._shown} holds no commscope trace (no job in {Keys.JOBS})")
         self._cursor: dict[Stream, bytes] = {}  # stream -> id of the last entry returned
         self._last: dict[Stream, int] = {}  # stream -> number of the last commscope entry returned
+        self._carried: list[Event] = []  # what streams started at a mark were in (``start_at``)
+        self._skipped_entries = 0  # entries before the marks a window started at: not read
         self._job: dict | None = None
         self._job_failed = False
 
@@ -571,14 +532,63 @@ class RedisReader(TraceReader):
         return self._watermark_of(streams) if streams else None
 
     def count(self) -> int:
-        """Entries stored for this job right now (XLEN summed over streams): progress totals."""
+        """Entries stored for this job right now (XLEN summed over streams, less those before
+        a window's start): progress totals."""
         if self.job_id is None:
             return 0
         streams = self.ranks()
         if not streams:
             return 0
         replies = self._nodes_ok().pipeline([("XLEN", self.keys.stream(self.job_id, *st)) for st in streams])
-        return sum(r for r in replies if isinstance(r, int))
+        return max(0, sum(r for r in replies if isinstance(r, int)) - self._skipped_entries)
+
+    def latest_ns(self) -> int:
+        """When the job last wrote (its streams' newest entries' times), 0 if never: what a
+        window relative to the trace's end counts from."""
+        streams = self.ranks()
+        if not streams:
+            return 0
+        keys = [self.keys.stream(self.job_id, *st) for st in streams]
+        replies = self._nodes_ok().pipeline([("XREVRANGE", k, "+", "-", "COUNT", 1) for k in keys])
+        newest = 0
+        for reply in replies:
+            if isinstance(reply, list) and reply:
+                try:
+                    newest = max(newest, redis_marks.entry_ns(reply[0][1][1]))
+                except (IndexError, TypeError):
+                    continue
+        return newest
+
+    def start_at(self, since: Since) -> None:
+        """Start each stream after its newest mark at or before the window's start, with what
+        the rank was in there first (``store/redis_marks.py``); a duration counts back from
+        the job's newest write.  A stream without such a mark is read from its start."""
+        try:
+            if self.job_id is None:
+                self.job_id = self._find_job()
+            streams = self.ranks() if self.job_id is not None else []
+            start_ms = since.start_ns(self.latest_ns() or time.time_ns()) // 1_000_000
+            marks = [self.keys.marks(self.job_id, *st) for st in streams]
+            replies = self._nodes_ok().pipeline([("XREVRANGE", k, str(start_ms), "-", "COUNT", 1) for k in marks])
+        except (OSError, ReplyError) as exc:
+            self._lost()
+            self.stats.warnings.append(f"{since.describe()} asked for, but the marks could not be read ({exc}): "
+                                       "this store is read from its start")
+            return
+        for stream, reply in zip(streams, replies, strict=True):
+            mark = redis_marks.Mark.parse(reply[0]) if isinstance(reply, list) and reply else None
+            if mark is None or stream in self._cursor:
+                continue
+            self._cursor[stream] = b"0-%d" % mark.entry
+            self._last[stream] = mark.entry
+            self._skipped_entries += mark.entry
+            self.stats.count_skipped(stream[0], mark.bytes)
+            if not mark.exact:
+                self.stats.warnings.append(f"rank {stream[0]}: what it was in at the window's start is not known "
+                                           "(entries were trimmed by maxlen before they were marked): an op "
+                                           "begun before may be missing")
+            if mark.carry:
+                self._carried.extend(self.ingest(stream, mark.carry).events)
 
     def size(self) -> Size:
         """Entries stored (``count``): a progress bar counts events."""
@@ -604,7 +614,8 @@ class RedisReader(TraceReader):
                 self._down = True
                 why = str(exc) if isinstance(exc, StoreError) else f"lost the connection to {self._shown}"
                 self.stats.warnings.append(f"{why}; still trying")
-        return [e for r in sorted(got) for e in got[r]]  # what was read before any failure too
+        carried, self._carried = self._carried, []  # (what streams started at a mark were in first)
+        return carried + [e for r in sorted(got) for e in got[r]]  # what was read before any failure too
 
     def _remnants(self, got: dict[Stream, list[Event]], final: bool) -> bool:
         """What ranks of this job that died on this host left in their spools
@@ -660,7 +671,7 @@ class RedisReader(TraceReader):
             self.job_id = self._find_job()
             if self.job_id is None:
                 return []
-        out: list[Event] = []
+        out, self._carried = self._carried, []  # (what streams started at a mark were in first)
         rest: dict[Stream, list[Event]] = {}
         self._remnants(rest, final=True)  # forwarded first: then read with the rest of the streams
         try:
@@ -696,14 +707,14 @@ class RedisReader(TraceReader):
             return 0
         rank = stream[0]
         last = self._last.get(stream, 0)
-        first_k, last_k = _seq(entries[0][0]), _seq(entries[-1][0])
+        first_k, last_k = entry_number(entries[0][0]), entry_number(entries[-1][0])
         if first_k == last + 1 and last_k - first_k + 1 == len(entries):  # contiguous: the usual case
             values = [v or b"" for _, v in entries]
             self._last[stream] = last_k
         else:
             values = []
             for eid, v in entries:
-                k = _seq(eid)
+                k = entry_number(eid)
                 if k < 0:  # an entry commscope did not write
                     values.append(b"")
                     continue
@@ -786,7 +797,8 @@ def delete_job(url: str, job: str) -> int:
         keys = _layout(nodes, job) or Keys
         members = nodes.call(keys.ranks(job), "SMEMBERS", keys.ranks(job)) or []
         streams = filter(None, map(Keys.parse_member, members))
-        names = [keys.meta(job), keys.ranks(job)] + [keys.stream(job, *st) for st in streams]
+        names = [keys.meta(job), keys.ranks(job)] + [k for st in streams
+                                                     for k in (keys.stream(job, *st), keys.marks(job, *st))]
         replies = nodes.pipeline([("DEL", k) for k in names])  # (one key each: a cluster's slots differ)
         nodes.call(Keys.JOBS, "ZREM", Keys.JOBS, job)
         return sum(r for r in replies if isinstance(r, int))

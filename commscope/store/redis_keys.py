@@ -1,0 +1,95 @@
+"""The Redis store's key layout, in one place: every key commscope reads or writes.
+
+Layout (``J`` is the job id, ``N`` the global rank, ``S`` the stream's shard, ``N % 256``)::
+
+    commscope:jobs              sorted set: job ids scored by registration time (µs); the
+                                newest is what a reader without ?job= opens (like LATEST)
+    commscope:{J}:meta          job metadata, JSON (rank 0 writes it; others only if missing)
+    commscope:{J}:ranks         set of the streams: "N" for rank N, "N+I" for its incarnation I
+    commscope:{J/S}:rank:N      stream of rank N: entry ``0-K`` holds the K-th event (K = 1,
+                                2, ...) of that rank in field ``e``, one JSON event per entry
+    commscope:{J/S}:rank:N+I    the same rank's incarnation I (its process group initialised
+                                again in one process)
+    commscope:{J/S}:marks:N     where a window may start rank N's stream, and what the rank
+                                was in there (``store/redis_marks.py``)
+
+The braces are Redis Cluster hash tags: a job's metadata and set of streams share a slot,
+and its streams are spread over 256 shards, each a slot of its own, so a cluster spreads a
+large job over its masters while a reader still reads a whole shard with one XREAD
+(``store/cluster.py`` routes each command to its node; one Redis is a cluster of one).
+Jobs written before the hash tags (``commscope:J:meta``, ``commscope:J:rank:N``) are still
+read (``LegacyKeys``).
+"""
+
+from __future__ import annotations
+
+from commscope.store.base import Stream
+
+
+class Keys:
+    """The key layout (module docstring), in one place: every key commscope reads or
+    writes, and every stream member, is made (and a member read back) here."""
+
+    PREFIX = "commscope"
+    #: sorted set of the job ids, scored by registration time (µs)
+    JOBS = f"{PREFIX}:jobs"
+    #: a pattern matching every key commscope writes (KEYS, SCAN)
+    ALL = f"{PREFIX}:*"
+    #: shards of a job's streams: each its own hash slot (so a cluster spreads them), each
+    #: read with one XREAD (so a poll costs at most this many commands)
+    SHARDS = 256
+
+    #: how a job's own keys, and the keys of a shard of its streams, begin: hash tags
+    JOB = PREFIX + ":{{{job}}}"
+    SHARD = PREFIX + ":{{{job}/{shard}}}"
+
+    @classmethod
+    def meta(cls, job: str) -> str:
+        """The job's metadata (JSON)."""
+        return cls.JOB.format(job=job) + ":meta"
+
+    @classmethod
+    def ranks(cls, job: str) -> str:
+        """The set of the job's stream members (``member``)."""
+        return cls.JOB.format(job=job) + ":ranks"
+
+    @staticmethod
+    def member(rank: int, incarnation: int = 0) -> str:
+        """A stream's member in ``ranks(job)``: "3", or "3+1" for an incarnation."""
+        return f"{rank}+{incarnation}" if incarnation else str(rank)
+
+    @staticmethod
+    def parse_member(name: bytes | str) -> Stream | None:
+        """(rank, incarnation) of a ``member``; None for anything else."""
+        text = name.decode() if isinstance(name, bytes) else name
+        rank, _, inc = text.partition("+")
+        if not (rank.isdigit() and len(rank) <= 8 and (not inc or (inc.isdigit() and len(inc) <= 6))):
+            return None
+        return int(rank), int(inc or 0)
+
+    @classmethod
+    def stream(cls, job: str, rank: int, incarnation: int = 0) -> str:
+        """The stream of one rank (incarnation) of the job, in its rank's shard."""
+        return cls.SHARD.format(job=job, shard=rank % cls.SHARDS) + f":rank:{cls.member(rank, incarnation)}"
+
+    @classmethod
+    def marks(cls, job: str, rank: int, incarnation: int = 0) -> str:
+        """The marks of one rank's stream (``store/redis_marks.py``), in its slot."""
+        return cls.SHARD.format(job=job, shard=rank % cls.SHARDS) + f":marks:{cls.member(rank, incarnation)}"
+
+
+class LegacyKeys(Keys):
+    """The layout before hash tags (``commscope:J:meta``, ``commscope:J:rank:N``): what
+    readers find in a job an earlier commscope wrote.  Never written."""
+
+    JOB = SHARD = Keys.PREFIX + ":{job}"
+
+
+def entry_number(entry_id: bytes) -> int:
+    """K of a commscope entry id ``0-K``; -1 for an id commscope did not write."""
+    if entry_id[:2] == b"0-":
+        try:
+            return int(entry_id[2:])
+        except ValueError:
+            return -1
+    return -1

@@ -1,0 +1,168 @@
+"""Marks: where a reader may start a rank's Redis stream, and what the rank was in there.
+
+A Redis stream has no segments to start a window at (``--since``), and its entry ids are
+the writer's own counters, not times.  So while a rank writes, a child process (never the
+training process: ``spawn``) adds a *mark* to a small stream beside the rank's own, every
+``MARK_EVERY_S`` of the rank's time or ``MARK_BYTES`` written::
+
+    commscope:{J/S}:marks:N     entry id <ms>-<K>: after entry K of rank N's stream, whose
+                                newest event is from <ms>; fields k (K), b (bytes of entries
+                                1..K), x (1: inexact, see below), c (the carry)
+
+The carry is what the rank was in after entry K (``store/inflight.py``): its meta, its
+groups, the last op it completed and the phases so far of every op still in flight, as JSON
+event lines, found by replaying the previous mark's carry and the entries after it.  A
+reader of a window starts each stream after the newest mark at or before the window's start
+and reads its carry first, so the state there is exact: a rank that has waited in an
+all_reduce for an hour is still in it, and a rank that went silent before the window (its
+newest mark is older) is read from its newest mark, still dead.  A stream whose marks all
+come after the window's start (or that has none) is read from its start.
+
+A chain needs every entry after the previous mark: when ``maxlen`` trimmed some before a
+mark was taken, the next mark starts again from the stream's first entry and says it is
+inexact (``x``), and a reader starting at it says what it may miss.  The marks stream keeps
+its newest ``MARKS_KEPT`` marks (a week at the default pace).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from typing import NamedTuple
+
+from commscope.store import inflight
+from commscope.store.cluster import Nodes
+from commscope.store.redis_keys import Keys, entry_number
+from commscope.store.redis_url import parse_url
+from commscope.store.resp import Connection, pack
+
+#: How often a mark is taken, in the rank's own time, and after how many bytes written
+MARK_EVERY_S = 300.0
+MARK_BYTES = 16 << 20
+#: Marks kept per stream (``XADD MAXLEN ~``): a week of marks five minutes apart
+MARKS_KEPT = 2048
+#: Entries one mark reads at most: a writer far ahead is marked in steps, memory bounded
+MAX_ENTRIES = 200_000
+PAGE = 10_000
+_TS = re.compile(rb'"ts":(\d{1,19})')
+
+
+class Mark(NamedTuple):
+    """One mark as a reader uses it (module docstring)."""
+
+    entry: int  # K: the stream's entries 1..K come before it
+    ms: int  # the time of its newest event (ms)
+    bytes: int  # bytes of the entries 1..K
+    exact: bool  # False: entries were trimmed before the chain reached them
+    carry: bytes  # ended JSON lines
+
+    @classmethod
+    def parse(cls, entry: list) -> Mark | None:
+        """A mark from an XRANGE reply's entry ``[id, [field, value, ...]]``; None when it is
+        not one commscope wrote."""
+        try:
+            eid, flat = entry
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+            ms = int(eid.partition(b"-")[0])
+            return cls(int(fields[b"k"]), ms, int(fields[b"b"]), fields.get(b"x") != b"1", bytes(fields[b"c"]))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+
+def entry_ns(value: bytes) -> int:
+    """The time (ns) of a stream entry: its event's ``ts`` (a block's: when it was
+    written); 0 when it has none."""
+    m = _TS.search(value[:256])
+    return int(m.group(1)) if m else 0
+
+
+def newest(nodes: Nodes, key: bytes | str, at_ms: int | None = None) -> Mark | None:
+    """The newest mark of ``key`` (a marks stream) at or before ``at_ms`` (None: any)."""
+    reply = nodes.call(key, "XREVRANGE", key, "+" if at_ms is None else str(at_ms), "-", "COUNT", 1)
+    return Mark.parse(reply[0]) if reply else None
+
+
+def take(nodes: Nodes, stream: bytes, marks: bytes, rank: int) -> Mark | None:
+    """Add the next mark of ``stream`` (rank ``rank``'s) to ``marks``: replay the newest mark's
+    carry and the entries after it.  None when there is nothing new to mark."""
+    last = newest(nodes, marks)
+    after = last.entry if last is not None else 0
+    values: list[bytes] = []
+    first = top = -1
+    while len(values) < MAX_ENTRIES:
+        lo = after + 1 if first < 0 else top + 1
+        got = nodes.run(stream, pack("XRANGE", stream, b"0-%d" % lo, "+", "COUNT",
+                                     min(PAGE, MAX_ENTRIES - len(values))), Connection.read_entries)
+        if not got:
+            break
+        if first < 0:
+            first = entry_number(got[0][0])
+        top = entry_number(got[-1][0])
+        values.extend(v or b"" for _, v in got)
+        if len(got) < PAGE:
+            break
+    if not values or top <= after:
+        return None
+    # (entries trimmed before this mark reached them: start again from the first one left, inexact)
+    whole = (last is None or last.exact) and first == after + 1
+    before = last.carry if last is not None and first == after + 1 else b""
+    done_bytes = last.bytes if last is not None else 0
+    carry = inflight.replay(before, b"\n".join(values) + b"\n", rank).carry(with_meta=True)
+    ms = max(max(map(entry_ns, values[-64:]), default=0) // 1_000_000, last.ms if last is not None else 0)
+    size = done_bytes + sum(map(len, values))
+    nodes.call(marks, "XADD", marks, "MAXLEN", "~", MARKS_KEPT, f"{ms}-{top}", "k", top, "b", size,
+               "x", 0 if whole else 1, "c", carry)
+    return Mark(top, ms, size, whole, carry)
+
+
+def mark(url: str, job: str, rank: int, incarnation: int = 0) -> Mark | None:
+    """Take the next mark of one rank's stream (what ``spawn``'s child does)."""
+    target = parse_url(url)
+    nodes = Nodes(target, target.display())
+    nodes.connect()
+    try:
+        return take(nodes, Keys.stream(job, rank, incarnation).encode(), Keys.marks(job, rank, incarnation).encode(),
+                    rank)
+    finally:
+        nodes.close()
+
+
+def spawn(url: str, job: str, rank: int, incarnation: int) -> subprocess.Popen | None:
+    """Run ``mark`` in a child process at the lowest priority; the URL (it may hold a
+    password) goes on its standard input, never on a command line others can list.  None
+    when it cannot be started."""
+    cmd = [sys.executable, "-m", "commscope.store.redis_marks", job, str(rank), str(incarnation)]
+    nice = shutil.which("nice")
+    if nice:
+        cmd = [nice, "-n", "19", *cmd]
+    try:
+        child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 close_fds=True, start_new_session=True)
+    except OSError:
+        return None
+    try:
+        child.stdin.write(url.encode())  # (a few hundred bytes: never blocks on the pipe)
+        child.stdin.close()
+    except OSError:
+        pass
+    return child
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: python -m commscope.store.redis_marks JOB RANK INCARNATION  (the store URL on standard input)",
+              file=sys.stderr)
+        return 2
+    url = sys.stdin.read().strip()
+    try:
+        mark(url, argv[0], int(argv[1]), int(argv[2]))
+    except Exception as exc:  # a mark not taken now is taken by the next child
+        print(f"commscope: no mark taken: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

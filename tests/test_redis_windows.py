@@ -1,0 +1,186 @@
+"""A window (``--since``) of a Redis store: marks beside each stream, carries that make it exact.
+
+A week of a job written through the real Redis writer to a real redis-server; a window
+reads a fraction of it yet finds exactly what a full read finds (a rank dead for an hour
+and ranks waiting in an op begun before the window included); a mark is taken by a real
+child process; a trimmed chain says what it may miss; a live follower reads each event
+once; a cluster routes the marks with their streams.
+"""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from redis_fixture import *  # noqa: F403
+
+from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+from commscope.analysis.source import load_trace, open_source
+from commscope.bench.synthstore import JobShape, write_store
+from commscope.cli import main as cli
+from commscope.store import redis_marks
+from commscope.store.redis_store import Keys, RedisWriter, delete_job
+from commscope.window import Since
+
+S = 1_000_000_000
+T0 = 1_780_000_000 * S
+
+
+def meta(rank: int = 0) -> bytes:
+    return orjson.dumps({"type": "meta", "ts": T0, "v": 3, "rank": rank, "world_size": 1, "host": "h",
+                         "sample_interval": 1.0})
+
+
+def beat(k: int, rank: int = 0) -> bytes:
+    return orjson.dumps({"type": "heartbeat", "ts": T0 + k * S, "v": 3, "rank": rank, "inflight": 0})
+
+
+def begin(op: int, k: int, rank: int = 0) -> bytes:
+    return orjson.dumps({"type": "op", "phase": "begin", "ts": T0 + k * S, "v": 3, "rank": rank, "id": op,
+                         "op": "all_reduce", "group": "0", "gsize": 1, "seq": op, "tid": 1})
+
+
+def end(op: int, k: int, rank: int = 0) -> bytes:
+    return orjson.dumps({"type": "op", "phase": "end", "ts": T0 + k * S, "v": 3, "rank": rank, "id": op})
+
+
+def findings(model) -> list[dict]:
+    return [f.to_json() for f in diagnose(model, trace_now(model), default_hang_after(model))]
+
+
+@pytest.mark.parametrize("fault", ["dead", "missing", "mismatch"])
+def test_a_window_finds_what_a_full_read_finds(redis_url, fault):
+    """A week of a job, marked every hour of its time; the fault an hour before the end;
+    --since 30m reads a sixth of it and says the same, evidence and all."""
+    shape = JobShape(8, 6000, fault=fault, days=7, tail_s=3600, hang_after=10.0, mark_every_s=3600)
+    write_store(redis_url, shape)
+    full, fr, _ = load_trace(redis_url)
+    part, pr, warnings = load_trace(redis_url, since=Since(ago_s=1800))
+    assert pr.stats.bytes < fr.stats.bytes / 5 and pr.stats.skipped_bytes > 0
+    assert pr.stats.bytes + pr.stats.skipped_bytes == fr.stats.bytes  # (the marks count what they skip)
+    assert any("not read" in w for w in warnings)
+    assert not pr.stats.missing_by_rank and not fr.stats.missing_by_rank
+    assert findings(part) == findings(full)
+    assert [(f["kind"], f["culprits"]) for f in findings(part) if f["severity"] == "error"] == [
+        ({"dead": "dead_rank", "missing": "missing_ranks", "mismatch": "collective_mismatch"}[fault],
+         [shape.culprit_rank])]
+
+
+def test_an_op_begun_before_the_window_is_read_from_the_mark(redis_url):
+    """A rank that has waited in an all_reduce for an hour: the window holds only its
+    heartbeats; the mark's carry still says what it waits in."""
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, marks="inline", mark_every_s=600)
+    w.write([meta(), begin(0, 0), end(0, 1), begin(1, 2)])
+    for k in range(3, 3600, 60):
+        w.write([beat(k)])
+    w.close()
+    reader = open_source(redis_url, since=Since(ago_s=300))
+    got = reader.read_all()
+    ops = [(e["id"], e["phase"]) for e in got if e["type"] == "op"]
+    assert (1, "begin") in ops and (0, "end") in ops  # in flight, and the last op done
+    assert [e["type"] for e in got][:1] == ["meta"]
+    beats = [e["ts"] for e in got if e["type"] == "heartbeat"]
+    assert beats and min(beats) >= T0 + (3600 - 300 - 600) * S and reader.stats.skipped_bytes > 0
+
+
+def test_a_follower_from_a_mark_reads_every_later_event_once(redis_url):
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, marks="inline", mark_every_s=100)
+    w.write([meta()])
+    for k in range(0, 1000, 10):
+        w.write([beat(j) for j in range(k, k + 10)])
+    reader = open_source(redis_url, since=Since(ago_s=50))
+    first = [e["ts"] // S - T0 // S for e in reader.poll() if e["type"] == "heartbeat"]
+    w.write([beat(j) for j in range(1000, 1020)])
+    second = [e["ts"] // S - T0 // S for e in reader.poll() if e["type"] == "heartbeat"]
+    w.close()
+    seen = first + second
+    assert len(seen) == len(set(seen)) and seen == sorted(seen)
+    assert seen[-1] == 1019 and seen[0] <= 1000 - 50 and seen[0] > 700
+
+
+def test_a_child_process_takes_the_mark(redis_url, redis_server):
+    """The real path: the writer spawns a child (never marking in the rank), which reads the
+    URL from its standard input; the carry holds the rank's meta and its op in flight."""
+    w = RedisWriter(redis_url, "job", 3, {"world_size": 4}, mark_every_s=60)
+    assert w.marks == "child"
+    w.write([meta(3), begin(7, 1, 3)])
+    w.write([beat(k, 3) for k in range(2, 120, 10)])  # (120 s of the rank's time: a mark is due)
+    child = w._marker
+    assert child is not None and all(redis_url not in str(a) for a in child.args)
+    assert child.wait(timeout=120) == 0
+    w.close()
+    from commscope.store.cluster import Nodes
+    from commscope.store.redis_url import parse_url
+
+    nodes = Nodes(parse_url(redis_url), "test")
+    nodes.connect()
+    try:
+        mark = redis_marks.newest(nodes, Keys.marks("job", 3))
+    finally:
+        nodes.close()
+    assert mark is not None and mark.exact and mark.entry == 2 + 12
+    carried = [orjson.loads(x) for x in mark.carry.splitlines()]
+    assert [(e["type"], e.get("phase"), e.get("id")) for e in carried] == [("meta", None, None), ("op", "begin", 7)]
+    assert mark.ms == (T0 + 112 * S) // 1_000_000
+
+
+def test_a_chain_broken_by_maxlen_says_what_it_may_miss(redis_url):
+    url = redis_url + "?maxlen=20"
+    w = RedisWriter(url, "job", 0, {"world_size": 1}, marks="off")
+    w.write([meta(), begin(0, 0)])
+    for k in range(1, 400, 10):
+        w.write([beat(j) for j in range(k, k + 10)])
+    mark = redis_marks.mark(url, "job", 0)
+    assert mark is not None and not mark.exact
+    w.write([beat(j) for j in range(400, 410)])  # (the window starts after the mark)
+    w.close()
+    reader = open_source(url, since=Since(ago_s=5))
+    reader.read_all()
+    assert any("is not known (entries were trimmed by maxlen" in w for w in reader.stats.warnings)
+
+
+def test_a_window_without_marks_reads_everything(redis_url):
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, marks="off")
+    w.write([meta()] + [beat(k) for k in range(100)])
+    w.close()
+    reader = open_source(redis_url, since=Since(ago_s=10))
+    got = reader.read_all()
+    assert sum(e["type"] == "heartbeat" for e in got) == 100 and reader.stats.skipped_bytes == 0
+
+
+def test_check_since_on_redis_and_delete_removes_the_marks(redis_url, capsys):
+    write_store(redis_url, JobShape(4, 2000, fault="missing", days=2, tail_s=1800, hang_after=10.0,
+                                    mark_every_s=3600))
+    assert cli(["check", redis_url, "--since", "20m", "--json"]) == 1
+    out = orjson.loads(capsys.readouterr().out)
+    assert [(f["kind"], f["culprits"]) for f in out["findings"] if f["severity"] == "error"] == [("missing_ranks", [3])]
+    assert out["skipped"]["before_window_bytes"] > 0
+    client = redis_client(redis_url)  # noqa: F405
+    try:
+        assert client.xlen(Keys.marks("synthetic", 3)) > 10
+        delete_job(redis_url, "synthetic")
+        assert not client.keys("commscope:*")
+    finally:
+        client.close()
+
+
+def test_a_cluster_keeps_a_stream_s_marks_in_its_slot(redis_cluster_url):
+    shape = JobShape(8, 3000, fault="missing", days=3, tail_s=3600, hang_after=10.0, mark_every_s=3600)
+    write_store(redis_cluster_url, shape)
+    full, _, _ = load_trace(redis_cluster_url)
+    part, pr, _ = load_trace(redis_cluster_url, since=Since(ago_s=1800))
+    assert pr.stats.skipped_bytes > 0 and findings(part) == findings(full)
+
+
+def test_marks_come_at_the_rank_s_pace_not_per_write(redis_url):
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, marks="inline", mark_every_s=100)
+    w.write([meta()])
+    for k in range(0, 1000, 5):
+        w.write([beat(j) for j in range(k, k + 5)])
+    w.close()
+    client = redis_client(redis_url)  # noqa: F405
+    try:
+        ids = [eid for eid, _ in client.xrange(Keys.marks("job", 0))]
+    finally:
+        client.close()
+    assert 9 <= len(ids) <= 10
+    assert all(int(i.split(b"-")[0]) >= T0 // 1_000_000 for i in ids)
