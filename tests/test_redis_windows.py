@@ -18,7 +18,9 @@ from commscope.analysis.source import load_trace, open_source
 from commscope.bench.synthstore import JobShape, write_store
 from commscope.cli import main as cli
 from commscope.store import redis_marks
+from commscope.store.cluster import Nodes, keyslot
 from commscope.store.redis_store import Keys, RedisWriter, delete_job
+from commscope.store.redis_url import parse_url
 from commscope.window import Since
 
 S = 1_000_000_000
@@ -108,9 +110,6 @@ def test_a_child_process_takes_the_mark(redis_url, redis_server):
     assert child is not None and all(redis_url not in str(a) for a in child.args)
     assert child.wait(timeout=120) == 0
     w.close()
-    from commscope.store.cluster import Nodes
-    from commscope.store.redis_url import parse_url
-
     nodes = Nodes(parse_url(redis_url), "test")
     nodes.connect()
     try:
@@ -164,6 +163,7 @@ def test_check_since_on_redis_and_delete_removes_the_marks(redis_url, capsys):
 
 
 def test_a_cluster_keeps_a_stream_s_marks_in_its_slot(redis_cluster_url):
+    assert all(keyslot(Keys.marks("j", r)) == keyslot(Keys.stream("j", r)) for r in range(300))
     shape = JobShape(8, 3000, fault="missing", days=3, tail_s=3600, hang_after=10.0, mark_every_s=3600)
     write_store(redis_cluster_url, shape)
     full, _, _ = load_trace(redis_cluster_url)
@@ -184,3 +184,72 @@ def test_marks_come_at_the_rank_s_pace_not_per_write(redis_url):
         client.close()
     assert 9 <= len(ids) <= 10
     assert all(int(i.split(b"-")[0]) >= T0 // 1_000_000 for i in ids)
+
+
+def test_a_mark_on_the_stream_s_top_leaves_the_rank_s_end_to_read(redis_url):
+    """The rank's last write was marked (a copy may mark its last page): the window reads
+    from the mark before, so the rank's exit is still read, after what it last did."""
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, marks="inline", mark_every_s=100)
+    w.write([meta(), begin(0, 0), end(0, 1)])
+    for k in range(2, 1000, 10):
+        w.write([beat(j) for j in range(k, k + 10)])
+    w.write([orjson.dumps({"type": "exit", "rank": 0, "ts": T0 + 1000 * S, "v": 3, "reason": "finished"})])
+    w.close()
+    top = redis_marks.mark(redis_url, "job", 0)
+    assert top is not None and top.entry == 3 + 1000 + 1  # (the mark is on the stream's top)
+    got = open_source(redis_url, since=Since(at_ns=T0 + 2000 * S)).read_all()  # (after the rank's end)
+    assert [e["type"] for e in got if e["type"] == "exit"] == ["exit"]
+    assert got[0]["type"] == "meta" and (0, "end") in [(e["id"], e["phase"]) for e in got if e["type"] == "op"]
+
+
+@pytest.mark.parametrize("bad", [
+    {b"k": b"-5", b"b": b"1", b"c": b""},  # a negative entry
+    {b"k": b"99", b"b": b"1", b"c": b""},  # k not the id's
+    {b"k": b"4", b"b": b"1_0", b"c": b""},  # not digits
+    {b"k": b"4", b"c": b""},  # a field missing
+    {b"k": b"4", b"b": b"1", b"c": b"", b"odd": b"1", b"x": b"0", b"y": b"0"},  # (extra fields are fine)
+])
+def test_a_hostile_mark_is_passed_over_not_followed(redis_url, bad):
+    """A mark is data like any other: one that is not what commscope writes is ignored, and
+    the reader reads from the start instead of failing or skipping the rank."""
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, marks="off")
+    w.write([meta()] + [beat(k) for k in range(100)])
+    w.close()
+    client = redis_client(redis_url)  # noqa: F405
+    try:
+        client.xadd(Keys.marks("job", 0), {k.decode(): v for k, v in bad.items()}, id=f"{T0 // 1_000_000}-4")
+    finally:
+        client.close()
+    reader = open_source(redis_url, since=Since(ago_s=10))
+    got = reader.read_all()
+    skipped = 4 if b"odd" in bad else 0
+    assert sum(e["type"] == "heartbeat" for e in got) == 100 - max(0, skipped - 1)
+    assert reader.stats.missing_by_rank == {}
+
+
+def test_a_window_after_a_copy_into_redis_is_exact(tmp_path, redis_url):
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(4, 2000, fault="dead", days=2, tail_s=1800, hang_after=10.0))
+    assert cli(["copy", store, redis_url]) == 0
+    full, _, _ = load_trace(redis_url)
+    part, pr, _ = load_trace(redis_url, since=Since(ago_s=600))
+    assert pr.stats.skipped_bytes > 0 and findings(part) == findings(full)
+    assert [(f["kind"], f["culprits"]) for f in findings(part) if f["severity"] == "error"] == [("dead_rank", [3])]
+
+
+def test_ranks_that_start_together_mark_apart(redis_url):
+    """16k ranks marking in the same second would each start a child and connect at once:
+    the first mark comes early by a share of the period that depends on the rank."""
+    firsts = []
+    for rank in range(4):
+        w = RedisWriter(redis_url, "job", rank, {"world_size": 4}, marks="inline", mark_every_s=100)
+        w.write([meta(rank)])
+        for k in range(0, 300, 5):
+            w.write([beat(j, rank) for j in range(k, k + 5)])
+        w.close()
+        client = redis_client(redis_url)  # noqa: F405
+        try:
+            firsts.append(int(client.xrange(Keys.marks("job", rank), count=1)[0][0].split(b"-")[1]))
+        finally:
+            client.close()
+    assert len(set(firsts)) == 4

@@ -25,6 +25,26 @@ from commscope.launch import free_port
 REDIS_SERVER_ENV = "COMMSCOPE_REDIS_SERVER"
 
 
+#: A cluster node also listens on its port + 10,000 (the cluster bus): Redis refuses ports above this
+MAX_CLUSTER_PORT = 55535
+
+
+def _cluster_port() -> int:
+    """A free port for a cluster node whose bus port (+10,000) is free too (a port the system
+    hands out may be above 55,535, which Redis refuses for a cluster node)."""
+    for _ in range(200):
+        port = free_port()
+        if port > MAX_CLUSTER_PORT:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 10_000))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no free port at or below {MAX_CLUSTER_PORT} with its cluster bus port free")
+
+
 class RedisServerMissing(RuntimeError):
     pass
 
@@ -147,7 +167,7 @@ class RedisServer:
         fixed = self.port != 0
         for _attempt in range(1 if fixed else 5):
             if not fixed:
-                self.port = free_port()
+                self.port = _cluster_port() if self.extra.get("cluster-enabled") == "yes" else free_port()
             conf = self.dir / "redis.conf"
             conf.write_text(self._config())
             conf.chmod(0o600)  # it may hold the password

@@ -27,6 +27,9 @@ from commscope.store import Size, StoreError, StoreWriter, TraceReader, backend_
 from commscope.store.base import is_job_name
 from commscope.store.redis_store import RedisWriter
 
+#: Lines a write holds at most: a Redis destination takes its marks between writes
+#: (``store/redis_marks.py``), so a window of the copy starts near its start
+WRITE_LINES = 2048
 PAGE_BYTES = 16 << 20
 PROGRESS_MIN = 50_000  # events (or ~their bytes): smaller copies finish before a bar helps
 
@@ -100,7 +103,9 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
                     w = writers[rank] = open_writer(dst, job, rank, job_meta, share=share)
                     if isinstance(w, RedisWriter):  # (a history in seconds: marked here, not by a child per rank)
                         w.marks = "inline"
-                w.write(by_rank[rank])
+                lines = by_rank[rank]
+                for k in range(0, len(lines), WRITE_LINES):  # (a Redis stream is marked between writes)
+                    w.write(lines[k:k + WRITE_LINES])
                 copied[rank] = copied.get(rank, 0) + len(by_rank[rank])
             if progress is not None:
                 done = src.stats.bytes if unit == "bytes" else sum(copied.values())

@@ -32,6 +32,8 @@ import subprocess
 import sys
 from typing import NamedTuple
 
+import orjson
+
 from commscope.store import inflight
 from commscope.store.cluster import Nodes
 from commscope.store.redis_keys import Keys, entry_number
@@ -43,10 +45,14 @@ MARK_EVERY_S = 300.0
 MARK_BYTES = 16 << 20
 #: Marks kept per stream (``XADD MAXLEN ~``): a week of marks five minutes apart
 MARKS_KEPT = 2048
-#: Entries one mark reads at most: a writer far ahead is marked in steps, memory bounded
+#: Entries and bytes one mark reads at most: a writer far ahead is marked in steps, the
+#: child's memory bounded
 MAX_ENTRIES = 200_000
+MAX_READ = 4 * MARK_BYTES
 PAGE = 10_000
 _TS = re.compile(rb'"ts":(\d{1,19})')
+_ID = re.compile(rb"(\d{1,18})-(\d{1,18})")  # a mark's id: <ms>-<K>
+_NUMBER = re.compile(rb"\d{1,18}")
 
 
 class Mark(NamedTuple):
@@ -61,13 +67,17 @@ class Mark(NamedTuple):
     @classmethod
     def parse(cls, entry: list) -> Mark | None:
         """A mark from an XRANGE reply's entry ``[id, [field, value, ...]]``; None when it is
-        not one commscope wrote."""
+        not one commscope wrote (readers trust nothing: a mark is data like any other)."""
         try:
             eid, flat = entry
             fields = dict(zip(flat[::2], flat[1::2], strict=True))
-            ms = int(eid.partition(b"-")[0])
-            return cls(int(fields[b"k"]), ms, int(fields[b"b"]), fields.get(b"x") != b"1", bytes(fields[b"c"]))
-        except (ValueError, TypeError, KeyError, AttributeError):
+            m = _ID.fullmatch(eid)
+            k, size, carry = fields[b"k"], fields[b"b"], fields[b"c"]
+            if (m is None or k != m.group(2) or not _NUMBER.fullmatch(size) or not isinstance(carry, bytes)
+                    or len(carry) > inflight.MAX_CARRY):
+                return None
+            return cls(int(k), int(m.group(1)), int(size), fields.get(b"x") != b"1", carry)
+        except (ValueError, TypeError, KeyError):
             return None
 
 
@@ -78,10 +88,39 @@ def entry_ns(value: bytes) -> int:
     return int(m.group(1)) if m else 0
 
 
-def newest(nodes: Nodes, key: bytes | str, at_ms: int | None = None) -> Mark | None:
-    """The newest mark of ``key`` (a marks stream) at or before ``at_ms`` (None: any)."""
-    reply = nodes.call(key, "XREVRANGE", key, "+" if at_ms is None else str(at_ms), "-", "COUNT", 1)
+def newest(nodes: Nodes, key: bytes | str) -> Mark | None:
+    """The newest mark of ``key`` (a marks stream)."""
+    reply = nodes.call(key, "XREVRANGE", key, "+", "-", "COUNT", 1)
     return Mark.parse(reply[0]) if reply else None
+
+
+def starting(reply: object, top: int) -> Mark | None:
+    """Where a window starts a stream whose top entry is ``top``: of ``reply`` (``XREVRANGE
+    marks <ms> - COUNT 2``: the newest marks at or before the window's start), the newest
+    with entries after it.  A mark on the top (the rank's last write was marked) would leave
+    nothing after it, so the rank's end (its exit, its last heartbeat) is read from the one
+    before, as a directory store reads a stream's newest segment whatever the window."""
+    if not isinstance(reply, list):
+        return None
+    for entry in reply:
+        mark = Mark.parse(entry)
+        if mark is not None and mark.entry < top:
+            return mark
+    return None
+
+
+def _keep_state(carry: bytes) -> bytes:
+    """Of a carry, what a broken chain still knows: the rank's meta and its groups (the ops
+    in flight are not known past the entries trimmed)."""
+    kept = []
+    for line in carry.splitlines(keepends=True):
+        try:
+            ev = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(ev, dict) and ev.get("type") in ("meta", "group"):
+            kept.append(line)
+    return b"".join(kept)
 
 
 def take(nodes: Nodes, stream: bytes, marks: bytes, rank: int) -> Mark | None:
@@ -91,7 +130,8 @@ def take(nodes: Nodes, stream: bytes, marks: bytes, rank: int) -> Mark | None:
     after = last.entry if last is not None else 0
     values: list[bytes] = []
     first = top = -1
-    while len(values) < MAX_ENTRIES:
+    size = 0
+    while len(values) < MAX_ENTRIES and size < MAX_READ:
         lo = after + 1 if first < 0 else top + 1
         got = nodes.run(stream, pack("XRANGE", stream, b"0-%d" % lo, "+", "COUNT",
                                      min(PAGE, MAX_ENTRIES - len(values))), Connection.read_entries)
@@ -101,17 +141,21 @@ def take(nodes: Nodes, stream: bytes, marks: bytes, rank: int) -> Mark | None:
             first = entry_number(got[0][0])
         top = entry_number(got[-1][0])
         values.extend(v or b"" for _, v in got)
+        size += sum(len(v or b"") for _, v in got)
         if len(got) < PAGE:
             break
     if not values or top <= after:
         return None
     # (entries trimmed before this mark reached them: start again from the first one left, inexact)
     whole = (last is None or last.exact) and first == after + 1
-    before = last.carry if last is not None and first == after + 1 else b""
-    done_bytes = last.bytes if last is not None else 0
+    if last is None:
+        before = b""
+    else:
+        before = last.carry if first == after + 1 else _keep_state(last.carry)
     carry = inflight.replay(before, b"\n".join(values) + b"\n", rank).carry(with_meta=True)
-    ms = max(max(map(entry_ns, values[-64:]), default=0) // 1_000_000, last.ms if last is not None else 0)
-    size = done_bytes + sum(map(len, values))
+    # (rounded up: every entry up to the mark is from at or before its ms)
+    ms = max(-(-max(map(entry_ns, values)) // 1_000_000), last.ms if last is not None else 0)
+    size += last.bytes if last is not None else 0
     nodes.call(marks, "XADD", marks, "MAXLEN", "~", MARKS_KEPT, f"{ms}-{top}", "k", top, "b", size,
                "x", 0 if whole else 1, "c", carry)
     return Mark(top, ms, size, whole, carry)

@@ -358,8 +358,9 @@ class RedisWriter:
         went by since the last mark (one child at a time: the next one marks all it missed)."""
         self._unmarked += sum(map(len, lines))
         now = redis_marks.entry_ns(lines[-1])
-        if not self._mark_from:
-            self._mark_from = redis_marks.entry_ns(lines[0]) or now
+        if not self._mark_from:  # (ranks that start together mark apart: the first mark comes early, by rank)
+            self._mark_from = (redis_marks.entry_ns(lines[0]) or now) - int(
+                self.mark_every_ns * ((self.rank * 0.6180339887) % 1.0))
         if now - self._mark_from < self.mark_every_ns and self._unmarked < redis_marks.MARK_BYTES:
             return
         if self.marks == "inline":
@@ -367,7 +368,7 @@ class RedisWriter:
                 redis_marks.take(self._nodes, self.key, Keys.marks(self.job, self.rank, self.incarnation).encode(),
                                  self.rank)
             except (OSError, ReplyError, StoreError):
-                return  # (taken at a later write)
+                pass  # (taken a period later: the next mark reads what this one would have)
         elif self._marker is not None and self._marker.poll() is None:
             return  # (still marking: the next write asks again)
         else:
@@ -545,19 +546,21 @@ class RedisReader(TraceReader):
     def latest_ns(self) -> int:
         """When the job last wrote (its streams' newest entries' times), 0 if never: what a
         window relative to the trace's end counts from."""
-        streams = self.ranks()
-        if not streams:
-            return 0
+        return max((ns for _, ns in self._tops().values()), default=0)
+
+    def _tops(self) -> dict[Stream, tuple[int, int]]:
+        """Each stream's top entry: its number and its time (ns), from one pipeline."""
+        streams = self.ranks() if self.job_id is not None else []
         keys = [self.keys.stream(self.job_id, *st) for st in streams]
         replies = self._nodes_ok().pipeline([("XREVRANGE", k, "+", "-", "COUNT", 1) for k in keys])
-        newest = 0
-        for reply in replies:
-            if isinstance(reply, list) and reply:
-                try:
-                    newest = max(newest, redis_marks.entry_ns(reply[0][1][1]))
-                except (IndexError, TypeError):
-                    continue
-        return newest
+        out = {}
+        for stream, reply in zip(streams, replies, strict=True):
+            try:
+                eid, fields = reply[0]
+                out[stream] = (entry_number(eid), redis_marks.entry_ns(fields[1]))
+            except (IndexError, TypeError, ValueError):
+                continue
+        return out
 
     def start_at(self, since: Since) -> None:
         """Start each stream after its newest mark at or before the window's start, with what
@@ -566,22 +569,27 @@ class RedisReader(TraceReader):
         try:
             if self.job_id is None:
                 self.job_id = self._find_job()
-            streams = self.ranks() if self.job_id is not None else []
-            start_ms = since.start_ns(self.latest_ns() or time.time_ns()) // 1_000_000
-            marks = [self.keys.marks(self.job_id, *st) for st in streams]
-            replies = self._nodes_ok().pipeline([("XREVRANGE", k, str(start_ms), "-", "COUNT", 1) for k in marks])
-        except (OSError, ReplyError) as exc:
+            tops = self._tops()
+            start_ms = since.start_ns(max((ns for _, ns in tops.values()), default=0) or time.time_ns()) // 1_000_000
+            streams = list(tops)
+            nodes = self._nodes_ok()
+            replies = nodes.pipeline([("XREVRANGE", self.keys.marks(self.job_id, *st), str(start_ms), "-", "COUNT", 2)
+                                      for st in streams])
+            lengths = nodes.pipeline([("XLEN", self.keys.stream(self.job_id, *st)) for st in streams])
+        except (OSError, ReplyError, StoreError) as exc:
             self._lost()
             self.stats.warnings.append(f"{since.describe()} asked for, but the marks could not be read ({exc}): "
                                        "this store is read from its start")
             return
-        for stream, reply in zip(streams, replies, strict=True):
-            mark = redis_marks.Mark.parse(reply[0]) if isinstance(reply, list) and reply else None
+        for stream, reply, length in zip(streams, replies, lengths, strict=True):
+            top = tops[stream][0]
+            mark = redis_marks.starting(reply, top)
             if mark is None or stream in self._cursor:
                 continue
             self._cursor[stream] = b"0-%d" % mark.entry
             self._last[stream] = mark.entry
-            self._skipped_entries += mark.entry
+            if isinstance(length, int):  # (entries up to the mark still stored: what a progress total leaves out)
+                self._skipped_entries += max(0, min(length, mark.entry - (top - length)))
             self.stats.count_skipped(stream[0], mark.bytes)
             if not mark.exact:
                 self.stats.warnings.append(f"rank {stream[0]}: what it was in at the window's start is not known "
