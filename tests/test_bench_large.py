@@ -39,3 +39,14 @@ def test_the_live_batch_goes_both_ways_into_the_same_model(tmp_path, monkeypatch
     assert live and set(map(id, live)) == {id(fast)}  # every poll of the fast model went together
     assert slow.total_ops() == fast.total_ops() == 24 * 40 - 1  # (the culprit's last all_reduce missing)
     assert differences(model_state(slow), model_state(fast)) == []
+
+
+def test_the_week_finds_the_same_in_every_read_directory_and_redis(tmp_path, capsys):
+    """``bench large``'s week-long job: all of it, retained and ``--since 30m``, in segments
+    and in a private redis-server with marks; every read names the dead rank."""
+    from commscope.bench.large import week
+
+    assert week(tmp_path, 4) is False
+    out = capsys.readouterr().out
+    assert out.count("the same in") == 2 and "NOT" not in out
+    assert "on Redis (one redis-server" in out and "check --since 30m" in out
