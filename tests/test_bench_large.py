@@ -24,13 +24,13 @@ def test_the_live_batch_goes_both_ways_into_the_same_model(tmp_path, monkeypatch
 
     monkeypatch.setattr(model.TraceModel, "__init__", keep)
     live = []
-    together = model.TraceModel._live_begins
+    together = model.TraceModel._together_begins
 
     def spy(self, *a, **k):
         live.append(self)
         return together(self, *a, **k)
 
-    monkeypatch.setattr(model.TraceModel, "_live_begins", spy)
+    monkeypatch.setattr(model.TraceModel, "_together_begins", spy)
     times, touched = large.batches(str(store), True, tail_events=24 * 20, batch=100)
     assert list(times) == ["rank by rank", "together"]
     assert len(times["rank by rank"]) == len(times["together"]) >= 4 and touched == 24

@@ -292,7 +292,7 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
     for r, rt in model.ranks.items():
         if rankstate.left_early(model, r, now):
             continue  # a rank that is gone no longer waits
-        cands = [i for i in rt.open if rt.comp[i] == 0]
+        cands = [i for i in sorted(rt.open) if rt.comp[i] == 0]  # (in index order: a set's order is its history's)
         for i in cands:
             s = model.sigs[int(rt.sig[i])]
             if not s.flags & COLL or rt.seq[i] < 0:

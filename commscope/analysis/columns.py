@@ -53,6 +53,165 @@ _COLS_I8 = ("begin", "end", "wb", "we", "done", "gpu", "comp", "id", "seq")
 _COLS_I4 = ("peer", "parent", "sig")
 
 
+#: Ranks below this have their slot in an array (``RankTable.slots``); others go rank by rank
+RANK_SLOTS = 1 << 22
+#: Fill of each op column's unused rows: ints 0, the int32 references -1
+_FILL = {**dict.fromkeys(_COLS_I8, 0), **dict.fromkeys(_COLS_I4, -1), "flags": 0}
+_DTYPE = {**dict.fromkeys(_COLS_I8, np.int64), **dict.fromkeys(_COLS_I4, np.int32), "flags": np.uint8}
+OP_COLUMNS = (*_COLS_I8, *_COLS_I4, "flags")
+
+
+class RankTable:
+    """Every rank's scalars in arrays indexed by its slot, and the blocks that hold every
+    rank's op columns: what lets a live batch of thousands of ranks, a record or two each,
+    be written with a numpy call per column rather than a Python step per rank
+    (``model.TraceModel._live_together``).
+
+    A block is a set of op columns shared by ranks, each rank owning the rows
+    ``[base, base + cap)`` of one block (its ``RankTrace`` columns are views of them).  The
+    ranks of a whole read's step share the block they were ingested in; ranks that outgrow
+    their rows move together into a new block, each with twice the rows
+    (``relocate``): amortized O(1) appends, as doubling one array each was.  A block no
+    rank lives in any more is dropped (views handed out keep its arrays alive).
+    """
+
+    INT = ("n", "first_ts", "last_ts", "last_op_ts", "last_begin", "last_comp", "version", "open_from",
+           "mapped", "idoff", "aligned_from", "base", "cap", "touches")
+    BOOL = ("ordered", "stale", "device_seen", "parents")
+
+    def __init__(self) -> None:
+        self.size = 0
+        cap = 64
+        for name in self.INT:
+            setattr(self, name, np.zeros(cap, np.int64))
+        for name in self.BOOL:
+            setattr(self, name, np.zeros(cap, np.bool_))
+        self.block = np.full(cap, -1, np.int32)
+        self.touch_version = np.zeros((cap, TOUCH_LOG), np.int64)
+        self.touch_first = np.zeros((cap, TOUCH_LOG), np.int64)
+        self.blocks: list[dict[str, np.ndarray] | None] = []
+        self._residents: list[int] = []  # ranks living in each block
+        self.rank_slot = np.full(0, -1, np.int64)  # rank -> slot (-1: none), ranks below RANK_SLOTS
+
+    def slots(self, ranks: np.ndarray) -> np.ndarray:
+        """The slots of ``ranks`` (-1: a rank with none, or beyond RANK_SLOTS)."""
+        ok = (ranks >= 0) & (ranks < self.rank_slot.shape[0])
+        return np.where(ok, self.rank_slot[np.where(ok, ranks, 0)], -1)
+
+    def add(self, rank: int = -1) -> int:
+        """A new slot (a rank with no ops)."""
+        if 0 <= rank < RANK_SLOTS:
+            if rank >= self.rank_slot.shape[0]:
+                self.rank_slot = grown(self.rank_slot, rank + 1, fill=-1, minimum=64)
+            self.rank_slot[rank] = self.size
+        s = self.size
+        if s == self.block.shape[0]:
+            cap = 2 * s
+            for name in (*self.INT, *self.BOOL, "block", "touch_version", "touch_first"):
+                old = getattr(self, name)
+                new = np.zeros((cap, *old.shape[1:]), old.dtype)
+                new[:s] = old
+                setattr(self, name, new)
+            self.block[s:] = -1
+        self.ordered[s] = True
+        self.size = s + 1
+        return s
+
+    def touch(self, slots: np.ndarray, first: np.ndarray) -> None:
+        """``RankTrace.touch`` of many ranks (``slots`` distinct)."""
+        k = self.touches[slots]
+        at = k % TOUCH_LOG
+        self.touch_version[slots, at] = self.version[slots]
+        self.touch_first[slots, at] = first
+        self.touches[slots] = k + 1
+
+    def _groups(self, block: np.ndarray) -> list[tuple[dict[str, np.ndarray], Any]]:
+        """(columns, the rows in them) of each block among ``block`` (a row's)."""
+        b0 = int(block[0])
+        if bool((block == b0).all()):
+            cols = self.blocks[b0]
+            assert cols is not None
+            return [(cols, slice(None))]
+        out = []
+        for b in np.unique(block).tolist():
+            cols = self.blocks[b]
+            assert cols is not None
+            out.append((cols, block == b))
+        return out
+
+    def gather(self, names: Sequence[str], block: np.ndarray, pos: np.ndarray) -> list[np.ndarray]:
+        """Columns ``names`` at rows ``pos`` of blocks ``block`` (a row each)."""
+        if not pos.shape[0]:
+            return [np.zeros(0, _DTYPE[c]) for c in names]
+        groups = self._groups(block)
+        if len(groups) == 1:
+            return [groups[0][0][c][pos] for c in names]
+        out = [np.empty(pos.shape[0], _DTYPE[c]) for c in names]
+        for cols, m in groups:
+            at = pos[m]
+            for o, c in zip(out, names, strict=True):
+                o[m] = cols[c][at]
+        return out
+
+    def scatter(self, values: Mapping[str, np.ndarray], block: np.ndarray, pos: np.ndarray) -> None:
+        """Write ``values`` (a column each) at rows ``pos`` of blocks ``block``."""
+        if not pos.shape[0]:
+            return
+        for cols, m in self._groups(block):
+            at = pos[m]
+            for c, v in values.items():
+                cols[c][at] = v[m]
+
+    def add_block(self, cols: dict[str, np.ndarray]) -> int:
+        self.blocks.append(cols)
+        self._residents.append(0)
+        return len(self.blocks) - 1
+
+    def _move(self, rt: RankTrace, b: int, base: int, cap: int) -> None:
+        """Make rows [base, base + cap) of block ``b`` ``rt``'s columns."""
+        s = rt._s
+        old = int(self.block[s])
+        if old >= 0:
+            self._residents[old] -= 1
+            if not self._residents[old]:
+                self.blocks[old] = None
+        cols = self.blocks[b]
+        assert cols is not None
+        for c in OP_COLUMNS:
+            setattr(rt, c, cols[c][base:base + cap])
+        self._residents[b] += 1
+        self.block[s], self.base[s], self.cap[s] = b, base, cap
+
+    def relocate(self, rts: Sequence[RankTrace], need: Sequence[int]) -> None:
+        """Move ranks into one new block, each with rows for ``need`` ops (at least twice
+        its rows before, 16 at least), their ops so far copied: one numpy call per column
+        and block they came from."""
+        slots = np.array([rt._s for rt in rts], np.int64)
+        n = self.n[slots]
+        caps = np.maximum(np.maximum(np.asarray(need, np.int64), 2 * self.cap[slots]), 16)
+        start = np.zeros(len(rts) + 1, np.int64)
+        np.cumsum(caps, out=start[1:])
+        total = int(start[-1])
+        cols = {c: np.full(total, _FILL[c], _DTYPE[c]) for c in OP_COLUMNS}
+        src_block = self.block[slots]
+        rows = int(n.sum())
+        if rows:
+            who = np.repeat(np.arange(len(rts)), n)
+            within = np.arange(rows, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+            dst = start[who] + within
+            src = self.base[slots][who] + within
+            blk = src_block[who]
+            for b in np.unique(blk).tolist():
+                m = blk == b
+                old = self.blocks[b]
+                assert old is not None
+                for c in OP_COLUMNS:
+                    cols[c][dst[m]] = old[c][src[m]]
+        b = self.add_block(cols)
+        for j, rt in enumerate(rts):
+            self._move(rt, b, int(start[j]), int(caps[j]))
+
+
 class RankColumns(Protocol):
     """One rank's op columns as the console and the rank-state judgements read them: a
     ``RankTrace`` (the model's own) or a ``RankView`` (published)."""
@@ -91,21 +250,36 @@ class RankColumns(Protocol):
     def window(self, t0: int, t1: int) -> np.ndarray: ...
 
 
+def _slot(name: str, doc: str, kind: type = int) -> property:
+    """A ``RankTrace`` scalar kept in its table's array ``name``, at the rank's slot."""
+    def get(self: RankTrace) -> Any:
+        return kind(getattr(self._t, name)[self._s])
+
+    def put(self: RankTrace, value: Any) -> None:
+        getattr(self._t, name)[self._s] = value
+
+    return property(get, put, doc=doc)
+
+
 class RankTrace:
     """One rank: op columns plus liveness, samples, stacks and exits."""
 
-    def __init__(self, rank: int, cap: int = 256):
-        """``cap`` 0: no columns yet (the rank will ``adopt`` some, or grow its own)."""
+    def __init__(self, rank: int, cap: int = 256, table: RankTable | None = None):
+        """``cap`` 0: no columns yet (the rank will ``adopt`` some, or grow its own).
+        ``table``: the model's (a rank alone gets one of its own)."""
         self.rank = rank
-        self.n = 0
+        self._t = table if table is not None else RankTable()
+        self._s = self._t.add(rank)
         for c in _COLS_I8:
-            setattr(self, c, np.zeros(cap, np.int64) if cap else _NONE_I8)
+            setattr(self, c, _NONE_I8)
         for c in _COLS_I4:
-            setattr(self, c, np.full(cap, -1, np.int32) if cap else _NONE_I4)
-        self.flags = np.zeros(cap, np.uint8) if cap else _NONE_U1
+            setattr(self, c, _NONE_I4)
+        self.flags = _NONE_U1
+        if cap:
+            self._t.relocate([self], [cap])
         self.id2idx = np.full(1024, -1, np.int32) if cap else _NONE_I4
         self.id_dict: dict[int, int] | None = None
-        self.open: set[int] = set()  # op indices not yet complete
+        self._open: set[int] = set()  # op indices not yet complete, below ``open_from`` (see ``open``)
         self.exc: dict[int, str] = {}  # op index -> exception text
         self.meta: dict | None = None
         self.exits: list[dict] = []
@@ -115,18 +289,11 @@ class RankTrace:
         self.last_stack: dict | None = None
         self.last_hb = 0
         self.hb_inflight = 0
-        self.first_ts = 0
-        self.last_ts = 0
-        self.last_op_ts = 0
-        self.last_comp = 0  # latest completion time of any op
         self.dropped = 0  # events the recorder lost (backpressure, store failures)
         self.fr_overwritten = 0  # Flight Recorder entries overwritten before a poll: not losses
-        self.device_seen = False
         self.samples = Samples()
         self._order: np.ndarray | None = None
         self._order_n = 0
-        self._sorted = True
-        self._last_begin = 0
         self._pmax: np.ndarray | None = None
         self._pmax_version = -1
         self._sb = np.zeros(0, np.int64)  # begin times in ``order``
@@ -135,10 +302,50 @@ class RankTrace:
         self._open_min_begin = I64_MAX  # earliest begin among ops open at the last prefix max
         self._pmax_shared = False  # a published RankView holds the prefix max: rewrite a copy
         self._view: RankView | None = None
-        self.version = 0
-        #: (version, earliest begin among the ops that batch added or changed), the latest
-        #: TOUCH_LOG batches: what a painter needs to repaint only the part of a row that changed.
-        self.touched: list[tuple[int, int]] = []
+
+    # -- scalars, kept in the model's ``RankTable`` (a live batch writes them for many ranks at once)
+    n = _slot("n", "ops held")
+    first_ts = _slot("first_ts", "first timestamp seen (0: none)")
+    last_ts = _slot("last_ts", "last timestamp seen")
+    last_op_ts = _slot("last_op_ts", "latest op begin")
+    last_comp = _slot("last_comp", "latest completion time of any op")
+    version = _slot("version", "bumped by every batch that changed the rank")
+    _last_begin = _slot("last_begin", "latest op begin (ops only)")
+    _sorted = _slot("ordered", "begins came in time order", bool)
+    device_seen = _slot("device_seen", "a ``done`` phase was seen", bool)
+
+    @property
+    def touched(self) -> list[tuple[int, int]]:
+        """(version, earliest begin among the ops that batch added or changed), the latest
+        TOUCH_LOG batches: what a painter needs to repaint only the part of a row that changed."""
+        t, s = self._t, self._s
+        k = int(t.touches[s])
+        at = [j % TOUCH_LOG for j in range(max(0, k - TOUCH_LOG), k)]
+        return list(zip(t.touch_version[s, at].tolist(), t.touch_first[s, at].tolist(), strict=True))
+
+    @property
+    def open(self) -> set[int]:
+        """Op indices not yet complete (completion 0).  Ops from ``open_from`` on are not
+        in the set yet, and ops the set holds may have completed since (``stale``): a live
+        batch only writes the completions (``TraceModel._live_together``), and this brings
+        the set up to date when asked."""
+        t, s = self._t, self._s
+        lo, n = int(t.open_from[s]), int(t.n[s])
+        if lo < n or t.stale[s]:
+            comp = self.comp
+            if t.stale[s]:
+                self._open = {i for i in self._open if comp[i] == 0}
+                t.stale[s] = False
+            if lo < n:
+                self._open.update((np.flatnonzero(comp[lo:n] == 0) + lo).tolist())
+                t.open_from[s] = n
+        return self._open
+
+    @open.setter
+    def open(self, ops: set[int]) -> None:
+        self._open = ops
+        self._t.open_from[self._s] = self.n
+        self._t.stale[self._s] = False
 
     # -- storage
     def nbytes(self, shared: dict[int, int] | None = None) -> int:
@@ -159,19 +366,33 @@ class RankTrace:
                 shared[id(base)] = base.nbytes
         return total
 
-    def adopt(self, cols: Mapping[str, np.ndarray], a: int, b: int) -> None:
-        """Take rows [a, b) of columns shared by ranks ingested together as this (empty)
-        rank's op columns: views, not copies (``TraceModel._fresh_begins``).  A later append
-        that outgrows them copies them out, as for any full column."""
-        for c in (*_COLS_I8, *_COLS_I4, "flags"):
-            setattr(self, c, cols[c][a:b])
+    def adopt(self, block: int, a: int, b: int) -> None:
+        """Take rows [a, b) of a block of the table (the columns of ranks ingested together)
+        as this (empty) rank's op columns: views, not copies (``TraceModel._fresh_begins``).
+        A later append that outgrows them moves the rank (``RankTable.relocate``)."""
+        self._t._move(self, block, a, b - a)
         self.n = b - a
 
     def reserve(self, n: int) -> None:
-        if n <= self.begin.shape[0]:
+        if n > self.begin.shape[0]:
+            self._t.relocate([self], [n])
+
+    def align(self, ids: np.ndarray, n0: int) -> None:
+        """Note the ids of ops ``n0``.. just appended.  The table keeps, per rank, the run of
+        latest ops whose ids are consecutive (op ``i`` has id ``i + idoff`` from
+        ``aligned_from`` on): there an id's op is found by a subtraction, for many ranks at
+        once (``TraceModel._live_phases``), and it is the latest op with that id, as the
+        id map's."""
+        k = ids.shape[0]
+        if not k:
             return
-        for c in (*_COLS_I8, *_COLS_I4, "flags"):
-            setattr(self, c, grown(getattr(self, c), n, self.n, fill=-1 if c in _COLS_I4 else 0))
+        t, s = self._t, self._s
+        breaks = np.flatnonzero(np.diff(ids) != 1) if k > 1 else ()
+        j = int(breaks[-1]) + 1 if len(breaks) else 0
+        off = int(ids[j]) - (n0 + j)
+        if j or n0 == 0 or off != int(t.idoff[s]) or int(t.aligned_from[s]) >= n0:
+            t.aligned_from[s] = n0 + j
+            t.idoff[s] = off
 
     def _dense_map(self, hi: int, k: int) -> np.ndarray | None:
         """The dense id map, grown to hold id ``hi`` (``k`` ids coming); None once ids are
@@ -184,9 +405,23 @@ class RankTrace:
             self.id2idx = grown(self.id2idx, hi + 1, fill=-1)
         return self.id2idx
 
+    def _fold(self) -> None:
+        """Map the ids of the ops a live batch appended without mapping them."""
+        t, s = self._t, self._s
+        m, n = int(t.mapped[s]), int(t.n[s])
+        if m < n:
+            self._map(self.id[m:n], np.arange(m, n, dtype=np.int32))
+            t.mapped[s] = n
+
     def map_ids(self, ids: np.ndarray, idx: np.ndarray) -> None:
+        """Map the ids of ops ``idx`` (ascending, following the ops mapped so far)."""
         if not ids.shape[0]:
             return
+        self._fold()
+        self._map(ids, idx)
+        self._t.mapped[self._s] = int(idx[-1]) + 1
+
+    def _map(self, ids: np.ndarray, idx: np.ndarray) -> None:
         id2idx = self._dense_map(int(ids.max()), ids.shape[0])
         if id2idx is None:
             self.id_dict.update(zip(ids.tolist(), idx.tolist(), strict=True))
@@ -199,6 +434,8 @@ class RankTrace:
         batch's handful a rank, where Python's scalar steps cost less than numpy's calls."""
         if not ids:
             return
+        self._fold()
+        self._t.mapped[self._s] = first + len(ids)
         id2idx = self._dense_map(max(ids), len(ids))
         if id2idx is None:
             self.id_dict.update(zip(ids, range(first, first + len(ids)), strict=True))
@@ -208,6 +445,7 @@ class RankTrace:
                 id2idx[op_id] = i
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
+        self._fold()
         if self.id_dict is not None:
             get = self.id_dict.get
             return np.array([get(k, -1) for k in ids.tolist()], np.int32)
@@ -217,6 +455,7 @@ class RankTrace:
         return out
 
     def index_of(self, op_id: int) -> int | None:
+        self._fold()
         if self.id_dict is not None:
             return self.id_dict.get(op_id)
         if 0 <= op_id < self.id2idx.shape[0]:
@@ -312,9 +551,11 @@ class RankTrace:
     def touch(self, first_begin: int) -> None:
         """Note that the batch that made ``version`` changed ops beginning at ``first_begin``
         or later (I64_MAX: none, only liveness or samples)."""
-        self.touched.append((self.version, int(first_begin)))
-        if len(self.touched) > TOUCH_LOG:
-            del self.touched[: len(self.touched) - TOUCH_LOG]
+        t, s = self._t, self._s
+        k = int(t.touches[s])
+        t.touch_version[s, k % TOUCH_LOG] = t.version[s]
+        t.touch_first[s, k % TOUCH_LOG] = first_begin
+        t.touches[s] = k + 1
 
     def view(self) -> RankView:
         """This rank as an immutable ``RankView`` (the same object while nothing changed)."""

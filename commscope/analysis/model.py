@@ -25,7 +25,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from commscope import optable
-from commscope.analysis.columns import I64_MAX, RankColumns, RankTrace, RankView, Samples, grown
+from commscope.analysis.columns import I64_MAX, RankColumns, RankTable, RankTrace, RankView, Samples, grown
 from commscope.analysis.errors import classify
 from commscope.analysis.indexes import GroupIndex, SeqIndex
 from commscope.analysis.vocab import (  # noqa: F401  (re-exported: the model's names)
@@ -145,6 +145,24 @@ def _take(events: list[dict], positions: np.ndarray) -> Sequence[dict]:
     return itemgetter(*positions.tolist())(events)
 
 
+class _Begins:
+    """The begin rows of each record of a batch, found when first asked: those of the
+    records a live batch ingests together are never asked (``_together_begins`` finds
+    them in the records' concatenated columns, for all at once)."""
+
+    __slots__ = ("_recs", "_rows")
+
+    def __init__(self, recs_list: Sequence[OpRecords]) -> None:
+        self._recs = recs_list
+        self._rows: list[np.ndarray | None] = [None] * len(recs_list)
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        b = self._rows[k]
+        if b is None:
+            b = self._rows[k] = self._recs[k].begins()
+        return b
+
+
 def _once(recs_list: Sequence[OpRecords]) -> set[int]:
     """The ranks whose records come once in a batch (those of a rank twice go rank by rank)."""
     seen: set[int] = set()
@@ -256,7 +274,9 @@ class _Live(NamedTuple):
     cols: dict[str, np.ndarray]  # OpRecords' columns
     who: np.ndarray  # the record (j) of each begin row
     begun: np.ndarray  # the begin rows
-    phase: list[int]  # phase, ts, id and flags as lists, for the phases' scalar steps
+    ranks: np.ndarray  # each record's rank
+    exc: np.ndarray  # each record: whether it has exception texts
+    phase: list[int]  # phase, ts, id and flags as lists, for the phases' scalar steps (``part``)
     ts: list[int]
     id: list[int]
     flags: list[int]
@@ -265,13 +285,29 @@ class _Live(NamedTuple):
 
     @classmethod
     def of(cls, recs_list: list[OpRecords], pos: list[int]) -> _Live:
+        """Without the lists (``part`` makes them for the records that need them)."""
         records = [recs_list[k] for k in pos]
         start = [0, *accumulate(len(recs) for recs in records)]
         cols = {c: np.concatenate([getattr(recs, c) for recs in records]) for c in cls.COLUMNS}
         begun = np.flatnonzero(cols["phase"] == PH_BEGIN)
         who = np.searchsorted(np.array(start), begun, side="right") - 1
-        return cls(pos, start, cols, who, begun, cols["phase"].tolist(), cols["ts"].tolist(), cols["id"].tolist(),
-                   cols["flags"].tolist())
+        ranks = np.array([recs.rank for recs in records], np.int64)
+        exc = np.array([bool(recs.exc) for recs in records], np.bool_)
+        return cls(pos, start, cols, who, begun, ranks, exc, [], [], [], [])
+
+    def part(self, js: np.ndarray, lists: bool) -> _Live:
+        """The records ``js`` (ascending) alone; ``lists``: with the lists."""
+        start = np.asarray(self.start)
+        sizes = np.diff(start)
+        keep = np.zeros(len(self.pos), np.bool_)
+        keep[js] = True
+        rows = np.repeat(keep, sizes)
+        cols = {c: v[rows] for c, v in self.cols.items()}
+        sub = [0, *np.cumsum(sizes[js]).tolist()]
+        begun = np.flatnonzero(cols["phase"] == PH_BEGIN)
+        who = np.searchsorted(np.array(sub), begun, side="right") - 1
+        listed = [cols[c].tolist() for c in ("phase", "ts", "id", "flags")] if lists else [[], [], [], []]
+        return _Live([self.pos[j] for j in js.tolist()], sub, cols, who, begun, self.ranks[js], self.exc[js], *listed)
 
     def counts(self) -> np.ndarray:
         """Begins per record."""
@@ -424,6 +460,8 @@ class TraceModel:
 
     def __init__(self) -> None:
         self.ranks: dict[int, RankTrace] = {}
+        #: every rank's scalars in arrays, and the blocks holding its op columns
+        self.table = RankTable()
         self.sigs: list[Sig] = []
         self._sig_cache: dict[tuple, list] = {}
         self._sig_by_sk: dict[tuple, int] = {}  # (sk, tid) -> sig code, see events.signature_key
@@ -476,7 +514,7 @@ class TraceModel:
             return self.changed
         lo, hi, changed = I64_MAX, 0, set()
         recs_list = [recs for recs in ops if len(recs)]
-        rows = [recs.begins() for recs in recs_list]
+        rows = _Begins(recs_list)
         once = _once(recs_list)
         fresh = self._fresh(recs_list, rows, once) if self.batch_ranks else []
         live_pos = self._live(recs_list, fresh, once) if self.batch_ranks else []
@@ -485,20 +523,24 @@ class TraceModel:
         # ranks' looked up all at once unless one is new
         known = self._known_codes(recs_list, live) if live else None
         skip = set(live_pos) if known is not None else set()
-        codes = [self._codes(recs.statics, recs.static[b], recs.tid[b]) if b.shape[0] and k not in skip else None
-                 for k, (recs, b) in enumerate(zip(recs_list, rows, strict=True))]
+        codes = [self._codes(recs.statics, recs.static[b], recs.tid[b])
+                 if k not in skip and (b := rows[k]).shape[0] else None for k, recs in enumerate(recs_list)]
         together = set(fresh) | set(live_pos)
         for k, recs in enumerate(recs_list):  # ranks made in the records' order, as rank by rank
-            if rows[k].shape[0] and recs.rank not in self.ranks:
-                self.ranks[recs.rank] = RankTrace(recs.rank, cap=0 if k in together else 256)
-        if together and (len(together) < len(recs_list) or (fresh and live)):
-            self._index_order(recs_list, rows, codes, known, live)
+            if recs.rank not in self.ranks and rows[k].shape[0]:
+                self.ranks[recs.rank] = RankTrace(recs.rank, cap=0 if k in together else 256, table=self.table)
+        regular, live, known = self._regular(live, known)
+        if together and (len(together) < len(recs_list) or (fresh and (live or regular)) or (live and regular)):
+            self._index_order(recs_list, rows, codes, known, live, regular)
         batch = None
         if fresh:
             batch = self._fresh_begins(recs_list, fresh, rows, codes, changed)
             lo, hi = batch.lo, batch.hi
         if live:
             a, b = self._live_begins(recs_list, live, codes, known, changed)
+            lo, hi = min(lo, a), max(hi, b)
+        if regular:
+            a, b = self._together_begins(regular, changed)
             lo, hi = min(lo, a), max(hi, b)
         for k, recs in enumerate(recs_list):
             if k not in together and rows[k].shape[0]:
@@ -507,8 +549,11 @@ class TraceModel:
         for k in range(0, len(events), INGEST_CHUNK):
             a, b = self._ingest_chunk(events[k:k + INGEST_CHUNK] if len(events) > INGEST_CHUNK else events, changed)
             lo, hi = min(lo, a), max(hi, b)
-        a, b = self._batch_phases(recs_list, batch, live, changed)
+        a, b = self._batch_phases(recs_list, batch, live, changed, set(regular[0].pos) if regular else set())
         lo, hi = min(lo, a), max(hi, b)
+        if regular:
+            a, b = self._together_phases(regular[0], changed)
+            lo, hi = min(lo, a), max(hi, b)
         if hi:
             self.start_ns = lo if not self.start_ns else min(self.start_ns, lo)
             self.end_ns = max(self.end_ns, hi)
@@ -520,7 +565,7 @@ class TraceModel:
     def _rank(self, r: int) -> RankTrace:
         rt = self.ranks.get(r)
         if rt is None:
-            rt = self.ranks[r] = RankTrace(r)
+            rt = self.ranks[r] = RankTrace(r, table=self.table)
         return rt
 
     def _record_begins(self, recs: OpRecords, rows: np.ndarray, codes: np.ndarray,
@@ -546,36 +591,43 @@ class TraceModel:
         return a, b
 
     # -- ranks new to the model, ingested together (the bulk of a whole read)
-    def _fresh(self, recs_list: list[OpRecords], rows: list[np.ndarray], once: set[int]) -> list[int]:
+    def _fresh(self, recs_list: list[OpRecords], rows: _Begins, once: set[int]) -> list[int]:
         """Positions of the records whose rank has no ops yet and comes once in this batch:
         those ``_fresh_begins`` ingests together (none when fewer than two)."""
         out = []
         for k, recs in enumerate(recs_list):
             rt = self.ranks.get(recs.rank)
-            if recs.rank in once and rows[k].shape[0] and (rt is None or (rt.n == 0 and not rt.open)):
+            if recs.rank in once and (rt is None or (rt.n == 0 and not rt.open)) and rows[k].shape[0]:
                 out.append(k)
         return out if len(out) > 1 else []
 
-    def _index_order(self, recs_list: list[OpRecords], rows: list[np.ndarray], codes: list,
-                     known: np.ndarray | None, live: _Live | None) -> None:
+    def _index_order(self, recs_list: list[OpRecords], rows: _Begins, codes: list,
+                     known: np.ndarray | None, live: _Live | None,
+                     regular: tuple[_Live, np.ndarray] | None) -> None:
         """Create the collective indexes, and their members' columns, in the order the rank by
         rank path would (records in batch order): the indexes are iterated, so their order
-        shows in what is judged.  ``known``: the live records' codes, concatenated."""
-        if known is not None and live is not None:
-            cuts = np.cumsum(live.counts())[:-1]
+        shows in what is judged.  ``known``: the live records' codes, concatenated (and the
+        regular ones' theirs)."""
+        parts = [(live, known)] if known is not None and live is not None else []
+        if regular is not None:
+            parts.append(regular)
+        if parts:
             codes = list(codes)
-            for k, part in zip(live.pos, np.split(known, cuts), strict=True):
+        for lv, kn in parts:
+            cuts = np.cumsum(lv.counts())[:-1]
+            for k, part in zip(lv.pos, np.split(kn, cuts), strict=True):
                 codes[k] = part if part.shape[0] else None
-        for recs, b, code in zip(recs_list, rows, codes, strict=True):
+        for k, (recs, code) in enumerate(zip(recs_list, codes, strict=True)):
             if code is None:
                 continue
+            b = rows[k]
             coll = ((self._sig_flags[code] & COLL) != 0) & (recs.seq[b] >= 0)
             if coll.any():
                 names = list(self._gkeys)
                 for g in np.unique(self._sig_gkey[code[coll]]).tolist():
                     self._group_index(*names[g]).column(recs.rank)
 
-    def _fresh_begins(self, recs_list: list[OpRecords], fresh: list[int], rows: list[np.ndarray],
+    def _fresh_begins(self, recs_list: list[OpRecords], fresh: list[int], rows: _Begins,
                       codes: list, changed: set[int]) -> _Fresh:
         """``_record_begins`` for many new ranks at once: their begins in one set of columns,
         rank after rank, each rank's columns views of them, and the indexes filled in one
@@ -605,16 +657,19 @@ class TraceModel:
             unsorted = set(who[back].tolist())
         has_parent = parents >= 0
         with_parent = set(who[has_parent].tolist()) if has_parent.any() else set()
+        block = self.table.add_block(cols)
         ranks, views = [], []
         for j, k in enumerate(fresh):
             r = recs_list[k].rank
             rt = self.ranks[r]
             a, b = int(start[j]), int(start[j + 1])
             rt.map_ids(cols["id"][a:b], local[a:b])  # (before adopt: as _add_ops, with the ops before these)
-            rt.adopt(cols, a, b)
+            rt.adopt(block, a, b)
+            rt.align(cols["id"][a:b], 0)
             if j in with_parent:
                 hp = has_parent[a:b]
                 rt.parent[hp] = rt.lookup(parents[a:b][hp])
+                self.table.parents[rt._s] = True
             if j in unsorted:
                 rt._sorted = False
             rt._last_begin = max(rt._last_begin, last[j])
@@ -627,9 +682,10 @@ class TraceModel:
         self._fresh_index(ranks, cols, who, local)
         return _Fresh(fresh, ranks, start, cols, views, min(first), max(last))
 
-    def _fresh_index(self, ranks: list[int], cols: dict[str, np.ndarray], who: np.ndarray,
+    def _fresh_index(self, ranks: list[int] | np.ndarray, cols: dict[str, np.ndarray], who: np.ndarray,
                      local: np.ndarray) -> None:
         """``_index`` for ranks ingested together: one ``put`` per group for all of them."""
+        rank_of = np.asarray(ranks, np.int64)
         sig, seq, peer = cols["sig"], cols["seq"], cols["peer"]
         flags = self._sig_flags[sig]
         coll = np.flatnonzero(((flags & COLL) != 0) & (seq >= 0))
@@ -646,7 +702,7 @@ class TraceModel:
                 m = masks[g]
                 gi = self._group_index(*names[g])
                 members = np.flatnonzero(np.bincount(cw[m], minlength=len(ranks)))
-                column[members] = [gi.column(ranks[j]) for j in members.tolist()]
+                column[members] = gi.columns(rank_of[members])
                 gi.seqs.put(cseq[m], column[cw[m]], cloc[m])
         p2p = ((flags & P2P) != 0) & (seq >= 0) & (peer >= 0) & ((flags & NESTED) == 0)
         if p2p.any():
@@ -658,7 +714,7 @@ class TraceModel:
                 key = sig[rows].astype(np.int64) * (1 << 32) + peer[rows]
                 for kv in np.unique(key).tolist():
                     m = key == kv
-                    self._channel(ranks[j], kv >> 32, kv & 0xFFFFFFFF).put(seq[rows][m], *self._side(kv >> 32),
+                    self._channel(int(rank_of[j]), kv >> 32, kv & 0xFFFFFFFF).put(seq[rows][m], *self._side(kv >> 32),
                                                                          local[rows][m])
 
     # -- ranks already begun, a few records each (a live poll)
@@ -747,7 +803,9 @@ class TraceModel:
             for i, r in enumerate(range(a, b), m0):
                 begin[i], op_id[i], code[i], op_seq[i], op_peer[i] = ts_l[r], id_l[r], sig_l[r], seq_l[r], peer_l[r]
             rt.map_few(id_l[a:b], m0)
+            rt.align(ids[a:b], m0)
             if j in with_parent:
+                self.table.parents[rt._s] = True
                 parent = rt.parent
                 for i, r in enumerate(range(a, b), m0):
                     if par_l[r] >= 0:
@@ -764,6 +822,161 @@ class TraceModel:
             lo, hi = min(lo, first[j]), max(hi, rt._last_begin)
         self._fresh_index([rt.rank for rt in rts], {"sig": sig, "seq": seq, "peer": peer}, who, local)
         return lo, hi
+
+    def _regular(self, live: _Live | None, known: np.ndarray | None
+                 ) -> tuple[tuple[_Live, np.ndarray] | None, _Live | None, np.ndarray | None]:
+        """Split the live records: the regular ones (their rank has a slot and never had a
+        nested op; no exception, flag or parent), ingested with no Python step per rank
+        (``_together_begins``, ``_together_phases``), with their signature codes; and the
+        rest, a few scalar steps a rank (``_live_begins``), with theirs."""
+        if live is None:
+            return None, None, known
+        if known is None:  # (a signature new to the model: everything the way that interns in order)
+            return None, live.part(np.arange(len(live.pos)), True), None
+        t = self.table
+        slot = t.slots(live.ranks)
+        ph, cols = live.cols["phase"], live.cols
+        bad = ((ph > PH_BEGIN) & (cols["flags"] != 0)) | ((ph == PH_BEGIN) & (cols["parent"] >= 0))
+        nrec = len(live.pos)
+        odd = live.exc | (slot < 0) | t.parents[np.maximum(slot, 0)]
+        if bad.any():
+            odd |= np.bincount(np.searchsorted(np.asarray(live.start), np.flatnonzero(bad), side="right") - 1,
+                               minlength=nrec) > 0
+        if not odd.any():
+            return (live, known), None, None
+        begun_odd = odd[live.who]
+        reg, rest = np.flatnonzero(~odd), np.flatnonzero(odd)
+        regular = (live.part(reg, False), known[~begun_odd]) if reg.shape[0] else None
+        return regular, live.part(rest, True), known[begun_odd]
+
+    def _seen_many(self, slots: np.ndarray, t0: np.ndarray, t1: np.ndarray, touched: np.ndarray) -> None:
+        """``_seen`` of many ranks (``slots`` distinct)."""
+        t = self.table
+        ft, lt = t.first_ts[slots], t.last_ts[slots]
+        nz = t1 != 0
+        t.first_ts[slots] = np.where(nz, np.where(ft == 0, t0, np.minimum(ft, t0)), ft)
+        t.last_ts[slots] = np.where(nz, np.maximum(lt, t1), lt)
+        t.version[slots] += 1
+        t.touch(slots, touched)
+
+    def _together_begins(self, regular: tuple[_Live, np.ndarray], changed: set[int]) -> tuple[int, int]:
+        """``_live_begins`` of regular records with no Python step per rank: rows appended to
+        each rank's block with one numpy call per column (ranks without room first move
+        together, ``RankTable.relocate``), the rank scalars written in the table's arrays,
+        the indexes filled in one pass per group.  The ids are mapped when asked
+        (``RankTrace._fold``); open ops are those from ``open_from`` on (``RankTrace.open``)."""
+        lv, sig = regular
+        rows = lv.begun
+        nb = rows.shape[0]
+        if not nb:
+            return I64_MAX, 0
+        t = self.table
+        nrec = len(lv.pos)
+        slot_rec = t.slots(lv.ranks)
+        cnt = lv.counts()
+        has = np.flatnonzero(cnt)
+        who = lv.who
+        ts, ids, seq = lv.cols["ts"][rows], lv.cols["id"][rows], lv.cols["seq"][rows]
+        n0 = t.n[slot_rec]
+        need = n0 + cnt
+        over = np.flatnonzero(need > t.cap[slot_rec])
+        if over.shape[0]:
+            t.relocate([self.ranks[r] for r in lv.ranks[over].tolist()], need[over].tolist())
+        bstart = np.searchsorted(who, np.arange(nrec))  # each record's first begin row
+        within = np.arange(nb, dtype=np.int64) - bstart[who]
+        local = n0[who] + within
+        s_row = slot_rec[who]
+        t.scatter({"begin": ts, "id": ids, "sig": sig.astype(np.int32, copy=False), "seq": seq,
+                   "peer": lv.cols["peer"][rows].astype(np.int32, copy=False)}, t.block[s_row], t.base[s_row] + local)
+        # ids: a record whose begins go on from the rank's run of consecutive ids needs nothing
+        off_ok = (ids - local) == t.idoff[s_row]
+        cont = (n0 > 0) & (t.aligned_from[slot_rec] < n0)
+        if not off_ok.all():
+            cont &= np.bincount(who[~off_ok], minlength=nrec) == 0
+        for j in np.flatnonzero(~cont[has]).tolist():
+            j = int(has[j])
+            a = int(bstart[j])
+            self.ranks[int(lv.ranks[j])].align(ids[a:a + int(cnt[j])], int(n0[j]))
+        s_has = slot_rec[has]
+        starts = bstart[has]
+        first = np.minimum.reduceat(ts, starts)
+        last = np.maximum.reduceat(ts, starts)
+        late = ts[starts] < t.last_begin[s_has]
+        if nb > 1:
+            back = np.flatnonzero(np.diff(ts) < 0) + 1  # rows earlier than the row before them
+            back = back[within[back] > 0]  # within a rank
+            if back.shape[0]:
+                t.ordered[slot_rec[who[back]]] = False
+        t.ordered[s_has[late]] = False
+        t.last_begin[s_has] = top = np.maximum(t.last_begin[s_has], last)
+        t.last_op_ts[s_has] = np.maximum(t.last_op_ts[s_has], top)
+        t.n[s_has] += cnt[has]
+        self._seen_many(s_has, first, top, first)
+        changed.update(lv.ranks[has].tolist())
+        renum = np.full(nrec, -1, np.int64)
+        renum[has] = np.arange(has.shape[0])
+        self._fresh_index(lv.ranks[has], {"sig": sig, "seq": seq, "peer": lv.cols["peer"][rows]}, renum[who],
+                          local.astype(np.int32))
+        return int(first.min()), int(top.max())
+
+    def _together_phases(self, lv: _Live, changed: set[int]) -> tuple[int, int]:
+        """``_live_phase`` and ``_live_complete`` of regular records, for all of them at once:
+        an id's op found by a subtraction where the rank's ids run on (``RankTrace.align``;
+        else its id map), times and completions written with a numpy call per column."""
+        t = self.table
+        phase = lv.cols["phase"]
+        rows = np.flatnonzero(phase > PH_BEGIN)
+        if not rows.shape[0]:
+            return I64_MAX, 0
+        who = np.searchsorted(np.asarray(lv.start), rows, side="right") - 1
+        slot_rec = t.slots(lv.ranks)
+        s_row = slot_rec[who]
+        ids, ts, ph = lv.cols["id"][rows], lv.cols["ts"][rows], phase[rows]
+        guess = ids - t.idoff[s_row]
+        idx = np.full(rows.shape[0], -1, np.int64)
+        block, base = t.block[s_row], t.base[s_row]
+        cand = np.flatnonzero((ids >= 0) & (guess >= t.aligned_from[s_row]) & (guess < t.n[s_row]))
+        (got,) = t.gather(("id",), block[cand], base[cand] + guess[cand])
+        hit = cand[got == ids[cand]]
+        idx[hit] = guess[hit]
+        if hit.shape[0] < rows.shape[0]:  # ids off the run: the rank's id map
+            miss = np.ones(rows.shape[0], np.bool_)
+            miss[hit] = False
+            for q in np.flatnonzero(miss).tolist():
+                i = self.ranks[int(lv.ranks[who[q]])].index_of(int(ids[q]))
+                idx[q] = -1 if i is None else i
+        ok = idx >= 0
+        pos = base + idx
+        for code, name in ((PH_END, "end"), (PH_WAIT_BEGIN, "wb"), (PH_WAIT_END, "we"), (PH_DONE, "done")):
+            m = np.flatnonzero(ok & (ph == code))
+            if m.shape[0]:
+                t.scatter({name: ts[m]}, block[m], pos[m])
+        done = ph == PH_DONE
+        if done.any():
+            t.device_seen[s_row[done]] = True
+            m = np.flatnonzero(ok & done)
+            (f,) = t.gather(("flags",), block[m], pos[m])
+            t.scatter({"flags": f | DONE}, block[m], pos[m])
+        u = np.flatnonzero(ok & (ph != PH_WAIT_BEGIN))  # an op may come twice (end and wait_end): harmless
+        if u.shape[0]:
+            bu, pu, su = block[u], pos[u], s_row[u]
+            new = self._completion(*t.gather(("sig", "end", "we", "done", "flags", "comp"), bu, pu))
+            t.scatter({"comp": new}, bu, pu)
+            np.maximum.at(t.last_comp, su, new)
+            reopen = (new > 0) & (idx[u] < t.open_from[su])  # in a rank's open set: no longer open
+            if reopen.any():
+                t.stale[su[reopen]] = True
+        # per record with phases: as ``_seen`` after ``_live_complete``
+        at = np.flatnonzero(np.r_[True, who[1:] != who[:-1]])
+        recs = who[at]
+        lo, hi = np.minimum.reduceat(ts, at), np.maximum.reduceat(ts, at)
+        run = np.cumsum(np.r_[False, who[1:] != who[:-1]])  # each row's record among ``recs``
+        okr = np.flatnonzero(ok)
+        (begins,) = t.gather(("begin",), block[okr], pos[okr])
+        first = _runs(np.minimum, begins, run[okr], recs.shape[0], I64_MAX)
+        self._seen_many(slot_rec[recs], lo, hi, first)
+        changed.update(lv.ranks[recs].tolist())
+        return int(lo.min()), int(hi.max())
 
     def _live_phase(self, rt: RankTrace, recs: OpRecords, flat: _Live, j: int) -> _LiveRank | None:
         """``_phases`` of a live rank's record (the ``j``-th live one) but its completions,
@@ -845,7 +1058,7 @@ class TraceModel:
         return lo, hi
 
     def _batch_phases(self, recs_list: list[OpRecords], batch: _Fresh | None, live: _Live | None,
-                      changed: set[int]) -> tuple[int, int]:
+                      changed: set[int], regular: set[int]) -> tuple[int, int]:
         """``_record_phases`` of every record in the batch: those of the ranks ingested
         together (``batch``) in the batch's columns, those of ``live`` ranks a few scalar
         steps each, their completions computed all at once (``_live_complete``), the rest
@@ -884,7 +1097,7 @@ class TraceModel:
                 got = self._live_phase(self.ranks[recs.rank], recs, live, at[k])
                 if got is not None:
                     done_live.append(got)
-            elif k not in together:
+            elif k not in together and k not in regular:  # (the regular: ``_together_phases``)
                 a, b = self._record_phases(recs, changed)
                 lo, hi = min(lo, a), max(hi, b)
         if done_live:
@@ -1171,9 +1384,11 @@ class TraceModel:
         rt.peer[n0:n1] = peer
         idx = np.arange(n0, n1, dtype=np.int32)
         rt.map_ids(ids, idx)
+        rt.align(ids, n0)
         has_parent = parents >= 0
         if has_parent.any():
             rt.parent[n0:n1][has_parent] = rt.lookup(parents[has_parent])
+            self.table.parents[rt._s] = True
         if rt._sorted and (ts[0] < rt._last_begin or (k > 1 and bool((np.diff(ts) < 0).any()))):
             rt._sorted = False
         rt._last_begin = max(rt._last_begin, int(ts.max()))
@@ -1468,7 +1683,7 @@ class TraceModel:
         if len(rt.open) == 1:  # the usual case: the op a rank is in
             i = next(iter(rt.open))
             return [i] if rt.comp[i] == 0 else []
-        return sorted((i for i in rt.open if rt.comp[i] == 0), key=lambda i: int(rt.begin[i]))
+        return sorted((i for i in rt.open if rt.comp[i] == 0), key=lambda i: (int(rt.begin[i]), i))  # (ties: by index)
 
     def last_op(self, rank: int, *, completed: bool = True) -> int | None:
         rt = self.ranks.get(rank)
