@@ -96,6 +96,8 @@ class RankTable:
     def slots(self, ranks: np.ndarray) -> np.ndarray:
         """The slots of ``ranks`` (-1: a rank with none, or beyond RANK_SLOTS)."""
         ok = (ranks >= 0) & (ranks < self.rank_slot.shape[0])
+        if not ok.any():
+            return np.full(ranks.shape[0], -1, np.int64)
         return np.where(ok, self.rank_slot[np.where(ok, ranks, 0)], -1)
 
     def add(self, rank: int = -1) -> int:

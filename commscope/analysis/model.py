@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from itertools import accumulate, repeat
-from operator import itemgetter
+from itertools import repeat
+from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -163,13 +163,30 @@ class _Begins:
         return b
 
 
-def _once(recs_list: Sequence[OpRecords]) -> set[int]:
-    """The ranks whose records come once in a batch (those of a rank twice go rank by rank)."""
-    seen: set[int] = set()
-    twice: set[int] = set()
-    for recs in recs_list:
-        (twice if recs.rank in seen else seen).add(recs.rank)
-    return seen - twice
+_RANK_OF_RECORDS = attrgetter("rank")
+_PHASE_OF_RECORDS = attrgetter("phase")
+
+
+class _Records(NamedTuple):
+    """A batch's records described in arrays, a row each (a poll of thousands of streams is
+    sorted out with no Python step per record where it can be)."""
+
+    ranks: np.ndarray
+    sizes: np.ndarray
+    once: np.ndarray  # its rank comes once in the batch (a rank twice goes rank by rank)
+    slot: np.ndarray  # its rank's slot in the model's table (-1: none)
+
+    @classmethod
+    def of(cls, recs_list: Sequence[OpRecords], table: RankTable) -> _Records:
+        k = len(recs_list)
+        ranks = np.fromiter(map(_RANK_OF_RECORDS, recs_list), np.int64, k)
+        sizes = np.fromiter(map(len, map(_PHASE_OF_RECORDS, recs_list)), np.int64, k)
+        if k and int(ranks.min()) >= 0 and int(ranks.max()) < 4 * k + (1 << 16):  # (a count per rank: small)
+            once = np.bincount(ranks)[ranks] == 1
+        else:
+            _, at, counts = np.unique(ranks, return_inverse=True, return_counts=True)
+            once = counts[at.reshape(-1)] == 1
+        return cls(ranks, sizes, once, table.slots(ranks))
 
 
 def _tup(x: Any) -> tuple:
@@ -284,16 +301,15 @@ class _Live(NamedTuple):
     COLUMNS = ("phase", "ts", "id", "static", "seq", "parent", "tid", "peer", "flags")
 
     @classmethod
-    def of(cls, recs_list: list[OpRecords], pos: list[int]) -> _Live:
+    def of(cls, recs_list: list[OpRecords], pos: list[int], described: _Records) -> _Live:
         """Without the lists (``part`` makes them for the records that need them)."""
-        records = [recs_list[k] for k in pos]
-        start = [0, *accumulate(len(recs) for recs in records)]
-        cols = {c: np.concatenate([getattr(recs, c) for recs in records]) for c in cls.COLUMNS}
+        records = [recs_list[k] for k in pos] if len(pos) < len(recs_list) else recs_list
+        start = [0, *np.cumsum(described.sizes[pos]).tolist()]
+        cols = dict(zip(cls.COLUMNS, map(np.concatenate, zip(*map(_COLUMNS_OF_RECORDS, records), strict=True)), strict=True))
         begun = np.flatnonzero(cols["phase"] == PH_BEGIN)
         who = np.searchsorted(np.array(start), begun, side="right") - 1
-        ranks = np.array([recs.rank for recs in records], np.int64)
-        exc = np.array([bool(recs.exc) for recs in records], np.bool_)
-        return cls(pos, start, cols, who, begun, ranks, exc, [], [], [], [])
+        exc = np.fromiter(map(bool, map(_EXC_OF_RECORDS, records)), np.bool_, len(records))
+        return cls(pos, start, cols, who, begun, described.ranks[pos], exc, [], [], [], [])
 
     def part(self, js: np.ndarray, lists: bool) -> _Live:
         """The records ``js`` (ascending) alone; ``lists``: with the lists."""
@@ -312,6 +328,10 @@ class _Live(NamedTuple):
     def counts(self) -> np.ndarray:
         """Begins per record."""
         return np.bincount(self.who, minlength=len(self.pos))
+
+
+_COLUMNS_OF_RECORDS = attrgetter(*_Live.COLUMNS)
+_EXC_OF_RECORDS = attrgetter("exc")
 
 
 class _FreshPart(NamedTuple):
@@ -513,12 +533,12 @@ class TraceModel:
             self.changed = frozenset()
             return self.changed
         lo, hi, changed = I64_MAX, 0, set()
-        recs_list = [recs for recs in ops if len(recs)]
+        recs_list = [recs for recs in ops if recs.phase.shape[0]]
         rows = _Begins(recs_list)
-        once = _once(recs_list)
-        fresh = self._fresh(recs_list, rows, once) if self.batch_ranks else []
-        live_pos = self._live(recs_list, fresh, once) if self.batch_ranks else []
-        live = _Live.of(recs_list, live_pos) if live_pos else None
+        described = _Records.of(recs_list, self.table)
+        fresh = self._fresh(recs_list, rows, described) if self.batch_ranks else []
+        live_pos = self._live(recs_list, fresh, described) if self.batch_ranks else []
+        live = _Live.of(recs_list, live_pos, described) if live_pos else None
         # signatures interned in the records' order, whichever path ingests them: the live
         # ranks' looked up all at once unless one is new
         known = self._known_codes(recs_list, live) if live else None
@@ -526,7 +546,8 @@ class TraceModel:
         codes = [self._codes(recs.statics, recs.static[b], recs.tid[b])
                  if k not in skip and (b := rows[k]).shape[0] else None for k, recs in enumerate(recs_list)]
         together = set(fresh) | set(live_pos)
-        for k, recs in enumerate(recs_list):  # ranks made in the records' order, as rank by rank
+        for k in np.flatnonzero(described.slot < 0).tolist():  # ranks made in the records' order, as rank by rank
+            recs = recs_list[k]
             if recs.rank not in self.ranks and rows[k].shape[0]:
                 self.ranks[recs.rank] = RankTrace(recs.rank, cap=0 if k in together else 256, table=self.table)
         regular, live, known = self._regular(live, known)
@@ -542,7 +563,7 @@ class TraceModel:
         if regular:
             a, b = self._together_begins(regular, changed)
             lo, hi = min(lo, a), max(hi, b)
-        for k, recs in enumerate(recs_list):
+        for k, recs in enumerate(recs_list) if len(together) < len(recs_list) else ():
             if k not in together and rows[k].shape[0]:
                 a, b = self._record_begins(recs, rows[k], codes[k], changed)
                 lo, hi = min(lo, a), max(hi, b)
@@ -557,7 +578,7 @@ class TraceModel:
         if hi:
             self.start_ns = lo if not self.start_ns else min(self.start_ns, lo)
             self.end_ns = max(self.end_ns, hi)
-        self.events += len(events) + sum(len(o) for o in ops)
+        self.events += len(events) + int(described.sizes.sum())
         self.version += 1
         self.changed = frozenset(changed)
         return self.changed
@@ -591,13 +612,15 @@ class TraceModel:
         return a, b
 
     # -- ranks new to the model, ingested together (the bulk of a whole read)
-    def _fresh(self, recs_list: list[OpRecords], rows: _Begins, once: set[int]) -> list[int]:
+    def _fresh(self, recs_list: list[OpRecords], rows: _Begins, described: _Records) -> list[int]:
         """Positions of the records whose rank has no ops yet and comes once in this batch:
         those ``_fresh_begins`` ingests together (none when fewer than two)."""
+        slot = described.slot
+        empty = (slot < 0) | (self.table.n[np.maximum(slot, 0)] == 0)  # (a rank with no ops has nothing open)
         out = []
-        for k, recs in enumerate(recs_list):
-            rt = self.ranks.get(recs.rank)
-            if recs.rank in once and (rt is None or (rt.n == 0 and not rt.open)) and rows[k].shape[0]:
+        for k in np.flatnonzero(described.once & empty).tolist():
+            if (slot[k] >= 0 or recs_list[k].rank not in self.ranks or self.ranks[recs_list[k].rank].n == 0) \
+                    and rows[k].shape[0]:
                 out.append(k)
         return out if len(out) > 1 else []
 
@@ -718,14 +741,16 @@ class TraceModel:
                                                                          local[rows][m])
 
     # -- ranks already begun, a few records each (a live poll)
-    def _live(self, recs_list: list[OpRecords], fresh: list[int], once: set[int]) -> list[int]:
+    def _live(self, recs_list: list[OpRecords], fresh: list[int], described: _Records) -> list[int]:
         """Positions of the records whose rank the model has, that come once in this batch
-        and hold at most ``live_rows`` rows: those ``_live_begins`` ingests together (none when
+        and hold at most ``live_rows`` rows: those ingested together (``_regular``; none when
         fewer than two)."""
-        skip = set(fresh)
-        ranks = self.ranks
-        out = [k for k, recs in enumerate(recs_list)
-               if k not in skip and len(recs) <= self.live_rows and recs.rank in once and recs.rank in ranks]
+        ok = described.once & (described.sizes <= self.live_rows)
+        ok[fresh] = False
+        huge = ok & (described.slot < 0)  # (ranks beyond the table's: the dict says)
+        if huge.any():
+            ok[huge] = [recs_list[k].rank in self.ranks for k in np.flatnonzero(huge).tolist()]
+        out = np.flatnonzero(ok).tolist()
         return out if len(out) > 1 else []
 
     def _known_codes(self, recs_list: list[OpRecords], live: _Live) -> np.ndarray | None:
@@ -1089,7 +1114,8 @@ class TraceModel:
                         cols[name][row[m]] = ts[m]
         at = {k: j for j, k in enumerate(live.pos)} if live is not None else {}
         done_live: list[_LiveRank] = []
-        for k, recs in enumerate(recs_list):  # exceptions and the rare extras, in the records' order
+        for k in range(len(recs_list)) if not regular else [k for k in range(len(recs_list)) if k not in regular]:
+            recs = recs_list[k]  # exceptions and the rare extras, in the records' order
             x = parts.get(k)
             if x is not None:
                 self._apply_extras(self.ranks[batch.ranks[x.j]], x.idx, _record_extras(recs, x.rows))
@@ -1097,7 +1123,7 @@ class TraceModel:
                 got = self._live_phase(self.ranks[recs.rank], recs, live, at[k])
                 if got is not None:
                     done_live.append(got)
-            elif k not in together and k not in regular:  # (the regular: ``_together_phases``)
+            elif k not in together:  # (the regular: ``_together_phases``)
                 a, b = self._record_phases(recs, changed)
                 lo, hi = min(lo, a), max(hi, b)
         if done_live:
