@@ -334,6 +334,49 @@ _COLUMNS_OF_RECORDS = attrgetter(*_Live.COLUMNS)
 _EXC_OF_RECORDS = attrgetter("exc")
 
 
+class _PairCodes:
+    """The signature codes of (signature key, thread id) pairs in sorted arrays, so that a
+    live batch of thousands of ranks, each its own thread, finds its begins' codes with a
+    few numpy calls (``TraceModel._known_codes``), not a dict lookup per rank."""
+
+    MULT = np.uint64(0x9E3779B97F4A7C15)
+
+    def __init__(self) -> None:
+        self.keys = np.zeros(0, np.uint64)
+        self.sk = np.zeros(0, np.int64)
+        self.tid = np.zeros(0, np.uint64)
+        self.code = np.zeros(0, np.int32)
+        self._new: list[tuple[int, int, int]] = []
+
+    def add(self, sk: Any, tid: Any, code: int) -> None:
+        if type(sk) is int and type(tid) is int and -(1 << 63) <= sk < 1 << 63 and 0 <= tid < 1 << 64:
+            self._new.append((sk, tid, code))
+
+    def _key(self, sk: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        return (sk.astype(np.uint64) * self.MULT) ^ tid  # (wraps: a hash; a hit is checked)
+
+    def find(self, sk: np.ndarray, tid: np.ndarray) -> np.ndarray | None:
+        """The codes of the pairs, or None unless every one is known (the caller looks
+        them up one by one then)."""
+        if self._new:
+            sk_new, tid_new, code_new = (np.array(c, t) for c, t in zip(zip(*self._new, strict=True),
+                                                                        (np.int64, np.uint64, np.int32), strict=True))
+            self._new = []
+            keys = np.concatenate([self.keys, self._key(sk_new, tid_new)])
+            order = np.argsort(keys, kind="stable")
+            self.keys = keys[order]
+            self.sk = np.concatenate([self.sk, sk_new])[order]
+            self.tid = np.concatenate([self.tid, tid_new])[order]
+            self.code = np.concatenate([self.code, code_new])[order]
+        if not self.keys.shape[0]:
+            return None
+        key = self._key(sk, tid)
+        at = np.minimum(np.searchsorted(self.keys, key), self.keys.shape[0] - 1)
+        if not bool(((self.keys[at] == key) & (self.sk[at] == sk) & (self.tid[at] == tid)).all()):
+            return None
+        return self.code[at]
+
+
 class _FreshPart(NamedTuple):
     """One rank's phases in ``TraceModel._batch_phases``."""
 
@@ -485,6 +528,8 @@ class TraceModel:
         self.sigs: list[Sig] = []
         self._sig_cache: dict[tuple, list] = {}
         self._sig_by_sk: dict[tuple, int] = {}  # (sk, tid) -> sig code, see events.signature_key
+        self._pairs = _PairCodes()  # the same, in arrays
+        self._statics_sk: tuple[object, np.ndarray] = ((), np.zeros(0, np.int64))  # a decoder table's keys
         self._sig_flags = np.zeros(256, np.int32)
         self._sig_match = np.zeros(256, np.int32)
         self._sig_gkey = np.zeros(256, np.int32)  # sig code -> index of its (space, group) in _gkeys
@@ -774,7 +819,15 @@ class TraceModel:
                     return None
                 table[s] = code
             return table[st]
-        # a thread id per process (a rank's own): the distinct (static, thread) pairs, each once
+        # a thread id per process (a rank's own): all at once where every pair is known
+        table, sks = self._statics_sk
+        if table is not statics or sks.shape[0] < span:
+            sks = np.array([x.sk for x in statics], np.int64)
+            self._statics_sk = (statics, sks)
+        found = self._pairs.find(sks[st], tid)
+        if found is not None:
+            return found
+        # else the distinct (static, thread) pairs, each once
         tids, tid_at = np.unique(tid, return_inverse=True)
         pairs, pair_at = np.unique(tid_at.astype(np.int64) * span + st, return_inverse=True)
         tids_l = tids.tolist()
@@ -1198,6 +1251,7 @@ class TraceModel:
         code = self._sig_by_sk.get(key)
         if code is None:
             code = self._sig_by_sk[key] = self._intern(dict(static.fields, tid=tid))
+            self._pairs.add(static.sk, tid, code)
         return code
 
     def note_read_stats(self, stats: Any) -> None:
@@ -1389,6 +1443,7 @@ class TraceModel:
                 code = self._intern(begin_events[j])
                 if key[0] is not None:
                     by_sk[key] = code
+                    self._pairs.add(key[0], key[1], code)
             codes[j] = code
         seq = _ints(list(map(dget, begin_events, repeat("seq"), repeat(-1))))
         peer = _ints(list(map(dget, begin_events, repeat("peer"), repeat(-1))))
