@@ -194,10 +194,20 @@ class RankTable:
         start = np.zeros(len(rts) + 1, np.int64)
         np.cumsum(caps, out=start[1:])
         total = int(start[-1])
-        cols = {c: np.full(total, _FILL[c], _DTYPE[c]) for c in OP_COLUMNS}
+        cols = {c: np.full(total, _FILL[c], _DTYPE[c]) if _FILL[c] else np.zeros(total, _DTYPE[c])
+                for c in OP_COLUMNS}  # (zeros: pages the system zeroes when first written)
         src_block = self.block[slots]
         rows = int(n.sum())
-        if rows:
+        if rows >= 64 * len(rts):  # long ranks (the first poll after a whole read): a slice each
+            for j, (b, a, k) in enumerate(zip(src_block.tolist(), self.base[slots].tolist(), n.tolist(),
+                                              strict=True)):
+                if k:
+                    old = self.blocks[b]
+                    assert old is not None
+                    at = int(start[j])
+                    for c in OP_COLUMNS:
+                        cols[c][at:at + k] = old[c][a:a + k]
+        elif rows:
             who = np.repeat(np.arange(len(rts)), n)
             within = np.arange(rows, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
             dst = start[who] + within
