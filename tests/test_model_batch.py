@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from model_compare import differences, model_state
 
 from commscope.analysis.diagnose import diagnose
-from commscope.analysis.model import TraceModel
+from commscope.analysis.model import CONTAINER, NESTED, TraceModel
+from commscope.analysis.rankstate import blocked, blocked_mask
 from commscope.bench.synthstore import JobShape, write_store
 from commscope.oprecords import (
     F_APPROX,
@@ -320,9 +321,25 @@ def _rows(rank: int, rows: list[tuple], statics: list[Static]) -> OpRecords:
                      np.zeros(k, np.int64), np.array(flags, np.uint8), {}, statics)
 
 
+def _blocked_one(m: TraceModel, rank: int) -> tuple[int, ...]:
+    """What ``rankstate.blocked`` says of one rank, judged on its own (the definition the
+    judgement of every rank at once, ``_all_blocked``, must give)."""
+    rt, cand = m.ranks.get(rank), m.inflight(rank)
+    if not rt or not cand:
+        return ()
+    i = np.array(cand, np.int64)
+    f = m.sig_flags(rt.sig[i])
+    ok = blocked_mask(f, rt.begin[i], rt.comp[i], rt.wb[i], rt.we[i]) & ((f & CONTAINER) == 0)
+    parent = rt.parent[i]
+    inner = ((f & NESTED) != 0) & (parent >= 0) & (rt.comp[np.maximum(parent, 0)] == 0)
+    return tuple(i[ok & ~inner].tolist())
+
+
 def _same(plan) -> dict[bool, TraceModel]:
     models = {batched: _build(plan, batched) for batched in (True, False)}
     assert differences(model_state(models[True]), model_state(models[False])) == []
+    for m in models.values():
+        assert {r: tuple(blocked(m, r)) for r in m.ranks} == {r: _blocked_one(m, r) for r in m.ranks}
     return models
 
 

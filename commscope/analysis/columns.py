@@ -92,6 +92,7 @@ class RankTable:
         self.blocks: list[dict[str, np.ndarray] | None] = []
         self._residents: list[int] = []  # ranks living in each block
         self.rank_slot = np.full(0, -1, np.int64)  # rank -> slot (-1: none), ranks below RANK_SLOTS
+        self.traces: list[RankTrace] = []  # slot -> its rank
 
     def slots(self, ranks: np.ndarray) -> np.ndarray:
         """The slots of ``ranks`` (-1: a rank with none, or beyond RANK_SLOTS)."""
@@ -100,8 +101,10 @@ class RankTable:
             return np.full(ranks.shape[0], -1, np.int64)
         return np.where(ok, self.rank_slot[np.where(ok, ranks, 0)], -1)
 
-    def add(self, rank: int = -1) -> int:
+    def add(self, rt: RankTrace) -> int:
         """A new slot (a rank with no ops)."""
+        rank = rt.rank
+        self.traces.append(rt)
         if 0 <= rank < RANK_SLOTS:
             if rank >= self.rank_slot.shape[0]:
                 self.rank_slot = grown(self.rank_slot, rank + 1, fill=-1, minimum=64)
@@ -118,6 +121,35 @@ class RankTable:
         self.ordered[s] = True
         self.size = s + 1
         return s
+
+    def open_ops(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every rank's open ops as (slots, op indices), each rank's open set brought up to
+        date first (``RankTrace.open``) with a numpy call per block, not one per rank."""
+        k = self.size
+        fold = np.flatnonzero(self.open_from[:k] < self.n[:k])
+        if fold.shape[0]:
+            lo, hi = self.open_from[fold], self.n[fold]
+            sizes = hi - lo
+            who = np.repeat(fold, sizes)
+            i = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes) + lo[
+                np.repeat(np.arange(fold.shape[0]), sizes)]
+            (comp,) = self.gather(("comp",), self.block[who], self.base[who] + i)
+            at = comp == 0
+            who, i = who[at], i[at]
+            if who.shape[0]:
+                cuts = np.flatnonzero(np.r_[True, who[1:] != who[:-1], True])
+                for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+                    self.traces[int(who[a])]._open.update(i[a:b].tolist())
+            self.open_from[fold] = hi
+        slots: list[int] = []
+        ops: list[int] = []
+        for s in np.flatnonzero(self.stale[:k]).tolist():
+            self.traces[s].open  # noqa: B018 (filters the set)
+        for s, rt in enumerate(self.traces):
+            if rt._open:
+                slots.extend([s] * len(rt._open))
+                ops.extend(rt._open)
+        return np.array(slots, np.int64), np.array(ops, np.int64)
 
     def touch(self, slots: np.ndarray, first: np.ndarray) -> None:
         """``RankTrace.touch`` of many ranks (``slots`` distinct)."""
@@ -281,7 +313,7 @@ class RankTrace:
         ``table``: the model's (a rank alone gets one of its own)."""
         self.rank = rank
         self._t = table if table is not None else RankTable()
-        self._s = self._t.add(rank)
+        self._s = self._t.add(self)
         for c in _COLS_I8:
             setattr(self, c, _NONE_I8)
         for c in _COLS_I4:

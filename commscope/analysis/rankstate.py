@@ -57,7 +57,7 @@ class _Memo:
     """A model's judgements, cached for one model version."""
 
     version: int
-    blocked: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # rank -> ``blocked``
+    blocked: dict[int, tuple[int, ...]] | None = None  # rank -> ``blocked`` (every rank's, made at once)
     vanished: tuple[int, frozenset[int]] | None = None  # (now, ranks)
     survivors: tuple[int, int] | None = None  # see _survivors_last
     snapshot: RankSnapshot | None = None
@@ -110,23 +110,40 @@ def blocked(m: TraceModel, rank: int) -> list[int]:
     their nested inner traffic; containers are never "the op a rank is in".  Kept for the
     model's version (``_Memo``): the detectors and the rank states ask for every rank."""
     memo = _memo(m)
-    got = memo.blocked.get(rank)
-    if got is None:
-        got = memo.blocked[rank] = _blocked(m, rank)
-    return list(got)
+    if memo.blocked is None:
+        memo.blocked = _all_blocked(m)
+    return list(memo.blocked.get(rank, ()))
 
 
-def _blocked(m: TraceModel, rank: int) -> tuple[int, ...]:
-    rt = m.ranks.get(rank)
-    cand = m.inflight(rank)
-    if not rt or not cand:
-        return ()
-    i = np.array(cand, np.int64)
-    f = m.sig_flags(rt.sig[i])
-    ok = blocked_mask(f, rt.begin[i], rt.comp[i], rt.wb[i], rt.we[i]) & ((f & CONTAINER) == 0)
-    parent = rt.parent[i]
-    inner = ((f & NESTED) != 0) & (parent >= 0) & (rt.comp[np.maximum(parent, 0)] == 0)  # its outer op runs
-    return tuple(i[ok & ~inner].tolist())
+def _all_blocked(m: TraceModel) -> dict[int, tuple[int, ...]]:
+    """``_blocked`` of every rank with an op in flight, at once: their open ops gathered
+    from the model's blocks (``RankTable.open_ops``) and judged in one numpy pass, where
+    asking rank by rank cost ~10 numpy calls a rank (a fifth of a 16k-rank console's time)."""
+    t = m.table
+    slots, ops = t.open_ops()
+    out: dict[int, tuple[int, ...]] = {}
+    if not ops.shape[0]:
+        return out
+    block, base = t.block[slots], t.base[slots]
+    sig, begin, comp, wb, we, parent = t.gather(("sig", "begin", "comp", "wb", "we", "parent"), block, base + ops)
+    order = np.lexsort((ops, begin, slots))  # (``TraceModel.inflight``'s order: by begin, ties by index)
+    slots, ops, sig, begin, comp, wb, we, parent, block, base = (
+        x[order] for x in (slots, ops, sig, begin, comp, wb, we, parent, block, base))
+    f = m.sig_flags(sig)
+    ok = blocked_mask(f, begin, comp, wb, we) & ((f & CONTAINER) == 0)
+    nested = np.flatnonzero(((f & NESTED) != 0) & (parent >= 0))
+    if nested.shape[0]:
+        (outer,) = t.gather(("comp",), block[nested], base[nested] + parent[nested])
+        ok[nested[outer == 0]] = False  # its outer op runs
+    slots, ops = slots[ok], ops[ok]
+    if not ops.shape[0]:
+        return out
+    cuts = np.flatnonzero(np.r_[True, slots[1:] != slots[:-1], True]).tolist()
+    ops_l = ops.tolist()
+    traces = t.traces
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        out[traces[int(slots[a])].rank] = tuple(ops_l[a:b])
+    return out
 
 
 def current_op(m: TraceModel, rank: int) -> int | None:
