@@ -38,3 +38,22 @@ def test_a_model_grows_past_every_initial_capacity():
     assert rt.order().tolist() == list(range(3000))
     assert rt.window(10 * 2000, 10 * 2001).tolist() == [1999]
     assert rt.samples.n == 3000
+
+
+def test_a_published_view_says_what_changed_since_an_older_one():
+    """``RankView.touched_since``: the earliest begin among the ops changed after a version,
+    from the rank's log of its last TOUCH_LOG batches (kept in the model's rank table, a
+    ring), None once the log no longer reaches back that far."""
+    from commscope.analysis.columns import TOUCH_LOG, RankTrace
+
+    rt = RankTrace(3)
+    for k in range(1, 101):  # batch k changed ops beginning at 1000 * k (batch 50: one at 10)
+        rt.version = k
+        rt.touch(10 if k == 50 else 1000 * k)
+    v = rt.view()
+    assert v.touched[0].tolist() == list(range(101 - TOUCH_LOG, 101))  # the last 64, oldest first
+    assert v.touched_since(100) == np.iinfo(np.int64).max  # nothing after the view's own
+    assert v.touched_since(98) == 99_000  # batches 99 and 100
+    assert v.touched_since(45) == 10  # batch 50's op, the earliest
+    assert v.touched_since(101 - TOUCH_LOG - 2) is None  # batch 36 fell off the log
+    assert rt.touched[-1] == (100, 100_000) and len(rt.touched) == TOUCH_LOG

@@ -122,9 +122,9 @@ class RankTable:
         self.size = s + 1
         return s
 
-    def open_ops(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every rank's open ops as (slots, op indices), each rank's open set brought up to
-        date first (``RankTrace.open``) with a numpy call per block, not one per rank."""
+    def settle_open(self) -> None:
+        """Bring every rank's open set up to date (``RankTrace.open``) with a numpy call per
+        block, not one per rank: what a view of every rank asks first."""
         k = self.size
         fold = np.flatnonzero(self.open_from[:k] < self.n[:k])
         if fold.shape[0]:
@@ -141,15 +141,28 @@ class RankTable:
                 for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
                     self.traces[int(who[a])]._open.update(i[a:b].tolist())
             self.open_from[fold] = hi
-        slots: list[int] = []
-        ops: list[int] = []
         for s in np.flatnonzero(self.stale[:k]).tolist():
             self.traces[s].open  # noqa: B018 (filters the set)
+
+    def open_ops(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every rank's open ops as (slots, op indices) (``settle_open`` first)."""
+        self.settle_open()
+        slots: list[int] = []
+        ops: list[int] = []
         for s, rt in enumerate(self.traces):
             if rt._open:
                 slots.extend([s] * len(rt._open))
                 ops.extend(rt._open)
         return np.array(slots, np.int64), np.array(ops, np.int64)
+
+    def touch_log(self, s: int) -> tuple[np.ndarray, np.ndarray]:
+        """Slot ``s``'s touch log, oldest first, as two arrays of its own (a published view's)."""
+        k = int(self.touches[s])
+        tv, tf = self.touch_version[s], self.touch_first[s]
+        if k <= TOUCH_LOG:
+            return tv[:k].copy(), tf[:k].copy()
+        j = k % TOUCH_LOG  # (the oldest kept)
+        return np.concatenate((tv[j:], tv[:j])), np.concatenate((tf[j:], tf[:j]))
 
     def touch(self, slots: np.ndarray, first: np.ndarray) -> None:
         """``RankTrace.touch`` of many ranks (``slots`` distinct)."""
@@ -362,10 +375,8 @@ class RankTrace:
     def touched(self) -> list[tuple[int, int]]:
         """(version, earliest begin among the ops that batch added or changed), the latest
         TOUCH_LOG batches: what a painter needs to repaint only the part of a row that changed."""
-        t, s = self._t, self._s
-        k = int(t.touches[s])
-        at = [j % TOUCH_LOG for j in range(max(0, k - TOUCH_LOG), k)]
-        return list(zip(t.touch_version[s, at].tolist(), t.touch_first[s, at].tolist(), strict=True))
+        versions, begins = self._t.touch_log(self._s)
+        return list(zip(versions.tolist(), begins.tolist(), strict=True))
 
     @property
     def open(self) -> set[int]:
@@ -562,7 +573,8 @@ class RankTrace:
         inserted, or where the earliest op that was still open last time begins.
         """
         n = order.shape[0]
-        if self._pmax is not None and self._pmax_version == self.version and self._pmax.shape[0] == n:
+        version = self.version
+        if self._pmax is not None and self._pmax_version == version and self._pmax.shape[0] == n:
             return self._pmax
         start = 0
         if self._pmax is not None:
@@ -586,7 +598,7 @@ class RankTrace:
             self._pmax_buf = np.maximum.accumulate(ends)
             self._pmax = self._pmax_buf
             self._pmax_shared = False
-        self._pmax_version = self.version
+        self._pmax_version = version
         self._ins_min = n
         self._open_min_begin = min((int(self.begin[i]) for i in self.open), default=I64_MAX)
         return self._pmax
@@ -603,18 +615,20 @@ class RankTrace:
 
     def view(self) -> RankView:
         """This rank as an immutable ``RankView`` (the same object while nothing changed)."""
+        t, s = self._t, self._s
+        version, n = int(t.version[s]), int(t.n[s])
         v = self._view
-        if v is not None and v.version == self.version and v.n == self.n:
+        if v is not None and v.version == version and v.n == n:
             return v
-        n = self.n
         order = self.order()
         pmax = self._prefix_max(order, self._sb) if n else np.zeros(0, np.int64)
         self._pmax_shared = True
         cols = [_frozen(getattr(self, c)[:n]) for c in RankView.COLUMNS]
-        v = self._view = RankView(self.rank, self.version, n, *cols, _frozen(order), _frozen(self._sb),
-                                  _frozen(pmax), tuple(sorted(i for i in self.open if self.comp[i] == 0)),
-                                  self.first_ts, self.last_ts, self.last_hb, self.meta, tuple(self.exits),
-                                  tuple(self.touched))
+        comp = self.comp
+        flight = tuple(sorted(i for i in self.open if comp[i] == 0))
+        v = self._view = RankView(self.rank, version, n, *cols, _frozen(order), _frozen(self._sb), _frozen(pmax),
+                                  flight, int(t.first_ts[s]), int(t.last_ts[s]), self.last_hb, self.meta,
+                                  tuple(self.exits), t.touch_log(s))
         return v
 
 
@@ -657,7 +671,7 @@ class RankView(NamedTuple):
     last_hb: int
     meta: dict | None
     exits: tuple[dict, ...]
-    touched: tuple[tuple[int, int], ...] = ()  # see RankTrace.touched
+    touched: tuple[np.ndarray, np.ndarray] = (_NONE_I8, _NONE_I8)  # RankTrace.touched: versions, begins
 
     COLUMNS = ("begin", "end", "wb", "we", "comp", "sig", "seq", "peer", "flags")
 
@@ -668,18 +682,13 @@ class RankView(NamedTuple):
     def touched_since(self, version: int) -> int | None:
         """The earliest begin among the ops changed after ``version`` (I64_MAX: none), or
         None when the log no longer reaches back that far."""
-        log = self.touched
+        versions, begins = self.touched
         if version >= self.version:
             return I64_MAX
-        if not log or log[0][0] > version + 1:
+        if not versions.shape[0] or int(versions[0]) > version + 1:
             return None
-        first = I64_MAX
-        for v, b in reversed(log):  # the latest batches last: only those after ``version``
-            if v <= version:
-                break
-            if b < first:
-                first = b
-        return first
+        after = versions > version  # (versions grow along the log)
+        return int(begins[after].min()) if after.any() else I64_MAX
 
     def window(self, t0: int, t1: int) -> np.ndarray:
         """``RankTrace.window`` on the published arrays."""

@@ -1615,6 +1615,7 @@ class TraceModel:
         each rank's state at ``now``, as the caller judged it (``rankstate.rank_states``).
         Costs the ranks changed since the last view."""
         old = self._published
+        self.table.settle_open()
         ranks = {r: rt.view() for r, rt in self.ranks.items()}
         sigs = old.sigs if len(old.sigs) == len(self.sigs) else tuple(self.sigs)
         table = old.flag_table
