@@ -497,3 +497,50 @@ def test_a_long_live_job_together_leaves_what_rank_by_rank_leaves(seed):
         rt = m.ranks[r]
         assert rt.open == {i for i in range(rt.n) if rt.comp[i] == 0}
         assert all(rt.index_of(int(rt.id[i])) == i for i in range(rt.n) if int(rt.id[i]) >= 0)
+
+
+def test_a_poll_of_heartbeats_and_samples_leaves_what_rank_by_rank_leaves(monkeypatch):
+    """``_liveness_together`` (a chunk of only heartbeats and samples, a live poll's events)
+    against the rank by rank path it stands for: heartbeats out of order and of equal times
+    (the last of equals gives the count in flight), several samples of one rank in a chunk,
+    a GPU error, ranks new to the model in the middle, and a chunk of other events."""
+    import random
+
+    rng = random.Random(4)
+
+    def polls() -> list[list[dict]]:
+        out = []
+        for k in range(30):
+            evs = []
+            for r in rng.sample(range(40), 25) + ([41] if k == 12 else []):
+                ts = T + k * 10**9 + rng.randrange(-5, 5) * 10**6
+                for _ in range(rng.randrange(3)):
+                    evs.append({"v": 3, "type": "heartbeat", "rank": r, "ts": ts + rng.choice((0, 0, 1)),
+                                "inflight": rng.randrange(3)})
+                for _ in range(rng.choice((0, 1, 1, 2))):
+                    e = {"v": 3, "type": "sample", "rank": r, "ts": ts + 7, "cpu": rng.random() * 100,
+                         "rss": 1 << 30, "gpu_util": rng.choice((None, 40.0))}
+                    if rng.random() < 0.05:
+                        e["gpu_error"] = f"nvml {k}"
+                    evs.append(e)
+            rng.shuffle(evs)
+            if k == 20:
+                evs.append({"v": 3, "type": "meta", "rank": 3, "ts": T, "world_size": 42})
+            out.append(evs)
+        return out
+
+    plan = polls()
+    late = T + 40 * 10**9
+    plan += [[{"v": 3, "type": "heartbeat", "rank": 0, "ts": late, "inflight": c}] for c in (1, 2)]  # equal times
+    together = TraceModel()
+    for evs in plan:
+        together.ingest(evs)
+    taken = []
+    monkeypatch.setattr(TraceModel, "_liveness_together", lambda *a: taken.append(1))  # (None: rank by rank)
+    alone = TraceModel()
+    for evs in plan:
+        alone.ingest(evs)
+    assert len(taken) == 31  # every chunk but the one with a meta event
+    assert differences(model_state(together), model_state(alone)) == []
+    assert together.ranks[41].samples.n == alone.ranks[41].samples.n
+    assert together.ranks[0].hb_inflight == 2

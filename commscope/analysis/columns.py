@@ -748,5 +748,19 @@ class Samples:
         if err is not None:
             self.gpu_error = str(err)
 
+    def add_one(self, ev: dict, values: Sequence[float]) -> None:
+        """``add`` of one sample event, its ``columns_of`` values given as a row."""
+        n = self.n
+        cols = self.cols
+        if n == cols["ts"].shape[0]:
+            for f in self.FIELDS:
+                cols[f] = grown(cols[f], n + 1, n, fill=np.nan, minimum=64)
+        for f, v in zip(self.FIELDS, values, strict=True):
+            cols[f][n] = v
+        self.n = n + 1
+        self.last = ev
+        if ev.get("gpu_error"):
+            self.gpu_error = str(ev["gpu_error"])
+
     def arrays(self) -> dict[str, np.ndarray]:
         return {f: self.cols[f][: self.n] for f in self.FIELDS}

@@ -25,7 +25,16 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from commscope import optable
-from commscope.analysis.columns import I64_MAX, RankColumns, RankTable, RankTrace, RankView, Samples, grown
+from commscope.analysis.columns import (
+    I64_MAX,
+    RANK_SLOTS,
+    RankColumns,
+    RankTable,
+    RankTrace,
+    RankView,
+    Samples,
+    grown,
+)
 from commscope.analysis.errors import classify
 from commscope.analysis.indexes import GroupIndex, SeqIndex
 from commscope.analysis.vocab import (  # noqa: F401  (re-exported: the model's names)
@@ -1276,6 +1285,10 @@ class TraceModel:
         ids = _column(map(dget, events, repeat("id"), repeat(-1)))
         kind = np.fromiter(map(_KIND.get, map(dget, events, repeat("type")), repeat(K_OTHER)), np.int8, n)
         samples = _ChunkSamples.of(events, kind)
+        if bool((kind <= K_HEARTBEAT).all()) and bool((phase < 0).all()):  # a live poll's: samples, heartbeats
+            got = self._liveness_together(events, ranks, ts, kind, samples, changed)
+            if got is not None:
+                return got
         for r, pos in _split_by_rank(ranks):
             rt = self._rank(r)
             ph = phase if pos is None else phase[pos]
@@ -1299,6 +1312,55 @@ class TraceModel:
             self._seen(rt, t0, t1, touched)
             changed.add(r)
         return lo, hi
+
+    def _liveness_together(self, events: list[Event], ranks: np.ndarray, ts: np.ndarray, kind: np.ndarray,
+                           samples: _ChunkSamples | None, changed: set[int]) -> tuple[int, int] | None:
+        """``_ingest_chunk`` of a chunk of heartbeats and samples only (what a live poll's
+        events are, one or two a rank): what rank by rank leaves, with a couple of scalar
+        steps a rank (its latest heartbeat, a sample appended) and the rest in arrays.  None:
+        a rank beyond the table's (the caller goes rank by rank)."""
+        uniq, inv = np.unique(ranks, return_inverse=True)
+        inv = inv.reshape(-1)
+        if int(uniq[0]) < 0 or int(uniq[-1]) >= RANK_SLOTS:
+            return None
+        t = self.table
+        slot = t.slots(uniq)
+        for r in uniq[slot < 0].tolist():  # (ranks made in rank order, as rank by rank)
+            self._rank(r)
+        slot = t.slots(uniq)
+        order = np.argsort(inv, kind="stable")
+        starts = np.flatnonzero(np.r_[True, inv[order][1:] != inv[order][:-1]])
+        t0 = np.minimum.reduceat(ts[order], starts)
+        t1 = np.maximum.reduceat(ts[order], starts)
+        hb = np.flatnonzero(kind == K_HEARTBEAT)
+        beat_at: dict[int, int] = {}  # rank (its place in ``uniq``) -> its latest heartbeat, the last of equals
+        if hb.shape[0]:
+            last = hb[np.lexsort((hb, ts[hb], inv[hb]))]
+            ends = np.flatnonzero(np.r_[inv[last][1:] != inv[last][:-1], True])
+            beat_at = dict(zip(inv[last[ends]].tolist(), last[ends].tolist(), strict=True))
+        sampled: dict[int, list[int]] = {}
+        if samples is not None:
+            for j, at in zip(inv[samples.slot >= 0].tolist(), np.flatnonzero(samples.slot >= 0).tolist(), strict=True):
+                sampled.setdefault(j, []).append(at)
+            values = list(zip(*(samples.cols[f].tolist() for f in Samples.FIELDS), strict=True))
+        traces = t.traces
+        for j, s in enumerate(slot.tolist()):
+            rt = traces[s]
+            b = beat_at.get(j)
+            if b is not None and int(ts[b]) >= rt.last_hb:
+                rt.last_hb = int(ts[b])
+                rt.hb_inflight = events[b].get("inflight", 0)
+            rows = sampled.get(j)
+            if rows is None:
+                continue
+            if len(rows) == 1:
+                rt.samples.add_one(events[rows[0]], values[int(samples.slot[rows[0]])])
+            else:
+                at = samples.slot[rows]
+                rt.samples.add([events[k] for k in rows], {f: c[at] for f, c in samples.cols.items()})
+        self._seen_many(slot, t0, t1, np.full(slot.shape[0], I64_MAX, np.int64))
+        changed.update(uniq.tolist())
+        return int(t0.min()), int(t1.max())
 
     def _liveness(self, rt: RankTrace, events: list[Event], pos: np.ndarray | None, misc: np.ndarray,
                   kind: np.ndarray, ts: np.ndarray, samples: _ChunkSamples | None) -> tuple[int, int]:
