@@ -544,3 +544,58 @@ def test_a_poll_of_heartbeats_and_samples_leaves_what_rank_by_rank_leaves(monkey
     assert differences(model_state(together), model_state(alone)) == []
     assert together.ranks[41].samples.n == alone.ranks[41].samples.n
     assert together.ranks[0].hb_inflight == 2
+
+
+ONE_STATIC = [_static("all_reduce")]  # (one decoder table for every poll: signatures known, the live path taken)
+
+
+def _two(rows: list[tuple]) -> list[OpRecords]:
+    """The same records on ranks 0 and 1 (two ranks: a live batch goes together)."""
+    return [_rows(r, rows, ONE_STATIC) for r in (0, 1)]
+
+
+HOSTILE_POLLS = {
+    # ids mapped when asked must map as batch by batch does: a negative id, then one huge
+    # enough to turn the map into a dict (the negative one is in it, or not, the same way)
+    "negative then huge id": [[(PH_BEGIN, T, 1, 0, 1, -1, 0)], [(PH_BEGIN, T + 10, -5, 0, 2, -1, 0)],
+                              [(PH_BEGIN, T + 20, 10**9, 0, 3, -1, 0), (PH_END, T + 25, 10**9, -1, -1, -1, 0)],
+                              [(PH_END, T + 30, -5, -1, -1, -1, 0)]],
+    "a dict by one batch's count": [[(PH_BEGIN, T, 1, 0, 1, -1, 0)], [(PH_BEGIN, T + 10, 4 * 2 + 4096 + 2, 0, 2, -1, 0)],
+                                    [(PH_BEGIN, T + 20, -5, 0, 3, -1, 0)], [(PH_END, T + 30, -5, -1, -1, -1, 0)]],
+    # completions that go back to 0 or below (ends at hostile times): open again, as rank by rank
+    "an end at 0 after one": [[(PH_BEGIN, T, 1, 0, 1, -1, 0)], [(PH_END, T + 5, 1, -1, -1, -1, 0)],
+                              [(PH_END, 0, 1, -1, -1, -1, 0)]],
+    "an end below 0": [[(PH_BEGIN, T, 1, 0, 1, -1, 0), (PH_END, T + 5, 1, -1, -1, -1, 0)],
+                       [(PH_BEGIN, T + 10, 2, 0, 2, -1, 0), (PH_END, -7, 2, -1, -1, -1, 0)]],
+    "an id at the bottom of int64": [[(PH_BEGIN, T, 1, 0, 1, -1, 0)], [(PH_BEGIN, T + 1, -(1 << 63), 0, 2, -1, 0)]],
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_POLLS))
+def test_hostile_polls_leave_what_rank_by_rank_leaves(name):
+    """Found by review: cases where the live path together left another model."""
+    models = _same([([], _two(rows)) for rows in HOSTILE_POLLS[name]])
+    assert _found(models[True]) == _found(models[False])
+    for m in models.values():
+        for rt in m.ranks.values():
+            assert rt.open == {i for i in range(rt.n) if rt.comp[i] <= 0}
+
+
+def test_a_nested_op_begun_by_a_batchs_events_closes_with_its_outer_op():
+    """Found by review: a JSON nested begin in the batch whose records end its parent (the
+    rank had no nested op before it, so its records went together)."""
+    nested = {"v": SCHEMA_VERSION, "type": "op", "phase": "begin", "rank": 0, "ts": T + 2, "id": 2, "parent": 1,
+              "op": "all_reduce", "group": "0", "nested": True, "tid": 5}
+    plan = [([], _two([(PH_BEGIN, T, 1, 0, 1, -1, 0)])), ([nested], _two([(PH_END, T + 9, 1, -1, -1, -1, 0)]))]
+    m = _same(plan)[True]
+    assert m.ranks[0].comp[:2].tolist() == [T + 9, T + 9] and m.inflight(0) == []
+
+
+def test_a_huge_rank_number_costs_no_array_by_rank():
+    """Found by review: arrays indexed by rank (the table's slots, a group's columns) were
+    sized by the largest rank number: one rank numbered 4M in 40 groups took 670 MiB."""
+    statics = [_static("all_reduce", str(g)) for g in range(40)]
+    m = TraceModel()
+    m.ingest([], [_rows(4_194_303, [(PH_BEGIN, T + g, g + 1, g, 1, -1, 0) for g in range(40)], statics)])
+    assert m.table.rank_slot.nbytes < 1 << 20 and all(gi.colmap.nbytes < 1 << 20 for gi in m.coll.values())
+    assert m.collective("7", 1) == {4_194_303: 7}

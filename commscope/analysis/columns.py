@@ -94,6 +94,11 @@ class RankTable:
         self.rank_slot = np.full(0, -1, np.int64)  # rank -> slot (-1: none), ranks below RANK_SLOTS
         self.traces: list[RankTrace] = []  # slot -> its rank
 
+    def nbytes(self) -> int:
+        """Bytes of the rank scalars' arrays (the blocks are counted with their ranks)."""
+        return sum(getattr(self, a).nbytes for a in (*self.INT, *self.BOOL, "block", "touch_version", "touch_first",
+                                                     "rank_slot"))
+
     def slots(self, ranks: np.ndarray) -> np.ndarray:
         """The slots of ``ranks`` (-1: a rank with none, or beyond RANK_SLOTS)."""
         ok = (ranks >= 0) & (ranks < self.rank_slot.shape[0])
@@ -105,7 +110,7 @@ class RankTable:
         """A new slot (a rank with no ops)."""
         rank = rt.rank
         self.traces.append(rt)
-        if 0 <= rank < RANK_SLOTS:
+        if 0 <= rank < min(RANK_SLOTS, 4 * self.size + (1 << 16)):  # (an array by rank: as many ranks as slots)
             if rank >= self.rank_slot.shape[0]:
                 self.rank_slot = grown(self.rank_slot, rank + 1, fill=-1, minimum=64)
             self.rank_slot[rank] = self.size
@@ -134,7 +139,7 @@ class RankTable:
             i = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes) + lo[
                 np.repeat(np.arange(fold.shape[0]), sizes)]
             (comp,) = self.gather(("comp",), self.block[who], self.base[who] + i)
-            at = comp == 0
+            at = comp <= 0
             who, i = who[at], i[at]
             if who.shape[0]:
                 cuts = np.flatnonzero(np.r_[True, who[1:] != who[:-1], True])
@@ -380,7 +385,8 @@ class RankTrace:
 
     @property
     def open(self) -> set[int]:
-        """Op indices not yet complete (completion 0).  Ops from ``open_from`` on are not
+        """Op indices not yet complete (completion 0; below 0 only from hostile times).  Ops
+        from ``open_from`` on are not
         in the set yet, and ops the set holds may have completed since (``stale``): a live
         batch only writes the completions (``TraceModel._live_together``), and this brings
         the set up to date when asked."""
@@ -389,10 +395,10 @@ class RankTrace:
         if lo < n or t.stale[s]:
             comp = self.comp
             if t.stale[s]:
-                self._open = {i for i in self._open if comp[i] == 0}
+                self._open = {i for i in self._open if comp[i] <= 0}
                 t.stale[s] = False
             if lo < n:
-                self._open.update((np.flatnonzero(comp[lo:n] == 0) + lo).tolist())
+                self._open.update((np.flatnonzero(comp[lo:n] <= 0) + lo).tolist())
                 t.open_from[s] = n
         return self._open
 
@@ -444,7 +450,7 @@ class RankTrace:
         t, s = self._t, self._s
         breaks = np.flatnonzero(np.diff(ids) != 1) if k > 1 else ()
         j = int(breaks[-1]) + 1 if len(breaks) else 0
-        off = int(ids[j]) - (n0 + j)
+        off = int((ids[j:j + 1] - (n0 + j))[0])  # (int64, wrapping: a lookup checks the id it finds)
         if j or n0 == 0 or off != int(t.idoff[s]) or int(t.aligned_from[s]) >= n0:
             t.aligned_from[s] = n0 + j
             t.idoff[s] = off

@@ -103,7 +103,7 @@ class GroupIndex:
         self._member_set = set(self.members)
         self.ranks: list[int] = []  # rank of each matrix column
         self.col: dict[int, int] = {}
-        self._colmap = np.full(0, -1, np.int32)  # rank -> column (-1: none), for ``columns``
+        self.colmap = np.full(0, -1, np.int32)  # rank -> column (-1: none), for ``columns``
         self.seqs = SeqIndex(0)
 
     def add_member(self, rank: int) -> None:
@@ -118,10 +118,10 @@ class GroupIndex:
             c = self.col[rank] = len(self.ranks)
             self.ranks.append(rank)
             self.seqs.add_cols(len(self.ranks))
-            if 0 <= rank < COLMAP_MAX:
-                if rank >= self._colmap.shape[0]:
-                    self._colmap = grown(self._colmap, rank + 1, fill=-1, minimum=64)
-                self._colmap[rank] = c
+            if 0 <= rank < min(COLMAP_MAX, 4 * len(self.ranks) + (1 << 16)):  # (by rank: as many as columns)
+                if rank >= self.colmap.shape[0]:
+                    self.colmap = grown(self.colmap, rank + 1, fill=-1, minimum=64)
+                self.colmap[rank] = c
         return c
 
     def columns(self, ranks: np.ndarray) -> np.ndarray:
@@ -129,9 +129,9 @@ class GroupIndex:
         order, as calling ``column`` on each would)."""
         if not ranks.shape[0]:
             return np.zeros(0, np.int32)
-        if int(ranks.min()) < 0 or int(ranks.max()) >= self._colmap.shape[0]:
+        if int(ranks.min()) < 0 or int(ranks.max()) >= self.colmap.shape[0]:
             return np.array([self.column(r) for r in ranks.tolist()], np.int32)
-        out = self._colmap[ranks]
+        out = self.colmap[ranks]
         missing = np.flatnonzero(out < 0)
         if missing.shape[0]:
             out[missing] = [self.column(r) for r in ranks[missing].tolist()]

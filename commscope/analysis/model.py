@@ -26,6 +26,8 @@ import numpy as np
 
 from commscope import optable
 from commscope.analysis.columns import (
+    DENSE_ID_FACTOR,
+    DENSE_ID_SLACK,
     I64_MAX,
     RANK_SLOTS,
     RankColumns,
@@ -984,6 +986,13 @@ class TraceModel:
             j = int(has[j])
             a = int(bstart[j])
             self.ranks[int(lv.ranks[j])].align(ids[a:a + int(cnt[j])], int(n0[j]))
+        # ids mapped when asked (``RankTrace._fold``) only where that maps them as batch by batch
+        # would: none negative, none large enough for a batch to have switched the map to a dict
+        odd = (ids < 0) | (ids >= DENSE_ID_FACTOR * (local + 1) + DENSE_ID_SLACK)
+        if odd.any():
+            for j in np.unique(who[odd]).tolist():
+                a = int(bstart[j])
+                self.ranks[int(lv.ranks[j])].map_few(ids[a:a + int(cnt[j])].tolist(), int(n0[j]))
         s_has = slot_rec[has]
         starts = bstart[has]
         first = np.minimum.reduceat(ts, starts)
@@ -1047,12 +1056,20 @@ class TraceModel:
         u = np.flatnonzero(ok & (ph != PH_WAIT_BEGIN))  # an op may come twice (end and wait_end): harmless
         if u.shape[0]:
             bu, pu, su = block[u], pos[u], s_row[u]
-            new = self._completion(*t.gather(("sig", "end", "we", "done", "flags", "comp"), bu, pu))
+            cols = t.gather(("sig", "end", "we", "done", "flags", "comp"), bu, pu)
+            new = self._completion(*cols)
             t.scatter({"comp": new}, bu, pu)
             np.maximum.at(t.last_comp, su, new)
-            reopen = (new > 0) & (idx[u] < t.open_from[su])  # in a rank's open set: no longer open
-            if reopen.any():
-                t.stale[su[reopen]] = True
+            iu, old = idx[u], cols[5]
+            finished = new > 0
+            t.stale[su[finished & (iu < t.open_from[su])]] = True  # in a rank's open set: no longer open
+            back = ~finished & (old > 0)  # a completion back to 0 or below (hostile times): open again
+            if back.any():
+                np.minimum.at(t.open_from, su[back], iu[back])
+            # a nested op begun by this batch's events (JSON) closes with its outer op, as rank by rank
+            nested = np.unique(su[finished & t.parents[su]])
+            for s in nested.tolist():
+                self._close_nested(t.traces[s])
         # per record with phases: as ``_seen`` after ``_live_complete``
         at = np.flatnonzero(np.r_[True, who[1:] != who[:-1]])
         recs = who[at]
@@ -1136,6 +1153,8 @@ class TraceModel:
                     column[i] = v
                 rt.last_comp = max(rt.last_comp, max(values))
                 finished = [i for i, v in zip(x.updated, values, strict=True) if v > 0]
+                if len(finished) < len(values):  # (a completion back to 0 or below: open again)
+                    rt.open.update(i for i, v in zip(x.updated, values, strict=True) if v <= 0)
                 if finished:
                     rt.open.difference_update(finished)
                     self._close_nested(rt)
@@ -1215,7 +1234,7 @@ class TraceModel:
         last_comp = _runs(np.maximum, cu, part[upd], nparts, 0).tolist()
         finished = (np.bincount(part[upd][cu > 0], minlength=nparts) > 0).tolist()
         first = _runs(np.minimum, begin[row[ok]], part[ok], nparts, I64_MAX).tolist()
-        zero = np.flatnonzero(comp == 0)  # the batch's ops not complete
+        zero = np.flatnonzero(comp <= 0)  # the batch's ops not complete (``RankTrace.open``)
         for n, x in enumerate(parts.values()):
             rt = self.ranks[batch.ranks[x.j]]
             a, b = int(batch.start[x.j]), int(batch.start[x.j + 1])
@@ -1655,6 +1674,8 @@ class TraceModel:
         if comp.shape[0]:
             rt.last_comp = max(rt.last_comp, int(comp.max()))
         finished = updated[comp > 0].tolist()
+        if len(finished) < updated.shape[0]:  # (a completion back to 0 or below: open again)
+            rt.open.update(updated[comp <= 0].tolist())
         if finished:
             rt.open.difference_update(finished)
             self._close_nested(rt)
@@ -1708,8 +1729,8 @@ class TraceModel:
     def nbytes(self) -> int:
         """Bytes the model's arrays hold (their capacity): what the console bounds."""
         shared: dict[int, int] = {}
-        total = sum(rt.nbytes(shared) for rt in self.ranks.values()) + sum(shared.values())
-        total += sum(gi.seqs.mat.nbytes + gi.seqs.keys.nbytes for gi in self.coll.values())
+        total = sum(rt.nbytes(shared) for rt in self.ranks.values()) + sum(shared.values()) + self.table.nbytes()
+        total += sum(gi.seqs.mat.nbytes + gi.seqs.keys.nbytes + gi.colmap.nbytes for gi in self.coll.values())
         return total + sum(ch.mat.nbytes + ch.keys.nbytes for ch in self.p2p.values())
 
     def n_ops(self, rank: int) -> int:
