@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -42,6 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also measure the Redis store on a Redis Cluster (a node's URL, or start three local "
                         "masters)")
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    p.add_argument("--keep", action="store_true", help="keep the stores written (default: removed at the end)")
 
 
 def _writer_rate(rank: int, ws: int, store: str, n_ops: int, seconds: float) -> dict[str, Any]:
@@ -250,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
         args.events, args.seconds = 20_000, 0.5
     console = Console()
     tmp = tempfile.mkdtemp(prefix="commscope-bench-store-")
-    console.print(f"[bold]commscope bench store[/] (files under {tmp})")
+    console.print(f"[bold]commscope bench store[/] (files under {tmp}, {'kept' if args.keep else 'removed at the end'})")
     targets = [("directory", tmp)]
     redis_server = None
     cluster = None
@@ -313,6 +315,8 @@ def run(args: argparse.Namespace) -> int:
             redis_server.stop()
         if cluster is not None:
             cluster.close()
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)  # (tens of MiB a run: CI runs it every time)
     console.print(table)
     for note in notes:
         console.print(note)
