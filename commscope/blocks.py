@@ -778,7 +778,9 @@ class BlockDecoder:
         else:
             any_source = np.zeros(0, np.int64)
         # the rare records one by one, in stream order (a SOURCE sees the any-source begins before it)
-        rare = np.union1d(np.flatnonzero(ok & ((typ == BEGIN) | (typ == RBEGIN) | (typ == SOURCE))), any_source)
+        rare = np.flatnonzero(ok & ((typ == BEGIN) | (typ == RBEGIN) | (typ == SOURCE)))
+        if any_source.shape[0]:
+            rare = np.union1d(rare, any_source)
         for row in rare.tolist():
             o = int(offs[row])
             r_typ, r_flags, aux, length, r_ts, op_id = HEADER.unpack_from(buf, o)
