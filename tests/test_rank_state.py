@@ -101,3 +101,24 @@ def test_ending_in_a_few_words_for_every_way_a_rank_goes():
     assert end_of(reason="exception", exc="\n") == "crashed (exception)"
     assert end_of(reason="os._exit", code=3) == "killed (os._exit(3))"  # rank 1 went on: not the job stopping
     assert end_of() is None  # still running at the trace's end
+
+
+def test_a_console_that_diagnosed_judges_no_rank_twice(monkeypatch):
+    """The console diagnoses and then publishes every rank's state for the same model
+    version at the same ``now`` (the watermark moves only with reads): the states come from
+    the snapshot diagnose made (at 16k ranks each judgement was made twice)."""
+    from commscope.analysis import rankstate
+
+    m, t = _job()
+    now = t + 10 * S
+    calls = []
+    judge = rankstate._present
+    monkeypatch.setattr(rankstate, "_present", lambda *a: calls.append(a[1]) or judge(*a))
+    diagnose(m, now=now, hang_after=5.0)
+    first = len(calls)
+    states = rank_states(m, now)
+    assert first >= len(m.ranks) and len(calls) == first  # none judged again
+    assert states == {r: rank_state(m, r, now) for r in m.ranks}
+    before = len(calls)
+    rank_states(m, now + S)  # another moment: judged again
+    assert len(calls) == before + len(m.ranks)

@@ -518,19 +518,20 @@ class RankSnapshot:
     """Every rank's ``RankSnap`` at ``now``, each computed on first use and then kept: a
     detector asking about a rank costs one dict lookup after the first."""
 
-    __slots__ = ("_m", "_snaps", "now", "version")
+    __slots__ = ("_m", "_snaps", "_states", "now", "version")
 
     def __init__(self, m: TraceModel, now: int):
         self._m = m
         self.now = now
         self.version = m.version
         self._snaps: dict[int, RankSnap] = {}
+        self._states: dict[int, RankState] = {}
 
     def __getitem__(self, rank: int) -> RankSnap:
         s = self._snaps.get(rank)
         if s is None:
             m = self._m
-            st = _present(m, rank, self.now)
+            st = self.state(rank)
             ex = exited(m, rank) if rank in m.ranks else None
             s = self._snaps[rank] = RankSnap(
                 rank, st, ex, st.kind == "crashed", st.kind == "dead",
@@ -538,7 +539,12 @@ class RankSnapshot:
         return s
 
     def state(self, rank: int) -> RankState:
-        return self[rank].state
+        """The rank's state alone (what ``rank_states`` publishes; a detector's ``[]`` adds
+        the rest), computed once per snapshot either way."""
+        st = self._states.get(rank)
+        if st is None:
+            st = self._states[rank] = _present(self._m, rank, self.now)
+        return st
 
 
 def snapshot(m: TraceModel, now: int) -> RankSnapshot:
@@ -551,5 +557,8 @@ def snapshot(m: TraceModel, now: int) -> RankSnapshot:
 
 
 def rank_states(m: TraceModel, now: int) -> dict[int, RankState]:
-    """Every rank's state at ``now`` (what a published ``ModelView`` carries)."""
-    return {r: _present(m, r, now) for r in m.ranks}
+    """Every rank's state at ``now`` (what a published ``ModelView`` carries): from the
+    model's snapshot, so a console that diagnosed this version at this ``now`` (the
+    watermark moves only with reads) judges no rank twice."""
+    snap = snapshot(m, now)
+    return {r: snap.state(r) for r in m.ranks}
