@@ -1,9 +1,11 @@
-"""Columnar op storage of one rank (``RankTrace``) and the growth helper every array uses.
+"""Columnar op storage: one rank (``RankTrace``), every rank's scalars and shared column
+blocks (``RankTable``), and the growth helper every array uses.
 
 Ops are stored per rank in numpy columns (begin/end/wait/done times, id, seq, peer,
-parent, signature code, flags), so a million ops take 90-130 MB and window queries are
-binary searches; ``order``/``window`` keep a begin-time order and a running max of op
-ends incrementally.  Ingest (``model.TraceModel.ingest``) writes these columns; the
+parent, signature code, flags), each a view of a block several ranks share, so a million
+ops take 90-130 MB, window queries are binary searches, and a live batch writes thousands
+of ranks with a numpy call per column; ``order``/``window`` keep a begin-time order and a
+running max of op ends incrementally.  Ingest (``model.TraceModel.ingest``) writes these columns; the
 cross-rank indexes live in ``indexes``.
 """
 
@@ -65,7 +67,7 @@ class RankTable:
     """Every rank's scalars in arrays indexed by its slot, and the blocks that hold every
     rank's op columns: what lets a live batch of thousands of ranks, a record or two each,
     be written with a numpy call per column rather than a Python step per rank
-    (``model.TraceModel._live_together``).
+    (``model.TraceModel._together_begins``, ``_together_phases``).
 
     A block is a set of op columns shared by ranks, each rank owning the rows
     ``[base, base + cap)`` of one block (its ``RankTrace`` columns are views of them).  The
@@ -388,7 +390,7 @@ class RankTrace:
         """Op indices not yet complete (completion 0; below 0 only from hostile times).  Ops
         from ``open_from`` on are not
         in the set yet, and ops the set holds may have completed since (``stale``): a live
-        batch only writes the completions (``TraceModel._live_together``), and this brings
+        batch only writes the completions (``TraceModel._together_phases``), and this brings
         the set up to date when asked."""
         t, s = self._t, self._s
         lo, n = int(t.open_from[s]), int(t.n[s])
@@ -442,7 +444,7 @@ class RankTrace:
         """Note the ids of ops ``n0``.. just appended.  The table keeps, per rank, the run of
         latest ops whose ids are consecutive (op ``i`` has id ``i + idoff`` from
         ``aligned_from`` on): there an id's op is found by a subtraction, for many ranks at
-        once (``TraceModel._live_phases``), and it is the latest op with that id, as the
+        once (``TraceModel._together_phases``), and it is the latest op with that id, as the
         id map's."""
         k = ids.shape[0]
         if not k:
