@@ -118,13 +118,9 @@ class RankTable:
             self.rank_slot[rank] = self.size
         s = self.size
         if s == self.block.shape[0]:
-            cap = 2 * s
-            for name in (*self.INT, *self.BOOL, "block", "touch_version", "touch_first"):
-                old = getattr(self, name)
-                new = np.zeros((cap, *old.shape[1:]), old.dtype)
-                new[:s] = old
-                setattr(self, name, new)
-            self.block[s:] = -1
+            for name in (*self.INT, *self.BOOL, "touch_version", "touch_first"):
+                setattr(self, name, grown(getattr(self, name), s + 1))
+            self.block = grown(self.block, s + 1, fill=-1)
         self.ordered[s] = True
         self.size = s + 1
         return s
@@ -388,10 +384,9 @@ class RankTrace:
     @property
     def open(self) -> set[int]:
         """Op indices not yet complete (completion 0; below 0 only from hostile times).  Ops
-        from ``open_from`` on are not
-        in the set yet, and ops the set holds may have completed since (``stale``): a live
-        batch only writes the completions (``TraceModel._together_phases``), and this brings
-        the set up to date when asked."""
+        from ``open_from`` on are not in the set yet, and ops the set holds may have completed
+        since (``stale``): a live batch only writes the completions
+        (``TraceModel._together_phases``), and this brings the set up to date when asked."""
         t, s = self._t, self._s
         lo, n = int(t.open_from[s]), int(t.n[s])
         if lo < n or t.stale[s]:
@@ -409,6 +404,12 @@ class RankTrace:
         self._open = ops
         self._t.open_from[self._s] = self.n
         self._t.stale[self._s] = False
+
+    def beat(self, ts: int, inflight: object) -> None:
+        """A heartbeat: the latest one's count of ops in flight is kept, the last of equals."""
+        if ts >= self.last_hb:
+            self.last_hb = ts
+            self.hb_inflight = inflight
 
     # -- storage
     def nbytes(self, shared: dict[int, int] | None = None) -> int:

@@ -1274,12 +1274,17 @@ class TraceModel:
         table = np.array([self._code(statics[int(s)], int(t)) for s, t in u.T.tolist()], np.int32)
         return table[inv.reshape(-1)]
 
+    def _remember(self, key: tuple, code: int) -> None:
+        """(signature key, thread id) -> code, in the dict and its arrays (``_PairCodes``)."""
+        self._sig_by_sk[key] = code
+        self._pairs.add(key[0], key[1], code)
+
     def _code(self, static: Static, tid: int) -> int:
         key = (static.sk, tid)
         code = self._sig_by_sk.get(key)
         if code is None:
-            code = self._sig_by_sk[key] = self._intern(dict(static.fields, tid=tid))
-            self._pairs.add(static.sk, tid, code)
+            code = self._intern(dict(static.fields, tid=tid))
+            self._remember(key, code)
         return code
 
     def note_read_stats(self, stats: Any) -> None:
@@ -1366,9 +1371,8 @@ class TraceModel:
         for j, s in enumerate(slot.tolist()):
             rt = traces[s]
             b = beat_at.get(j)
-            if b is not None and int(ts[b]) >= rt.last_hb:
-                rt.last_hb = int(ts[b])
-                rt.hb_inflight = events[b].get("inflight", 0)
+            if b is not None:
+                rt.beat(int(ts[b]), events[b].get("inflight", 0))
             rows = sampled.get(j)
             if rows is None:
                 continue
@@ -1395,9 +1399,8 @@ class TraceModel:
         if beats.any():
             bts = own[beats]
             top = int(bts.max())
-            if top >= rt.last_hb:  # the latest heartbeat's count, the last of equals
-                rt.last_hb = top
-                rt.hb_inflight = events[int(_positions(pos, beats)[np.flatnonzero(bts == top)[-1]])].get("inflight", 0)
+            if top >= rt.last_hb:  # (the event is looked up only then)
+                rt.beat(top, events[int(_positions(pos, beats)[np.flatnonzero(bts == top)[-1]])].get("inflight", 0))
         sampled = misc & (kind == K_SAMPLE)
         if sampled.any() and samples is not None:
             rows = _positions(pos, sampled)
@@ -1419,9 +1422,7 @@ class TraceModel:
                 t0 = min(t0, ts)
                 t1 = max(t1, ts)
             if t == "heartbeat":
-                if ts >= rt.last_hb:
-                    rt.last_hb = ts
-                    rt.hb_inflight = e.get("inflight", 0)
+                rt.beat(ts, e.get("inflight", 0))
             elif t == "sample":
                 samples.append(e)
             elif t == "group":
@@ -1523,8 +1524,7 @@ class TraceModel:
             if code < 0:  # a signature key not seen yet (or none): intern the fields
                 code = self._intern(begin_events[j])
                 if key[0] is not None:
-                    by_sk[key] = code
-                    self._pairs.add(key[0], key[1], code)
+                    self._remember(key, code)
             codes[j] = code
         seq = _ints(list(map(dget, begin_events, repeat("seq"), repeat(-1))))
         peer = _ints(list(map(dget, begin_events, repeat("peer"), repeat(-1))))
