@@ -36,7 +36,7 @@ import operator
 import struct
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
@@ -723,44 +723,25 @@ class BlockDecoder:
         """The records at ``offs`` of ``buf`` as columns: fixed fields gathered at once,
         begins mapped to statics through their signature ids; the rare records (self-
         contained or JSON-described begins, errors, sources) one by one."""
-        k = offs.shape[0]
         u8 = np.frombuffer(buf, np.uint8)
-        # every header in one gather: [k x 24] bytes viewed as the header's fields
-        # (a record near the end of the buffer is read no further than it: its length is >= 24)
-        head = _gather(u8, offs, HEAD_DT)
-        typ, rflags, lens, ts, ids = head["typ"], head["flags"], head["len"], head["ts"], head["id"]
-        static = np.full(k, -1, np.int32)
-        seq = np.full(k, -1, np.int64)
-        parent = np.full(k, -1, np.int64)
-        tid = np.zeros(k, np.uint64)
-        peer = np.full(k, -1, np.int32)
-        gpu = np.zeros(k, np.int64)
-        flags = np.zeros(k, np.uint8)
+        c = _Fixed.of(u8, offs)
+        typ, rflags, lens, ok, phase = c.typ, c.rflags, c.lens, c.ok, c.phase
+        ts, ids, static, seq, parent, tid, peer, gpu, flags = c.ts, c.id, c.static, c.seq, c.parent, c.tid, c.peer, \
+            c.gpu, c.flags
+        k = offs.shape[0]
         exc: dict[int, str] = {}
-        ok = (ts >= 0) & (ts <= MAX_INT) & (ids <= MAX_INT)
-        ids = ids.astype(np.int64)
-        # fixed-size phases, by type (an END's text is read only when it says it has one)
-        phase = np.where(ok & (lens >= _NEED[typ]), _PHASE_OF_TYPE[typ], -1).astype(np.int8)
-        flags[(phase == PH_END) & ((rflags & FLAG_APPROX) != 0)] |= F_APPROX
         errs = np.flatnonzero(((phase == PH_END) | (phase == PH_WAIT_END)) & ((rflags & FLAG_ERROR) != 0))
-        for row in errs.tolist():
+        for row in errs.tolist():  # (an END's text is read only when it says it has one)
             o, room = int(offs[row]) + HEADER.size, int(lens[row]) - HEADER.size - 2
             if room < 0:
                 phase[row] = -1  # says it has a text, and has no room for one
                 continue
             n = min(int.from_bytes(buf[o:o + 2], "little"), room)
             exc[row] = redact(buf[o + 2:o + 2 + n].decode("utf-8", "replace")) or "error"
-        done = phase == PH_DONE
-        if done.any():
-            rows = np.flatnonzero(done)
-            g = _gather(u8, offs[rows] + HEADER.size, _I64)
-            good = (g >= 0) & (g <= MAX_INT)
-            gpu[rows[good]] = g[good]
-            flags[rows[good]] |= F_GPU
-            for row in np.flatnonzero(done & ((rflags & FLAG_ERROR) != 0)).tolist():
-                exc[row] = "the device reported an error"
+        for row in np.flatnonzero((phase == PH_DONE) & ((rflags & FLAG_ERROR) != 0)).tolist():
+            exc[row] = "the device reported an error"
         # begins through a signature: the common case, all at once
-        sigm = (typ == BEGIN_SIG) & ok & (lens >= HEADER.size + SIG_BEGIN_BODY.size)
+        sigm = c.sig
         if sigm.any():
             rows = np.flatnonzero(sigm)
             body = _gather(u8, offs[rows] + HEADER.size, SIG_DT)
@@ -1078,6 +1059,52 @@ def _has_own_fields(walk: _Walk) -> bool:
     return walk.own
 
 
+class _Fixed(NamedTuple):
+    """Op records' columns as their headers and fixed-size bodies give them, in one gather
+    each: the phases of END, WAIT_BEGIN, WAIT_END and DONE (-1 for the rest: begins, sources,
+    bad or unknown records), approximate ends, device times; what the rest need their own
+    steps for is left at its default (``BlockDecoder._resolve``, ``decode_chunks``)."""
+
+    typ: np.ndarray
+    rflags: np.ndarray  # the records' own flags (FLAG_*)
+    lens: np.ndarray
+    ok: np.ndarray  # ts and id in range
+    sig: np.ndarray  # a BEGIN_SIG long enough to read
+    phase: np.ndarray
+    ts: np.ndarray
+    id: np.ndarray
+    static: np.ndarray
+    seq: np.ndarray
+    parent: np.ndarray
+    tid: np.ndarray
+    peer: np.ndarray
+    gpu: np.ndarray
+    flags: np.ndarray  # F_*
+
+    @classmethod
+    def of(cls, u8: np.ndarray, offs: np.ndarray) -> _Fixed:
+        k = offs.shape[0]
+        # every header in one gather: [k x 24] bytes viewed as the header's fields
+        # (a record near the end of the buffer is read no further than it: its length is >= 24)
+        head = _gather(u8, offs, HEAD_DT)
+        typ, rflags, lens, ts, ids = head["typ"], head["flags"], head["len"], head["ts"], head["id"]
+        ok = (ts >= 0) & (ts <= MAX_INT) & (ids <= MAX_INT)
+        phase = np.where(ok & (lens >= _NEED[typ]), _PHASE_OF_TYPE[typ], -1).astype(np.int8)
+        flags = np.zeros(k, np.uint8)
+        flags[(phase == PH_END) & ((rflags & FLAG_APPROX) != 0)] |= F_APPROX
+        gpu = np.zeros(k, np.int64)
+        done = np.flatnonzero(phase == PH_DONE)
+        if done.shape[0]:
+            g = _gather(u8, offs[done] + HEADER.size, _I64)
+            good = (g >= 0) & (g <= MAX_INT)
+            gpu[done[good]] = g[good]
+            flags[done[good]] |= F_GPU
+        sig = (typ == BEGIN_SIG) & ok & (lens >= HEADER.size + SIG_BEGIN_BODY.size)
+        return cls(typ, rflags, lens, ok, sig, phase, ts, ids.astype(np.int64), np.full(k, -1, np.int32),
+                   np.full(k, -1, np.int64), np.full(k, -1, np.int64), np.zeros(k, np.uint64), np.full(k, -1, np.int32),
+                   gpu, flags)
+
+
 def _gather(u8: np.ndarray, at: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """The values of ``dtype`` (little-endian, a record's fields or one integer) at byte
     offsets ``at`` of ``u8``, unaligned: one gather of ``[len(at) x itemsize]`` bytes."""
@@ -1183,6 +1210,135 @@ def decode_scanned(data: bytes, s: blockscan.Scan, rank: int, decoder: BlockDeco
         invalid.update(decoder.invalid)
         decoder.invalid.clear()
     return Decoded(out, got.damaged, invalid, concat(parts) if parts else None)
+
+
+def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]]) -> list[Decoded | None]:
+    """``decode_chunk`` of several streams' chunks (complete lines; one chunk a stream, its
+    decoder with it), the common case for all of them at once: one scan, and the records
+    resolved in one pass into one set of columns, each stream's a slice of them
+    (``OpRecords.span``).  A live poll of thousands of streams, a block or two each, spent
+    ~100 us a stream in numpy calls on a few rows.
+
+    The common case is what ``decode_chunk`` hands over as it is, nothing learnt: every line
+    a block the scanner read whole, in ring order after what its decoder read, whose table
+    prefix its decoder has in effect (or none); every record a phase (no error) or a begin
+    through a signature its decoder decoded (not an any-source recv); the other lines events
+    that teach its tables nothing (heartbeats, samples ...: decoded as JSON, per chunk).
+    Any other chunk is None: nothing of its decoder changed, decode it alone
+    (``decode_chunk``)."""
+    n = len(chunks)
+    out: list[Decoded | None] = [None] * n
+    if not n or not blockscan.available():
+        return out
+    decoders = [dec for _, dec in chunks]
+    table = decoders[0].table
+    sizes = np.fromiter(map(len, (d for d, _ in chunks)), np.int64, n)
+    starts = np.zeros(n, np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    s = blockscan.scan_many(b"".join(d for d, _ in chunks), starts,
+                            np.fromiter((dec.rank for dec in decoders), np.int64, n))
+    if s is None:
+        return out
+    ok = (sizes > 0) & np.fromiter((dec.table is table for dec in decoders), np.bool_, n)
+    line_chunk = np.searchsorted(starts, s.line_start, side="right") - 1
+    bc = line_chunk[s.block >= 0]  # each block's chunk
+    nb = bc.shape[0]
+    seen = np.fromiter((dec.seen_end for dec in decoders), np.int64, n)
+    if nb:
+        first = np.r_[True, bc[1:] != bc[:-1]]
+        floor = np.where(first, seen[bc], np.r_[0, s.end[:-1]])  # what the block's records must come after
+        odd = ((s.flags & blockscan.BAD) != 0) | (s.pos < 0) | (s.end < s.pos) | (s.pos < floor)
+        ok[bc[odd]] = False
+        withp = np.flatnonzero(s.prefix_end > s.start)
+        if withp.shape[0]:
+            mv, prefixes = memoryview(s.raw), {}
+            for pair in np.unique(bc[withp] * nb + s.prefix_id[withp]).tolist():
+                c, b = divmod(pair, nb)
+                pb = prefixes.get(b)
+                if pb is None:
+                    pb = prefixes[b] = bytes(mv[int(s.start[b]):int(s.prefix_end[b])])
+                if pb not in decoders[c]._prefixes:
+                    ok[c] = False
+    op_chunk = np.repeat(bc, np.diff(s.op_first))
+    rows = np.flatnonzero(ok[op_chunk])
+    offs, oc = s.ops[rows], op_chunk[rows]
+    f = _Fixed.of(s.raw, offs)
+    phase, static, seq, parent, tid, peer = f.phase, f.static, f.seq, f.parent, f.tid, f.peer
+    ok[oc[(phase >= 0) & ((f.rflags & FLAG_ERROR) != 0)]] = False  # (an exception text: alone)
+    sigm = np.flatnonzero(f.sig)
+    if sigm.shape[0]:
+        body = _gather(s.raw, offs[sigm] + HEADER.size, SIG_DT)
+        sid = body["sid"].astype(np.int64)
+        # (a signature's ``since`` needs no look: one decoded in an earlier chunk came before these)
+        pairs, at = np.unique(oc[sigm] << 32 | sid, return_inverse=True)
+        st = np.empty(pairs.shape[0], np.int32)
+        for j, pair in enumerate(pairs.tolist()):
+            got = decoders[pair >> 32]._sid.get(pair & 0xFFFFFFFF)
+            st[j] = _NO_STATIC if got is None else got  # (not decoded yet: alone, where it is)
+        st = st[at.reshape(-1)]
+        usable = st >= 0
+        any_source = table.any_source[np.maximum(st, 0)] & usable
+        usable &= ~any_source & (body["seq"] <= MAX_INT) & (body["parent"] <= MAX_INT)
+        ok[oc[sigm[~usable]]] = False
+        phase[sigm] = PH_BEGIN
+        static[sigm] = st
+        seq[sigm] = np.where(body["seq"] >= 0, body["seq"], -1)
+        parent[sigm] = np.where(body["parent"] == 0, -1, body["parent"].astype(np.int64))
+        tid[sigm] = body["tid"]
+        peer[sigm] = table.peer[np.maximum(st, 0)]
+    ok[oc[phase < 0]] = False  # (a begin of its own, a source, a bad or unknown record: alone)
+    events = _other_lines(chunks, s, line_chunk, ok)
+    cols = (phase, f.ts, f.id, static, seq, parent, tid, peer, f.gpu, f.flags)
+    keep = ok[oc]
+    if not keep.all():
+        oc = oc[keep]
+        cols = tuple(a[keep] for a in cols)
+    whole = OpRecords(-1, *cols, {}, table.statics)
+    counts = np.bincount(oc, minlength=n)
+    bounds = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=bounds[1:])
+    last_end = np.full(n, -1, np.int64)
+    if nb:  # (ends grow within an ok chunk: its last block's is the highest)
+        last = np.flatnonzero(np.r_[bc[1:] != bc[:-1], True])
+        last_end[bc[last]] = s.end[last]
+    for c, a, b, end in zip(np.flatnonzero(ok).tolist(), bounds[:-1][ok].tolist(), bounds[1:][ok].tolist(),
+                            last_end[ok].tolist(), strict=True):
+        dec = decoders[c]
+        if end > dec.seen_end:
+            dec.seen_end = end
+        json = events.get(c)
+        evs, damaged, invalid = (json.events, json.damaged, json.invalid) if json is not None else ([], 0, Counter())
+        if b == a:
+            out[c] = Decoded(evs, damaged, invalid)
+            continue
+        dec._gathered += b - a
+        out[c] = Decoded(evs, damaged, invalid, whole.rows_of(dec.rank, a, b))
+    return out
+
+
+def _other_lines(chunks: Sequence[tuple[bytes, BlockDecoder]], s: blockscan.Scan, line_chunk: np.ndarray,
+                 ok: np.ndarray) -> dict[int, Decoded]:
+    """The lines ``decode_chunks`` leaves to JSON (heartbeats, samples ...) of the chunks
+    still ``ok``, decoded per chunk; a chunk where one is a block or says what a decoder's
+    tables hold (``teaches``) is no longer ok (it goes alone: its tables change)."""
+    other = np.flatnonzero((s.block < 0) & ok[line_chunk])
+    if not other.shape[0]:
+        return {}
+    by: dict[int, list[bytes]] = {}
+    starts = [0, *np.cumsum([len(d) for d, _ in chunks]).tolist()]
+    for c, lo, hi in zip(line_chunk[other].tolist(), s.line_start[other].tolist(), s.line_end[other].tolist(),
+                         strict=True):
+        line = chunks[c][0][lo - starts[c]:hi - starts[c]]
+        if line.strip():
+            by.setdefault(c, []).append(line)
+    out: dict[int, Decoded] = {}
+    for c, lines in by.items():
+        got, _ = schema.decode_indexed(lines, chunks[c][1].rank)
+        if any(e.get("type") == BLOCK or teaches(e) for e in got.events):
+            ok[c] = False
+        else:
+            out[c] = got
+    return out
 
 
 # ------------------------------------------------------------------------------ reference encoder

@@ -85,10 +85,18 @@ def available() -> bool:
 def scan(data: bytes, rank: int) -> Scan | None:
     """``data`` (lines of ``rank``'s stream) scanned for blocks; None when the scanner is
     not available."""
+    return scan_many(data, np.zeros(1, np.int64), np.array([rank], np.int64))
+
+
+def scan_many(data: bytes, starts: np.ndarray, ranks: np.ndarray) -> Scan | None:
+    """Chunks of lines of several streams, back to back in ``data``, scanned in one call:
+    chunk ``c`` (complete lines of ``ranks[c]``'s stream) starts at byte ``starts[c]``.  A
+    prefix's first block may lie in another chunk (``Scan.prefix_id``).  None when the
+    scanner is not available."""
     if not data or not available():
         return None
     assert _kernel is not None
-    return Scan(*_kernel(np.frombuffer(data, np.uint8), rank))
+    return Scan(*_kernel(np.frombuffer(data, np.uint8), starts, ranks))
 
 
 def _load() -> Callable[..., tuple] | None:
@@ -203,9 +211,11 @@ def _same(b: np.ndarray, x: int, y: int, n: int) -> bool:
     return True
 
 
-def _scan(d, rank):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
-    """``scan``'s work, in one pass over the lines (see ``Scan`` for what it returns)."""
+def _scan(d, starts, ranks):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+    """``scan_many``'s work, in one pass over the lines (see ``Scan`` for what it returns)."""
     n = d.shape[0]
+    chunks = starts.shape[0]
+    c = 0  # the chunk of the line at i
     lines = 1
     for x in range(n):
         if d[x] == 10:
@@ -229,6 +239,9 @@ def _scan(d, rank):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
         ls[nl], le[nl], blk[nl] = i, j, -1
         nl += 1
         line_end, i = j, j + 1
+        while c + 1 < chunks and ls[nl - 1] >= starts[c + 1]:
+            c += 1
+        rank = ranks[c]
         # the template, field by field: anything else is left for the JSON path
         _version, p = _field(d, ls[nl - 1], line_end, _HEAD, SCHEMA_VERSION)
         r, p = _field(d, p, line_end, _RANK, MAX_RANK)

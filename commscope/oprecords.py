@@ -58,6 +58,17 @@ class Static(NamedTuple):
     keyed: bool = True  # the event carries ``sk`` (BEGIN/BEGIN_SIG records; RBEGIN fragments do not)
 
 
+class Span(NamedTuple):
+    """Where a stream's records lie in columns decoded for many streams at once
+    (``blocks.decode_chunks``): rows ``start`` to ``start + len`` of ``whole``, the records
+    of several streams back to back (its ``rank`` is -1).  The model takes a poll's columns
+    from ``whole`` at once where its streams' records lie so, instead of gathering them
+    stream by stream."""
+
+    whole: OpRecords
+    start: int
+
+
 @dataclasses.dataclass(slots=True)
 class OpRecords:
     """One stream's op records, a row each, in stream order (see the module docstring).
@@ -68,7 +79,8 @@ class OpRecords:
     source in ``peer``/``seq`` (``F_SOURCE``), a ``done`` its device time in ``gpu``
     (``F_GPU``).  Exception texts (redacted) are sparse: ``exc`` maps a row to its text.
     ``where`` (optional) says, per row, before which event of the stream's other events
-    the record came, so ``merged`` can put events back in stream order.
+    the record came, so ``merged`` can put events back in stream order.  ``span``
+    (optional): the records are a slice of columns decoded for many streams (``Span``).
     """
 
     rank: int
@@ -85,6 +97,7 @@ class OpRecords:
     exc: dict[int, str]
     statics: Sequence[Static]
     where: np.ndarray | None = None
+    span: Span | None = None
 
     def __len__(self) -> int:
         return int(self.phase.shape[0])
@@ -127,6 +140,13 @@ class OpRecords:
             e["rank"] = rank
             out.append(e)
         return out
+
+    def rows_of(self, rank: int, a: int, b: int) -> OpRecords:
+        """Rows ``a`` to ``b`` of several streams' records (this), as ``rank``'s own: views
+        of these columns, with their ``span`` (no exception texts: they have none)."""
+        return OpRecords(rank, self.phase[a:b], self.ts[a:b], self.id[a:b], self.static[a:b], self.seq[a:b],
+                         self.parent[a:b], self.tid[a:b], self.peer[a:b], self.gpu[a:b], self.flags[a:b], {},
+                         self.statics, None, Span(self, a))
 
     def take(self, rows: np.ndarray) -> OpRecords:
         """The records at ``rows`` (sorted), as a batch of their own."""

@@ -471,6 +471,148 @@ def test_the_fuzzer_s_native_store_and_its_block_mutants_decode_alike_both_ways(
                 op_records_walked(lines), seed
 
 
+def run_together(per_rank: list[tuple[int, list[bytes]]], chunk: int) -> tuple[dict[int, tuple], int]:
+    """The streams read as a live poll reads them: the next ``chunk`` lines of every stream
+    (0: all), decoded together (``blocks.decode_chunks``; a chunk it leaves, alone as
+    ``run(scanned=True)`` decodes it), one table for all: (per rank what ``run`` gives,
+    how many chunks were decoded together)."""
+    table = StaticTable()
+    decs = {rank: BlockDecoder(rank, table) for rank, _ in per_rank}
+    got: dict[int, tuple[list, list, Counter]] = {rank: ([], [], Counter()) for rank, _ in per_rank}
+    size = chunk or max(len(lines) for _, lines in per_rank)
+    together = 0
+    for i in range(0, max(len(lines) for _, lines in per_rank), size):
+        polled = [(rank, b"\n".join(lines[i:i + size]) + b"\n") for rank, lines in per_rank if lines[i:i + size]]
+        for (rank, data), d in zip(polled, blocks.decode_chunks([(data, decs[rank]) for rank, data in polled]),
+                                   strict=True):
+            if d is None:
+                d = blocks.decode_scanned(data, blockscan.scan(data, rank), rank, decs[rank])
+            else:
+                together += 1
+                assert d.ops is None or (d.ops.span is not None and d.ops.rank == rank)
+            ops, others, invalid = got[rank]
+            invalid.update(d.invalid)
+            for e in d.events:
+                (ops if e["type"] == "op" else others).append(e)
+            if d.ops is not None:
+                ops.extend(d.ops.events())
+    return {rank: (ops, others, +invalid, decs[rank].duplicates) for rank, (ops, others, invalid) in got.items()}, \
+        together
+
+
+@settings(SETTINGS, max_examples=150)
+@given(st.lists(st.one_of(streams(mode="upfront", rank=1), streams(mode="late", rank=1),
+                          streams(mode="wild", rank=1)), min_size=1, max_size=4),
+       st.sampled_from([0, 1, 2, 3]))
+def test_streams_decoded_together_decode_as_each_alone(many, chunk):
+    """``decode_chunks`` over several streams (a live poll's) gives each stream what
+    decoding it alone gives, however the streams are cut into polls."""
+    per_rank = [(rank, [x.replace(b'"rank":1', b'"rank":%d' % rank) for x in lines])
+                for rank, lines in enumerate(many, 1)]
+    together, _ = run_together(per_rank, chunk)
+    for rank, lines in per_rank:
+        assert together[rank] == run(lines, rank, chunk=chunk, scanned=True), rank
+
+
+@st.composite
+def regular_streams(draw, rank: int) -> list[bytes]:
+    """A stream as the native recorder writes it, the common case ``decode_chunks`` takes
+    together (blocks with ring positions restating one of two table prefixes, begins
+    through their signatures, their ends, heartbeats), and now and then what must go
+    alone: an end with an exception text, an approximate end, an async op's wait, a block
+    forwarded again, a block cut short, a signature or site restated with another
+    meaning, a begin naming a signature never stated, an any-source recv and its source."""
+    fields = [dict(name=name, site=0, gid=0, opcode=0, flags=draw(st.sampled_from([0, blocks.FLAG_ASYNC])))
+              for name in (0, 4, 1)]
+    site = blocks.pack_site(0, "train.py:1 in step") + blocks.pack_group(1, "g1", "gloo", [3, 2])
+    recv = blocks.pack_sig(2, name=3, gid=1, direction=3, outs=[(6, [4])])  # an any-source recv
+    prefixes = [site + blocks.pack_sig(0, **fields[0]) + blocks.pack_sig(1, **fields[1]) + recv,
+                site + blocks.pack_sig(1, **fields[1]) + recv]
+    lines = [meta_line(rank)]
+    ring, next_id, ts, last, recvs = 0, 1, T, b"", []
+    for _ in range(draw(st.integers(1, 14))):
+        kind = draw(st.sampled_from(["regular"] * 3 + ["heartbeat", "again", "exc", "approx", "wait", "cut", "restated",
+                                                       "unknown", "recv", "source"]))
+        if kind == "heartbeat":
+            lines.append(event_line(rank, type="heartbeat", inflight=0))
+            continue
+        if kind == "again" and last:
+            lines.append(last)
+            continue
+        ops = b""
+        if kind == "source" and recvs:  # (its recv's group rank 1 is global rank 2: if the recv was noted)
+            ts += 1000
+            ops += blocks.pack_source(recvs.pop(), ts, 1, 9)
+        for _ in range(draw(st.integers(0, 3))):
+            ts += 1000
+            sid = {"unknown": 7, "recv": 2}.get(kind, draw(st.sampled_from([0, 1, 1])))
+            if sid == 2:
+                recvs.append(next_id)
+            ops += blocks.pack_sig_begin(next_id, ts, sid, seq=next_id)
+            if draw(st.booleans()):
+                ts += 1000
+                if kind == "wait":
+                    ops += blocks.pack_wait_begin(next_id, ts) + blocks.pack_end(next_id, ts + 1, wait=True)
+                else:
+                    ops += blocks.pack_end(next_id, ts, exc="boom" if kind == "exc" else None, approx=kind == "approx")
+            next_id += 1
+        prefix = prefixes[draw(st.integers(0, 1))]
+        if kind == "restated":
+            prefix = site + blocks.pack_sig(1, **fields[2]) + blocks.pack_site(0, "other.py:2 in f")
+        data = prefix + ops
+        if kind == "cut":
+            data = data[:-draw(st.integers(1, 20))]
+        last = block_line(data, rank, ring, ring + len(ops))
+        ring += len(ops)
+        lines.append(last)
+    return lines
+
+
+@settings(SETTINGS, max_examples=200)
+@given(st.lists(st.integers(0, 1 << 30), min_size=1, max_size=4).flatmap(
+    lambda seeds: st.tuples(*(regular_streams(rank) for rank in range(1, len(seeds) + 1)))),
+    st.sampled_from([1, 2, 3]))
+def test_native_streams_decoded_together_decode_as_each_alone(many, chunk):
+    """Streams as the native recorder writes them, and what departs from the common case
+    among them: decoding them together gives each what decoding it alone does."""
+    per_rank = list(enumerate(many, 1))
+    together, _ = run_together(per_rank, chunk)
+    for rank, lines in per_rank:
+        assert together[rank] == run(lines, rank, chunk=chunk, scanned=True), rank
+
+
+def test_a_native_job_s_polls_are_mostly_decoded_together_and_alike(tmp_path):
+    """A job written as the native recorder writes (``bench.synthstore``: blocks with ring
+    positions restating their tables, begins through signatures, a heartbeat and a sample
+    a second) polled a line or a few at a time, and the fuzzer's native store with hostile
+    records in its blocks: decoding together gives each stream what it gives alone, and
+    most of the job's chunks go together."""
+    import random
+
+    from commscope.bench import fuzz
+    from commscope.bench.synthstore import JobShape, write_store
+
+    write_store(str(tmp_path), JobShape(6, 300, fault="healthy"), job="j")
+    job = _rank_lines({p.name: p.read_bytes() for p in (tmp_path / "j").iterdir()})
+    for chunk in (1, 3, 7):
+        got, together = run_together(job, chunk)
+        for rank, lines in job:
+            assert got[rank] == run(lines, rank, chunk=chunk, scanned=True), (chunk, rank)
+        polls = sum(-(-len(lines) // chunk) for _, lines in job)
+        assert together >= polls * 9 // 10, (chunk, together, polls)
+    healthy = fuzz.native_store()
+    for seed in range(20):
+        rng = random.Random(seed)
+        files = dict(healthy)
+        for _ in range(rng.randint(1, 3)):
+            files = fuzz.m_block(rng, files)
+        per_rank = [(rank, [_sanitize_line(x) if b'"type":"block"' in x else x for x in lines])
+                    for rank, lines in _rank_lines(files)]
+        got, _ = run_together(per_rank, 1)
+        for rank, lines in per_rank:
+            assert got[rank] == run(lines, rank, chunk=1, scanned=True), seed
+
+
 # ------------------------------------------------------------------------------ by hand
 # (where the previous decoder differed, the test says so)
 

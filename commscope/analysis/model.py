@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import repeat
-from operator import attrgetter, itemgetter
+from operator import attrgetter, is_, itemgetter
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -316,10 +316,15 @@ class _Live(NamedTuple):
         """Without the lists (``part`` makes them for the records that need them)."""
         records = [recs_list[k] for k in pos] if len(pos) < len(recs_list) else recs_list
         start = [0, *np.cumsum(described.sizes[pos]).tolist()]
-        cols = dict(zip(cls.COLUMNS, map(np.concatenate, zip(*map(_COLUMNS_OF_RECORDS, records), strict=True)), strict=True))
+        cols = _spanned(records, start)
+        if cols is None:
+            cols = dict(zip(cls.COLUMNS, map(np.concatenate, zip(*map(_COLUMNS_OF_RECORDS, records), strict=True)),
+                            strict=True))
+            exc = np.fromiter(map(bool, map(_EXC_OF_RECORDS, records)), np.bool_, len(records))
+        else:  # (slices of what a reader decoded together have no exception texts)
+            exc = np.zeros(len(records), np.bool_)
         begun = np.flatnonzero(cols["phase"] == PH_BEGIN)
         who = np.searchsorted(np.array(start), begun, side="right") - 1
-        exc = np.fromiter(map(bool, map(_EXC_OF_RECORDS, records)), np.bool_, len(records))
         return cls(pos, start, cols, who, begun, described.ranks[pos], exc, [], [], [], [])
 
     def part(self, js: np.ndarray, lists: bool) -> _Live:
@@ -343,6 +348,27 @@ class _Live(NamedTuple):
 
 _COLUMNS_OF_RECORDS = attrgetter(*_Live.COLUMNS)
 _EXC_OF_RECORDS = attrgetter("exc")
+_SPAN_OF_RECORDS = attrgetter("span")
+_WHOLE_OF_SPAN = attrgetter("whole")
+_STATICS_OF_RECORDS = attrgetter("statics")
+
+
+def _spanned(records: list[OpRecords], start: list[int]) -> dict[str, np.ndarray] | None:
+    """The records' columns as slices of the one set of columns they lie in back to back
+    (a reader that decoded their streams together: ``OpRecords.span``); None where they
+    do not (gather them then)."""
+    spans = list(map(_SPAN_OF_RECORDS, records))
+    first = spans[0] if spans else None
+    if first is None or None in spans:
+        return None
+    whole = first.whole
+    if not all(map(is_, map(_WHOLE_OF_SPAN, spans), repeat(whole))):
+        return None
+    at = np.fromiter(map(itemgetter(1), spans), np.int64, len(spans))
+    if not np.array_equal(at - first.start, start[:-1]):
+        return None
+    a, b = first.start, first.start + start[-1]
+    return {c: getattr(whole, c)[a:b] for c in _Live.COLUMNS}
 
 
 class _PairCodes:
@@ -589,7 +615,9 @@ class TraceModel:
             self.changed = frozenset()
             return self.changed
         lo, hi, changed = I64_MAX, 0, set()
-        recs_list = [recs for recs in ops if recs.phase.shape[0]]
+        recs_list = list(ops)
+        if not all(map(len, map(_PHASE_OF_RECORDS, recs_list))):
+            recs_list = [recs for recs in ops if recs.phase.shape[0]]
         rows = _Begins(recs_list)
         described = _Records.of(recs_list, self.table)
         fresh = self._fresh(recs_list, rows, described) if self.batch_ranks else []
@@ -599,8 +627,9 @@ class TraceModel:
         # ranks' looked up all at once unless one is new
         known = self._known_codes(recs_list, live) if live else None
         skip = set(live_pos) if known is not None else set()
-        codes = [self._codes(recs.statics, recs.static[b], recs.tid[b])
-                 if k not in skip and (b := rows[k]).shape[0] else None for k, recs in enumerate(recs_list)]
+        codes = [None] * len(recs_list) if len(skip) == len(recs_list) else [
+            self._codes(recs.statics, recs.static[b], recs.tid[b]) if k not in skip and (b := rows[k]).shape[0]
+            else None for k, recs in enumerate(recs_list)]
         together = set(fresh) | set(live_pos)
         for k in np.flatnonzero(described.slot < 0).tolist():  # ranks made in the records' order, as rank by rank
             recs = recs_list[k]
@@ -816,7 +845,8 @@ class TraceModel:
         if not live.begun.shape[0]:
             return np.zeros(0, np.int32)
         statics = recs_list[live.pos[0]].statics
-        if any(recs_list[k].statics is not statics for k in live.pos):
+        records = recs_list if len(live.pos) == len(recs_list) else [recs_list[k] for k in live.pos]
+        if not all(map(is_, map(_STATICS_OF_RECORDS, records), repeat(statics))):
             return None
         st, tid = live.cols["static"][live.begun], live.cols["tid"][live.begun]
         get = self._sig_by_sk.get

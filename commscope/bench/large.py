@@ -158,11 +158,16 @@ def batches(store: str, columns: bool, tail_events: int, batch: int) -> tuple[di
                 models[path].ingest(b.events, head_ops)
 
             def per_stream(part: list[OpRecords]) -> list[OpRecords]:
-                """A poll's records as a reader hands them over: one ``OpRecords`` per stream."""
+                """A poll's records as a reader hands them over (``blocks.decode_chunks``): one
+                ``OpRecords`` per stream, each a slice of one set of columns."""
                 by_rank: dict[int, list[OpRecords]] = {}
                 for o in part:
                     by_rank.setdefault(o.rank, []).append(o)
-                return [concat(p) for p in by_rank.values()]
+                streams = [concat(p) for p in by_rank.values()]
+                whole = concat([dataclasses.replace(o, rank=-1, where=None, exc={}) for o in streams])
+                bounds = np.cumsum([0, *map(len, streams)]).tolist()
+                return [o if o.exc else whole.rows_of(o.rank, a, b)  # (a reader decodes one with texts alone)
+                        for o, a, b in zip(streams, bounds, bounds[1:], strict=False)]
 
             units = _interleaved(tails)
             times: dict[str, list[float]] = {path: [] for path in models}

@@ -11,9 +11,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+import numpy as np
 import orjson
 
-from commscope.blocks import BlockDecoder, StaticTable, decode_chunk, decode_stream
+from commscope.blocks import BlockDecoder, StaticTable, decode_chunk, decode_chunks, decode_stream
 from commscope.events import Decoded, Event, decode_lines
 from commscope.oprecords import OpRecords
 from commscope.schema import SCHEMA_VERSION
@@ -108,8 +109,8 @@ class ReadStats:
         self.count_corrupt(rank, decoded.damaged)
         self.count_invalid(rank, decoded.invalid)
 
-    def count_store_lost(self, rank: int, raw: bytes, decoded: Decoded) -> None:
-        """Count what a writer's ``store_lost`` markers in ``raw`` say the store lost (a
+    def count_store_lost(self, rank: int, decoded: Decoded) -> None:
+        """Count what a writer's ``store_lost`` markers among ``decoded``'s events say the store lost (a
         directory store deleted and recreated under a running rank)."""
         for e in decoded.events:  # (fewer than the bytes by far: a block stands for many records)
             if e["type"] == "dropped" and str(e.get("reason", "")).startswith(STORE_LOST) and e.get("entries"):
@@ -250,6 +251,13 @@ class TraceReader(abc.ABC):
     columnar = False
     _ops: list[OpRecords]
     _max_ids: dict[Stream, int]  # per stream, kept by ``ingest``: see ``max_op_id``
+    #: Chunks a columnar poll read, waiting to be decoded together (``ingest_later``); None:
+    #: each is decoded as it is read
+    _queued: dict[Stream, list[tuple[bytes, int]]] | None = None
+    _queued_bytes = 0
+    #: Bytes queued at most before they are decoded (``queue_full``): a poll without a budget
+    #: reads a whole store
+    QUEUE_BYTES = 32 << 20
 
     @abc.abstractmethod
     def poll(self, max_bytes: int | None = None) -> list[Event]: ...
@@ -387,6 +395,61 @@ class TraceReader(abc.ABC):
         self.stats.warnings.append(f"{since.describe()} asked for: this store is read from its start")
 
     # ------------------------------------------------------------ the shared pipeline
+    def queue_chunks(self) -> None:
+        """From now until ``decode_queued``, a columnar reader's ``ingest_later`` queues the
+        chunks it is given: a poll over thousands of streams decodes them together."""
+        self._queued = {} if self.columnar else None
+        self._queued_bytes = 0
+
+    def queue_full(self) -> bool:
+        """Whether the chunks queued hold ``QUEUE_BYTES`` or more: decode them (between two
+        streams) before reading on."""
+        return self._queued_bytes >= self.QUEUE_BYTES
+
+    def ingest_later(self, stream: Stream, raw: bytes, size: int) -> list[Event]:
+        """``ingest(stream, raw, size).events`` of complete lines; while chunks are queued,
+        nothing yet: ``decode_queued`` decodes them (and returns their events)."""
+        if self._queued is None:
+            return self.ingest(stream, raw, size).events
+        self._queued.setdefault(stream, []).append((raw, size))
+        self._queued_bytes += len(raw)
+        return []
+
+    def ingest_after_queued(self, stream: Stream, raw: bytes, size: int = 0) -> tuple[list[Event], Decoded]:
+        """``ingest`` of ``raw`` after what ``stream`` has queued: (the queued chunks' events,
+        what ``raw`` decoded to)."""
+        before = [e for chunk, n in (self._queued or {}).pop(stream, []) for e in self.ingest(stream, chunk, n).events]
+        return before, self.ingest(stream, raw, size)
+
+    def decode_queued(self) -> list[Event]:
+        """The queued chunks decoded, and queueing ended: a stream's one chunk with the other
+        streams' together where it is the common case (``blocks.decode_chunks``), every other
+        chunk alone, in its stream's order; events in the order their streams were queued."""
+        queued, self._queued = self._queued, None
+        if not queued:
+            return []
+        alone = [stream for stream, chunks in queued.items() if len(chunks) != 1]
+        together = [stream for stream, chunks in queued.items() if len(chunks) == 1]
+        got = decode_chunks([(queued[stream][0][0], self._decoder(stream)) for stream in together]) \
+            if len(together) > 1 else [None] * len(together)
+        decoded = dict(zip(together, got, strict=True))
+        spans = [(stream, d.ops) for stream, d in decoded.items() if d is not None and d.ops is not None]
+        if spans:  # the highest id of each stream's records, in one call
+            whole = spans[0][1].span.whole
+            tops = np.maximum.reduceat(whole.id, np.fromiter((o.span.start for _, o in spans), np.int64, len(spans)))
+            for (stream, _), top in zip(spans, tops.tolist(), strict=True):
+                self._raise_max_id(stream, top)
+        out: list[Event] = []
+        for stream in (*together, *alone):
+            d = decoded.get(stream)
+            if d is None:
+                for chunk, size in queued[stream]:
+                    out.extend(self.ingest(stream, chunk, size).events)
+                continue
+            self._account(stream, d, size=queued[stream][0][1])
+            out.extend(d.events)
+        return out
+
     def ingest(self, stream: Stream, raw: bytes | Sequence[bytes], size: int = 0) -> Decoded:
         """Events of ``raw``, data of one stream: complete lines (bytes), or entries that
         each hold one event (a sequence).  Validated and redacted, blocks expanded; damaged,
@@ -401,21 +464,27 @@ class TraceReader(abc.ABC):
             got = decode_lines(raw, rank) if isinstance(raw, bytes) else decode_entries(raw, rank)
             got = decode_stream(got, self._decoder(stream), columns=self.columnar)
         top = _last_begin(got.events)  # (op events: JSON ones, and a reader of events' records)
+        if got.ops is not None and len(got.ops):
+            top = max(top, int(got.ops.id.max()))
+        if top >= 0:
+            self._raise_max_id(stream, top)
+        self._account(stream, got, size, lost_markers=isinstance(raw, bytes))
+        return got
+
+    def _account(self, stream: Stream, got: Decoded, size: int, lost_markers: bool = True) -> None:
+        """What ``ingest`` keeps of a decoded chunk but the highest op id: its op records,
+        and in ``stats`` what it held, skipped and (``counts_lost_markers``) says was lost."""
         if got.ops is not None:
             try:
                 self._ops.append(got.ops)
             except AttributeError:
                 self._ops = [got.ops]
-            if len(got.ops):
-                top = max(top, int(got.ops.id.max()))
-        if top >= 0:
-            self._raise_max_id(stream, top)
+        rank = stream[0]
         stats = self.stats
         stats.count_decoded(rank, got)
-        if self.counts_lost_markers and isinstance(raw, bytes):
-            stats.count_store_lost(rank, raw, got)
+        if self.counts_lost_markers and lost_markers:
+            stats.count_store_lost(rank, got)
         stats.bytes += size
-        return got
 
     def spool_remnants(self, job: str | None, store: str, writer: Callable[[int, int], Any],
                        final: bool) -> tuple[int, dict[Stream, list[Event]]]:

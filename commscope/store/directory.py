@@ -560,15 +560,22 @@ class DirectoryReader(TraceReader):
             streams = list(self.streams().items())
             n = len(streams)
             start = self._next % n if n and budget is not None else 0
-            for k in range(n):
-                stream, segs = streams[(start + k) % n]
-                events, used = self._read_stream(stream, segs, budget)
-                out.extend(events)
-                if budget is not None:
-                    budget -= used
-                    if budget <= 0:
-                        self._next = start + k + 1
-                        break
+            self.queue_chunks()  # (the streams' new lines decoded together, after the round)
+            try:
+                for k in range(n):
+                    stream, segs = streams[(start + k) % n]
+                    events, used = self._read_stream(stream, segs, budget)
+                    out.extend(events)
+                    if self.queue_full():
+                        out.extend(self.decode_queued())
+                        self.queue_chunks()
+                    if budget is not None:
+                        budget -= used
+                        if budget <= 0:
+                            self._next = start + k + 1
+                            break
+            finally:
+                out.extend(self.decode_queued())
             out.extend(self._read_summaries())
             if self._carried:
                 out[:0] = self._carried  # (what streams read from a later segment were in first)
@@ -729,12 +736,13 @@ class DirectoryReader(TraceReader):
         end = len(data) if torn and final else cut
         if not end:
             return [], 0, at_end
-        events = self.ingest(stream, data[:cut], cut).events if cut else []
+        events = self.ingest_later(stream, data[:cut], cut) if cut else []
         if end > cut:  # (all that line will be)
-            got = self.ingest(stream, data[cut:])
+            before, got = self.ingest_after_queued(stream, data[cut:])
             if got.damaged:
                 self.stats.warnings.append(f"rank {rank}: last line of {path.name} is truncated "
                                            f"({end - cut} bytes skipped)")
+            events.extend(before)
             events.extend(got.events)
         self._read_of[key] = offset + end
         return events, cut, at_end

@@ -118,9 +118,12 @@ class Feed:
 
     # ------------------------------------------------------------------ one cycle
     def hang_after(self) -> float:
+        """The job's hang_after (what its ranks were recorded with, else 30 s): asked by the
+        UI thread too, so under the lock (this thread may be adding ranks)."""
         if self.hang_after_override is not None:
             return self.hang_after_override
-        return self.model.hang_after() or 30.0
+        with self.lock:
+            return self.model.hang_after() or 30.0
 
     def now(self) -> int:
         """Live: the wall clock, held back to the reader's watermark (``TraceReader.

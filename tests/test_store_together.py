@@ -1,0 +1,121 @@
+"""A directory reader decodes a poll's streams together (``TraceReader.decode_queued``,
+``blocks.decode_chunks``): what it returns is what decoding each chunk as it is read
+returns, on a live job whose streams grow by uneven pieces (lines torn in two, segments
+rotating under the reader, polls cut short by a budget), and through a whole read.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from commscope import blockscan
+from commscope.bench.synthstore import JobShape, write_store
+from commscope.store import open_reader, segments
+from commscope.store.base import Batch, TraceReader
+
+pytestmark = pytest.mark.skipif(not blockscan.available(), reason="numba is not installed")
+
+
+def _stream_files(job: Path) -> dict[int, list[Path]]:
+    """Each rank's files in the order its writer made them: segment 0, what was in flight
+    when it ended (``open.000000``), segment 1, ..."""
+    out: dict[int, list[tuple[int, int, Path]]] = {}
+    for p in job.iterdir():
+        seg = segments.parse(p.name)
+        if seg is not None:
+            out.setdefault(seg[0][0], []).append((seg[1], 0, p))
+        elif ".open." in p.name:
+            rank, number = int(p.name[5:10]), int(p.name.split(".")[2])
+            out.setdefault(rank, []).append((number, 1, p))
+    return {rank: [p for *_, p in sorted(files)] for rank, files in out.items()}
+
+
+class _Growing:
+    """A copy of a finished job that grows by a random piece of every stream a step, as if
+    its ranks were writing it now (a piece may end inside a line).  ``torn``: a segment's
+    last line may stay torn as the next segment starts (a writer that died mid-line)."""
+
+    def __init__(self, src: Path, dst: Path, rng: random.Random, torn: bool) -> None:
+        dst.mkdir()
+        shutil.copy(src / "job.json", dst / "job.json")
+        self.dst, self.rng, self.torn = dst, rng, torn
+        self.todo = {rank: [(p, p.read_bytes()) for p in files] for rank, files in _stream_files(src).items()}
+        self.at = {rank: 0 for rank in self.todo}  # bytes of its file written
+        self.short = {rank: 0 for rank in self.todo}  # bytes its file will lack
+
+    def step(self, most: int) -> bool:
+        """Whether anything was left to write."""
+        grew = False
+        for rank, files in self.todo.items():
+            want = self.rng.randint(0, most)
+            while files and want:
+                path, data = files[0]
+                if ".open." in path.name:  # (written whole before the next segment, as the writer does)
+                    (self.dst / path.name).write_bytes(data)
+                    files.pop(0)
+                    continue
+                if not self.at[rank]:  # (``torn``: its last line may never be all there)
+                    self.short[rank] = self.rng.choice([1, 1, self.rng.randint(2, 30)]) if self.torn and self.rng.random() < 0.3 else 0
+                stop = len(data) - self.short[rank]
+                piece = data[self.at[rank]:min(self.at[rank] + want, stop)]
+                with open(self.dst / path.name, "ab") as f:
+                    f.write(piece)
+                self.at[rank] += len(piece)
+                want -= len(piece)
+                grew = grew or bool(piece)
+                if self.at[rank] >= stop:
+                    files.pop(0)
+                    self.at[rank] = 0
+        return grew or any(self.todo.values())
+
+
+def _by_rank(batches: list[Batch]) -> dict[int, tuple[list[dict], list[dict]]]:
+    """Per rank, (op events, other events) in stream order."""
+    out: dict[int, tuple[list[dict], list[dict]]] = {}
+    for b in batches:
+        for e in b.events:
+            out.setdefault(e["rank"], ([], []))[0 if e["type"] == "op" else 1].append(e)
+        for o in b.ops:
+            out.setdefault(o.rank, ([], []))[0].extend(o.events())
+    return out
+
+
+def _alone(reader: TraceReader) -> TraceReader:
+    reader.queue_chunks = lambda: None  # type: ignore[method-assign]  # (each chunk decoded as it is read)
+    return reader
+
+
+@pytest.mark.parametrize(("seed", "torn"), [(1, False), (2, False), (3, True), (4, True)])
+def test_a_live_job_polled_together_reads_as_each_stream_alone(tmp_path, seed, torn):
+    rng = random.Random(seed)
+    write_store(str(tmp_path / "src"), JobShape(5, 300, fault="healthy", segment_bytes=rng.choice([8_000, 30_000]),
+                                                 seed=seed), job="j")
+    job = _Growing(tmp_path / "src" / "j", tmp_path / "j", rng, torn)
+    job.step(2_000)
+    together, alone = open_reader(str(tmp_path / "j")), _alone(open_reader(str(tmp_path / "j")))
+    if seed % 2 == 0:  # (what is queued decoded between streams too, as a poll of a whole store does)
+        together.QUEUE_BYTES = 6_000
+    got: dict[str, list[Batch]] = {"together": [], "alone": []}
+    while job.step(rng.choice([300, 3_000, 20_000])):
+        budget = rng.choice([None, None, 4_000, 50_000])
+        for name, reader in (("together", together), ("alone", alone)):
+            got[name].append(reader.poll_batch(budget))
+    for name, reader in (("together", together), ("alone", alone)):
+        got[name].append(reader.read_all_batch())
+    a, b = _by_rank(got["together"]), _by_rank(got["alone"])
+    assert a == b
+    records = sum(len(ops) for ops, _ in a.values())
+    if torn:  # (a torn line is counted, and the same both ways)
+        assert records <= 5 * 300 * 2 and together.stats.corrupt > 0
+    else:
+        assert records == 5 * 300 * 2  # (every begin and end, once)
+    spans = sum(o.span is not None for batch in got["together"] for o in batch.ops)
+    assert spans > len(got["together"])  # (most polls decoded streams together)
+    assert not any(o.span is not None for batch in got["alone"] for o in batch.ops)
+    for field in ("events", "bytes", "corrupt", "invalid", "invalid_by_reason", "missing_by_rank", "partial_tail"):
+        assert getattr(together.stats, field) == getattr(alone.stats, field), field
+    assert {r: together.max_op_id((r, 0)) for r in range(5)} == {r: alone.max_op_id((r, 0)) for r in range(5)}
