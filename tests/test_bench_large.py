@@ -50,3 +50,11 @@ def test_the_week_finds_the_same_in_every_read_directory_and_redis(tmp_path, cap
     out = capsys.readouterr().out
     assert out.count("the same in") == 2 and "NOT" not in out
     assert "on Redis (one redis-server" in out and "check --since 30m" in out
+
+
+def test_the_live_poll_reads_every_stream_s_new_line_both_ways(tmp_path):
+    """``bench large``'s live poll: every poll of both readers reads each stream's block
+    (``polls`` raises where one does not), and leaves nothing behind."""
+    times = large.polls(tmp_path, 16, 3)
+    assert list(times) == ["together", "alone"] and all(len(t) == 3 for t in times.values())
+    assert list(tmp_path.iterdir()) == []

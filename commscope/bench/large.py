@@ -26,6 +26,10 @@ sees a few events from each of many ranks), as event dicts and as columns (one
 both rank by rank and with the ranks already begun ingested together, into two models
 built alike, each batch into both, alternating which goes first.
 
+Then a live reader's poll (``polls``): a block line appended to every stream of a job
+through the real writers, then polled by a reader that decodes the streams' chunks
+together and by one that decodes each alone, alternating.
+
 Last, a week-long job (``week``): its bytes on disk with and without retention, and a read
 of all of it against a read of its last 30 minutes, which must find the same; then the same
 week in a private redis-server, its streams marked (``store/redis_marks.py``), read whole
@@ -198,6 +202,60 @@ def batches(store: str, columns: bool, tail_events: int, batch: int) -> tuple[di
     return {"events": event_times}, int(median(touched)) if touched else 0
 
 
+def polls(root: Path, ranks: int, rounds: int) -> dict[str, list[float]]:
+    """A live reader's poll of ``ranks`` streams that each grew by one block line (a begin
+    and an end, its table prefix restated, as the native recorder writes) since the last:
+    the times of ``rounds`` polls by two readers of the same job, alternating which polls
+    first: ``together`` (the streams' chunks decoded together, ``blocks.decode_chunks``)
+    and ``alone`` (each chunk decoded as it is read, the path before)."""
+    import numpy as np
+
+    from commscope import blocks
+    from commscope.bench.synthstore import BEGIN_SIG_DT, END_DT, JobShape, _meta, _sigs, _Tables
+    from commscope.store import open_reader, open_writer
+
+    store = tempfile.mkdtemp(prefix="polls-", dir=root)
+    shape = JobShape(ranks, 2)
+    tables = _Tables(shape, _sigs(shape))
+    t0 = time.time_ns()
+    writers = [open_writer(store, "j", r, {"world_size": ranks}) for r in range(ranks)]
+    for r, w in enumerate(writers):
+        w.write([_meta(shape, r, "j", store, t0)])
+    dt = np.dtype([("b", BEGIN_SIG_DT), ("e", END_DT)])
+    ring = np.zeros(ranks, np.int64)
+
+    def tick(k: int) -> None:
+        arr = np.zeros(ranks, dt)
+        b, e = arr["b"], arr["e"]
+        b["typ"], b["len"], b["id"], b["seq"], b["tid"], b["sid"], b["ts"] = (
+            blocks.BEGIN_SIG, BEGIN_SIG_DT.itemsize, k + 1, k + 1, 1, k % 2, t0 + k * 40_000_000)
+        e["typ"], e["len"], e["id"], e["ts"] = blocks.END, END_DT.itemsize, k + 1, t0 + k * 40_000_000 + 500_000
+        raw, prefix, now = arr.tobytes(), tables.for_sids({0, 1}), time.time_ns()
+        for r, w in enumerate(writers):
+            data = raw[r * dt.itemsize:(r + 1) * dt.itemsize]
+            w.write([blocks.encode_block(prefix + data, r, now, 2, int(ring[r]), int(ring[r]) + len(data))])
+            ring[r] += len(data)
+
+    readers = {"together": open_reader(f"{store}/j"), "alone": open_reader(f"{store}/j")}
+    readers["alone"].queue_chunks = lambda: None  # type: ignore[method-assign]  # (each chunk as it is read)
+    times: dict[str, list[float]] = {name: [] for name in readers}
+    try:
+        for k in range(rounds + 3):  # (the first polls learn the tables and signatures: not timed)
+            tick(k)
+            for name in (list(readers) if k % 2 == 0 else list(readers)[::-1]):
+                t = time.perf_counter()
+                got = readers[name].poll_batch(None)
+                if k >= 3:
+                    times[name].append(time.perf_counter() - t)
+                if sum(map(len, got.ops)) != 2 * ranks:
+                    raise RuntimeError(f"a poll of {name} read {sum(map(len, got.ops))} records, not {2 * ranks}")
+    finally:
+        for w in writers:
+            w.close()
+        shutil.rmtree(store, ignore_errors=True)
+    return times
+
+
 def _interleaved(tails: list[list[Any]]) -> list[Any]:
     """The ranks' tails round-robin, the order a live console receives them in."""
     depth = max((len(t) for t in tails), default=0)
@@ -286,6 +344,12 @@ def run(args: argparse.Namespace) -> int:
                         if len(got) == 2:
                             slow, fast = (median(t) for t in got.values())
                             print(f"    live batch, together against rank by rank: {slow / fast:.1f}x")
+                    got = polls(root, ranks, 5 if args.quick else 10)
+                    for what, times in got.items():
+                        print(f"    live poll, {what:<9} a block line from each of {ranks:,} streams: median "
+                              f"{fmt_time(median(times))} ({median(times) / ranks * 1e6:.1f} us a stream)")
+                    alone, together = median(got["alone"]), median(got["together"])
+                    print(f"    live poll, together against alone: {alone / together:.1f}x")
                 shutil.rmtree(store, ignore_errors=True)
                 if ev_store != store:
                     shutil.rmtree(ev_store, ignore_errors=True)
