@@ -6,6 +6,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from test_model_batch import polls
 
 from commscope.analysis import TraceModel, diagnose
 from commscope.analysis.rankstate import rank_state, rank_states, snapshot
@@ -120,5 +123,85 @@ def test_a_console_that_diagnosed_judges_no_rank_twice(monkeypatch):
     assert first >= len(m.ranks) and len(calls) == first  # none judged again
     assert states == {r: rank_state(m, r, now) for r in m.ranks}
     before = len(calls)
-    rank_states(m, now + S)  # another moment: judged again
-    assert len(calls) == before + len(m.ranks)
+    plain = rankstate._plain_states(m, now + S)
+    rank_states(m, now + S)  # another moment: judged again, the plain ranks together
+    assert plain and len(calls) == before + len(m.ranks) - len(plain)
+
+
+def _one_by_one(m: TraceModel, now: int) -> dict:
+    from commscope.analysis.rankstate import _present
+
+    return {r: _present(m, r, now) for r in m.ranks}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_ranks_judged_together_are_judged_as_one_by_one(seed):
+    """The plain ranks' states judged together (``_plain_states``: blocked, waiting on an
+    async op, idle) are what judging each alone gives, on a live job (async ops, device
+    times, begins out of order, ends never begun) at several moments; and they are most
+    ranks."""
+    from test_model_batch import _build, _live_job
+
+    from commscope.analysis.rankstate import _plain_states
+
+    m = _build(_live_job(seed, world=40, polls=60), True)
+    for now in (m.end_ns, m.end_ns + S, m.end_ns + 100 * S):
+        plain = _plain_states(m, now)
+        assert len(plain) > len(m.ranks) // 2 and {k.kind for k in plain.values()} == {"blocked"}
+        want = _one_by_one(m, now)
+        assert all(plain[r] == want[r] for r in plain)
+        assert rank_states(m, now) == want
+
+
+def test_idle_blocked_and_waiting_ranks_are_judged_together_as_one_by_one():
+    """Ranks idle after their last op, blocked in a collective, waiting on an async op; one
+    with an async op in flight that it does not wait on and one whose last op began before
+    others (judged alone: their last complete op is not the newest they were told of)."""
+    from test_model_batch import T, _rows, _static
+
+    from commscope.analysis.rankstate import _plain_states
+    from commscope.oprecords import PH_BEGIN, PH_END, PH_WAIT_BEGIN
+
+    statics = [_static("all_reduce"), _static("all_reduce", is_async=True)]
+    done = [x for j in range(5) for x in ((PH_BEGIN, T + j * 1000, j + 1, 0, j + 1, -1, 0),
+                                          (PH_END, T + j * 1000 + 500, j + 1, -1, -1, -1, 0))]
+    extra = {1: [(PH_BEGIN, T + 9000, 6, 0, 6, -1, 0)],
+             2: [(PH_BEGIN, T + 9000, 6, 1, 6, -1, 0), (PH_END, T + 9100, 6, -1, -1, -1, 0),
+                 (PH_WAIT_BEGIN, T + 9200, 6, -1, -1, -1, 0)],
+             3: [(PH_BEGIN, T + 9000, 6, 1, 6, -1, 0), (PH_END, T + 9100, 6, -1, -1, -1, 0)],
+             5: [(PH_BEGIN, T + 200, 6, 0, 6, -1, 0), (PH_END, T + 300, 6, -1, -1, -1, 0)]}  # (begun before)
+    m = TraceModel()
+    m.ingest([], [_rows(r, done + extra.get(r, []), statics) for r in range(6)])
+    now = T + 3 * S
+    plain = _plain_states(m, now)
+    assert sorted(plain) == [0, 1, 2, 4]  # (3 has an op in flight, 5's newest op is not its last)
+    assert [plain[r].text.split(" ")[0] for r in (0, 1, 2)] == ["idle", "in", "waiting"]
+    assert rank_states(m, now) == _one_by_one(m, now)
+
+
+@settings(derandomize=True, deadline=None, database=None, max_examples=60, print_blob=False,
+          suppress_health_check=list(HealthCheck))
+@given(polls())
+def test_generated_polls_judge_the_same_together(plan):
+    """Generated polls (heartbeats, exits, meta, groups, nested and async ops, a rank twice
+    in a batch): every rank's state, with the plain ones judged together, is what judging
+    each alone gives."""
+    from test_model_batch import T, _build
+
+    m = _build(plan, True)
+    for now in (T, T + 10**6, T + 3 * S, T + 10**12):
+        snap_free = _one_by_one(m, now)
+        assert rank_states(m, now) == snap_free, now
+
+
+def test_dead_vanished_and_exited_ranks_are_judged_alone():
+    """A rank silent past its dead threshold, one that exited and one dead in the liveness
+    job are never among the plain ranks; their states are ``_present``'s."""
+    from commscope.analysis.rankstate import _plain_states
+
+    m, t = _job()
+    now = t + 10 * S
+    plain = _plain_states(m, now)
+    states = rank_states(m, now)
+    assert states[3].kind == "dead" and states[2].kind == "exited" and 3 not in plain and 2 not in plain
+    assert states == _one_by_one(m, now)

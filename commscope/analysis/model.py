@@ -1826,9 +1826,11 @@ class TraceModel:
     def label(self, rank: int, i: int) -> str:
         """Short human name: 'all_reduce #42 (group 0)' / 'recv #3 from 1 (group 0)'."""
         rt = self.ranks[rank]
-        s = self.sigs[int(rt.sig[i])]
-        seq = int(rt.seq[i])
-        peer = int(rt.peer[i])
+        return self.label_of(int(rt.sig[i]), int(rt.seq[i]), int(rt.peer[i]))
+
+    def label_of(self, sig: int, seq: int, peer: int) -> str:
+        """``label`` of an op given its signature code, seq and peer."""
+        s = self.sigs[sig]
         text = s.op + (f" #{seq}" if seq >= 0 and s.src != SNAPSHOT else "")  # a snapshot's seq means nothing
         if s.flags & P2P:
             text += f" {'to' if s.flags & SEND else 'from'} {peer if peer >= 0 else 'any'}"
