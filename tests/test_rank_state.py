@@ -70,6 +70,37 @@ def test_published_views_are_never_written_again():
     assert v2.ranks[0].touched_since(v.ranks[0].version) == b.t0 + 60 * MS  # the op that ended
 
 
+def test_a_rank_in_time_order_then_out_of_it_keeps_its_order_and_its_views():
+    """A rank whose begins came in time order has the shared identity as its order (no
+    arrays of its own); a begin out of order sorts it once, and what was published before
+    reads as it was."""
+    b = TraceBuilder(1, meta=False)
+    for k in range(40):
+        b.sync(0, b.t0 + k * MS, b.t0 + k * MS + MS // 2, "all_reduce")
+    m = TraceModel.from_events(b.sorted_events())
+    v = m.view()
+    assert v.ranks[0].order_.tolist() == list(range(40)) and not v.ranks[0].order_.flags.writeable
+    copies = [a.copy() for a in (v.ranks[0].order_, v.ranks[0].sb, v.ranks[0].pmax)]
+    late = TraceBuilder(1, meta=False)
+    late.sync(0, b.t0 + 5 * MS + 1, b.t0 + 5 * MS + 2, "all_reduce")  # begun among the first ops
+    m.ingest([dict(e, id=1000 + e["id"]) for e in late.sorted_events() if e["type"] == "op"])
+    rt = m.ranks[0]
+    assert rt.n == 41 and not rt._sorted
+    assert rt.order().tolist() == np.argsort(rt.begin[:41], kind="stable").tolist() and rt.order()[6] == 40
+    assert [int(i) for i in m.ops_in_window(0, b.t0 + 5 * MS, b.t0 + 5 * MS + 3)] == [5, 40]
+    for old, a in zip(copies, (v.ranks[0].order_, v.ranks[0].sb, v.ranks[0].pmax), strict=True):
+        assert np.array_equal(old, a)
+    # out of order within a batch, after every op before: the order still holds them all
+    m = TraceModel.from_events(b.sorted_events())
+    m.view()
+    late = TraceBuilder(1, meta=False)
+    for at in (50, 45):
+        late.sync(0, b.t0 + at * MS, b.t0 + at * MS + 1, "all_reduce")
+    m.ingest([dict(e, id=1000 + e["id"]) for e in late.events if e["type"] == "op"])
+    rt = m.ranks[0]
+    assert not rt._sorted and rt.order().tolist() == [*range(40), 41, 40]
+
+
 def test_rank_table_sort_key_never_raises():
     vals = [3, 2.5, None, "x", (1, -2.0), (0, "a"), float("nan"), -1, {"odd": 1}, (1, None)]
     keys = sorted(vals, key=sort_key)

@@ -537,9 +537,14 @@ class RankTrace:
         n = self.n
         if self._order is not None and self._order_n == n:
             return self._order
-        if self._order is None or self._order_n > n:
-            # begins that came in time order (the usual case) are their own order
-            self._order = np.arange(n, dtype=np.int64) if self._sorted else np.argsort(self.begin[:n], kind="stable")
+        if self._sorted:  # begins that came in time order (the usual case): their own order, no arrays
+            self._ins_min = min(self._ins_min, self._order_n) if self._order is not None and self._order_n <= n else 0
+            self._order, self._sb = _identity(n), self.begin[:n]  # (a begin is never written again)
+            self._ord_buf = self._sb_buf = _NONE_I8
+            self._order_n = n
+            return self._order
+        if self._order is None or self._order_n > n or self._ord_buf is _NONE_I8:  # (or just left time order)
+            self._order = np.argsort(self.begin[:n], kind="stable")
             self._sb = self.begin[self._order]
             self._ord_buf, self._sb_buf = self._order, self._sb
             self._ins_min = 0
@@ -635,10 +640,23 @@ class RankTrace:
         cols = [_frozen(getattr(self, c)[:n]) for c in RankView.COLUMNS]
         comp = self.comp
         flight = tuple(sorted(i for i in self.open if comp[i] == 0))
-        v = self._view = RankView(self.rank, version, n, *cols, _frozen(order), _frozen(self._sb), _frozen(pmax),
+        v = self._view = RankView(self.rank, version, n, *cols, order if not order.flags.writeable else _frozen(order),
+                                  _frozen(self._sb), _frozen(pmax),
                                   flight, int(t.first_ts[s]), int(t.last_ts[s]), self.last_hb, self.meta,
                                   tuple(self.exits), t.touch_log(s))
         return v
+
+
+_IDENTITY = np.zeros(0, np.int64)
+
+
+def _identity(n: int) -> np.ndarray:
+    """0 .. n-1, read-only: the order of every rank whose begins came in time order (one array
+    for all of them, grown as ranks grow)."""
+    global _IDENTITY
+    if _IDENTITY.shape[0] < n:
+        _IDENTITY = _frozen(np.arange(max(n, 2 * _IDENTITY.shape[0], 4096), dtype=np.int64))
+    return _IDENTITY[:n]
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
