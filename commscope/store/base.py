@@ -428,7 +428,6 @@ class TraceReader(abc.ABC):
         queued, self._queued = self._queued, None
         if not queued:
             return []
-        alone = [stream for stream, chunks in queued.items() if len(chunks) != 1]
         together = [stream for stream, chunks in queued.items() if len(chunks) == 1]
         got = decode_chunks([(queued[stream][0][0], self._decoder(stream)) for stream in together]) \
             if len(together) > 1 else [None] * len(together)
@@ -440,13 +439,16 @@ class TraceReader(abc.ABC):
             for (stream, _), top in zip(spans, tops.tolist(), strict=True):
                 self._raise_max_id(stream, top)
         out: list[Event] = []
-        for stream in (*together, *alone):
+        for stream, chunks in queued.items():
             d = decoded.get(stream)
             if d is None:
-                for chunk, size in queued[stream]:
+                for chunk, size in chunks:
                     out.extend(self.ingest(stream, chunk, size).events)
                 continue
-            self._account(stream, d, size=queued[stream][0][1])
+            top = _last_begin(d.events)  # (JSON op events among the blocks)
+            if top >= 0:
+                self._raise_max_id(stream, top)
+            self._account(stream, d, size=chunks[0][1])
             out.extend(d.events)
         return out
 
