@@ -1231,6 +1231,8 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]]) -> list[Decoded 
     if not n or not blockscan.available():
         return out
     decoders = [dec for _, dec in chunks]
+    if len(set(map(id, decoders))) != n:
+        raise ValueError("decode_chunks: one chunk per stream (a decoder was given twice)")
     table = decoders[0].table
     sizes = np.fromiter(map(len, (d for d, _ in chunks)), np.int64, n)
     starts = np.zeros(n, np.int64)

@@ -581,6 +581,15 @@ def test_native_streams_decoded_together_decode_as_each_alone(many, chunk):
         assert together[rank] == run(lines, rank, chunk=chunk, scanned=True), rank
 
 
+def test_a_stream_given_twice_to_decode_together_is_refused():
+    """Two chunks of one stream would be judged against its decoder as it stood before both
+    (a ring overlap missed, or the second decoded before the first): one chunk a stream."""
+    dec = BlockDecoder(1, StaticTable())
+    data = meta_line(1) + b"\n"
+    with pytest.raises(ValueError, match="one chunk per stream"):
+        blocks.decode_chunks([(data, dec), (data, dec)])
+
+
 def test_a_native_job_s_polls_are_mostly_decoded_together_and_alike(tmp_path):
     """A job written as the native recorder writes (``bench.synthstore``: blocks with ring
     positions restating their tables, begins through signatures, a heartbeat and a sample

@@ -139,3 +139,27 @@ def test_a_live_job_polled_together_reads_as_each_stream_alone(tmp_path, seed, t
         assert getattr(together.stats, field) == getattr(alone.stats, field), field
     tops = {r: together.max_op_id((r, 0)) for r in range(5)}
     assert tops == {r: alone.max_op_id((r, 0)) for r in range(5)} and min(tops.values()) > 10**6
+
+
+def test_a_torn_segment_end_keeps_a_rank_s_incarnations_in_order(tmp_path):
+    """A rank's two incarnations (two streams): the later one's finished segment ends in a
+    torn line (decoded at once, with a newer segment there). What the earlier incarnation
+    queued in the same poll still comes first, as read alone."""
+    job = tmp_path / "j"
+    job.mkdir()
+    (job / "job.json").write_text('{"world_size": 1, "job": "j"}')
+
+    def lines(tag: int, torn: bytes = b"") -> bytes:
+        evs = [{"type": "meta", "ts": 1_780_000_000_000_000_000 + tag, "v": 3, "rank": 0, "world_size": 1,
+                "tag": tag},
+               {"type": "heartbeat", "ts": 1_780_000_000_000_000_100 + tag, "v": 3, "rank": 0, "inflight": tag}]
+        return b"".join(orjson.dumps(e) + b"\n" for e in evs) + torn
+
+    (job / segments.segment_name(0, 0, 0)).write_bytes(lines(0))
+    (job / segments.segment_name(0, 1, 0)).write_bytes(lines(1, b'{"type":"heartbe'))
+    (job / segments.segment_name(0, 1, 1, 1_780_000_001)).write_bytes(lines(2))
+    got = []
+    for reader in (open_reader(str(job)), _alone(open_reader(str(job)))):
+        got.append([(e["type"], e.get("tag", e.get("inflight"))) for e in reader.poll_batch(None).events])
+    assert got[0] == got[1]
+    assert [tag for kind, tag in got[0] if kind == "meta"] == [0, 1, 2]

@@ -416,9 +416,13 @@ class TraceReader(abc.ABC):
         return []
 
     def ingest_after_queued(self, stream: Stream, raw: bytes, size: int = 0) -> tuple[list[Event], Decoded]:
-        """``ingest`` of ``raw`` after what ``stream`` has queued: (the queued chunks' events,
-        what ``raw`` decoded to)."""
-        before = [e for chunk, n in (self._queued or {}).pop(stream, []) for e in self.ingest(stream, chunk, n).events]
+        """``ingest`` of ``raw`` now, after everything queued (the stream's chunks, and the other
+        streams' read before it: a rank's earlier incarnation comes first): (the queued chunks'
+        events, what ``raw`` decoded to).  Queueing goes on after."""
+        if self._queued is None:
+            return [], self.ingest(stream, raw, size)
+        before = self.decode_queued()
+        self.queue_chunks()
         return before, self.ingest(stream, raw, size)
 
     def decode_queued(self) -> list[Event]:
