@@ -1237,8 +1237,8 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]]) -> list[Decoded 
     sizes = np.fromiter(map(len, (d for d, _ in chunks)), np.int64, n)
     starts = np.zeros(n, np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
-    s = blockscan.scan_many(b"".join(d for d, _ in chunks), starts,
-                            np.fromiter((dec.rank for dec in decoders), np.int64, n))
+    data = b"".join(d for d, _ in chunks)
+    s = blockscan.scan_many(data, starts, np.fromiter((dec.rank for dec in decoders), np.int64, n))
     if s is None:
         return out
     ok = (sizes > 0) & np.fromiter((dec.table is table for dec in decoders), np.bool_, n)
@@ -1289,7 +1289,7 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]]) -> list[Decoded 
         tid[sigm] = body["tid"]
         peer[sigm] = table.peer[np.maximum(st, 0)]
     ok[oc[phase < 0]] = False  # (a begin of its own, a source, a bad or unknown record: alone)
-    events = _other_lines(chunks, s, line_chunk, ok)
+    events = _other_lines(data, chunks, s, line_chunk, ok)
     cols = (phase, f.ts, f.id, static, seq, parent, tid, peer, f.gpu, f.flags)
     keep = ok[oc]
     if not keep.all():
@@ -1318,24 +1318,32 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]]) -> list[Decoded 
     return out
 
 
-def _other_lines(chunks: Sequence[tuple[bytes, BlockDecoder]], s: blockscan.Scan, line_chunk: np.ndarray,
-                 ok: np.ndarray) -> dict[int, Decoded]:
+def _other_lines(data: bytes, chunks: Sequence[tuple[bytes, BlockDecoder]], s: blockscan.Scan,
+                 line_chunk: np.ndarray, ok: np.ndarray) -> dict[int, Decoded]:
     """The lines ``decode_chunks`` leaves to JSON (heartbeats, samples ...) of the chunks
-    still ``ok``, decoded per chunk; a chunk where one is a block or says what a decoder's
-    tables hold (``teaches``) is no longer ok (it goes alone: its tables change)."""
+    still ``ok``, decoded in one call for all of them (``schema.decode_many``), or per
+    chunk where one line of them is not a valid event of its stream (that path counts
+    what it skips); a chunk where one is a block or says what a decoder's tables hold
+    (``teaches``) is no longer ok (it goes alone: its tables change)."""
     other = np.flatnonzero((s.block < 0) & ok[line_chunk])
     if not other.shape[0]:
         return {}
     by: dict[int, list[bytes]] = {}
-    starts = [0, *np.cumsum([len(d) for d, _ in chunks]).tolist()]
     for c, lo, hi in zip(line_chunk[other].tolist(), s.line_start[other].tolist(), s.line_end[other].tolist(),
                          strict=True):
-        line = chunks[c][0][lo - starts[c]:hi - starts[c]]
+        line = data[lo:hi]
         if line.strip():
             by.setdefault(c, []).append(line)
+    ranks = [chunks[c][1].rank for c, lines in by.items() for _ in lines]
+    events = schema.decode_many([line for lines in by.values() for line in lines], ranks)
     out: dict[int, Decoded] = {}
+    at = 0
     for c, lines in by.items():
-        got, _ = schema.decode_indexed(lines, chunks[c][1].rank)
+        if events is not None:
+            got = Decoded(events[at:at + len(lines)], 0, Counter())
+            at += len(lines)
+        else:
+            got, _ = schema.decode_indexed(lines, chunks[c][1].rank)
         if any(e.get("type") == BLOCK or teaches(e) for e in got.events):
             ok[c] = False
         else:

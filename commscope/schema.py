@@ -24,6 +24,7 @@ import re
 import typing
 from collections import Counter
 from collections.abc import Iterable
+from operator import itemgetter, ne
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, TypedDict
 
 import msgspec
@@ -365,6 +366,27 @@ def decode_indexed(lines: list[bytes], rank: int | None = None) -> tuple[Decoded
     kept = _sift(objs, rank, invalid)  # (keeps the very dicts it was given)
     line_of = {id(o): k for k, o in enumerate(objs)}
     return Decoded(kept, 0, invalid), [line_of[id(e)] for e in kept]
+
+
+_RANK_OF = itemgetter("rank")
+
+
+def decode_many(lines: list[bytes], ranks: list[int]) -> list[dict] | None:
+    """Lines of several streams (line k of rank ``ranks[k]``, none blank) decoded and
+    validated in one call, their events in line order; None where a line is not exactly
+    one valid event of its own rank: decode those stream by stream then (``decode_lines``
+    counts what it skips, by rank)."""
+    try:
+        objs = _DECODER.decode_lines(b"\n".join(lines))
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError):
+        return None
+    if len(objs) != len(lines):
+        return None
+    invalid: Counter = Counter()
+    kept = _sift(objs, None, invalid)
+    if len(kept) != len(objs) or any(map(ne, map(_RANK_OF, kept), ranks)):
+        return None
+    return kept
 
 
 def validate_events(objs: Iterable[Any], rank: int | None = None) -> tuple[list[dict], Counter]:

@@ -532,9 +532,15 @@ def regular_streams(draw, rank: int) -> list[bytes]:
     ring, next_id, ts, last, recvs = 0, 1, T, b"", []
     for _ in range(draw(st.integers(1, 14))):
         kind = draw(st.sampled_from(["regular"] * 3 + ["heartbeat", "again", "exc", "approx", "wait", "cut", "restated",
-                                                       "unknown", "recv", "source"]))
+                                                       "unknown", "recv", "source", "odd event"]))
         if kind == "heartbeat":
             lines.append(event_line(rank, type="heartbeat", inflight=0))
+            continue
+        if kind == "odd event":  # another rank's, two the schema refuses (a type, a key), one not JSON
+            lines.append(draw(st.sampled_from([
+                event_line(rank + 1, type="heartbeat", inflight=0), event_line(rank, type="heartbeat", ts="soon"),
+                orjson.dumps({"type": "heartbeat", "v": SCHEMA_VERSION, "rank": rank, "inflight": 0}),
+                b"{not json"])))
             continue
         if kind == "again" and last:
             lines.append(last)
