@@ -70,6 +70,21 @@ def test_published_views_are_never_written_again():
     assert v2.ranks[0].touched_since(v.ranks[0].version) == b.t0 + 60 * MS  # the op that ended
 
 
+def test_a_completion_that_grows_after_publishing_reaches_the_running_max():
+    """An op complete when a view was published whose completion grows later (a ``done``
+    with its device time, after the end): the next view's running max of ends has it."""
+    b = TraceBuilder(1, meta=False)
+    first = b.sync(0, b.t0, b.t0 + MS, "all_reduce")
+    b.sync(0, b.t0 + 2 * MS, None, "all_reduce")
+    m = TraceModel.from_events(b.sorted_events())
+    m.view()
+    m.ingest([{"type": "op", "v": 3, "rank": 0, "ts": b.t0 + 5 * MS, "phase": "done", "id": first,
+               "gpu_ns": 4 * MS}])
+    rv = m.view().ranks[0]
+    assert int(rv.comp[0]) == b.t0 + 5 * MS
+    assert rv.pmax.tolist() == np.maximum.accumulate(np.where(rv.comp[:2] > 0, rv.comp[:2], rv.begin[:2])).tolist()
+
+
 def test_a_rank_in_time_order_then_out_of_it_keeps_its_order_and_its_views():
     """A rank whose begins came in time order has the shared identity as its order (no
     arrays of its own); a begin out of order sorts it once, and what was published before

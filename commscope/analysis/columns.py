@@ -158,6 +158,19 @@ class RankTable:
                 ops.extend(rt._open)
         return np.array(slots, np.int64), np.array(ops, np.int64)
 
+    def touched_since(self, s: int, version: int) -> int | None:
+        """Slot ``s``'s earliest begin among the ops changed after ``version`` (I64_MAX: none;
+        None: its touch log no longer reaches back that far), without copying the log."""
+        if version >= int(self.version[s]):
+            return I64_MAX
+        k = int(self.touches[s])
+        tv, tf = self.touch_version[s, :min(k, TOUCH_LOG)], self.touch_first[s, :min(k, TOUCH_LOG)]
+        oldest = int(tv[k % TOUCH_LOG]) if k > TOUCH_LOG else (int(tv[0]) if k else version + 2)
+        if oldest > version + 1:
+            return None
+        after = tv > version
+        return int(tf[after].min()) if after.any() else I64_MAX
+
     def touch_log(self, s: int) -> tuple[np.ndarray, np.ndarray]:
         """Slot ``s``'s touch log, oldest first, as two arrays of its own (a published view's)."""
         k = int(self.touches[s])
@@ -592,8 +605,10 @@ class RankTrace:
             return self._pmax
         start = 0
         if self._pmax is not None:
+            # (ops that changed since, an op complete before included: a device time came later)
+            since = self._t.touched_since(self._s, self._pmax_version)
             start = min(self._ins_min, int(np.searchsorted(begins, self._open_min_begin, side="left")),
-                        self._pmax.shape[0])
+                        self._pmax.shape[0], 0 if since is None else int(np.searchsorted(begins, since, side="left")))
         ends = self.comp[order[start:]]
         ends = np.where(ends == 0, begins[start:], ends)
         if start and start <= self._pmax.shape[0]:
