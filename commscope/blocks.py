@@ -1223,9 +1223,9 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]]) -> list[Decoded 
     a block the scanner read whole, in ring order after what its decoder read, whose table
     prefix its decoder has in effect (or none); every record a phase (no error) or a begin
     through a signature its decoder decoded (not an any-source recv); the other lines events
-    that teach its tables nothing (heartbeats, samples ...: decoded as JSON, per chunk).
-    Any other chunk is None: nothing of its decoder changed, decode it alone
-    (``decode_chunk``)."""
+    that teach its tables nothing (heartbeats, samples ...: decoded as JSON, all chunks' in
+    one call, ``_other_lines``).  Any other chunk is None: nothing of its decoder changed,
+    decode it alone (``decode_chunk``)."""
     n = len(chunks)
     out: list[Decoded | None] = [None] * n
     if not n or not blockscan.available():
