@@ -161,15 +161,10 @@ class RankTable:
     def touched_since(self, s: int, version: int) -> int | None:
         """Slot ``s``'s earliest begin among the ops changed after ``version`` (I64_MAX: none;
         None: its touch log no longer reaches back that far), without copying the log."""
-        if version >= int(self.version[s]):
-            return I64_MAX
         k = int(self.touches[s])
         tv, tf = self.touch_version[s, :min(k, TOUCH_LOG)], self.touch_first[s, :min(k, TOUCH_LOG)]
-        oldest = int(tv[k % TOUCH_LOG]) if k > TOUCH_LOG else (int(tv[0]) if k else version + 2)
-        if oldest > version + 1:
-            return None
-        after = tv > version
-        return int(tf[after].min()) if after.any() else I64_MAX
+        oldest = int(tv[k % TOUCH_LOG]) if k > TOUCH_LOG else (int(tv[0]) if k else None)
+        return _changed_since(tv, tf, oldest, version, int(self.version[s]))
 
     def touch_log(self, s: int) -> tuple[np.ndarray, np.ndarray]:
         """Slot ``s``'s touch log, oldest first, as two arrays of its own (a published view's)."""
@@ -662,6 +657,19 @@ class RankTrace:
         return v
 
 
+def _changed_since(versions: np.ndarray, begins: np.ndarray, oldest: int | None, version: int,
+                   current: int) -> int | None:
+    """The rule of a touch log (its entries in any order, ``oldest`` the oldest version it
+    holds): the earliest begin among the ops changed after ``version`` (I64_MAX: none), or
+    None when the log no longer reaches back that far."""
+    if version >= current:
+        return I64_MAX
+    if oldest is None or oldest > version + 1:
+        return None
+    after = versions > version
+    return int(begins[after].min()) if after.any() else I64_MAX
+
+
 _IDENTITY = np.zeros(0, np.int64)
 
 
@@ -725,12 +733,8 @@ class RankView(NamedTuple):
         """The earliest begin among the ops changed after ``version`` (I64_MAX: none), or
         None when the log no longer reaches back that far."""
         versions, begins = self.touched
-        if version >= self.version:
-            return I64_MAX
-        if not versions.shape[0] or int(versions[0]) > version + 1:
-            return None
-        after = versions > version  # (versions grow along the log)
-        return int(begins[after].min()) if after.any() else I64_MAX
+        return _changed_since(versions, begins, int(versions[0]) if versions.shape[0] else None, version,
+                              self.version)
 
     def window(self, t0: int, t1: int) -> np.ndarray:
         """``RankTrace.window`` on the published arrays."""

@@ -346,8 +346,19 @@ def _present(m: TraceModel, rank: int, now: int) -> RankState:
     last = m.last_op(rank)
     if last is None:
         return RankState("idle", _outside(rt) or "idle (no ops yet)", None, rt.first_ts)
-    done = int(rt.comp[last])
-    return RankState("idle", f"idle (last {m.label(rank, last)} {(now - done) / 1e9:.1f} s ago)", last, done)
+    return _idle(m.label(rank, last), last, int(rt.comp[last]), now)
+
+
+def _idle(label: str, last: int, done: int, t: int) -> RankState:
+    """'idle (last all_reduce #3 (group 0) 2.0 s ago)': the one wording, whoever judged it."""
+    return RankState("idle", f"idle (last {label} {(t - done) / 1e9:.1f} s ago)", last, done)
+
+
+def _blocked(flags: int, label: str, i: int, since: int, t: int) -> RankState:
+    """'in all_reduce #3 (group 0) for 2.0 s' / 'waiting on …' (an async op's wait()): the
+    one wording, whoever judged it (``flags``: the op's signature flags)."""
+    verb = "waiting on" if flags & ASYNC else "in"
+    return RankState("blocked", f"{verb} {label} for {(t - since) / 1e9:.1f} s", i, since)
 
 
 def _outside(rt: RankTrace) -> str | None:
@@ -363,9 +374,8 @@ def _outside(rt: RankTrace) -> str | None:
 
 def _blocked_state(m: TraceModel, rank: int, i: int, t: int) -> RankState:
     """'in all_reduce #3 (group 0) for 2.0 s' / 'waiting on …' (an async op's wait())."""
-    since = blocked_since(m, rank, i)
-    verb = "waiting on" if m.sig_flags(m.ranks[rank].sig[i:i + 1])[0] & ASYNC else "in"
-    return RankState("blocked", f"{verb} {m.label(rank, i)} for {(t - since) / 1e9:.1f} s", i, since)
+    return _blocked(int(m.sig_flags(m.ranks[rank].sig[i:i + 1])[0]), m.label(rank, i), i,
+                    blocked_since(m, rank, i), t)
 
 
 #: Exit reasons in words (the ``exit`` event keeps the recorder's own names).
@@ -449,8 +459,7 @@ def _as_of(m: TraceModel, rank: int, t: int) -> RankState:
     last = _last_done_before(m, rank, t)
     if last is None:
         return RankState("idle", "idle (no ops yet)", None, rt.first_ts)
-    done = int(rt.comp[last])
-    return RankState("idle", f"idle (last {m.label(rank, last)} {(t - done) / 1e9:.1f} s ago)", last, done)
+    return _idle(m.label(rank, last), last, int(rt.comp[last]), t)
 
 
 def _candidates(m: ModelLike, rank: int, t: int, k: int = 256) -> np.ndarray:
@@ -621,11 +630,7 @@ def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
     for r, i, is_idle, code, q, p, f, at in zip(rank_of.tolist(), ops.tolist(), idle.tolist(), sig.tolist(),
                                                 seq.tolist(), peer.tolist(), flags.tolist(), since.tolist(),
                                                 strict=True):
-        if is_idle:
-            out[r] = RankState("idle", f"idle (last {label(code, q, p)} {(now - at) / 1e9:.1f} s ago)", i, at)
-        else:
-            verb = "waiting on" if f & ASYNC else "in"
-            out[r] = RankState("blocked", f"{verb} {label(code, q, p)} for {(now - at) / 1e9:.1f} s", i, at)
+        out[r] = _idle(label(code, q, p), i, at, now) if is_idle else _blocked(f, label(code, q, p), i, at, now)
     return out
 
 
