@@ -48,7 +48,10 @@ def test_diagnose_computes_each_rank_state_once():
     assert snapshot(m, now + S) is not snap
 
 
-def test_published_views_are_never_written_again():
+def test_published_views_keep_their_order_and_their_running_max_only_rises():
+    """What a view published holds is never reordered: ``order`` and ``sb`` never change, and
+    the running max of a rank in time order (its block's, ``runmax``) only rises in place,
+    when an op in flight then completes, so the old view still finds every op it found."""
     b = TraceBuilder(1, meta=False)
     for k in range(50):
         b.sync(0, b.t0 + k * MS, b.t0 + k * MS + MS // 2, "all_reduce")
@@ -61,13 +64,21 @@ def test_published_views_are_never_written_again():
     m.ingest([e for e in events if b.t0 + 30 * MS <= e["ts"] < b.t0 + 65 * MS])  # (arrays with room to spare)
     v = m.view()
     assert v.ranks[0].n == 51 and len(v.ranks[0].open) == 1
-    copies = [a.copy() for a in (v.ranks[0].order_, v.ranks[0].sb, v.ranks[0].pmax)]
+    order, sb, pmax = (a.copy() for a in (v.ranks[0].order_, v.ranks[0].sb, v.ranks[0].pmax))
+    windows = [(b.t0 + k * MS, b.t0 + (k + 3) * MS) for k in range(0, 70, 5)]
+    found = [v.ranks[0].window(t0, t1).tolist() for t0, t1 in windows]
     m.ingest([e for e in events if e["ts"] >= b.t0 + 65 * MS])
     v2 = m.view()
-    for old, a in zip(copies, (v.ranks[0].order_, v.ranks[0].sb, v.ranks[0].pmax), strict=True):
-        assert np.array_equal(old, a)  # the earlier view still reads as it was published
-    assert v2.ranks[0].n == 61 and not v2.ranks[0].open and not v.ranks[0].pmax.flags.writeable
-    assert v2.ranks[0].touched_since(v.ranks[0].version) == b.t0 + 60 * MS  # the op that ended
+    old = v.ranks[0]
+    assert np.array_equal(order, old.order_) and np.array_equal(sb, old.sb)
+    assert bool((old.pmax >= pmax).all()) and bool((np.diff(old.pmax) >= 0).all())
+    assert int(old.pmax[50]) == b.t0 + 70 * MS  # (the op in flight, complete now)
+    assert pmax[:50].tolist() == old.pmax[:50].tolist()
+    for (t0, t1), ops in zip(windows, found, strict=True):
+        assert set(ops) <= set(old.window(t0, t1).tolist())
+    assert v2.ranks[0].n == 61 and not v2.ranks[0].open and not old.pmax.flags.writeable
+    assert not old.order_.flags.writeable and not old.sb.flags.writeable and not old.begin.flags.writeable
+    assert v2.ranks[0].touched_since(old.version) == b.t0 + 60 * MS  # the op that ended
 
 
 def test_a_completion_that_grows_after_publishing_reaches_the_running_max():

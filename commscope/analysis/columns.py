@@ -17,7 +17,10 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from commscope.analysis import runmax
+
 I64_MAX = np.iinfo(np.int64).max
+I64_MIN = runmax.I64_MIN
 #: A rank's op ids are looked up in a dense array while they stay below this multiple of its
 #: op count (plus DENSE_ID_SLACK); sparse or huge ids (foreign, trimmed or hostile traces)
 #: switch it to a dict, so an id costs memory by the ops held, never by its value.
@@ -58,9 +61,13 @@ _COLS_I4 = ("peer", "parent", "sig")
 #: Ranks below this have their slot in an array (``RankTable.slots``); others go rank by rank
 RANK_SLOTS = 1 << 22
 #: Fill of each op column's unused rows: ints 0, the int32 references -1
-_FILL = {**dict.fromkeys(_COLS_I8, 0), **dict.fromkeys(_COLS_I4, -1), "flags": 0}
-_DTYPE = {**dict.fromkeys(_COLS_I8, np.int64), **dict.fromkeys(_COLS_I4, np.int32), "flags": np.uint8}
+_FILL = {**dict.fromkeys(_COLS_I8, 0), **dict.fromkeys(_COLS_I4, -1), "flags": 0, "pmax": 0}
+_DTYPE = {**dict.fromkeys(_COLS_I8, np.int64), **dict.fromkeys(_COLS_I4, np.int32), "flags": np.uint8,
+          "pmax": np.int64}
 OP_COLUMNS = (*_COLS_I8, *_COLS_I4, "flags")
+#: A block's columns: the op columns and the running max of ends of its ranks in time order
+#: (``runmax``), which a move does not copy (it is recomputed in the new rows)
+BLOCK_COLUMNS = (*OP_COLUMNS, "pmax")
 
 
 class RankTable:
@@ -78,7 +85,7 @@ class RankTable:
     """
 
     INT = ("n", "first_ts", "last_ts", "last_op_ts", "last_begin", "last_comp", "version", "open_from",
-           "mapped", "idoff", "aligned_from", "base", "cap", "touches")
+           "mapped", "idoff", "aligned_from", "base", "cap", "touches", "pmax_n", "pmax_version")
     BOOL = ("ordered", "stale", "device_seen", "parents")
 
     def __init__(self) -> None:
@@ -92,6 +99,7 @@ class RankTable:
         self.touch_version = np.zeros((cap, TOUCH_LOG), np.int64)
         self.touch_first = np.zeros((cap, TOUCH_LOG), np.int64)
         self.blocks: list[dict[str, np.ndarray] | None] = []
+        self._frozen: dict[int, dict[str, np.ndarray]] = {}  # block -> read-only views of its columns
         self._residents: list[int] = []  # ranks living in each block
         self.rank_slot = np.full(0, -1, np.int64)  # rank -> slot (-1: none), ranks below RANK_SLOTS
         self.traces: list[RankTrace] = []  # slot -> its rank
@@ -161,10 +169,7 @@ class RankTable:
     def touched_since(self, s: int, version: int) -> int | None:
         """Slot ``s``'s earliest begin among the ops changed after ``version`` (I64_MAX: none;
         None: its touch log no longer reaches back that far), without copying the log."""
-        k = int(self.touches[s])
-        tv, tf = self.touch_version[s, :min(k, TOUCH_LOG)], self.touch_first[s, :min(k, TOUCH_LOG)]
-        oldest = int(tv[k % TOUCH_LOG]) if k > TOUCH_LOG else (int(tv[0]) if k else None)
-        return _changed_since(tv, tf, oldest, version, int(self.version[s]))
+        return _one(self.changed_since(np.array([s]), np.array([version], np.int64)))
 
     def touch_log(self, s: int) -> tuple[np.ndarray, np.ndarray]:
         """Slot ``s``'s touch log, oldest first, as two arrays of its own (a published view's)."""
@@ -221,6 +226,8 @@ class RankTable:
                 cols[c][at] = v[m]
 
     def add_block(self, cols: dict[str, np.ndarray]) -> int:
+        if "pmax" not in cols:
+            cols["pmax"] = np.zeros(cols["begin"].shape[0], np.int64)  # (pages untouched until written)
         self.blocks.append(cols)
         self._residents.append(0)
         return len(self.blocks) - 1
@@ -233,12 +240,68 @@ class RankTable:
             self._residents[old] -= 1
             if not self._residents[old]:
                 self.blocks[old] = None
+                self._frozen.pop(old, None)
         cols = self.blocks[b]
         assert cols is not None
-        for c in OP_COLUMNS:
+        for c in BLOCK_COLUMNS:
             setattr(rt, c, cols[c][base:base + cap])
         self._residents[b] += 1
         self.block[s], self.base[s], self.cap[s] = b, base, cap
+        self.pmax_n[s] = 0  # (recomputed in the new rows: the old ones stay as views hold them)
+
+    def frozen(self, b: int) -> dict[str, np.ndarray]:
+        """Read-only views of block ``b``'s columns (made once a block): a published view's
+        columns are slices of them."""
+        fz = self._frozen.get(b)
+        if fz is None:
+            cols = self.blocks[b]
+            assert cols is not None
+            fz = self._frozen[b] = {c: _frozen(a) for c, a in cols.items()}
+        return fz
+
+    def views(self) -> None:
+        """Bring every rank's published view up to date (``RankTrace.view``): the running
+        max of every rank in time order at once, and the scalars of the ranks that changed
+        read in one pass."""
+        self.settle_open()
+        self.running_max()
+        k = self.size
+        changed = []
+        for s, rt, version, n in zip(range(k), self.traces, self.version[:k].tolist(), self.n[:k].tolist(),
+                                     strict=True):
+            v = rt._view
+            if v is None or v.version != version or v.n != n:
+                changed.append(s)
+        at = np.array(changed, np.int64)
+        for s, version, n, b, a, first, last in zip(changed, *(getattr(self, c)[at].tolist() for c in (
+                "version", "n", "block", "base", "first_ts", "last_ts")), strict=True):
+            self.traces[s]._publish(version, n, b, a, first, last)
+
+    def running_max(self, slots: np.ndarray | None = None) -> None:
+        """Bring the running max of ends (``pmax``) of ranks in time order up to date:
+        those among ``slots`` (None: every rank), in one ``runmax.update`` per block."""
+        k = self.size
+        if slots is None:
+            slots = np.arange(k, dtype=np.int64)
+        n = self.n[slots]
+        due = self.ordered[slots] & (n > 0) & (self.block[slots] >= 0) & (
+            (self.pmax_n[slots] != n) | (self.pmax_version[slots] != self.version[slots]))
+        slots = slots[due]
+        if not slots.shape[0]:
+            return
+        n, valid, done = self.n[slots], self.pmax_n[slots], self.pmax_version[slots]
+        since = self.changed_since(slots, done)
+        since[valid == 0] = I64_MIN
+        for cols, m in self._groups(self.block[slots]):
+            runmax.update(cols["begin"], cols["comp"], cols["pmax"], self.base[slots][m], n[m], valid[m], since[m])
+        self.pmax_n[slots] = n
+        self.pmax_version[slots] = self.version[slots]
+
+    def changed_since(self, slots: np.ndarray, versions: np.ndarray) -> np.ndarray:
+        """``touched_since`` of many slots (``slots[j]`` after ``versions[j]``), with I64_MIN
+        where a touch log no longer reaches back that far."""
+        return _changed_since(self.touches[slots], self.touch_version[slots], self.touch_first[slots], versions,
+                              self.version[slots])
 
     def relocate(self, rts: Sequence[RankTrace], need: Sequence[int]) -> None:
         """Move ranks into one new block, each with rows for ``need`` ops (at least twice
@@ -251,7 +314,7 @@ class RankTable:
         np.cumsum(caps, out=start[1:])
         total = int(start[-1])
         cols = {c: np.full(total, _FILL[c], _DTYPE[c]) if _FILL[c] else np.zeros(total, _DTYPE[c])
-                for c in OP_COLUMNS}  # (zeros: pages the system zeroes when first written)
+                for c in BLOCK_COLUMNS}  # (zeros: pages the system zeroes when first written)
         src_block = self.block[slots]
         rows = int(n.sum())
         if rows >= 64 * len(rts):  # long ranks (the first poll after a whole read): a slice each
@@ -343,6 +406,7 @@ class RankTrace:
         for c in _COLS_I4:
             setattr(self, c, _NONE_I4)
         self.flags = _NONE_U1
+        self.pmax = _NONE_I8  # rows of its block's running max of ends (``runmax``), in time order
         if cap:
             self._t.relocate([self], [cap])
         self.id2idx = np.full(1024, -1, np.int32) if cap else _NONE_I4
@@ -425,7 +489,7 @@ class RankTrace:
         Columns it took from ranks ingested together (``adopt``) are views: their whole
         block goes into ``shared`` (by id, so the model counts it once, for as long as any
         rank still holds part of it), or into the total without one."""
-        arrays = [getattr(self, c) for c in (*_COLS_I8, *_COLS_I4, "flags", "id2idx")]
+        arrays = [getattr(self, c) for c in (*BLOCK_COLUMNS, "id2idx")]
         arrays += [self._ord_buf, self._sb_buf, self._pmax_buf, *self.samples.cols.values()]
         total = 0
         for a in arrays:
@@ -591,10 +655,17 @@ class RankTrace:
     def _prefix_max(self, order: np.ndarray, begins: np.ndarray) -> np.ndarray:
         """Running max of op ends in begin order (in-flight ops count with their begin).
 
-        Recomputed only from the first position that can have changed: where ops were
-        inserted, or where the earliest op that was still open last time begins.
+        A rank in time order keeps it in its block's rows, brought up to date in place
+        (``RankTable.running_max``).  Another keeps its own array, recomputed only from the
+        first position that can have changed (where ops were inserted, or where the earliest
+        op that was still open last time begins), into a copy where a view holds it.
         """
         n = order.shape[0]
+        if self._sorted:
+            t, s = self._t, self._s
+            if t.pmax_n[s] != n or t.pmax_version[s] != t.version[s]:
+                t.running_max(np.array([s]))
+            return self.pmax[:n]
         version = self.version
         if self._pmax is not None and self._pmax_version == version and self._pmax.shape[0] == n:
             return self._pmax
@@ -604,8 +675,7 @@ class RankTrace:
             since = self._t.touched_since(self._s, self._pmax_version)
             start = min(self._ins_min, int(np.searchsorted(begins, self._open_min_begin, side="left")),
                         self._pmax.shape[0], 0 if since is None else int(np.searchsorted(begins, since, side="left")))
-        ends = self.comp[order[start:]]
-        ends = np.where(ends == 0, begins[start:], ends)
+        ends = runmax.ends_of(begins[start:], self.comp[order[start:]])
         if start and start <= self._pmax.shape[0]:
             if ends.shape[0]:
                 ends[0] = max(int(ends[0]), int(self._pmax[start - 1]))
@@ -644,30 +714,57 @@ class RankTrace:
         v = self._view
         if v is not None and v.version == version and v.n == n:
             return v
-        order = self.order()
-        pmax = self._prefix_max(order, self._sb) if n else np.zeros(0, np.int64)
-        self._pmax_shared = True
-        cols = [_frozen(getattr(self, c)[:n]) for c in RankView.COLUMNS]
-        comp = self.comp
-        flight = tuple(sorted(i for i in self.open if comp[i] == 0))
-        v = self._view = RankView(self.rank, version, n, *cols, order if not order.flags.writeable else _frozen(order),
-                                  _frozen(self._sb), _frozen(pmax),
-                                  flight, int(t.first_ts[s]), int(t.last_ts[s]), self.last_hb, self.meta,
-                                  tuple(self.exits), t.touch_log(s))
+        return self._publish(version, n, int(t.block[s]), int(t.base[s]), int(t.first_ts[s]), int(t.last_ts[s]))
+
+    def _publish(self, version: int, n: int, b: int, a: int, first_ts: int, last_ts: int) -> RankView:
+        """A new view, from the rank's scalars (``RankTable.views`` reads many at once)."""
+        t = self._t
+        if b >= 0:  # (slices of the block's read-only views: no view made a column)
+            fz = t.frozen(b)
+            cols = [fz[c][a:a + n] for c in RankView.COLUMNS]
+        else:
+            cols = [_frozen(getattr(self, c)[:n]) for c in RankView.COLUMNS]
+        if not n:
+            order = sb = pmax = _EMPTY
+        elif self._sorted:  # (its order is the identity: ``order`` would say so)
+            order = _identity(n)
+            self._prefix_max(order, cols[0])
+            sb, pmax = cols[0], fz["pmax"][a:a + n]
+        else:
+            order = self.order()
+            sb, pmax = _frozen(self._sb), _frozen(self._prefix_max(order, self._sb))
+            self._pmax_shared = True
+            if order.flags.writeable:
+                order = _frozen(order)
+        ops, comp = self.open, self.comp
+        flight = tuple(sorted(i for i in ops if comp[i] == 0)) if ops else ()
+        v = self._view = RankView(self.rank, version, n, *cols, order, sb, pmax, flight, first_ts, last_ts,
+                                  self.last_hb, self.meta, tuple(self.exits), t.touch_log(self._s))
         return v
 
 
-def _changed_since(versions: np.ndarray, begins: np.ndarray, oldest: int | None, version: int,
-                   current: int) -> int | None:
-    """The rule of a touch log (its entries in any order, ``oldest`` the oldest version it
-    holds): the earliest begin among the ops changed after ``version`` (I64_MAX: none), or
-    None when the log no longer reaches back that far."""
-    if version >= current:
-        return I64_MAX
-    if oldest is None or oldest > version + 1:
-        return None
-    after = versions > version
-    return int(begins[after].min()) if after.any() else I64_MAX
+def _changed_since(count: np.ndarray, versions: np.ndarray, begins: np.ndarray, since: np.ndarray,
+                   current: np.ndarray) -> np.ndarray:
+    """The rule of a touch log, for many logs (a row each): ``versions``/``begins`` a ring of
+    its latest entries (``count[j]`` written in all, the last ``width`` kept), ``since[j]``
+    the version asked after, ``current[j]`` the rank's version.  Per row, the earliest begin
+    among the ops changed after ``since[j]`` (I64_MAX: none), or I64_MIN when the log no
+    longer reaches back that far."""
+    rows, width = versions.shape
+    out = np.full(rows, I64_MIN, np.int64)
+    if width:
+        held = np.arange(width) < np.minimum(count, width)[:, None]
+        oldest = np.where(count > width, versions[np.arange(rows), count % width], versions[:, 0])
+        out = np.where(held & (versions > since[:, None]), begins, I64_MAX).min(axis=1)
+        out[(count == 0) | (oldest > since + 1)] = I64_MIN
+    out[since >= current] = I64_MAX
+    return out
+
+
+def _one(since: np.ndarray) -> int | None:
+    """A ``_changed_since`` of one log as ``touched_since`` says it (None: no longer known)."""
+    value = int(since[0])
+    return None if value == I64_MIN else value
 
 
 _IDENTITY = np.zeros(0, np.int64)
@@ -688,14 +785,20 @@ def _frozen(a: np.ndarray) -> np.ndarray:
     return v
 
 
+_EMPTY = _frozen(_NONE_I8)
+
+
 class RankView(NamedTuple):
     """One rank as published after an ingest batch: what the console paints from, with no lock.
 
     The index arrays (``order``, ``sb``: begins in that order, ``pmax``: running max of op
-    ends) are never written again once published: the writer appends past them or rewrites a
-    copy.  The op columns are the model's own, read-only here: after publishing, the writer
-    only appends past ``n`` and fills in the completion of ops listed in ``open`` (0 -> a
-    time, once), so a reader may see such an op complete a moment early, never an index
+    ends) keep their order once published.  ``order`` and ``sb`` are never written again.  A
+    rank in time order has its block's running max (``runmax``): raised in place when an op
+    completes later, never lowered, so a reader bisecting it gets at least the ops it got
+    before; another rank's is its own copy, never written again.  The op columns are the
+    model's own, read-only here: after publishing, the writer only appends past ``n`` and
+    fills in the completion of ops listed in ``open`` (0 -> a time, once), so a reader may
+    see such an op complete a moment early, never an index
     out of order.  The column names are those of ``RankTrace``, so painting and queries take
     either.
     """
@@ -733,8 +836,8 @@ class RankView(NamedTuple):
         """The earliest begin among the ops changed after ``version`` (I64_MAX: none), or
         None when the log no longer reaches back that far."""
         versions, begins = self.touched
-        return _changed_since(versions, begins, int(versions[0]) if versions.shape[0] else None, version,
-                              self.version)
+        return _one(_changed_since(np.array([versions.shape[0]]), versions[None, :], begins[None, :],
+                                   np.array([version], np.int64), np.array([self.version])))
 
     def window(self, t0: int, t1: int) -> np.ndarray:
         """``RankTrace.window`` on the published arrays."""
@@ -743,11 +846,14 @@ class RankView(NamedTuple):
 
 def _window(order: np.ndarray, begins: np.ndarray, pmax: np.ndarray, begin: np.ndarray, comp: np.ndarray,
             open_ops: Any, t0: int, t1: int) -> np.ndarray:
-    """Indices of ops overlapping [t0, t1), by begin time; ops in flight extend to +inf."""
+    """Indices of ops overlapping [t0, t1), by begin time; ops in flight extend to +inf.
+    ``pmax`` may be any running upper bound of the ends (``runmax``): the ops before the
+    first position reaching ``t0`` all end before it, and the candidates are filtered by
+    their own ends (an op beginning at ``t0`` is in, whatever its end)."""
     if order.shape[0] == 0:
         return np.zeros(0, np.int64)
     i1 = int(np.searchsorted(begins, t1, side="left"))
-    i0 = int(np.searchsorted(pmax, t0, side="right"))
+    i0 = int(np.searchsorted(pmax, t0, side="left"))
     cand = order[i0:i1]
     if cand.shape[0] and t0 > begins[i0]:  # (from before the first op on: every one overlaps)
         ends = comp[cand]

@@ -1728,8 +1728,8 @@ class TraceModel:
         each rank's state at ``now``, as the caller judged it (``rankstate.rank_states``).
         Costs the ranks changed since the last view."""
         old = self._published
-        self.table.settle_open()
-        ranks = {r: rt.view() for r, rt in self.ranks.items()}
+        self.table.views()
+        ranks = {r: rt._view for r, rt in self.ranks.items()}
         sigs = old.sigs if len(old.sigs) == len(self.sigs) else tuple(self.sigs)
         table = old.flag_table
         if table.shape[0] != len(sigs):

@@ -486,7 +486,7 @@ def _paint_indexed(m: ModelLike, rv: RankView, rank: int, win: Window, cats: np.
     cursor = win.cursor_ns
     sb, order = rv.sb, rv.order_
     s0, i1 = np.searchsorted(sb, np.array([t0, t1], np.int64), side="left").tolist()
-    i0 = int(np.searchsorted(rv.pmax, t0, side="right"))
+    i0 = int(np.searchsorted(rv.pmax, t0, side="left"))  # (as ``RankView.window``)
     if cursor is not None:
         i1 = min(i1, int(np.searchsorted(sb, now, side="right")))
     lo = max(s0, i0)
