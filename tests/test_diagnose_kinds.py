@@ -488,3 +488,24 @@ def test_a_host_rank_straggling_in_another_group_keeps_its_own_finding():
     _, f = run(b)
     got = sorted((x.group, x.culprits, x.evidence.get("host")) for x in f)
     assert got == [("0", list(range(8, 16)), "node01"), ("dp", [8], None)]
+
+
+def test_a_rank_that_died_waiting_is_not_counted_among_the_waiting():
+    """A collective rank 3 never entered: ranks 1 and 2 still wait in it, rank 0 waited and
+    then died (silent, its peers heartbeating on).  The missing-ranks detector counts only
+    the living among those waiting (``rankstate.left_early``): rank 0 is not a victim."""
+    from commscope.analysis.collectives import find_missing
+
+    b = TraceBuilder(4)
+    t = b.warmup()
+    b.heartbeats(b.t0, t + 20 * S, ranks=[1, 2, 3])
+    b.heartbeats(b.t0, t + S, ranks=[0])
+    for r in (0, 1, 2):
+        b.sync(r, t, None, "all_reduce")
+    m = TraceModel.from_events(b.sorted_events())
+    now = t + 20 * S
+    (f,) = find_missing(m, now, 2 * S, set())
+    assert f.kind == "missing_ranks" and f.culprits == [3]
+    assert sorted(f.victims) == [1, 2]
+    found = [(x.kind, x.culprits, sorted(x.victims)) for x in diagnose(m, now, 2.0)]
+    assert found == [("missing_ranks", [3], [1, 2]), ("dead_rank", [0], [])]

@@ -385,6 +385,31 @@ def test_a_stuck_worker_gives_its_chunk_back(tmp_path, monkeypatch, parallel):
     assert _bulkread_children() == []
 
 
+def test_a_wide_group_s_columns_come_from_the_blocks_as_member_by_member(tmp_path, monkeypatch):
+    """``gather_many`` of a wide group reads its members' rows straight from the column
+    blocks they live in; member by member, and through one flat copy (what a member past
+    ``RANK_SLOTS`` takes), the same matrices."""
+    from commscope.analysis import collectives
+    from commscope.analysis.source import load_trace
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(20, 90, fault="missing", hang_after=2.0))
+    model, _, _ = load_trace(store)
+    names = ("begin", "comp", "sig", "seq", "peer", "flags", "end", "wb", "we")
+    for gi in model.coll.values():
+        rows = np.arange(gi.seqs.rows().shape[0])[::3]
+        monkeypatch.setattr(collectives, "GATHER_FLAT", 10**9)
+        narrow = collectives.gather_many(model, gi, names, rows)
+        monkeypatch.setattr(collectives, "GATHER_FLAT", 0)
+        wide = collectives.gather_many(model, gi, names, rows)
+        monkeypatch.setattr(model.table, "slots", lambda ranks: np.full(ranks.shape[0], -1, np.int64))
+        flat = collectives.gather_many(model, gi, names, rows)
+        monkeypatch.undo()
+        assert narrow[0].any()
+        for a, b, c in zip(narrow, wide, flat, strict=True):
+            assert np.array_equal(a, b) and np.array_equal(a, c)
+
+
 @pytest.mark.parametrize("fault", ["missing", "mismatch", "healthy"])
 def test_a_wide_group_gathers_as_a_narrow_one_does(tmp_path, monkeypatch, fault):
     """Diagnosis reads a column of every member at once for a wide group (one flat copy)

@@ -172,12 +172,15 @@ def test_a_console_that_diagnosed_judges_no_rank_twice(monkeypatch):
     m, t = _job()
     now = t + 10 * S
     calls = []
-    judge = rankstate._present
+    together: list[dict] = []
+    judge, judge_plain = rankstate._present, rankstate._plain_states
     monkeypatch.setattr(rankstate, "_present", lambda *a: calls.append(a[1]) or judge(*a))
+    monkeypatch.setattr(rankstate, "_plain_states", lambda *a: together.append(judge_plain(*a)) or together[-1])
     diagnose(m, now=now, hang_after=5.0)
     first = len(calls)
+    assert len(together) == 1 and first + len(together[0]) >= len(m.ranks)  # (the plain ranks together)
     states = rank_states(m, now)
-    assert first >= len(m.ranks) and len(calls) == first  # none judged again
+    assert len(calls) == first and len(together) == 1  # none judged again
     assert states == {r: rank_state(m, r, now) for r in m.ranks}
     before = len(calls)
     plain = rankstate._plain_states(m, now + S)

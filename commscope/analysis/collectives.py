@@ -57,8 +57,16 @@ def gather_many(model: TraceModel, gi: GroupIndex, columns: tuple[str, ...],
     outs = [np.zeros(mat.shape, np.int64) for _ in columns]
     members = gi.ranks[: mat.shape[1]]
     ok = mat >= 0
-    if len(members) > GATHER_FLAT:  # a wide group: its members' columns end to end, one fancy index
-        ns = [model.ranks[r].n if r in model.ranks else 0 for r in members]
+    if len(members) > GATHER_FLAT:  # a wide group: from the blocks its members' columns live in
+        t = model.table
+        slots = t.slots(np.asarray(members, np.int64))
+        if not ok[:, slots < 0].any():  # (a member with ops has a slot, unless past RANK_SLOTS)
+            at = np.broadcast_to(slots[None, :], mat.shape)[ok]
+            got = t.gather(columns, t.block[at], t.base[at] + mat[ok])
+            for out, values in zip(outs, got, strict=True):
+                out[ok] = values
+            return outs
+        ns = [model.ranks[r].n if r in model.ranks else 0 for r in members]  # (ranks past RANK_SLOTS)
         base = np.zeros(len(ns), np.int64)
         np.cumsum(ns[:-1], out=base[1:])
         at = (base[None, :] + mat)[ok]
@@ -289,19 +297,22 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
     """Collectives some members entered long ago and still wait in, which others never
     entered.  (Once the waiting op raises, it is an ``op_failed``.)"""
     pending: dict[tuple[int, str, int], dict[int, int]] = {}
-    for r, rt in model.ranks.items():
-        if rankstate.left_early(model, r, now):
-            continue  # a rank that is gone no longer waits
-        cands = [i for i in sorted(rt.open) if rt.comp[i] == 0]  # (in index order: a set's order is its history's)
-        for i in cands:
-            s = model.sigs[int(rt.sig[i])]
-            if not s.flags & COLL or rt.seq[i] < 0:
-                continue
-            since = int(rt.begin[i])
-            until = int(rt.comp[i]) or now
-            if until - since < hang_ns:
-                continue
-            pending.setdefault((s.space, s.group, int(rt.seq[i])), {})[r] = i
+    t = model.table
+    slots, ops = t.open_ops()
+    sig, seq, begin, comp = t.gather(("sig", "seq", "begin", "comp"), t.block[slots], t.base[slots] + ops)
+    # every rank's ops in flight at once: collectives waited in for hang_ns
+    hung = (comp == 0) & ((model.sig_flags(sig) & COLL) != 0) & (seq >= 0) & (now - begin >= hang_ns)
+    if hung.any():
+        where = {r: k for k, r in enumerate(model.ranks)}  # (in the ranks' order, each rank's ops by index)
+        ranks = [t.traces[s].rank for s in slots[hung].tolist()]
+        rows = sorted(zip(map(where.__getitem__, ranks), ops[hung].tolist(), ranks, sig[hung].tolist(),
+                          seq[hung].tolist(), strict=True))
+        gone: dict[int, bool] = {}
+        for _, i, r, code, q in rows:
+            if gone.setdefault(r, rankstate.left_early(model, r, now)):
+                continue  # a rank that is gone no longer waits
+            s = model.sigs[code]
+            pending.setdefault((s.space, s.group, q), {})[r] = i
     out = []
     for (space, name, seq), waiting in pending.items():
         if (space, name, seq) in skip:

@@ -42,7 +42,7 @@ def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None
     if hang_after is None:
         hang_after = default_hang_after(model)
     hang_ns = int(hang_after * 1e9)
-    snapshot(model, now)  # every rank's state, computed once for all the detectors below
+    snapshot(model, now).judge_plain()  # every rank's state, computed once for all the detectors below
     findings: list[Finding] = []
     mismatches, mismatch_rows = find_mismatches(model, now)
     findings += mismatches

@@ -85,7 +85,7 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
     vanished = rankstate.vanished(model, now)
     snap = snapshot(model, now)
     for r in model.rank_ids():
-        if not snap[r].dead or outlived(model, r):
+        if snap.state(r).kind != "dead" or outlived(model, r):
             continue  # alive, or alive past its stream's end: trace_incomplete tells that
         rt = model.ranks[r]
         seen = model.last_seen(r)

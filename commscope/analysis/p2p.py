@@ -63,9 +63,10 @@ class Unmatched(Evidence):
 def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[int, int]]]:
     """rank -> [(peer it waits for, op index)] for blocked, unmatched p2p ops."""
     edges: dict[int, list[tuple[int, int]]] = {}
-    for r in model.rank_ids():
+    now_blocked = rankstate.blocked_ranks(model)
+    for r in sorted(now_blocked):  # (a rank blocked in nothing waits for nobody)
         rt = model.ranks[r]
-        p2p = [i for i in rankstate.blocked(model, r) if model.sigs[int(rt.sig[i])].flags & P2P
+        p2p = [i for i in now_blocked[r] if model.sigs[int(rt.sig[i])].flags & P2P
                and not model.sigs[int(rt.sig[i])].nested]
         if not p2p or rankstate.left_early(model, r, now):
             continue  # (a rank that is gone no longer waits)

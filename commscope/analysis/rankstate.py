@@ -110,10 +110,16 @@ def blocked(m: TraceModel, rank: int) -> list[int]:
     """Ops the rank's threads are blocked in now, by begin time.  Outer logical ops win over
     their nested inner traffic; containers are never "the op a rank is in".  Kept for the
     model's version (``_Memo``): the detectors and the rank states ask for every rank."""
+    return list(blocked_ranks(m).get(rank, ()))
+
+
+def blocked_ranks(m: TraceModel) -> dict[int, tuple[int, ...]]:
+    """``blocked`` of every rank blocked in an op (others are not in it): a detector that
+    looks only at those skips the rest of 16k ranks.  Read only."""
     memo = _memo(m)
     if memo.blocked is None:
         memo.blocked = _all_blocked(m)
-    return list(memo.blocked.get(rank, ()))
+    return memo.blocked
 
 
 def _all_blocked(m: TraceModel) -> dict[int, tuple[int, ...]]:
@@ -609,9 +615,7 @@ def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
     where = np.flatnonzero(plain)
     if not where.shape[0]:
         return {}
-    blocked_now = _memo(m).blocked
-    if blocked_now is None:
-        blocked_now = _memo(m).blocked = _all_blocked(m)
+    blocked_now = blocked_ranks(m)
     open_slots = np.unique(t.open_ops()[0])
     rank_of = np.array(ranks, np.int64)[where]
     cur = np.fromiter((blocked_now[r][-1] if r in blocked_now else -1 for r in rank_of.tolist()), np.int64,
