@@ -123,6 +123,10 @@ def test_a_published_rank_s_windows_match_a_model_read_whole():
     for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
         m.ingest([e for e in events if lo <= e["ts"] < hi])
         v = m.view()
+        for r, rv in v.ranks.items():  # (what is in flight, listed for all the ranks at once)
+            rt = m.ranks[r]
+            assert rv.open == tuple(sorted(i for i in rt.open if rt.comp[i] == 0))
+    assert v.ranks[1].open == (100,) and not v.ranks[0].open
     whole = TraceModel.from_events(events)
     for r in range(3):
         assert m.ranks[r]._sorted and v.ranks[r].n == whole.ranks[r].n

@@ -273,9 +273,31 @@ class RankTable:
             if v is None or v.version != version or v.n != n:
                 changed.append(s)
         at = np.array(changed, np.int64)
+        flights = self.in_flight(changed)
         for s, version, n, b, a, first, last in zip(changed, *(getattr(self, c)[at].tolist() for c in (
                 "version", "n", "block", "base", "first_ts", "last_ts")), strict=True):
-            self.traces[s]._publish(version, n, b, a, first, last)
+            self.traces[s]._publish(version, n, b, a, first, last, flights.get(s, ()))
+
+    def in_flight(self, slots: Sequence[int]) -> dict[int, tuple[int, ...]]:
+        """The ops in flight (completion 0) of ranks ``slots`` whose open set was settled, by
+        index: what a published view lists as ``open`` (none: not in the result)."""
+        traces = self.traces
+        who: list[int] = []
+        ops: list[int] = []
+        for s in slots:
+            held = traces[s]._open
+            if held:
+                who.extend([s] * len(held))
+                ops.extend(held)
+        if not ops:
+            return {}
+        at, op = np.array(who, np.int64), np.array(ops, np.int64)
+        (comp,) = self.gather(("comp",), self.block[at], self.base[at] + op)
+        at, op = at[comp == 0], op[comp == 0]
+        order = np.lexsort((op, at))
+        at, op = at[order].tolist(), op[order].tolist()
+        cuts = [0, *(j for j in range(1, len(at)) if at[j] != at[j - 1]), len(at)]
+        return {at[a]: tuple(op[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)}
 
     def running_max(self, slots: np.ndarray | None = None) -> None:
         """Bring the running max of ends (``pmax``) of ranks in time order up to date:
@@ -714,10 +736,14 @@ class RankTrace:
         v = self._view
         if v is not None and v.version == version and v.n == n:
             return v
-        return self._publish(version, n, int(t.block[s]), int(t.base[s]), int(t.first_ts[s]), int(t.last_ts[s]))
+        self.open  # noqa: B018 (settles the set)
+        return self._publish(version, n, int(t.block[s]), int(t.base[s]), int(t.first_ts[s]), int(t.last_ts[s]),
+                             t.in_flight([s]).get(s, ()))
 
-    def _publish(self, version: int, n: int, b: int, a: int, first_ts: int, last_ts: int) -> RankView:
-        """A new view, from the rank's scalars (``RankTable.views`` reads many at once)."""
+    def _publish(self, version: int, n: int, b: int, a: int, first_ts: int, last_ts: int,
+                 flight: tuple[int, ...]) -> RankView:
+        """A new view, from the rank's scalars and ops in flight (``RankTable.views`` reads
+        many at once)."""
         t = self._t
         if b >= 0:  # (slices of the block's read-only views: no view made a column)
             fz = t.frozen(b)
@@ -736,8 +762,6 @@ class RankTrace:
             self._pmax_shared = True
             if order.flags.writeable:
                 order = _frozen(order)
-        ops, comp = self.open, self.comp
-        flight = tuple(sorted(i for i in ops if comp[i] == 0)) if ops else ()
         v = self._view = RankView(self.rank, version, n, *cols, order, sb, pmax, flight, first_ts, last_ts,
                                   self.last_hb, self.meta, tuple(self.exits), t.touch_log(self._s))
         return v
