@@ -69,6 +69,29 @@ class Span(NamedTuple):
     start: int
 
 
+class Spans(NamedTuple):
+    """A batch's op records when every one is a slice of one ``whole`` (a reader that
+    decoded all of a poll's streams together, ``blocks.decode_chunks``): record ``k`` is
+    rows ``start[k]`` to ``start[k + 1]`` of ``whole`` (none empty), of rank ``ranks[k]``.
+    The model takes a poll of thousands of streams as these arrays, with no pass over the
+    records (``TraceModel.ingest``)."""
+
+    whole: OpRecords
+    start: np.ndarray  # one more than the records
+    ranks: np.ndarray
+
+    def of(self, records: Sequence[OpRecords]) -> bool:
+        """Whether these are ``records`` (their count, the first's and the last's place:
+        what a reader hands over with them, checked in O(1))."""
+        k = self.ranks.shape[0]
+        if not k or len(records) != k:
+            return False
+        first, last = records[0].span, records[-1].span
+        return (first is not None and last is not None and first.whole is self.whole and last.whole is self.whole
+                and first.start == int(self.start[0]) and last.start == int(self.start[-2])
+                and len(records[-1]) == int(self.start[-1] - self.start[-2]))
+
+
 @dataclasses.dataclass(slots=True)
 class OpRecords:
     """One stream's op records, a row each, in stream order (see the module docstring).

@@ -163,3 +163,55 @@ def test_a_torn_segment_end_keeps_a_rank_s_incarnations_in_order(tmp_path):
         got.append([(e["type"], e.get("tag", e.get("inflight"))) for e in reader.poll_batch(None).events])
     assert got[0] == got[1]
     assert [tag for kind, tag in got[0] if kind == "meta"] == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("seed", "torn"), [(5, False), (6, True)])
+def test_a_poll_decoded_together_hands_its_records_over_as_arrays(tmp_path, seed, torn):
+    """A poll whose every record a reader decoded together comes with their ``Spans`` (one
+    set of columns, each record's rows and rank as arrays); one where any record went
+    alone comes without.  A model ingesting the polls with their spans is the model
+    ingesting them without."""
+    import sys
+
+    from commscope.analysis.model import TraceModel
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from model_compare import differences, model_state
+
+    rng = random.Random(seed)
+    write_store(str(tmp_path / "src"), JobShape(6, 300, fault="healthy", seed=seed,
+                                                segment_bytes=rng.choice([8_000, 30_000])), job="j")
+    job = _Growing(tmp_path / "src" / "j", tmp_path / "j", rng, torn)
+    job.step(2_000)
+    reader = open_reader(str(tmp_path / "j"))
+    if torn:  # (what is queued decoded between streams too: a poll of two sets of columns)
+        reader.QUEUE_BYTES = 6_000
+    given, plain = TraceModel(), TraceModel()
+    with_spans = without = 0
+    last: Batch | None = None
+    while job.step(rng.choice([300, 3_000, 20_000])):
+        batch = reader.poll_batch(rng.choice([None, None, 50_000]))
+        if batch.spans is not None:
+            sp = batch.spans
+            assert sp.of(batch.ops) and len(batch.ops) == sp.ranks.shape[0]
+            for k, o in enumerate(batch.ops):
+                assert o.span is not None and o.span.whole is sp.whole and o.rank == int(sp.ranks[k])
+                assert o.span.start == int(sp.start[k]) and len(o) == int(sp.start[k + 1] - sp.start[k]) > 0
+            with_spans += 1
+            if last is None or len(batch.ops) > len(last.ops):
+                last = batch
+        elif batch.ops:
+            assert any(o.span is None or o.span.whole is not batch.ops[0].span.whole for o in batch.ops)
+            without += 1
+        given.ingest(batch.events, batch.ops, batch.spans)
+        plain.ingest(batch.events, batch.ops)
+    assert with_spans >= 3 and without >= 1  # (the first polls learn each stream's tables alone)
+    assert differences(model_state(given), model_state(plain)) == []
+    # spans that are not the records' (one fewer, reversed) are not taken for them
+    assert last is not None and last.spans is not None
+    ops, sp = last.ops, last.spans
+    assert len(ops) > 1 and not sp.of(ops[:-1]) and not sp.of(ops[1:]) and not sp.of(ops[::-1])
+    a, b = TraceModel(), TraceModel()
+    a.ingest([], ops[::-1], sp)
+    b.ingest([], ops[::-1])
+    assert differences(model_state(a), model_state(b)) == []

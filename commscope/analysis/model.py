@@ -17,7 +17,7 @@ Three layers, three modules:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from itertools import repeat
 from operator import attrgetter, is_, itemgetter
 from typing import Any, NamedTuple, Protocol
@@ -75,6 +75,7 @@ from commscope.oprecords import (
     PH_WAIT_END,
     PHASE_CODE,
     OpRecords,
+    Spans,
     Static,
 )
 
@@ -188,10 +189,14 @@ class _Records(NamedTuple):
     slot: np.ndarray  # its rank's slot in the model's table (-1: none)
 
     @classmethod
-    def of(cls, recs_list: Sequence[OpRecords], table: RankTable) -> _Records:
+    def of(cls, recs_list: Sequence[OpRecords], table: RankTable, spans: Spans | None = None) -> _Records:
+        """``spans``: the records as arrays already (a reader's poll)."""
         k = len(recs_list)
-        ranks = np.fromiter(map(_RANK_OF_RECORDS, recs_list), np.int64, k)
-        sizes = np.fromiter(map(len, map(_PHASE_OF_RECORDS, recs_list)), np.int64, k)
+        if spans is not None:
+            ranks, sizes = spans.ranks, np.diff(spans.start)
+        else:
+            ranks = np.fromiter(map(_RANK_OF_RECORDS, recs_list), np.int64, k)
+            sizes = np.fromiter(map(len, map(_PHASE_OF_RECORDS, recs_list)), np.int64, k)
         if k and int(ranks.min()) >= 0 and int(ranks.max()) < 4 * k + (1 << 16):  # (a count per rank: small)
             once = np.bincount(ranks)[ranks] == 1
         else:
@@ -312,11 +317,18 @@ class _Live(NamedTuple):
     COLUMNS = ("phase", "ts", "id", "static", "seq", "parent", "tid", "peer", "flags")
 
     @classmethod
-    def of(cls, recs_list: list[OpRecords], pos: list[int], described: _Records) -> _Live:
-        """Without the lists (``part`` makes them for the records that need them)."""
-        records = [recs_list[k] for k in pos] if len(pos) < len(recs_list) else recs_list
+    def of(cls, recs_list: list[OpRecords], pos: list[int], described: _Records,
+           spans: Spans | None = None) -> _Live:
+        """Without the lists (``part`` makes them for the records that need them).
+        ``spans``: the batch's records as arrays (a reader's poll)."""
+        every = len(pos) == len(recs_list)
+        records = recs_list if every else [recs_list[k] for k in pos]
         start = [0, *np.cumsum(described.sizes[pos]).tolist()]
-        cols = _spanned(records, start)
+        if spans is not None and every:  # (the records' columns are one slice of the poll's)
+            a, b = int(spans.start[0]), int(spans.start[-1])
+            cols: dict[str, np.ndarray] | None = {c: getattr(spans.whole, c)[a:b] for c in cls.COLUMNS}
+        else:
+            cols = _spanned(records, start)
         if cols is None:
             cols = dict(zip(cls.COLUMNS, map(np.concatenate, zip(*map(_COLUMNS_OF_RECORDS, records), strict=True)),
                             strict=True))
@@ -351,6 +363,30 @@ _EXC_OF_RECORDS = attrgetter("exc")
 _SPAN_OF_RECORDS = attrgetter("span")
 _WHOLE_OF_SPAN = attrgetter("whole")
 _STATICS_OF_RECORDS = attrgetter("statics")
+
+
+class _Every(Set[int]):
+    """Every position of a batch's records, as a set that is not built (a poll of 10k
+    streams all ingested together asks ``in`` of it, and its size)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __contains__(self, k: object) -> bool:
+        return isinstance(k, int) and 0 <= k < self.n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.n))
+
+
+def _every_or_set(pos: list[int], n: int) -> Set[int]:
+    """Positions ``pos`` (distinct) as a set: ``_Every`` when they are all ``n``."""
+    return _Every(n) if len(pos) == n else set(pos)
 
 
 def _spanned(records: list[OpRecords], start: list[int]) -> dict[str, np.ndarray] | None:
@@ -599,10 +635,12 @@ class TraceModel:
         m.ingest(list(events))
         return m
 
-    def ingest(self, events: list[Event], ops: Sequence[OpRecords] = ()) -> frozenset[int]:
+    def ingest(self, events: list[Event], ops: Sequence[OpRecords] = (), spans: Spans | None = None
+               ) -> frozenset[int]:
         """Add a batch of events (any ranks, per-rank order preserved) and of op records in
         columns (``oprecords.OpRecords``, what a reader's ``poll_batch`` returns); returns
-        the ranks changed.
+        the ranks changed.  ``spans``: the records as arrays, where the reader has them
+        (``Batch.spans``: a poll of thousands of streams then takes no pass over them).
 
         The per-event work is a few C-level ``map`` passes that pull whole columns
         (rank, phase, ts, id) out of the dicts at once; only begins whose signature is
@@ -616,21 +654,24 @@ class TraceModel:
             return self.changed
         lo, hi, changed = I64_MAX, 0, set()
         recs_list = list(ops)
-        if not all(map(len, map(_PHASE_OF_RECORDS, recs_list))):
+        if spans is not None and not spans.of(recs_list):
+            spans = None
+        if spans is None and not all(map(len, map(_PHASE_OF_RECORDS, recs_list))):
             recs_list = [recs for recs in ops if recs.phase.shape[0]]
         rows = _Begins(recs_list)
-        described = _Records.of(recs_list, self.table)
+        described = _Records.of(recs_list, self.table, spans)
         fresh = self._fresh(recs_list, rows, described) if self.batch_ranks else []
         live_pos = self._live(recs_list, fresh, described) if self.batch_ranks else []
-        live = _Live.of(recs_list, live_pos, described) if live_pos else None
+        live = _Live.of(recs_list, live_pos, described, spans) if live_pos else None
         # signatures interned in the records' order, whichever path ingests them: the live
         # ranks' looked up all at once unless one is new
-        known = self._known_codes(recs_list, live) if live else None
-        skip = set(live_pos) if known is not None else set()
-        codes = [None] * len(recs_list) if len(skip) == len(recs_list) else [
+        known = self._known_codes(recs_list, live, spans is not None) if live else None
+        n_recs = len(recs_list)
+        skip = _every_or_set(live_pos, n_recs) if known is not None else set()
+        codes = [None] * n_recs if len(skip) == n_recs else [
             self._codes(recs.statics, recs.static[b], recs.tid[b]) if k not in skip and (b := rows[k]).shape[0]
             else None for k, recs in enumerate(recs_list)]
-        together = set(fresh) | set(live_pos)
+        together = _every_or_set(fresh + live_pos, n_recs)  # (disjoint)
         for k in np.flatnonzero(described.slot < 0).tolist():  # ranks made in the records' order, as rank by rank
             recs = recs_list[k]
             if recs.rank not in self.ranks and rows[k].shape[0]:
@@ -655,7 +696,8 @@ class TraceModel:
         for k in range(0, len(events), INGEST_CHUNK):
             a, b = self._ingest_chunk(events[k:k + INGEST_CHUNK] if len(events) > INGEST_CHUNK else events, changed)
             lo, hi = min(lo, a), max(hi, b)
-        a, b = self._batch_phases(recs_list, batch, live, changed, set(regular[0].pos) if regular else set())
+        a, b = self._batch_phases(recs_list, batch, live, changed,
+                                  _every_or_set(regular[0].pos, n_recs) if regular else set())
         lo, hi = min(lo, a), max(hi, b)
         if regular:
             a, b = self._together_phases(regular[0], changed)
@@ -838,16 +880,18 @@ class TraceModel:
         out = np.flatnonzero(ok).tolist()
         return out if len(out) > 1 else []
 
-    def _known_codes(self, recs_list: list[OpRecords], live: _Live) -> np.ndarray | None:
+    def _known_codes(self, recs_list: list[OpRecords], live: _Live, one_table: bool = False) -> np.ndarray | None:
         """The signature codes of the live records' begins, in their order, looked up all at
         once; None when one is new to the model (then every record's are interned one record
-        after another, as rank by rank) or the records differ in their decoder's table."""
+        after another, as rank by rank) or the records differ in their decoder's table.
+        ``one_table``: they are slices of one set of columns, so they share it (``Spans``)."""
         if not live.begun.shape[0]:
             return np.zeros(0, np.int32)
         statics = recs_list[live.pos[0]].statics
-        records = recs_list if len(live.pos) == len(recs_list) else [recs_list[k] for k in live.pos]
-        if not all(map(is_, map(_STATICS_OF_RECORDS, records), repeat(statics))):
-            return None
+        if not one_table:
+            records = recs_list if len(live.pos) == len(recs_list) else [recs_list[k] for k in live.pos]
+            if not all(map(is_, map(_STATICS_OF_RECORDS, records), repeat(statics))):
+                return None
         st, tid = live.cols["static"][live.begun], live.cols["tid"][live.begun]
         get = self._sig_by_sk.get
         span = int(st.max()) + 1
@@ -1194,7 +1238,7 @@ class TraceModel:
         return lo, hi
 
     def _batch_phases(self, recs_list: list[OpRecords], batch: _Fresh | None, live: _Live | None,
-                      changed: set[int], regular: set[int]) -> tuple[int, int]:
+                      changed: set[int], regular: Set[int]) -> tuple[int, int]:
         """``_record_phases`` of every record in the batch: those of the ranks ingested
         together (``batch``) in the batch's columns, those of ``live`` ranks a few scalar
         steps each, their completions computed all at once (``_live_complete``), the rest
@@ -1225,7 +1269,8 @@ class TraceModel:
                         cols[name][row[m]] = ts[m]
         at = {k: j for j, k in enumerate(live.pos)} if live is not None else {}
         done_live: list[_LiveRank] = []
-        for k in range(len(recs_list)) if not regular else [k for k in range(len(recs_list)) if k not in regular]:
+        for k in range(len(recs_list)) if not regular else [] if len(regular) == len(recs_list) else [
+                k for k in range(len(recs_list)) if k not in regular]:
             recs = recs_list[k]  # exceptions and the rare extras, in the records' order
             x = parts.get(k)
             if x is not None:

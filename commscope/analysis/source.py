@@ -89,7 +89,7 @@ def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], No
         total = reader.size()
         with gc_paused():
             for batch in reader.bulk(LOAD_STEP):
-                model.ingest(batch.events, batch.ops)
+                model.ingest(batch.events, batch.ops, batch.spans)
                 if progress is not None:
                     progress(Loading.of(reader, total, model))
             model.settle()

@@ -135,7 +135,7 @@ def batches(store: str, columns: bool, tail_events: int, batch: int) -> tuple[di
 
     from commscope.analysis.model import TraceModel
     from commscope.events import gc_paused
-    from commscope.oprecords import OpRecords, concat
+    from commscope.oprecords import OpRecords, Spans, concat
     from commscope.store import open_reader
 
     reader = open_reader(store)
@@ -161,27 +161,30 @@ def batches(store: str, columns: bool, tail_events: int, batch: int) -> tuple[di
                 models[path].live_rows = rows
                 models[path].ingest(b.events, head_ops)
 
-            def per_stream(part: list[OpRecords]) -> list[OpRecords]:
+            def per_stream(part: list[OpRecords]) -> tuple[list[OpRecords], Spans | None]:
                 """A poll's records as a reader hands them over (``blocks.decode_chunks``): one
-                ``OpRecords`` per stream, each a slice of one set of columns."""
+                ``OpRecords`` per stream, each a slice of one set of columns, and their
+                ``Spans`` where every one is."""
                 by_rank: dict[int, list[OpRecords]] = {}
                 for o in part:
                     by_rank.setdefault(o.rank, []).append(o)
                 streams = [concat(p) for p in by_rank.values()]
                 whole = concat([dataclasses.replace(o, rank=-1, where=None, exc={}) for o in streams])
-                bounds = np.cumsum([0, *map(len, streams)]).tolist()
-                return [o if o.exc else whole.rows_of(o.rank, a, b)  # (a reader decodes one with texts alone)
-                        for o, a, b in zip(streams, bounds, bounds[1:], strict=False)]
+                bounds = np.cumsum([0, *map(len, streams)])
+                given = [o if o.exc else whole.rows_of(o.rank, a, b)  # (a reader decodes one with texts alone)
+                         for o, a, b in zip(streams, bounds.tolist(), bounds[1:].tolist(), strict=False)]
+                alone = any(o.exc for o in streams)
+                return given, None if alone else Spans(whole, bounds, np.array([o.rank for o in streams], np.int64))
 
             units = _interleaved(tails)
             times: dict[str, list[float]] = {path: [] for path in models}
             touched = []
             for i, k in enumerate(range(0, len(units), batch)):
                 part = units[k:k + batch]
-                given = per_stream(part)
+                given, spans = per_stream(part)
                 for path in (list(models) if i % 2 == 0 else list(models)[::-1]):
                     t0 = time.perf_counter()
-                    models[path].ingest([], given)
+                    models[path].ingest([], given, spans)
                     times[path].append(time.perf_counter() - t0)
                 touched.append(len({u.rank for u in part}))
             return times, int(median(touched)) if touched else 0

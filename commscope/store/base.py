@@ -16,7 +16,7 @@ import orjson
 
 from commscope.blocks import BlockDecoder, StaticTable, decode_chunk, decode_chunks, decode_stream
 from commscope.events import Decoded, Event, decode_lines
-from commscope.oprecords import OpRecords
+from commscope.oprecords import OpRecords, Spans
 from commscope.schema import SCHEMA_VERSION
 from commscope.window import Since
 
@@ -211,8 +211,13 @@ class Batch(NamedTuple):
 
     events: list[Event]
     ops: list[OpRecords]
+    #: Where every op record is a slice of one set of columns (a poll decoded together): the
+    #: records as arrays (``TraceModel.ingest`` takes them so); None otherwise
+    spans: Spans | None = None
 
     def count(self) -> int:
+        if self.spans is not None and self.spans.of(self.ops):
+            return len(self.events) + int(self.spans.start[-1] - self.spans.start[0])
         return len(self.events) + sum(len(o) for o in self.ops)
 
 
@@ -269,13 +274,13 @@ class TraceReader(abc.ABC):
         """``poll``, with the op records of blocks in columns."""
         self.columnar = True
         events = self.poll(max_bytes)
-        return Batch(events, self._take_ops())
+        return Batch(events, *self._take_ops())
 
     def read_all_batch(self) -> Batch:
         """``read_all``, with the op records of blocks in columns."""
         self.columnar = True
         events = self.read_all()
-        return Batch(events, self._take_ops())
+        return Batch(events, *self._take_ops())
 
     def bulk(self, step: int) -> Iterator[Batch]:
         """Everything stored now, as batches of about ``step`` bytes, op records in columns:
@@ -352,10 +357,13 @@ class TraceReader(abc.ABC):
             decoder = decoders[stream] = BlockDecoder(stream[0], table)
         return decoder
 
-    def _take_ops(self) -> list[OpRecords]:
+    def _take_ops(self) -> tuple[list[OpRecords], Spans | None]:
+        """The op records read since the last call, and their ``Spans`` where they are one
+        poll's streams decoded together (``decode_queued``)."""
         ops = getattr(self, "_ops", None) or []
-        self._ops = []
-        return ops
+        spans = getattr(self, "_spans", None)
+        self._ops, self._spans = [], None
+        return ops, spans
 
     def job(self) -> dict | None:
         """Job metadata once known (job id, world size, ...), else None."""
@@ -432,20 +440,24 @@ class TraceReader(abc.ABC):
         queued, self._queued = self._queued, None
         if not queued:
             return []
+        first = not getattr(self, "_ops", None)  # (no records before these: they may be the poll's Spans)
         together = [stream for stream, chunks in queued.items() if len(chunks) == 1]
         got = decode_chunks([(queued[stream][0][0], self._decoder(stream)) for stream in together]) \
             if len(together) > 1 else [None] * len(together)
         decoded = dict(zip(together, got, strict=True))
         spans = [(stream, d.ops) for stream, d in decoded.items() if d is not None and d.ops is not None]
+        starts = np.fromiter((o.span.start for _, o in spans), np.int64, len(spans))
         if spans:  # the highest id of each stream's records, in one call
             whole = spans[0][1].span.whole
-            tops = np.maximum.reduceat(whole.id, np.fromiter((o.span.start for _, o in spans), np.int64, len(spans)))
+            tops = np.maximum.reduceat(whole.id, starts)
             for (stream, _), top in zip(spans, tops.tolist(), strict=True):
                 self._raise_max_id(stream, top)
         out: list[Event] = []
+        alone = False
         for stream, chunks in queued.items():
             d = decoded.get(stream)
             if d is None:
+                alone = True
                 for chunk, size in chunks:
                     out.extend(self.ingest(stream, chunk, size).events)
                 continue
@@ -454,6 +466,10 @@ class TraceReader(abc.ABC):
                 self._raise_max_id(stream, top)
             self._account(stream, d, size=chunks[0][1])
             out.extend(d.events)
+        if first and not alone and spans:  # (every record read is one of these, in this order)
+            last = spans[-1][1]
+            self._spans = Spans(whole, np.append(starts, last.span.start + len(last)),
+                                np.fromiter((o.rank for _, o in spans), np.int64, len(spans)))
         return out
 
     def ingest(self, stream: Stream, raw: bytes | Sequence[bytes], size: int = 0) -> Decoded:
@@ -481,6 +497,7 @@ class TraceReader(abc.ABC):
         """What ``ingest`` keeps of a decoded chunk but the highest op id: its op records,
         and in ``stats`` what it held, skipped and (``counts_lost_markers``) says was lost."""
         if got.ops is not None:
+            self._spans = None  # (``decode_queued`` says, after its records, whether they are all)
             try:
                 self._ops.append(got.ops)
             except AttributeError:

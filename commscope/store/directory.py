@@ -816,7 +816,7 @@ class DirectoryReader(TraceReader):
         with gc_paused():
             for stream, segs in streams.items():
                 events.extend(self._read_stream(stream, segs, None)[0])
-        batch = Batch(self._carried + events, self._take_ops())
+        batch = Batch(self._carried + events, *self._take_ops())
         self._carried = []
         return batch
 

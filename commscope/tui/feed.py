@@ -234,7 +234,7 @@ class Feed:
                 batch = reader.poll_batch(self.BUDGET)
                 if not batch.count():
                     break
-                model.ingest(batch.events, batch.ops)
+                model.ingest(batch.events, batch.ops, batch.spans)
         model.note_read_stats(reader.stats)
         with self.lock:
             old = self.reader
@@ -254,7 +254,7 @@ class Feed:
         got = batch.count()
         with self.lock:
             if got:
-                self.model.ingest(batch.events, batch.ops)
+                self.model.ingest(batch.events, batch.ops, batch.spans)
             self.model.note_read_stats(self.reader.stats)
             if got and (self._publish_cost < self.CHEAP_PUBLISH_S or time.monotonic() >= self._publish_due):
                 self.publish()
@@ -327,7 +327,7 @@ class Feed:
                     if batch is None:
                         break
                     with self.lock:
-                        self.model.ingest(batch.events, batch.ops)
+                        self.model.ingest(batch.events, batch.ops, batch.spans)
             except Exception as exc:  # a store that vanished, a wrong password...
                 self.error = str(exc) or type(exc).__name__
                 break
