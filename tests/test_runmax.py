@@ -11,6 +11,7 @@ from commscope.analysis import runmax
 from commscope.analysis.columns import _window
 from commscope.analysis.model import TraceModel
 from commscope.analysis.synth import TraceBuilder
+from commscope.oprecords import PHASE_CODE
 
 I64_MIN = runmax.I64_MIN
 I64_MAX = int(np.iinfo(np.int64).max)
@@ -134,3 +135,40 @@ def test_a_published_rank_s_windows_match_a_model_read_whole():
             t0, t1 = b.t0 + k * ms, b.t0 + (k + 2) * ms
             assert v.ranks[r].window(t0, t1).tolist() == whole.ranks[r].window(t0, t1).tolist()
             assert m.ranks[r].window(t0, t1).tolist() == whole.ranks[r].window(t0, t1).tolist()
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_an_op_closed_by_a_later_parent_reaches_the_running_max(batched):
+    """A nested op whose parent begins after it: the parent's end closes it
+    (``_close_nested``) with no change of its own in the touch log.  The running max is
+    recomputed from the earliest op open at its last update too, so a window finds it
+    (found by review)."""
+    from test_model_batch import _rows, _static
+
+    t = 1_000_000
+    statics = [_static("all_reduce"), _static("all_reduce", nested=True)]
+    first = [(PHASE_CODE["begin"], t, 1, 1, -1, 2, 0), (PHASE_CODE["begin"], t + 10, 2, 0, 1, -1, 0),
+             (PHASE_CODE["begin"], t + 20, 3, 0, 2, -1, 0)]
+    m = TraceModel()
+    m.batch_ranks = batched
+    m.ingest([], [_rows(0, first, statics)])
+    rt = m.ranks[0]
+    assert rt._sorted and int(rt.parent[0]) == 1
+    rt.window(t + 50, t + 60)  # (the running max computed, as a view or a query does)
+    m.ingest([], [_rows(0, [(PHASE_CODE["end"], t + 100, 2, -1, -1, -1, 0)], statics)])
+    assert rt.comp[:2].tolist() == [t + 100, t + 100]
+    assert rt.window(t + 50, t + 60).tolist() == [0, 1, 2]
+    assert m.view().ranks[0].window(t + 50, t + 60).tolist() == [0, 1, 2]
+
+
+def test_a_view_of_ranks_whose_every_open_op_has_a_hostile_end_lists_none_in_flight():
+    """An op whose end came before its begin (a completion below 0) stays in the open set
+    but is not in flight: the view lists none (found by review: it raised)."""
+    from test_model_batch import _rows, _static
+
+    statics = [_static("all_reduce")]
+    m = TraceModel()
+    m.ingest([], [_rows(0, [(PHASE_CODE["begin"], 100, 1, 0, 1, -1, 0), (PHASE_CODE["end"], -5, 1, -1, -1, -1, 0)],
+                        statics)])
+    assert m.ranks[0].open and int(m.ranks[0].comp[0]) < 0
+    assert m.view().ranks[0].open == ()

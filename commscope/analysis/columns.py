@@ -12,7 +12,7 @@ cross-rank indexes live in ``indexes``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -85,7 +85,7 @@ class RankTable:
     """
 
     INT = ("n", "first_ts", "last_ts", "last_op_ts", "last_begin", "last_comp", "version", "open_from",
-           "mapped", "idoff", "aligned_from", "base", "cap", "touches", "pmax_n", "pmax_version")
+           "mapped", "idoff", "aligned_from", "base", "cap", "touches", "pmax_n", "pmax_version", "open_min")
     BOOL = ("ordered", "stale", "device_seen", "parents")
 
     def __init__(self) -> None:
@@ -281,19 +281,14 @@ class RankTable:
     def in_flight(self, slots: Sequence[int]) -> dict[int, tuple[int, ...]]:
         """The ops in flight (completion 0) of ranks ``slots`` whose open set was settled, by
         index: what a published view lists as ``open`` (none: not in the result)."""
-        traces = self.traces
-        who: list[int] = []
-        ops: list[int] = []
-        for s in slots:
-            held = traces[s]._open
-            if held:
-                who.extend([s] * len(held))
-                ops.extend(held)
-        if not ops:
+        where, op = self._open_of(slots)
+        if not op.shape[0]:
             return {}
-        at, op = np.array(who, np.int64), np.array(ops, np.int64)
+        at = np.asarray(slots, np.int64)[where]
         (comp,) = self.gather(("comp",), self.block[at], self.base[at] + op)
         at, op = at[comp == 0], op[comp == 0]
+        if not at.shape[0]:  # (open with a completion below 0: hostile times, none in flight)
+            return {}
         order = np.lexsort((op, at))
         at, op = at[order].tolist(), op[order].tolist()
         cuts = [0, *(j for j in range(1, len(at)) if at[j] != at[j - 1]), len(at)]
@@ -312,12 +307,35 @@ class RankTable:
         if not slots.shape[0]:
             return
         n, valid, done = self.n[slots], self.pmax_n[slots], self.pmax_version[slots]
-        since = self.changed_since(slots, done)
+        # from the earliest op changed since (the touch log), or open then: one that closed since
+        # without a change of its own in the log (a nested op its parent's end closed)
+        since = np.minimum(self.changed_since(slots, done), self.open_min[slots])
         since[valid == 0] = I64_MIN
         for cols, m in self._groups(self.block[slots]):
             runmax.update(cols["begin"], cols["comp"], cols["pmax"], self.base[slots][m], n[m], valid[m], since[m])
         self.pmax_n[slots] = n
         self.pmax_version[slots] = self.version[slots]
+        self.settle_open()
+        self.open_min[slots] = self._earliest_open(slots)
+
+    def _earliest_open(self, slots: np.ndarray) -> np.ndarray:
+        """The earliest begin among each slot's open ops (I64_MAX: none)."""
+        out = np.full(slots.shape[0], I64_MAX, np.int64)
+        at, ops = self._open_of(slots.tolist())
+        if ops.shape[0]:
+            s = slots[at]
+            (begin,) = self.gather(("begin",), self.block[s], self.base[s] + ops)
+            np.minimum.at(out, at, begin)
+        return out
+
+    def _open_of(self, slots: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The open sets of ``slots`` (settled) as (position in ``slots``, op index) arrays, made
+        with no Python step per rank."""
+        traces = self.traces
+        held = [traces[s]._open for s in slots]
+        counts = np.fromiter(map(len, held), np.int64, len(held))
+        ops = np.fromiter(chain.from_iterable(held), np.int64, int(counts.sum()))
+        return np.repeat(np.arange(len(held), dtype=np.int64), counts), ops
 
     def changed_since(self, slots: np.ndarray, versions: np.ndarray) -> np.ndarray:
         """``touched_since`` of many slots (``slots[j]`` after ``versions[j]``), with I64_MIN
