@@ -138,27 +138,32 @@ def test_a_published_rank_s_windows_match_a_model_read_whole():
 
 
 @pytest.mark.parametrize("batched", [True, False])
-def test_an_op_closed_by_a_later_parent_reaches_the_running_max(batched):
+@pytest.mark.parametrize("in_order", [True, False])
+def test_an_op_closed_by_a_later_parent_reaches_the_running_max(batched, in_order):
     """A nested op whose parent begins after it: the parent's end closes it
     (``_close_nested``) with no change of its own in the touch log.  The running max is
     recomputed from the earliest op open at its last update too, so a window finds it
-    (found by review)."""
+    (found by review), in its block's rows or, for a rank out of time order, its own."""
     from test_model_batch import _rows, _static
 
     t = 1_000_000
     statics = [_static("all_reduce"), _static("all_reduce", nested=True)]
     first = [(PHASE_CODE["begin"], t, 1, 1, -1, 2, 0), (PHASE_CODE["begin"], t + 10, 2, 0, 1, -1, 0),
              (PHASE_CODE["begin"], t + 20, 3, 0, 2, -1, 0)]
+    if not in_order:  # (an op begun later recorded first)
+        first.insert(0, (PHASE_CODE["begin"], t + 30, 4, 0, 3, -1, 0))
     m = TraceModel()
     m.batch_ranks = batched
     m.ingest([], [_rows(0, first, statics)])
     rt = m.ranks[0]
-    assert rt._sorted and int(rt.parent[0]) == 1
+    nested = rt.index_of(1)
+    assert rt._sorted == in_order and int(rt.parent[nested]) == rt.index_of(2)
     rt.window(t + 50, t + 60)  # (the running max computed, as a view or a query does)
     m.ingest([], [_rows(0, [(PHASE_CODE["end"], t + 100, 2, -1, -1, -1, 0)], statics)])
-    assert rt.comp[:2].tolist() == [t + 100, t + 100]
-    assert rt.window(t + 50, t + 60).tolist() == [0, 1, 2]
-    assert m.view().ranks[0].window(t + 50, t + 60).tolist() == [0, 1, 2]
+    assert int(rt.comp[nested]) == t + 100
+    want = sorted(range(rt.n), key=lambda i: int(rt.begin[i]))  # (every op reaches into the window)
+    assert rt.window(t + 50, t + 60).tolist() == want
+    assert m.view().ranks[0].window(t + 50, t + 60).tolist() == want
 
 
 def test_a_view_of_ranks_whose_every_open_op_has_a_hostile_end_lists_none_in_flight():

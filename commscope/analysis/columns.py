@@ -85,7 +85,8 @@ class RankTable:
     """
 
     INT = ("n", "first_ts", "last_ts", "last_op_ts", "last_begin", "last_comp", "version", "open_from",
-           "mapped", "idoff", "aligned_from", "base", "cap", "touches", "pmax_n", "pmax_version", "open_min")
+           "mapped", "idoff", "aligned_from", "base", "cap", "touches", "pmax_n", "pmax_version",
+           "open_min")  # (the earliest begin among the ops open at the last running max)
     BOOL = ("ordered", "stale", "device_seen", "parents")
 
     def __init__(self) -> None:
@@ -319,7 +320,8 @@ class RankTable:
         self.open_min[slots] = self._earliest_open(slots)
 
     def _earliest_open(self, slots: np.ndarray) -> np.ndarray:
-        """The earliest begin among each slot's open ops (I64_MAX: none)."""
+        """The earliest begin among each slot's open ops (I64_MAX: none; their sets settled):
+        what ``open_min`` keeps as of a running max's update, either way it is kept."""
         out = np.full(slots.shape[0], I64_MAX, np.int64)
         at, ops = self._open_of(slots.tolist())
         if ops.shape[0]:
@@ -471,7 +473,6 @@ class RankTrace:
         self._sb = np.zeros(0, np.int64)  # begin times in ``order``
         self._ord_buf = self._sb_buf = self._pmax_buf = np.zeros(0, np.int64)  # capacity behind them
         self._ins_min = 0  # first order position changed by insertions since the last prefix max
-        self._open_min_begin = I64_MAX  # earliest begin among ops open at the last prefix max
         self._pmax_shared = False  # a published RankView holds the prefix max: rewrite a copy
         self._view: RankView | None = None
 
@@ -713,7 +714,7 @@ class RankTrace:
         if self._pmax is not None:
             # (ops that changed since, an op complete before included: a device time came later)
             since = self._t.touched_since(self._s, self._pmax_version)
-            start = min(self._ins_min, int(np.searchsorted(begins, self._open_min_begin, side="left")),
+            start = min(self._ins_min, int(np.searchsorted(begins, self._t.open_min[self._s], side="left")),
                         self._pmax.shape[0], 0 if since is None else int(np.searchsorted(begins, since, side="left")))
         ends = runmax.ends_of(begins[start:], self.comp[order[start:]])
         if start and start <= self._pmax.shape[0]:
@@ -734,7 +735,8 @@ class RankTrace:
             self._pmax_shared = False
         self._pmax_version = version
         self._ins_min = n
-        self._open_min_begin = min((int(self.begin[i]) for i in self.open), default=I64_MAX)
+        self.open  # noqa: B018 (settles the set)
+        self._t.open_min[self._s] = self._t._earliest_open(np.array([self._s]))[0]
         return self._pmax
 
 
