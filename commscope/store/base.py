@@ -437,9 +437,13 @@ class TraceReader(abc.ABC):
         """The queued chunks decoded, and queueing ended: a stream's one chunk with the other
         streams' together where it is the common case (``blocks.decode_chunks``), every other
         chunk alone, in its stream's order; events in the order their streams were queued."""
+        return [e for events in self.decode_queued_streams().values() for e in events]
+
+    def decode_queued_streams(self) -> dict[Stream, list[Event]]:
+        """``decode_queued``, each stream's events apart (a reader that returns them by stream)."""
         queued, self._queued = self._queued, None
         if not queued:
-            return []
+            return {}
         first = not getattr(self, "_ops", None)  # (no records before these: they may be the poll's Spans)
         together = [stream for stream, chunks in queued.items() if len(chunks) == 1]
         got = decode_chunks([(queued[stream][0][0], self._decoder(stream)) for stream in together]) \
@@ -452,20 +456,21 @@ class TraceReader(abc.ABC):
             tops = np.maximum.reduceat(whole.id, starts)
             for (stream, _), top in zip(spans, tops.tolist(), strict=True):
                 self._raise_max_id(stream, top)
-        out: list[Event] = []
+        out: dict[Stream, list[Event]] = {}
         alone = False
         for stream, chunks in queued.items():
             d = decoded.get(stream)
             if d is None:
                 alone = True
+                evs = out[stream] = []
                 for chunk, size in chunks:
-                    out.extend(self.ingest(stream, chunk, size).events)
+                    evs.extend(self.ingest(stream, chunk, size).events)
                 continue
             top = _last_begin(d.events)  # (JSON op events among the blocks)
             if top >= 0:
                 self._raise_max_id(stream, top)
             self._account(stream, d, size=chunks[0][1])
-            out.extend(d.events)
+            out[stream] = d.events
         if first and not alone and spans:  # (every record read is one of these, in this order)
             last = spans[-1][1]
             self._spans = Spans(whole, np.append(starts, last.span.start + len(last)),

@@ -645,33 +645,45 @@ class RedisReader(TraceReader):
         nodes = self._nodes_ok()
         job = self.job_id
         pending = self.ranks()
-        used = 0
+        self.queue_chunks()  # (the streams' clean entries decoded together, after the round)
+        queued = got if self._queued is not None else None
         with gc_paused():
-            while pending:
-                keys = {self.keys.stream(job, *st).encode(): st for st in pending}
-                by_slot: dict[int, list[bytes]] = {}
-                for key in keys:
-                    by_slot.setdefault(keyslot(key), []).append(key)
-                commands = [(ks[0], pack("XREAD", "COUNT", self.PAGE, "STREAMS", *ks,
-                                         *(self._cursor.get(keys[k], b"0-0") for k in ks)))
-                            for ks in by_slot.values()]
-                full = []
-                began = time.time_ns()
-                for reply in nodes.many(commands, Connection.read_streams):
-                    if isinstance(reply, ReplyError):
-                        raise reply
-                    for key, entries in reply:
-                        stream = keys.get(key)
-                        if stream is None:
-                            continue
-                        used += self._take(stream, entries, got.setdefault(stream, []))
-                        if len(entries) >= self.PAGE:
-                            full.append(stream)
-                for st in set(pending) - set(full):
-                    self._read_to_end(st, began)  # (a stream XREAD left out had nothing new)
-                pending = full
-                if max_bytes is not None and used >= max_bytes:
-                    break
+            try:
+                self._xread_pages(nodes, job, pending, max_bytes, got, queued)
+            finally:
+                self._drain(got, again=False)
+
+    def _xread_pages(self, nodes: Nodes, job: str, pending: list[Stream], max_bytes: int | None,
+                     got: dict[Stream, list[Event]], queued: dict[Stream, list[Event]] | None) -> None:
+        """``_xread``'s pages: XREAD again for the streams a page filled, within the budget."""
+        used = 0
+        while pending:
+            keys = {self.keys.stream(job, *st).encode(): st for st in pending}
+            by_slot: dict[int, list[bytes]] = {}
+            for key in keys:
+                by_slot.setdefault(keyslot(key), []).append(key)
+            commands = [(ks[0], pack("XREAD", "COUNT", self.PAGE, "STREAMS", *ks,
+                                     *(self._cursor.get(keys[k], b"0-0") for k in ks)))
+                        for ks in by_slot.values()]
+            full = []
+            began = time.time_ns()
+            for reply in nodes.many(commands, Connection.read_streams):
+                if isinstance(reply, ReplyError):
+                    raise reply
+                for key, entries in reply:
+                    stream = keys.get(key)
+                    if stream is None:
+                        continue
+                    used += self._take(stream, entries, got.setdefault(stream, []), queued)
+                    if len(entries) >= self.PAGE:
+                        full.append(stream)
+                if self.queue_full():
+                    self._drain(got)
+            for st in set(pending) - set(full):
+                self._read_to_end(st, began)  # (a stream XREAD left out had nothing new)
+            pending = full
+            if max_bytes is not None and used >= max_bytes:
+                break
 
     def read_all(self) -> list[Event]:
         """Everything of the job not returned yet, rank by rank in XRANGE pages."""
@@ -709,8 +721,21 @@ class RedisReader(TraceReader):
             raise StoreError(f"cannot read {self.description}: {why}") from None
         return out
 
-    def _take(self, stream: Stream, entries: list, out: list[Event]) -> int:
-        """Decode one stream's entries into ``out``; count gaps and damaged entries.  Returns bytes."""
+    def _drain(self, got: dict[Stream, list[Event]], again: bool = True) -> None:
+        """The queued entries decoded (``decode_queued_streams``) into ``got``; ``again``:
+        queueing goes on."""
+        for stream, evs in self.decode_queued_streams().items():
+            got.setdefault(stream, []).extend(evs)
+        if again:
+            self.queue_chunks()
+
+    def _take(self, stream: Stream, entries: list, out: list[Event],
+              queued: dict[Stream, list[Event]] | None = None) -> int:
+        """Decode one stream's entries into ``out``; count gaps and damaged entries.  Returns bytes.
+        ``queued``: a poll's events by stream, while its chunks are queued.  Entries that are
+        one line each (no newline in one, none empty: the lines of a stream's file) are queued
+        as those lines, decoded with the other streams' after the round; others are decoded
+        now, after what was queued before them (``_drain``)."""
         if not entries:
             return 0
         rank = stream[0]
@@ -733,6 +758,12 @@ class RedisReader(TraceReader):
             self._last[stream] = last
         self._cursor[stream] = entries[-1][0]
         size = sum(map(len, values))
+        if queued is not None:
+            lines = b"\n".join(values)
+            if all(values) and lines.count(b"\n") == len(values) - 1:
+                self.ingest_later(stream, lines + b"\n", size)
+                return size
+            self._drain(queued)
         out.extend(self.ingest(stream, values, size).events)
         return size
 
