@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from commscope import compiled
 from commscope.schema import MAX_BLOCK, MAX_INT, MAX_RANK, SCHEMA_VERSION
 
 ENV_SCAN = "COMMSCOPE_SCAN"
@@ -72,7 +73,6 @@ class Scan(NamedTuple):
 
 
 _kernel: Callable[..., tuple] | None = None
-_missing = False
 
 
 def available() -> bool:
@@ -100,21 +100,10 @@ def scan_many(data: bytes, starts: np.ndarray, ranks: np.ndarray) -> Scan | None
 
 
 def _load() -> Callable[..., tuple] | None:
-    """The compiled scanner, compiled (or loaded from numba's cache) on first use: a
-    recording rank imports this module and never pays for numba."""
-    global _kernel, _missing
-    if _kernel is None and not _missing:
-        try:
-            import numba
-        except ImportError:
-            _missing = True
-            return None
-        jit = numba.njit(cache=True, nogil=True, boundscheck=False)
-        names = ("_hash", "_lit", "_num", "_field", "_b64", "_same", "_scan")  # (helpers first: _scan calls them)
-        g = globals()
-        for name in names:
-            g[name] = jit(g[name])
-        _kernel = g["_scan"]
+    """The compiled scanner (``compiled.jit``, on first use)."""
+    global _kernel
+    if _kernel is None:
+        _kernel = compiled.jit(globals(), ("_hash", "_lit", "_num", "_field", "_b64", "_same", "_scan"))
     return _kernel
 
 

@@ -27,10 +27,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from commscope import compiled
+
 I64_MIN = np.iinfo(np.int64).min
 
 _kernel: Callable[..., None] | None = None
-_missing = False
 
 
 def update(begin: np.ndarray, comp: np.ndarray, pmax: np.ndarray, base: np.ndarray, n: np.ndarray,
@@ -90,13 +91,8 @@ def _update(begin: np.ndarray, comp: np.ndarray, pmax: np.ndarray, base: np.ndar
 
 
 def _load() -> Callable[..., None] | None:
-    """The compiled loop, compiled (or loaded from numba's cache) on first use."""
-    global _kernel, _missing
-    if _kernel is None and not _missing:
-        try:
-            import numba
-        except ImportError:
-            _missing = True
-            return None
-        _kernel = numba.njit(cache=True, nogil=True, boundscheck=False)(_update)
+    """The compiled loop (``compiled.jit``, on first use)."""
+    global _kernel
+    if _kernel is None:
+        _kernel = compiled.jit(globals(), ("_update",))
     return _kernel
