@@ -410,6 +410,52 @@ def test_a_wide_group_s_columns_come_from_the_blocks_as_member_by_member(tmp_pat
             assert np.array_equal(a, b) and np.array_equal(a, c)
 
 
+def test_a_wide_group_gathers_from_blocks_its_members_share_out_of_order(monkeypatch):
+    """A live model's ranks move to blocks with room as they grow, so a wide group's members
+    live in many blocks, some shared by members far apart (every fifth rank here, moved
+    together by one batch): the wide gather, a block at a time, still equals member by
+    member and the flat copy."""
+    import sys
+
+    from commscope.analysis import collectives
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from test_model_batch import T, _rows, _static
+
+    statics = [_static("all_reduce")]
+
+    def ops(a: int, b: int, who) -> list:
+        return [_rows(r, [x for j in range(a, b) for x in ((PH_BEGIN, T + j * 1000 + r, j + 1, 0, j + 1, -1, 0),
+                                                           (PH_END, T + j * 1000 + 500 + r, j + 1, -1, -1, -1, 0))],
+                      statics) for r in who]
+
+    model = TraceModel()
+    ranks = 80
+    model.ingest([], ops(0, 5, range(ranks)))
+    model.ingest([], ops(5, 40, range(1, ranks, 2)))
+    model.ingest([], ops(5, 40, range(0, ranks, 3)))
+    model.ingest([], ops(5, 40, [r for r in range(ranks) if r % 2 == 0 and r % 3]))
+    model.ingest([], ops(40, 41, range(0, ranks, 5)))
+    (gi,) = model.coll.values()
+    t = model.table
+    where = t.block[t.slots(np.asarray(gi.ranks, np.int64))]
+    shared = [np.flatnonzero(where == b) for b in np.unique(where)]
+    assert any(len(m) > 1 and m[-1] - m[0] + 1 > len(m) for m in shared)  # (members far apart in one block)
+    assert len(shared) > 10
+    names = ("begin", "comp", "sig", "seq", "flags")
+    for rows in (slice(None), np.arange(gi.seqs.rows().shape[0])[::-4], np.array([40])):
+        monkeypatch.setattr(collectives, "GATHER_FLAT", 10**9)
+        narrow = collectives.gather_many(model, gi, names, rows)
+        monkeypatch.setattr(collectives, "GATHER_FLAT", 0)
+        wide = collectives.gather_many(model, gi, names, rows)
+        monkeypatch.setattr(model.table, "slots", lambda r: np.full(r.shape[0], -1, np.int64))
+        flat = collectives.gather_many(model, gi, names, rows)
+        monkeypatch.undo()
+        assert narrow[0].any() and (narrow[0] == 0).any()  # (ranks with and without an op in the rows)
+        for a, b, c in zip(narrow, wide, flat, strict=True):
+            assert np.array_equal(a, b) and np.array_equal(a, c)
+
+
 @pytest.mark.parametrize("fault", ["missing", "mismatch", "healthy"])
 def test_a_wide_group_gathers_as_a_narrow_one_does(tmp_path, monkeypatch, fault):
     """Diagnosis reads a column of every member at once for a wide group (one flat copy)

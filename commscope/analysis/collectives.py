@@ -15,6 +15,7 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from commscope.analysis import evidence, rankstate
+from commscope.analysis.columns import RankTable
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import Finding, activity, op_brief, rank_list, ranks_text, secs
 from commscope.analysis.indexes import GroupIndex
@@ -61,10 +62,7 @@ def gather_many(model: TraceModel, gi: GroupIndex, columns: tuple[str, ...],
         t = model.table
         slots = t.slots(np.asarray(members, np.int64))
         if not ok[:, slots < 0].any():  # (a member with ops has a slot, unless past RANK_SLOTS)
-            at = np.broadcast_to(slots[None, :], mat.shape)[ok]
-            got = t.gather(columns, t.block[at], t.base[at] + mat[ok])
-            for out, values in zip(outs, got, strict=True):
-                out[ok] = values
+            _gather_blocks(t, slots, mat, ok, columns, outs)
             return outs
         ns = [model.ranks[r].n if r in model.ranks else 0 for r in members]  # (ranks past RANK_SLOTS)
         base = np.zeros(len(ns), np.int64)
@@ -86,6 +84,37 @@ def gather_many(model: TraceModel, gi: GroupIndex, columns: tuple[str, ...],
 
 
 _EMPTY = np.zeros(0, np.int64)
+
+
+def _gather_blocks(t: RankTable, slots: np.ndarray, mat: np.ndarray, ok: np.ndarray, columns: tuple[str, ...],
+                   outs: list[np.ndarray]) -> None:
+    """``gather_many``'s wide group, a block at a time: the members living in one block are
+    read from it together (a rank lives in one block), so the work and the temporaries
+    follow that block's members, not the whole matrix once per block."""
+    where = np.where(slots >= 0, t.block[np.maximum(slots, 0)], -1)
+    order = np.argsort(where, kind="stable")
+    sorted_ = where[order]
+    cuts = np.flatnonzero(np.r_[True, sorted_[1:] != sorted_[:-1], True]).tolist()
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        block = int(sorted_[a])
+        if block < 0:  # (members with no ops: nothing in these rows)
+            continue
+        cols = t.blocks[block]
+        assert cols is not None
+        who = order[a:b]
+        lo = int(who[0])
+        run = int(who[-1]) - lo + 1 == who.shape[0]  # (ranks in slot order: a run of columns)
+        part = slice(lo, lo + who.shape[0]) if run else who
+        okb = ok[:, part]
+        pos = (mat[:, part] + t.base[slots[who]][None, :])[okb]
+        for out, column in zip(outs, columns, strict=True):
+            values = cols[column][pos]
+            if run:
+                out[:, part][okb] = values
+            else:
+                sub = np.zeros(okb.shape, np.int64)
+                sub[okb] = values
+                out[:, part] = sub
 
 
 def seq_of_row(gi: GroupIndex, row: int) -> int:
