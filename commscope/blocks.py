@@ -1144,17 +1144,19 @@ def decode_stream(got: Decoded, decoder: BlockDecoder, columns: bool) -> Decoded
     return Decoded(merged(out, ops), got.damaged, invalid)
 
 
-def decode_chunk(data: bytes, rank: int, decoder: BlockDecoder) -> Decoded | None:
+def decode_chunk(data: bytes, rank: int, decoder: BlockDecoder, scanned: blockscan.Scan | None = None
+                 ) -> Decoded | None:
     """Complete lines of ``rank``'s stream decoded as ``decode_stream(decode_lines(data,
     rank), decoder, columns=True)`` decodes them, the block lines found by the compiled
     scanner (``blockscan``) and the rest as JSON; None where the scanner is not available
-    or the chunk is mostly other events.
+    or the chunk is mostly other events.  ``scanned``: the scan of ``data`` already made
+    (``decode_chunks`` hands over its scan of each chunk it leaves alone).
     Blocks are decoded in runs between the events that teach the decoder's tables (and
     the blocks the scanner left to JSON); the events keep their line order, the group
     events that blocks define included."""
     if data.find(LINE_PREFIX, 0, 1 << 16) < 0:  # (JSON events: numba is not even loaded)
         return None
-    s = blockscan.scan(data, rank)
+    s = blockscan.scan(data, rank) if scanned is None else scanned
     if s is None or len(s.ts) * 2 < len(s.line_start):  # (mostly JSON events: JSON's way is faster)
         return None
     return decode_scanned(data, s, rank, decoder)
@@ -1212,12 +1214,15 @@ def decode_scanned(data: bytes, s: blockscan.Scan, rank: int, decoder: BlockDeco
     return Decoded(out, got.damaged, invalid, concat(parts) if parts else None)
 
 
-def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]]) -> list[Decoded | None]:
+def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[blockscan.Scan | None] | None = None
+                  ) -> list[Decoded | None]:
     """``decode_chunk`` of several streams' chunks (complete lines; one chunk a stream, its
     decoder with it), the common case for all of them at once: one scan, and the records
     resolved in one pass into one set of columns, each stream's a slice of them
     (``OpRecords.span``).  A live poll of thousands of streams, a block or two each, spent
-    ~100 us a stream in numpy calls on a few rows.
+    ~100 us a stream in numpy calls on a few rows.  ``alone``, where given, is filled with
+    each chunk's own part of the scan where it is None (``decode_chunk(..., scanned=)``: a
+    stream's first chunk, every one in a whole read, is not scanned twice).
 
     The common case is what ``decode_chunk`` hands over as it is, nothing learnt: every line
     a block the scanner read whole, in ring order after what its decoder read, whose table
@@ -1303,6 +1308,8 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]]) -> list[Decoded 
     if nb:  # (ends grow within an ok chunk: its last block's is the highest)
         last = np.flatnonzero(np.r_[bc[1:] != bc[:-1], True])
         last_end[bc[last]] = s.end[last]
+    if alone is not None:
+        alone[:] = blockscan.parts(s, starts, ~ok)
     for c, a, b, end in zip(np.flatnonzero(ok).tolist(), bounds[:-1][ok].tolist(), bounds[1:][ok].tolist(),
                             last_end[ok].tolist(), strict=True):
         dec = decoders[c]

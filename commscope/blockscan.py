@@ -99,6 +99,42 @@ def scan_many(data: bytes, starts: np.ndarray, ranks: np.ndarray) -> Scan | None
     return Scan(*_kernel(np.frombuffer(data, np.uint8), starts, ranks))
 
 
+def parts(s: Scan, starts: np.ndarray, want: np.ndarray) -> list[Scan | None]:
+    """The scan of each chunk ``c`` of ``scan_many`` with ``want[c]`` (None for the others,
+    and for a chunk with no line) as ``scan`` of its bytes alone would give it: a chunk that
+    is to be decoded alone needs no second scan.  Its blocks' offsets stay in the whole
+    ``raw``; each prefix's first block is its first in the chunk (the blocks of a prefix
+    are the same ones: equal bytes).  The work common to all is done at once, so a chunk's
+    part is slices (a live poll's first round has thousands of one-block chunks)."""
+    n = starts.shape[0]
+    line_chunk = np.searchsorted(starts, s.line_start, side="right") - 1
+    lines = np.searchsorted(line_chunk, np.arange(n + 1), side="left").tolist()  # (lines in chunk order)
+    is_block = s.block >= 0
+    before = np.zeros(s.block.shape[0] + 1, np.int64)  # blocks on the lines before each
+    np.cumsum(is_block, out=before[1:])
+    bounds = before[lines].tolist()
+    nb = s.ts.shape[0]
+    bc = line_chunk[is_block]  # each block's chunk
+    local = np.full(nb, -1, np.int64)
+    has = np.flatnonzero(s.prefix_id >= 0)
+    if has.shape[0]:  # a prefix's first block in each chunk: the first of its (chunk, prefix) pair
+        _, first, at = np.unique(bc[has] * nb + s.prefix_id[has], return_index=True, return_inverse=True)
+        local[has] = has[first][at.reshape(-1)] - np.asarray(bounds, np.int64)[bc[has]]
+    out: list[Scan | None] = [None] * n
+    for c in np.flatnonzero(want).tolist():
+        l0, l1, b0, b1 = lines[c], lines[c + 1], bounds[c], bounds[c + 1]
+        if l0 == l1:
+            continue
+        o0, o1 = int(s.op_first[b0]), int(s.op_first[b1])
+        blk = s.block[l0:l1]
+        offset = int(starts[c])
+        out[c] = Scan(s.raw, s.line_start[l0:l1] - offset, s.line_end[l0:l1] - offset,
+                      np.where(blk >= 0, blk - b0, -1).astype(np.int32) if b0 else blk, s.ts[b0:b1], s.pos[b0:b1],
+                      s.end[b0:b1], s.start[b0:b1], s.stop[b0:b1], s.prefix_end[b0:b1], local[b0:b1],
+                      s.flags[b0:b1], s.ops[o0:o1], s.op_first[b0:b1 + 1] - o0)
+    return out
+
+
 def _load() -> Callable[..., tuple] | None:
     """The compiled scanner (``compiled.jit``, on first use)."""
     global _kernel

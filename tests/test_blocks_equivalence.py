@@ -483,10 +483,13 @@ def run_together(per_rank: list[tuple[int, list[bytes]]], chunk: int) -> tuple[d
     together = 0
     for i in range(0, max(len(lines) for _, lines in per_rank), size):
         polled = [(rank, b"\n".join(lines[i:i + size]) + b"\n") for rank, lines in per_rank if lines[i:i + size]]
-        for (rank, data), d in zip(polled, blocks.decode_chunks([(data, decs[rank]) for rank, data in polled]),
-                                   strict=True):
-            if d is None:
-                d = blocks.decode_scanned(data, blockscan.scan(data, rank), rank, decs[rank])
+        parts: list = []
+        decoded = blocks.decode_chunks([(data, decs[rank]) for rank, data in polled], parts)
+        for k, ((rank, data), d) in enumerate(zip(polled, decoded, strict=True)):
+            if d is None:  # (alone, through its part of the poll's scan where there was one)
+                part = parts[k] if parts else None
+                d = blocks.decode_scanned(data, part if part is not None else blockscan.scan(data, rank), rank,
+                                          decs[rank])
             else:
                 together += 1
                 assert d.ops is None or (d.ops.span is not None and d.ops.rank == rank)

@@ -113,3 +113,60 @@ def test_a_chunk_of_mostly_json_events_is_left_to_the_json_path():
     assert blocks.decode_chunk(b"\n".join([_line(), sample, sample, sample]), 0, blocks.BlockDecoder()) is None
     got = blocks.decode_chunk(b"\n".join([_line(), _line(), sample]), 0, blocks.BlockDecoder())
     assert got is not None and got.events == [{"type": "sample", "ts": 1, "rank": 0}]
+
+
+def _same_scan(a: blockscan.Scan, b: blockscan.Scan) -> None:
+    """Two scans of the same lines equal but for where their raw bytes lie."""
+    for name in ("line_start", "line_end", "block", "ts", "pos", "end", "flags", "op_first", "prefix_id"):
+        assert getattr(a, name).tolist() == getattr(b, name).tolist(), name
+    for s in (a, b):
+        assert s.op_first[0] == 0 and s.op_first[-1] == s.ops.shape[0]
+    assert (a.prefix_end - a.start).tolist() == (b.prefix_end - b.start).tolist()
+    owner_a = np.repeat(np.arange(a.start.shape[0]), np.diff(a.op_first))
+    owner_b = np.repeat(np.arange(b.start.shape[0]), np.diff(b.op_first))
+    assert (a.ops - a.start[owner_a]).tolist() == (b.ops - b.start[owner_b]).tolist()
+    for k in range(a.start.shape[0]):
+        assert a.raw[a.start[k]:a.stop[k]].tobytes() == b.raw[b.start[k]:b.stop[k]].tobytes()
+
+
+def test_a_chunk_s_part_of_a_scan_of_many_is_its_scan_alone():
+    """``blockscan.parts``: what ``decode_chunks`` hands over for a chunk it leaves alone
+    equals scanning the chunk by itself, prefixes first seen in another chunk included."""
+    sig = blocks.pack_sig(5, opcode=1)
+    g0 = blocks.pack_group(0, "0", "gloo", [0, 1])
+    g1 = blocks.pack_group(1, "1", "gloo", [1, 2])
+    ops = blocks.pack_sig_begin(1, T, 5) + blocks.pack_end(1, T + 1)
+    sample = b'{"type":"sample","ts":1,"rank":%d}'
+    chunks = {
+        3: [_line(rank=3, data=g0 + sig + ops), sample % 3, _line(rank=3, data=g1 + sig + ops),
+            _line(rank=3, data=g0 + sig + ops), _line(rank=3, data=ops + sig)],
+        4: [],  # (a stream with nothing new)
+        5: [sample % 5, sample % 5],  # (no block)
+        6: [_line(rank=6, data=g1 + sig + ops), _line(rank=6, data=g1 + sig + ops), _line(rank=6, data=ops),
+            _line(rank=6, data=g0 + sig + ops), b'{"type":"block", "v":3}'],
+        7: [_line(rank=7, data=g0 + sig + ops, pos=0, end=100), _line(rank=3, data=ops)],  # (another rank's line)
+    }
+    datas = [b"\n".join(lines) + b"\n" if lines else b"" for lines in chunks.values()]
+    starts = np.zeros(len(datas), np.int64)
+    np.cumsum([len(d) for d in datas[:-1]], out=starts[1:])
+    whole = blockscan.scan_many(b"".join(datas), starts, np.array(list(chunks), np.int64))
+    assert whole is not None
+    line_chunk = np.searchsorted(starts, whole.line_start, side="right") - 1
+    lines = np.searchsorted(line_chunk, np.arange(len(datas) + 1), side="left")
+    want = np.array([True, True, True, True, False])
+    got = blockscan.parts(whole, starts, want)
+    assert got[4] is None and got[1] is None  # (not wanted; no line)
+    shared = 0
+    for c, (rank, data) in enumerate(zip(chunks, datas, strict=True)):
+        if not want[c] or not data:
+            continue
+        part = got[c]
+        alone = blockscan.scan(data, rank)
+        assert part is not None and alone is not None
+        _same_scan(part, alone)
+        blk = whole.block[lines[c]:lines[c + 1]]
+        if (blk >= 0).any():  # (a prefix whose first block lies in an earlier chunk)
+            b0, b1 = int(blk[blk >= 0].min()), int(blk.max()) + 1
+            pid = whole.prefix_id[b0:b1]
+            shared += int(((pid >= 0) & (pid < b0)).sum())
+    assert shared  # (some prefix was first seen in an earlier chunk)

@@ -84,3 +84,21 @@ def test_the_snapshot_has_no_import_cycle_and_the_analysis_never_imports_it():
     assert _cycles(ROOT / "snapshot", "commscope.snapshot") == set()
     for path in (ROOT / "analysis").rglob("*.py"):
         assert not {m for m in _imports(path, "commscope") if m.startswith("commscope.snapshot")}, path.name
+
+
+def test_a_command_that_runs_no_job_never_imports_torch(tmp_path):
+    """torch takes ~0.8 s to import: the parser (which imports every bench suite for its
+    options) and ``check`` of a stored trace do without it, so a command answers in a
+    fraction of a second (a bench suite once imported its job's script for its path)."""
+    import subprocess
+    import sys
+
+    from commscope.bench.synthstore import JobShape, write_store
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(4, 20, fault="missing", hang_after=2.0))
+    code = ("import sys\nfrom commscope import cli\ncli.build_parser()\n"
+            "code = cli.main(['check', sys.argv[1], '--json'])\n"
+            "print(code, sorted(m for m in ('torch', 'torch.distributed') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code, store], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "1 []", out

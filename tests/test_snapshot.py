@@ -21,11 +21,12 @@ import psutil
 import pytest
 from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
 
-from commscope.bench import hungjob
+from commscope.bench import hungjob, snapshot
 from commscope.launch import free_port
 from commscope.snapshot import infer, procs, pyspy
 
 WORKER = hungjob.__file__
+assert os.path.samefile(snapshot.HUNGJOB, WORKER)  # (``bench snapshot`` runs it by path)
 SETTLE_S = 180.0  # a generous bound on a loaded machine; the poll returns as soon as ranks are there
 
 

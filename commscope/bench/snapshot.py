@@ -27,9 +27,12 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from commscope.bench import hungjob
 from commscope.bench.stats import median
 from commscope.launch import free_port
+
+#: the job's script, run by path: importing it here would import torch into every command
+#: (``commands/bench`` imports each suite to build the parser)
+HUNGJOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hungjob.py")
 
 SETTINGS = {"default (3 samples, 1 s apart, native)": [],
             "one sample, native": ["--count", "1"],
@@ -50,7 +53,7 @@ def start(mode: str, ranks: int, stdout: int | None = subprocess.DEVNULL) -> lis
     for r in range(ranks):
         e = dict(env, RANK=str(r), WORLD_SIZE=str(ranks), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(ranks),
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), STEPS="1000000", PYTHONUNBUFFERED="1")
-        out.append(subprocess.Popen([sys.executable, hungjob.__file__, mode], env=e,
+        out.append(subprocess.Popen([sys.executable, HUNGJOB, mode], env=e,
                                     stdout=stdout if r == 0 else subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                     text=True))
     return out

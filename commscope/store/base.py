@@ -15,6 +15,7 @@ import numpy as np
 import orjson
 
 from commscope.blocks import BlockDecoder, StaticTable, decode_chunk, decode_chunks, decode_stream
+from commscope.blockscan import Scan
 from commscope.events import Decoded, Event, decode_lines
 from commscope.oprecords import OpRecords, Spans
 from commscope.schema import SCHEMA_VERSION
@@ -446,9 +447,11 @@ class TraceReader(abc.ABC):
             return {}
         first = not getattr(self, "_ops", None)  # (no records before these: they may be the poll's Spans)
         together = [stream for stream, chunks in queued.items() if len(chunks) == 1]
-        got = decode_chunks([(queued[stream][0][0], self._decoder(stream)) for stream in together]) \
+        parts: list[Scan | None] = []  # (the scan of each chunk left alone: not scanned again)
+        got = decode_chunks([(queued[stream][0][0], self._decoder(stream)) for stream in together], parts) \
             if len(together) > 1 else [None] * len(together)
         decoded = dict(zip(together, got, strict=True))
+        scans = dict(zip(together, parts, strict=True)) if len(parts) == len(together) else {}
         spans = [(stream, d.ops) for stream, d in decoded.items() if d is not None and d.ops is not None]
         starts = np.fromiter((o.span.start for _, o in spans), np.int64, len(spans))
         if spans:  # the highest id of each stream's records, in one call
@@ -464,7 +467,7 @@ class TraceReader(abc.ABC):
                 alone = True
                 evs = out[stream] = []
                 for chunk, size in chunks:
-                    evs.extend(self.ingest(stream, chunk, size).events)
+                    evs.extend(self.ingest(stream, chunk, size, scans.get(stream)).events)
                 continue
             top = _last_begin(d.events)  # (JSON op events among the blocks)
             if top >= 0:
@@ -477,16 +480,18 @@ class TraceReader(abc.ABC):
                                 np.fromiter((o.rank for _, o in spans), np.int64, len(spans)))
         return out
 
-    def ingest(self, stream: Stream, raw: bytes | Sequence[bytes], size: int = 0) -> Decoded:
+    def ingest(self, stream: Stream, raw: bytes | Sequence[bytes], size: int = 0, scanned: Scan | None = None
+               ) -> Decoded:
         """Events of ``raw``, data of one stream: complete lines (bytes), or entries that
         each hold one event (a sequence).  Validated and redacted, blocks expanded; damaged,
         invalid and (``counts_lost_markers``) lost events counted in ``stats``, and ``size``
         stored bytes added to ``stats.bytes``.  Blocks are decoded with the tables the
         stream's earlier data defined, so call it in stream order.  A ``columnar`` reader
         keeps the op records of blocks in columns (``poll_batch`` hands them over): they are
-        not among the events returned."""
+        not among the events returned.  ``scanned``: ``raw``'s scan, where ``decode_chunks`` made it."""
         rank = stream[0]
-        got = decode_chunk(raw, rank, self._decoder(stream)) if self.columnar and isinstance(raw, bytes) else None
+        got = decode_chunk(raw, rank, self._decoder(stream), scanned) \
+            if self.columnar and isinstance(raw, bytes) else None
         if got is None:
             got = decode_lines(raw, rank) if isinstance(raw, bytes) else decode_entries(raw, rank)
             got = decode_stream(got, self._decoder(stream), columns=self.columnar)
