@@ -44,7 +44,7 @@ import numpy as np
 import orjson
 
 from commscope import blockscan, dtypes, optable, schema
-from commscope.events import Decoded, signature_key
+from commscope.events import Decoded, decode_lines, signature_key
 from commscope.oprecords import (
     F_APPROX,
     F_GPU,
@@ -684,15 +684,8 @@ class BlockDecoder:
         """A block's table records, all in effect now: a block that starts with the same
         bytes skips them at once.  Not one that states an entry twice (A then B): applied
         again, it would change the tables and back, which skipping it would not say."""
-        if prefix in self._prefixes:
+        if prefix in self._prefixes or not _states_once(prefix):
             return
-        seen, off = set(), 0
-        while off + HEADER.size <= len(prefix):
-            typ, _f, _a, length, _ts, key = HEADER.unpack_from(prefix, off)
-            if (typ, key) in seen or length < HEADER.size:
-                return
-            seen.add((typ, key))
-            off += length
         if len(self._prefixes) >= 64:
             self._prefixes.clear()
             self._epoch += 1
@@ -1038,6 +1031,19 @@ _KNOWN = np.zeros(256, bool)  # record types an op record may have
 _KNOWN[[BEGIN, END, WAIT_BEGIN, WAIT_END, DONE, RBEGIN, SOURCE, BEGIN_SIG]] = True
 
 
+def _states_once(prefix: bytes) -> bool:
+    """Whether a table prefix states each entry once (walked twice, one that states A then B
+    would change the tables and back)."""
+    seen, off = set(), 0
+    while off + HEADER.size <= len(prefix):
+        typ, _f, _a, length, _ts, key = HEADER.unpack_from(prefix, off)
+        if (typ, key) in seen or length < HEADER.size:
+            return False
+        seen.add((typ, key))
+        off += length
+    return True
+
+
 def _has_own_fields(walk: _Walk) -> bool:
     """Whether ``walk`` gathered a record that refers to sites and groups directly, not
     through a signature: a begin that carries its own fields (BEGIN, RBEGIN), or a SOURCE
@@ -1212,6 +1218,141 @@ def decode_scanned(data: bytes, s: blockscan.Scan, rank: int, decoder: BlockDeco
         invalid.update(decoder.invalid)
         decoder.invalid.clear()
     return Decoded(out, got.damaged, invalid, concat(parts) if parts else None)
+
+
+class Head(NamedTuple):
+    """What ``learn_head`` learnt of a chunk: the events of its lines before its first block
+    line and the group events that block's table prefix defined (``decoded``: with what was
+    damaged or invalid among those lines), and the chunk from that block's line on
+    (``rest``)."""
+
+    decoded: Decoded
+    rest: bytes
+    scanned: blockscan.Scan  # the rest's scan (a slice of the chunk's)
+
+
+def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder) -> Head | None:
+    """Learn now what a chunk (complete lines of the decoder's stream, ``s`` its scan)
+    teaches before its first op record: the events on the lines before its first block
+    line (a meta with the op names and dtypes; sites; groups) and that block's table
+    prefix (unless it states an entry twice: the rest walks it), with the signatures the
+    begins of the blocks that restate it decoded; so the rest may be
+    decoded together with other streams' (``decode_chunks``), as a stream's first chunk
+    otherwise never is: it teaches its decoder everything (~200 us a stream alone, in a
+    live poll's first round of thousands).
+
+    Decoding the rest after this gives what decoding the whole chunk gives: nothing before
+    the first op record depends on an op record, the prefix is what the block's decoding
+    would learn first, and a signature is decoded with the tables it would be decoded
+    with at its first begin (a change to them after that decodes it anew, ``_forget``).
+    A prefix that does not go cleanly (a bad table record) is walked again with the rest,
+    its count given back here.  None, with nothing learnt, where the chunk has no block
+    line the scanner read or a line before it is a block the JSON path reads."""
+    is_block = np.flatnonzero(s.block >= 0)
+    if not is_block.shape[0]:
+        return None
+    fb = int(is_block[0])
+    lines = [line for line in (data[lo:hi] for lo, hi in zip(s.line_start[:fb].tolist(), s.line_end[:fb].tolist(),
+                                                             strict=True)) if line.strip()]
+    got, _ = schema.decode_indexed(lines, decoder.rank)
+    if any(e.get("type") == BLOCK for e in got.events):
+        return None
+    walk, parts, out = _Walk(False), [], []
+    for e in got.events:
+        if teaches(e) and not decoder._learn(e, walk, parts):
+            continue
+        out.append(e)
+    start, pend = int(s.start[0]), int(s.prefix_end[0])
+    raw = bytes(s.raw[start:int(s.stop[0])])
+    if pend > start and raw[:pend - start] not in decoder._prefixes and _states_once(raw[:pend - start]):
+        invalid = Counter(decoder.invalid)
+        decoder._head(raw, {"type": BLOCK, "rank": decoder.rank, "ts": int(s.ts[0])}, walk, parts, out)
+        if raw[:pend - start] not in decoder._prefixes:  # (a bad record: walked again with the rest, counted there)
+            decoder.invalid = invalid
+    # the signatures named by the begins of the blocks that follow with this prefix (or
+    # none), nothing between them: none of their begins can come after a table changed
+    run = 1
+    nb = s.ts.shape[0]
+    while (run < nb and fb + run < s.block.shape[0] and s.block[fb + run] == run and s.flags[run] == 0
+           and (s.prefix_end[run] == s.start[run] or s.prefix_id[run] == s.prefix_id[0])):
+        run += 1
+    offs = s.ops[:int(s.op_first[run])] if s.flags[0] == 0 else s.ops[:0]
+    if offs.shape[0]:
+        head = _gather(s.raw, offs, HEAD_DT)
+        sig = offs[(head["typ"] == BEGIN_SIG) & (head["ts"] >= 0) & (head["ts"] <= MAX_INT) & (head["id"] <= MAX_INT)
+                   & (head["len"] >= HEADER.size + SIG_BEGIN_BODY.size)]
+        if sig.shape[0]:
+            sid = np.unique(_gather(s.raw, sig + HEADER.size, SIG_DT)["sid"].astype(np.int64))
+            sid = sid[np.isin(sid, np.fromiter(decoder._sigs, np.int64, len(decoder._sigs)))]
+            if sid.shape[0]:
+                decoder._statics_of(sid)
+    assert not walk.offs and not parts  # (no op record was read)
+    at = int(s.line_start[fb])
+    rest = s._replace(line_start=s.line_start[fb:] - at, line_end=s.line_end[fb:] - at, block=s.block[fb:])
+    return Head(Decoded(out, got.damaged, got.invalid), data[at:], rest)
+
+
+def _joined(head: Decoded, rest: Decoded) -> Decoded:
+    """A chunk's head (``learn_head``) and its rest decoded after it, as one."""
+    invalid = head.invalid + rest.invalid if head.invalid else rest.invalid
+    return Decoded(head.events + rest.events, head.damaged + rest.damaged, invalid, rest.ops)
+
+
+#: A rest longer than this (``learn_head``) is decoded alone through its slice of the
+#: scan: a whole stream read at once goes alone in any case (its blocks restate a prefix
+#: once learnt, but its begins name more signatures than its first blocks), and scanning
+#: it again for ``decode_chunks`` would cost what reading it together saves
+TOGETHER_REST = 64 << 10
+
+
+class Together(NamedTuple):
+    """What ``decode_together`` made of each chunk: its ``Decoded`` (None: decode it alone,
+    nothing of its decoder changed), whether its decoder learnt its head first (its
+    records then lie in other columns than the others': no ``Spans``), and its part of the
+    scan where it is None (``decode_chunk(..., scanned=)``)."""
+
+    decoded: list[Decoded | None]
+    learnt: list[bool]
+    alone: list[blockscan.Scan | None]
+
+
+def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]]) -> Together:
+    """``decode_chunks``, then the chunks it left that start by teaching their decoder (a
+    stream's first: its meta, its first table prefix) decoded together after all: each
+    decoder learns its chunk's head (``learn_head``), the rests go through
+    ``decode_chunks`` again, and a rest it leaves is decoded alone (it may not be left:
+    its decoder learnt the head)."""
+    n = len(chunks)
+    alone: list[blockscan.Scan | None] = []
+    decoded = decode_chunks(chunks, alone)
+    if len(alone) != n:
+        alone = [None] * n
+    learnt = [False] * n
+    heads: dict[int, Head] = {}
+    for c, part in enumerate(alone):
+        if part is not None and decoded[c] is None:
+            head = learn_head(chunks[c][0], part, chunks[c][1])
+            if head is not None:
+                heads[c] = head
+                learnt[c] = True
+                alone[c] = None
+    if not heads:
+        return Together(decoded, learnt, alone)
+    which = [c for c, head in heads.items() if len(head.rest) <= TOGETHER_REST]
+    parts: list[blockscan.Scan | None] = []
+    rests = decode_chunks([(heads[c].rest, chunks[c][1]) for c in which], parts) if len(which) > 1 else [None] * len(which)
+    again = dict(zip(which, rests, strict=True))
+    scans = dict(zip(which, parts, strict=True)) if len(parts) == len(which) else {}
+    for c, head in heads.items():
+        rest = again.get(c)
+        if rest is None:  # (alone, as a reader's ``ingest`` decodes a chunk)
+            dec = chunks[c][1]
+            part = scans.get(c) if c in again else head.scanned
+            rest = decode_chunk(head.rest, dec.rank, dec, part)
+            if rest is None:
+                rest = decode_stream(decode_lines(head.rest, dec.rank), dec, columns=True)
+        decoded[c] = _joined(head.decoded, rest)
+    return Together(decoded, learnt, alone)
 
 
 def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[blockscan.Scan | None] | None = None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import gc
+import random
 import struct
 import tracemalloc
 from collections import Counter
@@ -471,28 +472,30 @@ def test_the_fuzzer_s_native_store_and_its_block_mutants_decode_alike_both_ways(
                 op_records_walked(lines), seed
 
 
-def run_together(per_rank: list[tuple[int, list[bytes]]], chunk: int) -> tuple[dict[int, tuple], int]:
+def run_together(per_rank: list[tuple[int, list[bytes]]], chunk: int) -> tuple[dict[int, tuple], int, int]:
     """The streams read as a live poll reads them: the next ``chunk`` lines of every stream
-    (0: all), decoded together (``blocks.decode_chunks``; a chunk it leaves, alone as
+    (0: all), decoded together (``blocks.decode_together``; a chunk it leaves, alone as
     ``run(scanned=True)`` decodes it), one table for all: (per rank what ``run`` gives,
-    how many chunks were decoded together)."""
+    how many chunks were decoded together, how many of them after their decoder learnt
+    their head)."""
     table = StaticTable()
     decs = {rank: BlockDecoder(rank, table) for rank, _ in per_rank}
     got: dict[int, tuple[list, list, Counter]] = {rank: ([], [], Counter()) for rank, _ in per_rank}
     size = chunk or max(len(lines) for _, lines in per_rank)
     together = 0
+    learnt = [0]
     for i in range(0, max(len(lines) for _, lines in per_rank), size):
         polled = [(rank, b"\n".join(lines[i:i + size]) + b"\n") for rank, lines in per_rank if lines[i:i + size]]
-        parts: list = []
-        decoded = blocks.decode_chunks([(data, decs[rank]) for rank, data in polled], parts)
-        for k, ((rank, data), d) in enumerate(zip(polled, decoded, strict=True)):
+        got_together = blocks.decode_together([(data, decs[rank]) for rank, data in polled])
+        for k, ((rank, data), d) in enumerate(zip(polled, got_together.decoded, strict=True)):
             if d is None:  # (alone, through its part of the poll's scan where there was one)
-                part = parts[k] if parts else None
+                part = got_together.alone[k]
                 d = blocks.decode_scanned(data, part if part is not None else blockscan.scan(data, rank), rank,
                                           decs[rank])
             else:
                 together += 1
-                assert d.ops is None or (d.ops.span is not None and d.ops.rank == rank)
+                learnt[0] += got_together.learnt[k]
+                assert d.ops is None or got_together.learnt[k] or (d.ops.span is not None and d.ops.rank == rank)
             ops, others, invalid = got[rank]
             invalid.update(d.invalid)
             for e in d.events:
@@ -500,7 +503,7 @@ def run_together(per_rank: list[tuple[int, list[bytes]]], chunk: int) -> tuple[d
             if d.ops is not None:
                 ops.extend(d.ops.events())
     return {rank: (ops, others, +invalid, decs[rank].duplicates) for rank, (ops, others, invalid) in got.items()}, \
-        together
+        together, learnt[0]
 
 
 @settings(SETTINGS, max_examples=150)
@@ -512,7 +515,7 @@ def test_streams_decoded_together_decode_as_each_alone(many, chunk):
     decoding it alone gives, however the streams are cut into polls."""
     per_rank = [(rank, [x.replace(b'"rank":1', b'"rank":%d' % rank) for x in lines])
                 for rank, lines in enumerate(many, 1)]
-    together, _ = run_together(per_rank, chunk)
+    together, _, _ = run_together(per_rank, chunk)
     for rank, lines in per_rank:
         assert together[rank] == run(lines, rank, chunk=chunk, scanned=True), rank
 
@@ -585,7 +588,7 @@ def test_native_streams_decoded_together_decode_as_each_alone(many, chunk):
     """Streams as the native recorder writes them, and what departs from the common case
     among them: decoding them together gives each what decoding it alone does."""
     per_rank = list(enumerate(many, 1))
-    together, _ = run_together(per_rank, chunk)
+    together, _, _ = run_together(per_rank, chunk)
     for rank, lines in per_rank:
         assert together[rank] == run(lines, rank, chunk=chunk, scanned=True), rank
 
@@ -604,7 +607,7 @@ def test_a_native_job_s_polls_are_mostly_decoded_together_and_alike(tmp_path):
     positions restating their tables, begins through signatures, a heartbeat and a sample
     a second) polled a line or a few at a time, and the fuzzer's native store with hostile
     records in its blocks: decoding together gives each stream what it gives alone, and
-    most of the job's chunks go together."""
+    most of the job's chunks go together, every stream's first ones among them."""
     import random
 
     from commscope.bench import fuzz
@@ -613,11 +616,12 @@ def test_a_native_job_s_polls_are_mostly_decoded_together_and_alike(tmp_path):
     write_store(str(tmp_path), JobShape(6, 300, fault="healthy"), job="j")
     job = _rank_lines({p.name: p.read_bytes() for p in (tmp_path / "j").iterdir()})
     for chunk in (1, 3, 7):
-        got, together = run_together(job, chunk)
+        got, together, learnt = run_together(job, chunk)
         for rank, lines in job:
             assert got[rank] == run(lines, rank, chunk=chunk, scanned=True), (chunk, rank)
         polls = sum(-(-len(lines) // chunk) for _, lines in job)
         assert together >= polls * 9 // 10, (chunk, together, polls)
+        assert learnt >= len(job), (chunk, learnt)  # (every stream's first blocks, after their decoder learnt them)
     healthy = fuzz.native_store()
     for seed in range(20):
         rng = random.Random(seed)
@@ -626,9 +630,54 @@ def test_a_native_job_s_polls_are_mostly_decoded_together_and_alike(tmp_path):
             files = fuzz.m_block(rng, files)
         per_rank = [(rank, [_sanitize_line(x) if b'"type":"block"' in x else x for x in lines])
                     for rank, lines in _rank_lines(files)]
-        got, _ = run_together(per_rank, 1)
+        got, _, _ = run_together(per_rank, 1)
         for rank, lines in per_rank:
             assert got[rank] == run(lines, rank, chunk=1, scanned=True), seed
+
+
+def test_a_first_chunk_s_rest_decoded_alone_through_its_slice_of_the_scan_decodes_alike(tmp_path, monkeypatch):
+    """A long rest (``blocks.TOGETHER_REST``: a whole stream read at once) is decoded alone
+    after its decoder learnt its head, through its slice of the poll's scan: each stream
+    decodes as it does alone, the fuzzer's hostile blocks included."""
+    from commscope.bench import fuzz
+    from commscope.bench.synthstore import JobShape, write_store
+
+    monkeypatch.setattr(blocks, "TOGETHER_REST", 0)
+    write_store(str(tmp_path), JobShape(5, 120, fault="missing", hang_after=2.0), job="j")
+    job = _rank_lines({p.name: p.read_bytes() for p in (tmp_path / "j").iterdir()})
+    healthy = fuzz.native_store()
+    for seed in range(8):
+        rng = random.Random(seed)
+        files = dict(healthy)
+        for _ in range(rng.randint(1, 3)):
+            files = fuzz.m_block(rng, files)
+        hostile = [(rank, [_sanitize_line(x) if b'"type":"block"' in x else x for x in lines])
+                   for rank, lines in _rank_lines(files)]
+        for per_rank, chunk in ((job, 0), (job, 40), (hostile, 0), (hostile, 5)):
+            got, _, learnt = run_together(per_rank, chunk)
+            assert learnt, (seed, chunk)
+            for rank, lines in per_rank:
+                assert got[rank] == run(lines, rank, chunk=chunk, scanned=True), (seed, chunk, rank)
+
+
+@pytest.mark.parametrize("chunk", [0, 2, 3])
+def test_a_first_prefix_with_a_bad_record_learnt_ahead_is_counted_once(chunk):
+    """A stream's first block whose table prefix holds a bad record (a site record with no
+    room for its text) is not noted as a prefix: learnt ahead of its rest (``learn_head``),
+    it is walked again with the rest, so the count of the first walk is given back; each
+    stream then counts it once, as decoding it alone does."""
+    bad_site = blocks.HEADER.pack(blocks.SITE_REC, 0, 0, blocks.HEADER.size + 1, T, 7) + b"\0"
+    ops = blocks.pack_sig_begin(1, T, 5) + blocks.pack_end(1, T + 1)
+    more = blocks.pack_sig_begin(2, T + 10, 5) + blocks.pack_end(2, T + 11)
+    prefix = blocks.pack_site(0, "train.py:1 in step") + bad_site + blocks.pack_sig(5, opcode=1, site=0)
+    per_rank = [(rank, [meta_line(rank), block_line(prefix + ops, rank, 0, len(ops)),
+                        block_line(prefix + more, rank, len(ops), len(ops) + len(more))]) for rank in (1, 2, 3)]
+    got, _, learnt = run_together(per_rank, chunk)
+    assert learnt
+    for rank, lines in per_rank:
+        alone = run(lines, rank, chunk=chunk, scanned=True)
+        assert alone[2]["block: bad table record"] >= 1
+        assert got[rank] == alone, rank
 
 
 # ------------------------------------------------------------------------------ by hand

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import orjson
 
-from commscope.blocks import BlockDecoder, StaticTable, decode_chunk, decode_chunks, decode_stream
+from commscope.blocks import BlockDecoder, StaticTable, Together, decode_chunk, decode_stream, decode_together
 from commscope.blockscan import Scan
 from commscope.events import Decoded, Event, decode_lines
 from commscope.oprecords import OpRecords, Spans
@@ -447,12 +447,13 @@ class TraceReader(abc.ABC):
             return {}
         first = not getattr(self, "_ops", None)  # (no records before these: they may be the poll's Spans)
         together = [stream for stream, chunks in queued.items() if len(chunks) == 1]
-        parts: list[Scan | None] = []  # (the scan of each chunk left alone: not scanned again)
-        got = decode_chunks([(queued[stream][0][0], self._decoder(stream)) for stream in together], parts) \
-            if len(together) > 1 else [None] * len(together)
-        decoded = dict(zip(together, got, strict=True))
-        scans = dict(zip(together, parts, strict=True)) if len(parts) == len(together) else {}
-        spans = [(stream, d.ops) for stream, d in decoded.items() if d is not None and d.ops is not None]
+        got = decode_together([(queued[stream][0][0], self._decoder(stream)) for stream in together]) \
+            if len(together) > 1 else Together([None] * len(together), [False] * len(together), [None] * len(together))
+        decoded = dict(zip(together, got.decoded, strict=True))
+        scans = dict(zip(together, got.alone, strict=True))  # (the scan of each chunk left alone: not scanned again)
+        learnt = {stream for stream, taught in zip(together, got.learnt, strict=True) if taught}
+        spans = [(stream, d.ops) for stream, d in decoded.items()
+                 if d is not None and d.ops is not None and stream not in learnt]
         starts = np.fromiter((o.span.start for _, o in spans), np.int64, len(spans))
         if spans:  # the highest id of each stream's records, in one call
             whole = spans[0][1].span.whole
@@ -470,11 +471,13 @@ class TraceReader(abc.ABC):
                     evs.extend(self.ingest(stream, chunk, size, scans.get(stream)).events)
                 continue
             top = _last_begin(d.events)  # (JSON op events among the blocks)
+            if stream in learnt and d.ops is not None and len(d.ops):
+                top = max(top, int(d.ops.id.max()))
             if top >= 0:
                 self._raise_max_id(stream, top)
             self._account(stream, d, size=chunks[0][1])
             out[stream] = d.events
-        if first and not alone and spans:  # (every record read is one of these, in this order)
+        if first and not alone and not learnt and spans:  # (every record read is one of these, in this order)
             last = spans[-1][1]
             self._spans = Spans(whole, np.append(starts, last.span.start + len(last)),
                                 np.fromiter((o.rank for _, o in spans), np.int64, len(spans)))
