@@ -186,3 +186,25 @@ def test_decode_lines_never_glues_two_broken_lines_into_one_event():
 def test_event_validation_names_the_problem(event, problem):
     with pytest.raises(E.TraceFormatError, match=problem):
         E.decode(orjson.dumps(event))
+
+
+def test_a_listing_takes_regular_files_and_symlinks_to_them_and_refuses_the_rest(tmp_path):
+    """``DirectoryReader.streams`` reads a file's kind from its directory entry (no stat per
+    file of a 16k-rank job) and keeps what each name means: a regular segment and a symlink
+    to one are streams, a dangling symlink is skipped without a word, a FIFO is refused with
+    a warning once; a name that changes kind between listings is judged again."""
+    w = open_writer(tmp_path, "job", 0)
+    w.write(lines(ev(0, 1)))
+    job = tmp_path / "job"
+    os.symlink(job / "rank-00000.jsonl", job / "rank-00001.jsonl")
+    os.symlink(job / "nowhere.jsonl", job / "rank-00002.jsonl")
+    os.mkfifo(job / "rank-00003.jsonl")
+    reader = open_reader(tmp_path)
+    assert [s for s, _ in reader.streams().items()] == [(0, 0), (1, 0)]
+    assert reader.stats.warnings == ["rank-00003.jsonl is not a regular file; skipped"]
+    os.unlink(job / "rank-00001.jsonl")
+    os.mkfifo(job / "rank-00001.jsonl")
+    (job / "nowhere.jsonl").write_bytes(b"")
+    reader._listed = None  # (listed again: the directory changed)
+    assert [s for s, _ in reader.streams().items()] == [(0, 0), (2, 0)]
+    assert reader.stats.warnings[1:] == ["rank-00001.jsonl is not a regular file; skipped"]

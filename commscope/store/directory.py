@@ -87,6 +87,17 @@ ENV_WORKERS = "COMMSCOPE_READ_WORKERS"
 ENV_SHARE = "COMMSCOPE_SHARE_WITH_GROUP"
 
 
+class _Summary(NamedTuple):
+    """A stream's summary file (``DirectoryReader._name``)."""
+
+    stream: Stream
+    path: Path
+
+
+#: A file of the job directory that is neither a segment nor a summary (``DirectoryReader._name``)
+_OTHER = object()
+
+
 class Modes(NamedTuple):
     """Permission bits of what a directory store creates (never changed on what exists)."""
 
@@ -384,6 +395,7 @@ class DirectoryReader(TraceReader):
         self._pending: dict[tuple[Stream, int], Event] = {}  # summaries not decided yet
         self._decided: set[tuple[Stream, int]] = set()
         self._listed: tuple[int, float] | None = None  # (directory mtime, when) of the last listing
+        self._names: dict[str, tuple[Stream, Segment] | _Summary | object] = {}  # file name -> ``_name``
         self._summaries_due = False  # listed again since the summaries were last read
         self._job: dict | None = None
         self._job_failed = False
@@ -433,35 +445,52 @@ class DirectoryReader(TraceReader):
                 self._listed[1] - mtime / 1e9 > self.LIST_TRUST_S:
             return self._streams
         try:
-            names = os.listdir(self.job_dir)
+            with os.scandir(self.job_dir) as it:
+                entries = list(it)
         except OSError:
             return {}
         parsed = []
         self._summaries = {}
         self._crash_names = []
-        for name in names:
-            seg = segments.parse(name)
-            summary = segments.parse_summary(name) if seg is None else None
-            if seg is None and summary is None:
+        known = self._names
+        if len(known) > 4 * len(entries) + 1024:  # (names long gone: forgotten)
+            known.clear()
+        for entry in entries:
+            name = entry.name
+            got = known.get(name)
+            if got is None:
+                got = known[name] = self._name(name)
+            if got is _OTHER:
                 if CRASH_FILE.match(name):
                     self._crash_names.append(name)
                 continue
-            try:
-                ok = stat.S_ISREG(os.stat(self.job_dir / name).st_mode)  # a symlink to a regular file is fine
+            try:  # a regular file, or a symlink to one: the directory entry says so without a stat
+                ok = entry.is_file() or stat.S_ISREG(os.stat(entry.path).st_mode)
             except OSError:
                 continue
             if not ok:
                 if name not in self._refused:  # a FIFO would block the reader: never open it
                     self._refused.add(name)
                     self.stats.warnings.append(f"{name} is not a regular file; skipped")
-            elif seg is not None:
-                parsed.append((seg, name))
+            elif isinstance(got, _Summary):
+                self._summaries[got.stream] = got.path
             else:
-                self._summaries[summary] = self.job_dir / name
-        self._streams = segments.grouped(parsed, self.job_dir)
+                parsed.append(got)
+        self._streams = segments.grouped(parsed)
         self._listed = (mtime, now)
         self._summaries_due = True
         return self._streams
+
+    def _name(self, name: str) -> tuple[Stream, Segment] | _Summary | object:
+        """What a file of the job directory is, by its name: a segment of a stream (with
+        its segment), a stream's summary, or ``_OTHER``; kept by ``streams`` per name, so a
+        listing of 16k files that changed parses and joins only the new names."""
+        assert self.job_dir is not None
+        seg = segments.parse(name)
+        if seg is not None:
+            return segments.segment_of(seg, name, self.job_dir)
+        summary = segments.parse_summary(name)
+        return _OTHER if summary is None else _Summary(summary, self.job_dir / name)
 
     def _current(self, stream: Stream, segs: list[Segment]) -> Segment:
         """The segment of ``stream`` being read: the oldest one left from the one last read on

@@ -72,17 +72,23 @@ def parse_summary(name: str) -> Stream | None:
 
 def segments_of(names: Iterable[str], directory: Path) -> dict[Stream, list[Segment]]:
     """The streams among ``names`` (files of ``directory``) with their segments, oldest first."""
-    return grouped(((got, name) for name in names if (got := parse(name)) is not None), directory)
+    return grouped(segment_of(got, name, directory) for name in names if (got := parse(name)) is not None)
 
 
-def grouped(parsed: Iterable[tuple[tuple[Stream, int, int], str]], directory: Path) -> dict[Stream, list[Segment]]:
-    """Segments of ``directory`` by stream, oldest first, from their names as ``parse`` read them
-    (a caller that parsed them already parses nothing twice)."""
+def segment_of(parsed: tuple[Stream, int, int], name: str, directory: Path) -> tuple[Stream, Segment]:
+    """A segment file's stream and segment, from its name as ``parse`` read it."""
+    stream, number, start = parsed
+    return stream, Segment(number, start, directory / name)
+
+
+def grouped(segs: Iterable[tuple[Stream, Segment]]) -> dict[Stream, list[Segment]]:
+    """Segments by stream, oldest first, in stream order (a caller that made them already,
+    ``segment_of``, makes nothing twice)."""
     out: dict[Stream, list[Segment]] = {}
-    for (stream, number, start), name in parsed:
-        out.setdefault(stream, []).append(Segment(number, start, directory / name))
-    for segs in out.values():
-        segs.sort()
+    for stream, seg in segs:
+        out.setdefault(stream, []).append(seg)
+    for got in out.values():
+        got.sort()
     return dict(sorted(out.items()))
 
 
