@@ -1234,9 +1234,9 @@ class Head(NamedTuple):
 def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder) -> Head | None:
     """Learn now what a chunk (complete lines of the decoder's stream, ``s`` its scan)
     teaches before its first op record: the events on the lines before its first block
-    line (a meta with the op names and dtypes; sites; groups) and that block's table
-    prefix (unless it states an entry twice: the rest walks it), with the signatures the
-    begins of the blocks that restate it decoded; so the rest may be
+    line (a meta with the op names and dtypes; sites; groups), that block's table prefix
+    (unless it states an entry twice: the rest walks it) and the later blocks' where that
+    is exact (``_learn_later_prefixes``), with the signatures their begins name decoded; so the rest may be
     decoded together with other streams' (``decode_chunks``), as a stream's first chunk
     otherwise never is: it teaches its decoder everything (~200 us a stream alone, in a
     live poll's first round of thousands).
@@ -1269,27 +1269,115 @@ def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder) -> Head | 
         decoder._head(raw, {"type": BLOCK, "rank": decoder.rank, "ts": int(s.ts[0])}, walk, parts, out)
         if raw[:pend - start] not in decoder._prefixes:  # (a bad record: walked again with the rest, counted there)
             decoder.invalid = invalid
-    # the signatures named by the begins of the blocks that follow with this prefix (or
-    # none), nothing between them: none of their begins can come after a table changed
-    run = 1
-    nb = s.ts.shape[0]
-    while (run < nb and fb + run < s.block.shape[0] and s.block[fb + run] == run and s.flags[run] == 0
-           and (s.prefix_end[run] == s.start[run] or s.prefix_id[run] == s.prefix_id[0])):
-        run += 1
-    offs = s.ops[:int(s.op_first[run])] if s.flags[0] == 0 else s.ops[:0]
-    if offs.shape[0]:
-        head = _gather(s.raw, offs, HEAD_DT)
-        sig = offs[(head["typ"] == BEGIN_SIG) & (head["ts"] >= 0) & (head["ts"] <= MAX_INT) & (head["id"] <= MAX_INT)
-                   & (head["len"] >= HEADER.size + SIG_BEGIN_BODY.size)]
-        if sig.shape[0]:
-            sid = np.unique(_gather(s.raw, sig + HEADER.size, SIG_DT)["sid"].astype(np.int64))
-            sid = sid[np.isin(sid, np.fromiter(decoder._sigs, np.int64, len(decoder._sigs)))]
-            if sid.shape[0]:
-                decoder._statics_of(sid)
+    run = _learn_later_prefixes(data, s, fb, decoder, walk, parts)
+    # the signatures named by the begins of the blocks up to there: none of them can come
+    # after a table changed what it means
+    sid = np.unique(_begin_sigs(s, s.ops[:int(s.op_first[run])]))
+    sid = sid[np.isin(sid, np.fromiter(decoder._sigs, np.int64, len(decoder._sigs)))]
+    if sid.shape[0]:
+        decoder._statics_of(sid)
     assert not walk.offs and not parts  # (no op record was read)
     at = int(s.line_start[fb])
     rest = s._replace(line_start=s.line_start[fb:] - at, line_end=s.line_end[fb:] - at, block=s.block[fb:])
     return Head(Decoded(out, got.damaged, got.invalid), data[at:], rest)
+
+
+#: Op records that refer to sites and groups themselves, not through a signature
+_OWN_FIELDS = np.array([BEGIN, RBEGIN, SOURCE], np.uint8)
+#: Lines between blocks that teach no table (``_learn_later_prefixes`` looks no further)
+_PLAIN_LINES = (b'{"type":"heartbeat"', b'{"type":"sample"')
+
+
+def _begin_sigs(s: blockscan.Scan, offs: np.ndarray) -> np.ndarray:
+    """Per op record at ``offs``, the signature id its begin names (-1: not a begin
+    through a signature that ``_Fixed`` reads: ts and id in range, long enough)."""
+    out = np.full(offs.shape[0], -1, np.int64)
+    if not offs.shape[0]:
+        return out
+    head = _gather(s.raw, offs, HEAD_DT)
+    sig = np.flatnonzero((head["typ"] == BEGIN_SIG) & (head["ts"] >= 0) & (head["ts"] <= MAX_INT)
+                         & (head["id"] <= MAX_INT) & (head["len"] >= HEADER.size + SIG_BEGIN_BODY.size))
+    if sig.shape[0]:
+        out[sig] = _gather(s.raw, offs[sig] + HEADER.size, SIG_DT)["sid"]
+    return out
+
+
+def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: BlockDecoder, walk: _Walk,
+                          parts: list[OpRecords]) -> int:
+    """``learn_head``'s second part: the table prefixes of the chunk's later blocks learnt
+    now too, as long as learning one early changes nothing an earlier record decodes to:
+    each of its records restates what is in effect or states a signature no begin before
+    it named, or a site nothing decoded before refers to (``_restates_or_adds``: a
+    recorder's blocks restate the tables of the ops they hold, so a step of several kinds
+    of ops has several prefixes, all new in a stream's first chunk).  Stops at a block cut
+    short or with a table record among its ops, at a line between blocks that is not a
+    heartbeat or a sample, and at a prefix that is not so; only in a chunk short enough to
+    go together (``TOGETHER_REST``).  Returns how many blocks from the first are learnt or
+    restate what is (their begins' signatures may be decoded now)."""
+    nb = s.ts.shape[0]
+    if s.flags[0] != 0:
+        return 0
+    if nb == 1:
+        return 1
+    if s.prefix_end[0] > s.start[0] and bytes(s.raw[int(s.start[0]):int(s.prefix_end[0])]) not in decoder._prefixes:
+        return 1  # (the first prefix is walked again with the rest: nothing after it goes first)
+    if len(data) > TOGETHER_REST:
+        return 1
+    sids = _begin_sigs(s, s.ops)  # (-1: not a begin through a signature)
+    own_at = np.flatnonzero(np.isin(s.raw[s.ops], _OWN_FIELDS))
+    first_own = int(own_at[0]) if own_at.shape[0] else s.ops.shape[0]
+    op_first = s.op_first.tolist()
+    named = set(sids[:op_first[1]].tolist())
+    line = fb + 1
+    k = 1
+    while k < nb:
+        while line < s.block.shape[0] and s.block[line] < 0:  # (the lines between two blocks)
+            text = data[int(s.line_start[line]):int(s.line_end[line])]
+            if text.strip() and not text.startswith(_PLAIN_LINES):
+                return k
+            line += 1
+        if line >= s.block.shape[0] or s.flags[k] != 0:
+            return k
+        start, pend = int(s.start[k]), int(s.prefix_end[k])
+        prefix = bytes(s.raw[start:pend])
+        if pend > start and prefix not in decoder._prefixes:
+            if not (_states_once(prefix) and _restates_or_adds(prefix, decoder, named, first_own < op_first[k])):
+                return k
+            out: list[dict] = []
+            decoder._head(bytes(s.raw[start:int(s.stop[k])]), {"type": BLOCK, "rank": decoder.rank,
+                                                              "ts": int(s.ts[k])}, walk, parts, out)
+            if out or prefix not in decoder._prefixes:  # (cannot be: it only adds signatures and sites)
+                raise AssertionError("a later prefix learnt ahead taught more than signatures and sites")
+        named.update(sids[op_first[k]:op_first[k + 1]].tolist())
+        line += 1
+        k += 1
+    return k
+
+
+def _restates_or_adds(prefix: bytes, decoder: BlockDecoder, named: set[int], own: bool) -> bool:
+    """Whether each record of a table prefix restates what ``decoder`` has in effect, or
+    states a signature it does not have that no begin in ``named`` names yet, or a site it
+    does not have that no signature it has refers to and no begin decoded before it
+    referred to (none with its own fields before it: ``own``).  A group is never learnt
+    early: its event goes at its block's line."""
+    off = 0
+    while off + HEADER.size <= len(prefix):
+        typ, _f, _a, length, _ts, key = HEADER.unpack_from(prefix, off)
+        rec = prefix[off:off + length]
+        off += length
+        if typ >= META_REC or rec in decoder._in_effect:
+            continue
+        if typ == SITE_REC:
+            if (own or key > MAX_INT or length < HEADER.size + 2 or key in decoder.sites
+                    or (SITE_REC, key) in decoder._sig_refs or (SITE_REC, key) in decoder._unresolved):
+                return False
+            continue
+        if typ != SIG or key > 0xFFFFFFFF:
+            return False
+        old = decoder._sigs.get(key)
+        if old != rec and (old is not None or key in named):
+            return False
+    return True
 
 
 def _joined(head: Decoded, rest: Decoded) -> Decoded:

@@ -680,6 +680,54 @@ def test_a_first_prefix_with_a_bad_record_learnt_ahead_is_counted_once(chunk):
         assert got[rank] == alone, rank
 
 
+def _later_prefix_stream(rank: int, case: str) -> list[bytes]:
+    """A stream whose first chunk has blocks with several table prefixes (``case``: what the
+    later ones state)."""
+    site0, site9 = blocks.pack_site(0, "train.py:1 in step"), blocks.pack_site(9, "train.py:9 in other")
+    sig1 = blocks.pack_sig(1, name=0, site=0, gid=0, opcode=0)
+    sig2 = blocks.pack_sig(2, name=1, site=9, gid=0, opcode=1)
+    first = GROUP0 + site0 + blocks.pack_site(8, "unused.py:8 in g") + sig1
+    ops1 = blocks.pack_sig_begin(1, T, 1, seq=1) + blocks.pack_end(1, T + 1)
+    if case == "refers before":  # a signature known first refers to a site a later prefix states
+        first += blocks.pack_sig(3, name=0, site=9, gid=0, opcode=0)
+        ops1 += blocks.pack_sig_begin(5, T + 2, 3, seq=2) + blocks.pack_end(5, T + 3)
+    if case == "own fields":  # a begin with its own fields refers to it first
+        ops1 += blocks.pack_begin(6, T + 2, name=0, site=9, gid=0, opcode=0) + blocks.pack_end(6, T + 3)
+    if case == "named before":  # a begin names a signature before a later prefix states it
+        ops1 += blocks.pack_sig_begin(7, T + 2, 2, seq=2) + blocks.pack_end(7, T + 3)
+    later = site9 + sig2
+    if case == "changed":  # (a site no signature refers to)
+        later = blocks.pack_site(8, "elsewhere.py:3 in f") + site9 + sig2
+    if case == "group":
+        later = blocks.pack_group(4, "4", "gloo", [0, 1]) + site9 + sig2
+    ops2 = blocks.pack_sig_begin(2, T + 10, 2, seq=3) + blocks.pack_end(2, T + 11)
+    ops3 = blocks.pack_sig_begin(3, T + 20, 1, seq=4) + blocks.pack_end(3, T + 21)
+    ring = 0
+    lines = [meta_line(rank)]
+    for data, ops in ((first + ops1, ops1), (b'', b''), (later + ops2, ops2), (first + ops3, ops3)):
+        if not data:
+            lines.append(b'{"type":"heartbeat","ts":%d,"rank":%d}' % (T + 5, rank))
+            continue
+        lines.append(block_line(data, rank, ring, ring + len(ops)))
+        ring += len(ops)
+    return lines
+
+
+@pytest.mark.parametrize("case", ["adds", "refers before", "own fields", "named before", "changed", "group"])
+@pytest.mark.parametrize("chunk", [0, 3])
+def test_later_prefixes_learnt_ahead_only_where_that_changes_nothing(case, chunk):
+    """A first chunk's later blocks state new tables (a recorder restates the tables of the
+    ops each block holds): ``learn_head`` learns them ahead of the chunk's op records only
+    where that changes nothing those records decode to; each stream decodes as it does
+    alone in every case, and the plain one (new signatures and sites) goes together."""
+    per_rank = [(rank, _later_prefix_stream(rank, case)) for rank in (1, 2, 3)]
+    got, together, learnt = run_together(per_rank, chunk)
+    for rank, lines in per_rank:
+        assert got[rank] == run(lines, rank, chunk=chunk, scanned=True), (case, rank)
+    if case == "adds" and chunk == 0:
+        assert together == 3 and learnt == 3
+
+
 # ------------------------------------------------------------------------------ by hand
 # (where the previous decoder differed, the test says so)
 

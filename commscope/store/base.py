@@ -222,6 +222,22 @@ class Batch(NamedTuple):
         return len(self.events) + sum(len(o) for o in self.ops)
 
 
+def _spans_of(records: list[OpRecords]) -> Spans | None:
+    """``records`` as ``Spans`` where they lie back to back, in order, in one set of
+    columns (a poll decoded together: ``blocks.decode_together``); None otherwise."""
+    first = records[0].span if records else None
+    if first is None:
+        return None
+    whole = first.whole
+    k = len(records)
+    starts = np.fromiter((o.span.start if o.span is not None and o.span.whole is whole else -1 for o in records),
+                         np.int64, k)
+    sizes = np.fromiter(map(len, records), np.int64, k)
+    if (starts < 0).any() or not np.array_equal(starts[1:], starts[:-1] + sizes[:-1]):
+        return None
+    return Spans(whole, np.append(starts, starts[-1] + sizes[-1]), np.fromiter((o.rank for o in records), np.int64, k))
+
+
 class TraceReader(abc.ABC):
     """Reads one job.  Every reader (directory, Redis, Flight Recorder dumps, test and
     placeholder readers) derives from this class, so consumers (``tui/feed.py``,
@@ -461,11 +477,9 @@ class TraceReader(abc.ABC):
             for (stream, _), top in zip(spans, tops.tolist(), strict=True):
                 self._raise_max_id(stream, top)
         out: dict[Stream, list[Event]] = {}
-        alone = False
         for stream, chunks in queued.items():
             d = decoded.get(stream)
             if d is None:
-                alone = True
                 evs = out[stream] = []
                 for chunk, size in chunks:
                     evs.extend(self.ingest(stream, chunk, size, scans.get(stream)).events)
@@ -477,10 +491,8 @@ class TraceReader(abc.ABC):
                 self._raise_max_id(stream, top)
             self._account(stream, d, size=chunks[0][1])
             out[stream] = d.events
-        if first and not alone and not learnt and spans:  # (every record read is one of these, in this order)
-            last = spans[-1][1]
-            self._spans = Spans(whole, np.append(starts, last.span.start + len(last)),
-                                np.fromiter((o.rank for _, o in spans), np.int64, len(spans)))
+        if first:  # (the poll's records: as arrays where they lie back to back in one set of columns)
+            self._spans = _spans_of(getattr(self, "_ops", []))
         return out
 
     def ingest(self, stream: Stream, raw: bytes | Sequence[bytes], size: int = 0, scanned: Scan | None = None
