@@ -1168,6 +1168,14 @@ def decode_chunk(data: bytes, rank: int, decoder: BlockDecoder, scanned: blocksc
     return decode_scanned(data, s, rank, decoder)
 
 
+def decode_alone(data: bytes, decoder: BlockDecoder, scanned: blockscan.Scan | None = None) -> Decoded:
+    """Complete lines of the decoder's stream decoded alone, op records in columns: the
+    scanner's way (``decode_chunk``; ``scanned``: its scan, made already), or JSON's where
+    that is not available or faster."""
+    got = decode_chunk(data, decoder.rank, decoder, scanned)
+    return got if got is not None else decode_stream(decode_lines(data, decoder.rank), decoder, columns=True)
+
+
 def decode_scanned(data: bytes, s: blockscan.Scan, rank: int, decoder: BlockDecoder) -> Decoded:
     """``decode_chunk``'s work, given the scan ``s`` of ``data``."""
     is_block = s.block >= 0
@@ -1433,12 +1441,8 @@ def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]]) -> Together:
     scans = dict(zip(which, parts, strict=True)) if len(parts) == len(which) else {}
     for c, head in heads.items():
         rest = again.get(c)
-        if rest is None:  # (alone, as a reader's ``ingest`` decodes a chunk)
-            dec = chunks[c][1]
-            part = scans.get(c) if c in again else head.scanned
-            rest = decode_chunk(head.rest, dec.rank, dec, part)
-            if rest is None:
-                rest = decode_stream(decode_lines(head.rest, dec.rank), dec, columns=True)
+        if rest is None:
+            rest = decode_alone(head.rest, chunks[c][1], scans.get(c) if c in again else head.scanned)
         decoded[c] = _joined(head.decoded, rest)
     return Together(decoded, learnt, alone)
 

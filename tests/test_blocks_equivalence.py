@@ -29,6 +29,7 @@ import random
 import struct
 import tracemalloc
 from collections import Counter
+from collections.abc import Iterator
 
 import orjson
 import pytest
@@ -472,6 +473,21 @@ def test_the_fuzzer_s_native_store_and_its_block_mutants_decode_alike_both_ways(
                 op_records_walked(lines), seed
 
 
+def _hostile_native_stores(seeds: int) -> Iterator[tuple[int, list[tuple[int, list[bytes]]]]]:
+    """(seed, per-rank lines) of the fuzzer's native store with hostile records in its
+    blocks (``fuzz.m_block``, one to three times a seed), block lines kept decodable."""
+    from commscope.bench import fuzz
+
+    healthy = fuzz.native_store()
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        files = dict(healthy)
+        for _ in range(rng.randint(1, 3)):
+            files = fuzz.m_block(rng, files)
+        yield seed, [(rank, [_sanitize_line(x) if b'"type":"block"' in x else x for x in lines])
+                     for rank, lines in _rank_lines(files)]
+
+
 def run_together(per_rank: list[tuple[int, list[bytes]]], chunk: int) -> tuple[dict[int, tuple], int, int]:
     """The streams read as a live poll reads them: the next ``chunk`` lines of every stream
     (0: all), decoded together (``blocks.decode_together``; a chunk it leaves, alone as
@@ -608,9 +624,7 @@ def test_a_native_job_s_polls_are_mostly_decoded_together_and_alike(tmp_path):
     a second) polled a line or a few at a time, and the fuzzer's native store with hostile
     records in its blocks: decoding together gives each stream what it gives alone, and
     most of the job's chunks go together, every stream's first ones among them."""
-    import random
 
-    from commscope.bench import fuzz
     from commscope.bench.synthstore import JobShape, write_store
 
     write_store(str(tmp_path), JobShape(6, 300, fault="healthy"), job="j")
@@ -622,14 +636,7 @@ def test_a_native_job_s_polls_are_mostly_decoded_together_and_alike(tmp_path):
         polls = sum(-(-len(lines) // chunk) for _, lines in job)
         assert together >= polls * 9 // 10, (chunk, together, polls)
         assert learnt >= len(job), (chunk, learnt)  # (every stream's first blocks, after their decoder learnt them)
-    healthy = fuzz.native_store()
-    for seed in range(20):
-        rng = random.Random(seed)
-        files = dict(healthy)
-        for _ in range(rng.randint(1, 3)):
-            files = fuzz.m_block(rng, files)
-        per_rank = [(rank, [_sanitize_line(x) if b'"type":"block"' in x else x for x in lines])
-                    for rank, lines in _rank_lines(files)]
+    for seed, per_rank in _hostile_native_stores(20):
         got, _, _ = run_together(per_rank, 1)
         for rank, lines in per_rank:
             assert got[rank] == run(lines, rank, chunk=1, scanned=True), seed
@@ -639,20 +646,12 @@ def test_a_first_chunk_s_rest_decoded_alone_through_its_slice_of_the_scan_decode
     """A long rest (``blocks.TOGETHER_REST``: a whole stream read at once) is decoded alone
     after its decoder learnt its head, through its slice of the poll's scan: each stream
     decodes as it does alone, the fuzzer's hostile blocks included."""
-    from commscope.bench import fuzz
     from commscope.bench.synthstore import JobShape, write_store
 
     monkeypatch.setattr(blocks, "TOGETHER_REST", 0)
     write_store(str(tmp_path), JobShape(5, 120, fault="missing", hang_after=2.0), job="j")
     job = _rank_lines({p.name: p.read_bytes() for p in (tmp_path / "j").iterdir()})
-    healthy = fuzz.native_store()
-    for seed in range(8):
-        rng = random.Random(seed)
-        files = dict(healthy)
-        for _ in range(rng.randint(1, 3)):
-            files = fuzz.m_block(rng, files)
-        hostile = [(rank, [_sanitize_line(x) if b'"type":"block"' in x else x for x in lines])
-                   for rank, lines in _rank_lines(files)]
+    for seed, hostile in _hostile_native_stores(8):
         for per_rank, chunk in ((job, 0), (job, 40), (hostile, 0), (hostile, 5)):
             got, _, learnt = run_together(per_rank, chunk)
             assert learnt, (seed, chunk)

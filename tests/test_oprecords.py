@@ -385,11 +385,27 @@ def test_a_stuck_worker_gives_its_chunk_back(tmp_path, monkeypatch, parallel):
     assert _bulkread_children() == []
 
 
+def _gathers_alike(model, gi, names, rows, monkeypatch) -> list[np.ndarray]:
+    """``gather_many`` member by member, wide (from the blocks) and through one flat copy
+    (what a member past ``RANK_SLOTS`` takes): asserts the three equal; returns the first."""
+    from commscope.analysis import collectives
+
+    monkeypatch.setattr(collectives, "GATHER_FLAT", 10**9)
+    narrow = collectives.gather_many(model, gi, names, rows)
+    monkeypatch.setattr(collectives, "GATHER_FLAT", 0)
+    wide = collectives.gather_many(model, gi, names, rows)
+    monkeypatch.setattr(model.table, "slots", lambda r: np.full(r.shape[0], -1, np.int64))
+    flat = collectives.gather_many(model, gi, names, rows)
+    monkeypatch.undo()
+    for a, b, c in zip(narrow, wide, flat, strict=True):
+        assert np.array_equal(a, b) and np.array_equal(a, c)
+    return narrow
+
+
 def test_a_wide_group_s_columns_come_from_the_blocks_as_member_by_member(tmp_path, monkeypatch):
     """``gather_many`` of a wide group reads its members' rows straight from the column
     blocks they live in; member by member, and through one flat copy (what a member past
     ``RANK_SLOTS`` takes), the same matrices."""
-    from commscope.analysis import collectives
     from commscope.analysis.source import load_trace
 
     store = str(tmp_path / "trace")
@@ -397,17 +413,8 @@ def test_a_wide_group_s_columns_come_from_the_blocks_as_member_by_member(tmp_pat
     model, _, _ = load_trace(store)
     names = ("begin", "comp", "sig", "seq", "peer", "flags", "end", "wb", "we")
     for gi in model.coll.values():
-        rows = np.arange(gi.seqs.rows().shape[0])[::3]
-        monkeypatch.setattr(collectives, "GATHER_FLAT", 10**9)
-        narrow = collectives.gather_many(model, gi, names, rows)
-        monkeypatch.setattr(collectives, "GATHER_FLAT", 0)
-        wide = collectives.gather_many(model, gi, names, rows)
-        monkeypatch.setattr(model.table, "slots", lambda ranks: np.full(ranks.shape[0], -1, np.int64))
-        flat = collectives.gather_many(model, gi, names, rows)
-        monkeypatch.undo()
+        narrow = _gathers_alike(model, gi, names, np.arange(gi.seqs.rows().shape[0])[::3], monkeypatch)
         assert narrow[0].any()
-        for a, b, c in zip(narrow, wide, flat, strict=True):
-            assert np.array_equal(a, b) and np.array_equal(a, c)
 
 
 def test_a_wide_group_gathers_from_blocks_its_members_share_out_of_order(monkeypatch):
@@ -417,7 +424,6 @@ def test_a_wide_group_gathers_from_blocks_its_members_share_out_of_order(monkeyp
     member and the flat copy."""
     import sys
 
-    from commscope.analysis import collectives
 
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
     from test_model_batch import T, _rows, _static
@@ -444,16 +450,8 @@ def test_a_wide_group_gathers_from_blocks_its_members_share_out_of_order(monkeyp
     assert len(shared) > 10
     names = ("begin", "comp", "sig", "seq", "flags")
     for rows in (slice(None), np.arange(gi.seqs.rows().shape[0])[::-4], np.array([40])):
-        monkeypatch.setattr(collectives, "GATHER_FLAT", 10**9)
-        narrow = collectives.gather_many(model, gi, names, rows)
-        monkeypatch.setattr(collectives, "GATHER_FLAT", 0)
-        wide = collectives.gather_many(model, gi, names, rows)
-        monkeypatch.setattr(model.table, "slots", lambda r: np.full(r.shape[0], -1, np.int64))
-        flat = collectives.gather_many(model, gi, names, rows)
-        monkeypatch.undo()
+        narrow = _gathers_alike(model, gi, names, rows, monkeypatch)
         assert narrow[0].any() and (narrow[0] == 0).any()  # (ranks with and without an op in the rows)
-        for a, b, c in zip(narrow, wide, flat, strict=True):
-            assert np.array_equal(a, b) and np.array_equal(a, c)
 
 
 @pytest.mark.parametrize("fault", ["missing", "mismatch", "healthy"])

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import orjson
 
-from commscope.blocks import BlockDecoder, StaticTable, Together, decode_chunk, decode_stream, decode_together
+from commscope.blocks import BlockDecoder, StaticTable, Together, decode_alone, decode_stream, decode_together
 from commscope.blockscan import Scan
 from commscope.events import Decoded, Event, decode_lines
 from commscope.oprecords import OpRecords, Spans
@@ -505,9 +505,9 @@ class TraceReader(abc.ABC):
         keeps the op records of blocks in columns (``poll_batch`` hands them over): they are
         not among the events returned.  ``scanned``: ``raw``'s scan, where ``decode_chunks`` made it."""
         rank = stream[0]
-        got = decode_chunk(raw, rank, self._decoder(stream), scanned) \
-            if self.columnar and isinstance(raw, bytes) else None
-        if got is None:
+        if self.columnar and isinstance(raw, bytes):
+            got = decode_alone(raw, self._decoder(stream), scanned)
+        else:
             got = decode_lines(raw, rank) if isinstance(raw, bytes) else decode_entries(raw, rank)
             got = decode_stream(got, self._decoder(stream), columns=self.columnar)
         top = _last_begin(got.events)  # (op events: JSON ones, and a reader of events' records)
