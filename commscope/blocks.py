@@ -230,6 +230,7 @@ class StaticTable:
         self.any_source = np.zeros(64, bool)  # whether it is an any-source recv (its peer comes later)
         self._index: dict[tuple, int] = {}
         self._dtypes: dict[tuple[str, ...], int] = {}
+        self._torch_names: dict[tuple[str, ...], list[str]] = {}
         self._groups: dict[bytes, tuple[GroupEntry, str]] = {}
         self._run_members = 0  # members expanded out of runs, all groups (see MAX_RUN_MEMBERS)
 
@@ -273,6 +274,17 @@ class StaticTable:
             out.extend(range(start, start + stride * length, stride) if stride else [start] * length)
         self._run_members += len(out)
         return out
+
+    def torch_names(self, codes: list[str]) -> list[str]:
+        """A meta's dtype codes as torch names, worked out once per distinct list (every
+        rank's meta states the same one)."""
+        key = tuple(codes)
+        names = self._torch_names.get(key)
+        if names is None:
+            names = [dtypes.torch_name(x) for x in codes]
+            if len(self._torch_names) < 1024:
+                self._torch_names[key] = names
+        return list(names)
 
     def dtypes_token(self, table: list[str]) -> int:
         return self._dtypes.setdefault(tuple(table), len(self._dtypes))
@@ -361,7 +373,7 @@ class BlockDecoder:
                 changed = True
             codes = ev.get("dtypes")
             if isinstance(codes, list) and all(isinstance(x, str) for x in codes):
-                table = [dtypes.torch_name(x) for x in codes]
+                table = self.table.torch_names(codes)
                 if table != self.dtypes:
                     self.dtypes = table
                     changed = True
@@ -583,9 +595,9 @@ class BlockDecoder:
         as ``_block`` would decode them one by one: those with no bad record, no ring
         overlap and a table prefix in effect hand their op records over as they are; the
         others are walked record by record (the group events they define go to ``out``
-        with their block).  Whether a prefix is in effect is asked once
-        per distinct prefix, at its first block: the answer holds for its later blocks
-        until a walked block changes the tables (``_epoch``); then each block is asked."""
+        with their block).  Whether a prefix is in effect is asked once per distinct prefix
+        and call, at its first block here: the answer holds for its later blocks until a
+        walked block changes the tables (``_epoch``); then each block is asked."""
         if b1 <= b0:
             return
         pos, end, start, stop, pend = (a[b0:b1] for a in (s.pos, s.end, s.start, s.stop, s.prefix_end))
@@ -593,7 +605,10 @@ class BlockDecoder:
         upto = np.maximum.accumulate(np.concatenate([[self.seen_end], np.where(has, end, -1)]))
         plain = ((s.flags[b0:b1] & blockscan.BAD) == 0) & ~(has & (pos < upto[:-1]))
         pid = s.prefix_id[b0:b1]
-        firsts = np.flatnonzero(pid == np.arange(b0, b1))  # each prefix's first block
+        # each prefix's first block here (its first in the chunk may lie before b0, in a run
+        # of blocks that a line between changed the tables after)
+        valid = np.flatnonzero(pid >= 0)
+        firsts = valid[np.unique(pid[valid], return_index=True)[1]]
         mv = memoryview(s.raw)
         epoch, a, n = self._epoch, 0, b1 - b0
         for k in np.union1d(np.flatnonzero(~plain), firsts).tolist():
@@ -1277,13 +1292,14 @@ def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder) -> Head | 
         decoder._head(raw, {"type": BLOCK, "rank": decoder.rank, "ts": int(s.ts[0])}, walk, parts, out)
         if raw[:pend - start] not in decoder._prefixes:  # (a bad record: walked again with the rest, counted there)
             decoder.invalid = invalid
-    run = _learn_later_prefixes(data, s, fb, decoder, walk, parts)
+    run, sids = _learn_later_prefixes(data, s, fb, decoder, walk, parts)
     # the signatures named by the begins of the blocks up to there: none of them can come
     # after a table changed what it means
-    sid = np.unique(_begin_sigs(s, s.ops[:int(s.op_first[run])]))
-    sid = sid[np.isin(sid, np.fromiter(decoder._sigs, np.int64, len(decoder._sigs)))]
-    if sid.shape[0]:
-        decoder._statics_of(sid)
+    upto = int(s.op_first[run])
+    sigs = decoder._sigs
+    sid = [x for x in np.unique(_begin_sigs(s, s.ops[:upto]) if sids is None else sids[:upto]).tolist() if x in sigs]
+    if sid:
+        decoder._statics_of(np.array(sid, np.int64))
     assert not walk.offs and not parts  # (no op record was read)
     at = int(s.line_start[fb])
     rest = s._replace(line_start=s.line_start[fb:] - at, line_end=s.line_end[fb:] - at, block=s.block[fb:])
@@ -1291,7 +1307,8 @@ def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder) -> Head | 
 
 
 #: Op records that refer to sites and groups themselves, not through a signature
-_OWN_FIELDS = np.array([BEGIN, RBEGIN, SOURCE], np.uint8)
+_OWN_FIELDS = np.zeros(256, np.bool_)
+_OWN_FIELDS[[BEGIN, RBEGIN, SOURCE]] = True
 #: Lines between blocks that teach no table (``_learn_later_prefixes`` looks no further)
 _PLAIN_LINES = (b'{"type":"heartbeat"', b'{"type":"sample"')
 
@@ -1311,7 +1328,7 @@ def _begin_sigs(s: blockscan.Scan, offs: np.ndarray) -> np.ndarray:
 
 
 def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: BlockDecoder, walk: _Walk,
-                          parts: list[OpRecords]) -> int:
+                          parts: list[OpRecords]) -> tuple[int, np.ndarray | None]:
     """``learn_head``'s second part: the table prefixes of the chunk's later blocks learnt
     now too, as long as learning one early changes nothing an earlier record decodes to:
     each of its records restates what is in effect or states a signature no begin before
@@ -1321,45 +1338,60 @@ def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: Bloc
     short or with a table record among its ops, at a line between blocks that is not a
     heartbeat or a sample, and at a prefix that is not so; only in a chunk short enough to
     go together (``TOGETHER_REST``).  Returns how many blocks from the first are learnt or
-    restate what is (their begins' signatures may be decoded now)."""
+    restate what is (their begins' signatures may be decoded now), and the signature each
+    op record's begin names (``_begin_sigs``) where it looked."""
     nb = s.ts.shape[0]
     if s.flags[0] != 0:
-        return 0
+        return 0, None
     if nb == 1:
-        return 1
+        return 1, None
     if s.prefix_end[0] > s.start[0] and bytes(s.raw[int(s.start[0]):int(s.prefix_end[0])]) not in decoder._prefixes:
-        return 1  # (the first prefix is walked again with the rest: nothing after it goes first)
+        return 1, None  # (the first prefix is walked again with the rest: nothing after it goes first)
     if len(data) > TOGETHER_REST:
-        return 1
-    sids = _begin_sigs(s, s.ops)  # (-1: not a begin through a signature)
-    own_at = np.flatnonzero(np.isin(s.raw[s.ops], _OWN_FIELDS))
-    first_own = int(own_at[0]) if own_at.shape[0] else s.ops.shape[0]
-    op_first = s.op_first.tolist()
-    named = set(sids[:op_first[1]].tolist())
-    line = fb + 1
-    k = 1
-    while k < nb:
-        while line < s.block.shape[0] and s.block[line] < 0:  # (the lines between two blocks)
-            text = data[int(s.line_start[line]):int(s.line_end[line])]
-            if text.strip() and not text.startswith(_PLAIN_LINES):
-                return k
-            line += 1
-        if line >= s.block.shape[0] or s.flags[k] != 0:
-            return k
-        start, pend = int(s.start[k]), int(s.prefix_end[k])
+        return 1, None
+    # blocks up to the first one cut short, or after a line that is not a heartbeat or a sample
+    limit = nb
+    flagged = np.flatnonzero(s.flags[1:] != 0)
+    if flagged.shape[0]:
+        limit = int(flagged[0]) + 1
+    between = np.flatnonzero(s.block[fb + 1:] < 0) + fb + 1
+    for line, lo in zip(between.tolist(), s.line_start[between].tolist(), strict=True):
+        if not data.startswith(_PLAIN_LINES, lo) and data[lo:int(s.line_end[line])].strip():
+            limit = min(limit, int(np.count_nonzero(s.block[:line] >= 0)))
+            break
+    # a prefix's later blocks restate it (equal bytes: ``Scan.prefix_id``), learnt or in effect
+    # by then, unless the decoder's recent prefixes were forgotten meanwhile (``_epoch``)
+    starts, pends = s.start.tolist(), s.prefix_end.tolist()
+    firsts = (np.flatnonzero(s.prefix_id[1:limit] == np.arange(1, limit)) + 1).tolist()
+    epoch = decoder._epoch
+    named: set[int] = set()
+    known = 0  # the ops whose begins' signatures are in ``named``
+    sids = first_own = None
+    j = 0
+    while j < len(firsts):
+        k = firsts[j]
+        j += 1
+        start, pend = starts[k], pends[k]
         prefix = bytes(s.raw[start:pend])
         if pend > start and prefix not in decoder._prefixes:
-            if not (_states_once(prefix) and _restates_or_adds(prefix, decoder, named, first_own < op_first[k])):
-                return k
+            if sids is None:
+                sids = _begin_sigs(s, s.ops)  # (-1: not a begin through a signature)
+                own_at = np.flatnonzero(_OWN_FIELDS[s.raw[s.ops]])
+                first_own = int(own_at[0]) if own_at.shape[0] else s.ops.shape[0]
+            upto = int(s.op_first[k])
+            named.update(sids[known:upto].tolist())
+            known = upto
+            if not (_states_once(prefix) and _restates_or_adds(prefix, decoder, named, first_own < upto)):
+                return k, sids
             out: list[dict] = []
             decoder._head(bytes(s.raw[start:int(s.stop[k])]), {"type": BLOCK, "rank": decoder.rank,
                                                               "ts": int(s.ts[k])}, walk, parts, out)
             if out or prefix not in decoder._prefixes:  # (cannot be: it only adds signatures and sites)
                 raise AssertionError("a later prefix learnt ahead taught more than signatures and sites")
-        named.update(sids[op_first[k]:op_first[k + 1]].tolist())
-        line += 1
-        k += 1
-    return k
+        if decoder._epoch != epoch:  # (forgotten: every later block's prefix is looked at)
+            epoch = decoder._epoch
+            firsts[j:] = range(k + 1, limit)
+    return limit, sids
 
 
 def _restates_or_adds(prefix: bytes, decoder: BlockDecoder, named: set[int], own: bool) -> bool:

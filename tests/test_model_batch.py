@@ -499,6 +499,48 @@ def test_a_long_live_job_together_leaves_what_rank_by_rank_leaves(seed):
         assert all(rt.index_of(int(rt.id[i])) == i for i in range(rt.n) if int(rt.id[i]) >= 0)
 
 
+def _table_books(m: TraceModel) -> list[str]:
+    """What is wrong with the model's table's books: each block's ranks and rows as its ranks
+    say, no rank in a dropped block, and every block but the arena holding at least
+    ``1 / EMPTY_BELOW`` of its rows (``RankTable.compact``)."""
+    t = m.table
+    k = t.size
+    wrong = []
+    for b, cols in enumerate(t.blocks):
+        here = t.block[:k] == b
+        if cols is None:
+            if here.any():
+                wrong.append(f"block {b} dropped with {int(here.sum())} ranks in it")
+            continue
+        if t._residents[b] != int(here.sum()) or t._held[b] != int(t.cap[:k][here].sum()):
+            wrong.append(f"block {b}: books {t._residents[b]} ranks, {t._held[b]} rows; "
+                         f"ranks say {int(here.sum())}, {int(t.cap[:k][here].sum())}")
+        if b != t._arena and t._held[b] * t.EMPTY_BELOW < cols["begin"].shape[0]:
+            wrong.append(f"block {b} holds {t._held[b]} of its {cols['begin'].shape[0]} rows")
+    return wrong
+
+
+def test_a_wide_live_job_lives_in_a_few_blocks_and_a_rank_that_stops_pins_none():
+    """300 ranks over 150 polls, moving as they outgrow their rows: they live in the arena
+    and a few blocks, not one block per batch that moved some (each gather across ranks
+    goes block by block); ranks that stop growing (dead at poll 30) are moved out of a block
+    they would pin; the books stay right after every poll, and the model is rank by rank's."""
+    plan = _live_job(5, world=300, polls=150)
+    stopped = {5, 6, 7}
+    plan = [(evs, [r for r in ops if k < 30 or r.rank not in stopped]) for k, (evs, ops) in enumerate(plan)]
+    m = TraceModel()
+    most = 0
+    for evs, ops in plan:
+        m.ingest(evs, ops)
+        assert _table_books(m) == []
+        most = max(most, sum(cols is not None for cols in m.table.blocks))
+    # (blocks made; alive at once: arenas of a few generations, where a block per batch that
+    # moved ranks left 54 alive here, and ~1.9k at 16k ranks)
+    assert len(m.table.blocks) > 20 and most <= 16
+    models = _same(plan)
+    assert _found(models[True]) == _found(models[False])
+
+
 def test_a_poll_of_heartbeats_and_samples_leaves_what_rank_by_rank_leaves(monkeypatch):
     """``_liveness_together`` (a chunk of only heartbeats and samples, a live poll's events)
     against the rank by rank path it stands for: heartbeats out of order and of equal times

@@ -419,11 +419,15 @@ def test_a_wide_group_s_columns_come_from_the_blocks_as_member_by_member(tmp_pat
 
 def test_a_wide_group_gathers_from_blocks_its_members_share_out_of_order(monkeypatch):
     """A live model's ranks move to blocks with room as they grow, so a wide group's members
-    live in many blocks, some shared by members far apart (every fifth rank here, moved
+    live in several blocks, some shared by members far apart (every fifth rank here, moved
     together by one batch): the wide gather, a block at a time, still equals member by
-    member and the flat copy."""
+    member and the flat copy.  (Arenas of a few rows: many blocks, as a job of 16k ranks
+    has its few.)"""
     import sys
 
+    from commscope.analysis.columns import RankTable
+
+    monkeypatch.setattr(RankTable, "ARENA_MIN_ROWS", 16)
 
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
     from test_model_batch import T, _rows, _static

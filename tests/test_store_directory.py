@@ -208,3 +208,48 @@ def test_a_listing_takes_regular_files_and_symlinks_to_them_and_refuses_the_rest
     reader._listed = None  # (listed again: the directory changed)
     assert [s for s, _ in reader.streams().items()] == [(0, 0), (2, 0)]
     assert reader.stats.warnings[1:] == ["rank-00001.jsonl is not a regular file; skipped"]
+
+
+def test_a_poll_reads_only_the_streams_that_grew_and_counts_the_rest_read(tmp_path, monkeypatch):
+    """Streams read to their end cost a poll one stat each and are not read again (16k of
+    them, most with nothing new, are a live console's every poll), yet each counts as read
+    up to when the poll began: the watermark moves on.  A stream that grew, one whose file
+    shrank, one that moved to a new segment and one with a torn last line are read as
+    before."""
+    writers = [DirectoryWriter(tmp_path, "j", r, segment_bytes=400) for r in range(8)]
+    for r, w in enumerate(writers):
+        w.write(lines(ev(r, 1)))
+    reader = DirectoryReader(tmp_path)
+    assert len(reader.poll()) == 8
+    first = reader.watermark_ns()
+    assert first
+    read: list[int] = []
+    real = DirectoryReader._read_stream
+    monkeypatch.setattr(DirectoryReader, "_read_stream",
+                        lambda self, stream, *a, **k: read.append(stream[0]) or real(self, stream, *a, **k))
+    assert reader.poll() == [] and read == []
+    assert reader.watermark_ns() > first
+    writers[3].write(lines(ev(3, 2)))
+    assert [(e["rank"], e["id"]) for e in reader.poll()] == [(3, 2)] and read == [3]
+    read.clear()
+    writers[5].write(lines(*(ev(5, i) for i in range(2, 8))))  # past 400 bytes: the next write starts segment 1
+    writers[5].write(lines(ev(5, 8)))
+    assert len(list((tmp_path / "j").glob("rank-00005.s000001.*.jsonl"))) == 1
+    assert [e["id"] for e in reader.poll()] == [2, 3, 4, 5, 6, 7, 8] and read == [5]
+    read.clear()
+    (tmp_path / "j" / "rank-00001.jsonl").write_bytes(b"")
+    assert reader.poll() == [] and read == [1]
+    read.clear()
+    assert reader.poll() == [] and read == []  # (said once: it is read from its new size on)
+    assert sum("rank 1: rank-00001.jsonl shrank" in w for w in reader.stats.warnings) == 1
+    whole = E.encode(ev(6, 2)) + b"\n"
+    with open(tmp_path / "j" / "rank-00006.jsonl", "ab") as f:
+        f.write(whole[:10])
+    assert reader.poll() == [] and read == [6] and reader.stats.partial_tail == 1
+    read.clear()
+    assert reader.poll() == [] and read == [6]  # (a torn line: the stream is looked at until it is whole)
+    with open(tmp_path / "j" / "rank-00006.jsonl", "ab") as f:
+        f.write(whole[10:])
+    assert [e["id"] for e in reader.poll()] == [2] and reader.stats.partial_tail == 0
+    read.clear()
+    assert reader.poll() == [] and read == []

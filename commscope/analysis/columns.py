@@ -79,10 +79,18 @@ class RankTable:
     A block is a set of op columns shared by ranks, each rank owning the rows
     ``[base, base + cap)`` of one block (its ``RankTrace`` columns are views of them).  The
     ranks of a whole read's step share the block they were ingested in; ranks that outgrow
-    their rows move together into a new block, each with twice the rows
-    (``relocate``): amortized O(1) appends, as doubling one array each was.  A block no
-    rank lives in any more is dropped (views handed out keep its arrays alive).
+    their rows move, each with twice the rows, into the arena: a block filled from its
+    start, made anew (a quarter of the rows all ranks hold, at least ``ARENA_MIN_ROWS``)
+    when full (``relocate``).  Appends stay amortized O(1), as doubling one array each was,
+    and a live job of 16k ranks lives in a few blocks, not one per batch that moved some
+    (2k of them: every gather across ranks went block by block).  A block no rank lives in
+    any more is dropped (views handed out keep its arrays alive); one whose ranks hold
+    under ``1 / EMPTY_BELOW`` of its rows is emptied after the batch (``compact``), so a
+    few ranks that stopped growing (a dead one) do not pin a whole arena.
     """
+
+    ARENA_MIN_ROWS = 1 << 12
+    EMPTY_BELOW = 8
 
     INT = ("n", "first_ts", "last_ts", "last_op_ts", "last_begin", "last_comp", "version", "open_from",
            "mapped", "idoff", "aligned_from", "base", "cap", "touches", "pmax_n", "pmax_version",
@@ -102,6 +110,10 @@ class RankTable:
         self.blocks: list[dict[str, np.ndarray] | None] = []
         self._frozen: dict[int, dict[str, np.ndarray]] = {}  # block -> read-only views of its columns
         self._residents: list[int] = []  # ranks living in each block
+        self._held: list[int] = []  # rows of each block its ranks own
+        self._arena = -1  # the block ranks that outgrow their rows move into, filled up to ``_fill``
+        self._fill = 0
+        self._thin: set[int] = set()  # blocks that lost ranks since the last ``compact``
         self.rank_slot = np.full(0, -1, np.int64)  # rank -> slot (-1: none), ranks below RANK_SLOTS
         self.traces: list[RankTrace] = []  # slot -> its rank
 
@@ -190,17 +202,21 @@ class RankTable:
         self.touches[slots] = k + 1
 
     def _groups(self, block: np.ndarray) -> list[tuple[dict[str, np.ndarray], Any]]:
-        """(columns, the rows in them) of each block among ``block`` (a row's)."""
+        """(columns, the rows in them) of each block among ``block`` (a row's): by a sort,
+        so many blocks cost the rows once, not once per block."""
         b0 = int(block[0])
         if bool((block == b0).all()):
             cols = self.blocks[b0]
             assert cols is not None
             return [(cols, slice(None))]
+        order = np.argsort(block, kind="stable")
+        sorted_ = block[order]
+        cuts = [0, *(np.flatnonzero(sorted_[1:] != sorted_[:-1]) + 1).tolist(), block.shape[0]]
         out = []
-        for b in np.unique(block).tolist():
-            cols = self.blocks[b]
+        for a, z in zip(cuts[:-1], cuts[1:], strict=True):
+            cols = self.blocks[int(sorted_[a])]
             assert cols is not None
-            out.append((cols, block == b))
+            out.append((cols, order[a:z]))
         return out
 
     def gather(self, names: Sequence[str], block: np.ndarray, pos: np.ndarray) -> list[np.ndarray]:
@@ -231,24 +247,32 @@ class RankTable:
             cols["pmax"] = np.zeros(cols["begin"].shape[0], np.int64)  # (pages untouched until written)
         self.blocks.append(cols)
         self._residents.append(0)
+        self._held.append(0)
         return len(self.blocks) - 1
 
     def _move(self, rt: RankTrace, b: int, base: int, cap: int) -> None:
         """Make rows [base, base + cap) of block ``b`` ``rt``'s columns."""
         s = rt._s
         old = int(self.block[s])
-        if old >= 0:
-            self._residents[old] -= 1
-            if not self._residents[old]:
-                self.blocks[old] = None
-                self._frozen.pop(old, None)
         cols = self.blocks[b]
         assert cols is not None
         for c in BLOCK_COLUMNS:
             setattr(rt, c, cols[c][base:base + cap])
         self._residents[b] += 1
+        self._held[b] += cap
+        if old >= 0:
+            self._residents[old] -= 1
+            self._held[old] -= int(self.cap[s])
+            if self._residents[old]:
+                self._thin.add(old)
+            elif old != self._arena:
+                self._drop(old)
         self.block[s], self.base[s], self.cap[s] = b, base, cap
         self.pmax_n[s] = 0  # (recomputed in the new rows: the old ones stay as views hold them)
+
+    def _drop(self, b: int) -> None:
+        self.blocks[b] = None
+        self._frozen.pop(b, None)
 
     def frozen(self, b: int) -> dict[str, np.ndarray]:
         """Read-only views of block ``b``'s columns (made once a block): a published view's
@@ -346,43 +370,76 @@ class RankTable:
                               self.version[slots])
 
     def relocate(self, rts: Sequence[RankTrace], need: Sequence[int]) -> None:
-        """Move ranks into one new block, each with rows for ``need`` ops (at least twice
-        its rows before, 16 at least), their ops so far copied: one numpy call per column
-        and block they came from."""
+        """Move ranks into the arena, each with rows for ``need`` ops (at least twice its
+        rows before, 16 at least), their ops so far copied: one numpy call per column and
+        block they came from."""
         slots = np.array([rt._s for rt in rts], np.int64)
+        self._place(slots, np.maximum(np.maximum(np.asarray(need, np.int64), 2 * self.cap[slots]), 16))
+
+    def compact(self) -> None:
+        """Empty each block that lost ranks and whose ranks now own under ``1 / EMPTY_BELOW``
+        of its rows: its ranks move into the arena with the rows they have.  Called between
+        batches (a move changes the columns of ranks the caller did not name)."""
+        thin, self._thin = self._thin, set()
+        for b in sorted(thin):
+            cols = self.blocks[b]
+            if cols is None or b == self._arena or self._held[b] * self.EMPTY_BELOW >= cols["begin"].shape[0]:
+                continue
+            slots = np.flatnonzero(self.block[:self.size] == b)
+            self._place(slots, self.cap[slots])
+
+    def _room(self, rows: int) -> tuple[int, int]:
+        """(block, first row) of ``rows`` free rows of the arena, a new arena if it is full."""
+        b = self._arena
+        cols = self.blocks[b] if b >= 0 else None
+        if cols is None or self._fill + rows > cols["begin"].shape[0]:
+            if cols is not None and not self._residents[b]:
+                self._drop(b)
+            elif cols is not None:
+                self._thin.add(b)
+            size = max(rows, self.ARENA_MIN_ROWS, int(self.cap[:self.size].sum()) // 4)
+            # (np.empty: rows are written when a rank gets them, the rest is never touched)
+            b = self._arena = self.add_block({c: np.empty(size, _DTYPE[c]) for c in BLOCK_COLUMNS})
+            self._fill = 0
+        lo = self._fill
+        self._fill += rows
+        return b, lo
+
+    def _place(self, slots: np.ndarray, caps: np.ndarray) -> None:
+        """Give ranks ``slots`` ``caps`` rows each in the arena, their ops copied there."""
         n = self.n[slots]
-        caps = np.maximum(np.maximum(np.asarray(need, np.int64), 2 * self.cap[slots]), 16)
-        start = np.zeros(len(rts) + 1, np.int64)
+        start = np.zeros(slots.shape[0] + 1, np.int64)
         np.cumsum(caps, out=start[1:])
         total = int(start[-1])
-        cols = {c: np.full(total, _FILL[c], _DTYPE[c]) if _FILL[c] else np.zeros(total, _DTYPE[c])
-                for c in BLOCK_COLUMNS}  # (zeros: pages the system zeroes when first written)
+        b, lo = self._room(total)
+        cols = self.blocks[b]
+        assert cols is not None
+        for c in BLOCK_COLUMNS:
+            cols[c][lo:lo + total] = _FILL[c]
+        start += lo
         src_block = self.block[slots]
         rows = int(n.sum())
-        if rows >= 64 * len(rts):  # long ranks (the first poll after a whole read): a slice each
-            for j, (b, a, k) in enumerate(zip(src_block.tolist(), self.base[slots].tolist(), n.tolist(),
-                                              strict=True)):
+        if rows >= 64 * slots.shape[0]:  # long ranks (the first poll after a whole read): a slice each
+            for j, (sb, a, k) in enumerate(zip(src_block.tolist(), self.base[slots].tolist(), n.tolist(),
+                                               strict=True)):
                 if k:
-                    old = self.blocks[b]
+                    old = self.blocks[sb]
                     assert old is not None
                     at = int(start[j])
                     for c in OP_COLUMNS:
                         cols[c][at:at + k] = old[c][a:a + k]
         elif rows:
-            who = np.repeat(np.arange(len(rts)), n)
+            who = np.repeat(np.arange(slots.shape[0]), n)
             within = np.arange(rows, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
             dst = start[who] + within
             src = self.base[slots][who] + within
-            blk = src_block[who]
-            for b in np.unique(blk).tolist():
-                m = blk == b
-                old = self.blocks[b]
-                assert old is not None
+            for old, m in self._groups(src_block[who]):
+                at, to = src[m], dst[m]
                 for c in OP_COLUMNS:
-                    cols[c][dst[m]] = old[c][src[m]]
-        b = self.add_block(cols)
-        for j, rt in enumerate(rts):
-            self._move(rt, b, int(start[j]), int(caps[j]))
+                    cols[c][to] = old[c][at]
+        traces = self.traces
+        for j, s in enumerate(slots.tolist()):
+            self._move(traces[s], b, int(start[j]), int(caps[j]))
 
 
 class RankColumns(Protocol):

@@ -706,6 +706,7 @@ class TraceModel:
             self.start_ns = lo if not self.start_ns else min(self.start_ns, lo)
             self.end_ns = max(self.end_ns, hi)
         self.events += len(events) + int(described.sizes.sum())
+        self.table.compact()  # (between batches: nothing holds a rank's columns now)
         self.version += 1
         self.changed = frozenset(changed)
         return self.changed

@@ -334,6 +334,15 @@ class TraceReader(abc.ABC):
         except AttributeError:
             self._ends: dict[Stream, int] = {stream: since_ns}
 
+    def _read_to_end_all(self, streams: list[Stream], since_ns: int) -> None:
+        """``_read_to_end`` of many streams at once (those a poll found with nothing new)."""
+        if streams:
+            self._reads = getattr(self, "_reads", 0) + 1
+            try:
+                self._ends.update(dict.fromkeys(streams, since_ns))
+            except AttributeError:
+                self._ends = dict.fromkeys(streams, since_ns)
+
     def _watermark_of(self, streams: Iterable[Stream]) -> int:
         """The watermark over ``streams``, computed once per read (``_ends`` changed)."""
         ends = getattr(self, "_ends", {})

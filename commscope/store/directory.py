@@ -392,6 +392,10 @@ class DirectoryReader(TraceReader):
         self._summary_offsets: dict[Stream, int] = {}
         self._carried: list[Event] = []  # what streams starting at a later segment were in (``_carry``)
         self._read_of: dict[tuple[Stream, int], int] = {}  # (stream, segment) -> bytes of it read (where it goes on)
+        #: stream -> (its newest segment, that file's path, its size) when last read to its end
+        #: with no line torn: while the stream has that newest segment of that size, a poll
+        #: has nothing to read in it (``poll``'s one stat)
+        self._tails: dict[Stream, tuple[Segment, str, int]] = {}
         self._pending: dict[tuple[Stream, int], Event] = {}  # summaries not decided yet
         self._decided: set[tuple[Stream, int]] = set()
         self._listed: tuple[int, float] | None = None  # (directory mtime, when) of the last listing
@@ -582,7 +586,9 @@ class DirectoryReader(TraceReader):
     def poll(self, max_bytes: int | None = None) -> list[Event]:
         """New complete events from the rank files since the last call.  With a budget, the
         streams take turns: a poll stops once ``max_bytes`` are read (at least 64 KiB of a
-        stream, so each goes on), and the next starts with the stream after the last read."""
+        stream, so each goes on), and the next starts with the stream after the last read.
+        A stream read to its end whose newest file kept its size costs one stat (``_tails``):
+        a live poll of 16k streams, most with nothing new, spent ~8 us on each."""
         out: list[Event] = []
         budget = max_bytes
         with gc_paused():  # see events.gc_paused: 2x faster on large batches
@@ -590,9 +596,18 @@ class DirectoryReader(TraceReader):
             n = len(streams)
             start = self._next % n if n and budget is not None else 0
             self.queue_chunks()  # (the streams' new lines decoded together, after the round)
+            began, quiet, tails, stat = time.time_ns(), [], self._tails, os.stat
             try:
                 for k in range(n):
                     stream, segs = streams[(start + k) % n]
+                    tail = tails.get(stream)
+                    if tail is not None and segs and tail[0] is segs[-1]:
+                        try:
+                            if stat(tail[1]).st_size == tail[2]:
+                                quiet.append(stream)
+                                continue
+                        except OSError:
+                            pass
                     events, used = self._read_stream(stream, segs, budget)
                     out.extend(events)
                     if self.queue_full():
@@ -605,6 +620,7 @@ class DirectoryReader(TraceReader):
                             break
             finally:
                 out.extend(self.decode_queued())
+                self._read_to_end_all(quiet, began)
             out.extend(self._read_summaries())
             if self._carried:
                 out[:0] = self._carried  # (what streams read from a later segment were in first)
@@ -727,6 +743,10 @@ class DirectoryReader(TraceReader):
             used += n
             if at_end and newer is None:
                 self._read_to_end(stream, began)
+                if not self._partial.get(stream):
+                    self._tails[stream] = (cur, str(cur.path), self._read_of.get((stream, cur.number), 0))
+                    return out, used
+            self._tails.pop(stream, None)
             if not at_end or newer is None or (budget is not None and used >= budget):
                 return out, used
             self._reading[stream] = newer.number
@@ -747,7 +767,7 @@ class DirectoryReader(TraceReader):
         if size < offset:
             self.stats.warnings.append(f"rank {rank}: {path.name} shrank from {offset} to {size} bytes; "
                                        "re-reading it from the start")
-            offset = 0
+            offset = self._read_of[key] = 0
         if size == offset:
             return [], 0, True
         want = size - offset
@@ -856,6 +876,7 @@ class DirectoryReader(TraceReader):
     def _adopt(self, got: StreamsRead) -> None:
         """Go on from where a worker stopped reading its streams (this reader read none of them)."""
         self.stats.merge(got.stats)
+        self._tails.clear()
         self._reading.update(got.reading)
         self._read_of.update(got.read_of)
         self._partial.update(got.partial)
