@@ -281,8 +281,17 @@ def follow(plan: Plan, fault_ns: int, until: float) -> dict[str, Any]:
     cpu0 = time.process_time()
     proc = psutil.Process()
     hard = until + plan.hang_after + 30.0  # a loaded machine: wait longer for the finding, never forever
+    # per step with events after the first round: (op records, other events, streams read,
+    # seconds reading and ingesting them)
+    steps: list[tuple[int, int, int, float]] = []
     while time.monotonic() < until or (expect is not None and not found_ns and time.monotonic() < hard):
+        stats = feed.reader.stats
+        before = (stats.records, stats.events - stats.records, stats.chunks, feed.costs.read + feed.costs.ingest)
         info, got = feed.step()
+        stats = feed.reader.stats
+        if got and behind:  # (once every stream was read: a first chunk's cost is once a stream)
+            after = (stats.records, stats.events - stats.records, stats.chunks, feed.costs.read + feed.costs.ingest)
+            steps.append(tuple(b - a for a, b in zip(before, after, strict=True)))  # type: ignore[arg-type]
         wall = time.time_ns()
         if got and feed.model.end_ns and wall > plan.t_start + 3 * S:
             lags.append((wall - feed.model.end_ns) / S)
@@ -310,7 +319,22 @@ def follow(plan: Plan, fault_ns: int, until: float) -> dict[str, Any]:
     reader.close()
     return {"lags": lags, "behind": behind, "first_round_s": (first_round - plan.t_start) / S, "found_s": (found_ns - fault_ns) / S if found_ns else None, "wrong": wrong,
             "frames": frames, "rss": rss, "cpu_s": time.process_time() - cpu0, "events": feed.model.events,
-            "ranks_seen": len(feed.model.ranks)}
+            "ranks_seen": len(feed.model.ranks), "steps": steps,
+            "judging_s": feed.costs.diagnose + feed.costs.publish}
+
+
+def costs_of(steps: list[tuple[int, int, int, float]]) -> tuple[float, float] | None:
+    """(seconds per op record, per stream read) that explain the seconds each step spent
+    reading and ingesting, by least squares over the steps (before the fault a stream's read
+    holds a few records, after it none: the two apart).  A stream's heartbeat and sample
+    lines go with its read: a rank writes them once a second whatever its rate.  None where
+    the fit gives a negative cost (too few steps, or all alike)."""
+    if len(steps) < 8:
+        return None
+    a = np.array([(s[0], s[2]) for s in steps], np.float64)
+    y = np.array([s[3] for s in steps], np.float64)
+    fit, *_ = np.linalg.lstsq(a, y, rcond=None)
+    return (float(fit[0]), float(fit[1])) if (fit > 0).all() else None
 
 
 # ------------------------------------------------------------------ the suite
@@ -404,11 +428,24 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
         print(f"  other findings (WRONG: a victim blamed): {'; '.join(seen['wrong'][:5])}{more}")
     print(f"  frame (60 timeline rows, from the published view): median {fmt_time(frame)}\n"
           f"    (target <= 50 ms)")
-    per_event = seen["cpu_s"] / max(1, seen["events"])
     full = plan.ranks * 25.0 * 2
     if plan.rate < 25.0:
-        print(f"  EXTRAPOLATED, not run: {plan.ranks:,} ranks at 25 collectives/s ({full:,.0f} events/s)\n"
-              f"    need {per_event * full:.2f} cores for the console at its {per_event * 1e6:.2f} us per event")
+        # reading costs per event and per stream read (a fit over the run's steps); judging and
+        # publishing are paced by what they cost, per second whatever the rate
+        fit = costs_of(seen["steps"])
+        judging = seen["judging_s"] / seconds
+        print(f"  EXTRAPOLATED, not run: {plan.ranks:,} ranks at 25 collectives/s ({full:,.0f} events/s)")
+        per_event = seen["cpu_s"] / max(1, seen["events"])
+        if fit is not None:
+            per_record, per_read = fit
+            cores = per_record * full + per_read * plan.ranks + judging
+            print(f"    the console needs at most {cores:.2f} cores: {per_record * 1e6:.2f} us per op record (each\n"
+                  f"    block line's own cost in it: lines hold more records at full rate),\n"
+                  f"    {per_read * 1e6:.0f} us per rank a second (its stream read once a second, with its\n"
+                  f"    heartbeat and sample), {judging:.2f} of a core judging and publishing (paced by\n"
+                  f"    its cost); fitted over the polls after the first round")
+        print(f"    {'all in, ' if fit is not None else ''}{per_event * full:.2f} cores at its "
+              f"{per_event * 1e6:.2f} us per event (an upper bound: a rank's own costs\n    counted per event)")
     ok = (mark_p99 <= TARGET_LAG_S and frame <= TARGET_FRAME_S and seen["rss"] <= TARGET_RSS
           and (EXPECTED[plan.fault] is None or (found is not None and found <= limit + (
               60 / plan.rate if plan.fault in SLOW_HOSTS else 0))))

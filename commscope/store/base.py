@@ -76,6 +76,8 @@ class ReadStats:
     skipped_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
     trimmed: bool = False  # the backend dropped old events (Redis maxlen)
     warnings: list[str] = dataclasses.field(default_factory=list)
+    chunks: int = 0  # reads of a stream that brought something (a poll of 16k streams: up to 16k)
+    records: int = 0  # of ``events``, the op records read in columns (the rest: event dicts)
 
     def count_corrupt(self, rank: int, n: int) -> None:
         if n:
@@ -106,7 +108,9 @@ class ReadStats:
 
     def count_decoded(self, rank: int, decoded: Decoded) -> None:
         """Account one decoded batch of ``rank``: its events, damaged lines and invalid events."""
-        self.events += decoded.count()
+        n = decoded.count()
+        self.events += n
+        self.records += n - len(decoded.events)
         self.count_corrupt(rank, decoded.damaged)
         self.count_invalid(rank, decoded.invalid)
 
@@ -542,6 +546,7 @@ class TraceReader(abc.ABC):
         if self.counts_lost_markers and lost_markers:
             stats.count_store_lost(rank, got)
         stats.bytes += size
+        stats.chunks += 1
 
     def spool_remnants(self, job: str | None, store: str, writer: Callable[[int, int], Any],
                        final: bool) -> tuple[int, dict[Stream, list[Event]]]:

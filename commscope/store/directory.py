@@ -558,9 +558,14 @@ class DirectoryReader(TraceReader):
         return sum(sum(sizes) for _, sizes in self._window(self.streams()).values())
 
     def backlog_bytes(self) -> int:
-        """Bytes written but not yet returned by ``poll`` (how far behind a follower is)."""
+        """Bytes written but not yet returned by ``poll`` (how far behind a follower is).  A
+        stream the last poll found read to its end counts nothing until a poll looks again
+        (``_tails``): no stat of each of 16k streams to say a follower that keeps up is."""
+        tails = self._tails
+        rest = {stream: segs for stream, segs in self.streams().items()
+                if not ((tail := tails.get(stream)) is not None and segs and tail[0] is segs[-1])}
         return sum(sum(sizes) - min(sizes[0], self._read_of.get((stream, cur), 0))
-                   for stream, (cur, sizes) in self._window(self.streams()).items())
+                   for stream, (cur, sizes) in self._window(rest).items())
 
     def start_at(self, since: Since) -> None:
         """Start each stream at the segment holding the window's start; a duration counts
@@ -601,14 +606,16 @@ class DirectoryReader(TraceReader):
                 for k in range(n):
                     stream, segs = streams[(start + k) % n]
                     tail = tails.get(stream)
+                    size = None
                     if tail is not None and segs and tail[0] is segs[-1]:
                         try:
-                            if stat(tail[1]).st_size == tail[2]:
-                                quiet.append(stream)
-                                continue
+                            size = stat(tail[1]).st_size
                         except OSError:
                             pass
-                    events, used = self._read_stream(stream, segs, budget)
+                        if size == tail[2]:
+                            quiet.append(stream)
+                            continue
+                    events, used = self._read_stream(stream, segs, budget, size=size)
                     out.extend(events)
                     if self.queue_full():
                         out.extend(self.decode_queued())
@@ -726,9 +733,10 @@ class DirectoryReader(TraceReader):
         return events
 
     def _read_stream(self, stream: Stream, segs: list[Segment], budget: int | None,
-                     final: bool = False) -> tuple[list[Event], int]:
+                     final: bool = False, size: int | None = None) -> tuple[list[Event], int]:
         """New events of one stream, going on into its next segments while the budget lasts.
-        ``final``: its newest segment gets no more either (``_read_segment``)."""
+        ``final``: its newest segment gets no more either (``_read_segment``); ``size``: the
+        newest segment's, just asked (``poll``)."""
         if not segs:
             return [], 0
         out: list[Event] = []
@@ -738,7 +746,7 @@ class DirectoryReader(TraceReader):
             cur = self._enter(stream, segs)
             newer = next((seg for seg in segs if seg.number > cur.number), None)
             events, n, at_end = self._read_segment(stream, cur.path, None if budget is None else budget - used,
-                                                   final or newer is not None)
+                                                   final or newer is not None, size if newer is None else None)
             out.extend(events)
             used += n
             if at_end and newer is None:
@@ -753,17 +761,19 @@ class DirectoryReader(TraceReader):
             self._partial[stream] = False
 
     def _read_segment(self, stream: Stream, path: Path, budget: int | None,
-                      final: bool = False) -> tuple[list[Event], int, bool]:
+                      final: bool = False, size: int | None = None) -> tuple[list[Event], int, bool]:
         """(new complete events of one segment, bytes of them, whether all of it is read now but
         an incomplete last line).  ``final``: the segment gets no more (the writer moved on to
-        a newer one): an incomplete last line is read too, as what it is (damaged, and said)."""
+        a newer one): an incomplete last line is read too, as what it is (damaged, and said).
+        ``size``: the file's, just asked."""
         rank = stream[0]
         key = (stream, self._reading.get(stream, 0))
         offset = self._read_of.get(key, 0)
-        try:
-            size = os.path.getsize(path)
-        except OSError:
-            return [], 0, True
+        if size is None:
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                return [], 0, True
         if size < offset:
             self.stats.warnings.append(f"rank {rank}: {path.name} shrank from {offset} to {size} bytes; "
                                        "re-reading it from the start")

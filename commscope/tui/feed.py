@@ -54,6 +54,17 @@ class FeedInfo:
     restarts: int = 0  # the model started again at the tail (``Feed.MODEL_BUDGET``): panels reset
 
 
+@dataclasses.dataclass
+class FeedCosts:
+    """Seconds the feed has spent, by what (running totals, wall clock): what a benchmark
+    apportions between the events read and the streams and ranks followed."""
+
+    read: float = 0.0  # the reader's polls
+    ingest: float = 0.0  # the model's, publishing apart
+    diagnose: float = 0.0
+    publish: float = 0.0
+
+
 class FeedUpdated(Message):
     """The model or findings changed.  Newer ones replace older ones still queued."""
 
@@ -111,6 +122,7 @@ class Feed:
         self._next_diag = 0.0
         self._dirty = False
         self.info = FeedInfo(mode=mode, source=self.source)
+        self.costs = FeedCosts()
         self.error: str | None = None
         #: (model version, trace end) once every rank has exited or died: the job is judged at
         #: its end from then on, as ``commscope check`` judges it, until something new arrives.
@@ -174,8 +186,13 @@ class Feed:
         behind_bytes = 0
         try:
             with gc_paused():  # decoded dicts die right after ingest: no GC work for them
+                t0 = time.perf_counter()
                 batch = self.reader.poll_batch(max_bytes=self.BUDGET)
+                t1 = time.perf_counter()
+                published = self.costs.publish
                 self.ingest(batch)
+                self.costs.read += t1 - t0
+                self.costs.ingest += time.perf_counter() - t1 - (self.costs.publish - published)
                 got = batch.count()
             behind_bytes = self._backlog_bytes()
         except Exception as exc:  # a store that vanished, a wrong password...
@@ -203,6 +220,7 @@ class Feed:
                                    key=Finding.sort_key)
             self.diagnoses += 1
             spent = time.monotonic() - mono
+            self.costs.diagnose += spent
             # at most every DIAGNOSE_S, and never more than a fifth of the time (16k ranks: ~0.4 s a
             # diagnosis, which would otherwise leave the reader too little to keep up)
             self._next_diag = mono + max(self.DIAGNOSE_S, 5 * spent)
@@ -272,6 +290,7 @@ class Feed:
             self.view = self.model.view(now, rankstate.rank_states(self.model, now))
         done = time.monotonic()
         self._publish_cost = done - t0
+        self.costs.publish += done - t0
         self._publish_due = done + min(1.0, 10 * self._publish_cost)
         self._next_publish = done + self.DIAGNOSE_S
 
