@@ -436,6 +436,8 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
         judging = seen["judging_s"] / seconds
         print(f"  EXTRAPOLATED, not run: {plan.ranks:,} ranks at 25 collectives/s ({full:,.0f} events/s)")
         per_event = seen["cpu_s"] / max(1, seen["events"])
+        if fit is not None and fit[0] * full + fit[1] * plan.ranks + judging >= per_event * full:
+            fit = None  # (no tighter than the upper bound below: a run whose costs the fit does not explain)
         if fit is not None:
             per_record, per_read = fit
             cores = per_record * full + per_read * plan.ranks + judging
