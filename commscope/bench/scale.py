@@ -5,8 +5,10 @@ native ``block`` format, through the real store writers (a directory, Redis, or 
 Cluster of three local masters): an FSDP-like job (per step an all_gather and a
 reduce_scatter per layer, then an all_reduce) at ``--rate`` collectives per second on every
 rank, ranks 8 to a host, a heartbeat and a sample every second, one block per rank per
-recorder tick (50 ms, or the store's pace: ``StoreWriter.write_every``).  A third of the
-way in, the fault is injected:
+recorder tick (50 ms, or the store's pace: ``StoreWriter.write_every``).  The job runs for
+``--seconds``, and on until the console is done with it (its finding, or a bound past it), so
+a console slowed by a loaded machine still judges a running job.  A third of the way in,
+the fault is injected:
 
     missing         the culprit never enters the next collective (it spins in Python, still
                     heartbeating); the others wait in it           -> missing_ranks
@@ -56,6 +58,10 @@ SLOW_HOSTS = ("straggler-host", "two-hosts")
 EXPECTED = {"missing": "missing_ranks", "dead": "dead_rank", "mismatch": "collective_mismatch",
             "straggler-host": "straggler", "two-hosts": "straggler", "none": None}
 TARGET_LAG_S = 2.0
+#: Files in the sync directory: the console is done with the job; writer ``w`` closed its streams
+DONE, CLOSED = "done", "closed-"
+#: How long past its end plus hang_after the job waits at most for the console to be done
+STOP_WAIT_S = 45.0
 TARGET_FRAME_S = 0.050
 TARGET_RSS = 4 << 30
 HOST_LATE_NS = 20_000_000  # a straggler host's lateness (a collective takes 0.5 ms; one starts every 40 ms)
@@ -157,11 +163,14 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
     next_beat = plan.t_start
     cpu0 = time.process_time()
     end_at = plan.t_start + int(plan.seconds * S)
+    # the job goes on past ``seconds`` until the console is done with it (``follow``), so a
+    # console slowed by a loaded machine still finds the fault in a running job
+    stop, last = os.path.join(plan.sync, DONE), end_at + int((plan.hang_after + STOP_WAIT_S) * S)
     hung = plan.fault in ("missing", "dead", "mismatch")
-    dead_from = plan.base(plan.fault_k) if plan.fault == "dead" else end_at + S
+    dead_from = plan.base(plan.fault_k) if plan.fault == "dead" else last + S
     while True:
         now = time.time_ns()
-        if now >= end_at:
+        if now >= end_at and (now >= last or os.path.exists(stop)):
             break
         due = now - 2_000_000  # (arrivals are up to 0.2 ms after a collective's time; late hosts 20 ms)
         k_hi = max(0, (due - plan.t_start) // plan.period + 1)
@@ -234,8 +243,10 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
         time.sleep(max(0.0, every - (time.time_ns() - now) / S))
     for o in outs:
         o.close()
+    with open(os.path.join(plan.sync, f"{CLOSED}{w}"), "w"):
+        pass
     return {"events": events, "before": before, "lines": lines_out, "cpu_s": time.process_time() - cpu0,
-            "ranks": int(mine.shape[0])}
+            "ranks": int(mine.shape[0]), "wall_s": (time.time_ns() - plan.t_start) / S}
 
 
 # ------------------------------------------------------------------ the console following it
@@ -254,7 +265,7 @@ def _rows_painted(feed: Any, culprit: int, now: int) -> float:
     return time.perf_counter() - t0
 
 
-def follow(plan: Plan, fault_ns: int, until: float) -> dict[str, Any]:
+def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, Any]:
     """The console's data side on the job until ``until`` (monotonic; longer, bounded, while
     the expected finding is not there yet): lag samples, when the expected finding first
     named the culprit, frame times, RSS."""
@@ -316,8 +327,20 @@ def follow(plan: Plan, fault_ns: int, until: float) -> dict[str, Any]:
             rss = max(rss, proc.memory_info().rss)
         if not got:
             time.sleep(Feed.POLL_S)
+    # done: the writers stop; what they wrote to the end is read (every event written is read)
+    with open(os.path.join(plan.sync, DONE), "w"):
+        pass
+    drain = time.monotonic() + plan.hang_after + STOP_WAIT_S + 30.0
+    while time.monotonic() < drain:
+        closed = sum(name.startswith(CLOSED) for name in os.listdir(plan.sync)) >= writers
+        _, got = feed.step()
+        if closed and not got:
+            break
+        if not got:
+            time.sleep(Feed.POLL_S)
     reader.close()
     return {"lags": lags, "behind": behind, "first_round_s": (first_round - plan.t_start) / S, "found_s": (found_ns - fault_ns) / S if found_ns else None, "wrong": wrong,
+            "wall_s": (time.time_ns() - plan.t_start) / S,
             "frames": frames, "rss": rss, "cpu_s": time.process_time() - cpu0, "events": feed.model.events,
             "ranks_seen": len(feed.model.ranks), "steps": steps,
             "judging_s": feed.costs.diagnose + feed.costs.publish}
@@ -381,7 +404,8 @@ def run(args: argparse.Namespace) -> int:
             f.write(str(plan.t_start))
         os.rename(os.path.join(sync, "go.tmp"), os.path.join(sync, "go"))
         fault_ns = plan.base(plan.fault_k)
-        seen = follow(plan, fault_ns, time.monotonic() + (plan.t_start - time.time_ns()) / S + seconds + 1.0)
+        seen = follow(plan, fault_ns, time.monotonic() + (plan.t_start - time.time_ns()) / S + seconds + 1.0,
+                      args.writers)
         results = list(writers.join(60).values())
     finally:
         writers.kill()
@@ -409,9 +433,9 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
     found = seen["found_s"]
     limit = plan.hang_after + 5.0
     print(f"  written: {events:,} events; {rate:,.0f} events/s before the fault (the job's: {want:,.0f});\n"
-          f"    writers' CPU {writer_cpu / seconds * 100:.0f}% of a core")
+          f"    writers' CPU {writer_cpu / max(x['wall_s'] for x in wrote) * 100:.0f}% of a core")
     print(f"  console: read {seen['events']:,} events of {seen['ranks_seen']:,} ranks;\n"
-          f"    its CPU {seen['cpu_s'] / seconds * 100:.0f}% of a core, RSS {seen['rss'] / 2**20:,.0f} MiB")
+          f"    its CPU {seen['cpu_s'] / seen['wall_s'] * 100:.0f}% of a core, RSS {seen['rss'] / 2**20:,.0f} MiB")
     marks = seen["behind"]
     mark_med = median(marks) if marks else float("nan")
     mark_p99 = quantile(marks, 0.99) if marks else float("nan")
@@ -433,7 +457,7 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
         # reading costs per event and per stream read (a fit over the run's steps); judging and
         # publishing are paced by what they cost, per second whatever the rate
         fit = costs_of(seen["steps"])
-        judging = seen["judging_s"] / seconds
+        judging = seen["judging_s"] / seen["wall_s"]
         print(f"  EXTRAPOLATED, not run: {plan.ranks:,} ranks at 25 collectives/s ({full:,.0f} events/s)")
         per_event = seen["cpu_s"] / max(1, seen["events"])
         if fit is not None and fit[0] * full + fit[1] * plan.ranks + judging >= per_event * full:
