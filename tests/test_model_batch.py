@@ -524,16 +524,21 @@ def test_a_wide_live_job_lives_in_a_few_blocks_and_a_rank_that_stops_pins_none()
     """300 ranks over 150 polls, moving as they outgrow their rows: they live in the arena
     and a few blocks, not one block per batch that moved some (each gather across ranks
     goes block by block); ranks that stop growing (dead at poll 30) are moved out of a block
-    they would pin; the books stay right after every poll, and the model is rank by rank's."""
+    they would pin, and their published views with them; the books stay right after every
+    poll, and the model is rank by rank's."""
     plan = _live_job(5, world=300, polls=150)
     stopped = {5, 6, 7}
     plan = [(evs, [r for r in ops if k < 30 or r.rank not in stopped]) for k, (evs, ops) in enumerate(plan)]
     m = TraceModel()
     most = 0
+    t = m.table
     for evs, ops in plan:
         m.ingest(evs, ops)
         assert _table_books(m) == []
-        most = max(most, sum(cols is not None for cols in m.table.blocks))
+        most = max(most, sum(cols is not None for cols in t.blocks))
+        t.views()  # (published as a console does: a view of a moved rank's old rows would pin their block)
+        assert all(rt._view.begin.base is t.blocks[int(t.block[rt._s])]["begin"]
+                   for rt in m.ranks.values() if rt._view is not None and rt._view.n)
     # (blocks made; alive at once: arenas of a few generations, where a block per batch that
     # moved ranks left 54 alive here, and ~1.9k at 16k ranks)
     assert len(m.table.blocks) > 20 and most <= 16

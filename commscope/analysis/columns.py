@@ -269,6 +269,7 @@ class RankTable:
                 self._drop(old)
         self.block[s], self.base[s], self.cap[s] = b, base, cap
         self.pmax_n[s] = 0  # (recomputed in the new rows: the old ones stay as views hold them)
+        rt._view = None  # (published again from the new rows: a view of the old would keep their block alive)
 
     def _drop(self, b: int) -> None:
         self.blocks[b] = None
