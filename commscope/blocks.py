@@ -607,8 +607,7 @@ class BlockDecoder:
         pid = s.prefix_id[b0:b1]
         # each prefix's first block here (its first in the chunk may lie before b0, in a run
         # of blocks that a line between changed the tables after)
-        valid = np.flatnonzero(pid >= 0)
-        firsts = valid[np.unique(pid[valid], return_index=True)[1]]
+        firsts = blockscan.prefix_firsts(pid)
         mv = memoryview(s.raw)
         epoch, a, n = self._epoch, 0, b1 - b0
         for k in np.union1d(np.flatnonzero(~plain), firsts).tolist():
@@ -1362,7 +1361,7 @@ def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: Bloc
     # a prefix's later blocks restate it (equal bytes: ``Scan.prefix_id``), learnt or in effect
     # by then, unless the decoder's recent prefixes were forgotten meanwhile (``_epoch``)
     starts, pends = s.start.tolist(), s.prefix_end.tolist()
-    firsts = (np.flatnonzero(s.prefix_id[1:limit] == np.arange(1, limit)) + 1).tolist()
+    firsts = (blockscan.prefix_firsts(s.prefix_id[1:limit]) + 1).tolist()
     epoch = decoder._epoch
     named: set[int] = set()
     known = 0  # the ops whose begins' signatures are in ``named``

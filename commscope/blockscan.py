@@ -99,6 +99,14 @@ def scan_many(data: bytes, starts: np.ndarray, ranks: np.ndarray) -> Scan | None
     return Scan(*_kernel(np.frombuffer(data, np.uint8), starts, ranks))
 
 
+def prefix_firsts(prefix_id: np.ndarray) -> np.ndarray:
+    """The positions, in order, of each table prefix's first block among ``prefix_id`` (a run
+    of a scan's blocks; -1: no prefix): where a decoder asks whether a prefix is in effect,
+    the later blocks restating it (equal bytes)."""
+    valid = np.flatnonzero(prefix_id >= 0)
+    return np.sort(valid[np.unique(prefix_id[valid], return_index=True)[1]])
+
+
 def parts(s: Scan, starts: np.ndarray, want: np.ndarray) -> list[Scan | None]:
     """The scan of each chunk ``c`` of ``scan_many`` with ``want[c]`` (None for the others,
     and for a chunk with no line) as ``scan`` of its bytes alone would give it: a chunk that

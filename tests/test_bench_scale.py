@@ -38,10 +38,10 @@ def test_the_extrapolation_apportions_a_polls_cost_to_records_and_to_streams_rea
     from commscope.bench.scale import costs_of
 
     per_record, per_read = 1.5e-6, 30e-6
-    steps = [(records, 0, reads, records * per_record + reads * per_read)
+    steps = [(records, reads, records * per_record + reads * per_read)
              for records, reads in [(4000, 1000), (8000, 2000), (0, 16000), (0, 9000), (120, 30), (64000, 16000),
                                     (30000, 9000), (0, 500)]]
     got = costs_of(steps)
     assert got is not None and got[0] == pytest.approx(per_record) and got[1] == pytest.approx(per_read)
     assert costs_of(steps[:4]) is None  # (too few steps)
-    assert costs_of([(r, 0, c, 1.0 - r * 1e-4) for r, _, c, _ in steps]) is None  # (a negative cost)
+    assert costs_of([(r, c, 1.0 - r * 1e-4) for r, c, _ in steps]) is None  # (a negative cost)

@@ -292,17 +292,15 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
     cpu0 = time.process_time()
     proc = psutil.Process()
     hard = until + plan.hang_after + 30.0  # a loaded machine: wait longer for the finding, never forever
-    # per step with events after the first round: (op records, other events, streams read,
-    # seconds reading and ingesting them)
-    steps: list[tuple[int, int, int, float]] = []
+    # per step with events after the first round: (op records, streams read, seconds reading
+    # and ingesting them)
+    steps: list[tuple[int, int, float]] = []
     while time.monotonic() < until or (expect is not None and not found_ns and time.monotonic() < hard):
-        stats = feed.reader.stats
-        before = (stats.records, stats.events - stats.records, stats.chunks, feed.costs.read + feed.costs.ingest)
+        records, chunks, spent = feed.reader.stats.records, feed.reader.stats.chunks, feed.costs.read + feed.costs.ingest
         info, got = feed.step()
-        stats = feed.reader.stats
         if got and behind:  # (once every stream was read: a first chunk's cost is once a stream)
-            after = (stats.records, stats.events - stats.records, stats.chunks, feed.costs.read + feed.costs.ingest)
-            steps.append(tuple(b - a for a, b in zip(before, after, strict=True)))  # type: ignore[arg-type]
+            stats = feed.reader.stats
+            steps.append((stats.records - records, stats.chunks - chunks, feed.costs.read + feed.costs.ingest - spent))
         wall = time.time_ns()
         if got and feed.model.end_ns and wall > plan.t_start + 3 * S:
             lags.append((wall - feed.model.end_ns) / S)
@@ -346,7 +344,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
             "judging_s": feed.costs.diagnose + feed.costs.publish}
 
 
-def costs_of(steps: list[tuple[int, int, int, float]]) -> tuple[float, float] | None:
+def costs_of(steps: list[tuple[int, int, float]]) -> tuple[float, float] | None:
     """(seconds per op record, per stream read) that explain the seconds each step spent
     reading and ingesting, by least squares over the steps (before the fault a stream's read
     holds a few records, after it none: the two apart).  A stream's heartbeat and sample
@@ -354,8 +352,8 @@ def costs_of(steps: list[tuple[int, int, int, float]]) -> tuple[float, float] | 
     the fit gives a negative cost (too few steps, or all alike)."""
     if len(steps) < 8:
         return None
-    a = np.array([(s[0], s[2]) for s in steps], np.float64)
-    y = np.array([s[3] for s in steps], np.float64)
+    a = np.array([s[:2] for s in steps], np.float64)
+    y = np.array([s[2] for s in steps], np.float64)
     fit, *_ = np.linalg.lstsq(a, y, rcond=None)
     return (float(fit[0]), float(fit[1])) if (fit > 0).all() else None
 

@@ -331,14 +331,15 @@ class TraceReader(abc.ABC):
         return None
 
     def _read_to_end(self, stream: Stream, since_ns: int) -> None:
-        """``stream`` was read to its end by a read that began at ``since_ns``."""
+        """``stream`` was read to its end by a read that began at ``since_ns`` (one stream:
+        a poll's per-stream path, so not through ``_read_to_end_all``)."""
         self._reads = getattr(self, "_reads", 0) + 1
         try:
             self._ends[stream] = since_ns
         except AttributeError:
             self._ends: dict[Stream, int] = {stream: since_ns}
 
-    def _read_to_end_all(self, streams: list[Stream], since_ns: int) -> None:
+    def _read_to_end_all(self, streams: Sequence[Stream], since_ns: int) -> None:
         """``_read_to_end`` of many streams at once (those a poll found with nothing new)."""
         if streams:
             self._reads = getattr(self, "_reads", 0) + 1

@@ -561,11 +561,14 @@ class DirectoryReader(TraceReader):
         """Bytes written but not yet returned by ``poll`` (how far behind a follower is).  A
         stream the last poll found read to its end counts nothing until a poll looks again
         (``_tails``): no stat of each of 16k streams to say a follower that keeps up is."""
-        tails = self._tails
-        rest = {stream: segs for stream, segs in self.streams().items()
-                if not ((tail := tails.get(stream)) is not None and segs and tail[0] is segs[-1])}
+        rest = {stream: segs for stream, segs in self.streams().items() if self._tail(stream, segs) is None}
         return sum(sum(sizes) - min(sizes[0], self._read_of.get((stream, cur), 0))
                    for stream, (cur, sizes) in self._window(rest).items())
+
+    def _tail(self, stream: Stream, segs: list[Segment]) -> tuple[Segment, str, int] | None:
+        """The stream's tail (``_tails``) while it is still in its newest segment, else None."""
+        tail = self._tails.get(stream)
+        return tail if tail is not None and segs and tail[0] is segs[-1] else None
 
     def start_at(self, since: Since) -> None:
         """Start each stream at the segment holding the window's start; a duration counts
@@ -601,13 +604,13 @@ class DirectoryReader(TraceReader):
             n = len(streams)
             start = self._next % n if n and budget is not None else 0
             self.queue_chunks()  # (the streams' new lines decoded together, after the round)
-            began, quiet, tails, stat = time.time_ns(), [], self._tails, os.stat
+            began, quiet, stat = time.time_ns(), [], os.stat
             try:
                 for k in range(n):
                     stream, segs = streams[(start + k) % n]
-                    tail = tails.get(stream)
+                    tail = self._tail(stream, segs)
                     size = None
-                    if tail is not None and segs and tail[0] is segs[-1]:
+                    if tail is not None:
                         try:
                             size = stat(tail[1]).st_size
                         except OSError:
