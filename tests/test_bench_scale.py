@@ -29,6 +29,28 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault):
     written = int(re.search(r"written: ([\d,]+) events", out).group(1).replace(",", ""))
     read = int(re.search(r"console: read ([\d,]+) events of 64 ranks", out).group(1).replace(",", ""))
     assert written > 0 and read >= written  # every event written was read (and the writers' meta lines)
+    nodes = re.findall(r"127\.0\.0\.1:\d+ +([\d,]+): appends ([\d,]+), reads ([\d,]+)", out)
+    if store == "redis-cluster":  # each master's requests, Redis's own count: the job's streams over all three
+        assert len(nodes) == 3, out
+        assert all(int(a.replace(",", "")) > 0 and int(r.replace(",", "")) > 0 for _, a, r in nodes), out
+    else:
+        assert not nodes and "store requests" not in out, out
+
+
+def test_a_nodes_requests_leave_out_what_the_append_script_runs_inside():
+    """Redis counts the commands a script runs as its own (an append's XREVRANGE and its
+    XADDs): the requests per node are what clients sent, less the ``INFO`` that asked."""
+    from commscope.bench.redis_server import command_calls
+    from commscope.bench.scale import node_load
+
+    before = command_calls("# Commandstats\r\ncmdstat_info:calls=4,usec=9,usec_per_call=2.25\r\n"
+                           "cmdstat_eval:calls=10,usec=90\r\ncmdstat_xadd:calls=40,usec=9\r\n")
+    assert before == {"info": 4, "eval": 10, "xadd": 40}
+    after = {"info": 5, "eval": 30, "xadd": 120, "xrevrange": 23, "xread": 50, "xlen": 4, "config|get": 1}
+    load = node_load("n1", before, after, 2.0)
+    # 20 appends (each an XREVRANGE and XADDs inside), 50 XREADs, 3 XREVRANGEs of a reader,
+    # 4 XLENs and a CONFIG GET; the INFO that asked is not the job's
+    assert (load.appends, load.reads, load.other, load.requests) == (10.0, 25.0, 4.0, 39.0)
 
 
 def test_the_extrapolation_apportions_a_polls_cost_to_records_and_to_streams_read():

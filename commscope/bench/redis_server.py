@@ -21,6 +21,8 @@ from typing import NamedTuple
 from urllib.parse import quote
 
 from commscope.launch import free_port
+from commscope.store.redis_url import parse_url
+from commscope.store.resp import Connection
 
 REDIS_SERVER_ENV = "COMMSCOPE_REDIS_SERVER"
 
@@ -242,6 +244,17 @@ class RedisServer:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def commands(self) -> dict[str, int]:
+        """Commands this server has run since it started, by name (``INFO commandstats``:
+        Redis's own count, whoever sent them; a pipelined command counts as one)."""
+        conn = Connection(parse_url(self.url), f"127.0.0.1:{self.port}")
+        conn.connect()
+        try:
+            text = conn.call("INFO", "commandstats").decode()
+        finally:
+            conn.close()
+        return command_calls(text)
+
     def close(self) -> None:
         """Stop and remove the data directory if this object created it."""
         self._terminate()
@@ -256,6 +269,20 @@ class RedisServer:
 
     def __repr__(self) -> str:
         return f"RedisServer(127.0.0.1:{self.port}, dir={self.dir})"
+
+
+def command_calls(info: str) -> dict[str, int]:
+    """{command: calls} of an ``INFO commandstats`` reply (``cmdstat_xread:calls=12,usec=...``;
+    a subcommand is ``config|get``)."""
+    out: dict[str, int] = {}
+    for line in info.splitlines():
+        name, _, fields = line.strip().partition(":")
+        if name.startswith("cmdstat_"):
+            for field in fields.split(","):
+                key, _, value = field.partition("=")
+                if key == "calls" and value.isdigit():
+                    out[name[len("cmdstat_"):]] = int(value)
+    return out
 
 
 def find_redis_cli(server_binary: str | None = None) -> str:

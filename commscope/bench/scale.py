@@ -150,6 +150,13 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
     shape = JobShape(plan.ranks, 2, rate=plan.rate, hang_after=plan.hang_after, layers=plan.layers)
     tables = _Tables(shape, _sigs(shape))
     outs = [open_writer(plan.store, plan.job, int(r), {"world_size": plan.ranks}) for r in mine.tolist()]
+    for o in outs:
+        # A Redis stream is marked every 5 min of its rank's time, the first mark spread over
+        # that by rank, by a child process: one a rank is nothing, but here one process is
+        # thousands of ranks (4,096: 14 Python children a second, which starved the job).
+        # Marked between two writes instead (``RedisWriter``'s "inline": synthetic jobs).
+        if getattr(o, "marks", None) == "child":
+            o.marks = "inline"
     every = max(TICK_S, max(o.write_every for o in outs))
     plan = _started(plan, w)  # every stream open (16k take a while): then the job's clock runs
     rnd = np.random.default_rng(w + 1)  # each rank's arrival: up to 0.2 ms after the collective's time
@@ -358,6 +365,23 @@ def costs_of(steps: list[tuple[int, int, float]]) -> tuple[float, float] | None:
     return (float(fit[0]), float(fit[1])) if (fit > 0).all() else None
 
 
+def _report_loads(loads: list[NodeLoad], ranks: int, store: str) -> None:
+    """Requests per second per Redis node, and what bounds them (the store URL's ``rate=``)."""
+    from commscope.store.redis_keys import Keys
+    from commscope.store.redis_url import MAX_WRITE_EVERY, parse_url
+
+    rate = parse_url(store).rate
+
+    print("  store requests per second per node (Redis's own count, INFO commandstats):")
+    for x in loads:
+        print(f"    {x.node:<16} {x.requests:>8,.0f}: appends {x.appends:,.0f}, reads {x.reads:,.0f}, "
+              f"other {x.other:,.0f}")
+    each = max(TICK_S, min(MAX_WRITE_EVERY, ranks / rate))
+    print(f"    bounded: a rank appends every {each:.2f} s (world_size / rate=, {rate:,} appends/s for\n"
+          f"    the job at most, from {rate * TICK_S:,.0f} ranks on), a poll sends one XREAD per shard\n"
+          f"    ({Keys.SHARDS} shards over the nodes)")
+
+
 # ------------------------------------------------------------------ the suite
 def _store(kind: str, root: str) -> tuple[str, Any]:
     if kind == "directory":
@@ -369,6 +393,41 @@ def _store(kind: str, root: str) -> tuple[str, Any]:
         return server.url, server
     cluster = RedisCluster(3).start()
     return cluster.url, cluster
+
+
+def _nodes(server: Any) -> list[Any]:
+    """The Redis servers (``RedisServer``) a store of ``_store`` runs on; none for a directory."""
+    if server is None:
+        return []
+    return list(server.servers) if hasattr(server, "servers") else [server.server]
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeLoad:
+    """What one Redis node was asked per second over the job, from its own count
+    (``INFO commandstats``): the requests clients sent, apart from what the writers' append
+    script runs inside (an XREVRANGE, and an XADD per event: not requests)."""
+
+    node: str
+    appends: float  # EVAL: a writer's append (a batch of a rank's events)
+    reads: float  # XREAD: a poll's read of a shard of streams
+    other: float  # anything else a client sent (a count, a mark, a registration)
+
+    @property
+    def requests(self) -> float:
+        return self.appends + self.reads + self.other
+
+
+def node_load(node: str, before: dict[str, int], after: dict[str, int], seconds: float) -> NodeLoad:
+    """``NodeLoad`` of one node from two ``RedisServer.commands`` counts ``seconds`` apart (the
+    second ``INFO`` call itself is left out)."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    evals = d.pop("eval", 0) + d.pop("evalsha", 0)
+    reads = d.pop("xread", 0)
+    d["xrevrange"] = max(0, d.get("xrevrange", 0) - evals)  # (one inside each append)
+    d.pop("xadd", 0)  # (inside the appends; a mark's own XADD is once an hour of a rank's time)
+    d["info"] = max(0, d.get("info", 0) - 1)
+    return NodeLoad(node, evals / seconds, reads / seconds, sum(d.values()) / seconds)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -402,9 +461,13 @@ def run(args: argparse.Namespace) -> int:
             f.write(str(plan.t_start))
         os.rename(os.path.join(sync, "go.tmp"), os.path.join(sync, "go"))
         fault_ns = plan.base(plan.fault_k)
+        nodes = _nodes(server)
+        counted = [(n.commands(), time.monotonic()) for n in nodes]
         seen = follow(plan, fault_ns, time.monotonic() + (plan.t_start - time.time_ns()) / S + seconds + 1.0,
                       args.writers)
         results = list(writers.join(60).values())
+        loads = [node_load(f"127.0.0.1:{n.port}", c0, n.commands(), time.monotonic() - t0)
+                 for n, (c0, t0) in zip(nodes, counted, strict=True)]
     finally:
         writers.kill()
         if server is not None:
@@ -416,10 +479,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"  a writer failed: {failed[0].error}")
         return 1
     wrote = [r.value for r in results]
-    return _report(args, plan, seconds, wrote, seen)
+    return _report(args, plan, seconds, wrote, seen, loads)
 
 
-def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[dict], seen: dict) -> int:
+def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[dict], seen: dict,
+            loads: list[NodeLoad]) -> int:
     events = sum(x["events"] for x in wrote)
     writer_cpu = sum(x["cpu_s"] for x in wrote)
     want = plan.ranks * (plan.rate * 2 + 2)  # a begin and an end per collective, a heartbeat and a sample
@@ -432,6 +496,8 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
     limit = plan.hang_after + 5.0
     print(f"  written: {events:,} events; {rate:,.0f} events/s before the fault (the job's: {want:,.0f});\n"
           f"    writers' CPU {writer_cpu / max(x['wall_s'] for x in wrote) * 100:.0f}% of a core")
+    if loads:
+        _report_loads(loads, plan.ranks, plan.store)
     print(f"  console: read {seen['events']:,} events of {seen['ranks_seen']:,} ranks;\n"
           f"    its CPU {seen['cpu_s'] / seen['wall_s'] * 100:.0f}% of a core, RSS {seen['rss'] / 2**20:,.0f} MiB")
     marks = seen["behind"]
