@@ -163,7 +163,8 @@ def polls(draw) -> list[tuple[list[dict], list[OpRecords]]]:
     """What a live console's polls hand over: every rank's records cut into pieces of a
     few rows, the ranks' next pieces together in each batch (one ``OpRecords`` per rank,
     ranks already begun: ``_live_begins``), now and then a rank twice or with more than
-    LIVE_ROWS rows (rank by rank) or a rank new to the model beside them."""
+    LIVE_ROWS rows (together where plain, else rank by rank) or a rank new to the model
+    beside them."""
     world = draw(st.integers(2, 5))
     recs = [draw(records(r, world)) for r in range(world)]
     pieces: list[list[OpRecords]] = []
@@ -246,6 +247,48 @@ def test_a_live_batch_takes_the_live_path(monkeypatch):
     assert differences(model_state(models[True]), model_state(models[False])) == []
     m = models[True]
     assert m.ranks[2].n == 4 and m.collective("1", 1) == {r: 3 for r in range(4)} and sorted(m.inflight(2)) == [0, 1, 2, 3]
+
+
+def test_a_long_live_record_goes_together_where_it_is_plain(monkeypatch):
+    """A console behind a full-rate job reads ~50 records a rank a poll, more than
+    ``LIVE_ROWS``: plain, they still go together (``_together_begins``: no step per rank or
+    row); with a signature new to the model (the scalar way, a step a row), or a parent on a
+    begin, rank by rank.  The same model as rank by rank each time."""
+    from commscope.analysis import model as model_mod
+
+    taken = []
+    together, by_rank = TraceModel._together_begins, TraceModel._record_begins
+
+    def spy_together(self, regular, changed):
+        taken.append(("together", list(regular[0].pos)))
+        return together(self, regular, changed)
+
+    def spy_rank(self, recs, *a):
+        taken.append(("rank", recs.rank))
+        return by_rank(self, recs, *a)
+
+    monkeypatch.setattr(TraceModel, "_together_begins", spy_together)
+    monkeypatch.setattr(TraceModel, "_record_begins", spy_rank)
+    statics = _pool(4, 0)
+    long = model_mod.LIVE_ROWS + 8
+    models, paths = {}, {}
+    for batched in (True, False):
+        taken.clear()
+        m = models[batched] = TraceModel()
+        m.batch_ranks = batched
+        m.ingest([], [_begins(r, statics, [0]) for r in range(4)])
+        m.ingest([], [_begins(r, statics, [0] * long, first_id=2) for r in range(4)])
+        m.ingest([], [_begins(r, statics, [3] * long, first_id=2 + long) for r in range(4)])
+        child = [_begins(r, statics, [0] * long, first_id=2 + 2 * long) for r in range(4)]
+        child[1].parent[3] = 2 + long  # (a begin with a parent: not plain)
+        m.ingest([], child)
+        paths[batched] = list(taken)
+    assert paths[True] == [("together", [0, 1, 2, 3]), *[("rank", r) for r in range(4)],  # (a new signature)
+                           ("together", [0, 2, 3]), ("rank", 1)]
+    assert paths[False] == [("rank", r) for r in range(4)] * 4
+    assert differences(model_state(models[True]), model_state(models[False])) == []
+    m = models[True]
+    assert m.ranks[2].n == 1 + 3 * long and m.collective("1", long) == {r: 2 * long for r in range(4)}
 
 
 def test_the_batched_path_is_taken_and_its_columns_are_views(monkeypatch):

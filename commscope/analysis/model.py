@@ -87,6 +87,12 @@ def untimed(flags: np.ndarray, begin: np.ndarray, comp: np.ndarray) -> np.ndarra
     return (comp > 0) & (((flags & APPROX) != 0) | (comp <= begin))
 
 
+def _irregular_rows(phase: np.ndarray, flags: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """The rows that make a live record not regular (``TraceModel._regular``): a phase with a
+    flag, a begin with a parent."""
+    return ((phase > PH_BEGIN) & (flags != 0)) | ((phase == PH_BEGIN) & (parent >= 0))
+
+
 #: Kinds of the events other than ops, as ``_liveness`` sorts them
 K_SAMPLE, K_HEARTBEAT, K_OTHER, K_SUMMARY = range(4)
 _KIND = {"sample": K_SAMPLE, "heartbeat": K_HEARTBEAT, "summary": K_SUMMARY}
@@ -98,7 +104,10 @@ DEFAULT_SAMPLE_INTERVAL = 1.0
 INGEST_CHUNK = 2048
 #: A rank already begun whose records in a batch are at most this many is ingested with the
 #: others like it (``TraceModel._live_begins``: a live poll brings a few records a rank, and
-#: numpy's cost per call, not per row, was ~90 us a rank); more go rank by rank
+#: numpy's cost per call, not per row, was ~90 us a rank); more go together only where they
+#: are plain (``TraceModel._plain``: the together path takes no step per row; the others take
+#: a Python step per row), else rank by rank.  (A console behind a full-rate job reads ~50
+#: records a rank a poll: rank by rank it cost ~5 times as much per event, and fell further behind.)
 LIVE_ROWS = 32
 #: ``dropped`` events whose reason starts so count Flight Recorder ring overwrites: entries of
 #: collectives the wrapper mostly recorded itself, so they are not lost trace events.
@@ -666,6 +675,11 @@ class TraceModel:
         # signatures interned in the records' order, whichever path ingests them: the live
         # ranks' looked up all at once unless one is new
         known = self._known_codes(recs_list, live, spans is not None) if live else None
+        if live is not None and known is None:  # (the scalar way, a step per row: the long ones rank by rank)
+            short = [k for k in live_pos if described.sizes[k] <= self.live_rows]
+            if len(short) < len(live_pos):
+                live_pos = short if len(short) > 1 else []
+                live = _Live.of(recs_list, live_pos, described, spans) if live_pos else None
         n_recs = len(recs_list)
         skip = _every_or_set(live_pos, n_recs) if known is not None else set()
         codes = [None] * n_recs if len(skip) == n_recs else [
@@ -871,15 +885,26 @@ class TraceModel:
     # -- ranks already begun, a few records each (a live poll)
     def _live(self, recs_list: list[OpRecords], fresh: list[int], described: _Records) -> list[int]:
         """Positions of the records whose rank the model has, that come once in this batch
-        and hold at most ``live_rows`` rows: those ingested together (``_regular``; none when
-        fewer than two)."""
+        and hold at most ``live_rows`` rows, or more where they are plain (``_plain``): those
+        ingested together (``_regular``; none when fewer than two)."""
         ok = described.once & (described.sizes <= self.live_rows)
+        long = described.once & (described.sizes > self.live_rows) & (described.slot >= 0)
+        if self.live_rows and long.any():  # (0: every rank begun rank by rank)
+            t = self.table
+            ok[long] = [not t.parents[described.slot[k]] and self._plain(recs_list[k])
+                        for k in np.flatnonzero(long).tolist()]
         ok[fresh] = False
         huge = ok & (described.slot < 0)  # (ranks beyond the table's: the dict says)
         if huge.any():
             ok[huge] = [recs_list[k].rank in self.ranks for k in np.flatnonzero(huge).tolist()]
         out = np.flatnonzero(ok).tolist()
         return out if len(out) > 1 else []
+
+    @staticmethod
+    def _plain(recs: OpRecords) -> bool:
+        """Whether a record of a rank with no nested op is one ``_regular`` finds regular: no
+        exception text, no flag on a phase, no parent on a begin."""
+        return not recs.exc and not _irregular_rows(recs.phase, recs.flags, recs.parent).any()
 
     def _known_codes(self, recs_list: list[OpRecords], live: _Live, one_table: bool = False) -> np.ndarray | None:
         """The signature codes of the live records' begins, in their order, looked up all at
@@ -1000,7 +1025,7 @@ class TraceModel:
         t = self.table
         slot = t.slots(live.ranks)
         ph, cols = live.cols["phase"], live.cols
-        bad = ((ph > PH_BEGIN) & (cols["flags"] != 0)) | ((ph == PH_BEGIN) & (cols["parent"] >= 0))
+        bad = _irregular_rows(ph, cols["flags"], cols["parent"])
         nrec = len(live.pos)
         odd = live.exc | (slot < 0) | t.parents[np.maximum(slot, 0)]
         if bad.any():
