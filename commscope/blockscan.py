@@ -155,13 +155,12 @@ def _hash(b: np.ndarray, lo: int, hi: int) -> np.uint64:
     """FNV-1a over 8-byte words of ``b[lo:hi]`` (only to find equal prefixes: equal bytes
     are compared after)."""
     h = _FNV
-    i = lo
-    while i + 8 <= hi:
-        w = np.uint64(0)
-        for k in range(8):
-            w |= np.uint64(b[i + k]) << np.uint64(8 * k)
-        h = (h ^ w) * _FNV_PRIME
-        i += 8
+    m = (hi - lo) // 8
+    if m:  # (8 bytes a step, read as one word: a third of the prefix work, byte by byte)
+        words = b[lo:lo + 8 * m].view(np.uint64)
+        for k in range(m):
+            h = (h ^ words[k]) * _FNV_PRIME
+    i = lo + 8 * m
     while i < hi:
         h = (h ^ np.uint64(b[i])) * _FNV_PRIME
         i += 1
@@ -238,7 +237,13 @@ def _b64(d: np.ndarray, p: int, q: int, out: np.ndarray, at: int) -> int:
 
 
 def _same(b: np.ndarray, x: int, y: int, n: int) -> bool:
-    for k in range(n):  # noqa: SIM110 (compiled: a loop, not a generator)
+    m = n // 8
+    if m:  # (8 bytes a step, read as one word)
+        u, v = b[x:x + 8 * m].view(np.uint64), b[y:y + 8 * m].view(np.uint64)
+        for k in range(m):  # noqa: SIM110 (compiled: a loop, not a generator)
+            if u[k] != v[k]:
+                return False
+    for k in range(8 * m, n):  # noqa: SIM110
         if b[x + k] != b[y + k]:
             return False
     return True

@@ -101,6 +101,32 @@ def test_a_block_s_records_prefix_and_ring_positions_are_found():
     assert s.raw[s.start[1]:s.stop[1]].tobytes() == group + sig + ops
 
 
+def test_prefixes_that_differ_in_one_byte_are_told_apart_and_equal_ones_found():
+    """A block's table prefix is compared 8 bytes a step and then byte by byte: one byte
+    changed anywhere (in a word, in the tail; in the prefix's first block or a later one)
+    makes another prefix, and a prefix stated again is the first one's."""
+    blockscan._load()
+    ops = blocks.pack_sig_begin(1, T, 5)
+    site = blocks.pack_site(3, "train.py:1 in step")  # (an odd length: a tail after the words)
+    group = blocks.pack_group(0, "0", "gloo", [0, 1])
+    prefix = group + blocks.pack_sig(5, opcode=1) + site
+    assert len(prefix) % 8
+    # bytes no record walk reads: a time in the second word, one in a later, a letter of the
+    # site in the last word, its last letter (in the tail)
+    last_word = 8 * (len(prefix) // 8) - 1
+    assert last_word >= len(prefix) - len("train.py:1 in step")
+    for at in (9, len(group) + 12, last_word, len(prefix) - 1):
+        other = bytearray(prefix)
+        other[at] ^= 0x01
+        for order in ((prefix, bytes(other), prefix), (bytes(other), prefix, bytes(other))):
+            lines = [_line(data=p + ops, pos=i * 100, end=i * 100 + 50) for i, p in enumerate(order)]
+            s = blockscan.scan(b"\n".join(lines), 0)
+            assert s is not None and (s.prefix_end - s.start).tolist() == [len(prefix)] * 3, at
+            assert s.prefix_id.tolist() == [0, 1, 0], at
+            assert blockscan._same(s.raw, int(s.start[0]), int(s.start[2]), len(prefix))
+            assert not blockscan._same(s.raw, int(s.start[0]), int(s.start[1]), len(prefix))
+
+
 def test_a_recording_rank_never_imports_numba():
     code = "import sys, commscope.record.recorder, commscope.blocks; print('numba' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
