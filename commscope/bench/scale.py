@@ -29,8 +29,10 @@ newest event is behind the wall clock), the time from the fault to its finding n
 culprit (target: hang_after + 5 s; a straggler needs its window of late collectives), the
 frame time and the console process's RSS.
 
-What 2 cores cannot run at full rate runs at a stated fraction of the rate (``--rate``) and
-is extrapolated from the costs measured per event and per rank, labelled as such.
+What 2 cores cannot run at full rate runs at a stated fraction of the rate (``--rate``) or
+of the ranks (``--ranks``), and is extrapolated to the target's job from the costs measured
+per op record and per stream read, labelled as such: a fraction of the ranks at full rate
+measures the records' cost as full rate packs them (a block line each tick holds ~2.5).
 Targets (16,384 ranks at 25 collectives/s): lag <= 2 s, fault -> finding <= hang_after +
 5 s, frame <= 50 ms, console RSS <= 4 GiB.
 """
@@ -42,6 +44,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
+import textwrap
 import time
 from statistics import median
 from typing import Any
@@ -58,6 +61,9 @@ SLOW_HOSTS = ("straggler-host", "two-hosts")
 EXPECTED = {"missing": "missing_ranks", "dead": "dead_rank", "mismatch": "collective_mismatch",
             "straggler-host": "straggler", "two-hosts": "straggler", "none": None}
 TARGET_LAG_S = 2.0
+#: The target's job: what a run of fewer ranks or a lower rate is extrapolated to
+TARGET_RANKS, FULL_RATE = 16_384, 25.0
+EXTRAPOLATE_FROM = 16  # (a run of fewer than 1/16 of the target's ranks says too little of them)
 #: Files in the sync directory: the console is done with the job; writer ``w`` closed its streams
 DONE, CLOSED = "done", "closed-"
 #: How long past its end plus hang_after the job waits at most for the console to be done
@@ -365,6 +371,11 @@ def costs_of(steps: list[tuple[int, int, float]]) -> tuple[float, float] | None:
     return (float(fit[0]), float(fit[1])) if (fit > 0).all() else None
 
 
+def _wrapped(text: str) -> str:
+    """A paragraph of the report: indented, within 80 columns."""
+    return textwrap.fill(text, width=78, initial_indent="    ", subsequent_indent="    ")
+
+
 def _report_loads(loads: list[NodeLoad], ranks: int, store: str) -> None:
     """Requests per second per Redis node, and what bounds them (the store URL's ``rate=``)."""
     from commscope.store.redis_keys import Keys
@@ -516,26 +527,33 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
         print(f"  other findings (WRONG: a victim blamed): {'; '.join(seen['wrong'][:5])}{more}")
     print(f"  frame (60 timeline rows, from the published view): median {fmt_time(frame)}\n"
           f"    (target <= 50 ms)")
-    full = plan.ranks * 25.0 * 2
-    if plan.rate < 25.0:
+    target = max(plan.ranks, TARGET_RANKS)
+    full = target * FULL_RATE * 2
+    if plan.ranks * EXTRAPOLATE_FROM < target:
+        print(f"  not extrapolated to {target:,} ranks: fewer than 1/{EXTRAPOLATE_FROM} of them ran")
+    elif plan.rate < FULL_RATE or plan.ranks < target:
         # reading costs per event and per stream read (a fit over the run's steps); judging and
-        # publishing are paced by what they cost, per second whatever the rate
+        # publishing are paced by what they cost, per second whatever the rate, and grow at
+        # most as the ranks do
         fit = costs_of(seen["steps"])
-        judging = seen["judging_s"] / seen["wall_s"]
-        print(f"  EXTRAPOLATED, not run: {plan.ranks:,} ranks at 25 collectives/s ({full:,.0f} events/s)")
+        wider = target / plan.ranks
+        judging = seen["judging_s"] / seen["wall_s"] * wider
+        print(f"  EXTRAPOLATED, not run: {target:,} ranks at {FULL_RATE:g} collectives/s ({full:,.0f} events/s)")
         per_event = seen["cpu_s"] / max(1, seen["events"])
-        if fit is not None and fit[0] * full + fit[1] * plan.ranks + judging >= per_event * full:
+        if fit is not None and fit[0] * full + fit[1] * target + judging >= per_event * full:
             fit = None  # (no tighter than the upper bound below: a run whose costs the fit does not explain)
         if fit is not None:
             per_record, per_read = fit
-            cores = per_record * full + per_read * plan.ranks + judging
-            print(f"    the console needs at most {cores:.2f} cores: {per_record * 1e6:.2f} us per op record (each\n"
-                  f"    block line's own cost in it: lines hold more records at full rate),\n"
-                  f"    {per_read * 1e6:.0f} us per rank a second (its stream read once a second, with its\n"
-                  f"    heartbeat and sample), {judging:.2f} of a core judging and publishing (paced by\n"
-                  f"    its cost); fitted over the polls after the first round")
-        print(f"    {'all in, ' if fit is not None else ''}{per_event * full:.2f} cores at its "
-              f"{per_event * 1e6:.2f} us per event (an upper bound: a rank's own costs\n    counted per event)")
+            cores = per_record * full + per_read * target + judging
+            lines = ("each block line's own cost in it: lines hold more records at full rate"
+                     if plan.rate < FULL_RATE else "block lines as full rate writes them")
+            times = f"; x {wider:g} for the ranks" if wider > 1 else ""
+            print(_wrapped(f"the console needs at most {cores:.2f} cores: {per_record * 1e6:.2f} us per op "
+                           f"record ({lines}), {per_read * 1e6:.0f} us per rank a second (its stream read once "
+                           f"a second, with its heartbeat and sample), {judging:.2f} of a core judging and "
+                           f"publishing (paced by its cost{times}); fitted over the polls after the first round"))
+        print(_wrapped(f"{'all in, ' if fit is not None else ''}{per_event * full:.2f} cores at its "
+                       f"{per_event * 1e6:.2f} us per event (an upper bound: a rank's own costs counted per event)"))
     ok = (mark_p99 <= TARGET_LAG_S and frame <= TARGET_FRAME_S and seen["rss"] <= TARGET_RSS
           and (EXPECTED[plan.fault] is None or (found is not None and found <= limit + (
               60 / plan.rate if plan.fault in SLOW_HOSTS else 0))))
