@@ -172,3 +172,25 @@ def test_the_rank_table_of_a_console_far_behind_shows_no_rank_dead(tmp_path):
         assert sum("in all_reduce" in s for s in states) == 7, states
 
     drive(app, check, loaded=False)
+
+
+def test_a_console_that_kept_up_waits_for_its_round_and_one_cut_short_goes_on(tmp_path, monkeypatch):
+    """``Feed.pause_s``: a poll that read all there was is followed by the next ``ROUND_S``
+    after it began (each stream's own cost paid a few times a second, not as often as polls
+    can go); one the budget stopped goes on at once; one with nothing new waits ``POLL_S``."""
+    store = str(tmp_path / "trace")
+    shape = recent_job(store, ranks=4)
+    monkeypatch.setattr(Feed, "ROUND_S", 600.0)  # (no step takes that long: the wait is what is left of it)
+    cut = Feed(open_reader(f"{store}/recent"), mode=LIVE, hang_after=2.0)
+    cut.BUDGET = 1  # one stream a poll
+    info, got = cut.step()
+    assert got and cut.pause_s(got) == 0.0 and not cut.caught_up()
+    whole = Feed(open_reader(f"{store}/recent"), mode=LIVE, hang_after=2.0)
+    before = time.monotonic()
+    info, got = whole.step()
+    pause = whole.pause_s(got)
+    took = time.monotonic() - before
+    assert got and whole.caught_up() and whole.model.events >= shape.ranks
+    assert 600.0 - took <= pause <= 600.0  # what is left of the round that began with the step
+    info, got = whole.step()  # nothing new
+    assert not got and whole.pause_s(got) == Feed.POLL_S

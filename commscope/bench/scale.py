@@ -336,8 +336,9 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
             frames.append(_rows_painted(feed, plan.culprit, wall))
             next_frame = mono + 0.5
             rss = max(rss, proc.memory_info().rss)
-        if not got:
-            time.sleep(Feed.POLL_S)
+        pause = feed.pause_s(got)  # (as ``Feed.run`` paces its steps)
+        if pause:
+            time.sleep(pause)
     # done: the writers stop; what they wrote to the end is read (every event written is read)
     with open(os.path.join(plan.sync, DONE), "w"):
         pass

@@ -80,6 +80,11 @@ class FeedUpdated(Message):
 class Feed:
     POLL_S = 0.1
     ENDED_POLL_S = 1.0  # an ended job is still watched (a restart appends), at a lower rate
+    #: A poll that read all there was is followed by the next this long after it began, at
+    #: the soonest: each stream read costs its own (a stat, an open, a read, ~40 us), paid a
+    #: few times a second, not as often as the polls can go (a 1,024-rank job: ~30 a second),
+    #: and the console shows no more than that.  A poll the budget cut short goes on at once.
+    ROUND_S = 0.25
     BUDGET = 8 << 20  # bytes per read: keeps each cycle short on huge backlogs
     DIAGNOSE_S = 0.5
     #: The header says the console is behind once its watermark is this far behind the clock
@@ -127,6 +132,8 @@ class Feed:
         #: (model version, trace end) once every rank has exited or died: the job is judged at
         #: its end from then on, as ``commscope check`` judges it, until something new arrives.
         self._ended: tuple[int, int] | None = None
+        self._step_began = 0.0  # (monotonic) when the last step began
+        self._cut_short = False  # the last step's poll stopped at the budget (there is more to read)
 
     # ------------------------------------------------------------------ one cycle
     def hang_after(self) -> float:
@@ -184,10 +191,14 @@ class Feed:
         """Read and ingest one bounded batch; returns (info, whether anything new came in)."""
         got = 0
         behind_bytes = 0
+        self._step_began = time.monotonic()
+        self._cut_short = False
         try:
             with gc_paused():  # decoded dicts die right after ingest: no GC work for them
                 t0 = time.perf_counter()
+                read = self.reader.stats.bytes
                 batch = self.reader.poll_batch(max_bytes=self.BUDGET)
+                self._cut_short = self.reader.stats.bytes - read >= self.BUDGET
                 t1 = time.perf_counter()
                 published = self.costs.publish
                 self.ingest(batch)
@@ -231,6 +242,16 @@ class Feed:
             self.publish()  # a batch whose publish was put off (costly views): never left unshown
         self.info = self._info(behind_bytes)
         return self.info, bool(got)
+
+    def pause_s(self, got: bool) -> float:
+        """How long to wait before the next ``step``, which brought ``got``: nothing, when its
+        poll stopped at the budget; until ``ROUND_S`` after it began, when it read all there
+        was; ``POLL_S`` (an ended job's ``ENDED_POLL_S``) when nothing new came or it failed."""
+        if not got or self.info.error:
+            return self.ENDED_POLL_S if self.info.ended else self.POLL_S
+        if self._cut_short:
+            return 0.0
+        return max(0.0, self._step_began + self.ROUND_S - time.monotonic())
 
     def _restart_at_tail(self) -> None:
         """Start the model again from the last half of what it holds (at least a minute): a
@@ -389,8 +410,9 @@ class Feed:
             if now != last or (not info.ended and mono - last_post >= 0.5):
                 post(FeedUpdated(info, list(self.findings)))
                 last, last_post = now, mono
-            if not got or info.error:
-                stop.wait(self.ENDED_POLL_S if info.ended else self.POLL_S)
+            pause = self.pause_s(got)
+            if pause:
+                stop.wait(pause)
 
 
 def _next_size_check(model: TraceModel) -> int:
