@@ -383,7 +383,6 @@ def _report_loads(loads: list[NodeLoad], ranks: int, store: str) -> None:
     from commscope.store.redis_url import MAX_WRITE_EVERY, parse_url
 
     rate = parse_url(store).rate
-
     print("  store requests per second per node (Redis's own count, INFO commandstats):")
     for x in loads:
         print(f"    {x.node:<16} {x.requests:>8,.0f}: appends {x.appends:,.0f}, reads {x.reads:,.0f}, "
@@ -437,7 +436,7 @@ def node_load(node: str, before: dict[str, int], after: dict[str, int], seconds:
     evals = d.pop("eval", 0) + d.pop("evalsha", 0)
     reads = d.pop("xread", 0)
     d["xrevrange"] = max(0, d.get("xrevrange", 0) - evals)  # (one inside each append)
-    d.pop("xadd", 0)  # (inside the appends; a mark's own XADD is once an hour of a rank's time)
+    d.pop("xadd", 0)  # (inside the appends; with them go the marks' own, a rank's every 5 min: <1%)
     d["info"] = max(0, d.get("info", 0) - 1)
     return NodeLoad(node, evals / seconds, reads / seconds, sum(d.values()) / seconds)
 
