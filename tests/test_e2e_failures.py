@@ -179,8 +179,12 @@ def test_rank_segfaults(tmp_path, capsys):
 
 
 def test_rank_spinning_in_python_is_shown_where_it_spins(tmp_path, capsys):
+    # (each rank's stack comes on its own: the culprit's may be read before a waiting rank's)
+    def both_stacks(f: Finding) -> bool:
+        return where_has("spin_in_python")(f) and "0" in (f.evidence.get("stack_info") or {})
+
     live, follow, store = run_job(tmp_path, W.spinning, (2.0,), pg_timeout=300, hang_after=2.0,
-                                  want=only("missing_ranks", 1, where_has("spin_in_python")), kill=True)
+                                  want=only("missing_ranks", 1, both_stacks), kill=True)
     info = live.evidence["stack_info"]
     assert info["1"]["role"] == "culprit" and info["1"]["reason"] == "request"
     assert info["0"]["role"] == "waiting" and live.evidence["stacks"]["0"][0]["inside"] == "all_reduce"
