@@ -291,6 +291,45 @@ def test_a_long_live_record_goes_together_where_it_is_plain(monkeypatch):
     assert m.ranks[2].n == 1 + 3 * long and m.collective("1", long) == {r: 2 * long for r in range(4)}
 
 
+def test_a_gpu_jobs_live_records_go_together(monkeypatch):
+    """A GPU job's ops each come with a device time (a ``done`` with F_GPU), and an end may
+    be approximate (F_APPROX): its live records still go together (``_together_phases``
+    applies both, as ``_apply_extras`` does rank by rank), with the same model as rank by rank."""
+    from commscope.analysis.vocab import APPROX
+
+    taken = []
+    together = TraceModel._together_phases
+
+    def spy(self, lv, changed):
+        taken.append(list(lv.pos))
+        return together(self, lv, changed)
+
+    monkeypatch.setattr(TraceModel, "_together_phases", spy)
+    statics = _pool(4, 0)  # (4: an all_gather on a device)
+    models, paths = {}, {}
+    for batched in (True, False):
+        taken.clear()
+        m = models[batched] = TraceModel()
+        m.batch_ranks = batched
+        m.ingest([], [_rows(r, [(PH_BEGIN, T + r, 1, 4, 1, -1, 0)], statics) for r in range(4)])
+        live = []
+        for r in range(4):
+            recs = _rows(r, [(PH_BEGIN, T + 100 + r, 2, 4, 2, -1, 0),
+                             (PH_END, T + 200 + r, 1, -1, -1, -1, F_APPROX if r % 2 else 0),
+                             (PH_DONE, T + 300 + r, 1, -1, -1, -1, F_GPU),
+                             (PH_END, T + 400 + r, 2, -1, -1, -1, 0),
+                             (PH_DONE, T + 500 + r, 2, -1, -1, -1, F_GPU)], statics)
+            recs.gpu[2], recs.gpu[4] = 70 + r, 80 + r
+            live.append(recs)
+        m.ingest([], live)
+        paths[batched] = list(taken)
+    assert paths == {True: [[0, 1, 2, 3]], False: []}
+    assert differences(model_state(models[True]), model_state(models[False])) == []
+    m = models[True]
+    assert [m.ranks[r].gpu[:2].tolist() for r in range(4)] == [[70 + r, 80 + r] for r in range(4)]
+    assert [bool(m.ranks[r].flags[0] & APPROX) for r in range(4)] == [False, True, False, True]
+
+
 def test_the_batched_path_is_taken_and_its_columns_are_views(monkeypatch):
     """Whole new ranks share one set of columns (no copy per rank); a rank that grows later
     gets its own, and the others are untouched."""

@@ -87,10 +87,15 @@ def untimed(flags: np.ndarray, begin: np.ndarray, comp: np.ndarray) -> np.ndarra
     return (comp > 0) & (((flags & APPROX) != 0) | (comp <= begin))
 
 
+#: Phase flags the together path applies itself (``TraceModel._together_phases``): an end
+#: whose time is a bound, a device time (a GPU job's every op has one)
+TOGETHER_FLAGS = F_APPROX | F_GPU
+
+
 def _irregular_rows(phase: np.ndarray, flags: np.ndarray, parent: np.ndarray) -> np.ndarray:
     """The rows that make a live record not regular (``TraceModel._regular``): a phase with a
-    flag, a begin with a parent."""
-    return ((phase > PH_BEGIN) & (flags != 0)) | ((phase == PH_BEGIN) & (parent >= 0))
+    flag the together path does not apply (an any-source recv's source), a begin with a parent."""
+    return ((phase > PH_BEGIN) & ((flags & ~np.uint8(TOGETHER_FLAGS)) != 0)) | ((phase == PH_BEGIN) & (parent >= 0))
 
 
 #: Kinds of the events other than ops, as ``_liveness`` sorts them
@@ -323,7 +328,7 @@ class _Live(NamedTuple):
     id: list[int]
     flags: list[int]
 
-    COLUMNS = ("phase", "ts", "id", "static", "seq", "parent", "tid", "peer", "flags")
+    COLUMNS = ("phase", "ts", "id", "static", "seq", "parent", "tid", "peer", "flags", "gpu")
 
     @classmethod
     def of(cls, recs_list: list[OpRecords], pos: list[int], described: _Records,
@@ -1143,6 +1148,15 @@ class TraceModel:
                 idx[q] = -1 if i is None else i
         ok = idx >= 0
         pos = base + idx
+        flagged = lv.cols["flags"][rows]
+        if flagged.any():  # (as ``_apply_extras``: an approximate end, a device time; the last one wins)
+            m = np.flatnonzero(ok & ((flagged & F_APPROX) != 0))
+            if m.shape[0]:
+                (f,) = t.gather(("flags",), block[m], pos[m])
+                t.scatter({"flags": f | APPROX}, block[m], pos[m])
+            m = np.flatnonzero(ok & ((flagged & F_GPU) != 0))
+            if m.shape[0]:
+                t.scatter({"gpu": lv.cols["gpu"][rows][m]}, block[m], pos[m])
         for code, name in ((PH_END, "end"), (PH_WAIT_BEGIN, "wb"), (PH_WAIT_END, "we"), (PH_DONE, "done")):
             m = np.flatnonzero(ok & (ph == code))
             if m.shape[0]:
