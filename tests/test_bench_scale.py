@@ -14,19 +14,22 @@ import pytest
 from redis_fixture import require_redis_server
 
 
-@pytest.mark.parametrize("store, fault", [("directory", "dead"), ("redis-cluster", "mismatch"),
-                                          ("directory", "two-hosts")])
-def test_bench_scale_finds_the_fault_it_injects(store, fault):
+@pytest.mark.parametrize("store, fault, device", [("directory", "dead", False), ("redis-cluster", "mismatch", False),
+                                                  ("directory", "two-hosts", True)])
+def test_bench_scale_finds_the_fault_it_injects(store, fault, device):
+    """(``device``: a GPU job's records, a done with a device time after each end.)"""
     if store != "directory":
         require_redis_server()
     done = subprocess.run([sys.executable, "-m", "commscope", "bench", "scale", "--quick", "--store", store,
-                           "--fault", fault], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "COLUMNS": "200"})
+                           "--fault", fault, *(["--device-times"] if device else [])],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     assert re.search(r"fault -> finding: \d+\.\d s", out), out  # found, naming the culprit
     assert "other findings" not in out, out  # and nothing else: no victim blamed
     written = int(re.search(r"written: ([\d,]+) events", out).group(1).replace(",", ""))
+    rate = int(re.search(r"the job's: ([\d,]+)\)", out).group(1).replace(",", ""))
+    assert rate == 64 * (25 * (3 if device else 2) + 2)  # (a begin, an end, a done; a heartbeat, a sample)
     read = int(re.search(r"console: read ([\d,]+) events of 64 ranks", out).group(1).replace(",", ""))
     assert written > 0 and read >= written  # every event written was read (and the writers' meta lines)
     nodes = re.findall(r"127\.0\.0\.1:\d+ +([\d,]+): appends ([\d,]+), reads ([\d,]+)", out)

@@ -85,6 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", choices=("directory", "redis", "redis-cluster"), default="directory",
                    help="where the job writes (Redis ones are started here)")
     p.add_argument("--writers", type=int, default=1, help="writer processes (default 1)")
+    p.add_argument("--device-times", action="store_true",
+                   help="a GPU job's records: each collective also ends with a done record holding its device "
+                        "time (three records a collective, not two)")
     p.add_argument("--quick", action="store_true", help="64 ranks for 12 s: a smoke test")
 
 
@@ -106,6 +109,12 @@ class Plan:
     sync: str = ""  # a directory where writers say they are ready and read the job's start
     layers: int = 4
     ranks_per_host: int = 8
+    device_times: bool = False  # a done record (a device time) after each end
+
+    @property
+    def records(self) -> int:
+        """Op records a collective makes on a rank: a begin, an end (and a done)."""
+        return 3 if self.device_times else 2
 
     @property
     def period(self) -> int:
@@ -148,7 +157,7 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
     """One writer process: ranks ``w``, ``w + writers``, ... of the job, in real time, through
     the store's writers; returns what it wrote and what that cost."""
     from commscope import blocks
-    from commscope.bench.synthstore import BEGIN_SIG_DT, END_DT, JobShape, _meta, _sigs, _Tables
+    from commscope.bench.synthstore import BEGIN_SIG_DT, DONE_DT, END_DT, JobShape, _meta, _sigs, _Tables
     from commscope.schema import SCHEMA_VERSION
     from commscope.store import open_writer
 
@@ -194,10 +203,12 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
         if hung:
             k_end = min(k_end, plan.fault_k)  # the fault's collective never ends
         # this tick's records, in time order: begins of [begun, k_hi), ends of [ended, k_end)
-        recs = sorted([("b", k) for k in range(begun, k_hi)] + [("e", k) for k in range(ended, k_end)],
-                      key=lambda x: (x[1], x[0] == "e"))
+        recs = sorted([("b", k) for k in range(begun, k_hi)] + [("e", k) for k in range(ended, k_end)]
+                      + ([("f", k) for k in range(ended, k_end)] if plan.device_times else []),
+                      key=lambda x: (x[1], "bef".index(x[0])))
         if recs:
-            dt = np.dtype([(f"r{j}", BEGIN_SIG_DT if kind == "b" else END_DT) for j, (kind, _) in enumerate(recs)])
+            dt = np.dtype([(f"r{j}", {"b": BEGIN_SIG_DT, "e": END_DT, "f": DONE_DT}[kind])
+                           for j, (kind, _) in enumerate(recs)])
             arr = np.zeros(mine.shape[0], dt)
             used: set[int] = set()
             for j, (kind, k) in enumerate(recs):
@@ -213,9 +224,13 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
                     used.add(sid)
                     if plan.fault == "mismatch" and k == plan.fault_k and culprit_at >= 0:
                         f["sid"][culprit_at] = 3
-                else:
+                elif kind == "e":
                     f["typ"], f["len"], f["id"] = blocks.END, END_DT.itemsize, k + 1
                     f["ts"] = base + (HOST_LATE_NS if late_k else 0) + 500_000
+                else:  # its done: the device time a GPU job's recorder reads from its CUDA events
+                    f["typ"], f["len"], f["id"] = blocks.DONE, DONE_DT.itemsize, k + 1
+                    f["ts"] = base + (HOST_LATE_NS if late_k else 0) + 600_000
+                    f["gpu"] = 450_000
             raw = arr.tobytes()
             size = dt.itemsize
             prefix = {False: tables.for_sids(used), True: tables.for_sids(used | {3})}
@@ -455,8 +470,10 @@ def run(args: argparse.Namespace) -> int:
     sync = tempfile.mkdtemp(prefix="commscope-bench-scale-sync-")
     plan = Plan(ranks=args.ranks, rate=args.rate, t_start=0, seconds=seconds, fault=args.fault,
                 culprit=args.ranks // 2 + 3, fault_k=int(seconds / 3 * args.rate) + 1,
-                hang_after=args.hang_after, job="scale-" + new_job_id(), store=store, sync=sync)
-    print(f"bench scale: {args.ranks:,} ranks x {args.rate:g} collectives/s for {seconds:.0f} s\n"
+                hang_after=args.hang_after, job="scale-" + new_job_id(), store=store, sync=sync,
+                device_times=args.device_times)
+    print(f"bench scale: {args.ranks:,} ranks x {args.rate:g} collectives/s for {seconds:.0f} s"
+          f"{', device times' if args.device_times else ''}\n"
           f"  into {args.store} ({store if args.store != 'directory' else root}), {args.writers} writer(s);\n"
           f"  fault {args.fault!r} at {seconds / 3:.0f} s on rank {plan.culprit}", flush=True)
     writers = Job(write_share, args.writers, args=(plan, args.writers), init=False).start()
@@ -497,7 +514,7 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
             loads: list[NodeLoad]) -> int:
     events = sum(x["events"] for x in wrote)
     writer_cpu = sum(x["cpu_s"] for x in wrote)
-    want = plan.ranks * (plan.rate * 2 + 2)  # a begin and an end per collective, a heartbeat and a sample
+    want = plan.ranks * (plan.rate * plan.records + 2)  # a begin, an end (a done) a collective; a heartbeat, a sample
     rate = sum(x["before"] for x in wrote) / ((plan.base(plan.fault_k) - plan.t_start) / S)
     lags = seen["lags"]
     lag_med = median(lags) if lags else float("nan")
@@ -528,7 +545,7 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
     print(f"  frame (60 timeline rows, from the published view): median {fmt_time(frame)}\n"
           f"    (target <= 50 ms)")
     target = max(plan.ranks, TARGET_RANKS)
-    full = target * FULL_RATE * 2
+    full = target * FULL_RATE * plan.records
     if plan.ranks * EXTRAPOLATE_FROM < target:
         print(f"  not extrapolated to {target:,} ranks: fewer than 1/{EXTRAPOLATE_FROM} of them ran")
     elif plan.rate < FULL_RATE or plan.ranks < target:

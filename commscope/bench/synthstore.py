@@ -52,6 +52,7 @@ _BF16, _F32 = 15, 6  # c10 ScalarType codes
 # Packed record layouts (record/native/layout.h): a BEGIN_SIG and an END without text.
 BEGIN_SIG_DT = np.dtype(blocks.HEAD_DT.descr + blocks.SIG_DT.descr)
 END_DT = np.dtype([*blocks.HEAD_DT.descr, ("text", "<u2")])
+DONE_DT = np.dtype([*blocks.HEAD_DT.descr, ("gpu", "<i8")])  # a done record: its device time
 PAIR_DT = np.dtype([("b", BEGIN_SIG_DT), ("e", END_DT)])
 
 
