@@ -33,6 +33,7 @@ from commscope.oprecords import (
     PH_WAIT_END,
     OpRecords,
     Static,
+    concat,
 )
 from commscope.schema import SCHEMA_VERSION
 
@@ -320,13 +321,17 @@ def test_a_gpu_jobs_live_records_go_together(monkeypatch):
                              (PH_END, T + 400 + r, 2, -1, -1, -1, 0),
                              (PH_DONE, T + 500 + r, 2, -1, -1, -1, F_GPU)], statics)
             recs.gpu[2], recs.gpu[4] = 70 + r, 80 + r
+            if r == 3:  # (an op's done twice: its last device time holds, as rank by rank)
+                again = _rows(r, [(PH_DONE, T + 600 + r, 1, -1, -1, -1, F_GPU)], statics)
+                again.gpu[0] = 99
+                recs = concat([recs, again])
             live.append(recs)
         m.ingest([], live)
         paths[batched] = list(taken)
     assert paths == {True: [[0, 1, 2, 3]], False: []}
     assert differences(model_state(models[True]), model_state(models[False])) == []
     m = models[True]
-    assert [m.ranks[r].gpu[:2].tolist() for r in range(4)] == [[70 + r, 80 + r] for r in range(4)]
+    assert [m.ranks[r].gpu[:2].tolist() for r in range(4)] == [[70, 80], [71, 81], [72, 82], [99, 83]]
     assert [bool(m.ranks[r].flags[0] & APPROX) for r in range(4)] == [False, True, False, True]
 
 

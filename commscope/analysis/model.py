@@ -1149,7 +1149,7 @@ class TraceModel:
         ok = idx >= 0
         pos = base + idx
         flagged = lv.cols["flags"][rows]
-        if flagged.any():  # (as ``_apply_extras``: an approximate end, a device time; the last one wins)
+        if flagged.any():  # (as ``_apply_extras``: an approximate end, a device time)
             m = np.flatnonzero(ok & ((flagged & F_APPROX) != 0))
             if m.shape[0]:
                 (f,) = t.gather(("flags",), block[m], pos[m])

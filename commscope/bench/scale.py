@@ -204,12 +204,12 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
         k_end = max(0, (due - plan.t_start - (HOST_LATE_NS if late else 0) - 600_000) // plan.period + 1)
         if hung:
             k_end = min(k_end, plan.fault_k)  # the fault's collective never ends
-        # this tick's records, in time order: begins of [begun, k_hi), ends of [ended, k_end)
+        # this tick's records, in time order: begins of [begun, k_hi), ends (and dones) of [ended, k_end)
         recs = sorted([("b", k) for k in range(begun, k_hi)] + [("e", k) for k in range(ended, k_end)]
-                      + ([("f", k) for k in range(ended, k_end)] if plan.device_times else []),
-                      key=lambda x: (x[1], "bef".index(x[0])))
+                      + ([("d", k) for k in range(ended, k_end)] if plan.device_times else []),
+                      key=lambda x: (x[1], "bed".index(x[0])))
         if recs:
-            dt = np.dtype([(f"r{j}", {"b": BEGIN_SIG_DT, "e": END_DT, "f": DONE_DT}[kind])
+            dt = np.dtype([(f"r{j}", {"b": BEGIN_SIG_DT, "e": END_DT, "d": DONE_DT}[kind])
                            for j, (kind, _) in enumerate(recs)])
             arr = np.zeros(mine.shape[0], dt)
             used: set[int] = set()
