@@ -7,10 +7,9 @@ reduce_scatter per layer, then an all_reduce) at ``--rate`` collectives per seco
 rank, ranks 8 to a host, a heartbeat and a sample every second, one block per rank per
 recorder tick (50 ms, or the store's pace: ``StoreWriter.write_every``); with
 ``--device-times``, a done record after each end (its device time, as a GPU job's recorder
-reads it from CUDA events).  The job runs for
-``--seconds``, and on until the console is done with it (its finding, or a bound past it), so
-a console slowed by a loaded machine still judges a running job.  A third of the way in,
-the fault is injected:
+reads it from CUDA events).  The job runs for ``--seconds``, and on until the console is
+done with it (its finding, or a bound past it), so a console slowed by a loaded machine
+still judges a running job.  A third of the way in, the fault is injected:
 
     missing         the culprit never enters the next collective (it spins in Python, still
                     heartbeating); the others wait in it           -> missing_ranks
