@@ -77,7 +77,7 @@ TICK_S = 0.05
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, default=1024, help="simulated ranks (default 1,024)")
-    p.add_argument("--rate", type=float, default=25.0,
+    p.add_argument("--rate", type=float, default=FULL_RATE,
                    help="collectives per second on each rank (default 25, the target's; lower it to run a "
                         "wide job at a fraction of its rate: the report extrapolates)")
     p.add_argument("--seconds", type=float, default=30.0, help="how long the job runs (default 30)")
@@ -275,7 +275,7 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
     with open(os.path.join(plan.sync, f"{CLOSED}{w}"), "w"):
         pass
     return {"events": events, "before": before, "lines": lines_out, "cpu_s": time.process_time() - cpu0,
-            "ranks": int(mine.shape[0]), "wall_s": (time.time_ns() - plan.t_start) / S}
+            "ranks": int(mine.shape[0]), "wall_s": (time.time_ns() - plan.t_start) / S, "every": every}
 
 
 # ------------------------------------------------------------------ the console following it
@@ -393,18 +393,18 @@ def _wrapped(text: str) -> str:
     return textwrap.fill(text, width=78, initial_indent="    ", subsequent_indent="    ")
 
 
-def _report_loads(loads: list[NodeLoad], ranks: int, store: str) -> None:
-    """Requests per second per Redis node, and what bounds them (the store URL's ``rate=``)."""
+def _report_loads(loads: list[NodeLoad], every: float, store: str) -> None:
+    """Requests per second per Redis node, and what bounds them: how often a rank appends
+    (``every``: its writer's pace, the store URL's ``rate=``)."""
     from commscope.store.redis_keys import Keys
-    from commscope.store.redis_url import MAX_WRITE_EVERY, parse_url
+    from commscope.store.redis_url import parse_url
 
     rate = parse_url(store).rate
     print("  store requests per second per node (Redis's own count, INFO commandstats):")
     for x in loads:
         print(f"    {x.node:<16} {x.requests:>8,.0f}: appends {x.appends:,.0f}, reads {x.reads:,.0f}, "
               f"other {x.other:,.0f}")
-    each = max(TICK_S, min(MAX_WRITE_EVERY, ranks / rate))
-    print(f"    bounded: a rank appends every {each:.2f} s (world_size / rate=, {rate:,} appends/s for\n"
+    print(f"    bounded: a rank appends every {every:.2f} s (world_size / rate=, {rate:,} appends/s for\n"
           f"    the job at most, from {rate * TICK_S:,.0f} ranks on), a poll sends one XREAD per shard\n"
           f"    ({Keys.SHARDS} shards over the nodes)")
 
@@ -526,7 +526,7 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
     print(f"  written: {events:,} events; {rate:,.0f} events/s before the fault (the job's: {want:,.0f});\n"
           f"    writers' CPU {writer_cpu / max(x['wall_s'] for x in wrote) * 100:.0f}% of a core")
     if loads:
-        _report_loads(loads, plan.ranks, plan.store)
+        _report_loads(loads, max(x["every"] for x in wrote), plan.store)
     print(f"  console: read {seen['events']:,} events of {seen['ranks_seen']:,} ranks;\n"
           f"    its CPU {seen['cpu_s'] / seen['wall_s'] * 100:.0f}% of a core, RSS {seen['rss'] / 2**20:,.0f} MiB")
     marks = seen["behind"]
