@@ -233,6 +233,27 @@ class StaticTable:
         self._torch_names: dict[tuple[str, ...], list[str]] = {}
         self._groups: dict[bytes, tuple[GroupEntry, str]] = {}
         self._run_members = 0  # members expanded out of runs, all groups (see MAX_RUN_MEMBERS)
+        self._once: dict[bytes, bool] = {}  # table prefix -> ``_states_once``
+        self._once_bytes = 0
+
+    #: The bytes of table prefixes whose ``states_once`` is kept (a job's ranks restate a few
+    #: hundred of a few hundred bytes each)
+    ONCE_KEPT = 256 << 10
+
+    def states_once(self, prefix: bytes) -> bool:
+        """``_states_once`` of a table prefix, worked out once per distinct prefix for all the
+        streams (each of 4k asked it of the same few at its first blocks: 2-3% of a live
+        poll's first round)."""
+        got = self._once.get(prefix)
+        if got is None:
+            got = _states_once(prefix)
+            if len(prefix) <= self.ONCE_KEPT:
+                if self._once_bytes + len(prefix) > self.ONCE_KEPT:
+                    self._once.clear()  # (only costs working them out again)
+                    self._once_bytes = 0
+                self._once[prefix] = got
+                self._once_bytes += len(prefix)
+        return got
 
     def group_of(self, body: bytes) -> tuple[GroupEntry, str] | None:
         """A GROUP record's body as (entry, backend), parsed once per distinct body (a group
@@ -698,7 +719,7 @@ class BlockDecoder:
         """A block's table records, all in effect now: a block that starts with the same
         bytes skips them at once.  Not one that states an entry twice (A then B): applied
         again, it would change the tables and back, which skipping it would not say."""
-        if prefix in self._prefixes or not _states_once(prefix):
+        if prefix in self._prefixes or not self.table.states_once(prefix):
             return
         if len(self._prefixes) >= 64:
             self._prefixes.clear()
@@ -1286,7 +1307,7 @@ def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder) -> Head | 
         out.append(e)
     start, pend = int(s.start[0]), int(s.prefix_end[0])
     raw = bytes(s.raw[start:int(s.stop[0])])
-    if pend > start and raw[:pend - start] not in decoder._prefixes and _states_once(raw[:pend - start]):
+    if pend > start and raw[:pend - start] not in decoder._prefixes and decoder.table.states_once(raw[:pend - start]):
         invalid = Counter(decoder.invalid)
         decoder._head(raw, {"type": BLOCK, "rank": decoder.rank, "ts": int(s.ts[0])}, walk, parts, out)
         if raw[:pend - start] not in decoder._prefixes:  # (a bad record: walked again with the rest, counted there)
@@ -1380,7 +1401,7 @@ def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: Bloc
             upto = int(s.op_first[k])
             named.update(sids[known:upto].tolist())
             known = upto
-            if not (_states_once(prefix) and _restates_or_adds(prefix, decoder, named, first_own < upto)):
+            if not (decoder.table.states_once(prefix) and _restates_or_adds(prefix, decoder, named, first_own < upto)):
                 return k, sids
             out: list[dict] = []
             decoder._head(bytes(s.raw[start:int(s.stop[k])]), {"type": BLOCK, "rank": decoder.rank,
@@ -1467,7 +1488,8 @@ def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]]) -> Together:
         return Together(decoded, learnt, alone)
     which = [c for c, head in heads.items() if len(head.rest) <= TOGETHER_REST]
     parts: list[blockscan.Scan | None] = []
-    rests = decode_chunks([(heads[c].rest, chunks[c][1]) for c in which], parts) if len(which) > 1 else [None] * len(which)
+    rests = decode_chunks([(heads[c].rest, chunks[c][1]) for c in which], parts, [heads[c].scanned for c in which]) \
+        if len(which) > 1 else [None] * len(which)
     again = dict(zip(which, rests, strict=True))
     scans = dict(zip(which, parts, strict=True)) if len(parts) == len(which) else {}
     for c, head in heads.items():
@@ -1478,15 +1500,16 @@ def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]]) -> Together:
     return Together(decoded, learnt, alone)
 
 
-def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[blockscan.Scan | None] | None = None
-                  ) -> list[Decoded | None]:
+def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[blockscan.Scan | None] | None = None,
+                  scans: list[blockscan.Scan] | None = None) -> list[Decoded | None]:
     """``decode_chunk`` of several streams' chunks (complete lines; one chunk a stream, its
     decoder with it), the common case for all of them at once: one scan, and the records
     resolved in one pass into one set of columns, each stream's a slice of them
     (``OpRecords.span``).  A live poll of thousands of streams, a block or two each, spent
     ~100 us a stream in numpy calls on a few rows.  ``alone``, where given, is filled with
     each chunk's own part of the scan where it is None (``decode_chunk(..., scanned=)``: a
-    stream's first chunk, every one in a whole read, is not scanned twice).
+    stream's first chunk, every one in a whole read, is not scanned twice).  ``scans``: each
+    chunk's scan, made already (``Head.scanned``): they are joined, not scanned again.
 
     The common case is what ``decode_chunk`` hands over as it is, nothing learnt: every line
     a block the scanner read whole, in ring order after what its decoder read, whose table
@@ -1507,7 +1530,9 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[bloc
     starts = np.zeros(n, np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
     data = b"".join(d for d, _ in chunks)
-    s = blockscan.scan_many(data, starts, np.fromiter((dec.rank for dec in decoders), np.int64, n))
+    s = blockscan.joined(scans, starts) if scans is not None else None
+    if s is None:
+        s = blockscan.scan_many(data, starts, np.fromiter((dec.rank for dec in decoders), np.int64, n))
     if s is None:
         return out
     ok = (sizes > 0) & np.fromiter((dec.table is table for dec in decoders), np.bool_, n)

@@ -143,6 +143,37 @@ def parts(s: Scan, starts: np.ndarray, want: np.ndarray) -> list[Scan | None]:
     return out
 
 
+def joined(scans: list[Scan], starts: np.ndarray) -> Scan | None:
+    """The scans of chunks (each as ``scan`` of its bytes alone gives it, all over one
+    ``raw``: ``parts`` of one scan, or suffixes of those) as the one scan of the chunks back
+    to back, chunk ``c`` at byte ``starts[c]``: what ``scan_many`` of them would find, read
+    again for nothing (a live poll's first round decodes each stream's rest after its head
+    together with the others', ``blocks.decode_together``).  Each prefix's id stays the first
+    block with it in its own chunk.  None where the scans do not share a ``raw``."""
+    if not scans or any(x.raw is not scans[0].raw for x in scans):
+        return None
+    nblocks = np.fromiter((x.ts.shape[0] for x in scans), np.int64, len(scans))
+    nops = np.fromiter((x.ops.shape[0] for x in scans), np.int64, len(scans))
+    b0 = np.zeros(len(scans), np.int64)
+    np.cumsum(nblocks[:-1], out=b0[1:])
+    o0 = np.zeros(len(scans), np.int64)
+    np.cumsum(nops[:-1], out=o0[1:])
+    cat = np.concatenate
+
+    def shifted(name: str, by: np.ndarray) -> np.ndarray:  # (a block index, -1: none)
+        return cat([np.where(getattr(x, name) >= 0, getattr(x, name) + k, -1) for x, k in zip(scans, by.tolist(),
+                                                                                          strict=True)])
+
+    return Scan(scans[0].raw,
+                cat([x.line_start + k for x, k in zip(scans, starts.tolist(), strict=True)]),
+                cat([x.line_end + k for x, k in zip(scans, starts.tolist(), strict=True)]),
+                shifted("block", b0).astype(np.int32), cat([x.ts for x in scans]), cat([x.pos for x in scans]),
+                cat([x.end for x in scans]), cat([x.start for x in scans]), cat([x.stop for x in scans]),
+                cat([x.prefix_end for x in scans]), shifted("prefix_id", b0), cat([x.flags for x in scans]),
+                cat([x.ops for x in scans]),
+                cat([x.op_first[:-1] + k for x, k in zip(scans, o0.tolist(), strict=True)] + [[int(nops.sum())]]))
+
+
 def _load() -> Callable[..., tuple] | None:
     """The compiled scanner (``compiled.jit``, on first use)."""
     global _kernel

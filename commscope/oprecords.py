@@ -15,6 +15,7 @@ Torch-free and numpy only: a format, below the stores and the analysis.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -166,7 +167,7 @@ class OpRecords:
 
     def rows_of(self, rank: int, a: int, b: int) -> OpRecords:
         """Rows ``a`` to ``b`` of several streams' records (this), as ``rank``'s own: views
-        of these columns, with their ``span`` (no exception texts: they have none)."""
+        of these columns, with their ``span`` (no exception texts: ``unpacked`` gives them)."""
         return OpRecords(rank, self.phase[a:b], self.ts[a:b], self.id[a:b], self.static[a:b], self.seq[a:b],
                          self.parent[a:b], self.tid[a:b], self.peer[a:b], self.gpu[a:b], self.flags[a:b], {},
                          self.statics, None, Span(self, a))
@@ -198,6 +199,41 @@ def concat(parts: list[OpRecords]) -> OpRecords:
                      cat([p.id for p in parts]), cat([p.static for p in parts]), cat([p.seq for p in parts]),
                      cat([p.parent for p in parts]), cat([p.tid for p in parts]), cat([p.peer for p in parts]),
                      cat([p.gpu for p in parts]), cat([p.flags for p in parts]), exc, parts[-1].statics, where)
+
+
+def packed(records: Sequence[OpRecords]) -> Spans | None:
+    """Several streams' records copied into one set of columns, back to back, as ``Spans``
+    (``unpacked`` gives them back): what a worker of a whole read hands over in one piece,
+    ten arrays instead of ten a stream (pickling a read of 16k streams spent more on the
+    arrays' count than on their bytes).  None where that cannot say them: none, an empty
+    one, one with ``where``, or decoders that do not share one table of statics."""
+    if not records or any(not len(r) or r.where is not None or r.statics is not records[0].statics
+                          for r in records):
+        return None
+    exc: dict[int, str] = {}
+    start = np.zeros(len(records) + 1, np.int64)
+    for k, r in enumerate(records):
+        exc.update((int(start[k]) + row, text) for row, text in r.exc.items())
+        start[k + 1] = start[k] + len(r)
+    cat = np.concatenate
+    whole = OpRecords(-1, cat([r.phase for r in records]), cat([r.ts for r in records]), cat([r.id for r in records]),
+                      cat([r.static for r in records]), cat([r.seq for r in records]), cat([r.parent for r in records]),
+                      cat([r.tid for r in records]), cat([r.peer for r in records]), cat([r.gpu for r in records]),
+                      cat([r.flags for r in records]), exc, records[0].statics)
+    return Spans(whole, start, np.fromiter((r.rank for r in records), np.int64, len(records)))
+
+
+def unpacked(spans: Spans) -> list[OpRecords]:
+    """The streams' records of ``packed``, each a view of its rows (``OpRecords.rows_of``)
+    with its own exception texts."""
+    whole, out = spans.whole, []
+    rows = sorted(whole.exc)
+    for rank, a, b in zip(spans.ranks.tolist(), spans.start[:-1].tolist(), spans.start[1:].tolist(), strict=True):
+        recs = whole.rows_of(rank, a, b)
+        if rows:
+            recs.exc = {row - a: whole.exc[row] for row in rows[bisect.bisect_left(rows, a):bisect.bisect_left(rows, b)]}
+        out.append(recs)
+    return out
 
 
 def merged(events: list[dict], ops: OpRecords | None) -> list[dict]:

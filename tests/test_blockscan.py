@@ -155,6 +155,59 @@ def _same_scan(a: blockscan.Scan, b: blockscan.Scan) -> None:
         assert a.raw[a.start[k]:a.stop[k]].tobytes() == b.raw[b.start[k]:b.stop[k]].tobytes()
 
 
+def test_chunks_scanned_already_are_joined_as_scanning_them_together_would_find_them():
+    """``blockscan.joined``: the rests of chunks after their first block line (what
+    ``blocks.learn_head`` leaves, with its slice of the chunk's scan), joined, are what a
+    scan of those rests back to back finds: each chunk's part of one is its part of the
+    other, and every block's prefix id names a block with its prefix, the first of its chunk."""
+    sig = blocks.pack_sig(5, opcode=1)
+    g0, g1 = blocks.pack_group(0, "0", "gloo", [0, 1]), blocks.pack_group(1, "1", "gloo", [1, 2])
+    ops = blocks.pack_sig_begin(1, T, 5) + blocks.pack_end(1, T + 1)
+    sample = b'{"type":"sample","ts":1,"rank":%d}'
+    chunks = {
+        3: [sample % 3, _line(rank=3, data=g0 + sig + ops), sample % 3, _line(rank=3, data=g1 + sig + ops),
+            _line(rank=3, data=g0 + sig + ops), _line(rank=3, data=ops + sig)],
+        6: [_line(rank=6, data=g1 + sig + ops), _line(rank=6, data=g1 + sig + ops), _line(rank=6, data=ops),
+            _line(rank=6, data=g0 + sig + ops), b'{"type":"block", "v":3}'],
+        7: [sample % 7, sample % 7, _line(rank=7, data=g0 + sig + ops, pos=0, end=100), _line(rank=3, data=ops)],
+    }
+    datas = [b"\n".join(lines) + b"\n" for lines in chunks.values()]
+    starts = np.zeros(len(datas), np.int64)
+    np.cumsum([len(d) for d in datas[:-1]], out=starts[1:])
+    ranks = np.array(list(chunks), np.int64)
+    whole = blockscan.scan_many(b"".join(datas), starts, ranks)
+    assert whole is not None
+    rests, scans = [], []
+    for data, part in zip(datas, blockscan.parts(whole, starts, np.ones(len(datas), bool)), strict=True):
+        assert part is not None
+        fb = int(np.flatnonzero(part.block >= 0)[0])
+        at = int(part.line_start[fb])
+        rests.append(data[at:])
+        scans.append(part._replace(line_start=part.line_start[fb:] - at, line_end=part.line_end[fb:] - at,
+                                   block=part.block[fb:]))
+    rest_starts = np.zeros(len(rests), np.int64)
+    np.cumsum([len(d) for d in rests[:-1]], out=rest_starts[1:])
+    joined = blockscan.joined(scans, rest_starts)
+    again = blockscan.scan_many(b"".join(rests), rest_starts, ranks)
+    assert joined is not None and again is not None and joined.raw is whole.raw  # (nothing decoded again)
+    every = np.ones(len(rests), bool)
+    for a, b in zip(blockscan.parts(joined, rest_starts, every), blockscan.parts(again, rest_starts, every),
+                    strict=True):
+        assert a is not None and b is not None
+        _same_scan(a, b)
+    chunk_of = np.searchsorted(rest_starts, joined.line_start[joined.block >= 0], side="right") - 1
+    for b, pid in enumerate(joined.prefix_id.tolist()):
+        prefix = joined.raw[joined.start[b]:joined.prefix_end[b]].tobytes()
+        if pid < 0:
+            assert not prefix
+            continue
+        assert joined.raw[joined.start[pid]:joined.prefix_end[pid]].tobytes() == prefix
+        same = [k for k in range(b + 1) if chunk_of[k] == chunk_of[b]
+                and joined.raw[joined.start[k]:joined.prefix_end[k]].tobytes() == prefix]
+        assert pid == same[0]
+    assert blockscan.joined([scans[0], blockscan.scan(rests[1], 6)], rest_starts[:2]) is None  # (two raws)
+
+
 def test_a_chunk_s_part_of_a_scan_of_many_is_its_scan_alone():
     """``blockscan.parts``: what ``decode_chunks`` hands over for a chunk it leaves alone
     equals scanning the chunk by itself, prefixes first seen in another chunk included."""

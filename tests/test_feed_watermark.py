@@ -194,3 +194,57 @@ def test_a_console_that_kept_up_waits_for_its_round_and_one_cut_short_goes_on(tm
     assert 600.0 - took <= pause <= 600.0  # what is left of the round that began with the step
     info, got = whole.step()  # nothing new
     assert not got and whole.pause_s(got) == Feed.POLL_S
+
+
+def _per_rank(feed: Feed) -> dict[int, list]:
+    m = feed.model
+    return {r: [m.op(r, i) for i in range(m.n_ops(r))] for r in m.rank_ids()}
+
+
+def test_a_console_attached_to_a_large_job_reads_it_apart_then_polls_on_from_there(tmp_path, monkeypatch):
+    """``Feed``'s first read goes through ``TraceReader.read_apart`` (the directory store's
+    worker processes, for a large job): the same model and finding as polls give it, and the
+    polls after it read each stream from where its worker stopped, a line torn at the end
+    included, every event once."""
+    from commscope.store import bulkread
+    from commscope.store.directory import DirectoryReader
+
+    store = str(tmp_path / "trace")
+    shape = recent_job(store, ranks=12)
+    streams = sorted((tmp_path / "trace" / "recent").glob("rank-*.jsonl"))
+    beat = b'{"type":"heartbeat","ts":%d,"inflight":0,"v":3,"rank":%d}'
+    with open(streams[3], "ab") as f:  # a line being written as the console attaches
+        f.write((beat % (time.time_ns(), 3))[:20])
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+    started: list[int] = []
+    real = bulkread.Workers.__init__
+    monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))
+
+    def attached(workers: str) -> Feed:
+        monkeypatch.setenv("COMMSCOPE_READ_WORKERS", workers)
+        feed = Feed(open_reader(f"{store}/recent"), mode=LIVE, hang_after=2.0)
+        feed.BUDGET = 1 << 12  # (many chunks)
+        while not feed.caught_up():
+            feed.step()
+        feed._next_diag = 0.0
+        feed.step()
+        return feed
+
+    polled = attached("1")
+    assert started == []  # (one core: polls read it)
+    apart = attached("2")
+    assert started == [2] and apart._first_done and apart._first is None
+    assert apart.model.events == polled.model.events and _per_rank(apart) == _per_rank(polled)
+    for feed in (polled, apart):
+        assert [(f.kind, f.culprits) for f in feed.findings if f.severity == "error"] == \
+            [("missing_ranks", [shape.culprit_rank])]
+    before = apart.model.events
+    with open(streams[3], "ab") as f:  # the torn line ends, and every rank beats once more
+        f.write((beat % (time.time_ns(), 3))[20:] + b"\n")
+    for rank, path in enumerate(streams):
+        with open(path, "ab") as f:
+            f.write(beat % (time.time_ns(), rank) + b"\n")
+    for feed in (polled, apart):
+        feed.step()
+    assert apart.model.events == polled.model.events == before + len(streams) + 1
+    assert _per_rank(apart) == _per_rank(polled)

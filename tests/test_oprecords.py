@@ -24,7 +24,7 @@ from commscope.analysis.model import TraceModel
 from commscope.bench.synthstore import JobShape, write_store
 from commscope.blocks import BlockDecoder, StaticTable, decode_stream
 from commscope.events import Decoded
-from commscope.oprecords import PH_BEGIN, PH_END, merged
+from commscope.oprecords import PH_BEGIN, PH_END, OpRecords, merged, packed
 from commscope.schema import SCHEMA_VERSION
 from commscope.store import open_reader
 
@@ -193,6 +193,24 @@ def test_streams_share_what_they_decode_only_where_it_decodes_the_same():
     assert table.statics[int(rd.static[0])].fields["root"] == 1
 
 
+def test_whether_a_prefix_states_each_entry_once_is_worked_out_once_for_all_streams(monkeypatch):
+    table = StaticTable()
+    once = tables()
+    twice = blocks.pack_site(0, "a.py:1 in f") + blocks.pack_site(1, "b.py:2 in g") + blocks.pack_site(0, "c.py:3 in h")
+    asked: list[bytes] = []
+    real = blocks._states_once
+    monkeypatch.setattr(blocks, "_states_once", lambda prefix: asked.append(prefix) or real(prefix))
+    assert [table.states_once(p) for p in (once, twice, once, twice)] == [True, False, True, False]
+    assert asked == [once, twice]  # (the second stream to ask is told)
+    monkeypatch.setattr(StaticTable, "ONCE_KEPT", 4 * len(once))
+    for k in range(9):  # bounded: a job whose ranks state thousands of prefixes keeps ONCE_KEPT bytes of them
+        assert table.states_once(tables(site=f"x.py:{k} in f"))
+        assert sum(map(len, table._once)) <= 4 * len(once)
+    assert table.states_once(twice) is False
+    huge = blocks.pack_site(9, "y" * 5 * len(once))
+    assert table.states_once(huge) and huge not in table._once  # (one past the bound is not kept)
+
+
 def test_merged_puts_records_back_where_they_came_in_the_stream():
     recs = tables() + blocks.pack_sig_begin(1, T, 0, seq=1)
     hb = {"type": "heartbeat", "ts": T + 5, "v": 3, "rank": 0, "inflight": 1}
@@ -317,7 +335,8 @@ def _loaded(store: str):
     from commscope.analysis.source import load_trace
 
     model, reader, warnings = load_trace(store)
-    found = [f.to_json() for f in diagnose(model, trace_now(model), default_hang_after(model))]
+    # as text: what ``check --json`` prints is the same whichever order the workers' chunks came in
+    found = orjson.dumps([f.to_json() for f in diagnose(model, trace_now(model), default_hang_after(model))])
     per_rank = {r: [model.op(r, i) for i in range(model.n_ops(r))] for r in model.rank_ids()}
     return model.events, per_rank, found, warnings, reader.stats.bytes
 
@@ -347,6 +366,45 @@ def test_a_parallel_read_whose_workers_fail_reads_everything_itself(tmp_path, mo
     want = _loaded(store)
     monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", "import sys; sys.exit(3)"))
     assert _loaded(store) == want
+
+
+def _records(rank: int, n: int, statics: list, exc: dict[int, str] | None = None) -> OpRecords:
+    """``n`` records of ``rank``: a begin then ends, each column its own values."""
+    k = np.arange(n, dtype=np.int64)
+    return OpRecords(rank, np.where(k == 0, PH_BEGIN, PH_END).astype(np.int8), T + 100 * rank + k, k + 1,
+                     np.where(k == 0, 0, -1).astype(np.int32), np.where(k == 0, rank, -1), np.full(n, -1, np.int64),
+                     np.full(n, rank + 1, np.uint64), np.full(n, -1, np.int32), k * 7, (k % 2).astype(np.uint8),
+                     dict(exc or {}), statics)
+
+
+def test_a_workers_records_travel_in_one_piece_and_come_back_as_they_went():
+    import pickle
+
+    from commscope.store.base import Batch, ReadStats
+    from commscope.store.bulkread import StreamsRead
+
+    statics: list = []
+    sent = [_records(3, 4, statics, {2: "boom"}), _records(5, 1, statics), _records(4, 6, statics, {0: "a", 5: "b"})]
+    spans = packed(sent)
+    assert spans is not None and spans.ranks.tolist() == [3, 5, 4] and spans.start.tolist() == [0, 4, 5, 11]
+    got = pickle.loads(pickle.dumps(StreamsRead(Batch([], sent), ReadStats(), {}, {}, {}, {}, {}).sent()))
+    assert got.batch.ops == [] and got.packed is not None  # (one piece: ten arrays, not ten a stream)
+    batch = got.received()
+    assert batch.spans is got.packed and batch.spans.of(batch.ops)
+    for want, have in zip(sent, batch.ops, strict=True):
+        assert have.rank == want.rank and have.exc == want.exc and have.span.whole is got.packed.whole
+        for name in ("phase", "ts", "id", "static", "seq", "parent", "tid", "peer", "gpu", "flags"):
+            assert np.array_equal(getattr(have, name), getattr(want, name)) and getattr(have, name).dtype == \
+                getattr(want, name).dtype
+    # what one piece cannot say goes as it is
+    assert packed([]) is None
+    assert packed([sent[0], _records(6, 0, statics)]) is None  # (Spans hold no empty stream)
+    assert packed([sent[0], _records(6, 2, [])]) is None  # (two tables of statics)
+    where = _records(6, 2, statics)
+    where.where = np.zeros(2, np.int64)
+    assert packed([sent[0], where]) is None
+    alone = StreamsRead(Batch([], [sent[0], where]), ReadStats(), {}, {}, {}, {}, {})
+    assert alone.sent() is alone and alone.received() is alone.batch
 
 
 def _bulkread_children() -> list:

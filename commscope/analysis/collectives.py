@@ -362,7 +362,7 @@ def _missing(model: TraceModel, gi: GroupIndex, seq: int, entered: dict[int, int
     r0 = min(waiting)
     s = model.sig_of(r0, waiting[r0])
     waited = {}
-    for r, i in entered.items():
+    for r, i in sorted(entered.items()):  # (rank order: ``entered`` is in the order ranks were read)
         rt = model.ranks[r]
         waited[str(r)] = secs((int(rt.comp[i]) or now) - int(rt.begin[i]))
     instead = {}
@@ -372,7 +372,7 @@ def _missing(model: TraceModel, gi: GroupIndex, seq: int, entered: dict[int, int
             a["last_seq_in_group"] = _last_seq(gi, m)
         instead[str(m)] = a
     longest = max(waited.values()) if waited else 0.0
-    failed = [r for r, i in entered.items() if i in model.ranks[r].exc]
+    failed = [r for r, i in sorted(entered.items()) if i in model.ranks[r].exc]
     msg = (f"{s.op} #{seq} of group {gi.name}: {rank_list(entered)} entered and waited "
            f"up to {longest:.1f} s; {rank_list(missing)} never entered: " +
            "; ".join(f"rank {m} is {instead[str(m)]['text']}" for m in missing))

@@ -312,6 +312,14 @@ class TraceReader(abc.ABC):
         if batch.count():
             yield batch
 
+    def read_apart(self, step: int) -> Iterator[Batch]:
+        """A live reader's first read: everything stored now, its streams read apart in worker
+        processes where the store can (``DirectoryReader``: a large job of packed records, not
+        read yet), as batches of about ``step`` bytes, and polls go on from where it stopped;
+        nothing where it cannot (the polls read it all).  Not ``bulk``'s last batch: what the
+        polls hold back (a torn last line) stays theirs."""
+        return iter(())
+
     def _bulk(self, step: int) -> Iterator[Batch]:
         """``bulk`` but its last batch.  A store whose streams can be read apart may read them
         in parallel (the directory store does); this default polls until nothing new comes."""

@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any, NamedTuple
 
+from commscope.oprecords import Spans, packed, unpacked
 from commscope.store.base import Batch, ReadStats, Stream
 from commscope.store.segments import Segment
 
@@ -61,7 +62,8 @@ class DecoderState(NamedTuple):
 class StreamsRead(NamedTuple):
     """What a worker read of some streams: the batch, the reader's stats, where each stream
     stopped (segment, bytes read of each segment, an incomplete last line), each stream's
-    decoder state and highest op id."""
+    decoder state and highest op id.  ``packed``: the batch's op records in one piece
+    (``oprecords.packed``; the batch then holds none), as a worker sends them."""
 
     batch: Batch
     stats: ReadStats
@@ -70,6 +72,19 @@ class StreamsRead(NamedTuple):
     partial: dict[Stream, bool]
     decoders: dict[Stream, DecoderState]
     max_ids: dict[Stream, int]
+    packed: Spans | None = None
+
+    def sent(self) -> StreamsRead:
+        """As a worker sends it: the op records in one piece where they go so."""
+        spans = packed(self.batch.ops) if self.batch.spans is None else None
+        return self if spans is None else self._replace(batch=self.batch._replace(ops=[]), packed=spans)
+
+    def received(self) -> Batch:
+        """The batch as read, each stream's records a view of the piece they came in
+        (``Batch.spans``: the model takes them as arrays)."""
+        if self.packed is None:
+            return self.batch
+        return Batch(self.batch.events, unpacked(self.packed), self.packed)
 
 
 def _send(f: IO[bytes], obj: Any) -> None:
@@ -191,7 +206,7 @@ def main() -> int:
             return 0
         if job is None:
             return 0
-        _send(stdout, read(job))
+        _send(stdout, read(job).sent())
 
 
 if __name__ == "__main__":

@@ -822,18 +822,27 @@ class DirectoryReader(TraceReader):
         (each decodes whole streams into columns, which come back as they are done), so a job
         of 16k ranks is read at the speed of all the cores; ``bulk`` then goes on from where
         they stopped (``read_all_batch``)."""
+        apart = self._apart(step)
+        yield from apart if apart is not None else super()._bulk(step)
+
+    def read_apart(self, step: int) -> Iterator[Batch]:
+        apart = self._apart(step)
+        return apart if apart is not None else iter(())
+
+    def _apart(self, step: int) -> Iterator[Batch] | None:
+        """The streams read apart in workers (``_bulk_parallel``), or None where that is not
+        worth it: one core, a small job, or one read already."""
         workers = min(self.MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                       else (os.cpu_count() or 1))
         if os.environ.get(ENV_WORKERS, "").isdigit():
             workers = int(os.environ[ENV_WORKERS])
         streams = self.streams()
-        window = {} if workers < 2 or self._reading or len(streams) < 2 else self._window(streams)
+        if workers < 2 or self._reading or len(streams) < 2:
+            return None  # (read apart only a job not read yet: each worker starts its streams afresh)
+        window = self._window(streams)
         if sum(sum(sizes) for _, sizes in window.values()) < self.PARALLEL_MIN_BYTES or not self._packed(streams):
-            # (read apart only a job not read yet, each worker starting its streams afresh, and
-            # one of packed records: JSON events cost as much to pickle back as to decode)
-            yield from super()._bulk(step)
-            return
-        yield from self._bulk_parallel(streams, window, step, workers)
+            return None  # (and one of packed records: JSON events cost as much to pickle back as to decode)
+        return self._bulk_parallel(streams, window, step, workers)
 
     def _bulk_parallel(self, streams: dict[Stream, list[Segment]], window: dict[Stream, tuple[int, list[int]]],
                        step: int, workers: int) -> Iterator[Batch]:
@@ -855,7 +864,7 @@ class DirectoryReader(TraceReader):
                     yield batch
                 continue
             self._adopt(got)
-            yield got.batch
+            yield got.received()
 
     @staticmethod
     def _packed(streams: dict[Stream, list[Segment]]) -> bool:

@@ -13,7 +13,7 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from textual.message import Message
@@ -134,6 +134,9 @@ class Feed:
         self._ended: tuple[int, int] | None = None
         self._step_began = 0.0  # (monotonic) when the last step began
         self._cut_short = False  # the last step's poll stopped at the budget (there is more to read)
+        #: The first read, in parallel where the reader can (``read_apart``); None once it is done
+        self._first: Iterator[Batch] | None = None
+        self._first_done = False
 
     # ------------------------------------------------------------------ one cycle
     def hang_after(self) -> float:
@@ -196,9 +199,7 @@ class Feed:
         try:
             with gc_paused():  # decoded dicts die right after ingest: no GC work for them
                 t0 = time.perf_counter()
-                read = self.reader.stats.bytes
-                batch = self.reader.poll_batch(max_bytes=self.BUDGET)
-                self._cut_short = self.reader.stats.bytes - read >= self.BUDGET
+                batch = self._read()
                 t1 = time.perf_counter()
                 published = self.costs.publish
                 self.ingest(batch)
@@ -243,6 +244,27 @@ class Feed:
         self.info = self._info(behind_bytes)
         return self.info, bool(got)
 
+    def _read(self) -> Batch:
+        """The next batch: the first read's in parallel where the reader can (``read_apart``:
+        a console attached to a large job shows it as soon as all the cores have read it, not
+        one), then the polls', ``BUDGET`` bytes at most."""
+        if not self._first_done:
+            if self._first is None:
+                self._first = self.reader.read_apart(self.BUDGET)
+            try:
+                batch = next(self._first, None)
+            except BaseException:
+                self._first_done, self._first = True, None  # (the polls read what it did not)
+                raise
+            if batch is not None:
+                self._cut_short = True  # (more of it: the next step at once)
+                return batch
+            self._first_done, self._first = True, None
+        read = self.reader.stats.bytes
+        batch = self.reader.poll_batch(max_bytes=self.BUDGET)
+        self._cut_short = self.reader.stats.bytes - read >= self.BUDGET
+        return batch
+
     def pause_s(self, got: bool) -> float:
         """How long to wait before the next ``step``, which brought ``got``: nothing, when its
         poll stopped at the budget; until ``ROUND_S`` after it began, when it read all there
@@ -277,6 +299,9 @@ class Feed:
         model.note_read_stats(reader.stats)
         with self.lock:
             old = self.reader
+            if self._first is not None:  # (the old reader's first read, left: its workers end)
+                self._first.close()
+                self._first_done, self._first = True, None
             self.reader, self.model = reader, model
             self.restarts += 1
             self._restart_floor = 2 * model.nbytes()
