@@ -674,7 +674,7 @@ def test_a_poll_of_heartbeats_and_samples_leaves_what_rank_by_rank_leaves(monkey
     alone = TraceModel()
     for evs in plan:
         alone.ingest(evs)
-    assert len(taken) == 31  # every chunk but the one with a meta event
+    assert len(taken) == 32  # every chunk (the one with a meta event: its meta apart, ``_liveness_apart``)
     assert differences(model_state(together), model_state(alone)) == []
     assert together.ranks[41].samples.n == alone.ranks[41].samples.n
     assert together.ranks[0].hb_inflight == 2
@@ -733,3 +733,42 @@ def test_a_huge_rank_number_costs_no_array_by_rank():
     m.ingest([], [_rows(4_194_303, [(PH_BEGIN, T + g, g + 1, g, 1, -1, 0) for g in range(40)], statics)])
     assert m.table.rank_slot.nbytes < 1 << 20 and all(gi.colmap.nbytes < 1 << 20 for gi in m.coll.values())
     assert m.collective("7", 1) == {4_194_303: 7}
+
+
+def test_a_first_rounds_metas_and_groups_beside_heartbeats_leave_what_one_event_at_a_time_leaves(monkeypatch):
+    """A poll's first round hands mostly heartbeats and samples, and a meta or a group a
+    rank: those go together (``_liveness_together``), the rest rank by rank
+    (``_liveness_apart``); the model is the one each event ingested alone leaves (but for
+    the counts of ingests), its ranks made in rank order."""
+    taken = []
+    apart = TraceModel._liveness_apart
+    monkeypatch.setattr(TraceModel, "_liveness_apart", lambda self, *a: taken.append(1) or apart(self, *a))
+    events = []
+    for rank in (5, 2, 7, 0, 3, 1, 4):
+        events += [e for k in range(4) for e in _misc(rank, k) if e["type"] != "op"]
+        events.append({"v": SCHEMA_VERSION, "rank": rank, "type": "heartbeat", "ts": T + 5000 + rank, "inflight": 1})
+    base = {"v": SCHEMA_VERSION, "rank": 6}  # (a rank with no heartbeat: made in its place all the same)
+    events += [dict(base, type="meta", ts=T + 3, world_size=8, recorder="native"),
+               dict(base, type="summary", ts=T + 1, seg=0, events=9, size=900, ops=[]),
+               dict(base, type="stack", ts=T + 950, id=2, reason="hang", frames=[])]
+    together = TraceModel()
+    together.ingest(events)
+    alone = TraceModel()
+    for e in events:
+        alone.ingest([e])
+    assert taken == [1]
+
+    def state(m: TraceModel) -> dict:
+        s = model_state(m)
+        for d in s["ranks"].values():
+            del d["version"], d["touched"]  # (counts of ingests: one a call here)
+        del s["version"], s["rank_order"]
+        return s
+
+    assert differences(state(together), state(alone)) == []
+    assert list(together.ranks) == sorted(together.ranks) == list(range(8))
+    monkeypatch.setattr(TraceModel, "_liveness_together", lambda *a: None)  # (rank by rank, versions and all)
+    by_rank = TraceModel()
+    by_rank.ingest(events)
+    assert differences(model_state(together), model_state(by_rank)) == []
+    assert together.ranks[6].meta is not None and together.ranks[3].exits and together.ranks[0].last_stack

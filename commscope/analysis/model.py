@@ -1424,10 +1424,18 @@ class TraceModel:
         ids = _column(map(dget, events, repeat("id"), repeat(-1)))
         kind = np.fromiter(map(_KIND.get, map(dget, events, repeat("type")), repeat(K_OTHER)), np.int8, n)
         samples = _ChunkSamples.of(events, kind)
-        if bool((kind <= K_HEARTBEAT).all()) and bool((phase < 0).all()):  # a live poll's: samples, heartbeats
-            got = self._liveness_together(events, ranks, ts, kind, samples, changed)
-            if got is not None:
-                return got
+        if bool((phase < 0).all()):
+            live = kind <= K_HEARTBEAT
+            if bool(live.all()):  # a live poll's: samples, heartbeats
+                got = self._liveness_together(events, ranks, ts, kind, samples, changed)
+                if got is not None:
+                    return got
+            elif 2 * int(np.count_nonzero(live)) >= n:
+                # mostly those, and a meta or a group a rank (a poll's first round): they
+                # together, the rest rank by rank (a rank's own way takes them apart too)
+                got = self._liveness_apart(events, ranks, ts, kind, samples, live, changed)
+                if got is not None:
+                    return got
         for r, pos in _split_by_rank(ranks):
             rt = self._rank(r)
             ph = phase if pos is None else phase[pos]
@@ -1449,6 +1457,37 @@ class TraceModel:
             if t1:
                 lo, hi = min(lo, t0), max(hi, t1)
             self._seen(rt, t0, t1, touched)
+            changed.add(r)
+        return lo, hi
+
+    def _liveness_apart(self, events: list[Event], ranks: np.ndarray, ts: np.ndarray, kind: np.ndarray,
+                        samples: _ChunkSamples | None, live: np.ndarray, changed: set[int]) -> tuple[int, int] | None:
+        """``_ingest_chunk`` of a chunk of no ops, mostly heartbeats and samples: those
+        together (``_liveness_together``), then the others (metas, groups, stacks ...) rank
+        by rank, as ``_liveness`` takes a rank's apart (heartbeats and samples in columns,
+        the rest one by one).  None, nothing done, where they cannot go together."""
+        if int(ranks.min()) < 0 or int(ranks.max()) >= RANK_SLOTS:
+            return None
+        uniq = np.unique(ranks)
+        for r in uniq[self.table.slots(uniq) < 0].tolist():  # (ranks made in rank order, as rank by rank)
+            self._rank(r)
+        at, rest = np.flatnonzero(live), np.flatnonzero(~live)
+        sub = None if samples is None else samples._replace(slot=samples.slot[at])
+        got = self._liveness_together(_take(events, at), ranks[at], ts[at], kind[at], sub, changed)
+        if got is None:
+            return None  # (it changed nothing: the caller goes rank by rank)
+        lo, hi = got
+        seen = set(ranks[at].tolist())
+        for r, pos in _split_by_rank(ranks[rest]):
+            rt = self._rank(r)
+            t0, t1 = self._misc(rt, _take(events, rest if pos is None else rest[pos]))
+            if t1:
+                lo, hi = min(lo, t0), max(hi, t1)
+            if r not in seen:
+                self._seen(rt, t0, t1, I64_MAX)
+            elif t1:  # (seen once in this chunk already, as rank by rank sees a rank once)
+                rt.first_ts = min(rt.first_ts, t0)
+                rt.last_ts = max(rt.last_ts, t1)
             changed.add(r)
         return lo, hi
 
