@@ -248,3 +248,30 @@ def test_a_console_attached_to_a_large_job_reads_it_apart_then_polls_on_from_the
         feed.step()
     assert apart.model.events == polled.model.events == before + len(streams) + 1
     assert _per_rank(apart) == _per_rank(polled)
+
+
+def test_a_console_closed_during_its_first_read_leaves_no_worker(tmp_path, monkeypatch):
+    """(Quitting ``attach`` while it reads a large job apart: ``Feed.run`` closes the feed.)"""
+    import threading
+
+    from test_oprecords import _bulkread_children
+
+    from commscope.store.directory import DirectoryReader
+
+    store = str(tmp_path / "trace")
+    recent_job(store, ranks=32)
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    feed = Feed(open_reader(f"{store}/recent"), mode=LIVE, hang_after=2.0)
+    feed.BUDGET = 1 << 12  # (many chunks: more to read after the first)
+    stop = threading.Event()
+    posted = []
+
+    def post(msg) -> None:  # the first update: the UI asks to quit
+        posted.append(msg)
+        stop.set()
+
+    feed.run(post, stop)
+    assert posted and not feed.caught_up() and feed.model.events
+    assert _bulkread_children() == []
+    assert feed._first is None and feed._first_done

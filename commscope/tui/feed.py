@@ -299,9 +299,7 @@ class Feed:
         model.note_read_stats(reader.stats)
         with self.lock:
             old = self.reader
-            if self._first is not None:  # (the old reader's first read, left: its workers end)
-                self._first.close()
-                self._first_done, self._first = True, None
+            self.close()  # (the old reader's first read, if it is still going: its workers end)
             self.reader, self.model = reader, model
             self.restarts += 1
             self._restart_floor = 2 * model.nbytes()
@@ -424,6 +422,18 @@ class Feed:
             info = self.load_all(progress, post)
             post(FeedUpdated(info, list(self.findings)))
             return
+        try:
+            self._follow(post, stop)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """End what the feed started: its first read's workers, where it is still going."""
+        if self._first is not None:
+            self._first.close()
+            self._first_done, self._first = True, None
+
+    def _follow(self, post: Callable[[Message], Any], stop: threading.Event) -> None:
         last_post = 0.0
         last: tuple = ()
         while not stop.is_set():
