@@ -4,8 +4,12 @@ the wall clock alone: its own lag never turns a rank silent, missing or dead
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
+import pytest
+
+from commscope.analysis import rankstate
 from commscope.bench.synthstore import JobShape, write_store
 from commscope.store import open_reader
 from commscope.tui.feed import LIVE, Feed
@@ -275,3 +279,55 @@ def test_a_console_closed_during_its_first_read_leaves_no_worker(tmp_path, monke
     assert posted and not feed.caught_up() and feed.model.events
     assert _bulkread_children() == []
     assert feed._first is None and feed._first_done
+
+
+@pytest.mark.parametrize("window", [None, 8.0])
+def test_a_first_read_apart_of_segments_and_a_window_is_the_polls_read(tmp_path, monkeypatch, window):
+    """Streams of several segments each, read whole or from a window on (``attach --since``):
+    the workers' first read leaves the model the polls leave, and the polls after it go on in
+    each stream's newest segment."""
+    from commscope.store import bulkread
+    from commscope.store.directory import DirectoryReader
+    from commscope.window import Since
+
+    store = str(tmp_path / "trace")
+    shape = JobShape(12, 150, fault="missing", hang_after=2.0, tail_s=6.0, segment_bytes=4096)
+    span = S + 149 * int(S / shape.rate) + 500_000 + 6 * S
+    shape = dataclasses.replace(shape, t0=time.time_ns() - span - S // 2)
+    write_store(store, shape, job="recent")
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+    started: list[int] = []
+    real = bulkread.Workers.__init__
+    monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))
+
+    def attached(workers: str) -> Feed:
+        monkeypatch.setenv("COMMSCOPE_READ_WORKERS", workers)
+        reader = open_reader(f"{store}/recent")
+        if window is not None:
+            reader.start_at(Since(ago_s=window))
+        feed = Feed(reader, mode=LIVE, hang_after=2.0)
+        feed.BUDGET = 1 << 12
+        while not feed.caught_up():
+            feed.step()
+        feed._next_diag = 0.0
+        feed.step()
+        return feed
+
+    polled, apart = attached("1"), attached("2")
+    assert started == [2]
+    assert apart.reader.stats.skipped_bytes == polled.reader.stats.skipped_bytes
+    assert (window is not None) == (apart.reader.stats.skipped_bytes > 0)
+    assert apart.model.events == polled.model.events
+
+    def ops(feed: Feed) -> dict[int, list]:  # (the op in flight where the window starts, carried in
+        # first, takes another index among a rank's ops when its records come in two pieces of a batch)
+        return {r: sorted(({k: v for k, v in op.items() if k != "index"} for op in o),
+                          key=lambda op: (op["begin_ns"], op["id"])) for r, o in _per_rank(feed).items()}
+
+    assert ops(apart) == ops(polled)
+    now = polled.now()
+    assert {r: s.text for r, s in rankstate.rank_states(apart.model, now).items()} == \
+        {r: s.text for r, s in rankstate.rank_states(polled.model, now).items()}
+    for feed in (polled, apart):
+        assert [(f.kind, f.culprits) for f in feed.findings if f.severity == "error"] == \
+            [("missing_ranks", [shape.culprit_rank])]
