@@ -258,15 +258,26 @@ def test_a_segment_name_carries_its_start_so_a_window_opens_none_before_it(tmp_p
     assert len(read) <= 4 < len(segs)  # the newest segment or two of each rank, not the week
 
 
-def test_a_live_console_past_its_memory_budget_starts_again_at_the_tail(tmp_path):
+@pytest.mark.parametrize("apart", [False, True])
+def test_a_live_console_past_its_memory_budget_starts_again_at_the_tail(tmp_path, monkeypatch, apart):
     """However long the job ran, the console's model stays bounded: past its budget it is
-    rebuilt from the tail (the store carries what ranks were in), and still says what is wrong."""
+    rebuilt from the tail (the store carries what ranks were in), and still says what is wrong;
+    ``apart``: the first read and the tail's in worker processes (a large job's)."""
+    from commscope.store import bulkread
+    from commscope.store.directory import DirectoryReader
     from commscope.tui.feed import LIVE, Feed
 
     store = str(tmp_path / "trace")
     shape = JobShape(8, 6000, fault="missing", days=2, tail_s=600, hang_after=10.0, segment_bytes=64 << 10)
     written = write_store(store, shape)
     full, _, _ = load_trace(store)
+    started: list[int] = []
+    if apart:  # (a job this small, its newest segments heartbeats: read apart all the same)
+        monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+        monkeypatch.setattr(DirectoryReader, "_packed", staticmethod(lambda streams: True))
+        monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+        real = bulkread.Workers.__init__
+        monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))
     end = full.end_ns
     feed = Feed(open_source(store), mode=LIVE, clock=lambda: end + S, reopen=lambda w: open_source(store, since=w))
     feed.MODEL_BUDGET = full.nbytes() // 4
@@ -276,6 +287,7 @@ def test_a_live_console_past_its_memory_budget_starts_again_at_the_tail(tmp_path
         if not got:
             break
     assert feed.restarts >= 1
+    assert len(started) == (1 + feed.restarts if apart else 0)  # (the first read, and each restart's)
     assert feed.model.nbytes() < full.nbytes() / 2
     found = diagnose(feed.model, feed.now(), feed.hang_after())
     assert [(f.kind, f.culprits) for f in found if f.severity == "error"] == [

@@ -291,6 +291,8 @@ class Feed:
             return
         model = TraceModel()
         with gc_paused():
+            for batch in reader.read_apart(self.BUDGET):  # (in parallel where the reader can, as a first read)
+                model.ingest(batch.events, batch.ops, batch.spans)
             while True:
                 batch = reader.poll_batch(self.BUDGET)
                 if not batch.count():
