@@ -272,9 +272,8 @@ def test_a_live_console_past_its_memory_budget_starts_again_at_the_tail(tmp_path
     written = write_store(store, shape)
     full, _, _ = load_trace(store)
     started: list[int] = []
-    if apart:  # (a job this small, its newest segments heartbeats: read apart all the same)
+    if apart:  # (a job this small: read apart all the same)
         monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
-        monkeypatch.setattr(DirectoryReader, "_packed", staticmethod(lambda streams: True))
         monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
         real = bulkread.Workers.__init__
         monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))

@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import orjson
 
-from commscope import blocks
+from commscope import jsonops
 from commscope.events import Event, gc_paused
 from commscope.schema import decode_job
 from commscope.store import inflight, retention, segments
@@ -813,8 +813,10 @@ class DirectoryReader(TraceReader):
         pass
 
     # ------------------------------------------------------------------ a whole read, in parallel
-    #: Below this many bytes, or with one core, a whole read polls in this process
-    PARALLEL_MIN_BYTES = 256 << 20
+    #: Below this many bytes, or with one core, a whole read polls in this process (the workers'
+    #: start costs what they save: a job of blocks breaks even at ~100 MB on 2 cores, one of
+    #: JSON op events far below)
+    PARALLEL_MIN_BYTES = 96 << 20
     MAX_WORKERS = 8
 
     def _bulk(self, step: int) -> Iterator[Batch]:
@@ -840,8 +842,8 @@ class DirectoryReader(TraceReader):
         if workers < 2 or self._reading or len(streams) < 2:
             return None  # (read apart only a job not read yet: each worker starts its streams afresh)
         window = self._window(streams)
-        if sum(sum(sizes) for _, sizes in window.values()) < self.PARALLEL_MIN_BYTES or not self._packed(streams):
-            return None  # (and one of packed records: JSON events cost as much to pickle back as to decode)
+        if sum(sum(sizes) for _, sizes in window.values()) < self.PARALLEL_MIN_BYTES:
+            return None
         return self._bulk_parallel(streams, window, step, workers)
 
     def _bulk_parallel(self, streams: dict[Stream, list[Segment]], window: dict[Stream, tuple[int, list[int]]],
@@ -866,30 +868,38 @@ class DirectoryReader(TraceReader):
             self._adopt(got)
             yield got.received()
 
-    @staticmethod
-    def _packed(streams: dict[Stream, list[Segment]]) -> bool:
-        """Whether the job's op records are packed in blocks (its first stream says)."""
-        segs = next(iter(streams.values()), [])
-        try:
-            head = read_from(segs[-1].path, 0, 1 << 16) if segs else b""
-        except OSError:
-            return False
-        return head.count(blocks.LINE_PREFIX) * 4 > head.count(b"\n")
-
     def _since_s(self) -> float | None:
         return self.since_ns / 1e9 if self.since_ns is not None else None
 
     def read_whole(self, streams: dict[Stream, list[Segment]]) -> Batch:
         """Read ``streams`` (with their segments) to their ends, op records in columns (what is
-        written meanwhile, the whole read's last batch reads: ``read_all_batch``)."""
+        written meanwhile, the whole read's last batch reads: ``read_all_batch``): a stream's
+        JSON op events too, where columns say them exactly (``jsonops``: a worker sends them
+        back as arrays, not dicts)."""
         self.columnar = True
         events: list[Event] = []
         with gc_paused():
             for stream, segs in streams.items():
-                events.extend(self._read_stream(stream, segs, None)[0])
+                had = len(getattr(self, "_ops", ()))
+                got = self._read_stream(stream, segs, None)[0]
+                if len(getattr(self, "_ops", ())) == had:  # (a stream of blocks: its records are columns)
+                    got = self._columns_of_events(stream, got)
+                events.extend(got)
         batch = Batch(self._carried + events, *self._take_ops())
         self._carried = []
         return batch
+
+    def _columns_of_events(self, stream: Stream, events: list[Event]) -> list[Event]:
+        """A stream's events with its op events taken out as its records (``jsonops``), where
+        columns say every one of them; else as they are."""
+        ops, rest = jsonops.split(events)
+        recs = jsonops.of_events(stream[0], ops, self._decoder(stream).table) if ops else None
+        if recs is None:
+            return events
+        if not hasattr(self, "_ops"):
+            self._ops = []
+        self._ops.append(recs)
+        return rest
 
     def decoder_states(self) -> dict[Stream, DecoderState]:
         return {s: DecoderState(d.names, d.dtypes, d.seen_end, d.groups, d.sites, d._gid_of_id)
