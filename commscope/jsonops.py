@@ -60,11 +60,13 @@ def of_events(rank: int, ops: Sequence[dict], table: StaticTable) -> OpRecords |
     columns, or None where one is of a form columns do not say (see the module docstring).
     A begin's static fields are ``table``'s, one per (signature key, thread id) as the model
     interns them (the first begin's fields with that pair), and peer (a per-op column the
-    model reads off each begin)."""
+    model reads off each begin).  The columns are pulled out a key at a time (C-level maps);
+    only a phase with more than its base keys, and a begin of a new key, take a Python step."""
     k = len(ops)
     if not k:
         return None
-    phase = np.fromiter(map(PHASE_CODE.get, map(dict.get, ops, repeat("phase")), repeat(-1)), np.int8, k)
+    dget = dict.get
+    phase = np.fromiter(map(PHASE_CODE.get, map(dget, ops, repeat("phase")), repeat(-1)), np.int8, k)
     if (phase < 0).any():
         return None
     ts = np.fromiter(map(dict.__getitem__, ops, repeat("ts")), np.int64, k)
@@ -77,29 +79,36 @@ def of_events(rank: int, ops: Sequence[dict], table: StaticTable) -> OpRecords |
     gpu = np.zeros(k, np.int64)
     flags = np.zeros(k, np.uint8)
     exc: dict[int, str] = {}
-    for row, (e, ph) in enumerate(zip(ops, phase.tolist(), strict=True)):
-        if ph == PH_BEGIN:
-            sk, t = e.get("sk"), e.get("tid")
-            if sk.__class__ is not int or t.__class__ is not int or not 0 <= t < _U64 or not e.keys().isdisjoint(
-                    _PHASE_ONLY):
-                return None
-            p = e.get("peer", -1)
-            key = ("json", sk, t, p)  # (the model takes a begin's peer from it, whatever its key says)
-            at = table.get(key)
-            if at is None:
-                fields = {name: v for name, v in e.items() if name not in PER_CALL}
-                at = table.add(key, Static(fields, sk, p if p.__class__ is int else -1, None))
-            if at < 0:
-                return None
-            static[row] = at
-            tid[row] = t
-            peer[row] = table.statics[at].peer
-            s, par = e.get("seq"), e.get("parent")
-            if s is not None:
-                seq[row] = s
-            if par is not None:
-                parent[row] = par
-            continue
+    rows = np.flatnonzero(phase == PH_BEGIN)
+    if rows.shape[0]:
+        begins = [ops[j] for j in rows.tolist()]
+        sks = list(map(dget, begins, repeat("sk")))
+        tids = list(map(dget, begins, repeat("tid")))
+        peers = list(map(dget, begins, repeat("peer"), repeat(-1)))
+        if {*map(type, sks), *map(type, tids)} != {int} or not all(map(_PHASE_ONLY.isdisjoint, begins)):
+            return None
+        try:
+            tid[rows] = tids
+        except OverflowError:  # (a thread id columns cannot hold)
+            return None
+        keys = list(zip(repeat("json"), sks, tids, peers))
+        at = list(map(table.get, keys))
+        for j in [j for j, a in enumerate(at) if a is None]:
+            a = at[j] = table.get(keys[j])  # (an earlier begin of this call may have added it)
+            if a is None:
+                e = begins[j]
+                p = peers[j]
+                at[j] = table.add(keys[j], Static({name: v for name, v in e.items() if name not in PER_CALL}, sks[j],
+                                                  p if p.__class__ is int else -1, None))
+        static[rows] = at
+        peer[rows] = table.peer[static[rows]]
+        seq[rows] = np.fromiter(map(dget, begins, repeat("seq"), repeat(-1)), np.int64, len(begins))
+        parent[rows] = np.fromiter(map(dget, begins, repeat("parent"), repeat(-1)), np.int64, len(begins))
+    # the other phases with more than their base keys (type, ts, phase, id, rank, v)
+    extra = np.fromiter(map(len, ops), np.int64, k) - np.fromiter(map(dict.__contains__, ops, repeat("v")),
+                                                                   np.int64, k) > len(_BASE) - 1
+    for row in np.flatnonzero(extra & (phase != PH_BEGIN)).tolist():
+        e, ph = ops[row], int(phase[row])
         if not e.keys() <= _PHASE_KEYS[ph]:
             return None
         if "exc" in e:
