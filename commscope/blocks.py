@@ -195,7 +195,7 @@ _FLAGS_AUX = struct.Struct("<BH")
 #: base64 to bytes, refusing anything else (strict where Python can: 3.11 and later)
 _b64 = functools.partial(binascii.a2b_base64, strict_mode=True) if sys.version_info >= (3, 11) else \
     functools.partial(base64.b64decode, validate=True)
-_PER_CALL = ("type", "ts", "phase", "id", "rank", "tid", "seq", "parent", "v")  # an event's keys no static holds
+PER_CALL = ("type", "ts", "phase", "id", "rank", "tid", "seq", "parent", "v")  # an event's keys no static holds
 _NO_STATIC = -1  # sid -> static index: not defined
 _NEVER = 1 << 62  # sid -> since: never defined
 _BAD_STATIC = -2  # defined, but its fields are invalid: every record of it is invalid
@@ -1021,13 +1021,13 @@ class BlockDecoder:
                 e = orjson.loads(b"{" + raw[start:start + n] + b"}")
                 if not isinstance(e, dict):
                     raise ValueError("fragment")
-                for k in _PER_CALL:  # (what a record carries per call, never its fragment)
+                for k in PER_CALL:  # (what a record carries per call, never its fragment)
                     e.pop(k, None)
                 e.update(type="op", ts=0, phase="begin", id=0, rank=self.rank)
                 if gid in self.groups:  # the stream's name for the group (an incarnation's own)
                     e["group"] = self.groups[gid].name
                 e = msgspec.convert(e, schema.RawEvent)  # a fragment is JSON like any event: checked like one
-                for k in _PER_CALL:
+                for k in PER_CALL:
                     e.pop(k, None)
                 if nested:
                     e["nested"] = True

@@ -21,7 +21,7 @@ from itertools import repeat
 
 import numpy as np
 
-from commscope.blocks import StaticTable
+from commscope.blocks import PER_CALL, StaticTable
 from commscope.oprecords import (
     F_APPROX,
     F_GPU,
@@ -37,12 +37,11 @@ from commscope.oprecords import (
 )
 
 #: A begin's keys that its static fields leave out (what it carries per call, and the key)
-PER_CALL = frozenset({"type", "ts", "phase", "id", "rank", "tid", "seq", "parent", "v", "sk"})
+NOT_STATIC = frozenset((*PER_CALL, "sk"))
 _BASE = frozenset({"type", "ts", "phase", "id", "rank", "v"})
 #: The keys each phase but a begin may carry in columns (``OpRecords.events`` writes them)
 _PHASE_KEYS = {PH_END: _BASE | {"exc", "approx", "peer", "seq"}, PH_WAIT_BEGIN: _BASE | {"exc"},
                PH_WAIT_END: _BASE | {"exc"}, PH_DONE: _BASE | {"exc", "gpu_ns"}}
-_U64 = 1 << 64
 #: Keys a begin never carries in columns (a phase's)
 _PHASE_ONLY = frozenset({"exc", "approx", "gpu_ns"})
 
@@ -96,10 +95,9 @@ def of_events(rank: int, ops: Sequence[dict], table: StaticTable) -> OpRecords |
         for j in [j for j, a in enumerate(at) if a is None]:
             a = at[j] = table.get(keys[j])  # (an earlier begin of this call may have added it)
             if a is None:
-                e = begins[j]
                 p = peers[j]
-                at[j] = table.add(keys[j], Static({name: v for name, v in e.items() if name not in PER_CALL}, sks[j],
-                                                  p if p.__class__ is int else -1, None))
+                fields = {name: v for name, v in begins[j].items() if name not in NOT_STATIC}
+                at[j] = table.add(keys[j], Static(fields, sks[j], p if p.__class__ is int else -1, None))
         static[rows] = at
         peer[rows] = table.peer[static[rows]]
         seq[rows] = np.fromiter(map(dget, begins, repeat("seq"), repeat(-1)), np.int64, len(begins))

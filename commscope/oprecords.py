@@ -201,6 +201,10 @@ def concat(parts: list[OpRecords]) -> OpRecords:
                      cat([p.gpu for p in parts]), cat([p.flags for p in parts]), exc, parts[-1].statics, where)
 
 
+#: ``OpRecords``' columns, in its fields' order (each a row per record)
+_COLUMNS = tuple(f.name for f in dataclasses.fields(OpRecords) if f.type == "np.ndarray")
+
+
 def packed(records: Sequence[OpRecords]) -> Spans | None:
     """Several streams' records copied into one set of columns, back to back, as ``Spans``
     (``unpacked`` gives them back): what a worker of a whole read hands over in one piece,
@@ -216,10 +220,8 @@ def packed(records: Sequence[OpRecords]) -> Spans | None:
         exc.update((int(start[k]) + row, text) for row, text in r.exc.items())
         start[k + 1] = start[k] + len(r)
     cat = np.concatenate
-    whole = OpRecords(-1, cat([r.phase for r in records]), cat([r.ts for r in records]), cat([r.id for r in records]),
-                      cat([r.static for r in records]), cat([r.seq for r in records]), cat([r.parent for r in records]),
-                      cat([r.tid for r in records]), cat([r.peer for r in records]), cat([r.gpu for r in records]),
-                      cat([r.flags for r in records]), exc, records[0].statics)
+    cols = [cat([getattr(r, name) for r in records]) for name in _COLUMNS]
+    whole = OpRecords(-1, *cols, exc, records[0].statics)
     return Spans(whole, start, np.fromiter((r.rank for r in records), np.int64, len(records)))
 
 
@@ -231,7 +233,8 @@ def unpacked(spans: Spans) -> list[OpRecords]:
     for rank, a, b in zip(spans.ranks.tolist(), spans.start[:-1].tolist(), spans.start[1:].tolist(), strict=True):
         recs = whole.rows_of(rank, a, b)
         if rows:
-            recs.exc = {row - a: whole.exc[row] for row in rows[bisect.bisect_left(rows, a):bisect.bisect_left(rows, b)]}
+            within = rows[bisect.bisect_left(rows, a):bisect.bisect_left(rows, b)]
+            recs.exc = {row - a: whole.exc[row] for row in within}
         out.append(recs)
     return out
 

@@ -882,7 +882,7 @@ class DirectoryReader(TraceReader):
             for stream, segs in streams.items():
                 had = len(getattr(self, "_ops", ()))
                 got = self._read_stream(stream, segs, None)[0]
-                if len(getattr(self, "_ops", ())) == had:  # (a stream of blocks: its records are columns)
+                if len(getattr(self, "_ops", ())) == had:  # (no blocks: its op events, if any, are JSON)
                     got = self._columns_of_events(stream, got)
                 events.extend(got)
         batch = Batch(self._carried + events, *self._take_ops())
