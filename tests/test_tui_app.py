@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -991,3 +992,37 @@ def test_the_rank_table_paints_blank_rows_for_ranks_a_fresh_model_lacks():
         assert table.cursor_row == 0
 
     drive(app, check, size=(120, 40))
+
+
+def test_attach_to_a_large_job_reads_it_apart_and_shows_the_culprit(tmp_path, monkeypatch):
+    """``attach``'s first read of a large job goes to the worker processes from the feed's
+    thread (``Feed.step``, ``read_apart``); the console then follows the job and names the
+    culprit as a live console does, and quitting leaves no worker behind."""
+    from test_oprecords import _bulkread_children
+
+    from commscope.bench.synthstore import JobShape, write_store
+    from commscope.store import bulkread
+    from commscope.store.directory import DirectoryReader
+
+    store = str(tmp_path / "trace")
+    shape = JobShape(64, 40, fault="missing", hang_after=2.0, tail_s=6.0)
+    span = S + 39 * int(S / shape.rate) + 500_000 + 6 * S  # (its trace ends about now: a live job)
+    write_store(store, dataclasses.replace(shape, t0=time.time_ns() - span - S // 2))
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    started: list[int] = []
+    real = bulkread.Workers.__init__
+    monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))
+    feed = Feed(open_source(store), mode=LIVE, source=store)
+    feed.BUDGET = 1 << 14  # (several chunks)
+    app = CommscopeApp(feed, bell=False)
+
+    async def check(pilot):
+        await wait_for(pilot, lambda: [f.culprits for f in app.findings if f.severity == "error"]
+                       == [[shape.culprit_rank]])
+        assert started == [2] and feed._first_done
+        assert app.feed.model.events and f"r{shape.culprit_rank}" in _screen_text(app)
+        await pilot.press("q")
+
+    drive(app, check, loaded=False)
+    assert _bulkread_children() == []
