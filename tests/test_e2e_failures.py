@@ -138,12 +138,14 @@ def test_rank_raising_a_python_exception(tmp_path, capsys):
     script = str(Path(__file__).with_name("raising_rank.py"))
     port = free_port()
     root = str(Path(__file__).resolve().parents[1])
-    procs = [subprocess.Popen([sys.executable, script, store, release], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, env=dict(
-                                  os.environ, RANK=str(r), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1",
-                                  MASTER_PORT=str(port), COMMSCOPE_JOB="raising",
-                                  PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])))
-             for r in range(3)]
+    logs = [tmp_path / f"rank{r}.err" for r in range(3)]  # (what a rank said, should its exit surprise)
+    procs = []
+    for r in range(3):
+        with logs[r].open("wb") as err:
+            procs.append(subprocess.Popen(
+                [sys.executable, script, store, release], stdout=subprocess.DEVNULL, stderr=err, env=dict(
+                    os.environ, RANK=str(r), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                    COMMSCOPE_JOB="raising", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))))
 
     def alive() -> bool:
         return any(p.poll() is None for p in procs)
@@ -158,7 +160,8 @@ def test_rank_raising_a_python_exception(tmp_path, capsys):
     finally:
         for p in procs:
             p.kill()
-    assert codes == [1, 1, 1]  # every rank died of an uncaught exception
+    # every rank died of an uncaught exception (once, under load, one did not: what it said)
+    assert codes == [1, 1, 1], [(c, log.read_bytes()[-600:]) for c, log in zip(codes, logs, strict=True)]
     out = finished(store, capsys)
     assert errors_of(out) == [("rank_crashed", [1])]
     (crash,) = out["findings"]
