@@ -191,3 +191,23 @@ def test_closing_the_terminal_stops_the_workers_and_removes_the_temporary_trace(
     while not gone(workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert gone(workers)
+
+
+def test_the_status_tick_before_a_new_picker_is_composed_waits_for_it(tmp_path):
+    """(Under load the app's status tick once came between pushing a new picker and its
+    compose: ``#status`` was not there yet, and the tick raised.)  The picker shows the
+    status when it mounts."""
+    app = DemoApp(scenarios=SCENARIOS, job_factory=DemoJob, ranks=3, store=str(tmp_path), bell=False)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            app.pop_screen()
+            await pilot.pause()
+            app.action_menu()  # a new picker, not composed yet
+            assert isinstance(app.screen, ScenarioPicker) and not app.screen.query("#status")
+            app._job_status()  # the tick
+            await pilot.pause()
+            assert "no scenario running" in str(app.screen.query_one("#status").render())
+
+    asyncio.run(run())

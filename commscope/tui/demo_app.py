@@ -98,7 +98,8 @@ class ScenarioPicker(Screen):
         else:
             state = "finished" if job.finished else ("running" if job.alive() else "stopped")
             text = f"{app.job_name}: {state} · {len(job.alive())} worker(s) alive · store {job.store}"
-        self.query_one("#status", Static).update(text)
+        for status in self.query("#status").results(Static):  # (none yet: the app's tick came before
+            status.update(text)  # the picker was composed; its mount shows the status)
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         if event.option.id:
