@@ -200,6 +200,19 @@ def test_a_console_that_kept_up_waits_for_its_round_and_one_cut_short_goes_on(tm
     assert not got and whole.pause_s(got) == Feed.POLL_S
 
 
+def _caught_up(opened, monkeypatch, workers: str) -> Feed:
+    """A live console on the reader ``opened()`` gives, read with ``workers`` read workers in
+    many chunks until every stream was read, then judged."""
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", workers)
+    feed = Feed(opened(), mode=LIVE, hang_after=2.0)
+    feed.BUDGET = 1 << 12  # (many chunks)
+    while not feed.caught_up():
+        feed.step()
+    feed._next_diag = 0.0
+    feed.step()
+    return feed
+
+
 def _per_rank(feed: Feed) -> dict[int, list]:
     m = feed.model
     return {r: [m.op(r, i) for i in range(m.n_ops(r))] for r in m.rank_ids()}
@@ -224,19 +237,9 @@ def test_a_console_attached_to_a_large_job_reads_it_apart_then_polls_on_from_the
     real = bulkread.Workers.__init__
     monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))
 
-    def attached(workers: str) -> Feed:
-        monkeypatch.setenv("COMMSCOPE_READ_WORKERS", workers)
-        feed = Feed(open_reader(f"{store}/recent"), mode=LIVE, hang_after=2.0)
-        feed.BUDGET = 1 << 12  # (many chunks)
-        while not feed.caught_up():
-            feed.step()
-        feed._next_diag = 0.0
-        feed.step()
-        return feed
-
-    polled = attached("1")
+    polled = _caught_up(lambda: open_reader(f"{store}/recent"), monkeypatch, "1")
     assert started == []  # (one core: polls read it)
-    apart = attached("2")
+    apart = _caught_up(lambda: open_reader(f"{store}/recent"), monkeypatch, "2")
     assert started == [2] and apart._first_done and apart._first is None
     assert apart.model.events == polled.model.events and _per_rank(apart) == _per_rank(polled)
     for feed in (polled, apart):
@@ -300,20 +303,13 @@ def test_a_first_read_apart_of_segments_and_a_window_is_the_polls_read(tmp_path,
     real = bulkread.Workers.__init__
     monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))
 
-    def attached(workers: str) -> Feed:
-        monkeypatch.setenv("COMMSCOPE_READ_WORKERS", workers)
+    def opened():
         reader = open_reader(f"{store}/recent")
         if window is not None:
             reader.start_at(Since(ago_s=window))
-        feed = Feed(reader, mode=LIVE, hang_after=2.0)
-        feed.BUDGET = 1 << 12
-        while not feed.caught_up():
-            feed.step()
-        feed._next_diag = 0.0
-        feed.step()
-        return feed
+        return reader
 
-    polled, apart = attached("1"), attached("2")
+    polled, apart = _caught_up(opened, monkeypatch, "1"), _caught_up(opened, monkeypatch, "2")
     assert started == [2]
     assert apart.reader.stats.skipped_bytes == polled.reader.stats.skipped_bytes
     assert (window is not None) == (apart.reader.stats.skipped_bytes > 0)
