@@ -11,6 +11,10 @@ an end with its exception, approximate time, an any-source recv's peer and seq; 
 exception; a done's device time and exception.  A stream with one op event of another form
 keeps its events as they are.
 
+A worker reads a stream's chunks through ``decode_chunk``: the compiled scanner
+(``jsonscan``) puts the op lines it reads straight into columns, and only the rest (other
+events, exception texts) is decoded as JSON.
+
 Torch-free, numpy only: a format, below the stores.
 """
 
@@ -18,10 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import repeat
+from typing import NamedTuple
 
 import numpy as np
 
-from commscope.blocks import PER_CALL, StaticTable
+from commscope import jsonscan
+from commscope.blocks import LINE_PREFIX, PER_CALL, StaticTable
+from commscope.events import Decoded, decode_lines
 from commscope.oprecords import (
     F_APPROX,
     F_GPU,
@@ -35,6 +42,7 @@ from commscope.oprecords import (
     OpRecords,
     Static,
 )
+from commscope.schema import decode_indexed
 
 #: A begin's keys that its static fields leave out (what it carries per call, and the key)
 NOT_STATIC = frozenset((*PER_CALL, "sk"))
@@ -127,3 +135,114 @@ def of_events(rank: int, ops: Sequence[dict], table: StaticTable) -> OpRecords |
             gpu[row] = e["gpu_ns"]
             flags[row] |= F_GPU
     return OpRecords(rank, phase, ts, ids, static, seq, parent, tid, peer, gpu, flags, exc, table.statics)
+
+
+class Chunk(NamedTuple):
+    """A chunk of lines decoded by ``decode_chunk``: ``decoded`` (its other events, in line
+    order, with the chunk's damaged and invalid counts; ``ops``: its op records), and the
+    line each event and each record came from (``event_lines``, ``op_lines``), to put them
+    back in one order where a stream's other chunks keep op events as dicts."""
+
+    decoded: Decoded
+    event_lines: np.ndarray
+    op_lines: np.ndarray
+
+
+def decode_chunk(data: bytes, rank: int, table: StaticTable) -> Chunk | None:
+    """Complete lines of ``rank``'s stream with its op events in columns: what
+    ``of_events(split(decode_lines(data, rank).events))`` gives, the op lines the scanner
+    reads (``jsonscan``) never built as dicts.  None where that is not the way: no scanner,
+    blocks among the lines, mostly other events, or an op event columns do not say (a
+    stream's chunk that the caller then decodes as JSON)."""
+    if data.find(LINE_PREFIX, 0, 1 << 16) >= 0:
+        return None
+    s = jsonscan.scan(data, rank)
+    if s is None or s.line.shape[0] * 2 < s.row.shape[0]:
+        return None
+    k = s.line.shape[0]
+    static = np.full(k, -1, np.int32)
+    begins = np.flatnonzero(s.phase == PH_BEGIN)
+    if begins.shape[0] and not _begins(data, s, rank, begins, table, static):
+        return None
+    recs = OpRecords(rank, s.phase, s.ts, s.id, static, s.seq, s.parent, s.tid.astype(np.uint64),
+                     s.peer.astype(np.int32), s.gpu, s.flags, {}, table.statics)
+    if begins.shape[0]:
+        recs.peer[begins] = table.peer[static[begins]]
+    others = np.flatnonzero(s.row == jsonscan.JSON)
+    lines = [data[a:b] for a, b in zip(s.line_start[others].tolist(), s.line_end[others].tolist(), strict=True)]
+    full = [j for j, line in enumerate(lines) if line.strip()]
+    if len(full) < len(lines):
+        lines = [lines[j] for j in full]
+        others = others[full]
+    got, at = decode_indexed(lines, rank)
+    lines_of = others[np.asarray(at, np.int64)] if at else np.zeros(0, np.int64)
+    ops, rest, op_at, rest_at = [], [], [], []
+    for e, line in zip(got.events, lines_of.tolist(), strict=True):
+        typ = e["type"]
+        if typ == "op":
+            if e["phase"] == "begin":  # (a begin the scanner left: its static fields' order is the JSON path's)
+                return None
+            ops.append(e)
+            op_at.append(line)
+        elif typ == "block" or typ == "site":
+            return None
+        else:
+            rest.append(e)
+            rest_at.append(line)
+    op_lines = s.line
+    if ops:
+        more = of_events(rank, ops, table)
+        if more is None:
+            return None
+        recs, op_lines = _merged(recs, s.line, more, np.asarray(op_at, np.int64))
+    return Chunk(Decoded(rest, got.damaged, got.invalid, recs), np.asarray(rest_at, np.int64), op_lines)
+
+
+def _begins(data: bytes, s: jsonscan.Scan, rank: int, begins: np.ndarray, table: StaticTable,
+            static: np.ndarray) -> bool:
+    """Fill ``static`` for the scanned begins: each distinct set of static bytes decoded once
+    (its first line, as the JSON path does: validated, its text redacted), each (signature
+    key, thread id, peer) looked up in ``table`` once and added, the first time, with the
+    fields of its first begin (``of_events``).  False where a first line is not a valid
+    event (the JSON path counts it, and the lines equal to it)."""
+    fields_of: dict[int, dict] = {}
+    for g in np.unique(s.group[begins]).tolist():
+        line = int(s.line[g])
+        got = decode_lines(data[int(s.line_start[line]):int(s.line_end[line])], rank)
+        if len(got.events) != 1 or got.events[0].get("type") != "op":
+            return False
+        fields_of[g] = {name: v for name, v in got.events[0].items() if name not in NOT_STATIC}
+    code: dict[tuple[int, int, int], int] = {}
+    firsts: list[int] = []
+    keys = zip(s.sk[begins].tolist(), s.tid[begins].tolist(), s.peer[begins].tolist(), strict=True)
+    codes = []
+    for j, key in enumerate(keys):
+        c = code.get(key)
+        if c is None:
+            c = code[key] = len(firsts)
+            firsts.append(j)
+        codes.append(c)
+    at = np.empty(len(firsts), np.int32)
+    for (sk, tid, peer), c in code.items():
+        key = ("json", sk, tid, peer)
+        a = table.get(key)
+        if a is None:
+            fields = fields_of[int(s.group[begins[firsts[c]]])]
+            a = table.add(key, Static(fields, sk, peer, None))
+        at[c] = a
+    static[begins] = at[np.asarray(codes, np.int64)]
+    return True
+
+
+def _merged(a: OpRecords, a_lines: np.ndarray, b: OpRecords, b_lines: np.ndarray) -> tuple[OpRecords, np.ndarray]:
+    """Two sets of one stream's records as one, in line order; and its lines."""
+    lines = np.concatenate([a_lines, b_lines])
+    order = np.argsort(lines, kind="stable")
+    cat = np.concatenate
+    where = np.empty_like(order)
+    where[order] = np.arange(order.shape[0])
+    exc = {int(where[row]): text for row, text in a.exc.items()}
+    exc.update({int(where[len(a) + row]): text for row, text in b.exc.items()})
+    return OpRecords(a.rank, *(cat([getattr(a, c), getattr(b, c)])[order] for c in
+                               ("phase", "ts", "id", "static", "seq", "parent", "tid", "peer", "gpu", "flags")),
+                     exc, a.statics), lines[order]

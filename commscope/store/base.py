@@ -528,7 +528,7 @@ class TraceReader(abc.ABC):
         not among the events returned.  ``scanned``: ``raw``'s scan, where ``decode_chunks`` made it."""
         rank = stream[0]
         if self.columnar and isinstance(raw, bytes):
-            got = decode_alone(raw, self._decoder(stream), scanned)
+            got = self._decode_columns(stream, raw, scanned)
         else:
             got = decode_lines(raw, rank) if isinstance(raw, bytes) else decode_entries(raw, rank)
             got = decode_stream(got, self._decoder(stream), columns=self.columnar)
@@ -539,6 +539,11 @@ class TraceReader(abc.ABC):
             self._raise_max_id(stream, top)
         self._account(stream, got, size, lost_markers=isinstance(raw, bytes))
         return got
+
+    def _decode_columns(self, stream: Stream, raw: bytes, scanned: Scan | None) -> Decoded:
+        """``ingest``'s decode of complete lines for a columnar reader (a store's whole read
+        may put JSON op events in columns too: ``DirectoryReader``)."""
+        return decode_alone(raw, self._decoder(stream), scanned)
 
     def _account(self, stream: Stream, got: Decoded, size: int, lost_markers: bool = True) -> None:
         """What ``ingest`` keeps of a decoded chunk but the highest op id: its op records,

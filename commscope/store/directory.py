@@ -28,13 +28,18 @@ import stat
 import subprocess
 import time
 from collections.abc import Iterator
+from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import orjson
 
 from commscope import jsonops
-from commscope.events import Event, gc_paused
+from commscope.blocks import decode_stream
+from commscope.blockscan import Scan
+from commscope.events import Decoded, Event, gc_paused
+from commscope.oprecords import OpRecords
 from commscope.schema import decode_job
 from commscope.store import inflight, retention, segments
 from commscope.store.base import (
@@ -878,16 +883,67 @@ class DirectoryReader(TraceReader):
         back as arrays, not dicts)."""
         self.columnar = True
         events: list[Event] = []
-        with gc_paused():
-            for stream, segs in streams.items():
-                had = len(getattr(self, "_ops", ()))
-                got = self._read_stream(stream, segs, None)[0]
-                if len(getattr(self, "_ops", ())) == had:  # (no blocks: its op events, if any, are JSON)
-                    got = self._columns_of_events(stream, got)
-                events.extend(got)
+        self._pieces = {}
+        try:
+            with gc_paused():
+                for stream, segs in streams.items():
+                    had = len(getattr(self, "_ops", ()))
+                    got = self._read_stream(stream, segs, None)[0]
+                    got = self._in_one_order(got, self._pieces.pop(stream, []))
+                    if len(getattr(self, "_ops", ())) == had:  # (no records: its op events, if any, are dicts)
+                        got = self._columns_of_events(stream, got)
+                    events.extend(got)
+        finally:
+            self._pieces = None
         batch = Batch(self._carried + events, *self._take_ops())
         self._carried = []
         return batch
+
+    #: While ``read_whole`` reads: per stream, each chunk's (events returned, its ``jsonops``
+    #: decode, where the JSON op lines went to columns)
+    _pieces: dict[Stream, list[tuple[int, jsonops.Chunk | None]]] | None = None
+
+    def _decode_columns(self, stream: Stream, raw: bytes, scanned: Scan | None) -> Decoded:
+        """A whole read's chunk with its JSON op lines in columns (``jsonops.decode_chunk``),
+        where the scanner reads them; else as ``ingest`` decodes it."""
+        if self._pieces is None:
+            return super()._decode_columns(stream, raw, scanned)
+        decoder = self._decoder(stream)
+        chunk = jsonops.decode_chunk(raw, stream[0], decoder.table) if scanned is None else None
+        if chunk is None:
+            got = super()._decode_columns(stream, raw, scanned)
+        else:
+            rest = chunk.decoded
+            got = decode_stream(rest._replace(ops=None), decoder, columns=True)._replace(ops=rest.ops)
+        self._pieces.setdefault(stream, []).append((len(got.events), chunk))
+        return got
+
+    def _in_one_order(self, events: list[Event], pieces: list[tuple[int, jsonops.Chunk | None]]) -> list[Event]:
+        """A stream's events as read, where some chunks put their op events in columns and
+        another kept op events as dicts (one columns do not say): those records back to
+        dicts among the events in line order, so the stream's op events are all dicts, in
+        order, as a read without the scanner gives them; else ``events``."""
+        if not any(c is not None for _, c in pieces) or not any(
+                c is None and any(e["type"] == "op" for e in events[at - n:at])
+                for (n, c), at in zip(pieces, np.cumsum([n for n, _ in pieces]).tolist(), strict=True)):
+            return events
+        out: list[Event] = []
+        gone: list[OpRecords] = []
+        at = 0
+        for n, chunk in pieces:
+            part = events[at:at + n]
+            at += n
+            if chunk is None:
+                out.extend(part)
+                continue
+            recs = chunk.decoded.ops
+            assert recs is not None
+            gone.append(recs)
+            both = sorted(zip([*chunk.event_lines.tolist(), *chunk.op_lines.tolist()], range(n + len(recs)),
+                              [*part, *recs.events()], strict=True), key=itemgetter(0, 1))
+            out.extend(e for _, _, e in both)
+        self._ops = [o for o in self._ops if not any(o is g for g in gone)]
+        return out + events[at:]
 
     def _columns_of_events(self, stream: Stream, events: list[Event]) -> list[Event]:
         """A stream's events with its op events taken out as its records (``jsonops``), where
