@@ -1002,6 +1002,19 @@ class Samples:
         if err is not None:
             self.gpu_error = str(err)
 
+    def extend(self, cols: Mapping[str, np.ndarray], last: dict) -> None:
+        """``add`` of samples given as their columns alone, and the last of them (a whole
+        read's: ``beats.Beats``; none of them says ``gpu_error``)."""
+        k = cols["ts"].shape[0]
+        need = self.n + k
+        if need > self.cols["ts"].shape[0]:
+            for f in self.FIELDS:
+                self.cols[f] = grown(self.cols[f], need, self.n, fill=np.nan, minimum=64)
+        for f in self.FIELDS:
+            self.cols[f][self.n: need] = cols[f]
+        self.n = need
+        self.last = last
+
     def add_one(self, ev: dict, values: Sequence[float]) -> None:
         """``add`` of one sample event, its ``columns_of`` values given as a row."""
         n = self.n

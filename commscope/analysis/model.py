@@ -63,6 +63,7 @@ from commscope.analysis.vocab import (  # noqa: F401  (re-exported: the model's 
     is_kill,
     signal_label,
 )
+from commscope.beats import Beats
 from commscope.events import P2P_OPS, Event
 from commscope.oprecords import (
     F_APPROX,
@@ -649,12 +650,14 @@ class TraceModel:
         m.ingest(list(events))
         return m
 
-    def ingest(self, events: list[Event], ops: Sequence[OpRecords] = (), spans: Spans | None = None
-               ) -> frozenset[int]:
+    def ingest(self, events: list[Event], ops: Sequence[OpRecords] = (), spans: Spans | None = None,
+               beats: Beats | None = None) -> frozenset[int]:
         """Add a batch of events (any ranks, per-rank order preserved) and of op records in
         columns (``oprecords.OpRecords``, what a reader's ``poll_batch`` returns); returns
         the ranks changed.  ``spans``: the records as arrays, where the reader has them
         (``Batch.spans``: a poll of thousands of streams then takes no pass over them).
+        ``beats``: streams' heartbeats and samples in columns (``Batch.beats``, a whole
+        read's), taken after the events in one step a stream.
 
         The per-event work is a few C-level ``map`` passes that pull whole columns
         (rank, phase, ts, id) out of the dicts at once; only begins whose signature is
@@ -663,7 +666,7 @@ class TraceModel:
         records' begins go first (a ``done`` event of the Python recorder refers to one),
         their other phases last.
         """
-        if not events and not ops:
+        if not events and not ops and beats is None:
             self.changed = frozenset()
             return self.changed
         lo, hi, changed = I64_MAX, 0, set()
@@ -712,8 +715,14 @@ class TraceModel:
             if k not in together and rows[k].shape[0]:
                 a, b = self._record_begins(recs, rows[k], codes[k], changed)
                 lo, hi = min(lo, a), max(hi, b)
+        if beats is not None:  # (ranks made in rank order, as one chunk of their events makes them)
+            for r in sorted({*beats.rank.tolist(), *map(_RANK_OF, events)} - self.ranks.keys()):
+                self._rank(r)
         for k in range(0, len(events), INGEST_CHUNK):
             a, b = self._ingest_chunk(events[k:k + INGEST_CHUNK] if len(events) > INGEST_CHUNK else events, changed)
+            lo, hi = min(lo, a), max(hi, b)
+        if beats is not None:
+            a, b = self._beats(beats, changed)
             lo, hi = min(lo, a), max(hi, b)
         a, b = self._batch_phases(recs_list, batch, live, changed,
                                   _every_or_set(regular[0].pos, n_recs) if regular else set())
@@ -724,7 +733,7 @@ class TraceModel:
         if hi:
             self.start_ns = lo if not self.start_ns else min(self.start_ns, lo)
             self.end_ns = max(self.end_ns, hi)
-        self.events += len(events) + int(described.sizes.sum())
+        self.events += len(events) + int(described.sizes.sum()) + (beats.events() if beats is not None else 0)
         self.table.compact()  # (between batches: nothing holds a rank's columns now)
         self.version += 1
         self.changed = frozenset(changed)
@@ -1538,6 +1547,26 @@ class TraceModel:
         self._seen_many(slot, t0, t1, np.full(slot.shape[0], I64_MAX, np.int64))
         changed.update(uniq.tolist())
         return int(t0.min()), int(t1.max())
+
+    def _beats(self, beats: Beats, changed: set[int]) -> tuple[int, int]:
+        """Streams' heartbeats and samples in columns (``beats.Beats``), as ``_liveness``
+        takes them as events: each stream's latest heartbeat, its samples appended, its first
+        and last times seen.  Returns their (first, last) timestamp."""
+        ranks = beats.rank.tolist()
+        cols, start = beats.cols, beats.start.tolist()
+        for k, (r, t0, t1, bt, inflight) in enumerate(zip(ranks, beats.t0.tolist(), beats.t1.tolist(),
+                                                          beats.beat_ts.tolist(), beats.inflight.tolist(),
+                                                          strict=True)):
+            rt = self._rank(r)
+            if bt >= 0:
+                rt.beat(bt, inflight)
+            a, b = start[k], start[k + 1]
+            last = beats.last[k]
+            if b > a and last is not None:
+                rt.samples.extend({f: c[a:b] for f, c in cols.items()}, last)
+            self._seen(rt, t0, t1, I64_MAX)
+            changed.add(r)
+        return int(beats.t0.min()), int(beats.t1.max())
 
     def _liveness(self, rt: RankTrace, events: list[Event], pos: np.ndarray | None, misc: np.ndarray,
                   kind: np.ndarray, ts: np.ndarray, samples: _ChunkSamples | None) -> tuple[int, int]:

@@ -89,7 +89,7 @@ def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], No
         total = reader.size()
         with gc_paused():
             for batch in reader.bulk(LOAD_STEP):
-                model.ingest(batch.events, batch.ops, batch.spans)
+                model.ingest(batch.events, batch.ops, batch.spans, batch.beats)
                 if progress is not None:
                     progress(Loading.of(reader, total, model))
             model.settle()

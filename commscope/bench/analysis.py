@@ -90,7 +90,7 @@ def _columns_build(ranks: int, repeat: int) -> tuple[int, list[float], list[floa
             with gc_paused():
                 t0 = time.perf_counter()
                 for b in steps:
-                    m.ingest(b.events, b.ops, b.spans)
+                    m.ingest(b.events, b.ops, b.spans, b.beats)
                 times[together].append(time.perf_counter() - t0)
             sizes[together] = m.total_ops()
     if sizes[True] != sizes[False]:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import orjson
 
+from commscope.beats import Beats
 from commscope.blocks import BlockDecoder, StaticTable, Together, decode_alone, decode_stream, decode_together
 from commscope.blockscan import Scan
 from commscope.events import Decoded, Event, decode_lines
@@ -219,11 +220,14 @@ class Batch(NamedTuple):
     #: Where every op record is a slice of one set of columns (a poll decoded together): the
     #: records as arrays (``TraceModel.ingest`` takes them so); None otherwise
     spans: Spans | None = None
+    #: A whole read's heartbeats and samples in columns (``beats.Beats``: not among the events)
+    beats: Beats | None = None
 
     def count(self) -> int:
+        n = len(self.events) + (self.beats.events() if self.beats is not None else 0)
         if self.spans is not None and self.spans.of(self.ops):
-            return len(self.events) + int(self.spans.start[-1] - self.spans.start[0])
-        return len(self.events) + sum(len(o) for o in self.ops)
+            return n + int(self.spans.start[-1] - self.spans.start[0])
+        return n + sum(len(o) for o in self.ops)
 
 
 def _spans_of(records: list[OpRecords]) -> Spans | None:

@@ -84,7 +84,7 @@ class StreamsRead(NamedTuple):
         (``Batch.spans``: the model takes them as arrays)."""
         if self.packed is None:
             return self.batch
-        return Batch(self.batch.events, unpacked(self.packed), self.packed)
+        return Batch(self.batch.events, unpacked(self.packed), self.packed, self.batch.beats)
 
 
 def _send(f: IO[bytes], obj: Any) -> None:

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 import orjson
 
-from commscope import jsonops
+from commscope import beats, jsonops
 from commscope.blocks import decode_stream
 from commscope.blockscan import Scan
 from commscope.events import Decoded, Event, gc_paused
@@ -880,9 +880,10 @@ class DirectoryReader(TraceReader):
         """Read ``streams`` (with their segments) to their ends, op records in columns (what is
         written meanwhile, the whole read's last batch reads: ``read_all_batch``): a stream's
         JSON op events too, where columns say them exactly (``jsonops``: a worker sends them
-        back as arrays, not dicts)."""
+        back as arrays, not dicts), and its heartbeats and samples (``Batch.beats``)."""
         self.columnar = True
         events: list[Event] = []
+        entries: list[beats.Entry] = []
         self._pieces = {}
         try:
             with gc_paused():
@@ -892,10 +893,13 @@ class DirectoryReader(TraceReader):
                     got = self._in_one_order(got, self._pieces.pop(stream, []))
                     if len(getattr(self, "_ops", ())) == had:  # (no records: its op events, if any, are dicts)
                         got = self._columns_of_events(stream, got)
+                    entry, got = beats.of_events(stream[0], got)
+                    if entry is not None:
+                        entries.append(entry)
                     events.extend(got)
         finally:
             self._pieces = None
-        batch = Batch(self._carried + events, *self._take_ops())
+        batch = Batch(self._carried + events, *self._take_ops(), beats.joined(entries))
         self._carried = []
         return batch
 

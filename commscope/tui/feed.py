@@ -292,12 +292,12 @@ class Feed:
         model = TraceModel()
         with gc_paused():
             for batch in reader.read_apart(self.BUDGET):  # (in parallel where the reader can, as a first read)
-                model.ingest(batch.events, batch.ops, batch.spans)
+                model.ingest(batch.events, batch.ops, batch.spans, batch.beats)
             while True:
                 batch = reader.poll_batch(self.BUDGET)
                 if not batch.count():
                     break
-                model.ingest(batch.events, batch.ops, batch.spans)
+                model.ingest(batch.events, batch.ops, batch.spans, batch.beats)
         model.note_read_stats(reader.stats)
         with self.lock:
             old = self.reader
@@ -318,7 +318,7 @@ class Feed:
         got = batch.count()
         with self.lock:
             if got:
-                self.model.ingest(batch.events, batch.ops, batch.spans)
+                self.model.ingest(batch.events, batch.ops, batch.spans, batch.beats)
             self.model.note_read_stats(self.reader.stats)
             if got and (self._publish_cost < self.CHEAP_PUBLISH_S or time.monotonic() >= self._publish_due):
                 self.publish()
@@ -392,7 +392,7 @@ class Feed:
                     if batch is None:
                         break
                     with self.lock:
-                        self.model.ingest(batch.events, batch.ops, batch.spans)
+                        self.model.ingest(batch.events, batch.ops, batch.spans, batch.beats)
             except Exception as exc:  # a store that vanished, a wrong password...
                 self.error = str(exc) or type(exc).__name__
                 break
