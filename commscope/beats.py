@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import repeat
+from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -67,26 +68,35 @@ class Entry(NamedTuple):
 def of_events(rank: int, events: Sequence[dict]) -> tuple[Entry | None, list[dict]]:
     """(``rank``'s heartbeats and samples among its valid ``events``, in stream order, as one
     entry; the other events, in order).  (None, ``events``) where there are none to take."""
-    typ = list(map(dict.get, events, repeat("type")))
-    beats = [e for e, t in zip(events, typ, strict=True) if t == "heartbeat"]
-    samples = [e for e, t in zip(events, typ, strict=True) if t == "sample"]
-    if beats and not all(map(_BEAT_KEYS.issuperset, beats)):
+    beats: list[dict] = []
+    samples: list[dict] = []
+    rest: list[dict] = []
+    for e in events:
+        t = e["type"]
+        (beats if t == "heartbeat" else samples if t == "sample" else rest).append(e)
+    kept = (beats and not all(map(_BEAT_KEYS.issuperset, beats)), samples and any("gpu_error" in e for e in samples))
+    if kept[0]:
         beats = []
-    if samples and any("gpu_error" in e for e in samples):
+    if kept[1]:
         samples = []
     if not beats and not samples:
         return None, list(events)
-    taken = {id(e) for e in beats} | {id(e) for e in samples}
-    rest = [e for e in events if id(e) not in taken]
-    times = [e["ts"] for e in beats] + [e["ts"] for e in samples]
+    if kept[0] or kept[1]:  # (those stay among the others, in order)
+        taken = "heartbeat" if beats else "sample"
+        rest = [e for e in events if e["type"] != taken]
+    times = list(map(_TS_OF, beats)) + list(map(_TS_OF, samples))
     beat_ts, inflight = -1, 0
-    for e in beats:  # (the latest, the last of equals)
-        if e["ts"] >= beat_ts:
-            beat_ts, inflight = e["ts"], e.get("inflight", 0)
+    if beats:  # the latest, the last of equals
+        top = max(times[:len(beats)])
+        last = next(e for e in reversed(beats) if e["ts"] == top)
+        beat_ts, inflight = top, last.get("inflight", 0)
     cols = {f: np.array(list(map(dict.get, samples, repeat(f))), np.float64) for f in SAMPLE_FIELDS} \
         if samples else None
     return Entry(rank, len(times), min(times), max(times), beat_ts, inflight, cols,
                  samples[-1] if samples else None), rest
+
+
+_TS_OF = itemgetter("ts")
 
 
 def joined(entries: Sequence[Entry]) -> Beats | None:
