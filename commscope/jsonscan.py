@@ -306,7 +306,7 @@ def _scan(d, rank, lines):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN2
                 typ_ok = True
                 e = v + 4
             elif key == _K_PHASE:
-                e = _string(d, v, b) if d[v] == 34 else -1
+                e = _string(d, v, b) if v < b and d[v] == 34 else -1
                 if e < 0:
                     ok = False
                     break
