@@ -11,7 +11,9 @@ samples the ``analysis.columns.Samples`` columns and the last sample as it was. 
 model takes it in one step a stream (``TraceModel.ingest``'s ``beats``).
 
 A stream keeps its heartbeats as dicts where one carries another key, and its samples
-where one says why GPU samples are missing (``gpu_error``: the model keeps the text).
+where one says why GPU samples are missing (``gpu_error``: the model keeps the text); all of
+them where one is at time 0; and a rank with several streams in a read (incarnations: the
+caller's choice) keeps them all, so the model takes a rank's in the order they were written.
 
 Torch-free, numpy only: a format, below the stores and the model.
 """
@@ -85,6 +87,8 @@ def of_events(rank: int, events: Sequence[dict]) -> tuple[Entry | None, list[dic
         taken = "heartbeat" if beats else "sample"
         rest = [e for e in events if e["type"] != taken]
     times = list(map(_TS_OF, beats)) + list(map(_TS_OF, samples))
+    if not min(times):  # (a time of 0 is not seen by the model as one: kept as it takes it)
+        return None, list(events)
     beat_ts, inflight = -1, 0
     if beats:  # the latest, the last of equals
         top = max(times[:len(beats)])

@@ -151,23 +151,15 @@ class Chunk(NamedTuple):
 def decode_chunk(data: bytes, rank: int, table: StaticTable) -> Chunk | None:
     """Complete lines of ``rank``'s stream with its op events in columns: what
     ``of_events(split(decode_lines(data, rank).events))`` gives, the op lines the scanner
-    reads (``jsonscan``) never built as dicts.  None where that is not the way: no scanner,
-    blocks among the lines, mostly other events, or an op event columns do not say (a
-    stream's chunk that the caller then decodes as JSON)."""
+    reads (``jsonscan``) never built as dicts.  None, ``table`` untouched, where that is not
+    the way: no scanner, blocks among the lines, no op line the scanner reads, or an op event
+    columns do not say (a stream's chunk that the caller then decodes as JSON)."""
     if data.find(LINE_PREFIX, 0, 1 << 16) >= 0:
         return None
     s = jsonscan.scan(data, rank)
-    if s is None or s.line.shape[0] * 2 < s.row.shape[0]:
+    if s is None or not s.line.shape[0]:
         return None
-    k = s.line.shape[0]
-    static = np.full(k, -1, np.int32)
-    begins = np.flatnonzero(s.phase == PH_BEGIN)
-    if begins.shape[0] and not _begins(data, s, rank, begins, table, static):
-        return None
-    recs = OpRecords(rank, s.phase, s.ts, s.id, static, s.seq, s.parent, s.tid.astype(np.uint64),
-                     s.peer.astype(np.int32), s.gpu, s.flags, {}, table.statics)
-    if begins.shape[0]:
-        recs.peer[begins] = table.peer[static[begins]]
+    # the lines left to JSON first: where they make it JSON's chunk, nothing is learnt of it
     others = np.flatnonzero(s.row == jsonscan.JSON)
     lines = [data[a:b] for a, b in zip(s.line_start[others].tolist(), s.line_end[others].tolist(), strict=True)]
     full = [j for j, line in enumerate(lines) if line.strip()]
@@ -189,11 +181,20 @@ def decode_chunk(data: bytes, rank: int, table: StaticTable) -> Chunk | None:
         else:
             rest.append(e)
             rest_at.append(line)
+    more = of_events(rank, ops, table) if ops else None  # (no begin among them: the table is not touched)
+    if ops and more is None:
+        return None
+    k = s.line.shape[0]
+    static = np.full(k, -1, np.int32)
+    begins = np.flatnonzero(s.phase == PH_BEGIN)
+    if begins.shape[0] and not _begins(data, s, rank, begins, table, static):
+        return None
+    recs = OpRecords(rank, s.phase, s.ts, s.id, static, s.seq, s.parent, s.tid.astype(np.uint64),
+                     s.peer.astype(np.int32), s.gpu, s.flags, {}, table.statics)
+    if begins.shape[0]:
+        recs.peer[begins] = table.peer[static[begins]]
     op_lines = s.line
-    if ops:
-        more = of_events(rank, ops, table)
-        if more is None:
-            return None
+    if more is not None:
         recs, op_lines = _merged(recs, s.line, more, np.asarray(op_at, np.int64))
     return Chunk(Decoded(rest, got.damaged, got.invalid, recs), np.asarray(rest_at, np.int64), op_lines)
 

@@ -172,7 +172,10 @@ def _string(d: np.ndarray, p: int, stop: int) -> int:
 
 def _value(d: np.ndarray, p: int, stop: int) -> int:
     """Where the JSON value at ``p`` ends, followed by ``,`` or ``}`` (-1: not found).  Only
-    where it ends: what it is, the JSON decode of an equal line says."""
+    where it ends: what it is, the JSON decode of an equal line says.  Each kind ends where
+    its own grammar says (a string at its closing quote, brackets where they match, a number
+    or a literal at its last character), never at the next comma: so static bytes read back
+    to back split into their keys one way only, and equal bytes are equal keys."""
     if p >= stop:
         return -1
     c = d[p]
@@ -198,10 +201,13 @@ def _value(d: np.ndarray, p: int, stop: int) -> int:
             q += 1
         if depth:
             return -1
-    else:
+    else:  # a number, true, false or null: its characters (what they say, the JSON decode judges)
         q = p
-        while q < stop and d[q] != 44 and d[q] != 125:
+        while q < stop and (48 <= d[q] <= 57 or 65 <= d[q] <= 90 or 97 <= d[q] <= 122 or d[q] == 43 or d[q] == 45
+                            or d[q] == 46):
             q += 1
+        if q == p:
+            return -1
     if q < 0 or q >= stop or (d[q] != 44 and d[q] != 125):
         return -1
     return q

@@ -9,6 +9,7 @@ samples are missing, keeps those as dicts.  A parallel read of a job gives the s
 from __future__ import annotations
 
 import numpy as np
+import orjson
 import pytest
 from model_compare import differences, model_state
 
@@ -73,6 +74,12 @@ def test_a_stream_keeps_the_kind_it_cannot_say_in_columns(odd):
     assert entry is not None and entry.count == sum(e["type"] in taken for e in events)
 
 
+def test_a_stream_with_a_time_of_0_keeps_them():
+    """(The model takes a time of 0 as none: with its other events, as they come.)"""
+    events = [hb(0, 0, 1), {"type": "meta", "ts": 5, "host": "h", "pid": 1, "world_size": 4, "v": 3, "rank": 0}]
+    assert beats.of_events(0, events) == (None, events)
+
+
 def _state(m: TraceModel) -> dict:
     s = model_state(m)
     del s["version"]  # (how many ingests and in what steps: not what the trace says)
@@ -107,6 +114,14 @@ def test_a_job_read_apart_gives_the_model_of_a_sequential_read(tmp_path, monkeyp
 
     store = str(tmp_path / "trace")
     write_store(store, JobShape(12, 60, fault="missing", hang_after=2.0))
+    # rank 0 again (an incarnation): a sample saying why GPU samples are missing, a heartbeat
+    # with another key; their times those of incarnation 0's last (a rank's, in stream order)
+    job = next(p for p in (tmp_path / "trace").iterdir() if p.is_dir())
+    last = max(orjson.loads(x)["ts"] for x in (job / "rank-00000.jsonl").read_bytes().splitlines())
+    (job / "rank-00000+1.jsonl").write_bytes(b"\n".join(orjson.dumps(e) for e in [
+        {"type": "meta", "ts": last, "host": "h", "pid": 2, "world_size": 12, "inc": 1, "v": 3, "rank": 0},
+        sample(0, last, gpu_error="NVML: not found"), sample(0, last + 1), hb(0, last, 7, unwaited=[1]),
+        hb(0, last, 8)]) + b"\n")
     monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "1")
     one = _state(source.load_trace(store)[0])
     monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")

@@ -27,6 +27,7 @@ import os
 import stat
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 from operator import itemgetter
 from pathlib import Path
@@ -543,7 +544,11 @@ class DirectoryReader(TraceReader):
                                        "known (not carried yet): an op begun before may be missing")
             return
         if data:
-            events = self.ingest(stream, data).events
+            pieces, self._pieces = self._pieces, None  # (its events are not the stream's read: ``_in_one_order``)
+            try:
+                events = self.ingest(stream, data).events
+            finally:
+                self._pieces = pieces
             self._carried.extend(e for e in events if not (
                 e["type"] == "op" and e["phase"] == "begin" and e["id"] <= after_id))
 
@@ -884,6 +889,7 @@ class DirectoryReader(TraceReader):
         self.columnar = True
         events: list[Event] = []
         entries: list[beats.Entry] = []
+        ranks = Counter(stream[0] for stream in streams)  # (a rank's incarnations keep theirs as dicts: in order)
         self._pieces = {}
         try:
             with gc_paused():
@@ -893,9 +899,10 @@ class DirectoryReader(TraceReader):
                     got = self._in_one_order(got, self._pieces.pop(stream, []))
                     if len(getattr(self, "_ops", ())) == had:  # (no records: its op events, if any, are dicts)
                         got = self._columns_of_events(stream, got)
-                    entry, got = beats.of_events(stream[0], got)
-                    if entry is not None:
-                        entries.append(entry)
+                    if ranks[stream[0]] == 1:
+                        entry, got = beats.of_events(stream[0], got)
+                        if entry is not None:
+                            entries.append(entry)
                     events.extend(got)
         finally:
             self._pieces = None
