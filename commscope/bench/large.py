@@ -62,6 +62,8 @@ if TYPE_CHECKING:
     from commscope.window import Since
 
 TARGETS = {4096: (5.0, 1.5 * 2**30), 16384: (15.0, 4 * 2**30)}
+#: Reader + model, M events/s, by the trace's format (issue 25)
+RATE_TARGETS = {"native": 2.0, "json": 1.0}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -471,6 +473,10 @@ def _print_row(row: dict[str, Any]) -> None:
         note = row["note"] if path == "events" else ""
         print(f"    {path:<8} load {fmt_time(load):>9} ({events / load / 1e6:.2f} M events/s)  diagnose "
               f"{fmt_time(diag):>9}  check {fmt_time(load + diag):>9}  peak RSS {fmt_bytes(rss):>9}{note}")
+    rate = res["columns"][0]["events"] / _med(res["columns"], "load_s") / 1e6
+    want = RATE_TARGETS[row["fmt"]]
+    print(f"    reader + model {rate:.2f} M events/s: target >= {want:g} M/s for {row['fmt']}, "
+          f"{'met' if rate >= want else 'not met'}")
 
 
 def _print_summary(rows: list[dict[str, Any]]) -> None:
