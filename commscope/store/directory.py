@@ -953,8 +953,9 @@ class DirectoryReader(TraceReader):
             both = sorted(zip([*chunk.event_lines.tolist(), *chunk.op_lines.tolist()], range(n + len(recs)),
                               [*part, *recs.events()], strict=True), key=itemgetter(0, 1))
             out.extend(e for _, _, e in both)
+        assert at == len(events)  # (every event of the stream's read came from one of its pieces)
         self._ops = [o for o in self._ops if not any(o is g for g in gone)]
-        return out + events[at:]
+        return out
 
     def _columns_of_events(self, stream: Stream, events: list[Event]) -> list[Event]:
         """A stream's events with its op events taken out as its records (``jsonops``), where
