@@ -356,6 +356,24 @@ def test_a_parallel_read_is_the_sequential_read(tmp_path, monkeypatch, fault):
     assert _loaded(store) == one
 
 
+def test_a_job_of_many_streams_is_read_apart_however_small(tmp_path, monkeypatch):
+    """Streams cost a read per stream however short: a job of many is read apart below the
+    bytes bound too (``PARALLEL_MIN_STREAMS``, here 12: the job's own count), one of fewer is not."""
+    from commscope.store.directory import DirectoryReader
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(12, 20, fault="missing", hang_after=2.0))
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    apart: list[int] = []
+    real = DirectoryReader._bulk_parallel
+    monkeypatch.setattr(DirectoryReader, "_bulk_parallel", lambda self, *a: apart.append(1) or real(self, *a))
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_STREAMS", 13)
+    want = _loaded(store)
+    assert not apart
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_STREAMS", 12)
+    assert _loaded(store)[:3] == want[:3] and apart  # (the same events, ops and findings)
+
+
 def test_a_parallel_read_whose_workers_fail_reads_everything_itself(tmp_path, monkeypatch, parallel):
     import sys
 

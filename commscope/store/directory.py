@@ -825,8 +825,12 @@ class DirectoryReader(TraceReader):
     # ------------------------------------------------------------------ a whole read, in parallel
     #: Below this many bytes, or with one core, a whole read polls in this process (the workers'
     #: start costs what they save: a job of blocks breaks even at ~100 MB on 2 cores, one of
-    #: JSON op events far below)
+    #: JSON op events far below) ...
     PARALLEL_MIN_BYTES = 96 << 20
+    #: ... or this many streams, whatever their bytes: a stream costs a read ~0.35 ms in
+    #: decoders and tables however short it is (a first read of 16k ranks' few events each:
+    #: 5.1-5.4 s apart on 2 cores against 5.9-6.2 s polling, and apart takes every core)
+    PARALLEL_MIN_STREAMS = 8192
     MAX_WORKERS = 8
 
     def _bulk(self, step: int) -> Iterator[Batch]:
@@ -843,7 +847,7 @@ class DirectoryReader(TraceReader):
 
     def _apart(self, step: int) -> Iterator[Batch] | None:
         """The streams read apart in workers (``_bulk_parallel``), or None where that is not
-        worth it: one core, a small job, or one read already."""
+        worth it: one core, a small job of few streams, or one read already."""
         workers = min(self.MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                       else (os.cpu_count() or 1))
         if os.environ.get(ENV_WORKERS, "").isdigit():
@@ -852,7 +856,8 @@ class DirectoryReader(TraceReader):
         if workers < 2 or self._reading or len(streams) < 2:
             return None  # (read apart only a job not read yet: each worker starts its streams afresh)
         window = self._window(streams)
-        if sum(sum(sizes) for _, sizes in window.values()) < self.PARALLEL_MIN_BYTES:
+        if sum(sum(sizes) for _, sizes in window.values()) < self.PARALLEL_MIN_BYTES and (
+                len(streams) < self.PARALLEL_MIN_STREAMS):
             return None
         return self._bulk_parallel(streams, window, step, workers)
 
