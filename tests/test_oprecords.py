@@ -357,8 +357,9 @@ def test_a_parallel_read_is_the_sequential_read(tmp_path, monkeypatch, fault):
 
 
 def test_a_job_of_many_streams_is_read_apart_however_small(tmp_path, monkeypatch):
-    """Streams cost a read per stream however short: a job of many is read apart below the
-    bytes bound too (``PARALLEL_MIN_STREAMS``, here 12: the job's own count), one of fewer is not."""
+    """Streams cost a read per stream however short: a whole read of a job of many is read
+    apart below the bytes bound too (``PARALLEL_MIN_STREAMS``, here 12: the job's own
+    count), one of fewer is not, nor a console's first read."""
     from commscope.store.directory import DirectoryReader
 
     store = str(tmp_path / "trace")
@@ -372,6 +373,9 @@ def test_a_job_of_many_streams_is_read_apart_however_small(tmp_path, monkeypatch
     assert not apart
     monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_STREAMS", 12)
     assert _loaded(store)[:3] == want[:3] and apart  # (the same events, ops and findings)
+    # a console's first read keeps the bytes bound alone (at a large job's start, apart was slower)
+    job = next(p for p in (tmp_path / "trace").iterdir() if p.is_dir())
+    assert list(DirectoryReader(job).read_apart(1 << 20)) == [] and len(apart) == 1
 
 
 def test_a_parallel_read_whose_workers_fail_reads_everything_itself(tmp_path, monkeypatch, parallel):

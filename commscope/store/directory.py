@@ -827,9 +827,11 @@ class DirectoryReader(TraceReader):
     #: start costs what they save: a job of blocks breaks even at ~100 MB on 2 cores, one of
     #: JSON op events far below) ...
     PARALLEL_MIN_BYTES = 96 << 20
-    #: ... or this many streams, whatever their bytes: a stream costs a read ~0.35 ms in
-    #: decoders and tables however short it is (a first read of 16k ranks' few events each:
-    #: 5.1-5.4 s apart on 2 cores against 5.9-6.2 s polling, and apart takes every core)
+    #: ... or, for a whole read (``bulk``: check, replay, report), this many streams whatever
+    #: their bytes: a stream costs a read ~0.35 ms in decoders and tables however short it is
+    #: (16k ranks' few events each: check 4.8 s apart on 2 cores against 5.6 s, and apart
+    #: takes every core).  Not a console's first read (``read_apart``): at a 16k-rank job's
+    #: start its first full read came after 21 s apart against ~8 s polling (bench scale)
     PARALLEL_MIN_STREAMS = 8192
     MAX_WORKERS = 8
 
@@ -838,16 +840,17 @@ class DirectoryReader(TraceReader):
         (each decodes whole streams into columns, which come back as they are done), so a job
         of 16k ranks is read at the speed of all the cores; ``bulk`` then goes on from where
         they stopped (``read_all_batch``)."""
-        apart = self._apart(step)
+        apart = self._apart(step, whole=True)
         yield from apart if apart is not None else super()._bulk(step)
 
     def read_apart(self, step: int) -> Iterator[Batch]:
-        apart = self._apart(step)
+        apart = self._apart(step, whole=False)
         return apart if apart is not None else iter(())
 
-    def _apart(self, step: int) -> Iterator[Batch] | None:
+    def _apart(self, step: int, whole: bool) -> Iterator[Batch] | None:
         """The streams read apart in workers (``_bulk_parallel``), or None where that is not
-        worth it: one core, a small job of few streams, or one read already."""
+        worth it: one core, a small job (of few streams, for a ``whole`` read), or one read
+        already."""
         workers = min(self.MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                       else (os.cpu_count() or 1))
         if os.environ.get(ENV_WORKERS, "").isdigit():
@@ -857,7 +860,7 @@ class DirectoryReader(TraceReader):
             return None  # (read apart only a job not read yet: each worker starts its streams afresh)
         window = self._window(streams)
         if sum(sum(sizes) for _, sizes in window.values()) < self.PARALLEL_MIN_BYTES and (
-                len(streams) < self.PARALLEL_MIN_STREAMS):
+                not whole or len(streams) < self.PARALLEL_MIN_STREAMS):
             return None
         return self._bulk_parallel(streams, window, step, workers)
 
