@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from commscope import blockscan, compiled
+from commscope.blockscan import _FNV, _FNV_PRIME  # (one hash for equal bytes, as the block scanner's)
 from commscope.oprecords import (
     F_APPROX,
     F_GPU,
@@ -59,8 +60,6 @@ _PHASE_LEN = np.array([5, 3, 10, 8, 4], np.int64)
 _PHASE_OF = np.array([PH_BEGIN, PH_END, PH_WAIT_BEGIN, PH_WAIT_END, PH_DONE], np.int8)
 _OP = np.frombuffer(b'"op"', np.uint8)
 _WAIT_BEGIN_TAIL = np.frombuffer(b"in", np.uint8)  # ("wait_begin" past its first 8 bytes)
-_FNV = np.uint64(0xCBF29CE484222325)
-_FNV_PRIME = np.uint64(0x100000001B3)
 
 
 class Scan(NamedTuple):
