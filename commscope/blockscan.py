@@ -178,7 +178,8 @@ def _load() -> Callable[..., tuple] | None:
     """The compiled scanner (``compiled.jit``, on first use)."""
     global _kernel
     if _kernel is None:
-        _kernel = compiled.jit(globals(), ("_hash", "_lit", "_num", "_field", "_b64", "_same", "_scan"))
+        _kernel = compiled.jit(globals(), ("_hash", "_lit", "_num", "_field", "_b64", "_same", "_scan"),
+                               inline=("_lit", "_num", "_field", "_b64"))
     return _kernel
 
 
@@ -233,38 +234,41 @@ def _field(d: np.ndarray, p: int, stop: int, lit: np.ndarray, most: int) -> tupl
     return _num(d, p, stop, most)
 
 
-def _b64(d: np.ndarray, p: int, q: int, out: np.ndarray, at: int) -> int:
-    """Decode base64 ``d[p:q]`` into ``out`` at ``at`` as ``binascii.a2b_base64(strict_mode=
-    True)`` would; returns the bytes written, -1 where it would refuse."""
-    n = q - p
-    if n % 4:
-        return -1
-    if n == 0:
-        return 0
+def _b64(d: np.ndarray, p: int, stop: int, out: np.ndarray, at: int) -> tuple[int, int]:
+    """Decode the base64 at ``d[p:]`` that a block line's ``"}`` ends (before ``stop``, the
+    data's end) into ``out`` at ``at`` as ``binascii.a2b_base64(strict_mode=True)`` would;
+    returns (the bytes written, where the base64 ends: its ``"``), or (-1, -1) where that is
+    not so (not base64, bad padding, longer than ``MAX_BLOCK``, no ``"}``).  The line's end
+    is found by the data: no pass looks for a block line's newline."""
     w = at
-    for k in range(p, q - 4, 4):  # every quartet but the last: no padding (a bad one makes v < 0)
+    k = p
+    most = p + MAX_BLOCK
+    while k + 4 <= stop:  # the quartets without padding (a padded or bad one makes v < 0)
         v = (_B64[d[k]] << 18) | (_B64[d[k + 1]] << 12) | (_B64[d[k + 2]] << 6) | _B64[d[k + 3]]
         if v < 0:
-            return -1
+            break
+        if k + 4 > most:
+            return -1, -1
         out[w] = (v >> 16) & 255
         out[w + 1] = (v >> 8) & 255
         out[w + 2] = v & 255
         w += 3
-    k = q - 4  # the last: "xxxx", "xxx=" or "xx=="
-    keep = 3 if d[k + 3] != 61 else (2 if d[k + 2] != 61 else 1)
-    v = (_B64[d[k]] << 18) | (_B64[d[k + 1]] << 12)
-    if keep >= 2:
-        v |= _B64[d[k + 2]] << 6
-    if keep == 3:
-        v |= _B64[d[k + 3]]
-    if v < 0:
-        return -1
-    out[w] = (v >> 16) & 255
-    if keep >= 2:
-        out[w + 1] = (v >> 8) & 255
-    if keep == 3:
-        out[w + 2] = v & 255
-    return w + keep - at
+        k += 4
+    if k < stop and d[k] != 34 and k + 4 <= stop and k + 4 <= most:  # the last quartet: "xxx=" or "xx=="
+        keep = 2 if d[k + 3] == 61 and d[k + 2] != 61 else (1 if d[k + 3] == 61 else 3)
+        v = (_B64[d[k]] << 18) | (_B64[d[k + 1]] << 12)
+        if keep >= 2:
+            v |= _B64[d[k + 2]] << 6
+        if v < 0 or keep == 3:  # (keep 3 here: a bad character, as the quartet without padding did not decode)
+            return -1, -1
+        out[w] = (v >> 16) & 255
+        if keep == 2:
+            out[w + 1] = (v >> 8) & 255
+        w += keep
+        k += 4
+    if k + 1 >= stop or d[k] != 34 or d[k + 1] != 125 or (k + 2 < stop and d[k + 2] != 10):
+        return -1, -1
+    return w - at, k
 
 
 def _same(b: np.ndarray, x: int, y: int, n: int) -> bool:
@@ -297,44 +301,45 @@ def _scan(d, starts, ranks):  # type: ignore[no-untyped-def]  # noqa: ANN001, AN
     raw = np.empty(n * 3 // 4 + 3, np.uint8)
     ops = np.empty(raw.shape[0] // 24 + 1, np.int64)
     op_first = np.empty(lines + 1, np.int64)
-    seen = dict()  # prefix hash -> first block with it
-    seen[np.uint64(0)] = np.int64(-1)
+    # prefix hash -> first block with it: a table of open addressing (numba's dict costs more)
+    cap = 64
+    while cap < 2 * lines:
+        cap *= 2
+    hkeys = np.zeros(cap, np.uint64)
+    hfirst = np.full(cap, -1, np.int64)
     nl = nb = nraw = nops = 0
     i = 0
     while i < n:
-        j = i
-        while j < n and d[j] != 10:
-            j += 1
-        ls[nl], le[nl], blk[nl] = i, j, -1
+        ls[nl], blk[nl] = i, -1
         nl += 1
-        line_end, i = j, j + 1
-        while c + 1 < chunks and ls[nl - 1] >= starts[c + 1]:
+        while c + 1 < chunks and i >= starts[c + 1]:
             c += 1
-        rank = ranks[c]
-        # the template, field by field: anything else is left for the JSON path
-        _version, p = _field(d, ls[nl - 1], line_end, _HEAD, SCHEMA_VERSION)
-        r, p = _field(d, p, line_end, _RANK, MAX_RANK)
-        if p < 0 or r != rank:
-            continue
-        ts, p = _field(d, p, line_end, _TS, MAX_INT)
-        _count, p = _field(d, p, line_end, _N, MAX_INT)
-        if p < 0:
-            continue
+        # the template, field by field (none holds a newline): anything else is left for
+        # the JSON path, the line's end found then
+        _version, p = _field(d, i, n, _HEAD, SCHEMA_VERSION)
+        r, p = _field(d, p, n, _RANK, MAX_RANK)
+        size = -1
+        if r != ranks[c]:
+            p = -1
+        ts, p = _field(d, p, n, _TS, MAX_INT)
+        _count, p = _field(d, p, n, _N, MAX_INT)
         pos = end = -1
-        if _lit(d, p, line_end, _POS) >= 0:  # the ring position and end: both or neither
-            pos, q = _field(d, p, line_end, _POS, MAX_INT)
-            end, p = _field(d, q, line_end, _END, MAX_INT)
-            if p < 0:
-                continue
-        p = _lit(d, p, line_end, _DATA)
-        if p < 0 or line_end - p < 2 or d[line_end - 1] != 125 or d[line_end - 2] != 34:
-            continue
-        q = line_end - 2  # the data ends at the line's '"}' (no '"' can be in base64)
-        if q - p > MAX_BLOCK:
-            continue
-        size = _b64(d, p, q, raw, nraw)
+        if p >= 0 and _lit(d, p, n, _POS) >= 0:  # the ring position and end: both or neither
+            pos, q = _field(d, p, n, _POS, MAX_INT)
+            end, p = _field(d, q, n, _END, MAX_INT)
+        if p >= 0:
+            p = _lit(d, p, n, _DATA)
+        if p >= 0:  # the data, up to the line's '"}' (no '"' can be in base64)
+            size, q = _b64(d, p, n, raw, nraw)
         if size < 0:
+            j = i
+            while j < n and d[j] != 10:
+                j += 1
+            le[nl - 1] = j
+            i = j + 1
             continue
+        le[nl - 1] = q + 2
+        i = q + 3
         # a block: its records walked (a record's length says where the next starts)
         start, stop = nraw, nraw + size
         nraw = stop
@@ -364,11 +369,13 @@ def _scan(d, starts, ranks):  # type: ignore[no-untyped-def]  # noqa: ANN001, AN
         bpend[b], bflag[b], bpid[b] = pend, flag, -1
         if pend > start:  # the first block with the same prefix (a hash shared by another: itself)
             h = _hash(raw, start, pend)
-            first = np.int64(-1)
-            if h in seen:
-                first = seen[h]
+            slot = np.int64(h & np.uint64(cap - 1))
+            while hfirst[slot] >= 0 and hkeys[slot] != h:
+                slot = (slot + 1) & (cap - 1)
+            first = hfirst[slot]
             if first < 0:
-                seen[h] = b
+                hkeys[slot] = h
+                hfirst[slot] = b
                 bpid[b] = b
             elif bpend[first] - bstart[first] == pend - start and _same(raw, bstart[first], start, pend - start):
                 bpid[b] = first

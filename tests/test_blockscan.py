@@ -29,10 +29,15 @@ def _strict(text: bytes) -> bytes | None:
 
 
 def _scan_b64(text: bytes) -> bytes | None:
+    """The scanner's decoding of ``text`` as a block line's data (its ``"}`` after it)."""
     blockscan._load()
     out = np.zeros(len(text), np.uint8)
-    n = blockscan._b64(np.frombuffer(text, np.uint8), 0, len(text), out, 0)
-    return None if n < 0 else out[:n].tobytes()
+    line = text + b'"}'
+    n, end = blockscan._b64(np.frombuffer(line, np.uint8), 0, len(line), out, 0)
+    if n < 0:
+        return None
+    assert end == len(text)  # (the data ends where the base64 does)
+    return out[:n].tobytes()
 
 
 def test_base64_is_read_as_python_s_strict_mode_reads_it_or_left_to_it():
@@ -74,12 +79,50 @@ def _line(**kw: object) -> bytes:
     (b'{"type":"block","v":3,"rank":0,"ts":1,"n":1,"data":"AAAA","x":1}', False),
     (b'{"type":"block","v":3,"rank":0,"ts":1,"n":1,"data":"AAAA"} ', False),
     (b'{"type":"block","v":3,"rank":%d,"ts":1,"n":1,"data":"AAAA"}' % (MAX_RANK + 1), False),
+    (b'{"type":"block","v":3,"rank":0,"ts":1,"n":1,"data":"AAAA"}\r', False),
+    (b'{"type":"block","v":3,"rank":0,"ts":1,"n":1,"data":"AAAA"}"}', False),
+    (b'{"type":"block","v":3,"rank":0,"ts":1,"n":1,"data":"AAAA"', False),
+    (b'{"type":"block","v":3,"rank":0,"ts":1,"n":1,"data":"AA=="}', True),
+    (b'{"type":"block","v":3,"rank":0,"ts":1,"n":1,"data":"AA==AAAA"}', False),
+    (b'{"type":"block","v":3,"rank":0,"ts":1,"n":1,"data":"AAA="}', True),
+    (b'{"type":"block","v":3,"rank":0,"ts":1,"n":1,"data":""}', True),
 ])
 def test_a_line_is_a_block_only_when_it_is_exactly_the_template(line, block):
     rank = 1 if b'"rank":1,' in line else 0
     got = blockscan.scan(line + b"\n", rank if block else 0)
     assert got is not None
     assert (got.block >= 0).tolist() == [block]
+
+
+def test_a_line_s_end_is_where_its_data_says_and_other_lines_end_at_their_newline():
+    """A block line's end is found from its data (``"}`` then a newline or the chunk's
+    end), never by looking for its newline: lines around it, a block line with no newline
+    at the chunk's end and lines the template refuses halfway keep their bounds."""
+    good = _line(pos=0, end=26)
+    lines = [b'{"type":"heartbeat","ts":1,"rank":0}', good, b"", good[:-3], b'{"x":"}"}', good, good + b" x", good]
+    data = b"\n".join(lines)  # (no newline after the last)
+    got = blockscan.scan(data, 0)
+    starts = [0]
+    for line in lines[:-1]:
+        starts.append(starts[-1] + len(line) + 1)
+    assert got.line_start.tolist() == starts
+    assert got.line_end.tolist() == [s + len(line) for s, line in zip(starts, lines, strict=True)]
+    assert (got.block >= 0).tolist() == [False, True, False, False, False, True, False, True]
+
+
+def test_a_block_s_data_is_at_most_max_block_long():
+    """Data longer than the schema allows (``MAX_BLOCK``) is left to the JSON path, which
+    refuses it; data of exactly that length is a block."""
+    from commscope.schema import MAX_BLOCK
+    head = b'{"type":"block","v":3,"rank":0,"ts":1,"n":1,"data":"'
+    record = blocks.pack_end(1, T) * 3  # (whole base64 quartets)
+    assert MAX_BLOCK % 4 == 0
+    fill = base64.b64encode(record * (MAX_BLOCK // 4 * 3 // len(record)))
+    fill += b"A" * (MAX_BLOCK - len(fill))
+    for data, block in ((fill, True), (fill + b"AAAA", False), (fill[:-4] + b"AA==", True),
+                        (fill + b"AA==", False)):
+        got = blockscan.scan(head + data + b'"}\n', 0)
+        assert (got.block >= 0).tolist() == [block], len(data)
 
 
 def test_a_block_s_records_prefix_and_ring_positions_are_found():
