@@ -43,7 +43,7 @@ import msgspec
 import numpy as np
 import orjson
 
-from commscope import blockscan, dtypes, optable, schema
+from commscope import beatscan, blockscan, dtypes, optable, schema
 from commscope.events import Decoded, decode_lines, signature_key
 from commscope.oprecords import (
     F_APPROX,
@@ -1185,8 +1185,8 @@ def decode_stream(got: Decoded, decoder: BlockDecoder, columns: bool) -> Decoded
     return Decoded(merged(out, ops), got.damaged, invalid)
 
 
-def decode_chunk(data: bytes, rank: int, decoder: BlockDecoder, scanned: blockscan.Scan | None = None
-                 ) -> Decoded | None:
+def decode_chunk(data: bytes, rank: int, decoder: BlockDecoder, scanned: blockscan.Scan | None = None,
+                 beats: bool = False) -> Decoded | None:
     """Complete lines of ``rank``'s stream decoded as ``decode_stream(decode_lines(data,
     rank), decoder, columns=True)`` decodes them, the block lines found by the compiled
     scanner (``blockscan``) and the rest as JSON; None where the scanner is not available
@@ -1194,43 +1194,62 @@ def decode_chunk(data: bytes, rank: int, decoder: BlockDecoder, scanned: blocksc
     (``decode_chunks`` hands over its scan of each chunk it leaves alone).
     Blocks are decoded in runs between the events that teach the decoder's tables (and
     the blocks the scanner left to JSON); the events keep their line order, the group
-    events that blocks define included."""
+    events that blocks define included.  ``beats``: the heartbeat and sample lines that
+    ``beatscan`` reads are taken out of the events, as rows (``Decoded.beats``), where no
+    other line of the chunk is a heartbeat or a sample."""
     if data.find(LINE_PREFIX, 0, 1 << 16) < 0:  # (JSON events: numba is not even loaded)
         return None
     s = blockscan.scan(data, rank) if scanned is None else scanned
     if s is None or len(s.ts) * 2 < len(s.line_start):  # (mostly JSON events: JSON's way is faster)
         return None
-    return decode_scanned(data, s, rank, decoder)
+    return decode_scanned(data, s, rank, decoder, beats)
 
 
-def decode_alone(data: bytes, decoder: BlockDecoder, scanned: blockscan.Scan | None = None) -> Decoded:
+def decode_alone(data: bytes, decoder: BlockDecoder, scanned: blockscan.Scan | None = None,
+                 beats: bool = False) -> Decoded:
     """Complete lines of the decoder's stream decoded alone, op records in columns: the
     scanner's way (``decode_chunk``; ``scanned``: its scan, made already), or JSON's where
     that is not available or faster."""
-    got = decode_chunk(data, decoder.rank, decoder, scanned)
+    got = decode_chunk(data, decoder.rank, decoder, scanned, beats)
     return got if got is not None else decode_stream(decode_lines(data, decoder.rank), decoder, columns=True)
 
 
-def decode_scanned(data: bytes, s: blockscan.Scan, rank: int, decoder: BlockDecoder) -> Decoded:
-    """``decode_chunk``'s work, given the scan ``s`` of ``data``."""
-    is_block = s.block >= 0
-    other = np.flatnonzero(~is_block)
+def _json_lines(data: bytes, s: blockscan.Scan, rank: int, beats: bool
+                ) -> tuple[Decoded, list[int], beatscan.Taken | None]:
+    """The lines of a scanned chunk that are not blocks, decoded as JSON: (their events,
+    each one's line in the chunk, the heartbeats and samples ``beatscan`` took as rows
+    where ``beats`` asks: whether they stay rows, the reader decides for the whole stream)."""
+    other = np.flatnonzero(s.block < 0)
+    lo, hi = s.line_start[other], s.line_end[other]
+    rows = beatscan.scan(data, lo, hi, rank) if beats and other.shape[0] else None
+    taken = np.zeros(other.shape[0], np.bool_) if rows is None else rows.kind != beatscan.OTHER
     lines, line_at = [], []
-    for k, lo, hi in zip(other.tolist(), s.line_start[other].tolist(), s.line_end[other].tolist(), strict=True):
-        line = data[lo:hi]
-        if line.strip():
+    for k, a, b, is_row in zip(other.tolist(), lo.tolist(), hi.tolist(), taken.tolist(), strict=True):
+        line = data[a:b]
+        if not is_row and line.strip():
             lines.append(line)
             line_at.append(k)
     got, at = schema.decode_indexed(lines, rank)
+    line_of = [line_at[k] for k in at]
+    if rows is None or not taken.any():
+        return got, line_of, None
+    keep = np.flatnonzero(taken)
+    return got, line_of, beatscan.Taken(beatscan.Rows(rows.kind[keep], rows.ts[keep], rows.inflight[keep],
+                                                      rows.values[:, keep]), other[keep], data, lo[keep], hi[keep], [])
+
+
+def decode_scanned(data: bytes, s: blockscan.Scan, rank: int, decoder: BlockDecoder, beats: bool = False) -> Decoded:
+    """``decode_chunk``'s work, given the scan ``s`` of ``data``."""
+    is_block = s.block >= 0
+    got, line_at, taken = _json_lines(data, s, rank, beats)
     blocks_before = np.cumsum(is_block) - is_block  # blocks on the lines before each
     walk, parts = _Walk(False), []
     out: list[dict] = []
     out_line: list[int] = []  # the line of each event in ``out``
     defined: list[tuple[int, dict]] = []  # (block, group event) of the scanned blocks
     b = 0
-    for e, k in zip(got.events, at, strict=True):
+    for e, line in zip(got.events, line_at, strict=True):
         typ = e.get("type")
-        line = line_at[k]
         if typ == BLOCK or teaches(e):
             nb = int(blocks_before[line])
             decoder.scanned(s, b, nb, walk, parts, defined)
@@ -1248,19 +1267,24 @@ def decode_scanned(data: bytes, s: blockscan.Scan, rank: int, decoder: BlockDeco
     decoder._flush(walk, parts)
     if defined:  # each among the events at its block's line
         block_line = np.flatnonzero(is_block).tolist()
-        merged, i = [], 0
+        merged, lines, i = [], [], 0
         for blk, e in defined:
             while i < len(out) and out_line[i] < block_line[blk]:
                 merged.append(out[i])
+                lines.append(out_line[i])
                 i += 1
             merged.append(e)
+            lines.append(block_line[blk])
         out = merged + out[i:]
+        out_line = lines + out_line[i:]
     invalid = got.invalid
     if decoder.invalid:
         invalid = Counter(got.invalid)
         invalid.update(decoder.invalid)
         decoder.invalid.clear()
-    return Decoded(out, got.damaged, invalid, concat(parts) if parts else None)
+    if taken is not None:
+        taken = taken._replace(event_lines=out_line)
+    return Decoded(out, got.damaged, invalid, concat(parts) if parts else None, taken)
 
 
 class Head(NamedTuple):

@@ -33,6 +33,7 @@ from msgspec import Meta
 from commscope.redact import known_texts, redact, redact_args
 
 if TYPE_CHECKING:
+    from commscope.beatscan import Taken
     from commscope.oprecords import OpRecords
 
 SCHEMA_VERSION = 3
@@ -179,16 +180,20 @@ _FIELD = re.compile(r"at `\$\.?([A-Za-z_]*)")
 class Decoded(NamedTuple):
     """What a batch of lines held: valid events, damaged lines, invalid events by reason,
     and (a reader that keeps op records in columns: ``blocks.decode_stream``) the op
-    records of its blocks, an ``oprecords.OpRecords``."""
+    records of its blocks, an ``oprecords.OpRecords``, and (a whole read's) its heartbeats
+    and samples as rows."""
 
     events: list[dict[str, Any]]
     damaged: int
     invalid: Counter
     ops: OpRecords | None = None
+    #: A whole read's heartbeats and samples taken out of ``events`` as rows (``beatscan``)
+    beats: Taken | None = None
 
     def count(self) -> int:
-        """Events read: the dicts and the op records."""
-        return len(self.events) + (len(self.ops) if self.ops is not None else 0)
+        """Events read: the dicts, the op records and the heartbeats and samples taken."""
+        return (len(self.events) + (len(self.ops) if self.ops is not None else 0)
+                + (len(self.beats.line) if self.beats is not None else 0))
 
 
 def _what(line: bytes) -> str:

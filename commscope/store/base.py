@@ -109,9 +109,8 @@ class ReadStats:
 
     def count_decoded(self, rank: int, decoded: Decoded) -> None:
         """Account one decoded batch of ``rank``: its events, damaged lines and invalid events."""
-        n = decoded.count()
-        self.events += n
-        self.records += n - len(decoded.events)
+        self.events += decoded.count()
+        self.records += len(decoded.ops) if decoded.ops is not None else 0
         self.count_corrupt(rank, decoded.damaged)
         self.count_invalid(rank, decoded.invalid)
 

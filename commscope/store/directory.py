@@ -36,8 +36,8 @@ from typing import NamedTuple
 import numpy as np
 import orjson
 
-from commscope import beats, jsonops
-from commscope.blocks import decode_stream
+from commscope import beats, beatscan, jsonops
+from commscope.blocks import decode_alone, decode_stream
 from commscope.blockscan import Scan
 from commscope.events import Decoded, Event, gc_paused
 from commscope.oprecords import OpRecords
@@ -904,10 +904,17 @@ class DirectoryReader(TraceReader):
                 for stream, segs in streams.items():
                     had = len(getattr(self, "_ops", ()))
                     got = self._read_stream(stream, segs, None)[0]
-                    got = self._in_one_order(got, self._pieces.pop(stream, []))
+                    pieces = self._pieces.pop(stream, [])
+                    taken = [t for _, _, t in pieces if t is not None]
+                    if taken and (ranks[stream[0]] > 1 or any(e["type"] in beatscan.TAKES for e in got)):
+                        got, pieces = self._beats_back(stream, got, pieces)
+                        taken = []
+                    got = self._in_one_order(got, pieces)
                     if len(getattr(self, "_ops", ())) == had:  # (no records: its op events, if any, are dicts)
                         got = self._columns_of_events(stream, got)
-                    if ranks[stream[0]] == 1:
+                    if taken:  # (its heartbeats and samples are all rows)
+                        entries.append(beatscan.entry(stream[0], taken))
+                    elif ranks[stream[0]] == 1:
                         entry, got = beats.of_events(stream[0], got)
                         if entry is not None:
                             entries.append(entry)
@@ -919,37 +926,61 @@ class DirectoryReader(TraceReader):
         return batch
 
     #: While ``read_whole`` reads: per stream, each chunk's (events returned, its ``jsonops``
-    #: decode, where the JSON op lines went to columns)
-    _pieces: dict[Stream, list[tuple[int, jsonops.Chunk | None]]] | None = None
+    #: decode, where the JSON op lines went to columns; the heartbeats and samples its block
+    #: decode took out of its events, as rows)
+    _pieces: dict[Stream, list[tuple[int, jsonops.Chunk | None, beatscan.Taken | None]]] | None = None
 
     def _decode_columns(self, stream: Stream, raw: bytes, scanned: Scan | None) -> Decoded:
         """A whole read's chunk with its JSON op lines in columns (``jsonops.decode_chunk``),
-        where the scanner reads them; else as ``ingest`` decodes it."""
+        where the scanner reads them, and its heartbeats and samples as rows
+        (``beatscan``); else as ``ingest`` decodes it."""
         if self._pieces is None:
             return super()._decode_columns(stream, raw, scanned)
         decoder = self._decoder(stream)
         chunk = jsonops.decode_chunk(raw, stream[0], decoder.table) if scanned is None else None
         if chunk is None:
-            got = super()._decode_columns(stream, raw, scanned)
+            got = decode_alone(raw, decoder, scanned, beats=True)
         else:
             rest = chunk.decoded
             got = decode_stream(rest._replace(ops=None), decoder, columns=True)._replace(ops=rest.ops)
-        self._pieces.setdefault(stream, []).append((len(got.events), chunk))
+        self._pieces.setdefault(stream, []).append((len(got.events), chunk, got.beats))
         return got
 
-    def _in_one_order(self, events: list[Event], pieces: list[tuple[int, jsonops.Chunk | None]]) -> list[Event]:
+    @staticmethod
+    def _beats_back(stream: Stream, events: list[Event], pieces: list[tuple[int, jsonops.Chunk | None,
+                                                                             beatscan.Taken | None]]
+                    ) -> tuple[list[Event], list[tuple[int, jsonops.Chunk | None, beatscan.Taken | None]]]:
+        """A stream's events with the heartbeats and samples its chunks took as rows put back
+        among them, as dicts (``beatscan.back``), and its pieces with their new counts: where
+        some stay events (another key, a ``gpu_error``, a time of 0) or the rank has several
+        streams in the read, so the model takes them all in the order they were written."""
+        out: list[Event] = []
+        again = []
+        at = 0
+        for n, chunk, taken in pieces:
+            part = events[at:at + n]
+            at += n
+            if taken is not None:
+                part = beatscan.back(part, taken, stream[0])
+            out.extend(part)
+            again.append((len(part), chunk, None))
+        assert at == len(events)  # (every event of the stream's read came from one of its pieces)
+        return out, again
+
+    def _in_one_order(self, events: list[Event], pieces: list[tuple[int, jsonops.Chunk | None,
+                                                                    beatscan.Taken | None]]) -> list[Event]:
         """A stream's events as read, where some chunks put their op events in columns and
         another kept op events as dicts (one columns do not say): those records back to
         dicts among the events in line order, so the stream's op events are all dicts, in
         order, as a read without the scanner gives them; else ``events``."""
-        if not any(c is not None for _, c in pieces) or not any(
+        if not any(c is not None for _, c, _ in pieces) or not any(
                 c is None and any(e["type"] == "op" for e in events[at - n:at])
-                for (n, c), at in zip(pieces, np.cumsum([n for n, _ in pieces]).tolist(), strict=True)):
+                for (n, c, _), at in zip(pieces, np.cumsum([n for n, _, _ in pieces]).tolist(), strict=True)):
             return events
         out: list[Event] = []
         gone: list[OpRecords] = []
         at = 0
-        for n, chunk in pieces:
+        for n, chunk, _ in pieces:
             part = events[at:at + n]
             at += n
             if chunk is None:

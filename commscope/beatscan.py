@@ -1,0 +1,251 @@
+"""Scanning a stream's heartbeat and sample lines, compiled: what ``blockscan`` is to blocks.
+
+Every rank writes a heartbeat and a sample a second or so: a third of a native stream's
+lines.  Decoded as JSON (msgspec, the schema's checks, then ``beats.of_events`` picking
+them out of the dicts) they cost a whole read's worker ~1.2 us each, a sixth of its time
+on a job of 400 ops a rank, for what the model keeps of them: a few numbers
+(``beats.Entry``).  ``scan`` reads the lines a block scan left in one compiled pass: a line
+that is exactly how the recorders write a heartbeat (``{"type":"heartbeat","ts":T,
+"inflight":N,"v":V,"rank":R}``) or a sample (``{"type":"sample","ts":T`` then any of
+``cpu``, ``rss``, ``gpu_util``, ``gpu_mem``, ``gpu_mem_total``, ``gpu_power``,
+``gpu_temp`` in that order, then ``"v"`` and ``"rank"``), with values the schema accepts,
+becomes a row; every other line (a ``gpu_error``, another key or order, a time of 0, a
+number written otherwise) is left for the JSON path, which decides what it means.
+
+A number of a sample is read only where reading it is exact (a float parsed as JSON parses
+it): no exponent, not ``-0``, at most 18 digits whose integer is at most 2 ** 53; it is that
+integer divided by a power of ten, both exact as doubles, so the division rounds once, as
+parsing does.
+
+Without numba (or with ``COMMSCOPE_SCAN=0``) ``scan`` returns None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+
+from commscope import beats, blockscan, compiled, schema
+from commscope.schema import MAX_INT, MAX_RANK, SCHEMA_VERSION
+
+#: A line's kind: not a row (the JSON path), a heartbeat, a sample
+OTHER, HEARTBEAT, SAMPLE = 0, 1, 2
+#: A sample's values that the model keeps in columns (``Rows.values``' rows), in the order a
+#: line holds them; then the keys a line may hold after them, checked and not kept (only
+#: the last sample keeps them: it is decoded as JSON)
+VALUES = beats.SAMPLE_FIELDS[1:]
+_OPTIONAL = tuple(b',"%s":' % key.encode() for key in (*VALUES, "gpu_power", "gpu_temp"))
+_REAL = np.array([schema.RawEvent.__annotations__[k[2:-2].decode()] == schema.Real for k in _OPTIONAL])  # (else a Count)
+_KEY_AT = np.zeros((len(_OPTIONAL), max(map(len, _OPTIONAL))), np.uint8)
+_KEY_LEN = np.array([len(k) for k in _OPTIONAL], np.int64)
+for _k, _key in enumerate(_OPTIONAL):
+    _KEY_AT[_k, :len(_key)] = np.frombuffer(_key, np.uint8)
+_HEARTBEAT = np.frombuffer(b'{"type":"heartbeat","ts":', np.uint8)
+_SAMPLE = np.frombuffer(b'{"type":"sample","ts":', np.uint8)
+_INFLIGHT = np.frombuffer(b',"inflight":', np.uint8)
+_V = np.frombuffer(b',"v":', np.uint8)
+_RANK = np.frombuffer(b',"rank":', np.uint8)
+_POW10 = np.array([10.0 ** k for k in range(19)], np.float64)  # (each exact: up to 10 ** 22 is)
+_EXACT = 1 << 53  # (an integer up to this is a double exactly)
+
+
+class Rows(NamedTuple):
+    """The lines of a chunk that ``scan`` read: ``kind`` per line given (``OTHER``,
+    ``HEARTBEAT``, ``SAMPLE``), and per line its ``ts``, a heartbeat's ``inflight`` and a
+    sample's ``values`` (a row of each of ``VALUES``, NaN: not on the line)."""
+
+    kind: np.ndarray
+    ts: np.ndarray
+    inflight: np.ndarray
+    values: np.ndarray
+
+
+#: The event types whose lines ``scan`` reads
+TAKES = frozenset({"heartbeat", "sample"})
+
+
+class Taken(NamedTuple):
+    """The heartbeats and samples a chunk's decode took out of its events (``Decoded.beats``):
+    their ``rows``, each one's ``line`` in the chunk and its bytes (``data[start:end]``), and
+    the line of each event the decode kept (``event_lines``): what puts them back among the
+    events, as dicts, where a stream's heartbeats and samples must stay events (``back``)."""
+
+    rows: Rows
+    line: np.ndarray
+    data: bytes
+    start: np.ndarray
+    end: np.ndarray
+    event_lines: list[int]
+
+
+def entry(rank: int, taken: list[Taken]) -> beats.Entry:
+    """``beats.of_events`` of a stream whose heartbeats and samples are all in ``taken`` (its
+    chunks', in order; none among its events): what the model keeps of them.  Only the
+    last sample is decoded as JSON (the model keeps it as it was)."""
+    rows = taken[0].rows if len(taken) == 1 else Rows(*(np.concatenate(c, axis=-1) for c in zip(
+        *(t.rows for t in taken), strict=True)))
+    kind, ts = rows.kind, rows.ts
+    sample = np.flatnonzero(kind == SAMPLE)
+    beat_ts, inflight = -1, 0
+    if sample.shape[0] < kind.shape[0]:  # the latest heartbeat, the last of equals
+        beat = np.flatnonzero(kind == HEARTBEAT)
+        at = beat[np.flatnonzero(ts[beat] == ts[beat].max())[-1]]
+        beat_ts, inflight = int(ts[at]), int(rows.inflight[at])
+    cols = last = None
+    if sample.shape[0]:
+        values = rows.values[:, sample]
+        cols = {"ts": ts[sample].astype(np.float64), **dict(zip(VALUES, values, strict=True))}
+        at = int(sample[-1])
+        for t in taken:  # (the chunk it is in)
+            if at < t.line.shape[0]:
+                got = schema.decode_lines(t.data[int(t.start[at]):int(t.end[at])], rank).events
+                break
+            at -= t.line.shape[0]
+        assert len(got) == 1  # (a row is one valid event)
+        last = got[0]
+    return beats.Entry(rank, int(kind.shape[0]), int(ts.min()), int(ts.max()), beat_ts, inflight, cols, last)
+
+
+def back(events: list[dict], taken: Taken, rank: int) -> list[dict]:
+    """A chunk's ``events`` with the heartbeats and samples ``taken`` out of them put back, as
+    dicts in line order: as a decode that took none gives them."""
+    lines = [taken.data[a:b] for a, b in zip(taken.start.tolist(), taken.end.tolist(), strict=True)]
+    got, at = schema.decode_indexed(lines, rank)
+    assert len(got.events) == len(lines) and at == list(range(len(lines)))  # (each row is one valid event)
+    both = sorted(zip(taken.event_lines + taken.line.tolist(), range(len(events) + len(lines)),
+                      events + got.events, strict=True), key=lambda x: (x[0], x[1]))
+    return [e for _, _, e in both]
+
+
+_kernel: Callable[..., tuple] | None = None
+
+
+def available() -> bool:
+    """Whether ``scan`` scans (numba is there, ``COMMSCOPE_SCAN`` does not say no)."""
+    return blockscan.available() and _load() is not None
+
+
+def scan(data: bytes, starts: np.ndarray, ends: np.ndarray, rank: int) -> Rows | None:
+    """The lines ``data[starts[k]:ends[k]]`` of ``rank``'s stream (without their newlines)
+    read where each is a heartbeat or a sample as the recorders write them; None when the
+    scanner is not available."""
+    if not available():
+        return None
+    assert _kernel is not None
+    return Rows(*_kernel(np.frombuffer(data, np.uint8), starts, ends, rank))
+
+
+def _load() -> Callable[..., tuple] | None:
+    global _kernel
+    if _kernel is None:
+        _kernel = compiled.jit(globals(), ("_lit", "_count", "_real", "_scan"), inline=("_lit", "_count", "_real"))
+    return _kernel
+
+
+def _lit(d: np.ndarray, p: int, stop: int, lit: np.ndarray, n: int) -> int:
+    """Where the first ``n`` bytes of ``lit`` end if they are at ``p`` (-1: they are not, or
+    ``p`` is -1)."""
+    if p < 0 or p + n > stop:
+        return -1
+    for k in range(n):
+        if d[p + k] != lit[k]:
+            return -1
+    return p + n
+
+
+def _count(d: np.ndarray, p: int, stop: int, most: int) -> tuple[int, int]:
+    """(value, where it ends) of the JSON integer at ``p`` from 0 to ``most``, written as
+    JSON writes it (no sign, no leading zero); (-1, -1) if not, or if ``p`` is -1."""
+    if p < 0:
+        return -1, -1
+    v = np.uint64(0)
+    q = p
+    while q < stop and 48 <= d[q] <= 57 and q - p < 19:
+        v = v * np.uint64(10) + np.uint64(d[q] - 48)
+        q += 1
+    if q == p or (d[p] == 48 and q - p > 1) or (q < stop and 48 <= d[q] <= 57) or v > np.uint64(most):
+        return -1, -1
+    return np.int64(v), q
+
+
+def _real(d: np.ndarray, p: int, stop: int) -> tuple[float, int]:
+    """(value, where it ends) of the JSON number at ``p`` where it reads exactly as a double
+    (``-?digits[.digits]``, 18 digits at most whose integer is at most 2 ** 53, not ``-0``:
+    that integer over a power of ten, both exact, one rounding); (0, -1) if not, or if
+    ``p`` is -1."""
+    if p < 0 or p >= stop:
+        return 0.0, -1
+    neg = d[p] == 45
+    q = p + 1 if neg else p
+    s = q
+    m = np.int64(0)
+    while q < stop and 48 <= d[q] <= 57:
+        m = m * 10 + np.int64(d[q] - 48)
+        q += 1
+    digits = q - s
+    if digits == 0 or (d[s] == 48 and digits > 1):
+        return 0.0, -1
+    frac = 0
+    if q < stop and d[q] == 46:
+        q += 1
+        f = q
+        while q < stop and 48 <= d[q] <= 57:
+            m = m * 10 + np.int64(d[q] - 48)
+            q += 1
+        frac = q - f
+        if frac == 0:
+            return 0.0, -1
+    if digits + frac > 18 or m > _EXACT or (q < stop and (d[q] == 101 or d[q] == 69)) or (neg and m == 0):
+        return 0.0, -1
+    v = np.float64(m) / _POW10[frac]
+    return (-v if neg else v), q
+
+
+def _scan(d, starts, ends, rank):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+    """``scan``'s work, line by line."""
+    n = starts.shape[0]
+    kind = np.zeros(n, np.int8)
+    ts = np.zeros(n, np.int64)
+    inflight = np.zeros(n, np.int64)
+    values = np.full((len(VALUES), n), np.nan, np.float64)
+    for k in range(n):
+        a, stop = starts[k], ends[k]
+        if stop - a < 20 or d[stop - 1] != 125:
+            continue
+        p = _lit(d, a, stop, _HEARTBEAT, _HEARTBEAT.shape[0])
+        what = HEARTBEAT
+        if p < 0:
+            p = _lit(d, a, stop, _SAMPLE, _SAMPLE.shape[0])
+            what = SAMPLE
+        t, p = _count(d, p, stop, MAX_INT)
+        if p < 0 or t == 0:  # (a time of 0: the JSON path's, as the model takes it)
+            continue
+        if what == HEARTBEAT:
+            busy, p = _count(d, _lit(d, p, stop, _INFLIGHT, _INFLIGHT.shape[0]), stop, MAX_INT)
+        else:
+            busy = 0
+            for j in range(_KEY_LEN.shape[0]):  # the optional keys, each at most once, in order
+                q = _lit(d, p, stop, _KEY_AT[j], _KEY_LEN[j])
+                if q < 0:
+                    continue
+                if _REAL[j]:
+                    x, p = _real(d, q, stop)
+                else:
+                    c, p = _count(d, q, stop, MAX_INT)
+                    x = np.float64(c)
+                if p < 0:
+                    break
+                if j < values.shape[0]:
+                    values[j, k] = x
+            if p < 0:
+                values[:, k] = np.nan
+                continue
+        _v, p = _count(d, _lit(d, p, stop, _V, _V.shape[0]), stop, SCHEMA_VERSION)
+        r, p = _count(d, _lit(d, p, stop, _RANK, _RANK.shape[0]), stop, MAX_RANK)
+        if p != stop - 1 or r != rank:
+            values[:, k] = np.nan
+            continue
+        kind[k], ts[k], inflight[k] = what, t, busy
+    return kind, ts, inflight, values

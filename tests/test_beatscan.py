@@ -1,0 +1,243 @@
+"""The compiled reading of heartbeat and sample lines (commscope.beatscan): a line it takes
+as a row decodes as JSON to exactly that event (its time, count of ops in flight and
+sample values, bit for bit), whatever the line (common forms, odd ones, one byte changed,
+numbers of every length); what it leaves, the JSON path reads.  A whole read that takes
+them as rows gives the batch a read that takes none gives: the same events, heartbeat and
+sample columns and counts, where a stream's chunks split between the two ways (a
+``gpu_error``, another key, a time of 0, a rank's incarnations) too.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import numpy as np
+import orjson
+import pytest
+
+from commscope import beats, beatscan, blockscan
+from commscope.schema import decode_lines
+
+pytestmark = pytest.mark.skipif(not blockscan.available(), reason="numba is not installed")
+
+T = 1_780_000_000_000_000_000
+
+COMMON = [
+    b'{"type":"heartbeat","ts":%d,"inflight":0,"v":3,"rank":5}' % T,
+    b'{"type":"heartbeat","ts":%d,"inflight":12,"v":2,"rank":5}' % (T + 1),
+    b'{"type":"sample","ts":%d,"cpu":97.0,"rss":12884901888,"v":3,"rank":5}' % T,
+    b'{"type":"sample","ts":%d,"cpu":0.5,"rss":1,"gpu_util":40,"gpu_mem":1073741824,"gpu_mem_total":85899345920,'
+    b'"gpu_power":301.25,"gpu_temp":61,"v":3,"rank":5}' % T,
+    b'{"type":"sample","ts":%d,"cpu":12.3,"rss":7,"gpu_util":99.9,"v":3,"rank":5}' % T,
+    b'{"type":"sample","ts":%d,"rss":7,"v":3,"rank":5}' % T,
+    b'{"type":"sample","ts":%d,"v":3,"rank":5}' % T,
+    b'{"type":"sample","ts":%d,"cpu":-3.25,"rss":0,"v":0,"rank":5}' % T,
+    b'{"type":"sample","ts":%d,"cpu":123456789012345,"v":3,"rank":5}' % T,
+    b'{"type":"sample","ts":%d,"cpu":0.000000000000001,"v":3,"rank":5}' % T,
+    b'{"type":"heartbeat","ts":4611686018427387903,"inflight":4611686018427387903,"v":3,"rank":5}',
+]
+
+ODD = [
+    b'{"type":"heartbeat","ts":0,"inflight":0,"v":3,"rank":5}',  # (a time of 0: the model's way)
+    b'{"type":"heartbeat","ts":%d,"inflight":0,"v":3,"rank":6}' % T,  # another rank's
+    b'{"type":"heartbeat","ts":%d,"inflight":0,"v":4,"rank":5}' % T,  # a version to come
+    b'{"type":"heartbeat","ts":%d,"inflight":0,"unwaited":[1],"v":3,"rank":5}' % T,
+    b'{"type":"heartbeat","ts":%d,"v":3,"rank":5}' % T,  # no count
+    b'{"type":"heartbeat","ts":%d,"inflight":-1,"v":3,"rank":5}' % T,
+    b'{"type":"heartbeat","ts":%d,"inflight":01,"v":3,"rank":5}' % T,  # not JSON
+    b'{"type":"heartbeat","ts":4611686018427387904,"inflight":0,"v":3,"rank":5}',  # past MAX_INT
+    b'{"type":"heartbeat","ts":99999999999999999999,"inflight":0,"v":3,"rank":5}',
+    b'{"type":"heartbeat", "ts":%d,"inflight":0,"v":3,"rank":5}' % T,  # a blank between tokens
+    b'{"type":"heartbeat","ts":%d,"inflight":0,"v":3,"rank":5} ' % T,
+    b'{"type":"heartbeat","ts":%d,"inflight":0,"rank":5,"v":3}' % T,  # another order
+    b'{"type":"heartbeat","ts":%d,"inflight":0,"v":3,"rank":5}}' % T,
+    b'{"type":"heartbeat","ts":%d,"inflight":0,"v":3,"rank":5,"rank":5}' % T,
+    b'{"type":"sample","ts":%d,"cpu":50.0,"gpu_error":"NVML: not found","v":3,"rank":5}' % T,
+    b'{"type":"sample","ts":%d,"rss":1,"cpu":50.0,"v":3,"rank":5}' % T,  # another order
+    b'{"type":"sample","ts":%d,"cpu":50.0,"cpu":51.0,"v":3,"rank":5}' % T,  # a key twice
+    b'{"type":"sample","ts":%d,"cpu":1e2,"v":3,"rank":5}' % T,  # an exponent
+    b'{"type":"sample","ts":%d,"cpu":-0.0,"v":3,"rank":5}' % T,
+    b'{"type":"sample","ts":%d,"cpu":-0,"v":3,"rank":5}' % T,
+    b'{"type":"sample","ts":%d,"cpu":9007199254740993,"v":3,"rank":5}' % T,  # past 2 ** 53
+    b'{"type":"sample","ts":%d,"cpu":0.1234567890123456789,"v":3,"rank":5}' % T,  # 19 digits
+    b'{"type":"sample","ts":%d,"cpu":1.,"v":3,"rank":5}' % T,
+    b'{"type":"sample","ts":%d,"cpu":.5,"v":3,"rank":5}' % T,
+    b'{"type":"sample","ts":%d,"cpu":01.5,"v":3,"rank":5}' % T,
+    b'{"type":"sample","ts":%d,"cpu":"50","v":3,"rank":5}' % T,
+    b'{"type":"sample","ts":%d,"rss":1.0,"v":3,"rank":5}' % T,  # a count written as a float
+    b'{"type":"sample","ts":%d,"cpu":50.0,"v":3,"rank":5,"x":1}' % T,
+    b'{"type":"sample","ts":%d,"cpu":50.0,"v":3,"rank":5' % T,  # torn
+    b'{"type":"sample","ts":%d,"cpu":5\xff.0,"v":3,"rank":5}' % T,  # not UTF-8
+    b'{"type":"sample","ts":%d,"cpu":50.0,"v":3,"rank":16777216}' % T,
+    b'{"type":"stack","ts":%d,"v":3,"rank":5}' % T,
+    b"",
+    b"}",
+]
+
+
+def _bits(x: float) -> bytes:
+    return struct.pack("<d", x)
+
+
+def _check(lines: list[bytes], rank: int = 5) -> list[int]:
+    """Each line the scanner takes decodes as JSON to one event it says exactly; returns the
+    kind it gave each line."""
+    data = b"\n".join(lines)
+    starts, at = [], 0
+    for line in lines:
+        starts.append(at)
+        at += len(line) + 1
+    lo = np.array(starts, np.int64)
+    hi = lo + np.array([len(x) for x in lines], np.int64)
+    rows = beatscan.scan(data, lo, hi, rank)
+    assert rows is not None
+    for k, line in enumerate(lines):
+        kind = int(rows.kind[k])
+        if kind == beatscan.OTHER:
+            assert np.isnan(rows.values[:, k]).all()
+            continue
+        got = decode_lines(line, rank)
+        assert len(got.events) == 1 and not got.damaged and not got.invalid, line
+        e = got.events[0]
+        assert e["type"] == ("heartbeat" if kind == beatscan.HEARTBEAT else "sample"), line
+        assert int(rows.ts[k]) == e["ts"] > 0, line
+        if kind == beatscan.HEARTBEAT:
+            assert set(e) == set(beats._BEAT_KEYS) and int(rows.inflight[k]) == e["inflight"], line
+            assert np.isnan(rows.values[:, k]).all()
+        else:
+            assert "gpu_error" not in e
+            for j, f in enumerate(beatscan.VALUES):
+                want = e.get(f)
+                got_v = float(rows.values[j, k])
+                assert (np.isnan(got_v) if want is None else _bits(got_v) == _bits(float(want))), (line, f)
+    return rows.kind.tolist()
+
+
+def test_the_common_lines_are_taken_and_read_as_json_reads_them():
+    assert _check(COMMON) == [1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 1]
+
+
+def test_odd_lines_are_left_to_json_or_read_as_it_reads_them():
+    kinds = _check(ODD)
+    assert kinds == [0] * len(ODD)  # (none of these is how a recorder writes them)
+
+
+def test_one_byte_changed_anywhere_is_left_or_read_as_json_reads_it():
+    rng = random.Random(11)
+    alphabet = b'0123456789.-,:"{}e aE+\xff'
+    lines = []
+    for _ in range(1500):
+        line = bytearray(rng.choice(COMMON))
+        for _ in range(rng.randrange(1, 3)):
+            k = rng.randrange(len(line))
+            op = rng.random()
+            if op < 0.6:
+                line[k] = rng.choice(alphabet)
+            elif op < 0.8:
+                del line[k]
+            else:
+                line.insert(k, rng.choice(alphabet))
+        lines.append(bytes(line))
+    kinds = _check(lines)
+    assert 0 < kinds.count(0) < len(lines)  # (some taken, some left)
+
+
+def test_numbers_of_every_length_read_as_json_reads_them():
+    """A sample's numbers: taken only where the reading is exact, then bit for bit what
+    JSON's reading gives (an integer of up to 2 ** 53 over a power of ten)."""
+    rng = random.Random(5)
+    texts = []
+    for _ in range(3000):
+        whole = str(rng.randrange(10 ** rng.randrange(0, 17))) if rng.random() < 0.9 else "0"
+        frac = "".join(rng.choice("0123456789") for _ in range(rng.randrange(0, 18)))
+        text = whole + ("." + frac if frac else "")
+        texts.append(("-" if rng.random() < 0.2 else "") + text)
+    lines = [b'{"type":"sample","ts":%d,"cpu":%s,"gpu_util":%s,"v":3,"rank":5}' % (T, t.encode(), t.encode())
+             for t in texts]
+    kinds = _check(lines)
+    for text, kind in zip(texts, kinds, strict=True):
+        digits = text.lstrip("-").replace(".", "")
+        exact = len(digits) <= 18 and int(digits) <= 1 << 53 and not (text.startswith("-") and float(text) == 0)
+        assert (kind == beatscan.SAMPLE) == exact, text  # (what is exact is taken, and only that)
+
+
+# ---------------------------------------------------------------------------- a whole read
+
+
+def _store(tmp_path, odd: dict[str, list[dict]]) -> str:
+    """A native store of 6 ranks in segments of ~32 KiB, with ``odd`` events appended to the
+    named segment files (``rank-00001.jsonl``: the first segment; ``last:1``: rank 1's last)."""
+    from commscope.bench.synthstore import JobShape, write_store
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(6, 120, fault="missing", hang_after=2.0, segment_bytes=32 << 10))
+    job = next(p for p in (tmp_path / "trace").iterdir() if p.is_dir())
+    for name, events in odd.items():
+        if name.startswith("last:"):
+            rank = int(name[5:])
+            path = sorted(job.glob(f"rank-{rank:05d}.*jsonl"))[-1]
+        else:
+            path = job / name
+        with path.open("ab") as f:
+            f.write(b"".join(orjson.dumps(e) + b"\n" for e in events))
+    return store
+
+
+def _whole(store: str, take: bool, monkeypatch) -> tuple:
+    from commscope.store.directory import DirectoryReader
+
+    with monkeypatch.context() as m:
+        if not take:
+            m.setattr(beatscan, "scan", lambda *a: None)
+        seen: list[int] = []
+        entry = beatscan.entry
+        m.setattr(beatscan, "entry", lambda rank, taken: seen.append(rank) or entry(rank, taken))
+        r = DirectoryReader(store)
+        batch = r.read_whole(r.streams())
+    b = batch.beats
+    cols = {f: b.cols[f].tolist() for f in beats.SAMPLE_FIELDS} if b is not None else None
+    state = (batch.events, None if b is None else (b.rank.tolist(), b.count.tolist(), b.t0.tolist(), b.t1.tolist(),
+             b.beat_ts.tolist(), b.inflight.tolist(), b.start.tolist(), b.last),
+             [(o.rank, o.phase.tolist(), o.ts.tolist(), o.id.tolist()) for o in batch.ops],
+             r.stats.events, r.stats.records, r.stats.invalid, r.stats.corrupt, r.stats.chunks)
+    return state, cols, sorted(seen)
+
+
+def _same(tmp_path, monkeypatch, odd: dict[str, list[dict]]) -> list[int]:
+    store = _store(tmp_path, odd)
+    (want, want_cols, none), (got, got_cols, taken) = _whole(store, False, monkeypatch), _whole(store, True,
+                                                                                                    monkeypatch)
+    assert none == []
+    assert got == want
+    if want_cols is not None:  # (NaN where a sample has no such field: equal as NaN)
+        for f in beats.SAMPLE_FIELDS:
+            assert np.array_equal(np.array(got_cols[f]), np.array(want_cols[f]), equal_nan=True), f
+    return taken
+
+
+def _hb(rank: int, ts: int, inflight: int = 0, **more) -> dict:
+    return {"type": "heartbeat", "ts": ts, "inflight": inflight, **more, "v": 3, "rank": rank}
+
+
+def _sample(rank: int, ts: int, **more) -> dict:
+    return {"type": "sample", "ts": ts, "cpu": 50.0, "rss": 1 << 30, **more, "v": 3, "rank": rank}
+
+
+def test_a_whole_read_takes_them_as_rows_and_gives_the_same_batch(tmp_path, monkeypatch):
+    taken = _same(tmp_path, monkeypatch, {"last:2": [_hb(2, T + 10 ** 12, 4), _hb(2, T + 10 ** 12, 5),
+                                                     _sample(2, T + 10 ** 12, gpu_util=3.5, gpu_power=1.0)]})
+    assert taken == list(range(6))  # (every stream's as rows)
+
+
+@pytest.mark.parametrize(("odd", "kept"), [
+    ({"rank-00001.jsonl": [_sample(1, T + 1, gpu_error="NVML: not found")]}, 1),  # (its first segment)
+    ({"last:1": [_hb(1, T + 10 ** 12, 1, unwaited=[3])]}, 1),  # (its last: rows of earlier segments put back)
+    ({"last:3": [_hb(3, 0, 1)]}, 3),  # (a time of 0)
+    ({"rank-00004+1.jsonl": [{"type": "meta", "ts": T + 10 ** 12, "host": "h", "pid": 2, "world_size": 6, "inc": 1,
+                              "v": 3, "rank": 4}, _hb(4, T + 10 ** 12, 2)]}, 4),  # (an incarnation)
+])
+def test_a_stream_whose_heartbeats_or_samples_stay_events_keeps_all_of_them_in_order(tmp_path, monkeypatch, odd,
+                                                                                       kept):
+    taken = _same(tmp_path, monkeypatch, odd)
+    assert kept not in taken and len(taken) == 5
