@@ -43,7 +43,7 @@ import msgspec
 import numpy as np
 import orjson
 
-from commscope import beatscan, blockscan, dtypes, optable, schema
+from commscope import beatscan, blockscan, compiled, dtypes, optable, schema
 from commscope.events import Decoded, decode_lines, signature_key
 from commscope.oprecords import (
     F_APPROX,
@@ -772,8 +772,7 @@ class BlockDecoder:
         sigm = c.sig
         if sigm.any():
             rows = np.flatnonzero(sigm)
-            body = _gather(u8, offs[rows] + HEADER.size, SIG_DT)
-            sid, sq, par = body["sid"].astype(np.int64), body["seq"], body["parent"]
+            sid, sq, par = c.body_sid[rows], c.body_seq[rows], c.body_parent[rows]
             st, since = self._statics_of(sid)
             good = (st >= 0) & (sq <= MAX_INT) & (par <= MAX_INT) & (since <= self._gathered + rows)
             rows, st, sq, par = rows[good], st[good], sq[good], par[good]
@@ -781,7 +780,7 @@ class BlockDecoder:
             static[rows] = st
             seq[rows] = np.where(sq >= 0, sq, -1)
             parent[rows] = np.where(par == 0, -1, par.astype(np.int64))
-            tid[rows] = body["tid"][good]
+            tid[rows] = c.body_tid[rows]
             peer[rows] = self.table.peer[st]
             any_source = rows[self.table.any_source[st]]
         else:
@@ -1052,6 +1051,7 @@ HEAD_DT = np.dtype([("typ", "u1"), ("flags", "u1"), ("aux", "<u2"), ("len", "<u4
 SIG_DT = np.dtype([("sid", "<u4"), ("seq", "<i8"), ("parent", "<u8"), ("tid", "<u8")])
 _I64 = np.dtype("<i8")
 assert HEAD_DT.itemsize == HEADER.size and SIG_DT.itemsize == SIG_BEGIN_BODY.size
+_SIG_LEN = HEADER.size + SIG_BEGIN_BODY.size  # (a BEGIN_SIG long enough to read)
 #: The phase each fixed-size record type stands for (-1: none), and the length it needs
 _PHASE_OF_TYPE = np.full(256, -1, np.int8)
 _NEED = np.zeros(256, np.uint32)
@@ -1101,10 +1101,12 @@ def _has_own_fields(walk: _Walk) -> bool:
 
 
 class _Fixed(NamedTuple):
-    """Op records' columns as their headers and fixed-size bodies give them, in one gather
-    each: the phases of END, WAIT_BEGIN, WAIT_END and DONE (-1 for the rest: begins, sources,
-    bad or unknown records), approximate ends, device times; what the rest need their own
-    steps for is left at its default (``BlockDecoder._resolve``, ``decode_chunks``)."""
+    """Op records' columns as their headers and fixed-size bodies give them: the phases of
+    END, WAIT_BEGIN, WAIT_END and DONE (-1 for the rest: begins, sources, bad or unknown
+    records), approximate ends, device times, and a BEGIN_SIG's body (``body_*``: zero on the
+    other rows); what the rest need their own steps for is left at its default
+    (``BlockDecoder._resolve``, ``decode_chunks``).  One compiled pass over the records
+    (``_fixed_rows``), or without numba a gather of every header and one of each body."""
 
     typ: np.ndarray
     rflags: np.ndarray  # the records' own flags (FLAG_*)
@@ -1121,29 +1123,110 @@ class _Fixed(NamedTuple):
     peer: np.ndarray
     gpu: np.ndarray
     flags: np.ndarray  # F_*
+    body_sid: np.ndarray  # a BEGIN_SIG's signature id, its seq, parent and tid as written
+    body_seq: np.ndarray
+    body_parent: np.ndarray
+    body_tid: np.ndarray
 
     @classmethod
     def of(cls, u8: np.ndarray, offs: np.ndarray) -> _Fixed:
         k = offs.shape[0]
-        # every header in one gather: [k x 24] bytes viewed as the header's fields
-        # (a record near the end of the buffer is read no further than it: its length is >= 24)
-        head = _gather(u8, offs, HEAD_DT)
-        typ, rflags, lens, ts, ids = head["typ"], head["flags"], head["len"], head["ts"], head["id"]
-        ok = (ts >= 0) & (ts <= MAX_INT) & (ids <= MAX_INT)
-        phase = np.where(ok & (lens >= _NEED[typ]), _PHASE_OF_TYPE[typ], -1).astype(np.int8)
-        flags = np.zeros(k, np.uint8)
-        flags[(phase == PH_END) & ((rflags & FLAG_APPROX) != 0)] |= F_APPROX
-        gpu = np.zeros(k, np.int64)
-        done = np.flatnonzero(phase == PH_DONE)
-        if done.shape[0]:
-            g = _gather(u8, offs[done] + HEADER.size, _I64)
-            good = (g >= 0) & (g <= MAX_INT)
-            gpu[done[good]] = g[good]
-            flags[done[good]] |= F_GPU
-        sig = (typ == BEGIN_SIG) & ok & (lens >= HEADER.size + SIG_BEGIN_BODY.size)
-        return cls(typ, rflags, lens, ok, sig, phase, ts, ids.astype(np.int64), np.full(k, -1, np.int32),
-                   np.full(k, -1, np.int64), np.full(k, -1, np.int64), np.zeros(k, np.uint64), np.full(k, -1, np.int32),
-                   gpu, flags)
+        kernel = _fixed_kernel()
+        if kernel is not None:
+            typ, rflags, lens, ok, sig, phase, ts, ids, gpu, flags, *body = kernel(u8, offs)
+        else:
+            typ, rflags, lens, ok, sig, phase, ts, ids, gpu, flags, *body = _fixed_numpy(u8, offs)
+        return cls(typ, rflags, lens, ok, sig, phase, ts, ids, np.full(k, -1, np.int32), np.full(k, -1, np.int64),
+                   np.full(k, -1, np.int64), np.zeros(k, np.uint64), np.full(k, -1, np.int32), gpu, flags, *body)
+
+
+def _fixed_numpy(u8: np.ndarray, offs: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``_fixed_rows`` in numpy (no numba): every header in one gather, ``[k x 24]`` bytes
+    viewed as its fields (a record near the end of the buffer is read no further than it:
+    its length is >= 24), then the bodies of those that have one."""
+    k = offs.shape[0]
+    head = _gather(u8, offs, HEAD_DT)
+    typ, rflags, lens, ts, ids = head["typ"], head["flags"], head["len"], head["ts"], head["id"]
+    ok = (ts >= 0) & (ts <= MAX_INT) & (ids <= MAX_INT)
+    phase = np.where(ok & (lens >= _NEED[typ]), _PHASE_OF_TYPE[typ], -1).astype(np.int8)
+    flags = np.zeros(k, np.uint8)
+    flags[(phase == PH_END) & ((rflags & FLAG_APPROX) != 0)] |= F_APPROX
+    gpu = np.zeros(k, np.int64)
+    done = np.flatnonzero(phase == PH_DONE)
+    if done.shape[0]:
+        g = _gather(u8, offs[done] + HEADER.size, _I64)
+        good = (g >= 0) & (g <= MAX_INT)
+        gpu[done[good]] = g[good]
+        flags[done[good]] |= F_GPU
+    sig = (typ == BEGIN_SIG) & ok & (lens >= _SIG_LEN)
+    sid, seq, parent, tid = np.zeros(k, np.int64), np.zeros(k, np.int64), np.zeros(k, np.uint64), np.zeros(k, np.uint64)
+    rows = np.flatnonzero(sig)
+    if rows.shape[0]:
+        body = _gather(u8, offs[rows] + HEADER.size, SIG_DT)
+        sid[rows], seq[rows], parent[rows], tid[rows] = body["sid"], body["seq"], body["parent"], body["tid"]
+    return typ, rflags, lens, ok, sig, phase, ts, ids.astype(np.int64), gpu, flags, sid, seq, parent, tid
+
+
+def _u64(b: np.ndarray, o: int) -> np.uint64:
+    """The little-endian 8 bytes at ``b[o:]`` (compiled: one load)."""
+    v = np.uint64(0)
+    for j in range(8):
+        v |= np.uint64(b[o + j]) << np.uint64(8 * j)
+    return v
+
+
+def _fixed_rows(u8, offs):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+    """``_Fixed``'s columns of the records at ``offs``, compiled: one pass, each record's
+    header and body read where it lies (what ``_fixed_numpy`` computes, the same way)."""
+    k = offs.shape[0]
+    typ, rflags = np.empty(k, np.uint8), np.empty(k, np.uint8)
+    lens = np.empty(k, np.uint32)
+    ok, sig = np.empty(k, np.bool_), np.zeros(k, np.bool_)
+    phase = np.empty(k, np.int8)
+    ts, ids, gpu = np.empty(k, np.int64), np.empty(k, np.int64), np.zeros(k, np.int64)
+    flags = np.zeros(k, np.uint8)
+    sid, seq = np.zeros(k, np.int64), np.zeros(k, np.int64)
+    parent, tid = np.zeros(k, np.uint64), np.zeros(k, np.uint64)
+    for i in range(k):
+        o = offs[i]
+        t = u8[o]
+        typ[i], rflags[i] = t, u8[o + 1]
+        n = np.uint32(u8[o + 4]) | (np.uint32(u8[o + 5]) << 8) | (np.uint32(u8[o + 6]) << 16) | (np.uint32(u8[o + 7]) << 24)
+        lens[i] = n
+        when = np.int64(_u64(u8, o + 8))
+        key = _u64(u8, o + 16)
+        good = when >= 0 and when <= MAX_INT and key <= np.uint64(MAX_INT)
+        ok[i] = good
+        ts[i], ids[i] = when, np.int64(key)
+        ph = _PHASE_OF_TYPE[t] if good and n >= _NEED[t] else np.int8(-1)
+        phase[i] = ph
+        if ph == PH_END and (u8[o + 1] & FLAG_APPROX) != 0:
+            flags[i] |= F_APPROX
+        elif ph == PH_DONE:
+            g = np.int64(_u64(u8, o + 24))
+            if g >= 0 and g <= MAX_INT:
+                gpu[i] = g
+                flags[i] |= F_GPU
+        elif t == BEGIN_SIG and good and n >= _SIG_LEN:
+            sig[i] = True
+            sid[i] = np.int64(u8[o + 24]) | (np.int64(u8[o + 25]) << 8) | (np.int64(u8[o + 26]) << 16) | (
+                np.int64(u8[o + 27]) << 24)
+            seq[i] = np.int64(_u64(u8, o + 28))
+            parent[i] = _u64(u8, o + 36)
+            tid[i] = _u64(u8, o + 44)
+    return typ, rflags, lens, ok, sig, phase, ts, ids, gpu, flags, sid, seq, parent, tid
+
+
+_fixed: Callable[..., tuple] | None = None
+
+
+def _fixed_kernel() -> Callable[..., tuple] | None:
+    """The compiled ``_fixed_rows`` (``compiled.jit``, on first use); None without numba or
+    where ``COMMSCOPE_SCAN`` says no (as for the scanner)."""
+    global _fixed
+    if _fixed is None and blockscan.available():
+        _fixed = compiled.jit(globals(), ("_u64", "_fixed_rows"), inline=("_u64",))
+    return _fixed if blockscan.available() else None
 
 
 def _gather(u8: np.ndarray, at: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -1587,8 +1670,8 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[bloc
     ok[oc[(phase >= 0) & ((f.rflags & FLAG_ERROR) != 0)]] = False  # (an exception text: alone)
     sigm = np.flatnonzero(f.sig)
     if sigm.shape[0]:
-        body = _gather(s.raw, offs[sigm] + HEADER.size, SIG_DT)
-        sid = body["sid"].astype(np.int64)
+        bseq, bparent = f.body_seq[sigm], f.body_parent[sigm]
+        sid = f.body_sid[sigm]
         # (a signature's ``since`` needs no look: one decoded in an earlier chunk came before these)
         pairs, at = np.unique(oc[sigm] << 32 | sid, return_inverse=True)
         st = np.empty(pairs.shape[0], np.int32)
@@ -1598,13 +1681,13 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[bloc
         st = st[at.reshape(-1)]
         usable = st >= 0
         any_source = table.any_source[np.maximum(st, 0)] & usable
-        usable &= ~any_source & (body["seq"] <= MAX_INT) & (body["parent"] <= MAX_INT)
+        usable &= ~any_source & (bseq <= MAX_INT) & (bparent <= MAX_INT)
         ok[oc[sigm[~usable]]] = False
         phase[sigm] = PH_BEGIN
         static[sigm] = st
-        seq[sigm] = np.where(body["seq"] >= 0, body["seq"], -1)
-        parent[sigm] = np.where(body["parent"] == 0, -1, body["parent"].astype(np.int64))
-        tid[sigm] = body["tid"]
+        seq[sigm] = np.where(bseq >= 0, bseq, -1)
+        parent[sigm] = np.where(bparent == 0, -1, bparent.astype(np.int64))
+        tid[sigm] = f.body_tid[sigm]
         peer[sigm] = table.peer[np.maximum(st, 0)]
     ok[oc[phase < 0]] = False  # (a begin of its own, a source, a bad or unknown record: alone)
     events = _other_lines(data, chunks, s, line_chunk, ok)

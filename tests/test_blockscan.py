@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import random
+import struct
 import subprocess
 import sys
 
@@ -292,3 +293,30 @@ def test_a_chunk_s_part_of_a_scan_of_many_is_its_scan_alone():
             pid = whole.prefix_id[b0:b1]
             shared += int(((pid >= 0) & (pid < b0)).sum())
     assert shared  # (some prefix was first seen in an earlier chunk)
+
+
+def test_the_compiled_fixed_fields_are_numpy_s():
+    """``blocks._fixed_rows`` (compiled) gives every column ``_fixed_numpy`` gives, on
+    records of every type with headers at and past every bound (times, ids, lengths, device
+    times, signature bodies), anywhere in a buffer."""
+    rng = random.Random(3)
+    edges = [0, 1, MAX_INT, MAX_INT + 1, (1 << 63) - 1, 1 << 63, (1 << 64) - 1]
+    recs, offs, at = [], [], 0
+    for _ in range(4000):
+        typ = rng.choice([blocks.BEGIN, blocks.END, blocks.WAIT_BEGIN, blocks.WAIT_END, blocks.DONE, blocks.RBEGIN,
+                          blocks.SOURCE, blocks.BEGIN_SIG, 0, 99])
+        size = rng.choice([24, 31, 32, 51, 52, 60])
+        ts, op_id = rng.choice(edges + [rng.randrange(1 << 64)]), rng.choice(edges + [rng.randrange(1 << 64)])
+        body = bytes(rng.randrange(256) for _ in range(size - 24))
+        if rng.random() < 0.5 and size >= 32:  # (a device time or a signature id at a bound)
+            body = rng.choice(edges).to_bytes(8, "little") + body[8:]
+        head = struct.pack("<BBHIQQ", typ, rng.randrange(256), rng.randrange(1 << 16), size, ts, op_id)
+        recs.append(head + body)
+        offs.append(at)
+        at += size
+    u8 = np.frombuffer(b"".join(recs), np.uint8)
+    where = np.array(offs, np.int64)
+    blocks._fixed_kernel()
+    assert blocks._fixed is not None
+    for got, want in zip(blocks._fixed(u8, where), blocks._fixed_numpy(u8, where), strict=True):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
