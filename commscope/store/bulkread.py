@@ -210,4 +210,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    # (no interpreter teardown: freeing what the worker decoded, object by object, kept the
+    # reading process waiting in ``Workers.close`` ~0.15 s at 4k ranks)
+    os._exit(code)
