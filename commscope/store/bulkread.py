@@ -88,21 +88,46 @@ class StreamsRead(NamedTuple):
 
 
 def _send(f: IO[bytes], obj: Any) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    f.write(_LEN.pack(len(data)))
+    """``obj`` pickled, its arrays' memory written as it is after the pickle (protocol 5's
+    buffers out of band): neither side copies a column into or out of the pickle, which
+    cost a 16k-rank read's reading process ~0.7 s of its ~14."""
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    try:
+        raws = [b.raw() for b in buffers]
+    except BufferError:  # (a buffer not in one piece: all in the pickle)
+        data, raws = pickle.dumps(obj, protocol=5), []
+    f.write(_LEN.pack(len(data)) + _LEN.pack(len(raws)) + b"".join(_LEN.pack(r.nbytes) for r in raws))
     f.write(data)
+    for raw in raws:
+        f.write(raw)
     f.flush()
 
 
-def _recv(f: IO[bytes]) -> Any:
-    head = f.read(_LEN.size)
-    if len(head) < _LEN.size:
-        raise EOFError("worker gone")
-    n = _LEN.unpack(head)[0]
+def _read(f: IO[bytes], n: int) -> bytes:
     data = f.read(n)
     if len(data) < n:
         raise EOFError("worker gone")
-    return pickle.loads(data)
+    return data
+
+
+def _recv(f: IO[bytes]) -> Any:
+    n, k = struct.unpack("<QQ", _read(f, 2 * _LEN.size))
+    if k > 1 << 20:
+        raise EOFError("not a worker's message")
+    sizes = struct.unpack(f"<{k}Q", _read(f, k * _LEN.size))
+    data = _read(f, n)
+    buffers = []
+    for size in sizes:
+        buf = bytearray(size)
+        view, got = memoryview(buf), 0
+        while got < size:
+            step = f.readinto(view[got:])  # type: ignore[attr-defined]
+            if not step:
+                raise EOFError("worker gone")
+            got += step
+        buffers.append(buf)
+    return pickle.loads(data, buffers=buffers)
 
 
 class Workers:

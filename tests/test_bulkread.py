@@ -1,0 +1,46 @@
+"""What a whole read's worker and the reading process send each other (store/bulkread.py):
+any object, its arrays' memory after the pickle (out of band), read back equal and
+writable; a message cut anywhere is the worker gone, never a wrong object."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from commscope.store import bulkread
+
+
+def _round(obj: object) -> object:
+    f = io.BytesIO()
+    bulkread._send(f, obj)
+    f.seek(0)
+    got = bulkread._recv(io.BufferedReader(f))
+    return got
+
+
+def test_objects_and_their_arrays_come_back_equal_and_writable():
+    a = np.arange(1000, dtype=np.int64)
+    obj = {"c": a, "f": np.asfortranarray(np.arange(12.0).reshape(3, 4)), "strided": a[::3], "empty": np.zeros(0),
+           "objects": np.array([{"x": 1}, None], dtype=object), "events": [{"type": "meta", "ts": 1}], "n": 5}
+    got = _round(obj)
+    assert isinstance(got, dict) and got.keys() == obj.keys()
+    for k, v in obj.items():
+        if isinstance(v, np.ndarray):
+            assert got[k].dtype == v.dtype and np.array_equal(got[k], v) if v.dtype != object else \
+                got[k].tolist() == v.tolist()
+            assert got[k].flags.writeable
+        else:
+            assert got[k] == v
+    got["c"][0] = 7  # (its own memory: the sender's is untouched)
+    assert a[0] == 0
+
+
+def test_a_message_cut_anywhere_is_the_worker_gone():
+    f = io.BytesIO()
+    bulkread._send(f, {"c": np.arange(100, dtype=np.int64), "e": [1, 2, 3]})
+    whole = f.getvalue()
+    for cut in sorted({0, 1, 8, 15, 16, 23, 24, len(whole) // 2, len(whole) - 1}):
+        with pytest.raises(EOFError):
+            bulkread._recv(io.BufferedReader(io.BytesIO(whole[:cut])))
