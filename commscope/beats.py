@@ -76,7 +76,7 @@ def of_events(rank: int, events: Sequence[dict]) -> tuple[Entry | None, list[dic
     for e in events:
         t = e["type"]
         (beats if t == "heartbeat" else samples if t == "sample" else rest).append(e)
-    kept = (beats and not all(map(_BEAT_KEYS.issuperset, beats)), samples and any("gpu_error" in e for e in samples))
+    kept = keeps(beats, samples)
     if kept[0]:
         beats = []
     if kept[1]:
@@ -101,6 +101,13 @@ def of_events(rank: int, events: Sequence[dict]) -> tuple[Entry | None, list[dic
 
 
 _TS_OF = itemgetter("ts")
+
+
+def keeps(heartbeats: Sequence[dict], samples: Sequence[dict]) -> tuple[bool, bool]:
+    """Whether a stream keeps its heartbeats, and its samples, as dicts (``of_events``): a
+    heartbeat carries another key; a sample says why GPU samples are missing."""
+    return (bool(heartbeats) and not all(map(_BEAT_KEYS.issuperset, heartbeats)),
+            any("gpu_error" in e for e in samples))
 
 
 def joined(entries: Sequence[Entry]) -> Beats | None:

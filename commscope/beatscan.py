@@ -62,10 +62,6 @@ class Rows(NamedTuple):
     values: np.ndarray
 
 
-#: The event types whose lines ``scan`` reads
-TAKES = frozenset({"heartbeat", "sample"})
-
-
 class Taken(NamedTuple):
     """The heartbeats and samples a chunk's decode took out of its events (``Decoded.beats``):
     their ``rows``, each one's ``line`` in the chunk and its bytes (``data[start:end]``), and
@@ -108,15 +104,45 @@ def entry(rank: int, taken: list[Taken]) -> beats.Entry:
     return beats.Entry(rank, int(kind.shape[0]), int(ts.min()), int(ts.max()), beat_ts, inflight, cols, last)
 
 
-def back(events: list[dict], taken: Taken, rank: int) -> list[dict]:
-    """A chunk's ``events`` with the heartbeats and samples ``taken`` out of them put back, as
-    dicts in line order: as a decode that took none gives them."""
-    lines = [taken.data[a:b] for a, b in zip(taken.start.tolist(), taken.end.tolist(), strict=True)]
+def kept(events: list[dict], several: bool) -> frozenset[int]:
+    """The kinds of rows a stream's read must put back among its ``events`` (as
+    ``of_events`` of them all would leave those kinds as events): both where the rank has
+    ``several`` streams in the read or where an event of a kind is one ``of_events`` would
+    take with the rows (it is then taken from the events, rows back); a kind ``beats.keeps``
+    keeps."""
+    if several:
+        return _BOTH
+    heartbeats = [e for e in events if e["type"] == "heartbeat"]
+    samples = [e for e in events if e["type"] == "sample"]
+    keep_beats, keep_samples = beats.keeps(heartbeats, samples)
+    if (heartbeats and not keep_beats) or (samples and not keep_samples):
+        return _BOTH
+    return frozenset((HEARTBEAT,) * keep_beats + (SAMPLE,) * keep_samples)
+
+
+_BOTH = frozenset({HEARTBEAT, SAMPLE})
+
+
+def back(events: list[dict], taken: Taken, rank: int, kinds: frozenset[int] = _BOTH) -> tuple[list[dict],
+                                                                                              Taken | None]:
+    """(A chunk's ``events`` with its rows of ``kinds`` put back, as dicts in line order, as
+    a decode that took none of them gives them; the rows left, None: none)."""
+    put = np.isin(taken.rows.kind, list(kinds))
+    if not put.any():
+        return events, taken
+    sel, keep = np.flatnonzero(put), np.flatnonzero(~put)
+    lines = [taken.data[a:b] for a, b in zip(taken.start[sel].tolist(), taken.end[sel].tolist(), strict=True)]
     got, at = schema.decode_indexed(lines, rank)
     assert len(got.events) == len(lines) and at == list(range(len(lines)))  # (each row is one valid event)
-    both = sorted(zip(taken.event_lines + taken.line.tolist(), range(len(events) + len(lines)),
+    both = sorted(zip(taken.event_lines + taken.line[sel].tolist(), range(len(events) + len(lines)),
                       events + got.events, strict=True), key=lambda x: (x[0], x[1]))
-    return [e for _, _, e in both]
+    out = [e for _, _, e in both]
+    if not keep.shape[0]:
+        return out, None
+    r = taken.rows
+    return out, taken._replace(rows=Rows(r.kind[keep], r.ts[keep], r.inflight[keep], r.values[:, keep]),
+                               line=taken.line[keep], start=taken.start[keep], end=taken.end[keep],
+                               event_lines=[k for k, _, _ in both])
 
 
 _kernel: Callable[..., tuple] | None = None

@@ -230,14 +230,40 @@ def test_a_whole_read_takes_them_as_rows_and_gives_the_same_batch(tmp_path, monk
     assert taken == list(range(6))  # (every stream's as rows)
 
 
-@pytest.mark.parametrize(("odd", "kept"), [
-    ({"rank-00001.jsonl": [_sample(1, T + 1, gpu_error="NVML: not found")]}, 1),  # (its first segment)
-    ({"last:1": [_hb(1, T + 10 ** 12, 1, unwaited=[3])]}, 1),  # (its last: rows of earlier segments put back)
-    ({"last:3": [_hb(3, 0, 1)]}, 3),  # (a time of 0)
-    ({"rank-00004+1.jsonl": [{"type": "meta", "ts": T + 10 ** 12, "host": "h", "pid": 2, "world_size": 6, "inc": 1,
-                              "v": 3, "rank": 4}, _hb(4, T + 10 ** 12, 2)]}, 4),  # (an incarnation)
+@pytest.mark.parametrize(("odd", "rows"), [
+    # (a kind kept as events: its rows go back, the other kind's stay rows)
+    ({"rank-00001.jsonl": [_sample(1, T + 1, gpu_error="NVML: not found")]}, True),  # (its first segment)
+    ({"last:1": [_hb(1, T + 10 ** 12, 1, unwaited=[3])]}, True),  # (its last: rows of earlier segments back)
+    ({"last:1": [_hb(1, T + 10 ** 12, 1, unwaited=[3]), _sample(1, T + 10 ** 12, gpu_error="no GPU")]}, False),
+    # (an event of a kind that the rows' entry would take: every row back)
+    ({"last:1": [_hb(1, 0, 1)]}, False),  # (a time of 0)
+    ({"rank-00001.jsonl": [{"ts": T + 1, "type": "heartbeat", "inflight": 0, "v": 3, "rank": 1}]}, False),
+    ({"last:1": [_sample(1, T + 10 ** 12, cpu=1e-7)]}, False),  # (a number the scanner leaves: an exponent)
+    ({"rank-00001+1.jsonl": [{"type": "meta", "ts": T + 10 ** 12, "host": "h", "pid": 2, "world_size": 6, "inc": 1,
+                              "v": 3, "rank": 1}, _hb(1, T + 10 ** 12, 2)]}, False),  # (an incarnation)
 ])
-def test_a_stream_whose_heartbeats_or_samples_stay_events_keeps_all_of_them_in_order(tmp_path, monkeypatch, odd,
-                                                                                       kept):
+def test_a_stream_whose_heartbeats_or_samples_stay_events_keeps_them_in_order(tmp_path, monkeypatch, odd, rows):
+    """Rank 1's odd events: the batch is a read's that takes no rows; rank 1 has an entry
+    made of rows only where a kind of its rows is left to take."""
     taken = _same(tmp_path, monkeypatch, odd)
-    assert kept not in taken and len(taken) == 5
+    assert taken == ([0, 1, 2, 3, 4, 5] if rows else [0, 2, 3, 4, 5])
+
+
+def test_rows_put_back_a_kind_at_a_time_are_all_put_back_at_once(tmp_path):
+    """``back`` of the heartbeats, then of the samples left, gives the events ``back`` of
+    both gives: each rows' line among the events is kept up to date."""
+    from commscope.blocks import BlockDecoder, StaticTable, decode_alone
+
+    store = _store(tmp_path, {"rank-00000.jsonl": [_hb(0, T + 10 ** 12, 3), {"type": "exit", "ts": T + 10 ** 12 + 1,
+                                                                            "v": 3, "rank": 0}]})
+    job = next(p for p in (tmp_path / "trace").iterdir() if p.is_dir())
+    assert store
+    got = decode_alone((job / "rank-00000.jsonl").read_bytes(), BlockDecoder(0, StaticTable()), beats=True)
+    taken = got.beats
+    assert taken is not None and {1, 2} <= set(taken.rows.kind.tolist())
+    once, none = beatscan.back(got.events, taken, 0)
+    half, rest = beatscan.back(got.events, taken, 0, frozenset({beatscan.HEARTBEAT}))
+    assert rest is not None and set(rest.rows.kind.tolist()) == {beatscan.SAMPLE}
+    twice, gone = beatscan.back(half, rest, 0, frozenset({beatscan.SAMPLE}))
+    assert none is None and gone is None and twice == once
+    assert [e["type"] for e in once].count("heartbeat") == int((taken.rows.kind == beatscan.HEARTBEAT).sum())

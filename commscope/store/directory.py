@@ -905,14 +905,15 @@ class DirectoryReader(TraceReader):
                     had = len(getattr(self, "_ops", ()))
                     got = self._read_stream(stream, segs, None)[0]
                     pieces = self._pieces.pop(stream, [])
+                    if any(t is not None for _, _, t in pieces):
+                        kinds = beatscan.kept(got, several=ranks[stream[0]] > 1)
+                        if kinds:
+                            got, pieces = self._beats_back(stream, got, pieces, kinds)
                     taken = [t for _, _, t in pieces if t is not None]
-                    if taken and (ranks[stream[0]] > 1 or any(e["type"] in beatscan.TAKES for e in got)):
-                        got, pieces = self._beats_back(stream, got, pieces)
-                        taken = []
                     got = self._in_one_order(got, pieces)
                     if len(getattr(self, "_ops", ())) == had:  # (no records: its op events, if any, are dicts)
                         got = self._columns_of_events(stream, got)
-                    if taken:  # (its heartbeats and samples are all rows)
+                    if taken:  # (its heartbeats and samples taken by ``of_events``' rules are all rows)
                         entries.append(beatscan.entry(stream[0], taken))
                     elif ranks[stream[0]] == 1:
                         entry, got = beats.of_events(stream[0], got)
@@ -948,12 +949,13 @@ class DirectoryReader(TraceReader):
 
     @staticmethod
     def _beats_back(stream: Stream, events: list[Event], pieces: list[tuple[int, jsonops.Chunk | None,
-                                                                             beatscan.Taken | None]]
+                                                                             beatscan.Taken | None]],
+                    kinds: frozenset[int]
                     ) -> tuple[list[Event], list[tuple[int, jsonops.Chunk | None, beatscan.Taken | None]]]:
-        """A stream's events with the heartbeats and samples its chunks took as rows put back
-        among them, as dicts (``beatscan.back``), and its pieces with their new counts: where
-        some stay events (another key, a ``gpu_error``, a time of 0) or the rank has several
-        streams in the read, so the model takes them all in the order they were written."""
+        """A stream's events with the rows of ``kinds`` its chunks took put back among them,
+        as dicts (``beatscan.back``), and its pieces with their new counts and the rows left:
+        where a kind stays events (``beatscan.kept``), so the model takes them in the order
+        they were written."""
         out: list[Event] = []
         again = []
         at = 0
@@ -961,9 +963,9 @@ class DirectoryReader(TraceReader):
             part = events[at:at + n]
             at += n
             if taken is not None:
-                part = beatscan.back(part, taken, stream[0])
+                part, taken = beatscan.back(part, taken, stream[0], kinds)
             out.extend(part)
-            again.append((len(part), chunk, None))
+            again.append((len(part), chunk, taken))
         assert at == len(events)  # (every event of the stream's read came from one of its pieces)
         return out, again
 
