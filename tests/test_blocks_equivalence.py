@@ -40,6 +40,10 @@ from commscope import blocks, blockscan
 from commscope.blocks import BlockDecoder, StaticTable, decode_stream
 from commscope.schema import SCHEMA_VERSION, decode_lines
 
+#: (What the compiled scanner reads: without numba, or with ``COMMSCOPE_SCAN=0``, readers
+#: take the JSON way and these have nothing to compare)
+needs_scanner = pytest.mark.skipif(not blockscan.available(), reason="the compiled scanner is off")
+
 T = 1_700_000_000_000_000_000
 NAMES = ["all_reduce", "broadcast", "isend", "irecv", "all_gather"]
 H = blocks.HEADER
@@ -412,6 +416,7 @@ PREFIX_AFTER_A_CHANGE = [
 ]
 
 
+@needs_scanner
 @settings(SETTINGS, max_examples=300)
 @given(st.one_of(streams(mode="upfront"), streams(mode="late"), streams(mode="wild")), st.sampled_from([0, 1, 3]))
 @example(PREFIX_AFTER_A_CHANGE, 0)
@@ -466,6 +471,7 @@ def _sanitize_line(line: bytes) -> bytes:
     return orjson.dumps(ev)
 
 
+@needs_scanner
 def test_the_fuzzer_s_native_store_and_its_block_mutants_decode_alike_both_ways():
     import random
 
@@ -541,6 +547,7 @@ def run_together(per_rank: list[tuple[int, list[bytes]]], chunk: int) -> tuple[d
         together, learnt[0]
 
 
+@needs_scanner
 @settings(SETTINGS, max_examples=150)
 @given(st.lists(st.one_of(streams(mode="upfront", rank=1), streams(mode="late", rank=1),
                           streams(mode="wild", rank=1)), min_size=1, max_size=4),
@@ -615,6 +622,7 @@ def regular_streams(draw, rank: int) -> list[bytes]:
     return lines
 
 
+@needs_scanner
 @settings(SETTINGS, max_examples=200)
 @given(st.lists(st.integers(0, 1 << 30), min_size=1, max_size=4).flatmap(
     lambda seeds: st.tuples(*(regular_streams(rank) for rank in range(1, len(seeds) + 1)))),
@@ -628,6 +636,7 @@ def test_native_streams_decoded_together_decode_as_each_alone(many, chunk):
         assert together[rank] == run(lines, rank, chunk=chunk, scanned=True), rank
 
 
+@needs_scanner
 def test_a_stream_given_twice_to_decode_together_is_refused():
     """Two chunks of one stream would be judged against its decoder as it stood before both
     (a ring overlap missed, or the second decoded before the first): one chunk a stream."""
@@ -637,6 +646,7 @@ def test_a_stream_given_twice_to_decode_together_is_refused():
         blocks.decode_chunks([(data, dec), (data, dec)])
 
 
+@needs_scanner
 def test_a_native_job_s_polls_are_mostly_decoded_together_and_alike(tmp_path):
     """A job written as the native recorder writes (``bench.synthstore``: blocks with ring
     positions restating their tables, begins through signatures, a heartbeat and a sample
@@ -661,6 +671,7 @@ def test_a_native_job_s_polls_are_mostly_decoded_together_and_alike(tmp_path):
             assert got[rank] == run(lines, rank, chunk=1, scanned=True), seed
 
 
+@needs_scanner
 def test_a_first_chunk_s_rest_decoded_alone_through_its_slice_of_the_scan_decodes_alike(tmp_path, monkeypatch):
     """A long rest (``blocks.TOGETHER_REST``: a whole stream read at once) is decoded alone
     after its decoder learnt its head, through its slice of the poll's scan: each stream
@@ -678,6 +689,7 @@ def test_a_first_chunk_s_rest_decoded_alone_through_its_slice_of_the_scan_decode
                 assert got[rank] == run(lines, rank, chunk=chunk, scanned=True), (seed, chunk, rank)
 
 
+@needs_scanner
 @pytest.mark.parametrize("chunk", [0, 2, 3])
 def test_a_first_prefix_with_a_bad_record_learnt_ahead_is_counted_once(chunk):
     """A stream's first block whose table prefix holds a bad record (a site record with no
@@ -731,6 +743,7 @@ def _later_prefix_stream(rank: int, case: str) -> list[bytes]:
     return lines
 
 
+@needs_scanner
 @pytest.mark.parametrize("case", ["adds", "refers before", "own fields", "named before", "changed", "group"])
 @pytest.mark.parametrize("chunk", [0, 3])
 def test_later_prefixes_learnt_ahead_only_where_that_changes_nothing(case, chunk):
