@@ -113,7 +113,7 @@ def _read(f: IO[bytes], n: int) -> bytes:
 
 def _recv(f: IO[bytes]) -> Any:
     n, k = struct.unpack("<QQ", _read(f, 2 * _LEN.size))
-    if k > 1 << 20:
+    if k > 1 << 24:  # (~10 a stream's records, when they are not packed in one piece)
         raise EOFError("not a worker's message")
     sizes = struct.unpack(f"<{k}Q", _read(f, k * _LEN.size))
     data = _read(f, n)
