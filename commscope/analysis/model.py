@@ -853,7 +853,7 @@ class TraceModel:
                 rt._sorted = False
             rt._last_begin = max(rt._last_begin, last[j])
             rt.last_op_ts = max(rt.last_op_ts, rt._last_begin)
-            rt.open.update(range(b - a))
+            # (its ops are open: ``RankTrace.open`` folds them in when asked, from ``open_from``)
             self._seen(rt, first[j], rt._last_begin, first[j])
             changed.add(r)
             ranks.append(r)
