@@ -366,6 +366,16 @@ def job_location(path: str, job: str) -> str:
     return f"{path.rstrip('/')}/{job}"
 
 
+class Piece(NamedTuple):
+    """One chunk of a stream in a whole read (``DirectoryReader.read_whole``): how many
+    events it returned, its ``jsonops`` decode (where its JSON op lines went to columns),
+    and the heartbeats and samples its block decode took out of its events, as rows."""
+
+    events: int
+    chunk: jsonops.Chunk | None
+    taken: beatscan.Taken | None
+
+
 class DirectoryReader(TraceReader):
     """Reads or tails one job directory.  Tolerates torn tails, corrupt lines, truncation.
 
@@ -905,11 +915,11 @@ class DirectoryReader(TraceReader):
                     had = len(getattr(self, "_ops", ()))
                     got = self._read_stream(stream, segs, None)[0]
                     pieces = self._pieces.pop(stream, [])
-                    if any(t is not None for _, _, t in pieces):
+                    if any(p.taken is not None for p in pieces):
                         kinds = beatscan.kept(got, several=ranks[stream[0]] > 1)
                         if kinds:
                             got, pieces = self._beats_back(stream, got, pieces, kinds)
-                    taken = [t for _, _, t in pieces if t is not None]
+                    taken = [p.taken for p in pieces if p.taken is not None]
                     got = self._in_one_order(got, pieces)
                     if len(getattr(self, "_ops", ())) == had:  # (no records: its op events, if any, are dicts)
                         got = self._columns_of_events(stream, got)
@@ -926,10 +936,8 @@ class DirectoryReader(TraceReader):
         self._carried = []
         return batch
 
-    #: While ``read_whole`` reads: per stream, each chunk's (events returned, its ``jsonops``
-    #: decode, where the JSON op lines went to columns; the heartbeats and samples its block
-    #: decode took out of its events, as rows)
-    _pieces: dict[Stream, list[tuple[int, jsonops.Chunk | None, beatscan.Taken | None]]] | None = None
+    #: While ``read_whole`` reads: per stream, each chunk's ``Piece``
+    _pieces: dict[Stream, list[Piece]] | None = None
 
     def _decode_columns(self, stream: Stream, raw: bytes, scanned: Scan | None) -> Decoded:
         """A whole read's chunk with its JSON op lines in columns (``jsonops.decode_chunk``),
@@ -944,14 +952,12 @@ class DirectoryReader(TraceReader):
         else:
             rest = chunk.decoded
             got = decode_stream(rest._replace(ops=None), decoder, columns=True)._replace(ops=rest.ops)
-        self._pieces.setdefault(stream, []).append((len(got.events), chunk, got.beats))
+        self._pieces.setdefault(stream, []).append(Piece(len(got.events), chunk, got.beats))
         return got
 
     @staticmethod
-    def _beats_back(stream: Stream, events: list[Event], pieces: list[tuple[int, jsonops.Chunk | None,
-                                                                             beatscan.Taken | None]],
-                    kinds: frozenset[int]
-                    ) -> tuple[list[Event], list[tuple[int, jsonops.Chunk | None, beatscan.Taken | None]]]:
+    def _beats_back(stream: Stream, events: list[Event], pieces: list[Piece], kinds: frozenset[int]
+                    ) -> tuple[list[Event], list[Piece]]:
         """A stream's events with the rows of ``kinds`` its chunks took put back among them,
         as dicts (``beatscan.back``), and its pieces with their new counts and the rows left:
         where a kind stays events (``beatscan.kept``), so the model takes them in the order
@@ -965,19 +971,18 @@ class DirectoryReader(TraceReader):
             if taken is not None:
                 part, taken = beatscan.back(part, taken, stream[0], kinds)
             out.extend(part)
-            again.append((len(part), chunk, taken))
+            again.append(Piece(len(part), chunk, taken))
         assert at == len(events)  # (every event of the stream's read came from one of its pieces)
         return out, again
 
-    def _in_one_order(self, events: list[Event], pieces: list[tuple[int, jsonops.Chunk | None,
-                                                                    beatscan.Taken | None]]) -> list[Event]:
+    def _in_one_order(self, events: list[Event], pieces: list[Piece]) -> list[Event]:
         """A stream's events as read, where some chunks put their op events in columns and
         another kept op events as dicts (one columns do not say): those records back to
         dicts among the events in line order, so the stream's op events are all dicts, in
         order, as a read without the scanner gives them; else ``events``."""
-        if not any(c is not None for _, c, _ in pieces) or not any(
-                c is None and any(e["type"] == "op" for e in events[at - n:at])
-                for (n, c, _), at in zip(pieces, np.cumsum([n for n, _, _ in pieces]).tolist(), strict=True)):
+        if not any(p.chunk is not None for p in pieces) or not any(
+                p.chunk is None and any(e["type"] == "op" for e in events[at - p.events:at])
+                for p, at in zip(pieces, np.cumsum([p.events for p in pieces]).tolist(), strict=True)):
             return events
         out: list[Event] = []
         gone: list[OpRecords] = []
