@@ -47,6 +47,8 @@ _SAMPLE = np.frombuffer(b'{"type":"sample","ts":', np.uint8)
 _INFLIGHT = np.frombuffer(b',"inflight":', np.uint8)
 _V = np.frombuffer(b',"v":', np.uint8)
 _RANK = np.frombuffer(b',"rank":', np.uint8)
+_block_lit = blockscan._lit  # (the block scanner's helpers, compiled by ``_load``)
+_block_num = blockscan._num
 _POW10 = np.array([10.0 ** k for k in range(19)], np.float64)  # (each exact: up to 10 ** 22 is)
 _EXACT = 1 << 53  # (an integer up to this is a double exactly)
 
@@ -165,35 +167,22 @@ def scan(data: bytes, starts: np.ndarray, ends: np.ndarray, rank: int) -> Rows |
 
 def _load() -> Callable[..., tuple] | None:
     global _kernel
-    if _kernel is None:
+    if _kernel is None and blockscan._load() is not None:
+        globals().update(_block_lit=blockscan._lit, _block_num=blockscan._num)  # (compiled: its helpers)
         _kernel = compiled.jit(globals(), ("_lit", "_count", "_real", "_scan"), inline=("_lit", "_count", "_real"))
     return _kernel
 
 
 def _lit(d: np.ndarray, p: int, stop: int, lit: np.ndarray, n: int) -> int:
     """Where the first ``n`` bytes of ``lit`` end if they are at ``p`` (-1: they are not, or
-    ``p`` is -1)."""
-    if p < 0 or p + n > stop:
-        return -1
-    for k in range(n):
-        if d[p + k] != lit[k]:
-            return -1
-    return p + n
+    ``p`` is -1): the block scanner's ``_lit``."""
+    return -1 if p < 0 else _block_lit(d, p, stop, lit[:n])
 
 
 def _count(d: np.ndarray, p: int, stop: int, most: int) -> tuple[int, int]:
-    """(value, where it ends) of the JSON integer at ``p`` from 0 to ``most``, written as
-    JSON writes it (no sign, no leading zero); (-1, -1) if not, or if ``p`` is -1."""
-    if p < 0:
-        return -1, -1
-    v = np.uint64(0)
-    q = p
-    while q < stop and 48 <= d[q] <= 57 and q - p < 19:
-        v = v * np.uint64(10) + np.uint64(d[q] - 48)
-        q += 1
-    if q == p or (d[p] == 48 and q - p > 1) or (q < stop and 48 <= d[q] <= 57) or v > np.uint64(most):
-        return -1, -1
-    return np.int64(v), q
+    """The block scanner's ``_num`` (a JSON integer from 0 to ``most``), or (-1, -1) if
+    ``p`` is -1."""
+    return (-1, -1) if p < 0 else _block_num(d, p, stop, most)
 
 
 def _real(d: np.ndarray, p: int, stop: int) -> tuple[float, int]:
