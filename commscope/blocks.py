@@ -1381,7 +1381,7 @@ class Head(NamedTuple):
     scanned: blockscan.Scan  # the rest's scan (a slice of the chunk's)
 
 
-def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder) -> Head | None:
+def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder, ahead: Ahead) -> Head | None:
     """Learn now what a chunk (complete lines of the decoder's stream, ``s`` its scan)
     teaches before its first op record: the events on the lines before its first block
     line (a meta with the op names and dtypes; sites; groups), that block's table prefix
@@ -1397,7 +1397,8 @@ def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder) -> Head | 
     with at its first begin (a change to them after that decodes it anew, ``_forget``).
     A prefix that does not go cleanly (a bad table record) is walked again with the rest,
     its count given back here.  None, with nothing learnt, where the chunk has no block
-    line the scanner read or a line before it is a block the JSON path reads."""
+    line the scanner read or a line before it is a block the JSON path reads.  ``ahead``:
+    what it asks of the chunk's op records, worked out with other chunks' (``_ahead``)."""
     is_block = np.flatnonzero(s.block >= 0)
     if not is_block.shape[0]:
         return None
@@ -1419,12 +1420,12 @@ def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder) -> Head | 
         decoder._head(raw, {"type": BLOCK, "rank": decoder.rank, "ts": int(s.ts[0])}, walk, parts, out)
         if raw[:pend - start] not in decoder._prefixes:  # (a bad record: walked again with the rest, counted there)
             decoder.invalid = invalid
-    run, sids = _learn_later_prefixes(data, s, fb, decoder, walk, parts)
+    run = _learn_later_prefixes(data, s, fb, decoder, walk, parts, ahead)
     # the signatures named by the begins of the blocks up to there: none of them can come
     # after a table changed what it means
     upto = int(s.op_first[run])
     sigs = decoder._sigs
-    sid = [x for x in np.unique(_begin_sigs(s, s.ops[:upto]) if sids is None else sids[:upto]).tolist() if x in sigs]
+    sid = [x for x in np.unique(ahead.sids[:upto]).tolist() if x in sigs]
     if sid:
         decoder._statics_of(np.array(sid, np.int64))
     assert not walk.offs and not parts  # (no op record was read)
@@ -1454,8 +1455,36 @@ def _begin_sigs(s: blockscan.Scan, offs: np.ndarray) -> np.ndarray:
     return out
 
 
+class Ahead(NamedTuple):
+    """What ``learn_head`` asks of a chunk's op records, worked out for many chunks at once
+    (``_ahead``): a first round of thousands of streams paid ~25 us of numpy calls a stream
+    on a few rows for it."""
+
+    sids: np.ndarray  # the signature each op record's begin names (``_begin_sigs``; -1: none)
+    first_own: int  # the first op record that refers to sites and groups itself (``_OWN_FIELDS``)
+
+
+def _ahead(scans: Sequence[blockscan.Scan]) -> list[Ahead]:
+    """``Ahead`` of each scan's op records: in one pass for all where they are parts of
+    one scan (one ``raw``: ``blockscan.parts``), else each apart."""
+    if not scans:
+        return []
+    if any(x.raw is not scans[0].raw for x in scans):
+        return [_ahead([x])[0] for x in scans]
+    n = len(scans)
+    sizes = np.fromiter((x.ops.shape[0] for x in scans), np.int64, n)
+    bounds = np.zeros(n + 1, np.int64)
+    np.cumsum(sizes, out=bounds[1:])
+    ops = np.concatenate([x.ops for x in scans]) if n > 1 else scans[0].ops
+    sids = _begin_sigs(scans[0], ops)
+    own = np.append(np.flatnonzero(_OWN_FIELDS[scans[0].raw[ops]]), bounds[-1])
+    nxt = own[np.searchsorted(own, bounds[:-1])]  # each scan's first at or after its start
+    first = np.where(nxt < bounds[1:], nxt - bounds[:-1], sizes).tolist()
+    return [Ahead(sids[a:b], f) for a, b, f in zip(bounds[:-1].tolist(), bounds[1:].tolist(), first, strict=True)]
+
+
 def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: BlockDecoder, walk: _Walk,
-                          parts: list[OpRecords]) -> tuple[int, np.ndarray | None]:
+                          parts: list[OpRecords], ahead: Ahead) -> int:
     """``learn_head``'s second part: the table prefixes of the chunk's later blocks learnt
     now too, as long as learning one early changes nothing an earlier record decodes to:
     each of its records restates what is in effect or states a signature no begin before
@@ -1465,17 +1494,16 @@ def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: Bloc
     short or with a table record among its ops, at a line between blocks that is not a
     heartbeat or a sample, and at a prefix that is not so; only in a chunk short enough to
     go together (``TOGETHER_REST``).  Returns how many blocks from the first are learnt or
-    restate what is (their begins' signatures may be decoded now), and the signature each
-    op record's begin names (``_begin_sigs``) where it looked."""
+    restate what is (their begins' signatures may be decoded now)."""
     nb = s.ts.shape[0]
     if s.flags[0] != 0:
-        return 0, None
+        return 0
     if nb == 1:
-        return 1, None
+        return 1
     if s.prefix_end[0] > s.start[0] and bytes(s.raw[int(s.start[0]):int(s.prefix_end[0])]) not in decoder._prefixes:
-        return 1, None  # (the first prefix is walked again with the rest: nothing after it goes first)
+        return 1  # (the first prefix is walked again with the rest: nothing after it goes first)
     if len(data) > TOGETHER_REST:
-        return 1, None
+        return 1
     # blocks up to the first one cut short, or after a line that is not a heartbeat or a sample
     limit = nb
     flagged = np.flatnonzero(s.flags[1:] != 0)
@@ -1493,7 +1521,7 @@ def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: Bloc
     epoch = decoder._epoch
     named: set[int] = set()
     known = 0  # the ops whose begins' signatures are in ``named``
-    sids = first_own = None
+    sids, first_own = ahead
     j = 0
     while j < len(firsts):
         k = firsts[j]
@@ -1501,15 +1529,11 @@ def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: Bloc
         start, pend = starts[k], pends[k]
         prefix = bytes(s.raw[start:pend])
         if pend > start and prefix not in decoder._prefixes:
-            if sids is None:
-                sids = _begin_sigs(s, s.ops)  # (-1: not a begin through a signature)
-                own_at = np.flatnonzero(_OWN_FIELDS[s.raw[s.ops]])
-                first_own = int(own_at[0]) if own_at.shape[0] else s.ops.shape[0]
             upto = int(s.op_first[k])
             named.update(sids[known:upto].tolist())
             known = upto
             if not (decoder.table.states_once(prefix) and _restates_or_adds(prefix, decoder, named, first_own < upto)):
-                return k, sids
+                return k
             out: list[dict] = []
             decoder._head(bytes(s.raw[start:int(s.stop[k])]), {"type": BLOCK, "rank": decoder.rank,
                                                               "ts": int(s.ts[k])}, walk, parts, out)
@@ -1518,7 +1542,7 @@ def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: Bloc
         if decoder._epoch != epoch:  # (forgotten: every later block's prefix is looked at)
             epoch = decoder._epoch
             firsts[j:] = range(k + 1, limit)
-    return limit, sids
+    return limit
 
 
 def _restates_or_adds(prefix: bytes, decoder: BlockDecoder, named: set[int], own: bool) -> bool:
@@ -1584,13 +1608,13 @@ def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]]) -> Together:
         alone = [None] * n
     learnt = [False] * n
     heads: dict[int, Head] = {}
-    for c, part in enumerate(alone):
-        if part is not None and decoded[c] is None:
-            head = learn_head(chunks[c][0], part, chunks[c][1])
-            if head is not None:
-                heads[c] = head
-                learnt[c] = True
-                alone[c] = None
+    todo = [(c, part) for c, part in enumerate(alone) if part is not None and decoded[c] is None]
+    for (c, part), got in zip(todo, _ahead([part for _, part in todo]), strict=True):
+        head = learn_head(chunks[c][0], part, chunks[c][1], got)
+        if head is not None:
+            heads[c] = head
+            learnt[c] = True
+            alone[c] = None
     if not heads:
         return Together(decoded, learnt, alone)
     which = [c for c, head in heads.items() if len(head.rest) <= TOGETHER_REST]

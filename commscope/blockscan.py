@@ -103,6 +103,12 @@ def prefix_firsts(prefix_id: np.ndarray) -> np.ndarray:
     """The positions, in order, of each table prefix's first block among ``prefix_id`` (a run
     of a scan's blocks; -1: no prefix): where a decoder asks whether a prefix is in effect,
     the later blocks restating it (equal bytes)."""
+    if prefix_id.shape[0] <= 64:  # (a stream's poll: a dict walk, where numpy's sort costs ~7 us)
+        first: dict[int, int] = {}
+        for i, p in enumerate(prefix_id.tolist()):
+            if p >= 0 and p not in first:
+                first[p] = i
+        return np.fromiter(first.values(), np.int64, len(first))
     valid = np.flatnonzero(prefix_id >= 0)
     return np.sort(valid[np.unique(prefix_id[valid], return_index=True)[1]])
 

@@ -27,6 +27,9 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device):
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     assert re.search(r"fault -> finding: \d+\.\d s", out), out  # found, naming the culprit
     assert "other findings" not in out, out  # and nothing else: no victim blamed
+    # when the watermark first came within the target, and how far behind it stayed after
+    assert re.search(r"caught up \(every stream read past the job's start, within 2 s\)\s+\d+\.\d s after the "
+                     r"job's start; from then on median \d+\.\d\d s, p99 \d+\.\d\d s", out), out
     written = int(re.search(r"written: ([\d,]+) events", out).group(1).replace(",", ""))
     rate = int(re.search(r"the job's: ([\d,]+)\)", out).group(1).replace(",", ""))
     assert rate == 64 * (25 * (3 if device else 2) + 2)  # (a begin, an end, a done; a heartbeat, a sample)

@@ -320,3 +320,60 @@ def test_the_compiled_fixed_fields_are_numpy_s():
     assert blocks._fixed is not None
     for got, want in zip(blocks._fixed(u8, where), blocks._fixed_numpy(u8, where), strict=True):
         assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def test_prefix_firsts_finds_each_prefix_s_first_block_in_order_at_any_length():
+    """``blockscan.prefix_firsts``: a dict walk for a poll's few blocks, numpy's sort past
+    them; both give each prefix id's first position, in order, with -1 (no prefix) left out."""
+    rng = np.random.default_rng(3)
+    for n in [*range(0, 70), 64, 65, 200, 1000]:
+        for _ in range(3 if n < 70 else 1):
+            pid = rng.integers(-1, max(1, n // 3), n).astype(np.int64)
+            first: dict[int, int] = {}
+            for i, p in enumerate(pid.tolist()):
+                first.setdefault(p, i)
+            want = sorted(i for p, i in first.items() if p >= 0)
+            got = blockscan.prefix_firsts(pid)
+            assert got.dtype == np.int64 and got.tolist() == want, (n, pid.tolist())
+
+
+def test_what_learn_head_asks_of_the_op_records_is_worked_out_for_all_chunks_as_for_each():
+    """``blocks._ahead``: the signature each op record's begin names and each chunk's first
+    record with fields of its own (a begin of its own, a recv's source), worked out once
+    for the parts of a scan of many chunks, are what each part alone gives (a chunk with
+    none, with several, with no op record at all)."""
+    sig = blocks.pack_sig(5, opcode=1)
+    own = blocks.pack_begin(9, T, name=0, opcode=1)
+    src = blocks.pack_source(9, T + 2, 1, 4)
+    plain = blocks.pack_sig_begin(1, T, 5) + blocks.pack_end(1, T + 1)
+    far = blocks.pack_sig_begin(2, T, 0xFFFF_FFFF) + blocks.pack_sig_begin(3, MAX_INT + 1, 7)  # (a ts past range)
+    sample = b'{"type":"sample","ts":1,"rank":%d}'
+    chunks = {
+        1: [_line(rank=1, data=sig + plain), _line(rank=1, data=plain + own + plain)],
+        2: [sample % 2],  # (no block)
+        3: [_line(rank=3, data=sig + plain + far), sample % 3, _line(rank=3, data=src + plain)],
+        4: [_line(rank=4, data=sig)],  # (a block of table records only)
+        5: [_line(rank=5, data=own + plain), _line(rank=5, data=plain + src)],
+    }
+    datas = [b"\n".join(lines) + b"\n" for lines in chunks.values()]
+    starts = np.zeros(len(datas), np.int64)
+    np.cumsum([len(d) for d in datas[:-1]], out=starts[1:])
+    whole = blockscan.scan_many(b"".join(datas), starts, np.array(list(chunks), np.int64))
+    assert whole is not None
+    parts = [p for p in blockscan.parts(whole, starts, np.ones(len(datas), bool)) if p is not None]
+    assert len(parts) == len(datas)
+    together = blocks._ahead(parts)
+    apart = [blocks._ahead([p])[0] for p in parts]
+    alone = [blocks._ahead([blockscan.scan(d, r)])[0] for d, r in zip(datas, chunks, strict=True)]  # (other raws)
+    firsts = []
+    for part, a, b, c in zip(parts, together, apart, alone, strict=True):
+        want_sids = blocks._begin_sigs(part, part.ops).tolist()
+        own_at = [k for k, t in enumerate(part.raw[part.ops].tolist()) if t in (blocks.BEGIN, blocks.RBEGIN,
+                                                                                 blocks.SOURCE)]
+        want_first = own_at[0] if own_at else part.ops.shape[0]
+        for got in (a, b, c):
+            assert got.sids.tolist() == want_sids and got.first_own == want_first
+        firsts.append(want_first)
+    assert firsts == [4, 0, 4, 0, 0]
+    assert together[0].sids.tolist() == [5, -1, 5, -1, -1, 5, -1]
+    assert together[2].sids.tolist() == [5, -1, 0xFFFF_FFFF, -1, -1, 5, -1]

@@ -772,3 +772,33 @@ def test_a_first_rounds_metas_and_groups_beside_heartbeats_leave_what_one_event_
     by_rank.ingest(events)
     assert differences(model_state(together), model_state(by_rank)) == []
     assert together.ranks[6].meta is not None and together.ranks[3].exits and together.ranks[0].last_stack
+
+
+def test_new_ranks_aligned_together_are_aligned_as_each_alone():
+    """``model._aligned`` (every new rank of a whole read's step at once) gives each rank the
+    ``aligned_from`` and ``idoff`` its own ``RankTrace.align`` gives it: runs of consecutive
+    ids, breaks anywhere (at a rank's first row too), one-row ranks, ids that wrap."""
+    from commscope.analysis.columns import RankTable, RankTrace
+    from commscope.analysis.model import _aligned
+
+    rng = np.random.default_rng(11)
+    top = np.iinfo(np.int64).max
+    for trial in range(300):
+        sizes = rng.integers(1, 9, rng.integers(1, 12))
+        ids = []
+        for k in sizes.tolist():
+            nxt = int(rng.choice([0, 5, -3, top - 2, int(rng.integers(-50, 50))]))
+            for _ in range(k):
+                ids.append(nxt)
+                nxt = nxt + 1 if rng.random() < 0.7 else int(rng.integers(-20, 20))
+                nxt = nxt if nxt <= top else -top - 1  # (wrapped, as int64 arithmetic wraps)
+        ids_a = np.array(ids, np.int64)
+        start = np.zeros(len(sizes) + 1, np.int64)
+        np.cumsum(sizes, out=start[1:])
+        got_from, got_off = _aligned(ids_a, start)
+        table = RankTable()
+        for j in range(len(sizes)):
+            rt = RankTrace(j, cap=0, table=table)
+            rt.align(ids_a[start[j]:start[j + 1]], 0)
+            assert (int(got_from[j]), int(got_off[j])) == (int(table.aligned_from[rt._s]), int(table.idoff[rt._s])), (
+                trial, j, ids_a[start[j]:start[j + 1]].tolist())

@@ -250,26 +250,55 @@ class RankTable:
         self._held.append(0)
         return len(self.blocks) - 1
 
+    def adopt(self, rts: Sequence[RankTrace], b: int, start: np.ndarray) -> np.ndarray:
+        """``RankTrace.adopt`` of many empty ranks (distinct), rank ``rts[j]`` taking rows
+        ``[start[j], start[j + 1])`` of block ``b``: their views made in one loop, their
+        scalars written in arrays.  Returns their slots."""
+        cols = self.blocks[b]
+        assert cols is not None
+        slots = np.fromiter((rt._s for rt in rts), np.int64, len(rts))
+        sizes = np.diff(start)
+        old = self.block[slots]
+        for s in slots[old >= 0].tolist():  # (a rank made before it had ops: rows of its own)
+            self._leave(s)
+        bounds = start.tolist()
+        columns = [cols[c] for c in BLOCK_COLUMNS]
+        for j, rt in enumerate(rts):
+            a, e = bounds[j], bounds[j + 1]
+            rt.__dict__.update(zip(BLOCK_COLUMNS, [col[a:e] for col in columns], strict=True))
+            rt._view = None  # (published again from the new rows)
+        self._residents[b] += len(rts)
+        self._held[b] += int(sizes.sum())
+        self.block[slots], self.base[slots], self.cap[slots] = b, start[:-1], sizes
+        self.pmax_n[slots] = 0
+        self.n[slots] = sizes
+        return slots
+
     def _move(self, rt: RankTrace, b: int, base: int, cap: int) -> None:
         """Make rows [base, base + cap) of block ``b`` ``rt``'s columns."""
         s = rt._s
-        old = int(self.block[s])
         cols = self.blocks[b]
         assert cols is not None
         for c in BLOCK_COLUMNS:
             setattr(rt, c, cols[c][base:base + cap])
         self._residents[b] += 1
         self._held[b] += cap
-        if old >= 0:
-            self._residents[old] -= 1
-            self._held[old] -= int(self.cap[s])
-            if self._residents[old]:
-                self._thin.add(old)
-            elif old != self._arena:
-                self._drop(old)
+        if self.block[s] >= 0:
+            self._leave(s)
         self.block[s], self.base[s], self.cap[s] = b, base, cap
         self.pmax_n[s] = 0  # (recomputed in the new rows: the old ones stay as views hold them)
         rt._view = None  # (published again from the new rows: a view of the old would keep their block alive)
+
+    def _leave(self, s: int) -> None:
+        """Slot ``s`` leaves its block (it moves): a block left by every rank is dropped
+        (not the arena), one left by some is looked at after the batch (``compact``)."""
+        old = int(self.block[s])
+        self._residents[old] -= 1
+        self._held[old] -= int(self.cap[s])
+        if self._residents[old]:
+            self._thin.add(old)
+        elif old != self._arena:
+            self._drop(old)
 
     def _drop(self, b: int) -> None:
         self.blocks[b] = None

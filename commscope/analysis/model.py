@@ -162,6 +162,18 @@ def _positions(pos: np.ndarray | None, mask: np.ndarray) -> np.ndarray:
     return np.flatnonzero(mask) if pos is None else pos[mask]
 
 
+def _aligned(ids: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``RankTrace.align`` of ranks whose ops are all new, rank ``j``'s ids ``ids[start[j]:
+    start[j + 1]]`` (one at least), all at once: each one's ``aligned_from`` (its last run of
+    consecutive ids starts there) and ``idoff`` (int64, wrapping as ``align``'s)."""
+    breaks = np.flatnonzero(np.diff(ids) != 1) + 1  # rows whose id does not follow the one before
+    a, b = start[:-1], start[1:]
+    at = np.searchsorted(breaks, b, side="left") - 1  # each rank's last break before its end
+    last = breaks[np.maximum(at, 0)] if breaks.shape[0] else a
+    j = np.where((at >= 0) & (last > a), last - a, 0)  # (a break at a rank's first row is the rank before's)
+    return j, ids[a + j] - j
+
+
 def _take(events: list[dict], positions: np.ndarray) -> Sequence[dict]:
     """events[positions] in one C call."""
     k = positions.shape[0]
@@ -827,8 +839,8 @@ class TraceModel:
             cols[c] = np.zeros(n, np.int64)
         who = np.repeat(np.arange(len(fresh), dtype=np.int64), ks)  # the position in ``fresh`` of each row
         local = (np.arange(n, dtype=np.int64) - start[who]).astype(np.int32)
-        first = np.minimum.reduceat(ts, start[:-1]).tolist()
-        last = np.maximum.reduceat(ts, start[:-1]).tolist()
+        first = np.minimum.reduceat(ts, start[:-1])
+        last = np.maximum.reduceat(ts, start[:-1])
         unsorted = set()
         if n > 1:
             back = np.flatnonzero(np.diff(ts) < 0) + 1  # rows earlier than the row before them
@@ -836,30 +848,32 @@ class TraceModel:
             unsorted = set(who[back].tolist())
         has_parent = parents >= 0
         with_parent = set(who[has_parent].tolist()) if has_parent.any() else set()
-        block = self.table.add_block(cols)
-        ranks, views = [], []
-        for j, k in enumerate(fresh):
-            r = recs_list[k].rank
-            rt = self.ranks[r]
+        t = self.table
+        block = t.add_block(cols)
+        rts = [self.ranks[recs_list[k].rank] for k in fresh]
+        ranks = [rt.rank for rt in rts]
+        ids = cols["id"]
+        bounds = start.tolist()
+        for j, rt in enumerate(rts):  # (before adopt: as _add_ops, with the ops before these)
+            rt.map_ids(ids[bounds[j]:bounds[j + 1]], local[bounds[j]:bounds[j + 1]])
+        slots = t.adopt(rts, block, start)
+        t.aligned_from[slots], t.idoff[slots] = _aligned(ids, start)
+        for j in sorted(with_parent):
+            rt = rts[j]
             a, b = int(start[j]), int(start[j + 1])
-            rt.map_ids(cols["id"][a:b], local[a:b])  # (before adopt: as _add_ops, with the ops before these)
-            rt.adopt(block, a, b)
-            rt.align(cols["id"][a:b], 0)
-            if j in with_parent:
-                hp = has_parent[a:b]
-                rt.parent[hp] = rt.lookup(parents[a:b][hp])
-                self.table.parents[rt._s] = True
-            if j in unsorted:
-                rt._sorted = False
-            rt._last_begin = max(rt._last_begin, last[j])
-            rt.last_op_ts = max(rt.last_op_ts, rt._last_begin)
-            # (its ops are open: ``RankTrace.open`` folds them in when asked, from ``open_from``)
-            self._seen(rt, first[j], rt._last_begin, first[j])
-            changed.add(r)
-            ranks.append(r)
-            views.append(rt.begin)
+            hp = has_parent[a:b]
+            rt.parent[hp] = rt.lookup(parents[a:b][hp])
+            t.parents[rt._s] = True
+        if unsorted:
+            t.ordered[slots[sorted(unsorted)]] = False
+        last_begin = np.maximum(t.last_begin[slots], last)
+        t.last_begin[slots] = last_begin
+        t.last_op_ts[slots] = np.maximum(t.last_op_ts[slots], last_begin)
+        # (their ops are open: ``RankTrace.open`` folds them in when asked, from ``open_from``)
+        self._seen_many(slots, first, last_begin, first)
+        changed.update(ranks)
         self._fresh_index(ranks, cols, who, local)
-        return _Fresh(fresh, ranks, start, cols, views, min(first), max(last))
+        return _Fresh(fresh, ranks, start, cols, [rt.begin for rt in rts], int(first.min()), int(last.max()))
 
     def _fresh_index(self, ranks: list[int] | np.ndarray, cols: dict[str, np.ndarray], who: np.ndarray,
                      local: np.ndarray) -> None:
@@ -1296,6 +1310,7 @@ class TraceModel:
         lo, hi = I64_MAX, 0
         together: dict[int, int] = {}
         parts: dict[int, _FreshPart] = {}  # record position -> its phases, for the ranks still together
+        extras: set[int] = set()  # the positions among those with a phase that says more than its time
         if batch is not None:
             cols = batch.cols
             together = {k: j for j, k in enumerate(batch.pos) if self.ranks[batch.ranks[j]].begin is batch.views[j]}
@@ -1308,6 +1323,11 @@ class TraceModel:
             if parts:
                 ts = np.concatenate([recs_list[k].ts[x.rows] for k, x in parts.items()])
                 ph = np.concatenate([recs_list[k].phase[x.rows] for k, x in parts.items()])
+                flagged = np.concatenate([recs_list[k].flags[x.rows] for k, x in parts.items()]) != 0
+                keys = list(parts)
+                extras = {keys[i] for i in np.unique(np.repeat(np.arange(len(keys)), [x.rows.shape[0] for x in
+                                                                                       parts.values()])[flagged])
+                          .tolist()} | {k for k in keys if recs_list[k].exc}  # (flagged or failed: PhaseExtra)
                 loc = np.concatenate([x.idx for x in parts.values()])
                 base = np.repeat(batch.start[[x.j for x in parts.values()]], [x.rows.shape[0] for x in parts.values()])
                 ok = loc >= 0
@@ -1323,7 +1343,8 @@ class TraceModel:
             recs = recs_list[k]  # exceptions and the rare extras, in the records' order
             x = parts.get(k)
             if x is not None:
-                self._apply_extras(self.ranks[batch.ranks[x.j]], x.idx, _record_extras(recs, x.rows))
+                if k in extras:
+                    self._apply_extras(self.ranks[batch.ranks[x.j]], x.idx, _record_extras(recs, x.rows))
             elif k in at:
                 got = self._live_phase(self.ranks[recs.rank], recs, live, at[k])
                 if got is not None:
@@ -1350,29 +1371,34 @@ class TraceModel:
         part = np.repeat(np.arange(nparts), lens)
         starts = np.zeros(nparts, np.int64)
         np.cumsum(lens[:-1], out=starts[1:])
-        tmin = np.minimum.reduceat(ts, starts).tolist()
-        tmax = np.maximum.reduceat(ts, starts).tolist()
+        tmin = np.minimum.reduceat(ts, starts)
+        tmax = np.maximum.reduceat(ts, starts)
         comp, begin = cols["comp"], cols["begin"]
-        device = (np.bincount(part[done], minlength=nparts) > 0).tolist()
+        device = np.bincount(part[done], minlength=nparts) > 0
         cu = comp[row[upd]]
-        last_comp = _runs(np.maximum, cu, part[upd], nparts, 0).tolist()
-        finished = (np.bincount(part[upd][cu > 0], minlength=nparts) > 0).tolist()
-        first = _runs(np.minimum, begin[row[ok]], part[ok], nparts, I64_MAX).tolist()
-        zero = np.flatnonzero(comp <= 0)  # the batch's ops not complete (``RankTrace.open``)
-        for n, x in enumerate(parts.values()):
-            rt = self.ranks[batch.ranks[x.j]]
-            a, b = int(batch.start[x.j]), int(batch.start[x.j + 1])
-            if device[n]:
-                rt.device_seen = True
-            rt.last_comp = max(rt.last_comp, last_comp[n])
-            z0, z1 = np.searchsorted(zero, (a, b)).tolist()
-            rt.open = set((zero[z0:z1] - a).tolist())
-            if rt.open and finished[n]:  # as _complete: when an op finished
-                self._close_nested(rt)
-            self._seen(rt, tmin[n], tmax[n], first[n])
-            changed.add(rt.rank)
-            lo, hi = min(lo, tmin[n]), max(hi, tmax[n])
-        return lo, hi
+        last_comp = _runs(np.maximum, cu, part[upd], nparts, 0)
+        finished = np.bincount(part[upd][cu > 0], minlength=nparts) > 0
+        first = _runs(np.minimum, begin[row[ok]], part[ok], nparts, I64_MAX)
+        rts = [self.ranks[batch.ranks[x.j]] for x in parts.values()]
+        slots = np.fromiter((rt._s for rt in rts), np.int64, nparts)
+        t = self.table
+        t.device_seen[slots[device]] = True
+        t.last_comp[slots] = np.maximum(t.last_comp[slots], last_comp)
+        # each one's open set (``RankTrace.open``): its ops of the batch not complete; a nested
+        # op closes with its parent, as _complete closes it, where one finished
+        js = np.fromiter((x.j for x in parts.values()), np.int64, nparts)
+        zero = np.flatnonzero(comp <= 0)  # the batch's ops not complete
+        z0, z1 = np.searchsorted(zero, batch.start[js]).tolist(), np.searchsorted(zero, batch.start[js + 1]).tolist()
+        local = (zero - batch.start[np.searchsorted(batch.start, zero, side="right") - 1]).tolist()
+        for rt, a, b in zip(rts, z0, z1, strict=True):
+            rt._open = set(local[a:b])
+        t.open_from[slots] = t.n[slots]
+        t.stale[slots] = False
+        for n in np.flatnonzero((np.array(z1) > np.array(z0)) & finished & t.parents[slots]).tolist():
+            self._close_nested(rts[n])
+        self._seen_many(slots, tmin, tmax, first)
+        changed.update(rt.rank for rt in rts)
+        return min(lo, int(tmin.min())), max(hi, int(tmax.max()))
 
     def _seen(self, rt: RankTrace, t0: int, t1: int, touched: int) -> None:
         if t1:

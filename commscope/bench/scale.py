@@ -313,6 +313,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
     lags: list[float] = []  # the newest event read, behind the clock
     behind: list[float] = []  # what every stream was read up to (the watermark), behind the clock
     first_round = plan.t_start  # when every stream had been read once
+    caught_ns, caught = 0, 0  # when the console caught up, and the watermark samples before then
     frames: list[float] = []
     found_ns = 0
     wrong: list[str] = []
@@ -331,6 +332,10 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
             stats = feed.reader.stats
             steps.append((stats.records - records, stats.chunks - chunks, feed.costs.read + feed.costs.ingest - spent))
         wall = time.time_ns()
+        if got and not caught_ns:  # caught up: every stream read past the job's start, and within the target
+            mark = feed.reader.watermark_ns() or 0
+            if mark > plan.t_start and wall - mark <= TARGET_LAG_S * S:
+                caught_ns, caught = wall, len(behind)
         if got and feed.model.end_ns and wall > plan.t_start + 3 * S:
             lags.append((wall - feed.model.end_ns) / S)
             mark = feed.reader.watermark_ns()
@@ -367,7 +372,10 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
         if not got:
             time.sleep(Feed.POLL_S)
     reader.close()
-    return {"lags": lags, "behind": behind, "first_round_s": (first_round - plan.t_start) / S, "found_s": (found_ns - fault_ns) / S if found_ns else None, "wrong": wrong,
+    return {"lags": lags, "behind": behind, "first_round_s": (first_round - plan.t_start) / S,
+            "caught_s": (caught_ns - plan.t_start) / S if caught_ns else None,
+            "after_caught": behind[caught:] if caught_ns else [],
+            "found_s": (found_ns - fault_ns) / S if found_ns else None, "wrong": wrong,
             "wall_s": (time.time_ns() - plan.t_start) / S,
             "frames": frames, "rss": rss, "cpu_s": time.process_time() - cpu0, "events": feed.model.events,
             "ranks_seen": len(feed.model.ranks), "steps": steps,
@@ -536,6 +544,13 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
           f"    watermark (every stream read up to; diagnosis judges there): median {mark_med:.2f} s,\n"
           f"    p99 {mark_p99:.2f} s behind (target <= {TARGET_LAG_S:g} s), from the first full read\n"
           f"    ({seen['first_round_s']:.1f} s after the job's start)")
+    after = seen["after_caught"]
+    if seen["caught_s"] is None:
+        print(f"    never caught up (every stream read past the job's start, within {TARGET_LAG_S:g} s)")
+    else:  # (the start apart: a console that attaches first reads every rank's start, its tables)
+        print(f"    caught up (every stream read past the job's start, within {TARGET_LAG_S:g} s)\n"
+              f"    {seen['caught_s']:.1f} s after the job's start; from then on "
+              + (f"median {median(after):.2f} s, p99 {quantile(after, 0.99):.2f} s" if after else "no sample"))
     if EXPECTED[plan.fault]:
         note = "\n    (a straggler needs its window of late collectives)" if plan.fault in SLOW_HOSTS else ""
         took = f"{found:.1f} s" if found is not None else "NOT FOUND"
