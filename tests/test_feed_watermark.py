@@ -257,6 +257,38 @@ def test_a_console_attached_to_a_large_job_reads_it_apart_then_polls_on_from_the
     assert _per_rank(apart) == _per_rank(polled)
 
 
+def test_a_small_job_of_many_streams_goes_to_the_polls_on_a_sample_of_their_sizes(tmp_path, monkeypatch):
+    """A console's first read of many streams asks the size of a sample of them first: a job
+    they put far below ``PARALLEL_MIN_BYTES`` is polled without a stat of every stream; one
+    they put near it has every stream's size looked at, and goes apart where it is large."""
+    from commscope.store import directory
+    from commscope.store.directory import DirectoryReader
+
+    job = tmp_path / "trace" / "many"
+    job.mkdir(parents=True)
+    line = b'{"type":"heartbeat","ts":%d,"inflight":0,"v":3,"rank":%d}\n'
+    for rank in range(48):
+        (job / f"rank-{rank:05d}.jsonl").write_bytes(line % (time.time_ns(), rank) * 2)  # (alike: a fair sample)
+    monkeypatch.setattr(DirectoryReader, "SIZE_SAMPLE", 4)  # (more than four times as many streams)
+    asked: list[str] = []
+    real = directory.size_of
+    monkeypatch.setattr(directory, "size_of", lambda path: asked.append(path) or real(path))
+    went: list[int] = []
+    monkeypatch.setattr(DirectoryReader, "_bulk_parallel", lambda self, streams, *_: went.append(len(streams)) or iter(()))
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    size = sum(p.stat().st_size for p in job.iterdir())
+    for floor, stats, apart in ((size * 4 + 1, 4, False), (size * 3, 4 + 48, False), (size, 4 + 48, True)):
+        asked.clear()
+        went.clear()
+        monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", floor)
+        assert list(open_reader(str(job)).read_apart(1 << 20)) == []
+        assert len(asked) == stats and went == ([48] if apart else [])
+    assert list(open_reader(str(job)).read_apart(1 << 20)) == []
+    asked.clear()
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", size * 4 + 1)
+    assert list(open_reader(str(job)).bulk(1 << 20)) != [] and len(asked) >= 48  # (a whole read: not sampled)
+
+
 def test_a_console_closed_during_its_first_read_leaves_no_worker(tmp_path, monkeypatch):
     """(Quitting ``attach`` while it reads a large job apart: ``Feed.run`` closes the feed.)"""
     import threading

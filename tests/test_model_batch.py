@@ -466,6 +466,18 @@ def test_ids_past_the_dense_map_are_found_the_same_way():
     assert {m.ranks[0].index_of(-5) for m in models.values()} == {0}
 
 
+def test_negative_ids_that_run_on_are_found_as_the_id_map_finds_them():
+    """Ranks ingested together find an end's op where the rank's ids run on (``idoff``); a
+    negative id runs on too, but the dense id map never holds one: its end finds no op,
+    either way."""
+    statics = [_static("all_reduce")]
+    rows = [(PH_BEGIN, T, 7, 0, 1, -1, 0)] + [(PH_BEGIN, T + 1 + j, -5 + j, 0, 2 + j, -1, 0) for j in range(3)]
+    rows += [(PH_END, T + 20, 7, -1, -1, -1, 0)] + [(PH_END, T + 21 + j, -5 + j, -1, -1, -1, 0) for j in range(3)]
+    models = _same([([], [_rows(r, rows, statics) for r in (0, 1)])])
+    for m in models.values():
+        assert m.ranks[0].end[:4].tolist() == [T + 20, 0, 0, 0]
+
+
 def test_ranks_are_made_in_the_records_order():
     """A new rank whose records come twice in a batch goes rank by rank; it is still made
     first when it comes first (the console lists ranks in the model's order)."""

@@ -477,12 +477,19 @@ class _PairCodes:
         return self.code[at]
 
 
-class _FreshPart(NamedTuple):
-    """One rank's phases in ``TraceModel._batch_phases``."""
+class _FreshPhases(NamedTuple):
+    """The phases of the ranks a batch ingested together (``TraceModel._fresh_phases``), in
+    one set of arrays: part ``n`` (a rank's record with phases) is rows ``bounds[n]:
+    bounds[n + 1]``."""
 
-    j: int  # the rank's position in ``_Fresh``
-    rows: np.ndarray  # the records' phase rows
+    part_of: dict[int, int]  # record position -> its part
+    js: np.ndarray  # each part's rank's place in ``_Fresh``
+    bounds: np.ndarray
+    rows: np.ndarray  # each phase's row in its record
     idx: np.ndarray  # the op index each names (-1: none)
+    ts: np.ndarray
+    phase: np.ndarray
+    extras: set[int]  # the record positions with a phase that says more than its time
 
 
 #: The call site of an op issued from C++ with no Python caller.
@@ -1309,42 +1316,31 @@ class TraceModel:
         order); a rank whose columns the batch's events outgrew goes rank by rank."""
         lo, hi = I64_MAX, 0
         together: dict[int, int] = {}
-        parts: dict[int, _FreshPart] = {}  # record position -> its phases, for the ranks still together
-        extras: set[int] = set()  # the positions among those with a phase that says more than its time
+        fp: _FreshPhases | None = None  # the phases of the ranks still together
         if batch is not None:
             cols = batch.cols
             together = {k: j for j, k in enumerate(batch.pos) if self.ranks[batch.ranks[j]].begin is batch.views[j]}
-            for k, j in together.items():
-                rt = self.ranks[batch.ranks[j]]
-                recs = recs_list[k]
-                rows = np.flatnonzero(recs.phase > PH_BEGIN)
-                if rows.shape[0]:
-                    parts[k] = _FreshPart(j, rows, rt.lookup(recs.id[rows]))
-            if parts:
-                ts = np.concatenate([recs_list[k].ts[x.rows] for k, x in parts.items()])
-                ph = np.concatenate([recs_list[k].phase[x.rows] for k, x in parts.items()])
-                flagged = np.concatenate([recs_list[k].flags[x.rows] for k, x in parts.items()]) != 0
-                keys = list(parts)
-                extras = {keys[i] for i in np.unique(np.repeat(np.arange(len(keys)), [x.rows.shape[0] for x in
-                                                                                       parts.values()])[flagged])
-                          .tolist()} | {k for k in keys if recs_list[k].exc}  # (flagged or failed: PhaseExtra)
-                loc = np.concatenate([x.idx for x in parts.values()])
-                base = np.repeat(batch.start[[x.j for x in parts.values()]], [x.rows.shape[0] for x in parts.values()])
-                ok = loc >= 0
-                row = base + loc
+            fp = self._fresh_phases(recs_list, batch, together)
+            if fp is not None:
+                ts, ph = fp.ts, fp.phase
+                ok = fp.idx >= 0
+                row = np.repeat(batch.start[fp.js], np.diff(fp.bounds)) + fp.idx
                 for code, name in ((PH_END, "end"), (PH_WAIT_BEGIN, "wb"), (PH_WAIT_END, "we"), (PH_DONE, "done")):
                     m = ok & (ph == code)
                     if m.any():
                         cols[name][row[m]] = ts[m]
+        part_of = fp.part_of if fp is not None else {}
         at = {k: j for j, k in enumerate(live.pos)} if live is not None else {}
         done_live: list[_LiveRank] = []
         for k in range(len(recs_list)) if not regular else [] if len(regular) == len(recs_list) else [
                 k for k in range(len(recs_list)) if k not in regular]:
             recs = recs_list[k]  # exceptions and the rare extras, in the records' order
-            x = parts.get(k)
-            if x is not None:
-                if k in extras:
-                    self._apply_extras(self.ranks[batch.ranks[x.j]], x.idx, _record_extras(recs, x.rows))
+            n = part_of.get(k)
+            if n is not None:
+                if fp is not None and batch is not None and k in fp.extras:
+                    a, b = int(fp.bounds[n]), int(fp.bounds[n + 1])
+                    self._apply_extras(self.ranks[batch.ranks[int(fp.js[n])]], fp.idx[a:b],
+                                       _record_extras(recs, fp.rows[a:b]))
             elif k in at:
                 got = self._live_phase(self.ranks[recs.rank], recs, live, at[k])
                 if got is not None:
@@ -1355,7 +1351,7 @@ class TraceModel:
         if done_live:
             a, b = self._live_complete(done_live, changed)
             lo, hi = min(lo, a), max(hi, b)
-        if not parts:
+        if fp is None or batch is None:
             return lo, hi
         done = ph == PH_DONE
         if done.any():
@@ -1366,11 +1362,10 @@ class TraceModel:
             cols["comp"][r] = self._completion(cols["sig"][r], cols["end"][r], cols["we"][r], cols["done"][r],
                                                cols["flags"][r], cols["comp"][r])
         # per rank, all at once: its phases are one run of the batch's (``part``, in order)
-        lens = [x.rows.shape[0] for x in parts.values()]
-        nparts = len(lens)
+        lens = np.diff(fp.bounds)
+        nparts = lens.shape[0]
         part = np.repeat(np.arange(nparts), lens)
-        starts = np.zeros(nparts, np.int64)
-        np.cumsum(lens[:-1], out=starts[1:])
+        starts = fp.bounds[:-1]
         tmin = np.minimum.reduceat(ts, starts)
         tmax = np.maximum.reduceat(ts, starts)
         comp, begin = cols["comp"], cols["begin"]
@@ -1379,14 +1374,14 @@ class TraceModel:
         last_comp = _runs(np.maximum, cu, part[upd], nparts, 0)
         finished = np.bincount(part[upd][cu > 0], minlength=nparts) > 0
         first = _runs(np.minimum, begin[row[ok]], part[ok], nparts, I64_MAX)
-        rts = [self.ranks[batch.ranks[x.j]] for x in parts.values()]
+        rts = [self.ranks[batch.ranks[j]] for j in fp.js.tolist()]
         slots = np.fromiter((rt._s for rt in rts), np.int64, nparts)
         t = self.table
         t.device_seen[slots[device]] = True
         t.last_comp[slots] = np.maximum(t.last_comp[slots], last_comp)
         # each one's open set (``RankTrace.open``): its ops of the batch not complete; a nested
         # op closes with its parent, as _complete closes it, where one finished
-        js = np.fromiter((x.j for x in parts.values()), np.int64, nparts)
+        js = fp.js
         zero = np.flatnonzero(comp <= 0)  # the batch's ops not complete
         z0, z1 = np.searchsorted(zero, batch.start[js]).tolist(), np.searchsorted(zero, batch.start[js + 1]).tolist()
         local = (zero - batch.start[np.searchsorted(batch.start, zero, side="right") - 1]).tolist()
@@ -1399,6 +1394,47 @@ class TraceModel:
         self._seen_many(slots, tmin, tmax, first)
         changed.update(rt.rank for rt in rts)
         return min(lo, int(tmin.min())), max(hi, int(tmax.max()))
+
+    def _fresh_phases(self, recs_list: list[OpRecords], batch: _Fresh,
+                      together: dict[int, int]) -> _FreshPhases | None:
+        """The phases (ends, waits, dones) of the records of the ranks ``_fresh_begins``
+        ingested that are still together (``together``: record position -> the rank's place
+        in ``batch``), in one set of arrays, each one's op found for all at once where its
+        rank's ids run on (``RankTable.idoff``: the latest op with that id, as the id map
+        finds it), the others by the rank's id map (``RankTrace.lookup``).  None: none."""
+        ks = list(together)
+        if not ks:
+            return None
+        counts = np.fromiter((recs_list[k].phase.shape[0] for k in ks), np.int64, len(ks))
+        cum = np.zeros(len(ks) + 1, np.int64)
+        np.cumsum(counts, out=cum[1:])
+        phase = np.concatenate([recs_list[k].phase for k in ks])
+        at = np.flatnonzero(phase > PH_BEGIN)
+        if not at.shape[0]:
+            return None
+        owner = np.searchsorted(cum, at, side="right") - 1  # each phase's record's place in ``ks``
+        ids = np.concatenate([recs_list[k].id for k in ks])[at]
+        j_of = np.fromiter((together[k] for k in ks), np.int64, len(ks))
+        slot_of = np.fromiter((self.ranks[batch.ranks[j]]._s for j in j_of.tolist()), np.int64, len(ks))
+        t, s, j = self.table, slot_of[owner], j_of[owner]
+        # (op i has id i + idoff from aligned_from on, wrapping as int64 arithmetic does, so
+        # an id whose op would lie there is that op's; a negative one the id map never holds)
+        guess = ids - t.idoff[s]
+        hit = (ids >= 0) & (guess >= t.aligned_from[s]) & (guess < batch.start[j + 1] - batch.start[j])
+        idx = np.where(hit, guess, -1)
+        miss = np.flatnonzero(~hit)
+        if miss.shape[0]:  # (ids that do not run on, negative ones: as the rank's id map finds them)
+            for o, rows in _split_by_rank(owner[miss]):
+                m = miss if rows is None else miss[rows]
+                idx[m] = self.ranks[batch.ranks[int(j_of[o])]].lookup(ids[m])
+        present = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])  # each part's first phase
+        bounds = np.append(present, at.shape[0])
+        keys = [ks[o] for o in owner[present].tolist()]
+        flagged = np.concatenate([recs_list[k].flags for k in ks])[at] != 0
+        extras = {keys[n] for n in np.unique(np.searchsorted(bounds, np.flatnonzero(flagged), side="right") - 1)
+                  .tolist()} | {k for k in keys if recs_list[k].exc}  # (flagged or failed: a PhaseExtra)
+        return _FreshPhases(dict(zip(keys, range(len(keys)), strict=True)), j_of[owner[present]], bounds,
+                            at - cum[owner], idx, np.concatenate([recs_list[k].ts for k in ks])[at], phase[at], extras)
 
     def _seen(self, rt: RankTrace, t0: int, t1: int, touched: int) -> None:
         if t1:

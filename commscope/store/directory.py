@@ -844,6 +844,11 @@ class DirectoryReader(TraceReader):
     #: start its first full read came after 21 s apart against ~8 s polling (bench scale)
     PARALLEL_MIN_STREAMS = 8192
     MAX_WORKERS = 8
+    #: A console's first read of more than four times this many streams looks at the sizes
+    #: of this many of them first: a job whose bytes they put below a quarter of
+    #: ``PARALLEL_MIN_BYTES`` goes to the polls without a stat of every stream (16k streams:
+    #: ~0.3 s before the first poll, for a decision about workers only)
+    SIZE_SAMPLE = 256
 
     def _bulk(self, step: int) -> Iterator[Batch]:
         """With several cores and a large job, the streams are read apart in worker processes
@@ -868,6 +873,11 @@ class DirectoryReader(TraceReader):
         streams = self.streams()
         if workers < 2 or self._reading or len(streams) < 2:
             return None  # (read apart only a job not read yet: each worker starts its streams afresh)
+        if not whole and len(streams) > 4 * self.SIZE_SAMPLE:
+            some = dict(list(streams.items())[::len(streams) // self.SIZE_SAMPLE])
+            guess = sum(sum(sizes) for _, sizes in self._window(some).values()) * len(streams) / len(some)
+            if guess < self.PARALLEL_MIN_BYTES / 4:
+                return None
         window = self._window(streams)
         if sum(sum(sizes) for _, sizes in window.values()) < self.PARALLEL_MIN_BYTES and (
                 not whole or len(streams) < self.PARALLEL_MIN_STREAMS):
