@@ -1736,7 +1736,8 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[bloc
         if end > dec.seen_end:
             dec.seen_end = end
         json = events.get(c)
-        evs, damaged, invalid = (json.events, json.damaged, json.invalid) if json is not None else ([], 0, Counter())
+        evs, damaged, invalid = (json.events, json.damaged, json.invalid) if json is not None else (
+            [], 0, schema.NO_INVALID)
         if b == a:
             out[c] = Decoded(evs, damaged, invalid)
             continue
@@ -1755,27 +1756,49 @@ def _other_lines(data: bytes, chunks: Sequence[tuple[bytes, BlockDecoder]], s: b
     other = np.flatnonzero((s.block < 0) & ok[line_chunk])
     if not other.shape[0]:
         return {}
-    by: dict[int, list[bytes]] = {}
-    for c, lo, hi in zip(line_chunk[other].tolist(), s.line_start[other].tolist(), s.line_end[other].tolist(),
-                         strict=True):
-        line = data[lo:hi]
-        if line.strip():
-            by.setdefault(c, []).append(line)
-    ranks = [chunks[c][1].rank for c, lines in by.items() for _ in lines]
-    events = schema.decode_many([line for lines in by.values() for line in lines], ranks)
+    lo, hi = s.line_start[other], s.line_end[other]
+    # a blank line (nothing, or only spaces) is no event: only a line that starts with a
+    # space or ends at once may be one
+    u8 = np.frombuffer(data, np.uint8)
+    maybe = (hi <= lo) | _SPACE[u8[np.minimum(lo, max(0, len(data) - 1))]]
+    if maybe.any():
+        keep = ~maybe
+        keep[maybe] = [bool(data[a:b].strip()) for a, b in zip(lo[maybe].tolist(), hi[maybe].tolist(), strict=True)]
+        other, lo, hi = other[keep], lo[keep], hi[keep]
+        if not other.shape[0]:
+            return {}
+    lines = [data[a:b] for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
+    chunk = line_chunk[other]
+    cuts = np.flatnonzero(chunk[1:] != chunk[:-1]) + 1
+    keys = chunk[np.r_[0, cuts]].tolist()
+    bounds = [0, *cuts.tolist(), len(lines)]
+    ranks = np.repeat(np.fromiter((chunks[c][1].rank for c in keys), np.int64, len(keys)), np.diff(bounds)).tolist()
+    events = schema.decode_many(lines, ranks)
     out: dict[int, Decoded] = {}
-    at = 0
-    for c, lines in by.items():
-        if events is not None:
-            got = Decoded(events[at:at + len(lines)], 0, Counter())
-            at += len(lines)
-        else:
-            got, _ = schema.decode_indexed(lines, chunks[c][1].rank)
-        if any(e.get("type") == BLOCK or teaches(e) for e in got.events):
-            ok[c] = False
-        else:
-            out[c] = got
+    if events is None:  # (chunk by chunk: that path counts what it skips)
+        for n, c in enumerate(keys):
+            got, _ = schema.decode_indexed(lines[bounds[n]:bounds[n + 1]], chunks[c][1].rank)
+            if any(e.get("type") == BLOCK or teaches(e) for e in got.events):
+                ok[c] = False
+            else:
+                out[c] = got
+        return out
+    # (one look at each event's type for all chunks: a block or a table's event is rare)
+    for i in [i for i, e in enumerate(events) if e.get("type") in _ODD_OTHER]:
+        e = events[i]
+        if e.get("type") == BLOCK or teaches(e):
+            ok[keys[bisect.bisect_right(bounds, i) - 1]] = False
+    for n, c in enumerate(keys):
+        if ok[c]:
+            out[c] = Decoded(events[bounds[n]:bounds[n + 1]], 0, schema.NO_INVALID)
     return out
+
+
+#: The types of event ``_other_lines`` looks at twice: a block, or one that may teach tables
+_ODD_OTHER = frozenset((BLOCK, SITE, "group", "meta"))
+#: The bytes ``bytes.strip`` takes for spaces (a line that starts with one may be blank)
+_SPACE = np.zeros(256, np.bool_)
+_SPACE[list(b" \t\n\r\x0b\x0c")] = True
 
 
 # ------------------------------------------------------------------------------ reference encoder

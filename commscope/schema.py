@@ -177,6 +177,29 @@ _PHASE_IN_LINE = re.compile(rb'"phase"\s*:\s*"([A-Za-z_]{1,24})"')
 _FIELD = re.compile(r"at `\$\.?([A-Za-z_]*)")
 
 
+class _Nothing(Counter):
+    """The empty ``Counter`` that every ``Decoded`` with nothing invalid may share (a live
+    poll makes thousands: ~1 us each to make one); counting into it raises, as sharing it
+    would spread the counts (count into a copy: ``Counter(decoded.invalid)``)."""
+
+    def __setitem__(self, key: object, value: object) -> None:
+        raise TypeError("NO_INVALID is shared: count into a copy of it")
+
+    def __delitem__(self, key: object) -> None:
+        raise TypeError("NO_INVALID is shared: count into a copy of it")
+
+    def setdefault(self, key: object, default: object = None) -> object:
+        raise TypeError("NO_INVALID is shared: count into a copy of it")
+
+    def update(self, *args: object, **kwargs: object) -> None:  # (an empty Counter's update is dict's)
+        if any(args) or kwargs:
+            raise TypeError("NO_INVALID is shared: count into a copy of it")
+
+
+#: Nothing invalid, shared (``Decoded.invalid``; never counted into)
+NO_INVALID: Counter = _Nothing()
+
+
 class Decoded(NamedTuple):
     """What a batch of lines held: valid events, damaged lines, invalid events by reason,
     and (a reader that keeps op records in columns: ``blocks.decode_stream``) the op

@@ -647,6 +647,58 @@ def test_a_stream_given_twice_to_decode_together_is_refused():
 
 
 @needs_scanner
+@pytest.mark.parametrize("odd", [0, 1, 2])
+def test_a_chunk_whose_other_lines_teach_goes_alone_and_only_it(odd):
+    """``decode_chunks`` takes a poll's heartbeats and samples for all chunks at once; a
+    chunk where one of those lines is a site, a group or a meta (its decoder's tables
+    change) goes alone, whichever of its lines it is, and the chunks beside it still go
+    together."""
+    table = StaticTable()
+    decs = [BlockDecoder(rank, table) for rank in (1, 2, 3)]
+    sig = blocks.pack_sig(5, opcode=1)
+    for dec in decs:  # (their tables learnt: a later chunk's blocks go together)
+        first = blocks.pack_sig_begin(1, T, 5)
+        blocks.decode_chunk(meta_line(dec.rank) + b"\n" + block_line(sig + first, dec.rank, 0, len(first)) + b"\n",
+                            dec.rank, dec)
+    def plain(rank: int) -> list[bytes]:
+        return [event_line(rank, type="heartbeat", inflight=0), event_line(rank, type="sample", cpu=1.0)]
+
+    teach = event_line(2, type="site", sid=9, text="train.py:1 in f")
+    lines = {1: plain(1), 2: plain(2), 3: plain(3)}
+    lines[2].insert(odd, teach)  # (first, between, last of chunk 2's lines)
+    first, end = len(blocks.pack_sig_begin(1, T, 5)), blocks.pack_end(1, T + 1)
+    polled = [(b"\n".join([*lines[dec.rank], block_line(sig + end, dec.rank, first, first + len(end))]) + b"\n", dec)
+              for dec in decs]
+    got = blocks.decode_chunks(polled)
+    assert got[1] is None  # (alone: its site teaches its decoder)
+    for k in (0, 2):
+        assert got[k] is not None and [e["type"] for e in got[k].events] == ["heartbeat", "sample"]
+        assert got[k].ops is not None and got[k].ops.phase.shape[0] == 1
+
+
+@needs_scanner
+def test_blank_lines_among_a_poll_s_other_lines_are_no_events_and_lines_that_start_blank_are(monkeypatch):
+    """A line of nothing but spaces is skipped, as the JSON path skips it; one that starts
+    with a space and holds an event is that event (``decode_chunks``' other lines), all
+    chunks' lines in one call (not chunk by chunk, the way taken where a line is no event)."""
+    from commscope import schema
+
+    alone_path = schema.decode_indexed
+    table = StaticTable()
+    dec = BlockDecoder(1, table)
+    dec.note(orjson.loads(meta_line(1)))  # (its tables learnt)
+    hb = event_line(1, type="heartbeat", inflight=0)
+    for lines in ([b"   ", hb], [b" \t" + hb, b"\x0b"], [b"\r", b" ", b"  " + hb + b"  "], [hb, b"\x0c \t"]):
+        data = b"\n".join(lines) + b"\n"
+        alone = blocks.decode_stream(decode_lines(data, 1), BlockDecoder(1, table), columns=True)
+        monkeypatch.setattr(schema, "decode_indexed", None)  # (not called)
+        got = blocks.decode_chunks([(data, dec)])[0]
+        monkeypatch.setattr(schema, "decode_indexed", alone_path)
+        assert got is not None and got.events == alone.events and [e["type"] for e in got.events] == ["heartbeat"]
+        assert not got.invalid and not got.damaged
+
+
+@needs_scanner
 def test_a_native_job_s_polls_are_mostly_decoded_together_and_alike(tmp_path):
     """A job written as the native recorder writes (``bench.synthstore``: blocks with ring
     positions restating their tables, begins through signatures, a heartbeat and a sample
@@ -1009,3 +1061,19 @@ def test_a_site_text_is_read_within_its_record():
     none = H.pack(blocks.SITE_REC, 0, 0, H.size, 0, 3)
     _ops_, _o, invalid, _ = run([meta_line(), block_line(none + sig + blocks.pack_sig_begin(1, T, 0))])
     assert invalid == Counter({"block: bad table record": 1})
+
+
+def test_the_shared_empty_count_of_invalid_lines_is_never_counted_into():
+    """``schema.NO_INVALID``: what thousands of a poll's chunks with nothing invalid share;
+    counting into it raises (a count there would be every chunk's), a copy counts."""
+    from collections import Counter
+
+    from commscope.schema import NO_INVALID
+
+    for count in (lambda c: c.__setitem__("x", 1), lambda c: c.update(["x"]), lambda c: c.update({"x": 1}),
+                  lambda c: c.subtract(["x"]), lambda c: c.setdefault("x", 1), lambda c: c.__iadd__(Counter("x"))):
+        with pytest.raises(TypeError, match="shared"):
+            count(NO_INVALID)
+    copy = Counter(NO_INVALID)
+    copy["x"] += 1
+    assert not NO_INVALID and copy == Counter(x=1) and NO_INVALID + copy == copy
