@@ -191,9 +191,19 @@ class _Nothing(Counter):
     def setdefault(self, key: object, default: object = None) -> object:
         raise TypeError("NO_INVALID is shared: count into a copy of it")
 
-    def update(self, *args: object, **kwargs: object) -> None:  # (an empty Counter's update is dict's)
-        if any(args) or kwargs:
+    def update(self, iterable: object = None, /, **kwargs: object) -> None:  # (an empty Counter's is dict's)
+        if kwargs or (iterable is not None and next(iter(iterable), _NONE) is not _NONE):  # type: ignore
             raise TypeError("NO_INVALID is shared: count into a copy of it")
+
+    def copy(self) -> Counter:
+        """A Counter of its own (``Counter.copy`` would make another shared one)."""
+        return Counter()
+
+    def __reduce__(self) -> tuple:
+        return Counter, ()
+
+
+_NONE = object()
 
 
 #: Nothing invalid, shared (``Decoded.invalid``; never counted into)

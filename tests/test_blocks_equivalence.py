@@ -1074,6 +1074,12 @@ def test_the_shared_empty_count_of_invalid_lines_is_never_counted_into():
                   lambda c: c.subtract(["x"]), lambda c: c.setdefault("x", 1), lambda c: c.__iadd__(Counter("x"))):
         with pytest.raises(TypeError, match="shared"):
             count(NO_INVALID)
-    copy = Counter(NO_INVALID)
-    copy["x"] += 1
-    assert not NO_INVALID and copy == Counter(x=1) and NO_INVALID + copy == copy
+    NO_INVALID.update([])  # (nothing to count: nothing refused)
+    NO_INVALID.update(iter(()))
+    import copy as copying
+    import pickle
+
+    for copy in (Counter(NO_INVALID), NO_INVALID.copy(), copying.copy(NO_INVALID), pickle.loads(pickle.dumps(NO_INVALID))):
+        copy["x"] += 1
+        assert copy == Counter(x=1) and type(copy) is Counter
+    assert not NO_INVALID and NO_INVALID + Counter(x=1) == Counter(x=1)

@@ -38,6 +38,7 @@ from commscope.oprecords import (
 from commscope.schema import SCHEMA_VERSION
 
 T = 1_700_000_000_000_000_000
+S = 1_000_000_000
 SETTINGS = settings(derandomize=True, deadline=None, database=None, max_examples=60, print_blob=False,
                     suppress_health_check=list(HealthCheck))
 
@@ -814,3 +815,36 @@ def test_new_ranks_aligned_together_are_aligned_as_each_alone():
             rt.align(ids_a[start[j]:start[j + 1]], 0)
             assert (int(got_from[j]), int(got_off[j])) == (int(table.aligned_from[rt._s]), int(table.idoff[rt._s])), (
                 trial, j, ids_a[start[j]:start[j + 1]].tolist())
+
+
+def test_a_dead_rank_in_an_op_whose_id_finds_no_op_is_named_in_that_op():
+    """Found by review (random plans): a dead rank whose op in flight has an id the id map
+    does not hold (a negative one) made ``find_dead`` look the op up by its id, find none,
+    and raise; it is named by the op's index, as ``activity`` found it."""
+    statics = [_static("all_reduce")]
+    events = [{"type": "heartbeat", "ts": T + k * S, "rank": r, "inflight": 1, "v": SCHEMA_VERSION}
+              for r in (0, 1) for k in range(1, 60)]
+    events += [{"type": "heartbeat", "ts": T + S, "rank": 2, "inflight": 1, "v": SCHEMA_VERSION}]
+    ops = [_rows(r, [(PH_BEGIN, T + S // 2, 1, 0, 1, -1, 0), (PH_END, T + S // 2 + 1000, 1, -1, -1, -1, 0),
+                     (PH_BEGIN, T + S, -5 if r == 2 else 2, 0, 2, -1, 0)], statics) for r in range(3)]
+    m = TraceModel()
+    m.ingest(events, ops)
+    found = [f for f in diagnose(m, T + 60 * S, 5.0) if f.severity == "error"]
+    assert [(f.kind, f.culprits, dict(f.victims)) for f in found] == [("dead_rank", [2], {})]
+    assert "(in all_reduce #2 (group 0))" in found[0].message
+
+
+def test_a_rank_waiting_in_a_collective_its_index_does_not_hold_there_is_not_missing_from_it():
+    """Found by review (random plans): a hostile source record on a collective (a device
+    op, so still in flight) moved its seq after it was indexed; ``find_missing`` found the
+    rank waiting at a seq nobody entered by the index, called every member missing and
+    raised.  A rank waiting in it entered it: nothing is missing."""
+    statics = [_static("all_gather", device=0)]
+    recs = OpRecords(1, np.array([PH_BEGIN, PH_END], np.int8), np.array([T, T + 20_000]), np.array([24, 24]),
+                     np.array([0, -1], np.int32), np.array([5, 4]), np.array([-1, -1]), np.full(2, 5, np.uint64),
+                     np.array([-1, 1], np.int32), np.zeros(2, np.int64), np.array([0, F_APPROX | F_SOURCE], np.uint8),
+                     {}, statics)
+    m = TraceModel()
+    m.ingest([], [recs])
+    assert m.ranks[1].seq[0] == 4 and m.ranks[1].comp[0] == 0  # (moved, and in flight)
+    assert [f.kind for f in diagnose(m, T + 10**12, 5.0)] == []

@@ -95,9 +95,11 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
             continue  # everyone stopped at about the same time: the job was stopped, nobody died first
         act = activity(model, r, now)
         doing = act.get("in_op") or act.get("last_completed_op")
-        what = (f"in {model.label(r, act['in_op'] and model.op_index(r, act['in_op']['id']))}"
-                if act.get("in_op") else
-                f"after {model.label(r, model.op_index(r, doing['id']))}" if doing else "before any op")
+        # (named by the ops' indexes, as ``activity`` found them: an id need not find its op,
+        # a negative one never does, a repeated one finds the latest)
+        in_op, last = snap.state(r).op, snap[r].last_done
+        what = (f"in {model.label(r, in_op)}" if act.get("in_op") and in_op is not None else
+                f"after {model.label(r, last)}" if doing and last is not None else "before any op")
         if killed is not None:
             msg = f"rank {r} was gone without a clean exit ({what}): {describe_kill(killed)}"
         elif how == "vanished":

@@ -845,9 +845,10 @@ class DirectoryReader(TraceReader):
     PARALLEL_MIN_STREAMS = 8192
     MAX_WORKERS = 8
     #: A console's first read of more than four times this many streams looks at the sizes
-    #: of this many of them first: a job whose bytes they put below a quarter of
+    #: of this many of them first (every n-th): a job whose bytes they put below a quarter of
     #: ``PARALLEL_MIN_BYTES`` goes to the polls without a stat of every stream (16k streams:
-    #: ~0.3 s before the first poll, for a decision about workers only)
+    #: ~0.3 s before the first poll).  A decision about workers only: a job whose bytes lie
+    #: in the few streams the sample skips is polled, and reads the same
     SIZE_SAMPLE = 256
 
     def _bulk(self, step: int) -> Iterator[Batch]:
