@@ -350,8 +350,8 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
         if gi is None:
             continue
         entered = gi.at(seq)
-        if not waiting.keys() <= entered.keys():  # (a rank waiting in it entered it, whatever the index
-            entered = {**entered, **{r: i for r, i in waiting.items() if r not in entered}}  # kept: hostile seqs)
+        if not waiting.keys() <= entered.keys():  # a rank waiting in it entered it (a hostile seq moved it)
+            entered = {**entered, **{r: i for r, i in waiting.items() if r not in entered}}
         missing = [r for r in gi.members if r not in entered]
         if not missing:
             continue

@@ -251,9 +251,11 @@ class RankTable:
         return len(self.blocks) - 1
 
     def adopt(self, rts: Sequence[RankTrace], b: int, start: np.ndarray) -> np.ndarray:
-        """``RankTrace.adopt`` of many empty ranks (distinct), rank ``rts[j]`` taking rows
-        ``[start[j], start[j + 1])`` of block ``b``: their views made in one loop, their
-        scalars written in arrays.  Returns their slots."""
+        """Rows of block ``b`` (the columns of ranks ingested together) as the op columns of
+        empty ranks (distinct), rank ``rts[j]`` taking ``[start[j], start[j + 1])``: views,
+        not copies (``TraceModel._fresh_begins``), made in one loop, their scalars written in
+        arrays; a later append that outgrows them moves the rank (``relocate``).  Returns
+        their slots."""
         cols = self.blocks[b]
         assert cols is not None
         slots = np.fromiter((rt._s for rt in rts), np.int64, len(rts))
@@ -525,7 +527,7 @@ class RankTrace:
     """One rank: op columns plus liveness, samples, stacks and exits."""
 
     def __init__(self, rank: int, cap: int = 256, table: RankTable | None = None):
-        """``cap`` 0: no columns yet (the rank will ``adopt`` some, or grow its own).
+        """``cap`` 0: no columns yet (the rank will take some, ``RankTable.adopt``, or grow its own).
         ``table``: the model's (a rank alone gets one of its own)."""
         self.rank = rank
         self._t = table if table is not None else RankTable()
@@ -614,7 +616,7 @@ class RankTrace:
     # -- storage
     def nbytes(self, shared: dict[int, int] | None = None) -> int:
         """Bytes its arrays hold (capacity, the index buffers and the id map included).
-        Columns it took from ranks ingested together (``adopt``) are views: their whole
+        Columns it took from ranks ingested together (``RankTable.adopt``) are views: their whole
         block goes into ``shared`` (by id, so the model counts it once, for as long as any
         rank still holds part of it), or into the total without one."""
         arrays = [getattr(self, c) for c in (*BLOCK_COLUMNS, "id2idx")]
@@ -629,13 +631,6 @@ class RankTrace:
             else:
                 shared[id(base)] = base.nbytes
         return total
-
-    def adopt(self, block: int, a: int, b: int) -> None:
-        """Take rows [a, b) of a block of the table (the columns of ranks ingested together)
-        as this (empty) rank's op columns: views, not copies (``TraceModel._fresh_begins``).
-        A later append that outgrows them moves the rank (``RankTable.relocate``)."""
-        self._t._move(self, block, a, b - a)
-        self.n = b - a
 
     def reserve(self, n: int) -> None:
         if n > self.begin.shape[0]:

@@ -861,7 +861,7 @@ class TraceModel:
         ranks = [rt.rank for rt in rts]
         ids = cols["id"]
         bounds = start.tolist()
-        for j, rt in enumerate(rts):  # (before adopt: as _add_ops, with the ops before these)
+        for j, rt in enumerate(rts):  # (before their rows are theirs: as _add_ops, with the ops before these)
             rt.map_ids(ids[bounds[j]:bounds[j + 1]], local[bounds[j]:bounds[j + 1]])
         slots = t.adopt(rts, block, start)
         t.aligned_from[slots], t.idoff[slots] = _aligned(ids, start)
