@@ -58,11 +58,13 @@ from commscope.store.bulkread import DecoderState, Job, StreamsRead, Workers
 from commscope.store.crashlog import CRASH_FILE, CrashFiles
 from commscope.store.files import (
     O_NOFOLLOW,
+    OpenFiles,
     atomic_write,
     create_file,
     make_dirs,
     read_from,
     read_regular,
+    room_for,
     size_of,
 )
 from commscope.store.retention import Retention
@@ -421,6 +423,11 @@ class DirectoryReader(TraceReader):
         self._job_failed = False
         self._refused: set[str] = set()  # rank files that are not regular files (warned once)
         self._crashes = CrashFiles()
+        #: the streams' newest segments, held open between polls (``files.OpenFiles``), room
+        #: for this many streams asked for (``files.room_for``)
+        self._files = OpenFiles()
+        self._room_asked = 0
+        self._inodes: dict[str, int] = {}  # path -> inode, as the directory was last listed
 
     def job(self) -> dict | None:
         if self._job is None and self.job_dir is not None and not self._job_failed:
@@ -496,10 +503,24 @@ class DirectoryReader(TraceReader):
                 self._summaries[got.stream] = got.path
             else:
                 parsed.append(got)
+        self._let_go(entries)
         self._streams = segments.grouped(parsed)
         self._listed = (mtime, now)
         self._summaries_due = True
         return self._streams
+
+    def _let_go(self, entries: list[os.DirEntry]) -> None:
+        """A new listing's files held open (``_files``) that are gone, or whose name now
+        names another file (its inode in the directory entry, against the listing before:
+        a file written again under its name by an atomic replace), let go of."""
+        inodes = {entry.path: entry.inode() for entry in entries}
+        files, before = self._files, self._inodes
+        if len(files):
+            for path, ino in inodes.items():
+                if files.holds(path) and before.get(path, ino) != ino:
+                    files.forget(path)
+            files.keep_only(inodes.keys())
+        self._inodes = inodes
 
     def _name(self, name: str) -> tuple[Stream, Segment] | _Summary | object:
         """What a file of the job directory is, by its name: a segment of a stream (with
@@ -624,7 +645,10 @@ class DirectoryReader(TraceReader):
             n = len(streams)
             start = self._next % n if n and budget is not None else 0
             self.queue_chunks()  # (the streams' new lines decoded together, after the round)
-            began, quiet, stat = time.time_ns(), [], os.stat
+            began, quiet, size_of_file = time.time_ns(), [], self._files.size
+            if n > self._room_asked:
+                self._room_asked = n
+                self._files.capacity = room_for(n)
             try:
                 for k in range(n):
                     stream, segs = streams[(start + k) % n]
@@ -632,7 +656,7 @@ class DirectoryReader(TraceReader):
                     size = None
                     if tail is not None:
                         try:
-                            size = stat(tail[1]).st_size
+                            size = size_of_file(tail[1])
                         except OSError:
                             pass
                         if size == tail[2]:
@@ -780,6 +804,7 @@ class DirectoryReader(TraceReader):
             self._tails.pop(stream, None)
             if not at_end or newer is None or (budget is not None and used >= budget):
                 return out, used
+            self._files.forget(str(cur.path))  # (read to its end: the stream goes on in the next)
             self._reading[stream] = newer.number
             self._partial[stream] = False
 
@@ -792,6 +817,7 @@ class DirectoryReader(TraceReader):
         rank = stream[0]
         key = (stream, self._reading.get(stream, 0))
         offset = self._read_of.get(key, 0)
+        asked = size is not None  # (by ``poll``, of the file it holds if any: read without asking again)
         if size is None:
             try:
                 size = os.path.getsize(path)
@@ -807,7 +833,7 @@ class DirectoryReader(TraceReader):
         if budget is not None:
             want = min(want, max(budget, self.MIN_READ))
         try:
-            data = read_from(path, offset, want)
+            data = self._files.read(str(path), offset, want, sized=asked)
         except OSError as exc:
             self.stats.warnings.append(f"rank {rank}: cannot read {path}: {exc}")
             return [], 0, True
@@ -830,7 +856,7 @@ class DirectoryReader(TraceReader):
         return events, cut, at_end
 
     def close(self) -> None:
-        pass
+        self._files.close()
 
     # ------------------------------------------------------------------ a whole read, in parallel
     #: Below this many bytes, or with one core, a whole read polls in this process (the workers'

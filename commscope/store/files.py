@@ -8,7 +8,14 @@ import contextlib
 import errno
 import os
 import stat
+import weakref
+from collections.abc import Collection
 from pathlib import Path
+
+try:
+    import resource
+except ImportError:  # (not on Windows: files are then opened for each read)
+    resource = None  # type: ignore[assignment]
 
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -72,7 +79,7 @@ def mode_of(path: Path) -> int:
         return 0o600
 
 
-def read_from(path: Path, offset: int, limit: int) -> bytes:
+def read_from(path: Path | str, offset: int, limit: int) -> bytes:
     """Up to ``limit`` bytes of a regular file from ``offset`` on (b"" past its end), never
     blocking on a FIFO or device in its place.  Only what the file holds is asked for
     (``os.pread`` allocates all it is asked for first: 64 MiB for a poll of a few bytes)."""
@@ -81,18 +88,125 @@ def read_from(path: Path, offset: int, limit: int) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
-        n = min(limit, st.st_size - offset)
-        if n <= 0:
-            return b""
-        data = os.pread(fd, n, offset)
-        while 0 < len(data) < n:  # (one pread reads at most 2 GiB)
-            more = os.pread(fd, n - len(data), offset + len(data))
-            if not more:
-                break
-            data += more
-        return data
+        return _pread(fd, offset, min(limit, st.st_size - offset))
     finally:
         os.close(fd)
+
+
+def _pread(fd: int, offset: int, n: int) -> bytes:
+    if n <= 0:
+        return b""
+    data = os.pread(fd, n, offset)
+    while 0 < len(data) < n:  # (one pread reads at most 2 GiB)
+        more = os.pread(fd, n - len(data), offset + len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
+class OpenFiles:
+    """Regular files kept open between reads, for a reader that reads the same thousands of
+    files again and again: a live console polls every stream of a 16k-rank job a few times a
+    second, and a stat, an open, an fstat and a close per stream were a quarter of its time
+    (``size`` and ``read`` of a file held: an fstat and a pread).
+
+    At most ``capacity`` are held (``room_for``); a file past it is read as ``read_from``
+    reads it, and a full set is never churned (a round over more files than it holds would
+    open each anyway).  A file is held under its path: its reader, listing the directory
+    again, lets go of a path that names another file now or none (``forget``,
+    ``keep_only``), and of one it has read to its end and moved past: a deleted segment's
+    space is never held by its reader."""
+
+    def __init__(self, capacity: int = 0) -> None:
+        self.capacity = capacity
+        self._held: dict[str, int] = {}  # path -> fd
+        self._closer = weakref.finalize(self, _close_all, self._held)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def size(self, path: str) -> int:
+        """The size of the regular file at ``path``, which is held from now on where there is
+        room (a file that is not regular is never held: its size as ``os.stat`` says it)."""
+        fd = self._held.get(path)
+        if fd is None and len(self._held) < self.capacity:
+            fd = self._open(path)
+        if fd is None:
+            return os.stat(path).st_size
+        return os.fstat(fd).st_size
+
+    def read(self, path: str, offset: int, limit: int, sized: bool = False) -> bytes:
+        """``read_from(path, offset, limit)``, through the file held for ``path`` if any.
+        ``sized``: the file holds ``limit`` bytes past ``offset`` at least, as its ``size``
+        just said (no second fstat: a file cut short meanwhile gives less)."""
+        fd = self._held.get(path)
+        if fd is None:
+            return read_from(path, offset, limit)
+        return _pread(fd, offset, limit if sized else min(limit, os.fstat(fd).st_size - offset))
+
+    def holds(self, path: str) -> bool:
+        return path in self._held
+
+    def _open(self, path: str) -> int | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return None
+        self._held[path] = fd
+        return fd
+
+    def forget(self, path: str) -> None:
+        fd = self._held.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def keep_only(self, paths: Collection[str]) -> None:
+        """Drop every file held whose path is not in ``paths`` (a listing of their directory)."""
+        for path in [p for p in self._held if p not in paths]:
+            self.forget(path)
+
+    def close(self) -> None:
+        _close_all(self._held)
+
+
+def _close_all(held: dict[str, int]) -> None:
+    for fd in held.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    held.clear()
+
+
+#: File descriptors a reader leaves to the rest of its process (sockets, pipes, the terminal)
+FD_RESERVE = 1024
+
+
+def room_for(n: int) -> int:
+    """How many of ``n`` files a reader may hold open (``OpenFiles``): the process's soft limit
+    on open files, raised toward its hard limit as far as ``n`` needs, less ``FD_RESERVE``.
+    Raising the soft limit is what a process may always do; a console of a 16k-rank job
+    holds 16k files (most systems' soft limit is 1,024)."""
+    if resource is None:
+        return 0
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return 0
+    infinity = resource.RLIM_INFINITY
+    want = n + FD_RESERVE
+    if soft != infinity and soft < want:
+        new = want if hard == infinity else min(hard, want)
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+    return n if soft == infinity else max(0, min(n, soft - FD_RESERVE))
 
 
 def size_of(path: Path) -> int:
