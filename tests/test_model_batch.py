@@ -834,11 +834,12 @@ def test_a_dead_rank_in_an_op_whose_id_finds_no_op_is_named_in_that_op():
     assert "(in all_reduce #2 (group 0))" in found[0].message
 
 
-def test_a_rank_waiting_in_a_collective_its_index_does_not_hold_there_is_not_missing_from_it():
+def test_a_source_on_a_collective_is_refused_and_its_rank_is_not_missing_from_it():
     """Found by review (random plans): a hostile source record on a collective (a device
     op, so still in flight) moved its seq after it was indexed; ``find_missing`` found the
     rank waiting at a seq nobody entered by the index, called every member missing and
-    raised.  A rank waiting in it entered it: nothing is missing."""
+    raised.  A source resolves only a receive (its peer and seq stay the collective's), and
+    a rank waiting in a collective entered it: nothing is missing."""
     statics = [_static("all_gather", device=0)]
     recs = OpRecords(1, np.array([PH_BEGIN, PH_END], np.int8), np.array([T, T + 20_000]), np.array([24, 24]),
                      np.array([0, -1], np.int32), np.array([5, 4]), np.array([-1, -1]), np.full(2, 5, np.uint64),
@@ -846,5 +847,23 @@ def test_a_rank_waiting_in_a_collective_its_index_does_not_hold_there_is_not_mis
                      {}, statics)
     m = TraceModel()
     m.ingest([], [recs])
-    assert m.ranks[1].seq[0] == 4 and m.ranks[1].comp[0] == 0  # (moved, and in flight)
+    assert m.ranks[1].seq[0] == 5 and m.ranks[1].peer[0] == -1 and m.ranks[1].comp[0] == 0  # (in flight)
     assert [f.kind for f in diagnose(m, T + 10**12, 5.0)] == []
+
+
+def test_a_source_resolves_only_an_any_source_receive():
+    """A source record (``F_SOURCE``: an end carrying the peer an any-source recv got) sets
+    the peer and seq of a receive whose peer is open; on a send or a collective it is
+    refused: their peer and seq stay as their begins said."""
+    statics = [_static("recv", direction="recv", peer=-1, any_source=True), _static("isend", direction="send", peer=2),
+               _static("all_reduce")]
+    k = 6
+    recs = OpRecords(0, np.array([PH_BEGIN, PH_END] * 3, np.int8), np.arange(T, T + k), np.array([1, 1, 2, 2, 3, 3]),
+                     np.array([0, -1, 1, -1, 2, -1], np.int32), np.array([-1, 9, 4, 9, 7, 9]), np.full(k, -1),
+                     np.full(k, 5, np.uint64), np.array([-1, 3, 2, 3, -1, 3], np.int32), np.zeros(k, np.int64),
+                     np.array([0, F_SOURCE] * 3, np.uint8), {}, statics)
+    m = TraceModel()
+    m.ingest([], [recs])
+    rt = m.ranks[0]
+    assert rt.peer[:3].tolist() == [3, 2, -1] and rt.seq[:3].tolist() == [9, 4, 7]
+    assert (rt.comp[:3] > 0).all()

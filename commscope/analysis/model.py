@@ -1888,8 +1888,8 @@ class TraceModel:
                 rt.flags[i] |= APPROX
             if x.gpu is not None:
                 rt.gpu[i] = x.gpu
-            if x.end and x.peer is not None and rt.peer[i] < 0:  # any-source recv resolved
-                rt.peer[i] = x.peer
+            if x.end and x.peer is not None and rt.peer[i] < 0 and self._sig_flags[rt.sig[i]] & (P2P | SEND) == P2P:
+                rt.peer[i] = x.peer  # an any-source recv resolved (a source on any other op: refused)
                 if x.seq >= 0:
                     rt.seq[i] = x.seq
                     if not self._sig_flags[rt.sig[i]] & NESTED:
