@@ -1307,9 +1307,10 @@ def _json_lines(data: bytes, s: blockscan.Scan, rank: int, beats: bool
     rows = beatscan.scan(data, lo, hi, rank) if beats and other.shape[0] else None
     taken = np.zeros(other.shape[0], np.bool_) if rows is None else rows.kind != beatscan.OTHER
     lines, line_at = [], []
-    for k, a, b, is_row in zip(other.tolist(), lo.tolist(), hi.tolist(), taken.tolist(), strict=True):
+    rest = np.flatnonzero(~taken)  # (a whole stream's: its meta, most of its heartbeats and samples taken)
+    for k, a, b in zip(other[rest].tolist(), lo[rest].tolist(), hi[rest].tolist(), strict=True):
         line = data[a:b]
-        if not is_row and line.strip():
+        if line.strip():
             lines.append(line)
             line_at.append(k)
     got, at = schema.decode_indexed(lines, rank)
