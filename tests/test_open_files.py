@@ -5,6 +5,7 @@ truncations, rotations and deletions, and lets go of what it no longer reads."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -109,7 +110,7 @@ def test_held_files_are_closed_with_the_reader_and_never_past_its_room(tmp_path)
     assert len(r._files) == 0 and open_fds() <= before
     small = DirectoryReader(tmp_path)
     small._room_asked = 1 << 30
-    small._files.capacity = 2
+    small._files.reserve(2)
     assert len(small.poll()) == 5
     assert small.poll() == []
     assert len(small._files) == 2
@@ -124,7 +125,8 @@ def test_held_files_are_closed_with_the_reader_and_never_past_its_room(tmp_path)
 def test_open_files_read_like_read_from_and_refuse_what_is_not_regular(tmp_path):
     f = tmp_path / "a"
     f.write_bytes(b"0123456789")
-    files = OpenFiles(capacity=1)
+    files = OpenFiles()
+    files.reserve(1)
     assert files.size(str(f)) == 10 and files.holds(str(f))
     assert files.read(str(f), 3, 4) == b"3456" and files.read(str(f), 8, 100) == b"89"
     assert files.read(str(f), 10, 5) == b"" and files.read(str(f), 12, 5) == b""
@@ -136,10 +138,94 @@ def test_open_files_read_like_read_from_and_refuse_what_is_not_regular(tmp_path)
     assert files.size(str(g)) == 2 and not files.holds(str(g))  # (no room: read as read_from reads)
     assert files.read(str(g), 0, 5) == b"xy"
     os.mkfifo(tmp_path / "c")
-    files.capacity = 5
+    files.reserve(5)
     assert files.size(str(tmp_path / "c")) == 0 and not files.holds(str(tmp_path / "c"))
-    files.forget(str(f))
+    os.symlink(g, tmp_path / "d")
+    assert files.size(str(tmp_path / "d")) == 2 and not files.holds(str(tmp_path / "d"))  # (a symlink: never)
+    assert files.size(str(g)) == 2 and files.holds(str(g))
+    files.let_go({"a": os.stat(f).st_ino, "b": os.stat(g).st_ino + 1})  # (b: another file under its name now)
+    assert files.holds(str(f)) and not files.holds(str(g))
+    files.let_go({})
     assert len(files) == 0
+    files.close()
+    assert files.capacity == 0
+
+
+def test_a_stream_that_is_a_symlink_is_read_through_its_path_and_never_held(tmp_path):
+    """Found by review: a stream's file may be a symlink to a file elsewhere, whose target is
+    written again where no listing of the job's directory sees it: it is never held, and
+    reads what its path names, as a reader that holds nothing does."""
+    job, elsewhere = tmp_path / "store" / "j", tmp_path / "elsewhere"
+    DirectoryWriter(tmp_path / "store", "j", 1).write(lines(1, range(1, 2)))
+    elsewhere.mkdir()
+    target = elsewhere / "rank.jsonl"
+    target.write_bytes(b"".join(x + b"\n" for x in lines(0, range(1, 3))))
+    os.symlink(target, job / "rank-00000.jsonl")
+    held, plain = DirectoryReader(tmp_path / "store"), holding_none(tmp_path / "store")
+    for _ in range(2):
+        assert [(e["rank"], e["id"]) for e in held.poll()] == [(e["rank"], e["id"]) for e in plain.poll()]
+    tmp = elsewhere / ".tmp"
+    tmp.write_bytes(b"".join(x + b"\n" for x in lines(0, range(1, 6))))
+    os.replace(tmp, target)
+    got = [(e["rank"], e["id"]) for e in held.poll()]
+    assert got == [(e["rank"], e["id"]) for e in plain.poll()] == [(0, 3), (0, 4), (0, 5)]
+    assert held._files.holds(str(job / "rank-00001.jsonl")) and not held._files.holds(str(job / "rank-00000.jsonl"))
+
+
+def test_a_file_replaced_between_a_listing_and_its_open_is_let_go_of_when_replaced_again(tmp_path):
+    """Found by review: the file held is compared with what a listing names by the inode it
+    was opened with, not by the listing before: a file replaced between a poll's listing and
+    its open, then replaced again by a file that reuses the first one's inode number, is
+    let go of (compared with the listing before, it was held, deleted, for ever)."""
+    w = DirectoryWriter(tmp_path, "j", 0)
+    w.write(lines(0, range(1, 3)))
+    path = tmp_path / "j" / "rank-00000.jsonl"
+    r = DirectoryReader(tmp_path)
+    assert [e["id"] for e in r.poll()] == [1, 2]
+    replaced: list[int] = []
+
+    def replace(ids: range) -> None:
+        tmp = tmp_path / "j" / ".tmp"
+        tmp.write_bytes(b"".join(x + b"\n" for x in lines(0, ids)))
+        os.replace(tmp, path)
+        replaced.append(os.stat(path).st_ino)
+
+    real = r._files.size
+    r._files.size = lambda p: (replace(range(1, 4)) if not replaced else None) or real(p)  # (after the listing)
+    assert [e["id"] for e in r.poll()] == [3]
+    r._files.size = real
+    assert r._files.holds(str(path))
+    replace(range(1, 9))  # (ext4 gives it the first file's inode number again, freed by the first replace)
+    assert [e["id"] for e in r.poll()] == [4, 5, 6, 7, 8]
+    held = os.fstat(r._files._held[str(path)][0])
+    assert held.st_ino == os.stat(path).st_ino and held.st_nlink == 1  # (the file the path names, not a deleted one)
+
+
+def test_a_job_directory_deleted_under_the_reader_frees_its_files(tmp_path):
+    """Found by review: with the job's directory gone, the reader holds none of its files
+    (deleted, their space would stay taken as long as the console runs)."""
+    for r in range(4):
+        DirectoryWriter(tmp_path, "j", r).write(lines(r, range(1, 2)))
+    before = open_fds()
+    reader = DirectoryReader(tmp_path)
+    reader.poll()
+    reader.poll()
+    assert len(reader._files) == 4
+    shutil.rmtree(tmp_path / "j")
+    assert reader.poll() == [] and len(reader._files) == 0 and open_fds() <= before
+
+
+def test_a_reader_opened_on_a_relative_path_keeps_its_files_across_listings(tmp_path, monkeypatch):
+    """Found by review: a reader of "." held paths spelt "rank-...", its listings' entries
+    "./rank-...": every listing let go of every file.  Entries are matched by name."""
+    DirectoryWriter(tmp_path, "j", 0).write(lines(0, range(1, 2)))
+    monkeypatch.chdir(tmp_path / "j")
+    r = DirectoryReader(".")
+    r.poll()
+    r.poll()
+    assert len(r._files) == 1
+    r._listed = None
+    assert r.poll() == [] and len(r._files) == 1
 
 
 ROOM = """
@@ -164,3 +250,31 @@ def room(soft: int, hard: int, asks: list[int]) -> list[list[int]]:
 def test_room_for_raises_the_soft_limit_only_as_far_as_needed_and_never_past_the_hard_one():
     assert room(512, 4096, [100, 1000, 10_000]) == [[100, 1124], [1000, 2024], [3072, 4096]]
     assert room(800, 800, [100]) == [[0, 800]]  # (no room past what the rest of the process needs)
+
+
+LEDGER = """
+import gc, json, resource
+from commscope.store.files import OpenFiles
+resource.setrlimit(resource.RLIMIT_NOFILE, (512, 4096))
+a, b, c = OpenFiles(), OpenFiles(), OpenFiles()
+out = []
+def note(f, n):
+    f.reserve(n)
+    out.append([f.capacity, resource.getrlimit(resource.RLIMIT_NOFILE)[0]])
+note(a, 1000); note(b, 1000); note(c, 2000)
+del a
+gc.collect()
+note(c, 2000)  # (a soft limit raised is never lowered)
+b.close()
+note(c, 3000)
+print(json.dumps(out))
+"""
+
+
+def test_the_room_to_hold_files_is_shared_by_every_reader_of_the_process():
+    """Found by review: two readers in one process (a console starting again at the tail
+    reads a new one while the old holds its files) each counted on the whole room and ran
+    the process out of descriptors.  Each reserves its room in one ledger, given back when
+    it is closed or collected."""
+    done = subprocess.run([sys.executable, "-c", LEDGER], capture_output=True, text=True, check=True)
+    assert orjson.loads(done.stdout) == [[1000, 2024], [1000, 3024], [1072, 4096], [2000, 4096], [3000, 4096]]

@@ -64,7 +64,6 @@ from commscope.store.files import (
     make_dirs,
     read_from,
     read_regular,
-    room_for,
     size_of,
 )
 from commscope.store.retention import Retention
@@ -427,7 +426,6 @@ class DirectoryReader(TraceReader):
         #: for this many streams asked for (``files.room_for``)
         self._files = OpenFiles()
         self._room_asked = 0
-        self._inodes: dict[str, int] = {}  # path -> inode, as the directory was last listed
 
     def job(self) -> dict | None:
         if self._job is None and self.job_dir is not None and not self._job_failed:
@@ -466,6 +464,7 @@ class DirectoryReader(TraceReader):
         try:
             mtime = os.stat(self.job_dir).st_mtime_ns
         except OSError:
+            self._files.drop_all()  # (the job's directory gone: its files' space with it)
             return {}
         now = time.time()
         if self._listed is not None and self._listed[0] == mtime and \
@@ -475,6 +474,7 @@ class DirectoryReader(TraceReader):
             with os.scandir(self.job_dir) as it:
                 entries = list(it)
         except OSError:
+            self._files.drop_all()
             return {}
         parsed = []
         self._summaries = {}
@@ -510,17 +510,11 @@ class DirectoryReader(TraceReader):
         return self._streams
 
     def _let_go(self, entries: list[os.DirEntry]) -> None:
-        """A new listing's files held open (``_files``) that are gone, or whose name now
-        names another file (its inode in the directory entry, against the listing before:
-        a file written again under its name by an atomic replace), let go of."""
-        inodes = {entry.path: entry.inode() for entry in entries}
-        files, before = self._files, self._inodes
-        if len(files):
-            for path, ino in inodes.items():
-                if files.holds(path) and before.get(path, ino) != ino:
-                    files.forget(path)
-            files.keep_only(inodes.keys())
-        self._inodes = inodes
+        """The files held open (``_files``) that a new listing no longer names, or names with
+        another inode than the one held (a file written again under its name: an atomic
+        replace), let go of."""
+        if len(self._files):
+            self._files.let_go({entry.name: entry.inode() for entry in entries})
 
     def _name(self, name: str) -> tuple[Stream, Segment] | _Summary | object:
         """What a file of the job directory is, by its name: a segment of a stream (with
@@ -648,7 +642,7 @@ class DirectoryReader(TraceReader):
             began, quiet, size_of_file = time.time_ns(), [], self._files.size
             if n > self._room_asked:
                 self._room_asked = n
-                self._files.capacity = room_for(n)
+                self._files.reserve(n)
             try:
                 for k in range(n):
                     stream, segs = streams[(start + k) % n]
@@ -857,6 +851,7 @@ class DirectoryReader(TraceReader):
 
     def close(self) -> None:
         self._files.close()
+        self._room_asked = 0  # (room given back: asked again if polled again)
 
     # ------------------------------------------------------------------ a whole read, in parallel
     #: Below this many bytes, or with one core, a whole read polls in this process (the workers'

@@ -8,8 +8,9 @@ import contextlib
 import errno
 import os
 import stat
+import threading
 import weakref
-from collections.abc import Collection
+from collections.abc import Mapping
 from pathlib import Path
 
 try:
@@ -111,46 +112,64 @@ class OpenFiles:
     second, and a stat, an open, an fstat and a close per stream were a quarter of its time
     (``size`` and ``read`` of a file held: an fstat and a pread).
 
-    At most ``capacity`` are held (``room_for``); a file past it is read as ``read_from``
+    At most ``capacity`` are held (``reserve``); a file past it is read as ``read_from``
     reads it, and a full set is never churned (a round over more files than it holds would
-    open each anyway).  A file is held under its path: its reader, listing the directory
-    again, lets go of a path that names another file now or none (``forget``,
-    ``keep_only``), and of one it has read to its end and moved past: a deleted segment's
-    space is never held by its reader."""
+    open each anyway).  A symlink is never held (its target may change where no listing of
+    its directory sees it).  A file is held under its path with its inode: its reader, listing
+    the directory again, lets go of each one whose name now names another file or none
+    (``let_go``), of one it has read to its end and moved past (``forget``), and of all where
+    the directory is gone (``drop_all``): a deleted file's space is never held by its reader."""
 
-    def __init__(self, capacity: int = 0) -> None:
-        self.capacity = capacity
-        self._held: dict[str, int] = {}  # path -> fd
-        self._closer = weakref.finalize(self, _close_all, self._held)
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[int, int]] = {}  # path -> (fd, inode)
+        self._room = [0]  # (a box: the finalizer gives it back to the ledger)
+        self._closer = weakref.finalize(self, _close_all, self._held, self._room)
+
+    @property
+    def capacity(self) -> int:
+        return self._room[0]
+
+    def reserve(self, n: int) -> None:
+        """Room to hold ``n`` files, as far as the process allows (``room_for``) counting
+        what every other ``OpenFiles`` of the process holds room for: two readers (a console
+        starting again at the tail reads a new one while the old holds its files) never count
+        on the same descriptors."""
+        global _promised
+        with _ledger:
+            others = _promised - self._room[0]
+            self._room[0] = max(0, min(n, room_for(others + n) - others))
+            _promised = others + self._room[0]
 
     def __len__(self) -> int:
         return len(self._held)
 
     def size(self, path: str) -> int:
         """The size of the regular file at ``path``, which is held from now on where there is
-        room (a file that is not regular is never held: its size as ``os.stat`` says it)."""
-        fd = self._held.get(path)
-        if fd is None and len(self._held) < self.capacity:
-            fd = self._open(path)
-        if fd is None:
+        room (one that is not regular, or a symlink, is never held: its size as ``os.stat``
+        says it)."""
+        got = self._held.get(path)
+        if got is None and len(self._held) < self._room[0]:
+            got = self._open(path)
+        if got is None:
             return os.stat(path).st_size
-        return os.fstat(fd).st_size
+        return os.fstat(got[0]).st_size
 
     def read(self, path: str, offset: int, limit: int, sized: bool = False) -> bytes:
         """``read_from(path, offset, limit)``, through the file held for ``path`` if any.
         ``sized``: the file holds ``limit`` bytes past ``offset`` at least, as its ``size``
         just said (no second fstat: a file cut short meanwhile gives less)."""
-        fd = self._held.get(path)
-        if fd is None:
+        got = self._held.get(path)
+        if got is None:
             return read_from(path, offset, limit)
+        fd = got[0]
         return _pread(fd, offset, limit if sized else min(limit, os.fstat(fd).st_size - offset))
 
     def holds(self, path: str) -> bool:
         return path in self._held
 
-    def _open(self, path: str) -> int | None:
+    def _open(self, path: str) -> tuple[int, int] | None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | O_NOFOLLOW)
         except OSError:
             return None
         try:
@@ -160,37 +179,55 @@ class OpenFiles:
         if st is None or not stat.S_ISREG(st.st_mode):
             os.close(fd)
             return None
-        self._held[path] = fd
-        return fd
+        got = self._held[path] = (fd, st.st_ino)
+        return got
+
+    def let_go(self, listing: Mapping[str, int]) -> None:
+        """Let go of every file held whose name (in the directory they all lie in) ``listing``
+        (name -> inode, as the directory's entries say) does not name, or names with
+        another inode: it was deleted, or written again under its name."""
+        for path, (_fd, ino) in list(self._held.items()):
+            if listing.get(os.path.basename(path)) != ino:
+                self.forget(path)
 
     def forget(self, path: str) -> None:
-        fd = self._held.pop(path, None)
-        if fd is not None:
-            os.close(fd)
+        got = self._held.pop(path, None)
+        if got is not None:
+            os.close(got[0])
 
-    def keep_only(self, paths: Collection[str]) -> None:
-        """Drop every file held whose path is not in ``paths`` (a listing of their directory)."""
-        for path in [p for p in self._held if p not in paths]:
-            self.forget(path)
+    def drop_all(self) -> None:
+        """Close every file held (their room stays reserved)."""
+        for fd, _ in self._held.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._held.clear()
 
     def close(self) -> None:
-        _close_all(self._held)
+        """Close every file held and give their room back."""
+        _close_all(self._held, self._room)
 
 
-def _close_all(held: dict[str, int]) -> None:
-    for fd in held.values():
+def _close_all(held: dict[str, tuple[int, int]], room: list[int]) -> None:
+    global _promised
+    for fd, _ in held.values():
         with contextlib.suppress(OSError):
             os.close(fd)
     held.clear()
+    with _ledger:
+        _promised -= room[0]
+        room[0] = 0
 
 
 #: File descriptors a reader leaves to the rest of its process (sockets, pipes, the terminal)
 FD_RESERVE = 1024
+#: The room every ``OpenFiles`` of the process reserved, together (``OpenFiles.reserve``)
+_promised = 0
+_ledger = threading.Lock()
 
 
 def room_for(n: int) -> int:
-    """How many of ``n`` files a reader may hold open (``OpenFiles``): the process's soft limit
-    on open files, raised toward its hard limit as far as ``n`` needs, less ``FD_RESERVE``.
+    """How many of ``n`` files the process may hold open (``OpenFiles``): its soft limit on
+    open files, raised toward its hard limit as far as ``n`` needs, less ``FD_RESERVE``.
     Raising the soft limit is what a process may always do; a console of a 16k-rank job
     holds 16k files (most systems' soft limit is 1,024)."""
     if resource is None:
