@@ -278,3 +278,29 @@ def test_the_room_to_hold_files_is_shared_by_every_reader_of_the_process():
     it is closed or collected."""
     done = subprocess.run([sys.executable, "-c", LEDGER], capture_output=True, text=True, check=True)
     assert orjson.loads(done.stdout) == [[1000, 2024], [1000, 3024], [1072, 4096], [2000, 4096], [3000, 4096]]
+
+
+def test_a_directory_that_cannot_be_listed_is_said_once_until_it_can(tmp_path, monkeypatch):
+    """Found by review: a listing that failed (no descriptors left, no permission) read as an
+    empty job, without a word: a console just waited.  It is said once, and again after
+    the directory was listed and then failed again."""
+    DirectoryWriter(tmp_path, "j", 0).write(lines(0, range(1, 2)))
+    r = DirectoryReader(tmp_path)
+    assert len(r.poll()) == 1
+    real = os.scandir
+
+    def refused(path):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(os, "scandir", refused)
+    for _ in range(3):
+        r._listed = None
+        assert r.poll() == []
+    assert r.stats.warnings == [f"cannot list {tmp_path / 'j'}: Too many open files"]
+    monkeypatch.setattr(os, "scandir", real)
+    r._listed = None
+    assert r.poll() == []
+    monkeypatch.setattr(os, "scandir", refused)
+    r._listed = None
+    r.poll()
+    assert len(r.stats.warnings) == 2

@@ -421,6 +421,7 @@ class DirectoryReader(TraceReader):
         self._job: dict | None = None
         self._job_failed = False
         self._refused: set[str] = set()  # rank files that are not regular files (warned once)
+        self._list_error: str | None = None  # why the job's directory could not be listed (warned once)
         self._crashes = CrashFiles()
         #: the streams' newest segments, held open between polls (``files.OpenFiles``), room
         #: for this many streams asked for (``files.room_for``)
@@ -463,8 +464,9 @@ class DirectoryReader(TraceReader):
                 return {}
         try:
             mtime = os.stat(self.job_dir).st_mtime_ns
-        except OSError:
+        except OSError as exc:
             self._files.drop_all()  # (the job's directory gone: its files' space with it)
+            self._cannot_list(exc)
             return {}
         now = time.time()
         if self._listed is not None and self._listed[0] == mtime and \
@@ -473,9 +475,11 @@ class DirectoryReader(TraceReader):
         try:
             with os.scandir(self.job_dir) as it:
                 entries = list(it)
-        except OSError:
+        except OSError as exc:
             self._files.drop_all()
+            self._cannot_list(exc)
             return {}
+        self._list_error = None
         parsed = []
         self._summaries = {}
         self._crash_names = []
@@ -508,6 +512,15 @@ class DirectoryReader(TraceReader):
         self._listed = (mtime, now)
         self._summaries_due = True
         return self._streams
+
+    def _cannot_list(self, exc: OSError) -> None:
+        """The job's directory could not be listed (gone, no permission, no descriptors
+        left): said once until it is listed again, or fails otherwise (a poll reads nothing
+        meanwhile, and a console would otherwise just wait)."""
+        why = f"cannot list {self.job_dir}: {exc.strerror or exc}"
+        if why != self._list_error:
+            self._list_error = why
+            self.stats.warnings.append(why)
 
     def _let_go(self, entries: list[os.DirEntry]) -> None:
         """The files held open (``_files``) that a new listing no longer names, or names with
