@@ -424,7 +424,7 @@ class DirectoryReader(TraceReader):
         self._list_error: str | None = None  # why the job's directory could not be listed (warned once)
         self._crashes = CrashFiles()
         #: the streams' newest segments, held open between polls (``files.OpenFiles``), room
-        #: for this many streams asked for (``files.room_for``)
+        #: for this many streams reserved (``OpenFiles.reserve``)
         self._files = OpenFiles()
         self._room_asked = 0
 
