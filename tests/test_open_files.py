@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import orjson
 
@@ -304,3 +305,26 @@ def test_a_directory_that_cannot_be_listed_is_said_once_until_it_can(tmp_path, m
     r._listed = None
     r.poll()
     assert len(r.stats.warnings) == 2
+
+
+def test_a_file_replaced_where_the_directory_time_did_not_move_is_seen_at_the_next_listing(tmp_path):
+    """A held file is let go of by a listing; a listing is trusted while the directory's
+    mtime stays put (``LIST_TRUST_S``).  A file written again under its name without moving
+    that mtime (a network filesystem's clock, a touched-back directory) was seen at once by
+    the stat of each poll; a reader that holds it sees it once the listing is made again,
+    ``LIST_AGAIN_S`` at most after the last."""
+    DirectoryWriter(tmp_path, "j", 0).write(lines(0, range(1, 3)))
+    job, path = tmp_path / "j", tmp_path / "j" / "rank-00000.jsonl"
+    old = 1_000_000_000 * (int(time.time()) - 100)
+    os.utime(job, ns=(old, old))
+    r = DirectoryReader(tmp_path)
+    assert [e["id"] for e in r.poll()] == [1, 2]
+    r.poll()
+    assert r._files.holds(str(path))
+    tmp = job / ".tmp"
+    tmp.write_bytes(b"".join(x + b"\n" for x in lines(0, range(1, 5))))
+    os.replace(tmp, path)
+    os.utime(job, ns=(old, old))
+    assert r.poll() == []  # (the listing trusted: the file held is the one replaced)
+    r._listed = (r._listed[0], r._listed[1] - DirectoryReader.LIST_AGAIN_S)
+    assert [e["id"] for e in r.poll()] == [3, 4]

@@ -453,6 +453,11 @@ class DirectoryReader(TraceReader):
     #: A listing is trusted while the directory's mtime stays put and is older than this when
     #: listed (a filesystem with coarse timestamps may not move it for a file made within)
     LIST_TRUST_S = 2.0
+    #: ... and no longer than this: a file written again under its name while the directory's
+    #: mtime did not move (a network filesystem's clock, a touched-back directory) is seen
+    #: within it, though the reader holds its files open (``OpenFiles``: a listing lets go
+    #: of a file its name no longer names).  16k streams: a listing of ~30 ms, this often
+    LIST_AGAIN_S = 30.0
 
     def streams(self) -> dict[Stream, list[Segment]]:
         """The job's streams, (rank, incarnation) -> its segments oldest first, in stream
@@ -470,7 +475,7 @@ class DirectoryReader(TraceReader):
             return {}
         now = time.time()
         if self._listed is not None and self._listed[0] == mtime and \
-                self._listed[1] - mtime / 1e9 > self.LIST_TRUST_S:
+                self._listed[1] - mtime / 1e9 > self.LIST_TRUST_S and now - self._listed[1] < self.LIST_AGAIN_S:
             return self._streams
         try:
             with os.scandir(self.job_dir) as it:
