@@ -158,26 +158,28 @@ def joined(scans: list[Scan], starts: np.ndarray) -> Scan | None:
     block with it in its own chunk.  None where the scans do not share a ``raw``."""
     if not scans or any(x.raw is not scans[0].raw for x in scans):
         return None
-    nblocks = np.fromiter((x.ts.shape[0] for x in scans), np.int64, len(scans))
-    nops = np.fromiter((x.ops.shape[0] for x in scans), np.int64, len(scans))
-    b0 = np.zeros(len(scans), np.int64)
+    k = len(scans)
+    nlines = np.fromiter((x.line_start.shape[0] for x in scans), np.int64, k)
+    nblocks = np.fromiter((x.ts.shape[0] for x in scans), np.int64, k)
+    nops = np.fromiter((x.ops.shape[0] for x in scans), np.int64, k)
+    b0 = np.zeros(k, np.int64)
     np.cumsum(nblocks[:-1], out=b0[1:])
-    o0 = np.zeros(len(scans), np.int64)
+    o0 = np.zeros(k, np.int64)
     np.cumsum(nops[:-1], out=o0[1:])
     cat = np.concatenate
 
-    def shifted(name: str, by: np.ndarray) -> np.ndarray:  # (a block index, -1: none)
-        return cat([np.where(getattr(x, name) >= 0, getattr(x, name) + k, -1) for x, k in zip(scans, by.tolist(),
-                                                                                          strict=True)])
+    def fields(name: str) -> np.ndarray:  # (each scan's, back to back: no numpy call per scan)
+        return cat([getattr(x, name) for x in scans])
 
-    return Scan(scans[0].raw,
-                cat([x.line_start + k for x, k in zip(scans, starts.tolist(), strict=True)]),
-                cat([x.line_end + k for x, k in zip(scans, starts.tolist(), strict=True)]),
-                shifted("block", b0).astype(np.int32), cat([x.ts for x in scans]), cat([x.pos for x in scans]),
-                cat([x.end for x in scans]), cat([x.start for x in scans]), cat([x.stop for x in scans]),
-                cat([x.prefix_end for x in scans]), shifted("prefix_id", b0), cat([x.flags for x in scans]),
-                cat([x.ops for x in scans]),
-                cat([x.op_first[:-1] + k for x, k in zip(scans, o0.tolist(), strict=True)] + [[int(nops.sum())]]))
+    def shifted(a: np.ndarray, by: np.ndarray) -> np.ndarray:  # (a block index, -1: none)
+        return np.where(a >= 0, a + by, -1)
+
+    at_line = np.repeat(np.asarray(starts, np.int64), nlines)
+    return Scan(scans[0].raw, fields("line_start") + at_line, fields("line_end") + at_line,
+                shifted(fields("block"), np.repeat(b0, nlines)).astype(np.int32), fields("ts"), fields("pos"),
+                fields("end"), fields("start"), fields("stop"), fields("prefix_end"),
+                shifted(fields("prefix_id"), np.repeat(b0, nblocks)), fields("flags"), fields("ops"),
+                np.append(cat([x.op_first[:-1] for x in scans]) + np.repeat(o0, nblocks), int(nops.sum())))
 
 
 def _load() -> Callable[..., tuple] | None:
