@@ -135,15 +135,20 @@ def parts(s: Scan, starts: np.ndarray, want: np.ndarray) -> list[Scan | None]:
         _, first, at = np.unique(bc[has] * nb + s.prefix_id[has], return_index=True, return_inverse=True)
         local[has] = has[first][at.reshape(-1)] - np.asarray(bounds, np.int64)[bc[has]]
     out: list[Scan | None] = [None] * n
-    for c in np.flatnonzero(want).tolist():
+    chosen = np.flatnonzero(want)
+    if not chosen.shape[0]:
+        return out
+    # each line's offsets and block index within its own chunk, for every chunk at once (a
+    # chunk's part is then slices)
+    at = np.asarray(starts, np.int64)[line_chunk]
+    line_start, line_end = s.line_start - at, s.line_end - at
+    block = np.where(is_block, s.block - np.asarray(bounds, np.int64)[line_chunk], -1).astype(s.block.dtype)
+    for c in chosen.tolist():
         l0, l1, b0, b1 = lines[c], lines[c + 1], bounds[c], bounds[c + 1]
         if l0 == l1:
             continue
         o0, o1 = int(s.op_first[b0]), int(s.op_first[b1])
-        blk = s.block[l0:l1]
-        offset = int(starts[c])
-        out[c] = Scan(s.raw, s.line_start[l0:l1] - offset, s.line_end[l0:l1] - offset,
-                      np.where(blk >= 0, blk - b0, -1).astype(np.int32) if b0 else blk, s.ts[b0:b1], s.pos[b0:b1],
+        out[c] = Scan(s.raw, line_start[l0:l1], line_end[l0:l1], block[l0:l1], s.ts[b0:b1], s.pos[b0:b1],
                       s.end[b0:b1], s.start[b0:b1], s.stop[b0:b1], s.prefix_end[b0:b1], local[b0:b1],
                       s.flags[b0:b1], s.ops[o0:o1], s.op_first[b0:b1 + 1] - o0)
     return out
