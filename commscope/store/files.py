@@ -84,14 +84,25 @@ def read_from(path: Path | str, offset: int, limit: int) -> bytes:
     """Up to ``limit`` bytes of a regular file from ``offset`` on (b"" past its end), never
     blocking on a FIFO or device in its place.  Only what the file holds is asked for
     (``os.pread`` allocates all it is asked for first: 64 MiB for a poll of a few bytes)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    fd, st = _open_regular(path)
+    try:
+        return _pread(fd, offset, min(limit, st.st_size - offset))
+    finally:
+        os.close(fd)
+
+
+def _open_regular(path: Path | str, flags: int = 0) -> tuple[int, os.stat_result]:
+    """``path`` opened to read, never blocking (a FIFO in its place), and its stat; OSError
+    where it is not a regular file (the descriptor then closed)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | flags)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
-        return _pread(fd, offset, min(limit, st.st_size - offset))
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd, st
 
 
 def _pread(fd: int, offset: int, n: int) -> bytes:
@@ -169,15 +180,8 @@ class OpenFiles:
 
     def _open(self, path: str) -> tuple[int, int] | None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | O_NOFOLLOW)
+            fd, st = _open_regular(path, O_NOFOLLOW)
         except OSError:
-            return None
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            st = None
-        if st is None or not stat.S_ISREG(st.st_mode):
-            os.close(fd)
             return None
         got = self._held[path] = (fd, st.st_ino)
         return got
@@ -197,22 +201,23 @@ class OpenFiles:
 
     def drop_all(self) -> None:
         """Close every file held (their room stays reserved)."""
-        for fd, _ in self._held.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._held.clear()
+        _close_held(self._held)
 
     def close(self) -> None:
         """Close every file held and give their room back."""
         _close_all(self._held, self._room)
 
 
-def _close_all(held: dict[str, tuple[int, int]], room: list[int]) -> None:
-    global _promised
+def _close_held(held: dict[str, tuple[int, int]]) -> None:
     for fd, _ in held.values():
         with contextlib.suppress(OSError):
             os.close(fd)
     held.clear()
+
+
+def _close_all(held: dict[str, tuple[int, int]], room: list[int]) -> None:
+    global _promised
+    _close_held(held)
     with _ledger:
         _promised -= room[0]
         room[0] = 0
