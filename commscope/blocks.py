@@ -231,6 +231,9 @@ class StaticTable:
         self._index: dict[tuple, int] = {}
         self._dtypes: dict[tuple[str, ...], int] = {}
         self._torch_names: dict[tuple[str, ...], list[str]] = {}
+        self._texts: list[list[str]] = []  # lists of strings checked (``texts``), the last few
+        self._codes_named: list[str] | None = None  # the last list ``torch_names`` was asked of ...
+        self._named: list[str] = []  # ... and its answer
         self._groups: dict[bytes, tuple[GroupEntry, str]] = {}
         self._run_members = 0  # members expanded out of runs, all groups (see MAX_RUN_MEMBERS)
         self._once: dict[bytes, bool] = {}  # table prefix -> ``_states_once``
@@ -296,16 +299,38 @@ class StaticTable:
         self._run_members += len(out)
         return out
 
+    def texts(self, value: object) -> list[str] | None:
+        """``value`` where it is a list of strings (a meta's op names or dtype codes), else
+        None; checked once per distinct list, and the streams that state the same list share
+        one (every rank's meta states the same two: 16k ranks each checked ~90 strings in a
+        live poll's first round).  Read, never written."""
+        if not isinstance(value, list):
+            return None
+        for known in self._texts:
+            if value == known:  # (no value JSON gives is equal to a string but a string)
+                return known
+        if not all(isinstance(x, str) for x in value):
+            return None
+        if len(self._texts) >= 8:
+            del self._texts[0]
+        value = list(value)  # (its own: the event's list goes on to the model)
+        self._texts.append(value)
+        return value
+
     def torch_names(self, codes: list[str]) -> list[str]:
         """A meta's dtype codes as torch names, worked out once per distinct list (every
-        rank's meta states the same one)."""
+        rank's meta states the same one, ``texts`` gives it as one list); the names are one
+        list for all the streams: read, never written."""
+        if codes is self._codes_named:
+            return self._named
         key = tuple(codes)
         names = self._torch_names.get(key)
         if names is None:
             names = [dtypes.torch_name(x) for x in codes]
             if len(self._torch_names) < 1024:
                 self._torch_names[key] = names
-        return list(names)
+        self._codes_named, self._named = codes, names
+        return names
 
     def dtypes_token(self, table: list[str]) -> int:
         return self._dtypes.setdefault(tuple(table), len(self._dtypes))
@@ -346,6 +371,8 @@ class BlockDecoder:
         self.groups: dict[int, GroupEntry] = {}
         self.names: list[str] | None = None
         self.dtypes: list[str] = list(_DTYPES)
+        self._token_of: list[str] | None = None  # the ``dtypes`` list ``_dtypes_token`` was worked out for
+        self._dtypes_token = -1
         self.c10d_names = [n for _, n in C10D_OPS]
         self.invalid: Counter = Counter()  # records (or whole blocks) that could not be decoded, by reason
         #: Every distinct begin decoded so far (``OpRecords.static`` indexes it; only grows)
@@ -388,12 +415,12 @@ class BlockDecoder:
                     return changed
         elif typ == "meta":
             changed = False
-            names = ev.get("names")
-            if isinstance(names, list) and all(isinstance(x, str) for x in names) and names != self.names:
+            names = self.table.texts(ev.get("names"))
+            if names is not None and names != self.names:
                 self.names = names
                 changed = True
-            codes = ev.get("dtypes")
-            if isinstance(codes, list) and all(isinstance(x, str) for x in codes):
+            codes = self.table.texts(ev.get("dtypes"))
+            if codes is not None:
                 table = self.table.torch_names(codes)
                 if table != self.dtypes:
                     self.dtypes = table
@@ -854,20 +881,23 @@ class BlockDecoder:
         since = np.empty(len(distinct), np.int64)
         for k, s in enumerate(distinct):
             got = self._sid.get(s)
-            if got is None:
-                rec = self._sigs.get(s)
-                if rec is None:
-                    got = _NO_STATIC  # its SIG record was lost (a trimmed stream): those begins are invalid
-                else:
-                    _t, flags, aux, length, _ts, _key = HEADER.unpack_from(rec, 0)
-                    # a SIG body is a BeginBody (tid, parent and seq left out) followed by the tensors
-                    got = self._sid[s] = self._static_index(rec, HEADER.size, length, flags, aux)
-            statics[k] = got
+            statics[k] = got if got is not None else self._static_of_sid(s)
             since[k] = self._sid_since.get(s, _NEVER)
         if len(distinct) == 1:
             return np.full(sid.shape[0], statics[0], np.int32), np.full(sid.shape[0], since[0], np.int64)
         at = np.searchsorted(np.array(distinct, np.int64), sid)
         return statics[at], since[at]
+
+    def _static_of_sid(self, sid: int) -> int:
+        """A signature id's static index, decoded now (``_NO_STATIC``: its SIG record was lost,
+        as in a trimmed stream; the begins that name it are invalid)."""
+        rec = self._sigs.get(sid)
+        if rec is None:
+            return _NO_STATIC
+        _t, flags, aux, length, _ts, _key = HEADER.unpack_from(rec, 0)
+        # a SIG body is a BeginBody (tid, parent and seq left out) followed by the tensors
+        got = self._sid[sid] = self._static_index(rec, HEADER.size, length, flags, aux)
+        return got
 
     def _note_any_source(self, op_id: int, gid: int) -> None:
         """An any-source recv: its peer arrives with a SOURCE record."""
@@ -912,8 +942,10 @@ class BlockDecoder:
             self._unresolved.add((GROUP_REC, gid))
         if site >= 0 and site not in self.sites:
             self._unresolved.add((SITE_REC, site))
+        if self._token_of is not self.dtypes:  # (a list replaced, never changed in place)
+            self._token_of, self._dtypes_token = self.dtypes, self.table.dtypes_token(self.dtypes)
         context = (key, op, group.name if group else None, self._global(gid, peer), self._global(gid, root),
-                   self.sites.get(site), self.table.dtypes_token(self.dtypes))
+                   self.sites.get(site), self._dtypes_token)
         hit = self.table.get(context)
         if hit is None:
             try:
@@ -1400,12 +1432,15 @@ def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder, ahead: Ahe
     its count given back here.  None, with nothing learnt, where the chunk has no block
     line the scanner read or a line before it is a block the JSON path reads.  ``ahead``:
     what it asks of the chunk's op records, worked out with other chunks' (``_ahead``)."""
-    is_block = np.flatnonzero(s.block >= 0)
-    if not is_block.shape[0]:
+    # (lists, not numpy: a head is a few dozen lines, and a numpy call on a few rows costs
+    # more than a Python step a line; 16k streams each learn one in a live poll's rounds)
+    block = s.block.tolist()
+    fb = next((line for line, b in enumerate(block) if b >= 0), -1)
+    if fb < 0:
         return None
-    fb = int(is_block[0])
-    lines = [line for line in (data[lo:hi] for lo, hi in zip(s.line_start[:fb].tolist(), s.line_end[:fb].tolist(),
-                                                             strict=True)) if line.strip()]
+    line_start, line_end = s.line_start.tolist(), s.line_end.tolist()
+    lines = [line for line in (data[lo:hi] for lo, hi in zip(line_start[:fb], line_end[:fb], strict=True))
+             if line.strip()]
     got, _ = schema.decode_indexed(lines, decoder.rank)
     if any(e.get("type") == BLOCK for e in got.events):
         return None
@@ -1421,17 +1456,18 @@ def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder, ahead: Ahe
         decoder._head(raw, {"type": BLOCK, "rank": decoder.rank, "ts": int(s.ts[0])}, walk, parts, out)
         if raw[:pend - start] not in decoder._prefixes:  # (a bad record: walked again with the rest, counted there)
             decoder.invalid = invalid
-    run = _learn_later_prefixes(data, s, fb, decoder, walk, parts, ahead)
+    run = _learn_later_prefixes(data, s, fb, decoder, walk, parts, ahead, (block, line_start, line_end))
     # the signatures named by the begins of the blocks up to there: none of them can come
     # after a table changed what it means
     upto = int(s.op_first[run])
-    sigs = decoder._sigs
-    sid = [x for x in np.unique(ahead.sids[:upto]).tolist() if x in sigs]
-    if sid:
-        decoder._statics_of(np.array(sid, np.int64))
+    sigs, decoded = decoder._sigs, decoder._sid
+    for x in sorted(set(ahead.sids[:upto].tolist())):  # (in order: statics are numbered as they come)
+        if x in sigs and x not in decoded:
+            decoder._static_of_sid(x)
     assert not walk.offs and not parts  # (no op record was read)
-    at = int(s.line_start[fb])
-    rest = s._replace(line_start=s.line_start[fb:] - at, line_end=s.line_end[fb:] - at, block=s.block[fb:])
+    at = line_start[fb]
+    rest = s if fb == 0 and at == 0 else s._replace(line_start=s.line_start[fb:] - at,
+                                                    line_end=s.line_end[fb:] - at, block=s.block[fb:])
     return Head(Decoded(out, got.damaged, got.invalid), data[at:], rest)
 
 
@@ -1485,7 +1521,7 @@ def _ahead(scans: Sequence[blockscan.Scan]) -> list[Ahead]:
 
 
 def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: BlockDecoder, walk: _Walk,
-                          parts: list[OpRecords], ahead: Ahead) -> int:
+                          parts: list[OpRecords], ahead: Ahead, lines: tuple[list[int], list[int], list[int]]) -> int:
     """``learn_head``'s second part: the table prefixes of the chunk's later blocks learnt
     now too, as long as learning one early changes nothing an earlier record decodes to:
     each of its records restates what is in effect or states a signature no begin before
@@ -1495,7 +1531,8 @@ def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: Bloc
     short or with a table record among its ops, at a line between blocks that is not a
     heartbeat or a sample, and at a prefix that is not so; only in a chunk short enough to
     go together (``TOGETHER_REST``).  Returns how many blocks from the first are learnt or
-    restate what is (their begins' signatures may be decoded now)."""
+    restate what is (their begins' signatures may be decoded now).  ``lines``: the scan's
+    ``block``, ``line_start`` and ``line_end`` as lists."""
     nb = s.ts.shape[0]
     if s.flags[0] != 0:
         return 0
@@ -1506,19 +1543,26 @@ def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: Bloc
     if len(data) > TOGETHER_REST:
         return 1
     # blocks up to the first one cut short, or after a line that is not a heartbeat or a sample
-    limit = nb
-    flagged = np.flatnonzero(s.flags[1:] != 0)
-    if flagged.shape[0]:
-        limit = int(flagged[0]) + 1
-    between = np.flatnonzero(s.block[fb + 1:] < 0) + fb + 1
-    for line, lo in zip(between.tolist(), s.line_start[between].tolist(), strict=True):
-        if not data.startswith(_PLAIN_LINES, lo) and data[lo:int(s.line_end[line])].strip():
-            limit = min(limit, int(np.count_nonzero(s.block[:line] >= 0)))
+    flags = s.flags.tolist()
+    limit = next((k for k in range(1, nb) if flags[k]), nb)
+    block, line_start, line_end = lines
+    before = 0  # blocks on the lines before
+    for line in range(fb, len(block)):
+        if block[line] >= 0:
+            before += 1
+            continue
+        lo = line_start[line]
+        if not data.startswith(_PLAIN_LINES, lo) and data[lo:line_end[line]].strip():
+            limit = min(limit, before)
             break
     # a prefix's later blocks restate it (equal bytes: ``Scan.prefix_id``), learnt or in effect
     # by then, unless the decoder's recent prefixes were forgotten meanwhile (``_epoch``)
     starts, pends = s.start.tolist(), s.prefix_end.tolist()
-    firsts = (blockscan.prefix_firsts(s.prefix_id[1:limit]) + 1).tolist()
+    first: dict[int, int] = {}  # (``blockscan.prefix_firsts``, on a list)
+    for k, p in enumerate(s.prefix_id[1:limit].tolist(), 1):
+        if p >= 0 and p not in first:
+            first[p] = k
+    firsts = list(first.values())
     epoch = decoder._epoch
     named: set[int] = set()
     known = 0  # the ops whose begins' signatures are in ``named``

@@ -787,8 +787,13 @@ def _later_prefix_stream(rank: int, case: str) -> list[bytes]:
     ring = 0
     lines = [meta_line(rank)]
     for data, ops in ((first + ops1, ops1), (b'', b''), (later + ops2, ops2), (first + ops3, ops3)):
-        if not data:
-            lines.append(b'{"type":"heartbeat","ts":%d,"rank":%d}' % (T + 5, rank))
+        if not data:  # (a line between blocks: only a heartbeat or a sample lets a later prefix go first)
+            if case == "site between":
+                lines.append(event_line(rank, type="site", sid=9, text="between.py:2 in h"))
+            elif case == "meta between":
+                lines.append(meta_line(rank, names=["zz", "yy"]))
+            else:
+                lines.append(b'{"type":"heartbeat","ts":%d,"rank":%d}' % (T + 5, rank))
             continue
         lines.append(block_line(data, rank, ring, ring + len(ops)))
         ring += len(ops)
@@ -796,7 +801,8 @@ def _later_prefix_stream(rank: int, case: str) -> list[bytes]:
 
 
 @needs_scanner
-@pytest.mark.parametrize("case", ["adds", "refers before", "own fields", "named before", "changed", "group"])
+@pytest.mark.parametrize("case", ["adds", "refers before", "own fields", "named before", "changed", "group",
+                                  "site between", "meta between"])
 @pytest.mark.parametrize("chunk", [0, 3])
 def test_later_prefixes_learnt_ahead_only_where_that_changes_nothing(case, chunk):
     """A first chunk's later blocks state new tables (a recorder restates the tables of the
@@ -903,6 +909,28 @@ def test_a_meta_event_s_names_and_dtypes_apply_to_the_begins_after_it():
         b1, b2 = _ops(lines, chunk=chunk)
         assert (b1["op"], b1["in_dtypes"]) == ("all_reduce", ["int8"])
         assert (b2["op"], b2["in_dtypes"]) == ("zz", ["float16"])
+
+
+def test_a_meta_s_names_and_dtypes_apply_only_as_lists_of_strings_and_streams_share_them():
+    """A meta's op names and dtype codes are checked once per distinct list, and the
+    decoders of one table keep one list of each (``StaticTable.texts``): one with anything
+    but strings is not applied, even after an equal-looking one was, and the event's own
+    list is not the one kept (it goes on to the model)."""
+    table = StaticTable()
+    a, b = BlockDecoder(0, table), BlockDecoder(1, table)
+    assert a.note({"type": "meta", "names": ["x", "y"], "dtypes": ["Byte", "Half"]})
+    assert b.note({"type": "meta", "names": ["x", "y"], "dtypes": ["Byte", "Half"]})
+    assert a.names == ["x", "y"] and a.names is b.names
+    assert a.dtypes == ["uint8", "float16"] and a.dtypes is b.dtypes
+    c = BlockDecoder(2, table)
+    assert not c.note({"type": "meta", "names": ["x", 1], "dtypes": ["Byte", 2]})
+    assert c.names is None and c.dtypes == BlockDecoder().dtypes
+    ev = {"type": "meta", "names": ["p"], "dtypes": ["Byte"]}
+    d = BlockDecoder(3, table)
+    assert d.note(ev)
+    ev["names"].append("q")
+    ev["dtypes"].append("Half")
+    assert (d.names, d.dtypes) == (["p"], ["uint8"])
 
 
 def test_texts_are_read_within_their_record():
