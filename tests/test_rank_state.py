@@ -254,6 +254,30 @@ def test_generated_polls_judge_the_same_together(plan):
         assert rank_states(m, now) == snap_free, now
 
 
+def test_ranks_heard_from_within_their_own_dead_threshold_are_judged_together():
+    """A rank last heard from longer ago than the shortest dead threshold (``DEAD_MIN_S``)
+    but within its own (``DEAD_INTERVALS`` sample intervals) is judged with the plain ranks:
+    a console catching up judges 16k ranks seconds after they were heard from.  One past its
+    own threshold is dead, judged alone; every state is what judging each alone gives."""
+    from commscope.analysis.rankstate import DEAD_MIN_S, _plain_states
+
+    b = TraceBuilder(4, sample_interval=1.0)  # (dead after 5 s)
+    for e in b.events:
+        if e["type"] == "meta" and e["rank"] == 3:
+            e["sample_interval"] = 0.2  # (dead after DEAD_MIN_S)
+    b.heartbeats(b.t0, b.warmup(2) + S)
+    m = TraceModel.from_events(b.sorted_events())
+    last = max(m.last_seen(r) for r in m.ranks)
+    now = last + 3 * S
+    assert now - last > DEAD_MIN_S * S
+    plain = _plain_states(m, now)
+    states = rank_states(m, now)
+    assert sorted(plain) == [0, 1, 2] and {states[r].kind for r in (0, 1, 2)} == {"idle"}
+    assert states[3].kind == "dead" and states == _one_by_one(m, now)
+    later = last + 6 * S
+    assert _plain_states(m, later) == {} and {x.kind for x in rank_states(m, later).values()} == {"dead"}
+
+
 def test_dead_vanished_and_exited_ranks_are_judged_alone():
     """A rank silent past its dead threshold, one that exited and one dead in the liveness
     job are never among the plain ranks; their states are ``_present``'s."""
