@@ -125,6 +125,10 @@ class Feed:
         self.diagnoses = 0  # how many times ``findings`` was made: a change to send the UI
         self._rates: deque[tuple[float, int]] = deque(maxlen=50)
         self._next_diag = 0.0
+        #: The last diagnosis: the moment it judged at and its hang_after (``_hang_due``), and
+        #: (monotonic) the soonest another may run before ``_next_diag``
+        self._judged: tuple[int, int] | None = None
+        self._early_from = 0.0
         self._dirty = False
         self.info = FeedInfo(mode=mode, source=self.source)
         self.costs = FeedCosts()
@@ -224,18 +228,22 @@ class Feed:
         ticking = self.mode == LIVE and not self.ended  # findings age with the clock
         if not self.caught_up():
             pass  # first reads of a large job: judged once every stream was read to its end
-        elif self._dirty and mono >= self._next_diag or (ticking and mono >= self._next_diag + 1.0):
+        elif (self._dirty and mono >= self._next_diag or (ticking and mono >= self._next_diag + 1.0)
+              or ticking and self._hang_due(mono)):
             # An ended job is judged as ``check`` judges its trace: at its end, with the wall
             # clock only to tell a job that stopped writing from one still running.
             wall = self.clock() if self.ended else None
-            self.findings = sorted(diagnose(self.model, self.now(), self.hang_after(), wall_ns=wall),
-                                   key=Finding.sort_key)
+            now, hang_after = self.now(), self.hang_after()
+            self.findings = sorted(diagnose(self.model, now, hang_after, wall_ns=wall), key=Finding.sort_key)
             self.diagnoses += 1
             spent = time.monotonic() - mono
             self.costs.diagnose += spent
             # at most every DIAGNOSE_S, and never more than a fifth of the time (16k ranks: ~0.4 s a
-            # diagnosis, which would otherwise leave the reader too little to keep up)
+            # diagnosis, which would otherwise leave the reader too little to keep up) ...
             self._next_diag = mono + max(self.DIAGNOSE_S, 5 * spent)
+            # ... unless a hang's finding is due: then at once, never more than half the time
+            self._early_from = mono + 2 * spent
+            self._judged = (now, int(hang_after * 1e9))
             self._dirty = False
         if not got and mono >= self._next_publish and not self.ended:  # states age with the clock too
             self.publish()
@@ -243,6 +251,17 @@ class Feed:
             self.publish()  # a batch whose publish was put off (costly views): never left unshown
         self.info = self._info(behind_bytes)
         return self.info, bool(got)
+
+    def _hang_due(self, mono: float) -> bool:
+        """Whether an op in flight passed hang_after since the moment the last diagnosis
+        judged at: a hang's finding is then due, and is looked for at once, not at the pace a
+        costly diagnosis sets (16k ranks: ~0.5 s a diagnosis, so one every 2.5 s, which put
+        the finding up to that much later); never more than half the time."""
+        if self._judged is None or mono < self._early_from:
+            return False
+        judged, hang_ns = self._judged
+        oldest = self.model.oldest_in_flight()
+        return oldest is not None and judged < oldest + hang_ns <= self.now()
 
     def _read(self) -> Batch:
         """The next batch: the first read's in parallel where the reader can (``read_apart``:
