@@ -398,7 +398,7 @@ def test_a_hang_is_looked_for_once_its_op_passes_hang_after_whatever_the_pacing(
 
 def test_a_console_judges_and_publishes_with_the_cyclic_collector_paused(monkeypatch):
     """A diagnosis and a view of 16k ranks are tens of thousands of small objects, and a pass
-    of the cyclic collector among them walked the whole model (0.2-0.45 s of a ~0.7 s
+    of the cyclic collector among them walked the whole model (0.2-0.45 s more on a 0.7 s
     diagnosis of 16k waiting ranks): it is paused while they are made, and runs again after."""
     import commscope.tui.feed as feedmod
     from commscope.analysis.synth import TraceBuilder

@@ -236,7 +236,7 @@ class Feed:
             now, hang_after = self.now(), self.hang_after()
             # (the cyclic collector paused: a diagnosis of 16k ranks is tens of thousands of
             # small objects, and a pass of the collector among them walked the whole model,
-            # 0.2-0.45 s of a ~0.7 s diagnosis of 16k waiting ranks)
+            # 0.2-0.45 s more on a 0.7 s diagnosis of 16k waiting ranks)
             with gc_paused():
                 self.findings = sorted(diagnose(self.model, now, hang_after, wall_ns=wall), key=Finding.sort_key)
             self.diagnoses += 1
