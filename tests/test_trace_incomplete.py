@@ -177,3 +177,31 @@ def test_a_job_stopped_inside_an_op_is_judged_as_a_hang_not_as_lost_events():
     assert [f.kind for f in found] == ["missing_ranks"] and found[0].culprits == [1, 2]
     found = diagnose(m, hang_after=60.0, wall_ns=m.end_ns + 60 * S)
     assert not found  # still waiting when it stopped, not yet a hang: nothing lost either
+
+
+def test_a_rank_whose_stream_stopped_while_its_peers_went_on_is_not_dead_and_asked_once(monkeypatch):
+    """A rank whose stream stopped (a full disk, a store gone) while its peers completed the
+    next collective took part in it: it was alive, and is no dead rank
+    (``liveness.outlived``).  Every silent rank of a wide job asks that of the same
+    collective; it is worked out once (asked rank by rank, each walked every member: ~30 s a
+    diagnosis of 16k silent ranks)."""
+    world = 16
+    b = TraceBuilder(world, sample_interval=0.2)
+    t = b.t0 + S // 10
+    for k in range(4):
+        t = b.collective(t, "all_reduce", ranks=None if k < 3 else [r for r in range(world) if r != 5]) + MS
+    others = [r for r in range(world) if r != 5]
+    b.heartbeats(b.t0, t + 5 * S, ranks=others)
+    b.heartbeats(b.t0, b.t0 + S // 10, ranks=[5])
+    for r in others:
+        b.exit(r, t + 5 * S)
+    m = TraceModel.from_events(b.sorted_events())
+    calls: list[tuple] = []
+    real = TraceModel.collective
+    monkeypatch.setattr(TraceModel, "collective", lambda self, *a: calls.append(a) or real(self, *a))
+    kinds = {f.kind: f.culprits for f in diagnose(m, t + 5 * S, 2.0)}
+    assert "dead_rank" not in kinds and kinds.get("trace_incomplete") == [5], kinds
+    silent = TraceModel.from_events([e for e in b.sorted_events() if e["type"] != "exit"])
+    calls.clear()
+    diagnose(silent, t + 60 * S, 2.0)  # every rank silent: the job stopped as a whole
+    assert calls and len(calls) == len(set(calls)), calls

@@ -72,9 +72,8 @@ def outlived(model: TraceModel, rank: int) -> bool:
     seq = int(model.ranks[rank].seq[i])
     if seq < 0 or s.nested or s.flags & P2P:
         return False
-    later = model.collective(s.group, seq + 1, s.space)
-    return any(p != rank and model.ranks[p].comp[j] > 0 and j not in model.ranks[p].exc
-               for p, j in later.items())
+    done = rankstate.completed_by(model, s.group, seq + 1, s.space)
+    return len(done) > (rank in done)  # (a peer completed it)
 
 
 def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list[Finding]:

@@ -62,6 +62,8 @@ class _Memo:
     vanished: tuple[int, frozenset[int]] | None = None  # (now, ranks)
     survivors: tuple[int, int] | None = None  # see _survivors_last
     snapshot: RankSnapshot | None = None
+    #: (space, group, seq) -> the members that completed that collective (``completed_by``)
+    completed: dict[tuple[int, str, int], frozenset[int]] = dataclasses.field(default_factory=dict)
 
 
 def _memo(m: TraceModel) -> _Memo:
@@ -157,6 +159,20 @@ def current_op(m: TraceModel, rank: int) -> int | None:
     """The op the rank is in right now (the most recent blocked one), if any."""
     b = blocked(m, rank)
     return b[-1] if b else None
+
+
+def completed_by(m: TraceModel, group: str, seq: int, space: int) -> frozenset[int]:
+    """The members that completed collective #seq of ``group`` without an error, worked out
+    once per model version: the dead ranks of a 16k job ask it of the same few collectives
+    (asked rank by rank, each walked every member: ~30 s a diagnosis of 16k silent ranks)."""
+    memo = _memo(m)
+    key = (space, group, seq)
+    got = memo.completed.get(key)
+    if got is None:
+        ranks = m.ranks
+        got = memo.completed[key] = frozenset(p for p, j in m.collective(group, seq, space).items()
+                                              if ranks[p].comp[j] > 0 and j not in ranks[p].exc)
+    return got
 
 
 # ---------------------------------------------------------------------- exits and deaths
