@@ -72,3 +72,51 @@ def test_thousands_of_ranks_waiting_on_each_other():
     dense[7].add(1000)
     ends = _chase(dense)
     assert ends(0) >= {0, 1000}
+
+
+def test_a_wait_set_many_victims_share_is_one_node_and_the_walk_ends_where_the_edges_say(monkeypatch):
+    """Victims sharing one large wait set (every rank waiting in a collective thousands never
+    entered) wait on one node that waits on its ranks (``rootcause._waits``): wherever a
+    walk starts, it ends where the wait graph's own edges end it, through chains, cycles
+    entered through the shared set and blames not known yet."""
+    from types import SimpleNamespace
+
+    from commscope.analysis import rootcause
+
+    monkeypatch.setattr(rootcause, "SHARED_WAIT", 2)  # (small sets shared: cycles through them)
+    rng = random.Random(11)
+    shared_nodes = 0
+    for _ in range(600):
+        n = rng.randrange(2, 40)
+        findings = []
+        for _ in range(rng.randrange(1, 5)):
+            on = tuple(rng.sample(range(n + 3), rng.randrange(0, min(n + 3, 8))))
+            victims = rng.sample(range(n), rng.randrange(1, n + 1))
+            if rng.random() < 0.7:
+                findings.append(SimpleNamespace(victims=dict.fromkeys(victims, on)))  # (one object, shared)
+            else:
+                findings.append(SimpleNamespace(victims={v: tuple(on) for v in victims}))
+        direct: dict[int, set[int]] = {}
+        for f in findings:
+            for v, on in f.victims.items():
+                direct.setdefault(v, set()).update(on)
+        graph = rootcause._waits(findings)
+        shared_nodes += sum(1 for v in graph if v < 0)
+        want, got = _chase(direct), _chase(graph)
+        for r in range(n + 3):
+            assert got(r) == want(r), (findings, r)
+    assert shared_nodes > 300
+
+
+def test_thousands_waiting_on_thousands_who_never_entered():
+    """8k ranks waiting in a collective 8k others never entered: one finding's victims share
+    its wait set, and the walk ends at the absentees (64 M edges otherwise)."""
+    from types import SimpleNamespace
+
+    from commscope.analysis import rootcause
+
+    missing = tuple(range(8192, 16_384))
+    graph = rootcause._waits([SimpleNamespace(victims=dict.fromkeys(range(8192), missing))])
+    assert sum(len(on) for on in graph.values()) == 8192 + 8192
+    ends = _chase(graph)
+    assert ends(0) == ends(8191) == set(missing) and ends(9000) == {9000}

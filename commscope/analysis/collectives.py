@@ -384,7 +384,7 @@ def _missing(model: TraceModel, gi: GroupIndex, seq: int, entered: dict[int, int
                       src="fr" if gi.space == SPACE_FR else ABSENT)
     t = min(int(model.ranks[r].begin[i]) for r, i in entered.items())
     return Finding("missing_ranks", gi.name, seq, s.op, list(gi.members), missing, msg, ev, ts=t,
-                   victims={r: tuple(missing) for r in waiting}, instances=(("coll", gi.space, gi.name, seq),))
+                   victims=dict.fromkeys(waiting, tuple(missing)), instances=(("coll", gi.space, gi.name, seq),))
 
 
 # ---------------------------------------------------------------------- stragglers
