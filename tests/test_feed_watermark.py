@@ -363,33 +363,40 @@ def test_a_first_read_apart_of_segments_and_a_window_is_the_polls_read(tmp_path,
             [("missing_ranks", [shape.culprit_rank])]
 
 
-def test_a_hang_is_looked_for_once_its_op_passes_hang_after_whatever_the_pacing(monkeypatch):
+@pytest.mark.parametrize("stale", [False, True])
+def test_a_hang_is_looked_for_once_its_op_passes_hang_after_whatever_the_pacing(monkeypatch, stale):
     """A costly diagnosis paces the next (16k ranks: ~0.5 s each, so one every few seconds);
     a collective in flight that passed hang_after since the moment the last diagnosis judged
-    at is looked for at once (``Feed._hang_due``), and only once for that moment."""
+    at is looked for at once (``Feed._hang_due``), and only once for that moment; an op in
+    flight for ever before it (``stale``: an async op never waited on) hides nothing."""
     from commscope.analysis.synth import TraceBuilder
+
     t0 = 1_800_000_000 * S
     b = TraceBuilder(4, t0=t0, hang_after=2.0)
+    b.group("solo", [3])
     t = b.warmup(2)
+    if stale:
+        b.async_op(3, t, None, None, "all_reduce", "solo")
+    ta = t + 3 * S // 2
     for r in (0, 1, 2):  # (rank 3 never enters)
-        b.begin(r, t, "all_reduce")
-    b.heartbeats(t0, t + 3 * S)
+        b.begin(r, ta, "all_reduce")
+    b.heartbeats(t0, ta + 3 * S)
     events = b.sorted_events()
-    clock = [t + S]
+    clock = [ta + S]
     reader = _Queue()
     reader.batches = [[e for e in events if e["ts"] <= clock[0]]]
     monkeypatch.setattr(Feed, "DIAGNOSE_S", 3600.0)  # (the pacing of a diagnosis far costlier than any here)
     feed = Feed(reader, mode=LIVE, hang_after=2.0, clock=lambda: clock[0])
     feed.step()
-    assert feed.diagnoses == 1 and feed.findings == []  # waited 1 s of 2
-    reader.batches = [[e for e in events if t + S < e["ts"] <= t + 3 * S]]
-    clock[0] = t + 5 * S // 2
+    assert feed.diagnoses == 1 and not [f for f in feed.findings if f.kind == "missing_ranks"]  # (1 s of 2)
+    reader.batches = [[e for e in events if ta + S < e["ts"] <= ta + 3 * S]]
+    clock[0] = ta + 5 * S // 2
     deadline = time.monotonic() + 60
     while feed.diagnoses == 1:  # (the next step at once, or after twice what the last cost)
         assert time.monotonic() < deadline, "the hang was not looked for"
         feed.step()
-    assert [(f.kind, f.culprits) for f in feed.findings] == [("missing_ranks", [3])]
-    clock[0] = t + 3 * S
+    assert [(f.kind, f.culprits) for f in feed.findings if f.kind == "missing_ranks"] == [("missing_ranks", [3])]
+    clock[0] = ta + 3 * S
     for _ in range(3):
         time.sleep(0.01)
         feed.step()

@@ -278,6 +278,20 @@ def test_ranks_heard_from_within_their_own_dead_threshold_are_judged_together():
     assert _plain_states(m, later) == {} and {x.kind for x in rank_states(m, later).values()} == {"dead"}
 
 
+def test_a_sample_interval_past_what_int64_holds_is_judged_as_one_by_one():
+    """A meta's sample interval the model took without a reader's checks (``from_events``):
+    its rank's dead threshold passes int64, and is compared as a Python int."""
+    b = TraceBuilder(2, sample_interval=0.2)
+    for e in b.events:
+        if e["type"] == "meta" and e["rank"] == 1:
+            e["sample_interval"] = 1e10
+    t = b.warmup(2)
+    b.heartbeats(b.t0, t)
+    m = TraceModel.from_events(b.sorted_events())
+    now = t + 10 * S
+    assert rank_states(m, now) == _one_by_one(m, now) and rank_states(m, now)[1].kind == "idle"
+
+
 def test_dead_vanished_and_exited_ranks_are_judged_alone():
     """A rank silent past its dead threshold, one that exited and one dead in the liveness
     job are never among the plain ranks; their states are ``_present``'s."""

@@ -106,3 +106,27 @@ def test_sixty_four_ranks_whose_all_reduce_failed_ask_the_others_once(exc, monke
     assert len(failure.failed) == 48 and len(walks) == (2 if exc == TIMEOUT else 1), walks
     if exc == TIMEOUT:
         assert failure.blame.culprits == tuple(range(48, 64)) and failure.blame.reason == "absent"
+
+
+def test_who_left_is_the_same_whichever_rank_asks_first():
+    """A rank whose failed op's seq is stated again by a later op (a restarted process, a
+    hostile seq): the instance is read from its own row, so what every rank is told does
+    not depend on which asked first."""
+    b = TraceBuilder(3, sample_interval=0.2)
+    t = b.warmup(1)
+    i = b.begin(0, t, "all_reduce", seq=2)
+    b.end(0, i, t + S, exc=CLOSED)
+    i = b.begin(0, t + 3 * S // 2, "all_reduce", seq=2)  # (seq 2 again)
+    b.end(0, i, t + 8 * S // 5)
+    for r in (1, 2):
+        i = b.begin(r, t, "all_reduce", seq=2)
+        b.end(r, i, t + 5 * S, exc=CLOSED)
+    b.heartbeats(b.t0, t + 8 * S // 5, ranks=[0])  # (rank 0 silent since)
+    b.heartbeats(b.t0, t + 5 * S, ranks=[1, 2])
+    events = b.sorted_events()
+    m = TraceModel.from_events(events)
+    want = {(r, i): _gone(m, r, i) for r, i in m.failed}
+    assert want[(1, 1)] == ([], [0])
+    for order in (m.failed, m.failed[::-1]):
+        fresh = TraceModel.from_events(events)
+        assert {(r, i): rankstate.peers_gone(fresh, r, i) for r, i in order} == want

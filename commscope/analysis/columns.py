@@ -351,15 +351,15 @@ class RankTable:
         cuts = [0, *(j for j in range(1, len(at)) if at[j] != at[j - 1]), len(at)]
         return {at[a]: tuple(op[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)}
 
-    def oldest_in_flight(self) -> int | None:
-        """The earliest begin among every rank's ops in flight (completion 0; None: none):
-        once it is hang_after old, a hang may be found."""
+    def oldest_in_flight(self, after: int) -> int | None:
+        """The earliest begin after ``after`` among every rank's ops in flight (completion 0;
+        None: none): once it is hang_after old, a hang may be found."""
         self.settle_open()
         at, op = self._open_of(range(self.size))  # (a position in range(size) is the slot)
         if not op.shape[0]:
             return None
         begin, comp = self.gather(("begin", "comp"), self.block[at], self.base[at] + op)
-        begin = begin[comp == 0]
+        begin = begin[(comp == 0) & (begin > after)]
         return int(begin.min()) if begin.shape[0] else None
 
     def running_max(self, slots: np.ndarray | None = None) -> None:

@@ -2087,9 +2087,9 @@ class TraceModel:
         out.pop(rank, None)
         return out
 
-    def oldest_in_flight(self) -> int | None:
-        """The earliest begin among every rank's ops in flight (None: none)."""
-        return self.table.oldest_in_flight()
+    def oldest_in_flight(self, after: int) -> int | None:
+        """The earliest begin after ``after`` among every rank's ops in flight (None: none)."""
+        return self.table.oldest_in_flight(after)
 
     def inflight(self, rank: int) -> list[int]:
         """Op indices begun and not complete, by begin time."""

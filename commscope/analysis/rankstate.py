@@ -310,7 +310,9 @@ def _bystanders(m: TraceModel, rank: int, i: int) -> list[tuple[int, int | None,
     memo = _memo(m)
     got = memo.bystanders.get(key) if key is not None else None
     if got is None:
-        inst = m.counterparts(rank, i)
+        # (the instance's own row, not ``counterparts``: that puts the asking rank's op in it,
+        # which a rank with two ops of one seq would make differ by who asked first)
+        inst = m.collective(s.group, seq, s.space) if key is not None else m.counterparts(rank, i)
         got = [(p, departed_ns(m, p), m.last_seen(p)) for p in m.members(rank, i)
                if not (p in inst and inst[p] in m.ranks[p].exc)]
         if key is not None:
@@ -650,9 +652,8 @@ def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
     silent = now - np.maximum(hb, t.last_ts[slots])
     heard = (hb == 0) | (silent <= int(DEAD_MIN_S * 1e9))
     ask = np.flatnonzero(plain & ~heard)
-    if ask.shape[0]:
-        after = np.fromiter((dead_after_ns(m, ranks[i]) for i in ask.tolist()), np.int64, ask.shape[0])
-        heard[ask] = silent[ask] <= after
+    if ask.shape[0]:  # (as Python ints: a hostile sample interval's threshold passes int64)
+        heard[ask] = [x <= dead_after_ns(m, ranks[i]) for x, i in zip(silent[ask].tolist(), ask.tolist(), strict=True)]
     plain &= heard
     gone = vanished(m, now)
     if gone:

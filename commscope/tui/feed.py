@@ -260,12 +260,14 @@ class Feed:
         """Whether an op in flight passed hang_after since the moment the last diagnosis
         judged at: a hang's finding is then due, and is looked for at once, not at the pace a
         costly diagnosis sets (16k ranks: ~0.5 s a diagnosis, so one every 2.5 s, which put
-        the finding up to that much later); never more than half the time."""
+        the finding up to that much later); never more than half the time.  Only ops that had
+        not passed it then count (one in flight for ever, an async op never waited on, would
+        hide every later one)."""
         if self._judged is None or mono < self._early_from:
             return False
         judged, hang_ns = self._judged
-        oldest = self.model.oldest_in_flight()
-        return oldest is not None and judged < oldest + hang_ns <= self.now()
+        oldest = self.model.oldest_in_flight(judged - hang_ns)
+        return oldest is not None and oldest + hang_ns <= self.now()
 
     def _read(self) -> Batch:
         """The next batch: the first read's in parallel where the reader can (``read_apart``:
