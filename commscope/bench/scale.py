@@ -317,6 +317,10 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
     frames: list[float] = []
     found_ns = 0
     wrong: list[str] = []
+    # findings of another kind naming only the culprits (a dead rank missing from a collective
+    # before it is judged dead: the hang is found first, then its cause)
+    early: list[str] = []
+    culprits = {r for rs in want for r in rs}
     rss = 0
     next_frame = 0.0
     cpu0 = time.process_time()
@@ -350,8 +354,11 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
                     named_at.setdefault(want.index(sorted(f.culprits)), wall)
                     if not found_ns and len(named_at) == len(want):
                         found_ns = wall  # (when the last of them was named)
-                elif not named and f"{f.kind} {ranges(f.culprits, limit=4)}" not in wrong:
-                    wrong.append(f"{f.kind} {ranges(f.culprits, limit=4)}")
+                elif not named:
+                    text = f"{f.kind} {ranges(f.culprits, limit=4)}"
+                    into = early if f.culprits and set(f.culprits) <= culprits else wrong
+                    if text not in into:
+                        into.append(text)
         mono = time.monotonic()
         if mono >= next_frame and feed.view.rank_ids():
             frames.append(_rows_painted(feed, plan.culprit, wall))
@@ -375,7 +382,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
     return {"lags": lags, "behind": behind, "first_round_s": (first_round - plan.t_start) / S,
             "caught_s": (caught_ns - plan.t_start) / S if caught_ns else None,
             "after_caught": behind[caught:] if caught_ns else [],
-            "found_s": (found_ns - fault_ns) / S if found_ns else None, "wrong": wrong,
+            "found_s": (found_ns - fault_ns) / S if found_ns else None, "wrong": wrong, "early": early,
             "wall_s": (time.time_ns() - plan.t_start) / S,
             "frames": frames, "rss": rss, "cpu_s": time.process_time() - cpu0, "events": feed.model.events,
             "ranks_seen": len(feed.model.ranks), "steps": steps,
@@ -555,6 +562,8 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
         note = "\n    (a straggler needs its window of late collectives)" if plan.fault in SLOW_HOSTS else ""
         took = f"{found:.1f} s" if found is not None else "NOT FOUND"
         print(f"  fault -> finding: {took} (target <= hang_after + 5 = {limit:g} s){note}")
+    if seen["early"]:
+        print(f"  also, naming the culprit as another kind first: {'; '.join(seen['early'][:5])}")
     if seen["wrong"]:
         more = f" and {len(seen['wrong']) - 5} more" if len(seen["wrong"]) > 5 else ""
         print(f"  other findings (WRONG: a victim blamed): {'; '.join(seen['wrong'][:5])}{more}")
