@@ -6,6 +6,7 @@ asking it rank by rank said (``failures._Arrivals``, ``rankstate._bystanders``).
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,7 +21,7 @@ CLOSED = "RuntimeError: Connection closed by peer [10.0.0.1]:1234"
 MS = 1_000_000
 
 
-def _job(rng: random.Random, world: int, exc: str) -> tuple[TraceModel, int]:
+def _job(rng: random.Random, world: int, exc: str) -> TraceModel:
     """Two healthy all_reduces, then one that some members enter (at random times) and
     fail in (at random times, a few before they entered: hostile), some exit or go silent."""
     b = TraceBuilder(world, sample_interval=0.2)
@@ -35,7 +36,14 @@ def _job(rng: random.Random, world: int, exc: str) -> tuple[TraceModel, int]:
             b.exit(r, t + rng.randrange(0, 800_000) * MS, reason="signal", signal="SIGKILL")
         if fate < 0.85:
             b.heartbeats(b.t0, t + rng.randrange(0, 900) * S, interval=50 * S, ranks=[r])
-    return TraceModel.from_events(b.sorted_events()), t + 1000 * S
+    return TraceModel.from_events(b.sorted_events())
+
+
+def _jobs(seed: int, exc: str) -> Iterator[TraceModel]:
+    """Sixty such jobs of 3 to 23 ranks."""
+    rng = random.Random(seed)
+    for _ in range(60):
+        yield _job(rng, rng.randrange(3, 24), exc)
 
 
 def _absent(model: TraceModel, r: int, i: int, ops: dict[int, int]) -> tuple[int, ...]:
@@ -63,10 +71,8 @@ def _gone(model: TraceModel, rank: int, i: int) -> tuple[list[int], list[int]]:
 
 
 def test_a_timeout_s_absentees_are_those_asking_each_rank_found():
-    rng = random.Random(3)
     asked = 0
-    for _ in range(60):
-        m, _now = _job(rng, rng.randrange(3, 24), TIMEOUT)
+    for m in _jobs(3, TIMEOUT):
         for r, i in m.failed:
             ops = m.counterparts(r, i)
             arrivals = _Arrivals(m, r, i, ops)
@@ -78,10 +84,8 @@ def test_a_timeout_s_absentees_are_those_asking_each_rank_found():
 
 
 def test_who_left_before_a_connection_closed_is_what_asking_each_rank_found():
-    rng = random.Random(4)
     asked = 0
-    for _ in range(60):
-        m, _now = _job(rng, rng.randrange(3, 24), CLOSED)
+    for m in _jobs(4, CLOSED):
         for r, i in m.failed:
             assert rankstate.peers_gone(m, r, i) == _gone(m, r, i)
             asked += 1
