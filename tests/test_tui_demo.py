@@ -211,3 +211,30 @@ def test_the_status_tick_before_a_new_picker_is_composed_waits_for_it(tmp_path):
             assert "no scenario running" in str(app.screen.query_one("#status").render())
 
     asyncio.run(run())
+
+
+def test_a_feed_update_a_resize_and_the_panel_key_while_the_menu_is_open_reach_the_console(tmp_path):
+    """(CI: a feed update came while the menu's picker was the active screen; the console
+    looked its timeline's frame up in the picker and raised.)  The console behind the
+    picker takes the update, the resize and the panel key, and shows them when it is back."""
+    app = DemoApp(scenarios=SCENARIOS, job_factory=DemoJob, ranks=3, store=str(tmp_path), bell=False)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            app.pop_screen()
+            await pilot.pause()
+            app.action_menu()
+            await pilot.pause()
+            assert isinstance(app.screen, ScenarioPicker)
+            app.apply(app.feed.info, [])
+            app.action_toggle_panel()
+            await pilot.resize_terminal(100, 30)
+            await pilot.pause()
+            app.pop_screen()
+            await pilot.pause()
+            assert not isinstance(app.screen, ScenarioPicker)
+            assert app.left.current == "gpu" and "GPU per rank" in str(app.left.border_title)
+            assert app.top.styles.height is not None and app.top.styles.height.value == 30 // 3
+
+    asyncio.run(run())

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 
 import numpy as np
+from textual import events
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -104,16 +105,21 @@ class CommscopeApp(App):
         self.gpu = GpuPanel(feed, id="gpu")
         self.findings_panel = FindingsPanel(id="findings")
         self.detail = DetailPane(id="detail")
+        # Held, not queried: an app query looks at the active screen, which is the
+        # scenario picker while the demo's menu is open, and a feed update or a key
+        # comes then too.
+        self.top = Vertical(id="top")
+        self.left = ContentSwitcher(initial="ranks", id="left")
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
         yield self.header_bar
         yield self.loadbar
-        with Vertical(id="top"):
+        with self.top:
             yield self.ruler
             yield self.timeline
         with Horizontal(id="bottom"):
-            with ContentSwitcher(initial="ranks", id="left"):
+            with self.left:
                 yield self.ranks_table
                 yield self.gpu
             yield self.findings_panel
@@ -121,8 +127,8 @@ class CommscopeApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#top").border_title = "timeline"
-        self.query_one("#left").border_title = "ranks  [dim](r: GPU)[/]"
+        self.top.border_title = "timeline"
+        self.left.border_title = "ranks  [dim](r: GPU)[/]"
         self.findings_panel.border_title = "findings"
         self.detail.border_title = "detail"
         self.timeline.focus()
@@ -300,18 +306,21 @@ class CommscopeApp(App):
     def on_timeline_view_changed(self, message: Timeline.ViewChanged) -> None:
         self.ruler.refresh()
 
-    def _fit_timeline(self) -> None:
+    def _fit_timeline(self, screen_height: int | None = None) -> None:
         """Few ranks: the timeline takes only the rows it needs and the panels get the rest."""
         rows = len(self.timeline.rows)
-        top = self.query_one("#top")
+        top = self.top
+        if screen_height is None:
+            screen_height = self.size.height
         want = rows + 4  # border, ruler, legend
-        limit = max(8, int(self.size.height * 0.6))
-        height = min(want, limit) if rows else max(8, self.size.height // 3)
+        limit = max(8, int(screen_height * 0.6))
+        height = min(want, limit) if rows else max(8, screen_height // 3)
         if top.styles.height is None or top.styles.height.value != height:
             top.styles.height = height
 
-    def on_resize(self) -> None:
-        self._fit_timeline()
+    def on_resize(self, event: events.Resize) -> None:
+        # The event's size: the app's own is updated after its handlers run.
+        self._fit_timeline(event.size.height)
 
     def _alert(self, findings: Iterable[Finding]) -> None:
         """A new error finding draws attention once: a notification and the bell."""
@@ -453,7 +462,7 @@ class CommscopeApp(App):
         self.detail.show(history_detail(rows, skipped, summarized), "history")
 
     def action_toggle_panel(self) -> None:
-        sw = self.query_one("#left", ContentSwitcher)
+        sw = self.left
         sw.current = "gpu" if sw.current == "ranks" else "ranks"
         sw.border_title = "GPU per rank  [dim](r: ranks)[/]" if sw.current == "gpu" else "ranks  [dim](r: GPU)[/]"
         if sw.current == "gpu":
