@@ -78,3 +78,24 @@ def skipping(rank: int, ws: int, store: str) -> None:
         if not (rank == 2 and step == 20):
             dist.all_reduce(loss)
     commscope.uninstrument()
+
+
+def dying_together(rank: int, ws: int, store: str, cause: str, count_dir: str) -> None:
+    """Ranks 1 and 2 die of ``cause`` right after the same all_reduce (as a host's ranks do
+    when it is lost); the others run on until their collective fails."""
+    import torch
+    import torch.distributed as dist
+
+    import commscope
+
+    commscope.instrument(store, sample_interval=0.2, hang_after=60.0, flight_recorder=False)
+    t = torch.ones(16)
+    for step in range(400):
+        if rank in (1, 2) and step == MID:
+            path = os.path.join(count_dir, str(rank))
+            with open(path + ".tmp", "w") as f:
+                f.write(str(step))
+            os.replace(path + ".tmp", path)
+            die(cause)
+        dist.all_reduce(t)
+    commscope.uninstrument()

@@ -104,3 +104,30 @@ def test_skipped_all_reduce_names_the_skipping_rank(tmp_path, capsys):
     aborted = [c for c in errors[0]["evidence"]["consequences"] if c["kind"] == "rank_crashed" and c.get("signal")]
     assert aborted and all(c["culprits"] != [2] for c in aborted), aborted
     assert not [f for f in out["findings"] if f["kind"] == "trace_incomplete"], out["findings"]
+
+
+@pytest.mark.parametrize("cause", ["segfault", "sigkill"])
+def test_two_ranks_dying_together_are_one_finding_naming_both(cause, tmp_path, capsys):
+    """Ranks 1 and 2 of four die of the same cause after the same all_reduce: one finding
+    names both (``together``: by host), the survivors' failures fold into it, and neither
+    survivor is blamed."""
+    store = str(tmp_path / "trace")
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    results = Job(W.dying_together, 4, args=(store, cause, str(counts)), env={"COMMSCOPE_JOB": "together"},
+                  pg_timeout=30).start().join(90)
+    assert results[1].exitcode != 0 and results[2].exitcode != 0, results
+    kind, word = W.EXPECT[cause]
+    rc, out = check_json(store, capsys)
+    errors = [f for f in out["findings"] if f["severity"] == "error"]
+    assert rc == 1
+    assert [(f["kind"], f["culprits"]) for f in errors] == [(kind, [1, 2])], errors
+    assert word in errors[0]["message"] and "ranks 1, 2 " in errors[0]["message"], errors[0]["message"]
+    assert [sorted(rs) for rs in errors[0]["evidence"]["together"].values()] == [[1, 2]]
+    assert all(not set(f["culprits"]) & {0, 3} for f in out["findings"]), out["findings"]
+    assert not [f for f in out["findings"] if f["kind"] == "trace_incomplete"], out["findings"]
+    model, _reader, _warnings = load_trace(store)
+    assert isinstance(model, TraceModel)
+    for r in (1, 2):
+        own = int((counts / str(r)).read_text())
+        assert model.n_ops(r) == own and model.ranks[r].dropped == 0, (r, own, model.n_ops(r))

@@ -26,6 +26,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from commscope.analysis.ranks import ranges
+
 
 class _Absent:
     def __repr__(self) -> str:
@@ -44,8 +46,11 @@ ABSENT: Any = _Absent()
 #: time or why none; for waiting ranks that share a stack, how many and which),
 #: ``stacks_more`` (waiting ranks past the distinct stacks shown) and ``culprit_where``
 #: (findings.attach_stacks), ``snapshot`` (the finding is read from a snapshot's stacks: the
-#: span of its samples, the ranks it did not see; ``analysis.snapshots``).
-ANNOTATIONS = ("consequences", "named_through", "stacks", "stack_info", "stacks_more", "culprit_where", "snapshot")
+#: span of its samples, the ranks it did not see; ``analysis.snapshots``), ``together``
+#: (rootcause: ranks that departed together, one finding: host -> its ranks; the kind's own
+#: fields are the first rank's).
+ANNOTATIONS = ("consequences", "named_through", "stacks", "stack_info", "stacks_more", "culprit_where", "snapshot",
+               "together")
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)
@@ -124,7 +129,7 @@ def render(f: Any) -> list[RenderableType]:
     Used by ``commscope check`` (inside a panel) and by the console's detail pane."""
     ev = f.evidence
     try:
-        return [*ev.render(f), *consequences(ev), *stacks_block(ev)]
+        return [*together(ev), *ev.render(f), *consequences(ev), *stacks_block(ev)]
     except Exception:  # nested parts of an unexpected shape: still show them, plainly
         return [evidence_block(dict(ev))]
 
@@ -323,6 +328,27 @@ def stacks_block(ev: MutableMapping[str, Any]) -> list[RenderableType]:
     if ev.get("stacks_more"):
         out.append(Text(f"... and {ev['stacks_more']} more waiting rank(s), with other stacks", style=FAINT))
     return out
+
+
+#: Hosts named one by one in a ``together`` block; the rest are a count.
+TOGETHER_HOSTS = 8
+
+
+def together(ev: MutableMapping[str, Any]) -> list[RenderableType]:
+    """Ranks that departed together, by host (the first hosts; the rest counted)."""
+    hosts = ev.get("together") or {}
+    if not hosts:
+        return []
+    n = sum(len(rs) for rs in hosts.values())
+    t = Text(f"{n:,} ranks went together, on {len(hosts):,} host{'s' if len(hosts) > 1 else ''}:\n",
+             style=f"bold {GREY}")
+    for host, rs in list(hosts.items())[:TOGETHER_HOSTS]:
+        t.append(f"  {host}", style=WARN)
+        t.append(f"  ranks {ranges(rs, limit=8)}\n", style=GREY)
+    if len(hosts) > TOGETHER_HOSTS:
+        t.append(f"  … {len(hosts) - TOGETHER_HOSTS:,} more hosts\n", style=FAINT)
+    t.append("below, the first of them:", style=f"bold {GREY}")
+    return [t]
 
 
 def consequences(ev: MutableMapping[str, Any]) -> list[RenderableType]:

@@ -19,6 +19,12 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
    naming the same ranks as an ``op_failed`` (the wait that then timed out) folds into it,
    and one whose absentees are all stuck in a ``p2p_deadlock`` folds into the deadlock.
 
+4. Ranks that departed together are one finding: deaths or crashes of the same manner (the
+   same signal or exception, digits aside; the same way of going), each within
+   ``TOGETHER_NS`` of the one before (a lost host, one fault on many ranks).  Its culprits
+   are all of them, its ``together`` evidence lists them by host, and the rest of its
+   evidence is the first one's.  16k ranks never give 8k findings of one fault.
+
 A consequence is listed in its root's ``consequences`` evidence (kind, instance, ranks,
 message, per-rank exceptions), its victims join the root's waiting ranks, and the root's
 message says what followed.  Every error finding left then gets the stacks of its
@@ -27,9 +33,11 @@ culprits and waiting ranks (``findings.attach_stacks``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
+from commscope.analysis.errors import first_line
 from commscope.analysis.failures import death_message, instance_key
 from commscope.analysis.findings import ERROR, Finding, attach_stacks, ranks_text
 from commscope.analysis.model import TraceModel
@@ -184,10 +192,89 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
             _absorb(target, f)
         else:
             final.append(f)
+    final = _together(final)
     for f in final:
         _summary(f)
         attach_stacks(model, f, now)
     return sorted(final + rest, key=Finding.sort_key)
+
+
+#: Departures of one manner each within this of the one before are one finding (``_together``);
+#: a dead rank's time is its last sign of life, up to a sample interval before it went: added.
+TOGETHER_NS = 2_000_000_000
+#: Hosts named in a together finding's message; past this, a count.
+NAMED_HOSTS = 3
+
+
+def _manner(f: Finding) -> tuple | None:
+    """How a departed rank went, as ranks going together share it: the kind, and the signal
+    and exception (digits aside: addresses, ports and ranks differ) or the way a dead rank
+    went.  None for a finding that is not one rank's own departure."""
+    if f.kind not in DEPARTED or len(f.culprits) != 1 or "named_through" in f.evidence:
+        return None
+    ev = f.evidence
+    if f.kind == "rank_crashed":
+        said = (ev.get("reason"), ev.get("signal"), first_line(ev.get("exc") or "", 200))
+    else:
+        said = (ev.get("how"), ev.get("cause"))
+    return (f.kind, *(re.sub(r"\d+", "#", x) if isinstance(x, str) else x for x in said))
+
+
+def _blur(f: Finding) -> int:
+    every = f.evidence.get("sample_interval_s") if f.kind == "dead_rank" else None
+    return TOGETHER_NS + int(float(every or 0) * 1e9)
+
+
+def _together(findings: list[Finding]) -> list[Finding]:
+    """Rule 4 (module docstring): departures of one manner, in runs of ``TOGETHER_NS``."""
+    out: list[Finding] = []
+    manners: dict[tuple, list[Finding]] = {}
+    for f in findings:
+        m = _manner(f)
+        if m is None:
+            out.append(f)
+        else:
+            manners.setdefault(m, []).append(f)
+    for fs in manners.values():
+        fs.sort(key=lambda f: (f.ts, f.culprits[0]))
+        run = [fs[0]]
+        for f in fs[1:]:
+            if f.ts - run[-1].ts <= max(_blur(f), _blur(run[-1])):
+                run.append(f)
+            else:
+                out.append(_fold(run))
+                run = [f]
+        out.append(_fold(run))
+    return out
+
+
+def _fold(run: list[Finding]) -> Finding:
+    """One finding for ranks that departed together: the first one's, naming them all."""
+    first = run[0]
+    if len(run) == 1:
+        return first
+    hosts: dict[str, list[int]] = {}
+    for f in run:
+        hosts.setdefault(str(f.evidence.get("host") or "?"), []).extend(f.culprits)
+    culprits = sorted(hosts_rank for rs in hosts.values() for hosts_rank in rs)
+    gone = set(culprits)
+    victims: dict[int, tuple[int, ...]] = {}
+    for f in run:
+        victims.update((v, w) for v, w in f.victims.items() if v not in gone)
+    cons = [c for f in run for c in f.evidence.get("consequences") or []]
+    first.culprits = culprits
+    first.ranks = sorted({r for f in run for r in f.ranks})
+    first.victims = victims
+    first.instances = tuple(dict.fromkeys(k for f in run for k in f.instances))
+    if cons:
+        first.evidence["consequences"] = cons
+    first.evidence["together"] = {h: sorted(rs) for h, rs in sorted(hosts.items(), key=lambda kv: min(kv[1]))}
+    named = [h for h in first.evidence["together"] if h != "?"]
+    on = ("" if not named else f" on host {named[0]}" if len(hosts) == 1 else
+          f" on hosts {', '.join(named)}" if len(hosts) <= NAMED_HOSTS else f" on {len(hosts):,} hosts")
+    verb = "crashed" if first.kind == "rank_crashed" else "went away"
+    first.message = f"{ranks_text(culprits)} {verb} together{on}; first {first.message}"
+    return first
 
 
 #: A wait set larger than this is one node of the wait graph (``_waits``)

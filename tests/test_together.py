@@ -1,0 +1,167 @@
+"""Ranks that departed together are one finding (``rootcause._together``): a lost host's
+eight ranks, or one fault that crashes half of a 4k job, name all their ranks in one
+``dead_rank`` / ``rank_crashed``, listed by host; departures of another manner, or apart
+in time, stay apart.  Every case asserts the exact findings, their culprits, and that no
+rank that only waited is blamed."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from commscope.analysis import TraceModel, diagnose
+from commscope.analysis.evidence import render
+from commscope.analysis.rootcause import TOGETHER_NS
+from commscope.analysis.synth import S, TraceBuilder
+
+MS = 1_000_000
+
+
+def _text(f) -> str:
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(*render(f))
+    return console.export_text()
+
+
+def _errors(model: TraceModel, now: int) -> list:
+    return [f for f in diagnose(model, now, 2.0) if f.severity == "error"]
+
+
+def _crashes(world: int, fates: dict[int, tuple[int, dict]], per_host: int = 8) -> tuple[TraceModel, int]:
+    """Two all_reduces, then every rank enters a third; rank r of ``fates`` exits at the
+    given offset (ns after the third's start) with the given exit fields; the others wait
+    and keep beating."""
+    b = TraceBuilder(world, sample_interval=0.2, ranks_per_host=per_host)
+    t = b.t0 + S // 10
+    for _ in range(2):
+        t = b.collective(t, "all_reduce") + MS
+    for r in range(world):
+        b.begin(r, t, "all_reduce")
+        if r in fates:
+            after, fields = fates[r]
+            b.exit(r, t + after, **fields)
+        else:
+            b.heartbeats(t, t + 30 * S, interval=S, ranks=[r])
+    return TraceModel.from_events(b.sorted_events()), t + 30 * S
+
+
+SEGV = {"reason": "signal", "signal": "SIGSEGV"}
+ABRT = {"reason": "signal", "signal": "SIGABRT"}
+
+
+def _raised(text: str) -> dict:
+    return {"reason": "exception", "exc": text}
+
+
+def test_a_lost_host_is_one_dead_rank_naming_its_ranks_with_the_wait_folded_in():
+    """Host node01 (ranks 8-15) goes silent mid-run, its ranks' last beats spread over a
+    sample interval; the others enter the next all_reduce and wait for them."""
+    b = TraceBuilder(64, sample_interval=0.2, ranks_per_host=8)
+    t = b.t0 + S // 10
+    for _ in range(2):
+        t = b.collective(t, "all_reduce") + MS
+    lost = list(range(8, 16))
+    for r in range(64):
+        if r in lost:
+            b.heartbeats(t, t + S + (r - 8) * 25 * MS, interval=S // 5, ranks=[r])
+        else:
+            b.begin(r, t + 2 * S, "all_reduce")
+            b.heartbeats(t, t + 60 * S, interval=S // 5, ranks=[r])
+    model = TraceModel.from_events(b.sorted_events())
+    errors = _errors(model, t + 60 * S)
+    assert [(f.kind, f.culprits) for f in errors] == [("dead_rank", lost)], [(f.kind, f.culprits) for f in errors]
+    f = errors[0]
+    assert f.evidence["together"] == {"node01": lost}
+    assert f.message.startswith("ranks 8, 9, 10, 11, 12, 13, 14, 15 went away together on host node01; first rank 8 ")
+    waited = [c for c in f.evidence["consequences"] if c["kind"] == "missing_ranks"]
+    assert waited and all(set(c["culprits"]) <= set(lost) for c in waited), waited
+    assert set(f.victims) == set(range(64)) - set(lost)  # the waiting ranks, none of them a culprit
+
+
+def test_half_of_a_4k_job_crashing_at_once_is_one_finding_listed_by_host():
+    world = 4096
+    model, now = _crashes(world, {r: (1000 + r, SEGV) for r in range(world // 2)})
+    errors = _errors(model, now)
+    assert [(f.kind, len(f.culprits)) for f in errors] == [("rank_crashed", world // 2)]
+    f = errors[0]
+    assert f.culprits == list(range(world // 2))
+    assert list(f.evidence["together"]) == [f"node{h:02d}" for h in range(world // 2 // 8)]
+    assert f.evidence["together"]["node03"] == list(range(24, 32))
+    assert f.message.startswith("2,048 ranks (0-2047) crashed together on 256 hosts; first rank 0 crashed in "
+                                "all_reduce #3 (group 0): a fatal signal: SIGSEGV"), f.message
+    json = f.to_json()
+    assert json["culprits"] == list(range(world // 2)) and json["evidence"]["together"]["node00"] == list(range(8))
+    text = _text(f)
+    assert "2,048 ranks went together, on 256 hosts:" in text and "… 248 more hosts" in text, text
+
+
+@pytest.mark.parametrize(("fates", "expect"), [
+    # the same signal on two hosts at the same moment: one finding
+    ({**{r: (0, SEGV) for r in (8, 9)}, 20: (5 * MS, SEGV)}, [[8, 9, 20]]),
+    # another signal: two
+    ({8: (0, SEGV), 9: (0, ABRT)}, [[8], [9]]),
+    # exceptions that differ only in digits (a device, an address): one
+    ({3: (0, _raised("RuntimeError: CUDA error on device 3 at 0x7f12")),
+      5: (MS, _raised("RuntimeError: CUDA error on device 5 at 0x7f80"))}, [[3, 5]]),
+    # another exception type: two
+    ({3: (0, _raised("RuntimeError: bad batch")), 5: (0, _raised("ValueError: bad batch"))}, [[3], [5]]),
+    # a run: each within TOGETHER_NS of the one before, the last far from the first: one
+    ({1: (0, SEGV), 2: (TOGETHER_NS, SEGV), 3: (2 * TOGETHER_NS, SEGV)}, [[1, 2, 3]]),
+    # apart by more than TOGETHER_NS: two
+    ({1: (0, SEGV), 2: (TOGETHER_NS + 1, SEGV)}, [[1], [2]]),
+])
+def test_only_crashes_of_one_manner_close_in_time_fold(fates, expect):
+    model, now = _crashes(32, fates)
+    errors = _errors(model, now)
+    assert sorted((f.kind, f.culprits) for f in errors) == sorted(("rank_crashed", c) for c in expect), \
+        [(f.kind, f.culprits, f.message) for f in errors]
+    for f in errors:
+        folded = f.evidence.get("together")
+        assert (folded is not None) == (len(f.culprits) > 1)
+        if folded:
+            assert sorted(r for rs in folded.values() for r in rs) == f.culprits
+
+
+def test_a_dead_rank_and_a_crash_at_the_same_moment_stay_two_findings():
+    b = TraceBuilder(16, sample_interval=0.2, ranks_per_host=8)
+    t = b.t0 + S // 10
+    for _ in range(2):
+        t = b.collective(t, "all_reduce") + MS
+    for r in range(16):
+        b.begin(r, t, "all_reduce")
+        if r == 4:
+            b.exit(r, t + S, **SEGV)
+        elif r == 5:
+            b.heartbeats(t, t + S, interval=S // 5, ranks=[r])
+        else:
+            b.heartbeats(t, t + 60 * S, interval=S // 5, ranks=[r])
+    errors = _errors(TraceModel.from_events(b.sorted_events()), t + 60 * S)
+    assert sorted((f.kind, f.culprits) for f in errors) == [("dead_rank", [5]), ("rank_crashed", [4])]
+    assert not any("together" in f.evidence for f in errors)
+
+
+def test_a_crash_caused_by_a_failure_stays_a_consequence_not_a_co_culprit():
+    """Rank 6 segfaults; the others' all_reduce then fails on the closed connection and
+    rank 2 aborts on it with the same signal a moment later: rank 2 is rank 6's victim."""
+    b = TraceBuilder(8, sample_interval=0.2, ranks_per_host=8)
+    t = b.t0 + S // 10
+    for _ in range(2):
+        t = b.collective(t, "all_reduce") + MS
+    for r in range(8):
+        i = b.begin(r, t, "all_reduce")
+        if r == 6:
+            b.exit(r, t + MS, **SEGV)
+            continue
+        b.end(r, i, t + 50 * MS, exc="RuntimeError: Connection closed by peer [10.0.0.6]:1234")
+        if r == 2:
+            b.exit(r, t + 60 * MS, reason="signal", signal="SIGSEGV",
+                   exc="RuntimeError: Connection closed by peer [10.0.0.6]:1234")
+        else:
+            b.heartbeats(t, t + 30 * S, interval=S // 5, ranks=[r])
+    errors = _errors(TraceModel.from_events(b.sorted_events()), t + 30 * S)
+    assert [(f.kind, f.culprits) for f in errors] == [("rank_crashed", [6])], [(f.kind, f.culprits) for f in errors]
+    assert "together" not in errors[0].evidence
+    crashed = [c for c in errors[0].evidence["consequences"] if c["kind"] == "rank_crashed"]
+    assert [c["culprits"] for c in crashed] == [[2]]
