@@ -14,7 +14,7 @@ from rich.console import Console
 from commscope.analysis import TraceModel, diagnose
 from commscope.analysis.evidence import render
 from commscope.analysis.rootcause import TOGETHER_NS
-from commscope.analysis.synth import S, TraceBuilder
+from commscope.analysis.synth import STOPS, S, TraceBuilder, stopped_job
 
 MS = 1_000_000
 
@@ -165,3 +165,21 @@ def test_a_crash_caused_by_a_failure_stays_a_consequence_not_a_co_culprit():
     assert "together" not in errors[0].evidence
     crashed = [c for c in errors[0].evidence["consequences"] if c["kind"] == "rank_crashed"]
     assert [c["culprits"] for c in crashed] == [[2]]
+
+
+@pytest.mark.parametrize("way", list(STOPS))
+def test_each_way_a_wide_job_stops_gives_its_findings_and_no_more(way):
+    """The ways ``commscope bench analysis`` times at 16k ranks, at 256: exactly the
+    findings each must give (one per root cause, no victim named), judged as a console
+    judges it (a job stopped as a whole at its end, else a minute after it stopped)."""
+    world = 256
+    events, t = stopped_job(world, way)
+    model = TraceModel.from_events(events)
+    stop = STOPS[way]
+    got = [(f.kind, f.culprits) for f in diagnose(model, model.end_ns if stop.whole else t + 60 * S, 2.0)]
+    assert got == stop.expect(world), [(f.kind, f.culprits, f.message[:160]) for f in diagnose(model, t + 60 * S, 2.0)]
+
+
+def test_a_way_a_job_stops_that_is_not_known_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown way a job stops: 'melted'; known: every all_reduce timed out"):
+        stopped_job(8, "melted")

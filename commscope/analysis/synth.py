@@ -9,7 +9,9 @@ varlen ops with nested traffic, Flight Recorder ops).
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -250,3 +252,82 @@ def healthy_trace(world: int = 8, ops_per_rank: int = 2000, *, seed: int = 1, fr
         b.heartbeat(r, t)
         b.exit(r, t + 1000)
     return b.sorted_events()
+
+
+TIMEOUT_TEXT = ("RuntimeError: Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, "
+                "OpType=ALLREDUCE) ran for 600000 milliseconds before timing out")
+CLOSED_TEXT = "RuntimeError: Connection closed by peer [10.0.0.1]:1234"
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """A way a wide job stops (``stopped_job``) and what ``diagnose`` must say of it."""
+
+    #: its error findings as (kind, culprits), for a job of ``world`` ranks
+    expect: Callable[[int], list[tuple[str, list[int]]]]
+    #: the whole job stopped at once: judged at its end, as ``check`` and the console judge
+    #: a job whose every rank is gone (else a minute after the stop, as a console watching)
+    whole: bool = False
+
+
+#: Ways a wide job stops.  ``commscope bench analysis`` times ``diagnose`` on them at 16k
+#: ranks and ``tests/test_together.py`` checks their findings at a few hundred.  Each once
+#: took time quadratic in the ranks, or gave one finding a rank.
+STOPS: dict[str, Stop] = {
+    # every member entered: no rank to blame, one finding that says so
+    "every all_reduce timed out": Stop(lambda w: [("op_failed", [])]),
+    "every all_reduce failed on a closed connection": Stop(lambda w: [("op_failed", [])]),
+    "one rank gone, the others failed on it": Stop(lambda w: [("dead_rank", [0])]),
+    "half the ranks crashed together": Stop(lambda w: [("rank_crashed", list(range(w // 2)))]),
+    "a host lost, the others wait for it": Stop(lambda w: [("dead_rank", list(range(8, 16)))]),
+    "killed with half the ranks inside an all_reduce": Stop(lambda w: [], whole=True),
+    "one rank never entered, the others wait": Stop(lambda w: [("missing_ranks", [0])]),
+}
+
+
+def stopped_job(world: int, way: str) -> tuple[list[dict], int]:
+    """A job of ``world`` ranks (8 a host, 0.2 s samples) that ran two all_reduces and then
+    stopped in ``way`` (a key of ``STOPS``) at ``t``; returns its events and ``t``.  A minute
+    after ``t`` the waits have passed hang_after (2 s) and the silent are dead."""
+    if way not in STOPS:
+        raise ValueError(f"unknown way a job stops: {way!r}; known: {', '.join(STOPS)}")
+    b = TraceBuilder(world, sample_interval=0.2, ranks_per_host=8)
+    t = b.t0 + S // 10
+    for _ in range(2):
+        t = b.collective(t, "all_reduce") + 1_000_000
+    half = world // 2
+    beating = list(range(world))  # the ranks that go on sending heartbeats after t
+    for r in range(world):
+        if way == "every all_reduce timed out":
+            i = b.begin(r, t + (r % 7) * 1000, "all_reduce")
+            b.end(r, i, t + 600 * S // 1000 + r, exc=TIMEOUT_TEXT)
+        elif way == "every all_reduce failed on a closed connection":
+            i = b.begin(r, t, "all_reduce")
+            b.end(r, i, t + 5000, exc=CLOSED_TEXT)
+        elif way == "one rank gone, the others failed on it":
+            i = b.begin(r, t, "all_reduce")
+            if r:
+                b.end(r, i, t + 5000 + r, exc=CLOSED_TEXT)
+        elif way == "half the ranks crashed together":
+            b.begin(r, t, "all_reduce")
+            if r < half:
+                b.exit(r, t + 1000 + r, reason="signal", signal="SIGSEGV")
+        elif way == "a host lost, the others wait for it":
+            if not 8 <= r < 16:
+                b.begin(r, t + S, "all_reduce")
+        elif way == "killed with half the ranks inside an all_reduce":
+            if r < half:
+                b.begin(r, t, "all_reduce")
+        elif way == "one rank never entered, the others wait" and r:
+            b.begin(r, t, "all_reduce")
+    if way == "one rank gone, the others failed on it":
+        beating.remove(0)
+    elif way == "a host lost, the others wait for it":
+        beating = [r for r in beating if not 8 <= r < 16]
+        b.heartbeats(t, t + S // 2, interval=S // 5, ranks=list(range(8, 16)))
+    if way == "killed with half the ranks inside an all_reduce":
+        for r in beating:
+            b.heartbeat(r, t + 3000)  # then the whole job stopped
+    else:
+        b.heartbeats(t, t + 70 * S, interval=10 * S, ranks=beating)
+    return b.sorted_events(), t

@@ -13,6 +13,13 @@ of ``--column-ranks`` ranks x 400 collectives written through the real directory
 the native block format, read once): the ranks new to the model ingested together against
 rank by rank (``TraceModel.batch_ranks``), alternating, medians; both must give the same
 model size.
+
+Then ``diagnose`` on wide jobs that stopped (``--stopped-ranks`` ranks, 16,384 by default), in
+each of the ways ``analysis.synth.STOPS`` lists: half a second after the stop and when a
+console judges it (a minute after; a job stopped as a whole, at its end), the slower shown,
+with whether the findings are exactly those the way must give (one per root cause: a
+fault on half the ranks is one finding, not one a rank).  Each of these once took minutes
+at 16k ranks (a question about one rank that walked every member, asked by every rank).
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--column-ranks", type=int, default=4096,
                    help="ranks of the job whose op records are ingested from columns (0: skip; default 4096)")
-    p.add_argument("--quick", action="store_true", help="8 ranks x 2k ops (smoke run)")
+    p.add_argument("--stopped-ranks", type=int, default=16384,
+                   help="ranks of the stopped jobs diagnose() is timed on (0: skip; default 16384)")
+    p.add_argument("--quick", action="store_true", help="8 ranks x 2k ops, 16 column ranks, 256 stopped (smoke run)")
 
 
 def _bare(events: list[dict]) -> float:
@@ -208,4 +217,36 @@ def run(args: argparse.Namespace) -> int:
             print(f"{'model build from columns, rank by rank':<44}{fmt_time(t2):>14}"
                   f"{f'{records / t2 / 1e6:.2f} M records/s':>34}")
             print(f"{'  rank by rank / together':<44}{t2 / t1:>13.2f}x{f'{column_ranks:,} ranks, {records:,} records':>34}")
-    return 0 if not found else 1
+    stopped_ranks = min(args.stopped_ranks, 256) if args.quick else args.stopped_ranks
+    wrong = _stopped(stopped_ranks) if stopped_ranks else 0
+    return 0 if not found and not wrong else 1
+
+
+def _stopped(world: int) -> int:
+    """Time ``diagnose`` on each way a job of ``world`` ranks stops; return how many gave
+    other findings than the way must."""
+    from commscope.analysis import TraceModel, diagnose
+    from commscope.analysis.synth import STOPS, S, stopped_job
+
+    print(f"\ndiagnose() of jobs of {world:,} ranks that stopped, half a second after and when a console "
+          f"judges them ...", flush=True)
+    print(f"{'way the job stopped':<50}{'diagnose':>10}  findings")
+    wrong = 0
+    for way, stop in STOPS.items():
+        events, t = stopped_job(world, way)
+        model = TraceModel.from_events(events)
+        del events
+        times = []
+        found = []
+        for now in (t + S // 2, model.end_ns if stop.whole else t + 60 * S):
+            model.judged = None  # each judged afresh, as a new moment is
+            t0 = time.perf_counter()
+            found = diagnose(model, now, 2.0)
+            times.append(time.perf_counter() - t0)
+        got = [(f.kind, f.culprits) for f in found]
+        ok = got == stop.expect(world)
+        wrong += not ok
+        said = ", ".join(f"{k} ({len(c):,})" if c else k for k, c in got) or "none"
+        print(f"{way:<50}{fmt_time(max(times)):>10}  {said}{'' if ok else '  WRONG: expected ' + str(stop.expect(world))}",
+              flush=True)
+    return wrong
