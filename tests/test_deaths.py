@@ -123,7 +123,8 @@ def test_two_ranks_dying_together_are_one_finding_naming_both(cause, tmp_path, c
     assert rc == 1
     assert [(f["kind"], f["culprits"]) for f in errors] == [(kind, [1, 2])], errors
     assert word in errors[0]["message"] and "ranks 1, 2 " in errors[0]["message"], errors[0]["message"]
-    assert [sorted(rs) for rs in errors[0]["evidence"]["together"].values()] == [[1, 2]]
+    together = errors[0]["evidence"]["together"]
+    assert together["first"] in (1, 2) and [sorted(rs) for rs in together["hosts"].values()] == [[1, 2]]
     assert all(not set(f["culprits"]) & {0, 3} for f in out["findings"]), out["findings"]
     assert not [f for f in out["findings"] if f["kind"] == "trace_incomplete"], out["findings"]
     model, _reader, _warnings = load_trace(store)

@@ -73,7 +73,7 @@ def test_a_lost_host_is_one_dead_rank_naming_its_ranks_with_the_wait_folded_in()
     errors = _errors(model, t + 60 * S)
     assert [(f.kind, f.culprits) for f in errors] == [("dead_rank", lost)], [(f.kind, f.culprits) for f in errors]
     f = errors[0]
-    assert f.evidence["together"] == {"node01": lost}
+    assert f.evidence["together"] == {"first": 8, "hosts": {"node01": lost}}
     assert f.message.startswith("ranks 8, 9, 10, 11, 12, 13, 14, 15 went away together on host node01; first rank 8 ")
     waited = [c for c in f.evidence["consequences"] if c["kind"] == "missing_ranks"]
     assert waited and all(set(c["culprits"]) <= set(lost) for c in waited), waited
@@ -87,12 +87,13 @@ def test_half_of_a_4k_job_crashing_at_once_is_one_finding_listed_by_host():
     assert [(f.kind, len(f.culprits)) for f in errors] == [("rank_crashed", world // 2)]
     f = errors[0]
     assert f.culprits == list(range(world // 2))
-    assert list(f.evidence["together"]) == [f"node{h:02d}" for h in range(world // 2 // 8)]
-    assert f.evidence["together"]["node03"] == list(range(24, 32))
+    assert f.evidence["together"]["first"] == 0
+    assert list(f.evidence["together"]["hosts"]) == [f"node{h:02d}" for h in range(world // 2 // 8)]
+    assert f.evidence["together"]["hosts"]["node03"] == list(range(24, 32))
     assert f.message.startswith("2,048 ranks (0-2047) crashed together on 256 hosts; first rank 0 crashed in "
                                 "all_reduce #3 (group 0): a fatal signal: SIGSEGV"), f.message
     json = f.to_json()
-    assert json["culprits"] == list(range(world // 2)) and json["evidence"]["together"]["node00"] == list(range(8))
+    assert json["culprits"] == list(range(world // 2)) and json["evidence"]["together"]["hosts"]["node00"] == list(range(8))
     text = _text(f)
     assert "2,048 ranks went together, on 256 hosts:" in text and "… 248 more hosts" in text, text
 
@@ -121,7 +122,8 @@ def test_only_crashes_of_one_manner_close_in_time_fold(fates, expect):
         folded = f.evidence.get("together")
         assert (folded is not None) == (len(f.culprits) > 1)
         if folded:
-            assert sorted(r for rs in folded.values() for r in rs) == f.culprits
+            assert sorted(r for rs in folded["hosts"].values() for r in rs) == f.culprits
+            assert folded["first"] == min(f.culprits, key=lambda r: (fates[r][0], r))
 
 
 def test_a_dead_rank_and_a_crash_at_the_same_moment_stay_two_findings():

@@ -1026,3 +1026,49 @@ def test_attach_to_a_large_job_reads_it_apart_and_shows_the_culprit(tmp_path, mo
 
     drive(app, check, loaded=False)
     assert _bulkread_children() == []
+
+
+def test_ranks_crashing_together_alert_once_and_are_listed_in_a_line():
+    """Rank 8 crashes first; ranks 9-23 (the rest of its host and the next) crash the same
+    way a second later.  The finding grows from rank 8's to one naming all 16: still one
+    finding to the console (keyed by the first to go), one alert, and its culprits a line."""
+    from commscope.analysis import TraceModel, diagnose
+
+    b = TraceBuilder(64, sample_interval=0.2, ranks_per_host=8)
+    t = b.t0 + S // 10
+    for _ in range(2):
+        t = b.collective(t, "all_reduce") + MS
+    for r in range(64):
+        b.begin(r, t, "all_reduce")
+        if 8 <= r < 24:
+            b.exit(r, t + (MS if r == 8 else S), reason="signal", signal="SIGSEGV")
+        else:
+            b.heartbeats(t, t + 30 * S, interval=S, ranks=[r])
+    events = b.sorted_events()
+    early = diagnose(TraceModel.from_events([e for e in events if e["ts"] <= t + S // 2]), t + S // 2, 2.0)
+    later = diagnose(TraceModel.from_events(events), t + 30 * S, 2.0)
+    assert [(f.kind, f.culprits) for f in early if f.severity == "error"] == [("rank_crashed", [8])]
+    assert [(f.kind, f.culprits) for f in later if f.severity == "error"] == [("rank_crashed", list(range(8, 24)))]
+    app = make_app(events, t + 30 * S)
+    shown: list[str] = []
+    app.notify = lambda message, **kw: shown.append(kw.get("title", ""))
+    rings: list[int] = []
+    app.use_bell = True
+    app.bell = lambda: rings.append(1)
+
+    async def check(pilot):
+        app.apply(app.info, early)
+        await pilot.pause()
+        app.findings_panel.highlighted = 0
+        await pilot.pause()
+        app.apply(app.info, later)
+        await pilot.pause()
+        assert shown == ["rank_crashed"] and rings == [1]
+        assert app.findings_panel.findings == later and app.findings_panel.highlighted == 0
+        line = str(app.findings_panel.get_option_at_index(0).prompt).split("\n")[0]
+        assert line.endswith("rank_crashed  16 culprits (8-23)"), line
+        text = app.detail.text(width=120)
+        assert "16 ranks (8-23) crashed together on hosts node01, node02; first rank 8" in text, text
+        assert "16 ranks went together, on 2 hosts:" in text and "below, the first of them: rank 8" in text
+
+    drive(app, check, loaded=False)

@@ -47,8 +47,8 @@ ABSENT: Any = _Absent()
 #: ``stacks_more`` (waiting ranks past the distinct stacks shown) and ``culprit_where``
 #: (findings.attach_stacks), ``snapshot`` (the finding is read from a snapshot's stacks: the
 #: span of its samples, the ranks it did not see; ``analysis.snapshots``), ``together``
-#: (rootcause: ranks that departed together, one finding: host -> its ranks; the kind's own
-#: fields are the first rank's).
+#: (rootcause: ranks that departed together, one finding: ``first``, the first to go, whose
+#: the kind's own fields are, and ``hosts``, host -> its ranks).
 ANNOTATIONS = ("consequences", "named_through", "stacks", "stack_info", "stacks_more", "culprit_where", "snapshot",
                "together")
 
@@ -336,7 +336,8 @@ TOGETHER_HOSTS = 8
 
 def together(ev: MutableMapping[str, Any]) -> list[RenderableType]:
     """Ranks that departed together, by host (the first hosts; the rest counted)."""
-    hosts = ev.get("together") or {}
+    together = ev.get("together") or {}
+    hosts = together.get("hosts") or {}
     if not hosts:
         return []
     n = sum(len(rs) for rs in hosts.values())
@@ -347,7 +348,7 @@ def together(ev: MutableMapping[str, Any]) -> list[RenderableType]:
         t.append(f"  ranks {ranges(rs, limit=8)}\n", style=GREY)
     if len(hosts) > TOGETHER_HOSTS:
         t.append(f"  … {len(hosts) - TOGETHER_HOSTS:,} more hosts\n", style=FAINT)
-    t.append("below, the first of them:", style=f"bold {GREY}")
+    t.append(f"below, the first of them: rank {together.get('first')}", style=f"bold {GREY}")
     return [t]
 
 

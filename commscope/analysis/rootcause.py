@@ -22,8 +22,8 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
 4. Ranks that departed together are one finding: deaths or crashes of the same manner (the
    same signal or exception, digits aside; the same way of going), each within
    ``TOGETHER_NS`` of the one before (a lost host, one fault on many ranks).  Its culprits
-   are all of them, its ``together`` evidence lists them by host, and the rest of its
-   evidence is the first one's.  16k ranks never give 8k findings of one fault.
+   are all of them, its ``together`` evidence names the first to go and lists them all by
+   host, and the rest of its evidence is the first one's.  16k ranks never give 8k findings of one fault.
 
 A consequence is listed in its root's ``consequences`` evidence (kind, instance, ranks,
 message, per-rank exceptions), its victims join the root's waiting ranks, and the root's
@@ -262,14 +262,16 @@ def _fold(run: list[Finding]) -> Finding:
     for f in run:
         victims.update((v, w) for v, w in f.victims.items() if v not in gone)
     cons = [c for f in run for c in f.evidence.get("consequences") or []]
+    first_rank = first.culprits[0]
     first.culprits = culprits
     first.ranks = sorted({r for f in run for r in f.ranks})
     first.victims = victims
     first.instances = tuple(dict.fromkeys(k for f in run for k in f.instances))
     if cons:
         first.evidence["consequences"] = cons
-    first.evidence["together"] = {h: sorted(rs) for h, rs in sorted(hosts.items(), key=lambda kv: min(kv[1]))}
-    named = [h for h in first.evidence["together"] if h != "?"]
+    by_host = {h: sorted(rs) for h, rs in sorted(hosts.items(), key=lambda kv: min(kv[1]))}
+    first.evidence["together"] = {"first": first_rank, "hosts": by_host}
+    named = [h for h in by_host if h != "?"]
     on = ("" if not named else f" on host {named[0]}" if len(hosts) == 1 else
           f" on hosts {', '.join(named)}" if len(hosts) <= NAMED_HOSTS else f" on {len(hosts):,} hosts")
     verb = "crashed" if first.kind == "rank_crashed" else "went away"

@@ -8,12 +8,24 @@ from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from commscope.analysis import Finding
+from commscope.analysis.findings import LISTED_RANKS
+from commscope.analysis.ranks import ranges
 from commscope.tui import palette
 from commscope.tui.rank_table import abbreviate
 
 
 def finding_key(f: Finding) -> tuple:
-    return (f.kind, f.group, f.seq, tuple(sorted(f.culprits)))
+    """A finding's identity across diagnoses: ranks that went together are keyed by the
+    first to go, so a host's ranks judged a moment apart stay one finding (one alert)."""
+    together = f.evidence.get("together")
+    return (f.kind, f.group, f.seq, (together["first"],) if together else tuple(sorted(f.culprits)))
+
+
+def _culprits_text(culprits: list[int]) -> str:
+    """'culprit 3' / 'culprits 0, 2' / '8,192 culprits (0-8191)': a line, however many."""
+    if len(culprits) > LISTED_RANKS:
+        return f"{len(culprits):,} culprits ({ranges(sorted(culprits), limit=4)})"
+    return f"culprit{'s' if len(culprits) > 1 else ''} {', '.join(map(str, culprits))}"
 
 
 class FindingsPanel(OptionList):
@@ -53,8 +65,7 @@ class FindingsPanel(OptionList):
             t.append(f"{palette.SEVERITY_ICON[f.severity]} ", style=palette.SEVERITY_STYLE[f.severity])
             t.append(f.kind, style=palette.SEVERITY_STYLE[f.severity])
             if f.culprits:
-                t.append(f"  culprit{'s' if len(f.culprits) > 1 else ''} {', '.join(map(str, f.culprits))}",
-                         style="bold")
+                t.append(f"  {_culprits_text(f.culprits)}", style="bold")
             t.append("\n  " + self._fit_names(f.message), style="grey70")
             self.add_option(Option(t))
         ids = [k[:-1] for k in keys]
