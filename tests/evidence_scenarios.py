@@ -146,6 +146,21 @@ def segfault() -> TraceBuilder:
     return b
 
 
+def crashed_together() -> TraceBuilder:
+    """Host node01's three ranks segfault a millisecond apart; the others' all_reduce fails."""
+    b = TraceBuilder(6, ranks_per_host=3)
+    t = b.warmup()
+    b.heartbeats(b.t0, t)
+    ids = {r: b.begin(r, t, "all_reduce") for r in range(6)}
+    for r in (3, 4, 5):
+        b.exit(r, t + (r - 2) * MS, reason="signal", signal="Segmentation fault",
+               exc="Fatal Python error: Segmentation fault")
+    for r in (0, 1, 2):
+        b.end(r, ids[r], t + 5 * MS, exc=CLOSED)
+    b.heartbeats(t + 10 * MS, t + 3 * S, ranks=[0, 1, 2])
+    return b
+
+
 def pg_timeout() -> TraceBuilder:
     b = TraceBuilder(3)
     t = b.warmup()
@@ -226,7 +241,7 @@ SCENARIOS: dict[str, tuple[Callable[[], TraceBuilder], float]] = {
     "missing_ranks": (missing_ranks, 2.0), "mismatch": (mismatch, 2.0), "mismatch_tie": (mismatch_tie, 2.0),
     "mismatch_abort": (mismatch_abort, 2.0), "p2p_deadlock": (p2p_deadlock, 2.0),
     "unmatched_p2p": (unmatched_p2p, 2.0), "dead_rank": (dead_rank, 2.0), "vanished": (vanished, 2.0),
-    "crashed": (crashed, 2.0), "segfault": (segfault, 2.0), "pg_timeout": (pg_timeout, 1.0),
+    "crashed": (crashed, 2.0), "segfault": (segfault, 2.0), "crashed_together": (crashed_together, 2.0), "pg_timeout": (pg_timeout, 1.0),
     "monitored_barrier": (monitored_barrier, 60.0), "straggler": (straggler, 2.0), "unwaited": (unwaited, 2.0),
     "incomplete": (incomplete, 2.0), "flight_recorder": (flight_recorder, 2.0),
 }
