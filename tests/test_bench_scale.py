@@ -15,7 +15,7 @@ from redis_fixture import require_redis_server
 
 
 @pytest.mark.parametrize("store, fault, device", [("directory", "dead", False), ("redis-cluster", "mismatch", False),
-                                                  ("directory", "two-hosts", True)])
+                                                  ("directory", "two-hosts", True), ("directory", "host-lost", False)])
 def test_bench_scale_finds_the_fault_it_injects(store, fault, device):
     """(``device``: a GPU job's records, a done with a device time after each end.)"""
     if store != "directory":
@@ -27,6 +27,8 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device):
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     assert re.search(r"fault -> finding: \d+\.\d s", out), out  # found, naming the culprit
     assert "other findings" not in out, out  # and nothing else: no victim blamed
+    if fault == "host-lost":  # the host's eight ranks in one finding (the whole host is the culprit set)
+        assert re.search(r"fault 'host-lost' at \d+ s on rank 35's host \(ranks 32-39\)", out), out
     # when the watermark first came within the target, and how far behind it stayed after
     assert re.search(r"caught up \(every stream read past the job's start, within 2 s\)\s+\d+\.\d s after the "
                      r"job's start; from then on median \d+\.\d\d s, p99 \d+\.\d\d s", out), out

@@ -13,7 +13,9 @@ still judges a running job.  A third of the way in, the fault is injected:
 
     missing         the culprit never enters the next collective (it spins in Python, still
                     heartbeating); the others wait in it           -> missing_ranks
-    dead            the culprit goes silent (a lost host)            -> dead_rank
+    dead            the culprit goes silent (a killed rank)          -> dead_rank
+    host-lost       the culprit's host (its 8 ranks) goes silent at once (a lost host)
+                                                                     -> one dead_rank, the host
     mismatch        the culprit calls broadcast where the others all_reduce
                                                                      -> collective_mismatch
     straggler-host  the culprit's host (its 8 ranks) arrives 20 ms late at every
@@ -55,11 +57,11 @@ import numpy as np
 from commscope.bench.stats import fmt_time, quantile
 
 S = 1_000_000_000
-FAULTS = ("missing", "dead", "mismatch", "straggler-host", "two-hosts", "none")
+FAULTS = ("missing", "dead", "host-lost", "mismatch", "straggler-host", "two-hosts", "none")
 #: Faults that make hosts late (a straggler needs its window of late collectives)
 SLOW_HOSTS = ("straggler-host", "two-hosts")
 #: What the console must find, and whether it names the host's ranks
-EXPECTED = {"missing": "missing_ranks", "dead": "dead_rank", "mismatch": "collective_mismatch",
+EXPECTED = {"missing": "missing_ranks", "dead": "dead_rank", "host-lost": "dead_rank", "mismatch": "collective_mismatch",
             "straggler-host": "straggler", "two-hosts": "straggler", "none": None}
 TARGET_LAG_S = 2.0
 #: The target's job: what a run of fewer ranks or a lower rate is extrapolated to
@@ -133,7 +135,7 @@ class Plan:
         """The culprits the findings must name: one list per finding."""
         if self.fault == "two-hosts":
             return [sorted(self.host_ranks(0)), sorted(self.host_ranks(1))]
-        return [sorted(self.host_ranks())] if self.fault == "straggler-host" else [[self.culprit]]
+        return [sorted(self.host_ranks())] if self.fault in ("straggler-host", "host-lost") else [[self.culprit]]
 
 
 def _sid(plan: Plan, k: int) -> int:
@@ -189,8 +191,10 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
     # the job goes on past ``seconds`` until the console is done with it (``follow``), so a
     # console slowed by a loaded machine still finds the fault in a running job
     stop, last = os.path.join(plan.sync, DONE), end_at + int((plan.hang_after + STOP_WAIT_S) * S)
-    hung = plan.fault in ("missing", "dead", "mismatch")
-    dead_from = plan.base(plan.fault_k) if plan.fault == "dead" else last + S
+    hung = plan.fault in ("missing", "dead", "host-lost", "mismatch")
+    dead_from = plan.base(plan.fault_k) if plan.fault in ("dead", "host-lost") else last + S
+    # the streams that stop at the fault: the culprit's (missing, dead), its host's (host-lost)
+    quiet = hosts[0] if plan.fault == "host-lost" else mine == plan.culprit
     while True:
         now = time.time_ns()
         if now >= end_at and (now >= last or os.path.exists(stop)):
@@ -236,8 +240,8 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
             size = dt.itemsize
             prefix = {False: tables.for_sids(used), True: tables.for_sids(used | {3})}
             for i in range(mine.shape[0]):
-                if i == culprit_at and hung and plan.fault != "mismatch" and k_hi > plan.fault_k:
-                    # the culprit: in nothing past the fault (missing), or silent (dead)
+                if quiet[i] and hung and plan.fault != "mismatch" and k_hi > plan.fault_k:
+                    # the culprit: in nothing past the fault (missing), or silent (dead, its host lost)
                     keep = [(kind, k) for kind, k in recs if k < plan.fault_k]
                     if not keep:
                         continue
@@ -255,7 +259,7 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
         if now >= next_beat:
             next_beat = now + S
             for i, r in enumerate(mine.tolist()):
-                if i == culprit_at and now >= dead_from:
+                if quiet[i] and now >= dead_from:
                     continue
                 pending[i].append(b'{"type":"sample","ts":%d,"cpu":97.0,"rss":%d,"v":%d,"rank":%d}'
                                   % (now, 12 << 30, SCHEMA_VERSION, r))
@@ -317,8 +321,9 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
     frames: list[float] = []
     found_ns = 0
     wrong: list[str] = []
-    # findings of another kind naming only the culprits (a dead rank missing from a collective
-    # before it is judged dead: the hang is found first, then its cause)
+    # findings naming only culprits: of another kind (a dead rank missing from a collective
+    # before it is judged dead: the hang is found first, then its cause), or some of them (a
+    # lost host's ranks, before the last of them is judged dead)
     early: list[str] = []
     culprits = {r for rs in want for r in rs}
     rss = 0
@@ -473,6 +478,7 @@ def node_load(node: str, before: dict[str, int], after: dict[str, int], seconds:
 
 
 def run(args: argparse.Namespace) -> int:
+    from commscope.analysis.ranks import ranges
     from commscope.launch import Job
     from commscope.record.jobid import new_job_id
 
@@ -491,7 +497,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"bench scale: {args.ranks:,} ranks x {args.rate:g} collectives/s for {seconds:.0f} s"
           f"{', device times' if args.device_times else ''}\n"
           f"  into {args.store} ({store if args.store != 'directory' else root}), {args.writers} writer(s);\n"
-          f"  fault {args.fault!r} at {seconds / 3:.0f} s on rank {plan.culprit}", flush=True)
+          f"  fault {args.fault!r} at {seconds / 3:.0f} s on " + (
+              f"rank {plan.culprit}'s host (ranks {ranges(list(plan.host_ranks()))})"
+              if args.fault in ("straggler-host", "two-hosts", "host-lost") else f"rank {plan.culprit}"), flush=True)
     writers = Job(write_share, args.writers, args=(plan, args.writers), init=False).start()
     try:
         opened = time.monotonic()
@@ -563,7 +571,7 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
         took = f"{found:.1f} s" if found is not None else "NOT FOUND"
         print(f"  fault -> finding: {took} (target <= hang_after + 5 = {limit:g} s){note}")
     if seen["early"]:
-        print(f"  also, naming the culprit as another kind first: {'; '.join(seen['early'][:5])}")
+        print(f"  also, naming only culprits first (another kind, or some of them): {'; '.join(seen['early'][:5])}")
     if seen["wrong"]:
         more = f" and {len(seen['wrong']) - 5} more" if len(seen["wrong"]) > 5 else ""
         print(f"  other findings (WRONG: a victim blamed): {'; '.join(seen['wrong'][:5])}{more}")
