@@ -260,3 +260,45 @@ def test_straggler_still_found_among_some_untimed_ops():
         t = b.collective(t, "all_reduce", skew={1: 5 * MS}, latency=MS if k % 4 else 0) + MS
     kinds = [f.kind for f in diagnose(TraceModel.from_events(b.sorted_events()))]
     assert kinds == ["straggler"]
+
+
+def test_a_finding_of_thousands_of_culprits_marks_each_with_a_count_not_the_list():
+    """(Review) Every culprit's track gets the finding's mark: with 2,048 ranks crashed
+    together, a list of them in each mark's args made the export quadratic in them."""
+    from commscope.analysis.synth import STOPS, stopped_job
+
+    events, t = stopped_job(4096, "half the ranks crashed together")
+    m = TraceModel.from_events(events)
+    findings = diagnose(m, t + 60 * S, 2.0)
+    assert [(f.kind, len(f.culprits)) for f in findings] == [(k, len(c)) for k, c in
+                                                            STOPS["half the ranks crashed together"].expect(4096)]
+    trace = chrome_trace(m, findings)
+    validate_chrome(trace)
+    marks = [e for e in trace["traceEvents"] if e["ph"] == "i" and e["cat"] == "finding"]
+    assert sorted(e["pid"] for e in marks) == list(range(2048))
+    assert {e["args"]["culprits"] for e in marks} == {"2,048 ranks (0-2047)"}
+    assert max(len(json.dumps(e["args"])) for e in marks) < 1000
+
+
+def test_the_export_walks_each_collective_instance_once(monkeypatch):
+    """(A 4,096-rank job's export took 150 s: each op's bandwidth walked its instance's
+    members, once per member.)  Each instance is walked once; the figures are as before."""
+    from commscope.analysis.bandwidth import op_busbw
+
+    b = TraceBuilder(64, sample_interval=0.2)
+    t = b.t0 + S // 10
+    for _ in range(5):
+        t = b.collective(t, "all_reduce") + 1_000_000
+    m = TraceModel.from_events(b.sorted_events())
+    alone = {(r, i): op_busbw(m, r, i) for r in m.rank_ids() for i in range(m.n_ops(r))}
+    assert all(bw is not None for bw in alone.values())
+    walks: list[int] = []
+    real = TraceModel.matching
+    monkeypatch.setattr(TraceModel, "matching", lambda self, r, i: (walks.append(r), real(self, r, i))[1])
+    trace = chrome_trace(m, [])
+    assert len(walks) == 5  # one per instance, not 5 x 64
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == 5 * 64
+    for e in spans:
+        bw = alone[(e["pid"], int(e["args"]["seq"]) - 1)]
+        assert e["args"]["busbw_GBps"] == round(bw["busbw"] / 1e9, 4), e

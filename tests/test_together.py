@@ -185,3 +185,75 @@ def test_each_way_a_wide_job_stops_gives_its_findings_and_no_more(way):
 def test_a_way_a_job_stops_that_is_not_known_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown way a job stops: 'melted'; known: every all_reduce timed out"):
         stopped_job(8, "melted")
+
+
+def test_a_lost_host_noticed_two_ways_is_one_finding():
+    """(Review) Data-parallel groups span two hosts; host node01 is lost.  Rank 0's
+    all_reduce fails on the closed connection, so its peer rank 8 is found vanished, the
+    other seven silent: how each was noticed, not how they went; one finding."""
+    b = TraceBuilder(16, sample_interval=0.2, ranks_per_host=8)
+    for i in range(8):
+        b.group(f"dp{i}", [i, i + 8])
+    t = b.t0 + S // 10
+    for _ in range(2):
+        for i in range(8):
+            b.collective(t, "all_reduce", f"dp{i}")
+        t += 2 * MS
+    b.heartbeats(b.t0, t + 100 * MS, interval=S // 5, ranks=list(range(8, 16)))
+    for i in range(8):
+        op = b.begin(i, t + 200 * MS, "all_reduce", f"dp{i}")
+        if i == 0:
+            b.end(i, op, t + 300 * MS, exc="RuntimeError: Connection closed by peer [10.0.0.2]:1234")
+        b.heartbeats(b.t0, t + 60 * S, interval=S // 5, ranks=[i])
+    model = TraceModel.from_events(b.sorted_events())
+    for now in (t + 5 * S, t + 60 * S):
+        errors = _errors(model, now)
+        assert [(f.kind, sorted(f.culprits)) for f in errors] == [("dead_rank", list(range(8, 16)))], \
+            [(f.kind, f.culprits, f.evidence.get("how")) for f in errors]
+
+
+def test_the_first_to_go_is_named_first_and_its_stack_comes_first():
+    """(Review) Rank 12 crashes a millisecond before ranks 0-15 of its job's first two
+    hosts: the evidence is rank 12's, so are the first culprit (the console goes to its op)
+    and the first stack shown."""
+    model, now = _crashes(32, {r: (0 if r == 12 else MS, SEGV) for r in range(16)})
+    (f,) = _errors(model, now)
+    assert f.culprits[0] == 12 and sorted(f.culprits) == list(range(16))
+    assert f.evidence["together"]["first"] == 12 and list(f.evidence["stack_info"])[0] == "12"
+    assert f.message.startswith("16 ranks (0-15) crashed together on hosts node00, node01; first rank 12 crashed")
+    assert f.to_json()["culprits"] == list(range(16))  # the JSON sorts them
+
+
+def test_one_signal_folds_however_a_record_names_it():
+    """(Review) faulthandler's crash file says 'Segmentation fault' (and a 'Fatal Python
+    error' header); a launcher's record says SIGSEGV.  One fault: one finding."""
+    faulthandler = {"reason": "signal", "signal": "Segmentation fault", "exc": "Fatal Python error: Segmentation fault"}
+    model, now = _crashes(32, {3: (0, faulthandler), 5: (MS, SEGV)})
+    assert [(f.kind, sorted(f.culprits)) for f in _errors(model, now)] == [("rank_crashed", [3, 5])]
+
+
+def test_ranks_on_hosts_not_known_are_said_so():
+    model, now = _crashes(32, {8: (0, SEGV), 9: (MS, SEGV), 20: (2 * MS, SEGV)})
+    assert model.ranks[20].meta.get("host") == "node02"
+    model.ranks[20].meta.pop("host")
+    (f,) = _errors(model, now)
+    assert f.message.startswith("ranks 8, 9, 20 crashed together on host node01 and hosts not known; first rank 8")
+    assert f.evidence["together"]["hosts"] == {"node01": [8, 9], "?": [20]}
+
+
+def test_ranks_that_left_through_os_exit_with_other_codes_stay_apart():
+    """(Review) Digits are set aside in what a crash said, not in how a rank was killed:
+    os._exit(1) and os._exit(3) are two ways to go."""
+    b = TraceBuilder(16, sample_interval=0.2, ranks_per_host=8)
+    t = b.t0 + S // 10
+    for _ in range(2):
+        t = b.collective(t, "all_reduce") + MS
+    for r in range(16):
+        b.begin(r, t, "all_reduce")
+        if r in (4, 5):
+            b.exit(r, t + MS * r, reason="os._exit", code=r - 3)
+        else:
+            b.heartbeats(t, t + 60 * S, interval=S // 5, ranks=[r])
+    errors = _errors(TraceModel.from_events(b.sorted_events()), t + 60 * S)
+    assert sorted((f.kind, f.culprits) for f in errors) == [("dead_rank", [4]), ("dead_rank", [5])], \
+        [(f.kind, f.culprits, f.message) for f in errors]

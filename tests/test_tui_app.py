@@ -1072,3 +1072,45 @@ def test_ranks_crashing_together_alert_once_and_are_listed_in_a_line():
         assert "16 ranks went together, on 2 hosts:" in text and "below, the first of them: rank 8" in text
 
     drive(app, check, loaded=False)
+
+
+def test_ranks_gone_together_whose_first_is_read_last_stay_one_finding_highlighted():
+    """(Review) Streams are read at different moments: rank 8 crashed first, but its exit
+    is read after ranks 9-23's.  The finding's first rank changes from 9 to 8: still one
+    alert, the highlight stays on it and the detail pane follows it; its culprits a line."""
+    from commscope.analysis import TraceModel, diagnose
+
+    b = TraceBuilder(64, sample_interval=0.2, ranks_per_host=8)
+    t = b.t0 + S // 10
+    for _ in range(2):
+        t = b.collective(t, "all_reduce") + MS
+    for r in range(64):
+        b.begin(r, t, "all_reduce")
+        if 8 <= r < 24:
+            b.exit(r, t + (MS if r == 8 else S), reason="signal", signal="SIGSEGV")
+        else:
+            b.heartbeats(t, t + 30 * S, interval=S, ranks=[r])
+    events = b.sorted_events()
+    unread = [e for e in events if not (e["rank"] == 8 and e["type"] == "exit")]
+    early = diagnose(TraceModel.from_events(unread), t + 30 * S, 2.0)
+    later = diagnose(TraceModel.from_events(events), t + 30 * S, 2.0)
+    assert [(f.kind, f.culprits[0], len(f.culprits)) for f in early if f.severity == "error"] == [("rank_crashed", 9, 15)]
+    assert [(f.kind, f.culprits[0], len(f.culprits)) for f in later if f.severity == "error"] == [("rank_crashed", 8, 16)]
+    app = make_app(events, t + 30 * S)
+    shown: list[str] = []
+    app.notify = lambda message, **kw: shown.append(kw.get("title", ""))
+
+    async def check(pilot):
+        app.apply(app.info, early)
+        await pilot.pause()
+        app.findings_panel.highlighted = 0
+        await pilot.pause()
+        assert "first rank 9" in app.detail.text(width=120)
+        app.apply(app.info, later)
+        await pilot.pause()
+        assert shown == ["rank_crashed"]
+        assert app.findings_panel.highlighted == 0 and app.findings_panel.findings == later
+        text = app.detail.text(width=120)
+        assert "first rank 8 crashed" in text and "16 culprits (8-23)" in text, text
+
+    drive(app, check, loaded=False)

@@ -17,7 +17,7 @@ import numpy as np
 
 from commscope.analysis.bandwidth import op_busbw
 from commscope.analysis.errors import first_line
-from commscope.analysis.findings import Finding
+from commscope.analysis.findings import LISTED_RANKS, Finding, ranks_text
 from commscope.analysis.model import ASYNC, P2P, SPACE_FR, TraceModel
 
 
@@ -35,6 +35,7 @@ def chrome_trace(model: TraceModel, findings: list[Finding] | None = None, now: 
     t0 = model.start_ns
     t_end = now if now is not None else model.end_ns
     ev: list[dict[str, Any]] = []
+    instances: dict[tuple, tuple[int, int | None]] = {}  # (op_busbw's: each instance walked once)
     for r in model.rank_ids():
         rt = model.ranks[r]
         host = (rt.meta or {}).get("host")
@@ -91,7 +92,7 @@ def chrome_trace(model: TraceModel, findings: list[Finding] | None = None, now: 
             if rt.gpu[i] > 0:
                 args["gpu_ms"] = round(int(rt.gpu[i]) / 1e6, 3)
             if rt.comp[i]:
-                bw = op_busbw(model, r, i)
+                bw = op_busbw(model, r, i, instances)
                 if bw:
                     args["algbw_GBps"] = round(bw["algbw"] / 1e9, 4)
                     args["busbw_GBps"] = round(bw["busbw"] / 1e9, 4)
@@ -118,7 +119,11 @@ def chrome_trace(model: TraceModel, findings: list[Finding] | None = None, now: 
                            "args": {fields[0]: round(float(v), 3)}})
     for f in findings or []:
         ts = _us(f.ts or t_end, t0)
-        args: dict[str, Any] = {"message": f.message, "group": f.group, "seq": f.seq, "culprits": f.culprits}
+        # (every culprit's track gets the mark and its args: thousands of culprits are a count
+        # and ranges there, not a list repeated on each of thousands of marks)
+        args: dict[str, Any] = {"message": f.message, "group": f.group, "seq": f.seq,
+                                "culprits": sorted(f.culprits) if len(f.culprits) <= LISTED_RANKS
+                                else ranks_text(f.culprits)}
         if f.evidence.get("culprit_where"):
             args["culprit_where"] = f.evidence["culprit_where"]
         if f.evidence.get("consequences"):

@@ -77,6 +77,15 @@ def ranks_text(ranks: Any) -> str:
     return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
 
 
+def culprits_text(culprits: Any, sep: str = " ") -> str:
+    """'culprit 3' / 'culprits 0, 2' (``sep`` after the word) / '8,192 culprits (0-8191)': a
+    line, however many."""
+    rs = sorted(culprits)
+    if len(rs) > LISTED_RANKS:
+        return f"{len(rs):,} culprits ({ranges(rs, limit=4)})"
+    return f"culprit{'s' if len(rs) > 1 else ''}{sep}{', '.join(map(str, rs))}"
+
+
 def rank_list(ranks: Any) -> str:
     """'rank(s) 0, 2' (as many messages word it) / '4,095 ranks (0-2048,2050-4095)'."""
     rs = sorted(ranks)

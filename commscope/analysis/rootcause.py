@@ -20,10 +20,11 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
    and one whose absentees are all stuck in a ``p2p_deadlock`` folds into the deadlock.
 
 4. Ranks that departed together are one finding: deaths or crashes of the same manner (the
-   same signal or exception, digits aside; the same way of going), each within
+   same signal and what it said, digits aside; killed the same way, or gone), each within
    ``TOGETHER_NS`` of the one before (a lost host, one fault on many ranks).  Its culprits
-   are all of them, its ``together`` evidence names the first to go and lists them all by
-   host, and the rest of its evidence is the first one's.  16k ranks never give 8k findings of one fault.
+   are all of them, the first to go first; its ``together`` evidence names that first and
+   lists them all by host, and the rest of its evidence is the first one's.  16k ranks
+   never give 8k findings of one fault.
 
 A consequence is listed in its root's ``consequences`` evidence (kind, instance, ranks,
 message, per-rank exceptions), its victims join the root's waiting ranks, and the root's
@@ -37,10 +38,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from commscope.analysis.errors import first_line
 from commscope.analysis.failures import death_message, instance_key
 from commscope.analysis.findings import ERROR, Finding, attach_stacks, ranks_text
 from commscope.analysis.model import TraceModel
+from commscope.analysis.vocab import signal_name
 
 #: Which finding absorbs another naming the same culprits: earlier wins.
 PRIORITY = ["collective_mismatch", "rank_crashed", "dead_rank", "op_failed", "p2p_deadlock", "unmatched_p2p",
@@ -67,10 +68,10 @@ def _absorb(root: Finding, f: Finding) -> None:
     root.instances = tuple(dict.fromkeys(root.instances + f.instances))
 
 
-def _say(c: dict[str, Any], root: Finding) -> str:
+def _say(c: dict[str, Any], culprits: set[int]) -> str:
     """One consequence in a few words: 'all_reduce #6 failed on ranks 0, 2'."""
     where = f"{c['op']} #{c['seq']}" if c.get("op") and c.get("seq") is not None else c.get("op") or "an op"
-    hit = ranks_text(sorted(set(c["ranks"]) - set(root.culprits)) or c["ranks"])
+    hit = ranks_text(sorted(set(c["ranks"]) - culprits) or c["ranks"])
     if c["kind"] == "op_failed" and c.get("failed"):  # the ranks whose op raised, as its table lists them
         return f"{where} failed on {ranks_text(int(r) for r in c['failed'])}"
     if c["kind"] == "missing_ranks" and c.get("waited_s"):  # the ranks that entered and waited
@@ -97,7 +98,8 @@ def _summary(root: Finding) -> None:
     if not cons:
         return
     root.evidence["consequences"] = cons
-    parts = list(dict.fromkeys(_say(c, root) for c in cons))
+    culprits = set(root.culprits)
+    parts = list(dict.fromkeys(_say(c, culprits) for c in cons))
     more = f" and {len(parts) - 4} more" if len(parts) > 4 else ""
     root.message += f". Then: {'; '.join(parts[:4])}{more}"
 
@@ -207,17 +209,17 @@ NAMED_HOSTS = 3
 
 
 def _manner(f: Finding) -> tuple | None:
-    """How a departed rank went, as ranks going together share it: the kind, and the signal
-    and exception (digits aside: addresses, ports and ranks differ) or the way a dead rank
-    went.  None for a finding that is not one rank's own departure."""
+    """How a departed rank went, as ranks going together share it: for a crash, its signal
+    (however the record names it) and what it said (digits aside: devices, addresses and
+    ports differ); for a dead rank, killed and how, or gone (silent or vanished: how it was
+    noticed, not how it went).  None for a finding that is not one rank's own departure."""
     if f.kind not in DEPARTED or len(f.culprits) != 1 or "named_through" in f.evidence:
         return None
     ev = f.evidence
     if f.kind == "rank_crashed":
-        said = (ev.get("reason"), ev.get("signal"), first_line(ev.get("exc") or "", 200))
-    else:
-        said = (ev.get("how"), ev.get("cause"))
-    return (f.kind, *(re.sub(r"\d+", "#", x) if isinstance(x, str) else x for x in said))
+        said = death_message({"exc": ev.get("exc") or ""}, 200)
+        return (f.kind, ev.get("reason"), signal_name(ev.get("signal") or ""), re.sub(r"\d+", "#", said))
+    return (f.kind, "killed", ev.get("cause")) if ev.get("how") == "killed" else (f.kind, "gone")
 
 
 def _blur(f: Finding) -> int:
@@ -263,7 +265,9 @@ def _fold(run: list[Finding]) -> Finding:
         victims.update((v, w) for v, w in f.victims.items() if v not in gone)
     cons = [c for f in run for c in f.evidence.get("consequences") or []]
     first_rank = first.culprits[0]
-    first.culprits = culprits
+    # the first to go first (its stack is shown first, the console goes to its op), the rest
+    # in order; the JSON sorts them all
+    first.culprits = [first_rank, *(r for r in culprits if r != first_rank)]
     first.ranks = sorted({r for f in run for r in f.ranks})
     first.victims = victims
     first.instances = tuple(dict.fromkeys(k for f in run for k in f.instances))
@@ -272,8 +276,10 @@ def _fold(run: list[Finding]) -> Finding:
     by_host = {h: sorted(rs) for h, rs in sorted(hosts.items(), key=lambda kv: min(kv[1]))}
     first.evidence["together"] = {"first": first_rank, "hosts": by_host}
     named = [h for h in by_host if h != "?"]
-    on = ("" if not named else f" on host {named[0]}" if len(hosts) == 1 else
-          f" on hosts {', '.join(named)}" if len(hosts) <= NAMED_HOSTS else f" on {len(hosts):,} hosts")
+    on = ("" if not named else f" on host {named[0]}" if len(named) == 1 else
+          f" on hosts {', '.join(named)}" if len(named) <= NAMED_HOSTS else f" on {len(named):,} hosts")
+    if named and "?" in by_host:
+        on += " and hosts not known"
     verb = "crashed" if first.kind == "rank_crashed" else "went away"
     first.message = f"{ranks_text(culprits)} {verb} together{on}; first {first.message}"
     return first

@@ -35,6 +35,11 @@ def signal_label(name: str) -> str:
     return f"{short} ({name})" if short and short != name else name
 
 
+def signal_name(name: str) -> str:
+    """'SIGSEGV' for 'Segmentation fault' (faulthandler's word) and for 'SIGSEGV' (a launcher's)."""
+    return _SIGNAL_LABELS.get(name, name)
+
+
 def is_kill(ex: dict) -> bool:
     """An exit that is a killing, not a leaving: a launcher saw the rank die of a signal
     (``reason: "killed"``), the rank noted SIGTERM/SIGKILL as it died, or it cut itself off

@@ -24,10 +24,11 @@ from commscope.analysis.completeness import ReaderProblem
 from commscope.analysis.model import NESTED, untimed
 from commscope.analysis.rankstate import rank_state, top_level_ops
 from commscope.analysis.report import summarized_history
+from commscope.analysis.rootcause import DEPARTED
 from commscope.analysis.source import Loading
 from commscope.tui.detail import DetailPane, finding_detail, history_detail, op_detail
 from commscope.tui.feed import LIVE, REPLAY, Feed, FeedInfo, FeedUpdated
-from commscope.tui.findings_panel import FindingsPanel, finding_key
+from commscope.tui.findings_panel import FindingsPanel, finding_key, same_finding
 from commscope.tui.gpu_panel import GpuPanel
 from commscope.tui.header import StatusHeader
 from commscope.tui.loadbar import LoadBar
@@ -83,6 +84,7 @@ class CommscopeApp(App):
         self.findings: list[Finding] = []
         self.info: FeedInfo = feed.info
         self._alerted: set[tuple] = set()
+        self._alerted_gone: dict[str, set[int]] = {}  # kind -> departed ranks alerted (``_alert``)
         self._stop = threading.Event()
         self._last_table = 0.0
         self._table_cost = 0.0  # seconds the rank table's last refresh took
@@ -161,6 +163,7 @@ class CommscopeApp(App):
         self._untimed_cache.clear()
         self._untimed_total, self._untimed_at = 0, 0.0
         self._alerted.clear()
+        self._alerted_gone.clear()
         self.cursor_ns = None
         self.playing = False
         self.findings_panel.show([])
@@ -291,8 +294,7 @@ class CommscopeApp(App):
         shown = self._shown_finding
         if shown is None or not (self.detail.border_title or "").startswith("finding"):
             return
-        key = finding_key(shown)
-        now = next((f for f in findings if finding_key(f) == key), None)
+        now = next((f for f in findings if same_finding(shown, f)), None)
         if now is None:
             now = next((f for f in findings if f.culprits and f.culprits == shown.culprits), None)
         if now is None or now is shown:
@@ -329,6 +331,12 @@ class CommscopeApp(App):
             if f.severity != "error" or key in self._alerted:
                 continue
             self._alerted.add(key)
+            if f.kind in DEPARTED:  # ranks that went together, read a moment apart: one alert
+                gone = self._alerted_gone.setdefault(f.kind, set())
+                known = not gone.isdisjoint(f.culprits)
+                gone.update(f.culprits)
+                if known:
+                    continue
             self.notify(f.message, title=f.kind, severity="error", timeout=8)
             if self.use_bell:
                 self.bell()

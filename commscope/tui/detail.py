@@ -18,7 +18,7 @@ from commscope.analysis import Finding, evidence
 from commscope.analysis.bandwidth import op_busbw
 from commscope.analysis.evidence import kv as _kv
 from commscope.analysis.evidence import stack as _stack
-from commscope.analysis.findings import ranks_text
+from commscope.analysis.findings import culprits_text, ranks_text
 from commscope.analysis.model import TraceModel, untimed
 from commscope.analysis.stacks import fold
 from commscope.tui import palette
@@ -216,8 +216,7 @@ def finding_detail(f: Finding) -> RenderableType:
                     style="grey70")
     parts: list[RenderableType] = [head, Text(f.message)]
     if f.culprits:
-        parts.append(Text(f"culprit{'s' if len(f.culprits) > 1 else ''}: {', '.join(map(str, f.culprits))}",
-                          style="bold #e05050"))
+        parts.append(Text(culprits_text(f.culprits, ": "), style="bold #e05050"))
     parts += evidence.render(f)
     return Group(*parts)
 

@@ -8,24 +8,21 @@ from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from commscope.analysis import Finding
-from commscope.analysis.findings import LISTED_RANKS
-from commscope.analysis.ranks import ranges
+from commscope.analysis.findings import culprits_text
+from commscope.analysis.rootcause import DEPARTED
 from commscope.tui import palette
 from commscope.tui.rank_table import abbreviate
 
 
 def finding_key(f: Finding) -> tuple:
-    """A finding's identity across diagnoses: ranks that went together are keyed by the
-    first to go, so a host's ranks judged a moment apart stay one finding (one alert)."""
-    together = f.evidence.get("together")
-    return (f.kind, f.group, f.seq, (together["first"],) if together else tuple(sorted(f.culprits)))
+    return (f.kind, f.group, f.seq, tuple(sorted(f.culprits)))
 
 
-def _culprits_text(culprits: list[int]) -> str:
-    """'culprit 3' / 'culprits 0, 2' / '8,192 culprits (0-8191)': a line, however many."""
-    if len(culprits) > LISTED_RANKS:
-        return f"{len(culprits):,} culprits ({ranges(sorted(culprits), limit=4)})"
-    return f"culprit{'s' if len(culprits) > 1 else ''} {', '.join(map(str, culprits))}"
+def same_finding(a: Finding, b: Finding) -> bool:
+    """The same finding in two diagnoses: the same key, or departures of one kind that name a
+    rank in common (ranks that went together grow as they are read, the first maybe last)."""
+    return finding_key(a) == finding_key(b) or (
+        a.kind == b.kind and a.kind in DEPARTED and not set(a.culprits).isdisjoint(b.culprits))
 
 
 class FindingsPanel(OptionList):
@@ -54,6 +51,7 @@ class FindingsPanel(OptionList):
         old = _old or self._keys or []
         # the same finding by identity, whatever its message now says (a wait grows: "35.2 s")
         prev = old[highlighted][:-1] if highlighted is not None and highlighted < len(old) else None
+        shown = self.findings[highlighted] if highlighted is not None and highlighted < len(self.findings) else None
         self.findings = findings
         self._keys = keys
         self.clear_options()
@@ -65,15 +63,17 @@ class FindingsPanel(OptionList):
             t.append(f"{palette.SEVERITY_ICON[f.severity]} ", style=palette.SEVERITY_STYLE[f.severity])
             t.append(f.kind, style=palette.SEVERITY_STYLE[f.severity])
             if f.culprits:
-                t.append(f"  {_culprits_text(f.culprits)}", style="bold")
+                t.append(f"  {culprits_text(f.culprits)}", style="bold")
             t.append("\n  " + self._fit_names(f.message), style="grey70")
             self.add_option(Option(t))
         ids = [k[:-1] for k in keys]
-        if prev is not None and prev in ids:
+        at = ids.index(prev) if prev is not None and prev in ids else next(
+            (i for i, f in enumerate(findings) if shown is not None and same_finding(shown, f)), None)
+        if at is not None:
             # Keep the highlight on it without a new Chosen: the app refreshes the detail pane
             # itself (and choosing again would move the timeline away from the user's op).
             with self.prevent(OptionList.OptionHighlighted):
-                self.highlighted = ids.index(prev)
+                self.highlighted = at
 
     def on_resize(self) -> None:
         if self.findings and self._keys is not None:
