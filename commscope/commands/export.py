@@ -8,10 +8,10 @@ events, GPU/CPU counters.
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import os
 
-from commscope.analysis.chrome import chrome_trace
+from commscope.analysis.chrome import write_chrome
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
 
 
@@ -39,21 +39,29 @@ def main(args: argparse.Namespace) -> int:
     now = trace_now(model)
     hang = args.hang_after if args.hang_after is not None else default_hang_after(model)
     findings = diagnose(model, now, hang, wall_ns=time.time_ns())
-    data = chrome_trace(model, findings, now)
-    data["metadata"]["skipped"] = read_summary(reader.stats)
-    text = json.dumps(data, separators=(",", ":"))
+    skipped = {"skipped": read_summary(reader.stats)}
     if args.chrome == "-":
-        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        write_chrome(sys.stdout.buffer, model, findings, now, skipped)
+        sys.stdout.buffer.write(b"\n")
+        sys.stdout.buffer.flush()
         return 0
     try:
         # a new file is the owner's alone, as the store it came from (one that exists keeps its mode)
+        created = not os.path.lexists(args.chrome)
         fd = os.open(args.chrome, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
     except OSError as exc:
+        raise UsageError(f"cannot write {args.chrome}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:  # (written as the events come: memory a rank's, not the trace's)
+            n = write_chrome(f, model, findings, now, skipped)
+    except OSError as exc:  # (a full disk: no half-written trace of ours is left to mislead a viewer)
+        if created:
+            with contextlib.suppress(OSError):
+                os.unlink(args.chrome)
         raise UsageError(f"cannot write {args.chrome}: {exc.strerror or exc}") from None
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
-    print(f"wrote {args.chrome}: {len(data['traceEvents']):,} trace events, {len(model.ranks)} ranks, "
+    print(f"wrote {args.chrome}: {n:,} trace events, {len(model.ranks)} ranks, "
           f"{len(findings)} finding(s)", file=sys.stderr)
     return 0
