@@ -324,23 +324,91 @@ def test_the_export_is_written_as_it_comes_and_says_the_same(tmp_path, monkeypat
         assert got["displayTimeUnit"] == "ms"
 
 
-def test_an_export_that_cannot_be_written_leaves_no_half_file(tmp_path, capsys, monkeypatch):
-    """A disk that fills while writing: a clear error, and the file it created is removed
-    (a half-written trace would mislead a viewer); a file that was there is not removed."""
+@pytest.mark.parametrize("failure", ["disk full", "interrupted", "a bug"])
+def test_an_export_that_cannot_be_written_leaves_no_half_file(failure, tmp_path, capsys, monkeypatch):
+    """A disk that fills, a Ctrl-C or a failure while writing: no half-written trace is left
+    (it would mislead a viewer), and a file that was there is as it was."""
     import errno
+    import os
 
     from commscope.commands import export
 
-    def full(out, *args, **kw):
+    def fail(out, *args, **kw):
         out.write(b'{"traceEvents":[')
-        raise OSError(errno.ENOSPC, "No space left on device")
+        if failure == "disk full":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise KeyboardInterrupt if failure == "interrupted" else TypeError("not serializable")
 
-    monkeypatch.setattr(export, "write_chrome", full)
+    monkeypatch.setattr(export, "write_chrome", fail)
     store = write_store(tmp_path / "s", hung_trace())
-    out = tmp_path / "t.json"
-    assert cli(["export", str(store), "--chrome", str(out)]) == 2
-    assert "cannot write" in capsys.readouterr().err and not out.exists()
+    out = tmp_path / "out"
+    out.mkdir()
+    there = out / "there.json"
+    there.write_text("old")
+    os.chmod(there, 0o640)
+    expect = {"disk full": 2, "interrupted": 130}
+    for target in (out / "t.json", there):
+        if failure == "a bug":
+            with pytest.raises(TypeError):
+                cli(["export", str(store), "--chrome", str(target)])
+        else:
+            assert cli(["export", str(store), "--chrome", str(target)]) == expect[failure]
+    if failure == "disk full":
+        assert "cannot write" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["there.json"]  # nothing half-written left
+    assert there.read_text() == "old" and (os.stat(there).st_mode & 0o777) == 0o640
+
+
+def test_an_export_over_a_file_keeps_its_mode_and_a_new_one_is_private(tmp_path, capsys):
+    import os
+
+    store = write_store(tmp_path / "s", hung_trace())
     there = tmp_path / "there.json"
     there.write_text("old")
-    assert cli(["export", str(store), "--chrome", str(there)]) == 2
-    assert "No space left on device" in capsys.readouterr().err and there.exists()
+    os.chmod(there, 0o644)
+    link = tmp_path / "link.json"
+    link.symlink_to(there)
+    assert cli(["export", str(store), "--chrome", str(link)]) == 0  # (through the link, to its file)
+    assert link.is_symlink() and json.loads(there.read_text())["traceEvents"]
+    assert (os.stat(there).st_mode & 0o777) == 0o644
+    new = tmp_path / "new.json"
+    assert cli(["export", str(store), "--chrome", str(new)]) == 0
+    assert (os.stat(new).st_mode & 0o777) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".part")) == []
+
+
+def test_text_a_dump_holds_that_json_refuses_is_escaped_not_fatal():
+    """(Review) A Flight Recorder pickle may hold a file name with a lone surrogate (bytes
+    not in UTF-8): orjson refuses it; the event is written escaped, as ``json`` does."""
+    import io
+
+    from commscope.analysis.chrome import write_chrome
+
+    b = TraceBuilder(2, sample_interval=0.2)
+    t = b.t0 + S
+    for r in range(2):
+        b.sync(r, t, t + 1_000_000, "all_reduce", site="/home/u/tr\udce9in.py:3 in step", src="fr")
+    m = TraceModel.from_events(b.sorted_events())
+    out = io.BytesIO()
+    write_chrome(out, m, [])
+    spans = [e for e in json.loads(out.getvalue())["traceEvents"] if e["ph"] == "X"]
+    assert [e["args"]["site"] for e in spans] == ["/home/u/tr\udce9in.py:3 in step"] * 2
+
+
+def test_an_op_that_states_its_instance_seq_twice_gets_its_own_bandwidth():
+    """(Review) Rank 1 states all_reduce seq 5 twice (a hostile trace): the instance is the
+    first; the second op asks for itself, as without the export's cache."""
+    from commscope.analysis.bandwidth import op_busbw
+
+    b = TraceBuilder(4, sample_interval=0.2)
+    t = b.t0 + S
+    for r in range(4):
+        b.sync(r, t, t + 1_000_000, "all_reduce", seq=5)
+    b.sync(1, t + 2_000_000, t + 9_000_000, "all_reduce", seq=5)
+    m = TraceModel.from_events(b.sorted_events())
+    alone = {(r, i): op_busbw(m, r, i) for r in m.rank_ids() for i in range(m.n_ops(r))}
+    cache: dict = {}
+    for first in ((1, 1), (0, 0)):  # the odd op asking first, then after the instance is cached
+        cache.clear()
+        order = [first] + [k for k in alone if k != first]
+        assert {k: op_busbw(m, *k, cache) for k in order} == alone

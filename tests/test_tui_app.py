@@ -1114,3 +1114,45 @@ def test_ranks_gone_together_whose_first_is_read_last_stay_one_finding_highlight
         assert "first rank 8 crashed" in text and "16 culprits (8-23)" in text, text
 
     drive(app, check, loaded=False)
+
+
+def test_a_rank_that_crashes_again_after_a_restart_alerts_again():
+    """(Review) Rank 3 segfaults; the job restarts (its groups' next incarnation) and rank 3
+    crashes again, of another cause, seconds later: a new finding, a new alert."""
+    from commscope.analysis import TraceModel, diagnose
+
+    b = TraceBuilder(4, sample_interval=0.2)
+    t = b.t0 + S // 10
+    for _ in range(2):
+        t = b.collective(t, "all_reduce") + MS
+    for r in range(4):
+        b.begin(r, t, "all_reduce")
+    b.exit(3, t + MS, reason="signal", signal="Segmentation fault")
+    b.heartbeats(b.t0, t + 3 * S, ranks=[0, 1, 2])
+    t1 = t + 3 * S
+    b.group("0@1", [0, 1, 2, 3])
+    t = t1 + S
+    for _ in range(3):
+        t = b.collective(t, "all_reduce", "0@1") + MS
+    for r in range(4):
+        b.begin(r, t, "all_reduce", "0@1")
+    b.exit(3, t + MS, reason="exception", exc="RuntimeError: CUDA error: out of memory")
+    b.heartbeats(t1, t + 10 * S, ranks=[0, 1, 2])
+    t2 = t + 10 * S
+    events = b.sorted_events()
+    first = diagnose(TraceModel.from_events([e for e in events if e["ts"] <= t1]), t1, 2.0)
+    again = diagnose(TraceModel.from_events(events), t2, 2.0)
+    assert [(f.kind, f.culprits, f.group) for f in first if f.severity == "error"] == [("rank_crashed", [3], "0")]
+    assert [(f.kind, f.culprits, f.group) for f in again if f.severity == "error"] == [("rank_crashed", [3], "0@1")]
+    app = make_app(events, t2)
+    shown: list[str] = []
+    app.notify = lambda message, **kw: shown.append(message)
+
+    async def check(pilot):
+        app.apply(app.info, first)
+        await pilot.pause()
+        app.apply(app.info, again)
+        await pilot.pause()
+        assert len(shown) == 2 and "SIGSEGV" in shown[0] and "out of memory" in shown[1], shown
+
+    drive(app, check, loaded=False)

@@ -117,11 +117,12 @@ def op_busbw(model: TraceModel, rank: int, i: int,
     if s.flags & 8:  # COLL
         seq = int(rt.seq[i])
         key = (s.space, s.group, seq)
-        got = instances.get(key) if instances is not None and seq >= 0 else None
-        if got is None:
+        if instances is not None and seq >= 0 and _own_row(model, rank, i, s, seq):
+            got = instances.get(key)
+            if got is None:
+                got = instances[key] = _instance_latency(model, rank, i, s)
+        else:
             got = _instance_latency(model, rank, i, s)
-            if instances is not None and seq >= 0:
-                instances[key] = got
         n, latency = got
         if latency is None:
             return None
@@ -129,6 +130,15 @@ def op_busbw(model: TraceModel, rank: int, i: int,
     if t <= 0:
         return None
     return {"algbw": algbw(S, t / 1e9), "busbw": busbw(s.op, S, t / 1e9, n), "bytes": S, "group_size": n}
+
+
+def _own_row(model: TraceModel, rank: int, i: int, s: Sig, seq: int) -> bool:
+    """The op is its rank's row of instance #seq (a rank that stated one seq twice, a hostile
+    trace, has an op that is not: it asks for itself, not for the instance)."""
+    gi = model.coll.get((s.space, s.group))
+    c = gi.col.get(rank) if gi is not None else None
+    row = gi.seqs.get(seq) if gi is not None and c is not None else None
+    return row is not None and int(row[c]) == i
 
 
 def _instance_latency(model: TraceModel, rank: int, i: int, s: Sig) -> tuple[int, int | None]:

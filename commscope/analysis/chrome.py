@@ -11,8 +11,9 @@ properly as both viewers require.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
@@ -151,7 +152,13 @@ def chrome_trace(model: TraceModel, findings: list[Finding] | None = None, now: 
 WRITE_EVENTS = 8192
 
 
-def write_chrome(out: IO[bytes], model: TraceModel, findings: list[Finding] | None = None, now: int | None = None,
+class Sink(Protocol):
+    """Where ``write_chrome`` writes: a binary file, or anything taking bytes."""
+
+    def write(self, data: bytes, /) -> int: ...
+
+
+def write_chrome(out: Sink, model: TraceModel, findings: list[Finding] | None = None, now: int | None = None,
                  metadata: dict[str, Any] | None = None) -> int:
     """Write the trace to ``out`` as ``chrome_trace`` would give it (the same object, as JSON),
     its events serialized a few thousand at a time as they come: memory a rank's events, not
@@ -161,7 +168,10 @@ def write_chrome(out: IO[bytes], model: TraceModel, findings: list[Finding] | No
     n = 0
     pending: list[bytes] = []
     for e in chrome_events(model, findings, now):
-        pending.append(orjson.dumps(e))
+        try:
+            pending.append(orjson.dumps(e))
+        except orjson.JSONEncodeError:  # (text orjson refuses, a lone surrogate from a dump: escaped)
+            pending.append(json.dumps(e, separators=(",", ":")).encode())
         if len(pending) >= WRITE_EVENTS:
             out.write((b"," if n else b"") + b",".join(pending))
             n += len(pending)

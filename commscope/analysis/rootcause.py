@@ -222,6 +222,14 @@ def _manner(f: Finding) -> tuple | None:
     return (f.kind, "killed", ev.get("cause")) if ev.get("how") == "killed" else (f.kind, "gone")
 
 
+def went_together(a: Finding, b: Finding) -> bool:
+    """Two departure findings (of two diagnoses) are one: the same kind, a rank in common,
+    and times within ``TOGETHER_NS`` (their first may change as the ranks' streams are read;
+    a rank that crashes again after a restart is a new finding)."""
+    return (a.kind == b.kind and a.kind in DEPARTED and not set(a.culprits).isdisjoint(b.culprits)
+            and abs(a.ts - b.ts) <= max(_blur(a), _blur(b)))
+
+
 def _blur(f: Finding) -> int:
     every = f.evidence.get("sample_interval_s") if f.kind == "dead_rank" else None
     return TOGETHER_NS + int(float(every or 0) * 1e9)

@@ -10,6 +10,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import stat
+import tempfile
+from collections.abc import Callable
+from typing import IO
 
 from commscope.analysis.chrome import write_chrome
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
@@ -42,26 +46,55 @@ def main(args: argparse.Namespace) -> int:
     skipped = {"skipped": read_summary(reader.stats)}
     if args.chrome == "-":
         sys.stdout.flush()
-        write_chrome(sys.stdout.buffer, model, findings, now, skipped)
-        sys.stdout.buffer.write(b"\n")
-        sys.stdout.buffer.flush()
+        out = getattr(sys.stdout, "buffer", None) or _Text(sys.stdout)
+        write_chrome(out, model, findings, now, skipped)
+        out.write(b"\n")
+        sys.stdout.flush()
         return 0
     try:
-        # a new file is the owner's alone, as the store it came from (one that exists keeps its mode)
-        created = not os.path.lexists(args.chrome)
-        fd = os.open(args.chrome, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        n = _write_file(args.chrome, lambda f: write_chrome(f, model, findings, now, skipped))
     except OSError as exc:
-        raise UsageError(f"cannot write {args.chrome}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:  # (written as the events come: memory a rank's, not the trace's)
-            n = write_chrome(f, model, findings, now, skipped)
-    except OSError as exc:  # (a full disk: no half-written trace of ours is left to mislead a viewer)
-        if created:
-            with contextlib.suppress(OSError):
-                os.unlink(args.chrome)
         raise UsageError(f"cannot write {args.chrome}: {exc.strerror or exc}") from None
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(f"wrote {args.chrome}: {n:,} trace events, {len(model.ranks)} ranks, "
           f"{len(findings)} finding(s)", file=sys.stderr)
     return 0
+
+
+class _Text:
+    """Bytes written to a text stream (a caller that put a ``StringIO`` in ``sys.stdout``)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def write(self, data: bytes, /) -> int:
+        return self.stream.write(data.decode())
+
+
+def _write_file(path: str, write: Callable[[IO[bytes]], int]) -> int:
+    """``write`` into ``path`` whole or not at all: a trace written as its events come (memory a
+    rank's, not the trace's) goes to a file beside it, put in place once complete, so a full
+    disk, an interrupt or a failure leaves no half-written trace and the file that was there
+    as it was.  A new file is the owner's alone, as the store it came from; one that exists
+    keeps its mode.  What is not a regular file (a FIFO, a device) is written as it is."""
+    target = os.path.realpath(path)
+    try:
+        st: os.stat_result | None = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        with open(target, "wb") as f:
+            return write(f)
+    folder, name = os.path.split(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            n = write(f)
+        os.chmod(tmp, stat.S_IMODE(st.st_mode) if st is not None else 0o600)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return n

@@ -24,7 +24,7 @@ from commscope.analysis.completeness import ReaderProblem
 from commscope.analysis.model import NESTED, untimed
 from commscope.analysis.rankstate import rank_state, top_level_ops
 from commscope.analysis.report import summarized_history
-from commscope.analysis.rootcause import DEPARTED
+from commscope.analysis.rootcause import DEPARTED, went_together
 from commscope.analysis.source import Loading
 from commscope.tui.detail import DetailPane, finding_detail, history_detail, op_detail
 from commscope.tui.feed import LIVE, REPLAY, Feed, FeedInfo, FeedUpdated
@@ -84,7 +84,7 @@ class CommscopeApp(App):
         self.findings: list[Finding] = []
         self.info: FeedInfo = feed.info
         self._alerted: set[tuple] = set()
-        self._alerted_gone: dict[str, set[int]] = {}  # kind -> departed ranks alerted (``_alert``)
+        self._alerted_gone: list[Finding] = []  # departures alerted, as they grew (``_alert``)
         self._stop = threading.Event()
         self._last_table = 0.0
         self._table_cost = 0.0  # seconds the rank table's last refresh took
@@ -332,9 +332,8 @@ class CommscopeApp(App):
                 continue
             self._alerted.add(key)
             if f.kind in DEPARTED:  # ranks that went together, read a moment apart: one alert
-                gone = self._alerted_gone.setdefault(f.kind, set())
-                known = not gone.isdisjoint(f.culprits)
-                gone.update(f.culprits)
+                known = any(went_together(g, f) for g in self._alerted_gone)
+                self._alerted_gone.append(f)
                 if known:
                     continue
             self.notify(f.message, title=f.kind, severity="error", timeout=8)

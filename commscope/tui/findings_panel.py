@@ -9,7 +9,7 @@ from textual.widgets.option_list import Option
 
 from commscope.analysis import Finding
 from commscope.analysis.findings import culprits_text
-from commscope.analysis.rootcause import DEPARTED
+from commscope.analysis.rootcause import went_together
 from commscope.tui import palette
 from commscope.tui.rank_table import abbreviate
 
@@ -19,10 +19,9 @@ def finding_key(f: Finding) -> tuple:
 
 
 def same_finding(a: Finding, b: Finding) -> bool:
-    """The same finding in two diagnoses: the same key, or departures of one kind that name a
-    rank in common (ranks that went together grow as they are read, the first maybe last)."""
-    return finding_key(a) == finding_key(b) or (
-        a.kind == b.kind and a.kind in DEPARTED and not set(a.culprits).isdisjoint(b.culprits))
+    """The same finding in two diagnoses: the same key, or ranks that went together
+    (``rootcause.went_together``: they grow as they are read, the first maybe last)."""
+    return finding_key(a) == finding_key(b) or went_together(a, b)
 
 
 class FindingsPanel(OptionList):
