@@ -49,7 +49,8 @@ class Follow:
         self.polls += 1
         for f in self.last:
             if f.severity == "error":
-                assert set(f.culprits) <= self.culprits, ("an error finding names a victim", f.to_json())
+                assert set(f.culprits) <= self.culprits, ("an error finding names a victim", f.kind, f.culprits,
+                                                          f.message, f.evidence.get("how"), f.to_json())
         return self.last
 
     def until(self, want, alive) -> Finding:
@@ -161,7 +162,8 @@ def test_rank_raising_a_python_exception(tmp_path, capsys):
         for p in procs:
             p.kill()
     # every rank died of an uncaught exception (once, under load, one did not: what it said)
-    assert codes == [1, 1, 1], [(c, log.read_bytes()[-600:]) for c, log in zip(codes, logs, strict=True)]
+    assert codes == [1, 1, 1], "\n".join(f"rank {r} exited {c}:\n{log.read_bytes()[-3000:].decode(errors='replace')}"
+                                         for r, (c, log) in enumerate(zip(codes, logs, strict=True)) if c != 1)
     out = finished(store, capsys)
     assert errors_of(out) == [("rank_crashed", [1])]
     (crash,) = out["findings"]
