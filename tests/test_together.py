@@ -14,7 +14,7 @@ from rich.console import Console
 from commscope.analysis import TraceModel, diagnose
 from commscope.analysis.evidence import render
 from commscope.analysis.rootcause import TOGETHER_NS
-from commscope.analysis.synth import STOPS, S, TraceBuilder, stopped_job
+from commscope.analysis.synth import STOPS, S, TraceBuilder, after_two, stopped_job
 
 MS = 1_000_000
 
@@ -33,10 +33,7 @@ def _crashes(world: int, fates: dict[int, tuple[int, dict]], per_host: int = 8) 
     """Two all_reduces, then every rank enters a third; rank r of ``fates`` exits at the
     given offset (ns after the third's start) with the given exit fields; the others wait
     and keep beating."""
-    b = TraceBuilder(world, sample_interval=0.2, ranks_per_host=per_host)
-    t = b.t0 + S // 10
-    for _ in range(2):
-        t = b.collective(t, "all_reduce") + MS
+    b, t = after_two(world, per_host)
     for r in range(world):
         b.begin(r, t, "all_reduce")
         if r in fates:
@@ -58,10 +55,7 @@ def _raised(text: str) -> dict:
 def test_a_lost_host_is_one_dead_rank_naming_its_ranks_with_the_wait_folded_in():
     """Host node01 (ranks 8-15) goes silent mid-run, its ranks' last beats spread over a
     sample interval; the others enter the next all_reduce and wait for them."""
-    b = TraceBuilder(64, sample_interval=0.2, ranks_per_host=8)
-    t = b.t0 + S // 10
-    for _ in range(2):
-        t = b.collective(t, "all_reduce") + MS
+    b, t = after_two(64)
     lost = list(range(8, 16))
     for r in range(64):
         if r in lost:
@@ -127,10 +121,7 @@ def test_only_crashes_of_one_manner_close_in_time_fold(fates, expect):
 
 
 def test_a_dead_rank_and_a_crash_at_the_same_moment_stay_two_findings():
-    b = TraceBuilder(16, sample_interval=0.2, ranks_per_host=8)
-    t = b.t0 + S // 10
-    for _ in range(2):
-        t = b.collective(t, "all_reduce") + MS
+    b, t = after_two(16)
     for r in range(16):
         b.begin(r, t, "all_reduce")
         if r == 4:
@@ -147,10 +138,7 @@ def test_a_dead_rank_and_a_crash_at_the_same_moment_stay_two_findings():
 def test_a_crash_caused_by_a_failure_stays_a_consequence_not_a_co_culprit():
     """Rank 6 segfaults; the others' all_reduce then fails on the closed connection and
     rank 2 aborts on it with the same signal a moment later: rank 2 is rank 6's victim."""
-    b = TraceBuilder(8, sample_interval=0.2, ranks_per_host=8)
-    t = b.t0 + S // 10
-    for _ in range(2):
-        t = b.collective(t, "all_reduce") + MS
+    b, t = after_two(8)
     for r in range(8):
         i = b.begin(r, t, "all_reduce")
         if r == 6:
@@ -244,10 +232,7 @@ def test_ranks_on_hosts_not_known_are_said_so():
 def test_ranks_that_left_through_os_exit_with_other_codes_stay_apart():
     """(Review) Digits are set aside in what a crash said, not in how a rank was killed:
     os._exit(1) and os._exit(3) are two ways to go."""
-    b = TraceBuilder(16, sample_interval=0.2, ranks_per_host=8)
-    t = b.t0 + S // 10
-    for _ in range(2):
-        t = b.collective(t, "all_reduce") + MS
+    b, t = after_two(16)
     for r in range(16):
         b.begin(r, t, "all_reduce")
         if r in (4, 5):

@@ -1028,23 +1028,27 @@ def test_attach_to_a_large_job_reads_it_apart_and_shows_the_culprit(tmp_path, mo
     assert _bulkread_children() == []
 
 
-def test_ranks_crashing_together_alert_once_and_are_listed_in_a_line():
-    """Rank 8 crashes first; ranks 9-23 (the rest of its host and the next) crash the same
-    way a second later.  The finding grows from rank 8's to one naming all 16: still one
-    finding to the console (keyed by the first to go), one alert, and its culprits a line."""
-    from commscope.analysis import TraceModel, diagnose
+def _crashing_together() -> tuple[list[dict], int]:
+    """64 ranks in an all_reduce at ``t``: rank 8 segfaults, ranks 9-23 a second later."""
+    from commscope.analysis.synth import after_two
 
-    b = TraceBuilder(64, sample_interval=0.2, ranks_per_host=8)
-    t = b.t0 + S // 10
-    for _ in range(2):
-        t = b.collective(t, "all_reduce") + MS
+    b, t = after_two(64)
     for r in range(64):
         b.begin(r, t, "all_reduce")
         if 8 <= r < 24:
             b.exit(r, t + (MS if r == 8 else S), reason="signal", signal="SIGSEGV")
         else:
             b.heartbeats(t, t + 30 * S, interval=S, ranks=[r])
-    events = b.sorted_events()
+    return b.sorted_events(), t
+
+
+def test_ranks_crashing_together_alert_once_and_are_listed_in_a_line():
+    """Rank 8 crashes first; ranks 9-23 (the rest of its host and the next) crash the same
+    way a second later.  The finding grows from rank 8's to one naming all 16: still one
+    finding to the console (keyed by the first to go), one alert, and its culprits a line."""
+    from commscope.analysis import TraceModel, diagnose
+
+    events, t = _crashing_together()
     early = diagnose(TraceModel.from_events([e for e in events if e["ts"] <= t + S // 2]), t + S // 2, 2.0)
     later = diagnose(TraceModel.from_events(events), t + 30 * S, 2.0)
     assert [(f.kind, f.culprits) for f in early if f.severity == "error"] == [("rank_crashed", [8])]
@@ -1080,17 +1084,7 @@ def test_ranks_gone_together_whose_first_is_read_last_stay_one_finding_highlight
     alert, the highlight stays on it and the detail pane follows it; its culprits a line."""
     from commscope.analysis import TraceModel, diagnose
 
-    b = TraceBuilder(64, sample_interval=0.2, ranks_per_host=8)
-    t = b.t0 + S // 10
-    for _ in range(2):
-        t = b.collective(t, "all_reduce") + MS
-    for r in range(64):
-        b.begin(r, t, "all_reduce")
-        if 8 <= r < 24:
-            b.exit(r, t + (MS if r == 8 else S), reason="signal", signal="SIGSEGV")
-        else:
-            b.heartbeats(t, t + 30 * S, interval=S, ranks=[r])
-    events = b.sorted_events()
+    events, t = _crashing_together()
     unread = [e for e in events if not (e["rank"] == 8 and e["type"] == "exit")]
     early = diagnose(TraceModel.from_events(unread), t + 30 * S, 2.0)
     later = diagnose(TraceModel.from_events(events), t + 30 * S, 2.0)
@@ -1120,11 +1114,9 @@ def test_a_rank_that_crashes_again_after_a_restart_alerts_again():
     """(Review) Rank 3 segfaults; the job restarts (its groups' next incarnation) and rank 3
     crashes again, of another cause, seconds later: a new finding, a new alert."""
     from commscope.analysis import TraceModel, diagnose
+    from commscope.analysis.synth import after_two
 
-    b = TraceBuilder(4, sample_interval=0.2)
-    t = b.t0 + S // 10
-    for _ in range(2):
-        t = b.collective(t, "all_reduce") + MS
+    b, t = after_two(4, ranks_per_host=0)
     for r in range(4):
         b.begin(r, t, "all_reduce")
     b.exit(3, t + MS, reason="signal", signal="Segmentation fault")

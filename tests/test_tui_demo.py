@@ -193,6 +193,15 @@ def test_closing_the_terminal_stops_the_workers_and_removes_the_temporary_trace(
     assert gone(workers)
 
 
+async def _menu_again(app: DemoApp, pilot) -> None:
+    """Close the picker the demo opens on, then open the menu: a new picker (not composed
+    until the next pause)."""
+    await pilot.pause()
+    app.pop_screen()
+    await pilot.pause()
+    app.action_menu()
+
+
 def test_the_status_tick_before_a_new_picker_is_composed_waits_for_it(tmp_path):
     """(Under load the app's status tick once came between pushing a new picker and its
     compose: ``#status`` was not there yet, and the tick raised.)  The picker shows the
@@ -201,10 +210,7 @@ def test_the_status_tick_before_a_new_picker_is_composed_waits_for_it(tmp_path):
 
     async def run():
         async with app.run_test(size=(120, 40)) as pilot:
-            await pilot.pause()
-            app.pop_screen()
-            await pilot.pause()
-            app.action_menu()  # a new picker, not composed yet
+            await _menu_again(app, pilot)  # a new picker, not composed yet
             assert isinstance(app.screen, ScenarioPicker) and not app.screen.query("#status")
             app._job_status()  # the tick
             await pilot.pause()
@@ -221,10 +227,7 @@ def test_a_feed_update_a_resize_and_the_panel_key_while_the_menu_is_open_reach_t
 
     async def run():
         async with app.run_test(size=(120, 40)) as pilot:
-            await pilot.pause()
-            app.pop_screen()
-            await pilot.pause()
-            app.action_menu()
+            await _menu_again(app, pilot)
             await pilot.pause()
             assert isinstance(app.screen, ScenarioPicker)
             app.apply(app.feed.info, [])

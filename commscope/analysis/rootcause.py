@@ -266,7 +266,7 @@ def _fold(run: list[Finding]) -> Finding:
     hosts: dict[str, list[int]] = {}
     for f in run:
         hosts.setdefault(str(f.evidence.get("host") or "?"), []).extend(f.culprits)
-    culprits = sorted(hosts_rank for rs in hosts.values() for hosts_rank in rs)
+    culprits = sorted(r for rs in hosts.values() for r in rs)
     gone = set(culprits)
     victims: dict[int, tuple[int, ...]] = {}
     for f in run:

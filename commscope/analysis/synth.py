@@ -285,16 +285,23 @@ STOPS: dict[str, Stop] = {
 }
 
 
+def after_two(world: int, ranks_per_host: int = 8) -> tuple[TraceBuilder, int]:
+    """A job of ``world`` ranks (0.2 s samples, ``ranks_per_host`` a host; 0: one host) that
+    ran two all_reduces: the builder, and the time after them, where a scenario goes on."""
+    b = TraceBuilder(world, sample_interval=0.2, ranks_per_host=ranks_per_host)
+    t = b.t0 + S // 10
+    for _ in range(2):
+        t = b.collective(t, "all_reduce") + 1_000_000
+    return b, t
+
+
 def stopped_job(world: int, way: str) -> tuple[list[dict], int]:
     """A job of ``world`` ranks (8 a host, 0.2 s samples) that ran two all_reduces and then
     stopped in ``way`` (a key of ``STOPS``) at ``t``; returns its events and ``t``.  A minute
     after ``t`` the waits have passed hang_after (2 s) and the silent are dead."""
     if way not in STOPS:
         raise ValueError(f"unknown way a job stops: {way!r}; known: {', '.join(STOPS)}")
-    b = TraceBuilder(world, sample_interval=0.2, ranks_per_host=8)
-    t = b.t0 + S // 10
-    for _ in range(2):
-        t = b.collective(t, "all_reduce") + 1_000_000
+    b, t = after_two(world)
     half = world // 2
     beating = list(range(world))  # the ranks that go on sending heartbeats after t
     for r in range(world):
