@@ -655,10 +655,11 @@ class BlockDecoder:
         pid = s.prefix_id[b0:b1]
         # each prefix's first block here (its first in the chunk may lie before b0, in a run
         # of blocks that a line between changed the tables after)
-        firsts = blockscan.prefix_firsts(pid)
+        firsts = blockscan.prefix_firsts(pid, b0)
         mv = memoryview(s.raw)
         epoch, a, n = self._epoch, 0, b1 - b0
-        for k in np.union1d(np.flatnonzero(~plain), firsts).tolist():
+        odd = np.flatnonzero(~plain)
+        for k in (np.union1d(odd, firsts) if odd.shape[0] else firsts).tolist():
             if plain[k] and bytes(mv[int(start[k]):int(pend[k])]) in self._prefixes:
                 continue
             if k > a:

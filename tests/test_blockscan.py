@@ -323,18 +323,30 @@ def test_the_compiled_fixed_fields_are_numpy_s():
 
 
 def test_prefix_firsts_finds_each_prefix_s_first_block_in_order_at_any_length():
-    """``blockscan.prefix_firsts``: a dict walk for a poll's few blocks, numpy's sort past
-    them; both give each prefix id's first position, in order, with -1 (no prefix) left out."""
+    """``blockscan.prefix_firsts``: a dict walk for a poll's few blocks, numpy past them; both
+    give each prefix id's first position in a run of a scan's blocks, in order, with -1 (no
+    prefix) left out, for a run from the scan's first block or from a later one (a prefix
+    first seen before the run: its first block in the run).  The ids are a scan's: the
+    block where a prefix's bytes first came, or the block itself (a hash another prefix
+    holds: equal bytes then have two ids)."""
     rng = np.random.default_rng(3)
     for n in [*range(0, 70), 64, 65, 200, 1000]:
-        for _ in range(3 if n < 70 else 1):
-            pid = rng.integers(-1, max(1, n // 3), n).astype(np.int64)
-            first: dict[int, int] = {}
-            for i, p in enumerate(pid.tolist()):
-                first.setdefault(p, i)
-            want = sorted(i for p, i in first.items() if p >= 0)
-            got = blockscan.prefix_firsts(pid)
-            assert got.dtype == np.int64 and got.tolist() == want, (n, pid.tolist())
+        for _ in range(3 if n < 70 else 2):
+            kind = rng.integers(-1, max(1, n // 6), n)
+            alone = rng.random(n) < 0.05  # (its hash held by another prefix: its own id)
+            first_of: dict[int, int] = {}
+            pid = np.full(n, -1, np.int64)
+            for j, k in enumerate(kind.tolist()):
+                if k >= 0:
+                    pid[j] = j if alone[j] else first_of.setdefault(k, j)
+            for b0 in sorted({0, n // 3, n // 2}):
+                run = pid[b0:]
+                first: dict[int, int] = {}
+                for i, p in enumerate(run.tolist()):
+                    first.setdefault(p, i)
+                want = sorted(i for p, i in first.items() if p >= 0)
+                got = blockscan.prefix_firsts(run, b0)
+                assert got.dtype == np.int64 and got.tolist() == want, (n, b0, pid.tolist())
 
 
 def test_what_learn_head_asks_of_the_op_records_is_worked_out_for_all_chunks_as_for_each():
