@@ -58,3 +58,15 @@ def test_the_live_poll_reads_every_stream_s_new_line_both_ways(tmp_path):
     times = large.polls(tmp_path, 16, 3)
     assert list(times) == ["together", "alone"] and all(len(t) == 3 for t in times.values())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_columns_measurement_says_where_its_cpu_went(tmp_path):
+    """``bench large``'s columns path in its own process: the reading process's CPU, the read
+    workers' (none for a job this small: it is read in one process), and what one worker
+    takes to start and read a stream, measured apart, each a real figure of that process."""
+    store = str(tmp_path / "job")
+    write_store(store, JobShape(8, 20))
+    got = large.measure("columns", store)
+    assert got["errors"] == [("missing_ranks", [5])]
+    assert got["main_cpu_s"] > 0 and got["workers_cpu_s"] == 0 and got["start_cpu_s"] == 0
+    assert large._worker_start(store) > 0

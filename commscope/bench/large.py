@@ -15,7 +15,11 @@ peak RSS is its own):
              ingested in 8 MiB steps (``source.LOAD_STEP``)
 
 each followed by ``diagnose()``, as ``commscope check`` runs.  Both must name the same
-finding (kind and culprit), or the run fails.  The events path holds every event of the
+finding (kind and culprit), or the run fails.  The columns' load says where its CPU went:
+the reading process (listing the streams, receiving the workers' columns, the model), the
+read workers (``store/bulkread.py``, a large job's streams decoded apart), and what one
+worker takes to start and read a stream; on a machine of few cores the load is bound by
+their sum, not by the wall clock of any one of them.  The events path holds every event of the
 trace at once: where it would not fit (``--events-max-ranks``), it runs on the same job
 with fewer ops (``--events-fraction``), and its figures are labelled so.
 
@@ -92,7 +96,12 @@ def measure(path: str, store: str) -> dict[str, Any]:
     from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
     from commscope.events import gc_paused
 
+    def cpu(who: int) -> float:
+        use = resource.getrusage(who)
+        return use.ru_utime + use.ru_stime
+
     t0 = time.perf_counter()
+    c0 = (cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN))
     if path == "columns":
         from commscope.analysis.source import load_trace
 
@@ -108,12 +117,36 @@ def measure(path: str, store: str) -> dict[str, Any]:
         model.note_read_stats(reader.stats)
         del events
     t1 = time.perf_counter()
+    main_cpu, workers_cpu = cpu(resource.RUSAGE_SELF) - c0[0], cpu(resource.RUSAGE_CHILDREN) - c0[1]
     found = diagnose(model, trace_now(model), default_hang_after(model))
     t2 = time.perf_counter()
     errors = [(f.kind, f.culprits) for f in found if f.severity == "error"]
     return {"load_s": t1 - t0, "diag_s": t2 - t1, "events": model.events, "ranks": len(model.ranks),
             "ops": model.total_ops(), "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "errors": errors, "bytes": reader.stats.bytes}
+            "errors": errors, "bytes": reader.stats.bytes, "main_cpu_s": main_cpu, "workers_cpu_s": workers_cpu,
+            "start_cpu_s": _worker_start(store) if workers_cpu else 0.0}
+
+
+def _worker_start(store: str) -> float:
+    """CPU seconds a read worker (``store/bulkread.py``) takes to start and read one stream
+    (its imports, numba's kernels loaded from the cache): what each worker of a whole read
+    pays before it decodes."""
+    import resource
+
+    from commscope.store.bulkread import Job, Workers
+    from commscope.store.directory import DirectoryReader
+
+    reader = DirectoryReader(store)
+    stream, segs = next(iter(reader.streams().items()))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    workers = Workers(1)
+    try:
+        for _ in workers.run([Job(str(reader.job_dir), None, {stream: segs})]):
+            pass
+    finally:
+        workers.close()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def _run(path: str, store: str) -> dict[str, Any]:
@@ -477,6 +510,16 @@ def _print_row(row: dict[str, Any]) -> None:
     want = RATE_TARGETS[row["fmt"]]
     print(f"    reader + model {rate:.2f} M events/s: target >= {want:g} M/s for {row['fmt']}, "
           f"{'met' if rate >= want else 'not met'}")
+    cols = res["columns"]
+    workers = _med(cols, "workers_cpu_s")
+    print(f"    columns' CPU: {fmt_time(_med(cols, 'main_cpu_s'))} reading process (listing, receiving, model)")
+    print(f"                  {fmt_time(workers)} read workers (each one's start and first stream: "
+          f"{fmt_time(_med(cols, 'start_cpu_s'))}); {_cores()} core(s)" if workers else
+          f"                  no read workers; {_cores()} core(s)")
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _print_summary(rows: list[dict[str, Any]]) -> None:
