@@ -1,8 +1,8 @@
 """Failures on real Gloo ranks: one root cause, named while the job is live and on the trace it leaves.
 
 Every test polls the store from this process the way the live console does (incremental
-ingest, wall-clock ``now``) and checks at *every* poll that no error finding names a
-rank other than the culprit.  Once the root cause shows (alone), the test releases the
+ingest, ``now`` the wall clock held to the reader's watermark: ``store.AsOf``) and checks
+at *every* poll that no error finding names a rank other than the culprit.  Once the root cause shows (alone), the test releases the
 job (or kills it) and runs ``commscope check --json`` on the finished trace, which must
 report exactly that finding.
 """
@@ -23,6 +23,7 @@ from commscope.analysis import Finding, TraceModel, diagnose
 from commscope.analysis.source import open_source
 from commscope.cli import main as cli
 from commscope.launch import Job, free_port
+from commscope.store import AsOf
 
 pytestmark = pytest.mark.timeout(150)
 LIMIT = 60.0
@@ -37,6 +38,7 @@ class Follow:
         self.reader = None
         self.polls = 0
         self.last: list[Finding] = []
+        self.as_of = AsOf()  # (a poll starved before its judgement judges as of its read)
 
     def poll(self) -> list[Finding]:
         if self.reader is None:
@@ -45,7 +47,7 @@ class Follow:
             except Exception:
                 return []
         self.model.ingest(self.reader.poll())
-        self.last = diagnose(self.model, now=time.time_ns(), hang_after=self.hang_after)
+        self.last = diagnose(self.model, now=self.as_of.now(self.reader, time.time_ns()), hang_after=self.hang_after)
         self.polls += 1
         for f in self.last:
             if f.severity == "error":

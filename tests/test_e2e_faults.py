@@ -17,6 +17,7 @@ from commscope.analysis import TraceModel, diagnose
 from commscope.analysis.source import open_source
 from commscope.cli import main as cli
 from commscope.launch import Job
+from commscope.store import AsOf
 
 pytestmark = pytest.mark.timeout(90)
 SLACK = 5.0
@@ -32,6 +33,7 @@ def watch(tmp_path, fn, world: int, want, *, limit: float = 40.0, linger: float 
     job = Job(fn, world, args=(store,), pg_timeout=300.0).start()
     model = TraceModel()
     reader = None
+    as_of = AsOf()  # (as the console judges: never past what the reader has read)
     found = None
     seen: list = []
     deadline = time.monotonic() + limit
@@ -44,7 +46,7 @@ def watch(tmp_path, fn, world: int, want, *, limit: float = 40.0, linger: float 
                 except Exception:
                     continue
             model.ingest(reader.poll())
-            now = time.time_ns()
+            now = as_of.now(reader, time.time_ns())
             seen = diagnose(model, now=now, hang_after=W.HANG_AFTER)
             found = want(seen)
             if found is not None:

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from commscope.analysis import rankstate
+from commscope.analysis import TraceModel, rankstate
 from commscope.bench.synthstore import JobShape, write_store
-from commscope.store import Batch, EmptyReader, open_reader
+from commscope.store import AsOf, Batch, EmptyReader, open_reader
 from commscope.tui.feed import LIVE, Feed
 
 S = 1_000_000_000
@@ -118,6 +118,37 @@ class _Queue(EmptyReader):
 
     def poll_batch(self, max_bytes=None):
         return Batch(self.batches.pop(0) if self.batches else [], [])
+
+
+def test_a_follower_starved_after_its_read_judges_as_of_that_read(tmp_path):
+    """``store.AsOf``, what the console and the tests that follow a live job judge by: a
+    follower descheduled for seconds between its read and its judgement (a loaded machine)
+    judges as of its read, the reader's watermark, not the wall clock: no rank turns dead
+    by its own delay.  Before any watermark, and from a reader that cannot tell (None), the
+    wall clock; while a stream new to the reader makes the watermark 0, the last one."""
+    store = str(tmp_path / "trace")
+    recent_job(store, ranks=8)
+    reader = open_reader(f"{store}/recent")
+    model = TraceModel()
+    model.ingest(reader.poll())
+    starved = time.time_ns() + 10 * S  # (the judgement comes 10 s after the read)
+    as_of = AsOf()
+    now = as_of.now(reader, starved)
+    assert now == reader.watermark_ns() < starved - 9 * S
+    assert not [r for r in model.rank_ids() if rankstate.is_dead(model, r, now)]
+    assert [r for r in model.rank_ids() if rankstate.is_dead(model, r, starved)] == model.rank_ids()  # (by the wall)
+
+    class Marks(EmptyReader):
+        def __init__(self, marks: list[int | None]) -> None:
+            super().__init__()
+            self.marks = marks
+
+        def watermark_ns(self) -> int | None:
+            return self.marks.pop(0)
+
+    marks, clock = AsOf(), Marks([None, 0, 5 * S, 0, 7 * S])
+    assert [marks.now(clock, 9 * S) for _ in range(5)] == [9 * S, 9 * S, 5 * S, 5 * S, 7 * S]
+    assert AsOf().now(Marks([8 * S]), 6 * S) == 6 * S  # (never past the wall clock)
 
 
 def test_a_view_put_off_because_it_is_costly_is_published_later(monkeypatch):

@@ -25,6 +25,7 @@ from commscope.analysis import TraceModel, diagnose
 from commscope.analysis.source import open_source
 from commscope.commands.check import check_store
 from commscope.scenarios import EXIT_TIME_LIMIT, SCENARIOS, DemoJob, Scenario, run_headless
+from commscope.store import AsOf
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -127,14 +128,14 @@ def test_stop_kills_hung_workers_and_is_idempotent(tmp_path):
     job = DemoJob("p2p-deadlock", ranks=3, store=str(tmp_path), steps=1, pace=0, hang_after=1.0).start()
     pids = job.pids
     assert len(pids) == 3
-    model, reader = TraceModel(), None
+    model, reader, as_of = TraceModel(), None, AsOf()
     end = time.monotonic() + 30
     found = []
     while time.monotonic() < end and not found:  # wait until it really hangs
         time.sleep(0.25)
         reader = reader or open_source(job.store, wait=True)
         model.ingest(reader.poll())
-        found = [f for f in diagnose(model, now=time.time_ns(), hang_after=1.0) if f.kind == "p2p_deadlock"]
+        found = [f for f in diagnose(model, now=as_of.now(reader, time.time_ns()), hang_after=1.0) if f.kind == "p2p_deadlock"]
     assert found and job.alive() == [0, 1, 2]
     stopper = threading.Thread(target=job.stop)  # from another thread, as the console does
     stopper.start()

@@ -20,6 +20,7 @@ from trace_helpers import ops, read_events
 from commscope.analysis import TraceModel, diagnose
 from commscope.analysis.source import open_source
 from commscope.launch import Job, run_ranks
+from commscope.store import AsOf
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -78,7 +79,7 @@ def _hang_found(findings):
 def test_a_rank_that_stops_is_named_while_the_job_hangs(tmp_path, name):
     store = str(tmp_path / "trace")
     job = Job(getattr(W, name), 2, args=_args(name, store, tmp_path, hang_step=1), pg_timeout=300.0).start()
-    model, reader, found, seen = TraceModel(), None, None, []
+    model, reader, found, seen, as_of = TraceModel(), None, None, [], AsOf()
     deadline = time.monotonic() + 60
     try:
         while time.monotonic() < deadline and found is None:
@@ -89,7 +90,7 @@ def test_a_rank_that_stops_is_named_while_the_job_hangs(tmp_path, name):
                 except Exception:
                     continue
             model.ingest(reader.poll())
-            seen = diagnose(model, now=time.time_ns(), hang_after=W.HANG_AFTER)
+            seen = diagnose(model, now=as_of.now(reader, time.time_ns()), hang_after=W.HANG_AFTER)
             found = _hang_found(seen)
         assert found is not None, [f.to_json() for f in seen]
         assert job.alive(), "the job should still hang when diagnosed"

@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import os
 
-from commscope.store.base import Batch, EmptyReader, ReadStats, Size, StoreError, StoreWriter, TraceReader
+from commscope.store.base import (
+    AsOf,
+    Batch,
+    EmptyReader,
+    ReadStats,
+    Size,
+    StoreError,
+    StoreWriter,
+    TraceReader,
+)
 from commscope.store.registry import BACKENDS, Backend, backend_for, redact_store
 
 DEFAULT_STORE = "./commscope-trace"
 ENV_STORE = "COMMSCOPE_STORE"
 
 __all__ = [
-    "BACKENDS", "DEFAULT_STORE", "ENV_STORE", "Backend", "Batch", "EmptyReader", "ReadStats", "Size", "StoreError",
+    "BACKENDS", "DEFAULT_STORE", "ENV_STORE", "AsOf", "Backend", "Batch", "EmptyReader", "ReadStats", "Size", "StoreError",
     "StoreWriter", "TraceReader", "backend_for", "default_store", "open_reader", "open_writer", "redact_store",
 ]
 

@@ -585,6 +585,24 @@ class TraceReader(abc.ABC):
         return forwarded, left
 
 
+class AsOf:
+    """The moment a live follower judges a job as of: the wall clock held back to its
+    reader's watermark (``TraceReader.watermark_ns``: every stream read to its end by a read
+    that began then), the last one set while a stream new to the reader is read for the
+    first time (the watermark is 0 then).  A follower behind on its streams, or starved
+    between its read and its judgement, never takes its own lag for ranks gone quiet: the
+    console (``tui/feed.py``) and every test that follows a live job judge so."""
+
+    def __init__(self) -> None:
+        self.mark: int | None = None  # the reader's last watermark (None: none set yet)
+
+    def now(self, reader: TraceReader, wall: int) -> int:
+        mark = reader.watermark_ns()
+        if mark:
+            self.mark = mark
+        return wall if self.mark is None else min(wall, self.mark)
+
+
 def _last_begin(events: list[Event]) -> int:
     """The id of the last op begun among a stream's ``events`` (-1: none): the highest, as
     ids grow within a stream."""

@@ -22,7 +22,7 @@ from commscope.analysis import Finding, TraceModel, diagnose, rankstate
 from commscope.analysis.model import EMPTY_VIEW, ModelView
 from commscope.analysis.source import Loading
 from commscope.events import gc_paused
-from commscope.store import Batch, TraceReader
+from commscope.store import AsOf, Batch, TraceReader
 from commscope.window import Since
 
 LIVE, REPLAY = "live", "replay"
@@ -119,7 +119,7 @@ class Feed:
         self._publish_cost = 0.0  # seconds the last publish took
         self._publish_due = 0.0  # (monotonic) a costly publish waits until then (see ``ingest``)
         self._backlog = (0.0, 0)  # (monotonic when to ask again, bytes): the reader's backlog
-        self._mark: int | None = None  # the reader's last watermark (``now`` never runs past it)
+        self._as_of = AsOf()  # ``now`` never runs past the reader's last watermark
         self.hang_after_override = hang_after
         self.findings: list[Finding] = []
         self.diagnoses = 0  # how many times ``findings`` was made: a change to send the UI
@@ -163,16 +163,12 @@ class Feed:
         return self._live_now()
 
     def _live_now(self) -> int:
-        wall = self.clock()
-        mark = self.reader.watermark_ns()
-        if mark:
-            self._mark = mark
-        return wall if self._mark is None else min(wall, self._mark)
+        return self._as_of.now(self.reader, self.clock())
 
     def caught_up(self) -> bool:
         """Every stream has been read to its end at least once (live): until then, ranks not
         read yet would look missing, so nothing is judged."""
-        return self.mode == REPLAY or self._mark is not None or self.reader.watermark_ns() != 0
+        return self.mode == REPLAY or self._as_of.mark is not None or self.reader.watermark_ns() != 0
 
     @property
     def ended(self) -> bool:
