@@ -13,7 +13,7 @@ from rich.console import Console
 
 from commscope.analysis import TraceModel, diagnose
 from commscope.analysis.evidence import render
-from commscope.analysis.rootcause import TOGETHER_NS
+from commscope.analysis.rootcause import TOGETHER_NS, went_together
 from commscope.analysis.synth import STOPS, S, TraceBuilder, after_two, stopped_job
 
 MS = 1_000_000
@@ -242,3 +242,23 @@ def test_ranks_that_left_through_os_exit_with_other_codes_stay_apart():
     errors = _errors(TraceModel.from_events(b.sorted_events()), t + 60 * S)
     assert sorted((f.kind, f.culprits) for f in errors) == [("dead_rank", [4]), ("dead_rank", [5])], \
         [(f.kind, f.culprits, f.message) for f in errors]
+
+
+def test_a_long_run_read_last_rank_first_is_the_finding_already_seen():
+    """Ranks 0-4 crash 1.5 s apart (one run, 6 s from first to last).  A console that read
+    rank 4's crash alone first, then the others, is shown one finding (one alert): the run
+    that starts 6 s before the crash it saw is the same departure (``went_together`` over
+    each finding's first to last).  Rank 4 crashing again 10 s after the run (a restart) is
+    a new one."""
+    step = 3 * TOGETHER_NS // 4
+    run = {r: (r * step, SEGV) for r in range(5)}
+    model, now = _crashes(32, run)
+    (whole,) = _errors(model, now)
+    assert whole.culprits == [0, 1, 2, 3, 4] and whole.until - whole.ts == 4 * step
+    model, now = _crashes(32, {4: run[4]})
+    (alone,) = _errors(model, now)
+    assert alone.culprits == [4] and alone.ts - whole.ts == 4 * step > TOGETHER_NS
+    assert went_together(alone, whole) and went_together(whole, alone)
+    model, now = _crashes(32, {4: (4 * step + 10 * S, SEGV)})
+    (again,) = _errors(model, now)
+    assert not went_together(again, whole) and not went_together(whole, again)

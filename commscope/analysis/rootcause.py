@@ -224,10 +224,13 @@ def _manner(f: Finding) -> tuple | None:
 
 def went_together(a: Finding, b: Finding) -> bool:
     """Two departure findings (of two diagnoses) are one: the same kind, a rank in common,
-    and times within ``TOGETHER_NS`` (their first may change as the ranks' streams are read;
-    a rank that crashes again after a restart is a new finding)."""
+    and times within ``TOGETHER_NS``, each finding's from its first departure to its last
+    (the ranks' streams are read in any order: the last to go may be read first, alone, and
+    the run found later starts seconds before it; a rank that crashes again after a restart
+    is a new finding)."""
+    blur = max(_blur(a), _blur(b))
     return (a.kind == b.kind and a.kind in DEPARTED and not set(a.culprits).isdisjoint(b.culprits)
-            and abs(a.ts - b.ts) <= max(_blur(a), _blur(b)))
+            and a.ts - blur <= max(b.ts, b.until) and b.ts - blur <= max(a.ts, a.until))
 
 
 def _blur(f: Finding) -> int:
@@ -279,6 +282,7 @@ def _fold(run: list[Finding]) -> Finding:
     first.ranks = sorted({r for f in run for r in f.ranks})
     first.victims = victims
     first.instances = tuple(dict.fromkeys(k for f in run for k in f.instances))
+    first.until = max(f.ts for f in run)
     if cons:
         first.evidence["consequences"] = cons
     by_host = {h: sorted(rs) for h, rs in sorted(hosts.items(), key=lambda kv: min(kv[1]))}
