@@ -123,7 +123,9 @@ def test_a_job_read_apart_gives_the_model_of_a_sequential_read(tmp_path, monkeyp
         sample(0, last, gpu_error="NVML: not found"), sample(0, last + 1), hb(0, last, 7, unwaited=[1]),
         hb(0, last, 8)]) + b"\n")
     monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "1")
-    one = _state(source.load_trace(store)[0])
+    model, reader, _ = source.load_trace(store)
+    one = _state(model)
+    assert reader.stats.workers == 0  # (the read workers it started: none)
     monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
     monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(source, "LOAD_STEP", 1 << 15)
@@ -131,7 +133,9 @@ def test_a_job_read_apart_gives_the_model_of_a_sequential_read(tmp_path, monkeyp
     adopt = DirectoryReader._adopt
     monkeypatch.setattr(DirectoryReader, "_adopt", lambda self, got: seen.append(
         got.batch.beats.events() if got.batch.beats is not None else 0) or adopt(self, got))
-    apart = _state(source.load_trace(store)[0])
+    model, reader, _ = source.load_trace(store)
+    apart = _state(model)
+    assert reader.stats.workers == 2
     assert len(seen) > 1 and sum(seen) > 12 * 10  # (the heartbeats and samples came back as columns)
     # (each rank's state; which chunk finished first orders the group indexes' ranks)
     assert differences({k: apart[k] for k in ("ranks", "events", "groups", "start", "end")},

@@ -4,11 +4,15 @@ the same model (what test_model_batch checks on generated records, here on a rea
 
 from __future__ import annotations
 
+import math
+import sys
+
 from model_compare import differences, model_state
 
 from commscope.analysis import model
 from commscope.bench import large
 from commscope.bench.synthstore import JobShape, write_store
+from commscope.store import bulkread
 
 
 def test_the_live_batch_goes_both_ways_into_the_same_model(tmp_path, monkeypatch):
@@ -60,13 +64,16 @@ def test_the_live_poll_reads_every_stream_s_new_line_both_ways(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_columns_measurement_says_where_its_cpu_went(tmp_path):
-    """``bench large``'s columns path in its own process: the reading process's CPU, the read
-    workers' (none for a job this small: it is read in one process), and what one worker
-    takes to start and read a stream, measured apart, each a real figure of that process."""
+def test_a_columns_measurement_says_where_its_cpu_went(tmp_path, monkeypatch):
+    """``bench large``'s columns measurement (run here in the test's process): the reading
+    process's CPU, the read workers' (none for a job this small: it is read in one process),
+    and what one worker takes to start and read a stream, measured apart; with one worker
+    that cannot start, no figure."""
     store = str(tmp_path / "job")
     write_store(store, JobShape(8, 20))
     got = large.measure("columns", store)
     assert got["errors"] == [("missing_ranks", [5])]
-    assert got["main_cpu_s"] > 0 and got["workers_cpu_s"] == 0 and got["start_cpu_s"] == 0
+    assert got["main_cpu_s"] > 0 and got["workers"] == 0 and got["start_cpu_s"] == 0
     assert large._worker_start(store) > 0
+    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", "raise SystemExit(3)"))
+    assert math.isnan(large._worker_start(store))

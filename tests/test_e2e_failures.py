@@ -2,9 +2,9 @@
 
 Every test polls the store from this process the way the live console does (incremental
 ingest, ``now`` the wall clock held to the reader's watermark: ``store.AsOf``) and checks
-at *every* poll that no error finding names a rank other than the culprit.  Once the root cause shows (alone), the test releases the
-job (or kills it) and runs ``commscope check --json`` on the finished trace, which must
-report exactly that finding.
+at *every* poll that no error finding names a rank other than the culprit.  Once the root
+cause shows (alone), the test releases the job (or kills it) and runs ``commscope check
+--json`` on the finished trace, which must report exactly that finding.
 """
 
 from __future__ import annotations

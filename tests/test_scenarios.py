@@ -135,7 +135,8 @@ def test_stop_kills_hung_workers_and_is_idempotent(tmp_path):
         time.sleep(0.25)
         reader = reader or open_source(job.store, wait=True)
         model.ingest(reader.poll())
-        found = [f for f in diagnose(model, now=as_of.now(reader, time.time_ns()), hang_after=1.0) if f.kind == "p2p_deadlock"]
+        now = as_of.now(reader, time.time_ns())
+        found = [f for f in diagnose(model, now=now, hang_after=1.0) if f.kind == "p2p_deadlock"]
     assert found and job.alive() == [0, 1, 2]
     stopper = threading.Thread(target=job.stop)  # from another thread, as the console does
     stopper.start()

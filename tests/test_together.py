@@ -247,18 +247,20 @@ def test_ranks_that_left_through_os_exit_with_other_codes_stay_apart():
 def test_a_long_run_read_last_rank_first_is_the_finding_already_seen():
     """Ranks 0-4 crash 1.5 s apart (one run, 6 s from first to last).  A console that read
     rank 4's crash alone first, then the others, is shown one finding (one alert): the run
-    that starts 6 s before the crash it saw is the same departure (``went_together`` over
-    each finding's first to last).  Rank 4 crashing again 10 s after the run (a restart) is
-    a new one."""
+    that starts 6 s before the crash it saw is the same departure (``went_together``: a
+    rank in common, gone at the same moment in both).  A crash of rank 4 10 s after the run,
+    or of rank 0 1.5 s after it (within 2 s of the run's last departure: a restart's), is a
+    new one."""
     step = 3 * TOGETHER_NS // 4
     run = {r: (r * step, SEGV) for r in range(5)}
     model, now = _crashes(32, run)
     (whole,) = _errors(model, now)
-    assert whole.culprits == [0, 1, 2, 3, 4] and whole.until - whole.ts == 4 * step
+    assert whole.culprits == [0, 1, 2, 3, 4] and whole.gone == {r: whole.ts + r * step for r in range(5)}
     model, now = _crashes(32, {4: run[4]})
     (alone,) = _errors(model, now)
     assert alone.culprits == [4] and alone.ts - whole.ts == 4 * step > TOGETHER_NS
     assert went_together(alone, whole) and went_together(whole, alone)
-    model, now = _crashes(32, {4: (4 * step + 10 * S, SEGV)})
-    (again,) = _errors(model, now)
-    assert not went_together(again, whole) and not went_together(whole, again)
+    for rank, after in ((4, 4 * step + 10 * S), (0, 5 * step)):
+        model, now = _crashes(32, {rank: (after, SEGV)})
+        (again,) = _errors(model, now)
+        assert again.culprits == [rank] and not went_together(again, whole) and not went_together(whole, again)

@@ -48,9 +48,9 @@ class Finding:
     victims: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     #: Cross-rank instances (``failures.instance_key``) this finding is about or caused by.
     instances: tuple = ()
-    #: When the last of ranks that went together went (``rootcause._fold``; 0: at ``ts``).
-    #: Not part of the JSON.
-    until: int = 0
+    #: When each of ranks that went together went (``rootcause._fold``; empty: each culprit
+    #: at ``ts``).  Not part of the JSON.
+    gone: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.severity:

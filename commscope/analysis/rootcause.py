@@ -223,14 +223,22 @@ def _manner(f: Finding) -> tuple | None:
 
 
 def went_together(a: Finding, b: Finding) -> bool:
-    """Two departure findings (of two diagnoses) are one: the same kind, a rank in common,
-    and times within ``TOGETHER_NS``, each finding's from its first departure to its last
-    (the ranks' streams are read in any order: the last to go may be read first, alone, and
-    the run found later starts seconds before it; a rank that crashes again after a restart
-    is a new finding)."""
+    """Two departure findings (of two diagnoses) are one: the same kind, and a rank in
+    common that went at the same moment in both, within ``TOGETHER_NS`` (its departure may
+    move as its stream is read).  The ranks' streams are read in any order: the last of a
+    long run may be read first, alone, and the run found later starts seconds before it; a
+    rank that crashes again after a restart is a new finding, whichever rank of a run it is."""
+    if a.kind != b.kind or a.kind not in DEPARTED:
+        return False
     blur = max(_blur(a), _blur(b))
-    return (a.kind == b.kind and a.kind in DEPARTED and not set(a.culprits).isdisjoint(b.culprits)
-            and a.ts - blur <= max(b.ts, b.until) and b.ts - blur <= max(a.ts, a.until))
+    when_a, when_b = _gone(a), _gone(b)
+    small, large = (when_a, when_b) if len(when_a) <= len(when_b) else (when_b, when_a)
+    return any(r in large and abs(t - large[r]) <= blur for r, t in small.items())
+
+
+def _gone(f: Finding) -> dict[int, int]:
+    """When each culprit of a departure finding went."""
+    return f.gone or dict.fromkeys(f.culprits, f.ts)
 
 
 def _blur(f: Finding) -> int:
@@ -282,7 +290,7 @@ def _fold(run: list[Finding]) -> Finding:
     first.ranks = sorted({r for f in run for r in f.ranks})
     first.victims = victims
     first.instances = tuple(dict.fromkeys(k for f in run for k in f.instances))
-    first.until = max(f.ts for f in run)
+    first.gone = {r: f.ts for f in run for r in f.culprits}
     if cons:
         first.evidence["consequences"] = cons
     by_host = {h: sorted(rs) for h, rs in sorted(hosts.items(), key=lambda kv: min(kv[1]))}

@@ -100,11 +100,11 @@ def measure(path: str, store: str) -> dict[str, Any]:
         use = resource.getrusage(who)
         return use.ru_utime + use.ru_stime
 
+    from commscope.analysis.source import load_trace
+
     t0 = time.perf_counter()
     c0 = (cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN))
     if path == "columns":
-        from commscope.analysis.source import load_trace
-
         model, reader, _ = load_trace(store)
     else:
         from commscope.analysis.model import TraceModel
@@ -124,7 +124,7 @@ def measure(path: str, store: str) -> dict[str, Any]:
     return {"load_s": t1 - t0, "diag_s": t2 - t1, "events": model.events, "ranks": len(model.ranks),
             "ops": model.total_ops(), "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "errors": errors, "bytes": reader.stats.bytes, "main_cpu_s": main_cpu, "workers_cpu_s": workers_cpu,
-            "start_cpu_s": _worker_start(store) if workers_cpu else 0.0}
+            "workers": reader.stats.workers, "start_cpu_s": _worker_start(store) if reader.stats.workers else 0.0}
 
 
 def _worker_start(store: str) -> float:
@@ -138,14 +138,12 @@ def _worker_start(store: str) -> float:
 
     reader = DirectoryReader(store)
     stream, segs = next(iter(reader.streams().items()))
+    reader.close()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    workers = Workers(1)
-    try:
-        for _ in workers.run([Job(str(reader.job_dir), None, {stream: segs})]):
-            pass
-    finally:
-        workers.close()
+    got = list(Workers(1).run([Job(str(reader.job_dir), None, {stream: segs})]))  # (it ends its worker)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if len(got) != 1 or isinstance(got[0], Job):  # (no worker read it: nothing to say)
+        return float("nan")
     return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
@@ -513,9 +511,10 @@ def _print_row(row: dict[str, Any]) -> None:
     cols = res["columns"]
     workers = _med(cols, "workers_cpu_s")
     print(f"    columns' CPU: {fmt_time(_med(cols, 'main_cpu_s'))} reading process (listing, receiving, model)")
-    print(f"                  {fmt_time(workers)} read workers (each one's start and first stream: "
-          f"{fmt_time(_med(cols, 'start_cpu_s'))}); {_cores()} core(s)" if workers else
-          f"                  no read workers; {_cores()} core(s)")
+    n = int(_med(cols, "workers"))
+    print(f"                  {fmt_time(workers)} {n} read worker(s) (each one's start and first stream: "
+          f"{fmt_time(_med(cols, 'start_cpu_s'))}); {_cores()} core(s)" if n else
+          f"                  no read worker; {_cores()} core(s)")
 
 
 def _cores() -> int:

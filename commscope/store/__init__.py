@@ -26,8 +26,9 @@ DEFAULT_STORE = "./commscope-trace"
 ENV_STORE = "COMMSCOPE_STORE"
 
 __all__ = [
-    "BACKENDS", "DEFAULT_STORE", "ENV_STORE", "AsOf", "Backend", "Batch", "EmptyReader", "ReadStats", "Size", "StoreError",
-    "StoreWriter", "TraceReader", "backend_for", "default_store", "open_reader", "open_writer", "redact_store",
+    "BACKENDS", "DEFAULT_STORE", "ENV_STORE", "AsOf", "Backend", "Batch", "EmptyReader", "ReadStats", "Size",
+    "StoreError", "StoreWriter", "TraceReader", "backend_for", "default_store", "open_reader", "open_writer",
+    "redact_store",
 ]
 
 

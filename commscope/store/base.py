@@ -79,6 +79,7 @@ class ReadStats:
     warnings: list[str] = dataclasses.field(default_factory=list)
     chunks: int = 0  # reads of a stream that brought something (a poll of 16k streams: up to 16k)
     records: int = 0  # of ``events``, the op records read in columns (the rest: event dicts)
+    workers: int = 0  # worker processes a whole read started (``store/bulkread.py``)
 
     def count_corrupt(self, rank: int, n: int) -> None:
         if n:

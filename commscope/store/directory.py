@@ -937,7 +937,9 @@ class DirectoryReader(TraceReader):
             size += sum(window.get(stream, (0, []))[1])
         if chunk:
             jobs.append(Job(str(self.job_dir), self.since_ns, chunk))
-        for got in Workers(min(workers, len(jobs))).run(jobs):
+        pool = Workers(min(workers, len(jobs)))
+        self.stats.workers += len(pool.procs)
+        for got in pool.run(jobs):
             if isinstance(got, Job):  # no worker could read it: this reader does
                 batch = self.read_whole(got.streams)
                 if batch.count():
