@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -135,6 +136,22 @@ def test_rank_killed_with_sigkill(tmp_path, capsys):
     assert "Connection" in cons[0]["failed"]["0"]["exc"]
 
 
+#: What torch's Gloo process group says as it aborts a process in its teardown
+TORCH_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def died_of(code: int, said: str, exc: str) -> bool:
+    """A rank process died of an uncaught exception (``exc``: what its stderr says of it):
+    exit status 1, or torch's own teardown aborting it just after the exception's traceback
+    (SIGABRT, and these words last).  Under load torch 2.13's Gloo does so without commscope
+    too: 5 of 80 runs of tests/raising_rank.py with its instrument line taken out, on 2 busy
+    cores.  The trace still says the exception (the rest of the test checks it)."""
+    if code == 1:
+        return exc in said
+    return code == -signal.SIGABRT and exc in said and said.rstrip().endswith(TORCH_TEARDOWN_ABORT) and (
+        said.rfind(exc) < said.rfind(TORCH_TEARDOWN_ABORT))
+
+
 def test_rank_raising_a_python_exception(tmp_path, capsys):
     """A plain script per rank, so the exception takes the interpreter's own path."""
     store, release = str(tmp_path / "trace"), str(tmp_path / "release")
@@ -163,9 +180,11 @@ def test_rank_raising_a_python_exception(tmp_path, capsys):
     finally:
         for p in procs:
             p.kill()
-    # every rank died of an uncaught exception (once, under load, one did not: what it said)
-    assert codes == [1, 1, 1], "\n".join(f"rank {r} exited {c}:\n{log.read_bytes()[-3000:].decode(errors='replace')}"
-                                         for r, (c, log) in enumerate(zip(codes, logs, strict=True)) if c != 1)
+    # every rank died of its uncaught exception (what a rank said, should its exit surprise)
+    said = [log.read_bytes().decode(errors="replace") for log in logs]
+    excs = ["Traceback (most recent call last)", "ValueError: corrupt record", "Traceback (most recent call last)"]
+    assert all(died_of(c, text, exc) for c, text, exc in zip(codes, said, excs, strict=True)), "\n".join(
+        f"rank {r} exited {c}:\n{text[-3000:]}" for r, (c, text) in enumerate(zip(codes, said, strict=True)) if c != 1)
     out = finished(store, capsys)
     assert errors_of(out) == [("rank_crashed", [1])]
     (crash,) = out["findings"]
