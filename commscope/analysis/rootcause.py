@@ -278,10 +278,10 @@ def _fold(run: list[Finding]) -> Finding:
     for f in run:
         hosts.setdefault(str(f.evidence.get("host") or "?"), []).extend(f.culprits)
     culprits = sorted(r for rs in hosts.values() for r in rs)
-    gone = set(culprits)
+    folded = set(culprits)
     victims: dict[int, tuple[int, ...]] = {}
     for f in run:
-        victims.update((v, w) for v, w in f.victims.items() if v not in gone)
+        victims.update((v, w) for v, w in f.victims.items() if v not in folded)
     cons = [c for f in run for c in f.evidence.get("consequences") or []]
     first_rank = first.culprits[0]
     # the first to go first (its stack is shown first, the console goes to its op), the rest

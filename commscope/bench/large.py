@@ -50,6 +50,7 @@ import argparse
 import dataclasses
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -91,19 +92,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------ one measurement, in its own process
 def measure(path: str, store: str) -> dict[str, Any]:
     """Run ``commscope check``'s work one way on ``store``: load, then diagnose."""
-    import resource
-
     from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+    from commscope.analysis.source import load_trace
     from commscope.events import gc_paused
 
-    def cpu(who: int) -> float:
-        use = resource.getrusage(who)
-        return use.ru_utime + use.ru_stime
-
-    from commscope.analysis.source import load_trace
-
     t0 = time.perf_counter()
-    c0 = (cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN))
+    c0 = (_cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN))
     if path == "columns":
         model, reader, _ = load_trace(store)
     else:
@@ -117,7 +111,7 @@ def measure(path: str, store: str) -> dict[str, Any]:
         model.note_read_stats(reader.stats)
         del events
     t1 = time.perf_counter()
-    main_cpu, workers_cpu = cpu(resource.RUSAGE_SELF) - c0[0], cpu(resource.RUSAGE_CHILDREN) - c0[1]
+    main_cpu, workers_cpu = _cpu(resource.RUSAGE_SELF) - c0[0], _cpu(resource.RUSAGE_CHILDREN) - c0[1]
     found = diagnose(model, trace_now(model), default_hang_after(model))
     t2 = time.perf_counter()
     errors = [(f.kind, f.culprits) for f in found if f.severity == "error"]
@@ -131,20 +125,23 @@ def _worker_start(store: str) -> float:
     """CPU seconds a read worker (``store/bulkread.py``) takes to start and read one stream
     (its imports, numba's kernels loaded from the cache): what each worker of a whole read
     pays before it decodes."""
-    import resource
-
     from commscope.store.bulkread import Job, Workers
     from commscope.store.directory import DirectoryReader
 
     reader = DirectoryReader(store)
     stream, segs = next(iter(reader.streams().items()))
     reader.close()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = _cpu(resource.RUSAGE_CHILDREN)
     got = list(Workers(1).run([Job(str(reader.job_dir), None, {stream: segs})]))  # (it ends its worker)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if len(got) != 1 or isinstance(got[0], Job):  # (no worker read it: nothing to say)
         return float("nan")
-    return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return _cpu(resource.RUSAGE_CHILDREN) - before
+
+
+def _cpu(who: int) -> float:
+    """CPU seconds (user and system) of this process or of its waited-for children."""
+    use = resource.getrusage(who)
+    return use.ru_utime + use.ru_stime
 
 
 def _run(path: str, store: str) -> dict[str, Any]:
