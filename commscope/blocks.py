@@ -777,47 +777,26 @@ class BlockDecoder:
     # -- columns
     def _resolve(self, buf: bytes, offs: np.ndarray, where: list[tuple[int, int]]) -> OpRecords | None:
         """The records at ``offs`` of ``buf`` as columns: fixed fields gathered at once,
-        begins mapped to statics through their signature ids; the rare records (self-
-        contained or JSON-described begins, errors, sources) one by one."""
+        begins mapped to statics through their signature ids (``_Fixed``, ``_Rows``); the
+        rare records (self-contained or JSON-described begins, errors, sources) one by one."""
         u8 = np.frombuffer(buf, np.uint8)
         c = _Fixed.of(u8, offs)
-        typ, rflags, lens, ok, phase = c.typ, c.rflags, c.lens, c.ok, c.phase
-        ts, ids, static, seq, parent, tid, peer, gpu, flags = c.ts, c.id, c.static, c.seq, c.parent, c.tid, c.peer, \
-            c.gpu, c.flags
+        typ, lens, phase = c.typ, c.lens, c.phase
+        static, seq, parent, tid, peer, flags = c.static, c.seq, c.parent, c.tid, c.peer, c.flags
         k = offs.shape[0]
+        rows = self._rows(c)
         exc: dict[int, str] = {}
-        errs = np.flatnonzero(((phase == PH_END) | (phase == PH_WAIT_END)) & ((rflags & FLAG_ERROR) != 0))
-        for row in errs.tolist():  # (an END's text is read only when it says it has one)
+        for row in rows.errors.tolist():  # (an END's text is read only when it says it has one)
             o, room = int(offs[row]) + HEADER.size, int(lens[row]) - HEADER.size - 2
             if room < 0:
                 phase[row] = -1  # says it has a text, and has no room for one
                 continue
             n = min(int.from_bytes(buf[o:o + 2], "little"), room)
             exc[row] = redact(buf[o + 2:o + 2 + n].decode("utf-8", "replace")) or "error"
-        for row in np.flatnonzero((phase == PH_DONE) & ((rflags & FLAG_ERROR) != 0)).tolist():
+        for row in rows.device_errors.tolist():
             exc[row] = "the device reported an error"
-        # begins through a signature: the common case, all at once
-        sigm = c.sig
-        if sigm.any():
-            rows = np.flatnonzero(sigm)
-            sid, sq, par = c.body_sid[rows], c.body_seq[rows], c.body_parent[rows]
-            st, since = self._statics_of(sid)
-            good = (st >= 0) & (sq <= MAX_INT) & (par <= MAX_INT) & (since <= self._gathered + rows)
-            rows, st, sq, par = rows[good], st[good], sq[good], par[good]
-            phase[rows] = PH_BEGIN
-            static[rows] = st
-            seq[rows] = np.where(sq >= 0, sq, -1)
-            parent[rows] = np.where(par == 0, -1, par.astype(np.int64))
-            tid[rows] = c.body_tid[rows]
-            peer[rows] = self.table.peer[st]
-            any_source = rows[self.table.any_source[st]]
-        else:
-            any_source = np.zeros(0, np.int64)
         # the rare records one by one, in stream order (a SOURCE sees the any-source begins before it)
-        rare = np.flatnonzero(ok & ((typ == BEGIN) | (typ == RBEGIN) | (typ == SOURCE)))
-        if any_source.shape[0]:
-            rare = np.union1d(rare, any_source)
-        for row in rare.tolist():
+        for row in rows.rare.tolist():
             o = int(offs[row])
             r_typ, r_flags, aux, length, r_ts, op_id = HEADER.unpack_from(buf, o)
             body = o + HEADER.size
@@ -856,38 +835,52 @@ class BlockDecoder:
             except (struct.error, ValueError, msgspec.ValidationError, msgspec.DecodeError, IndexError, KeyError,
                     orjson.JSONDecodeError):
                 phase[row] = -1
-        unknown = ok & (phase < 0) & ~_KNOWN[typ]
-        n_unknown = int(np.count_nonzero(unknown))
+        kept, n_unknown = rows.kept, rows.unknown
+        if rows.errors.shape[0] or rows.rare.shape[0]:  # (phases those rows changed: counted again)
+            kept, n_unknown = _tally(typ, c.ok, phase)
         if n_unknown:
             self.invalid["block: unknown record"] += n_unknown
-        bad = int(k - np.count_nonzero(phase >= 0)) - n_unknown
+        bad = k - kept - n_unknown
         if bad:
             self.invalid["block: bad record"] += bad
-        keep = np.flatnonzero(phase >= 0)
-        if not keep.shape[0]:
+        if not kept:
             return None
         at = None
         if where:  # (only events want it: columns go to the model as they are)
             counts = np.diff(np.array([w for w, _ in where] + [k], np.int64))
             at = np.repeat(np.array([p for _, p in where], np.int64), counts)
-        ops = OpRecords(self.rank, phase, ts, ids, static, seq, parent, tid, peer, gpu, flags, exc, self.statics, at)
-        return ops if keep.shape[0] == k else ops.take(keep)
+        ops = OpRecords(self.rank, phase, c.ts, c.id, static, seq, parent, tid, peer, c.gpu, flags, exc, self.statics,
+                        at)
+        return ops if kept == k else ops.take(np.flatnonzero(phase >= 0))
 
-    def _statics_of(self, sid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(static indices, since) of signature ids, each distinct one looked up once and
+    def _rows(self, c: _Fixed) -> _Rows:
+        """``c``'s begins through a signature resolved in place (static, seq, parent, tid and
+        peer; a begin whose signature is unknown, invalid or stated after it stays invalid),
+        and the rows left to ``_resolve`` one by one: compiled in one pass (``_sig_rows``),
+        or in numpy calls without numba (``_sig_numpy``)."""
+        sid = c.body_sid[c.sig] if c.sig.any() else _NO_SIDS
+        distinct = np.unique(sid) if sid.shape[0] else _NO_SIDS
+        statics, since = self._statics_of(distinct)
+        kernel = _sig_kernel()
+        got = (kernel or _sig_numpy)(c.typ, c.rflags, c.ok, c.sig, c.phase, c.static, c.seq, c.parent, c.tid, c.peer,
+                                     c.body_sid, c.body_seq, c.body_parent, c.body_tid, distinct, statics, since,
+                                     self._gathered, self.table.peer, self.table.any_source)
+        errors, device_errors, rare, kept, unknown = got
+        return _Rows(errors, device_errors, rare, int(kept), int(unknown))
+
+    def _statics_of(self, distinct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(static indices, since) of distinct signature ids, in order, each looked up and
         decoded the first time; a static < 0: unknown or invalid.  Memory follows the
         signatures a stream stated, never their ids' values."""
-        distinct = sorted(set(sid.tolist()))
-        statics = np.empty(len(distinct), np.int32)
-        since = np.empty(len(distinct), np.int64)
-        for k, s in enumerate(distinct):
-            got = self._sid.get(s)
+        n = distinct.shape[0]
+        statics = np.empty(n, np.int32)
+        since = np.empty(n, np.int64)
+        known, when = self._sid, self._sid_since
+        for k, s in enumerate(distinct.tolist()):  # (in order: statics are numbered as they come)
+            got = known.get(s)
             statics[k] = got if got is not None else self._static_of_sid(s)
-            since[k] = self._sid_since.get(s, _NEVER)
-        if len(distinct) == 1:
-            return np.full(sid.shape[0], statics[0], np.int32), np.full(sid.shape[0], since[0], np.int64)
-        at = np.searchsorted(np.array(distinct, np.int64), sid)
-        return statics[at], since[at]
+            since[k] = when.get(s, _NEVER)
+        return statics, since
 
     def _static_of_sid(self, sid: int) -> int:
         """A signature id's static index, decoded now (``_NO_STATIC``: its SIG record was lost,
@@ -1260,6 +1253,109 @@ def _fixed_kernel() -> Callable[..., tuple] | None:
     if _fixed is None and blockscan.available():
         _fixed = compiled.jit(globals(), ("_u64", "_fixed_rows"), inline=("_u64",))
     return _fixed if blockscan.available() else None
+
+
+class _Rows(NamedTuple):
+    """What ``BlockDecoder._rows`` leaves to ``_resolve``: the rows it reads one by one, and
+    the counts of records kept (a phase) and of unknown types, as they stand before."""
+
+    errors: np.ndarray  # an END or WAIT_END that says it has an exception text
+    device_errors: np.ndarray  # a DONE that says the device failed
+    rare: np.ndarray  # a BEGIN, RBEGIN or SOURCE, or an any-source recv's begin, in order
+    kept: int
+    unknown: int
+
+
+_NO_SIDS = np.zeros(0, np.int64)
+
+
+def _tally(typ: np.ndarray, ok: np.ndarray, phase: np.ndarray) -> tuple[int, int]:
+    """(records with a phase, records of a type no op record has), as ``_sig_rows`` counts."""
+    return int(np.count_nonzero(phase >= 0)), int(np.count_nonzero(ok & (phase < 0) & ~_KNOWN[typ]))
+
+
+def _sig_rows(typ, rflags, ok, sig, phase, static, seq, parent, tid, peer, body_sid, body_seq, body_parent,  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202, E501
+              body_tid, distinct, statics, since, gathered, peer_of, any_source_of):
+    """``BlockDecoder._rows``, compiled: one pass over ``_Fixed``'s columns, each begin
+    through a signature resolved where it lies (its signature's static looked up among the
+    ``distinct`` ids, sorted), the rows left to Python gathered, the kept and unknown counted
+    (what its numpy way computes, the same way)."""
+    k = typ.shape[0]
+    errors, device_errors, rare = np.empty(k, np.int64), np.empty(k, np.int64), np.empty(k, np.int64)
+    ne = nd = nr = kept = unknown = 0
+    for i in range(k):
+        t, ph = typ[i], phase[i]
+        failed = (rflags[i] & FLAG_ERROR) != 0
+        if (ph == PH_END or ph == PH_WAIT_END) and failed:  # noqa: SIM109 (compiled: no tuple)
+            errors[ne] = i
+            ne += 1
+        elif ph == PH_DONE and failed:
+            device_errors[nd] = i
+            nd += 1
+        elif sig[i]:
+            j = np.searchsorted(distinct, body_sid[i])
+            st, sq, par = statics[j], body_seq[i], body_parent[i]
+            if st >= 0 and sq <= MAX_INT and par <= np.uint64(MAX_INT) and since[j] <= gathered + i:
+                ph = PH_BEGIN
+                phase[i] = ph
+                static[i] = st
+                seq[i] = sq if sq >= 0 else -1
+                parent[i] = -1 if par == 0 else np.int64(par)
+                tid[i] = body_tid[i]
+                peer[i] = peer_of[st]
+                if any_source_of[st]:
+                    rare[nr] = i
+                    nr += 1
+        elif ok[i] and (t == BEGIN or t == RBEGIN or t == SOURCE):  # noqa: SIM109
+            rare[nr] = i
+            nr += 1
+        if ph >= 0:
+            kept += 1
+        elif ok[i] and not _KNOWN[t]:
+            unknown += 1
+    return errors[:ne], device_errors[:nd], rare[:nr], kept, unknown
+
+
+def _sig_numpy(typ: np.ndarray, rflags: np.ndarray, ok: np.ndarray, sig: np.ndarray, phase: np.ndarray,
+               static: np.ndarray, seq: np.ndarray, parent: np.ndarray, tid: np.ndarray, peer: np.ndarray,
+               body_sid: np.ndarray, body_seq: np.ndarray, body_parent: np.ndarray, body_tid: np.ndarray,
+               distinct: np.ndarray, statics: np.ndarray, since: np.ndarray, gathered: int, peer_of: np.ndarray,
+               any_source_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """``_sig_rows`` in numpy (no numba): the same columns written, the same rows and counts."""
+    failed = (rflags & FLAG_ERROR) != 0
+    errors = np.flatnonzero(((phase == PH_END) | (phase == PH_WAIT_END)) & failed)
+    device_errors = np.flatnonzero((phase == PH_DONE) & failed)
+    rows = np.flatnonzero(sig)
+    any_source = _NO_SIDS
+    if rows.shape[0]:
+        sq, par = body_seq[rows], body_parent[rows]
+        at = np.searchsorted(distinct, body_sid[rows])
+        st = statics[at]
+        good = (st >= 0) & (sq <= MAX_INT) & (par <= MAX_INT) & (since[at] <= gathered + rows)
+        rows, st, sq, par = rows[good], st[good], sq[good], par[good]
+        phase[rows] = PH_BEGIN
+        static[rows] = st
+        seq[rows] = np.where(sq >= 0, sq, -1)
+        parent[rows] = np.where(par == 0, -1, par.astype(np.int64))
+        tid[rows] = body_tid[rows]
+        peer[rows] = peer_of[st]
+        any_source = rows[any_source_of[st]]
+    rare = np.flatnonzero(ok & ((typ == BEGIN) | (typ == RBEGIN) | (typ == SOURCE)))
+    if any_source.shape[0]:
+        rare = np.union1d(rare, any_source)
+    return (errors, device_errors, rare, *_tally(typ, ok, phase))
+
+
+_sig: Callable[..., tuple] | None = None
+
+
+def _sig_kernel() -> Callable[..., tuple] | None:
+    """The compiled ``_sig_rows`` (on first use); None without numba or where
+    ``COMMSCOPE_SCAN`` says no (as for the scanner)."""
+    global _sig
+    if _sig is None and blockscan.available():
+        _sig = compiled.jit(globals(), ("_sig_rows",))
+    return _sig if blockscan.available() else None
 
 
 def _gather(u8: np.ndarray, at: np.ndarray, dtype: np.dtype) -> np.ndarray:

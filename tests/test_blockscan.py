@@ -322,6 +322,58 @@ def test_the_compiled_fixed_fields_are_numpy_s():
         assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
+def test_the_compiled_signature_pass_is_numpy_s():
+    """``blocks._sig_rows`` (compiled) resolves the begins through a signature as
+    ``_sig_numpy`` does, and leaves the same rows to Python with the same counts: on records
+    of every type (errors, device errors, any-source recvs, unknown types), signatures known,
+    unknown, invalid or stated after their begin, seqs and parents at every bound."""
+    rng = random.Random(5)
+    edges = [0, 1, MAX_INT, MAX_INT + 1, (1 << 63) - 1, 1 << 63, (1 << 64) - 1]
+    types = [blocks.BEGIN, blocks.END, blocks.WAIT_BEGIN, blocks.WAIT_END, blocks.DONE, blocks.RBEGIN, blocks.SOURCE,
+             blocks.BEGIN_SIG, blocks.BEGIN_SIG, blocks.BEGIN_SIG, 0, 99]
+    recs, offs, at = [], [], 0
+    for _ in range(4000):
+        typ = rng.choice(types)
+        size = rng.choice([24, 32, 52, 52, 60])
+        ts = rng.choice([T, T, rng.choice(edges)])
+        op_id = rng.choice([rng.randrange(1 << 20), rng.choice(edges)])
+        body = struct.pack("<Iqqq", rng.randrange(8), rng.choice([-1, 5, rng.choice(edges) - (1 << 63)]),
+                           rng.choice([0, 7, rng.choice(edges) - (1 << 63)]), rng.randrange(1 << 16))
+        head = struct.pack("<BBHIQQ", typ, rng.choice([0, 0, blocks.FLAG_ERROR, 255]), 0, size, ts, op_id)
+        recs.append((head + body + bytes(8))[:size])
+        offs.append(at)
+        at += size
+    u8 = np.frombuffer(b"".join(recs), np.uint8)
+    where = np.array(offs, np.int64)
+    blocks._fixed_kernel()
+    kernel = blocks._sig_kernel()
+    assert kernel is not None
+    distinct = np.arange(8, dtype=np.int64)  # (ids 0-7: every signature a begin names)
+    statics = np.array([0, 1, 2, -1, -2, 1, 3, 0], np.int32)  # (-1: unknown, -2: invalid)
+    peer_of = np.array([-1, 3, 7, 2], np.int32)
+    any_source_of = np.array([False, False, True, False])
+    probe = blocks._Fixed.of(u8, where)
+    rows_1 = np.flatnonzero(probe.sig & (probe.body_sid == 1))  # (signature 1 stated at one of its begins)
+    for gathered in (0, 1200):
+        stated = np.array([0, gathered + rows_1[len(rows_1) // 2], 2500, 0, 0, 1 << 62, 10, 3999], np.int64)
+        for since in (np.zeros(8, np.int64), stated):
+            out = []
+            for fn in (kernel, blocks._sig_numpy):
+                c = blocks._Fixed.of(u8, where)
+                got = fn(c.typ, c.rflags, c.ok, c.sig, c.phase, c.static, c.seq, c.parent, c.tid, c.peer,
+                         c.body_sid, c.body_seq, c.body_parent, c.body_tid, distinct, statics, since, gathered,
+                         peer_of, any_source_of)
+                out.append((c, got))
+            (c1, got1), (c2, got2) = out
+            for a, b in zip(got1[:3], got2[:3], strict=True):
+                assert np.array_equal(a, b)
+            assert (int(got1[3]), int(got1[4])) == (int(got2[3]), int(got2[4]))
+            for a, b in zip(c1, c2, strict=True):
+                assert a.dtype == b.dtype and np.array_equal(a, b)
+            assert got1[2].shape[0] and got1[0].shape[0] and got1[1].shape[0] and got1[4]  # (each kind is there)
+            assert 0 < int(np.count_nonzero(c1.phase == blocks.PH_BEGIN)) < int(np.count_nonzero(c1.sig))
+
+
 def test_prefix_firsts_finds_each_prefix_s_first_block_in_order_at_any_length():
     """``blockscan.prefix_firsts``: a dict walk for a poll's few blocks, numpy past them; both
     give each prefix id's first position in a run of a scan's blocks, in order, with -1 (no

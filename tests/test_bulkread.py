@@ -5,6 +5,7 @@ writable; a message cut anywhere is the worker gone, never a wrong object."""
 from __future__ import annotations
 
 import io
+import sys
 
 import numpy as np
 import pytest
@@ -44,3 +45,15 @@ def test_a_message_cut_anywhere_is_the_worker_gone():
     for cut in sorted({0, 1, 8, 15, 16, 23, 24, len(whole) // 2, len(whole) - 1}):
         with pytest.raises(EOFError):
             bulkread._recv(io.BufferedReader(io.BytesIO(whole[:cut])))
+
+
+def test_a_worker_starts_with_one_openblas_thread(monkeypatch):
+    """A worker does no linear algebra: it is started with one OpenBLAS thread, whatever the
+    reading process has (numpy's import started a thread a core that spun ~0.1 s of CPU a
+    worker, taken from the workers beside it)."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "8")
+    says = ("import os, sys; from commscope.store import bulkread; bulkread._recv(sys.stdin.buffer); "
+            "bulkread._send(sys.stdout.buffer, os.environ.get('OPENBLAS_NUM_THREADS'))")
+    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", says))
+    pool = bulkread.Workers(1)
+    assert list(pool.run([bulkread.Job("job", None, {})])) == ["1"]
