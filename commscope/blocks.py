@@ -1250,9 +1250,11 @@ def _fixed_kernel() -> Callable[..., tuple] | None:
     """The compiled ``_fixed_rows`` (``compiled.jit``, on first use); None without numba or
     where ``COMMSCOPE_SCAN`` says no (as for the scanner)."""
     global _fixed
-    if _fixed is None and blockscan.available():
+    if not blockscan.available():
+        return None
+    if _fixed is None:
         _fixed = compiled.jit(globals(), ("_u64", "_fixed_rows"), inline=("_u64",))
-    return _fixed if blockscan.available() else None
+    return _fixed
 
 
 class _Rows(NamedTuple):
@@ -1353,9 +1355,11 @@ def _sig_kernel() -> Callable[..., tuple] | None:
     """The compiled ``_sig_rows`` (on first use); None without numba or where
     ``COMMSCOPE_SCAN`` says no (as for the scanner)."""
     global _sig
-    if _sig is None and blockscan.available():
+    if not blockscan.available():
+        return None
+    if _sig is None:
         _sig = compiled.jit(globals(), ("_sig_rows",))
-    return _sig if blockscan.available() else None
+    return _sig
 
 
 def _gather(u8: np.ndarray, at: np.ndarray, dtype: np.dtype) -> np.ndarray:
