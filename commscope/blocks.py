@@ -202,19 +202,61 @@ _BAD_STATIC = -2  # defined, but its fields are invalid: every record of it is i
 
 
 class _Walk:
-    """The op records of a run of blocks, gathered while walking them (``BlockDecoder``)."""
+    """The op records of a run of blocks, gathered while walking them (``BlockDecoder``):
+    their offsets in the joined buffers, those of the blocks walked record by record one by
+    one (``offs``), those of the blocks a scan hands over as they are in arrays (``runs``,
+    ``add``: a Python int a record, there and back, cost a stream's read ~35 us)."""
 
-    __slots__ = ("bufs", "offs", "where", "base", "current", "want_where", "own", "scanned")
+    __slots__ = ("bufs", "offs", "runs", "in_runs", "unchecked", "where", "base", "current", "want_where", "own",
+                 "scanned")
 
     def __init__(self, want_where: bool = False) -> None:
         self.want_where = want_where
         self.own = False  # a gathered record refers to sites and groups itself (``_has_own_fields``)
-        self.scanned = 0  # gathered records looked at for that
-        self.bufs: list[bytes] = []
-        self.offs: list[int] = []  # offsets of op records in the joined buffers
+        self.scanned = 0  # records of ``offs`` looked at for that
+        self.bufs: list[bytes | memoryview] = []
+        self.offs: list[int] = []  # offsets of op records in the joined buffers, gathered after ``runs``
+        self.runs: list[np.ndarray] = []  # offsets gathered before ``offs``, in order
+        self.in_runs = 0  # how many
+        self.unchecked: list[tuple[np.ndarray, np.ndarray]] = []  # runs not looked at for ``own``: (bytes, offsets)
         self.where: list[tuple[int, int]] = []  # (records so far, event position) per block
         self.base = 0  # where the next block's buffer starts in the joined buffers
         self.current = b""  # the block being walked
+
+    def count(self) -> int:
+        """The op records gathered."""
+        return self.in_runs + len(self.offs)
+
+    def add(self, offsets: np.ndarray, raw: np.ndarray, at: np.ndarray) -> None:
+        """A run of op records gathered at once: ``offsets`` in the joined buffers, their
+        types at ``at`` of ``raw`` (looked at for ``own`` only when asked)."""
+        if self.offs:
+            _own_of_offs(self)  # (looked at before they join the runs)
+            self.runs.append(np.array(self.offs, np.int64))
+            self.in_runs += len(self.offs)
+            self.offs.clear()
+            self.scanned = 0
+        self.runs.append(offsets)
+        self.in_runs += offsets.shape[0]
+        if not self.own:
+            self.unchecked.append((raw, at))
+
+    def offsets(self) -> np.ndarray:
+        """Every op record gathered, in order, as one array."""
+        if not self.runs:
+            return np.array(self.offs, np.int64)
+        parts = self.runs + [np.array(self.offs, np.int64)] if self.offs else self.runs
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def clear(self) -> None:
+        """Nothing gathered (``BlockDecoder._flush``)."""
+        self.bufs.clear()
+        self.offs.clear()
+        self.runs.clear()
+        self.unchecked.clear()
+        self.where.clear()
+        self.in_runs = self.base = self.scanned = 0
+        self.own = False
 
 
 class StaticTable:
@@ -449,7 +491,7 @@ class BlockDecoder:
             self._superseded()
             self._forget()
             return True
-        if before is not None and walk is not None and walk.offs and (
+        if before is not None and walk is not None and walk.count() and (
                 (typ, key) in self._sig_refs or _has_own_fields(walk)):
             before()
         if (typ, key) in self._unresolved:
@@ -471,7 +513,7 @@ class BlockDecoder:
         it changes what begins decode to (a restatement that changes nothing costs a compare)."""
 
         def before() -> None:
-            if walk.offs:
+            if walk.count():
                 self._flush(walk, parts, carry=walk.current)
 
         _t, flags, aux, _len, _ts, key = HEADER.unpack_from(raw, off)
@@ -489,7 +531,7 @@ class BlockDecoder:
                 before()  # begins of the old signature resolve with it
                 self._superseded()
             else:  # begins before this record that name it are invalid (its SIG record was lost)
-                self._sid_since[key] = self._gathered + len(walk.offs)
+                self._sid_since[key] = self._gathered + walk.count()
             if length >= HEADER.size + 32:  # the site and group it refers to are watched for
                 self._sig_refs.add((SITE_REC, struct.unpack_from("<i", raw, body + 20)[0]))
                 self._sig_refs.add((GROUP_REC, struct.unpack_from("<i", raw, body + 28)[0]))
@@ -557,7 +599,7 @@ class BlockDecoder:
         """An event that teaches the tables (``teaches``), learnt after what ``walk``
         gathered before it is resolved; whether it goes among the events too (a ``site``
         event only teaches)."""
-        if walk.offs:
+        if walk.count():
             self._flush(walk, parts)
         self.note(ev)
         return ev.get("type") != SITE
@@ -587,7 +629,7 @@ class BlockDecoder:
         size = len(raw)
         walk.bufs.append(raw)
         if want_where:
-            wh.append((len(offs), len(out)))
+            wh.append((walk.count(), len(out)))
         base = walk.base
         walk.base = base + size
         walk.current = raw
@@ -625,7 +667,7 @@ class BlockDecoder:
                 base = walk.base - size
                 if want_where and len(out) != n_out:  # a group among the records keeps its place
                     wh[-1] = (wh[-1][0], n_out)
-                    wh.append((len(offs), len(out)))
+                    wh.append((walk.count(), len(out)))
             elif skip_below >= 0 and pos < skip_below:
                 self.duplicates += 1
                 pos += length
@@ -701,7 +743,9 @@ class BlockDecoder:
         walk's buffers, their op records its offsets."""
         lo, hi = int(s.start[a]), int(s.stop[b - 1])
         walk.bufs.append(mv[lo:hi])
-        walk.offs.extend((s.ops[s.op_first[a]:s.op_first[b]] + (walk.base - lo)).tolist())
+        at = s.ops[s.op_first[a]:s.op_first[b]]
+        if at.shape[0]:
+            walk.add(at + (walk.base - lo), s.raw, at)
         walk.base += hi - lo
 
     def _head(self, raw: bytes, ev: dict, walk: _Walk, parts: list[OpRecords], out: list[dict]) -> int:
@@ -757,18 +801,15 @@ class BlockDecoder:
     def _flush(self, walk: _Walk, parts: list[OpRecords], carry: bytes | None = None) -> None:
         """Resolve what ``walk`` gathered into a part.  ``carry``: the block being walked
         goes on (its buffer starts the next walk, so the offsets gathered next stay valid)."""
-        if walk.offs:
+        n = walk.count()
+        if n:
             buf = bytes(walk.bufs[0]) if len(walk.bufs) == 1 else b"".join(walk.bufs)
-            part = self._resolve(buf, np.array(walk.offs, np.int64), walk.where if walk.want_where else [])
-            self._gathered += len(walk.offs)
+            part = self._resolve(buf, walk.offsets(), walk.where if walk.want_where else [])
+            self._gathered += n
             if part is not None:
                 parts.append(part)
         at = walk.where[-1][1] if walk.where else 0
-        walk.bufs.clear()
-        walk.offs.clear()
-        walk.where.clear()
-        walk.base = 0
-        walk.own, walk.scanned = False, 0
+        walk.clear()
         if carry is not None:
             walk.bufs.append(carry)
             walk.where.append((0, at))
@@ -1109,6 +1150,18 @@ def _has_own_fields(walk: _Walk) -> bool:
     """Whether ``walk`` gathered a record that refers to sites and groups directly, not
     through a signature: a begin that carries its own fields (BEGIN, RBEGIN), or a SOURCE
     (its peer is a group rank).  Each gathered record is looked at once, however often asked."""
+    if walk.own:
+        return True
+    for raw, at in walk.unchecked:
+        if _OWN_FIELDS[raw[at]].any():
+            walk.own = True
+            break
+    walk.unchecked.clear()
+    return _own_of_offs(walk)
+
+
+def _own_of_offs(walk: _Walk) -> bool:
+    """``_has_own_fields`` of the records gathered one by one (``_Walk.offs``)."""
     if walk.own:
         return True
     offs, k = walk.offs, walk.scanned
@@ -1565,7 +1618,7 @@ def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder, ahead: Ahe
     for x in sorted(set(ahead.sids[:upto].tolist())):  # (in order: statics are numbered as they come)
         if x in sigs and x not in decoded:
             decoder._static_of_sid(x)
-    assert not walk.offs and not parts  # (no op record was read)
+    assert not walk.count() and not parts  # (no op record was read)
     at = line_start[fb]
     rest = s if fb == 0 and at == 0 else s._replace(line_start=s.line_start[fb:] - at,
                                                     line_end=s.line_end[fb:] - at, block=s.block[fb:])

@@ -887,6 +887,23 @@ def test_a_begin_decodes_with_the_tables_as_they_stood_at_it_in_any_batching():
         assert (b3["group"], b3["site"]) == ("dp", "other.py:1 in g")
 
 
+@needs_scanner
+def test_a_begin_of_its_own_fields_handed_over_with_later_blocks_decodes_before_a_site_defined_after_it():
+    """A block walked record by record gathers a begin that carries its own fields; blocks the
+    scanner hands over as they are follow (their offsets join the walk's as arrays); then a
+    block defines the site that begin names.  The begin was written before the site was
+    known: it decodes without it, as the JSON path decodes it, however the stream is cut."""
+    prefix = GROUP0 + blocks.pack_sig(0, name=0, site=5, gid=0)
+    own = blocks.pack_begin(1, T, name=0, site=9, gid=0) + blocks.pack_end(1, T + 1)
+    lines = [meta_line(), block_line(prefix + own), block_line(prefix + blocks.pack_sig_begin(2, T + 2, 0)),
+             block_line(prefix + blocks.pack_end(2, T + 3)),
+             block_line(blocks.pack_site(9, "late.py:1 in h") + blocks.pack_begin(3, T + 4, name=0, site=9, gid=0))]
+    for scanned in (False, True):
+        for chunk in (0, 2):
+            begins = [e for e in _ops(lines, chunk=chunk, scanned=scanned) if e["phase"] == "begin"]
+            assert [(e["id"], e.get("site")) for e in begins] == [(1, None), (2, None), (3, "late.py:1 in h")]
+
+
 def test_a_site_event_applies_to_the_begins_after_it():
     """(The previous decoder kept what it had decoded of a signature across a ``site``
     event, so a call site a ``site`` event defined or changed reached only signatures
