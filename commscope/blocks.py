@@ -207,13 +207,11 @@ class _Walk:
     one (``offs``), those of the blocks a scan hands over as they are in arrays (``runs``,
     ``add``: a Python int a record, there and back, cost a stream's read ~35 us)."""
 
-    __slots__ = ("bufs", "offs", "runs", "in_runs", "unchecked", "where", "base", "current", "want_where", "own",
-                 "scanned")
+    __slots__ = ("bufs", "offs", "runs", "in_runs", "unchecked", "where", "base", "current", "want_where", "own")
 
     def __init__(self, want_where: bool = False) -> None:
         self.want_where = want_where
         self.own = False  # a gathered record refers to sites and groups itself (``_has_own_fields``)
-        self.scanned = 0  # records of ``offs`` looked at for that
         self.bufs: list[bytes | memoryview] = []
         self.offs: list[int] = []  # offsets of op records in the joined buffers, gathered after ``runs``
         self.runs: list[np.ndarray] = []  # offsets gathered before ``offs``, in order
@@ -231,11 +229,9 @@ class _Walk:
         """A run of op records gathered at once: ``offsets`` in the joined buffers, their
         types at ``at`` of ``raw`` (looked at for ``own`` only when asked)."""
         if self.offs:
-            _own_of_offs(self)  # (looked at before they join the runs)
             self.runs.append(np.array(self.offs, np.int64))
             self.in_runs += len(self.offs)
             self.offs.clear()
-            self.scanned = 0
         self.runs.append(offsets)
         self.in_runs += offsets.shape[0]
         if not self.own:
@@ -255,7 +251,7 @@ class _Walk:
         self.runs.clear()
         self.unchecked.clear()
         self.where.clear()
-        self.in_runs = self.base = self.scanned = 0
+        self.in_runs = self.base = 0
         self.own = False
 
 
@@ -654,6 +650,8 @@ class BlockDecoder:
                     base = walk.base - size
                 else:
                     append(base + off)
+                    if typ in _OWN_TYPES:
+                        walk.own = True
                 off += length
             return
         while off + 24 <= size:
@@ -673,6 +671,8 @@ class BlockDecoder:
                 pos += length
             else:
                 append(base + off)
+                if typ in _OWN_TYPES:
+                    walk.own = True
                 if skip_below >= 0:
                     pos += length
             off += length
@@ -1149,33 +1149,11 @@ def _states_once(prefix: bytes) -> bool:
 def _has_own_fields(walk: _Walk) -> bool:
     """Whether ``walk`` gathered a record that refers to sites and groups directly, not
     through a signature: a begin that carries its own fields (BEGIN, RBEGIN), or a SOURCE
-    (its peer is a group rank).  Each gathered record is looked at once, however often asked."""
-    if walk.own:
-        return True
-    for raw, at in walk.unchecked:
-        if _OWN_FIELDS[raw[at]].any():
-            walk.own = True
-            break
-    walk.unchecked.clear()
-    return _own_of_offs(walk)
-
-
-def _own_of_offs(walk: _Walk) -> bool:
-    """``_has_own_fields`` of the records gathered one by one (``_Walk.offs``)."""
-    if walk.own:
-        return True
-    offs, k = walk.offs, walk.scanned
-    if k < len(offs):
-        starts, at = [], 0
-        for b in walk.bufs:
-            starts.append(at)
-            at += len(b)
-        for o in offs[k:]:
-            i = bisect.bisect_right(starts, o) - 1
-            if walk.bufs[i][o - starts[i]] in (BEGIN, RBEGIN, SOURCE):
-                walk.own = True
-                break
-        walk.scanned = len(offs)
+    (its peer is a group rank).  A record gathered one by one is looked at as it is
+    (``BlockDecoder._block``), the runs a scan handed over only when asked, once."""
+    if not walk.own and walk.unchecked:
+        walk.own = any(_OWN_FIELDS[raw[at]].any() for raw, at in walk.unchecked)
+        walk.unchecked.clear()
     return walk.own
 
 
@@ -1626,8 +1604,9 @@ def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder, ahead: Ahe
 
 
 #: Op records that refer to sites and groups themselves, not through a signature
+_OWN_TYPES = frozenset({BEGIN, RBEGIN, SOURCE})
 _OWN_FIELDS = np.zeros(256, np.bool_)
-_OWN_FIELDS[[BEGIN, RBEGIN, SOURCE]] = True
+_OWN_FIELDS[sorted(_OWN_TYPES)] = True
 #: Lines between blocks that teach no table (``_learn_later_prefixes`` looks no further)
 _PLAIN_LINES = (b'{"type":"heartbeat"', b'{"type":"sample"')
 
