@@ -215,7 +215,7 @@ class _Walk:
         self.bufs: list[bytes | memoryview] = []
         self.offs: list[int] = []  # offsets of op records in the joined buffers, gathered after ``runs``
         self.runs: list[np.ndarray] = []  # offsets gathered before ``offs``, in order
-        self.in_runs = 0  # how many
+        self.in_runs = 0  # the records in ``runs``
         self.unchecked: list[tuple[np.ndarray, np.ndarray]] = []  # runs not looked at for ``own``: (bytes, offsets)
         self.where: list[tuple[int, int]] = []  # (records so far, event position) per block
         self.base = 0  # where the next block's buffer starts in the joined buffers
@@ -1290,7 +1290,8 @@ def _fixed_kernel() -> Callable[..., tuple] | None:
 
 class _Rows(NamedTuple):
     """What ``BlockDecoder._rows`` leaves to ``_resolve``: the rows it reads one by one, and
-    the counts of records kept (a phase) and of unknown types, as they stand before."""
+    the counts of records kept (a phase) and of unknown types before it reads them (reading
+    one may change its phase: ``_resolve`` then counts again)."""
 
     errors: np.ndarray  # an END or WAIT_END that says it has an exception text
     device_errors: np.ndarray  # a DONE that says the device failed
@@ -1315,38 +1316,40 @@ def _sig_rows(typ, rflags, ok, sig, phase, static, seq, parent, tid, peer, body_
     (what its numpy way computes, the same way)."""
     k = typ.shape[0]
     errors, device_errors, rare = np.empty(k, np.int64), np.empty(k, np.int64), np.empty(k, np.int64)
-    ne = nd = nr = kept = unknown = 0
+    errors_n = device_n = rare_n = kept = unknown = 0
     for i in range(k):
         t, ph = typ[i], phase[i]
         failed = (rflags[i] & FLAG_ERROR) != 0
         if (ph == PH_END or ph == PH_WAIT_END) and failed:  # noqa: SIM109 (compiled: no tuple)
-            errors[ne] = i
-            ne += 1
+            errors[errors_n] = i
+            errors_n += 1
         elif ph == PH_DONE and failed:
-            device_errors[nd] = i
-            nd += 1
+            device_errors[device_n] = i
+            device_n += 1
         elif sig[i]:
             j = np.searchsorted(distinct, body_sid[i])
-            st, sq, par = statics[j], body_seq[i], body_parent[i]
-            if st >= 0 and sq <= MAX_INT and par <= np.uint64(MAX_INT) and since[j] <= gathered + i:
+            index, written_seq, written_parent = statics[j], body_seq[i], body_parent[i]
+            # (the parent is unsigned: compared as one, never as a float)
+            if (index >= 0 and written_seq <= MAX_INT and written_parent <= np.uint64(MAX_INT)
+                    and since[j] <= gathered + i):
                 ph = PH_BEGIN
                 phase[i] = ph
-                static[i] = st
-                seq[i] = sq if sq >= 0 else -1
-                parent[i] = -1 if par == 0 else np.int64(par)
+                static[i] = index
+                seq[i] = written_seq if written_seq >= 0 else -1
+                parent[i] = -1 if written_parent == 0 else np.int64(written_parent)
                 tid[i] = body_tid[i]
-                peer[i] = peer_of[st]
-                if any_source_of[st]:
-                    rare[nr] = i
-                    nr += 1
-        elif ok[i] and (t == BEGIN or t == RBEGIN or t == SOURCE):  # noqa: SIM109
-            rare[nr] = i
-            nr += 1
+                peer[i] = peer_of[index]
+                if any_source_of[index]:
+                    rare[rare_n] = i
+                    rare_n += 1
+        elif ok[i] and _OWN_FIELDS[t]:
+            rare[rare_n] = i
+            rare_n += 1
         if ph >= 0:
             kept += 1
         elif ok[i] and not _KNOWN[t]:
             unknown += 1
-    return errors[:ne], device_errors[:nd], rare[:nr], kept, unknown
+    return errors[:errors_n], device_errors[:device_n], rare[:rare_n], kept, unknown
 
 
 def _sig_numpy(typ: np.ndarray, rflags: np.ndarray, ok: np.ndarray, sig: np.ndarray, phase: np.ndarray,
@@ -1361,19 +1364,19 @@ def _sig_numpy(typ: np.ndarray, rflags: np.ndarray, ok: np.ndarray, sig: np.ndar
     rows = np.flatnonzero(sig)
     any_source = _NO_SIDS
     if rows.shape[0]:
-        sq, par = body_seq[rows], body_parent[rows]
+        written_seq, written_parent = body_seq[rows], body_parent[rows]
         at = np.searchsorted(distinct, body_sid[rows])
-        st = statics[at]
-        good = (st >= 0) & (sq <= MAX_INT) & (par <= MAX_INT) & (since[at] <= gathered + rows)
-        rows, st, sq, par = rows[good], st[good], sq[good], par[good]
+        index = statics[at]
+        good = (index >= 0) & (written_seq <= MAX_INT) & (written_parent <= MAX_INT) & (since[at] <= gathered + rows)
+        rows, index, written_seq, written_parent = rows[good], index[good], written_seq[good], written_parent[good]
         phase[rows] = PH_BEGIN
-        static[rows] = st
-        seq[rows] = np.where(sq >= 0, sq, -1)
-        parent[rows] = np.where(par == 0, -1, par.astype(np.int64))
+        static[rows] = index
+        seq[rows] = np.where(written_seq >= 0, written_seq, -1)
+        parent[rows] = np.where(written_parent == 0, -1, written_parent.astype(np.int64))
         tid[rows] = body_tid[rows]
-        peer[rows] = peer_of[st]
-        any_source = rows[any_source_of[st]]
-    rare = np.flatnonzero(ok & ((typ == BEGIN) | (typ == RBEGIN) | (typ == SOURCE)))
+        peer[rows] = peer_of[index]
+        any_source = rows[any_source_of[index]]
+    rare = np.flatnonzero(ok & _OWN_FIELDS[typ])
     if any_source.shape[0]:
         rare = np.union1d(rare, any_source)
     return (errors, device_errors, rare, *_tally(typ, ok, phase))

@@ -322,49 +322,65 @@ def test_the_compiled_fixed_fields_are_numpy_s():
         assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
+def _sig_record(sid: int, seq: int, parent: int, *, typ: int = blocks.BEGIN_SIG, flags: int = 0, size: int = 52,
+                ts: int = T, op_id: int = 1) -> bytes:
+    """A record with a BEGIN_SIG's body (``size`` bytes of it, whatever ``typ`` says)."""
+    body = struct.pack("<IqQQ", sid, seq, parent, 3)
+    return (struct.pack("<BBHIQQ", typ, flags, 0, size, ts, op_id) + body + bytes(8))[:size]
+
+
+def _both_sig_passes(u8: np.ndarray, where: np.ndarray, statics: np.ndarray, since: np.ndarray, gathered: int,
+                     peer_of: np.ndarray, any_source_of: np.ndarray) -> list[tuple[blocks._Fixed, tuple]]:
+    """``_sig_rows`` (compiled) and ``_sig_numpy`` on the records at ``where``, signatures 0-7
+    known as ``statics`` says: each one's columns (``_Fixed``, written in place) and answer."""
+    blocks._fixed_kernel()  # (``_Fixed.of`` reads the records compiled, as a worker does)
+    kernel = blocks._sig_kernel()
+    assert kernel is not None
+    distinct = np.arange(8, dtype=np.int64)  # (ids 0-7: every signature a begin names)
+    out = []
+    for fn in (kernel, blocks._sig_numpy):
+        c = blocks._Fixed.of(u8, where)
+        out.append((c, fn(c.typ, c.rflags, c.ok, c.sig, c.phase, c.static, c.seq, c.parent, c.tid, c.peer,
+                          c.body_sid, c.body_seq, c.body_parent, c.body_tid, distinct, statics, since, gathered,
+                          peer_of, any_source_of)))
+    return out
+
+
+_STATICS = np.array([0, 1, 2, -1, -2, 1, 3, 0], np.int32)  # (signatures 0-7; -1: unknown, -2: invalid)
+_PEER_OF = np.array([-1, 3, 7, 2], np.int32)
+_ANY_SOURCE_OF = np.array([False, False, True, False])
+
+
 def test_the_compiled_signature_pass_is_numpy_s():
     """``blocks._sig_rows`` (compiled) resolves the begins through a signature as
     ``_sig_numpy`` does, and leaves the same rows to Python with the same counts: on records
     of every type (errors, device errors, any-source recvs, unknown types), signatures known,
-    unknown, invalid or stated after their begin, seqs and parents at every bound."""
+    unknown, invalid or stated after their begin, seqs and parents at and past every bound."""
     rng = random.Random(5)
-    edges = [0, 1, MAX_INT, MAX_INT + 1, (1 << 63) - 1, 1 << 63, (1 << 64) - 1]
+    edges = [0, 1, MAX_INT - 1, MAX_INT, MAX_INT + 1, MAX_INT + 2, (1 << 62) + 200, (1 << 63) - 1, 1 << 63,
+             (1 << 64) - 1]
+    seqs = [-1, -5, 5] + [e if e < 1 << 63 else e - (1 << 64) for e in edges]  # (signed)
+    parents = [0, 7] + edges  # (unsigned)
     types = [blocks.BEGIN, blocks.END, blocks.WAIT_BEGIN, blocks.WAIT_END, blocks.DONE, blocks.RBEGIN, blocks.SOURCE,
              blocks.BEGIN_SIG, blocks.BEGIN_SIG, blocks.BEGIN_SIG, 0, 99]
     recs, offs, at = [], [], 0
     for _ in range(4000):
-        typ = rng.choice(types)
         size = rng.choice([24, 32, 52, 52, 60])
-        ts = rng.choice([T, T, rng.choice(edges)])
-        op_id = rng.choice([rng.randrange(1 << 20), rng.choice(edges)])
-        body = struct.pack("<Iqqq", rng.randrange(8), rng.choice([-1, 5, rng.choice(edges) - (1 << 63)]),
-                           rng.choice([0, 7, rng.choice(edges) - (1 << 63)]), rng.randrange(1 << 16))
-        head = struct.pack("<BBHIQQ", typ, rng.choice([0, 0, blocks.FLAG_ERROR, 255]), 0, size, ts, op_id)
-        recs.append((head + body + bytes(8))[:size])
+        rec = _sig_record(rng.randrange(8), rng.choice(seqs), rng.choice(parents), typ=rng.choice(types),
+                          flags=rng.choice([0, 0, blocks.FLAG_ERROR, 255]), size=size,
+                          ts=rng.choice([T, T, rng.choice(edges)]),
+                          op_id=rng.choice([rng.randrange(1 << 20), rng.choice(edges)]))
+        recs.append(rec)
         offs.append(at)
         at += size
     u8 = np.frombuffer(b"".join(recs), np.uint8)
     where = np.array(offs, np.int64)
-    blocks._fixed_kernel()
-    kernel = blocks._sig_kernel()
-    assert kernel is not None
-    distinct = np.arange(8, dtype=np.int64)  # (ids 0-7: every signature a begin names)
-    statics = np.array([0, 1, 2, -1, -2, 1, 3, 0], np.int32)  # (-1: unknown, -2: invalid)
-    peer_of = np.array([-1, 3, 7, 2], np.int32)
-    any_source_of = np.array([False, False, True, False])
     probe = blocks._Fixed.of(u8, where)
     rows_1 = np.flatnonzero(probe.sig & (probe.body_sid == 1))  # (signature 1 stated at one of its begins)
     for gathered in (0, 1200):
         stated = np.array([0, gathered + rows_1[len(rows_1) // 2], 2500, 0, 0, 1 << 62, 10, 3999], np.int64)
         for since in (np.zeros(8, np.int64), stated):
-            out = []
-            for fn in (kernel, blocks._sig_numpy):
-                c = blocks._Fixed.of(u8, where)
-                got = fn(c.typ, c.rflags, c.ok, c.sig, c.phase, c.static, c.seq, c.parent, c.tid, c.peer,
-                         c.body_sid, c.body_seq, c.body_parent, c.body_tid, distinct, statics, since, gathered,
-                         peer_of, any_source_of)
-                out.append((c, got))
-            (c1, got1), (c2, got2) = out
+            (c1, got1), (c2, got2) = _both_sig_passes(u8, where, _STATICS, since, gathered, _PEER_OF, _ANY_SOURCE_OF)
             for a, b in zip(got1[:3], got2[:3], strict=True):
                 assert np.array_equal(a, b)
             assert (int(got1[3]), int(got1[4])) == (int(got2[3]), int(got2[4]))
@@ -372,6 +388,29 @@ def test_the_compiled_signature_pass_is_numpy_s():
                 assert a.dtype == b.dtype and np.array_equal(a, b)
             assert got1[2].shape[0] and got1[0].shape[0] and got1[1].shape[0] and got1[4]  # (each kind is there)
             assert 0 < int(np.count_nonzero(c1.phase == blocks.PH_BEGIN)) < int(np.count_nonzero(c1.sig))
+
+
+def test_the_signature_pass_takes_seqs_and_parents_up_to_the_bound_and_none_past_it():
+    """A begin through a signature whose seq or parent lies past ``MAX_INT`` is invalid (by
+    one, and where a float could not tell it from the bound); one at it decodes, as it was
+    written; a seq below zero and a parent of 0 are none (-1).  Both passes, written out."""
+    cases = [  # (seq, parent written) -> (phase, seq, parent)
+        ((MAX_INT, MAX_INT), (blocks.PH_BEGIN, MAX_INT, MAX_INT)),
+        ((MAX_INT + 1, 7), (-1, -1, -1)),
+        ((5, MAX_INT + 1), (-1, -1, -1)),
+        ((5, MAX_INT + 2), (-1, -1, -1)),
+        ((5, (1 << 62) + 200), (-1, -1, -1)),
+        ((5, (1 << 64) - 1), (-1, -1, -1)),
+        ((-(1 << 63), 0), (blocks.PH_BEGIN, -1, -1)),
+        ((-1, 1), (blocks.PH_BEGIN, -1, 1)),
+    ]
+    recs = [_sig_record(0, seq, parent, op_id=k + 1) for k, ((seq, parent), _) in enumerate(cases)]
+    u8 = np.frombuffer(b"".join(recs), np.uint8)
+    where = np.arange(len(recs), dtype=np.int64) * 52
+    for c, got in _both_sig_passes(u8, where, _STATICS, np.zeros(8, np.int64), 0, _PEER_OF, _ANY_SOURCE_OF):
+        assert [(int(p), int(q), int(r)) for p, q, r in zip(c.phase, c.seq, c.parent, strict=True)] == \
+            [want for _, want in cases]
+        assert int(got[3]) == 3 and int(got[4]) == 0  # (kept; none unknown: invalid begins are bad records)
 
 
 def test_prefix_firsts_finds_each_prefix_s_first_block_in_order_at_any_length():

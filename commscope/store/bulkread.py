@@ -140,8 +140,9 @@ class Workers:
     STALL_S = 300.0
 
     def __init__(self, n: int) -> None:
-        # (one OpenBLAS thread: a worker does no linear algebra, and numpy's import started a
-        # thread a core that spun ~0.1 s of CPU a worker, taken from the workers beside it)
+        # (one OpenBLAS thread, numpy's BLAS as pip installs it: a worker does no linear
+        # algebra, and numpy's import started a thread a core that spun ~0.1 s of CPU a
+        # worker, taken from the workers beside it)
         env = dict(os.environ, COMMSCOPE_NO_PROGRESS="1", OPENBLAS_NUM_THREADS="1")
         self.procs: list[subprocess.Popen] = []
         for _ in range(n):
