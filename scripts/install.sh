@@ -24,3 +24,10 @@ fi
 # The native recorder is compiled against this torch once per machine (~30 s; cached in
 # ~/.cache/commscope/native).  Without a compiler commscope records in Python instead.
 python -m commscope.record.native build || echo "commscope: continuing with the Python recorder"
+# commscope's bytecode, written here once: an editable install writes none, and where
+# PYTHONDONTWRITEBYTECODE is set (as in CI's image) every process compiled commscope's modules
+# again at its start (~0.1 s of CPU each; the suite starts hundreds: ranks, read workers, CLIs;
+# test_e2e_failures and test_deaths took 88-92 s against 96-101 s without it).  Python reads
+# the bytecode only while it matches the source: a module edited since is compiled at each
+# start again, until this script runs again.
+python -m compileall -q commscope > /dev/null || echo "commscope: bytecode not written (each process compiles it)"
