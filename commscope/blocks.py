@@ -241,7 +241,7 @@ class _Walk:
         """Every op record gathered, in order, as one array."""
         if not self.runs:
             return np.array(self.offs, np.int64)
-        parts = self.runs + [np.array(self.offs, np.int64)] if self.offs else self.runs
+        parts = (self.runs + [np.array(self.offs, np.int64)]) if self.offs else self.runs
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def clear(self) -> None:
