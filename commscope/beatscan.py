@@ -169,7 +169,8 @@ def _load() -> Callable[..., tuple] | None:
     global _kernel
     if _kernel is None and blockscan._load() is not None:
         globals().update(_block_lit=blockscan._lit, _block_num=blockscan._num)  # (compiled: its helpers)
-        _kernel = compiled.jit(globals(), ("_lit", "_count", "_real", "_scan"), inline=("_lit", "_count", "_real"))
+        _kernel = compiled.jit(globals(), ("_lit", "_count", "_real", "_scan"), inline=("_lit", "_count", "_real"),
+                               args=("const uint8[::1]", "const int64[::1]", "const int64[::1]", "int64"))
     return _kernel
 
 

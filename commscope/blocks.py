@@ -1284,7 +1284,8 @@ def _fixed_kernel() -> Callable[..., tuple] | None:
     if not blockscan.available():
         return None
     if _fixed is None:
-        _fixed = compiled.jit(globals(), ("_u64", "_fixed_rows"), inline=("_u64",))
+        _fixed = compiled.jit(globals(), ("_u64", "_fixed_rows"), inline=("_u64",),
+                              args=("const uint8[::1]", "const int64[::1]"))
     return _fixed
 
 
@@ -1332,8 +1333,8 @@ def _sig_rows(typ, rflags, ok, sig, phase, static, seq, parent, tid, peer, body_
             # (the parent is unsigned: compared as one, never as a float)
             if (index >= 0 and written_seq <= MAX_INT and written_parent <= np.uint64(MAX_INT)
                     and since[j] <= gathered + i):
-                ph = PH_BEGIN
-                phase[i] = ph
+                phase[i] = PH_BEGIN
+                ph = phase[i]
                 static[i] = index
                 seq[i] = written_seq if written_seq >= 0 else -1
                 parent[i] = -1 if written_parent == 0 else np.int64(written_parent)
@@ -1392,7 +1393,12 @@ def _sig_kernel() -> Callable[..., tuple] | None:
     if not blockscan.available():
         return None
     if _sig is None:
-        _sig = compiled.jit(globals(), ("_sig_rows",))
+        _sig = compiled.jit(globals(), ("_sig_rows",), args=(
+            "const uint8[::1]", "const uint8[::1]", "const boolean[::1]", "const boolean[::1]",  # typ, rflags, ok, sig
+            "int8[::1]", "int32[::1]", "int64[::1]", "int64[::1]", "uint64[::1]", "int32[::1]",  # what it writes
+            "const int64[::1]", "const int64[::1]", "const uint64[::1]", "const uint64[::1]",  # the bodies' fields
+            "const int64[::1]", "const int32[::1]", "const int64[::1]", "int64",  # distinct, statics, since, gathered
+            "const int32[::1]", "const boolean[::1]"))  # peer_of, any_source_of
     return _sig
 
 

@@ -202,7 +202,8 @@ def _load() -> Callable[..., tuple] | None:
     global _kernel
     if _kernel is None:
         _kernel = compiled.jit(globals(), ("_hash", "_lit", "_num", "_field", "_b64", "_same", "_scan"),
-                               inline=("_lit", "_num", "_field", "_b64"))
+                               inline=("_lit", "_num", "_field", "_b64"),
+                               args=("const uint8[::1]", "const int64[::1]", "const int64[::1]"))
     return _kernel
 
 

@@ -106,7 +106,8 @@ def scan(data: bytes, rank: int) -> Scan | None:
 def _load() -> Callable[..., tuple] | None:
     global _kernel
     if _kernel is None:
-        _kernel = compiled.jit(globals(), ("_word", "_key", "_int", "_string", "_value", "_same", "_equal", "_scan"))
+        _kernel = compiled.jit(globals(), ("_word", "_key", "_int", "_string", "_value", "_same", "_equal", "_scan"),
+                               args=("const uint8[::1]", "int64", "int64"))
     return _kernel
 
 

@@ -94,5 +94,7 @@ def _load() -> Callable[..., None] | None:
     """The compiled loop (``compiled.jit``, on first use)."""
     global _kernel
     if _kernel is None:
-        _kernel = compiled.jit(globals(), ("_update",))
+        _kernel = compiled.jit(globals(), ("_update",), args=(
+            "const int64[::1]", "const int64[::1]", "int64[::1]",  # begin, comp, pmax (written)
+            "const int64[::1]", "const int64[::1]", "const int64[::1]", "const int64[::1]"))  # base, n, valid, since
     return _kernel

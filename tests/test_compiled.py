@@ -1,0 +1,246 @@
+"""The kernels compiled ahead of time (``commscope/compiled.py``): the install's build holds
+every kernel, they decode what the kernels compiled on first use decode, an argument of
+another type never reaches an ahead-of-time function, and an edited kernel is not taken
+from an old build."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from commscope import beatscan, blocks, blockscan, compiled, jsonscan
+from commscope.analysis import runmax
+from commscope.bench.synthstore import JobShape, write_store
+from commscope.store.bulkread import Job
+from commscope.store.directory import DirectoryReader, read_streams
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(env_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, COMMSCOPE_KERNELS_DIR=str(env_dir))
+    env.pop(compiled.ENV_AOT, None)
+    return subprocess.run([sys.executable, "-m", "commscope.compiled", *args], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A build, as the install makes it, in a directory of its own."""
+    where = tmp_path_factory.mktemp("kernels")
+    got = _run(where, "build")
+    assert got.returncode == 0, got.stdout + got.stderr
+    return where
+
+
+def _module(where: Path) -> ModuleType:
+    saved = os.environ.get(compiled.ENV_DIR)
+    os.environ[compiled.ENV_DIR] = str(where)
+    try:
+        module = compiled._import_from(compiled.build_dir())
+    finally:
+        os.environ.pop(compiled.ENV_DIR) if saved is None else os.environ.__setitem__(compiled.ENV_DIR, saved)
+    assert module is not None
+    return module
+
+
+def _both(where: Path, key: str) -> tuple[compiled.Ahead, Callable]:
+    """The kernel ``key`` as the build holds it and as compiled here."""
+    kernel = {k.key: k for k in compiled.load_all()}[key]
+    fn = getattr(_module(where), compiled.export_name(kernel), None)
+    assert fn is not None, f"{key} is not in the build"
+    here = compiled._compile_here(kernel)
+    assert here is not None
+    return compiled.Ahead(fn, kernel), here
+
+
+def test_the_build_holds_every_kernel_and_is_not_made_twice(built: Path) -> None:
+    got = _run(built, "status")
+    assert got.returncode == 0, got.stdout + got.stderr
+    states = dict(line.split()[::-1] for line in got.stdout.splitlines() if not line.startswith("module:"))
+    assert len(states) == len(compiled.LOADERS)
+    assert set(states.values()) == {"ahead"}
+    files = list(built.glob("*/commscope_kernels*"))
+    assert len(files) == 1
+    stamp = files[0].stat().st_mtime_ns
+    again = _run(built, "build")
+    assert again.returncode == 0, again.stderr
+    assert files[0].stat().st_mtime_ns == stamp  # (up to date: not compiled again)
+
+
+def test_every_kernel_has_a_loader() -> None:
+    """A kernel the build does not know would be compiled on first use in every process."""
+    calls = sum(p.read_text().count("compiled.jit(globals()") for p in (ROOT / "commscope").rglob("*.py"))
+    assert calls == len(compiled.load_all()) == len(compiled.LOADERS)
+    assert all(k.args for k in compiled.load_all())
+
+
+@pytest.fixture
+def kernels_from(monkeypatch: pytest.MonkeyPatch, built: Path) -> Iterator[Callable[[bool], None]]:
+    """Set the readers' kernels to the build's (True) or to those compiled here (False)."""
+    pairs = {key: _both(built, key) for key in ("commscope.blockscan._scan", "commscope.beatscan._scan",
+                                                "commscope.jsonscan._scan", "commscope.blocks._fixed_rows",
+                                                "commscope.blocks._sig_rows")}
+    where = {"commscope.blockscan._scan": (blockscan, "_kernel"), "commscope.beatscan._scan": (beatscan, "_kernel"),
+             "commscope.jsonscan._scan": (jsonscan, "_kernel"), "commscope.blocks._fixed_rows": (blocks, "_fixed"),
+             "commscope.blocks._sig_rows": (blocks, "_sig")}
+    monkeypatch.delenv("COMMSCOPE_SCAN", raising=False)
+
+    def use(ahead: bool) -> None:
+        for key, (module, name) in where.items():
+            monkeypatch.setattr(module, name, pairs[key][0 if ahead else 1])
+
+    yield use
+
+
+@pytest.mark.parametrize("json", [False, True], ids=["native", "json"])
+def test_the_build_reads_what_the_kernels_compiled_here_read(tmp_path: Path, kernels_from: Callable[[bool], None],
+                                                            json: bool) -> None:
+    """A whole read's worker (scanner, fixed rows, signatures, heartbeats; JSON op lines)
+    gives the same bytes either way."""
+    write_store(str(tmp_path), JobShape(6, 40, json=json))
+    job_dir = str(tmp_path / "synthetic")
+    streams = DirectoryReader(job_dir).streams()
+    sent = {}
+    before = sum(compiled.fallbacks.values())
+    for ahead in (True, False, True):
+        kernels_from(ahead)
+        sent.setdefault(ahead, []).append(pickle.dumps(read_streams(Job(job_dir, None, dict(streams))).sent()))
+    assert sent[True][0] == sent[True][1] == sent[False][0]
+    assert sum(compiled.fallbacks.values()) == before  # (every call of the build's kernels with their own types)
+    read = pickle.loads(sent[True][0])
+    assert read.packed is not None and int(read.packed.start[-1]) > 200  # (op records read: the kernels ran)
+
+
+def test_the_running_max_is_the_same_either_way(built: Path) -> None:
+    ahead, here = _both(built, "commscope.analysis.runmax._update")
+    rng = np.random.default_rng(5)
+    ranks, cap = 40, 64
+    base = np.arange(ranks, dtype=np.int64) * cap
+    n = rng.integers(0, cap + 1, ranks).astype(np.int64)
+    begin = np.sort(rng.integers(0, 10_000, ranks * cap)).astype(np.int64)
+    comp = np.where(rng.random(ranks * cap) < 0.3, 0, begin + rng.integers(-5, 3_000, ranks * cap)).astype(np.int64)
+    valid = (n * rng.random(ranks)).astype(np.int64)
+    since = np.where(rng.random(ranks) < 0.5, runmax.I64_MIN, rng.integers(0, 10_000, ranks)).astype(np.int64)
+    start = rng.integers(0, 20_000, ranks * cap).astype(np.int64)
+    pmax = [start.copy(), start.copy()]
+    before = sum(compiled.fallbacks.values())
+    ahead(begin, comp, pmax[0], base, n, valid, since)
+    here(begin, comp, pmax[1], base, n, valid, since)
+    assert sum(compiled.fallbacks.values()) == before
+    assert not np.array_equal(pmax[0], start)
+    assert np.array_equal(pmax[0], pmax[1])
+
+
+def test_arguments_of_other_types_never_reach_the_built_function(built: Path) -> None:
+    """The built function trusts its arguments (an array of another type would crash it):
+    any other type goes to the kernel compiled here, counted."""
+    ahead, here = _both(built, "commscope.blockscan._scan")
+    data = (b'{"type":"heartbeat","rank":3,"ts":5}\n' + blocks.encode_block(blocks.pack_end(1, 10), 3, 10, 1)
+            + b"\n")
+    d = np.frombuffer(data, np.uint8)
+    starts, ranks = np.zeros(1, np.int64), np.array([3], np.int64)
+    want = here(d, starts, ranks)
+    assert want[3].tolist() == [-1, 0]  # (the second line a block: a real scan)
+    spread = np.zeros(2 * d.shape[0], np.uint8)
+    spread[::2] = d
+    key = "commscope.blockscan._scan"
+    for args in ((spread[::2], starts, ranks), (d, starts.astype(np.int32), ranks), (d, starts, ranks.astype(np.uint8)),
+                 (d, starts.reshape(1, 1), ranks)):
+        before = compiled.fallbacks[key]
+        got = ahead(*args)
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+        assert compiled.fallbacks[key] == before + 1
+    before = compiled.fallbacks[key]
+    got = ahead(d, starts, ranks)
+    assert compiled.fallbacks[key] == before and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    # an array the kernel writes, read-only: never written behind its flag
+    update, _ = _both(built, "commscope.analysis.runmax._update")
+    one = np.array([0], np.int64)
+    pmax = np.array([7], np.int64)
+    pmax.flags.writeable = False
+    before = compiled.fallbacks["commscope.analysis.runmax._update"]
+    with pytest.raises(Exception):  # noqa: B017, PT011 (numba: a read-only array it would write)
+        update(np.array([9], np.int64), one, pmax, one, np.array([1], np.int64), one, one)
+    assert pmax.tolist() == [7]
+    assert compiled.fallbacks["commscope.analysis.runmax._update"] == before + 1
+    # an integer that is not an int64
+    scan, _ = _both(built, "commscope.beatscan._scan")
+    before = compiled.fallbacks["commscope.beatscan._scan"]
+    lo, hi = np.zeros(1, np.int64), np.array([d.shape[0]], np.int64)
+    assert np.array_equal(scan(d, lo, hi, True)[0], scan(d, lo, hi, 1)[0])
+    assert compiled.fallbacks["commscope.beatscan._scan"] == before + 1
+
+
+_KERNEL = '''
+import numpy as np
+
+_T = np.array([1, 2, 3], np.int64)
+
+
+def _helper(x):
+    return x + _T[0]
+
+
+def _other(x):
+    return x
+
+
+def _kernel(a):
+    s = 0
+    for i in range(a.shape[0]):
+        s += _helper(a[i])
+    return s
+'''
+
+
+def _fingerprint(tmp_path: Path, name: str, source: str, args: tuple[str, ...] = ("const int64[::1]",)) -> str:
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(source))
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return compiled.fingerprint(compiled.Kernel(vars(module), ("_helper", "_kernel"), (), args))
+
+
+def test_a_fingerprint_follows_what_numba_compiles(tmp_path: Path) -> None:
+    """What numba freezes into a kernel changes its fingerprint (an old build is then not
+    used for it); what it does not, does not."""
+    base = _fingerprint(tmp_path, "k0", _KERNEL)
+    assert base == _fingerprint(tmp_path, "k1", _KERNEL)
+    same = {
+        "lines moved": _KERNEL.replace("\n\ndef _kernel", "\n\n\n\n# a comment\ndef _kernel"),
+        "another function": _KERNEL.replace("return x\n\n\ndef _kernel", "return x + 1\n\n\ndef _kernel"),
+    }
+    changed = {
+        "the helper": _KERNEL.replace("x + _T[0]", "x - _T[0]"),
+        "a constant it reads": _KERNEL.replace("[1, 2, 3]", "[1, 2, 4]"),
+        "a constant's type": _KERNEL.replace("np.int64)", "np.int32)"),
+        "the kernel": _KERNEL.replace("s += _helper", "s -= _helper"),
+    }
+    for n, (what, source) in enumerate(same.items()):
+        assert _fingerprint(tmp_path, f"s{n}", source) == base, what
+    for n, (what, source) in enumerate(changed.items()):
+        assert _fingerprint(tmp_path, f"c{n}", source) != base, what
+    assert _fingerprint(tmp_path, "a0", _KERNEL, ("const int32[::1]",)) != base
+
+
+def test_a_kernel_argument_type_is_checked_when_written() -> None:
+    assert compiled._parse("const uint8[::1]") == compiled._Arg(np.dtype(np.uint8), 1, False)
+    assert compiled._parse("float64[:, ::1]") == compiled._Arg(np.dtype(np.float64), 2, True)
+    assert compiled._parse("boolean[::1]").dtype == np.dtype(bool)
+    assert compiled._parse("int64") == compiled._Arg(None, 0, False)
+    for bad in ("uint8[:]", "const int64", "float64", "uint8[::1"):
+        with pytest.raises(ValueError, match="kernel"):
+            compiled._parse(bad)
