@@ -168,7 +168,9 @@ def scan(data: bytes, starts: np.ndarray, ends: np.ndarray, rank: int) -> Rows |
 def _load() -> Callable[..., tuple] | None:
     global _kernel
     if _kernel is None and blockscan._load() is not None:
-        globals().update(_block_lit=blockscan._lit, _block_num=blockscan._num)  # (compiled: its helpers)
+        # (the block scanner's helpers as they are now: compiled where it was compiled here;
+        # else ``compiled._compile_here`` compiles them before this kernel, if it must)
+        globals().update(_block_lit=blockscan._lit, _block_num=blockscan._num)
         _kernel = compiled.jit(globals(), ("_lit", "_count", "_real", "_scan"), inline=("_lit", "_count", "_real"),
                                args=("const uint8[::1]", "const int64[::1]", "const int64[::1]", "int64"))
     return _kernel

@@ -1334,7 +1334,7 @@ def _sig_rows(typ, rflags, ok, sig, phase, static, seq, parent, tid, peer, body_
             if (index >= 0 and written_seq <= MAX_INT and written_parent <= np.uint64(MAX_INT)
                     and since[j] <= gathered + i):
                 phase[i] = PH_BEGIN
-                ph = phase[i]
+                ph = phase[i]  # (not ``ph = PH_BEGIN``: numba's compiler ahead of time types ``ph`` by its first value)
                 static[i] = index
                 seq[i] = written_seq if written_seq >= 0 else -1
                 parent[i] = -1 if written_parent == 0 else np.int64(written_parent)

@@ -18,7 +18,6 @@ every line as JSON: the same events, slower.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -77,7 +76,7 @@ _kernel: Callable[..., tuple] | None = None
 
 def available() -> bool:
     """Whether ``scan`` scans: numba is there and ``COMMSCOPE_SCAN`` does not say no."""
-    if os.environ.get(ENV_SCAN, "1").strip().lower() in ("0", "false", "no", "off"):
+    if compiled.says_no(ENV_SCAN):
         return False
     return _load() is not None
 

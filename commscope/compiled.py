@@ -61,6 +61,11 @@ class Kernel(NamedTuple):
     def key(self) -> str:
         return f"{self.scope['__name__']}.{self.names[-1]}"
 
+    @property
+    def prefix(self) -> str:
+        """Its functions' names in a build, before their fingerprint."""
+        return f"{self.key.replace('.', '_')}_"
+
 
 #: Every kernel asked for in this process, by ``Kernel.key``
 kernels: dict[str, Kernel] = {}
@@ -105,8 +110,8 @@ def _compile_here(kernel: Kernel) -> Callable[..., Any] | None:
             if other is not None:
                 _compile_here(other)
                 scope[name] = other.scope[v.__name__]
-    compile_one = numba.njit(cache=True, nogil=True, boundscheck=False)
-    merged = numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+    compile_one = numba.njit(**OPTIONS)
+    merged = numba.njit(**OPTIONS, inline="always")
     for name in names:
         scope[name] = (merged if name in inline else compile_one)(scope[name])
     return scope[names[-1]]
@@ -174,8 +179,14 @@ class Ahead:
         return here(*args)
 
 
+def says_no(name: str) -> bool:
+    """Whether the environment variable ``name`` switches something off ("0", "false",
+    "no", "off"; unset: on)."""
+    return os.environ.get(name, "1").strip().lower() in ("0", "false", "no", "off")
+
+
 def aot_enabled() -> bool:
-    return os.environ.get(ENV_AOT, "1").strip().lower() not in ("0", "false", "no", "off")
+    return not says_no(ENV_AOT)
 
 
 def level() -> str:
@@ -208,6 +219,38 @@ def build_dir() -> Path:
     return Path(base) / tag()
 
 
+#: The build's manifest in ``build_dir()``, written after its module: the module's name and
+#: file, the file's size and digest, its functions, the numba that built it
+MANIFEST = "kernels.json"
+
+
+class Built(NamedTuple):
+    """A build as its manifest says it, its file checked."""
+
+    module: str
+    path: Path
+    exports: frozenset[str]
+    numba: str
+
+
+def _built(directory: Path) -> Built | None:
+    """The build in ``directory`` where its manifest names a file of exactly the size and
+    digest it says: a file cut short or changed since is never loaded (loading a torn
+    extension crashes the process, and no ``except`` catches that)."""
+    import hashlib
+    import json
+
+    try:
+        manifest = json.loads((directory / MANIFEST).read_bytes())
+        path = directory / manifest["file"]
+        data = path.read_bytes()
+        if len(data) != manifest["size"] or hashlib.sha256(data).hexdigest() != manifest["sha256"]:
+            return None
+        return Built(str(manifest["module"]), path, frozenset(manifest["exports"]), str(manifest["numba"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 _module: types.ModuleType | None = None
 _module_error: str | None = None
 
@@ -217,39 +260,43 @@ def _aot_module() -> types.ModuleType | None:
     global _module, _module_error
     if _module is None and _module_error is None:
         try:
-            _module = _import_from(build_dir())
+            _module = _import(_built(build_dir()))
             if _module is None:
                 _module_error = "not built (python -m commscope.compiled builds it)"
-        except Exception as exc:  # (a torn or foreign file: compiled on first use instead)
+        except Exception as exc:  # (a foreign file: compiled on first use instead)
             _module_error = f"{type(exc).__name__}: {exc}"
     return _module
 
 
-def _import_from(directory: Path) -> types.ModuleType | None:
-    import importlib.machinery
+def _import(built: Built | None) -> types.ModuleType | None:
     import importlib.util
 
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = directory / (MODULE + suffix)
-        if path.is_file():
-            spec = importlib.util.spec_from_file_location(MODULE, path)
-            if spec is None or spec.loader is None:
-                return None
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module
-    return None
+    if built is None:
+        return None
+    spec = importlib.util.spec_from_file_location(built.module, built.path)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: What every kernel is compiled with, here and ahead of time (part of its fingerprint)
+OPTIONS = {"cache": True, "nogil": True, "boundscheck": False}
 
 
 def fingerprint(kernel: Kernel) -> str:
     """A digest of what numba compiles for ``kernel``: the code of the kernel and of every
     function it calls through a global name (its helpers, another module's), recursively,
-    each with the constants and the values of the globals it reads (numba freezes them:
-    arrays by their bytes), and its arguments' types.  Line numbers are not in it (moving a
-    kernel recompiles nothing)."""
+    each with its constants, its closure's values and the values of the globals and module
+    attributes it reads (numba freezes them: arrays by their bytes), its arguments' types
+    and the options it is compiled with.  Line numbers are not in it (moving a kernel
+    recompiles nothing); a value is hashed by its type and repr where that is plain data,
+    by name where it is a function, class or module (a repr with an address would never
+    match again)."""
     import hashlib
 
-    h = hashlib.sha256(repr((kernel.names, kernel.inline, kernel.args)).encode())
+    h = hashlib.sha256(repr((kernel.names, kernel.inline, kernel.args, sorted(OPTIONS.items()))).encode())
     seen: set[tuple[int, str]] = set()
 
     def code(c: types.CodeType, scope: dict[str, Any]) -> None:
@@ -259,25 +306,35 @@ def fingerprint(kernel: Kernel) -> str:
             if isinstance(k, types.CodeType):
                 code(k, scope)
             else:
-                h.update(repr(k).encode())
+                h.update(f"{type(k).__name__}:{k!r}".encode())
         for name in c.co_names:
             if name in scope and (id(scope), name) not in seen:
                 seen.add((id(scope), name))
-                value(name, scope[name])
+                v = scope[name]
+                value(name, v)
+                if isinstance(v, types.ModuleType):  # (``module.CONSTANT``: the attributes it may read)
+                    for attr in c.co_names:
+                        if attr != name and hasattr(v, attr) and (id(v), attr) not in seen:
+                            seen.add((id(v), attr))
+                            value(f"{name}.{attr}", getattr(v, attr))
 
     def value(name: str, v: object) -> None:
         h.update(b"\0" + name.encode() + b"=")
         f = getattr(v, "py_func", v)
         if isinstance(f, types.FunctionType):
             h.update(repr(f.__defaults__).encode())
+            for cell in f.__closure__ or ():
+                value("(closure)", cell.cell_contents)
             code(f.__code__, f.__globals__)
         elif isinstance(v, np.ndarray):
             h.update(f"{v.dtype.str}{v.shape}".encode())
             h.update(np.ascontiguousarray(v).tobytes())
-        elif isinstance(v, types.ModuleType):
-            h.update(v.__name__.encode())
-        else:
-            h.update(repr(v).encode())
+        elif isinstance(v, (type, types.ModuleType, types.BuiltinFunctionType)) or callable(v):
+            h.update(f"{getattr(v, '__module__', '')}.{getattr(v, '__qualname__', getattr(v, '__name__', ''))}".encode())
+        elif isinstance(v, (int, float, complex, str, bytes, bool, tuple, frozenset, np.generic)) or v is None:
+            h.update(f"{type(v).__name__}:{v!r}".encode())
+        else:  # (nothing numba could freeze: its type says enough)
+            h.update(type(v).__qualname__.encode())
 
     value(kernel.names[-1], kernel.scope[kernel.names[-1]])
     return h.hexdigest()[:16]
@@ -285,7 +342,7 @@ def fingerprint(kernel: Kernel) -> str:
 
 def export_name(kernel: Kernel) -> str:
     """The kernel's function in the built module: its module, name and fingerprint."""
-    return f"{kernel.key.replace('.', '_')}_{fingerprint(kernel)}"
+    return f"{kernel.prefix}{fingerprint(kernel)}"
 
 
 def load_all() -> list[Kernel]:
@@ -297,40 +354,54 @@ def load_all() -> list[Kernel]:
 
 
 def status() -> dict[str, str]:
-    """Per kernel of ``LOADERS``: 'ahead' (the built module holds it as it is), 'stale'
-    (the module holds another version of it) or 'missing'."""
-    module = _aot_module() if aot_enabled() else None
-    names = set(dir(module)) if module is not None else set()
+    """Per kernel of ``LOADERS``: 'ahead' (the build holds it as it is), 'stale' (the build
+    holds another version of it) or 'missing' (whatever ``COMMSCOPE_AOT`` says)."""
+    built = _built(build_dir())
+    names = built.exports if built is not None else frozenset()
     out = {}
     for kernel in load_all():
-        prefix = kernel.key.replace(".", "_") + "_"
         out[kernel.key] = ("ahead" if export_name(kernel) in names
-                           else "stale" if any(n.startswith(prefix) for n in names) else "missing")
+                           else "stale" if any(n.startswith(kernel.prefix) for n in names) else "missing")
     return out
+
+
+#: A scratch directory a build left this long ago (killed half-way) is removed by the next
+#: build; an old module file no manifest names, after this long too (a process may still run
+#: it: a file removed is kept for it, one replaced in place would not be)
+STALE_S = 3600.0
 
 
 def build(directory: Path | None = None, verbose: bool = False) -> Path:
     """Compile every kernel ahead of time into ``directory`` (default ``build_dir()``),
-    unless the module there holds them all as they are; returns the module's path.  Runs
-    in a process of its own (``python -m commscope.compiled``): it compiles each kernel
-    here first (numba's JIT: the type it returns), which the process then keeps."""
+    unless its build holds them all as they are, by this numba; returns the module's path.
+    Runs in a process of its own (``python -m commscope.compiled``): it compiles each
+    kernel here first (numba's JIT: the type it returns, and that it writes no argument it
+    declares ``const``), which the process then keeps.  Each build is a module of its own
+    name (a digest of its functions), written whole before the manifest names it."""
+    import hashlib
+    import json
     import shutil
     import tempfile
+    import time
     import warnings
 
     os.environ[ENV_AOT] = "0"  # (every kernel compiled here: the build reads their types)
     directory = directory or build_dir()
     found = load_all()
-    old = _import_from(directory)
-    if old is not None and all(hasattr(old, export_name(k)) for k in found):
-        return Path(str(old.__file__))
-    print(f"commscope: compiling the readers' kernels ahead of time (once, ~30 s) in {directory}", file=sys.stderr)
+    names = sorted(export_name(k) for k in found)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (numba.pycc is pending deprecation: a warning, not news)
         import numba
+        import numba.pycc.compiler
         from numba.pycc import CC
 
-        cc = CC(MODULE)
+        old = _built(directory)
+        if old is not None and old.exports.issuperset(names) and old.numba == numba.__version__:
+            return old.path
+        print(f"commscope: compiling the readers' kernels ahead of time (once, ~30 s) in {directory}",
+              file=sys.stderr)
+        module = f"{MODULE}_{hashlib.sha256(' '.join(names).encode()).hexdigest()[:12]}"
+        cc = CC(module)
         cc.target_cpu = level()
         cc.verbose = verbose
         for kernel in found:
@@ -339,22 +410,52 @@ def build(directory: Path | None = None, verbose: bool = False) -> Path:
             dispatcher.compile(argtypes)
             cc.export(export_name(kernel), dispatcher.overloads[argtypes].signature)(dispatcher.py_func)
         directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".build-", dir=directory.parent) as scratch:
-            cc.output_dir = scratch
-            cc.compile()
-            built = next(Path(scratch).glob(MODULE + "*"))
-            target = directory / built.name
-            # (a process that imported the old file keeps it: the new one takes its name whole)
-            os.replace(built, target)
-    for stale in directory.glob(".build-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+        now = time.time()
+        for stale in directory.parent.glob(".build-*"):  # (scratch of a build killed half-way)
+            if now - stale.stat().st_mtime > STALE_S:
+                shutil.rmtree(stale, ignore_errors=True)
+        flags = numba.pycc.compiler.Flags
+        numba.pycc.compiler.Flags = _released_flags()  # (as ``nogil`` does for the JIT: a console's thread runs meanwhile)
+        try:
+            with tempfile.TemporaryDirectory(prefix=".build-", dir=directory.parent) as scratch:
+                cc.output_dir = scratch
+                cc.compile()
+                built = next(Path(scratch).glob(module + "*"))
+                data = built.read_bytes()
+                target = directory / built.name
+                os.replace(built, target)
+        finally:
+            numba.pycc.compiler.Flags = flags
+    manifest = {"module": module, "file": target.name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                "exports": names, "numba": numba.__version__}
+    scratch_manifest = directory / f".{MANIFEST}.{os.getpid()}"
+    scratch_manifest.write_text(json.dumps(manifest, indent=1))
+    os.replace(scratch_manifest, directory / MANIFEST)
+    for other in directory.glob(MODULE + "*"):  # (older builds, once no process can be starting on them)
+        if other.name != target.name and now - other.stat().st_mtime > STALE_S:
+            other.unlink(missing_ok=True)
     return target
 
 
+def _released_flags() -> type:
+    """numba's compiler flags with the GIL released around the kernel, as ``nogil`` does."""
+    from numba.core.compiler import Flags
+
+    class Released(Flags):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.release_gil = True
+
+    return Released
+
+
 def _numba_type(numba: Any, spec: str) -> Any:
-    """``spec`` (``jit``'s notation) as numba's type: a writable array either way (an
-    ahead-of-time function does not read the flag; ``Ahead`` checks the ones it writes)."""
-    return eval(spec.strip().removeprefix("const "), {}, vars(numba.types))  # noqa: S307 (the modules' own strings)
+    """``spec`` (``jit``'s notation) as numba's type: a ``const`` array read-only, so that a
+    kernel writing one does not compile (an ahead-of-time function does not read the flag:
+    it would write into a caller's read-only memory)."""
+    spec = spec.strip()
+    t = eval(spec.removeprefix("const "), {}, vars(numba.types))  # noqa: S307 (the modules' own strings)
+    return t.copy(readonly=True) if spec.startswith("const ") else t
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -371,8 +472,9 @@ def main(argv: list[str] | None = None) -> int:
         states = status()
         for key, state in states.items():
             print(f"{state:8} {key}")
-        where = build_dir()
-        print(f"module: {where}" + ("" if _module is not None else f" ({_module_error or 'disabled'})"))
+        built = _built(build_dir())
+        print(f"build: {built.path if built is not None else f'none in {build_dir()}'}"
+              + ("" if aot_enabled() else f" (unused: {ENV_AOT}=0)"))
         return 0 if all(s == "ahead" for s in states.values()) else 1
     try:
         path = build(verbose=args.verbose)

@@ -8,9 +8,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -47,7 +49,7 @@ def _module(where: Path) -> ModuleType:
     saved = os.environ.get(compiled.ENV_DIR)
     os.environ[compiled.ENV_DIR] = str(where)
     try:
-        module = compiled._import_from(compiled.build_dir())
+        module = compiled._import(compiled._built(compiled.build_dir()))
     finally:
         os.environ.pop(compiled.ENV_DIR) if saved is None else os.environ.__setitem__(compiled.ENV_DIR, saved)
     assert module is not None
@@ -67,7 +69,7 @@ def _both(where: Path, key: str) -> tuple[compiled.Ahead, Callable]:
 def test_the_build_holds_every_kernel_and_is_not_made_twice(built: Path) -> None:
     got = _run(built, "status")
     assert got.returncode == 0, got.stdout + got.stderr
-    states = dict(line.split()[::-1] for line in got.stdout.splitlines() if not line.startswith("module:"))
+    states = dict(line.split()[::-1] for line in got.stdout.splitlines() if not line.startswith("build:"))
     assert len(states) == len(compiled.LOADERS)
     assert set(states.values()) == {"ahead"}
     files = list(built.glob("*/commscope_kernels*"))
@@ -85,41 +87,90 @@ def test_every_kernel_has_a_loader() -> None:
     assert all(k.args for k in compiled.load_all())
 
 
+#: The readers' kernels, and where each module keeps its own
+_READERS = {"commscope.blockscan._scan": (blockscan, "_kernel"), "commscope.beatscan._scan": (beatscan, "_kernel"),
+            "commscope.jsonscan._scan": (jsonscan, "_kernel"), "commscope.blocks._fixed_rows": (blocks, "_fixed"),
+            "commscope.blocks._sig_rows": (blocks, "_sig")}
+
+
 @pytest.fixture
-def kernels_from(monkeypatch: pytest.MonkeyPatch, built: Path) -> Iterator[Callable[[bool], None]]:
-    """Set the readers' kernels to the build's (True) or to those compiled here (False)."""
-    pairs = {key: _both(built, key) for key in ("commscope.blockscan._scan", "commscope.beatscan._scan",
-                                                "commscope.jsonscan._scan", "commscope.blocks._fixed_rows",
-                                                "commscope.blocks._sig_rows")}
-    where = {"commscope.blockscan._scan": (blockscan, "_kernel"), "commscope.beatscan._scan": (beatscan, "_kernel"),
-             "commscope.jsonscan._scan": (jsonscan, "_kernel"), "commscope.blocks._fixed_rows": (blocks, "_fixed"),
-             "commscope.blocks._sig_rows": (blocks, "_sig")}
+def kernels_from(monkeypatch: pytest.MonkeyPatch, built: Path) -> Iterator[tuple[Callable[[bool], None], Counter]]:
+    """Set the readers' kernels to the build's (True) or to those compiled here (False),
+    each call counted by kernel."""
+    pairs = {key: _both(built, key) for key in _READERS}
+    calls: Counter = Counter()
     monkeypatch.delenv("COMMSCOPE_SCAN", raising=False)
 
-    def use(ahead: bool) -> None:
-        for key, (module, name) in where.items():
-            monkeypatch.setattr(module, name, pairs[key][0 if ahead else 1])
+    def counted(key: str, fn: Callable) -> Callable:
+        def call(*args: object) -> object:
+            calls[key] += 1
+            return fn(*args)
+        return call
 
-    yield use
+    def use(ahead: bool) -> None:
+        for key, (module, name) in _READERS.items():
+            monkeypatch.setattr(module, name, counted(key, pairs[key][0 if ahead else 1]))
+
+    yield use, calls
 
 
 @pytest.mark.parametrize("json", [False, True], ids=["native", "json"])
-def test_the_build_reads_what_the_kernels_compiled_here_read(tmp_path: Path, kernels_from: Callable[[bool], None],
-                                                            json: bool) -> None:
-    """A whole read's worker (scanner, fixed rows, signatures, heartbeats; JSON op lines)
-    gives the same bytes either way."""
-    write_store(str(tmp_path), JobShape(6, 40, json=json))
+def test_the_build_reads_what_the_kernels_compiled_here_read(
+        tmp_path: Path, kernels_from: tuple[Callable[[bool], None], Counter], json: bool) -> None:
+    """A whole read's worker (the scanner, fixed rows, signatures, heartbeats and samples;
+    JSON op lines) gives the same bytes either way, every kernel called."""
+    use, calls = kernels_from
+    write_store(str(tmp_path), JobShape(6, 200, json=json))
     job_dir = str(tmp_path / "synthetic")
     streams = DirectoryReader(job_dir).streams()
     sent = {}
     before = sum(compiled.fallbacks.values())
     for ahead in (True, False, True):
-        kernels_from(ahead)
+        calls.clear()
+        use(ahead)
         sent.setdefault(ahead, []).append(pickle.dumps(read_streams(Job(job_dir, None, dict(streams))).sent()))
+        want = {"commscope.jsonscan._scan"} if json else set(_READERS) - {"commscope.jsonscan._scan"}
+        assert {key for key, n in calls.items() if n} == want
     assert sent[True][0] == sent[True][1] == sent[False][0]
     assert sum(compiled.fallbacks.values()) == before  # (every call of the build's kernels with their own types)
     read = pickle.loads(sent[True][0])
-    assert read.packed is not None and int(read.packed.start[-1]) > 200  # (op records read: the kernels ran)
+    assert read.packed is not None and int(read.packed.start[-1]) > 1000  # (op records read)
+    assert read.batch.beats is not None and len(read.batch.beats.rank) == 6  # (heartbeats and samples as rows)
+
+
+def _kernel_types(env: dict[str, str]) -> list[str]:
+    code = ("import importlib, sys; from commscope import compiled; "
+            "got = [getattr(importlib.import_module(m), f)() for m, f in (x.split(':') for x in compiled.LOADERS)]; "
+            "print(*sorted({type(k).__name__ for k in got}), 'numba' in sys.modules)")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                         env=dict(os.environ, **env))
+    assert got.returncode == 0, got.stderr
+    return got.stdout.split()
+
+
+def test_a_process_takes_the_build_without_numba(built: Path) -> None:
+    """What the build is for: a process's kernels from it, numba never imported."""
+    assert _kernel_types({"COMMSCOPE_KERNELS_DIR": str(built), "COMMSCOPE_AOT": "1"}) == ["Ahead", "False"]
+    assert _kernel_types({"COMMSCOPE_KERNELS_DIR": str(built), "COMMSCOPE_AOT": "0"}) == ["CPUDispatcher", "True"]
+
+
+def test_a_damaged_build_is_never_loaded(built: Path, tmp_path: Path) -> None:
+    """A module file cut short (loading a torn extension crashes the process: no ``except``
+    catches it) or a manifest that does not say it: the kernels are compiled on first use,
+    and ``status`` says they are not built (the next build makes them again)."""
+    for damage in ("cut", "manifest"):
+        where = tmp_path / damage
+        shutil.copytree(built, where)
+        (tag,) = where.iterdir()
+        if damage == "cut":
+            (so,) = tag.glob("commscope_kernels_*")
+            so.write_bytes(so.read_bytes()[:400_000])
+        else:
+            (tag / compiled.MANIFEST).write_text("{not json")
+        assert _kernel_types({"COMMSCOPE_KERNELS_DIR": str(where), "COMMSCOPE_AOT": "1"}) == ["CPUDispatcher", "True"]
+        got = _run(where, "status")
+        assert got.returncode == 1
+        assert {line.split()[0] for line in got.stdout.splitlines() if not line.startswith("build:")} == {"missing"}
 
 
 def test_the_running_max_is_the_same_either_way(built: Path) -> None:
@@ -234,6 +285,45 @@ def test_a_fingerprint_follows_what_numba_compiles(tmp_path: Path) -> None:
     for n, (what, source) in enumerate(changed.items()):
         assert _fingerprint(tmp_path, f"c{n}", source) != base, what
     assert _fingerprint(tmp_path, "a0", _KERNEL, ("const int32[::1]",)) != base
+
+
+_READS_MORE = '''
+import numpy as np
+import {config} as cfg
+
+_K = {k}
+
+
+def _make(step):
+    def add(x):
+        return x + step
+    return add
+
+
+_helper = _make({step})
+
+
+def _kernel(a):
+    return _helper(a[0]) + cfg.LIMIT + _K
+'''
+
+
+def test_a_fingerprint_follows_closures_module_constants_and_types(tmp_path: Path) -> None:
+    """Values numba freezes that are not in the module's own globals: a closure's, another
+    module's constant; and a constant's type where its repr is the same."""
+    (tmp_path / "fingerprint_cfg.py").write_text("LIMIT = 3\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        base = _fingerprint(tmp_path, "m0", _READS_MORE.format(config="fingerprint_cfg", k="1", step=1))
+        assert _fingerprint(tmp_path, "m1", _READS_MORE.format(config="fingerprint_cfg", k="1", step=1)) == base
+        assert _fingerprint(tmp_path, "m2", _READS_MORE.format(config="fingerprint_cfg", k="1", step=2)) != base
+        assert _fingerprint(tmp_path, "m3", _READS_MORE.format(config="fingerprint_cfg", k="np.int32(1)",
+                                                               step=1)) != base
+        sys.modules["fingerprint_cfg"].LIMIT = 4  # (the same module, another value)
+        assert _fingerprint(tmp_path, "m4", _READS_MORE.format(config="fingerprint_cfg", k="1", step=1)) != base
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("fingerprint_cfg", None)
 
 
 def test_a_kernel_argument_type_is_checked_when_written() -> None:
