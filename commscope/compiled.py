@@ -365,6 +365,17 @@ def status() -> dict[str, str]:
     return out
 
 
+def summary() -> str:
+    """Where this process's kernels come from, in a line (``bench`` figures say it)."""
+    if not aot_enabled():
+        return f"compiled on first use (numba; {ENV_AOT}=0)"
+    states = Counter(status().values())
+    n = sum(states.values())
+    if states["ahead"] == n:
+        return f"all {n} compiled ahead of time (python -m commscope.compiled)"
+    return f"{states['ahead']} of {n} compiled ahead of time, the rest on first use (numba)"
+
+
 #: A scratch directory a build left this long ago (killed half-way) is removed by the next
 #: build; an old module file no manifest names, after this long too (a process may still run
 #: it: a file removed is kept for it, one replaced in place would not be)

@@ -138,20 +138,27 @@ def test_the_build_reads_what_the_kernels_compiled_here_read(
     assert read.batch.beats is not None and len(read.batch.beats.rank) == 6  # (heartbeats and samples as rows)
 
 
-def _kernel_types(env: dict[str, str]) -> list[str]:
+def _kernel_types(env: dict[str, str]) -> tuple[list[str], str]:
+    """In a process of its own with ``env``: the types of its kernels, whether it imported
+    numba, and ``compiled.summary()``."""
     code = ("import importlib, sys; from commscope import compiled; "
             "got = [getattr(importlib.import_module(m), f)() for m, f in (x.split(':') for x in compiled.LOADERS)]; "
-            "print(*sorted({type(k).__name__ for k in got}), 'numba' in sys.modules)")
+            "print(*sorted({type(k).__name__ for k in got}), 'numba' in sys.modules, '|', compiled.summary())")
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600,
                          env=dict(os.environ, **env))
     assert got.returncode == 0, got.stderr
-    return got.stdout.split()
+    kinds, summary = got.stdout.split("|")
+    return kinds.split(), summary.strip()
 
 
 def test_a_process_takes_the_build_without_numba(built: Path) -> None:
-    """What the build is for: a process's kernels from it, numba never imported."""
-    assert _kernel_types({"COMMSCOPE_KERNELS_DIR": str(built), "COMMSCOPE_AOT": "1"}) == ["Ahead", "False"]
-    assert _kernel_types({"COMMSCOPE_KERNELS_DIR": str(built), "COMMSCOPE_AOT": "0"}) == ["CPUDispatcher", "True"]
+    """What the build is for: a process's kernels from it, numba never imported; and what
+    ``bench`` says of them."""
+    n = len(compiled.LOADERS)
+    assert _kernel_types({"COMMSCOPE_KERNELS_DIR": str(built), "COMMSCOPE_AOT": "1"}) == (
+        ["Ahead", "False"], f"all {n} compiled ahead of time (python -m commscope.compiled)")
+    assert _kernel_types({"COMMSCOPE_KERNELS_DIR": str(built), "COMMSCOPE_AOT": "0"}) == (
+        ["CPUDispatcher", "True"], "compiled on first use (numba; COMMSCOPE_AOT=0)")
 
 
 def test_a_damaged_build_is_never_loaded(built: Path, tmp_path: Path) -> None:
@@ -167,7 +174,8 @@ def test_a_damaged_build_is_never_loaded(built: Path, tmp_path: Path) -> None:
             so.write_bytes(so.read_bytes()[:400_000])
         else:
             (tag / compiled.MANIFEST).write_text("{not json")
-        assert _kernel_types({"COMMSCOPE_KERNELS_DIR": str(where), "COMMSCOPE_AOT": "1"}) == ["CPUDispatcher", "True"]
+        assert _kernel_types({"COMMSCOPE_KERNELS_DIR": str(where), "COMMSCOPE_AOT": "1"}) == (
+            ["CPUDispatcher", "True"], f"0 of {len(compiled.LOADERS)} compiled ahead of time, the rest on first use (numba)")
         got = _run(where, "status")
         assert got.returncode == 1
         assert {line.split()[0] for line in got.stdout.splitlines() if not line.startswith("build:")} == {"missing"}

@@ -60,6 +60,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from commscope import compiled
 from commscope.bench.stats import fmt_bytes, fmt_time, median, quantile
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ def measure(path: str, store: str) -> dict[str, Any]:
 
 def _worker_start(store: str) -> float:
     """CPU seconds a read worker (``store/bulkread.py``) takes to start and read one stream
-    (its imports, numba's kernels loaded from the cache): what each worker of a whole read
+    (its imports, its kernels: the install's build, else numba's): what each worker of a whole read
     pays before it decodes."""
     from commscope.store.bulkread import Job, Workers
     from commscope.store.directory import DirectoryReader
@@ -342,6 +343,7 @@ def run(args: argparse.Namespace) -> int:
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="commscope-bench-large-"))
     root.mkdir(parents=True, exist_ok=True)
     print(f"jobs in {root}; {repeat} alternating run(s) of each path, medians; each run a fresh process")
+    print(f"kernels: {compiled.summary()}")  # (a figure says which it was measured with)
     rows: list[dict[str, Any]] = []
     failed = False
     try:
