@@ -57,3 +57,33 @@ def test_a_worker_starts_with_one_openblas_thread(monkeypatch):
     monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", says))
     pool = bulkread.Workers(1)
     assert list(pool.run([bulkread.Job("job", None, {})])) == ["1"]
+
+
+@pytest.mark.parametrize("json", [False, True], ids=["native", "json"])
+def test_a_workers_jobs_leave_nothing_for_the_collector(tmp_path, json):
+    """A worker runs without the cyclic collector (``bulkread.main``): what each job builds
+    (the reader, its decoders, the batch it sends) must be freed by reference counts, or a
+    worker of a 16k-rank read would grow with every job."""
+    import gc
+
+    from commscope.bench.synthstore import JobShape, write_store
+    from commscope.store.directory import DirectoryReader, read_streams
+
+    write_store(str(tmp_path), JobShape(24, 200, json=json))
+    job_dir = str(tmp_path / "synthetic")
+    streams = list(DirectoryReader(job_dir).streams().items())
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        counts = []
+        for j in range(9):
+            part = dict(streams[(j % 3) * 8:(j % 3) * 8 + 8])
+            sent = read_streams(bulkread.Job(job_dir, None, part)).sent()
+            assert len(sent.reading) == 8
+            del sent
+            counts.append(len(gc.get_objects()))
+    finally:
+        if was:
+            gc.enable()
+    assert counts[3:] == [counts[2]] * 6, counts  # (after the first jobs' lazy imports and caches)
