@@ -7,13 +7,12 @@ Compiled on first use, a kernel costs its process numba's import and start (~0.3
 where the kernel itself decodes a stream in ~0.2 ms): every read worker, every CLI command
 on a small trace, every test's process paid it.  So ``python -m commscope.compiled`` (run
 by ``scripts/install.sh``) compiles every kernel ahead of time with numba's AOT compiler
-(``numba.pycc``) into one extension module, ``commscope_kernels``, in
-``$COMMSCOPE_KERNELS_DIR`` (default ``~/.cache/commscope/kernels``), in a directory per
-Python version, machine, numpy version and x86-64 level (``tag``); a process then imports
-it in ~2 ms and no numba.  The module's functions are named by a fingerprint of what numba
-compiles (``fingerprint``: the kernel's and its helpers' code, the constants they read,
-the argument types), so an edited kernel is simply not found there (it is compiled on
-first use until the next build), never a stale one run.
+(``numba.pycc``) into one extension module in ``$COMMSCOPE_KERNELS_DIR`` (default
+``~/.cache/commscope/kernels``), in a directory per Python version, machine, numpy version
+and x86-64 level (``tag``), beside a manifest that vouches for it (``MANIFEST``); a process
+then imports it in a few ms and no numba.  The module's functions are named by a
+fingerprint of what numba compiles (``fingerprint``), so an edited kernel is simply not
+found there (it is compiled on first use until the next build), never a stale one run.
 
 An ahead-of-time function trusts its arguments (an array of another type crashes it), so
 each is called through ``Ahead``, which checks them against the types it was compiled for
@@ -396,13 +395,14 @@ def build(directory: Path | None = None, verbose: bool = False) -> Path:
     import time
     import warnings
 
+    import numba  # (first: without it, the build says so)
+
     os.environ[ENV_AOT] = "0"  # (every kernel compiled here: the build reads their types)
     directory = directory or build_dir()
     found = load_all()
     names = sorted(export_name(k) for k in found)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (numba.pycc is pending deprecation: a warning, not news)
-        import numba
         import numba.pycc.compiler
         from numba.pycc import CC
 
