@@ -85,7 +85,10 @@ def jit(scope: dict[str, Any], names: tuple[str, ...], inline: tuple[str, ...] =
     kernels[kernel.key] = kernel
     if args and aot_enabled():
         module = _aot_module()
-        fn = getattr(module, export_name(kernel), None) if module is not None else None
+        try:
+            fn = getattr(module, export_name(kernel), None) if module is not None else None
+        except Exception:  # (a fingerprint that cannot be taken: compiled here, as without a build)
+            fn = None
         if fn is not None:
             return Ahead(fn, kernel)
     return _compile_here(kernel)
@@ -241,12 +244,16 @@ def _built(directory: Path) -> Built | None:
 
     try:
         manifest = json.loads((directory / MANIFEST).read_bytes())
-        path = directory / manifest["file"]
+        name, exports = manifest["file"], manifest["exports"]
+        if (not isinstance(name, str) or Path(name).name != name or not name.startswith(MODULE)
+                or not isinstance(exports, list) or not all(isinstance(x, str) for x in exports)):
+            return None  # (a file of this directory, by its name; the functions by theirs)
+        path = directory / name
         data = path.read_bytes()
         if len(data) != manifest["size"] or hashlib.sha256(data).hexdigest() != manifest["sha256"]:
             return None
-        return Built(str(manifest["module"]), path, frozenset(manifest["exports"]), str(manifest["numba"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        return Built(str(manifest["module"]), path, frozenset(exports), str(manifest["numba"]))
+    except Exception:  # (unreadable, not JSON, nested past the recursion limit ...: no build)
         return None
 
 
@@ -305,7 +312,7 @@ def fingerprint(kernel: Kernel) -> str:
             if isinstance(k, types.CodeType):
                 code(k, scope)
             else:
-                h.update(f"{type(k).__name__}:{k!r}".encode())
+                value("", k)  # (``x in {"a", "b"}`` compiles to a frozenset constant)
         for name in c.co_names:
             if name in scope and (id(scope), name) not in seen:
                 seen.add((id(scope), name))
@@ -330,7 +337,9 @@ def fingerprint(kernel: Kernel) -> str:
             h.update(np.ascontiguousarray(v).tobytes())
         elif isinstance(v, (type, types.ModuleType, types.BuiltinFunctionType)) or callable(v):
             h.update(f"{getattr(v, '__module__', '')}.{getattr(v, '__qualname__', getattr(v, '__name__', ''))}".encode())
-        elif isinstance(v, (int, float, complex, str, bytes, bool, tuple, frozenset, np.generic)) or v is None:
+        elif isinstance(v, (frozenset, set)):  # (its order follows string hashing: in an order of their own)
+            h.update(f"{type(v).__name__}:{sorted(map(repr, v))!r}".encode())
+        elif isinstance(v, (int, float, complex, str, bytes, bool, tuple, np.generic)) or v is None:
             h.update(f"{type(v).__name__}:{v!r}".encode())
         else:  # (nothing numba could freeze: its type says enough)
             h.update(type(v).__qualname__.encode())
@@ -354,9 +363,13 @@ def load_all() -> list[Kernel]:
 
 def status() -> dict[str, str]:
     """Per kernel of ``LOADERS``: 'ahead' (the build holds it as it is), 'stale' (the build
-    holds another version of it) or 'missing' (whatever ``COMMSCOPE_AOT`` says)."""
-    built = _built(build_dir())
-    names = built.exports if built is not None else frozenset()
+    holds another version of it) or 'missing' (no build, or one that does not load),
+    whatever ``COMMSCOPE_AOT`` says."""
+    try:
+        module = _aot_module() if aot_enabled() else _import(_built(build_dir()))
+    except Exception:  # (a file that does not load here)
+        module = None
+    names = frozenset(dir(module)) if module is not None else frozenset()
     out = {}
     for kernel in load_all():
         out[kernel.key] = ("ahead" if export_name(kernel) in names
@@ -365,20 +378,25 @@ def status() -> dict[str, str]:
 
 
 def summary() -> str:
-    """Where this process's kernels come from, in a line (``bench`` figures say it)."""
-    if not aot_enabled():
-        return f"compiled on first use (numba; {ENV_AOT}=0)"
-    states = Counter(status().values())
-    n = sum(states.values())
-    if states["ahead"] == n:
+    """Where this process's kernels come from, in a line (``bench`` figures say it): what
+    its loaders gave, not what the build says it holds (a build that does not load gives
+    none)."""
+    got = [getattr(importlib.import_module(m), f)() for m, f in (x.split(":") for x in LOADERS)]
+    n, ahead, numpy = len(got), sum(isinstance(k, Ahead) for k in got), sum(k is None for k in got)
+    if ahead == n:
         return f"all {n} compiled ahead of time (python -m commscope.compiled)"
-    return f"{states['ahead']} of {n} compiled ahead of time, the rest on first use (numba)"
+    if numpy == n:
+        return "none: numpy's way (no numba)"
+    rest = "on first use (numba" + (f"; {ENV_AOT}=0)" if not aot_enabled() else ")")
+    if numpy:
+        rest += f", {numpy} none (numpy's way)"
+    return f"{ahead} of {n} compiled ahead of time, the rest {rest}" if ahead else f"compiled {rest}"
 
 
-#: A scratch directory a build left this long ago (killed half-way) is removed by the next
-#: build; an old module file no manifest names, after this long too (a process may still run
-#: it: a file removed is kept for it, one replaced in place would not be)
+#: A scratch directory a build left this long ago (killed half-way) is removed by the next build
 STALE_S = 3600.0
+#: Module files kept in a build's directory, the manifest's and the newest older ones
+KEPT_BUILDS = 3
 
 
 def build(directory: Path | None = None, verbose: bool = False) -> Path:
@@ -388,6 +406,21 @@ def build(directory: Path | None = None, verbose: bool = False) -> Path:
     kernel here first (numba's JIT: the type it returns, and that it writes no argument it
     declares ``const``), which the process then keeps.  Each build is a module of its own
     name (a digest of its functions), written whole before the manifest names it."""
+    import fcntl
+
+    import numba  # noqa: F401 (first: without it, the build says so)
+
+    os.environ[ENV_AOT] = "0"  # (every kernel compiled here: the build reads their types)
+    directory = directory or build_dir()
+    found = load_all()
+    names = sorted(export_name(k) for k in found)
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (two installs at once: one builds, the other finds it built)
+        return _build_locked(directory, found, names, verbose)
+
+
+def _build_locked(directory: Path, found: list[Kernel], names: list[str], verbose: bool) -> Path:
     import hashlib
     import json
     import shutil
@@ -395,12 +428,8 @@ def build(directory: Path | None = None, verbose: bool = False) -> Path:
     import time
     import warnings
 
-    import numba  # (first: without it, the build says so)
+    import numba
 
-    os.environ[ENV_AOT] = "0"  # (every kernel compiled here: the build reads their types)
-    directory = directory or build_dir()
-    found = load_all()
-    names = sorted(export_name(k) for k in found)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (numba.pycc is pending deprecation: a warning, not news)
         import numba.pycc.compiler
@@ -411,7 +440,9 @@ def build(directory: Path | None = None, verbose: bool = False) -> Path:
             return old.path
         print(f"commscope: compiling the readers' kernels ahead of time (once, ~30 s) in {directory}",
               file=sys.stderr)
-        module = f"{MODULE}_{hashlib.sha256(' '.join(names).encode()).hexdigest()[:12]}"
+        # (a name of its own for each build, its functions' digest and when: a rebuild never
+        # takes the name of a file a process may have loaded)
+        module = f"{MODULE}_{hashlib.sha256(' '.join(names).encode()).hexdigest()[:12]}_{time.time_ns() // 1000}"
         cc = CC(module)
         cc.target_cpu = level()
         cc.verbose = verbose
@@ -420,7 +451,6 @@ def build(directory: Path | None = None, verbose: bool = False) -> Path:
             argtypes = tuple(_numba_type(numba, a) for a in kernel.args)
             dispatcher.compile(argtypes)
             cc.export(export_name(kernel), dispatcher.overloads[argtypes].signature)(dispatcher.py_func)
-        directory.mkdir(parents=True, exist_ok=True)
         now = time.time()
         for stale in directory.parent.glob(".build-*"):  # (scratch of a build killed half-way)
             if now - stale.stat().st_mtime > STALE_S:
@@ -439,12 +469,16 @@ def build(directory: Path | None = None, verbose: bool = False) -> Path:
             numba.pycc.compiler.Flags = flags
     manifest = {"module": module, "file": target.name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
                 "exports": names, "numba": numba.__version__}
-    scratch_manifest = directory / f".{MANIFEST}.{os.getpid()}"
-    scratch_manifest.write_text(json.dumps(manifest, indent=1))
+    fd, scratch_manifest = tempfile.mkstemp(prefix=f".{MANIFEST}.", dir=directory)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(manifest, indent=1))
     os.replace(scratch_manifest, directory / MANIFEST)
-    for other in directory.glob(MODULE + "*"):  # (older builds, once no process can be starting on them)
-        if other.name != target.name and now - other.stat().st_mtime > STALE_S:
-            other.unlink(missing_ok=True)
+    # older builds' files: the newest few kept (a process may still run one: removed, a file is
+    # kept for a process that has it open on a local disk, not on every network one)
+    older = sorted((p for p in directory.glob(MODULE + "*") if p.name != target.name),
+                   key=lambda p: p.stat().st_mtime, reverse=True)
+    for other in older[KEPT_BUILDS - 1:]:
+        other.unlink(missing_ok=True)
     return target
 
 

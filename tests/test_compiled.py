@@ -5,7 +5,9 @@ from an old build."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import pickle
 import shutil
@@ -165,17 +167,28 @@ def test_a_damaged_build_is_never_loaded(built: Path, tmp_path: Path) -> None:
     """A module file cut short (loading a torn extension crashes the process: no ``except``
     catches it) or a manifest that does not say it: the kernels are compiled on first use,
     and ``status`` says they are not built (the next build makes them again)."""
-    for damage in ("cut", "manifest"):
+    for damage in ("cut", "manifest", "nested", "elsewhere", "foreign"):
         where = tmp_path / damage
         shutil.copytree(built, where)
         (tag,) = where.iterdir()
+        (so,) = tag.glob("commscope_kernels_*")
+        manifest = json.loads((tag / compiled.MANIFEST).read_text())
         if damage == "cut":
-            (so,) = tag.glob("commscope_kernels_*")
-            so.write_bytes(so.read_bytes()[:400_000])
-        else:
+            so.write_bytes(so.read_bytes()[:so.stat().st_size // 2])
+        elif damage == "manifest":
             (tag / compiled.MANIFEST).write_text("{not json")
+        elif damage == "nested":  # (past the recursion limit of the JSON parser)
+            (tag / compiled.MANIFEST).write_text("[" * 100_000)
+        elif damage == "elsewhere":  # (a file outside the build's directory, whatever it holds)
+            (where / so.name).write_bytes(so.read_bytes())
+            (tag / compiled.MANIFEST).write_text(json.dumps(dict(manifest, file=f"../{so.name}")))
+        else:  # a file the manifest vouches for, that does not load as the module
+            junk = b"not an extension"
+            (tag / so.name).write_bytes(junk)
+            (tag / compiled.MANIFEST).write_text(json.dumps(
+                dict(manifest, size=len(junk), sha256=hashlib.sha256(junk).hexdigest())))
         assert _kernel_types({"COMMSCOPE_KERNELS_DIR": str(where), "COMMSCOPE_AOT": "1"}) == (
-            ["CPUDispatcher", "True"], f"0 of {len(compiled.LOADERS)} compiled ahead of time, the rest on first use (numba)")
+            ["CPUDispatcher", "True"], "compiled on first use (numba)")
         got = _run(where, "status")
         assert got.returncode == 1
         assert {line.split()[0] for line in got.stdout.splitlines() if not line.startswith("build:")} == {"missing"}
@@ -342,3 +355,27 @@ def test_a_kernel_argument_type_is_checked_when_written() -> None:
     for bad in ("uint8[:]", "const int64", "float64", "uint8[::1"):
         with pytest.raises(ValueError, match="kernel"):
             compiled._parse(bad)
+
+
+_SET_KERNEL = '''
+def _helper(x):
+    return x
+
+
+def _kernel(a):
+    return 1 if a in {"alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"} else 0
+'''
+
+
+def test_a_fingerprint_is_the_same_in_every_process(tmp_path: Path) -> None:
+    """A set constant's order follows string hashing, which differs between processes: the
+    build's fingerprint and a reader's must still agree."""
+    path = tmp_path / "set_kernel.py"
+    path.write_text(_SET_KERNEL)
+    code = ("import importlib.util, sys; from commscope import compiled; "
+            "spec = importlib.util.spec_from_file_location('set_kernel', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+            "print(compiled.fingerprint(compiled.Kernel(vars(m), ('_helper', '_kernel'), (), ('int64',))))")
+    prints = {subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True,
+                             env=dict(os.environ, PYTHONHASHSEED=str(seed))).stdout for seed in (1, 2, 3, 4)}
+    assert len(prints) == 1, prints
