@@ -25,7 +25,7 @@ fi
 # ~/.cache/commscope/native).  Without a compiler commscope records in Python instead.
 python -m commscope.record.native build || echo "commscope: continuing with the Python recorder"
 # The readers' numba kernels, compiled ahead of time once per Python, numpy and machine (~30 s;
-# cached in ~/.cache/commscope/kernels): a process that reads a trace then loads them in ~2 ms,
+# cached in ~/.cache/commscope/kernels): a process that reads a trace then loads them in a few ms,
 # where compiling or loading them through numba cost each one ~0.3 s of CPU (every read
 # worker, every CLI, every test's process).  Without them they are compiled on first use.
 python -m commscope.compiled build || echo "commscope: continuing with kernels compiled on first use"
