@@ -353,11 +353,14 @@ def export_name(kernel: Kernel) -> str:
     return f"{kernel.prefix}{fingerprint(kernel)}"
 
 
+def _loaded() -> list[Callable[..., Any] | None]:
+    """What each loader of ``LOADERS`` gives, asked as the process's readers ask."""
+    return [getattr(importlib.import_module(m), f)() for m, f in (x.split(":") for x in LOADERS)]
+
+
 def load_all() -> list[Kernel]:
     """Every kernel of ``LOADERS``, asked for (as the process's readers would ask)."""
-    for loader in LOADERS:
-        module, name = loader.split(":")
-        getattr(importlib.import_module(module), name)()
+    _loaded()
     return [kernels[key] for key in sorted(kernels)]
 
 
@@ -381,7 +384,7 @@ def summary() -> str:
     """Where this process's kernels come from, in a line (``bench`` figures say it): what
     its loaders gave, not what the build says it holds (a build that does not load gives
     none)."""
-    got = [getattr(importlib.import_module(m), f)() for m, f in (x.split(":") for x in LOADERS)]
+    got = _loaded()
     n, ahead, numpy = len(got), sum(isinstance(k, Ahead) for k in got), sum(k is None for k in got)
     if ahead == n:
         return f"all {n} compiled ahead of time (python -m commscope.compiled)"
