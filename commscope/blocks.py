@@ -255,6 +255,38 @@ class _Walk:
         self.own = False
 
 
+class Learnt(NamedTuple):
+    """What walking a table prefix record by record taught a decoder whose tables stood in a
+    given state (``StaticTable.learnt``): another stream's decoder in that state replays it
+    instead of walking the prefix again (every rank of a job states the same few prefixes
+    in the same order: their walks were ~10% of a whole read's worker).  Only additions:
+    a prefix that changes or forgets an entry is walked each time."""
+
+    sigs: tuple[tuple[int, bytes], ...]  # new signatures: (id, SIG record)
+    refs: tuple[tuple[int, int], ...]  # (SITE_REC, id) and (GROUP_REC, id) they refer to
+    defined: tuple[tuple[int, int], ...]  # (SITE_REC or GROUP_REC, id) of the new sites and groups
+    sites: tuple[tuple[int, str], ...]  # new sites: (id, text)
+    groups: tuple[tuple[int, GroupEntry, str], ...]  # new groups: (id, entry, backend), in order
+    records: tuple[bytes, ...]  # the records now in effect
+    referred: bool  # a new site or group was one a signature refers to (``_define`` resolves first)
+    after: int  # the tables' state after it
+
+
+class _Learning:
+    """What a walk of a table prefix learns, noted as it goes (``Learnt``)."""
+
+    __slots__ = ("sigs", "refs", "defined", "sites", "groups", "records", "referred")
+
+    def __init__(self) -> None:
+        self.sigs: list[tuple[int, bytes]] = []
+        self.refs: list[tuple[int, int]] = []
+        self.defined: list[tuple[int, int]] = []
+        self.sites: list[tuple[int, str]] = []
+        self.groups: list[tuple[int, GroupEntry, str]] = []
+        self.records: list[bytes] = []
+        self.referred = False
+
+
 class StaticTable:
     """The distinct begins a reader decoded, shared by its streams' decoders: every rank of
     a job restates the same few signatures, decoded (validated, keyed) once for all of
@@ -276,6 +308,11 @@ class StaticTable:
         self._run_members = 0  # members expanded out of runs, all groups (see MAX_RUN_MEMBERS)
         self._once: dict[bytes, bool] = {}  # table prefix -> ``_states_once``
         self._once_bytes = 0
+        self._learnt: dict[tuple[int, bytes], Learnt] = {}  # (tables' state, prefix) -> what it taught
+        self._learnt_bytes = 0
+        self._states = 0  # the last state numbered (0: a new decoder's empty tables)
+        self._names: dict[tuple[str, ...], int] = {}
+        self._sid_statics: dict[tuple[int, int, int, int], tuple[int, tuple[tuple[int, int], ...]]] = {}
 
     #: The bytes of table prefixes whose ``states_once`` is kept (a job's ranks restate a few
     #: hundred of a few hundred bytes each)
@@ -295,6 +332,36 @@ class StaticTable:
                 self._once[prefix] = got
                 self._once_bytes += len(prefix)
         return got
+
+    #: The bytes of prefixes whose walks are kept (``learnt``), as for ``states_once``
+    LEARNT_KEPT = 256 << 10
+
+    def learnt(self, state: int, prefix: bytes) -> Learnt | None:
+        """What ``prefix`` taught a decoder whose tables were in ``state``, if one walked it."""
+        return self._learnt.get((state, prefix))
+
+    def learn(self, state: int, prefix: bytes, learning: _Learning) -> int:
+        """Keep what walking ``prefix`` from tables in ``state`` taught (``learning``); the
+        number of the state it left them in.  Every state is numbered once: two decoders
+        with one number hold the same tables, as both got there by the same walks from
+        empty tables (``BlockDecoder._state``)."""
+        hit = self._learnt.get((state, prefix))
+        if hit is not None:  # (walked again where replaying it could not be: the same tables)
+            return hit.after
+        if learning.records:
+            self._states += 1
+            after = self._states
+        else:  # each record was in effect (or the spool's): the tables stand as they were
+            after = state
+        got = Learnt(tuple(learning.sigs), tuple(learning.refs), tuple(learning.defined), tuple(learning.sites),
+                     tuple(learning.groups), tuple(learning.records), learning.referred, after)
+        if len(prefix) <= self.LEARNT_KEPT:
+            if self._learnt_bytes + len(prefix) > self.LEARNT_KEPT:
+                self._learnt.clear()  # (only costs walking them again, in new states)
+                self._learnt_bytes = 0
+            self._learnt[state, prefix] = got
+            self._learnt_bytes += len(prefix)
+        return got.after
 
     def group_of(self, body: bytes) -> tuple[GroupEntry, str] | None:
         """A GROUP record's body as (entry, backend), parsed once per distinct body (a group
@@ -373,6 +440,21 @@ class StaticTable:
     def dtypes_token(self, table: list[str]) -> int:
         return self._dtypes.setdefault(tuple(table), len(self._dtypes))
 
+    def names_token(self, names: list[str]) -> int:
+        return self._names.setdefault(tuple(names), len(self._names))
+
+    def sid_static(self, key: tuple[int, int, int, int]) -> tuple[int, tuple[tuple[int, int], ...]] | None:
+        """What a signature id decoded to (``BlockDecoder._static_of_sid``) in a decoder
+        whose tables were in a state (``StaticTable.learn``), with op names and dtypes of
+        given tokens: (static index, the site and group ids it referred to that the tables
+        lacked).  Every rank of a job decodes the same signatures in the same tables."""
+        return self._sid_statics.get(key)
+
+    def keep_sid_static(self, key: tuple[int, int, int, int], got: tuple[int, tuple[tuple[int, int], ...]]) -> None:
+        if len(self._sid_statics) >= 100_000:
+            self._sid_statics.clear()  # (only costs decoding them again)
+        self._sid_statics[key] = got
+
     def get(self, key: tuple) -> int | None:
         return self._index.get(key)
 
@@ -411,6 +493,7 @@ class BlockDecoder:
         self.dtypes: list[str] = list(_DTYPES)
         self._token_of: list[str] | None = None  # the ``dtypes`` list ``_dtypes_token`` was worked out for
         self._dtypes_token = -1
+        self._names_token = -1  # ``names``' (``StaticTable.names_token``; -1: none)
         self.c10d_names = [n for _, n in C10D_OPS]
         self.invalid: Counter = Counter()  # records (or whole blocks) that could not be decoded, by reason
         #: Every distinct begin decoded so far (``OpRecords.static`` indexes it; only grows)
@@ -429,6 +512,11 @@ class BlockDecoder:
         self._prefixes: set[bytes] = set()  # table prefixes of recent blocks, all in effect (at most 64)
         self._epoch = 0  # how often _prefixes lost entries (``scanned`` asks again after)
         self._gid_of_id: dict[int, int] = {}  # any-source recvs waiting for their source
+        #: The state of the tables (signatures, sites, groups, records in effect and the ids
+        #: signatures refer to) as ``StaticTable.learn`` numbers it, while they only changed
+        #: by walks of whole table prefixes from empty; None once anything else changed them
+        self._state: int | None = 0
+        self._learning: _Learning | None = None  # what the prefix being walked teaches
 
     # -- tables, from the rank's other events
     def note(self, ev: dict) -> bool:
@@ -438,6 +526,7 @@ class BlockDecoder:
         if typ == SITE:
             sid, text = ev.get("sid"), ev.get("text")
             if isinstance(sid, int) and isinstance(text, str) and self.sites.get(sid) != text:
+                self._state = None
                 changed = self._define(SITE_REC, sid, sid in self.sites)
                 self.sites[sid] = text
                 return changed
@@ -448,6 +537,7 @@ class BlockDecoder:
                 ok = isinstance(granks, list) and all(isinstance(r, int) for r in granks)
                 entry = GroupEntry(str(ev.get("group")), list(granks) if ok else None)
                 if self.groups.get(gid) != entry:
+                    self._state = None
                     changed = self._define(GROUP_REC, gid, gid in self.groups)
                     self.groups[gid] = entry
                     return changed
@@ -456,6 +546,7 @@ class BlockDecoder:
             names = self.table.texts(ev.get("names"))
             if names is not None and names != self.names:
                 self.names = names
+                self._names_token = self.table.names_token(names)
                 changed = True
             codes = self.table.texts(ev.get("dtypes"))
             if codes is not None:
@@ -502,6 +593,16 @@ class BlockDecoder:
         self._in_effect.clear()
         self._prefixes.clear()
         self._epoch += 1
+        self._state = None
+
+    def adopt(self, names: list[str] | None, dtypes: list[str], seen_end: int, groups: dict[int, GroupEntry],
+              sites: dict[int, str], waiting: dict[int, int]) -> None:
+        """Go on from where another reader's decoder of this stream stopped (its op names,
+        dtypes, ring position, groups, sites and any-source recvs waiting)."""
+        self.names, self.dtypes, self.seen_end = names, dtypes, seen_end
+        self._names_token = self.table.names_token(names) if names is not None else -1
+        self.groups, self.sites, self._gid_of_id = groups, sites, waiting
+        self._state = None
 
     def _table(self, typ: int, raw: bytes, off: int, length: int, events: list[dict], ts: int, walk: _Walk,
                parts: list[OpRecords]) -> None:
@@ -528,11 +629,17 @@ class BlockDecoder:
                 self._superseded()
             else:  # begins before this record that name it are invalid (its SIG record was lost)
                 self._sid_since[key] = self._gathered + walk.count()
+            learning = self._learning
             if length >= HEADER.size + 32:  # the site and group it refers to are watched for
-                self._sig_refs.add((SITE_REC, struct.unpack_from("<i", raw, body + 20)[0]))
-                self._sig_refs.add((GROUP_REC, struct.unpack_from("<i", raw, body + 28)[0]))
+                refs = ((SITE_REC, struct.unpack_from("<i", raw, body + 20)[0]),
+                        (GROUP_REC, struct.unpack_from("<i", raw, body + 28)[0]))
+                self._sig_refs.update(refs)
+                if learning is not None:
+                    learning.refs.extend(refs)
             self._sigs[key] = rec
             self._sid.pop(key, None)
+            if learning is not None:
+                learning.sigs.append((key, rec))
         elif typ == SITE_REC:
             if end - body < 2:
                 raise ValueError("site record")
@@ -540,8 +647,11 @@ class BlockDecoder:
             text = redact(raw[body + 2:body + 2 + n].decode("utf-8", "replace"))
             if self.sites.get(key) == text or (key not in self.sites and len(self.sites) >= 200_000):
                 return
+            self._note_defined(SITE_REC, key)
             self._define(SITE_REC, key, key in self.sites, walk, before)
             self.sites[key] = text
+            if self._learning is not None:
+                self._learning.sites.append((key, text))
         elif typ == GROUP_REC:
             got = self.table.group_of(raw[body:end])
             if got is None:
@@ -550,16 +660,31 @@ class BlockDecoder:
             if self.groups.get(key) == entry or (
                     key not in self.groups and len(self.groups) >= 100_000):
                 return
+            self._note_defined(GROUP_REC, key)
             self._define(GROUP_REC, key, key in self.groups, walk, before)
             self.groups[key] = entry
-            group = {"type": "group", "ts": ts, "group": entry.name, "gid": key}
-            if entry.granks is not None:
-                group["granks"] = entry.granks  # (shared by every stream that has the group: read, never written)
-            if backend:
-                group["backend"] = backend
-            group["v"] = SCHEMA_VERSION
-            group["rank"] = self.rank
-            events.append(group)  # the model learns the group's members from it
+            if self._learning is not None:
+                self._learning.groups.append((key, entry, backend))
+            events.append(self._group_event(key, entry, backend, ts))  # the model learns the group's members from it
+
+    def _group_event(self, gid: int, entry: GroupEntry, backend: str, ts: int) -> dict:
+        group = {"type": "group", "ts": ts, "group": entry.name, "gid": gid}
+        if entry.granks is not None:
+            group["granks"] = entry.granks  # (shared by every stream that has the group: read, never written)
+        if backend:
+            group["backend"] = backend
+        group["v"] = SCHEMA_VERSION
+        group["rank"] = self.rank
+        return group
+
+    def _note_defined(self, typ: int, key: int) -> None:
+        """A site or group about to be defined, noted while a prefix is learnt (whether a
+        signature refers to it decides whether ``_define`` resolves what came before)."""
+        learning = self._learning
+        if learning is not None:
+            learning.defined.append((typ, key))
+            if (typ, key) in self._sig_refs:
+                learning.referred = True
 
     # -- blocks
     def decode(self, events: list[dict], out: list[dict], where: bool = False) -> OpRecords | None:
@@ -636,8 +761,9 @@ class BlockDecoder:
                 if typ not in TABLE_RECORDS or length < 24 or off + length > size:
                     break
                 off += length
-            if raw[:off] not in self._prefixes:  # (restated as a recent block did it: nothing to learn)
-                off = self._head(raw, ev, walk, parts, out)  # learnt record by record
+            prefix = raw[:off]
+            if prefix not in self._prefixes:  # (restated as a recent block did it: nothing to learn)
+                off = self._head(raw, ev, walk, parts, out, prefix)  # learnt
                 base = walk.base - size  # (a change resolved what came before: offsets restart)
         if skip_below < 0 and not want_where:  # the common case, in its own loop
             while off + 24 <= size:
@@ -706,7 +832,10 @@ class BlockDecoder:
                 continue
             if k > a:
                 self._hand_over(s, mv, b0 + a, b0 + k, walk)
-            self._walk_one(s, mv, b0 + k, int(upto[k]), walk, parts, out)
+            if plain[k] and self._replayed(s, mv, b0 + k, walk, out):
+                self._hand_over(s, mv, b0 + k, b0 + k + 1, walk)
+            else:
+                self._walk_one(s, mv, b0 + k, int(upto[k]), walk, parts, out)
             a = k + 1
             if self._epoch != epoch or (pid[k] >= 0 and bytes(mv[int(start[k]):int(pend[k])]) not in self._prefixes):
                 break  # (what was known may not be now, or its later blocks are not: ask each)
@@ -720,11 +849,32 @@ class BlockDecoder:
                 continue
             if k > a:
                 self._hand_over(s, mv, b0 + a, b0 + k, walk)
-            self._walk_one(s, mv, b0 + k, int(upto[k]), walk, parts, out)
+            if plain[k] and self._replayed(s, mv, b0 + k, walk, out):
+                self._hand_over(s, mv, b0 + k, b0 + k + 1, walk)
+            else:
+                self._walk_one(s, mv, b0 + k, int(upto[k]), walk, parts, out)
             a = k + 1
         if n > a:
             self._hand_over(s, mv, b0 + a, b1, walk)
         self.seen_end = max(self.seen_end, int(upto[-1]))
+
+    def _replayed(self, s: blockscan.Scan, mv: memoryview, b: int, walk: _Walk, out: list[tuple[int, dict]]) -> bool:
+        """Block ``b`` of a scan, one with no bad record and no ring overlap, whose table
+        prefix is new here: taught by replaying another stream's walk of it (``_head``),
+        where one was kept; then its op records go over as they are, not walked."""
+        state = self._state
+        start, pend = int(s.start[b]), int(s.prefix_end[b])
+        if state is None or walk.want_where or pend == start:
+            return False
+        prefix = bytes(mv[start:pend])
+        got = self.table.learnt(state, prefix)
+        if got is None:
+            return False
+        defined: list[dict] = []
+        if not self._replay(got, prefix, {"ts": int(s.ts[b])}, walk, defined):
+            return False
+        out.extend((b, e) for e in defined)
+        return True
 
     def _walk_one(self, s: blockscan.Scan, mv: memoryview, b: int, seen_end: int, walk: _Walk,
                   parts: list[OpRecords], out: list[tuple[int, dict]]) -> None:
@@ -748,24 +898,75 @@ class BlockDecoder:
             walk.add(at + (walk.base - lo), s.raw, at)
         walk.base += hi - lo
 
-    def _head(self, raw: bytes, ev: dict, walk: _Walk, parts: list[OpRecords], out: list[dict]) -> int:
+    def _head(self, raw: bytes, ev: dict, walk: _Walk, parts: list[OpRecords], out: list[dict],
+              prefix: bytes | None = None) -> int:
         """Walk a block's table prefix (its records up to the first op record) record by record,
         learning what they say; note the prefix when all went well (a block that repeats it
-        skips it at once); returns where the op records start."""
+        skips it at once); returns where the op records start.  ``prefix``: those records'
+        bytes, where the caller found where they end: what another stream's decoder learnt
+        from them in the same state of the tables is replayed instead (``StaticTable.learnt``)."""
+        state = self._state
+        if state is not None and prefix is not None:
+            got = self.table.learnt(state, prefix)
+            if got is not None and self._replay(got, prefix, ev, walk, out):
+                return len(prefix)
         off, size, ok = 0, len(raw), True
         type_len = _TYPE_LEN.unpack_from
-        while off + 24 <= size:
-            typ, length = type_len(raw, off)
-            if typ not in TABLE_RECORDS:
-                break
-            if length < 24 or off + length > size:
-                return off  # (the record loop counts it truncated)
-            if not self._table_record(typ, raw, off, length, ev, walk, parts, out):
-                ok = False
-            off += length
+        if state is not None:
+            self._learning = _Learning()
+        try:
+            while off + 24 <= size:
+                typ, length = type_len(raw, off)
+                if typ not in TABLE_RECORDS:
+                    break
+                if length < 24 or off + length > size:
+                    self._state = None
+                    return off  # (the record loop counts it truncated)
+                if not self._table_record(typ, raw, off, length, ev, walk, parts, out):
+                    ok = False
+                off += length
+            learning = self._learning
+        finally:
+            self._learning = None
         if ok and off:
             self._note_prefix(raw[:off])
+            if learning is not None and self._state == state:
+                self._state = self.table.learn(state, raw[:off], learning)
+        elif not ok:
+            self._state = None
         return off
+
+    def _replay(self, got: Learnt, prefix: bytes, ev: dict, walk: _Walk, out: list[dict]) -> bool:
+        """What a walk of ``prefix`` from this decoder's state of the tables taught another
+        decoder (``got``), taught this one as the walk would: whether it could be (not where
+        the walk would resolve the records gathered before it first, nor past the bound on
+        records in effect; then the prefix is walked)."""
+        if got.defined and walk.count() and (got.referred or _has_own_fields(walk)):
+            return False
+        in_effect = self._in_effect
+        if len(in_effect) + len(got.records) > 100_000:
+            return False
+        since = self._gathered + walk.count()
+        sigs, known, when = self._sigs, self._sid, self._sid_since
+        for key, rec in got.sigs:
+            when[key] = since
+            sigs[key] = rec
+            known.pop(key, None)
+        self._sig_refs.update(got.refs)
+        if self._unresolved:
+            for name in got.defined:
+                if name in self._unresolved:  # (``_define``: a begin referred to it before it was known)
+                    self._unresolved.discard(name)
+                    self._forget()
+        self.sites.update(got.sites)
+        ts = ev.get("ts", 0)
+        for key, entry, backend in got.groups:
+            self.groups[key] = entry
+            out.append(self._group_event(key, entry, backend, ts))
+        in_effect.update(got.records)
+        self._state = got.after
+        self._note_prefix(prefix)
+        return True
 
     def _table_record(self, typ: int, raw: bytes, off: int, length: int, ev: dict, walk: _Walk,
                       parts: list[OpRecords], out: list[dict]) -> bool:
@@ -777,6 +978,9 @@ class BlockDecoder:
         in_effect = self._in_effect
         if rec in in_effect:
             return True
+        learning = self._learning
+        if learning is None:
+            self._state = None  # (not a whole prefix's walk: ``_state`` no longer says what the tables hold)
         try:
             self._table(typ, raw, off, length, out, ev.get("ts", 0), walk, parts)
         except (struct.error, ValueError):
@@ -784,7 +988,10 @@ class BlockDecoder:
             return False
         if len(in_effect) > 100_000:
             in_effect.clear()  # (only costs reading restatements again)
+            self._state = None
         in_effect.add(rec)
+        if learning is not None:
+            learning.records.append(rec)
         return True
 
     def _note_prefix(self, prefix: bytes) -> None:
@@ -929,10 +1136,37 @@ class BlockDecoder:
         rec = self._sigs.get(sid)
         if rec is None:
             return _NO_STATIC
+        state = self._state
+        if state is not None:  # (decoded by another stream's decoder in the same state, maybe)
+            if self._token_of is not self.dtypes:
+                self._token_of, self._dtypes_token = self.dtypes, self.table.dtypes_token(self.dtypes)
+            key = (state, self._names_token, self._dtypes_token, sid)
+            hit = self.table.sid_static(key)
+            if hit is not None:
+                static, missing = hit
+                if missing:
+                    self._unresolved.update(missing)
+                self._sid[sid] = static
+                return static
         _t, flags, aux, length, _ts, _key = HEADER.unpack_from(rec, 0)
         # a SIG body is a BeginBody (tid, parent and seq left out) followed by the tensors
         got = self._sid[sid] = self._static_index(rec, HEADER.size, length, flags, aux)
+        if state is not None:
+            self.table.keep_sid_static(key, (got, self._lacks(rec, length)))
         return got
+
+    def _lacks(self, rec: bytes, length: int) -> tuple[tuple[int, int], ...]:
+        """The site and group a SIG record refers to that the tables lack (``_static_index``
+        notes them as unresolved)."""
+        if length - HEADER.size < BEGIN_BODY.size:
+            return ()
+        site, _opcode, gid = struct.unpack_from("<iii", rec, HEADER.size + 20)
+        lacks = []
+        if gid >= 0 and gid not in self.groups:
+            lacks.append((GROUP_REC, gid))
+        if site >= 0 and site not in self.sites:
+            lacks.append((SITE_REC, site))
+        return tuple(lacks)
 
     def _note_any_source(self, op_id: int, gid: int) -> None:
         """An any-source recv: its peer arrives with a SOURCE record."""
@@ -1152,8 +1386,14 @@ def _has_own_fields(walk: _Walk) -> bool:
     (its peer is a group rank).  A record gathered one by one is looked at as it is
     (``BlockDecoder._block``), the runs a scan handed over only when asked, once."""
     if not walk.own and walk.unchecked:
-        walk.own = any(_OWN_FIELDS[raw[at]].any() for raw, at in walk.unchecked)
-        walk.unchecked.clear()
+        unchecked = walk.unchecked
+        raw = unchecked[0][0]
+        if all(x is raw for x, _ in unchecked):  # (one scan's runs, the common case: looked at at once)
+            at = unchecked[0][1] if len(unchecked) == 1 else np.concatenate([at for _, at in unchecked])
+            walk.own = bool(_OWN_FIELDS[raw[at]].any())
+        else:
+            walk.own = any(_OWN_FIELDS[raw[at]].any() for raw, at in unchecked)
+        unchecked.clear()
     return walk.own
 
 
@@ -1592,10 +1832,11 @@ def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder, ahead: Ahe
         out.append(e)
     start, pend = int(s.start[0]), int(s.prefix_end[0])
     raw = bytes(s.raw[start:int(s.stop[0])])
-    if pend > start and raw[:pend - start] not in decoder._prefixes and decoder.table.states_once(raw[:pend - start]):
+    prefix = raw[:pend - start]
+    if pend > start and prefix not in decoder._prefixes and decoder.table.states_once(prefix):
         invalid = Counter(decoder.invalid)
-        decoder._head(raw, {"type": BLOCK, "rank": decoder.rank, "ts": int(s.ts[0])}, walk, parts, out)
-        if raw[:pend - start] not in decoder._prefixes:  # (a bad record: walked again with the rest, counted there)
+        decoder._head(raw, {"type": BLOCK, "rank": decoder.rank, "ts": int(s.ts[0])}, walk, parts, out, prefix)
+        if prefix not in decoder._prefixes:  # (a bad record: walked again with the rest, counted there)
             decoder.invalid = invalid
     run = _learn_later_prefixes(data, s, fb, decoder, walk, parts, ahead, (block, line_start, line_end))
     # the signatures named by the begins of the blocks up to there: none of them can come
@@ -1723,7 +1964,7 @@ def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: Bloc
                 return k
             out: list[dict] = []
             decoder._head(bytes(s.raw[start:int(s.stop[k])]), {"type": BLOCK, "rank": decoder.rank,
-                                                              "ts": int(s.ts[k])}, walk, parts, out)
+                                                              "ts": int(s.ts[k])}, walk, parts, out, prefix)
             if out or prefix not in decoder._prefixes:  # (cannot be: it only adds signatures and sites)
                 raise AssertionError("a later prefix learnt ahead taught more than signatures and sites")
         if decoder._epoch != epoch:  # (forgotten: every later block's prefix is looked at)

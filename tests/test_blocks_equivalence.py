@@ -36,7 +36,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from commscope import blocks, blockscan
+from commscope import blocks, blockscan, dtypes
 from commscope.blocks import BlockDecoder, StaticTable, decode_stream
 from commscope.schema import SCHEMA_VERSION, decode_lines
 
@@ -96,6 +96,13 @@ class Uncached(BlockDecoder):
         self._sid.clear()
         return super()._statics_of(sid)
 
+    def _static_of_sid(self, sid):
+        self.table._sid_statics.clear()
+        return super()._static_of_sid(sid)
+
+    def _replay(self, *args) -> bool:
+        return False
+
     def _static_index(self, *args, **kw):
         self._static_at.clear()
         return super()._static_index(*args, **kw)
@@ -107,11 +114,14 @@ class Uncached(BlockDecoder):
 
 def run(lines: list[bytes], rank: int = 0, chunk: int = 0, columns: bool = False,
         table: StaticTable | None = None, decoder: type[BlockDecoder] = BlockDecoder, scanned: bool = False,
-        ) -> tuple[list[dict], list[dict], Counter, int]:
+        made: list[BlockDecoder] | None = None) -> tuple[list[dict], list[dict], Counter, int]:
     """``lines`` through one decoder as a reader feeds it, ``chunk`` lines a batch (0: all at
     once): (op events, other events, invalid counts, duplicates).  ``scanned``: as a reader
-    of columns with the compiled scanner decodes them (``blocks.decode_scanned``)."""
+    of columns with the compiled scanner decodes them (``blocks.decode_scanned``).
+    ``made``: the decoder is appended to it."""
     dec = decoder(rank, table if table is not None else StaticTable())
+    if made is not None:
+        made.append(dec)
     size = chunk or max(1, len(lines))
     ops: list[dict] = []
     others: list[dict] = []
@@ -444,6 +454,125 @@ def test_a_table_shared_with_another_stream_changes_nothing(lines, other):
     run(other, rank=2, table=table, columns=True)
     assert run(lines, rank=1, table=table) == run(lines, rank=1)
     assert run(lines, rank=1, table=table, columns=True) == run(lines, rank=1, columns=True)
+
+
+def tables(dec: BlockDecoder) -> tuple:
+    """What a decoder's tables hold, and what it knows of its begins' signatures."""
+    return (dec._sigs, dec.sites, dec.groups, dec._in_effect, dec._sig_refs, dec._sid_since, dec._unresolved,
+            dec.seen_end, dec.names, dec.dtypes, dec.invalid)
+
+
+def _as_rank(lines: list[bytes], rank: int) -> list[bytes]:
+    return [x.replace(b'"rank":1,', b'"rank":%d,' % rank).replace(b'"rank":1}', b'"rank":%d}' % rank)
+            for x in lines]
+
+
+def replayed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the prefixes a decoder was taught by replaying another's walk."""
+    count = [0]
+    real = BlockDecoder._replay
+
+    def counting(self, *args):
+        done = real(self, *args)
+        count[0] += done
+        return done
+
+    monkeypatch.setattr(BlockDecoder, "_replay", counting)
+    return count
+
+
+@settings(SETTINGS, max_examples=150)
+@given(st.one_of(streams(mode="upfront", rank=1), streams(mode="late", rank=1), streams(mode="wild", rank=1)),
+       st.one_of(streams(mode="upfront", rank=3), streams(mode="wild", rank=3)), st.sampled_from([0, 1, 2]),
+       st.booleans())
+def test_a_prefix_learnt_from_another_stream_s_walk_decodes_as_walking_it(lines, other, chunk, scanned):
+    """Streams that state the same table prefixes in the same order (a job's ranks): the
+    second decoder replays what the first learnt walking each (``StaticTable.learnt``),
+    and decodes, with its tables, what walking them itself gives; also after a stream
+    that states others in between, and in any batching."""
+    if scanned and not blockscan.available():
+        scanned = False
+    table = StaticTable()
+    run(lines, rank=1, chunk=chunk, table=table, columns=True, scanned=scanned)
+    run(other, rank=3, chunk=chunk, table=table, columns=True, scanned=scanned)
+    mine = _as_rank(lines, 2)
+    shared: list[BlockDecoder] = []
+    alone: list[BlockDecoder] = []
+    assert run(mine, rank=2, chunk=chunk, table=table, columns=True, scanned=scanned, made=shared) == \
+        run(mine, rank=2, chunk=chunk, columns=True, scanned=scanned, made=alone)
+    assert tables(shared[0]) == tables(alone[0])
+
+
+def _job_stream(rank: int) -> list[bytes]:
+    """A rank's stream as the native recorder writes it over a few steps of three kinds:
+    each kind's first block states its prefix (a group, sites, signatures), later ones
+    restate it; a fourth prefix defines a site a signature stated before refers to
+    (learning it first resolves what came before, where a walk gathered records), a begin
+    with its own fields names a group before the block that defines it, and a fifth
+    prefix redefines a signature.  Some ranks' tables also change outside a prefix: rank
+    3's by a ``site`` event, rank 4's by a signature stated after a block's op records,
+    rank 5's by a ``group`` event; rank 6 names its ops in another order, rank 7 its
+    dtypes; rank 8 goes through the kinds in another order (its tables pass through
+    other states)."""
+    group = blocks.pack_group(1, "dp", "nccl", [0, 1, 2, 3, 4])
+    sites = [blocks.pack_site(k, f"train.py:{k} in step") for k in range(4)]
+    sig = [blocks.pack_sig(k, name=k % 5, site=k, gid=1, opcode=0, ins=[(6, [k + 1])], outs=[(6, [k + 1])])
+           for k in range(4)]
+    prefixes = [group + sites[0] + sig[0], group + sites[1] + sig[1] + sites[0] + sig[0],
+                group + sites[2] + sig[2] + sig[3], group + sites[3] + sig[3] + sig[2],
+                group + sites[0] + blocks.pack_sig(0, name=4, site=0, gid=1, opcode=0)]
+    lines = [meta_line(rank, **({6: {"names": NAMES[::-1]}, 7: {"dtypes": list(dtypes.CODES[::-1])}}.get(rank, {})))]
+    ring, next_id, ts = 0, 1, T
+    order = [3, 2, 1, 0, 2, 3, 0, 1, 3, 2, 4, 1] if rank == 8 else [0, 1, 0, 2, 1, 3, 0, 2, 3, 1, 4, 2]
+    for step, kind in enumerate(order):
+        ops = b""
+        for sid in {0: [0], 1: [1, 0], 2: [2, 3], 3: [3, 2], 4: [0]}[kind]:
+            ts += 1000
+            ops += blocks.pack_sig_begin(next_id, ts, sid, seq=next_id) + blocks.pack_end(next_id, ts + 500)
+            next_id += 1
+        if step == 7:  # a begin carrying its own fields (naming group 2 itself)
+            ops += blocks.pack_begin(next_id, ts + 600, name=0, gid=2, site=2) + blocks.pack_end(next_id, ts + 700)
+            next_id += 1
+        prefix = (blocks.pack_group(2, "tp", "nccl", [1, 0]) if step == 8 else b"") + prefixes[kind]
+        # (rank 4 states signature 2 before its prefix does, and names it at once)
+        after = sig[2] + blocks.pack_sig_begin(90, ts + 800, 2) if rank == 4 and step == 2 else b""
+        lines.append(block_line(prefix + ops + after, rank, ring, ring + len(ops)))
+        ring += len(ops)
+        if step % 4 == 3:
+            lines.append(event_line(rank, type="heartbeat", inflight=0))
+        if rank == 3 and step == 0:
+            lines.append(event_line(rank, type="site", sid=2, text="elsewhere.py:1"))
+        if rank == 5 and step == 4:
+            lines.append(event_line(rank, type="group", gid=2, group="tp", granks=[0, 1]))
+    return lines
+
+
+def _batch(lines: list[bytes], rank: int, dec: BlockDecoder, scanned: bool) -> tuple:
+    data = b"\n".join(lines) + b"\n"
+    if scanned:
+        got = blocks.decode_scanned(data, blockscan.scan(data, rank), rank, dec)
+    else:
+        got = decode_stream(decode_lines(data, rank), dec, columns=True)
+    return got.events, got.ops.events() if got.ops is not None else [], got.invalid
+
+
+@needs_scanner
+@pytest.mark.parametrize("chunk", [1, 2, 3, 100])
+def test_a_job_s_ranks_replay_the_prefixes_the_first_walked(chunk, monkeypatch):
+    """Eight ranks' streams through one table: the later ranks replay the first's walks of
+    their common prefixes, and each decodes each batch, and holds after it the tables,
+    that decoding it alone gives."""
+    count = replayed(monkeypatch)
+    for scanned in (True, False):
+        table = StaticTable()
+        for rank in range(1, 9):
+            lines = _job_stream(rank)
+            shared, alone = BlockDecoder(rank, table), BlockDecoder(rank)
+            for i in range(0, len(lines), chunk):
+                got = _batch(lines[i:i + chunk], rank, shared, scanned)
+                assert got == _batch(lines[i:i + chunk], rank, alone, scanned), (scanned, rank, i)
+                assert tables(shared) == tables(alone), (scanned, rank, i)
+    assert count[0] >= 4 * 2, count[0]  # (rank 2 replays four prefixes at least, both ways)
 
 
 @settings(SETTINGS, max_examples=200)

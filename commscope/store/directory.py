@@ -1081,9 +1081,7 @@ class DirectoryReader(TraceReader):
         for stream, top in got.max_ids.items():
             self._raise_max_id(stream, top)
         for stream, st in got.decoders.items():
-            dec = self._decoder(stream)
-            dec.names, dec.dtypes, dec.seen_end = st.names, st.dtypes, st.seen_end
-            dec.groups, dec.sites, dec._gid_of_id = st.groups, st.sites, st.waiting
+            self._decoder(stream).adopt(st.names, st.dtypes, st.seen_end, st.groups, st.sites, st.waiting)
 
 
 def read_streams(job: Job) -> StreamsRead:
