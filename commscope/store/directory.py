@@ -404,6 +404,7 @@ class DirectoryReader(TraceReader):
         self._partial: dict[Stream, bool] = {}
         self._next = 0  # the stream a budgeted poll starts with (they take turns)
         self._streams: dict[Stream, list[Segment]] = {}
+        self._segment_names: frozenset[str] = frozenset()  # the names ``_streams`` was grouped from
         self._summaries: dict[Stream, Path] = {}
         self._crash_names: list[str] = []  # crash files (``crashlog``) as the directory was last listed
         self._summary_offsets: dict[Stream, int] = {}
@@ -486,6 +487,7 @@ class DirectoryReader(TraceReader):
             return {}
         self._list_error = None
         parsed = []
+        names = []  # (the names of ``parsed``)
         self._summaries = {}
         self._crash_names = []
         known = self._names
@@ -512,8 +514,12 @@ class DirectoryReader(TraceReader):
                 self._summaries[got.stream] = got.path
             else:
                 parsed.append(got)
+                names.append(name)
         self._let_go(entries)
-        self._streams = segments.grouped(parsed)
+        listed = frozenset(names)
+        if listed != self._segment_names:  # (the same segments: grouped as they were, ~half a listing's cost)
+            self._streams = segments.grouped(parsed)
+            self._segment_names = listed
         self._listed = (mtime, now)
         self._summaries_due = True
         return self._streams
