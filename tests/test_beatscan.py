@@ -191,8 +191,8 @@ def _whole(store: str, take: bool, monkeypatch) -> tuple:
         if not take:
             m.setattr(beatscan, "scan", lambda *a: None)
         seen: list[int] = []
-        entry = beatscan.entry
-        m.setattr(beatscan, "entry", lambda rank, taken: seen.append(rank) or entry(rank, taken))
+        entries = beatscan.entries
+        m.setattr(beatscan, "entries", lambda streams: seen.extend(r for r, _ in streams) or entries(streams))
         r = DirectoryReader(store)
         batch = r.read_whole(r.streams())
     b = batch.beats
@@ -267,3 +267,52 @@ def test_rows_put_back_a_kind_at_a_time_are_all_put_back_at_once(tmp_path):
     twice, gone = beatscan.back(half, rest, 0, frozenset({beatscan.SAMPLE}))
     assert none is None and gone is None and twice == once
     assert [e["type"] for e in once].count("heartbeat") == int((taken.rows.kind == beatscan.HEARTBEAT).sum())
+
+
+def _taken(lines: list[bytes], rank: int, chunk: int) -> list[beatscan.Taken]:
+    """A stream's heartbeat and sample lines as a whole read takes them, ``chunk`` lines a
+    chunk."""
+    from commscope.blocks import _json_lines
+
+    out = []
+    for i in range(0, len(lines), chunk):
+        data = b"\n".join(lines[i:i + chunk]) + b"\n"
+        scan = blockscan.scan(data, rank)
+        assert scan is not None
+        got, _, taken = _json_lines(data, scan, rank, True)
+        assert taken is not None and not got.events  # (every line a row)
+        out.append(taken)
+    return out
+
+
+@pytest.mark.parametrize("apart", [False, True])
+def test_streams_entries_made_together_are_what_json_gives_each(apart, monkeypatch):
+    """``entries`` of many streams at once (heartbeats only, samples only, both; heartbeats
+    of equal times, the latest not last; one chunk or several) against ``beats.of_events``
+    of each stream's lines decoded as JSON.  ``apart``: the last samples decoded one by
+    one (where decoding them together fails)."""
+    if apart:
+        monkeypatch.setattr(beatscan.schema, "decode_many", lambda lines, ranks: None)
+    rnd = random.Random(5)
+    streams, want = [], []
+    for rank in range(40):
+        kinds = ["heartbeat", "sample", "both"][rank % 3]
+        events = []
+        for k in range(rnd.randint(1, 30)):
+            ts = T + rnd.choice([k, 7, 7, 100 - k]) * 10 ** 6
+            if kinds == "heartbeat" or (kinds == "both" and rnd.random() < 0.5):
+                events.append(_hb(rank, ts, rnd.randint(0, 9)))
+            else:
+                events.append(_sample(rank, ts, **({"gpu_util": float(k)} if rnd.random() < 0.5 else {})))
+        lines = [orjson.dumps(e) for e in events]
+        streams.append((rank, _taken(lines, rank, rnd.choice([1, 3, 100]))))
+        entry, rest = beats.of_events(rank, decode_lines(b"\n".join(lines) + b"\n", rank).events)
+        assert entry is not None and not rest
+        want.append(entry)
+    got = beatscan.entries(streams)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g[:6] == w[:6] and g.last == w.last, g.rank
+        assert (g.cols is None) == (w.cols is None), g.rank
+        for f in (w.cols or {}):
+            assert np.array_equal(g.cols[f], w.cols[f], equal_nan=True), (g.rank, f)

@@ -964,7 +964,8 @@ class DirectoryReader(TraceReader):
         back as arrays, not dicts), and its heartbeats and samples (``Batch.beats``)."""
         self.columnar = True
         events: list[Event] = []
-        entries: list[beats.Entry] = []
+        entries: list[beats.Entry | None] = []  # (None: the next of ``rows``' entries)
+        rows: list[tuple[int, list[beatscan.Taken]]] = []  # the streams whose heartbeats and samples are rows
         ranks = Counter(stream[0] for stream in streams)  # (a rank's incarnations keep theirs as dicts: in order)
         self._pieces = {}
         try:
@@ -982,7 +983,8 @@ class DirectoryReader(TraceReader):
                     if len(getattr(self, "_ops", ())) == had:  # (no records: its op events, if any, are dicts)
                         got = self._columns_of_events(stream, got)
                     if taken:  # (its heartbeats and samples taken by ``of_events``' rules are all rows)
-                        entries.append(beatscan.entry(stream[0], taken))
+                        rows.append((stream[0], taken))
+                        entries.append(None)
                     elif ranks[stream[0]] == 1:
                         entry, got = beats.of_events(stream[0], got)
                         if entry is not None:
@@ -990,7 +992,9 @@ class DirectoryReader(TraceReader):
                     events.extend(got)
         finally:
             self._pieces = None
-        batch = Batch(self._carried + events, *self._take_ops(), beats.joined(entries))
+        made = iter(beatscan.entries(rows))
+        batch = Batch(self._carried + events, *self._take_ops(),
+                      beats.joined([e if e is not None else next(made) for e in entries]))
         self._carried = []
         return batch
 
