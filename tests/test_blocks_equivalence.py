@@ -31,6 +31,7 @@ import tracemalloc
 from collections import Counter
 from collections.abc import Iterator
 
+import numpy as np
 import orjson
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -1257,3 +1258,13 @@ def test_the_shared_empty_count_of_invalid_lines_is_never_counted_into():
         copy["x"] += 1
         assert copy == Counter(x=1) and type(copy) is Counter
     assert not NO_INVALID and NO_INVALID + Counter(x=1) == Counter(x=1)
+
+
+def test_distinct_signature_ids_are_numpy_s_unique_ones():
+    """``blocks._distinct`` (counted where the ids are small) against ``np.unique``: small,
+    large and negative ids (the last two never counted)."""
+    rng = np.random.default_rng(1)
+    for _ in range(500):
+        ids = rng.integers(rng.choice([0, -5]), rng.choice([3, 70_000, 1 << 40]), rng.integers(1, 50)).astype(np.int64)
+        got = blocks._distinct(ids)
+        assert got.dtype == np.int64 and np.array_equal(got, np.unique(ids)), ids
