@@ -259,7 +259,7 @@ class Learnt(NamedTuple):
     """What walking a table prefix record by record taught a decoder whose tables stood in a
     given state (``StaticTable.learnt``): another stream's decoder in that state replays it
     instead of walking the prefix again (every rank of a job states the same few prefixes
-    in the same order: their walks were ~10% of a whole read's worker).  Only additions:
+    in the same order: their walks were ~8% of a whole read's worker).  Only additions:
     a prefix that changes or forgets an entry is walked each time."""
 
     sigs: tuple[tuple[int, bytes], ...]  # new signatures: (id, SIG record)
@@ -343,8 +343,8 @@ class StaticTable:
     def learn(self, state: int, prefix: bytes, learning: _Learning) -> int:
         """Keep what walking ``prefix`` from tables in ``state`` taught (``learning``); the
         number of the state it left them in.  Every state is numbered once: two decoders
-        with one number hold the same tables, as both got there by the same walks from
-        empty tables (``BlockDecoder._state``)."""
+        with one number hold the same tables between walks, as both got there by the same
+        walks from empty tables (``BlockDecoder._state``)."""
         hit = self._learnt.get((state, prefix))
         if hit is not None:  # (walked again where replaying it could not be: the same tables)
             return hit.after
@@ -441,6 +441,8 @@ class StaticTable:
         return self._dtypes.setdefault(tuple(table), len(self._dtypes))
 
     def names_token(self, names: list[str]) -> int:
+        """A number for a list of op names (a meta's), the same for equal lists: what a
+        signature's static was decoded with (``sid_static``)."""
         return self._names.setdefault(tuple(names), len(self._names))
 
     def sid_static(self, key: tuple[int, int, int, int]) -> tuple[int, tuple[tuple[int, int], ...]] | None:
@@ -451,6 +453,7 @@ class StaticTable:
         return self._sid_statics.get(key)
 
     def keep_sid_static(self, key: tuple[int, int, int, int], got: tuple[int, tuple[tuple[int, int], ...]]) -> None:
+        """Keep what a signature id decoded to (``sid_static``), up to 100k of them."""
         if len(self._sid_statics) >= 100_000:
             self._sid_statics.clear()  # (only costs decoding them again)
         self._sid_statics[key] = got
@@ -514,7 +517,8 @@ class BlockDecoder:
         self._gid_of_id: dict[int, int] = {}  # any-source recvs waiting for their source
         #: The state of the tables (signatures, sites, groups, records in effect and the ids
         #: signatures refer to) as ``StaticTable.learn`` numbers it, while they only changed
-        #: by walks of whole table prefixes from empty; None once anything else changed them
+        #: by walks of whole table prefixes from empty; None once anything else changed them.
+        #: During a walk it names the tables as they were before it (``_learning`` is set)
         self._state: int | None = 0
         self._learning: _Learning | None = None  # what the prefix being walked teaches
 
@@ -617,6 +621,7 @@ class BlockDecoder:
         if key > MAX_INT:
             return
         body, end = off + HEADER.size, off + length
+        learning = self._learning
         if typ == SIG:
             if key > 0xFFFFFFFF:
                 return  # no begin can name it (a BEGIN_SIG's id is 32 bits)
@@ -629,7 +634,6 @@ class BlockDecoder:
                 self._superseded()
             else:  # begins before this record that name it are invalid (its SIG record was lost)
                 self._sid_since[key] = self._gathered + walk.count()
-            learning = self._learning
             if length >= HEADER.size + 32:  # the site and group it refers to are watched for
                 refs = ((SITE_REC, struct.unpack_from("<i", raw, body + 20)[0]),
                         (GROUP_REC, struct.unpack_from("<i", raw, body + 28)[0]))
@@ -650,8 +654,8 @@ class BlockDecoder:
             self._note_defined(SITE_REC, key)
             self._define(SITE_REC, key, key in self.sites, walk, before)
             self.sites[key] = text
-            if self._learning is not None:
-                self._learning.sites.append((key, text))
+            if learning is not None:
+                learning.sites.append((key, text))
         elif typ == GROUP_REC:
             got = self.table.group_of(raw[body:end])
             if got is None:
@@ -663,8 +667,8 @@ class BlockDecoder:
             self._note_defined(GROUP_REC, key)
             self._define(GROUP_REC, key, key in self.groups, walk, before)
             self.groups[key] = entry
-            if self._learning is not None:
-                self._learning.groups.append((key, entry, backend))
+            if learning is not None:
+                learning.groups.append((key, entry, backend))
             events.append(self._group_event(key, entry, backend, ts))  # the model learns the group's members from it
 
     def _group_event(self, gid: int, entry: GroupEntry, backend: str, ts: int) -> dict:
@@ -899,14 +903,14 @@ class BlockDecoder:
         walk.base += hi - lo
 
     def _head(self, raw: bytes, ev: dict, walk: _Walk, parts: list[OpRecords], out: list[dict],
-              prefix: bytes | None = None) -> int:
+              prefix: bytes) -> int:
         """Walk a block's table prefix (its records up to the first op record) record by record,
         learning what they say; note the prefix when all went well (a block that repeats it
         skips it at once); returns where the op records start.  ``prefix``: those records'
-        bytes, where the caller found where they end: what another stream's decoder learnt
-        from them in the same state of the tables is replayed instead (``StaticTable.learnt``)."""
+        bytes (the caller found where they end): what another stream's decoder learnt from
+        them in the same state of the tables is replayed instead (``StaticTable.learnt``)."""
         state = self._state
-        if state is not None and prefix is not None:
+        if state is not None:
             got = self.table.learnt(state, prefix)
             if got is not None and self._replay(got, prefix, ev, walk, out):
                 return len(prefix)
@@ -1136,11 +1140,14 @@ class BlockDecoder:
         rec = self._sigs.get(sid)
         if rec is None:
             return _NO_STATIC
-        state = self._state
-        if state is not None:  # (decoded by another stream's decoder in the same state, maybe)
+        # (decoded by another stream's decoder in the same state, maybe; not in the middle
+        # of a prefix's walk, which resolves what came before it with some of its records
+        # learnt: ``_state`` names the tables as they were before it)
+        key = None
+        if self._state is not None and self._learning is None:
             if self._token_of is not self.dtypes:
                 self._token_of, self._dtypes_token = self.dtypes, self.table.dtypes_token(self.dtypes)
-            key = (state, self._names_token, self._dtypes_token, sid)
+            key = (self._state, self._names_token, self._dtypes_token, sid)
             hit = self.table.sid_static(key)
             if hit is not None:
                 static, missing = hit
@@ -1151,7 +1158,7 @@ class BlockDecoder:
         _t, flags, aux, length, _ts, _key = HEADER.unpack_from(rec, 0)
         # a SIG body is a BeginBody (tid, parent and seq left out) followed by the tensors
         got = self._sid[sid] = self._static_index(rec, HEADER.size, length, flags, aux)
-        if state is not None:
+        if key is not None:
             self.table.keep_sid_static(key, (got, self._lacks(rec, length)))
         return got
 
