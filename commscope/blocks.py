@@ -312,6 +312,7 @@ class StaticTable:
         self._learnt_bytes = 0
         self._states = 0  # the last state numbered (0: a new decoder's empty tables)
         self._names: dict[tuple[str, ...], int] = {}
+        self._tokens = 0  # the next number ``_token`` gives
         self._sid_statics: dict[tuple[int, int, int, int], tuple[int, tuple[tuple[int, int], ...]]] = {}
 
     #: The bytes of table prefixes whose ``states_once`` is kept (a job's ranks restate a few
@@ -437,13 +438,30 @@ class StaticTable:
         self._codes_named, self._named = codes, names
         return names
 
+    #: Distinct dtype tables and op name lists numbered before the numbering starts afresh
+    #: (a hostile store's metas may each state another: memory stays bounded)
+    TOKENS_KEPT = 4096
+
     def dtypes_token(self, table: list[str]) -> int:
-        return self._dtypes.setdefault(tuple(table), len(self._dtypes))
+        """A number for a dtype table, the same for equal tables while kept: what a static
+        was decoded with (``get``, ``add``)."""
+        return self._token(self._dtypes, tuple(table))
 
     def names_token(self, names: list[str]) -> int:
-        """A number for a list of op names (a meta's), the same for equal lists: what a
-        signature's static was decoded with (``sid_static``)."""
-        return self._names.setdefault(tuple(names), len(self._names))
+        """A number for a list of op names (a meta's), the same for equal lists while kept:
+        what a signature's static was decoded with (``sid_static``)."""
+        return self._token(self._names, tuple(names))
+
+    def _token(self, tokens: dict[tuple[str, ...], int], key: tuple[str, ...]) -> int:
+        """``key``'s number in ``tokens``; a number is never given twice, so forgetting them
+        (past ``TOKENS_KEPT``) only costs decoding again what equal lists share."""
+        got = tokens.get(key)
+        if got is None:
+            if len(tokens) >= self.TOKENS_KEPT:
+                tokens.clear()
+            got = tokens[key] = self._tokens
+            self._tokens += 1
+        return got
 
     def sid_static(self, key: tuple[int, int, int, int]) -> tuple[int, tuple[tuple[int, int], ...]] | None:
         """What a signature id decoded to (``BlockDecoder._static_of_sid``) in a decoder

@@ -1395,3 +1395,19 @@ def test_a_job_s_ranks_of_one_pool_of_prefixes_decode_through_one_table_as_alone
             together, _, _ = run_together(per_rank, chunk)
             for rank, lines in per_rank:
                 assert together[rank] == run(lines, rank, chunk=chunk, scanned=True), (seed, chunk, rank)
+
+
+def test_op_names_and_dtype_tables_are_numbered_within_a_bound_and_never_twice(monkeypatch):
+    """A store whose every meta states other op names: the table keeps at most
+    ``TOKENS_KEPT`` of them numbered, and a list numbered after it forgot them never gets
+    a number another list had (a static decoded with one would be lent to the other)."""
+    monkeypatch.setattr(StaticTable, "TOKENS_KEPT", 8)
+    table = StaticTable()
+    seen = {table.names_token([f"op{k}"]) for k in range(30)} | {table.dtypes_token([f"d{k}"]) for k in range(30)}
+    assert len(seen) == 60
+    assert len(table._names) <= 8 and len(table._dtypes) <= 8
+    again = table.names_token(["op29"])
+    assert again == table.names_token(["op29"])  # (kept: the same number)
+    lines = [meta_line(1, names=[f"x{k}", "all_reduce"]) for k in range(20)] + \
+        [block_line(blocks.pack_sig(0, name=1, opcode=0) + blocks.pack_sig_begin(1, T, 0), 1)]
+    assert run(lines, 1, table=table, columns=True)[0][0]["op"] == "all_reduce"
