@@ -1570,10 +1570,10 @@ _NO_SIDS = np.zeros(0, np.int64)
 
 
 def _distinct(sid: np.ndarray) -> np.ndarray:
-    """``np.unique`` of signature ids (int64, none empty), counted where they are small, as a
+    """``np.unique`` of signature ids (int64, not empty), counted where they are small, as a
     recorder numbers them from 0 (a third of ``np.unique``'s time on a stream's few
-    hundred begins)."""
-    if int(sid.max()) < 1 << 16 and int(sid.min()) >= 0:
+    hundred begins); small against how many there are, so the count is never much larger."""
+    if int(sid.max()) < max(4096, 64 * sid.shape[0]) and int(sid.min()) >= 0:
         return np.flatnonzero(np.bincount(sid))
     return np.unique(sid)
 

@@ -316,3 +316,19 @@ def test_streams_entries_made_together_are_what_json_gives_each(apart, monkeypat
         assert (g.cols is None) == (w.cols is None), g.rank
         for f in (w.cols or {}):
             assert np.array_equal(g.cols[f], w.cols[f], equal_nan=True), (g.rank, f)
+
+
+def test_a_whole_read_makes_its_entries_in_pieces_as_at_once(tmp_path, monkeypatch):
+    """``read_whole`` lets the chunks go every ``ENTRIES_HELD`` bytes (their entries made
+    then): the batch is the one made at once."""
+    from commscope.store.directory import DirectoryReader
+
+    store = _store(tmp_path, {"last:2": [_hb(2, T + 10 ** 12, 4), _sample(2, T + 10 ** 12, gpu_util=3.5)],
+                              "rank-00001.jsonl": [_sample(1, T + 1, gpu_error="NVML: not found")]})
+    once, once_cols, taken = _whole(store, True, monkeypatch)
+    assert len(taken) >= 5  # (most streams' as rows)
+    monkeypatch.setattr(DirectoryReader, "ENTRIES_HELD", 0)
+    pieces, pieces_cols, _ = _whole(store, True, monkeypatch)
+    assert pieces == once
+    for f in beats.SAMPLE_FIELDS:
+        assert np.array_equal(np.array(pieces_cols[f]), np.array(once_cols[f]), equal_nan=True), f

@@ -966,6 +966,8 @@ class DirectoryReader(TraceReader):
         events: list[Event] = []
         entries: list[beats.Entry | None] = []  # (None: the next of ``rows``' entries)
         rows: list[tuple[int, list[beatscan.Taken]]] = []  # the streams whose heartbeats and samples are rows
+        made: list[beats.Entry] = []  # their entries, made ``ENTRIES_HELD`` bytes of chunks at a time
+        held = 0
         ranks = Counter(stream[0] for stream in streams)  # (a rank's incarnations keep theirs as dicts: in order)
         self._pieces = {}
         try:
@@ -985,6 +987,11 @@ class DirectoryReader(TraceReader):
                     if taken:  # (its heartbeats and samples taken by ``of_events``' rules are all rows)
                         rows.append((stream[0], taken))
                         entries.append(None)
+                        held += sum(len(t.data) for t in taken)
+                        if held > self.ENTRIES_HELD:  # (their chunks' bytes let go)
+                            made += beatscan.entries(rows)
+                            rows.clear()
+                            held = 0
                     elif ranks[stream[0]] == 1:
                         entry, got = beats.of_events(stream[0], got)
                         if entry is not None:
@@ -992,11 +999,17 @@ class DirectoryReader(TraceReader):
                     events.extend(got)
         finally:
             self._pieces = None
-        made = iter(beatscan.entries(rows))
+        made += beatscan.entries(rows)
+        one = iter(made)
         batch = Batch(self._carried + events, *self._take_ops(),
-                      beats.joined([e if e is not None else next(made) for e in entries]))
+                      beats.joined([e if e is not None else next(one) for e in entries]))
         self._carried = []
         return batch
+
+    #: ``read_whole`` makes the entries of streams whose heartbeats and samples are rows
+    #: together (``beatscan.entries``) once their chunks hold this many bytes, and lets the
+    #: chunks go
+    ENTRIES_HELD = 4 << 20
 
     #: While ``read_whole`` reads: per stream, each chunk's ``Piece``
     _pieces: dict[Stream, list[Piece]] | None = None
