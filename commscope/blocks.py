@@ -85,6 +85,8 @@ DONE_BODY = struct.Struct("<q")
 SOURCE_BODY = struct.Struct("<iq")
 RBEGIN_BODY = struct.Struct("<QQiiqH")
 SIG_BEGIN_BODY = struct.Struct("<IqQQ")
+#: A BeginBody's (a SIG record's) site and group ids, 20 bytes into it (``BEGIN_BODY``)
+_SITE_GROUP = struct.Struct("<i4xi")
 _U16 = struct.Struct("<H")
 
 #: The c10d operators the native recorder observes, in opcode order, with the name of the
@@ -653,8 +655,8 @@ class BlockDecoder:
             else:  # begins before this record that name it are invalid (its SIG record was lost)
                 self._sid_since[key] = self._gathered + walk.count()
             if length >= HEADER.size + 32:  # the site and group it refers to are watched for
-                refs = ((SITE_REC, struct.unpack_from("<i", raw, body + 20)[0]),
-                        (GROUP_REC, struct.unpack_from("<i", raw, body + 28)[0]))
+                site, gid = _SITE_GROUP.unpack_from(raw, body + 20)
+                refs = ((SITE_REC, site), (GROUP_REC, gid))
                 self._sig_refs.update(refs)
                 if learning is not None:
                     learning.refs.extend(refs)
@@ -884,16 +886,11 @@ class BlockDecoder:
         """Block ``b`` of a scan, one with no bad record and no ring overlap, whose table
         prefix is new here: taught by replaying another stream's walk of it (``_head``),
         where one was kept; then its op records go over as they are, not walked."""
-        state = self._state
         start, pend = int(s.start[b]), int(s.prefix_end[b])
-        if state is None or walk.want_where or pend == start:
-            return False
-        prefix = bytes(mv[start:pend])
-        got = self.table.learnt(state, prefix)
-        if got is None:
+        if self._state is None or walk.want_where or pend == start:
             return False
         defined: list[dict] = []
-        if not self._replay(got, prefix, {"ts": int(s.ts[b])}, walk, defined):
+        if not self._taught(bytes(mv[start:pend]), {"ts": int(s.ts[b])}, walk, defined):
             return False
         out.extend((b, e) for e in defined)
         return True
@@ -927,11 +924,9 @@ class BlockDecoder:
         skips it at once); returns where the op records start.  ``prefix``: those records'
         bytes (the caller found where they end): what another stream's decoder learnt from
         them in the same state of the tables is replayed instead (``StaticTable.learnt``)."""
+        if self._taught(prefix, ev, walk, out):
+            return len(prefix)
         state = self._state
-        if state is not None:
-            got = self.table.learnt(state, prefix)
-            if got is not None and self._replay(got, prefix, ev, walk, out):
-                return len(prefix)
         off, size, ok = 0, len(raw), True
         type_len = _TYPE_LEN.unpack_from
         if state is not None:
@@ -957,6 +952,15 @@ class BlockDecoder:
         elif not ok:
             self._state = None
         return off
+
+    def _taught(self, prefix: bytes, ev: dict, walk: _Walk, out: list[dict]) -> bool:
+        """Whether what another decoder learnt walking ``prefix`` from this one's state of the
+        tables was kept, and replayed here (``_replay``)."""
+        state = self._state
+        if state is None:
+            return False
+        got = self.table.learnt(state, prefix)
+        return got is not None and self._replay(got, prefix, ev, walk, out)
 
     def _replay(self, got: Learnt, prefix: bytes, ev: dict, walk: _Walk, out: list[dict]) -> bool:
         """What a walk of ``prefix`` from this decoder's state of the tables taught another
@@ -1185,7 +1189,7 @@ class BlockDecoder:
         notes them as unresolved)."""
         if length - HEADER.size < BEGIN_BODY.size:
             return ()
-        site, _opcode, gid = struct.unpack_from("<iii", rec, HEADER.size + 20)
+        site, gid = _SITE_GROUP.unpack_from(rec, HEADER.size + 20)
         lacks = []
         if gid >= 0 and gid not in self.groups:
             lacks.append((GROUP_REC, gid))
