@@ -41,7 +41,8 @@ MODULE = "commscope_kernels"
 #: Every kernel's loader, "module:function": the kernels a build compiles (a loader calls
 #: ``jit`` for its module's kernel; ``tests/test_compiled.py`` holds that each process's
 #: kernels are among them)
-LOADERS = ("commscope.blockscan:_load", "commscope.beatscan:_load", "commscope.jsonscan:_load",
+LOADERS = ("commscope.blockscan:_load", "commscope.blockscan:_load_find", "commscope.blockscan:_load_place",
+           "commscope.beatscan:_load", "commscope.jsonscan:_load",
            "commscope.blocks:_fixed_kernel", "commscope.blocks:_sig_kernel", "commscope.analysis.runmax:_load")
 
 _missing = False
@@ -115,7 +116,8 @@ def _compile_here(kernel: Kernel) -> Callable[..., Any] | None:
     compile_one = numba.njit(**OPTIONS)
     merged = numba.njit(**OPTIONS, inline="always")
     for name in names:
-        scope[name] = (merged if name in inline else compile_one)(scope[name])
+        if not hasattr(scope[name], "py_func"):  # (a helper another kernel of the module compiled already)
+            scope[name] = (merged if name in inline else compile_one)(scope[name])
     return scope[names[-1]]
 
 

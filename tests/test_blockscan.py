@@ -22,6 +22,18 @@ pytestmark = pytest.mark.skipif(not blockscan.available(), reason="numba is not 
 T = 1_700_000_000_000_000_000
 
 
+@pytest.fixture(params=["apart", "one pass"])
+def either_way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """The scanner with its base64 decoded apart (``_find``, pybase64, ``_place``), and in
+    its one pass (``_scan``)."""
+    apart = request.param == "apart"
+    if apart and not blockscan._split():
+        pytest.skip("pybase64 is not installed")
+    monkeypatch.setenv(blockscan.ENV_SPLIT, "1" if apart else "0")
+    monkeypatch.setattr(blockscan, "SPLIT_FROM", 0)  # (the tests' chunks are short)
+    return apart
+
+
 def _strict(text: bytes) -> bytes | None:
     try:
         return binascii.a2b_base64(text, strict_mode=True)
@@ -88,6 +100,7 @@ def _line(**kw: object) -> bytes:
     (b'{"type":"block","v":3,"rank":0,"ts":1,"n":1,"data":"AAA="}', True),
     (b'{"type":"block","v":3,"rank":0,"ts":1,"n":1,"data":""}', True),
 ])
+@pytest.mark.usefixtures("either_way")
 def test_a_line_is_a_block_only_when_it_is_exactly_the_template(line, block):
     rank = 1 if b'"rank":1,' in line else 0
     got = blockscan.scan(line + b"\n", rank if block else 0)
@@ -95,6 +108,7 @@ def test_a_line_is_a_block_only_when_it_is_exactly_the_template(line, block):
     assert (got.block >= 0).tolist() == [block]
 
 
+@pytest.mark.usefixtures("either_way")
 def test_a_line_s_end_is_where_its_data_says_and_other_lines_end_at_their_newline():
     """A block line's end is found from its data (``"}`` then a newline or the chunk's
     end), never by looking for its newline: lines around it, a block line with no newline
@@ -111,6 +125,7 @@ def test_a_line_s_end_is_where_its_data_says_and_other_lines_end_at_their_newlin
     assert (got.block >= 0).tolist() == [False, True, False, False, False, True, False, True]
 
 
+@pytest.mark.usefixtures("either_way")
 def test_a_block_s_data_is_at_most_max_block_long():
     """Data longer than the schema allows (``MAX_BLOCK``) is left to the JSON path, which
     refuses it; data of exactly that length is a block."""
@@ -126,6 +141,7 @@ def test_a_block_s_data_is_at_most_max_block_long():
         assert (got.block >= 0).tolist() == [block], len(data)
 
 
+@pytest.mark.usefixtures("either_way")
 def test_a_block_s_records_prefix_and_ring_positions_are_found():
     sig = blocks.pack_sig(5, opcode=1)
     group = blocks.pack_group(0, "0", "gloo", [0, 1])
@@ -145,6 +161,7 @@ def test_a_block_s_records_prefix_and_ring_positions_are_found():
     assert s.raw[s.start[1]:s.stop[1]].tobytes() == group + sig + ops
 
 
+@pytest.mark.usefixtures("either_way")
 def test_prefixes_that_differ_in_one_byte_are_told_apart_and_equal_ones_found():
     """A block's table prefix is compared 8 bytes a step and then byte by byte: one byte
     changed anywhere (in a word, in the tail; in the prefix's first block or a later one)
@@ -199,6 +216,7 @@ def _same_scan(a: blockscan.Scan, b: blockscan.Scan) -> None:
         assert a.raw[a.start[k]:a.stop[k]].tobytes() == b.raw[b.start[k]:b.stop[k]].tobytes()
 
 
+@pytest.mark.usefixtures("either_way")
 def test_chunks_scanned_already_are_joined_as_scanning_them_together_would_find_them():
     """``blockscan.joined``: the rests of chunks after their first block line (what
     ``blocks.learn_head`` leaves, with its slice of the chunk's scan), joined, are what a
@@ -252,6 +270,7 @@ def test_chunks_scanned_already_are_joined_as_scanning_them_together_would_find_
     assert blockscan.joined([scans[0], blockscan.scan(rests[1], 6)], rest_starts[:2]) is None  # (two raws)
 
 
+@pytest.mark.usefixtures("either_way")
 def test_a_chunk_s_part_of_a_scan_of_many_is_its_scan_alone():
     """``blockscan.parts``: what ``decode_chunks`` hands over for a chunk it leaves alone
     equals scanning the chunk by itself, prefixes first seen in another chunk included."""
@@ -440,6 +459,7 @@ def test_prefix_firsts_finds_each_prefix_s_first_block_in_order_at_any_length():
                 assert got.dtype == np.int64 and got.tolist() == want, (n, b0, pid.tolist())
 
 
+@pytest.mark.usefixtures("either_way")
 def test_what_learn_head_asks_of_the_op_records_is_worked_out_for_all_chunks_as_for_each():
     """``blocks._ahead``: the signature each op record's begin names and each chunk's first
     record with fields of its own (a begin of its own, a recv's source), worked out once
@@ -480,3 +500,102 @@ def test_what_learn_head_asks_of_the_op_records_is_worked_out_for_all_chunks_as_
     assert firsts == [4, 0, 4, 0, 0]
     assert together[0].sids.tolist() == [5, -1, 5, -1, -1, 5, -1]
     assert together[2].sids.tolist() == [5, -1, 0xFFFF_FFFF, -1, -1, 5, -1]
+
+
+def _scan_both(data: bytes, starts: np.ndarray, ranks: np.ndarray,
+               monkeypatch: pytest.MonkeyPatch) -> tuple[blockscan.Scan, blockscan.Scan, bool]:
+    """``scan_many`` with its base64 decoded apart and in its one pass, and whether the
+    first was decoded apart (its raw is the decode of the blocks' data back to back)."""
+    got = []
+    monkeypatch.setattr(blockscan, "SPLIT_FROM", 0)  # (the tests' chunks are short)
+    for apart in ("1", "0"):
+        monkeypatch.setenv(blockscan.ENV_SPLIT, apart)
+        s = blockscan.scan_many(data, starts, ranks)
+        assert s is not None
+        got.append(s)
+    return got[0], got[1], got[0].raw.base is not None and not got[0].raw.flags.writeable
+
+
+def test_the_base64_decoded_apart_gives_the_one_pass_s_scan(monkeypatch: pytest.MonkeyPatch):
+    """``_find`` + pybase64 + ``_place`` find what ``_scan`` finds, on chunks of every kind
+    of line: blocks of every data length (each padding), with and without ring positions,
+    restating and changing prefixes, other events, empty lines, a last line without its
+    newline, lines cut short, and block lines with one byte changed anywhere (to a byte of
+    base64's alphabet, '=', '"', a newline, or any): a chunk whose gathered data is not
+    all base64 is scanned in the one pass, so either way every line is read alike."""
+    if not blockscan._split():
+        pytest.skip("pybase64 is not installed")
+    rng = random.Random(11)
+    sig, site = blocks.pack_sig(5, opcode=1), blocks.pack_site(3, "train.py:1 in step")
+    groups = [blocks.pack_group(g, str(g), "gloo", [0, 1]) for g in range(3)]
+    alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    apart = fallback = 0
+    for trial in range(300):
+        chunks: dict[int, list[bytes]] = {}
+        for rank in rng.sample(range(8), rng.randint(1, 3)):
+            lines = []
+            for k in range(rng.randint(0, 12)):
+                roll = rng.random()
+                if roll < 0.15:
+                    lines.append(rng.choice([b'{"type":"heartbeat","ts":1,"rank":%d}' % rank, b"", b"  ",
+                                             b'{"type":"sample","ts":2,"rank":%d,"cpu":1.0}' % rank]))
+                    continue
+                prefix = rng.choice([b"", groups[rng.randrange(3)] + sig, groups[0] + sig + site])
+                ops = b"".join(blocks.pack_sig_begin(k * 10 + j, T + j, 5) for j in range(rng.randint(0, 3)))
+                data = prefix + ops + bytes(rng.randrange(256) for _ in range(rng.randrange(3)))  # (a torn tail)
+                ring = {"pos": 100 * k, "end": 100 * k + 50} if rng.random() < 0.7 else {}
+                lines.append(_line(data=data, rank=rank, **ring))
+            if lines and trial % 3 == 0:  # one byte of a line changed
+                at = rng.randrange(len(lines))
+                line = bytearray(lines[at])
+                if line:
+                    line[rng.randrange(len(line))] = rng.choice(
+                        [rng.choice(alphabet), ord("="), ord('"'), 10, rng.randrange(256)])
+                    lines[at] = bytes(line)
+            if lines and trial % 5 == 1:  # a line cut short
+                at = rng.randrange(len(lines))
+                lines[at] = lines[at][:rng.randrange(len(lines[at]) + 1)]
+            chunks[rank] = lines
+        datas = [b"\n".join(lines) + (b"\n" if lines and rng.random() < 0.8 else b"") for lines in chunks.values()]
+        if not any(datas):
+            continue
+        datas = [d if d.endswith(b"\n") or d is datas[-1] else d + b"\n" for d in datas]  # (whole lines but the last)
+        starts = np.zeros(len(datas), np.int64)
+        np.cumsum([len(d) for d in datas[:-1]], out=starts[1:])
+        split, one, was_apart = _scan_both(b"".join(datas), starts, np.array(list(chunks), np.int64), monkeypatch)
+        _same_scan(split, one)
+        for x in (split, one):
+            assert (x.line_end - x.line_start).tolist() == (one.line_end - one.line_start).tolist()
+        apart += was_apart
+        fallback += not was_apart
+    assert apart > 100 and fallback > 10  # (both ways taken)
+
+
+def test_a_block_line_with_any_byte_changed_is_read_alike_either_way(monkeypatch: pytest.MonkeyPatch):
+    """Each byte of block lines (data of each padding, with and without ring positions, the
+    chunk's last line with and without its newline) changed to each of the bytes a
+    template's check turns on: both ways find the same lines and blocks.  And data whose
+    length is not whole quartets, in lines whose lengths together are (what one decode
+    of them all would take)."""
+    if not blockscan._split():
+        pytest.skip("pybase64 is not installed")
+    site = blocks.pack_site(3, "x")
+    lines = [_line(data=blocks.pack_sig(5, opcode=1) + site[:len(site) - k] + blocks.pack_sig_begin(1, T, 5),
+                   **({"pos": 0, "end": 40} if k % 2 else {})) for k in range(3)]
+    assert {line.split(b'"data":"')[1].count(b"=") for line in lines} == {0, 1, 2}  # (each padding)
+    heartbeat = b'{"type":"heartbeat","ts":1,"rank":0}'
+    for line in lines:
+        for at in range(len(line)):
+            for byte in b'A=/"}\n x':
+                changed = bytearray(line)
+                changed[at] = byte
+                for data in (heartbeat + b"\n" + bytes(changed) + b"\n" + line, bytes(changed),
+                             bytes(changed) + b"\n"):
+                    split, one, _ = _scan_both(data, np.zeros(1, np.int64), np.zeros(1, np.int64), monkeypatch)
+                    _same_scan(split, one)
+    head = b'{"type":"block","v":3,"rank":0,"ts":1,"n":1,"data":"'
+    for a, b in ((b"AAAAAA", b"AAAAAA"), (b"AAAAA", b"AAA"), (b"AAAAAAA", b"A"), (b"AA", b"AAAAAA"), (b"A", b"AAA")):
+        data = head + a + b'"}\n' + head + b + b'"}\n' + _line()
+        split, one, _ = _scan_both(data, np.zeros(1, np.int64), np.zeros(1, np.int64), monkeypatch)
+        _same_scan(split, one)
+        assert split.block.tolist() == [-1, -1, 0]

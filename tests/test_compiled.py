@@ -90,7 +90,8 @@ def test_every_kernel_has_a_loader() -> None:
 
 
 #: The readers' kernels, and where each module keeps its own
-_READERS = {"commscope.blockscan._scan": (blockscan, "_kernel"), "commscope.beatscan._scan": (beatscan, "_kernel"),
+_READERS = {"commscope.blockscan._scan": (blockscan, "_kernel"), "commscope.blockscan._find": (blockscan, "_find_kernel"),
+            "commscope.blockscan._place": (blockscan, "_place_kernel"), "commscope.beatscan._scan": (beatscan, "_kernel"),
             "commscope.jsonscan._scan": (jsonscan, "_kernel"), "commscope.blocks._fixed_rows": (blocks, "_fixed"),
             "commscope.blocks._sig_rows": (blocks, "_sig")}
 
@@ -118,24 +119,30 @@ def kernels_from(monkeypatch: pytest.MonkeyPatch, built: Path) -> Iterator[tuple
 
 @pytest.mark.parametrize("json", [False, True], ids=["native", "json"])
 def test_the_build_reads_what_the_kernels_compiled_here_read(
-        tmp_path: Path, kernels_from: tuple[Callable[[bool], None], Counter], json: bool) -> None:
-    """A whole read's worker (the scanner, fixed rows, signatures, heartbeats and samples;
-    JSON op lines) gives the same bytes either way, every kernel called."""
+        tmp_path: Path, kernels_from: tuple[Callable[[bool], None], Counter], json: bool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole read's worker (the scanner, its base64 decoded apart or in its one pass;
+    fixed rows, signatures, heartbeats and samples; JSON op lines) gives the same bytes
+    every way, every kernel called."""
     use, calls = kernels_from
     write_store(str(tmp_path), JobShape(6, 200, json=json))
     job_dir = str(tmp_path / "synthetic")
     streams = DirectoryReader(job_dir).streams()
-    sent = {}
+    sent = []
     before = sum(compiled.fallbacks.values())
-    for ahead in (True, False, True):
-        calls.clear()
-        use(ahead)
-        sent.setdefault(ahead, []).append(pickle.dumps(read_streams(Job(job_dir, None, dict(streams))).sent()))
-        want = {"commscope.jsonscan._scan"} if json else set(_READERS) - {"commscope.jsonscan._scan"}
-        assert {key for key, n in calls.items() if n} == want
-    assert sent[True][0] == sent[True][1] == sent[False][0]
+    one_pass, split = {"commscope.blockscan._scan"}, {"commscope.blockscan._find", "commscope.blockscan._place"}
+    for apart in (True, False):
+        monkeypatch.setenv(blockscan.ENV_SPLIT, "1" if apart else "0")
+        for ahead in (True, False, True):
+            calls.clear()
+            use(ahead)
+            sent.append(pickle.dumps(read_streams(Job(job_dir, None, dict(streams))).sent()))
+            want = {"commscope.jsonscan._scan"} if json else \
+                set(_READERS) - {"commscope.jsonscan._scan"} - (one_pass if apart else split)
+            assert {key for key, n in calls.items() if n} == want
+    assert len(set(sent)) == 1
     assert sum(compiled.fallbacks.values()) == before  # (every call of the build's kernels with their own types)
-    read = pickle.loads(sent[True][0])
+    read = pickle.loads(sent[0])
     assert read.packed is not None and int(read.packed.start[-1]) > 1000  # (op records read)
     assert read.batch.beats is not None and len(read.batch.beats.rank) == 6  # (heartbeats and samples as rows)
 
