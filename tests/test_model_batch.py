@@ -867,3 +867,59 @@ def test_a_source_resolves_only_an_any_source_receive():
     rt = m.ranks[0]
     assert rt.peer[:3].tolist() == [3, 2, -1] and rt.seq[:3].tolist() == [9, 4, 7]
     assert (rt.comp[:3] > 0).all()
+
+
+def test_a_chunk_of_neither_ops_nor_liveness_leaves_what_rank_by_rank_leaves(monkeypatch):
+    """A whole read's events (each stream's meta; groups, stacks, exits, retention
+    summaries, drop reports beside them), none an op, a heartbeat or a sample: ingested
+    rank by rank without the per-rank masks (``_misc_only``), they leave the model the
+    general way leaves, versions and the ranks' order included, and later batches (ops,
+    heartbeats) land alike on it."""
+    taken = []
+    misc_only = TraceModel._misc_only
+    monkeypatch.setattr(TraceModel, "_misc_only", lambda self, *a: taken.append(1) or misc_only(self, *a))
+    events = []
+    for rank in (5, 2, 7, 0, 3):
+        base = {"v": SCHEMA_VERSION, "rank": rank}
+        events += [dict(base, type="meta", ts=T + rank, world_size=8, recorder="native"),
+                   dict(base, type="summary", ts=T - 10, seg=0, events=9, size=900, ops=[])]
+        if rank % 2:
+            events += [dict(base, type="group", ts=T + 40, group="1", granks=[1, 3, 5, 7], backend="gloo"),
+                       dict(base, type="stack", ts=T + 950, id=2, reason="hang", frames=[]),
+                       dict(base, type="dropped", ts=T + 960, count=3, total=3, cause="buffer full")]
+        if rank == 3:
+            events.append(dict(base, type="exit", ts=T + 1_000_000, reason="exception", exc="ValueError: boom"))
+    events.append({"v": SCHEMA_VERSION, "rank": 6, "type": "summary", "ts": T, "seg": 0, "events": 1, "size": 9,
+                   "ops": []})  # (a rank with nothing timed)
+    later = [e for r in range(8) for e in _misc(r, 1)]
+    fast, general = TraceModel(), TraceModel()
+    for m in (fast, general):
+        m.ingest(events)
+        if m is fast:
+            assert taken == [1]
+            monkeypatch.setattr(TraceModel, "_misc_only", lambda *a: None)  # (the general way from here on)
+        assert m.changed == frozenset({0, 2, 3, 5, 6, 7})
+    assert differences(model_state(fast), model_state(general)) == []
+    assert list(fast.ranks) == [0, 2, 3, 5, 6, 7] and fast.ranks[3].exits and fast.ranks[5].last_stack
+    assert fast.ranks[6].first_ts == 0 and fast.ranks[5].first_ts == T + 5 and fast.start_ns == T
+    for m in (fast, general):
+        m.ingest(later, [_rows(r, [(PH_BEGIN, T + 2000, 1, 0, 1, -1, 0)], [_static("all_reduce")]) for r in range(8)])
+    assert differences(model_state(fast), model_state(general)) == []
+
+
+def test_a_rank_s_first_samples_are_taken_as_they_are_and_grown_apart():
+    """``Samples.extend`` of a rank with none takes the columns it is given (views of a
+    whole read's), exactly sized; the next samples grow them into arrays of the rank's
+    own, leaving the given ones as they were."""
+    from commscope.analysis.columns import Samples
+
+    given = {f: np.arange(10, dtype=np.float64) + k for k, f in enumerate(Samples.FIELDS)}
+    before = {f: c.copy() for f, c in given.items()}
+    s = Samples()
+    s.extend({f: c[2:5] for f, c in given.items()}, {"type": "sample", "ts": 4})
+    assert s.n == 3 and s.arrays()["ts"].tolist() == [2.0, 3.0, 4.0] and s.cols["cpu"].base is given["cpu"]
+    s.extend({f: c[7:9] for f, c in given.items()}, {"type": "sample", "ts": 8})
+    s.add_one({"type": "sample", "ts": 9, "gpu_error": "no GPU"}, [9.0] * len(Samples.FIELDS))
+    assert s.arrays()["cpu"].tolist() == [3.0, 4.0, 5.0, 8.0, 9.0, 9.0] and s.gpu_error == "no GPU"
+    assert all(np.array_equal(given[f], before[f]) for f in Samples.FIELDS)
+    assert s.cols["ts"].base is not given["ts"]

@@ -1039,8 +1039,15 @@ class Samples:
 
     def extend(self, cols: Mapping[str, np.ndarray], last: dict) -> None:
         """``add`` of samples given as their columns alone, and the last of them (a whole
-        read's: ``beats.Beats``; none of them says ``gpu_error``)."""
+        read's: ``beats.Beats``; none of them says ``gpu_error``).  A rank's first samples
+        are taken as they are, not copied (~3% of a whole read's ingest, a rank at a time):
+        exactly sized, so the next append grows them into arrays of their own."""
         k = cols["ts"].shape[0]
+        if not self.n and all(cols[f].dtype == np.float64 for f in self.FIELDS):
+            self.cols = {f: cols[f] for f in self.FIELDS}
+            self.n = k
+            self.last = last
+            return
         need = self.n + k
         if need > self.cols["ts"].shape[0]:
             for f in self.FIELDS:

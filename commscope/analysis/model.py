@@ -1495,6 +1495,10 @@ class TraceModel:
         ids = _column(map(dget, events, repeat("id"), repeat(-1)))
         kind = np.fromiter(map(_KIND.get, map(dget, events, repeat("type")), repeat(K_OTHER)), np.int8, n)
         samples = _ChunkSamples.of(events, kind)
+        if bool((phase < 0).all()) and bool((kind >= K_OTHER).all()):
+            got = self._misc_only(events, ranks, changed)
+            if got is not None:
+                return got
         if bool((phase < 0).all()):
             live = kind <= K_HEARTBEAT
             if bool(live.all()):  # a live poll's: samples, heartbeats
@@ -1528,6 +1532,20 @@ class TraceModel:
             if t1:
                 lo, hi = min(lo, t0), max(hi, t1)
             self._seen(rt, t0, t1, touched)
+            changed.add(r)
+        return lo, hi
+
+    def _misc_only(self, events: list[Event], ranks: np.ndarray, changed: set[int]) -> tuple[int, int] | None:
+        """A chunk of neither ops nor heartbeats nor samples (a whole read's: each stream's
+        meta), each rank's events as ``_ingest_chunk``'s way rank by rank takes them
+        (``_liveness`` hands them all to ``_misc``), without its masks: ~15 us a rank of numpy
+        calls on one row.  Returns its (first, last) timestamp."""
+        lo, hi = I64_MAX, 0
+        for r, pos in _split_by_rank(ranks):
+            rt = self._rank(r)
+            t0, t1 = self._misc(rt, events if pos is None else _take(events, pos))
+            lo, hi = min(lo, t0), max(hi, t1)  # (nothing timed: t0, t1 = I64_MAX, 0)
+            self._seen(rt, t0, t1, I64_MAX)
             changed.add(r)
         return lo, hi
 
