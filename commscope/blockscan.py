@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import binascii
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -68,9 +68,10 @@ class Scan(NamedTuple):
     without its newline) and ``block`` (its block's index; -1: decode it as JSON).  Blocks,
     in line order: ``ts``, ``pos`` and ``end`` (-1: none), ``start``/``stop`` (their bytes in
     ``raw``, in order, with bytes of no block between them where the base64 was decoded
-    apart; ``raw`` is then read-only), ``prefix_end`` (where their table prefix ends in ``raw``), ``prefix_id`` (the
-    first block of the chunk with the same table prefix; -1: none), ``flags`` (BAD); their
-    op records' offsets in ``raw`` are ``ops[op_first[b]:op_first[b + 1]]``."""
+    apart; ``raw`` is then read-only), ``prefix_end`` (where their table prefix ends in
+    ``raw``), ``prefix_id`` (the first block of the chunk with the same table prefix; -1:
+    none), ``flags`` (BAD); their op records' offsets in ``raw`` are
+    ``ops[op_first[b]:op_first[b + 1]]``."""
 
     raw: np.ndarray
     line_start: np.ndarray
@@ -91,7 +92,7 @@ class Scan(NamedTuple):
 _kernel: Callable[..., tuple] | None = None
 _find_kernel: Callable[..., tuple] | None = None
 _place_kernel: Callable[..., tuple] | None = None
-_b64decode: Callable[..., bytes] | None = None
+_b64decode: Callable[..., bytes] | None | Literal[False] = None  # (False: pybase64 is missing)
 
 
 def available() -> bool:
@@ -227,8 +228,9 @@ def joined(scans: list[Scan], starts: np.ndarray) -> Scan | None:
                 np.append(cat([x.op_first[:-1] for x in scans]) + np.repeat(o0, nblocks), int(nops.sum())))
 
 
-#: The helpers of the scanner's kernels (each kernel names those it calls), and those
-#: merged into their callers
+#: The helpers of the scanner's kernels (each kernel is given them all: numba compiles
+#: those it calls), and those merged into their callers (the same for every kernel: a
+#: helper is compiled once, by the first kernel compiled here)
 _HELPERS = ("_hash", "_lit", "_num", "_field", "_template", "_count_lines", "_line_end", "_same", "_records",
             "_prefix_table")
 _INLINE = ("_lit", "_num", "_field", "_b64", "_records")
@@ -271,10 +273,11 @@ def _split() -> bool:
     if _b64decode is None:
         try:
             import pybase64
-        except ImportError:
-            return False
-        _b64decode = pybase64.b64decode
-    if compiled.says_no(ENV_SPLIT):
+        except ImportError:  # (asked once: an import that fails costs a 32 KiB scan's time)
+            _b64decode = False
+        else:
+            _b64decode = pybase64.b64decode
+    if not _b64decode or compiled.says_no(ENV_SPLIT):
         return False
     return _load_find() is not None and _load_place() is not None
 

@@ -27,10 +27,10 @@ def either_way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     """The scanner with its base64 decoded apart (``_find``, pybase64, ``_place``), and in
     its one pass (``_scan``)."""
     apart = request.param == "apart"
-    if apart and not blockscan._split():
-        pytest.skip("pybase64 is not installed")
     monkeypatch.setenv(blockscan.ENV_SPLIT, "1" if apart else "0")
     monkeypatch.setattr(blockscan, "SPLIT_FROM", 0)  # (the tests' chunks are short)
+    if apart and not blockscan._split():
+        pytest.skip("pybase64 is not installed")
     return apart
 
 
@@ -523,6 +523,7 @@ def test_the_base64_decoded_apart_gives_the_one_pass_s_scan(monkeypatch: pytest.
     newline, lines cut short, and block lines with one byte changed anywhere (to a byte of
     base64's alphabet, '=', '"', a newline, or any): a chunk whose gathered data is not
     all base64 is scanned in the one pass, so either way every line is read alike."""
+    monkeypatch.setenv(blockscan.ENV_SPLIT, "1")
     if not blockscan._split():
         pytest.skip("pybase64 is not installed")
     rng = random.Random(11)
@@ -577,6 +578,7 @@ def test_a_block_line_with_any_byte_changed_is_read_alike_either_way(monkeypatch
     template's check turns on: both ways find the same lines and blocks.  And data whose
     length is not whole quartets, in lines whose lengths together are (what one decode
     of them all would take)."""
+    monkeypatch.setenv(blockscan.ENV_SPLIT, "1")
     if not blockscan._split():
         pytest.skip("pybase64 is not installed")
     site = blocks.pack_site(3, "x")
@@ -599,3 +601,23 @@ def test_a_block_line_with_any_byte_changed_is_read_alike_either_way(monkeypatch
         split, one, _ = _scan_both(data, np.zeros(1, np.int64), np.zeros(1, np.int64), monkeypatch)
         _same_scan(split, one)
         assert split.block.tolist() == [-1, -1, 0]
+
+
+def test_without_pybase64_a_long_chunk_is_scanned_in_the_one_pass(monkeypatch: pytest.MonkeyPatch):
+    """pybase64 missing: ``_split`` says no (asked once, not at every scan) and a chunk past
+    ``SPLIT_FROM`` is scanned by ``_scan``, finding what the split finds."""
+    import sys
+
+    data = b"\n".join(_line(data=blocks.pack_sig(5, opcode=1) + blocks.pack_sig_begin(k, T, 5), pos=60 * k,
+                            end=60 * k + 60) for k in range(400)) + b"\n"
+    assert len(data) >= blockscan.SPLIT_FROM
+    monkeypatch.setenv(blockscan.ENV_SPLIT, "1")
+    with_it = blockscan.scan(data, 0)
+    assert with_it is not None and not with_it.raw.flags.writeable  # (decoded apart)
+    monkeypatch.setattr(blockscan, "_b64decode", None)
+    monkeypatch.setitem(sys.modules, "pybase64", None)  # (its import fails)
+    without = blockscan.scan(data, 0)
+    assert without is not None and without.raw.flags.writeable and blockscan._b64decode is False
+    _same_scan(with_it, without)
+    monkeypatch.delitem(sys.modules, "pybase64")
+    assert not blockscan._split()  # (not asked again)

@@ -891,6 +891,8 @@ def test_a_chunk_of_neither_ops_nor_liveness_leaves_what_rank_by_rank_leaves(mon
             events.append(dict(base, type="exit", ts=T + 1_000_000, reason="exception", exc="ValueError: boom"))
     events.append({"v": SCHEMA_VERSION, "rank": 6, "type": "summary", "ts": T, "seg": 0, "events": 1, "size": 9,
                    "ops": []})  # (a rank with nothing timed)
+    events.append({"v": SCHEMA_VERSION, "rank": 4, "type": "meta", "ts": 0, "world_size": 8,
+                   "recorder": "native"})  # (a rank whose times are all 0: no bound of the chunk's)
     later = [e for r in range(8) for e in _misc(r, 1)]
     fast, general = TraceModel(), TraceModel()
     for m in (fast, general):
@@ -898,9 +900,9 @@ def test_a_chunk_of_neither_ops_nor_liveness_leaves_what_rank_by_rank_leaves(mon
         if m is fast:
             assert taken == [1]
             monkeypatch.setattr(TraceModel, "_misc_only", lambda *a: None)  # (the general way from here on)
-        assert m.changed == frozenset({0, 2, 3, 5, 6, 7})
+        assert m.changed == frozenset({0, 2, 3, 4, 5, 6, 7})
     assert differences(model_state(fast), model_state(general)) == []
-    assert list(fast.ranks) == [0, 2, 3, 5, 6, 7] and fast.ranks[3].exits and fast.ranks[5].last_stack
+    assert list(fast.ranks) == [0, 2, 3, 4, 5, 6, 7] and fast.ranks[3].exits and fast.ranks[5].last_stack
     assert fast.ranks[6].first_ts == 0 and fast.ranks[5].first_ts == T + 5 and fast.start_ns == T
     for m in (fast, general):
         m.ingest(later, [_rows(r, [(PH_BEGIN, T + 2000, 1, 0, 1, -1, 0)], [_static("all_reduce")]) for r in range(8)])

@@ -1544,7 +1544,8 @@ class TraceModel:
         for r, pos in _split_by_rank(ranks):
             rt = self._rank(r)
             t0, t1 = self._misc(rt, events if pos is None else _take(events, pos))
-            lo, hi = min(lo, t0), max(hi, t1)  # (nothing timed: t0, t1 = I64_MAX, 0)
+            if t1:  # (as the general way: a rank whose times are all 0 sets no bound)
+                lo, hi = min(lo, t0), max(hi, t1)
             self._seen(rt, t0, t1, I64_MAX)
             changed.add(r)
         return lo, hi
