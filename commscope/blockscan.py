@@ -470,7 +470,7 @@ def _records(raw, b, stop, ops, nops, op_first, bstart, bpend, bflag, bpid, hkey
             for k in range(recent.shape[0] - 1, 0, -1):
                 recent[k] = recent[k - 1]
             recent[0] = b
-        elif bpend[first] - bstart[first] == pend - start and _same(raw, bstart[first], start, pend - start):
+        elif bpend[first] - bstart[first] == size and _same(raw, bstart[first], start, size):
             bpid[b] = first
         else:
             bpid[b] = b
