@@ -241,3 +241,15 @@ def test_a_feed_update_a_resize_and_the_panel_key_while_the_menu_is_open_reach_t
             assert app.top.styles.height is not None and app.top.styles.height.value == 30 // 3
 
     asyncio.run(run())
+
+
+def test_the_status_tick_while_the_app_closes_finds_no_picker_shown(tmp_path):
+    """(Under load the status tick came after the pilot let go, with no screen left: the
+    tick raised ``ScreenStackError``.)  With no screen, the picker is not shown, and the
+    tick, the menu's check and a start ask that without raising."""
+    app = DemoApp(scenarios=SCENARIOS, job_factory=DemoJob, ranks=3, store=str(tmp_path), bell=False)
+    app.picker = ScenarioPicker(SCENARIOS)
+    assert not app.screen_stack  # (not running: no screen, as while it closes)
+    assert app._picker_shown() is False
+    app._job_status()
+    assert app.picker is not None

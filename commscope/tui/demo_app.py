@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from rich.text import Text
-from textual.app import ComposeResult
+from textual.app import ComposeResult, ScreenStackError, UnknownModeError
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
@@ -185,7 +185,7 @@ class DemoApp(CommscopeApp):
         self.job, self.job_name = None, name
         self.title_override = f"demo {name} · starting…"
         self._show_header()
-        if self.picker is not None and self.screen is self.picker:
+        if self._picker_shown():
             self.pop_screen()
         self.picker = None
         self.run_worker(lambda: self._launch(name), thread=True, exclusive=True, group="demo-launch")
@@ -247,19 +247,30 @@ class DemoApp(CommscopeApp):
             except Exception:
                 pass
 
+    def _picker_shown(self) -> bool:
+        """Whether the picker is the screen shown.  No screen is while the app closes, and
+        the status tick can come then (under load, after the test's pilot let go: Textual
+        raised ``ScreenStackError``)."""
+        if self.picker is None:
+            return False
+        try:
+            return self.screen is self.picker
+        except (ScreenStackError, UnknownModeError):
+            return False
+
     def _job_status(self) -> None:
         if self.job is not None:
             state = "finished" if self.job.finished else ("running" if self.job.alive() else "stopped")
             self.title_override = f"demo {self.job_name} · {state}"
             self._show_header()
-        if self.picker is not None and self.screen is self.picker:
+        if self._picker_shown():
             self.picker.show_status()
 
     def action_menu(self) -> None:
         """Show the picker, its cursor on the scenario shown.  A new screen each time: a
         popped screen is removed by Textual, and pushing the removed one again left it
         unpainted in a real terminal (the console's last frame stayed, keys went to it)."""
-        if self.picker is not None and self.screen is self.picker:
+        if self._picker_shown():
             return
         self.picker = ScenarioPicker(self.scenarios, current=self.job_name or None)
         self.push_screen(self.picker)
