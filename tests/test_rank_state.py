@@ -96,6 +96,79 @@ def test_a_completion_that_grows_after_publishing_reaches_the_running_max():
     assert rv.pmax.tolist() == np.maximum.accumulate(np.where(rv.comp[:2] > 0, rv.comp[:2], rv.begin[:2])).tolist()
 
 
+def _fresh(m: TraceModel, r: int):
+    """Rank ``r``'s view published afresh (not from the view before it)."""
+    rt = m.ranks[r]
+    rt._view = rt._published_at = None
+    return rt.view()
+
+
+def _copied(v):
+    """``v`` with copies of its arrays (a view's columns are the model's: a later publish
+    may write them in place)."""
+    return tuple(x.copy() if isinstance(x, np.ndarray) else
+                 tuple(p.copy() for p in x) if isinstance(x, tuple) and x and isinstance(x[0], np.ndarray) else x
+                 for x in v)
+
+
+def _same_view(a, b) -> bool:
+    return all(np.array_equal(x, y) if isinstance(x, np.ndarray) else
+               all(np.array_equal(p, q) for p, q in zip(x, y, strict=True)) if isinstance(x, tuple) and x
+               and isinstance(x[0], np.ndarray) else x == y for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["model-view", "rank-view"])
+def test_a_view_published_again_from_the_same_rows_is_what_publishing_afresh_gives(whole):
+    """A rank in time order whose rows did not move or grow (a heartbeat, a sample, an op's
+    end or its device time came) is published again from its last view's slices; every
+    field reads as a view published afresh reads, the completion and running max
+    included."""
+    b = TraceBuilder(2, meta=False)
+    for k in range(20):
+        b.sync(0, b.t0 + k * MS, b.t0 + k * MS + MS // 2, "all_reduce")
+    b.sync(1, b.t0 + 3 * MS, b.t0 + 4 * MS, "all_reduce")
+    first = b.sync(0, b.t0 + 30 * MS, None, "all_reduce")  # in flight
+    m = TraceModel.from_events(b.sorted_events())
+
+    def publish(r):
+        return m.view().ranks[r] if whole else m.ranks[r].view()
+
+    v0 = publish(0)
+    assert v0.n == 21 and v0.open == (20,) and m.ranks[0]._sorted
+    steps = [
+        [{"type": "heartbeat", "v": 3, "rank": 0, "ts": b.t0 + 40 * MS, "inflight": 1}],
+        [{"type": "sample", "v": 3, "rank": 0, "ts": b.t0 + 41 * MS, "cpu": 50.0}],
+        [{"type": "op", "v": 3, "rank": 0, "ts": b.t0 + 50 * MS, "phase": "end", "id": first}],
+        [{"type": "op", "v": 3, "rank": 0, "ts": b.t0 + 60 * MS, "phase": "done", "id": first, "gpu_ns": MS}],
+    ]
+    before = v0
+    for batch in steps:
+        m.ingest(batch)
+        v = publish(0)
+        assert v.version > before.version and v.begin is before.begin  # (the same slices)
+        got = _copied(v)
+        before = _fresh(m, 0)
+        assert _same_view(got, before) and before.begin is not v.begin
+    assert before.open == () and int(before.comp[20]) == b.t0 + 60 * MS and int(before.pmax[20]) == b.t0 + 60 * MS
+    assert before.last_hb == b.t0 + 40 * MS
+    # grown: published from new slices
+    late = TraceBuilder(2, meta=False)
+    late.sync(0, b.t0 + 80 * MS, b.t0 + 81 * MS, "all_reduce")
+    m.ingest([dict(e, id=1000 + e["id"]) for e in late.sorted_events() if e["type"] == "op"])
+    v = publish(0)
+    assert v.n == 22 and v.begin is not before.begin and int(v.begin[21]) == b.t0 + 80 * MS
+    assert _same_view(v, _fresh(m, 0))
+    # out of time order: its own order, never the slices of a view before
+    late = TraceBuilder(2, meta=False)
+    late.sync(0, b.t0 + 5 * MS + 1, b.t0 + 5 * MS + 2, "all_reduce")
+    m.ingest([dict(e, id=2000 + e["id"]) for e in late.sorted_events() if e["type"] == "op"])
+    before = publish(0)
+    m.ingest([{"type": "heartbeat", "v": 3, "rank": 0, "ts": b.t0 + 90 * MS, "inflight": 0}])
+    v = publish(0)
+    assert not m.ranks[0]._sorted and v.n == 23 and _same_view(v, _fresh(m, 0))
+    assert v.order_.tolist() == np.argsort(v.begin, kind="stable").tolist()
+
+
 def test_a_rank_in_time_order_then_out_of_it_keeps_its_order_and_its_views():
     """A rank whose begins came in time order has the shared identity as its order (no
     arrays of its own); a begin out of order sorts it once, and what was published before

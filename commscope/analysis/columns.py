@@ -575,6 +575,9 @@ class RankTrace:
         self._ins_min = 0  # first order position changed by insertions since the last prefix max
         self._pmax_shared = False  # a published RankView holds the prefix max: rewrite a copy
         self._view: RankView | None = None
+        #: The block's read-only views and the rank's first row there, where ``_view`` was
+        #: made of their slices in time order (published again from the same rows: the same)
+        self._published_at: tuple[dict[str, np.ndarray], int] | None = None
 
     # -- scalars, kept in the model's ``RankTable`` (a live batch writes them for many ranks at once)
     n = _slot("n", "ops held")
@@ -858,17 +861,28 @@ class RankTrace:
         """A new view, from the rank's scalars and ops in flight (``RankTable.views`` reads
         many at once)."""
         t = self._t
-        if b >= 0:  # (slices of the block's read-only views: no view made a column)
-            fz = t.frozen(b)
+        fz = t.frozen(b) if b >= 0 else None
+        old, at = self._view, self._published_at
+        if old is not None and at is not None and at[0] is fz and at[1] == a and old.n == n and self._sorted:
+            # the same rows, as many, in time order: the same slices (the columns are views;
+            # what changed the rank was a heartbeat, a sample or an op's end, not its rows)
+            self._prefix_max(old.order_, old.begin)
+            v = self._view = RankView(self.rank, version, n, *old[3:15], flight, first_ts, last_ts,
+                                      self.last_hb, self.meta, tuple(self.exits), t.touch_log(self._s))
+            return v
+        if fz is not None:  # (slices of the block's read-only views: no view made a column)
             cols = [fz[c][a:a + n] for c in RankView.COLUMNS]
         else:
             cols = [_frozen(getattr(self, c)[:n]) for c in RankView.COLUMNS]
+        self._published_at = None
         if not n:
             order = sb = pmax = _EMPTY
         elif self._sorted:  # (its order is the identity: ``order`` would say so)
+            assert fz is not None  # (a rank in time order has its rows in a block)
             order = _identity(n)
             self._prefix_max(order, cols[0])
             sb, pmax = cols[0], fz["pmax"][a:a + n]
+            self._published_at = (fz, a)
         else:
             order = self.order()
             sb, pmax = _frozen(self._sb), _frozen(self._prefix_max(order, self._sb))
