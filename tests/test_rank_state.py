@@ -3,7 +3,9 @@ and as the console shows it (the published view, the rank table's sort)."""
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from test_model_batch import polls
 
 from commscope.analysis import TraceModel, diagnose
+from commscope.analysis.columns import _DTYPE, BLOCK_COLUMNS, RankTable, RankTrace
 from commscope.analysis.rankstate import rank_state, rank_states, snapshot
 from commscope.analysis.synth import TraceBuilder, liveness_trace
 from commscope.tui.rank_table import sort_key
@@ -146,6 +149,7 @@ def test_a_view_published_again_from_the_same_rows_is_what_publishing_afresh_giv
         m.ingest(batch)
         v = publish(0)
         assert v.version > before.version and v.begin is before.begin  # (the same slices)
+        assert np.shares_memory(v.pmax, m.table.frozen(int(m.table.block[m.ranks[0]._s]))["pmax"])  # (raised in place)
         got = _copied(v)
         before = _fresh(m, 0)
         assert _same_view(got, before) and before.begin is not v.begin
@@ -167,6 +171,28 @@ def test_a_view_published_again_from_the_same_rows_is_what_publishing_afresh_giv
     v = publish(0)
     assert not m.ranks[0]._sorted and v.n == 23 and _same_view(v, _fresh(m, 0))
     assert v.order_.tolist() == np.argsort(v.begin, kind="stable").tolist()
+
+
+def test_a_rank_moved_out_of_a_block_leaves_nothing_of_it_held():
+    """Ranks moved out of a block that no rank is left in (it is dropped): nothing they
+    published from it, nor what they would publish again from, holds its columns."""
+    t = RankTable()
+    rts = [RankTrace(r, cap=0, table=t) for r in range(2)]
+    n = 1 << 12
+    cols = {c: np.zeros(n, _DTYPE[c]) for c in BLOCK_COLUMNS if c != "pmax"}
+    cols["begin"][:] = np.arange(n)
+    cols["comp"][:] = np.arange(n) + 1
+    b = t.add_block(cols)
+    t.adopt(rts, b, np.array([0, n // 2, n]))
+    t.version[:2] = 1
+    for rt in rts:
+        assert rt.view().n == n // 2 and rt._published_at is not None
+    held = weakref.ref(t.blocks[b]["begin"])
+    del cols
+    t.relocate(rts, [n, n])
+    gc.collect()
+    assert t.blocks[b] is None and held() is None
+    assert all(rt.view().n == n // 2 for rt in rts)
 
 
 def test_a_rank_in_time_order_then_out_of_it_keeps_its_order_and_its_views():

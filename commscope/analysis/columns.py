@@ -268,7 +268,7 @@ class RankTable:
         for j, rt in enumerate(rts):
             a, e = bounds[j], bounds[j + 1]
             rt.__dict__.update(zip(BLOCK_COLUMNS, [col[a:e] for col in columns], strict=True))
-            rt._view = None  # (published again from the new rows)
+            rt._view = rt._published_at = None  # (published again from the new rows)
         self._residents[b] += len(rts)
         self._held[b] += int(sizes.sum())
         self.block[slots], self.base[slots], self.cap[slots] = b, start[:-1], sizes
@@ -289,7 +289,8 @@ class RankTable:
             self._leave(s)
         self.block[s], self.base[s], self.cap[s] = b, base, cap
         self.pmax_n[s] = 0  # (recomputed in the new rows: the old ones stay as views hold them)
-        rt._view = None  # (published again from the new rows: a view of the old would keep their block alive)
+        rt._view = rt._published_at = None  # (published again from the new rows: a view of the old would keep
+        # their block alive)
 
     def _leave(self, s: int) -> None:
         """Slot ``s`` leaves its block (it moves): a block left by every rank is dropped
@@ -575,8 +576,8 @@ class RankTrace:
         self._ins_min = 0  # first order position changed by insertions since the last prefix max
         self._pmax_shared = False  # a published RankView holds the prefix max: rewrite a copy
         self._view: RankView | None = None
-        #: The block's read-only views and the rank's first row there, where ``_view`` was
-        #: made of their slices in time order (published again from the same rows: the same)
+        #: (the block's read-only views, the rank's first row there) where ``_view`` was made
+        #: of their slices in time order: a view published again from the same rows reuses them
         self._published_at: tuple[dict[str, np.ndarray], int] | None = None
 
     # -- scalars, kept in the model's ``RankTable`` (a live batch writes them for many ranks at once)
@@ -864,8 +865,8 @@ class RankTrace:
         fz = t.frozen(b) if b >= 0 else None
         old, at = self._view, self._published_at
         if old is not None and at is not None and at[0] is fz and at[1] == a and old.n == n and self._sorted:
-            # the same rows, as many, in time order: the same slices (the columns are views;
-            # what changed the rank was a heartbeat, a sample or an op's end, not its rows)
+            # the same rows, as many, in time order: the same slices (views of the block's
+            # columns: a heartbeat, a sample or an op's end changed the rank, not which rows)
             self._prefix_max(old.order_, old.begin)
             v = self._view = RankView(self.rank, version, n, *old[3:15], flight, first_ts, last_ts,
                                       self.last_hb, self.meta, tuple(self.exits), t.touch_log(self._s))
@@ -947,10 +948,10 @@ class RankView(NamedTuple):
     rank in time order has its block's running max (``runmax``): raised in place when an op
     completes later, never lowered, so a reader bisecting it gets at least the ops it got
     before; another rank's is its own copy, never written again.  The op columns are the
-    model's own, read-only here: after publishing, the writer only appends past ``n`` and
-    fills in the completion of ops listed in ``open`` (0 -> a time, once), so a reader may
-    see such an op complete a moment early, never an index
-    out of order.  The column names are those of ``RankTrace``, so painting and queries take
+    model's own, read-only here: after publishing, the writer only appends past ``n``, fills
+    in the completion of ops listed in ``open`` (0 -> a time) and raises a completion that a
+    later record moves on (a ``done`` with the op's device time), so a reader may see an op
+    complete a moment early or a little later than before, never an index out of order.  The column names are those of ``RankTrace``, so painting and queries take
     either.
     """
 
