@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from commscope.analysis import TraceModel, diagnose, rankstate
+from commscope.analysis import TraceModel, diagnose, rankstate, stacks
 from commscope.analysis.errors import LOCAL, NAMED, PEER_GONE, RELAYED, TIMEOUT, classify
 from commscope.analysis.stacks import fold
 from commscope.analysis.synth import S, TraceBuilder
@@ -77,6 +77,50 @@ def test_stacks_fold_the_plumbing_and_keep_user_frames():
     demo = fold("MainThread", [["/x/commscope/scenarios/runner.py", 5, "_rank_main"],
                                ["/x/commscope/scenarios/workloads.py", 9, "dead_rank"]])
     assert demo["where"] == "/x/commscope/scenarios/workloads.py:9 in dead_rank"  # demo workloads are user code
+
+
+def _stack_event() -> dict:
+    return {"type": "stack", "rank": 0, "ts": 5, "v": 3, "reason": "hang", "threads": [
+        {"tid": 1, "name": "MainThread", "op_thread": True, "frames": stack("step", 42, inside=True)[0]["frames"]},
+        {"tid": 2, "name": "pin_memory", "frames": [["/job/data.py", 3, "load"]]}]}
+
+
+def test_a_stack_is_folded_once_and_each_caller_gets_views_of_its_own(monkeypatch):
+    """A diagnosis folds every waiting rank's stack each time: an event is folded once, and
+    what a caller does to the views it got reaches no other caller."""
+    monkeypatch.setattr(stacks, "_VIEWS", {})
+    folded = []
+    real = stacks.fold
+    monkeypatch.setattr(stacks, "fold", lambda *a: folded.append(a) or real(*a))
+    ev = _stack_event()
+    a, b = stacks.view(ev), stacks.view(ev)
+    assert a == b == [real("MainThread", ev["threads"][0]["frames"])] and len(folded) == 1
+    assert a is not b and a[0] is not b[0] and a[0]["frames"] is not b[0]["frames"]
+    a[0]["frames"].append("elsewhere")
+    a[0]["where"] = "elsewhere"
+    assert stacks.view(ev) == b and len(folded) == 1
+    other = _stack_event()  # (equal, another event: folded for itself)
+    assert stacks.view(other) == b and len(folded) == 2
+    monkeypatch.setattr(stacks, "VIEWS_HELD", 3)
+    events = [_stack_event() for _ in range(5)]
+    for e in events:
+        stacks.view(e)
+    assert len(stacks._VIEWS) == 3 and all(stacks._VIEWS[id(e)][0] is e for e in events[-3:])  # the oldest let go
+    assert stacks.view(ev) == b and len(folded) == 8  # (let go: folded again)
+
+
+def test_equal_stacks_share_one_key_and_every_value_has_one():
+    """The ranks showing one stack are shown once (``same_key``): equal views, keys in any
+    order, give one key; another view another; a value orjson refuses (an integer past 64
+    bits, from a hostile trace) still gives one."""
+    v = stacks.view(_stack_event())
+    assert stacks.same_key(v) == stacks.same_key(json.loads(json.dumps(v)))
+    assert stacks.same_key(v) == stacks.same_key([dict(reversed(list(v[0].items())))])
+    assert stacks.same_key(v) != stacks.same_key([dict(v[0], where="/job/train.py:43 in step")])
+    huge = [dict(v[0], thread=1 << 70)]
+    assert stacks.same_key(huge) == stacks.same_key(json.loads(json.dumps(huge)))
+    assert stacks.same_key(huge) not in (stacks.same_key(v), stacks.same_key([dict(v[0], thread=1 << 60)]))
+    assert stacks.same_key(None) == stacks.same_key(None) != stacks.same_key([])
 
 
 # ---------------------------------------------------------------------- a rank killed

@@ -18,7 +18,6 @@ nor an annotation is a ``KeyError``.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
@@ -27,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from commscope.analysis.ranks import ranges
+from commscope.analysis.stacks import same_key
 
 
 class _Absent:
@@ -293,7 +293,7 @@ def stacks_block(ev: MutableMapping[str, Any]) -> list[RenderableType]:
     seen: dict[tuple, str] = {}
     for r, note in info.items():
         if r in stacks and not note.get("native_dump"):
-            key = (note.get("role"), note.get("reason"), json.dumps(stacks[r], sort_keys=True, default=str))
+            key = (note.get("role"), note.get("reason"), same_key(stacks[r]))
             if key in seen:
                 same[seen[key]].append(r)
                 continue

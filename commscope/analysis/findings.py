@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 from commscope.analysis import stacks
@@ -246,7 +245,7 @@ def attach_stacks(model: TraceModel, f: Finding, now: int, limit: int = 8) -> No
     more = 0
     for r in waiting:
         threads, note = rank_stack(model, r, now, during)
-        key = (note.get("reason"), note.get("missing"), json.dumps(threads, sort_keys=True, default=str))
+        key = (note.get("reason"), note.get("missing"), stacks.same_key(threads))
         if key in shared:
             shared[key].append(r)
         elif len(shared) < limit:

@@ -9,8 +9,12 @@ Frames are classified by file path only, so this works on stacks from any machin
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from typing import Any, NamedTuple
+
+import orjson
 
 #: File paths of frames that are plumbing, not the user's code: torch, commscope's own
 #: recorder, varlen toolkit and launchers, and the standard library (its thread, process
@@ -26,7 +30,11 @@ _GENERIC = frozenset({"wrapper", "inner", "wrapped", "_fn", "decorate_context", 
                       "_wrapped_call_impl"})
 
 
+@functools.lru_cache(maxsize=4096)
 def is_internal(path: str) -> bool:
+    """Whether frames of ``path`` are plumbing.  Remembered by path: a stack is mostly the
+    same few files, and 16k waiting ranks' stacks are folded at every diagnosis (the
+    expression's search was ~40% of one, ~20 frames a rank)."""
     return bool(_INTERNAL.search(path or ""))
 
 
@@ -56,18 +64,18 @@ def fold(name: Any, raw_frames: Any, keep_internal: int = 3) -> dict[str, Any]:
     ``inside`` (the function the user's frame called, e.g. 'all_reduce'), ``folded`` (how many
     frames were left out).  A thread with no user frame keeps its innermost few."""
     frames = _frames(raw_frames)
-    user = [f for f in frames if not is_internal(f.file)]
-    internal = [f for f in frames if is_internal(f.file)]
+    plumbing = [is_internal(f.file) for f in frames]
+    user = [f for f, p in zip(frames, plumbing, strict=True) if not p]
     d: dict[str, Any] = {"thread": name}
     if user:
         d["frames"] = [f.text() for f in user]
         d["where"] = user[-1].text()
-        last_user = max(i for i, f in enumerate(frames) if not is_internal(f.file))
+        last_user = max(i for i, p in enumerate(plumbing) if not p)
         inner = [f.func for f in frames[last_user + 1:]]
         named = [f for f in inner if f not in _GENERIC]
         if inner:
             d["inside"] = (named or inner)[0]
-        d["folded"] = len(internal)
+        d["folded"] = len(frames) - len(user)
     else:
         kept = frames[-keep_internal:]
         d["frames"] = [f.text() for f in kept]
@@ -84,8 +92,33 @@ def main_threads(stack_event: dict) -> list[dict]:
 
 
 def view(stack_event: dict) -> list[dict]:
-    """A ``stack`` event as folded thread views (see ``fold``)."""
-    return [fold(t.get("name"), t.get("frames")) for t in main_threads(stack_event)]
+    """A ``stack`` event as folded thread views (see ``fold``), each call its own objects.
+    Folded once per event (``_VIEWS``): a diagnosis of a hang at 16k ranks folds every
+    waiting rank's stack, and did so again at each one (~20 us a rank)."""
+    got = _VIEWS.get(id(stack_event))
+    if got is None or got[0] is not stack_event:
+        got = _VIEWS[id(stack_event)] = (stack_event, [fold(t.get("name"), t.get("frames"))
+                                                       for t in main_threads(stack_event)])
+        if len(_VIEWS) > VIEWS_HELD:
+            del _VIEWS[next(iter(_VIEWS))]
+    return [dict(t, frames=list(t["frames"])) for t in got[1]]
+
+
+#: Stack events folded (``view``), by ``id``, each with its event (kept alive with it: an id
+#: is not reused while it is here), the oldest let go past ``VIEWS_HELD``.  The events are
+#: the model's, held as long as it is; a folded view is ~1 KB
+_VIEWS: dict[int, tuple[dict, list[dict]]] = {}
+VIEWS_HELD = 32768
+
+
+def same_key(threads: list[dict] | None) -> bytes | str:
+    """What two folded views are equal by, as text (the ranks showing one stack are shown
+    once): orjson's, keys sorted (16k waiting ranks' at each diagnosis), or ``json``'s where
+    orjson refuses a value (an integer past 64 bits); the two are never equal (bytes, str)."""
+    try:
+        return orjson.dumps(threads, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
+    except orjson.JSONEncodeError:
+        return json.dumps(threads, sort_keys=True, default=str)
 
 
 def one_line(threads: list[dict] | None) -> str | None:
