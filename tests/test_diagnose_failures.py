@@ -86,33 +86,56 @@ def _stack_event() -> dict:
 
 
 def test_a_stack_is_folded_once_and_each_caller_gets_views_of_its_own(monkeypatch):
-    """A diagnosis folds every waiting rank's stack each time: an event is folded once, and
-    what a caller does to the views it got reaches no other caller."""
-    monkeypatch.setattr(stacks, "_VIEWS", {})
+    """A diagnosis folds every waiting rank's stack each time: an event is folded once in
+    its rank's memo, what a caller does to the views it got reaches no other caller, and a
+    memo past ``MEMO_HELD`` events is emptied."""
     folded = []
     real = stacks.fold
     monkeypatch.setattr(stacks, "fold", lambda *a: folded.append(a) or real(*a))
-    ev = _stack_event()
-    a, b = stacks.view(ev), stacks.view(ev)
+    ev, memo = _stack_event(), {}
+    a, b = stacks.view(ev, memo), stacks.view(ev, memo)
     assert a == b == [real("MainThread", ev["threads"][0]["frames"])] and len(folded) == 1
     assert a is not b and a[0] is not b[0] and a[0]["frames"] is not b[0]["frames"]
     a[0]["frames"].append("elsewhere")
     a[0]["where"] = "elsewhere"
-    assert stacks.view(ev) == b and len(folded) == 1
+    assert stacks.view(ev, memo) == b and len(folded) == 1
     other = _stack_event()  # (equal, another event: folded for itself)
-    assert stacks.view(other) == b and len(folded) == 2
-    monkeypatch.setattr(stacks, "VIEWS_HELD", 3)
-    events = [_stack_event() for _ in range(5)]
+    assert stacks.view(other, memo) == b and len(folded) == 2 and stacks.view(ev) == b and len(folded) == 3
+    events = [_stack_event() for _ in range(stacks.MEMO_HELD)]
     for e in events:
-        stacks.view(e)
-    assert len(stacks._VIEWS) == 3 and all(stacks._VIEWS[id(e)][0] is e for e in events[-3:])  # the oldest let go
-    assert stacks.view(ev) == b and len(folded) == 8  # (let go: folded again)
+        stacks.view(e, memo)
+    assert len(memo) <= stacks.MEMO_HELD and all(memo[id(e)][0] is e for e in events[-2:])
+    assert stacks.view(ev, memo) == b and len(folded) == 4 + stacks.MEMO_HELD  # (emptied: folded again)
+
+
+def test_a_diagnosis_folds_each_rank_s_stack_once(monkeypatch):
+    """Diagnosing a hang again folds no waiting rank's stack again: each rank keeps its
+    folded views (``RankTrace.stacks_folded``), and they go with the model."""
+    ws = 64
+    b = TraceBuilder(ws)
+    t = b.warmup(1)
+    for r in range(ws - 1):
+        i = b.sync(r, t, None, "all_reduce")
+        b.add(r, t + 3 * S, "stack", id=i, threads=[{"tid": 1, "name": "MainThread", "op_thread": True,
+                                                      "frames": [["train.py", 42, "step"]]}])
+    b.heartbeats(t, t + 5 * S)
+    m = TraceModel.from_events(b.sorted_events())
+    folded = []
+    real = stacks.fold
+    monkeypatch.setattr(stacks, "fold", lambda *a: folded.append(a) or real(*a))
+    first = diagnose(m, t + 5 * S, 2.0)
+    n = len(folded)
+    again = diagnose(m, t + 5 * S + 1, 2.0)
+    assert n >= ws - 1 and len(folded) == n  # (none folded again)
+    assert [f.evidence.get("stack_info") for f in first] == [f.evidence.get("stack_info") for f in again]
+    info = next(f for f in again if f.kind == "missing_ranks").evidence["stack_info"]
+    assert info["0"]["count"] == ws - 1 and all(len(m.ranks[r].stacks_folded) == 1 for r in range(ws - 1))
 
 
 def test_equal_stacks_share_one_key_and_every_value_has_one():
     """The ranks showing one stack are shown once (``same_key``): equal views, keys in any
     order, give one key; another view another; a value orjson refuses (an integer past 64
-    bits, from a hostile trace) still gives one."""
+    bits: no reader gives one, a safeguard) still gives one."""
     v = stacks.view(_stack_event())
     assert stacks.same_key(v) == stacks.same_key(json.loads(json.dumps(v)))
     assert stacks.same_key(v) == stacks.same_key([dict(reversed(list(v[0].items())))])

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from commscope.analysis import runmax
+from commscope.analysis import runmax, stacks
 
 I64_MAX = np.iinfo(np.int64).max
 I64_MIN = runmax.I64_MIN
@@ -562,6 +562,8 @@ class RankTrace:
         self.stacks: dict[int, dict] = {}  # op id -> stack event
         self.captures: list[dict] = []  # the latest stack events, any reason, in arrival order
         self.last_stack: dict | None = None
+        #: Its stack events as diagnosis shows them, each folded once (``stacks.view``)
+        self.stacks_folded: stacks.Memo = {}
         self.last_hb = 0
         self.hb_inflight = 0
         self.dropped = 0  # events the recorder lost (backpressure, store failures)

@@ -176,7 +176,7 @@ def rank_stack(model: TraceModel, rank: int, now: int,
                                 "reason": chosen.get("reason", "hang")}
         if chosen.get("trigger") is not None:
             info["requested_by"] = chosen.get("trigger")
-        return stacks.view(chosen), info
+        return stacks.view(chosen, rt.stacks_folded), info
     if st.kind == "exited":
         return None, {"missing": "exited"}
     if st.kind == "dead":

@@ -411,7 +411,7 @@ def _outside(rt: RankTrace) -> str | None:
     innermost user frame, and whether it was busy (CPU) or waiting."""
     if not rt.meta or rt.meta.get("recorder") != SNAPSHOT or rt.last_stack is None:
         return None
-    where = stacks.one_line(stacks.view(rt.last_stack)) or "?"
+    where = stacks.one_line(stacks.view(rt.last_stack, rt.stacks_folded)) or "?"
     cpu = (rt.samples.last or {}).get("cpu")
     busy = f", {cpu:.0f}% CPU" if isinstance(cpu, int | float) else ""
     return f"in no collective: at {where}{busy}"

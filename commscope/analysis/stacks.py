@@ -91,30 +91,36 @@ def main_threads(stack_event: dict) -> list[dict]:
     return [t for t in threads if t.get("op_thread")] or threads[:1]
 
 
-def view(stack_event: dict) -> list[dict]:
-    """A ``stack`` event as folded thread views (see ``fold``), each call its own objects.
-    Folded once per event (``_VIEWS``): a diagnosis of a hang at 16k ranks folds every
-    waiting rank's stack, and did so again at each one (~20 us a rank)."""
-    got = _VIEWS.get(id(stack_event))
+#: What ``view`` remembers of one rank's stack events: their folded views, by the event's id
+#: (the event held with them, so an id is not reused while it is there)
+Memo = dict[int, tuple[dict, list[dict]]]
+#: A memo of more events than this is emptied (a rank's latest capture and the op captures a
+#: diagnosis looks at: a few)
+MEMO_HELD = 8
+
+
+def view(stack_event: dict, memo: Memo | None = None) -> list[dict]:
+    """A ``stack`` event as folded thread views (see ``fold``): the lists and dicts each
+    call's own (a thread's name is the event's).  ``memo`` (the rank's, ``RankTrace.stacks_folded``):
+    an event is folded once there, not at every diagnosis (16k waiting ranks' stacks at a hang:
+    ~20 us a rank).  Kept by the rank, it goes with the model; emptied whole past
+    ``MEMO_HELD`` (one step: the console's threads may both ask)."""
+    if memo is None:
+        return [fold(t.get("name"), t.get("frames")) for t in main_threads(stack_event)]
+    got = memo.get(id(stack_event))
     if got is None or got[0] is not stack_event:
-        got = _VIEWS[id(stack_event)] = (stack_event, [fold(t.get("name"), t.get("frames"))
-                                                       for t in main_threads(stack_event)])
-        if len(_VIEWS) > VIEWS_HELD:
-            del _VIEWS[next(iter(_VIEWS))]
+        if len(memo) >= MEMO_HELD:
+            memo.clear()
+        got = memo[id(stack_event)] = (stack_event, [fold(t.get("name"), t.get("frames"))
+                                                     for t in main_threads(stack_event)])
     return [dict(t, frames=list(t["frames"])) for t in got[1]]
-
-
-#: Stack events folded (``view``), by ``id``, each with its event (kept alive with it: an id
-#: is not reused while it is here), the oldest let go past ``VIEWS_HELD``.  The events are
-#: the model's, held as long as it is; a folded view is ~1 KB
-_VIEWS: dict[int, tuple[dict, list[dict]]] = {}
-VIEWS_HELD = 32768
 
 
 def same_key(threads: list[dict] | None) -> bytes | str:
     """What two folded views are equal by, as text (the ranks showing one stack are shown
     once): orjson's, keys sorted (16k waiting ranks' at each diagnosis), or ``json``'s where
-    orjson refuses a value (an integer past 64 bits); the two are never equal (bytes, str)."""
+    orjson refuses a value (an integer past 64 bits: no reader gives one, orjson reads it as
+    a float; a safeguard); the two are never equal (bytes, str)."""
     try:
         return orjson.dumps(threads, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
     except orjson.JSONEncodeError:
