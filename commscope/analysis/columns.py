@@ -289,8 +289,9 @@ class RankTable:
             self._leave(s)
         self.block[s], self.base[s], self.cap[s] = b, base, cap
         self.pmax_n[s] = 0  # (recomputed in the new rows: the old ones stay as views hold them)
-        rt._view = rt._published_at = None  # (published again from the new rows: a view of the old would keep
-        # their block alive)
+        # (published again from the new rows: a view of the old, or its slices kept to publish
+        # again from, would keep their block alive)
+        rt._view = rt._published_at = None
 
     def _leave(self, s: int) -> None:
         """Slot ``s`` leaves its block (it moves): a block left by every rank is dropped
@@ -953,8 +954,8 @@ class RankView(NamedTuple):
     model's own, read-only here: after publishing, the writer only appends past ``n``, fills
     in the completion of ops listed in ``open`` (0 -> a time) and raises a completion that a
     later record moves on (a ``done`` with the op's device time), so a reader may see an op
-    complete a moment early or a little later than before, never an index out of order.  The column names are those of ``RankTrace``, so painting and queries take
-    either.
+    complete a moment early or a little later than before, never an index out of order.  The
+    column names are those of ``RankTrace``, so painting and queries take either.
     """
 
     rank: int

@@ -101,10 +101,10 @@ MEMO_HELD = 8
 
 def view(stack_event: dict, memo: Memo | None = None) -> list[dict]:
     """A ``stack`` event as folded thread views (see ``fold``): the lists and dicts each
-    call's own (a thread's name is the event's).  ``memo`` (the rank's, ``RankTrace.stacks_folded``):
-    an event is folded once there, not at every diagnosis (16k waiting ranks' stacks at a hang:
-    ~20 us a rank).  Kept by the rank, it goes with the model; emptied whole past
-    ``MEMO_HELD`` (one step: the console's threads may both ask)."""
+    call's own (a thread's name is the event's).  ``memo``, the rank's
+    (``RankTrace.stacks_folded``): an event is folded once there, not at every diagnosis
+    (16k waiting ranks' stacks at a hang: ~20 us a rank).  Kept by the rank, it goes with the
+    model; emptied whole past ``MEMO_HELD`` (one step: the console's threads may both ask)."""
     if memo is None:
         return [fold(t.get("name"), t.get("frames")) for t in main_threads(stack_event)]
     got = memo.get(id(stack_event))
