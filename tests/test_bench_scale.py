@@ -15,7 +15,8 @@ from redis_fixture import require_redis_server
 
 
 @pytest.mark.parametrize("store, fault, device", [("directory", "dead", False), ("redis-cluster", "mismatch", False),
-                                                  ("directory", "two-hosts", True), ("directory", "host-lost", False)])
+                                                  ("directory", "two-hosts", True), ("directory", "host-lost", False),
+                                                  ("directory", "missing", False)])
 def test_bench_scale_finds_the_fault_it_injects(store, fault, device):
     """(``device``: a GPU job's records, a done with a device time after each end.)"""
     if store != "directory":
@@ -29,6 +30,15 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device):
     assert "other findings" not in out, out  # and nothing else: no victim blamed
     if fault == "host-lost":  # the host's eight ranks in one finding (the whole host is the culprit set)
         assert re.search(r"fault 'host-lost' at \d+ s on rank 35's host \(ranks 32-39\)", out), out
+    # a hang: every rank in it captured its stack at hang_after, and the finding shows the ones
+    # waiting as one stack, the culprit's apart (a mismatch names no rank waiting; a silent or
+    # spinning culprit captured nothing)
+    shown = re.search(r"its stacks: (\d+) culprit\(s\)'; ([\d,]+) waiting rank\(s\) in (\d+) distinct stack", out)
+    expect = {"dead": (0, 63, 1), "host-lost": (0, 56, 1), "missing": (0, 63, 1), "mismatch": (1, 0, 0)}
+    if fault in expect:
+        assert shown and tuple(int(x) for x in shown.groups()) == expect[fault], out
+    else:
+        assert shown is None, out
     # when the watermark first came within the target, and how far behind it stayed after
     assert re.search(r"caught up \(every stream read past the job's start, within 2 s\)\s+\d+\.\d s after the "
                      r"job's start; from then on median \d+\.\d\d s, p99 \d+\.\d\d s", out), out

@@ -24,6 +24,10 @@ still judges a running job.  A third of the way in, the fault is injected:
                     every collective from then on, alternately       -> straggler, each host
     none            nothing
 
+Where the fault hangs a collective (all but the stragglers), each rank in it captures every
+thread's stack once its op passed hang_after, as the recorder does: a 16k-rank hang is 16k
+stacks for the console to read, and for its finding to fold into the distinct ones.
+
 The console's data side (``tui/feed.Feed``: the reader's polls, the model, diagnose every
 0.5 s) follows the job in this process, as ``commscope attach`` does, and the timeline
 paints 60 rows of 189 cells from its published view every half second.  Measured in one run:
@@ -75,6 +79,28 @@ TARGET_FRAME_S = 0.050
 TARGET_RSS = 4 << 30
 HOST_LATE_NS = 20_000_000  # a straggler host's lateness (a collective takes 0.5 ms; one starts every 40 ms)
 TICK_S = 0.05
+#: The threads of a hang's stack capture (``Recorder._capture_stuck``: every thread but the
+#: recorder's, the op's marked): an FSDP step's main thread inside the collective, a data
+#: loader's pin-memory thread and a watchdog
+_SITE = "/usr/lib/python3.11/site-packages/torch"
+HANG_THREADS = (
+    {"tid": 1, "name": "MainThread", "op_thread": True, "frames": [
+        ["train.py", 212, "<module>"], ["train.py", 160, "main"], ["train.py", 98, "train_step"],
+        [f"{_SITE}/nn/modules/module.py", 1773, "_wrapped_call_impl"],
+        [f"{_SITE}/nn/modules/module.py", 1784, "_call_impl"], ["model.py", 77, "forward"],
+        [f"{_SITE}/distributed/fsdp/_fully_shard/_fsdp_state.py", 230, "_pre_forward"],
+        [f"{_SITE}/distributed/fsdp/_fully_shard/_fsdp_collectives.py", 275, "foreach_all_gather"],
+        [f"{_SITE}/distributed/c10d_logger.py", 81, "wrapper"],
+        [f"{_SITE}/distributed/distributed_c10d.py", 2820, "all_reduce"]]},
+    {"tid": 2, "name": "pin_memory", "frames": [
+        ["/usr/lib/python3.11/threading.py", 1002, "_bootstrap"],
+        ["/usr/lib/python3.11/threading.py", 1045, "_bootstrap_inner"],
+        [f"{_SITE}/utils/data/_utils/pin_memory.py", 59, "_pin_memory_loop"],
+        ["/usr/lib/python3.11/queue.py", 180, "get"]]},
+    {"tid": 3, "name": "watchdog", "frames": [
+        ["/usr/lib/python3.11/threading.py", 1002, "_bootstrap"], ["train.py", 40, "watch"],
+        ["/usr/lib/python3.11/threading.py", 331, "wait"]]},
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -159,6 +185,8 @@ def _started(plan: Plan, w: int) -> Plan:
 def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
     """One writer process: ranks ``w``, ``w + writers``, ... of the job, in real time, through
     the store's writers; returns what it wrote and what that cost."""
+    import orjson
+
     from commscope import blocks
     from commscope.bench.synthstore import BEGIN_SIG_DT, DONE_DT, END_DT, JobShape, _meta, _sigs, _Tables
     from commscope.schema import SCHEMA_VERSION
@@ -195,6 +223,10 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
     dead_from = plan.base(plan.fault_k) if plan.fault in ("dead", "host-lost") else last + S
     # the streams that stop at the fault: the culprit's (missing, dead), its host's (host-lost)
     quiet = hosts[0] if plan.fault == "host-lost" else mine == plan.culprit
+    # a hang's stack captures, once its op passed hang_after: every rank in the hung collective
+    # (the culprit too where it is in one: a mismatch's broadcast)
+    capture_at = plan.base(plan.fault_k) + int(plan.hang_after * S) if hung else None
+    in_hang = np.ones(mine.shape[0], np.bool_) if plan.fault == "mismatch" else ~quiet
     while True:
         now = time.time_ns()
         if now >= end_at and (now >= last or os.path.exists(stop)):
@@ -266,6 +298,13 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
                 pending[i].append(b'{"type":"heartbeat","ts":%d,"inflight":%d,"v":%d,"rank":%d}'
                                   % (now, 1 if hung and begun > plan.fault_k else 0, SCHEMA_VERSION, r))
                 events += 2
+        if capture_at is not None and now >= capture_at and begun > plan.fault_k:
+            capture_at = None
+            for i, r in enumerate(mine.tolist()):
+                if in_hang[i]:
+                    pending[i].append(orjson.dumps({"type": "stack", "ts": now, "id": plan.fault_k + 1,
+                                                    "threads": HANG_THREADS, "v": SCHEMA_VERSION, "rank": r}))
+                    events += 1
         if now < fault_at:
             before = events
         for i, lines in enumerate(pending):
@@ -298,6 +337,16 @@ def _rows_painted(feed: Any, culprit: int, now: int) -> float:
     return time.perf_counter() - t0
 
 
+def _stacks_shown(f: Any) -> tuple[int, int, int]:
+    """(the culprits whose captured stack a finding shows, the waiting ranks whose it shows,
+    in how many distinct stacks): 16k ranks waiting in one collective are one stack and a
+    count (``attach_stacks``)."""
+    info = [n for n in (f.evidence.get("stack_info") or {}).values() if "captured_ns" in n]
+    waiting = [n for n in info if n.get("role") == "waiting"]
+    return (sum(n.get("role") == "culprit" for n in info), sum(n.get("count", 1) for n in waiting),
+            len(waiting))
+
+
 def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, Any]:
     """The console's data side on the job until ``until`` (monotonic; longer, bounded, while
     the expected finding is not there yet): lag samples, when the expected finding first
@@ -320,6 +369,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
     caught_ns, caught = 0, 0  # when the console caught up, and the watermark samples before then
     frames: list[float] = []
     found_ns = 0
+    stacks_shown = (0, 0, 0)  # the expected finding's, as last judged (``_stacks_shown``)
     wrong: list[str] = []
     # findings naming only culprits: of another kind (a dead rank missing from a collective
     # before it is judged dead: the hang is found first, then its cause), or some of them (a
@@ -357,6 +407,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
                 named = f.kind == expect and sorted(f.culprits) in want
                 if named and wall >= fault_ns:
                     named_at.setdefault(want.index(sorted(f.culprits)), wall)
+                    stacks_shown = _stacks_shown(f)
                     if not found_ns and len(named_at) == len(want):
                         found_ns = wall  # (when the last of them was named)
                 elif not named:
@@ -390,7 +441,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
             "found_s": (found_ns - fault_ns) / S if found_ns else None, "wrong": wrong, "early": early,
             "wall_s": (time.time_ns() - plan.t_start) / S,
             "frames": frames, "rss": rss, "cpu_s": time.process_time() - cpu0, "events": feed.model.events,
-            "ranks_seen": len(feed.model.ranks), "steps": steps,
+            "ranks_seen": len(feed.model.ranks), "steps": steps, "stacks": stacks_shown,
             "judging_s": feed.costs.diagnose + feed.costs.publish}
 
 
@@ -570,6 +621,10 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
         note = "\n    (a straggler needs its window of late collectives)" if plan.fault in SLOW_HOSTS else ""
         took = f"{found:.1f} s" if found is not None else "NOT FOUND"
         print(f"  fault -> finding: {took} (target <= hang_after + 5 = {limit:g} s){note}")
+        culprits, waiting, distinct = seen["stacks"]
+        if plan.fault not in SLOW_HOSTS:  # (a hang: every rank in it captured its stack)
+            print(f"    its stacks: {culprits} culprit(s)'; {waiting:,} waiting rank(s) in {distinct} distinct "
+                  "stack(s)")
     if seen["early"]:
         print(f"  also, naming only culprits first (another kind, or some of them): {'; '.join(seen['early'][:5])}")
     if seen["wrong"]:
