@@ -33,8 +33,9 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device):
     # a hang: every rank in it captured its stack at hang_after, and the finding shows the ones
     # waiting as one stack, the culprit's apart (a mismatch names no rank waiting; a silent or
     # spinning culprit captured nothing)
-    shown = re.search(r"its stacks: (\d+) culprit\(s\)'; ([\d,]+) waiting rank\(s\) in (\d+) distinct stack", out)
-    expect = {"dead": (0, 63, 1), "host-lost": (0, 56, 1), "missing": (0, 63, 1), "mismatch": (1, 0, 0)}
+    shown = re.search(r"its stacks, as last judged: (\d+) of (\d+) culprit\(s\) captured; ([\d,]+) waiting "
+                      r"rank\(s\)\s+shown as (\d+) distinct stack", out)
+    expect = {"dead": (0, 1, 63, 1), "host-lost": (0, 8, 56, 1), "missing": (0, 1, 63, 1), "mismatch": (1, 1, 0, 0)}
     if fault in expect:
         assert shown and tuple(int(x) for x in shown.groups()) == expect[fault], out
     else:

@@ -26,7 +26,8 @@ still judges a running job.  A third of the way in, the fault is injected:
 
 Where the fault hangs a collective (all but the stragglers), each rank in it captures every
 thread's stack once its op passed hang_after, as the recorder does: a 16k-rank hang is 16k
-stacks for the console to read, and for its finding to fold into the distinct ones.
+stacks for the console to read, and for its finding to fold into the distinct ones (the
+ranks waiting; a mismatch names none waiting, its culprit's stack apart).
 
 The console's data side (``tui/feed.Feed``: the reader's polls, the model, diagnose every
 0.5 s) follows the job in this process, as ``commscope attach`` does, and the timeline
@@ -80,27 +81,33 @@ TARGET_RSS = 4 << 30
 HOST_LATE_NS = 20_000_000  # a straggler host's lateness (a collective takes 0.5 ms; one starts every 40 ms)
 TICK_S = 0.05
 #: The threads of a hang's stack capture (``Recorder._capture_stuck``: every thread but the
-#: recorder's, the op's marked): an FSDP step's main thread inside the collective, a data
-#: loader's pin-memory thread and a watchdog
-_SITE = "/usr/lib/python3.11/site-packages/torch"
-HANG_THREADS = (
-    {"tid": 1, "name": "MainThread", "op_thread": True, "frames": [
-        ["train.py", 212, "<module>"], ["train.py", 160, "main"], ["train.py", 98, "train_step"],
-        [f"{_SITE}/nn/modules/module.py", 1773, "_wrapped_call_impl"],
-        [f"{_SITE}/nn/modules/module.py", 1784, "_call_impl"], ["model.py", 77, "forward"],
-        [f"{_SITE}/distributed/fsdp/_fully_shard/_fsdp_state.py", 230, "_pre_forward"],
-        [f"{_SITE}/distributed/fsdp/_fully_shard/_fsdp_collectives.py", 275, "foreach_all_gather"],
-        [f"{_SITE}/distributed/c10d_logger.py", 81, "wrapper"],
-        [f"{_SITE}/distributed/distributed_c10d.py", 2820, "all_reduce"]]},
+#: recorder's, the op's marked): the main thread inside the collective (``hang_threads``: the
+#: call of the op that hung, from its site), a data loader's pin-memory thread and a watchdog
+_TORCH = "/usr/lib/python3.11/site-packages/torch"
+_OTHER_THREADS = (
     {"tid": 2, "name": "pin_memory", "frames": [
         ["/usr/lib/python3.11/threading.py", 1002, "_bootstrap"],
         ["/usr/lib/python3.11/threading.py", 1045, "_bootstrap_inner"],
-        [f"{_SITE}/utils/data/_utils/pin_memory.py", 59, "_pin_memory_loop"],
+        [f"{_TORCH}/utils/data/_utils/pin_memory.py", 59, "_pin_memory_loop"],
         ["/usr/lib/python3.11/queue.py", 180, "get"]]},
     {"tid": 3, "name": "watchdog", "frames": [
         ["/usr/lib/python3.11/threading.py", 1002, "_bootstrap"], ["train.py", 40, "watch"],
         ["/usr/lib/python3.11/threading.py", 331, "wait"]]},
 )
+
+
+def hang_threads(op: str, site: str) -> list[dict]:
+    """A capture's threads where the main thread is stuck in ``op``, called at ``site``
+    ('fsdp.py:412 in _all_gather', the op's signature's): a training step's frames, the
+    site's, then torch's down to the collective."""
+    file, _, rest = site.partition(":")
+    line, _, func = rest.partition(" in ")
+    main = [["train.py", 212, "<module>"], ["train.py", 160, "main"], ["train.py", 98, "train_step"],
+            [f"{_TORCH}/nn/modules/module.py", 1773, "_wrapped_call_impl"],
+            [f"{_TORCH}/nn/modules/module.py", 1784, "_call_impl"], ["model.py", 77, "forward"],
+            [file, int(line), func], [f"{_TORCH}/distributed/c10d_logger.py", 81, "wrapper"],
+            [f"{_TORCH}/distributed/distributed_c10d.py", 2820, op]]
+    return [{"tid": 1, "name": "MainThread", "op_thread": True, "frames": main}, *_OTHER_THREADS]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -227,6 +234,9 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
     # (the culprit too where it is in one: a mismatch's broadcast)
     capture_at = plan.base(plan.fault_k) + int(plan.hang_after * S) if hung else None
     in_hang = np.ones(mine.shape[0], np.bool_) if plan.fault == "mismatch" else ~quiet
+    sigs = _sigs(shape)
+    stuck_in = sigs[_sid(plan, plan.fault_k)]  # (the op that hangs; a mismatch's culprit in its broadcast)
+    threads = {False: hang_threads(stuck_in["op"], stuck_in["site"]), True: hang_threads("broadcast", sigs[3]["site"])}
     while True:
         now = time.time_ns()
         if now >= end_at and (now >= last or os.path.exists(stop)):
@@ -295,15 +305,17 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
                     continue
                 pending[i].append(b'{"type":"sample","ts":%d,"cpu":97.0,"rss":%d,"v":%d,"rank":%d}'
                                   % (now, 12 << 30, SCHEMA_VERSION, r))
+                stuck = hung and begun > plan.fault_k and in_hang[i]  # (a missing culprit spins in no op)
                 pending[i].append(b'{"type":"heartbeat","ts":%d,"inflight":%d,"v":%d,"rank":%d}'
-                                  % (now, 1 if hung and begun > plan.fault_k else 0, SCHEMA_VERSION, r))
+                                  % (now, 1 if stuck else 0, SCHEMA_VERSION, r))
                 events += 2
         if capture_at is not None and now >= capture_at and begun > plan.fault_k:
             capture_at = None
             for i, r in enumerate(mine.tolist()):
                 if in_hang[i]:
+                    odd = i == culprit_at and plan.fault == "mismatch"
                     pending[i].append(orjson.dumps({"type": "stack", "ts": now, "id": plan.fault_k + 1,
-                                                    "threads": HANG_THREADS, "v": SCHEMA_VERSION, "rank": r}))
+                                                    "threads": threads[odd], "v": SCHEMA_VERSION, "rank": r}))
                     events += 1
         if now < fault_at:
             before = events
@@ -337,14 +349,14 @@ def _rows_painted(feed: Any, culprit: int, now: int) -> float:
     return time.perf_counter() - t0
 
 
-def _stacks_shown(f: Any) -> tuple[int, int, int]:
-    """(the culprits whose captured stack a finding shows, the waiting ranks whose it shows,
-    in how many distinct stacks): 16k ranks waiting in one collective are one stack and a
-    count (``attach_stacks``)."""
+def _stacks_shown(f: Any) -> tuple[int, int, int, int]:
+    """(the culprits whose captured stack a finding shows, its culprits, the waiting ranks
+    whose captured stack it shows, in how many distinct stacks): 16k ranks waiting in one
+    collective are one stack and a count (``attach_stacks``)."""
     info = [n for n in (f.evidence.get("stack_info") or {}).values() if "captured_ns" in n]
     waiting = [n for n in info if n.get("role") == "waiting"]
-    return (sum(n.get("role") == "culprit" for n in info), sum(n.get("count", 1) for n in waiting),
-            len(waiting))
+    return (sum(n.get("role") == "culprit" for n in info), len(set(f.culprits)),
+            sum(n.get("count", 1) for n in waiting), len(waiting))
 
 
 def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, Any]:
@@ -369,7 +381,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
     caught_ns, caught = 0, 0  # when the console caught up, and the watermark samples before then
     frames: list[float] = []
     found_ns = 0
-    stacks_shown = (0, 0, 0)  # the expected finding's, as last judged (``_stacks_shown``)
+    stacks_shown = (0, 0, 0, 0)  # the expected finding's, as last judged (``_stacks_shown``)
     wrong: list[str] = []
     # findings naming only culprits: of another kind (a dead rank missing from a collective
     # before it is judged dead: the hang is found first, then its cause), or some of them (a
@@ -435,6 +447,9 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
         if not got:
             time.sleep(Feed.POLL_S)
     reader.close()
+    for f in feed.findings:  # (as last judged: the captures read by then)
+        if f.kind == expect and sorted(f.culprits) in want:
+            stacks_shown = _stacks_shown(f)
     return {"lags": lags, "behind": behind, "first_round_s": (first_round - plan.t_start) / S,
             "caught_s": (caught_ns - plan.t_start) / S if caught_ns else None,
             "after_caught": behind[caught:] if caught_ns else [],
@@ -621,10 +636,10 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
         note = "\n    (a straggler needs its window of late collectives)" if plan.fault in SLOW_HOSTS else ""
         took = f"{found:.1f} s" if found is not None else "NOT FOUND"
         print(f"  fault -> finding: {took} (target <= hang_after + 5 = {limit:g} s){note}")
-        culprits, waiting, distinct = seen["stacks"]
-        if plan.fault not in SLOW_HOSTS:  # (a hang: every rank in it captured its stack)
-            print(f"    its stacks: {culprits} culprit(s)'; {waiting:,} waiting rank(s) in {distinct} distinct "
-                  "stack(s)")
+        captured, culprits, waiting, distinct = seen["stacks"]
+        if found is not None and plan.fault not in SLOW_HOSTS:  # (a hang: every rank in it captured its stack)
+            print(f"    its stacks, as last judged: {captured} of {culprits} culprit(s) captured; {waiting:,} "
+                  f"waiting rank(s)\n    shown as {distinct} distinct stack(s)")
     if seen["early"]:
         print(f"  also, naming only culprits first (another kind, or some of them): {'; '.join(seen['early'][:5])}")
     if seen["wrong"]:
