@@ -49,11 +49,20 @@ VOLATILE = {"ts", "tid", "pid", "host", "store", "run", "argv", "cpu", "rss", "i
 
 
 def normalized(events: list[dict]) -> dict[int, list[dict]]:
-    """Per rank, in stored order, without the fields that differ from run to run."""
+    """Per rank, in stored order, without the fields that differ from run to run; its
+    heartbeats and samples after its other events, each kind in its order.  Where the
+    recorder thread's tick falls among a rank's ops is timing: rank 1 sleeps a tick's length
+    before each all_reduce, and a loaded CI once stored its first sample after its first op
+    in one run and before it in the other."""
     out: dict[int, list[dict]] = {}
     for e in events:
         out.setdefault(e["rank"], []).append({k: v for k, v in e.items() if k not in VOLATILE})
-    return out
+    return {r: [e for e in evs if e["type"] not in LIVENESS] + [e for e in evs if e["type"] in LIVENESS]
+            for r, evs in out.items()}
+
+
+#: Events the recorder's thread writes at its ticks, wherever they fall among the ops
+LIVENESS = frozenset({"heartbeat", "sample"})
 
 
 def check_json(store: str, capsys) -> dict:
