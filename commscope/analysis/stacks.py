@@ -106,14 +106,17 @@ def view(stack_event: dict, memo: Memo | None = None) -> list[dict]:
     (16k waiting ranks' stacks at a hang: ~20 us a rank).  Kept by the rank, it goes with the
     model; emptied whole past ``MEMO_HELD`` (one step: the console's threads may both ask)."""
     if memo is None:
-        return [fold(t.get("name"), t.get("frames")) for t in main_threads(stack_event)]
+        return _folded(stack_event)
     got = memo.get(id(stack_event))
     if got is None or got[0] is not stack_event:
         if len(memo) >= MEMO_HELD:
             memo.clear()
-        got = memo[id(stack_event)] = (stack_event, [fold(t.get("name"), t.get("frames"))
-                                                     for t in main_threads(stack_event)])
+        got = memo[id(stack_event)] = (stack_event, _folded(stack_event))
     return [dict(t, frames=list(t["frames"])) for t in got[1]]
+
+
+def _folded(stack_event: dict) -> list[dict]:
+    return [fold(t.get("name"), t.get("frames")) for t in main_threads(stack_event)]
 
 
 def same_key(threads: list[dict] | None) -> bytes | str:
