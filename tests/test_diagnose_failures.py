@@ -128,6 +128,7 @@ def test_a_diagnosis_folds_each_rank_s_stack_once(monkeypatch):
     again = diagnose(m, t + 5 * S + 1, 2.0)
     assert n >= ws - 1 and len(folded) == n  # (none folded again)
     assert [f.evidence.get("stack_info") for f in first] == [f.evidence.get("stack_info") for f in again]
+    assert errors(again) == [("missing_ranks", [ws - 1])]  # the rank that never came, no waiting rank blamed
     info = next(f for f in again if f.kind == "missing_ranks").evidence["stack_info"]
     assert info["0"]["count"] == ws - 1 and all(len(m.ranks[r].stacks_folded) == 1 for r in range(ws - 1))
 
