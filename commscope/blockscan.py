@@ -34,6 +34,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from commscope import compiled
+from commscope.compiled import copy_bytes, same_bytes
 from commscope.schema import MAX_BLOCK, MAX_INT, MAX_RANK, SCHEMA_VERSION
 
 ENV_SCAN = "COMMSCOPE_SCAN"
@@ -231,7 +232,7 @@ def joined(scans: list[Scan], starts: np.ndarray) -> Scan | None:
 #: The helpers of the scanner's kernels (each kernel is given them all: numba compiles
 #: those it calls), and those merged into their callers (the same for every kernel: a
 #: helper is compiled once, by the first kernel compiled here)
-_HELPERS = ("_hash", "_lit", "_num", "_field", "_template", "_count_lines", "_line_end", "_same", "_records",
+_HELPERS = ("_hash", "_lit", "_num", "_field", "_template", "_count_lines", "_line_end", "_records",
             "_prefix_table")
 _INLINE = ("_lit", "_num", "_field", "_b64", "_records")
 
@@ -311,15 +312,32 @@ def _lit(d: np.ndarray, p: int, stop: int, lit: np.ndarray) -> int:
 
 def _num(d: np.ndarray, p: int, stop: int, most: int) -> tuple[int, int]:
     """(value, where it ends) of the JSON integer at ``p`` if it is one from 0 to ``most``
-    written as JSON writes it (no sign, no leading zero); (-1, -1) if not."""
-    v = np.uint64(0)
+    (at most ``MAX_INT``) written as JSON writes it (no sign, no leading zero); (-1, -1) if
+    not.  In int64: 18 digits cannot pass it, a 19th is taken only where the value stays
+    within ``most`` (in uint64, each digit cost a conversion: a tenth of a block line's
+    template)."""
+    v = 0
     q = p
-    while q < stop and 48 <= d[q] <= 57 and q - p < 19:
-        v = v * np.uint64(10) + np.uint64(d[q] - 48)
+    first = min(stop, p + 18)
+    while q < first:
+        c = np.int64(d[q]) - 48
+        if c < 0 or c > 9:
+            break
+        v = v * 10 + c
         q += 1
-    if q == p or (d[p] == 48 and q - p > 1) or (q < stop and 48 <= d[q] <= 57) or v > np.uint64(most):
+    if q == p or (d[p] == 48 and q - p > 1):
         return -1, -1
-    return np.int64(v), q
+    if q < stop and 48 <= d[q] <= 57:  # a 19th digit
+        c = np.int64(d[q]) - 48
+        if v > (most - c) // 10:
+            return -1, -1
+        v = v * 10 + c
+        q += 1
+        if q < stop and 48 <= d[q] <= 57:
+            return -1, -1
+    if v > most:
+        return -1, -1
+    return v, q
 
 
 def _field(d: np.ndarray, p: int, stop: int, lit: np.ndarray, most: int) -> tuple[int, int]:
@@ -368,19 +386,6 @@ def _b64(d: np.ndarray, p: int, stop: int, out: np.ndarray, at: int) -> tuple[in
     if k + 1 >= stop or d[k] != 34 or d[k + 1] != 125 or (k + 2 < stop and d[k + 2] != 10):
         return -1, -1
     return w - at, k
-
-
-def _same(b: np.ndarray, x: int, y: int, n: int) -> bool:
-    m = n // 8
-    if m:  # (8 bytes a step, read as one word)
-        u, v = b[x:x + 8 * m].view(np.uint64), b[y:y + 8 * m].view(np.uint64)
-        for k in range(m):  # noqa: SIM110 (compiled: a loop, not a generator)
-            if u[k] != v[k]:
-                return False
-    for k in range(8 * m, n):  # noqa: SIM110
-        if b[x + k] != b[y + k]:
-            return False
-    return True
 
 
 def _template(d, i, n, rank):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
@@ -454,7 +459,7 @@ def _records(raw, b, stop, ops, nops, op_first, bstart, bpend, bflag, bpid, hkey
             first = recent[k]
             if first < 0:
                 break
-            if bpend[first] - bstart[first] == size and _same(raw, bstart[first], start, size):
+            if bpend[first] - bstart[first] == size and same_bytes(raw, bstart[first], raw, start, size):
                 bpid[b] = first
                 return nops
         cap = hkeys.shape[0]
@@ -470,7 +475,7 @@ def _records(raw, b, stop, ops, nops, op_first, bstart, bpend, bflag, bpid, hkey
             for k in range(recent.shape[0] - 1, 0, -1):
                 recent[k] = recent[k - 1]
             recent[0] = b
-        elif bpend[first] - bstart[first] == size and _same(raw, bstart[first], start, size):
+        elif bpend[first] - bstart[first] == size and same_bytes(raw, bstart[first], raw, start, size):
             bpid[b] = first
         else:
             bpid[b] = b
@@ -588,13 +593,7 @@ def _find(d, nl, starts, ranks):  # type: ignore[no-untyped-def]  # noqa: ANN001
         b = nb
         nb += 1
         blk[nlines - 1] = b
-        m = size >> 3  # (8 bytes a step: a slice's copy goes through a temporary, a loop of bytes ~15x slower)
-        if m:
-            src, dst = d[p:p + 8 * m].view(np.uint64), text[ntext:ntext + 8 * m].view(np.uint64)
-            for k in range(m):
-                dst[k] = src[k]
-        for k in range(8 * m, size):
-            text[ntext + k] = d[p + k]
+        copy_bytes(text, ntext, d, p, size)
         start = ntext // 4 * 3
         stop = start + size // 4 * 3
         if size and d[e - 1] == 61:  # "xxx=" or "xx==": 2 bytes or 1

@@ -95,6 +95,93 @@ def jit(scope: dict[str, Any], names: tuple[str, ...], inline: tuple[str, ...] =
     return _compile_here(kernel)
 
 
+def same_bytes(a: np.ndarray, x: int, b: np.ndarray, y: int, n: int) -> bool:
+    """Whether ``a[x:x + n]`` is ``b[y:y + n]`` (C-ordered uint8 arrays, each range within
+    its array): in a kernel, one call of libc's ``memcmp`` (``_LOWERED``).  A kernel's loop
+    of 8-byte words read through ``view``s cost ~0.15 us a call in the views alone: a
+    stream's blocks restate their table prefixes, and comparing them was a third of
+    ``blockscan._place``."""
+    return bool(np.array_equal(a[x:x + n], b[y:y + n]))
+
+
+def copy_bytes(a: np.ndarray, x: int, b: np.ndarray, y: int, n: int) -> None:
+    """``a[x:x + n] = b[y:y + n]`` (C-ordered uint8 arrays, ranges within them, not
+    overlapping): in a kernel, one ``memcpy`` (``_LOWERED``), where a slice's copy goes
+    through a temporary and a loop of words through views."""
+    a[x:x + n] = b[y:y + n]
+
+
+def _memcmp_code(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+    """``same_bytes`` as numba lowers it: ``memcmp(a.data + x, b.data + y, n) == 0``."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    a, x, b, y, n = args
+    i8p = ir.IntType(8).as_pointer()
+    pa = builder.bitcast(context.make_array(signature.args[0])(context, builder, a).data, i8p)
+    pb = builder.bitcast(context.make_array(signature.args[2])(context, builder, b).data, i8p)
+    i64 = ir.IntType(64)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), [i8p, i8p, i64]), "memcmp")
+    got = builder.call(fn, [builder.gep(pa, [x]), builder.gep(pb, [y]), n])  # (x, y, n: int64, as typed)
+    return builder.icmp_signed("==", got, ir.Constant(ir.IntType(32), 0))
+
+
+def _memcpy_code(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+    """``copy_bytes`` as numba lowers it: ``memcpy(a.data + x, b.data + y, n)``."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    a, x, b, y, n = args
+    i8p = ir.IntType(8).as_pointer()
+    pa = builder.bitcast(context.make_array(signature.args[0])(context, builder, a).data, i8p)
+    pb = builder.bitcast(context.make_array(signature.args[2])(context, builder, b).data, i8p)
+    cgutils.raw_memcpy(builder, builder.gep(pa, [x]), builder.gep(pb, [y]), n, 1)
+    return context.get_dummy_value()
+
+
+#: The functions a kernel may call that numba compiles as the code given here, not as their
+#: Python (which a process without numba, or a test, runs): their lowering is part of a
+#: kernel's fingerprint (``fingerprint``)
+_LOWERED: dict[Callable[..., Any], Callable[..., Any]] = {same_bytes: _memcmp_code, copy_bytes: _memcpy_code}
+_lowered_for_numba = False
+
+
+def _lower_for_numba() -> None:
+    """Teach numba ``_LOWERED`` (once a process, before it compiles a kernel): each an
+    intrinsic of its code, for byte arrays and integers only."""
+    global _lowered_for_numba
+    if _lowered_for_numba:
+        return
+    from numba import types as nt
+    from numba.extending import intrinsic, overload
+
+    def bytes_array(t: Any) -> bool:
+        return isinstance(t, nt.Array) and t.dtype == nt.uint8 and t.ndim == 1 and t.layout == "C"
+
+    def lowered(fn: Callable[..., Any], code: Callable[..., Any]) -> Callable[..., Any]:
+        returns = nt.boolean if fn is same_bytes else nt.none
+
+        def typer(typingctx: Any, a: Any, x: Any, b: Any, y: Any, n: Any) -> Any:
+            if (bytes_array(a) and bytes_array(b) and all(isinstance(t, nt.Integer) for t in (x, y, n))
+                    and (fn is same_bytes or a.mutable)):  # (a copy into a read-only array does not compile)
+                return returns(a, nt.int64, b, nt.int64, nt.int64), code
+            return None
+
+        typer.__name__ = f"_{fn.__name__}_lowered"
+        call = intrinsic(typer)
+
+        def impl(a, x, b, y, n):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202 (``fn``'s arguments, unannotated as numba compares them)
+            if bytes_array(a) and bytes_array(b):
+                return lambda a, x, b, y, n: call(a, x, b, y, n)
+            return None
+
+        return impl
+
+    for fn, code in _LOWERED.items():
+        overload(fn)(lowered(fn, code))
+    _lowered_for_numba = True
+
+
 def _compile_here(kernel: Kernel) -> Callable[..., Any] | None:
     global _missing
     if _missing:
@@ -107,6 +194,7 @@ def _compile_here(kernel: Kernel) -> Callable[..., Any] | None:
     except ImportError:
         _missing = True
         return None
+    _lower_for_numba()
     for name, v in list(scope.items()):  # another kernel's helpers it calls: compiled first
         if isinstance(v, types.FunctionType) and v.__globals__ is not scope:
             other = next((k for k in kernels.values() if k.scope is v.__globals__ and v.__name__ in k.names), None)
@@ -329,6 +417,9 @@ def fingerprint(kernel: Kernel) -> str:
     def value(name: str, v: object) -> None:
         h.update(b"\0" + name.encode() + b"=")
         f = getattr(v, "py_func", v)
+        if isinstance(f, types.FunctionType) and f in _LOWERED:  # (what numba compiles for it)
+            code(_LOWERED[f].__code__, {})  # (their code: the globals they read are no kernel's)
+            code(_lower_for_numba.__code__, {})
         if isinstance(f, types.FunctionType):
             h.update(repr(f.__defaults__).encode())
             for cell in f.__closure__ or ():

@@ -26,6 +26,7 @@ import numpy as np
 
 from commscope import blockscan, compiled
 from commscope.blockscan import _FNV, _FNV_PRIME  # (one hash for equal bytes, as the block scanner's)
+from commscope.compiled import same_bytes
 from commscope.oprecords import (
     F_APPROX,
     F_GPU,
@@ -106,7 +107,7 @@ def scan(data: bytes, rank: int) -> Scan | None:
 def _load() -> Callable[..., tuple] | None:
     global _kernel
     if _kernel is None:
-        _kernel = compiled.jit(globals(), ("_word", "_key", "_int", "_string", "_value", "_same", "_equal", "_scan"),
+        _kernel = compiled.jit(globals(), ("_word", "_key", "_int", "_string", "_value", "_equal", "_scan"),
                                args=("const uint8[::1]", "int64", "int64"))
     return _kernel
 
@@ -213,25 +214,11 @@ def _value(d: np.ndarray, p: int, stop: int) -> int:
     return q
 
 
-def _same(d: np.ndarray, a: int, statics: np.ndarray, at: int, n: int) -> bool:
-    """Whether ``d[a:a + n]`` is ``statics[at:at + n]``."""
-    m = n // 8
-    if m:  # (8 bytes a step, read as one word)
-        u, v = d[a:a + 8 * m].view(np.uint64), statics[at:at + 8 * m].view(np.uint64)
-        for w in range(m):  # noqa: SIM110 (compiled: a loop, not a generator)
-            if u[w] != v[w]:
-                return False
-    for y in range(8 * m, n):  # noqa: SIM110
-        if d[a + y] != statics[at + y]:
-            return False
-    return True
-
-
 def _equal(d: np.ndarray, span_a: np.ndarray, span_b: np.ndarray, ns: int, statics: np.ndarray, at: int) -> bool:
     """Whether the spans ``d[span_a[k]:span_b[k]]``, back to back, are ``statics`` from ``at``."""
     for k in range(ns):
         n = span_b[k] - span_a[k]
-        if not _same(d, span_a[k], statics, at, n):
+        if not same_bytes(d, span_a[k], statics, at, n):
             return False
         at += n
     return True
@@ -361,7 +348,7 @@ def _scan(d, rank, lines):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN2
                     for c in range(nrecent):
                         g = recent[c]
                         size = g_len[g]
-                        if p + size < b and (d[p + size] == 44 or d[p + size] == 125) and _same(
+                        if p + size < b and (d[p + size] == 44 or d[p + size] == 125) and same_bytes(
                                 d, p, statics, g_at[g], size):
                             if g_peer[g] >= 0:
                                 if seen_keys & (1 << _K_PEER):

@@ -85,6 +85,14 @@ def _line(**kw: object) -> bytes:
     (_line(rank=1), False),  # another rank's: the JSON path counts it invalid
     (_line(ts=MAX_INT), True),
     (_line(ts=MAX_INT + 1), False),  # out of the schema's range
+    (_line(ts=0), True),
+    (_line(ts=10 ** 18 - 1), True),  # (18 digits: the last that cannot pass the range)
+    (_line(ts=10 ** 18), True),  # (a 19th digit, taken within the range)
+    (b'{"type":"block","v":3,"rank":0,"ts":9223372036854775808,"n":1,"data":"AAAA"}', False),  # past int64
+    (b'{"type":"block","v":3,"rank":0,"ts":18446744073709551617,"n":1,"data":"AAAA"}', False),  # past uint64
+    (b'{"type":"block","v":3,"rank":0,"ts":%d0,"n":1,"data":"AAAA"}' % (MAX_INT // 100), True),  # (19 digits)
+    (b'{"type":"block","v":3,"rank":0,"ts":%d0,"n":1,"data":"AAAA"}' % MAX_INT, False),  # 20 digits
+    (b'{"type":"block","v":3,"rank":0,"ts":00,"n":1,"data":"AAAA"}', False),
     (b'{"type":"block","v":3,"rank":0,"ts":01,"n":1,"data":"AAAA"}', False),  # not JSON
     (b'{"type":"block","v":9,"rank":0,"ts":1,"n":1,"data":"AAAA"}', False),  # a version to come
     (b'{"type":"block","v":3,"rank":0,"ts":1,"n":1,"data":"AAA"}', False),  # not base64
@@ -163,9 +171,10 @@ def test_a_block_s_records_prefix_and_ring_positions_are_found():
 
 @pytest.mark.usefixtures("either_way")
 def test_prefixes_that_differ_in_one_byte_are_told_apart_and_equal_ones_found():
-    """A block's table prefix is compared 8 bytes a step and then byte by byte: one byte
-    changed anywhere (in a word, in the tail; in the prefix's first block or a later one)
-    makes another prefix, and a prefix stated again is the first one's."""
+    """A block's table prefix is compared whole (``compiled.same_bytes``; hashed 8 bytes a
+    step, then byte by byte): one byte changed anywhere (in a word, in the tail; in the
+    prefix's first block or a later one) makes another prefix, and a prefix stated again is
+    the first one's."""
     blockscan._load()
     ops = blocks.pack_sig_begin(1, T, 5)
     site = blocks.pack_site(3, "train.py:1 in step")  # (an odd length: a tail after the words)
@@ -184,8 +193,9 @@ def test_prefixes_that_differ_in_one_byte_are_told_apart_and_equal_ones_found():
             s = blockscan.scan(b"\n".join(lines), 0)
             assert s is not None and (s.prefix_end - s.start).tolist() == [len(prefix)] * 3, at
             assert s.prefix_id.tolist() == [0, 1, 0], at
-            assert blockscan._same(s.raw, int(s.start[0]), int(s.start[2]), len(prefix))
-            assert not blockscan._same(s.raw, int(s.start[0]), int(s.start[1]), len(prefix))
+            raw = s.raw.tobytes()
+            first, changed, again = (raw[int(a):int(a) + len(prefix)] for a in s.start)
+            assert first == again != changed and {first, changed} == {prefix, bytes(other)}
 
 
 def test_a_recording_rank_never_imports_numba():

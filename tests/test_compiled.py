@@ -355,6 +355,71 @@ def test_a_fingerprint_follows_closures_module_constants_and_types(tmp_path: Pat
         sys.modules.pop("fingerprint_cfg", None)
 
 
+def _lowered_probes() -> tuple[Callable[..., bool], Callable[..., None]]:
+    """``same_bytes`` and ``copy_bytes`` inside kernels compiled here, as the scanners call them."""
+    numba = pytest.importorskip("numba")
+    compiled._lower_for_numba()
+    same_bytes, copy_bytes = compiled.same_bytes, compiled.copy_bytes
+
+    def same(a, x, b, y, n):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+        return same_bytes(a, x, b, y, n)
+
+    def copy(a, x, b, y, n):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+        copy_bytes(a, x, b, y, n)
+
+    return numba.njit(same), numba.njit(copy)
+
+
+def test_same_bytes_and_copy_bytes_compile_to_what_their_python_does() -> None:
+    """Compiled (libc's memcmp and memcpy), they compare and copy what their Python does: at
+    every offset and length around a word, a byte changed at either end or inside, and from
+    a read-only array (a kernel's ``const`` argument); given other types, they do not
+    compile."""
+    same, copy = _lowered_probes()
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 256, 64, dtype=np.uint8)
+    b = a.copy()
+    b.flags.writeable = False
+    for x in range(0, 10):
+        for y in range(0, 10):
+            for n in range(0, 25):
+                want = compiled.same_bytes(a, x, b, y, n)
+                assert same(a, x, b, y, n) == want == (a[x:x + n].tobytes() == b[y:y + n].tobytes())
+    for n in (1, 7, 8, 9, 16, 17, 40):
+        for at in {0, n // 2, n - 1}:
+            c = a.copy()
+            c[10 + at] ^= 0x80
+            assert not same(a, 10, c, 10, n) and not compiled.same_bytes(a, 10, c, 10, n)
+            assert same(a, 10, c, 10, at)  # (the bytes before the changed one)
+    for x, y, n in ((0, 0, 0), (3, 11, 1), (5, 0, 8), (1, 2, 17), (0, 9, 40)):
+        got, want = np.zeros(64, np.uint8), np.zeros(64, np.uint8)
+        copy(got, x, b, y, n)
+        compiled.copy_bytes(want, x, b, y, n)
+        assert np.array_equal(got, want) and got[x:x + n].tobytes() == a[y:y + n].tobytes()
+    errors = pytest.importorskip("numba.core.errors")
+    with pytest.raises(errors.TypingError):
+        same(a.astype(np.int64), 0, b, 0, 1)
+    with pytest.raises(errors.TypingError):
+        copy(b, 0, a, 0, 1)  # (into a read-only array: a kernel declares what it writes)
+
+
+def test_a_fingerprint_follows_what_numba_compiles_of_a_lowered_function(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel calling ``same_bytes`` changes its fingerprint where its lowering does (numba
+    compiles the lowering, not the Python)."""
+    source = _KERNEL.replace("import numpy as np", "import numpy as np\nfrom commscope.compiled import same_bytes")
+    source = source.replace("return x + _T[0]", "return x + same_bytes(_B, 0, _B, 1, 1)").replace(
+        "_T = np", "_B = np.zeros(2, np.uint8)\n_T = np")
+    base = _fingerprint(tmp_path, "l0", source)
+    assert _fingerprint(tmp_path, "l1", source) == base
+
+    def other_code(context, builder, signature, args):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+        return None
+
+    monkeypatch.setitem(compiled._LOWERED, compiled.same_bytes, other_code)
+    assert _fingerprint(tmp_path, "l2", source) != base
+
+
 def test_a_kernel_argument_type_is_checked_when_written() -> None:
     assert compiled._parse("const uint8[::1]") == compiled._Arg(np.dtype(np.uint8), 1, False)
     assert compiled._parse("float64[:, ::1]") == compiled._Arg(np.dtype(np.float64), 2, True)
