@@ -234,7 +234,7 @@ def joined(scans: list[Scan], starts: np.ndarray) -> Scan | None:
 #: helper is compiled once, by the first kernel compiled here)
 _HELPERS = ("_hash", "_lit", "_num", "_field", "_template", "_count_lines", "_line_end", "_records",
             "_prefix_table")
-_INLINE = ("_lit", "_num", "_field", "_b64", "_records")
+_INLINE = ("_num", "_field", "_b64", "_records")
 
 
 def _load() -> Callable[..., tuple] | None:
