@@ -210,7 +210,7 @@ def _load() -> Callable[..., tuple] | None:
         # (the block scanner's helpers as they are now: compiled where it was compiled here;
         # else ``compiled._compile_here`` compiles them before this kernel, if it must)
         globals().update(_block_lit=blockscan._lit, _block_num=blockscan._num)
-        _kernel = compiled.jit(globals(), ("_lit", "_count", "_real", "_scan"), inline=("_lit", "_count", "_real"),
+        _kernel = compiled.jit(globals(), ("_lit", "_count", "_real", "_scan"),  # (called: they borrow)
                                args=("const uint8[::1]", "const int64[::1]", "const int64[::1]", "int64"))
     return _kernel
 

@@ -1553,7 +1553,7 @@ def _fixed_kernel() -> Callable[..., tuple] | None:
     if not blockscan.available():
         return None
     if _fixed is None:
-        _fixed = compiled.jit(globals(), ("_u64", "_fixed_rows"), inline=("_u64",),
+        _fixed = compiled.jit(globals(), ("_u64", "_fixed_rows"),  # (called: it borrows)
                               args=("const uint8[::1]", "const int64[::1]"))
     return _fixed
 

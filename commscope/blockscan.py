@@ -230,18 +230,22 @@ def joined(scans: list[Scan], starts: np.ndarray) -> Scan | None:
 
 
 #: The helpers of the scanner's kernels (each kernel is given them all: numba compiles
-#: those it calls), and those merged into their callers (the same for every kernel: a
-#: helper is compiled once, by the first kernel compiled here)
+#: those it calls), those merged into their callers (the same for every kernel: a helper
+#: is compiled once, by the first kernel compiled here) and the one that allocates (every
+#: other borrows its kernel's arrays, ``compiled.jit``).  Merged, a helper is compiled as
+#: its caller is: the integers into the template, which borrows; ``_lit``, ``_b64`` and
+#: ``_records`` are called (merged into a kernel, their arrays were counted at every line)
 _HELPERS = ("_hash", "_lit", "_num", "_field", "_template", "_count_lines", "_line_end", "_records",
             "_prefix_table")
-_INLINE = ("_num", "_field", "_b64", "_records")
+_INLINE = ("_num", "_field")
+_ALLOCATES = ("_prefix_table",)
 
 
 def _load() -> Callable[..., tuple] | None:
     """The compiled scanner (``compiled.jit``, on first use)."""
     global _kernel
     if _kernel is None:
-        _kernel = compiled.jit(globals(), (*_HELPERS, "_b64", "_scan"), inline=_INLINE,
+        _kernel = compiled.jit(globals(), (*_HELPERS, "_b64", "_scan"), inline=_INLINE, allocates=_ALLOCATES,
                                args=("const uint8[::1]", "const int64[::1]", "const int64[::1]"))
     return _kernel
 
@@ -251,6 +255,7 @@ def _load_find() -> Callable[..., tuple] | None:
     global _find_kernel
     if _find_kernel is None and _load() is not None:
         _find_kernel = compiled.jit(globals(), (*_HELPERS, "_next_newline", "_find"), inline=_INLINE,
+                                    allocates=_ALLOCATES,
                                     args=("const uint8[::1]", "const uint8[::1]", "const int64[::1]",
                                           "const int64[::1]"))
     return _find_kernel
@@ -260,7 +265,7 @@ def _load_place() -> Callable[..., tuple] | None:
     """``_place`` compiled (``compiled.jit``, on first use)."""
     global _place_kernel
     if _place_kernel is None and _load() is not None:
-        _place_kernel = compiled.jit(globals(), (*_HELPERS, "_place"), inline=_INLINE,
+        _place_kernel = compiled.jit(globals(), (*_HELPERS, "_place"), inline=_INLINE, allocates=_ALLOCATES,
                                      args=("const uint8[::1]", "const int64[::1]", "const int64[::1]"))
     return _place_kernel
 

@@ -50,12 +50,14 @@ _missing = False
 
 class Kernel(NamedTuple):
     """A kernel as ``jit`` was asked for it: its module's globals, its helpers then itself
-    (``names``), the helpers merged into their callers and the types of its arguments."""
+    (``names``), the helpers merged into their callers, the types of its arguments and the
+    helpers that allocate arrays."""
 
     scope: dict[str, Any]
     names: tuple[str, ...]
     inline: tuple[str, ...]
     args: tuple[str, ...]
+    allocates: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -74,15 +76,19 @@ fallbacks: Counter[str] = Counter()
 
 
 def jit(scope: dict[str, Any], names: tuple[str, ...], inline: tuple[str, ...] = (),
-        args: tuple[str, ...] = ()) -> Callable[..., Any] | None:
+        args: tuple[str, ...] = (), allocates: tuple[str, ...] = ()) -> Callable[..., Any] | None:
     """The kernel ``names[-1]`` of a module's globals ``scope`` (its helpers before it: a
     kernel calls them by their global names): the ahead-of-time module's where it holds
     this kernel as it is (``Ahead``), else compiled here, in place, helpers first; None
-    without numba.  ``inline``: helpers merged into their callers (a call in a loop over
-    lines passes its arrays each time: the scanner's template took a tenth of its time).
-    ``args``: its arguments' types in numba's notation, C-ordered arrays, ``const`` before
-    one it never writes (``"const uint8[::1]"``, ``"int64"``)."""
-    kernel = Kernel(scope, names, inline, args)
+    without numba.  ``inline``: helpers merged into their callers by numba, where they are
+    compiled as their callers are.  ``args``: its arguments' types in numba's notation,
+    C-ordered arrays, ``const`` before one it never writes (``"const uint8[::1]"``,
+    ``"int64"``).  Every helper but those that allocate arrays (``allocates``) is compiled
+    without numba's reference counts (``_nrt=False``): it only borrows the arrays its kernel
+    holds, and counting them, two atomic operations for each array a call is passed or a
+    view it makes, on every line of a chunk, was ~40% of the block scanner's time (a helper
+    that allocates nothing is left alone: numba refuses to compile one that does)."""
+    kernel = Kernel(scope, names, inline, args, allocates)
     kernels[kernel.key] = kernel
     if args and aot_enabled():
         module = _aot_module()
@@ -201,11 +207,11 @@ def _compile_here(kernel: Kernel) -> Callable[..., Any] | None:
             if other is not None:
                 _compile_here(other)
                 scope[name] = other.scope[v.__name__]
-    compile_one = numba.njit(**OPTIONS)
-    merged = numba.njit(**OPTIONS, inline="always")
     for name in names:
         if not hasattr(scope[name], "py_func"):  # (a helper another kernel of the module compiled already)
-            scope[name] = (merged if name in inline else compile_one)(scope[name])
+            counted = name == names[-1] or name in kernel.allocates
+            scope[name] = numba.njit(**OPTIONS, **({} if counted else BORROWS),
+                                     inline="always" if name in inline else "never")(scope[name])
     return scope[names[-1]]
 
 
@@ -379,6 +385,8 @@ def _import(built: Built | None) -> types.ModuleType | None:
 
 #: What every kernel is compiled with, here and ahead of time (part of its fingerprint)
 OPTIONS = {"cache": True, "nogil": True, "boundscheck": False}
+#: What a helper that allocates no array is compiled with besides (``jit``)
+BORROWS = {"_nrt": False}
 
 
 def fingerprint(kernel: Kernel) -> str:
@@ -392,7 +400,8 @@ def fingerprint(kernel: Kernel) -> str:
     match again)."""
     import hashlib
 
-    h = hashlib.sha256(repr((kernel.names, kernel.inline, kernel.args, sorted(OPTIONS.items()))).encode())
+    h = hashlib.sha256(repr((kernel.names, kernel.inline, kernel.args, sorted(OPTIONS.items()), kernel.allocates,
+                             sorted(BORROWS.items()))).encode())
     seen: set[tuple[int, str]] = set()
 
     def code(c: types.CodeType, scope: dict[str, Any]) -> None:

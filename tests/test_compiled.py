@@ -420,6 +420,57 @@ def test_a_fingerprint_follows_what_numba_compiles_of_a_lowered_function(tmp_pat
     assert _fingerprint(tmp_path, "l2", source) != base
 
 
+_ALLOCATING = '''
+import numpy as np
+
+
+def _scratch(n):
+    return np.zeros(n, np.int64)
+
+
+def _first(a, i):
+    return a[i]
+
+
+def _kernel(a):
+    s = _scratch(2)
+    for i in range(a.shape[0]):
+        s[0] += _first(a, i)
+    return s[0]
+'''
+
+
+def test_helpers_borrow_their_kernel_s_arrays_but_those_that_allocate(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A helper is compiled without numba's reference counts unless it allocates (as its
+    kernel says), and one that allocates does not compile without them; the scanners'
+    helpers borrow, but for the hash table's, and their kernels count as numba does."""
+    numba = pytest.importorskip("numba")
+    monkeypatch.setenv(compiled.ENV_AOT, "0")
+    blockscan._load_place()
+    kernel = compiled.kernels["commscope.blockscan._place"]
+    got = compiled._compile_here(kernel)
+    assert got is not None and kernel.allocates == ("_prefix_table",)
+    for name in kernel.names[:-1]:
+        assert (kernel.scope[name].targetoptions.get("_nrt") is False) == (name != "_prefix_table"), name
+    assert kernel.scope["_place"].targetoptions.get("_nrt") is not False
+    a = np.arange(5, dtype=np.int64)
+    for allocates, ok in (((), False), (("_scratch",), True)):
+        path = tmp_path / f"alloc{len(allocates)}.py"
+        path.write_text(_ALLOCATING)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        fn = compiled.jit(vars(module), ("_scratch", "_first", "_kernel"), allocates=allocates)
+        assert fn is not None
+        if ok:
+            assert fn(a) == 10
+        else:
+            with pytest.raises(numba.core.errors.NumbaError):
+                fn(a)
+
+
 def test_a_kernel_argument_type_is_checked_when_written() -> None:
     assert compiled._parse("const uint8[::1]") == compiled._Arg(np.dtype(np.uint8), 1, False)
     assert compiled._parse("float64[:, ::1]") == compiled._Arg(np.dtype(np.float64), 2, True)

@@ -109,6 +109,27 @@ def test_shrunk_file_is_reread_with_a_warning(tmp_path):
     assert any("shrank" in w for w in reader.stats.warnings)
 
 
+def test_a_segment_read_with_the_size_its_read_gives_reads_as_one_asked_first(tmp_path):
+    """A segment the reader reads without asking its size first (an older segment of a
+    stream that moved on, a whole read's) takes it from its read's fstat: what it read, a
+    segment cut short under it (read again from its start, said), one gone and one that is
+    not a regular file read as a stat then a read did."""
+    w = DirectoryWriter(tmp_path, "j", 0, segment_bytes=300)
+    w.write(lines(*(ev(0, i) for i in range(1, 4))))
+    reader = DirectoryReader(tmp_path)
+    assert [e["id"] for e in reader.poll()] == [1, 2, 3]
+    first = tmp_path / "j" / "rank-00000.jsonl"
+    with open(first, "ab") as f:  # (more of it, then cut short under the reader)
+        f.write(lines(ev(0, 4))[0] + b"\n")
+    first.write_bytes(lines(ev(0, 8))[0] + b"\n")
+    w.write(lines(*(ev(0, i) for i in range(10, 14))))  # (the stream moves on to its next segment)
+    assert sorted((tmp_path / "j").glob("rank-00000.s*.jsonl"))
+    assert [e["id"] for e in reader.poll()] == [8, 10, 11, 12, 13]
+    assert sum("shrank" in x for x in reader.stats.warnings) == 1
+    whole = DirectoryReader(tmp_path)
+    assert [e["id"] for e in whole.read_all()] == [8, 10, 11, 12, 13] and not whole.stats.warnings
+
+
 def test_new_job_never_mixes_with_an_old_one(tmp_path):
     old = [open_writer(tmp_path, "old", r) for r in range(4)]
     for r, w in enumerate(old):

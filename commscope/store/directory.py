@@ -26,6 +26,7 @@ import errno
 import os
 import stat
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -836,12 +837,18 @@ class DirectoryReader(TraceReader):
         key = (stream, self._reading.get(stream, 0))
         offset = self._read_of.get(key, 0)
         asked = size is not None  # (by ``poll``, of the file it holds if any: read without asking again)
-        if size is None:
+        data: bytes | None = None
+        if size is None:  # (read with its size: one fstat)
             try:
-                size = os.path.getsize(path)
-            except OSError:
-                return [], 0, True
+                data, size = self._files.read_sized(str(path), offset,
+                                                    sys.maxsize if budget is None else max(budget, self.MIN_READ))
+            except OSError:  # (gone, or not a regular file: as a stat, then a read, say it)
+                try:
+                    size = os.path.getsize(path)
+                except OSError:
+                    return [], 0, True
         if size < offset:
+            data = None
             self.stats.warnings.append(f"rank {rank}: {path.name} shrank from {offset} to {size} bytes; "
                                        "re-reading it from the start")
             offset = self._read_of[key] = 0
@@ -850,11 +857,12 @@ class DirectoryReader(TraceReader):
         want = size - offset
         if budget is not None:
             want = min(want, max(budget, self.MIN_READ))
-        try:
-            data = self._files.read(str(path), offset, want, sized=asked)
-        except OSError as exc:
-            self.stats.warnings.append(f"rank {rank}: cannot read {path}: {exc}")
-            return [], 0, True
+        if data is None:
+            try:
+                data = self._files.read(str(path), offset, want, sized=asked)
+            except OSError as exc:
+                self.stats.warnings.append(f"rank {rank}: cannot read {path}: {exc}")
+                return [], 0, True
         cut = data.rfind(b"\n") + 1
         at_end = offset + len(data) >= size
         torn = at_end and cut < len(data)  # an incomplete last line

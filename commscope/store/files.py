@@ -175,6 +175,20 @@ class OpenFiles:
         fd = got[0]
         return _pread(fd, offset, limit if sized else min(limit, os.fstat(fd).st_size - offset))
 
+    def read_sized(self, path: str, offset: int, limit: int) -> tuple[bytes, int]:
+        """``read(path, offset, limit)`` and the file's size, from the one fstat of its read: a
+        whole read of a stream asked its size first, a stat more per segment (~2% of a read
+        worker's time)."""
+        got = self._held.get(path)
+        if got is not None:
+            size = os.fstat(got[0]).st_size
+            return _pread(got[0], offset, min(limit, size - offset)), size
+        fd, st = _open_regular(path)
+        try:
+            return _pread(fd, offset, min(limit, st.st_size - offset)), st.st_size
+        finally:
+            os.close(fd)
+
     def holds(self, path: str) -> bool:
         return path in self._held
 
