@@ -34,7 +34,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from commscope import compiled
-from commscope.compiled import copy_bytes, same_bytes
+from commscope.compiled import copy_bytes, find_byte, same_bytes
 from commscope.schema import MAX_BLOCK, MAX_INT, MAX_RANK, SCHEMA_VERSION
 
 ENV_SCAN = "COMMSCOPE_SCAN"
@@ -58,7 +58,6 @@ _N = np.frombuffer(b',"n":', np.uint8)
 _POS = np.frombuffer(b',"pos":', np.uint8)
 _END = np.frombuffer(b',"end":', np.uint8)
 _DATA = np.frombuffer(b',"data":"', np.uint8)
-_ONES = np.uint64(0x0101010101010101)
 RECENT = 8  # prefixes a block's is compared with before it is hashed (a job's ranks state ~6)
 _FNV = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -120,7 +119,7 @@ def scan_many(data: bytes, starts: np.ndarray, ranks: np.ndarray) -> Scan | None
     d = np.frombuffer(data, np.uint8)
     if len(data) >= SPLIT_FROM and _split():
         assert _find_kernel is not None and _place_kernel is not None
-        found = _find_kernel(d, np.equal(d, 10).view(np.uint8), starts, ranks)
+        found = _find_kernel(d, starts, ranks)
         try:
             raw = np.frombuffer(_b64decode(found[-1], validate=True), np.uint8)
         except binascii.Error:  # (not all base64: the one pass, which leaves such a line to JSON)
@@ -254,10 +253,9 @@ def _load_find() -> Callable[..., tuple] | None:
     """``_find`` compiled (``compiled.jit``, on first use)."""
     global _find_kernel
     if _find_kernel is None and _load() is not None:
-        _find_kernel = compiled.jit(globals(), (*_HELPERS, "_next_newline", "_find"), inline=_INLINE,
+        _find_kernel = compiled.jit(globals(), (*_HELPERS, "_find"), inline=_INLINE,
                                     allocates=_ALLOCATES,
-                                    args=("const uint8[::1]", "const uint8[::1]", "const int64[::1]",
-                                          "const int64[::1]"))
+                                    args=("const uint8[::1]", "const int64[::1]", "const int64[::1]"))
     return _find_kernel
 
 
@@ -414,18 +412,18 @@ def _template(d, i, n, rank):  # type: ignore[no-untyped-def]  # noqa: ANN001, A
 
 def _count_lines(d):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
     """Newlines in ``d``, plus one: the most lines it can hold."""
+    n = d.shape[0]
     lines = 1
-    for x in range(d.shape[0]):
-        if d[x] == 10:
-            lines += 1
+    i = find_byte(d, 0, n, 10)
+    while i < n:
+        lines += 1
+        i = find_byte(d, i + 1, n - i - 1, 10)
     return lines
 
 
 def _line_end(d, i, n):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
     """Where the line at ``i`` ends (its newline, or ``n``)."""
-    while i < n and d[i] != 10:
-        i += 1
-    return i
+    return find_byte(d, i, n - i, 10)
 
 
 def _records(raw, b, stop, ops, nops, op_first, bstart, bpend, bflag, bpid, hkeys, hfirst, recent):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202, E501
@@ -541,40 +539,18 @@ def _scan(d, starts, ranks):  # type: ignore[no-untyped-def]  # noqa: ANN001, AN
             bpend[:nb], bpid[:nb], bflag[:nb], ops[:nops], op_first[:nb + 1])
 
 
-def _next_newline(nl, w64, i, n):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
-    """The first newline at or after ``i`` (``n``: none), where ``nl`` is 1 (``w64``: its
-    whole words, skipped while they are 0: a line is ~500 bytes)."""
-    k = i
-    while k < n and k & 7:
-        if nl[k]:
-            return k
-        k += 1
-    j = k >> 3
-    while j < w64.shape[0] and w64[j] == 0:
-        j += 1
-    k = max(k, j << 3)
-    while k < n and not nl[k]:
-        k += 1
-    return k
-
-
-def _find(d, nl, starts, ranks):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+def _find(d, starts, ranks):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
     """``scan_many``'s first half where the base64 is decoded apart (``_split``): the lines
-    (``nl``: 1 at each newline of ``d``) and block templates as ``_scan`` finds them, each
-    block's data (up to the '"}' that ends its line) gathered back to back (``text``, one
-    decode for all), a padded last quartet with its '=' as 'A' (a whole quartet, whose
-    first bytes are the padded one's: the bytes after them, to the next block's, are not
-    the block's).  Data that is not all base64 (a '"' in it, say: the line is not the
-    template) is found so by the decode: the chunk is then scanned by ``_scan``, which
-    leaves such a line to JSON.  Returns the lines (start, end, block), the blocks (ts,
-    pos, end, start and stop in the decoded text) and ``text``."""
+    and block templates as ``_scan`` finds them, each block's data (up to the '"}' that
+    ends its line) gathered back to back (``text``, one decode for all), a padded last
+    quartet with its '=' as 'A' (a whole quartet, whose first bytes are the padded one's:
+    the bytes after them, to the next block's, are not the block's).  Data that is not all
+    base64 (a '"' in it, say: the line is not the template) is found so by the decode: the
+    chunk is then scanned by ``_scan``, which leaves such a line to JSON.  Returns the lines
+    (start, end, block), the blocks (ts, pos, end, start and stop in the decoded text) and
+    ``text``."""
     n = d.shape[0]
-    w64 = nl[:n >> 3 << 3].view(np.uint64)
-    lines = 1
-    for j in range(w64.shape[0]):  # (its bytes are 0 or 1: a word's sum in its top byte)
-        lines += np.int64((w64[j] * _ONES) >> np.uint64(56))
-    for k in range(n >> 3 << 3, n):
-        lines += nl[k]
+    lines = _count_lines(d)
     chunks = starts.shape[0]
     c = 0  # the chunk of the line at i
     ls, le, blk = np.empty(lines, np.int64), np.empty(lines, np.int64), np.empty(lines, np.int32)
@@ -584,7 +560,7 @@ def _find(d, nl, starts, ranks):  # type: ignore[no-untyped-def]  # noqa: ANN001
     nlines = nb = ntext = 0
     i = 0
     while i < n:
-        j = _next_newline(nl, w64, i, n)
+        j = _line_end(d, i, n)
         ls[nlines], le[nlines], blk[nlines] = i, j, -1
         nlines += 1
         while c + 1 < chunks and i >= starts[c + 1]:

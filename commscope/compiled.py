@@ -117,6 +117,15 @@ def copy_bytes(a: np.ndarray, x: int, b: np.ndarray, y: int, n: int) -> None:
     a[x:x + n] = b[y:y + n]
 
 
+def find_byte(a: np.ndarray, x: int, n: int, v: int) -> int:
+    """Where the first byte ``v`` of ``a[x:x + n]`` is, as an index of ``a`` (``x + n``:
+    none; a C-ordered uint8 array, the range within it): in a kernel, one call of libc's
+    ``memchr`` (``_LOWERED``), where a loop looked at a byte, or an 8-byte word of a
+    ``numpy.equal`` made first, at a time (a scan's newlines: ~100 ns a line)."""
+    k = a[x:x + n].tobytes().find(v)
+    return x + n if k < 0 else x + k
+
+
 def _memcmp_code(context: Any, builder: Any, signature: Any, args: Any) -> Any:
     """``same_bytes`` as numba lowers it: ``memcmp(a.data + x, b.data + y, n) == 0``."""
     from llvmlite import ir
@@ -145,10 +154,26 @@ def _memcpy_code(context: Any, builder: Any, signature: Any, args: Any) -> Any:
     return context.get_dummy_value()
 
 
+def _memchr_code(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+    """``find_byte`` as numba lowers it: ``memchr(a.data + x, v, n)``, as an index of ``a``
+    (``x + n`` where it finds none)."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    a, x, n, v = args
+    i8p, i64 = ir.IntType(8).as_pointer(), ir.IntType(64)
+    pa = builder.bitcast(context.make_array(signature.args[0])(context, builder, a).data, i8p)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i8p, [i8p, ir.IntType(32), i64]), "memchr")
+    got = builder.call(fn, [builder.gep(pa, [x]), builder.trunc(v, ir.IntType(32)), n])
+    at = builder.sub(builder.ptrtoint(got, i64), builder.ptrtoint(pa, i64))
+    return builder.select(cgutils.is_null(builder, got), builder.add(x, n), at)
+
+
 #: The functions a kernel may call that numba compiles as the code given here, not as their
 #: Python (which a process without numba, or a test, runs): their lowering is part of a
 #: kernel's fingerprint (``fingerprint``)
-_LOWERED: dict[Callable[..., Any], Callable[..., Any]] = {same_bytes: _memcmp_code, copy_bytes: _memcpy_code}
+_LOWERED: dict[Callable[..., Any], Callable[..., Any]] = {same_bytes: _memcmp_code, copy_bytes: _memcpy_code,
+                                                          find_byte: _memchr_code}
 _lowered_for_numba = False
 
 
@@ -163,6 +188,27 @@ def _lower_for_numba() -> None:
 
     def bytes_array(t: Any) -> bool:
         return isinstance(t, nt.Array) and t.dtype == nt.uint8 and t.ndim == 1 and t.layout == "C"
+
+    def strided(t: Any) -> bool:  # (a kernel compiled here for other arguments: a loop, as Python reads)
+        return isinstance(t, nt.Array) and t.dtype == nt.uint8 and t.ndim == 1
+
+    def same_loop(a, x, b, y, n):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+        for k in range(n):  # noqa: SIM110 (compiled: a loop, not a generator)
+            if a[x + k] != b[y + k]:
+                return False
+        return True
+
+    def copy_loop(a, x, b, y, n):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+        for k in range(n):
+            a[x + k] = b[y + k]
+
+    def find_loop(a, x, n, v):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+        for k in range(x, x + n):
+            if a[k] == v:
+                return k
+        return x + n
+
+    loops = {same_bytes: same_loop, copy_bytes: copy_loop, find_byte: find_loop}
 
     def lowered(fn: Callable[..., Any], code: Callable[..., Any]) -> Callable[..., Any]:
         returns = nt.boolean if fn is same_bytes else nt.none
@@ -179,12 +225,32 @@ def _lower_for_numba() -> None:
         def impl(a, x, b, y, n):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202 (``fn``'s arguments, unannotated as numba compares them)
             if bytes_array(a) and bytes_array(b):
                 return lambda a, x, b, y, n: call(a, x, b, y, n)
+            if strided(a) and strided(b) and (fn is same_bytes or a.mutable):
+                return loops[fn]
+            return None
+
+        return impl
+
+    def lowered_find(code: Callable[..., Any]) -> Callable[..., Any]:
+        def typer(typingctx: Any, a: Any, x: Any, n: Any, v: Any) -> Any:
+            if bytes_array(a) and all(isinstance(t, nt.Integer) for t in (x, n, v)):
+                return nt.int64(a, nt.int64, nt.int64, nt.int64), code
+            return None
+
+        typer.__name__ = "_find_byte_lowered"
+        call = intrinsic(typer)
+
+        def impl(a, x, n, v):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202 (as ``impl`` above)
+            if bytes_array(a):
+                return lambda a, x, n, v: call(a, x, n, v)
+            if strided(a):
+                return find_loop
             return None
 
         return impl
 
     for fn, code in _LOWERED.items():
-        overload(fn)(lowered(fn, code))
+        overload(fn)(lowered_find(code) if fn is find_byte else lowered(fn, code))
     _lowered_for_numba = True
 
 

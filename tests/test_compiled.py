@@ -355,11 +355,12 @@ def test_a_fingerprint_follows_closures_module_constants_and_types(tmp_path: Pat
         sys.modules.pop("fingerprint_cfg", None)
 
 
-def _lowered_probes() -> tuple[Callable[..., bool], Callable[..., None]]:
-    """``same_bytes`` and ``copy_bytes`` inside kernels compiled here, as the scanners call them."""
+def _lowered_probes() -> tuple[Callable[..., bool], Callable[..., None], Callable[..., int]]:
+    """``same_bytes``, ``copy_bytes`` and ``find_byte`` inside kernels compiled here, as the
+    scanners call them."""
     numba = pytest.importorskip("numba")
     compiled._lower_for_numba()
-    same_bytes, copy_bytes = compiled.same_bytes, compiled.copy_bytes
+    same_bytes, copy_bytes, find_byte = compiled.same_bytes, compiled.copy_bytes, compiled.find_byte
 
     def same(a, x, b, y, n):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
         return same_bytes(a, x, b, y, n)
@@ -367,7 +368,27 @@ def _lowered_probes() -> tuple[Callable[..., bool], Callable[..., None]]:
     def copy(a, x, b, y, n):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
         copy_bytes(a, x, b, y, n)
 
-    return numba.njit(same), numba.njit(copy)
+    def find(a, x, n, v):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+        return find_byte(a, x, n, v)
+
+    return numba.njit(same), numba.njit(copy), numba.njit(find)
+
+
+def test_find_byte_compiles_to_what_its_python_does() -> None:
+    """Compiled (libc's memchr), ``find_byte`` finds what its Python finds: the first such
+    byte of the range, as an index of the whole array, at every start and length (empty,
+    at the array's end), none found, a byte past 127, from a read-only array."""
+    _, _, find = _lowered_probes()
+    a = np.frombuffer(b"ab\ncd\n\nefg\xff\n" * 3, np.uint8)
+    spread = np.zeros(2 * a.shape[0], np.uint8)  # (strided: a loop)
+    spread[::2] = a
+    for x in range(a.shape[0] + 1):
+        for n in range(a.shape[0] + 1 - x):
+            for v in (10, 0xFF, ord("g"), 0):
+                want = compiled.find_byte(a, x, n, v)
+                assert find(a, x, n, v) == want == find(spread[::2], x, n, v), (x, n, v)
+                k = bytes(a[x:x + n]).find(v)
+                assert want == (x + n if k < 0 else x + k)
 
 
 def test_same_bytes_and_copy_bytes_compile_to_what_their_python_does() -> None:
@@ -375,7 +396,7 @@ def test_same_bytes_and_copy_bytes_compile_to_what_their_python_does() -> None:
     every offset and length around a word, a byte changed at either end or inside, and from
     a read-only array (a kernel's ``const`` argument); given other types, they do not
     compile."""
-    same, copy = _lowered_probes()
+    same, copy, _ = _lowered_probes()
     rng = np.random.default_rng(3)
     a = rng.integers(0, 256, 64, dtype=np.uint8)
     b = a.copy()
@@ -396,6 +417,13 @@ def test_same_bytes_and_copy_bytes_compile_to_what_their_python_does() -> None:
         copy(got, x, b, y, n)
         compiled.copy_bytes(want, x, b, y, n)
         assert np.array_equal(got, want) and got[x:x + n].tobytes() == a[y:y + n].tobytes()
+    spread = np.zeros(128, np.uint8)  # (strided: a kernel compiled here for other arguments loops)
+    spread[::2] = a
+    for x, y, n in ((0, 0, 0), (3, 11, 1), (5, 5, 8), (1, 2, 17)):
+        assert same(spread[::2], x, b, y, n) == compiled.same_bytes(a, x, b, y, n)
+        got = np.zeros(128, np.uint8)
+        copy(got[::2], x, b, y, n)
+        assert got[::2][x:x + n].tobytes() == a[y:y + n].tobytes()
     errors = pytest.importorskip("numba.core.errors")
     with pytest.raises(errors.TypingError):
         same(a.astype(np.int64), 0, b, 0, 1)
