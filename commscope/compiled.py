@@ -179,7 +179,9 @@ _lowered_for_numba = False
 
 def _lower_for_numba() -> None:
     """Teach numba ``_LOWERED`` (once a process, before it compiles a kernel): each an
-    intrinsic of its code, for byte arrays and integers only."""
+    intrinsic of its code for C-ordered byte arrays and integers (what the built kernels are
+    given), a loop for strided byte arrays (a kernel compiled here for other arguments,
+    ``Ahead``'s fallback); nothing else compiles."""
     global _lowered_for_numba
     if _lowered_for_numba:
         return
