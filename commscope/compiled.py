@@ -86,8 +86,10 @@ def jit(scope: dict[str, Any], names: tuple[str, ...], inline: tuple[str, ...] =
     ``"int64"``).  Every helper but those that allocate arrays (``allocates``) is compiled
     without numba's reference counts (``_nrt=False``): it only borrows the arrays its kernel
     holds, and counting them, two atomic operations for each array a call is passed or a
-    view it makes, on every line of a chunk, was ~40% of the block scanner's time (a helper
-    that allocates nothing is left alone: numba refuses to compile one that does)."""
+    view it makes, on every line of a chunk, was ~40% of the block scanner's time.  numba
+    refuses to compile a helper that allocates without them; one that returns an array (a
+    view its caller would count and it did not) is refused by the build and the tests
+    (``borrowed_arrays``)."""
     kernel = Kernel(scope, names, inline, args, allocates)
     kernels[kernel.key] = kernel
     if args and aot_enabled():
@@ -118,12 +120,20 @@ def copy_bytes(a: np.ndarray, x: int, b: np.ndarray, y: int, n: int) -> None:
 
 
 def find_byte(a: np.ndarray, x: int, n: int, v: int) -> int:
-    """Where the first byte ``v`` of ``a[x:x + n]`` is, as an index of ``a`` (``x + n``:
-    none; a C-ordered uint8 array, the range within it): in a kernel, one call of libc's
+    """Where the first byte ``v`` (0 to 255) of ``a[x:x + n]`` is, as an index of ``a``
+    (``x + n``: none; a C-ordered uint8 array, the range within it): in a kernel, one call of libc's
     ``memchr`` (``_LOWERED``), where a loop looked at a byte, or an 8-byte word of a
     ``numpy.equal`` made first, at a time (a scan's newlines: ~100 ns a line)."""
     k = a[x:x + n].tobytes().find(v)
     return x + n if k < 0 else x + k
+
+
+def _byte_pointer(context: Any, builder: Any, signature: Any, args: Any, at: int, offset: Any) -> Any:
+    """In a lowering: the address of byte ``offset`` of the array argument ``at``."""
+    from llvmlite import ir
+
+    array = context.make_array(signature.args[at])(context, builder, args[at])
+    return builder.gep(builder.bitcast(array.data, ir.IntType(8).as_pointer()), [offset])
 
 
 def _memcmp_code(context: Any, builder: Any, signature: Any, args: Any) -> Any:
@@ -131,26 +141,21 @@ def _memcmp_code(context: Any, builder: Any, signature: Any, args: Any) -> Any:
     from llvmlite import ir
     from numba.core import cgutils
 
-    a, x, b, y, n = args
-    i8p = ir.IntType(8).as_pointer()
-    pa = builder.bitcast(context.make_array(signature.args[0])(context, builder, a).data, i8p)
-    pb = builder.bitcast(context.make_array(signature.args[2])(context, builder, b).data, i8p)
-    i64 = ir.IntType(64)
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), [i8p, i8p, i64]), "memcmp")
-    got = builder.call(fn, [builder.gep(pa, [x]), builder.gep(pb, [y]), n])  # (x, y, n: int64, as typed)
-    return builder.icmp_signed("==", got, ir.Constant(ir.IntType(32), 0))
+    _, x, _, y, n = args  # (x, y, n: int64, as typed)
+    first, second = (_byte_pointer(context, builder, signature, args, 0, x),
+                     _byte_pointer(context, builder, signature, args, 2, y))
+    memcmp = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+        ir.IntType(32), [first.type, second.type, ir.IntType(64)]), "memcmp")
+    return builder.icmp_signed("==", builder.call(memcmp, [first, second, n]), ir.Constant(ir.IntType(32), 0))
 
 
 def _memcpy_code(context: Any, builder: Any, signature: Any, args: Any) -> Any:
     """``copy_bytes`` as numba lowers it: ``memcpy(a.data + x, b.data + y, n)``."""
-    from llvmlite import ir
     from numba.core import cgutils
 
-    a, x, b, y, n = args
-    i8p = ir.IntType(8).as_pointer()
-    pa = builder.bitcast(context.make_array(signature.args[0])(context, builder, a).data, i8p)
-    pb = builder.bitcast(context.make_array(signature.args[2])(context, builder, b).data, i8p)
-    cgutils.raw_memcpy(builder, builder.gep(pa, [x]), builder.gep(pb, [y]), n, 1)
+    _, x, _, y, n = args
+    cgutils.raw_memcpy(builder, _byte_pointer(context, builder, signature, args, 0, x),
+                       _byte_pointer(context, builder, signature, args, 2, y), n, 1)
     return context.get_dummy_value()
 
 
@@ -160,13 +165,13 @@ def _memchr_code(context: Any, builder: Any, signature: Any, args: Any) -> Any:
     from llvmlite import ir
     from numba.core import cgutils
 
-    a, x, n, v = args
-    i8p, i64 = ir.IntType(8).as_pointer(), ir.IntType(64)
-    pa = builder.bitcast(context.make_array(signature.args[0])(context, builder, a).data, i8p)
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i8p, [i8p, ir.IntType(32), i64]), "memchr")
-    got = builder.call(fn, [builder.gep(pa, [x]), builder.trunc(v, ir.IntType(32)), n])
-    at = builder.sub(builder.ptrtoint(got, i64), builder.ptrtoint(pa, i64))
-    return builder.select(cgutils.is_null(builder, got), builder.add(x, n), at)
+    _, x, n, v = args
+    start = _byte_pointer(context, builder, signature, args, 0, ir.Constant(ir.IntType(64), 0))
+    memchr = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+        start.type, [start.type, ir.IntType(32), ir.IntType(64)]), "memchr")
+    found = builder.call(memchr, [builder.gep(start, [x]), builder.trunc(v, ir.IntType(32)), n])
+    index = builder.sub(builder.ptrtoint(found, ir.IntType(64)), builder.ptrtoint(start, ir.IntType(64)))
+    return builder.select(cgutils.is_null(builder, found), builder.add(x, n), index)
 
 
 #: The functions a kernel may call that numba compiles as the code given here, not as their
@@ -185,14 +190,14 @@ def _lower_for_numba() -> None:
     global _lowered_for_numba
     if _lowered_for_numba:
         return
-    from numba import types as nt
+    from numba import types as ntypes
     from numba.extending import intrinsic, overload
 
     def bytes_array(t: Any) -> bool:
-        return isinstance(t, nt.Array) and t.dtype == nt.uint8 and t.ndim == 1 and t.layout == "C"
+        return isinstance(t, ntypes.Array) and t.dtype == ntypes.uint8 and t.ndim == 1 and t.layout == "C"
 
     def strided(t: Any) -> bool:  # (a kernel compiled here for other arguments: a loop, as Python reads)
-        return isinstance(t, nt.Array) and t.dtype == nt.uint8 and t.ndim == 1
+        return isinstance(t, ntypes.Array) and t.dtype == ntypes.uint8 and t.ndim == 1
 
     def same_loop(a, x, b, y, n):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
         for k in range(n):  # noqa: SIM110 (compiled: a loop, not a generator)
@@ -213,12 +218,12 @@ def _lower_for_numba() -> None:
     loops = {same_bytes: same_loop, copy_bytes: copy_loop, find_byte: find_loop}
 
     def lowered(fn: Callable[..., Any], code: Callable[..., Any]) -> Callable[..., Any]:
-        returns = nt.boolean if fn is same_bytes else nt.none
+        returns = ntypes.boolean if fn is same_bytes else ntypes.none
 
         def typer(typingctx: Any, a: Any, x: Any, b: Any, y: Any, n: Any) -> Any:
-            if (bytes_array(a) and bytes_array(b) and all(isinstance(t, nt.Integer) for t in (x, y, n))
+            if (bytes_array(a) and bytes_array(b) and all(isinstance(t, ntypes.Integer) for t in (x, y, n))
                     and (fn is same_bytes or a.mutable)):  # (a copy into a read-only array does not compile)
-                return returns(a, nt.int64, b, nt.int64, nt.int64), code
+                return returns(a, ntypes.int64, b, ntypes.int64, ntypes.int64), code
             return None
 
         typer.__name__ = f"_{fn.__name__}_lowered"
@@ -235,8 +240,8 @@ def _lower_for_numba() -> None:
 
     def lowered_find(code: Callable[..., Any]) -> Callable[..., Any]:
         def typer(typingctx: Any, a: Any, x: Any, n: Any, v: Any) -> Any:
-            if bytes_array(a) and all(isinstance(t, nt.Integer) for t in (x, n, v)):
-                return nt.int64(a, nt.int64, nt.int64, nt.int64), code
+            if bytes_array(a) and all(isinstance(t, ntypes.Integer) for t in (x, n, v)):
+                return ntypes.int64(a, ntypes.int64, ntypes.int64, ntypes.int64), code
             return None
 
         typer.__name__ = "_find_byte_lowered"
@@ -256,6 +261,24 @@ def _lower_for_numba() -> None:
     _lowered_for_numba = True
 
 
+def _owner(fn: types.FunctionType) -> Kernel | None:
+    """The kernel asked for in this process whose helper (or self) ``fn`` is."""
+    return next((k for k in kernels.values() if k.scope is fn.__globals__ and fn.__name__ in k.names), None)
+
+
+def borrowed_arrays(kernel: Kernel) -> list[str]:
+    """The helpers of ``kernel`` compiled without reference counts that return an array in a
+    signature they were compiled for (after the kernel compiled here): each would hand its
+    counted caller a view it never counted, freed under it."""
+    from numba import types as ntypes
+
+    def holds_array(t: Any) -> bool:
+        return isinstance(t, ntypes.Array) or any(holds_array(x) for x in getattr(t, "types", ()))
+
+    return [name for name in kernel.names[:-1] if name not in kernel.allocates
+            and any(holds_array(sig.return_type) for sig in getattr(kernel.scope[name], "nopython_signatures", ()))]
+
+
 def _compile_here(kernel: Kernel) -> Callable[..., Any] | None:
     global _missing
     if _missing:
@@ -271,7 +294,7 @@ def _compile_here(kernel: Kernel) -> Callable[..., Any] | None:
     _lower_for_numba()
     for name, v in list(scope.items()):  # another kernel's helpers it calls: compiled first
         if isinstance(v, types.FunctionType) and v.__globals__ is not scope:
-            other = next((k for k in kernels.values() if k.scope is v.__globals__ and v.__name__ in k.names), None)
+            other = _owner(v)
             if other is not None:
                 _compile_here(other)
                 scope[name] = other.scope[v.__name__]
@@ -494,6 +517,10 @@ def fingerprint(kernel: Kernel) -> str:
     def value(name: str, v: object) -> None:
         h.update(b"\0" + name.encode() + b"=")
         f = getattr(v, "py_func", v)
+        if isinstance(f, types.FunctionType) and f.__globals__ is not kernel.scope:  # (another kernel's helper:
+            owner = _owner(f)                                                         # as that kernel compiles it)
+            if owner is not None:
+                h.update(repr((f.__name__ in owner.inline, f.__name__ in owner.allocates)).encode())
         if isinstance(f, types.FunctionType) and f in _LOWERED:  # (what numba compiles for it)
             code(_LOWERED[f].__code__, {})  # (their code: the globals they read are no kernel's)
             code(_lower_for_numba.__code__, {})
@@ -623,6 +650,10 @@ def _build_locked(directory: Path, found: list[Kernel], names: list[str], verbos
             dispatcher = kernel.scope[kernel.names[-1]]
             argtypes = tuple(_numba_type(numba, a) for a in kernel.args)
             dispatcher.compile(argtypes)
+            wrong = borrowed_arrays(kernel)
+            if wrong:
+                raise RuntimeError(f"{kernel.key}: helpers compiled without reference counts return arrays: "
+                                   f"{', '.join(wrong)} (name them in its jit(..., allocates=))")
             cc.export(export_name(kernel), dispatcher.overloads[argtypes].signature)(dispatcher.py_func)
         now = time.time()
         for stale in directory.parent.glob(".build-*"):  # (scratch of a build killed half-way)

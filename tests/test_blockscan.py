@@ -90,7 +90,7 @@ def _line(**kw: object) -> bytes:
     (_line(ts=10 ** 18), True),  # (a 19th digit, taken within the range)
     (b'{"type":"block","v":3,"rank":0,"ts":9223372036854775808,"n":1,"data":"AAAA"}', False),  # past int64
     (b'{"type":"block","v":3,"rank":0,"ts":18446744073709551617,"n":1,"data":"AAAA"}', False),  # past uint64
-    (b'{"type":"block","v":3,"rank":0,"ts":%d0,"n":1,"data":"AAAA"}' % (MAX_INT // 100), True),  # (19 digits)
+    (b'{"type":"block","v":3,"rank":0,"ts":%d0,"n":1,"data":"AAAA"}' % (MAX_INT // 100), True),  # (18 digits, the last a 0)
     (b'{"type":"block","v":3,"rank":0,"ts":%d0,"n":1,"data":"AAAA"}' % MAX_INT, False),  # 20 digits
     (b'{"type":"block","v":3,"rank":0,"ts":00,"n":1,"data":"AAAA"}', False),
     (b'{"type":"block","v":3,"rank":0,"ts":01,"n":1,"data":"AAAA"}', False),  # not JSON

@@ -84,9 +84,14 @@ def read_from(path: Path | str, offset: int, limit: int) -> bytes:
     """Up to ``limit`` bytes of a regular file from ``offset`` on (b"" past its end), never
     blocking on a FIFO or device in its place.  Only what the file holds is asked for
     (``os.pread`` allocates all it is asked for first: 64 MiB for a poll of a few bytes)."""
+    return read_sized(path, offset, limit)[0]
+
+
+def read_sized(path: Path | str, offset: int, limit: int) -> tuple[bytes, int]:
+    """``read_from`` and the file's size, from the one fstat of its read."""
     fd, st = _open_regular(path)
     try:
-        return _pread(fd, offset, min(limit, st.st_size - offset))
+        return _pread(fd, offset, min(limit, st.st_size - offset)), st.st_size
     finally:
         os.close(fd)
 
@@ -170,24 +175,18 @@ class OpenFiles:
         ``sized``: the file holds ``limit`` bytes past ``offset`` at least, as its ``size``
         just said (no second fstat: a file cut short meanwhile gives less)."""
         got = self._held.get(path)
-        if got is None:
-            return read_from(path, offset, limit)
-        fd = got[0]
-        return _pread(fd, offset, limit if sized else min(limit, os.fstat(fd).st_size - offset))
+        if got is not None and sized:
+            return _pread(got[0], offset, limit)
+        return self.read_sized(path, offset, limit)[0]
 
     def read_sized(self, path: str, offset: int, limit: int) -> tuple[bytes, int]:
-        """``read(path, offset, limit)`` and the file's size, from the one fstat of its read: a
-        whole read of a stream asked its size first, a stat more per segment (~2% of a read
-        worker's time)."""
+        """``read(path, offset, limit)`` and the file's size, from the one fstat of its read (a
+        whole read of a stream asked its size first: a stat more a segment)."""
         got = self._held.get(path)
-        if got is not None:
-            size = os.fstat(got[0]).st_size
-            return _pread(got[0], offset, min(limit, size - offset)), size
-        fd, st = _open_regular(path)
-        try:
-            return _pread(fd, offset, min(limit, st.st_size - offset)), st.st_size
-        finally:
-            os.close(fd)
+        if got is None:
+            return read_sized(path, offset, limit)
+        size = os.fstat(got[0]).st_size
+        return _pread(got[0], offset, min(limit, size - offset)), size
 
     def holds(self, path: str) -> bool:
         return path in self._held
