@@ -88,7 +88,7 @@ def jit(scope: dict[str, Any], names: tuple[str, ...], inline: tuple[str, ...] =
     holds, and counting them, two atomic operations for each array a call is passed or a
     view it makes, on every line of a chunk, was ~40% of the block scanner's time.  numba
     refuses to compile a helper that allocates without them; one that returns an array (a
-    view its caller would count and it did not) is refused by the build and the tests
+    reference its caller would count and it did not) is looked for by the tests
     (``borrowed_arrays``)."""
     kernel = Kernel(scope, names, inline, args, allocates)
     kernels[kernel.key] = kernel
@@ -267,10 +267,17 @@ def _owner(fn: types.FunctionType) -> Kernel | None:
 
 
 def borrowed_arrays(kernel: Kernel) -> list[str]:
-    """The helpers of ``kernel`` compiled without reference counts that return an array in a
-    signature they were compiled for (after the kernel compiled here): each would hand its
-    counted caller a view it never counted, freed under it."""
+    """The helpers of ``kernel`` (compiled here) that are compiled without reference counts
+    and return an array for the types the kernel calls them with: each would hand its counted
+    caller a reference it never counted, freed under it.  The kernel is compiled again first,
+    apart and past numba's cache (a kernel loaded from the cache typed none of its helpers):
+    a second or so a kernel, for the tests (``tests/test_compiled.py``), not for every build."""
+    import numba
     from numba import types as ntypes
+
+    dispatcher = kernel.scope[kernel.names[-1]]
+    numba.njit(**{**OPTIONS, "cache": False})(dispatcher.py_func).compile(
+        tuple(_numba_type(numba, a) for a in kernel.args))
 
     def holds_array(t: Any) -> bool:
         return isinstance(t, ntypes.Array) or any(holds_array(x) for x in getattr(t, "types", ()))
@@ -650,10 +657,6 @@ def _build_locked(directory: Path, found: list[Kernel], names: list[str], verbos
             dispatcher = kernel.scope[kernel.names[-1]]
             argtypes = tuple(_numba_type(numba, a) for a in kernel.args)
             dispatcher.compile(argtypes)
-            wrong = borrowed_arrays(kernel)
-            if wrong:
-                raise RuntimeError(f"{kernel.key}: helpers compiled without reference counts return arrays: "
-                                   f"{', '.join(wrong)} (name them in its jit(..., allocates=))")
             cc.export(export_name(kernel), dispatcher.overloads[argtypes].signature)(dispatcher.py_func)
         now = time.time()
         for stale in directory.parent.glob(".build-*"):  # (scratch of a build killed half-way)
