@@ -284,13 +284,19 @@ def _kernel(a):
 '''
 
 
-def _fingerprint(tmp_path: Path, name: str, source: str, args: tuple[str, ...] = ("const int64[::1]",)) -> str:
+def _source_module(tmp_path: Path, name: str, source: str) -> ModuleType:
+    """``source`` imported as the module ``name`` from a file of its own."""
     path = tmp_path / f"{name}.py"
     path.write_text(textwrap.dedent(source))
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def _fingerprint(tmp_path: Path, name: str, source: str, args: tuple[str, ...] = ("const int64[::1]",)) -> str:
+    module = _source_module(tmp_path, name, source)
     return compiled.fingerprint(compiled.Kernel(vars(module), ("_helper", "_kernel"), (), args))
 
 
@@ -484,12 +490,7 @@ def test_helpers_borrow_their_kernel_s_arrays_but_those_that_allocate(tmp_path: 
     assert kernel.scope["_place"].targetoptions.get("_nrt") is not False
     a = np.arange(5, dtype=np.int64)
     for allocates, ok in (((), False), (("_scratch",), True)):
-        path = tmp_path / f"alloc{len(allocates)}.py"
-        path.write_text(_ALLOCATING)
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = _source_module(tmp_path, f"alloc{len(allocates)}", _ALLOCATING)
         fn = compiled.jit(vars(module), ("_scratch", "_first", "_kernel"), allocates=allocates)
         assert fn is not None
         if ok:
@@ -522,15 +523,10 @@ def test_a_helper_that_returns_an_array_is_found_unless_it_counts(tmp_path: Path
     monkeypatch.setenv(compiled.ENV_AOT, "0")
     a = np.arange(5, dtype=np.int64)
     for allocates in ((), ("_same",)):
-        path = tmp_path / f"returns{len(allocates)}.py"
-        path.write_text(_RETURNS_ARRAY)
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = _source_module(tmp_path, f"returns{len(allocates)}", _RETURNS_ARRAY)
         fn = compiled.jit(vars(module), ("_same", "_kernel"), allocates=allocates, args=("const int64[::1]",))
         assert fn is not None
-        kernel = compiled.kernels[f"{path.stem}._kernel"]
+        kernel = compiled.kernels[f"{module.__name__}._kernel"]
         assert compiled.borrowed_arrays(kernel) == ([] if allocates else ["_same"])
         if allocates:
             assert fn(a) == 1
