@@ -1901,16 +1901,13 @@ _PLAIN_LINES = (b'{"type":"heartbeat"', b'{"type":"sample"')
 
 def _begin_sigs(s: blockscan.Scan, offs: np.ndarray) -> np.ndarray:
     """Per op record at ``offs``, the signature id its begin names (-1: not a begin
-    through a signature that ``_Fixed`` reads: ts and id in range, long enough)."""
-    out = np.full(offs.shape[0], -1, np.int64)
+    through a signature that ``_Fixed`` reads: ts and id in range, long enough), as
+    ``_Fixed`` reads it (its compiled pass: a first round's ~20 op records a stream, of
+    16k streams, were two numpy gathers of every header's bytes, ~110 ns a record)."""
     if not offs.shape[0]:
-        return out
-    head = _gather(s.raw, offs, HEAD_DT)
-    sig = np.flatnonzero((head["typ"] == BEGIN_SIG) & (head["ts"] >= 0) & (head["ts"] <= MAX_INT)
-                         & (head["id"] <= MAX_INT) & (head["len"] >= HEADER.size + SIG_BEGIN_BODY.size))
-    if sig.shape[0]:
-        out[sig] = _gather(s.raw, offs[sig] + HEADER.size, SIG_DT)["sid"]
-    return out
+        return np.full(0, -1, np.int64)
+    f = _Fixed.of(s.raw, offs)
+    return np.where(f.sig, f.body_sid, -1)
 
 
 class Ahead(NamedTuple):
