@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # (the output's reader went away: no traceback, as ``git log | head``)
+        return errors.closed_pipe()
     finally:
         if argv is not None and gc.get_freeze_count():
             # Called in a process that goes on (argv given: a test, a tool): a command's load

@@ -722,11 +722,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.action == "status":
         states = status()
-        for key, state in states.items():
-            print(f"{state:8} {key}")
         built = _built(build_dir())
-        print(f"build: {built.path if built is not None else f'none in {build_dir()}'}"
-              + ("" if aot_enabled() else f" (unused: {ENV_AOT}=0)"))
+        try:
+            for key, state in states.items():
+                print(f"{state:8} {key}")
+            print(f"build: {built.path if built is not None else f'none in {build_dir()}'}"
+                  + ("" if aot_enabled() else f" (unused: {ENV_AOT}=0)"))
+            sys.stdout.flush()
+        except BrokenPipeError:  # (``status | head``: no traceback)
+            from commscope.errors import closed_pipe
+
+            return closed_pipe()
         return 0 if all(s == "ahead" for s in states.values()) else 1
     try:
         path = build(verbose=args.verbose)

@@ -2,6 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 
 class UsageError(Exception):
     """Bad input or usage: exit code 2 with a one-line message (``commscope.cli`` prints it)."""
+
+
+#: The exit status when the reader of the output went away (``commscope export --chrome - |
+#: head``): a shell's for a command a closed pipe stopped (128 + SIGPIPE), none of ``check``'s
+CLOSED_PIPE = 141
+
+
+def closed_pipe() -> int:
+    """After a write to a closed pipe: standard output pointed at /dev/null (Python flushes it
+    at exit, which would fail again and print a traceback), and ``CLOSED_PIPE`` to exit with."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return CLOSED_PIPE

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+from commscope import errors
 from commscope.analysis.synth import S, TraceBuilder, healthy_trace
 from commscope.cli import main as cli
 from commscope.events import encode
@@ -155,3 +159,26 @@ def test_a_check_run_in_process_leaves_nothing_frozen(tmp_path, capsys):
             f"p.load({str(store)!r}, False)\nprint(gc.get_freeze_count() > 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "True", proc.stderr
+
+
+def _closed_pipe_run(*argv: str) -> subprocess.CompletedProcess:
+    """``python *argv`` writing its output into a pipe whose reader is gone already."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        return subprocess.run([sys.executable, *argv], stdout=w, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(w)
+
+
+def test_a_command_whose_output_reader_went_away_exits_quietly(tmp_path):
+    """``commscope export --chrome - | head`` and ``python -m commscope.compiled status |
+    head``: the reader of the output gone, the command stops with the shell's status for a
+    closed pipe (128 + SIGPIPE, none of ``check``'s), no traceback."""
+    store = write_store(tmp_path / "t", healthy_trace())
+    got = _closed_pipe_run("-m", "commscope", "export", str(store), "--chrome", "-")
+    assert got.returncode == errors.CLOSED_PIPE == 141, got.stderr
+    assert "Traceback" not in got.stderr and "BrokenPipe" not in got.stderr
+    got = _closed_pipe_run("-m", "commscope.compiled", "status")
+    assert got.returncode == errors.CLOSED_PIPE, got.stderr
+    assert "Traceback" not in got.stderr and "BrokenPipe" not in got.stderr
