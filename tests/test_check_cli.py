@@ -172,13 +172,16 @@ def _closed_pipe_run(*argv: str) -> subprocess.CompletedProcess:
 
 
 def test_a_command_whose_output_reader_went_away_exits_quietly(tmp_path):
-    """``commscope export --chrome - | head`` and ``python -m commscope.compiled status |
-    head``: the reader of the output gone, the command stops with the shell's status for a
-    closed pipe (128 + SIGPIPE, none of ``check``'s), no traceback."""
+    """``commscope export --chrome - | head``, ``check`` / ``report`` ``| head`` and ``python
+    -m commscope.compiled status | head``: the reader of the output gone, the command stops
+    with the shell's status for a closed pipe (128 + SIGPIPE, none of ``check``'s: a healthy
+    trace's check does not say "errors found"), no traceback."""
     store = write_store(tmp_path / "t", healthy_trace())
-    got = _closed_pipe_run("-m", "commscope", "export", str(store), "--chrome", "-")
-    assert got.returncode == errors.CLOSED_PIPE == 141, got.stderr
-    assert "Traceback" not in got.stderr and "BrokenPipe" not in got.stderr
+    for argv in (["export", str(store), "--chrome", "-"], ["check", str(store)], ["check", str(store), "--json"],
+                 ["report", str(store)]):  # (check's and report's tables: rich's console, its own exit 1 before)
+        got = _closed_pipe_run("-m", "commscope", *argv)
+        assert got.returncode == errors.CLOSED_PIPE == 141, (argv, got.stderr)
+        assert "Traceback" not in got.stderr and "BrokenPipe" not in got.stderr
     got = _closed_pipe_run("-m", "commscope.compiled", "status")
     assert got.returncode == errors.CLOSED_PIPE, got.stderr
     assert "Traceback" not in got.stderr and "BrokenPipe" not in got.stderr

@@ -130,9 +130,7 @@ def native_dumps(model: TraceModel, findings: list[Finding], exe: str | None = N
 # ---------------------------------------------------------------------- rich rendering
 def render(model: TraceModel, findings: list[Finding], warnings: list[str], hang_after: float,
            source: str, console: Any = None) -> None:
-    from rich.console import Console
-
-    con = console or Console()
+    con = console or options.stdout_console()
     con.print(f"[bold]{source}[/]: {model.world_size} ranks, {model.events:,} events, {model.total_ops():,} ops, "
               f"{(model.end_ns - model.start_ns) / 1e9:.1f} s; hang_after {hang_after:g} s")
     for w in warnings:

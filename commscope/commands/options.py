@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from commscope.errors import UsageError
 from commscope.window import Since, parse_since
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 SINCE_HELP = ("read only this window: a duration back from the trace's end (90s, 10m, 2h, 3d), a UTC time "
               "(14:00, 2026-11-26T14:00), or all.  Each rank's stream starts at the segment (Redis: the "
@@ -24,3 +28,17 @@ def since_of(args: argparse.Namespace) -> Since | None:
         return parse_since(getattr(args, "since", None))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def stdout_console() -> Console:
+    """A rich console on standard output that a closed pipe stops as it stops any command
+    (``commscope check trace | head``: exit ``errors.CLOSED_PIPE``, ``cli.main``), not with
+    rich's own exit 1, which is ``check``'s "errors found"."""
+    from rich.console import Console
+
+    class _Output(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Output()

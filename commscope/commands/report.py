@@ -259,7 +259,5 @@ def main(args: argparse.Namespace) -> int:
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
         return 0
-    from rich.console import Console
-
-    render(rep, redact(reader.description), model.world_size, warnings, Console(), wide=args.wide)
+    render(rep, redact(reader.description), model.world_size, warnings, options.stdout_console(), wide=args.wide)
     return 0
