@@ -15,9 +15,9 @@ from commscope.store import bulkread
 
 def _round(obj: object) -> object:
     f = io.BytesIO()
-    bulkread._send(f, obj)
+    bulkread.send(f, obj)
     f.seek(0)
-    got = bulkread._recv(io.BufferedReader(f))
+    got = bulkread.receive(io.BufferedReader(f))
     return got
 
 
@@ -40,11 +40,11 @@ def test_objects_and_their_arrays_come_back_equal_and_writable():
 
 def test_a_message_cut_anywhere_is_the_worker_gone():
     f = io.BytesIO()
-    bulkread._send(f, {"c": np.arange(100, dtype=np.int64), "e": [1, 2, 3]})
+    bulkread.send(f, {"c": np.arange(100, dtype=np.int64), "e": [1, 2, 3]})
     whole = f.getvalue()
     for cut in sorted({0, 1, 8, 15, 16, 23, 24, len(whole) // 2, len(whole) - 1}):
         with pytest.raises(EOFError):
-            bulkread._recv(io.BufferedReader(io.BytesIO(whole[:cut])))
+            bulkread.receive(io.BufferedReader(io.BytesIO(whole[:cut])))
 
 
 def test_a_worker_starts_with_one_openblas_thread(monkeypatch):
@@ -52,8 +52,8 @@ def test_a_worker_starts_with_one_openblas_thread(monkeypatch):
     reading process has (numpy's import started a thread a core that spun ~0.1 s of CPU a
     worker, taken from the workers beside it)."""
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "8")
-    says = ("import os, sys; from commscope.store import bulkread; bulkread._recv(sys.stdin.buffer); "
-            "bulkread._send(sys.stdout.buffer, os.environ.get('OPENBLAS_NUM_THREADS'))")
+    says = ("import os, sys; from commscope.store import bulkread; bulkread.receive(sys.stdin.buffer); "
+            "bulkread.send(sys.stdout.buffer, os.environ.get('OPENBLAS_NUM_THREADS'))")
     monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", says))
     pool = bulkread.Workers(1)
     assert list(pool.run([bulkread.Job("job", None, {})])) == ["1"]

@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 from commscope import compiled
 from commscope.bench.stats import fmt_bytes, fmt_time, median, quantile
+from commscope.store.bulkread import cores
 
 if TYPE_CHECKING:
     from commscope.bench.synthstore import JobShape
@@ -512,12 +513,8 @@ def _print_row(row: dict[str, Any]) -> None:
     print(f"    columns' CPU: {fmt_time(_med(cols, 'main_cpu_s'))} reading process (listing, receiving, model)")
     n = int(_med(cols, "workers"))
     print(f"                  {fmt_time(workers)} {n} read worker(s) (each one's start and first stream: "
-          f"{fmt_time(_med(cols, 'start_cpu_s'))}); {_cores()} core(s)" if n else
-          f"                  no read worker; {_cores()} core(s)")
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+          f"{fmt_time(_med(cols, 'start_cpu_s'))}); {cores()} core(s)" if n else
+          f"                  no read worker; {cores()} core(s)")
 
 
 def _print_summary(rows: list[dict[str, Any]]) -> None:

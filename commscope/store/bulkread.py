@@ -88,7 +88,7 @@ class StreamsRead(NamedTuple):
         return Batch(self.batch.events, unpacked(self.packed), self.packed, self.batch.beats)
 
 
-def _send(f: IO[bytes], obj: Any) -> None:
+def send(f: IO[bytes], obj: Any) -> None:
     """``obj`` pickled, its arrays' memory written as it is after the pickle (protocol 5's
     buffers out of band): neither side copies a column into or out of the pickle, which
     cost a 16k-rank read's reading process ~0.7 s of its ~14."""
@@ -106,13 +106,17 @@ def _send(f: IO[bytes], obj: Any) -> None:
 
 
 def _read(f: IO[bytes], n: int) -> bytes:
+    """``n`` bytes of ``f``, over as many reads as an unbuffered pipe takes (``ReadAhead``'s)."""
     data = f.read(n)
-    if len(data) < n:
-        raise EOFError("worker gone")
+    while len(data) < n:
+        more = f.read(n - len(data))
+        if not more:
+            raise EOFError("worker gone")
+        data += more
     return data
 
 
-def _recv(f: IO[bytes]) -> Any:
+def receive(f: IO[bytes]) -> Any:
     n, k = struct.unpack("<QQ", _read(f, 2 * _LEN.size))
     if k > 1 << 24:  # (~10 a stream's records, when they are not packed in one piece)
         raise EOFError("not a worker's message")
@@ -129,6 +133,12 @@ def _recv(f: IO[bytes]) -> Any:
             got += step
         buffers.append(buf)
     return pickle.loads(data, buffers=buffers)
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity, where the system says it): how many
+    worker processes are worth starting, and whether a console's read process is."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class Workers:
@@ -178,7 +188,7 @@ class Workers:
                     p = self.procs[i]
                     job, _since = busy.pop(i)
                     try:
-                        got = _recv(p.stdout)
+                        got = receive(p.stdout)
                     except Exception:  # (EOF, a torn or foreign pickle: the worker is done for)
                         sel.unregister(p.stdout)
                         yield job
@@ -200,7 +210,7 @@ class Workers:
     @staticmethod
     def _give(p: subprocess.Popen, job: Job) -> bool:
         try:
-            _send(p.stdin, job)
+            send(p.stdin, job)
             return True
         except OSError:
             return False
@@ -209,7 +219,7 @@ class Workers:
         """End every worker: asked first, then killed, all within one ``grace_s``."""
         for p in self.procs:
             with contextlib.suppress(OSError, ValueError):
-                _send(p.stdin, None)
+                send(p.stdin, None)
                 p.stdin.close()
         deadline = time.monotonic() + grace_s
         for p in self.procs:
@@ -234,12 +244,12 @@ def main() -> int:
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
         try:
-            job = _recv(stdin)
+            job = receive(stdin)
         except EOFError:
             return 0
         if job is None:
             return 0
-        _send(stdout, read(job).sent())
+        send(stdout, read(job).sent())
 
 
 if __name__ == "__main__":

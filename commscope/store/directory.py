@@ -55,7 +55,7 @@ from commscope.store.base import (
     meta_line,
     store_lost,
 )
-from commscope.store.bulkread import DecoderState, Job, StreamsRead, Workers
+from commscope.store.bulkread import DecoderState, Job, StreamsRead, Workers, cores
 from commscope.store.crashlog import CRASH_FILE, CrashFiles
 from commscope.store.files import (
     O_NOFOLLOW,
@@ -920,8 +920,7 @@ class DirectoryReader(TraceReader):
         """The streams read apart in workers (``_bulk_parallel``), or None where that is not
         worth it: one core, a small job (of few streams, for a ``whole`` read), or one read
         already."""
-        workers = min(self.MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                      else (os.cpu_count() or 1))
+        workers = min(self.MAX_WORKERS, cores())
         if os.environ.get(ENV_WORKERS, "").isdigit():
             workers = int(os.environ[ENV_WORKERS])
         streams = self.streams()
