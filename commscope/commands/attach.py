@@ -53,7 +53,7 @@ def main(args: argparse.Namespace) -> int:
     from commscope.analysis.source import open_source
     from commscope.errors import UsageError
     from commscope.tui.app import CommscopeApp
-    from commscope.tui.feed import LIVE, Feed
+    from commscope.tui.feed import LIVE, Feed, read_ahead
 
     snapshots = None
     if args.pid:
@@ -66,10 +66,15 @@ def main(args: argparse.Namespace) -> int:
             reader = open_source(store, wait=True, since=since)
         except StoreError as exc:
             raise UsageError(str(exc)) from None
-        feed = Feed(reader, mode=LIVE, hang_after=args.hang_after, source=redact_store(store),
+        # (its polls made ahead in a process of their own, where that is worth it: the console's
+        # process ingests, publishes and diagnoses meanwhile)
+        feed = Feed(read_ahead(reader, store, since), mode=LIVE, hang_after=args.hang_after, source=redact_store(store),
                     hint=waiting_hint(store) if snapshots is None else "taking the first snapshot of the job's stacks",
-                    reopen=lambda window: open_source(store, wait=True, since=window))
-        CommscopeApp(feed, bell=not args.no_bell).run()
+                    reopen=lambda window: read_ahead(open_source(store, wait=True, since=window), store, window))
+        try:
+            CommscopeApp(feed, bell=not args.no_bell).run()
+        finally:
+            feed.reader.close()
     finally:
         if snapshots is not None:
             snapshots.stop()

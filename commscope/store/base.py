@@ -272,6 +272,9 @@ class TraceReader(abc.ABC):
     #: directory: nothing else numbers its lines).  A store that numbers its entries sees
     #: the gap and counts it itself (Redis).
     counts_lost_markers: bool = False
+    #: Whether its polls are made ahead elsewhere and paced there (``readahead.ReadAhead``):
+    #: a poll waits for the next batch, and a follower does not pause between them
+    paces_itself: bool = False
     #: Seconds between looks at the spools dead ranks left on this host, while following.
     SPOOL_LOOK_S = 2.0
     _next_spool_look = 0.0

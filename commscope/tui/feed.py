@@ -19,10 +19,12 @@ from typing import Any
 from textual.message import Message
 
 from commscope.analysis import Finding, TraceModel, diagnose, rankstate
+from commscope.analysis.flight_import import FlightRecorderReader
 from commscope.analysis.model import EMPTY_VIEW, ModelView
 from commscope.analysis.source import Loading
 from commscope.events import gc_paused
-from commscope.store import AsOf, Batch, TraceReader
+from commscope.store import AsOf, Batch, TraceReader, readahead
+from commscope.store.readahead import ReadAhead, ReadAheadLost
 from commscope.window import Since
 
 LIVE, REPLAY = "live", "replay"
@@ -207,6 +209,8 @@ class Feed:
                 self.costs.ingest += time.perf_counter() - t1 - (self.costs.publish - published)
                 got = batch.count()
             behind_bytes = self._backlog_bytes()
+        except ReadAheadLost as exc:  # the read process gone: the job read again here
+            self._read_here(str(exc))
         except Exception as exc:  # a store that vanished, a wrong password...
             self.error = str(exc) or type(exc).__name__
         if got and self.mode == LIVE and self.reopen is not None and self.model.events >= self._next_size_check:
@@ -290,6 +294,8 @@ class Feed:
         """How long to wait before the next ``step``, which brought ``got``: nothing, when its
         poll stopped at the budget; until ``ROUND_S`` after it began, when it read all there
         was; ``POLL_S`` (an ended job's ``ENDED_POLL_S``) when nothing new came or it failed."""
+        if self.reader.paces_itself and not self.info.error:
+            return 0.0  # (its poll waited for the next batch: a read process paces itself)
         if not got or self.info.error:
             return self.ENDED_POLL_S if self.info.ended else self.POLL_S
         if self._cut_short:
@@ -310,15 +316,37 @@ class Feed:
             return
         if reader is None:
             return
+        try:
+            self._swap_in(reader)
+        except Exception as exc:  # (its read process gone meanwhile: go on as before)
+            reader.close()
+            self.error = str(exc) or type(exc).__name__
+
+    def _read_here(self, why: str) -> None:
+        """The read process is gone (``ReadAheadLost``): the job read again in this process,
+        from the same window, into a new model (nothing ingested twice), and said."""
+        lost = self.reader
+        assert isinstance(lost, ReadAhead)  # (only its polls raise it)
+        try:
+            reader = lost.here()
+            reader.stats.warnings.append(f"{why}: the job was read again in the console's process")
+            self._swap_in(reader)
+        except Exception as exc:  # (the store gone meanwhile: the next step tries again)
+            self.error = f"{why}; reading it here failed: {exc}"
+
+    def _swap_in(self, reader: TraceReader) -> None:
+        """``reader`` read to its end into a new model (a read process's: until its first
+        batch that read all there was), then both swapped in for the old ones."""
         model = TraceModel()
         with gc_paused():
             for batch in reader.read_apart(self.BUDGET):  # (in parallel where the reader can, as a first read)
                 model.ingest(batch.events, batch.ops, batch.spans, batch.beats)
             while True:
                 batch = reader.poll_batch(self.BUDGET)
-                if not batch.count():
+                if batch.count():
+                    model.ingest(batch.events, batch.ops, batch.spans, batch.beats)
+                elif not isinstance(reader, ReadAhead) or reader.read_once:
                     break
-                model.ingest(batch.events, batch.ops, batch.spans, batch.beats)
         model.note_read_stats(reader.stats)
         with self.lock:
             old = self.reader
@@ -477,3 +505,13 @@ def _next_size_check(model: TraceModel) -> int:
     """The event count at which to size ``model`` next: sizing walks every rank's arrays
     (~90 ms at 16k ranks), so it is done as the model grows by an eighth, not every poll."""
     return model.events + max(100 * len(model.ranks), model.events // 8)
+
+
+def read_ahead(reader: TraceReader, source: str, since: Since | None) -> TraceReader:
+    """``reader`` (a store's, opened on ``source`` from ``since`` on) with its polls made
+    ahead in a child process where that is worth it (``store/readahead.py``), paced as a
+    ``Feed`` paces its own; a reader of Flight Recorder dumps as it is (nothing to follow)."""
+    if isinstance(reader, FlightRecorderReader):
+        return reader
+    return readahead.around(reader, source, since,
+                            readahead.Pacing(Feed.BUDGET, Feed.POLL_S, Feed.ROUND_S, Feed.BACKLOG_S))

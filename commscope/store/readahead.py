@@ -1,0 +1,329 @@
+"""A live reader's polls made in a child process, a batch ahead of the console.
+
+A console that follows a job reads and decodes its streams, ingests what came into the
+model, publishes views and diagnoses, all in one process: following 16,384 ranks (``bench
+scale``, a sixteenth of the rate) reading and decoding were ~42% of its one saturated core.
+``ReadAhead`` moves the reading into a child process (``python -m
+commscope.store.readahead``) that opens the same job and polls it as the console did: its
+first read in workers where the store can (``read_apart``), then polls of ``budget``
+bytes, the next at once after one that stopped at the budget, ``round_s`` after the last
+began after one that read all there was, ``poll_s`` after one that brought nothing (or
+failed).  Each batch goes up the pipe with the reader's stats, watermark and backlog as
+of it, its op records in one piece (``oprecords.packed``, arrays out of band: ``bulkread.
+send``); the console ingests one batch while the child reads the next, and the pipe holds
+the child back when the console is slower (it reads at most one batch ahead).
+
+What the console sees of the reader is as of the batch it took last: the watermark (every
+stream read to its end by then, so the model holds all of it), the stats, the backlog.
+The source goes down the child's stdin, with the job the console's reader found pinned (a
+store's newest job may change meanwhile): a URL's password never reaches a command line.
+The child runs in a session of its own (a Ctrl-C at the terminal is the console's to
+handle) and ends when its stdin does.
+
+A child that dies, or sends what is not a batch, is not started again: ``poll_batch``
+raises ``ReadAheadLost`` (with how it ended and the last of what it wrote on stderr) and
+the console reads the job again in its own process (``here``: a reader of the same job
+and window, ``Feed``), into a new model, saying so.  Nothing is lost or counted twice:
+what the child sent was ingested whole (a message is taken whole or not at all), and the
+new reader reads everything again into a new model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, NamedTuple
+
+from commscope.compiled import says_no
+from commscope.events import gc_paused
+from commscope.oprecords import packed, unpacked
+from commscope.store import bulkread
+from commscope.store.base import Batch, ReadStats, StoreError, TraceReader
+from commscope.store.registry import backend_for
+from commscope.window import Since
+
+#: ``COMMSCOPE_READ_AHEAD=0`` keeps a console's reading in its own process
+ENV = "COMMSCOPE_READ_AHEAD"
+
+
+class ReadAheadLost(StoreError):
+    """The read process died or sent what is not a batch: read the job again elsewhere."""
+
+
+class Pacing(NamedTuple):
+    """How the child reads (the console's own pacing, ``tui/feed.Feed``): bytes a poll at
+    most, the pause after a poll that brought nothing, the time from one round that read
+    everything to the next, how often the backlog is measured (it stats every stream)."""
+
+    budget: int
+    poll_s: float
+    round_s: float
+    backlog_s: float
+
+
+class Open(NamedTuple):
+    """What the child reads: ``source`` (a store's name, its job pinned) from ``since`` on."""
+
+    source: str
+    since: Since | None
+    pacing: Pacing
+
+
+class Polled(NamedTuple):
+    """One poll of the child's: the batch (as sent: its op records in one piece, ``spans``,
+    where they go so), the reader's stats, watermark and backlog after it, whether it
+    stopped at the budget, why it failed (None: it did not), and the child's CPU seconds
+    so far."""
+
+    batch: Batch
+    stats: ReadStats
+    watermark: int | None
+    backlog: int
+    cut_short: bool
+    error: str | None
+    cpu_s: float
+
+    def sent(self) -> Polled:
+        """As the child sends it: the op records in one piece where they go so (their
+        ``Spans``: those of a poll decoded together, else ``packed``), not each apart."""
+        b = self.batch
+        if not b.ops:
+            return self
+        spans = b.spans if b.spans is not None and b.spans.of(b.ops) else packed(b.ops)
+        return self if spans is None else self._replace(batch=Batch(b.events, [], spans, b.beats))
+
+    def received(self) -> Batch:
+        """The batch as read, each stream's records a view of the piece they came in."""
+        b = self.batch
+        if b.ops or b.spans is None:
+            return b
+        return Batch(b.events, unpacked(b.spans), b.spans, b.beats)
+
+
+class ReadAhead(TraceReader):
+    """A live reader whose polls a child process makes ahead (see the module docstring):
+    ``poll_batch`` waits up to ``wait_s`` for the child's next batch (an empty one if none
+    came: the console diagnoses and publishes meanwhile), and raises ``ReadAheadLost`` once
+    the child is gone."""
+
+    columnar = True
+    paces_itself = True
+    #: How the child starts
+    COMMAND = (sys.executable, "-m", "commscope.store.readahead")
+    #: What ``ReadAheadLost`` quotes of the child's stderr, at most (its last bytes)
+    STDERR_TAIL = 2000
+
+    def __init__(self, source: str, since: Since | None, pacing: Pacing, description: str = "") -> None:
+        self.source, self.since, self.pacing = source, since, pacing
+        self.description = description or source
+        self.stats = ReadStats()
+        self.wait_s = pacing.poll_s
+        self.cut_short = False  # the last batch stopped at the budget
+        self.read_once = False  # a batch came that read all there was (every stream to its end once)
+        self.cpu_s = 0.0  # the child's CPU seconds, as of its last batch
+        self.receive_s = 0.0  # seconds this process spent taking the child's batches (not waiting for them)
+        self._watermark: int | None = 0
+        self._backlog = 0
+        self._lost: ReadAheadLost | None = None
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (the child's, for its life: ``close``)
+        env = dict(os.environ, COMMSCOPE_NO_PROGRESS="1", OPENBLAS_NUM_THREADS="1")
+        try:
+            # (its stdout unbuffered: ``select`` on the pipe is then all there is to read)
+            self._proc = subprocess.Popen(list(self.COMMAND), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=self._stderr, env=env, close_fds=True, bufsize=0,
+                                          start_new_session=True)
+        except OSError as exc:
+            self._stderr.close()
+            raise StoreError(f"the read process did not start: {exc}") from None
+        try:
+            bulkread.send(self._proc.stdin, Open(source, since, pacing))
+        except OSError:
+            pass  # (gone at once: the first poll says how)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def poll(self, max_bytes: int | None = None) -> list:
+        raise TypeError("ReadAhead reads op records in columns: call poll_batch")
+
+    def poll_batch(self, max_bytes: int | None = None) -> Batch:
+        """The child's next batch, waiting up to ``wait_s`` for it (``max_bytes``: the
+        child's budget rules); an empty batch where none came."""
+        if self._lost is not None:
+            raise self._lost
+        out = self._proc.stdout
+        assert out is not None
+        try:
+            ready, _, _ = select.select([out], [], [], self.wait_s)
+        except (OSError, ValueError):
+            ready = [out]
+        if not ready:
+            return Batch([], [])
+        t0 = time.perf_counter()
+        try:
+            got = bulkread.receive(out)
+        except Exception:  # (EOF, a torn or foreign pickle)
+            raise self._gone("ended") from None
+        if not isinstance(got, Polled):
+            raise self._gone(f"sent a {type(got).__name__}, not a batch")
+        self.stats, self._watermark, self._backlog, self.cut_short, self.cpu_s = (
+            got.stats, got.watermark, got.backlog, got.cut_short, got.cpu_s)
+        if got.error is not None:
+            raise StoreError(got.error)
+        if not got.cut_short:
+            self.read_once = True
+        batch = got.received()
+        self.receive_s += time.perf_counter() - t0  # (its records unpacked too)
+        return batch
+
+    def _gone(self, what: str) -> ReadAheadLost:
+        """The child gone (or to be): killed, waited for, and how it ended said."""
+        with contextlib.suppress(OSError):
+            self._proc.kill()
+        code = self._proc.wait()
+        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        last: list[str] = []  # (its stderr's last line: a traceback's says what it was)
+        with contextlib.suppress(OSError, ValueError):
+            size = self._stderr.seek(0, os.SEEK_END)
+            self._stderr.seek(max(0, size - self.STDERR_TAIL))
+            last = self._stderr.read().decode("utf-8", "replace").strip().splitlines()[-1:]
+        self._lost = ReadAheadLost(f"the read process {what} ({how})" + (f": {last[0]}" if last else ""))
+        return self._lost
+
+    def watermark_ns(self) -> int | None:
+        return self._watermark
+
+    def backlog_bytes(self) -> int:
+        return self._backlog
+
+    def here(self) -> TraceReader:
+        """A reader of the same job and window in this process (the child's stand-in once
+        it is gone)."""
+        reader = backend_for(self.source).reader(self.source, wait=True)
+        if self.since is not None:
+            reader.start_at(self.since)
+        return reader
+
+    def close(self, grace_s: float = 2.0) -> None:
+        """End the child: its stdin closed (it stops at its next look), then killed."""
+        proc = getattr(self, "_proc", None)
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(OSError):
+            proc.stdout.close()
+        self._stderr.close()
+
+
+def around(reader: TraceReader, source: str, since: Since | None, pacing: Pacing) -> TraceReader:
+    """``reader`` (a store's, just opened on ``source``) read ahead in a child process
+    where that is worth it, else ``reader`` itself: not with one core, nor where
+    ``COMMSCOPE_READ_AHEAD`` says no, nor where the child does not start.  The child reads
+    the job ``reader`` found (``pinned``), from ``since`` on; ``reader`` is closed."""
+    if says_no(ENV) or bulkread.cores() < 2:
+        return reader
+    try:
+        ahead = ReadAhead(pinned(source, reader.job_name()), since, pacing, reader.description)
+    except StoreError:
+        return reader
+    reader.close()
+    return ahead
+
+
+def pinned(source: str, job: str | None) -> str:
+    """``source`` naming job ``job`` of the store exactly (a store's newest job may change
+    between two opens): a directory store's job directory, a Redis URL's ``job=``."""
+    if job is None:
+        return source
+    backend = backend_for(source)
+    if backend.local:
+        p = Path(source) / job
+        return str(p) if p.is_dir() else source
+    if backend.pinned_job(source) is not None:
+        return source
+    return source + ("&" if "?" in source else "?") + f"job={job}"
+
+
+# ---------------------------------------------------------------------- the child
+def _stopped(stdin: IO[bytes], wait_s: float) -> bool:
+    """Whether the console closed the child's stdin, looking for up to ``wait_s``."""
+    ready, _, _ = select.select([stdin], [], [], max(0.0, wait_s))
+    return bool(ready) and not stdin.read(1)
+
+
+def main() -> int:
+    """The child: what to read from stdin, then batches to stdout until stdin ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the console's to handle; stdin's end stops this)
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    try:
+        how = bulkread.receive(stdin)
+    except EOFError:
+        return 0
+    if not isinstance(how, Open):
+        return 2
+    pacing = how.pacing
+    reader: TraceReader | None = None
+    first = None
+    got = None
+    next_backlog, backlog = 0.0, 0
+    while True:
+        began = time.monotonic()
+        batch, error, cut = Batch([], []), None, False
+        try:
+            if reader is None:
+                reader = backend_for(how.source).reader(how.source, wait=True)
+                if how.since is not None:
+                    reader.start_at(how.since)
+                first = reader.read_apart(pacing.budget)
+            with gc_paused():
+                got = next(first, None) if first is not None else None
+                if got is not None:
+                    batch, cut = got, True
+                else:
+                    first = None
+                    read = reader.stats.bytes
+                    batch = reader.poll_batch(max_bytes=pacing.budget)
+                    cut = reader.stats.bytes - read >= pacing.budget
+            if began >= next_backlog:
+                backlog, next_backlog = reader.backlog_bytes(), began + pacing.backlog_s
+        except Exception as exc:  # (a store gone, a connection refused ...: said, and tried again)
+            first = None
+            error = str(exc) or type(exc).__name__
+        brought = batch.count()
+        polled = Polled(batch, reader.stats if reader is not None else ReadStats(),
+                        reader.watermark_ns() if reader is not None else 0, backlog, cut, error, time.process_time())
+        try:
+            bulkread.send(stdout, polled.sent())
+        except OSError:  # (the console gone)
+            return 0
+        del batch, got, polled  # (not held while the next poll reads)
+        if cut and error is None:
+            pause = 0.0
+        elif error is not None or not brought:
+            pause = pacing.poll_s
+        else:
+            pause = began + pacing.round_s - time.monotonic()
+        if _stopped(stdin, pause):
+            return 0
+
+
+if __name__ == "__main__":  # (run as the module the console pickled its ``Open`` from, not as __main__)
+    import importlib
+
+    code = importlib.import_module("commscope.store.readahead").main()
+    sys.stdout.flush()
+    os._exit(code)

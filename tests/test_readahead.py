@@ -1,0 +1,233 @@
+"""A console whose polls a child process makes ahead (``store/readahead.py``): it holds what a
+console reading in its own process holds, live, on a directory and on Redis; a read process
+killed at any moment, or sending what is not a batch, leaves the job read again in the
+console's process with nothing lost or counted twice; the child ends with its console."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from redis_fixture import *  # noqa: F403  (redis_server, redis_url)
+
+from commscope.analysis import diagnose
+from commscope.analysis.flight_import import FlightRecorderReader
+from commscope.analysis.source import load_trace
+from commscope.bench.synthstore import JobShape, write_store
+from commscope.store import StoreError, open_reader, open_writer, readahead
+from commscope.store.readahead import ReadAhead, ReadAheadLost
+from commscope.tui.feed import Feed, read_ahead
+
+RANKS, OPS = 8, 60
+PACING = readahead.Pacing(Feed.BUDGET, Feed.POLL_S, Feed.ROUND_S, Feed.BACKLOG_S)
+SMALL = PACING._replace(budget=16 << 10)  # (many batches: a first read a process can die inside)
+BOUND_S = 120.0  # (a bound on waiting for a condition, never a margin: a loaded machine takes long)
+
+
+def _lines(tmp_path: Path) -> dict[int, list[bytes]]:
+    """Each rank's lines of a native synthetic job (blocks, heartbeats, samples), written
+    through the real writers into a store of its own, as a live job writes them."""
+    src = tmp_path / "src"
+    write_store(str(src), JobShape(RANKS, OPS))
+    return {r: (src / "synthetic" / f"rank-{r:05d}.jsonl").read_bytes().splitlines() for r in range(RANKS)}
+
+
+class _Job:
+    """The job written again, live, through a writer a rank into ``store``, in parts."""
+
+    def __init__(self, store: str, lines: dict[int, list[bytes]]):
+        self.lines = lines
+        self.writers = {r: open_writer(store, "synthetic", r, {"world_size": RANKS}) for r in lines}
+        self.at = dict.fromkeys(lines, 0)
+
+    def write(self, fraction: float) -> None:
+        for r, w in self.writers.items():
+            upto = int(len(self.lines[r]) * fraction)
+            w.write(self.lines[r][self.at[r]:upto])
+            self.at[r] = upto
+
+    def close(self) -> None:
+        for w in self.writers.values():
+            w.close()
+
+
+def _until(feed: Feed, done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + BOUND_S
+    while not done():
+        assert time.monotonic() < deadline, f"not reached within {BOUND_S} s: {feed.info}"
+        feed.step()
+        time.sleep(feed.pause_s(False) if not feed.reader.paces_itself else 0)
+
+
+def _summary(model, now: int) -> tuple:
+    """What a model holds, as a console shows it: events, ops and records per rank, and the
+    findings (kind, culprits) judged at ``now``."""
+    findings = sorted((f.kind, tuple(sorted(f.culprits))) for f in diagnose(model, now, 10.0))
+    per_rank = tuple((r, model.n_ops(r)) for r in model.rank_ids())
+    return model.events, model.total_ops(), per_rank, findings
+
+
+def _reference(store: str) -> tuple:
+    model, _, _ = load_trace(store)
+    return _summary(model, model.end_ns)
+
+
+def _ahead(store: str, pacing: readahead.Pacing = PACING) -> ReadAhead:
+    reader = open_reader(store, wait=True)
+    ahead = ReadAhead(readahead.pinned(store, reader.job_name()), None, pacing, reader.description)
+    reader.close()
+    return ahead
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] in "ZX"  # (a zombie: exited, not yet waited for)
+    except FileNotFoundError:
+        return True
+
+
+def test_a_console_reading_ahead_holds_what_one_reading_in_its_own_process_holds(tmp_path):
+    """Half of a native job written, followed; the rest written, followed: the console's
+    model (events, ops per rank, findings) is what ``check`` reads of the finished store,
+    and the child ends with the console, by itself."""
+    store = str(tmp_path / "live")
+    job = _Job(store, _lines(tmp_path))
+    job.write(0.5)
+    feed = Feed(_ahead(store), hang_after=10.0)
+    ahead = feed.reader
+    assert isinstance(ahead, ReadAhead) and ahead.paces_itself
+    _until(feed, lambda: ahead.read_once and feed.model.events)
+    half = feed.model.events
+    job.write(1.0)
+    job.close()
+    want = _reference(store)
+    _until(feed, lambda: feed.model.events == want[0])
+    assert feed.model.events > half
+    assert _summary(feed.model, feed.model.end_ns) == want
+    assert feed.reader is ahead and feed.restarts == 0 and not feed.error
+    assert ahead.stats.events == want[0] and ahead.cpu_s > 0
+    assert ahead.watermark_ns() and ahead.watermark_ns() > 0
+    pid = ahead.pid
+    ahead.close()
+    assert _gone(pid) and ahead._proc.returncode == 0  # (it saw its stdin end: not killed)
+
+
+@pytest.mark.parametrize("when", ["at_start", "inside_the_first_read", "mid_run"])
+def test_a_read_process_killed_is_read_again_here_nothing_lost_or_counted_twice(tmp_path, when):
+    """The child SIGKILLed before its first batch, after the first of many batches of its
+    first read, or once the job is followed: the console reads the job again in its own
+    process into a new model, says so (how the child ended), and ends holding exactly what
+    the finished store holds."""
+    store = str(tmp_path / "live")
+    job = _Job(store, _lines(tmp_path))
+    job.write(0.5)
+    feed = Feed(_ahead(store, SMALL), hang_after=10.0)
+    ahead = feed.reader
+    assert isinstance(ahead, ReadAhead)
+    if when == "at_start":
+        os.kill(ahead.pid, signal.SIGKILL)
+    elif when == "inside_the_first_read":
+        _until(feed, lambda: feed.model.events > 0)
+        assert not ahead.read_once  # (its first read goes on in batches of 16 KiB)
+        os.kill(ahead.pid, signal.SIGKILL)
+    else:
+        _until(feed, lambda: ahead.read_once)
+        os.kill(ahead.pid, signal.SIGKILL)
+    job.write(1.0)
+    job.close()
+    want = _reference(store)
+    _until(feed, lambda: feed.restarts == 1 and feed.model.events == want[0])
+    assert not isinstance(feed.reader, ReadAhead)  # (not started again: read here from now on)
+    assert _summary(feed.model, feed.model.end_ns) == want
+    assert feed.reader.stats.events == want[0]
+    said = [w for w in feed.reader.stats.warnings if "read process" in w]
+    assert len(said) == 1 and "killed by signal 9" in said[0] and "read again in the console's process" in said[0]
+    assert _gone(ahead.pid)
+    with pytest.raises(ReadAheadLost):  # (the lost reader stays lost)
+        ahead.poll_batch()
+    feed.reader.close()
+
+
+def test_a_read_process_that_sends_what_is_not_a_batch_is_read_again_here(tmp_path, monkeypatch):
+    """A child that answers with something else than a batch (a foreign program): lost,
+    said so, the job read here."""
+    store = str(tmp_path / "job")
+    write_store(store, JobShape(RANKS, 20))
+    says = ("import sys; from commscope.store import bulkread; bulkread.receive(sys.stdin.buffer); "
+            "bulkread.send(sys.stdout.buffer, {'not': 'a batch'}); sys.stdin.buffer.read()")
+    monkeypatch.setattr(ReadAhead, "COMMAND", (sys.executable, "-c", says))
+    feed = Feed(_ahead(store), hang_after=10.0)
+    want = _reference(store)
+    _until(feed, lambda: feed.restarts == 1 and feed.model.events == want[0])
+    said = [w for w in feed.reader.stats.warnings if "read process" in w]
+    assert len(said) == 1 and "sent a dict, not a batch" in said[0]
+    assert _summary(feed.model, feed.model.end_ns) == want
+    feed.reader.close()
+
+
+def test_a_redis_job_is_read_ahead_and_its_url_never_reaches_a_command_line(tmp_path, redis_url):
+    """On Redis: the child reads the job the console's reader found (pinned: ``job=``), what
+    it holds is what ``check`` reads, and the store's URL went down the child's stdin, not
+    into its command line."""
+    lines = _lines(tmp_path)
+    job = _Job(redis_url, lines)
+    job.write(1.0)
+    job.close()
+    reader = open_reader(redis_url, wait=True)
+    assert readahead.pinned(redis_url, reader.job_name()) == redis_url + "?job=synthetic"
+    feed = Feed(read_ahead(reader, redis_url, None), hang_after=10.0)
+    ahead = feed.reader
+    assert isinstance(ahead, ReadAhead)
+    with open(f"/proc/{ahead.pid}/cmdline", "rb") as f:
+        argv = f.read().split(b"\0")
+    assert not any(b"redis://" in a for a in argv)
+    want = _reference(redis_url)
+    _until(feed, lambda: feed.model.events == want[0])
+    assert _summary(feed.model, feed.model.end_ns) == want
+    ahead.close()
+
+
+def test_a_console_reads_in_its_own_process_where_reading_ahead_is_not_worth_it(tmp_path, monkeypatch):
+    """``COMMSCOPE_READ_AHEAD=0``, one core, or a directory of Flight Recorder dumps: the
+    reader as it was; else a ``ReadAhead`` pinned to the job found."""
+    store = str(tmp_path / "job")
+    write_store(store, JobShape(RANKS, 4))
+    monkeypatch.setenv(readahead.ENV, "0")
+    reader = open_reader(store)
+    assert read_ahead(reader, store, None) is reader
+    monkeypatch.delenv(readahead.ENV)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert read_ahead(reader, store, None) is reader
+    monkeypatch.undo()
+    dumps = FlightRecorderReader(tmp_path)
+    assert read_ahead(dumps, str(tmp_path), None) is dumps
+    ahead = read_ahead(reader, store, None)
+    assert isinstance(ahead, ReadAhead) and ahead.source == str(Path(store) / "synthetic")
+    ahead.close()
+
+
+def test_a_store_the_read_process_cannot_read_is_said_and_tried_again():
+    """A Redis nobody listens on: the child says why at each poll (the console shows it as
+    its reader's error, ``Feed.error``), and keeps trying; it is not lost."""
+    ahead = ReadAhead("redis://127.0.0.1:1/0", None, PACING._replace(poll_s=0.05))
+    try:
+        said = []
+        deadline = time.monotonic() + BOUND_S
+        while len(said) < 2:
+            assert time.monotonic() < deadline
+            try:
+                ahead.poll_batch()
+            except ReadAheadLost:
+                raise
+            except StoreError as exc:
+                said.append(str(exc))
+        assert all("127.0.0.1:1" in s for s in said), said
+        assert ahead._proc.poll() is None  # (still there, trying)
+    finally:
+        ahead.close()
