@@ -55,11 +55,17 @@ import tempfile
 import textwrap
 import time
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from commscope.bench.stats import fmt_time, quantile
+from commscope.store import readahead
+from commscope.store.readahead import ReadAhead
+
+if TYPE_CHECKING:
+    from commscope.store import TraceReader
+    from commscope.tui.feed import Feed
 
 S = 1_000_000_000
 FAULTS = ("missing", "dead", "host-lost", "mismatch", "straggler-host", "two-hosts", "none")
@@ -367,14 +373,15 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
 
     from commscope.analysis.ranks import ranges
     from commscope.store import open_reader
-    from commscope.tui.feed import Feed
+    from commscope.tui.feed import Feed, read_ahead
 
     expect = EXPECTED[plan.fault]
     want = plan.culprit_sets()  # each named by one finding of the expected kind
     named_at: dict[int, int] = {}
-    reader = open_reader(plan.store + ("&" if "?" in plan.store else "?") + f"job={plan.job}"
-                         if plan.store.startswith("redis") else os.path.join(plan.store, plan.job), wait=True)
-    feed = Feed(reader, hang_after=plan.hang_after)
+    source = (plan.store + ("&" if "?" in plan.store else "?") + f"job={plan.job}"
+              if plan.store.startswith("redis") else os.path.join(plan.store, plan.job))
+    # (as ``commscope attach`` reads: its polls made ahead in a read process, where that is worth it)
+    feed = Feed(read_ahead(open_reader(source, wait=True), source, None), hang_after=plan.hang_after)
     lags: list[float] = []  # the newest event read, behind the clock
     behind: list[float] = []  # what every stream was read up to (the watermark), behind the clock
     first_round = plan.t_start  # when every stream had been read once
@@ -397,11 +404,11 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
     # and ingesting them)
     steps: list[tuple[int, int, float]] = []
     while time.monotonic() < until or (expect is not None and not found_ns and time.monotonic() < hard):
-        records, chunks, spent = feed.reader.stats.records, feed.reader.stats.chunks, feed.costs.read + feed.costs.ingest
+        records, chunks, spent = feed.reader.stats.records, feed.reader.stats.chunks, _spent(feed)
         info, got = feed.step()
         if got and behind:  # (once every stream was read: a first chunk's cost is once a stream)
             stats = feed.reader.stats
-            steps.append((stats.records - records, stats.chunks - chunks, feed.costs.read + feed.costs.ingest - spent))
+            steps.append((stats.records - records, stats.chunks - chunks, _spent(feed) - spent))
         wall = time.time_ns()
         if got and not caught_ns:  # caught up: every stream read past the job's start, and within the target
             mark = feed.reader.watermark_ns() or 0
@@ -431,7 +438,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
         if mono >= next_frame and feed.view.rank_ids():
             frames.append(_rows_painted(feed, plan.culprit, wall))
             next_frame = mono + 0.5
-            rss = max(rss, proc.memory_info().rss)
+            rss = max(rss, proc.memory_info().rss + _read_process_rss(feed.reader))
         pause = feed.pause_s(got)  # (as ``Feed.run`` paces its steps)
         if pause:
             time.sleep(pause)
@@ -446,7 +453,8 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
             break
         if not got:
             time.sleep(Feed.POLL_S)
-    reader.close()
+    ahead = feed.reader if isinstance(feed.reader, ReadAhead) else None
+    feed.reader.close()
     for f in feed.findings:  # (as last judged: the captures read by then)
         if f.kind == expect and sorted(f.culprits) in want:
             stacks_shown = _stacks_shown(f)
@@ -455,9 +463,32 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
             "after_caught": behind[caught:] if caught_ns else [],
             "found_s": (found_ns - fault_ns) / S if found_ns else None, "wrong": wrong, "early": early,
             "wall_s": (time.time_ns() - plan.t_start) / S,
-            "frames": frames, "rss": rss, "cpu_s": time.process_time() - cpu0, "events": feed.model.events,
+            "frames": frames, "rss": rss, "events": feed.model.events,
+            "cpu_s": time.process_time() - cpu0 + (ahead.cpu_s if ahead is not None else 0.0),
+            "read_process_cpu_s": ahead.cpu_s if ahead is not None else None,
             "ranks_seen": len(feed.model.ranks), "steps": steps, "stacks": stacks_shown,
             "judging_s": feed.costs.diagnose + feed.costs.publish}
+
+
+def _spent(feed: Feed) -> float:
+    """Seconds the console has spent reading and ingesting so far: with a read process, its
+    CPU time and this process's taking of its batches, not the time waited for them."""
+    reader = feed.reader
+    if isinstance(reader, ReadAhead):
+        return reader.cpu_s + reader.receive_s + feed.costs.ingest
+    return feed.costs.read + feed.costs.ingest
+
+
+def _read_process_rss(reader: TraceReader) -> int:
+    """The resident memory of the console's read process (0: none), part of its own."""
+    import psutil
+
+    if not isinstance(reader, ReadAhead):
+        return 0
+    try:
+        return psutil.Process(reader.pid).memory_info().rss
+    except psutil.Error:
+        return 0
 
 
 def costs_of(steps: list[tuple[int, int, float]]) -> tuple[float, float] | None:
@@ -616,8 +647,12 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
           f"    writers' CPU {writer_cpu / max(x['wall_s'] for x in wrote) * 100:.0f}% of a core")
     if loads:
         _report_loads(loads, max(x["every"] for x in wrote), plan.store)
+    read = seen["read_process_cpu_s"]
+    where = (f"\n    ({read / seen['wall_s'] * 100:.0f}% in its read process, which makes its polls ahead)"
+             if read is not None else f"\n    (reading in its own process: {readahead.ENV}=0, or one core)")
     print(f"  console: read {seen['events']:,} events of {seen['ranks_seen']:,} ranks;\n"
-          f"    its CPU {seen['cpu_s'] / seen['wall_s'] * 100:.0f}% of a core, RSS {seen['rss'] / 2**20:,.0f} MiB")
+          f"    its CPU {seen['cpu_s'] / seen['wall_s'] * 100:.0f}% of a core, RSS {seen['rss'] / 2**20:,.0f} MiB"
+          + where)
     marks = seen["behind"]
     mark_med = median(marks) if marks else float("nan")
     mark_p99 = quantile(marks, 0.99) if marks else float("nan")
