@@ -13,6 +13,7 @@ from commscope.analysis.synth import TraceBuilder
 from commscope.events import encode
 from commscope.store import open_writer
 from commscope.store.base import ReadStats, TraceReader
+from commscope.store.readahead import Pacing, ReadAhead
 from commscope.tui.app import CommscopeApp
 from commscope.tui.feed import LIVE, REPLAY, Feed
 from commscope.tui.screens import HelpScreen
@@ -28,9 +29,14 @@ async def wait_for(pilot, cond, timeout: float = 15.0) -> None:
         await pilot.pause(0.05)
 
 
-def test_attach_waits_for_the_job_then_follows_it_to_the_end(tmp_path):
+@pytest.mark.parametrize("ahead", [False, True], ids=["read_here", "read_ahead"])
+def test_attach_waits_for_the_job_then_follows_it_to_the_end(tmp_path, ahead):
+    """Read in the console's process, or ahead in a read process (``attach``'s way where it
+    has two cores), which waits for the job as the console would, and ends with it."""
     store = tmp_path / "trace"
-    reader = open_source(store, wait=True)  # nothing written yet
+    # nothing written yet
+    reader = ReadAhead(str(store), None, Pacing(Feed.BUDGET, Feed.POLL_S, Feed.ROUND_S, Feed.BACKLOG_S)) if ahead \
+        else open_source(store, wait=True)
     feed = Feed(reader, mode=LIVE, source=str(store))
     app = CommscopeApp(feed, bell=False)
     t0 = time.time_ns()
@@ -59,6 +65,10 @@ def test_attach_waits_for_the_job_then_follows_it_to_the_end(tmp_path):
         await pilot.press("q")
 
     drive(app, check, loaded=False)
+    assert feed.reader is reader and feed.restarts == 0
+    reader.close()
+    if ahead:
+        assert reader._proc.returncode == 0  # (it saw its stdin end: not killed)
 
 
 def test_replay_controls_move_the_cursor():
