@@ -5,11 +5,13 @@ writable; a message cut anywhere is the worker gone, never a wrong object."""
 from __future__ import annotations
 
 import io
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from commscope.snapshot import pyspy
 from commscope.store import bulkread
 
 
@@ -96,3 +98,32 @@ def test_a_workers_jobs_leave_nothing_for_the_collector(tmp_path, json):
     found = [int(x) for x in got.stdout.split()]
     assert len(found) == 9
     assert found[2:] == [0] * 7, found  # (the first jobs: their lazy imports and caches)
+
+
+_TRACED = '''
+import subprocess, sys
+import numpy as np
+from commscope.store import bulkread
+N = 150
+if sys.argv[1:] == ["child"]:
+    for i in range(N):  # (through its stdout's buffered writer, as a worker and a read process send)
+        bulkread.send(sys.stdout.buffer, {"i": i, "a": np.arange(200_000 + i), "e": [{"x": j} for j in range(2000)]})
+    sys.exit(0)
+p = subprocess.Popen([sys.executable, "-c", sys.argv[1], "child"], stdout=subprocess.PIPE)
+for i in range(N):
+    m = bulkread.receive(p.stdout)
+    assert m["i"] == i and np.array_equal(m["a"], np.arange(200_000 + i)) and m["e"][-1] == {"x": 1999}, i
+print("all", N)
+'''
+
+
+def test_messages_arrive_whole_while_a_tracer_stops_the_sender_mid_write(tmp_path):
+    """py-spy sampling a sender (a read worker, a console's read process) stops it in the
+    middle of its writes, many times a second: every message still arrives whole and
+    exact.  Written through Python's buffered writer, messages were torn or their arrays'
+    bytes wrong within the first dozen (a console lost its read process under py-spy)."""
+    exe = pyspy.executable()
+    assert exe is not None, "py-spy is a dependency (pip install py-spy)"
+    got = subprocess.run([exe, "record", "-r", "250", "--subprocesses", "-f", "raw", "-o", str(tmp_path / "samples"),
+                          "--", sys.executable, "-c", _TRACED, _TRACED], capture_output=True, text=True, timeout=600)
+    assert got.returncode == 0 and "all 150" in got.stdout, got.stdout + got.stderr

@@ -382,6 +382,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
               if plan.store.startswith("redis") else os.path.join(plan.store, plan.job))
     # (as ``commscope attach`` reads: its polls made ahead in a read process, where that is worth it)
     feed = Feed(read_ahead(open_reader(source, wait=True), source, None), hang_after=plan.hang_after)
+    ahead = feed.reader if isinstance(feed.reader, ReadAhead) else None  # (its CPU counted, even once lost)
     lags: list[float] = []  # the newest event read, behind the clock
     behind: list[float] = []  # what every stream was read up to (the watermark), behind the clock
     first_round = plan.t_start  # when every stream had been read once
@@ -453,7 +454,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
             break
         if not got:
             time.sleep(Feed.POLL_S)
-    ahead = feed.reader if isinstance(feed.reader, ReadAhead) else None
+    lost = [w for w in feed.reader.stats.warnings if w.startswith("the read process")]  # (``Feed._read_here``)
     feed.reader.close()
     for f in feed.findings:  # (as last judged: the captures read by then)
         if f.kind == expect and sorted(f.culprits) in want:
@@ -465,7 +466,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
             "wall_s": (time.time_ns() - plan.t_start) / S,
             "frames": frames, "rss": rss, "events": feed.model.events,
             "cpu_s": time.process_time() - cpu0 + (ahead.cpu_s if ahead is not None else 0.0),
-            "read_process_cpu_s": ahead.cpu_s if ahead is not None else None,
+            "read_process_cpu_s": ahead.cpu_s if ahead is not None else None, "read_process_lost": lost,
             "ranks_seen": len(feed.model.ranks), "steps": steps, "stacks": stacks_shown,
             "judging_s": feed.costs.diagnose + feed.costs.publish}
 
@@ -650,6 +651,8 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
     read = seen["read_process_cpu_s"]
     where = (f"\n    ({read / seen['wall_s'] * 100:.0f}% in its read process, which makes its polls ahead)"
              if read is not None else f"\n    (reading in its own process: {readahead.ENV}=0, or one core)")
+    for why in seen["read_process_lost"]:  # (read here from then on)
+        where += "\n" + _wrapped(f"LOST: {why}")
     print(f"  console: read {seen['events']:,} events of {seen['ranks_seen']:,} ranks;\n"
           f"    its CPU {seen['cpu_s'] / seen['wall_s'] * 100:.0f}% of a core, RSS {seen['rss'] / 2**20:,.0f} MiB"
           + where)

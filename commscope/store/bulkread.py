@@ -98,11 +98,27 @@ def send(f: IO[bytes], obj: Any) -> None:
         raws = [b.raw() for b in buffers]
     except BufferError:  # (a buffer not in one piece: all in the pickle)
         data, raws = pickle.dumps(obj, protocol=5), []
-    f.write(_LEN.pack(len(data)) + _LEN.pack(len(raws)) + b"".join(_LEN.pack(r.nbytes) for r in raws))
-    f.write(data)
-    for raw in raws:
-        f.write(raw)
-    f.flush()
+    head = _LEN.pack(len(data)) + _LEN.pack(len(raws)) + b"".join(_LEN.pack(r.nbytes) for r in raws)
+    try:
+        fd = f.fileno()
+    except (AttributeError, OSError):  # (not a file: written through it)
+        for part in (head, data, *raws):
+            f.write(part)
+        f.flush()
+        return
+    f.flush()  # (what it holds goes first)
+    for part in (head, data, *raws):
+        _write_all(fd, part)
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    """All of ``data`` to a file descriptor, a write at a time as each takes part of it.
+    Not through a buffered file: a pipe written through Python's buffered writer lost and
+    repeated bytes when a tracer stopped the writer mid-write (py-spy sampling a worker or
+    a read process: the next message was torn, or an array's bytes wrong)."""
+    view = memoryview(data).cast("B")
+    while view.nbytes:
+        view = view[os.write(fd, view):]
 
 
 def _read(f: IO[bytes], n: int) -> bytes:

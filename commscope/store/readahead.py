@@ -170,8 +170,10 @@ class ReadAhead(TraceReader):
         t0 = time.perf_counter()
         try:
             got = bulkread.receive(out)
-        except Exception:  # (EOF, a torn or foreign pickle)
+        except EOFError:
             raise self._gone("ended") from None
+        except Exception as exc:  # (a torn or foreign pickle)
+            raise self._gone(f"sent what is not a batch ({type(exc).__name__}: {exc})") from None
         if not isinstance(got, Polled):
             raise self._gone(f"sent a {type(got).__name__}, not a batch")
         self.stats, self._watermark, self._backlog, self.cut_short, self.cpu_s = (
@@ -185,11 +187,15 @@ class ReadAhead(TraceReader):
         return batch
 
     def _gone(self, what: str) -> ReadAheadLost:
-        """The child gone (or to be): killed, waited for, and how it ended said."""
-        with contextlib.suppress(OSError):
-            self._proc.kill()
-        code = self._proc.wait()
-        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        """The child gone (or to be: stopped here), waited for, and how it ended said."""
+        code = self._proc.poll()
+        if code is None:
+            with contextlib.suppress(OSError):
+                self._proc.kill()
+            self._proc.wait()
+            how = "stopped by the console"
+        else:
+            how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
         last: list[str] = []  # (its stderr's last line: a traceback's says what it was)
         with contextlib.suppress(OSError, ValueError):
             size = self._stderr.seek(0, os.SEEK_END)
