@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # (the output's reader went away: no traceback, as ``git log | head``)
+        if not errors.stdout_closed():
+            raise  # (another pipe or socket: a failure to say)
         return errors.closed_pipe()
     finally:
         if argv is not None and gc.get_freeze_count():

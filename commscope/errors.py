@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import sys
 
 
@@ -13,6 +14,18 @@ class UsageError(Exception):
 #: The exit status when the reader of the output went away (``commscope export --chrome - |
 #: head``): a shell's for a command a closed pipe stopped (128 + SIGPIPE), none of ``check``'s
 CLOSED_PIPE = 141
+
+
+def stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader went away (the pipe says so: an error
+    event on its end), not another pipe or socket a command broke."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # (no standard output to ask)
+        return False
 
 
 def closed_pipe() -> int:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from commscope import errors
 from commscope.analysis.synth import S, TraceBuilder, healthy_trace
 from commscope.cli import main as cli
@@ -185,3 +187,16 @@ def test_a_command_whose_output_reader_went_away_exits_quietly(tmp_path):
     got = _closed_pipe_run("-m", "commscope.compiled", "status")
     assert got.returncode == errors.CLOSED_PIPE, got.stderr
     assert "Traceback" not in got.stderr and "BrokenPipe" not in got.stderr
+
+
+def test_a_broken_pipe_that_is_not_the_output_is_a_failure_not_a_quiet_exit(monkeypatch, capsys):
+    """A command that broke another pipe or socket (a Redis connection) while its output is
+    fine: the error goes on up, it is not taken for ``| head``."""
+    import commscope.commands.check as check
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(check, "main", broken)
+    with pytest.raises(BrokenPipeError):
+        cli(["check", "anything"])

@@ -19,12 +19,12 @@ from commscope.analysis import diagnose
 from commscope.analysis.flight_import import FlightRecorderReader
 from commscope.analysis.source import load_trace
 from commscope.bench.synthstore import JobShape, write_store
-from commscope.store import StoreError, open_reader, open_writer, readahead
+from commscope.store import StoreError, bulkread, open_reader, open_writer, readahead
 from commscope.store.readahead import ReadAhead, ReadAheadLost
 from commscope.tui.feed import Feed, read_ahead
 
 RANKS, OPS = 8, 60
-PACING = readahead.Pacing(Feed.BUDGET, Feed.POLL_S, Feed.ROUND_S, Feed.BACKLOG_S)
+PACING = Feed.pacing()
 SMALL = PACING._replace(budget=16 << 10)  # (many batches: a first read a process can die inside)
 BOUND_S = 120.0  # (a bound on waiting for a condition, never a margin: a loaded machine takes long)
 
@@ -114,8 +114,8 @@ def test_a_console_reading_ahead_holds_what_one_reading_in_its_own_process_holds
     assert ahead.stats.events == want[0] and ahead.cpu_s > 0
     assert ahead.watermark_ns() and ahead.watermark_ns() > 0
     pid = ahead.pid
-    ahead.close()
-    assert _gone(pid) and ahead._proc.returncode == 0  # (it saw its stdin end: not killed)
+    ahead.close(grace_s=BOUND_S)
+    assert _gone(pid) and ahead._proc.returncode == 0  # (it saw its pipes end: not killed)
 
 
 @pytest.mark.parametrize("when", ["at_start", "inside_the_first_read", "mid_run"])
@@ -171,10 +171,11 @@ def test_a_read_process_that_sends_what_is_not_a_batch_is_read_again_here(tmp_pa
     feed.reader.close()
 
 
-def test_a_redis_job_is_read_ahead_and_its_url_never_reaches_a_command_line(tmp_path, redis_url):
+def test_a_redis_job_is_read_ahead_and_its_url_never_reaches_a_command_line(tmp_path, redis_url, monkeypatch):
     """On Redis: the child reads the job the console's reader found (pinned: ``job=``), what
     it holds is what ``check`` reads, and the store's URL went down the child's stdin, not
     into its command line."""
+    monkeypatch.setattr(bulkread, "cores", lambda: 2)  # (whatever cores this machine has)
     lines = _lines(tmp_path)
     job = _Job(redis_url, lines)
     job.write(1.0)
@@ -205,6 +206,7 @@ def test_a_console_reads_in_its_own_process_where_reading_ahead_is_not_worth_it(
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     assert read_ahead(reader, store, None) is reader
     monkeypatch.undo()
+    monkeypatch.setattr(bulkread, "cores", lambda: 2)  # (whatever cores this machine has)
     dumps = FlightRecorderReader(tmp_path)
     assert read_ahead(dumps, str(tmp_path), None) is dumps
     ahead = read_ahead(reader, store, None)
@@ -231,3 +233,26 @@ def test_a_store_the_read_process_cannot_read_is_said_and_tried_again():
         assert ahead._proc.poll() is None  # (still there, trying)
     finally:
         ahead.close()
+
+
+def test_after_a_read_process_is_lost_a_restart_at_the_tail_reads_here_too(tmp_path):
+    """Once a read process was lost, the console starts none again: a restart at the tail
+    (its model past its budget) whose reopen gives a read process reads in the console's
+    process instead, and that process is ended."""
+    store = str(tmp_path / "job")
+    write_store(store, JobShape(RANKS, 20))
+    started: list[ReadAhead] = []
+
+    def reopen(window):
+        started.append(_ahead(store))
+        return started[-1]
+
+    feed = Feed(_ahead(store), hang_after=10.0, reopen=reopen)
+    os.kill(feed.reader.pid, signal.SIGKILL)
+    want = _reference(store)
+    _until(feed, lambda: feed.restarts == 1 and feed.model.events == want[0])
+    feed._restart_at_tail()
+    assert feed.restarts == 2 and not isinstance(feed.reader, ReadAhead) and len(started) == 1
+    assert _gone(started[0].pid)
+    assert feed.model.events == want[0]  # (the window is a minute at least: the whole job)
+    feed.reader.close()

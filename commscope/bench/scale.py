@@ -378,8 +378,9 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
     expect = EXPECTED[plan.fault]
     want = plan.culprit_sets()  # each named by one finding of the expected kind
     named_at: dict[int, int] = {}
-    source = (plan.store + ("&" if "?" in plan.store else "?") + f"job={plan.job}"
-              if plan.store.startswith("redis") else os.path.join(plan.store, plan.job))
+    from commscope.store import backend_for
+
+    source = backend_for(plan.store).with_job(plan.store, plan.job)
     # (as ``commscope attach`` reads: its polls made ahead in a read process, where that is worth it)
     feed = Feed(read_ahead(open_reader(source, wait=True), source, None), hang_after=plan.hang_after)
     ahead = feed.reader if isinstance(feed.reader, ReadAhead) else None  # (its CPU counted, even once lost)

@@ -167,10 +167,11 @@ def _redis_follow(url: str, ranks: int, rate: int, seconds: float) -> dict[str, 
     """A reader polling a live job that ``ranks`` writers feed at ``rate`` events/s each."""
     from commscope.launch import Job
     from commscope.record.jobid import new_job_id
+    from commscope.store import redis_url
     from commscope.store.redis_store import RedisReader, delete_job
 
     job = "bench-follow-" + new_job_id()
-    reader = RedisReader(url + ("&" if "?" in url else "?") + "job=" + job, wait=True)
+    reader = RedisReader(redis_url.with_job(url, job), wait=True)
     writer = Job(_paced_writer, 1, args=(url, job, ranks, rate, seconds), init=False).start()
     seen = 0
     t0 = time.perf_counter()
@@ -247,6 +248,7 @@ def _fmt_rate(x: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from commscope.launch import run_ranks
+    from commscope.store import redis_url
 
     if args.quick:
         args.events, args.seconds = 20_000, 0.5
@@ -281,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
             redis = name != "directory"
             store = os.path.join(base, "w") if name == "directory" else base
             w = run_ranks(_writer_rate, 1, args=(store, args.events // 2, args.seconds), timeout=600)[0].value
-            rstore = os.path.join(base, "r") if name == "directory" else base + ("&" if "?" in base else "?") + "job=bench"
+            rstore = os.path.join(base, "r") if name == "directory" else redis_url.with_job(base, "bench")
             read_ranks = args.ranks if name == "directory" else max(args.ranks, REDIS_FOLLOW_RANKS)
             per_rank = args.events // read_ranks
             write_trace(rstore if name == "directory" else base, read_ranks, per_rank)

@@ -121,15 +121,17 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
-def _read(f: IO[bytes], n: int) -> bytes:
-    """``n`` bytes of ``f``, over as many reads as an unbuffered pipe takes (``ReadAhead``'s)."""
-    data = f.read(n)
-    while len(data) < n:
-        more = f.read(n - len(data))
-        if not more:
+def _read(f: IO[bytes], n: int) -> bytearray:
+    """``n`` bytes of ``f``, over as many reads as an unbuffered pipe takes (``ReadAhead``'s:
+    64 KiB a read), into one buffer."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        step = f.readinto(view[got:])  # type: ignore[attr-defined]
+        if not step:
             raise EOFError("worker gone")
-        data += more
-    return data
+        got += step
+    return buf
 
 
 def receive(f: IO[bytes]) -> Any:
@@ -138,16 +140,7 @@ def receive(f: IO[bytes]) -> Any:
         raise EOFError("not a worker's message")
     sizes = struct.unpack(f"<{k}Q", _read(f, k * _LEN.size))
     data = _read(f, n)
-    buffers = []
-    for size in sizes:
-        buf = bytearray(size)
-        view, got = memoryview(buf), 0
-        while got < size:
-            step = f.readinto(view[got:])  # type: ignore[attr-defined]
-            if not step:
-                raise EOFError("worker gone")
-            got += step
-        buffers.append(buf)
+    buffers = [_read(f, size) for size in sizes]
     return pickle.loads(data, buffers=buffers)
 
 

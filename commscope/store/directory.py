@@ -368,6 +368,13 @@ def job_location(path: str, job: str) -> str:
     return f"{path.rstrip('/')}/{job}"
 
 
+def with_job(path: str, job: str) -> str:
+    """The path naming job ``job`` of a store exactly, as a reader opens it (made or not
+    yet): the job's directory in the store, or the path itself where it is that directory."""
+    p = Path(path)
+    return path if p.name == job and not (p / job).is_dir() else str(p / job)
+
+
 class Piece(NamedTuple):
     """One chunk of a stream in a whole read (``DirectoryReader.read_whole``): how many
     events it returned, its ``jsonops`` decode (where its JSON op lines went to columns),

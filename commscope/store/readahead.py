@@ -8,10 +8,11 @@ commscope.store.readahead``) that opens the same job and polls it as the console
 first read in workers where the store can (``read_apart``), then polls of ``budget``
 bytes, the next at once after one that stopped at the budget, ``round_s`` after the last
 began after one that read all there was, ``poll_s`` after one that brought nothing (or
-failed).  Each batch goes up the pipe with the reader's stats, watermark and backlog as
-of it, its op records in one piece (``oprecords.packed``, arrays out of band: ``bulkread.
-send``); the console ingests one batch while the child reads the next, and the pipe holds
-the child back when the console is slower (it reads at most one batch ahead).
+failed), ``idle_s`` once polls brought nothing for that long (an ended job's pace).  Each
+batch goes up the pipe with the reader's stats, watermark and backlog as of it, its op
+records in one piece (``oprecords.packed``, arrays out of band: ``bulkread.send``); the
+console ingests one batch while the child reads the next, and the pipe holds the child
+back when the console is slower (it reads about one batch ahead, and what the pipe holds).
 
 What the console sees of the reader is as of the batch it took last: the watermark (every
 stream read to its end by then, so the model holds all of it), the stats, the backlog.
@@ -21,11 +22,12 @@ The child runs in a session of its own (a Ctrl-C at the terminal is the console'
 handle) and ends when its stdin does.
 
 A child that dies, or sends what is not a batch, is not started again: ``poll_batch``
-raises ``ReadAheadLost`` (with how it ended and the last of what it wrote on stderr) and
-the console reads the job again in its own process (``here``: a reader of the same job
-and window, ``Feed``), into a new model, saying so.  Nothing is lost or counted twice:
-what the child sent was ingested whole (a message is taken whole or not at all), and the
-new reader reads everything again into a new model.
+raises ``ReadAheadLost`` (with how it ended and the last line it wrote on stderr) and the
+console reads the job again in its own process from then on (``here``: a reader of the
+job the child read, from the same window, a window back from the end counted from now;
+``Feed._read_here``), into a new model, saying so.  Nothing is lost or counted twice: what
+the child sent was ingested whole (a message is taken whole or not at all), and the new
+reader reads everything again into a new model.
 """
 
 from __future__ import annotations
@@ -38,15 +40,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import IO, NamedTuple
 
 from commscope.compiled import says_no
 from commscope.events import gc_paused
 from commscope.oprecords import packed, unpacked
+from commscope.redact import redact as redact_text
 from commscope.store import bulkread
 from commscope.store.base import Batch, ReadStats, StoreError, TraceReader
-from commscope.store.registry import backend_for
+from commscope.store.registry import backend_for, redact_store
 from commscope.window import Since
 
 #: ``COMMSCOPE_READ_AHEAD=0`` keeps a console's reading in its own process
@@ -60,12 +62,15 @@ class ReadAheadLost(StoreError):
 class Pacing(NamedTuple):
     """How the child reads (the console's own pacing, ``tui/feed.Feed``): bytes a poll at
     most, the pause after a poll that brought nothing, the time from one round that read
-    everything to the next, how often the backlog is measured (it stats every stream)."""
+    everything to the next, how often at most the backlog is measured (it stats every
+    stream: at most every twenty times what that costs, too), and the pause once polls
+    brought nothing for that long (an ended job's, which the console polled so)."""
 
     budget: int
     poll_s: float
     round_s: float
     backlog_s: float
+    idle_s: float
 
 
 class Open(NamedTuple):
@@ -79,8 +84,8 @@ class Open(NamedTuple):
 class Polled(NamedTuple):
     """One poll of the child's: the batch (as sent: its op records in one piece, ``spans``,
     where they go so), the reader's stats, watermark and backlog after it, whether it
-    stopped at the budget, why it failed (None: it did not), and the child's CPU seconds
-    so far."""
+    stopped at the budget, why it failed (None: it did not; then the batch is empty), the
+    child's CPU seconds so far, and the job it reads (None: not found yet)."""
 
     batch: Batch
     stats: ReadStats
@@ -89,6 +94,7 @@ class Polled(NamedTuple):
     cut_short: bool
     error: str | None
     cpu_s: float
+    job: str | None
 
     def sent(self) -> Polled:
         """As the child sends it: the op records in one piece where they go so (their
@@ -122,7 +128,8 @@ class ReadAhead(TraceReader):
 
     def __init__(self, source: str, since: Since | None, pacing: Pacing, description: str = "") -> None:
         self.source, self.since, self.pacing = source, since, pacing
-        self.description = description or source
+        self.description = description or redact_store(source)
+        self.job: str | None = None  # the job the child reads, once it found one
         self.stats = ReadStats()
         self.wait_s = pacing.poll_s
         self.cut_short = False  # the last batch stopped at the budget
@@ -132,8 +139,11 @@ class ReadAhead(TraceReader):
         self._watermark: int | None = 0
         self._backlog = 0
         self._lost: ReadAheadLost | None = None
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (the child's, for its life: ``close``)
         env = dict(os.environ, COMMSCOPE_NO_PROGRESS="1", OPENBLAS_NUM_THREADS="1")
+        try:
+            self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (the child's, for its life: ``close``)
+        except OSError as exc:  # (no file left to open, no temporary directory)
+            raise StoreError(f"the read process did not start: {exc}") from None
         try:
             # (its stdout unbuffered: ``select`` on the pipe is then all there is to read)
             self._proc = subprocess.Popen(list(self.COMMAND), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -170,14 +180,15 @@ class ReadAhead(TraceReader):
         t0 = time.perf_counter()
         try:
             got = bulkread.receive(out)
-        except EOFError:
-            raise self._gone("ended") from None
+        except EOFError:  # (its end: waited for a moment, so that how it ended is what it says)
+            raise self._gone("ended", wait_s=self.EXIT_WAIT_S) from None
         except Exception as exc:  # (a torn or foreign pickle)
             raise self._gone(f"sent what is not a batch ({type(exc).__name__}: {exc})") from None
         if not isinstance(got, Polled):
             raise self._gone(f"sent a {type(got).__name__}, not a batch")
         self.stats, self._watermark, self._backlog, self.cut_short, self.cpu_s = (
             got.stats, got.watermark, got.backlog, got.cut_short, got.cpu_s)
+        self.job = got.job or self.job
         if got.error is not None:
             raise StoreError(got.error)
         if not got.cut_short:
@@ -186,22 +197,30 @@ class ReadAhead(TraceReader):
         self.receive_s += time.perf_counter() - t0  # (its records unpacked too)
         return batch
 
-    def _gone(self, what: str) -> ReadAheadLost:
-        """The child gone (or to be: stopped here), waited for, and how it ended said."""
-        code = self._proc.poll()
-        if code is None:
+    #: How long a child whose pipe ended is waited for before it is taken for stopped: its
+    #: pipe closes as it exits, a moment before it can be waited for
+    EXIT_WAIT_S = 5.0
+
+    def _gone(self, what: str, wait_s: float = 0.0) -> ReadAheadLost:
+        """The child gone (waited for up to ``wait_s``; still there: stopped here), and how
+        it ended said, with the last line it wrote on stderr (a traceback's says what it
+        was), its store's credentials hidden."""
+        try:
+            code = self._proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
             with contextlib.suppress(OSError):
                 self._proc.kill()
             self._proc.wait()
-            how = "stopped by the console"
-        else:
-            how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        last: list[str] = []  # (its stderr's last line: a traceback's says what it was)
+            code = None
+        how = "stopped by the console" if code is None else \
+            f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        last: list[str] = []
         with contextlib.suppress(OSError, ValueError):
             size = self._stderr.seek(0, os.SEEK_END)
             self._stderr.seek(max(0, size - self.STDERR_TAIL))
             last = self._stderr.read().decode("utf-8", "replace").strip().splitlines()[-1:]
-        self._lost = ReadAheadLost(f"the read process {what} ({how})" + (f": {last[0]}" if last else ""))
+        said = f"the read process {what} ({how})" + (f": {last[0]}" if last else "")
+        self._lost = ReadAheadLost(redact_text(backend_for(self.source).redact(said)))
         return self._lost
 
     def watermark_ns(self) -> int | None:
@@ -212,26 +231,28 @@ class ReadAhead(TraceReader):
 
     def here(self) -> TraceReader:
         """A reader of the same job and window in this process (the child's stand-in once
-        it is gone)."""
-        reader = backend_for(self.source).reader(self.source, wait=True)
+        it is gone): the job the child read, where it found one; a window back from the
+        end counted from the job's end now."""
+        source = pinned(self.source, self.job)
+        reader = backend_for(source).reader(source, wait=True)
         if self.since is not None:
             reader.start_at(self.since)
         return reader
 
-    def close(self, grace_s: float = 2.0) -> None:
-        """End the child: its stdin closed (it stops at its next look), then killed."""
+    def close(self, grace_s: float = 5.0) -> None:
+        """End the child: its pipes closed (it stops at its next write or look: one blocked
+        writing a batch at once), waited for up to ``grace_s``, then killed."""
         proc = getattr(self, "_proc", None)
         if proc is None:
             return
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
+        for pipe in (proc.stdout, proc.stdin):
+            with contextlib.suppress(OSError):
+                pipe.close()
         try:
             proc.wait(grace_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        with contextlib.suppress(OSError):
-            proc.stdout.close()
         self._stderr.close()
 
 
@@ -244,7 +265,7 @@ def around(reader: TraceReader, source: str, since: Since | None, pacing: Pacing
         return reader
     try:
         ahead = ReadAhead(pinned(source, reader.job_name()), since, pacing, reader.description)
-    except StoreError:
+    except StoreError:  # (it did not start: read here)
         return reader
     reader.close()
     return ahead
@@ -252,16 +273,8 @@ def around(reader: TraceReader, source: str, since: Since | None, pacing: Pacing
 
 def pinned(source: str, job: str | None) -> str:
     """``source`` naming job ``job`` of the store exactly (a store's newest job may change
-    between two opens): a directory store's job directory, a Redis URL's ``job=``."""
-    if job is None:
-        return source
-    backend = backend_for(source)
-    if backend.local:
-        p = Path(source) / job
-        return str(p) if p.is_dir() else source
-    if backend.pinned_job(source) is not None:
-        return source
-    return source + ("&" if "?" in source else "?") + f"job={job}"
+    between two opens: ``Backend.with_job``); ``source`` where no job is known yet."""
+    return source if job is None else backend_for(source).with_job(source, job)
 
 
 # ---------------------------------------------------------------------- the child
@@ -284,17 +297,17 @@ def main() -> int:
     pacing = how.pacing
     reader: TraceReader | None = None
     first = None
-    got = None
-    next_backlog, backlog = 0.0, 0
+    backlog, next_backlog = 0, 0.0
+    quiet_since = time.monotonic()  # (since when polls brought nothing)
     while True:
         began = time.monotonic()
-        batch, error, cut = Batch([], []), None, False
+        batch, got, error, cut = Batch([], []), None, None, False
         try:
             if reader is None:
-                reader = backend_for(how.source).reader(how.source, wait=True)
+                opened = backend_for(how.source).reader(how.source, wait=True)
                 if how.since is not None:
-                    reader.start_at(how.since)
-                first = reader.read_apart(pacing.budget)
+                    opened.start_at(how.since)
+                reader, first = opened, opened.read_apart(pacing.budget)
             with gc_paused():
                 got = next(first, None) if first is not None else None
                 if got is not None:
@@ -304,25 +317,36 @@ def main() -> int:
                     read = reader.stats.bytes
                     batch = reader.poll_batch(max_bytes=pacing.budget)
                     cut = reader.stats.bytes - read >= pacing.budget
-            if began >= next_backlog:
-                backlog, next_backlog = reader.backlog_bytes(), began + pacing.backlog_s
         except Exception as exc:  # (a store gone, a connection refused ...: said, and tried again)
             first = None
             error = str(exc) or type(exc).__name__
+        if reader is not None and error is None and began >= next_backlog:
+            try:
+                backlog = reader.backlog_bytes()
+            except Exception:  # (kept as it was: a backlog is for a header, not worth a batch)
+                pass
+            done = time.monotonic()
+            next_backlog = done + max(pacing.backlog_s, 20 * (done - began))
         brought = batch.count()
         polled = Polled(batch, reader.stats if reader is not None else ReadStats(),
-                        reader.watermark_ns() if reader is not None else 0, backlog, cut, error, time.process_time())
+                        reader.watermark_ns() if reader is not None else 0, backlog, cut, error, time.process_time(),
+                        reader.job_name() if reader is not None else None)
         try:
             bulkread.send(stdout, polled.sent())
         except OSError:  # (the console gone)
             return 0
         del batch, got, polled  # (not held while the next poll reads)
+        now = time.monotonic()
+        if brought:
+            quiet_since = now
         if cut and error is None:
             pause = 0.0
-        elif error is not None or not brought:
+        elif error is not None:
             pause = pacing.poll_s
+        elif not brought:
+            pause = pacing.idle_s if now - quiet_since >= pacing.idle_s else pacing.poll_s
         else:
-            pause = began + pacing.round_s - time.monotonic()
+            pause = began + pacing.round_s - now
         if _stopped(stdin, pause):
             return 0
 

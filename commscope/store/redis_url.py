@@ -135,6 +135,14 @@ def pinned_job(url: str) -> str | None:
     return parse_url(url).job
 
 
+def with_job(url: str, job: str) -> str:
+    """The URL naming job ``job`` of its store (``?job=``), as a reader opens it; a URL that
+    names a job already is left as it is."""
+    if pinned_job(url) is not None:
+        return url
+    return url + ("&" if "?" in url else "?") + f"job={job}"
+
+
 def job_location(url: str, job: str) -> str:
     """A URL naming job ``job`` of the store, its password hidden."""
     return parse_url(url).display(job=job)

@@ -86,6 +86,9 @@ class Backend:
     absolute: Callable[[str], str] = _same
     #: The job the name itself pins (Redis ``?job=``), if any.
     pinned_job: Callable[[str], str | None] = _no_job
+    #: The name that opens job J of the store exactly, whatever job is newest then:
+    #: ``(name, J) -> name``.
+    with_job: Callable[[str, str], str] = lambda name, job: name
     #: The ids of the jobs it holds now, never raising; None: not looked at (``commscope
     #: run`` says "nothing was recorded" only where it can look cheaply).
     jobs: Callable[[str], set[str]] | None = None
@@ -98,7 +101,7 @@ DIRECTORY = Backend(
     name="directory", schemes=(), writer=directory.DirectoryWriter, reader=directory.DirectoryReader, local=True,
     redact=_same,  # a path carries no credential
     identity=os.path.realpath, job_location=directory.job_location, absolute=directory.absolute,
-    jobs=directory.jobs)
+    with_job=directory.with_job, jobs=directory.jobs)
 
 REDIS = Backend(
     name="redis", schemes=redis_url.SCHEMES,
@@ -106,6 +109,7 @@ REDIS = Backend(
     reader=_late("commscope.store.redis_store", "RedisReader"),
     local=False, redact=redact_text,  # URL credentials of any scheme: user info, ?password=
     identity=redis_url.identity, job_location=redis_url.job_location, pinned_job=redis_url.pinned_job,
+    with_job=redis_url.with_job,
     delete_job=_late("commscope.store.redis_store", "delete_job"))
 
 BACKENDS: tuple[Backend, ...] = (DIRECTORY, REDIS)

@@ -143,6 +143,15 @@ class Feed:
         #: The first read, in parallel where the reader can (``read_apart``); None once it is done
         self._first: Iterator[Batch] | None = None
         self._first_done = False
+        #: A read process was lost (``_read_here``): the job is read in this process from
+        #: then on, and a failed try to read it so is tried again from this (monotonic) on
+        self._read_here_only = False
+        self._read_here_at = 0.0
+
+    @classmethod
+    def pacing(cls) -> readahead.Pacing:
+        """How a read process paces its polls: as this class paces its own."""
+        return readahead.Pacing(cls.BUDGET, cls.POLL_S, cls.ROUND_S, cls.BACKLOG_S, cls.ENDED_POLL_S)
 
     # ------------------------------------------------------------------ one cycle
     def hang_after(self) -> float:
@@ -317,26 +326,44 @@ class Feed:
         if reader is None:
             return
         try:
+            if self._read_here_only and isinstance(reader, ReadAhead):  # (a read process was lost: none again)
+                ahead, reader = reader, reader.here()
+                ahead.close()
             self._swap_in(reader)
         except Exception as exc:  # (its read process gone meanwhile: go on as before)
             reader.close()
             self.error = str(exc) or type(exc).__name__
 
+    #: After a failed read again here (``_read_here``), the next try waits this long
+    READ_HERE_AGAIN_S = 1.0
+
     def _read_here(self, why: str) -> None:
         """The read process is gone (``ReadAheadLost``): the job read again in this process,
-        from the same window, into a new model (nothing ingested twice), and said."""
+        from the same window, into a new model (nothing ingested twice), and said; no read
+        process is started again (a restart at the tail reads here too).  A try that fails
+        (the store gone meanwhile) is tried again ``READ_HERE_AGAIN_S`` later."""
         lost = self.reader
         assert isinstance(lost, ReadAhead)  # (only its polls raise it)
+        self._read_here_only = True
+        if time.monotonic() < self._read_here_at:
+            return
+        reader = None
         try:
             reader = lost.here()
             reader.stats.warnings.append(f"{why}: the job was read again in the console's process")
-            self._swap_in(reader)
-        except Exception as exc:  # (the store gone meanwhile: the next step tries again)
+            self._swap_in(reader, bound=False)
+            self.error = None  # (what the lost process said, or a failed try: read since)
+        except Exception as exc:
+            if reader is not None:
+                reader.close()
+            self._read_here_at = time.monotonic() + self.READ_HERE_AGAIN_S
             self.error = f"{why}; reading it here failed: {exc}"
 
-    def _swap_in(self, reader: TraceReader) -> None:
+    def _swap_in(self, reader: TraceReader, bound: bool = True) -> None:
         """``reader`` read to its end into a new model (a read process's: until its first
-        batch that read all there was), then both swapped in for the old ones."""
+        batch that read all there was), then both swapped in for the old ones.  ``bound``:
+        the model's size sets the floor of the next restart at the tail (not for a read
+        again of the whole window, ``_read_here``)."""
         model = TraceModel()
         with gc_paused():
             for batch in reader.read_apart(self.BUDGET):  # (in parallel where the reader can, as a first read)
@@ -353,7 +380,8 @@ class Feed:
             self.close()  # (the old reader's first read, if it is still going: its workers end)
             self.reader, self.model = reader, model
             self.restarts += 1
-            self._restart_floor = 2 * model.nbytes()
+            if bound:
+                self._restart_floor = 2 * model.nbytes()
             self._next_size_check = _next_size_check(model)
             self._ended = None
         old.close()
@@ -513,5 +541,4 @@ def read_ahead(reader: TraceReader, source: str, since: Since | None) -> TraceRe
     ``Feed`` paces its own; a reader of Flight Recorder dumps as it is (nothing to follow)."""
     if isinstance(reader, FlightRecorderReader):
         return reader
-    return readahead.around(reader, source, since,
-                            readahead.Pacing(Feed.BUDGET, Feed.POLL_S, Feed.ROUND_S, Feed.BACKLOG_S))
+    return readahead.around(reader, source, since, Feed.pacing())
