@@ -372,14 +372,12 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
     import psutil
 
     from commscope.analysis.ranks import ranges
-    from commscope.store import open_reader
+    from commscope.store import backend_for, open_reader
     from commscope.tui.feed import Feed, read_ahead
 
     expect = EXPECTED[plan.fault]
     want = plan.culprit_sets()  # each named by one finding of the expected kind
     named_at: dict[int, int] = {}
-    from commscope.store import backend_for
-
     source = backend_for(plan.store).with_job(plan.store, plan.job)
     # (as ``commscope attach`` reads: its polls made ahead in a read process, where that is worth it)
     feed = Feed(read_ahead(open_reader(source, wait=True), source, None), hang_after=plan.hang_after)
