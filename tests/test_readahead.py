@@ -5,8 +5,10 @@ console's process with nothing lost or counted twice; the child ends with its co
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -256,3 +258,36 @@ def test_after_a_read_process_is_lost_a_restart_at_the_tail_reads_here_too(tmp_p
     assert _gone(started[0].pid)
     assert feed.model.events == want[0]  # (the window is a minute at least: the whole job)
     feed.reader.close()
+
+
+_CONSOLE = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(__import__("os").getpid())],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+assert child.stdout.readline() == b"armed\\n"
+print(child.pid, flush=True)
+"""
+_STUCK = """
+import sys, time
+from commscope.store import readahead
+assert readahead.die_with(int(sys.argv[1]))
+print("armed", flush=True)
+time.sleep(600)  # (a read process inside a long read: it looks at no pipe)
+"""
+
+
+def test_a_read_process_that_looks_at_no_pipe_ends_with_its_console():
+    """A console that ends (a crash: no close) while its read process is inside a long read
+    that looks at neither pipe (a first read's workers, a stuck store): the read process
+    ends with it, not minutes later, and never lives on alone."""
+    got = subprocess.run([sys.executable, "-c", _CONSOLE, _STUCK], capture_output=True, text=True, timeout=BOUND_S)
+    assert got.returncode == 0, got.stderr
+    pid = int(got.stdout.split()[-1])
+    deadline = time.monotonic() + BOUND_S
+    try:
+        while not _gone(pid):
+            assert time.monotonic() < deadline, "the read process outlived its console"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

@@ -74,11 +74,13 @@ class Pacing(NamedTuple):
 
 
 class Open(NamedTuple):
-    """What the child reads: ``source`` (a store's name, its job pinned) from ``since`` on."""
+    """What the child reads: ``source`` (a store's name, its job pinned) from ``since`` on;
+    ``console``: the process it reads for (it ends with it: ``die_with``)."""
 
     source: str
     since: Since | None
     pacing: Pacing
+    console: int
 
 
 class Polled(NamedTuple):
@@ -153,7 +155,7 @@ class ReadAhead(TraceReader):
             self._stderr.close()
             raise StoreError(f"the read process did not start: {exc}") from None
         try:
-            bulkread.send(self._proc.stdin, Open(source, since, pacing))
+            bulkread.send(self._proc.stdin, Open(source, since, pacing, os.getpid()))
         except OSError:
             pass  # (gone at once: the first poll says how)
 
@@ -284,6 +286,25 @@ def _stopped(stdin: IO[bytes], wait_s: float) -> bool:
     return bool(ready) and not stdin.read(1)
 
 
+#: ``prctl``'s option: the signal a process gets when the thread that started it ends
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with(console: int) -> bool:
+    """This process killed when ``console`` (the process that started it) ends, where the
+    system can say so (Linux: ``prctl(PR_SET_PDEATHSIG)``; strictly, when the thread that
+    started it ends: a console's main or feed thread, which live as long as it does):
+    though a console that ends closes the pipes the child looks at, a child inside a long
+    first read, or waiting on a worker, looks at none for minutes.  False where ``console``
+    ended already (the child is then no one's)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    return os.getppid() == console
+
+
 def main() -> int:
     """The child: what to read from stdin, then batches to stdout until stdin ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the console's to handle; stdin's end stops this)
@@ -294,6 +315,8 @@ def main() -> int:
         return 0
     if not isinstance(how, Open):
         return 2
+    if not die_with(how.console):
+        return 0
     pacing = how.pacing
     reader: TraceReader | None = None
     first = None
