@@ -18,7 +18,7 @@ from commscope.beats import Beats
 from commscope.blocks import BlockDecoder, StaticTable, Together, decode_alone, decode_stream, decode_together
 from commscope.blockscan import Scan
 from commscope.events import Decoded, Event, decode_lines
-from commscope.oprecords import OpRecords, Spans
+from commscope.oprecords import OpRecords, Spans, packed, unpacked
 from commscope.schema import SCHEMA_VERSION
 from commscope.window import Since
 
@@ -222,6 +222,20 @@ class Batch(NamedTuple):
     spans: Spans | None = None
     #: A whole read's heartbeats and samples in columns (``beats.Beats``: not among the events)
     beats: Beats | None = None
+
+    def in_one_piece(self) -> Spans | None:
+        """Its op records in one set of columns, as a process sends them to another (ten
+        arrays, not ten a stream): their ``spans`` where those are them, else packed
+        (``oprecords.packed``); None where there are none or they cannot go so."""
+        if not self.ops:
+            return None
+        return self.spans if self.spans is not None and self.spans.of(self.ops) else packed(self.ops)
+
+    @staticmethod
+    def of_piece(events: list[Event], piece: Spans, beats: Beats | None) -> Batch:
+        """A batch whose op records came in one piece (``in_one_piece``): each stream's a
+        view of it, the piece its ``spans`` (the model takes them as arrays)."""
+        return Batch(events, unpacked(piece), piece, beats)
 
     def count(self) -> int:
         n = len(self.events) + (self.beats.events() if self.beats is not None else 0)

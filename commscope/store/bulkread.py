@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any, NamedTuple
 
-from commscope.oprecords import Spans, packed, unpacked
+from commscope.oprecords import Spans
 from commscope.store.base import Batch, ReadStats, Stream
 from commscope.store.segments import Segment
 
@@ -77,15 +77,15 @@ class StreamsRead(NamedTuple):
 
     def sent(self) -> StreamsRead:
         """As a worker sends it: the op records in one piece where they go so."""
-        spans = packed(self.batch.ops) if self.batch.spans is None else None
-        return self if spans is None else self._replace(batch=self.batch._replace(ops=[]), packed=spans)
+        piece = self.batch.in_one_piece()
+        return self if piece is None else self._replace(batch=self.batch._replace(ops=[], spans=None), packed=piece)
 
     def received(self) -> Batch:
         """The batch as read, each stream's records a view of the piece they came in
         (``Batch.spans``: the model takes them as arrays)."""
         if self.packed is None:
             return self.batch
-        return Batch(self.batch.events, unpacked(self.packed), self.packed, self.batch.beats)
+        return Batch.of_piece(self.batch.events, self.packed, self.batch.beats)
 
 
 def send(f: IO[bytes], obj: Any) -> None:

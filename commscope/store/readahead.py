@@ -44,7 +44,6 @@ from typing import IO, NamedTuple
 
 from commscope.compiled import says_no
 from commscope.events import gc_paused
-from commscope.oprecords import packed, unpacked
 from commscope.redact import redact as redact_text
 from commscope.store import bulkread
 from commscope.store.base import Batch, ReadStats, StoreError, TraceReader
@@ -102,17 +101,13 @@ class Polled(NamedTuple):
         """As the child sends it: the op records in one piece where they go so (their
         ``Spans``: those of a poll decoded together, else ``packed``), not each apart."""
         b = self.batch
-        if not b.ops:
-            return self
-        spans = b.spans if b.spans is not None and b.spans.of(b.ops) else packed(b.ops)
-        return self if spans is None else self._replace(batch=Batch(b.events, [], spans, b.beats))
+        piece = b.in_one_piece()
+        return self if piece is None else self._replace(batch=Batch(b.events, [], piece, b.beats))
 
     def received(self) -> Batch:
         """The batch as read, each stream's records a view of the piece they came in."""
         b = self.batch
-        if b.ops or b.spans is None:
-            return b
-        return Batch(b.events, unpacked(b.spans), b.spans, b.beats)
+        return b if b.ops or b.spans is None else Batch.of_piece(b.events, b.spans, b.beats)
 
 
 class ReadAhead(TraceReader):
