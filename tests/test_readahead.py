@@ -14,16 +14,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 import pytest
 from redis_fixture import *  # noqa: F403  (redis_server, redis_url)
 
 from commscope.analysis import diagnose
 from commscope.analysis.flight_import import FlightRecorderReader
-from commscope.analysis.source import load_trace
+from commscope.analysis.source import load_trace, open_source
 from commscope.bench.synthstore import JobShape, write_store
 from commscope.store import StoreError, bulkread, open_reader, open_writer, readahead
+from commscope.store.directory import DirectoryWriter
 from commscope.store.readahead import ReadAhead, ReadAheadLost
 from commscope.tui.feed import Feed, read_ahead
+from commscope.window import Since
 
 RANKS, OPS = 8, 60
 PACING = Feed.pacing()
@@ -257,6 +260,52 @@ def test_after_a_read_process_is_lost_a_restart_at_the_tail_reads_here_too(tmp_p
     assert feed.restarts == 2 and not isinstance(feed.reader, ReadAhead) and len(started) == 1
     assert _gone(started[0].pid)
     assert feed.model.events == want[0]  # (the window is a minute at least: the whole job)
+    feed.reader.close()
+
+
+S = 1_000_000_000
+T0 = 1_780_000_000 * S
+
+
+def _beats(writer: DirectoryWriter, first: int, last: int, job: Path) -> None:
+    """Heartbeats ``first`` to ``last`` (one a second of trace time from ``T0``) written in
+    rotating segments, and the job's files dated at the last: the job's end is its newest
+    write (``latest_ns``), which a duration counts back from."""
+    for k in range(first, last, 50):
+        writer.write([orjson.dumps({"type": "heartbeat", "ts": T0 + j * S, "v": 3, "rank": 0, "inflight": j})
+                      for j in range(k, min(k + 50, last))])
+    for f in job.iterdir():
+        os.utime(f, ns=(T0 + last * S, T0 + last * S))
+
+
+def test_a_window_read_again_after_a_loss_starts_where_the_console_counted_it(tmp_path, monkeypatch):
+    """attach --since 1500s at a job's end; the job writes 3,000 s more, and the read
+    process is lost: the job is read again from the window's start counted at attach
+    (``window_start_ns``), not 1,500 s back from the job's new end, which would drop half
+    of what the console showed."""
+    monkeypatch.setattr(bulkread, "cores", lambda: 2)
+    writer = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=16 << 10, closer=False)
+    writer.write([orjson.dumps({"type": "meta", "ts": T0, "v": 3, "rank": 0, "world_size": 1, "host": "h"})])
+    job = tmp_path / "job"
+    _beats(writer, 0, 3000, job)
+    since = Since(ago_s=1500)
+    counted = T0 + 1500 * S
+    reader = open_source(str(tmp_path), since=since)
+    assert reader.window_start_ns() == counted
+    feed = Feed(read_ahead(reader, str(tmp_path), since), hang_after=10.0)
+    ahead = feed.reader
+    assert isinstance(ahead, ReadAhead) and ahead.since == Since(at_ns=counted)
+    before, _, _ = load_trace(str(tmp_path), since=since)
+    _until(feed, lambda: ahead.read_once and feed.model.events == before.events)
+    assert before.events < 3000  # (from the segment holding the window's start, not the job's)
+    _beats(writer, 3000, 6000, job)
+    writer.close()
+    os.kill(ahead.pid, signal.SIGKILL)
+    want, _, _ = load_trace(str(tmp_path), since=Since(at_ns=counted))
+    _until(feed, lambda: feed.restarts == 1 and feed.model.events == want.events)
+    assert feed.reader.window_start_ns() == counted
+    later, _, _ = load_trace(str(tmp_path), since=since)  # (counted from the new end: what the bug read)
+    assert later.events < want.events
     feed.reader.close()
 
 

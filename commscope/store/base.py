@@ -462,6 +462,13 @@ class TraceReader(abc.ABC):
         reads everything and says so."""
         self.stats.warnings.append(f"{since.describe()} asked for: this store is read from its start")
 
+    def window_start_ns(self) -> int | None:
+        """Where the window ``start_at`` was given starts, as this reader counted it (None:
+        each stream from its start).  A duration counts back from the job's newest write as
+        of that call: another reader of the same window later (a lost read process's
+        stand-in) starts here, not a duration back from a later end."""
+        return None
+
     # ------------------------------------------------------------ the shared pipeline
     def queue_chunks(self) -> None:
         """From now until ``decode_queued``, a columnar reader's ``ingest_later`` queues the

@@ -642,6 +642,9 @@ class DirectoryReader(TraceReader):
         back from the job's newest write."""
         self.since_ns = since.start_ns(self.latest_ns() or time.time_ns())
 
+    def window_start_ns(self) -> int | None:
+        return self.since_ns
+
     def watermark_ns(self) -> int | None:
         streams = self.streams()
         return self._watermark_of(streams) if streams else None

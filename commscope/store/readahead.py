@@ -24,7 +24,7 @@ handle) and ends when its stdin does.
 A child that dies, or sends what is not a batch, is not started again: ``poll_batch``
 raises ``ReadAheadLost`` (with how it ended and the last line it wrote on stderr) and the
 console reads the job again in its own process from then on (``here``: a reader of the
-job the child read, from the same window, a window back from the end counted from now;
+job the child read, from the window's start the console counted when it attached;
 ``Feed._read_here``), into a new model, saying so.  Nothing is lost or counted twice: what
 the child sent was ingested whole (a message is taken whole or not at all), and the new
 reader reads everything again into a new model.
@@ -228,8 +228,8 @@ class ReadAhead(TraceReader):
 
     def here(self) -> TraceReader:
         """A reader of the same job and window in this process (the child's stand-in once
-        it is gone): the job the child read, where it found one; a window back from the
-        end counted from the job's end now."""
+        it is gone): the job the child read, where it found one, from the window's start
+        the console counted (``around``)."""
         source = pinned(self.source, self.job)
         reader = backend_for(source).reader(source, wait=True)
         if self.since is not None:
@@ -254,12 +254,17 @@ class ReadAhead(TraceReader):
 
 
 def around(reader: TraceReader, source: str, since: Since | None, pacing: Pacing) -> TraceReader:
-    """``reader`` (a store's, just opened on ``source``) read ahead in a child process
-    where that is worth it, else ``reader`` itself: not with one core, nor where
-    ``COMMSCOPE_READ_AHEAD`` says no, nor where the child does not start.  The child reads
-    the job ``reader`` found (``pinned``), from ``since`` on; ``reader`` is closed."""
+    """``reader`` (a store's, just opened on ``source`` from ``since`` on) read ahead in a
+    child process where that is worth it, else ``reader`` itself: not with one core, nor
+    where ``COMMSCOPE_READ_AHEAD`` says no, nor where the child does not start.  The child
+    reads the job ``reader`` found (``pinned``) from the window's start as ``reader``
+    counted it (``window_start_ns``: a duration back from the job's end counts from now,
+    not from when the child, or a stand-in for it, opens the job); ``reader`` is closed."""
     if says_no(ENV) or bulkread.cores() < 2:
         return reader
+    start = reader.window_start_ns()
+    if start is not None:
+        since = Since(at_ns=start)
     try:
         ahead = ReadAhead(pinned(source, reader.job_name()), since, pacing, reader.description)
     except StoreError:  # (it did not start: read here)

@@ -444,6 +444,7 @@ class RedisReader(TraceReader):
         self._last: dict[Stream, int] = {}  # stream -> number of the last commscope entry returned
         self._carried: list[Event] = []  # what streams started at a mark were in (``start_at``)
         self._skipped_entries = 0  # entries before the marks a window started at: not read
+        self._window_ms: int | None = None  # where the window ``start_at`` was given starts (ms)
         self._job: dict | None = None
         self._job_failed = False
 
@@ -562,6 +563,9 @@ class RedisReader(TraceReader):
                 continue
         return out
 
+    def window_start_ns(self) -> int | None:
+        return None if self._window_ms is None else self._window_ms * 1_000_000
+
     def start_at(self, since: Since) -> None:
         """Start each stream after its newest mark at or before the window's start, with what
         the rank was in there first (``store/redis_marks.py``); a duration counts back from
@@ -571,6 +575,7 @@ class RedisReader(TraceReader):
                 self.job_id = self._find_job()
             tops = self._tops()
             start_ms = since.start_ns(max((ns for _, ns in tops.values()), default=0) or time.time_ns()) // 1_000_000
+            self._window_ms = start_ms
             streams = list(tops)
             nodes = self._nodes_ok()
             replies = nodes.pipeline([("XREVRANGE", self.keys.marks(self.job_id, *st), str(start_ms), "-", "COUNT", 2)
