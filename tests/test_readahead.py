@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -306,6 +307,47 @@ def test_a_window_read_again_after_a_loss_starts_where_the_console_counted_it(tm
     assert feed.reader.window_start_ns() == counted
     later, _, _ = load_trace(str(tmp_path), since=since)  # (counted from the new end: what the bug read)
     assert later.events < want.events
+    feed.reader.close()
+
+
+def test_a_console_quit_while_it_reads_a_job_again_stops_at_the_next_batch(tmp_path, monkeypatch):
+    """The read process lost, the console reads the job again here in batches; it is quit
+    (``run``'s stop) after its second: the feed's thread ends there, the reader read again
+    is closed, and nothing is swapped in (not read to the end first)."""
+    store = str(tmp_path / "job")
+    write_store(store, JobShape(RANKS, OPS))
+    monkeypatch.setattr(Feed, "BUDGET", 16 << 10)  # (many batches)
+    stop = threading.Event()
+    polls: list[int] = []
+    closed: list[bool] = []
+    here = ReadAhead.here
+
+    def counted(self):
+        reader = here(self)
+        poll_batch, close = reader.poll_batch, reader.close
+
+        def poll(max_bytes=None):
+            polls.append(max_bytes)
+            if len(polls) == 2:
+                stop.set()  # (quit, while the second batch is read)
+            return poll_batch(max_bytes)
+
+        def closing():
+            closed.append(True)
+            close()
+
+        reader.poll_batch, reader.close = poll, closing
+        return reader
+
+    monkeypatch.setattr(ReadAhead, "here", counted)
+    feed = Feed(_ahead(store), hang_after=10.0)
+    os.kill(feed.reader.pid, signal.SIGKILL)
+    thread = threading.Thread(target=feed.run, args=(lambda message: None, stop))
+    thread.start()
+    thread.join(BOUND_S)
+    assert not thread.is_alive()
+    assert len(polls) == 2 and closed == [True]  # (the whole job is many more batches)
+    assert feed.restarts == 0 and isinstance(feed.reader, ReadAhead) and feed.model.events == 0
     feed.reader.close()
 
 

@@ -13,7 +13,7 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from textual.message import Message
@@ -147,6 +147,9 @@ class Feed:
         #: then on, and a failed try to read it so is tried again from this (monotonic) on
         self._read_here_only = False
         self._read_here_at = 0.0
+        #: Set when the feed is to end (``run``'s): a read into a new model (``_swap_in``)
+        #: stops at its next batch, not at its end
+        self._stop = threading.Event()
 
     @classmethod
     def pacing(cls) -> readahead.Pacing:
@@ -330,6 +333,8 @@ class Feed:
                 ahead, reader = reader, reader.here()
                 ahead.close()
             self._swap_in(reader)
+        except Stopped:
+            reader.close()
         except Exception as exc:  # (its read process gone meanwhile: go on as before)
             reader.close()
             self.error = str(exc) or type(exc).__name__
@@ -353,6 +358,8 @@ class Feed:
             reader.stats.warnings.append(f"{why}: the job was read again in the console's process")
             self._swap_in(reader, bound=False)
             self.error = None  # (what the lost process said, or a failed try: read since)
+        except Stopped:
+            reader.close()  # (``reader`` is set: only ``_swap_in`` raises it)
         except Exception as exc:
             if reader is not None:
                 reader.close()
@@ -363,17 +370,26 @@ class Feed:
         """``reader`` read to its end into a new model (a read process's: until its first
         batch that read all there was), then both swapped in for the old ones.  ``bound``:
         the model's size sets the floor of the next restart at the tail (not for a read
-        again of the whole window, ``_read_here``)."""
+        again of the whole window, ``_read_here``).  Raises ``Stopped``, nothing swapped,
+        where the feed is to end (``run``'s stop) before it is done: a console quit while
+        it read a 16k-rank job again ends at once, not minutes later."""
         model = TraceModel()
-        with gc_paused():
-            for batch in reader.read_apart(self.BUDGET):  # (in parallel where the reader can, as a first read)
-                model.ingest(batch.events, batch.ops, batch.spans, batch.beats)
-            while True:
-                batch = reader.poll_batch(self.BUDGET)
-                if batch.count():
+        first = reader.read_apart(self.BUDGET)  # (in parallel where the reader can, as a first read)
+        try:
+            with gc_paused():
+                for batch in first:
+                    self._stopping()
                     model.ingest(batch.events, batch.ops, batch.spans, batch.beats)
-                elif not isinstance(reader, ReadAhead) or reader.read_once:
-                    break
+                while True:
+                    self._stopping()
+                    batch = reader.poll_batch(self.BUDGET)
+                    if batch.count():
+                        model.ingest(batch.events, batch.ops, batch.spans, batch.beats)
+                    elif not isinstance(reader, ReadAhead) or reader.read_once:
+                        break
+        finally:
+            if isinstance(first, Generator):  # (its workers end now, where it stopped early)
+                first.close()
         model.note_read_stats(reader.stats)
         with self.lock:
             old = self.reader
@@ -386,6 +402,10 @@ class Feed:
             self._ended = None
         old.close()
         self.publish()
+
+    def _stopping(self) -> None:
+        if self._stop.is_set():
+            raise Stopped
 
     def ingest(self, batch: Batch) -> None:
         """Ingest one batch (events, and op records in columns) under the lock, then publish
@@ -501,6 +521,7 @@ class Feed:
             info = self.load_all(progress, post)
             post(FeedUpdated(info, list(self.findings)))
             return
+        self._stop = stop
         try:
             self._follow(post, stop)
         finally:
@@ -527,6 +548,10 @@ class Feed:
             pause = self.pause_s(got)
             if pause:
                 stop.wait(pause)
+
+
+class Stopped(Exception):
+    """The feed is to end (``run``'s stop was set) while it read into a new model."""
 
 
 def _next_size_check(model: TraceModel) -> int:
