@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
+import random
 import signal
 import subprocess
 import sys
@@ -23,7 +25,7 @@ from commscope.analysis import diagnose
 from commscope.analysis.flight_import import FlightRecorderReader
 from commscope.analysis.source import load_trace, open_source
 from commscope.bench.synthstore import JobShape, write_store
-from commscope.store import StoreError, bulkread, open_reader, open_writer, readahead
+from commscope.store import ReadStats, StoreError, bulkread, open_reader, open_writer, readahead
 from commscope.store.directory import DirectoryWriter
 from commscope.store.readahead import ReadAhead, ReadAheadLost
 from commscope.tui.feed import Feed, read_ahead
@@ -349,6 +351,49 @@ def test_a_console_quit_while_it_reads_a_job_again_stops_at_the_next_batch(tmp_p
     assert len(polls) == 2 and closed == [True]  # (the whole job is many more batches)
     assert feed.restarts == 0 and isinstance(feed.reader, ReadAhead) and feed.model.events == 0
     feed.reader.close()
+
+
+def test_a_read_process_sends_what_changed_of_its_stats_and_the_console_holds_them_all():
+    """A reader's stats changed step by step (counts per rank and per reason, warnings,
+    numbers), each step's changes taken: the console's stats equal the reader's after each;
+    a step that changed nothing but numbers sends no per-rank count and no warning (a
+    window over 16k ranks: their skipped bytes and warnings once, not every batch)."""
+    rng = random.Random(7)
+    reader, sent, console = ReadStats(), ReadStats(), ReadStats()
+    for rank in range(16384):
+        reader.count_skipped(rank, 1000 + rank)
+        reader.warnings.append(f"rank {rank}: what it was in when segment 3 ended is not known")
+    first = reader.changes(sent)
+    sent.take(first)
+    console.take(first)
+    assert console == reader and len(first.skipped_by_rank) == 16384
+    for step in range(200):
+        kind = rng.randrange(7)
+        rank = rng.randrange(16384)
+        if kind == 0:
+            reader.count_corrupt(rank, rng.randrange(1, 4))
+        elif kind == 1:
+            reader.count_invalid(rank, {f"reason {rng.randrange(3)}": 2})
+        elif kind == 2:
+            reader.count_missing(rank, 5)
+        elif kind == 3:
+            reader.count_summarized(rank, 7)
+        elif kind == 4:
+            reader.warnings.append(f"warning {step}")
+        elif kind == 5:
+            reader.count_skipped(rank, 1)
+        reader.events += rng.randrange(100)
+        reader.partial_tail = rng.randrange(3)
+        reader.trimmed = reader.trimmed or kind == 6
+        changes = reader.changes(sent)
+        sent.take(changes)
+        console.take(changes)
+        assert console == reader
+        assert len(pickle.dumps(changes)) < 2000  # (the 16k counts and warnings not again)
+    quiet = reader.changes(sent)
+    assert not any(getattr(quiet, name) for name in ("corrupt_by_rank", "invalid_by_rank", "invalid_by_reason",
+                                                     "missing_by_rank", "summarized_by_rank", "skipped_by_rank",
+                                                     "warnings"))
 
 
 _CONSOLE = """

@@ -139,12 +139,41 @@ class ReadStats:
             elif isinstance(mine, list):
                 mine.extend(theirs)
 
+    def changes(self, sent: ReadStats) -> ReadStats:
+        """What changed since ``sent`` (this reader's stats as they were, kept by ``take``):
+        the numbers as they are now, each per-rank or per-reason count that changed, the
+        warnings added after ``sent``'s.  Counts only grow and warnings are only added, so a
+        read process sends this after each batch, not the whole: a window over 16k ranks
+        counts each one's skipped bytes and may warn about each, 2 MB a batch to pickle."""
+        out = dataclasses.replace(self)
+        for name in _COUNTS_OF:
+            mine, was = getattr(self, name), getattr(sent, name)
+            setattr(out, name, {} if mine == was else {k: v for k, v in mine.items() if was.get(k) != v})
+        out.warnings = self.warnings[len(sent.warnings):]
+        return out
+
+    def take(self, changes: ReadStats) -> None:
+        """What ``changes`` says changed (``ReadStats.changes`` of the reader these stats
+        stand for), taken: these stats are then that reader's."""
+        for f in dataclasses.fields(self):
+            theirs = getattr(changes, f.name)
+            if isinstance(theirs, dict):
+                getattr(self, f.name).update(theirs)
+            elif isinstance(theirs, list):
+                getattr(self, f.name).extend(theirs)
+            else:
+                setattr(self, f.name, theirs)
+
     def lost_by_rank(self) -> dict[int, int]:
         """Damaged plus invalid events skipped, per rank."""
         out = dict(self.corrupt_by_rank)
         for r, n in self.invalid_by_rank.items():
             out[r] = out.get(r, 0) + n
         return out
+
+
+#: ``ReadStats``' counts per rank or per reason (dicts that only grow)
+_COUNTS_OF = tuple(f.name for f in dataclasses.fields(ReadStats) if str(f.type).startswith("dict"))
 
 
 #: A ``dropped`` event whose reason starts so was written by a writer that found its

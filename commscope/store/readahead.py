@@ -9,7 +9,8 @@ first read in workers where the store can (``read_apart``), then polls of ``budg
 bytes, the next at once after one that stopped at the budget, ``round_s`` after the last
 began after one that read all there was, ``poll_s`` after one that brought nothing (or
 failed), ``idle_s`` once polls brought nothing for that long (an ended job's pace).  Each
-batch goes up the pipe with the reader's stats, watermark and backlog as of it, its op
+batch goes up the pipe with what changed of the reader's stats, its watermark and
+backlog as of it, its op
 records in one piece (``oprecords.packed``, arrays out of band: ``bulkread.send``); the
 console ingests one batch while the child reads the next, and the pipe holds the child
 back when the console is slower (it reads about one batch ahead, and what the pipe holds).
@@ -84,7 +85,8 @@ class Open(NamedTuple):
 
 class Polled(NamedTuple):
     """One poll of the child's: the batch (as sent: its op records in one piece, ``spans``,
-    where they go so), the reader's stats, watermark and backlog after it, whether it
+    where they go so), what changed of the reader's stats (``ReadStats.changes``), its
+    watermark and backlog after it, whether it
     stopped at the budget, why it failed (None: it did not; then the batch is empty), the
     child's CPU seconds so far, and the job it reads (None: not found yet)."""
 
@@ -183,8 +185,9 @@ class ReadAhead(TraceReader):
             raise self._gone(f"sent what is not a batch ({type(exc).__name__}: {exc})") from None
         if not isinstance(got, Polled):
             raise self._gone(f"sent a {type(got).__name__}, not a batch")
-        self.stats, self._watermark, self._backlog, self.cut_short, self.cpu_s = (
-            got.stats, got.watermark, got.backlog, got.cut_short, got.cpu_s)
+        self.stats.take(got.stats)
+        self._watermark, self._backlog, self.cut_short, self.cpu_s = (
+            got.watermark, got.backlog, got.cut_short, got.cpu_s)
         self.job = got.job or self.job
         if got.error is not None:
             raise StoreError(got.error)
@@ -319,6 +322,7 @@ def main() -> int:
         return 0
     pacing = how.pacing
     reader: TraceReader | None = None
+    sent = ReadStats()  # the reader's stats as the console holds them (``ReadStats.changes``)
     first = None
     backlog, next_backlog = 0, 0.0
     quiet_since = time.monotonic()  # (since when polls brought nothing)
@@ -351,7 +355,9 @@ def main() -> int:
             done = time.monotonic()
             next_backlog = done + max(pacing.backlog_s, 20 * (done - began))
         brought = batch.count()
-        polled = Polled(batch, reader.stats if reader is not None else ReadStats(),
+        changes = reader.stats.changes(sent) if reader is not None else ReadStats()
+        sent.take(changes)
+        polled = Polled(batch, changes,
                         reader.watermark_ns() if reader is not None else 0, backlog, cut, error, time.process_time(),
                         reader.job_name() if reader is not None else None)
         try:
