@@ -925,3 +925,22 @@ def test_a_rank_s_first_samples_are_taken_as_they_are_and_grown_apart():
     assert s.arrays()["cpu"].tolist() == [3.0, 4.0, 5.0, 8.0, 9.0, 9.0] and s.gpu_error == "no GPU"
     assert all(np.array_equal(given[f], before[f]) for f in Samples.FIELDS)
     assert s.cols["ts"].base is not given["ts"]
+
+
+def test_a_live_rank_s_samples_go_into_one_block_of_its_own_counted_once():
+    """Samples a poll brings one at a time (``Samples.add_one``) are rows of one block of the
+    rank's own: the columns read back as written, each contiguous, and the rank's bytes
+    count the block once (not once per column)."""
+    beats_only, sampled = TraceModel(), TraceModel()
+    for k in range(100):
+        beat = {"v": 3, "type": "heartbeat", "rank": 0, "ts": T + k * 10**9, "inflight": 0}
+        beats_only.ingest([dict(beat)])
+        sampled.ingest([beat, {"v": 3, "type": "sample", "rank": 0, "ts": T + k * 10**9 + 1, "cpu": float(k),
+                               "rss": 1 << 30}])
+    s = sampled.ranks[0].samples
+    got = sampled.samples(0)
+    assert got["cpu"].tolist() == [float(k) for k in range(100)] and np.isnan(got["gpu_util"]).all()
+    assert all(c.flags.c_contiguous for c in got.values())
+    block = s.storage()
+    assert len(block) == 1 and block[0].shape == (128, len(s.FIELDS))
+    assert sampled.ranks[0].nbytes() - beats_only.ranks[0].nbytes() == block[0].nbytes

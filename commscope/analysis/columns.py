@@ -638,7 +638,7 @@ class RankTrace:
         block goes into ``shared`` (by id, so the model counts it once, for as long as any
         rank still holds part of it), or into the total without one."""
         arrays = [getattr(self, c) for c in (*BLOCK_COLUMNS, "id2idx")]
-        arrays += [self._ord_buf, self._sb_buf, self._pmax_buf, *self.samples.cols.values()]
+        arrays += [self._ord_buf, self._sb_buf, self._pmax_buf, *self.samples.storage()]
         total = 0
         for a in arrays:
             base = a.base
@@ -1022,13 +1022,22 @@ def _window(order: np.ndarray, begins: np.ndarray, pmax: np.ndarray, begin: np.n
 
 
 class Samples:
-    """Per-rank resource samples for sparklines: ts, cpu, rss, gpu_util, gpu_mem, gpu_mem_total."""
+    """Per-rank resource samples for sparklines: ts, cpu, rss, gpu_util, gpu_mem, gpu_mem_total.
+
+    The columns are views of one block of the rank's own (``_block``: a row a sample, in
+    Fortran order, so each column is contiguous): a live poll brings each rank a sample a
+    second or so (16k ranks: 16k a second), and one store of a row costs a third of six
+    stores into six arrays, which were ~40% of what a poll's heartbeats and samples cost
+    the model."""
 
     FIELDS = ("ts", "cpu", "rss", "gpu_util", "gpu_mem", "gpu_mem_total")
 
     def __init__(self) -> None:
         self.n = 0
         self.cols = dict.fromkeys(self.FIELDS, _NONE_F8)  # (grown on the first add)
+        #: What ``cols`` are views of, where this rank owns them (None: none yet, or the
+        #: columns a whole read gave, ``extend``)
+        self._block: np.ndarray | None = None
         self.last: dict | None = None
         #: Why GPU samples are missing, as the rank's probe said (once: ``gpu_error``)
         self.gpu_error: str | None = None
@@ -1040,16 +1049,7 @@ class Samples:
 
     def add(self, evs: Sequence[dict], cols: Mapping[str, np.ndarray] | None = None) -> None:
         """Append sample events (``cols``: their ``columns_of``, when the caller has them)."""
-        k = len(evs)
-        need = self.n + k
-        if need > self.cols["ts"].shape[0]:
-            for f in self.FIELDS:
-                self.cols[f] = grown(self.cols[f], need, self.n, fill=np.nan, minimum=64)
-        if cols is None:
-            cols = self.columns_of(evs)
-        for f in self.FIELDS:
-            self.cols[f][self.n: need] = cols[f]
-        self.n = need
+        self._append(cols if cols is not None else self.columns_of(evs), len(evs))
         self.last = evs[-1]
         err = next((e["gpu_error"] for e in evs if e.get("gpu_error")), None)
         if err is not None:
@@ -1059,35 +1059,54 @@ class Samples:
         """``add`` of samples given as their columns alone, and the last of them (a whole
         read's: ``beats.Beats``; none of them says ``gpu_error``).  A rank's first samples
         are taken as they are, not copied (~3% of a whole read's ingest, a rank at a time):
-        exactly sized, so the next append grows them into arrays of their own."""
+        exactly sized, so the next append grows them into a block of the rank's own."""
         k = cols["ts"].shape[0]
         if not self.n and all(cols[f].dtype == np.float64 for f in self.FIELDS):
             self.cols = {f: cols[f] for f in self.FIELDS}
+            self._block = None
             self.n = k
-            self.last = last
-            return
-        need = self.n + k
-        if need > self.cols["ts"].shape[0]:
-            for f in self.FIELDS:
-                self.cols[f] = grown(self.cols[f], need, self.n, fill=np.nan, minimum=64)
-        for f in self.FIELDS:
-            self.cols[f][self.n: need] = cols[f]
-        self.n = need
+        else:
+            self._append(cols, k)
         self.last = last
 
     def add_one(self, ev: dict, values: Sequence[float]) -> None:
         """``add`` of one sample event, its ``columns_of`` values given as a row."""
         n = self.n
-        cols = self.cols
-        if n == cols["ts"].shape[0]:
-            for f in self.FIELDS:
-                cols[f] = grown(cols[f], n + 1, n, fill=np.nan, minimum=64)
-        for f, v in zip(self.FIELDS, values, strict=True):
-            cols[f][n] = v
+        block = self._block
+        if block is None or n == block.shape[0]:
+            block = self._room(n + 1)
+        block[n] = values
         self.n = n + 1
         self.last = ev
         if ev.get("gpu_error"):
             self.gpu_error = str(ev["gpu_error"])
+
+    def _append(self, cols: Mapping[str, np.ndarray], k: int) -> None:
+        n = self.n
+        block = self._room(n + k)
+        for j, f in enumerate(self.FIELDS):
+            block[n:n + k, j] = cols[f]
+        self.n = n + k
+
+    def _room(self, need: int) -> np.ndarray:
+        """The block, with room for ``need`` samples: where it has too little or there is
+        none, a new one (twice as large, 64 rows at least) with the samples so far, the old
+        one left as it was (views handed out stay valid, as ``grown``'s)."""
+        block = self._block
+        if block is not None and need <= block.shape[0]:
+            return block
+        cap = self.cols["ts"].shape[0]
+        new = np.full((max(need, 2 * cap, 64), len(self.FIELDS)), np.nan, order="F")
+        n = self.n
+        for j, f in enumerate(self.FIELDS):
+            new[:n, j] = self.cols[f][:n]
+        self._block = new
+        self.cols = {f: new[:, j] for j, f in enumerate(self.FIELDS)}
+        return new
+
+    def storage(self) -> list[np.ndarray]:
+        """The arrays that hold the samples (``RankTrace.nbytes``): the block, or the columns."""
+        return [self._block] if self._block is not None else list(self.cols.values())
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {f: self.cols[f][: self.n] for f in self.FIELDS}

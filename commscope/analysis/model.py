@@ -1600,31 +1600,38 @@ class TraceModel:
         starts = np.flatnonzero(np.r_[True, inv[order][1:] != inv[order][:-1]])
         t0 = np.minimum.reduceat(ts[order], starts)
         t1 = np.maximum.reduceat(ts[order], starts)
+        # per rank (its place in ``uniq``): its latest heartbeat, the last of equals, and its
+        # sample where it has one (-1: none); a rank with several samples takes them apart
+        k = uniq.shape[0]
+        beat_row = np.full(k, -1, np.int64)
         hb = np.flatnonzero(kind == K_HEARTBEAT)
-        beat_at: dict[int, int] = {}  # rank (its place in ``uniq``) -> its latest heartbeat, the last of equals
         if hb.shape[0]:
             last = hb[np.lexsort((hb, ts[hb], inv[hb]))]
             ends = np.flatnonzero(np.r_[inv[last][1:] != inv[last][:-1], True])
-            beat_at = dict(zip(inv[last[ends]].tolist(), last[ends].tolist(), strict=True))
-        sampled: dict[int, list[int]] = {}
+            beat_row[inv[last[ends]]] = last[ends]
+        sample_row = np.full(k, -1, np.int64)
+        several: dict[int, list[int]] = {}
         if samples is not None:
-            for j, at in zip(inv[samples.slot >= 0].tolist(), np.flatnonzero(samples.slot >= 0).tolist(), strict=True):
-                sampled.setdefault(j, []).append(at)
+            rows = np.flatnonzero(samples.slot >= 0)
+            counts = np.bincount(inv[rows], minlength=k)
+            one = counts[inv[rows]] == 1
+            sample_row[inv[rows[one]]] = rows[one]
+            for j, at in zip(inv[rows[~one]].tolist(), rows[~one].tolist(), strict=True):
+                several.setdefault(j, []).append(at)
             values = list(zip(*(samples.cols[f].tolist() for f in Samples.FIELDS), strict=True))
+            slot_of = samples.slot.tolist()
+        times = ts.tolist()
         traces = t.traces
-        for j, s in enumerate(slot.tolist()):
+        for j, (s, b, a) in enumerate(zip(slot.tolist(), beat_row.tolist(), sample_row.tolist(), strict=True)):
             rt = traces[s]
-            b = beat_at.get(j)
-            if b is not None:
-                rt.beat(int(ts[b]), events[b].get("inflight", 0))
-            rows = sampled.get(j)
-            if rows is None:
-                continue
-            if len(rows) == 1:
-                rt.samples.add_one(events[rows[0]], values[int(samples.slot[rows[0]])])
-            else:
+            if b >= 0:
+                rt.beat(times[b], events[b].get("inflight", 0))
+            if a >= 0:
+                rt.samples.add_one(events[a], values[slot_of[a]])
+            elif several and j in several:
+                rows = several[j]
                 at = samples.slot[rows]
-                rt.samples.add([events[k] for k in rows], {f: c[at] for f, c in samples.cols.items()})
+                rt.samples.add([events[i] for i in rows], {f: c[at] for f, c in samples.cols.items()})
         self._seen_many(slot, t0, t1, np.full(slot.shape[0], I64_MAX, np.int64))
         changed.update(uniq.tolist())
         return int(t0.min()), int(t1.max())
