@@ -84,6 +84,29 @@ def test_an_op_begun_before_the_window_is_read_from_the_mark(redis_url):
     assert beats and min(beats) >= T0 + (3600 - 300 - 600) * S and reader.stats.skipped_bytes > 0
 
 
+def test_a_window_counted_once_reads_the_same_after_the_job_wrote_more(redis_url):
+    """``window_start_ns``: where a reader's ``--since 300s`` started, counted back from the
+    job's end when it was asked; a reader opened later from there (a lost read process's
+    stand-in) starts at the same mark, though 300 s back from the job's new end would skip it."""
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, marks="inline", mark_every_s=100)
+    w.write([meta()])
+    for k in range(0, 1000, 10):
+        w.write([beat(j) for j in range(k, k + 10)])
+    first = open_source(redis_url, since=Since(ago_s=300))
+    start = first.window_start_ns()
+    assert start == T0 + (999 - 300) * S  # (the job's newest write: beat 999)
+    before = [e["ts"] for e in first.read_all() if e["type"] == "heartbeat"]
+    for k in range(1000, 2000, 10):
+        w.write([beat(j) for j in range(k, k + 10)])
+    w.close()
+    again = open_source(redis_url, since=Since(at_ns=start))
+    assert again.window_start_ns() == start
+    after = [e["ts"] for e in again.read_all() if e["type"] == "heartbeat"]
+    assert min(after) == min(before) and len(after) == len(before) + 1000
+    later = [e["ts"] for e in open_source(redis_url, since=Since(ago_s=300)).read_all() if e["type"] == "heartbeat"]
+    assert min(later) > min(before)
+
+
 def test_a_follower_from_a_mark_reads_every_later_event_once(redis_url):
     w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, marks="inline", mark_every_s=100)
     w.write([meta()])

@@ -9,11 +9,11 @@ first read in workers where the store can (``read_apart``), then polls of ``budg
 bytes, the next at once after one that stopped at the budget, ``round_s`` after the last
 began after one that read all there was, ``poll_s`` after one that brought nothing (or
 failed), ``idle_s`` once polls brought nothing for that long (an ended job's pace).  Each
-batch goes up the pipe with what changed of the reader's stats, its watermark and
-backlog as of it, its op
-records in one piece (``oprecords.packed``, arrays out of band: ``bulkread.send``); the
-console ingests one batch while the child reads the next, and the pipe holds the child
-back when the console is slower (it reads about one batch ahead, and what the pipe holds).
+batch goes up the pipe with what changed of the reader's stats, its watermark and backlog
+as of it, its op records in one piece (``oprecords.packed``, arrays out of band:
+``bulkread.send``); the console ingests one batch while the child reads the next, and the
+pipe holds the child back when the console is slower (it reads about one batch ahead, and
+what the pipe holds).
 
 What the console sees of the reader is as of the batch it took last: the watermark (every
 stream read to its end by then, so the model holds all of it), the stats, the backlog.
@@ -86,9 +86,9 @@ class Open(NamedTuple):
 class Polled(NamedTuple):
     """One poll of the child's: the batch (as sent: its op records in one piece, ``spans``,
     where they go so), what changed of the reader's stats (``ReadStats.changes``), its
-    watermark and backlog after it, whether it
-    stopped at the budget, why it failed (None: it did not; then the batch is empty), the
-    child's CPU seconds so far, and the job it reads (None: not found yet)."""
+    watermark and backlog after it, whether it stopped at the budget, why it failed (None:
+    it did not; then the batch is empty), the child's CPU seconds so far, and the job it
+    reads (None: not found yet)."""
 
     batch: Batch
     stats: ReadStats
