@@ -20,10 +20,12 @@ from pathlib import Path
 import orjson
 import pytest
 from redis_fixture import *  # noqa: F403  (redis_server, redis_url)
+from redis_fixture import require_redis_server
 
 from commscope.analysis import diagnose
 from commscope.analysis.flight_import import FlightRecorderReader
 from commscope.analysis.source import load_trace, open_source
+from commscope.bench.redis_server import RedisServer
 from commscope.bench.synthstore import JobShape, write_store
 from commscope.store import ReadStats, StoreError, bulkread, open_reader, open_writer, readahead
 from commscope.store.directory import DirectoryWriter
@@ -200,6 +202,40 @@ def test_a_redis_job_is_read_ahead_and_its_url_never_reaches_a_command_line(tmp_
     _until(feed, lambda: feed.model.events == want[0])
     assert _summary(feed.model, feed.model.end_ns) == want
     ahead.close()
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_a_redis_outage_while_read_ahead_is_said_and_the_job_followed_after_it_exact(tmp_path, monkeypatch, how):
+    """Redis (appendonly, every write synced) stops or is SIGKILLed while a console follows a job through a read process: the
+    console says so (the child's reader lost its connection and keeps trying; the child
+    stays), nothing is read again or restarted; the server comes back on its port with its data, the job writes its rest,
+    and the console ends holding what ``check`` reads of the finished store."""
+    monkeypatch.setattr(bulkread, "cores", lambda: 2)
+    server = RedisServer(binary=require_redis_server(), appendonly=True, data_dir=tmp_path / "redis")
+    server.start()
+    try:
+        url = server.url
+        job = _Job(url, _lines(tmp_path))
+        job.write(0.5)
+        reader = open_reader(url, wait=True)
+        feed = Feed(read_ahead(reader, url, None), hang_after=10.0)
+        ahead = feed.reader
+        assert isinstance(ahead, ReadAhead)
+        _until(feed, lambda: ahead.read_once and feed.model.events > 0)
+        half = feed.model.events
+        server.stop() if how == "stop" else server.kill()
+        _until(feed, lambda: any("lost the connection" in w for w in feed.info.warnings))
+        assert feed.reader is ahead and not _gone(ahead.pid) and feed.model.events == half
+        server.start()
+        job.write(1.0)
+        job.close()
+        want = _reference(url)
+        _until(feed, lambda: feed.model.events == want[0] and feed.error is None)
+        assert _summary(feed.model, feed.model.end_ns) == want
+        assert feed.reader is ahead and feed.restarts == 0 and ahead.stats.events == want[0]
+        ahead.close()
+    finally:
+        server.close()
 
 
 def test_a_console_reads_in_its_own_process_where_reading_ahead_is_not_worth_it(tmp_path, monkeypatch):
