@@ -184,6 +184,52 @@ def test_a_view_put_off_because_it_is_costly_is_published_later(monkeypatch):
         feed.step()
 
 
+class _Monotonic:
+    """``time`` as the feed sees it, but a monotonic clock that moves only when told (what
+    a publish costs is what it moved meanwhile)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+@pytest.mark.parametrize("behind", [False, True])
+def test_a_console_behind_publishes_a_tenth_of_its_time_one_caught_up_within_a_second(monkeypatch, behind):
+    """A view costing 0.4 s is published at most every ten times that (4 s) by a console
+    behind the job, whose view is seconds old anyway (``FeedInfo.behind``), so that it can
+    catch up; a console that keeps up publishes within a second (and no sooner)."""
+    import commscope.tui.feed as feed_module
+    from commscope.analysis.synth import TraceBuilder
+
+    clock = _Monotonic()
+    monkeypatch.setattr(feed_module, "time", clock)
+    slow = rankstate.rank_states
+
+    def costly(m, now):
+        clock.t += 0.4
+        return slow(m, now)
+
+    monkeypatch.setattr(rankstate, "rank_states", costly)
+    t0 = time.time_ns() - 60 * S
+    b = TraceBuilder(4, t0=t0)
+    b.warmup(3)
+    events = b.sorted_events()
+    feed = Feed(_Queue(), mode=LIVE, hang_after=2.0)
+    feed.info = dataclasses.replace(feed.info, behind=behind)
+    feed.ingest(Batch(events[: len(events) // 2], []))
+    assert feed.view.version == feed.model.version  # (the first: at once)
+    wait = 4.0 if behind else 1.0
+    for step, (at, shown) in enumerate(((0.9, False), (wait - 0.05, False), (wait + 0.05, True))):
+        clock.t = 1000.4 + at
+        feed.ingest(Batch([dict(e, ts=e["ts"] + (step + 1) * S) for e in events[len(events) // 2:][step::3]], []))
+        assert (feed.view.version == feed.model.version) is shown, (at, shown)
+
+
 def test_the_rank_table_of_a_console_far_behind_shows_no_rank_dead(tmp_path):
     """The console's own clock (the rank table, the timeline's now line) is held back as
     the feed's is: a console a minute behind shows the ranks waiting, not dead."""

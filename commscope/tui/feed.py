@@ -410,8 +410,8 @@ class Feed:
     def ingest(self, batch: Batch) -> None:
         """Ingest one batch (events, and op records in columns) under the lock, then publish
         the new view: at once while publishing is cheap, else at most every ten times what
-        it costs (a view of 16k ranks' states takes ~0.2 s: not after every batch), within a
-        second."""
+        it costs (a view of 16k ranks' states takes ~0.35 s: not after every batch), within a
+        second unless the console is behind (``_publish_pace``)."""
         got = batch.count()
         with self.lock:
             if got:
@@ -434,8 +434,17 @@ class Feed:
         done = time.monotonic()
         self._publish_cost = done - t0
         self.costs.publish += done - t0
-        self._publish_due = done + min(1.0, 10 * self._publish_cost)
-        self._next_publish = done + self.DIAGNOSE_S
+        self._publish_due = done + self._publish_pace()
+        self._next_publish = done + max(self.DIAGNOSE_S, self._publish_pace())
+
+    def _publish_pace(self) -> float:
+        """How long a costly publish waits after the last: ten times what that cost, within
+        a second; but a console behind the job (``FeedInfo.behind``: what it shows is
+        seconds old already) keeps to the ten times.  16k ranks: a publish costs ~0.35 s, so
+        within a second it took a third of the console's time, which it needs to catch up
+        (``bench scale``: it read ~84k events/s against the job's ~82k)."""
+        pace = 10 * self._publish_cost
+        return pace if self.info.behind else min(1.0, pace)
 
     def _backlog_bytes(self) -> int:
         """The reader's backlog, asked at most every ``BACKLOG_S``, or twenty times what it
