@@ -202,7 +202,8 @@ class _Monotonic:
 def test_a_console_behind_publishes_a_tenth_of_its_time_one_caught_up_within_a_second(monkeypatch, behind):
     """A view costing 0.4 s is published at most every ten times that (4 s) by a console
     behind the job, whose view is seconds old anyway (``FeedInfo.behind``), so that it can
-    catch up; a console that keeps up publishes within a second (and no sooner)."""
+    catch up; a console that keeps up publishes within a second (and no sooner), one that
+    caught up since its last publish too."""
     import commscope.tui.feed as feed_module
     from commscope.analysis.synth import TraceBuilder
 
@@ -228,6 +229,12 @@ def test_a_console_behind_publishes_a_tenth_of_its_time_one_caught_up_within_a_s
         clock.t = 1000.4 + at
         feed.ingest(Batch([dict(e, ts=e["ts"] + (step + 1) * S) for e in events[len(events) // 2:][step::3]], []))
         assert (feed.view.version == feed.model.version) is shown, (at, shown)
+    if behind:  # caught up since the last publish: within a second of it, not ten times its cost
+        feed.info = dataclasses.replace(feed.info, behind=False)
+        published = clock.t
+        clock.t = published + 1.05
+        feed.ingest(Batch([dict(e, ts=e["ts"] + 9 * S) for e in events[len(events) // 2:][::5]], []))
+        assert feed.view.version == feed.model.version
 
 
 def test_the_rank_table_of_a_console_far_behind_shows_no_rank_dead(tmp_path):

@@ -117,9 +117,8 @@ class Feed:
         #: The model as of the last batch (``TraceModel.view``): the timeline paints from it
         #: without the lock.  Replaced, never changed.
         self.view: ModelView = EMPTY_VIEW
-        self._next_publish = 0.0
         self._publish_cost = 0.0  # seconds the last publish took
-        self._publish_due = 0.0  # (monotonic) a costly publish waits until then (see ``ingest``)
+        self._published_at = float("-inf")  # (monotonic) when the last publish ended
         self._backlog = (0.0, 0)  # (monotonic when to ask again, bytes): the reader's backlog
         self._as_of = AsOf()  # ``now`` never runs past the reader's last watermark
         self.hang_after_override = hang_after
@@ -261,9 +260,10 @@ class Feed:
             self._early_from = mono + 2 * spent
             self._judged = (now, int(hang_after * 1e9))
             self._dirty = False
-        if not got and mono >= self._next_publish and not self.ended:  # states age with the clock too
-            self.publish()
-        elif self.view.version != self.model.version and mono >= self._publish_due:
+        pace = self._publish_pace()
+        if not got and mono >= self._published_at + max(self.DIAGNOSE_S, pace) and not self.ended:
+            self.publish()  # (states age with the clock too)
+        elif self.view.version != self.model.version and mono >= self._published_at + pace:
             self.publish()  # a batch whose publish was put off (costly views): never left unshown
         self.info = self._info(behind_bytes)
         return self.info, bool(got)
@@ -417,7 +417,8 @@ class Feed:
             if got:
                 self.model.ingest(batch.events, batch.ops, batch.spans, batch.beats)
             self.model.note_read_stats(self.reader.stats)
-            if got and (self._publish_cost < self.CHEAP_PUBLISH_S or time.monotonic() >= self._publish_due):
+            if got and (self._publish_cost < self.CHEAP_PUBLISH_S
+                        or time.monotonic() >= self._published_at + self._publish_pace()):
                 self.publish()
 
     #: A publish that took less than this is done after every batch
@@ -434,13 +435,14 @@ class Feed:
         done = time.monotonic()
         self._publish_cost = done - t0
         self.costs.publish += done - t0
-        self._publish_due = done + self._publish_pace()
-        self._next_publish = done + max(self.DIAGNOSE_S, self._publish_pace())
+        self._published_at = done
 
     def _publish_pace(self) -> float:
         """How long a costly publish waits after the last: ten times what that cost, within
-        a second; but a console behind the job (``FeedInfo.behind``: what it shows is
-        seconds old already) keeps to the ten times.  16k ranks: a publish costs ~0.35 s, so
+        a second; but a console behind the job (``FeedInfo.behind``, as the last step saw it:
+        what it shows is seconds old already) keeps to the ten times.  Asked when a publish
+        is due, not when the last was made: one that caught up meanwhile waits no longer
+        than a second.  16k ranks: a publish costs ~0.35 s, so
         within a second it took a third of the console's time, which it needs to catch up
         (``bench scale``: it read ~84k events/s against the job's ~82k)."""
         pace = 10 * self._publish_cost
