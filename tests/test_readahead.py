@@ -348,6 +348,26 @@ def test_a_window_read_again_after_a_loss_starts_where_the_console_counted_it(tm
     feed.reader.close()
 
 
+def test_a_window_the_console_could_not_count_is_counted_once_by_the_read_process(tmp_path):
+    """A read process started on a duration (the console's reader could not count it: its
+    store out of reach then) counts it itself, once: its first batch says where, and a
+    stand-in for it reads from there (``ReadAhead.here``), not from a later count."""
+    writer = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=16 << 10, closer=False)
+    writer.write([orjson.dumps({"type": "meta", "ts": T0, "v": 3, "rank": 0, "world_size": 1, "host": "h"})])
+    job = tmp_path / "job"
+    _beats(writer, 0, 3000, job)
+    ahead = ReadAhead(str(job), Since(ago_s=1500), PACING)
+    feed = Feed(ahead, hang_after=10.0)
+    _until(feed, lambda: ahead.read_once)
+    assert ahead.since == Since(at_ns=T0 + 1500 * S)
+    _beats(writer, 3000, 6000, job)
+    writer.close()
+    here = ahead.here()
+    assert here.window_start_ns() == T0 + 1500 * S
+    here.close()
+    ahead.close()
+
+
 def test_a_console_quit_while_it_reads_a_job_again_stops_at_the_next_batch(tmp_path, monkeypatch):
     """The read process lost, the console reads the job again here in batches; it is quit
     (``run``'s stop) after its second: the feed's thread ends there, the reader read again
@@ -430,6 +450,32 @@ def test_a_read_process_sends_what_changed_of_its_stats_and_the_console_holds_th
     assert not any(getattr(quiet, name) for name in ("corrupt_by_rank", "invalid_by_rank", "invalid_by_reason",
                                                      "missing_by_rank", "summarized_by_rank", "skipped_by_rank",
                                                      "warnings"))
+
+
+def test_a_console_quit_during_a_restart_at_the_tail_swaps_nothing_in(tmp_path):
+    """A restart at the tail reads its window into a new model (``Feed._swap_in``); the feed
+    to end (``run``'s stop set: the console quit) stops it before its first batch: the
+    reader it opened is closed, the model and reader followed so far stay."""
+    store = str(tmp_path / "job")
+    write_store(store, JobShape(RANKS, 20))
+    opened: list = []
+
+    def reopen(window):
+        reader = open_reader(store, wait=True)
+        close = reader.close
+        reader.close = lambda: opened.append("closed") or close()
+        opened.append(reader)
+        return reader
+
+    reader = open_reader(store, wait=True)
+    feed = Feed(reader, hang_after=10.0, reopen=reopen)
+    _until(feed, lambda: feed.model.events > 0)
+    model = feed.model
+    feed._stop.set()  # (as ``run``'s stop, once the console quits)
+    feed._restart_at_tail()
+    assert len(opened) == 2 and opened[1] == "closed" and opened[0].stats.bytes == 0
+    assert feed.restarts == 0 and feed.model is model and feed.reader is reader and not feed.error
+    reader.close()
 
 
 _CONSOLE = """

@@ -493,9 +493,10 @@ class TraceReader(abc.ABC):
 
     def window_start_ns(self) -> int | None:
         """Where the window ``start_at`` was given starts, as this reader counted it (None:
-        each stream from its start).  A duration counts back from the job's newest write as
-        of that call: another reader of the same window later (a lost read process's
-        stand-in) starts here, not a duration back from a later end."""
+        not counted, no window or a store it could not reach; one it could not skip to is
+        read from each stream's start, and still counted).  A duration counts back from the
+        job's newest write as of that call: another reader of the same window later (a
+        lost read process's stand-in) starts here, not a duration back from a later end."""
         return None
 
     # ------------------------------------------------------------ the shared pipeline

@@ -25,7 +25,7 @@ handle) and ends when its stdin does.
 A child that dies, or sends what is not a batch, is not started again: ``poll_batch``
 raises ``ReadAheadLost`` (with how it ended and the last line it wrote on stderr) and the
 console reads the job again in its own process from then on (``here``: a reader of the
-job the child read, from the window's start the console counted when it attached;
+job the child read, from the start of the window it was started on, counted once;
 ``Feed._read_here``), into a new model, saying so.  Nothing is lost or counted twice: what
 the child sent was ingested whole (a message is taken whole or not at all), and the new
 reader reads everything again into a new model.
@@ -87,8 +87,10 @@ class Polled(NamedTuple):
     """One poll of the child's: the batch (as sent: its op records in one piece, ``spans``,
     where they go so), what changed of the reader's stats (``ReadStats.changes``), its
     watermark and backlog after it, whether it stopped at the budget, why it failed (None:
-    it did not; then the batch is empty), the child's CPU seconds so far, and the job it
-    reads (None: not found yet)."""
+    it did not; then the batch is empty), the child's CPU seconds so far, the job it
+    reads (None: not found yet), and where its reader's window starts as it counted it
+    (``TraceReader.window_start_ns``: one the console could not count, a store it could
+    not reach then, is counted once, by the child)."""
 
     batch: Batch
     stats: ReadStats
@@ -98,6 +100,7 @@ class Polled(NamedTuple):
     error: str | None
     cpu_s: float
     job: str | None
+    window: int | None = None
 
     def sent(self) -> Polled:
         """As the child sends it: the op records in one piece where they go so (their
@@ -189,6 +192,8 @@ class ReadAhead(TraceReader):
         self._watermark, self._backlog, self.cut_short, self.cpu_s = (
             got.watermark, got.backlog, got.cut_short, got.cpu_s)
         self.job = got.job or self.job
+        if got.window is not None and self.since is not None and self.since.at_ns is None:
+            self.since = Since(at_ns=got.window)  # (``here`` reads from there: counted once)
         if got.error is not None:
             raise StoreError(got.error)
         if not got.cut_short:
@@ -231,8 +236,9 @@ class ReadAhead(TraceReader):
 
     def here(self) -> TraceReader:
         """A reader of the same job and window in this process (the child's stand-in once
-        it is gone): the job the child read, where it found one, from the window's start
-        the console counted (``around``)."""
+        it is gone): the job the child read, where it found one, from the start of the
+        window it was started on, as the console counted it (``around``) or, where the
+        console could not, as the child did (``Polled.window``)."""
         source = pinned(self.source, self.job)
         reader = backend_for(source).reader(source, wait=True)
         if self.since is not None:
@@ -359,7 +365,8 @@ def main() -> int:
         sent.take(changes)
         polled = Polled(batch, changes,
                         reader.watermark_ns() if reader is not None else 0, backlog, cut, error, time.process_time(),
-                        reader.job_name() if reader is not None else None)
+                        reader.job_name() if reader is not None else None,
+                        reader.window_start_ns() if reader is not None else None)
         try:
             bulkread.send(stdout, polled.sent())
         except OSError:  # (the console gone)
