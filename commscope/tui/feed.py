@@ -441,10 +441,10 @@ class Feed:
         """How long a costly publish waits after the last: ten times what that cost, within
         a second; but a console behind the job (``FeedInfo.behind``, as the last step saw it:
         what it shows is seconds old already) keeps to the ten times.  Asked when a publish
-        is due, not when the last was made: one that caught up meanwhile waits no longer
-        than a second.  16k ranks: a publish costs ~0.35 s, so
-        within a second it took a third of the console's time, which it needs to catch up
-        (``bench scale``: it read ~84k events/s against the job's ~82k)."""
+        may be due, not when the last was made: a console that caught up meanwhile waits no
+        longer than a second.  16k ranks: a publish costs ~0.35 s, so within a second it
+        took a third of the console's time, which it needs to catch up (``bench scale``: it
+        read ~84k events/s against the job's ~82k)."""
         pace = 10 * self._publish_cost
         return pace if self.info.behind else min(1.0, pace)
 
