@@ -361,12 +361,13 @@ def main() -> int:
             done = time.monotonic()
             next_backlog = done + max(pacing.backlog_s, 20 * (done - began))
         brought = batch.count()
-        changes = reader.stats.changes(sent) if reader is not None else ReadStats()
-        sent.take(changes)
-        polled = Polled(batch, changes,
-                        reader.watermark_ns() if reader is not None else 0, backlog, cut, error, time.process_time(),
-                        reader.job_name() if reader is not None else None,
-                        reader.window_start_ns() if reader is not None else None)
+        if reader is None:  # (the store not opened yet: nothing to say of it)
+            polled = Polled(batch, ReadStats(), 0, backlog, cut, error, time.process_time(), None)
+        else:
+            changes = reader.stats.changes(sent)
+            sent.take(changes)
+            polled = Polled(batch, changes, reader.watermark_ns(), backlog, cut, error, time.process_time(),
+                            reader.job_name(), reader.window_start_ns())
         try:
             bulkread.send(stdout, polled.sent())
         except OSError:  # (the console gone)
