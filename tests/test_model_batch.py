@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from model_compare import differences, model_state
 
+from commscope.analysis import runmax
 from commscope.analysis.diagnose import diagnose
 from commscope.analysis.model import CONTAINER, NESTED, TraceModel
 from commscope.analysis.rankstate import blocked, blocked_mask
@@ -944,3 +945,61 @@ def test_a_live_rank_s_samples_go_into_one_block_of_its_own_counted_once():
     block = s.storage()
     assert len(block) == 1 and block[0].shape == (128, len(s.FIELDS))
     assert sampled.ranks[0].nbytes() - beats_only.ranks[0].nbytes() == block[0].nbytes
+
+
+def _touched_since(log: list[tuple[int, int]], version: int, current: int) -> int | None:
+    """The rule of a touch log read from ``RankTrace.touched`` (oldest first): the earliest
+    begin among the batches after ``version``, None where the log no longer holds them all."""
+    if version >= current:
+        return np.iinfo(np.int64).max
+    if not log or log[0][0] > version + 1:
+        return None
+    return min((b for v, b in log if v > version), default=np.iinfo(np.int64).max)
+
+
+def test_views_published_together_are_each_ranks_own_view():
+    """``RankTable.views`` (every changed rank published in one pass: the running max done
+    once, the touch logs gathered as rings, each block's read-only columns looked up once)
+    against ``RankTrace.view`` of each rank alone, after every poll of a live job whose ranks
+    move between blocks, begin out of time order and keep ops in flight, over more polls
+    than a touch log holds (it wraps), with polls of heartbeats alone between (a view
+    published again from the same rows); and each view's ``touched_since`` of every version
+    against the rank's own log."""
+    from commscope.analysis.columns import TOUCH_LOG, RankView
+
+    plan = _live_job(11, world=40, polls=TOUCH_LOG + 30)
+    m = TraceModel()
+    t = m.table
+    beats = again = 0
+    for k, (evs, ops) in enumerate(plan):
+        m.ingest(evs, ops)
+        first = {}
+        if k % 3 == 0:  # (heartbeats alone: the ranks change, their rows do not)
+            t.views()
+            first = {r: rt._view for r, rt in m.ranks.items()}
+            beats += 1
+            m.ingest([{"type": "heartbeat", "ts": T + beats, "v": 3, "rank": r, "inflight": 1} for r in m.ranks])
+        t.views()
+        together = {r: rt._view for r, rt in m.ranks.items()}
+        again += sum(v.version != first[r].version and v.begin is first[r].begin
+                     for r, v in together.items() if r in first)
+        for v in together.values():  # (the running max as published, before any view alone)
+            assert v is not None
+            exact = np.maximum.accumulate(runmax.ends_of(v.sb, v.comp[v.order_])) if v.n else v.pmax
+            assert np.array_equal(v.pmax, exact), (k, v.rank)
+        for r, rt in m.ranks.items():
+            rt._view = None  # (what a rank's own view makes, from nothing)
+            alone = rt.view()
+            v = together[r]
+            assert v is not None and alone is not None
+            for name in (*RankView.COLUMNS, "order_", "sb", "pmax"):
+                assert np.array_equal(getattr(v, name), getattr(alone, name)), (k, r, name)
+            assert v[:3] == alone[:3] and v[15:21] == alone[15:21], (k, r)
+            assert v.touches == alone.touches == int(t.touches[rt._s])
+            log = rt.touched
+            for version in range(0, v.version + 2) if k % 4 == 0 else ():
+                want = _touched_since(log, version, v.version)
+                assert v.touched_since(version) == want, (k, r, version)
+                assert alone.touched_since(version) == want, (k, r, version)
+    wrapped = [rt for rt in m.ranks.values() if int(t.touches[rt._s]) > TOUCH_LOG]
+    assert len(wrapped) > 10 and any(not rt._sorted for rt in m.ranks.values()) and again > 100

@@ -327,7 +327,7 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
     entered.  (Once the waiting op raises, it is an ``op_failed``.)"""
     pending: dict[tuple[int, str, int], dict[int, int]] = {}
     t = model.table
-    slots, ops = t.open_ops()
+    slots, ops = rankstate.open_ops(model)
     sig, seq, begin, comp = t.gather(("sig", "seq", "begin", "comp"), t.block[slots], t.base[slots] + ops)
     # every rank's ops in flight at once: collectives waited in for hang_ns
     hung = (comp == 0) & ((model.sig_flags(sig) & COLL) != 0) & (seq >= 0) & (now - begin >= hang_ns)

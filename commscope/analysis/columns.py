@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from itertools import chain, repeat
+from operator import attrgetter
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -53,6 +54,9 @@ def grown(arr: np.ndarray, need: int, keep: int | None = None, fill: Any = 0, mi
 
 #: Empty columns, shared: nothing can be written into them, and growing one makes a new array
 _NONE_I8, _NONE_I4, _NONE_U1, _NONE_F8 = (np.zeros(0, t) for t in (np.int64, np.int32, np.uint8, np.float64))
+_VIEW_OF = attrgetter("_view")
+_OPEN_OF = attrgetter("_open")
+_UNSEEN: dict[str, np.ndarray] = {}  # (a block ``RankTable.views`` has not looked up yet)
 
 _COLS_I8 = ("begin", "end", "wb", "we", "done", "gpu", "comp", "id", "seq")
 _COLS_I4 = ("peer", "parent", "sig")
@@ -171,13 +175,7 @@ class RankTable:
     def open_ops(self) -> tuple[np.ndarray, np.ndarray]:
         """Every rank's open ops as (slots, op indices) (``settle_open`` first)."""
         self.settle_open()
-        slots: list[int] = []
-        ops: list[int] = []
-        for s, rt in enumerate(self.traces):
-            if rt._open:
-                slots.extend([s] * len(rt._open))
-                ops.extend(rt._open)
-        return np.array(slots, np.int64), np.array(ops, np.int64)
+        return self._open_of(range(self.size))  # (a position in range(size) is the slot)
 
     def touched_since(self, s: int, version: int) -> int | None:
         """Slot ``s``'s earliest begin among the ops changed after ``version`` (I64_MAX: none;
@@ -185,13 +183,26 @@ class RankTable:
         return _one(self.changed_since(np.array([s]), np.array([version], np.int64)))
 
     def touch_log(self, s: int) -> tuple[np.ndarray, np.ndarray]:
-        """Slot ``s``'s touch log, oldest first, as two arrays of its own (a published view's)."""
+        """Slot ``s``'s touch log, oldest first, as two arrays of its own."""
         k = int(self.touches[s])
         tv, tf = self.touch_version[s], self.touch_first[s]
         if k <= TOUCH_LOG:
             return tv[:k].copy(), tf[:k].copy()
         j = k % TOUCH_LOG  # (the oldest kept)
         return np.concatenate((tv[j:], tv[:j])), np.concatenate((tf[j:], tf[:j]))
+
+    def touch_rings(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The touch logs of ``slots`` as the table keeps them, gathered at once: an array
+        (slot, 2, TOUCH_LOG) of rings of versions and earliest begins, and how many entries
+        each was written in all (``_changed_since`` reads a ring as it is).  A published
+        view copies its row: one copy a rank, not two and a roll (16k ranks: a tenth of a
+        publish)."""
+        return np.stack((self.touch_version[slots], self.touch_first[slots]), axis=1), self.touches[slots]
+
+    def touch_ring(self, s: int) -> tuple[np.ndarray, int]:
+        """``touch_rings`` of slot ``s`` alone: its ring, a copy of its own, and its count."""
+        rings, written = self.touch_rings(np.array([s]))
+        return rings[0], int(written[0])
 
     def touch(self, slots: np.ndarray, first: np.ndarray) -> None:
         """``RankTrace.touch`` of many ranks (``slots`` distinct)."""
@@ -320,22 +331,26 @@ class RankTable:
 
     def views(self) -> None:
         """Bring every rank's published view up to date (``RankTrace.view``): the running
-        max of every rank in time order at once, and the scalars of the ranks that changed
-        read in one pass."""
+        max of every rank in time order at once, and of the ranks that changed, the scalars
+        read and the touch logs gathered in one pass each, each block's read-only columns
+        looked up once (16k ranks: ~20 us a rank, most of a live console's publish)."""
         self.settle_open()
         self.running_max()
         k = self.size
-        changed = []
-        for s, rt, version, n in zip(range(k), self.traces, self.version[:k].tolist(), self.n[:k].tolist(),
-                                     strict=True):
-            v = rt._view
-            if v is None or v.version != version or v.n != n:
-                changed.append(s)
+        changed = [s for s, v, version, n in zip(range(k), map(_VIEW_OF, self.traces), self.version[:k].tolist(),
+                                                 self.n[:k].tolist(), strict=True)
+                   if v is None or v.version != version or v.n != n]
         at = np.array(changed, np.int64)
         flights = self.in_flight(changed)
-        for s, version, n, b, a, first, last in zip(changed, *(getattr(self, c)[at].tolist() for c in (
-                "version", "n", "block", "base", "first_ts", "last_ts")), strict=True):
-            self.traces[s]._publish(version, n, b, a, first, last, flights.get(s, ()))
+        rings, written = self.touch_rings(at)
+        frozen: dict[int, dict[str, np.ndarray] | None] = {-1: None}
+        for ring, s, version, n, b, a, first, last, count in zip(rings, changed, *(getattr(self, c)[at].tolist() for c in (
+                "version", "n", "block", "base", "first_ts", "last_ts")), written.tolist(), strict=True):
+            fz = frozen.get(b, _UNSEEN)
+            if fz is _UNSEEN:
+                fz = frozen[b] = self.frozen(b)
+            self.traces[s]._publish(version, n, fz, a, first, last, flights.get(s, ()), (ring.copy(), count),
+                                    maxed=True)
 
     def in_flight(self, slots: Sequence[int]) -> dict[int, tuple[int, ...]]:
         """The ops in flight (completion 0) of ranks ``slots`` whose open set was settled, by
@@ -349,9 +364,9 @@ class RankTable:
         if not at.shape[0]:  # (open with a completion below 0: hostile times, none in flight)
             return {}
         order = np.lexsort((op, at))
-        at, op = at[order].tolist(), op[order].tolist()
-        cuts = [0, *(j for j in range(1, len(at)) if at[j] != at[j - 1]), len(at)]
-        return {at[a]: tuple(op[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)}
+        at, op = at[order], op[order].tolist()
+        cuts = np.flatnonzero(np.r_[True, at[1:] != at[:-1], True]).tolist()
+        return {s: tuple(op[a:b]) for s, a, b in zip(at[cuts[:-1]].tolist(), cuts[:-1], cuts[1:], strict=True)}
 
     def oldest_in_flight(self, after: int) -> int | None:
         """The earliest begin after ``after`` among every rank's ops in flight (completion 0;
@@ -403,7 +418,8 @@ class RankTable:
         """The open sets of ``slots`` (settled) as (position in ``slots``, op index) arrays, made
         with no Python step per rank."""
         traces = self.traces
-        held = [traces[s]._open for s in slots]
+        every = isinstance(slots, range) and slots == range(len(traces))
+        held = list(map(_OPEN_OF, traces if every else map(traces.__getitem__, slots)))
         counts = np.fromiter(map(len, held), np.int64, len(held))
         ops = np.fromiter(chain.from_iterable(held), np.int64, int(counts.sum()))
         return np.repeat(np.arange(len(held), dtype=np.int64), counts), ops
@@ -857,25 +873,29 @@ class RankTrace:
         if v is not None and v.version == version and v.n == n:
             return v
         self.open  # noqa: B018 (settles the set)
-        return self._publish(version, n, int(t.block[s]), int(t.base[s]), int(t.first_ts[s]), int(t.last_ts[s]),
-                             t.in_flight([s]).get(s, ()))
+        b = int(t.block[s])
+        return self._publish(version, n, t.frozen(b) if b >= 0 else None, int(t.base[s]), int(t.first_ts[s]),
+                             int(t.last_ts[s]), t.in_flight([s]).get(s, ()), t.touch_ring(s))
 
-    def _publish(self, version: int, n: int, b: int, a: int, first_ts: int, last_ts: int,
-                 flight: tuple[int, ...]) -> RankView:
-        """A new view, from the rank's scalars and ops in flight (``RankTable.views`` reads
-        many at once)."""
-        t = self._t
-        fz = t.frozen(b) if b >= 0 else None
+    def _publish(self, version: int, n: int, fz: dict[str, np.ndarray] | None, a: int, first_ts: int,
+                 last_ts: int, flight: tuple[int, ...], touched: tuple[np.ndarray, int], maxed: bool = False
+                 ) -> RankView:
+        """A new view, from the rank's scalars, its block's read-only columns (``fz``: None,
+        none), its ops in flight and its touch log (a copy of its ring, and how many entries
+        were written to it: ``RankTable.touch_rings``); ``RankTable.views`` reads many at
+        once.  ``maxed``: the running max of every rank in time order is up to date."""
         old, at = self._view, self._published_at
         if old is not None and at is not None and at[0] is fz and at[1] == a and old.n == n and self._sorted:
             # the same rows, as many, in time order: the same slices (views of the block's
             # columns: a heartbeat, a sample or an op's end changed the rank, not which rows)
-            self._prefix_max(old.order_, old.begin)
+            if not maxed:
+                self._prefix_max(old.order_, old.begin)
             v = self._view = RankView(self.rank, version, n, *old[3:15], flight, first_ts, last_ts,
-                                      self.last_hb, self.meta, tuple(self.exits), t.touch_log(self._s))
+                                      self.last_hb, self.meta, tuple(self.exits), *touched)
             return v
         if fz is not None:  # (slices of the block's read-only views: no view made a column)
-            cols = [fz[c][a:a + n] for c in RankView.COLUMNS]
+            rows = slice(a, a + n)
+            cols = [fz[c][rows] for c in RankView.COLUMNS]
         else:
             cols = [_frozen(getattr(self, c)[:n]) for c in RankView.COLUMNS]
         self._published_at = None
@@ -884,8 +904,9 @@ class RankTrace:
         elif self._sorted:  # (its order is the identity: ``order`` would say so)
             assert fz is not None  # (a rank in time order has its rows in a block)
             order = _identity(n)
-            self._prefix_max(order, cols[0])
-            sb, pmax = cols[0], fz["pmax"][a:a + n]
+            if not maxed:
+                self._prefix_max(order, cols[0])
+            sb, pmax = cols[0], fz["pmax"][rows]
             self._published_at = (fz, a)
         else:
             order = self.order()
@@ -894,7 +915,7 @@ class RankTrace:
             if order.flags.writeable:
                 order = _frozen(order)
         v = self._view = RankView(self.rank, version, n, *cols, order, sb, pmax, flight, first_ts, last_ts,
-                                  self.last_hb, self.meta, tuple(self.exits), t.touch_log(self._s))
+                                  self.last_hb, self.meta, tuple(self.exits), *touched)
         return v
 
 
@@ -941,6 +962,7 @@ def _frozen(a: np.ndarray) -> np.ndarray:
 
 
 _EMPTY = _frozen(_NONE_I8)
+_NO_TOUCHES = _frozen(np.zeros((2, 0), np.int64))
 
 
 class RankView(NamedTuple):
@@ -979,7 +1001,8 @@ class RankView(NamedTuple):
     last_hb: int
     meta: dict | None
     exits: tuple[dict, ...]
-    touched: tuple[np.ndarray, np.ndarray] = (_NONE_I8, _NONE_I8)  # RankTrace.touched: versions, begins
+    touched: np.ndarray = _NO_TOUCHES  # RankTrace.touched, two rows (versions, begins): its ring as written
+    touches: int = 0  # entries written to that ring in all (the last TOUCH_LOG kept)
 
     COLUMNS = ("begin", "end", "wb", "we", "comp", "sig", "seq", "peer", "flags")
 
@@ -991,7 +1014,7 @@ class RankView(NamedTuple):
         """The earliest begin among the ops changed after ``version`` (I64_MAX: none), or
         None when the log no longer reaches back that far."""
         versions, begins = self.touched
-        return _one(_changed_since(np.array([versions.shape[0]]), versions[None, :], begins[None, :],
+        return _one(_changed_since(np.array([self.touches]), versions[None, :], begins[None, :],
                                    np.array([version], np.int64), np.array([self.version])))
 
     def window(self, t0: int, t1: int) -> np.ndarray:

@@ -60,6 +60,7 @@ class _Memo:
 
     version: int
     blocked: dict[int, tuple[int, ...]] | None = None  # rank -> ``blocked`` (every rank's, made at once)
+    open_ops: tuple[np.ndarray, np.ndarray] | None = None  # ``RankTable.open_ops``: (slots, op indices)
     vanished: tuple[int, frozenset[int]] | None = None  # (now, ranks)
     survivors: tuple[int, int] | None = None  # see _survivors_last
     snapshot: RankSnapshot | None = None
@@ -128,12 +129,22 @@ def blocked_ranks(m: TraceModel) -> dict[int, tuple[int, ...]]:
     return memo.blocked
 
 
+def open_ops(m: TraceModel) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's open ops as (slots, op indices) (``RankTable.open_ops``), gathered once
+    for the model's version: the blocked ranks and the plain ranks' states both start there.
+    Read only."""
+    memo = _memo(m)
+    if memo.open_ops is None:
+        memo.open_ops = m.table.open_ops()
+    return memo.open_ops
+
+
 def _all_blocked(m: TraceModel) -> dict[int, tuple[int, ...]]:
     """``_blocked`` of every rank with an op in flight, at once: their open ops gathered
-    from the model's blocks (``RankTable.open_ops``) and judged in one numpy pass, where
-    asking rank by rank cost ~10 numpy calls a rank (a fifth of a 16k-rank console's time)."""
+    from the model's blocks (``open_ops``) and judged in one numpy pass, where asking rank
+    by rank cost ~10 numpy calls a rank (a fifth of a 16k-rank console's time)."""
     t = m.table
-    slots, ops = t.open_ops()
+    slots, ops = open_ops(m)
     out: dict[int, tuple[int, ...]] = {}
     if not ops.shape[0]:
         return out
@@ -153,10 +164,8 @@ def _all_blocked(m: TraceModel) -> dict[int, tuple[int, ...]]:
         return out
     cuts = np.flatnonzero(np.r_[True, slots[1:] != slots[:-1], True]).tolist()
     ops_l = ops.tolist()
-    traces = t.traces
-    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
-        out[traces[int(slots[a])].rank] = tuple(ops_l[a:b])
-    return out
+    ranks = map(_RANK_OF_TRACE, map(t.traces.__getitem__, slots[cuts[:-1]].tolist()))
+    return {r: tuple(ops_l[a:b]) for r, a, b in zip(ranks, cuts[:-1], cuts[1:], strict=True)}
 
 
 def current_op(m: TraceModel, rank: int) -> int | None:
@@ -662,7 +671,7 @@ def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
     if not where.shape[0]:
         return {}
     blocked_now = blocked_ranks(m)
-    open_slots = np.unique(t.open_ops()[0])
+    open_slots = np.unique(open_ops(m)[0])
     rank_of = np.array(ranks, np.int64)[where]
     cur = np.fromiter((blocked_now[r][-1] if r in blocked_now else -1 for r in rank_of.tolist()), np.int64,
                       where.shape[0])
@@ -676,14 +685,18 @@ def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
     flags = m.sig_flags(sig)
     since = np.where(idle, comp, _since(flags, begin, wb))
     out: dict[int, RankState] = {}
-    label = m.label_of
+    labels: dict[tuple[int, int, int], str] = {}  # (ranks in step share their op's label)
     for r, i, is_idle, code, q, p, f, at in zip(rank_of.tolist(), ops.tolist(), idle.tolist(), sig.tolist(),
                                                 seq.tolist(), peer.tolist(), flags.tolist(), since.tolist(),
                                                 strict=True):
-        out[r] = _idle(label(code, q, p), i, at, now) if is_idle else _blocked(f, label(code, q, p), i, at, now)
+        label = labels.get((code, q, p))
+        if label is None:
+            label = labels[code, q, p] = m.label_of(code, q, p)
+        out[r] = _idle(label, i, at, now) if is_idle else _blocked(f, label, i, at, now)
     return out
 
 
 _SLOT_OF_TRACE = attrgetter("_s")
+_RANK_OF_TRACE = attrgetter("rank")
 _HB_OF_TRACE = attrgetter("last_hb")
 _EXITS_OF_TRACE = attrgetter("exits")
