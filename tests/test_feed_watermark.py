@@ -51,11 +51,11 @@ def test_a_console_catching_up_judges_nothing_until_it_has_read_every_stream(tmp
     feed.BUDGET = 1
     for step in range(shape.ranks - 1):
         feed.step()
-        feed._next_diag = 0.0  # (would diagnose now)
+        feed._diagnosed_at = float("-inf")  # (would diagnose now)
         assert not feed.caught_up() and feed.findings == [], step
     for _ in range(3):
         feed.step()
-        feed._next_diag = 0.0
+        feed._diagnosed_at = float("-inf")
     assert feed.caught_up()
     assert [(f.kind, f.culprits) for f in feed.findings if f.severity == "error"] == \
         [("missing_ranks", [shape.culprit_rank])]
@@ -71,7 +71,7 @@ def test_a_console_far_behind_does_not_take_its_lag_for_deaths(tmp_path):
     feed = Feed(open_reader(f"{store}/recent"), mode=LIVE, hang_after=2.0, clock=lambda: time.time_ns() + 60 * S)
     for _ in range(3):
         feed.step()
-        feed._next_diag = 0.0
+        feed._diagnosed_at = float("-inf")
     kinds = [(f.kind, f.culprits) for f in feed.findings if f.severity == "error"]
     assert kinds == [("missing_ranks", [shape.culprit_rank])], kinds  # no dead_rank, no stopped job
     assert not feed.ended
@@ -88,7 +88,7 @@ def test_a_new_stream_never_lets_the_clock_run_past_what_was_read(tmp_path):
     feed = Feed(open_reader(f"{store}/recent"), mode=LIVE, hang_after=2.0, clock=lambda: time.time_ns() + 60 * S)
     for _ in range(3):
         feed.step()
-        feed._next_diag = 0.0
+        feed._diagnosed_at = float("-inf")
     before = feed.now()
     feed.reader.LIST_TRUST_S = 0.0  # (list the directory again at once)
     with open(f"{store}/recent/rank-00007+1.jsonl", "w") as fh:
@@ -237,6 +237,52 @@ def test_a_console_behind_publishes_a_tenth_of_its_time_one_caught_up_within_a_s
         assert feed.view.version == feed.model.version
 
 
+@pytest.mark.parametrize("behind", [False, True])
+def test_a_console_behind_judges_a_tenth_of_its_time_one_caught_up_a_fifth(monkeypatch, behind):
+    """A diagnosis costing 0.4 s is followed by the next at most every ten times that (4 s)
+    by a console behind the job, which needs the time to catch up (its findings are seconds
+    old anyway), every five times (2 s) by one that keeps up; one that caught up since its
+    last diagnosis keeps to the five times."""
+    import commscope.tui.feed as feed_module
+    from commscope.analysis.synth import TraceBuilder
+
+    clock = _Monotonic()
+    monkeypatch.setattr(feed_module, "time", clock)
+    judge = feed_module.diagnose
+
+    def costly(*args, **kwargs):
+        clock.t += 0.4
+        return judge(*args, **kwargs)
+
+    monkeypatch.setattr(feed_module, "diagnose", costly)
+    t0 = time.time_ns() - 60 * S
+    b = TraceBuilder(4, t0=t0)
+    b.warmup(3)
+    b.heartbeats(t0, t0 + 3 * S)
+    events = b.sorted_events()
+    reader = _Queue()
+    feed = Feed(reader, mode=LIVE, hang_after=2.0, clock=lambda: t0 + 4 * S)
+    reader.batches = [events[: len(events) // 2]]
+    feed.step()
+    assert feed.diagnoses == 1  # (the first: at once)
+    began = 1000.0  # (when it began: its cost is counted from there)
+    wait = 4.0 if behind else 2.0
+    rest = events[len(events) // 2:]
+    for step, (at, judged) in enumerate(((1.5, False), (wait - 0.05, False), (wait + 0.05, True))):
+        feed.info = dataclasses.replace(feed.info, behind=behind)  # (as the last step saw it)
+        clock.t = began + at
+        reader.batches = [rest[step::4]]
+        feed.step()
+        assert feed.diagnoses == (2 if judged else 1), (at, judged)
+    if behind:  # caught up since the last diagnosis: five times its cost after it, not ten
+        began = began + wait + 0.05
+        feed.info = dataclasses.replace(feed.info, behind=False)
+        clock.t = began + 2.05
+        reader.batches = [rest[3::4]]
+        feed.step()
+        assert feed.diagnoses == 3
+
+
 def test_the_rank_table_of_a_console_far_behind_shows_no_rank_dead(tmp_path):
     """The console's own clock (the rank table, the timeline's now line) is held back as
     the feed's is: a console a minute behind shows the ranks waiting, not dead."""
@@ -253,7 +299,7 @@ def test_the_rank_table_of_a_console_far_behind_shows_no_rank_dead(tmp_path):
     async def check(pilot):
         for _ in range(3):
             info, _ = feed.step()
-            feed._next_diag = 0.0
+            feed._diagnosed_at = float("-inf")
         app.apply(info, feed.findings)
         await pilot.pause()
         table = app.ranks_table
@@ -294,7 +340,7 @@ def _caught_up(opened, monkeypatch, workers: str) -> Feed:
     feed.BUDGET = 1 << 12  # (many chunks)
     while not feed.caught_up():
         feed.step()
-    feed._next_diag = 0.0
+    feed._diagnosed_at = float("-inf")
     feed.step()
     return feed
 

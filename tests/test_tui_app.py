@@ -531,7 +531,7 @@ def test_finding_detail_keeps_up_with_its_list_entry():
             beats.heartbeats(clock[0] + S // 5, clock[0] + 10 * S, interval=S // 5)  # hung, alive
             feed.reader.events = beats.sorted_events()
             clock[0] += 10 * S
-            feed._next_diag, feed._dirty = 0.0, True
+            feed._diagnosed_at, feed._dirty = float("-inf"), True
             info, _ = feed.step()
             app.apply(info, feed.findings)
             await pilot.pause()
@@ -599,7 +599,7 @@ def test_an_ended_job_stays_frozen_at_its_end_as_check_judges_it(tmp_path):
                 [(f.kind, f.culprits, f.message) for f in app.findings])
 
     async def step() -> None:
-        feed._next_diag, feed._dirty = 0.0, True
+        feed._diagnosed_at, feed._dirty = float("-inf"), True
         info, _ = feed.step()
         app.apply(info, feed.findings)
         app._last_table = 0.0

@@ -117,7 +117,7 @@ def load(app: CommscopeApp) -> None:
         info = feed.load_all()
     else:
         feed.step()
-        feed._next_diag = 0.0
+        feed._diagnosed_at = float("-inf")
         feed._dirty = True
         info, _ = feed.step()
     app.apply(info, feed.findings)

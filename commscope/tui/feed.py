@@ -125,9 +125,10 @@ class Feed:
         self.findings: list[Finding] = []
         self.diagnoses = 0  # how many times ``findings`` was made: a change to send the UI
         self._rates: deque[tuple[float, int]] = deque(maxlen=50)
-        self._next_diag = 0.0
+        self._diagnosed_at = float("-inf")  # (monotonic) when the last diagnosis began (-inf: judge at once)
+        self._diagnose_cost = 0.0  # seconds the last diagnosis took
         #: The last diagnosis: the moment it judged at and its hang_after (``_hang_due``), and
-        #: (monotonic) the soonest another may run before ``_next_diag``
+        #: (monotonic) the soonest another may run before its pace allows (``_diagnosis_due``)
         self._judged: tuple[int, int] | None = None
         self._early_from = 0.0
         self._dirty = False
@@ -232,14 +233,15 @@ class Feed:
         self._rates.append((mono, got))
         if self.caught_up() and self._judge_end():
             self._dirty = True
-            self._next_diag = 0.0  # judged at once: the findings the UI is sent next are check's
+            self._diagnosed_at = float("-inf")  # judged at once: the findings the UI is sent next are check's
             self.publish()  # every rank's state as of the end (or, resumed, of now)
         if got:
             self._dirty = True
         ticking = self.mode == LIVE and not self.ended  # findings age with the clock
+        due = self._diagnosis_due()
         if not self.caught_up():
             pass  # first reads of a large job: judged once every stream was read to its end
-        elif (self._dirty and mono >= self._next_diag or (ticking and mono >= self._next_diag + 1.0)
+        elif (self._dirty and mono >= due or (ticking and mono >= due + 1.0)
               or ticking and self._hang_due(mono)):
             # An ended job is judged as ``check`` judges its trace: at its end, with the wall
             # clock only to tell a job that stopped writing from one still running.
@@ -253,10 +255,8 @@ class Feed:
             self.diagnoses += 1
             spent = time.monotonic() - mono
             self.costs.diagnose += spent
-            # at most every DIAGNOSE_S, and never more than a fifth of the time (16k ranks: ~0.4 s a
-            # diagnosis, which would otherwise leave the reader too little to keep up) ...
-            self._next_diag = mono + max(self.DIAGNOSE_S, 5 * spent)
-            # ... unless a hang's finding is due: then at once, never more than half the time
+            self._diagnosed_at, self._diagnose_cost = mono, spent  # (the next at ``_diagnosis_due``, ...
+            # ... unless a hang's finding is due: then at once, never more than half the time)
             self._early_from = mono + 2 * spent
             self._judged = (now, int(hang_after * 1e9))
             self._dirty = False
@@ -267,6 +267,16 @@ class Feed:
             self.publish()  # a batch whose publish was put off (costly views): never left unshown
         self.info = self._info(behind_bytes)
         return self.info, bool(got)
+
+    def _diagnosis_due(self) -> float:
+        """(monotonic) When the next diagnosis may run: DIAGNOSE_S after the last, and never
+        more than a fifth of the time; a tenth for a console behind the job (``FeedInfo.behind``
+        as the last step saw it: its findings are seconds old anyway), which needs the time
+        to catch up.  16k ranks: ~0.4 s a diagnosis, so a fifth of a console that read ~84k
+        events/s against the job's ~82k.  Asked when one may be due, not when the last was
+        made: a console that caught up meanwhile keeps to the fifth.  A hang's finding does
+        not wait for it (``_hang_due``)."""
+        return self._diagnosed_at + max(self.DIAGNOSE_S, (10 if self.info.behind else 5) * self._diagnose_cost)
 
     def _hang_due(self, mono: float) -> bool:
         """Whether an op in flight passed hang_after since the moment the last diagnosis
