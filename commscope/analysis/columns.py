@@ -333,7 +333,7 @@ class RankTable:
         """Bring every rank's published view up to date (``RankTrace.view``): the running
         max of every rank in time order at once, and of the ranks that changed, the scalars
         read and the touch logs gathered in one pass each, each block's read-only columns
-        looked up once (16k ranks: ~20 us a rank, most of a live console's publish)."""
+        looked up once (16k ranks: ~15 us a rank, most of a live console's publish)."""
         self.settle_open()
         self.running_max()
         k = self.size

@@ -272,10 +272,10 @@ class Feed:
         """(monotonic) When the next diagnosis may run: DIAGNOSE_S after the last, and never
         more than a fifth of the time; a tenth for a console behind the job (``FeedInfo.behind``
         as the last step saw it: its findings are seconds old anyway), which needs the time
-        to catch up.  16k ranks: ~0.4 s a diagnosis, so a fifth of a console that read ~84k
-        events/s against the job's ~82k.  Asked when one may be due, not when the last was
-        made: a console that caught up meanwhile keeps to the fifth.  A hang's finding does
-        not wait for it (``_hang_due``)."""
+        to catch up (16k ranks: ~0.4 s a diagnosis, a fifth of the time of a console that
+        read ~84k events/s against the job's ~82k).  Asked when one may be due, not when the
+        last was made: a console that caught up meanwhile keeps to the fifth.  A hang's
+        finding does not wait for it (``_hang_due``)."""
         return self._diagnosed_at + max(self.DIAGNOSE_S, (10 if self.info.behind else 5) * self._diagnose_cost)
 
     def _hang_due(self, mono: float) -> bool:
