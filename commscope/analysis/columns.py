@@ -56,7 +56,6 @@ def grown(arr: np.ndarray, need: int, keep: int | None = None, fill: Any = 0, mi
 _NONE_I8, _NONE_I4, _NONE_U1, _NONE_F8 = (np.zeros(0, t) for t in (np.int64, np.int32, np.uint8, np.float64))
 _VIEW_OF = attrgetter("_view")
 _OPEN_OF = attrgetter("_open")
-_UNSEEN: dict[str, np.ndarray] = {}  # (a block ``RankTable.views`` has not looked up yet)
 
 _COLS_I8 = ("begin", "end", "wb", "we", "done", "gpu", "comp", "id", "seq")
 _COLS_I4 = ("peer", "parent", "sig")
@@ -343,11 +342,11 @@ class RankTable:
         at = np.array(changed, np.int64)
         flights = self.in_flight(changed)
         rings, written = self.touch_rings(at)
-        frozen: dict[int, dict[str, np.ndarray] | None] = {-1: None}
+        frozen: dict[int, dict[str, np.ndarray]] = {}
         for ring, s, version, n, b, a, first, last, count in zip(rings, changed, *(getattr(self, c)[at].tolist() for c in (
                 "version", "n", "block", "base", "first_ts", "last_ts")), written.tolist(), strict=True):
-            fz = frozen.get(b, _UNSEEN)
-            if fz is _UNSEEN:
+            fz = frozen.get(b)
+            if fz is None and b >= 0:
                 fz = frozen[b] = self.frozen(b)
             self.traces[s]._publish(version, n, fz, a, first, last, flights.get(s, ()), (ring.copy(), count),
                                     maxed=True)
