@@ -183,7 +183,9 @@ def test_a_master_failing_over_counts_what_its_replica_never_got_and_loses_nothi
         w = open_writer(f"redis://127.0.0.1:{port}/0", "fo", 0, {"world_size": 1})
         w.write(batch(0, 1, 11))
         master = node(cluster, port)
-        assert master.wait(1, 5000) == 1  # the replica holds entries 1-10
+        synced = time.monotonic() + 60
+        while master.wait(1, 1000) != 1:  # until the replica holds entries 1-10
+            assert time.monotonic() < synced, "the replica never acknowledged entries 1-10"
         replica = next(s for s in cluster.servers if s.port == _replica_of(master))
         dead = next(s for s in cluster.servers if s.port == port)
         os.kill(replica.proc.pid, signal.SIGSTOP)  # it misses what comes next: stopped, and

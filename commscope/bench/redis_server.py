@@ -303,6 +303,7 @@ class RedisCluster:
     def __init__(self, masters: int = 3, *, replicas: int = 0, node_timeout_ms: int = 5000,
                  binary: str | None = None, tls: TlsFiles | None = None):
         self.binary = binary or find_redis_server()
+        self.masters = masters
         self.replicas = replicas
         self.tls = tls
         self.servers = [RedisServer(binary=self.binary, appendonly=False, tls=tls,
@@ -330,6 +331,12 @@ class RedisCluster:
             if time.monotonic() > deadline:
                 raise RuntimeError("the cluster did not reach cluster_state:ok")
             time.sleep(0.05)
+        # cluster_state:ok says every slot has a master, not that the replicas hold its data:
+        # a replica still in its first sync acknowledges nothing (WAIT answers 0)
+        while sum(self._replicating(s) for s in self.servers) < self.masters * self.replicas:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the cluster's replicas did not finish their first sync")
+            time.sleep(0.05)
         return self
 
     def cli(self, *args: str, server: RedisServer | None = None, timeout: float = 60.0) -> str:
@@ -349,6 +356,16 @@ class RedisCluster:
         except (RuntimeError, subprocess.TimeoutExpired):
             return {}
         return dict(line.strip().split(":", 1) for line in text.splitlines() if ":" in line)
+
+    def _replicating(self, server: RedisServer) -> bool:
+        """Whether ``server`` is a replica whose link to its master is up and synced."""
+        try:
+            text = self.cli("INFO", "replication", server=server, timeout=5)
+        except (RuntimeError, subprocess.TimeoutExpired):
+            return False
+        fields = dict(line.strip().split(":", 1) for line in text.splitlines() if ":" in line)
+        return (fields.get("role") == "slave" and fields.get("master_link_status") == "up"
+                and fields.get("master_sync_in_progress") == "0")
 
     def close(self) -> None:
         for server in self.servers:
