@@ -679,11 +679,12 @@ class DirectoryReader(TraceReader):
                 self._room_asked = n
                 self._files.reserve(n)
             try:
+                tails = self._tails
                 for k in range(n):
                     stream, segs = streams[(start + k) % n]
-                    tail = self._tail(stream, segs)
+                    tail = tails.get(stream)  # (``_tail``, inline: 16k streams a round)
                     size = None
-                    if tail is not None:
+                    if tail is not None and segs and tail[0] is segs[-1]:
                         try:
                             size = size_of_file(tail[1])
                         except OSError:
