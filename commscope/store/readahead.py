@@ -335,13 +335,15 @@ def main() -> int:
     while True:
         began = time.monotonic()
         batch, got, error, cut = Batch([], []), None, None, False
-        try:
-            if reader is None:
-                opened = backend_for(how.source).reader(how.source, wait=True)
-                if how.since is not None:
-                    opened.start_at(how.since)
-                reader, first = opened, opened.read_apart(pacing.budget)
-            with gc_paused():
+        # (the collector paused from the poll until its batch is sent and let go: resumed with
+        # the batch held, its first pass walked every dict of a 16k poll)
+        with gc_paused():
+            try:
+                if reader is None:
+                    opened = backend_for(how.source).reader(how.source, wait=True)
+                    if how.since is not None:
+                        opened.start_at(how.since)
+                    reader, first = opened, opened.read_apart(pacing.budget)
                 got = next(first, None) if first is not None else None
                 if got is not None:
                     batch, cut = got, True
@@ -350,29 +352,29 @@ def main() -> int:
                     read = reader.stats.bytes
                     batch = reader.poll_batch(max_bytes=pacing.budget)
                     cut = reader.stats.bytes - read >= pacing.budget
-        except Exception as exc:  # (a store gone, a connection refused ...: said, and tried again)
-            first = None
-            error = str(exc) or type(exc).__name__
-        if reader is not None and error is None and began >= next_backlog:
+            except Exception as exc:  # (a store gone, a connection refused ...: said, and tried again)
+                first = None
+                error = str(exc) or type(exc).__name__
+            if reader is not None and error is None and began >= next_backlog:
+                try:
+                    backlog = reader.backlog_bytes()
+                except Exception:  # (kept as it was: a backlog is for a header, not worth a batch)
+                    pass
+                done = time.monotonic()
+                next_backlog = done + max(pacing.backlog_s, 20 * (done - began))
+            brought = batch.count()
+            if reader is None:  # (the store not opened yet: nothing to say of it)
+                polled = Polled(batch, ReadStats(), 0, backlog, cut, error, time.process_time(), None)
+            else:
+                changes = reader.stats.changes(sent)
+                sent.take(changes)
+                polled = Polled(batch, changes, reader.watermark_ns(), backlog, cut, error, time.process_time(),
+                                reader.job_name(), reader.window_start_ns())
             try:
-                backlog = reader.backlog_bytes()
-            except Exception:  # (kept as it was: a backlog is for a header, not worth a batch)
-                pass
-            done = time.monotonic()
-            next_backlog = done + max(pacing.backlog_s, 20 * (done - began))
-        brought = batch.count()
-        if reader is None:  # (the store not opened yet: nothing to say of it)
-            polled = Polled(batch, ReadStats(), 0, backlog, cut, error, time.process_time(), None)
-        else:
-            changes = reader.stats.changes(sent)
-            sent.take(changes)
-            polled = Polled(batch, changes, reader.watermark_ns(), backlog, cut, error, time.process_time(),
-                            reader.job_name(), reader.window_start_ns())
-        try:
-            bulkread.send(stdout, polled.sent())
-        except OSError:  # (the console gone)
-            return 0
-        del batch, got, polled  # (not held while the next poll reads)
+                bulkread.send(stdout, polled.sent())
+            except OSError:  # (the console gone)
+                return 0
+            del batch, got, polled  # (not held while the next poll reads)
         now = time.monotonic()
         if brought:
             quiet_since = now
