@@ -1003,3 +1003,32 @@ def test_views_published_together_are_each_ranks_own_view():
                 assert alone.touched_since(version) == want, (k, r, version)
     wrapped = [rt for rt in m.ranks.values() if int(t.touches[rt._s]) > TOUCH_LOG]
     assert len(wrapped) > 10 and any(not rt._sorted for rt in m.ranks.values()) and again > 100
+
+
+def test_an_ingest_that_fails_partway_leaves_no_judgement_of_the_model_before(monkeypatch):
+    """A batch whose begins went in before the ingest failed (a bug, a lack of memory): the
+    model changed, so what was judged of it before (its open ops, its blocked ranks) is not
+    handed out again as its state now."""
+    from commscope.analysis import rankstate
+
+    statics = [_static("all_reduce", "0")]
+    m = TraceModel()
+    m.ingest([], [_begins(0, statics, [0]), _begins(1, statics, [0])])
+    before = rankstate.open_ops(m)
+    assert sorted(rankstate.blocked_ranks(m)) == [0, 1]
+    version = m.version
+
+    def fails(*args, **kwargs):
+        raise MemoryError("in the middle of a batch")
+
+    monkeypatch.setattr(m, "_ingest_chunk", fails)  # (the events go after the records' begins)
+    beat = {"type": "heartbeat", "ts": T + 100, "rank": 2, "inflight": 1, "v": SCHEMA_VERSION}
+    with pytest.raises(MemoryError):
+        m.ingest([beat], [_begins(2, statics, [0])])
+    assert m.version > version
+    assert m.changed == frozenset({0, 1, 2})
+    slots, ops = rankstate.open_ops(m)
+    fresh = m.table.open_ops()
+    assert slots.tolist() == fresh[0].tolist() and ops.tolist() == fresh[1].tolist()
+    assert len(slots) == len(before[0]) + 1  # rank 2's begin, in before the failure
+    assert sorted(rankstate.blocked_ranks(m)) == [0, 1, 2]

@@ -688,6 +688,17 @@ class TraceModel:
         if not events and not ops and beats is None:
             self.changed = frozenset()
             return self.changed
+        try:
+            return self._ingest(events, ops, spans, beats)
+        except BaseException:
+            # (changed partway, by a bug or a lack of memory: no judgement kept for the version
+            # before, ``rankstate._memo``, may stand for what the model holds now)
+            self.version += 1
+            self.changed = frozenset(self.ranks)
+            raise
+
+    def _ingest(self, events: list[Event], ops: Sequence[OpRecords], spans: Spans | None,
+                beats: Beats | None) -> frozenset[int]:
         lo, hi, changed = I64_MAX, 0, set()
         recs_list = list(ops)
         if spans is not None and not spans.of(recs_list):
