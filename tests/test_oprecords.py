@@ -465,6 +465,32 @@ def test_a_stuck_worker_gives_its_chunk_back(tmp_path, monkeypatch, parallel):
     assert _bulkread_children() == []
 
 
+#: A worker that takes its job and stops in the middle of its answer (stuck, or stopped by a
+#: tracer), alive: the header says more bytes than ever come
+_TORN = ("import sys, time; from commscope.store import bulkread; bulkread.receive(sys.stdin.buffer); "
+         "sys.stdout.buffer.write((1000).to_bytes(8, 'little') + (0).to_bytes(8, 'little') + b'half'); "
+         "sys.stdout.buffer.flush(); time.sleep(10**6)")
+
+
+def test_a_worker_stopped_in_the_middle_of_its_answer_gives_its_chunk_back(tmp_path, monkeypatch, parallel):
+    """Its chunk goes back to the reading process once ``STALL_S`` passes with the message
+    unfinished (it was waited for until the worker died), the worker is killed, and the
+    read is what a read without workers gives."""
+    import sys
+
+    from commscope.store import bulkread
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(12, 60, fault="missing", hang_after=2.0))
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "1")
+    want = _loaded(store)
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", _TORN))
+    monkeypatch.setattr(bulkread.Workers, "STALL_S", 0.5)
+    assert _loaded(store) == want
+    assert _bulkread_children() == []
+
+
 def _gathers_alike(model, gi, names, rows, monkeypatch) -> list[np.ndarray]:
     """``gather_many`` member by member, wide (from the blocks) and through one flat copy
     (what a member past ``RANK_SLOTS`` takes): asserts the three equal; returns the first."""

@@ -22,6 +22,7 @@ import gc
 import importlib
 import os
 import pickle
+import select
 import selectors
 import struct
 import subprocess
@@ -121,12 +122,15 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
-def _read(f: IO[bytes], n: int) -> bytearray:
+def _read(f: IO[bytes], n: int, deadline: float | None = None) -> bytearray:
     """``n`` bytes of ``f``, over as many reads as an unbuffered pipe takes (``ReadAhead``'s:
-    64 KiB a read), into one buffer."""
+    64 KiB a read), into one buffer.  ``deadline`` (``time.monotonic``; ``f`` an unbuffered
+    pipe): TimeoutError where the bytes stop coming before it."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
+        if deadline is not None and not select.select([f], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            raise TimeoutError(f"a message stopped coming after {got} of {n} bytes")
         step = f.readinto(view[got:])  # type: ignore[attr-defined]
         if not step:
             raise EOFError("worker gone")
@@ -134,13 +138,15 @@ def _read(f: IO[bytes], n: int) -> bytearray:
     return buf
 
 
-def receive(f: IO[bytes]) -> Any:
-    n, k = struct.unpack("<QQ", _read(f, 2 * _LEN.size))
+def receive(f: IO[bytes], deadline: float | None = None) -> Any:
+    """What ``send`` wrote to ``f``.  ``deadline``: as ``_read``'s, for the whole message (a
+    worker that stops in the middle of one, stuck or stopped, is not waited for past it)."""
+    n, k = struct.unpack("<QQ", _read(f, 2 * _LEN.size, deadline))
     if k > 1 << 24:  # (~10 a stream's records, when they are not packed in one piece)
         raise EOFError("not a worker's message")
-    sizes = struct.unpack(f"<{k}Q", _read(f, k * _LEN.size))
-    data = _read(f, n)
-    buffers = [_read(f, size) for size in sizes]
+    sizes = struct.unpack(f"<{k}Q", _read(f, k * _LEN.size, deadline))
+    data = _read(f, n, deadline)
+    buffers = [_read(f, size, deadline) for size in sizes]
     return pickle.loads(data, buffers=buffers)
 
 
@@ -167,8 +173,9 @@ class Workers:
         self.procs: list[subprocess.Popen] = []
         for _ in range(n):
             try:
+                # (unbuffered: a message is read with a deadline, ``receive``, a read at a time)
                 self.procs.append(subprocess.Popen(list(self.COMMAND), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                   stderr=subprocess.DEVNULL, env=env, close_fds=True))
+                                                   stderr=subprocess.DEVNULL, env=env, close_fds=True, bufsize=0))
             except OSError:
                 break
 
@@ -196,10 +203,12 @@ class Workers:
                         continue
                     p = self.procs[i]
                     job, _since = busy.pop(i)
-                    try:
-                        got = receive(p.stdout)
-                    except Exception:  # (EOF, a torn or foreign pickle: the worker is done for)
+                    try:  # (a message begun is whole within ``STALL_S``, or the worker is stuck)
+                        got = receive(p.stdout, time.monotonic() + self.STALL_S)
+                    except Exception:  # (EOF, a torn or foreign pickle, a stall: the worker is done for)
                         sel.unregister(p.stdout)
+                        with contextlib.suppress(OSError):
+                            p.kill()
                         yield job
                         continue
                     # the next chunk first: the worker decodes it while the caller ingests this one
