@@ -127,3 +127,46 @@ def test_messages_arrive_whole_while_a_tracer_stops_the_sender_mid_write(tmp_pat
     got = subprocess.run([exe, "record", "-r", "250", "--subprocesses", "-f", "raw", "-o", str(tmp_path / "samples"),
                           "--", sys.executable, "-c", _TRACED, _TRACED], capture_output=True, text=True, timeout=600)
     assert got.returncode == 0 and "all 150" in got.stdout, got.stdout + got.stderr
+
+
+@pytest.fixture
+def descriptors_past_select():
+    """More than 1,024 descriptors open (a reader holding a 16k-rank job's files): pipes
+    opened now are numbered past what ``select.select`` takes."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 2048 if hard == resource.RLIM_INFINITY else min(hard, 2048)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_pipe_numbered_past_1024_is_waited_on(descriptors_past_select):
+    import os
+
+    r, w = os.pipe()
+    assert r > 1024
+    with os.fdopen(r, "rb", buffering=0) as f:
+        assert not bulkread.readable(f, 0.0)
+        os.write(w, b"x")
+        assert bulkread.readable(f, 0.0)
+        os.close(w)
+
+
+def test_a_worker_whose_pipes_are_numbered_past_1024_is_heard(descriptors_past_select, monkeypatch):
+    """Its message is read with a deadline (``receive``): waiting on its pipe must not fail
+    for the pipe's number (it did through ``select``, and every worker's chunk came back to
+    be read by the reading process)."""
+    says = ("import sys; from commscope.store import bulkread; bulkread.receive(sys.stdin.buffer); "
+            "bulkread.send(sys.stdout.buffer, 'read')")
+    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", says))
+    pool = bulkread.Workers(1)
+    assert pool.procs[0].stdout.fileno() > 1024
+    assert list(pool.run([bulkread.Job("job", None, {})])) == ["read"]

@@ -206,8 +206,8 @@ def test_a_master_failing_over_counts_what_its_replica_never_got_and_loses_nothi
         # the write landed on the new master; the other nodes may not know yet (each says
         # CLUSTERDOWN until its view of the failover converges, and the reader asks the node of
         # each key): wait for every node alive to say ok
-        while any(node(cluster, s.port).execute_command("CLUSTER INFO").get("cluster_state") != "ok"
-                  for s in cluster.servers if s.running):
+        nodes = [node(cluster, s.port) for s in cluster.servers if s.running]
+        while any(n.execute_command("CLUSTER INFO").get("cluster_state") != "ok" for n in nodes):
             assert time.monotonic() < deadline, "the cluster never settled after the failover"
             time.sleep(0.2)
         reader = open_reader(f"redis://127.0.0.1:{alive.port}/0")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
+import math
 import os
 import pickle
 import select
@@ -122,6 +123,15 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
+def readable(f: IO[bytes], timeout_s: float) -> bool:
+    """Whether ``f`` (a pipe) has bytes to read or has ended, waiting up to ``timeout_s``.
+    Through ``poll``, not ``select``: ``select`` refuses a descriptor numbered past 1,023,
+    and a reader holding a 16k-rank job's files opens its pipes past there."""
+    poller = select.poll()
+    poller.register(f, select.POLLIN)
+    return bool(poller.poll(max(0, math.ceil(timeout_s * 1000))))
+
+
 def _read(f: IO[bytes], n: int, deadline: float | None = None) -> bytearray:
     """``n`` bytes of ``f``, over as many reads as an unbuffered pipe takes (``ReadAhead``'s:
     64 KiB a read), into one buffer.  ``deadline`` (``time.monotonic``; ``f`` an unbuffered
@@ -129,7 +139,7 @@ def _read(f: IO[bytes], n: int, deadline: float | None = None) -> bytearray:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
-        if deadline is not None and not select.select([f], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        if deadline is not None and not readable(f, deadline - time.monotonic()):
             raise TimeoutError(f"a message stopped coming after {got} of {n} bytes")
         step = f.readinto(view[got:])  # type: ignore[attr-defined]
         if not step:
@@ -162,7 +172,8 @@ class Workers:
 
     #: How a worker starts
     COMMAND = (sys.executable, "-m", "commscope.store.bulkread")
-    #: A worker that sends nothing for this long is taken for stuck: its chunk goes back
+    #: A worker that sends nothing for this long, or does not finish a message within it, is
+    #: taken for stuck: it is killed, and its chunk goes back
     STALL_S = 300.0
 
     def __init__(self, n: int) -> None:
@@ -238,6 +249,7 @@ class Workers:
         for p in self.procs:
             with contextlib.suppress(OSError, ValueError):
                 send(p.stdin, None)
+            with contextlib.suppress(OSError, ValueError):  # (closed even where the worker is gone)
                 p.stdin.close()
         deadline = time.monotonic() + grace_s
         for p in self.procs:

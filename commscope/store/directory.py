@@ -665,8 +665,9 @@ class DirectoryReader(TraceReader):
         """New complete events from the rank files since the last call.  With a budget, the
         streams take turns: a poll stops once ``max_bytes`` are read (at least 64 KiB of a
         stream, so each goes on), and the next starts with the stream after the last read.
-        A stream read to its end whose newest file kept its size costs one stat (``_tails``):
-        a live poll of 16k streams, most with nothing new, spent ~8 us on each."""
+        A stream read to its end whose newest file kept its size costs one look at that size
+        (``_tails``; an lseek of the file held): a poll of 16k streams with nothing new takes
+        ~45 ms here."""
         out: list[Event] = []
         budget = max_bytes
         with gc_paused():  # see events.gc_paused: 2x faster on large batches
@@ -849,7 +850,7 @@ class DirectoryReader(TraceReader):
         offset = self._read_of.get(key, 0)
         asked = size is not None  # (by ``poll``, of the file it holds if any: read without asking again)
         data: bytes | None = None
-        if size is None:  # (read with its size: one fstat)
+        if size is None:  # (read with its size, asked once)
             try:
                 data, size = self._files.read_sized(str(path), offset,
                                                     sys.maxsize if budget is None else max(budget, self.MIN_READ))

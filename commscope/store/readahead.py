@@ -147,7 +147,7 @@ class ReadAhead(TraceReader):
         except OSError as exc:  # (no file left to open, no temporary directory)
             raise StoreError(f"the read process did not start: {exc}") from None
         try:
-            # (its stdout unbuffered: ``select`` on the pipe is then all there is to read)
+            # (its stdout unbuffered: whether the pipe is readable is then all there is to read)
             self._proc = subprocess.Popen(list(self.COMMAND), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=self._stderr, env=env, close_fds=True, bufsize=0,
                                           start_new_session=True)
@@ -174,9 +174,9 @@ class ReadAhead(TraceReader):
         out = self._proc.stdout
         assert out is not None
         try:
-            ready, _, _ = select.select([out], [], [], self.wait_s)
+            ready = bulkread.readable(out, self.wait_s)
         except (OSError, ValueError):
-            ready = [out]
+            ready = True
         if not ready:
             return Batch([], [])
         t0 = time.perf_counter()

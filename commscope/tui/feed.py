@@ -221,7 +221,7 @@ class Feed:
                 self.costs.ingest += time.perf_counter() - t1 - (self.costs.publish - published)
                 got = batch.count()
                 # (gone before the collector resumes: its first pass walked a 16k poll's dicts
-                # still held here, ~12 ms a step)
+                # still held here, ~12 ms a pass)
                 del batch
             behind_bytes = self._backlog_bytes()
         except ReadAheadLost as exc:  # the read process gone: the job read again here
