@@ -332,7 +332,7 @@ class RankTable:
         """Bring every rank's published view up to date (``RankTrace.view``): the running
         max of every rank in time order at once, and of the ranks that changed, the scalars
         read and the touch logs gathered in one pass each, each block's read-only columns
-        looked up once (16k ranks: ~15 us a rank, most of a live console's publish)."""
+        made once (``frozen``) (16k ranks: ~15 us a rank, most of a live console's publish)."""
         self.settle_open()
         self.running_max()
         k = self.size
@@ -342,14 +342,10 @@ class RankTable:
         at = np.array(changed, np.int64)
         flights = self.in_flight(changed)
         rings, written = self.touch_rings(at)
-        frozen: dict[int, dict[str, np.ndarray]] = {}
         for ring, s, version, n, b, a, first, last, count in zip(rings, changed, *(getattr(self, c)[at].tolist() for c in (
                 "version", "n", "block", "base", "first_ts", "last_ts")), written.tolist(), strict=True):
-            fz = frozen.get(b)
-            if fz is None and b >= 0:
-                fz = frozen[b] = self.frozen(b)
-            self.traces[s]._publish(version, n, fz, a, first, last, flights.get(s, ()), (ring.copy(), count),
-                                    maxed=True)
+            self.traces[s]._publish(version, n, self.frozen(b) if b >= 0 else None, a, first, last,
+                                    flights.get(s, ()), (ring.copy(), count), maxed=True)
 
     def in_flight(self, slots: Sequence[int]) -> dict[int, tuple[int, ...]]:
         """The ops in flight (completion 0) of ranks ``slots`` whose open set was settled, by

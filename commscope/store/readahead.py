@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -291,8 +290,7 @@ def pinned(source: str, job: str | None) -> str:
 # ---------------------------------------------------------------------- the child
 def _stopped(stdin: IO[bytes], wait_s: float) -> bool:
     """Whether the console closed the child's stdin, looking for up to ``wait_s``."""
-    ready, _, _ = select.select([stdin], [], [], max(0.0, wait_s))
-    return bool(ready) and not stdin.read(1)
+    return bulkread.readable(stdin, wait_s) and not stdin.read(1)
 
 
 #: ``prctl``'s option: the signal a process gets when the thread that started it ends
