@@ -1,5 +1,6 @@
 """Heartbeats and resource samples in columns: what a whole read's worker sends back for
-a stream's liveness events instead of their dicts.
+a stream's liveness events instead of their dicts, and what a live poll's read process
+sends (``beatscan.polled``).
 
 Every rank writes a heartbeat and a sample a second or so.  Of a job of 4,096 ranks x 400
 ops they are 270k of 3.5M events, yet as dicts they cost a third of the model's ingest in
@@ -8,7 +9,7 @@ both ways.  What the model keeps of them is little: of a stream's heartbeats the
 (its count of ops in flight, the last of equals) and their first and last times; of its
 samples the ``analysis.columns.Samples`` columns and the last sample as it was.  A worker
 (``of_events``) hands that over per stream, the events themselves never leaving it; the
-model takes it in one step a stream (``TraceModel.ingest``'s ``beats``).
+model takes all streams' at once (``TraceModel.ingest``'s ``beats``).
 
 A stream keeps its heartbeats as dicts where one carries another key, and its samples
 where one says why GPU samples are missing (``gpu_error``: the model keeps the text); all of
@@ -38,7 +39,8 @@ class Beats(NamedTuple):
     how many events it stands for (``count``), their first and last times (``t0``, ``t1``),
     its latest heartbeat's time (``beat_ts``, -1: none) and count of ops in flight
     (``inflight``), its samples' rows ``start[k]:start[k + 1]`` of ``cols`` (``SAMPLE_FIELDS``,
-    NaN where a sample lacks one) and its last sample (``last``, None: none)."""
+    NaN where a sample lacks one) and its last sample (``last``, None: none; a poll's is its
+    line as written, decoded when asked: ``Samples.last``)."""
 
     rank: np.ndarray
     count: np.ndarray
@@ -48,7 +50,7 @@ class Beats(NamedTuple):
     inflight: np.ndarray
     start: np.ndarray
     cols: dict[str, np.ndarray]
-    last: list[dict | None]
+    last: list[dict | bytes | None]
 
     def events(self) -> int:
         return int(self.count.sum())

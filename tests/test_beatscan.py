@@ -332,3 +332,76 @@ def test_a_whole_read_makes_its_entries_in_pieces_as_at_once(tmp_path, monkeypat
     assert pieces == once
     for f in beats.SAMPLE_FIELDS:
         assert np.array_equal(np.array(pieces_cols[f]), np.array(once_cols[f]), equal_nan=True), f
+
+
+def _poll(streams: list[tuple[int, list[bytes]]], parts: int) -> list[tuple[beatscan.Gathered, np.ndarray]]:
+    """Streams' lines as a poll decoded together takes them: their chunks in ``parts``
+    (flushes of the queue), each part scanned in one pass, a line's rank its own."""
+    out = []
+    step = -(-len(streams) // parts)
+    for p in range(0, len(streams), step):
+        mine = streams[p:p + step]
+        data = b"".join(b"".join(line + b"\n" for line in lines) for _, lines in mine)
+        lo, hi, chunk, at = [], [], [], 0
+        for c, (_, lines) in enumerate(mine):
+            for line in lines:
+                lo.append(at)
+                hi.append(at + len(line))
+                chunk.append(c)
+                at += len(line) + 1
+        ranks = np.array([r for r, _ in mine], np.int64)
+        lo_, hi_, chunk_ = (np.array(x, np.int64) for x in (lo, hi, chunk))
+        rows = beatscan.scan(data, lo_, hi_, ranks[chunk_])
+        assert rows is not None and (rows.kind != beatscan.OTHER).all()
+        out.append((beatscan.Gathered(rows, chunk_, data, lo_, hi_), ranks))
+    return out
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_a_poll_s_rows_are_what_json_gives_each_stream_and_the_same_model(parts):
+    """``polled``: many streams' rows (heartbeats only, samples only, both; equal times,
+    the latest not last; a stream that is the same rank's again: an incarnation) against
+    ``beats.of_events`` of each stream's lines decoded as JSON, and the model of those
+    entries against the model of the events: with a rank twice, stream by stream
+    (``TraceModel._beats_apart``), else all at once; the last sample decoded when asked."""
+    from model_compare import differences
+    from test_beats import _state
+
+    from commscope.analysis.model import TraceModel
+
+    rnd = random.Random(7)
+    streams, want, events = [], [], []
+    for k in range(60):
+        rank = 1 if k == 59 and parts == 3 else k  # (rank 1 twice: its second stream after the first)
+        kinds = ["heartbeat", "sample", "both"][k % 3]
+        evs = []
+        for j in range(rnd.randint(1, 12)):
+            ts = T + rnd.choice([j, 7, 7, 100 - j]) * 10 ** 6 + (10 ** 9 if k == 59 else 0)
+            if kinds == "heartbeat" or (kinds == "both" and rnd.random() < 0.5):
+                evs.append(_hb(rank, ts, rnd.randint(0, 9)))
+            else:
+                evs.append(_sample(rank, ts, **({"gpu_util": float(j), "gpu_temp": 50.0} if rnd.random() < 0.5
+                                                else {})))
+        lines = [orjson.dumps(e) for e in evs]
+        streams.append((rank, lines))
+        decoded = decode_lines(b"\n".join(lines) + b"\n", rank).events
+        events += decoded
+        entry, rest = beats.of_events(rank, decoded)
+        assert entry is not None and not rest
+        want.append(entry)
+    got = beatscan.polled(_poll(streams, parts))
+    assert got is not None and got.rank.tolist() == [e.rank for e in want]
+    for k, w in enumerate(want):
+        assert (int(got.count[k]), int(got.t0[k]), int(got.t1[k]), int(got.beat_ts[k]), int(got.inflight[k])) == \
+            (w.count, w.t0, w.t1, w.beat_ts, w.inflight), w.rank
+        a, b = int(got.start[k]), int(got.start[k + 1])
+        assert (b == a) == (w.cols is None) and (got.last[k] is None) == (w.last is None)
+        if w.last is not None:
+            assert decode_lines(got.last[k], w.rank).events == [w.last]
+        for f in (w.cols or {}):
+            assert np.array_equal(got.cols[f][a:b], w.cols[f], equal_nan=True), (w.rank, f)
+    as_events, as_rows = TraceModel(), TraceModel()
+    as_events.ingest(events)
+    as_rows.ingest([], beats=got)
+    assert differences(_state(as_rows), _state(as_events)) == []
+    assert as_rows.ranks[1].samples.last == as_events.ranks[1].samples.last

@@ -254,11 +254,11 @@ def test_arguments_of_other_types_never_reach_the_built_function(built: Path) ->
         update(np.array([9], np.int64), one, pmax, one, np.array([1], np.int64), one, one)
     assert pmax.tolist() == [7]
     assert compiled.fallbacks["commscope.analysis.runmax._update"] == before + 1
-    # an integer that is not an int64
+    # integers that are not int64s
     scan, _ = _both(built, "commscope.beatscan._scan")
     before = compiled.fallbacks["commscope.beatscan._scan"]
     lo, hi = np.zeros(1, np.int64), np.array([d.shape[0]], np.int64)
-    assert np.array_equal(scan(d, lo, hi, True)[0], scan(d, lo, hi, 1)[0])
+    assert np.array_equal(scan(d, lo, hi, np.ones(1, np.int32))[0], scan(d, lo, hi, np.ones(1, np.int64))[0])
     assert compiled.fallbacks["commscope.beatscan._scan"] == before + 1
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
 from redis_fixture import redis_client
-from test_store_together import _by_rank, _stream_files
+from test_store_together import _by_rank, _stream_files, liveness
 
 from commscope import blockscan
 from commscope.analysis.model import TraceModel
@@ -76,6 +76,8 @@ def test_a_live_job_polled_together_reads_as_each_stream_alone(tmp_path, redis_u
         got[name].append(reader.read_all_batch())
     a, b = _by_rank(got["together"]), _by_rank(got["alone"])
     assert a == b and sum(len(ops) for ops, _ in a.values()) > 5 * 250
+    assert liveness(got["together"]) == liveness(got["alone"])
+    assert any(b.beats is not None for b in got["together"]) and not any(b.beats is not None for b in got["alone"])
     assert sum(o.span is not None for batch in got["together"] for o in batch.ops) >= 5  # (decoded together)
     assert not any(o.span is not None for batch in got["alone"] for o in batch.ops)
     for field in ("events", "bytes", "corrupt", "invalid", "invalid_by_reason", "missing_by_rank", "partial_tail"):
@@ -86,7 +88,7 @@ def test_a_live_job_polled_together_reads_as_each_stream_alone(tmp_path, redis_u
     assert tops == {r: alone.max_op_id((r, 0)) for r in range(5)}
     given, plain = TraceModel(), TraceModel()
     for batch in got["together"]:
-        given.ingest(batch.events, batch.ops, batch.spans)
+        given.ingest(batch.events, batch.ops, batch.spans, batch.beats)
     for batch in got["alone"]:
         plain.ingest(batch.events, batch.ops)
     assert sorted(given.ranks) == sorted(plain.ranks) and given.events == plain.events

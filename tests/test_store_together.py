@@ -10,6 +10,7 @@ import random
 import shutil
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 
@@ -92,14 +93,31 @@ def _with_json_ops(job: Path) -> None:
 
 
 def _by_rank(batches: list[Batch]) -> dict[int, tuple[list[dict], list[dict]]]:
-    """Per rank, (op events, other events) in stream order."""
+    """Per rank, (op events, other events but heartbeats and samples) in stream order; its
+    heartbeats and samples, some of which come as rows (``Batch.beats``), are compared as the
+    model keeps them (``liveness``)."""
     out: dict[int, tuple[list[dict], list[dict]]] = {}
     for b in batches:
         for e in b.events:
-            out.setdefault(e["rank"], ([], []))[0 if e["type"] == "op" else 1].append(e)
+            if e["type"] not in ("heartbeat", "sample"):
+                out.setdefault(e["rank"], ([], []))[0 if e["type"] == "op" else 1].append(e)
         for o in b.ops:
             out.setdefault(o.rank, ([], []))[0].extend(o.events())
     return out
+
+
+def liveness(batches: list[Batch]) -> dict[int, tuple]:
+    """Per rank, what a model that ingested ``batches`` keeps of its heartbeats and samples:
+    the latest heartbeat's time and count in flight, the samples' columns (NaN as -1), the
+    last sample and why GPU samples are missing, its first and last times."""
+    from commscope.analysis.model import TraceModel
+
+    m = TraceModel()
+    for b in batches:
+        m.ingest(b.events, b.ops, b.spans, b.beats)
+    return {r: (rt.last_hb, rt.hb_inflight,
+                {k: np.nan_to_num(v, nan=-1.0).tolist() for k, v in rt.samples.arrays().items()},
+                rt.samples.last, rt.samples.gpu_error, rt.first_ts, rt.last_ts) for r, rt in m.ranks.items()}
 
 
 def _alone(reader: TraceReader) -> TraceReader:
@@ -127,6 +145,10 @@ def test_a_live_job_polled_together_reads_as_each_stream_alone(tmp_path, seed, t
         got[name].append(reader.read_all_batch())
     a, b = _by_rank(got["together"]), _by_rank(got["alone"])
     assert a == b
+    assert liveness(got["together"]) == liveness(got["alone"])
+    rows = sum(b.beats.events() for b in got["together"] if b.beats is not None)
+    dicts = sum(e["type"] in ("heartbeat", "sample") for b in got["alone"] for e in b.events)
+    assert 8 * rows > dicts and not any(b.beats is not None for b in got["alone"])  # (the first polls' are dicts)
     records = sum(1 for ops, _ in a.values() for e in ops if e["id"] < 10**6)
     if torn:  # (a torn line is counted, and the same both ways)
         assert records <= 5 * 300 * 2 and together.stats.corrupt > 0
@@ -203,8 +225,8 @@ def test_a_poll_decoded_together_hands_its_records_over_as_arrays(tmp_path, seed
         elif batch.ops:
             assert any(o.span is None or o.span.whole is not batch.ops[0].span.whole for o in batch.ops)
             without += 1
-        given.ingest(batch.events, batch.ops, batch.spans)
-        plain.ingest(batch.events, batch.ops)
+        given.ingest(batch.events, batch.ops, batch.spans, batch.beats)
+        plain.ingest(batch.events, batch.ops, beats=batch.beats)
     assert with_spans >= 3 and without >= 1  # (the first polls learn each stream's tables alone)
     assert differences(model_state(given), model_state(plain)) == []
     # spans that are not the records' (one fewer, reversed) are not taken for them
@@ -215,3 +237,62 @@ def test_a_poll_decoded_together_hands_its_records_over_as_arrays(tmp_path, seed
     a.ingest([], ops[::-1], sp)
     b.ingest([], ops[::-1])
     assert differences(model_state(a), model_state(b)) == []
+
+
+def test_heartbeats_and_samples_taken_as_rows_keep_each_rank_s_order(tmp_path):
+    """A poll decoded together takes the heartbeats and samples of its streams as rows
+    (``Batch.beats``), but a rank whose own lines say more keeps them as dicts, in line
+    order, as a reader of each stream alone gives them: rank 0's chunk holds a sample that
+    says why GPU samples are missing (all its stay dicts); rank 1's segment ends in a last
+    line without its newline, a sample decoded after the others were taken (its rows go
+    back where they were taken, before it); rank 2's are rows."""
+    job = tmp_path / "j"
+    job.mkdir()
+    (job / "job.json").write_text('{"world_size": 3, "job": "j"}')
+    t0 = 1_780_000_000_000_000_000
+
+    def line(e: dict) -> bytes:  # (as the recorders write one: its version, then its rank, last)
+        rank = e.pop("rank")
+        return orjson.dumps({**e, "v": 3, "rank": rank})
+
+    def meta(r: int) -> bytes:
+        return line({"type": "meta", "ts": t0, "rank": r, "world_size": 3}) + b"\n"
+
+    def beats(r: int, k: int, **more: object) -> list[bytes]:
+        return [line({"type": "heartbeat", "ts": t0 + k * 1000, "inflight": k, "rank": r}),
+                line({"type": "sample", "ts": t0 + k * 1000 + 1, "cpu": 10.5 + k, "rss": 1000 + k, **more,
+                      "rank": r})]
+
+    def write(r: int, number: int, data: bytes) -> None:
+        path = job / segments.segment_name(r, 0, number, 1_780_000_000 + number)
+        with open(path, "ab") as f:
+            f.write(data)
+
+    for r in range(3):
+        write(r, 0, meta(r) + b"\n".join(beats(r, 1)) + b"\n")
+    together, alone = open_reader(str(job)), _alone(open_reader(str(job)))
+    got: dict[str, list[Batch]] = {"together": [], "alone": []}
+    for name, reader in (("together", together), ("alone", alone)):
+        got[name].append(reader.poll_batch(None))
+    write(0, 0, b"\n".join([*beats(0, 2), *beats(0, 3, gpu_error="no NVML"), *beats(0, 4)]) + b"\n")
+    write(1, 0, b"\n".join([*beats(1, 2), *beats(1, 3)]) + b"\n" + beats(1, 4)[1])  # (no newline: read as final)
+    write(1, 1, b"\n".join(beats(1, 5)) + b"\n")
+    write(2, 0, b"\n".join([*beats(2, 2), *beats(2, 3)]) + b"\n")
+    write(2, 1, b"")  # (a newer segment of rank 2 too, so its newest does not end the poll's streams early)
+    for name, reader in (("together", together), ("alone", alone)):
+        got[name].append(reader.poll_batch(None))
+    polled = got["together"][1]
+    assert polled.beats is not None and polled.beats.rank.tolist() == [2]  # (ranks 0 and 1: dicts)
+    assert polled.beats.count.tolist() == [4] and polled.beats.beat_ts.tolist() == [t0 + 3000]
+    assert isinstance(polled.beats.last[0], bytes)  # (the last sample's line: decoded when asked)
+
+    def liveness_dicts(batch: Batch, r: int) -> list[dict]:
+        return [e for e in batch.events if e["rank"] == r and e["type"] in ("heartbeat", "sample")]
+
+    for r in (0, 1):
+        assert liveness_dicts(polled, r) == liveness_dicts(got["alone"][1], r)
+        assert [e["ts"] for e in liveness_dicts(polled, r)] == sorted(e["ts"] for e in liveness_dicts(polled, r))
+    assert len(liveness_dicts(polled, 0)) == 6 and len(liveness_dicts(polled, 1)) == 7
+    assert not any(e["type"] == "rows taken" for e in polled.events)
+    assert liveness(got["together"]) == liveness(got["alone"])
+    assert together.stats.events == alone.stats.events

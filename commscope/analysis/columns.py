@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from commscope.analysis import runmax, stacks
+from commscope.schema import decode_lines
 
 I64_MAX = np.iinfo(np.int64).max
 I64_MIN = runmax.I64_MIN
@@ -97,7 +98,8 @@ class RankTable:
 
     INT = ("n", "first_ts", "last_ts", "last_op_ts", "last_begin", "last_comp", "version", "open_from",
            "mapped", "idoff", "aligned_from", "base", "cap", "touches", "pmax_n", "pmax_version",
-           "open_min")  # (the earliest begin among the ops open at the last running max)
+           "open_min",  # (the earliest begin among the ops open at the last running max)
+           "last_hb", "hb_inflight")
     BOOL = ("ordered", "stale", "device_seen", "parents")
 
     def __init__(self) -> None:
@@ -148,6 +150,13 @@ class RankTable:
         self.ordered[s] = True
         self.size = s + 1
         return s
+
+    def beat(self, slots: np.ndarray, ts: np.ndarray, inflight: np.ndarray) -> None:
+        """``RankTrace.beat`` of a heartbeat each at ``slots`` (distinct)."""
+        newer = ts >= self.last_hb[slots]
+        s = slots[newer]
+        self.last_hb[s] = ts[newer]
+        self.hb_inflight[s] = inflight[newer]
 
     def settle_open(self) -> None:
         """Bring every rank's open set up to date (``RankTrace.open``) with a numpy call per
@@ -342,9 +351,10 @@ class RankTable:
         at = np.array(changed, np.int64)
         flights = self.in_flight(changed)
         rings, written = self.touch_rings(at)
-        for ring, s, version, n, b, a, first, last, count in zip(rings, changed, *(getattr(self, c)[at].tolist() for c in (
-                "version", "n", "block", "base", "first_ts", "last_ts")), written.tolist(), strict=True):
-            self.traces[s]._publish(version, n, self.frozen(b) if b >= 0 else None, a, first, last,
+        for ring, s, version, n, b, a, first, last, hb, count in zip(
+                rings, changed, *(getattr(self, c)[at].tolist() for c in (
+                    "version", "n", "block", "base", "first_ts", "last_ts", "last_hb")), written.tolist(), strict=True):
+            self.traces[s]._publish(version, n, self.frozen(b) if b >= 0 else None, a, first, last, hb,
                                     flights.get(s, ()), (ring.copy(), count), maxed=True)
 
     def in_flight(self, slots: Sequence[int]) -> dict[int, tuple[int, ...]]:
@@ -576,11 +586,9 @@ class RankTrace:
         self.last_stack: dict | None = None
         #: Its stack events as diagnosis shows them, each folded once (``stacks.view``)
         self.stacks_folded: stacks.Memo = {}
-        self.last_hb = 0
-        self.hb_inflight = 0
         self.dropped = 0  # events the recorder lost (backpressure, store failures)
         self.fr_overwritten = 0  # Flight Recorder entries overwritten before a poll: not losses
-        self.samples = Samples()
+        self.samples = Samples(rank)
         self._order: np.ndarray | None = None
         self._order_n = 0
         self._pmax: np.ndarray | None = None
@@ -604,6 +612,8 @@ class RankTrace:
     _last_begin = _slot("last_begin", "latest op begin (ops only)")
     _sorted = _slot("ordered", "begins came in time order", bool)
     device_seen = _slot("device_seen", "a ``done`` phase was seen", bool)
+    last_hb = _slot("last_hb", "the latest heartbeat's time (0: none)")
+    hb_inflight = _slot("hb_inflight", "the latest heartbeat's count of ops in flight, the last of equals")
 
     @property
     def touched(self) -> list[tuple[int, int]]:
@@ -636,11 +646,13 @@ class RankTrace:
         self._t.open_from[self._s] = self.n
         self._t.stale[self._s] = False
 
-    def beat(self, ts: int, inflight: object) -> None:
-        """A heartbeat: the latest one's count of ops in flight is kept, the last of equals."""
-        if ts >= self.last_hb:
-            self.last_hb = ts
-            self.hb_inflight = inflight
+    def beat(self, ts: int, inflight: int) -> None:
+        """A heartbeat: the latest one's count of ops in flight is kept, the last of equals
+        (``RankTable.beat``: many ranks' at once)."""
+        t, s = self._t, self._s
+        if ts >= t.last_hb[s]:
+            t.last_hb[s] = ts
+            t.hb_inflight[s] = inflight
 
     # -- storage
     def nbytes(self, shared: dict[int, int] | None = None) -> int:
@@ -870,11 +882,11 @@ class RankTrace:
         self.open  # noqa: B018 (settles the set)
         b = int(t.block[s])
         return self._publish(version, n, t.frozen(b) if b >= 0 else None, int(t.base[s]), int(t.first_ts[s]),
-                             int(t.last_ts[s]), t.in_flight([s]).get(s, ()), t.touch_ring(s))
+                             int(t.last_ts[s]), int(t.last_hb[s]), t.in_flight([s]).get(s, ()), t.touch_ring(s))
 
     def _publish(self, version: int, n: int, fz: dict[str, np.ndarray] | None, a: int, first_ts: int,
-                 last_ts: int, flight: tuple[int, ...], touched: tuple[np.ndarray, int], maxed: bool = False
-                 ) -> RankView:
+                 last_ts: int, last_hb: int, flight: tuple[int, ...], touched: tuple[np.ndarray, int],
+                 maxed: bool = False) -> RankView:
         """A new view, from the rank's scalars, its block's read-only columns (``fz``: None,
         none), its ops in flight and its touch log (a copy of its ring, and how many entries
         were written to it: ``RankTable.touch_rings``); ``RankTable.views`` reads many at
@@ -886,7 +898,7 @@ class RankTrace:
             if not maxed:
                 self._prefix_max(old.order_, old.begin)
             v = self._view = RankView(self.rank, version, n, *old[3:15], flight, first_ts, last_ts,
-                                      self.last_hb, self.meta, tuple(self.exits), *touched)
+                                      last_hb, self.meta, tuple(self.exits), *touched)
             return v
         if fz is not None:  # (slices of the block's read-only views: no view made a column)
             rows = slice(a, a + n)
@@ -910,7 +922,7 @@ class RankTrace:
             if order.flags.writeable:
                 order = _frozen(order)
         v = self._view = RankView(self.rank, version, n, *cols, order, sb, pmax, flight, first_ts, last_ts,
-                                  self.last_hb, self.meta, tuple(self.exits), *touched)
+                                  last_hb, self.meta, tuple(self.exits), *touched)
         return v
 
 
@@ -1050,15 +1062,33 @@ class Samples:
 
     FIELDS = ("ts", "cpu", "rss", "gpu_util", "gpu_mem", "gpu_mem_total")
 
-    def __init__(self) -> None:
+    def __init__(self, rank: int = -1) -> None:
         self.n = 0
+        self.rank = rank
         self.cols = dict.fromkeys(self.FIELDS, _NONE_F8)  # (grown on the first add)
         #: What ``cols`` are views of, where this rank owns them (None: none yet, or the
         #: columns a whole read gave, ``extend``)
         self._block: np.ndarray | None = None
-        self.last: dict | None = None
+        #: The last sample: as decoded, or its line as the rank wrote it (``last``)
+        self._last: dict | bytes | None = None
         #: Why GPU samples are missing, as the rank's probe said (once: ``gpu_error``)
         self.gpu_error: str | None = None
+
+    @property
+    def last(self) -> dict | None:
+        """The last sample as an event.  A poll's rows bring each rank's as its line
+        (``beatscan.polled``), decoded here once asked: few are (a dead rank's finding, the
+        rank a console shows)."""
+        last = self._last
+        if isinstance(last, bytes):
+            got = decode_lines(last, self.rank).events
+            assert len(got) == 1  # (a row is one valid event of its rank: ``beatscan``)
+            last = self._last = got[0]
+        return last
+
+    @last.setter
+    def last(self, ev: dict | None) -> None:
+        self._last = ev
 
     @classmethod
     def columns_of(cls, evs: Sequence[dict]) -> dict[str, np.ndarray]:
@@ -1073,11 +1103,12 @@ class Samples:
         if err is not None:
             self.gpu_error = str(err)
 
-    def extend(self, cols: Mapping[str, np.ndarray], last: dict) -> None:
-        """``add`` of samples given as their columns alone, and the last of them (a whole
-        read's: ``beats.Beats``; none of them says ``gpu_error``).  A rank's first samples
-        are taken as they are, not copied (~3% of a whole read's ingest, a rank at a time):
-        exactly sized, so the next append grows them into a block of the rank's own."""
+    def extend(self, cols: Mapping[str, np.ndarray], last: dict | bytes) -> None:
+        """``add`` of samples given as their columns alone, and the last of them (its line
+        where it was not decoded: ``last``), a whole read's or a poll's (``beats.Beats``;
+        none of them says ``gpu_error``).  A rank's first samples are taken as they are, not
+        copied (~3% of a whole read's ingest, a rank at a time): exactly sized, so the next
+        append grows them into a block of the rank's own."""
         k = cols["ts"].shape[0]
         if not self.n and all(cols[f].dtype == np.float64 for f in self.FIELDS):
             self.cols = {f: cols[f] for f in self.FIELDS}
@@ -1085,7 +1116,17 @@ class Samples:
             self.n = k
         else:
             self._append(cols, k)
-        self.last = last
+        self._last = last
+
+    def add_row(self, values: np.ndarray, last: dict | bytes) -> None:
+        """``extend`` of one sample, its values a row in ``FIELDS``' order."""
+        n = self.n
+        block = self._block
+        if block is None or n == block.shape[0]:
+            block = self._room(n + 1)
+        block[n] = values
+        self.n = n + 1
+        self._last = last
 
     def add_one(self, ev: dict, values: Sequence[float]) -> None:
         """``add`` of one sample event, its ``columns_of`` values given as a row."""

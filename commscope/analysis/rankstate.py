@@ -653,7 +653,7 @@ def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
     if not n:
         return {}
     slots = np.fromiter(map(_SLOT_OF_TRACE, traces), np.int64, n)
-    hb = np.fromiter(map(_HB_OF_TRACE, traces), np.int64, n)
+    hb = t.last_hb[slots]
     plain = (t.n[slots] > 0) & ~np.fromiter(map(bool, map(_EXITS_OF_TRACE, traces)), np.bool_, n)
     # heard from within its dead threshold: within DEAD_MIN_S (no threshold is shorter), else
     # asked of the rank's own (a console catching up judges ranks seconds after they were
@@ -698,5 +698,4 @@ def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
 
 _SLOT_OF_TRACE = attrgetter("_s")
 _RANK_OF_TRACE = attrgetter("rank")
-_HB_OF_TRACE = attrgetter("last_hb")
 _EXITS_OF_TRACE = attrgetter("exits")

@@ -14,12 +14,13 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import orjson
 
+from commscope import beatscan
 from commscope.beats import Beats
 from commscope.blocks import BlockDecoder, StaticTable, Together, decode_alone, decode_stream, decode_together
 from commscope.blockscan import Scan
 from commscope.events import Decoded, Event, decode_lines
 from commscope.oprecords import OpRecords, Spans, packed, unpacked
-from commscope.schema import SCHEMA_VERSION
+from commscope.schema import SCHEMA_VERSION, decode_indexed
 from commscope.window import Since
 
 #: Distinct invalid-event reasons kept; more are counted as "other" (a hostile trace cannot
@@ -273,6 +274,11 @@ class Batch(NamedTuple):
         return n + sum(len(o) for o in self.ops)
 
 
+#: The type of a mark ``decode_queued_streams`` puts where a chunk's rows were taken
+#: (``TraceReader._beats_apart`` takes them out): compared by identity, no event's type is it
+_ROWS = "rows taken"
+
+
 def _spans_of(records: list[OpRecords]) -> Spans | None:
     """``records`` as ``Spans`` where they lie back to back, in order, in one set of
     columns (a poll decoded together: ``blocks.decode_together``); None otherwise."""
@@ -334,6 +340,10 @@ class TraceReader(abc.ABC):
     #: Bytes queued at most before they are decoded (``queue_full``): a poll without a budget
     #: reads a whole store
     QUEUE_BYTES = 32 << 20
+    #: While ``poll_batch`` reads: the heartbeats and samples its chunks decoded together gave
+    #: as rows (``blocks.decode_together``'s ``take``), each part with its chunks' ranks;
+    #: None: none are taken (``poll`` hands every event over as a dict)
+    _rows: list[tuple[beatscan.Gathered, np.ndarray]] | None = None
 
     @abc.abstractmethod
     def poll(self, max_bytes: int | None = None) -> list[Event]: ...
@@ -342,16 +352,66 @@ class TraceReader(abc.ABC):
         return self.poll()
 
     def poll_batch(self, max_bytes: int | None = None) -> Batch:
-        """``poll``, with the op records of blocks in columns."""
+        """``poll``, with the op records of blocks in columns, and the heartbeats and samples
+        of the streams decoded together in columns (``Batch.beats``)."""
         self.columnar = True
-        events = self.poll(max_bytes)
-        return Batch(events, *self._take_ops())
+        self._rows = []
+        try:
+            events = self.poll(max_bytes)
+            events, beats = self._beats_apart(events)
+        finally:
+            self._rows = None
+        return Batch(events, *self._take_ops(), beats)
 
     def read_all_batch(self) -> Batch:
-        """``read_all``, with the op records of blocks in columns."""
+        """``read_all``, with the op records of blocks in columns (and the heartbeats and
+        samples, as ``poll_batch``)."""
         self.columnar = True
-        events = self.read_all()
-        return Batch(events, *self._take_ops())
+        self._rows = []
+        try:
+            events = self.read_all()
+            events, beats = self._beats_apart(events)
+        finally:
+            self._rows = None
+        return Batch(events, *self._take_ops(), beats)
+
+    def _beats_apart(self, events: list[Event]) -> tuple[list[Event], Beats | None]:
+        """(``events`` without the marks of the rows taken, ``_rows`` as ``Beats``).  The model
+        takes a batch's ``Beats`` after its events: exact for a rank none of whose heartbeats
+        or samples among them is a dict, and whose rows came from one chunk.  Any other
+        rank's rows (a rank with two incarnations read, a sample saying ``gpu_error`` read
+        after a decode together, a spool's remnants ...) go back among the events as dicts,
+        where their mark stands (each chunk's, before its events)."""
+        parts = self._rows or []
+        if not parts:
+            return events, None
+        marked: dict[int, list[tuple[int, int]]] = {}  # rank -> (part, chunk) of its marks, in order
+        dicts: set[int] = set()  # ranks with a heartbeat or a sample as a dict
+        for e in events:
+            t = e["type"]
+            if t is _ROWS:
+                marked.setdefault(e["rank"], []).append(e["at"])
+            elif t == "heartbeat" or t == "sample":
+                dicts.add(e["rank"])
+        back = {r for r, at in marked.items() if len(at) > 1 or r in dicts}
+        if not back:
+            return [e for e in events if e["type"] is not _ROWS], beatscan.polled(parts)
+        out: list[Event] = []
+        for e in events:
+            if e["type"] is not _ROWS:
+                out.append(e)
+            elif e["rank"] in back:
+                p, c = e["at"]
+                g = parts[p][0]
+                lines = g.lines(np.flatnonzero(g.chunk == c))
+                got, _ = decode_indexed(lines, e["rank"])
+                assert len(got.events) == len(lines)  # (each row is one valid event of its rank)
+                out.extend(got.events)
+        kept = []
+        for g, ranks in parts:
+            stay = ~np.isin(ranks[g.chunk], list(back))
+            kept.append((g if stay.all() else g.only(stay), ranks))
+        return out, beatscan.polled(kept)
 
     def bulk(self, step: int) -> Iterator[Batch]:
         """Everything stored now, as batches of about ``step`` bytes, op records in columns:
@@ -543,8 +603,23 @@ class TraceReader(abc.ABC):
             return {}
         first = not getattr(self, "_ops", None)  # (no records before these: they may be the poll's Spans)
         together = [stream for stream, chunks in queued.items() if len(chunks) == 1]
-        got = decode_together([(queued[stream][0][0], self._decoder(stream)) for stream in together]) \
+        take = None
+        if self._rows is not None and len(together) > 1:  # (a rank's one stream queued: its rows in order)
+            ranks = np.fromiter((stream[0] for stream in queued), np.int64, len(queued))
+            once = set(ranks[np.bincount(ranks - ranks.min())[ranks - ranks.min()] == 1].tolist())
+            take = np.fromiter((stream[0] in once for stream in together), np.bool_, len(together))
+        got = decode_together([(queued[stream][0][0], self._decoder(stream)) for stream in together], take) \
             if len(together) > 1 else Together([None] * len(together), [False] * len(together), [None] * len(together))
+        marks: dict[Stream, Event] = {}
+        if got.gathered is not None and self._rows is not None:  # (each chunk's mark, before its events)
+            rows = got.gathered
+            at = np.flatnonzero(np.r_[True, rows.chunk[1:] != rows.chunk[:-1]])
+            self.stats.events += rows.chunk.shape[0]
+            part = len(self._rows)
+            chunk_ranks = np.fromiter((stream[0] for stream in together), np.int64, len(together))
+            self._rows.append((rows, chunk_ranks))
+            for c in rows.chunk[at].tolist():
+                marks[together[c]] = {"type": _ROWS, "rank": together[c][0], "at": (part, c)}
         decoded = dict(zip(together, got.decoded, strict=True))
         scans = dict(zip(together, got.alone, strict=True))  # (the scan of each chunk left alone: not scanned again)
         learnt = {stream for stream, taught in zip(together, got.learnt, strict=True) if taught}
@@ -570,7 +645,8 @@ class TraceReader(abc.ABC):
             if top >= 0:
                 self._raise_max_id(stream, top)
             self._account(stream, d, size=chunks[0][1])
-            out[stream] = d.events
+            mark = marks.get(stream)
+            out[stream] = d.events if mark is None else [mark, *d.events]
         if first:  # (the poll's records: as arrays where they lie back to back in one set of columns)
             self._spans = _spans_of(getattr(self, "_ops", []))
         return out
