@@ -2056,8 +2056,9 @@ class Together(NamedTuple):
     decoded: list[Decoded | None]
     learnt: list[bool]
     alone: list[blockscan.Scan | None]
-    #: The heartbeats and samples taken out of the chunks' events as rows (``take``); None: none
-    gathered: beatscan.Gathered | None = None
+    #: The heartbeats and samples taken out of the chunks' events as rows (``take``), a
+    #: ``beatscan.Gathered`` a pass (its chunks numbered as given), a chunk's in one of them
+    gathered: Sequence[beatscan.Gathered] = ()
 
 
 def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]], take: np.ndarray | None = None) -> Together:
@@ -2067,12 +2068,11 @@ def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]], take: np.ndarr
     ``decode_chunks`` again, and a rest it leaves is decoded alone (it may not be left:
     its decoder learnt the head).  ``take``: the chunks whose heartbeats and samples
     ``decode_chunks`` may take out as rows (``Together.gathered``; a stream's first chunk
-    keeps its as events)."""
+    takes those of its rest, where its head has none)."""
     n = len(chunks)
     alone: list[blockscan.Scan | None] = []
-    gathered: list[beatscan.Gathered] = []
-    decoded = decode_chunks(chunks, alone, take=take, gathered=gathered)
-    rows = gathered[0] if gathered else None
+    rows: list[beatscan.Gathered] = []
+    decoded = decode_chunks(chunks, alone, take=take, gathered=rows)
     if len(alone) != n:
         alone = [None] * n
     learnt = [False] * n
@@ -2088,8 +2088,13 @@ def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]], take: np.ndarr
         return Together(decoded, learnt, alone, rows)
     which = [c for c, head in heads.items() if len(head.rest) <= TOGETHER_REST]
     parts: list[blockscan.Scan | None] = []
-    rests = decode_chunks([(heads[c].rest, chunks[c][1]) for c in which], parts, [heads[c].scanned for c in which]) \
-        if len(which) > 1 else [None] * len(which)
+    rest_take = None if take is None else np.fromiter(  # (a head's heartbeats and samples are dicts: its rest's too)
+        (bool(take[c]) and not any(e["type"] in _LIVENESS for e in heads[c].decoded.events) for c in which),
+        np.bool_, len(which))
+    rest_rows: list[beatscan.Gathered] = []
+    rests = decode_chunks([(heads[c].rest, chunks[c][1]) for c in which], parts, [heads[c].scanned for c in which],
+                          rest_take, rest_rows) if len(which) > 1 else [None] * len(which)
+    rows += [g._replace(chunk=np.asarray(which, np.int64)[g.chunk]) for g in rest_rows]
     again = dict(zip(which, rests, strict=True))
     scans = dict(zip(which, parts, strict=True)) if len(parts) == len(which) else {}
     for c, head in heads.items():

@@ -611,15 +611,15 @@ class TraceReader(abc.ABC):
         got = decode_together([(queued[stream][0][0], self._decoder(stream)) for stream in together], take) \
             if len(together) > 1 else Together([None] * len(together), [False] * len(together), [None] * len(together))
         marks: dict[Stream, Event] = {}
-        if got.gathered is not None and self._rows is not None:  # (each chunk's mark, before its events)
-            rows = got.gathered
-            at = np.flatnonzero(np.r_[True, rows.chunk[1:] != rows.chunk[:-1]])
-            self.stats.events += rows.chunk.shape[0]
-            part = len(self._rows)
+        if got.gathered and self._rows is not None:  # (each chunk's mark, before its events)
             chunk_ranks = np.fromiter((stream[0] for stream in together), np.int64, len(together))
-            self._rows.append((rows, chunk_ranks))
-            for c in rows.chunk[at].tolist():
-                marks[together[c]] = {"type": _ROWS, "rank": together[c][0], "at": (part, c)}
+            for rows in got.gathered:
+                at = np.flatnonzero(np.r_[True, rows.chunk[1:] != rows.chunk[:-1]])
+                self.stats.events += rows.chunk.shape[0]
+                part = len(self._rows)
+                self._rows.append((rows, chunk_ranks))
+                for c in rows.chunk[at].tolist():
+                    marks[together[c]] = {"type": _ROWS, "rank": together[c][0], "at": (part, c)}
         decoded = dict(zip(together, got.decoded, strict=True))
         scans = dict(zip(together, got.alone, strict=True))  # (the scan of each chunk left alone: not scanned again)
         learnt = {stream for stream, taught in zip(together, got.learnt, strict=True) if taught}
