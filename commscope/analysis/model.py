@@ -1669,13 +1669,13 @@ class TraceModel:
             cols = beats.cols
             rows = np.column_stack([np.asarray(cols[f], np.float64) for f in Samples.FIELDS])
             traces, last = t.traces, beats.last
-            one = (start[some + 1] - start[some] == 1).tolist()
-            for k, s, a, b, single in zip(some.tolist(), slots[some].tolist(), start[some].tolist(),
-                                          start[some + 1].tolist(), one, strict=True):
-                if single:
-                    traces[s].samples.add_row(rows[a], last[k])
-                else:
-                    traces[s].samples.extend({f: c[a:b] for f, c in cols.items()}, last[k])
+            for k, s, a, b in zip(some.tolist(), slots[some].tolist(), start[some].tolist(), start[some + 1].tolist(),
+                                  strict=True):
+                samples = traces[s].samples
+                if samples.n:
+                    samples.add_rows(rows[a:b], last[k])
+                else:  # (a rank's first: its columns taken as they are, ``extend``)
+                    samples.extend({f: c[a:b] for f, c in cols.items()}, last[k])
         self._seen_many(slots, beats.t0, beats.t1, np.full(slots.shape[0], I64_MAX, np.int64))
         changed.update(ranks.tolist())
         return int(beats.t0.min()), int(beats.t1.max())
