@@ -167,7 +167,7 @@ class OpRecords:
 
     def rows_of(self, rank: int, a: int, b: int) -> OpRecords:
         """Rows ``a`` to ``b`` of several streams' records (this), as ``rank``'s own: views
-        of these columns, with their ``span`` (no exception texts: ``unpacked`` gives them)."""
+        of these columns, with their ``span`` (no exception texts: ``Unpacked`` gives them)."""
         return OpRecords(rank, self.phase[a:b], self.ts[a:b], self.id[a:b], self.static[a:b], self.seq[a:b],
                          self.parent[a:b], self.tid[a:b], self.peer[a:b], self.gpu[a:b], self.flags[a:b], {},
                          self.statics, None, Span(self, a))
@@ -207,7 +207,7 @@ _COLUMNS = tuple(f.name for f in dataclasses.fields(OpRecords) if f.type == "np.
 
 def packed(records: Sequence[OpRecords]) -> Spans | None:
     """Several streams' records copied into one set of columns, back to back, as ``Spans``
-    (``unpacked`` gives them back): what a worker of a whole read hands over in one piece,
+    (``Unpacked`` gives them back): what a worker of a whole read hands over in one piece,
     ten arrays instead of ten a stream (pickling a read of 16k streams spent more on the
     arrays' count than on their bytes).  None where that cannot say them: none, an empty
     one, one with ``where``, or decoders that do not share one table of statics."""
@@ -225,18 +225,34 @@ def packed(records: Sequence[OpRecords]) -> Spans | None:
     return Spans(whole, start, np.fromiter((r.rank for r in records), np.int64, len(records)))
 
 
-def unpacked(spans: Spans) -> list[OpRecords]:
+class Unpacked(Sequence[OpRecords]):
     """The streams' records of ``packed``, each a view of its rows (``OpRecords.rows_of``)
-    with its own exception texts."""
-    whole, out = spans.whole, []
-    rows = sorted(whole.exc)
-    for rank, a, b in zip(spans.ranks.tolist(), spans.start[:-1].tolist(), spans.start[1:].tolist(), strict=True):
-        recs = whole.rows_of(rank, a, b)
-        if rows:
-            within = rows[bisect.bisect_left(rows, a):bisect.bisect_left(rows, b)]
-            recs.exc = {row - a: whole.exc[row] for row in within}
-        out.append(recs)
-    return out
+    with its own exception texts, made when first asked: the model takes a poll's
+    ``Spans`` as arrays and asks for few of its records (a new rank's, an irregular one),
+    and making every stream's views (~6 us a stream: 16k of them a poll) was most of what a
+    console spent taking a batch from its read process."""
+
+    __slots__ = ("spans", "_made", "_exc")
+
+    def __init__(self, spans: Spans) -> None:
+        self.spans = spans
+        self._made: list[OpRecords | None] = [None] * spans.ranks.shape[0]
+        self._exc = sorted(spans.whole.exc)
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    def __getitem__(self, k: int) -> OpRecords:  # type: ignore[override]  # (an index, not a slice)
+        got = self._made[k]
+        if got is None:
+            k = range(len(self._made))[k]  # (a negative index counted from the end; out of range: IndexError)
+            sp = self.spans
+            a, b = int(sp.start[k]), int(sp.start[k + 1])
+            got = self._made[k] = sp.whole.rows_of(int(sp.ranks[k]), a, b)
+            if self._exc:
+                rows = self._exc[bisect.bisect_left(self._exc, a):bisect.bisect_left(self._exc, b)]
+                got.exc = {row - a: sp.whole.exc[row] for row in rows}
+        return got
 
 
 def merged(events: list[dict], ops: OpRecords | None) -> list[dict]:

@@ -413,6 +413,10 @@ def test_a_workers_records_travel_in_one_piece_and_come_back_as_they_went():
     assert got.batch.ops == [] and got.packed is not None  # (one piece: ten arrays, not ten a stream)
     batch = got.received()
     assert batch.spans is got.packed and batch.spans.of(batch.ops)
+    ops = got.received().ops  # (each stream's made when asked, once: a model asks for few)
+    assert len(ops) == 3 and ops[-1] is ops[2] and ops[-1].exc == {0: "a", 5: "b"} and ops[0].exc == {2: "boom"}
+    with pytest.raises(IndexError):
+        ops[3]  # noqa: B018
     for want, have in zip(sent, batch.ops, strict=True):
         assert have.rank == want.rank and have.exc == want.exc and have.span.whole is got.packed.whole
         for name in ("phase", "ts", "id", "static", "seq", "parent", "tid", "peer", "gpu", "flags"):

@@ -78,6 +78,7 @@ from commscope.oprecords import (
     OpRecords,
     Spans,
     Static,
+    Unpacked,
 )
 
 
@@ -344,7 +345,7 @@ class _Live(NamedTuple):
     COLUMNS = ("phase", "ts", "id", "static", "seq", "parent", "tid", "peer", "flags", "gpu")
 
     @classmethod
-    def of(cls, recs_list: list[OpRecords], pos: list[int], described: _Records,
+    def of(cls, recs_list: Sequence[OpRecords], pos: list[int], described: _Records,
            spans: Spans | None = None) -> _Live:
         """Without the lists (``part`` makes them for the records that need them).
         ``spans``: the batch's records as arrays (a reader's poll)."""
@@ -700,7 +701,7 @@ class TraceModel:
     def _ingest(self, events: list[Event], ops: Sequence[OpRecords], spans: Spans | None,
                 beats: Beats | None) -> frozenset[int]:
         lo, hi, changed = I64_MAX, 0, set()
-        recs_list = list(ops)
+        recs_list = ops if isinstance(ops, list | Unpacked) else list(ops)  # (Unpacked: each made when asked)
         if spans is not None and not spans.of(recs_list):
             spans = None
         if spans is None and not all(map(len, map(_PHASE_OF_RECORDS, recs_list))):
@@ -798,7 +799,7 @@ class TraceModel:
         return a, b
 
     # -- ranks new to the model, ingested together (the bulk of a whole read)
-    def _fresh(self, recs_list: list[OpRecords], rows: _Begins, described: _Records) -> list[int]:
+    def _fresh(self, recs_list: Sequence[OpRecords], rows: _Begins, described: _Records) -> list[int]:
         """Positions of the records whose rank has no ops yet and comes once in this batch:
         those ``_fresh_begins`` ingests together (none when fewer than two)."""
         slot = described.slot
@@ -810,7 +811,7 @@ class TraceModel:
                 out.append(k)
         return out if len(out) > 1 else []
 
-    def _index_order(self, recs_list: list[OpRecords], rows: _Begins, codes: list,
+    def _index_order(self, recs_list: Sequence[OpRecords], rows: _Begins, codes: list,
                      known: np.ndarray | None, live: _Live | None,
                      regular: tuple[_Live, np.ndarray] | None) -> None:
         """Create the collective indexes, and their members' columns, in the order the rank by
@@ -836,7 +837,7 @@ class TraceModel:
                 for g in np.unique(self._sig_gkey[code[coll]]).tolist():
                     self._group_index(*names[g]).column(recs.rank)
 
-    def _fresh_begins(self, recs_list: list[OpRecords], fresh: list[int], rows: _Begins,
+    def _fresh_begins(self, recs_list: Sequence[OpRecords], fresh: list[int], rows: _Begins,
                       codes: list, changed: set[int]) -> _Fresh:
         """``_record_begins`` for many new ranks at once: their begins in one set of columns,
         rank after rank, each rank's columns views of them, and the indexes filled in one
@@ -929,7 +930,7 @@ class TraceModel:
                                                                          local[rows][m])
 
     # -- ranks already begun, a few records each (a live poll)
-    def _live(self, recs_list: list[OpRecords], fresh: list[int], described: _Records) -> list[int]:
+    def _live(self, recs_list: Sequence[OpRecords], fresh: list[int], described: _Records) -> list[int]:
         """Positions of the records whose rank the model has, that come once in this batch
         and hold at most ``live_rows`` rows, or more where they are plain (``_plain``): those
         ingested together (``_regular``; none when fewer than two)."""
@@ -952,7 +953,7 @@ class TraceModel:
         exception text, no flag on a phase, no parent on a begin."""
         return not recs.exc and not _irregular_rows(recs.phase, recs.flags, recs.parent).any()
 
-    def _known_codes(self, recs_list: list[OpRecords], live: _Live, one_table: bool = False) -> np.ndarray | None:
+    def _known_codes(self, recs_list: Sequence[OpRecords], live: _Live, one_table: bool = False) -> np.ndarray | None:
         """The signature codes of the live records' begins, in their order, looked up all at
         once; None when one is new to the model (then every record's are interned one record
         after another, as rank by rank) or the records differ in their decoder's table.
@@ -996,7 +997,7 @@ class TraceModel:
             codes[j] = code
         return codes[pair_at.reshape(-1)]
 
-    def _live_begins(self, recs_list: list[OpRecords], live: _Live, codes: list, known: np.ndarray | None,
+    def _live_begins(self, recs_list: Sequence[OpRecords], live: _Live, codes: list, known: np.ndarray | None,
                      changed: set[int]) -> tuple[int, int]:
         """``_record_begins`` for ranks already begun, a few begins each: the batch's begins
         written to each rank's columns a scalar at a time, the indexes filled in one pass per
@@ -1318,7 +1319,7 @@ class TraceModel:
             lo, hi = min(lo, x.t0), max(hi, x.t1)
         return lo, hi
 
-    def _batch_phases(self, recs_list: list[OpRecords], batch: _Fresh | None, live: _Live | None,
+    def _batch_phases(self, recs_list: Sequence[OpRecords], batch: _Fresh | None, live: _Live | None,
                       changed: set[int], regular: Set[int]) -> tuple[int, int]:
         """``_record_phases`` of every record in the batch: those of the ranks ingested
         together (``batch``) in the batch's columns, those of ``live`` ranks a few scalar
@@ -1406,7 +1407,7 @@ class TraceModel:
         changed.update(rt.rank for rt in rts)
         return min(lo, int(tmin.min())), max(hi, int(tmax.max()))
 
-    def _fresh_phases(self, recs_list: list[OpRecords], batch: _Fresh,
+    def _fresh_phases(self, recs_list: Sequence[OpRecords], batch: _Fresh,
                       together: dict[int, int]) -> _FreshPhases | None:
         """The phases (ends, waits, dones) of the records of the ranks ``_fresh_begins``
         ingested that are still together (``together``: record position -> the rank's place

@@ -19,7 +19,7 @@ from commscope.beats import Beats
 from commscope.blocks import BlockDecoder, StaticTable, Together, decode_alone, decode_stream, decode_together
 from commscope.blockscan import Scan
 from commscope.events import Decoded, Event, decode_lines
-from commscope.oprecords import OpRecords, Spans, packed, unpacked
+from commscope.oprecords import OpRecords, Spans, Unpacked, packed
 from commscope.schema import SCHEMA_VERSION, decode_indexed
 from commscope.window import Since
 
@@ -246,7 +246,7 @@ class Batch(NamedTuple):
     ``OpRecords`` per stream read (in its order)."""
 
     events: list[Event]
-    ops: list[OpRecords]
+    ops: Sequence[OpRecords]
     #: Where every op record is a slice of one set of columns (a poll decoded together): the
     #: records as arrays (``TraceModel.ingest`` takes them so); None otherwise
     spans: Spans | None = None
@@ -264,8 +264,9 @@ class Batch(NamedTuple):
     @staticmethod
     def of_piece(events: list[Event], piece: Spans, beats: Beats | None) -> Batch:
         """A batch whose op records came in one piece (``in_one_piece``): each stream's a
-        view of it, the piece its ``spans`` (the model takes them as arrays)."""
-        return Batch(events, unpacked(piece), piece, beats)
+        view of it, made when asked (``Unpacked``), the piece its ``spans`` (the model takes
+        them as arrays)."""
+        return Batch(events, Unpacked(piece), piece, beats)
 
     def count(self) -> int:
         n = len(self.events) + (self.beats.events() if self.beats is not None else 0)
