@@ -384,7 +384,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
     ahead = feed.reader if isinstance(feed.reader, ReadAhead) else None  # (its CPU counted, even once lost)
     lags: list[float] = []  # the newest event read, behind the clock
     behind: list[float] = []  # what every stream was read up to (the watermark), behind the clock
-    first_round = plan.t_start  # when every stream had been read once
+    first_round: int | None = None  # when every stream had been read once
     caught_ns, caught = 0, 0  # when the console caught up, and the watermark samples before then
     frames: list[float] = []
     found_ns = 0
@@ -414,13 +414,13 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
             mark = feed.reader.watermark_ns() or 0
             if mark > plan.t_start and wall - mark <= TARGET_LAG_S * S:
                 caught_ns, caught = wall, len(behind)
+        if got and first_round is None and feed.reader.watermark_ns():
+            first_round = wall  # (every stream read once: however soon, not only past the first 3 s)
         if got and feed.model.end_ns and wall > plan.t_start + 3 * S:
             lags.append((wall - feed.model.end_ns) / S)
             mark = feed.reader.watermark_ns()
             if mark:
                 behind.append((wall - mark) / S)
-            elif not behind:
-                first_round = wall  # (still reading every stream a first time)
         for f in feed.findings:
             if f.severity == "error" or f.kind == expect:
                 named = f.kind == expect and sorted(f.culprits) in want
@@ -458,7 +458,8 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
     for f in feed.findings:  # (as last judged: the captures read by then)
         if f.kind == expect and sorted(f.culprits) in want:
             stacks_shown = _stacks_shown(f)
-    return {"lags": lags, "behind": behind, "first_round_s": (first_round - plan.t_start) / S,
+    return {"lags": lags, "behind": behind,
+            "first_round_s": (first_round - plan.t_start) / S if first_round is not None else None,
             "caught_s": (caught_ns - plan.t_start) / S if caught_ns else None,
             "after_caught": behind[caught:] if caught_ns else [],
             "found_s": (found_ns - fault_ns) / S if found_ns else None, "wrong": wrong, "early": early,
@@ -661,7 +662,8 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
     print(f"  reader lag: newest event median {lag_med:.2f} s, p99 {lag_p99:.2f} s\n"
           f"    watermark (every stream read up to; diagnosis judges there): median {mark_med:.2f} s,\n"
           f"    p99 {mark_p99:.2f} s behind (target <= {TARGET_LAG_S:g} s), from the first full read\n"
-          f"    ({seen['first_round_s']:.1f} s after the job's start)")
+          + (f"    ({seen['first_round_s']:.1f} s after the job's start; sampled from 3 s on)"
+             if seen["first_round_s"] is not None else "    (never: not every stream was read once)"))
     after = seen["after_caught"]
     if seen["caught_s"] is None:
         print(f"    never caught up (every stream read past the job's start, within {TARGET_LAG_S:g} s)")
