@@ -153,22 +153,44 @@ def _last_samples(streams: Sequence[tuple[int, list[Taken]]], which: list[int], 
 class Gathered(NamedTuple):
     """The heartbeat and sample lines of a poll's chunks decoded together
     (``blocks.decode_chunks``) that ``scan`` read, taken out of their chunks' events: their
-    ``rows``, each one's ``chunk`` (ascending, a chunk's rows in line order) and its bytes
-    (``data[start:end]``: what puts one back among the events, as a dict)."""
+    ``rows``, each one's ``chunk`` (ascending, a chunk's rows in line order), its ``line``
+    (in its pass's scan) and its bytes (``data[start:end]``, a copy of those lines alone:
+    what puts one back among the events, as a dict, ``TraceReader._beats_apart``).
+    ``among``: for a chunk with events too, how many of them come before its rows (its
+    head's, ``learn_head``) and the line of each after those, so rows put back go where
+    they were."""
 
     rows: Rows
     chunk: np.ndarray
+    line: np.ndarray
     data: bytes
     start: np.ndarray
     end: np.ndarray
+    among: dict[int, tuple[int, list[int]]]
 
     def only(self, keep: np.ndarray) -> Gathered:
         """The rows ``keep`` says (a bool a row)."""
         r = self.rows
-        return Gathered(Rows(r.kind[keep], r.ts[keep], r.inflight[keep], r.values[:, keep]), self.chunk[keep],
-                        self.data, self.start[keep], self.end[keep])
+        return self._replace(rows=Rows(r.kind[keep], r.ts[keep], r.inflight[keep], r.values[:, keep]),
+                             chunk=self.chunk[keep], line=self.line[keep], start=self.start[keep],
+                             end=self.end[keep])
 
-    def lines(self, at: np.ndarray) -> list[bytes]:
+    def compact(self) -> Gathered:
+        """Its lines copied out of the chunks' data (a poll holds its rows to its end, not
+        every chunk it decoded: ``QUEUE_BYTES`` bounds what a poll holds at once)."""
+        sizes = self.end - self.start
+        start = np.zeros(sizes.shape[0], np.int64)
+        np.cumsum(sizes[:-1], out=start[1:])
+        total = int(sizes.sum())
+        at = np.repeat(self.start - start, sizes) + np.arange(total, dtype=np.int64)
+        data = np.frombuffer(self.data, np.uint8)[at].tobytes()
+        return self._replace(data=data, start=start, end=start + sizes)
+
+    def of(self, chunk: int) -> slice:
+        """Its rows of ``chunk``."""
+        return slice(*np.searchsorted(self.chunk, [chunk, chunk + 1]).tolist())
+
+    def lines(self, at: slice) -> list[bytes]:
         """The lines of rows ``at``."""
         return [self.data[a:b] for a, b in zip(self.start[at].tolist(), self.end[at].tolist(), strict=True)]
 
@@ -218,8 +240,10 @@ def polled(parts: Sequence[tuple[Gathered, np.ndarray]]) -> beats.Beats | None:
         part = np.searchsorted(bounds, at, side="right") - 1
         for p in np.unique(part).tolist():
             mine = part == p
-            for k, line in zip(with_samples[mine].tolist(), parts[p][0].lines(at[mine] - bounds[p]), strict=True):
-                lasts[k] = line
+            g = parts[p][0]
+            for k, a, b in zip(with_samples[mine].tolist(), g.start[at[mine] - bounds[p]].tolist(),
+                               g.end[at[mine] - bounds[p]].tolist(), strict=True):
+                lasts[k] = g.data[a:b]
     return beats.Beats(rank_of[stream], count, t0, t1, beat_ts, beat_inflight, start, cols, lasts)
 
 

@@ -2094,7 +2094,13 @@ def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]], take: np.ndarr
     rest_rows: list[beatscan.Gathered] = []
     rests = decode_chunks([(heads[c].rest, chunks[c][1]) for c in which], parts, [heads[c].scanned for c in which],
                           rest_take, rest_rows) if len(which) > 1 else [None] * len(which)
-    rows += [g._replace(chunk=np.asarray(which, np.int64)[g.chunk]) for g in rest_rows]
+    for g in rest_rows:  # (numbered as the chunks given; a head's events come before its rest's rows)
+        of = np.asarray(which, np.int64)
+        among = {int(of[c]): (len(heads[int(of[c])].decoded.events), lines) for c, (_, lines) in g.among.items()}
+        for c in np.unique(of[g.chunk]).tolist():
+            if c not in among and heads[c].decoded.events:
+                among[c] = (len(heads[c].decoded.events), [])
+        rows.append(g._replace(chunk=of[g.chunk], among=among))
     again = dict(zip(which, rests, strict=True))
     scans = dict(zip(which, parts, strict=True)) if len(parts) == len(which) else {}
     for c, head in heads.items():
@@ -2132,6 +2138,8 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[bloc
     time catching up on 16k ranks, and as dicts ~27% of the console's."""
     n = len(chunks)
     out: list[Decoded | None] = [None] * n
+    if take is not None and gathered is None:
+        raise ValueError("decode_chunks: rows taken (take) need a list to go in (gathered)")
     if not n or not blockscan.available():
         return out
     decoders = [dec for _, dec in chunks]
@@ -2196,7 +2204,7 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[bloc
         tid[sigm] = f.body_tid[sigm]
         peer[sigm] = table.peer[np.maximum(st, 0)]
     ok[oc[phase < 0]] = False  # (a begin of its own, a source, a bad or unknown record: alone)
-    events, rows = _other_lines(data, ranks, s, line_chunk, ok, take)
+    events, taken = _other_lines(data, ranks, s, line_chunk, ok, take)
     cols = (phase, f.ts, f.id, static, seq, parent, tid, peer, f.gpu, f.flags)
     keep = ok[oc]
     if not keep.all():
@@ -2212,10 +2220,10 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[bloc
         last_end[bc[last]] = s.end[last]
     if alone is not None:
         alone[:] = blockscan.parts(s, starts, ~ok)
-    if rows is not None and gathered is not None:  # (those of the chunks returned)
-        mine = ok[rows.chunk]
+    if taken is not None and gathered is not None:  # (those of the chunks returned)
+        mine = ok[taken.chunk]
         if mine.any():
-            gathered.append(rows if mine.all() else rows.only(mine))
+            gathered.append((taken if mine.all() else taken.only(mine)).compact())
     for c, a, b, end in zip(np.flatnonzero(ok).tolist(), bounds[:-1][ok].tolist(), bounds[1:][ok].tolist(),
                             last_end[ok].tolist(), strict=True):
         dec = decoders[c]
@@ -2264,11 +2272,13 @@ def _other_lines(data: bytes, rank_of: np.ndarray, s: blockscan.Scan, line_chunk
         hit = np.flatnonzero(got.kind != beatscan.OTHER) if got is not None else may[:0]
         if hit.shape[0]:
             at = may[hit]
-            rows = beatscan.Gathered(got, chunk[may], data, lo[may], hi[may]).only(got.kind != beatscan.OTHER)
+            rows = beatscan.Gathered(got, chunk[may], other[may], data, lo[may], hi[may], {}).only(
+                got.kind != beatscan.OTHER)
             rest = np.ones(other.shape[0], np.bool_)
             rest[at] = False
             other, lo, hi, chunk = other[rest], lo[rest], hi[rest], chunk[rest]
     out: dict[int, Decoded] = {}
+    with_rows = set(np.unique(rows.chunk).tolist()) if rows is not None else set()
     if other.shape[0]:
         lines = [data[a:b] for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
         cuts = np.flatnonzero(chunk[1:] != chunk[:-1]) + 1
@@ -2279,13 +2289,15 @@ def _other_lines(data: bytes, rank_of: np.ndarray, s: blockscan.Scan, line_chunk
         odd: list[int] = []  # (the chunks with a heartbeat or a sample among these)
         if events is None:  # (chunk by chunk: that path counts what it skips)
             for n, c in enumerate(keys):
-                got, _ = schema.decode_indexed(lines[bounds[n]:bounds[n + 1]], int(rank_of[c]))
+                got, at = schema.decode_indexed(lines[bounds[n]:bounds[n + 1]], int(rank_of[c]))
                 if any(e.get("type") == BLOCK or teaches(e) for e in got.events):
                     ok[c] = False
                 else:
                     out[c] = got
-                if rows is not None and any(e.get("type") in _LIVENESS for e in got.events):
-                    odd.append(c)
+                if c in with_rows:
+                    rows.among[c] = (0, other[bounds[n] + np.array(at, np.int64)].tolist())
+                    if any(e.get("type") in _LIVENESS for e in got.events):
+                        odd.append(c)
         else:
             # (one look at each event's type for all chunks: a block or a table's event is rare)
             for i in [i for i, e in enumerate(events) if e.get("type") in _ODD_OTHER]:
@@ -2298,6 +2310,8 @@ def _other_lines(data: bytes, rank_of: np.ndarray, s: blockscan.Scan, line_chunk
             for n, c in enumerate(keys):
                 if ok[c]:
                     out[c] = Decoded(events[bounds[n]:bounds[n + 1]], 0, schema.NO_INVALID)
+                if c in with_rows:  # (each event's line: rows put back go among them, ``Gathered``)
+                    rows.among[c] = (0, other[bounds[n]:bounds[n + 1]].tolist())
         if odd and np.isin(rows.chunk, odd).any():  # (those keep theirs as events: decoded again without)
             again = take.copy()
             again[odd] = False

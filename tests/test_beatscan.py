@@ -353,7 +353,7 @@ def _poll(streams: list[tuple[int, list[bytes]]], parts: int) -> list[tuple[beat
         lo_, hi_, chunk_ = (np.array(x, np.int64) for x in (lo, hi, chunk))
         rows = beatscan.scan(data, lo_, hi_, ranks[chunk_])
         assert rows is not None and (rows.kind != beatscan.OTHER).all()
-        out.append((beatscan.Gathered(rows, chunk_, data, lo_, hi_), ranks))
+        out.append((beatscan.Gathered(rows, chunk_, np.arange(chunk_.shape[0]), data, lo_, hi_, {}).compact(), ranks))
     return out
 
 

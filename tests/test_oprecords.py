@@ -227,7 +227,7 @@ def _model(reader, columns: bool) -> TraceModel:
         if columns:
             batch = reader.poll_batch(1 << 16)
             got = batch.count()
-            m.ingest(batch.events, batch.ops)
+            m.ingest(batch.events, batch.ops, beats=batch.beats)
         else:
             events = reader.poll(1 << 16)
             got = len(events)

@@ -296,3 +296,39 @@ def test_heartbeats_and_samples_taken_as_rows_keep_each_rank_s_order(tmp_path):
     assert not any(e["type"] == "rows taken" for e in polled.events)
     assert liveness(got["together"]) == liveness(got["alone"])
     assert together.stats.events == alone.stats.events
+
+
+def test_rows_put_back_go_where_their_lines_were_among_a_first_chunk_s_events(tmp_path):
+    """A stream's first chunk (a head: its meta and the groups its first block defines;
+    then blocks, heartbeats, samples and an exit among them) decoded together takes the
+    rest's heartbeats and samples as rows. Rank 1's segment then ends in a sample without
+    its newline, decoded after them as a dict: its rows go back each where its line was,
+    after the head's events and around the exit, so its events come in the order a reader
+    of each stream alone gives them."""
+    write_store(str(tmp_path / "src"), JobShape(2, 20, fault="healthy"), job="j")
+    job = tmp_path / "j"
+    job.mkdir()
+    shutil.copy(tmp_path / "src" / "j" / "job.json", job / "job.json")
+    for r in range(2):
+        lines = (tmp_path / "src" / "j" / segments.segment_name(r, 0, 0)).read_bytes().splitlines()
+        assert lines[1].startswith(b'{"type":"sample"') and lines[2].startswith(b'{"type":"heartbeat"')
+        lines = [lines[0], *lines[3:]]  # (a head of its meta alone: the rest's are rows)
+        lines.insert(8, orjson.dumps({"type": "exit", "ts": 1_780_000_001_300_000_001, "code": 0, "v": 3,
+                                      "rank": r}))
+        data = b"\n".join(lines) + b"\n"
+        if r == 1:  # (a last line without its newline, a newer segment there: read as it is, after the rest)
+            data += orjson.dumps({"type": "sample", "ts": 1_780_000_009_000_000_000, "cpu": 5.0, "v": 3, "rank": 1})
+            (job / segments.segment_name(1, 0, 1, 1_780_000_010)).write_bytes(b"")
+        (job / segments.segment_name(r, 0, 0)).write_bytes(data)
+    together, alone = open_reader(str(job)), _alone(open_reader(str(job)))
+    got = {"together": [together.poll_batch(None)], "alone": [alone.poll_batch(None)]}
+    polled = got["together"][0]
+    assert polled.beats is not None and polled.beats.rank.tolist() == [0]  # (rank 1's went back)
+    each = got["alone"][0].events
+    assert [e for e in polled.events if e["rank"] == 1] == [e for e in each if e["rank"] == 1]
+    assert [e for e in polled.events if e["rank"] == 0] == [
+        e for e in each if e["rank"] == 0 and e["type"] not in ("heartbeat", "sample")]
+    kinds = [e["type"] for e in polled.events if e["rank"] == 1]
+    assert kinds[0] == "meta" and "exit" in kinds and kinds.count("sample") > 2 and kinds[-1] == "sample"
+    assert liveness(got["together"]) == liveness(got["alone"])
+    assert together.stats.events == alone.stats.events

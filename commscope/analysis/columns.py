@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from commscope.analysis import runmax, stacks
-from commscope.schema import decode_lines
+from commscope.events import decode_lines
 
 I64_MAX = np.iinfo(np.int64).max
 I64_MIN = runmax.I64_MIN
@@ -1072,7 +1072,7 @@ class Samples:
         self.rank = rank
         self.cols = dict.fromkeys(self.FIELDS, _NONE_F8)  # (grown on the first add)
         #: What ``cols`` are views of, where this rank owns them (None: none yet, or the
-        #: columns a whole read gave, ``extend``)
+        #: columns a read gave its first samples in, ``extend``)
         self._block: np.ndarray | None = None
         #: The last sample: as decoded, or its line as the rank wrote it (``last``)
         self._last: dict | bytes | None = None

@@ -677,7 +677,7 @@ class TraceModel:
         the ranks changed.  ``spans``: the records as arrays, where the reader has them
         (``Batch.spans``: a poll of thousands of streams then takes no pass over them).
         ``beats``: streams' heartbeats and samples in columns (``Batch.beats``, a whole
-        read's), taken after the events in one step a stream.
+        read's or a poll's), taken after the events, all streams at once (``_beats``).
 
         The per-event work is a few C-level ``map`` passes that pull whole columns
         (rank, phase, ts, id) out of the dicts at once; only begins whose signature is

@@ -191,7 +191,7 @@ def batches(store: str, columns: bool, tail_events: int, batch: int) -> tuple[di
             for path, rows in (("rank by rank", 0), ("together", TraceModel.live_rows)):
                 models[path] = TraceModel()
                 models[path].live_rows = rows
-                models[path].ingest(b.events, head_ops)
+                models[path].ingest(b.events, head_ops, beats=b.beats)
 
             def per_stream(part: list[OpRecords]) -> tuple[list[OpRecords], Spans | None]:
                 """A poll's records as a reader hands them over (``blocks.decode_chunks``): one

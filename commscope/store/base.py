@@ -250,7 +250,8 @@ class Batch(NamedTuple):
     #: Where every op record is a slice of one set of columns (a poll decoded together): the
     #: records as arrays (``TraceModel.ingest`` takes them so); None otherwise
     spans: Spans | None = None
-    #: A whole read's heartbeats and samples in columns (``beats.Beats``: not among the events)
+    #: Heartbeats and samples in columns (``beats.Beats``: not among the events), a whole
+    #: read's or a poll's (``TraceReader.poll_batch``)
     beats: Beats | None = None
 
     def in_one_piece(self) -> Spans | None:
@@ -275,8 +276,9 @@ class Batch(NamedTuple):
         return n + sum(len(o) for o in self.ops)
 
 
-#: The type of a mark ``decode_queued_streams`` puts where a chunk's rows were taken
-#: (``TraceReader._beats_apart`` takes them out): compared by identity, no event's type is it
+#: The type of a mark ``decode_queued_streams`` puts where a chunk's rows were taken, its
+#: chunk's events after it, together in every reader's poll (``TraceReader._beats_apart``
+#: takes them out): compared by identity, no event's type is it
 _ROWS = "rows taken"
 
 
@@ -380,34 +382,44 @@ class TraceReader(abc.ABC):
         """(``events`` without the marks of the rows taken, ``_rows`` as ``Beats``).  The model
         takes a batch's ``Beats`` after its events: exact for a rank none of whose heartbeats
         or samples among them is a dict, and whose rows came from one chunk.  Any other
-        rank's rows (a rank with two incarnations read, a sample saying ``gpu_error`` read
-        after a decode together, a spool's remnants ...) go back among the events as dicts,
-        where their mark stands (each chunk's, before its events)."""
+        rank's rows (a rank whose heartbeats or samples were read as dicts in another chunk
+        of the poll: a segment's last line, another incarnation queued apart, a spool's
+        remnants; rows of two chunks) go back among the events as dicts, each where its line
+        was among its chunk's events (which follow the chunk's mark)."""
         parts = self._rows or []
         if not parts:
             return events, None
-        marked: dict[int, list[tuple[int, int]]] = {}  # rank -> (part, chunk) of its marks, in order
+        marked: dict[int, int] = {}  # rank -> its marks
         dicts: set[int] = set()  # ranks with a heartbeat or a sample as a dict
         for e in events:
             t = e["type"]
             if t is _ROWS:
-                marked.setdefault(e["rank"], []).append(e["at"])
+                marked[e["rank"]] = marked.get(e["rank"], 0) + 1
             elif t == "heartbeat" or t == "sample":
                 dicts.add(e["rank"])
-        back = {r for r, at in marked.items() if len(at) > 1 or r in dicts}
+        back = {r for r, n in marked.items() if n > 1 or r in dicts}
         if not back:
             return [e for e in events if e["type"] is not _ROWS], beatscan.polled(parts)
         out: list[Event] = []
-        for e in events:
+        i, n = 0, len(events)
+        while i < n:
+            e = events[i]
+            i += 1
             if e["type"] is not _ROWS:
                 out.append(e)
             elif e["rank"] in back:
                 p, c = e["at"]
                 g = parts[p][0]
-                lines = g.lines(np.flatnonzero(g.chunk == c))
-                got, _ = decode_indexed(lines, e["rank"])
-                assert len(got.events) == len(lines)  # (each row is one valid event of its rank)
-                out.extend(got.events)
+                at = g.of(c)
+                got, _ = decode_indexed(g.lines(at), e["rank"])
+                assert len(got.events) == at.stop - at.start  # (each row is one valid event of its rank)
+                lead, lines = g.among.get(c, (0, []))
+                out.extend(events[i:i + lead])  # (its head's: before every row)
+                mine = sorted(zip([*lines, *g.line[at].tolist()], range(len(lines) + len(got.events)),
+                                  [*events[i + lead:i + lead + len(lines)], *got.events], strict=True),
+                              key=lambda x: (x[0], x[1]))
+                out.extend(x for _, _, x in mine)
+                i += lead + len(lines)
         kept = []
         for g, ranks in parts:
             stay = ~np.isin(ranks[g.chunk], list(back))
