@@ -304,7 +304,9 @@ class TraceReader(abc.ABC):
     ``commands/copy.py``) call every method directly, never probing for one.
 
     ``poll_batch``/``read_all_batch`` return the same as ``Batch``es: the op records of
-    blocks stay in numpy columns (``oprecords.OpRecords``), not one dict each; the model
+    blocks stay in numpy columns (``oprecords.OpRecords``), not one dict each, and so do
+    the heartbeats and samples of the streams a poll decoded together (``Batch.beats``,
+    taken by the model after the events: ``_beats_apart`` keeps that exact); the model
     ingests them as they are.  A reader is read one way or the other, not both.
 
     ``poll`` returns only events not returned before, in per-rank order, reading about
