@@ -83,6 +83,42 @@ class Taken(NamedTuple):
     event_lines: list[int]
 
 
+class _Summed(NamedTuple):
+    """What the model keeps of streams' rows, an array a stream (``_summed``)."""
+
+    t0: np.ndarray
+    t1: np.ndarray
+    beat_ts: np.ndarray  # its latest heartbeat's time (-1: none), the last of equals
+    inflight: np.ndarray  # and its count of ops in flight
+    start: np.ndarray  # its samples are ``cols``' rows ``start[k]:start[k + 1]``
+    cols: dict[str, np.ndarray]  # (``beats.SAMPLE_FIELDS``)
+    sample: np.ndarray  # each sample's row among all the rows
+
+
+def _summed(rows: Sequence[Rows], of: np.ndarray, bounds: np.ndarray) -> _Summed:
+    """``rows`` (in order, joined) of streams, row k of stream ``of[k]`` (ascending: stream
+    k's rows are ``bounds[k]:bounds[k + 1]``, none empty), as what the model keeps of each
+    stream: its first and last times, its latest heartbeat, its samples' columns."""
+    n = bounds.shape[0] - 1
+    kind, ts, inflight = (np.concatenate(c) for c in ([r.kind for r in rows], [r.ts for r in rows],
+                                                        [r.inflight for r in rows]))
+    values = np.concatenate([r.values for r in rows], axis=1)
+    t0, t1 = np.minimum.reduceat(ts, bounds[:-1]), np.maximum.reduceat(ts, bounds[:-1])
+    beat_ts, beat_inflight = np.full(n, -1, np.int64), np.zeros(n, np.int64)
+    beat = np.flatnonzero(kind == HEARTBEAT)
+    if beat.shape[0]:  # each stream's latest heartbeat, the last of equals
+        order = np.lexsort((beat, ts[beat], of[beat]))
+        who = of[beat][order]
+        last = np.flatnonzero(np.append(who[1:] != who[:-1], True))
+        at = beat[order[last]]
+        beat_ts[who[last]], beat_inflight[who[last]] = ts[at], inflight[at]
+    sample = np.flatnonzero(kind == SAMPLE)
+    start = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(of[sample], minlength=n), out=start[1:])
+    cols = {"ts": ts[sample].astype(np.float64), **dict(zip(VALUES, values[:, sample], strict=True))}
+    return _Summed(t0, t1, beat_ts, beat_inflight, start, cols, sample)
+
+
 def entries(streams: Sequence[tuple[int, list[Taken]]]) -> list[beats.Entry]:
     """``beats.of_events`` of streams whose heartbeats and samples are all in their
     ``Taken`` (per stream: its rank, its chunks' in order; none among its events): what
@@ -93,27 +129,11 @@ def entries(streams: Sequence[tuple[int, list[Taken]]]) -> list[beats.Entry]:
     n = len(streams)
     if not n:
         return []
-    rows = [t.rows for _, taken in streams for t in taken]
     sizes = np.fromiter((sum(t.rows.kind.shape[0] for t in taken) for _, taken in streams), np.int64, n)
-    kind, ts, inflight = (np.concatenate(c) for c in ([r.kind for r in rows], [r.ts for r in rows],
-                                                        [r.inflight for r in rows]))
-    values = np.concatenate([r.values for r in rows], axis=1)
     bounds = np.zeros(n + 1, np.int64)
     np.cumsum(sizes, out=bounds[1:])
-    t0, t1 = np.minimum.reduceat(ts, bounds[:-1]), np.maximum.reduceat(ts, bounds[:-1])  # (each has a row)
-    of = np.repeat(np.arange(n), sizes)  # each row's stream
-    beat_ts, beat_inflight = np.full(n, -1, np.int64), np.zeros(n, np.int64)
-    beat = np.flatnonzero(kind == HEARTBEAT)
-    if beat.shape[0]:  # each stream's latest heartbeat, the last of equals
-        order = np.lexsort((beat, ts[beat], of[beat]))
-        who = of[beat][order]
-        last = np.flatnonzero(np.append(who[1:] != who[:-1], True))
-        at = beat[order[last]]
-        beat_ts[who[last]], beat_inflight[who[last]] = ts[at], inflight[at]
-    sample = np.flatnonzero(kind == SAMPLE)
-    starts = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(of[sample], minlength=n), out=starts[1:])
-    sample_ts, sample_values = ts[sample].astype(np.float64), values[:, sample]
+    got = _summed([t.rows for _, taken in streams for t in taken], np.repeat(np.arange(n), sizes), bounds)
+    t0, t1, beat_ts, beat_inflight, starts, cols_all, sample = got
     with_samples = np.flatnonzero(starts[1:] > starts[:-1])
     last_rows = sample[starts[1:][with_samples] - 1] - bounds[:-1][with_samples]  # (in its stream's rows)
     lasts = _last_samples(streams, with_samples.tolist(), last_rows.tolist())
@@ -121,7 +141,7 @@ def entries(streams: Sequence[tuple[int, list[Taken]]]) -> list[beats.Entry]:
     last_of = dict(zip(with_samples.tolist(), lasts, strict=True))
     for k, (rank, _) in enumerate(streams):
         a, b = int(starts[k]), int(starts[k + 1])
-        cols = {"ts": sample_ts[a:b], **dict(zip(VALUES, sample_values[:, a:b], strict=True))} if b > a else None
+        cols = {f: c[a:b] for f, c in cols_all.items()} if b > a else None
         out.append(beats.Entry(rank, int(sizes[k]), int(t0[k]), int(t1[k]), int(beat_ts[k]), int(beat_inflight[k]),
                                cols, last_of.get(k)))
     return out
@@ -210,28 +230,12 @@ def polled(parts: Sequence[tuple[Gathered, np.ndarray]]) -> beats.Beats | None:
         base += ranks.shape[0]
     of = np.concatenate(ofs)
     rank_of = np.concatenate([ranks for _, ranks in parts])
-    rows = [g.rows for g, _ in parts]
-    kind, ts, inflight = (np.concatenate(c) for c in ([r.kind for r in rows], [r.ts for r in rows],
-                                                        [r.inflight for r in rows]))
-    values = np.concatenate([r.values for r in rows], axis=1)
     first = np.flatnonzero(np.r_[True, of[1:] != of[:-1]])
     n = first.shape[0]
     stream = of[first]
-    entry = np.cumsum(np.r_[False, of[1:] != of[:-1]])  # each row's entry
     count = np.diff(np.append(first, of.shape[0]))
-    t0, t1 = np.minimum.reduceat(ts, first), np.maximum.reduceat(ts, first)
-    beat_ts, beat_inflight = np.full(n, -1, np.int64), np.zeros(n, np.int64)
-    beat = np.flatnonzero(kind == HEARTBEAT)
-    if beat.shape[0]:  # each entry's latest heartbeat, the last of equals
-        order = np.lexsort((beat, ts[beat], entry[beat]))
-        who = entry[beat][order]
-        last = np.flatnonzero(np.append(who[1:] != who[:-1], True))
-        at = beat[order[last]]
-        beat_ts[who[last]], beat_inflight[who[last]] = ts[at], inflight[at]
-    sample = np.flatnonzero(kind == SAMPLE)
-    start = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(entry[sample], minlength=n), out=start[1:])
-    cols = {"ts": ts[sample].astype(np.float64), **dict(zip(VALUES, values[:, sample], strict=True))}
+    t0, t1, beat_ts, beat_inflight, start, cols, sample = _summed(
+        [g.rows for g, _ in parts], np.cumsum(np.r_[False, of[1:] != of[:-1]]), np.append(first, of.shape[0]))
     lasts: list[bytes | None] = [None] * n
     with_samples = np.flatnonzero(start[1:] > start[:-1])
     if with_samples.shape[0]:
