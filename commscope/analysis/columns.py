@@ -275,21 +275,9 @@ class RankTable:
         not copies (``TraceModel._fresh_begins``), made in one loop, their scalars written in
         arrays; a later append that outgrows them moves the rank (``relocate``).  Returns
         their slots."""
-        cols = self.blocks[b]
-        assert cols is not None
         slots = np.fromiter((rt._s for rt in rts), np.int64, len(rts))
         sizes = np.diff(start)
-        self._leave(slots[self.block[slots] >= 0])  # (a rank made before it had ops: rows of its own)
-        bounds = start.tolist()
-        columns = [cols[c] for c in BLOCK_COLUMNS]
-        for j, rt in enumerate(rts):
-            a, e = bounds[j], bounds[j + 1]
-            rt.__dict__.update(zip(BLOCK_COLUMNS, [col[a:e] for col in columns], strict=True))
-            rt._view = rt._published_at = None  # (published again from the new rows)
-        self._residents[b] += len(rts)
-        self._held[b] += int(sizes.sum())
-        self.block[slots], self.base[slots], self.cap[slots] = b, start[:-1], sizes
-        self.pmax_n[slots] = 0
+        self._move(slots, b, start[:-1], sizes)  # (a rank made before it had ops leaves rows of its own)
         self.n[slots] = sizes
         return slots
 
