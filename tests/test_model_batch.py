@@ -531,11 +531,13 @@ def test_a_synthetic_job_read_from_its_store_is_the_same_either_way(tmp_path, fm
     assert [(f.kind, f.culprits) for f in found][:1] == [("missing_ranks", [5])]
 
 
-def _live_job(seed: int, world: int, polls: int) -> list[tuple[list, list[OpRecords]]]:
+def _live_job(seed: int, world: int, polls: int, *, ending: float = 0.9,
+              at_once: float = 0.5) -> list[tuple[list, list[OpRecords]]]:
     """A live job's polls: every rank's ops cut into polls of a few records each, a few
-    ranks skipping polls; ops that end in a later poll (some never), device-timed ones with
-    ``done``, begins out of time order, ids that jump (a gap in a rank's counter), ends of
-    ops never begun and ends in the poll before their begin's."""
+    ranks skipping polls; ops that end in a later poll (some never: ``ending`` of them
+    end, ``at_once`` of those in their begin's poll), device-timed ones with ``done``,
+    begins out of time order, ids that jump (a gap in a rank's counter), ends of ops
+    never begun and ends in the poll before their begin's."""
     import random
 
     rng = random.Random(seed)
@@ -563,14 +565,14 @@ def _live_job(seed: int, world: int, polls: int) -> list[tuple[list, list[OpReco
                 next_id[r] += 1
                 ts = clock - (5000 if rng.random() < 0.1 else 0)  # some out of order
                 rows.append((PH_BEGIN, ts, op_id, st, seq[(r, g)], -1, 0))
-                if rng.random() < 0.9:
+                if rng.random() < ending:
                     later = [(PH_END, ts + 500, op_id, -1, -1, -1, 0)]
                     if st == 1:
                         later += [(PH_WAIT_BEGIN, ts + 600, op_id, -1, -1, -1, 0),
                                   (PH_WAIT_END, ts + 700, op_id, -1, -1, -1, 0)]
                     if st == 3:
                         later.append((PH_DONE, ts + 800, op_id, -1, -1, -1, 0))
-                    if rng.random() < 0.5:
+                    if rng.random() < at_once:
                         rows += later
                     else:
                         pending[r] += later
@@ -1005,6 +1007,88 @@ def test_views_published_together_are_each_ranks_own_view():
     assert len(wrapped) > 10 and any(not rt._sorted for rt in m.ranks.values()) and again > 100
 
 
+def _batch_touches(m: TraceModel, before: np.ndarray) -> int:
+    """The earliest begin among the touch log entries every rank was written by the batch
+    just ingested (``before``: the table's ``touches`` before it; I64_MAX: none)."""
+    t = m.table
+    low = np.iinfo(np.int64).max
+    for s in range(t.size):
+        for k in range(int(before[s]) if s < before.shape[0] else 0, int(t.touches[s])):
+            low = min(low, int(t.touch_first[s, k % t.touch_first.shape[1]]))
+    return low
+
+
+@pytest.mark.parametrize(("remembered", "together"), [(8, True), (256, True), (8, False)])
+def test_a_model_s_touches_since_a_version_are_every_rank_s_together(monkeypatch, remembered, together):
+    """``TraceModel.touched_since``, what a console asks each step instead of walking 16k
+    ranks' ops in flight: after every poll of a live job (ops that end polls later, begins
+    out of time order, ranks skipping polls, polls of heartbeats alone), for every version,
+    the earliest begin among the entries every rank's own touch log was written since,
+    and None once the model's log of ``TOUCHES`` batches no longer reaches back; ranks
+    ingested together and rank by rank."""
+    monkeypatch.setattr(TraceModel, "TOUCHES", remembered)
+    plan = _live_job(7, world=30, polls=60)
+    m = TraceModel()
+    m.batch_ranks = together
+    m.live_rows = m.live_rows if together else 0
+    log: list[tuple[int, int]] = []
+    for k, (evs, ops) in enumerate(plan):
+        before = m.table.touches[:m.table.size].copy()
+        m.ingest(evs, ops)
+        log.append((m.version, _batch_touches(m, before)))
+        if k % 5 == 4:  # (heartbeats alone: ranks change, no op does)
+            before = m.table.touches[:m.table.size].copy()
+            m.ingest([{"type": "heartbeat", "ts": T + k, "v": SCHEMA_VERSION, "rank": r, "inflight": 1}
+                      for r in m.ranks])
+            log.append((m.version, _batch_touches(m, before)))
+            assert log[-1][1] == np.iinfo(np.int64).max
+        for version in range(0, m.version + 2):
+            assert m.touched_since(version) == _touched_since(log[-remembered:], version, m.version), (k, version)
+    assert m.touched_since(0) is None if remembered < len(log) else m.touched_since(0) is not None
+
+
+def test_a_console_walks_every_rank_for_a_hang_only_when_one_may_be_due(monkeypatch):
+    """``Feed._hang_due`` answers as walking every rank's ops in flight answers (an op in
+    flight that began after the last judgement's moment less hang_after and is hang_after
+    old now), after every poll of a live job and at moments before, at and past its latest
+    op, over diagnoses that judge at new moments (each hang found, and at a pace of their
+    own), pauses of the job, and a model log that no longer reaches back; and walks them
+    only when the last walk or an op changed since may have passed hang_after."""
+    from commscope.store import EmptyReader
+    from commscope.tui.feed import LIVE, Feed
+
+    monkeypatch.setattr(TraceModel, "TOUCHES", 8)
+    plan = _live_job(3, world=30, polls=120, ending=0.995, at_once=0.97)  # (a poll: ~45 us of the job's)
+    feed = Feed(EmptyReader("polls"), mode=LIVE, hang_after=1.0)
+    m = feed.model
+    walks, walk = [], m.oldest_in_flight
+    monkeypatch.setattr(m, "oldest_in_flight", lambda after: walks.append(after) or walk(after))
+    hang = 100_000
+    asked = due = 0
+    latest = clock = T
+    for k, (evs, ops) in enumerate(plan):
+        m.ingest(evs, ops)
+        latest = max([latest, *(int(recs.ts.max()) for recs in ops if recs.ts.shape[0])])
+        if k % 7 == 0:
+            feed._judged = (clock, hang)  # (a diagnosis at its own pace)
+        if k % 40 == 39:
+            for _ in range(10):  # (more batches than the model's log holds, no op among them)
+                m.ingest([{"type": "heartbeat", "ts": T, "v": SCHEMA_VERSION, "rank": 0, "inflight": 1}])
+        for now in (latest - hang, latest, latest + hang // 3, latest + (4 if k % 10 == 9 else 1) * hang):
+            clock = max(clock, now)  # (a console's moment never goes back, ``store.AsOf``)
+            monkeypatch.setattr(feed, "now", lambda clock=clock: clock)
+            after, upto = feed._judged[0] - hang, clock - hang
+            want = any(rt.comp[i] == 0 and after < int(rt.begin[i]) <= upto for rt in m.ranks.values()
+                       for i in rt.open)
+            assert feed._hang_due(0.0) == want, (k, now)
+            asked += 1
+            if want:
+                due += 1
+                feed._judged = (clock, hang)  # (the diagnosis it made due)
+    assert 10 < due < asked // 2
+    assert 20 < len(walks) < asked // 3
+
+
 def test_an_ingest_that_fails_partway_leaves_no_judgement_of_the_model_before(monkeypatch):
     """A batch whose begins went in before the ingest failed (a bug, a lack of memory): the
     model changed, so what was judged of it before (its open ops, its blocked ranks) is not
@@ -1032,3 +1116,5 @@ def test_an_ingest_that_fails_partway_leaves_no_judgement_of_the_model_before(mo
     assert slots.tolist() == fresh[0].tolist() and ops.tolist() == fresh[1].tolist()
     assert len(slots) == len(before[0]) + 1  # rank 2's begin, in before the failure
     assert sorted(rankstate.blocked_ranks(m)) == [0, 1, 2]
+    # (a console's question, "what changed since", has no answer past it: rank 2's begin went in)
+    assert m.touched_since(version) is None and m.touched_since(m.version) == np.iinfo(np.int64).max

@@ -112,6 +112,9 @@ class RankTable:
         self.block = np.full(cap, -1, np.int32)
         self.touch_version = np.zeros((cap, TOUCH_LOG), np.int64)
         self.touch_first = np.zeros((cap, TOUCH_LOG), np.int64)
+        #: The earliest begin among the ops touched since the model last took it
+        #: (``TraceModel._ingest``: a batch's, for its log of every rank's at once)
+        self.touched_low = I64_MAX
         self.blocks: list[dict[str, np.ndarray] | None] = []
         self._frozen: dict[int, dict[str, np.ndarray]] = {}  # block -> read-only views of its columns
         self._residents: list[int] = []  # ranks living in each block
@@ -219,6 +222,8 @@ class RankTable:
         self.touch_version[slots, at] = self.version[slots]
         self.touch_first[slots, at] = first
         self.touches[slots] = k + 1
+        if first.shape[0]:
+            self.touched_low = min(self.touched_low, int(first.min()))
 
     def _groups(self, block: np.ndarray) -> list[tuple[dict[str, np.ndarray], Any]]:
         """(columns, the rows in them) of each block among ``block`` (a row's): by a sort,
@@ -864,6 +869,8 @@ class RankTrace:
         t.touch_version[s, k % TOUCH_LOG] = t.version[s]
         t.touch_first[s, k % TOUCH_LOG] = first_begin
         t.touches[s] = k + 1
+        if first_begin < t.touched_low:
+            t.touched_low = first_begin
 
     def view(self) -> RankView:
         """This rank as an immutable ``RankView`` (the same object while nothing changed)."""

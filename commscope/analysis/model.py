@@ -17,6 +17,7 @@ Three layers, three modules:
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from itertools import repeat
 from operator import attrgetter, is_, itemgetter
@@ -29,6 +30,7 @@ from commscope.analysis.columns import (
     DENSE_ID_FACTOR,
     DENSE_ID_SLACK,
     I64_MAX,
+    I64_MIN,
     RANK_SLOTS,
     RankColumns,
     RankTable,
@@ -628,6 +630,8 @@ class TraceModel:
     #: Ranks already begun with at most this many records in a batch go together
     #: (``_live_begins``); 0: rank by rank (``bench large`` compares the two)
     live_rows = LIVE_ROWS
+    #: Batches ``touched_since`` remembers (a console asks about the few since its last diagnosis)
+    TOUCHES = 256
 
     def __init__(self) -> None:
         self.ranks: dict[int, RankTrace] = {}
@@ -659,6 +663,9 @@ class TraceModel:
         self.end_ns = 0
         self.version = 0
         self.changed: frozenset[int] = frozenset()
+        #: (version, the earliest begin among the ops its batch changed; I64_MIN: not known) of
+        #: the latest batches, every rank's at once (``touched_since``)
+        self._touches: deque[tuple[int, int]] = deque(maxlen=self.TOUCHES)
         self._published: ModelView = EMPTY_VIEW
         #: ``rankstate``'s cache of its judgements for one version (the model stores; rankstate judges)
         self.judged: object = None
@@ -696,6 +703,7 @@ class TraceModel:
             # before, ``rankstate._memo``, may stand for what the model holds now)
             self.version += 1
             self.changed = frozenset(self.ranks)
+            self._touched(I64_MIN)
             raise
 
     def _ingest(self, events: list[Event], ops: Sequence[OpRecords], spans: Spans | None,
@@ -768,7 +776,25 @@ class TraceModel:
         self.table.compact()  # (between batches: nothing holds a rank's columns now)
         self.version += 1
         self.changed = frozenset(changed)
+        self._touched(self.table.touched_low)
         return self.changed
+
+    def _touched(self, low: int) -> None:
+        """Log the batch that made ``version`` (``touched_since``)."""
+        self._touches.append((self.version, low))
+        self.table.touched_low = I64_MAX
+
+    def touched_since(self, version: int) -> int | None:
+        """The earliest begin among the ops of any rank changed after ``version`` (I64_MAX:
+        none), or None where the log of the latest ``TOUCHES`` batches no longer reaches back
+        that far: what a console asks each step of 16k ranks instead of walking them all."""
+        if version >= self.version:
+            return I64_MAX
+        log = self._touches
+        if not log or log[0][0] > version + 1:
+            return None
+        low = min((first for v, first in log if v > version), default=I64_MAX)
+        return None if low == I64_MIN else low
 
     def _rank(self, r: int) -> RankTrace:
         rt = self.ranks.get(r)
