@@ -305,7 +305,7 @@ class RankTable:
             rt.__dict__.update(zip(BLOCK_COLUMNS, [col[a:e] for col in columns], strict=True))
             # (published again from the new rows: a view of the old, or its slices kept to
             # publish again from, would keep their block alive)
-            rt._view = rt._published_at = None
+            rt._view = None
 
     def _leave(self, slots: np.ndarray) -> None:
         """Ranks ``slots`` leave their blocks (they move): a block left by every rank is
@@ -596,9 +596,6 @@ class RankTrace:
         self._ins_min = 0  # first order position changed by insertions since the last prefix max
         self._pmax_shared = False  # a published RankView holds the prefix max: rewrite a copy
         self._view: RankView | None = None
-        #: (the block's read-only views, the rank's first row there) where ``_view`` was made
-        #: of their slices in time order: a view published again from the same rows reuses them
-        self._published_at: tuple[dict[str, np.ndarray], int] | None = None
 
     # -- scalars, kept in the model's ``RankTable`` (a live batch writes them for many ranks at once)
     n = _slot("n", "ops held")
@@ -890,38 +887,28 @@ class RankTrace:
         """A new view, from the rank's scalars, its block's read-only columns (``fz``: None,
         none), its ops in flight and its touch log (a copy of its ring, and how many entries
         were written to it: ``RankTable.touch_rings``); ``RankTable.views`` reads many at
-        once.  ``maxed``: the running max of every rank in time order is up to date."""
-        old, at = self._view, self._published_at
-        if old is not None and at is not None and at[0] is fz and at[1] == a and old.n == n and self._sorted:
-            # the same rows, as many, in time order: the same slices (views of the block's
-            # columns: a heartbeat, a sample or an op's end changed the rank, not which rows)
-            if not maxed:
-                self._prefix_max(old.order_, old.begin)
-            v = self._view = RankView(self.rank, version, n, *old[3:15], flight, first_ts, last_ts,
-                                      last_hb, self.meta, tuple(self.exits), *touched)
-            return v
-        if fz is not None:  # (slices of the block's read-only views: no view made a column)
-            rows = slice(a, a + n)
-            cols = [fz[c][rows] for c in RankView.COLUMNS]
-        else:
-            cols = [_frozen(getattr(self, c)[:n]) for c in RankView.COLUMNS]
-        self._published_at = None
-        if not n:
-            order = sb = pmax = _EMPTY
-        elif self._sorted:  # (its order is the identity: ``order`` would say so)
+        once.  ``maxed``: the running max of every rank in time order is up to date.  The
+        view holds its block's columns and where its rows start, sliced when asked: 16k ranks
+        published each second made ~200k slices, a third of a publish."""
+        if n and self._sorted:  # (its order is the identity; its begins and running max, its block's)
             assert fz is not None  # (a rank in time order has its rows in a block)
-            order = _identity(n)
+            order = _identity_of(n)
             if not maxed:
-                self._prefix_max(order, cols[0])
-            sb, pmax = cols[0], fz["pmax"][rows]
-            self._published_at = (fz, a)
+                self._prefix_max(order[:n], fz["begin"][a:a + n])
+            cols, sb, pmax = fz, None, None
+        elif not n:
+            cols, a, order, sb, pmax = _NO_COLUMNS, 0, _EMPTY, None, None
         else:
+            if fz is not None:
+                cols = fz
+            else:
+                cols, a = {c: _frozen(getattr(self, c)[:n]) for c in RankView.COLUMNS}, 0
             order = self.order()
             sb, pmax = _frozen(self._sb), _frozen(self._prefix_max(order, self._sb))
             self._pmax_shared = True
             if order.flags.writeable:
                 order = _frozen(order)
-        v = self._view = RankView(self.rank, version, n, *cols, order, sb, pmax, flight, first_ts, last_ts,
+        v = self._view = RankView(self.rank, version, n, cols, a, order, sb, pmax, flight, first_ts, last_ts,
                                   last_hb, self.meta, tuple(self.exits), *touched)
         return v
 
@@ -956,10 +943,16 @@ _IDENTITY = np.zeros(0, np.int64)
 def _identity(n: int) -> np.ndarray:
     """0 .. n-1, read-only: the order of every rank whose begins came in time order (one array
     for all of them, grown as ranks grow)."""
+    return _identity_of(n)[:n]
+
+
+def _identity_of(n: int) -> np.ndarray:
+    """``_identity`` at least ``n`` long, as it is (grown here, on the writer's side: a view
+    published with it slices it when read)."""
     global _IDENTITY
     if _IDENTITY.shape[0] < n:
         _IDENTITY = _frozen(np.arange(max(n, 2 * _IDENTITY.shape[0], 4096), dtype=np.int64))
-    return _IDENTITY[:n]
+    return _IDENTITY
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -968,8 +961,19 @@ def _frozen(a: np.ndarray) -> np.ndarray:
     return v
 
 
+def _column(name: str) -> property:
+    """A ``RankView``'s op column ``name``: the slice of its rows'."""
+
+    def get(v: RankView) -> np.ndarray:
+        return v.rows[name][v.at:v.at + v.n]
+
+    return property(get, doc=f"op column {name!r}, read-only")
+
+
 _EMPTY = _frozen(_NONE_I8)
 _NO_TOUCHES = _frozen(np.zeros((2, 0), np.int64))
+#: The columns of a rank with no ops
+_NO_COLUMNS = {c: _frozen(np.zeros(0, _DTYPE[c])) for c in BLOCK_COLUMNS}
 
 
 class RankView(NamedTuple):
@@ -984,24 +988,19 @@ class RankView(NamedTuple):
     in the completion of ops listed in ``open`` (0 -> a time) and raises a completion that a
     later record moves on (a ``done`` with the op's device time), so a reader may see an op
     complete a moment early or a little later than before, never an index out of order.  The
-    column names are those of ``RankTrace``, so painting and queries take either.
+    column names are those of ``RankTrace``, so painting and queries take either: each a
+    slice of ``rows``, made when asked (a view holds its block's columns and where its rows
+    start, not a slice a column: ``RankTrace._publish``).
     """
 
     rank: int
     version: int
     n: int
-    begin: np.ndarray
-    end: np.ndarray
-    wb: np.ndarray
-    we: np.ndarray
-    comp: np.ndarray
-    sig: np.ndarray
-    seq: np.ndarray
-    peer: np.ndarray
-    flags: np.ndarray
-    order_: np.ndarray
-    sb: np.ndarray
-    pmax: np.ndarray
+    rows: Mapping[str, np.ndarray]  # read-only columns its ops lie in from row ``at`` on (its block's, or its own)
+    at: int
+    ordering: np.ndarray  # op indices by begin time: its own, or the identity (at least ``n`` long) in time order
+    own_sb: np.ndarray | None  # begins in that order, its own copy (None: in time order, its begins)
+    own_pmax: np.ndarray | None  # running max of ends in that order, its own copy (None: its block's)
     open: tuple[int, ...]  # ops in flight at publishing, by index
     first_ts: int
     last_ts: int
@@ -1010,6 +1009,28 @@ class RankView(NamedTuple):
     exits: tuple[dict, ...]
     touched: np.ndarray = _NO_TOUCHES  # RankTrace.touched, two rows (versions, begins): its ring as written
     touches: int = 0  # entries written to that ring in all (the last TOUCH_LOG kept)
+
+    begin = _column("begin")
+    end = _column("end")
+    wb = _column("wb")
+    we = _column("we")
+    comp = _column("comp")
+    sig = _column("sig")
+    seq = _column("seq")
+    peer = _column("peer")
+    flags = _column("flags")
+
+    @property
+    def order_(self) -> np.ndarray:
+        return self.ordering[:self.n]
+
+    @property
+    def sb(self) -> np.ndarray:
+        return self.begin if self.own_sb is None else self.own_sb
+
+    @property
+    def pmax(self) -> np.ndarray:
+        return self.rows["pmax"][self.at:self.at + self.n] if self.own_pmax is None else self.own_pmax
 
     COLUMNS = ("begin", "end", "wb", "we", "comp", "sig", "seq", "peer", "flags")
 
