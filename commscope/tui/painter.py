@@ -182,7 +182,7 @@ def repaint_ranks(m: ModelLike, rows: Sequence[tuple[int, Painted | None, SpanIn
     for k, (rank, prev, spans) in enumerate(rows):
         rt = m.ranks.get(rank)
         version, n = (-1, 0) if rt is None else (rt.version, rt.n)
-        open_min = min((int(rt.begin[i]) for i in rt.open), default=I64_MAX) if rt is not None else I64_MAX
+        open_min = I64_MAX if rt is None or not rt.open else int(rt.begin[list(rt.open)].min())
         dirty = None
         if prev is not None and rt is not None and hasattr(rt, "touched_since") and len(prev.cands) < 40:
             dirty = rt.touched_since(prev.version)  # (at the label cap: everything again, below)
@@ -424,15 +424,17 @@ def _candidates(m: ModelLike, rows: Sequence[tuple[Any, np.ndarray]], begin: np.
     c0 = np.minimum(np.maximum((begin[cand] - t0) // npc, -1), w)
     c1 = np.minimum(np.maximum((stop[cand] - t0) // npc, -1), w)
     first = np.cumsum([0, *(idx.shape[0] for _, idx in rows)])
+    columns: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # (a published view's columns are sliced when read)
     for q in np.flatnonzero((c1 - c0) >= 8).tolist():
         j = int(cand[q])
         r = 0 if row is None else int(row[j])
         if len(out[r]) >= 40:
             continue
         rt, idx = rows[r]
+        seqs, sigs = columns.get(r) or columns.setdefault(r, (rt.seq, rt.sig))
         i = int(idx[j - int(first[r])])
-        seq = int(rt.seq[i])
-        text = m.sigs[int(rt.sig[i])].op + (f" #{seq}" if seq >= 0 else "")
+        seq = int(seqs[i])
+        text = m.sigs[int(sigs[i])].op + (f" #{seq}" if seq >= 0 else "")
         out[r].append((int(begin[j]), i, max(int(c0[q]), 0), min(int(c1[q]), w - 1), text))
     return out
 
