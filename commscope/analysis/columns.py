@@ -351,11 +351,15 @@ class RankTable:
         at = np.array(changed, np.int64)
         flights = self.in_flight(changed)
         rings, written = self.touch_rings(at)
-        for ring, s, version, n, b, a, first, last, hb, count in zip(
+        blocks = self.block[at]
+        frozen = {b: self.frozen(b) for b in np.unique(blocks[blocks >= 0]).tolist()}
+        identity = _identity_of(int(self.n[at].max()) if at.shape[0] else 0)
+        for ring, s, version, n, b, a, first, last, hb, ordered, count in zip(
                 rings, changed, *(getattr(self, c)[at].tolist() for c in (
-                    "version", "n", "block", "base", "first_ts", "last_ts", "last_hb")), written.tolist(), strict=True):
-            self.traces[s]._publish(version, n, self.frozen(b) if b >= 0 else None, a, first, last, hb,
-                                    flights.get(s, ()), (ring.copy(), count), maxed=True)
+                    "version", "n", "block", "base", "first_ts", "last_ts", "last_hb", "ordered")), written.tolist(),
+                strict=True):
+            self.traces[s]._publish(version, n, frozen.get(b), a, first, last, hb, flights.get(s, ()),
+                                    (ring.copy(), count), maxed=True, ordered=ordered, identity=identity)
 
     def in_flight(self, slots: Sequence[int]) -> dict[int, tuple[int, ...]]:
         """The ops in flight (completion 0) of ranks ``slots`` whose open set was settled, by
@@ -883,16 +887,19 @@ class RankTrace:
 
     def _publish(self, version: int, n: int, fz: dict[str, np.ndarray] | None, a: int, first_ts: int,
                  last_ts: int, last_hb: int, flight: tuple[int, ...], touched: tuple[np.ndarray, int],
-                 maxed: bool = False) -> RankView:
+                 maxed: bool = False, ordered: bool | None = None, identity: np.ndarray | None = None) -> RankView:
         """A new view, from the rank's scalars, its block's read-only columns (``fz``: None,
         none), its ops in flight and its touch log (a copy of its ring, and how many entries
         were written to it: ``RankTable.touch_rings``); ``RankTable.views`` reads many at
-        once.  ``maxed``: the running max of every rank in time order is up to date.  The
+        once.  ``maxed``: the running max of every rank in time order is up to date;
+        ``ordered``, ``identity``: its begins came in time order, ``_identity_of`` at least
+        ``n`` long (asked here where not given: many ranks' are read at once).  The
         view holds its block's columns and where its rows start, sliced when asked: 16k ranks
         published each second made ~200k slices, a third of a publish."""
-        if n and self._sorted:  # (its order is the identity; its begins and running max, its block's)
+        # (in time order: its order is the identity; its begins and running max, its block's)
+        if n and (self._sorted if ordered is None else ordered):
             assert fz is not None  # (a rank in time order has its rows in a block)
-            order = _identity_of(n)
+            order = _identity_of(n) if identity is None else identity
             if not maxed:
                 self._prefix_max(order[:n], fz["begin"][a:a + n])
             cols, sb, pmax = fz, None, None
