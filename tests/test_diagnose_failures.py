@@ -87,11 +87,14 @@ def _stack_event() -> dict:
 
 def test_a_stack_is_folded_once_and_each_caller_gets_views_of_its_own(monkeypatch):
     """A diagnosis folds every waiting rank's stack each time: an event is folded once in
-    its rank's memo, what a caller does to the views it got reaches no other caller, and a
-    memo past ``MEMO_HELD`` events is emptied."""
+    its rank's memo, and equal threads of other events once for all (16k ranks waiting in
+    one collective capture one stack); what a caller does to the views it got reaches no
+    other caller; a memo past ``MEMO_HELD`` events, and the folds shared past
+    ``FOLDS_HELD`` threads, are emptied; threads that are not JSON are folded each time."""
     folded = []
     real = stacks.fold
     monkeypatch.setattr(stacks, "fold", lambda *a: folded.append(a) or real(*a))
+    monkeypatch.setattr(stacks, "_FOLDS", {})
     ev, memo = _stack_event(), {}
     a, b = stacks.view(ev, memo), stacks.view(ev, memo)
     assert a == b == [real("MainThread", ev["threads"][0]["frames"])] and len(folded) == 1
@@ -99,13 +102,28 @@ def test_a_stack_is_folded_once_and_each_caller_gets_views_of_its_own(monkeypatc
     a[0]["frames"].append("elsewhere")
     a[0]["where"] = "elsewhere"
     assert stacks.view(ev, memo) == b and len(folded) == 1
-    other = _stack_event()  # (equal, another event: folded for itself)
-    assert stacks.view(other, memo) == b and len(folded) == 2 and stacks.view(ev) == b and len(folded) == 3
+    other = _stack_event()  # (equal, another event: its threads' folds shared)
+    assert stacks.view(other, memo) == b and stacks.view(ev) == b and stacks.view(other, {}) == b
+    assert len(folded) == 1
+    moved = _stack_event()
+    moved["threads"][0]["frames"][1][1] += 1  # (the user's frame on another line: folded for itself)
+    assert stacks.view(moved, memo) != b and len(folded) == 2
     events = [_stack_event() for _ in range(stacks.MEMO_HELD)]
     for e in events:
         stacks.view(e, memo)
     assert len(memo) <= stacks.MEMO_HELD and all(memo[id(e)][0] is e for e in events[-2:])
-    assert stacks.view(ev, memo) == b and len(folded) == 4 + stacks.MEMO_HELD  # (emptied: folded again)
+    assert stacks.view(ev, memo) == b and len(folded) == 2  # (its memo emptied: its fold still shared)
+    monkeypatch.setattr(stacks, "FOLDS_HELD", 3)
+    for line in range(3):
+        e = _stack_event()
+        e["threads"][0]["frames"][1][1] = 1000 + line
+        stacks.view(e)
+    assert len(stacks._FOLDS) <= 3 and len(folded) == 5
+    assert stacks.view(ev) == b and len(folded) == 6  # (emptied: folded again)
+    huge = _stack_event()
+    huge["threads"][0]["frames"].append(["/job/x.py", 1 << 70, "f"])  # (not JSON orjson writes)
+    assert stacks.view(huge) == stacks.view(huge) == [real("MainThread", huge["threads"][0]["frames"])]
+    assert len(folded) == 8 and len(stacks._FOLDS) <= 3
 
 
 def test_a_diagnosis_folds_each_rank_s_stack_once(monkeypatch):
@@ -123,10 +141,11 @@ def test_a_diagnosis_folds_each_rank_s_stack_once(monkeypatch):
     folded = []
     real = stacks.fold
     monkeypatch.setattr(stacks, "fold", lambda *a: folded.append(a) or real(*a))
+    monkeypatch.setattr(stacks, "_FOLDS", {})
     first = diagnose(m, t + 5 * S, 2.0)
     n = len(folded)
     again = diagnose(m, t + 5 * S + 1, 2.0)
-    assert n >= ws - 1 and len(folded) == n  # (none folded again)
+    assert n == 1 and len(folded) == n  # (equal threads once for all, and none folded again)
     assert [f.evidence.get("stack_info") for f in first] == [f.evidence.get("stack_info") for f in again]
     assert errors(again) == [("missing_ranks", [ws - 1])]  # the rank that never came, no waiting rank blamed
     info = next(f for f in again if f.kind == "missing_ranks").evidence["stack_info"]

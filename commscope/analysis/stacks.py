@@ -106,17 +106,42 @@ def view(stack_event: dict, memo: Memo | None = None) -> list[dict]:
     (16k waiting ranks' stacks at a hang: ~20 us a rank).  Kept by the rank, it goes with the
     model; emptied whole past ``MEMO_HELD`` (one step: the console's threads may both ask)."""
     if memo is None:
-        return _folded(stack_event)
-    got = memo.get(id(stack_event))
-    if got is None or got[0] is not stack_event:
-        if len(memo) >= MEMO_HELD:
-            memo.clear()
-        got = memo[id(stack_event)] = (stack_event, _folded(stack_event))
-    return [dict(t, frames=list(t["frames"])) for t in got[1]]
+        folded = _folded(stack_event)
+    else:
+        got = memo.get(id(stack_event))
+        if got is None or got[0] is not stack_event:
+            if len(memo) >= MEMO_HELD:
+                memo.clear()
+            got = memo[id(stack_event)] = (stack_event, _folded(stack_event))
+        folded = got[1]
+    return [dict(t, frames=list(t["frames"])) for t in folded]
 
 
 def _folded(stack_event: dict) -> list[dict]:
-    return [fold(t.get("name"), t.get("frames")) for t in main_threads(stack_event)]
+    """The folded views of a stack event's threads, shared (``view`` hands out copies)."""
+    return [_fold_shared(t.get("name"), t.get("frames")) for t in main_threads(stack_event)]
+
+
+#: Threads folded (``fold``), by their name and frames as JSON: ranks waiting in one
+#: collective capture the same stack, and 16k of them folded it ~20 us each, the first
+#: diagnosis that showed them (its finding that much later)
+_FOLDS: dict[bytes, dict[str, Any]] = {}
+#: Distinct threads ``_FOLDS`` holds at most (emptied whole past it)
+FOLDS_HELD = 1024
+
+
+def _fold_shared(name: Any, frames: Any) -> dict[str, Any]:
+    """``fold(name, frames)``, once for equal threads (shared: not to be changed)."""
+    try:
+        key = orjson.dumps([name, frames])
+    except (TypeError, orjson.JSONEncodeError):  # (not JSON: no reader gives such a value)
+        return fold(name, frames)
+    got = _FOLDS.get(key)
+    if got is None:
+        if len(_FOLDS) >= FOLDS_HELD:
+            _FOLDS.clear()
+        got = _FOLDS[key] = fold(name, frames)
+    return got
 
 
 def same_key(threads: list[dict] | None) -> bytes | str:
