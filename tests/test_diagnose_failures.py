@@ -95,6 +95,7 @@ def test_a_stack_is_folded_once_and_each_caller_gets_views_of_its_own(monkeypatc
     real = stacks.fold
     monkeypatch.setattr(stacks, "fold", lambda *a: folded.append(a) or real(*a))
     monkeypatch.setattr(stacks, "_FOLDS", {})
+    monkeypatch.setattr(stacks, "_folds_bytes", 0)
     ev, memo = _stack_event(), {}
     a, b = stacks.view(ev, memo), stacks.view(ev, memo)
     assert a == b == [real("MainThread", ev["threads"][0]["frames"])] and len(folded) == 1
@@ -120,10 +121,14 @@ def test_a_stack_is_folded_once_and_each_caller_gets_views_of_its_own(monkeypatc
         stacks.view(e)
     assert len(stacks._FOLDS) <= 3 and len(folded) == 5
     assert stacks.view(ev) == b and len(folded) == 6  # (emptied: folded again)
+    monkeypatch.setattr(stacks, "FOLDS_BYTES", 2 * len(next(iter(stacks._FOLDS))) - 1)  # (one thread's key fits)
+    assert stacks.view(ev) == b and len(folded) == 6
+    assert stacks.view(moved) != b and len(stacks._FOLDS) == 1 and len(folded) == 7  # (past the bytes: emptied)
+    assert stacks.view(ev) == b and len(folded) == 8
     huge = _stack_event()
     huge["threads"][0]["frames"].append(["/job/x.py", 1 << 70, "f"])  # (not JSON orjson writes)
     assert stacks.view(huge) == stacks.view(huge) == [real("MainThread", huge["threads"][0]["frames"])]
-    assert len(folded) == 8 and len(stacks._FOLDS) <= 3
+    assert len(folded) == 10 and len(stacks._FOLDS) <= 3
 
 
 def test_a_diagnosis_folds_each_rank_s_stack_once(monkeypatch):
@@ -142,6 +147,7 @@ def test_a_diagnosis_folds_each_rank_s_stack_once(monkeypatch):
     real = stacks.fold
     monkeypatch.setattr(stacks, "fold", lambda *a: folded.append(a) or real(*a))
     monkeypatch.setattr(stacks, "_FOLDS", {})
+    monkeypatch.setattr(stacks, "_folds_bytes", 0)
     first = diagnose(m, t + 5 * S, 2.0)
     n = len(folded)
     again = diagnose(m, t + 5 * S + 1, 2.0)

@@ -1079,15 +1079,134 @@ def test_a_console_walks_every_rank_for_a_hang_only_when_one_may_be_due(monkeypa
             clock = max(clock, now)  # (a console's moment never goes back, ``store.AsOf``)
             monkeypatch.setattr(feed, "now", lambda clock=clock: clock)
             after, upto = feed._judged[0] - hang, clock - hang
+            got = feed._hang_due(0.0)  # (first: the walk settles every open set)
             want = any(rt.comp[i] == 0 and after < int(rt.begin[i]) <= upto for rt in m.ranks.values()
                        for i in rt.open)
-            assert feed._hang_due(0.0) == want, (k, now)
+            assert got == want, (k, now)
             asked += 1
             if want:
                 due += 1
                 feed._judged = (clock, hang)  # (the diagnosis it made due)
     assert 10 < due < asked // 2
     assert 20 < len(walks) < asked // 3
+
+
+def _hostile_job(seed: int, world: tuple[int, int], polls: int) -> list[list[OpRecords]]:
+    """A live job's polls with what ``_live_job`` has not: ranks joining as it runs, nested
+    ops (sends inside an all_reduce, most never closed but by their outer op's end), a
+    poll of ~40 records a rank now and then, and completions sent back to 0 (an end or a
+    ``done`` at ts 0, hostile)."""
+    import random
+
+    rng = random.Random(seed)
+    statics = [_static("all_reduce"), _static("all_reduce", is_async=True), _static("broadcast", "1"),
+               _static("all_gather", device=0), _static("send", nested=True, direction="send", peer=1)]
+    next_id: dict[int, int] = {}
+    pending: dict[int, list[tuple]] = {}
+    ended: dict[int, list[tuple[int, int]]] = {}
+    seq: dict[tuple[int, str], int] = {}
+    clock = T
+    plan = []
+    for k in range(polls):
+        ops = []
+        for r in range(world[0] + (world[1] - world[0]) * k // polls):
+            next_id.setdefault(r, 1)
+            pending.setdefault(r, [])
+            ended.setdefault(r, [])
+            if rng.random() < 0.2:
+                continue
+            rows = [pending[r].pop(0) for _ in range(min(len(pending[r]), rng.randrange(4)))]
+            outer = None
+            for _ in range(rng.randrange(40) if rng.random() < 0.05 else rng.randrange(4)):
+                clock += 1000
+                st = rng.randrange(len(statics))
+                st = 0 if st == 4 and outer is None else st
+                g = statics[st].fields["group"]
+                seq[(r, g)] = seq.get((r, g), 0) + 1
+                op_id = next_id[r]
+                next_id[r] += 1
+                ts = clock - (5000 if rng.random() < 0.1 else 0)
+                rows.append((PH_BEGIN, ts, op_id, st, seq[(r, g)], outer if st == 4 else -1, 0))
+                outer = op_id if st == 0 else outer
+                if rng.random() < (0.3 if st == 4 else 0.97):
+                    later = [(PH_END, ts + 500, op_id, -1, -1, -1, 0)]
+                    if st == 1:
+                        later += [(PH_WAIT_BEGIN, ts + 600, op_id, -1, -1, -1, 0),
+                                  (PH_WAIT_END, ts + 700, op_id, -1, -1, -1, 0)]
+                    if st == 3:
+                        later.append((PH_DONE, ts + 800, op_id, -1, -1, -1, 0))
+                    ended[r].append((op_id, st))
+                    if rng.random() < 0.9:
+                        rows += later
+                    else:
+                        pending[r] += later
+            if ended[r] and rng.random() < 0.03:
+                op_id, st = rng.choice(ended[r])
+                rows.append((PH_DONE if st == 3 else PH_WAIT_END if st == 1 else PH_END, 0, op_id, -1, -1, -1, 0))
+            if rows:
+                ops.append(_rows(r, rows, statics))
+        plan.append(ops)
+    return plan
+
+
+@pytest.mark.parametrize(("seed", "together", "failing"), [(1, True, False), (2, False, False), (3, True, True)])
+def test_a_console_s_hang_walk_answers_as_every_rank_s_ops_do_on_a_hostile_job(monkeypatch, seed, together, failing):
+    """``Feed._hang_due`` against a walk of every rank's ops in flight on ``_hostile_job``
+    (ranks joining, nested ops their outer op's end closes, long polls, completions sent
+    back to 0, polls of heartbeats alone), its ranks ingested together or rank by rank,
+    with ingests that fail partway (the model's log then cannot say what changed)."""
+    import random
+
+    from commscope.store import EmptyReader
+    from commscope.tui.feed import LIVE, Feed
+
+    monkeypatch.setattr(TraceModel, "TOUCHES", 8)
+    feed = Feed(EmptyReader("polls"), mode=LIVE, hang_after=1.0)
+    m = feed.model
+    m.batch_ranks = together
+    m.live_rows = m.live_rows if together else 0
+    rng = random.Random(seed)
+    phases = TraceModel._batch_phases
+
+    def flaky(self, *args, **kwargs):
+        if rng.random() < 0.04:
+            raise MemoryError("in the middle of a batch")
+        return phases(self, *args, **kwargs)
+
+    if failing:
+        monkeypatch.setattr(TraceModel, "_batch_phases", flaky)
+    walks, walk = [], m.oldest_in_flight
+    monkeypatch.setattr(m, "oldest_in_flight", lambda after: walks.append(after) or walk(after))
+    hang = 60_000
+    latest = clock = T
+    asked = due = failed = 0
+    for k, ops in enumerate(_hostile_job(seed, (10, 40), 120)):
+        batches: list[tuple[list, list]] = [([], ops)]
+        if k % 11 == 5:  # (heartbeats alone)
+            batches.append(([{"type": "heartbeat", "ts": latest, "v": SCHEMA_VERSION, "rank": r, "inflight": 1}
+                             for r in m.ranks], []))
+        for events, recs in batches:
+            try:
+                m.ingest(events, recs)
+            except MemoryError:
+                failed += 1
+        latest = max([latest, *(int(recs.ts.max()) for recs in ops if recs.ts.shape[0])])
+        if k % 7 == 0:
+            feed._judged = (clock, hang)
+        for now in (latest - hang, latest, latest + hang // 3, latest + 3 * hang):
+            clock = max(clock, now)
+            monkeypatch.setattr(feed, "now", lambda clock=clock: clock)
+            after, upto = feed._judged[0] - hang, clock - hang
+            got = feed._hang_due(0.0)
+            want = any(rt.comp[i] == 0 and after < int(rt.begin[i]) <= upto for rt in m.ranks.values()
+                       for i in rt.open)
+            assert got == want, (k, now)
+            asked += 1
+            if want:
+                due += 1
+                feed._judged = (clock, hang)
+    assert 10 < due < asked // 2 and len(walks) < asked * 2 // 3
+    assert (failed > 3) == failing
 
 
 def test_an_ingest_that_fails_partway_leaves_no_judgement_of_the_model_before(monkeypatch):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from itertools import chain, repeat
 from operator import attrgetter
+from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -72,6 +73,8 @@ OP_COLUMNS = (*_COLS_I8, *_COLS_I4, "flags")
 #: A block's columns: the op columns and the running max of ends of its ranks in time order
 #: (``runmax``), which a move does not copy (it is recomputed in the new rows)
 BLOCK_COLUMNS = (*OP_COLUMNS, "pmax")
+#: A block's columns a published view reads (``RankView``: its op columns, the running max)
+VIEW_COLUMNS = ("begin", "end", "wb", "we", "comp", "sig", "seq", "peer", "flags", "pmax")
 
 
 class RankTable:
@@ -116,7 +119,7 @@ class RankTable:
         #: (``TraceModel._ingest``: a batch's, for its log of every rank's at once)
         self.touched_low = I64_MAX
         self.blocks: list[dict[str, np.ndarray] | None] = []
-        self._frozen: dict[int, dict[str, np.ndarray]] = {}  # block -> read-only views of its columns
+        self._frozen: dict[int, Mapping[str, np.ndarray]] = {}  # block -> read-only views of its columns
         self._residents: list[int] = []  # ranks living in each block
         self._held: list[int] = []  # rows of each block its ranks own
         self._arena = -1  # the block ranks that outgrow their rows move into, filled up to ``_fill``
@@ -327,21 +330,22 @@ class RankTable:
         self.blocks[b] = None
         self._frozen.pop(b, None)
 
-    def frozen(self, b: int) -> dict[str, np.ndarray]:
-        """Read-only views of block ``b``'s columns (made once a block): a published view's
-        columns are slices of them."""
+    def frozen(self, b: int) -> Mapping[str, np.ndarray]:
+        """Read-only views of block ``b``'s columns that a published view reads (made once a
+        block): its columns are slices of them (``RankView.rows``).  Those alone, read-only
+        as a mapping too: a view of a block dropped since keeps no more of it alive."""
         fz = self._frozen.get(b)
         if fz is None:
             cols = self.blocks[b]
             assert cols is not None
-            fz = self._frozen[b] = {c: _frozen(a) for c, a in cols.items()}
+            fz = self._frozen[b] = MappingProxyType({c: _frozen(cols[c]) for c in VIEW_COLUMNS})
         return fz
 
     def views(self) -> None:
         """Bring every rank's published view up to date (``RankTrace.view``): the running
         max of every rank in time order at once, and of the ranks that changed, the scalars
         read and the touch logs gathered in one pass each, each block's read-only columns
-        made once (``frozen``) (16k ranks: ~15 us a rank, most of a live console's publish)."""
+        made once (``frozen``) (~7 us a rank, ~15 before views sliced their columns when read)."""
         self.settle_open()
         self.running_max()
         k = self.size
@@ -353,7 +357,8 @@ class RankTable:
         rings, written = self.touch_rings(at)
         blocks = self.block[at]
         frozen = {b: self.frozen(b) for b in np.unique(blocks[blocks >= 0]).tolist()}
-        identity = _identity_of(int(self.n[at].max()) if at.shape[0] else 0)
+        in_order = self.n[at][self.ordered[at]]
+        identity = _identity_of(int(in_order.max()) if in_order.shape[0] else 0)  # (ranks in time order use it)
         for ring, s, version, n, b, a, first, last, hb, ordered, count in zip(
                 rings, changed, *(getattr(self, c)[at].tolist() for c in (
                     "version", "n", "block", "base", "first_ts", "last_ts", "last_hb", "ordered")), written.tolist(),
@@ -909,7 +914,7 @@ class RankTrace:
             if fz is not None:
                 cols = fz
             else:
-                cols, a = {c: _frozen(getattr(self, c)[:n]) for c in RankView.COLUMNS}, 0
+                cols, a = MappingProxyType({c: _frozen(getattr(self, c)[:n]) for c in RankView.COLUMNS}), 0
             order = self.order()
             sb, pmax = _frozen(self._sb), _frozen(self._prefix_max(order, self._sb))
             self._pmax_shared = True
@@ -980,7 +985,7 @@ def _column(name: str) -> property:
 _EMPTY = _frozen(_NONE_I8)
 _NO_TOUCHES = _frozen(np.zeros((2, 0), np.int64))
 #: The columns of a rank with no ops
-_NO_COLUMNS = {c: _frozen(np.zeros(0, _DTYPE[c])) for c in BLOCK_COLUMNS}
+_NO_COLUMNS = MappingProxyType({c: _frozen(np.zeros(0, _DTYPE[c])) for c in VIEW_COLUMNS})
 
 
 class RankView(NamedTuple):
@@ -1039,7 +1044,7 @@ class RankView(NamedTuple):
     def pmax(self) -> np.ndarray:
         return self.rows["pmax"][self.at:self.at + self.n] if self.own_pmax is None else self.own_pmax
 
-    COLUMNS = ("begin", "end", "wb", "we", "comp", "sig", "seq", "peer", "flags")
+    COLUMNS = VIEW_COLUMNS[:-1]
 
     def order(self) -> np.ndarray:
         """Op indices sorted by begin time."""

@@ -101,7 +101,7 @@ MEMO_HELD = 8
 
 def view(stack_event: dict, memo: Memo | None = None) -> list[dict]:
     """A ``stack`` event as folded thread views (see ``fold``): the lists and dicts each
-    call's own (a thread's name is the event's).  ``memo``, the rank's
+    call's own (equal threads of any events folded once, ``_fold_shared``).  ``memo``, the rank's
     (``RankTrace.stacks_folded``): an event is folded once there, not at every diagnosis
     (16k waiting ranks' stacks at a hang: ~20 us a rank).  Kept by the rank, it goes with the
     model; emptied whole past ``MEMO_HELD`` (one step: the console's threads may both ask)."""
@@ -126,21 +126,26 @@ def _folded(stack_event: dict) -> list[dict]:
 #: collective capture the same stack, and 16k of them folded it ~20 us each, the first
 #: diagnosis that showed them (its finding that much later)
 _FOLDS: dict[bytes, dict[str, Any]] = {}
-#: Distinct threads ``_FOLDS`` holds at most (emptied whole past it)
+#: Distinct threads ``_FOLDS`` holds at most, and bytes of their keys (emptied whole past either)
 FOLDS_HELD = 1024
+FOLDS_BYTES = 8 << 20
+_folds_bytes = 0
 
 
 def _fold_shared(name: Any, frames: Any) -> dict[str, Any]:
     """``fold(name, frames)``, once for equal threads (shared: not to be changed)."""
+    global _folds_bytes
     try:
         key = orjson.dumps([name, frames])
-    except (TypeError, orjson.JSONEncodeError):  # (not JSON: no reader gives such a value)
+    except TypeError:  # (not JSON, ``orjson.JSONEncodeError``: no reader gives such a value)
         return fold(name, frames)
     got = _FOLDS.get(key)
     if got is None:
-        if len(_FOLDS) >= FOLDS_HELD:
+        if len(_FOLDS) >= FOLDS_HELD or _folds_bytes + len(key) > FOLDS_BYTES:
             _FOLDS.clear()
+            _folds_bytes = 0
         got = _FOLDS[key] = fold(name, frames)
+        _folds_bytes += len(key)
     return got
 
 

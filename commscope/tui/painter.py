@@ -462,10 +462,10 @@ def _drawn(rt: RankColumns, idx: np.ndarray, cats: np.ndarray, win: Window
     return idx, code, begin, comp, inflight, stop
 
 
-def _position(rv: RankView, i: int) -> int:
-    """Where op ``i`` stands in the rank's begin order."""
-    p = int(np.searchsorted(rv.sb, rv.begin[i], side="left"))
-    order = rv.order_
+def _position(sb: np.ndarray, order: np.ndarray, begin: np.ndarray, i: int) -> int:
+    """Where op ``i`` stands in a rank's begin order (its ``sb``, ``order_`` and ``begin``:
+    a published view's columns are sliced when read, so a caller reads them once)."""
+    p = int(np.searchsorted(sb, begin[i], side="left"))
     while p < order.shape[0] and order[p] != i:  # (ties in begin: a few)
         p += 1
     return p
@@ -501,13 +501,14 @@ def _paint_indexed(m: ModelLike, rv: RankView, rank: int, win: Window, cats: np.
         early = order[i0:s0]
         ends = rv.comp[early]
         parts.append(early[(ends > t0) | (ends == 0)])
-    flight = [i for i in rv.open if rv.begin[i] < t1]
-    outside = [i for i in flight if not lo <= _position(rv, i) < hi]
+    begin = rv.begin
+    flight = [i for i in rv.open if begin[i] < t1]
+    outside = [i for i in flight if not lo <= _position(sb, order, begin, i) < hi]
     if outside:
         parts.append(np.array(outside, np.int64))
     extra = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
     if extra.shape[0]:
-        extra = extra[np.argsort(rv.begin[extra], kind="stable")]
+        extra = extra[np.argsort(begin[extra], kind="stable")]
         extra = _drawn(rv, extra, cats, win)[0]
     count = spans.drawn(lo, hi) + extra.shape[0]
     if count <= 4 * w:
@@ -516,7 +517,7 @@ def _paint_indexed(m: ModelLike, rv: RankView, rank: int, win: Window, cats: np.
     parts = [extra, order[spans.in_flight(lo, hi)], *(order[p] for p in rest)]
     if flight:
         parts.append(np.array(flight, np.int64))
-    if win.sel and win.sel[0] == rank and 0 <= win.sel[1] < rv.n and lo <= _position(rv, win.sel[1]) < hi:
+    if win.sel and win.sel[0] == rank and 0 <= win.sel[1] < rv.n and lo <= _position(sb, order, begin, win.sel[1]) < hi:
         parts.append(np.array([win.sel[1]], np.int64))
     slow = np.unique(np.concatenate(parts))
     cands: list[tuple[int, int, int, int, str]] = []
