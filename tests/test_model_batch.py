@@ -12,6 +12,8 @@ failure list and version must match, and so must what diagnose() finds.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -531,6 +533,17 @@ def test_a_synthetic_job_read_from_its_store_is_the_same_either_way(tmp_path, fm
     assert [(f.kind, f.culprits) for f in found][:1] == [("missing_ranks", [5])]
 
 
+def _ending(st: int, ts: int, op_id: int) -> list[tuple]:
+    """The records that end op ``op_id`` begun at ``ts`` through static ``st`` of the live
+    jobs' (1: async, its wait too; 3: device-timed, its ``done`` too)."""
+    rows = [(PH_END, ts + 500, op_id, -1, -1, -1, 0)]
+    if st == 1:
+        rows += [(PH_WAIT_BEGIN, ts + 600, op_id, -1, -1, -1, 0), (PH_WAIT_END, ts + 700, op_id, -1, -1, -1, 0)]
+    if st == 3:
+        rows.append((PH_DONE, ts + 800, op_id, -1, -1, -1, 0))
+    return rows
+
+
 def _live_job(seed: int, world: int, polls: int, *, ending: float = 0.9,
               at_once: float = 0.5) -> list[tuple[list, list[OpRecords]]]:
     """A live job's polls: every rank's ops cut into polls of a few records each, a few
@@ -566,12 +579,7 @@ def _live_job(seed: int, world: int, polls: int, *, ending: float = 0.9,
                 ts = clock - (5000 if rng.random() < 0.1 else 0)  # some out of order
                 rows.append((PH_BEGIN, ts, op_id, st, seq[(r, g)], -1, 0))
                 if rng.random() < ending:
-                    later = [(PH_END, ts + 500, op_id, -1, -1, -1, 0)]
-                    if st == 1:
-                        later += [(PH_WAIT_BEGIN, ts + 600, op_id, -1, -1, -1, 0),
-                                  (PH_WAIT_END, ts + 700, op_id, -1, -1, -1, 0)]
-                    if st == 3:
-                        later.append((PH_DONE, ts + 800, op_id, -1, -1, -1, 0))
+                    later = _ending(st, ts, op_id)
                     if rng.random() < at_once:
                         rows += later
                     else:
@@ -1048,6 +1056,35 @@ def test_a_model_s_touches_since_a_version_are_every_rank_s_together(monkeypatch
     assert m.touched_since(0) is None if remembered < len(log) else m.touched_since(0) is not None
 
 
+def _hang_feed(monkeypatch) -> tuple[Any, list[int]]:
+    """A live console's feed with a model of its own (a log of 8 batches), and the list its
+    walks of every rank's ops in flight are counted in."""
+    from commscope.store import EmptyReader
+    from commscope.tui.feed import LIVE, Feed
+
+    monkeypatch.setattr(TraceModel, "TOUCHES", 8)
+    feed = Feed(EmptyReader("polls"), mode=LIVE, hang_after=1.0)
+    walks, walk = [], feed.model.oldest_in_flight
+    monkeypatch.setattr(feed.model, "oldest_in_flight", lambda after: walks.append(after) or walk(after))
+    return feed, walks
+
+
+def _ask_hang(monkeypatch, feed: Any, clock: int, hang: int) -> bool:
+    """Whether a hang is due at ``clock``: ``Feed._hang_due`` (asked first: the walk
+    settles every open set) against a walk of every rank's ops in flight (one that began
+    after the last judgement's moment less ``hang``, ``hang`` old now).  A hang found is
+    judged at once, as the diagnosis it makes due judges."""
+    monkeypatch.setattr(feed, "now", lambda: clock)
+    after, upto = feed._judged[0] - hang, clock - hang
+    got = feed._hang_due(0.0)
+    want = any(rt.comp[i] == 0 and after < int(rt.begin[i]) <= upto for rt in feed.model.ranks.values()
+               for i in rt.open)
+    assert got == want, clock
+    if want:
+        feed._judged = (clock, hang)
+    return want
+
+
 def test_a_console_walks_every_rank_for_a_hang_only_when_one_may_be_due(monkeypatch):
     """``Feed._hang_due`` answers as walking every rank's ops in flight answers (an op in
     flight that began after the last judgement's moment less hang_after and is hang_after
@@ -1055,19 +1092,13 @@ def test_a_console_walks_every_rank_for_a_hang_only_when_one_may_be_due(monkeypa
     op, over diagnoses that judge at new moments (each hang found, and at a pace of their
     own), pauses of the job, and a model log that no longer reaches back; and walks them
     only when the last walk or an op changed since may have passed hang_after."""
-    from commscope.store import EmptyReader
-    from commscope.tui.feed import LIVE, Feed
-
-    monkeypatch.setattr(TraceModel, "TOUCHES", 8)
-    plan = _live_job(3, world=30, polls=120, ending=0.995, at_once=0.97)  # (a poll: ~45 us of the job's)
-    feed = Feed(EmptyReader("polls"), mode=LIVE, hang_after=1.0)
+    feed, walks = _hang_feed(monkeypatch)
     m = feed.model
-    walks, walk = [], m.oldest_in_flight
-    monkeypatch.setattr(m, "oldest_in_flight", lambda after: walks.append(after) or walk(after))
     hang = 100_000
     asked = due = 0
     latest = clock = T
-    for k, (evs, ops) in enumerate(plan):
+    # (a poll: ~45 us of the job's; most ops end in it)
+    for k, (evs, ops) in enumerate(_live_job(3, world=30, polls=120, ending=0.995, at_once=0.97)):
         m.ingest(evs, ops)
         latest = max([latest, *(int(recs.ts.max()) for recs in ops if recs.ts.shape[0])])
         if k % 7 == 0:
@@ -1077,16 +1108,8 @@ def test_a_console_walks_every_rank_for_a_hang_only_when_one_may_be_due(monkeypa
                 m.ingest([{"type": "heartbeat", "ts": T, "v": SCHEMA_VERSION, "rank": 0, "inflight": 1}])
         for now in (latest - hang, latest, latest + hang // 3, latest + (4 if k % 10 == 9 else 1) * hang):
             clock = max(clock, now)  # (a console's moment never goes back, ``store.AsOf``)
-            monkeypatch.setattr(feed, "now", lambda clock=clock: clock)
-            after, upto = feed._judged[0] - hang, clock - hang
-            got = feed._hang_due(0.0)  # (first: the walk settles every open set)
-            want = any(rt.comp[i] == 0 and after < int(rt.begin[i]) <= upto for rt in m.ranks.values()
-                       for i in rt.open)
-            assert got == want, (k, now)
+            due += _ask_hang(monkeypatch, feed, clock, hang)
             asked += 1
-            if want:
-                due += 1
-                feed._judged = (clock, hang)  # (the diagnosis it made due)
     assert 10 < due < asked // 2
     assert 20 < len(walks) < asked // 3
 
@@ -1129,12 +1152,7 @@ def _hostile_job(seed: int, world: tuple[int, int], polls: int) -> list[list[OpR
                 rows.append((PH_BEGIN, ts, op_id, st, seq[(r, g)], outer if st == 4 else -1, 0))
                 outer = op_id if st == 0 else outer
                 if rng.random() < (0.3 if st == 4 else 0.97):
-                    later = [(PH_END, ts + 500, op_id, -1, -1, -1, 0)]
-                    if st == 1:
-                        later += [(PH_WAIT_BEGIN, ts + 600, op_id, -1, -1, -1, 0),
-                                  (PH_WAIT_END, ts + 700, op_id, -1, -1, -1, 0)]
-                    if st == 3:
-                        later.append((PH_DONE, ts + 800, op_id, -1, -1, -1, 0))
+                    later = _ending(st, ts, op_id)
                     ended[r].append((op_id, st))
                     if rng.random() < 0.9:
                         rows += later
@@ -1157,11 +1175,7 @@ def test_a_console_s_hang_walk_answers_as_every_rank_s_ops_do_on_a_hostile_job(m
     with ingests that fail partway (the model's log then cannot say what changed)."""
     import random
 
-    from commscope.store import EmptyReader
-    from commscope.tui.feed import LIVE, Feed
-
-    monkeypatch.setattr(TraceModel, "TOUCHES", 8)
-    feed = Feed(EmptyReader("polls"), mode=LIVE, hang_after=1.0)
+    feed, walks = _hang_feed(monkeypatch)
     m = feed.model
     m.batch_ranks = together
     m.live_rows = m.live_rows if together else 0
@@ -1175,8 +1189,6 @@ def test_a_console_s_hang_walk_answers_as_every_rank_s_ops_do_on_a_hostile_job(m
 
     if failing:
         monkeypatch.setattr(TraceModel, "_batch_phases", flaky)
-    walks, walk = [], m.oldest_in_flight
-    monkeypatch.setattr(m, "oldest_in_flight", lambda after: walks.append(after) or walk(after))
     hang = 60_000
     latest = clock = T
     asked = due = failed = 0
@@ -1195,16 +1207,8 @@ def test_a_console_s_hang_walk_answers_as_every_rank_s_ops_do_on_a_hostile_job(m
             feed._judged = (clock, hang)
         for now in (latest - hang, latest, latest + hang // 3, latest + 3 * hang):
             clock = max(clock, now)
-            monkeypatch.setattr(feed, "now", lambda clock=clock: clock)
-            after, upto = feed._judged[0] - hang, clock - hang
-            got = feed._hang_due(0.0)
-            want = any(rt.comp[i] == 0 and after < int(rt.begin[i]) <= upto for rt in m.ranks.values()
-                       for i in rt.open)
-            assert got == want, (k, now)
+            due += _ask_hang(monkeypatch, feed, clock, hang)
             asked += 1
-            if want:
-                due += 1
-                feed._judged = (clock, hang)
     assert 10 < due < asked // 2 and len(walks) < asked * 2 // 3
     assert (failed > 3) == failing
 
