@@ -890,7 +890,7 @@ class RankTrace:
         return self._publish(version, n, t.frozen(b) if b >= 0 else None, int(t.base[s]), int(t.first_ts[s]),
                              int(t.last_ts[s]), int(t.last_hb[s]), t.in_flight([s]).get(s, ()), t.touch_ring(s))
 
-    def _publish(self, version: int, n: int, fz: dict[str, np.ndarray] | None, a: int, first_ts: int,
+    def _publish(self, version: int, n: int, fz: Mapping[str, np.ndarray] | None, a: int, first_ts: int,
                  last_ts: int, last_hb: int, flight: tuple[int, ...], touched: tuple[np.ndarray, int],
                  maxed: bool = False, ordered: bool | None = None, identity: np.ndarray | None = None) -> RankView:
         """A new view, from the rank's scalars, its block's read-only columns (``fz``: None,
