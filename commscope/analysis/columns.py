@@ -73,8 +73,10 @@ OP_COLUMNS = (*_COLS_I8, *_COLS_I4, "flags")
 #: A block's columns: the op columns and the running max of ends of its ranks in time order
 #: (``runmax``), which a move does not copy (it is recomputed in the new rows)
 BLOCK_COLUMNS = (*OP_COLUMNS, "pmax")
+#: The op columns a published view has (``RankView.COLUMNS``)
+_VIEW_OPS = ("begin", "end", "wb", "we", "comp", "sig", "seq", "peer", "flags")
 #: A block's columns a published view reads (``RankView``: its op columns, the running max)
-VIEW_COLUMNS = ("begin", "end", "wb", "we", "comp", "sig", "seq", "peer", "flags", "pmax")
+VIEW_COLUMNS = (*_VIEW_OPS, "pmax")
 
 
 class RankTable:
@@ -1044,7 +1046,7 @@ class RankView(NamedTuple):
     def pmax(self) -> np.ndarray:
         return self.rows["pmax"][self.at:self.at + self.n] if self.own_pmax is None else self.own_pmax
 
-    COLUMNS = VIEW_COLUMNS[:-1]
+    COLUMNS = _VIEW_OPS
 
     def order(self) -> np.ndarray:
         """Op indices sorted by begin time."""
