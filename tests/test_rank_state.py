@@ -340,6 +340,42 @@ def test_idle_blocked_and_waiting_ranks_are_judged_together_as_one_by_one():
     assert rank_states(m, now) == _one_by_one(m, now)
 
 
+def test_ranks_judged_together_read_their_seconds_as_the_float_formats_them():
+    """The seconds in a plain rank's text are read off the integer interval for ranks that
+    share them (``rankstate._tenths``): an interval exactly halfway between two tenths, a
+    nanosecond either side of one, below zero (an op begun after the judging time, which a
+    console judging at its watermark sees), and past what the integers are trusted for
+    read as ``f"{ns / 1e9:.1f}"`` writes them, blocked and idle, and as each alone."""
+    from test_model_batch import T, _rows, _static
+
+    from commscope.analysis.rankstate import _TENTHS_EXACT_NS, _plain_states
+    from commscope.oprecords import PH_BEGIN, PH_END
+
+    intervals = [0, 1, 49_999_999, 50_000_000, 50_000_001, 150_000_000, 250_000_000, 1_049_999_999,
+                 1_050_000_000, 1_050_000_001, -1, -40_000_000, -50_000_000, -50_000_001, -150_000_000,
+                 _TENTHS_EXACT_NS - 50_000_000, _TENTHS_EXACT_NS - 1, _TENTHS_EXACT_NS,
+                 _TENTHS_EXACT_NS + 50_000_000, 10**17 + 50_000_000, 10**17 + 50_000_001]
+    now = T + 2 * 10**17
+    statics = [_static("all_reduce")]
+    recs = []
+    for r, ns in enumerate(intervals):  # (blocked since its begin)
+        recs.append(_rows(r, [(PH_BEGIN, now - ns, 1, 0, 1, -1, 0)], statics))
+    for r, ns in enumerate(intervals, len(intervals)):  # (idle since its end)
+        recs.append(_rows(r, [(PH_BEGIN, now - ns - 10, 1, 0, 1, -1, 0), (PH_END, now - ns, 1, -1, -1, -1, 0)],
+                          statics))
+    m = TraceModel()
+    m.ingest([], recs)
+    plain = _plain_states(m, now)
+    assert sorted(plain) == list(range(2 * len(intervals)))
+    for r, ns in enumerate(intervals * 2):
+        secs = f"{ns / 1e9:.1f}"
+        text = plain[r].text
+        assert (text.startswith("in ") and text.endswith(f" for {secs} s") if r < len(intervals)
+                else text.startswith("idle (last ") and text.endswith(f" {secs} s ago)")), (ns, text)
+    assert plain == {r: st for r, st in _one_by_one(m, now).items() if r in plain}
+    assert len({st.text for st in plain.values()}) == len({f"{ns / 1e9:.1f}" for ns in intervals}) * 2
+
+
 @settings(derandomize=True, deadline=None, database=None, max_examples=60, print_blob=False,
           suppress_health_check=list(HealthCheck))
 @given(polls())

@@ -653,6 +653,8 @@ class TraceModel:
         self.p2p: dict[tuple[int, str, int, int], SeqIndex] = {}  # (space, group, src, dst) -> [send, recv]
         self.job: dict | None = None
         self.failed: list[tuple[int, int]] = []  # (rank, op index) of ops that raised, in arrival order
+        #: Exit events ingested, of every rank (0: no rank has one, and none is looked for)
+        self.exits_seen = 0
         self.request_ns = 0  # latest cross-rank stack request seen (see record/hangsignal.py)
         self._exc_kinds: dict[tuple[int, int], Any] = {}
         self.events = 0
@@ -1787,6 +1789,7 @@ class TraceModel:
                     self.request_ns = max(self.request_ns, e["request_ns"])
             elif t == "exit":
                 rt.exits.append(e)
+                self.exits_seen += 1
             elif t == "summary":  # a deleted segment, as retention kept it
                 rt.summaries.append(e)
             elif t == "meta":

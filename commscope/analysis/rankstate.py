@@ -15,7 +15,9 @@ record per rank instead of judging again: see ``snapshot``.
 from __future__ import annotations
 
 import dataclasses
-from operator import attrgetter
+from collections.abc import Mapping
+from itertools import repeat
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -405,14 +407,39 @@ def _present(m: TraceModel, rank: int, now: int) -> RankState:
 
 def _idle(label: str, last: int, done: int, t: int) -> RankState:
     """'idle (last all_reduce #3 (group 0) 2.0 s ago)': the one wording, whoever judged it."""
-    return RankState("idle", f"idle (last {label} {(t - done) / 1e9:.1f} s ago)", last, done)
+    return RankState("idle", _idle_text(label, f"{(t - done) / 1e9:.1f}"), last, done)
 
 
 def _blocked(flags: int, label: str, i: int, since: int, t: int) -> RankState:
     """'in all_reduce #3 (group 0) for 2.0 s' / 'waiting on …' (an async op's wait()): the
     one wording, whoever judged it (``flags``: the op's signature flags)."""
-    verb = "waiting on" if flags & ASYNC else "in"
-    return RankState("blocked", f"{verb} {label} for {(t - since) / 1e9:.1f} s", i, since)
+    return RankState("blocked", _blocked_text(bool(flags & ASYNC), label, f"{(t - since) / 1e9:.1f}"), i, since)
+
+
+def _idle_text(label: str, secs: str) -> str:
+    return f"idle (last {label} {secs} s ago)"
+
+
+def _blocked_text(is_async: bool, label: str, secs: str) -> str:
+    return f"{'waiting on' if is_async else 'in'} {label} for {secs} s"
+
+
+_KINDS = np.array(["blocked", "idle"], object)  # (a plain rank's kind: whether idle)
+
+#: Below this many ns, an interval's seconds to one decimal (``f"{ns / 1e9:.1f}"``) are
+#: read off the integer exactly (``_tenths``): the float's error stays under a nanosecond
+_TENTHS_EXACT_NS = 2**53 // 1000
+
+
+def _tenths(ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each interval's ``f"{ns / 1e9:.1f}"`` as tenths of a second, computed on the integers,
+    and where that is not sure to be what the float formats to (a negative interval, one
+    exactly halfway between two tenths, or one too long: those are formatted as floats).
+    An interval off a halfway point by a nanosecond or more is off it in the float too,
+    while the float's error is under a nanosecond (below ``_TENTHS_EXACT_NS``)."""
+    tenths = (ns + 50_000_000) // 100_000_000
+    odd = (ns < 0) | (ns >= _TENTHS_EXACT_NS) | (ns % 100_000_000 == 50_000_000)
+    return tenths, odd
 
 
 def _outside(rt: RankTrace) -> str | None:
@@ -608,8 +635,13 @@ class RankSnapshot:
         ``state`` then finds, as it would have computed it."""
         if not self._plain:
             self._plain = True
-            for r, st in _plain_states(self._m, self.now).items():
-                self._states.setdefault(r, st)
+            plain = _plain_states(self._m, self.now)
+            plain.update(self._states)  # (those judged before stand: the same states)
+            self._states = plain
+
+    def judged(self) -> Mapping[int, RankState]:
+        """The states judged so far, by rank (read only)."""
+        return self._states
 
     def state(self, rank: int) -> RankState:
         """The rank's state alone (what ``rank_states`` publishes; a detector's ``[]`` adds
@@ -636,7 +668,10 @@ def rank_states(m: TraceModel, now: int) -> dict[int, RankState]:
     together first (``_plain_states``)."""
     snap = snapshot(m, now)
     snap.judge_plain()
-    return {r: snap.state(r) for r in m.ranks}
+    judged = snap.judged()
+    for r in [r for r in m.ranks if r not in judged]:  # (the ranks not plain, each judged alone)
+        snap.state(r)
+    return dict(zip(m.ranks, map(snap.judged().__getitem__, m.ranks), strict=True))
 
 
 def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
@@ -648,13 +683,15 @@ def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
     console's publishing.  Every other rank is judged by ``_present``."""
     t = m.table
     ranks = list(m.ranks)
-    traces = list(m.ranks.values())
-    n = len(traces)
+    n = len(ranks)
     if not n:
         return {}
-    slots = np.fromiter(map(_SLOT_OF_TRACE, traces), np.int64, n)
+    rank_arr = np.array(ranks, np.int64)
+    slots = _slots_of(m, rank_arr)
     hb = t.last_hb[slots]
-    plain = (t.n[slots] > 0) & ~np.fromiter(map(bool, map(_EXITS_OF_TRACE, traces)), np.bool_, n)
+    plain = t.n[slots] > 0
+    if m.exits_seen:  # (none in most jobs: no walk of every rank then)
+        plain &= ~np.fromiter(map(bool, map(_EXITS_OF_TRACE, m.ranks.values())), np.bool_, n)
     # heard from within its dead threshold: within DEAD_MIN_S (no threshold is shorter), else
     # asked of the rank's own (a console catching up judges ranks seconds after they were
     # last heard from; judged alone, 16k of them cost a publish ~0.2 s)
@@ -672,9 +709,12 @@ def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
         return {}
     blocked_now = blocked_ranks(m)
     open_slots = np.unique(open_ops(m)[0])
-    rank_of = np.array(ranks, np.int64)[where]
-    cur = np.fromiter((blocked_now[r][-1] if r in blocked_now else -1 for r in rank_of.tolist()), np.int64,
-                      where.shape[0])
+    rank_of = rank_arr[where]
+    cur_of = np.full(t.size, -1, np.int64)  # the op each slot's rank is blocked in (-1: none)
+    if blocked_now:
+        cur_of[_slots_of(m, np.fromiter(blocked_now, np.int64, len(blocked_now)))] = np.fromiter(
+            map(itemgetter(-1), blocked_now.values()), np.int64, len(blocked_now))
+    cur = cur_of[slots[where]]
     idle = (cur < 0) & t.ordered[slots[where]] & ~np.isin(slots[where], open_slots)
     take = (cur >= 0) | idle
     where, rank_of, cur, idle = where[take], rank_of[take], cur[take], idle[take]
@@ -684,18 +724,59 @@ def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
                                               t.base[ss] + ops)
     flags = m.sig_flags(sig)
     since = np.where(idle, comp, _since(flags, begin, wb))
-    out: dict[int, RankState] = {}
-    labels: dict[tuple[int, int, int], str] = {}  # (ranks in step share their op's label)
-    for r, i, is_idle, code, q, p, f, at in zip(rank_of.tolist(), ops.tolist(), idle.tolist(), sig.tolist(),
-                                                seq.tolist(), peer.tolist(), flags.tolist(), since.tolist(),
-                                                strict=True):
-        label = labels.get((code, q, p))
-        if label is None:
-            label = labels[code, q, p] = m.label_of(code, q, p)
-        out[r] = _idle(label, i, at, now) if is_idle else _blocked(f, label, i, at, now)
-    return out
+    # Ranks in step read alike: their texts are made once per distinct (op label, wording,
+    # tenths of a second), and each rank's state is a tuple of shared strings (16k ranks
+    # in one collective: a handful of texts, not 16k formattings, ~40% of the judging).
+    tenths, odd = _tenths(now - since)
+    is_async = (flags & ASYNC) != 0
+    label_keys, label_of = _groups(sig.astype(np.int64), seq.astype(np.int64), peer.astype(np.int64))
+    labels = [m.label_of(*key) for key in label_keys]
+    wording = np.where(idle, 0, np.where(is_async, 2, 1))
+    # (label, wording, tenths) in one int64: tenths stay below 2**27 (``_TENTHS_EXACT_NS``)
+    keys, text_of = np.unique(label_of << 32 | wording << 28 | np.where(odd, (1 << 28) - 1, tenths),
+                              return_inverse=True)
+    texts = []
+    for key in keys.tolist():
+        g, w, k = key >> 32, key >> 28 & 3, key & ((1 << 28) - 1)
+        secs = f"{k // 10}.{k % 10}"
+        texts.append(_idle_text(labels[g], secs) if w == 0 else _blocked_text(w == 2, labels[g], secs))
+    text = np.array(texts, object)[text_of.reshape(-1)]
+    for j in np.flatnonzero(odd).tolist():  # (as the float formats it)
+        secs, g = f"{int(now - since[j]) / 1e9:.1f}", int(label_of[j])
+        text[j] = _idle_text(labels[g], secs) if idle[j] else _blocked_text(bool(is_async[j]), labels[g], secs)
+    # (``tuple.__new__`` makes each RankState as its own ``__new__`` would, without a
+    # Python call a rank)
+    return dict(zip(rank_of.tolist(), map(tuple.__new__, repeat(RankState),
+                                          zip(_KINDS[idle.astype(np.intp)].tolist(), text.tolist(), ops.tolist(),
+                                              since.tolist(), strict=True)),
+                    strict=True))
 
 
-_SLOT_OF_TRACE = attrgetter("_s")
+def _slots_of(m: TraceModel, ranks: np.ndarray) -> np.ndarray:
+    """The slots of ``ranks`` (each in the model): read off the table's array by rank, or
+    from each rank's trace where a rank is beyond it (``RANK_SLOTS``)."""
+    slots = m.table.slots(ranks)
+    if (slots < 0).any():
+        slots = np.fromiter((m.ranks[r]._s for r in ranks.tolist()), np.int64, ranks.shape[0])
+    return slots
+
+
+def _groups(*columns: np.ndarray) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """The distinct rows of ``columns`` (as tuples of Python ints) and each row's group in
+    them: one sort of every column, as ``np.unique(axis=...)`` but a tenth of its cost."""
+    n = columns[0].shape[0]
+    order = np.lexsort(columns[::-1])
+    cols = [c[order] for c in columns]
+    change = np.zeros(n, np.bool_)
+    change[:1] = True
+    for c in cols:
+        change[1:] |= c[1:] != c[:-1]
+    group = np.cumsum(change) - 1
+    of = np.empty(n, np.int64)
+    of[order] = group
+    firsts = np.flatnonzero(change)
+    return list(zip(*(c[firsts].tolist() for c in cols), strict=True)), of
+
+
 _RANK_OF_TRACE = attrgetter("rank")
 _EXITS_OF_TRACE = attrgetter("exits")
