@@ -447,6 +447,74 @@ def test_the_stacks_of_thousands_of_waiting_ranks_fold_to_their_distinct_stacks_
     assert len(x.message) < 300  # a count and ranges, not 4,095 numbers
 
 
+def _waiting_one_by_one(m: TraceModel, f, now: int, limit: int = 8) -> tuple[dict, dict, int]:
+    """The waiting ranks' stacks as ``attach_stacks`` is to fold them: each rank's
+    ``rank_stack``, grouped by its note's reason and why none, and its threads' text."""
+    from commscope.analysis import stacks
+    from commscope.analysis.findings import rank_stack
+
+    shared: dict[tuple, list[int]] = {}
+    info, out, more = {}, {}, 0
+    for r in dict.fromkeys(f.victims):
+        if r in f.culprits:
+            continue
+        threads, note = rank_stack(m, r, now)
+        key = (note.get("reason"), note.get("missing"), stacks.same_key(threads))
+        if key in shared:
+            shared[key].append(r)
+        elif len(shared) < limit:
+            shared[key] = [r]
+            info[str(r)] = {"role": "waiting", **note}
+            if threads:
+                out[str(r)] = threads
+        else:
+            more += 1
+    for ranks in shared.values():
+        if len(ranks) > 1:
+            info[str(ranks[0])].update(count=len(ranks), ranks=",".join(map(str, ranks)))
+    return info, out, more
+
+
+@pytest.mark.parametrize("limit_past", [False, True])
+def test_waiting_ranks_stacks_fold_as_each_rank_s_own_reads(limit_past):
+    """Waiting ranks whose captures hold equal threads in events of their own, the same
+    threads with a value folded anew each time (a line past 64 bits: no shared fold), a
+    stack request's capture of the same threads (another reason), no capture at all, and
+    (``limit_past``) more distinct stacks than are shown: grouped as each rank's own
+    ``rank_stack`` reads, the first of each group shown with its count and ranks."""
+    ws = 41
+    b = TraceBuilder(ws)
+    t = b.warmup(1)
+    for r in range(ws - 1):
+        i = b.sync(r, t, None, "all_reduce")
+        frames = [["train.py", 42, "step"]]
+        if r % 5 == 1:
+            frames = [["train.py", 2**70, "step"]]
+        elif r % 5 == 4:
+            frames = [["train.py", 100 + (r if limit_past else 0), "step"]]
+        thread = {"tid": 1, "name": "MainThread", "op_thread": True, "frames": frames}
+        if r % 5 == 2:
+            b.add(r, t + 3 * S, "stack", reason="request", threads=[thread])
+        elif r % 5 != 3:
+            b.add(r, t + 3 * S, "stack", id=i, threads=[thread])
+    b.heartbeats(t, t + 5 * S)
+    now = t + 5 * S
+    m, f = run(b, now=now)
+    (x,) = [y for y in f if y.kind == "missing_ranks"]
+    assert x.culprits == [ws - 1]
+    info, out, more = _waiting_one_by_one(m, x, now)
+    got = {r: n for r, n in x.evidence["stack_info"].items() if n["role"] == "waiting"}
+    for n in got.values():  # (ranges, as the finding writes them; the oracle lists them)
+        if "ranks" in n:
+            n["ranks"] = ",".join(str(r) for part in n["ranks"].split(",") for r in (
+                range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)))
+    assert got == info
+    assert {r: v for r, v in x.evidence["stacks"].items() if r in got} == out
+    assert x.evidence.get("stacks_more", 0) == more
+    assert (more > 0) == limit_past and len(got) == (8 if limit_past else 5)
+    assert got["0"]["count"] == 8 and got["1"]["count"] == 8 and got["3"]["missing"].startswith("no stack")
+
+
 def test_a_slow_host_with_one_much_slower_rank_is_still_the_host():
     b = TraceBuilder(32, ranks_per_host=8)
     t = b.t0 + S // 10

@@ -382,13 +382,16 @@ def test_ranks_judged_together_read_their_seconds_as_the_float_formats_them():
 def test_generated_polls_judge_the_same_together(plan):
     """Generated polls (heartbeats, exits, meta, groups, nested and async ops, a rank twice
     in a batch): every rank's state, with the plain ones judged together, is what judging
-    each alone gives."""
+    each alone gives; and so are the ranks gone early (``gone_early``)."""
     from test_model_batch import T, _build
+
+    from commscope.analysis.rankstate import gone_early, left_early
 
     m = _build(plan, True)
     for now in (T, T + 10**6, T + 3 * S, T + 10**12):
         snap_free = _one_by_one(m, now)
         assert rank_states(m, now) == snap_free, now
+        assert gone_early(m, list(m.ranks), now) == {r for r in m.ranks if left_early(m, r, now)}
 
 
 def test_ranks_heard_from_within_their_own_dead_threshold_are_judged_together():
@@ -427,6 +430,30 @@ def test_a_sample_interval_past_what_int64_holds_is_judged_as_one_by_one():
     m = TraceModel.from_events(b.sorted_events())
     now = t + 10 * S
     assert rank_states(m, now) == _one_by_one(m, now) and rank_states(m, now)[1].kind == "idle"
+
+
+@pytest.mark.parametrize("scenario", ["liveness", "dead_rank", "vanished", "crashed", "crashed_together",
+                                      "pg_timeout", "missing_ranks"])
+def test_ranks_gone_early_together_are_those_each_alone_reads_so(scenario):
+    """``gone_early`` (the ranks a detector skips as no longer waiting, judged together)
+    is ``left_early`` asked of each rank: dead, vanished, exited, crashed, killed with the
+    job (none gone), at moments before, at and long after the job's end."""
+    import evidence_scenarios
+
+    from commscope.analysis.rankstate import gone_early, left_early
+
+    if scenario == "liveness":
+        m, _ = _job()
+    else:
+        m = TraceModel.from_events(getattr(evidence_scenarios, scenario)().sorted_events())
+    seen = set()
+    for now in (m.start_ns, m.end_ns - S, m.end_ns, m.end_ns + 3 * S, m.end_ns + 100 * S):
+        want = {r for r in m.ranks if left_early(m, r, now)}
+        assert gone_early(m, list(m.ranks), now) == want, now
+        assert gone_early(m, list(m.ranks)[::-2], now) == want & set(list(m.ranks)[::-2])
+        seen |= want
+    # (a job stopped as a whole: its ranks still wait, however long after)
+    assert bool(seen) == (scenario not in ("pg_timeout", "missing_ranks")) and gone_early(m, [], m.end_ns) == set()
 
 
 def test_dead_vanished_and_exited_ranks_are_judged_alone():

@@ -336,9 +336,9 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
         ranks = [t.traces[s].rank for s in slots[hung].tolist()]
         rows = sorted(zip(map(where.__getitem__, ranks), ops[hung].tolist(), ranks, sig[hung].tolist(),
                           seq[hung].tolist(), strict=True))
-        gone: dict[int, bool] = {}
+        gone = rankstate.gone_early(model, list(dict.fromkeys(ranks)), now)
         for _, i, r, code, q in rows:
-            if gone.setdefault(r, rankstate.left_early(model, r, now)):
+            if r in gone:
                 continue  # a rank that is gone no longer waits
             s = model.sigs[code]
             pending.setdefault((s.space, s.group, q), {})[r] = i

@@ -158,9 +158,19 @@ def rank_stack(model: TraceModel, rank: int, now: int,
     one the note says why: it exited, it is gone, or it did not answer a stack request
     (its Python threads cannot run: native code holding the GIL).
     """
+    chosen, missing = _stack_choice(model, rank, now, during)
+    if chosen is None:
+        return None, {"missing": missing}
+    return stacks.view(chosen, model.ranks[rank].stacks_folded), _capture_note(chosen, now)
+
+
+def _stack_choice(model: TraceModel, rank: int, now: int,
+                  during: tuple[int, int] | None) -> tuple[dict | None, str]:
+    """``rank_stack``'s choice: the capture it shows, or None and why none (its note's
+    ``missing``), before anything is folded or copied."""
     rt = model.ranks.get(rank)
     if rt is None:
-        return None, {"missing": "no events from this rank"}
+        return None, "no events from this rank"
     st = snapshot(model, now).state(rank)
     latest = rt.last_stack
     fresh = latest is not None and latest["ts"] >= max(rt.last_op_ts, rt.last_comp)
@@ -172,22 +182,26 @@ def rank_stack(model: TraceModel, rank: int, now: int,
     if chosen is None and latest is not None and st.kind in ("dead", "crashed"):
         chosen = latest  # its last words, even if older than its last op
     if chosen is not None:
-        info: dict[str, Any] = {"captured_ns": int(chosen["ts"]), "age_s": secs(now - int(chosen["ts"])),
-                                "reason": chosen.get("reason", "hang")}
-        if chosen.get("trigger") is not None:
-            info["requested_by"] = chosen.get("trigger")
-        return stacks.view(chosen, rt.stacks_folded), info
+        return chosen, ""
     if st.kind == "exited":
-        return None, {"missing": "exited"}
+        return None, "exited"
     if st.kind == "dead":
-        return None, {"missing": "silent: the process is gone, or cannot run Python (stuck in native code "
-                                 "holding the GIL); no stack was captured before it went silent"}
+        return None, ("silent: the process is gone, or cannot run Python (stuck in native code holding the GIL); "
+                      "no stack was captured before it went silent")
     req = model.request_ns
     if req and now - req > ANSWER_GRACE_NS and (latest is None or latest["ts"] < req):
-        return None, {"missing": f"did not answer the stack request made {secs(now - req):.1f} s ago: none of "
-                                 "its Python threads could run (stuck in native code holding the GIL?)"}
-    return None, {"missing": "no stack captured yet (every rank captures one when an op passes hang_after "
-                             "or fails)"}
+        return None, (f"did not answer the stack request made {secs(now - req):.1f} s ago: none of its Python "
+                      "threads could run (stuck in native code holding the GIL?)")
+    return None, "no stack captured yet (every rank captures one when an op passes hang_after or fails)"
+
+
+def _capture_note(chosen: dict, now: int) -> dict[str, Any]:
+    """A shown capture's note: when it was taken, how long ago, why, at whose request."""
+    info: dict[str, Any] = {"captured_ns": int(chosen["ts"]), "age_s": secs(now - int(chosen["ts"])),
+                            "reason": chosen.get("reason", "hang")}
+    if chosen.get("trigger") is not None:
+        info["requested_by"] = chosen.get("trigger")
+    return info
 
 
 def activity(model: TraceModel, rank: int, now: int) -> dict[str, Any]:
@@ -242,17 +256,33 @@ def attach_stacks(model: TraceModel, f: Finding, now: int, limit: int = 8) -> No
         if threads:
             out[str(r)] = threads
     shared: dict[tuple, list[int]] = {}  # what a waiting rank shows -> the ranks showing it
+    # (the folded threads a capture shows are shared by equal threads, ``stacks.folded``: so
+    # their text to compare by is made once per distinct set of them, held here so that no
+    # id is reused meanwhile; 16k ranks waiting in one collective made it 16k times)
+    texts: dict[tuple[int, ...], tuple[list[dict], bytes | str]] = {}
+    none = stacks.same_key(None)
     more = 0
     for r in waiting:
-        threads, note = rank_stack(model, r, now, during)
-        key = (note.get("reason"), note.get("missing"), stacks.same_key(threads))
+        chosen, missing = _stack_choice(model, r, now, during)
+        if chosen is None:
+            key: tuple = (None, missing, none)
+        else:
+            folded = stacks.folded(chosen, model.ranks[r].stacks_folded)
+            got = texts.get(ids := tuple(map(id, folded)))
+            if got is None:
+                got = texts[ids] = (folded, stacks.same_key(folded))
+            key = (chosen.get("reason", "hang"), None, got[1])
         if key in shared:
             shared[key].append(r)
         elif len(shared) < limit:
             shared[key] = [r]
-            info[str(r)] = {"role": "waiting", **note}
-            if threads:
-                out[str(r)] = threads
+            if chosen is None:
+                info[str(r)] = {"role": "waiting", "missing": missing}
+            else:
+                info[str(r)] = {"role": "waiting", **_capture_note(chosen, now)}
+                threads = stacks.view(chosen, model.ranks[r].stacks_folded)
+                if threads:
+                    out[str(r)] = threads
         else:
             more += 1
     for ranks in shared.values():

@@ -342,7 +342,14 @@ def _chase(waits_on: dict[int, set[int]]) -> Callable[[int], set[int] | None]:
     culprit (the cycle stops the walk there) and also ends where the cycle's ranks wait
     outside it.  Linear in the graph, where following every path from every culprit was
     exponential once thousands of ranks waited on each other (a wide job's hang).  A
-    cycle met from outside stops at the rank it is entered by."""
+    cycle met from outside stops at the rank it is entered by.
+
+    A rank no rank waits on (16k ranks waiting in one collective, but the ranks they wait
+    on) is in no cycle and nothing depends on it: a component of its own, judged after all
+    the rest, with no step of the walk (that was most of a 16k-rank hang's diagnosis)."""
+    waited_on: set[int] = set()
+    for on in waits_on.values():
+        waited_on.update(on)
     index: dict[int, int] = {}
     low: dict[int, int] = {}
     on_stack: set[int] = set()
@@ -350,7 +357,7 @@ def _chase(waits_on: dict[int, set[int]]) -> Callable[[int], set[int] | None]:
     comp: dict[int, int] = {}
     comps: list[list[int]] = []
     for root in waits_on:
-        if root in index:
+        if root in index or root not in waited_on:
             continue
         index[root] = low[root] = len(index)
         stack.append(root)
@@ -382,6 +389,10 @@ def _chase(waits_on: dict[int, set[int]]) -> Callable[[int], set[int] | None]:
                     if w == v:
                         break
                 comps.append(members)
+    for v in waits_on:  # (the ranks no rank waits on, last: they wait on components judged before)
+        if v not in waited_on:
+            comp[v] = len(comps)
+            comps.append([v])
     # per component: where its ranks' waits outside it end (None: a blame not known yet)
     exits: list[set[int] | None] = []
     cyclic: list[bool] = []
@@ -412,7 +423,7 @@ def _chase(waits_on: dict[int, set[int]]) -> Callable[[int], set[int] | None]:
                 out = None
                 break
             for w in waits_on[v]:
-                if comp[w] == k:
+                if comp.get(w) == k:  # (a rank waiting on nobody may have none: ``ends`` needs none)
                     continue
                 got = ends(w)
                 if got is None:

@@ -105,16 +105,20 @@ def view(stack_event: dict, memo: Memo | None = None) -> list[dict]:
     (``RankTrace.stacks_folded``): an event is folded once there, not at every diagnosis
     (16k waiting ranks' stacks at a hang: ~20 us a rank).  Kept by the rank, it goes with the
     model; emptied whole past ``MEMO_HELD`` (one step: the console's threads may both ask)."""
+    return [dict(t, frames=list(t["frames"])) for t in folded(stack_event, memo)]
+
+
+def folded(stack_event: dict, memo: Memo | None = None) -> list[dict]:
+    """What ``view`` copies: the folded threads, shared by every rank whose capture holds
+    equal ones (read only)."""
     if memo is None:
-        folded = _folded(stack_event)
-    else:
-        got = memo.get(id(stack_event))
-        if got is None or got[0] is not stack_event:
-            if len(memo) >= MEMO_HELD:
-                memo.clear()
-            got = memo[id(stack_event)] = (stack_event, _folded(stack_event))
-        folded = got[1]
-    return [dict(t, frames=list(t["frames"])) for t in folded]
+        return _folded(stack_event)
+    got = memo.get(id(stack_event))
+    if got is None or got[0] is not stack_event:
+        if len(memo) >= MEMO_HELD:
+            memo.clear()
+        got = memo[id(stack_event)] = (stack_event, _folded(stack_event))
+    return got[1]
 
 
 def _folded(stack_event: dict) -> list[dict]:
