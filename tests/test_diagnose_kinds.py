@@ -362,6 +362,33 @@ def test_a_straggler_host_is_named_once_as_the_host():
     assert "host node01 (ranks 8-15)" in x.message
 
 
+def test_a_straggler_host_is_named_once_its_ranks_metas_come_after_a_diagnosis():
+    """The ranks' hosts (``TraceModel.hosts``, kept between diagnoses) follow the metas as
+    they come: without them the 8 slow ranks are 8 ranks; once their metas say where they
+    run, the host; and a rank whose meta moves it to another host (restarted elsewhere)
+    leaves it."""
+    b = TraceBuilder(32, ranks_per_host=8)
+    t = b.t0 + S // 10
+    for k in range(24):
+        slow = {r: 40 * MS for r in range(8, 16)}
+        slow[8 + k % 8] = 50 * MS
+        t = b.collective(t, "all_reduce", skew=slow, latency=MS) + MS
+    b.heartbeats(b.t0, t)
+    events = b.sorted_events()
+    metas = [e for e in events if e["type"] == "meta"]
+    m = TraceModel()
+    m.ingest([e for e in events if e["type"] != "meta"])
+    assert m.hosts() == {}
+    assert not any(x.evidence.get("host") for x in diagnose(m, hang_after=2.0))
+    m.ingest(metas)
+    assert m.hosts() == {r: f"node{r // 8:02d}" for r in range(32)}
+    (x,) = diagnose(m, hang_after=2.0)
+    assert x.culprits == list(range(8, 16)) and x.evidence["host"] == "node01"
+    nine = next(e for e in metas if e["rank"] == 9)
+    m.ingest([dict(nine, host="node09", ts=nine["ts"] + 1)])
+    assert m.hosts()[9] == "node09" and m.hosts()[8] == "node01"
+
+
 def test_a_straggler_host_is_the_host_even_when_one_of_its_ranks_is_always_the_last():
     b = TraceBuilder(32, ranks_per_host=8)
     t = b.t0 + S // 10

@@ -88,8 +88,9 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False) -> list[
             per_rank.setdefault(r, {}).update(losses)
     ranks = model.rank_ids()
     # (a rank's exit is looked at only where it has one: 16k ranks, none exited, cost ~18 us
-    # each in every diagnosis)
-    exits = {r: ex for r in ranks if model.ranks[r].exits and (ex := rankstate.exited(model, r)) is not None}
+    # each in every diagnosis; and no rank at all where none has: ``exits_seen``)
+    exits = {r: ex for r in ranks if model.ranks[r].exits
+             and (ex := rankstate.exited(model, r)) is not None} if model.exits_seen else {}
     last_exit = max((int(ex["ts"]) for ex in exits.values()), default=None)
     for r in ranks:
         rt = model.ranks[r]

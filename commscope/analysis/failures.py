@@ -318,7 +318,7 @@ def find_crashes(model: TraceModel, now: int, failures: list[Failure]) -> list[F
     failure as its ``cause``; ``rootcause`` folds it into the root finding."""
     blame_of = {(r, i): f for f in failures for r, i in f.failed.items()}
     out = []
-    for r in model.rank_ids():
+    for r in model.rank_ids() if model.exits_seen else ():  # (a crash is an exit: none, no walk of 16k ranks)
         ex = rankstate.crash(model, r)
         if ex is None:
             continue

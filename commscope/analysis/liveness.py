@@ -132,7 +132,7 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
 
 def find_unwaited(model: TraceModel, now: int) -> list[Finding]:
     out = []
-    for r in model.rank_ids():
+    for r in model.rank_ids() if model.exits_seen else ():  # (exits list them: none, no walk of 16k ranks)
         rt = model.ranks[r]
         seen: dict[int, None] = {}  # ordered set: an exit may list thousands of ids
         ex_ts = 0

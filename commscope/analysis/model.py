@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from itertools import repeat
 from operator import attrgetter, is_, itemgetter
+from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -655,6 +656,8 @@ class TraceModel:
         self.failed: list[tuple[int, int]] = []  # (rank, op index) of ops that raised, in arrival order
         #: Exit events ingested, of every rank (0: no rank has one, and none is looked for)
         self.exits_seen = 0
+        self._metas_seen = 0  # meta events ingested: what ``hosts`` was made of
+        self._hosts: tuple[int, dict[int, str]] = (-1, {})
         self.request_ns = 0  # latest cross-rank stack request seen (see record/hangsignal.py)
         self._exc_kinds: dict[tuple[int, int], Any] = {}
         self.events = 0
@@ -1794,6 +1797,7 @@ class TraceModel:
                 rt.summaries.append(e)
             elif t == "meta":
                 rt.meta = e
+                self._metas_seen += 1
             elif t == "dropped":  # count: this report; total: the recorder's running total
                 if str(e.get("reason", "")).startswith(FR_OVERWRITE):
                     rt.fr_overwritten = max(rt.fr_overwritten + e.get("count", 0), e.get("total", 0))
@@ -2236,6 +2240,22 @@ class TraceModel:
         vals = [float(rt.meta["hang_after"]) for rt in self.ranks.values()
                 if rt.meta and isinstance(rt.meta.get("hang_after"), int | float)]
         return max(vals) if vals else None
+
+    def hosts(self) -> Mapping[int, str]:
+        """Each rank's host, as its meta names it (a rank whose meta names none is left out):
+        made again only once a meta came (a diagnosis of 16k ranks asked every meta)."""
+        if self._hosts[0] != self._metas_seen:
+            self._hosts = (self._metas_seen, {r: rt.meta["host"] for r, rt in self.ranks.items()
+                                              if rt.meta and isinstance(rt.meta.get("host"), str)})
+        return MappingProxyType(self._hosts[1])
+
+    def slots_of(self, ranks: np.ndarray) -> np.ndarray:
+        """The table's slots of ``ranks`` (each in the model): read off its array by rank, or
+        from each rank's trace where a rank is beyond that array (``RANK_SLOTS``)."""
+        slots = self.table.slots(ranks)
+        if (slots < 0).any():
+            slots = np.fromiter((self.ranks[r]._s for r in ranks.tolist()), np.int64, ranks.shape[0])
+        return slots
 
     def last_seen(self, rank: int) -> int:
         """The rank's latest timestamp of any kind (0: never seen)."""

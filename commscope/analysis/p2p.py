@@ -9,8 +9,10 @@ traffic never needs matching.
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any
 
+import numpy as np
 from rich.console import RenderableType
 from rich.text import Text
 
@@ -64,7 +66,7 @@ def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[in
     """rank -> [(peer it waits for, op index)] for blocked, unmatched p2p ops."""
     edges: dict[int, list[tuple[int, int]]] = {}
     now_blocked = rankstate.blocked_ranks(model)
-    for r in sorted(now_blocked):  # (a rank blocked in nothing waits for nobody)
+    for r in sorted(_in_p2p(model, now_blocked)):  # (a rank blocked in nothing waits for nobody)
         rt = model.ranks[r]
         p2p = [i for i in now_blocked[r] if model.sigs[int(rt.sig[i])].flags & P2P
                and not model.sigs[int(rt.sig[i])].nested]
@@ -89,6 +91,22 @@ def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[in
             if (b if send else a) is None:
                 edges.setdefault(r, []).append((peer, i))
     return edges
+
+
+def _in_p2p(model: TraceModel, blocked: dict[int, tuple[int, ...]]) -> list[int]:
+    """The ranks of ``blocked`` (``rankstate.blocked_ranks``) blocked in a p2p op not nested
+    in another, found for all at once: 16k ranks blocked in a collective, asked a rank at a
+    time, cost a diagnosis ~2 us each."""
+    if not blocked:
+        return []
+    ranks = np.fromiter(blocked, np.int64, len(blocked))
+    counts = np.fromiter(map(len, blocked.values()), np.int64, ranks.shape[0])
+    ops = np.fromiter(chain.from_iterable(blocked.values()), np.int64, int(counts.sum()))
+    slots = np.repeat(model.slots_of(ranks), counts)
+    t = model.table
+    (sig,) = t.gather(("sig",), t.block[slots], t.base[slots] + ops)
+    p2p = np.fromiter((bool(s.flags & P2P) and not s.nested for s in model.sigs), np.bool_, len(model.sigs))
+    return np.unique(np.repeat(ranks, counts)[p2p[sig]]).tolist()
 
 
 def _step(model: TraceModel, r: int, i: int, now: int) -> dict[str, Any]:

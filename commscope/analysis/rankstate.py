@@ -290,7 +290,7 @@ def gone_early(m: TraceModel, ranks: Sequence[int], now: int) -> set[int]:
     if not ranks:
         return set()
     arr = np.fromiter(ranks, np.int64, len(ranks))
-    ask = ~_heard(m.table, _slots_of(m, arr), now)
+    ask = ~_heard(m.table, m.slots_of(arr), now)
     if m.exits_seen:
         ask |= np.fromiter((bool(m.ranks[r].exits) for r in ranks), np.bool_, len(ranks))
     gone = vanished(m, now)
@@ -712,7 +712,7 @@ def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
     if not n:
         return {}
     rank_arr = np.array(ranks, np.int64)
-    slots = _slots_of(m, rank_arr)
+    slots = m.slots_of(rank_arr)
     hb = t.last_hb[slots]
     plain = t.n[slots] > 0
     if m.exits_seen:  # (none in most jobs: no walk of every rank then)
@@ -737,7 +737,7 @@ def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
     rank_of = rank_arr[where]
     cur_of = np.full(t.size, -1, np.int64)  # the op each slot's rank is blocked in (-1: none)
     if blocked_now:
-        cur_of[_slots_of(m, np.fromiter(blocked_now, np.int64, len(blocked_now)))] = np.fromiter(
+        cur_of[m.slots_of(np.fromiter(blocked_now, np.int64, len(blocked_now)))] = np.fromiter(
             map(itemgetter(-1), blocked_now.values()), np.int64, len(blocked_now))
     cur = cur_of[slots[where]]
     idle = (cur < 0) & t.ordered[slots[where]] & ~np.isin(slots[where], open_slots)
@@ -775,15 +775,6 @@ def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
                                           zip(_KINDS[idle.astype(np.intp)].tolist(), text.tolist(), ops.tolist(),
                                               since.tolist(), strict=True)),
                     strict=True))
-
-
-def _slots_of(m: TraceModel, ranks: np.ndarray) -> np.ndarray:
-    """The slots of ``ranks`` (each in the model): read off the table's array by rank, or
-    from each rank's trace where a rank is beyond it (``RANK_SLOTS``)."""
-    slots = m.table.slots(ranks)
-    if (slots < 0).any():
-        slots = np.fromiter((m.ranks[r]._s for r in ranks.tolist()), np.int64, ranks.shape[0])
-    return slots
 
 
 def _groups(*columns: np.ndarray) -> tuple[list[tuple[int, ...]], np.ndarray]:
