@@ -60,6 +60,8 @@ _VIEW_OF = attrgetter("_view")
 _OPEN_OF = attrgetter("_open")
 
 _COLS_I8 = ("begin", "end", "wb", "we", "done", "gpu", "comp", "id", "seq")
+#: An empty int64 buffer, not ``_NONE_I8`` (which a rank's order buffer is compared with)
+_EMPTY_BUF = np.zeros(0, np.int64)
 _COLS_I4 = ("peer", "parent", "sig")
 
 
@@ -569,44 +571,45 @@ def _slot(name: str, doc: str, kind: type = int) -> property:
 class RankTrace:
     """One rank: op columns plus liveness, samples, stacks and exits."""
 
+    # What a rank's attributes start as, where each is rebound and never changed in place:
+    # shared here, not set on each (a live console's first round makes 16k ranks at once,
+    # and setting them all cost ~4 us a rank)
+    # (and its op columns, none yet: set from ``_COLS_I8`` and ``_COLS_I4`` below the class)
+    flags = _NONE_U1
+    pmax = _NONE_I8  # rows of its block's running max of ends (``runmax``), in time order
+    id2idx = _NONE_I4
+    id_dict: dict[int, int] | None = None
+    meta: dict | None = None
+    last_stack: dict | None = None
+    dropped = 0  # events the recorder lost (backpressure, store failures)
+    fr_overwritten = 0  # Flight Recorder entries overwritten before a poll: not losses
+    _order: np.ndarray | None = None
+    _order_n = 0
+    _pmax: np.ndarray | None = None
+    _pmax_version = -1
+    _ins_min = 0  # first order position changed by insertions since the last prefix max
+    _pmax_shared = False  # a published RankView holds the prefix max: rewrite a copy
+    _view: RankView | None = None
+
     def __init__(self, rank: int, cap: int = 256, table: RankTable | None = None):
         """``cap`` 0: no columns yet (the rank will take some, ``RankTable.adopt``, or grow its own).
         ``table``: the model's (a rank alone gets one of its own)."""
         self.rank = rank
         self._t = table if table is not None else RankTable()
         self._s = self._t.add(self)
-        for c in _COLS_I8:
-            setattr(self, c, _NONE_I8)
-        for c in _COLS_I4:
-            setattr(self, c, _NONE_I4)
-        self.flags = _NONE_U1
-        self.pmax = _NONE_I8  # rows of its block's running max of ends (``runmax``), in time order
         if cap:
             self._t.relocate([self], [cap])
-        self.id2idx = np.full(1024, -1, np.int32) if cap else _NONE_I4
-        self.id_dict: dict[int, int] | None = None
+            self.id2idx = np.full(1024, -1, np.int32)
         self._open: set[int] = set()  # op indices not yet complete, below ``open_from`` (see ``open``)
         self.exc: dict[int, str] = {}  # op index -> exception text
-        self.meta: dict | None = None
         self.exits: list[dict] = []
         self.summaries: list[dict] = []  # what retention kept of the segments it deleted (``summary`` events)
         self.stacks: dict[int, dict] = {}  # op id -> stack event
         self.captures: list[dict] = []  # the latest stack events, any reason, in arrival order
-        self.last_stack: dict | None = None
         #: Its stack events as diagnosis shows them, each folded once (``stacks.view``)
         self.stacks_folded: stacks.Memo = {}
-        self.dropped = 0  # events the recorder lost (backpressure, store failures)
-        self.fr_overwritten = 0  # Flight Recorder entries overwritten before a poll: not losses
         self.samples = Samples(rank)
-        self._order: np.ndarray | None = None
-        self._order_n = 0
-        self._pmax: np.ndarray | None = None
-        self._pmax_version = -1
-        self._sb = np.zeros(0, np.int64)  # begin times in ``order``
-        self._ord_buf = self._sb_buf = self._pmax_buf = np.zeros(0, np.int64)  # capacity behind them
-        self._ins_min = 0  # first order position changed by insertions since the last prefix max
-        self._pmax_shared = False  # a published RankView holds the prefix max: rewrite a copy
-        self._view: RankView | None = None
+        self._sb = self._ord_buf = self._sb_buf = self._pmax_buf = _EMPTY_BUF  # begins in ``order``; capacity
 
     # -- scalars, kept in the model's ``RankTable`` (a live batch writes them for many ranks at once)
     n = _slot("n", "ops held")
@@ -927,6 +930,13 @@ class RankTrace:
         return v
 
 
+
+
+for _c in _COLS_I8:
+    setattr(RankTrace, _c, _NONE_I8)
+for _c in _COLS_I4:
+    setattr(RankTrace, _c, _NONE_I4)
+
 def _changed_since(count: np.ndarray, versions: np.ndarray, begins: np.ndarray, since: np.ndarray,
                    current: np.ndarray) -> np.ndarray:
     """The rule of a touch log, for many logs (a row each): ``versions``/``begins`` a ring of
@@ -1097,17 +1107,19 @@ class Samples:
 
     FIELDS = ("ts", "cpu", "rss", "gpu_util", "gpu_mem", "gpu_mem_total")
 
+    # (what a rank's samples start as, shared until each is rebound: 16k ranks made at once)
+    n = 0
+    cols: Mapping[str, np.ndarray] = MappingProxyType(dict.fromkeys(FIELDS, _NONE_F8))  # (grown on the first add)
+    #: What ``cols`` are views of, where this rank owns them (None: none yet, or the
+    #: columns a read gave its first samples in, ``extend``)
+    _block: np.ndarray | None = None
+    #: The last sample: as decoded, or its line as the rank wrote it (``last``)
+    _last: dict | bytes | None = None
+    #: Why GPU samples are missing, as the rank's probe said (once: ``gpu_error``)
+    gpu_error: str | None = None
+
     def __init__(self, rank: int = -1) -> None:
-        self.n = 0
         self.rank = rank
-        self.cols = dict.fromkeys(self.FIELDS, _NONE_F8)  # (grown on the first add)
-        #: What ``cols`` are views of, where this rank owns them (None: none yet, or the
-        #: columns a read gave its first samples in, ``extend``)
-        self._block: np.ndarray | None = None
-        #: The last sample: as decoded, or its line as the rank wrote it (``last``)
-        self._last: dict | bytes | None = None
-        #: Why GPU samples are missing, as the rank's probe said (once: ``gpu_error``)
-        self.gpu_error: str | None = None
 
     @property
     def last(self) -> dict | None:
