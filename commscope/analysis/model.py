@@ -904,8 +904,13 @@ class TraceModel:
         ranks = [rt.rank for rt in rts]
         ids = cols["id"]
         bounds = start.tolist()
-        for j, rt in enumerate(rts):  # (before their rows are theirs: as _add_ops, with the ops before these)
-            rt.map_ids(ids[bounds[j]:bounds[j + 1]], local[bounds[j]:bounds[j + 1]])
+        # ids mapped when asked (``RankTrace._fold``), as ``_together_begins`` leaves them, but
+        # where that would not map them as mapping them now does (a negative id, or one large
+        # enough for the map to be a dict): those now, before their rows are theirs (as
+        # ``_add_ops``).  A first live round mapped 16k ranks' ids, ~10 us a rank.
+        odd = (ids < 0) | (ids >= DENSE_ID_FACTOR * (local + 1) + DENSE_ID_SLACK)
+        for j in np.unique(who[odd]).tolist() if odd.any() else ():
+            rts[j].map_ids(ids[bounds[j]:bounds[j + 1]], local[bounds[j]:bounds[j + 1]])
         slots = t.adopt(rts, block, start)
         t.aligned_from[slots], t.idoff[slots] = _aligned(ids, start)
         for j in sorted(with_parent):
@@ -1584,13 +1589,19 @@ class TraceModel:
         (``_liveness`` hands them all to ``_misc``), without its masks: ~15 us a rank of numpy
         calls on one row.  Returns its (first, last) timestamp."""
         lo, hi = I64_MAX, 0
+        slots, firsts, lasts = [], [], []
         for r, pos in _split_by_rank(ranks):
             rt = self._rank(r)
             t0, t1 = self._misc(rt, events if pos is None else _take(events, pos))
             if t1:  # (as the general way: a rank whose times are all 0 sets no bound)
                 lo, hi = min(lo, t0), max(hi, t1)
-            self._seen(rt, t0, t1, I64_MAX)
+            slots.append(rt._s)
+            firsts.append(t0)
+            lasts.append(t1)
             changed.add(r)
+        k = len(slots)  # (``_seen`` of each, at once: a first live round's metas are 16k ranks')
+        self._seen_many(np.array(slots, np.int64), np.array(firsts, np.int64), np.array(lasts, np.int64),
+                        np.full(k, I64_MAX, np.int64))
         return lo, hi
 
     def _liveness_apart(self, events: list[Event], ranks: np.ndarray, ts: np.ndarray, kind: np.ndarray,
