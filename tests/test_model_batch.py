@@ -434,6 +434,51 @@ def _same(plan) -> dict[bool, TraceModel]:
     return models
 
 
+def test_a_poll_handed_over_as_arrays_interns_its_new_signatures_as_rank_by_rank(monkeypatch):
+    """A live poll handed over as one set of columns (``Spans``) whose ranks, each its own
+    thread, begin ops of kinds new to them (in no order of their statics, several a record,
+    one record with two threads): its new signatures are interned first, in the order the
+    rank by rank way meets them (``TraceModel._intern_new``), and the poll goes together;
+    the model is what rank by rank leaves, signature for signature."""
+    from commscope.oprecords import Unpacked, packed
+
+    statics = [_static("all_reduce"), _static("all_gather"), _static("broadcast"), _static("reduce_scatter"),
+               _static("all_reduce", shape=8)]
+
+    def recs(rank: int, rows: list[tuple[int, int, int]], t0: int) -> OpRecords:
+        """Begins (static, id, thread), each ended 5 ns later."""
+        cols = [(PH_BEGIN, t0 + 10 * j, i, st, i, -1, tid) for j, (st, i, tid) in enumerate(rows)]
+        cols += [(PH_END, t0 + 10 * j + 5, i, -1, -1, -1, 0) for j, (st, i, tid) in enumerate(rows)]
+        ph, ts, ids, stc, seq, parent, tids = (list(c) for c in zip(*cols, strict=True))
+        k = len(cols)
+        return OpRecords(rank, np.array(ph, np.int8), np.array(ts), np.array(ids), np.array(stc, np.int32),
+                         np.array(seq), np.array(parent), np.array(tids, np.uint64), np.full(k, -1, np.int32),
+                         np.zeros(k, np.int64), np.zeros(k, np.uint8), {}, statics)
+
+    first = [recs(r, [(0, 1, 100 + r)], T) for r in range(6)]  # (every rank begun: the next poll is live)
+    second = [recs(0, [(2, 2, 100), (1, 3, 100)], T + S), recs(1, [(1, 2, 101), (3, 3, 101)], T + S),
+              recs(2, [(3, 2, 102)], T + S), recs(3, [(0, 2, 103), (2, 3, 103), (4, 4, 103)], T + S),
+              recs(4, [(4, 2, 104), (1, 3, 999), (3, 4, 104)], T + S), recs(5, [(0, 2, 105)], T + S)]
+    third = [recs(r, [(1 + r % 4, 5, 100 + r), (0, 6, 100 + r)], T + 2 * S) for r in range(6)]
+    scalar = []  # (the models whose polls went the scalar way, a step a row)
+    live_begins = TraceModel._live_begins
+    monkeypatch.setattr(TraceModel, "_live_begins", lambda m, *a: scalar.append(m) or live_begins(m, *a))
+    built = {}
+    for how in ("arrays", "together", "rank by rank"):
+        m = TraceModel()
+        m.batch_ranks = how != "rank by rank"
+        for poll in (first, second, third):
+            sp = packed(poll) if how == "arrays" else None
+            m.ingest([], Unpacked(sp) if sp is not None else poll, sp)
+        built[how] = m
+    assert built["arrays"] not in scalar and built["together"] in scalar
+    want = built["rank by rank"]
+    for how in ("arrays", "together"):
+        assert differences(model_state(built[how]), model_state(want)) == [], how
+        assert [(x.op, x.tid, x.in_shapes) for x in built[how].sigs] == [(x.op, x.tid, x.in_shapes) for x in want.sigs]
+    assert len({x.tid for x in want.sigs}) == 7 and len(want.sigs) > 12  # (new ones in each poll)
+
+
 def test_a_nested_op_inside_a_nested_op_closes_with_its_outer_op():
     """Found by review: closing nested ops walked the open set in hash order, which differs
     between a large set that shrank and a small new one ({7, 8} iterates 8 first)."""

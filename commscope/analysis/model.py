@@ -462,6 +462,17 @@ class _PairCodes:
     def find(self, sk: np.ndarray, tid: np.ndarray) -> np.ndarray | None:
         """The codes of the pairs, or None unless every one is known (the caller looks
         them up one by one then)."""
+        at, hit = self._look(sk, tid)
+        return self.code[at] if hit is not None and bool(hit.all()) else None
+
+    def known(self, sk: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        """Whether each pair is held here (a pair not held may still be known to the model:
+        one whose key is not an int64, ``add``)."""
+        return self._look(sk, tid)[1] if self.keys.shape[0] or self._new else np.zeros(sk.shape[0], np.bool_)
+
+    def _look(self, sk: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Where each pair would be in the sorted arrays, and whether it is there (None: they
+        are empty), the pairs added since merged in first."""
         if self._new:
             sk_new, tid_new, code_new = (np.array(c, t) for c, t in zip(zip(*self._new, strict=True),
                                                                         (np.int64, np.uint64, np.int32), strict=True))
@@ -473,12 +484,10 @@ class _PairCodes:
             self.tid = np.concatenate([self.tid, tid_new])[order]
             self.code = np.concatenate([self.code, code_new])[order]
         if not self.keys.shape[0]:
-            return None
+            return np.zeros(sk.shape[0], np.int64), None
         key = self._key(sk, tid)
         at = np.minimum(np.searchsorted(self.keys, key), self.keys.shape[0] - 1)
-        if not bool(((self.keys[at] == key) & (self.sk[at] == sk) & (self.tid[at] == tid)).all()):
-            return None
-        return self.code[at]
+        return at, (self.keys[at] == key) & (self.sk[at] == sk) & (self.tid[at] == tid)
 
 
 class _FreshPhases(NamedTuple):
@@ -725,7 +734,9 @@ class TraceModel:
         live_pos = self._live(recs_list, fresh, described) if self.batch_ranks else []
         live = _Live.of(recs_list, live_pos, described, spans) if live_pos else None
         # signatures interned in the records' order, whichever path ingests them: the live
-        # ranks' looked up all at once unless one is new
+        # ranks' looked up all at once unless one is new (a poll's new ones interned first)
+        if live is not None and spans is not None:
+            self._intern_new(spans)
         known = self._known_codes(recs_list, live, spans is not None) if live else None
         if live is not None and known is None:  # (the scalar way, a step per row: the long ones rank by rank)
             short = [k for k in live_pos if described.sizes[k] <= self.live_rows]
@@ -1014,11 +1025,7 @@ class TraceModel:
                 table[s] = code
             return table[st]
         # a thread id per process (a rank's own): all at once where every pair is known
-        table, sks = self._statics_sk
-        if table is not statics or sks.shape[0] < span:
-            sks = np.array([x.sk for x in statics], np.int64)
-            self._statics_sk = (statics, sks)
-        found = self._pairs.find(sks[st], tid)
+        found = self._pairs.find(self._sks(statics, span)[st], tid)
         if found is not None:
             return found
         # else the distinct (static, thread) pairs, each once
@@ -1032,6 +1039,36 @@ class TraceModel:
                 return None
             codes[j] = code
         return codes[pair_at.reshape(-1)]
+
+    def _sks(self, statics: Sequence[Static], span: int) -> np.ndarray:
+        """The signature keys of a decoder's table (its first ``span`` statics at least), as an
+        array, kept for the table last asked."""
+        table, sks = self._statics_sk
+        if table is not statics or sks.shape[0] < span:
+            sks = np.array([x.sk for x in statics], np.int64)
+            self._statics_sk = (statics, sks)
+        return sks
+
+    def _intern_new(self, spans: Spans) -> None:
+        """Intern the (static, thread) pairs of a poll's begins that are new to the model, in
+        the order the scalar way meets them (record after record, each record's in order of
+        static and thread: ``_codes``), so that its begins are then looked up all at once
+        (``_known_codes``).  A pair new to the model (a rank's first op of a kind, and each
+        rank its own thread) sent the whole poll, thousands of ranks, the scalar way: most
+        of a live console's second round."""
+        w, a, b = spans.whole, int(spans.start[0]), int(spans.start[-1])
+        begun = np.flatnonzero(w.phase[a:b] == PH_BEGIN)
+        if not begun.shape[0]:
+            return
+        st, tid = w.static[a:b][begun], w.tid[a:b][begun]
+        new = np.flatnonzero(~self._pairs.known(self._sks(w.statics, int(st.max()) + 1)[st], tid))
+        if not new.shape[0]:
+            return
+        rec = np.searchsorted(spans.start, begun[new] + a, side="right") - 1
+        st, tid = st[new], tid[new]
+        statics = w.statics
+        for j in np.lexsort((tid, st, rec)).tolist():  # (a pair met again: known by then, as the scalar way finds it)
+            self._code(statics[int(st[j])], int(tid[j]))
 
     def _live_begins(self, recs_list: Sequence[OpRecords], live: _Live, codes: list, known: np.ndarray | None,
                      changed: set[int]) -> tuple[int, int]:
