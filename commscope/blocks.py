@@ -1938,6 +1938,19 @@ def _ahead(scans: Sequence[blockscan.Scan]) -> list[Ahead]:
     return [Ahead(sids[a:b], f) for a, b, f in zip(bounds[:-1].tolist(), bounds[1:].tolist(), first, strict=True)]
 
 
+def _blocks_before_other_line(data: bytes, block: np.ndarray, fb: int, line_start: list[int],
+                              line_end: list[int]) -> int | None:
+    """How many block lines there are from line ``fb`` to the first line after it that is
+    neither a block, a heartbeat, a sample nor blank (None: there is none).  The lines
+    between blocks are found at once (``block``: a line's block, -1 for none), and only
+    they are looked at: not every line of 16k streams' first chunks."""
+    for j, line in enumerate((np.flatnonzero(block[fb:] < 0) + fb).tolist()):
+        lo = line_start[line]
+        if not data.startswith(_PLAIN_LINES, lo) and data[lo:line_end[line]].strip():
+            return line - fb - j  # (the lines before it, but the j between blocks)
+    return None
+
+
 def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: BlockDecoder, walk: _Walk,
                           parts: list[OpRecords], ahead: Ahead, lines: tuple[list[int], list[int], list[int]]) -> int:
     """``learn_head``'s second part: the table prefixes of the chunk's later blocks learnt
@@ -1963,16 +1976,10 @@ def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: Bloc
     # blocks up to the first one cut short, or after a line that is not a heartbeat or a sample
     flags = s.flags.tolist()
     limit = next((k for k in range(1, nb) if flags[k]), nb)
-    block, line_start, line_end = lines
-    before = 0  # blocks on the lines before
-    for line in range(fb, len(block)):
-        if block[line] >= 0:
-            before += 1
-            continue
-        lo = line_start[line]
-        if not data.startswith(_PLAIN_LINES, lo) and data[lo:line_end[line]].strip():
-            limit = min(limit, before)
-            break
+    _, line_start, line_end = lines
+    before = _blocks_before_other_line(data, s.block, fb, line_start, line_end)
+    if before is not None:
+        limit = min(limit, before)
     # a prefix's later blocks restate it (equal bytes: ``Scan.prefix_id``), learnt or in effect
     # by then, unless the decoder's recent prefixes were forgotten meanwhile (``_epoch``)
     starts, pends = s.start.tolist(), s.prefix_end.tolist()

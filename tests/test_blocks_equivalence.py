@@ -948,6 +948,36 @@ def test_later_prefixes_learnt_ahead_only_where_that_changes_nothing(case, chunk
         assert together == 3 and learnt == 3
 
 
+def test_the_blocks_before_a_line_that_stops_learning_ahead_are_counted_as_line_by_line():
+    """``blocks._blocks_before_other_line`` (where a first chunk's later prefixes stop being
+    learnt ahead: the first line between blocks that is not a heartbeat, a sample or blank)
+    counts what walking every line from the first block counts, on random chunks of block
+    lines, heartbeats, samples, blank lines and other events."""
+    kinds = {"block": b'{"type":"block"}', "heartbeat": b'{"type":"heartbeat","ts":1}',
+             "sample": b'{"type":"sample","ts":1}', "blank": b"  ", "site": b'{"type":"site","sid":1}',
+             "meta": b'{"type":"meta"}'}
+    rng = random.Random(3)
+    for _ in range(2000):
+        names = [rng.choice(list(kinds)) for _ in range(rng.randrange(1, 12))]
+        data = b"\n".join(kinds[x] for x in names) + b"\n"
+        starts, ends, at = [], [], 0
+        for x in names:
+            starts.append(at)
+            ends.append(at + len(kinds[x]))
+            at += len(kinds[x]) + 1
+        block = np.array([k if x == "block" else -1 for k, x in enumerate(names)], np.int64)
+        fb = rng.randrange(len(names))
+        want, before = None, 0  # (the walk of every line it replaced)
+        for line in range(fb, len(names)):
+            if block[line] >= 0:
+                before += 1
+                continue
+            if names[line] not in ("heartbeat", "sample", "blank"):
+                want = before
+                break
+        assert blocks._blocks_before_other_line(data, block, fb, starts, ends) == want, (names, fb)
+
+
 # ------------------------------------------------------------------------------ by hand
 # (where the previous decoder differed, the test says so)
 
