@@ -480,26 +480,22 @@ def _waiting_one_by_one(m: TraceModel, f, now: int, limit: int = 8) -> tuple[dic
     from commscope.analysis import stacks
     from commscope.analysis.findings import rank_stack
 
-    shared: dict[tuple, list[int]] = {}
-    info, out, more = {}, {}, 0
+    views = []  # (rank, what it is compared by, its threads, its note)
     for r in dict.fromkeys(f.victims):
-        if r in f.culprits:
-            continue
-        threads, note = rank_stack(m, r, now)
-        key = (note.get("reason"), note.get("missing"), stacks.same_key(threads))
-        if key in shared:
-            shared[key].append(r)
-        elif len(shared) < limit:
-            shared[key] = [r]
-            info[str(r)] = {"role": "waiting", **note}
-            if threads:
-                out[str(r)] = threads
-        else:
-            more += 1
-    for ranks in shared.values():
+        if r not in f.culprits:
+            threads, note = rank_stack(m, r, now)
+            views.append((r, (note.get("reason"), note.get("missing"), stacks.same_key(threads)), threads, note))
+    shown = list(dict.fromkeys(v[1] for v in views))[:limit]  # (the first distinct ones, in the ranks' order)
+    info, out = {}, {}
+    for key in shown:
+        ranks = [v[0] for v in views if v[1] == key]
+        first, _, threads, note = next(v for v in views if v[1] == key)
+        info[str(first)] = {"role": "waiting", **note}
         if len(ranks) > 1:
-            info[str(ranks[0])].update(count=len(ranks), ranks=",".join(map(str, ranks)))
-    return info, out, more
+            info[str(first)] |= {"count": len(ranks), "ranks": ",".join(map(str, ranks))}
+        if threads:
+            out[str(first)] = threads
+    return info, out, sum(v[1] not in shown for v in views)
 
 
 @pytest.mark.parametrize("limit_past", [False, True])
