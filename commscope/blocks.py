@@ -1876,7 +1876,7 @@ def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder, ahead: Ahe
         decoder._head(raw, {"type": BLOCK, "rank": decoder.rank, "ts": int(s.ts[0])}, walk, parts, out, prefix)
         if prefix not in decoder._prefixes:  # (a bad record: walked again with the rest, counted there)
             decoder.invalid = invalid
-    run = _learn_later_prefixes(data, s, fb, decoder, walk, parts, ahead, (block, line_start, line_end))
+    run = _learn_later_prefixes(data, s, fb, decoder, walk, parts, ahead, (line_start, line_end))
     # the signatures named by the begins of the blocks up to there: none of them can come
     # after a table changed what it means
     upto = int(s.op_first[run])
@@ -1952,7 +1952,7 @@ def _blocks_before_other_line(data: bytes, block: np.ndarray, fb: int, line_star
 
 
 def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: BlockDecoder, walk: _Walk,
-                          parts: list[OpRecords], ahead: Ahead, lines: tuple[list[int], list[int], list[int]]) -> int:
+                          parts: list[OpRecords], ahead: Ahead, lines: tuple[list[int], list[int]]) -> int:
     """``learn_head``'s second part: the table prefixes of the chunk's later blocks learnt
     now too, as long as learning one early changes nothing an earlier record decodes to:
     each of its records restates what is in effect or states a signature no begin before
@@ -1963,7 +1963,7 @@ def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: Bloc
     heartbeat or a sample, and at a prefix that is not so; only in a chunk short enough to
     go together (``TOGETHER_REST``).  Returns how many blocks from the first are learnt or
     restate what is (their begins' signatures may be decoded now).  ``lines``: the scan's
-    ``block``, ``line_start`` and ``line_end`` as lists."""
+    ``line_start`` and ``line_end`` as lists."""
     nb = s.ts.shape[0]
     if s.flags[0] != 0:
         return 0
@@ -1976,7 +1976,7 @@ def _learn_later_prefixes(data: bytes, s: blockscan.Scan, fb: int, decoder: Bloc
     # blocks up to the first one cut short, or after a line that is not a heartbeat or a sample
     flags = s.flags.tolist()
     limit = next((k for k in range(1, nb) if flags[k]), nb)
-    _, line_start, line_end = lines
+    line_start, line_end = lines
     before = _blocks_before_other_line(data, s.block, fb, line_start, line_end)
     if before is not None:
         limit = min(limit, before)

@@ -703,6 +703,13 @@ class RankTrace:
             t.aligned_from[s] = n0 + j
             t.idoff[s] = off
 
+    @staticmethod
+    def mapped_at_once(ids: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """Which ids (of ops ``local``, a rank's indices) must be mapped as they come, not when
+        asked (``_fold``): a negative one, or one large enough for a batch to turn the dense
+        map into a dict (``_dense_map``), which a map made later, of more ops, would not."""
+        return (ids < 0) | (ids >= DENSE_ID_FACTOR * (local + 1) + DENSE_ID_SLACK)
+
     def _dense_map(self, hi: int, k: int) -> np.ndarray | None:
         """The dense id map, grown to hold id ``hi`` (``k`` ids coming); None once ids are
         sparse or huge (foreign traces): ``id_dict`` holds them instead."""
@@ -930,12 +937,16 @@ class RankTrace:
         return v
 
 
+def _no_columns_yet() -> None:
+    """A rank's op columns before it has any: the class's, shared (``RankTrace``)."""
+    for c in _COLS_I8:
+        setattr(RankTrace, c, _NONE_I8)
+    for c in _COLS_I4:
+        setattr(RankTrace, c, _NONE_I4)
 
 
-for _c in _COLS_I8:
-    setattr(RankTrace, _c, _NONE_I8)
-for _c in _COLS_I4:
-    setattr(RankTrace, _c, _NONE_I4)
+_no_columns_yet()
+
 
 def _changed_since(count: np.ndarray, versions: np.ndarray, begins: np.ndarray, since: np.ndarray,
                    current: np.ndarray) -> np.ndarray:

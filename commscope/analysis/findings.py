@@ -158,7 +158,13 @@ def rank_stack(model: TraceModel, rank: int, now: int,
     one the note says why: it exited, it is gone, or it did not answer a stack request
     (its Python threads cannot run: native code holding the GIL).
     """
-    chosen, missing = _stack_choice(model, rank, now, during)
+    return _shown(model, rank, *_stack_choice(model, rank, now, during), now)
+
+
+def _shown(model: TraceModel, rank: int, chosen: dict | None, missing: str,
+           now: int) -> tuple[list[dict] | None, dict[str, Any]]:
+    """What ``rank_stack`` gives for its choice (``_stack_choice``): the capture's folded
+    threads, a copy of the rank's own, and its note; or None and why none."""
     if chosen is None:
         return None, {"missing": missing}
     return stacks.view(chosen, model.ranks[rank].stacks_folded), _capture_note(chosen, now)
@@ -276,13 +282,10 @@ def attach_stacks(model: TraceModel, f: Finding, now: int, limit: int = 8) -> No
             shared[key].append(r)
         elif len(shared) < limit:
             shared[key] = [r]
-            if chosen is None:
-                info[str(r)] = {"role": "waiting", "missing": missing}
-            else:
-                info[str(r)] = {"role": "waiting", **_capture_note(chosen, now)}
-                threads = stacks.view(chosen, model.ranks[r].stacks_folded)
-                if threads:
-                    out[str(r)] = threads
+            threads, note = _shown(model, r, chosen, missing, now)
+            info[str(r)] = {"role": "waiting", **note}
+            if threads:
+                out[str(r)] = threads
         else:
             more += 1
     for ranks in shared.values():

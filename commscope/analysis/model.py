@@ -28,8 +28,6 @@ import numpy as np
 
 from commscope import optable
 from commscope.analysis.columns import (
-    DENSE_ID_FACTOR,
-    DENSE_ID_SLACK,
     I64_MAX,
     I64_MIN,
     RANK_SLOTS,
@@ -468,7 +466,8 @@ class _PairCodes:
     def known(self, sk: np.ndarray, tid: np.ndarray) -> np.ndarray:
         """Whether each pair is held here (a pair not held may still be known to the model:
         one whose key is not an int64, ``add``)."""
-        return self._look(sk, tid)[1] if self.keys.shape[0] or self._new else np.zeros(sk.shape[0], np.bool_)
+        hit = self._look(sk, tid)[1]
+        return hit if hit is not None else np.zeros(sk.shape[0], np.bool_)
 
     def _look(self, sk: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Where each pair would be in the sorted arrays, and whether it is there (None: they
@@ -919,7 +918,7 @@ class TraceModel:
         # where that would not map them as mapping them now does (a negative id, or one large
         # enough for the map to be a dict): those now, before their rows are theirs (as
         # ``_add_ops``).  A first live round mapped 16k ranks' ids, ~10 us a rank.
-        odd = (ids < 0) | (ids >= DENSE_ID_FACTOR * (local + 1) + DENSE_ID_SLACK)
+        odd = RankTrace.mapped_at_once(ids, local)
         for j in np.unique(who[odd]).tolist() if odd.any() else ():
             rts[j].map_ids(ids[bounds[j]:bounds[j + 1]], local[bounds[j]:bounds[j + 1]])
         slots = t.adopt(rts, block, start)
@@ -1208,7 +1207,7 @@ class TraceModel:
             self.ranks[int(lv.ranks[j])].align(ids[a:a + int(cnt[j])], int(n0[j]))
         # ids mapped when asked (``RankTrace._fold``) only where that maps them as batch by batch
         # would: none negative, none large enough for a batch to have switched the map to a dict
-        odd = (ids < 0) | (ids >= DENSE_ID_FACTOR * (local + 1) + DENSE_ID_SLACK)
+        odd = RankTrace.mapped_at_once(ids, local)
         if odd.any():
             for j in np.unique(who[odd]).tolist():
                 a = int(bstart[j])
@@ -2301,8 +2300,9 @@ class TraceModel:
         """The table's slots of ``ranks`` (each in the model): read off its array by rank, or
         from each rank's trace where a rank is beyond that array (``RANK_SLOTS``)."""
         slots = self.table.slots(ranks)
-        if (slots < 0).any():
-            slots = np.fromiter((self.ranks[r]._s for r in ranks.tolist()), np.int64, ranks.shape[0])
+        miss = np.flatnonzero(slots < 0)
+        if miss.shape[0]:
+            slots[miss] = [self.ranks[r]._s for r in ranks[miss].tolist()]
         return slots
 
     def last_seen(self, rank: int) -> int:

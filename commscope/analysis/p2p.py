@@ -19,7 +19,7 @@ from rich.text import Text
 from commscope.analysis import evidence, rankstate
 from commscope.analysis.evidence import Evidence, record
 from commscope.analysis.findings import Finding, activity, op_brief, secs
-from commscope.analysis.model import P2P, SEND, TraceModel
+from commscope.analysis.model import NESTED, P2P, SEND, TraceModel
 
 
 @record
@@ -105,8 +105,8 @@ def _in_p2p(model: TraceModel, blocked: dict[int, tuple[int, ...]]) -> list[int]
     slots = np.repeat(model.slots_of(ranks), counts)
     t = model.table
     (sig,) = t.gather(("sig",), t.block[slots], t.base[slots] + ops)
-    p2p = np.fromiter((bool(s.flags & P2P) and not s.nested for s in model.sigs), np.bool_, len(model.sigs))
-    return np.unique(np.repeat(ranks, counts)[p2p[sig]]).tolist()
+    p2p = (model.sig_flags(sig) & (P2P | NESTED)) == P2P
+    return np.unique(np.repeat(ranks, counts)[p2p]).tolist()
 
 
 def _step(model: TraceModel, r: int, i: int, now: int) -> dict[str, Any]:

@@ -290,7 +290,7 @@ def gone_early(m: TraceModel, ranks: Sequence[int], now: int) -> set[int]:
     if not ranks:
         return set()
     arr = np.fromiter(ranks, np.int64, len(ranks))
-    ask = ~_heard(m.table, m.slots_of(arr), now)
+    ask = ~_heard(m.table, m.slots_of(arr), now)[0]
     if m.exits_seen:
         ask |= np.fromiter((bool(m.ranks[r].exits) for r in ranks), np.bool_, len(ranks))
     gone = vanished(m, now)
@@ -299,12 +299,13 @@ def gone_early(m: TraceModel, ranks: Sequence[int], now: int) -> set[int]:
     return {r for r in arr[ask].tolist() if left_early(m, r, now)}
 
 
-def _heard(t: RankTable, slots: np.ndarray, now: int) -> np.ndarray:
+def _heard(t: RankTable, slots: np.ndarray, now: int) -> tuple[np.ndarray, np.ndarray]:
     """Whether each slot's rank was heard from within ``DEAD_MIN_S`` of ``now`` (or never
     sent a heartbeat): no dead threshold is shorter, so such a rank is not silent past its
-    own (``is_dead``)."""
+    own (``is_dead``); and how long each has been silent (``is_dead``'s measure)."""
     hb = t.last_hb[slots]
-    return (hb == 0) | (now - np.maximum(hb, t.last_ts[slots]) <= int(DEAD_MIN_S * 1e9))
+    silent = now - np.maximum(hb, t.last_ts[slots])
+    return (hb == 0) | (silent <= int(DEAD_MIN_S * 1e9)), silent
 
 
 def _survivors_last(m: TraceModel) -> tuple[int, int]:
@@ -431,29 +432,46 @@ def _present(m: TraceModel, rank: int, now: int) -> RankState:
 
 
 def _idle(label: str, last: int, done: int, t: int) -> RankState:
-    """'idle (last all_reduce #3 (group 0) 2.0 s ago)': the one wording, whoever judged it."""
+    """'idle (last all_reduce #3 (group 0) 2.0 s ago)' (``_state_text``)."""
     return RankState("idle", _idle_text(label, f"{(t - done) / 1e9:.1f}"), last, done)
 
 
 def _blocked(flags: int, label: str, i: int, since: int, t: int) -> RankState:
-    """'in all_reduce #3 (group 0) for 2.0 s' / 'waiting on …' (an async op's wait()): the
-    one wording, whoever judged it (``flags``: the op's signature flags)."""
+    """'in all_reduce #3 (group 0) for 2.0 s' / 'waiting on …' (``_state_text``; ``flags``:
+    the op's signature flags)."""
     return RankState("blocked", _blocked_text(bool(flags & ASYNC), label, f"{(t - since) / 1e9:.1f}"), i, since)
 
 
+#: How a plain rank's state reads, by its wording (``_state_text``)
+IDLE, BLOCKED, WAITING = 0, 1, 2
+
+
 def _idle_text(label: str, secs: str) -> str:
-    return f"idle (last {label} {secs} s ago)"
+    return _state_text(IDLE, label, secs)
 
 
 def _blocked_text(is_async: bool, label: str, secs: str) -> str:
-    return f"{'waiting on' if is_async else 'in'} {label} for {secs} s"
+    return _state_text(WAITING if is_async else BLOCKED, label, secs)
+
+
+def _state_text(wording: int, label: str, secs: str) -> str:
+    """'idle (last all_reduce #3 (group 0) 2.0 s ago)' / 'in all_reduce #3 (group 0) for
+    2.0 s' / 'waiting on …' (an async op's wait()): the one wording, whoever judged it."""
+    if wording == IDLE:
+        return f"idle (last {label} {secs} s ago)"
+    return f"{'waiting on' if wording == WAITING else 'in'} {label} for {secs} s"
 
 
 _KINDS = np.array(["blocked", "idle"], object)  # (a plain rank's kind: whether idle)
 
-#: Below this many ns, an interval's seconds to one decimal (``f"{ns / 1e9:.1f}"``) are
-#: read off the integer exactly (``_tenths``): the float's error stays under a nanosecond
-_TENTHS_EXACT_NS = 2**53 // 1000
+#: Below this many ns (2**23 s, ~97 days), an interval's seconds to one decimal
+#: (``f"{ns / 1e9:.1f}"``) are read off the integer exactly (``_tenths``): half the float's
+#: step there, 2**-31 s, is under a nanosecond
+_TENTHS_EXACT_NS = 2**23 * 10**9
+#: Bits of a plain rank's text key that hold its tenths (``_plain_states``: a label's
+#: number above them, the wording's two bits in between); all ones: formatted as a float
+_TENTHS_BITS = 28
+assert _TENTHS_EXACT_NS // 100_000_000 < (1 << _TENTHS_BITS) - 1  # (every exact tenths fits below the mark)
 
 
 def _tenths(ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -665,7 +683,8 @@ class RankSnapshot:
             self._states = plain
 
     def judged(self) -> Mapping[int, RankState]:
-        """The states judged so far, by rank (read only)."""
+        """The states judged so far, by rank (read only; the mapping ``judge_plain`` leaves
+        is a new one: ask again after it)."""
         return self._states
 
     def state(self, rank: int) -> RankState:
@@ -696,7 +715,7 @@ def rank_states(m: TraceModel, now: int) -> dict[int, RankState]:
     judged = snap.judged()
     for r in [r for r in m.ranks if r not in judged]:  # (the ranks not plain, each judged alone)
         snap.state(r)
-    return dict(zip(m.ranks, map(snap.judged().__getitem__, m.ranks), strict=True))
+    return dict(zip(m.ranks, map(judged.__getitem__, m.ranks), strict=True))
 
 
 def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
@@ -713,22 +732,20 @@ def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
         return {}
     rank_arr = np.array(ranks, np.int64)
     slots = m.slots_of(rank_arr)
-    hb = t.last_hb[slots]
     plain = t.n[slots] > 0
     if m.exits_seen:  # (none in most jobs: no walk of every rank then)
         plain &= ~np.fromiter(map(bool, map(_EXITS_OF_TRACE, m.ranks.values())), np.bool_, n)
     # heard from within its dead threshold: within DEAD_MIN_S (no threshold is shorter), else
     # asked of the rank's own (a console catching up judges ranks seconds after they were
     # last heard from; judged alone, 16k of them cost a publish ~0.2 s)
-    silent = now - np.maximum(hb, t.last_ts[slots])
-    heard = _heard(t, slots, now)
+    heard, silent = _heard(t, slots, now)
     ask = np.flatnonzero(plain & ~heard)
     if ask.shape[0]:  # (as Python ints: a hostile sample interval's threshold passes int64)
         heard[ask] = [x <= dead_after_ns(m, ranks[i]) for x, i in zip(silent[ask].tolist(), ask.tolist(), strict=True)]
     plain &= heard
     gone = vanished(m, now)
     if gone:
-        plain &= ~np.isin(np.array(ranks, np.int64), np.fromiter(gone, np.int64, len(gone)))
+        plain &= ~np.isin(rank_arr, np.fromiter(gone, np.int64, len(gone)))
     where = np.flatnonzero(plain)
     if not where.shape[0]:
         return {}
@@ -756,19 +773,18 @@ def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
     is_async = (flags & ASYNC) != 0
     label_keys, label_of = _groups(sig.astype(np.int64), seq.astype(np.int64), peer.astype(np.int64))
     labels = [m.label_of(*key) for key in label_keys]
-    wording = np.where(idle, 0, np.where(is_async, 2, 1))
-    # (label, wording, tenths) in one int64: tenths stay below 2**27 (``_TENTHS_EXACT_NS``)
-    keys, text_of = np.unique(label_of << 32 | wording << 28 | np.where(odd, (1 << 28) - 1, tenths),
+    wording = np.where(idle, IDLE, np.where(is_async, WAITING, BLOCKED))
+    # (label, wording, tenths) in one int64 (``_TENTHS_BITS``)
+    mark, bits = (1 << _TENTHS_BITS) - 1, _TENTHS_BITS
+    keys, text_of = np.unique(label_of << (bits + 4) | wording << bits | np.where(odd, mark, tenths),
                               return_inverse=True)
     texts = []
     for key in keys.tolist():
-        g, w, k = key >> 32, key >> 28 & 3, key & ((1 << 28) - 1)
-        secs = f"{k // 10}.{k % 10}"
-        texts.append(_idle_text(labels[g], secs) if w == 0 else _blocked_text(w == 2, labels[g], secs))
+        k = key & mark
+        texts.append(_state_text(key >> bits & 3, labels[key >> (bits + 4)], f"{k // 10}.{k % 10}"))
     text = np.array(texts, object)[text_of.reshape(-1)]
     for j in np.flatnonzero(odd).tolist():  # (as the float formats it)
-        secs, g = f"{int(now - since[j]) / 1e9:.1f}", int(label_of[j])
-        text[j] = _idle_text(labels[g], secs) if idle[j] else _blocked_text(bool(is_async[j]), labels[g], secs)
+        text[j] = _state_text(int(wording[j]), labels[int(label_of[j])], f"{int(now - since[j]) / 1e9:.1f}")
     # (``tuple.__new__`` makes each RankState as its own ``__new__`` would, without a
     # Python call a rank)
     return dict(zip(rank_of.tolist(), map(tuple.__new__, repeat(RankState),
