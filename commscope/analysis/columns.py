@@ -60,9 +60,9 @@ _VIEW_OF = attrgetter("_view")
 _OPEN_OF = attrgetter("_open")
 
 _COLS_I8 = ("begin", "end", "wb", "we", "done", "gpu", "comp", "id", "seq")
+_COLS_I4 = ("peer", "parent", "sig")
 #: An empty int64 buffer, not ``_NONE_I8`` (which a rank's order buffer is compared with)
 _EMPTY_BUF = np.zeros(0, np.int64)
-_COLS_I4 = ("peer", "parent", "sig")
 
 
 #: Ranks below this have their slot in an array (``RankTable.slots``); others go rank by rank
