@@ -290,13 +290,21 @@ def gone_early(m: TraceModel, ranks: Sequence[int], now: int) -> set[int]:
     if not ranks:
         return set()
     arr = np.fromiter(ranks, np.int64, len(ranks))
-    ask = ~_heard(m.table, m.slots_of(arr), now)[0]
+    ask = ~_heard(m.table, m.slots_of(arr), now)[0] | _alone(m, arr, now)
+    return {r for r in arr[ask].tolist() if left_early(m, r, now)}
+
+
+def _alone(m: TraceModel, ranks: np.ndarray, now: int) -> np.ndarray:
+    """Which of ``ranks`` (each in the model) have an exit event or vanished: judged one by
+    one wherever ranks are judged together (their exits are walked only where some rank
+    has one, ``exits_seen``)."""
+    out = np.zeros(ranks.shape[0], np.bool_)
     if m.exits_seen:
-        ask |= np.fromiter((bool(m.ranks[r].exits) for r in ranks), np.bool_, len(ranks))
+        out |= np.fromiter((bool(m.ranks[r].exits) for r in ranks.tolist()), np.bool_, ranks.shape[0])
     gone = vanished(m, now)
     if gone:
-        ask |= np.isin(arr, np.fromiter(gone, np.int64, len(gone)))
-    return {r for r in arr[ask].tolist() if left_early(m, r, now)}
+        out |= np.isin(ranks, np.fromiter(gone, np.int64, len(gone)))
+    return out
 
 
 def _heard(t: RankTable, slots: np.ndarray, now: int) -> tuple[np.ndarray, np.ndarray]:
@@ -433,25 +441,18 @@ def _present(m: TraceModel, rank: int, now: int) -> RankState:
 
 def _idle(label: str, last: int, done: int, t: int) -> RankState:
     """'idle (last all_reduce #3 (group 0) 2.0 s ago)' (``_state_text``)."""
-    return RankState("idle", _idle_text(label, f"{(t - done) / 1e9:.1f}"), last, done)
+    return RankState("idle", _state_text(IDLE, label, f"{(t - done) / 1e9:.1f}"), last, done)
 
 
 def _blocked(flags: int, label: str, i: int, since: int, t: int) -> RankState:
     """'in all_reduce #3 (group 0) for 2.0 s' / 'waiting on …' (``_state_text``; ``flags``:
     the op's signature flags)."""
-    return RankState("blocked", _blocked_text(bool(flags & ASYNC), label, f"{(t - since) / 1e9:.1f}"), i, since)
+    return RankState("blocked", _state_text(WAITING if flags & ASYNC else BLOCKED, label, f"{(t - since) / 1e9:.1f}"),
+                     i, since)
 
 
 #: How a plain rank's state reads, by its wording (``_state_text``)
 IDLE, BLOCKED, WAITING = 0, 1, 2
-
-
-def _idle_text(label: str, secs: str) -> str:
-    return _state_text(IDLE, label, secs)
-
-
-def _blocked_text(is_async: bool, label: str, secs: str) -> str:
-    return _state_text(WAITING if is_async else BLOCKED, label, secs)
 
 
 def _state_text(wording: int, label: str, secs: str) -> str:
@@ -732,9 +733,7 @@ def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
         return {}
     rank_arr = np.array(ranks, np.int64)
     slots = m.slots_of(rank_arr)
-    plain = t.n[slots] > 0
-    if m.exits_seen:  # (none in most jobs: no walk of every rank then)
-        plain &= ~np.fromiter(map(bool, map(_EXITS_OF_TRACE, m.ranks.values())), np.bool_, n)
+    plain = (t.n[slots] > 0) & ~_alone(m, rank_arr, now)
     # heard from within its dead threshold: within DEAD_MIN_S (no threshold is shorter), else
     # asked of the rank's own (a console catching up judges ranks seconds after they were
     # last heard from; judged alone, 16k of them cost a publish ~0.2 s)
@@ -743,9 +742,6 @@ def _plain_states(m: TraceModel, now: int) -> dict[int, RankState]:
     if ask.shape[0]:  # (as Python ints: a hostile sample interval's threshold passes int64)
         heard[ask] = [x <= dead_after_ns(m, ranks[i]) for x, i in zip(silent[ask].tolist(), ask.tolist(), strict=True)]
     plain &= heard
-    gone = vanished(m, now)
-    if gone:
-        plain &= ~np.isin(rank_arr, np.fromiter(gone, np.int64, len(gone)))
     where = np.flatnonzero(plain)
     if not where.shape[0]:
         return {}
@@ -811,4 +807,3 @@ def _groups(*columns: np.ndarray) -> tuple[list[tuple[int, ...]], np.ndarray]:
 
 
 _RANK_OF_TRACE = attrgetter("rank")
-_EXITS_OF_TRACE = attrgetter("exits")
