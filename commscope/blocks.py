@@ -1938,13 +1938,23 @@ def _ahead(scans: Sequence[blockscan.Scan]) -> list[Ahead]:
     return [Ahead(sids[a:b], f) for a, b, f in zip(bounds[:-1].tolist(), bounds[1:].tolist(), first, strict=True)]
 
 
+#: Past this many lines from the first block, ``_blocks_before_other_line`` finds the lines
+#: between blocks with numpy (a whole read's first chunk: thousands); up to it, in a list (a
+#: live poll's chunk, a few lines: the numpy calls cost twice the walk)
+_WALK_LINES = 64
+
+
 def _blocks_before_other_line(data: bytes, block: np.ndarray, fb: int, line_start: list[int],
                               line_end: list[int]) -> int | None:
     """How many block lines there are from line ``fb`` to the first line after it that is
     neither a block, a heartbeat, a sample nor blank (None: there is none).  The lines
-    between blocks are found at once (``block``: a line's block, -1 for none), and only
-    they are looked at: not every line of 16k streams' first chunks."""
-    for j, line in enumerate((np.flatnonzero(block[fb:] < 0) + fb).tolist()):
+    between blocks are found first (``block``: a line's block, -1 for none), and only they
+    are looked at: not every line of 16k streams' first chunks."""
+    if block.shape[0] - fb <= _WALK_LINES:
+        between = [line for line, b in enumerate(block[fb:].tolist(), fb) if b < 0]
+    else:
+        between = (np.flatnonzero(block[fb:] < 0) + fb).tolist()
+    for j, line in enumerate(between):
         lo = line_start[line]
         if not data.startswith(_PLAIN_LINES, lo) and data[lo:line_end[line]].strip():
             return line - fb - j  # (the lines before it, but the j between blocks)

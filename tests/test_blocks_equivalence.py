@@ -952,13 +952,18 @@ def test_the_blocks_before_a_line_that_stops_learning_ahead_are_counted_as_line_
     """``blocks._blocks_before_other_line`` (where a first chunk's later prefixes stop being
     learnt ahead: the first line between blocks that is not a heartbeat, a sample or blank)
     counts what walking every line from the first block counts, on random chunks of block
-    lines, heartbeats, samples, blank lines and other events."""
+    lines, heartbeats, samples, blank lines and other events: short ones (walked as a list)
+    and ones past ``_WALK_LINES`` from their first block (numpy)."""
     kinds = {"block": b'{"type":"block"}', "heartbeat": b'{"type":"heartbeat","ts":1}',
              "sample": b'{"type":"sample","ts":1}', "blank": b"  ", "site": b'{"type":"site","sid":1}',
              "meta": b'{"type":"meta"}'}
     rng = random.Random(3)
-    for _ in range(2000):
-        names = [rng.choice(list(kinds)) for _ in range(rng.randrange(1, 12))]
+    long = 0
+    for k in range(3000):
+        size = rng.randrange(1, 12) if k % 3 else rng.randrange(blocks._WALK_LINES - 4, 2 * blocks._WALK_LINES)
+        # (mostly blocks, heartbeats and samples, so a long chunk's first other line lies far in)
+        weights = [1, 1, 1, 1, 1, 1] if k % 2 else [30, 30, 30, 8, 1, 1]
+        names = rng.choices(list(kinds), weights, k=size)
         data = b"\n".join(kinds[x] for x in names) + b"\n"
         starts, ends, at = [], [], 0
         for x in names:
@@ -966,7 +971,8 @@ def test_the_blocks_before_a_line_that_stops_learning_ahead_are_counted_as_line_
             ends.append(at + len(kinds[x]))
             at += len(kinds[x]) + 1
         block = np.array([k if x == "block" else -1 for k, x in enumerate(names)], np.int64)
-        fb = rng.randrange(len(names))
+        fb = rng.randrange(len(names)) if k % 4 else rng.randrange(min(4, len(names)))
+        long += len(names) - fb > blocks._WALK_LINES
         want, before = None, 0  # (the walk of every line it replaced)
         for line in range(fb, len(names)):
             if block[line] >= 0:
@@ -976,6 +982,7 @@ def test_the_blocks_before_a_line_that_stops_learning_ahead_are_counted_as_line_
                 want = before
                 break
         assert blocks._blocks_before_other_line(data, block, fb, starts, ends) == want, (names, fb)
+    assert long > 300  # (both ways were taken)
 
 
 # ------------------------------------------------------------------------------ by hand
