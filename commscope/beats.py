@@ -28,8 +28,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-#: The fields of a sample that the model keeps in columns (``analysis.columns.Samples.FIELDS``:
-#: a test holds them equal; the model sits above this module)
+#: The fields of a sample that the model keeps in columns (``analysis.columns.SampleRows``, which
+#: takes them from here)
 SAMPLE_FIELDS = ("ts", "cpu", "rss", "gpu_util", "gpu_mem", "gpu_mem_total")
 _BEAT_KEYS = frozenset({"type", "ts", "inflight", "v", "rank"})
 

@@ -21,7 +21,7 @@ def model_state(m) -> dict:
         d.update({f: getattr(rt, f) for f in RANK_FIELDS})
         d["ids"] = [rt.index_of(int(i)) for i in rt.id[:n].tolist()]
         sm = rt.samples
-        d["samples"] = {k: np.nan_to_num(v[: sm.n], nan=-1.0).tolist() for k, v in sm.cols.items()}
+        d["samples"] = {k: np.nan_to_num(v, nan=-1.0).tolist() for k, v in sm.arrays().items()}
         d["samples_last"] = (sm.last, sm.gpu_error)
         ranks[r] = d
     coll = {k: (gi.members, gi.ranks, gi.seqs.keys[: gi.seqs.n].tolist(), gi.seqs.rows().tolist())

@@ -965,41 +965,79 @@ def test_a_chunk_of_neither_ops_nor_liveness_leaves_what_rank_by_rank_leaves(mon
     assert differences(model_state(fast), model_state(general)) == []
 
 
-def test_a_rank_s_first_samples_are_taken_as_they_are_and_grown_apart():
-    """``Samples.extend`` of a rank with none takes the columns it is given (views of a
-    whole read's), exactly sized; the next samples grow them into arrays of the rank's
-    own, leaving the given ones as they were."""
-    from commscope.analysis.columns import Samples
+def test_samples_appended_for_many_ranks_at_once_read_back_as_each_rank_s_own():
+    """``SampleRows`` (every rank's samples, rows of one shared block): random polls, each
+    appending to some slots at once (``append``) or to one (``append_one``), through ranks
+    outgrowing their rows and blocks giving way, read back per slot as a list of each
+    slot's own appends holds them; the arrays handed out before stay as they were (rows a
+    rank left, and a block that gave way, are never written again); the last sample is the
+    last appended."""
+    from commscope.analysis.columns import SAMPLE_FIELDS, SampleRows
 
-    given = {f: np.arange(10, dtype=np.float64) + k for k, f in enumerate(Samples.FIELDS)}
-    before = {f: c.copy() for f, c in given.items()}
-    s = Samples()
-    s.extend({f: c[2:5] for f, c in given.items()}, {"type": "sample", "ts": 4})
-    assert s.n == 3 and s.arrays()["ts"].tolist() == [2.0, 3.0, 4.0] and s.cols["cpu"].base is given["cpu"]
-    s.extend({f: c[7:9] for f, c in given.items()}, {"type": "sample", "ts": 8})
-    s.add_one({"type": "sample", "ts": 9, "gpu_error": "no GPU"}, [9.0] * len(Samples.FIELDS))
-    assert s.arrays()["cpu"].tolist() == [3.0, 4.0, 5.0, 8.0, 9.0, 9.0] and s.gpu_error == "no GPU"
-    assert all(np.array_equal(given[f], before[f]) for f in Samples.FIELDS)
-    assert s.cols["ts"].base is not given["ts"]
+    rng = np.random.default_rng(5)
+    table = SampleRows()
+    own: dict[int, list[list[float]]] = {}
+    last: dict[int, object] = {}
+    handed: list[tuple[dict[str, np.ndarray], list[list[float]]]] = []
+    renewed = moved = 0
+    for poll in range(300):
+        block, fill = table.rows, table.fill
+        caps = table.cap.copy()
+        if poll % 3:
+            slots = rng.choice(200, size=int(rng.integers(1, 60)), replace=False)
+            counts = rng.integers(0, 5, size=slots.shape[0])
+            counts[0] = max(1, int(counts[0]))
+            values = rng.random((int(counts.sum()), len(SAMPLE_FIELDS)))
+            values[rng.random(values.shape) < 0.1] = np.nan
+            lasts = [f"poll {poll} slot {s}" for s in slots.tolist()]
+            table.append(slots, counts, values, lasts)
+            at = 0
+            for s, k, text in zip(slots.tolist(), counts.tolist(), lasts, strict=True):
+                own.setdefault(s, []).extend(values[at:at + k].tolist())
+                at += k
+                last[s] = text
+        else:
+            s = int(rng.integers(0, 260))  # (past the slots so far too)
+            values = rng.random((int(rng.integers(1, 40)), len(SAMPLE_FIELDS)))
+            table.append_one(s, values, {"poll": poll})
+            own.setdefault(s, []).extend(values.tolist())
+            last[s] = {"poll": poll}
+        renewed += table.rows is not block
+        moved += table.rows is block and bool((table.cap[:caps.shape[0]] != caps).any()) and table.fill > fill
+        for s in rng.choice(sorted(own), size=3).tolist():
+            handed.append((table.arrays(s), [row[:] for row in own[s]]))
+    for s, rows in own.items():
+        got = np.column_stack([table.arrays(s)[f] for f in SAMPLE_FIELDS])
+        assert np.array_equal(got, np.array(rows).reshape(-1, len(SAMPLE_FIELDS)), equal_nan=True), s
+        assert table.last[s] == last[s]
+    for arrays, rows in handed:
+        assert np.array_equal(np.column_stack([arrays[f] for f in SAMPLE_FIELDS]),
+                              np.array(rows).reshape(-1, len(SAMPLE_FIELDS)), equal_nan=True)
+    assert all(c.flags.c_contiguous for c in table.arrays(0).values())
+    assert table.arrays(10_000)["ts"].shape == (0,) and renewed >= 3 and moved >= 10
 
 
-def test_a_live_rank_s_samples_go_into_one_block_of_its_own_counted_once():
-    """Samples a poll brings one at a time (``Samples.add_one``) are rows of one block of the
-    rank's own: the columns read back as written, each contiguous, and the rank's bytes
-    count the block once (not once per column)."""
+def test_a_live_rank_s_samples_go_into_the_shared_block_counted_once():
+    """Samples a poll brings a rank at a time (a sample a rank, appended for all at once
+    through ``TraceModel.ingest``) are rows of the table's one block: the columns read back
+    as written, each contiguous, and the model counts the block once, however many ranks
+    hold rows in it."""
     beats_only, sampled = TraceModel(), TraceModel()
     for k in range(100):
-        beat = {"v": 3, "type": "heartbeat", "rank": 0, "ts": T + k * 10**9, "inflight": 0}
-        beats_only.ingest([dict(beat)])
-        sampled.ingest([beat, {"v": 3, "type": "sample", "rank": 0, "ts": T + k * 10**9 + 1, "cpu": float(k),
-                               "rss": 1 << 30}])
-    s = sampled.ranks[0].samples
-    got = sampled.samples(0)
-    assert got["cpu"].tolist() == [float(k) for k in range(100)] and np.isnan(got["gpu_util"]).all()
-    assert all(c.flags.c_contiguous for c in got.values())
-    block = s.storage()
-    assert len(block) == 1 and block[0].shape == (128, len(s.FIELDS))
-    assert sampled.ranks[0].nbytes() - beats_only.ranks[0].nbytes() == block[0].nbytes
+        for r in range(3):
+            beat = {"v": 3, "type": "heartbeat", "rank": r, "ts": T + k * 10**9, "inflight": 0}
+            beats_only.ingest([dict(beat)])
+            sampled.ingest([beat, {"v": 3, "type": "sample", "rank": r, "ts": T + k * 10**9 + 1, "cpu": float(k + r),
+                                   "rss": 1 << 30}])
+    for r in range(3):
+        got = sampled.samples(r)
+        assert got["cpu"].tolist() == [float(k + r) for k in range(100)] and np.isnan(got["gpu_util"]).all()
+        assert all(c.flags.c_contiguous for c in got.values())
+        assert sampled.latest_sample(r)["cpu"] == float(99 + r)
+    rows = sampled.table.sample_rows
+    assert rows.rows.shape[0] >= 300
+    assert sampled.nbytes() - beats_only.nbytes() == rows.nbytes() - beats_only.table.sample_rows.nbytes()
+    assert sampled.ranks[0].nbytes() == beats_only.ranks[0].nbytes()
 
 
 def _touched_since(log: list[tuple[int, int]], version: int, current: int) -> int | None:

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from commscope.analysis import runmax, stacks
+from commscope.beats import SAMPLE_FIELDS
 from commscope.events import decode_lines
 
 I64_MAX = np.iinfo(np.int64).max
@@ -131,11 +132,13 @@ class RankTable:
         self._thin: set[int] = set()  # blocks that lost ranks since the last ``compact``
         self.rank_slot = np.full(0, -1, np.int64)  # rank -> slot (-1: none), ranks below RANK_SLOTS
         self.traces: list[RankTrace] = []  # slot -> its rank
+        self.sample_rows = SampleRows()  # every rank's resource samples, by slot
 
     def nbytes(self) -> int:
-        """Bytes of the rank scalars' arrays (the blocks are counted with their ranks)."""
+        """Bytes of the rank scalars' arrays and the ranks' samples (the op blocks are counted
+        with their ranks)."""
         return sum(getattr(self, a).nbytes for a in (*self.INT, *self.BOOL, "block", "touch_version", "touch_first",
-                                                     "rank_slot"))
+                                                     "rank_slot")) + self.sample_rows.nbytes()
 
     def slots(self, ranks: np.ndarray) -> np.ndarray:
         """The slots of ``ranks`` (-1: a rank with none, or beyond RANK_SLOTS)."""
@@ -608,7 +611,7 @@ class RankTrace:
         self.captures: list[dict] = []  # the latest stack events, any reason, in arrival order
         #: Its stack events as diagnosis shows them, each folded once (``stacks.view``)
         self.stacks_folded: stacks.Memo = {}
-        self.samples = Samples(rank)
+        self.samples = Samples(rank, self._t.sample_rows, self._s)
         self._sb = self._ord_buf = self._sb_buf = self._pmax_buf = _EMPTY_BUF  # begins in ``order``; capacity
 
     # -- scalars, kept in the model's ``RankTable`` (a live batch writes them for many ranks at once)
@@ -670,7 +673,7 @@ class RankTrace:
         block goes into ``shared`` (by id, so the model counts it once, for as long as any
         rank still holds part of it), or into the total without one."""
         arrays = [getattr(self, c) for c in (*BLOCK_COLUMNS, "id2idx")]
-        arrays += [self._ord_buf, self._sb_buf, self._pmax_buf, *self.samples.storage()]
+        arrays += [self._ord_buf, self._sb_buf, self._pmax_buf]
         total = 0
         for a in arrays:
             base = a.base
@@ -1107,46 +1110,152 @@ def _window(order: np.ndarray, begins: np.ndarray, pmax: np.ndarray, begin: np.n
     return cand
 
 
+class SampleRows:
+    """Every rank's resource samples as rows of one block the ranks share (a row a sample,
+    ``SAMPLE_FIELDS`` in Fortran order, so each column is contiguous), each rank owning rows
+    ``[base, base + cap)`` of it by its slot: a live poll brings 16k ranks a sample each a
+    second, written here with a numpy call for them all (``append``), where a block a rank
+    cost a Python step each, and an allocation each at its first growth (a quarter of a
+    16k console's ingest while it caught up).  A rank that outgrows its rows moves, with
+    twice as many, to the block's free end; a full block gives way to one twice what the
+    ranks hold, every rank's samples copied at once (``_renew``).  Rows are never written again once a rank
+    left them, nor the block once it gave way: arrays handed out (``arrays``) stay valid.
+    Each rank's last sample is kept too (``last``: as decoded, or its line as written)."""
+
+    #: Rows a rank gets at its first sample (it doubles from there)
+    MIN_ROWS = 16
+
+    def __init__(self) -> None:
+        self.rows = np.empty((0, len(SAMPLE_FIELDS)), np.float64, order="F")
+        self.fill = 0  # rows of the block handed out, from its start
+        self.base = np.zeros(0, np.int64)
+        self.cap = np.zeros(0, np.int64)
+        self.n = np.zeros(0, np.int64)
+        self.last = np.empty(0, object)
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.rows, self.base, self.cap, self.n, self.last))
+
+    def arrays(self, s: int) -> dict[str, np.ndarray]:
+        """Slot ``s``'s samples, a column each (views: its rows as they are now)."""
+        if s >= self.n.shape[0] or not self.n[s]:
+            return no_samples()
+        a = int(self.base[s])
+        b = a + int(self.n[s])
+        return {f: self.rows[a:b, j] for j, f in enumerate(SAMPLE_FIELDS)}
+
+    def append(self, slots: np.ndarray, counts: np.ndarray, values: np.ndarray, last: Sequence[object]) -> None:
+        """Append ``counts[j]`` samples to slot ``slots[j]`` (distinct), ``values`` their rows in
+        that order (``SAMPLE_FIELDS``' columns), ``last[j]`` the last of them."""
+        if not slots.shape[0]:
+            return
+        top = int(slots.max()) + 1
+        if top > self.n.shape[0]:
+            self._slots(top)
+        need = self.n[slots] + counts
+        short = need > self.cap[slots]
+        if short.any():
+            grow = slots[short]
+            self._give(grow, np.maximum(np.maximum(need[short], 2 * self.cap[grow]), self.MIN_ROWS))
+        k = int(counts.sum())
+        first = np.cumsum(counts) - counts  # (each slot's first among ``values``)
+        self.rows[np.repeat(self.base[slots] + self.n[slots] - first, counts) + np.arange(k)] = values
+        self.n[slots] = need
+        got = np.empty(slots.shape[0], object)
+        got[:] = last
+        self.last[slots] = got
+
+    def append_one(self, s: int, values: np.ndarray, last: object) -> None:
+        """``append`` of one slot's samples (``values``: their rows), a scalar step: the
+        paths that take samples a rank at a time."""
+        if s >= self.n.shape[0]:
+            self._slots(s + 1)
+        n, k = int(self.n[s]), values.shape[0]
+        if n + k > self.cap[s]:
+            self._give(np.array([s], np.int64), np.array([max(n + k, 2 * int(self.cap[s]), self.MIN_ROWS)]))
+        a = int(self.base[s]) + n
+        self.rows[a:a + k] = values
+        self.n[s] = n + k
+        self.last[s] = last
+
+    def _slots(self, size: int) -> None:
+        self.base = grown(self.base, size)
+        self.cap = grown(self.cap, size)
+        self.n = grown(self.n, size)
+        self.last = grown(self.last, size, fill=None)
+
+    def _give(self, slots: np.ndarray, caps: np.ndarray) -> None:
+        """Rows for ``caps[j]`` samples to slot ``slots[j]`` (distinct), at the block's free
+        end, its samples so far copied there (a new block where there is no room)."""
+        total = int(caps.sum())
+        if self.fill + total > self.rows.shape[0]:
+            self._renew(total)
+        start = self.fill + np.cumsum(caps) - caps
+        n = self.n[slots]
+        k = int(n.sum())
+        if k:
+            within = np.arange(k) - np.repeat(np.cumsum(n) - n, n)
+            self.rows[np.repeat(start, n) + within] = self.rows[np.repeat(self.base[slots], n) + within]
+        self.base[slots] = start
+        self.cap[slots] = caps
+        self.fill += total
+
+    def _renew(self, more: int) -> None:
+        """A new block, twice the rows the ranks hold and ``more`` (2,048 at least), every
+        rank's samples copied into it at once, with the rows it holds."""
+        held = np.flatnonzero(self.cap)
+        caps = self.cap[held]
+        size = max(2 * (int(caps.sum()) + more), 2048)
+        rows = np.empty((size, len(SAMPLE_FIELDS)), order="F")  # (a row is read once written)
+        start = np.cumsum(caps) - caps
+        n = self.n[held]
+        k = int(n.sum())
+        if k:
+            within = np.arange(k) - np.repeat(np.cumsum(n) - n, n)
+            rows[np.repeat(start, n) + within] = self.rows[np.repeat(self.base[held], n) + within]
+        self.rows = rows
+        self.base[held] = start
+        self.fill = int(caps.sum())
+
+
+def no_samples() -> dict[str, np.ndarray]:
+    """``SampleRows.arrays`` of a rank with none."""
+    return dict.fromkeys(SAMPLE_FIELDS, _NONE_F8)
+
+
 class Samples:
-    """Per-rank resource samples for sparklines: ts, cpu, rss, gpu_util, gpu_mem, gpu_mem_total.
+    """One rank's resource samples for sparklines: ts, cpu, rss, gpu_util, gpu_mem,
+    gpu_mem_total, kept by its table's ``SampleRows`` (its slot's rows, and its last)."""
 
-    The columns are views of one block of the rank's own (``_block``: a row a sample, in
-    Fortran order, so each column is contiguous): a live poll brings each rank a sample a
-    second or so (16k ranks: 16k a second), and one store of a row costs a third of six
-    stores into six arrays, which were ~40% of what a poll's heartbeats and samples cost
-    the model."""
+    FIELDS = SAMPLE_FIELDS
 
-    FIELDS = ("ts", "cpu", "rss", "gpu_util", "gpu_mem", "gpu_mem_total")
-
-    # (what a rank's samples start as, shared until each is rebound: 16k ranks made at once)
-    n = 0
-    cols: Mapping[str, np.ndarray] = MappingProxyType(dict.fromkeys(FIELDS, _NONE_F8))  # (grown on the first add)
-    #: What ``cols`` are views of, where this rank owns them (None: none yet, or the
-    #: columns a read gave its first samples in, ``extend``)
-    _block: np.ndarray | None = None
-    #: The last sample: as decoded, or its line as the rank wrote it (``last``)
-    _last: dict | bytes | None = None
     #: Why GPU samples are missing, as the rank's probe said (once: ``gpu_error``)
     gpu_error: str | None = None
 
-    def __init__(self, rank: int = -1) -> None:
+    def __init__(self, rank: int, rows: SampleRows, slot: int) -> None:
         self.rank = rank
+        self._rows = rows
+        self._s = slot
+
+    @property
+    def n(self) -> int:
+        rows = self._rows
+        return int(rows.n[self._s]) if self._s < rows.n.shape[0] else 0
 
     @property
     def last(self) -> dict | None:
         """The last sample as an event.  A poll's rows bring each rank's as its line
         (``beatscan.polled``), decoded here once asked: few are (a dead rank's finding, the
         rank a console shows)."""
-        last = self._last
+        rows, s = self._rows, self._s
+        if s >= rows.last.shape[0]:
+            return None
+        last = rows.last[s]
         if isinstance(last, bytes):
             got = decode_lines(last, self.rank).events
             assert len(got) == 1  # (a row is one valid event of its rank: ``beatscan``)
-            last = self._last = got[0]
+            last = rows.last[s] = got[0]
         return last
-
-    @last.setter
-    def last(self, ev: dict | None) -> None:
-        self._last = ev
 
     @classmethod
     def columns_of(cls, evs: Sequence[dict]) -> dict[str, np.ndarray]:
@@ -1155,8 +1264,7 @@ class Samples:
 
     def add(self, evs: Sequence[dict], cols: Mapping[str, np.ndarray] | None = None) -> None:
         """Append sample events (``cols``: their ``columns_of``, when the caller has them)."""
-        self._append(cols if cols is not None else self.columns_of(evs), len(evs))
-        self.last = evs[-1]
+        self.extend(cols if cols is not None else self.columns_of(evs), evs[-1])
         err = next((e["gpu_error"] for e in evs if e.get("gpu_error")), None)
         if err is not None:
             self.gpu_error = str(err)
@@ -1164,68 +1272,9 @@ class Samples:
     def extend(self, cols: Mapping[str, np.ndarray], last: dict | bytes) -> None:
         """``add`` of samples given as their columns alone, and the last of them (its line
         where it was not decoded: ``last``), a whole read's or a poll's (``beats.Beats``;
-        none of them says ``gpu_error``).  A rank's first samples are taken as they are, not
-        copied (~3% of a whole read's ingest, a rank at a time): exactly sized, so the next
-        append grows them into a block of the rank's own."""
-        k = cols["ts"].shape[0]
-        if not self.n and all(cols[f].dtype == np.float64 for f in self.FIELDS):
-            self.cols = {f: cols[f] for f in self.FIELDS}
-            self._block = None
-            self.n = k
-        else:
-            self._append(cols, k)
-        self._last = last
-
-    def add_rows(self, values: np.ndarray, last: dict | bytes) -> None:
-        """``extend`` of samples given as rows, their values in ``FIELDS``' order (one
-        store of them all, not one a column: a poll's catching up brings 16k ranks a few
-        each)."""
-        n, k = self.n, values.shape[0]
-        block = self._block
-        if block is None or n + k > block.shape[0]:
-            block = self._room(n + k)
-        block[n:n + k] = values
-        self.n = n + k
-        self._last = last
-
-    def add_one(self, ev: dict, values: Sequence[float]) -> None:
-        """``add`` of one sample event, its ``columns_of`` values given as a row."""
-        n = self.n
-        block = self._block
-        if block is None or n == block.shape[0]:
-            block = self._room(n + 1)
-        block[n] = values
-        self.n = n + 1
-        self.last = ev
-        if ev.get("gpu_error"):
-            self.gpu_error = str(ev["gpu_error"])
-
-    def _append(self, cols: Mapping[str, np.ndarray], k: int) -> None:
-        n = self.n
-        block = self._room(n + k)
-        for j, f in enumerate(self.FIELDS):
-            block[n:n + k, j] = cols[f]
-        self.n = n + k
-
-    def _room(self, need: int) -> np.ndarray:
-        """The block, with room for ``need`` samples: where it has too little or there is
-        none, a new one (twice as large, 64 rows at least) with the samples so far, the old
-        one left as it was (views handed out stay valid, as ``grown``'s)."""
-        block = self._block
-        if block is not None and need <= block.shape[0]:
-            return block
-        cap = self.cols["ts"].shape[0]
-        new = np.full((max(need, 2 * cap, 64), len(self.FIELDS)), np.nan, order="F")
-        n = self.n
-        for j, f in enumerate(self.FIELDS):
-            new[:n, j] = self.cols[f][:n]
-        self._block = new
-        self.cols = {f: new[:, j] for j, f in enumerate(self.FIELDS)}
-        return new
-
-    def storage(self) -> list[np.ndarray]:
-        """The arrays that hold the samples (``RankTrace.nbytes``): the block, or the columns."""
-        return [self._block] if self._block is not None else list(self.cols.values())
+        none of them says ``gpu_error``)."""
+        self._rows.append_one(self._s, np.column_stack([np.asarray(cols[f], np.float64) for f in self.FIELDS]),
+                              last)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {f: self.cols[f][: self.n] for f in self.FIELDS}
+        return self._rows.arrays(self._s)

@@ -37,6 +37,7 @@ from commscope.analysis.columns import (
     RankView,
     Samples,
     grown,
+    no_samples,
 )
 from commscope.analysis.errors import classify
 from commscope.analysis.indexes import GroupIndex, SeqIndex
@@ -1675,7 +1676,7 @@ class TraceModel:
                            samples: _ChunkSamples | None, changed: set[int]) -> tuple[int, int] | None:
         """``_ingest_chunk`` of a chunk of heartbeats and samples only (what a live poll's
         events are, one or two a rank): what rank by rank leaves, with a couple of scalar
-        steps a rank (its latest heartbeat, a sample appended) and the rest in arrays.  None:
+        steps a rank (its latest heartbeat, several samples appended) and the rest in arrays.  None:
         a rank beyond the table's (the caller goes rank by rank)."""
         uniq, inv = np.unique(ranks, return_inverse=True)
         inv = inv.reshape(-1)
@@ -1708,8 +1709,6 @@ class TraceModel:
             sample_row[inv[rows[one]]] = rows[one]
             for j, at in zip(inv[rows[~one]].tolist(), rows[~one].tolist(), strict=True):
                 several.setdefault(j, []).append(at)
-            values = list(zip(*(samples.cols[f].tolist() for f in Samples.FIELDS), strict=True))
-            slot_of = samples.slot.tolist()
         beat = np.flatnonzero(beat_row >= 0)
         if beat.shape[0]:
             at = beat_row[beat]
@@ -1718,8 +1717,15 @@ class TraceModel:
         traces = t.traces
         if samples is not None:  # (a rank's samples are its own: the ranks in any order)
             one = np.flatnonzero(sample_row >= 0)
-            for s, a in zip(slot[one].tolist(), sample_row[one].tolist(), strict=True):
-                traces[s].samples.add_one(events[a], values[slot_of[a]])
+            if one.shape[0]:  # (a sample a rank: appended for all at once)
+                at = sample_row[one]
+                got = samples.slot[at]
+                evs = [events[a] for a in at.tolist()]
+                t.sample_rows.append(slot[one], np.ones(one.shape[0], np.int64),
+                                     np.column_stack([samples.cols[f][got] for f in Samples.FIELDS]), evs)
+                for s, e in zip(slot[one].tolist(), evs, strict=True):
+                    if e.get("gpu_error"):
+                        traces[s].samples.gpu_error = str(e["gpu_error"])
             for j, rows in several.items():
                 at = samples.slot[rows]
                 traces[int(slot[j])].samples.add([events[i] for i in rows], {f: c[at] for f, c in samples.cols.items()})
@@ -1731,7 +1737,7 @@ class TraceModel:
         """Streams' heartbeats and samples in columns (``beats.Beats``), as ``_liveness``
         takes them as events: each stream's latest heartbeat, its samples appended, its first
         and last times seen.  Written for all streams at once (a poll's: 16k of them a
-        second), a Python step only for each one's samples; a read where a rank has several
+        second), their samples too (``SampleRows.append``); a read where a rank has several
         entries, or one past the table's slots, goes stream by stream.  Returns their
         (first, last) timestamp."""
         ranks = beats.rank
@@ -1743,18 +1749,12 @@ class TraceModel:
         if beat.shape[0]:
             t.beat(slots[beat], beats.beat_ts[beat], beats.inflight[beat])
         start = beats.start
-        some = np.flatnonzero(start[1:] > start[:-1])
-        if some.shape[0]:
+        counts = np.diff(start)
+        some = np.flatnonzero(counts)
+        if some.shape[0]:  # (the entries' rows, in their order: those with none have none)
             cols = beats.cols
-            rows = np.column_stack([np.asarray(cols[f], np.float64) for f in Samples.FIELDS])
-            traces, last = t.traces, beats.last
-            for k, s, a, b in zip(some.tolist(), slots[some].tolist(), start[some].tolist(), start[some + 1].tolist(),
-                                  strict=True):
-                samples = traces[s].samples
-                if samples.n:
-                    samples.add_rows(rows[a:b], last[k])
-                else:  # (a rank's first: its columns taken as they are, ``extend``)
-                    samples.extend({f: c[a:b] for f, c in cols.items()}, last[k])
+            rows = np.column_stack([np.asarray(cols[f], np.float64)[start[0]:start[-1]] for f in Samples.FIELDS])
+            t.sample_rows.append(slots[some], counts[some], rows, [beats.last[k] for k in some.tolist()])
         self._seen_many(slots, beats.t0, beats.t1, np.full(slots.shape[0], I64_MAX, np.int64))
         changed.update(ranks.tolist())
         return int(beats.t0.min()), int(beats.t1.max())
@@ -2269,7 +2269,7 @@ class TraceModel:
     def samples(self, rank: int) -> dict[str, np.ndarray]:
         """Sample history for sparklines: ts, cpu, rss, gpu_util, gpu_mem, gpu_mem_total (NaN = absent)."""
         rt = self.ranks.get(rank)
-        return rt.samples.arrays() if rt else Samples().arrays()
+        return rt.samples.arrays() if rt else no_samples()
 
     def latest_sample(self, rank: int) -> dict | None:
         rt = self.ranks.get(rank)
