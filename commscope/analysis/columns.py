@@ -1134,7 +1134,10 @@ class SampleRows:
         self.last = np.empty(0, object)
 
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.rows, self.base, self.cap, self.n, self.last))
+        """Bytes held: the block's rows handed out (its free end is untouched until then: no
+        memory) and the slots' arrays."""
+        return self.fill * self.rows.itemsize * len(SAMPLE_FIELDS) + sum(
+            a.nbytes for a in (self.base, self.cap, self.n, self.last))
 
     def arrays(self, s: int) -> dict[str, np.ndarray]:
         """Slot ``s``'s samples, a column each (views: its rows as they are now)."""
@@ -1186,36 +1189,40 @@ class SampleRows:
 
     def _give(self, slots: np.ndarray, caps: np.ndarray) -> None:
         """Rows for ``caps[j]`` samples to slot ``slots[j]`` (distinct), at the block's free
-        end, its samples so far copied there (a new block where there is no room)."""
+        end, its samples so far copied there; where there is no room, a new block."""
         total = int(caps.sum())
         if self.fill + total > self.rows.shape[0]:
-            self._renew(total)
+            self._renew(slots, caps)
+            return
         start = self.fill + np.cumsum(caps) - caps
-        n = self.n[slots]
-        k = int(n.sum())
-        if k:
-            within = np.arange(k) - np.repeat(np.cumsum(n) - n, n)
-            self.rows[np.repeat(start, n) + within] = self.rows[np.repeat(self.base[slots], n) + within]
+        self._copy(slots, self.rows, start)
         self.base[slots] = start
         self.cap[slots] = caps
         self.fill += total
 
-    def _renew(self, more: int) -> None:
-        """A new block, twice the rows the ranks hold and ``more`` (2,048 at least), every
-        rank's samples copied into it at once, with the rows it holds."""
+    def _renew(self, slots: np.ndarray, caps: np.ndarray) -> None:
+        """A new block: every rank's rows, ``slots`` with ``caps`` rows now, side by side,
+        and a quarter as many again free for ranks that outgrow theirs later (2,048 rows at
+        least); every rank's samples copied at once.  Rows ranks moved out of are left behind
+        until then."""
+        self.cap[slots] = caps
         held = np.flatnonzero(self.cap)
         caps = self.cap[held]
-        size = max(2 * (int(caps.sum()) + more), 2048)
-        rows = np.empty((size, len(SAMPLE_FIELDS)), order="F")  # (a row is read once written)
+        total = int(caps.sum())
+        rows = np.empty((max(total + total // 4, 2048), len(SAMPLE_FIELDS)), order="F")  # (a row is read once written)
         start = np.cumsum(caps) - caps
-        n = self.n[held]
+        self._copy(held, rows, start)
+        self.rows = rows
+        self.base[held] = start
+        self.fill = total
+
+    def _copy(self, slots: np.ndarray, to: np.ndarray, start: np.ndarray) -> None:
+        """The samples of ``slots`` copied into block ``to`` from row ``start[j]`` on."""
+        n = self.n[slots]
         k = int(n.sum())
         if k:
             within = np.arange(k) - np.repeat(np.cumsum(n) - n, n)
-            rows[np.repeat(start, n) + within] = self.rows[np.repeat(self.base[held], n) + within]
-        self.rows = rows
-        self.base[held] = start
-        self.fill = int(caps.sum())
+            to[np.repeat(start, n) + within] = self.rows[np.repeat(self.base[slots], n) + within]
 
 
 def no_samples() -> dict[str, np.ndarray]:
