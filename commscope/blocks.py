@@ -1822,6 +1822,43 @@ def decode_scanned(data: bytes, s: blockscan.Scan, rank: int, decoder: BlockDeco
     return Decoded(out, got.damaged, invalid, concat(parts) if parts else None, taken)
 
 
+def _first_block(s: blockscan.Scan) -> int:
+    """A scan's first block line (-1: none)."""
+    return next((line for line, b in enumerate(s.block.tolist()) if b >= 0), -1)
+
+
+def _lines_before(data: bytes, s: blockscan.Scan, fb: int) -> list[bytes]:
+    """The lines of a chunk (``s`` its scan) before line ``fb``, but the blank ones."""
+    return [line for line in (data[lo:hi] for lo, hi in zip(s.line_start[:fb].tolist(), s.line_end[:fb].tolist(),
+                                                            strict=True)) if line.strip()]
+
+
+def _heads_decoded(todo: Sequence[tuple[bytes, blockscan.Scan, int]]) -> list[Decoded | None]:
+    """For chunks ``(data, scan, rank)`` about to learn their heads (``learn_head``), the
+    events of the lines before each one's first block line, decoded and checked in one call
+    for all (``schema.decode_many``: a stream's first chunk starts with its meta, 16k of
+    them in a live poll's first round, a call each ~20 us); each None (each decoded alone,
+    counting what it skips) where one line is not exactly one valid event of its stream."""
+    lines: list[bytes] = []
+    ranks: list[int] = []
+    counts: list[int] = []
+    for data, s, rank in todo:
+        fb = _first_block(s)
+        got = _lines_before(data, s, fb) if fb > 0 else []
+        lines += got
+        ranks += [rank] * len(got)
+        counts.append(len(got))
+    events = schema.decode_many(lines, ranks) if lines else []
+    if events is None:
+        return [None] * len(todo)
+    out: list[Decoded | None] = []
+    at = 0
+    for k in counts:
+        out.append(Decoded(events[at:at + k], 0, schema.NO_INVALID))
+        at += k
+    return out
+
+
 class Head(NamedTuple):
     """What ``learn_head`` learnt of a chunk: the events of its lines before its first block
     line and the group events that block's table prefix defined (``decoded``: with what was
@@ -1833,7 +1870,8 @@ class Head(NamedTuple):
     scanned: blockscan.Scan  # the rest's scan (a slice of the chunk's)
 
 
-def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder, ahead: Ahead) -> Head | None:
+def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder, ahead: Ahead,
+               before: Decoded | None = None) -> Head | None:
     """Learn now what a chunk (complete lines of the decoder's stream, ``s`` its scan)
     teaches before its first op record: the events on the lines before its first block
     line (a meta with the op names and dtypes; sites; groups), that block's table prefix
@@ -1850,17 +1888,16 @@ def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder, ahead: Ahe
     A prefix that does not go cleanly (a bad table record) is walked again with the rest,
     its count given back here.  None, with nothing learnt, where the chunk has no block
     line the scanner read or a line before it is a block the JSON path reads.  ``ahead``:
-    what it asks of the chunk's op records, worked out with other chunks' (``_ahead``)."""
+    what it asks of the chunk's op records, worked out with other chunks' (``_ahead``);
+    ``before``: the events of the lines before its first block line, where they were
+    decoded with other chunks' (``_heads_decoded``)."""
     # (lists, not numpy: a head is a few dozen lines, and a numpy call on a few rows costs
     # more than a Python step a line; 16k streams each learn one in a live poll's rounds)
-    block = s.block.tolist()
-    fb = next((line for line, b in enumerate(block) if b >= 0), -1)
+    fb = _first_block(s)
     if fb < 0:
         return None
     line_start, line_end = s.line_start.tolist(), s.line_end.tolist()
-    lines = [line for line in (data[lo:hi] for lo, hi in zip(line_start[:fb], line_end[:fb], strict=True))
-             if line.strip()]
-    got, _ = schema.decode_indexed(lines, decoder.rank)
+    got = before if before is not None else schema.decode_indexed(_lines_before(data, s, fb), decoder.rank)[0]
     if any(e.get("type") == BLOCK for e in got.events):
         return None
     walk, parts, out = _Walk(False), [], []
@@ -2095,8 +2132,9 @@ def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]], take: np.ndarr
     learnt = [False] * n
     heads: dict[int, Head] = {}
     todo = [(c, part) for c, part in enumerate(alone) if part is not None and decoded[c] is None]
-    for (c, part), got in zip(todo, _ahead([part for _, part in todo]), strict=True):
-        head = learn_head(chunks[c][0], part, chunks[c][1], got)
+    before = _heads_decoded([(chunks[c][0], part, chunks[c][1].rank) for c, part in todo])
+    for (c, part), got, lines in zip(todo, _ahead([part for _, part in todo]), before, strict=True):
+        head = learn_head(chunks[c][0], part, chunks[c][1], got, lines)
         if head is not None:
             heads[c] = head
             learnt[c] = True

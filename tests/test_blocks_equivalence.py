@@ -693,6 +693,39 @@ def test_streams_decoded_together_decode_as_each_alone(many, chunk):
         assert together[rank] == run(lines, rank, chunk=chunk, scanned=True), rank
 
 
+@needs_scanner
+@pytest.mark.parametrize("odd", [None, "invalid", "damaged", "blank"])
+@pytest.mark.parametrize("chunk", [0, 2, 5])
+def test_the_heads_of_a_poll_s_first_chunks_are_decoded_in_one_call_and_alike(odd, chunk, monkeypatch):
+    """The lines before each first chunk's first block (a stream's meta) are decoded for the
+    whole poll in one call (``blocks._heads_decoded``), not a call a stream; where one of
+    them is not one valid event of its stream, each chunk's are decoded alone, counting
+    what they skip. Either way each stream decodes as alone."""
+    heads: list[bool] = []  # (per chunk learning its head: its head lines decoded with the others')
+    in_one_call = blocks._heads_decoded
+
+    def counted(todo):
+        got = in_one_call(todo)
+        heads.extend(d is not None for d in got)
+        return got
+
+    per_rank = [(rank, _job_stream(rank)) for rank in range(1, 9)]
+    if odd == "invalid":  # (a meta of another rank's: not an event of this stream)
+        per_rank[2][1][0] = meta_line(7)
+    elif odd == "damaged":
+        per_rank[2][1][0] = per_rank[2][1][0][:-5]
+    elif odd == "blank":  # (a blank line is no event: the heads still go in one call)
+        per_rank[2][1].insert(0, b"   ")
+    monkeypatch.setattr(blocks, "_heads_decoded", counted)
+    together, _, learnt = run_together(per_rank, chunk)
+    assert learnt >= 8 and len(heads) >= 8
+    assert all(heads) if odd in (None, "blank") else not any(heads[:8]), heads
+    for rank, lines in per_rank:
+        assert together[rank] == run(lines, rank, chunk=chunk, scanned=True), rank
+    if odd == "invalid":  # (counted once, as alone)
+        assert sum(together[3][2].values()) == 1
+
+
 @st.composite
 def regular_streams(draw, rank: int) -> list[bytes]:
     """A stream as the native recorder writes it, the common case ``decode_chunks`` takes
