@@ -749,6 +749,31 @@ def test_a_poll_of_heartbeats_and_samples_leaves_what_rank_by_rank_leaves(monkey
     assert together.ranks[0].hb_inflight == 2
 
 
+@pytest.mark.parametrize("first", [[], [0, 1, 2]])
+def test_a_poll_of_heartbeats_and_samples_from_ranks_with_no_slot_goes_rank_by_rank(first, monkeypatch):
+    """Ranks far past the others (no slot in the table's array: ``RankTable.add``) in a chunk
+    of heartbeats and samples: each rank keeps its own samples and heartbeat, as rank by rank
+    leaves them (they once went to the last slot, or another rank's)."""
+    def poll(ranks: list[int], k: int) -> list[dict]:
+        out = []
+        for r in ranks:
+            out += [{"v": 3, "type": "heartbeat", "rank": r, "ts": T + k * 10**9 + r, "inflight": r % 3},
+                    {"v": 3, "type": "sample", "rank": r, "ts": T + k * 10**9 + r, "cpu": float(r + k), "rss": 1}]
+        return out
+
+    plan = ([poll(first, 0)] if first else []) + [poll([100_000, 100_001, *first], k) for k in (1, 2)]
+    together = TraceModel()
+    for evs in plan:
+        together.ingest(evs)
+    monkeypatch.setattr(TraceModel, "_liveness_together", lambda *a: None)
+    alone = TraceModel()
+    for evs in plan:
+        alone.ingest(evs)
+    assert differences(model_state(together), model_state(alone)) == []
+    assert together.samples(100_001)["cpu"].tolist() == [100_002.0, 100_003.0]
+    assert together.ranks[100_000].hb_inflight == 100_000 % 3
+
+
 ONE_STATIC = [_static("all_reduce")]  # (one decoder table for every poll: signatures known, the live path taken)
 
 

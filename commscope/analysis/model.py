@@ -1675,9 +1675,10 @@ class TraceModel:
     def _liveness_together(self, events: list[Event], ranks: np.ndarray, ts: np.ndarray, kind: np.ndarray,
                            samples: _ChunkSamples | None, changed: set[int]) -> tuple[int, int] | None:
         """``_ingest_chunk`` of a chunk of heartbeats and samples only (what a live poll's
-        events are, one or two a rank): what rank by rank leaves, with a couple of scalar
-        steps a rank (its latest heartbeat, several samples appended) and the rest in arrays.  None:
-        a rank beyond the table's (the caller goes rank by rank)."""
+        events are, one or two a rank): what rank by rank leaves, in arrays (every rank's
+        latest heartbeat, a sample a rank), with a step a rank only for one with several
+        samples or a GPU error.  None: a rank beyond the table's slots (the caller goes rank
+        by rank)."""
         uniq, inv = np.unique(ranks, return_inverse=True)
         inv = inv.reshape(-1)
         if int(uniq[0]) < 0 or int(uniq[-1]) >= RANK_SLOTS:
@@ -1687,6 +1688,8 @@ class TraceModel:
         for r in uniq[slot < 0].tolist():  # (ranks made in rank order, as rank by rank)
             self._rank(r)
         slot = t.slots(uniq)
+        if (slot < 0).any():  # (a rank far past the others has no slot in the array)
+            return None
         order = np.argsort(inv, kind="stable")
         starts = np.flatnonzero(np.r_[True, inv[order][1:] != inv[order][:-1]])
         t0 = np.minimum.reduceat(ts[order], starts)
