@@ -1833,28 +1833,35 @@ def _lines_before(data: bytes, s: blockscan.Scan, fb: int) -> list[bytes]:
                                                             strict=True)) if line.strip()]
 
 
-def _heads_decoded(todo: Sequence[tuple[bytes, blockscan.Scan, int]]) -> list[Decoded | None]:
-    """For chunks ``(data, scan, rank)`` about to learn their heads (``learn_head``), the
-    events of the lines before each one's first block line, decoded and checked in one call
-    for all (``schema.decode_many``: a stream's first chunk starts with its meta, 16k of
-    them in a live poll's first round, a call each ~20 us); each None (each decoded alone,
-    counting what it skips) where one line is not exactly one valid event of its stream."""
+class HeadLines(NamedTuple):
+    """A chunk's first block line (-1: none) and the events of the lines before it (None:
+    not decoded yet), as ``_heads_decoded`` found them for ``learn_head``."""
+
+    fb: int
+    events: Decoded | None
+
+
+def _heads_decoded(todo: Sequence[tuple[bytes, blockscan.Scan, int]]) -> list[HeadLines]:
+    """For chunks ``(data, scan, rank)`` about to learn their heads (``learn_head``), each
+    one's first block line and the events of the lines before it, decoded and checked in one
+    call for all (``schema.decode_many``: a stream's first chunk starts with its meta, 16k of
+    them in a live poll's first round, a call each ~20 us).  Where any of those lines is not
+    exactly one valid event of its stream, no chunk's are (each chunk's then decoded alone,
+    counting what it skips)."""
     lines: list[bytes] = []
     ranks: list[int] = []
-    counts: list[int] = []
+    firsts: list[tuple[int, int]] = []
     for data, s, rank in todo:
         fb = _first_block(s)
         got = _lines_before(data, s, fb) if fb > 0 else []
         lines += got
         ranks += [rank] * len(got)
-        counts.append(len(got))
+        firsts.append((fb, len(got)))
     events = schema.decode_many(lines, ranks) if lines else []
-    if events is None:
-        return [None] * len(todo)
-    out: list[Decoded | None] = []
+    out: list[HeadLines] = []
     at = 0
-    for k in counts:
-        out.append(Decoded(events[at:at + k], 0, schema.NO_INVALID))
+    for fb, k in firsts:
+        out.append(HeadLines(fb, None if events is None else Decoded(events[at:at + k], 0, schema.NO_INVALID)))
         at += k
     return out
 
@@ -1871,7 +1878,7 @@ class Head(NamedTuple):
 
 
 def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder, ahead: Ahead,
-               before: Decoded | None = None) -> Head | None:
+               before: HeadLines | None = None) -> Head | None:
     """Learn now what a chunk (complete lines of the decoder's stream, ``s`` its scan)
     teaches before its first op record: the events on the lines before its first block
     line (a meta with the op names and dtypes; sites; groups), that block's table prefix
@@ -1889,15 +1896,16 @@ def learn_head(data: bytes, s: blockscan.Scan, decoder: BlockDecoder, ahead: Ahe
     its count given back here.  None, with nothing learnt, where the chunk has no block
     line the scanner read or a line before it is a block the JSON path reads.  ``ahead``:
     what it asks of the chunk's op records, worked out with other chunks' (``_ahead``);
-    ``before``: the events of the lines before its first block line, where they were
-    decoded with other chunks' (``_heads_decoded``)."""
+    ``before``: its first block line, and the events of the lines before it where they
+    were decoded with other chunks' (``_heads_decoded``)."""
     # (lists, not numpy: a head is a few dozen lines, and a numpy call on a few rows costs
     # more than a Python step a line; 16k streams each learn one in a live poll's rounds)
-    fb = _first_block(s)
+    fb = before.fb if before is not None else _first_block(s)
     if fb < 0:
         return None
     line_start, line_end = s.line_start.tolist(), s.line_end.tolist()
-    got = before if before is not None else schema.decode_indexed(_lines_before(data, s, fb), decoder.rank)[0]
+    got = before.events if before is not None and before.events is not None else schema.decode_indexed(
+        _lines_before(data, s, fb), decoder.rank)[0]
     if any(e.get("type") == BLOCK for e in got.events):
         return None
     walk, parts, out = _Walk(False), [], []
@@ -2133,8 +2141,8 @@ def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]], take: np.ndarr
     heads: dict[int, Head] = {}
     todo = [(c, part) for c, part in enumerate(alone) if part is not None and decoded[c] is None]
     before = _heads_decoded([(chunks[c][0], part, chunks[c][1].rank) for c, part in todo])
-    for (c, part), got, lines in zip(todo, _ahead([part for _, part in todo]), before, strict=True):
-        head = learn_head(chunks[c][0], part, chunks[c][1], got, lines)
+    for (c, part), ahead, lines in zip(todo, _ahead([part for _, part in todo]), before, strict=True):
+        head = learn_head(chunks[c][0], part, chunks[c][1], ahead, lines)
         if head is not None:
             heads[c] = head
             learnt[c] = True

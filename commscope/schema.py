@@ -28,6 +28,7 @@ from operator import itemgetter, ne
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, TypedDict
 
 import msgspec
+import numpy as np
 from msgspec import Meta
 
 from commscope.redact import known_texts, redact, redact_args
@@ -414,8 +415,11 @@ def decode_many(lines: list[bytes], ranks: list[int]) -> list[dict] | None:
     validated in one call, their events in line order; None where a line is not exactly
     one valid event of its own rank: decode those stream by stream then (``decode_lines``
     counts what it skips, by rank)."""
+    data = b"\n".join(lines)
+    if not _an_object_a_line(data, lines):
+        return None
     try:
-        objs = _DECODER.decode_lines(b"\n".join(lines))
+        objs = _DECODER.decode_lines(data)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError):
         return None
     if len(objs) != len(lines):
@@ -425,6 +429,27 @@ def decode_many(lines: list[bytes], ranks: list[int]) -> list[dict] | None:
     if len(kept) != len(objs) or any(map(ne, map(_RANK_OF, kept), ranks)):
         return None
     return kept
+
+
+def _an_object_a_line(data: bytes, lines: list[bytes]) -> bool:
+    """Whether each of ``lines`` (``data``: joined by newlines), blank space about it aside,
+    runs from a "{" to a "}": msgspec reads values apart by any whitespace, so a line cut
+    short could read on into the next stream's first line, a line of two values making the
+    count come out right; an object that ends its line and one that starts the next are
+    never one value.  (A line that does not goes the way that reads each stream alone.)"""
+    u8 = np.frombuffer(data, np.uint8)
+    nl = np.flatnonzero(u8 == 10)
+    if nl.shape[0] != len(lines) - 1:
+        return False
+    starts = np.r_[0, nl + 1]
+    ends = np.r_[nl, u8.shape[0]]
+    odd = ends <= starts  # (an empty line; the rest looked at by their first and last bytes)
+    odd[~odd] = (u8[starts[~odd]] != ord("{")) | (u8[ends[~odd] - 1] != ord("}"))
+    for j in np.flatnonzero(odd).tolist():  # (blank space about it, or no object)
+        line = lines[j].strip()
+        if not (line[:1] == b"{" and line[-1:] == b"}"):
+            return False
+    return True
 
 
 def validate_events(objs: Iterable[Any], rank: int | None = None) -> tuple[list[dict], Counter]:

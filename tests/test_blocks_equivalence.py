@@ -115,11 +115,13 @@ class Uncached(BlockDecoder):
 
 def run(lines: list[bytes], rank: int = 0, chunk: int = 0, columns: bool = False,
         table: StaticTable | None = None, decoder: type[BlockDecoder] = BlockDecoder, scanned: bool = False,
-        made: list[BlockDecoder] | None = None) -> tuple[list[dict], list[dict], Counter, int]:
+        made: list[BlockDecoder] | None = None, damaged: Counter | None = None
+        ) -> tuple[list[dict], list[dict], Counter, int]:
     """``lines`` through one decoder as a reader feeds it, ``chunk`` lines a batch (0: all at
     once): (op events, other events, invalid counts, duplicates).  ``scanned``: as a reader
     of columns with the compiled scanner decodes them (``blocks.decode_scanned``).
-    ``made``: the decoder is appended to it."""
+    ``made``: the decoder is appended to it; ``damaged``: the damaged lines counted into it,
+    by rank (``blocks.decode_scanned`` alone)."""
     dec = decoder(rank, table if table is not None else StaticTable())
     if made is not None:
         made.append(dec)
@@ -134,6 +136,8 @@ def run(lines: list[bytes], rank: int = 0, chunk: int = 0, columns: bool = False
             assert scan is not None, "the scanner is not available"
             got = blocks.decode_scanned(data, scan, rank, dec)
             columns = True
+            if damaged is not None:
+                damaged[rank] += got.damaged
         else:
             got = decode_stream(decode_lines(data, rank), dec, columns=columns)
         invalid.update(got.invalid)
@@ -644,12 +648,13 @@ def _hostile_native_stores(seeds: int) -> Iterator[tuple[int, list[tuple[int, li
                      for rank, lines in _rank_lines(files)]
 
 
-def run_together(per_rank: list[tuple[int, list[bytes]]], chunk: int) -> tuple[dict[int, tuple], int, int]:
+def run_together(per_rank: list[tuple[int, list[bytes]]], chunk: int, damaged: Counter | None = None
+                 ) -> tuple[dict[int, tuple], int, int]:
     """The streams read as a live poll reads them: the next ``chunk`` lines of every stream
     (0: all), decoded together (``blocks.decode_together``; a chunk it leaves, alone as
     ``run(scanned=True)`` decodes it), one table for all: (per rank what ``run`` gives,
     how many chunks were decoded together, how many of them after their decoder learnt
-    their head)."""
+    their head).  ``damaged``: the damaged lines counted into it, by rank."""
     table = StaticTable()
     decs = {rank: BlockDecoder(rank, table) for rank, _ in per_rank}
     got: dict[int, tuple[list, list, Counter]] = {rank: ([], [], Counter()) for rank, _ in per_rank}
@@ -670,6 +675,8 @@ def run_together(per_rank: list[tuple[int, list[bytes]]], chunk: int) -> tuple[d
                 assert d.ops is None or got_together.learnt[k] or (d.ops.span is not None and d.ops.rank == rank)
             ops, others, invalid = got[rank]
             invalid.update(d.invalid)
+            if damaged is not None:
+                damaged[rank] += d.damaged
             for e in d.events:
                 (ops if e["type"] == "op" else others).append(e)
             if d.ops is not None:
@@ -694,19 +701,22 @@ def test_streams_decoded_together_decode_as_each_alone(many, chunk):
 
 
 @needs_scanner
-@pytest.mark.parametrize("odd", [None, "invalid", "damaged", "blank"])
+@pytest.mark.parametrize("odd", [None, "invalid", "damaged", "blank", "torn"])
 @pytest.mark.parametrize("chunk", [0, 2, 5])
 def test_the_heads_of_a_poll_s_first_chunks_are_decoded_in_one_call_and_alike(odd, chunk, monkeypatch):
     """The lines before each first chunk's first block (a stream's meta) are decoded for the
     whole poll in one call (``blocks._heads_decoded``), not a call a stream; where one of
     them is not one valid event of its stream, each chunk's are decoded alone, counting
-    what they skip. Either way each stream decodes as alone."""
+    what they skip. Either way each stream decodes as alone, its damaged lines counted as
+    alone; a stream's last head line cut short and the next stream's first line a fragment,
+    with a line of two events before them (so the lines and the values read count alike),
+    are not read as one event."""
     heads: list[bool] = []  # (per chunk learning its head: its head lines decoded with the others')
     in_one_call = blocks._heads_decoded
 
     def counted(todo):
         got = in_one_call(todo)
-        heads.extend(d is not None for d in got)
+        heads.extend(d.events is not None for d in got)
         return got
 
     per_rank = [(rank, _job_stream(rank)) for rank in range(1, 9)]
@@ -716,12 +726,21 @@ def test_the_heads_of_a_poll_s_first_chunks_are_decoded_in_one_call_and_alike(od
         per_rank[2][1][0] = per_rank[2][1][0][:-5]
     elif odd == "blank":  # (a blank line is no event: the heads still go in one call)
         per_rank[2][1].insert(0, b"   ")
+    elif odd == "torn":
+        two = event_line(1, type="dropped", count=1) + event_line(1, type="dropped", count=2)
+        per_rank[0][1][1:1] = [two, b'{"type":"dropped","ts":%d,"v":%d,' % (T, SCHEMA_VERSION)]
+        per_rank[1][1].insert(0, b'"rank":2,"count":99}')
     monkeypatch.setattr(blocks, "_heads_decoded", counted)
-    together, _, learnt = run_together(per_rank, chunk)
+    damaged, damaged_alone = Counter(), Counter()
+    together, _, learnt = run_together(per_rank, chunk, damaged)
     assert learnt >= 8 and len(heads) >= 8
-    assert all(heads) if odd in (None, "blank") else not any(heads[:8]), heads
+    if odd in (None, "blank"):
+        assert all(heads), heads
+    elif not (odd == "torn" and chunk == 2):  # (two lines a poll: the torn ones in no chunk learning its head)
+        assert not any(heads[:8]), heads
     for rank, lines in per_rank:
-        assert together[rank] == run(lines, rank, chunk=chunk, scanned=True), rank
+        assert together[rank] == run(lines, rank, chunk=chunk, scanned=True, damaged=damaged_alone), rank
+    assert damaged == damaged_alone and sum(damaged.values()) == {"damaged": 1, "torn": 2}.get(odd, 0)
     if odd == "invalid":  # (counted once, as alone)
         assert sum(together[3][2].values()) == 1
 
