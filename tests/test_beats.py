@@ -14,7 +14,6 @@ import pytest
 from model_compare import differences, model_state
 
 from commscope import beats
-from commscope.analysis.columns import Samples
 from commscope.analysis.model import TraceModel
 
 T = 1_780_000_000_000_000_000
@@ -50,7 +49,6 @@ def stream(rank: int, shift: int = 0) -> list[dict]:
 
 
 def test_the_columns_say_what_the_model_keeps_of_them():
-    assert beats.SAMPLE_FIELDS == Samples.FIELDS
     events = stream(3)
     entry, rest = beats.of_events(3, events)
     assert rest == [events[0], events[3], events[7]]

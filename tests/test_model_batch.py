@@ -990,15 +990,19 @@ def test_a_chunk_of_neither_ops_nor_liveness_leaves_what_rank_by_rank_leaves(mon
     assert differences(model_state(fast), model_state(general)) == []
 
 
-def test_samples_appended_for_many_ranks_at_once_read_back_as_each_rank_s_own():
+@pytest.mark.parametrize("piece", [None, 7])
+def test_samples_appended_for_many_ranks_at_once_read_back_as_each_rank_s_own(piece, monkeypatch):
     """``SampleRows`` (every rank's samples, rows of one shared block): random polls, each
     appending to some slots at once (``append``) or to one (``append_one``), through ranks
     outgrowing their rows and blocks giving way, read back per slot as a list of each
     slot's own appends holds them; the arrays handed out before stay as they were (rows a
     rank left, and a block that gave way, are never written again); the last sample is the
-    last appended."""
+    last appended.  ``piece``: samples copied at a time (``COPY_ROWS``: a few, so a copy
+    goes in many pieces, some a slot of more)."""
     from commscope.analysis.columns import SAMPLE_FIELDS, SampleRows
 
+    if piece is not None:
+        monkeypatch.setattr(SampleRows, "COPY_ROWS", piece)
     rng = np.random.default_rng(5)
     table = SampleRows()
     own: dict[int, list[list[float]]] = {}
@@ -1043,17 +1047,16 @@ def test_samples_appended_for_many_ranks_at_once_read_back_as_each_rank_s_own():
 
 
 def test_a_live_rank_s_samples_go_into_the_shared_block_counted_once():
-    """Samples a poll brings a rank at a time (a sample a rank, appended for all at once
-    through ``TraceModel.ingest``) are rows of the table's one block: the columns read back
-    as written, each contiguous, and the model counts the block once, however many ranks
-    hold rows in it."""
+    """Samples polls bring a sample a rank (appended for the poll's ranks at once, through
+    ``TraceModel.ingest``) are rows of the table's one block: the columns read back as
+    written, each contiguous, and the model counts the block once, however many ranks hold
+    rows in it."""
     beats_only, sampled = TraceModel(), TraceModel()
     for k in range(100):
-        for r in range(3):
-            beat = {"v": 3, "type": "heartbeat", "rank": r, "ts": T + k * 10**9, "inflight": 0}
-            beats_only.ingest([dict(beat)])
-            sampled.ingest([beat, {"v": 3, "type": "sample", "rank": r, "ts": T + k * 10**9 + 1, "cpu": float(k + r),
-                                   "rss": 1 << 30}])
+        beats = [{"v": 3, "type": "heartbeat", "rank": r, "ts": T + k * 10**9, "inflight": 0} for r in range(3)]
+        beats_only.ingest([dict(b) for b in beats])
+        sampled.ingest(beats + [{"v": 3, "type": "sample", "rank": r, "ts": T + k * 10**9 + 1, "cpu": float(k + r),
+                                 "rss": 1 << 30} for r in range(3)])
     for r in range(3):
         got = sampled.samples(r)
         assert got["cpu"].tolist() == [float(k + r) for k in range(100)] and np.isnan(got["gpu_util"]).all()

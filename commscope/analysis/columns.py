@@ -1117,8 +1117,9 @@ class SampleRows:
     second, written here with a numpy call for them all (``append``), where a block a rank
     cost a Python step each, and an allocation each at its first growth (a quarter of a
     16k console's ingest while it caught up).  A rank that outgrows its rows moves, with
-    twice as many, to the block's free end; a full block gives way to one twice what the
-    ranks hold, every rank's samples copied at once (``_renew``).  Rows are never written again once a rank
+    twice as many, to the block's free end; a full block gives way to one holding every
+    rank's rows side by side and a quarter as many free, every rank's samples copied
+    (``_renew``).  Rows are never written again once a rank
     left them, nor the block once it gave way: arrays handed out (``arrays``) stay valid.
     Each rank's last sample is kept too (``last``: as decoded, or its line as written)."""
 
@@ -1182,6 +1183,7 @@ class SampleRows:
         self.last[s] = last
 
     def _slots(self, size: int) -> None:
+        """Room for slots up to ``size`` (a rank added to the table since: no samples yet)."""
         self.base = grown(self.base, size)
         self.cap = grown(self.cap, size)
         self.n = grown(self.n, size)
@@ -1216,13 +1218,29 @@ class SampleRows:
         self.base[held] = start
         self.fill = total
 
+    #: Samples ``_copy`` moves at a time: its index arrays and a column's values are this
+    #: long at most (a new block for 16k ranks' millions of samples made them a few times
+    #: the samples' size while both blocks were alive)
+    COPY_ROWS = 1 << 18
+
     def _copy(self, slots: np.ndarray, to: np.ndarray, start: np.ndarray) -> None:
-        """The samples of ``slots`` copied into block ``to`` from row ``start[j]`` on."""
+        """The samples of ``slots`` copied into block ``to`` from row ``start[j]`` on, a
+        column and at most ``COPY_ROWS`` samples at a time."""
         n = self.n[slots]
-        k = int(n.sum())
-        if k:
-            within = np.arange(k) - np.repeat(np.cumsum(n) - n, n)
-            to[np.repeat(start, n) + within] = self.rows[np.repeat(self.base[slots], n) + within]
+        ends = np.cumsum(n)
+        a = 0
+        while a < slots.shape[0]:  # (slots a..b-1: at least one, ~COPY_ROWS samples)
+            done = int(ends[a - 1]) if a else 0
+            b = max(a + 1, int(np.searchsorted(ends, done + self.COPY_ROWS, side="right")))
+            k = n[a:b]
+            total = int(k.sum())
+            if total:
+                within = np.arange(total) - np.repeat(np.cumsum(k) - k, k)
+                src = np.repeat(self.base[slots[a:b]], k) + within
+                dst = np.repeat(start[a:b], k) + within
+                for j in range(len(SAMPLE_FIELDS)):
+                    to[dst, j] = self.rows[src, j]
+            a = b
 
 
 def no_samples() -> dict[str, np.ndarray]:
@@ -1233,8 +1251,6 @@ def no_samples() -> dict[str, np.ndarray]:
 class Samples:
     """One rank's resource samples for sparklines: ts, cpu, rss, gpu_util, gpu_mem,
     gpu_mem_total, kept by its table's ``SampleRows`` (its slot's rows, and its last)."""
-
-    FIELDS = SAMPLE_FIELDS
 
     #: Why GPU samples are missing, as the rank's probe said (once: ``gpu_error``)
     gpu_error: str | None = None
@@ -1267,11 +1283,15 @@ class Samples:
     @classmethod
     def columns_of(cls, evs: Sequence[dict]) -> dict[str, np.ndarray]:
         """Sample events as columns (None, a field a sample lacks, becomes NaN)."""
-        return {f: np.array(list(map(dict.get, evs, repeat(f))), np.float64) for f in cls.FIELDS}
+        return {f: np.array(list(map(dict.get, evs, repeat(f))), np.float64) for f in SAMPLE_FIELDS}
 
     def add(self, evs: Sequence[dict], cols: Mapping[str, np.ndarray] | None = None) -> None:
         """Append sample events (``cols``: their ``columns_of``, when the caller has them)."""
         self.extend(cols if cols is not None else self.columns_of(evs), evs[-1])
+        self.note_gpu_error(evs)
+
+    def note_gpu_error(self, evs: Sequence[dict]) -> None:
+        """Keep the first GPU error among sample events ``evs``, if any says one."""
         err = next((e["gpu_error"] for e in evs if e.get("gpu_error")), None)
         if err is not None:
             self.gpu_error = str(err)
@@ -1280,7 +1300,7 @@ class Samples:
         """``add`` of samples given as their columns alone, and the last of them (its line
         where it was not decoded: ``last``), a whole read's or a poll's (``beats.Beats``;
         none of them says ``gpu_error``)."""
-        self._rows.append_one(self._s, np.column_stack([np.asarray(cols[f], np.float64) for f in self.FIELDS]),
+        self._rows.append_one(self._s, np.column_stack([np.asarray(cols[f], np.float64) for f in SAMPLE_FIELDS]),
                               last)
 
     def arrays(self) -> dict[str, np.ndarray]:

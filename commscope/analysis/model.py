@@ -65,7 +65,7 @@ from commscope.analysis.vocab import (  # noqa: F401  (re-exported: the model's 
     is_kill,
     signal_label,
 )
-from commscope.beats import Beats
+from commscope.beats import SAMPLE_FIELDS, Beats
 from commscope.events import P2P_OPS, Event
 from commscope.oprecords import (
     F_APPROX,
@@ -1722,13 +1722,13 @@ class TraceModel:
             one = np.flatnonzero(sample_row >= 0)
             if one.shape[0]:  # (a sample a rank: appended for all at once)
                 at = sample_row[one]
-                got = samples.slot[at]
+                rows = samples.slot[at]
                 evs = [events[a] for a in at.tolist()]
                 t.sample_rows.append(slot[one], np.ones(one.shape[0], np.int64),
-                                     np.column_stack([samples.cols[f][got] for f in Samples.FIELDS]), evs)
+                                     np.column_stack([samples.cols[f][rows] for f in SAMPLE_FIELDS]), evs)
                 for s, e in zip(slot[one].tolist(), evs, strict=True):
                     if e.get("gpu_error"):
-                        traces[s].samples.gpu_error = str(e["gpu_error"])
+                        traces[s].samples.note_gpu_error([e])
             for j, rows in several.items():
                 at = samples.slot[rows]
                 traces[int(slot[j])].samples.add([events[i] for i in rows], {f: c[at] for f, c in samples.cols.items()})
@@ -1756,7 +1756,7 @@ class TraceModel:
         some = np.flatnonzero(counts)
         if some.shape[0]:  # (the entries' rows, in their order: those with none have none)
             cols = beats.cols
-            rows = np.column_stack([np.asarray(cols[f], np.float64)[start[0]:start[-1]] for f in Samples.FIELDS])
+            rows = np.column_stack([np.asarray(cols[f], np.float64)[start[0]:start[-1]] for f in SAMPLE_FIELDS])
             t.sample_rows.append(slots[some], counts[some], rows, [beats.last[k] for k in some.tolist()])
         self._seen_many(slots, beats.t0, beats.t1, np.full(slots.shape[0], I64_MAX, np.int64))
         changed.update(ranks.tolist())
@@ -2123,7 +2123,8 @@ class TraceModel:
             self.ranks = dict(sorted(self.ranks.items()))
 
     def nbytes(self) -> int:
-        """Bytes the model's arrays hold (their capacity): what the console bounds."""
+        """Bytes the model's arrays hold (their capacity; of the samples' shared block, the
+        rows handed out: ``SampleRows.nbytes``): what the console bounds."""
         shared: dict[int, int] = {}
         total = sum(rt.nbytes(shared) for rt in self.ranks.values()) + sum(shared.values()) + self.table.nbytes()
         total += sum(gi.seqs.mat.nbytes + gi.seqs.keys.nbytes + gi.colmap.nbytes for gi in self.coll.values())
