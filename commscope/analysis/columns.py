@@ -1119,9 +1119,9 @@ class SampleRows:
     16k console's ingest while it caught up).  A rank that outgrows its rows moves, with
     twice as many, to the block's free end; a full block gives way to one holding every
     rank's rows side by side and a quarter as many free, every rank's samples copied
-    (``_renew``).  Rows are never written again once a rank
-    left them, nor the block once it gave way: arrays handed out (``arrays``) stay valid.
-    Each rank's last sample is kept too (``last``: as decoded, or its line as written)."""
+    (``_renew``).  Rows are never written again once a rank left them, nor the block once
+    it gave way: arrays handed out (``arrays``) stay valid.  Each rank's last sample is
+    kept too (``last``: as decoded, or its line as written)."""
 
     #: Rows a rank gets at its first sample (it doubles from there)
     MIN_ROWS = 16
@@ -1205,8 +1205,8 @@ class SampleRows:
     def _renew(self, slots: np.ndarray, caps: np.ndarray) -> None:
         """A new block: every rank's rows, ``slots`` with ``caps`` rows now, side by side,
         and a quarter as many again free for ranks that outgrow theirs later (2,048 rows at
-        least); every rank's samples copied at once.  Rows ranks moved out of are left behind
-        until then."""
+        least); every rank's samples copied (``_copy``).  Rows ranks moved out of are left
+        behind until then."""
         self.cap[slots] = caps
         held = np.flatnonzero(self.cap)
         caps = self.cap[held]
