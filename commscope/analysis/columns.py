@@ -55,6 +55,12 @@ def grown(arr: np.ndarray, need: int, keep: int | None = None, fill: Any = 0, mi
     return out
 
 
+def _within(sizes: np.ndarray) -> np.ndarray:
+    """For runs of ``sizes`` rows laid end to end, each row's place within its run
+    (``[0, 1, 0, 1, 2]`` for sizes 2 and 3): ranks' rows gathered or copied at once."""
+    return np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+
+
 #: Empty columns, shared: nothing can be written into them, and growing one makes a new array
 _NONE_I8, _NONE_I4, _NONE_U1, _NONE_F8 = (np.zeros(0, t) for t in (np.int64, np.int32, np.uint8, np.float64))
 _VIEW_OF = attrgetter("_view")
@@ -180,8 +186,7 @@ class RankTable:
             lo, hi = self.open_from[fold], self.n[fold]
             sizes = hi - lo
             who = np.repeat(fold, sizes)
-            i = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes) + lo[
-                np.repeat(np.arange(fold.shape[0]), sizes)]
+            i = _within(sizes) + np.repeat(lo, sizes)
             (comp,) = self.gather(("comp",), self.block[who], self.base[who] + i)
             at = comp <= 0
             who, i = who[at], i[at]
@@ -512,7 +517,7 @@ class RankTable:
                         cols[c][at:at + k] = old[c][a:a + k]
         elif rows:
             who = np.repeat(np.arange(slots.shape[0]), n)
-            within = np.arange(rows, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+            within = _within(n)
             dst = start[who] + within
             src = self.base[slots][who] + within
             for old, m in self._groups(src_block[who]):
@@ -1235,7 +1240,7 @@ class SampleRows:
             k = n[a:b]
             total = int(k.sum())
             if total:
-                within = np.arange(total) - np.repeat(np.cumsum(k) - k, k)
+                within = _within(k)
                 src = np.repeat(self.base[slots[a:b]], k) + within
                 dst = np.repeat(start[a:b], k) + within
                 for j in range(len(SAMPLE_FIELDS)):
