@@ -46,6 +46,11 @@ def warm_up() -> None:
     forkserver.ensure_running()
 
 
+def barrier(parties: int) -> Any:
+    """A ``multiprocessing`` Barrier the ranks of a ``Job`` can share (pass it in ``args``)."""
+    return _context().Barrier(parties)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -181,6 +181,38 @@ def test_hanging_scenario_ends_on_its_own_and_keeps_the_diagnosis(tmp_path):
     assert [(f["kind"], f["culprits"]) for f in findings] == [("missing_ranks", [1])]
 
 
+def test_ranks_leaving_at_the_time_limit_wait_for_each_other_s_recording_to_end(tmp_path):
+    """Rank 0 is slow to end its recording at the deadline: had rank 1 left without waiting
+    for it, rank 0's waiting all_reduce would fail in its trace (an op_failed)."""
+    sc = Scenario(name="missing-rank-slow-end", title="t", summary="s", look_for="l", worker=slow_to_end)
+    job = DemoJob(sc, ranks=2, store=str(tmp_path), steps=4, pace=0.1, hang_after=1.0, time_limit=6.0).start()
+    pids = job.pids
+    assert job.wait(40), "the workers should leave at the time limit"
+    assert wait_gone(pids) == []
+    assert job.exitcodes == [EXIT_TIME_LIMIT, EXIT_TIME_LIMIT]
+    out = io.StringIO()
+    assert check_store(job.store, json=True, console=Console(file=out)) == 1
+    report = json.loads(out.getvalue())
+    assert [(f["kind"], f["culprits"]) for f in report["findings"]] == [("missing_ranks", [1])]
+    assert report["findings"][0]["evidence"]["waited_s"].keys() == {"0"}
+
+
+def slow_to_end(rank: int, ws: int, ctx) -> None:
+    """missing-rank, with rank 0 ending its recording 1.5 s late at the time limit."""
+    from commscope.record import recorder
+    from commscope.scenarios.workloads import missing_rank
+
+    if rank == 0:
+        end = recorder.end_before_exit
+
+        def late(code: int) -> None:
+            time.sleep(1.5)
+            end(code)
+
+        recorder.end_before_exit = late
+    missing_rank(rank, ws, ctx)
+
+
 ORPHAN = textwrap.dedent("""
     import os, sys
     from commscope.scenarios import DemoJob

@@ -646,15 +646,27 @@ _real_os_exit = os._exit
 def _os_exit(code: int) -> None:
     """``os._exit``: no atexit, no finally.  What the rank recorded still reaches the store
     (bounded, ~1 s at most) and its ``exit`` says so, then the process leaves as asked."""
-    rec = _active
-    if rec is not None and os.getpid() == rec.pid:
-        try:
-            rec.ops.note_exit(int(code))
-            rec.ops.uninstall()
-            rec.stop("exception" if rec.crash else "os._exit", code=int(code))
-        except BaseException:
-            pass
+    end_before_exit(code)
     _real_os_exit(code)
+
+
+def end_before_exit(code: int) -> None:
+    """The recording ends as ``os._exit(code)`` ends it (its ``exit`` says so), but the
+    process stays: a caller that must not leave before others have ended theirs (the
+    demo's ranks at their time limit: one leaving first would fail the others' waiting
+    ops, in their traces) calls this, waits for them, then calls ``os._exit``.  Ops that
+    end after this are not recorded."""
+    global _active
+    rec = _active  # (no lock: this may run in a signal handler that interrupted its holder)
+    if rec is None or os.getpid() != rec.pid:
+        return
+    _active = None
+    try:
+        rec.ops.note_exit(int(code))
+        rec.ops.uninstall()
+        rec.stop("exception" if rec.crash else "os._exit", code=int(code))
+    except BaseException:
+        pass
 
 
 def note_uncaught(exc: BaseException) -> None:

@@ -61,9 +61,10 @@ class DemoContext:
 
     def hold(self) -> None:
         """Stay here (a hung rank's partner, or a rank idling) until the runner's watchdog
-        ends every rank together at the deadline.  Returns only without a watchdog: 5 s
-        after the deadline, or after an hour when there is none."""
-        end = self.deadline + 5.0 if self.deadline else time.time() + 3600.0
+        ends every rank together at the deadline.  Returns only without a watchdog: a
+        minute after the deadline (past the watchdog's wait for the others and its alarm),
+        or after an hour when there is none."""
+        end = self.deadline + 60.0 if self.deadline else time.time() + 3600.0
         while (left := end - time.time()) > 0:
             time.sleep(min(left, 1.0))
 

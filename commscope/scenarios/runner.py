@@ -18,7 +18,9 @@ one joins the process group, switches ``commscope.instrument`` on and runs the s
   every job not stopped yet.
 * every worker has a watchdog: at the demo's deadline (``time_limit`` after ``start()``)
   all ranks leave together (exit code ``EXIT_TIME_LIMIT``), so a hung scenario ends on its
-  own; a worker whose launching process died exits at once (``EXIT_ORPHANED``; on Linux
+  own.  Each ends its recording first and leaves once all have (or ``LEAVE_WAIT`` later,
+  when one is gone already): a rank leaving first would fail the waiting ops of the others
+  in their traces, and a hang would read as an ``op_failed``.  A worker whose launching process died exits at once (``EXIT_ORPHANED``; on Linux
   the kernel also kills it when the forkserver goes); an ``alarm()`` backstop kills a
   worker that could not run Python at all 10 s after the deadline.
 
@@ -50,6 +52,9 @@ EXIT_ORPHANED = 125
 HANG_TIME_LIMIT = 40.0
 #: Default time limit of the others (they end on their own well before).
 RUN_TIME_LIMIT = 180.0
+#: At the deadline, how long a rank that has ended its recording waits for the others to
+#: end theirs before it leaves (the whole wait only when a rank is gone already).
+LEAVE_WAIT = 5.0
 
 
 def get_scenario(scenario: str | Scenario) -> Scenario:
@@ -84,13 +89,15 @@ def _native_ready() -> bool:
         return False
 
 
-def _rank_main(rank: int, world_size: int, worker: Any, ctx: DemoContext, pg_timeout: float) -> Any:
-    """Runs in each worker process (launched by commscope.launch.Job with init=False)."""
+def _rank_main(rank: int, world_size: int, worker: Any, ctx: DemoContext, pg_timeout: float,
+               leaving: Any) -> Any:
+    """Runs in each worker process (launched by commscope.launch.Job with init=False);
+    ``leaving``: the ranks' barrier at the deadline (a ``multiprocessing`` Barrier)."""
     from datetime import timedelta
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launching process decides when we stop
     _redirect_output(ctx, rank)
-    _start_watchdog(ctx)
+    _start_watchdog(ctx, leaving)
     import torch
     import torch.distributed as dist
 
@@ -108,6 +115,7 @@ def _rank_main(rank: int, world_size: int, worker: Any, ctx: DemoContext, pg_tim
         print(f"[rank {rank}] scenario {ctx.scenario} completed", flush=True)
         return result
     except Exception:
+        _stay_if_time_is_up()
         _uncaught(*sys.exc_info())
         raise
     finally:
@@ -158,7 +166,34 @@ def _owner_alive(ctx: DemoContext) -> bool:
         return False
 
 
-def _start_watchdog(ctx: DemoContext) -> None:
+#: Set when the watchdog begins to leave at the deadline.
+_time_is_up = threading.Event()
+
+
+def _stay_if_time_is_up() -> None:
+    """An op that fails once the watchdog is leaving fails because the other ranks are
+    leaving too: the watchdog's exit (``EXIT_TIME_LIMIT``) is the rank's, not this one's."""
+    while _time_is_up.is_set():
+        time.sleep(60.0)
+
+
+def _leave_at_deadline(leaving: Any) -> None:
+    """The time limit: end the recording (its ``exit`` written), wait until every rank has
+    ended its own, then leave.  Ops that fail meanwhile (a rank that left without waiting)
+    are not recorded, so the trace keeps the hang it showed."""
+    _time_is_up.set()
+    print(f"commscope demo: time limit reached, rank exiting (code {EXIT_TIME_LIMIT})", flush=True)
+    from commscope.record.recorder import end_before_exit
+
+    end_before_exit(EXIT_TIME_LIMIT)
+    try:
+        leaving.wait(LEAVE_WAIT)
+    except threading.BrokenBarrierError:  # a rank gone already, or one that did not come in time
+        pass
+    os._exit(EXIT_TIME_LIMIT)
+
+
+def _start_watchdog(ctx: DemoContext, leaving: Any) -> None:
     if sys.platform.startswith("linux"):
         try:  # the kernel kills us when our parent (the forkserver, which dies with the owner) dies
             import ctypes
@@ -168,14 +203,13 @@ def _start_watchdog(ctx: DemoContext) -> None:
             pass
     if ctx.deadline:
         # Backstop that needs no Python: SIGALRM's default action terminates the process.
-        signal.alarm(max(1, math.ceil(ctx.deadline - time.time()) + 10))
+        signal.alarm(max(1, math.ceil(ctx.deadline - time.time() + LEAVE_WAIT) + 10))
 
     def watch() -> None:
         while True:
             now = time.time()
             if ctx.deadline and now >= ctx.deadline:
-                print(f"commscope demo: time limit reached, rank exiting (code {EXIT_TIME_LIMIT})", flush=True)
-                os._exit(EXIT_TIME_LIMIT)
+                _leave_at_deadline(leaving)
             if not _owner_alive(ctx):
                 os._exit(EXIT_ORPHANED)
             time.sleep(min(0.5, ctx.deadline - now) if ctx.deadline else 0.5)
@@ -261,6 +295,7 @@ class DemoJob:
         self.started_at: float | None = None
         self.deadline: float | None = None
         self._job: Any = None
+        self._leaving: Any = None
         self._lock = threading.RLock()
         self._stopped = False
 
@@ -274,7 +309,7 @@ class DemoJob:
         global _ATEXIT
         import psutil
 
-        from commscope.launch import Job
+        from commscope.launch import Job, barrier
 
         with self._lock:
             if self._job is not None or self._stopped:
@@ -293,7 +328,8 @@ class DemoJob:
                    "COMMSCOPE_HANG_AFTER": str(self.hang_after)}
             if not _native_ready():  # the Python recorder sees C++-issued collectives only this way
                 env["TORCH_FR_BUFFER_SIZE"] = os.environ.get("TORCH_FR_BUFFER_SIZE", "2000")
-            self._job = Job(_rank_main, self.ranks, args=(self.scenario.worker, ctx, pg_timeout),
+            self._leaving = barrier(self.ranks)  # held: its semaphores go with the last reference
+            self._job = Job(_rank_main, self.ranks, args=(self.scenario.worker, ctx, pg_timeout, self._leaving),
                             backend=self.backend, env=env, init=False)
             if not _ATEXIT:
                 atexit.register(_stop_all)
