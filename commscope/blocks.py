@@ -55,6 +55,7 @@ from commscope.oprecords import (
     PH_WAIT_BEGIN,
     PH_WAIT_END,
     OpRecords,
+    Spans,
     Static,
     concat,
     merged,
@@ -2123,18 +2124,21 @@ class Together(NamedTuple):
     gathered: Sequence[beatscan.Gathered] = ()
 
 
-def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]], take: np.ndarray | None = None) -> Together:
+def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]], take: np.ndarray | None = None,
+                    joined: list[Joined] | None = None) -> Together:
     """``decode_chunks``, then the chunks it left that start by teaching their decoder (a
     stream's first: its meta, its first table prefix) decoded together after all: each
     decoder learns its chunk's head (``learn_head``), the rests go through
     ``decode_chunks`` again, and a rest it leaves is decoded alone (it may not be left:
     its decoder learnt the head).  ``take``: the chunks whose heartbeats and samples
     ``decode_chunks`` may take out as rows (``Together.gathered``; a stream's first chunk
-    takes those of its rest, where its head has none)."""
+    takes those of its rest, where its head has none).  ``joined``: the records of the
+    chunks the first ``decode_chunks`` returned stay in its columns (``Joined``; a chunk
+    that learnt its head has its records, in other columns, as its ``Decoded.ops``)."""
     n = len(chunks)
     alone: list[blockscan.Scan | None] = []
     rows: list[beatscan.Gathered] = []
-    decoded = decode_chunks(chunks, alone, take=take, gathered=rows)
+    decoded = decode_chunks(chunks, alone, take=take, gathered=rows, joined=joined)
     if len(alone) != n:
         alone = [None] * n
     learnt = [False] * n
@@ -2174,9 +2178,22 @@ def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]], take: np.ndarr
     return Together(decoded, learnt, alone, rows)
 
 
+class Joined(NamedTuple):
+    """The op records of the chunks ``decode_chunks`` returned, left in the columns they were
+    resolved into: span ``k`` of ``spans`` (none empty, back to back) is the records of
+    chunk ``chunks[k]``, whose ``Decoded.ops`` is then None.  A reader hands a poll's
+    records on as these arrays (``Spans``): making each of 16k chunks its view
+    (``OpRecords.rows_of``, ~3 us) and counting them one by one was a fifth of a live
+    poll's time in a read process."""
+
+    spans: Spans
+    chunks: np.ndarray
+
+
 def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[blockscan.Scan | None] | None = None,
                   scans: list[blockscan.Scan] | None = None, take: np.ndarray | None = None,
-                  gathered: list[beatscan.Gathered] | None = None) -> list[Decoded | None]:
+                  gathered: list[beatscan.Gathered] | None = None, joined: list[Joined] | None = None
+                  ) -> list[Decoded | None]:
     """``decode_chunk`` of several streams' chunks (complete lines; one chunk a stream, its
     decoder with it), the common case for all of them at once: one scan, and the records
     resolved in one pass into one set of columns, each stream's a slice of them
@@ -2198,7 +2215,11 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[bloc
     reads are taken out of the events as rows, appended to ``gathered`` (one
     ``beatscan.Gathered``, of the chunks returned: none of whose events is then a heartbeat
     or a sample).  They are half a live poll's lines: as JSON, ~11% of a read process's
-    time catching up on 16k ranks, and as dicts ~27% of the console's."""
+    time catching up on 16k ranks, and as dicts ~27% of the console's.
+
+    ``joined`` (a list): the records of the chunks returned are not made into views each,
+    but appended to it as one ``Joined`` (where there are any): their ``Decoded.ops`` is
+    None, and ``Decoded.count`` does not count them."""
     n = len(chunks)
     out: list[Decoded | None] = [None] * n
     if take is not None and gathered is None:
@@ -2299,7 +2320,11 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[bloc
             out[c] = Decoded(evs, damaged, invalid)
             continue
         dec._gathered += b - a
-        out[c] = Decoded(evs, damaged, invalid, whole.rows_of(dec.rank, a, b))
+        out[c] = Decoded(evs, damaged, invalid, None if joined is not None else whole.rows_of(dec.rank, a, b))
+    if joined is not None:
+        has = np.flatnonzero(counts)  # (only chunks returned have records: ``keep``)
+        if has.shape[0]:
+            joined.append(Joined(Spans(whole, np.append(bounds[has], bounds[-1]), ranks[has]), has))
     return out
 
 

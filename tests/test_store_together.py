@@ -191,11 +191,13 @@ def test_a_torn_segment_end_keeps_a_rank_s_incarnations_in_order(tmp_path):
 def test_a_poll_decoded_together_hands_its_records_over_as_arrays(tmp_path, seed, torn):
     """A poll whose every record a reader decoded together comes with their ``Spans`` (one
     set of columns, each record's rows and rank as arrays); one where any record went
-    alone comes without.  A model ingesting the polls with their spans is the model
-    ingesting them without."""
+    alone comes without.  Decoded in one go, its records are handed over in those columns,
+    no stream's view made (``Unpacked``).  A model ingesting the polls with their spans is
+    the model ingesting them without."""
     import sys
 
     from commscope.analysis.model import TraceModel
+    from commscope.oprecords import Unpacked
 
     sys.path.insert(0, str(Path(__file__).parent))
     from model_compare import differences, model_state
@@ -209,12 +211,15 @@ def test_a_poll_decoded_together_hands_its_records_over_as_arrays(tmp_path, seed
     if torn:  # (what is queued decoded between streams too: a poll of two sets of columns)
         reader.QUEUE_BYTES = 6_000
     given, plain = TraceModel(), TraceModel()
-    with_spans = without = 0
+    with_spans = without = in_columns = 0
     last: Batch | None = None
     while job.step(rng.choice([300, 3_000, 20_000])):
         batch = reader.poll_batch(rng.choice([None, None, 50_000]))
         if batch.spans is not None:
             sp = batch.spans
+            if isinstance(batch.ops, Unpacked):
+                assert batch.ops.spans is sp and all(made is None for made in batch.ops._made)
+                in_columns += 1
             assert sp.of(batch.ops) and len(batch.ops) == sp.ranks.shape[0]
             for k, o in enumerate(batch.ops):
                 assert o.span is not None and o.span.whole is sp.whole and o.rank == int(sp.ranks[k])
@@ -228,6 +233,7 @@ def test_a_poll_decoded_together_hands_its_records_over_as_arrays(tmp_path, seed
         given.ingest(batch.events, batch.ops, batch.spans, batch.beats)
         plain.ingest(batch.events, batch.ops, beats=batch.beats)
     assert with_spans >= 3 and without >= 1  # (the first polls learn each stream's tables alone)
+    assert in_columns >= 3
     assert differences(model_state(given), model_state(plain)) == []
     # spans that are not the records' (one fewer, reversed) are not taken for them
     assert last is not None and last.spans is not None

@@ -16,7 +16,15 @@ import orjson
 
 from commscope import beatscan
 from commscope.beats import Beats
-from commscope.blocks import BlockDecoder, StaticTable, Together, decode_alone, decode_stream, decode_together
+from commscope.blocks import (
+    BlockDecoder,
+    Joined,
+    StaticTable,
+    Together,
+    decode_alone,
+    decode_stream,
+    decode_together,
+)
 from commscope.blockscan import Scan
 from commscope.events import Decoded, Event, decode_lines
 from commscope.oprecords import OpRecords, Spans, Unpacked, packed
@@ -334,9 +342,10 @@ class TraceReader(abc.ABC):
     _next_spool_look = 0.0
     _block_decoders: dict[Stream, BlockDecoder]  # per stream, made by ``ingest``: see commscope.blocks
     _statics: StaticTable  # what the streams' decoders share (every rank restates the same signatures)
-    #: Op records stay in columns (``poll_batch``): ``ingest`` keeps them in ``_ops``
+    #: Op records stay in columns (``poll_batch``): ``ingest`` keeps them in ``_ops`` (a
+    #: poll's streams decoded together: their columns as they came, ``Unpacked``)
     columnar = False
-    _ops: list[OpRecords]
+    _ops: list[OpRecords] | Unpacked
     _max_ids: dict[Stream, int]  # per stream, kept by ``ingest``: see ``max_op_id``
     #: Chunks a columnar poll read, waiting to be decoded together (``ingest_later``); None:
     #: each is decoded as it is read
@@ -521,7 +530,7 @@ class TraceReader(abc.ABC):
             decoder = decoders[stream] = BlockDecoder(stream[0], table)
         return decoder
 
-    def _take_ops(self) -> tuple[list[OpRecords], Spans | None]:
+    def _take_ops(self) -> tuple[Sequence[OpRecords], Spans | None]:
         """The op records read since the last call, and their ``Spans`` where they are one
         poll's streams decoded together (``decode_queued``)."""
         ops = getattr(self, "_ops", None) or []
@@ -623,7 +632,8 @@ class TraceReader(abc.ABC):
             ranks = np.fromiter((stream[0] for stream in queued), np.int64, len(queued))
             once = set(ranks[np.bincount(ranks - ranks.min())[ranks - ranks.min()] == 1].tolist())
             take = np.fromiter((stream[0] in once for stream in together), np.bool_, len(together))
-        got = decode_together([(queued[stream][0][0], self._decoder(stream)) for stream in together], take) \
+        joined: list[Joined] = []
+        got = decode_together([(queued[stream][0][0], self._decoder(stream)) for stream in together], take, joined) \
             if len(together) > 1 else Together([None] * len(together), [False] * len(together), [None] * len(together))
         marks: dict[Stream, Event] = {}
         if got.gathered and self._rows is not None:  # (each chunk's mark, before its events)
@@ -638,14 +648,21 @@ class TraceReader(abc.ABC):
         decoded = dict(zip(together, got.decoded, strict=True))
         scans = dict(zip(together, got.alone, strict=True))  # (the scan of each chunk left alone: not scanned again)
         learnt = {stream for stream, taught in zip(together, got.learnt, strict=True) if taught}
-        spans = [(stream, d.ops) for stream, d in decoded.items()
-                 if d is not None and d.ops is not None and stream not in learnt]
-        starts = np.fromiter((o.span.start for _, o in spans), np.int64, len(spans))
-        if spans:  # the highest id of each stream's records, in one call
-            whole = spans[0][1].span.whole
-            tops = np.maximum.reduceat(whole.id, starts)
-            for (stream, _), top in zip(spans, tops.tolist(), strict=True):
+        columns = joined[0] if joined else None  # (the records of the chunks decoded together at once)
+        views: dict[Stream, OpRecords] = {}
+        if columns is not None:
+            sp = columns.spans
+            streams = [together[c] for c in columns.chunks.tolist()]
+            # the highest id of each stream's records, in one call
+            for stream, top in zip(streams, np.maximum.reduceat(sp.whole.id, sp.start[:-1]).tolist(), strict=True):
                 self._raise_max_id(stream, top)
+            records = int(sp.start[-1] - sp.start[0])
+            self.stats.events += records
+            self.stats.records += records
+            if not first or len(together) != len(queued) or learnt or any(d is None for d in got.decoded):
+                # (other records come too: each stream's, a view, in its turn, as a poll not
+                # decoded together hands them over)
+                views = dict(zip(streams, Unpacked(sp), strict=True))
         out: dict[Stream, list[Event]] = {}
         for stream, chunks in queued.items():
             d = decoded.get(stream)
@@ -660,10 +677,15 @@ class TraceReader(abc.ABC):
             if top >= 0:
                 self._raise_max_id(stream, top)
             self._account(stream, d, size=chunks[0][1])
+            view = views.get(stream)
+            if view is not None:
+                self._keep_ops(view)
             mark = marks.get(stream)
             out[stream] = d.events if mark is None else [mark, *d.events]
-        if first:  # (the poll's records: as arrays where they lie back to back in one set of columns)
-            self._spans = _spans_of(getattr(self, "_ops", []))
+        if columns is not None and not views:  # (the poll's records, all in those columns)
+            self._ops, self._spans = Unpacked(columns.spans), columns.spans
+        elif first:  # (the poll's records: as arrays where they lie back to back in one set of columns)
+            self._spans = _spans_of(list(getattr(self, "_ops", [])))
         return out
 
     def ingest(self, stream: Stream, raw: bytes | Sequence[bytes], size: int = 0, scanned: Scan | None = None
@@ -698,11 +720,7 @@ class TraceReader(abc.ABC):
         """What ``ingest`` keeps of a decoded chunk but the highest op id: its op records,
         and in ``stats`` what it held, skipped and (``counts_lost_markers``) says was lost."""
         if got.ops is not None:
-            self._spans = None  # (``decode_queued`` says, after its records, whether they are all)
-            try:
-                self._ops.append(got.ops)
-            except AttributeError:
-                self._ops = [got.ops]
+            self._keep_ops(got.ops)
         rank = stream[0]
         stats = self.stats
         stats.count_decoded(rank, got)
@@ -710,6 +728,17 @@ class TraceReader(abc.ABC):
             stats.count_store_lost(rank, got)
         stats.bytes += size
         stats.chunks += 1
+
+    def _keep_ops(self, ops: OpRecords) -> None:
+        """Keep a stream's op records for the batch (``_take_ops``), after those kept before."""
+        self._spans = None  # (``decode_queued`` says, after its records, whether they are all)
+        kept = getattr(self, "_ops", None)
+        if kept is None:
+            self._ops = [ops]
+        elif isinstance(kept, list):
+            kept.append(ops)
+        else:  # (a poll's columns, as they came: each stream's view from now on)
+            self._ops = [*kept, ops]
 
     def spool_remnants(self, job: str | None, store: str, writer: Callable[[int, int], Any],
                        final: bool) -> tuple[int, dict[Stream, list[Event]]]:

@@ -1104,9 +1104,7 @@ class DirectoryReader(TraceReader):
         recs = jsonops.of_events(stream[0], ops, self._decoder(stream).table) if ops else None
         if recs is None:
             return events
-        if not hasattr(self, "_ops"):
-            self._ops = []
-        self._ops.append(recs)
+        self._keep_ops(recs)
         return rest
 
     def decoder_states(self) -> dict[Stream, DecoderState]:
