@@ -2133,8 +2133,9 @@ def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]], take: np.ndarr
     its decoder learnt the head).  ``take``: the chunks whose heartbeats and samples
     ``decode_chunks`` may take out as rows (``Together.gathered``; a stream's first chunk
     takes those of its rest, where its head has none).  ``joined``: the records of the
-    chunks the first ``decode_chunks`` returned stay in its columns (``Joined``; a chunk
-    that learnt its head has its records, in other columns, as its ``Decoded.ops``)."""
+    chunks each ``decode_chunks`` returned stay in its columns (a ``Joined`` each: those of
+    the chunks that learnt no head, then those of the rests; a rest decoded alone has its
+    records as its ``Decoded.ops``)."""
     n = len(chunks)
     alone: list[blockscan.Scan | None] = []
     rows: list[beatscan.Gathered] = []
@@ -2159,10 +2160,13 @@ def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]], take: np.ndarr
         (bool(take[c]) and not any(e["type"] in _LIVENESS for e in heads[c].decoded.events) for c in which),
         np.bool_, len(which))
     rest_rows: list[beatscan.Gathered] = []
+    rest_joined: list[Joined] | None = None if joined is None else []
     rests = decode_chunks([(heads[c].rest, chunks[c][1]) for c in which], parts, [heads[c].scanned for c in which],
-                          rest_take, rest_rows) if len(which) > 1 else [None] * len(which)
+                          rest_take, rest_rows, rest_joined) if len(which) > 1 else [None] * len(which)
+    of = np.asarray(which, np.int64)
+    if joined is not None and rest_joined:  # (numbered as the chunks given)
+        joined.append(rest_joined[0]._replace(chunks=of[rest_joined[0].chunks]))
     for g in rest_rows:  # (numbered as the chunks given; a head's events come before its rest's rows)
-        of = np.asarray(which, np.int64)
         among = {int(of[c]): (len(heads[int(of[c])].decoded.events), lines) for c, (_, lines) in g.among.items()}
         for c in np.unique(of[g.chunk]).tolist():
             if c not in among and heads[c].decoded.events:

@@ -39,6 +39,7 @@ from hypothesis import strategies as st
 
 from commscope import blocks, blockscan, dtypes
 from commscope.blocks import BlockDecoder, StaticTable, decode_stream
+from commscope.oprecords import OpRecords, Unpacked
 from commscope.schema import SCHEMA_VERSION, decode_lines
 
 #: (What the compiled scanner reads: without numba, or with ``COMMSCOPE_SCAN=0``, readers
@@ -648,13 +649,15 @@ def _hostile_native_stores(seeds: int) -> Iterator[tuple[int, list[tuple[int, li
                      for rank, lines in _rank_lines(files)]
 
 
-def run_together(per_rank: list[tuple[int, list[bytes]]], chunk: int, damaged: Counter | None = None
-                 ) -> tuple[dict[int, tuple], int, int]:
+def run_together(per_rank: list[tuple[int, list[bytes]]], chunk: int, damaged: Counter | None = None,
+                 joined: bool = False) -> tuple[dict[int, tuple], int, int]:
     """The streams read as a live poll reads them: the next ``chunk`` lines of every stream
     (0: all), decoded together (``blocks.decode_together``; a chunk it leaves, alone as
     ``run(scanned=True)`` decodes it), one table for all: (per rank what ``run`` gives,
     how many chunks were decoded together, how many of them after their decoder learnt
-    their head).  ``damaged``: the damaged lines counted into it, by rank."""
+    their head).  ``damaged``: the damaged lines counted into it, by rank.  ``joined``: the
+    records of the chunks decoded together taken from the columns they were left in
+    (``blocks.Joined``), not from each chunk's ``Decoded.ops``."""
     table = StaticTable()
     decs = {rank: BlockDecoder(rank, table) for rank, _ in per_rank}
     got: dict[int, tuple[list, list, Counter]] = {rank: ([], [], Counter()) for rank, _ in per_rank}
@@ -663,8 +666,16 @@ def run_together(per_rank: list[tuple[int, list[bytes]]], chunk: int, damaged: C
     learnt = [0]
     for i in range(0, max(len(lines) for _, lines in per_rank), size):
         polled = [(rank, b"\n".join(lines[i:i + size]) + b"\n") for rank, lines in per_rank if lines[i:i + size]]
-        got_together = blocks.decode_together([(data, decs[rank]) for rank, data in polled])
+        columns: list[blocks.Joined] | None = [] if joined else None
+        got_together = blocks.decode_together([(data, decs[rank]) for rank, data in polled], joined=columns)
+        left: dict[int, OpRecords] = {}  # chunk -> its records, where they were left in columns
+        for j in columns or []:
+            assert j.spans.ranks.tolist() == [polled[c][0] for c in j.chunks.tolist()]
+            left.update(zip(j.chunks.tolist(), Unpacked(j.spans), strict=True))
         for k, ((rank, data), d) in enumerate(zip(polled, got_together.decoded, strict=True)):
+            if k in left:
+                assert d is not None and d.ops is None
+                d = d._replace(ops=left[k])
             if d is None:  # (alone, through its part of the poll's scan where there was one)
                 part = got_together.alone[k]
                 d = blocks.decode_scanned(data, part if part is not None else blockscan.scan(data, rank), rank,
@@ -689,13 +700,14 @@ def run_together(per_rank: list[tuple[int, list[bytes]]], chunk: int, damaged: C
 @settings(SETTINGS, max_examples=150)
 @given(st.lists(st.one_of(streams(mode="upfront", rank=1), streams(mode="late", rank=1),
                           streams(mode="wild", rank=1)), min_size=1, max_size=4),
-       st.sampled_from([0, 1, 2, 3]))
-def test_streams_decoded_together_decode_as_each_alone(many, chunk):
+       st.sampled_from([0, 1, 2, 3]), st.booleans())
+def test_streams_decoded_together_decode_as_each_alone(many, chunk, joined):
     """``decode_chunks`` over several streams (a live poll's) gives each stream what
-    decoding it alone gives, however the streams are cut into polls."""
+    decoding it alone gives, however the streams are cut into polls, its records as each
+    chunk's or left in the columns they were resolved into (``blocks.Joined``)."""
     per_rank = [(rank, [x.replace(b'"rank":1', b'"rank":%d' % rank) for x in lines])
                 for rank, lines in enumerate(many, 1)]
-    together, _, _ = run_together(per_rank, chunk)
+    together, _, _ = run_together(per_rank, chunk, joined=joined)
     for rank, lines in per_rank:
         assert together[rank] == run(lines, rank, chunk=chunk, scanned=True), rank
 
@@ -882,26 +894,35 @@ def test_blank_lines_among_a_poll_s_other_lines_are_no_events_and_lines_that_sta
 
 
 @needs_scanner
-def test_a_native_job_s_polls_are_mostly_decoded_together_and_alike(tmp_path):
+@pytest.mark.parametrize("joined", [False, True])
+def test_a_native_job_s_polls_are_mostly_decoded_together_and_alike(tmp_path, joined):
     """A job written as the native recorder writes (``bench.synthstore``: blocks with ring
     positions restating their tables, begins through signatures, a heartbeat and a sample
     a second) polled a line or a few at a time, and the fuzzer's native store with hostile
     records in its blocks: decoding together gives each stream what it gives alone, and
-    most of the job's chunks go together, every stream's first ones among them."""
+    most of the job's chunks go together, every stream's first ones among them; ``joined``:
+    their records taken from the columns they were left in (``blocks.Joined``)."""
 
     from commscope.bench.synthstore import JobShape, write_store
 
     write_store(str(tmp_path), JobShape(6, 300, fault="healthy"), job="j")
     job = _rank_lines({p.name: p.read_bytes() for p in (tmp_path / "j").iterdir()})
     for chunk in (1, 3, 7):
-        got, together, learnt = run_together(job, chunk)
+        got, together, learnt = run_together(job, chunk, joined=joined)
         for rank, lines in job:
             assert got[rank] == run(lines, rank, chunk=chunk, scanned=True), (chunk, rank)
         polls = sum(-(-len(lines) // chunk) for _, lines in job)
         assert together >= polls * 9 // 10, (chunk, together, polls)
         assert learnt >= len(job), (chunk, learnt)  # (every stream's first blocks, after their decoder learnt them)
+    # two streams that start late: their first chunks learn their heads in polls where the
+    # others' go together at once (two sets of columns)
+    late = [(rank, [b""] * 6 + lines if rank < 2 else lines) for rank, lines in job]
+    for chunk in (2, 3):
+        got, _, _ = run_together(late, chunk, joined=joined)
+        for rank, lines in late:
+            assert got[rank] == run(lines, rank, chunk=chunk, scanned=True), (chunk, rank)
     for seed, per_rank in _hostile_native_stores(20):
-        got, _, _ = run_together(per_rank, 1)
+        got, _, _ = run_together(per_rank, 1, joined=joined)
         for rank, lines in per_rank:
             assert got[rank] == run(lines, rank, chunk=1, scanned=True), seed
 

@@ -648,9 +648,12 @@ class TraceReader(abc.ABC):
         decoded = dict(zip(together, got.decoded, strict=True))
         scans = dict(zip(together, got.alone, strict=True))  # (the scan of each chunk left alone: not scanned again)
         learnt = {stream for stream, taught in zip(together, got.learnt, strict=True) if taught}
-        columns = joined[0] if joined else None  # (the records of the chunks decoded together at once)
+        # (other records come too, or two sets of columns: each stream's a view, in its turn, as a
+        # poll not decoded together hands them over)
+        apart = bool(joined) and (not first or len(joined) > 1 or len(together) != len(queued) or any(
+            d is None or d.ops is not None for d in got.decoded))
         views: dict[Stream, OpRecords] = {}
-        if columns is not None:
+        for columns in joined:  # (the records of the chunks decoded together, in columns as they were)
             sp = columns.spans
             streams = [together[c] for c in columns.chunks.tolist()]
             # the highest id of each stream's records, in one call
@@ -659,10 +662,8 @@ class TraceReader(abc.ABC):
             records = int(sp.start[-1] - sp.start[0])
             self.stats.events += records
             self.stats.records += records
-            if not first or len(together) != len(queued) or learnt or any(d is None for d in got.decoded):
-                # (other records come too: each stream's, a view, in its turn, as a poll not
-                # decoded together hands them over)
-                views = dict(zip(streams, Unpacked(sp), strict=True))
+            if apart:
+                views.update(zip(streams, Unpacked(sp), strict=True))
         out: dict[Stream, list[Event]] = {}
         for stream, chunks in queued.items():
             d = decoded.get(stream)
@@ -682,8 +683,8 @@ class TraceReader(abc.ABC):
                 self._keep_ops(view)
             mark = marks.get(stream)
             out[stream] = d.events if mark is None else [mark, *d.events]
-        if columns is not None and not views:  # (the poll's records, all in those columns)
-            self._ops, self._spans = Unpacked(columns.spans), columns.spans
+        if joined and not apart:  # (the poll's records, all in one set of columns)
+            self._ops, self._spans = Unpacked(joined[0].spans), joined[0].spans
         elif first:  # (the poll's records: as arrays where they lie back to back in one set of columns)
             self._spans = _spans_of(list(getattr(self, "_ops", [])))
         return out
