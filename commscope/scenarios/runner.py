@@ -20,9 +20,10 @@ one joins the process group, switches ``commscope.instrument`` on and runs the s
   all ranks leave together (exit code ``EXIT_TIME_LIMIT``), so a hung scenario ends on its
   own.  Each ends its recording first and leaves once all have (or ``LEAVE_WAIT`` later,
   when one is gone already): a rank leaving first would fail the waiting ops of the others
-  in their traces, and a hang would read as an ``op_failed``.  A worker whose launching process died exits at once (``EXIT_ORPHANED``; on Linux
-  the kernel also kills it when the forkserver goes); an ``alarm()`` backstop kills a
-  worker that could not run Python at all 10 s after the deadline.
+  in their traces, and a hang would read as an ``op_failed``.  A worker whose launching
+  process died exits at once (``EXIT_ORPHANED``; on Linux the kernel also kills it when
+  the forkserver goes); an ``alarm()`` backstop kills a worker that could not run Python
+  at all ``LEAVE_WAIT`` + 10 s after the deadline.
 
 Worker stdout/stderr go to ``<store>/logs/rank-N.log`` (the console owns the terminal).
 """
