@@ -2113,8 +2113,8 @@ TOGETHER_REST = 64 << 10
 class Together(NamedTuple):
     """What ``decode_together`` made of each chunk: its ``Decoded`` (None: decode it alone,
     nothing of its decoder changed), whether its decoder learnt its head first (its
-    records then lie in other columns than the others': no ``Spans``), and its part of the
-    scan where it is None (``decode_chunk(..., scanned=)``)."""
+    records then lie in the rests' columns, not those of the chunks that learnt none), and
+    its part of the scan where it is None (``decode_chunk(..., scanned=)``)."""
 
     decoded: list[Decoded | None]
     learnt: list[bool]

@@ -46,9 +46,11 @@ def warm_up() -> None:
     forkserver.ensure_running()
 
 
-def barrier(parties: int) -> Any:
-    """A ``multiprocessing`` Barrier the ranks of a ``Job`` can share (pass it in ``args``)."""
-    return _context().Barrier(parties)
+def shared_flags(n: int) -> Any:
+    """``n`` flags (bytes, 0) the ranks of a ``Job`` share (pass them in ``args``): each
+    rank sets its own, and a rank that died never wedges the others (a ``Barrier`` whose
+    sleeper died blocks its waker for good)."""
+    return _context().RawArray("b", n)
 
 
 def free_port() -> int:

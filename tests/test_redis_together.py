@@ -80,7 +80,8 @@ def test_a_live_job_polled_together_reads_as_each_stream_alone(tmp_path, redis_u
     assert any(b.beats is not None for b in got["together"]) and not any(b.beats is not None for b in got["alone"])
     assert sum(o.span is not None for batch in got["together"] for o in batch.ops) >= 5  # (decoded together)
     assert not any(o.span is not None for batch in got["alone"] for o in batch.ops)
-    for field in ("events", "bytes", "corrupt", "invalid", "invalid_by_reason", "missing_by_rank", "partial_tail"):
+    for field in ("events", "records", "chunks", "bytes", "corrupt", "invalid", "invalid_by_reason", "missing_by_rank",
+                  "partial_tail"):
         assert getattr(together.stats, field) == getattr(alone.stats, field), field
     assert together.stats.corrupt >= 1 and together.missing == alone.missing == {1: 2}
     assert together.stats.warnings == alone.stats.warnings

@@ -213,6 +213,39 @@ def slow_to_end(rank: int, ws: int, ctx) -> None:
     missing_rank(rank, ws, ctx)
 
 
+def test_a_worker_that_returns_while_its_rank_leaves_at_the_time_limit_leaves_with_the_others(tmp_path):
+    """Rank 0's worker returns while its watchdog waits for the others to end their
+    recordings (they are slow to): the rank stays until all leave, with the time limit's
+    code, not its own 0 (a rank that tore its process group down first, and a wait the
+    others could never finish)."""
+    sc = Scenario(name="returns-while-leaving", title="t", summary="s", look_for="l", worker=returns_while_leaving)
+    job = DemoJob(sc, ranks=3, store=str(tmp_path), pace=0, hang_after=1.0, time_limit=4.0).start()
+    pids = job.pids
+    assert job.wait(60), "the workers should leave at the time limit"
+    assert wait_gone(pids) == []
+    assert job.exitcodes == [EXIT_TIME_LIMIT] * 3
+
+
+def returns_while_leaving(rank: int, ws: int, ctx) -> None:
+    """Rank 0 returns once its watchdog began to leave; ranks 1 and 2 end their recordings
+    2.5 s late."""
+    from commscope.record import recorder
+    from commscope.scenarios import runner
+
+    if rank == 0:
+        while not runner._time_is_up.is_set():
+            time.sleep(0.05)
+        return
+    end = recorder.end_before_exit
+
+    def late(code: int) -> None:
+        time.sleep(2.5)
+        end(code)
+
+    recorder.end_before_exit = late
+    ctx.hold()
+
+
 ORPHAN = textwrap.dedent("""
     import os, sys
     from commscope.scenarios import DemoJob

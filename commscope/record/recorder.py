@@ -650,23 +650,35 @@ def _os_exit(code: int) -> None:
     _real_os_exit(code)
 
 
+#: Held while ``end_before_exit`` ends the recording: another thread's ``os._exit`` waits
+#: for its last write (at most ``ENDING_WAIT_S``: this may run in a signal handler that
+#: interrupted the holder, or in a child forked while another thread held it)
+_ending = threading.Lock()
+ENDING_WAIT_S = 3.0
+
+
 def end_before_exit(code: int) -> None:
     """The recording ends as ``os._exit(code)`` ends it (its ``exit`` says so), but the
     process stays: a caller that must not leave before others have ended theirs (the
     demo's ranks at their time limit: one leaving first would fail the others' waiting
-    ops, in their traces) calls this, waits for them, then calls ``os._exit``.  Ops that
-    end after this are not recorded."""
+    ops, in their traces) calls this, waits for them, then calls ``os._exit``.  What the
+    rank's ops do after its last write is not recorded."""
     global _active
-    rec = _active  # (no lock: this may run in a signal handler that interrupted its holder)
-    if rec is None or os.getpid() != rec.pid:
-        return
-    _active = None
+    held = _ending.acquire(timeout=ENDING_WAIT_S)
     try:
-        rec.ops.note_exit(int(code))
-        rec.ops.uninstall()
-        rec.stop("exception" if rec.crash else "os._exit", code=int(code))
-    except BaseException:
-        pass
+        rec = _active
+        if rec is None or os.getpid() != rec.pid:
+            return
+        _active = None
+        try:
+            rec.ops.note_exit(int(code))
+            rec.ops.uninstall()
+            rec.stop("exception" if rec.crash else "os._exit", code=int(code))
+        except BaseException:
+            pass
+    finally:
+        if held:
+            _ending.release()
 
 
 def note_uncaught(exc: BaseException) -> None:

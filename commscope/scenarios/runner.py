@@ -91,14 +91,14 @@ def _native_ready() -> bool:
 
 
 def _rank_main(rank: int, world_size: int, worker: Any, ctx: DemoContext, pg_timeout: float,
-               leaving: Any) -> Any:
+               ended: Any) -> Any:
     """Runs in each worker process (launched by commscope.launch.Job with init=False);
-    ``leaving``: the ranks' barrier at the deadline (a ``multiprocessing`` Barrier)."""
+    ``ended``: a flag a rank, shared, each set once its recording ended at the deadline."""
     from datetime import timedelta
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launching process decides when we stop
     _redirect_output(ctx, rank)
-    _start_watchdog(ctx, leaving)
+    _start_watchdog(ctx, rank, ended)
     import torch
     import torch.distributed as dist
 
@@ -120,6 +120,7 @@ def _rank_main(rank: int, world_size: int, worker: Any, ctx: DemoContext, pg_tim
         _uncaught(*sys.exc_info())
         raise
     finally:
+        _stay_if_time_is_up()
         commscope.uninstrument()  # writes the `exit` event (with any unwaited async work)
         try:
             dist.destroy_process_group()
@@ -172,29 +173,35 @@ _time_is_up = threading.Event()
 
 
 def _stay_if_time_is_up() -> None:
-    """An op that fails once the watchdog is leaving fails because the other ranks are
-    leaving too: the watchdog's exit (``EXIT_TIME_LIMIT``) is the rank's, not this one's."""
+    """Once the watchdog is leaving, the rank's main thread stays (its worker returned, or
+    its op failed because the other ranks are leaving too): the watchdog's exit
+    (``EXIT_TIME_LIMIT``) is the rank's, and no teardown of the process group comes before
+    the other ranks ended their recordings."""
     while _time_is_up.is_set():
         time.sleep(60.0)
 
 
-def _leave_at_deadline(leaving: Any) -> None:
+def _leave_at_deadline(rank: int, ended: Any) -> None:
     """The time limit: end the recording (its ``exit`` written), wait until every rank has
-    ended its own, then leave.  Ops that fail meanwhile (a rank that left without waiting)
-    are not recorded, so the trace keeps the hang it showed."""
+    ended its own (``ended``, its flags; ``LEAVE_WAIT`` at most: a rank gone never sets
+    its own), then leave.  Ops that fail meanwhile (a rank that left without waiting) are
+    not recorded, so the trace keeps the hang it showed."""
     _time_is_up.set()
     print(f"commscope demo: time limit reached, rank exiting (code {EXIT_TIME_LIMIT})", flush=True)
     from commscope.record.recorder import end_before_exit
 
     end_before_exit(EXIT_TIME_LIMIT)
     try:
-        leaving.wait(LEAVE_WAIT)
-    except threading.BrokenBarrierError:  # a rank gone already, or one that did not come in time
+        ended[rank] = 1
+        until = time.monotonic() + LEAVE_WAIT
+        while not all(ended[:]) and time.monotonic() < until:
+            time.sleep(0.01)
+    except Exception:  # (the leaving goes on: this wait is the others' good, not this rank's)
         pass
     os._exit(EXIT_TIME_LIMIT)
 
 
-def _start_watchdog(ctx: DemoContext, leaving: Any) -> None:
+def _start_watchdog(ctx: DemoContext, rank: int, ended: Any) -> None:
     if sys.platform.startswith("linux"):
         try:  # the kernel kills us when our parent (the forkserver, which dies with the owner) dies
             import ctypes
@@ -210,7 +217,7 @@ def _start_watchdog(ctx: DemoContext, leaving: Any) -> None:
         while True:
             now = time.time()
             if ctx.deadline and now >= ctx.deadline:
-                _leave_at_deadline(leaving)
+                _leave_at_deadline(rank, ended)
             if not _owner_alive(ctx):
                 os._exit(EXIT_ORPHANED)
             time.sleep(min(0.5, ctx.deadline - now) if ctx.deadline else 0.5)
@@ -296,7 +303,7 @@ class DemoJob:
         self.started_at: float | None = None
         self.deadline: float | None = None
         self._job: Any = None
-        self._leaving: Any = None
+        self._ended: Any = None
         self._lock = threading.RLock()
         self._stopped = False
 
@@ -310,7 +317,7 @@ class DemoJob:
         global _ATEXIT
         import psutil
 
-        from commscope.launch import Job, barrier
+        from commscope.launch import Job, shared_flags
 
         with self._lock:
             if self._job is not None or self._stopped:
@@ -329,8 +336,8 @@ class DemoJob:
                    "COMMSCOPE_HANG_AFTER": str(self.hang_after)}
             if not _native_ready():  # the Python recorder sees C++-issued collectives only this way
                 env["TORCH_FR_BUFFER_SIZE"] = os.environ.get("TORCH_FR_BUFFER_SIZE", "2000")
-            self._leaving = barrier(self.ranks)  # held: its semaphores go with the last reference
-            self._job = Job(_rank_main, self.ranks, args=(self.scenario.worker, ctx, pg_timeout, self._leaving),
+            self._ended = shared_flags(self.ranks)  # (held while the workers start: shared memory)
+            self._job = Job(_rank_main, self.ranks, args=(self.scenario.worker, ctx, pg_timeout, self._ended),
                             backend=self.backend, env=env, init=False)
             if not _ATEXIT:
                 atexit.register(_stop_all)

@@ -719,7 +719,9 @@ class TraceReader(abc.ABC):
 
     def _account(self, stream: Stream, got: Decoded, size: int, lost_markers: bool = True) -> None:
         """What ``ingest`` keeps of a decoded chunk but the highest op id: its op records,
-        and in ``stats`` what it held, skipped and (``counts_lost_markers``) says was lost."""
+        and in ``stats`` what it held, skipped and (``counts_lost_markers``) says was lost
+        (records left in a poll's columns, ``blocks.Joined``, are not its: its caller
+        counts them)."""
         if got.ops is not None:
             self._keep_ops(got.ops)
         rank = stream[0]
