@@ -168,23 +168,13 @@ def spawn_and_wait(rank: int, ws: int, ctx) -> None:
     subprocess.run(["sleep", "300"])
 
 
-def test_hanging_scenario_ends_on_its_own_and_keeps_the_diagnosis(tmp_path):
-    job = DemoJob("missing-rank", ranks=2, store=str(tmp_path), steps=4, pace=0.1, hang_after=1.0,
-                  time_limit=6.0).start()
-    pids = job.pids
-    assert job.wait(40), "the workers should leave at the time limit"
-    assert wait_gone(pids) == []
-    assert job.exitcodes == [EXIT_TIME_LIMIT, EXIT_TIME_LIMIT]
-    out = io.StringIO()
-    assert check_store(job.store, json=True, console=Console(file=out)) == 1
-    findings = json.loads(out.getvalue())["findings"]
-    assert [(f["kind"], f["culprits"]) for f in findings] == [("missing_ranks", [1])]
-
-
-def test_ranks_leaving_at_the_time_limit_wait_for_each_other_s_recording_to_end(tmp_path):
-    """Rank 0 is slow to end its recording at the deadline: had rank 1 left without waiting
-    for it, rank 0's waiting all_reduce would fail in its trace (an op_failed)."""
-    sc = Scenario(name="missing-rank-slow-end", title="t", summary="s", look_for="l", worker=slow_to_end)
+@pytest.mark.parametrize("slow", [False, True], ids=["missing-rank", "rank-0-slow-to-end"])
+def test_hanging_scenario_ends_on_its_own_and_keeps_the_diagnosis(tmp_path, slow):
+    """Every rank leaves at the time limit and the trace keeps the hang.  ``slow``: rank 0
+    is slow to end its recording there; had rank 1 left without waiting for it, rank 0's
+    waiting all_reduce would fail in its trace (an op_failed)."""
+    sc = Scenario(name="missing-rank-slow-end", title="t", summary="s", look_for="l", worker=slow_to_end) \
+        if slow else "missing-rank"
     job = DemoJob(sc, ranks=2, store=str(tmp_path), steps=4, pace=0.1, hang_after=1.0, time_limit=6.0).start()
     pids = job.pids
     assert job.wait(40), "the workers should leave at the time limit"
