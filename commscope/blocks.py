@@ -2139,7 +2139,8 @@ def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]], take: np.ndarr
     n = len(chunks)
     alone: list[blockscan.Scan | None] = []
     rows: list[beatscan.Gathered] = []
-    decoded = decode_chunks(chunks, alone, take=take, gathered=rows, joined=joined)
+    made: list[blockscan.Scan] = []
+    decoded = decode_chunks(chunks, alone, take=take, gathered=rows, joined=joined, made=made)
     if len(alone) != n:
         alone = [None] * n
     learnt = [False] * n
@@ -2161,9 +2162,16 @@ def decode_together(chunks: Sequence[tuple[bytes, BlockDecoder]], take: np.ndarr
         np.bool_, len(which))
     rest_rows: list[beatscan.Gathered] = []
     rest_joined: list[Joined] | None = None if joined is None else []
-    rests = decode_chunks([(heads[c].rest, chunks[c][1]) for c in which], parts, [heads[c].scanned for c in which],
-                          rest_take, rest_rows, rest_joined) if len(which) > 1 else [None] * len(which)
     of = np.asarray(which, np.int64)
+    if len(which) > 1:  # (the rests' scan cut from the poll's, not joined from each head's)
+        sizes = np.fromiter((len(data) for data, _ in chunks), np.int64, n)
+        starts = np.zeros(n, np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        cut = sizes[of] - np.fromiter((len(heads[c].rest) for c in which), np.int64, len(which))
+        rests = decode_chunks([(heads[c].rest, chunks[c][1]) for c in which], parts,
+                              blockscan.rests(made[0], starts, sizes, of, cut), rest_take, rest_rows, rest_joined)
+    else:
+        rests = [None] * len(which)
     if joined is not None and rest_joined:  # (numbered as the chunks given)
         joined.append(rest_joined[0]._replace(chunks=of[rest_joined[0].chunks]))
     for g in rest_rows:  # (numbered as the chunks given; a head's events come before its rest's rows)
@@ -2195,17 +2203,18 @@ class Joined(NamedTuple):
 
 
 def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[blockscan.Scan | None] | None = None,
-                  scans: list[blockscan.Scan] | None = None, take: np.ndarray | None = None,
-                  gathered: list[beatscan.Gathered] | None = None, joined: list[Joined] | None = None
-                  ) -> list[Decoded | None]:
+                  scanned: blockscan.Scan | None = None, take: np.ndarray | None = None,
+                  gathered: list[beatscan.Gathered] | None = None, joined: list[Joined] | None = None,
+                  made: list[blockscan.Scan] | None = None) -> list[Decoded | None]:
     """``decode_chunk`` of several streams' chunks (complete lines; one chunk a stream, its
     decoder with it), the common case for all of them at once: one scan, and the records
     resolved in one pass into one set of columns, each stream's a slice of them
     (``OpRecords.span``).  A live poll of thousands of streams, a block or two each, spent
     ~100 us a stream in numpy calls on a few rows.  ``alone``, where given, is filled with
     each chunk's own part of the scan where it is None (``decode_chunk(..., scanned=)``: a
-    stream's first chunk, every one in a whole read, is not scanned twice).  ``scans``: each
-    chunk's scan, made already (``Head.scanned``): they are joined, not scanned again.
+    stream's first chunk, every one in a whole read, is not scanned twice).  ``scanned``: the
+    chunks' scan, back to back, made already (``blockscan.rests``): not scanned again.
+    ``made``: the scan (made or given) is appended to it.
 
     The common case is what ``decode_chunk`` hands over as it is, nothing learnt: every line
     a block the scanner read whole, in ring order after what its decoder read, whose table
@@ -2239,11 +2248,11 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[bloc
     np.cumsum(sizes[:-1], out=starts[1:])
     data = b"".join(d for d, _ in chunks)
     ranks = np.fromiter((dec.rank for dec in decoders), np.int64, n)
-    s = blockscan.joined(scans, starts) if scans is not None else None
-    if s is None:
-        s = blockscan.scan_many(data, starts, ranks)
+    s = scanned if scanned is not None else blockscan.scan_many(data, starts, ranks)
     if s is None:
         return out
+    if made is not None:
+        made.append(s)
     ok = (sizes > 0) & np.fromiter((dec.table is table for dec in decoders), np.bool_, n)
     line_chunk = np.searchsorted(starts, s.line_start, side="right") - 1
     bc = line_chunk[s.block >= 0]  # each block's chunk

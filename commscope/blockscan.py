@@ -195,37 +195,63 @@ def parts(s: Scan, starts: np.ndarray, want: np.ndarray) -> list[Scan | None]:
     return out
 
 
-def joined(scans: list[Scan], starts: np.ndarray) -> Scan | None:
-    """The scans of chunks (each as ``scan`` of its bytes alone gives it, all over one
-    ``raw``: ``parts`` of one scan, or suffixes of those) as the one scan of the chunks back
-    to back, chunk ``c`` at byte ``starts[c]``: what ``scan_many`` of them would find, read
-    again for nothing (a live poll's first round decodes each stream's rest after its head
-    together with the others', ``blocks.decode_together``).  Each prefix's id stays the first
-    block with it in its own chunk.  None where the scans do not share a ``raw``."""
-    if not scans or any(x.raw is not scans[0].raw for x in scans):
-        return None
-    k = len(scans)
-    nlines = np.fromiter((x.line_start.shape[0] for x in scans), np.int64, k)
-    nblocks = np.fromiter((x.ts.shape[0] for x in scans), np.int64, k)
-    nops = np.fromiter((x.ops.shape[0] for x in scans), np.int64, k)
-    b0 = np.zeros(k, np.int64)
-    np.cumsum(nblocks[:-1], out=b0[1:])
+def rests(s: Scan, starts: np.ndarray, sizes: np.ndarray, chunks: np.ndarray, cut: np.ndarray) -> Scan:
+    """The scan of chunks ``chunks`` (ascending) of ``scan_many``'s ``s`` (chunk ``c`` at byte
+    ``starts[c]``, ``sizes[c]`` bytes long), each from byte ``cut[k]`` of its own on (where a
+    line starts; no block's line before it), back to back in that order: what ``scan_many``
+    of those rests would find, made from ``s`` at once, nothing read again (a live poll's
+    first round decodes each stream's rest after its head together with the others',
+    ``blocks.decode_together``: joining 16k parts cut so took ~0.15 s).  Each prefix's id
+    stays the first block with it in its own chunk."""
+    n = starts.shape[0]
+    line_chunk = np.searchsorted(starts, s.line_start, side="right") - 1
+    lines = np.searchsorted(line_chunk, np.arange(n + 1), side="left")
+    before = np.zeros(s.block.shape[0] + 1, np.int64)  # blocks on the lines before each
+    np.cumsum(s.block >= 0, out=before[1:])
+    bounds = before[lines]  # each chunk's first block, and one past its last
+    k = chunks.shape[0]
+    origin = np.asarray(starts, np.int64)[chunks] + cut  # where each rest starts in the poll's bytes
+    at = np.zeros(k, np.int64)  # ... and in the rests'
+    np.cumsum((np.asarray(sizes, np.int64)[chunks] - cut)[:-1], out=at[1:])
+    rest_of = np.full(n, -1, np.int64)
+    rest_of[chunks] = np.arange(k)
+    lr = rest_of[line_chunk]  # each line's rest (-1: a chunk not chosen)
+    keep = lr >= 0
+    keep[keep] = s.line_start[keep] >= origin[lr[keep]]
+    kept = np.flatnonzero(keep)
+    lr = lr[kept]
+    shift = at[lr] - origin[lr]
+    first, count = bounds[chunks], bounds[chunks + 1] - bounds[chunks]
+    b0 = np.zeros(k, np.int64)  # each rest's first block among the rests'
+    np.cumsum(count[:-1], out=b0[1:])
+    blocks = _ranges(first, count)
+    rest_block = np.repeat(np.arange(k), count)
+    line_block = s.block[kept]
+    block = np.where(line_block >= 0, line_block - first[lr] + b0[lr], -1).astype(s.block.dtype)
+    pid = s.prefix_id[blocks]
+    prefix_id = np.full(blocks.shape[0], -1, np.int64)
+    has = np.flatnonzero(pid >= 0)
+    if has.shape[0]:  # a prefix's first block in each rest: the first of its (rest, prefix) pair
+        _, firsts, where = np.unique(rest_block[has] * (s.ts.shape[0] + 1) + pid[has], return_index=True,
+                                     return_inverse=True)
+        prefix_id[has] = has[firsts][where.reshape(-1)]
+    op_lo = s.op_first[first]
+    op_count = s.op_first[first + count] - op_lo
     o0 = np.zeros(k, np.int64)
-    np.cumsum(nops[:-1], out=o0[1:])
-    cat = np.concatenate
+    np.cumsum(op_count[:-1], out=o0[1:])
+    op_first = np.append(s.op_first[blocks] - op_lo[rest_block] + o0[rest_block], int(op_count.sum()))
+    return Scan(s.raw, s.line_start[kept] + shift, s.line_end[kept] + shift, block, s.ts[blocks], s.pos[blocks],
+                s.end[blocks], s.start[blocks], s.stop[blocks], s.prefix_end[blocks], prefix_id.astype(s.prefix_id.dtype),
+                s.flags[blocks], s.ops[_ranges(op_lo, op_count)], op_first.astype(s.op_first.dtype))
 
-    def fields(name: str) -> np.ndarray:  # (each scan's, back to back: no numpy call per scan)
-        return cat([getattr(x, name) for x in scans])
 
-    def shifted(a: np.ndarray, by: np.ndarray) -> np.ndarray:  # (a block index, -1: none)
-        return np.where(a >= 0, a + by, -1)
-
-    at_line = np.repeat(np.asarray(starts, np.int64), nlines)
-    return Scan(scans[0].raw, fields("line_start") + at_line, fields("line_end") + at_line,
-                shifted(fields("block"), np.repeat(b0, nlines)).astype(np.int32), fields("ts"), fields("pos"),
-                fields("end"), fields("start"), fields("stop"), fields("prefix_end"),
-                shifted(fields("prefix_id"), np.repeat(b0, nblocks)), fields("flags"), fields("ops"),
-                np.append(cat([x.op_first[:-1] for x in scans]) + np.repeat(o0, nblocks), int(nops.sum())))
+def _ranges(first: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """``first[k], first[k] + 1, ... first[k] + count[k] - 1`` for each ``k``, back to back."""
+    total = int(count.sum())
+    if not total:
+        return np.zeros(0, np.int64)
+    ends = np.cumsum(count)
+    return np.repeat(np.asarray(first, np.int64) - (ends - count), count) + np.arange(total)
 
 
 #: The helpers of the scanner's kernels (each kernel is given them all: numba compiles

@@ -227,11 +227,12 @@ def _same_scan(a: blockscan.Scan, b: blockscan.Scan) -> None:
 
 
 @pytest.mark.usefixtures("either_way")
-def test_chunks_scanned_already_are_joined_as_scanning_them_together_would_find_them():
-    """``blockscan.joined``: the rests of chunks after their first block line (what
-    ``blocks.learn_head`` leaves, with its slice of the chunk's scan), joined, are what a
-    scan of those rests back to back finds: each chunk's part of one is its part of the
-    other, and every block's prefix id names a block with its prefix, the first of its chunk."""
+@pytest.mark.parametrize("chosen", [(0, 1, 2), (0, 2), (1,)])
+def test_the_rests_of_chunks_cut_from_their_scan_are_what_scanning_the_rests_finds(chosen):
+    """``blockscan.rests``: the rests of chunks after their first block line (what
+    ``blocks.learn_head`` leaves), cut from the scan of the whole poll, are what a scan of
+    those rests back to back finds: each chunk's part of one is its part of the other, and
+    every block's prefix id names a block with its prefix, the first of its chunk."""
     sig = blocks.pack_sig(5, opcode=1)
     g0, g1 = blocks.pack_group(0, "0", "gloo", [0, 1]), blocks.pack_group(1, "1", "gloo", [1, 2])
     ops = blocks.pack_sig_begin(1, T, 5) + blocks.pack_end(1, T + 1)
@@ -244,40 +245,40 @@ def test_chunks_scanned_already_are_joined_as_scanning_them_together_would_find_
         7: [sample % 7, sample % 7, _line(rank=7, data=g0 + sig + ops, pos=0, end=100), _line(rank=3, data=ops)],
     }
     datas = [b"\n".join(lines) + b"\n" for lines in chunks.values()]
+    sizes = np.array([len(d) for d in datas], np.int64)
     starts = np.zeros(len(datas), np.int64)
-    np.cumsum([len(d) for d in datas[:-1]], out=starts[1:])
+    np.cumsum(sizes[:-1], out=starts[1:])
     ranks = np.array(list(chunks), np.int64)
     whole = blockscan.scan_many(b"".join(datas), starts, ranks)
     assert whole is not None
-    rests, scans = [], []
-    for data, part in zip(datas, blockscan.parts(whole, starts, np.ones(len(datas), bool)), strict=True):
+    rests, cut = [], []
+    for c, (data, part) in enumerate(zip(datas, blockscan.parts(whole, starts, np.ones(len(datas), bool)),
+                                         strict=True)):
         assert part is not None
-        fb = int(np.flatnonzero(part.block >= 0)[0])
-        at = int(part.line_start[fb])
-        rests.append(data[at:])
-        scans.append(part._replace(line_start=part.line_start[fb:] - at, line_end=part.line_end[fb:] - at,
-                                   block=part.block[fb:]))
+        if c in chosen:
+            at = int(part.line_start[int(np.flatnonzero(part.block >= 0)[0])])
+            rests.append(data[at:])
+            cut.append(at)
     rest_starts = np.zeros(len(rests), np.int64)
     np.cumsum([len(d) for d in rests[:-1]], out=rest_starts[1:])
-    joined = blockscan.joined(scans, rest_starts)
-    again = blockscan.scan_many(b"".join(rests), rest_starts, ranks)
-    assert joined is not None and again is not None and joined.raw is whole.raw  # (nothing decoded again)
+    got = blockscan.rests(whole, starts, sizes, np.array(chosen, np.int64), np.array(cut, np.int64))
+    again = blockscan.scan_many(b"".join(rests), rest_starts, ranks[list(chosen)])
+    assert again is not None and got.raw is whole.raw  # (nothing decoded again)
     every = np.ones(len(rests), bool)
-    for a, b in zip(blockscan.parts(joined, rest_starts, every), blockscan.parts(again, rest_starts, every),
+    for a, b in zip(blockscan.parts(got, rest_starts, every), blockscan.parts(again, rest_starts, every),
                     strict=True):
         assert a is not None and b is not None
         _same_scan(a, b)
-    chunk_of = np.searchsorted(rest_starts, joined.line_start[joined.block >= 0], side="right") - 1
-    for b, pid in enumerate(joined.prefix_id.tolist()):
-        prefix = joined.raw[joined.start[b]:joined.prefix_end[b]].tobytes()
+    chunk_of = np.searchsorted(rest_starts, got.line_start[got.block >= 0], side="right") - 1
+    for b, pid in enumerate(got.prefix_id.tolist()):
+        prefix = got.raw[got.start[b]:got.prefix_end[b]].tobytes()
         if pid < 0:
             assert not prefix
             continue
-        assert joined.raw[joined.start[pid]:joined.prefix_end[pid]].tobytes() == prefix
+        assert got.raw[got.start[pid]:got.prefix_end[pid]].tobytes() == prefix
         same = [k for k in range(b + 1) if chunk_of[k] == chunk_of[b]
-                and joined.raw[joined.start[k]:joined.prefix_end[k]].tobytes() == prefix]
+                and got.raw[got.start[k]:got.prefix_end[k]].tobytes() == prefix]
         assert pid == same[0]
-    assert blockscan.joined([scans[0], blockscan.scan(rests[1], 6)], rest_starts[:2]) is None  # (two raws)
 
 
 @pytest.mark.usefixtures("either_way")
