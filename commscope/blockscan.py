@@ -154,6 +154,23 @@ def prefix_firsts(prefix_id: np.ndarray, b0: int = 0) -> np.ndarray:
     return np.sort(np.concatenate([own, before[np.unique(prefix_id[before], return_index=True)[1]]]))
 
 
+class _Chunks(NamedTuple):
+    """Where each chunk of ``scan_many``'s scan lies in it (``_chunks``)."""
+
+    of_line: np.ndarray  # each line's chunk
+    lines: np.ndarray  # chunk c's lines are lines[c] to lines[c + 1]
+    blocks: np.ndarray  # chunk c's blocks are blocks[c] to blocks[c + 1]
+
+
+def _chunks(s: Scan, starts: np.ndarray) -> _Chunks:
+    """Each chunk's lines and blocks in ``s`` (chunk ``c`` at byte ``starts[c]``)."""
+    of_line = np.searchsorted(starts, s.line_start, side="right") - 1
+    lines = np.searchsorted(of_line, np.arange(starts.shape[0] + 1), side="left")
+    before = np.zeros(s.block.shape[0] + 1, np.int64)  # blocks on the lines before each
+    np.cumsum(s.block >= 0, out=before[1:])
+    return _Chunks(of_line, lines, before[lines])
+
+
 def parts(s: Scan, starts: np.ndarray, want: np.ndarray) -> list[Scan | None]:
     """The scan of each chunk ``c`` of ``scan_many`` with ``want[c]`` (None for the others,
     and for a chunk with no line) as ``scan`` of its bytes alone would give it: a chunk that
@@ -162,19 +179,16 @@ def parts(s: Scan, starts: np.ndarray, want: np.ndarray) -> list[Scan | None]:
     are the same ones: equal bytes).  The work common to all is done at once, so a chunk's
     part is slices (a live poll's first round has thousands of one-block chunks)."""
     n = starts.shape[0]
-    line_chunk = np.searchsorted(starts, s.line_start, side="right") - 1
-    lines = np.searchsorted(line_chunk, np.arange(n + 1), side="left").tolist()  # (lines in chunk order)
+    where = _chunks(s, starts)
+    line_chunk, lines, bounds = where.of_line, where.lines.tolist(), where.blocks.tolist()
     is_block = s.block >= 0
-    before = np.zeros(s.block.shape[0] + 1, np.int64)  # blocks on the lines before each
-    np.cumsum(is_block, out=before[1:])
-    bounds = before[lines].tolist()
     nb = s.ts.shape[0]
     bc = line_chunk[is_block]  # each block's chunk
     local = np.full(nb, -1, np.int64)
     has = np.flatnonzero(s.prefix_id >= 0)
     if has.shape[0]:  # a prefix's first block in each chunk: the first of its (chunk, prefix) pair
         _, first, at = np.unique(bc[has] * nb + s.prefix_id[has], return_index=True, return_inverse=True)
-        local[has] = has[first][at.reshape(-1)] - np.asarray(bounds, np.int64)[bc[has]]
+        local[has] = has[first][at.reshape(-1)] - where.blocks[bc[has]]
     out: list[Scan | None] = [None] * n
     chosen = np.flatnonzero(want)
     if not chosen.shape[0]:
@@ -183,7 +197,7 @@ def parts(s: Scan, starts: np.ndarray, want: np.ndarray) -> list[Scan | None]:
     # chunk's part is then slices)
     at = np.asarray(starts, np.int64)[line_chunk]
     line_start, line_end = s.line_start - at, s.line_end - at
-    block = np.where(is_block, s.block - np.asarray(bounds, np.int64)[line_chunk], -1).astype(s.block.dtype)
+    block = np.where(is_block, s.block - where.blocks[line_chunk], -1).astype(s.block.dtype)
     for c in chosen.tolist():
         l0, l1, b0, b1 = lines[c], lines[c + 1], bounds[c], bounds[c + 1]
         if l0 == l1:
@@ -204,11 +218,8 @@ def rests(s: Scan, starts: np.ndarray, sizes: np.ndarray, chunks: np.ndarray, cu
     ``blocks.decode_together``: joining 16k parts cut so took ~0.15 s).  Each prefix's id
     stays the first block with it in its own chunk."""
     n = starts.shape[0]
-    line_chunk = np.searchsorted(starts, s.line_start, side="right") - 1
-    lines = np.searchsorted(line_chunk, np.arange(n + 1), side="left")
-    before = np.zeros(s.block.shape[0] + 1, np.int64)  # blocks on the lines before each
-    np.cumsum(s.block >= 0, out=before[1:])
-    bounds = before[lines]  # each chunk's first block, and one past its last
+    where = _chunks(s, starts)
+    line_chunk, bounds = where.of_line, where.blocks
     k = chunks.shape[0]
     origin = np.asarray(starts, np.int64)[chunks] + cut  # where each rest starts in the poll's bytes
     at = np.zeros(k, np.int64)  # ... and in the rests'

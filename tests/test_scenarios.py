@@ -171,7 +171,7 @@ def spawn_and_wait(rank: int, ws: int, ctx) -> None:
 @pytest.mark.parametrize("slow", [False, True], ids=["missing-rank", "rank-0-slow-to-end"])
 def test_hanging_scenario_ends_on_its_own_and_keeps_the_diagnosis(tmp_path, slow):
     """Every rank leaves at the time limit and the trace keeps the hang.  ``slow``: rank 0
-    is slow to end its recording there; had rank 1 left without waiting for it, rank 0's
+    is slow to end its recording there (0.5 s); had rank 1 left without waiting for it, rank 0's
     waiting all_reduce would fail in its trace (an op_failed)."""
     sc = Scenario(name="missing-rank-slow-end", title="t", summary="s", look_for="l", worker=slow_to_end) \
         if slow else "missing-rank"
@@ -188,7 +188,8 @@ def test_hanging_scenario_ends_on_its_own_and_keeps_the_diagnosis(tmp_path, slow
 
 
 def slow_to_end(rank: int, ws: int, ctx) -> None:
-    """missing-rank, with rank 0 ending its recording 1.5 s late at the time limit."""
+    """missing-rank, with rank 0 ending its recording 0.5 s late at the time limit (well
+    inside ``LEAVE_WAIT``: the others wait for it)."""
     from commscope.record import recorder
     from commscope.scenarios.workloads import missing_rank
 
@@ -196,7 +197,7 @@ def slow_to_end(rank: int, ws: int, ctx) -> None:
         end = recorder.end_before_exit
 
         def late(code: int) -> None:
-            time.sleep(1.5)
+            time.sleep(0.5)
             end(code)
 
         recorder.end_before_exit = late
