@@ -6,6 +6,7 @@ console's process with nothing lost or counted twice; the child ends with its co
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pickle
 import random
@@ -87,9 +88,9 @@ def _reference(store: str) -> tuple:
     return _summary(model, model.end_ns)
 
 
-def _ahead(store: str, pacing: readahead.Pacing = PACING) -> ReadAhead:
+def _ahead(store: str, pacing: readahead.Pacing = PACING, processes: int = 1) -> ReadAhead:
     reader = open_reader(store, wait=True)
-    ahead = ReadAhead(readahead.pinned(store, reader.job_name()), None, pacing, reader.description)
+    ahead = ReadAhead(readahead.pinned(store, reader.job_name()), None, pacing, reader.description, processes)
     reader.close()
     return ahead
 
@@ -102,16 +103,18 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_a_console_reading_ahead_holds_what_one_reading_in_its_own_process_holds(tmp_path):
+@pytest.mark.parametrize("processes", [1, 3])
+def test_a_console_reading_ahead_holds_what_one_reading_in_its_own_process_holds(tmp_path, processes):
     """Half of a native job written, followed; the rest written, followed: the console's
     model (events, ops per rank, findings) is what ``check`` reads of the finished store,
-    and the child ends with the console, by itself."""
+    and the child ends with the console, by itself.  ``processes``: as many children, each
+    reading a part of the ranks (8 ranks: 3, 3 and 2)."""
     store = str(tmp_path / "live")
     job = _Job(store, _lines(tmp_path))
     job.write(0.5)
-    feed = Feed(_ahead(store), hang_after=10.0)
+    feed = Feed(_ahead(store, processes=processes), hang_after=10.0)
     ahead = feed.reader
-    assert isinstance(ahead, ReadAhead) and ahead.paces_itself
+    assert isinstance(ahead, ReadAhead) and ahead.paces_itself and len(ahead.procs) == processes
     _until(feed, lambda: ahead.read_once and feed.model.events)
     half = feed.model.events
     job.write(1.0)
@@ -123,32 +126,35 @@ def test_a_console_reading_ahead_holds_what_one_reading_in_its_own_process_holds
     assert feed.reader is ahead and feed.restarts == 0 and not feed.error
     assert ahead.stats.events == want[0] and ahead.cpu_s > 0
     assert ahead.watermark_ns() and ahead.watermark_ns() > 0
-    pid = ahead.pid
     ahead.close(grace_s=BOUND_S)
-    assert _gone(pid) and ahead._proc.returncode == 0  # (it saw its pipes end: not killed)
+    for proc in ahead.procs:
+        assert _gone(proc.pid) and proc.returncode == 0  # (it saw its pipes end: not killed)
 
 
-@pytest.mark.parametrize("when", ["at_start", "inside_the_first_read", "mid_run"])
-def test_a_read_process_killed_is_read_again_here_nothing_lost_or_counted_twice(tmp_path, when):
+@pytest.mark.parametrize(("processes", "when"), [(1, "at_start"), (1, "inside_the_first_read"), (1, "mid_run"),
+                                                  (3, "at_start"), (3, "inside_the_first_read"), (3, "mid_run")])
+def test_a_read_process_killed_is_read_again_here_nothing_lost_or_counted_twice(tmp_path, processes, when):
     """The child SIGKILLed before its first batch, after the first of many batches of its
     first read, or once the job is followed: the console reads the job again in its own
     process into a new model, says so (how the child ended), and ends holding exactly what
-    the finished store holds."""
+    the finished store holds.  With three children (a part of the ranks each), the second
+    killed: the others are ended, and the job read again whole."""
     store = str(tmp_path / "live")
     job = _Job(store, _lines(tmp_path))
     job.write(0.5)
-    feed = Feed(_ahead(store, SMALL), hang_after=10.0)
+    feed = Feed(_ahead(store, SMALL, processes), hang_after=10.0)
     ahead = feed.reader
     assert isinstance(ahead, ReadAhead)
+    victim = ahead.procs[processes // 2].pid
     if when == "at_start":
-        os.kill(ahead.pid, signal.SIGKILL)
+        os.kill(victim, signal.SIGKILL)
     elif when == "inside_the_first_read":
         _until(feed, lambda: feed.model.events > 0)
         assert not ahead.read_once  # (its first read goes on in batches of 16 KiB)
-        os.kill(ahead.pid, signal.SIGKILL)
+        os.kill(victim, signal.SIGKILL)
     else:
         _until(feed, lambda: ahead.read_once)
-        os.kill(ahead.pid, signal.SIGKILL)
+        os.kill(victim, signal.SIGKILL)
     job.write(1.0)
     job.close()
     want = _reference(store)
@@ -158,7 +164,8 @@ def test_a_read_process_killed_is_read_again_here_nothing_lost_or_counted_twice(
     assert feed.reader.stats.events == want[0]
     said = [w for w in feed.reader.stats.warnings if "read process" in w]
     assert len(said) == 1 and "killed by signal 9" in said[0] and "read again in the console's process" in said[0]
-    assert _gone(ahead.pid)
+    assert ("read process 2 of 3 ended (killed" in said[0]) == (processes == 3)
+    assert all(_gone(proc.pid) for proc in ahead.procs)
     with pytest.raises(ReadAheadLost):  # (the lost reader stays lost)
         ahead.poll_batch()
     feed.reader.close()
@@ -274,7 +281,7 @@ def test_a_store_the_read_process_cannot_read_is_said_and_tried_again():
             except StoreError as exc:
                 said.append(str(exc))
         assert all("127.0.0.1:1" in s for s in said), said
-        assert ahead._proc.poll() is None  # (still there, trying)
+        assert ahead.procs[0].poll() is None  # (still there, trying)
     finally:
         ahead.close()
 
@@ -509,3 +516,160 @@ def test_a_read_process_that_looks_at_no_pipe_ends_with_its_console():
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_the_stats_of_read_processes_each_reading_a_part_add_up_as_they_change():
+    """Three readers of parts of a job, their stats changed step by step (counts per rank,
+    per reason, numbers that go down as well as up, warnings), each step's changes taken
+    from one of them: the console's stats are the three merged after every step."""
+    rng = random.Random(11)
+    readers = [ReadStats() for _ in range(3)]
+    sent = [ReadStats() for _ in range(3)]
+    console = ReadStats()
+    for step in range(300):
+        k = rng.randrange(3)
+        reader = readers[k]
+        rank = 3 * rng.randrange(100) + k  # (its part's ranks)
+        kind = rng.randrange(6)
+        if kind == 0:
+            reader.count_corrupt(rank, rng.randrange(1, 4))
+        elif kind == 1:
+            reader.count_invalid(rank, {f"reason {rng.randrange(3)}": 2})  # (reasons shared by all parts)
+        elif kind == 2:
+            reader.count_missing(rank, 5)
+        elif kind == 3:
+            reader.warnings.append(f"part {k}: warning {step}")
+        elif kind == 4:
+            reader.trimmed = True
+        reader.events += rng.randrange(100)
+        reader.partial_tail = rng.randrange(3)  # (a number as it is now: down as well as up)
+        changes = reader.changes(sent[k])
+        console.add_changes(changes, sent[k])
+        sent[k].take(changes)
+        want = ReadStats()
+        for r in readers:
+            want.merge(r)
+        assert dataclasses.replace(console, warnings=[]) == dataclasses.replace(want, warnings=[]), step
+        assert sorted(console.warnings) == sorted(want.warnings)
+
+
+def _damaged(store: Path, ranks: tuple[int, ...]) -> None:
+    """Lines no reader can decode appended to some ranks' streams, and a crash file of
+    rank 5 (a faulthandler dump): counted, and read, by the part each rank is in."""
+    job = store / "synthetic"
+    for r in ranks:
+        with open(job / f"rank-{r:05d}.jsonl", "ab") as f:
+            f.write(b'{"type": "heartbeat", "rank": 1\n' + b"\xff\xfe not json\n" * r)
+    (job / "rank-00005.crash").write_text('Fatal Python error: Segmentation fault\n\n'
+                                          'Current thread 0x00007f0000000001 (most recent call first):\n'
+                                          '  File "train.py", line 12 in step\n')
+
+
+def _read_to_the_end(ahead: ReadAhead, want_events: int) -> None:
+    deadline = time.monotonic() + BOUND_S
+    while not (ahead.read_once and ahead.stats.events >= want_events):
+        assert time.monotonic() < deadline, ahead.stats
+        ahead.poll_batch()
+
+
+def test_read_processes_each_reading_a_part_of_the_ranks_read_and_count_what_one_reads(tmp_path):
+    """A finished job with damaged lines in three ranks' streams and a crash file of one
+    rank, read ahead by one process and by three (a part of the ranks each): the models
+    (events, ops per rank, findings), every count of the stats (per rank, per reason,
+    bytes, records) and the crash's events are the same; each part read only its ranks."""
+    store = tmp_path / "job"
+    write_store(str(store), JobShape(RANKS, 30))
+    _damaged(store, (1, 2, 6))
+    got = {}
+    for processes in (1, 3):
+        feed = Feed(_ahead(str(store), processes=processes), hang_after=10.0)
+        ahead = feed.reader
+        assert isinstance(ahead, ReadAhead) and len(ahead.procs) == processes
+        want = _reference(str(store))
+        _until(feed, lambda: ahead.read_once and feed.model.events == want[0])  # noqa: B023
+        got[processes] = (_summary(feed.model, feed.model.end_ns), dataclasses.replace(ahead.stats, warnings=[]),
+                          sorted(ahead.stats.warnings))
+        assert got[processes][0] == want
+        ahead.close()
+    assert got[1] == got[3]
+    summary, stats, _ = got[3]
+    assert stats.corrupt_by_rank == {1: 2, 2: 3, 6: 7} and stats.corrupt == 12
+    assert any(5 in culprits for _, culprits in summary[3]), summary[3]  # (its crash, read once)
+
+
+def _polled(reader) -> list[dict]:
+    """A reader's polls until two in a row bring nothing (a crash file is read once it
+    stopped growing: at the poll after the one that first saw it): their events."""
+    events, quiet = [], 0
+    while quiet < 2:
+        batch = reader.poll_batch()
+        events += batch.events
+        quiet = 0 if batch.count() else quiet + 1
+    return events
+
+
+def test_a_part_of_the_streams_is_its_ranks_on_a_directory_and_on_redis(tmp_path, redis_url):
+    """Readers of the three parts of a job (``take_shard``) on a directory and on Redis:
+    each reads its ranks' events, all of them, and the three together are the job's; a
+    crash file is read by its rank's part alone."""
+    from commscope.store.base import Shard
+
+    lines = _lines(tmp_path)
+    for store in (str(tmp_path / "live"), redis_url):
+        job = _Job(store, lines)
+        job.write(1.0)
+        job.close()
+        if not store.startswith("redis"):
+            _damaged(Path(store), ())  # (rank 5's crash file)
+        whole = open_reader(store)
+        crashes = sorted(e["rank"] for e in _polled(whole) if e["type"] == "exit")
+        total = (whole.stats.events, whole.stats.records, whole.stats.bytes)
+        whole.close()
+        parts, crashed = [0, 0, 0], []
+        for k in range(3):
+            reader = open_reader(store)
+            reader.take_shard(Shard(k, 3))
+            events = _polled(reader)
+            ranks = {e["rank"] for e in events}
+            assert ranks == {r for r in range(RANKS) if r % 3 == k}, (store, k)
+            crashed += [e["rank"] for e in events if e["type"] == "exit"]
+            for j, n in enumerate((reader.stats.events, reader.stats.records, reader.stats.bytes)):
+                parts[j] += n
+            reader.close()
+        assert tuple(parts) == total and total[1] > 0
+        assert sorted(crashed) == crashes == ([] if store.startswith("redis") else [5])
+
+
+def test_a_console_starts_a_read_process_per_part_of_a_wide_job(tmp_path, monkeypatch):
+    """One read process per ``SHARD_RANKS`` ranks of the job's world (its metadata's), at
+    most one less than the cores and ``MAX_PROCESSES``; ``COMMSCOPE_READ_PROCESSES`` says
+    how many instead; one for a reader that reads a job whole (Flight Recorder dumps)."""
+    store = str(tmp_path / "job")
+    write_store(store, JobShape(RANKS, 4))
+    reader = open_reader(store)
+    monkeypatch.setattr(bulkread, "cores", lambda: 8)
+    assert readahead.processes_for(reader) == 1  # (8 ranks)
+    monkeypatch.setattr(type(reader), "job", lambda self: {"world_size": 16384})
+    assert readahead.processes_for(reader) == 4
+    monkeypatch.setattr(bulkread, "cores", lambda: 3)
+    assert readahead.processes_for(reader) == 2
+    monkeypatch.setattr(type(reader), "job", lambda self: {"world_size": 5000})
+    assert readahead.processes_for(reader) == 1
+    monkeypatch.setenv(readahead.ENV_PROCESSES, "3")
+    assert readahead.processes_for(reader) == 3
+    assert readahead.processes_for(FlightRecorderReader(tmp_path)) == 1
+    with pytest.raises(StoreError, match="cannot read a part"):
+        from commscope.store.base import Shard
+
+        FlightRecorderReader(tmp_path).take_shard(Shard(0, 2))
+    reader.close()
+
+
+def test_the_watermark_of_read_processes_is_the_lowest_of_theirs():
+    """0 while a part has not read each of its streams once; else the lowest; a part that
+    cannot tell (no stream of it listed yet) holds none back; None where none can tell."""
+    assert readahead.lowest_watermark([5, 0, 7]) == 0
+    assert readahead.lowest_watermark([9, 5, 7]) == 5
+    assert readahead.lowest_watermark([None, 8, 6]) == 6
+    assert readahead.lowest_watermark([None, None]) is None
+    assert readahead.lowest_watermark([0, None]) == 0

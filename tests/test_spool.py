@@ -135,3 +135,33 @@ def test_a_spool_being_created_is_never_opened_by_its_own_process(tmp_path, monk
         assert probe.stdout.strip() == "locked", probe.stderr
     finally:
         sp.close(remove=True)
+
+
+def test_of_the_readers_of_a_job_s_parts_only_part_0_forwards_what_dead_ranks_left(tmp_path):
+    """A console's read processes each read a part of the ranks (``Shard``): part 0 alone
+    looks at the spools dead ranks left, so what it could not forward is read once, not
+    once a part; the others leave a dead rank's spool as it was."""
+    from commscope.store.base import Shard
+
+    store = str(tmp_path / "trace")
+    open_writer(store, "tomb", 0, {"world_size": 2}).close()
+    path, pid = killed_spool(store)
+
+    def writer(rank: int, inc: int):
+        return open_writer(store, "tomb", rank, incarnation=inc, resume=True)
+
+    size = path.stat().st_size
+    for k in (1, 2):
+        reader = open_reader(f"{store}/tomb")
+        reader.take_shard(Shard(k, 3))
+        assert reader.spool_remnants("tomb", store, writer, final=True) == (0, {})
+        assert path.stat().st_size == size and not spool.read(path).flags & spool.FORWARDED
+        reader.close()
+    reader = open_reader(f"{store}/tomb")
+    reader.take_shard(Shard(0, 3))
+    assert reader.spool_remnants("tomb", store, writer, final=True)[0] == 1
+    assert spool.read(path).flags & spool.FORWARDED
+    reader.close()
+    # (the tombstone left for the launcher, which names the death: gone)
+    assert spool.forward_orphans(exit_status={pid: -signal.SIGKILL}.get, only=spool.store_id(store)) == 1
+    assert not path.exists()

@@ -68,7 +68,7 @@ def test_attach_waits_for_the_job_then_follows_it_to_the_end(tmp_path, ahead):
     assert feed.reader is reader and feed.restarts == 0
     reader.close(**({"grace_s": 120.0} if ahead else {}))  # (a bound on a loaded machine, not a margin)
     if ahead:
-        assert reader._proc.returncode == 0  # (it saw its stdin end: not killed)
+        assert reader.procs[0].returncode == 0  # (it saw its stdin end: not killed)
 
 
 def test_replay_controls_move_the_cursor():

@@ -48,6 +48,7 @@ Targets (16,384 ranks at 25 collectives/s): lag <= 2 s, fault -> finding <= hang
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -467,6 +468,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
             "frames": frames, "rss": rss, "events": feed.model.events,
             "cpu_s": time.process_time() - cpu0 + (ahead.cpu_s if ahead is not None else 0.0),
             "read_process_cpu_s": ahead.cpu_s if ahead is not None else None, "read_process_lost": lost,
+            "read_processes": len(ahead.procs) if ahead is not None else 0,
             "ranks_seen": len(feed.model.ranks), "steps": steps, "stacks": stacks_shown,
             "judging_s": feed.costs.diagnose + feed.costs.publish}
 
@@ -481,15 +483,16 @@ def _spent(feed: Feed) -> float:
 
 
 def _read_process_rss(reader: TraceReader) -> int:
-    """The resident memory of the console's read process (0: none), part of its own."""
+    """The resident memory of the console's read processes (0: none), part of its own."""
     import psutil
 
     if not isinstance(reader, ReadAhead):
         return 0
-    try:
-        return psutil.Process(reader.pid).memory_info().rss
-    except psutil.Error:
-        return 0
+    rss = 0
+    for proc in reader.procs:
+        with contextlib.suppress(psutil.Error):
+            rss += psutil.Process(proc.pid).memory_info().rss
+    return rss
 
 
 def costs_of(steps: list[tuple[int, int, float]]) -> tuple[float, float] | None:
@@ -649,7 +652,10 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
     if loads:
         _report_loads(loads, max(x["every"] for x in wrote), plan.store)
     read = seen["read_process_cpu_s"]
-    where = (f"\n    ({read / seen['wall_s'] * 100:.0f}% in its read process, which makes its polls ahead)"
+    procs = seen["read_processes"]
+    which = "its read process, which makes" if procs == 1 else \
+        f"its {procs} read processes (a part of the ranks each), which make"
+    where = ("\n" + _wrapped(f"({read / seen['wall_s'] * 100:.0f}% in {which} its polls ahead)")
              if read is not None else f"\n    (reading in its own process: {readahead.ENV}=0, or one core)")
     for why in seen["read_process_lost"]:  # (read here from then on)
         where += "\n" + _wrapped(f"LOST: {why}")

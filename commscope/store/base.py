@@ -161,6 +161,23 @@ class ReadStats:
         out.warnings = self.warnings[len(sent.warnings):]
         return out
 
+    def add_changes(self, changes: ReadStats, was: ReadStats) -> None:
+        """What ``changes`` (``ReadStats.changes`` of one of several readers of other
+        streams of the job, whose stats were ``was`` before them) adds to these, the sum of
+        those readers' (``merge``, as their numbers change): a console's read processes,
+        each reading a part of a wide job's streams (``readahead``)."""
+        for f in dataclasses.fields(self):
+            mine, theirs, before = getattr(self, f.name), getattr(changes, f.name), getattr(was, f.name)
+            if isinstance(mine, bool):
+                setattr(self, f.name, mine or theirs)
+            elif isinstance(mine, int):
+                setattr(self, f.name, mine + theirs - before)
+            elif isinstance(mine, dict):
+                for k, v in theirs.items():
+                    mine[k] = mine.get(k, 0) + v - before.get(k, 0)
+            elif isinstance(mine, list):
+                mine.extend(theirs)
+
     def take(self, changes: ReadStats) -> None:
         """What ``changes`` says changed (``ReadStats.changes`` of the reader these stats
         stand for), taken: these stats are then that reader's."""
@@ -238,6 +255,21 @@ class StoreWriter(Protocol):
 #: A stream: (rank, incarnation).  A rank that initialises its process group again in one
 #: process starts a new incarnation, and a stream of its own.
 Stream = tuple[int, int]
+
+
+class Shard(NamedTuple):
+    """The part of a job's streams one of ``count`` readers reads (a console's read
+    processes, ``readahead``: a wide job's first read and polls at the speed of several
+    cores): the ranks ``rank % count == index``, every incarnation of a rank together.
+    Another part's streams are not its to read, nor their crash files; only part 0 looks
+    at the spools dead ranks left (``TraceReader.spool_remnants``: what could not be
+    forwarded is read once)."""
+
+    index: int
+    count: int
+
+    def owns(self, rank: int) -> bool:
+        return rank % self.count == self.index
 
 
 class Size(NamedTuple):
@@ -337,6 +369,10 @@ class TraceReader(abc.ABC):
     #: Whether its polls are made ahead elsewhere and paced there (``readahead.ReadAhead``):
     #: a poll waits for the next batch, and a follower does not pause between them
     paces_itself: bool = False
+    #: Whether it can read a part of the job's streams (``take_shard``)
+    shards = False
+    #: The part of the job's streams it reads (None: all of them)
+    shard: Shard | None = None
     #: Seconds between looks at the spools dead ranks left on this host, while following.
     SPOOL_LOOK_S = 2.0
     _next_spool_look = 0.0
@@ -569,6 +605,17 @@ class TraceReader(abc.ABC):
     def close(self) -> None:  # noqa: B027 (a reader without resources has nothing to close)
         pass
 
+    def owns(self, rank: int) -> bool:
+        """Whether ``rank``'s streams are this reader's to read (its ``shard``'s, or all)."""
+        return self.shard is None or self.shard.owns(rank)
+
+    def take_shard(self, shard: Shard) -> None:
+        """Read only ``shard``'s streams (before the first read), where the reader can
+        (``shards``)."""
+        if not self.shards:
+            raise StoreError(f"{type(self).__name__} reads a job whole: it cannot read a part of its streams")
+        self.shard = shard
+
     def start_at(self, since: Since) -> None:
         """Read from the start of the window ``since`` on (``window.py``), not from each
         stream's start: call before the first read.  A store that cannot skip (this default)
@@ -749,9 +796,10 @@ class TraceReader(abc.ABC):
         forwarded yet: (how many spools were forwarded to their streams with ``writer(rank,
         incarnation)``, where this reader may write: read them again; the events of those it
         could not forward, by stream).  Looked at most every ``SPOOL_LOOK_S`` while
-        following (``final``: at the end, always)."""
+        following (``final``: at the end, always); by a reader of a part of the streams only
+        where it reads part 0 (``Shard``: what could not be forwarded is read once)."""
         now = time.monotonic()
-        if job is None or (not final and now < self._next_spool_look):
+        if job is None or (not final and now < self._next_spool_look) or (self.shard is not None and self.shard.index):
             return 0, {}
         self._next_spool_look = now + self.SPOOL_LOOK_S
         from commscope.store import spool

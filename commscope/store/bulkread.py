@@ -132,6 +132,16 @@ def readable(f: IO[bytes], timeout_s: float) -> bool:
     return bool(poller.poll(max(0, math.ceil(timeout_s * 1000))))
 
 
+def ready(files: list[IO[bytes]], timeout_s: float) -> list[int]:
+    """Which of ``files`` (pipes) have bytes to read or have ended, waiting up to
+    ``timeout_s`` for one (``readable`` of several at once)."""
+    poller = select.poll()
+    for f in files:
+        poller.register(f, select.POLLIN)
+    got = {fd for fd, _ in poller.poll(max(0, math.ceil(timeout_s * 1000)))}
+    return [k for k, f in enumerate(files) if f.fileno() in got]
+
+
 def _read(f: IO[bytes], n: int, deadline: float | None = None) -> bytearray:
     """``n`` bytes of ``f``, over as many reads as an unbuffered pipe takes (``ReadAhead``'s:
     64 KiB a read), into one buffer.  ``deadline`` (``time.monotonic``; ``f`` an unbuffered

@@ -47,6 +47,7 @@ from commscope.store import inflight, retention, segments
 from commscope.store.base import (
     Batch,
     ReadStats,
+    Shard,
     StoreError,
     Stream,
     TraceReader,
@@ -396,6 +397,7 @@ class DirectoryReader(TraceReader):
     CHUNK = 8 << 20
     MIN_READ = 1 << 16  # bytes a budgeted poll reads of a stream at least
     counts_lost_markers = True  # a writer that found its file deleted says what went with it
+    shards = True
 
     def __init__(self, path: str | os.PathLike, *, wait: bool = False, since_ns: int | None = None):
         self.path = Path(path)
@@ -456,6 +458,10 @@ class DirectoryReader(TraceReader):
     def job_name(self) -> str | None:
         return self.job_dir.name if self.job_dir is not None else None
 
+    def take_shard(self, shard: Shard) -> None:
+        super().take_shard(shard)
+        self._listed, self._segment_names, self._streams = None, frozenset(), {}  # (listed again, as a part)
+
     def shared_with_group(self) -> bool:
         return self.job_dir is not None and modes_of(self.job_dir) == GROUP
 
@@ -501,15 +507,19 @@ class DirectoryReader(TraceReader):
         known = self._names
         if len(known) > 4 * len(entries) + 1024:  # (names long gone: forgotten)
             known.clear()
+        shard = self.shard
         for entry in entries:
             name = entry.name
             got = known.get(name)
             if got is None:
                 got = known[name] = self._name(name)
             if got is _OTHER:
-                if CRASH_FILE.match(name):
+                crash = CRASH_FILE.match(name)
+                if crash and self.owns(int(crash.group(1))):
                     self._crash_names.append(name)
                 continue
+            if shard is not None and not shard.owns((got.stream if isinstance(got, _Summary) else got[0])[0]):
+                continue  # (another part's: ``Shard``)
             try:  # a regular file, or a symlink to one: the directory entry says so without a stat
                 ok = entry.is_file() or stat.S_ISREG(os.stat(entry.path).st_mode)
             except OSError:
@@ -808,7 +818,7 @@ class DirectoryReader(TraceReader):
         for stream, segs in self.streams().items():
             if self._partial.get(stream):
                 events.extend(self._read_stream(stream, segs, None, final=True)[0])
-        events.extend(self._crashes.poll(self.job_dir, lambda rank: True, final=True))
+        events.extend(self._crashes.poll(self.job_dir, self.owns, final=True))
         events.extend(self._remnants(final=True))
         self.stats.partial_tail = 0
         return events

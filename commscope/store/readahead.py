@@ -46,7 +46,7 @@ from commscope.compiled import says_no
 from commscope.events import gc_paused
 from commscope.redact import redact as redact_text
 from commscope.store import bulkread
-from commscope.store.base import Batch, ReadStats, StoreError, TraceReader
+from commscope.store.base import Batch, ReadStats, Shard, StoreError, TraceReader
 from commscope.store.registry import backend_for, redact_store
 from commscope.window import Since
 
@@ -74,12 +74,14 @@ class Pacing(NamedTuple):
 
 class Open(NamedTuple):
     """What the child reads: ``source`` (a store's name, its job pinned) from ``since`` on;
-    ``console``: the process it reads for (it ends with it: ``die_with``)."""
+    ``console``: the process it reads for (it ends with it: ``die_with``); ``shard``: the
+    part of the job's streams it reads (None: all)."""
 
     source: str
     since: Since | None
     pacing: Pacing
     console: int
+    shard: Shard | None = None
 
 
 class Polled(NamedTuple):
@@ -114,142 +116,36 @@ class Polled(NamedTuple):
         return b if b.ops or b.spans is None else Batch.of_piece(b.events, b.spans, b.beats)
 
 
-class ReadAhead(TraceReader):
-    """A live reader whose polls a child process makes ahead (see the module docstring):
-    ``poll_batch`` waits up to ``wait_s`` for the child's next batch (an empty one if none
-    came: the console diagnoses and publishes meanwhile), and raises ``ReadAheadLost`` once
-    the child is gone."""
+class _Child:
+    """One read process of a ``ReadAhead``: its pipes and stderr, and what its last batch
+    said (its reader's stats as it held them, watermark, backlog, CPU)."""
 
-    columnar = True
-    paces_itself = True
-    #: How the child starts
-    COMMAND = (sys.executable, "-m", "commscope.store.readahead")
-    #: What ``ReadAheadLost`` quotes of the child's stderr, at most (its last bytes)
-    STDERR_TAIL = 2000
-
-    def __init__(self, source: str, since: Since | None, pacing: Pacing, description: str = "") -> None:
-        self.source, self.since, self.pacing = source, since, pacing
-        self.description = description or redact_store(source)
-        self.job: str | None = None  # the job the child reads, once it found one
+    def __init__(self, command: list[str], env: dict[str, str], opened: Open) -> None:
         self.stats = ReadStats()
-        self.wait_s = pacing.poll_s
-        self.cut_short = False  # the last batch stopped at the budget
+        self.watermark: int | None = 0
+        self.backlog = 0
+        self.cut_short = False
         self.read_once = False  # a batch came that read all there was (every stream to its end once)
-        self.cpu_s = 0.0  # the child's CPU seconds, as of its last batch
-        self.receive_s = 0.0  # seconds this process spent taking the child's batches (not waiting for them)
-        self._watermark: int | None = 0
-        self._backlog = 0
-        self._lost: ReadAheadLost | None = None
-        env = dict(os.environ, COMMSCOPE_NO_PROGRESS="1", OPENBLAS_NUM_THREADS="1")
+        self.cpu_s = 0.0
         try:
-            self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (the child's, for its life: ``close``)
+            self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (the child's, for its life: ``close``)
         except OSError as exc:  # (no file left to open, no temporary directory)
             raise StoreError(f"the read process did not start: {exc}") from None
         try:
             # (its stdout unbuffered: whether the pipe is readable is then all there is to read)
-            self._proc = subprocess.Popen(list(self.COMMAND), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=self._stderr, env=env, close_fds=True, bufsize=0,
-                                          start_new_session=True)
+            self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self.stderr, env=env, close_fds=True, bufsize=0,
+                                         start_new_session=True)
         except OSError as exc:
-            self._stderr.close()
+            self.stderr.close()
             raise StoreError(f"the read process did not start: {exc}") from None
         try:
-            bulkread.send(self._proc.stdin, Open(source, since, pacing, os.getpid()))
+            bulkread.send(self.proc.stdin, opened)
         except OSError:
             pass  # (gone at once: the first poll says how)
 
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    def poll(self, max_bytes: int | None = None) -> list:
-        raise TypeError("ReadAhead reads op records in columns: call poll_batch")
-
-    def poll_batch(self, max_bytes: int | None = None) -> Batch:
-        """The child's next batch, waiting up to ``wait_s`` for it (``max_bytes``: the
-        child's budget rules); an empty batch where none came."""
-        if self._lost is not None:
-            raise self._lost
-        out = self._proc.stdout
-        assert out is not None
-        try:
-            ready = bulkread.readable(out, self.wait_s)
-        except (OSError, ValueError):
-            ready = True
-        if not ready:
-            return Batch([], [])
-        t0 = time.perf_counter()
-        try:
-            got = bulkread.receive(out)
-        except EOFError:  # (its end: waited for a moment, so that how it ended is what it says)
-            raise self._gone("ended", wait_s=self.EXIT_WAIT_S) from None
-        except Exception as exc:  # (a torn or foreign pickle)
-            raise self._gone(f"sent what is not a batch ({type(exc).__name__}: {exc})") from None
-        if not isinstance(got, Polled):
-            raise self._gone(f"sent a {type(got).__name__}, not a batch")
-        self.stats.take(got.stats)
-        self._watermark, self._backlog, self.cut_short, self.cpu_s = (
-            got.watermark, got.backlog, got.cut_short, got.cpu_s)
-        self.job = got.job or self.job
-        if got.window is not None and self.since is not None and self.since.at_ns is None:
-            self.since = Since(at_ns=got.window)  # (``here`` reads from there: counted once)
-        if got.error is not None:
-            raise StoreError(got.error)
-        if not got.cut_short:
-            self.read_once = True
-        batch = got.received()
-        self.receive_s += time.perf_counter() - t0  # (its records unpacked too)
-        return batch
-
-    #: How long a child whose pipe ended is waited for before it is taken for stopped: its
-    #: pipe closes as it exits, a moment before it can be waited for
-    EXIT_WAIT_S = 5.0
-
-    def _gone(self, what: str, wait_s: float = 0.0) -> ReadAheadLost:
-        """The child gone (waited for up to ``wait_s``; still there: stopped here), and how
-        it ended said, with the last line it wrote on stderr (a traceback's says what it
-        was), its store's credentials hidden."""
-        try:
-            code = self._proc.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(OSError):
-                self._proc.kill()
-            self._proc.wait()
-            code = None
-        how = "stopped by the console" if code is None else \
-            f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        last: list[str] = []
-        with contextlib.suppress(OSError, ValueError):
-            size = self._stderr.seek(0, os.SEEK_END)
-            self._stderr.seek(max(0, size - self.STDERR_TAIL))
-            last = self._stderr.read().decode("utf-8", "replace").strip().splitlines()[-1:]
-        said = f"the read process {what} ({how})" + (f": {last[0]}" if last else "")
-        self._lost = ReadAheadLost(redact_text(backend_for(self.source).redact(said)))
-        return self._lost
-
-    def watermark_ns(self) -> int | None:
-        return self._watermark
-
-    def backlog_bytes(self) -> int:
-        return self._backlog
-
-    def here(self) -> TraceReader:
-        """A reader of the same job and window in this process (the child's stand-in once
-        it is gone): the job the child read, where it found one, from the start of the
-        window it was started on, as the console counted it (``around``) or, where the
-        console could not, as the child did (``Polled.window``)."""
-        source = pinned(self.source, self.job)
-        reader = backend_for(source).reader(source, wait=True)
-        if self.since is not None:
-            reader.start_at(self.since)
-        return reader
-
-    def close(self, grace_s: float = 5.0) -> None:
-        """End the child: its pipes closed (it stops at its next write or look: one blocked
-        writing a batch at once), waited for up to ``grace_s``, then killed."""
-        proc = getattr(self, "_proc", None)
-        if proc is None:
-            return
+    def close(self, grace_s: float) -> None:
+        proc = self.proc
         for pipe in (proc.stdout, proc.stdin):
             with contextlib.suppress(OSError):
                 pipe.close()
@@ -258,7 +154,194 @@ class ReadAhead(TraceReader):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        self._stderr.close()
+        self.stderr.close()
+
+
+class ReadAhead(TraceReader):
+    """A live reader whose polls a child process makes ahead (see the module docstring):
+    ``poll_batch`` waits up to ``wait_s`` for the child's next batch (an empty one if none
+    came: the console diagnoses and publishes meanwhile), and raises ``ReadAheadLost`` once
+    the child is gone.
+
+    ``processes`` > 1: as many children, each reading a part of the job's streams
+    (``Shard``: a wide job's first read, and its polls, at the speed of as many cores); a
+    poll takes the batch of whichever is ready (the one after the last taken first), and
+    what the console sees of the reader is theirs together: the stats summed
+    (``ReadStats.add_changes``), the lowest watermark (0 while any has not read each of
+    its streams once), the backlogs summed.  One gone is all gone (the job is read again
+    in the console's process, ``here``)."""
+
+    columnar = True
+    paces_itself = True
+    #: How the child starts
+    COMMAND = (sys.executable, "-m", "commscope.store.readahead")
+    #: What ``ReadAheadLost`` quotes of the child's stderr, at most (its last bytes)
+    STDERR_TAIL = 2000
+
+    def __init__(self, source: str, since: Since | None, pacing: Pacing, description: str = "",
+                 processes: int = 1) -> None:
+        self.source, self.since, self.pacing = source, since, pacing
+        self.description = description or redact_store(source)
+        self.job: str | None = None  # the job the children read, once one found one
+        self.stats = ReadStats()
+        self.wait_s = pacing.poll_s
+        self.receive_s = 0.0  # seconds this process spent taking the children's batches (not waiting for them)
+        self._lost: ReadAheadLost | None = None
+        self._next = 0  # the child looked at first by the next poll (they take turns)
+        env = dict(os.environ, COMMSCOPE_NO_PROGRESS="1", OPENBLAS_NUM_THREADS="1")
+        self._children: list[_Child] = []
+        try:
+            for k in range(processes):
+                shard = Shard(k, processes) if processes > 1 else None
+                self._children.append(_Child(list(self.COMMAND), env, Open(source, since, pacing, os.getpid(), shard)))
+        except StoreError:
+            self.close()
+            raise
+
+    @property
+    def pid(self) -> int:
+        """The (first) read process's."""
+        return self._children[0].proc.pid
+
+    @property
+    def procs(self) -> list[subprocess.Popen]:
+        """The read processes, one a part of the streams where there are several."""
+        return [c.proc for c in self._children]
+
+    @property
+    def cut_short(self) -> bool:
+        """Whether a child's last batch stopped at the budget (it has more to read)."""
+        return any(c.cut_short for c in self._children)
+
+    @property
+    def read_once(self) -> bool:
+        """Whether every child sent a batch that read all there was (each of its streams to
+        its end once)."""
+        return all(c.read_once for c in self._children)
+
+    @property
+    def cpu_s(self) -> float:
+        """The children's CPU seconds, as of their last batches."""
+        return sum(c.cpu_s for c in self._children)
+
+    def poll(self, max_bytes: int | None = None) -> list:
+        raise TypeError("ReadAhead reads op records in columns: call poll_batch")
+
+    def poll_batch(self, max_bytes: int | None = None) -> Batch:
+        """A child's next batch, waiting up to ``wait_s`` for one (``max_bytes``: the
+        child's budget rules); an empty batch where none came."""
+        if self._lost is not None:
+            raise self._lost
+        child = self._ready()
+        if child is None:
+            return Batch([], [])
+        out = child.proc.stdout
+        assert out is not None
+        t0 = time.perf_counter()
+        try:
+            got = bulkread.receive(out)
+        except EOFError:  # (its end: waited for a moment, so that how it ended is what it says)
+            raise self._gone(child, "ended", wait_s=self.EXIT_WAIT_S) from None
+        except Exception as exc:  # (a torn or foreign pickle)
+            raise self._gone(child, f"sent what is not a batch ({type(exc).__name__}: {exc})") from None
+        if not isinstance(got, Polled):
+            raise self._gone(child, f"sent a {type(got).__name__}, not a batch")
+        self.stats.add_changes(got.stats, child.stats)
+        child.stats.take(got.stats)
+        child.watermark, child.backlog, child.cut_short, child.cpu_s = got.watermark, got.backlog, got.cut_short, got.cpu_s
+        self.job = got.job or self.job
+        if got.window is not None and self.since is not None and self.since.at_ns is None:
+            self.since = Since(at_ns=got.window)  # (``here`` reads from there: counted once)
+        if got.error is not None:
+            raise StoreError(got.error)
+        if not got.cut_short:
+            child.read_once = True
+        batch = got.received()
+        self.receive_s += time.perf_counter() - t0  # (its records unpacked too)
+        return batch
+
+    def _ready(self) -> _Child | None:
+        """A child with a batch to take (or whose pipe ended), waiting up to ``wait_s`` for
+        one: the first ready from the one after the last taken, so each goes on."""
+        children = self._children
+        n = len(children)
+        if n == 1:
+            out = children[0].proc.stdout
+            try:
+                ready = bulkread.readable(out, self.wait_s)  # type: ignore[arg-type]
+            except (OSError, ValueError):
+                ready = True
+            return children[0] if ready else None
+        try:
+            ready = set(bulkread.ready([c.proc.stdout for c in children], self.wait_s))  # type: ignore[misc]
+        except (OSError, ValueError):
+            ready = set(range(n))
+        for k in range(n):
+            j = (self._next + k) % n
+            if j in ready:
+                self._next = j + 1
+                return children[j]
+        return None
+
+    #: How long a child whose pipe ended is waited for before it is taken for stopped: its
+    #: pipe closes as it exits, a moment before it can be waited for
+    EXIT_WAIT_S = 5.0
+
+    def _gone(self, child: _Child, what: str, wait_s: float = 0.0) -> ReadAheadLost:
+        """The child gone (waited for up to ``wait_s``; still there: stopped here), and how
+        it ended said, with the last line it wrote on stderr (a traceback's says what it
+        was), its store's credentials hidden."""
+        try:
+            code = child.proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                child.proc.kill()
+            child.proc.wait()
+            code = None
+        how = "stopped by the console" if code is None else \
+            f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        last: list[str] = []
+        with contextlib.suppress(OSError, ValueError):
+            size = child.stderr.seek(0, os.SEEK_END)
+            child.stderr.seek(max(0, size - self.STDERR_TAIL))
+            last = child.stderr.read().decode("utf-8", "replace").strip().splitlines()[-1:]
+        which = f" {self._children.index(child) + 1} of {len(self._children)}" if len(self._children) > 1 else ""
+        said = f"the read process{which} {what} ({how})" + (f": {last[0]}" if last else "")
+        self._lost = ReadAheadLost(redact_text(backend_for(self.source).redact(said)))
+        return self._lost
+
+    def watermark_ns(self) -> int | None:
+        return lowest_watermark([c.watermark for c in self._children])
+
+    def backlog_bytes(self) -> int:
+        return sum(c.backlog for c in self._children)
+
+    def here(self) -> TraceReader:
+        """A reader of the same job and window in this process (the children's stand-in once
+        one is gone), of all its streams: the job the children read, where one found one,
+        from the start of the window they were started on, as the console counted it
+        (``around``) or, where the console could not, as a child did (``Polled.window``)."""
+        source = pinned(self.source, self.job)
+        reader = backend_for(source).reader(source, wait=True)
+        if self.since is not None:
+            reader.start_at(self.since)
+        return reader
+
+    def close(self, grace_s: float = 5.0) -> None:
+        """End the children: their pipes closed (each stops at its next write or look: one
+        blocked writing a batch at once), waited for up to ``grace_s``, then killed."""
+        for child in getattr(self, "_children", ()):
+            child.close(grace_s)
+
+
+def lowest_watermark(marks: list[int | None]) -> int | None:
+    """The watermark of readers of the parts of a job's streams, from theirs: 0 while one
+    has not read each of its streams once (its 0), else the lowest; None where none can
+    tell (a part whose store lists no stream of it yet does not hold the others back)."""
+    if any(m == 0 for m in marks):
+        return 0
+    known = [m for m in marks if m is not None]
+    return min(known) if known else None
 
 
 def around(reader: TraceReader, source: str, since: Since | None, pacing: Pacing) -> TraceReader:
@@ -274,11 +357,38 @@ def around(reader: TraceReader, source: str, since: Since | None, pacing: Pacing
     if start is not None:
         since = Since(at_ns=start)
     try:
-        ahead = ReadAhead(pinned(source, reader.job_name()), since, pacing, reader.description)
+        ahead = ReadAhead(pinned(source, reader.job_name()), since, pacing, reader.description,
+                          processes_for(reader))
     except StoreError:  # (it did not start: read here)
         return reader
     reader.close()
     return ahead
+
+
+#: ``COMMSCOPE_READ_PROCESSES=N``: how many read processes a console starts, each reading
+#: a part of the job's streams (default: ``processes_for``)
+ENV_PROCESSES = "COMMSCOPE_READ_PROCESSES"
+#: A console starts a read process per this many ranks of the job ...
+SHARD_RANKS = 4096
+#: ... and at most this many (nor more than one less than the cores)
+MAX_PROCESSES = 4
+
+
+def processes_for(reader: TraceReader) -> int:
+    """How many read processes a console starts for ``reader``'s job: one per
+    ``SHARD_RANKS`` ranks of its world (as its metadata says), where the reader can read a
+    part of the streams (``TraceReader.shards``), at most ``MAX_PROCESSES`` and one less
+    than the cores (the console's own work needs one); ``COMMSCOPE_READ_PROCESSES`` says
+    how many instead (1 to 64), where the reader can."""
+    if not reader.shards:
+        return 1
+    said = os.environ.get(ENV_PROCESSES, "").strip()
+    if said.isdigit() and int(said) >= 1:
+        return min(int(said), 64)
+    width = (reader.job() or {}).get("world_size")
+    if not isinstance(width, int) or isinstance(width, bool):
+        return 1
+    return max(1, min(MAX_PROCESSES, bulkread.cores() - 1, width // SHARD_RANKS))
 
 
 def pinned(source: str, job: str | None) -> str:
@@ -339,6 +449,8 @@ def main() -> int:
             try:
                 if reader is None:
                     opened = backend_for(how.source).reader(how.source, wait=True)
+                    if how.shard is not None:
+                        opened.take_shard(how.shard)
                     if how.since is not None:
                         opened.start_at(how.since)
                     reader, first = opened, opened.read_apart(pacing.budget)

@@ -419,6 +419,7 @@ class RedisReader(TraceReader):
     """
 
     PAGE = 10_000
+    shards = True
 
     def __init__(self, url: str, *, wait: bool = False, job: str | None = None):
         self._url = url
@@ -526,7 +527,9 @@ class RedisReader(TraceReader):
             return []
         key = self.keys.ranks(self.job_id)
         members = self._nodes_ok().call(key, "SMEMBERS", key) or []
-        self._streams = sorted(filter(None, map(Keys.parse_member, members)))
+        streams = filter(None, map(Keys.parse_member, members))
+        shard = self.shard
+        self._streams = sorted(streams if shard is None else (st for st in streams if shard.owns(st[0])))
         return self._streams
 
     def watermark_ns(self) -> int | None:
