@@ -399,15 +399,21 @@ def _decode_objs(data: bytes) -> list:
         return _DECODER.decode_lines(data)
     objs = _LISTS_RAW.decode_lines(data)
     seen: dict[tuple[str, bytes], list[str] | None] = {}
+    held = dict.fromkeys(_LISTS, 0)
     for obj in objs:
         for key in _LISTS:
             raw = obj.get(key)
             if raw is not None:
+                held[key] += 1
                 text = bytes(raw)
                 got = seen.get((key, text), seen)
                 if got is seen:
                     got = seen[key, text] = _LIST_DECODERS[key].decode(text)
                 obj[key] = got
+    if any(data.count(b'"%s"' % key.encode()) != n for key, n in held.items()):
+        # (a key stated twice in one event, whose first value msgspec checks but a raw value
+        # skips, or the word elsewhere: the full decoder, as it would have it)
+        return _DECODER.decode_lines(data)
     return objs
 
 

@@ -49,3 +49,10 @@ def test_attach_on_a_store_that_does_not_exist_says_how_one_gets_there(tmp_path)
         assert "does not exist yet" in app.timeline.render_line(h // 2 + 1).text
 
     drive(app, check, size=(200, 40), loaded=False)
+
+
+def test_attach_asked_for_read_processes_it_will_not_start_says_so(tmp_path, capsys):
+    for n in ("-1", "65"):
+        assert cli(["attach", "--read-processes", n, str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"commscope attach: error: --read-processes: {n} is not between 0 and 64\n"

@@ -565,18 +565,11 @@ def _damaged(store: Path, ranks: tuple[int, ...]) -> None:
                                           '  File "train.py", line 12 in step\n')
 
 
-def _read_to_the_end(ahead: ReadAhead, want_events: int) -> None:
-    deadline = time.monotonic() + BOUND_S
-    while not (ahead.read_once and ahead.stats.events >= want_events):
-        assert time.monotonic() < deadline, ahead.stats
-        ahead.poll_batch()
-
-
 def test_read_processes_each_reading_a_part_of_the_ranks_read_and_count_what_one_reads(tmp_path):
     """A finished job with damaged lines in three ranks' streams and a crash file of one
     rank, read ahead by one process and by three (a part of the ranks each): the models
-    (events, ops per rank, findings), every count of the stats (per rank, per reason,
-    bytes, records) and the crash's events are the same; each part read only its ranks."""
+    (events, ops per rank, findings, the crash's among them) and every count of the stats
+    (per rank, per reason, bytes, records) are the same."""
     store = tmp_path / "job"
     write_store(str(store), JobShape(RANKS, 30))
     _damaged(store, (1, 2, 6))
@@ -642,8 +635,9 @@ def test_a_part_of_the_streams_is_its_ranks_on_a_directory_and_on_redis(tmp_path
 
 def test_a_console_starts_a_read_process_per_part_of_a_wide_job(tmp_path, monkeypatch):
     """One read process per ``SHARD_RANKS`` ranks of the job's world (its metadata's), at
-    most one less than the cores and ``MAX_PROCESSES``; ``COMMSCOPE_READ_PROCESSES`` says
-    how many instead; one for a reader that reads a job whole (Flight Recorder dumps)."""
+    most one less than the cores and ``MAX_PROCESSES``; ``COMMSCOPE_READ_PROCESSES`` or
+    ``attach --read-processes`` says how many instead; one for a reader that reads a job
+    whole (Flight Recorder dumps)."""
     store = str(tmp_path / "job")
     write_store(store, JobShape(RANKS, 4))
     reader = open_reader(store)
@@ -658,18 +652,57 @@ def test_a_console_starts_a_read_process_per_part_of_a_wide_job(tmp_path, monkey
     monkeypatch.setenv(readahead.ENV_PROCESSES, "3")
     assert readahead.processes_for(reader) == 3
     assert readahead.processes_for(FlightRecorderReader(tmp_path)) == 1
+    monkeypatch.setenv(readahead.ENV_PROCESSES, "0")  # (none: read in the console's process)
+    assert readahead.processes_for(reader) == 0 and readahead.processes_for(FlightRecorderReader(tmp_path)) == 0
+    with pytest.raises(ValueError, match="at least one"):
+        ReadAhead(store, None, PACING, processes=0)
     with pytest.raises(StoreError, match="cannot read a part"):
         from commscope.store.base import Shard
 
         FlightRecorderReader(tmp_path).take_shard(Shard(0, 2))
-    reader.close()
+    # (``attach --read-processes N``: as many, whatever the job's width; 0: none)
+    monkeypatch.setattr(bulkread, "cores", lambda: 2)
+    assert read_ahead(reader, store, None) is reader  # (``COMMSCOPE_READ_PROCESSES=0``)
+    monkeypatch.delenv(readahead.ENV_PROCESSES)
+    assert read_ahead(reader, store, None, 0) is reader
+    monkeypatch.undo()
+    monkeypatch.setattr(bulkread, "cores", lambda: 2)
+    ahead = read_ahead(reader, store, None, 12)  # (``reader`` closed: the children read; 8 ranks, 8 parts)
+    assert isinstance(ahead, ReadAhead) and len(ahead.procs) == RANKS
+    ahead.close()
 
 
 def test_the_watermark_of_read_processes_is_the_lowest_of_theirs():
-    """0 while a part has not read each of its streams once; else the lowest; a part that
-    cannot tell (no stream of it listed yet) holds none back; None where none can tell."""
+    """0 while a part has not read each of its streams once, or cannot tell (no stream of
+    it listed yet, or its store not listed) while another can: it holds the others back,
+    as a stream not read yet holds a single reader's; else the lowest; None where none can
+    tell."""
     assert readahead.lowest_watermark([5, 0, 7]) == 0
     assert readahead.lowest_watermark([9, 5, 7]) == 5
-    assert readahead.lowest_watermark([None, 8, 6]) == 6
+    assert readahead.lowest_watermark([None, 8, 6]) == 0
     assert readahead.lowest_watermark([None, None]) is None
     assert readahead.lowest_watermark([0, None]) == 0
+    assert readahead.lowest_watermark([4]) == 4 and readahead.lowest_watermark([None]) is None
+    assert readahead.lowest_watermark([0]) == 0
+
+
+def test_one_read_process_lost_ends_the_others_at_once(tmp_path):
+    """Three read processes, the second SIGKILLed: the poll that finds it gone raises
+    ``ReadAheadLost`` naming it, and the other two are ended then (not left reading until
+    the console has read the job again and closes the reader: minutes at 16k ranks)."""
+    store = str(tmp_path / "job")
+    write_store(store, JobShape(RANKS, 20))
+    ahead = _ahead(store, SMALL, processes=3)
+    try:
+        os.kill(ahead.procs[1].pid, signal.SIGKILL)
+        deadline = time.monotonic() + BOUND_S
+        with pytest.raises(ReadAheadLost, match="read process 2 of 3 ended"):  # noqa: PT012
+            while True:
+                assert time.monotonic() < deadline
+                ahead.poll_batch()
+        deadline = time.monotonic() + BOUND_S
+        while not all(_gone(p.pid) for p in ahead.procs):  # (killed: each a zombie at once, or reaped)
+            assert time.monotonic() < deadline, [p.pid for p in ahead.procs if not _gone(p.pid)]
+            time.sleep(0.01)
+    finally:
+        ahead.close()

@@ -60,8 +60,9 @@ def test_a_meta_whose_list_is_not_valid_is_counted_as_the_full_decoder_counts_it
     """A list the full decoder refuses (an element not a string, too many, not a list)
     fails the shared decode too: each line then goes through the full decoder on its own,
     so the event is counted invalid with the full decoder's reason, and the others kept."""
+    twice = meta(1).replace(b'"names":', b'"names":[7],"names":', 1)  # (the first value is checked too)
     bad = [meta(1, names=[*NAMES, 7]), meta(1, dtypes=["x"] * 4097), meta(1, names="all_reduce"),
-           meta(1, names={"a": 1})]
+           meta(1, names={"a": 1}), twice]
     for line in bad:
         lines = [meta(1), line, meta(1)]
         assert schema.decode_many(lines, [1, 1, 1]) is None  # (each stream then read alone)
@@ -74,10 +75,11 @@ def test_a_meta_whose_list_is_not_valid_is_counted_as_the_full_decoder_counts_it
 
 def test_lines_without_a_meta_s_lists_take_the_full_decoder_as_they_are():
     lines = [orjson.dumps({"type": "heartbeat", "ts": T, "rank": 2, "inflight": 0}),
-             meta(2, names=None, dtypes=None), meta(2).replace(b'"names"', b'"na\\u006des"')]
+             meta(2, names=None, dtypes=None), meta(2).replace(b'"names"', b'"na\\u006des"'),
+             meta(2, argv=["train.py", "names"])]  # (the word as a value: the full decoder)
     got, at = schema.decode_indexed(lines, 2)
     want, damaged, invalid = alone(lines, 2)
-    assert got.events == want and at == [0, 1, 2] and not damaged and not invalid
+    assert got.events == want and at == [0, 1, 2, 3] and not damaged and not invalid
     assert got.events[1]["names"] is None and got.events[2]["names"] == NAMES
 
 

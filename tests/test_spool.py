@@ -137,31 +137,42 @@ def test_a_spool_being_created_is_never_opened_by_its_own_process(tmp_path, monk
         sp.close(remove=True)
 
 
-def test_of_the_readers_of_a_job_s_parts_only_part_0_forwards_what_dead_ranks_left(tmp_path):
-    """A console's read processes each read a part of the ranks (``Shard``): part 0 alone
-    looks at the spools dead ranks left, so what it could not forward is read once, not
-    once a part; the others leave a dead rank's spool as it was."""
+def test_the_readers_of_a_job_s_parts_forward_any_spool_and_read_only_their_ranks_remnants(tmp_path, monkeypatch):
+    """A console's read processes each read a part of the ranks (``Shard``): a dead rank's
+    spool is forwarded by whichever part looks first (a real one, here by a part that is
+    not its rank's); what could not be forwarded (the store not writable from here) is
+    read by its rank's part alone, by the decoder of the rank's stream (each record once).
+    The spools that could not be forwarded are stood in for (``remnant_events``)."""
+    import orjson
+
     from commscope.store.base import Shard
 
     store = str(tmp_path / "trace")
-    open_writer(store, "tomb", 0, {"world_size": 2}).close()
-    path, pid = killed_spool(store)
+    open_writer(store, "tomb", 0, {"world_size": 4}).close()
+    path, pid = killed_spool(store)  # (rank 1's: part 1 of 3's)
 
     def writer(rank: int, inc: int):
         return open_writer(store, "tomb", rank, incarnation=inc, resume=True)
 
-    size = path.stat().st_size
-    for k in (1, 2):
-        reader = open_reader(f"{store}/tomb")
-        reader.take_shard(Shard(k, 3))
-        assert reader.spool_remnants("tomb", store, writer, final=True) == (0, {})
-        assert path.stat().st_size == size and not spool.read(path).flags & spool.FORWARDED
-        reader.close()
     reader = open_reader(f"{store}/tomb")
-    reader.take_shard(Shard(0, 3))
+    reader.take_shard(Shard(2, 3))
     assert reader.spool_remnants("tomb", store, writer, final=True)[0] == 1
     assert spool.read(path).flags & spool.FORWARDED
     reader.close()
     # (the tombstone left for the launcher, which names the death: gone)
     assert spool.forward_orphans(exit_status={pid: -signal.SIGKILL}.get, only=spool.store_id(store)) == 1
     assert not path.exists()
+
+    def beat(rank: int) -> bytes:
+        return orjson.dumps({"type": "heartbeat", "v": 3, "rank": rank, "ts": 1_780_000_000_000_000_000,
+                             "inflight": 0})
+
+    monkeypatch.setattr(spool, "forward_dead", lambda job, store, writer: 0)
+    monkeypatch.setattr(spool, "remnant_events", lambda job, store: [(1, 0, [beat(1)]), (2, 0, [beat(2)])])
+    for k in range(3):
+        reader = open_reader(f"{store}/tomb")
+        reader.take_shard(Shard(k, 3))
+        forwarded, left = reader.spool_remnants("tomb", store, writer, final=True)
+        assert forwarded == 0 and {s: [e["rank"] for e in evs] for s, evs in left.items()} == (
+            {(k, 0): [k]} if k in (1, 2) else {}), k
+        reader.close()

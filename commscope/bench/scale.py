@@ -131,6 +131,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-times", action="store_true",
                    help="a GPU job's records: each collective also ends with a done record holding its device "
                         "time (three records a collective, not two)")
+    p.add_argument("--read-processes", type=int, metavar="N",
+                   help="the console's read processes, each a part of the ranks (default: as attach starts them; "
+                        "0: it reads in its own process)")
     p.add_argument("--quick", action="store_true", help="64 ranks for 12 s: a smoke test")
 
 
@@ -153,6 +156,7 @@ class Plan:
     layers: int = 4
     ranks_per_host: int = 8
     device_times: bool = False  # a done record (a device time) after each end
+    read_processes: int | None = None  # the console's (None: as ``attach`` starts them)
 
     @property
     def records(self) -> int:
@@ -381,7 +385,8 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
     named_at: dict[int, int] = {}
     source = backend_for(plan.store).with_job(plan.store, plan.job)
     # (as ``commscope attach`` reads: its polls made ahead in a read process, where that is worth it)
-    feed = Feed(read_ahead(open_reader(source, wait=True), source, None), hang_after=plan.hang_after)
+    feed = Feed(read_ahead(open_reader(source, wait=True), source, None, plan.read_processes),
+                hang_after=plan.hang_after)
     ahead = feed.reader if isinstance(feed.reader, ReadAhead) else None  # (its CPU counted, even once lost)
     lags: list[float] = []  # the newest event read, behind the clock
     behind: list[float] = []  # what every stream was read up to (the watermark), behind the clock
@@ -585,6 +590,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.quick:
         args.ranks, args.seconds = 64, 12.0
+    if args.read_processes is not None and not 0 <= args.read_processes <= readahead.MOST_PROCESSES:
+        raise SystemExit(f"bench scale: --read-processes {args.read_processes} is not between 0 and "
+                         f"{readahead.MOST_PROCESSES}")
     if args.ranks < 16:
         raise SystemExit("bench scale: at least 16 ranks (two hosts of 8)")
     root = tempfile.mkdtemp(prefix="commscope-bench-scale-")
@@ -594,7 +602,7 @@ def run(args: argparse.Namespace) -> int:
     plan = Plan(ranks=args.ranks, rate=args.rate, t_start=0, seconds=seconds, fault=args.fault,
                 culprit=args.ranks // 2 + 3, fault_k=int(seconds / 3 * args.rate) + 1,
                 hang_after=args.hang_after, job="scale-" + new_job_id(), store=store, sync=sync,
-                device_times=args.device_times)
+                device_times=args.device_times, read_processes=args.read_processes)
     print(f"bench scale: {args.ranks:,} ranks x {args.rate:g} collectives/s for {seconds:.0f} s"
           f"{', device times' if args.device_times else ''}\n"
           f"  into {args.store} ({store if args.store != 'directory' else root}), {args.writers} writer(s);\n"
@@ -656,7 +664,8 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
     which = "its read process, which makes" if procs == 1 else \
         f"its {procs} read processes (a part of the ranks each), which make"
     where = ("\n" + _wrapped(f"({read / seen['wall_s'] * 100:.0f}% in {which} its polls ahead)")
-             if read is not None else f"\n    (reading in its own process: {readahead.ENV}=0, or one core)")
+             if read is not None else "\n" + _wrapped(f"(reading in its own process: --read-processes 0, "
+                                                       f"{readahead.ENV}=0, or one core)"))
     for why in seen["read_process_lost"]:  # (read here from then on)
         where += "\n" + _wrapped(f"LOST: {why}")
     print(f"  console: read {seen['events']:,} events of {seen['ranks_seen']:,} ranks;\n"

@@ -21,6 +21,7 @@ import shutil
 
 from commscope.commands import options
 from commscope.store import StoreError, backend_for, default_store, redact_store
+from commscope.store.readahead import MOST_PROCESSES
 
 #: Where attach starts by default: the tail of a job, however long it has run (the history
 #: before it is summarized, not read: --since all reads it)
@@ -36,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pid", type=int, nargs="+", metavar="PID",
                    help="follow an uninstrumented job through repeated snapshots of its ranks' stacks (any pid of "
                         "it: a rank or its launcher)")
+    p.add_argument("--read-processes", type=int, metavar="N",
+                   help="processes reading the store, each a part of the ranks (default: one per 4,096 ranks of "
+                        "the job, at most 4 and one less than the cores; 0: read in the console's process)")
     p.add_argument("--job-pid", type=int, metavar="PID", help="with --pid and several jobs: the one this pid is of")
     p.add_argument("--interval", type=float, default=1.0, metavar="S",
                    help="with --pid: seconds between stack samples (default 1)")
@@ -61,6 +65,9 @@ def main(args: argparse.Namespace) -> int:
     else:
         store, temporary = default_store(args.store), None
     since = options.since_of(args)
+    processes = args.read_processes
+    if processes is not None and not 0 <= processes <= MOST_PROCESSES:
+        raise UsageError(f"--read-processes: {processes} is not between 0 and {MOST_PROCESSES}")
     try:
         try:
             reader = open_source(store, wait=True, since=since)
@@ -68,9 +75,11 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         # (its polls made ahead in a process of their own, where that is worth it: the console's
         # process ingests, publishes and diagnoses meanwhile)
-        feed = Feed(read_ahead(reader, store, since), mode=LIVE, hang_after=args.hang_after, source=redact_store(store),
+        feed = Feed(read_ahead(reader, store, since, processes), mode=LIVE, hang_after=args.hang_after,
+                    source=redact_store(store),
                     hint=waiting_hint(store) if snapshots is None else "taking the first snapshot of the job's stacks",
-                    reopen=lambda window: read_ahead(open_source(store, wait=True, since=window), store, window))
+                    reopen=lambda window: read_ahead(open_source(store, wait=True, since=window), store, window,
+                                                     processes))
         try:
             CommscopeApp(feed, bell=not args.no_bell).run()
         finally:

@@ -261,9 +261,8 @@ class Shard(NamedTuple):
     """The part of a job's streams one of ``count`` readers reads (a console's read
     processes, ``readahead``: a wide job's first read and polls at the speed of several
     cores): the ranks ``rank % count == index``, every incarnation of a rank together.
-    Another part's streams are not its to read, nor their crash files; only part 0 looks
-    at the spools dead ranks left (``TraceReader.spool_remnants``: what could not be
-    forwarded is read once)."""
+    Another part's streams are not its to read, nor their crash files, nor what their dead
+    ranks left in spools that could not be forwarded (``TraceReader.spool_remnants``)."""
 
     index: int
     count: int
@@ -796,10 +795,12 @@ class TraceReader(abc.ABC):
         forwarded yet: (how many spools were forwarded to their streams with ``writer(rank,
         incarnation)``, where this reader may write: read them again; the events of those it
         could not forward, by stream).  Looked at most every ``SPOOL_LOOK_S`` while
-        following (``final``: at the end, always); by a reader of a part of the streams only
-        where it reads part 0 (``Shard``: what could not be forwarded is read once)."""
+        following (``final``: at the end, always).  A reader of a part of the streams
+        (``Shard``) forwards any (a spool is claimed by one forwarder), and reads only what
+        its own ranks left that could not be: by the decoder of the rank's stream, which
+        keeps each record once however often the stream and the spool hold it."""
         now = time.monotonic()
-        if job is None or (not final and now < self._next_spool_look) or (self.shard is not None and self.shard.index):
+        if job is None or (not final and now < self._next_spool_look):
             return 0, {}
         self._next_spool_look = now + self.SPOOL_LOOK_S
         from commscope.store import spool
@@ -807,7 +808,8 @@ class TraceReader(abc.ABC):
         forwarded = spool.forward_dead(job, store, writer)
         left: dict[Stream, list[Event]] = {}
         for rank, inc, lines in spool.remnant_events(job, store):  # those it could not forward
-            left.setdefault((rank, inc), []).extend(self.ingest((rank, inc), b"\n".join(lines)).events)
+            if self.owns(rank):
+                left.setdefault((rank, inc), []).extend(self.ingest((rank, inc), b"\n".join(lines)).events)
         return forwarded, left
 
 

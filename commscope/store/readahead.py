@@ -47,6 +47,7 @@ from commscope.events import gc_paused
 from commscope.redact import redact as redact_text
 from commscope.store import bulkread
 from commscope.store.base import Batch, ReadStats, Shard, StoreError, TraceReader
+from commscope.store.directory import ENV_WORKERS
 from commscope.store.registry import backend_for, redact_store
 from commscope.window import Since
 
@@ -143,17 +144,26 @@ class _Child:
             bulkread.send(self.proc.stdin, opened)
         except OSError:
             pass  # (gone at once: the first poll says how)
+        except Exception as exc:  # (what it was to read could not be sent: it is no one's)
+            self.let_go()
+            self.proc.kill()
+            self.end(time.monotonic())
+            raise StoreError(f"the read process did not start: {exc}") from None
 
-    def close(self, grace_s: float) -> None:
-        proc = self.proc
-        for pipe in (proc.stdout, proc.stdin):
+    def let_go(self) -> None:
+        """Its pipes closed: it stops at its next write or look (one blocked writing a batch
+        at once)."""
+        for pipe in (self.proc.stdout, self.proc.stdin):
             with contextlib.suppress(OSError):
                 pipe.close()
+
+    def end(self, deadline: float) -> None:
+        """Waited for until ``deadline`` (``time.monotonic``), then killed."""
         try:
-            proc.wait(grace_s)
+            self.proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            self.proc.kill()
+            self.proc.wait()
         self.stderr.close()
 
 
@@ -189,6 +199,10 @@ class ReadAhead(TraceReader):
         self._lost: ReadAheadLost | None = None
         self._next = 0  # the child looked at first by the next poll (they take turns)
         env = dict(os.environ, COMMSCOPE_NO_PROGRESS="1", OPENBLAS_NUM_THREADS="1")
+        if processes < 1:
+            raise ValueError(f"ReadAhead: {processes} read processes (at least one)")
+        if processes > 1 and ENV_WORKERS not in env:  # (a large first read's workers: the cores shared out)
+            env[ENV_WORKERS] = str(max(1, bulkread.cores() // processes))
         self._children: list[_Child] = []
         try:
             for k in range(processes):
@@ -308,6 +322,11 @@ class ReadAhead(TraceReader):
         which = f" {self._children.index(child) + 1} of {len(self._children)}" if len(self._children) > 1 else ""
         said = f"the read process{which} {what} ({how})" + (f": {last[0]}" if last else "")
         self._lost = ReadAheadLost(redact_text(backend_for(self.source).redact(said)))
+        for other in self._children:  # (the job is read again whole: theirs would only compete with it)
+            if other is not child:
+                other.let_go()
+                with contextlib.suppress(OSError):
+                    other.proc.kill()
         return self._lost
 
     def watermark_ns(self) -> int | None:
@@ -329,36 +348,49 @@ class ReadAhead(TraceReader):
 
     def close(self, grace_s: float = 5.0) -> None:
         """End the children: their pipes closed (each stops at its next write or look: one
-        blocked writing a batch at once), waited for up to ``grace_s``, then killed."""
-        for child in getattr(self, "_children", ()):
-            child.close(grace_s)
+        blocked writing a batch at once), waited for up to ``grace_s`` in all, then killed."""
+        children = getattr(self, "_children", [])
+        for child in children:
+            child.let_go()
+        deadline = time.monotonic() + grace_s
+        for child in children:
+            child.end(deadline)
 
 
 def lowest_watermark(marks: list[int | None]) -> int | None:
     """The watermark of readers of the parts of a job's streams, from theirs: 0 while one
-    has not read each of its streams once (its 0), else the lowest; None where none can
-    tell (a part whose store lists no stream of it yet does not hold the others back)."""
-    if any(m == 0 for m in marks):
-        return 0
-    known = [m for m in marks if m is not None]
-    return min(known) if known else None
+    has not read each of its streams once (its 0), or cannot tell (None: its store listed
+    no stream of its part yet, or could not be listed) while another can, as a stream not
+    read yet holds a single reader's back; else the lowest; None where none can tell."""
+    known = [m for m in marks if m]
+    if len(known) == len(marks):
+        return min(known) if known else None
+    return None if all(m is None for m in marks) else 0
 
 
-def around(reader: TraceReader, source: str, since: Since | None, pacing: Pacing) -> TraceReader:
+def around(reader: TraceReader, source: str, since: Since | None, pacing: Pacing,
+           processes: int | None = None) -> TraceReader:
     """``reader`` (a store's, just opened on ``source`` from ``since`` on) read ahead in a
     child process where that is worth it, else ``reader`` itself: not with one core, nor
     where ``COMMSCOPE_READ_AHEAD`` says no, nor where the child does not start.  The child
     reads the job ``reader`` found (``pinned``) from the window's start as ``reader``
     counted it (``window_start_ns``: a duration back from the job's end counts from now,
-    not from when the child, or a stand-in for it, opens the job); ``reader`` is closed."""
-    if says_no(ENV) or bulkread.cores() < 2:
+    not from when the child, or a stand-in for it, opens the job); ``reader`` is closed.
+    ``processes``: how many children, each a part of the ranks (0: none, ``reader``
+    itself; None: ``processes_for``; one where the reader reads a job whole)."""
+    if processes == 0 or (processes is None and says_no(ENV)) or bulkread.cores() < 2:
         return reader
+    n = processes_for(reader) if processes is None else processes if reader.shards else 1
+    if n == 0:
+        return reader
+    width = (reader.job() or {}).get("world_size")
+    if isinstance(width, int) and not isinstance(width, bool) and width >= 1:
+        n = min(n, width)  # (no part without a rank)
     start = reader.window_start_ns()
     if start is not None:
         since = Since(at_ns=start)
     try:
-        ahead = ReadAhead(pinned(source, reader.job_name()), since, pacing, reader.description,
-                          processes_for(reader))
+        ahead = ReadAhead(pinned(source, reader.job_name()), since, pacing, reader.description, n)
     except StoreError:  # (it did not start: read here)
         return reader
     reader.close()
@@ -372,19 +404,24 @@ ENV_PROCESSES = "COMMSCOPE_READ_PROCESSES"
 SHARD_RANKS = 4096
 #: ... and at most this many (nor more than one less than the cores)
 MAX_PROCESSES = 4
+#: The most read processes a console starts, however many are asked for
+MOST_PROCESSES = 64
 
 
 def processes_for(reader: TraceReader) -> int:
     """How many read processes a console starts for ``reader``'s job: one per
-    ``SHARD_RANKS`` ranks of its world (as its metadata says), where the reader can read a
-    part of the streams (``TraceReader.shards``), at most ``MAX_PROCESSES`` and one less
-    than the cores (the console's own work needs one); ``COMMSCOPE_READ_PROCESSES`` says
-    how many instead (1 to 64), where the reader can."""
+    ``SHARD_RANKS`` ranks of its world (as its metadata says when the console opens it),
+    where the reader can read a part of the streams (``TraceReader.shards``), at most
+    ``MAX_PROCESSES`` and one less than the cores (the console's own work needs one);
+    ``COMMSCOPE_READ_PROCESSES`` says how many instead (0: none, the reading in the
+    console's process; at most ``MOST_PROCESSES``; one where the reader reads a job
+    whole)."""
+    said = os.environ.get(ENV_PROCESSES, "").strip()
+    if said.isdigit():
+        n = min(int(said), MOST_PROCESSES)
+        return n if reader.shards else min(n, 1)
     if not reader.shards:
         return 1
-    said = os.environ.get(ENV_PROCESSES, "").strip()
-    if said.isdigit() and int(said) >= 1:
-        return min(int(said), 64)
     width = (reader.job() or {}).get("world_size")
     if not isinstance(width, int) or isinstance(width, bool):
         return 1

@@ -607,10 +607,11 @@ def _next_size_check(model: TraceModel) -> int:
     return model.events + max(100 * len(model.ranks), model.events // 8)
 
 
-def read_ahead(reader: TraceReader, source: str, since: Since | None) -> TraceReader:
+def read_ahead(reader: TraceReader, source: str, since: Since | None, processes: int | None = None) -> TraceReader:
     """``reader`` (a store's, opened on ``source`` from ``since`` on) with its polls made
-    ahead in a child process where that is worth it (``store/readahead.py``), paced as a
+    ahead in a child process where that is worth it (``store/readahead.py``; ``processes``:
+    as many, each a part of the ranks, 0 none, None as the job's width says), paced as a
     ``Feed`` paces its own; a reader of Flight Recorder dumps as it is (nothing to follow)."""
     if isinstance(reader, FlightRecorderReader):
         return reader
-    return readahead.around(reader, source, since, Feed.pacing())
+    return readahead.around(reader, source, since, Feed.pacing(), processes)
