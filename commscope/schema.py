@@ -410,9 +410,9 @@ def _decode_objs(data: bytes) -> list:
                 if got is seen:
                     got = seen[key, text] = _LIST_DECODERS[key].decode(text)
                 obj[key] = got
-    if any(data.count(b'"%s"' % key.encode()) != n for key, n in held.items()):
+    if b"\\u" in data or any(data.count(b'"%s"' % key.encode()) != n for key, n in held.items()):
         # (a key stated twice in one event, whose first value msgspec checks but a raw value
-        # skips, or the word elsewhere: the full decoder, as it would have it)
+        # skips, or the word elsewhere, or perhaps escaped: the full decoder, as it would have it)
         return _DECODER.decode_lines(data)
     return objs
 

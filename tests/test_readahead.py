@@ -10,6 +10,7 @@ import dataclasses
 import os
 import pickle
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -706,3 +707,41 @@ def test_one_read_process_lost_ends_the_others_at_once(tmp_path):
             time.sleep(0.01)
     finally:
         ahead.close()
+
+
+def test_a_part_whose_ranks_wrote_nothing_holds_the_watermark_back_only_while_it_cannot_tell(tmp_path, redis_url):
+    """More parts than the ranks that write (a 2-rank job read by three processes, as
+    ``--read-processes 3`` asks before the job's width is known): the part with no stream
+    says each of its streams (none) is read as of its listing, so the console's watermark
+    is set and the console judges; a reader of that part on a directory or on Redis says
+    the same, and a directory that cannot be listed cannot tell."""
+    from commscope.store.base import Shard
+
+    store = str(tmp_path / "job")
+    write_store(store, JobShape(2, 20))
+    ahead = _ahead(store, processes=3)
+    try:
+        deadline = time.monotonic() + BOUND_S
+        while not (ahead.read_once and ahead.watermark_ns()):
+            assert time.monotonic() < deadline, ahead.watermark_ns()
+            ahead.poll_batch()
+    finally:
+        ahead.close()
+    job = _Job(redis_url, {r: lines for r, lines in _lines(tmp_path).items() if r < 2})
+    job.write(1.0)
+    job.close()
+    for source in (store, redis_url):
+        reader = open_reader(source)
+        reader.take_shard(Shard(2, 3))
+        before = time.time_ns()
+        assert not reader.poll_batch().count()
+        mark = reader.watermark_ns()
+        assert mark is not None and mark >= before, source
+        reader.close()
+    reader = open_reader(store)
+    reader.take_shard(Shard(2, 3))
+    reader.poll_batch()
+    assert reader.watermark_ns()
+    shutil.rmtree(reader.job_dir)  # (a listing that fails: the job's directory gone)
+    assert reader.watermark_ns() is None
+    reader.close()

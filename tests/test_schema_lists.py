@@ -61,8 +61,9 @@ def test_a_meta_whose_list_is_not_valid_is_counted_as_the_full_decoder_counts_it
     fails the shared decode too: each line then goes through the full decoder on its own,
     so the event is counted invalid with the full decoder's reason, and the others kept."""
     twice = meta(1).replace(b'"names":', b'"names":[7],"names":', 1)  # (the first value is checked too)
+    escaped = meta(1).replace(b'"names":', b'"na\\u006des":[7],"names":', 1)  # (... however it is written)
     bad = [meta(1, names=[*NAMES, 7]), meta(1, dtypes=["x"] * 4097), meta(1, names="all_reduce"),
-           meta(1, names={"a": 1}), twice]
+           meta(1, names={"a": 1}), twice, escaped]
     for line in bad:
         lines = [meta(1), line, meta(1)]
         assert schema.decode_many(lines, [1, 1, 1]) is None  # (each stream then read alone)
@@ -81,6 +82,7 @@ def test_lines_without_a_meta_s_lists_take_the_full_decoder_as_they_are():
     want, damaged, invalid = alone(lines, 2)
     assert got.events == want and at == [0, 1, 2, 3] and not damaged and not invalid
     assert got.events[1]["names"] is None and got.events[2]["names"] == NAMES
+    assert got.events[3]["names"] == NAMES and got.events[3]["names"] is not got.events[2]["names"]  # (not shared)
 
 
 _TEXTS = st.lists(st.text(max_size=6), max_size=6)

@@ -59,15 +59,15 @@ def main(args: argparse.Namespace) -> int:
     from commscope.tui.app import CommscopeApp
     from commscope.tui.feed import LIVE, Feed, read_ahead
 
+    processes = args.read_processes
+    if processes is not None and not 0 <= processes <= MOST_PROCESSES:  # (before any snapshot is started)
+        raise UsageError(f"--read-processes: {processes} is not between 0 and {MOST_PROCESSES}")
     snapshots = None
     if args.pid:
         snapshots, store, temporary = _start_snapshots(args)
     else:
         store, temporary = default_store(args.store), None
     since = options.since_of(args)
-    processes = args.read_processes
-    if processes is not None and not 0 <= processes <= MOST_PROCESSES:
-        raise UsageError(f"--read-processes: {processes} is not between 0 and {MOST_PROCESSES}")
     try:
         try:
             reader = open_source(store, wait=True, since=since)

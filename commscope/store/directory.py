@@ -659,8 +659,14 @@ class DirectoryReader(TraceReader):
         return self.since_ns
 
     def watermark_ns(self) -> int | None:
+        asked = time.time_ns()
         streams = self.streams()
-        return self._watermark_of(streams) if streams else None
+        if streams:
+            return self._watermark_of(streams)
+        # a part of the streams (``Shard``) whose listing holds none of its own: each of them
+        # (none) read as of then; a listing that failed cannot tell
+        listed = self.shard is not None and self.job_dir is not None and self._list_error is None
+        return asked if listed and self._listed is not None else None
 
     def latest_ns(self) -> int:
         """When the job last wrote (the newest segment's mtime over its streams), 0 if never:

@@ -47,7 +47,7 @@ from commscope.events import gc_paused
 from commscope.redact import redact as redact_text
 from commscope.store import bulkread
 from commscope.store.base import Batch, ReadStats, Shard, StoreError, TraceReader
-from commscope.store.directory import ENV_WORKERS
+from commscope.store.directory import ENV_WORKERS, DirectoryReader
 from commscope.store.registry import backend_for, redact_store
 from commscope.window import Since
 
@@ -202,7 +202,7 @@ class ReadAhead(TraceReader):
         if processes < 1:
             raise ValueError(f"ReadAhead: {processes} read processes (at least one)")
         if processes > 1 and ENV_WORKERS not in env:  # (a large first read's workers: the cores shared out)
-            env[ENV_WORKERS] = str(max(1, bulkread.cores() // processes))
+            env[ENV_WORKERS] = str(max(1, min(DirectoryReader.MAX_WORKERS, bulkread.cores() // processes)))
         self._children: list[_Child] = []
         try:
             for k in range(processes):

@@ -526,7 +526,9 @@ class RedisReader(TraceReader):
         if self.job_id is None:
             return []
         key = self.keys.ranks(self.job_id)
+        asked = time.time_ns()
         members = self._nodes_ok().call(key, "SMEMBERS", key) or []
+        self._ranks_at = asked  # (the job's streams as of then: ``watermark_ns`` of a part with none)
         streams = filter(None, map(Keys.parse_member, members))
         shard = self.shard
         self._streams = sorted(streams if shard is None else (st for st in streams if shard.owns(st[0])))
@@ -534,7 +536,11 @@ class RedisReader(TraceReader):
 
     def watermark_ns(self) -> int | None:
         streams = getattr(self, "_streams", None)
-        return self._watermark_of(streams) if streams else None
+        if streams:
+            return self._watermark_of(streams)
+        # a part of the streams (``Shard``) that the job's set of streams names none of: each
+        # of them (none) read as of when it was asked
+        return getattr(self, "_ranks_at", None) if self.shard is not None and streams is not None else None
 
     def count(self) -> int:
         """Entries stored for this job right now (XLEN summed over streams, less those before
