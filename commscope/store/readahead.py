@@ -359,9 +359,10 @@ class ReadAhead(TraceReader):
 
 def lowest_watermark(marks: list[int | None]) -> int | None:
     """The watermark of readers of the parts of a job's streams, from theirs: 0 while one
-    has not read each of its streams once (its 0), or cannot tell (None: its store listed
-    no stream of its part yet, or could not be listed) while another can, as a stream not
-    read yet holds a single reader's back; else the lowest; None where none can tell."""
+    has not read each of its streams once (its 0), or cannot tell (None: its store could
+    not be listed, or has no job yet) while another can, as a stream not read yet holds a
+    single reader's back; else the lowest; None where none can tell.  (A part whose ranks
+    wrote nothing yet tells: each of its streams, none, read as of its listing.)"""
     known = [m for m in marks if m]
     if len(known) == len(marks):
         return min(known) if known else None
