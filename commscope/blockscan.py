@@ -243,9 +243,9 @@ def rests(s: Scan, starts: np.ndarray, sizes: np.ndarray, chunks: np.ndarray, cu
     prefix_id = np.full(blocks.shape[0], -1, np.int64)
     has = np.flatnonzero(pid >= 0)
     if has.shape[0]:  # a prefix's first block in each rest: the first of its (rest, prefix) pair
-        _, firsts, where = np.unique(rest_block[has] * (s.ts.shape[0] + 1) + pid[has], return_index=True,
-                                     return_inverse=True)
-        prefix_id[has] = has[firsts][where.reshape(-1)]
+        _, firsts, pair = np.unique(rest_block[has] * (s.ts.shape[0] + 1) + pid[has], return_index=True,
+                                    return_inverse=True)
+        prefix_id[has] = has[firsts][pair.reshape(-1)]
     op_lo = s.op_first[first]
     op_count = s.op_first[first + count] - op_lo
     o0 = np.zeros(k, np.int64)

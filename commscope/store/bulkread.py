@@ -127,9 +127,7 @@ def readable(f: IO[bytes], timeout_s: float) -> bool:
     """Whether ``f`` (a pipe) has bytes to read or has ended, waiting up to ``timeout_s``.
     Through ``poll``, not ``select``: ``select`` refuses a descriptor numbered past 1,023,
     and a reader holding a 16k-rank job's files opens its pipes past there."""
-    poller = select.poll()
-    poller.register(f, select.POLLIN)
-    return bool(poller.poll(max(0, math.ceil(timeout_s * 1000))))
+    return bool(ready([f], timeout_s))
 
 
 def ready(files: list[IO[bytes]], timeout_s: float) -> list[int]:

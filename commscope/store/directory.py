@@ -518,7 +518,8 @@ class DirectoryReader(TraceReader):
                 if crash and self.owns(int(crash.group(1))):
                     self._crash_names.append(name)
                 continue
-            if shard is not None and not shard.owns((got.stream if isinstance(got, _Summary) else got[0])[0]):
+            summary = isinstance(got, _Summary)
+            if shard is not None and not shard.owns((got.stream if summary else got[0])[0]):
                 continue  # (another part's: ``Shard``)
             try:  # a regular file, or a symlink to one: the directory entry says so without a stat
                 ok = entry.is_file() or stat.S_ISREG(os.stat(entry.path).st_mode)
@@ -528,7 +529,7 @@ class DirectoryReader(TraceReader):
                 if name not in self._refused:  # a FIFO would block the reader: never open it
                     self._refused.add(name)
                     self.stats.warnings.append(f"{name} is not a regular file; skipped")
-            elif isinstance(got, _Summary):
+            elif summary:
                 self._summaries[got.stream] = got.path
             else:
                 parsed.append(got)

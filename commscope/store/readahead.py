@@ -279,13 +279,6 @@ class ReadAhead(TraceReader):
         one: the first ready from the one after the last taken, so each goes on."""
         children = self._children
         n = len(children)
-        if n == 1:
-            out = children[0].proc.stdout
-            try:
-                ready = bulkread.readable(out, self.wait_s)  # type: ignore[arg-type]
-            except (OSError, ValueError):
-                ready = True
-            return children[0] if ready else None
         try:
             ready = set(bulkread.ready([c.proc.stdout for c in children], self.wait_s))  # type: ignore[misc]
         except (OSError, ValueError):
