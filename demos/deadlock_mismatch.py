@@ -34,11 +34,12 @@ import torch
 import torch.distributed as dist
 
 
-def exit_at(deadline: float, rank: int, bug: str) -> None:
-    """Leave at the deadline, all ranks together (they agreed on it with an all_reduce)."""
+def exit_at(deadline: float, rank: int, bug: str, late: float = 0.0) -> None:
+    """Leave at the deadline, all ranks together (they agreed on it with an all_reduce);
+    ``late``: seconds after it (a loaded machine wakes one rank later than the others)."""
 
     def run() -> None:
-        time.sleep(max(0.0, deadline - time.time()))
+        time.sleep(max(0.0, deadline + late - time.time()))
         print(f"deadlock_mismatch: rank {rank} held the {bug} hang until the deadline; exiting", flush=True)
         os._exit(0)  # the process is stuck inside a collective: no clean shutdown is possible
 
@@ -50,6 +51,8 @@ def main() -> None:
     ap.add_argument("--bug", choices=["mismatch", "deadlock", "skip"], default="mismatch")
     ap.add_argument("--hold", type=float, default=30.0, help="seconds the job stays hung before it exits")
     ap.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    ap.add_argument("--late-rank", type=int, default=-1,
+                    help="this rank leaves half a second after the others (as a loaded machine may have it)")
     args = ap.parse_args()
 
     if args.backend == "nccl":
@@ -62,7 +65,7 @@ def main() -> None:
 
     deadline = torch.tensor([time.time() + args.hold], dtype=torch.float64, device=dev)
     dist.all_reduce(deadline, op=dist.ReduceOp.MAX)
-    exit_at(float(deadline), rank, args.bug)
+    exit_at(float(deadline), rank, args.bug, 0.5 if rank == args.late_rank else 0.0)
 
     t = torch.ones(64, device=dev)
     nxt, prv = (rank + 1) % ws, (rank - 1) % ws
@@ -80,19 +83,25 @@ def main() -> None:
     if rank == 0:
         print(f"deadlock_mismatch: injecting '{args.bug}'; hanging for {args.hold:g} s", flush=True)
 
-    if args.bug == "mismatch":
-        if rank == 1:
-            dist.broadcast(t, src=0)  # the others all_reduce here
+    try:
+        if args.bug == "mismatch":
+            if rank == 1:
+                dist.broadcast(t, src=0)  # the others all_reduce here
+            else:
+                dist.all_reduce(t)
+        elif args.bug == "deadlock":
+            dist.recv(t, prv)  # everyone waits for its left neighbour first
+            dist.send(t, nxt)
         else:
-            dist.all_reduce(t)
-    elif args.bug == "deadlock":
-        dist.recv(t, prv)  # everyone waits for its left neighbour first
-        dist.send(t, nxt)
-    else:
-        for step in range(6):
-            if rank == ws - 1 and step == 3:
-                continue  # "my batch is empty": this rank skips one gradient sync
-            dist.all_reduce(t)
+            for step in range(6):
+                if rank == ws - 1 and step == 3:
+                    continue  # "my batch is empty": this rank skips one gradient sync
+                dist.all_reduce(t)
+    except Exception:
+        if time.time() < float(deadline):
+            raise
+        # (a rank that left at the deadline a moment before this one closed its connections:
+        # this rank leaves as planned, from its own exit thread, not with that error)
     while True:  # a rank that got through waits for the deadline like the others
         time.sleep(1.0)
 

@@ -57,9 +57,13 @@ def test_train_ddp_without_commscope_runs_uninstrumented(tmp_path):
     assert "commscope" not in proc.stderr
 
 
-def test_deadlock_mismatch_hangs_is_diagnosed_and_ends_on_its_own(tmp_path):
+@pytest.mark.parametrize("late", ["-1", "1"], ids=["together", "rank-1-late"])
+def test_deadlock_mismatch_hangs_is_diagnosed_and_ends_on_its_own(tmp_path, late):
+    """The hang held, then every rank leaves at the deadline with code 0, also the culprit
+    when it wakes after the others left (a loaded machine: its broadcast then fails)."""
     proc = commscope("run", "--store", "trace", "--hang-after", "1", "--", *torchrun(3),
-                     str(DEMOS / "deadlock_mismatch.py"), "--bug", "mismatch", "--hold", "4", cwd=tmp_path)
+                     str(DEMOS / "deadlock_mismatch.py"), "--bug", "mismatch", "--hold", "4", "--late-rank", late,
+                     cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("held the mismatch hang until the deadline") == 3
     check = commscope("check", "trace", "--json", cwd=tmp_path)
