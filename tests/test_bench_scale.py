@@ -5,11 +5,13 @@ events were written and read."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from redis_fixture import require_redis_server
 
@@ -72,17 +74,143 @@ def test_a_nodes_requests_leave_out_what_the_append_script_runs_inside():
     assert (load.appends, load.reads, load.other, load.requests) == (10.0, 25.0, 4.0, 39.0)
 
 
-def test_the_extrapolation_apportions_a_polls_cost_to_records_and_to_streams_read():
+def test_the_extrapolation_apportions_a_polls_cost_to_records_streams_read_and_polls():
     """``costs_of`` recovers the costs a run's polls were made of (an op record, a stream
-    read with its heartbeat and sample) from steps that mix them in different proportions,
-    as before and after a fault, and declines a fit it cannot make."""
-    from commscope.bench.scale import costs_of
+    read with its heartbeat and sample, the poll itself) from polls that mix them in
+    different proportions, as before and after a fault, sets an outlier aside, and declines
+    a fit it cannot make."""
+    from commscope.bench.scale import Poll, costs_of
 
-    per_record, per_read = 1.5e-6, 30e-6
-    steps = [(records, reads, records * per_record + reads * per_read)
-             for records, reads in [(4000, 1000), (8000, 2000), (0, 16000), (0, 9000), (120, 30), (64000, 16000),
-                                    (30000, 9000), (0, 500)]]
-    got = costs_of(steps)
-    assert got is not None and got[0] == pytest.approx(per_record) and got[1] == pytest.approx(per_read)
-    assert costs_of(steps[:4]) is None  # (too few steps)
-    assert costs_of([(r, c, 1.0 - r * 1e-4) for r, c, _ in steps]) is None  # (a negative cost)
+    per_record, per_read, per_poll = 1.5e-6, 30e-6, 0.05
+    mixes = [(4000, 1000), (8000, 2000), (0, 16000), (0, 9000), (120, 30), (64000, 16000), (30000, 9000),
+             (0, 500), (0, 2217), (0, 14167)]
+    polls = [Poll(r, c, r * per_record + c * per_read + per_poll, 0.0) for r, c in mixes]
+    got = costs_of(polls)
+    assert got is not None and (got.polls, got.outliers) == (10, 0)
+    assert (got.per_record, got.per_read, got.per_poll) == pytest.approx((per_record, per_read, per_poll))
+    cores, within = got.cores(1e6, 30000, 2.0)
+    assert cores == pytest.approx(1.5 + 0.9 + 0.1) and within == pytest.approx(0, abs=1e-9)  # (an exact fit)
+    # a poll slowed by something else (a collection, the machine's other work) is set aside
+    slowed = [*polls[:5], polls[5]._replace(read_s=polls[5].read_s + 1.0), *polls[6:]]
+    got = costs_of(slowed)
+    assert got is not None and (got.polls, got.outliers) == (9, 1)
+    assert (got.per_record, got.per_read, got.per_poll) == pytest.approx((per_record, per_read, per_poll))
+    # a cost the fit makes negative is taken as none, and the rest fitted again without it
+    bare = [Poll(r, c, r * per_record + c * per_read - 1e-3, 0.0) for r, c in mixes]
+    got = costs_of(bare)
+    assert got is not None and got.per_poll == 0.0 and got.covariance[2].tolist() == [0.0, 0.0, 0.0]
+    assert (got.per_record, got.per_read) == pytest.approx((per_record, per_read), rel=0.1)
+    # a part of the console that a read does not cost (the model's: records alone)
+    got = costs_of(polls, lambda p: p.records * per_record - p.reads * 1e-9)
+    assert got is not None and (got.per_read, got.per_poll) == (0.0, 0.0)
+    assert got.per_record == pytest.approx(per_record, rel=0.01)
+    assert costs_of(polls[:7]) is None  # (too few polls)
+    assert costs_of([p._replace(read_s=-1.0) for p in polls]) is None  # (no cost at all)
+
+
+def test_the_extrapolations_interval_holds_the_costs_the_noisy_polls_were_made_of():
+    """Polls as a live run makes them (a few records a stream read before the fault, none
+    after; all streams read or a few), each with noise: the fitted cost at full rate is
+    within its stated 95% interval of the true one in most seeds, and the interval is no
+    wider than the noise makes it."""
+    from commscope.bench.scale import Poll, costs_of
+
+    per_record, per_read, per_poll = 2e-6, 22e-6, 0.075
+    rates = (16384 * 25 * 2, 16384 * 2.2, 2.2)
+    truth = per_record * rates[0] + per_read * rates[1] + per_poll * rates[2]
+    held = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        reads = rng.choice([2217, 14167, 16384], size=90)
+        records = np.where(np.arange(90) < 30, reads * 2, 0)
+        polls = [Poll(int(r), int(c), r * per_record + c * per_read + per_poll + rng.normal(0, 0.03), 0.0)
+                 for r, c in zip(records, reads, strict=True)]
+        got = costs_of(polls)
+        assert got is not None
+        cores, within = got.cores(*rates)
+        assert 0 < within < truth
+        held += abs(cores - truth) <= within
+    assert held >= 34  # (95% of 40 is 38: a few seeds outside it, not many)
+
+
+def _followed(polls, settled, settled_s=40.0, **over):
+    """What a console saw, as ``follow`` gives it, with these polls (the rest made up)."""
+    from commscope.bench.scale import Followed
+
+    seen = {"lags": [0.5], "behind": [0.4], "first_round_s": 3.0, "caught_s": 6.0, "after_caught": [0.4],
+            "found_s": 5.0, "wrong": [], "early": [], "wall_s": 50.0, "frames": [0.01], "rss": 1 << 30,
+            "events": 4_000_000, "cpu_s": 50.0, "read_process_cpu_s": 30.0, "read_process_lost": [],
+            "read_processes": 1, "ranks_seen": 1024, "stacks": (0, 1, 1023, 1), "polls": polls, "settled": settled,
+            "settled_s": settled_s, "judging_s": 5.0}
+    return Followed(**{**seen, **over})
+
+
+def test_the_extrapolation_takes_the_polls_after_the_console_caught_up_at_the_rates_measured_then():
+    """A run of 1/16 of the target's ranks at 1/16 of its rate: the cores stated are the
+    costs fitted over the polls after the console caught up (the costlier catching up left
+    out), at the full rate's op records, the reads and polls a second measured then and
+    judging as measured, the last three x 16 for the ranks; a fit no tighter than the
+    per-event bound is not stated; a run too narrow or at full size is not extrapolated."""
+    from commscope.bench.scale import Plan, Poll, extrapolation
+
+    plan = Plan(ranks=1024, rate=1.5625, t_start=0, seconds=60.0, fault="missing", culprit=515, fault_k=32,
+                hang_after=5.0, job="j", store="/nonexistent")
+    per_record, per_read, per_poll = 2e-6, 25e-6, 0.01
+    catching_up = [Poll(24000, 1024, 0.6, 0.3)] * 6  # (twelve records a read, and ten times the cost)
+    mixes = [(2048, 1024), (0, 1024), (2048, 1024), (0, 300), (1500, 900), (0, 1024), (2048, 1024), (0, 1024),
+             (600, 300), (0, 500)] * 8  # 80 polls over 40 s: 2 a second, 750 reads a second
+    # (a third of a record's cost and none of a read's in the console's own process)
+    polls = [Poll(r, c, r * per_record * 2 / 3 + c * per_read + per_poll, r * per_record / 3) for r, c in mixes]
+    text = " ".join(extrapolation(plan, _followed(catching_up + polls, settled=6)).split())
+    full = 16384 * 25 * 2
+    reads_s = sum(c for _, c in mixes) / 40.0 * 16
+    cores = per_record * full + per_read * reads_s + per_poll * 2.0 * 16 + 5.0 / 50.0 * 16
+    assert f"the console needs at most {cores:.2f} cores (+/- 0.00: the fit's 95% interval)" in text, text
+    assert "2.00 us per op record" in text and "25.0 us per stream read" in text, text
+    assert f"at {reads_s / 16384:.1f} reads a rank a second; 10.0 ms per poll" in text, text
+    assert "at 2.0 polls a second; x 16 for the ranks; 1.60 of a core judging" in text, text
+    assert "fitted over the 80 polls after the console caught up" in text, text
+    assert "(at this rate" not in text, text  # (the records' cost told apart: an exact fit)
+    assert f"all in, {50.0 / 4e6 * full:.2f} cores at its 12.50 us per event" in text, text
+    own = per_record / 3 * full
+    assert (f"in the console's own process (its read processes' apart): {own:.2f} cores (+/- 0.00) taking their "
+            f"batches into the model, and the 1.60 judging and publishing") in text, text
+    read_here = " ".join(extrapolation(plan, _followed(catching_up + polls, settled=6, read_processes=0)).split())
+    assert (f"all in the console's own process: {cores - 1.6:.2f} cores (+/- 0.00) reading and taking what it "
+            f"read into the model, and the 1.60 judging") in read_here, read_here
+    # the catching up fitted with the rest (as the report did before) says something else
+    with_it = " ".join(extrapolation(plan, _followed(catching_up + polls, settled=0)).split())
+    assert f"at most {cores:.2f} cores" not in with_it, with_it
+    # never caught up: no fit, the bound alone
+    alone = " ".join(extrapolation(plan, _followed(catching_up + polls, settled=None)).split())
+    assert "needs at most" not in alone and alone.endswith("(an upper bound: a rank's own costs counted per event)")
+    # a fit no tighter than the bound is not stated
+    dear = " ".join(extrapolation(plan, _followed(polls, settled=0, cpu_s=1.0)).split())
+    assert "needs at most" not in dear and "all in" not in dear, dear
+    # nor one where records cost nothing measurable (it says nothing of a higher rate)
+    free = [p._replace(read_s=p.reads * per_read + per_poll - p.records * 1e-9, ingest_s=0.0) for p in polls]
+    free = " ".join(extrapolation(plan, _followed(free, settled=0)).split())
+    assert "needs at most" not in free and "all in" not in free, free
+    assert ("(at this rate a stream's read holds ~1.0 op records, whose cost is not told from the read's: a "
+            "fraction of the ranks at the full rate measures it, e.g. --ranks 4096 --rate 25)") in free, free
+    # polls whose noise hides the records' cost: the fit and its interval, and why it is wide
+    rng = np.random.default_rng(1)
+    noisy = [p._replace(read_s=p.read_s + rng.normal(0, 0.02)) for p in polls]
+    noisy = " ".join(extrapolation(plan, _followed(noisy, settled=0)).split())
+    assert re.search(r"needs at most [\d.]+ cores \(\+/- [\d.]+: the fit's 95% interval\)", noisy), noisy
+    assert re.search(r"\(at this rate a stream's read holds ~1\.0 op records, whose cost is told from the "
+                     r"read's only to \+/- [\d.]+ us: a fraction", noisy), noisy
+    # at the full rate on a fraction of the ranks the records' cost is what the fit is made of
+    fast = " ".join(extrapolation(dataclasses.replace(plan, rate=25.0), _followed(noisy_polls(polls), settled=0)).split())
+    assert "needs at most" in fast and "(at this rate" not in fast, fast
+    narrow = dataclasses.replace(plan, ranks=512)
+    assert extrapolation(narrow, _followed(polls, settled=0)) == \
+        "  not extrapolated to 16,384 ranks: fewer than 1/16 of them ran"
+    assert extrapolation(dataclasses.replace(plan, ranks=16384, rate=25.0), _followed(polls, settled=0)) == ""
+
+
+def noisy_polls(polls):
+    """The same polls with noise that hides nothing (a read's records: twenty times as many)."""
+    rng = np.random.default_rng(2)
+    return [p._replace(records=p.records * 20, read_s=p.read_s + p.records * 19 * 2e-6 + rng.normal(0, 0.02))
+            for p in polls]

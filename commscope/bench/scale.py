@@ -38,9 +38,13 @@ culprit (target: hang_after + 5 s; a straggler needs its window of late collecti
 frame time and the console process's RSS.
 
 What 2 cores cannot run at full rate runs at a stated fraction of the rate (``--rate``) or
-of the ranks (``--ranks``), and is extrapolated to the target's job from the costs measured
-per op record and per stream read, labelled as such: a fraction of the ranks at full rate
-measures the records' cost as full rate packs them (a block line each tick holds ~2.5).
+of the ranks (``--ranks``), and is extrapolated to the target's job, labelled as such, from
+the costs fitted over the console's polls once it caught up (``costs_of``: per op record,
+per stream read, per poll), with the fit's 95% interval, and what of it falls in the
+console's own process (one thread, whatever its read processes share).  A fraction of the
+ranks at full rate measures the records' cost as full rate packs them (a block line each
+tick holds ~2.5), and tightly; at a fraction of the rate a stream's read holds ~2 records,
+whose cost is told from the read's by little more than the machine's noise.
 Targets (16,384 ranks at 25 collectives/s): lag <= 2 s, fault -> finding <= hang_after +
 5 s, frame <= 50 ms, console RSS <= 4 GiB.
 """
@@ -55,8 +59,9 @@ import shutil
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable, Sequence
 from statistics import median
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -370,7 +375,49 @@ def _stacks_shown(f: Any) -> tuple[int, int, int, int]:
             sum(n.get("count", 1) for n in waiting), len(waiting))
 
 
-def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, Any]:
+class Poll(NamedTuple):
+    """One step of the console with events after the first round: what its poll read, and
+    what reading it and ingesting it cost (``Spent``)."""
+
+    records: int  # op records
+    reads: int  # streams read (``ReadStats.chunks``)
+    read_s: float  # (in the read processes where there are some)
+    ingest_s: float  # (in the console's own process)
+
+    @property
+    def seconds(self) -> float:
+        return self.read_s + self.ingest_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Followed:
+    """What the console's data side saw of the job (``follow``), for the report."""
+
+    lags: list[float]  # seconds the newest event read was behind the clock, sampled from 3 s on
+    behind: list[float]  # what every stream was read up to (the watermark), behind the clock
+    first_round_s: float | None  # when every stream had been read once, after the job's start
+    caught_s: float | None  # when the watermark first came within the target past the job's start
+    after_caught: list[float]  # ``behind`` from then on
+    found_s: float | None  # from the fault to its finding naming every culprit set
+    wrong: list[str]  # findings blaming a victim
+    early: list[str]  # findings naming only culprits, of another kind or some of them
+    wall_s: float
+    frames: list[float]  # seconds to paint the timeline's rows
+    rss: int  # the console's, its read processes' with it (the most sampled)
+    events: int  # read
+    cpu_s: float  # the console's, its read processes' with it
+    read_process_cpu_s: float | None  # theirs (None: read in the console's process)
+    read_process_lost: list[str]  # the warnings of read processes lost
+    read_processes: int
+    ranks_seen: int
+    stacks: tuple[int, int, int, int]  # the expected finding's (``_stacks_shown``)
+    polls: list[Poll]  # each step with events after the first round
+    settled: int | None  # the first of ``polls`` after the console caught up
+    settled_s: float  # seconds from then to the job's end
+    judging_s: float  # diagnose and publish
+
+
+def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> Followed:
     """The console's data side on the job until ``until`` (monotonic; longer, bounded, while
     the expected finding is not there yet): lag samples, when the expected finding first
     named the culprit, frame times, RSS."""
@@ -406,20 +453,23 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
     cpu0 = time.process_time()
     proc = psutil.Process()
     hard = until + plan.hang_after + 30.0  # a loaded machine: wait longer for the finding, never forever
-    # per step with events after the first round: (op records, streams read, seconds reading
-    # and ingesting them)
-    steps: list[tuple[int, int, float]] = []
+    polls: list[Poll] = []  # each step with events after the first round
+    settled: int | None = None  # the first of them after the console caught up
+    settled_mono = 0.0
     while time.monotonic() < until or (expect is not None and not found_ns and time.monotonic() < hard):
         records, chunks, spent = feed.reader.stats.records, feed.reader.stats.chunks, _spent(feed)
         info, got = feed.step()
         if got and behind:  # (once every stream was read: a first chunk's cost is once a stream)
             stats = feed.reader.stats
-            steps.append((stats.records - records, stats.chunks - chunks, _spent(feed) - spent))
+            now = _spent(feed)
+            polls.append(Poll(stats.records - records, stats.chunks - chunks, now.read - spent.read,
+                              now.ingest - spent.ingest))
         wall = time.time_ns()
         if got and not caught_ns:  # caught up: every stream read past the job's start, and within the target
             mark = feed.reader.watermark_ns() or 0
             if mark > plan.t_start and wall - mark <= TARGET_LAG_S * S:
                 caught_ns, caught = wall, len(behind)
+                settled, settled_mono = len(polls), time.monotonic()
         if got and first_round is None and feed.reader.watermark_ns():
             first_round = wall  # (every stream read once: however soon, not only past the first 3 s)
         if got and feed.model.end_ns and wall > plan.t_start + 3 * S:
@@ -448,6 +498,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
         pause = feed.pause_s(got)  # (as ``Feed.run`` paces its steps)
         if pause:
             time.sleep(pause)
+    settled_s = time.monotonic() - settled_mono if settled is not None else 0.0
     # done: the writers stop; what they wrote to the end is read (every event written is read)
     with open(os.path.join(plan.sync, DONE), "w"):
         pass
@@ -464,27 +515,34 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> dict[str, A
     for f in feed.findings:  # (as last judged: the captures read by then)
         if f.kind == expect and sorted(f.culprits) in want:
             stacks_shown = _stacks_shown(f)
-    return {"lags": lags, "behind": behind,
-            "first_round_s": (first_round - plan.t_start) / S if first_round is not None else None,
-            "caught_s": (caught_ns - plan.t_start) / S if caught_ns else None,
-            "after_caught": behind[caught:] if caught_ns else [],
-            "found_s": (found_ns - fault_ns) / S if found_ns else None, "wrong": wrong, "early": early,
-            "wall_s": (time.time_ns() - plan.t_start) / S,
-            "frames": frames, "rss": rss, "events": feed.model.events,
-            "cpu_s": time.process_time() - cpu0 + (ahead.cpu_s if ahead is not None else 0.0),
-            "read_process_cpu_s": ahead.cpu_s if ahead is not None else None, "read_process_lost": lost,
-            "read_processes": len(ahead.procs) if ahead is not None else 0,
-            "ranks_seen": len(feed.model.ranks), "steps": steps, "stacks": stacks_shown,
-            "judging_s": feed.costs.diagnose + feed.costs.publish}
+    return Followed(
+        lags=lags, behind=behind,
+        first_round_s=(first_round - plan.t_start) / S if first_round is not None else None,
+        caught_s=(caught_ns - plan.t_start) / S if caught_ns else None,
+        after_caught=behind[caught:] if caught_ns else [],
+        found_s=(found_ns - fault_ns) / S if found_ns else None, wrong=wrong, early=early,
+        wall_s=(time.time_ns() - plan.t_start) / S, frames=frames, rss=rss, events=feed.model.events,
+        cpu_s=time.process_time() - cpu0 + (ahead.cpu_s if ahead is not None else 0.0),
+        read_process_cpu_s=ahead.cpu_s if ahead is not None else None, read_process_lost=lost,
+        read_processes=len(ahead.procs) if ahead is not None else 0, ranks_seen=len(feed.model.ranks),
+        stacks=stacks_shown, polls=polls, settled=settled, settled_s=settled_s,
+        judging_s=feed.costs.diagnose + feed.costs.publish)
 
 
-def _spent(feed: Feed) -> float:
-    """Seconds the console has spent reading and ingesting so far: with a read process, its
-    CPU time and this process's taking of its batches, not the time waited for them."""
+class Spent(NamedTuple):
+    """Seconds the console has spent so far reading (with read processes, their CPU time)
+    and ingesting (taking their batches, the model's work on them)."""
+
+    read: float
+    ingest: float
+
+
+def _spent(feed: Feed) -> Spent:
+    """What the console has spent so far (``Spent``), not the time it waited for batches."""
     reader = feed.reader
     if isinstance(reader, ReadAhead):
-        return reader.cpu_s + reader.receive_s + feed.costs.ingest
-    return feed.costs.read + feed.costs.ingest
+        return Spent(reader.cpu_s, reader.receive_s + feed.costs.ingest)
+    return Spent(feed.costs.read, feed.costs.ingest)
 
 
 def _read_process_rss(reader: TraceReader) -> int:
@@ -500,18 +558,149 @@ def _read_process_rss(reader: TraceReader) -> int:
     return rss
 
 
-def costs_of(steps: list[tuple[int, int, float]]) -> tuple[float, float] | None:
-    """(seconds per op record, per stream read) that explain the seconds each step spent
-    reading and ingesting, by least squares over the steps (before the fault a stream's read
-    holds a few records, after it none: the two apart).  A stream's heartbeat and sample
-    lines go with its read: a rank writes them once a second whatever its rate.  None where
-    the fit gives a negative cost (too few steps, or all alike)."""
-    if len(steps) < 8:
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """What a poll's reading and ingesting is made of, fitted over a run's polls: seconds per
+    op record, per stream read (its heartbeat and sample with it) and per poll (the listing,
+    the batch's hand-over, the model's work once a batch), with the fit's covariance."""
+
+    per_record: float
+    per_read: float
+    per_poll: float
+    covariance: np.ndarray  # (3, 3), of the three above
+    polls: int  # fitted over (those left once the outliers are set aside)
+    outliers: int
+
+    def record_within(self) -> float:
+        """The half-width of the fit's 95% interval around the cost per op record."""
+        return 1.96 * float(np.sqrt(max(0.0, self.covariance[0, 0])))
+
+    def cores(self, records_s: float, reads_s: float, polls_s: float) -> tuple[float, float]:
+        """The cores a console needs at these rates, and the half-width of the fit's 95%
+        interval around it."""
+        g = np.array([records_s, reads_s, polls_s])
+        return float(g @ [self.per_record, self.per_read, self.per_poll]), 1.96 * float(np.sqrt(max(0.0, g @ self.covariance @ g)))
+
+
+#: A poll whose residual is more than this many robust standard deviations (1.4826 MAD) off
+#: the fit is set aside, and the fit made again without it: a collection, the machine's
+#: other work, a batch that merged a backlog
+OUTLIER_SD = 3.5
+
+
+def costs_of(polls: Sequence[Poll], part: Callable[[Poll], float] = lambda p: p.seconds) -> Costs | None:
+    """The costs that explain the seconds each poll spent reading and ingesting (or on
+    ``part`` of it: ``Poll.ingest_s``, the console's own process), by least
+    squares over the polls after the console caught up (before the fault a stream's read
+    holds a few records, after it none; a poll reads all streams or a few: the three apart),
+    made again without the outliers.  A stream's heartbeat and sample lines go with its
+    read: a rank writes them once a second whatever its rate.  A cost the fit makes negative
+    is none (``_least_squares``); None with fewer than 8 polls, or no cost at all."""
+    if len(polls) < 8:
         return None
-    a = np.array([s[:2] for s in steps], np.float64)
-    y = np.array([s[2] for s in steps], np.float64)
-    fit, *_ = np.linalg.lstsq(a, y, rcond=None)
-    return (float(fit[0]), float(fit[1])) if (fit > 0).all() else None
+    a = np.array([(p.records, p.reads, 1.0) for p in polls], np.float64)
+    y = np.array([part(p) for p in polls], np.float64)
+    keep = np.ones(len(y), bool)
+    fit, fitted = _least_squares(a, y, keep)
+    for _ in range(5):  # (set the outliers aside, fit again, until the same polls are kept)
+        residual = y - a @ fit
+        spread = 1.4826 * float(np.median(np.abs(residual[keep] - np.median(residual[keep]))))
+        # (a fit that explains every poll to rounding sets nothing aside)
+        kept = np.abs(residual) <= max(OUTLIER_SD * spread, 1e-9 * float(np.abs(y).mean()))
+        if kept.sum() < 8 or (kept == keep).all():
+            break
+        keep = kept
+        fit, fitted = _least_squares(a, y, keep)
+    if not fitted.any():
+        return None
+    n = int(keep.sum())
+    x = a[np.ix_(keep, fitted)]
+    rss = float(((y[keep] - a[keep] @ fit) ** 2).sum())
+    covariance = np.zeros((3, 3))
+    if n > fitted.sum():
+        covariance[np.ix_(fitted, fitted)] = rss / (n - int(fitted.sum())) * np.linalg.pinv(x.T @ x)
+    return Costs(float(fit[0]), float(fit[1]), float(fit[2]), covariance, n, len(y) - n)
+
+
+def extrapolation(plan: Plan, seen: Followed) -> str:
+    """The report's extrapolation of a run of fewer ranks or a lower rate to the target's job
+    (none for a run at its size): the cores its console needs, from the costs fitted over
+    the run's polls once the console caught up (per op record, per stream read, per poll), at
+    the reads and polls a second measured then, each as many times more as there are more
+    ranks (``wider``); judging and publishing as measured, paced by what they cost (per second
+    whatever the rate), grown at most as the ranks are.  Beside it, the upper bound of the
+    run's own cost per event at the full rate.  The fit's 95% interval is stated: at a
+    sixteenth of the rate a stream's read holds ~2 records, and what they cost is told from
+    the read's own by little more than this machine's noise."""
+    target = max(plan.ranks, TARGET_RANKS)
+    full = target * FULL_RATE * plan.records
+    if plan.ranks * EXTRAPOLATE_FROM < target:
+        return f"  not extrapolated to {target:,} ranks: fewer than 1/{EXTRAPOLATE_FROM} of them ran"
+    if plan.rate >= FULL_RATE and plan.ranks >= target:
+        return ""
+    wider = target / plan.ranks
+    times = f"; x {wider:g} for the ranks" if wider > 1 else ""
+    judging = seen.judging_s / seen.wall_s * wider
+    polls = seen.polls[seen.settled:] if seen.settled is not None and seen.settled_s > 0 else []
+    costs = costs_of(polls)
+    if costs is not None and costs.per_record <= 0:
+        costs = None  # (records that cost nothing measurable say nothing of a higher rate)
+    per_event = seen.cpu_s / max(1, seen.events)
+    text = [f"  EXTRAPOLATED, not run: {target:,} ranks at {FULL_RATE:g} collectives/s ({full:,.0f} events/s)"]
+    if costs is not None:
+        reads_s = sum(p.reads for p in polls) / seen.settled_s * wider
+        polls_s = len(polls) / seen.settled_s
+        cores, within = costs.cores(full, reads_s, polls_s * wider)
+        cores += judging
+        lines = ("each block line's own cost in it: lines hold more records at full rate"
+                 if plan.rate < FULL_RATE else "block lines as full rate writes them")
+        aside = f", {costs.outliers} set aside as outliers" if costs.outliers else ""
+        if cores < per_event * full:  # (else no tighter than the upper bound below)
+            text.append(_wrapped(
+                f"the console needs at most {cores:.2f} cores (+/- {within:.2f}: the fit's 95% interval): "
+                f"{costs.per_record * 1e6:.2f} us per op record ({lines}); {costs.per_read * 1e6:.1f} us per "
+                f"stream read (its new lines, heartbeats and samples among them), at {reads_s / target:.1f} "
+                f"reads a rank a second; {costs.per_poll * 1e3:.1f} ms per poll (its listing, its batch "
+                f"handed over), at {polls_s:.1f} polls a second{times}; {judging:.2f} of a core judging "
+                f"and publishing (paced by its cost{times}); fitted over the {costs.polls} polls after the "
+                f"console caught up{aside}"))
+            own = costs_of(polls, lambda p: p.ingest_s) if seen.read_processes else costs
+            if own is not None:
+                ingest, ingest_within = own.cores(full, reads_s, polls_s * wider)
+                what = ("in the console's own process (its read processes' apart): {} taking their batches into "
+                        "the model" if seen.read_processes else "all in the console's own process: {} reading "
+                        "and taking what it read into the model")
+                text.append(_wrapped(
+                    what.format(f"{ingest:.2f} cores (+/- {ingest_within:.2f})") + f", and the {judging:.2f} "
+                    f"judging and publishing; that process is one thread: more than a core there is a console "
+                    f"that falls behind however many read processes it has"))
+        else:
+            costs = None
+    text.append(_wrapped(f"{'all in, ' if costs is not None else ''}{per_event * full:.2f} cores at its "
+                         f"{per_event * 1e6:.2f} us per event (an upper bound: a rank's own costs counted per event)"))
+    loose = costs is None or costs.record_within() > costs.per_record / 2
+    if plan.rate < FULL_RATE and loose and polls:
+        told = ("is not told from the read's" if costs is None
+                else f"is told from the read's only to +/- {costs.record_within() * 1e6:.2f} us")
+        text.append(_wrapped(
+            f"(at this rate a stream's read holds ~{sum(p.records for p in polls) / max(1, sum(p.reads for p in polls)):.1f} "
+            f"op records, whose cost {told}: a fraction of the ranks at the full rate measures it, "
+            f"e.g. --ranks {target // 4} --rate {FULL_RATE:g})"))
+    return "\n".join(text)
+
+
+def _least_squares(a: np.ndarray, y: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The costs that explain the kept polls (per record, per read, per poll), none negative:
+    a cost the fit makes negative is taken as none and the rest fitted again (the most
+    negative first).  With which of the three were fitted."""
+    fitted = np.ones(a.shape[1], bool)
+    while fitted.any():
+        fit = np.zeros(a.shape[1])
+        fit[fitted], *_ = np.linalg.lstsq(a[np.ix_(keep, fitted)], y[keep], rcond=None)
+        if (fit >= 0).all():
+            return fit, fitted
+        fitted[int(np.argmin(fit))] = False
+    return np.zeros(a.shape[1]), fitted
 
 
 def _wrapped(text: str) -> str:
@@ -643,92 +832,68 @@ def run(args: argparse.Namespace) -> int:
     return _report(args, plan, seconds, wrote, seen, loads)
 
 
-def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[dict], seen: dict,
+def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[dict], seen: Followed,
             loads: list[NodeLoad]) -> int:
     events = sum(x["events"] for x in wrote)
     writer_cpu = sum(x["cpu_s"] for x in wrote)
     want = plan.ranks * (plan.rate * plan.records + 2)  # a begin, an end (a done) a collective; a heartbeat, a sample
     rate = sum(x["before"] for x in wrote) / ((plan.base(plan.fault_k) - plan.t_start) / S)
-    lags = seen["lags"]
+    lags = seen.lags
     lag_med = median(lags) if lags else float("nan")
     lag_p99 = quantile(lags, 0.99) if lags else float("nan")
-    frame = median(seen["frames"]) if seen["frames"] else float("nan")
-    found = seen["found_s"]
+    frame = median(seen.frames) if seen.frames else float("nan")
+    found = seen.found_s
     limit = plan.hang_after + 5.0
     print(f"  written: {events:,} events; {rate:,.0f} events/s before the fault (the job's: {want:,.0f});\n"
           f"    writers' CPU {writer_cpu / max(x['wall_s'] for x in wrote) * 100:.0f}% of a core")
     if loads:
         _report_loads(loads, max(x["every"] for x in wrote), plan.store)
-    read = seen["read_process_cpu_s"]
-    procs = seen["read_processes"]
+    read = seen.read_process_cpu_s
+    procs = seen.read_processes
     which = "its read process, which makes" if procs == 1 else \
         f"its {procs} read processes (a part of the ranks each), which make"
-    where = ("\n" + _wrapped(f"({read / seen['wall_s'] * 100:.0f}% in {which} its polls ahead)")
+    where = ("\n" + _wrapped(f"({read / seen.wall_s * 100:.0f}% in {which} its polls ahead)")
              if read is not None else "\n" + _wrapped(f"(reading in its own process: --read-processes 0, "
                                                        f"{readahead.ENV}=0, or one core)"))
-    for why in seen["read_process_lost"]:  # (read here from then on)
+    for why in seen.read_process_lost:  # (read here from then on)
         where += "\n" + _wrapped(f"LOST: {why}")
-    print(f"  console: read {seen['events']:,} events of {seen['ranks_seen']:,} ranks;\n"
-          f"    its CPU {seen['cpu_s'] / seen['wall_s'] * 100:.0f}% of a core, RSS {seen['rss'] / 2**20:,.0f} MiB"
+    print(f"  console: read {seen.events:,} events of {seen.ranks_seen:,} ranks;\n"
+          f"    its CPU {seen.cpu_s / seen.wall_s * 100:.0f}% of a core, RSS {seen.rss / 2**20:,.0f} MiB"
           + where)
-    marks = seen["behind"]
+    marks = seen.behind
     mark_med = median(marks) if marks else float("nan")
     mark_p99 = quantile(marks, 0.99) if marks else float("nan")
     print(f"  reader lag: newest event median {lag_med:.2f} s, p99 {lag_p99:.2f} s\n"
           f"    watermark (every stream read up to; diagnosis judges there): median {mark_med:.2f} s,\n"
           f"    p99 {mark_p99:.2f} s behind (target <= {TARGET_LAG_S:g} s), from the first full read\n"
-          + (f"    ({seen['first_round_s']:.1f} s after the job's start; sampled from 3 s on)"
-             if seen["first_round_s"] is not None else "    (never: not every stream was read once)"))
-    after = seen["after_caught"]
-    if seen["caught_s"] is None:
+          + (f"    ({seen.first_round_s:.1f} s after the job's start; sampled from 3 s on)"
+             if seen.first_round_s is not None else "    (never: not every stream was read once)"))
+    after = seen.after_caught
+    if seen.caught_s is None:
         print(f"    never caught up (every stream read past the job's start, within {TARGET_LAG_S:g} s)")
     else:  # (the start apart: a console that attaches first reads every rank's start, its tables)
         print(f"    caught up (every stream read past the job's start, within {TARGET_LAG_S:g} s)\n"
-              f"    {seen['caught_s']:.1f} s after the job's start; from then on "
+              f"    {seen.caught_s:.1f} s after the job's start; from then on "
               + (f"median {median(after):.2f} s, p99 {quantile(after, 0.99):.2f} s" if after else "no sample"))
     if EXPECTED[plan.fault]:
         note = "\n    (a straggler needs its window of late collectives)" if plan.fault in SLOW_HOSTS else ""
         took = f"{found:.1f} s" if found is not None else "NOT FOUND"
         print(f"  fault -> finding: {took} (target <= hang_after + 5 = {limit:g} s){note}")
-        captured, culprits, waiting, distinct = seen["stacks"]
+        captured, culprits, waiting, distinct = seen.stacks
         if found is not None and plan.fault not in SLOW_HOSTS:  # (a hang: every rank in it captured its stack)
             print(f"    its stacks, as last judged: {captured} of {culprits} culprit(s) captured; {waiting:,} "
                   f"waiting rank(s)\n    shown as {distinct} distinct stack(s)")
-    if seen["early"]:
-        print(f"  also, naming only culprits first (another kind, or some of them): {'; '.join(seen['early'][:5])}")
-    if seen["wrong"]:
-        more = f" and {len(seen['wrong']) - 5} more" if len(seen["wrong"]) > 5 else ""
-        print(f"  other findings (WRONG: a victim blamed): {'; '.join(seen['wrong'][:5])}{more}")
+    if seen.early:
+        print(f"  also, naming only culprits first (another kind, or some of them): {'; '.join(seen.early[:5])}")
+    if seen.wrong:
+        more = f" and {len(seen.wrong) - 5} more" if len(seen.wrong) > 5 else ""
+        print(f"  other findings (WRONG: a victim blamed): {'; '.join(seen.wrong[:5])}{more}")
     print(f"  frame (60 timeline rows, from the published view): median {fmt_time(frame)}\n"
           f"    (target <= 50 ms)")
-    target = max(plan.ranks, TARGET_RANKS)
-    full = target * FULL_RATE * plan.records
-    if plan.ranks * EXTRAPOLATE_FROM < target:
-        print(f"  not extrapolated to {target:,} ranks: fewer than 1/{EXTRAPOLATE_FROM} of them ran")
-    elif plan.rate < FULL_RATE or plan.ranks < target:
-        # reading costs per event and per stream read (a fit over the run's steps); judging and
-        # publishing are paced by what they cost, per second whatever the rate, and grow at
-        # most as the ranks do
-        fit = costs_of(seen["steps"])
-        wider = target / plan.ranks
-        judging = seen["judging_s"] / seen["wall_s"] * wider
-        print(f"  EXTRAPOLATED, not run: {target:,} ranks at {FULL_RATE:g} collectives/s ({full:,.0f} events/s)")
-        per_event = seen["cpu_s"] / max(1, seen["events"])
-        if fit is not None and fit[0] * full + fit[1] * target + judging >= per_event * full:
-            fit = None  # (no tighter than the upper bound below: a run whose costs the fit does not explain)
-        if fit is not None:
-            per_record, per_read = fit
-            cores = per_record * full + per_read * target + judging
-            lines = ("each block line's own cost in it: lines hold more records at full rate"
-                     if plan.rate < FULL_RATE else "block lines as full rate writes them")
-            times = f"; x {wider:g} for the ranks" if wider > 1 else ""
-            print(_wrapped(f"the console needs at most {cores:.2f} cores: {per_record * 1e6:.2f} us per op "
-                           f"record ({lines}), {per_read * 1e6:.0f} us per rank a second (its stream read once "
-                           f"a second, with its heartbeat and sample), {judging:.2f} of a core judging and "
-                           f"publishing (paced by its cost{times}); fitted over the polls after the first round"))
-        print(_wrapped(f"{'all in, ' if fit is not None else ''}{per_event * full:.2f} cores at its "
-                       f"{per_event * 1e6:.2f} us per event (an upper bound: a rank's own costs counted per event)"))
-    ok = (mark_p99 <= TARGET_LAG_S and frame <= TARGET_FRAME_S and seen["rss"] <= TARGET_RSS
+    extrapolated = extrapolation(plan, seen)
+    if extrapolated:
+        print(extrapolated)
+    ok = (mark_p99 <= TARGET_LAG_S and frame <= TARGET_FRAME_S and seen.rss <= TARGET_RSS
           and (EXPECTED[plan.fault] is None or (found is not None and found <= limit + (
               60 / plan.rate if plan.fault in SLOW_HOSTS else 0))))
     print(f"  met: {'yes' if ok else 'NO'}")

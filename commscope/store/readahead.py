@@ -195,7 +195,7 @@ class ReadAhead(TraceReader):
         self.job: str | None = None  # the job the children read, once one found one
         self.stats = ReadStats()
         self.wait_s = pacing.poll_s
-        self.receive_s = 0.0  # seconds this process spent taking the children's batches (not waiting for them)
+        self.receive_s = 0.0  # seconds of CPU this thread spent taking the children's batches (not waiting for them)
         self._lost: ReadAheadLost | None = None
         self._next = 0  # the child looked at first by the next poll (they take turns)
         env = dict(os.environ, COMMSCOPE_NO_PROGRESS="1", OPENBLAS_NUM_THREADS="1")
@@ -251,7 +251,7 @@ class ReadAhead(TraceReader):
             return Batch([], [])
         out = child.proc.stdout
         assert out is not None
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         try:
             got = bulkread.receive(out)
         except EOFError:  # (its end: waited for a moment, so that how it ended is what it says)
@@ -271,7 +271,7 @@ class ReadAhead(TraceReader):
         if not got.cut_short:
             child.read_once = True
         batch = got.received()
-        self.receive_s += time.perf_counter() - t0  # (its records unpacked too)
+        self.receive_s += time.thread_time() - t0  # (its records unpacked too)
         return batch
 
     def _ready(self) -> _Child | None:
