@@ -672,8 +672,9 @@ def extrapolation(plan: Plan, seen: Followed) -> str:
                         "and taking what it read into the model")
                 text.append(_wrapped(
                     what.format(f"{ingest:.2f} cores (+/- {ingest_within:.2f})") + f", and the {judging:.2f} "
-                    f"judging and publishing; that process is one thread: more than a core there is a console "
-                    f"that falls behind however many read processes it has"))
+                    f"judging and publishing (at most: they pace themselves by what they cost, and run less often "
+                    f"as they cost more); that process is one thread: more than a core there is a console that "
+                    f"falls behind however many read processes it has"))
         else:
             costs = None
     text.append(_wrapped(f"{'all in, ' if costs is not None else ''}{per_event * full:.2f} cores at its "
