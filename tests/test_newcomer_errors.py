@@ -56,3 +56,26 @@ def test_attach_asked_for_read_processes_it_will_not_start_says_so(tmp_path, cap
         assert cli(["attach", "--read-processes", n, str(tmp_path)]) == 2
         err = capsys.readouterr().err
         assert err == f"commscope attach: error: --read-processes: {n} is not between 0 and 64\n"
+
+
+def test_bench_large_refuses_formats_and_rank_counts_it_cannot_measure(capsys):
+    """A format it does not know measured nothing and said nothing (an empty table); a rank
+    count that is not a number was a traceback."""
+    from commscope.bench.large import _formats
+
+    refused = {
+        ("--formats", "block"): "--formats: 'block' is not a comma-separated list of trace formats: native, json",
+        ("--ranks", "abc"): "--ranks: 'abc' is not a comma-separated list of rank counts, each 2 or more",
+        ("--ranks", "1024,1"): "--ranks: '1024,1' is not a comma-separated list of rank counts",
+        ("--ops", "0"): "--ops: 0 is not 1 or more",
+    }
+    for argv, message in refused.items():
+        try:
+            code = cli(["bench", "large", *argv])
+        except SystemExit as exc:
+            code = exc.code
+        assert code == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("usage: commscope bench large"), err
+        assert f"commscope bench large: error: argument {message}" in err, err
+    assert _formats("native,") == ["native"]  # (a trailing comma names no format)

@@ -73,13 +73,43 @@ TARGETS = {4096: (5.0, 1.5 * 2**30), 16384: (15.0, 4 * 2**30)}
 RATE_TARGETS = {"native": 2.0, "json": 1.0}
 
 
+def _rank_counts(text: str) -> list[int]:
+    """``--ranks``: whole numbers of ranks, at least 2 each (one goes missing), comma-separated."""
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 2:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of rank counts, each 2 or more "
+                                         "(e.g. 1024,4096)")
+    return counts
+
+
+def _formats(text: str) -> list[str]:
+    """``--formats``: trace formats, comma-separated, each one ``RATE_TARGETS`` names."""
+    formats = [f.strip() for f in text.split(",") if f.strip()]
+    if not formats or any(f not in RATE_TARGETS for f in formats):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of trace formats: "
+                                         f"{', '.join(RATE_TARGETS)}")
+    return formats
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not 1 or more")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ranks", default="1024,4096,16384", help="rank counts, comma-separated (default 1024,4096,16384)")
-    p.add_argument("--ops", type=int, default=400, help="collectives per rank (default 400)")
+    p.add_argument("--ranks", type=_rank_counts, default="1024,4096,16384",
+                   help="rank counts, comma-separated (default 1024,4096,16384)")
+    p.add_argument("--ops", type=_positive, default=400, help="collectives per rank (default 400)")
     p.add_argument("--rate", type=float, default=25.0,
                    help="collectives per second on each rank (default 25: ~1 op per 50 ms recorder tick)")
     p.add_argument("--repeat", type=int, default=3, help="alternating runs of each path (default 3; medians)")
-    p.add_argument("--formats", default="native,json", help="trace formats to measure (default native,json)")
+    p.add_argument("--formats", type=_formats, default="native,json",
+                   help="trace formats to measure, comma-separated (default native,json)")
     p.add_argument("--events-max-ranks", type=int, default=4096,
                    help="above this many ranks the events path reads a smaller job (default 4096)")
     p.add_argument("--events-fraction", type=float, default=0.25,
@@ -337,10 +367,10 @@ def _write(root: Path, ranks: int, ops: int, rate: float, fmt: str) -> tuple[str
 
 
 def run(args: argparse.Namespace) -> int:
-    ranks_list = [256, 1024] if args.quick else [int(x) for x in str(args.ranks).split(",") if x.strip()]
+    ranks_list = [256, 1024] if args.quick else list(args.ranks)
     ops = 100 if args.quick else args.ops
     repeat = 1 if args.quick else max(1, args.repeat)
-    formats = [f.strip() for f in str(args.formats).split(",") if f.strip() in ("native", "json")]
+    formats = list(args.formats)
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="commscope-bench-large-"))
     root.mkdir(parents=True, exist_ok=True)
     print(f"jobs in {root}; {repeat} alternating run(s) of each path, medians; each run a fresh process")
