@@ -68,6 +68,7 @@ def test_bench_large_refuses_formats_and_rank_counts_it_cannot_measure(capsys):
         ("--ranks", "abc"): "--ranks: 'abc' is not a comma-separated list of rank counts, each 2 or more",
         ("--ranks", "1024,1"): "--ranks: '1024,1' is not a comma-separated list of rank counts",
         ("--ops", "0"): "--ops: 0 is not 1 or more",
+        ("--ops", "many"): "--ops: many is not 1 or more",
     }
     for argv, message in refused.items():
         try:
@@ -79,3 +80,4 @@ def test_bench_large_refuses_formats_and_rank_counts_it_cannot_measure(capsys):
         assert err.startswith("usage: commscope bench large"), err
         assert f"commscope bench large: error: argument {message}" in err, err
     assert _formats("native,") == ["native"]  # (a trailing comma names no format)
+    assert _formats("json,native,json") == ["json", "native"]  # (each measured once)

@@ -87,7 +87,7 @@ def _rank_counts(text: str) -> list[int]:
 
 def _formats(text: str) -> list[str]:
     """``--formats``: trace formats, comma-separated, each one ``RATE_TARGETS`` names."""
-    formats = [f.strip() for f in text.split(",") if f.strip()]
+    formats = list(dict.fromkeys(f.strip() for f in text.split(",") if f.strip()))  # (each once)
     if not formats or any(f not in RATE_TARGETS for f in formats):
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of trace formats: "
                                          f"{', '.join(RATE_TARGETS)}")
@@ -95,7 +95,11 @@ def _formats(text: str) -> list[str]:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    """``--ops``: a whole number, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not 1 or more")
     return value

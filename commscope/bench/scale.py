@@ -376,8 +376,8 @@ def _stacks_shown(f: Any) -> tuple[int, int, int, int]:
 
 
 class Poll(NamedTuple):
-    """One step of the console with events after the first round: what its poll read, and
-    what reading it and ingesting it cost (``Spent``)."""
+    """One step of the console with events, after every stream was read once: what its poll
+    read, and what reading it and ingesting it cost (``Spent``)."""
 
     records: int  # op records
     reads: int  # streams read (``ReadStats.chunks``)
@@ -401,7 +401,7 @@ class Followed:
     found_s: float | None  # from the fault to its finding naming every culprit set
     wrong: list[str]  # findings blaming a victim
     early: list[str]  # findings naming only culprits, of another kind or some of them
-    wall_s: float
+    wall_s: float  # from the job's start to the end of the follow, its drain apart
     frames: list[float]  # seconds to paint the timeline's rows
     rss: int  # the console's, its read processes' with it (the most sampled)
     events: int  # read
@@ -411,9 +411,9 @@ class Followed:
     read_processes: int
     ranks_seen: int
     stacks: tuple[int, int, int, int]  # the expected finding's (``_stacks_shown``)
-    polls: list[Poll]  # each step with events after the first round
+    polls: list[Poll]  # each step with events once the watermark was sampled, with the first reader
     settled: int | None  # the first of ``polls`` after the console caught up
-    settled_s: float  # seconds from then to the job's end
+    settled_s: float  # seconds from then to the last of them (the follow's end, or a read process lost)
     judging_s: float  # diagnose and publish
 
 
@@ -453,13 +453,19 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> Followed:
     cpu0 = time.process_time()
     proc = psutil.Process()
     hard = until + plan.hang_after + 30.0  # a loaded machine: wait longer for the finding, never forever
-    polls: list[Poll] = []  # each step with events after the first round
+    # each step with events once the watermark was first sampled (every stream read once,
+    # past the first 3 s), while the reader is the one it began with (a read process lost, the
+    # job is read in this process: costs of another shape)
+    polls: list[Poll] = []
     settled: int | None = None  # the first of them after the console caught up
     settled_mono = 0.0
+    reading, polls_end = feed.reader, None
     while time.monotonic() < until or (expect is not None and not found_ns and time.monotonic() < hard):
         records, chunks, spent = feed.reader.stats.records, feed.reader.stats.chunks, _spent(feed)
         info, got = feed.step()
-        if got and behind:  # (once every stream was read: a first chunk's cost is once a stream)
+        if polls_end is None and feed.reader is not reading:
+            polls_end = time.monotonic()
+        if got and behind and polls_end is None:  # (once every stream was read: a first chunk's cost is once a stream)
             stats = feed.reader.stats
             now = _spent(feed)
             polls.append(Poll(stats.records - records, stats.chunks - chunks, now.read - spent.read,
@@ -469,7 +475,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> Followed:
             mark = feed.reader.watermark_ns() or 0
             if mark > plan.t_start and wall - mark <= TARGET_LAG_S * S:
                 caught_ns, caught = wall, len(behind)
-                settled, settled_mono = len(polls), time.monotonic()
+                settled, settled_mono = len(polls), time.monotonic()  # (the poll that caught up not among them)
         if got and first_round is None and feed.reader.watermark_ns():
             first_round = wall  # (every stream read once: however soon, not only past the first 3 s)
         if got and feed.model.end_ns and wall > plan.t_start + 3 * S:
@@ -498,7 +504,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> Followed:
         pause = feed.pause_s(got)  # (as ``Feed.run`` paces its steps)
         if pause:
             time.sleep(pause)
-    settled_s = time.monotonic() - settled_mono if settled is not None else 0.0
+    settled_s = max(0.0, (polls_end or time.monotonic()) - settled_mono) if settled is not None else 0.0
     # done: the writers stop; what they wrote to the end is read (every event written is read)
     with open(os.path.join(plan.sync, DONE), "w"):
         pass
@@ -558,44 +564,59 @@ def _read_process_rss(reader: TraceReader) -> int:
     return rss
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Costs:
     """What a poll's reading and ingesting is made of, fitted over a run's polls: seconds per
     op record, per stream read (its heartbeat and sample with it) and per poll (the listing,
-    the batch's hand-over, the model's work once a batch), with the fit's covariance."""
+    the batch's hand-over, the model's work once a batch), with the fit's covariance (robust
+    to polls whose noise grows with what they read) and the multiplier of a 95% interval
+    for as many polls as it was fitted over."""
 
     per_record: float
     per_read: float
     per_poll: float
-    covariance: np.ndarray  # (3, 3), of the three above
+    covariance: np.ndarray  # (3, 3), of the three above; a cost taken as none has none
     polls: int  # fitted over (those left once the outliers are set aside)
     outliers: int
+    t95: float  # (Student's t, two-sided 95%, at the fit's degrees of freedom)
 
     def record_within(self) -> float:
         """The half-width of the fit's 95% interval around the cost per op record."""
-        return 1.96 * float(np.sqrt(max(0.0, self.covariance[0, 0])))
+        return self.t95 * float(np.sqrt(max(0.0, self.covariance[0, 0])))
 
     def cores(self, records_s: float, reads_s: float, polls_s: float) -> tuple[float, float]:
         """The cores a console needs at these rates, and the half-width of the fit's 95%
         interval around it."""
         g = np.array([records_s, reads_s, polls_s])
-        return float(g @ [self.per_record, self.per_read, self.per_poll]), 1.96 * float(np.sqrt(max(0.0, g @ self.covariance @ g)))
+        spread = float(np.sqrt(max(0.0, g @ self.covariance @ g)))
+        return float(g @ [self.per_record, self.per_read, self.per_poll]), self.t95 * spread
 
 
-#: A poll whose residual is more than this many robust standard deviations (1.4826 MAD) off
-#: the fit is set aside, and the fit made again without it: a collection, the machine's
-#: other work, a batch that merged a backlog
-OUTLIER_SD = 3.5
+#: A poll whose residual (as a fit without it would leave it) is more than this many robust
+#: standard deviations (1.4826 MAD) off is set aside, and the fit made again without it:
+#: something else's time.  Only gross ones: a poll that reads more is noisier, and setting
+#: the noisy ones aside at 3.5 held the truth in 74% of such fits' intervals, not 95%
+OUTLIER_SD = 10.0
+
+
+def t95(df: int) -> float:
+    """Student's t for a two-sided 95% interval at ``df`` degrees of freedom (the
+    Cornish-Fisher expansion about 1.96: within 1% from 5 on, exact in the limit)."""
+    z = 1.959964
+    df = max(1, df)
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 def costs_of(polls: Sequence[Poll], part: Callable[[Poll], float] = lambda p: p.seconds) -> Costs | None:
     """The costs that explain the seconds each poll spent reading and ingesting (or on
-    ``part`` of it: ``Poll.ingest_s``, the console's own process), by least
-    squares over the polls after the console caught up (before the fault a stream's read
-    holds a few records, after it none; a poll reads all streams or a few: the three apart),
-    made again without the outliers.  A stream's heartbeat and sample lines go with its
-    read: a rank writes them once a second whatever its rate.  A cost the fit makes negative
-    is none (``_least_squares``); None with fewer than 8 polls, or no cost at all."""
+    ``part`` of it: ``Poll.ingest_s``, the console's own process), by least squares over
+    the polls after the console caught up (before the fault a stream's read holds a few
+    records, after it none; a poll reads all streams or a few: the three apart), made again
+    without the outliers.  A stream's heartbeat and sample lines go with its read: a rank
+    writes them once a second whatever its rate.  No cost is negative (``_least_squares``);
+    the covariance is HC3's (a poll that reads more is noisier: the plain one's interval
+    held the truth in ~80% of such fits, not 95%).  None with fewer than 8 polls, or no
+    cost at all."""
     if len(polls) < 8:
         return None
     a = np.array([(p.records, p.reads, 1.0) for p in polls], np.float64)
@@ -603,23 +624,51 @@ def costs_of(polls: Sequence[Poll], part: Callable[[Poll], float] = lambda p: p.
     keep = np.ones(len(y), bool)
     fit, fitted = _least_squares(a, y, keep)
     for _ in range(5):  # (set the outliers aside, fit again, until the same polls are kept)
-        residual = y - a @ fit
-        spread = 1.4826 * float(np.median(np.abs(residual[keep] - np.median(residual[keep]))))
+        # each poll's residual as a fit without it would leave it (a poll that pulls the fit
+        # its way hides its own residual), the polls set aside as they are
+        deleted = y - a @ fit
+        deleted[keep] /= 1.0 - np.minimum(_leverage(a[np.ix_(keep, fitted)]), 1.0 - 1e-9)
+        spread = 1.4826 * float(np.median(np.abs(deleted[keep] - np.median(deleted[keep]))))
         # (a fit that explains every poll to rounding sets nothing aside)
-        kept = np.abs(residual) <= max(OUTLIER_SD * spread, 1e-9 * float(np.abs(y).mean()))
+        kept = np.abs(deleted) <= max(OUTLIER_SD * spread, 1e-9 * float(np.abs(y).mean()))
         if kept.sum() < 8 or (kept == keep).all():
             break
         keep = kept
         fit, fitted = _least_squares(a, y, keep)
     if not fitted.any():
         return None
-    n = int(keep.sum())
+    n, k = int(keep.sum()), int(fitted.sum())
     x = a[np.ix_(keep, fitted)]
-    rss = float(((y[keep] - a[keep] @ fit) ** 2).sum())
+    residual = y[keep] - a[keep] @ fit
     covariance = np.zeros((3, 3))
-    if n > fitted.sum():
-        covariance[np.ix_(fitted, fitted)] = rss / (n - int(fitted.sum())) * np.linalg.pinv(x.T @ x)
-    return Costs(float(fit[0]), float(fit[1]), float(fit[2]), covariance, n, len(y) - n)
+    bread = np.linalg.pinv(x.T @ x)
+    weight = residual**2 / np.maximum(1.0 - _leverage(x), 1e-9) ** 2  # (HC3)
+    covariance[np.ix_(fitted, fitted)] = bread @ (x.T * weight) @ x @ bread
+    return Costs(float(fit[0]), float(fit[1]), float(fit[2]), covariance, n, len(y) - n, t95(n - k))
+
+
+def _leverage(x: np.ndarray) -> np.ndarray:
+    """Each row's leverage in a least-squares fit over the rows of ``x`` (the hat matrix's
+    diagonal): how far the fit follows that row."""
+    return np.einsum("ij,jk,ik->i", x, np.linalg.pinv(x.T @ x), x)
+
+
+def _least_squares(a: np.ndarray, y: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The costs that explain the kept polls (per record, per read, per poll), none
+    negative: the least squares over each set of the three costs (seven; a cost left out is
+    none), the closest of those whose costs are all positive.  With which were fitted."""
+    best, best_fitted, best_rss = np.zeros(a.shape[1]), np.zeros(a.shape[1], bool), float("inf")
+    x, z = a[keep], y[keep]
+    for bits in range(1, 1 << a.shape[1]):
+        fitted = np.array([bool(bits >> j & 1) for j in range(a.shape[1])])
+        fit = np.zeros(a.shape[1])
+        fit[fitted], *_ = np.linalg.lstsq(x[:, fitted], z, rcond=None)
+        if (fit[fitted] <= 0).any():
+            continue
+        rss = float(((z - x @ fit) ** 2).sum())
+        if rss < best_rss * (1 - 1e-12):  # (among equals, the first found)
+            best, best_fitted, best_rss = fit, fitted, rss
+    return best, best_fitted
 
 
 def extrapolation(plan: Plan, seen: Followed) -> str:
@@ -627,11 +676,11 @@ def extrapolation(plan: Plan, seen: Followed) -> str:
     (none for a run at its size): the cores its console needs, from the costs fitted over
     the run's polls once the console caught up (per op record, per stream read, per poll), at
     the reads and polls a second measured then, each as many times more as there are more
-    ranks (``wider``); judging and publishing as measured, paced by what they cost (per second
-    whatever the rate), grown at most as the ranks are.  Beside it, the upper bound of the
-    run's own cost per event at the full rate.  The fit's 95% interval is stated: at a
-    sixteenth of the rate a stream's read holds ~2 records, and what they cost is told from
-    the read's own by little more than this machine's noise."""
+    ranks (``wider``); judging and publishing as measured, grown at most as the ranks are
+    (they pace themselves by what they cost).  Beside it, the upper bound of the run's own
+    cost per event at the full rate.  The fit's 95% interval is stated: at a sixteenth of
+    the rate a stream's read holds ~2 records, and what they cost is told from the read's
+    own by little more than this machine's noise."""
     target = max(plan.ranks, TARGET_RANKS)
     full = target * FULL_RATE * plan.records
     if plan.ranks * EXTRAPOLATE_FROM < target:
@@ -642,66 +691,50 @@ def extrapolation(plan: Plan, seen: Followed) -> str:
     times = f"; x {wider:g} for the ranks" if wider > 1 else ""
     judging = seen.judging_s / seen.wall_s * wider
     polls = seen.polls[seen.settled:] if seen.settled is not None and seen.settled_s > 0 else []
-    costs = costs_of(polls)
-    if costs is not None and costs.per_record <= 0:
-        costs = None  # (records that cost nothing measurable say nothing of a higher rate)
+    fit = costs_of(polls)
     per_event = seen.cpu_s / max(1, seen.events)
     text = [f"  EXTRAPOLATED, not run: {target:,} ranks at {FULL_RATE:g} collectives/s ({full:,.0f} events/s)"]
-    if costs is not None:
+    stated = False
+    if fit is not None and fit.per_record > 0:  # (records that cost nothing measurable say nothing of a higher rate)
         reads_s = sum(p.reads for p in polls) / seen.settled_s * wider
         polls_s = len(polls) / seen.settled_s
-        cores, within = costs.cores(full, reads_s, polls_s * wider)
+        cores, within = fit.cores(full, reads_s, polls_s * wider)
         cores += judging
         lines = ("each block line's own cost in it: lines hold more records at full rate"
                  if plan.rate < FULL_RATE else "block lines as full rate writes them")
-        aside = f", {costs.outliers} set aside as outliers" if costs.outliers else ""
-        if cores < per_event * full:  # (else no tighter than the upper bound below)
+        aside = f", {fit.outliers} set aside as outliers" if fit.outliers else ""
+        stated = cores < per_event * full  # (else no tighter than the upper bound below)
+        if stated:
             text.append(_wrapped(
                 f"the console needs at most {cores:.2f} cores (+/- {within:.2f}: the fit's 95% interval): "
-                f"{costs.per_record * 1e6:.2f} us per op record ({lines}); {costs.per_read * 1e6:.1f} us per "
+                f"{fit.per_record * 1e6:.2f} us per op record ({lines}); {fit.per_read * 1e6:.1f} us per "
                 f"stream read (its new lines, heartbeats and samples among them), at {reads_s / target:.1f} "
-                f"reads a rank a second; {costs.per_poll * 1e3:.1f} ms per poll (its listing, its batch "
+                f"reads a rank a second; {fit.per_poll * 1e3:.1f} ms per poll (its listing, its batch "
                 f"handed over), at {polls_s:.1f} polls a second{times}; {judging:.2f} of a core judging "
-                f"and publishing (paced by its cost{times}); fitted over the {costs.polls} polls after the "
+                f"and publishing (paced by its cost{times}); fitted over the {fit.polls} polls after the "
                 f"console caught up{aside}"))
-            own = costs_of(polls, lambda p: p.ingest_s) if seen.read_processes else costs
+            own = costs_of(polls, lambda p: p.ingest_s) if seen.read_processes else fit
             if own is not None:
                 ingest, ingest_within = own.cores(full, reads_s, polls_s * wider)
                 what = ("in the console's own process (its read processes' apart): {} taking their batches into "
                         "the model" if seen.read_processes else "all in the console's own process: {} reading "
                         "and taking what it read into the model")
                 text.append(_wrapped(
-                    what.format(f"{ingest:.2f} cores (+/- {ingest_within:.2f})") + f", and the {judging:.2f} "
-                    f"judging and publishing (at most: they pace themselves by what they cost, and run less often "
-                    f"as they cost more); that process is one thread: more than a core there is a console that "
-                    f"falls behind however many read processes it has"))
-        else:
-            costs = None
-    text.append(_wrapped(f"{'all in, ' if costs is not None else ''}{per_event * full:.2f} cores at its "
+                    what.format(f"{ingest:.2f} cores (+/- {ingest_within:.2f})") + f", and up to {judging:.2f} "
+                    f"judging and publishing (they pace themselves by what they cost, and take less as they cost "
+                    f"more); that process is one thread: past a core for the model alone, a console falls behind "
+                    f"however many read processes it has"))
+    text.append(_wrapped(f"{'all in, ' if stated else ''}{per_event * full:.2f} cores at its "
                          f"{per_event * 1e6:.2f} us per event (an upper bound: a rank's own costs counted per event)"))
-    loose = costs is None or costs.record_within() > costs.per_record / 2
+    loose = fit is None or fit.per_record <= 0 or fit.record_within() > fit.per_record / 2
     if plan.rate < FULL_RATE and loose and polls:
-        told = ("is not told from the read's" if costs is None
-                else f"is told from the read's only to +/- {costs.record_within() * 1e6:.2f} us")
+        told = ("is not told from the read's" if fit is None or fit.per_record <= 0
+                else f"is told from the read's only to +/- {fit.record_within() * 1e6:.2f} us")
+        held = sum(p.records for p in polls) / max(1, sum(p.reads for p in polls))
         text.append(_wrapped(
-            f"(at this rate a stream's read holds ~{sum(p.records for p in polls) / max(1, sum(p.reads for p in polls)):.1f} "
-            f"op records, whose cost {told}: a fraction of the ranks at the full rate measures it, "
-            f"e.g. --ranks {target // 4} --rate {FULL_RATE:g})"))
+            f"(at this rate a stream's read holds ~{held:.1f} op records, whose cost {told}: a fraction of the "
+            f"ranks at the full rate measures it, e.g. --ranks {target // 4} --rate {FULL_RATE:g})"))
     return "\n".join(text)
-
-
-def _least_squares(a: np.ndarray, y: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The costs that explain the kept polls (per record, per read, per poll), none negative:
-    a cost the fit makes negative is taken as none and the rest fitted again (the most
-    negative first).  With which of the three were fitted."""
-    fitted = np.ones(a.shape[1], bool)
-    while fitted.any():
-        fit = np.zeros(a.shape[1])
-        fit[fitted], *_ = np.linalg.lstsq(a[np.ix_(keep, fitted)], y[keep], rcond=None)
-        if (fit >= 0).all():
-            return fit, fitted
-        fitted[int(np.argmin(fit))] = False
-    return np.zeros(a.shape[1]), fitted
 
 
 def _wrapped(text: str) -> str:
