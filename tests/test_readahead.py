@@ -605,8 +605,12 @@ def _polled(reader) -> list[dict]:
 def test_a_part_of_the_streams_is_its_ranks_on_a_directory_and_on_redis(tmp_path, redis_url):
     """Readers of the three parts of a job (``take_shard``) on a directory and on Redis:
     each reads its ranks' events, all of them, and the three together are the job's; a
-    crash file is read by its rank's part alone."""
+    crash file is read by its rank's part alone, and job metadata that fails its schema is
+    counted by one part."""
+    from redis_fixture import redis_client
+
     from commscope.store.base import Shard
+    from commscope.store.redis_store import Keys
 
     lines = _lines(tmp_path)
     for store in (str(tmp_path / "live"), redis_url):
@@ -632,6 +636,23 @@ def test_a_part_of_the_streams_is_its_ranks_on_a_directory_and_on_redis(tmp_path
             reader.close()
         assert tuple(parts) == total and total[1] > 0
         assert sorted(crashed) == crashes == ([] if store.startswith("redis") else [5])
+        # job metadata that is not JSON: every part reads it (a Redis reader for its
+        # maxlen), one counts it and says so, as a reader of all the streams does
+        if store.startswith("redis"):
+            c = redis_client(store)
+            c.set(Keys.meta("synthetic"), b'{"world_size": "eight"')
+            c.close()
+        else:
+            (Path(store) / "synthetic" / "job.json").write_bytes(b'{"world_size": "eight"')
+        counted = []
+        for shard in (None, Shard(0, 3), Shard(1, 3), Shard(2, 3)):
+            reader = open_reader(store)
+            if shard is not None:
+                reader.take_shard(shard)
+            assert reader.job() is None and reader.job() is None  # (asked twice: counted once)
+            counted.append((dict(reader.stats.invalid_by_rank), len(reader.stats.warnings)))
+            reader.close()
+        assert counted == [({-1: 1}, 1), ({}, 0), ({}, 0), ({-1: 1}, 1)], counted  # (the part of rank -1: 2 of 3)
 
 
 def test_a_console_starts_a_read_process_per_part_of_a_wide_job(tmp_path, monkeypatch):
@@ -745,3 +766,34 @@ def test_a_part_whose_ranks_wrote_nothing_holds_the_watermark_back_only_while_it
     shutil.rmtree(reader.job_dir)  # (a listing that fails: the job's directory gone)
     assert reader.watermark_ns() is None
     reader.close()
+
+
+def test_what_every_read_process_says_of_the_whole_job_is_said_once(tmp_path):
+    """The job's directory gone from under a console read ahead by three processes (a part
+    of the ranks each): each says it cannot list it, the console once, as one reader does;
+    back (each reads its ranks' new lines, from the listing it trusts), then gone again:
+    said again, once."""
+    store = tmp_path / "job"
+    write_store(str(store), JobShape(RANKS, 10))
+    job, gone = store / "synthetic", tmp_path / "away"
+    old = time.time() - 3600  # (a directory not changed lately: listed once, then trusted while it stays so)
+    os.utime(job, (old, old))
+    cannot = f"cannot list {job}: No such file or directory"
+    said = {}
+    for processes in (1, 3):
+        feed = Feed(_ahead(str(store), processes=processes), hang_after=10.0)
+        ahead = feed.reader
+        _until(feed, lambda: ahead.read_once)  # noqa: B023
+        for turn in (1, 2):
+            job.rename(gone)
+            _until(feed, lambda: all(c.stats.warnings.count(cannot) == turn for c in ahead._children))  # noqa: B023
+            gone.rename(job)
+            events = feed.model.events
+            for r in range(RANKS):  # (a line for each rank: every part reads again)
+                with open(job / f"rank-{r:05d}.jsonl", "ab") as f:
+                    f.write(b'{"type":"heartbeat","v":3,"rank":%d,"ts":%d,"inflight":0}\n'
+                            % (r, feed.model.end_ns + turn))
+            _until(feed, lambda: feed.model.events == events + RANKS)  # noqa: B023
+        said[processes] = [w for w in ahead.stats.warnings if "synthetic" in w]
+        ahead.close()
+    assert said[1] == said[3] == [cannot, cannot]

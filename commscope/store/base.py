@@ -608,6 +608,14 @@ class TraceReader(abc.ABC):
         """Whether ``rank``'s streams are this reader's to read (its ``shard``'s, or all)."""
         return self.shard is None or self.shard.owns(rank)
 
+    def job_invalid(self, why: str, warning: str) -> None:
+        """The job's metadata failed its schema: counted (as rank -1's) and said by the one
+        reader of a job's parts that owns rank -1 (each part reads the job's metadata; a
+        console's read processes would count it once each)."""
+        if self.owns(-1):
+            self.stats.count_invalid(-1, {why: 1})
+            self.stats.warnings.append(warning)
+
     def take_shard(self, shard: Shard) -> None:
         """Read only ``shard``'s streams (before the first read), where the reader can
         (``shards``)."""

@@ -451,8 +451,7 @@ class DirectoryReader(TraceReader):
                 self._job, why = decode_job(data)
             if self._job is None:
                 self._job_failed = True
-                self.stats.count_invalid(-1, {why: 1})
-                self.stats.warnings.append(f"{JOB_FILE} skipped ({why})")
+                self.job_invalid(why, f"{JOB_FILE} skipped ({why})")
         return self._job
 
     def job_name(self) -> str | None:
@@ -488,6 +487,7 @@ class DirectoryReader(TraceReader):
             self._files.drop_all()  # (the job's directory gone: its files' space with it)
             self._cannot_list(exc)
             return {}
+        self._list_error = None  # (there again: a later failure is said again, listed or not)
         now = time.time()
         if self._listed is not None and self._listed[0] == mtime and \
                 self._listed[1] - mtime / 1e9 > self.LIST_TRUST_S and now - self._listed[1] < self.LIST_AGAIN_S:

@@ -34,6 +34,7 @@ reader reads everything again into a new model.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -198,6 +199,7 @@ class ReadAhead(TraceReader):
         self.receive_s = 0.0  # seconds of CPU this thread spent taking the children's batches (not waiting for them)
         self._lost: ReadAheadLost | None = None
         self._next = 0  # the child looked at first by the next poll (they take turns)
+        self._said: dict[str, _Child] = {}  # each warning's first teller (``_first_said``)
         env = dict(os.environ, COMMSCOPE_NO_PROGRESS="1", OPENBLAS_NUM_THREADS="1")
         if processes < 1:
             raise ValueError(f"ReadAhead: {processes} read processes (at least one)")
@@ -260,7 +262,7 @@ class ReadAhead(TraceReader):
             raise self._gone(child, f"sent what is not a batch ({type(exc).__name__}: {exc})") from None
         if not isinstance(got, Polled):
             raise self._gone(child, f"sent a {type(got).__name__}, not a batch")
-        self.stats.add_changes(got.stats, child.stats)
+        self.stats.add_changes(self._first_said(got.stats, child), child.stats)
         child.stats.take(got.stats)
         child.watermark, child.backlog, child.cut_short, child.cpu_s = got.watermark, got.backlog, got.cut_short, got.cpu_s
         self.job = got.job or self.job
@@ -273,6 +275,16 @@ class ReadAhead(TraceReader):
         batch = got.received()
         self.receive_s += time.thread_time() - t0  # (its records unpacked too)
         return batch
+
+    def _first_said(self, changes: ReadStats, child: _Child) -> ReadStats:
+        """``changes`` less the warnings another child said first: what is said of the whole
+        job (a store that cannot be listed, a connection lost, again, ...) comes from each
+        part's reader, and is said once, as one reader says it, each time its first teller
+        says it; what one part says of its own ranks names them."""
+        if len(self._children) < 2 or not changes.warnings:
+            return changes
+        kept = [w for w in changes.warnings if self._said.setdefault(w, child) is child]
+        return changes if len(kept) == len(changes.warnings) else dataclasses.replace(changes, warnings=kept)
 
     def _ready(self) -> _Child | None:
         """A child with a batch to take (or whose pipe ended), waiting up to ``wait_s`` for

@@ -514,8 +514,7 @@ class RedisReader(TraceReader):
                 self._job, why = decode_job(raw)
                 if self._job is None and not self._job_failed:
                     self._job_failed = True
-                    self.stats.count_invalid(-1, {why: 1})
-                    self.stats.warnings.append(f"job metadata skipped ({why})")
+                    self.job_invalid(why, f"job metadata skipped ({why})")
         return self._job
 
     def job_name(self) -> str | None:
