@@ -554,6 +554,29 @@ def test_the_stats_of_read_processes_each_reading_a_part_add_up_as_they_change()
         assert sorted(console.warnings) == sorted(want.warnings)
 
 
+def test_invalid_reasons_of_several_parts_are_kept_as_one_reader_keeps_them():
+    """Past 64 distinct reasons a reader counts the rest as "other" (a hostile trace cannot
+    grow its stats); three parts of 40 reasons each, merged (a parallel read's workers) or
+    taken as they change (a console's read processes), keep 64 and "other" too, every
+    invalid event counted."""
+    from commscope.store.base import MAX_REASONS
+
+    parts = []
+    for k in range(3):
+        part = ReadStats()
+        for j in range(40):
+            part.count_invalid(3 * j + k, {f"part {k} reason {j}": j + 1})
+        parts.append(part)
+    merged, taken = ReadStats(), ReadStats()
+    for part in parts:
+        merged.merge(part)
+        taken.add_changes(part.changes(ReadStats()), ReadStats())
+    for stats in (merged, taken):
+        assert len(stats.invalid_by_reason) == MAX_REASONS + 1 and "other" in stats.invalid_by_reason
+        assert sum(stats.invalid_by_reason.values()) == stats.invalid == 3 * sum(range(1, 41))
+    assert merged == taken
+
+
 def _damaged(store: Path, ranks: tuple[int, ...]) -> None:
     """Lines no reader can decode appended to some ranks' streams, and a crash file of
     rank 5 (a faulthandler dump): counted, and read, by the part each rank is in."""

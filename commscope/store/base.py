@@ -113,9 +113,15 @@ class ReadStats:
                 continue
             self.invalid += n
             self.invalid_by_rank[rank] = self.invalid_by_rank.get(rank, 0) + n
-            if reason not in self.invalid_by_reason and len(self.invalid_by_reason) >= MAX_REASONS:
-                reason = "other"
-            self.invalid_by_reason[reason] = self.invalid_by_reason.get(reason, 0) + n
+            self._add_reason(reason, n)
+
+    def _add_reason(self, reason: str, n: int) -> None:
+        """``n`` more invalid events of ``reason``: past MAX_REASONS distinct ones, "other"'s
+        (what one reader counts, and readers of parts merged: a hostile trace cannot grow
+        the stats)."""
+        if reason not in self.invalid_by_reason and len(self.invalid_by_reason) >= MAX_REASONS:
+            reason = "other"
+        self.invalid_by_reason[reason] = self.invalid_by_reason.get(reason, 0) + n
 
     def count_decoded(self, rank: int, decoded: Decoded) -> None:
         """Account one decoded batch of ``rank``: its events, damaged lines and invalid events."""
@@ -142,6 +148,9 @@ class ReadStats:
                 setattr(self, f.name, mine or theirs)
             elif isinstance(mine, int):
                 setattr(self, f.name, mine + theirs)
+            elif f.name == "invalid_by_reason":
+                for k, v in theirs.items():
+                    self._add_reason(k, v)
             elif isinstance(mine, dict):
                 for k, v in theirs.items():
                     mine[k] = mine.get(k, 0) + v
@@ -172,6 +181,9 @@ class ReadStats:
                 setattr(self, f.name, mine or theirs)
             elif isinstance(mine, int):
                 setattr(self, f.name, mine + theirs - before)
+            elif f.name == "invalid_by_reason":
+                for k, v in theirs.items():
+                    self._add_reason(k, v - before.get(k, 0))
             elif isinstance(mine, dict):
                 for k, v in theirs.items():
                     mine[k] = mine.get(k, 0) + v - before.get(k, 0)
