@@ -193,7 +193,7 @@ class ReadAhead(TraceReader):
                  processes: int = 1) -> None:
         self.source, self.since, self.pacing = source, since, pacing
         self.description = description or redact_store(source)
-        self.job: str | None = None  # the job the children read, once one found one
+        self._job_name: str | None = None  # the job the children read, once one found one
         self.stats = ReadStats()
         self.wait_s = pacing.poll_s
         self.receive_s = 0.0  # seconds of CPU this thread spent taking the children's batches (not waiting for them)
@@ -265,7 +265,7 @@ class ReadAhead(TraceReader):
         self.stats.add_changes(self._first_said(got.stats, child), child.stats)
         child.stats.take(got.stats)
         child.watermark, child.backlog, child.cut_short, child.cpu_s = got.watermark, got.backlog, got.cut_short, got.cpu_s
-        self.job = got.job or self.job
+        self._job_name = got.job or self._job_name
         if got.window is not None and self.since is not None and self.since.at_ns is None:
             self.since = Since(at_ns=got.window)  # (``here`` reads from there: counted once)
         if got.error is not None:
@@ -275,6 +275,9 @@ class ReadAhead(TraceReader):
         batch = got.received()
         self.receive_s += time.thread_time() - t0  # (its records unpacked too)
         return batch
+
+    def job_name(self) -> str | None:
+        return self._job_name
 
     def _first_said(self, changes: ReadStats, child: _Child) -> ReadStats:
         """``changes`` less the warnings another child said first: what is said of the whole
@@ -345,7 +348,7 @@ class ReadAhead(TraceReader):
         one is gone), of all its streams: the job the children read, where one found one,
         from the start of the window they were started on, as the console counted it
         (``around``) or, where the console could not, as a child did (``Polled.window``)."""
-        source = pinned(self.source, self.job)
+        source = pinned(self.source, self._job_name)
         reader = backend_for(source).reader(source, wait=True)
         if self.since is not None:
             reader.start_at(self.since)
