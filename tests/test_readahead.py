@@ -5,8 +5,10 @@ console's process with nothing lost or counted twice; the child ends with its co
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import errno
 import os
 import pickle
 import random
@@ -576,6 +578,22 @@ def test_invalid_reasons_of_several_parts_are_kept_as_one_reader_keeps_them():
         assert len(stats.invalid_by_reason) == MAX_REASONS + 1 and "other" in stats.invalid_by_reason
         assert sum(stats.invalid_by_reason.values()) == stats.invalid == 3 * sum(range(1, 41))
     assert merged == taken
+    # the parts' changes interleaved, each part's reasons growing as it reads: first come,
+    # first kept by name; a reason once "other" stays so; every event counted
+    rng = random.Random(5)
+    parts, sent, console = [ReadStats() for _ in range(3)], [ReadStats() for _ in range(3)], ReadStats()
+    folded: set[str] = set()
+    for step in range(3000):
+        k = rng.randrange(3)
+        parts[k].count_invalid(3 * rng.randrange(50) + k, {f"reason {rng.randrange(100)}": 1})
+        changes = parts[k].changes(sent[k])
+        console.add_changes(changes, sent[k])
+        sent[k].take(changes)
+        reasons = console.invalid_by_reason
+        assert len(reasons) <= MAX_REASONS + 1 and sum(reasons.values()) == console.invalid, step
+        assert not folded & set(reasons), step
+        folded |= {r for part in parts for r in part.invalid_by_reason if r not in reasons}
+    assert console.invalid == sum(p.invalid for p in parts) == 3000 and "other" in console.invalid_by_reason
 
 
 def _damaged(store: Path, ranks: tuple[int, ...]) -> None:
@@ -591,13 +609,15 @@ def _damaged(store: Path, ranks: tuple[int, ...]) -> None:
 
 
 def test_read_processes_each_reading_a_part_of_the_ranks_read_and_count_what_one_reads(tmp_path):
-    """A finished job with damaged lines in three ranks' streams and a crash file of one
-    rank, read ahead by one process and by three (a part of the ranks each): the models
-    (events, ops per rank, findings, the crash's among them) and every count of the stats
-    (per rank, per reason, bytes, records) are the same."""
+    """A finished job with damaged lines in three ranks' streams, a crash file of one rank
+    and job metadata that is not JSON, read ahead by one process and by three (a part of
+    the ranks each): the models (events, ops per rank, findings, the crash's among them),
+    every count of the stats (per rank, per reason, bytes, records) and the warnings are the
+    same (the job's metadata counted and said once, not once a part)."""
     store = tmp_path / "job"
     write_store(str(store), JobShape(RANKS, 30))
     _damaged(store, (1, 2, 6))
+    (store / "synthetic" / "job.json").write_bytes(b'{"world_size": "eight"')  # (every part reads it)
     got = {}
     for processes in (1, 3):
         feed = Feed(_ahead(str(store), processes=processes), hang_after=10.0)
@@ -610,8 +630,10 @@ def test_read_processes_each_reading_a_part_of_the_ranks_read_and_count_what_one
         assert got[processes][0] == want
         ahead.close()
     assert got[1] == got[3]
-    summary, stats, _ = got[3]
+    summary, stats, warnings = got[3]
     assert stats.corrupt_by_rank == {1: 2, 2: 3, 6: 7} and stats.corrupt == 12
+    assert stats.invalid_by_rank == {-1: 1} and [w for w in warnings if w.startswith("job.json")] == [
+        "job.json skipped (job metadata: bad world_size)"]
     assert any(5 in culprits for _, culprits in summary[3]), summary[3]  # (its crash, read once)
 
 
@@ -821,3 +843,57 @@ def test_what_every_read_process_says_of_the_whole_job_is_said_once(tmp_path):
         said[processes] = [w for w in ahead.stats.warnings if "synthetic" in w]
         ahead.close()
     assert said[1] == said[3] == [cannot, cannot]
+
+
+def test_a_warning_of_the_whole_job_is_said_as_often_as_the_read_process_that_says_it_most():
+    """Three read processes' warnings of the whole job (a Redis connection lost, again):
+    an outage all of them meet is said once; one that a process meets again, whichever,
+    is said again; a part's own (naming its ranks) is always said."""
+    from commscope.store.readahead import _Child
+
+    ahead = ReadAhead.__new__(ReadAhead)  # (its children's pipes apart: what it makes of what they say)
+    children = [_Child.__new__(_Child) for _ in range(3)]
+    for child in children:
+        child.said = collections.Counter()
+    ahead._children, ahead._said = children, collections.Counter()
+    lost, back = "lost the connection to redis://h:6379; still trying", "reconnected to redis://h:6379"
+
+    def says(k: int, *warnings: str) -> list[str]:
+        return ahead._first_said(ReadStats(warnings=list(warnings)), children[k]).warnings
+
+    assert says(0, lost) == [lost] and says(1, lost) == [] and says(2, lost) == []  # (all three met it: once)
+    assert says(1, back) == [back] and says(0, back) == [] and says(2, back) == []
+    assert says(2, lost, back) == [lost, back]  # (the third met another: said again)
+    assert says(0, lost) == [] and says(1, lost, back) == []  # (as often as the one that said it most: 2)
+    assert says(1, lost) == [lost]  # (its third)
+    assert says(0, "rank 3: cannot read rank-00003.jsonl") == ["rank 3: cannot read rank-00003.jsonl"]
+    assert says(1, "rank 3: cannot read rank-00003.jsonl") == ["rank 3: cannot read rank-00003.jsonl"]
+
+
+def test_a_job_directory_that_is_there_but_cannot_be_listed_is_said_once(tmp_path, monkeypatch):
+    """The job's directory stat'ed but not listed (no descriptor left, a directory its
+    reader may enter but not list): said once, not at every poll; listed again, then not
+    listed: said again."""
+    from commscope.store import directory
+
+    store = tmp_path / "job"
+    write_store(str(store), JobShape(RANKS, 4))
+    reader = open_reader(str(store))
+    _polled(reader)
+    real = os.scandir
+
+    def refused(path):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    cannot = f"cannot list {store / 'synthetic'}: Too many open files"
+    for turn in (1, 2):
+        monkeypatch.setattr(directory.os, "scandir", refused)
+        os.utime(store / "synthetic")  # (changed: listed again, not trusted)
+        for _ in range(5):
+            reader.poll_batch()
+            reader.watermark_ns()
+        assert reader.stats.warnings.count(cannot) == turn, reader.stats.warnings
+        monkeypatch.setattr(directory.os, "scandir", real)
+        os.utime(store / "synthetic")
+        reader.poll_batch()
+    reader.close()

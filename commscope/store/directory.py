@@ -487,10 +487,10 @@ class DirectoryReader(TraceReader):
             self._files.drop_all()  # (the job's directory gone: its files' space with it)
             self._cannot_list(exc)
             return {}
-        self._list_error = None  # (there again: a later failure is said again, listed or not)
         now = time.time()
         if self._listed is not None and self._listed[0] == mtime and \
                 self._listed[1] - mtime / 1e9 > self.LIST_TRUST_S and now - self._listed[1] < self.LIST_AGAIN_S:
+            self._list_error = None  # (there again, its listing trusted: a later failure is said again)
             return self._streams
         try:
             with os.scandir(self.job_dir) as it:

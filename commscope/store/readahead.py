@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from typing import IO, NamedTuple
 
 from commscope.compiled import says_no
@@ -129,6 +130,7 @@ class _Child:
         self.cut_short = False
         self.read_once = False  # a batch came that read all there was (every stream to its end once)
         self.cpu_s = 0.0
+        self.said: Counter[str] = Counter()  # how often it said each warning of the whole job
         try:
             self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (the child's, for its life: ``close``)
         except OSError as exc:  # (no file left to open, no temporary directory)
@@ -199,7 +201,7 @@ class ReadAhead(TraceReader):
         self.receive_s = 0.0  # seconds of CPU this thread spent taking the children's batches (not waiting for them)
         self._lost: ReadAheadLost | None = None
         self._next = 0  # the child looked at first by the next poll (they take turns)
-        self._said: dict[str, _Child] = {}  # each warning's first teller (``_first_said``)
+        self._said: Counter[str] = Counter()  # how often the console said each warning (``_first_said``)
         env = dict(os.environ, COMMSCOPE_NO_PROGRESS="1", OPENBLAS_NUM_THREADS="1")
         if processes < 1:
             raise ValueError(f"ReadAhead: {processes} read processes (at least one)")
@@ -280,13 +282,22 @@ class ReadAhead(TraceReader):
         return self._job_name
 
     def _first_said(self, changes: ReadStats, child: _Child) -> ReadStats:
-        """``changes`` less the warnings another child said first: what is said of the whole
-        job (a store that cannot be listed, a connection lost, again, ...) comes from each
-        part's reader, and is said once, as one reader says it, each time its first teller
-        says it; what one part says of its own ranks names them."""
+        """``changes`` less the warnings other children said as often already: what is said
+        of the whole job (a store that cannot be listed, a connection lost, again, ...)
+        comes from each part's reader, and the console says it as often as the child that
+        says it most (an outage all of them met: once; one that one child met again: again).
+        What one part says of its own ranks names them, and is always its own."""
         if len(self._children) < 2 or not changes.warnings:
             return changes
-        kept = [w for w in changes.warnings if self._said.setdefault(w, child) is child]
+        kept = []
+        for w in changes.warnings:
+            if w.startswith("rank "):  # (a part's own: never said by another)
+                kept.append(w)
+                continue
+            child.said[w] += 1
+            if child.said[w] > self._said[w]:
+                self._said[w] = child.said[w]
+                kept.append(w)
         return changes if len(kept) == len(changes.warnings) else dataclasses.replace(changes, warnings=kept)
 
     def _ready(self) -> _Child | None:
@@ -499,6 +510,7 @@ def main() -> int:
                         opened.take_shard(how.shard)
                     if how.since is not None:
                         opened.start_at(how.since)
+                    opened.job()  # (metadata that fails its schema: counted and said, by one part)
                     reader, first = opened, opened.read_apart(pacing.budget)
                 got = next(first, None) if first is not None else None
                 if got is not None:
