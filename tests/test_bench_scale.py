@@ -114,7 +114,8 @@ def test_the_extrapolations_interval_holds_the_costs_the_noisy_polls_were_made_o
     reads): the fitted cost at full rate is within its stated 95% interval of the true one
     in most seeds, and the interval is as wide as the fits' spread over the seeds.  Student's
     t for few polls."""
-    from commscope.bench.scale import Poll, costs_of, t95
+    from commscope.bench.scale import Poll, costs_of
+    from commscope.bench.stats import t95
 
     assert (t95(5), t95(10), t95(30)) == pytest.approx((2.571, 2.228, 2.042), rel=0.01)
     assert t95(100_000) == pytest.approx(1.960, abs=1e-3)

@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from commscope.bench.stats import fmt_time, quantile
+from commscope.bench.stats import fmt_time, quantile, t95
 from commscope.store import readahead
 from commscope.store.readahead import ReadAhead
 
@@ -597,14 +597,6 @@ class Costs:
 #: something else's time.  Only gross ones: a poll that reads more is noisier, and setting
 #: the noisy ones aside at 3.5 held the truth in 74% of such fits' intervals, not 95%
 OUTLIER_SD = 10.0
-
-
-def t95(df: int) -> float:
-    """Student's t for a two-sided 95% interval at ``df`` degrees of freedom (the
-    Cornish-Fisher expansion about 1.96: within 1% from 5 on, exact in the limit)."""
-    z = 1.959964
-    df = max(1, df)
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 def costs_of(polls: Sequence[Poll], part: Callable[[Poll], float] = lambda p: p.seconds) -> Costs | None:
