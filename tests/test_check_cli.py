@@ -200,3 +200,32 @@ def test_a_broken_pipe_that_is_not_the_output_is_a_failure_not_a_quiet_exit(monk
     monkeypatch.setattr(check, "main", broken)
     with pytest.raises(BrokenPipeError):
         cli(["check", "anything"])
+
+
+def test_the_header_folds_after_the_source_and_reads_names_as_text(tmp_path):
+    """What was read says each figure whole at 80 columns (a terminal folded "hang_after
+    10" from its "s"), and a store's name or a warning is text, not markup: "[b]" in a path
+    was taken for bold and lost, and "[/]" in a warning raised rich's MarkupError."""
+    import io
+
+    from rich.console import Console
+
+    from commscope.analysis import TraceModel
+    from commscope.commands.check import render
+
+    model = TraceModel.from_events(hung_trace())
+
+    def shown(source: str, width: int, warnings: list[str]) -> list[str]:
+        con = Console(width=width, file=io.StringIO(), record=True)
+        render(model, [], warnings, 10.0, source, console=con)
+        return con.export_text().splitlines()
+
+    what = f"3 ranks, {model.events:,} events, {model.total_ops():,} ops, "
+    wide = shown("/data/run[b]1", 200, [])
+    assert wide[0].startswith(f"/data/run[b]1: {what}") and wide[0].endswith("; hang_after 10 s")
+    long = "/data/" + "x" * 60 + "/run[b]1"
+    narrow = shown(long, 80, ["cannot list /data/a[/]b"])
+    assert narrow[0] == f"{long}:"
+    assert narrow[1].startswith(f"  {what}") and narrow[1].endswith("; hang_after 10 s")
+    assert all(len(line) <= 80 for line in narrow)
+    assert "warning: cannot list /data/a[/]b" in narrow

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from commscope.analysis import evidence
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
@@ -23,6 +23,9 @@ from commscope.analysis.source import load_trace
 from commscope.commands import options, progress
 from commscope.errors import UsageError
 from commscope.redact import redact
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -131,10 +134,10 @@ def native_dumps(model: TraceModel, findings: list[Finding], exe: str | None = N
 def render(model: TraceModel, findings: list[Finding], warnings: list[str], hang_after: float,
            source: str, console: Any = None) -> None:
     con = console or options.stdout_console()
-    con.print(f"[bold]{source}[/]: {model.world_size} ranks, {model.events:,} events, {model.total_ops():,} ops, "
-              f"{(model.end_ns - model.start_ns) / 1e9:.1f} s; hang_after {hang_after:g} s")
+    for line in header(model, hang_after, source, con.width):
+        con.print(line, highlight=False)
     for w in warnings:
-        con.print(f"[yellow]warning:[/] {w}")
+        con.print(_warning(w), highlight=False)
     if not findings:
         con.print("[green]no findings: the trace looks healthy[/]")
         return
@@ -142,6 +145,27 @@ def render(model: TraceModel, findings: list[Finding], warnings: list[str], hang
         con.print(_panel(f))
     errors = sum(f.severity == ERROR for f in findings)
     con.print(f"[bold]{errors} error(s), {len(findings) - errors} warning(s)[/]")
+
+
+def _warning(text: str) -> Text:
+    """A warning as text, never markup: one naming a path or a reason with "[/]" in it
+    raised rich's MarkupError, and check ended in a traceback."""
+    from rich.text import Text
+
+    return Text.assemble(("warning:", "yellow"), " ", text)
+
+
+def header(model: TraceModel, hang_after: float, source: str, width: int) -> list[Text]:
+    """What was read, in one line, or two where one would not fit ``width`` (the source on
+    the first): a terminal folded it mid-figure ("hang_after 10" / "s").  The source as
+    text, never markup (a path with "[...]" in it lost those characters)."""
+    from rich.text import Text
+
+    what = (f"{model.world_size:,} ranks, {model.events:,} events, {model.total_ops():,} ops, "
+            f"{(model.end_ns - model.start_ns) / 1e9:.1f} s; hang_after {hang_after:g} s")
+    if len(source) + 2 + len(what) <= width:
+        return [Text.assemble((source, "bold"), ": ", what)]
+    return [Text.assemble((source, "bold"), ":"), Text(f"  {what}")]
 
 
 def _panel(f: Finding) -> Any:
