@@ -177,7 +177,7 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
     def out(text: str, style: str = "") -> None:
         con.print(Text(text, style=style, no_wrap=True, overflow="ignore"), crop=False, soft_wrap=True)
 
-    con.print(Text.assemble((description, "bold"), f": {world_size} ranks, {rep['ops_total']:,} ops over "
+    con.print(Text.assemble((description, "bold"), f": {world_size:,} ranks, {rep['ops_total']:,} ops over "
                             f"{rep['span_s']:.2f} s"), soft_wrap=True)
     for w in warnings:
         con.print(Text.assemble(("warning:", "yellow"), f" {w}"), soft_wrap=True)
