@@ -253,3 +253,31 @@ def test_the_status_tick_while_the_app_closes_finds_no_picker_shown(tmp_path):
     assert app._picker_shown() is False
     app._job_status()
     assert app.picker is not None
+
+
+def test_a_store_named_with_brackets_is_shown_as_named(tmp_path):
+    """The "started" toast and the picker's status line name the trace as written: Textual
+    read "[/]" in a --store path as markup and the app ended with MarkupError."""
+    store = tmp_path / "runs[/]1"
+    app = DemoApp(scenarios=SCENARIOS, job_factory=DemoJob, scenario="pipeline", ranks=2, store=str(store), bell=False,
+                  job_options={"pace": 0.2, "steps": 40})
+    shown: list[str] = []
+    real = app.notify
+    app.notify = lambda message, **kw: (shown.append(message), real(message, **kw))
+    status: list[str] = []
+
+    async def run():
+        async with app.run_test(size=(120, 40), notifications=True) as pilot:
+            await until(pilot, lambda: app.job is not None and app.feed.model.events > 0)
+            if not isinstance(app.screen, ScenarioPicker):
+                app.action_menu()
+            await until(pilot, lambda: bool(app.screen.query("#status")))
+            app._job_status()
+            await pilot.pause()
+            status.append(str(app.screen.query_one("#status").render()))
+            await pilot.press("q")
+
+    asyncio.run(run())
+    assert getattr(app, "_exception", None) is None
+    assert any(f"trace: {store}" in m for m in shown), shown
+    assert f"store {store}" in status[0]

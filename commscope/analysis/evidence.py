@@ -22,6 +22,7 @@ from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -148,14 +149,16 @@ def cell(v: Any) -> str:
 
 
 def kv(rows: list[tuple[str, Any]]) -> Table:
-    """Two columns, key and value; rows without a value are left out."""
+    """Two columns, key and value; rows without a value are left out.  A value that is not
+    ``Text`` is shown as written, never read as markup (a host, a call site, a reason from
+    the trace: "[/]" in one raised rich's MarkupError where it was drawn)."""
     t = Table.grid(padding=(0, 1))
     t.add_column(style=DIM, no_wrap=True)
     t.add_column(overflow="fold")
     for k, v in rows:
         if v is None or v == "" or v == []:
             continue
-        t.add_row(k, v if isinstance(v, Text) else str(v))
+        t.add_row(escape(k), v if isinstance(v, Text) else escape(str(v)))
     return t
 
 
@@ -374,9 +377,9 @@ def evidence_block(val: Any, depth: int = 0) -> RenderableType:
                 continue  # shown by stacks_block and consequences
             if isinstance(v, dict | list) and v and depth < 2 and not (isinstance(v, list) and all(
                     isinstance(x, int | float | str) for x in v)):
-                rows.append((str(k), evidence_block(v, depth + 1)))
+                rows.append((escape(str(k)), evidence_block(v, depth + 1)))
             else:
-                rows.append((str(k), cell(v)))
+                rows.append((escape(str(k)), escape(cell(v))))
         t = Table.grid(padding=(0, 1))
         t.add_column(style=DIM, no_wrap=True)
         t.add_column(overflow="fold")

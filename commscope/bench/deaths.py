@@ -21,6 +21,7 @@ import time
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from commscope.bench.stats import median
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
         server = RedisServer().start()
         stores["redis"] = server.url
-    console.print(f"[bold]commscope bench deaths[/] (traces in {tmp}): rank 1 of 2 dies right after "
+    console.print(f"[bold]commscope bench deaths[/] (traces in {escape(tmp)}): rank 1 of 2 dies right after "
                   f"op {args.ops}; {runs} run(s) per row")
     table = Table(title="Records lost per death (own count - ops in the trace); target 0",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)

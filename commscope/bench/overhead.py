@@ -29,6 +29,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from commscope.bench.stats import fmt_time, median, quantile
@@ -235,7 +236,7 @@ def _print_fsdp(console: Console, args: argparse.Namespace, tmp: str) -> None:
         f = run_ranks(_fsdp_step, 2, args=(args.steps, args.step_rounds, os.path.join(tmp, "fsdp"), args.source),
                       timeout=1800)[0].value
     except Exception as exc:  # an old torch without FSDP2
-        console.print(f"FSDP2 step not measured: {exc}")
+        console.print(f"FSDP2 step not measured: {escape(str(exc))}")
         return
     console.print(f"FSDP2 training step, 2 Gloo ranks, 4 sharded Linear(256, 256): raw {fmt_time(f['raw'])}, "
                   f"recorded {fmt_time(f['inst'])}, median ratio {f['ratio']:.3f} "
@@ -268,10 +269,10 @@ def run(args: argparse.Namespace) -> int:
     target = TARGET_CUDA_US if nccl else TARGET_US
     native_why = _native_ready(args.source)  # a launcher builds it; ranks never do
     if native_why and args.source == "native":
-        console.print(f"[red]--source native: the native recorder is unavailable: {native_why}[/]")
+        console.print(f"[red]--source native: the native recorder is unavailable: {escape(native_why)}[/]")
         return 2
     tmp = tempfile.mkdtemp(prefix="commscope-bench-")
-    console.print(f"[bold]commscope bench overhead[/] on {args.backend} (traces in {tmp})")
+    console.print(f"[bold]commscope bench overhead[/] on {args.backend} (traces in {escape(tmp)})")
     table = Table(title=f"All in: added per real op, every thread counted (median of {args.rounds} "
                         f"alternating round pairs of {args.calls} ops); target ≤ {target:g} µs wall and CPU"
                         + (" (NCCL, CUDA-event timing on)" if nccl else ""),

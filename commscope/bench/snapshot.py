@@ -25,6 +25,7 @@ import threading
 import time
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from commscope.bench.stats import median
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
                 times[name].append(took)
                 right[name] += named
                 if err and not named:
-                    console.print(f"[yellow]{name}: {err}[/]")
+                    console.print(f"[yellow]{name}: {escape(str(err))}[/]")
     finally:
         stop(job)
     table = Table(title=f"time to a finding: a hung {args.ranks}-rank Gloo job (rank 2 spins), "

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from commscope.events import SCHEMA_VERSION
@@ -254,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
         args.events, args.seconds = 20_000, 0.5
     console = Console()
     tmp = tempfile.mkdtemp(prefix="commscope-bench-store-")
-    console.print(f"[bold]commscope bench store[/] (files under {tmp}, {'kept' if args.keep else 'removed at the end'})")
+    console.print(f"[bold]commscope bench store[/] (files under {escape(tmp)}, {'kept' if args.keep else 'removed at the end'})")
     targets = [("directory", tmp)]
     redis_server = None
     cluster = None

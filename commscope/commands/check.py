@@ -176,7 +176,7 @@ def _panel(f: Finding) -> Any:
     color = "red" if f.severity == ERROR else "yellow"
     where = " ".join(x for x in (f"group {f.group}" if f.group is not None else "",
                                  f"#{f.seq}" if f.seq is not None else "", f.op or "") if x)
-    title = f"[{color} bold]{f.severity.upper()}[/] {f.kind}  {where}"
+    title = Text.assemble((f.severity.upper(), f"{color} bold"), f" {f.kind}  {where}")  # (a group or op as named)
     parts: list[Any] = [Text(f.message)]
     parts.append(Text(f"culprits: {ranges(f.culprits) or '-'}   ranks: "
                       f"{ranges(f.ranks)}", style="bold"))

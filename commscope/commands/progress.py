@@ -42,7 +42,7 @@ def bar(description: str, enabled: bool) -> Iterator[Callable[[Loading], None] |
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     console = Console(stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(bar_width=24),
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(bar_width=24),
                TextColumn("{task.percentage:>3.0f}%"), TextColumn("{task.fields[what]}"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True, refresh_per_second=8) as progress:
         task = progress.add_task(description, total=None, what="")

@@ -557,6 +557,7 @@ def run_headless(name: str | Scenario, *, ranks: int | None = None, backend: str
     The header line goes to stderr with ``json`` (stdout is the JSON object alone).
     ``keep=False``: a trace in the temporary directory is removed once checked."""
     from rich.console import Console
+    from rich.markup import escape
 
     con = console or Console()
     # with --json, stdout carries the JSON object alone: everything else goes to stderr
@@ -565,12 +566,12 @@ def run_headless(name: str | Scenario, *, ranks: int | None = None, backend: str
         job = DemoJob(name, ranks=ranks, backend=backend, store=store, hang_after=hang_after,
                       sample_interval=sample_interval, pace=pace, steps=steps, time_limit=time_limit)
     except ValueError as exc:
-        err.print(f"[red]commscope demo:[/] {exc}", highlight=False)
+        err.print(f"[red]commscope demo:[/] {escape(str(exc))}", highlight=False)
         return 2
     sc = job.scenario
     head = (f"commscope demo {sc.name}: {job.ranks} ranks on {job.backend}"
             f"{', hangs until diagnosed' if sc.hangs else ''}; trace: {job.store}")
-    (err if json else con).print(head, highlight=False, soft_wrap=True)
+    (err if json else con).print(head, highlight=False, soft_wrap=True, markup=False)
     job.start()
     try:
         if sc.hangs:

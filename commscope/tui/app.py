@@ -336,7 +336,7 @@ class CommscopeApp(App):
                 self._alerted_gone.append(f)
                 if known:
                     continue
-            self.notify(f.message, title=f.kind, severity="error", timeout=8)
+            self.notify(f.message, title=f.kind, severity="error", timeout=8, markup=False)
             if self.use_bell:
                 self.bell()
 

@@ -17,6 +17,7 @@ from rich.text import Text
 from textual.app import ComposeResult, ScreenStackError, UnknownModeError
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
+from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
@@ -99,7 +100,7 @@ class ScenarioPicker(Screen):
             state = "finished" if job.finished else ("running" if job.alive() else "stopped")
             text = f"{app.job_name}: {state} · {len(job.alive())} worker(s) alive · store {job.store}"
         for status in self.query("#status").results(Static):  # (none yet: the app's tick came before
-            status.update(text)  # the picker was composed; its mount shows the status)
+            status.update(Content(text))  # the picker was composed; its mount shows the status)
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         if event.option.id:
@@ -202,7 +203,8 @@ class DemoApp(CommscopeApp):
         except (ValueError, OSError, RuntimeError) as exc:
             if job is not None:
                 job.discard()  # it never ran: nothing of it to keep
-            self.call_from_thread(self.notify, str(exc), title=f"cannot start {name}", severity="error", timeout=10)
+            self.call_from_thread(self.notify, str(exc), title=f"cannot start {name}", severity="error", timeout=10,
+                                  markup=False)
             return
         self.call_from_thread(self._attach, name, job, reader)
 
@@ -221,7 +223,7 @@ class DemoApp(CommscopeApp):
         where = f"trace: {job.store}" + (" (removed on quit; --keep keeps it)" if job.temporary and not self.keep
                                          else "")
         self.notify(f"{name} started on {job.ranks} ranks (S stops it, R restarts it, m picks another). {where}",
-                    timeout=6)
+                    timeout=6, markup=False)
 
     def _stop_job(self) -> None:
         job = self.job

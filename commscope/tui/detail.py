@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 from textual.containers import VerticalScroll
@@ -271,7 +272,7 @@ def history_detail(rows: dict[str, dict[str, Any]], skipped_bytes: int, summariz
     last = max((r["last_ns"] for r in rows.values()), default=0)
     for name, r in rows.items():
         p50 = r["latency_p50_s"]
-        t.add_row(name, f"{r['count']:,}", size(r["bytes"]), "—" if p50 is None else duration(p50 * 1e9),
+        t.add_row(escape(name), f"{r['count']:,}", size(r["bytes"]), "—" if p50 is None else duration(p50 * 1e9),
                   duration(r["latency_max_s"] * 1e9), f"{r['failed']:,}" if r["failed"] else "")
     parts.append(t)
     if first:
