@@ -62,6 +62,7 @@ from commscope.oprecords import (
 )
 from commscope.redact import mask, redact
 from commscope.schema import MAX_INT, SCHEMA_VERSION
+from commscope.visible import visible, visible_event
 
 BLOCK = "block"
 SITE = "site"
@@ -377,10 +378,10 @@ class StaticTable:
         if len(self._groups) >= 100_000:
             return None
         n = _U16.unpack_from(body, 0)[0]
-        name = body[2:2 + n].decode("utf-8", "replace")
+        name = visible(body[2:2 + n].decode("utf-8", "replace"))
         pos = 2 + n
         nb = _U16.unpack_from(body, pos)[0]
-        backend = body[pos + 2:pos + 2 + nb].decode("utf-8", "replace")
+        backend = visible(body[pos + 2:pos + 2 + nb].decode("utf-8", "replace"))
         pos += 2 + nb
         count = struct.unpack_from("<i", body, pos)[0]
         if count == RUNS:
@@ -669,7 +670,7 @@ class BlockDecoder:
             if end - body < 2:
                 raise ValueError("site record")
             n = min(_U16.unpack_from(raw, body)[0], end - body - 2)  # (never read past the record)
-            text = redact(raw[body + 2:body + 2 + n].decode("utf-8", "replace"))
+            text = visible(redact(raw[body + 2:body + 2 + n].decode("utf-8", "replace")))
             if self.sites.get(key) == text or (key not in self.sites and len(self.sites) >= 200_000):
                 return
             self._note_defined(SITE_REC, key)
@@ -1067,7 +1068,7 @@ class BlockDecoder:
                 phase[row] = -1  # says it has a text, and has no room for one
                 continue
             n = min(int.from_bytes(buf[o:o + 2], "little"), room)
-            exc[row] = redact(buf[o + 2:o + 2 + n].decode("utf-8", "replace")) or "error"
+            exc[row] = visible(redact(buf[o + 2:o + 2 + n].decode("utf-8", "replace"))) or "error"
         for row in rows.device_errors.tolist():
             exc[row] = "the device reported an error"
         # the rare records one by one, in stream order (a SOURCE sees the any-source begins before it)
@@ -1356,7 +1357,7 @@ class BlockDecoder:
                 e.update(type="op", ts=0, phase="begin", id=0, rank=self.rank)
                 if gid in self.groups:  # the stream's name for the group (an incarnation's own)
                     e["group"] = self.groups[gid].name
-                e = msgspec.convert(e, schema.RawEvent)  # a fragment is JSON like any event: checked like one
+                e = visible_event(msgspec.convert(e, schema.RawEvent))  # a fragment is JSON like any event: checked like one
                 for k in PER_CALL:
                     e.pop(k, None)
                 if nested:

@@ -32,6 +32,7 @@ import numpy as np
 from msgspec import Meta
 
 from commscope.redact import known_texts, redact, redact_args
+from commscope.visible import may_hold_control, visible_event
 
 if TYPE_CHECKING:
     from commscope.beatscan import Taken
@@ -385,7 +386,17 @@ def decode_lines(data: bytes, rank: int | None = None) -> Decoded:
                 damaged += 1
             except RecursionError:
                 invalid[f"{_what(line)}: nested too deeply"] += 1
-    return Decoded(_sift(objs, rank, invalid), damaged, invalid)
+    return Decoded(_sift(_shown(objs, data), rank, invalid), damaged, invalid)
+
+
+def _shown(objs: list, data: bytes) -> list:
+    """``objs``, decoded from ``data``, with the control characters of their strings made
+    visible where ``data`` may hold any (``visible``: a trace's text reaches a terminal)."""
+    if may_hold_control(data):
+        for obj in objs:
+            if isinstance(obj, dict):
+                visible_event(obj)
+    return objs
 
 
 def _decode_objs(data: bytes) -> list:
@@ -396,7 +407,7 @@ def _decode_objs(data: bytes) -> list:
     poll's first round: ~20 us each whole, ~5 us so).  Lines that name neither list go
     straight through the full decoder."""
     if b'"names"' not in data and b'"dtypes"' not in data:  # (an escaped key: the full decoder)
-        return _DECODER.decode_lines(data)
+        return _shown(_DECODER.decode_lines(data), data)
     objs = _LISTS_RAW.decode_lines(data)
     seen: dict[tuple[str, bytes], list[str] | None] = {}
     held = dict.fromkeys(_LISTS, 0)
@@ -413,8 +424,8 @@ def _decode_objs(data: bytes) -> list:
     if b"\\u" in data or any(data.count(b'"%s"' % key.encode()) != n for key, n in held.items()):
         # (a key stated twice in one event, whose first value msgspec checks but a raw value
         # skips, or the word elsewhere, or perhaps escaped: the full decoder, as it would have it)
-        return _DECODER.decode_lines(data)
-    return objs
+        return _shown(_DECODER.decode_lines(data), data)
+    return _shown(objs, data)
 
 
 def decode_indexed(lines: list[bytes], rank: int | None = None) -> tuple[Decoded, list[int]]:
@@ -495,7 +506,7 @@ def validate_events(objs: Iterable[Any], rank: int | None = None) -> tuple[list[
     convert = msgspec.convert
     for obj in objs:
         try:
-            good.append(convert(obj, RawEvent))
+            good.append(visible_event(convert(obj, RawEvent)))
         except RecursionError:
             invalid["event: nested too deeply"] += 1
         except msgspec.ValidationError as exc:
@@ -511,7 +522,7 @@ def validate_events(objs: Iterable[Any], rank: int | None = None) -> tuple[list[
 def decode_job(data: bytes) -> tuple[dict | None, str | None]:
     """Job metadata from ``job.json``; (None, reason) when it is damaged or invalid."""
     try:
-        job = _JOB_DECODER.decode(data)
+        job = visible_event(_JOB_DECODER.decode(data))
         if isinstance(job.get("copied_from"), str):
             job["copied_from"] = redact(job["copied_from"])
         return job, None

@@ -1,0 +1,74 @@
+"""Text from a trace made safe to show on a terminal: its control characters made visible.
+
+A trace is read from a store that whoever could write to it filled, so a host, a group, an
+op's name, a call site or an exception's text may hold a terminal's control sequences:
+ESC [ 2 J clears the screen, ESC ] 0 sets the window's title, ESC ] 52 writes the
+clipboard, and C1's CSI (U+009B) is ESC [ in one character.  Neither rich nor Textual
+removes ESC from the text it draws (they drop BEL, BS, VT, FF and CR), so ``commscope
+check`` and the console passed them on.  The readers make them visible where they decode
+text, as they redact credentials there: every string of a decoded event
+(``schema``), and the strings of the binary records (``blocks``: sites, groups, exception
+texts, a begin's JSON fragment).  A control character is shown as its escape (``\\x1b``),
+so what the trace held stays readable; a tab and a newline stay as they are, and a
+carriage return goes (rich and Textual drop it too).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = ["may_hold_control", "visible", "visible_event"]
+
+#: C0 but tab and newline, DEL, C1
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: C1 as UTF-8 writes it (0xC2 0x80-0x9F)
+_C1_UTF8 = re.compile(b"\xc2[\x80-\x9f]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = m.group()
+    return "" if c == "\r" else f"\\x{ord(c):02x}"
+
+
+def visible(text: str) -> str:
+    """``text`` with its control characters shown as escapes (``\\x1b``), carriage returns
+    left out; the same string where it has none."""
+    return text if _CONTROL.search(text) is None else _CONTROL.sub(_escape, text)
+
+
+def _value(v: Any) -> Any:
+    """A decoded JSON value with its strings ``visible``, its containers new (a list the
+    decoder shares between events, a meta's op names, is never written)."""
+    if isinstance(v, str):
+        return visible(v)
+    if isinstance(v, list):
+        return [_value(x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_value(x) for x in v)
+    if isinstance(v, dict):
+        return {visible(k) if isinstance(k, str) else k: _value(x) for k, x in v.items()}
+    return v
+
+
+def visible_event(e: dict) -> dict:
+    """``e`` (a decoded event) with every string in it ``visible``, keys too, in place (the
+    event stays the object it was: readers keep them by identity); returns ``e``."""
+    for key in list(e):
+        value = e[key]
+        shown = visible(key) if isinstance(key, str) else key
+        if shown is not key:
+            del e[key]
+        e[shown] = _value(value)
+    return e
+
+
+def may_hold_control(data: bytes) -> bool:
+    """Whether JSON text ``data`` may decode to a string holding a control character: an
+    escape that can name one (``\\u00..``, ``\\b``, ``\\f``, ``\\r``), or DEL or a C1
+    character written as it is (JSON allows both; C0 written as it is is not JSON).  A few
+    passes of ``memchr``: a read's JSON lines almost never do, and walking every string of
+    every event would cost more than decoding them."""
+    if b"\\" in data and (b"\\u00" in data or b"\\b" in data or b"\\f" in data or b"\\r" in data):
+        return True
+    return b"\x7f" in data or (b"\xc2" in data and _C1_UTF8.search(data) is not None)
