@@ -229,3 +229,7 @@ def test_the_header_folds_after_the_source_and_reads_names_as_text(tmp_path):
     assert narrow[1].startswith(f"  {what}") and narrow[1].endswith("; hang_after 10 s")
     assert all(len(line) <= 80 for line in narrow)
     assert "warning: cannot list /data/a[/]b" in narrow
+    wide_chars = "/d/" + "甲" * 17  # (17 characters, 34 cells)
+    assert len(wide_chars) + 2 + len(narrow[1]) - 2 <= 80
+    folded = shown(wide_chars, 80, [])
+    assert folded[0] == f"{wide_chars}:" and folded[1].endswith("; hang_after 10 s")

@@ -6,12 +6,14 @@ the console with it."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 
 import pytest
 from rich.console import Console, Group
 from test_check_cli import write_store
-from tui_scenarios import crashed_rank, drive, healthy, make_app
+from textual.widgets._toast import Toast
+from tui_scenarios import crashed_rank, drive, healthy, load, make_app
 
 from commscope.analysis import Finding, evidence
 from commscope.analysis.collectives import Straggler
@@ -107,22 +109,20 @@ def test_the_console_alerts_and_details_show_names_as_written():
         if e["type"] == "meta":
             e["host"] = "node[/]3"
     app = make_app(events, now, mode=LIVE)
-    sent: list[str] = []
-    notify = app.notify
 
-    def told(message: str, **kw: object) -> None:
-        sent.append(message)
-        notify(message, **kw)
+    async def alerts() -> None:
+        async with app.run_test(size=(120, 40), notifications=True) as pilot:  # (its default shows no toast)
+            load(app)
+            await pilot.pause()
+            toasts.extend(app.screen.query(Toast))
+            for toast in toasts:
+                painted.append(str(toast.render()))
 
-    app.notify = told  # type: ignore[method-assign]
-
-    async def alerts(pilot) -> None:
-        app.notifications_enabled = True  # (``run_test`` shows none)
-        await pilot.pause()
-
-    drive(app, alerts)
-    assert app.return_code in (None, 0) and getattr(app, "_exception", None) is None
-    assert any("bad bracket [/] in config" in m for m in sent), sent
+    toasts: list[Toast] = []
+    painted: list[str] = []
+    asyncio.run(alerts())
+    assert getattr(app, "_exception", None) is None
+    assert toasts and any("bad bracket [/] in config" in text for text in painted), painted
 
     events, now = healthy(3)
     for e in events:
@@ -161,3 +161,20 @@ def test_a_store_named_with_brackets_is_shown_as_named(tmp_path, monkeypatch, ca
                             console=con)
     assert f"trace: {tmp_path / 'demo[b]y'}" in con.file.getvalue()
 
+
+
+def test_a_headless_demo_names_its_removed_temporary_trace_as_named(tmp_path, monkeypatch):
+    """The line that says the temporary trace was removed (its directory under $TMPDIR)."""
+    import tempfile
+
+    from commscope.scenarios import runner
+
+    tmp = tmp_path / "t[/]x"
+    tmp.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.setattr(runner.DemoJob, "start", lambda self: None)
+    monkeypatch.setattr(runner.DemoJob, "wait", lambda self, timeout=None: True)
+    monkeypatch.setattr(runner.DemoJob, "stop", lambda self: None)
+    con = Console(file=io.StringIO(), width=300)
+    assert runner.run_headless("healthy-training", check=lambda *a, **k: 0, console=con, keep=False) == 0
+    assert f"removed the temporary trace {tmp}" in con.file.getvalue()

@@ -269,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
     target = TARGET_CUDA_US if nccl else TARGET_US
     native_why = _native_ready(args.source)  # a launcher builds it; ranks never do
     if native_why and args.source == "native":
-        console.print(f"[red]--source native: the native recorder is unavailable: {escape(native_why)}[/]")
+        console.print(f"--source native: the native recorder is unavailable: {native_why}", style="red", markup=False)
         return 2
     tmp = tempfile.mkdtemp(prefix="commscope-bench-")
     console.print(f"[bold]commscope bench overhead[/] on {args.backend} (traces in {escape(tmp)})")

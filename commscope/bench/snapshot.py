@@ -25,7 +25,6 @@ import threading
 import time
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from commscope.bench.stats import median
@@ -119,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
                 times[name].append(took)
                 right[name] += named
                 if err and not named:
-                    console.print(f"[yellow]{name}: {escape(str(err))}[/]")
+                    console.print(f"{name}: {err}", style="yellow", markup=False)
     finally:
         stop(job)
     table = Table(title=f"time to a finding: a hung {args.ranks}-rank Gloo job (rank 2 spins), "

@@ -159,11 +159,12 @@ def header(model: TraceModel, hang_after: float, source: str, width: int) -> lis
     """What was read, in one line, or two where one would not fit ``width`` (the source on
     the first): a terminal folded it mid-figure ("hang_after 10" / "s").  The source as
     text, never markup (a path with "[...]" in it lost those characters)."""
+    from rich.cells import cell_len
     from rich.text import Text
 
     what = (f"{model.world_size:,} ranks, {model.events:,} events, {model.total_ops():,} ops, "
             f"{(model.end_ns - model.start_ns) / 1e9:.1f} s; hang_after {hang_after:g} s")
-    if len(source) + 2 + len(what) <= width:
+    if cell_len(source) + 2 + len(what) <= width:  # (cells: a wide character takes two)
         return [Text.assemble((source, "bold"), ": ", what)]
     return [Text.assemble((source, "bold"), ":"), Text(f"  {what}")]
 

@@ -594,4 +594,4 @@ def run_headless(name: str | Scenario, *, ranks: int | None = None, backend: str
         if job.temporary and not keep:
             job.discard()
             err.print(f"commscope demo: removed the temporary trace {job.store} (--keep keeps it)", highlight=False,
-                      soft_wrap=True, style="grey50")
+                      soft_wrap=True, style="grey50", markup=False)
