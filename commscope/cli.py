@@ -6,6 +6,7 @@ import argparse
 import gc
 import importlib
 import sys
+import traceback
 
 from commscope import __version__, errors
 
@@ -15,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("commscope.commands.replay", "console on a finished trace or Flight Recorder dumps"),
     "demo": ("commscope.commands.demo", "run a demo workload on local ranks and watch it live"),
     "run": ("commscope.commands.run", "run any command with instrumentation switched on"),
-    "check": ("commscope.commands.check", "headless diagnosis (exit 0 ok, 1 errors found, 2 bad input)"),
+    "check": ("commscope.commands.check", "headless diagnosis (exit 0 ok, 1 errors found, 2 bad input, 3 a bug)"),
     "report": ("commscope.commands.report", "summary tables per op, group and rank"),
     "export": ("commscope.commands.export", "export a trace as Chrome/Perfetto JSON"),
     "snapshot": ("commscope.commands.snapshot", "snapshot a running job that was never instrumented (py-spy)"),
@@ -51,6 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _internal(verb: str, argv: list[str] | None) -> int:
+    """An exception no command expected: as a program (``argv`` None), its traceback and
+    ``errors.INTERNAL``, so a CI step does not read a crash of ``check`` as "errors found"
+    (Python's own exit status, 1); called in a process that goes on (a test), raised."""
+    if argv is not None:
+        raise  # noqa: PLE0704 (the exception being handled)
+    traceback.print_exc()
+    print(f"commscope {verb}: internal error: this is a bug in commscope (exit {errors.INTERNAL}); "
+          "the traceback above says where", file=sys.stderr)
+    return errors.INTERNAL
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -66,8 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # (the output's reader went away: no traceback, as ``git log | head``)
         if not errors.stdout_closed():
-            raise  # (another pipe or socket: a failure to say)
+            return _internal(args.verb, argv)  # (another pipe or socket: a failure to say)
         return errors.closed_pipe()
+    except Exception:
+        return _internal(args.verb, argv)
     finally:
         if argv is not None and gc.get_freeze_count():
             # Called in a process that goes on (argv given: a test, a tool): a command's load

@@ -11,6 +11,10 @@ class UsageError(Exception):
     """Bad input or usage: exit code 2 with a one-line message (``commscope.cli`` prints it)."""
 
 
+#: The exit status when commscope itself failed (an exception it did not expect: a bug, its
+#: traceback printed): not ``check``'s 1, which says the trace holds errors
+INTERNAL = 3
+
 #: The exit status when the reader of the output went away (``commscope export --chrome - |
 #: head``): a shell's for a command a closed pipe stopped (128 + SIGPIPE), none of ``check``'s
 CLOSED_PIPE = 141

@@ -233,3 +233,24 @@ def test_the_header_folds_after_the_source_and_reads_names_as_text(tmp_path):
     assert len(wide_chars) + 2 + len(narrow[1]) - 2 <= 80
     folded = shown(wide_chars, 80, [])
     assert folded[0] == f"{wide_chars}:" and folded[1].endswith("; hang_after 10 s")
+
+
+def test_a_crash_of_commscope_itself_exits_3_not_check_s_errors_found(tmp_path, capsys, monkeypatch):
+    """An exception no command expected: its traceback and exit 3 where commscope runs as a
+    program (Python's own status, 1, read as "errors found" in CI); raised where a caller
+    in the same process (a test, a tool) passes argv."""
+    from commscope.commands import check
+
+    store = write_store(tmp_path / "s", healthy_trace(2))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the diagnosis")
+
+    monkeypatch.setattr(check, "diagnose", broken)
+    monkeypatch.setattr(sys, "argv", ["commscope", "check", str(store)])
+    assert cli() == errors.INTERNAL == 3
+    err = capsys.readouterr().err
+    assert "RuntimeError: a bug in the diagnosis" in err and "Traceback" in err
+    assert "commscope check: internal error: this is a bug in commscope (exit 3)" in err
+    with pytest.raises(RuntimeError, match="a bug in the diagnosis"):
+        cli(["check", str(store)])
