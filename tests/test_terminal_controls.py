@@ -107,3 +107,19 @@ def test_no_command_and_no_console_pane_sends_a_trace_control_sequence(tmp_path,
     assert "\\\\x1b" in shown["check --json"]  # (JSON's escape of the backslash that shows it)
     for text in replay_texts(store):
         assert not CONTROL.search(text), CONTROL.findall(text)[:5]
+
+
+def test_a_snapshot_prints_a_stack_s_paths_without_their_control_sequences(capsys):
+    """``commscope snapshot`` prints where each rank is, from py-spy's stacks of processes
+    it did not start: a path there is the program's own."""
+    from commscope.commands.snapshot import summary
+    from commscope.snapshot.infer import InFlight
+    from commscope.snapshot.procs import Job, RankProcess
+    from commscope.snapshot.take import Cycle
+
+    proc = RankProcess(pid=4242, rank=0, world_size=1, local_rank=0, launcher="env", job="k", argv=("train.py",),
+                       user=None, create_time=0.0)
+    op = InFlight("all_reduce", "0", None, None, None, f"/srv/{CLEAR}x.py:3 in step", 1, False)
+    summary(Job("k", "env", 1, [proc], [0]), Cycle(1, 0, 1, {0: op}, [], {}, []), "/tmp/s", "job-1", 0.0)
+    out = capsys.readouterr().out
+    assert "in all_reduce (group 0) at \\x1b[2Jx.py:3 in step" in out and "\x1b" not in out

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from commscope.errors import UsageError
 from commscope.redact import redact
 from commscope.store import StoreError, default_store
+from commscope.visible import visible
 
 if TYPE_CHECKING:
     from commscope.snapshot.procs import Found, Job
@@ -110,7 +111,7 @@ def choose(found: Found, job_pid: int | None) -> Job:
                          "worker); give its processes with --pid")
     if len(jobs) == 1:
         return jobs[0]
-    listing = "\n".join(f"  [{i + 1}] {j.describe()}" for i, j in enumerate(jobs))
+    listing = "\n".join(f"  [{i + 1}] {visible(j.describe())}" for i, j in enumerate(jobs))
     if sys.stdin.isatty() and sys.stdout.isatty():
         print(f"{len(jobs)} jobs on this host:\n{listing}")
         answer = input(f"which one [1-{len(jobs)}]? ").strip()
@@ -199,7 +200,7 @@ def summary(job: Job, cycle: Cycle, store: str, job_id: str, span: float) -> Non
             what = f"in {op.op} ({group}{f', peer {op.peer}' if op.peer is not None else ''}){where}"
         else:
             what = "in no collective"
-        print(f"  rank {p.rank:>{width}}  pid {p.pid:<8} {redact(what)}"[:200])
+        print(f"  rank {p.rank:>{width}}  pid {p.pid:<8} {visible(redact(what))}"[:200])  # (a stack's paths)
     if cycle.gone:
         print(f"  gone: rank(s) {ranges(cycle.gone)} (this host should hold them; their processes are not there)")
     if cycle.flight_note:
