@@ -81,3 +81,20 @@ def test_bench_large_refuses_formats_and_rank_counts_it_cannot_measure(capsys):
         assert f"commscope bench large: error: argument {message}" in err, err
     assert _formats("native,") == ["native"]  # (a trailing comma names no format)
     assert _formats("json,native,json") == ["json", "native"]  # (each measured once)
+
+
+def test_a_hang_after_that_is_no_duration_is_refused_by_every_command_that_takes_one(tmp_path, capsys):
+    """"inf", "nan" and 1e300 were taken: diagnosing raised (OverflowError making them ns) or
+    the console's worker died; export and replay took a negative one."""
+    for verb in ("check", "export", "replay", "attach", "demo", "run"):
+        extra = {"export": ["--chrome", str(tmp_path / "x.json")], "run": ["--", "true"]}.get(verb, [])
+        for value in ("inf", "nan", "1e300", "-5", "soon"):
+            argv = [verb, *([] if verb in ("demo", "run") else [str(tmp_path)]), f"--hang-after={value}", *extra]
+            try:
+                code = cli(argv)
+            except SystemExit as exc:
+                code = exc.code
+            assert code == 2, argv
+            err = capsys.readouterr().err
+            assert err.startswith(f"usage: commscope {verb}"), err
+            assert "argument --hang-after:" in err and repr(value) in err, err

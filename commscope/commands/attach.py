@@ -30,7 +30,7 @@ TAIL = "10m"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", nargs="?", help="trace store: directory or redis:// URL")
-    p.add_argument("--hang-after", type=float, metavar="SECONDS",
+    p.add_argument("--hang-after", type=options.seconds, metavar="SECONDS",
                    help="flag ops in flight longer than this (default: what the job was recorded with, else 30)")
     p.add_argument("--no-bell", action="store_true", help="do not ring the terminal bell on new errors")
     options.add_since(p, default=TAIL)

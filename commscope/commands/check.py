@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", nargs="?", default=None,
                    help="trace store (directory or redis://...) or Flight Recorder dump directory")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("--hang-after", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--hang-after", type=options.seconds, default=None, metavar="SECONDS",
                    help="how long a rank must wait before it counts as hung")
     options.add_since(p)
     p.add_argument("--py-spy", action="store_true",
@@ -60,8 +60,6 @@ def to_json(model: TraceModel, findings: list[Finding], warnings: list[str], han
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.hang_after is not None and args.hang_after < 0:
-        raise UsageError("--hang-after must be >= 0")
     shown = progress.wanted(args.json)
     model, reader, warnings = progress.load(args.store, shown, since=options.since_of(args))
     hang_after = args.hang_after if args.hang_after is not None else default_hang_after(model)

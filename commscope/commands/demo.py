@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 
+from commscope.commands import options
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", nargs="?", help="scenario name (omit to pick one in the console)")
@@ -22,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                    "the demo ends unless --keep)")
     p.add_argument("--keep", action="store_true", help="keep the temporary traces the demo records (their paths are "
                                                        "shown while they run)")
-    p.add_argument("--hang-after", type=float, default=3.0, metavar="SECONDS",
+    p.add_argument("--hang-after", type=options.seconds, default=3.0, metavar="SECONDS",
                    help="report ops stuck longer than this (default 3)")
     p.add_argument("--headless", action="store_true",
                    help="no console: run to the end (or until the hang is diagnosed), print the check report "

@@ -17,16 +17,15 @@ from typing import IO
 
 from commscope.analysis.chrome import write_chrome
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+from commscope.commands import options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", nargs="?", default=None,
                    help="trace store (directory or redis://...) or Flight Recorder dump directory")
     p.add_argument("--chrome", metavar="FILE", required=True, help="write Chrome trace JSON here ('-' = stdout); a new file is readable by you alone")
-    p.add_argument("--hang-after", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--hang-after", type=options.seconds, default=None, metavar="SECONDS",
                    help="for the findings marked in the trace")
-    from commscope.commands import options
-
     options.add_since(p)
 
 
@@ -34,7 +33,7 @@ def main(args: argparse.Namespace) -> int:
     import sys
     import time
 
-    from commscope.commands import options, progress
+    from commscope.commands import progress
     from commscope.commands.check import read_summary
     from commscope.errors import UsageError
 

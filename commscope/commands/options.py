@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from commscope.errors import UsageError
+from commscope.schema import MAX_SECONDS
 from commscope.window import Since, parse_since
 
 if TYPE_CHECKING:
@@ -16,6 +17,19 @@ SINCE_HELP = ("read only this window: a duration back from the trace's end (90s,
               "mark) holding the window's start, with the ops in flight there; a rank silent since "
               "before it still shows its end; what retention "
               "summarized is read whatever the window")
+
+
+def seconds(text: str) -> float:
+    """An argparse type: seconds from 0 to ``schema.MAX_SECONDS``, what a trace may say of
+    hang_after.  "inf", "nan" and 1e300 were taken, and diagnosing raised (a duration in ns
+    made of them), or the console's worker died."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= MAX_SECONDS:  # (nan is neither)
+        raise argparse.ArgumentTypeError(f"seconds from 0 to {MAX_SECONDS:g}, not {text!r}")
+    return value
 
 
 def add_since(p: argparse.ArgumentParser, default: str = "all") -> None:

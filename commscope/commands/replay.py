@@ -18,7 +18,7 @@ from commscope.store import StoreError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", help="trace store (directory or redis:// URL) or a Flight Recorder dump directory")
-    p.add_argument("--hang-after", type=float, metavar="SECONDS",
+    p.add_argument("--hang-after", type=options.seconds, metavar="SECONDS",
                    help="flag ops in flight longer than this (default: as recorded, else 30)")
     options.add_since(p)
 

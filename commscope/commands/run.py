@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from commscope.commands import options
 from commscope.errors import UsageError
 from commscope.store import ENV_STORE, backend_for, default_store, redact_store, retention
 from commscope.store.base import is_job_name
@@ -37,7 +38,7 @@ STOP_GRACE_S = 5.0
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", help="trace store: a directory or redis:// URL "
                                    "(default $COMMSCOPE_STORE, then ./commscope-trace)")
-    p.add_argument("--hang-after", type=float, metavar="SECONDS",
+    p.add_argument("--hang-after", type=options.seconds, metavar="SECONDS",
                    help="capture stacks of ops in flight longer than this (default 30)")
     p.add_argument("--job", help="job id shared by all ranks (default: agreed automatically per job)")
     p.add_argument("--sample-interval", type=float, metavar="SECONDS", help="resource sample period (default 1)")
