@@ -347,6 +347,9 @@ def _sift(objs: list, rank: int | None, invalid: Counter) -> list[dict]:
             continue
         if (typ is not None and "ts" in e and (e.get("rank") == rank if rank is not None else "rank" in e)
                 and (typ not in required or all(k in e for k in required[typ]))):
+            if typ == "summary" and not all("op" in o for o in e["ops"]):
+                invalid["summary: an op without its name"] += 1  # (its rows are by op: report's history)
+                continue
             if (typ != "sample" and typ != "heartbeat") or not _TEXT_KEY_SET.isdisjoint(e):
                 redact_event(e)  # (samples and heartbeats carry no text but a GPU probe's error)
             append(e)

@@ -180,3 +180,31 @@ def test_mismatch_verdict_agrees_with_fr_trace(crosscheck, capsys):
     chrome = base / "fr.json"
     assert cli(["export", str(base / "fr" / "json"), "--chrome", str(chrome)]) == 0
     assert json.loads(chrome.read_text())["traceEvents"]
+
+
+def test_an_entry_whose_frames_are_not_a_list_loses_its_stack_counted_not_the_dump(tmp_path, capsys):
+    """(Every command raised TypeError on such a dump: the in-flight entry's frames were
+    walked as a list.)  The entry's op is read; its stack is counted as lost."""
+    import json as json_
+
+    from commscope.cli import main as cli
+
+    def dump(frames: object) -> dict:
+        p = tmp_path / f"fr-{frames!r}"
+        p.mkdir()
+        e = {"record_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": 1,
+             "profiling_name": "nccl:all_reduce", "time_created_ns": 10**18, "state": "scheduled", "frames": frames}
+        for r in (0, 1):
+            (p / f"fr_trace_{r}").write_text(json_.dumps({"version": "2.10", "pg_config": {}, "entries": [e]}))
+        capsys.readouterr()
+        rc = cli(["check", str(p), "--json"])
+        return dict(json_.loads(capsys.readouterr().out), rc=rc)
+
+    plain = dump([])
+    assert plain["rc"] == 0 and plain["warnings"] == []
+    for frames in (5, True, "train.py"):
+        got = dump(frames)
+        assert got["rc"] == 1  # (check never passes a trace it could not read whole)
+        assert got["warnings"] == ["skipped 2 invalid event(s) (fr entry: frames not a list (no stack): 2)"]
+        assert [(f["kind"], f["culprits"]) for f in got["findings"] if f["kind"] != "trace_incomplete"] == [
+            (f["kind"], f["culprits"]) for f in plain["findings"] if f["kind"] != "trace_incomplete"]

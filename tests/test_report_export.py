@@ -412,3 +412,43 @@ def test_an_op_that_states_its_instance_seq_twice_gets_its_own_bandwidth():
         cache.clear()
         order = [first] + [k for k in alone if k != first]
         assert {k: op_busbw(m, *k, cache) for k in order} == alone
+
+
+def test_a_summary_whose_op_has_no_name_is_counted_invalid_and_the_report_goes_on(tmp_path, capsys):
+    """(The schema took a retention summary's op row without its "op", and report's history,
+    which rows by op, raised KeyError, as did the console's history pane.)"""
+    b = TraceBuilder(2)
+    b.collective(b.t0 + S, "all_reduce")
+    store = write_store(tmp_path / "s", b.sorted_events())
+    named = {"op": "all_reduce", "group": "0", "count": 2}
+    for rank, ops in ((0, [{"count": 3}]), (1, [named])):
+        (store / "job-1" / f"rank-{rank:05d}.summary.jsonl").write_text(json.dumps(
+            {"type": "summary", "rank": rank, "ts": b.t0, "v": 3, "seg": 7, "events": 10, "size": 100,
+             "ops": ops}) + "\n")
+    capsys.readouterr()
+    assert cli(["report", str(store), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert list(rep["history"]) == ["all_reduce"] and rep["history"]["all_reduce"]["count"] == 2
+    assert any("summary: an op without its name: 1" in w for w in rep["warnings"]), rep["warnings"]
+
+
+def test_summarized_latency_holds_counts_a_trace_may_state(tmp_path, capsys):
+    """Histogram counts up to 2^62 each, over ranks and minutes: summed as int64 they wrapped
+    (numpy said so on stderr) and the p50 and p99 came from the wrong buckets."""
+    from commscope.store.retention import bucket_mid_s
+
+    b = TraceBuilder(2)
+    b.collective(b.t0 + S, "all_reduce")
+    store = write_store(tmp_path / "s", b.sorted_events())
+    big = (1 << 62) - 1
+    for rank in (0, 1):
+        op = {"op": "all_reduce", "group": "0", "count": 3, "minutes": [[b.t0, 3, 30, 20, [[3, big], [9, 1]]]]}
+        (store / "job-1" / f"rank-{rank:05d}.summary.jsonl").write_text(json.dumps(
+            {"type": "summary", "rank": rank, "ts": b.t0, "v": 3, "seg": 7, "events": 10, "size": 100,
+             "ops": [op]}) + "\n")
+    capsys.readouterr()
+    assert cli(["report", str(store), "--json"]) == 0
+    got = capsys.readouterr()
+    row = json.loads(got.out)["history"]["all_reduce"]
+    assert row["latency_p50_s"] == row["latency_p99_s"] == round(bucket_mid_s(3), 6)
+    assert "overflow" not in got.err

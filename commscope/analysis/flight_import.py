@@ -250,8 +250,10 @@ def dumps_to_events(dumps: dict[int, dict], mtimes: dict[int, int] | None = None
             if ev and ev[-1].get("phase") == "begin" and stuck_first is None:
                 stuck_first = ev[-1]["id"]
                 frames_of[stuck_first] = e.get("frames")
+                if not isinstance(frames_of[stuck_first], list | None) and skipped is not None:
+                    skipped.setdefault(rank, Counter())["fr entry: frames not a list (no stack)"] += 1
         ts_end = mtimes.get(rank) or (max(created) if created else 0)
-        if stuck_first is not None and frames_of.get(stuck_first):
+        if stuck_first is not None and isinstance(frames_of.get(stuck_first), list) and frames_of[stuck_first]:
             frames = [[str(f.get("filename")), f.get("line"), str(f.get("name"))]
                       for f in frames_of[stuck_first] if isinstance(f, dict)]
             out.append({"v": SCHEMA_VERSION, "type": "stack", "rank": rank, "ts": ts_end, "id": stuck_first,

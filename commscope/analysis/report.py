@@ -12,6 +12,8 @@ Plain dicts, ready for JSON or tables.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections import defaultdict
 from typing import Any
 
@@ -194,7 +196,7 @@ def summarized_history(model: TraceModel) -> dict[str, dict[str, Any]]:
         for s in rt.summaries:
             for op in s.get("ops", ()):
                 row = acc.setdefault(op["op"], {"count": 0, "bytes": 0, "failed": 0, "unfinished": 0, "max_ns": 0,
-                                                "hist": np.zeros(BUCKETS, np.int64), "first_ns": 0, "last_ns": 0})
+                                                "hist": [0] * BUCKETS, "first_ns": 0, "last_ns": 0})
                 row["count"] += op.get("count", 0)
                 row["bytes"] += max(op.get("in_bytes", 0), op.get("out_bytes", 0))
                 row["failed"] += op.get("failed", 0)
@@ -214,10 +216,12 @@ def summarized_history(model: TraceModel) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _bucket_quantile(hist: np.ndarray, q: float) -> float | None:
-    """The middle of the histogram bucket (``store/retention.py``) that holds quantile ``q``."""
-    total = int(hist.sum())
+def _bucket_quantile(hist: list[int], q: float) -> float | None:
+    """The middle of the histogram bucket (``store/retention.py``) that holds quantile ``q``.
+    Counts as Python's integers: summed over ranks and minutes, counts a trace may state
+    (up to 2^62 each) overflowed int64 silently and gave a wrong bucket."""
+    total = sum(hist)
     if not total:
         return None
-    b = int(np.searchsorted(np.cumsum(hist), q * total))
-    return round(bucket_mid_s(b), 6)
+    b = bisect.bisect_left(list(itertools.accumulate(hist)), q * total)
+    return round(bucket_mid_s(min(b, len(hist) - 1)), 6)
