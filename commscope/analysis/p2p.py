@@ -9,6 +9,7 @@ traffic never needs matching.
 
 from __future__ import annotations
 
+from collections import deque
 from itertools import chain
 from typing import Any
 
@@ -20,6 +21,7 @@ from commscope.analysis import evidence, rankstate
 from commscope.analysis.evidence import Evidence, record
 from commscope.analysis.findings import Finding, activity, op_brief, secs
 from commscope.analysis.model import NESTED, P2P, SEND, TraceModel
+from commscope.analysis.ranks import ranges
 
 
 @record
@@ -122,54 +124,101 @@ def _say(model: TraceModel, r: int, i: int) -> str:
     return f"rank {r} waits {s.op} ({what}) at {s.site or '?'}"
 
 
-def _cycles(edges: dict[int, list[tuple[int, int]]]) -> list[list[tuple[int, int]]]:
-    """Elementary cycles found by DFS from each rank (each cycle reported once)."""
-    found: list[list[tuple[int, int]]] = []
-    seen_sets: set[frozenset[int]] = set()
-    for start in sorted(edges):
-        stack = [(start, iter(edges.get(start, [])), [])]
-        on_path = {start}
-        while stack:
-            node, it, path = stack[-1]
-            nxt = next(it, None)
-            if nxt is None:
-                stack.pop()
-                on_path.discard(node)
-                continue
-            peer, i = nxt
-            step = path + [(node, i)]
+def _components(edges: dict[int, list[tuple[int, int]]]) -> list[list[int]]:
+    """The strongly connected parts of the wait-for graph that hold a cycle (two ranks or
+    more, or a rank that waits for itself), each in rank order, in order of their lowest
+    rank: Tarjan's, iterative, linear in the edges.  (Every elementary cycle, enumerated,
+    grew factorially: an any-source recv on each rank of a group waits for every other, and
+    ``check`` of 16 such ranks never ended.)"""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[int] = []
+    out: list[list[int]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        work = [(root, iter(edges[root]))]
+        while work:
+            node, it = work[-1]
+            for peer, _ in it:
+                if peer not in edges:  # (it waits for nobody: no cycle goes through it)
+                    continue
+                if peer not in index:
+                    index[peer] = low[peer] = len(index)
+                    stack.append(peer)
+                    on_stack.add(peer)
+                    work.append((peer, iter(edges[peer])))
+                    break
+                if peer in on_stack:
+                    low[node] = min(low[node], index[peer])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    part = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        part.append(w)
+                        if w == node:
+                            break
+                    if len(part) > 1 or any(p == node for p, _ in edges[node]):
+                        out.append(sorted(part))
+    return sorted(out)
+
+
+def _cycle_through(start: int, part: set[int], edges: dict[int, list[tuple[int, int]]]) -> list[tuple[int, int]]:
+    """A shortest wait-for cycle from ``start`` back to it within ``part`` (a strongly
+    connected part: there is one), as (rank, the op it waits in) from ``start`` on."""
+    came: dict[int, tuple[int, int]] = {}  # rank -> (the rank that waits for it, that rank's op)
+    frontier = deque([start])
+    while frontier:
+        node = frontier.popleft()
+        for peer, i in edges[node]:
             if peer == start:
-                key = frozenset(n for n, _ in step)
-                if key not in seen_sets:
-                    seen_sets.add(key)
-                    found.append(step)
-                continue
-            if peer in on_path or peer not in edges or peer < start:
-                continue
-            on_path.add(peer)
-            stack.append((peer, iter(edges[peer]), step))
-    return found
+                path = [(node, i)]
+                while node != start:
+                    node, i = came[node]
+                    path.append((node, i))
+                return path[::-1]
+            if peer in part and peer not in came:
+                came[peer] = (node, i)
+                frontier.append(peer)
+    raise AssertionError("no cycle through a rank of a strongly connected part")
 
 
 def find_p2p(model: TraceModel, now: int, hang_ns: int) -> list[Finding]:
+    """One p2p_deadlock a set of ranks that wait for each other (its message and evidence
+    show a shortest cycle among them), one unmatched_p2p a blocked op outside any."""
     edges = _edges(model, now, hang_ns)
     if not edges:
         return []
     out: list[Finding] = []
     in_cycle: set[tuple[int, int]] = set()  # (rank, op index)
-    for cyc in _cycles(edges):
+    for part in _components(edges):
+        members = set(part)
+        cyc = _cycle_through(part[0], members, edges)
         ranks = [r for r, _ in cyc]
         chain = [_step(model, r, i, now) for r, i in cyc]
         r0, i0 = cyc[0]
         s = model.sig_of(r0, i0)
         text = " → ".join(_say(model, r, i) for r, i in cyc) + f" → rank {r0}"
-        msg = f"p2p deadlock among ranks {', '.join(map(str, ranks))}: {text}"
+        among = ", ".join(map(str, ranks)) if set(ranks) == members else (
+            f"{ranges(part)} ({len(part)} ranks that wait for each other; one cycle of them)")
+        msg = f"p2p deadlock among ranks {among}: {text}"
         ev = Deadlock(cycle=chain, chain=text)
-        ev["stacks"] = {str(r): a["stack"] for r in ranks if (a := activity(model, r, now)).get("stack")}
+        ev["stacks"] = {str(r): a["stack"] for r in part if (a := activity(model, r, now)).get("stack")}
+        held = {(r, i) for r in part for p, i in edges[r] if p in members}  # (an any-source recv: one op)
         out.append(Finding("p2p_deadlock", s.group, int(model.ranks[r0].seq[i0]) if model.ranks[r0].seq[i0] >= 0
-                           else None, s.op, sorted(set(ranks)), sorted(set(ranks)), msg, ev,
-                           ts=min(rankstate.blocked_since(model, r, i) for r, i in cyc)))
-        in_cycle.update(cyc)
+                           else None, s.op, part, part, msg, ev,
+                           ts=min(rankstate.blocked_since(model, r, i) for r, i in held)))
+        in_cycle.update(held)
     for r, lst in sorted(edges.items()):
         any_source = [(p, i) for p, i in lst if model.ranks[r].peer[i] < 0]
         for peer, i in lst:
