@@ -68,6 +68,22 @@ def test_a_stream_rotates_into_segments_that_each_decode_alone(tmp_path):
     assert sum(e["type"] == "meta" for e in events) == len(segs)
 
 
+def test_another_spelling_of_a_segment_s_name_is_not_read_for_it_nor_beside_it(tmp_path):
+    """``rank-0.jsonl`` beside ``rank-00000.jsonl`` parsed as the same first segment, and the
+    reader kept the first in sort order: the real stream's events were lost, uncounted; a
+    second spelling of a later segment (``.s0000001``) was read as a copy of it."""
+    job = _segmented(tmp_path, beats=300, segment=2048, step=10)
+    segs = list_segments(job)[(0, 0)]
+    first, second = segs[0].path, segs[1].path
+    (job / "rank-0.jsonl").write_bytes(meta(0) + b"\n" + beat(0, 9999) + b"\n")
+    (job / second.name.replace(".s000001.", ".s0000001.")).write_bytes(second.read_bytes())
+    (job / "rank-00000+0.jsonl").write_bytes(first.read_bytes())
+    (job / "rank-00000+01.summary.jsonl").write_bytes(b"{}\n")
+    assert [s.path for s in list_segments(job)[(0, 0)]] == [s.path for s in segs] and len(list_segments(job)) == 1
+    events = open_reader(tmp_path).read_all()
+    assert written_beats(events) == list(range(300))  # every event once, in order, none of the others
+
+
 def test_a_follower_reads_every_event_once_across_rotations(tmp_path):
     w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=1500, closer=False)
     w.write([meta()])

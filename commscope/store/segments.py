@@ -55,19 +55,24 @@ def summary_name(rank: int, incarnation: int = 0) -> str:
 
 
 def parse(name: str) -> tuple[Stream, int, int] | None:
-    """(stream, segment number, start s) of a segment file's name; None for any other name."""
+    """(stream, segment number, start s) of a segment file's name, as ``segment_name`` spells
+    it; None for any other name.  Another spelling of one is not one: ``rank-0.jsonl``
+    beside ``rank-00000.jsonl`` was read as rank 0's first segment instead of it (its events
+    lost, uncounted), and ``.s0000001`` beside ``.s000001`` as a second copy."""
     m = SEGMENT_FILE.match(name)
     if m is None or int(m.group(1)) > MAX_RANK:
         return None
-    return (int(m.group(1)), int(m.group(2) or 0)), int(m.group(3) or 0), int(m.group(4) or 0)
+    stream, number, start = (int(m.group(1)), int(m.group(2) or 0)), int(m.group(3) or 0), int(m.group(4) or 0)
+    return (stream, number, start) if name == segment_name(*stream, number, start) else None
 
 
 def parse_summary(name: str) -> Stream | None:
-    """The stream of a summary file's name; None for any other name."""
+    """The stream of a summary file's name, as ``summary_name`` spells it; None for any other."""
     m = SUMMARY_FILE.match(name)
     if m is None or int(m.group(1)) > MAX_RANK:
         return None
-    return int(m.group(1)), int(m.group(2) or 0)
+    stream = int(m.group(1)), int(m.group(2) or 0)
+    return stream if name == summary_name(*stream) else None
 
 
 def segments_of(names: Iterable[str], directory: Path) -> dict[Stream, list[Segment]]:
