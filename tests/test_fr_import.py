@@ -208,3 +208,20 @@ def test_an_entry_whose_frames_are_not_a_list_loses_its_stack_counted_not_the_du
         assert got["warnings"] == ["skipped 2 invalid event(s) (fr entry: frames not a list (no stack): 2)"]
         assert [(f["kind"], f["culprits"]) for f in got["findings"] if f["kind"] != "trace_incomplete"] == [
             (f["kind"], f["culprits"]) for f in plain["findings"] if f["kind"] != "trace_incomplete"]
+
+
+def test_entries_that_are_not_objects_are_counted(tmp_path, capsys):
+    """(Entries such as 1, "x", null or [] were left out before anything counted them.)"""
+    import json as json_
+
+    from commscope.cli import main as cli
+
+    e = {"record_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": 1,
+         "profiling_name": "nccl:all_reduce", "time_created_ns": 10**18, "state": "completed",
+         "time_discovered_started_ns": 10**18 + 10, "time_discovered_completed_ns": 10**18 + 20}
+    for r, entries in ((0, [1, "x", None, [], e]), (1, [e])):
+        (tmp_path / f"fr_trace_{r}").write_text(json_.dumps({"version": "2.10", "pg_config": {}, "entries": entries}))
+    capsys.readouterr()
+    assert cli(["check", str(tmp_path), "--json"]) == 1  # (what it could not read is a loss)
+    got = json_.loads(capsys.readouterr().out)
+    assert got["warnings"] == ["skipped 4 invalid event(s) (fr entry: not an object: 4)"]

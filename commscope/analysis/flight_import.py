@@ -226,7 +226,11 @@ def dumps_to_events(dumps: dict[int, dict], mtimes: dict[int, int] | None = None
     out: list[Event] = []
     for rank in sorted(dumps):
         d = dumps[rank]
-        entries = [e for e in (d.get("entries") or []) if isinstance(e, dict)]
+        listed = d.get("entries") or []
+        entries = [e for e in listed if isinstance(e, dict)] if isinstance(listed, list) else []
+        if len(entries) != (len(listed) if isinstance(listed, list) else 1) and skipped is not None:
+            skipped.setdefault(rank, Counter())["fr entry: not an object"] += (
+                len(listed) - len(entries) if isinstance(listed, list) else 1)
         created = [t for t in (as_int(e.get("time_created_ns")) for e in entries) if t is not None]
         t_meta = min(created) if created else mtimes.get(rank, 0)
         backend = next((parse_name(str(e.get("profiling_name", "")))[0] for e in entries), "") or "?"
