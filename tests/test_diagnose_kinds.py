@@ -637,3 +637,32 @@ def test_a_rank_that_died_waiting_is_not_counted_among_the_waiting():
     assert sorted(f.victims) == [1, 2]
     found = [(x.kind, x.culprits, sorted(x.victims)) for x in diagnose(m, now, 2.0)]
     assert found == [("missing_ranks", [3], [1, 2]), ("dead_rank", [0], [])]
+
+
+def test_thousands_of_absent_members_are_said_together_in_one_line():
+    """Ranks doing the same instead of a collective are said once, at most 8 sayings and then
+    how many ranks more: a sentence a rank made a group of 5,000 absent members 8,000 lines
+    of ``check`` (the evidence still has each rank's)."""
+    n = 5000
+    b = TraceBuilder(2)
+    b.group("big", list(range(n)))
+    t = b.warmup()
+    b.sync(0, t, None, "all_reduce", "big")
+    b.sync(1, t, None, "all_reduce", "big")
+    b.heartbeats(t, t + 5 * S)
+    _, f = run(b)
+    x = next(x for x in f if x.kind == "missing_ranks")
+    assert x.message.endswith("4,998 ranks (2-4999) never entered: 4,998 ranks (2-4999) are no events recorded for "
+                              "this rank"), x.message[-300:]
+    assert len(x.evidence["missing_activity"]) == n - 2
+
+
+def test_what_absent_members_do_is_said_in_at_most_eight_sayings():
+    from commscope.analysis.collectives import _instead_said
+
+    missing = list(range(20))
+    instead = {str(m): {"text": f"idle for {m // 2} s"} for m in missing}  # (pairs alike)
+    said = _instead_said(missing, instead)
+    assert said.startswith("rank(s) 0, 1 are idle for 0 s; rank(s) 2, 3 are idle for 1 s; ")
+    assert said.endswith("rank(s) 14, 15 are idle for 7 s; and 4 rank(s) more, each in the evidence")
+    assert _instead_said([7], {"7": {"text": "dead"}}) == "rank 7 is dead"
