@@ -12,7 +12,8 @@ from commscope.window import Since, parse_since
 if TYPE_CHECKING:
     from rich.console import Console
 
-SINCE_HELP = ("read only this window: a duration back from the trace's end (90s, 10m, 2h, 3d), a UTC time "
+SINCE_HELP = ("read only this window: a duration back from the job's newest write (90s, 10m, 2h, 3d; its "
+              "files' modification time, a Redis stream's newest entry), a UTC time "
               "(14:00, 2026-11-26T14:00), or all.  Each rank's stream starts at the segment (Redis: the "
               "mark) holding the window's start, with the ops in flight there; a rank silent since "
               "before it still shows its end; what retention "
