@@ -77,10 +77,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # (the output's reader went away: no traceback, as ``git log | head``)
-        if not errors.stdout_closed():
-            return _internal(args.verb, argv)  # (another pipe or socket: a failure to say)
-        return errors.closed_pipe()
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError) and errors.stdout_closed():
+            return errors.closed_pipe()  # (the output's reader went away: no traceback, as ``git log | head``)
+        # the machine's, not a bug: a full disk under standard output, an I/O error, another
+        # pipe or socket broken (a Redis connection)
+        if argv is not None:
+            raise
+        print(f"commscope {args.verb}: error: {exc}", file=sys.stderr)
+        return 2
     except Exception:
         return _internal(args.verb, argv)
     finally:

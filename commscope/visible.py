@@ -9,8 +9,9 @@ check`` and the console passed them on.  The readers make them visible where the
 text, as they redact credentials there: every string of a decoded event
 (``schema``), and the strings of the binary records (``blocks``: sites, groups, exception
 texts, a begin's JSON fragment).  A control character is shown as its escape (``\\x1b``),
-so what the trace held stays readable; a tab and a newline stay as they are, and a
-carriage return goes (rich and Textual drop it too).
+so what the trace held stays readable; a tab, a newline and a carriage return stay as they
+are (rich and Textual drop a carriage return where they draw; a group named "g\\r" stays
+apart from "g").
 """
 
 from __future__ import annotations
@@ -20,20 +21,19 @@ from typing import Any
 
 __all__ = ["may_hold_control", "visible", "visible_event"]
 
-#: C0 but tab and newline, DEL, C1
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: C0 but tab, newline and carriage return, DEL, C1
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 #: C1 as UTF-8 writes it (0xC2 0x80-0x9F)
 _C1_UTF8 = re.compile(b"\xc2[\x80-\x9f]")
 
 
 def _escape(m: re.Match[str]) -> str:
-    c = m.group()
-    return "" if c == "\r" else f"\\x{ord(c):02x}"
+    return f"\\x{ord(m.group()):02x}"
 
 
 def visible(text: str) -> str:
-    """``text`` with its control characters shown as escapes (``\\x1b``), carriage returns
-    left out; the same string where it has none."""
+    """``text`` with its control characters shown as escapes (``\\x1b``); the same string
+    where it has none."""
     return text if _CONTROL.search(text) is None else _CONTROL.sub(_escape, text)
 
 
@@ -65,10 +65,10 @@ def visible_event(e: dict) -> dict:
 
 def may_hold_control(data: bytes) -> bool:
     """Whether JSON text ``data`` may decode to a string holding a control character: an
-    escape that can name one (``\\u00..``, ``\\b``, ``\\f``, ``\\r``), or DEL or a C1
+    escape that can name one (``\\u00..``, ``\\b``, ``\\f``), or DEL or a C1
     character written as it is (JSON allows both; C0 written as it is is not JSON).  A few
     passes of ``memchr``: a read's JSON lines almost never do, and walking every string of
     every event would cost more than decoding them."""
-    if b"\\" in data and (b"\\u00" in data or b"\\b" in data or b"\\f" in data or b"\\r" in data):
+    if b"\\" in data and (b"\\u00" in data or b"\\b" in data or b"\\f" in data):
         return True
     return b"\x7f" in data or (b"\xc2" in data and _C1_UTF8.search(data) is not None)

@@ -256,3 +256,19 @@ def test_a_crash_of_commscope_itself_exits_3_not_check_s_errors_found(tmp_path, 
     assert "commscope check: internal error: this is a bug in commscope (exit 3)" in err
     with pytest.raises(RuntimeError, match="a bug in the diagnosis"):
         cli(["check", str(store)])
+
+
+def test_an_error_of_the_machine_is_said_and_exits_2_not_taken_for_a_bug(monkeypatch, capsys):
+    """A full disk under standard output, another pipe or socket broken: the error's words and
+    exit 2, no traceback (exit 3 is commscope's own failure)."""
+    import commscope.commands.check as check
+
+    for exc in (OSError(28, "No space left on device"), BrokenPipeError(32, "Broken pipe")):
+        def failing(args, exc=exc):
+            raise exc
+
+        monkeypatch.setattr(check, "main", failing)
+        monkeypatch.setattr(sys, "argv", ["commscope", "check", "anything"])
+        assert cli() == 2
+        err = capsys.readouterr().err
+        assert err == f"commscope check: error: {exc}\n"

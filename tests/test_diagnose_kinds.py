@@ -658,7 +658,7 @@ def test_thousands_of_absent_members_are_said_together_in_one_line():
 
 
 def test_what_absent_members_do_is_said_in_at_most_eight_sayings():
-    from commscope.analysis.collectives import _instead_said
+    from commscope.analysis.findings import doing_instead as _instead_said
 
     missing = list(range(20))
     instead = {str(m): {"text": f"idle for {m // 2} s"} for m in missing}  # (pairs alike)
@@ -666,3 +666,19 @@ def test_what_absent_members_do_is_said_in_at_most_eight_sayings():
     assert said.startswith("rank(s) 0, 1 are idle for 0 s; rank(s) 2, 3 are idle for 1 s; ")
     assert said.endswith("rank(s) 14, 15 are idle for 7 s; and 4 rank(s) more, each in the evidence")
     assert _instead_said([7], {"7": {"text": "dead"}}) == "rank 7 is dead"
+
+
+def test_an_any_source_recv_no_one_answers_says_its_peers_together():
+    """Rank 0 in an any-source recv of a group of 3,000, the others idle: one unmatched_p2p
+    naming them all, its message what they do said once (a sentence a peer before)."""
+    n = 3000
+    b = TraceBuilder(2)
+    b.group("big", list(range(n)))
+    t = b.warmup()
+    b.sync(0, t, None, "recv", "big", dir="recv", peer=None, shape=(4,))
+    b.heartbeats(t, t + 5 * S)
+    _, f = run(b)
+    x = next(x for x in f if x.kind == "unmatched_p2p")
+    assert x.culprits == list(range(1, n)) and x.victims == {0: tuple(range(1, n))}
+    assert x.message.count("; ") <= 8 and "2,998 ranks (2-2999) are no events recorded for this rank" in x.message, \
+        x.message[-400:]

@@ -225,3 +225,11 @@ def test_entries_that_are_not_objects_are_counted(tmp_path, capsys):
     assert cli(["check", str(tmp_path), "--json"]) == 1  # (what it could not read is a loss)
     got = json_.loads(capsys.readouterr().out)
     assert got["warnings"] == ["skipped 4 invalid event(s) (fr entry: not an object: 4)"]
+    from collections import Counter
+
+    from commscope.analysis.flight_import import dumps_to_events
+
+    skipped: dict[int, Counter] = {}  # (entries that are not a list: parse_dump refuses such a file)
+    events = dumps_to_events({0: {"version": "2.10", "entries": 5}, 1: {"version": "2.10", "entries": [e]}},
+                             skipped=skipped)
+    assert skipped == {0: Counter({"fr entry: not an object": 1})} and any(x["type"] == "op" for x in events)

@@ -98,3 +98,6 @@ def test_a_hang_after_that_is_no_duration_is_refused_by_every_command_that_takes
             err = capsys.readouterr().err
             assert err.startswith(f"usage: commscope {verb}"), err
             assert "argument --hang-after:" in err and repr(value) in err, err
+    from commscope.commands.options import seconds
+
+    assert (seconds("0"), seconds("30"), seconds("2.5"), seconds("1e9")) == (0.0, 30.0, 2.5, 1e9)

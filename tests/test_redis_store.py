@@ -363,3 +363,14 @@ def test_unix_socket_url(tmp_path):
         assert [e["id"] for e in reader.read_all()] == [1, 2, 3]
         assert reader.description == f"unix://{sock}?db=2&job=u"
         assert redis_client(f"redis://127.0.0.1:{server.port}/2").xlen(Keys.stream("u", 0)) == 3
+
+
+def test_a_member_is_a_stream_only_as_the_writer_spells_it():
+    """"03", "3+0" and "٣" were rank 3 too (its stream listed twice); "²" raised in int()."""
+    from commscope.store.redis_keys import Keys
+
+    for rank, inc in ((0, 0), (3, 0), (3, 1), (12_345_678, 0), (7, 999_999)):
+        assert Keys.parse_member(Keys.member(rank, inc)) == (rank, inc)
+        assert Keys.parse_member(Keys.member(rank, inc).encode()) == (rank, inc)
+    for other in ("03", "3+0", "3+01", "٣", "²", "3\n", "123456789", "3+1234567", "", "+1", "-3"):
+        assert Keys.parse_member(other) is None, other

@@ -78,10 +78,12 @@ def test_another_spelling_of_a_segment_s_name_is_not_read_for_it_nor_beside_it(t
     (job / "rank-0.jsonl").write_bytes(meta(0) + b"\n" + beat(0, 9999) + b"\n")
     (job / second.name.replace(".s000001.", ".s0000001.")).write_bytes(second.read_bytes())
     (job / "rank-00000+0.jsonl").write_bytes(first.read_bytes())
-    (job / "rank-00000+01.summary.jsonl").write_bytes(b"{}\n")
+    (job / "rank-00000+01.summary.jsonl").write_bytes(orjson.dumps(
+        {"type": "summary", "rank": 0, "ts": T0, "v": 3, "seg": 7, "events": 10, "size": 100, "ops": []}) + b"\n")
     assert [s.path for s in list_segments(job)[(0, 0)]] == [s.path for s in segs] and len(list_segments(job)) == 1
     events = open_reader(tmp_path).read_all()
     assert written_beats(events) == list(range(300))  # every event once, in order, none of the others
+    assert not [e for e in events if e["type"] == "summary"]
 
 
 def test_a_follower_reads_every_event_once_across_rotations(tmp_path):

@@ -25,10 +25,11 @@ CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def test_visible_shows_control_characters_as_escapes():
-    assert visible("a\x1b[2Jb\tc\nd\r\x9b1\x7f\x00") == "a\\x1b[2Jb\tc\nd\\x9b1\\x7f\\x00"
+    assert visible("a\x1b[2Jb\tc\nd\r\x9b1\x7f\x00") == "a\\x1b[2Jb\tc\nd\r\\x9b1\\x7f\\x00"  # (CR: drawn as nothing)
     clean = "all_reduce at train.py:12 in step\t(µs, °C)\n"
     assert visible(clean) is clean
-    assert may_hold_control(b'{"exc":"a \\u001b[2J"}') and may_hold_control(b'{"x":"\\r"}')
+    assert may_hold_control(b'{"exc":"a \\u001b[2J"}') and may_hold_control(b'{"x":"\\u001B"}')
+    assert may_hold_control(b'{"x":"\\b"}') and not may_hold_control(b'{"x":"\\r\\n\\t"}')
     assert may_hold_control('{"x":"\x9b"}'.encode()) and may_hold_control(b'{"x":"\x7f"}')
     assert not may_hold_control('{"site":"train.py:3 in step","t":"5 µs, 3 °C"}'.encode())
 
@@ -62,12 +63,15 @@ def hostile_store(root: Path) -> str:
             {"type": "stack", "rank": 1, "ts": 8_000, "v": 3, "id": 1, "threads": [
                 {"tid": 1, "name": f"main{CLEAR}", "op_thread": True,
                  "frames": [["train.py", 3, "main"], [f"/tmp/{CLIP}x.py", 9, f"fetch{CLEAR}"]]}]},
-            {"type": "sample", "rank": 1, "ts": 8_500, "v": 3, "cpu": 1.0, "rss": 1, "gpu_error": f"nvml \x07{CLEAR}"},
+            {"type": "sample", "rank": 1, "ts": 8_500, "v": 3, "cpu": 1.0, "rss": 1,
+             "gpu_error": f"nvml \x07{CLEAR}\x7f"},
             {"type": "exit", "rank": 1, "ts": 9_000, "v": 3, "reason": "exception",
              "exc": f"ValueError: {CLIP} \x9b2J done"}],
     }
-    for rank, evs in lines.items():
-        (job / f"rank-{rank:05d}.jsonl").write_bytes(b"".join(json.dumps(e).encode() + b"\n" for e in evs))
+    for rank, evs in lines.items():  # (rank 1's text as UTF-8, not escaped: C1 and DEL as they are)
+        (job / f"rank-{rank:05d}.jsonl").write_bytes(b"".join(
+            json.dumps(e, ensure_ascii=rank == 0).encode() + b"\n" for e in evs))
+    assert "\x9b".encode() in (job / "rank-00001.jsonl").read_bytes()
     return str(root)
 
 
@@ -92,7 +96,7 @@ def test_a_traces_control_characters_are_made_visible_where_it_is_read(tmp_path)
     text = "\n".join(s for e in events for s in strings(e))
     for shown in ("node\\x1b[2J0", "node\\x1b]0;owned\\x071", "train.py:3 in \\x1b]52;c;aGVsbG8=\\x1b\\step",
                   "tp\\x1b[2J", "RuntimeError: \\x1b[2Jbad\\x9b2J", "broad\\x1b[2Jcast", "all_\\x1b]0;owned\\x07reduce",
-                  "g\\x1b[2J", "x.py:1 in \\x1b]0;owned\\x07f", "fetch\\x1b[2J", "nvml \\x07\\x1b[2J",
+                  "g\\x1b[2J", "x.py:1 in \\x1b]0;owned\\x07f", "fetch\\x1b[2J", "nvml \\x07\\x1b[2J\\x7f",
                   "ValueError: \\x1b]52;c;aGVsbG8=\\x1b\\ \\x9b2J done", "--run=\\x1b]52;c;aGVsbG8=\\x1b\\"):
         assert shown in text, shown
 
@@ -123,3 +127,18 @@ def test_a_snapshot_prints_a_stack_s_paths_without_their_control_sequences(capsy
     summary(Job("k", "env", 1, [proc], [0]), Cycle(1, 0, 1, {0: op}, [], {}, []), "/tmp/s", "job-1", 0.0)
     out = capsys.readouterr().out
     assert "in all_reduce (group 0) at \\x1b[2Jx.py:3 in step" in out and "\x1b" not in out
+
+
+def test_a_flight_recorder_dump_s_file_name_is_said_without_its_control_sequences(tmp_path, capsys):
+    """A dump that cannot be read is named in a warning: a file's name is the store's too."""
+    from commscope.cli import main as cli
+
+    entry = {"record_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": 1,
+             "profiling_name": "nccl:all_reduce", "time_created_ns": 10**18, "state": "completed",
+             "time_discovered_started_ns": 10**18 + 10, "time_discovered_completed_ns": 10**18 + 20}
+    (tmp_path / "rank_1").write_text(json.dumps({"version": "2.10", "pg_config": {}, "entries": [entry]}))
+    (tmp_path / f"evil{TITLE}_0").write_bytes(b"garbage")
+    capsys.readouterr()
+    cli(["check", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "skipped evil\\x1b]0;owned\\x07_0" in out and not CONTROL.search(out)

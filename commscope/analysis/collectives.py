@@ -18,7 +18,15 @@ from rich.text import Text
 from commscope.analysis import evidence, rankstate
 from commscope.analysis.columns import RankTable
 from commscope.analysis.evidence import ABSENT, Evidence, record
-from commscope.analysis.findings import LISTED_RANKS, Finding, activity, op_brief, rank_list, ranks_text, secs
+from commscope.analysis.findings import (
+    Finding,
+    activity,
+    doing_instead,
+    op_brief,
+    rank_list,
+    ranks_text,
+    secs,
+)
 from commscope.analysis.indexes import GroupIndex
 from commscope.analysis.model import COLL, SPACE_FR, TraceModel, untimed
 from commscope.analysis.ranks import ranges
@@ -381,28 +389,13 @@ def _missing(model: TraceModel, gi: GroupIndex, seq: int, entered: dict[int, int
     longest = max(waited.values()) if waited else 0.0
     failed = [r for r, i in sorted(entered.items()) if i in model.ranks[r].exc] if model.failed else []
     msg = (f"{s.op} #{seq} of group {gi.name}: {rank_list(entered)} entered and waited "
-           f"up to {longest:.1f} s; {rank_list(missing)} never entered: " + _instead_said(missing, instead))
+           f"up to {longest:.1f} s; {rank_list(missing)} never entered: " + doing_instead(missing, instead))
     ev = MissingRanks(entered=sorted(entered), missing=missing, waited_s=waited,
                       op=op_brief(model, r0, waiting[r0], now), missing_activity=instead,
                       failed_on={str(r): model.ranks[r].exc[entered[r]] for r in failed} if failed else ABSENT,
                       src="fr" if gi.space == SPACE_FR else ABSENT)
     return Finding("missing_ranks", gi.name, seq, s.op, list(gi.members), missing, msg, ev, ts=int(begin.min()),
                    victims=dict.fromkeys(waiting, tuple(missing)), instances=(("coll", gi.space, gi.name, seq),))
-
-
-def _instead_said(missing: list[int], instead: dict[str, dict[str, Any]]) -> str:
-    """What the missing ranks do instead, in words: ranks doing the same said once
-    ("rank(s) 1, 2, 3 are no events recorded for this rank"), at most ``LISTED_RANKS`` such
-    sayings and then how many ranks more (the evidence has each rank's).  A sentence a rank
-    made a group of 5,000 absent members 8,000 lines of ``check``, one toast, one message."""
-    same: dict[str, list[int]] = {}
-    for m in missing:
-        same.setdefault(instead[str(m)]["text"], []).append(m)
-    said = [f"rank {rs[0]} is {text}" if len(rs) == 1 else f"{rank_list(rs)} are {text}" for text, rs in same.items()]
-    if len(said) > LISTED_RANKS:
-        more = sum(len(rs) for rs in list(same.values())[LISTED_RANKS:])
-        said = [*said[:LISTED_RANKS], f"and {more:,} rank(s) more, each in the evidence"]
-    return "; ".join(said)
 
 
 # ---------------------------------------------------------------------- stragglers

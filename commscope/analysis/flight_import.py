@@ -38,6 +38,7 @@ from commscope.flightfmt import FrOp, as_int, completed_ns, finished, parse_name
 from commscope.schema import MAX_INT, MAX_RANK, validate_events
 from commscope.store import ReadStats, StoreError, TraceReader
 from commscope.store.files import read_regular
+from commscope.visible import visible
 
 _RANK_SUFFIX = re.compile(r"(?<!\d)(\d{1,8})(\.(json|pkl|pickle))?$")
 MAX_DUMP_BYTES = 256 << 20
@@ -212,7 +213,8 @@ def dumps_to_events(dumps: dict[int, dict], mtimes: dict[int, int] | None = None
                     members.setdefault(str(name), ranks)
                 elif ranks:  # Gloo: one nameless entry, the default group's ranks
                     default_ranks = ranks
-        for e in d.get("entries") or []:
+        listed = d.get("entries")
+        for e in listed if isinstance(listed, list) else ():
             pg = e.get("process_group") if isinstance(e, dict) else None
             if isinstance(pg, list | tuple) and pg:
                 g = str(pg[0])
@@ -335,7 +337,7 @@ class FlightRecorderReader(TraceReader):
                 mtimes[rank] = f.stat().st_mtime_ns
             except (ValueError, OSError) as exc:
                 self.stats.count_corrupt(rank, 1)
-                self.stats.warnings.append(f"rank {rank}: skipped {f.name}: {exc}")
+                self.stats.warnings.append(visible(f"rank {rank}: skipped {f.name}: {exc}"))  # (a file's name)
         if not dumps:
             raise StoreError(f"{self.path}: no readable Flight Recorder dump "
                              f"({'; '.join(self.stats.warnings[:3])})")

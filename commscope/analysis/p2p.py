@@ -19,7 +19,7 @@ from rich.text import Text
 
 from commscope.analysis import evidence, rankstate
 from commscope.analysis.evidence import Evidence, record
-from commscope.analysis.findings import Finding, activity, op_brief, secs
+from commscope.analysis.findings import Finding, activity, doing_instead, op_brief, secs
 from commscope.analysis.model import NESTED, P2P, SEND, TraceModel
 from commscope.analysis.ranks import ranges
 
@@ -221,8 +221,9 @@ def find_p2p(model: TraceModel, now: int, hang_ns: int) -> list[Finding]:
         in_cycle.update(held)
     for r, lst in sorted(edges.items()):
         any_source = [(p, i) for p, i in lst if model.ranks[r].peer[i] < 0]
+        any_ops = {i for _, i in any_source}  # (a set: an any-source recv waits on every member)
         for peer, i in lst:
-            if (r, i) in in_cycle or (peer, i) in any_source:
+            if (r, i) in in_cycle or i in any_ops:
                 continue
             out.append(_unmatched(model, r, i, [peer], now))
         if any_source:
@@ -240,7 +241,7 @@ def _unmatched(model: TraceModel, r: int, i: int, peers: list[int], now: int) ->
     counterpart = "recv" if s.flags & SEND else "send"
     msg = (f"{_say(model, r, i)} (#{seq if seq is not None else '?'} of group {s.group}) for "
            f"{secs(now - rankstate.blocked_since(model, r, i)):.1f} s; the matching {counterpart} was never posted: " +
-           "; ".join(f"rank {p} is {acts[str(p)]['text']}" for p in peers))
+           doing_instead(peers, acts))
     ev = Unmatched(blocked_op=_step(model, r, i, now), expected=counterpart, peer_activity=acts)
     return Finding("unmatched_p2p", s.group, seq, s.op, sorted({r, *peers}), peers, msg, ev,
                    ts=rankstate.blocked_since(model, r, i), victims={r: tuple(peers)})

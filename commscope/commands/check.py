@@ -24,6 +24,7 @@ from commscope.analysis.source import load_trace
 from commscope.commands import options, progress
 from commscope.errors import UsageError
 from commscope.redact import redact
+from commscope.visible import visible
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -151,7 +152,7 @@ def _warning(text: str) -> Text:
     raised rich's MarkupError, and check ended in a traceback."""
     from rich.text import Text
 
-    return Text.assemble(("warning:", "yellow"), " ", text)
+    return Text.assemble(("warning:", "yellow"), " ", visible(text))
 
 
 def header(model: TraceModel, hang_after: float, source: str, width: int) -> list[Text]:

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from commscope.analysis.report import compute_report
 from commscope.bench.stats import fmt_bytes, fmt_time
 from commscope.redact import redact
+from commscope.visible import visible
 
 NONE = "—"  # no value: no timed op, or nothing to measure
 SEP = "  "
@@ -180,7 +181,7 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
     con.print(Text.assemble((description, "bold"), f": {world_size:,} ranks, {rep['ops_total']:,} ops over "
                             f"{rep['span_s']:.2f} s"), soft_wrap=True)
     for w in warnings:
-        con.print(Text.assemble(("warning:", "yellow"), f" {w}"), soft_wrap=True)
+        con.print(Text.assemble(("warning:", "yellow"), f" {visible(w)}"), soft_wrap=True)
     hidden: set[str] = set()
 
     def show(title: str, key: str, rows: dict[str, dict[str, Any]], cols: list[Column]) -> None:

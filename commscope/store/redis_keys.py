@@ -23,7 +23,13 @@ read (``LegacyKeys``).
 
 from __future__ import annotations
 
+import re
+
 from commscope.store.base import Stream
+
+#: A member as ``Keys.member`` spells it: a rank (8 digits at most, no leading zero), and an
+#: incarnation after "+" (6 at most, not 0)
+_MEMBER = re.compile(r"(0|[1-9][0-9]{0,7})(?:\+([1-9][0-9]{0,5}))?")
 
 
 class Keys:
@@ -60,12 +66,12 @@ class Keys:
 
     @staticmethod
     def parse_member(name: bytes | str) -> Stream | None:
-        """(rank, incarnation) of a ``member``; None for anything else."""
-        text = name.decode() if isinstance(name, bytes) else name
-        rank, _, inc = text.partition("+")
-        if not (rank.isdigit() and len(rank) <= 8 and (not inc or (inc.isdigit() and len(inc) <= 6))):
-            return None
-        return int(rank), int(inc or 0)
+        """(rank, incarnation) of a ``member``, as ``member`` spells it; None for anything else:
+        "03", "3+0" and "٣" (a digit ``isdigit`` takes) were rank 3 too, its stream listed twice,
+        and "²" raised in ``int``."""
+        text = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
+        m = _MEMBER.fullmatch(text)
+        return None if m is None else (int(m.group(1)), int(m.group(2) or 0))
 
     @classmethod
     def stream(cls, job: str, rank: int, incarnation: int = 0) -> str:
