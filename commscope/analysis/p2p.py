@@ -18,6 +18,7 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from commscope.analysis import evidence, rankstate
+from commscope.analysis.components import strongly_connected
 from commscope.analysis.evidence import Evidence, record
 from commscope.analysis.findings import Finding, activity, doing_instead, op_brief, secs
 from commscope.analysis.model import NESTED, P2P, SEND, TraceModel
@@ -127,50 +128,11 @@ def _say(model: TraceModel, r: int, i: int) -> str:
 def _components(edges: dict[int, list[tuple[int, int]]]) -> list[list[int]]:
     """The strongly connected parts of the wait-for graph that hold a cycle (two ranks or
     more, or a rank that waits for itself), each in rank order, in order of their lowest
-    rank: Tarjan's, iterative, linear in the edges.  (Every elementary cycle, enumerated,
-    grew factorially: an any-source recv on each rank of a group waits for every other, and
-    ``check`` of 16 such ranks never ended.)"""
-    index: dict[int, int] = {}
-    low: dict[int, int] = {}
-    on_stack: set[int] = set()
-    stack: list[int] = []
-    out: list[list[int]] = []
-    for root in sorted(edges):
-        if root in index:
-            continue
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        work = [(root, iter(edges[root]))]
-        while work:
-            node, it = work[-1]
-            for peer, _ in it:
-                if peer not in edges:  # (it waits for nobody: no cycle goes through it)
-                    continue
-                if peer not in index:
-                    index[peer] = low[peer] = len(index)
-                    stack.append(peer)
-                    on_stack.add(peer)
-                    work.append((peer, iter(edges[peer])))
-                    break
-                if peer in on_stack:
-                    low[node] = min(low[node], index[peer])
-            else:
-                work.pop()
-                if work:
-                    parent = work[-1][0]
-                    low[parent] = min(low[parent], low[node])
-                if low[node] == index[node]:
-                    part = []
-                    while True:
-                        w = stack.pop()
-                        on_stack.discard(w)
-                        part.append(w)
-                        if w == node:
-                            break
-                    if len(part) > 1 or any(p == node for p, _ in edges[node]):
-                        out.append(sorted(part))
-    return sorted(out)
+    rank (``components.strongly_connected``: linear in the edges; every elementary cycle,
+    enumerated, grew factorially: an any-source recv on each rank of a group waits for every
+    other, and ``check`` of 16 such ranks never ended)."""
+    parts = strongly_connected(sorted(edges), lambda v: [p for p, _ in edges[v] if p in edges])
+    return sorted(sorted(part) for part in parts if len(part) > 1 or any(p == part[0] for p, _ in edges[part[0]]))
 
 
 def _cycle_through(start: int, part: set[int], edges: dict[int, list[tuple[int, int]]]) -> list[tuple[int, int]]:

@@ -38,6 +38,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from commscope.analysis.components import strongly_connected
 from commscope.analysis.failures import death_message, instance_key
 from commscope.analysis.findings import ERROR, Finding, attach_stacks, ranks_text
 from commscope.analysis.model import TraceModel
@@ -350,45 +351,8 @@ def _chase(waits_on: dict[int, set[int]]) -> Callable[[int], set[int] | None]:
     waited_on: set[int] = set()
     for on in waits_on.values():
         waited_on.update(on)
-    index: dict[int, int] = {}
-    low: dict[int, int] = {}
-    on_stack: set[int] = set()
-    stack: list[int] = []
-    comp: dict[int, int] = {}
-    comps: list[list[int]] = []
-    for root in waits_on:
-        if root in index or root not in waited_on:
-            continue
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        work = [(root, iter(sorted(waits_on.get(root, ()))))]
-        while work:
-            v, it = work[-1]
-            w = next(it, None)
-            if w is not None:
-                if w not in index:
-                    index[w] = low[w] = len(index)
-                    stack.append(w)
-                    on_stack.add(w)
-                    work.append((w, iter(sorted(waits_on.get(w, ())))))
-                elif w in on_stack:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                u = work[-1][0]
-                low[u] = min(low[u], low[v])
-            if low[v] == index[v]:
-                members = []
-                while True:
-                    w = stack.pop()
-                    on_stack.discard(w)
-                    comp[w] = len(comps)
-                    members.append(w)
-                    if w == v:
-                        break
-                comps.append(members)
+    comps = strongly_connected((r for r in waits_on if r in waited_on), lambda v: sorted(waits_on.get(v, ())))
+    comp = {w: k for k, members in enumerate(comps) for w in members}
     for v in waits_on:  # (the ranks no rank waits on, last: they wait on components judged before)
         if v not in waited_on:
             comp[v] = len(comps)
