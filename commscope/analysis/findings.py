@@ -98,9 +98,9 @@ def doing_instead(ranks: list[int], activities: dict[str, dict[str, Any]]) -> st
     """What ``ranks`` do instead (their ``activity``, by rank as a string), in words: ranks
     doing the same said once ("rank(s) 1, 2, 3 are no events recorded for this rank"), at
     most ``LISTED_RANKS`` such sayings and then how many ranks more (the evidence has each
-    rank's).  A sentence a rank
-    made a group of 5,000 absent members 8,000 lines of ``check``, one toast, one message
-    (``missing_ranks``; ``unmatched_p2p``'s peers of an any-source recv likewise)."""
+    rank's).  A sentence a rank made a group of 5,000 absent members 8,000 lines of
+    ``check``, one toast, one message (``missing_ranks``; ``unmatched_p2p``'s peers of an
+    any-source recv likewise)."""
     same: dict[str, list[int]] = {}
     for m in ranks:
         same.setdefault(activities[str(m)]["text"], []).append(m)
