@@ -9,6 +9,7 @@ import sys
 import traceback
 
 from commscope import __version__, errors
+from commscope.redact import redact
 
 #: verb -> (module, one-line help).  The verbs are a public contract (`commscope --help`, README.md).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -58,7 +59,7 @@ def _internal(verb: str, argv: list[str] | None) -> int:
     (Python's own exit status, 1); called in a process that goes on (a test), raised."""
     if argv is not None:
         raise  # noqa: PLE0704 (the exception being handled)
-    traceback.print_exc()
+    print(redact(traceback.format_exc()), end="", file=sys.stderr)  # (an exception's text may hold a URL's password)
     print(f"commscope {verb}: internal error: this is a bug in commscope (exit {errors.INTERNAL}); "
           "the traceback above says where", file=sys.stderr)
     return errors.INTERNAL
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         # pipe or socket broken (a Redis connection)
         if argv is not None:
             raise
-        print(f"commscope {args.verb}: error: {exc}", file=sys.stderr)
+        print(f"commscope {args.verb}: error: {redact(str(exc))}", file=sys.stderr)
         return 2
     except Exception:
         return _internal(args.verb, argv)

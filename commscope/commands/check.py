@@ -24,7 +24,6 @@ from commscope.analysis.source import load_trace
 from commscope.commands import options, progress
 from commscope.errors import UsageError
 from commscope.redact import redact
-from commscope.visible import visible
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -137,7 +136,7 @@ def render(model: TraceModel, findings: list[Finding], warnings: list[str], hang
     for line in header(model, hang_after, source, con.width):
         con.print(line, highlight=False)
     for w in warnings:
-        con.print(_warning(w), highlight=False)
+        con.print(options.warning(w), highlight=False)
     if not findings:
         con.print("[green]no findings: the trace looks healthy[/]")
         return
@@ -145,14 +144,6 @@ def render(model: TraceModel, findings: list[Finding], warnings: list[str], hang
         con.print(_panel(f))
     errors = sum(f.severity == ERROR for f in findings)
     con.print(f"[bold]{errors} error(s), {len(findings) - errors} warning(s)[/]")
-
-
-def _warning(text: str) -> Text:
-    """A warning as text, never markup: one naming a path or a reason with "[/]" in it
-    raised rich's MarkupError, and check ended in a traceback."""
-    from rich.text import Text
-
-    return Text.assemble(("warning:", "yellow"), " ", visible(text))
 
 
 def header(model: TraceModel, hang_after: float, source: str, width: int) -> list[Text]:

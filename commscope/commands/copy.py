@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from commscope import events
+from commscope.commands import options
 from commscope.redact import redact
 from commscope.store import Size, StoreError, StoreWriter, TraceReader, backend_for, open_writer
 from commscope.store.base import is_job_name
@@ -161,7 +162,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"copied {n:,} events of {len(copied)} rank(s), job {job}, from {redact(reader.description)} "
               f"to {where} in {time.perf_counter() - t0:.1f} s")
         for warning in stats.warnings:
-            print(f"warning: {warning}", file=sys.stderr)
+            print(options.warning(warning).plain, file=sys.stderr)
         if stats.corrupt:
             print(f"warning: skipped {stats.corrupt} damaged event(s) in the source", file=sys.stderr)
         if stats.trimmed:

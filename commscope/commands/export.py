@@ -55,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"cannot write {args.chrome}: {exc.strerror or exc}") from None
     for w in warnings:
-        print(f"warning: {w}", file=sys.stderr)
+        print(options.warning(w).plain, file=sys.stderr)
     print(f"wrote {args.chrome}: {n:,} trace events, {len(model.ranks)} ranks, "
           f"{len(findings)} finding(s)", file=sys.stderr)
     return 0

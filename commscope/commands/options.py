@@ -7,10 +7,12 @@ from typing import TYPE_CHECKING
 
 from commscope.errors import UsageError
 from commscope.schema import MAX_SECONDS
+from commscope.visible import visible
 from commscope.window import Since, parse_since
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.text import Text
 
 SINCE_HELP = ("read only this window: a duration back from the job's newest write (90s, 10m, 2h, 3d; its "
               "files' modification time, a Redis stream's newest entry), a UTC time "
@@ -31,6 +33,14 @@ def seconds(text: str) -> float:
     if not 0 <= value <= MAX_SECONDS:  # (nan is neither)
         raise argparse.ArgumentTypeError(f"seconds from 0 to {MAX_SECONDS:g}, not {text!r}")
     return value
+
+
+def warning(text: str) -> Text:
+    """A reader's warning as every command says it: text, never markup ("[/]" in a path
+    raised MarkupError), its control characters made visible (a dump's file name)."""
+    from rich.text import Text
+
+    return Text.assemble(("warning:", "yellow"), " ", visible(text))
 
 
 def add_since(p: argparse.ArgumentParser, default: str = "all") -> None:

@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 
 from commscope.analysis.report import compute_report
 from commscope.bench.stats import fmt_bytes, fmt_time
+from commscope.commands import options
 from commscope.redact import redact
-from commscope.visible import visible
 
 NONE = "—"  # no value: no timed op, or nothing to measure
 SEP = "  "
@@ -83,7 +83,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wide", action="store_true",
                    help="every column, however wide the terminal (default: the columns that fit)")
     p.add_argument("--top", type=int, default=10, help="call sites to list (default 10)")
-    from commscope.commands import options
 
     options.add_since(p)
 
@@ -181,7 +180,7 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
     con.print(Text.assemble((description, "bold"), f": {world_size:,} ranks, {rep['ops_total']:,} ops over "
                             f"{rep['span_s']:.2f} s"), soft_wrap=True)
     for w in warnings:
-        con.print(Text.assemble(("warning:", "yellow"), f" {visible(w)}"), soft_wrap=True)
+        con.print(options.warning(w), soft_wrap=True)
     hidden: set[str] = set()
 
     def show(title: str, key: str, rows: dict[str, dict[str, Any]], cols: list[Column]) -> None:
@@ -242,7 +241,7 @@ def to_csv(rep: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from commscope.commands import options, progress
+    from commscope.commands import progress
     from commscope.commands.check import read_summary
 
     shown = progress.wanted(args.json or args.csv)
@@ -258,7 +257,7 @@ def main(args: argparse.Namespace) -> int:
     if args.csv:
         sys.stdout.write(to_csv(rep))
         for w in warnings:
-            print(f"warning: {w}", file=sys.stderr)
+            print(options.warning(w).plain, file=sys.stderr)
         return 0
     render(rep, redact(reader.description), model.world_size, warnings, options.stdout_console(), wide=args.wide)
     return 0
