@@ -20,6 +20,7 @@ def model_state(m) -> dict:
         d = {c: getattr(rt, c)[:n].tolist() for c in (*_COLS_I8, *_COLS_I4, "flags")}
         d.update({f: getattr(rt, f) for f in RANK_FIELDS})
         d["ids"] = [rt.index_of(int(i)) for i in rt.id[:n].tolist()]
+        d["top_id"] = int(m.table.top_id[rt._s]) if n else None
         sm = rt.samples
         d["samples"] = {k: np.nan_to_num(v, nan=-1.0).tolist() for k, v in sm.arrays().items()}
         d["samples_last"] = (sm.last, sm.gpu_error)
@@ -30,7 +31,7 @@ def model_state(m) -> dict:
     return {"rank_order": list(m.ranks), "ranks": ranks, "coll_order": list(m.coll), "coll": coll, "p2p": p2p,
             "sigs": [(s.op, s.group, s.flags, s.match) for s in m.sigs], "failed": list(m.failed),
             "groups": m.groups, "events": m.events, "start": m.start_ns, "end": m.end_ns, "version": m.version,
-            "job": m.job}
+            "job": m.job, "reused": m.reused, "read_losses": m.read_losses}
 
 
 def differences(a: dict, b: dict, path: str = "") -> list[str]:

@@ -88,7 +88,11 @@ def records(draw, rank: int, world: int) -> OpRecords:
     exc: dict[int, str] = {}
     seqs: dict[str, int] = {}
     ts = T + rank * 7
+    damaged = draw(st.integers(0, 5)) == 0  # (its ids now and then ones used before: ``opids``)
     for op_id in range(1, n + 1):
+        oid = op_id
+        if damaged and op_id > 1 and draw(st.integers(0, 7)) == 0:
+            oid = draw(st.integers(1, op_id - 1))
         k = draw(st.integers(0, len(statics) - 1))
         s = statics[k]
         ts += draw(st.integers(-3, 1000))  # now and then earlier than the op before
@@ -96,7 +100,7 @@ def records(draw, rank: int, world: int) -> OpRecords:
         seqs[group] = seqs.get(group, 0) + 1
         seq = -1 if s.fields.get("nested") or draw(st.integers(0, 9)) == 0 else seqs[group]
         parent = draw(st.integers(1, op_id - 1)) if s.fields.get("nested") and op_id > 1 else -1  # (chains too)
-        rows.append((PH_BEGIN, ts, op_id, k, seq, parent, 11 + 1000 * rank, s.peer, 0, 0))  # a thread per process
+        rows.append((PH_BEGIN, ts, oid, k, seq, parent, 11 + 1000 * rank, s.peer, 0, 0))  # a thread per process
         fate = draw(st.integers(0, 5))
         if fate == 0:
             continue  # still in flight
@@ -105,21 +109,29 @@ def records(draw, rank: int, world: int) -> OpRecords:
         if s.any_source_gid is not None and fate > 1:
             flags |= F_SOURCE
         row = len(rows)
-        rows.append((PH_END, t, op_id, -1, draw(st.integers(1, 5)) if flags & F_SOURCE else -1, -1, 0,
+        rows.append((PH_END, t, oid, -1, draw(st.integers(1, 5)) if flags & F_SOURCE else -1, -1, 0,
                      (rank + 2) % world if flags & F_SOURCE else -1, 0, flags))
         if fate == 2:
             exc[row] = "RuntimeError: Connection closed by peer"
         if s.fields.get("async") and fate > 2:
-            rows.append((PH_WAIT_BEGIN, t + 1, op_id, -1, -1, -1, 0, -1, 0, 0))
-            rows.append((PH_WAIT_END, t + 2, op_id, -1, -1, -1, 0, -1, 0, 0))
+            rows.append((PH_WAIT_BEGIN, t + 1, oid, -1, -1, -1, 0, -1, 0, 0))
+            rows.append((PH_WAIT_END, t + 2, oid, -1, -1, -1, 0, -1, 0, 0))
         if "device" in s.fields and fate > 3:
-            rows.append((PH_DONE, t + 3, op_id, -1, -1, -1, 0, -1, 50 + op_id, F_GPU))
+            rows.append((PH_DONE, t + 3, oid, -1, -1, -1, 0, -1, 50 + oid, F_GPU))
     if draw(st.booleans()) and rows:  # a phase of an op this stream never began
         rows.append((PH_END, ts + 5, n + 40, -1, -1, -1, 0, -1, 0, 0))
     cols = list(zip(*rows, strict=True)) if rows else [()] * 10
     dt = (np.int8, np.int64, np.int64, np.int32, np.int64, np.int64, np.uint64, np.int32, np.int64, np.uint8)
     arrays = [np.array(c, d) for c, d in zip(cols, dt, strict=True)]
     return OpRecords(rank, *arrays, exc=exc, statics=statics)
+
+
+def _incarnation(recs: OpRecords) -> OpRecords:
+    """The same records as the rank's next incarnation writes them: its op ids from 1 << 40."""
+    out = recs.take(np.arange(len(recs)))
+    out.id += 1 << 40
+    out.parent[out.parent >= 0] += 1 << 40
+    return out
 
 
 def _split(recs: OpRecords, at: int) -> tuple[OpRecords, OpRecords]:
@@ -184,7 +196,7 @@ def polls(draw) -> list[tuple[list[dict], list[OpRecords]]]:
     for k in range(max((len(p) for p in pieces), default=0)):
         ops = [p[k] for p in pieces if k < len(p)]
         if ops and draw(st.integers(0, 4)) == 0:
-            ops.append(ops[0])  # a rank twice in one batch (two streams of one rank)
+            ops.append(_incarnation(ops[0]))  # a rank twice in one batch (two streams of one rank)
         events = [e for r in range(world) for e in _misc(r, min(k, 3)) if draw(st.integers(0, 3)) == 0]
         out.append((events, ops))
     return out

@@ -113,7 +113,8 @@ class RankTable:
     INT = ("n", "first_ts", "last_ts", "last_op_ts", "last_begin", "last_comp", "version", "open_from",
            "mapped", "idoff", "aligned_from", "base", "cap", "touches", "pmax_n", "pmax_version",
            "open_min",  # (the earliest begin among the ops open at the last running max)
-           "last_hb", "hb_inflight")
+           "last_hb", "hb_inflight",
+           "top_id")  # (the highest non-negative op id the rank began, while it has ops: ``opids``)
     BOOL = ("ordered", "stale", "device_seen", "parents")
 
     def __init__(self) -> None:

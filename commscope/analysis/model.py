@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from commscope import optable
+from commscope.analysis import opids
 from commscope.analysis.columns import (
     I64_MAX,
     I64_MIN,
@@ -671,8 +672,11 @@ class TraceModel:
         self._exc_kinds: dict[tuple[int, int], Any] = {}
         self.events = 0
         #: What the reader skipped, per rank: {"damaged": lines, "invalid": events, "missing": entries}
-        #: (see ``note_read_stats``); rank -1 is the job metadata.
+        #: (see ``note_read_stats``); rank -1 is the job metadata.  The model's own skips
+        #: (``reused``) are counted in it as invalid.
         self.read_losses: dict[int, dict[str, int]] = {}
+        #: Begins skipped per rank because they reuse an op id the rank had begun (``opids``)
+        self.reused: dict[int, int] = {}
         self.start_ns = 0
         self.end_ns = 0
         self.version = 0
@@ -728,8 +732,9 @@ class TraceModel:
             spans = None
         if spans is None and not all(map(len, map(_PHASE_OF_RECORDS, recs_list))):
             recs_list = [recs for recs in ops if recs.phase.shape[0]]
-        rows = _Begins(recs_list)
         described = _Records.of(recs_list, self.table, spans)
+        recs_list, spans, described, tops = self._skip_reused(recs_list, spans, described)
+        rows = _Begins(recs_list)
         fresh = self._fresh(recs_list, rows, described) if self.batch_ranks else []
         live_pos = self._live(recs_list, fresh, described) if self.batch_ranks else []
         live = _Live.of(recs_list, live_pos, described, spans) if live_pos else None
@@ -770,6 +775,8 @@ class TraceModel:
             if k not in together and rows[k].shape[0]:
                 a, b = self._record_begins(recs, rows[k], codes[k], changed)
                 lo, hi = min(lo, a), max(hi, b)
+        if tops is not None:  # (before the events: a begin among them is checked against these)
+            self._raise_tops(*tops)
         if beats is not None:  # (ranks made in rank order, as one chunk of their events makes them)
             for r in sorted({*beats.rank.tolist(), *map(_RANK_OF, events)} - self.ranks.keys()):
                 self._rank(r)
@@ -794,6 +801,66 @@ class TraceModel:
         self.changed = frozenset(changed)
         self._touched(self.table.touched_low)
         return self.changed
+
+    def _skip_reused(self, recs_list: Sequence[OpRecords], spans: Spans | None, described: _Records
+                     ) -> tuple[Sequence[OpRecords], Spans | None, _Records, tuple[np.ndarray, np.ndarray] | None]:
+        """The batch's records without the begins that reuse an op id their rank has begun
+        (``opids``), those counted (``reused``); and (ranks, the highest id each record
+        begins), for ``_raise_tops`` once the begins are in.  A batch that reuses none, all
+        but a foreign or damaged trace's, is returned as it came."""
+        got = opids.begun(recs_list, spans)
+        if not got.ids.shape[0]:
+            return recs_list, spans, described, None
+        t = self.table
+        slot = described.slot.copy()
+        for k in np.flatnonzero(slot < 0).tolist():  # (ranks beyond the table's array of slots: their own)
+            rt = self.ranks.get(int(described.ranks[k]))
+            if rt is not None:
+                slot[k] = rt._s
+        at = np.maximum(slot, 0)
+        top = np.where((slot >= 0) & (t.n[at] > 0), t.top_id[at], opids.NONE)
+        tops = (described.ranks, opids.highest(got, len(recs_list)))
+        odd = opids.suspects(got, top, described.once)
+        if not odd.any():
+            return recs_list, spans, described, tops
+        out = list(recs_list)
+        seen: dict[int, set[int]] = {}
+        for k in np.flatnonzero(odd).tolist():
+            recs = out[k]
+            rows = recs.begins()
+            if not rows.shape[0]:
+                continue
+            ids = recs.id[rows]
+            rt = self.ranks.get(recs.rank)
+            known = rt.lookup(ids) >= 0 if rt is not None and rt.n else np.zeros(ids.shape[0], np.bool_)
+            bad = opids.repeated(ids, known, seen.setdefault(recs.rank, set()))
+            if bad.any():
+                keep = np.ones(len(recs), np.bool_)
+                keep[rows[bad]] = False
+                out[k] = recs.take(np.flatnonzero(keep))
+                self._count_reused(recs.rank, int(np.count_nonzero(bad)))
+        if all(map(is_, out, recs_list)):
+            return recs_list, spans, described, tops
+        kept = [k for k, recs in enumerate(out) if len(recs)]
+        out = [out[k] for k in kept]
+        return out, None, _Records.of(out, t), (tops[0][kept], tops[1][kept])
+
+    def _raise_tops(self, ranks: np.ndarray, top: np.ndarray) -> None:
+        """Raise the ranks' highest op id begun to ``top`` (a record's each, once its begins
+        are in the model: ``_skip_reused``)."""
+        some = top > opids.NONE
+        if not some.any():
+            return
+        ranks, top = ranks[some], top[some]
+        slot = self.table.slots(ranks)
+        for k in np.flatnonzero(slot < 0).tolist():
+            slot[k] = self.ranks[int(ranks[k])]._s
+        np.maximum.at(self.table.top_id, slot, top)
+
+    def _count_reused(self, rank: int, n: int) -> None:
+        self.reused[rank] = self.reused.get(rank, 0) + n
+        losses = self.read_losses.setdefault(rank, {})
+        losses["invalid"] = losses.get("invalid", 0) + n
 
     def _touched(self, low: int) -> None:
         """Log the batch that made ``version`` (``touched_since``)."""
@@ -1567,6 +1634,9 @@ class TraceModel:
             for r, n in per_rank.items():
                 if n:
                     losses.setdefault(int(r), {})[key] = int(n)
+        for r, n in self.reused.items():
+            mine = losses.setdefault(r, {})
+            mine["invalid"] = mine.get("invalid", 0) + n
         self.read_losses = losses
 
     def _ingest_chunk(self, events: list[Event], changed: set[int]) -> tuple[int, int]:
@@ -1905,6 +1975,18 @@ class TraceModel:
         return code
 
     def _begins(self, rt: RankTrace, begin_events: Sequence[dict], ts: np.ndarray, ids: np.ndarray) -> tuple[int, int]:
+        top = int(self.table.top_id[rt._s]) if rt.n else opids.NONE
+        if ids[0] <= top or (ids.shape[0] > 1 and bool((ids[1:] <= ids[:-1]).any())) or bool((ids < 0).any()):
+            known = rt.lookup(ids) >= 0 if rt.n else np.zeros(ids.shape[0], np.bool_)
+            bad = opids.repeated(ids, known, set())
+            if bad.any():
+                self._count_reused(rt.rank, int(np.count_nonzero(bad)))
+                keep = np.flatnonzero(~bad)
+                if not keep.shape[0]:
+                    return I64_MAX, 0
+                begin_events, ts, ids = [begin_events[j] for j in keep.tolist()], ts[keep], ids[keep]
+        if ids.max() > top:
+            self.table.top_id[rt._s] = max(top, int(ids.max()))
         dget = dict.get
         k = len(begin_events)
         by_sk = self._sig_by_sk

@@ -126,6 +126,10 @@ def read_warnings(model: TraceModel, stats: ReadStats) -> list[str]:
         why = ", ".join(f"{reason}: {n}" for reason, n in sorted(stats.invalid_by_reason.items(),
                                                                     key=lambda kv: -kv[1])[:8])
         warnings.append(f"skipped {stats.invalid} invalid event(s) ({why})")
+    if model.reused:
+        per = ", ".join(f"rank {r}: {n}" for r, n in sorted(model.reused.items())[:16])
+        warnings.append(f"skipped {sum(model.reused.values())} op begin(s) reusing an op id their rank had "
+                        f"begun: a damaged or foreign trace ({per})")
     if stats.trimmed:
         warnings.append("the store dropped old events (maxlen): early ops may be missing")
     if stats.summarized:

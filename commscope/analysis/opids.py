@@ -1,0 +1,99 @@
+"""Op ids a rank uses twice: the begins that reuse one are skipped and counted.
+
+The model pairs an op's phases with its begin by the op's id, so a rank's ids must be
+unique (the recorder numbers a rank's ops from ``(incarnation << 40) + 1`` on).  A trace
+that reuses an id, damaged or foreign, would let the end of one op close another: a hang
+would vanish and ``check`` exit 0.  A begin whose id its rank has begun before, in the
+model or earlier in the batch, is therefore invalid: the model skips it and counts it
+(``TraceModel.reused``), and ``check`` never exits 0 over it (``trace_incomplete``).
+
+Most batches are cleared by comparisons alone, for all records at once: a record whose
+begins' ids rise, the first above the highest its rank had begun (``top``), reuses none.
+Only the others are looked up in the rank's id map.  Pure functions, numpy only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from operator import attrgetter
+from typing import NamedTuple
+
+import numpy as np
+
+from commscope.oprecords import PH_BEGIN, OpRecords, Spans
+
+#: ``top`` of a rank that has begun no op with a non-negative id
+NONE = -1
+
+_PHASE = attrgetter("phase")
+_ID = attrgetter("id")
+
+
+class Begun(NamedTuple):
+    """The ids of a batch's begins, record after record, and the record of each."""
+
+    ids: np.ndarray  # int64
+    record: np.ndarray  # ascending
+
+
+def begun(records: Sequence[OpRecords], spans: Spans | None = None) -> Begun:
+    """The begins of ``records`` (``spans``: the same records as slices of one set of
+    columns, a reader's poll, taken with no step per record)."""
+    if spans is not None:
+        w, a, b = spans.whole, int(spans.start[0]), int(spans.start[-1])
+        at = np.flatnonzero(w.phase[a:b] == PH_BEGIN)
+        return Begun(w.id[a:b][at], np.searchsorted(spans.start, at + a, side="right") - 1)
+    if not records:
+        return Begun(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    sizes = np.fromiter(map(len, map(_PHASE, records)), np.int64, len(records))
+    at = np.flatnonzero(np.concatenate(list(map(_PHASE, records))) == PH_BEGIN)
+    ids = np.concatenate(list(map(_ID, records)))[at]
+    return Begun(ids, np.searchsorted(np.cumsum(sizes), at, side="right"))
+
+
+def suspects(got: Begun, top: np.ndarray, once: np.ndarray) -> np.ndarray:
+    """Per record, whether it may reuse an id (then ``repeated`` looks): its begins' ids do
+    not rise from above ``top`` (its rank's highest, ``NONE``: none), one is negative, or
+    its rank has another record in the batch (``once`` false: ``top`` does not know the
+    ids of the others)."""
+    ids, rec = got.ids, got.record
+    odd = ~once
+    if not ids.shape[0]:
+        return odd
+    prev = np.empty_like(ids)
+    prev[0] = top[rec[0]]
+    prev[1:] = ids[:-1]
+    first = np.flatnonzero(rec[1:] != rec[:-1]) + 1
+    prev[first] = top[rec[first]]
+    bad = (ids <= prev) | (ids < 0)
+    if bad.any():
+        odd = odd.copy()
+        odd[rec[bad]] = True
+    return odd
+
+
+def highest(got: Begun, records: int) -> np.ndarray:
+    """Per record, the highest non-negative id it begins (``NONE``: none)."""
+    out = np.full(records, NONE, np.int64)
+    ids, rec = got.ids, got.record
+    if ids.shape[0]:
+        at = np.flatnonzero(np.r_[True, rec[1:] != rec[:-1]])
+        out[rec[at]] = np.maximum.reduceat(np.maximum(ids, NONE), at)
+    return out
+
+
+def repeated(ids: np.ndarray, known: np.ndarray, seen: set[int]) -> np.ndarray:
+    """Which of a rank's begins (``ids``, in stream order) reuse an id: one the rank has
+    (``known``, looked up in its id map), one of ``seen`` (its earlier records' in the
+    batch), or one an earlier begin here has.  Adds the ids kept to ``seen``.  Negative
+    ids are left alone: the id map never holds them, so no phase finds their op anyway."""
+    bad = known.copy()
+    if seen:
+        bad |= np.isin(ids, np.fromiter(seen, np.int64, len(seen)))
+    _, first = np.unique(ids, return_index=True)
+    again = np.ones(ids.shape[0], np.bool_)
+    again[first] = False
+    bad |= again
+    bad &= ids >= 0
+    seen.update(ids[~bad & (ids >= 0)].tolist())
+    return bad

@@ -1,0 +1,225 @@
+"""A begin that reuses an op id its rank has begun is skipped and counted (``analysis/opids``).
+
+The model pairs phases with ops by id.  A damaged or foreign trace that reused an id let the
+end of one op close another: a rank hung in a collective its peers never entered was read
+as finished, and ``check`` exited 0 over a hang.  Now the reusing begin is invalid: counted
+for its rank (``trace_incomplete``, exit 1, a warning that says why), whichever way the
+model takes it in (rank by rank, new ranks together, a live poll together or a scalar step
+a rank, a poll handed over as one set of columns, event dicts), and what the first op with
+that id holds is left as it was.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from commscope import blocks
+from commscope.analysis import TraceModel, diagnose, opids
+from commscope.analysis.synth import S, TraceBuilder
+from commscope.cli import main as cli
+from commscope.events import encode
+from commscope.oprecords import PH_BEGIN, PH_END, OpRecords, Static, Unpacked, packed
+from commscope.store import open_writer
+
+T = 1_700_000_000_000_000_000
+
+
+def _static(op: str, shape: int = 4) -> Static:
+    fields = {"type": "op", "phase": "begin", "op": op, "group": "0", "in_shapes": [[shape]],
+              "in_dtypes": ["float32"], "in_bytes": 4 * shape, "site": f"train.py:{shape} in step"}
+    return Static(fields, hash((op, shape)) & 0xFFFFFFFF, -1, None)
+
+
+STATICS = [_static("all_reduce"), _static("broadcast", 8)]
+
+
+def _records(rank: int, rows: list[tuple[int, int, int]], statics: list[Static] = STATICS) -> OpRecords:
+    """Records from (phase, id, static) rows, a microsecond apart; begins of static 0 take
+    seq = id, of static 1 seq 1; a thread per rank."""
+    k = len(rows)
+    ph, ids, st = (np.array(c) for c in zip(*rows, strict=True))
+    begin = ph == PH_BEGIN
+    return OpRecords(rank, ph.astype(np.int8), T + rank + 1000 * np.arange(k) + 1000 * ids,
+                     ids.astype(np.int64), np.where(begin, st, -1).astype(np.int32),
+                     np.where(begin, np.where(st == 0, ids, 1), -1).astype(np.int64), np.full(k, -1, np.int64),
+                     np.full(k, 7 + rank, np.uint64), np.full(k, -1, np.int32), np.zeros(k, np.int64),
+                     np.zeros(k, np.uint8), {}, statics)
+
+
+def _first() -> list[OpRecords]:
+    """Four ranks, ops 1 to 3 each, begun and ended."""
+    return [_records(r, [row for i in (1, 2, 3) for row in ((PH_BEGIN, i, 0), (PH_END, i, -1))]) for r in range(4)]
+
+
+def _second(static: int) -> list[OpRecords]:
+    """Op 4 on every rank; rank 2 begins op 2 again, rank 1 begins op 5 twice."""
+    return [_records(0, [(PH_BEGIN, 4, static)]), _records(1, [(PH_BEGIN, 4, static), (PH_BEGIN, 5, 0),
+                                                               (PH_BEGIN, 5, 0)]),
+            _records(2, [(PH_BEGIN, 2, static), (PH_BEGIN, 4, static)]), _records(3, [(PH_BEGIN, 4, static)])]
+
+
+def _third() -> list[OpRecords]:
+    """Rank 3 begins op 4 again (its highest: what the batch before raised) and op 6, rank 0 op 5."""
+    return [_records(3, [(PH_BEGIN, 4, 0), (PH_BEGIN, 6, 0)]), _records(0, [(PH_BEGIN, 5, 0)])]
+
+
+def _ingest(m: TraceModel, recs: list[OpRecords], spans: bool) -> None:
+    if spans:
+        got = packed(recs)
+        assert got is not None
+        m.ingest([], Unpacked(got), got)
+    else:
+        m.ingest([], recs)
+
+
+@pytest.mark.parametrize("how", ["rank by rank", "together", "scalar", "spans"])
+def test_a_begin_reusing_an_id_is_skipped_and_counted_whichever_way_it_is_ingested(how, monkeypatch):
+    taken = []
+    for name in ("_fresh_begins", "_live_begins", "_together_begins", "_record_begins"):
+        original = getattr(TraceModel, name)
+
+        def spy(self, *args, _original=original, _name=name):
+            taken.append(_name)
+            return _original(self, *args)
+
+        monkeypatch.setattr(TraceModel, name, spy)
+    m = TraceModel()
+    m.batch_ranks = how != "rank by rank"
+    spans = how == "spans"
+    _ingest(m, _first(), spans)
+    _ingest(m, _second(1 if how == "scalar" else 0), spans)
+    _ingest(m, _third(), spans)
+    expected = {"rank by rank": {"_record_begins"}, "together": {"_fresh_begins", "_together_begins"},
+                "scalar": {"_fresh_begins", "_live_begins"}, "spans": {"_fresh_begins", "_together_begins"}}[how]
+    assert expected <= set(taken)
+    assert m.reused == {1: 1, 2: 1, 3: 1}
+    assert m.read_losses == {1: {"invalid": 1}, 2: {"invalid": 1}, 3: {"invalid": 1}}
+    assert {r: m.ranks[r].n for r in range(4)} == {0: 5, 1: 5, 2: 4, 3: 5}
+    assert m.ranks[1].id[:5].tolist() == [1, 2, 3, 4, 5] and m.ranks[3].id[:5].tolist() == [1, 2, 3, 4, 6]
+    # op 2 of rank 2 is the first one: begun and ended as it was, and matched as such
+    i = m.op_index(2, 2)
+    assert i == 1 and m.ranks[2].begin[i] == _first()[2].ts[2] and m.ranks[2].comp[i] > 0
+    assert m.collective("0", 2) == {0: 1, 1: 1, 2: 1, 3: 1}
+    assert [int(m.table.top_id[m.ranks[r]._s]) for r in range(4)] == [5, 5, 4, 6]
+    found = diagnose(m, now=T + 10**12, hang_after=1.0)
+    assert [f.kind for f in found if f.kind == "trace_incomplete"] == ["trace_incomplete"]
+    incomplete = next(f for f in found if f.kind == "trace_incomplete")
+    assert incomplete.severity == "error" and incomplete.culprits == [1, 2, 3]
+
+
+def test_event_dicts_reusing_an_id_are_skipped_too_also_against_records_of_their_batch():
+    """The dict path (JSON events a reader hands as dicts, ``from_events``): a reuse within
+    a batch, one of an earlier batch's id, and one of an id the same batch's records began."""
+    b = TraceBuilder(2)
+    t = b.collective(b.t0 + S)
+    b._ids[0] = 0
+    b.sync(0, t + S, None, "all_reduce")  # id 1 again, seq 2: its peer never enters it
+    m = TraceModel()
+    m.ingest(b.events)
+    assert m.reused == {0: 1} and m.ranks[0].n == 1 and m.ranks[0].comp[0] > 0
+    later = dict(b.events[-1], ts=t + 3 * S, id=2)
+    m.ingest([later, dict(later, ts=t + 4 * S)])
+    assert m.reused == {0: 2} and m.ranks[0].n == 2
+    m.ingest([dict(later, ts=t + 5 * S, id=9)], [_records(0, [(PH_BEGIN, 9, 0)])])
+    assert m.reused == {0: 3} and m.ranks[0].n == 3 and m.read_losses == {0: {"invalid": 3}}
+    stats = type("Stats", (), {"corrupt_by_rank": {1: 2}, "invalid_by_rank": {0: 1}, "missing_by_rank": {}})()
+    m.note_read_stats(stats)  # (the reader's counts, and the model's own on top)
+    assert m.read_losses == {0: {"invalid": 4}, 1: {"damaged": 2}}
+
+
+def test_ids_that_do_not_rise_are_looked_up_not_taken_for_reuse():
+    """Ids out of order (ops of two threads) or negative (a foreign trace) are looked up in
+    the id map: none of them reused, none skipped."""
+    m = TraceModel()
+    m.ingest([], [_records(0, [(PH_BEGIN, 3, 0), (PH_BEGIN, 1, 0)]), _records(1, [(PH_BEGIN, 1, 0)])])
+    m.ingest([], [_records(0, [(PH_BEGIN, 2, 0), (PH_BEGIN, 5, 0), (PH_BEGIN, 4, 0)]),
+                  _records(1, [(PH_BEGIN, -4, 0), (PH_BEGIN, -4, 0), (PH_BEGIN, 2, 0)])])
+    assert m.reused == {} and m.ranks[0].n == 5 and m.ranks[1].n == 4
+
+
+def test_the_pure_parts():
+    got = opids.begun([_records(0, [(PH_BEGIN, 4, 0), (PH_END, 4, -1), (PH_BEGIN, 5, 0)]),
+                       _records(1, [(PH_END, 1, -1)]), _records(2, [(PH_BEGIN, 3, 0), (PH_BEGIN, 3, 0)])])
+    assert got.ids.tolist() == [4, 5, 3, 3] and got.record.tolist() == [0, 0, 2, 2]
+    once = np.ones(3, np.bool_)
+    assert opids.suspects(got, np.array([3, -1, -1]), once).tolist() == [False, False, True]
+    assert opids.suspects(got, np.array([4, -1, 2]), once).tolist() == [True, False, True]
+    assert opids.suspects(got, np.array([3, -1, 2]), np.array([True, True, False])).tolist() == [False, False, True]
+    assert opids.highest(got, 3).tolist() == [5, -1, 3]
+    seen = {7}
+    bad = opids.repeated(np.array([1, 7, 2, 1, -3, -3]), np.array([False, False, True, False, False, False]), seen)
+    assert bad.tolist() == [False, True, True, True, False, False] and seen == {1, 7}
+
+
+JOB = "job-1"
+
+
+def _hung_with_a_reused_id() -> list[dict]:
+    """Rank 0 enters all_reduce #2 under the id of its all_reduce #1 and hangs there; rank 1
+    never enters it.  The end of #1 would close #2 were the id taken as it came."""
+    b = TraceBuilder(2)
+    t = b.collective(b.t0 + S)
+    b._ids[0] = 0
+    b.sync(0, t + S, None, "all_reduce")
+    b.heartbeats(t, t + 8 * S)
+    for r in (0, 1):
+        b.exit(r, t + 9 * S)
+    return b.sorted_events()
+
+
+def _check(capsys, store: Path) -> tuple[int, dict]:
+    capsys.readouterr()
+    rc = cli(["check", str(store), "--json", "--hang-after", "2"])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def test_check_of_a_json_store_reusing_an_id_is_not_healthy(tmp_path, capsys):
+    events = _hung_with_a_reused_id()
+    for r in (0, 1):
+        w = open_writer(str(tmp_path), JOB, r, job_meta={"world_size": 2})
+        w.write([encode(e) for e in events if e["rank"] == r])
+        w.close()
+    rc, out = _check(capsys, tmp_path)
+    assert rc == 1
+    assert [(f["kind"], f["severity"], f["culprits"]) for f in out["findings"]] == [
+        ("trace_incomplete", "error", [0])]
+    assert out["findings"][0]["evidence"]["per_rank"]["0"]["invalid"] == 1
+    assert any("1 op begin(s) reusing an op id their rank had begun" in w and "rank 0: 1" in w
+               for w in out["warnings"])
+
+
+def test_check_of_a_native_store_reusing_an_id_is_not_healthy(tmp_path, capsys):
+    """Native blocks: rank 0 begins op 1 (seq 1), ends it, begins op 1 again (seq 2) and
+    hangs; rank 1 ends seq 1 and goes on beating; both exit."""
+    t0 = T
+
+    def meta(rank: int) -> dict:
+        return {"type": "meta", "rank": rank, "ts": t0, "v": 3, "world_size": 2, "backend": "gloo",
+                "recorder": "native", "names": ["all_reduce"], "host": "h", "hang_after": 2.0}
+
+    def block(rank: int, recs: bytes, ts: int) -> bytes:
+        return blocks.encode_block(recs, rank, ts, blocks.count_records(recs))
+
+    def begin(op_id: int, ts: int, seq: int) -> bytes:
+        return blocks.pack_begin(op_id, ts, name=0, site=0, seq=seq, ins=[(6, [4])], outs=[(6, [4])],
+                                 in_bytes=16, out_bytes=16)
+
+    table = blocks.pack_site(0, "train.py:3 in step") + blocks.pack_group(0, "0", "gloo", [0, 1])
+    lines = {0: [table + begin(1, t0 + S, 1) + blocks.pack_end(1, t0 + 2 * S) + begin(1, t0 + 3 * S, 2)],
+             1: [table + begin(1, t0 + S, 1) + blocks.pack_end(1, t0 + 2 * S)]}
+    for r, recs in lines.items():
+        w = open_writer(str(tmp_path), JOB, r, job_meta={"world_size": 2})
+        beats = [encode({"type": "heartbeat", "rank": r, "ts": t0 + k * S, "v": 3, "inflight": int(r == 0)})
+                 for k in range(4, 9)]
+        end = encode({"type": "exit", "rank": r, "ts": t0 + 9 * S, "v": 3, "reason": "atexit"})
+        w.write([encode(meta(r)), block(r, recs[0], t0 + 3 * S), *beats, end])
+        w.close()
+    rc, out = _check(capsys, tmp_path)
+    assert rc == 1
+    assert [(f["kind"], f["severity"], f["culprits"]) for f in out["findings"]] == [
+        ("trace_incomplete", "error", [0])]
+    assert out["findings"][0]["evidence"]["per_rank"]["0"]["invalid"] == 1
