@@ -12,6 +12,11 @@ texts, a begin's JSON fragment).  A control character is shown as its escape (``
 so what the trace held stays readable; a tab, a newline and a carriage return stay as they
 are (rich and Textual drop a carriage return where they draw; a group named "g\\r" stays
 apart from "g").
+
+Unicode's bidirectional formatting characters are shown so too (``\\u202e``): an
+override (RLO, U+202E) or an isolate (U+2066-U+2069) makes a terminal draw the text after
+it in another order than it is held ("Trojan Source"), so a call site or an op's name
+could read as another one.
 """
 
 from __future__ import annotations
@@ -21,14 +26,16 @@ from typing import Any
 
 __all__ = ["may_hold_control", "visible", "visible_event"]
 
-#: C0 but tab, newline and carriage return, DEL, C1
-_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-#: C1 as UTF-8 writes it (0xC2 0x80-0x9F)
-_C1_UTF8 = re.compile(b"\xc2[\x80-\x9f]")
+#: C0 but tab, newline and carriage return, DEL, C1; the bidirectional marks, embeddings,
+#: overrides and isolates (U+061C, U+200E-U+200F, U+202A-U+202E, U+2066-U+2069)
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+#: those above DEL as UTF-8 writes them
+_HIGH_UTF8 = re.compile(b"\xc2[\x80-\x9f]|\xd8\x9c|\xe2\x80[\x8e\x8f\xaa-\xae]|\xe2\x81[\xa6-\xa9]")
 
 
 def _escape(m: re.Match[str]) -> str:
-    return f"\\x{ord(m.group()):02x}"
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
 def visible(text: str) -> str:
@@ -65,10 +72,14 @@ def visible_event(e: dict) -> dict:
 
 def may_hold_control(data: bytes) -> bool:
     """Whether JSON text ``data`` may decode to a string holding a control character: an
-    escape that can name one (``\\u00..``, ``\\b``, ``\\f``), or DEL or a C1
-    character written as it is (JSON allows both; C0 written as it is is not JSON).  A few
-    passes of ``memchr``: a read's JSON lines almost never do, and walking every string of
-    every event would cost more than decoding them."""
-    if b"\\" in data and (b"\\u00" in data or b"\\b" in data or b"\\f" in data):
+    escape that can name one (``\\u00..``, ``\\u06..``, ``\\u20..``, ``\\b``,
+    ``\\f``), or DEL, a C1 character or a bidirectional one written as it is (JSON allows
+    them; C0 written as it is is not JSON).  A few passes of ``memchr``: a read's JSON lines
+    almost never do, and walking every string of every event would cost more than decoding
+    them."""
+    if b"\\" in data and (b"\\u00" in data or b"\\b" in data or b"\\f" in data or b"\\u20" in data
+                         or b"\\u06" in data):
         return True
-    return b"\x7f" in data or (b"\xc2" in data and _C1_UTF8.search(data) is not None)
+    if b"\x7f" in data:
+        return True
+    return (b"\xc2" in data or b"\xe2" in data or b"\xd8" in data) and _HIGH_UTF8.search(data) is not None

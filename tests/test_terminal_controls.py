@@ -21,7 +21,9 @@ from commscope.visible import may_hold_control, visible
 #: What a hostile (or only odd) trace may say: clear the screen, set the title, write the
 #: clipboard, C1's CSI, a bell, DEL
 CLEAR, TITLE, CLIP = "\x1b[2J", "\x1b]0;owned\x07", "\x1b]52;c;aGVsbG8=\x1b\\"
-CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: What reorders what a terminal draws ("Trojan Source"): a right-to-left override, an isolate
+RLO, RLI = "\u202e", "\u2067"
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def test_visible_shows_control_characters_as_escapes():
@@ -32,6 +34,11 @@ def test_visible_shows_control_characters_as_escapes():
     assert may_hold_control(b'{"x":"\\b"}') and not may_hold_control(b'{"x":"\\r\\n\\t"}')
     assert may_hold_control('{"x":"\x9b"}'.encode()) and may_hold_control(b'{"x":"\x7f"}')
     assert not may_hold_control('{"site":"train.py:3 in step","t":"5 µs, 3 °C"}'.encode())
+    assert visible("f\u202eolleh\u202c \u2067x\u2069\u200f\u061c") == "f\\u202eolleh\\u202c \\u2067x\\u2069\\u200f\\u061c"
+    for bidi in ("\u202e", "\u202a", "\u2066", "\u2069", "\u200e", "\u061c"):
+        assert may_hold_control(f'{{"site":"a{bidi}b"}}'.encode())
+        assert may_hold_control(f'{{"site":"a\\u{ord(bidi):04X}b"}}'.encode())
+    assert not may_hold_control('{"site":"a – b … “c” ‰ ؛"}'.encode())  # (U+2013, U+2026, U+201C, U+2030, U+061B)
 
 
 def hostile_store(root: Path) -> str:
@@ -43,7 +50,7 @@ def hostile_store(root: Path) -> str:
     (root / "LATEST").write_text("j\n")
     (job / "job.json").write_text(json.dumps({"job": f"j{TITLE}", "world_size": 2}))
     fragment = json.dumps({"op": f"broad{CLEAR}cast", "group": "0", "root": 0}).encode()[1:-1]
-    recs = (blocks.pack_site(0, f"train.py:3 in {CLIP}step")
+    recs = (blocks.pack_site(0, f"train.py:3 in {CLIP}step{RLO}pets")
             + blocks.pack_group(1, f"tp{CLEAR}", "gloo", [0, 1])
             + blocks.pack_begin(1, 2_000, name=0, site=0, seq=1, ins=[(6, [4])], outs=[(6, [4])], in_bytes=16,
                                 out_bytes=16)
@@ -51,7 +58,7 @@ def hostile_store(root: Path) -> str:
             + blocks.pack_rbegin(2, 4_000, fragment))
     lines = {
         0: [{"type": "meta", "rank": 0, "ts": 1, "v": 3, "world_size": 2, "backend": "gloo", "recorder": "native",
-             "names": [f"all_{TITLE}reduce"], "host": f"node{CLEAR}0"},
+             "names": [f"all_{TITLE}reduce"], "host": f"node{CLEAR}0{RLO}"},
             {"type": "group", "rank": 0, "ts": 1, "v": 3, "group": "0", "gid": 0, "granks": [0, 1]},
             json.loads(blocks.encode_block(recs, 0, 5_000, blocks.count_records(recs)))],
         1: [{"type": "meta", "rank": 1, "ts": 1, "v": 3, "world_size": 2, "backend": "gloo",
@@ -66,7 +73,7 @@ def hostile_store(root: Path) -> str:
             {"type": "sample", "rank": 1, "ts": 8_500, "v": 3, "cpu": 1.0, "rss": 1,
              "gpu_error": f"nvml \x07{CLEAR}\x7f"},
             {"type": "exit", "rank": 1, "ts": 9_000, "v": 3, "reason": "exception",
-             "exc": f"ValueError: {CLIP} \x9b2J done"}],
+             "exc": f"ValueError: {CLIP} \x9b2J done {RLI}x"}],
     }
     for rank, evs in lines.items():  # (rank 1's text as UTF-8, not escaped: C1 and DEL as they are)
         (job / f"rank-{rank:05d}.jsonl").write_bytes(b"".join(
@@ -94,10 +101,10 @@ def test_a_traces_control_characters_are_made_visible_where_it_is_read(tmp_path)
     held = [s for e in events for s in strings(e) if CONTROL.search(s)]
     assert not held, held[:5]
     text = "\n".join(s for e in events for s in strings(e))
-    for shown in ("node\\x1b[2J0", "node\\x1b]0;owned\\x071", "train.py:3 in \\x1b]52;c;aGVsbG8=\\x1b\\step",
+    for shown in ("node\\x1b[2J0\\u202e", "node\\x1b]0;owned\\x071", "train.py:3 in \\x1b]52;c;aGVsbG8=\\x1b\\step\\u202epets",
                   "tp\\x1b[2J", "RuntimeError: \\x1b[2Jbad\\x9b2J", "broad\\x1b[2Jcast", "all_\\x1b]0;owned\\x07reduce",
                   "g\\x1b[2J", "x.py:1 in \\x1b]0;owned\\x07f", "fetch\\x1b[2J", "nvml \\x07\\x1b[2J\\x7f",
-                  "ValueError: \\x1b]52;c;aGVsbG8=\\x1b\\ \\x9b2J done", "--run=\\x1b]52;c;aGVsbG8=\\x1b\\"):
+                  "ValueError: \\x1b]52;c;aGVsbG8=\\x1b\\ \\x9b2J done \\u2067x", "--run=\\x1b]52;c;aGVsbG8=\\x1b\\"):
         assert shown in text, shown
 
 
