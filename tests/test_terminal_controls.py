@@ -149,3 +149,23 @@ def test_a_flight_recorder_dump_s_file_name_is_said_without_its_control_sequence
     cli(["check", str(tmp_path)])
     out = capsys.readouterr().out
     assert "skipped evil\\x1b]0;owned\\x07_0" in out and not CONTROL.search(out)
+
+
+def test_a_crash_file_s_text_is_made_visible_where_it_is_read(tmp_path):
+    """faulthandler's crash file (a segfault's stack, read beside the rank's stream, not
+    through the schema): its paths and function names are the program's text."""
+    from commscope.store.crashlog import crash_file_name
+    from commscope.store.directory import DirectoryReader
+
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "rank-00000.jsonl").write_bytes(b'{"type":"heartbeat","ts":1,"v":1,"rank":0}\n')
+    (job / crash_file_name(0)).write_bytes(
+        f'Fatal Python error: Segmentation fault{TITLE}{RLO}\n\nCurrent thread 0x00007f (most recent call first):\n'
+        f'  File "/x/train{RLO}yp.py", line 3 in st{CLEAR}ep\n'.encode())
+    events = DirectoryReader(job).read_all()
+    assert [e["type"] for e in events] == ["heartbeat", "stack", "exit"]
+    held = [s for e in events for s in strings(e) if CONTROL.search(s)]
+    assert not held, held
+    assert events[1]["threads"][0]["frames"] == [["/x/train\\u202eyp.py", 3, "st\\x1b[2Jep"]]
+    assert events[2]["exc"] == "Fatal Python error: Segmentation fault\\x1b]0;owned\\x07\\u202e"

@@ -672,10 +672,10 @@ class TraceModel:
         self._exc_kinds: dict[tuple[int, int], Any] = {}
         self.events = 0
         #: What the reader skipped, per rank: {"damaged": lines, "invalid": events, "missing": entries}
-        #: (see ``note_read_stats``); rank -1 is the job metadata.  The model's own skips
-        #: (``reused``) are counted in it as invalid.
+        #: (see ``note_read_stats``); rank -1 is the job metadata.
         self.read_losses: dict[int, dict[str, int]] = {}
-        #: Begins skipped per rank because they reuse an op id the rank had begun (``opids``)
+        #: Begins per rank that reused an op id the rank had begun (``opids``): a damaged or
+        #: foreign trace, whose phases went to the latest begin of their id before them
         self.reused: dict[int, int] = {}
         self.start_ns = 0
         self.end_ns = 0
@@ -722,6 +722,7 @@ class TraceModel:
             self.version += 1
             self.changed = frozenset(self.ranks)
             self._touched(I64_MIN)
+            self._recount_tops()
             raise
 
     def _ingest(self, events: list[Event], ops: Sequence[OpRecords], spans: Spans | None,
@@ -733,7 +734,7 @@ class TraceModel:
         if spans is None and not all(map(len, map(_PHASE_OF_RECORDS, recs_list))):
             recs_list = [recs for recs in ops if recs.phase.shape[0]]
         described = _Records.of(recs_list, self.table, spans)
-        recs_list, spans, described, tops = self._skip_reused(recs_list, spans, described)
+        recs_list, spans, described, tops, cut = self._cut_at_reuse(recs_list, spans, described)
         rows = _Begins(recs_list)
         fresh = self._fresh(recs_list, rows, described) if self.batch_ranks else []
         live_pos = self._live(recs_list, fresh, described) if self.batch_ranks else []
@@ -775,6 +776,9 @@ class TraceModel:
             if k not in together and rows[k].shape[0]:
                 a, b = self._record_begins(recs, rows[k], codes[k], changed)
                 lo, hi = min(lo, a), max(hi, b)
+        for recs, at in cut:
+            a, b = self._ingest_cut(recs, at, changed)
+            lo, hi = min(lo, a), max(hi, b)
         if tops is not None:  # (before the events: a begin among them is checked against these)
             self._raise_tops(*tops)
         if beats is not None:  # (ranks made in rank order, as one chunk of their events makes them)
@@ -795,22 +799,25 @@ class TraceModel:
         if hi:
             self.start_ns = lo if not self.start_ns else min(self.start_ns, lo)
             self.end_ns = max(self.end_ns, hi)
-        self.events += len(events) + int(described.sizes.sum()) + (beats.events() if beats is not None else 0)
+        self.events += len(events) + int(described.sizes.sum()) + (beats.events() if beats is not None else 0) + sum(
+            len(recs) for recs, _ in cut)
         self.table.compact()  # (between batches: nothing holds a rank's columns now)
         self.version += 1
         self.changed = frozenset(changed)
         self._touched(self.table.touched_low)
         return self.changed
 
-    def _skip_reused(self, recs_list: Sequence[OpRecords], spans: Spans | None, described: _Records
-                     ) -> tuple[Sequence[OpRecords], Spans | None, _Records, tuple[np.ndarray, np.ndarray] | None]:
-        """The batch's records without the begins that reuse an op id their rank has begun
-        (``opids``), those counted (``reused``); and (ranks, the highest id each record
-        begins), for ``_raise_tops`` once the begins are in.  A batch that reuses none, all
-        but a foreign or damaged trace's, is returned as it came."""
+    def _cut_at_reuse(self, recs_list: Sequence[OpRecords], spans: Spans | None, described: _Records
+                      ) -> tuple[Sequence[OpRecords], Spans | None, _Records, tuple[np.ndarray, np.ndarray] | None,
+                                 list[tuple[OpRecords, np.ndarray]]]:
+        """Set apart the records in which a begin reuses an op id its rank has begun
+        (``opids``), each with the rows of those begins, for ``_ingest_cut``; the rest go the
+        usual way, with (ranks, the highest id each record begins) for ``_raise_tops`` once
+        their begins are in.  A batch that reuses none, all but a foreign or damaged trace's,
+        is returned as it came."""
         got = opids.begun(recs_list, spans)
         if not got.ids.shape[0]:
-            return recs_list, spans, described, None
+            return recs_list, spans, described, None, []
         t = self.table
         slot = described.slot.copy()
         for k in np.flatnonzero(slot < 0).tolist():  # (ranks beyond the table's array of slots: their own)
@@ -822,32 +829,57 @@ class TraceModel:
         tops = (described.ranks, opids.highest(got, len(recs_list)))
         odd = opids.suspects(got, top, described.once)
         if not odd.any():
-            return recs_list, spans, described, tops
-        out = list(recs_list)
+            return recs_list, spans, described, tops, []
+        cut: dict[int, np.ndarray] = {}
         seen: dict[int, set[int]] = {}
         for k in np.flatnonzero(odd).tolist():
-            recs = out[k]
+            recs = recs_list[k]
             rows = recs.begins()
             if not rows.shape[0]:
                 continue
             ids = recs.id[rows]
             rt = self.ranks.get(recs.rank)
             known = rt.lookup(ids) >= 0 if rt is not None and rt.n else np.zeros(ids.shape[0], np.bool_)
-            bad = opids.repeated(ids, known, seen.setdefault(recs.rank, set()))
-            if bad.any():
-                keep = np.ones(len(recs), np.bool_)
-                keep[rows[bad]] = False
-                out[k] = recs.take(np.flatnonzero(keep))
-                self._count_reused(recs.rank, int(np.count_nonzero(bad)))
-        if all(map(is_, out, recs_list)):
-            return recs_list, spans, described, tops
-        kept = [k for k, recs in enumerate(out) if len(recs)]
-        out = [out[k] for k in kept]
-        return out, None, _Records.of(out, t), (tops[0][kept], tops[1][kept])
+            again = opids.repeated(ids, known, seen.setdefault(recs.rank, set()))
+            if again.any():
+                cut[k] = rows[again]
+                self.reused[recs.rank] = self.reused.get(recs.rank, 0) + int(np.count_nonzero(again))
+        if not cut:
+            return recs_list, spans, described, tops, []
+        keep = np.ones(len(recs_list), np.bool_)
+        keep[list(cut)] = False
+        rest = [recs for k, recs in enumerate(recs_list) if keep[k]]
+        return (rest, None, _Records.of(rest, t), (tops[0][keep], tops[1][keep]),
+                [(recs_list[k], cut[k]) for k in sorted(cut)])
+
+    def _ingest_cut(self, recs: OpRecords, at: np.ndarray, changed: set[int]) -> tuple[int, int]:
+        """A record whose begins at rows ``at`` reuse an op id: taken in pieces, each from one
+        of those begins to the next, begins then phases, rank by rank, so that a phase goes
+        to the latest begin of its id before it, as the stream put them (a batch takes its
+        begins before its phases: the end of the op an id first named closed the op it
+        named next).  Returns the (first, last) timestamp."""
+        lo, hi = I64_MAX, 0
+        bounds = [0, *at.tolist(), len(recs)]
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            if a == b:
+                continue
+            piece = recs.take(np.arange(a, b))
+            rows = piece.begins()
+            if rows.shape[0]:
+                codes = self._codes(piece.statics, piece.static[rows], piece.tid[rows])
+                t0, t1 = self._record_begins(piece, rows, codes, changed)
+                lo, hi = min(lo, t0), max(hi, t1)
+            t0, t1 = self._record_phases(piece, changed)
+            lo, hi = min(lo, t0), max(hi, t1)
+        rt = self.ranks.get(recs.rank)
+        if rt is not None and rt.n:
+            ids = recs.id[recs.phase == PH_BEGIN]
+            self._raise_tops(np.array([recs.rank]), np.array([max(int(ids.max()), opids.NONE)]))
+        return lo, hi
 
     def _raise_tops(self, ranks: np.ndarray, top: np.ndarray) -> None:
         """Raise the ranks' highest op id begun to ``top`` (a record's each, once its begins
-        are in the model: ``_skip_reused``)."""
+        are in the model: ``_cut_at_reuse``)."""
         some = top > opids.NONE
         if not some.any():
             return
@@ -857,10 +889,13 @@ class TraceModel:
             slot[k] = self.ranks[int(ranks[k])]._s
         np.maximum.at(self.table.top_id, slot, top)
 
-    def _count_reused(self, rank: int, n: int) -> None:
-        self.reused[rank] = self.reused.get(rank, 0) + n
-        losses = self.read_losses.setdefault(rank, {})
-        losses["invalid"] = losses.get("invalid", 0) + n
+    def _recount_tops(self) -> None:
+        """Every rank's highest op id begun, from its ops (after an ingest that failed
+        partway: some may be in without their rank's top raised)."""
+        for rt in self.ranks.values():
+            n = rt.n
+            if n:
+                self.table.top_id[rt._s] = max(int(rt.id[:n].max()), opids.NONE)
 
     def _touched(self, low: int) -> None:
         """Log the batch that made ``version`` (``touched_since``)."""
@@ -1634,9 +1669,6 @@ class TraceModel:
             for r, n in per_rank.items():
                 if n:
                     losses.setdefault(int(r), {})[key] = int(n)
-        for r, n in self.reused.items():
-            mine = losses.setdefault(r, {})
-            mine["invalid"] = mine.get("invalid", 0) + n
         self.read_losses = losses
 
     def _ingest_chunk(self, events: list[Event], changed: set[int]) -> tuple[int, int]:
@@ -1669,26 +1701,48 @@ class TraceModel:
         for r, pos in _split_by_rank(ranks):
             rt = self._rank(r)
             ph = phase if pos is None else phase[pos]
-            misc, begins, phases = ph < 0, ph == PH_BEGIN, ph > PH_BEGIN
-            t0, t1 = I64_MAX, 0
-            touched = I64_MAX  # the earliest begin among the ops this chunk added or changed
-            if misc.any():
-                t0, t1 = self._liveness(rt, events, pos, misc, kind if pos is None else kind[pos], ts, samples)
+            pieces = [pos]
+            begins = ph == PH_BEGIN
             if begins.any():
                 bpos = _positions(pos, begins)
-                a, b = self._begins(rt, _take(events, bpos), ts[bpos], ids[bpos])
-                t0, t1 = min(t0, a), max(t1, b)
-                touched = a
-            if phases.any():
-                opos = _positions(pos, phases)
-                a, b, first = self._phases(rt, ts[opos], ids[opos], phase[opos], _extras(_take(events, opos)))
-                t0, t1 = min(t0, a), max(t1, b)
-                touched = min(touched, first)
-            if t1:
-                lo, hi = min(lo, t0), max(hi, t1)
-            self._seen(rt, t0, t1, touched)
+                again = self._reusing(rt, ids[bpos])
+                if again.any():  # (in pieces, each from a begin reusing an id: ``_ingest_cut``)
+                    every = np.arange(n) if pos is None else pos
+                    pieces = np.split(every, np.searchsorted(every, bpos[again]))
+                    self.reused[r] = self.reused.get(r, 0) + int(np.count_nonzero(again))
+            for piece in pieces:
+                if piece is not None and not piece.shape[0]:
+                    continue
+                t0, t1, touched = self._rank_events(rt, events, piece, phase, ts, ids, kind, samples)
+                if t1:
+                    lo, hi = min(lo, t0), max(hi, t1)
+                self._seen(rt, t0, t1, touched)
             changed.add(r)
         return lo, hi
+
+    def _rank_events(self, rt: RankTrace, events: list[Event], pos: np.ndarray | None, phase: np.ndarray,
+                     ts: np.ndarray, ids: np.ndarray, kind: np.ndarray, samples: _ChunkSamples | None
+                     ) -> tuple[int, int, int]:
+        """A rank's events of a chunk (``pos``: their positions, None: all of it): its
+        liveness, then its begins, then its other phases; returns their (first, last)
+        timestamp and the earliest begin among the ops added or changed."""
+        ph = phase if pos is None else phase[pos]
+        misc, begins, phases = ph < 0, ph == PH_BEGIN, ph > PH_BEGIN
+        t0, t1 = I64_MAX, 0
+        touched = I64_MAX
+        if misc.any():
+            t0, t1 = self._liveness(rt, events, pos, misc, kind if pos is None else kind[pos], ts, samples)
+        if begins.any():
+            bpos = _positions(pos, begins)
+            a, b = self._begins(rt, _take(events, bpos), ts[bpos], ids[bpos])
+            t0, t1 = min(t0, a), max(t1, b)
+            touched = a
+        if phases.any():
+            opos = _positions(pos, phases)
+            a, b, first = self._phases(rt, ts[opos], ids[opos], phase[opos], _extras(_take(events, opos)))
+            t0, t1 = min(t0, a), max(t1, b)
+            touched = min(touched, first)
+        return t0, t1, touched
 
     def _misc_only(self, events: list[Event], ranks: np.ndarray, changed: set[int]) -> tuple[int, int] | None:
         """A chunk of neither ops nor heartbeats nor samples (a whole read's: each stream's
@@ -1974,19 +2028,19 @@ class TraceModel:
         self._sig_cache.setdefault(k, []).append((lists, code))
         return code
 
-    def _begins(self, rt: RankTrace, begin_events: Sequence[dict], ts: np.ndarray, ids: np.ndarray) -> tuple[int, int]:
+    def _reusing(self, rt: RankTrace, ids: np.ndarray) -> np.ndarray:
+        """Which of a rank's begins (``ids``, in stream order, none in the model yet) reuse
+        an op id (``opids``): by comparisons alone where they rise from above its highest."""
         top = int(self.table.top_id[rt._s]) if rt.n else opids.NONE
-        if ids[0] <= top or (ids.shape[0] > 1 and bool((ids[1:] <= ids[:-1]).any())) or bool((ids < 0).any()):
-            known = rt.lookup(ids) >= 0 if rt.n else np.zeros(ids.shape[0], np.bool_)
-            bad = opids.repeated(ids, known, set())
-            if bad.any():
-                self._count_reused(rt.rank, int(np.count_nonzero(bad)))
-                keep = np.flatnonzero(~bad)
-                if not keep.shape[0]:
-                    return I64_MAX, 0
-                begin_events, ts, ids = [begin_events[j] for j in keep.tolist()], ts[keep], ids[keep]
-        if ids.max() > top:
-            self.table.top_id[rt._s] = max(top, int(ids.max()))
+        if ids[0] > top and (ids.shape[0] == 1 or bool((ids[1:] > ids[:-1]).all())):
+            return np.zeros(ids.shape[0], np.bool_)
+        known = rt.lookup(ids) >= 0 if rt.n else np.zeros(ids.shape[0], np.bool_)
+        return opids.repeated(ids, known, set())
+
+    def _begins(self, rt: RankTrace, begin_events: Sequence[dict], ts: np.ndarray, ids: np.ndarray) -> tuple[int, int]:
+        top = int(ids.max())
+        if top > opids.NONE and (not rt.n or top > self.table.top_id[rt._s]):
+            self.table.top_id[rt._s] = top
         dget = dict.get
         k = len(begin_events)
         by_sk = self._sig_by_sk

@@ -1,11 +1,15 @@
-"""Op ids a rank uses twice: the begins that reuse one are skipped and counted.
+"""Op ids a rank uses twice: where a begin reuses one, its stream is taken in stream order.
 
-The model pairs an op's phases with its begin by the op's id, so a rank's ids must be
-unique (the recorder numbers a rank's ops from ``(incarnation << 40) + 1`` on).  A trace
-that reuses an id, damaged or foreign, would let the end of one op close another: a hang
-would vanish and ``check`` exit 0.  A begin whose id its rank has begun before, in the
-model or earlier in the batch, is therefore invalid: the model skips it and counts it
-(``TraceModel.reused``), and ``check`` never exits 0 over it (``trace_incomplete``).
+The model pairs an op's phases with its begin by the op's id, so a rank's ids should be
+unique (the recorder numbers a rank's ops from ``(incarnation << 40) + 1`` on).  A batch
+takes its begins before its phases, which is exact only then: in a damaged or foreign
+trace that reused an id, the end of the op the id first named closed the op it named next
+(a hang vanished and ``check`` exited 0), and what the model held depended on how a reader
+cut the stream into batches.  So a begin whose id its rank has begun before, in the model
+or earlier in the batch, starts a new piece of its stream: the pieces are taken one after
+the other (``TraceModel._ingest_cut``), each phase going to the latest begin of its id
+before it, as a reader of the stream event by event would pair them.  Such begins are
+counted per rank (``TraceModel.reused``) and ``check`` says so in a warning.
 
 Most batches are cleared by comparisons alone, for all records at once: a record whose
 begins' ids rise, the first above the highest its rank had begun (``top``), reuses none.
@@ -85,8 +89,9 @@ def highest(got: Begun, records: int) -> np.ndarray:
 def repeated(ids: np.ndarray, known: np.ndarray, seen: set[int]) -> np.ndarray:
     """Which of a rank's begins (``ids``, in stream order) reuse an id: one the rank has
     (``known``, looked up in its id map), one of ``seen`` (its earlier records' in the
-    batch), or one an earlier begin here has.  Adds the ids kept to ``seen``.  Negative
-    ids are left alone: the id map never holds them, so no phase finds their op anyway."""
+    batch), or one an earlier begin here has.  Adds the ids to ``seen``.  Negative ids are
+    never taken for reused (no reader makes one: the schema and the block decoder keep ids
+    in [0, 2**62); a caller's own are paired as they come)."""
     bad = known.copy()
     if seen:
         bad |= np.isin(ids, np.fromiter(seen, np.int64, len(seen)))
@@ -95,5 +100,5 @@ def repeated(ids: np.ndarray, known: np.ndarray, seen: set[int]) -> np.ndarray:
     again[first] = False
     bad |= again
     bad &= ids >= 0
-    seen.update(ids[~bad & (ids >= 0)].tolist())
+    seen.update(ids[ids >= 0].tolist())
     return bad

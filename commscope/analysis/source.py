@@ -128,8 +128,9 @@ def read_warnings(model: TraceModel, stats: ReadStats) -> list[str]:
         warnings.append(f"skipped {stats.invalid} invalid event(s) ({why})")
     if model.reused:
         per = ", ".join(f"rank {r}: {n}" for r, n in sorted(model.reused.items())[:16])
-        warnings.append(f"skipped {sum(model.reused.values())} op begin(s) reusing an op id their rank had "
-                        f"begun: a damaged or foreign trace ({per})")
+        warnings.append(f"{sum(model.reused.values())} op begin(s) reused an op id their rank had begun, as a "
+                        f"damaged or foreign trace does ({per}): each phase was paired with the latest begin of its "
+                        "id before it")
     if stats.trimmed:
         warnings.append("the store dropped old events (maxlen): early ops may be missing")
     if stats.summarized:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from commscope.events import SCHEMA_VERSION, Event
 from commscope.schema import redact_event
+from commscope.visible import visible_event
 
 CRASH_FILE = re.compile(r"^rank-(\d+)\.crash$")
 MAX_BYTES = 1 << 20  # faulthandler writes at most 100 frames per thread: far less than this
@@ -116,7 +117,7 @@ def crash_events(path: Path, rank: int) -> list[Event]:
         out.append({"type": "stack", **base, "reason": "signal", "threads": threads})
     out.append({"type": "exit", **base, "reason": "signal", "signal": error or "fatal signal",
                 "exc": f"Fatal Python error: {error}" if error else "fatal signal", "src": "faulthandler"})
-    return [redact_event(e) for e in out]
+    return [visible_event(redact_event(e)) for e in out]  # (a crash file's text is the program's: its paths)
 
 
 class CrashFiles:
