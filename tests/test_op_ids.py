@@ -136,6 +136,42 @@ def test_phases_go_to_the_latest_begin_of_their_id_before_them_however_the_strea
     assert m.ranks[0].comp[2] > 0 and m.ranks[0].comp[1] == ts[3]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_batch_pairs_as_the_stream_event_by_event_does(seed):
+    """Random streams of two ranks whose ids repeat (phases of ops begun in an earlier batch
+    too): ingested in batches of random sizes, as records and as event dicts, each leaves
+    what ingesting them one event at a time leaves."""
+    rng = np.random.default_rng(seed)
+    streams = {}
+    for r in (0, 1):
+        rows, open_ids = [], []
+        for _ in range(60):
+            if open_ids and rng.random() < 0.5:
+                rows.append((PH_END, open_ids.pop(int(rng.integers(len(open_ids)))), -1))
+            else:
+                op_id = int(rng.integers(1, 6))
+                rows.append((PH_BEGIN, op_id, 0))
+                open_ids.append(op_id)
+        streams[r] = _records(r, rows)
+
+    def model(cuts: list[int], dicts: bool) -> TraceModel:
+        m = TraceModel()
+        for a, b in zip([0, *cuts], [*cuts, 60], strict=True):
+            parts = [streams[r].take(np.arange(a, b)) for r in (0, 1)]
+            if dicts:
+                m.ingest([e for p in parts for e in p.events()])
+            else:
+                m.ingest([], parts)
+        return m
+
+    one_by_one = model(list(range(1, 60)), False)
+    for dicts in (False, True):
+        cuts = sorted({int(c) for c in rng.integers(1, 60, 4)})
+        for m in (model(cuts, dicts), model([], dicts)):
+            assert [_pairs(m, r) for r in (0, 1)] == [_pairs(one_by_one, r) for r in (0, 1)]
+            assert m.reused == one_by_one.reused and m.reused
+
+
 def test_a_rank_twice_in_a_batch_with_an_id_in_both_records(monkeypatch):
     """Two streams of one rank in one batch, both beginning op 7: the second record's is a
     reuse, as a list of records and as a poll's columns."""
@@ -210,6 +246,10 @@ def test_the_pure_parts():
     assert opids.suspects(got, np.array([4, -1, 2]), once).tolist() == [True, False, True]
     assert opids.suspects(got, np.array([3, -1, 2]), np.array([True, True, False])).tolist() == [False, False, True]
     assert opids.highest(got, 3).tolist() == [5, -1, 3]
+    # begins at 0, 2, 5, 7 (ids 4, 4, 9, 4); phases at 1, 3, 4, 6, 8, 9 (ids 4, 4, 9, 9, 4, 5)
+    k = opids.paired(np.array([0, 2, 5, 7]), np.array([4, 4, 9, 4]), np.array([1, 3, 4, 6, 8, 9]),
+                     np.array([4, 4, 9, 9, 4, 5]))
+    assert k.tolist() == [0, 1, -1, 2, 3, -1]
     seen = {7}
     bad = opids.repeated(np.array([1, 7, 2, 1, -3, -3]), np.array([False, False, True, False, False, False]), seen)
     assert bad.tolist() == [False, True, True, True, False, False] and seen == {1, 2, 7}

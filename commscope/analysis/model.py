@@ -776,8 +776,8 @@ class TraceModel:
             if k not in together and rows[k].shape[0]:
                 a, b = self._record_begins(recs, rows[k], codes[k], changed)
                 lo, hi = min(lo, a), max(hi, b)
-        for recs, at in cut:
-            a, b = self._ingest_cut(recs, at, changed)
+        for recs in cut:
+            a, b = self._ingest_cut(recs, changed)
             lo, hi = min(lo, a), max(hi, b)
         if tops is not None:  # (before the events: a begin among them is checked against these)
             self._raise_tops(*tops)
@@ -800,7 +800,7 @@ class TraceModel:
             self.start_ns = lo if not self.start_ns else min(self.start_ns, lo)
             self.end_ns = max(self.end_ns, hi)
         self.events += len(events) + int(described.sizes.sum()) + (beats.events() if beats is not None else 0) + sum(
-            len(recs) for recs, _ in cut)
+            len(recs) for recs in cut)
         self.table.compact()  # (between batches: nothing holds a rank's columns now)
         self.version += 1
         self.changed = frozenset(changed)
@@ -809,12 +809,12 @@ class TraceModel:
 
     def _cut_at_reuse(self, recs_list: Sequence[OpRecords], spans: Spans | None, described: _Records
                       ) -> tuple[Sequence[OpRecords], Spans | None, _Records, tuple[np.ndarray, np.ndarray] | None,
-                                 list[tuple[OpRecords, np.ndarray]]]:
+                                 list[OpRecords]]:
         """Set apart the records in which a begin reuses an op id its rank has begun
-        (``opids``), each with the rows of those begins, for ``_ingest_cut``; the rest go the
-        usual way, with (ranks, the highest id each record begins) for ``_raise_tops`` once
-        their begins are in.  A batch that reuses none, all but a foreign or damaged trace's,
-        is returned as it came."""
+        (``opids``), for ``_ingest_cut``; the rest go the usual way, with (ranks, the
+        highest id each record begins) for ``_raise_tops`` once their begins are in.  A
+        batch that reuses none, all but a foreign or damaged trace's, is returned as it
+        came."""
         got = opids.begun(recs_list, spans)
         if not got.ids.shape[0]:
             return recs_list, spans, described, None, []
@@ -830,7 +830,7 @@ class TraceModel:
         odd = opids.suspects(got, top, described.once)
         if not odd.any():
             return recs_list, spans, described, tops, []
-        cut: dict[int, np.ndarray] = {}
+        cut: list[int] = []
         seen: dict[int, set[int]] = {}
         for k in np.flatnonzero(odd).tolist():
             recs = recs_list[k]
@@ -842,39 +842,41 @@ class TraceModel:
             known = rt.lookup(ids) >= 0 if rt is not None and rt.n else np.zeros(ids.shape[0], np.bool_)
             again = opids.repeated(ids, known, seen.setdefault(recs.rank, set()))
             if again.any():
-                cut[k] = rows[again]
+                cut.append(k)
                 self.reused[recs.rank] = self.reused.get(recs.rank, 0) + int(np.count_nonzero(again))
         if not cut:
             return recs_list, spans, described, tops, []
         keep = np.ones(len(recs_list), np.bool_)
-        keep[list(cut)] = False
+        keep[cut] = False
         rest = [recs for k, recs in enumerate(recs_list) if keep[k]]
-        return (rest, None, _Records.of(rest, t), (tops[0][keep], tops[1][keep]),
-                [(recs_list[k], cut[k]) for k in sorted(cut)])
+        return rest, None, _Records.of(rest, t), (tops[0][keep], tops[1][keep]), [recs_list[k] for k in cut]
 
-    def _ingest_cut(self, recs: OpRecords, at: np.ndarray, changed: set[int]) -> tuple[int, int]:
-        """A record whose begins at rows ``at`` reuse an op id: taken in pieces, each from one
-        of those begins to the next, begins then phases, rank by rank, so that a phase goes
-        to the latest begin of its id before it, as the stream put them (a batch takes its
-        begins before its phases: the end of the op an id first named closed the op it
-        named next).  Returns the (first, last) timestamp."""
+    def _ingest_cut(self, recs: OpRecords, changed: set[int]) -> tuple[int, int]:
+        """A record in which a begin reuses an op id, rank by rank, its phases paired in
+        stream order: each with the latest begin of its id before it in the record, else
+        with the rank's op of that id before the record (``opids.paired``; a batch takes
+        its begins before its phases, and the end of the op an id first named closed the
+        op it named next).  Returns the (first, last) timestamp."""
+        rt = self._rank(recs.rank)
+        begins = recs.begins()
+        phases = np.flatnonzero(recs.phase > PH_BEGIN)
+        before = rt.lookup(recs.id[phases]) if rt.n else np.full(phases.shape[0], -1, np.int32)
+        n0 = rt.n
         lo, hi = I64_MAX, 0
-        bounds = [0, *at.tolist(), len(recs)]
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-            if a == b:
-                continue
-            piece = recs.take(np.arange(a, b))
-            rows = piece.begins()
-            if rows.shape[0]:
-                codes = self._codes(piece.statics, piece.static[rows], piece.tid[rows])
-                t0, t1 = self._record_begins(piece, rows, codes, changed)
-                lo, hi = min(lo, t0), max(hi, t1)
-            t0, t1 = self._record_phases(piece, changed)
-            lo, hi = min(lo, t0), max(hi, t1)
-        rt = self.ranks.get(recs.rank)
-        if rt is not None and rt.n:
-            ids = recs.id[recs.phase == PH_BEGIN]
-            self._raise_tops(np.array([recs.rank]), np.array([max(int(ids.max()), opids.NONE)]))
+        if begins.shape[0]:
+            codes = self._codes(recs.statics, recs.static[begins], recs.tid[begins])
+            lo, hi = self._record_begins(recs, begins, codes, changed)
+            top = int(recs.id[begins].max())
+            if top > self.table.top_id[rt._s]:
+                self.table.top_id[rt._s] = top
+        if phases.shape[0]:
+            k = opids.paired(begins, recs.id[begins], phases, recs.id[phases])
+            idx = np.where(k >= 0, n0 + k, before).astype(np.int32)
+            a, b, first = self._phases(rt, recs.ts[phases], recs.id[phases], recs.phase[phases],
+                                       _record_extras(recs, phases), idx)
+            self._seen(rt, a, b, first)
+            changed.add(rt.rank)
+            lo, hi = min(lo, a), max(hi, b)
         return lo, hi
 
     def _raise_tops(self, ranks: np.ndarray, top: np.ndarray) -> None:
@@ -1701,45 +1703,46 @@ class TraceModel:
         for r, pos in _split_by_rank(ranks):
             rt = self._rank(r)
             ph = phase if pos is None else phase[pos]
-            pieces = [pos]
+            in_order = False
             begins = ph == PH_BEGIN
             if begins.any():
-                bpos = _positions(pos, begins)
-                again = self._reusing(rt, ids[bpos])
-                if again.any():  # (in pieces, each from a begin reusing an id: ``_ingest_cut``)
-                    every = np.arange(n) if pos is None else pos
-                    pieces = np.split(every, np.searchsorted(every, bpos[again]))
+                again = self._reusing(rt, ids[_positions(pos, begins)])
+                if again.any():  # (its phases paired in stream order: ``_ingest_cut``)
+                    in_order = True
                     self.reused[r] = self.reused.get(r, 0) + int(np.count_nonzero(again))
-            for piece in pieces:
-                if piece is not None and not piece.shape[0]:
-                    continue
-                t0, t1, touched = self._rank_events(rt, events, piece, phase, ts, ids, kind, samples)
-                if t1:
-                    lo, hi = min(lo, t0), max(hi, t1)
-                self._seen(rt, t0, t1, touched)
+            t0, t1, touched = self._rank_events(rt, events, pos, phase, ts, ids, kind, samples, in_order)
+            if t1:
+                lo, hi = min(lo, t0), max(hi, t1)
+            self._seen(rt, t0, t1, touched)
             changed.add(r)
         return lo, hi
 
     def _rank_events(self, rt: RankTrace, events: list[Event], pos: np.ndarray | None, phase: np.ndarray,
-                     ts: np.ndarray, ids: np.ndarray, kind: np.ndarray, samples: _ChunkSamples | None
-                     ) -> tuple[int, int, int]:
+                     ts: np.ndarray, ids: np.ndarray, kind: np.ndarray, samples: _ChunkSamples | None,
+                     in_order: bool) -> tuple[int, int, int]:
         """A rank's events of a chunk (``pos``: their positions, None: all of it): its
-        liveness, then its begins, then its other phases; returns their (first, last)
-        timestamp and the earliest begin among the ops added or changed."""
+        liveness, then its begins, then its other phases (``in_order``: paired with the
+        begins in stream order, where one reuses an op id: ``_ingest_cut``); returns their
+        (first, last) timestamp and the earliest begin among the ops added or changed."""
         ph = phase if pos is None else phase[pos]
         misc, begins, phases = ph < 0, ph == PH_BEGIN, ph > PH_BEGIN
         t0, t1 = I64_MAX, 0
         touched = I64_MAX
+        bpos = _positions(pos, begins)
+        opos = _positions(pos, phases)
+        idx = None
+        if in_order:
+            before = rt.lookup(ids[opos]) if rt.n else np.full(opos.shape[0], -1, np.int32)
+            k = opids.paired(bpos, ids[bpos], opos, ids[opos])
+            idx = np.where(k >= 0, rt.n + k, before).astype(np.int32)
         if misc.any():
             t0, t1 = self._liveness(rt, events, pos, misc, kind if pos is None else kind[pos], ts, samples)
         if begins.any():
-            bpos = _positions(pos, begins)
             a, b = self._begins(rt, _take(events, bpos), ts[bpos], ids[bpos])
             t0, t1 = min(t0, a), max(t1, b)
             touched = a
         if phases.any():
-            opos = _positions(pos, phases)
-            a, b, first = self._phases(rt, ts[opos], ids[opos], phase[opos], _extras(_take(events, opos)))
+            a, b, first = self._phases(rt, ts[opos], ids[opos], phase[opos], _extras(_take(events, opos)), idx)
             t0, t1 = min(t0, a), max(t1, b)
             touched = min(touched, first)
         return t0, t1, touched
@@ -2140,11 +2143,13 @@ class TraceModel:
         return gi
 
     def _phases(self, rt: RankTrace, ts: np.ndarray, ids: np.ndarray, ph: np.ndarray,
-                extras: list[PhaseExtra]) -> tuple[int, int, int]:
-        """Apply phases (``ph``) to the ops they name; ``extras``: what some say beyond their
-        time (exception, approximate end, device time, resolved source).  Returns the
-        (first, last) timestamp of the phases and the earliest begin among the ops changed."""
-        idx = rt.lookup(ids)
+                extras: list[PhaseExtra], idx: np.ndarray | None = None) -> tuple[int, int, int]:
+        """Apply phases (``ph``) to the ops they name (``idx``: each one's op, where already
+        paired; else the op of its id); ``extras``: what some say beyond their time
+        (exception, approximate end, device time, resolved source).  Returns the (first,
+        last) timestamp of the phases and the earliest begin among the ops changed."""
+        if idx is None:
+            idx = rt.lookup(ids)
         ok = idx >= 0
         for code, col in ((PH_END, rt.end), (PH_WAIT_BEGIN, rt.wb), (PH_WAIT_END, rt.we), (PH_DONE, rt.done)):
             m = ok & (ph == code)

@@ -5,11 +5,12 @@ unique (the recorder numbers a rank's ops from ``(incarnation << 40) + 1`` on). 
 takes its begins before its phases, which is exact only then: in a damaged or foreign
 trace that reused an id, the end of the op the id first named closed the op it named next
 (a hang vanished and ``check`` exited 0), and what the model held depended on how a reader
-cut the stream into batches.  So a begin whose id its rank has begun before, in the model
-or earlier in the batch, starts a new piece of its stream: the pieces are taken one after
-the other (``TraceModel._ingest_cut``), each phase going to the latest begin of its id
-before it, as a reader of the stream event by event would pair them.  Such begins are
-counted per rank (``TraceModel.reused``) and ``check`` says so in a warning.
+cut the stream into batches.  So where a begin reuses an id its rank has begun before, in
+the model or earlier in the batch, that rank's phases of the batch are paired in stream
+order (``paired``, ``TraceModel._ingest_cut``): each goes to the latest begin of its id
+before it, as a reader of the stream event by event would pair them, and a later batch's
+to the latest of all.  Such begins are counted per rank (``TraceModel.reused``) and
+``check`` says so in a warning.
 
 Most batches are cleared by comparisons alone, for all records at once: a record whose
 begins' ids rise, the first above the highest its rank had begun (``top``), reuses none.
@@ -102,3 +103,25 @@ def repeated(ids: np.ndarray, known: np.ndarray, seen: set[int]) -> np.ndarray:
     bad &= ids >= 0
     seen.update(ids[ids >= 0].tolist())
     return bad
+
+
+def paired(begin_at: np.ndarray, begin_ids: np.ndarray, phase_at: np.ndarray, phase_ids: np.ndarray) -> np.ndarray:
+    """For each phase (at ``phase_at`` of a rank's stream, id ``phase_ids``), the latest
+    begin of its id before it among the begins at ``begin_at`` (ascending, ids
+    ``begin_ids``): that begin's index there, -1 where there is none.  One sort, whatever
+    how often the ids repeat."""
+    out = np.full(phase_at.shape[0], -1, np.int64)
+    if not begin_at.shape[0] or not phase_at.shape[0]:
+        return out
+    uniq, group = np.unique(begin_ids, return_inverse=True)
+    pg = np.minimum(np.searchsorted(uniq, phase_ids), uniq.shape[0] - 1)
+    known = uniq[pg] == phase_ids
+    span = int(max(int(begin_at.max()), int(phase_at.max()))) + 1
+    key = group.reshape(-1).astype(np.int64) * span + begin_at
+    order = np.argsort(key, kind="stable")
+    keys = key[order]
+    j = np.searchsorted(keys, pg.astype(np.int64) * span + phase_at) - 1  # (a begin and a phase never share a place)
+    at = np.maximum(j, 0)
+    ok = known & (j >= 0) & (keys[at] // span == pg)
+    out[ok] = order[at[ok]]
+    return out
