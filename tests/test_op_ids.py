@@ -39,15 +39,16 @@ def _static(op: str, shape: int = 4) -> Static:
 STATICS = [_static("all_reduce"), _static("broadcast", 8)]
 
 
-def _records(rank: int, rows: list[tuple[int, int, int]], statics: list[Static] = STATICS) -> OpRecords:
-    """Records from (phase, id, static) rows, a microsecond apart; begins of static 0 take
-    seq = id, of static 1 seq 1; a thread per rank."""
+def _records(rank: int, rows: list[tuple[int, ...]], statics: list[Static] = STATICS) -> OpRecords:
+    """Records from (phase, id, static[, parent id]) rows, a microsecond apart; begins of
+    static 0 take seq = id, of static 1 seq 1; a thread per rank."""
     k = len(rows)
-    ph, ids, st = (np.array(c) for c in zip(*rows, strict=True))
+    rows = [(*row, -1) if len(row) == 3 else row for row in rows]
+    ph, ids, st, parent = (np.array(c) for c in zip(*rows, strict=True))
     begin = ph == PH_BEGIN
     return OpRecords(rank, ph.astype(np.int8), T + rank + 1000 * np.arange(k) + 1000 * ids,
                      ids.astype(np.int64), np.where(begin, st, -1).astype(np.int32),
-                     np.where(begin, np.where(st == 0, ids, 1), -1).astype(np.int64), np.full(k, -1, np.int64),
+                     np.where(begin, np.where(st == 0, ids, 1), -1).astype(np.int64), parent.astype(np.int64),
                      np.full(k, 7 + rank, np.uint64), np.full(k, -1, np.int32), np.zeros(k, np.int64),
                      np.zeros(k, np.uint8), {}, statics)
 
@@ -84,9 +85,9 @@ def test_a_begin_reusing_an_id_starts_a_new_op_whichever_way_it_is_ingested(how,
     for name in ("_fresh_begins", "_live_begins", "_together_begins", "_record_begins"):
         original = getattr(TraceModel, name)
 
-        def spy(self, *args, _original=original, _name=name):
+        def spy(self, *args, _original=original, _name=name, **kwargs):
             taken.append(_name)
-            return _original(self, *args)
+            return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(TraceModel, name, spy)
     m = TraceModel()
@@ -136,11 +137,12 @@ def test_phases_go_to_the_latest_begin_of_their_id_before_them_however_the_strea
     assert m.ranks[0].comp[2] > 0 and m.ranks[0].comp[1] == ts[3]
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(8))
 def test_a_batch_pairs_as_the_stream_event_by_event_does(seed):
-    """Random streams of two ranks whose ids repeat (phases of ops begun in an earlier batch
-    too): ingested in batches of random sizes, as records and as event dicts, each leaves
-    what ingesting them one event at a time leaves."""
+    """Random streams of two ranks whose ids repeat, with nested ops naming a parent (ends,
+    and parents, of ops begun in an earlier batch too): ingested in batches of random
+    sizes, as records (rank 0's split in two records now and then) and as event dicts, each
+    leaves what ingesting them one event at a time leaves."""
     rng = np.random.default_rng(seed)
     streams = {}
     for r in (0, 1):
@@ -150,26 +152,32 @@ def test_a_batch_pairs_as_the_stream_event_by_event_does(seed):
                 rows.append((PH_END, open_ids.pop(int(rng.integers(len(open_ids)))), -1))
             else:
                 op_id = int(rng.integers(1, 6))
-                rows.append((PH_BEGIN, op_id, 0))
+                parent = open_ids[-1] if open_ids and rng.random() < 0.3 else -1
+                rows.append((PH_BEGIN, op_id, 0, parent))
                 open_ids.append(op_id)
         streams[r] = _records(r, rows)
 
-    def model(cuts: list[int], dicts: bool) -> TraceModel:
+    def model(cuts: list[int], dicts: bool, split: bool) -> TraceModel:
         m = TraceModel()
         for a, b in zip([0, *cuts], [*cuts, 60], strict=True):
             parts = [streams[r].take(np.arange(a, b)) for r in (0, 1)]
+            if split and b - a > 1:  # (two records of rank 0 in one batch, as two reads of its stream)
+                mid = (a + b) // 2
+                parts[:1] = [streams[0].take(np.arange(a, mid)), streams[0].take(np.arange(mid, b))]
             if dicts:
                 m.ingest([e for p in parts for e in p.events()])
             else:
                 m.ingest([], parts)
         return m
 
-    one_by_one = model(list(range(1, 60)), False)
+    one_by_one = model(list(range(1, 60)), False, False)
+    expected = [(_pairs(one_by_one, r), one_by_one.ranks[r].parent[:one_by_one.ranks[r].n].tolist()) for r in (0, 1)]
+    assert one_by_one.reused and any(p >= 0 for _, parents in expected for p in parents)
     for dicts in (False, True):
         cuts = sorted({int(c) for c in rng.integers(1, 60, 4)})
-        for m in (model(cuts, dicts), model([], dicts)):
-            assert [_pairs(m, r) for r in (0, 1)] == [_pairs(one_by_one, r) for r in (0, 1)]
-            assert m.reused == one_by_one.reused and m.reused
+        for m in (model(cuts, dicts, False), model([], dicts, False), model(cuts, dicts, True)):
+            assert [(_pairs(m, r), m.ranks[r].parent[:m.ranks[r].n].tolist()) for r in (0, 1)] == expected
+            assert m.reused == one_by_one.reused and m.events == one_by_one.events == 120
 
 
 def test_a_rank_twice_in_a_batch_with_an_id_in_both_records(monkeypatch):
@@ -190,10 +198,10 @@ def test_an_ingest_that_fails_partway_leaves_every_rank_s_highest_id_right(monke
     m.ingest([], [_records(0, [(PH_BEGIN, 1, 0)]), _records(1, [(PH_BEGIN, 1, 0)])])
     original = TraceModel._record_begins
 
-    def failing(self, recs, *args):
+    def failing(self, recs, *args, **kwargs):
         if recs.rank == 1:
             raise MemoryError("a batch too large")
-        return original(self, recs, *args)
+        return original(self, recs, *args, **kwargs)
 
     monkeypatch.setattr(TraceModel, "_record_begins", failing)
     with pytest.raises(MemoryError):

@@ -846,6 +846,8 @@ class TraceModel:
                 self.reused[recs.rank] = self.reused.get(recs.rank, 0) + int(np.count_nonzero(again))
         if not cut:
             return recs_list, spans, described, tops, []
+        # (a rank's other records of the batch too, in their order: its phases pair across them)
+        cut = np.flatnonzero(np.isin(described.ranks, [recs_list[k].rank for k in cut])).tolist()
         keep = np.ones(len(recs_list), np.bool_)
         keep[cut] = False
         rest = [recs for k, recs in enumerate(recs_list) if keep[k]]
@@ -865,7 +867,7 @@ class TraceModel:
         lo, hi = I64_MAX, 0
         if begins.shape[0]:
             codes = self._codes(recs.statics, recs.static[begins], recs.tid[begins])
-            lo, hi = self._record_begins(recs, begins, codes, changed)
+            lo, hi = self._record_begins(recs, begins, codes, changed, in_order=True)
             top = int(recs.id[begins].max())
             if top > self.table.top_id[rt._s]:
                 self.table.top_id[rt._s] = top
@@ -890,6 +892,22 @@ class TraceModel:
         for k in np.flatnonzero(slot < 0).tolist():
             slot[k] = self.ranks[int(ranks[k])]._s
         np.maximum.at(self.table.top_id, slot, top)
+
+    @staticmethod
+    def _parents_in_order(rt: RankTrace, at: np.ndarray, ids: np.ndarray, parents: np.ndarray) -> np.ndarray | None:
+        """The op each begin's parent names (``at``: the begins' places in the stream, ``ids``
+        theirs, ``parents`` their parents' ids, -1: none), as the stream put them: the latest
+        begin of that id before it among these, else the rank's op of that id before them
+        (``opids.paired``); -1 where none.  Asked before the begins are in; None where no
+        begin has a parent."""
+        has = parents >= 0
+        if not has.any():
+            return None
+        out = np.full(parents.shape[0], -1, np.int32)
+        k = opids.paired(at, ids, at[has], parents[has])
+        before = rt.lookup(parents[has]) if rt.n else np.full(k.shape[0], -1, np.int32)
+        out[has] = np.where(k >= 0, rt.n + k, before)
+        return out
 
     def _recount_tops(self) -> None:
         """Every rank's highest op id begun, from its ops (after an ingest that failed
@@ -923,12 +941,15 @@ class TraceModel:
         return rt
 
     def _record_begins(self, recs: OpRecords, rows: np.ndarray, codes: np.ndarray,
-                       changed: set[int]) -> tuple[int, int]:
-        """The begins among op records (``rows``, their signature ``codes``); returns their
-        (first, last) timestamp."""
+                       changed: set[int], in_order: bool = False) -> tuple[int, int]:
+        """The begins among op records (``rows``, their signature ``codes``; ``in_order``:
+        their parents paired in stream order, ``_ingest_cut``); returns their (first, last)
+        timestamp."""
         rt = self._rank(recs.rank)
         ts = recs.ts[rows]
-        a, b = self._add_ops(rt, ts, recs.id[rows], codes, recs.seq[rows], recs.peer[rows], recs.parent[rows])
+        ids, parents = recs.id[rows], recs.parent[rows]
+        resolved = self._parents_in_order(rt, rows, ids, parents) if in_order else None
+        a, b = self._add_ops(rt, ts, ids, codes, recs.seq[rows], recs.peer[rows], parents, resolved)
         self._seen(rt, a, b, a)
         changed.add(rt.rank)
         return a, b
@@ -1738,7 +1759,7 @@ class TraceModel:
         if misc.any():
             t0, t1 = self._liveness(rt, events, pos, misc, kind if pos is None else kind[pos], ts, samples)
         if begins.any():
-            a, b = self._begins(rt, _take(events, bpos), ts[bpos], ids[bpos])
+            a, b = self._begins(rt, _take(events, bpos), ts[bpos], ids[bpos], bpos if in_order else None)
             t0, t1 = min(t0, a), max(t1, b)
             touched = a
         if phases.any():
@@ -2040,7 +2061,10 @@ class TraceModel:
         known = rt.lookup(ids) >= 0 if rt.n else np.zeros(ids.shape[0], np.bool_)
         return opids.repeated(ids, known, set())
 
-    def _begins(self, rt: RankTrace, begin_events: Sequence[dict], ts: np.ndarray, ids: np.ndarray) -> tuple[int, int]:
+    def _begins(self, rt: RankTrace, begin_events: Sequence[dict], ts: np.ndarray, ids: np.ndarray,
+                at: np.ndarray | None = None) -> tuple[int, int]:
+        """Begin events of a rank (``at``: their places in the stream, where their parents
+        are paired in stream order: ``_rank_events``)."""
         top = int(ids.max())
         if top > opids.NONE and (not rt.n or top > self.table.top_id[rt._s]):
             self.table.top_id[rt._s] = top
@@ -2064,12 +2088,14 @@ class TraceModel:
         seq = _ints(list(map(dget, begin_events, repeat("seq"), repeat(-1))))
         peer = _ints(list(map(dget, begin_events, repeat("peer"), repeat(-1))))
         parents = _ints(list(map(dget, begin_events, repeat("parent"), repeat(-1))))
-        return self._add_ops(rt, ts, ids, codes, seq, peer, parents)
+        resolved = self._parents_in_order(rt, at, ids, parents) if at is not None else None
+        return self._add_ops(rt, ts, ids, codes, seq, peer, parents, resolved)
 
     def _add_ops(self, rt: RankTrace, ts: np.ndarray, ids: np.ndarray, codes: np.ndarray, seq: np.ndarray,
-                 peer: np.ndarray, parents: np.ndarray) -> tuple[int, int]:
+                 peer: np.ndarray, parents: np.ndarray, resolved: np.ndarray | None = None) -> tuple[int, int]:
         """Append begun ops to a rank's columns and the cross-rank indexes (``parents``: op
-        ids, -1: none); returns the (first, last) begin of the rank so far."""
+        ids, -1: none; ``resolved``: their ops, paired in stream order, else the ops of
+        those ids once these are in); returns the (first, last) begin of the rank so far."""
         k = ts.shape[0]
         n0 = rt.n
         n1 = n0 + k
@@ -2084,7 +2110,7 @@ class TraceModel:
         rt.align(ids, n0)
         has_parent = parents >= 0
         if has_parent.any():
-            rt.parent[n0:n1][has_parent] = rt.lookup(parents[has_parent])
+            rt.parent[n0:n1][has_parent] = rt.lookup(parents[has_parent]) if resolved is None else resolved[has_parent]
             self.table.parents[rt._s] = True
         if rt._sorted and (ts[0] < rt._last_begin or (k > 1 and bool((np.diff(ts) < 0).any()))):
             rt._sorted = False
