@@ -294,9 +294,9 @@ def test_check_of_a_json_store_reusing_an_id_finds_the_hang(tmp_path, capsys):
 
 
 def _the_hang_is_found(rc: int, out: dict) -> None:
-    """Rank 1 never entered all_reduce #2: the finding, with no victim blamed, and the
-    reuse said."""
-    assert rc == 1
+    """Rank 1 never entered all_reduce #2: the finding, with no victim blamed, every op
+    read (rank 0's two, rank 1's one: none lost to the reused id), and the reuse said."""
+    assert rc == 1 and out["ops"] == 3 and out["skipped"]["invalid"] == 0
     assert [(f["kind"], f["severity"], f["seq"], f["culprits"]) for f in out["findings"]] == [
         ("missing_ranks", "error", 2, [1])]
     assert out["warnings"] == ["1 op begin(s) reused an op id their rank had begun, as a damaged or foreign trace "
