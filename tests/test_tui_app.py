@@ -442,6 +442,23 @@ def test_unparseable_trace_shows_why(tmp_path):
     drive(app, check, size=(120, 30))
 
 
+def test_the_header_says_a_trace_reused_op_ids(tmp_path):
+    """A damaged or foreign trace that reuses op ids (``analysis/opids``): the console pairs
+    them in stream order, finds the hang they hid, and says so, as ``check`` warns."""
+    from test_check_cli import write_store
+    from test_op_ids import _hung_with_a_reused_id
+
+    store = write_store(tmp_path / "s", _hung_with_a_reused_id())
+    feed = Feed(open_source(store), mode=REPLAY, source=str(store))
+    app = CommscopeApp(feed, start_feed=False, bell=False)
+
+    async def check(pilot):
+        assert [(f.kind, f.culprits) for f in app.findings] == [("missing_ranks", [1])]
+        assert "· 1 reused op ids " in str(app.header_bar.render())
+
+    drive(app, check, size=(160, 30))
+
+
 def test_header_counts_ops_without_timings():
     from test_report_export import _fr_dump_events
 

@@ -45,6 +45,7 @@ class FeedInfo:
     catching_up: bool = False  # some stream not read to its end yet: nothing judged
     corrupt: int = 0  # damaged lines the reader skipped
     invalid: int = 0  # events that failed the schema, skipped
+    reused: int = 0  # op begins that reused an op id their rank had begun (``TraceModel.reused``)
     trimmed: bool = False
     warnings: tuple[str, ...] = ()
     waiting: bool = True  # nothing recorded yet
@@ -512,7 +513,7 @@ class Feed:
             mode=self.mode, source=self.source, version=m.version, events=m.events, rate=rate,
             behind_bytes=behind_bytes, behind=behind_bytes > self.BUDGET or lag > self.LAG_SHOWN_S,
             lag_s=lag, catching_up=not self.caught_up() and m.events > 0,
-            corrupt=stats.corrupt, invalid=stats.invalid, trimmed=stats.trimmed,
+            corrupt=stats.corrupt, invalid=stats.invalid, reused=sum(m.reused.values()), trimmed=stats.trimmed,
             warnings=tuple(stats.warnings[-5:]), waiting=m.events == 0, ended=ended,
             loaded=self.info.loaded, progress=self.info.progress, now_ns=now, error=self.error,
             restarts=self.restarts)

@@ -56,6 +56,8 @@ class StatusHeader(Static):
             t.append(f"· {info.corrupt} damaged lines skipped ", style="#e0a030")
         if info.invalid:
             t.append(f"· {info.invalid} invalid events skipped ", style="#e0a030")
+        if info.reused:
+            t.append(f"· {info.reused} reused op ids ", style="#e0a030")
         if untimed:
             t.append(f"· {untimed:,} ops without timings ", style="grey62")
         t.append(f"✖ {errors} ", style="bold #e05050" if errors else "grey42")
