@@ -192,9 +192,12 @@ def _site(frames: Any) -> str | None:
 
 
 def dumps_to_events(dumps: dict[int, dict], mtimes: dict[int, int] | None = None,
-                    job: str = "flight-recorder", skipped: dict[int, Counter] | None = None) -> list[Event]:
+                    job: str = "flight-recorder", skipped: dict[int, Counter] | None = None,
+                    warnings: list[str] | None = None) -> list[Event]:
     """Convert per-rank dumps to schema events, per-rank order preserved.  Entries that are
-    not entries are left out and counted in ``skipped`` (rank -> reason -> count)."""
+    not entries are left out and counted in ``skipped`` (rank -> reason -> count); a stack
+    that cannot be read is said in ``warnings`` (its entry's op is read: nothing is lost
+    that ``check`` judges by)."""
     mtimes = mtimes or {}
     world = max(dumps) + 1 if dumps else 0
     if world > WORLD_PER_DUMP * len(dumps):  # a rank number far beyond the dumps read: no guess
@@ -256,8 +259,9 @@ def dumps_to_events(dumps: dict[int, dict], mtimes: dict[int, int] | None = None
             if ev and ev[-1].get("phase") == "begin" and stuck_first is None:
                 stuck_first = ev[-1]["id"]
                 frames_of[stuck_first] = e.get("frames")
-                if not isinstance(frames_of[stuck_first], list | None) and skipped is not None:
-                    skipped.setdefault(rank, Counter())["fr entry: frames not a list (no stack)"] += 1
+                if not isinstance(frames_of[stuck_first], list | None) and warnings is not None:
+                    warnings.append(f"rank {rank}: the stack of its first Flight Recorder entry in flight could not "
+                                    "be read (its frames are not a list): its op is read, without a stack")
         ts_end = mtimes.get(rank) or (max(created) if created else 0)
         if stuck_first is not None and isinstance(frames_of.get(stuck_first), list) and frames_of[stuck_first]:
             frames = [[str(f.get("filename")), f.get("line"), str(f.get("name"))]
@@ -343,7 +347,7 @@ class FlightRecorderReader(TraceReader):
                              f"({'; '.join(self.stats.warnings[:3])})")
         by_rank: dict[int, list[Event]] = {}
         skipped: dict[int, Counter] = {}
-        for ev in dumps_to_events(dumps, mtimes, job=self.path.name, skipped=skipped):
+        for ev in dumps_to_events(dumps, mtimes, job=self.path.name, skipped=skipped, warnings=self.stats.warnings):
             by_rank.setdefault(ev["rank"], []).append(ev)
         events: list[Event] = []
         for rank, evs in by_rank.items():  # the one schema every reader validates against
