@@ -415,3 +415,29 @@ def test_pyspy_errors_are_classified():
     with pytest.raises(pyspy.DumpError) as exc:
         pyspy.dump(os.getpid(), exe="/nonexistent/py-spy")
     assert exc.value.kind == pyspy.MISSING
+
+
+def test_cycles_after_a_flight_recorder_one_reuse_no_op_id(tmp_path):
+    """The first cycle writes each rank's Flight Recorder entries (ids: record ids + 1), the
+    later ones the op each rank's stack shows: their ids lie apart (``take.OP_IDS``), so the
+    trace reads as one whose ids never repeat, not as a damaged one (``analysis/opids``)."""
+    from commscope.analysis.source import load_trace
+    from commscope.snapshot.flight import Found
+    from commscope.snapshot.take import OP_IDS, Sample, Snapshotter
+
+    ranks = [procs.RankProcess(pid=os.getpid(), rank=r, world_size=2, local_rank=r, launcher="env", job="k",
+                               argv=("train.py",), user=None, create_time=0.0) for r in (0, 1)]
+    snap = Snapshotter(procs.Job("k", "env", 2, ranks, [0, 1]), str(tmp_path / "s"), "j", count=1, native=False)
+    t = time.time_ns()
+    fr = {r: [{"v": 3, "type": "op", "rank": r, "ts": t - 10**9, "id": i, "phase": "begin", "op": "all_reduce",
+               "group": "0", "seq": i} for i in (1, 2, 3)] for r in (0, 1)}
+    stuck = infer.InFlight("all_reduce", "0", None, None, None, "train.py:3 in step", 7, False)
+    for k in (1, 2, 3):
+        snap.cycles = k
+        samples = {r: [Sample(t + k, _thread(_frame("step", "/job/train.py", 3)), None, stuck, None, None)]
+                   for r in (0, 1)}
+        snap._write(k, t + k, t + k + 1, samples, Found(fr, "read") if k == 1 else None)
+    snap.close()
+    model, _, warnings = load_trace(tmp_path / "s")
+    assert model.reused == {} and not any("reused" in w for w in warnings)
+    assert model.ranks[0].id[:model.ranks[0].n].tolist() == [1, 2, 3, OP_IDS + 2, OP_IDS + 3]

@@ -46,6 +46,10 @@ MAX_FRAMES = 128
 ONE_SAMPLE = 1e-6
 #: py-spy processes at once
 DUMPERS = 8
+#: A cycle's op ids are this plus the cycle's number: apart from the Flight Recorder entries'
+#: (record ids + 1) a rank's stream may hold from the first cycle (a reused id reads as a
+#: damaged trace: ``analysis/opids``)
+OP_IDS = 1 << 50
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -247,7 +251,7 @@ class Snapshotter:
             group = op.group or _unknown_group(op, k)
             if op.group is None:
                 evs += self._group(rank, firsts[rank], group, sorted(unknown[group]))
-            ev = {"v": v, "type": events.OP, "rank": rank, "ts": firsts[rank], "id": k, "phase": events.BEGIN,
+            ev = {"v": v, "type": events.OP, "rank": rank, "ts": firsts[rank], "id": OP_IDS + k, "phase": events.BEGIN,
                   "op": op.op, "group": group, "seq": k, "src": SNAPSHOT, "tid": op.tid}
             if op.site:
                 ev["site"] = redact(op.site)
@@ -258,7 +262,7 @@ class Snapshotter:
             if op.root is not None:
                 ev["root"] = op.root
             evs.append(ev)
-            self._open[rank] = k
+            self._open[rank] = OP_IDS + k
         for rank in gone:
             self._gone_written.add(rank)
             pid = next((p.pid for p in self.job.ranks if p.rank == rank), None)
