@@ -457,3 +457,96 @@ def test_one_child_bounds_a_stream_at_a_time_and_summarizes_a_segment_once(tmp_p
     gone = _force(job, 32 << 10)
     assert gone >= 3 and not first.path.exists()
     assert [orjson.loads(x)["seg"] for x in summary.read_bytes().splitlines()] == list(range(gone))
+
+
+def _windowed(root: Path, events: list[dict], segment: int = 16 << 10) -> Path:
+    """``events`` written through the directory writer in small segments, 8 lines a write,
+    the streams closed (carries written), every file's mtime the trace's end: a window
+    counted back from the job's newest write then starts partway through its history."""
+    from commscope.events import encode
+
+    end = max(e["ts"] for e in events)
+    ranks = sorted({e["rank"] for e in events})
+    for r in ranks:
+        lines = [encode(e) for e in sorted((e for e in events if e["rank"] == r), key=lambda e: e["ts"])]
+        w = DirectoryWriter(root, "job", r, {"world_size": len(ranks)}, segment_bytes=segment, closer=False)
+        for k in range(0, len(lines), 8):
+            w.write(lines[k:k + 8])
+        w.close()
+        retention.close_stream(w.dir, r, 0, retention.parse("none"))
+    for p in (root / "job").iterdir():
+        os.utime(p, ns=(end, end))
+    return root
+
+
+def _found(store: Path, capsys, *extra: str) -> tuple[int, list[tuple], dict]:
+    capsys.readouterr()
+    rc = cli(["check", str(store), "--json", *extra])
+    out = json.loads(capsys.readouterr().out)
+    return rc, [(f["kind"], f["culprits"]) for f in out["findings"]], out
+
+
+def _busy_then(tb, t: int) -> int:
+    """100 all_reduces of every rank from ``t`` on, a second apart; returns the next second."""
+    for _ in range(100):
+        t = tb.collective(t) + S
+    return t
+
+
+@pytest.mark.parametrize("case", ["broadcast root", "send"])
+def test_a_window_knows_what_a_rank_entered_in_each_group_and_channel(tmp_path, capsys, case):
+    """The root of a broadcast that returned while the others still wait in it, or a send
+    that returned while its recv waits, then an hour of ops in another group: the window
+    starts long after, yet names no rank that "never entered" or "never posted" (a carry
+    kept only the rank's last op of all, from that other group)."""
+    from commscope.analysis.synth import TraceBuilder
+
+    hour = 3600 * S
+    tb = TraceBuilder(4, hang_after=10.0, sample_interval=5.0)
+    t = _busy_then(tb, tb.t0 + S)
+    done = 0 if case == "broadcast root" else 1
+    if case == "broadcast root":
+        tb.sync(0, t, t + 1000, "broadcast", root=0)
+        for r in (1, 2, 3):
+            tb.sync(r, t, None, "broadcast", root=0)
+    else:
+        tb.sync(1, t, t + 1000, "send", peer=0, dir="send")
+        tb.sync(0, t + S, None, "recv", peer=1, dir="recv")
+    tb.heartbeats(tb.t0 + S, t + hour, interval=5 * S)
+    tb.group("solo", [done])
+    for k in range(1, 360):
+        tb.sync(done, t + 10 * k * S, t + 10 * k * S + 1000, "all_reduce", group="solo")
+    store = _windowed(tmp_path / "s", tb.events)
+    full = _found(store, capsys)
+    rc, found, out = _found(store, capsys, "--since", "10m")
+    assert full[:2] == (rc, found) == (0, [])
+    assert out["skipped"]["before_window_bytes"] > 0 and out["events"] < full[2]["events"] / 3
+
+
+def test_a_failure_an_hour_before_the_window_is_still_found(tmp_path, capsys):
+    from commscope.analysis.synth import TraceBuilder
+
+    tb = TraceBuilder(4, hang_after=10.0, sample_interval=5.0)
+    t = _busy_then(tb, tb.t0 + S)
+    for r in range(4):
+        i = tb.begin(r, t, "all_reduce")
+        tb.end(r, i, t + S, **({"exc": "RuntimeError: CUDA error: an illegal memory access"} if r == 2 else {}))
+    t = _busy_then(tb, t + 2 * S)
+    for _ in range(30):
+        t = _busy_then(tb, t)
+    store = _windowed(tmp_path / "s", tb.events)
+    full = _found(store, capsys)
+    rc, found, out = _found(store, capsys, "--since", "10m")
+    assert full[:2] == (rc, found) == (1, [("op_failed", [2])])
+    assert out["skipped"]["before_window_bytes"] > 0 and out["events"] < full[2]["events"] / 3
+
+
+def test_a_window_starting_in_a_segment_s_first_second_reads_the_segment_before():
+    """A segment's name says when it began in whole seconds, rounded down: one named 100 may
+    have begun at 100.7, after a window's start at 100.15, and the one before it holds the
+    window's first events."""
+    from commscope.store.segments import Segment, window_start
+
+    segs = [Segment(0, 0, Path("a")), Segment(1, 50, Path("b")), Segment(2, 100, Path("c")), Segment(3, 200, Path("d"))]
+    assert [window_start(segs, s) for s in (None, 10.0, 50.5, 51.0, 100.0, 100.15, 101.0, 150.0, 250.0)] == [
+        0, 0, 0, 1, 1, 1, 2, 2, 3]

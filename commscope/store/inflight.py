@@ -5,8 +5,9 @@ deleted the older ones) would not see the begin of an op the rank entered before
 still in: the all_reduce a hung rank has waited in for an hour.  So when a writer closes a
 segment, a child process (the one that enforces retention, ``store/retention.py``) writes
 ``rank-00003.open.000004.jsonl``: the groups the stream described (their members), the
-last op it completed, and the phases so far of every op still in flight at the segment's
-end, as JSON events, found by replaying the previous segment's carry and this segment
+last op it completed in each group and p2p channel, the last ops that raised, and the
+phases so far of every op still in flight at the segment's end (``Replayed.carried_out``),
+as JSON events, found by replaying the previous segment's carry and this segment
 (``replay``: an op is done when the model would judge it done).  A
 reader starting at segment 5 reads segment 4's carry first: the rank's state at the window's
 start is exact, not guessed.
@@ -35,6 +36,8 @@ def carry_path(directory: Path, stream: Stream, number: int) -> Path:
 
 #: A carry holds the ops in flight of one rank: far less than this, or it is not one
 MAX_CARRY = 64 << 20
+#: The ops that raised a carry keeps (the latest): what ``op_failed`` judges by
+FAILED_KEPT = 16
 
 
 def carried(directory: Path, stream: Stream, number: int) -> bytes | None:
@@ -74,11 +77,26 @@ class Replayed(NamedTuple):
         return b"".join(x + b"\n" for x in lines)
 
     def carried_out(self) -> list[int]:
-        """The ops a carry takes on past the lines' end: those in flight there, and the last
-        one done (what a reader starting after it knows the rank last completed)."""
-        done = self.done
-        last = max((i for i in done if not self.begins[i].get("nested")), key=lambda i: done[i], default=None)
-        return [i for i in self.begins if i == last or i not in done]
+        """The ops a carry takes on past the lines' end, in their order: those in flight
+        there; the last one done of each group's collectives and of each of its p2p
+        channels (peer, direction), so a reader starting after it knows what the rank
+        entered (the root of a broadcast that returned while the others still wait in it is
+        no rank that "never entered"; the last of them all is what the rank last completed);
+        and the last ``FAILED_KEPT`` ops that raised (an op that failed an hour before the
+        window is still an ``op_failed``)."""
+        done, begins = self.done, self.begins
+        last: dict[tuple, int] = {}  # (group, peer, direction) -> the op done last there
+        for i, t in done.items():
+            b = begins[i]
+            if b.get("nested"):
+                continue
+            key = (b.get("group"), b.get("peer"), b.get("dir"))
+            j = last.get(key)
+            if j is None or (done[j], j) < (t, i):
+                last[key] = i
+        keep = set(last.values())
+        keep.update(sorted(self.failed, key=lambda i: (done.get(i, 0), i))[-FAILED_KEPT:])
+        return [i for i in begins if i in keep or i not in done]
 
 
 def replay(before: bytes, data: bytes, rank: int) -> Replayed:

@@ -121,13 +121,16 @@ def segment_bytes_from_env() -> int:
 def window_start(segs: list[Segment], since_s: float | None) -> int:
     """The index of the first of ``segs`` (oldest first) a read of the window from
     ``since_s`` needs: the last segment begun at or before it (it holds the window's start),
-    else the first.  The stream's newest segment is read whatever the window, so a rank that
-    went silent before it still shows its end."""
+    else the first.  A segment's name says when it began in whole seconds, rounded down: one
+    named within the second before ``since_s`` may have begun after it, so the one before
+    it, which may hold the window's first events, is read too.  The stream's newest
+    segment is read whatever the window, so a rank that went silent before it still shows
+    its end."""
     if since_s is None or not segs:
         return 0
     k = 0
     for i, s in enumerate(segs):
-        if s.number == 0 or s.start_s <= since_s:
+        if s.number == 0 or s.start_s + 1 <= since_s:
             k = i
         else:
             break
