@@ -136,6 +136,9 @@ BLOCK = "block"
 SITE = "site"
 SUMMARY = "summary"
 TYPES = frozenset({OP, META, GROUP, SAMPLE, HEARTBEAT, STACK, EXIT, DROPPED, BLOCK, SITE, SUMMARY})
+#: ``dropped`` events whose reason starts so count Flight Recorder ring overwrites: entries of
+#: collectives the wrapper mostly recorded itself, so they are not lost trace events.
+FR_OVERWRITE = "Flight Recorder ring overwritten"
 
 BEGIN = "begin"
 END = "end"

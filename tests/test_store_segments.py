@@ -550,3 +550,39 @@ def test_a_window_starting_in_a_segment_s_first_second_reads_the_segment_before(
     segs = [Segment(0, 0, Path("a")), Segment(1, 50, Path("b")), Segment(2, 100, Path("c")), Segment(3, 200, Path("d"))]
     assert [window_start(segs, s) for s in (None, 10.0, 50.5, 51.0, 100.0, 100.15, 101.0, 150.0, 250.0)] == [
         0, 0, 0, 1, 1, 1, 2, 2, 3]
+
+
+def test_the_recorder_s_drops_before_the_window_are_counted_once(tmp_path, capsys):
+    """Rank 1's recorder dropped 50 events an hour before the window: the window's read
+    counts them as the full read does (its carry says the recorder's total, a count of 0,
+    so a reader that read the drop itself before jumping over deleted segments, and then
+    reads the carry, counts it once)."""
+    from commscope.analysis.model import TraceModel
+    from commscope.analysis.synth import TraceBuilder
+
+    tb = TraceBuilder(4, hang_after=10.0, sample_interval=5.0)
+    t = _busy_then(tb, tb.t0 + S)
+    tb.add(1, t, "dropped", count=50, total=50, reason="buffer full")
+    for _ in range(30):
+        t = _busy_then(tb, t)
+    store = _windowed(tmp_path / "s", tb.events)
+    full = _found(store, capsys)
+    rc, found, out = _found(store, capsys, "--since", "10m")
+    assert full[:2] == (rc, found) == (1, [("trace_incomplete", [1])])
+    assert out["findings"][0]["evidence"]["per_rank"] == full[2]["findings"][0]["evidence"]["per_rank"] == {
+        "1": {"dropped": 50}}
+    assert out["events"] < full[2]["events"] / 3
+    drop = {"type": "dropped", "v": 3, "rank": 1, "ts": T0, "count": 50, "total": 50, "reason": "buffer full"}
+    carried = inflight.replay(b"", orjson.dumps(drop) + b"\n", 1).carry()
+    m = TraceModel()
+    m.ingest([drop])
+    m.ingest(open_reader_events(carried, 1))
+    assert m.ranks[1].dropped == 50
+    m.ingest([dict(drop, count=5, total=55)])
+    assert m.ranks[1].dropped == 55
+
+
+def open_reader_events(lines: bytes, rank: int) -> list[dict]:
+    from commscope.events import decode_lines
+
+    return decode_lines(lines, rank).events

@@ -67,7 +67,7 @@ from commscope.analysis.vocab import (  # noqa: F401  (re-exported: the model's 
     signal_label,
 )
 from commscope.beats import SAMPLE_FIELDS, Beats
-from commscope.events import P2P_OPS, Event
+from commscope.events import FR_OVERWRITE, P2P_OPS, Event
 from commscope.oprecords import (
     F_APPROX,
     F_GPU,
@@ -119,9 +119,6 @@ INGEST_CHUNK = 2048
 #: a Python step per row), else rank by rank.  (A console behind a full-rate job reads ~50
 #: records a rank a poll: rank by rank it cost ~5 times as much per event, and fell further behind.)
 LIVE_ROWS = 32
-#: ``dropped`` events whose reason starts so count Flight Recorder ring overwrites: entries of
-#: collectives the wrapper mostly recorded itself, so they are not lost trace events.
-FR_OVERWRITE = "Flight Recorder ring overwritten"
 #: Ops whose per-rank tensors must agree in shape across the group, and those whose tensors
 #: carry no comparable dtype (``optable``).
 SAME_SHAPE, NO_DTYPE = optable.SAME_SHAPE, optable.DTYPE_FREE

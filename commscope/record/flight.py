@@ -22,11 +22,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from commscope.events import FR_OVERWRITE
 from commscope.flightfmt import FrOp, completed_ns, finished, group_of, parse_name, tensor_fields, thread_id
 
 #: The reason of ``dropped`` events that count Flight Recorder ring overwrites: entries the
 #: merge never saw, not events the recorder lost (most are ops the wrapper recorded).
-RING_OVERWRITTEN = "Flight Recorder ring overwritten between polls (C++-issued collectives missing)"
+RING_OVERWRITTEN = f"{FR_OVERWRITE} between polls (C++-issued collectives missing)"
 
 
 def fr_env_enabled() -> bool:

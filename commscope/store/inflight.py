@@ -5,8 +5,9 @@ deleted the older ones) would not see the begin of an op the rank entered before
 still in: the all_reduce a hung rank has waited in for an hour.  So when a writer closes a
 segment, a child process (the one that enforces retention, ``store/retention.py``) writes
 ``rank-00003.open.000004.jsonl``: the groups the stream described (their members), the
-last op it completed in each group and p2p channel, the last ops that raised, and the
-phases so far of every op still in flight at the segment's end (``Replayed.carried_out``),
+last op it completed in each group and p2p channel, the last ops that raised, the
+recorder's drops so far, and the phases so far of every op still in flight at the segment's
+end (``Replayed.carried_out``),
 as JSON events, found by replaying the previous segment's carry and this segment
 (``replay``: an op is done when the model would judge it done).  A
 reader starting at segment 5 reads segment 4's carry first: the rank's state at the window's
@@ -21,8 +22,9 @@ from typing import NamedTuple
 
 import orjson
 
+from commscope.events import FR_OVERWRITE
 from commscope.oprecords import completes
-from commscope.store.base import Stream
+from commscope.store.base import STORE_LOST, Stream
 from commscope.store.files import atomic_write, mode_of, read_from, read_regular
 from commscope.store.segments import Segment, stream_prefix
 
@@ -66,12 +68,15 @@ class Replayed(NamedTuple):
     groups: dict[str, dict]
     events: int  # every event the lines held
     meta: dict | None  # the rank's last ``meta`` among them
+    dropped: dict | None = None  # the recorder's drops so far, as one ``dropped`` event (``_dropped``)
 
     def carry(self, with_meta: bool = False) -> bytes:
         """What a reader starting after these lines reads first, as ended lines: (the rank's
         meta,) the groups, the last op completed and the phases of the ops in flight."""
         lines = [orjson.dumps(self.meta)] if with_meta and self.meta is not None else []
         lines += [orjson.dumps(g) for g in self.groups.values()]
+        if self.dropped is not None:
+            lines.append(orjson.dumps(self.dropped))
         for op_id in self.carried_out():
             lines.extend(orjson.dumps(e) for e in self.phases[op_id])
         return b"".join(x + b"\n" for x in lines)
@@ -111,13 +116,15 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
     with gc_paused():
         got = decode_stream(decode_lines(data, rank), BlockDecoder(rank), columns=False)
     out = Replayed({}, {}, {}, set(), {}, got.count() + got.damaged + sum(got.invalid.values()), None)
-    meta = None
+    meta = dropped = None
     for e in got.events:
         typ = e.get("type")
         if typ == "meta":
             meta = e
         elif typ == "group":
             out.groups[str(e.get("group"))] = e
+        elif typ == "dropped":
+            dropped = _dropped(dropped, e)
         if typ != "op":
             continue
         op_id, ph = e["id"], e["phase"]
@@ -137,7 +144,23 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
         parent = b.get("parent")
         if b.get("nested") and op_id not in out.done and (parent not in out.begins or parent in out.done):
             out.done[op_id] = out.done.get(parent, b["ts"])
-    return out._replace(meta=meta)
+    return out._replace(meta=meta, dropped=dropped)
+
+
+def _dropped(so_far: dict | None, e: dict) -> dict | None:
+    """The recorder's drops so far (``so_far``: as one ``dropped`` event, None: none) with
+    ``e`` counted.  Its ``total`` says them all and its ``count`` is 0, as the model takes a
+    rank's drops (the most of its running total and what the counts add to), so a reader
+    that read some of them before it jumped over deleted segments counts none twice.  Ring
+    overwrites of Flight Recorder (no lost events) and a writer's ``store_lost`` markers
+    (what the store lost: the reader counts those where it reads them) are left out."""
+    reason = str(e.get("reason", ""))
+    if reason.startswith((FR_OVERWRITE, STORE_LOST)):
+        return so_far
+    before = so_far["total"] if so_far is not None else 0
+    total = max(before + int(e.get("count") or 0), int(e.get("total") or 0))
+    return {"type": "dropped", "v": e["v"], "rank": e["rank"], "ts": e["ts"], "count": 0, "total": total,
+            "reason": reason}
 
 
 def open_at_end(seg: Segment, before: bytes, rank: int) -> bytes:
