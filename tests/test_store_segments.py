@@ -586,3 +586,51 @@ def open_reader_events(lines: bytes, rank: int) -> list[dict]:
     from commscope.events import decode_lines
 
     return decode_lines(lines, rank).events
+
+
+def test_a_carry_stays_small_however_many_channels_and_failures_a_rank_used():
+    """A rank that sent to and received from 1,000 peers, and had 10 ops raise: its carry
+    keeps the last op of the 8 channels used last and the last 4 that raised (a window
+    reads every rank's carry, a Redis mark keeps one)."""
+    lines = [{"type": "group", "v": 3, "rank": 0, "ts": T0, "group": "0", "granks": list(range(1001))}]
+    op_id = 0
+    for peer in range(1, 1001):
+        for direction in ("send", "recv"):
+            op_id += 1
+            ts = T0 + op_id * 1000
+            lines.append({"type": "op", "v": 3, "rank": 0, "ts": ts, "phase": "begin", "id": op_id,
+                          "op": direction, "group": "0", "peer": peer, "dir": direction, "seq": 1})
+            end = {"type": "op", "v": 3, "rank": 0, "ts": ts + 500, "phase": "end", "id": op_id}
+            lines.append(end | ({"exc": "RuntimeError: Connection reset by peer"} if peer > 990 else {}))
+    data = b"".join(orjson.dumps(e) + b"\n" for e in lines)
+    got = inflight.replay(b"", data, 0)
+    kept = got.carried_out()
+    assert len(got.failed) == 20 and len(kept) == inflight.DONE_KEPT + inflight.FAILED_KEPT - 4 == 8
+    assert kept == list(range(op_id - 7, op_id + 1))  # (the last 8 are also the last that raised)
+    assert got.carry().count(b'"type":"op"') == 16  # (each a begin and an end)
+
+
+def test_the_drops_of_each_incarnation_before_the_window_add_up(tmp_path):
+    """Rank 0 restarted: its first process dropped 50 events, its second 30, both before the
+    window: the window counts 80, as a full read does (each carry says its own process's
+    running total)."""
+    end = T0 + 20_000 * S
+    t = T0
+    for inc, drops in ((0, 50), (1, 30)):
+        w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, incarnation=inc, segment_bytes=16 << 10,
+                            closer=False)
+        w.write([meta()])
+        w.write([orjson.dumps({"type": "dropped", "v": 3, "rank": 0, "ts": t + S, "count": drops, "total": drops,
+                               "reason": "buffer full"})])
+        for k in range(0, 3000, 50):
+            w.write([orjson.dumps({"type": "heartbeat", "v": 3, "rank": 0, "ts": t + (j + 2) * S, "inflight": 0})
+                     for j in range(k, k + 50)])
+        t += 5000 * S
+        w.close()
+        retention.close_stream(w.dir, 0, inc, retention.parse("none"))
+    for p in (tmp_path / "job").iterdir():
+        os.utime(p, ns=(end, end))
+    full, _, _ = load_trace(str(tmp_path))
+    window, reader, _ = load_trace(str(tmp_path), since=Since(ago_s=600))
+    assert reader.stats.skipped_bytes > 0
+    assert full.ranks[0].dropped == window.ranks[0].dropped == 80

@@ -617,7 +617,7 @@ class DirectoryReader(TraceReader):
         if data:
             pieces, self._pieces = self._pieces, None  # (its events are not the stream's read: ``_in_one_order``)
             try:
-                events = self.ingest(stream, data).events
+                events = inflight.as_read(self.ingest(stream, data).events, after_id < 0)
             finally:
                 self._pieces = pieces
             self._carried.extend(e for e in events if not (

@@ -39,7 +39,9 @@ def carry_path(directory: Path, stream: Stream, number: int) -> Path:
 #: A carry holds the ops in flight of one rank: far less than this, or it is not one
 MAX_CARRY = 64 << 20
 #: The ops that raised a carry keeps (the latest): what ``op_failed`` judges by
-FAILED_KEPT = 16
+FAILED_KEPT = 4
+#: The groups and p2p channels whose last op done a carry keeps (those used last)
+DONE_KEPT = 8
 
 
 def carried(directory: Path, stream: Stream, number: int) -> bytes | None:
@@ -72,7 +74,8 @@ class Replayed(NamedTuple):
 
     def carry(self, with_meta: bool = False) -> bytes:
         """What a reader starting after these lines reads first, as ended lines: (the rank's
-        meta,) the groups, the last op completed and the phases of the ops in flight."""
+        meta,) the groups, the recorder's drops so far, and the phases of the ops carried on
+        (``carried_out``)."""
         lines = [orjson.dumps(self.meta)] if with_meta and self.meta is not None else []
         lines += [orjson.dumps(g) for g in self.groups.values()]
         if self.dropped is not None:
@@ -84,11 +87,12 @@ class Replayed(NamedTuple):
     def carried_out(self) -> list[int]:
         """The ops a carry takes on past the lines' end, in their order: those in flight
         there; the last one done of each group's collectives and of each of its p2p
-        channels (peer, direction), so a reader starting after it knows what the rank
-        entered (the root of a broadcast that returned while the others still wait in it is
-        no rank that "never entered"; the last of them all is what the rank last completed);
-        and the last ``FAILED_KEPT`` ops that raised (an op that failed an hour before the
-        window is still an ``op_failed``)."""
+        channels (peer, direction), of the ``DONE_KEPT`` groups and channels used last, so a
+        reader starting after it knows what the rank entered (the root of a broadcast that
+        returned while the others still wait in it is no rank that "never entered"; the last
+        of them all is what the rank last completed); and the last ``FAILED_KEPT`` ops that
+        raised (an op that failed an hour before the window is still an ``op_failed``).
+        Bounded: a carry is read by every window, and kept in every Redis mark."""
         done, begins = self.done, self.begins
         last: dict[tuple, int] = {}  # (group, peer, direction) -> the op done last there
         for i, t in done.items():
@@ -99,7 +103,7 @@ class Replayed(NamedTuple):
             j = last.get(key)
             if j is None or (done[j], j) < (t, i):
                 last[key] = i
-        keep = set(last.values())
+        keep = set(sorted(last.values(), key=lambda i: (done[i], i))[-DONE_KEPT:])
         keep.update(sorted(self.failed, key=lambda i: (done.get(i, 0), i))[-FAILED_KEPT:])
         return [i for i in begins if i in keep or i not in done]
 
@@ -149,11 +153,10 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
 
 def _dropped(so_far: dict | None, e: dict) -> dict | None:
     """The recorder's drops so far (``so_far``: as one ``dropped`` event, None: none) with
-    ``e`` counted.  Its ``total`` says them all and its ``count`` is 0, as the model takes a
-    rank's drops (the most of its running total and what the counts add to), so a reader
-    that read some of them before it jumped over deleted segments counts none twice.  Ring
-    overwrites of Flight Recorder (no lost events) and a writer's ``store_lost`` markers
-    (what the store lost: the reader counts those where it reads them) are left out."""
+    ``e`` counted: its ``total`` says them all, its ``count`` is 0 (``as_read`` makes it what
+    a reader counts).  Ring overwrites of Flight Recorder (no lost events) and a writer's
+    ``store_lost`` markers (what the store lost: the reader counts those where it reads
+    them) are left out."""
     reason = str(e.get("reason", ""))
     if reason.startswith((FR_OVERWRITE, STORE_LOST)):
         return so_far
@@ -193,3 +196,15 @@ def write_carries(directory: Path, stream: Stream, segs: list[Segment], names: s
             break
         atomic_write(path, data, mode_of(seg.path))
         last = (seg.number, data)
+
+
+def as_read(events: list[dict], fresh: bool) -> list[dict]:
+    """A carry's events as a reader takes them in: its ``dropped`` line (``_dropped``) says
+    the stream's drops so far.  ``fresh``: the reader read nothing of the stream before, so
+    they count whole (another incarnation's drops of the rank add to them); else (a reader
+    that read some and jumped over segments retention deleted) as the recorder's running
+    total, which the model takes as the most it knows (none counted twice)."""
+    if not fresh:
+        return events
+    return [{k: v for k, v in e.items() if k != "total"} | {"count": e["total"]}
+            if e["type"] == "dropped" and e.get("count") == 0 and "total" in e else e for e in events]

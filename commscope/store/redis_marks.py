@@ -10,8 +10,9 @@ training process: ``spawn``) adds a *mark* to a small stream beside the rank's o
                                 1..K), x (1: inexact, see below), c (the carry)
 
 The carry is what the rank was in after entry K (``store/inflight.py``): its meta, its
-groups, the last op it completed and the phases so far of every op still in flight, as JSON
-event lines, found by replaying the previous mark's carry and the entries after it.  A
+groups, its drops so far, the last ops it completed and that raised
+(``Replayed.carried_out``) and the phases so far of every op still in flight, as JSON event
+lines, found by replaying the previous mark's carry and the entries after it.  A
 reader of a window starts each stream after the newest mark at or before the window's start
 and reads its carry first, so the state there is exact: a rank that has waited in an
 all_reduce for an hour is still in it, and a rank that went silent before the window (its

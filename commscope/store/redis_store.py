@@ -31,7 +31,7 @@ from commscope import events
 from commscope.events import Event, gc_paused
 from commscope.redact import redact
 from commscope.schema import decode_job
-from commscope.store import redis_marks
+from commscope.store import inflight, redis_marks
 from commscope.store.base import (
     ReadStats,
     Size,
@@ -609,7 +609,7 @@ class RedisReader(TraceReader):
                                            "(entries were trimmed by maxlen before they were marked): an op "
                                            "begun before may be missing")
             if mark.carry:
-                self._carried.extend(self.ingest(stream, mark.carry).events)
+                self._carried.extend(inflight.as_read(self.ingest(stream, mark.carry).events, True))
 
     def size(self) -> Size:
         """Entries stored (``count``): a progress bar counts events."""
