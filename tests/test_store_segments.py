@@ -493,19 +493,19 @@ def _busy_then(tb, t: int) -> int:
     return t
 
 
-@pytest.mark.parametrize("case", ["broadcast root", "send"])
+@pytest.mark.parametrize("case", ["broadcast root", "broadcast root, then 9 groups", "send"])
 def test_a_window_knows_what_a_rank_entered_in_each_group_and_channel(tmp_path, capsys, case):
     """The root of a broadcast that returned while the others still wait in it, or a send
-    that returned while its recv waits, then an hour of ops in another group: the window
+    that returned while its recv waits, then an hour of ops in other groups: the window
     starts long after, yet names no rank that "never entered" or "never posted" (a carry
-    kept only the rank's last op of all, from that other group)."""
+    kept only the rank's last op of all, from another group)."""
     from commscope.analysis.synth import TraceBuilder
 
     hour = 3600 * S
     tb = TraceBuilder(4, hang_after=10.0, sample_interval=5.0)
     t = _busy_then(tb, tb.t0 + S)
-    done = 0 if case == "broadcast root" else 1
-    if case == "broadcast root":
+    done = 1 if case == "send" else 0
+    if case != "send":
         tb.sync(0, t, t + 1000, "broadcast", root=0)
         for r in (1, 2, 3):
             tb.sync(r, t, None, "broadcast", root=0)
@@ -513,9 +513,11 @@ def test_a_window_knows_what_a_rank_entered_in_each_group_and_channel(tmp_path, 
         tb.sync(1, t, t + 1000, "send", peer=0, dir="send")
         tb.sync(0, t + S, None, "recv", peer=1, dir="recv")
     tb.heartbeats(tb.t0 + S, t + hour, interval=5 * S)
-    tb.group("solo", [done])
+    groups = [f"solo{g}" for g in range(9 if case.endswith("9 groups") else 1)]
+    for g in groups:
+        tb.group(g, [done])
     for k in range(1, 360):
-        tb.sync(done, t + 10 * k * S, t + 10 * k * S + 1000, "all_reduce", group="solo")
+        tb.sync(done, t + 10 * k * S, t + 10 * k * S + 1000, "all_reduce", group=groups[k % len(groups)])
     store = _windowed(tmp_path / "s", tb.events)
     full = _found(store, capsys)
     rc, found, out = _found(store, capsys, "--since", "10m")
@@ -589,7 +591,7 @@ def open_reader_events(lines: bytes, rank: int) -> list[dict]:
 
 
 def test_a_carry_stays_small_however_many_channels_and_failures_a_rank_used():
-    """A rank that sent to and received from 1,000 peers, and had 10 ops raise: its carry
+    """A rank that sent to and received from 1,000 peers, 20 ops raising halfway: its carry
     keeps the last op of the 8 channels used last and the last 4 that raised (a window
     reads every rank's carry, a Redis mark keeps one)."""
     lines = [{"type": "group", "v": 3, "rank": 0, "ts": T0, "group": "0", "granks": list(range(1001))}]
@@ -601,13 +603,13 @@ def test_a_carry_stays_small_however_many_channels_and_failures_a_rank_used():
             lines.append({"type": "op", "v": 3, "rank": 0, "ts": ts, "phase": "begin", "id": op_id,
                           "op": direction, "group": "0", "peer": peer, "dir": direction, "seq": 1})
             end = {"type": "op", "v": 3, "rank": 0, "ts": ts + 500, "phase": "end", "id": op_id}
-            lines.append(end | ({"exc": "RuntimeError: Connection reset by peer"} if peer > 990 else {}))
+            lines.append(end | ({"exc": "RuntimeError: Connection reset by peer"} if 500 < peer <= 510 else {}))
     data = b"".join(orjson.dumps(e) + b"\n" for e in lines)
     got = inflight.replay(b"", data, 0)
     kept = got.carried_out()
-    assert len(got.failed) == 20 and len(kept) == inflight.DONE_KEPT + inflight.FAILED_KEPT - 4 == 8
-    assert kept == list(range(op_id - 7, op_id + 1))  # (the last 8 are also the last that raised)
-    assert got.carry().count(b'"type":"op"') == 16  # (each a begin and an end)
+    assert len(got.failed) == 20
+    assert kept == [1017, 1018, 1019, 1020, *range(op_id - 7, op_id + 1)]  # (the last 4 that raised, the last 8)
+    assert got.carry().count(b'"type":"op"') == 24  # (each a begin and an end)
 
 
 def test_the_drops_of_each_incarnation_before_the_window_add_up(tmp_path):
@@ -634,3 +636,33 @@ def test_the_drops_of_each_incarnation_before_the_window_add_up(tmp_path):
     window, reader, _ = load_trace(str(tmp_path), since=Since(ago_s=600))
     assert reader.stats.skipped_bytes > 0
     assert full.ranks[0].dropped == window.ranks[0].dropped == 80
+
+
+def test_a_reader_that_jumps_over_deleted_segments_counts_the_drops_once(tmp_path):
+    """A live reader read a stream whose recorder had dropped 10 events (no op yet), fell
+    behind while 20 more drops landed in segments retention then deleted: it jumps to the
+    oldest segment left, reading the carry of the one before, and counts 30, as a fresh
+    full read does (the carry's running total, not its drops again on top)."""
+    from commscope.analysis.model import TraceModel
+
+    def drop(k: int, count: int, total: int) -> bytes:
+        return orjson.dumps({"type": "dropped", "v": 3, "rank": 0, "ts": T0 + k * S, "count": count, "total": total,
+                             "reason": "buffer full"})
+
+    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=16 << 10, closer=False)
+    w.write([meta(), drop(20, 10, 10)])
+    for k in range(100, 400, 50):
+        w.write([beat(0, j) for j in range(k, k + 50)])
+    reader = open_reader(str(tmp_path))
+    jumped = TraceModel()
+    jumped.ingest(reader.read_all())
+    assert jumped.ranks[0].dropped == 10
+    w.write([drop(500, 20, 30)])
+    for k in range(500, 3000, 50):
+        w.write([beat(0, j) for j in range(k, k + 50)])
+    w.close()
+    assert retention.close_stream(tmp_path / "job", 0, 0, retention.Retention(max_bytes=32 << 10, max_age_s=None)) > 3
+    jumped.ingest(reader.read_all())
+    full = TraceModel()
+    full.ingest(open_reader(str(tmp_path)).read_all())
+    assert jumped.ranks[0].dropped == full.ranks[0].dropped == 30
