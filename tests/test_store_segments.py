@@ -486,6 +486,19 @@ def _found(store: Path, capsys, *extra: str) -> tuple[int, list[tuple], dict]:
     return rc, [(f["kind"], f["culprits"]) for f in out["findings"]], out
 
 
+def _window_says_what_a_full_read_says(root: Path, capsys, events: list[dict]) -> tuple[int, list[tuple], dict]:
+    """``events`` written in segments (``_windowed``), read whole and ``--since 10m``: the
+    same exit and findings, the window having read under a third of the events; returns
+    the window's (exit, (kind, culprits) of each finding, ``check --json``)."""
+    store = _windowed(root, events)
+    full = _found(store, capsys)
+    rc, found, out = _found(store, capsys, "--since", "10m")
+    assert full[:2] == (rc, found)
+    assert out["skipped"]["before_window_bytes"] > 0 and out["events"] < full[2]["events"] / 3
+    assert [f["evidence"] for f in out["findings"]] == [f["evidence"] for f in full[2]["findings"]]
+    return rc, found, out
+
+
 def _busy_then(tb, t: int) -> int:
     """100 all_reduces of every rank from ``t`` on, a second apart; returns the next second."""
     for _ in range(100):
@@ -518,11 +531,7 @@ def test_a_window_knows_what_a_rank_entered_in_each_group_and_channel(tmp_path, 
         tb.group(g, [done])
     for k in range(1, 360):
         tb.sync(done, t + 10 * k * S, t + 10 * k * S + 1000, "all_reduce", group=groups[k % len(groups)])
-    store = _windowed(tmp_path / "s", tb.events)
-    full = _found(store, capsys)
-    rc, found, out = _found(store, capsys, "--since", "10m")
-    assert full[:2] == (rc, found) == (0, [])
-    assert out["skipped"]["before_window_bytes"] > 0 and out["events"] < full[2]["events"] / 3
+    assert _window_says_what_a_full_read_says(tmp_path / "s", capsys, tb.events)[:2] == (0, [])
 
 
 def test_a_failure_an_hour_before_the_window_is_still_found(tmp_path, capsys):
@@ -536,11 +545,7 @@ def test_a_failure_an_hour_before_the_window_is_still_found(tmp_path, capsys):
     t = _busy_then(tb, t + 2 * S)
     for _ in range(30):
         t = _busy_then(tb, t)
-    store = _windowed(tmp_path / "s", tb.events)
-    full = _found(store, capsys)
-    rc, found, out = _found(store, capsys, "--since", "10m")
-    assert full[:2] == (rc, found) == (1, [("op_failed", [2])])
-    assert out["skipped"]["before_window_bytes"] > 0 and out["events"] < full[2]["events"] / 3
+    assert _window_says_what_a_full_read_says(tmp_path / "s", capsys, tb.events)[:2] == (1, [("op_failed", [2])])
 
 
 def test_a_window_starting_in_a_segment_s_first_second_reads_the_segment_before():
@@ -556,9 +561,8 @@ def test_a_window_starting_in_a_segment_s_first_second_reads_the_segment_before(
 
 def test_the_recorder_s_drops_before_the_window_are_counted_once(tmp_path, capsys):
     """Rank 1's recorder dropped 50 events an hour before the window: the window's read
-    counts them as the full read does (its carry says the recorder's total, a count of 0,
-    so a reader that read the drop itself before jumping over deleted segments, and then
-    reads the carry, counts it once)."""
+    counts them as the full read does (its carry says the recorder's drops so far; the
+    model takes it again as a running total, adding nothing)."""
     from commscope.analysis.model import TraceModel
     from commscope.analysis.synth import TraceBuilder
 
@@ -567,13 +571,9 @@ def test_the_recorder_s_drops_before_the_window_are_counted_once(tmp_path, capsy
     tb.add(1, t, "dropped", count=50, total=50, reason="buffer full")
     for _ in range(30):
         t = _busy_then(tb, t)
-    store = _windowed(tmp_path / "s", tb.events)
-    full = _found(store, capsys)
-    rc, found, out = _found(store, capsys, "--since", "10m")
-    assert full[:2] == (rc, found) == (1, [("trace_incomplete", [1])])
-    assert out["findings"][0]["evidence"]["per_rank"] == full[2]["findings"][0]["evidence"]["per_rank"] == {
-        "1": {"dropped": 50}}
-    assert out["events"] < full[2]["events"] / 3
+    rc, found, out = _window_says_what_a_full_read_says(tmp_path / "s", capsys, tb.events)
+    assert (rc, found) == (1, [("trace_incomplete", [1])])
+    assert out["findings"][0]["evidence"]["per_rank"] == {"1": {"dropped": 50}}
     drop = {"type": "dropped", "v": 3, "rank": 1, "ts": T0, "count": 50, "total": 50, "reason": "buffer full"}
     carried = inflight.replay(b"", orjson.dumps(drop) + b"\n", 1).carry()
     m = TraceModel()
