@@ -140,6 +140,13 @@ TYPES = frozenset({OP, META, GROUP, SAMPLE, HEARTBEAT, STACK, EXIT, DROPPED, BLO
 #: collectives the wrapper mostly recorded itself, so they are not lost trace events.
 FR_OVERWRITE = "Flight Recorder ring overwritten"
 
+
+def running_drops(so_far: int, e: dict) -> int:
+    """A count of drops with ``dropped`` event ``e`` taken: its ``count`` (this report) added,
+    or its ``total`` (the recorder's running total), whichever says more (the model's count
+    of a rank's, and a segment's carry, ``store/inflight.py``)."""
+    return max(so_far + int(e.get("count") or 0), int(e.get("total") or 0))
+
 BEGIN = "begin"
 END = "end"
 WAIT_BEGIN = "wait_begin"

@@ -67,7 +67,7 @@ from commscope.analysis.vocab import (  # noqa: F401  (re-exported: the model's 
     signal_label,
 )
 from commscope.beats import SAMPLE_FIELDS, Beats
-from commscope.events import FR_OVERWRITE, P2P_OPS, Event
+from commscope.events import FR_OVERWRITE, P2P_OPS, Event, running_drops
 from commscope.oprecords import (
     F_APPROX,
     F_GPU,
@@ -859,18 +859,13 @@ class TraceModel:
         rt = self._rank(recs.rank)
         begins = recs.begins()
         phases = np.flatnonzero(recs.phase > PH_BEGIN)
-        before = rt.lookup(recs.id[phases]) if rt.n else np.full(phases.shape[0], -1, np.int32)
-        n0 = rt.n
+        idx = self._in_order(rt, begins, recs.id[begins], phases, recs.id[phases])
         lo, hi = I64_MAX, 0
         if begins.shape[0]:
             codes = self._codes(recs.statics, recs.static[begins], recs.tid[begins])
             lo, hi = self._record_begins(recs, begins, codes, changed, in_order=True)
-            top = int(recs.id[begins].max())
-            if top > self.table.top_id[rt._s]:
-                self.table.top_id[rt._s] = top
+            self._raise_top(rt, recs.id[begins])
         if phases.shape[0]:
-            k = opids.paired(begins, recs.id[begins], phases, recs.id[phases])
-            idx = np.where(k >= 0, n0 + k, before).astype(np.int32)
             a, b, first = self._phases(rt, recs.ts[phases], recs.id[phases], recs.phase[phases],
                                        _record_extras(recs, phases), idx)
             self._seen(rt, a, b, first)
@@ -891,20 +886,32 @@ class TraceModel:
         np.maximum.at(self.table.top_id, slot, top)
 
     @staticmethod
-    def _parents_in_order(rt: RankTrace, at: np.ndarray, ids: np.ndarray, parents: np.ndarray) -> np.ndarray | None:
-        """The op each begin's parent names (``at``: the begins' places in the stream, ``ids``
-        theirs, ``parents`` their parents' ids, -1: none), as the stream put them: the latest
-        begin of that id before it among these, else the rank's op of that id before them
-        (``opids.paired``); -1 where none.  Asked before the begins are in; None where no
-        begin has a parent."""
+    def _in_order(rt: RankTrace, at: np.ndarray, ids: np.ndarray, where: np.ndarray, named: np.ndarray) -> np.ndarray:
+        """The op each of a rank's events at ``where`` in its stream names by id (``named``),
+        as the stream put them: the latest of the begins about to be appended (at ``at``,
+        ids ``ids``) of that id before it, else the rank's op of that id before them
+        (``opids.paired``); -1 where none.  Asked before the begins are in."""
+        k = opids.paired(at, ids, where, named)
+        before = rt.lookup(named) if rt.n else np.full(k.shape[0], -1, np.int32)
+        return np.where(k >= 0, rt.n + k, before).astype(np.int32)
+
+    def _parents_in_order(self, rt: RankTrace, at: np.ndarray, ids: np.ndarray, parents: np.ndarray
+                          ) -> np.ndarray | None:
+        """The op each begin's parent names (``parents``: ids, -1: none), in stream order
+        (``_in_order``); None where no begin has a parent."""
         has = parents >= 0
         if not has.any():
             return None
         out = np.full(parents.shape[0], -1, np.int32)
-        k = opids.paired(at, ids, at[has], parents[has])
-        before = rt.lookup(parents[has]) if rt.n else np.full(k.shape[0], -1, np.int32)
-        out[has] = np.where(k >= 0, rt.n + k, before)
+        out[has] = self._in_order(rt, at, ids, at[has], parents[has])
         return out
+
+    def _raise_top(self, rt: RankTrace, ids: np.ndarray) -> None:
+        """Raise a rank's highest op id begun (``RankTable.top_id``) to the highest of ``ids``
+        (a rank with no ops yet: set it)."""
+        top = int(ids.max())
+        if top > opids.NONE and (not rt.n or top > self.table.top_id[rt._s]):
+            self.table.top_id[rt._s] = top
 
     def _recount_tops(self) -> None:
         """Every rank's highest op id begun, from its ops (after an ingest that failed
@@ -1748,11 +1755,7 @@ class TraceModel:
         touched = I64_MAX
         bpos = _positions(pos, begins)
         opos = _positions(pos, phases)
-        idx = None
-        if in_order:
-            before = rt.lookup(ids[opos]) if rt.n else np.full(opos.shape[0], -1, np.int32)
-            k = opids.paired(bpos, ids[bpos], opos, ids[opos])
-            idx = np.where(k >= 0, rt.n + k, before).astype(np.int32)
+        idx = self._in_order(rt, bpos, ids[bpos], opos, ids[opos]) if in_order else None
         if misc.any():
             t0, t1 = self._liveness(rt, events, pos, misc, kind if pos is None else kind[pos], ts, samples)
         if begins.any():
@@ -1995,9 +1998,9 @@ class TraceModel:
                 self._metas_seen += 1
             elif t == "dropped":  # count: this report; total: the recorder's running total
                 if str(e.get("reason", "")).startswith(FR_OVERWRITE):
-                    rt.fr_overwritten = max(rt.fr_overwritten + e.get("count", 0), e.get("total", 0))
+                    rt.fr_overwritten = running_drops(rt.fr_overwritten, e)
                 else:
-                    rt.dropped = max(rt.dropped + e.get("count", 0), e.get("total", 0))
+                    rt.dropped = running_drops(rt.dropped, e)
         if samples:
             rt.samples.add(samples)
         return t0, t1
@@ -2062,9 +2065,7 @@ class TraceModel:
                 at: np.ndarray | None = None) -> tuple[int, int]:
         """Begin events of a rank (``at``: their places in the stream, where their parents
         are paired in stream order: ``_rank_events``)."""
-        top = int(ids.max())
-        if top > opids.NONE and (not rt.n or top > self.table.top_id[rt._s]):
-            self.table.top_id[rt._s] = top
+        self._raise_top(rt, ids)
         dget = dict.get
         k = len(begin_events)
         by_sk = self._sig_by_sk

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import orjson
 
-from commscope.events import FR_OVERWRITE
+from commscope.events import FR_OVERWRITE, running_drops
 from commscope.oprecords import completes
 from commscope.store.base import STORE_LOST, Stream
 from commscope.store.files import atomic_write, mode_of, read_from, read_regular
@@ -163,8 +163,7 @@ def _dropped(so_far: dict | None, e: dict) -> dict | None:
     reason = str(e.get("reason", ""))
     if reason.startswith((FR_OVERWRITE, STORE_LOST)):
         return so_far
-    before = so_far["total"] if so_far is not None else 0
-    total = max(before + int(e.get("count") or 0), int(e.get("total") or 0))
+    total = running_drops(so_far["total"] if so_far is not None else 0, e)
     return {"type": "dropped", "v": e["v"], "rank": e["rank"], "ts": e["ts"], "count": 0, "total": total,
             "reason": reason}
 
