@@ -56,6 +56,13 @@ WorldSize = Annotated[int, Meta(ge=1, le=MAX_RANK + 1)]
 Name = Annotated[str, Meta(max_length=MAX_NAME)]
 Text = Annotated[str, Meta(max_length=MAX_TEXT)]
 Shape = Annotated[list[Count], Meta(max_length=MAX_DIMS)]
+#: Distinct invalid-event reasons a reader keeps; more are counted as "other" (a hostile
+#: trace cannot grow its stats without bound).
+MAX_REASONS = 64
+#: What a reason for an invalid event may say (``reason_of``, ``_check``, the block decoder's): a
+#: summary states them, and a reader prints them, so no other text passes as one
+REASON = re.compile(r"[A-Za-z0-9_ :]{1,64}")
+Reason = Annotated[str, Meta(pattern=f"^{REASON.pattern}$")]
 Real = Annotated[float, Meta(ge=-1e18, le=1e18)]  # finite: rejects 1e400 (inf)
 Seconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
 Frame = tuple[Text, AnyInt | None, Text]
@@ -130,6 +137,9 @@ RawEvent = TypedDict("RawEvent", {
     # its first and last timestamps, how many events and bytes it held, per op and group
     "seg": Count, "first_ns": Count, "last_ns": Count, "events": Count, "size": Count,
     "ops": Annotated[list[SummaryOp], Meta(max_length=100_000)],
+    # (and what the segment lost: its damaged lines, its invalid events by reason, and in
+    # ``entries`` and ``reason`` the lines its ``store_lost`` markers said the store lost)
+    "damaged": Count, "invalid": Annotated[dict[Reason, Count], Meta(max_length=MAX_REASONS + 1)],
 }, total=False)
 
 

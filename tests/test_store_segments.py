@@ -422,6 +422,68 @@ def test_a_segment_read_to_its_torn_end_counts_no_loss_when_it_goes(tmp_path):
     assert not any("while this reader was reading it" in w for w in reader.stats.warnings)
 
 
+def test_what_a_deleted_segment_lost_is_counted_as_a_read_of_it_counts_it(tmp_path, capsys):
+    """Rank 0's early segments held a damaged line, two invalid events and a writer's marker
+    that the store lost 7 lines; retention then deleted them.  A reader of what is left
+    counts those losses, with their reasons, as a full read before retention did (each
+    summary keeps what its segment lost); a summary of a clean segment says nothing of it."""
+    from commscope.store.base import store_lost
+
+    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=16 << 10, closer=False)
+    w.write([meta(), b'{"type":"heartbeat","ts":', store_lost(0, 7, "the job directory was deleted")])
+    w.write([orjson.dumps({"type": "op", "ts": T0, "v": 3, "rank": 0, "phase": "begin", "id": -1}),
+             orjson.dumps({"type": "sample", "ts": T0, "v": 3, "rank": 0, "rss": "big"})])
+    for k in range(0, 3000, 50):
+        w.write([beat(0, j) for j in range(k, k + 50)])
+    w.close()
+
+    def losses(stats) -> tuple:
+        lost = [x for x in stats.warnings if "line(s) of its stream were lost" in x]
+        return (stats.corrupt_by_rank, stats.invalid_by_rank, stats.invalid_by_reason, stats.missing_by_rank,
+                [x.split(" (in segment")[0] for x in lost])
+
+    full = open_reader(tmp_path)
+    assert written_beats(full.read_all()) == list(range(3000))
+    want = ({0: 1}, {0: 2}, {"op begin: bad id": 1, "sample: bad rss": 1}, {0: 7},
+            ["rank 0: 7 line(s) of its stream were lost: the job directory was deleted"])
+    assert losses(full.stats) == want
+    assert _force(tmp_path / "job", 32 << 10) >= 3
+    summaries = [orjson.loads(x) for x in (tmp_path / "job" / "rank-00000.summary.jsonl").read_bytes().splitlines()]
+    assert {k: summaries[0][k] for k in ("damaged", "invalid", "entries", "reason")} == {
+        "damaged": 1, "invalid": {"op begin: bad id": 1, "sample: bad rss": 1}, "entries": 7,
+        "reason": "the job directory was deleted"}
+    assert not {"damaged", "invalid", "entries", "reason"} & {k for s in summaries[1:] for k in s}
+    after = open_reader(tmp_path)
+    got = after.read_all()
+    assert 0 < len(written_beats(got)) < 3000
+    assert losses(after.stats) == want
+    assert any("(in segment 0, which retention deleted since)" in x for x in after.stats.warnings)
+    # every event said once: read, summarized (the valid ones) or lost
+    assert len(written_beats(got)) + sum(s["events"] - 1 for s in summaries) - 1 == 3000  # (metas; the marker)
+    assert cli(["check", str(tmp_path), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert {k: out["skipped"][k] for k in ("damaged", "invalid", "store_missing")} == {
+        "damaged": 1, "invalid": 2, "store_missing": 7}
+    assert [(f["kind"], f["culprits"], f["evidence"]["per_rank"]) for f in out["findings"]] == [
+        ("trace_incomplete", [0], {"0": {"damaged": 1, "invalid": 2, "missing": 7, "no_exit": True,
+                                          "last_event_ns": T0 + 2999 * S}})]
+
+
+def test_a_summary_that_says_a_reason_no_reader_writes_is_not_taken():
+    """A summary file is read as untrusted as any line: an invalid event's reason in it that
+    no reader would write (escape codes, any text) makes the summary invalid, and retention
+    never writes one (what it cannot state is "other")."""
+    from commscope.events import decode_lines
+
+    line = {"type": "summary", "v": 3, "rank": 0, "ts": T0, "seg": 0, "events": 3, "ops": [],
+            "invalid": {"op begin: bad id": 2}}
+    assert decode_lines(orjson.dumps(line) + b"\n", 0).events == [line]
+    hostile = decode_lines(orjson.dumps(line | {"invalid": {"\x1b[2Jgone": 2}}) + b"\n", 0)
+    assert hostile.events == [] and sum(hostile.invalid.values()) == 1
+    kept = retention._lost(inflight.Losses(0, {"\x1b[2Jgone": 2, "op begin: bad id": 1}, 0, ""))
+    assert kept == {"invalid": {"other": 2, "op begin: bad id": 1}}
+
+
 def op_event(k: int, phase: str, op_id: int) -> bytes:
     more = {"op": "all_reduce", "group": "0", "seq": op_id, "tid": 1} if phase == "begin" else {}
     return orjson.dumps({"type": "op", "ts": T0 + k * S, "v": 3, "rank": 0, "phase": phase, "id": op_id, **more})

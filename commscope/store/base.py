@@ -28,12 +28,8 @@ from commscope.blocks import (
 from commscope.blockscan import Scan
 from commscope.events import Decoded, Event, decode_lines
 from commscope.oprecords import OpRecords, Spans, Unpacked, packed
-from commscope.schema import SCHEMA_VERSION, decode_indexed
+from commscope.schema import MAX_REASONS, SCHEMA_VERSION, decode_indexed
 from commscope.window import Since
-
-#: Distinct invalid-event reasons kept; more are counted as "other" (a hostile trace cannot
-#: grow the stats without bound).
-MAX_REASONS = 64
 
 
 class StoreError(Exception):
@@ -135,10 +131,23 @@ class ReadStats:
         directory store deleted and recreated under a running rank)."""
         for e in decoded.events:  # (fewer than the bytes by far: a block stands for many records)
             if e["type"] == "dropped" and str(e.get("reason", "")).startswith(STORE_LOST) and e.get("entries"):
-                n = int(e["entries"])
-                self.count_missing(rank, n)
-                self.warnings.append(f"rank {rank}: {n} line(s) of its stream were lost: "
-                                     f"{str(e['reason'])[len(STORE_LOST) + 2:]}")
+                self.count_lost_lines(rank, int(e["entries"]), str(e["reason"])[len(STORE_LOST) + 2:])
+
+    def count_lost_lines(self, rank: int, n: int, why: str) -> None:
+        """``n`` lines of ``rank``'s stream the store lost, as a writer's ``store_lost`` marker
+        says (read, or kept by the summary of a segment retention deleted), and why."""
+        self.count_missing(rank, n)
+        self.warnings.append(f"rank {rank}: {n} line(s) of its stream were lost: {why}")
+
+    def count_summary(self, rank: int, summary: Event) -> None:
+        """What a ``summary`` (a segment retention deleted, which this reader never read)
+        stands for: its events, and what the segment lost, as a read of it would count it."""
+        self.count_summarized(rank, int(summary.get("events") or 0))
+        self.count_corrupt(rank, int(summary.get("damaged") or 0))
+        self.count_invalid(rank, summary.get("invalid") or {})
+        if summary.get("entries"):
+            self.count_lost_lines(rank, int(summary["entries"]), f"{str(summary.get('reason') or 'unknown')} "
+                                  f"(in segment {summary['seg']}, which retention deleted since)")
 
     def merge(self, other: ReadStats) -> None:
         """Add what another reader of other streams of the same job saw (a parallel read)."""

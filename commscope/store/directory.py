@@ -741,7 +741,8 @@ class DirectoryReader(TraceReader):
 
     def _read_summaries(self) -> list[Event]:
         """``summary`` events (what retention deleted), each decided once: one whose segment
-        this reader never read stands for that segment (counted, and handed on); one whose
+        this reader never read stands for that segment (counted with what it lost,
+        ``ReadStats.count_summary``, and handed on); one whose
         segment it read all of stands for nothing; one whose segment went while being read
         stands for the part not read (counted as lost, its events in proportion to the
         bytes); one whose segment still exists waits (``_pending``).  Looked at only once the
@@ -777,9 +778,10 @@ class DirectoryReader(TraceReader):
             if key in self._decided:
                 continue  # (a second line for one segment: a child stopped between its two steps)
             self._decided.add(key)
-            events, size = int(e.get("events") or 0), int(e.get("size") or 0)
+            size = int(e.get("size") or 0)
+            events = int(e.get("events") or 0) + int(e.get("damaged") or 0) + sum((e.get("invalid") or {}).values())
             if not read:
-                self.stats.count_summarized(stream[0], events)
+                self.stats.count_summary(stream[0], e)
                 out.append(e)
             elif read < size:
                 lost = round(events * (size - read) / size)

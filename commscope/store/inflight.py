@@ -59,6 +59,17 @@ def read_segment(path: Path) -> bytes:
     return read_from(path, 0, sys.maxsize)
 
 
+class Losses(NamedTuple):
+    """What a run of a stream's lines lost: damaged lines, invalid events by reason, and the
+    lines a writer's ``store_lost`` markers among them say the store lost (``entries``),
+    with the first one's reason."""
+
+    damaged: int
+    invalid: dict[str, int]
+    entries: int
+    reason: str
+
+
 class Replayed(NamedTuple):
     """A stream's ops as a run of its lines says (``replay``): each op's phases, when it was
     done (0: not done), whether one raised, and the groups described."""
@@ -68,9 +79,12 @@ class Replayed(NamedTuple):
     done: dict[int, int]
     failed: set[int]
     groups: dict[str, dict]
-    events: int  # every event the lines held
+    events: int  # the valid events of the lines after the carry (a block's records each one)
     meta: dict | None  # the rank's last ``meta`` among them
     dropped: dict | None = None  # the recorder's drops so far, as one ``dropped`` event (``_dropped``)
+    #: What the lines after the carry lost, as a reader of them would count it (a summary
+    #: keeps it: ``retention.summarize``)
+    losses: Losses | None = None
 
     def carry(self, with_meta: bool = False) -> bytes:
         """What a reader starting after these lines reads first, as ended lines: (the rank's
@@ -119,12 +133,17 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
     from commscope.blocks import BlockDecoder, decode_stream
     from commscope.events import decode_lines, gc_paused
 
-    data = before + data[: data.rfind(b"\n") + 1]
-    with gc_paused():
-        got = decode_stream(decode_lines(data, rank), BlockDecoder(rank), columns=False)
-    out = Replayed({}, {}, {}, set(), {}, got.count() + got.damaged + sum(got.invalid.values()), None)
+    data = data[: data.rfind(b"\n") + 1]
+    decoder = BlockDecoder(rank)
+    with gc_paused():  # (the carry apart: what it lost, if damaged, is not the segment's)
+        head = decode_stream(decode_lines(before, rank), decoder, columns=False)
+        got = decode_stream(decode_lines(data, rank), decoder, columns=False)
+    lost = [e for e in got.events if e["type"] == "dropped" and str(e.get("reason", "")).startswith(STORE_LOST)]
+    losses = Losses(got.damaged, dict(got.invalid), sum(int(e.get("entries") or 0) for e in lost),
+                    str(lost[0]["reason"])[len(STORE_LOST) + 2:] if lost else "")
+    out = Replayed({}, {}, {}, set(), {}, got.count(), None)
     meta = dropped = None
-    for e in got.events:
+    for e in head.events + got.events:
         typ = e.get("type")
         if typ == "meta":
             meta = e
@@ -151,7 +170,7 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
         parent = b.get("parent")
         if b.get("nested") and op_id not in out.done and (parent not in out.begins or parent in out.done):
             out.done[op_id] = out.done.get(parent, b["ts"])
-    return out._replace(meta=meta, dropped=dropped)
+    return out._replace(meta=meta, dropped=dropped, losses=losses)
 
 
 def _dropped(so_far: dict | None, e: dict) -> dict | None:

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 import orjson
 
-from commscope.schema import SCHEMA_VERSION
+from commscope.schema import MAX_REASONS, REASON, SCHEMA_VERSION
 from commscope.store import inflight
 from commscope.store.files import O_NOFOLLOW, mode_of, read_from, size_of
 from commscope.store.segments import Segment, segments_of, stream_prefix, summary_name
@@ -144,7 +144,8 @@ def to_drop(segs: list[Segment], sizes: list[int], retain: Retention) -> list[Se
 
 def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> dict:
     """The ``summary`` event of one segment: per op and group, counts, bytes, failures and
-    per minute a latency histogram; what the segment held in events and bytes.  The ops it
+    per minute a latency histogram; what the segment held in events and bytes, and what it
+    lost (``_lost``: a reader counts it as if it had read the segment).  The ops it
     stands for are those carried into it (``carried_in``: the previous segment's carry) or
     begun in it, but those carried on out of it (its own carry, which a reader after it
     reads as ops: ``Replayed.carried_out``), so each op is counted once: in one summary, or
@@ -181,9 +182,27 @@ def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> di
         minutes = [[mi * MINUTE_NS, c[0], c[1], c[2], sorted(c[3].items())] for mi, c in sorted(row["minutes"].items())]
         out_ops.append({**{k: v for k, v in row.items() if k != "minutes"}, "minutes": minutes})
     first, last = (min(stamps), max(stamps)) if stamps else (0, 0)
-    carry_lines = sum(1 for x in carried_in.split(b"\n") if x)
     return {"type": "summary", "v": SCHEMA_VERSION, "rank": rank, "ts": last, "seg": number, "first_ns": first,
-            "last_ns": last, "events": max(0, got.events - carry_lines), "size": len(data), "ops": out_ops}
+            "last_ns": last, "events": got.events, "size": len(data), "ops": out_ops, **_lost(got.losses)}
+
+
+def _lost(losses: inflight.Losses | None) -> dict:
+    """A summary's keys for what its segment lost (none where it lost nothing), so a reader
+    that never reads the segment counts it as a read of it would: damaged lines, invalid
+    events by reason (a reason the schema would not take as one is "other"), the lines the
+    store lost and why."""
+    if losses is None:
+        return {}
+    out: dict = {"damaged": losses.damaged} if losses.damaged else {}
+    invalid: Counter = Counter()
+    for reason, n in losses.invalid.items():
+        known = REASON.fullmatch(reason) is not None and (reason in invalid or len(invalid) < MAX_REASONS)
+        invalid[reason if known else "other"] += n
+    if invalid:
+        out["invalid"] = dict(invalid)
+    if losses.entries:
+        out |= {"entries": losses.entries, "reason": losses.reason}
+    return out
 
 
 def close_stream(directory: Path, rank: int, incarnation: int, retain: Retention) -> int:
