@@ -700,17 +700,23 @@ def test_the_drops_of_each_incarnation_before_the_window_add_up(tmp_path):
     assert full.ranks[0].dropped == window.ranks[0].dropped == 80
 
 
-def test_a_reader_that_jumps_over_deleted_segments_counts_the_drops_once(tmp_path):
+@pytest.mark.parametrize("other", [0, 40])  # drops of another incarnation of the rank
+def test_a_reader_that_jumps_over_deleted_segments_counts_the_drops_once(tmp_path, other):
     """A live reader read a stream whose recorder had dropped 10 events (no op yet), fell
     behind while 20 more drops landed in segments retention then deleted: it jumps to the
-    oldest segment left, reading the carry of the one before, and counts 30, as a fresh
-    full read does (the carry's running total, not its drops again on top)."""
+    oldest segment left, reading the carry of the one before, and counts the 20 it did not
+    read, as a fresh full read does: 30, and 70 where an earlier incarnation of the rank
+    dropped 40 (its running total alone would say 30 of them, its drops on top 10 twice)."""
     from commscope.analysis.model import TraceModel
 
     def drop(k: int, count: int, total: int) -> bytes:
         return orjson.dumps({"type": "dropped", "v": 3, "rank": 0, "ts": T0 + k * S, "count": count, "total": total,
                              "reason": "buffer full"})
 
+    if other:
+        w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, incarnation=1, closer=False)
+        w.write([meta(), drop(10, other, other)])
+        w.close()
     w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=16 << 10, closer=False)
     w.write([meta(), drop(20, 10, 10)])
     for k in range(100, 400, 50):
@@ -718,7 +724,7 @@ def test_a_reader_that_jumps_over_deleted_segments_counts_the_drops_once(tmp_pat
     reader = open_reader(str(tmp_path))
     jumped = TraceModel()
     jumped.ingest(reader.read_all())
-    assert jumped.ranks[0].dropped == 10
+    assert jumped.ranks[0].dropped == 10 + other
     w.write([drop(500, 20, 30)])
     for k in range(500, 3000, 50):
         w.write([beat(0, j) for j in range(k, k + 50)])
@@ -727,4 +733,4 @@ def test_a_reader_that_jumps_over_deleted_segments_counts_the_drops_once(tmp_pat
     jumped.ingest(reader.read_all())
     full = TraceModel()
     full.ingest(open_reader(str(tmp_path)).read_all())
-    assert jumped.ranks[0].dropped == full.ranks[0].dropped == 30
+    assert jumped.ranks[0].dropped == full.ranks[0].dropped == 30 + other

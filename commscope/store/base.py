@@ -26,7 +26,7 @@ from commscope.blocks import (
     decode_together,
 )
 from commscope.blockscan import Scan
-from commscope.events import Decoded, Event, decode_lines
+from commscope.events import FR_OVERWRITE, Decoded, Event, decode_lines, running_drops
 from commscope.oprecords import OpRecords, Spans, Unpacked, packed
 from commscope.schema import MAX_REASONS, SCHEMA_VERSION, decode_indexed
 from commscope.window import Since
@@ -126,11 +126,11 @@ class ReadStats:
         self.count_corrupt(rank, decoded.damaged)
         self.count_invalid(rank, decoded.invalid)
 
-    def count_store_lost(self, rank: int, decoded: Decoded) -> None:
-        """Count what a writer's ``store_lost`` markers among ``decoded``'s events say the store lost (a
-        directory store deleted and recreated under a running rank)."""
-        for e in decoded.events:  # (fewer than the bytes by far: a block stands for many records)
-            if e["type"] == "dropped" and str(e.get("reason", "")).startswith(STORE_LOST) and e.get("entries"):
+    def count_store_lost(self, rank: int, dropped: list[Event]) -> None:
+        """Count what a writer's ``store_lost`` markers among ``dropped`` events say the store
+        lost (a directory store deleted and recreated under a running rank)."""
+        for e in dropped:
+            if str(e.get("reason", "")).startswith(STORE_LOST) and e.get("entries"):
                 self.count_lost_lines(rank, int(e["entries"]), str(e["reason"])[len(STORE_LOST) + 2:])
 
     def count_lost_lines(self, rank: int, n: int, why: str) -> None:
@@ -239,6 +239,22 @@ def meta_line(lines: list[bytes]) -> bytes | None:
     """The rank's ``meta`` among the first lines a writer is given (it comes first), kept
     to be stated again after a ``store_lost`` marker."""
     return next((x for x in lines[:4] if b'"type":"meta"' in x), None)
+
+
+def is_recorder_drop(e: Event) -> bool:
+    """Whether a ``dropped`` event says the recorder dropped events: not a writer's
+    ``store_lost`` marker (what the store lost: ``ReadStats.count_store_lost``) nor Flight
+    Recorder's ring overwritten (no event lost)."""
+    return not str(e.get("reason", "")).startswith((FR_OVERWRITE, STORE_LOST))
+
+
+def recorder_drops(so_far: int, dropped: Iterable[Event]) -> int:
+    """The recorder's drops so far (``so_far``) with ``dropped`` events taken
+    (``events.running_drops``), those that are its (``is_recorder_drop``)."""
+    for e in dropped:
+        if is_recorder_drop(e):
+            so_far = running_drops(so_far, e)
+    return so_far
 
 
 def is_store_lost(line: bytes) -> bool:
@@ -403,6 +419,7 @@ class TraceReader(abc.ABC):
     columnar = False
     _ops: list[OpRecords] | Unpacked
     _max_ids: dict[Stream, int]  # per stream, kept by ``ingest``: see ``max_op_id``
+    _drops_read: dict[Stream, int]  # per stream, kept by ``ingest``: see ``drops_read``
     #: Chunks a columnar poll read, waiting to be decoded together (``ingest_later``); None:
     #: each is decoded as it is read
     _queued: dict[Stream, list[tuple[bytes, int]]] | None = None
@@ -802,10 +819,24 @@ class TraceReader(abc.ABC):
         rank = stream[0]
         stats = self.stats
         stats.count_decoded(rank, got)
-        if self.counts_lost_markers and lost_markers:
-            stats.count_store_lost(rank, got)
+        # (fewer than the bytes by far: a block stands for many records)
+        dropped = [e for e in got.events if e["type"] == "dropped"]
+        if dropped:
+            if self.counts_lost_markers and lost_markers:
+                stats.count_store_lost(rank, dropped)
+            try:
+                read = self._drops_read
+            except AttributeError:
+                read = self._drops_read = {}
+            read[stream] = recorder_drops(read.get(stream, 0), dropped)
         stats.bytes += size
         stats.chunks += 1
+
+    def drops_read(self, stream: Stream) -> int:
+        """The recorder's drops this reader read of ``stream`` so far (its ``dropped`` events:
+        ``recorder_drops``), so a carry read after a jump adds only those it did not
+        (``inflight.as_read``)."""
+        return getattr(self, "_drops_read", {}).get(stream, 0)
 
     def _keep_ops(self, ops: OpRecords) -> None:
         """Keep a stream's op records for the batch (``_take_ops``), after those kept before."""

@@ -601,15 +601,15 @@ class DirectoryReader(TraceReader):
             return cur
         self._reading[stream] = cur.number
         if cur.number > 0:
-            self._carry(stream, cur.number - 1, after_id, fresh=number is None)
+            self._carry(stream, cur.number - 1, after_id)
         return cur
 
-    def _carry(self, stream: Stream, number: int, after_id: int = -1, fresh: bool = True) -> None:
+    def _carry(self, stream: Stream, number: int, after_id: int = -1) -> None:
         """The ops in flight when segment ``number`` ended (``store/inflight.py``): the stream
         is read after it, so what they are in comes first.  ``after_id``: the stream's ops up
         to this id are read already (a reader jumping over deleted segments): their begins
-        are not read twice, what else they reached is.  ``fresh``: nothing of the stream was
-        read before (``inflight.as_read``)."""
+        are not read twice, what else they reached is, and the recorder's drops it read are
+        not counted again (``inflight.as_read``)."""
         data = inflight.carried(self.job_dir, stream, number) if self.job_dir is not None else None
         if data is None:
             self.stats.warnings.append(f"rank {stream[0]}: what it was in when segment {number} ended is not "
@@ -617,8 +617,9 @@ class DirectoryReader(TraceReader):
             return
         if data:
             pieces, self._pieces = self._pieces, None  # (its events are not the stream's read: ``_in_one_order``)
+            read = self.drops_read(stream)  # (before the carry's own line counts)
             try:
-                events = inflight.as_read(self.ingest(stream, data).events, fresh)
+                events = inflight.as_read(self.ingest(stream, data).events, read)
             finally:
                 self._pieces = pieces
             self._carried.extend(e for e in events if not (

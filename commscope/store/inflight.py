@@ -22,9 +22,9 @@ from typing import NamedTuple
 
 import orjson
 
-from commscope.events import FR_OVERWRITE, running_drops
+from commscope.events import running_drops
 from commscope.oprecords import completes
-from commscope.store.base import STORE_LOST, Stream
+from commscope.store.base import STORE_LOST, Stream, is_recorder_drop
 from commscope.store.files import atomic_write, mode_of, read_from, read_regular
 from commscope.store.segments import Segment, stream_prefix
 
@@ -179,12 +179,11 @@ def _dropped(so_far: dict | None, e: dict) -> dict | None:
     a reader counts).  Ring overwrites of Flight Recorder (no lost events) and a writer's
     ``store_lost`` markers (what the store lost: the reader counts those where it reads
     them) are left out."""
-    reason = str(e.get("reason", ""))
-    if reason.startswith((FR_OVERWRITE, STORE_LOST)):
+    if not is_recorder_drop(e):
         return so_far
     total = running_drops(so_far["total"] if so_far is not None else 0, e)
     return {"type": "dropped", "v": e["v"], "rank": e["rank"], "ts": e["ts"], "count": 0, "total": total,
-            "reason": reason}
+            "reason": str(e.get("reason", ""))}
 
 
 def open_at_end(seg: Segment, before: bytes, rank: int) -> bytes:
@@ -219,15 +218,12 @@ def write_carries(directory: Path, stream: Stream, segs: list[Segment], names: s
         last = (seg.number, data)
 
 
-def as_read(events: list[dict], fresh: bool) -> list[dict]:
+def as_read(events: list[dict], read: int) -> list[dict]:
     """A carry's events as a reader takes them in: its ``dropped`` line (``_dropped``) says
-    the stream's drops so far.  ``fresh``: the reader read nothing of the stream before, so
-    they count whole (another incarnation's drops of the rank add to them); else (a reader
-    that read some and jumped over segments retention deleted) as the recorder's running
-    total, which the model takes as the most it knows: none counted twice, but those of the
-    deleted segments are missed where another incarnation's drops of the rank are counted
-    too."""
-    if not fresh:
-        return events
-    return [{k: v for k, v in e.items() if k != "total"} | {"count": e["total"]}
+    the stream's drops so far, of which the reader read ``read`` (``TraceReader.drops_read``:
+    none, unless it read some of the stream and jumped over segments retention deleted), so
+    it counts the rest: none twice, none missed, and each incarnation's of the rank adding
+    to the others' (the model adds a ``dropped`` event's ``count``, and takes its ``total``
+    as the least the rank dropped: a running total of one incarnation is not that)."""
+    return [{k: v for k, v in e.items() if k != "total"} | {"count": max(0, e["total"] - read)}
             if e["type"] == "dropped" and e.get("count") == 0 and "total" in e else e for e in events]

@@ -609,7 +609,8 @@ class RedisReader(TraceReader):
                                            "(entries were trimmed by maxlen before they were marked): an op "
                                            "begun before may be missing")
             if mark.carry:
-                self._carried.extend(inflight.as_read(self.ingest(stream, mark.carry).events, True))
+                # (a stream this reader starts here: it read none of its drops)
+                self._carried.extend(inflight.as_read(self.ingest(stream, mark.carry).events, 0))
 
     def size(self) -> Size:
         """Entries stored (``count``): a progress bar counts events."""
