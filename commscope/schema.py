@@ -117,6 +117,9 @@ RawEvent = TypedDict("RawEvent", {
     "dtypes": Annotated[list[Name], Meta(max_length=4096)] | None,
     # group
     "granks": list[Rank], "desc": Name, "gid": Annotated[int, Meta(ge=0, le=MAX_RANK)],
+    # (a carried group: the rank's collectives of it so far, seqs dfrom to dseq, as one digest:
+    # commscope/histories.py)
+    "dfrom": Count, "dseq": Count, "digest": Count,
     # sample
     "cpu": Real, "rss": Count, "gpu_util": Real, "gpu_mem": Count, "gpu_mem_total": Count, "gpu_power": Real,
     "gpu_temp": Real, "gpu_error": Text,

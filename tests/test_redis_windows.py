@@ -124,7 +124,8 @@ def test_a_follower_from_a_mark_reads_every_later_event_once(redis_url):
 
 def test_a_child_process_takes_the_mark(redis_url, redis_server):
     """The real path: the writer spawns a child (never marking in the rank), which reads the
-    URL from its standard input; the carry holds the rank's meta and its op in flight."""
+    URL from its standard input; the carry holds the rank's meta, its history of the group's
+    collectives (the one in flight: seq 7) and its op in flight."""
     w = RedisWriter(redis_url, "job", 3, {"world_size": 4}, mark_every_s=60)
     assert w.marks == "child"
     w.write([meta(3), begin(7, 1, 3)])
@@ -141,7 +142,9 @@ def test_a_child_process_takes_the_mark(redis_url, redis_server):
         nodes.close()
     assert mark is not None and mark.exact and mark.entry == 2 + 12
     carried = [orjson.loads(x) for x in mark.carry.splitlines()]
-    assert [(e["type"], e.get("phase"), e.get("id")) for e in carried] == [("meta", None, None), ("op", "begin", 7)]
+    assert [(e["type"], e.get("phase"), e.get("id")) for e in carried] == [
+        ("meta", None, None), ("group", None, None), ("op", "begin", 7)]
+    assert {k: carried[1][k] for k in ("group", "dfrom", "dseq")} == {"group": "0", "dfrom": 7, "dseq": 7}
     assert mark.ms == (T0 + 112 * S) // 1_000_000
 
 

@@ -596,6 +596,138 @@ def test_a_window_knows_what_a_rank_entered_in_each_group_and_channel(tmp_path, 
     assert _window_says_what_a_full_read_says(tmp_path / "s", capsys, tb.events)[:2] == (0, [])
 
 
+@pytest.mark.parametrize("differs", ["shape", "dtype", "op"])
+def test_a_mismatch_that_completed_long_before_the_window_is_still_found(tmp_path, capsys, differs):
+    """Rank 2 ran all_reduce #101 with another shape, dtype or op than ranks 0, 1 and 3, the
+    collective completed everywhere, and the job ran on for an hour: the window, which
+    reads none of it, names rank 2 for a mismatch in group 0, as the full read does (each
+    carry says a digest of its rank's history of the group's collectives; compared at one
+    seq, rank 2's differs)."""
+    from commscope.analysis.synth import TraceBuilder
+
+    tb = TraceBuilder(4, hang_after=10.0, sample_interval=5.0)
+    t = _busy_then(tb, tb.t0 + S)
+    odd = {"shape": {"shape": (12,)}, "dtype": {"dtype": "float16"}, "op": {"op": "all_gather"}}[differs]
+    for r in range(4):
+        kw = odd if r == 2 else {}
+        tb.sync(r, t, t + 1000, kw.get("op", "all_reduce"), **{k: v for k, v in kw.items() if k != "op"})
+    t += S
+    for _ in range(36):
+        t = _busy_then(tb, t)
+    store = _windowed(tmp_path / "s", tb.events)
+    full = _found(store, capsys)
+    rc, found, out = _found(store, capsys, "--since", "10m")
+    assert full[:2] == (rc, found) == (1, [("collective_mismatch", [2])])
+    assert out["skipped"]["before_window_bytes"] > 0 and out["events"] < full[2]["events"] / 3
+    assert full[2]["findings"][0]["seq"] == 101
+    f = out["findings"][0]
+    assert f["group"] == "0" and f["seq"] > 101 and "before what was read" in f["message"]
+    assert f["evidence"]["history"]["ranks_by_history"] == [[0, 1, 3], [2]]
+    assert f["evidence"]["history"]["not_compared"] == []
+
+
+def test_histories_agree_where_the_ranks_ran_the_same_collectives(tmp_path, capsys):
+    """Ranks whose segments end at different seqs (rank 3 writes four times the bytes) and a
+    rank that lost records (a gap in its seqs) start their histories at other seqs: the
+    window compares them where it can and blames nobody where they ran the same collectives."""
+    from commscope.analysis.synth import TraceBuilder
+
+    tb = TraceBuilder(4, hang_after=10.0, sample_interval=5.0)
+    t = tb.t0 + S
+    for k in range(3700):
+        t = tb.collective(t, site="x" * 300 if k % 2 else None) + S
+        if k % 50 == 0:
+            tb.add(3, t, "heartbeat", inflight=0, pad="p" * 2000)
+    lost = next(e for e in tb.events if e["rank"] == 1 and e["type"] == "op" and e.get("seq") == 500)
+    gone = {id(e) for e in tb.events if e["rank"] == 1 and e["type"] == "op" and e["id"] == lost["id"]}
+    tb.events[:] = [e for e in tb.events if id(e) not in gone]
+    assert _window_says_what_a_full_read_says(tmp_path / "s", capsys, tb.events)[:2] == (0, [])
+
+
+def _then_alone(tb, t: int, rank: int) -> None:
+    """``rank`` runs all_reduces in a group of its own every 10 s for an hour; every rank beats."""
+    tb.heartbeats(tb.t0 + S, t + 3600 * S, interval=5 * S)
+    tb.group(f"solo{rank}", [rank])
+    for k in range(1, 360):
+        tb.sync(rank, t + 10 * k * S, t + 10 * k * S + 1000, "all_reduce", group=f"solo{rank}")
+
+
+@pytest.mark.parametrize("then", ["batch_isend_irecv", "Flight Recorder all_reduce", "any-source recvs"])
+def test_what_a_rank_did_after_a_collective_never_takes_its_place_in_the_carry(tmp_path, capsys, then):
+    """The root of a broadcast that returned while the others wait in it then ran a
+    batch_isend_irecv (a container: group 0, no seq) or a Flight Recorder all_reduce of
+    group 0 (another seq space); or a rank received by any-source recv a send still in
+    flight, then another from another rank.  Each op is carried in its own place (a
+    collective by its space and group, a p2p op by its channel, an any-source recv by the
+    source its end named; a container not at all): the window names nobody, as the full
+    read does (it named rank 0 "never entered", or its recv unmatched)."""
+    from commscope.analysis.synth import TraceBuilder
+
+    tb = TraceBuilder(4, hang_after=10.0, sample_interval=5.0)
+    t = _busy_then(tb, tb.t0 + S)
+    if then == "any-source recvs":
+        tb.sync(1, t, None, "send", peer=0, dir="send")
+        i = tb.begin(0, t, "recv", peer=None, dir="recv")
+        tb.end(0, i, t + 1000, peer=1, seq=1)
+        tb.sync(2, t + S, t + S + 1000, "send", peer=0, dir="send")
+        j = tb.begin(0, t + S, "recv", peer=None, dir="recv")
+        tb.end(0, j, t + S + 1000, peer=2, seq=1)
+    else:
+        tb.sync(0, t, t + 1000, "broadcast", root=0)
+        for r in (1, 2, 3):
+            tb.sync(r, t, None, "broadcast", root=0)
+        if then == "batch_isend_irecv":
+            c = tb.begin(0, t + 2000, "batch_isend_irecv", seq=None)
+            i = tb.begin(0, t + 2100, "isend", peer=1, dir="send", parent=c, **{"async": True})
+            tb.end(0, i, t + 2300)
+            tb.end(0, c, t + 2400)
+            tb.phase(0, i, t + 2500, "wait_begin")
+            tb.phase(0, i, t + 2600, "wait_end")
+        else:
+            tb.sync(0, t + 2000, t + 3000, "all_reduce", seq=1, src="fr")
+    _then_alone(tb, t, 0)
+    assert _window_says_what_a_full_read_says(tmp_path / "s", capsys, tb.events)[:2] == (0, [])
+
+
+def test_a_group_s_first_failure_outlives_the_failures_after_it(tmp_path, capsys):
+    """Ranks 0 and 2 timed out in all_reduce #101 waiting for rank 1, which came late and
+    failed; then each of their 4 next all_reduces raised at once (an aborted communicator),
+    an hour before the window.  The carry keeps each group's first op that raised beside
+    the last 4, so the window still names rank 1, as the full read does."""
+    from evidence_scenarios import CLOSED, TIMED_OUT
+
+    from commscope.analysis.synth import TraceBuilder
+
+    tb = TraceBuilder(3, hang_after=10.0, sample_interval=5.0)
+    t = _busy_then(tb, tb.t0 + S)
+    ids = {r: tb.begin(r, t, "all_reduce") for r in (0, 2)}
+    for r in (0, 2):
+        tb.end(r, ids[r], t + 3 * S + r * 1000, exc=TIMED_OUT)
+    late = tb.begin(1, t + 5 * S, "all_reduce")
+    tb.end(1, late, t + 5 * S + 1000, exc=CLOSED)
+    for k in range(4):
+        for r in (0, 2):
+            tb.end(r, tb.begin(r, t + (6 + k) * S, "all_reduce"), t + (6 + k) * S + 1000, exc=CLOSED)
+    tb.heartbeats(tb.t0 + S, t + 3600 * S, interval=5 * S)
+    rc, found, _ = _window_says_what_a_full_read_says(tmp_path / "s", capsys, tb.events)
+    assert (rc, found) == (1, [("op_failed", [1]), ("op_failed", [])])
+
+
+def test_where_a_rank_is_stuck_is_still_shown_after_an_hour(tmp_path, capsys):
+    """Rank 2 never entered all_reduce #4; the stack it captured when its op passed
+    hang_after, and the others', were taken an hour before the window: the carry keeps the
+    stacks of the ops in flight and each rank's latest, so the window shows the same
+    evidence, stacks and where the culprit is included."""
+    import evidence_scenarios
+
+    tb = evidence_scenarios.missing_ranks()
+    end = max(e["ts"] for e in tb.events)
+    tb.heartbeats(end + 5 * S, end + 3600 * S, interval=5 * S)
+    rc, found, out = _window_says_what_a_full_read_says(tmp_path / "s", capsys, tb.events)
+    assert (rc, found) == (1, [("missing_ranks", [2])])
+    assert out["findings"][0]["evidence"]["culprit_where"] and out["findings"][0]["evidence"]["stacks"]
+
+
 def test_a_failure_an_hour_before_the_window_is_still_found(tmp_path, capsys):
     from commscope.analysis.synth import TraceBuilder
 
@@ -654,8 +786,8 @@ def open_reader_events(lines: bytes, rank: int) -> list[dict]:
 
 def test_a_carry_stays_small_however_many_channels_and_failures_a_rank_used():
     """A rank that sent to and received from 1,000 peers, 20 ops raising halfway: its carry
-    keeps the last op of the 8 channels used last and the last 4 that raised (a window
-    reads every rank's carry, a Redis mark keeps one)."""
+    keeps the last op of the 8 channels used last, the group's first op that raised and the
+    last 4 (a window reads every rank's carry, a Redis mark keeps one)."""
     lines = [{"type": "group", "v": 3, "rank": 0, "ts": T0, "group": "0", "granks": list(range(1001))}]
     op_id = 0
     for peer in range(1, 1001):
@@ -670,8 +802,9 @@ def test_a_carry_stays_small_however_many_channels_and_failures_a_rank_used():
     got = inflight.replay(b"", data, 0)
     kept = got.carried_out()
     assert len(got.failed) == 20
-    assert kept == [1017, 1018, 1019, 1020, *range(op_id - 7, op_id + 1)]  # (the last 4 that raised, the last 8)
-    assert got.carry().count(b'"type":"op"') == 24  # (each a begin and an end)
+    # (the first that raised, the last 4, the last 8)
+    assert kept == [1001, 1017, 1018, 1019, 1020, *range(op_id - 7, op_id + 1)]
+    assert got.carry().count(b'"type":"op"') == 26  # (each a begin and an end)
 
 
 def test_the_drops_of_each_incarnation_before_the_window_add_up(tmp_path):

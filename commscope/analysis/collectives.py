@@ -15,6 +15,7 @@ import numpy as np
 from rich.console import RenderableType
 from rich.text import Text
 
+from commscope import histories
 from commscope.analysis import evidence, rankstate
 from commscope.analysis.columns import RankTable
 from commscope.analysis.evidence import ABSENT, Evidence, record
@@ -28,7 +29,7 @@ from commscope.analysis.findings import (
     secs,
 )
 from commscope.analysis.indexes import GroupIndex
-from commscope.analysis.model import COLL, SPACE_FR, TraceModel, untimed
+from commscope.analysis.model import COLL, SPACE_FR, SPACE_NATIVE, TraceModel, untimed
 from commscope.analysis.ranks import ranges
 from commscope.analysis.rankstate import snapshot
 
@@ -143,13 +144,22 @@ class Mismatch(Evidence):
     died_in_it: list[int] = ABSENT  # members that died in it before their call was recorded
     undecided: dict[str, list[int]] = ABSENT  # {"died_in_it", "not_yet"}: why nobody is named yet
     src: str = ABSENT  # "fr": Flight Recorder collectives
+    #: A mismatch before what was read, told by the ranks' carried histories of the group's
+    #: collectives (``find_history_mismatches``): ``up_to_seq``, ``ranks_by_history`` (the
+    #: ranks of each history, the most alike first), ``not_compared``
+    history: dict[str, Any] = ABSENT
 
     def render(self, f: Finding) -> list[RenderableType]:
+        parts: list[RenderableType] = []
         per = evidence.values(self.per_rank)
         cols = [c for c in ("rank", "op", "in_shapes", "in_dtypes", "redop", "root", "state", "site")
                 if any(c in row for row in per)]
-        parts: list[RenderableType] = [evidence.table("per rank at this (group, seq)", cols,
-                                               [[row.get(c) for c in cols] for row in per], set(f.culprits))]
+        if per:
+            parts.append(evidence.table("per rank at this (group, seq)", cols,
+                                        [[row.get(c) for c in cols] for row in per], set(f.culprits)))
+        if self.history:
+            alike = "; ".join(ranks_text(rs) for rs in self.history["ranks_by_history"])
+            parts.append(Text(f"histories up to #{self.history['up_to_seq']}: {alike}", style=evidence.WARN))
         if self.differs:
             parts.append(Text(f"differs in: {evidence.cell(self.differs)}", style=f"bold {evidence.WARN}"))
         if self.absent_ranks:
@@ -299,6 +309,100 @@ def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, no
                   src="fr" if gi.space == SPACE_FR else ABSENT)
     t = max(int(model.ranks[r].begin[i]) for r, i in ops.items())
     return Finding("collective_mismatch", gi.name, seq, op_name, list(gi.members), culprits, msg, ev, ts=t)
+
+
+def find_history_mismatches(model: TraceModel, found: list[Finding]) -> list[Finding]:
+    """Mismatches before what was read: a window's ranks start after the segments it skips,
+    each with its carried history of each group's collectives (``histories``, a digest).
+    Extended with the collectives read after it up to one seq, the histories of ranks that
+    ran the same collectives are equal; a rank whose history differs from most ranks' ran
+    another op, dtype, shape, reduce op or root somewhere before (a mismatch that completed
+    everywhere, which the window did not read).  A group with a mismatch ``found`` among
+    what was read is left to it (it says where).  Only ranks whose histories start at the
+    same seq and that ran every seq up to the one compared are compared."""
+    reported = {f.group for f in found if f.kind == "collective_mismatch"}
+    out: list[Finding] = []
+    for name, per in model.histories.items():
+        if name in reported or len(per) < 2:
+            continue
+        gi = model.coll.get((SPACE_NATIVE, name))
+        first = Counter(c.history.first for c in per.values()).most_common(1)[0][0]
+        same = {r: c.history for r, c in per.items() if c.history.first == first}
+        at, digests = _histories_compared(model, gi, same)
+        kinds: dict[int, list[int]] = {}
+        for r, d in digests.items():
+            kinds.setdefault(d, []).append(r)
+        if len(kinds) < 2:
+            continue
+        alike = sorted((sorted(rs) for rs in kinds.values()), key=lambda rs: (-len(rs), rs))
+        tie = len(alike[0]) == len(alike[1])
+        culprits = sorted(digests) if tie else sorted(r for rs in alike[1:] for r in rs)
+        members = list(gi.members) if gi is not None else model.groups.get(name) or sorted(per)
+        msg = (f"ranks disagree in the collectives of group {name} before what was read: up to #{at}, " +
+               ("their histories differ in halves, a tie, so every rank compared is named" if tie else
+                f"{rank_list(culprits)} ran other collectives than the {len(alike[0]):,} others compared") +
+               " (read from the start, without --since, to see where)")
+        ev = Mismatch(per_rank={}, differs=[], majority=None, absent_ranks=[], later_mismatches=0,
+                      history={"up_to_seq": at, "ranks_by_history": alike,
+                               "not_compared": sorted(r for r in per if r not in digests)})
+        ts = max(c.ts for c in per.values())
+        out.append(Finding("collective_mismatch", name, at, None, members, culprits, msg, ev, ts=ts))
+    return out
+
+
+#: The seqs ``_histories_compared`` tries (the latest where ranks' histories end), and the
+#: ranks it extends at a time (a matrix of the collectives read, that many columns wide)
+HISTORY_TRIES = 4
+HISTORY_COLUMNS = 1024
+
+
+def _histories_compared(model: TraceModel, gi: GroupIndex | None, hist: dict[int, histories.History]) -> tuple[int, dict[int, int]]:
+    """The seq at which most of ``hist``'s ranks (rank -> ``histories.History``) have a
+    history, of the latest seqs where one ends, and each such rank's digest up to it."""
+    best: tuple[int, dict[int, int]] = (0, {})
+    for at in sorted({h.last for h in hist.values()}, reverse=True)[:HISTORY_TRIES]:
+        got = _digests_at(model, gi, hist, at)
+        if len(got) > len(best[1]):
+            best = (at, got)
+    return best
+
+
+def _digests_at(model: TraceModel, gi: GroupIndex | None, hist: dict[int, histories.History], at: int) -> dict[int, int]:
+    """Each rank's digest of its collectives of the group up to seq ``at``: its carried
+    history, ending there or extended by the collectives read after it, where it ran every
+    seq up to ``at`` (those that did not, and those whose history ends after it, are not in it)."""
+    out = {r: h.digest for r, h in hist.items() if h.last == at}
+    behind = [r for r, h in hist.items() if h.last < at and gi is not None and r in gi.col]
+    if not behind or gi is None:
+        return out
+    idx = gi.seqs
+    keys = idx.keys[: idx.n]
+    lo = int(np.searchsorted(keys, min(hist[r].last for r in behind) + 1))
+    hi = int(np.searchsorted(keys, at, "right"))
+    seqs = keys[lo:hi]
+    if not seqs.shape[0]:
+        return out
+    rows = np.arange(lo, hi)
+    for k in range(0, len(behind), HISTORY_COLUMNS):
+        part = behind[k: k + HISTORY_COLUMNS]
+        cols = np.array([gi.col[r] for r in part], np.int64)
+        present = idx.rows()[lo:hi][:, cols] >= 0
+        sig = gather(model, gi, "sig", rows)[:, cols]
+        t = np.where(present, histories.terms(seqs[:, None], model.sig_hashes(sig)), np.uint64(0))
+        sums = np.cumsum(t, axis=0, dtype=np.uint64)
+        counts = np.cumsum(present, axis=0)
+        for j, r in enumerate(part):
+            h = hist[r]
+            a = int(np.searchsorted(seqs, h.last + 1))
+            need = at - h.last
+            if seqs.shape[0] - a != need:
+                continue  # a seq between that no rank read
+            ran = int(counts[-1, j]) - (int(counts[a - 1, j]) if a else 0)
+            if ran != need:
+                continue  # the rank did not run (or its record was lost of) a seq between
+            added = int(sums[-1, j]) - (int(sums[a - 1, j]) if a else 0)
+            out[r] = (h.digest + added) & histories.MASK
+    return out
 
 
 def _undecided(lost: list[int], coming: list[int]) -> str:

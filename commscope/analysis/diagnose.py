@@ -7,7 +7,12 @@ so a job that was killed while hung is judged as it was when it last wrote.
 
 from __future__ import annotations
 
-from commscope.analysis.collectives import find_mismatches, find_missing, find_stragglers
+from commscope.analysis.collectives import (
+    find_history_mismatches,
+    find_mismatches,
+    find_missing,
+    find_stragglers,
+)
 from commscope.analysis.completeness import find_incomplete, job_stopped
 from commscope.analysis.failures import failed_instances, find_crashes, find_failed_ops
 from commscope.analysis.findings import Finding
@@ -46,6 +51,7 @@ def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None
     findings: list[Finding] = []
     mismatches, mismatch_rows = find_mismatches(model, now)
     findings += mismatches
+    findings += find_history_mismatches(model, mismatches)
     findings += find_missing(model, now, hang_ns, mismatch_rows)
     findings += find_p2p(model, now, hang_ns)
     failures = failed_instances(model, now, mismatch_rows)

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from commscope import optable
+from commscope import histories
 from commscope.analysis import opids
 from commscope.analysis.columns import (
     I64_MAX,
@@ -67,7 +67,7 @@ from commscope.analysis.vocab import (  # noqa: F401  (re-exported: the model's 
     signal_label,
 )
 from commscope.beats import SAMPLE_FIELDS, Beats
-from commscope.events import FR_OVERWRITE, P2P_OPS, Event, running_drops
+from commscope.events import FR_OVERWRITE, Event, running_drops
 from commscope.oprecords import (
     F_APPROX,
     F_GPU,
@@ -121,7 +121,6 @@ INGEST_CHUNK = 2048
 LIVE_ROWS = 32
 #: Ops whose per-rank tensors must agree in shape across the group, and those whose tensors
 #: carry no comparable dtype (``optable``).
-SAME_SHAPE, NO_DTYPE = optable.SAME_SHAPE, optable.DTYPE_FREE
 
 
 def _ints(values: list) -> np.ndarray:
@@ -231,12 +230,6 @@ class _Records(NamedTuple):
             _, at, counts = np.unique(ranks, return_inverse=True, return_counts=True)
             once = counts[at.reshape(-1)] == 1
         return cls(ranks, sizes, once, table.slots(ranks))
-
-
-def _tup(x: Any) -> tuple:
-    if not x:
-        return ()
-    return tuple(tuple(s) if isinstance(s, list | tuple) else s for s in x)
 
 
 class PhaseExtra(NamedTuple):
@@ -535,13 +528,9 @@ class Sig:
     match: int = 0  # interned key of what must agree across ranks at one (group, seq)
 
     def match_key(self) -> tuple:
-        sides = SAME_SHAPE.get(self.op, ())
-        shapes = tuple(self.in_shapes if s == "in" else self.out_shapes for s in sides)
-        if self.op in NO_DTYPE:
-            dtypes: tuple = ()
-        else:
-            dtypes = tuple(sorted(set(self.in_dtypes) | set(self.out_dtypes)))
-        return (self.op, dtypes, shapes, self.redop, self.root)
+        """What must agree across ranks at its (group, seq) (``histories.match_key``)."""
+        return histories.match_key(self.op, self.in_shapes, self.out_shapes, self.in_dtypes, self.out_dtypes,
+                                   self.redop, self.root)
 
     def where(self) -> str:
         """Its call site, or who issued it when no Python frame did: a collective the native
@@ -566,6 +555,13 @@ class Sig:
 _SIG_KEYS = ("op", "group", "site", "redop", "root", "async", "nested", "src", "dir", "tid", "in_bytes",
              "out_bytes", "tag", "device")
 _SIG_LISTS = ("in_shapes", "out_shapes", "in_dtypes", "out_dtypes")
+
+
+class CarriedHistory(NamedTuple):
+    """A rank's history of a group's collectives as a carry said it, and when."""
+
+    history: histories.History
+    ts: int
 
 
 class ModelLike(Protocol):
@@ -655,6 +651,10 @@ class TraceModel:
         self._sig_gkey = np.zeros(256, np.int32)  # sig code -> index of its (space, group) in _gkeys
         self._gkeys: dict[tuple[int, str], int] = {}
         self._match_codes: dict[tuple, int] = {}
+        self._match_hashes: list[int] = []  # match code -> ``histories.key_hash`` of its key
+        #: group -> rank -> the rank's history of the group's collectives before what was read,
+        #: as its carry said it (``histories``; a window's, or a reader's after retention)
+        self.histories: dict[str, dict[int, CarriedHistory]] = {}
         self.groups: dict[str, list[int]] = {}  # name -> global ranks in group-rank order
         self.group_backend: dict[str, str] = {}
         self.coll: dict[tuple[int, str], GroupIndex] = {}  # (space, group) -> index
@@ -1979,6 +1979,12 @@ class TraceModel:
                                 gi.add_member(r)
                 if e.get("backend"):
                     self.group_backend[name] = e["backend"]
+                history = histories.History.of_event(e)
+                if history is not None:
+                    per = self.histories.setdefault(name, {})
+                    was = per.get(rt.rank)
+                    if was is None or ts >= was.ts:
+                        per[rt.rank] = CarriedHistory(history, ts)
             elif t == "stack":
                 rt.stacks[e.get("id", -1)] = e
                 rt.captures.append(e)
@@ -2020,7 +2026,7 @@ class TraceModel:
         src = k[7]
         direction = k[8]
         sig = Sig(code, op, str(k[1] if k[1] is not None else "?"), k[2], k[3], k[4], bool(k[5]), bool(k[6]),
-                  src, direction, k[9], _tup(ins), tuple(idt or ()), int(k[10] or 0), _tup(outs),
+                  src, direction, k[9], histories.shapes(ins), tuple(idt or ()), int(k[10] or 0), histories.shapes(outs),
                   tuple(odt or ()), int(k[11] or 0), k[12], k[13])
         flags = 0
         if sig.is_async:
@@ -2032,15 +2038,18 @@ class TraceModel:
             sig.space = SPACE_FR
         if sig.device is not None:
             flags |= DEVICE
-        if direction in ("send", "recv") or op in P2P_OPS:
+        kind = histories.kind_of(op, direction, sig.nested)
+        if kind == histories.P2P:
             flags |= P2P | (SEND if direction == "send" else RECV if direction == "recv" else 0)
-        elif op == "batch_isend_irecv" or op.endswith("_coalesced_container"):
+        elif kind == histories.CONTAINER:
             flags |= CONTAINER
-        elif not sig.nested:
+        elif kind == histories.COLLECTIVE:
             flags |= COLL
         sig.flags = flags
         mk = sig.match_key()
         sig.match = self._match_codes.setdefault(mk, len(self._match_codes))
+        if sig.match == len(self._match_hashes):
+            self._match_hashes.append(histories.key_hash(mk))
         self.sigs.append(sig)
         if code >= self._sig_flags.shape[0]:
             self._sig_flags = grown(self._sig_flags, code + 1)
@@ -2314,6 +2323,10 @@ class TraceModel:
 
     def sig_match(self, codes: np.ndarray) -> np.ndarray:
         return self._sig_match[codes]
+
+    def sig_hashes(self, codes: np.ndarray) -> np.ndarray:
+        """``histories.key_hash`` of each sig's match key (uint64), for digests."""
+        return np.asarray(self._match_hashes, np.uint64)[self._sig_match[codes]]
 
     def ops_in_window(self, rank: int, t0: int, t1: int) -> np.ndarray:
         """Indices of the rank's ops overlapping [t0, t1), sorted by begin time."""

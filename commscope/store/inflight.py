@@ -4,10 +4,12 @@ A reader that starts a rank's stream at a later segment (``--since``, or after r
 deleted the older ones) would not see the begin of an op the rank entered before and is
 still in: the all_reduce a hung rank has waited in for an hour.  So when a writer closes a
 segment, a child process (the one that enforces retention, ``store/retention.py``) writes
-``rank-00003.open.000004.jsonl``: the groups the stream described (their members), the
-last op it completed in each group and in the p2p channels it used last, the last ops that
-raised, the recorder's drops so far, and the phases so far of every op still in flight at
-the segment's end (``Replayed.carried_out``),
+``rank-00003.open.000004.jsonl``: the groups the stream described (their members, and the
+rank's history of each one's collectives as one digest, ``histories``), the
+last op it completed in each group and in the p2p channels it used last, each group's
+first op that raised and the last ones, the recorder's drops so far, the phases so far of
+every op still in flight at the segment's end (``Replayed.carried_out``) and the stacks
+that say where the rank is (``Stacks``),
 as JSON events, found by replaying the previous segment's carry and this segment
 (``replay``: an op is done when the model would judge it done).  A
 reader starting at segment 5 reads segment 4's carry first: the rank's state at the window's
@@ -23,6 +25,7 @@ from typing import NamedTuple
 import orjson
 
 from commscope.events import running_drops
+from commscope.histories import COLLECTIVE, P2P, History, extended, key_hash, kind_of, match_key_of
 from commscope.oprecords import completes
 from commscope.store.base import STORE_LOST, Stream, is_recorder_drop
 from commscope.store.files import atomic_write, mode_of, read_from, read_regular
@@ -42,6 +45,12 @@ MAX_CARRY = 64 << 20
 FAILED_KEPT = 4
 #: The p2p channels whose last op done a carry keeps (those used last)
 DONE_KEPT = 8
+
+
+#: What an op's begin says that its match key is made of (``histories.match_key_of``)
+_KEY_FIELDS = ("op", "in_shapes", "out_shapes", "in_dtypes", "out_dtypes", "redop", "root")
+#: The keys a carry adds to a group's line: its history (``histories.History.fields``)
+CARRIED_KEYS = frozenset(History(0, 0, 0).fields())
 
 
 def carried(directory: Path, stream: Stream, number: int) -> bytes | None:
@@ -70,6 +79,31 @@ class Losses(NamedTuple):
     reason: str
 
 
+class Stacks:
+    """The stacks a rank captured, as a run of its lines says: each op's latest, the latest
+    of all, and the latest a stack request asked for (what ``findings.rank_stack`` shows:
+    where the rank is now, where it is stuck, whether it answered a request)."""
+
+    def __init__(self) -> None:
+        self.of_op: dict[int, dict] = {}
+        self.last: dict | None = None
+        self.requested: dict | None = None
+
+    def take(self, e: dict) -> None:
+        if isinstance(e.get("id"), int):
+            self.of_op[e["id"]] = e
+        if self.last is None or e["ts"] >= self.last["ts"]:
+            self.last = e
+        if e.get("reason") == "request" and (self.requested is None or e["ts"] >= self.requested["ts"]):
+            self.requested = e
+
+    def carried(self, inflight: list[int]) -> list[dict]:
+        """What a carry keeps, in time order: the stacks of the ops still in flight
+        (``inflight``), the latest, the latest requested; a few, whatever the rank captured."""
+        kept = [self.of_op[i] for i in inflight if i in self.of_op] + [self.last, self.requested]
+        return sorted({id(e): e for e in kept if e is not None}.values(), key=lambda e: e["ts"])
+
+
 class Replayed(NamedTuple):
     """A stream's ops as a run of its lines says (``replay``): each op's phases, when it was
     done (0: not done), whether one raised, and the groups described."""
@@ -85,44 +119,69 @@ class Replayed(NamedTuple):
     #: What the lines after the carry lost, as a reader of them would count it (a summary
     #: keeps it: ``retention.summarize``)
     losses: Losses | None = None
+    #: Per group, the rank's collectives of it so far as one digest (``histories``), carried
+    #: on its group line
+    histories: dict[str, History] | None = None
+    #: The stacks the rank captured (``Stacks``)
+    stacks: Stacks | None = None
 
     def carry(self, with_meta: bool = False) -> bytes:
         """What a reader starting after these lines reads first, as ended lines: (the rank's
-        meta,) the groups, the recorder's drops so far, and the phases of the ops carried on
-        (``carried_out``)."""
+        meta,) the groups, the recorder's drops so far, the phases of the ops carried on
+        (``carried_out``), and the stacks that say where the rank is (``Stacks.carried``)."""
         lines = [orjson.dumps(self.meta)] if with_meta and self.meta is not None else []
-        lines += [orjson.dumps(g) for g in self.groups.values()]
+        kept = self.histories or {}
+        lines += [orjson.dumps(g | kept[name].fields() if name in kept else g) for name, g in self.groups.items()]
         if self.dropped is not None:
             lines.append(orjson.dumps(self.dropped))
-        for op_id in self.carried_out():
+        ops = self.carried_out()
+        for op_id in ops:
             lines.extend(orjson.dumps(e) for e in self.phases[op_id])
+        if self.stacks is not None:
+            lines.extend(orjson.dumps(e) for e in self.stacks.carried([i for i in ops if i not in self.done]))
         return b"".join(x + b"\n" for x in lines)
 
     def carried_out(self) -> list[int]:
         """The ops a carry takes on past the lines' end, in their order: those in flight
-        there; the last one done of each group's collectives (a group's line is carried
-        anyway) and of the ``DONE_KEPT`` p2p channels (group, peer, direction) used last, so
+        there; the last one done of each group's collectives in each seq space (a group's
+        line is carried anyway) and of the ``DONE_KEPT`` p2p channels (group, peer,
+        direction; an any-source recv's peer is the source its end named) used last, so
         a reader starting after it knows what the rank entered (the root of a broadcast that
         returned while the others still wait in it is no rank that "never entered"; the last
-        of them all is what the rank last completed); and the last ``FAILED_KEPT`` ops that
-        raised (an op that failed an hour before the window is still an ``op_failed``).
+        of them all is what the rank last completed); and each group's first op that raised
+        and the last ``FAILED_KEPT`` (an op that failed an hour before the window is still an
+        ``op_failed``, and the first is what its finding names).
         Bounded by the groups and those few: a carry is read by every window, and kept in
         every Redis mark (a rank that sent to 16k peers carried 9 MB)."""
         done, begins = self.done, self.begins
-        last: dict[tuple, int] = {}  # (group, peer, direction) -> the op done last there
+        collective: dict[tuple, int] = {}  # (space, group) -> its collective done last
+        channels: dict[tuple, int] = {}  # (space, group, peer, direction) -> the p2p op done last there
         for i, t in done.items():
             b = begins[i]
-            if b.get("nested"):
-                continue
-            key = (b.get("group"), b.get("peer"), b.get("dir"))
+            kind = kind_of(str(b.get("op") or "?"), b.get("dir"), bool(b.get("nested")))
+            if kind == COLLECTIVE:
+                last, key = collective, (b.get("src") == "fr", b.get("group"))
+            elif kind == P2P:  # (an any-source recv: by the source its end named)
+                last, key = channels, (b.get("src") == "fr", b.get("group"), self._peer(i), b.get("dir"))
+            else:
+                continue  # (a container: its ops are carried in their channels; a nested op, in its parent)
             j = last.get(key)
             if j is None or (done[j], j) < (t, i):
                 last[key] = i
-        collective = [i for key, i in last.items() if key[1] is None and key[2] is None]
-        channels = [i for key, i in last.items() if key[1] is not None or key[2] is not None]
-        keep = {*collective, *sorted(channels, key=lambda i: (done[i], i))[-DONE_KEPT:]}
-        keep.update(sorted(self.failed, key=lambda i: (done.get(i, 0), i))[-FAILED_KEPT:])
+        keep = {*collective.values(), *sorted(channels.values(), key=lambda i: (done[i], i))[-DONE_KEPT:]}
+        raised = sorted(self.failed, key=lambda i: (done.get(i, 0), i))
+        first: dict[tuple, int] = {}  # (space, group) -> its first op that raised
+        for i in raised:
+            first.setdefault((begins[i].get("src") == "fr", begins[i].get("group")), i)
+        keep.update(raised[-FAILED_KEPT:], first.values())
         return [i for i in begins if i in keep or i not in done]
+
+    def _peer(self, op_id: int) -> object:
+        """An op's peer: its begin's, or (an any-source recv) the one a later phase named."""
+        peer = self.begins[op_id].get("peer")
+        if peer is None:
+            peer = next((p["peer"] for p in self.phases[op_id][1:] if p.get("peer") is not None), None)
+        return peer
 
 
 def replay(before: bytes, data: bytes, rank: int) -> Replayed:
@@ -143,20 +202,43 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
                     str(lost[0]["reason"])[len(STORE_LOST) + 2:] if lost else "")
     out = Replayed({}, {}, {}, set(), {}, got.count(), None)
     meta = dropped = None
+    kept: dict[str, History] = {}  # group -> the rank's history of its collectives (``histories``)
+    ran: dict[str, tuple[list[int], list[int]]] = {}  # group -> the seqs and key hashes of its collectives read
+    stacks = Stacks()
+    hashes: dict[bytes, int] = {}  # what a begin's match key is made of -> its hash (a stream repeats a few)
     for e in head.events + got.events:
         typ = e.get("type")
         if typ == "meta":
             meta = e
         elif typ == "group":
-            out.groups[str(e.get("group"))] = e
+            name = str(e.get("group"))
+            out.groups[name] = {k: v for k, v in e.items() if k not in CARRIED_KEYS}
+            history = History.of_event(e)  # (a carry's)
+            if history is not None:
+                kept[name] = history
         elif typ == "dropped":
             dropped = _dropped(dropped, e)
+        elif typ == "stack":
+            stacks.take(e)
         if typ != "op":
             continue
         op_id, ph = e["id"], e["phase"]
         if ph == "begin":
             out.begins[op_id] = e
             out.phases[op_id] = [e]
+            seq = e.get("seq")
+            if (isinstance(seq, int) and e.get("src") != "fr"
+                    and kind_of(str(e.get("op") or "?"), e.get("dir"), bool(e.get("nested"))) == COLLECTIVE):
+                name = str(e.get("group") if e.get("group") is not None else "?")
+                raw = orjson.dumps(tuple(map(e.get, _KEY_FIELDS)))  # (cheaper than the key)
+                khash = hashes.get(raw)
+                if khash is None:
+                    khash = hashes[raw] = key_hash(match_key_of(e))
+                ran.setdefault(name, ([], []))
+                ran[name][0].append(seq)
+                ran[name][1].append(khash)
+                if name not in out.groups:  # (its line carries the history)
+                    out.groups[name] = {"type": "group", "v": e["v"], "rank": rank, "ts": e["ts"], "group": name}
             continue
         b = out.begins.get(op_id)
         if b is None:
@@ -170,7 +252,11 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
         parent = b.get("parent")
         if b.get("nested") and op_id not in out.done and (parent not in out.begins or parent in out.done):
             out.done[op_id] = out.done.get(parent, b["ts"])
-    return out._replace(meta=meta, dropped=dropped, losses=losses)
+    for name, (seqs, khashes) in ran.items():
+        history = extended(kept.get(name), seqs, khashes)
+        if history is not None:
+            kept[name] = history
+    return out._replace(meta=meta, dropped=dropped, losses=losses, histories=kept, stacks=stacks)
 
 
 def _dropped(so_far: dict | None, e: dict) -> dict | None:

@@ -1,0 +1,63 @@
+"""A rank's history of a group's collectives as one digest (``commscope/histories.py``):
+the same terms in Python and numpy, a history that restarts after a gap, and the match key
+a carry makes from an op's begin event equal to the one the model makes of the same op
+read as records (native blocks) or as events (JSON)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from commscope import histories
+from commscope.analysis.model import COLL
+from commscope.analysis.source import load_trace
+from commscope.bench.synthstore import JobShape, write_store
+from commscope.store import open_reader
+
+
+def test_a_term_is_the_same_one_at_a_time_and_in_arrays():
+    rng = np.random.default_rng(7)
+    seqs = rng.integers(0, 1 << 40, 500)
+    hashes = rng.integers(0, 1 << 63, 500, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    got = histories.terms(seqs, hashes)
+    assert got.dtype == np.uint64 and int(got.max()) <= histories.MASK
+    assert [int(x) for x in got] == [histories.term(int(s), int(h)) for s, h in zip(seqs, hashes, strict=True)]
+    assert len(set(got.tolist())) == 500
+
+
+def test_a_history_adds_the_next_seqs_skips_those_it_holds_and_starts_again_after_a_gap():
+    term, extended = histories.term, histories.extended
+    h = extended(None, [1, 2, 3, 4, 5], [11] * 5)
+    assert h == (1, 5, sum(term(s, 11) for s in range(1, 6)) & histories.MASK)
+    assert extended(h, [5, 3], [99, 99]) == h  # (the carried last collective, read again)
+    assert extended(h, [], []) == h and extended(None, [], []) is None
+    assert extended(h, [6], [11]).digest == (h.digest + term(6, 11)) & histories.MASK
+    assert extended(h, [6], [11]) != extended(h, [6], [12])  # what must agree is in it
+    assert extended(h, [6, 4, 7], [11, 99, 11]) == extended(h, [6, 7], [11, 11])
+    assert extended(h, [8, 9], [11, 11]) == (8, 9, (term(8, 11) + term(9, 11)) & histories.MASK)  # (6, 7 lost)
+    assert extended(h, [6, 9, 10], [11, 11, 11]) == extended(None, [9, 10], [11, 11])
+    one_by_one = None
+    for seq in [1, 2, 2, 3, 5, 4, 6, 9, 10]:
+        one_by_one = extended(one_by_one, [seq], [seq * 7])
+    assert one_by_one == extended(None, [1, 2, 2, 3, 5, 4, 6, 9, 10], [s * 7 for s in [1, 2, 2, 3, 5, 4, 6, 9, 10]])
+    assert histories.History.of_event({"type": "group", **h.fields()}) == h
+    assert histories.History.of_event({"type": "group", "dfrom": 5, "dseq": 4, "digest": 1}) is None
+    assert histories.History.of_event({"type": "group", "group": "0"}) is None
+
+
+@pytest.mark.parametrize("json", [False, True])  # native blocks, JSON events
+def test_a_carry_keys_each_collective_as_the_model_does(tmp_path, json):
+    """Every op of a job (a mismatched collective among them) read as events, as a carry
+    replays it, is a collective where the model reading it in columns takes it for one, and
+    has the match key the model gives it."""
+    store = str(tmp_path / "t")
+    write_store(store, JobShape(4, 60, fault="mismatch", json=json))
+    model, _, _ = load_trace(store)
+    events = [e for e in open_reader(store).read_all() if e["type"] == "op" and e["phase"] == "begin"]
+    assert len(events) >= 4 * 60
+    for e in events:
+        code = model.ranks[e["rank"]].sig[model.op_index(e["rank"], e["id"])]
+        kind = histories.kind_of(str(e.get("op")), e.get("dir"), bool(e.get("nested")))
+        assert (kind == histories.COLLECTIVE) == bool(model.sig_flags(np.array([code]))[0] & COLL)
+        assert histories.match_key_of(e) == model.sigs[int(code)].match_key()
+    assert len({histories.match_key_of(e) for e in events}) > 1  # (the mismatch among them)
