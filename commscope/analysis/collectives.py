@@ -353,56 +353,47 @@ def find_history_mismatches(model: TraceModel, found: list[Finding]) -> list[Fin
 #: The seqs ``_histories_compared`` tries (the latest where ranks' histories end), and the
 #: ranks it extends at a time (a matrix of the collectives read, that many columns wide)
 HISTORY_TRIES = 4
-HISTORY_COLUMNS = 1024
+HISTORY_COLUMNS = 4096
 
 
-def _histories_compared(model: TraceModel, gi: GroupIndex | None, hist: dict[int, histories.History]) -> tuple[int, dict[int, int]]:
-    """The seq at which most of ``hist``'s ranks (rank -> ``histories.History``) have a
-    history, of the latest seqs where one ends, and each such rank's digest up to it."""
-    best: tuple[int, dict[int, int]] = (0, {})
-    for at in sorted({h.last for h in hist.values()}, reverse=True)[:HISTORY_TRIES]:
-        got = _digests_at(model, gi, hist, at)
-        if len(got) > len(best[1]):
-            best = (at, got)
-    return best
-
-
-def _digests_at(model: TraceModel, gi: GroupIndex | None, hist: dict[int, histories.History], at: int) -> dict[int, int]:
-    """Each rank's digest of its collectives of the group up to seq ``at``: its carried
-    history, ending there or extended by the collectives read after it, where it ran every
-    seq up to ``at`` (those that did not, and those whose history ends after it, are not in it)."""
-    out = {r: h.digest for r, h in hist.items() if h.last == at}
-    behind = [r for r, h in hist.items() if h.last < at and gi is not None and r in gi.col]
-    if not behind or gi is None:
-        return out
-    idx = gi.seqs
-    keys = idx.keys[: idx.n]
-    lo = int(np.searchsorted(keys, min(hist[r].last for r in behind) + 1))
-    hi = int(np.searchsorted(keys, at, "right"))
-    seqs = keys[lo:hi]
-    if not seqs.shape[0]:
-        return out
-    rows = np.arange(lo, hi)
-    for k in range(0, len(behind), HISTORY_COLUMNS):
-        part = behind[k: k + HISTORY_COLUMNS]
-        cols = np.array([gi.col[r] for r in part], np.int64)
-        present = idx.rows()[lo:hi][:, cols] >= 0
-        sig = gather(model, gi, "sig", rows)[:, cols]
-        t = np.where(present, histories.terms(seqs[:, None], model.sig_hashes(sig)), np.uint64(0))
-        sums = np.cumsum(t, axis=0, dtype=np.uint64)
-        counts = np.cumsum(present, axis=0)
-        for j, r in enumerate(part):
-            h = hist[r]
-            a = int(np.searchsorted(seqs, h.last + 1))
-            need = at - h.last
-            if seqs.shape[0] - a != need:
-                continue  # a seq between that no rank read
-            ran = int(counts[-1, j]) - (int(counts[a - 1, j]) if a else 0)
-            if ran != need:
-                continue  # the rank did not run (or its record was lost of) a seq between
-            added = int(sums[-1, j]) - (int(sums[a - 1, j]) if a else 0)
-            out[r] = (h.digest + added) & histories.MASK
-    return out
+def _histories_compared(model: TraceModel, gi: GroupIndex | None,
+                        hist: dict[int, histories.History]) -> tuple[int, dict[int, int]]:
+    """The seq at which most of ``hist``'s ranks have a history, of the latest seqs where
+    one ends, and each such rank's digest up to it: its carried history, ending there or
+    extended by the collectives read after it, where it ran every seq up to it (those that
+    did not, and those whose history ends after it, are not compared there)."""
+    tries = sorted({h.last for h in hist.values()}, reverse=True)[:HISTORY_TRIES]
+    got: dict[int, dict[int, int]] = {at: {r: h.digest for r, h in hist.items() if h.last == at} for at in tries}
+    behind = [r for r, h in hist.items() if h.last < tries[0] and r in gi.col] if gi is not None else []
+    if gi is not None and behind:
+        idx = gi.seqs
+        keys = idx.keys[: idx.n]
+        lo = int(np.searchsorted(keys, min(hist[r].last for r in behind) + 1))
+        hi = int(np.searchsorted(keys, tries[0], "right"))
+        seqs = keys[lo:hi]
+        if seqs.shape[0]:
+            rows = np.arange(lo, hi)
+            sig = gather(model, gi, "sig", rows)
+            ends = [(at, int(np.searchsorted(seqs, at, "right"))) for at in tries]
+            for k in range(0, len(behind), HISTORY_COLUMNS):
+                part = behind[k: k + HISTORY_COLUMNS]
+                cols = np.array([gi.col[r] for r in part], np.int64)
+                present = idx.rows()[lo:hi][:, cols] >= 0
+                t = np.where(present, histories.terms(seqs[:, None], model.sig_hashes(sig[:, cols])), np.uint64(0))
+                zero = np.zeros((1, len(part)), np.uint64)
+                sums = np.concatenate([zero, np.cumsum(t, axis=0, dtype=np.uint64)])
+                counts = np.concatenate([zero.astype(np.int64), np.cumsum(present, axis=0)])
+                last = np.array([hist[r].last for r in part], np.int64)
+                digest = np.array([hist[r].digest for r in part], np.uint64)
+                a = np.searchsorted(seqs, last + 1)
+                col = np.arange(len(part))
+                for at, end in ends:
+                    need = at - last
+                    ok = (need > 0) & (end - a == need) & (counts[end, col] - counts[a, col] == need)
+                    added = (digest + sums[end, col] - sums[a, col]) & np.uint64(histories.MASK)
+                    got[at].update(zip(np.asarray(part)[ok].tolist(), added[ok].tolist(), strict=True))
+    best = max(tries, key=lambda at: (len(got[at]), at))
+    return best, got[best]
 
 
 def _undecided(lost: list[int], coming: list[int]) -> str:
