@@ -627,9 +627,12 @@ def test_a_mismatch_that_completed_long_before_the_window_is_still_found(tmp_pat
 
 
 def test_histories_agree_where_the_ranks_ran_the_same_collectives(tmp_path, capsys):
-    """Ranks whose segments end at different seqs (rank 3 writes four times the bytes) and a
-    rank that lost records (a gap in its seqs) start their histories at other seqs: the
-    window compares them where it can and blames nobody where they ran the same collectives."""
+    """Ranks whose segments end at different seqs (rank 3 writes more bytes), a rank that
+    lost records long before the window (a gap in its seqs: its history starts again
+    after it), and the rank whose carry ends first losing a collective inside the window,
+    between its carry and the others': the window compares the ranks where it can, never
+    one that did not run every seq up to where it compares, and blames nobody where they
+    ran the same collectives."""
     from commscope.analysis.synth import TraceBuilder
 
     tb = TraceBuilder(4, hang_after=10.0, sample_interval=5.0)
@@ -638,10 +641,19 @@ def test_histories_agree_where_the_ranks_ran_the_same_collectives(tmp_path, caps
         t = tb.collective(t, site="x" * 300 if k % 2 else None) + S
         if k % 50 == 0:
             tb.add(3, t, "heartbeat", inflight=0, pad="p" * 2000)
-    lost = next(e for e in tb.events if e["rank"] == 1 and e["type"] == "op" and e.get("seq") == 500)
-    gone = {id(e) for e in tb.events if e["rank"] == 1 and e["type"] == "op" and e["id"] == lost["id"]}
-    tb.events[:] = [e for e in tb.events if id(e) not in gone]
-    assert _window_says_what_a_full_read_says(tmp_path / "s", capsys, tb.events)[:2] == (0, [])
+
+    def lose(rank: int, seq: int) -> None:
+        lost = next(e for e in tb.events if e["rank"] == rank and e["type"] == "op" and e.get("seq") == seq)
+        gone = {id(e) for e in tb.events if e["rank"] == rank and e["type"] == "op" and e["id"] == lost["id"]}
+        tb.events[:] = [e for e in tb.events if id(e) not in gone]
+
+    lose(1, 500)
+    model, _, _ = load_trace(str(_windowed(tmp_path / "first", tb.events)), since=parse_since("10m"))
+    ends = {r: c.history.last for r, c in model.histories["0"].items()}
+    assert ends[3] + 2 < max(ends.values()) and model.histories["0"][1].history.first == 501
+    lose(3, ends[3] + 2)
+    rc, found, out = _window_says_what_a_full_read_says(tmp_path / "s", capsys, tb.events)
+    assert (rc, found) == (0, [])
 
 
 def _then_alone(tb, t: int, rank: int) -> None:
@@ -833,14 +845,24 @@ def test_the_drops_of_each_incarnation_before_the_window_add_up(tmp_path):
     assert full.ranks[0].dropped == window.ranks[0].dropped == 80
 
 
+@pytest.mark.parametrize("first", ["here", "in workers"])  # (a console's first read: ``read_apart``)
 @pytest.mark.parametrize("other", [0, 40])  # drops of another incarnation of the rank
-def test_a_reader_that_jumps_over_deleted_segments_counts_the_drops_once(tmp_path, other):
+def test_a_reader_that_jumps_over_deleted_segments_counts_the_drops_once(tmp_path, monkeypatch, other, first):
     """A live reader read a stream whose recorder had dropped 10 events (no op yet), fell
     behind while 20 more drops landed in segments retention then deleted: it jumps to the
     oldest segment left, reading the carry of the one before, and counts the 20 it did not
     read, as a fresh full read does: 30, and 70 where an earlier incarnation of the rank
-    dropped 40 (its running total alone would say 30 of them, its drops on top 10 twice)."""
+    dropped 40 (its running total alone would say 30 of them, its drops on top 10 twice),
+    whether it read the stream first itself or went on from read workers' first read."""
     from commscope.analysis.model import TraceModel
+    from commscope.store.directory import DirectoryReader
+
+    if first == "in workers":
+        monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+        monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+        w1 = DirectoryWriter(tmp_path, "job", 1, {"world_size": 2}, closer=False)  # (two streams: a read apart)
+        w1.write([meta(1), beat(1, 1)])
+        w1.close()
 
     def drop(k: int, count: int, total: int) -> bytes:
         return orjson.dumps({"type": "dropped", "v": 3, "rank": 0, "ts": T0 + k * S, "count": count, "total": total,
@@ -856,6 +878,10 @@ def test_a_reader_that_jumps_over_deleted_segments_counts_the_drops_once(tmp_pat
         w.write([beat(0, j) for j in range(k, k + 50)])
     reader = open_reader(str(tmp_path))
     jumped = TraceModel()
+    if first == "in workers":
+        for b in reader.read_apart(1 << 20):
+            jumped.ingest(b.events, b.ops, b.spans, b.beats)
+        assert reader.stats.workers > 0
     jumped.ingest(reader.read_all())
     assert jumped.ranks[0].dropped == 10 + other
     w.write([drop(500, 20, 30)])

@@ -824,10 +824,7 @@ class TraceReader(abc.ABC):
         if dropped:
             if self.counts_lost_markers and lost_markers:
                 stats.count_store_lost(rank, dropped)
-            try:
-                read = self._drops_read
-            except AttributeError:
-                read = self._drops_read = {}
+            read = self.drops_read_of()
             read[stream] = recorder_drops(read.get(stream, 0), dropped)
         stats.bytes += size
         stats.chunks += 1
@@ -837,6 +834,15 @@ class TraceReader(abc.ABC):
         ``recorder_drops``), so a carry read after a jump adds only those it did not
         (``inflight.as_read``)."""
         return getattr(self, "_drops_read", {}).get(stream, 0)
+
+    def drops_read_of(self) -> dict[Stream, int]:
+        """``drops_read`` of every stream, as this reader keeps it (a reader that goes on
+        from a worker's read takes the worker's: ``DirectoryReader._adopt``)."""
+        try:
+            return self._drops_read
+        except AttributeError:
+            self._drops_read = {}
+            return self._drops_read
 
     def _keep_ops(self, ops: OpRecords) -> None:
         """Keep a stream's op records for the batch (``_take_ops``), after those kept before."""

@@ -65,8 +65,9 @@ class DecoderState(NamedTuple):
 class StreamsRead(NamedTuple):
     """What a worker read of some streams: the batch, the reader's stats, where each stream
     stopped (segment, bytes read of each segment, an incomplete last line), each stream's
-    decoder state and highest op id.  ``packed``: the batch's op records in one piece
-    (``oprecords.packed``; the batch then holds none), as a worker sends them."""
+    decoder state, highest op id and the recorder's drops read (``TraceReader.drops_read``).
+    ``packed``: the batch's op records in one piece (``oprecords.packed``; the batch then
+    holds none), as a worker sends them."""
 
     batch: Batch
     stats: ReadStats
@@ -76,6 +77,7 @@ class StreamsRead(NamedTuple):
     decoders: dict[Stream, DecoderState]
     max_ids: dict[Stream, int]
     packed: Spans | None = None
+    drops_read: dict[Stream, int] | None = None
 
     def sent(self) -> StreamsRead:
         """As a worker sends it: the op records in one piece where they go so."""

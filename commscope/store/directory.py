@@ -1144,6 +1144,7 @@ class DirectoryReader(TraceReader):
         self._partial.update(got.partial)
         for stream, top in got.max_ids.items():
             self._raise_max_id(stream, top)
+        self.drops_read_of().update(got.drops_read or {})
         for stream, st in got.decoders.items():
             self._decoder(stream).adopt(st.names, st.dtypes, st.seen_end, st.groups, st.sites, st.waiting)
 
@@ -1154,4 +1155,4 @@ def read_streams(job: Job) -> StreamsRead:
     r = DirectoryReader(job.job_dir, since_ns=job.since_ns)
     batch = r.read_whole(job.streams)
     return StreamsRead(batch, r.stats, dict(r._reading), dict(r._read_of), dict(r._partial), r.decoder_states(),
-                       dict(getattr(r, "_max_ids", {})))
+                       dict(getattr(r, "_max_ids", {})), drops_read=dict(r.drops_read_of()))
