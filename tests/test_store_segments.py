@@ -740,6 +740,28 @@ def test_where_a_rank_is_stuck_is_still_shown_after_an_hour(tmp_path, capsys):
     assert out["findings"][0]["evidence"]["culprit_where"] and out["findings"][0]["evidence"]["stacks"]
 
 
+def test_a_send_whose_channel_a_carry_passed_is_still_posted(tmp_path, capsys):
+    """Rank 1's send #1 to rank 0 returned while rank 0's recv #1 still waits; rank 1 then
+    sent on 9 other channels, an hour before the window.  Its carry keeps the last 8
+    channels' ops whole and says the rest's last seq on their group's line, so the window
+    does not call rank 1's send "never posted", as the full read does not."""
+    from commscope.analysis.synth import TraceBuilder
+
+    tb = TraceBuilder(4, hang_after=10.0, sample_interval=5.0)
+    t = _busy_then(tb, tb.t0 + S)
+    tb.sync(1, t, t + 1000, "send", peer=0, dir="send")
+    tb.sync(0, t + S, None, "recv", peer=1, dir="recv")
+    tb.heartbeats(tb.t0 + S, t + 3600 * S, interval=5 * S)
+    for g in range(9):
+        tb.group(f"pp{g}", [1, 2])
+        a = t + (10 + 10 * g) * S
+        tb.sync(1, a, a + 1000, "send", group=f"pp{g}", peer=2, dir="send")
+        tb.sync(2, a, a + 1000, "recv", group=f"pp{g}", peer=1, dir="recv")
+    for j in range(340):
+        tb.collective(t + (100 + 10 * j) * S, "all_reduce", group="pp0")
+    assert _window_says_what_a_full_read_says(tmp_path / "s", capsys, tb.events)[:2] == (0, [])
+
+
 def test_a_failure_an_hour_before_the_window_is_still_found(tmp_path, capsys):
     from commscope.analysis.synth import TraceBuilder
 
@@ -816,7 +838,19 @@ def test_a_carry_stays_small_however_many_channels_and_failures_a_rank_used():
     assert len(got.failed) == 20
     # (the first that raised, the last 4, the last 8)
     assert kept == [1001, 1017, 1018, 1019, 1020, *range(op_id - 7, op_id + 1)]
-    assert got.carry().count(b'"type":"op"') == 26  # (each a begin and an end)
+    carry = got.carry()
+    assert carry.count(b'"type":"op"') == 26  # (each a begin and an end)
+    # the other 1,992 channels, each its peer, direction and last seq on the group's line
+    passed = orjson.loads(carry.split(b"\n")[0])["channels"]
+    assert len(passed) == 2000 - 8 and passed[0] == [1, "send", 1] and len(carry) < 64 << 10
+    # and of a rank that sent to 5,000 peers, the CHANNELS_PASSED used last
+    sends = [{"type": "op", "v": 3, "rank": 0, "ts": T0 + k * 1000 + d, "phase": ph, "id": k, "op": "send",
+              "group": "0", "peer": k, "dir": "send", "seq": 1} for k in range(1, 5001)
+             for d, ph in ((0, "begin"), (500, "end"))]
+    many = inflight.replay(b"", b"".join(orjson.dumps(e) + b"\n" for e in sends), 0).carry()
+    passed = orjson.loads(many.split(b"\n")[0])["channels"]
+    assert [p[0] for p in passed] == list(range(5000 - 8 - inflight.CHANNELS_PASSED + 1, 5000 - 8 + 1))
+    assert len(many) < 128 << 10
 
 
 def test_the_drops_of_each_incarnation_before_the_window_add_up(tmp_path):

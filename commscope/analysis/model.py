@@ -655,6 +655,9 @@ class TraceModel:
         #: group -> rank -> the rank's history of the group's collectives before what was read,
         #: as its carry said it (``histories``; a window's, or a reader's after retention)
         self.histories: dict[str, dict[int, CarriedHistory]] = {}
+        #: (group, src, dst) -> [the last send seq src, the last recv seq dst completed there]
+        #: before what was read, where its carry kept no op of the channel (-1: not said)
+        self.p2p_passed: dict[tuple[str, int, int], list[int]] = {}
         self.groups: dict[str, list[int]] = {}  # name -> global ranks in group-rank order
         self.group_backend: dict[str, str] = {}
         self.coll: dict[tuple[int, str], GroupIndex] = {}  # (space, group) -> index
@@ -1979,6 +1982,11 @@ class TraceModel:
                                 gi.add_member(r)
                 if e.get("backend"):
                     self.group_backend[name] = e["backend"]
+                for peer, direction, seq in e.get("channels") or ():
+                    send = direction == "send"
+                    key = (name, rt.rank if send else peer, peer if send else rt.rank)
+                    side = self.p2p_passed.setdefault(key, [-1, -1])
+                    side[0 if send else 1] = max(side[0 if send else 1], seq)
                 history = histories.History.of_event(e)
                 if history is not None:
                     per = self.histories.setdefault(name, {})
@@ -2397,6 +2405,13 @@ class TraceModel:
         if row is None:
             return None, None
         return (int(row[0]) if row[0] >= 0 else None), (int(row[1]) if row[1] >= 0 else None)
+
+    def p2p_posted_before(self, group: str, src: int, dst: int, seq: int, send: bool) -> bool:
+        """Whether the send (``send``) or the recv of p2p message #seq src->dst of Python's seq
+        space was posted and completed before what was read (a carry said so, keeping no op
+        of the channel: ``inflight.Replayed.channels_passed``)."""
+        side = self.p2p_passed.get((group, src, dst))
+        return side is not None and side[0 if send else 1] >= seq
 
     def matching(self, rank: int, i: int) -> dict[int, int]:
         """The same logical op on other ranks: rank -> op index (collective members or p2p peer)."""

@@ -21,7 +21,7 @@ from commscope.analysis import evidence, rankstate
 from commscope.analysis.components import strongly_connected
 from commscope.analysis.evidence import Evidence, record
 from commscope.analysis.findings import Finding, activity, doing_instead, op_brief, secs
-from commscope.analysis.model import NESTED, P2P, SEND, TraceModel
+from commscope.analysis.model import NESTED, P2P, SEND, SPACE_NATIVE, TraceModel
 from commscope.analysis.ranks import ranges
 
 
@@ -90,8 +90,10 @@ def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[in
                 continue
             seq = int(rt.seq[i])
             send = bool(s.flags & SEND)
-            a, b = model.p2p_pair(s.group, r if send else peer, peer if send else r, seq, s.space)
-            if (b if send else a) is None:
+            src, dst = (r, peer) if send else (peer, r)
+            a, b = model.p2p_pair(s.group, src, dst, seq, s.space)
+            if (b if send else a) is None and not (
+                    s.space == SPACE_NATIVE and model.p2p_posted_before(s.group, src, dst, seq, not send)):
                 edges.setdefault(r, []).append((peer, i))
     return edges
 

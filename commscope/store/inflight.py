@@ -6,7 +6,8 @@ still in: the all_reduce a hung rank has waited in for an hour.  So when a write
 segment, a child process (the one that enforces retention, ``store/retention.py``) writes
 ``rank-00003.open.000004.jsonl``: the groups the stream described (their members, and the
 rank's history of each one's collectives as one digest, ``histories``), the
-last op it completed in each group and in the p2p channels it used last, each group's
+last op it completed in each group and in the p2p channels it used last (of those before,
+the seq done last), each group's
 first op that raised and the last ones, the recorder's drops so far, the phases so far of
 every op still in flight at the segment's end (``Replayed.carried_out``) and the stacks
 that say where the rank is (``Stacks``),
@@ -45,12 +46,16 @@ MAX_CARRY = 64 << 20
 FAILED_KEPT = 4
 #: The p2p channels whose last op done a carry keeps (those used last)
 DONE_KEPT = 8
+#: The p2p channels past those whose last seq done a carry states (``channels_passed``):
+#: 12 bytes or so each, where an op is ~500
+CHANNELS_PASSED = 4096
 
 
 #: What an op's begin says that its match key is made of (``histories.match_key_of``)
 _KEY_FIELDS = ("op", "in_shapes", "out_shapes", "in_dtypes", "out_dtypes", "redop", "root")
-#: The keys a carry adds to a group's line: its history (``histories.History.fields``)
-CARRIED_KEYS = frozenset(History(0, 0, 0).fields())
+#: The keys a carry adds to a group's line: its history (``histories.History.fields``) and
+#: its channels passed (``Replayed.channels_passed``)
+CARRIED_KEYS = frozenset([*History(0, 0, 0).fields(), "channels"])
 
 
 def carried(directory: Path, stream: Stream, number: int) -> bytes | None:
@@ -124,6 +129,9 @@ class Replayed(NamedTuple):
     histories: dict[str, History] | None = None
     #: The stacks the rank captured (``Stacks``)
     stacks: Stacks | None = None
+    #: The channels the carry replayed said were passed: (group, peer, direction) -> the
+    #: seq done last there (``channels_passed``)
+    passed: dict[tuple[str, int, str], int] | None = None
 
     def carry(self, with_meta: bool = False) -> bytes:
         """What a reader starting after these lines reads first, as ended lines: (the rank's
@@ -131,7 +139,12 @@ class Replayed(NamedTuple):
         (``carried_out``), and the stacks that say where the rank is (``Stacks.carried``)."""
         lines = [orjson.dumps(self.meta)] if with_meta and self.meta is not None else []
         kept = self.histories or {}
-        lines += [orjson.dumps(g | kept[name].fields() if name in kept else g) for name, g in self.groups.items()]
+        passed = self.channels_passed()
+        for name, g in self.groups.items():
+            more = kept[name].fields() if name in kept else {}
+            if name in passed:
+                more["channels"] = passed[name]
+            lines.append(orjson.dumps(g | more))
         if self.dropped is not None:
             lines.append(orjson.dumps(self.dropped))
         ops = self.carried_out()
@@ -154,27 +167,64 @@ class Replayed(NamedTuple):
         Bounded by the groups and those few: a carry is read by every window, and kept in
         every Redis mark (a rank that sent to 16k peers carried 9 MB)."""
         done, begins = self.done, self.begins
-        collective: dict[tuple, int] = {}  # (space, group) -> its collective done last
-        channels: dict[tuple, int] = {}  # (space, group, peer, direction) -> the p2p op done last there
-        for i, t in done.items():
-            b = begins[i]
-            kind = kind_of(str(b.get("op") or "?"), b.get("dir"), bool(b.get("nested")))
-            if kind == COLLECTIVE:
-                last, key = collective, (b.get("src") == "fr", b.get("group"))
-            elif kind == P2P:  # (an any-source recv: by the source its end named)
-                last, key = channels, (b.get("src") == "fr", b.get("group"), self._peer(i), b.get("dir"))
-            else:
-                continue  # (a container: its ops are carried in their channels; a nested op, in its parent)
-            j = last.get(key)
-            if j is None or (done[j], j) < (t, i):
-                last[key] = i
-        keep = {*collective.values(), *sorted(channels.values(), key=lambda i: (done[i], i))[-DONE_KEPT:]}
+        collective, channels = self._last_done()
+        keep = {*collective.values(), *self._kept_channels(channels)}
         raised = sorted(self.failed, key=lambda i: (done.get(i, 0), i))
         first: dict[tuple, int] = {}  # (space, group) -> its first op that raised
         for i in raised:
             first.setdefault((begins[i].get("src") == "fr", begins[i].get("group")), i)
         keep.update(raised[-FAILED_KEPT:], first.values())
         return [i for i in begins if i in keep or i not in done]
+
+    def _last_done(self) -> tuple[dict[tuple, int], dict[tuple, int]]:
+        """The op done last of each group's collectives, by (space, group), and of each p2p
+        channel, by (space, group, peer, direction; an any-source recv by the source its end
+        named).  A container (its ops are in their channels) and a nested op (in its
+        parent) are in neither."""
+        done, begins = self.done, self.begins
+        collective: dict[tuple, int] = {}
+        channels: dict[tuple, int] = {}
+        for i, t in done.items():
+            b = begins[i]
+            kind = kind_of(str(b.get("op") or "?"), b.get("dir"), bool(b.get("nested")))
+            if kind == COLLECTIVE:
+                last, key = collective, (b.get("src") == "fr", b.get("group"))
+            elif kind == P2P:
+                last, key = channels, (b.get("src") == "fr", b.get("group"), self._peer(i), b.get("dir"))
+            else:
+                continue
+            j = last.get(key)
+            if j is None or (done[j], j) < (t, i):
+                last[key] = i
+        return collective, channels
+
+    def channels_passed(self) -> dict[str, list[list]]:
+        """Per group, the p2p channels whose last op done a carry does not keep (past the
+        ``DONE_KEPT`` used last), each as [peer, direction, its seq]: a reader knows the rank
+        posted and completed that seq there (a send that returned while its recv waits is no
+        send "never posted").  The ``CHANNELS_PASSED`` used last, of Python's seq space."""
+        done = self.done
+        _, channels = self._last_done()
+        last: dict[tuple[str, int, str], int] = dict(self.passed or {})  # (those before: the oldest)
+        for (fr, group, peer, direction), i in sorted(channels.items(), key=lambda kv: (done[kv[1]], kv[1])):
+            seq = self.begins[i].get("seq")
+            if fr:
+                continue
+            key = (str(group), peer, direction)
+            last.pop(key, None)  # (a channel used since: its place is now)
+            if isinstance(peer, int) and isinstance(seq, int) and direction in ("send", "recv"):
+                last[key] = seq
+        whole = self._kept_channels(channels)
+        for key in (k for k, i in channels.items() if i in whole):
+            last.pop((str(key[1]), key[2], key[3]), None)  # (carried whole)
+        out: dict[str, list[list]] = {}
+        for (group, peer, direction), seq in list(last.items())[-CHANNELS_PASSED:]:
+            out.setdefault(group, []).append([peer, direction, seq])
+        return out
+
+    def _kept_channels(self, channels: dict[tuple, int]) -> set[int]:
+        """The ops of ``channels`` (``_last_done``) a carry keeps whole: those used last."""
+        return set(sorted(channels.values(), key=lambda i: (self.done[i], i))[-DONE_KEPT:])
 
     def _peer(self, op_id: int) -> object:
         """An op's peer: its begin's, or (an any-source recv) the one a later phase named."""
@@ -204,6 +254,7 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
     meta = dropped = None
     kept: dict[str, History] = {}  # group -> the rank's history of its collectives (``histories``)
     ran: dict[str, tuple[list[int], list[int]]] = {}  # group -> the seqs and key hashes of its collectives read
+    passed: dict[tuple[str, int, str], int] = {}  # (group, peer, direction) -> seq: a carry's channels passed
     stacks = Stacks()
     hashes: dict[bytes, int] = {}  # what a begin's match key is made of -> its hash (a stream repeats a few)
     for e in head.events + got.events:
@@ -216,6 +267,8 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
             history = History.of_event(e)  # (a carry's)
             if history is not None:
                 kept[name] = history
+            for peer, direction, seq in e.get("channels") or ():
+                passed[(name, peer, direction)] = seq
         elif typ == "dropped":
             dropped = _dropped(dropped, e)
         elif typ == "stack":
@@ -227,9 +280,11 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
             out.begins[op_id] = e
             out.phases[op_id] = [e]
             seq = e.get("seq")
-            if (isinstance(seq, int) and e.get("src") != "fr"
-                    and kind_of(str(e.get("op") or "?"), e.get("dir"), bool(e.get("nested"))) == COLLECTIVE):
-                name = str(e.get("group") if e.get("group") is not None else "?")
+            if not isinstance(seq, int) or e.get("src") == "fr":
+                continue
+            kind = kind_of(str(e.get("op") or "?"), e.get("dir"), bool(e.get("nested")))
+            name = str(e.get("group") if e.get("group") is not None else "?")
+            if kind == COLLECTIVE:
                 raw = orjson.dumps(tuple(map(e.get, _KEY_FIELDS)))  # (cheaper than the key)
                 khash = hashes.get(raw)
                 if khash is None:
@@ -237,8 +292,8 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
                 ran.setdefault(name, ([], []))
                 ran[name][0].append(seq)
                 ran[name][1].append(khash)
-                if name not in out.groups:  # (its line carries the history)
-                    out.groups[name] = {"type": "group", "v": e["v"], "rank": rank, "ts": e["ts"], "group": name}
+            if kind in (COLLECTIVE, P2P) and name not in out.groups:  # (its line carries the history, the channels)
+                out.groups[name] = {"type": "group", "v": e["v"], "rank": rank, "ts": e["ts"], "group": name}
             continue
         b = out.begins.get(op_id)
         if b is None:
@@ -256,7 +311,7 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
         history = extended(kept.get(name), seqs, khashes)
         if history is not None:
             kept[name] = history
-    return out._replace(meta=meta, dropped=dropped, losses=losses, histories=kept, stacks=stacks)
+    return out._replace(meta=meta, dropped=dropped, losses=losses, histories=kept, stacks=stacks, passed=passed)
 
 
 def _dropped(so_far: dict | None, e: dict) -> dict | None:
