@@ -521,17 +521,19 @@ def test_one_child_bounds_a_stream_at_a_time_and_summarizes_a_segment_once(tmp_p
     assert [orjson.loads(x)["seg"] for x in summary.read_bytes().splitlines()] == list(range(gone))
 
 
-def _windowed(root: Path, events: list[dict], segment: int = 16 << 10) -> Path:
-    """``events`` written through the directory writer in small segments, 8 lines a write,
-    the streams closed (carries written), every file's mtime the trace's end: a window
-    counted back from the job's newest write then starts partway through its history."""
+def _windowed(root: Path, events: list[dict], segment: int = 16 << 10, sizes: dict[int, int] | None = None) -> Path:
+    """``events`` written through the directory writer in small segments (``sizes``: some
+    ranks' own), 8 lines a write, the streams closed (carries written), every file's mtime
+    the trace's end: a window counted back from the job's newest write then starts partway
+    through its history."""
     from commscope.events import encode
 
     end = max(e["ts"] for e in events)
     ranks = sorted({e["rank"] for e in events})
     for r in ranks:
         lines = [encode(e) for e in sorted((e for e in events if e["rank"] == r), key=lambda e: e["ts"])]
-        w = DirectoryWriter(root, "job", r, {"world_size": len(ranks)}, segment_bytes=segment, closer=False)
+        w = DirectoryWriter(root, "job", r, {"world_size": len(ranks)}, closer=False,
+                            segment_bytes=(sizes or {}).get(r, segment))
         for k in range(0, len(lines), 8):
             w.write(lines[k:k + 8])
         w.close()
@@ -548,16 +550,19 @@ def _found(store: Path, capsys, *extra: str) -> tuple[int, list[tuple], dict]:
     return rc, [(f["kind"], f["culprits"]) for f in out["findings"]], out
 
 
-def _window_says_what_a_full_read_says(root: Path, capsys, events: list[dict]) -> tuple[int, list[tuple], dict]:
+def _window_says_what_a_full_read_says(root: Path, capsys, events: list[dict], evidence: bool = True,
+                                       sizes: dict[int, int] | None = None) -> tuple[int, list[tuple], dict]:
     """``events`` written in segments (``_windowed``), read whole and ``--since 10m``: the
-    same exit and findings, the window having read under a third of the events; returns
-    the window's (exit, (kind, culprits) of each finding, ``check --json``)."""
-    store = _windowed(root, events)
+    same exit and findings (``evidence``: evidence and all), the window having read under
+    a third of the events; returns the window's (exit, (kind, culprits) of each finding,
+    ``check --json``)."""
+    store = _windowed(root, events, sizes=sizes)
     full = _found(store, capsys)
     rc, found, out = _found(store, capsys, "--since", "10m")
     assert full[:2] == (rc, found)
-    assert out["skipped"]["before_window_bytes"] > 0 and out["events"] < full[2]["events"] / 3
-    assert [f["evidence"] for f in out["findings"]] == [f["evidence"] for f in full[2]["findings"]]
+    assert out["skipped"]["before_window_bytes"] > 0 and out["events"] < full[2]["events"] / (3 if not sizes else 1)
+    if evidence:
+        assert [f["evidence"] for f in out["findings"]] == [f["evidence"] for f in full[2]["findings"]]
     return rc, found, out
 
 
@@ -624,6 +629,55 @@ def test_a_mismatch_that_completed_long_before_the_window_is_still_found(tmp_pat
     assert f["group"] == "0" and f["seq"] > 101 and "before what was read" in f["message"]
     assert f["evidence"]["history"]["ranks_by_history"] == [[0, 1, 3], [2]]
     assert f["evidence"]["history"]["not_compared"] == []
+
+
+def _redop_mismatch(world: int, culprit: int, dies: bool = False, exits: bool = False) -> list[dict]:
+    """360 all_reduces of every rank 10 s apart, ``culprit``'s #20 with another reduce op
+    (it completes everywhere); ``dies``: the culprit dies after #249, the others wait in #250;
+    ``exits``: every rank exits at the end."""
+    from commscope.analysis.synth import TraceBuilder
+
+    tb = TraceBuilder(world, hang_after=10.0, sample_interval=5.0)
+    t = tb.t0 + S
+    for k in range(1, 361):
+        if dies and k == 250:
+            for r in range(world):
+                if r != culprit:
+                    tb.sync(r, t, None, "all_reduce")
+            tb.heartbeats(tb.t0 + S, t + 1200 * S, interval=5 * S, ranks=[r for r in range(world) if r != culprit])
+            tb.heartbeats(tb.t0 + S, t - 20 * S, interval=5 * S, ranks=[culprit])
+            return tb.events
+        for r in range(world):
+            tb.sync(r, t, t + 100_000, "all_reduce", redop="max" if k == 20 and r == culprit else "sum")
+        t += 10 * S
+    tb.heartbeats(tb.t0 + S, t + 60 * S, interval=5 * S)
+    if exits:
+        for r in range(world):
+            tb.exit(r, t + 61 * S)
+    return tb.events
+
+
+@pytest.mark.parametrize("case", ["culprit read whole", "culprit read whole, all exited", "culprit carried",
+                                  "culprit died since"])
+def test_histories_of_ranks_read_whole_carried_or_stopped_compare(tmp_path, capsys, case):
+    """A reduce-op mismatch long before the window (rank 3, or rank 0): where ranks 0 and 1
+    rotate at 1 MiB (the window reads them whole, no carry) and 2 and 3 at 4 KiB, the
+    ranks read whole have the history of what was read, and a mismatch read with members
+    absent that ran it before (exited since, or not) is left to the histories (it named
+    nobody, or ranks 0 and 1 as a tie, or 2 and 3); where the culprit died after #249 and
+    the others' carries end at the #250 they wait in, theirs are taken back to #249.  The
+    window names the culprit alone."""
+    culprit = {"culprit carried": 3, "culprit died since": 1}.get(case, 0)
+    sizes = None if case == "culprit died since" else {0: 1 << 20, 1: 1 << 20}
+    events = _redop_mismatch(4, culprit, dies=case == "culprit died since", exits=case.endswith("exited"))
+    segment = 4 << 10 if sizes else 16 << 10
+    store = _windowed(tmp_path / "s", events, segment=segment, sizes=sizes)
+    full = _found(store, capsys)
+    rc, found, out = _found(store, capsys, "--since", "10m")
+    want = [("collective_mismatch", [culprit])] + ([("dead_rank", [1])] if case == "culprit died since" else [])
+    assert full[:2] == (rc, found) == (1, want)
+    assert out["events"] < full[2]["events"]
+    assert "before what was read" in out["findings"][0]["message"]
 
 
 def test_histories_agree_where_the_ranks_ran_the_same_collectives(tmp_path, capsys):

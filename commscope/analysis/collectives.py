@@ -8,7 +8,7 @@ Gathering one column of every member's op table through it gives a dense matrix
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -142,7 +142,8 @@ class Mismatch(Evidence):
     absent_ranks: list[int]
     later_mismatches: int  # later mismatched instances of the group, counted here
     died_in_it: list[int] = ABSENT  # members that died in it before their call was recorded
-    undecided: dict[str, list[int]] = ABSENT  # {"died_in_it", "not_yet"}: why nobody is named yet
+    #: {"died_in_it", "not_yet", and "before_read": ran it before what was read}: why nobody is named yet
+    undecided: dict[str, list[int]] = ABSENT
     src: str = ABSENT  # "fr": Flight Recorder collectives
     #: A mismatch before what was read, told by the ranks' carried histories of the group's
     #: collectives (``find_history_mismatches``): ``up_to_seq``, ``ranks_by_history`` (the
@@ -281,10 +282,13 @@ def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, no
     # told, and naming ranks would name innocents.
     absent = [m for m in gi.members if m not in ops]
     snap = snapshot(model, now)
-    lost = [m for m in absent if (snap[m].crashed or snap[m].dead) and _last_seq(gi, m) == seq - 1]
-    coming = [m for m in absent if m not in lost and not rankstate.left_early(model, m, now)]
+    carried = model.histories.get(gi.name, {}) if gi.space == SPACE_NATIVE else {}
+    # (a member whose carried history is past it ran it before what was read: its vote is not known)
+    ran = [m for m in absent if m in carried and carried[m].history.first <= seq <= carried[m].history.last]
+    lost = [m for m in absent if m not in ran and (snap[m].crashed or snap[m].dead) and _last_seq(gi, m) == seq - 1]
+    coming = [m for m in absent if m not in lost and m not in ran and not rankstate.left_early(model, m, now)]
     margin = top[0][1] - (top[1][1] if len(top) > 1 else 0)
-    undecided = bool(lost or coming) and margin <= len(lost) + len(coming)
+    undecided = bool(lost or coming or ran) and margin <= len(lost) + len(coming) + len(ran)
     culprits = [] if undecided else sorted(by_rank) if tie else sorted(r for r, c in by_rank.items() if c != majority)
     table = {}
     for r in sorted(ops):
@@ -300,35 +304,43 @@ def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, no
            ", ".join(f"rank {r}: {table[str(r)]['op']}" + (f" {table[str(r)].get('in_shapes')}" if 'shape' in diff else "")
                      for r in sorted(ops)) +
            (f"; differing: {', '.join(diff)}" if diff else "") +
-           (_undecided(lost, coming) if undecided else "; tie, so every rank is named" if tie else
+           (_undecided(lost, coming, ran) if undecided else "; tie, so every rank is named" if tie else
             f"; {rank_list(culprits)} differ from the majority"))
     ev = Mismatch(per_rank=table, differs=diff, majority=None if tie else
                   {k: table[str(maj_rank)].get(k) for k in ("op", "in_shapes", "in_dtypes", "redop", "root")},
                   absent_ranks=absent, later_mismatches=later, died_in_it=lost or ABSENT,
-                  undecided={"died_in_it": lost, "not_yet": coming} if undecided else ABSENT,
+                  undecided=({"died_in_it": lost, "not_yet": coming} | ({"before_read": ran} if ran else {})
+                             if undecided else ABSENT),
                   src="fr" if gi.space == SPACE_FR else ABSENT)
     t = max(int(model.ranks[r].begin[i]) for r, i in ops.items())
     return Finding("collective_mismatch", gi.name, seq, op_name, list(gi.members), culprits, msg, ev, ts=t)
 
 
-def find_history_mismatches(model: TraceModel, found: list[Finding]) -> list[Finding]:
+def find_history_mismatches(model: TraceModel, found: list[Finding]) -> tuple[list[Finding], list[Finding]]:
     """Mismatches before what was read: a window's ranks start after the segments it skips,
     each with its carried history of each group's collectives (``histories``, a digest).
-    Extended with the collectives read after it up to one seq, the histories of ranks that
-    ran the same collectives are equal; a rank whose history differs from most ranks' ran
-    another op, dtype, shape, reduce op or root somewhere before (a mismatch that completed
-    everywhere, which the window did not read).  A group with a mismatch ``found`` among
-    what was read is left to it (it says where).  Only ranks whose histories start at the
-    same seq and that ran every seq up to the one compared are compared."""
-    reported = {f.group for f in found if f.kind == "collective_mismatch"}
+    Brought to one seq with the collectives read (added after a history's end, taken off
+    before it), the histories of ranks that ran the same collectives are equal; a rank
+    whose history differs from most ranks' ran another op, dtype, shape, reduce op or root
+    somewhere before (a mismatch that completed everywhere, which the window did not read).
+    A rank read from its stream's start, with no carry, has the history of what was read.
+    Only ranks whose histories start at the same seq and that ran every seq between are
+    compared.  A group with a mismatch ``found`` among what was read is left to it (it says
+    where), unless that one could not name anybody for ranks that ran it before what was
+    read: the histories decide then.  Returns the findings and those of ``found`` they
+    stand in for."""
+    settled = {f.group for f in found if f.kind == "collective_mismatch" and not f.evidence.get("undecided")}
     out: list[Finding] = []
+    replaced: list[Finding] = []
     for name, per in model.histories.items():
-        if name in reported or len(per) < 2:
+        if name in settled:
             continue
         gi = model.coll.get((SPACE_NATIVE, name))
-        first = Counter(c.history.first for c in per.values()).most_common(1)[0][0]
-        same = {r: c.history for r, c in per.items() if c.history.first == first}
-        at, digests = _histories_compared(model, gi, same)
+        hist = {r: c.history for r, c in per.items()} | (_read_whole(gi, per) if gi is not None else {})
+        if len(hist) < 2:
+            continue
+        first = Counter(h.first for h in hist.values()).most_common(1)[0][0]
+        at, digests = _histories_compared(model, gi, {r: h for r, h in hist.items() if h.first == first})
         kinds: dict[int, list[int]] = {}
         for r, d in digests.items():
             kinds.setdefault(d, []).append(r)
@@ -344,39 +356,58 @@ def find_history_mismatches(model: TraceModel, found: list[Finding]) -> list[Fin
                " (read from the start, without --since, to see where)")
         ev = Mismatch(per_rank={}, differs=[], majority=None, absent_ranks=[], later_mismatches=0,
                       history={"up_to_seq": at, "ranks_by_history": alike,
-                               "not_compared": sorted(r for r in per if r not in digests)})
+                               "not_compared": sorted(r for r in hist if r not in digests)})
         ts = max(c.ts for c in per.values())
         out.append(Finding("collective_mismatch", name, at, None, members, culprits, msg, ev, ts=ts))
+        replaced += [f for f in found if f.kind == "collective_mismatch" and f.group == name]
+    return out, replaced
+
+
+def _read_whole(gi: GroupIndex, per: Mapping[int, object]) -> dict[int, histories.History]:
+    """The members of ``gi`` without a carried history (``per``): each read from the first
+    collective of the group it recorded, an empty history starting there (what was read
+    of it is added to it)."""
+    cols = [c for c, r in enumerate(gi.ranks) if r not in per]
+    if not cols:
+        return {}
+    mat = gi.seqs.rows()[:, cols] >= 0
+    keys = gi.seqs.keys[: gi.seqs.n]
+    out = {}
+    for j, c in enumerate(cols):
+        row = int(np.argmax(mat[:, j]))
+        if mat[row, j]:
+            seq = int(keys[row])
+            out[gi.ranks[c]] = histories.History(seq, seq - 1, 0)
     return out
 
 
-#: The seqs ``_histories_compared`` tries (the latest where ranks' histories end), and the
-#: ranks it extends at a time (a matrix of the collectives read, that many columns wide)
+#: The seqs ``_histories_compared`` tries (where the latest histories end, and the seq
+#: before each), and the ranks it brings there at a time (a matrix of the collectives read,
+#: that many columns wide)
 HISTORY_TRIES = 4
 HISTORY_COLUMNS = 4096
 
 
 def _histories_compared(model: TraceModel, gi: GroupIndex | None,
                         hist: dict[int, histories.History]) -> tuple[int, dict[int, int]]:
-    """The seq at which most of ``hist``'s ranks have a history, of the latest seqs where
-    one ends, and each such rank's digest up to it: its carried history, ending there or
-    extended by the collectives read after it, where it ran every seq up to it (those that
-    did not, and those whose history ends after it, are not compared there)."""
-    tries = sorted({h.last for h in hist.values()}, reverse=True)[:HISTORY_TRIES]
+    """The seq at which most of ``hist``'s ranks have a history, of those tried, and each
+    such rank's digest up to it: its history, ending there, or brought there by the
+    collectives read (those after its end added, those up to its end from there taken off),
+    where the rank ran every seq between (a rank that did not is not compared there)."""
+    ends = sorted({h.last for h in hist.values()}, reverse=True)[:HISTORY_TRIES]
+    tries = sorted({x for e in ends for x in (e, e - 1) if x >= 0}, reverse=True)
     got: dict[int, dict[int, int]] = {at: {r: h.digest for r, h in hist.items() if h.last == at} for at in tries}
-    behind = [r for r, h in hist.items() if h.last < tries[0] and r in gi.col] if gi is not None else []
-    if gi is not None and behind:
+    moved = [r for r, h in hist.items() if gi is not None and r in gi.col]
+    if gi is not None and moved and tries:
         idx = gi.seqs
         keys = idx.keys[: idx.n]
-        lo = int(np.searchsorted(keys, min(hist[r].last for r in behind) + 1))
-        hi = int(np.searchsorted(keys, tries[0], "right"))
+        lo = int(np.searchsorted(keys, min(min(hist[r].last for r in moved), tries[-1]) + 1))
+        hi = int(np.searchsorted(keys, max(max(hist[r].last for r in moved), tries[0]), "right"))
         seqs = keys[lo:hi]
         if seqs.shape[0]:
-            rows = np.arange(lo, hi)
-            sig = gather(model, gi, "sig", rows)
-            ends = [(at, int(np.searchsorted(seqs, at, "right"))) for at in tries]
-            for k in range(0, len(behind), HISTORY_COLUMNS):
-                part = behind[k: k + HISTORY_COLUMNS]
+            sig = gather(model, gi, "sig", np.arange(lo, hi))
+            for k in range(0, len(moved), HISTORY_COLUMNS):
+                part = moved[k: k + HISTORY_COLUMNS]
                 cols = np.array([gi.col[r] for r in part], np.int64)
                 present = idx.rows()[lo:hi][:, cols] >= 0
                 t = np.where(present, histories.terms(seqs[:, None], model.sig_hashes(sig[:, cols])), np.uint64(0))
@@ -385,23 +416,29 @@ def _histories_compared(model: TraceModel, gi: GroupIndex | None,
                 counts = np.concatenate([zero.astype(np.int64), np.cumsum(present, axis=0)])
                 last = np.array([hist[r].last for r in part], np.int64)
                 digest = np.array([hist[r].digest for r in part], np.uint64)
-                a = np.searchsorted(seqs, last + 1)
                 col = np.arange(len(part))
-                for at, end in ends:
-                    need = at - last
-                    ok = (need > 0) & (end - a == need) & (counts[end, col] - counts[a, col] == need)
-                    added = (digest + sums[end, col] - sums[a, col]) & np.uint64(histories.MASK)
-                    got[at].update(zip(np.asarray(part)[ok].tolist(), added[ok].tolist(), strict=True))
+                for at in tries:
+                    a = np.searchsorted(seqs, np.minimum(last, at) + 1)
+                    e = np.searchsorted(seqs, np.maximum(last, at), "right")
+                    need = np.abs(at - last)
+                    ok = (need > 0) & (e - a == need) & (counts[e, col] - counts[a, col] == need)
+                    delta = sums[e, col] - sums[a, col]
+                    moved_to = np.where(at > last, digest + delta, digest - delta) & np.uint64(histories.MASK)
+                    got[at].update(zip(np.asarray(part)[ok].tolist(), moved_to[ok].tolist(), strict=True))
+    if not tries:
+        return 0, {}
     best = max(tries, key=lambda at: (len(got[at]), at))
     return best, got[best]
 
 
-def _undecided(lost: list[int], coming: list[int]) -> str:
+def _undecided(lost: list[int], coming: list[int], ran: Sequence[int] = ()) -> str:
     why = []
     if lost:
         why.append(f"{rank_list(lost)} died in it before its call was recorded")
     if coming:
         why.append(f"{rank_list(coming)} have not called it yet")
+    if ran:
+        why.append(f"{rank_list(ran)} ran it before what was read")
     return "; " + " and ".join(why) + ", so the odd one out cannot be told" + (" yet" if coming and not lost else "")
 
 

@@ -50,8 +50,9 @@ def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None
     snapshot(model, now).judge_plain()  # every rank's state, computed once for all the detectors below
     findings: list[Finding] = []
     mismatches, mismatch_rows = find_mismatches(model, now)
-    findings += mismatches
-    findings += find_history_mismatches(model, mismatches)
+    before, replaced = find_history_mismatches(model, mismatches)
+    gone = {id(f) for f in replaced}
+    findings += [f for f in mismatches if id(f) not in gone] + before
     findings += find_missing(model, now, hang_ns, mismatch_rows)
     findings += find_p2p(model, now, hang_ns)
     failures = failed_instances(model, now, mismatch_rows)
