@@ -655,9 +655,10 @@ class TraceModel:
         #: group -> rank -> the rank's history of the group's collectives before what was read,
         #: as its carry said it (``histories``; a window's, or a reader's after retention)
         self.histories: dict[str, dict[int, CarriedHistory]] = {}
-        #: (group, src, dst) -> [the last send seq src, the last recv seq dst completed there]
-        #: before what was read, where its carry kept no op of the channel (-1: not said)
-        self.p2p_passed: dict[tuple[str, int, int], list[int]] = {}
+        #: group -> rows [src, dst, side (0: send, 1: recv), the last seq that side completed]
+        #: of p2p channels before what was read, where a carry kept no op of the channel
+        #: (``inflight.Replayed.channels_passed``), as carries stated them
+        self.p2p_passed: dict[str, list[np.ndarray]] = {}
         self.groups: dict[str, list[int]] = {}  # name -> global ranks in group-rank order
         self.group_backend: dict[str, str] = {}
         self.coll: dict[tuple[int, str], GroupIndex] = {}  # (space, group) -> index
@@ -1982,11 +1983,13 @@ class TraceModel:
                                 gi.add_member(r)
                 if e.get("backend"):
                     self.group_backend[name] = e["backend"]
-                for peer, direction, seq in e.get("channels") or ():
-                    send = direction == "send"
-                    key = (name, rt.rank if send else peer, peer if send else rt.rank)
-                    side = self.p2p_passed.setdefault(key, [-1, -1])
-                    side[0 if send else 1] = max(side[0 if send else 1], seq)
+                passed = e.get("channels")
+                if passed:  # (as rows: a rank may state thousands, and thousands of ranks do)
+                    peer = np.array([c[0] for c in passed], np.int64)
+                    send = np.array([c[1] == "send" for c in passed])
+                    rows = np.stack([np.where(send, rt.rank, peer), np.where(send, peer, rt.rank), ~send,
+                                     np.array([c[2] for c in passed], np.int64)], axis=1)
+                    self.p2p_passed.setdefault(name, []).append(rows)
                 history = histories.History.of_event(e)
                 if history is not None:
                     per = self.histories.setdefault(name, {})
@@ -2410,8 +2413,14 @@ class TraceModel:
         """Whether the send (``send``) or the recv of p2p message #seq src->dst of Python's seq
         space was posted and completed before what was read (a carry said so, keeping no op
         of the channel: ``inflight.Replayed.channels_passed``)."""
-        side = self.p2p_passed.get((group, src, dst))
-        return side is not None and side[0 if send else 1] >= seq
+        parts = self.p2p_passed.get(group)
+        if not parts:
+            return False
+        if len(parts) > 1:
+            parts[:] = [np.concatenate(parts)]
+        rows = parts[0]
+        return bool(((rows[:, 0] == src) & (rows[:, 1] == dst) & (rows[:, 2] == (0 if send else 1))
+                     & (rows[:, 3] >= seq)).any())
 
     def matching(self, rank: int, i: int) -> dict[int, int]:
         """The same logical op on other ranks: rank -> op index (collective members or p2p peer)."""
