@@ -120,8 +120,8 @@ RawEvent = TypedDict("RawEvent", {
     # (a carried group: the rank's collectives of it so far, seqs dfrom to dseq, as one digest:
     # commscope/histories.py)
     "dfrom": Count, "dseq": Count, "digest": Count,
-    # (and the p2p channels whose last op it does not carry: [peer, direction, seq done last])
-    "channels": Annotated[list[tuple[Rank, Literal["send", "recv"], Count]], Meta(max_length=1 << 16)],
+    # (and the p2p channels whose last op it does not carry: [peer, direction, seq done last, when])
+    "channels": Annotated[list[tuple[Rank, Literal["send", "recv"], Count, Count]], Meta(max_length=1 << 16)],
     # sample
     "cpu": Real, "rss": Count, "gpu_util": Real, "gpu_mem": Count, "gpu_mem_total": Count, "gpu_power": Real,
     "gpu_temp": Real, "gpu_error": Text,

@@ -794,6 +794,21 @@ def test_where_a_rank_is_stuck_is_still_shown_after_an_hour(tmp_path, capsys):
     assert out["findings"][0]["evidence"]["culprit_where"] and out["findings"][0]["evidence"]["stacks"]
 
 
+def test_a_send_followed_by_a_later_one_on_its_channel_was_posted(tmp_path, capsys):
+    """Rank 1's sends #1 and #2 to rank 0 returned while rank 0's recv #1 still waits, an
+    hour before the window: the carry keeps send #2 only, and a later send on a channel
+    says the earlier ones were posted, so the window names nobody, as the full read."""
+    from commscope.analysis.synth import TraceBuilder
+
+    tb = TraceBuilder(4, hang_after=10.0, sample_interval=5.0)
+    t = _busy_then(tb, tb.t0 + S)
+    tb.sync(1, t, t + 1000, "send", peer=0, dir="send")
+    tb.sync(1, t + 2000, t + 3000, "send", peer=0, dir="send")
+    tb.sync(0, t + S, None, "recv", peer=1, dir="recv")
+    _then_alone(tb, t, 1)
+    assert _window_says_what_a_full_read_says(tmp_path / "s", capsys, tb.events)[:2] == (0, [])
+
+
 def test_a_send_whose_channel_a_carry_passed_is_still_posted(tmp_path, capsys):
     """Rank 1's send #1 to rank 0 returned while rank 0's recv #1 still waits; rank 1 then
     sent on 9 other channels, an hour before the window.  Its carry keeps the last 8
@@ -894,17 +909,43 @@ def test_a_carry_stays_small_however_many_channels_and_failures_a_rank_used():
     assert kept == [1001, 1017, 1018, 1019, 1020, *range(op_id - 7, op_id + 1)]
     carry = got.carry()
     assert carry.count(b'"type":"op"') == 26  # (each a begin and an end)
-    # the other 1,992 channels, each its peer, direction and last seq on the group's line
+    # of the other 1,992 channels, the CHANNELS_PASSED done last: peer, direction, last seq, when
     passed = orjson.loads(carry.split(b"\n")[0])["channels"]
-    assert len(passed) == 2000 - 8 and passed[0] == [1, "send", 1] and len(carry) < 64 << 10
-    # and of a rank that sent to 5,000 peers, the CHANNELS_PASSED used last
-    sends = [{"type": "op", "v": 3, "rank": 0, "ts": T0 + k * 1000 + d, "phase": ph, "id": k, "op": "send",
-              "group": "0", "peer": k, "dir": "send", "seq": 1} for k in range(1, 5001)
-             for d, ph in ((0, "begin"), (500, "end"))]
-    many = inflight.replay(b"", b"".join(orjson.dumps(e) + b"\n" for e in sends), 0).carry()
-    passed = orjson.loads(many.split(b"\n")[0])["channels"]
-    assert [p[0] for p in passed] == list(range(5000 - 8 - inflight.CHANNELS_PASSED + 1, 5000 - 8 + 1))
-    assert len(many) < 128 << 10
+    assert [p[:3] for p in passed] == [[k // 2, "send" if k % 2 == 0 else "recv", 1]
+                                       for k in range(2000 - 8 - 256 + 2, 2000 - 8 + 2)]
+    assert len(carry) < 32 << 10
+
+
+def test_a_carry_passes_the_channels_done_last_whatever_their_group_or_space():
+    """Channels passed from carry to carry stay in the order they were done across groups
+    (the cap drops the oldest, not a group's), a Flight Recorder op on a channel never
+    takes a Python op's place, and a channel used again since is carried at its new seq."""
+    def op(k: int, group: str, peer: int, seq: int = 1, src: str | None = None) -> list[dict]:
+        ts = T0 + k * 1000
+        b = {"type": "op", "v": 3, "rank": 0, "ts": ts, "phase": "begin", "id": k, "op": "send", "group": group,
+             "peer": peer, "dir": "send", "seq": seq} | ({"src": src} if src else {})
+        return [b, {"type": "op", "v": 3, "rank": 0, "ts": ts + 500, "phase": "end", "id": k}]
+
+    def lines(ops: list[dict]) -> bytes:
+        return b"".join(orjson.dumps(e) + b"\n" for e in ops)
+
+    def passed(carry: bytes) -> dict[str, list]:
+        return {g["group"]: [c[:3] for c in g.get("channels", [])]
+                for g in map(orjson.loads, carry.splitlines()) if g["type"] == "group"}
+
+    first = [e for k in range(1, 201) for e in op(k, "A", k)]  # (A's group line comes first)
+    first += [e for k in range(201, 401) for e in op(k, "B", k)] + [e for k in range(401, 409) for e in op(k, "C", k)]
+    carry = inflight.replay(b"", lines(first), 0).carry()
+    assert len(passed(carry)["A"]) + len(passed(carry)["B"]) == 256 and passed(carry)["B"][-1] == [400, "send", 1]
+    more = [e for k in range(409, 429) for e in op(k, "D", k)] + op(429, "B", 400, seq=2) + op(430, "C", 401, src="fr")
+    again = passed(inflight.replay(carry, lines(more), 0).carry())
+    # kept whole: the Flight Recorder op, B's 400 used again, D's last 6; passed, the 256 done
+    # last of the rest: D's other 14, C's 8, B's 199, and A's last 35 (A's oldest went first)
+    assert sum(map(len, again.values())) == 256
+    assert again["A"] == [[k, "send", 1] for k in range(166, 201)]
+    assert again["B"] == [[k, "send", 1] for k in range(201, 400)]
+    assert again["C"] == [[k, "send", 1] for k in range(401, 409)]  # (401 too: no Flight Recorder op took it)
+    assert again["D"] == [[k, "send", 1] for k in range(409, 423)]
 
 
 def test_the_drops_of_each_incarnation_before_the_window_add_up(tmp_path):

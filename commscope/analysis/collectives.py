@@ -325,22 +325,26 @@ def find_history_mismatches(model: TraceModel, found: list[Finding]) -> tuple[li
     somewhere before (a mismatch that completed everywhere, which the window did not read).
     A rank read from its stream's start, with no carry, has the history of what was read.
     Only ranks whose histories start at the same seq and that ran every seq between are
-    compared.  A group with a mismatch ``found`` among what was read is left to it (it says
-    where), unless that one could not name anybody for ranks that ran it before what was
-    read: the histories decide then.  Returns the findings and those of ``found`` they
-    stand in for."""
-    settled = {f.group for f in found if f.kind == "collective_mismatch" and not f.evidence.get("undecided")}
+    compared (a rank with no carry read from elsewhere is not).  A group with a mismatch
+    ``found`` among what was read is left to it (it says where), unless it names nobody:
+    the histories are compared then, and stand in for one that named nobody for ranks that
+    ran it before what was read.  Returns the findings and those of ``found`` they stand
+    in for."""
+    native = [f for f in found if f.kind == "collective_mismatch" and f.evidence.get("src") != "fr"]
+    settled = {f.group for f in native if not f.evidence.get("undecided")}
     out: list[Finding] = []
     replaced: list[Finding] = []
     for name, per in model.histories.items():
         if name in settled:
             continue
         gi = model.coll.get((SPACE_NATIVE, name))
-        hist = {r: c.history for r, c in per.items()} | (_read_whole(gi, per) if gi is not None else {})
+        first = Counter(c.history.first for c in per.values()).most_common(1)[0][0]
+        hist = {r: c.history for r, c in per.items() if c.history.first == first}
+        if gi is not None:  # (a rank with no carry read from elsewhere than its start is not one)
+            hist |= {r: h for r, h in _read_whole(gi, per).items() if h.first == first}
         if len(hist) < 2:
             continue
-        first = Counter(h.first for h in hist.values()).most_common(1)[0][0]
-        at, digests = _histories_compared(model, gi, {r: h for r, h in hist.items() if h.first == first})
+        at, digests = _histories_compared(model, gi, hist)
         kinds: dict[int, list[int]] = {}
         for r, d in digests.items():
             kinds.setdefault(d, []).append(r)
@@ -359,33 +363,35 @@ def find_history_mismatches(model: TraceModel, found: list[Finding]) -> tuple[li
                                "not_compared": sorted(r for r in hist if r not in digests)})
         ts = max(c.ts for c in per.values())
         out.append(Finding("collective_mismatch", name, at, None, members, culprits, msg, ev, ts=ts))
-        replaced += [f for f in found if f.kind == "collective_mismatch" and f.group == name]
+        replaced += [f for f in native if f.group == name and _ran_before(f)]
     return out, replaced
 
 
+def _ran_before(f: Finding) -> bool:
+    """Whether a mismatch read named nobody for members that ran it before what was read
+    (their histories decide)."""
+    undecided = f.evidence.get("undecided")
+    return bool(undecided and undecided.get("before_read"))
+
+
 def _read_whole(gi: GroupIndex, per: Mapping[int, object]) -> dict[int, histories.History]:
-    """The members of ``gi`` without a carried history (``per``): each read from the first
-    collective of the group it recorded, an empty history starting there (what was read
-    of it is added to it)."""
-    cols = [c for c, r in enumerate(gi.ranks) if r not in per]
-    if not cols:
+    """The members of ``gi`` without a carried history (``per``): each an empty history
+    starting at the first collective of the group it recorded (what was read of it is
+    added to it; one read from its stream's start begins where the carried ones do)."""
+    cols = np.array([c for c, r in enumerate(gi.ranks) if r not in per], np.int64)
+    if not cols.shape[0]:
         return {}
-    mat = gi.seqs.rows()[:, cols] >= 0
-    keys = gi.seqs.keys[: gi.seqs.n]
-    out = {}
-    for j, c in enumerate(cols):
-        row = int(np.argmax(mat[:, j]))
-        if mat[row, j]:
-            seq = int(keys[row])
-            out[gi.ranks[c]] = histories.History(seq, seq - 1, 0)
-    return out
+    ran = gi.seqs.rows()[:, cols] >= 0
+    firsts = gi.seqs.keys[: gi.seqs.n][ran.argmax(axis=0)]
+    return {gi.ranks[int(c)]: histories.History(int(seq), int(seq) - 1, 0)
+            for c, seq, some in zip(cols, firsts, ran.any(axis=0), strict=True) if some}
 
 
 #: The seqs ``_histories_compared`` tries (where the latest histories end, and the seq
-#: before each), and the ranks it brings there at a time (a matrix of the collectives read,
-#: that many columns wide)
+#: before each), and the cells of the collectives read it takes at a time (rows, the seqs
+#: a part of the ranks is brought over, times their columns)
 HISTORY_TRIES = 4
-HISTORY_COLUMNS = 4096
+HISTORY_CELLS = 1 << 22
 
 
 def _histories_compared(model: TraceModel, gi: GroupIndex | None,
@@ -396,39 +402,63 @@ def _histories_compared(model: TraceModel, gi: GroupIndex | None,
     where the rank ran every seq between (a rank that did not is not compared there)."""
     ends = sorted({h.last for h in hist.values()}, reverse=True)[:HISTORY_TRIES]
     tries = sorted({x for e in ends for x in (e, e - 1) if x >= 0}, reverse=True)
-    got: dict[int, dict[int, int]] = {at: {r: h.digest for r, h in hist.items() if h.last == at} for at in tries}
-    moved = [r for r, h in hist.items() if gi is not None and r in gi.col]
-    if gi is not None and moved and tries:
-        idx = gi.seqs
-        keys = idx.keys[: idx.n]
-        lo = int(np.searchsorted(keys, min(min(hist[r].last for r in moved), tries[-1]) + 1))
-        hi = int(np.searchsorted(keys, max(max(hist[r].last for r in moved), tries[0]), "right"))
-        seqs = keys[lo:hi]
-        if seqs.shape[0]:
-            sig = gather(model, gi, "sig", np.arange(lo, hi))
-            for k in range(0, len(moved), HISTORY_COLUMNS):
-                part = moved[k: k + HISTORY_COLUMNS]
-                cols = np.array([gi.col[r] for r in part], np.int64)
-                present = idx.rows()[lo:hi][:, cols] >= 0
-                t = np.where(present, histories.terms(seqs[:, None], model.sig_hashes(sig[:, cols])), np.uint64(0))
-                zero = np.zeros((1, len(part)), np.uint64)
-                sums = np.concatenate([zero, np.cumsum(t, axis=0, dtype=np.uint64)])
-                counts = np.concatenate([zero.astype(np.int64), np.cumsum(present, axis=0)])
-                last = np.array([hist[r].last for r in part], np.int64)
-                digest = np.array([hist[r].digest for r in part], np.uint64)
-                col = np.arange(len(part))
-                for at in tries:
-                    a = np.searchsorted(seqs, np.minimum(last, at) + 1)
-                    e = np.searchsorted(seqs, np.maximum(last, at), "right")
-                    need = np.abs(at - last)
-                    ok = (need > 0) & (e - a == need) & (counts[e, col] - counts[a, col] == need)
-                    delta = sums[e, col] - sums[a, col]
-                    moved_to = np.where(at > last, digest + delta, digest - delta) & np.uint64(histories.MASK)
-                    got[at].update(zip(np.asarray(part)[ok].tolist(), moved_to[ok].tolist(), strict=True))
     if not tries:
         return 0, {}
+    got: dict[int, dict[int, int]] = {at: {r: h.digest for r, h in hist.items() if h.last == at} for at in tries}
+    if gi is not None:
+        moved = sorted((r for r in hist if r in gi.col), key=lambda r: hist[r].last)
+        # (ranks whose histories end near one another together: a rank read whole spans all it read)
+        for part in _spans(moved, hist, tries):
+            _bring(model, gi, hist, part, tries, got)
     best = max(tries, key=lambda at: (len(got[at]), at))
     return best, got[best]
+
+
+def _spans(ranks: list[int], hist: dict[int, histories.History], tries: list[int]) -> list[list[int]]:
+    """``ranks`` (sorted by where their histories end) in parts whose matrix of the seqs they
+    are brought over (their ends to the seqs tried) times their columns stays under
+    ``HISTORY_CELLS``."""
+    parts: list[list[int]] = []
+    for r in ranks:
+        if parts:
+            part = parts[-1]
+            rows = max(tries[0], hist[r].last) - min(hist[part[0]].last, tries[-1]) + 1
+            if rows * (len(part) + 1) <= HISTORY_CELLS:
+                part.append(r)
+                continue
+        parts.append([r])
+    return parts
+
+
+def _bring(model: TraceModel, gi: GroupIndex, hist: dict[int, histories.History], part: list[int],
+           tries: list[int], got: dict[int, dict[int, int]]) -> None:
+    """Each rank of ``part``'s digest at each seq of ``tries`` it can be brought to by the
+    collectives read (``_histories_compared``), into ``got``."""
+    idx = gi.seqs
+    keys = idx.keys[: idx.n]
+    last = np.array([hist[r].last for r in part], np.int64)
+    lo = int(np.searchsorted(keys, min(int(last.min()), tries[-1]) + 1))
+    hi = int(np.searchsorted(keys, max(int(last.max()), tries[0]), "right"))
+    seqs = keys[lo:hi]
+    if not seqs.shape[0]:
+        return
+    cols = np.array([gi.col[r] for r in part], np.int64)
+    present = idx.rows()[lo:hi][:, cols] >= 0
+    sig = gather(model, gi, "sig", np.arange(lo, hi))[:, cols]
+    t = np.where(present, histories.terms(seqs[:, None], model.sig_hashes(sig)), np.uint64(0))
+    zero = np.zeros((1, len(part)), np.uint64)
+    sums = np.concatenate([zero, np.cumsum(t, axis=0, dtype=np.uint64)])
+    counts = np.concatenate([zero.astype(np.int64), np.cumsum(present, axis=0)])
+    digest = np.array([hist[r].digest for r in part], np.uint64)
+    col = np.arange(len(part))
+    for at in tries:
+        a = np.searchsorted(seqs, np.minimum(last, at) + 1)
+        e = np.searchsorted(seqs, np.maximum(last, at), "right")
+        need = np.abs(at - last)
+        ok = (need > 0) & (e - a == need) & (counts[e, col] - counts[a, col] == need)
+        delta = sums[e, col] - sums[a, col]
+        moved = np.where(at > last, digest + delta, digest - delta) & np.uint64(histories.MASK)
+        got[at].update(zip(np.asarray(part)[ok].tolist(), moved[ok].tolist(), strict=True))
 
 
 def _undecided(lost: list[int], coming: list[int], ran: Sequence[int] = ()) -> str:

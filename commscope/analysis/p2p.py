@@ -93,7 +93,7 @@ def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[in
             src, dst = (r, peer) if send else (peer, r)
             a, b = model.p2p_pair(s.group, src, dst, seq, s.space)
             if (b if send else a) is None and not (
-                    s.space == SPACE_NATIVE and model.p2p_posted_before(s.group, src, dst, seq, not send)):
+                    s.space == SPACE_NATIVE and model.p2p_posted_before(s.group, src, dst, seq, send=not send)):
                 edges.setdefault(r, []).append((peer, i))
     return edges
 

@@ -47,8 +47,8 @@ FAILED_KEPT = 4
 #: The p2p channels whose last op done a carry keeps (those used last)
 DONE_KEPT = 8
 #: The p2p channels past those whose last seq done a carry states (``channels_passed``):
-#: 12 bytes or so each, where an op is ~500
-CHANNELS_PASSED = 4096
+#: ~30 bytes each, where an op is ~500 (a Redis stream keeps a carry in each of its marks)
+CHANNELS_PASSED = 256
 
 
 #: What an op's begin says that its match key is made of (``histories.match_key_of``)
@@ -56,6 +56,12 @@ _KEY_FIELDS = ("op", "in_shapes", "out_shapes", "in_dtypes", "out_dtypes", "redo
 #: The keys a carry adds to a group's line: its history (``histories.History.fields``) and
 #: its channels passed (``Replayed.channels_passed``)
 CARRIED_KEYS = frozenset([*History(0, 0, 0).fields(), "channels"])
+
+
+def group_of(begin: dict) -> str:
+    """An op's group, by name, as the model names it (an op without one: "?")."""
+    group = begin.get("group")
+    return str(group) if group is not None else "?"
 
 
 def carried(directory: Path, stream: Stream, number: int) -> bytes | None:
@@ -130,8 +136,8 @@ class Replayed(NamedTuple):
     #: The stacks the rank captured (``Stacks``)
     stacks: Stacks | None = None
     #: The channels the carry replayed said were passed: (group, peer, direction) -> the
-    #: seq done last there (``channels_passed``)
-    passed: dict[tuple[str, int, str], int] | None = None
+    #: seq done last there and when (``channels_passed``)
+    passed: dict[tuple[str, int, str], tuple[int, int]] | None = None
 
     def carry(self, with_meta: bool = False) -> bytes:
         """What a reader starting after these lines reads first, as ended lines: (the rank's
@@ -172,7 +178,7 @@ class Replayed(NamedTuple):
         raised = sorted(self.failed, key=lambda i: (done.get(i, 0), i))
         first: dict[tuple, int] = {}  # (space, group) -> its first op that raised
         for i in raised:
-            first.setdefault((begins[i].get("src") == "fr", begins[i].get("group")), i)
+            first.setdefault((begins[i].get("src") == "fr", group_of(begins[i])), i)
         keep.update(raised[-FAILED_KEPT:], first.values())
         return [i for i in begins if i in keep or i not in done]
 
@@ -188,9 +194,9 @@ class Replayed(NamedTuple):
             b = begins[i]
             kind = kind_of(str(b.get("op") or "?"), b.get("dir"), bool(b.get("nested")))
             if kind == COLLECTIVE:
-                last, key = collective, (b.get("src") == "fr", b.get("group"))
+                last, key = collective, (b.get("src") == "fr", group_of(b))
             elif kind == P2P:
-                last, key = channels, (b.get("src") == "fr", b.get("group"), self._peer(i), b.get("dir"))
+                last, key = channels, (b.get("src") == "fr", group_of(b), self._peer(i), b.get("dir"))
             else:
                 continue
             j = last.get(key)
@@ -199,27 +205,26 @@ class Replayed(NamedTuple):
         return collective, channels
 
     def channels_passed(self) -> dict[str, list[list]]:
-        """Per group, the p2p channels whose last op done a carry does not keep (past the
-        ``DONE_KEPT`` used last), each as [peer, direction, its seq]: a reader knows the rank
-        posted and completed that seq there (a send that returned while its recv waits is no
-        send "never posted").  The ``CHANNELS_PASSED`` used last, of Python's seq space."""
+        """Per group, the p2p channels of Python's seq space whose last op done a carry does
+        not keep (past the ``DONE_KEPT`` used last), each as [peer, direction, its seq, when
+        it was done]: a reader knows the rank posted and completed that seq there (a send
+        that returned while its recv waits is no send "never posted").  The
+        ``CHANNELS_PASSED`` done last, those the carry replayed said included."""
         done = self.done
         _, channels = self._last_done()
-        last: dict[tuple[str, int, str], int] = dict(self.passed or {})  # (those before: the oldest)
-        for (fr, group, peer, direction), i in sorted(channels.items(), key=lambda kv: (done[kv[1]], kv[1])):
+        last = dict(self.passed or {})  # (group, peer, direction) -> (seq, done at)
+        whole = self._kept_channels(channels)
+        for (fr, group, peer, direction), i in channels.items():
             seq = self.begins[i].get("seq")
             if fr:
                 continue
-            key = (str(group), peer, direction)
+            key = (group, peer, direction)
             last.pop(key, None)  # (a channel used since: its place is now)
-            if isinstance(peer, int) and isinstance(seq, int) and direction in ("send", "recv"):
-                last[key] = seq
-        whole = self._kept_channels(channels)
-        for key in (k for k, i in channels.items() if i in whole):
-            last.pop((str(key[1]), key[2], key[3]), None)  # (carried whole)
+            if i not in whole and isinstance(peer, int) and isinstance(seq, int) and direction in ("send", "recv"):
+                last[key] = (seq, done[i])
         out: dict[str, list[list]] = {}
-        for (group, peer, direction), seq in list(last.items())[-CHANNELS_PASSED:]:
-            out.setdefault(group, []).append([peer, direction, seq])
+        for (group, peer, direction), (seq, ts) in sorted(last.items(), key=lambda kv: kv[1][1])[-CHANNELS_PASSED:]:
+            out.setdefault(group, []).append([peer, direction, seq, ts])
         return out
 
     def _kept_channels(self, channels: dict[tuple, int]) -> set[int]:
@@ -254,7 +259,7 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
     meta = dropped = None
     kept: dict[str, History] = {}  # group -> the rank's history of its collectives (``histories``)
     ran: dict[str, tuple[list[int], list[int]]] = {}  # group -> the seqs and key hashes of its collectives read
-    passed: dict[tuple[str, int, str], int] = {}  # (group, peer, direction) -> seq: a carry's channels passed
+    passed: dict[tuple[str, int, str], tuple[int, int]] = {}  # a carry's channels passed (``channels_passed``)
     stacks = Stacks()
     hashes: dict[bytes, int] = {}  # what a begin's match key is made of -> its hash (a stream repeats a few)
     for e in head.events + got.events:
@@ -267,8 +272,8 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
             history = History.of_event(e)  # (a carry's)
             if history is not None:
                 kept[name] = history
-            for peer, direction, seq in e.get("channels") or ():
-                passed[(name, peer, direction)] = seq
+            for peer, direction, seq, ts in e.get("channels") or ():
+                passed[(name, peer, direction)] = (seq, ts)
         elif typ == "dropped":
             dropped = _dropped(dropped, e)
         elif typ == "stack":
@@ -283,7 +288,7 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
             if not isinstance(seq, int) or e.get("src") == "fr":
                 continue
             kind = kind_of(str(e.get("op") or "?"), e.get("dir"), bool(e.get("nested")))
-            name = str(e.get("group") if e.get("group") is not None else "?")
+            name = group_of(e)
             if kind == COLLECTIVE:
                 raw = orjson.dumps(tuple(map(e.get, _KEY_FIELDS)))  # (cheaper than the key)
                 khash = hashes.get(raw)
