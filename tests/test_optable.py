@@ -3,8 +3,7 @@ every layer's set of op names is derived from the table, so a row reaches them a
 
 from __future__ import annotations
 
-from commscope import blocks, events, flightfmt, optable
-from commscope.analysis import model
+from commscope import blocks, events, flightfmt, histories, optable
 from commscope.record import nativeops, ops
 from commscope.tui import paintcode
 
@@ -17,7 +16,7 @@ def test_every_recordable_op_has_a_row():
 
 def test_every_layer_reads_the_table():
     assert blocks.REDUCING is optable.REDUCING and ops.REDUCING is optable.REDUCING
-    assert model.SAME_SHAPE is optable.SAME_SHAPE and model.NO_DTYPE is optable.DTYPE_FREE
+    assert histories.optable is optable  # (the match key, the model's too: SAME_SHAPE, DTYPE_FREE)
     assert events.P2P_OPS is optable.P2P_OPS
     assert paintcode.VARLEN_OPS is optable.VARLEN and set(ops.VARLEN_OPS) == optable.VARLEN
     assert (flightfmt._SENDS, flightfmt._RECVS) == (optable.SENDS, optable.RECVS)
@@ -75,7 +74,7 @@ from commscope.record import ops
 ops.VARLEN_OPS["frob_v"] = ops.all_gather_v  # its extractor (how to read its arguments)
 
 from types import SimpleNamespace
-from commscope import blocks, events
+from commscope import blocks, events, histories
 from commscope.analysis import model
 from commscope.record import nativeops
 from commscope.tui import palette, paintcode
@@ -84,7 +83,8 @@ assert "frob_v" in nativeops.NAMES  # the native recorder's names
 assert ops.begin_fields("frob_v", "0", None, None, None, None, None, None, None, None, False, None, False,
                         None) == {"op": "frob_v", "group": "0", "redop": "sum"}  # the recorder: reducing
 assert "frob_v" in blocks.REDUCING  # the block reader
-assert "frob_v" in model.NO_DTYPE and "frob_v" not in events.P2P_OPS  # the analysis
+assert histories.match_key("frob_v", (), (), ("float32",), (), "sum", None)[1] == ()  # the analysis: no dtype
+assert "frob_v" not in events.P2P_OPS
 sig = SimpleNamespace(op="frob_v", space=model.SPACE_NATIVE, flags=model.COLL)
 assert paintcode.categories([sig])[0] & paintcode.CAT_MASK == palette.VARLEN  # the console's colour
 print("reached every layer")
