@@ -657,9 +657,10 @@ class TraceModel:
         self.histories: dict[str, dict[int, CarriedHistory]] = {}
         #: group -> rows [src, dst, side (0: send, 1: recv), the last seq that side completed]
         #: of p2p channels before what was read, where a carry kept no op of the channel
-        #: (``inflight.Replayed.channels_passed``), as carries stated them (once asked about,
-        #: ``_passed_index``'s lookup of them)
-        self.p2p_passed: dict[str, list] = {}
+        #: (``inflight.Replayed.channels_passed``), as carries stated them
+        self.p2p_passed: dict[str, list[np.ndarray]] = {}
+        #: group -> (the parts of ``p2p_passed`` it was made of, its sorted keys, their highest seqs)
+        self._passed_index: dict[str, tuple[int, np.ndarray, np.ndarray]] = {}
         self.groups: dict[str, list[int]] = {}  # name -> global ranks in group-rank order
         self.group_backend: dict[str, str] = {}
         self.coll: dict[tuple[int, str], GroupIndex] = {}  # (space, group) -> index
@@ -2420,29 +2421,21 @@ class TraceModel:
         ch = self.p2p.get((SPACE_NATIVE, group, src, dst))
         if ch is not None and ch.n and bool((ch.keys[: ch.n][ch.mat[: ch.n, side] >= 0] > seq).any()):
             return True
-        index = self._passed_index(group)
-        if index is None:
-            return False
-        keys, top = index
-        at = int(np.searchsorted(keys, ((src << 25) | dst) << 1 | side))
-        return at < keys.shape[0] and int(keys[at]) == ((src << 25) | dst) << 1 | side and int(top[at]) >= seq
-
-    def _passed_index(self, group: str) -> tuple[np.ndarray, np.ndarray] | None:
-        """The channels carries passed in ``group`` (``p2p_passed``) as sorted keys (src,
-        dst, side) and the highest seq each completed: one sort, then a lookup a question."""
         parts = self.p2p_passed.get(group)
         if not parts:
-            return None
-        if len(parts) > 1 or not isinstance(parts[0], tuple):
-            rows = np.concatenate([p for p in parts if not isinstance(p, tuple)] +
-                                  [p[2] for p in parts if isinstance(p, tuple)])
+            return False
+        made = self._passed_index.get(group)
+        if made is None or made[0] != len(parts):  # (one sort per change, then a lookup a question)
+            rows = np.concatenate(parts)
             keys = ((rows[:, 0] << 25) | rows[:, 1]) << 1 | rows[:, 2]
             order = np.lexsort((rows[:, 3], keys))
             keys, seqs = keys[order], rows[order, 3]
             last = np.r_[keys[1:] != keys[:-1], True]  # (each key's highest seq, sorted last)
-            parts[:] = [(keys[last], seqs[last], rows)]
-        keys, top, _ = parts[0]
-        return keys, top
+            made = self._passed_index[group] = (len(parts), keys[last], seqs[last])
+        _, keys, top = made
+        key = ((src << 25) | dst) << 1 | side
+        at = int(np.searchsorted(keys, key))
+        return at < keys.shape[0] and int(keys[at]) == key and int(top[at]) >= seq
 
     def matching(self, rank: int, i: int) -> dict[int, int]:
         """The same logical op on other ranks: rank -> op index (collective members or p2p peer)."""

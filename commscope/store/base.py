@@ -130,7 +130,7 @@ class ReadStats:
         """Count what a writer's ``store_lost`` markers among ``dropped`` events say the store
         lost (a directory store deleted and recreated under a running rank)."""
         for e in dropped:
-            if str(e.get("reason", "")).startswith(STORE_LOST) and e.get("entries"):
+            if said_by_store(e) and e.get("entries"):
                 self.count_lost_lines(rank, int(e["entries"]), str(e["reason"])[len(STORE_LOST) + 2:])
 
     def count_lost_lines(self, rank: int, n: int, why: str) -> None:
@@ -239,6 +239,11 @@ def meta_line(lines: list[bytes]) -> bytes | None:
     """The rank's ``meta`` among the first lines a writer is given (it comes first), kept
     to be stated again after a ``store_lost`` marker."""
     return next((x for x in lines[:4] if b'"type":"meta"' in x), None)
+
+
+def said_by_store(e: Event) -> bool:
+    """Whether a ``dropped`` event is a writer's ``store_lost`` marker (``store_lost``)."""
+    return str(e.get("reason", "")).startswith(STORE_LOST)
 
 
 def is_recorder_drop(e: Event) -> bool:

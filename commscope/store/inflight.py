@@ -28,7 +28,7 @@ import orjson
 from commscope.events import running_drops
 from commscope.histories import COLLECTIVE, P2P, History, extended, key_hash, kind_of, match_key_of
 from commscope.oprecords import completes
-from commscope.store.base import STORE_LOST, Stream, is_recorder_drop
+from commscope.store.base import STORE_LOST, Stream, is_recorder_drop, said_by_store
 from commscope.store.files import atomic_write, mode_of, read_from, read_regular
 from commscope.store.segments import Segment, stream_prefix
 
@@ -145,7 +145,8 @@ class Replayed(NamedTuple):
         (``carried_out``), and the stacks that say where the rank is (``Stacks.carried``)."""
         lines = [orjson.dumps(self.meta)] if with_meta and self.meta is not None else []
         kept = self.histories or {}
-        passed = self.channels_passed()
+        last = self._last_done()  # (what both ``carried_out`` and ``channels_passed`` start from)
+        passed = self.channels_passed(last)
         for name, g in self.groups.items():
             more = kept[name].fields() if name in kept else {}
             if name in passed:
@@ -153,14 +154,14 @@ class Replayed(NamedTuple):
             lines.append(orjson.dumps(g | more))
         if self.dropped is not None:
             lines.append(orjson.dumps(self.dropped))
-        ops = self.carried_out()
+        ops = self.carried_out(last)
         for op_id in ops:
             lines.extend(orjson.dumps(e) for e in self.phases[op_id])
         if self.stacks is not None:
             lines.extend(orjson.dumps(e) for e in self.stacks.carried([i for i in ops if i not in self.done]))
         return b"".join(x + b"\n" for x in lines)
 
-    def carried_out(self) -> list[int]:
+    def carried_out(self, last: tuple[dict[tuple, int], dict[tuple, int]] | None = None) -> list[int]:
         """The ops a carry takes on past the lines' end, in their order: those in flight
         there; the last one done of each group's collectives in each seq space (a group's
         line is carried anyway) and of the ``DONE_KEPT`` p2p channels (group, peer,
@@ -171,9 +172,10 @@ class Replayed(NamedTuple):
         and the last ``FAILED_KEPT`` (an op that failed an hour before the window is still an
         ``op_failed``, and the first is what its finding names).
         Bounded by the groups and those few: a carry is read by every window, and kept in
-        every Redis mark (a rank that sent to 16k peers carried 9 MB)."""
+        every Redis mark (a rank that sent to 16k peers carried 9 MB).  ``last``: its
+        ``_last_done``, where the caller made it."""
         done, begins = self.done, self.begins
-        collective, channels = self._last_done()
+        collective, channels = last if last is not None else self._last_done()
         keep = {*collective.values(), *self._kept_channels(channels)}
         raised = sorted(self.failed, key=lambda i: (done.get(i, 0), i))
         first: dict[tuple, int] = {}  # (space, group) -> its first op that raised
@@ -204,14 +206,15 @@ class Replayed(NamedTuple):
                 last[key] = i
         return collective, channels
 
-    def channels_passed(self) -> dict[str, list[list]]:
+    def channels_passed(self, last_done: tuple[dict[tuple, int], dict[tuple, int]] | None = None
+                        ) -> dict[str, list[list]]:
         """Per group, the p2p channels of Python's seq space whose last op done a carry does
         not keep (past the ``DONE_KEPT`` used last), each as [peer, direction, its seq, when
         it was done]: a reader knows the rank posted and completed that seq there (a send
         that returned while its recv waits is no send "never posted").  The
         ``CHANNELS_PASSED`` done last, those the carry replayed said included."""
         done = self.done
-        _, channels = self._last_done()
+        _, channels = last_done if last_done is not None else self._last_done()
         last = dict(self.passed or {})  # (group, peer, direction) -> (seq, done at)
         whole = self._kept_channels(channels)
         for (fr, group, peer, direction), i in channels.items():
@@ -252,7 +255,7 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
     with gc_paused():  # (the carry apart: what it lost, if damaged, is not the segment's)
         head = decode_stream(decode_lines(before, rank), decoder, columns=False)
         got = decode_stream(decode_lines(data, rank), decoder, columns=False)
-    lost = [e for e in got.events if e["type"] == "dropped" and str(e.get("reason", "")).startswith(STORE_LOST)]
+    lost = [e for e in got.events if e["type"] == "dropped" and said_by_store(e)]
     losses = Losses(got.damaged, dict(got.invalid), sum(int(e.get("entries") or 0) for e in lost),
                     str(lost[0]["reason"])[len(STORE_LOST) + 2:] if lost else "")
     out = Replayed({}, {}, {}, set(), {}, got.count(), None)
