@@ -505,6 +505,106 @@ def test_a_reader_of_events_jumping_over_deleted_segments_reads_no_begin_twice(t
     assert [e["phase"] for e in got if e["type"] == "op"] == ["begin", "end"]
 
 
+def _twenty_groups(root: Path, ops: int = 400) -> dict[tuple[str, str], list[int]]:
+    """One rank's ``ops`` all_reduces over 20 groups in turn (each carry keeps the last one
+    done of every group), 1-3 raising, in 4 KiB segments; per (op, group), the ops written:
+    count, in_bytes, failed, latency sum."""
+    w = DirectoryWriter(root, "job", 0, {"world_size": 1}, segment_bytes=4 << 10, closer=False)
+    w.write([meta()] + [orjson.dumps({"type": "group", "v": 3, "rank": 0, "ts": T0, "group": f"g{g}",
+                                      "granks": [0]}) for g in range(20)])
+    written: dict[tuple[str, str], list[int]] = {}
+    for i in range(1, ops + 1):
+        group, lat = f"g{i % 20}", 1000 * (1 + i % 7)
+        begin = {"type": "op", "ts": T0 + i * S, "v": 3, "rank": 0, "phase": "begin", "id": i, "op": "all_reduce",
+                 "group": group, "seq": i // 20, "tid": 1, "in_bytes": 64 * i}
+        end = {"type": "op", "ts": T0 + i * S + lat, "v": 3, "rank": 0, "phase": "end", "id": i}
+        if i % 97 == 0:
+            end["exc"] = "RuntimeError: NCCL error"
+        w.write([orjson.dumps(begin), orjson.dumps(end)])
+        row = written.setdefault(("all_reduce", group), [0, 0, 0, 0])
+        for k, v in enumerate((1, 64 * i, i % 97 == 0, lat)):
+            row[k] += v
+    w.close()
+    return written
+
+
+def _said(events: list[dict]) -> dict[tuple[str, str], list[int]]:
+    """Per (op, group), what ``events`` say of the ops (each begin read, and each op a
+    summary stands for): count, in_bytes, failed, latency sum; no begin read twice."""
+    begins = {e["id"]: e for e in events if e["type"] == "op" and e["phase"] == "begin"}
+    assert len(begins) == sum(e["type"] == "op" and e["phase"] == "begin" for e in events)
+    ends = {e["id"]: e for e in events if e["type"] == "op" and e["phase"] == "end"}
+    out: dict[tuple[str, str], list[int]] = {}
+    for i, b in begins.items():
+        row = out.setdefault((b["op"], b["group"]), [0, 0, 0, 0])
+        for k, v in enumerate((1, b["in_bytes"], "exc" in ends[i], ends[i]["ts"] - b["ts"])):
+            row[k] += v
+    for e in events:
+        if e["type"] == "summary":
+            assert "carried" not in e  # (a reader hands on what it counts)
+            for op in e["ops"]:
+                row = out.setdefault((op["op"], op["group"]), [0, 0, 0, 0])
+                for k, v in enumerate((op["count"], op["in_bytes"], op["failed"], sum(m[2] for m in op["minutes"]))):
+                    row[k] += v
+                assert op["count"] - op["unfinished"] == sum(m[1] for m in op["minutes"]) == sum(
+                    c for m in op["minutes"] for _, c in m[4])
+    return out
+
+
+@pytest.mark.parametrize("behind", ["jumped", "listed_before_the_deletion", "never_read"])
+def test_a_reader_jumping_over_deleted_segments_counts_each_op_once(tmp_path, behind):
+    """Ops of a segment this reader read, still carried when retention deleted the segments
+    after it (each group's last one done), are counted by the summary of the segment where
+    they were carried no further: the reader that read them must not count them there again
+    (it counted 410 of 400 ops, and their bytes, failures and latencies with them).  Also
+    where it reads from a listing made before the deletion (it went on to the next segment
+    listed, also gone, without the carry), and where it read nothing before."""
+    written = _twenty_groups(tmp_path)
+    reader = open_reader(tmp_path)
+    got = [] if behind == "never_read" else reader.poll(max_bytes=1)  # the first segment (64 KiB read at least)
+    stale = list_segments(tmp_path / "job")[(0, 0)]
+    assert _force(tmp_path / "job", 8 << 10) >= 10
+    if behind == "listed_before_the_deletion":
+        assert reader._read_stream((0, 0), stale, None) == ([], 0)  # (waits for the listing to jump)
+    got += reader.read_all()
+    said = _said(got)
+    assert said == written
+    assert sum(e["type"] == "summary" for e in got) >= 10 and reader.stats.summarized > 0
+
+
+def test_a_summary_lists_the_ops_carried_into_its_segment_and_a_reader_takes_out_those_it_read():
+    """``retention.counted``: the carried ops a reader read (ids up to what it read before
+    jumping) are not added to the summary's rows, the others are; a summary without the list
+    (written before it) is taken as it is; the list is read as untrusted as any line."""
+    from commscope.events import decode_lines
+
+    row = {"op": "all_reduce", "group": "g", "count": 1, "in_bytes": 8, "out_bytes": 8, "unfinished": 0,
+           "failed": 0, "minutes": [[0, 1, 3000, 3000, [[1, 1]]]]}
+    summary = {"type": "summary", "v": 3, "rank": 0, "ts": T0, "seg": 4, "events": 9, "ops": [row],
+               "carried": [[7, "all_reduce", "g", 8, 8, True, 10, 10 + 40_000], [9, "broadcast", "g", 2, 2, False, 10, 0]]}
+    [read] = decode_lines(orjson.dumps(summary) + b"\n", 0).events  # (as a reader has it)
+
+    def ops(read_upto: int) -> list[dict]:
+        got = retention.counted(read, read_upto)
+        assert "carried" not in got
+        return orjson.loads(orjson.dumps(got["ops"]))
+
+    assert ops(-1) == [
+        {**row, "count": 2, "in_bytes": 16, "out_bytes": 16, "failed": 1,
+         "minutes": [[0, 2, 43000, 40000, [[1, 1], [5, 1]]]]},
+        {"op": "broadcast", "group": "g", "count": 1, "in_bytes": 2, "out_bytes": 2, "unfinished": 1, "failed": 0,
+         "minutes": []}]
+    assert ops(7) == [row, {"op": "broadcast", "group": "g", "count": 1, "in_bytes": 2, "out_bytes": 2,
+                            "unfinished": 1, "failed": 0, "minutes": []}]
+    assert ops(9) == [row]
+    older = {k: v for k, v in summary.items() if k != "carried"}
+    assert retention.counted(older, read_upto=9) is older
+    for bad in ([-7, "all_reduce", "g", 8, 8, True, 10, 0], [7, "all_reduce", "g", 8, 8, True, 10],
+                [7, "all_reduce", "g", "8", 8, True, 10, 0], {"id": 7}):
+        hostile = decode_lines(orjson.dumps(summary | {"carried": [bad]}) + b"\n", 0)
+        assert hostile.events == [] and sum(hostile.invalid.values()) == 1
+
+
 def test_one_child_bounds_a_stream_at_a_time_and_summarizes_a_segment_once(tmp_path):
     import fcntl
 

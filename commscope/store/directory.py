@@ -96,6 +96,15 @@ ENV_WORKERS = "COMMSCOPE_READ_WORKERS"
 ENV_SHARE = "COMMSCOPE_SHARE_WITH_GROUP"
 
 
+class Jump(NamedTuple):
+    """A reader's jump over segments of a stream that retention deleted under it: from the
+    segment it was reading to the oldest one left, having read the ops up to ``after_id``."""
+
+    left: int
+    entered: int
+    after_id: int
+
+
 class _Summary(NamedTuple):
     """A stream's summary file (``DirectoryReader._name``)."""
 
@@ -426,6 +435,7 @@ class DirectoryReader(TraceReader):
         self._tails: dict[Stream, tuple[Segment, str, int]] = {}
         self._pending: dict[tuple[Stream, int], Event] = {}  # summaries not decided yet
         self._decided: set[tuple[Stream, int]] = set()
+        self._jumps: dict[Stream, list[Jump]] = {}  # per stream, over segments deleted under this reader
         self._listed: tuple[int, float] | None = None  # (directory mtime, when) of the last listing
         self._names: dict[str, tuple[Stream, Segment] | _Summary | object] = {}  # file name -> ``_name``
         self._summaries_due = False  # listed again since the summaries were last read
@@ -597,6 +607,7 @@ class DirectoryReader(TraceReader):
             after_id = -1
         elif cur.number > number:
             after_id = self.max_op_id(stream)
+            self._jumps.setdefault(stream, []).append(Jump(number, cur.number, after_id))
         else:
             return cur
         self._reading[stream] = cur.number
@@ -782,6 +793,7 @@ class DirectoryReader(TraceReader):
             size = int(e.get("size") or 0)
             events = int(e.get("events") or 0) + int(e.get("damaged") or 0) + sum((e.get("invalid") or {}).values())
             if not read:
+                e = retention.counted(e, self._read_before(stream, seg))
                 self.stats.count_summary(stream[0], e)
                 out.append(e)
             elif read < size:
@@ -790,6 +802,18 @@ class DirectoryReader(TraceReader):
                 self.stats.warnings.append(f"rank {stream[0]}: retention deleted segment {seg} while this reader "
                                            f"was reading it: about {lost:,} of its {events:,} events not read")
         return out
+
+    def _read_before(self, stream: Stream, seg: int) -> int:
+        """The highest op id of ``stream`` this reader read before the deleted segment ``seg``
+        (-1: none): it jumped over the segment (or will, having read the stream up to a
+        segment before it), with the ids up to the one it had read then read.  A stream's
+        ops are read in the order of their ids, and an op carried into ``seg`` was carried
+        from every segment since its begin, the carry the reader started with included."""
+        for jump in self._jumps.get(stream, ()):
+            if jump.left < seg < jump.entered:
+                return jump.after_id
+        number = self._reading.get(stream)
+        return self.max_op_id(stream) if number is not None and number < seg else -1
 
     def _remnants(self, final: bool) -> list[Event]:
         """What ranks of this job that died on this host left in their spools
@@ -881,6 +905,11 @@ class DirectoryReader(TraceReader):
             except OSError:  # (gone, or not a regular file: as a stat, then a read, say it)
                 try:
                     size = os.path.getsize(path)
+                except FileNotFoundError:
+                    # deleted since the listing (retention): not read to its end, so the stream
+                    # is not moved on past it here but by the next listing, which jumps over it
+                    # with its carry and what it read before (``_enter``)
+                    return [], 0, False
                 except OSError:
                     return [], 0, True
         if size < offset:

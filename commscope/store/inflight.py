@@ -138,6 +138,9 @@ class Replayed(NamedTuple):
     #: The channels the carry replayed said were passed: (group, peer, direction) -> the
     #: seq done last there and when (``channels_passed``)
     passed: dict[tuple[str, int, str], tuple[int, int]] | None = None
+    #: The ops whose begin the carry replayed, not the lines after it (``retention.summarize``
+    #: lists those it counts apart: a reader that read them before it jumped takes them out)
+    carried_in: frozenset[int] = frozenset()
 
     def carry(self, with_meta: bool = False) -> bytes:
         """What a reader starting after these lines reads first, as ended lines: (the rank's
@@ -319,7 +322,9 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
         history = extended(kept.get(name), seqs, khashes)
         if history is not None:
             kept[name] = history
-    return out._replace(meta=meta, dropped=dropped, losses=losses, histories=kept, stacks=stacks, passed=passed)
+    carried_in = frozenset(e["id"] for e in head.events if e.get("type") == "op" and e.get("phase") == "begin")
+    return out._replace(meta=meta, dropped=dropped, losses=losses, histories=kept, stacks=stacks, passed=passed,
+                        carried_in=carried_in)
 
 
 def _dropped(so_far: dict | None, e: dict) -> dict | None:

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import warnings
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -142,6 +143,73 @@ def to_drop(segs: list[Segment], sizes: list[int], retain: Retention) -> list[Se
     return out
 
 
+class Carried(NamedTuple):
+    """An op a summary counts, as a summary lists those carried into its segment
+    (``carried``: a reader that read one before it jumped over the segment takes it out)."""
+
+    id: int
+    op: str
+    group: str
+    in_bytes: int
+    out_bytes: int
+    failed: bool
+    begin_ns: int
+    done_ns: int  # 0: not done
+
+
+class _Rows:
+    """A summary's rows (per op and group: counts, bytes, failures and per minute a latency
+    histogram) as they are added up; ``rows`` writes them out as a summary holds them."""
+
+    def __init__(self, rows: Iterable[dict] = ()) -> None:
+        self._per: dict[tuple[str, str], dict] = {}
+        for row in rows:  # (a summary's, to add more to: ``counted``)
+            mine = self._row(str(row.get("op", "?")), str(row.get("group", "?")))
+            for k in ("count", "in_bytes", "out_bytes", "unfinished", "failed"):
+                mine[k] += int(row.get(k) or 0)
+            for minute, n, total, most, buckets in row.get("minutes") or ():
+                cell = self._cell(mine, minute // MINUTE_NS)
+                cell[0] += n
+                cell[1] += total
+                cell[2] = max(cell[2], most)
+                for bucket, c in buckets:
+                    cell[3][bucket] += c
+
+    def _row(self, op: str, group: str) -> dict:
+        row = self._per.get((op, group))
+        if row is None:
+            row = self._per[(op, group)] = {"op": op, "group": group, "count": 0, "in_bytes": 0, "out_bytes": 0,
+                                            "unfinished": 0, "failed": 0, "minutes": {}}
+        return row
+
+    @staticmethod
+    def _cell(row: dict, minute: int) -> list:
+        return row["minutes"].setdefault(minute, [0, 0, 0, Counter()])
+
+    def add(self, op: Carried) -> None:
+        """One op: its begin's op, group and bytes, whether it raised, when it began and was
+        done (0: not done, no latency)."""
+        row = self._row(op.op, op.group)
+        row["count"] += 1
+        row["in_bytes"] += op.in_bytes
+        row["out_bytes"] += op.out_bytes
+        row["failed"] += op.failed
+        if not op.done_ns:
+            row["unfinished"] += 1
+            return
+        lat = max(0, op.done_ns - op.begin_ns)
+        cell = self._cell(row, op.begin_ns // MINUTE_NS)
+        cell[0] += 1
+        cell[1] += lat
+        cell[2] = max(cell[2], lat)
+        cell[3][bucket_of(lat)] += 1
+
+    def rows(self) -> list[dict]:
+        return [{**{k: v for k, v in row.items() if k != "minutes"},
+                 "minutes": [[mi * MINUTE_NS, c[0], c[1], c[2], sorted(c[3].items())]
+                             for mi, c in sorted(row["minutes"].items())]} for row in self._per.values()]
+
+
 def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> dict:
     """The ``summary`` event of one segment: per op and group, counts, bytes, failures and
     per minute a latency histogram; what the segment held in events and bytes, and what it
@@ -149,41 +217,44 @@ def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> di
     stands for are those carried into it (``carried_in``: the previous segment's carry) or
     begun in it, but those carried on out of it (its own carry, which a reader after it
     reads as ops: ``Replayed.carried_out``), so each op is counted once: in one summary, or
-    in what is read."""
+    in what is read.  Those carried into it are listed apart (``carried``), not in its
+    rows: a reader that read them before retention deleted the segments under it has
+    counted them already, the others add them (``counted``)."""
     data = inflight.read_segment(path)
     got = inflight.replay(carried_in, data, rank)
     carried_out = set(got.carried_out())
-    per: dict[tuple[str, str], dict] = {}
-    stamps = []
+    rows, carried, stamps = _Rows(), [], []
     for op_id, b in got.begins.items():
         if op_id in carried_out:
             continue
-        key = (str(b.get("op", "?")), str(b.get("group", "?")))
-        row = per.setdefault(key, {"op": key[0], "group": key[1], "count": 0, "in_bytes": 0, "out_bytes": 0,
-                                   "unfinished": 0, "failed": 0, "minutes": {}})
-        row["count"] += 1
-        row["in_bytes"] += int(b.get("in_bytes") or 0)
-        row["out_bytes"] += int(b.get("out_bytes") or 0)
-        row["failed"] += op_id in got.failed
-        stamps.append(b["ts"])
-        end = got.done.get(op_id)
-        if end is None:
-            row["unfinished"] += 1
-            continue
-        lat = max(0, end - b["ts"])
-        bucket = bucket_of(lat)
-        cell = row["minutes"].setdefault(b["ts"] // MINUTE_NS, [0, 0, 0, Counter()])
-        cell[0] += 1
-        cell[1] += lat
-        cell[2] = max(cell[2], lat)
-        cell[3][bucket] += 1
-    out_ops = []
-    for row in per.values():
-        minutes = [[mi * MINUTE_NS, c[0], c[1], c[2], sorted(c[3].items())] for mi, c in sorted(row["minutes"].items())]
-        out_ops.append({**{k: v for k, v in row.items() if k != "minutes"}, "minutes": minutes})
+        op = Carried(op_id, str(b.get("op", "?")), str(b.get("group", "?")), int(b.get("in_bytes") or 0),
+                     int(b.get("out_bytes") or 0), op_id in got.failed, b["ts"], got.done.get(op_id, 0))
+        stamps.append(op.begin_ns)
+        if op_id in got.carried_in:
+            carried.append(list(op))
+        else:
+            rows.add(op)
     first, last = (min(stamps), max(stamps)) if stamps else (0, 0)
     return {"type": "summary", "v": SCHEMA_VERSION, "rank": rank, "ts": last, "seg": number, "first_ns": first,
-            "last_ns": last, "events": got.events, "size": len(data), "ops": out_ops, **_lost(got.losses)}
+            "last_ns": last, "events": got.events, "size": len(data), "ops": rows.rows(),
+            **({"carried": carried} if carried else {}), **_lost(got.losses)}
+
+
+def counted(summary: dict, read_upto: int = -1) -> dict:
+    """A summary as a reader counts it: the ops carried into its segment (``carried``) that
+    the reader has not read added to its rows, those it read (ids up to ``read_upto``: it
+    read the stream that far before jumping over the deleted segment) left out, so no op is
+    counted twice; the summary as it was where it lists none (a summary before these lists
+    counts them in its rows)."""
+    carried = summary.get("carried")
+    if not carried:
+        return summary
+    rows = _Rows(summary.get("ops") or ())
+    for entry in carried:
+        op = Carried(*entry)
+        if op.id > read_upto:
+            rows.add(op)
+    return {k: v for k, v in summary.items() if k != "carried"} | {"ops": rows.rows()}
 
 
 def _lost(losses: inflight.Losses | None) -> dict:
