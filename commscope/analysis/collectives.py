@@ -147,7 +147,8 @@ class Mismatch(Evidence):
     src: str = ABSENT  # "fr": Flight Recorder collectives
     #: A mismatch before what was read, told by the ranks' carried histories of the group's
     #: collectives (``find_history_mismatches``): ``up_to_seq``, ``ranks_by_history`` (the
-    #: ranks of each history, the most alike first), ``not_compared``
+    #: ranks of each history, the most alike first), ``not_compared`` (the members whose
+    #: history was not: none read, or one that starts elsewhere, after records it lost)
     history: dict[str, Any] = ABSENT
 
     def render(self, f: Finding) -> list[RenderableType]:
@@ -360,7 +361,7 @@ def find_history_mismatches(model: TraceModel, found: list[Finding]) -> tuple[li
                " (read from the start, without --since, to see where)")
         ev = Mismatch(per_rank={}, differs=[], majority=None, absent_ranks=[], later_mismatches=0,
                       history={"up_to_seq": at, "ranks_by_history": alike,
-                               "not_compared": sorted(r for r in hist if r not in digests)})
+                               "not_compared": sorted(r for r in members if r not in digests)})
         ts = max(c.ts for c in per.values())
         out.append(Finding("collective_mismatch", name, at, None, members, culprits, msg, ev, ts=ts))
         replaced += [f for f in native if f.group == name and _ran_before(f)]
