@@ -8,7 +8,7 @@ import importlib
 import sys
 import traceback
 
-from commscope import __version__, errors
+from commscope import __version__, errors, helpformat
 from commscope.redact import redact
 
 #: verb -> (module, one-line help).  The verbs are a public contract (`commscope --help`, README.md).
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         p = sub.add_parser(verb, help=help_text, description=(mod.__doc__ or help_text).strip(),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=helpformat.Formatter)
         mod.add_arguments(p)
         p.set_defaults(_main=mod.main)
     return parser

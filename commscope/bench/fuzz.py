@@ -39,6 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from commscope import helpformat
+
 WORLD = 3
 MEM_MB = 2048  # address space a worker may add above its own baseline
 TIMEOUT_S = 20.0  # per command
@@ -613,7 +615,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m commscope.bench.fuzz", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=helpformat.Formatter)
     add_arguments(p)
     args = p.parse_args(argv)
     if args.worker:

@@ -128,7 +128,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="collectives per second on each rank (default 25, the target's; lower it to run a "
                         "wide job at a fraction of its rate: the report extrapolates)")
     p.add_argument("--seconds", type=float, default=30.0, help="how long the job runs (default 30)")
-    p.add_argument("--fault", choices=FAULTS, default="missing", help="what goes wrong a third of the way in")
+    p.add_argument("--fault", choices=FAULTS, default="missing", metavar="FAULT",
+                   help=f"what goes wrong a third of the way in: {', '.join(FAULTS)} (default missing)")
     p.add_argument("--hang-after", type=float, default=5.0, help="the job's hang_after (default 5 s)")
     p.add_argument("--store", choices=("directory", "redis", "redis-cluster"), default="directory",
                    help="where the job writes (Redis ones are started here)")

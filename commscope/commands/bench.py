@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from commscope import helpformat
 from commscope.bench import SUITES
 
 
@@ -26,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             continue
         doc = (mod.__doc__ or name).strip()
         sp = sub.add_parser(name, help=doc.splitlines()[0], description=doc,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+                            formatter_class=helpformat.Formatter)
         mod.add_arguments(sp)
         sp.set_defaults(_suite=mod.run)
 
