@@ -452,3 +452,55 @@ def test_summarized_latency_holds_counts_a_trace_may_state(tmp_path, capsys):
     row = json.loads(got.out)["history"]["all_reduce"]
     assert row["latency_p50_s"] == row["latency_p99_s"] == round(bucket_mid_s(3), 6)
     assert "overflow" not in got.err
+
+
+def test_a_wide_job_lists_the_ranks_furthest_from_the_rest_first(tmp_path, capsys):
+    """48 ranks, rank 25 missing from the last all_reduce (one op fewer): the table lists
+    the 16 furthest from the rest, rank 25 first, and the median of all; --all-ranks and
+    --json every rank (a 16k-rank job's report was 16k lines of ranks alike)."""
+    from commscope.bench.synthstore import JobShape
+    from commscope.bench.synthstore import write_store as write_job
+
+    store = str(tmp_path / "s")
+    write_job(store, JobShape(48, 40, fault="missing", hang_after=2.0))
+    capsys.readouterr()
+    assert cli(["report", store]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("per rank"))
+    assert lines[at] == "per rank: the 16 of 48 furthest from the rest (--all-ranks: every one)"
+    rows = [ln.split()[0] for ln in lines[at + 3:at + 20]]
+    assert rows[0] == "25" and rows[-1] == "median" and len(set(rows)) == 17
+    assert lines[at + 3].split()[1] == "39" and lines[at + 19].split()[1] == "40"  # (its ops, and the median's)
+    assert all(len(ln) <= 80 for ln in lines[at:at + 20])
+    assert cli(["report", store, "--all-ranks"]) == 0
+    every = capsys.readouterr().out.splitlines()
+    at = every.index("per rank")
+    assert [ln.split()[0] for ln in every[at + 3:at + 51]] == [str(r) for r in range(48)]
+    assert cli(["report", store, "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["ranks"]) == 48
+
+
+def test_the_rarest_ranks_come_first_then_the_furthest_times():
+    """``unusual_ranks``: a rank that ended otherwise, ran an op fewer or raised, among ranks
+    alike, comes before one whose times are far (ties in rank order); the times by robust
+    deviations from the median, so a rank 3x slower beats noise; no more than ``n``."""
+    from commscope.analysis.report import median_row, unusual_ranks
+
+    def row(k: int) -> dict:
+        return {"count": 400, "bytes": 4096, "busy_s": 1.0 + 0.001 * (k % 5), "latency_p50_s": 0.002,
+                "latency_p99_s": None, "wait_s": 0.5 + 0.001 * (k % 7), "async_wait_s": 0.0, "failed": 0,
+                "untimed": 0, "end": "running"}
+
+    ranks = {str(k): row(k) for k in range(100)}
+    ranks["7"]["end"] = "crashed (SIGSEGV)"
+    ranks["50"]["count"] = 399
+    ranks["80"]["failed"] = 1
+    ranks["33"]["wait_s"] = 1.5
+    ranks["61"]["busy_s"] = 1.2
+    got = unusual_ranks(ranks, 6)
+    assert sorted(got[:3]) == ["50", "7", "80"] and got[3:5] == ["33", "61"] and len(got) == 6
+    assert unusual_ranks({"3": row(3), "1": row(1)}, 6) == ["3", "1"]  # (as few as it has, as given)
+    med = median_row(ranks)
+    assert med["count"] == 400 and med["end"] == "running" and med["latency_p99_s"] is None
+    assert med["wait_s"] == pytest.approx(0.503)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections import defaultdict
+import warnings
+from collections import Counter, defaultdict
 from typing import Any
 
 import numpy as np
@@ -185,6 +186,56 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
         "ops_total": model.total_ops(),
         "ops_untimed": sum(r["untimed"] for r in ranks_rows.values()),
     }
+
+
+#: The measures of a rank's row that ``unusual_ranks`` compares with every other rank's:
+#: those a rank shares with many others where they do the same (its ending, its counts), and
+#: times, which no two ranks share
+RANK_KINDS = ("end", "count", "bytes", "failed", "untimed")
+RANK_TIMES = ("busy_s", "latency_p50_s", "latency_p99_s", "wait_s", "async_wait_s")
+RANK_MEASURES = RANK_KINDS[1:] + RANK_TIMES
+
+
+def unusual_ranks(ranks: dict[str, dict[str, Any]], n: int) -> list[str]:
+    """The ``n`` ranks (keys of ``ranks``, ``compute_report``'s rows) furthest from the rest,
+    the furthest first: the rarest first by their ending and counts (a rank that died, or
+    ran one op fewer or raised, where thousands did alike: the console's "rarest behaviour
+    first"), then by how far their furthest time lies from all ranks' median, in robust
+    deviations (1.4826 median absolute deviations, at least a hundredth of the median), ties
+    in rank order.  Among 16,384 rows, the few that matter."""
+    keys = list(ranks)
+    if len(keys) <= n:
+        return keys
+    rare = np.full(len(keys), len(keys))
+    for m in RANK_KINDS:
+        values = [ranks[k].get(m) for k in keys]
+        seen = Counter(values)
+        rare = np.minimum(rare, [seen[v] for v in values])
+    x = np.array([[np.nan if (v := ranks[k].get(m)) is None else float(v) for m in RANK_TIMES] for k in keys])
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (a time no rank has: all NaN)
+        med = np.nanmedian(x, axis=0)
+        mad = np.nanmedian(np.abs(x - med), axis=0)
+        scale = np.maximum(np.nan_to_num(np.maximum(1.4826 * mad, 0.01 * np.abs(med))), 1e-12)
+        far = np.nan_to_num(np.abs(x - med) / scale).max(axis=1)
+    order = sorted(range(len(keys)), key=lambda i: (rare[i], -far[i], i))
+    return [keys[i] for i in order[:n]]
+
+
+def median_row(ranks: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Every rank's measures as one row: each one's median over the ranks, and the ending
+    most ranks have (what ``unusual_ranks``' rows are told apart from)."""
+    out: dict[str, Any] = {}
+    rows = list(ranks.values())
+    for m in RANK_MEASURES:
+        xs = [r[m] for r in rows if r.get(m) is not None]
+        out[m] = float(np.median(xs)) if xs else None
+    for m in ("count", "bytes", "failed", "untimed"):
+        if out[m] is not None:
+            out[m] = int(round(out[m]))
+    ends = [r.get("end") for r in rows]
+    out["end"] = max(set(ends), key=ends.count) if ends else None
+    return out
 
 
 def summarized_history(model: TraceModel) -> dict[str, dict[str, Any]]:

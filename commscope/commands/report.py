@@ -5,6 +5,11 @@ where ranks wait most.  Accepts trace stores and Flight Recorder dumps.
 The tables fit the terminal (80 columns in a pipe or a CI log): columns are dropped,
 least useful first, until they fit, never truncated; ``--wide`` keeps every column
 (the lines then run past the terminal's width).  ``--json`` and ``--csv`` for tools.
+
+A job of more than 32 ranks lists the 16 ranks furthest from the rest, the furthest first
+(the rarest by their ending and counts: a rank that died, ran an op fewer or raised; then
+by the time furthest from all ranks' median), and that median; ``--all-ranks`` lists every
+rank.  ``--json`` and ``--csv`` hold every rank.
 """
 
 from __future__ import annotations
@@ -16,13 +21,18 @@ import json
 import sys
 from typing import Any, NamedTuple
 
-from commscope.analysis.report import compute_report
+from commscope.analysis.report import compute_report, median_row, unusual_ranks
 from commscope.bench.stats import fmt_bytes, fmt_time
 from commscope.commands import options
 from commscope.redact import redact
 
 NONE = "—"  # no value: no timed op, or nothing to measure
 SEP = "  "
+#: A job of up to this many ranks lists every one; a wider one, the ``RANKS_SHOWN`` furthest
+#: from the rest (``analysis.report.unusual_ranks``) and their median, unless --all-ranks
+RANKS_WHOLE = 32
+RANKS_SHOWN = 16
+MEDIAN = "median"  # the key of the row of every rank's medians
 
 class Column(NamedTuple):
     """One table column.  ``priority``: a lower one is dropped first when the table does not fit;
@@ -83,6 +93,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wide", action="store_true",
                    help="every column, however wide the terminal (default: the columns that fit)")
     p.add_argument("--top", type=int, default=10, help="call sites to list (default 10)")
+    p.add_argument("--all-ranks", action="store_true",
+                   help=f"list every rank (default: up to {RANKS_WHOLE} ranks every one, beyond that the "
+                        f"{RANKS_SHOWN} furthest from the rest)")
 
     options.add_since(p)
 
@@ -167,9 +180,11 @@ def _table_lines(title: str, heads: list[str], body: list[list[str]], left: set[
 
 
 def render(rep: dict[str, Any], description: str, world_size: int, warnings: list[str], con, *,
-           wide: bool = False) -> None:
+           wide: bool = False, all_ranks: bool = False) -> None:
     """The report as tables on a rich console, fitted to its width (``wide``: every column).
-    Cells are never cut: a table whose names alone are too wide runs past the width."""
+    Cells are never cut: a table whose names alone are too wide runs past the width.  A job
+    of more than ``RANKS_WHOLE`` ranks lists those furthest from the rest and their median
+    (``all_ranks``: every rank)."""
     from rich.text import Text
 
     width = con.width
@@ -195,7 +210,13 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
 
     show("per op (collectives: per instance, true latency = last end - last begin)", "op", rep["ops"], _STAT_COLS)
     show("per group", "group", rep["groups"], _STAT_COLS)
-    show("per rank", "rank", rep["ranks"], _RANK_COLS)
+    ranks = rep["ranks"]
+    if all_ranks or len(ranks) <= RANKS_WHOLE:
+        show("per rank", "rank", ranks, _RANK_COLS)
+    else:
+        shown = {k: ranks[k] for k in unusual_ranks(ranks, RANKS_SHOWN)} | {MEDIAN: median_row(ranks)}
+        show(f"per rank: the {RANKS_SHOWN} of {len(ranks):,} furthest from the rest (--all-ranks: every one)",
+             "rank", shown, _RANK_COLS)
     history = rep.get("history")
     if history:
         show("summarized history (retention deleted it; per op over all ranks, latency from its histograms)",
@@ -259,5 +280,6 @@ def main(args: argparse.Namespace) -> int:
         for w in warnings:
             print(options.warning(w).plain, file=sys.stderr)
         return 0
-    render(rep, redact(reader.description), model.world_size, warnings, options.stdout_console(), wide=args.wide)
+    render(rep, redact(reader.description), model.world_size, warnings, options.stdout_console(), wide=args.wide,
+           all_ranks=args.all_ranks)
     return 0
