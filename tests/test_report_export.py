@@ -456,8 +456,8 @@ def test_summarized_latency_holds_counts_a_trace_may_state(tmp_path, capsys):
 
 def test_a_wide_job_lists_the_ranks_furthest_from_the_rest_first(tmp_path, capsys):
     """48 ranks, rank 25 missing from the last all_reduce (one op fewer): the table lists
-    the 16 furthest from the rest, rank 25 first, and the median of all; --all-ranks and
-    --json every rank (a 16k-rank job's report was 16k lines of ranks alike)."""
+    the 16 furthest from the rest, rank 25 first, and the median of all; --all and --json
+    every rank (a 16k-rank job's report was 16k lines of ranks alike)."""
     from commscope.bench.synthstore import JobShape
     from commscope.bench.synthstore import write_store as write_job
 
@@ -468,12 +468,12 @@ def test_a_wide_job_lists_the_ranks_furthest_from_the_rest_first(tmp_path, capsy
     text = capsys.readouterr().out
     lines = text.splitlines()
     at = next(i for i, ln in enumerate(lines) if ln.startswith("per rank"))
-    assert lines[at] == "per rank: the 16 of 48 furthest from the rest (--all-ranks: every one)"
+    assert lines[at] == "per rank: the 16 of 48 furthest from the rest (--all: every one)"
     rows = [ln.split()[0] for ln in lines[at + 3:at + 20]]
     assert rows[0] == "25" and rows[-1] == "median" and len(set(rows)) == 17
     assert lines[at + 3].split()[1] == "39" and lines[at + 19].split()[1] == "40"  # (its ops, and the median's)
     assert all(len(ln) <= 80 for ln in lines[at:at + 20])
-    assert cli(["report", store, "--all-ranks"]) == 0
+    assert cli(["report", store, "--all"]) == 0
     every = capsys.readouterr().out.splitlines()
     at = every.index("per rank")
     assert [ln.split()[0] for ln in every[at + 3:at + 51]] == [str(r) for r in range(48)]
@@ -504,3 +504,29 @@ def test_the_rarest_ranks_come_first_then_the_furthest_times():
     med = median_row(ranks)
     assert med["count"] == 400 and med["end"] == "running" and med["latency_p99_s"] is None
     assert med["wait_s"] == pytest.approx(0.503)
+
+
+def test_a_job_of_many_groups_lists_those_its_ranks_waited_in_most(tmp_path, capsys):
+    """40 groups of 2 ranks (a pair a stage, as pipelines make): the group where a rank
+    arrived 30 ms late comes first of the 16 listed, --all lists every one; a group with an
+    op that raised comes before any wait."""
+    from commscope.analysis.report import waited_groups
+
+    b = TraceBuilder(4)
+    t = b.t0 + S
+    for g in range(40):
+        b.group(f"pp{g}", [g % 4, (g + 1) % 4])
+        t = b.collective(t, group=f"pp{g}", skew={(g + 1) % 4: (30 if g == 17 else 1 + g % 3) * MS}) + MS
+    store = write_store(tmp_path / "s", b.sorted_events())
+    capsys.readouterr()
+    assert cli(["report", str(store)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("per group"))
+    assert lines[at] == "per group: the 16 of 40 ranks waited in most (--all: every one)"
+    assert lines[at + 3].split()[0] == "pp17" and len(lines[at + 3:at + 19]) == 16
+    assert cli(["report", str(store), "--all"]) == 0
+    every = capsys.readouterr().out.splitlines()
+    at = every.index("per group")
+    assert sorted(ln.split()[0] for ln in every[at + 3:at + 43]) == sorted(f"pp{g}" for g in range(40))
+    rows = {str(g): {"failed": int(g == 3), "wait_s": g / 10} for g in range(40)}
+    assert waited_groups(rows, 4) == ["3", "39", "38", "37"]

@@ -222,6 +222,18 @@ def unusual_ranks(ranks: dict[str, dict[str, Any]], n: int) -> list[str]:
     return [keys[i] for i in order[:n]]
 
 
+def waited_groups(groups: dict[str, dict[str, Any]], n: int) -> list[str]:
+    """The ``n`` groups (keys of ``groups``, ``compute_report``'s rows) that matter most, in
+    that order: those with ops that raised, then by the time their ranks waited in them,
+    then by their order.  A job of 16,384 ranks in 3D parallelism has thousands of groups
+    (a tensor-parallel group a host, a pipeline pair a stage); the few where time goes are
+    what a table of them is for."""
+    keys = list(groups)
+    order = sorted(range(len(keys)), key=lambda i: (-(groups[keys[i]].get("failed") or 0),
+                                                     -(groups[keys[i]].get("wait_s") or 0.0), i))
+    return [keys[i] for i in order[:n]]
+
+
 def median_row(ranks: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Every rank's measures as one row: each one's median over the ranks, and the ending
     most ranks have (what ``unusual_ranks``' rows are told apart from)."""

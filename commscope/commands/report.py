@@ -8,8 +8,9 @@ least useful first, until they fit, never truncated; ``--wide`` keeps every colu
 
 A job of more than 32 ranks lists the 16 ranks furthest from the rest, the furthest first
 (the rarest by their ending and counts: a rank that died, ran an op fewer or raised; then
-by the time furthest from all ranks' median), and that median; ``--all-ranks`` lists every
-rank.  ``--json`` and ``--csv`` hold every rank.
+by the time furthest from all ranks' median), and that median; one of more than 32 groups,
+the 16 with ops that raised or where ranks waited most.  ``--all`` lists every rank and
+group; ``--json`` and ``--csv`` hold them all.
 """
 
 from __future__ import annotations
@@ -21,17 +22,18 @@ import json
 import sys
 from typing import Any, NamedTuple
 
-from commscope.analysis.report import compute_report, median_row, unusual_ranks
+from commscope.analysis.report import compute_report, median_row, unusual_ranks, waited_groups
 from commscope.bench.stats import fmt_bytes, fmt_time
 from commscope.commands import options
 from commscope.redact import redact
 
 NONE = "—"  # no value: no timed op, or nothing to measure
 SEP = "  "
-#: A job of up to this many ranks lists every one; a wider one, the ``RANKS_SHOWN`` furthest
-#: from the rest (``analysis.report.unusual_ranks``) and their median, unless --all-ranks
-RANKS_WHOLE = 32
-RANKS_SHOWN = 16
+#: A job of up to this many ranks (groups) lists every one; a wider one, the ``SHOWN`` ranks
+#: furthest from the rest (``analysis.report.unusual_ranks``) and their median, the ``SHOWN``
+#: groups ranks waited in most (``waited_groups``), unless --all
+WHOLE = 32
+SHOWN = 16
 MEDIAN = "median"  # the key of the row of every rank's medians
 
 class Column(NamedTuple):
@@ -93,9 +95,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wide", action="store_true",
                    help="every column, however wide the terminal (default: the columns that fit)")
     p.add_argument("--top", type=int, default=10, help="call sites to list (default 10)")
-    p.add_argument("--all-ranks", action="store_true",
-                   help=f"list every rank (default: up to {RANKS_WHOLE} ranks every one, beyond that the "
-                        f"{RANKS_SHOWN} furthest from the rest)")
+    p.add_argument("--all", action="store_true",
+                   help=f"list every rank and group (default: up to {WHOLE} of each, every one; beyond that the "
+                        f"{SHOWN} ranks furthest from the rest and the {SHOWN} groups ranks waited in most)")
 
     options.add_since(p)
 
@@ -180,11 +182,11 @@ def _table_lines(title: str, heads: list[str], body: list[list[str]], left: set[
 
 
 def render(rep: dict[str, Any], description: str, world_size: int, warnings: list[str], con, *,
-           wide: bool = False, all_ranks: bool = False) -> None:
+           wide: bool = False, every: bool = False) -> None:
     """The report as tables on a rich console, fitted to its width (``wide``: every column).
     Cells are never cut: a table whose names alone are too wide runs past the width.  A job
-    of more than ``RANKS_WHOLE`` ranks lists those furthest from the rest and their median
-    (``all_ranks``: every rank)."""
+    of more than ``WHOLE`` ranks lists those furthest from the rest and their median, one of
+    more than ``WHOLE`` groups those ranks waited in most (``every``: every rank and group)."""
     from rich.text import Text
 
     width = con.width
@@ -209,14 +211,19 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
             out(ln)
 
     show("per op (collectives: per instance, true latency = last end - last begin)", "op", rep["ops"], _STAT_COLS)
-    show("per group", "group", rep["groups"], _STAT_COLS)
+    groups = rep["groups"]
+    if every or len(groups) <= WHOLE:
+        show("per group", "group", groups, _STAT_COLS)
+    else:
+        show(f"per group: the {SHOWN} of {len(groups):,} ranks waited in most (--all: every one)", "group",
+             {k: groups[k] for k in waited_groups(groups, SHOWN)}, _STAT_COLS)
     ranks = rep["ranks"]
-    if all_ranks or len(ranks) <= RANKS_WHOLE:
+    if every or len(ranks) <= WHOLE:
         show("per rank", "rank", ranks, _RANK_COLS)
     else:
-        shown = {k: ranks[k] for k in unusual_ranks(ranks, RANKS_SHOWN)} | {MEDIAN: median_row(ranks)}
-        show(f"per rank: the {RANKS_SHOWN} of {len(ranks):,} furthest from the rest (--all-ranks: every one)",
-             "rank", shown, _RANK_COLS)
+        shown = {k: ranks[k] for k in unusual_ranks(ranks, SHOWN)} | {MEDIAN: median_row(ranks)}
+        show(f"per rank: the {SHOWN} of {len(ranks):,} furthest from the rest (--all: every one)", "rank", shown,
+             _RANK_COLS)
     history = rep.get("history")
     if history:
         show("summarized history (retention deleted it; per op over all ranks, latency from its histograms)",
@@ -281,5 +288,5 @@ def main(args: argparse.Namespace) -> int:
             print(options.warning(w).plain, file=sys.stderr)
         return 0
     render(rep, redact(reader.description), model.world_size, warnings, options.stdout_console(), wide=args.wide,
-           all_ranks=args.all_ranks)
+           every=args.all)
     return 0
