@@ -144,7 +144,8 @@ RawEvent = TypedDict("RawEvent", {
     "ops": Annotated[list[SummaryOp], Meta(max_length=100_000)],
     # (the ops carried into the segment that it counts, apart from ``ops``: id, op, group,
     # in_bytes, out_bytes, failed, begin ns, done ns (0: not done); ``retention.Carried``)
-    "carried": Annotated[list[tuple[Count, Name, Name, Count, Count, bool, Count, Count]], Meta(max_length=100_000)],
+    # (a carry may hold that many ops in flight: a summary's line is at most a few bytes more an op)
+    "carried": Annotated[list[tuple[Count, Name, Name, Count, Count, bool, Count, Count]], Meta(max_length=1 << 22)],
     # (and what the segment lost: its damaged lines, its invalid events by reason, and in
     # ``entries`` and ``reason`` the lines its ``store_lost`` markers said the store lost)
     "damaged": Count, "invalid": Annotated[dict[Reason, Count], Meta(max_length=MAX_REASONS + 1)],

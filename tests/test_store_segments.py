@@ -508,7 +508,7 @@ def test_a_reader_of_events_jumping_over_deleted_segments_reads_no_begin_twice(t
 def _twenty_groups(root: Path, ops: int = 400) -> dict[tuple[str, str], list[int]]:
     """One rank's ``ops`` all_reduces over 20 groups in turn (each carry keeps the last one
     done of every group), 1-3 raising, in 4 KiB segments; per (op, group), the ops written:
-    count, in_bytes, failed, latency sum."""
+    count, in_bytes, failed, latency sum, latency max."""
     w = DirectoryWriter(root, "job", 0, {"world_size": 1}, segment_bytes=4 << 10, closer=False)
     w.write([meta()] + [orjson.dumps({"type": "group", "v": 3, "rank": 0, "ts": T0, "group": f"g{g}",
                                       "granks": [0]}) for g in range(20)])
@@ -521,84 +521,169 @@ def _twenty_groups(root: Path, ops: int = 400) -> dict[tuple[str, str], list[int
         if i % 97 == 0:
             end["exc"] = "RuntimeError: NCCL error"
         w.write([orjson.dumps(begin), orjson.dumps(end)])
-        row = written.setdefault(("all_reduce", group), [0, 0, 0, 0])
+        row = written.setdefault(("all_reduce", group), [0, 0, 0, 0, 0])
         for k, v in enumerate((1, 64 * i, i % 97 == 0, lat)):
             row[k] += v
+        row[4] = max(row[4], lat)
     w.close()
     return written
 
 
 def _said(events: list[dict]) -> dict[tuple[str, str], list[int]]:
     """Per (op, group), what ``events`` say of the ops (each begin read, and each op a
-    summary stands for): count, in_bytes, failed, latency sum; no begin read twice."""
+    summary stands for): count, in_bytes, failed, latency sum, latency max; no begin read
+    twice."""
     begins = {e["id"]: e for e in events if e["type"] == "op" and e["phase"] == "begin"}
     assert len(begins) == sum(e["type"] == "op" and e["phase"] == "begin" for e in events)
     ends = {e["id"]: e for e in events if e["type"] == "op" and e["phase"] == "end"}
     out: dict[tuple[str, str], list[int]] = {}
+
+    def add(key: tuple[str, str], count: int, in_bytes: int, failed: int, total: int, most: int) -> None:
+        row = out.setdefault(key, [0, 0, 0, 0, 0])
+        row[:4] = [a + b for a, b in zip(row[:4], (count, in_bytes, failed, total), strict=True)]
+        row[4] = max(row[4], most)
+
     for i, b in begins.items():
-        row = out.setdefault((b["op"], b["group"]), [0, 0, 0, 0])
-        for k, v in enumerate((1, b["in_bytes"], "exc" in ends[i], ends[i]["ts"] - b["ts"])):
-            row[k] += v
+        lat = ends[i]["ts"] - b["ts"]
+        add((b["op"], b["group"]), 1, b["in_bytes"], "exc" in ends[i], lat, lat)
     for e in events:
         if e["type"] == "summary":
-            assert "carried" not in e  # (a reader hands on what it counts)
             for op in e["ops"]:
-                row = out.setdefault((op["op"], op["group"]), [0, 0, 0, 0])
-                for k, v in enumerate((op["count"], op["in_bytes"], op["failed"], sum(m[2] for m in op["minutes"]))):
-                    row[k] += v
+                add((op["op"], op["group"]), op["count"], op["in_bytes"], op["failed"],
+                    sum(m[2] for m in op["minutes"]), max((m[3] for m in op["minutes"]), default=0))
                 assert op["count"] - op["unfinished"] == sum(m[1] for m in op["minutes"]) == sum(
                     c for m in op["minutes"] for _, c in m[4])
     return out
 
 
-@pytest.mark.parametrize("behind", ["jumped", "listed_before_the_deletion", "never_read"])
+def _retained_before(reader, job: Path, read) -> None:
+    """``reader``'s next read of a segment (``read``: a ``_read_segment``) finds it gone:
+    retention deleted all but the last 8 KiB of rank 0's stream just before (a segment
+    deleted between the reader's listing and its read)."""
+    def first_gone(stream, path, *a, **kw):
+        if stream == (0, 0) and not first_gone.done and path.name != "rank-00000.jsonl":
+            first_gone.done = True
+            assert _force(job, 8 << 10) >= 10
+        return read(stream, path, *a, **kw)
+
+    first_gone.done = False
+    reader._read_segment = first_gone
+
+
+@pytest.mark.parametrize("behind", ["jumped", "listed_before_the_deletion", "never_read", "moved_on_then_deleted",
+                                    "entered_then_deleted", "decided_before_its_jump", "window_start_deleted",
+                                    "read_by_a_worker"])
 def test_a_reader_jumping_over_deleted_segments_counts_each_op_once(tmp_path, behind):
     """Ops of a segment this reader read, still carried when retention deleted the segments
     after it (each group's last one done), are counted by the summary of the segment where
     they were carried no further: the reader that read them must not count them there again
-    (it counted 410 of 400 ops, and their bytes, failures and latencies with them).  Also
-    where it reads from a listing made before the deletion (it went on to the next segment
-    listed, also gone, without the carry), and where it read nothing before."""
+    (it counted 410 of 400 ops, and their bytes, failures and latencies with them), nor in
+    that of a segment it entered (or moved on to, or its window started at) and read none
+    of before it went (helper-59: 408-418 of 400), nor where its summaries are decided
+    before its jump (a budgeted poll spent on another rank), nor after a worker's first read.
+    Also where it reads from a listing made before the deletion (it went on to the next
+    segment listed, also gone, without the carry: 19 of 20 ops of a group), and where it
+    read nothing before.  A reader before the summaries listed their carried ops reads the
+    same counts from their rows, all but the latencies' max."""
+    from commscope.analysis.source import open_source
+    from commscope.store import directory
+    from commscope.store.bulkread import Job
+
+    job = tmp_path / "job"
     written = _twenty_groups(tmp_path)
-    reader = open_reader(tmp_path)
-    got = [] if behind == "never_read" else reader.poll(max_bytes=1)  # the first segment (64 KiB read at least)
-    stale = list_segments(tmp_path / "job")[(0, 0)]
-    assert _force(tmp_path / "job", 8 << 10) >= 10
+    if behind in ("window_start_deleted", "read_by_a_worker"):
+        _force(job, 1 << 30)  # (the carries written, nothing deleted)
+        start = list_segments(job)[(0, 0)][5]
+        reader = open_source(str(tmp_path), since=Since(at_ns=(start.start_s + 1) * S))
+    else:
+        reader = open_reader(tmp_path)
+    got: list[dict] = []
+    if behind == "decided_before_its_jump":
+        other = DirectoryWriter(tmp_path, "job", 1, {"world_size": 2}, segment_bytes=64 << 20, closer=False)
+        other.write([meta(1)] + [beat(1, k) for k in range(50)])
+    if behind in ("jumped", "listed_before_the_deletion", "moved_on_then_deleted", "decided_before_its_jump",
+                  "entered_then_deleted"):
+        got += reader.poll(max_bytes=1)  # the first segment (64 KiB read at least)
+    stale = list_segments(job)[(0, 0)]
+    if behind == "entered_then_deleted":  # (a first jump, to the oldest left; gone before it is read)
+        assert _force(job, 48 << 10) >= 3
+        _retained_before(reader, job, reader._read_segment)
+        got += reader.poll()
+    elif behind in ("moved_on_then_deleted", "decided_before_its_jump", "window_start_deleted"):
+        _retained_before(reader, job, reader._read_segment)
+        got += reader.poll(max_bytes=1 if behind == "window_start_deleted" else None)
+        if behind == "decided_before_its_jump":
+            other.write([beat(1, k) for k in range(50, 100)])
+            got += reader.poll(max_bytes=1)  # (rank 1's turn: rank 0's summaries are decided, it has not jumped)
+            assert [e for e in got if e["type"] == "summary"] and not reader._jumps
+    elif behind == "read_by_a_worker":  # (``directory.read_streams``, as a worker runs it, here)
+        read = directory.DirectoryReader._read_segment
+
+        def worker_reads(self, stream, path, *a, **kw):
+            directory.DirectoryReader._read_segment = read
+            self._read_segment = read.__get__(self)
+            _retained_before(self, job, self._read_segment)
+            return self._read_segment(stream, path, *a, **kw)
+
+        directory.DirectoryReader._read_segment = worker_reads
+        try:
+            done = directory.read_streams(Job(str(job), reader.since_ns, reader.streams()))
+        finally:
+            directory.DirectoryReader._read_segment = read
+        reader._adopt(done)
+        batch = done.received()
+        got += batch.events + [e for records in batch.ops for e in records.events()]
+    else:
+        assert _force(job, 8 << 10) >= 10
     if behind == "listed_before_the_deletion":
         assert reader._read_stream((0, 0), stale, None) == ([], 0)  # (waits for the listing to jump)
     got += reader.read_all()
-    said = _said(got)
-    assert said == written
+    assert not stale[9].path.exists()  # (retention ran, or the case was not set up)
+    if behind == "decided_before_its_jump":
+        other.close()
+        got = [e for e in got if e["rank"] == 0]
+    assert _said(got) == written
     assert sum(e["type"] == "summary" for e in got) >= 10 and reader.stats.summarized > 0
+    if behind == "never_read":  # (the rows as a reader before the lists reads them)
+        rows = [orjson.loads(line) for line in (job / "rank-00000.summary.jsonl").read_bytes().splitlines()]
+        assert any("carried" in e for e in rows)
+        old = _said([e for e in got if e["type"] != "summary"] + rows)
+        assert {k: v[:4] for k, v in old.items()} == {k: v[:4] for k, v in written.items()}
 
 
 def test_a_summary_lists_the_ops_carried_into_its_segment_and_a_reader_takes_out_those_it_read():
-    """``retention.counted``: the carried ops a reader read (ids up to what it read before
-    jumping) are not added to the summary's rows, the others are; a summary without the list
-    (written before it) is taken as it is; the list is read as untrusted as any line."""
+    """``retention.counted``: a summary's rows count the ops carried into its segment too
+    (a reader before the lists reads them as it did), but for their latencies in each
+    minute's max; the carried ops a reader read (ids up to what it read before jumping)
+    are taken out, the others' latencies put in the max.  A summary without the list is
+    taken as it is; the list is read as untrusted as any line, and taking out what the rows
+    do not hold leaves nothing below zero."""
     from commscope.events import decode_lines
 
     row = {"op": "all_reduce", "group": "g", "count": 1, "in_bytes": 8, "out_bytes": 8, "unfinished": 0,
            "failed": 0, "minutes": [[0, 1, 3000, 3000, [[1, 1]]]]}
-    summary = {"type": "summary", "v": 3, "rank": 0, "ts": T0, "seg": 4, "events": 9, "ops": [row],
+    cast = {"op": "broadcast", "group": "g", "count": 1, "in_bytes": 2, "out_bytes": 2, "unfinished": 1, "failed": 0,
+            "minutes": []}
+    # (as ``summarize`` writes it: op 7, carried in, done after 40 us and raising, in the rows
+    # but for the max; op 9, carried in, not done)
+    summary = {"type": "summary", "v": 3, "rank": 0, "ts": T0, "seg": 4, "events": 9,
+               "ops": [{**row, "count": 2, "in_bytes": 16, "out_bytes": 16, "failed": 1,
+                        "minutes": [[0, 2, 43000, 3000, [[1, 1], [5, 1]]]]}, cast],
                "carried": [[7, "all_reduce", "g", 8, 8, True, 10, 10 + 40_000], [9, "broadcast", "g", 2, 2, False, 10, 0]]}
     [read] = decode_lines(orjson.dumps(summary) + b"\n", 0).events  # (as a reader has it)
 
-    def ops(read_upto: int) -> list[dict]:
-        got = retention.counted(read, read_upto)
+    def ops(summary: dict, read_upto: int) -> list[dict]:
+        got = retention.counted(summary, read_upto)
         assert "carried" not in got
         return orjson.loads(orjson.dumps(got["ops"]))
 
-    assert ops(-1) == [
-        {**row, "count": 2, "in_bytes": 16, "out_bytes": 16, "failed": 1,
-         "minutes": [[0, 2, 43000, 40000, [[1, 1], [5, 1]]]]},
-        {"op": "broadcast", "group": "g", "count": 1, "in_bytes": 2, "out_bytes": 2, "unfinished": 1, "failed": 0,
-         "minutes": []}]
-    assert ops(7) == [row, {"op": "broadcast", "group": "g", "count": 1, "in_bytes": 2, "out_bytes": 2,
-                            "unfinished": 1, "failed": 0, "minutes": []}]
-    assert ops(9) == [row]
+    assert ops(read, -1) == [{**summary["ops"][0], "minutes": [[0, 2, 43000, 40000, [[1, 1], [5, 1]]]]}, cast]
+    assert ops(read, 7) == [row, cast]
+    assert ops(read, 9) == [row]
     older = {k: v for k, v in summary.items() if k != "carried"}
     assert retention.counted(older, read_upto=9) is older
+    stray = summary | {"carried": [[3, "gather", "h", 1, 1, False, 10, 20], [7, "all_reduce", "g", 80, 8, True, 10, 99]]}
+    assert ops(stray, 9) == [{**row, "in_bytes": 0, "minutes": [[0, 1, 43000 - 89, 3000, [[1, 1], [5, 1]]]]}, cast]
     for bad in ([-7, "all_reduce", "g", 8, 8, True, 10, 0], [7, "all_reduce", "g", 8, 8, True, 10],
                 [7, "all_reduce", "g", "8", 8, True, 10, 0], {"id": 7}):
         hostile = decode_lines(orjson.dumps(summary | {"carried": [bad]}) + b"\n", 0)

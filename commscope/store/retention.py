@@ -156,16 +156,21 @@ class Carried(NamedTuple):
     begin_ns: int
     done_ns: int  # 0: not done
 
+    @property
+    def latency(self) -> int:
+        return max(0, self.done_ns - self.begin_ns)
+
 
 class _Rows:
     """A summary's rows (per op and group: counts, bytes, failures and per minute a latency
-    histogram) as they are added up; ``rows`` writes them out as a summary holds them."""
+    histogram: ops, latency sum and max, ops per bucket) as they are added up; ``rows``
+    writes them out as a summary holds them."""
 
     def __init__(self, rows: Iterable[dict] = ()) -> None:
         self._per: dict[tuple[str, str], dict] = {}
-        for row in rows:  # (a summary's, to add more to: ``counted``)
+        for row in rows:  # (a summary's, to take ops out of: ``counted``)
             mine = self._row(str(row.get("op", "?")), str(row.get("group", "?")))
-            for k in ("count", "in_bytes", "out_bytes", "unfinished", "failed"):
+            for k in _COUNTS:
                 mine[k] += int(row.get(k) or 0)
             for minute, n, total, most, buckets in row.get("minutes") or ():
                 cell = self._cell(mine, minute // MINUTE_NS)
@@ -178,36 +183,46 @@ class _Rows:
     def _row(self, op: str, group: str) -> dict:
         row = self._per.get((op, group))
         if row is None:
-            row = self._per[(op, group)] = {"op": op, "group": group, "count": 0, "in_bytes": 0, "out_bytes": 0,
-                                            "unfinished": 0, "failed": 0, "minutes": {}}
+            row = self._per[(op, group)] = {"op": op, "group": group, **dict.fromkeys(_COUNTS, 0), "minutes": {}}
         return row
 
     @staticmethod
     def _cell(row: dict, minute: int) -> list:
         return row["minutes"].setdefault(minute, [0, 0, 0, Counter()])
 
-    def add(self, op: Carried) -> None:
-        """One op: its begin's op, group and bytes, whether it raised, when it began and was
-        done (0: not done, no latency)."""
+    def add(self, op: Carried, sign: int = 1, top: bool = True) -> None:
+        """One op (``sign`` -1: taken out): its begin's op, group and bytes, whether it
+        raised, when it began and was done (0: not done, no latency).  ``top``: its latency
+        counts in its minute's max (a max cannot be taken out again: a summary's rows leave
+        out of it the ops carried into its segment, ``top_of`` puts in those a reader adds)."""
         row = self._row(op.op, op.group)
-        row["count"] += 1
-        row["in_bytes"] += op.in_bytes
-        row["out_bytes"] += op.out_bytes
-        row["failed"] += op.failed
-        if not op.done_ns:
-            row["unfinished"] += 1
-            return
-        lat = max(0, op.done_ns - op.begin_ns)
-        cell = self._cell(row, op.begin_ns // MINUTE_NS)
-        cell[0] += 1
-        cell[1] += lat
-        cell[2] = max(cell[2], lat)
-        cell[3][bucket_of(lat)] += 1
+        for k, v in zip(_COUNTS, (1, op.in_bytes, op.out_bytes, not op.done_ns, op.failed), strict=True):
+            row[k] = max(0, row[k] + sign * v)
+        if op.done_ns:
+            lat = op.latency
+            cell = self._cell(row, op.begin_ns // MINUTE_NS)
+            cell[0] = max(0, cell[0] + sign)
+            cell[1] = max(0, cell[1] + sign * lat)
+            if top and sign > 0:
+                cell[2] = max(cell[2], lat)
+            b = bucket_of(lat)
+            cell[3][b] = max(0, cell[3][b] + sign)
+
+    def top_of(self, op: Carried) -> None:
+        """``op``'s latency in its minute's max (an op the rows count, left out of it)."""
+        if op.done_ns:
+            cell = self._cell(self._row(op.op, op.group), op.begin_ns // MINUTE_NS)
+            cell[2] = max(cell[2], op.latency)
 
     def rows(self) -> list[dict]:
         return [{**{k: v for k, v in row.items() if k != "minutes"},
-                 "minutes": [[mi * MINUTE_NS, c[0], c[1], c[2], sorted(c[3].items())]
-                             for mi, c in sorted(row["minutes"].items())]} for row in self._per.values()]
+                 "minutes": [[mi * MINUTE_NS, c[0], c[1], c[2], sorted((b, n) for b, n in c[3].items() if n)]
+                             for mi, c in sorted(row["minutes"].items()) if c[0]]}
+                for row in self._per.values() if row["count"]]
+
+
+#: A summary row's counts, in the order ``_Rows.add`` adds an op to them
+_COUNTS = ("count", "in_bytes", "out_bytes", "unfinished", "failed")
 
 
 def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> dict:
@@ -217,9 +232,11 @@ def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> di
     stands for are those carried into it (``carried_in``: the previous segment's carry) or
     begun in it, but those carried on out of it (its own carry, which a reader after it
     reads as ops: ``Replayed.carried_out``), so each op is counted once: in one summary, or
-    in what is read.  Those carried into it are listed apart (``carried``), not in its
-    rows: a reader that read them before retention deleted the segments under it has
-    counted them already, the others add them (``counted``)."""
+    in what is read.  Those carried into it are also listed (``carried``): a reader that
+    read them before retention deleted the segments under it has counted them already, and
+    takes them out (``counted``).  Their latencies are left out of the rows' per-minute
+    max, which could not be taken out again; a reader puts back those it does not take
+    out, and one before these lists reads the rows as before, all but those maxima."""
     data = inflight.read_segment(path)
     got = inflight.replay(carried_in, data, rank)
     carried_out = set(got.carried_out())
@@ -230,10 +247,10 @@ def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> di
         op = Carried(op_id, str(b.get("op", "?")), str(b.get("group", "?")), int(b.get("in_bytes") or 0),
                      int(b.get("out_bytes") or 0), op_id in got.failed, b["ts"], got.done.get(op_id, 0))
         stamps.append(op.begin_ns)
-        if op_id in got.carried_in:
+        into = op_id in got.carried_in
+        rows.add(op, top=not into)
+        if into:
             carried.append(list(op))
-        else:
-            rows.add(op)
     first, last = (min(stamps), max(stamps)) if stamps else (0, 0)
     return {"type": "summary", "v": SCHEMA_VERSION, "rank": rank, "ts": last, "seg": number, "first_ns": first,
             "last_ns": last, "events": got.events, "size": len(data), "ops": rows.rows(),
@@ -242,18 +259,20 @@ def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> di
 
 def counted(summary: dict, read_upto: int = -1) -> dict:
     """A summary as a reader counts it: the ops carried into its segment (``carried``) that
-    the reader has not read added to its rows, those it read (ids up to ``read_upto``: it
-    read the stream that far before jumping over the deleted segment) left out, so no op is
-    counted twice; the summary as it was where it lists none (a summary before these lists
-    counts them in its rows)."""
+    the reader read before it jumped over the segment (ids up to ``read_upto``) taken out
+    of its rows, the others' latencies put in their minutes' max, so no op is counted twice
+    and every figure is the ops' it stands for; the summary as it was where it lists none
+    (one written before these lists counts them in its rows, max included)."""
     carried = summary.get("carried")
     if not carried:
         return summary
     rows = _Rows(summary.get("ops") or ())
     for entry in carried:
         op = Carried(*entry)
-        if op.id > read_upto:
-            rows.add(op)
+        if op.id <= read_upto:
+            rows.add(op, sign=-1)
+        else:
+            rows.top_of(op)
     return {k: v for k, v in summary.items() if k != "carried"} | {"ops": rows.rows()}
 
 
