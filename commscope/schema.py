@@ -142,9 +142,9 @@ RawEvent = TypedDict("RawEvent", {
     # its first and last timestamps, how many events and bytes it held, per op and group
     "seg": Count, "first_ns": Count, "last_ns": Count, "events": Count, "size": Count,
     "ops": Annotated[list[SummaryOp], Meta(max_length=100_000)],
-    # (the ops carried into the segment that it counts, apart from ``ops``: id, op, group,
-    # in_bytes, out_bytes, failed, begin ns, done ns (0: not done); ``retention.Carried``)
-    # (a carry may hold that many ops in flight: a summary's line is at most a few bytes more an op)
+    # (the ops carried into the segment that it counts, listed too: id, op, group, in_bytes,
+    # out_bytes, failed, begin ns, done ns (0: not done); ``retention.Carried``.  A carry
+    # may hold millions of ops in flight: the bound is the line's own size, a few bytes an op)
     "carried": Annotated[list[tuple[Count, Name, Name, Count, Count, bool, Count, Count]], Meta(max_length=1 << 22)],
     # (and what the segment lost: its damaged lines, its invalid events by reason, and in
     # ``entries`` and ``reason`` the lines its ``store_lost`` markers said the store lost)

@@ -806,9 +806,10 @@ class DirectoryReader(TraceReader):
     def _read_before(self, stream: Stream, seg: int) -> int:
         """The highest op id of ``stream`` this reader read before the deleted segment ``seg``
         (-1: none), which it read none of: it jumped over the segment or left it unread (or
-        will, reading the stream up to it), with the ids up to the one it had read then read.  A stream's
-        ops are read in the order of their ids, and an op carried into ``seg`` was carried
-        from every segment since its begin, the carry the reader started with included."""
+        will, having read the stream up to it), with every id up to the one it had read then
+        read.  A stream's ops are read in the order of their ids, and an op carried into
+        ``seg`` was carried from every segment since its begin, the carry the reader started
+        with included."""
         for jump in self._jumps.get(stream, ()):
             if jump.left <= seg < jump.entered:  # (the one it left too: none of it was read)
                 return jump.after_id
