@@ -505,19 +505,22 @@ def test_a_reader_of_events_jumping_over_deleted_segments_reads_no_begin_twice(t
     assert [e["phase"] for e in got if e["type"] == "op"] == ["begin", "end"]
 
 
-def _twenty_groups(root: Path, ops: int = 400) -> dict[tuple[str, str], list[int]]:
+def _twenty_groups(root: Path, ops: int = 400, swapped: bool = False) -> dict[tuple[str, str], list[int]]:
     """One rank's ``ops`` all_reduces over 20 groups in turn (each carry keeps the last one
     done of every group), 1-3 raising, in 4 KiB segments; per (op, group), the ops written:
-    count, in_bytes, failed, latency sum, latency max."""
+    count, in_bytes, failed, latency sum, latency max.  ``swapped``: ids in pairs the other
+    way round (2, 1, 4, 3, ...: two threads' begins reach the stream in the other order than
+    they took their ids)."""
     w = DirectoryWriter(root, "job", 0, {"world_size": 1}, segment_bytes=4 << 10, closer=False)
     w.write([meta()] + [orjson.dumps({"type": "group", "v": 3, "rank": 0, "ts": T0, "group": f"g{g}",
                                       "granks": [0]}) for g in range(20)])
     written: dict[tuple[str, str], list[int]] = {}
     for i in range(1, ops + 1):
         group, lat = f"g{i % 20}", 1000 * (1 + i % 7)
-        begin = {"type": "op", "ts": T0 + i * S, "v": 3, "rank": 0, "phase": "begin", "id": i, "op": "all_reduce",
-                 "group": group, "seq": i // 20, "tid": 1, "in_bytes": 64 * i}
-        end = {"type": "op", "ts": T0 + i * S + lat, "v": 3, "rank": 0, "phase": "end", "id": i}
+        op_id = i + (1 if i % 2 else -1) if swapped else i
+        begin = {"type": "op", "ts": T0 + i * S, "v": 3, "rank": 0, "phase": "begin", "id": op_id,
+                 "op": "all_reduce", "group": group, "seq": i // 20, "tid": 1 + swapped * (i % 2), "in_bytes": 64 * i}
+        end = {"type": "op", "ts": T0 + i * S + lat, "v": 3, "rank": 0, "phase": "end", "id": op_id}
         if i % 97 == 0:
             end["exc"] = "RuntimeError: NCCL error"
         w.write([orjson.dumps(begin), orjson.dumps(end)])
@@ -570,9 +573,9 @@ def _retained_before(reader, job: Path, read) -> None:
     reader._read_segment = first_gone
 
 
-@pytest.mark.parametrize("behind", ["jumped", "listed_before_the_deletion", "never_read", "moved_on_then_deleted",
-                                    "entered_then_deleted", "decided_before_its_jump", "window_start_deleted",
-                                    "read_by_a_worker"])
+@pytest.mark.parametrize("behind", ["jumped", "jumped, ids out of order", "listed_before_the_deletion", "never_read",
+                                    "moved_on_then_deleted", "entered_then_deleted", "decided_before_its_jump",
+                                    "window_start_deleted", "read_by_a_worker"])
 def test_a_reader_jumping_over_deleted_segments_counts_each_op_once(tmp_path, behind):
     """Ops of a segment this reader read, still carried when retention deleted the segments
     after it (each group's last one done), are counted by the summary of the segment where
@@ -580,7 +583,9 @@ def test_a_reader_jumping_over_deleted_segments_counts_each_op_once(tmp_path, be
     (it counted 410 of 400 ops, and their bytes, failures and latencies with them), nor in
     that of a segment it entered (or moved on to, or its window started at) and read none
     of before it went (helper-59: 408-418 of 400), nor where its summaries are decided
-    before its jump (a budgeted poll spent on another rank), nor after a worker's first read.
+    before its jump (a budgeted poll spent on another rank), nor after a worker's first read,
+    nor where two threads' begins reached the stream in the other order than their ids (it
+    took the last begun's id for the highest read: 401 of 400).
     Also where it reads from a listing made before the deletion (it went on to the next
     segment listed, also gone, without the carry: 19 of 20 ops of a group), and where it
     read nothing before.  A reader before the summaries listed their carried ops reads the
@@ -590,7 +595,7 @@ def test_a_reader_jumping_over_deleted_segments_counts_each_op_once(tmp_path, be
     from commscope.store.bulkread import Job
 
     job = tmp_path / "job"
-    written = _twenty_groups(tmp_path)
+    written = _twenty_groups(tmp_path, swapped="out of order" in behind)
     if behind in ("window_start_deleted", "read_by_a_worker"):
         _force(job, 1 << 30)  # (the carries written, nothing deleted)
         start = list_segments(job)[(0, 0)][5]
@@ -601,8 +606,8 @@ def test_a_reader_jumping_over_deleted_segments_counts_each_op_once(tmp_path, be
     if behind == "decided_before_its_jump":
         other = DirectoryWriter(tmp_path, "job", 1, {"world_size": 2}, segment_bytes=64 << 20, closer=False)
         other.write([meta(1)] + [beat(1, k) for k in range(50)])
-    if behind in ("jumped", "listed_before_the_deletion", "moved_on_then_deleted", "decided_before_its_jump",
-                  "entered_then_deleted"):
+    if behind.startswith("jumped") or behind in ("listed_before_the_deletion", "moved_on_then_deleted",
+                                                 "decided_before_its_jump", "entered_then_deleted"):
         got += reader.poll(max_bytes=1)  # the first segment (64 KiB read at least)
     stale = list_segments(job)[(0, 0)]
     if behind == "entered_then_deleted":  # (a first jump, to the oldest left; gone before it is read)

@@ -903,12 +903,10 @@ class AsOf:
 
 
 def _last_begin(events: list[Event]) -> int:
-    """The id of the last op begun among a stream's ``events`` (-1: none): the highest, as
-    ids grow within a stream."""
-    for e in reversed(events):
-        if e["type"] == "op" and e["phase"] == "begin":
-            return e["id"]
-    return -1
+    """The highest id of an op begun among a stream's ``events`` (-1: none).  Not the last
+    begun's: ids grow within a stream as the ops began, but two threads' begins may reach it
+    in the other order (an id is taken a moment before its begin is queued)."""
+    return max((e["id"] for e in events if e["type"] == "op" and e["phase"] == "begin"), default=-1)
 
 
 def decode_entries(values: Sequence[bytes], rank: int) -> Decoded:
