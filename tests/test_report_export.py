@@ -530,3 +530,34 @@ def test_a_job_of_many_groups_lists_those_its_ranks_waited_in_most(tmp_path, cap
     assert sorted(ln.split()[0] for ln in every[at + 3:at + 43]) == sorted(f"pp{g}" for g in range(40))
     rows = {str(g): {"failed": int(g == 3), "wait_s": g / 10} for g in range(40)}
     assert waited_groups(rows, 4) == ["3", "39", "38", "37"]
+
+
+def test_export_of_a_part_of_a_wide_job(tmp_path, capsys):
+    """``export --ranks culprits,0-3``: those ranks' processes only, the finding marked on
+    its culprit, the metadata saying which were exported; a choice the trace has none of, or
+    that cannot be read, is a clear error (exit 2)."""
+    from commscope.bench.synthstore import JobShape
+    from commscope.bench.synthstore import write_store as write_job
+
+    store = str(tmp_path / "s")
+    write_job(store, JobShape(48, 40, fault="missing", hang_after=2.0))
+    out = tmp_path / "t.json"
+    assert cli(["export", store, "--chrome", str(out), "--ranks", "culprits,0-3"]) == 0
+    assert "5 ranks of 48" in capsys.readouterr().err
+    data = json.loads(out.read_text())
+    validate_chrome(data)
+    assert {e["pid"] for e in data["traceEvents"]} == {0, 1, 2, 3, 25}
+    assert [e["pid"] for e in data["traceEvents"] if e.get("cat") == "finding"] == [25]
+    assert data["metadata"]["ranks"] == 48 and data["metadata"]["ranks_exported"] == "0-3,25"
+    assert cli(["export", store, "--chrome", str(out)]) == 0
+    assert {e["pid"] for e in json.loads(out.read_text())["traceEvents"]} == set(range(48))
+    assert cli(["export", store, "--chrome", str(out), "--ranks", "100-120"]) == 2
+    assert "none of the ranks asked for is in the trace (it has 48: 0-47)" in capsys.readouterr().err
+    for bad, says in (("3-1", "a range goes up from its first rank to its last"), ("x", "not a rank, a range")):
+        with pytest.raises(SystemExit) as exit_:
+            cli(["export", store, "--chrome", str(out), "--ranks", bad])
+        assert exit_.value.code == 2 and says in capsys.readouterr().err
+    healthy = str(tmp_path / "h")
+    write_job(healthy, JobShape(4, 20, fault="healthy"))
+    assert cli(["export", healthy, "--chrome", str(out), "--ranks", "culprits"]) == 2
+    assert "no finding blames a rank" in capsys.readouterr().err

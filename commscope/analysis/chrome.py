@@ -12,7 +12,7 @@ properly as both viewers require.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any, Protocol
 
 import numpy as np
@@ -22,6 +22,7 @@ from commscope.analysis.bandwidth import op_busbw
 from commscope.analysis.errors import first_line
 from commscope.analysis.findings import LISTED_RANKS, Finding, ranks_text
 from commscope.analysis.model import ASYNC, P2P, SPACE_FR, TraceModel
+from commscope.analysis.ranks import ranges
 
 
 def _us(ns: int, t0: int) -> float:
@@ -35,12 +36,15 @@ def _track_name(model: TraceModel, sig) -> str:
 
 
 def chrome_events(model: TraceModel, findings: list[Finding] | None = None,
-                  now: int | None = None) -> Iterator[dict[str, Any]]:
-    """The trace's events, a rank's at a time (``write_chrome`` writes them as they come)."""
+                  now: int | None = None, ranks: Collection[int] | None = None) -> Iterator[dict[str, Any]]:
+    """The trace's events, a rank's at a time (``write_chrome`` writes them as they come);
+    ``ranks``: only those ranks' (None: every rank's)."""
     t0 = model.start_ns
     t_end = now if now is not None else model.end_ns
     instances: dict[tuple, tuple[int, int | None]] = {}  # (op_busbw's: each instance walked once)
     for r in model.rank_ids():
+        if ranks is not None and r not in ranks:
+            continue
         rt = model.ranks[r]
         host = (rt.meta or {}).get("host")
         yield {"ph": "M", "name": "process_name", "pid": r, "tid": 0,
@@ -133,13 +137,19 @@ def chrome_events(model: TraceModel, findings: list[Finding] | None = None,
         if f.evidence.get("consequences"):
             args["consequences"] = [c["message"] for c in f.evidence["consequences"][:10]]
         for r in sorted(set(f.culprits) or set(f.ranks)):
+            if ranks is not None and r not in ranks:
+                continue
             yield {"ph": "i", "s": "p", "name": f"{f.severity}: {f.kind}", "cat": "finding", "pid": r,
                    "tid": 0, "ts": ts, "args": args}
 
 
-def chrome_metadata(model: TraceModel, now: int | None = None) -> dict[str, Any]:
+def chrome_metadata(model: TraceModel, now: int | None = None, ranks: Collection[int] | None = None
+                    ) -> dict[str, Any]:
+    """The trace's metadata: its span, its ranks, and (``ranks``) those exported, as ranges."""
+    shown = {} if ranks is None else {"ranks_exported": ranges(sorted(r for r in ranks if r in model.ranks),
+                                                               limit=None)}
     return {"source": "commscope", "start_ns": model.start_ns, "end_ns": now if now is not None else model.end_ns,
-            "ranks": len(model.ranks)}
+            "ranks": len(model.ranks), **shown}
 
 
 def chrome_trace(model: TraceModel, findings: list[Finding] | None = None, now: int | None = None) -> dict[str, Any]:
@@ -159,15 +169,15 @@ class Sink(Protocol):
 
 
 def write_chrome(out: Sink, model: TraceModel, findings: list[Finding] | None = None, now: int | None = None,
-                 metadata: dict[str, Any] | None = None) -> int:
+                 metadata: dict[str, Any] | None = None, ranks: Collection[int] | None = None) -> int:
     """Write the trace to ``out`` as ``chrome_trace`` would give it (the same object, as JSON),
     its events serialized a few thousand at a time as they come: memory a rank's events, not
     the whole trace's (a 4,096-rank job's 1.9 M events took 4.2 GiB as one object).  Returns
-    the events written."""
+    the events written.  ``ranks``: only those ranks (None: every rank)."""
     out.write(b'{"traceEvents":[')
     n = 0
     pending: list[bytes] = []
-    for e in chrome_events(model, findings, now):
+    for e in chrome_events(model, findings, now, ranks):
         try:
             pending.append(orjson.dumps(e))
         except orjson.JSONEncodeError:  # (text orjson refuses, a lone surrogate from a dump: escaped)
@@ -179,6 +189,6 @@ def write_chrome(out: Sink, model: TraceModel, findings: list[Finding] | None = 
     if pending:
         out.write((b"," if n else b"") + b",".join(pending))
         n += len(pending)
-    meta = {**chrome_metadata(model, now), **(metadata or {})}
+    meta = {**chrome_metadata(model, now, ranks), **(metadata or {})}
     out.write(b'],"displayTimeUnit":"ms","metadata":' + orjson.dumps(meta) + b"}")
     return n

@@ -3,6 +3,13 @@
 Open the file in https://ui.perfetto.dev or chrome://tracing: one process per rank,
 one track per group plus one for p2p, op spans with their args, findings as instant
 events, GPU/CPU counters.
+
+    commscope export runs/trace --chrome trace.json
+    commscope export runs/trace --chrome trace.json --ranks culprits,0-7
+
+A viewer holds the whole file in memory, ~200 bytes an op: a job of thousands of ranks is
+exported more usefully in part, ``--ranks`` the culprits the findings name and a few ranks
+to compare them with.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import IO
 
 from commscope.analysis.chrome import write_chrome
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+from commscope.analysis.ranks import ranges
 from commscope.commands import options
 
 
@@ -26,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chrome", metavar="FILE", required=True, help="write Chrome trace JSON here ('-' = stdout); a new file is readable by you alone")
     p.add_argument("--hang-after", type=options.seconds, default=None, metavar="SECONDS",
                    help="for the findings marked in the trace")
+    p.add_argument("--ranks", type=options.ranks, default=None, metavar="RANKS",
+                   help="export only these ranks: ranks and ranges, comma-separated (0-7,2049), and "
+                        "'culprits' for the ranks the findings blame (default: every rank)")
     options.add_since(p)
 
 
@@ -43,21 +54,29 @@ def main(args: argparse.Namespace) -> int:
     hang = args.hang_after if args.hang_after is not None else default_hang_after(model)
     findings = diagnose(model, now, hang, wall_ns=time.time_ns())
     skipped = {"skipped": read_summary(reader.stats)}
+    ranks = None
+    if args.ranks is not None:
+        ranks = args.ranks.of(r for f in findings for r in f.culprits)
+        if not ranks & set(model.ranks):
+            raise UsageError(f"none of the ranks asked for is in the trace (it has {len(model.ranks):,}: "
+                             f"{ranges(sorted(model.ranks), limit=6) or 'none'})"
+                             + ("; no finding blames a rank" if args.ranks.culprits else ""))
     if args.chrome == "-":
         sys.stdout.flush()
         out = getattr(sys.stdout, "buffer", None) or _Text(sys.stdout)
-        write_chrome(out, model, findings, now, skipped)
+        write_chrome(out, model, findings, now, skipped, ranks)
         out.write(b"\n")
         sys.stdout.flush()
         return 0
     try:
-        n = _write_file(args.chrome, lambda f: write_chrome(f, model, findings, now, skipped))
+        n = _write_file(args.chrome, lambda f: write_chrome(f, model, findings, now, skipped, ranks))
     except OSError as exc:
         raise UsageError(f"cannot write {args.chrome}: {exc.strerror or exc}") from None
     for w in warnings:
         print(options.warning(w).plain, file=sys.stderr)
-    print(f"wrote {args.chrome}: {n:,} trace events, {len(model.ranks)} ranks, "
-          f"{len(findings)} finding(s)", file=sys.stderr)
+    shown = len(model.ranks) if ranks is None else len(ranks & set(model.ranks))
+    print(f"wrote {args.chrome}: {n:,} trace events, {shown:,} ranks" + (f" of {len(model.ranks):,}" if ranks is not None
+          else "") + f", {len(findings)} finding(s)", file=sys.stderr)
     return 0
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, NamedTuple
 
 from commscope.errors import UsageError
-from commscope.schema import MAX_SECONDS
+from commscope.schema import MAX_RANK, MAX_SECONDS
 from commscope.visible import visible
 from commscope.window import Since, parse_since
 
@@ -33,6 +34,44 @@ def seconds(text: str) -> float:
     if not 0 <= value <= MAX_SECONDS:  # (nan is neither)
         raise argparse.ArgumentTypeError(f"seconds from 0 to {MAX_SECONDS:g}, not {text!r}")
     return value
+
+
+class Ranks(NamedTuple):
+    """A ``--ranks`` choice: these ranks, and (``culprits``) those the findings blame."""
+
+    ranks: frozenset[int]
+    culprits: bool
+
+    def of(self, culprits: Iterable[int]) -> set[int]:
+        """The ranks chosen, once the findings' culprits are known."""
+        return set(self.ranks) | (set(culprits) if self.culprits else set())
+
+
+#: The word ``--ranks`` takes for the ranks the findings blame
+CULPRITS = "culprits"
+
+
+def ranks(text: str) -> Ranks:
+    """An argparse type: ranks and ranges of ranks, comma-separated (``0-7,2049``), and the
+    word ``culprits``: the ranks the findings blame."""
+    out: set[int] = set()
+    culprits = False
+    for part in (p.strip() for p in text.split(",")):
+        if part == CULPRITS:
+            culprits = True
+            continue
+        lo, dash, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi if dash else lo)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a rank, a range of ranks (0-7) or {CULPRITS!r}: {part!r}") from None
+        if not 0 <= first <= last <= MAX_RANK:
+            raise argparse.ArgumentTypeError(f"a range goes up from its first rank to its last (0-7), ranks 0 to "
+                                             f"{MAX_RANK:,}: {part!r}")
+        if last - first >= 1 << 20:
+            raise argparse.ArgumentTypeError(f"at most {1 << 20:,} ranks a range: {part!r}")
+        out.update(range(first, last + 1))
+    return Ranks(frozenset(out), culprits)
 
 
 def warning(text: str) -> Text:
