@@ -16,6 +16,7 @@ import bisect
 import itertools
 import warnings
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -68,10 +69,18 @@ def _end_of(model: TraceModel, r: int) -> str:
     return ending(model, r, model.end_ns) or "running"
 
 
+def _group_key(s: Any) -> str:
+    """The row of the per-group table an op counts in: its group's, its p2p ops apart, and
+    Flight Recorder's ops apart from the recorder's."""
+    return s.group + (" (p2p)" if s.flags & P2P else " (fr)" if s.space == SPACE_FR else "")
+
+
 def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
     by_op: dict[str, _Acc] = defaultdict(_Acc)
     by_group: dict[str, _Acc] = defaultdict(_Acc)
     by_rank: dict[int, _Acc] = defaultdict(_Acc)
+    for r in model.ranks:  # (every rank a row: one that ran no op too)
+        by_rank[r] = _Acc()
     site_wait: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # site -> [wait ns, count]
     incomplete = 0
     # collectives, per complete instance
@@ -140,7 +149,7 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
             s = model.sigs[code]
             v = int(wait_ns[sig[aw] == code].sum())
             by_op[s.op].async_wait += v
-            by_group[s.group + (" (fr)" if s.space == SPACE_FR else "")].async_wait += v
+            by_group[_group_key(s)].async_wait += v
             site_wait[s.where()][0] += v
             site_wait[s.where()][1] += int((sig[aw] == code).sum())
         p2p = top & (comp > 0) & ((flags & P2P) != 0)
@@ -150,7 +159,7 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
                 m = p2p & (sig == code)
                 d = (comp - begin)[m & ~unt].astype(np.float64)
                 S = sig_size(s)
-                for a in (by_op[s.op], by_group[s.group + " (p2p)"]):
+                for a in (by_op[s.op], by_group[_group_key(s)]):
                     a.count += int(m.sum())
                     a.untimed += int((m & unt).sum())
                     a.bytes += S * int(m.sum())
@@ -164,7 +173,7 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
         if s.nested:
             continue
         by_op[s.op].failed += 1
-        by_group[s.group + (" (p2p)" if s.flags & P2P else " (fr)" if s.space == SPACE_FR else "")].failed += 1
+        by_group[_group_key(s)].failed += 1
         by_rank[r].failed += 1
     ranks_rows = {}
     for r in sorted(by_rank):
@@ -189,49 +198,74 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
 
 
 #: The measures of a rank's row that ``unusual_ranks`` compares with every other rank's:
-#: those a rank shares with many others where they do the same (its ending, its counts), and
-#: times, which no two ranks share
+#: those most ranks share where they do the same (its ending, its counts), and times, which
+#: no two ranks share
 RANK_KINDS = ("end", "count", "bytes", "failed", "untimed")
 RANK_TIMES = ("busy_s", "latency_p50_s", "latency_p99_s", "wait_s", "async_wait_s")
 RANK_MEASURES = RANK_KINDS[1:] + RANK_TIMES
+#: A value of a rank's ending or counts is odd where most ranks share another and at most
+#: this share of them (at least one rank) has it: stages of a pipeline that run fewer ops
+#: are not, a rank that died or ran an op fewer among thousands is
+ODD_SHARE = 0.05
+#: The least spread a time is measured in (s): a few microseconds of async wait on ranks
+#: that mostly wait none are not far from the rest
+TIME_FLOOR_S = 1e-4
 
 
-def unusual_ranks(ranks: dict[str, dict[str, Any]], n: int) -> list[str]:
-    """The ``n`` ranks (keys of ``ranks``, ``compute_report``'s rows) furthest from the rest,
-    the furthest first: the rarest first by their ending and counts (a rank that died, or
-    ran one op fewer or raised, where thousands did alike: the console's "rarest behaviour
-    first"), then by how far their furthest time lies from all ranks' median, in robust
-    deviations (1.4826 median absolute deviations, at least a hundredth of the median), ties
-    in rank order.  Among 16,384 rows, the few that matter."""
+def _most_common(values: list) -> Any:
+    """The value most of ``values`` have, the first in sorted order on a tie (the same in
+    every run: a set's order is not)."""
+    seen = Counter(values)
+    return min(seen, key=lambda v: (-seen[v], str(v)))
+
+
+def unusual_ranks(ranks: dict[str, dict[str, Any]], n: int, first: Sequence[str] = ()) -> list[str]:
+    """The ``n`` ranks (keys of ``ranks``, ``compute_report``'s rows) that matter most, in
+    that order: ``first`` (the findings' culprits), then those whose ending or a count is
+    odd (a value most ranks do not share, held by at most ``ODD_SHARE`` of them: a rank that
+    died where the others run, or ran an op fewer, or raised; the rarest first, as the
+    console's "rarest behaviour first"), then by how far their furthest time lies from all
+    ranks' median, in robust deviations (1.4826 median absolute deviations, at least a
+    hundredth of the median and ``TIME_FLOOR_S``); ties in rank order.  Among 16,384 rows,
+    the few that matter.  What the rows cannot tell apart (a rank that ran another op than
+    the rest) only the findings can: hence ``first``."""
     keys = list(ranks)
+    pinned = [k for k in dict.fromkeys(first) if k in ranks][:n]
     if len(keys) <= n:
-        return keys
+        return pinned + [k for k in keys if k not in pinned]
+    limit = max(1, int(ODD_SHARE * len(keys)))
     rare = np.full(len(keys), len(keys))
     for m in RANK_KINDS:
         values = [ranks[k].get(m) for k in keys]
         seen = Counter(values)
-        rare = np.minimum(rare, [seen[v] for v in values])
+        usual = _most_common(values)
+        if seen[usual] * 2 < len(keys):
+            continue  # (most ranks differ here anyway: uneven splits)
+        rare = np.minimum(rare, [len(keys) if v == usual or seen[v] > limit else seen[v] for v in values])
     x = np.array([[np.nan if (v := ranks[k].get(m)) is None else float(v) for m in RANK_TIMES] for k in keys])
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # (a time no rank has: all NaN)
         med = np.nanmedian(x, axis=0)
         mad = np.nanmedian(np.abs(x - med), axis=0)
-        scale = np.maximum(np.nan_to_num(np.maximum(1.4826 * mad, 0.01 * np.abs(med))), 1e-12)
+        scale = np.maximum(np.nan_to_num(np.maximum(1.4826 * mad, 0.01 * np.abs(med))), TIME_FLOOR_S)
         far = np.nan_to_num(np.abs(x - med) / scale).max(axis=1)
     order = sorted(range(len(keys)), key=lambda i: (rare[i], -far[i], i))
-    return [keys[i] for i in order[:n]]
+    return pinned + [keys[i] for i in order if keys[i] not in pinned][:n - len(pinned)]
 
 
-def waited_groups(groups: dict[str, dict[str, Any]], n: int) -> list[str]:
+def waited_groups(groups: dict[str, dict[str, Any]], n: int, first: Sequence[str] = ()) -> list[str]:
     """The ``n`` groups (keys of ``groups``, ``compute_report``'s rows) that matter most, in
-    that order: those with ops that raised, then by the time their ranks waited in them,
-    then by their order.  A job of 16,384 ranks in 3D parallelism has thousands of groups
-    (a tensor-parallel group a host, a pipeline pair a stage); the few where time goes are
-    what a table of them is for."""
+    that order: ``first`` (the findings'), then those with ops that raised, then by the
+    time their ranks waited in them (for the others, and on async ops), then by their
+    order.  A job of 16,384 ranks in 3D parallelism has thousands of groups (a
+    tensor-parallel group a host, a pipeline pair a stage); the few where time goes are what
+    a table of them is for."""
     keys = list(groups)
-    order = sorted(range(len(keys)), key=lambda i: (-(groups[keys[i]].get("failed") or 0),
-                                                     -(groups[keys[i]].get("wait_s") or 0.0), i))
-    return [keys[i] for i in order[:n]]
+    pinned = [k for k in dict.fromkeys(first) if k in groups][:n]
+    order = sorted(range(len(keys)), key=lambda i: (
+        -(groups[keys[i]].get("failed") or 0),
+        -((groups[keys[i]].get("wait_s") or 0.0) + (groups[keys[i]].get("async_wait_s") or 0.0)), i))
+    return pinned + [keys[i] for i in order if keys[i] not in pinned][:n - len(pinned)]
 
 
 def median_row(ranks: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -245,8 +279,7 @@ def median_row(ranks: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for m in ("count", "bytes", "failed", "untimed"):
         if out[m] is not None:
             out[m] = int(round(out[m]))
-    ends = [r.get("end") for r in rows]
-    out["end"] = max(set(ends), key=ends.count) if ends else None
+    out["end"] = _most_common([r.get("end") for r in rows]) if rows else None
     return out
 
 

@@ -6,11 +6,12 @@ The tables fit the terminal (80 columns in a pipe or a CI log): columns are drop
 least useful first, until they fit, never truncated; ``--wide`` keeps every column
 (the lines then run past the terminal's width).  ``--json`` and ``--csv`` for tools.
 
-A job of more than 32 ranks lists the 16 ranks furthest from the rest, the furthest first
-(the rarest by their ending and counts: a rank that died, ran an op fewer or raised; then
-by the time furthest from all ranks' median), and that median; one of more than 32 groups,
-the 16 with ops that raised or where ranks waited most.  ``--all`` lists every rank and
-group; ``--json`` and ``--csv`` hold them all.
+A job of more than 32 ranks lists 16: the culprits its findings name (as ``check`` finds
+them), then the ranks furthest from the rest (an ending or a count few ranks share: a rank
+that died, ran an op fewer or raised; then the time furthest from all ranks' median), and
+that median; one of more than 32 groups, 16: the findings' groups, then those with ops that
+raised, then where ranks waited most.  ``--all`` lists every rank and group; ``--json`` and
+``--csv`` hold them all.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from commscope.redact import redact
 NONE = "—"  # no value: no timed op, or nothing to measure
 SEP = "  "
 #: A job of up to this many ranks (groups) lists every one; a wider one, the ``SHOWN`` ranks
-#: furthest from the rest (``analysis.report.unusual_ranks``) and their median, the ``SHOWN``
-#: groups ranks waited in most (``waited_groups``), unless --all
+#: that matter most (``analysis.report.unusual_ranks``: the findings' culprits, then those
+#: furthest from the rest) and their median, the ``SHOWN`` groups (``waited_groups``: the
+#: findings', then those ranks waited in most), unless --all
 WHOLE = 32
 SHOWN = 16
 MEDIAN = "median"  # the key of the row of every rank's medians
@@ -181,12 +183,34 @@ def _table_lines(title: str, heads: list[str], body: list[list[str]], left: set[
     return [title, line(heads), "─" * (sum(ws) + len(SEP) * (len(ws) - 1)), *(line(r) for r in body)]
 
 
+class Pinned(NamedTuple):
+    """What the findings name, listed first where a table lists only some of its rows."""
+
+    ranks: list[str]  # their culprits
+    groups: list[str]  # their groups, as the per-group table keys them
+
+
+NOTHING = Pinned([], [])
+
+
+def pinned(model: Any) -> Pinned:
+    """The culprits and groups of the trace's findings (``diagnose`` as ``check`` runs it),
+    errors first."""
+    from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+
+    found = sorted(diagnose(model, trace_now(model), default_hang_after(model)), key=lambda f: f.severity != "error")
+    groups = [f.group + (" (p2p)" if f.kind in ("p2p_deadlock", "unmatched_p2p") else
+                         " (fr)" if f.evidence.get("src") == "fr" else "") for f in found if f.group is not None]
+    return Pinned([str(r) for f in found for r in sorted(f.culprits)], groups)
+
+
 def render(rep: dict[str, Any], description: str, world_size: int, warnings: list[str], con, *,
-           wide: bool = False, every: bool = False) -> None:
+           wide: bool = False, every: bool = False, first: Pinned = NOTHING) -> None:
     """The report as tables on a rich console, fitted to its width (``wide``: every column).
     Cells are never cut: a table whose names alone are too wide runs past the width.  A job
-    of more than ``WHOLE`` ranks lists those furthest from the rest and their median, one of
-    more than ``WHOLE`` groups those ranks waited in most (``every``: every rank and group)."""
+    of more than ``WHOLE`` ranks lists those that matter most and their median, one of more
+    than ``WHOLE`` groups those that matter most (``first``: the findings' culprits and
+    groups, on top; ``every``: every rank and group)."""
     from rich.text import Text
 
     width = con.width
@@ -215,15 +239,15 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
     if every or len(groups) <= WHOLE:
         show("per group", "group", groups, _STAT_COLS)
     else:
-        show(f"per group: the {SHOWN} of {len(groups):,} ranks waited in most (--all: every one)", "group",
-             {k: groups[k] for k in waited_groups(groups, SHOWN)}, _STAT_COLS)
+        show(f"per group: {SHOWN} of {len(groups):,}: the findings', then where ranks waited most (--all)", "group", {k: groups[k] for k in waited_groups(groups, SHOWN, first.groups)},
+             _STAT_COLS)
     ranks = rep["ranks"]
     if every or len(ranks) <= WHOLE:
         show("per rank", "rank", ranks, _RANK_COLS)
     else:
-        shown = {k: ranks[k] for k in unusual_ranks(ranks, SHOWN)} | {MEDIAN: median_row(ranks)}
-        show(f"per rank: the {SHOWN} of {len(ranks):,} furthest from the rest (--all: every one)", "rank", shown,
-             _RANK_COLS)
+        shown = {k: ranks[k] for k in unusual_ranks(ranks, SHOWN, first.ranks)} | {MEDIAN: median_row(ranks)}
+        show(f"per rank: {SHOWN} of {len(ranks):,}: culprits, then the furthest from the rest (--all)", "rank",
+             shown, _RANK_COLS)
     history = rep.get("history")
     if history:
         show("summarized history (retention deleted it; per op over all ranks, latency from its histograms)",
@@ -287,6 +311,9 @@ def main(args: argparse.Namespace) -> int:
         for w in warnings:
             print(options.warning(w).plain, file=sys.stderr)
         return 0
+    cut = not args.all and max(len(rep["ranks"]), len(rep["groups"])) > WHOLE
+    with progress.status("judging the trace (its findings' ranks and groups go first)", shown and cut):
+        first = pinned(model) if cut else NOTHING
     render(rep, redact(reader.description), model.world_size, warnings, options.stdout_console(), wide=args.wide,
-           every=args.all)
+           every=args.all, first=first)
     return 0
