@@ -17,6 +17,11 @@ import textwrap
 _GAP = re.compile(r"\S(\s{2,})\S")
 #: A line that starts an item of a list in prose
 _BULLET = re.compile(r"(?:[-*]|\d+[.)])\s")
+#: A line of prose that starts with a label of a few words ("Exit 3:", "Targets (docs):"):
+#: after a sentence's end, it starts a line of its own
+_LABEL = re.compile(r"[A-Z][\w./-]*(?: [\w./()-]+){0,2}: ")
+#: The widest prose is laid out (a line of 200 columns is hard to read)
+MAX_WIDTH = 100
 
 
 def _indent(line: str) -> int:
@@ -26,7 +31,8 @@ def _indent(line: str) -> int:
 def fill(text: str, width: int, indent: str = "") -> str:
     """``text`` laid out in ``width`` columns (see the module docstring), each line after
     ``indent``."""
-    width = max(width - len(indent), 20)
+    width = max(min(width, MAX_WIDTH) - len(indent), 20)
+    text = text.replace("``", "")  # (a docstring's literals: no markup in a terminal)
     out: list[str] = []
     for para in re.split(r"\n\s*\n", text.strip("\n")):
         if out:
@@ -36,8 +42,10 @@ def fill(text: str, width: int, indent: str = "") -> str:
 
 
 def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
-    return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False,
-                         break_long_words=False) or [first.rstrip()]
+    """``text`` filled in ``width`` columns, its runs of spaces one (a column of a table
+    wrapped is no column), a sentence's end followed by two."""
+    return textwrap.wrap(" ".join(text.split()), width, initial_indent=first, subsequent_indent=rest,
+                         break_on_hyphens=False, break_long_words=False, fix_sentence_endings=True) or [first.rstrip()]
 
 
 def _paragraph(lines: list[str], width: int) -> list[str]:
@@ -61,7 +69,8 @@ def _paragraph(lines: list[str], width: int) -> list[str]:
         ind = _indent(line)
         if ind == 0 or (prose and hang and ind == len(hang)):
             bullet = _BULLET.match(line) if ind == 0 else None
-            if block or bullet is not None:
+            label = ind == 0 and prose and prose[-1].endswith((".", ":")) and _LABEL.match(line) is not None
+            if block or bullet is not None or label:
                 flush()
                 hang = " " * bullet.end() if bullet is not None else ""
             prose.append(line.strip())
@@ -108,7 +117,7 @@ def _block(lines: list[str], width: int) -> list[str]:
         return [head.ljust(column) + text if text else head for head, text in heads]
     under = " " * (base + 4)
     for head, text in heads:
-        out.extend(_wrap(head.strip(), width, head[:base], under))
+        out.extend(_wrap(head.strip(), width, head[:base], under + "    "))  # (a command goes on deeper than its comment)
         if text:
             out.extend(_wrap(text, width, under, under + ("  " if text.startswith("#") else "")))
     return out

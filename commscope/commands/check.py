@@ -2,6 +2,7 @@
 
 Exit 0: no error-level finding.  Exit 1: error-level findings.  Exit 2: bad input or usage.
 Exit 3: commscope itself failed (a bug; its traceback is printed).
+
 The trace is judged at its last timestamp, so a job killed while hung still shows the
 hang that was in progress.  --hang-after defaults to the value the ranks recorded with
 (else 30 s).  Damaged or truncated lines are skipped and reported as warnings.
