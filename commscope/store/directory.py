@@ -793,7 +793,10 @@ class DirectoryReader(TraceReader):
             size = int(e.get("size") or 0)
             events = int(e.get("events") or 0) + int(e.get("damaged") or 0) + sum((e.get("invalid") or {}).values())
             if not read:
-                e = retention.counted(e, self._read_before(stream, seg))
+                upto = self._read_before(stream, seg)
+                if upto >= 0 and not self._incarnations(stream):  # (another's ops may have the ids)
+                    out.extend(retention.completions(e, upto))
+                e = retention.counted(e, upto)
                 self.stats.count_summary(stream[0], e)
                 out.append(e)
             elif read < size:
@@ -802,6 +805,10 @@ class DirectoryReader(TraceReader):
                 self.stats.warnings.append(f"rank {stream[0]}: retention deleted segment {seg} while this reader "
                                            f"was reading it: about {lost:,} of its {events:,} events not read")
         return out
+
+    def _incarnations(self, stream: Stream) -> bool:
+        """Whether the stream's rank has other incarnations listed (their ops' ids start again)."""
+        return any(other[0] == stream[0] and other != stream for other in self._streams)
 
     def _read_before(self, stream: Stream, seg: int) -> int:
         """The highest op id of ``stream`` this reader read before the deleted segment ``seg``

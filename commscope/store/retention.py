@@ -155,10 +155,20 @@ class Carried(NamedTuple):
     failed: bool
     begin_ns: int
     done_ns: int  # 0: not done
+    #: The phase that completes it, as the model judges an op that did not raise (``done``
+    #: where the device times it, ``wait_end`` an async one, else ``end``); "": none (not
+    #: done, or a nested op done with its parent)
+    done_phase: str = ""
 
     @property
     def latency(self) -> int:
         return max(0, self.done_ns - self.begin_ns)
+
+    def completion(self, rank: int) -> dict:
+        """The op event that completes it, as a reader that read its begin but not the
+        segment it was done in is told (``completions``)."""
+        return {"type": "op", "v": SCHEMA_VERSION, "rank": rank, "ts": self.done_ns, "phase": self.done_phase,
+                "id": self.id}
 
 
 class _Rows:
@@ -244,8 +254,11 @@ def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> di
     for op_id, b in got.begins.items():
         if op_id in carried_out:
             continue
+        done = got.done.get(op_id, 0)
+        phase = ("" if not done or op_id in got.inferred else "done" if b.get("device") is not None
+                 else "wait_end" if b.get("async") else "end")
         op = Carried(op_id, str(b.get("op", "?")), str(b.get("group", "?")), int(b.get("in_bytes") or 0),
-                     int(b.get("out_bytes") or 0), op_id in got.failed, b["ts"], got.done.get(op_id, 0))
+                     int(b.get("out_bytes") or 0), op_id in got.failed, b["ts"], done, phase)
         stamps.append(op.begin_ns)
         into = op_id in got.carried_in
         rows.add(op, top=not into)
@@ -268,12 +281,22 @@ def counted(summary: dict, read_upto: int = -1) -> dict:
         return summary
     rows = _Rows(summary.get("ops") or ())
     for entry in carried:
-        op = Carried(*entry)
+        op = Carried._make(entry)
         if op.id <= read_upto:
             rows.add(op, sign=-1)
         else:
             rows.top_of(op)
     return {k: v for k, v in summary.items() if k != "carried"} | {"ops": rows.rows()}
+
+
+def completions(summary: dict, read_upto: int) -> list[dict]:
+    """What a reader that read the begins of ops carried into a deleted segment (ids up to
+    ``read_upto``) did not read of them: the op events that completed them there (it kept
+    them in flight for good: a console behind showed their ranks blocked in an op done
+    hours before).  A phase it read already comes again with the same time, which changes
+    nothing; an exception's text is not in a summary (the op is done, not failed, for it)."""
+    return [op.completion(summary["rank"]) for op in map(Carried._make, summary.get("carried") or ())
+            if op.id <= read_upto and op.done_phase]
 
 
 def _lost(losses: inflight.Losses | None) -> dict:
