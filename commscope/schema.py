@@ -144,10 +144,10 @@ RawEvent = TypedDict("RawEvent", {
     "ops": Annotated[list[SummaryOp], Meta(max_length=100_000)],
     # (the ops carried into the segment that it counts, listed too: id, op, group, in_bytes,
     # out_bytes, failed, begin ns, done ns (0: not done), the phase that completed it ("":
-    # none); ``retention.Carried``.  A carry may hold millions of ops in flight: the bound is
-    # the line's own size, a few bytes an op)
+    # none), whether that phase's time is a bound; ``retention.Carried``.  A carry may hold
+    # millions of ops in flight: the bound is the line's own size, a few bytes an op)
     "carried": Annotated[list[tuple[Count, Name, Name, Count, Count, bool, Count, Count,
-                                    Literal["", "end", "wait_end", "done"]]], Meta(max_length=1 << 22)],
+                                    Literal["", "end", "wait_end", "done"], bool]], Meta(max_length=1 << 22)],
     # (and what the segment lost: its damaged lines, its invalid events by reason, and in
     # ``entries`` and ``reason`` the lines its ``store_lost`` markers said the store lost)
     "damaged": Count, "invalid": Annotated[dict[Reason, Count], Meta(max_length=MAX_REASONS + 1)],

@@ -666,3 +666,27 @@ def test_the_median_row_says_the_same_ending_in_every_run():
     said = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(6)}
     assert said == {"crashed (exit 1)\n"}
+
+
+def test_a_p2p_op_s_finding_pins_its_group_s_p2p_row():
+    """A send of group pp raised: the finding pins the "pp (p2p)" row, where the failure is
+    counted, not the collectives' "pp" row (helper-61)."""
+    from commscope.analysis.report import waited_groups
+    from commscope.commands.report import pinned
+
+    b = TraceBuilder(2)
+    t = b.t0 + S
+    b.group("pp", [0, 1])
+    t = b.collective(t, group="pp") + MS
+    i = b.sync(1, t, None, "send", group="pp", peer=0, dir="send")
+    b.end(1, i, t + MS, exc="RuntimeError: send failed")
+    b.sync(0, t, t + MS, "recv", group="pp", peer=1, dir="recv")
+    m = TraceModel()
+    m.ingest(b.sorted_events())
+    from commscope.analysis.report import compute_report
+
+    groups = compute_report(m)["groups"]
+    assert {k: groups[k]["failed"] for k in groups} == {"pp": 0, "pp (p2p)": 1}
+    first = pinned(m)
+    assert first.ranks[:1] == ["1"] and first.groups[:1] == ["pp (p2p)"]
+    assert waited_groups(groups, 1, first.groups) == ["pp (p2p)"]

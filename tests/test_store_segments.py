@@ -674,8 +674,8 @@ def test_a_summary_lists_the_ops_carried_into_its_segment_and_a_reader_takes_out
     summary = {"type": "summary", "v": 3, "rank": 0, "ts": T0, "seg": 4, "events": 9,
                "ops": [{**row, "count": 2, "in_bytes": 16, "out_bytes": 16, "failed": 1,
                         "minutes": [[0, 2, 43000, 3000, [[1, 1], [5, 1]]]]}, cast],
-               "carried": [[7, "all_reduce", "g", 8, 8, True, 10, 10 + 40_000, "end"],
-                           [9, "broadcast", "g", 2, 2, False, 10, 0, ""]]}
+               "carried": [[7, "all_reduce", "g", 8, 8, True, 10, 10 + 40_000, "end", False],
+                           [9, "broadcast", "g", 2, 2, False, 10, 0, "", False]]}
     [read] = decode_lines(orjson.dumps(summary) + b"\n", 0).events  # (as a reader has it)
 
     def ops(summary: dict, read_upto: int) -> list[dict]:
@@ -688,26 +688,30 @@ def test_a_summary_lists_the_ops_carried_into_its_segment_and_a_reader_takes_out
     assert ops(read, 9) == [row]
     older = {k: v for k, v in summary.items() if k != "carried"}
     assert retention.counted(older, read_upto=9) is older
-    stray = summary | {"carried": [[3, "gather", "h", 1, 1, False, 10, 20, "end"],
-                                   [7, "all_reduce", "g", 80, 8, True, 10, 99, "end"]]}
+    stray = summary | {"carried": [[3, "gather", "h", 1, 1, False, 10, 20, "end", False],
+                                   [7, "all_reduce", "g", 80, 8, True, 10, 99, "end", True]]}
     assert ops(stray, 9) == [{**row, "in_bytes": 0, "minutes": [[0, 1, 43000 - 89, 3000, [[1, 1], [5, 1]]]]}, cast]
     assert retention.completions(read, 8) == [{"type": "op", "v": 3, "rank": 0, "ts": 10 + 40_000, "phase": "end",
-                                               "id": 7}]  # (op 9 was not done: nothing completes it)
+                                               "id": 7, "exc": retention.RAISED}]  # (op 9 not done: nothing)
+    assert retention.completions(stray, 8)[-1]["approx"] is True
     assert retention.completions(read, 6) == [] and retention.completions(older, 9) == []
-    for bad in ([-7, "all_reduce", "g", 8, 8, True, 10, 0, ""], [7, "all_reduce", "g", 8, 8, True, 10, 0],
-                [7, "all_reduce", "g", "8", 8, True, 10, 0, ""], [7, "all_reduce", "g", 8, 8, True, 10, 0, "begin"],
-                {"id": 7}):
+    for bad in ([-7, "all_reduce", "g", 8, 8, True, 10, 0, "", False], [7, "all_reduce", "g", 8, 8, True, 10, 0, ""],
+                [7, "all_reduce", "g", "8", 8, True, 10, 0, "", False],
+                [7, "all_reduce", "g", 8, 8, True, 10, 0, "begin", False], {"id": 7}):
         hostile = decode_lines(orjson.dumps(summary | {"carried": [bad]}) + b"\n", 0)
         assert hostile.events == [] and sum(hostile.invalid.values()) == 1
 
 
-@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("kind", ["sync", "async", "sync, six raise"])
 def test_a_reader_that_jumped_knows_an_op_it_read_the_begin_of_was_done(tmp_path, kind):
     """Two ranks' all_reduce #1 begun in what this reader read, done in a segment retention
     deleted before it read it, then 198 more: the reader that jumped kept #1 in flight for
     good (both ranks "blocked" in it, an op done long before) and counted it with no latency;
     the summary of the segment it was done in says when, and the reader completes it (as an
-    async op is done: at the end of its wait)."""
+    async op is done: at the end of its wait).  Where #1-#6 all raise there (a carry keeps
+    each group's first failure and the last 4: #2 only the summary lists), each is failed
+    once, #2 with the summary's word for a text it does not hold (helper-61: done, not
+    failed, 5 failures of 6)."""
     from commscope.analysis import rankstate
     from commscope.analysis.model import TraceModel
 
@@ -725,16 +729,20 @@ def test_a_reader_that_jumped_knows_an_op_it_read_the_begin_of_was_done(tmp_path
             writers[r].write([beat(r, j) for j in range(k, k + n)])
 
     beats(0, 50)
+    raising = range(1, 7) if "raise" in kind else range(1, 2)
     for r in (0, 1):
-        writers[r].write([op(r, ts=T0 + 51 * S, phase="begin", id=1, op="all_reduce", group="g", seq=1, tid=1,
-                             in_bytes=64, **({"async": True} if kind == "async" else {}))]
-                         + ([op(r, ts=T0 + 51 * S + 1000, phase="end", id=1)] if kind == "async" else []))
+        for i in raising:
+            writers[r].write([op(r, ts=T0 + (50 + i) * S, phase="begin", id=i, op="all_reduce", group="g", seq=i,
+                                 tid=1, in_bytes=64, **({"async": True} if kind == "async" else {}))]
+                             + ([op(r, ts=T0 + 51 * S + 1000, phase="end", id=1)] if kind == "async" else []))
     beats(50, 300)
     done = T0 + 700 * S
     for r in (0, 1):
         writers[r].write([op(r, ts=done - S, phase="wait_begin", id=1), op(r, ts=done, phase="wait_end", id=1)]
-                         if kind == "async" else [op(r, ts=done, phase="end", id=1)])
-        for i in range(2, 200):
+                         if kind == "async" else [op(r, ts=done, phase="end", id=i, exc=f"RuntimeError: boom {i}")
+                                                  for i in raising] if "raise" in kind else
+                         [op(r, ts=done, phase="end", id=1)])
+        for i in range(raising.stop, 200):
             writers[r].write([op(r, ts=done + i * S, phase="begin", id=i, op="all_reduce", group="g", seq=i, tid=1,
                                  in_bytes=64), op(r, ts=done + i * S + 1000, phase="end", id=i)])
     beats(350, 1000)
@@ -742,7 +750,7 @@ def test_a_reader_that_jumped_knows_an_op_it_read_the_begin_of_was_done(tmp_path
         w.close()
     reader = open_reader(tmp_path)
     got = reader.poll(max_bytes=1) + reader.poll(max_bytes=1)  # (each rank's first segment: #1 begun)
-    assert sum(e["type"] == "op" and e["id"] == 1 and e["phase"] == "begin" for e in got) == 2
+    assert sum(e["type"] == "op" and e["id"] in raising and e["phase"] == "begin" for e in got) == 2 * len(raising)
     for r in (0, 1):
         assert retention.close_stream(tmp_path / "job", r, 0, retention.Retention(24 << 10, None)) >= 5
     got += reader.read_all()
@@ -753,6 +761,28 @@ def test_a_reader_that_jumped_knows_an_op_it_read_the_begin_of_was_done(tmp_path
     assert [int(model.ranks[r].comp[0]) for r in (0, 1)] == [done, done]
     assert sum(o["count"] for e in got if e["type"] == "summary" for o in e["ops"]) + len(
         {(e["rank"], e["id"]) for e in got if e["type"] == "op" and e["phase"] == "begin"}) == 2 * 199
+    if "raise" in kind:
+        assert sorted(model.failed) == [(r, i) for r in (0, 1) for i in range(6)]
+        assert {model.ranks[r].exc[i] for r in (0, 1) for i in range(6)} == {
+            retention.RAISED, *(f"RuntimeError: boom {i}" for i in (1, 3, 4, 5, 6))}
+        assert sum(o["failed"] for e in got if e["type"] == "summary" for o in e["ops"]) == 0
+
+
+def test_a_completion_from_a_summary_keeps_the_exception_text_read_before():
+    """A reader that read an op's exception, then was told by a summary that it raised
+    (``retention.RAISED``: the summary holds no text), keeps the text it read, and counts
+    the failure once."""
+    from commscope.analysis.model import TraceModel
+
+    op = retention.Carried(1, "all_reduce", "0", 8, 8, True, T0, T0 + S, "end")
+    model = TraceModel()
+    model.ingest([orjson.loads(meta()), {"type": "op", "v": 3, "rank": 0, "ts": T0, "phase": "begin", "id": 1,
+                                          "op": "all_reduce", "group": "0", "seq": 1, "tid": 1},
+                  {"type": "op", "v": 3, "rank": 0, "ts": T0 + S, "phase": "end", "id": 1,
+                   "exc": "RuntimeError: NCCL timeout"}])
+    model.ingest([op.completion(0)])
+    assert model.ranks[0].exc == {0: "RuntimeError: NCCL timeout"} and model.failed == [(0, 0)]
+    assert int(model.ranks[0].comp[0]) == T0 + S
 
 
 def test_one_child_bounds_a_stream_at_a_time_and_summarizes_a_segment_once(tmp_path):

@@ -2219,9 +2219,9 @@ class TraceModel:
                 continue
             if x.exc is not None:
                 rt.flags[i] |= EXC if x.end else WAIT_EXC
-                if i not in rt.exc:
+                if i not in rt.exc:  # (its first text stays: a retention summary's says less, ``retention.RAISED``)
                     self.failed.append((rt.rank, i))
-                rt.exc[i] = x.exc
+                    rt.exc[i] = x.exc
             if x.approx:
                 rt.flags[i] |= APPROX
             if x.gpu is not None:

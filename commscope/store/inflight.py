@@ -141,8 +141,9 @@ class Replayed(NamedTuple):
     #: The ops whose begin the carry replayed, not the lines after it (``retention.summarize``
     #: lists those it counts apart: a reader that read them before it jumped takes them out)
     carried_in: frozenset[int] = frozenset()
-    #: The nested ops done because their parent was, with no phase of their own that says so
-    inferred: frozenset[int] = frozenset()
+    #: Per op done, the phase event that completed it (none for a nested op done because its
+    #: parent was)
+    done_by: dict[int, dict] | None = None
 
     def carry(self, with_meta: bool = False) -> bytes:
         """What a reader starting after these lines reads first, as ended lines: (the rank's
@@ -270,6 +271,7 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
     passed: dict[tuple[str, int, str], tuple[int, int]] = {}  # a carry's channels passed (``channels_passed``)
     stacks = Stacks()
     hashes: dict[bytes, int] = {}  # what a begin's match key is made of -> its hash (a stream repeats a few)
+    done_by: dict[int, dict] = {}  # op id -> the phase event that completed it
     for e in head.events + got.events:
         typ = e.get("type")
         if typ == "meta":
@@ -314,21 +316,21 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
         out.phases[op_id].append(e)
         if "exc" in e:
             out.failed.add(op_id)
-        if completes(ph, failed="exc" in e, is_async=bool(b.get("async")), device=b.get("device") is not None):
-            out.done.setdefault(op_id, e["ts"])
-    inferred = set()
+        if completes(ph, failed="exc" in e, is_async=bool(b.get("async")), device=b.get("device") is not None) and (
+                op_id not in out.done):
+            out.done[op_id] = e["ts"]
+            done_by[op_id] = e
     for op_id, b in out.begins.items():  # nested ops end no later than their parent
         parent = b.get("parent")
         if b.get("nested") and op_id not in out.done and (parent not in out.begins or parent in out.done):
             out.done[op_id] = out.done.get(parent, b["ts"])
-            inferred.add(op_id)
     for name, (seqs, khashes) in ran.items():
         history = extended(kept.get(name), seqs, khashes)
         if history is not None:
             kept[name] = history
     carried_in = frozenset(e["id"] for e in head.events if e.get("type") == "op" and e.get("phase") == "begin")
     return out._replace(meta=meta, dropped=dropped, losses=losses, histories=kept, stacks=stacks, passed=passed,
-                        carried_in=carried_in, inferred=frozenset(inferred))
+                        carried_in=carried_in, done_by=done_by)
 
 
 def _dropped(so_far: dict | None, e: dict) -> dict | None:

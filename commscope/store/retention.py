@@ -155,10 +155,10 @@ class Carried(NamedTuple):
     failed: bool
     begin_ns: int
     done_ns: int  # 0: not done
-    #: The phase that completes it, as the model judges an op that did not raise (``done``
-    #: where the device times it, ``wait_end`` an async one, else ``end``); "": none (not
-    #: done, or a nested op done with its parent)
+    #: The phase that completed it (the one that raised, where it did); "": none (not done,
+    #: or a nested op done with its parent)
     done_phase: str = ""
+    approx: bool = False  # that phase's time only a bound (an end the recorder did not see)
 
     @property
     def latency(self) -> int:
@@ -168,7 +168,12 @@ class Carried(NamedTuple):
         """The op event that completes it, as a reader that read its begin but not the
         segment it was done in is told (``completions``)."""
         return {"type": "op", "v": SCHEMA_VERSION, "rank": rank, "ts": self.done_ns, "phase": self.done_phase,
-                "id": self.id}
+                "id": self.id, **({"exc": RAISED} if self.failed else {}), **({"approx": True} if self.approx else {})}
+
+
+#: What a reader says an op raised where the text was in a segment retention deleted (a text
+#: read before stays: ``TraceModel`` keeps an op's first)
+RAISED = "raised (its exception was in a segment that retention deleted)"
 
 
 class _Rows:
@@ -254,11 +259,10 @@ def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> di
     for op_id, b in got.begins.items():
         if op_id in carried_out:
             continue
-        done = got.done.get(op_id, 0)
-        phase = ("" if not done or op_id in got.inferred else "done" if b.get("device") is not None
-                 else "wait_end" if b.get("async") else "end")
+        by = (got.done_by or {}).get(op_id)
         op = Carried(op_id, str(b.get("op", "?")), str(b.get("group", "?")), int(b.get("in_bytes") or 0),
-                     int(b.get("out_bytes") or 0), op_id in got.failed, b["ts"], done, phase)
+                     int(b.get("out_bytes") or 0), op_id in got.failed, b["ts"], got.done.get(op_id, 0),
+                     by["phase"] if by is not None else "", bool(by is not None and by.get("approx")))
         stamps.append(op.begin_ns)
         into = op_id in got.carried_in
         rows.add(op, top=not into)
@@ -294,7 +298,7 @@ def completions(summary: dict, read_upto: int) -> list[dict]:
     ``read_upto``) did not read of them: the op events that completed them there (it kept
     them in flight for good: a console behind showed their ranks blocked in an op done
     hours before).  A phase it read already comes again with the same time, which changes
-    nothing; an exception's text is not in a summary (the op is done, not failed, for it)."""
+    nothing; where it raised, the text is not in a summary (``RAISED``: one read before stays)."""
     return [op.completion(summary["rank"]) for op in map(Carried._make, summary.get("carried") or ())
             if op.id <= read_upto and op.done_phase]
 
