@@ -21,13 +21,16 @@ import csv
 import io
 import json
 import sys
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from commscope.analysis.report import compute_report, median_row, unusual_ranks, waited_groups
 from commscope.bench.stats import fmt_bytes, fmt_time
 from commscope.commands import options
 from commscope.optable import OPS, P2P
 from commscope.redact import redact
+
+if TYPE_CHECKING:
+    from commscope.analysis.model import TraceModel
 
 NONE = "—"  # no value: no timed op, or nothing to measure
 SEP = "  "
@@ -38,6 +41,7 @@ SEP = "  "
 WHOLE = 32
 SHOWN = 16
 MEDIAN = "median"  # the key of the row of every rank's medians
+
 
 class Column(NamedTuple):
     """One table column.  ``priority``: a lower one is dropped first when the table does not fit;
@@ -99,8 +103,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="every column, however wide the terminal (default: the columns that fit)")
     p.add_argument("--top", type=int, default=10, help="call sites to list (default 10)")
     p.add_argument("--all", action="store_true",
-                   help=f"list every rank and group (default: up to {WHOLE} of each, every one; beyond that the "
-                        f"{SHOWN} ranks furthest from the rest and the {SHOWN} groups ranks waited in most)")
+                   help=f"list every rank and group (default: up to {WHOLE} of each, every one; beyond that "
+                        f"{SHOWN}: the findings' culprits and groups, then the ranks furthest from the rest and the "
+                        "groups ranks waited in most)")
 
     options.add_since(p)
 
@@ -194,7 +199,7 @@ class Pinned(NamedTuple):
 NOTHING = Pinned([], [])
 
 
-def pinned(model: Any) -> Pinned:
+def pinned(model: TraceModel) -> Pinned:
     """The culprits and groups of the trace's findings (``diagnose`` as ``check`` runs it),
     errors first."""
     from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
@@ -241,8 +246,8 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
     if every or len(groups) <= WHOLE:
         show("per group", "group", groups, _STAT_COLS)
     else:
-        show(f"per group: {SHOWN} of {len(groups):,}: the findings', then where ranks waited most (--all)", "group", {k: groups[k] for k in waited_groups(groups, SHOWN, first.groups)},
-             _STAT_COLS)
+        show(f"per group: {SHOWN} of {len(groups):,}: the findings', then where ranks waited most (--all)", "group",
+             {k: groups[k] for k in waited_groups(groups, SHOWN, first.groups)}, _STAT_COLS)
     ranks = rep["ranks"]
     if every or len(ranks) <= WHOLE:
         show("per rank", "rank", ranks, _RANK_COLS)
