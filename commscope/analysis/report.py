@@ -69,10 +69,15 @@ def _end_of(model: TraceModel, r: int) -> str:
     return ending(model, r, model.end_ns) or "running"
 
 
-def _group_key(s: Any) -> str:
+def group_row(group: str, *, p2p: bool, fr: bool) -> str:
     """The row of the per-group table an op counts in: its group's, its p2p ops apart, and
     Flight Recorder's ops apart from the recorder's."""
-    return s.group + (" (p2p)" if s.flags & P2P else " (fr)" if s.space == SPACE_FR else "")
+    return group + (" (p2p)" if p2p else " (fr)" if fr else "")
+
+
+def _group_key(s: Any) -> str:
+    """``group_row`` of an op's signature."""
+    return group_row(s.group, p2p=bool(s.flags & P2P), fr=s.space == SPACE_FR)
 
 
 def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:

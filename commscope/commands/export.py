@@ -56,8 +56,8 @@ def main(args: argparse.Namespace) -> int:
     skipped = {"skipped": read_summary(reader.stats)}
     ranks = None
     if args.ranks is not None:
-        ranks = args.ranks.of(r for f in findings for r in f.culprits)
-        if not ranks & set(model.ranks):
+        ranks = args.ranks.of(r for f in findings for r in f.culprits) & set(model.ranks)
+        if not ranks:
             raise UsageError(f"none of the ranks asked for is in the trace (it has {len(model.ranks):,}: "
                              f"{ranges(sorted(model.ranks), limit=6) or 'none'})"
                              + ("; no finding blames a rank" if args.ranks.culprits else ""))
@@ -74,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot write {args.chrome}: {exc.strerror or exc}") from None
     for w in warnings:
         print(options.warning(w).plain, file=sys.stderr)
-    shown = len(model.ranks) if ranks is None else len(ranks & set(model.ranks))
+    shown = len(model.ranks) if ranks is None else len(ranks)
     print(f"wrote {args.chrome}: {n:,} trace events, {shown:,} ranks" + (f" of {len(model.ranks):,}" if ranks is not None
           else "") + f", {len(findings)} finding(s)", file=sys.stderr)
     return 0

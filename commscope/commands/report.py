@@ -23,7 +23,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from commscope.analysis.report import compute_report, median_row, unusual_ranks, waited_groups
+from commscope.analysis.report import compute_report, group_row, median_row, unusual_ranks, waited_groups
 from commscope.bench.stats import fmt_bytes, fmt_time
 from commscope.commands import options
 from commscope.optable import OPS, P2P
@@ -205,9 +205,8 @@ def pinned(model: TraceModel) -> Pinned:
     from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
 
     found = sorted(diagnose(model, trace_now(model), default_hang_after(model)), key=lambda f: f.severity != "error")
-    groups = [f.group + (" (p2p)" if f.kind in ("p2p_deadlock", "unmatched_p2p") or (
-        f.op in OPS and OPS[f.op].kind == P2P) else " (fr)" if f.evidence.get("src") == "fr" else "")
-        for f in found if f.group is not None]  # (as ``analysis.report._group_key`` keys an op's row)
+    groups = [group_row(f.group, p2p=f.kind in ("p2p_deadlock", "unmatched_p2p") or (f.op in OPS and OPS[f.op].kind == P2P),
+                        fr=f.evidence.get("src") == "fr") for f in found if f.group is not None]
     return Pinned([str(r) for f in found for r in sorted(f.culprits)], groups)
 
 

@@ -780,6 +780,7 @@ class DirectoryReader(TraceReader):
             for e in self.ingest(stream, data[:cut], cut).events:
                 if e["type"] == "summary" and isinstance(e.get("seg"), int):
                     self._pending.setdefault((stream, e["seg"]), e)
+        restarted: set[int] | None = None  # ranks with several incarnations listed (once a call)
         for key, e in list(self._pending.items()):
             stream, seg = key
             alive = any(s.number == seg for s in self._streams.get(stream, []))
@@ -794,8 +795,11 @@ class DirectoryReader(TraceReader):
             events = int(e.get("events") or 0) + int(e.get("damaged") or 0) + sum((e.get("invalid") or {}).values())
             if not read:
                 upto = self._read_before(stream, seg)
-                if upto >= 0 and not self._incarnations(stream):  # (another's ops may have the ids)
-                    out.extend(retention.completions(e, upto))
+                if upto >= 0:
+                    if restarted is None:
+                        restarted = self._restarted()
+                    if stream[0] not in restarted:  # (another incarnation's ops may have the ids)
+                        out.extend(retention.completions(e, upto))
                 e = retention.counted(e, upto)
                 self.stats.count_summary(stream[0], e)
                 out.append(e)
@@ -806,9 +810,11 @@ class DirectoryReader(TraceReader):
                                            f"was reading it: about {lost:,} of its {events:,} events not read")
         return out
 
-    def _incarnations(self, stream: Stream) -> bool:
-        """Whether the stream's rank has other incarnations listed (their ops' ids start again)."""
-        return any(other[0] == stream[0] and other != stream for other in self._streams)
+    def _restarted(self) -> set[int]:
+        """The ranks with more than one incarnation listed (each one's op ids start again);
+        asked once for all the summaries a call decides (a rank at a time, 16k streams each)."""
+        seen = Counter(rank for rank, _ in self._streams)
+        return {rank for rank, n in seen.items() if n > 1}
 
     def _read_before(self, stream: Stream, seg: int) -> int:
         """The highest op id of ``stream`` this reader read before the deleted segment ``seg``
