@@ -6,12 +6,14 @@ incarnation, ``report`` counts every op, and a clean destroy and exit is not inc
 from __future__ import annotations
 
 import json
+from collections import Counter
 from datetime import timedelta
 
 import pytest
 
 from commscope.analysis.source import load_trace
 from commscope.cli import main as cli
+from commscope.events import incarnation_ids
 from commscope.launch import Job, free_port
 from commscope.store import open_reader
 
@@ -62,6 +64,12 @@ def test_three_restarts_with_swapped_ranks(tmp_path, capsys):
     for e in events:
         if e["type"] == "meta":
             assert e["world_size"] == 2
+    # each incarnation numbers its ops from its own ``incarnation_ids`` on (the native recorder
+    # as events.py says: a reader behind retention completes an op by its id alone)
+    for r in range(2):
+        begun = Counter(inc for e in events if e["type"] == "op" and e["rank"] == r and e["phase"] == "begin"
+                        for inc in range(3) if e["id"] in incarnation_ids(inc))
+        assert begun == {inc: OPS[inc] + 2 for inc in range(3)}
     model, _reader, _w = load_trace(store)
     per_rank_ops = sum(n + 2 for n in OPS)  # all_reduce, broadcast, barrier in each incarnation
     assert {r: model.n_ops(r) for r in range(2)} == {0: per_rank_ops, 1: per_rank_ops}

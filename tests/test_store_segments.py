@@ -768,6 +768,58 @@ def test_a_reader_that_jumped_knows_an_op_it_read_the_begin_of_was_done(tmp_path
         assert sum(o["failed"] for e in got if e["type"] == "summary" for o in e["ops"]) == 0
 
 
+@pytest.mark.parametrize("ids", ["its own", "another incarnation's too", "not its incarnation's"])
+def test_a_restarted_rank_s_op_done_in_a_deleted_segment_is_completed_where_its_id_is_its_own(tmp_path, ids):
+    """Rank 0 restarted (incarnation 0 ran 3 ops and ended; incarnation 1 numbers its ops
+    from ``1 << 40`` on); incarnation 1's all_reduce begun in what a reader read was done in
+    a segment retention deleted before it read it.  The reader completed it only for a rank
+    of one incarnation, and kept it in flight for good here: the console showed rank 0
+    blocked in an op done long before.  It is completed where its id is its incarnation's
+    own and no other incarnation of the rank reached into those ids; else not (closing
+    another incarnation's op in flight of that id would hide its hang), as before."""
+    from commscope.analysis.model import TraceModel
+    from commscope.events import incarnation_ids
+
+    base = incarnation_ids(1).start if ids != "not its incarnation's" else 100
+    first = base if ids == "another incarnation's too" else 1
+
+    def op(**k) -> bytes:
+        return orjson.dumps({"type": "op", "v": 3, "rank": 0, **k})
+
+    old = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, incarnation=0, closer=False)
+    old.write([meta()] + [op(ts=T0 + i * S, phase=p, id=first + i, op="all_reduce", group="0", seq=i + 1, tid=1)
+                          for i in range(3) for p in ("begin", "end")])
+    old.close()
+    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, incarnation=1, segment_bytes=16 << 10, closer=False)
+    w.write([meta(), op(ts=T0 + 10 * S, phase="begin", id=base, op="all_reduce", group="0@1", seq=1, tid=1)])
+    w.write([beat(0, k) for k in range(10, 300)])
+    done = T0 + 300 * S
+    w.write([op(ts=done, phase="end", id=base)])
+    for i in range(1, 100):
+        w.write([op(ts=done + i * S, phase="begin", id=base + i, op="all_reduce", group="0@1", seq=i + 1, tid=1),
+                 op(ts=done + i * S + 1000, phase="end", id=base + i)])
+    w.write([beat(0, k) for k in range(400, 1200)])
+    w.close()
+    reader = open_reader(tmp_path)
+    got = reader.poll(max_bytes=1) + reader.poll(max_bytes=1)  # (incarnation 0; 1's first segment: the begin)
+    assert any(e["type"] == "op" and e["id"] == base and e["phase"] == "begin" for e in got)
+    assert retention.close_stream(tmp_path / "job", 0, 1, retention.Retention(24 << 10, None)) >= 3
+    end = op(ts=done, phase="end", id=base)
+    assert not any(end in p.read_bytes() for p in (tmp_path / "job").iterdir())  # (deleted, summarized)
+    got += reader.read_all()
+    model = TraceModel()
+    model.ingest(got)
+    completed = [e for e in got if e["type"] == "op" and e["ts"] == done]
+    if ids == "its own":
+        assert completed == [{"type": "op", "v": 3, "rank": 0, "ts": done, "phase": "end", "id": base}]
+        assert not model.ranks[0].open
+    else:
+        assert completed == []
+        assert [int(model.ranks[0].id[i]) for i in model.ranks[0].open] == [base]  # (as before)
+    begun = [e["id"] for e in got if e["type"] == "op" and e["phase"] == "begin"]
+    assert len(begun) + sum(o["count"] for e in got if e["type"] == "summary" for o in e["ops"]) == 3 + 100
+
+
 def test_a_completion_from_a_summary_keeps_the_exception_text_read_before():
     """A reader that read an op's exception, then was told by a summary that it raised
     (``retention.RAISED``: the summary holds no text), keeps the text it read, and counts

@@ -406,11 +406,11 @@ class PythonOps:
 
     def new_incarnation(self, number: int, suffix: str) -> None:
         """A new incarnation: groups and sequence numbers afresh, group names with
-        ``suffix``, op ids from number << 40 (unique within a rank)."""
+        ``suffix``, op ids from ``events.incarnation_ids`` (unique within a rank)."""
         self._groups.clear()
         self._seq.clear()
         self.suffix = suffix
-        self._ids = itertools.count((number << 40) + 1)
+        self._ids = itertools.count(events.incarnation_ids(number).start)
 
     def after_fork(self) -> None:
         self.q.clear()

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
@@ -40,7 +40,7 @@ import orjson
 from commscope import beats, beatscan, jsonops
 from commscope.blocks import decode_alone, decode_stream
 from commscope.blockscan import Scan
-from commscope.events import Decoded, Event, gc_paused
+from commscope.events import Decoded, Event, gc_paused, incarnation_ids
 from commscope.oprecords import OpRecords
 from commscope.schema import decode_job
 from commscope.store import inflight, retention, segments
@@ -94,6 +94,10 @@ ENV_WORKERS = "COMMSCOPE_READ_WORKERS"
 #: ``commscope run --share-with-group`` sets it for the ranks: stores they create are
 #: readable by the owner's group.  Otherwise a store is its owner's alone.
 ENV_SHARE = "COMMSCOPE_SHARE_WITH_GROUP"
+
+
+#: Every op id a stream may hold (a rank's one incarnation: its completions name any)
+ANY_ID = range(1 << 63)
 
 
 class Jump(NamedTuple):
@@ -780,7 +784,7 @@ class DirectoryReader(TraceReader):
             for e in self.ingest(stream, data[:cut], cut).events:
                 if e["type"] == "summary" and isinstance(e.get("seg"), int):
                     self._pending.setdefault((stream, e["seg"]), e)
-        restarted: set[int] | None = None  # ranks with several incarnations listed (once a call)
+        restarted: dict[int, list[Stream]] | None = None  # ranks with several incarnations listed (once a call)
         for key, e in list(self._pending.items()):
             stream, seg = key
             alive = any(s.number == seg for s in self._streams.get(stream, []))
@@ -798,8 +802,9 @@ class DirectoryReader(TraceReader):
                 if upto >= 0:
                     if restarted is None:
                         restarted = self._restarted()
-                    if stream[0] not in restarted:  # (another incarnation's ops may have the ids)
-                        out.extend(retention.completions(e, upto))
+                    ids = self._own_ids(stream, restarted.get(stream[0], ()))
+                    if ids is not None:
+                        out.extend(retention.completions(e, upto, ids))
                 e = retention.counted(e, upto)
                 self.stats.count_summary(stream[0], e)
                 out.append(e)
@@ -810,11 +815,29 @@ class DirectoryReader(TraceReader):
                                            f"was reading it: about {lost:,} of its {events:,} events not read")
         return out
 
-    def _restarted(self) -> set[int]:
-        """The ranks with more than one incarnation listed (each one's op ids start again);
-        asked once for all the summaries a call decides (a rank at a time, 16k streams each)."""
-        seen = Counter(rank for rank, _ in self._streams)
-        return {rank for rank, n in seen.items() if n > 1}
+    def _restarted(self) -> dict[int, list[Stream]]:
+        """The streams of each rank with more than one incarnation listed; asked once for all
+        the summaries a call decides (a rank at a time, 16k streams each)."""
+        of: dict[int, list[Stream]] = {}
+        for stream in self._streams:
+            of.setdefault(stream[0], []).append(stream)
+        return {rank: streams for rank, streams in of.items() if len(streams) > 1}
+
+    def _own_ids(self, stream: Stream, incarnations: Sequence[Stream]) -> range | None:
+        """The op ids a completion from ``stream``'s summaries may name (None: none): any,
+        where the rank has one incarnation; where it has several (``incarnations``), those
+        of the stream's own incarnation (the recorder numbers them from ``incarnation << 40``
+        on), while no other incarnation of the rank read so far reached into them: a
+        completion is paired by rank and id, and closing another incarnation's op in flight
+        would hide its hang."""
+        if len(incarnations) < 2:
+            return ANY_ID  # (ids as the trace has them)
+        if stream[1] < 0:
+            return None
+        own = incarnation_ids(stream[1])
+        if any(self.max_op_id(other) in own for other in incarnations if other != stream):
+            return None
+        return own
 
     def _read_before(self, stream: Stream, seg: int) -> int:
         """The highest op id of ``stream`` this reader read before the deleted segment ``seg``
