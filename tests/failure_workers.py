@@ -87,6 +87,55 @@ def killed(rank: int, ws: int, store: str, release: str) -> None:
     finish()
 
 
+def _gone(pid: int) -> bool:
+    """The process has ended (a zombie its parent has not reaped yet has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def deadline_exit(rank: int, ws: int, store: str, release: str) -> None:
+    """Rank 1 skips all_reduce #6, which rank 0 waits in; once released, both leave through
+    ``os._exit(0)`` as a job's own deadline has them (the demo deadlock_mismatch.py does):
+    rank 0 from a thread while it waits, rank 1 a second after rank 0 is gone (none of rank
+    0's ops can fail on rank 1's leaving)."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    start(store, 1.0)
+    here = release + ".pid0"
+    if rank == 0:
+        with open(here + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(here + ".tmp", here)
+
+        def leave() -> None:
+            wait_release(release)
+            flush()
+            os._exit(0)
+
+        threading.Thread(target=leave, daemon=True).start()
+    t = torch.ones(8)
+    for step in range(FAULT_STEP + 1):
+        if rank == 1 and step == FAULT_STEP:
+            break  # "my batch is empty"
+        dist.all_reduce(t)
+        t.fill_(1.0)
+    flush()
+    wait_release(release)
+    with open(here) as f:
+        pid = int(f.read())
+    end = time.monotonic() + LIMIT
+    while not _gone(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    time.sleep(5 * SAMPLE)  # (heartbeats after rank 0 left, as a loaded machine wakes a rank late)
+    os._exit(0)
+
+
 def segfault(rank: int, ws: int, store: str, release: str) -> None:
     """Rank 1 dereferences a null pointer mid-loop."""
     start(store, 2.0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from commscope.analysis import TraceModel, diagnose, rankstate, stacks
-from commscope.analysis.errors import LOCAL, NAMED, PEER_GONE, RELAYED, TIMEOUT, classify
+from commscope.analysis.errors import INTERRUPTED, LOCAL, NAMED, PEER_GONE, RELAYED, TIMEOUT, classify
 from commscope.analysis.stacks import fold
 from commscope.analysis.synth import S, TraceBuilder
 
@@ -68,6 +68,8 @@ def test_exception_texts_are_classified():
     assert classify("[Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 5000 ms") == (NAMED, (1, 3))
     assert classify(RELAY) == (RELAYED, (0,))
     assert classify("RuntimeError: ProcessGroupGloo::allgather: invalid tensor size at index 0").kind == LOCAL
+    assert classify("KeyboardInterrupt").kind == INTERRUPTED
+    assert classify("RuntimeError: KeyboardInterrupt raised by the user's code").kind == LOCAL
 
 
 def test_stacks_fold_the_plumbing_and_keep_user_frames():
@@ -338,6 +340,26 @@ def test_pg_timeout_blames_the_rank_that_had_not_arrived():
     assert x.evidence["culprit_where"] == "/job/train.py:9 in spin_forever"
     _, f = replay(b, {1}, hang_after=60.0)  # hang_after far beyond the timeout: the failure still counts
     assert errors(f) == [("op_failed", [1])]
+
+
+def test_ctrl_c_on_a_hung_job_blames_the_rank_that_never_came_not_those_that_waited():
+    """Ranks 0 and 2 wait in an all_reduce rank 1 never calls; the user presses Ctrl-C and
+    both raise ``KeyboardInterrupt`` from inside it (helper-62: blamed on ranks 0 and 2
+    themselves, "the op raised on rank 0 itself", the culprit not named).  Then rank 1,
+    asleep elsewhere, exits."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    ids = {r: b.begin(r, t, "all_reduce") for r in (0, 2)}
+    for r in (0, 2):
+        b.end(r, ids[r], t + 4 * S + r * MS, exc="KeyboardInterrupt")
+        b.add(r, t + 4 * S + 5 * MS, "exit", reason="exception", exc="KeyboardInterrupt")
+    b.heartbeats(b.t0, t + 4 * S)
+    b.add(1, t + 4 * S + 10 * MS, "exit", reason="atexit", code=0)
+    _, f = replay(b, {1}, hang_after=2.0)
+    assert errors(f) == [("op_failed", [1])]
+    blame = f[0].evidence["blame"]
+    assert blame == {**blame, "reason": "absent",
+                     "text": "rank 1 had not entered it when its ranks waiting there were interrupted"}
 
 
 def test_monitored_barrier_names_the_absent_rank():

@@ -136,6 +136,22 @@ def test_rank_killed_with_sigkill(tmp_path, capsys):
     assert "Connection" in cons[0]["failed"]["0"]["exc"]
 
 
+def test_a_hang_the_job_ended_by_its_own_deadline_is_still_the_hang(tmp_path, capsys):
+    """Rank 0 waits in all_reduce #6 that rank 1 skipped; then the job ends itself, every
+    rank through ``os._exit(0)``, rank 0 from inside the op (helper-62: the finding vanished
+    once the waiting rank had left, "the trace looks healthy", exit 0, for the demo's own
+    skip and deadlock bugs).  A rank that left cleanly inside an op while nothing went on
+    after it was still waiting there: the rank that never came is named."""
+    live, _, store = run_job(tmp_path, W.deadline_exit, pg_timeout=60, hang_after=1.0,
+                             want=only("missing_ranks", 1), world=2)
+    out = finished(store, capsys)
+    assert errors_of(out) == [("missing_ranks", [1])]
+    exits = [e for e in open_source(store).read_all() if e["type"] == "exit"]
+    assert sorted((e["rank"], e["reason"], e["code"]) for e in exits) == [(0, "os._exit", 0), (1, "os._exit", 0)]
+    (hang,) = out["findings"]
+    assert (hang["evidence"]["entered"], hang["evidence"]["missing"]) == ([0], [1])
+
+
 #: What torch's Gloo process group says as it aborts a process in its teardown
 TORCH_TEARDOWN_ABORT = "terminate called without an active exception"
 

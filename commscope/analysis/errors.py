@@ -4,7 +4,8 @@ Backends word their errors differently, but they fall into a few kinds: a peer's
 connection closed (the peer went away), the group's timeout fired (someone never
 arrived), ``monitored_barrier`` naming the ranks that did not arrive, a rank reporting
 that *another* rank's monitored barrier failed, and everything else (the op raised on
-its own: a bad argument, a size check).  Texts below are the ones Gloo, NCCL and
+its own: a bad argument, a size check); and a rank interrupted while it waited
+(``KeyboardInterrupt``: Ctrl-C on a hung job), blamed like a timeout on whoever had not come.  Texts below are the ones Gloo, NCCL and
 ``ProcessGroupGloo::monitoredBarrier`` print in torch 2.4-2.13.
 """
 
@@ -17,6 +18,7 @@ PEER_GONE = "peer_gone"  # a connection to a peer closed or reset: the peer went
 TIMEOUT = "timeout"  # the group's own timeout fired: some member never arrived
 NAMED = "named"  # monitored_barrier: the text names the ranks that never arrived
 RELAYED = "relayed"  # this rank only heard that another rank's op failed
+INTERRUPTED = "interrupted"  # the user stopped the rank while it waited (Ctrl-C): some member may never have come
 LOCAL = "local"  # anything else: the op raised on its own
 
 _PEER_GONE = re.compile(
@@ -24,6 +26,7 @@ _PEER_GONE = re.compile(
     r"connection refused|peer (closed|disconnected|hung up)|NCCL communicator was aborted|"
     r"ProcessGroup.* is aborted|aborted communicator", re.I)
 _TIMEOUT = re.compile(r"timed out|timeout|watchdog caught collective operation", re.I)
+_INTERRUPTED = re.compile(r"\s*KeyboardInterrupt\b")
 _NAMED = re.compile(r"\bRanks? ((?:\d+\s*,\s*)*\d+) failed to pass monitoredBarrier")
 _RELAYED = re.compile(r"successfully reached monitoredBarrier, but received errors while waiting for "
                       r"send/recv from rank (\d+)")
@@ -46,6 +49,8 @@ def classify(text: str) -> ExcKind:
         return ExcKind(PEER_GONE)
     if _TIMEOUT.search(text):
         return ExcKind(TIMEOUT)
+    if _INTERRUPTED.match(text):
+        return ExcKind(INTERRUPTED)
     return ExcKind(LOCAL)
 
 

@@ -28,7 +28,7 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from commscope.analysis import evidence, rankstate, stacks
-from commscope.analysis.errors import NAMED, PEER_GONE, RELAYED, TIMEOUT, first_line
+from commscope.analysis.errors import INTERRUPTED, NAMED, PEER_GONE, RELAYED, TIMEOUT, first_line
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import Finding, activity, op_brief, rank_stack, ranks_text, secs
 from commscope.analysis.model import (
@@ -155,10 +155,11 @@ class _Arrivals:
         self.begins: list[int] = []  # when each member that entered it did, in order
         self.entered: list[int] = []  # those members, in that order
         self.order: dict[int, int] = {}  # member -> where in ``entered``
-        self._blames: dict[int, Blame] = {}  # how many had entered by the timeout -> its blame
+        self._blames: dict[tuple[int, str], Blame] = {}  # (how many had entered by then, why) -> its blame
 
-    def timeout(self, r: int, t: int) -> Blame:
-        """The blame of rank ``r``'s timeout at ``t``: the members that had not entered by then."""
+    def timeout(self, r: int, t: int, when: str = "the timeout fired") -> Blame:
+        """The blame of rank ``r``'s timeout at ``t`` (or of what else ended its wait then,
+        ``when``): the members that had not entered by then."""
         if self.members is None:
             m, ops = self.model, self.ops
             self.members = m.members(self.r, self.i)
@@ -167,19 +168,19 @@ class _Arrivals:
             self.order = {p: k for k, p in enumerate(self.entered)}
         cut = bisect.bisect_right(self.begins, t + ARRIVAL_SLACK_NS)
         if self.order.get(r, cut) >= cut:  # (not entered by its own timeout: hostile times, a blame of its own)
-            return self._blame(r, cut)
-        got = self._blames.get(cut)
+            return self._blame(r, cut, when)
+        got = self._blames.get((cut, when))
         if got is None:
-            got = self._blames[cut] = self._blame(None, cut)
+            got = self._blames[cut, when] = self._blame(None, cut, when)
         return got
 
-    def _blame(self, r: int | None, cut: int) -> Blame:
+    def _blame(self, r: int | None, cut: int, when: str) -> Blame:
         assert self.members is not None
         came = set(self.entered[:cut])
         absent = [m for m in self.members if m != r and m not in came]
         if absent:
-            return Blame(tuple(absent), "absent", f"{ranks_text(absent)} had not entered it when the timeout fired")
-        return Blame((), "unknown", "every member had entered it when the timeout fired")
+            return Blame(tuple(absent), "absent", f"{ranks_text(absent)} had not entered it when {when}")
+        return Blame((), "unknown", f"every member had entered it when {when}")
 
 
 def _blame_one(model: TraceModel, r: int, i: int, now: int, arrivals: _Arrivals) -> Blame | None:
@@ -192,6 +193,8 @@ def _blame_one(model: TraceModel, r: int, i: int, now: int, arrivals: _Arrivals)
         return None
     if kind.kind == TIMEOUT:
         return arrivals.timeout(r, t)
+    if kind.kind == INTERRUPTED:  # (Ctrl-C on a hung job: its waiting ranks are not the cause)
+        return arrivals.timeout(r, t, "its ranks waiting there were interrupted")
     if kind.kind == PEER_GONE:
         left, silent = rankstate.peers_gone(model, r, i)
         gone = left + [m for m in silent if m in rankstate.vanished(model, now)]

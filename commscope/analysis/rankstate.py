@@ -15,6 +15,7 @@ record per rank instead of judging again: see ``snapshot``.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter, itemgetter
@@ -65,6 +66,7 @@ class _Memo:
     open_ops: tuple[np.ndarray, np.ndarray] | None = None  # ``RankTable.open_ops``: (slots, op indices)
     vanished: tuple[int, frozenset[int]] | None = None  # (now, ranks)
     survivors: tuple[int, int] | None = None  # see _survivors_last
+    acted: tuple[tuple[int, int], ...] | None = None  # see _last_acts
     snapshot: RankSnapshot | None = None
     #: (space, group, seq) -> the members that completed that collective (``completed_by``)
     completed: dict[tuple[int, str, int], frozenset[int]] = dataclasses.field(default_factory=dict)
@@ -265,9 +267,17 @@ def is_dead(m: TraceModel, rank: int, now: int) -> bool:
 def left_early(m: TraceModel, rank: int, now: int) -> bool:
     """Gone while the job went on: exited or crashed, vanished, or silent past the dead
     threshold while other ranks kept writing.  Ranks that all stopped together (a job killed
-    as a whole) are judged as they were when they stopped: still waiting."""
-    if exited(m, rank) is not None:
-        return True
+    as a whole, or ended by its own deadline: every rank's ``os._exit(0)`` while some
+    waited in a hang) are judged as they were when they stopped: still waiting."""
+    ex = exited(m, rank)
+    if ex is not None:
+        if is_crash(ex) or current_op(m, rank) is None:
+            return True  # (left after its last op, or crashed: gone, whoever stopped after)
+        # (left cleanly inside an op: gone where the job went on after it; a rank that stayed
+        # asleep a moment longer, as a loaded machine wakes one, did not make it go on)
+        t = departed_ns(m, rank) or int(ex["ts"])
+        return _survivors_last(m)[0] >= t or any(
+            r != rank and act > t + SLACK_NS for act, r in _last_acts(m))
     if not is_dead(m, rank, now):
         return False
     if rank in vanished(m, now):
@@ -276,10 +286,29 @@ def left_early(m: TraceModel, rank: int, now: int) -> bool:
     if k is not None and k.get("src") == SNAPSHOT:  # gone while a snapshot saw others still there
         return _survivors_last(m)[1] > int(k["ts"])
     if k is not None:  # killed while others went on (ranks killed together are a job stopped)
-        t = departed_ns(m, rank) or int(k["ts"])
-        last_failed, last_seen = _survivors_last(m)
-        return last_failed >= t or last_seen > t + SLACK_NS
+        return _went_on_after(m, departed_ns(m, rank) or int(k["ts"]))
     return m.end_ns - m.last_seen(rank) > dead_after_ns(m, rank)
+
+
+def _last_acts(m: TraceModel) -> tuple[tuple[int, int], ...]:
+    """The two latest (time, rank) of any rank's last op begun or completed, once per
+    version (whether a rank other than one did something after it, asked of every rank)."""
+    memo = _memo(m)
+    if memo.acted is None:
+        acts = []
+        for r, rt in m.ranks.items():
+            begun, done = m.last_op(r, completed=False), m.last_op(r)
+            acts.append((max(int(rt.begin[begun]) if begun is not None else -1,
+                             int(rt.comp[done]) if done is not None else -1), r))
+        memo.acted = tuple(heapq.nlargest(2, acts))
+    return memo.acted
+
+
+def _went_on_after(m: TraceModel, t: int) -> bool:
+    """Whether the job went on after a rank left in the middle of things at ``t``: an op of
+    a rank not killed failed since, or one was heard from past the slack."""
+    last_failed, last_seen = _survivors_last(m)
+    return last_failed >= t or last_seen > t + SLACK_NS
 
 
 def gone_early(m: TraceModel, ranks: Sequence[int], now: int) -> set[int]:
