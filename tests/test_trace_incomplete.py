@@ -134,6 +134,38 @@ def test_invalid_and_damaged_lines_are_counted_by_reason_in_every_command(tmp_pa
     assert any(e.get("name") == "error: trace_incomplete" for e in data["traceEvents"])
 
 
+def test_a_rank_whose_stream_is_not_in_the_store_though_its_peers_completed_collectives_with_it(tmp_path, capsys):
+    """Rank 1's stream removed, or empty (a directory store its host does not share, a file
+    deleted): "no events from rank 1" was a warning, and check said "the trace looks
+    healthy", exit 0 (helper-62), though ranks 0 and 2 completed five all_reduces that
+    needed it.  A trace read to its end says so as trace_incomplete; a live job's reader
+    may not have listed a stream yet (no such finding), and a world larger than the ranks
+    that wrote, which no collective proves ran, stays a warning."""
+    b = finished()
+    for r in (0, 2):
+        b.add(r, b.t0 + S // 20, "group", group="0", granks=[0, 1, 2])
+    events = b.sorted_events()
+    for how in ("removed", "empty"):
+        store = write_store(tmp_path / how, events)
+        stream = next((tmp_path / how / "job").glob("rank-00001*.jsonl"))
+        if how == "removed":
+            stream.unlink()
+        else:
+            stream.write_bytes(b"")
+        capsys.readouterr()
+        assert cli(["check", str(store), "--json"]) == 1
+        out = json.loads(capsys.readouterr().out)
+        assert [(f["kind"], f["culprits"], f["severity"]) for f in out["findings"]] == [
+            ("trace_incomplete", [1], "error")]
+        assert out["findings"][0]["evidence"]["per_rank"] == {"1": {"no_events": True}}
+    live = TraceModel.from_events([e for e in events if e["rank"] != 1])
+    assert incomplete(b, live) is None  # (judged live: no wall clock)
+    assert [f.kind for f in diagnose(live, wall_ns=live.end_ns)] == ["trace_incomplete"]
+    unproven = TraceModel.from_events([e for e in events if e["rank"] != 1 and e["type"] != "group"]
+                                      + [{**events[0], "type": "meta", "world_size": 4, "host": "h"}])
+    assert not [f for f in diagnose(unproven, wall_ns=unproven.end_ns) if f.kind == "trace_incomplete"]
+
+
 def test_a_huge_world_size_renders_briefly(tmp_path, capsys):
     b = finished()
     b.add(0, b.t0 + S, "meta", world_size=10_000_000, host="h")

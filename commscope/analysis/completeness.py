@@ -14,7 +14,9 @@ afterwards prove it was alive: ``liveness.outlived``).  A dead rank's missing ex
 ``dead_rank``, which already explains it.  When no rank wrote an exit and the whole trace
 stopped well before the clock's now (``job_stopped``), the job was killed as a whole or its
 tail never reached the store (a store that went down and never came back): that too is
-incomplete, unless an error finding already explains the end.
+incomplete, unless an error finding already explains the end.  And a trace read to its end
+that holds nothing of a rank its peers completed collectives with (``unseen``) lost that
+rank's whole stream: a directory store its host does not share, a stream deleted.
 """
 
 from __future__ import annotations
@@ -42,13 +44,14 @@ class Incomplete(Evidence):
     (not losses: shown so the numbers add up)."""
 
     lost_events: int
-    per_rank: dict[str, dict[str, Any]]  # rank -> dropped, damaged, invalid, missing, no_exit, last_event_ns
+    per_rank: dict[str, dict[str, Any]]  # rank -> dropped, damaged, invalid, missing, no_exit, last_event_ns, no_events
     more_ranks: int = ABSENT  # incomplete ranks beyond the first 256
     fr_ring_overwritten: dict[str, int] = ABSENT
 
     def render(self, f: Finding) -> list[RenderableType]:
         rows = [[r, d.get("dropped"), d.get("damaged"), d.get("invalid"), d.get("missing"),
-                 "no exit" if d.get("no_exit") else ""] for r, d in self.per_rank.items()]
+                 "no events" if d.get("no_events") else "no exit" if d.get("no_exit") else ""]
+                for r, d in self.per_rank.items()]
         parts: list[RenderableType] = [evidence.table("lost per rank", ["rank", "dropped", "damaged", "invalid",
                                                                 "store lost", "end"], rows)]
         if self.more_ranks:
@@ -80,12 +83,38 @@ def job_stopped(model: TraceModel, wall_ns: int) -> bool:
         and wall_ns - model.last_seen(r) > rankstate.dead_after_ns(model, r) for r in ranks)
 
 
-def find_incomplete(model: TraceModel, now: int, stopped: bool = False) -> list[Finding]:
-    """``stopped``: the caller found ``job_stopped`` and no error finding explaining it."""
+def unseen(model: TraceModel) -> list[int]:
+    """The ranks of the world that wrote nothing to this trace though a collective their
+    peers completed needed them (every member enters a collective that completes): their
+    streams are not in this store.  Judged from each group's first few collectives."""
+    ws, ranks = model.world_size, model.ranks
+    if sum(1 for r in ranks if r < ws) >= ws:
+        return []
+    proven: set[int] = set()
+    for (space, name), gi in model.coll.items():
+        hit = [m for m in gi.members if m not in ranks and m not in proven and 0 <= m < ws]
+        if hit and any(rankstate.completed_by(model, name, gi.seqs.seq_of(row), space)
+                       for row in range(min(gi.seqs.n, _PROOF_ROWS))):
+            proven.update(hit)
+    return sorted(proven)
+
+
+#: ``unseen`` looks for a completed collective among each group's first this many
+_PROOF_ROWS = 8
+
+
+def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: bool = False) -> list[Finding]:
+    """``stopped``: the caller found ``job_stopped`` and no error finding explaining it.
+    ``ended``: the trace is read to its end (not a live job whose ranks' streams a reader
+    may not have listed yet): ranks it does not hold that their peers' collectives needed
+    (``unseen``) are incomplete too."""
     per_rank: dict[int, dict[str, Any]] = {}
     for r, losses in model.read_losses.items():
         if r >= 0:
             per_rank.setdefault(r, {}).update(losses)
+    absent = unseen(model) if ended else []
+    for r in absent:
+        per_rank[r] = {"no_events": True}
     ranks = model.rank_ids()
     # (a rank's exit is looked at only where it has one: 16k ranks, none exited, cost ~18 us
     # each in every diagnosis; and no rank at all where none has: ``exits_seen``)
@@ -112,6 +141,10 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False) -> list[
             parts.append(f"{sum(counts.values()):,} {words} (" +
                          ", ".join(f"rank {r}: {n:,}" for r, n in sorted(counts.items())[:8]) +
                          (", ..." if len(counts) > 8 else "") + ")")
+    if absent:
+        parts.append(f"no events from rank(s) {ranges(absent, limit=8)}, though their peers completed collectives "
+                     "with them: their streams are not in this store (a directory store their hosts do not share, "
+                     "streams deleted, or ranks not instrumented)")
     ended = sorted(r for r, d in per_rank.items() if d.get("no_exit"))
     if ended and stopped:
         parts.append("no rank wrote an exit event and every rank stopped writing: the job was killed "
@@ -129,4 +162,4 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False) -> list[
     ts = max((int(model.ranks[r].last_ts) for r in ranks if r in model.ranks), default=model.end_ns)
     # Lost events may have held ops: never a healthy exit (check exits 1).
     return [Finding("trace_incomplete", None, None, None, ranks, ranks, msg, ev, ts=ts,
-                    severity=ERROR if lost else WARNING)]
+                    severity=ERROR if lost or absent else WARNING)]

@@ -63,5 +63,5 @@ def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None
     findings += find_unwaited(model, now)
     stopped = (wall_ns is not None and not any(f.severity == "error" for f in findings)
                and job_stopped(model, wall_ns))
-    findings += find_incomplete(model, now, stopped)
+    findings += find_incomplete(model, now, stopped, ended=wall_ns is not None)
     return qualify(model, resolve(model, findings, now, mismatch_rows))
