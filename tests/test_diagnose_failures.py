@@ -352,14 +352,54 @@ def test_ctrl_c_on_a_hung_job_blames_the_rank_that_never_came_not_those_that_wai
     ids = {r: b.begin(r, t, "all_reduce") for r in (0, 2)}
     for r in (0, 2):
         b.end(r, ids[r], t + 4 * S + r * MS, exc="KeyboardInterrupt")
-        b.add(r, t + 4 * S + 5 * MS, "exit", reason="exception", exc="KeyboardInterrupt")
     b.heartbeats(b.t0, t + 4 * S)
-    b.add(1, t + 4 * S + 10 * MS, "exit", reason="atexit", code=0)
+    for r in range(3):  # (as the recorder writes a KeyboardInterrupt's ending)
+        b.add(r, t + 4 * S + (5 + r) * MS, "exit", reason="atexit", code=0)
     _, f = replay(b, {1}, hang_after=2.0)
     assert errors(f) == [("op_failed", [1])]
     blame = f[0].evidence["blame"]
     assert blame == {**blame, "reason": "absent",
                      "text": "rank 1 had not entered it when its ranks waiting there were interrupted"}
+
+
+def test_ctrl_c_on_a_running_job_blames_no_rank_a_moment_behind():
+    """Ctrl-C reaches every rank at once; rank 0 was 10 ms into an all_reduce rank 1 had not
+    reached yet: nobody is to blame (helper-64: rank 1 was, as for a hang)."""
+    b = TraceBuilder(2)
+    t = b.warmup()
+    i = b.begin(0, t, "all_reduce")
+    b.end(0, i, t + 10 * MS, exc="KeyboardInterrupt")
+    b.heartbeats(b.t0, t + 10 * MS)
+    for r in (0, 1):
+        b.add(r, t + 20 * MS, "exit", reason="atexit", code=0)
+    _, f = replay(b, set(), hang_after=2.0)
+    assert [(x.kind, x.culprits, x.evidence["blame"]["reason"]) for x in f if x.severity == "error"] == [
+        ("op_failed", [], "interrupted")]
+
+
+def test_a_rank_that_left_cleanly_inside_an_op_waited_only_until_it_left():
+    """Rank 0 left through ``os._exit(0)`` half a second into an all_reduce rank 1 never
+    called; rank 1 wrote its checkpoint for 5 s more and exited: rank 0 waited 0.5 s, not
+    5 (helper-64: a missing_ranks error blamed rank 1 for a 5 s wait, with hang_after 2 s).
+    Had it waited past hang_after before it left, the wait is a hang, told in its own
+    seconds."""
+    for waited, op in ((S // 2, "all_reduce"), (3 * S, "all_reduce"), (S // 2, "recv"), (3 * S, "recv")):
+        b = TraceBuilder(2)
+        t = b.warmup()
+        b.begin(0, t, op, **({"peer": 1, "dir": "recv"} if op == "recv" else {}))
+        b.heartbeats(b.t0, t + waited, ranks=[0])
+        b.add(0, t + waited, "exit", reason="os._exit", code=0)
+        b.heartbeats(b.t0, t + 5 * S, ranks=[1])
+        b.add(1, t + 5 * S, "exit", reason="atexit", code=0)
+        _, f = replay(b, {1} if waited > 2 * S else set(), hang_after=2.0)
+        if waited < 2 * S:
+            assert errors(f) == [], op
+        elif op == "recv":
+            assert errors(f) == [("unmatched_p2p", [1])]
+            assert f[0].evidence["blocked_op"]["blocked_s"] == 3.0
+        else:
+            assert errors(f) == [("missing_ranks", [1])]
+            assert f[0].evidence["waited_s"] == {"0": 3.0}
 
 
 def test_monitored_barrier_names_the_absent_rank():
@@ -405,6 +445,9 @@ def test_mismatch_that_kills_a_rank_is_the_root_cause():
     assert errors(f) == [("collective_mismatch", [1])]
     kinds = sorted(c["kind"] for c in f[0].evidence["consequences"])
     assert kinds == ["op_failed", "rank_crashed"]
+    # (the rank the backend aborted in it was shown "waiting" beside the words that it died: helper-62)
+    assert {r: d["state"] for r, d in f[0].evidence["per_rank"].items()} == {
+        "0": "crashed", "1": "failed", "2": "failed"}
 
 
 def test_mismatch_whose_dead_rank_never_recorded_its_call_names_no_innocent():

@@ -101,3 +101,27 @@ def test_a_hang_after_that_is_no_duration_is_refused_by_every_command_that_takes
     from commscope.commands.options import seconds
 
     assert (seconds("0"), seconds("30"), seconds("2.5"), seconds("1e9")) == (0.0, 30.0, 2.5, 1e9)
+
+
+def test_a_rank_s_stream_a_negative_top_or_sample_interval_get_a_clear_error(tmp_path, capsys):
+    """A rank's stream file given as the store was said to hold "no rank-*.jsonl files";
+    ``report --top -3`` silently dropped the call sites' table and ``run --sample-interval
+    -1`` was taken as 0.05 (helper-62)."""
+    from commscope.store import open_writer
+
+    w = open_writer(str(tmp_path), "job", 0, job_meta={"world_size": 1})
+    w.close()
+    stream = next((tmp_path / "job").glob("rank-00000*.jsonl"))
+    (tmp_path / "notes.txt").write_text("x")
+    for argv, said in ((["check", str(stream)], f"is one rank's stream: give the directory that holds the job's "
+                                                f"rank-*.jsonl files ({stream.parent})"),
+                       (["check", str(tmp_path / "notes.txt")], "is a file, not a trace store"),
+                       (["report", str(tmp_path), "--top", "-3"], "argument --top: a number from 0 on, not '-3'"),
+                       (["run", "--sample-interval", "-1", "--", "true"], "argument --sample-interval: seconds from 0")):
+        try:
+            code = cli(argv)
+        except SystemExit as exc:
+            code = exc.code
+        assert code == 2, argv
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, err

@@ -105,8 +105,9 @@ def test_sixty_four_ranks_whose_all_reduce_failed_ask_the_others_once(exc, monke
     walks: list[int] = []
     members, blame = TraceModel.members, _Arrivals._blame
     monkeypatch.setattr(TraceModel, "members", lambda self, r, i: walks.append(r) or members(self, r, i))
-    monkeypatch.setattr(_Arrivals, "_blame", lambda self, r, cut: walks.append(-1) or blame(self, r, cut))
-    (failure,) = failed_instances(m, t + 700 * S, {})
+    monkeypatch.setattr(_Arrivals, "_blame",
+                        lambda self, r, cut, when: walks.append(-1) or blame(self, r, cut, when))
+    (failure,) = failed_instances(m, t + 700 * S, {}, 30 * S)
     assert len(failure.failed) == 48 and len(walks) == (2 if exc == TIMEOUT else 1), walks
     if exc == TIMEOUT:
         assert failure.blame.culprits == tuple(range(48, 64)) and failure.blame.reason == "absent"

@@ -512,6 +512,8 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
         for _, i, r, code, q in rows:
             if r in gone:
                 continue  # a rank that is gone no longer waits
+            if model.exits_seen and rankstate.waited_until(model, r, now) - int(model.ranks[r].begin[i]) < hang_ns:
+                continue  # (it left, with its job, before it had waited that long)
             s = model.sigs[code]
             pending.setdefault((s.space, s.group, q), {})[r] = i
     out = []
@@ -541,7 +543,9 @@ def _missing(model: TraceModel, gi: GroupIndex, seq: int, entered: dict[int, int
     t = model.table
     slots = model.slots_of(ranks)
     begin, comp = t.gather(("begin", "comp"), t.block[slots], t.base[slots] + ops)
-    waited = dict(zip(map(str, ranks.tolist()), map(secs, (np.where(comp != 0, comp, now) - begin).tolist()),
+    ends = np.fromiter((rankstate.waited_until(model, r, now) for r in ranks.tolist()), np.int64, ranks.shape[0]) \
+        if model.exits_seen else now
+    waited = dict(zip(map(str, ranks.tolist()), map(secs, (np.where(comp != 0, comp, ends) - begin).tolist()),
                       strict=True))
     instead = {}
     for m in missing:

@@ -183,7 +183,7 @@ class _Arrivals:
         return Blame((), "unknown", f"every member had entered it when {when}")
 
 
-def _blame_one(model: TraceModel, r: int, i: int, now: int, arrivals: _Arrivals) -> Blame | None:
+def _blame_one(model: TraceModel, r: int, i: int, now: int, arrivals: _Arrivals, hang_ns: int) -> Blame | None:
     """Blame for one primary failure (None: it only relays another rank's failure)."""
     kind = model.exc_kind(r, i)
     t = model.failed_ns(r, i)
@@ -193,8 +193,12 @@ def _blame_one(model: TraceModel, r: int, i: int, now: int, arrivals: _Arrivals)
         return None
     if kind.kind == TIMEOUT:
         return arrivals.timeout(r, t)
-    if kind.kind == INTERRUPTED:  # (Ctrl-C on a hung job: its waiting ranks are not the cause)
-        return arrivals.timeout(r, t, "its ranks waiting there were interrupted")
+    if kind.kind == INTERRUPTED:
+        waited = t - int(model.ranks[r].begin[i])
+        if waited >= hang_ns:  # (Ctrl-C on a hung job: its waiting ranks are not the cause)
+            return arrivals.timeout(r, t, "its ranks waiting there were interrupted")
+        return Blame((), "interrupted", f"the user interrupted rank {r} {secs(waited):.1f} s into it, before "
+                                        "hang_after: a job stopped, not a hang (nobody to blame)")
     if kind.kind == PEER_GONE:
         left, silent = rankstate.peers_gone(model, r, i)
         gone = left + [m for m in silent if m in rankstate.vanished(model, now)]
@@ -223,8 +227,11 @@ def _combine(blames: list[Blame]) -> Blame:
     return blames[0] if blames else Blame((), "unknown", "no rank to blame")
 
 
-def failed_instances(model: TraceModel, now: int, mismatch_rows: dict[tuple, list[int]]) -> list[Failure]:
-    """Every instance with a failed op, with its blame, in order of first failure."""
+def failed_instances(model: TraceModel, now: int, mismatch_rows: dict[tuple, list[int]],
+                     hang_ns: int) -> list[Failure]:
+    """Every instance with a failed op, with its blame, in order of first failure.
+    ``hang_ns``: how long an op interrupted by the user was waited in before the members
+    that had not come are blamed (sooner, a job stopped: nobody is)."""
     by_key: dict[tuple, dict[int, int]] = {}
     for r, i in model.failed:
         rt = model.ranks.get(r)
@@ -249,7 +256,7 @@ def failed_instances(model: TraceModel, now: int, mismatch_rows: dict[tuple, lis
             continue
         primary = [(r, i) for r, i in failed.items() if int(model.ranks[r].begin[i]) <= first + ARRIVAL_SLACK_NS]
         arrivals = _Arrivals(model, r0, i0, ops)
-        blames = [b for r, i in primary if (b := _blame_one(model, r, i, now, arrivals)) is not None]
+        blames = [b for r, i in primary if (b := _blame_one(model, r, i, now, arrivals, hang_ns)) is not None]
         out.append(Failure(key, failed, first, _combine(blames)))
     out.sort(key=lambda f: f.first_ns)
     return out

@@ -9,7 +9,7 @@ from commscope.analysis import stacks
 from commscope.analysis.evidence import Evidence, RawEvidence
 from commscope.analysis.model import SPACE_FR, TraceModel
 from commscope.analysis.ranks import ranges
-from commscope.analysis.rankstate import is_blocked_in, snapshot
+from commscope.analysis.rankstate import crash, exited, is_blocked_in, killed, snapshot
 
 ERROR, WARNING = "error", "warning"
 
@@ -115,6 +115,17 @@ def secs(ns: int | float) -> float:
     return round(float(ns) / 1e9, 3)
 
 
+def _gone(model: TraceModel, rank: int) -> str | None:
+    """How a rank left while blocked in an op, as the op's state says it ("crashed", "killed",
+    "exited"; None: it did not): the backend that aborted a rank in a mismatched
+    collective left it "waiting" in the table beside the words that said it died."""
+    if crash(model, rank) is not None:
+        return "crashed"
+    if killed(model, rank) is not None:
+        return "killed"
+    return "exited" if exited(model, rank) is not None else None
+
+
 def op_brief(model: TraceModel, rank: int, i: int, now: int | None = None) -> dict[str, Any]:
     """The evidence view of one op: what, where, when, state."""
     rt = model.ranks[rank]
@@ -142,7 +153,7 @@ def op_brief(model: TraceModel, rank: int, i: int, now: int | None = None) -> di
         d["state"] = "failed" if i in rt.exc else "completed"
         d["duration_s"] = secs(rt.comp[i] - rt.begin[i])
     else:
-        d["state"] = "waiting" if is_blocked_in(model, rank, i) else "issued"
+        d["state"] = (_gone(model, rank) or "waiting") if is_blocked_in(model, rank, i) else "issued"
         if now is not None:
             d["for_s"] = secs(now - int(rt.begin[i]))
     if i in rt.exc:

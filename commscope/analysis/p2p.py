@@ -75,9 +75,10 @@ def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[in
                and not model.sigs[int(rt.sig[i])].nested]
         if not p2p or rankstate.left_early(model, r, now):
             continue  # (a rank that is gone no longer waits)
+        until = rankstate.waited_until(model, r, now)
         for i in p2p:
             s = model.sigs[int(rt.sig[i])]
-            if now - rankstate.blocked_since(model, r, i) < hang_ns:
+            if until - rankstate.blocked_since(model, r, i) < hang_ns:
                 continue
             peer = int(rt.peer[i])
             if peer < 0:  # any-source recv: every other member could be the sender
@@ -116,7 +117,7 @@ def _in_p2p(model: TraceModel, blocked: dict[int, tuple[int, ...]]) -> list[int]
 
 def _step(model: TraceModel, r: int, i: int, now: int) -> dict[str, Any]:
     d = op_brief(model, r, i, now)
-    d["blocked_s"] = secs(now - rankstate.blocked_since(model, r, i))
+    d["blocked_s"] = secs(rankstate.waited_until(model, r, now) - rankstate.blocked_since(model, r, i))
     return d
 
 
@@ -203,9 +204,9 @@ def _unmatched(model: TraceModel, r: int, i: int, peers: list[int], now: int) ->
     seq = int(rt.seq[i]) if rt.seq[i] >= 0 else None
     acts = {str(p): activity(model, p, now) for p in peers}
     counterpart = "recv" if s.flags & SEND else "send"
+    step = _step(model, r, i, now)
     msg = (f"{_say(model, r, i)} (#{seq if seq is not None else '?'} of group {s.group}) for "
-           f"{secs(now - rankstate.blocked_since(model, r, i)):.1f} s; the matching {counterpart} was never posted: " +
-           doing_instead(peers, acts))
-    ev = Unmatched(blocked_op=_step(model, r, i, now), expected=counterpart, peer_activity=acts)
+           f"{step['blocked_s']:.1f} s; the matching {counterpart} was never posted: " + doing_instead(peers, acts))
+    ev = Unmatched(blocked_op=step, expected=counterpart, peer_activity=acts)
     return Finding("unmatched_p2p", s.group, seq, s.op, sorted({r, *peers}), peers, msg, ev,
                    ts=rankstate.blocked_since(model, r, i), victims={r: tuple(peers)})

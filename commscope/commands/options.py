@@ -36,6 +36,17 @@ def seconds(text: str) -> float:
     return value
 
 
+def count(text: str) -> int:
+    """An argparse type: a whole number from 0 on (a negative ``--top`` silently showed none)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a number from 0 on, not {text!r}")
+    return value
+
+
 class Ranks(NamedTuple):
     """A ``--ranks`` choice: these ranks, and (``culprits``) those the findings blame."""
 

@@ -101,7 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="the per op, group and rank tables as CSV (a 'table' column names each row's table)")
     p.add_argument("--wide", action="store_true",
                    help="every column, however wide the terminal (default: the columns that fit)")
-    p.add_argument("--top", type=int, default=10, help="call sites to list (default 10)")
+    p.add_argument("--top", type=options.count, default=10, help="call sites to list (default 10)")
     p.add_argument("--all", action="store_true",
                    help=f"list every rank and group (default: up to {WHOLE} of each, every one; beyond that "
                         f"{SHOWN}: the findings' culprits and groups, then the ranks furthest from the rest and the "

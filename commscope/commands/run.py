@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hang-after", type=options.seconds, metavar="SECONDS",
                    help="capture stacks of ops in flight longer than this (default 30)")
     p.add_argument("--job", help="job id shared by all ranks (default: agreed automatically per job)")
-    p.add_argument("--sample-interval", type=float, metavar="SECONDS", help="resource sample period (default 1)")
+    p.add_argument("--sample-interval", type=options.seconds, metavar="SECONDS",
+                   help="resource sample period (default 1; at least 0.05: shorter is taken as 0.05)")
     p.add_argument("--no-flight-recorder", action="store_true",
                    help="never enable PyTorch's Flight Recorder (only the Python recorder uses it, for "
                         "collectives issued from C++ such as DDP's)")

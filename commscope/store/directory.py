@@ -422,6 +422,11 @@ class DirectoryReader(TraceReader):
         if self.job_dir is None and not wait:
             if not self.path.exists():
                 raise StoreError(f"no trace store at {self.path}")
+            if self.path.is_file() and self.path.name.startswith("rank-"):  # (a rank's stream)
+                raise StoreError(f"{self.path} is one rank's stream: give the directory that holds the job's "
+                                 f"rank-*.jsonl files ({self.path.parent}) or the store above it")
+            if self.path.is_file():
+                raise StoreError(f"{self.path} is a file, not a trace store (a directory, or a redis:// URL)")
             raise StoreError(f"{self.path} holds no commscope trace (no rank-*.jsonl files)")
         self._reading: dict[Stream, int] = {}  # the number of the segment being read
         self._partial: dict[Stream, bool] = {}
