@@ -282,6 +282,9 @@ STOPS: dict[str, Stop] = {
     "a host lost, the others wait for it": Stop(lambda w: [("dead_rank", list(range(8, 16)))]),
     "killed with half the ranks inside an all_reduce": Stop(lambda w: [], whole=True),
     "one rank never entered, the others wait": Stop(lambda w: [("missing_ranks", [0])]),
+    # every rank left through os._exit(0) at the job's own deadline, the others inside the
+    # all_reduce rank 0 never entered: the hang it ended (it was "healthy" once they left)
+    "a deadline ended it, one rank never entered": Stop(lambda w: [("missing_ranks", [0])], whole=True),
 }
 
 
@@ -327,6 +330,10 @@ def stopped_job(world: int, way: str) -> tuple[list[dict], int]:
                 b.begin(r, t, "all_reduce")
         elif way == "one rank never entered, the others wait" and r:
             b.begin(r, t, "all_reduce")
+        elif way == "a deadline ended it, one rank never entered":
+            if r:
+                b.begin(r, t, "all_reduce")
+            b.exit(r, t + 5 * S + (r % 13) * 1000, reason="os._exit", code=0)
     if way == "one rank gone, the others failed on it":
         beating.remove(0)
     elif way == "a host lost, the others wait for it":
@@ -335,6 +342,8 @@ def stopped_job(world: int, way: str) -> tuple[list[dict], int]:
     if way == "killed with half the ranks inside an all_reduce":
         for r in beating:
             b.heartbeat(r, t + 3000)  # then the whole job stopped
+    elif way == "a deadline ended it, one rank never entered":
+        b.heartbeats(t, t + 5 * S, interval=S, ranks=beating)
     else:
         b.heartbeats(t, t + 70 * S, interval=10 * S, ranks=beating)
     return b.sorted_events(), t
