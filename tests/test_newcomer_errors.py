@@ -83,6 +83,16 @@ def test_bench_large_refuses_formats_and_rank_counts_it_cannot_measure(capsys):
     assert _formats("json,native,json") == ["json", "native"]  # (each measured once)
 
 
+def refused(argv: list[str], capsys) -> str:
+    """What the command said on stderr as it refused ``argv`` with exit 2 (a usage error)."""
+    try:
+        code = cli(argv)
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2, argv
+    return capsys.readouterr().err
+
+
 def test_a_hang_after_that_is_no_duration_is_refused_by_every_command_that_takes_one(tmp_path, capsys):
     """"inf", "nan" and 1e300 were taken: diagnosing raised (OverflowError making them ns) or
     the console's worker died; export and replay took a negative one."""
@@ -90,12 +100,7 @@ def test_a_hang_after_that_is_no_duration_is_refused_by_every_command_that_takes
         extra = {"export": ["--chrome", str(tmp_path / "x.json")], "run": ["--", "true"]}.get(verb, [])
         for value in ("inf", "nan", "1e300", "-5", "soon"):
             argv = [verb, *([] if verb in ("demo", "run") else [str(tmp_path)]), f"--hang-after={value}", *extra]
-            try:
-                code = cli(argv)
-            except SystemExit as exc:
-                code = exc.code
-            assert code == 2, argv
-            err = capsys.readouterr().err
+            err = refused(argv, capsys)
             assert err.startswith(f"usage: commscope {verb}"), err
             assert "argument --hang-after:" in err and repr(value) in err, err
     from commscope.commands.options import seconds
@@ -118,10 +123,5 @@ def test_a_rank_s_stream_a_negative_top_or_sample_interval_get_a_clear_error(tmp
                        (["check", str(tmp_path / "notes.txt")], "is a file, not a trace store"),
                        (["report", str(tmp_path), "--top", "-3"], "argument --top: a number from 0 on, not '-3'"),
                        (["run", "--sample-interval", "-1", "--", "true"], "argument --sample-interval: seconds from 0")):
-        try:
-            code = cli(argv)
-        except SystemExit as exc:
-            code = exc.code
-        assert code == 2, argv
-        err = capsys.readouterr().err
+        err = refused(argv, capsys)
         assert said in err and "Traceback" not in err, err
