@@ -400,6 +400,7 @@ def test_a_rank_that_left_cleanly_inside_an_op_waited_only_until_it_left():
         else:
             assert errors(f) == [("missing_ranks", [1])]
             assert f[0].evidence["waited_s"] == {"0": 3.0}
+            assert (f[0].evidence["op"]["state"], f[0].evidence["op"]["for_s"]) == ("exited", 3.0)  # (helper-65)
 
 
 def test_monitored_barrier_names_the_absent_rank():

@@ -10,6 +10,7 @@ from pathlib import Path
 from commscope.analysis import TraceModel, diagnose
 from commscope.analysis.synth import S, TraceBuilder
 from commscope.cli import main as cli
+from commscope.commands.check import check_store
 from commscope.events import encode
 from commscope.store import open_reader, open_writer
 
@@ -158,12 +159,62 @@ def test_a_rank_whose_stream_is_not_in_the_store_though_its_peers_completed_coll
         assert [(f["kind"], f["culprits"], f["severity"]) for f in out["findings"]] == [
             ("trace_incomplete", [1], "error")]
         assert out["findings"][0]["evidence"]["per_rank"] == {"1": {"no_events": True}}
+        assert check_store(str(store), json=True) == 1  # (the headless demo's and snapshot's check: the same)
+        assert json.loads(capsys.readouterr().out)["findings"] == out["findings"]
     live = TraceModel.from_events([e for e in events if e["rank"] != 1])
     assert incomplete(b, live) is None  # (judged live: no wall clock)
     assert [f.kind for f in diagnose(live, wall_ns=live.end_ns)] == ["trace_incomplete"]
     unproven = TraceModel.from_events([e for e in events if e["rank"] != 1 and e["type"] != "group"]
                                       + [{**events[0], "type": "meta", "world_size": 4, "host": "h"}])
     assert not [f for f in diagnose(unproven, wall_ns=unproven.end_ns) if f.kind == "trace_incomplete"]
+
+
+def test_a_rank_with_nothing_but_lost_lines_keeps_them_and_traces_read_from_outside_prove_no_rank(tmp_path, capsys):
+    """(helper-65) Rank 1's stream holds only damaged and invalid lines: its losses stay
+    counted beside "no events" (they were replaced).  Flight Recorder dumps a user had of
+    some ranks, and a snapshot of one host's ranks, list groups of the whole world: the
+    ranks not there are not proven lost (a warning, as documented: docs/snapshot.md)."""
+    from commscope.analysis.completeness import MAX_UNSEEN
+    from commscope.analysis.flight_import import dumps_to_events
+
+    b = finished()
+    for r in (0, 2):
+        b.add(r, b.t0 + S // 20, "group", group="0", granks=[0, 1, 2])
+    store = write_store(tmp_path / "s", [e for e in b.sorted_events() if e["rank"] != 1],
+                        {1: [b"{garbage", b'{"type":"op","rank":1,"ts":1,"phase":"begin","id":"x"}'] * 5})
+    capsys.readouterr()
+    assert cli(["check", str(store), "--json"]) == 1
+    (f,) = json.loads(capsys.readouterr().out)["findings"]
+    assert (f["evidence"]["lost_events"], f["evidence"]["per_rank"]) == (
+        10, {"1": {"damaged": 5, "invalid": 5, "no_events": True}})
+
+    def entry(rid: int, seq: int) -> dict:
+        return {"record_id": rid, "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": seq,
+                "p2p_seq_id": 0, "op_id": rid, "profiling_name": "nccl:all_reduce",
+                "time_created_ns": 10**18 + rid * 10**6, "input_sizes": [[4]], "input_dtypes": ["Float"],
+                "output_sizes": [[4]], "output_dtypes": ["Float"], "state": "completed",
+                "time_discovered_started_ns": None, "time_discovered_completed_ns": 10**18 + rid * 10**6 + 500,
+                "retired": True, "is_p2p": False, "frames": [{"name": "step", "filename": "train.py", "line": 7}]}
+
+    cfg = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"}}
+    dumps = {r: {"version": "2.10", "pg_config": cfg, "entries": [entry(0, 1)]} for r in (0, 1, 3)}
+    model = TraceModel.from_events(dumps_to_events(dumps, {r: 10**18 + 60 * S for r in dumps}))
+    assert [x.kind for x in diagnose(model, wall_ns=model.end_ns)] == []
+    snap = finished(world=2)
+    for r in (0, 1):
+        snap.add(r, snap.t0 + S // 20, "group", group="0", granks=[0, 1, 2, 3])
+    model = TraceModel.from_events([{**e, "world_size": 4, "recorder": "snapshot"} if e["type"] == "meta" else e
+                                    for e in snap.sorted_events()])
+    assert model.world_size == 4  # (the snapshot's own word for the hosts not seen yet, a warning)
+    assert [(x.kind, x.severity, x.culprits) for x in diagnose(model, wall_ns=model.end_ns)] == [
+        ("trace_incomplete", "warning", [2, 3])]
+    hostile = TraceBuilder(2)  # (a group of two million members, one collective of it completed)
+    hostile.group("0", list(range(2_000_000)))
+    hostile.collective(hostile.t0 + S, ranks=[0, 1])
+    model = TraceModel.from_events([{**e, "world_size": (1 << 24) - 1} if e["type"] == "meta" else e
+                                    for e in hostile.sorted_events()])
+    (f,) = diagnose(model, wall_ns=model.end_ns)
+    assert f.kind == "trace_incomplete" and len(f.culprits) == MAX_UNSEEN and f.culprits[0] == 2
 
 
 def test_a_huge_world_size_renders_briefly(tmp_path, capsys):

@@ -21,6 +21,7 @@ rank's whole stream: a directory store its host does not share, a stream deleted
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any
 
 from rich.console import RenderableType
@@ -30,9 +31,10 @@ from commscope.analysis import evidence, rankstate
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import ERROR, WARNING, Finding
 from commscope.analysis.liveness import outlived
-from commscope.analysis.model import TraceModel
+from commscope.analysis.model import SPACE_FR, TraceModel
 from commscope.analysis.ranks import ranges
 from commscope.analysis.rankstate import snapshot
+from commscope.analysis.vocab import FR_IMPORT, SNAPSHOT
 
 _LOSS_WORDS = {"dropped": "event(s) dropped by the recorder", "damaged": "damaged line(s) skipped",
                "invalid": "invalid event(s) skipped", "missing": "event(s) lost by the store"}
@@ -90,17 +92,28 @@ def unseen(model: TraceModel) -> list[int]:
     ws, ranks = model.world_size, model.ranks
     if sum(1 for r in ranks if r < ws) >= ws:
         return []
+    if any(rt.meta and (rt.meta.get("recorder") == SNAPSHOT or rt.meta.get("src") == FR_IMPORT)
+           for rt in ranks.values()):
+        return []  # (read from outside: a snapshot of one host's ranks, the dumps a user had)
     proven: set[int] = set()
     for (space, name), gi in model.coll.items():
-        hit = [m for m in gi.members if m not in ranks and m not in proven and 0 <= m < ws]
+        if space == SPACE_FR:  # (Flight Recorder's groups list the world, whoever wrote here)
+            continue
+        hit = [m for m in islice(gi.members, MAX_UNSEEN + len(ranks)) if m not in ranks and m not in proven
+               and 0 <= m < ws]
         if hit and any(rankstate.completed_by(model, name, gi.seqs.seq_of(row), space)
                        for row in range(min(gi.seqs.n, _PROOF_ROWS))):
-            proven.update(hit)
+            proven.update(hit[:MAX_UNSEEN - len(proven)])
+            if len(proven) >= MAX_UNSEEN:
+                break
     return sorted(proven)
 
 
 #: ``unseen`` looks for a completed collective among each group's first this many
 _PROOF_ROWS = 8
+#: ``unseen`` names at most this many ranks (a hostile group of millions of members cost
+#: a diagnosis seconds and ``check --json`` tens of MB)
+MAX_UNSEEN = 1 << 16
 
 
 def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: bool = False) -> list[Finding]:
@@ -113,8 +126,8 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
         if r >= 0:
             per_rank.setdefault(r, {}).update(losses)
     absent = unseen(model) if ended else []
-    for r in absent:
-        per_rank[r] = {"no_events": True}
+    for r in absent:  # (what was read of it and lost stays said: helper-65)
+        per_rank.setdefault(r, {})["no_events"] = True
     ranks = model.rank_ids()
     # (a rank's exit is looked at only where it has one: 16k ranks, none exited, cost ~18 us
     # each in every diagnosis; and no rank at all where none has: ``exits_seen``)

@@ -194,7 +194,7 @@ def _blame_one(model: TraceModel, r: int, i: int, now: int, arrivals: _Arrivals,
     if kind.kind == TIMEOUT:
         return arrivals.timeout(r, t)
     if kind.kind == INTERRUPTED:
-        waited = t - int(model.ranks[r].begin[i])
+        waited = t - rankstate.blocked_since(model, r, i)  # (an async op: since its wait began)
         if waited >= hang_ns:  # (Ctrl-C on a hung job: its waiting ranks are not the cause)
             return arrivals.timeout(r, t, "its ranks waiting there were interrupted")
         return Blame((), "interrupted", f"the user interrupted rank {r} {secs(waited):.1f} s into it, before "

@@ -9,7 +9,7 @@ from commscope.analysis import stacks
 from commscope.analysis.evidence import Evidence, RawEvidence
 from commscope.analysis.model import SPACE_FR, TraceModel
 from commscope.analysis.ranks import ranges
-from commscope.analysis.rankstate import crash, exited, is_blocked_in, killed, snapshot
+from commscope.analysis.rankstate import crash, exited, is_blocked_in, killed, snapshot, waited_until
 
 ERROR, WARNING = "error", "warning"
 
@@ -154,8 +154,8 @@ def op_brief(model: TraceModel, rank: int, i: int, now: int | None = None) -> di
         d["duration_s"] = secs(rt.comp[i] - rt.begin[i])
     else:
         d["state"] = (_gone(model, rank) or "waiting") if is_blocked_in(model, rank, i) else "issued"
-        if now is not None:
-            d["for_s"] = secs(now - int(rt.begin[i]))
+        if now is not None:  # (until it left, where it did: as its wait is judged)
+            d["for_s"] = secs(waited_until(model, rank, now) - int(rt.begin[i]))
     if i in rt.exc:
         d["exc"] = rt.exc[i]
     return d

@@ -33,6 +33,7 @@ from typing import Any
 
 import msgspec
 
+from commscope.analysis.vocab import FR_IMPORT
 from commscope.events import SCHEMA_VERSION, Event
 from commscope.flightfmt import FrOp, as_int, completed_ns, finished, parse_name, tensor_fields, thread_id
 from commscope.schema import MAX_INT, MAX_RANK, validate_events
@@ -240,7 +241,7 @@ def dumps_to_events(dumps: dict[int, dict], mtimes: dict[int, int] | None = None
         t_meta = min(created) if created else mtimes.get(rank, 0)
         backend = next((parse_name(str(e.get("profiling_name", "")))[0] for e in entries), "") or "?"
         out.append({"v": SCHEMA_VERSION, "type": "meta", "rank": rank, "ts": t_meta, "world_size": world or None,
-                    "backend": backend, "job": job, "fr_version": str(d.get("version")), "src": "fr-import",
+                    "backend": backend, "job": job, "fr_version": str(d.get("version")), "src": FR_IMPORT,
                     "sample_interval": 1.0})
         announced: set[str] = set()
         p2p_seq: dict[tuple, int] = {}
@@ -292,7 +293,7 @@ def _entry_events(e: dict, rank: int, members: dict[str, list[int]], announced: 
         raise ValueError("bad record_id")
     op_id = record_id + 1
     begin: Event = {"v": SCHEMA_VERSION, "type": "op", "rank": rank, "ts": created, "phase": "begin", "id": op_id,
-                    "op": fr.op, "group": group, "src": "fr-import", **tensor_fields(e)}
+                    "op": fr.op, "group": group, "src": FR_IMPORT, **tensor_fields(e)}
     tid = thread_id(e)
     if tid is not None:
         begin["tid"] = tid

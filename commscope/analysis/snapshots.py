@@ -15,7 +15,7 @@ import re
 from commscope.analysis.findings import Finding
 from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
-from commscope.analysis.vocab import SNAPSHOT
+from commscope.analysis.vocab import FR_IMPORT, SNAPSHOT
 
 
 def is_snapshot(model: TraceModel) -> bool:
@@ -33,7 +33,7 @@ def qualify(model: TraceModel, findings: list[Finding]) -> list[Finding]:
     missing = set(unseen(model))
     meta = next(rt.meta for rt in model.ranks.values() if rt.meta and rt.meta.get("recorder") == SNAPSHOT)
     span = float(meta.get("hang_after") or 0)
-    stacks_only = not any(s.src == "fr-import" for s in model.sigs)
+    stacks_only = not any(s.src == FR_IMPORT for s in model.sigs)
     samples = "one sample" if span < 0.001 else f"samples over {span:g} s"
     note = (f"from a snapshot of the ranks' stacks ({samples}): no op history, sequence numbers unknown"
             if stacks_only else f"from a snapshot of the ranks' stacks ({samples}) and their Flight Recorder dumps")

@@ -21,6 +21,8 @@ SPACE_NATIVE, SPACE_FR = 0, 1
 #: ``reason`` of a rank whose process was not there when it looked.
 SNAPSHOT = "snapshot"
 GONE = "gone"
+#: The ``src`` of the meta and ops ``flight_import`` reads from Flight Recorder dump files
+FR_IMPORT = "fr-import"
 
 #: Signals that kill a process from outside (a launcher stopping it, a user, the OOM killer):
 #: the rank did not crash, it was killed.

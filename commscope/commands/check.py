@@ -89,9 +89,9 @@ def check_store(store: str, *, json: bool = False, console: Any = None) -> int:
         return 2
     hang_after = default_hang_after(model)
     now = trace_now(model)
-    findings = diagnose(model, now, hang_after)
+    findings = diagnose(model, now, hang_after, wall_ns=time.time_ns())  # (as ``main``: helper-65)
     if json:
-        out = to_json(model, findings, warnings, hang_after, now, redact(reader.description))
+        out = to_json(model, findings, warnings, hang_after, now, redact(reader.description), reader.stats)
         stream = console.file if console is not None else sys.stdout
         stream.write(_json.dumps(out, default=str) + "\n")
         stream.flush()
