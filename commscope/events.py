@@ -147,6 +147,7 @@ def running_drops(so_far: int, e: dict) -> int:
     of a rank's, and a segment's carry, ``store/inflight.py``)."""
     return max(so_far + int(e.get("count") or 0), int(e.get("total") or 0))
 
+
 #: A rank's op ids in incarnation ``n`` are numbered from ``(n << INCARNATION_ID_SHIFT) + 1``
 #: on (the native recorder's ``new_incarnation`` too), so they are unique within a rank
 INCARNATION_ID_SHIFT = 40

@@ -3,10 +3,11 @@
 Backends word their errors differently, but they fall into a few kinds: a peer's
 connection closed (the peer went away), the group's timeout fired (someone never
 arrived), ``monitored_barrier`` naming the ranks that did not arrive, a rank reporting
-that *another* rank's monitored barrier failed, and everything else (the op raised on
-its own: a bad argument, a size check); and a rank interrupted while it waited
-(``KeyboardInterrupt``: Ctrl-C on a hung job), blamed like a timeout on whoever had not come.  Texts below are the ones Gloo, NCCL and
-``ProcessGroupGloo::monitoredBarrier`` print in torch 2.4-2.13.
+that *another* rank's monitored barrier failed, a rank interrupted while it waited
+(``KeyboardInterrupt``: Ctrl-C, on a hung job blamed like a timeout on whoever had not
+come), and everything else (the op raised on its own: a bad argument, a size check).
+Texts below are the ones Gloo, NCCL and ``ProcessGroupGloo::monitoredBarrier`` print in
+torch 2.4-2.13.
 """
 
 from __future__ import annotations
