@@ -60,13 +60,20 @@ def to_json(model: TraceModel, findings: list[Finding], warnings: list[str], han
     return out
 
 
+def judged(model: TraceModel, hang_after: float) -> tuple[int, list[Finding]]:
+    """A stored trace judged as ``check`` judges it: at its end, with the wall clock to tell
+    a job that stopped writing, and a trace read to its end (``check_store`` judged it
+    without, and missed both: helper-65)."""
+    now = trace_now(model)
+    return now, diagnose(model, now, hang_after, wall_ns=time.time_ns())
+
+
 def main(args: argparse.Namespace) -> int:
     shown = progress.wanted(args.json)
     model, reader, warnings = progress.load(args.store, shown, since=options.since_of(args))
     hang_after = args.hang_after if args.hang_after is not None else default_hang_after(model)
-    now = trace_now(model)
     with progress.status(f"diagnosing {len(model.ranks):,} ranks", shown):
-        findings = diagnose(model, now, hang_after, wall_ns=time.time_ns())
+        now, findings = judged(model, hang_after)
     if getattr(args, "py_spy", False):
         native_dumps(model, findings)
     if args.json:
@@ -88,8 +95,7 @@ def check_store(store: str, *, json: bool = False, console: Any = None) -> int:
         print(f"commscope check: error: {exc}", file=sys.stderr)
         return 2
     hang_after = default_hang_after(model)
-    now = trace_now(model)
-    findings = diagnose(model, now, hang_after, wall_ns=time.time_ns())  # (as ``main``: helper-65)
+    now, findings = judged(model, hang_after)
     if json:
         out = to_json(model, findings, warnings, hang_after, now, redact(reader.description), reader.stats)
         stream = console.file if console is not None else sys.stdout

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import IO
 
 from commscope.analysis.chrome import write_chrome
-from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+from commscope.analysis.diagnose import default_hang_after
 from commscope.analysis.ranks import ranges
 from commscope.commands import options
 
@@ -42,17 +42,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     import sys
-    import time
 
     from commscope.commands import progress
-    from commscope.commands.check import read_summary
+    from commscope.commands.check import judged, read_summary
     from commscope.errors import UsageError
 
     model, reader, warnings = progress.load(args.store, progress.wanted(args.chrome == "-" and sys.stdout.isatty()),
                                             since=options.since_of(args))
-    now = trace_now(model)
     hang = args.hang_after if args.hang_after is not None else default_hang_after(model)
-    findings = diagnose(model, now, hang, wall_ns=time.time_ns())
+    now, findings = judged(model, hang)
     skipped = {"skipped": read_summary(reader.stats)}
     ranks = None
     if args.ranks is not None:

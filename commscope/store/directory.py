@@ -96,10 +96,6 @@ ENV_WORKERS = "COMMSCOPE_READ_WORKERS"
 ENV_SHARE = "COMMSCOPE_SHARE_WITH_GROUP"
 
 
-#: Every op id a stream may hold (a rank's one incarnation: its completions name any)
-ANY_ID = range(1 << 63)
-
-
 class Jump(NamedTuple):
     """A reader's jump over segments of a stream that retention deleted under it: from the
     segment it was reading to the oldest one left, having read the ops up to ``after_id``."""
@@ -836,7 +832,7 @@ class DirectoryReader(TraceReader):
         completion is paired by rank and id, and closing another incarnation's op in flight
         would hide its hang."""
         if len(incarnations) < 2:
-            return ANY_ID  # (ids as the trace has them)
+            return retention.ANY_ID  # (ids as the trace has them)
         if stream[1] < 0:
             return None
         own = incarnation_ids(stream[1])

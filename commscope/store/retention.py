@@ -293,7 +293,11 @@ def counted(summary: dict, read_upto: int = -1) -> dict:
     return {k: v for k, v in summary.items() if k != "carried"} | {"ops": rows.rows()}
 
 
-def completions(summary: dict, read_upto: int, ids: range | None = None) -> list[dict]:
+#: Every op id a stream may hold (a rank of one incarnation: its completions may name any)
+ANY_ID = range(1 << 63)
+
+
+def completions(summary: dict, read_upto: int, ids: range = ANY_ID) -> list[dict]:
     """What a reader that read the begins of ops carried into a deleted segment (ids up to
     ``read_upto``) did not read of them: the op events that completed them there (it kept
     them in flight for good: a console behind showed their ranks blocked in an op done
@@ -301,7 +305,7 @@ def completions(summary: dict, read_upto: int, ids: range | None = None) -> list
     nothing; where it raised, the text is not in a summary (``RAISED``: one read before stays).
     ``ids``: the only ids it may name (a rank's other incarnations have theirs)."""
     return [op.completion(summary["rank"]) for op in map(Carried._make, summary.get("carried") or ())
-            if op.id <= read_upto and op.done_phase and (ids is None or op.id in ids)]
+            if op.id <= read_upto and op.done_phase and op.id in ids]
 
 
 def _lost(losses: inflight.Losses | None) -> dict:
