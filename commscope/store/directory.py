@@ -432,7 +432,9 @@ class DirectoryReader(TraceReader):
         self._summaries: dict[Stream, Path] = {}
         self._crash_names: list[str] = []  # crash files (``crashlog``) as the directory was last listed
         self._summary_offsets: dict[Stream, int] = {}
-        self._carried: list[Event] = []  # what streams starting at a later segment were in (``_carry``)
+        #: what comes first in the next poll: what streams starting at a later segment were in
+        #: (``_carry``), and the rest of segments deleted while they were read (``_rescue``)
+        self._carried: list[Event] = []
         self._read_of: dict[tuple[Stream, int], int] = {}  # (stream, segment) -> bytes of it read (where it goes on)
         #: stream -> (its newest segment, that file's path, its size) when last read to its end
         #: with no line torn: while the stream has that newest segment of that size, a poll
@@ -570,9 +572,29 @@ class DirectoryReader(TraceReader):
     def _let_go(self, entries: list[os.DirEntry]) -> None:
         """The files held open (``_files``) that a new listing no longer names, or names with
         another inode than the one held (a file written again under its name: an atomic
-        replace), let go of."""
-        if len(self._files):
-            self._files.let_go({entry.name: entry.inode() for entry in entries})
+        replace), let go of; a segment retention deleted while this reader was part of the
+        way through it is read to its end first, through what is held (``_rescue``)."""
+        if not len(self._files):
+            return
+        for path in self._files.stale({entry.name: entry.inode() for entry in entries}):
+            self._rescue(path)
+            self._files.forget(path)
+
+    def _rescue(self, path: str) -> None:
+        """The rest of a segment deleted while this reader was reading it (held open since it
+        read part of it, ``_read_segment``), read now, before its file is let go: its events
+        come first in the next poll, with what the stream was in when it ended (``_carried``).
+        Without it, an op begun in the part read and done in the rest stayed in flight for
+        good, and a console behind blamed its peers for a hang (helper-63); what is not held
+        (no descriptor left for it) is still counted as lost, in proportion, when its
+        summary is read.  A file written again under its name is not one."""
+        got = self._names.get(os.path.basename(path))
+        if not isinstance(got, tuple):
+            return
+        stream, seg = got
+        if self._reading.get(stream) != seg.number or str(seg.path) != path or os.path.exists(path):
+            return
+        self._carried.extend(self._read_segment(stream, seg.path, None, final=True)[0])
 
     def _name(self, name: str) -> tuple[Stream, Segment] | _Summary | object:
         """What a file of the job directory is, by its name: a segment of a stream (with
@@ -890,7 +912,12 @@ class DirectoryReader(TraceReader):
         events = self.poll()
         for stream, segs in self.streams().items():
             if self._partial.get(stream):
-                events.extend(self._read_stream(stream, segs, None, final=True)[0])
+                got = self._read_stream(stream, segs, None, final=True)[0]
+                events.extend(self._carried)  # (before the stream's events: what it was in, ``_enter``)
+                self._carried = []
+                events.extend(got)
+        events.extend(self._carried)  # (the rest of a segment deleted while it was read: ``_rescue``)
+        self._carried = []
         events.extend(self._crashes.poll(self.job_dir, self.owns, final=True))
         events.extend(self._remnants(final=True))
         self.stats.partial_tail = 0
@@ -937,6 +964,7 @@ class DirectoryReader(TraceReader):
         asked = size is not None  # (by ``poll``, of the file it holds if any: read without asking again)
         data: bytes | None = None
         if size is None:  # (read with its size, asked once)
+            self._files.hold(str(path))  # (should retention delete it before it is read to its end: ``_rescue``)
             try:
                 data, size = self._files.read_sized(str(path), offset,
                                                     sys.maxsize if budget is None else max(budget, self.MIN_READ))

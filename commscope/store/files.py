@@ -192,6 +192,19 @@ class OpenFiles:
     def holds(self, path: str) -> bool:
         return path in self._held
 
+    def hold(self, path: str) -> None:
+        """Hold ``path`` from now on where there is room (a reader part of the way through a
+        file: if it is deleted before it is read to its end, ``stale`` says so while the rest
+        can still be read through what is held)."""
+        if path not in self._held and len(self._held) < self._room[0]:
+            self._open(path)
+
+    def stale(self, listing: Mapping[str, int]) -> list[str]:
+        """The files held whose name (in the directory they all lie in) ``listing`` (name ->
+        inode, as the directory's entries say) does not name, or names with another inode:
+        deleted, or written again under their name.  Still held: ``let_go`` them."""
+        return [path for path, (_fd, ino) in self._held.items() if listing.get(os.path.basename(path)) != ino]
+
     def _open(self, path: str) -> tuple[int, int] | None:
         try:
             fd, st = _open_regular(path, O_NOFOLLOW)
@@ -201,12 +214,9 @@ class OpenFiles:
         return got
 
     def let_go(self, listing: Mapping[str, int]) -> None:
-        """Let go of every file held whose name (in the directory they all lie in) ``listing``
-        (name -> inode, as the directory's entries say) does not name, or names with
-        another inode: it was deleted, or written again under its name."""
-        for path, (_fd, ino) in list(self._held.items()):
-            if listing.get(os.path.basename(path)) != ino:
-                self.forget(path)
+        """Let go of every file held that ``listing`` no longer names as it is held (``stale``)."""
+        for path in self.stale(listing):
+            self.forget(path)
 
     def forget(self, path: str) -> None:
         got = self._held.pop(path, None)
