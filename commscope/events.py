@@ -98,6 +98,8 @@ Version 3 (spools, self-describing streams, incarnations):
                src "snapshot": the collective a stack shows the rank inside, its seq the
                snapshot's cycle (the same on every rank: matched only within the cycle);
                exit reason "gone", src "snapshot": a rank its host should hold had no process
+    exit       reason "gone", src "spool": a dead rank's spool held no word of its death
+               (SIGKILL, the OOM killer): ts its last record's, or when it was found
     dropped    entries, reason "store_lost: ...": a writer found its stream gone or
                shorter than what had landed (Redis restarted empty, the job directory
                deleted); ``entries`` lines were lost by the store, not the recorder
@@ -136,6 +138,9 @@ BLOCK = "block"
 SITE = "site"
 SUMMARY = "summary"
 TYPES = frozenset({OP, META, GROUP, SAMPLE, HEARTBEAT, STACK, EXIT, DROPPED, BLOCK, SITE, SUMMARY})
+#: The ``exit`` reason of a rank whose process ended and nobody saw how: ``commscope snapshot``
+#: found it gone, or its spool was left without a word of its death (SIGKILL, the OOM killer)
+GONE = "gone"
 #: ``dropped`` events whose reason starts so count Flight Recorder ring overwrites: entries of
 #: collectives the wrapper mostly recorded itself, so they are not lost trace events.
 FR_OVERWRITE = "Flight Recorder ring overwritten"

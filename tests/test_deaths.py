@@ -90,6 +90,30 @@ def test_sigterm_is_a_killing(cause, tmp_path, capsys):
     assert_diagnosed(store, cause, own, capsys)
 
 
+@pytest.mark.parametrize("moment", ["mid_run", "after_op"])
+def test_sigkill_under_a_launcher_that_does_not_say_how_names_the_rank(moment, tmp_path, capsys, monkeypatch):
+    """Under torchrun, nothing of commscope sees a worker's exit status: a rank SIGKILLed
+    left no word, and its spool, forwarded when the command ended, was timed then, seconds
+    after its peers had failed on it.  The survivors' failure blamed nobody ("every other
+    member is still there"), and the dead rank showed as still running (helper-67).  The
+    forwarder now says it ended without a word, at its last record."""
+    from commscope.store import spool
+
+    monkeypatch.setattr(Job, "forward_spools", lambda self: spool.forward_orphans())  # (no exit status)
+    store = str(tmp_path / "trace")
+    own = run_death(store, "sigkill", moment, "native", tmp_path, "death")
+    model, _reader, _warnings = load_trace(store)
+    (gone,) = model.ranks[1].exits
+    assert (gone["reason"], gone["src"]) == ("gone", "spool")
+    assert gone["ts"] <= min(model.last_seen(0), *(int(e["ts"]) for e in model.ranks[0].exits))
+    rc, out = check_json(store, capsys)
+    errors = [f for f in out["findings"] if f["severity"] == "error"]
+    assert rc == 1 and [(f["kind"], f["culprits"]) for f in errors] == [("dead_rank", [1])], errors
+    assert "ended without a word" in errors[0]["message"], errors[0]["message"]
+    assert all(0 not in f["culprits"] for f in out["findings"]), out["findings"]
+    assert model.n_ops(1) == own and model.ranks[1].dropped == 0
+
+
 def test_skipped_all_reduce_names_the_skipping_rank(tmp_path, capsys):
     """Gloo aborts a rank that did nothing wrong; the finding names the rank that skipped
     (the odd one out by majority), quotes the backend's message, and folds the abort in."""

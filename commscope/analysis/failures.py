@@ -41,6 +41,7 @@ from commscope.analysis.model import (
     signal_label,
 )
 from commscope.analysis.rankstate import ARRIVAL_SLACK_NS, EXIT_WORDS, SLACK_NS, snapshot
+from commscope.analysis.vocab import describe_kill
 
 #: Failed instances reported in full per finding; more with the same blame are counted.
 FAILED_REPORT = 5
@@ -137,6 +138,9 @@ def _departure(model: TraceModel, m: int, now: int) -> str:
     if snap.exit is not None:
         why = snap.exit.get("reason", "exit")
         return f"exited ({EXIT_WORDS.get(why, why)})"
+    killed = rankstate.killed(model, m) if snap.dead else None
+    if killed is not None:  # (how it went, where something saw: a launcher, its spool, a snapshot)
+        return f"was gone: {describe_kill(killed)}"
     if snap.dead:
         return "vanished (no exit; nothing from it since)"
     return "has not been heard from since"

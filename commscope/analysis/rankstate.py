@@ -36,6 +36,7 @@ from commscope.analysis.vocab import (
     is_kill,
     signal_label,
 )
+from commscope.events import GONE
 
 STARTUP_SLACK_NS = 2 * 10**9  # ranks whose streams begin this close to the job's start started with it
 _TOP = NESTED | CONTAINER  # inner traffic and containers: never "the op a rank is in"
@@ -245,7 +246,8 @@ def departed_ns(m: TraceModel, rank: int) -> int | None:
     ex = _last_exit(m, rank)
     if ex is None:
         return None
-    if ex.get("src") == "launcher":  # timed when the launcher noticed: the rank went after its last word
+    if ex.get("src") == "launcher" or (ex.get("src") == "spool" and ex.get("reason") == GONE):
+        # (timed when a launcher, or the forwarder of its spool, noticed: it went after its last word)
         rt = m.ranks[rank]
         last = max(rt.last_hb, rt.last_op_ts, int(rt.meta["ts"]) if rt.meta else 0)
         return int(min(ex["ts"], last)) if last else int(ex["ts"])

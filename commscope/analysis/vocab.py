@@ -9,6 +9,8 @@ from __future__ import annotations
 import signal
 from typing import NamedTuple
 
+from commscope.events import GONE
+
 # Sig flags
 ASYNC, NESTED, P2P, COLL, CONTAINER, FR, SEND, RECV, DEVICE = (1 << i for i in range(9))
 # Per-op flags
@@ -17,10 +19,9 @@ EXC, WAIT_EXC, APPROX, DONE, INFERRED = 1, 2, 4, 8, 16
 SPACE_NATIVE, SPACE_FR = 0, 1
 
 #: What ``commscope snapshot`` writes (a job read from outside, never instrumented): its meta's
-#: ``recorder``, its ops' ``src``, its stacks' ``reason`` and its exits' ``src``; and the exit
-#: ``reason`` of a rank whose process was not there when it looked.
+#: ``recorder``, its ops' ``src``, its stacks' ``reason`` and its exits' ``src`` (the exit of a
+#: rank whose process was not there when it looked: reason ``events.GONE``).
 SNAPSHOT = "snapshot"
-GONE = "gone"
 #: The ``src`` of the meta and ops ``flight_import`` reads from Flight Recorder dump files
 FR_IMPORT = "fr-import"
 
@@ -56,8 +57,10 @@ def describe_kill(ex: dict) -> str:
     """'killed by SIGKILL', 'terminated (SIGTERM)', 'left through os._exit(3)'."""
     if ex.get("reason") == "os._exit":
         return f"left through os._exit({ex.get('code')})"
-    if ex.get("reason") == GONE:
+    if ex.get("reason") == GONE and ex.get("src") == SNAPSHOT:
         return "its process was gone when commscope snapshot looked (how it ended, nothing recorded)"
+    if ex.get("reason") == GONE:
+        return "its process ended without a word (SIGKILL, or the OOM killer: how, nothing recorded)"
     sig = ex.get("signal") or "a signal"
     who = " (its launcher saw it)" if ex.get("src") == "launcher" else ""
     return f"killed by {signal_label(sig)}{who}"

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from commscope import blocks
+from commscope.events import GONE
 from commscope.schema import SCHEMA_VERSION, redact_event
 from commscope.store import crashlog
 
@@ -368,7 +369,7 @@ def remnant_lines(img: Image, rank: int, *, with_meta: bool = False) -> list[byt
     out: list[bytes] = []
     if with_meta and img.meta:
         out.append(_redacted(bytes(img.meta)))
-    now = max(img.death.signal_ns, img.death.exit_ns, img.death.terminate_ns) or time.time_ns()
+    now = max(img.death.signal_ns, img.death.exit_ns, img.death.terminate_ns) or last_record_ns(img) or time.time_ns()
     if img.ring:  # error messages the rank never sent are redacted here (the live drain does its own)
         n = sum(1 for _ in _records(img.ring))
         out.append(blocks.encode_block(blocks.mask_texts(img.tables + img.ring), rank, now, n,
@@ -383,6 +384,22 @@ def remnant_lines(img: Image, rank: int, *, with_meta: bool = False) -> list[byt
     if ex is not None and not any(b'"type":"exit"' in line for line in img.kept):
         out.append(orjson.dumps(redact_event(ex)))  # std::terminate's what() is the program's text
     return out
+
+
+def last_record_ns(img: Image) -> int:
+    """The time of the spool's last record (0: none): a rank's last sign of life where its
+    death left no word.  A remnant timed when it was forwarded, seconds later, made a rank
+    killed outright look heard from after its peers failed on it, and nobody was blamed."""
+    ring = img.ring
+    return max((blocks.HEADER.unpack_from(ring, off)[4] for _, off, _ in _records(ring)), default=0)
+
+
+def gone_exit(img: Image, rank: int) -> dict:
+    """The ``exit`` of a rank whose spool holds no word of its death (SIGKILL, the OOM
+    killer): timed at its last record, else when it was found (readers take its last word
+    where that is earlier, as for a launcher's)."""
+    return {"type": "exit", "v": SCHEMA_VERSION, "rank": rank, "ts": last_record_ns(img) or time.time_ns(),
+            "src": "spool", "reason": GONE}
 
 
 def _redacted(line: bytes) -> bytes:
@@ -528,6 +545,9 @@ def forward_dead(job: str, store: str, open_writer: Callable[[int, int], Any], o
                 if status is not None:
                     lines.append(orjson.dumps(launcher_exit(rank, status)))
                     known = True
+            if not known and not img.flags & FORWARDED:
+                # (a launcher that sees its exit status may say how, later: the tombstone stays)
+                lines.append(orjson.dumps(gone_exit(img, rank)))
             if lines:
                 try:
                     writer = open_writer(rank, img.incarnation)
@@ -630,6 +650,9 @@ def remnant_events(job: str, store: str) -> list[tuple[int, int, list[bytes]]]:
             continue
         rank = img.rank if img.rank >= 0 else img.identity.get("rank")
         if isinstance(rank, int) and rank >= 0:
-            out.append((rank, img.incarnation, remnant_lines(img, rank, with_meta=False)))
+            lines = remnant_lines(img, rank, with_meta=False)
+            if not any(b'"type":"exit"' in line for line in lines):
+                lines.append(orjson.dumps(gone_exit(img, rank)))
+            out.append((rank, img.incarnation, lines))
     return out
 
