@@ -283,6 +283,37 @@ def test_segfault_is_rank_crashed_with_its_signal_and_stack():
     assert rankstate.rank_state(m, 1, m.end_ns).kind == "crashed"
 
 
+def test_a_crash_outside_any_op_is_titled_after_the_last_op_not_in_it():
+    """Rank 1 raised in its own code after all_reduce #4 had completed on every rank: the
+    finding's title named "group 0 #4 all_reduce" as if it had happened there (its message
+    said "after").  A crash inside an op is titled with that op."""
+    from rich.console import Console
+
+    from commscope.commands.check import _panel
+
+    b = TraceBuilder(2)
+    t = b.warmup()
+    for r in (0, 1):
+        b.end(r, b.begin(r, t, "all_reduce"), t + 10 * MS)
+    b.heartbeats(b.t0, t + 3 * S)
+    b.exit(1, t + 2 * S, reason="exception", exc="ValueError: bad batch")
+    b.exit(0, t + 3 * S, reason="atexit", code=0)
+    _, (f,) = replay(b, {1})
+    assert (f.kind, f.culprits, f.group, f.seq, f.op) == ("rank_crashed", [1], "0", 4, "all_reduce")
+    assert f.place == "after group 0 #4 all_reduce"
+    console = Console(width=80, record=True)
+    console.print(_panel(f))
+    assert console.export_text().splitlines()[0].startswith("╭─ ERROR rank_crashed  after group 0 #4 all_reduce ─")
+    b = TraceBuilder(2)
+    t = b.warmup()
+    b.begin(1, t, "all_reduce")
+    b.heartbeats(b.t0, t + 3 * S)
+    b.exit(1, t + 2 * S, reason="exception", exc="ValueError: bad batch")
+    _, found = replay(b, {1})
+    (f,) = [x for x in found if x.severity == "error"]
+    assert (f.kind, f.place) == ("rank_crashed", "group 0 #4 all_reduce")
+
+
 def test_local_failure_then_crash_is_one_finding():
     b = TraceBuilder(3)
     t = b.warmup()

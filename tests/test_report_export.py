@@ -201,6 +201,7 @@ def test_report_reads_in_80_columns(snapshot):
         assert name in text  # whole, never "all…"
     assert "…" not in text
     assert "Left out to fit 80 columns" in text
+    assert not [line for line in text.splitlines() if line.endswith(" ")]  # (a wrapped note ended in its space)
     assert text == snapshot
     wide = _report_text(events, 80, wide=True)
     assert "skew p99" in wide and "algbw" in wide and "…" not in wide

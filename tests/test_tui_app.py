@@ -780,6 +780,34 @@ def test_a_large_replay_paints_what_is_read_before_it_has_loaded(tmp_path):
         gate.set()
 
 
+def test_a_replay_before_its_first_events_says_it_is_reading_not_waiting_for_a_job(tmp_path):
+    """A finished trace's first frame, before anything is read, said "waiting for the job
+    to write its first events", as a live console on an empty store does."""
+    import threading
+
+    from commscope.bench.synthstore import JobShape, write_store
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(4, 20, fault="healthy"))
+    reader = open_source(store)
+    gate, real = threading.Event(), reader.poll_batch
+    reader.poll_batch = lambda max_bytes=None: gate.wait(60) and real(max_bytes)
+    app = CommscopeApp(Feed(reader, mode=REPLAY, source=store), bell=False)
+
+    async def check(pilot):
+        try:
+            await wait_for(pilot, lambda: "reading the trace…" in _screen_text(app))
+            assert "waiting for the job" not in _screen_text(app)
+        finally:
+            gate.set()
+        await wait_for(pilot, lambda: app.info.loaded)
+
+    try:
+        drive(app, check, size=(100, 30), loaded=False)
+    finally:
+        gate.set()
+
+
 def test_history_shows_what_retention_summarized_and_what_the_window_skipped(tmp_path):
     from commscope.bench.synthstore import JobShape, write_store
     from commscope.window import Since

@@ -27,6 +27,8 @@ KINDS: dict[str, str] = {
     "trace_incomplete": WARNING,
 }
 _ORDER = {k: i for i, k in enumerate(KINDS)}
+#: The kinds whose culprit left the job (a crash, a death): the others' ops are consequences
+DEPARTED = ("rank_crashed", "dead_rank")
 
 
 @dataclasses.dataclass
@@ -65,6 +67,17 @@ class Finding:
     def sort_key(self) -> tuple:
         return (self.severity != ERROR, _ORDER.get(self.kind, 99), self.ts)
 
+    @property
+    def place(self) -> str:
+        """Where it happened, as a title says it: "group 0 #17 all_reduce"; a rank that left
+        while in no op names the last op it did, "after group 0 #4 all_reduce" (its title
+        named an op that had completed well)."""
+        where = " ".join(x for x in (f"group {self.group}" if self.group is not None else "",
+                                     f"#{self.seq}" if self.seq is not None else "", self.op or "") if x)
+        if where and self.kind in DEPARTED and not (self.evidence.get("activity") or {}).get("in_op"):
+            return f"after {where}"
+        return where
+
 
 #: Ranks named one by one in a sentence; more are counted and given as ranges
 LISTED_RANKS = 8
@@ -96,7 +109,7 @@ def rank_list(ranks: Any) -> str:
 
 def doing_instead(ranks: list[int], activities: dict[str, dict[str, Any]]) -> str:
     """What ``ranks`` do instead (their ``activity``, by rank as a string), in words: ranks
-    doing the same said once ("rank(s) 1, 2, 3 are no events recorded for this rank"), at
+    doing the same said once ("ranks 1, 2, 3 are idle (...)"), at
     most ``LISTED_RANKS`` such sayings and then how many ranks more (the evidence has each
     rank's).  A sentence a rank made a group of 5,000 absent members 8,000 lines of
     ``check``, one toast, one message (``missing_ranks``; ``unmatched_p2p``'s peers of an
@@ -104,11 +117,26 @@ def doing_instead(ranks: list[int], activities: dict[str, dict[str, Any]]) -> st
     same: dict[str, list[int]] = {}
     for m in ranks:
         same.setdefault(activities[str(m)]["text"], []).append(m)
-    said = [f"rank {rs[0]} is {text}" if len(rs) == 1 else f"{rank_list(rs)} are {text}" for text, rs in same.items()]
+    said = [f"rank {rs[0]} {_verb(text, 1)} {text}" if len(rs) == 1 else f"{rank_list(rs)} {_verb(text, 2)} {text}"
+            for text, rs in same.items()]
     if len(said) > LISTED_RANKS:
         more = sum(len(rs) for rs in list(same.values())[LISTED_RANKS:])
         said = [*said[:LISTED_RANKS], f"and {more:,} rank(s) more, each in the evidence"]
     return "; ".join(said)
+
+
+#: The states said as something a rank did, not something it is ("rank 1 has exited (...)")
+_DONE_STATES = ("exited", "crashed")
+
+
+def _verb(text: str, n: int) -> str:
+    """'is'/'are' before a state ("is idle", "are waiting in ..."), 'has'/'have' before one it
+    reached ("has exited", "have crashed"); a rank that recorded nothing "has" nothing."""
+    if text.startswith(_DONE_STATES):
+        return "has" if n == 1 else "have"
+    if text.startswith("no events"):
+        return "has" if n == 1 else "have"
+    return "is" if n == 1 else "are"
 
 
 def secs(ns: int | float) -> float:
@@ -246,7 +274,7 @@ def activity(model: TraceModel, rank: int, now: int) -> dict[str, Any]:
     rt = model.ranks.get(rank)
     if rt is None:
         d["state"] = "unknown"
-        d["text"] = "no events recorded for this rank"
+        d["text"] = "no events recorded"
         return d
     if st.kind in ("blocked", "dead") and st.op is not None:
         d["in_op"] = op_brief(model, rank, st.op, now)

@@ -40,7 +40,7 @@ from typing import Any
 
 from commscope.analysis.components import strongly_connected
 from commscope.analysis.failures import death_message, instance_key
-from commscope.analysis.findings import ERROR, Finding, attach_stacks, ranks_text
+from commscope.analysis.findings import DEPARTED, ERROR, Finding, attach_stacks, ranks_text
 from commscope.analysis.model import TraceModel
 from commscope.analysis.vocab import signal_name
 
@@ -48,7 +48,6 @@ from commscope.analysis.vocab import signal_name
 PRIORITY = ["collective_mismatch", "rank_crashed", "dead_rank", "op_failed", "p2p_deadlock", "unmatched_p2p",
             "missing_ranks"]
 _RANK = {k: i for i, k in enumerate(PRIORITY)}
-DEPARTED = ("rank_crashed", "dead_rank")
 
 
 def _consequence(f: Finding) -> dict[str, Any]:
@@ -69,9 +68,12 @@ def _absorb(root: Finding, f: Finding) -> None:
     root.instances = tuple(dict.fromkeys(root.instances + f.instances))
 
 
-def _say(c: dict[str, Any], culprits: set[int]) -> str:
-    """One consequence in a few words: 'all_reduce #6 failed on ranks 0, 2'."""
+def _say(c: dict[str, Any], culprits: set[int], group: str | None = None) -> str:
+    """One consequence in a few words: 'all_reduce #6 failed on ranks 0, 2' (its group named
+    where it is not the root's own ``group``)."""
     where = f"{c['op']} #{c['seq']}" if c.get("op") and c.get("seq") is not None else c.get("op") or "an op"
+    if c.get("group") is not None and c["group"] != group and c.get("op"):
+        where += f" (group {c['group']})"
     hit = ranks_text(sorted(set(c["ranks"]) - culprits) or c["ranks"])
     if c["kind"] == "op_failed" and c.get("failed"):  # the ranks whose op raised, as its table lists them
         return f"{where} failed on {ranks_text(int(r) for r in c['failed'])}"
@@ -100,7 +102,7 @@ def _summary(root: Finding) -> None:
         return
     root.evidence["consequences"] = cons
     culprits = set(root.culprits)
-    parts = list(dict.fromkeys(_say(c, culprits) for c in cons))
+    parts = list(dict.fromkeys(_say(c, culprits, root.group) for c in cons))
     more = f" and {len(parts) - 4} more" if len(parts) > 4 else ""
     root.message += f". Then: {'; '.join(parts[:4])}{more}"
 
@@ -190,7 +192,10 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
             target = next(t for t in roots if t.kind in DEPARTED and t.culprits[0] in f.culprits)
         elif f.kind == "missing_ranks":
             target = next((t for t in roots if t.kind == "op_failed" and set(t.culprits) == set(f.culprits)), None) \
-                or next((t for t in roots if t.kind == "p2p_deadlock" and set(f.culprits) <= set(t.culprits)), None)
+                or next((t for t in roots if t.kind == "p2p_deadlock" and set(f.culprits) <= set(t.culprits)), None) \
+                or next((t for t in final if t.kind == "missing_ranks" and t.culprits == f.culprits), None)
+            # (the same ranks missing from collectives of several groups, as a 2-d mesh's tp and dp
+            # groups both wait on the rank that never came: one cause, the first finding)
         if target is not None and target is not f:
             _absorb(target, f)
         else:

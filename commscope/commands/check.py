@@ -173,9 +173,7 @@ def _panel(f: Finding) -> Any:
     from rich.text import Text
 
     color = "red" if f.severity == ERROR else "yellow"
-    where = " ".join(x for x in (f"group {f.group}" if f.group is not None else "",
-                                 f"#{f.seq}" if f.seq is not None else "", f.op or "") if x)
-    title = Text.assemble((f.severity.upper(), f"{color} bold"), f" {f.kind}  {where}")  # (a group or op as named)
+    title = Text.assemble((f.severity.upper(), f"{color} bold"), f" {f.kind}  {f.place}")  # (a group or op as named)
     parts: list[Any] = [Text(f.message)]
     parts.append(Text(f"culprits: {ranges(f.culprits) or '-'}   ranks: "
                       f"{ranges(f.ranks)}", style="bold"))

@@ -21,6 +21,7 @@ import csv
 import io
 import json
 import sys
+import textwrap
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from commscope.analysis.report import compute_report, group_row, median_row, unusual_ranks, waited_groups
@@ -275,8 +276,9 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
                      + " (--wide, --json or --csv show them).")
     if notes:
         out("")
-    for n in notes:
-        con.print(n)
+    for n in notes:  # (wrapped here: rich ends each line it wraps with the space it broke at)
+        for line in textwrap.wrap(n, max(width, 20)):
+            out(line)
 
 
 def to_csv(rep: dict[str, Any]) -> str:

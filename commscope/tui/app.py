@@ -21,10 +21,11 @@ from textual.widgets import ContentSwitcher, Footer
 
 from commscope.analysis import Finding
 from commscope.analysis.completeness import ReaderProblem
+from commscope.analysis.findings import DEPARTED
 from commscope.analysis.model import NESTED, untimed
 from commscope.analysis.rankstate import rank_state, top_level_ops
 from commscope.analysis.report import summarized_history
-from commscope.analysis.rootcause import DEPARTED, went_together
+from commscope.analysis.rootcause import went_together
 from commscope.analysis.source import Loading
 from commscope.tui.detail import DetailPane, finding_detail, history_detail, op_detail
 from commscope.tui.feed import LIVE, REPLAY, Feed, FeedInfo, FeedUpdated

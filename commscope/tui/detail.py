@@ -213,8 +213,7 @@ def finding_detail(f: Finding) -> RenderableType:
     head = Text()
     head.append(f"{palette.SEVERITY_ICON[f.severity]} {f.kind}", style=palette.SEVERITY_STYLE[f.severity])
     if f.group is not None:
-        head.append(f" · group {f.group}" + (f" #{f.seq}" if f.seq is not None else "") + (f" {f.op}" if f.op else ""),
-                    style="grey70")
+        head.append(f" · {f.place}", style="grey70")
     parts: list[RenderableType] = [head, Text(f.message)]
     if f.culprits:
         parts.append(Text(culprits_text(f.culprits, ": "), style="bold #e05050"))

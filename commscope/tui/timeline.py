@@ -304,7 +304,8 @@ class Timeline(ScrollView, can_focus=True):
                 if self.empty_text:
                     return Strip([Segment(self.empty_text.center(width)[:width], Style(color="#e05050", bold=True))],
                                  width)
-                text = "waiting for the job to write its first events…"
+                text = ("reading the trace…" if self.feed.mode == REPLAY else
+                        "waiting for the job to write its first events…")
                 return Strip([Segment(text.center(width)[:width], Style(color="grey50"))], width)
             if y == self.size.height // 2 + 1 and self.feed.hint and not self.empty_text:
                 return Strip([Segment(self.feed.hint.center(width)[:width], Style(color="#e0a030"))], width)
