@@ -361,6 +361,24 @@ def _error_scenarios(rank):
         "subgroup_dtype": (lambda: V.all_gather_v(torch.zeros(2, dtype=torch.int8 if rank == 3 else torch.int16),
                                                   group=_SUB[0]) if rank in sub_members else None,
                            "(global [3])"),
+        # turning the op or split sizes into the record raises nowhere, whatever they are
+        "rs_op_string": (lambda: V.reduce_scatter_v(torch.ones(4), [1] * 4, "sum" if rank == 1 else dist.ReduceOp.SUM),
+                         "ranks [1] passed a reduce op that is not a torch.distributed.ReduceOp"),
+        "rs_splits_unconvertible": (lambda: V.reduce_scatter_v(torch.ones(4), [
+            [1, 1, 1, 1], [float("inf")] * 4, [torch.empty(1, device="meta")] * 4, [torch.ones(2)] * 4][rank]),
+            "ranks [1, 2, 3] passed split sizes"),
+        "scatter_native_uneven": (lambda: V.scatter_v(torch.zeros(5) if rank == 0 else None, split_sizes=[1, 1, 1, 2],
+                                                      strategy="native"), "'native', which needs equal lengths"),
+        "scatter_unsupported_strategy": (lambda: V.scatter_v(torch.zeros(4) if rank == 0 else None,
+                                                             split_sizes=[1] * 4, strategy="bcast"),
+                                         "a strategy this op does not implement"),
+        "scatter_none_on_src": (lambda: V.scatter_v(None, src=0), "neither a list of chunks (one per rank) nor a tensor"),
+        "scatter_short_list": (lambda: V.scatter_v([f32] * 3 if rank == 0 else None), "length is not the group size"),
+        "a2a_short_list": (lambda: V.all_to_all_v([f32] * (3 if rank == 1 else 4)),
+                           "ranks [1] passed a list whose length is not the group size"),
+        "a2a_tensor": (lambda: V.all_to_all_v(torch.zeros(4) if rank == 2 else [f32] * 4),
+                       "ranks [2] passed something that is not a list or tuple of tensors"),
+        "strategy_unhashable": (lambda: V.all_gather_v(f32, strategy=["p2p"] if rank == 0 else None), "strategy"),
     }
 
 
@@ -456,6 +474,93 @@ def test_error_messages_name_offending_ranks():
     assert "ranks [3] passed a 0-d tensor" in per_rank[0]["zero_d"][1]
     sub = per_rank[1]["subgroup_dtype"][1]
     assert "ranks [0, 1] (global [1, 3])" in sub, sub  # a tie on two ranks names both
+
+
+def _w_outstanding_irecvs(rank, ws, eager):
+    """Several irecv_tensors from one peer posted before any wait: they take the messages in
+    posting order whatever their sizes (eager <= 1 MiB, header + payload, split per tensor),
+    waited in order or in reverse."""
+    if not eager:  # NCCL's header protocol (exact-size blocks, matched by order alone), on Gloo
+        _p2p._eager = lambda g: False
+    msgs = [[torch.arange(262144, dtype=torch.float32)],                      # 1 MiB: just past eager
+            [torch.arange(10, dtype=torch.float32) + 1000],                   # eager
+            [torch.arange(2 * 262144, dtype=torch.float32)],                  # 2 MiB, split
+            [torch.ones(3, dtype=torch.int8), torch.arange(600_000.0)],      # packed, 2.4 MB
+            [torch.arange(2 * 262144, dtype=torch.float32) + 1]]              # 2 MiB again
+    fails = []
+    for order in ("in order", "reversed"):
+        if rank == 0:
+            for m in msgs:
+                V.send_tensors(m, 1)
+        else:
+            handles = [V.irecv_tensors(0) for _ in msgs]
+            got = {i: handles[i].wait() for i in (range(len(msgs)) if order == "in order"
+                                                     else reversed(range(len(msgs))))}
+            fails += [f"{order}: message {i}" for i, m in enumerate(msgs) if not same_list(got[i], m)]
+    return fails
+
+
+@pytest.mark.parametrize("eager", [True, False], ids=["gloo_protocol", "nccl_protocol"])
+def test_outstanding_irecv_tensors_match_messages_in_posting_order(eager):
+    assert _run(_w_outstanding_irecvs, eager, world_size=2) == [[], []]
+
+
+def _w_conj_neg(rank, ws):
+    """Every op, once with conjugate / negative-bit views on one rank and once with the same
+    values as plain tensors: the results must be identical (bit for bit)."""
+    z = torch.tensor([1 + 2j, 3 - 4j, 5 + 6j, 7 - 8j], dtype=torch.complex64)
+    plain = {"neg": z.conj().imag.clone(), "conj": z.conj().resolve_conj(),
+             "conj128": z.to(torch.complex128).conj().resolve_conj()}
+    views = {"neg": z.conj().imag, "conj": z.conj(), "conj128": z.to(torch.complex128).conj()}
+    fails = []
+    for kind in plain:
+        if not (views[kind].is_neg() or views[kind].is_conj()) or not same(views[kind].resolve_neg().resolve_conj(),
+                                                                          plain[kind]):
+            fails.append(f"{kind}: bad fixture")
+        runs = {}
+        holder = 1 if kind.startswith("conj") else 0  # the rank that passes the view
+        for variant in ("plain", "view"):
+            x = views[kind] if variant == "view" and rank == holder else plain[kind].clone()
+            out = {"all_gather_v": V.all_gather_v(x, cat=True), "gather_v": V.gather_v(x, dst=1 - holder, cat=True),
+                   "broadcast_v": V.broadcast_v(x, src=holder),
+                   "scatter_v": V.scatter_v(x, src=holder, split_sizes=[1, 3]),
+                   "scatter_v_list": V.scatter_v([x[:1], x[1:]], src=holder),
+                   "all_to_all_v": V.all_to_all_v([x[:1], x[1:]]),
+                   "reduce_scatter_v": V.reduce_scatter_v(x, [1, 3]),
+                   "reduce_scatter_v_equal": V.reduce_scatter_v(x, [2, 2])}
+            for mode in (None, _p2p.PACKED, _p2p.SPLIT):
+                if rank == holder:
+                    _p2p.post_send([x, x[1:]], 1 - rank, None, mode=mode).wait() if mode else \
+                        V.send_tensors([x, x[1:]], 1 - rank)
+                    out[f"send {mode}"] = None
+                else:
+                    out[f"send {mode}"] = V.recv_tensors(holder)
+            runs[variant] = out
+        for name, want in runs["plain"].items():
+            got = runs["view"][name]
+            ok = same_list(got, want) if isinstance(want, list) else (got is want is None or same(got, want))
+            if not ok:
+                fails.append(f"rank {rank} {kind} {name}: {got} != {want}")
+    return fails
+
+
+def test_conjugate_and_negative_bit_views_give_the_plain_tensors_results():
+    assert _run(_w_conj_neg, world_size=2) == [[], []]
+
+
+def _w_rs_autograd(rank, ws):
+    out = []
+    for splits in ([2, 2], [1, 3]):
+        leaf = torch.ones(4, requires_grad=True)
+        got = V.reduce_scatter_v(leaf * (rank + 1), splits)
+        out.append((got.requires_grad, got.grad_fn is None, got.tolist()))
+    return out
+
+
+def test_reduce_scatter_v_result_is_detached():
+    res = _run(_w_rs_autograd, world_size=2)
+    assert res[0] == [(False, True, [3.0, 3.0]), (False, True, [3.0])]
+    assert res[1] == [(False, True, [3.0, 3.0]), (False, True, [3.0, 3.0, 3.0])]
 
 
 def test_send_tensors_bad_input_fails_both_sides():

@@ -127,3 +127,46 @@ def test_send_tensors_fails_on_both_sides():
         assert err0 and err1, (label, err0, err1)
         assert err0.startswith("send_tensors: tensor #1 is ")
         assert err1.startswith("recv_tensors: the sender (rank 0) failed")
+
+
+def _gen_that_raises():
+    yield torch.ones(2)
+    raise RuntimeError("generator broke")
+
+
+BAD_LISTS = {"none": lambda: None, "int": lambda: 5, "0d_tensor": lambda: torch.tensor(3.0),
+             "1d_tensor": lambda: torch.arange(3.0), "raising_generator": _gen_that_raises,
+             "too_many": lambda: [torch.ones(1)] * 50_000}
+
+
+def every_bad_list(rank: int, ws: int) -> dict:
+    """send_tensors given something other than a usable list of tensors: the sender still sends
+    the error header (both raise), then a good send shows the pair is still in step."""
+    out = {}
+    for label, make in BAD_LISTS.items():
+        try:
+            if rank == 0:
+                varlen.send_tensors(make(), dst=1)
+            else:
+                varlen.recv_tensors(src=0)
+            out[label] = None
+        except ValueError as exc:
+            out[label] = str(exc)
+        if rank == 0:
+            varlen.send_tensors([torch.ones(2)], dst=1)
+        elif varlen.recv_tensors(src=0)[0].tolist() != [1.0, 1.0]:
+            out[label] = "desync"
+    return out
+
+
+def test_send_tensors_refuses_non_lists_on_both_sides():
+    sent, got = (r.value for r in run_ranks(every_bad_list, 2, timeout=120))
+    for label in BAD_LISTS:
+        assert sent[label] and got[label] and got[label] != "desync", (label, sent[label], got[label])
+        assert sent[label].startswith("send_tensors: "), sent[label]
+        assert got[label].startswith("recv_tensors: the sender (rank 0) failed: it passed "), got[label]
+    assert "got a bare tensor (wrap it: [t])" in sent["1d_tensor"] and "wrap it: [t]" in got["1d_tensor"]
+    assert "got NoneType" in sent["none"]
+    assert "generator broke" in sent["raising_generator"]
+    hint = "at most 43688 1-d tensors fit, fewer with more dims; concatenate them (torch.cat)"
+    assert "50000 tensors need a" in sent["too_many"] and hint in sent["too_many"] and hint in got["too_many"]

@@ -19,9 +19,9 @@ How a collective runs
 ---------------------
 1. Metadata: every rank encodes op, root, dim, dtype (a stable small code, see DTYPE_CODES),
    device type, shape, forced strategy and any local problem (0-d tensor, dim out of range,
-   bad split sizes, unknown strategy, non-tensor, meta/nested/sparse tensor...) into one
-   26 x int64 record: no local problem raises before the exchange.  One small
-   exchange hands everyone every record (NCCL: all_gather on the current CUDA device; Gloo:
+   bad split sizes or list length, unknown strategy, a reduce op that is not a ReduceOp,
+   non-tensor, meta/nested/sparse tensor...) into one 26 x int64 record: no local problem
+   raises before the exchange.  One small exchange hands everyone every record (NCCL: all_gather on the current CUDA device; Gloo:
    one isend/irecv message per pair of ranks, the same for every op), then one host read.
    ``sizes=`` on all_gather_v/gather_v skips this; then only local checks run, and a rank
    that fails them raises alone while the others block (docs/varlen.md says exactly what
@@ -118,6 +118,11 @@ With ``sizes=`` nothing blocks.  For send/recv see isend_tensors and irecv_tenso
 send overlaps; a receive posts its first buffer at once, which on Gloo takes a whole transfer
 of up to 1 MiB, while bigger payloads are received once the header is in.  Gloo's p2p works
 report completion only when waited on, so ``is_completed()`` polling helps on NCCL only.
+Hence the one limit: on Gloo, no collective between ``irecv_tensors`` and its ``wait()`` when
+the message may exceed 1 MiB and the sender blocks in ``send_tensors`` (a deadlock; the
+payload receive is posted in ``wait()``).  Outstanding receives from one peer match its
+messages in posting order.  Conjugate/negative-bit views travel as their values, and results
+carry no autograd history.
 """
 
 from __future__ import annotations

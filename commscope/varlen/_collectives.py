@@ -415,19 +415,15 @@ def _scatter_records(g: meta.Group, base: list[int], chunks_or_tensor, split_siz
         t = chunks_or_tensor
         status = meta.tensor_status(t, dim)
         if status == meta.OK:
-            try:
-                sizes = [int(s) for s in split_sizes]  # type: ignore[union-attr]
-                ok = len(sizes) == g.size and min(sizes) >= 0 and sum(sizes) == t.shape[dim]
-            except (TypeError, ValueError):
-                ok = False
-            status = meta.OK if ok else meta.BAD_SPLITS
+            sizes = _splits_or_none(split_sizes, g.size)
+            status = meta.OK if sizes is not None and sum(sizes) == t.shape[dim] else meta.BAD_SPLITS
         if status == meta.OK:
             chunks = list(t.split(sizes, dim))
-    elif isinstance(chunks_or_tensor, (list, tuple)) and len(chunks_or_tensor) == g.size:
+    elif isinstance(chunks_or_tensor, (list, tuple)):
         chunks = list(chunks_or_tensor)
-        status = _chunks_status(chunks, dim)
+        status = _chunks_status(chunks, dim) if len(chunks) == g.size else meta.WRONG_COUNT
     else:
-        status = meta.BAD_SPLITS
+        status = meta.NO_CHUNKS
     if status != meta.OK:
         base = list(base)
         base[meta.F_STATUS] = status
@@ -436,12 +432,14 @@ def _scatter_records(g: meta.Group, base: list[int], chunks_or_tensor, split_siz
     sizes = [c.shape[d] for c in chunks]
     rest = tuple(s for i, s in enumerate(chunks[0].shape) if i != d)
     dev = g.data_device(chunks[0].device.type)
-    try:
-        plan = _resolve("scatter_v", strategy, sizes, _row_bytes(rest, chunks[0].dtype), g.backend_for(dev))
-    except ValueError:
+    # Only src knows the lengths, so a forced strategy that cannot run is a status, not a raise.
+    trouble = (meta.STRATEGY_UNSUPPORTED if strategy is not None and strategy not in SUPPORTED["scatter_v"] else
+               meta.STRATEGY_NEEDS_EQUAL if strategy in EQUAL_ONLY and len(set(sizes)) > 1 else meta.OK)
+    if trouble != meta.OK:
         base = list(base)
-        base[meta.F_STATUS] = meta.BAD_STRATEGY
+        base[meta.F_STATUS] = trouble
         return None, [base] * g.size
+    plan = _resolve("scatter_v", strategy, sizes, _row_bytes(rest, chunks[0].dtype), g.backend_for(dev))
     records = []
     for c in chunks:
         rec = meta.describe(list(base), c, d)
@@ -530,7 +528,8 @@ def all_to_all_v(tensors_per_dst: Sequence[torch.Tensor], *, dim: int = 0,
     g = meta.Group.of(group)
     base = meta.new_record(op)
     chunks = list(tensors_per_dst) if isinstance(tensors_per_dst, (list, tuple)) else None
-    status = meta.BAD_SPLITS if chunks is None or len(chunks) != g.size else _chunks_status(chunks, dim)
+    status = (meta.NOT_A_LIST if chunks is None else meta.WRONG_COUNT if len(chunks) != g.size
+              else _chunks_status(chunks, dim))
     if status != meta.OK:
         base[meta.F_STATUS] = status
         records = [base] * g.size
@@ -561,21 +560,26 @@ def reduce_scatter_v(tensor: torch.Tensor, split_sizes: Sequence[int], op=dist.R
                      group: dist.ProcessGroup | None = None, strategy: str | None = None) -> torch.Tensor:
     """Reduce ``tensor`` (same shape on every rank) across ``group`` with ``op`` and return
     this rank's chunk: chunk j has ``split_sizes[j]`` entries along ``dim``.  ``strategy``
-    forces "native" (equal splits), "padded", "list" or "allreduce"."""
+    forces "native" (equal splits), "padded", "list" or "allreduce".  The result is detached
+    (no autograd history), like every varlen op's."""
     name = "reduce_scatter_v"
     g = meta.Group.of(group)
     rec = meta.describe(meta.new_record(name, strategy=strategy), tensor, dim)
     splits = _splits_or_none(split_sizes, g.size)
     if rec[meta.F_STATUS] == meta.OK and (splits is None or sum(splits) != tensor.shape[dim]):
         rec[meta.F_STATUS] = meta.BAD_SPLITS
-    rec[meta.F_AUX0] = meta.reduce_op_code(op)
+    if rec[meta.F_STATUS] == meta.OK and not meta.is_reduce_op(op):
+        rec[meta.F_STATUS] = meta.BAD_OP
+    rec[meta.F_AUX0] = meta.reduce_op_code(op) if meta.is_reduce_op(op) else -2
     rec[meta.F_AUX1] = meta.hash_ints(splits or [])
     recs = meta.exchange(g, rec)
     meta.validate(g, name, recs, compare_length=True,
                aux=[(meta.F_AUX0, "reduce op", _op_name),
                     (meta.F_AUX1, "split_sizes (fingerprint)", lambda h: f"#{h:x}")])
     d = dim % tensor.dim()
-    front = tensor.movedim(d, 0)  # reductions need the real dtype, not raw bytes
+    # Reductions need the real dtype, not raw bytes: so resolve conj/neg views here (``raw`` does
+    # it for the others), and detach, or the internal copies would carry autograd history.
+    front = tensor.detach().resolve_conj().resolve_neg().movedim(d, 0)
     rest = tuple(front.shape[1:])
     dev = g.data_device(tensor.device.type)
     backend = g.backend_for(dev)
@@ -587,9 +591,10 @@ def reduce_scatter_v(tensor: torch.Tensor, split_sizes: Sequence[int], op=dist.R
 
 
 def _splits_or_none(split_sizes, size: int) -> list[int] | None:
+    """One non-negative int per rank, or None.  Never raises (a bad value becomes a status)."""
     try:
         splits = [int(s) for s in split_sizes]
-    except (TypeError, ValueError):
+    except Exception:  # TypeError, ValueError, OverflowError, a multi-element tensor's RuntimeError
         return None
     return splits if len(splits) == size and min(splits, default=0) >= 0 else None
 

@@ -59,7 +59,8 @@ _BAD_STRATEGY = -1
 
 # status codes: a local problem that every rank must learn about
 OK, ZERO_DIM, TOO_MANY_DIMS, BAD_DTYPE, BAD_DIM, NOT_TENSOR, CHUNKS_DISAGREE, BAD_SPLITS, \
-    BAD_ROOT, BAD_STRATEGY, BAD_LAYOUT, NO_DATA, NESTED, UNREADABLE, BAD_SIZES = range(15)
+    BAD_ROOT, BAD_STRATEGY, BAD_LAYOUT, NO_DATA, NESTED, UNREADABLE, BAD_SIZES, BAD_OP, NOT_A_LIST, \
+    WRONG_COUNT, NO_CHUNKS, STRATEGY_NEEDS_EQUAL, STRATEGY_UNSUPPORTED = range(21)
 STATUS_TEXT = {
     ZERO_DIM: "a 0-d tensor (varlen ops need a dimension to vary along; use t.reshape(1))",
     TOO_MANY_DIMS: "a tensor with more than {maxd} dims",
@@ -75,6 +76,12 @@ STATUS_TEXT = {
     NESTED: "a nested tensor (pass its components, e.g. t.unbind(), or a padded tensor)",
     UNREADABLE: "a tensor whose shape or layout cannot be read",
     BAD_SIZES: "sizes= that do not fit (one non-negative length per rank; its own entry must be its tensor's length)",
+    BAD_OP: "a reduce op that is not a torch.distributed.ReduceOp (e.g. dist.ReduceOp.SUM)",
+    NOT_A_LIST: "something that is not a list or tuple of tensors (one per rank)",
+    WRONG_COUNT: "a list whose length is not the group size (one tensor per rank)",
+    NO_CHUNKS: "neither a list of chunks (one per rank) nor a tensor with split_sizes",
+    STRATEGY_NEEDS_EQUAL: "strategy 'native', which needs equal lengths, with chunks of unequal lengths",
+    STRATEGY_UNSUPPORTED: "a strategy this op does not implement",
 }
 
 # record layout
@@ -99,11 +106,17 @@ def hash_ints(xs: Sequence[int]) -> int:
     return h & 0x7FFFFFFFFFFFFFFF
 
 
+def is_reduce_op(op: object) -> bool:
+    """A ReduceOp member or instance (premul-sum); anything else (a string, an int) is refused
+    through the record, so every rank raises instead of this one alone."""
+    return isinstance(op, (dist.ReduceOp, dist.ReduceOp.RedOpType))
+
+
 def reduce_op_code(op) -> int:
     """Small int for a ReduceOp (``-1`` for opaque ones such as a premul-sum instance)."""
     try:
         return int(op)
-    except TypeError:
+    except Exception:
         for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"):
             member = getattr(dist.ReduceOp, name, None)
             if member is not None and op == member:
@@ -227,7 +240,7 @@ def new_record(op: str, *, root: int = -1, strategy: str | None = None) -> list[
     rec[F_MAGIC], rec[F_OP], rec[F_ROOT] = MAGIC, OP_CODES[op], root
     rec[F_DIM] = -1
     if strategy is not None:
-        rec[F_STRAT] = STRATEGY_CODES.get(strategy, _BAD_STRATEGY)
+        rec[F_STRAT] = STRATEGY_CODES.get(strategy, _BAD_STRATEGY) if isinstance(strategy, str) else _BAD_STRATEGY
         if rec[F_STRAT] == _BAD_STRATEGY:
             rec[F_STATUS] = BAD_STRATEGY
     return rec
@@ -287,7 +300,7 @@ def note_sizes(rec: list[int], sizes: Sequence[int] | None, t: object, dim: int,
     try:
         sizes = [int(s) for s in sizes]
         ok = len(sizes) == group_size and min(sizes) >= 0
-    except (TypeError, ValueError):
+    except Exception:  # TypeError, ValueError, OverflowError, a tensor's RuntimeError: all a status
         ok = False
     if ok:
         rec[F_AUX1] = hash_ints(sizes)
@@ -578,7 +591,10 @@ def raw(t: torch.Tensor) -> torch.Tensor:
 
     Moving data as such keeps every dtype bit-exact and lets copy/cat/repeat work for dtypes
     whose own kernels are missing (float8, bits*, sub-byte ints).  16-byte dtypes (complex128)
-    have full kernel coverage and stay as they are."""
+    have full kernel coverage and stay as they are.  A conjugate or negative-bit view (``z.conj()``,
+    ``z.conj().imag``) is materialized first: its bits are not its values, and ``view`` refuses it."""
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
     to = _RAW.get(t.element_size())
     return t if to is None or t.dtype == to else t.view(to)
 

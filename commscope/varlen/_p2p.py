@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,10 @@ ALIGN = 16          # payload alignment: enough for every dtype (complex128) and
 #: fresh pages to fault in).
 EAGER_CAP = 1 << 20
 P2P_TAG = 0x7662    # Gloo tag, keeps our messages apart from the user's tag-0 traffic
+#: Gloo tag of the payload messages.  Headers (P2P_TAG) and payloads travel in two queues, so
+#: the first buffers of several outstanding ``irecv_tensors`` from one peer can all be posted
+#: at once: each takes the next header, never a payload (``_Lane`` orders the payloads).
+PAYLOAD_TAG = 0x7664
 PACKED, SPLIT, EAGER = 1, 2, 3
 #: Eager payloads up to this size are copied out of the staging buffer (which is recycled);
 #: bigger ones are returned as views of it (no copy; the buffer goes to the caller).
@@ -48,12 +53,19 @@ COPY_OUT_MAX = 64 << 10
 #: Above this average tensor size a per-tensor message costs less than packing it.
 SPLIT_MIN_AVG_BYTES = 1 << 20
 
-_ERR_NOT_TENSOR, _ERR_DTYPE, _ERR_LAYOUT, _ERR_TOO_MANY, _ERR_NESTED, _ERR_NO_DATA, _ERR_UNREADABLE = range(1, 8)
+#: How many 1-d tensors one Gloo header describes (``EAGER_CAP`` bytes; each tensor takes 2 + ndim words).
+MAX_1D_TENSORS = (EAGER_CAP // 8 - HEAD) // 3
+_ERR_NOT_TENSOR, _ERR_DTYPE, _ERR_LAYOUT, _ERR_TOO_MANY, _ERR_NESTED, _ERR_NO_DATA, _ERR_UNREADABLE, \
+    _ERR_NOT_LIST, _ERR_PACK = range(1, 10)
+_TOO_MANY_HINT = (f"at most {MAX_1D_TENSORS} 1-d tensors fit, fewer with more dims; concatenate them "
+                  "(torch.cat) or send them in several calls")
 _ERR_TEXT = {
     _ERR_NOT_TENSOR: "an item that is not a torch.Tensor",
     _ERR_DTYPE: "a tensor of an unsupported dtype (quantized?)",
     _ERR_LAYOUT: "a sparse or otherwise non-strided tensor",
-    _ERR_TOO_MANY: f"more tensors than a {EAGER_CAP >> 20} MiB header can describe",
+    _ERR_TOO_MANY: f"more tensors than one {EAGER_CAP >> 20} MiB Gloo header can describe ({_TOO_MANY_HINT})",
+    _ERR_NOT_LIST: "something other than a list or tuple of tensors (a bare tensor? wrap it: [t])",
+    _ERR_PACK: "tensors it failed to read while packing them",
     _ERR_NESTED: meta.STATUS_TEXT[meta.NESTED],
     _ERR_NO_DATA: meta.STATUS_TEXT[meta.NO_DATA],
     _ERR_UNREADABLE: meta.STATUS_TEXT[meta.UNREADABLE],
@@ -190,12 +202,12 @@ def _eager(g: meta.Group) -> bool:
     return g.backend_for(g.meta_device) == "gloo"
 
 
-def _isend(t: torch.Tensor, g: meta.Group, peer: int):
-    return dist.isend(t, dst=g.global_rank(peer), group=g.pg, tag=P2P_TAG)
+def _isend(t: torch.Tensor, g: meta.Group, peer: int, tag: int = P2P_TAG):
+    return dist.isend(t, dst=g.global_rank(peer), group=g.pg, tag=tag)
 
 
-def _irecv(t: torch.Tensor, g: meta.Group, peer: int):
-    return dist.irecv(t, src=g.global_rank(peer), group=g.pg, tag=P2P_TAG)
+def _irecv(t: torch.Tensor, g: meta.Group, peer: int, tag: int = P2P_TAG):
+    return dist.irecv(t, src=g.global_rank(peer), group=g.pg, tag=tag)
 
 
 class SendWork:
@@ -217,47 +229,69 @@ class SendWork:
         self._pooled = None
 
 
+def _refuse(g: meta.Group, peer: int, eager: bool, code: int, message: str) -> ValueError:
+    """Tell the receiver (an error header), so it raises too instead of waiting for a
+    payload that never comes; return the sender's own error."""
+    _send_header([MAGIC, -code, 0, HEAD, 0, 0], g, peer, eager).wait()
+    return ValueError(message)
+
+
 def post_send(tensors: Sequence[torch.Tensor], dst: int, group, *, mode: int | None = None,
               fn: str = "isend_tensors") -> SendWork:
-    """Post the header and the payload; the pack copy (if any) happens here, synchronously."""
+    """Post the header and the payload; the pack copy (if any) happens here, synchronously.
+
+    Everything that can fail on the caller's input (not a list, a bad tensor, too many, a
+    failing copy) runs before the first message, and becomes an error header."""
     g = meta.Group.of(group)
     peer = _peer(g, dst, "dst", fn)
-    tensors = list(tensors)
     eager = _eager(g)
+    kind = type(tensors).__name__
+    if isinstance(tensors, torch.Tensor):  # iterating it would send its rows as separate tensors
+        raise _refuse(g, peer, eager, _ERR_NOT_LIST,
+                      f"{fn}: expected a list or tuple of tensors, got a bare tensor (wrap it: [t])")
+    try:
+        tensors = list(tensors)
+    except Exception as exc:  # None, an int, a generator that raises
+        raise _refuse(g, peer, eager, _ERR_NOT_LIST,
+                      f"{fn}: expected a list or tuple of tensors, got {kind}" if not hasattr(tensors, "__iter__")
+                      else f"{fn}: reading the tensors from the {kind} failed: {exc}") from exc
     bad, entries, offsets, total, kinds = _describe(tensors)
     if bad is None and eager and 8 * (HEAD + len(entries)) > EAGER_CAP:
-        bad = (len(tensors) - 1, _ERR_TOO_MANY)
+        raise _refuse(g, peer, eager, _ERR_TOO_MANY,
+                      f"{fn}: {len(tensors)} tensors need a {8 * (HEAD + len(entries))}-byte header, more than "
+                      f"one {EAGER_CAP >> 20} MiB Gloo header holds ({_TOO_MANY_HINT})")
     if bad is not None:
-        # Tell the receiver, so it raises too instead of waiting for a payload that never comes.
-        _send_header([MAGIC, -bad[1], 0, HEAD, 0, 0], g, peer, eager).wait()
-        raise ValueError(f"{fn}: tensor #{bad[0]} is {_ERR_TEXT[bad[1]]}")
+        raise _refuse(g, peer, eager, bad[1], f"{fn}: tensor #{bad[0]} is {_ERR_TEXT[bad[1]]}")
     dev = g.data_device(kinds.pop()) if len(kinds) == 1 else g.meta_device
     header = [MAGIC, len(tensors), total, HEAD + len(entries), meta.device_code(dev), 0, *entries]
     fits = eager and _aligned(8 * len(header)) + total <= EAGER_CAP
     if mode is None or (mode == EAGER and not fits):
         mode = choose_mode(tensors, 8 * len(header), total, eager)
     header[5] = mode
-    if mode == EAGER:  # Gloo, so CPU: header and payload in one pooled staging buffer
-        start = _aligned(8 * len(header))
-        pooled = POOL.take()
-        buf = pooled[:start + total]
-        pooled.numpy()[:8 * len(header)].view(np.int64)[:] = header  # no tensor round trip
-        _pack(buf, start, tensors, offsets)
-        return SendWork([_isend(buf, g, peer)], [buf], pooled)
+    pooled = None
+    try:
+        if mode == EAGER:  # Gloo, so CPU: header and payload in one pooled staging buffer
+            start = _aligned(8 * len(header))
+            pooled = POOL.take()
+            buf = pooled[:start + total]
+            pooled.numpy()[:8 * len(header)].view(np.int64)[:] = header  # no tensor round trip
+            _pack(buf, start, tensors, offsets)
+            payload = [buf]
+        elif mode == PACKED and total:
+            buf = torch.empty(total, dtype=torch.uint8, device=dev)
+            _pack(buf, 0, tensors, offsets)
+            payload = [buf]
+        elif mode == SPLIT:
+            payload = [meta.as_bytes(meta.raw(t).to(dev).contiguous()) for t in tensors if t.numel()]
+        else:
+            payload = []
+    except Exception as exc:
+        POOL.give(pooled)
+        raise _refuse(g, peer, eager, _ERR_PACK, f"{fn}: copying the tensors failed: {exc}") from exc
+    if mode == EAGER:
+        return SendWork([_isend(payload[0], g, peer)], payload, pooled)
     head = _send_header(header, g, peer, eager)
-    works, keep = [head], [head.keep]
-    if mode == PACKED and total:
-        buf = torch.empty(total, dtype=torch.uint8, device=dev)
-        _pack(buf, 0, tensors, offsets)
-        keep.append(buf)
-        works.append(_isend(buf, g, peer))
-    elif mode == SPLIT:
-        for t in tensors:
-            if t.numel():
-                flat = meta.as_bytes(meta.raw(t).to(dev).contiguous())
-                keep.append(flat)
-                works.append(_isend(flat, g, peer))
-    return SendWork(works, keep)
+    return SendWork([head, *(_isend(b, g, peer, PAYLOAD_TAG) for b in payload)], [head.keep, *payload])
 
 
 class _HeaderSend:
@@ -285,6 +319,18 @@ def _send_header(header: list[int], g: meta.Group, peer: int, eager: bool) -> _H
     return _HeaderSend(works, words)
 
 
+#: group -> global rank of the peer -> its unsettled RecvWorks, in posting order (see RecvWork)
+_LANES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _lane(g: meta.Group, peer: int) -> list[RecvWork]:
+    try:
+        lanes = _LANES.setdefault(g.pg, {})
+    except TypeError:  # not weak-referenceable (a stand-in group): no ordering across receives
+        return []
+    return lanes.setdefault(g.global_rank(peer), [])
+
+
 class RecvWork:
     """Handle of ``irecv_tensors``.
 
@@ -294,30 +340,66 @@ class RecvWork:
     posts the payload receive as soon as the header is in), so on NCCL polling it during
     compute lets the payload overlap too.  Gloo's point-to-point works only report completion
     once waited on (a torch limitation), so there ``is_completed()`` stays False until
-    ``wait()``, which finishes the rest and returns the tensors."""
+    ``wait()``, which finishes the rest and returns the tensors.
+
+    Several outstanding receives from one peer match its messages in posting order, as with
+    ``dist.irecv``.  Messages match receives in posting order, so a receive posts its payload
+    receives only after every earlier one from that peer posted theirs ("settled"), and waiting
+    on a later one first settles the earlier ones.  On Gloo headers and payloads use separate
+    tags, so every first buffer is posted at once; elsewhere (NCCL matches by order alone) a
+    receive's first buffer also waits until the earlier ones settled."""
 
     def __init__(self, g: meta.Group, peer: int, fn: str):
         self._g, self._peer, self._fn = g, peer, fn
         self._eager = _eager(g)
+        self._first: torch.Tensor | None = None
+        self._work: Any = []
+        self._words: list[int] = []
+        self._result: list[torch.Tensor] | None = None
+        self._error: BaseException | None = None
+        self._lane = _lane(g, peer)
+        behind = bool(self._lane)
+        self._lane.append(self)
+        self._stage = "queued"
+        if self._eager or not behind:
+            self._post_first()
+
+    def _post_first(self) -> None:
         if self._eager:
             self._first = POOL.take()
         else:
-            self._first = torch.empty(8 * BLOCK, dtype=torch.uint8, device=g.meta_device)
-        self._work: Any = _irecv(self._first, g, peer)
-        self._stage = "first"
-        self._words: list[int] = []
-        self._result: list[torch.Tensor] | None = None
+            self._first = torch.empty(8 * BLOCK, dtype=torch.uint8, device=self._g.meta_device)
+        self._work, self._stage = _irecv(self._first, self._g, self._peer), "first"
 
-    def _step(self, block: bool) -> bool:
-        """Advance while possible; True once the tensors are ready."""
-        while self._stage != "done":
+    def _settle(self) -> None:
+        """Every receive of this message is posted (or it failed): the next one may go on."""
+        if any(w is self for w in self._lane):
+            self._lane.remove(self)
+            if self._lane and self._lane[0]._stage == "queued":
+                self._lane[0]._post_first()
+
+    def _reached(self, goal: str) -> bool:
+        return self._stage in ("done", "failed") or (goal == "settled" and self._stage == "payload")
+
+    def _step(self, block: bool, goal: str = "done") -> bool:
+        """Advance while possible, up to ``goal`` ("settled" or "done"); True once there.  A
+        failure is kept for this receive's own ``wait()``, never raised into another's."""
+        ahead = next((i for i, w in enumerate(self._lane) if w is self), 0)
+        for earlier in self._lane[:ahead]:
+            if not earlier._step(block, "settled"):
+                return False
+        while not self._reached(goal):
             pending = self._work if isinstance(self._work, list) else [self._work]
             if not block and not all(w.is_completed() for w in pending):
                 return False
-            for w in pending:
-                w.wait()
-            self._work = []  # never wait twice on a Gloo work: a second wait blocks forever
-            getattr(self, f"_after_{self._stage}")()
+            try:
+                for w in pending:
+                    w.wait()
+                self._work = []  # never wait twice on a Gloo work: a second wait blocks forever
+                getattr(self, f"_after_{self._stage}")()
+            except Exception as exc:
+                self._work, self._stage, self._error = [], "failed", exc
+                self._settle()
         return True
 
     def _src(self) -> int:
@@ -370,13 +452,15 @@ class RecvWork:
             base, start = torch.empty(total, dtype=torch.uint8, device=dev), 0
             POOL.give(self._first)
         buf = base[start:start + total]
-        self._first = None  # type: ignore[assignment]
+        self._first = None
         self._result = _views(base, start, specs, offsets)
         if mode == PACKED and total:
-            self._work = [_irecv(buf, self._g, self._peer)]
+            self._work = [_irecv(buf, self._g, self._peer, PAYLOAD_TAG)]
         elif mode == SPLIT:
-            self._work = [_irecv(meta.as_bytes(t), self._g, self._peer) for t in self._result if t.numel()]
+            self._work = [_irecv(meta.as_bytes(t), self._g, self._peer, PAYLOAD_TAG)
+                          for t in self._result if t.numel()]
         self._stage = "payload"
+        self._settle()
 
     def _after_payload(self) -> None:
         self._work, self._stage = [], "done"
@@ -386,6 +470,8 @@ class RecvWork:
 
     def wait(self) -> list[torch.Tensor]:
         self._step(block=True)
+        if self._error is not None:
+            raise self._error
         assert self._result is not None
         return self._result
 
@@ -400,9 +486,12 @@ def post_recv(src: int, group, *, fn: str = "irecv_tensors") -> RecvWork:
 # ---------------------------------------------------------------------------------------
 
 def send_tensors(tensors: Sequence[torch.Tensor], dst: int, *, group: dist.ProcessGroup | None = None) -> None:
-    """Send any number of tensors of any shapes and dtypes to ``dst`` (a global rank).
+    """Send a list (or tuple) of tensors of any shapes and dtypes to ``dst`` (a global rank).
 
-    The receiver calls ``recv_tensors`` and needs to know nothing in advance.  On Gloo one
+    The receiver calls ``recv_tensors`` and needs to know nothing in advance.  A bare tensor
+    is refused (iterating it would send its rows); on Gloo one 1 MiB header describes the
+    list, so at most ``MAX_1D_TENSORS`` 1-d tensors (fewer with more dims).  Any refusal
+    reaches the receiver as an error header, so it raises too.  On Gloo one
     message when everything fits in 1 MiB, else a header and the payload; on NCCL a
     512-byte header block and the payload (see ``choose_mode``).  On NCCL a pair's
     point-to-point ops run in posting order on one stream: two ranks that send to each
@@ -440,5 +529,11 @@ def irecv_tensors(src: int, *, group: dist.ProcessGroup | None = None) -> RecvWo
     ``is_completed()`` on NCCL, so poll ``is_completed()`` during compute there to overlap
     the payload too.  On Gloo the rest is received in ``wait()`` (Gloo p2p works report
     completion only when waited).  On NCCL, reading the header is a device-to-host copy that
-    synchronizes."""
+    synchronizes.  Several outstanding receives from one peer take its messages in posting
+    order, as ``dist.irecv`` does.
+
+    Limit: unlike ``dist.irecv``, a message over 1 MiB (Gloo) is not received until
+    ``wait()``, so a collective between this call and ``wait()`` deadlocks against a sender
+    blocked in ``send_tensors`` (docs/varlen.md, "What overlaps with compute").  Wait first,
+    or let the sender use ``isend_tensors`` and wait after the collective."""
     return post_recv(src, group, fn="irecv_tensors")
