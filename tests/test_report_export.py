@@ -691,3 +691,23 @@ def test_a_p2p_op_s_finding_pins_its_group_s_p2p_row():
     first = pinned(m)
     assert first.ranks[:1] == ["1"] and first.groups[:1] == ["pp (p2p)"]
     assert waited_groups(groups, 1, first.groups) == ["pp (p2p)"]
+
+
+def test_report_of_a_snapshot_says_it_holds_no_timings(tmp_path, capsys):
+    """A ``commscope snapshot`` trace holds where each rank was, not how long its ops took:
+    report printed empty tables and "waiting 0 ns" for ranks that had waited seconds, with
+    nothing to say why (helper-67).  It says so, and points at check; a recorded trace does
+    not get the line."""
+    events = hung_trace()
+    plain = str(write_store(tmp_path / "plain", events))
+    for e in events:
+        if e["type"] == "meta":
+            e["recorder"] = "snapshot"
+    snap = str(write_store(tmp_path / "snap", events))
+    for store, said in ((snap, True), (plain, False)):
+        capsys.readouterr()
+        assert cli(["report", store]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert ("warning: this is a snapshot (commscope snapshot): it holds where each rank was, not how long "
+                f"its ops took, so the tables below have no timings; commscope check {store} says what is "
+                "wrong" in out) is said, out[:400]

@@ -24,6 +24,7 @@ import sys
 import textwrap
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from commscope.analysis import snapshots
 from commscope.analysis.report import compute_report, group_row, median_row, unusual_ranks, waited_groups
 from commscope.bench.stats import fmt_bytes, fmt_time
 from commscope.commands import options
@@ -319,6 +320,10 @@ def main(args: argparse.Namespace) -> int:
         for w in warnings:
             print(options.warning(w).plain, file=sys.stderr)
         return 0
+    if snapshots.is_snapshot(model):  # (its tables were empty or 0 ns, unexplained: helper-67)
+        warnings = [*warnings, "this is a snapshot (commscope snapshot): it holds where each rank was, not "
+                               "how long its ops took, so the tables below have no timings; "
+                               f"commscope check {args.store} says what is wrong"]
     cut = not args.all and max(len(rep["ranks"]), len(rep["groups"])) > WHOLE
     with progress.status("judging the trace (its findings' ranks and groups go first)", shown and cut):
         first = pinned(model) if cut else NOTHING
