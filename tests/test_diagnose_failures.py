@@ -541,3 +541,20 @@ def test_mismatch_names_nobody_until_the_last_call_is_in():
     b.heartbeats(t + 2 * S, t + 3 * S)
     _, f = replay(b, {1}, hang_after=60.0)
     assert errors(f) == [("collective_mismatch", [1])]
+
+
+def test_a_failure_of_ranks_in_different_ops_is_not_said_as_one_op():
+    """A mismatch (ranks 0 and 2 in all_reduce #4, rank 1 in broadcast #4) whose ops all time
+    out: the failure said "all_reduce #4 failed on ranks 0, 1, 2" (helper-67), though rank 1
+    was in a broadcast.  It names the collective and the ops."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    ids = {r: b.begin(r, t, "broadcast" if r == 1 else "all_reduce", root=0 if r == 1 else None) for r in range(3)}
+    for r in range(3):
+        b.end(r, ids[r], t + 60 * S + r * MS, exc=TIMED_OUT)
+    b.heartbeats(b.t0, t + 61 * S)
+    _, f = replay(b, {1})
+    assert errors(f) == [("collective_mismatch", [1])]
+    (failed,) = [c for c in f[0].evidence["consequences"] if c["kind"] == "op_failed"]
+    assert failed["message"].startswith("collective #4 of group 0 (all_reduce, broadcast) failed on ranks 0, 1, 2 (")
+    assert "Then: collective #4 failed on ranks 0, 1, 2" in f[0].message, f[0].message

@@ -279,6 +279,9 @@ def find_failed_ops(model: TraceModel, now: int, failures: list[Failure]) -> lis
         s = model.sig_of(r0, i0)
         seq = int(model.ranks[r0].seq[i0])
         where = model.label(r0, i0)
+        ops = sorted({model.sig_of(r, i).op for r, i in f.failed.items()})
+        if f.key[0] == "coll" and len(ops) > 1:  # (ranks that called different ops there: a mismatch's)
+            where = f"collective #{seq} of group {s.group} ({', '.join(ops)})"
         excs = {r: model.ranks[r].exc[i] for r, i in f.failed.items()}
         msg = (f"{where} failed on {ranks_text(f.failed)} ({first_line(excs[r0], 120)}); "
                + (f"blamed on {ranks_text(f.blame.culprits)}: " if f.blame.culprits else

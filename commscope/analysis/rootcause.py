@@ -71,7 +71,9 @@ def _absorb(root: Finding, f: Finding) -> None:
 def _say(c: dict[str, Any], culprits: set[int], group: str | None = None) -> str:
     """One consequence in a few words: 'all_reduce #6 failed on ranks 0, 2' (its group named
     where it is not the root's own ``group``)."""
-    where = f"{c['op']} #{c['seq']}" if c.get("op") and c.get("seq") is not None else c.get("op") or "an op"
+    ops = sorted({str(b.get("op")) for b in (c.get("failed") or {}).values() if isinstance(b, dict)})
+    op = c.get("op") if len(ops) < 2 else "collective"  # (ranks that failed in different ops: a mismatch's)
+    where = f"{op} #{c['seq']}" if op and c.get("seq") is not None else op or "an op"
     if c.get("group") is not None and c["group"] != group and c.get("op"):
         where += f" (group {c['group']})"
     hit = ranks_text(sorted(set(c["ranks"]) - culprits) or c["ranks"])
