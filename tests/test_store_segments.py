@@ -822,6 +822,42 @@ def test_an_op_done_in_the_rest_of_a_segment_deleted_while_it_was_read_is_done(t
     assert not any("while this reader was reading it" in w for w in reader.stats.warnings)
 
 
+def test_the_rest_of_a_segment_rescued_by_read_all_s_last_listing_is_in_its_events(tmp_path):
+    """(helper-70) ``read_all`` lists the job again after a dead rank's spool is forwarded;
+    where that forward made the stream rotate and retention delete the segment the reader
+    was in, the rescued rest landed after ``read_all`` had handed on what came first: the
+    end of op #1 was left out (check and report never poll again), or in a poll, came after
+    the stream's later segments.  It comes in order, in ``read_all``'s events."""
+    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=256 << 10, closer=False)
+    w.write([meta(0), orjson.dumps({"type": "group", "v": 3, "rank": 0, "ts": T0, "group": "g", "granks": [0]})])
+    w.write([beat(0, j) for j in range(50)])
+    w.write([orjson.dumps({"type": "op", "v": 3, "rank": 0, "ts": T0 + 51 * S, "phase": "begin", "id": 1,
+                           "op": "all_reduce", "group": "g", "seq": 1, "tid": 1})])
+    w.write([beat(0, j) for j in range(52, 1000)])
+    w.close()
+    reader = open_reader(tmp_path)
+    got = reader.poll()
+    assert [e["id"] for e in got if e["type"] == "op"] == [1]
+    real = reader.spool_remnants
+
+    def forwarded(job, store, writer, final):  # (the forward appends, the stream rotates, retention deletes)
+        if not final:
+            return real(job, store, writer, final)
+        more = DirectoryWriter(tmp_path, "job", 0, resume=True, segment_bytes=256 << 10, closer=False)
+        more.write([orjson.dumps({"type": "op", "v": 3, "rank": 0, "ts": T0 + 1000 * S, "phase": "end", "id": 1})])
+        for k in range(1001, 8000, 100):
+            more.write([beat(0, j) for j in range(k, k + 100)])
+        more.close()
+        assert retention.close_stream(tmp_path / "job", 0, 0, retention.Retention(300 << 10, None)) >= 1
+        return 1, {}
+
+    reader.spool_remnants = forwarded
+    got += reader.read_all()
+    assert any(e["type"] == "op" and e.get("phase") == "end" and e["id"] == 1 for e in got)
+    beats = written_beats(got)
+    assert beats == sorted(beats) and not reader._carried and not reader.stats.missing_by_rank
+
+
 @pytest.mark.parametrize("ids", ["its own", "another incarnation's too", "not its incarnation's"])
 def test_a_restarted_rank_s_op_done_in_a_deleted_segment_is_completed_where_its_id_is_its_own(tmp_path, ids):
     """Rank 0 restarted (incarnation 0 ran 3 ops and ended; incarnation 1 numbers its ops

@@ -891,10 +891,26 @@ class DirectoryReader(TraceReader):
         out: list[Event] = []
         if forwarded:
             self._listed = None  # a stream may be new
-            for stream, segs in self.streams().items():
-                out.extend(self._read_stream(stream, segs, None)[0])
+            out.extend(self._read_each())
         for events in left.values():
             out.extend(events)
+        return out
+
+    def _read_each(self, final: bool = False) -> list[Event]:
+        """The rest of every stream (``final``: of those with a torn last line only, read as
+        it is), outside a poll: what ``_carried`` holds first (the rest of a segment a new
+        listing found deleted while it was read, ``_rescue``), each stream's carry before its
+        events (``_enter``)."""
+        out: list[Event] = []
+        for stream, segs in self.streams().items():
+            if final and not self._partial.get(stream):
+                continue
+            got = self._read_stream(stream, segs, None, final=final)[0]
+            out.extend(self._carried)
+            self._carried = []
+            out.extend(got)
+        out.extend(self._carried)
+        self._carried = []
         return out
 
     def _caught_up(self, rank: int) -> bool:
@@ -910,14 +926,7 @@ class DirectoryReader(TraceReader):
         truncated."""
         self._summaries_due = True
         events = self.poll()
-        for stream, segs in self.streams().items():
-            if self._partial.get(stream):
-                got = self._read_stream(stream, segs, None, final=True)[0]
-                events.extend(self._carried)  # (before the stream's events: what it was in, ``_enter``)
-                self._carried = []
-                events.extend(got)
-        events.extend(self._carried)  # (the rest of a segment deleted while it was read: ``_rescue``)
-        self._carried = []
+        events.extend(self._read_each(final=True))
         events.extend(self._crashes.poll(self.job_dir, self.owns, final=True))
         events.extend(self._remnants(final=True))
         self.stats.partial_tail = 0
