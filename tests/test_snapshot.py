@@ -441,3 +441,158 @@ def test_cycles_after_a_flight_recorder_one_reuse_no_op_id(tmp_path):
     model, _, warnings = load_trace(tmp_path / "s")
     assert model.reused == {} and not any("reused" in w for w in warnings)
     assert model.ranks[0].id[:model.ranks[0].n].tolist() == [1, 2, 3, OP_IDS + 2, OP_IDS + 3]
+
+
+# ---------------------------------------------------------------------- judging samples (synthetic, pure)
+TORCH = "/venv/lib/python3.11/site-packages/torch"
+#: a CPU DDP rank blocked at the end of backward, as py-spy --native shows it
+REDUCER_WAIT = ("torch::autograd::Engine::execute", "torch::autograd::GraphTask::exec_post_processing",
+                "c10d::Reducer::finalize_backward", "std::condition_variable::wait", "pthread_cond_wait")
+
+
+def _native(*funcs: str) -> list[pyspy.PyFrame]:
+    return [pyspy.PyFrame(f, f"{TORCH}/lib/libtorch_cpu.so", 0, native=True) for f in funcs]
+
+
+def _backward(*native: str, line: int = 16) -> list[pyspy.PyThread]:
+    """A rank inside ``loss.backward()`` at ddp.py:``line`` (native frames: ``native``)."""
+    return _thread(_frame("<module>", "/job/ddp.py", line), _frame("Tensor.backward", f"{TORCH}/_tensor.py", 623),
+                   _frame("backward", f"{TORCH}/autograd/__init__.py", 395),
+                   _frame("_engine_run_backward", f"{TORCH}/autograd/graph.py", 979), *_native(*native))
+
+
+def _at(line: int, *native: str, file: str = "/job/train.py") -> list[pyspy.PyThread]:
+    return _thread(_frame("<module>", file, line), *_native(*native))
+
+
+def _in_all_reduce(line: int = 7) -> list[pyspy.PyThread]:
+    return _thread(_frame("<module>", "/job/train.py", line), _frame("all_reduce", C10D, tensor="<Tensor at 0x1>"))
+
+
+def _judge(tmp_path: Path, rounds: dict[int, list], interval: float = 0.2) -> list:
+    """Findings of a snapshot whose samples are ``rounds`` (rank -> per sample, its threads or
+    the DumpError py-spy gave), written as ``commscope snapshot`` writes them."""
+    from commscope.analysis.diagnose import diagnose
+    from commscope.analysis.source import load_trace
+    from commscope.snapshot.take import Sample, Snapshotter
+
+    world, count = len(rounds), len(next(iter(rounds.values())))
+    ranks = [procs.RankProcess(pid=os.getpid(), rank=r, world_size=world, local_rank=r, launcher="env", job="k",
+                               argv=("train.py",), user=None, create_time=0.0) for r in range(world)]
+    snap = Snapshotter(procs.Job("k", "env", world, ranks, list(range(world))), str(tmp_path / "s"), "j",
+                       count=count, interval=interval, native=False, use_flight=False)
+    t = time.time_ns()
+    ts = [t + int(i * interval * 1e9) for i in range(count)]
+    samples = {r: [Sample(ts[i], None, x, None, None, None) if isinstance(x, pyspy.DumpError)
+                   else Sample(ts[i], x, None, infer.in_flight(x), 1.0, 1 << 20) for i, x in enumerate(ss)]
+               for r, ss in rounds.items()}
+    snap._write(1, ts[0], ts[-1], samples, None)
+    snap.close()
+    model, _, _ = load_trace(tmp_path / "s")
+    return diagnose(model)
+
+
+def _errors_of(findings: list) -> list[tuple[str, list[int]]]:
+    return [(f.kind, f.culprits) for f in findings if f.severity == "error"]
+
+
+def test_ddps_reducer_waiting_under_backward_is_an_all_reduce_of_the_default_group():
+    op = infer.in_flight(_backward(*REDUCER_WAIT))
+    assert (op.op, op.group, op.site, op.via) == ("all_reduce", "0", "/job/ddp.py:16 in <module>", infer.DDP_REDUCER)
+    work = infer.in_flight(_backward("c10d::Reducer::finalize_backward", "c10d::ProcessGroupGloo::AsyncWork::wait"))
+    assert work is not None and work.op == "all_reduce"
+    assert infer.in_flight(_backward()) is None  # Python frames alone: computing or waiting, not told
+    assert infer.in_flight(_backward("torch::autograd::Engine::evaluate_function", "at::addmm")) is None
+    assert infer.in_flight(_at(14, "c10d::Reducer::finalize_backward", "pthread_cond_wait")) is None  # not in backward
+
+
+def test_a_ddp_rank_that_skipped_backward_is_the_missing_rank(tmp_path):
+    """Native frames come at the last sample only: the samples before it that show the same
+    backward call are the same wait."""
+    waiting = [_backward(), _backward(), _backward(*REDUCER_WAIT)]
+    sleeping = [_at(14, file="/job/ddp.py"), _at(14, file="/job/ddp.py"), _at(14, "time_sleep", file="/job/ddp.py")]
+    found = _judge(tmp_path, {0: waiting, 1: sleeping, 2: waiting})
+    assert _errors_of(found) == [("missing_ranks", [1])]
+    f = found[0]
+    assert f.op == "all_reduce" and f.group == "0" and f.seq is None and "ddp.py:14" in f.message
+
+
+def test_without_native_frames_backward_says_no_collective(tmp_path):
+    found = _judge(tmp_path, {0: [_backward()] * 3, 1: [_at(14, file="/job/ddp.py")] * 3, 2: [_backward()] * 3})
+    assert found == []
+
+
+def test_a_ddp_rank_still_computing_backward_is_not_missing(tmp_path):
+    waiting = [_backward(), _backward(), _backward(*REDUCER_WAIT)]
+    computing = [_backward(), _backward(), _backward("torch::autograd::Engine::evaluate_function", "at::addmm")]
+    assert _errors_of(_judge(tmp_path, {0: waiting, 1: computing, 2: waiting})) == []
+
+
+def test_a_rank_seen_going_through_the_collective_is_not_missing(tmp_path):
+    """healthy_ar: ranks 0 and 1 in all_reduce at every sample, rank 2 in it at all but the last."""
+    work = _at(9)
+    assert _errors_of(_judge(tmp_path / "a", {0: [_in_all_reduce()] * 3, 1: [_in_all_reduce()] * 3,
+                                              2: [_in_all_reduce(), _in_all_reduce(), work]})) == []
+    assert _errors_of(_judge(tmp_path / "b", {0: [_in_all_reduce()] * 3, 1: [_in_all_reduce()] * 3,
+                                              2: [_in_all_reduce(), work, work]})) == []
+    # before the call's line at one sample, after it at the next: it went through
+    assert _errors_of(_judge(tmp_path / "c", {0: [_in_all_reduce()] * 3, 1: [_in_all_reduce()] * 3,
+                                              2: [_at(5), _at(9), _at(9)]})) == []
+    # outside it at every sample (and not moving past it): hung
+    assert _errors_of(_judge(tmp_path / "d", {0: [_in_all_reduce()] * 3, 1: [_in_all_reduce()] * 3,
+                                              2: [work, _at(9), _at(5)]})) == [("missing_ranks", [2])]
+
+
+def test_a_rank_py_spy_may_not_read_is_named_with_what_to_do(tmp_path):
+    denied = pyspy.DumpError(pyspy.PERMISSION, "Operation not permitted (os error 1)")
+    found = _judge(tmp_path, {0: [_in_all_reduce()] * 3, 1: [denied] * 3, 2: [_in_all_reduce()] * 3,
+                              3: [_in_all_reduce()] * 3})
+    assert _errors_of(found) == [("missing_ranks", [1])]
+    f = found[0]
+    assert "not readable by py-spy (Operation not permitted" in f.message and "is not known" in f.message
+    assert "ptrace_scope=0" in f.message and "in no collective" not in f.message
+    warn = [x for x in found if x.kind == "trace_incomplete"]
+    assert len(warn) == 1 and warn[0].culprits == [1] and "ptrace" in warn[0].message
+    assert "their hosts" not in " ".join(x.message for x in found)
+    from commscope.analysis.rankstate import rank_state
+    from commscope.analysis.source import load_trace
+
+    model, _, _ = load_trace(tmp_path / "s")  # (the console's rank table: not "in no collective: at ?")
+    assert rank_state(model, 1, model.end_ns).text == "not read by py-spy (Operation not permitted (os error 1))"
+
+
+def test_snapshot_findings_show_no_sequence_numbers(tmp_path):
+    recv = _thread(_frame("<module>", "/job/train.py", 7), _frame("recv", C10D, tensor="<Tensor at 0x1>", src="2"))
+    found = _judge(tmp_path, {0: [recv] * 3, 1: [_at(9)] * 3, 2: [_at(12)] * 3})
+    assert _errors_of(found) == [("unmatched_p2p", [2])]
+    text = json.dumps(found[0].to_json())
+    assert "#" not in found[0].message and "( of" not in found[0].message and "(group 0)" in found[0].message
+    assert '"seq": 1' not in text
+
+
+# ---------------------------------------------------------------------- pids, hosts, terminal
+def test_pids_that_do_not_exist_are_said_so():
+    gone = str(2 ** 22 + 1)  # above Linux's largest pid_max
+    for args in (["--pid", gone], ["--job-pid", gone]):
+        out = snapshot(*args)
+        assert out.returncode == 2 and "no process has" in out.stderr and gone in out.stderr, out.stderr
+        assert "give its processes with --pid" not in out.stderr
+        assert all(len(line) <= 80 for line in out.stderr.splitlines()), out.stderr
+
+
+def test_ranks_of_this_host_not_given_with_pid_are_not_called_remote(tmp_path):
+    """``--pid`` with rank 0's pid of a job whose LOCAL_WORLD_SIZE says all 3 ranks are here."""
+    env = _env({"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "3",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
+    target = subprocess.Popen([sys.executable, "-c", "import time; print('ok', flush=True); time.sleep(600)"],
+                              env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout.readline().strip() == "ok"
+        found = procs.find([target.pid])
+        assert found.jobs[0].here == [0, 1, 2] and found.jobs[0].local_ranks is None
+        out = taken(tmp_path / "s", None, "--pid", str(target.pid))
+        assert "other hosts" not in out and "are on this host" in out and "not given with --pid" in out
+        assert all(len(line) <= 80 for line in out.splitlines()), out
+    finally:
+        target.kill()
+        target.wait()

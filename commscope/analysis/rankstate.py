@@ -35,6 +35,7 @@ from commscope.analysis.vocab import (
     describe_kill,
     is_kill,
     signal_label,
+    unread_of,
 )
 from commscope.events import GONE
 
@@ -529,6 +530,9 @@ def _outside(rt: RankTrace) -> str | None:
     innermost user frame, and whether it was busy (CPU) or waiting."""
     if not rt.meta or rt.meta.get("recorder") != SNAPSHOT or rt.last_stack is None:
         return None
+    unread = unread_of(rt.last_stack)
+    if unread is not None:  # (not "in no collective: at ?": nothing is known of where it is)
+        return f"not read by py-spy ({unread[1]})"
     where = stacks.one_line(stacks.view(rt.last_stack, rt.stacks_folded)) or "?"
     cpu = (rt.samples.last or {}).get("cpu")
     busy = f", {cpu:.0f}% CPU" if isinstance(cpu, int | float) else ""

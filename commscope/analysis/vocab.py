@@ -6,6 +6,7 @@ them imports another back (``model`` imports ``rankstate``, which needs only the
 
 from __future__ import annotations
 
+import re
 import signal
 from typing import NamedTuple
 
@@ -22,6 +23,25 @@ SPACE_NATIVE, SPACE_FR = 0, 1
 #: ``recorder``, its ops' ``src``, its stacks' ``reason`` and its exits' ``src`` (the exit of a
 #: rank whose process was not there when it looked: reason ``events.GONE``).
 SNAPSHOT = "snapshot"
+#: The ``reason`` of the empty ``stack`` a snapshot writes for a rank py-spy could not read:
+#: ``"<UNREAD> (<kind>): <py-spy's error>"`` (kind: ``pyspy.PERMISSION`` or another)
+UNREAD = "snapshot: not read"
+_UNREAD = re.compile(rf"^{re.escape(UNREAD)} \((\w+)\): (.*)$", re.DOTALL)
+
+
+def unread_reason(kind: str, text: str) -> str:
+    return f"{UNREAD} ({kind}): {text}"
+
+
+def unread_of(stack: dict | None) -> tuple[str, str] | None:
+    """(py-spy's error kind, its text) of the stack a snapshot wrote for a rank it could not
+    read; None for any other stack."""
+    if stack is None or stack.get("threads"):
+        return None
+    m = _UNREAD.match(str(stack.get("reason") or ""))
+    return (m.group(1), m.group(2)) if m else None
+
+
 #: The ``src`` of the meta and ops ``flight_import`` reads from Flight Recorder dump files
 FR_IMPORT = "fr-import"
 

@@ -25,6 +25,7 @@ import argparse
 import os
 import re
 import sys
+import textwrap
 import time
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,18 @@ if TYPE_CHECKING:
     from commscope.snapshot.procs import Found, Job
     from commscope.snapshot.pyspy import DumpError
     from commscope.snapshot.take import Cycle
+
+
+#: Columns ``commscope snapshot: error: `` takes before a usage error's first line (cli.py)
+ERROR_PREFIX = len("commscope snapshot: error: ")
+
+
+def wrap(text: str, first: int = ERROR_PREFIX, indent: str = "  ") -> str:
+    """``text`` in lines of at most 80 columns, for a terminal (``first``: the columns already
+    used on its first line; later lines indented); a word longer than a line (a path) stays whole."""
+    out = textwrap.fill(text, 80, initial_indent="\0" * first, subsequent_indent=indent, break_long_words=False,
+                        break_on_hyphens=False)
+    return out[first:]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,6 +85,9 @@ def main(args: argparse.Namespace) -> int:
     with progress.status("looking for torch.distributed ranks", shown):
         found = procs.find(args.pid)
     job = choose(found, args.job_pid)
+    if found.absent:
+        print(wrap(f"note: no process has pid(s) {', '.join(map(str, found.absent))} (given with --pid)", 0),
+              file=sys.stderr)
     store = default_store(args.out)
     job_id = args.id or default_id(job)
     snap = Snapshotter(job, store, job_id, count=args.count, interval=args.interval, native=not args.no_native,
@@ -81,34 +97,51 @@ def main(args: argparse.Namespace) -> int:
             cycle = snap.cycle(update)
     except StoreError as exc:
         again = " (give this snapshot its own --id)" if "refusing to mix" in str(exc) else ""
-        raise UsageError(f"cannot write the snapshot: {exc}{again}") from None
+        raise UsageError(wrap(f"cannot write the snapshot: {exc}{again}")) from None
     finally:
         snap.close()
     denied = [r for r, e in cycle.failed.items() if e.kind == pyspy.PERMISSION]
     if denied and len(denied) == len(job.ranks):
-        raise UsageError(permission_help(cycle.failed[denied[0]], job.ranks[0].pid))
+        raise UsageError(wrap(permission_help(cycle.failed[denied[0]], job.ranks[0].pid)))
     summary(job, cycle, store, job_id, snap.span_s)
-    return report(store, job, set(cycle.failed))
+    if denied:
+        from commscope.analysis.ranks import ranges
+
+        pid = next(p.pid for p in job.ranks if p.rank == denied[0])
+        print(wrap(f"rank(s) {ranges(sorted(denied))} not read: {permission_help(cycle.failed[denied[0]], pid)}",
+                   0))
+    return report(store, job, set(cycle.failed), job_id)
 
 
 def choose(found: Found, job_pid: int | None) -> Job:
     """The job to snapshot: the only one, the one ``job_pid`` belongs to, or the user's pick."""
+    import psutil
+
     jobs = found.jobs
     if job_pid is not None:
+        if not psutil.pid_exists(job_pid):
+            raise UsageError(wrap(f"--job-pid {job_pid}: no process has that pid on this host"))
         jobs = [j for j in jobs if job_pid in j.pids() or _below(job_pid, j)]
         if not jobs:
-            raise UsageError(f"pid {job_pid} belongs to no torch.distributed job found on this host")
+            raise UsageError(wrap(f"pid {job_pid} belongs to no torch.distributed job found on this host"))
+    if not jobs and found.absent:
+        raise UsageError(wrap(f"no process has pid(s) {', '.join(map(str, found.absent))} on this host "
+                              "(given with --pid); the others given hold no torch.distributed rank"
+                              if found.given > len(found.absent) else
+                              f"no process has pid(s) {', '.join(map(str, found.absent))} on this host "
+                              "(given with --pid)"))
     if not jobs:
         if found.unreadable:
             users = sorted({u.user or "?" for u in found.unreadable})
-            raise UsageError(
+            raise UsageError(wrap(
                 f"found no job this user may read, but {len(found.unreadable)} Python process(es) of "
                 f"{', '.join(users)} whose environment is not readable (pids "
                 f"{', '.join(str(u.pid) for u in found.unreadable[:8])}): run commscope snapshot as their user or "
-                "root (sudo), or give it CAP_SYS_PTRACE")
-        raise UsageError("no torch.distributed job found on this host (a rank has RANK and WORLD_SIZE, or "
+                "root (sudo), or give it CAP_SYS_PTRACE"))
+        where = "among the processes given with --pid and those below them" if found.given else "on this host"
+        raise UsageError(wrap(f"no torch.distributed job found {where} (a rank has RANK and WORLD_SIZE, or "
                          "SLURM_PROCID with MASTER_ADDR, in its environment, or is a torch.multiprocessing.spawn "
-                         "worker); give its processes with --pid")
+                         "worker)" + ("" if found.given else "; give its processes with --pid")))
     if len(jobs) == 1:
         return jobs[0]
     listing = "\n".join(f"  [{i + 1}] {visible(j.describe())}" for i, j in enumerate(jobs))
@@ -119,7 +152,8 @@ def choose(found: Found, job_pid: int | None) -> Job:
             return jobs[int(answer) - 1]
         raise UsageError("no job chosen")
     first = ", ".join(str(j.ranks[0].pid) for j in jobs)
-    raise UsageError(f"{len(jobs)} jobs on this host; choose one with --job-pid PID (e.g. {first}):\n{listing}")
+    raise UsageError(wrap(f"{len(jobs)} jobs on this host; choose one with --job-pid PID (e.g. {first}):")
+                     + f"\n{listing}")
 
 
 def _below(pid: int, job: Job) -> bool:
@@ -185,9 +219,9 @@ class _bar:
 def summary(job: Job, cycle: Cycle, store: str, job_id: str, span: float) -> None:
     from commscope.analysis.ranks import ranges
 
-    print(f"job {job.key} ({job.launcher}): {len(job.ranks)} of {job.world_size} ranks on this host; "
-          f"{len(cycle.ops)} inside a collective"
-          + (f" at every sample over {span:g} s" if span else " (one sample)"))
+    print(wrap(f"job {job.key} ({job.launcher}): {len(job.ranks)} of {job.world_size} ranks on this host; "
+               f"{len(cycle.ops)} inside a collective"
+               + (f" at the last of samples over {span:g} s" if span else " (one sample)"), 0))
     width = max((len(str(r)) for r in range(job.world_size)), default=1)
     for p in job.ranks:
         op = cycle.ops.get(p.rank)
@@ -197,18 +231,25 @@ def summary(job: Job, cycle: Cycle, store: str, job_id: str, span: float) -> Non
         elif op is not None:
             where = f" at {os.path.basename(op.site)}" if op.site else ""
             group = f"group {op.group}" if op.group else "a group passed by object"
-            what = f"in {op.op} ({group}{f', peer {op.peer}' if op.peer is not None else ''}){where}"
+            via = f", {op.via}" if op.via else ""
+            what = f"in {op.op} ({group}{f', peer {op.peer}' if op.peer is not None else ''}{via}){where}"
+        elif p.rank in cycle.backward:
+            site, native = cycle.backward[p.rank]
+            what = f"in autograd's backward{f' at {os.path.basename(site)}' if site else ''}" + (
+                "" if native else " (no native frames: a DDP all_reduce inside it would not show)")
         else:
             what = "in no collective"
-        print(f"  rank {p.rank:>{width}}  pid {p.pid:<8} {visible(redact(what))}"[:200])  # (a stack's paths)
+        head = f"  rank {p.rank:>{width}}  pid {p.pid:<8} "
+        print(wrap(head + visible(redact(what))[:400], 0, " " * len(head)))  # (a stack's paths)
     if cycle.gone:
-        print(f"  gone: rank(s) {ranges(cycle.gone)} (this host should hold them; their processes are not there)")
+        print(wrap(f"  gone: rank(s) {ranges(cycle.gone)} (this host should hold them; their processes are not "
+                   "there)", 0, "    "))
     if cycle.flight_note:
-        print(f"  {cycle.flight_note}")
-    print(f"written to {redact(store)} (job {job_id})")
+        print(wrap(f"  {cycle.flight_note}", 0, "    "))
+    print(wrap(f"written to {redact(store)} (job {job_id})", 0))
 
 
-def report(store: str, job: Job, unread: set[int]) -> int:
+def report(store: str, job: Job, unread: set[int], job_id: str = "") -> int:
     """The snapshot's findings, as ``commscope check`` prints them, once every rank is in the
     store or known here (``unread``: ranks of this host py-spy could not read)."""
     from commscope.analysis.ranks import ranges
@@ -217,9 +258,17 @@ def report(store: str, job: Job, unread: set[int]) -> int:
 
     model, _, _ = load_trace(store)
     missing = sorted(set(range(job.world_size)) - set(model.ranks) - unread)
+    here = [r for r in missing if r in (job.here or ())]
+    elsewhere = [r for r in missing if r not in here]
+    if here:
+        print(wrap(f"rank(s) {ranges(here)} are on this host (LOCAL_WORLD_SIZE) but were not given with --pid: "
+                   f"give their pids too (or no --pid) with --out {redact(store)}" + (f" --id {job_id}" if job_id else "")
+                   + f", then commscope "
+                   f"check {redact(store)}", 0))
+    if elsewhere:
+        print(wrap(f"rank(s) {ranges(elsewhere)} are on other hosts: run commscope snapshot --out {redact(store)} "
+                   f"there (same --id), then commscope check {redact(store)}", 0))
     if missing:
-        print(f"rank(s) {ranges(missing)} are on other hosts: run commscope snapshot --out {redact(store)} there "
-              f"(same --id), then commscope check {redact(store)}")
         return 0
     check_store(store)
     return 0

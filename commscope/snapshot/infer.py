@@ -13,6 +13,13 @@ first).  What else the frames tell, and only that:
   the group is the op's ``group`` parameter there, by position or by name.  A group that was
   passed is a ProcessGroup object py-spy shows only by address, so its members are unknown.
 
+DDP's gradient all_reduce is issued by its C++ reducer, not from Python: a thread in autograd's
+backward whose native frames (``py-spy --native``) show the reducer waiting
+(``c10d::Reducer::finalize_backward`` -> ``condition_variable::wait``) or a c10d ``Work``
+waited on is inside an all_reduce of DDP's group.  DDP's group object is not on that stack:
+it is taken to be the default group.  Python frames alone show only ``loss.backward()``,
+which computes as well as waits: without native frames no collective is read from it.
+
 Shapes, dtypes and the reduce op are C++ objects py-spy cannot read: a snapshot has none.
 """
 
@@ -35,6 +42,15 @@ _ROOT_ARG = {"broadcast": "src", "reduce": "dst", "gather": "dst", "scatter": "s
              "gather_object": "dst", "scatter_object_list": "src", "send": "dst", "isend": "dst", "recv": "src",
              "irecv": "src", "send_object_list": "dst", "recv_object_list": "src"}
 _INT = re.compile(r"-?\d{1,9}")
+#: Where autograd runs a backward pass (``loss.backward()``, ``torch.autograd.backward``/``grad``)
+_AUTOGRAD = re.compile(r"[/\\]torch[/\\](autograd[/\\](graph|__init__)|_tensor)\.py$")
+_BACKWARD_FUNCS = frozenset({"_engine_run_backward", "backward", "grad", "Tensor.backward"})
+_REDUCER = re.compile(r"\bc10d::Reducer::")
+_WAIT = re.compile(r"wait", re.IGNORECASE)
+#: a c10d Work or ProcessGroup waited on (DDP's comm hooks, or the reducer's bucket work)
+_WORK_WAIT = re.compile(r"\bc10d::\w*(Work|ProcessGroup)\w*::.*\bwait")
+#: ``InFlight.via`` of an all_reduce read from DDP's reducer
+DDP_REDUCER = "DDP's gradient reducer"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -49,6 +65,7 @@ class InFlight:
     site: str | None  # "file:line in func": the user's call
     tid: int
     active: bool  # the thread was running, not waiting, when dumped
+    via: str | None = None  # issued by C++ (``DDP_REDUCER``), not by the Python call at ``site``
 
     def key(self) -> tuple:
         """Equal when two samples show the same call (the same op, group, peer and site)."""
@@ -61,7 +78,52 @@ def in_flight(threads: list[PyThread]) -> InFlight | None:
         found = _thread_op(t)
         if found is not None:
             return found
+    for t in threads:
+        found = _ddp_op(t)
+        if found is not None:
+            return found
     return None
+
+
+def has_native(threads: list[PyThread]) -> bool:
+    """Whether the dump holds native frames (``py-spy --native``)."""
+    return any(f.native for t in threads for f in t.frames)
+
+
+def in_backward(threads: list[PyThread]) -> tuple[int, str | None] | None:
+    """(tid, the user's call) of the first thread inside autograd's backward, from its Python
+    frames alone (a DDP rank there computes gradients and has its reducer all_reduce them)."""
+    for t in threads:
+        at = _backward_at(t.frames)
+        if at is not None:
+            return t.tid, _site(t.frames, at)
+    return None
+
+
+def _backward_at(frames: tuple[PyFrame, ...]) -> int | None:
+    return next((i for i, f in enumerate(frames) if not f.native and f.func in _BACKWARD_FUNCS
+                 and _AUTOGRAD.search(f.file)), None)
+
+
+def _ddp_op(t: PyThread) -> InFlight | None:
+    """DDP's all_reduce: a thread in backward whose native frames show the reducer waiting
+    (a Reducer frame with a wait below it) or a c10d Work waited on."""
+    at = _backward_at(t.frames)
+    if at is None:
+        return None
+    native = [f.func for f in t.frames[at:] if f.native]
+    reducer = next((i for i, fn in enumerate(native) if _REDUCER.search(fn)), None)
+    waits = (reducer is not None and any(_WAIT.search(fn) for fn in native[reducer + 1:])) or any(
+        _WORK_WAIT.search(fn) for fn in native)
+    if not waits:
+        return None
+    return InFlight("all_reduce", DEFAULT_GROUP, None, None, None, _site(t.frames, at), t.tid, t.active, DDP_REDUCER)
+
+
+def _site(frames: tuple[PyFrame, ...], at: int) -> str | None:
+    """The user's call below ``frames[at]``: its innermost frame outside torch and commscope."""
+    site = next((fr for fr in reversed(frames[:at]) if not fr.native and not is_internal(fr.file)), None)
+    return f"{site.file}:{site.line} in {site.func}" if site else None
 
 
 def _is_op_frame(f: PyFrame) -> bool:
@@ -75,15 +137,12 @@ def _thread_op(t: PyThread) -> InFlight | None:
         return None
     f = frames[at]
     info = optable.OPS[f.func]
-    site = next((fr for fr in reversed(frames[:at]) if not fr.native and not is_internal(fr.file)), None)
     direction = info.direction if info.kind == optable.P2P else None
     arg = _ROOT_ARG.get(f.func)
     value = _as_int(f.local(arg)) if arg else None
     peer = value if direction else None
     root = value if arg and not direction else None
-    return InFlight(f.func, group_of(frames, at), peer, direction, root,
-                    f"{site.file}:{site.line} in {site.func}" if site else None, t.tid,
-                    t.active)
+    return InFlight(f.func, group_of(frames, at), peer, direction, root, _site(frames, at), t.tid, t.active)
 
 
 def group_of(frames: tuple[PyFrame, ...], at: int) -> str | None:

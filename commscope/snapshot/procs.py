@@ -54,6 +54,9 @@ class Job:
     ranks: list[RankProcess]  # by rank
     local_ranks: list[int] | None  # the ranks this host should hold, where the launcher says
     leader: int | None = None  # the launcher's pid (torchrun's agent, spawn's parent), when known
+    #: the ranks the launcher put on this host (LOCAL_WORLD_SIZE), even where ``local_ranks``
+    #: is None because only some of its processes were given (``--pid``)
+    here: list[int] | None = None
 
     @property
     def gone(self) -> list[int]:
@@ -83,6 +86,8 @@ class Unreadable:
 class Found:
     jobs: list[Job]
     unreadable: list[Unreadable]  # python processes whose environment this user may not read
+    absent: list[int] = dataclasses.field(default_factory=list)  # pids given that no process has
+    given: int = 0  # how many pids were given (0: the whole host was looked at)
     host: str = dataclasses.field(default_factory=socket.gethostname)
 
 
@@ -130,11 +135,13 @@ def find(pids: list[int] | None = None) -> Found:
     them, since the others may simply not have been given)."""
     me = os.getpid()
     procs: list[psutil.Process] = []
+    absent: list[int] = []
     if pids:
         for pid in pids:
             try:
                 root = psutil.Process(pid)
             except psutil.NoSuchProcess:
+                absent.append(pid)
                 continue
             procs.append(root)
             try:
@@ -182,11 +189,12 @@ def find(pids: list[int] | None = None) -> Found:
     scanned = {p.pid for p in procs}
     for key, job in jobs.items():
         _local_ranks(job, envs.get(key) or {})
+        job.here = job.local_ranks
         if pids and (job.leader is None or job.leader not in scanned):
             job.local_ranks = None
         if key in unsure:
             job.local_ranks = None  # a child py-spy could not read may be a live rank
-    return Found(sorted(jobs.values(), key=lambda j: j.key), unreadable)
+    return Found(sorted(jobs.values(), key=lambda j: j.key), unreadable, absent=absent, given=len(pids or ()))
 
 
 def _drop_descendants(seen: dict[int, RankProcess]) -> list[RankProcess]:

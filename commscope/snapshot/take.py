@@ -15,7 +15,14 @@ One *cycle* is ``count`` samples ``interval`` apart.  Each rank's stream gets:
   are matched with each other and nothing else).  The op of an earlier cycle ends where
   the next cycle starts (``approx``: only a bound);
 - a rank this host should hold whose process is gone: its ``meta`` and an ``exit``
-  (``reason: "gone"``, ``src: "snapshot"``).
+  (``reason: "gone"``, ``src: "snapshot"``);
+- a rank py-spy could not read (no permission to attach, py-spy failing): its ``meta`` and
+  one ``stack`` without threads whose ``reason`` says why (``analysis.vocab.UNREAD``), so
+  ``check`` knows it is there, unread, and not on a host nobody snapshotted.
+
+An op counts as stuck from the first sample of the run that showed it, but never from
+before a sample at which a rank outside it was seen going through that collective (inside
+it, or past its call): the job was progressing then (``_progress``).
 
 Where every live rank wrote a Flight Recorder dump (``flight``), its ops replace the
 inferred ones: they carry real sequence numbers and the ops before the hang.
@@ -34,10 +41,10 @@ from collections.abc import Callable
 import psutil
 
 from commscope import __version__, events
-from commscope.analysis.vocab import GONE, SNAPSHOT
+from commscope.analysis.vocab import SNAPSHOT, unread_reason
 from commscope.redact import redact, redact_args
 from commscope.snapshot import flight, pyspy
-from commscope.snapshot.infer import DEFAULT_GROUP, InFlight, in_flight
+from commscope.snapshot.infer import DDP_REDUCER, DEFAULT_GROUP, InFlight, has_native, in_backward, in_flight
 from commscope.snapshot.procs import Job
 from commscope.store import StoreError, StoreWriter, open_writer, redact_store
 
@@ -74,6 +81,9 @@ class Cycle:
     failed: dict[int, pyspy.DumpError]  # ranks no sample could be taken of, and why
     flight: list[int]  # ranks whose ops came from a Flight Recorder dump
     flight_note: str | None = None
+    #: ranks in no op at the last sample but inside autograd's backward: rank -> (the user's
+    #: call, whether that sample had native frames, without which DDP's all_reduce is not seen)
+    backward: dict[int, tuple[str | None, bool]] = dataclasses.field(default_factory=dict)
 
 
 class Snapshotter:
@@ -199,6 +209,7 @@ class Snapshotter:
         ops: dict[int, InFlight] = {}
         failed: dict[int, pyspy.DumpError] = {}
         firsts: dict[int, int] = {}
+        backward: dict[int, tuple[str | None, bool]] = {}
         for rank, ss in samples.items():
             ok = [s for s in ss if s.threads is not None]
             if not ok:
@@ -212,6 +223,11 @@ class Snapshotter:
                 ops[rank] = last.op
                 # one sample a cycle: every op seen counts as stuck (hang_after ~0), from the cycle's start
                 firsts[rank] = _tail_run(ss)[0].ts if self.count > 1 else started
+            elif last.threads is not None and (bw := in_backward(last.threads)) is not None:
+                backward[rank] = (bw[1], has_native(last.threads))
+        if self.count > 1:
+            for rank, since in _progress(samples, ops).items():
+                firsts[rank] = max(firsts[rank], since)
         # ops on a group passed by object: its members are the ranks seen in the same call
         unknown: dict[str, list[int]] = {}
         for rank, op in ops.items():
@@ -220,8 +236,8 @@ class Snapshotter:
         fr_events, fr_ranks, fr_note = self._flight(samples, recorded)
         for p in self.job.ranks:
             rank = p.rank
-            if rank in gone or rank in failed or rank not in samples:
-                continue  # (a rank no sample could be taken of is unknown, as one on another host)
+            if rank in gone or rank not in samples:
+                continue
             evs = out.setdefault(rank, [])
             if k == 1 or rank not in self._groups:
                 evs.append(self._meta(rank, started, p.pid, p.argv))
@@ -230,6 +246,10 @@ class Snapshotter:
             if prev is not None:
                 evs.append({"v": v, "type": events.OP, "rank": rank, "ts": started, "id": prev, "phase": events.END,
                             "approx": True})
+            if rank in failed:  # there, alive, unread: said so (not taken for a rank on another host)
+                evs.append({"v": v, "type": events.STACK, "rank": rank, "ts": samples[rank][-1].ts, "threads": [],
+                            "reason": unread_reason(failed[rank].kind, redact(str(failed[rank])))})
+                continue
             for s in samples[rank]:
                 if s.threads is None:
                     continue
@@ -271,12 +291,12 @@ class Snapshotter:
             if rank not in self._groups:
                 evs.append(self._meta(rank, started, pid, argv))
                 evs += self._group(rank, started, DEFAULT_GROUP, list(range(self.job.world_size)))
-            evs.append({"v": v, "type": events.EXIT, "rank": rank, "ts": went[rank], "reason": GONE, "src": SNAPSHOT})
+            evs.append({"v": v, "type": events.EXIT, "rank": rank, "ts": went[rank], "reason": events.GONE, "src": SNAPSHOT})
         for rank in sorted(out):
             lines = [events.encode(e) for e in out[rank]]
             if lines:
                 self._writer(rank).write(lines)
-        return Cycle(k, started, ended, ops, sorted(gone), failed, sorted(fr_ranks), fr_note)
+        return Cycle(k, started, ended, ops, sorted(gone), failed, sorted(fr_ranks), fr_note, backward)
 
     def _flight(self, samples: dict[int, list[Sample]], found: flight.Found | None
                 ) -> tuple[dict[int, list[dict]], set[int], str | None]:
@@ -300,16 +320,74 @@ class Snapshotter:
 
 
 def _tail_run(ss: list[Sample]) -> list[Sample]:
-    """The samples at the end that show the same op as the last one (failed samples skipped)."""
-    key = ss[-1].op.key() if ss[-1].op is not None else None
+    """The samples at the end that show the same op as the last one (failed samples skipped).
+    DDP's all_reduce is seen only in native frames, taken at the last sample: the samples
+    before it without native frames that show the same backward call (thread and site) are
+    the same op as far as they can tell."""
+    last = ss[-1].op
+    key = last.key() if last is not None else None
     run: list[Sample] = []
     for s in reversed(ss):
         if s.threads is None:
             continue
-        if s.op is None or s.op.key() != key:
+        same = s.op is not None and s.op.key() == key
+        if not same and s.op is None and last is not None and last.via == DDP_REDUCER and not has_native(s.threads):
+            same = in_backward(s.threads) == (last.tid, last.site)
+        if not same:
             break
         run.append(s)
     return list(reversed(run))
+
+
+def _progress(samples: dict[int, list[Sample]], ops: dict[int, InFlight]) -> dict[int, int]:
+    """rank -> the earliest its collective may count as begun, where the samples show the job
+    going through that collective while the rank waited in it: a rank of the group outside it
+    at the last sample was seen inside it (for DDP's all_reduce: inside backward, where its
+    reducer issues it), or its frame of the function making the call moved from before the
+    call's line to after it between two samples.  Such a rank is on its way, not one that never
+    entered: the waiting counts only from the sample after the last sign of it (at the last
+    sample: not stuck).  Only the default group's members are known (all ranks)."""
+    out: dict[int, int] = {}
+    for rank, op in ops.items():
+        if op.direction is not None or op.group != DEFAULT_GROUP:
+            continue
+        ts = [s.ts for s in samples[rank]]
+        for other, ss in samples.items():
+            theirs = ops.get(other)
+            if other == rank or (theirs is not None and (theirs.op, theirs.group) == (op.op, op.group)):
+                continue
+            seen = [i for i, s in enumerate(ss) if s.threads is not None and (
+                _inside(s, op) or (i > 0 and ss[i - 1].threads is not None and _passed(ss[i - 1], s, op.site)))]
+            if seen:
+                out[rank] = max(out.get(rank, 0), ts[min(seen[-1] + 1, len(ts) - 1)])
+    return out
+
+
+def _inside(s: Sample, op: InFlight) -> bool:
+    if s.op is not None and s.op.direction is None and (s.op.op, s.op.group) == (op.op, op.group):
+        return True
+    return op.via == DDP_REDUCER and s.threads is not None and in_backward(s.threads) is not None
+
+
+def _passed(before: Sample, after: Sample, site: str | None) -> bool:
+    """The frame of the function at ``site`` ('file:line in func') was before its line at one
+    sample and after it at the next: it went past the call."""
+    if not site or " in " not in site:
+        return False
+    where, func = site.rsplit(" in ", 1)
+    file, _, line = where.rpartition(":")
+    if not line.isdigit():
+        return False
+    a, b = _line_in(before, file, func), _line_in(after, file, func)
+    return a is not None and b is not None and a < int(line) < b
+
+
+def _line_in(s: Sample, file: str, func: str) -> int | None:
+    for t in s.threads or ():
+        for f in reversed(t.frames):
+            if not f.native and f.file == file and f.func == func:
+                return f.line
+    return None
 
 
 def _unknown_group(op: InFlight, cycle: int) -> str:
