@@ -709,5 +709,25 @@ def test_report_of_a_snapshot_says_it_holds_no_timings(tmp_path, capsys):
         assert cli(["report", store]) == 0
         out = " ".join(capsys.readouterr().out.split())
         assert ("warning: this is a snapshot (commscope snapshot): it holds where each rank was, not how long "
-                f"its ops took, so the tables below have no timings; commscope check {store} says what is "
+                f"its ops took, so its ops have no timings; commscope check {store} says what is "
                 "wrong" in out) is said, out[:400]
+        assert cli(["report", store, "--json"]) == 0
+        assert any("this is a snapshot" in w for w in json.loads(capsys.readouterr().out)["warnings"]) is said
+
+
+def test_report_of_a_snapshot_on_redis_names_its_store_without_the_password(tmp_path, capsys, monkeypatch):
+    """(helper-70) The snapshot line printed ``commscope check`` with the store as given: a
+    Redis URL's password reached the terminal and CI logs."""
+    from commscope.commands import progress
+
+    events = hung_trace()
+    for e in events:
+        if e["type"] == "meta":
+            e["recorder"] = "snapshot"
+    snap = str(write_store(tmp_path / "snap", events))
+    real = progress.load
+    monkeypatch.setattr(progress, "load", lambda store, shown, since=None: real(snap, shown, since))
+    capsys.readouterr()
+    assert cli(["report", "redis://:hunter2secret@db.example:6379/0"]) == 0
+    out = capsys.readouterr().out
+    assert "this is a snapshot" in out and "hunter2secret" not in out

@@ -178,3 +178,87 @@ def test_the_readers_of_a_job_s_parts_forward_any_spool_and_read_only_their_rank
         assert forwarded == 0 and {s: [e["rank"] for e in evs] for s, evs in left.items()} == (
             {(k, 0): [k]} if k in (1, 2) else {}), k
         reader.close()
+
+
+def test_a_reader_that_may_not_forward_says_a_silent_death_once(tmp_path, monkeypatch):
+    """(helper-70) A reader that cannot write to the store reads a dead rank's spool at each
+    look: the rank's "gone" exit came once a look (every 2 s while following), each timed
+    when read."""
+    from commscope.store import directory
+
+    store = str(tmp_path / "trace")
+    open_writer(store, "tomb", 0, {"world_size": 2}).close()
+    path, _pid = killed_spool(store)
+
+    def refused(*args, **kwargs):
+        raise PermissionError("a store this reader may only read")
+
+    monkeypatch.setattr(directory, "DirectoryWriter", refused)
+    reader = open_reader(f"{store}/tomb")
+    reader.SPOOL_LOOK_S = 0.0
+    try:
+        exits = [e for _ in range(4) for e in reader.poll() if e["type"] == "exit"]
+        assert [(e["rank"], e["reason"], e["src"]) for e in exits] == [(1, "gone", "spool")]
+        assert exits[0]["ts"] == path.stat().st_mtime_ns  # (no record: the spool's last change)
+    finally:
+        spool._remove(path)
+
+
+def test_a_spool_left_unclosed_after_a_clean_exit_does_not_make_the_rank_dead(tmp_path, capsys):
+    """(helper-70) A rank's clean exit reached the store, but its spool was left unclosed (its
+    last tick cut short): the forwarder, finding no exit in what the spool held, added one
+    saying it ended without a word, and that later exit made the rank a dead_rank while
+    rank 0 went on.  A rank that restarted after its exit and was then killed still is."""
+    import json
+
+    from commscope.analysis.synth import S, TraceBuilder
+    from commscope.cli import main as cli
+    from commscope.events import encode
+
+    b = TraceBuilder(2)
+    t = b.collective(b.warmup() + S, "all_reduce")
+    b.heartbeats(b.t0, t + S, ranks=[1])
+    b.exit(1, t + S, reason="atexit", code=0)
+    b.heartbeats(b.t0, t + 30 * S, ranks=[0])
+    b.exit(0, t + 30 * S, reason="atexit", code=0)
+    store = str(tmp_path / "trace")
+    for r in (0, 1):
+        w = open_writer(store, "j", r, job_meta={"world_size": 2})
+        w.write([encode(e) for e in b.sorted_events() if e["rank"] == r])
+        if r == 1:  # (what the forwarder adds for the spool it found unclosed)
+            w.write([encode({"type": "exit", "v": 3, "rank": 1, "ts": t + 40 * S, "src": "spool", "reason": "gone"})])
+        w.close()
+    capsys.readouterr()
+    assert cli(["check", store, "--json"]) == 0, capsys.readouterr().out
+    assert json.loads(capsys.readouterr().out)["findings"] == []
+
+
+def test_a_rank_killed_after_it_restarted_is_still_dead(tmp_path, capsys):
+    """The other side of the rule above: rank 1 exited, initialised again (ops after its
+    exit), then died without a word while rank 0 went on and waited for it: the "gone" is
+    its last word, not a spool left unclosed."""
+    import json
+
+    from commscope.analysis.synth import S, TraceBuilder
+    from commscope.cli import main as cli
+    from commscope.events import encode
+
+    b = TraceBuilder(2)
+    t = b.collective(b.warmup() + S, "all_reduce")
+    b.exit(1, t + S, reason="atexit", code=0)
+    t = b.collective(t + 2 * S, "all_reduce")  # (both again: rank 1 initialised anew)
+    b.begin(0, t + S, "all_reduce")
+    b.heartbeats(b.t0, t, ranks=[1])
+    b.heartbeats(b.t0, t + 30 * S, ranks=[0])
+    store = str(tmp_path / "trace")
+    for r in (0, 1):
+        w = open_writer(store, "j", r, job_meta={"world_size": 2})
+        w.write([encode(e) for e in b.sorted_events() if e["rank"] == r])
+        if r == 1:
+            w.write([encode({"type": "exit", "v": 3, "rank": 1, "ts": t + S // 2, "src": "spool", "reason": "gone"})])
+        w.close()
+    capsys.readouterr()
+    assert cli(["check", store, "--json", "--hang-after", "5"]) == 1
+    errors = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["severity"] == "error"]
+    assert [(f["kind"], f["culprits"]) for f in errors] == [("dead_rank", [1])], errors
+    assert "ended without a word" in errors[0]["message"]

@@ -201,6 +201,11 @@ def _last_exit(m: TraceModel, rank: int) -> dict | None:
     if not rt or not rt.exits:
         return None
     ex = rt.exits[-1]
+    if len(rt.exits) > 1 and ex.get("src") == "spool" and ex.get("reason") == GONE and \
+            rt.exits[-2]["ts"] >= rt.last_op_ts:
+        # (its spool was left unclosed after the rank's own last word: the forwarder found no
+        # exit in what it held, and that says nothing of how the rank went)
+        ex = rt.exits[-2]
     # A crash file's exit is timed by the file's mtime, which the kernel keeps with a coarse
     # clock (up to a few ms behind): ops just before it may look later than the crash.
     slack = COARSE_MTIME_NS if ex.get("src") == "faulthandler" else 0

@@ -195,7 +195,8 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         elif f.kind == "missing_ranks":
             target = next((t for t in roots if t.kind == "op_failed" and set(t.culprits) == set(f.culprits)), None) \
                 or next((t for t in roots if t.kind == "p2p_deadlock" and set(f.culprits) <= set(t.culprits)), None) \
-                or next((t for t in final if t.kind == "missing_ranks" and t.culprits == f.culprits), None)
+                or next((t for t in final if t.kind == "missing_ranks" and t.group != f.group
+                         and set(t.culprits) == set(f.culprits)), None)
             # (the same ranks missing from collectives of several groups, as a 2-d mesh's tp and dp
             # groups both wait on the rank that never came: one cause, the first finding)
         if target is not None and target is not f:

@@ -80,7 +80,7 @@ def describe_kill(ex: dict) -> str:
     if ex.get("reason") == GONE and ex.get("src") == SNAPSHOT:
         return "its process was gone when commscope snapshot looked (how it ended, nothing recorded)"
     if ex.get("reason") == GONE:
-        return "its process ended without a word (SIGKILL, or the OOM killer: how, nothing recorded)"
+        return "its process ended without a word (SIGKILL, the OOM killer, or a signal nothing noted)"
     sig = ex.get("signal") or "a signal"
     who = " (its launcher saw it)" if ex.get("src") == "launcher" else ""
     return f"killed by {signal_label(sig)}{who}"

@@ -20,6 +20,7 @@ import argparse
 import csv
 import io
 import json
+import shlex
 import sys
 import textwrap
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -278,7 +279,7 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
     if notes:
         out("")
     for n in notes:  # (wrapped here: rich ends each line it wraps with the space it broke at)
-        for line in textwrap.wrap(n, max(width, 20)):
+        for line in textwrap.wrap(n, max(width, 20), break_on_hyphens=False):
             out(line)
 
 
@@ -309,6 +310,10 @@ def main(args: argparse.Namespace) -> int:
     model, reader, warnings = progress.load(args.store, shown, since=options.since_of(args))
     with progress.status(f"summarizing {len(model.ranks):,} ranks", shown):
         rep = compute_report(model, top_sites=args.top)
+    if snapshots.is_snapshot(model):  # (its tables were empty or 0 ns, unexplained: helper-67)
+        warnings = [*warnings, "this is a snapshot (commscope snapshot): it holds where each rank was, not "
+                               "how long its ops took, so its ops have no timings; "
+                               f"commscope check {shlex.quote(redact(args.store))} says what is wrong"]
     if args.json:
         rep["warnings"] = warnings
         rep["skipped"] = read_summary(reader.stats)
@@ -320,10 +325,6 @@ def main(args: argparse.Namespace) -> int:
         for w in warnings:
             print(options.warning(w).plain, file=sys.stderr)
         return 0
-    if snapshots.is_snapshot(model):  # (its tables were empty or 0 ns, unexplained: helper-67)
-        warnings = [*warnings, "this is a snapshot (commscope snapshot): it holds where each rank was, not "
-                               "how long its ops took, so the tables below have no timings; "
-                               f"commscope check {args.store} says what is wrong"]
     cut = not args.all and max(len(rep["ranks"]), len(rep["groups"])) > WHOLE
     with progress.status("judging the trace (its findings' ranks and groups go first)", shown and cut):
         first = pinned(model) if cut else NOTHING

@@ -17,6 +17,7 @@ import orjson
 from commscope import beatscan
 from commscope.beats import Beats
 from commscope.blocks import (
+    LINE_PREFIX,
     BlockDecoder,
     Joined,
     StaticTable,
@@ -417,6 +418,8 @@ class TraceReader(abc.ABC):
     #: Seconds between looks at the spools dead ranks left on this host, while following.
     SPOOL_LOOK_S = 2.0
     _next_spool_look = 0.0
+    #: (rank, incarnation, line) of what unforwarded spools held besides records, handed on once
+    _remnants_said: set[tuple[int, int, bytes]] | None = None
     _block_decoders: dict[Stream, BlockDecoder]  # per stream, made by ``ingest``: see commscope.blocks
     _statics: StaticTable  # what the streams' decoders share (every rank restates the same signatures)
     #: Op records stay in columns (``poll_batch``): ``ingest`` keeps them in ``_ops`` (a
@@ -878,9 +881,17 @@ class TraceReader(abc.ABC):
 
         forwarded = spool.forward_dead(job, store, writer)
         left: dict[Stream, list[Event]] = {}
+        if self._remnants_said is None:
+            self._remnants_said = set()
+        said = self._remnants_said
         for rank, inc, lines in spool.remnant_events(job, store):  # those it could not forward
             if self.owns(rank):
-                left.setdefault((rank, inc), []).extend(self.ingest((rank, inc), b"\n".join(lines)).events)
+                # (read again at each look: records are kept once by the stream's decoder, the
+                # other lines, its exit among them, by what was handed on already)
+                new = [line for line in lines if line.startswith(LINE_PREFIX) or (rank, inc, line) not in said]
+                said.update((rank, inc, line) for line in new if not line.startswith(LINE_PREFIX))
+                if new:
+                    left.setdefault((rank, inc), []).extend(self.ingest((rank, inc), b"\n".join(new)).events)
         return forwarded, left
 
 

@@ -396,9 +396,14 @@ def last_record_ns(img: Image) -> int:
 
 def gone_exit(img: Image, rank: int) -> dict:
     """The ``exit`` of a rank whose spool holds no word of its death (SIGKILL, the OOM
-    killer): timed at its last record, else when it was found (readers take its last word
-    where that is earlier, as for a launcher's)."""
-    return {"type": "exit", "v": SCHEMA_VERSION, "rank": rank, "ts": last_record_ns(img) or time.time_ns(),
+    killer): timed at its last record, else at the spool's last change (the same each time
+    a reader that may not forward reads it; readers take the rank's last word where that is
+    earlier, as for a launcher's)."""
+    try:
+        changed = img.path.stat().st_mtime_ns
+    except OSError:
+        changed = time.time_ns()
+    return {"type": "exit", "v": SCHEMA_VERSION, "rank": rank, "ts": last_record_ns(img) or changed,
             "src": "spool", "reason": GONE}
 
 
