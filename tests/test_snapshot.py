@@ -528,6 +528,29 @@ def test_a_ddp_rank_still_computing_backward_is_not_missing(tmp_path):
     assert _errors_of(_judge(tmp_path, {0: waiting, 1: computing, 2: waiting})) == []
 
 
+def test_a_ddp_rank_stuck_in_a_backward_hook_is_the_missing_rank(tmp_path):
+    """(helper-71) Rank 1 sat in one Python hook inside backward at every sample, its last
+    native frame a lock wait: "inside backward" was taken as going through DDP's all_reduce,
+    and the hung job read healthy.  A rank whose last sample shows autograd computing, or
+    computing on OpenMP's workers, is still on its way."""
+    hook = _thread(*_backward()[0].frames, _frame("hook", "/job/ddp.py", 30))[0].frames
+    stuck = [_thread(*hook)] * 2 + [_thread(*hook, *_native("PyFunctionTensorPostAccGradHooks", "__lll_lock_wait"))]
+    waiting = [_backward(), _backward(), _backward(*REDUCER_WAIT)]
+    found = _judge(tmp_path / "stuck", {0: waiting, 1: stuck, 2: waiting})
+    assert _errors_of(found) == [("missing_ranks", [1])] and "ddp.py:30 in hook" in found[0].message
+    for inner in ("at::addmm", "gomp_barrier_wait_end", "__kmp_wait_template"):
+        computing = [_backward(), _backward(), _backward("torch::autograd::Engine::evaluate_function", inner)]
+        assert _errors_of(_judge(tmp_path / inner, {0: waiting, 1: computing, 2: waiting})) == [], inner
+
+
+def test_a_snapshot_that_read_no_rank_is_an_error(tmp_path):
+    """(helper-71) py-spy could read no rank: only a trace_incomplete warning, and check
+    exited 0 over ranks it had not read."""
+    denied = pyspy.DumpError(pyspy.PERMISSION, "Operation not permitted (os error 1)")
+    found = _judge(tmp_path, {0: [denied] * 3, 1: [denied] * 3})
+    assert _errors_of(found) == [("trace_incomplete", [0, 1])] and "ptrace" in found[0].message
+
+
 def test_a_rank_seen_going_through_the_collective_is_not_missing(tmp_path):
     """healthy_ar: ranks 0 and 1 in all_reduce at every sample, rank 2 in it at all but the last."""
     work = _at(9)
@@ -547,7 +570,7 @@ def test_a_rank_py_spy_may_not_read_is_named_with_what_to_do(tmp_path):
     denied = pyspy.DumpError(pyspy.PERMISSION, "Operation not permitted (os error 1)")
     found = _judge(tmp_path, {0: [_in_all_reduce()] * 3, 1: [denied] * 3, 2: [_in_all_reduce()] * 3,
                               3: [_in_all_reduce()] * 3})
-    assert _errors_of(found) == [("missing_ranks", [1])]
+    assert _errors_of(found) == [("missing_ranks", [1]), ("trace_incomplete", [1])]
     f = found[0]
     assert "not readable by py-spy (Operation not permitted" in f.message and "is not known" in f.message
     assert "ptrace_scope=0" in f.message and "in no collective" not in f.message

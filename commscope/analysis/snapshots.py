@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
-from commscope.analysis.findings import Finding, doing_instead
+from commscope.analysis.findings import ERROR, Finding, doing_instead
 from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
 from commscope.analysis.vocab import FR_IMPORT, SNAPSHOT, unread_of
@@ -96,9 +96,10 @@ def qualify(model: TraceModel, findings: list[Finding]) -> list[Finding]:
     if unreadable:
         rs = sorted(unreadable)
         whys = sorted({f"{why} ({_advice(kind)})" for kind, why in unreadable.values()})
+        # (an error: check never exits 0 over ranks it could not read, helper-71)
         out.append(Finding("trace_incomplete", None, None, None, rs, rs,
                            f"rank(s) {ranges(rs)} could not be read by py-spy: {'; '.join(whys)}",
-                           {"unread": {str(r): why for r, (_, why) in sorted(unreadable.items())}}))
+                           {"unread": {str(r): why for r, (_, why) in sorted(unreadable.items())}}, severity=ERROR))
     return out
 
 

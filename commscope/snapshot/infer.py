@@ -100,6 +100,24 @@ def in_backward(threads: list[PyThread]) -> tuple[int, str | None] | None:
     return None
 
 
+#: The innermost native frame of a thread that waits (a lock, a condition, a futex) ...
+_WAITING = re.compile(r"wait|lock|futex", re.IGNORECASE)
+#: ... but not a thread computing that waits on its own workers (OpenMP's barriers)
+_COMPUTING = re.compile(r"omp|kmp|barrier|parallel", re.IGNORECASE)
+
+
+def waiting_in_backward(threads: list[PyThread]) -> bool:
+    """A thread inside autograd's backward whose innermost frame is a native wait (a hook
+    stuck on a lock), not autograd computing; only a dump with native frames can say."""
+    for t in threads:
+        at = _backward_at(t.frames)
+        inner = t.frames[-1] if t.frames else None
+        if at is not None and inner is not None and inner.native and _WAITING.search(inner.func) \
+                and not _COMPUTING.search(inner.func):
+            return True
+    return False
+
+
 def _backward_at(frames: tuple[PyFrame, ...]) -> int | None:
     return next((i for i, f in enumerate(frames) if not f.native and f.func in _BACKWARD_FUNCS
                  and _AUTOGRAD.search(f.file)), None)

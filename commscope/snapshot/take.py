@@ -44,7 +44,15 @@ from commscope import __version__, events
 from commscope.analysis.vocab import SNAPSHOT, unread_reason
 from commscope.redact import redact, redact_args
 from commscope.snapshot import flight, pyspy
-from commscope.snapshot.infer import DDP_REDUCER, DEFAULT_GROUP, InFlight, has_native, in_backward, in_flight
+from commscope.snapshot.infer import (
+    DDP_REDUCER,
+    DEFAULT_GROUP,
+    InFlight,
+    has_native,
+    in_backward,
+    in_flight,
+    waiting_in_backward,
+)
 from commscope.snapshot.procs import Job
 from commscope.store import StoreError, StoreWriter, open_writer, redact_store
 
@@ -356,7 +364,8 @@ def _progress(samples: dict[int, list[Sample]], ops: dict[int, InFlight]) -> dic
             theirs = ops.get(other)
             if other == rank or (theirs is not None and (theirs.op, theirs.group) == (op.op, op.group)):
                 continue
-            seen = [i for i, s in enumerate(ss) if s.threads is not None and (
+            still = _still_from(ss)
+            seen = [i for i, s in enumerate(ss[:still]) if s.threads is not None and (
                 _inside(s, op) or (i > 0 and ss[i - 1].threads is not None and _passed(ss[i - 1], s, op.site)))]
             if seen:
                 out[rank] = max(out.get(rank, 0), ts[min(seen[-1] + 1, len(ts) - 1)])
@@ -367,6 +376,26 @@ def _inside(s: Sample, op: InFlight) -> bool:
     if s.op is not None and s.op.direction is None and (s.op.op, s.op.group) == (op.op, op.group):
         return True
     return op.via == DDP_REDUCER and s.threads is not None and in_backward(s.threads) is not None
+
+
+def _still_from(ss: list[Sample]) -> int:
+    """Where a rank's samples stop showing it on its way: from the first of the samples at
+    the end that show the same Python frames as the last one, where the last one's native
+    frames show it waiting inside backward (a lock, a condition: a hook stuck, not autograd
+    computing); else past the end.  Inside backward at every sample was taken as going
+    through DDP's all_reduce, and a hung DDP job read healthy (helper-71)."""
+    last = ss[-1] if ss else None
+    if last is None or last.threads is None or not waiting_in_backward(last.threads):
+        return len(ss)
+    k = len(ss) - 1
+    while k > 0 and ss[k - 1].threads is not None and _python_frames(ss[k - 1]) == _python_frames(last):
+        k -= 1
+    return k
+
+
+def _python_frames(s: Sample) -> tuple:
+    """Every thread's Python frames of a sample (native ones come at the last sample only)."""
+    return tuple((t.tid, tuple((f.file, f.line, f.func) for f in t.frames if not f.native)) for t in s.threads or ())
 
 
 def _passed(before: Sample, after: Sample, site: str | None) -> bool:

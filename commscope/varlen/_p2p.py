@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from commscope.varlen import _meta as meta
 
-MAGIC = 0x766C7431  # "vlt1"
+MAGIC = 0x766C7432  # "vlt2": payloads on PAYLOAD_TAG (a "vlt1" peer is refused, never waited for)
 HEAD = 6            # fixed header words before the per-tensor entries
 BLOCK = 64          # NCCL: header words in the first (fixed-size) message
 ALIGN = 16          # payload alignment: enough for every dtype (complex128) and vector loads
@@ -533,7 +533,10 @@ def irecv_tensors(src: int, *, group: dist.ProcessGroup | None = None) -> RecvWo
     order, as ``dist.irecv`` does.
 
     Limit: unlike ``dist.irecv``, a message over 1 MiB (Gloo) is not received until
-    ``wait()``, so a collective between this call and ``wait()`` deadlocks against a sender
+    ``wait()``, so a collective, or any other blocking op with the sender (a
+    ``send_tensors`` back to it), between this call and ``wait()`` deadlocks against a sender
     blocked in ``send_tensors`` (docs/varlen.md, "What overlaps with compute").  Wait first,
-    or let the sender use ``isend_tensors`` and wait after the collective."""
+    or let the sender use ``isend_tensors`` and wait after the collective.  A receive dropped
+    unwaited stays with its peer's queue (its 1 MiB buffer and its group held) until a later
+    receive from that peer is waited."""
     return post_recv(src, group, fn="irecv_tensors")
