@@ -235,8 +235,9 @@ def test_exit_events_tell_clean_crashed_and_killed_processes_apart(tmp_path):
     assert [o["op"] for o in ops(events)] == ["all_reduce"]
     code, events = _run_script(tmp_path, "kill")
     assert code == -9
-    # nobody forwarded its spool (no other rank, no launcher): a reader on this host reads it
-    assert of_type(events, "exit") == [] and of_type(events, "meta")
+    # nobody forwarded its spool (no other rank, no launcher): a reader on this host forwards
+    # it, with an exit saying it ended without a word (how, only a launcher could have seen)
+    assert [(e["reason"], e["src"]) for e in of_type(events, "exit")] == [("gone", "spool")] and of_type(events, "meta")
     assert [o["op"] for o in ops(events)] == ["all_reduce"]
 
 
