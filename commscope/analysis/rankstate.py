@@ -36,8 +36,8 @@ from commscope.analysis.vocab import (
     is_kill,
     signal_label,
     unread_of,
+    unseen_death,
 )
-from commscope.events import GONE
 
 STARTUP_SLACK_NS = 2 * 10**9  # ranks whose streams begin this close to the job's start started with it
 _TOP = NESTED | CONTAINER  # inner traffic and containers: never "the op a rank is in"
@@ -201,8 +201,7 @@ def _last_exit(m: TraceModel, rank: int) -> dict | None:
     if not rt or not rt.exits:
         return None
     ex = rt.exits[-1]
-    if len(rt.exits) > 1 and ex.get("src") == "spool" and ex.get("reason") == GONE and \
-            rt.exits[-2]["ts"] >= rt.last_op_ts:
+    if len(rt.exits) > 1 and unseen_death(ex) and rt.exits[-2]["ts"] >= rt.last_op_ts:
         # (its spool was left unclosed after the rank's own last word: the forwarder found no
         # exit in what it held, and that says nothing of how the rank went)
         ex = rt.exits[-2]
@@ -252,7 +251,7 @@ def departed_ns(m: TraceModel, rank: int) -> int | None:
     ex = _last_exit(m, rank)
     if ex is None:
         return None
-    if ex.get("src") == "launcher" or (ex.get("src") == "spool" and ex.get("reason") == GONE):
+    if ex.get("src") == "launcher" or unseen_death(ex):
         # (timed when a launcher, or the forwarder of its spool, noticed: it went after its last word)
         rt = m.ranks[rank]
         last = max(rt.last_hb, rt.last_op_ts, int(rt.meta["ts"]) if rt.meta else 0)

@@ -73,13 +73,19 @@ def is_kill(ex: dict) -> bool:
             or (reason == "os._exit" and ex.get("code", 0) != 0))
 
 
+def unseen_death(ex: dict) -> bool:
+    """The exit a dead rank's spool was forwarded with where nothing recorded how it died
+    (SIGKILL, the OOM killer): timed by what was found, not by the death."""
+    return ex.get("reason") == GONE and ex.get("src") == "spool"
+
+
 def describe_kill(ex: dict) -> str:
     """'killed by SIGKILL', 'terminated (SIGTERM)', 'left through os._exit(3)'."""
     if ex.get("reason") == "os._exit":
         return f"left through os._exit({ex.get('code')})"
     if ex.get("reason") == GONE and ex.get("src") == SNAPSHOT:
         return "its process was gone when commscope snapshot looked (how it ended, nothing recorded)"
-    if ex.get("reason") == GONE:
+    if unseen_death(ex):
         return "its process ended without a word (SIGKILL, the OOM killer, or a signal nothing noted)"
     sig = ex.get("signal") or "a signal"
     who = " (its launcher saw it)" if ex.get("src") == "launcher" else ""

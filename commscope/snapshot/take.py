@@ -356,6 +356,7 @@ def _progress(samples: dict[int, list[Sample]], ops: dict[int, InFlight]) -> dic
     entered: the waiting counts only from the sample after the last sign of it (at the last
     sample: not stuck).  Only the default group's members are known (all ranks)."""
     out: dict[int, int] = {}
+    still = {other: _still_from(ss) for other, ss in samples.items()}  # (each rank's once, not once a waiter)
     for rank, op in ops.items():
         if op.direction is not None or op.group != DEFAULT_GROUP:
             continue
@@ -364,8 +365,7 @@ def _progress(samples: dict[int, list[Sample]], ops: dict[int, InFlight]) -> dic
             theirs = ops.get(other)
             if other == rank or (theirs is not None and (theirs.op, theirs.group) == (op.op, op.group)):
                 continue
-            still = _still_from(ss)
-            seen = [i for i, s in enumerate(ss[:still]) if s.threads is not None and (
+            seen = [i for i, s in enumerate(ss[:still[other]]) if s.threads is not None and (
                 _inside(s, op) or (i > 0 and ss[i - 1].threads is not None and _passed(ss[i - 1], s, op.site)))]
             if seen:
                 out[rank] = max(out.get(rank, 0), ts[min(seen[-1] + 1, len(ts) - 1)])
