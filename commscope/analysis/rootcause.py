@@ -186,6 +186,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         roots.append(f)
     # 3. departed ranks and timed-out waits absorb the findings that name them
     final: list[Finding] = []
+    missing: dict[frozenset[int], dict[str | None, Finding]] = {}  # the missing_ranks kept, by culprits, then group
     for f in roots:
         target = None
         if f.kind not in DEPARTED and f.kind != "collective_mismatch" and f.culprits and (
@@ -195,14 +196,15 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         elif f.kind == "missing_ranks":
             target = next((t for t in roots if t.kind == "op_failed" and set(t.culprits) == set(f.culprits)), None) \
                 or next((t for t in roots if t.kind == "p2p_deadlock" and set(f.culprits) <= set(t.culprits)), None) \
-                or next((t for t in final if t.kind == "missing_ranks" and t.group != f.group
-                         and set(t.culprits) == set(f.culprits)), None)
+                or next((t for g, t in missing.get(frozenset(f.culprits), {}).items() if g != f.group), None)
             # (the same ranks missing from collectives of several groups, as a 2-d mesh's tp and dp
             # groups both wait on the rank that never came: one cause, the first finding)
         if target is not None and target is not f:
             _absorb(target, f)
         else:
             final.append(f)
+            if f.kind == "missing_ranks":  # (looked up by each later one: thousands of groups' hangs)
+                missing.setdefault(frozenset(f.culprits), {}).setdefault(f.group, f)
     final = _together(final)
     for f in final:
         _summary(f)
