@@ -72,6 +72,9 @@ class CommscopeApp(App):
         Binding("2", "focus('findings')", "Findings", show=False),
         Binding("3", "focus('ranks')", "Ranks", show=False),
     ]
+    #: How long a new error finding's notification stays up (``_alert``), in seconds of the
+    #: terminal's clock (a console whose clock is frozen, as in its snapshots, holds it longer)
+    ALERT_S = 8.0
 
     def __init__(self, feed: Feed, *, clock: Callable[[], int] = time.time_ns, start_feed: bool = True,
                  bell: bool = True, title: str | None = None):
@@ -337,7 +340,7 @@ class CommscopeApp(App):
                 self._alerted_gone.append(f)
                 if known:
                     continue
-            self.notify(f.message, title=f.kind, severity="error", timeout=8, markup=False)
+            self.notify(f.message, title=f.kind, severity="error", timeout=self.ALERT_S, markup=False)
             if self.use_bell:
                 self.bell()
 
