@@ -16,14 +16,14 @@ scheme, user, host and path) and marking what was removed with ``***``:
   starting a line, ``('--name', 'value')`` in a list or tuple repr, an environment entry
   ``{"name": "HF_TOKEN", "value": …}``.  A name says secret when its last word ends in
   token, password, passwd, passphrase, secret, credential(s) (``--hf-token``, ``PGPASSWORD``,
-  ``apiKey``) or is key, pass, pw, auth, sig, creds; not ``--max-tokens``, ``--tokenizer``,
+  ``apiKey``) or is key, pass, pw, pwd, auth, sig, creds; not ``--max-tokens``, ``--tokenizer``,
   ``--sort-key``, ``--pad-token``.  A value is a string literal's contents, a bracketed or
   called value whole (``auth=('u', 'pw')``, ``SecretStr('…')``), or the word;
 - credential headers: ``Authorization``, ``Cookie``, ``X-…-Key``/``-Token`` (the scheme
   word stays: ``Bearer ***``);
 - well-known token shapes, whatever surrounds them: Hugging Face ``hf_…``, OpenAI-style
   ``sk-…``, Stripe ``sk_live_…``, GitHub ``ghp_…``/``github_pat_…``, GitLab ``glpat-…``,
-  AWS access key ids, Slack ``xox…``/``xapp-…`` and webhook URLs, Google ``AIza…``, JWTs,
+  npm ``npm_…``, Google OAuth ``ya29.…``, AWS access key ids, Slack ``xox…``/``xapp-…`` and webhook URLs, Google ``AIza…``, JWTs,
   ``Bearer``/``Basic``/``Token`` credentials and private key blocks (PEM, PGP) (their prefix
   stays: ``hf_***``);
 - the values of this process's environment variables whose names name a secret
@@ -53,8 +53,9 @@ MARK = "***"
 _SECRET_SUFFIX = re.compile(
     r"(?:token|password|passwords|passwd|passphrase|secret|secrets|credential|credentials|apikey|secretkey"
     r"|accesskey|privatekey|authkey|authtoken|cookie|signature)$", re.IGNORECASE)
-#: ... or is one of these words (``--pass``, ``DB_PW``, ``sig=``; ``--bypass``, ``--hotkey`` are not secrets).
-_SECRET_WORDS = frozenset({"key", "pass", "pw", "sig", "auth", "oauth", "creds", "authorization"})
+#: ... or is one of these words (``--pass``, ``DB_PW``, ``--pwd``, ``sig=``; ``--bypass``, ``--hotkey`` are not
+#: secrets).
+_SECRET_WORDS = frozenset({"key", "pass", "pw", "pwd", "sig", "auth", "oauth", "creds", "authorization"})
 #: Words that, before ``key`` or ``token``, name something else (``--sort-key``, ``--pad-token``).
 _BENIGN_BEFORE = frozenset({
     "store", "cache", "sort", "text", "label", "image", "caption", "prompt", "input", "output", "json", "hash",
@@ -93,10 +94,12 @@ _HEADER = re.compile(r"(?i)\b(?:(?:proxy-)?authorization|x-[\w-]*?(?:key|token|s
 _SCHEME_AUTH = re.compile(r"(?i)\b(?:bearer|basic)\s+(?!-)([A-Za-z0-9._~+/=-]{8,})")
 #: Token shapes: (a substring every match holds, the pattern; group 1 is what is hidden).
 _SHAPES: tuple[tuple[str, re.Pattern], ...] = tuple((gate, re.compile(p)) for gate, p in (
-    ("hf_", r"(?<![A-Za-z0-9_-])hf_([A-Za-z0-9]{16,})"),
+    ("hf_", r"(?<![A-Za-z0-9])hf_([A-Za-z0-9]{16,})"),  # (in a name too: ``run_hf_…``)
     ("sk-", r"(?<![A-Za-z0-9_-])sk-((?=[A-Za-z0-9_-]*\d)[A-Za-z0-9][A-Za-z0-9_-]{15,})"),
     ("k_", r"(?<![A-Za-z0-9_-])(?:sk|rk)_(?:live|test)_([A-Za-z0-9]{16,})"),
-    ("_", r"(?<![A-Za-z0-9_-])gh[pousr]_([A-Za-z0-9]{16,})"),
+    ("_", r"(?<![A-Za-z0-9])gh[pousr]_([A-Za-z0-9]{16,})"),
+    ("npm_", r"(?<![A-Za-z0-9])npm_([A-Za-z0-9]{30,})"),
+    ("ya29.", r"(?<![A-Za-z0-9])ya29\.([A-Za-z0-9_-]{20,})"),
     ("github_pat_", r"github_pat_([A-Za-z0-9_]{16,})"),
     ("gl", r"(?<![A-Za-z0-9_-])gl(?:pat|dt)-([A-Za-z0-9_-]{16,})"),
     ("x", r"(?<![A-Za-z0-9])(?:xox[abposr]|xapp)-([A-Za-z0-9-]{10,})"),
@@ -153,8 +156,9 @@ def is_secret_name(name: str) -> bool:
 
 def _url_spans(text: str, out: list[Span]) -> None:
     """The user info (or its password) of every URL: up to the URL's last '@' when a
-    password holds an unencoded '/', '?', '#' or '@' (unless what lies between looks like a
-    query or another string: ``?mail=a@b``, ``","x@y``)."""
+    password holds an unencoded '/', '?', '#' or '@'.  After a host and its port, what lies
+    before a later '@' may be a query or another string (``host:80/?mail=a@b``, ``","x@y``):
+    taken as user info only where it does not look like one."""
     for m in _URL.finditer(text):
         run, base = m.group(2), m.start(2)
         last = run.rfind("@")
@@ -166,12 +170,20 @@ def _url_spans(text: str, out: list[Span]) -> None:
             if 0 <= i < cut:
                 cut = i
         netloc = run[:cut]
+        if not netloc and m.group(1).lower() in ("redis", "rediss"):  # (a mistyped ``redis:///:pw@host``)
+            lead = len(run) - len(run.lstrip("/"))
+            if last > lead:
+                out.append((base + lead, base + last))
+            continue
         between = run[cut:last]
         odd = not any(c in between for c in "=\"' ") and run[last - 1] != "/"
+        after = netloc.rpartition(":")[2]  # a port, or where a password cut at its '/', '?' or '#' starts
         if "@" in netloc:
             at = last if last > cut and odd else netloc.rfind("@")
-        elif ":" in netloc and not netloc.startswith("[") and odd:
-            at = last  # user:pass with an unencoded '/', '?' or '#' (even one that starts with digits)
+        elif ":" in netloc and not netloc.startswith("[") and (odd or not after.isdigit()):
+            # user:pass with an unencoded '/', '?' or '#': where what follows the ':' is no
+            # port, whatever lies between (base64's '=' in ``Xy3/kP9+ab==``, a last '/')
+            at = last
         else:
             continue
         user, colon, password = run[:at].partition(":")

@@ -121,6 +121,7 @@ BENIGN = st.lists(st.one_of(
         "store_key=abc:1",
         "missing fields: ['password', 'username']", "KeyError: 'password'", "token embeddings are computed",
         "Bearer authentication failed", "if key == other:", "password=None", "https://registry.npmjs.org/@scope/pkg",
+        "http://host:8080/x?mail=a@b.com", "https://host:443/@alice",
     ]),
     FILLER,
 ), max_size=8).map(" ".join)
@@ -193,6 +194,17 @@ def test_the_environments_secret_values_are_hidden_wherever_they_appear():
     ("--password -Xhunter2 --lr 3", f"--password {MARK} --lr 3"),
     ("https://hooks.slack.com/services/T0/B0/abcdefgh1234", f"https://hooks.slack.com/services/T0/B0/{MARK}"),
     ("postgres://admin:2024/Summer@db/x", f"postgres://admin:{MARK}@db/x"),
+    # a '/' then an '=' before the '@' (base64, an AWS secret key): no query, since no port came before
+    ("postgres://user:Xy3/kP9+ab==@db:5432/app", f"postgres://user:{MARK}@db:5432/app"),
+    ("redis://:PW/b=c@127.0.0.1:6379/0", f"redis://:{MARK}@127.0.0.1:6379/0"),
+    ("redis://:pw/@h:1/0", f"redis://:{MARK}@h:1/0"),
+    ("redis://:pre?x=tail@h/0", f"redis://:{MARK}@h/0"),
+    # token shapes inside a name; npm and Google OAuth tokens; --pwd
+    ("/data/run_hf_AbCdEf0123456789XYZ/x", f"/data/run_hf_{MARK}/x"),
+    ("clone-ghp_AbCdEf0123456789XYZab", f"clone-ghp_{MARK}"),
+    ("npm_abcdefghijABCDEFGHIJ0123456789abcdef", f"npm_{MARK}"),
+    ("ya29.a0AfH6SMBxyzxyzxyzxyzxyzxyz", f"ya29.{MARK}"),
+    ("--pwd hunter22", f"--pwd {MARK}"),
 ])
 def test_odd_spellings(text, expected):
     assert R.redact(text) == expected

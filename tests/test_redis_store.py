@@ -76,7 +76,8 @@ def test_bad_urls_are_store_errors(url, problem):
     "redis://:hunter2secret@h:1/0", "redis://bob:hunter2secret@h/0", "redis://hunter2secret@h",
     "redis://:hunter2/secret@h/0", "redis://:hunter2#secret@h/0", "redis://:hunter2?secret@h/0?job=x",
     "redis://h/0?password=hunter2secret&job=x", "unix://:hunter2secret@/tmp/r.sock",
-    "redis://:hunter2secret@h:notaport/0",
+    "redis://:hunter2secret@h:notaport/0", "redis://:hunter2/x=secret@h:1/0", "redis:///:hunter2secret@h",
+    "redis://:hunter2?x=secret@h/0", "redis://:hunter2?secret@h:1/0",
 ])
 def test_password_never_survives_redaction_or_parsing(url):
     for part in ("hunter2", "secret"):

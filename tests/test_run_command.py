@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
+from redis_fixture import redis_client
 from trace_helpers import of_type, ops, read_events
 
 TRAIN = textwrap.dedent("""
@@ -192,3 +194,43 @@ def test_ctrl_c_during_a_hang_stops_the_ranks_and_keeps_the_stacks_captured_whil
     info = f["evidence"]["stack_info"]
     assert all("missing" not in info[str(r)] for r in (0, 1)), info  # the stacks taken while it hung
     assert all(f["evidence"]["stacks"][str(r)] for r in (0, 1))
+
+
+# A rank that prints its store and raises with the Redis password in the message (a
+# connection string echoed into an error): the password must be in neither.
+PASSWORD_RANK = textwrap.dedent("""
+    import os, sys, torch, torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[1]}", rank=0, world_size=1)
+    dist.all_reduce(torch.ones(1))
+    print("store:", os.environ["COMMSCOPE_STORE"])
+    raise RuntimeError("auth failed with " + sys.argv[2])
+""")
+
+
+def test_run_hands_a_redis_password_to_the_job_in_the_environment_not_the_store_url(tmp_path, redis_url):
+    """A password in the store URL reaches the ranks in $COMMSCOPE_REDIS_PASSWORD: not in
+    their $COMMSCOPE_STORE (which every process below the job inherits), and known to their
+    redaction, so a bare echo of it in an exception is hidden too.  The ranks still log in."""
+    from commscope.launch import free_port
+    from commscope.store import open_reader
+
+    secret = "Xy3/kP9+ab=="  # (base64: a '/' and '=' that a URL's user info holds unencoded here)
+    admin = redis_client(redis_url)
+    host = redis_url.split("//", 1)[1]
+    admin.execute_command("ACL", "SETUSER", "ranks", "on", f">{secret}", "~*", "+@all")
+    try:
+        url = f"redis://ranks:{secret.replace('/', '%2F').replace('+', '%2B')}@{host}"
+        script = tmp_path / "rank.py"
+        script.write_text(PASSWORD_RANK)
+        proc = commscope("run", "--store", url, "--", sys.executable, str(script), str(free_port()), secret,
+                         cwd=tmp_path)
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        handed = next(line for line in proc.stdout.splitlines() if line.startswith("store:")).split(" ", 1)[1]
+        assert handed == f"redis://ranks:@{host}"
+        assert secret not in proc.stderr.split("commscope: done")[-1] and "%2F" not in proc.stderr
+        events = open_reader(url).read_all()  # (what the rank wrote, read with the password)
+        exits = [e for e in events if e["type"] == "exit"]
+        assert exits and exits[-1]["exc"] == "RuntimeError: auth failed with ***", exits
+        assert not any(secret in str(e) for e in events)
+    finally:
+        admin.execute_command("ACL", "DELUSER", "ranks")

@@ -62,7 +62,9 @@ def build_env(args: argparse.Namespace, base: dict[str, str] | None = None, nati
     (the Python recorder's only view of C++-issued collectives) stays off."""
     env = dict(os.environ if base is None else base)
     store = default_store(args.store)
-    env[ENV_STORE] = backend_for(store).absolute(store)  # the command may change directory
+    row = backend_for(store)
+    env[ENV_STORE], apart = row.credentials_apart(row.absolute(store))  # (the command may change directory)
+    env.update(apart)
     env["COMMSCOPE_AUTO"] = "1"
     if args.hang_after is not None:
         env["COMMSCOPE_HANG_AFTER"] = str(args.hang_after)
@@ -127,8 +129,10 @@ def main(args: argparse.Namespace) -> int:
     if shutil.which(command[0]) is None:  # before saying "recording to": nothing will be
         raise UsageError(f"command not found: {command[0]}")
     env = build_env(args, native=_native_ready())
-    shown = redact_store(env[ENV_STORE])
-    before = _jobs(env[ENV_STORE])
+    store = default_store(args.store)
+    store = backend_for(store).absolute(store)  # (with its credentials: this process's environment has them not)
+    shown = redact_store(store)
+    before = _jobs(store)
     print(f"commscope: recording to {shown}", file=sys.stderr)
     print(f"commscope: watch it with:  commscope attach {shown}", file=sys.stderr)
     try:
@@ -143,10 +147,10 @@ def main(args: argparse.Namespace) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    n = _forward_spools(env[ENV_STORE], proc.pid, code)
+    n = _forward_spools(store, proc.pid, code)
     if n:
         print(f"commscope: sent what {n} rank(s) that died left in their spools to the store", file=sys.stderr)
-    if before is not None and _jobs(env[ENV_STORE]) == before:
+    if before is not None and _jobs(store) == before:
         print(f"commscope: done (exit code {code}); nothing was recorded: no process of the command called "
               "init_process_group", file=sys.stderr)
     else:

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, unquote_plus, urlsplit
 
-from commscope.redact import redact
+from commscope.redact import MARK, redact
 from commscope.store.base import StoreError, is_job_name
 
 SCHEMES = ("redis", "rediss", "unix")
@@ -143,6 +143,29 @@ def with_job(url: str, job: str) -> str:
     return url + ("&" if "?" in url else "?") + f"job={job}"
 
 
+def password_apart(url: str) -> tuple[str, dict[str, str]]:
+    """The URL without its password, and the environment that gives the password instead
+    (``$COMMSCOPE_REDIS_PASSWORD``): how ``commscope run`` hands the store to the job's
+    processes, so that the password is in no child's ``$COMMSCOPE_STORE`` and each child's
+    redaction knows it (an environment secret is hidden wherever it is printed).  A URL
+    with no password in it, or one that does not parse, is handed on as it is."""
+    try:
+        target = parse_url(url)
+        parts = urlsplit(url)
+    except Exception:
+        return url, {}
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    pairs = [p for p in parts.query.split("&") if p]
+    query = [p for p in pairs if unquote_plus(p.partition("=")[0]) != "password"]
+    if not at and len(query) == len(pairs):
+        return url, {}
+    user, colon, _ = userinfo.partition(":")
+    netloc = f"{user}:@{hostport}" if colon and user else hostport  # (``user:`` names a user; ``secret@``: a password)
+    bare = f"{parts.scheme}://{netloc}{parts.path}" + (f"?{'&'.join(query)}" if query else "") + (
+        f"#{parts.fragment}" if parts.fragment else "")
+    return bare, ({ENV_PASSWORD: target.password} if target.password is not None else {})
+
+
 def job_location(url: str, job: str) -> str:
     """A URL naming job ``job`` of the store, its password hidden."""
     return parse_url(url).display(job=job)
@@ -157,15 +180,34 @@ def scrub(text: str, target: RedisTarget | None) -> str:
     return text
 
 
+#: What a URL whose host is followed by an '@' is told (a password holding '/', '?' or '#')
+AT_AFTER_HOST = ("an '@' after the host: percent-encode a '/', '?' or '#' in the password (%2F, %3F, %23), "
+                 "or give the password in $" + ENV_PASSWORD)
+
+
+def _shown(url: str) -> str:
+    """``url`` as an error may quote it: redacted, and with all before its last '@' hidden
+    where that is not plainly user info (a password cut short by its unencoded '/', '?' or
+    '#', a mistyped ``redis:///:pw@host``): over-hiding a bad URL is harmless."""
+    shown = redact(url)
+    scheme, sep, rest = shown.partition("://")
+    head, at, tail = rest.rpartition("@")
+    if sep and at and head != MARK and not head.endswith(":" + MARK):
+        return f"{scheme}://{MARK}@{tail}"
+    return shown
+
+
 def parse_url(url: str) -> RedisTarget:
     """Parse a store URL; raises StoreError naming the problem (never the password)."""
-    shown = redact(url)
+    shown = _shown(url)
     try:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         if scheme not in SCHEMES:
             raise StoreError(f"not a Redis URL: {shown} (expected redis://, rediss:// or unix://)")
         netloc = parts.netloc
+        if ("@" in parts.path and scheme != "unix") or "@" in parts.fragment:  # (a socket's path may hold one)
+            raise StoreError(f"bad Redis URL {shown}: {AT_AFTER_HOST}")
         userinfo, at, hostport = netloc.rpartition("@")
         username = password = None
         if at:
@@ -177,6 +219,8 @@ def parse_url(url: str) -> RedisTarget:
         query: dict[str, str] = {}
         for key, value in parse_qsl(parts.query, keep_blank_values=True):
             if key not in QUERY_KEYS:
+                if "@" in key or "@" in value:  # (a password cut at its '?': never quoted)
+                    raise StoreError(f"bad Redis URL {shown}: {AT_AFTER_HOST}")
                 raise StoreError(f"unknown option {key!r} in {shown} (known: {', '.join(sorted(QUERY_KEYS))})")
             query[key] = value
         if "password" in query:

@@ -84,6 +84,10 @@ class Backend:
     job_location: Callable[[str, str], str]
     #: The name as every process of a job can use it, whatever its working directory.
     absolute: Callable[[str], str] = _same
+    #: The name as a job's processes get it, and the environment that carries its
+    #: credentials instead (out of every child's ``$COMMSCOPE_STORE``, and known to each
+    #: child's redaction as a secret of its environment): ``name -> (name, env)``.
+    credentials_apart: Callable[[str], tuple[str, dict[str, str]]] = lambda name: (name, {})
     #: The job the name itself pins (Redis ``?job=``), if any.
     pinned_job: Callable[[str], str | None] = _no_job
     #: The name that opens job J of the store exactly, whatever job is newest then:
@@ -109,7 +113,7 @@ REDIS = Backend(
     reader=_late("commscope.store.redis_store", "RedisReader"),
     local=False, redact=redact_text,  # URL credentials of any scheme: user info, ?password=
     identity=redis_url.identity, job_location=redis_url.job_location, pinned_job=redis_url.pinned_job,
-    with_job=redis_url.with_job,
+    with_job=redis_url.with_job, credentials_apart=redis_url.password_apart,
     delete_job=_late("commscope.store.redis_store", "delete_job"))
 
 BACKENDS: tuple[Backend, ...] = (DIRECTORY, REDIS)
