@@ -2457,8 +2457,27 @@ def pack_begin(op_id: int, ts: int, *, tid: int = 1, parent: int = 0, name: int 
     return HEADER.pack(BEGIN, flags, direction, length, ts, op_id) + body + tensors
 
 
+#: The most bytes of a record's text (the native recorder's ``kMaxText``) and the mark a
+#: longer one ends in where it was cut (``kCutMark``)
+MAX_RECORD_TEXT = 4096
+CUT_MARK = "\u2026".encode()
+
+
+def cut_text(text: bytes) -> bytes:
+    """``text`` as a record holds it (the native recorder's ``cut_text``): whole when it
+    fits ``MAX_RECORD_TEXT``; else its whole words before the cut and ``CUT_MARK``.  The word
+    the cut falls in is dropped whole: credentials are masked after the cut (``mask_texts``),
+    and half of one is no longer recognisable (a URL's password without its ``@host``)."""
+    if len(text) <= MAX_RECORD_TEXT:
+        return text
+    k = MAX_RECORD_TEXT - len(CUT_MARK)
+    while k > 0 and text[k] not in b" \t\n\r\x0b\x0c":
+        k -= 1
+    return text[:k] + CUT_MARK
+
+
 def pack_end(op_id: int, ts: int, *, exc: str | None = None, wait: bool = False, approx: bool = False) -> bytes:
-    text = (exc or "").encode()[:4096]
+    text = cut_text((exc or "").encode())
     flags = (FLAG_ERROR if exc is not None else 0) | (FLAG_APPROX if approx else 0)
     body = _U16.pack(len(text)) + text
     return HEADER.pack(WAIT_END if wait else END, flags, 0, HEADER.size + len(body), ts, op_id) + body

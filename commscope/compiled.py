@@ -443,12 +443,32 @@ def _built(directory: Path) -> Built | None:
                 or not isinstance(exports, list) or not all(isinstance(x, str) for x in exports)):
             return None  # (a file of this directory, by its name; the functions by theirs)
         path = directory / name
+        if _refused(directory, path):
+            return None
         data = path.read_bytes()
         if len(data) != manifest["size"] or hashlib.sha256(data).hexdigest() != manifest["sha256"]:
             return None
         return Built(str(manifest["module"]), path, frozenset(exports), str(manifest["numba"]))
     except Exception:  # (unreadable, not JSON, nested past the recursion limit ...: no build)
         return None
+
+
+_warned: set[str] = set()
+
+
+def _refused(directory: Path, path: Path | None = None) -> bool:
+    """A build that another user could have changed is never loaded (its module runs as
+    whoever loads it): said once a process, on stderr."""
+    from commscope.private import why_unsafe
+
+    paths = [directory.parent, directory, directory / MANIFEST] + ([path] if path is not None else [])
+    why = why_unsafe(*paths)
+    if why is not None and why not in _warned:
+        _warned.add(why)
+        print(f"commscope: not loading the kernels compiled ahead of time: {why}; they are compiled on first "
+              f"use instead (remove {directory} and run python -m commscope.compiled to build them again)",
+              file=sys.stderr)
+    return why is not None
 
 
 _module: types.ModuleType | None = None
@@ -618,11 +638,20 @@ def build(directory: Path | None = None, verbose: bool = False) -> Path:
     import numba  # noqa: F401 (first: without it, the build says so)
 
     os.environ[ENV_AOT] = "0"  # (every kernel compiled here: the build reads their types)
+    from commscope.private import make_private_dirs, why_unsafe
+
     directory = directory or build_dir()
     found = load_all()
     names = sorted(export_name(k) for k in found)
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as lock:
+    # (the owner's alone whatever the umask: another user who could put a module here would
+    # run code in every process that loads it)
+    make_private_dirs(directory)
+    why = why_unsafe(directory.parent, directory, directory / ".lock")
+    if why is not None:
+        raise RuntimeError(f"refusing to build in {directory}: {why}")
+    lock = os.open(directory / ".lock", os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(lock, "w"):
+        os.fchmod(lock, 0o600)
         fcntl.flock(lock, fcntl.LOCK_EX)  # (two installs at once: one builds, the other finds it built)
         return _build_locked(directory, found, names, verbose)
 
@@ -669,6 +698,7 @@ def _build_locked(directory: Path, found: list[Kernel], names: list[str], verbos
                 cc.output_dir = scratch
                 cc.compile()
                 built = next(Path(scratch).glob(module + "*"))
+                os.chmod(built, 0o700)  # (the compiler's mode is the umask's)
                 data = built.read_bytes()
                 target = directory / built.name
                 os.replace(built, target)

@@ -360,7 +360,9 @@ def test_an_export_that_cannot_be_written_leaves_no_half_file(failure, tmp_path,
     assert there.read_text() == "old" and (os.stat(there).st_mode & 0o777) == 0o640
 
 
-def test_an_export_over_a_file_keeps_its_mode_and_a_new_one_is_private(tmp_path, capsys):
+def test_an_export_over_a_file_is_private_and_a_link_is_refused(tmp_path, capsys):
+    """The file written is the owner's alone, also where it replaces one of another mode; a
+    symbolic link at FILE is refused, never followed (tests/test_secrets.py: a FIFO too)."""
     import os
 
     store = write_store(tmp_path / "s", hung_trace())
@@ -369,9 +371,11 @@ def test_an_export_over_a_file_keeps_its_mode_and_a_new_one_is_private(tmp_path,
     os.chmod(there, 0o644)
     link = tmp_path / "link.json"
     link.symlink_to(there)
-    assert cli(["export", str(store), "--chrome", str(link)]) == 0  # (through the link, to its file)
-    assert link.is_symlink() and json.loads(there.read_text())["traceEvents"]
-    assert (os.stat(there).st_mode & 0o777) == 0o644
+    assert cli(["export", str(store), "--chrome", str(link)]) == 2
+    assert "symbolic link" in capsys.readouterr().err
+    assert link.is_symlink() and there.read_text() == "old" and (os.stat(there).st_mode & 0o777) == 0o644
+    assert cli(["export", str(store), "--chrome", str(there)]) == 0
+    assert json.loads(there.read_text())["traceEvents"] and (os.stat(there).st_mode & 0o777) == 0o600
     new = tmp_path / "new.json"
     assert cli(["export", str(store), "--chrome", str(new)]) == 0
     assert (os.stat(new).st_mode & 0o777) == 0o600

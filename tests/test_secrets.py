@@ -340,3 +340,314 @@ def test_the_documented_redis_acl_is_enough_for_commscope_and_no_more(redis_url,
     finally:
         admin.execute_command("ACL", "DELUSER", "ml-team")
         admin.delete("payroll:2026")
+
+
+# ------------------------------------------------------------------ a text cut to fit a record
+def _crossing_the_cut() -> dict[str, str]:
+    """Exception texts with a credential that starts before byte 4096 of the text (the
+    native recorder's ``kMaxText``) and ends after it; by its piece that must not survive."""
+    head = "RuntimeError: "
+    return {"TRUNCSEC": head + "a" * 4060 + " postgres://u:TRUNCSECRET0123456789ABCDEFGH@db/app",
+            "hf_TRUNC": head + "b" * 4070 + " hf_TRUNCHFTOKEN0123456789abcdefgh",
+            "Pg-S3cr": head + "c" * 4070 + f" --password={URL_PASSWORD}"}
+
+
+def test_a_secret_cut_by_a_records_text_limit_leaves_no_piece():
+    """A text is cut to fit its record before its credentials are masked (at drain): the cut
+    drops the word it falls in, so no piece of a credential stays that the masker could no
+    longer recognise (a URL's password without its "@host", a token's first half)."""
+    from commscope import blocks
+
+    for piece, text in _crossing_the_cut().items():
+        masked = blocks.mask_texts(blocks.pack_end(1, 2, exc=text))
+        assert piece.encode() not in masked, piece
+        kept = blocks.cut_text(text.encode())
+        assert len(kept) <= blocks.MAX_RECORD_TEXT and kept.endswith(blocks.CUT_MARK)
+        assert kept == text.encode().rsplit(b" ", 1)[0] + blocks.CUT_MARK  # the whole words before it
+    short = b"RuntimeError: " + b"x" * 100
+    assert blocks.cut_text(short) == short
+    assert blocks.cut_text(b"y" * 5000) == blocks.CUT_MARK  # one long word: nothing of it
+
+
+CUT_RANK = textwrap.dedent("""
+    import json, sys
+    import torch, torch.distributed as dist
+    import commscope
+    rec = commscope.instrument(sys.argv[1], flight_recorder=False)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0, world_size=1)
+
+    class Bad:
+        def __init__(self, text):
+            self.text = text
+        def __reduce__(self):
+            raise RuntimeError(self.text)
+
+    for text in json.loads(sys.argv[3]):
+        try:
+            dist.broadcast_object_list([Bad(text.split(": ", 1)[1])], src=0)
+        except RuntimeError:
+            pass
+    dist.all_reduce(torch.ones(4))
+    source = type(rec.ops).__name__
+    commscope.uninstrument()
+    dist.destroy_process_group()
+    print(json.dumps({"source": source}))
+""")
+
+
+def test_the_native_recorder_cuts_an_error_before_a_whole_word(tmp_path):
+    """The auditor's repro (/tmp/h74/job4.py), in one rank: the native recorder keeps 4096
+    bytes of an error and masks them when the block is drained; a credential crossing byte
+    4096 left its first half in the trace ("postgres://u:TRUNCSEC", "hf_TRUNCHFT")."""
+    from commscope.launch import free_port
+    from commscope.record import native
+
+    built = subprocess.run([sys.executable, "-m", "commscope.record.native", "build"], capture_output=True,
+                           text=True, timeout=900)
+    assert built.returncode == 0, built.stdout + built.stderr
+    texts = _crossing_the_cut()
+    store = tmp_path / "trace"
+    env = dict(__import__("os").environ, COMMSCOPE_NATIVE="1", COMMSCOPE_NATIVE_DIR=str(native.build_dir().parent))
+    proc = subprocess.run([sys.executable, "-c", CUT_RANK, str(store), str(free_port()), json.dumps(list(texts.values()))],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"source": "NativeOps"}, proc.stderr[-3000:]
+    raw = b"\n".join(unpacked(p.read_bytes()) for p in sorted(store.rglob("*")) if p.is_file())
+    for piece in texts:
+        assert piece.encode() not in raw, piece
+    failed = [e["exc"] for e in read_events(store) if e["type"] == "op" and e["phase"] == "end" and e.get("exc")]
+    assert len(failed) == len(texts), failed
+    for exc, text in zip(sorted(failed), sorted(texts.values()), strict=True):
+        assert exc == text.rsplit(" ", 1)[0] + "\u2026"  # its whole words, and the mark of the cut
+
+
+# ------------------------------------------------------------------ code caches every rank loads
+@pytest.fixture
+def umask000():
+    import os
+
+    old = os.umask(0)
+    yield
+    os.umask(old)
+
+
+def _mode(path) -> int:
+    import os
+    import stat
+
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def _another_users(path: Path, monkeypatch) -> None:
+    """``path`` as another user's: chowned where we may (root), else we pretend to be someone else."""
+    import os
+
+    if os.getuid() == 0:
+        os.chown(path, 4242, 4242)
+    else:
+        uid = os.getuid() + 4242
+        monkeypatch.setattr(os, "getuid", lambda: uid)
+
+
+class _FakeCompiler:
+    """``subprocess.Popen`` of the native build's child: writes a module file the way a
+    compiler does (the umask's mode), compiling nothing."""
+
+    def __init__(self, command, **kw):
+        scratch = Path(command[3])
+        (scratch / "commscope_native.so").write_bytes(b"\x7fELF not really")
+        self.pid, self.returncode = 0, 0
+
+    def communicate(self, timeout=None):
+        return "", None
+
+
+def test_the_native_build_is_private_whatever_the_umask(tmp_path, umask000, monkeypatch):
+    """Under umask 000 the build directory and the module every rank loads were 0777: another
+    local user could have put their module there."""
+    from commscope.record import native
+
+    monkeypatch.setattr(native.subprocess, "Popen", _FakeCompiler)
+    directory = tmp_path / "cache" / "native" / "torch-x"
+    native._build(directory, verbose=True)
+    assert _mode(tmp_path / "cache") == _mode(directory.parent) == _mode(directory) == 0o700
+    assert _mode(directory / "commscope_native.so") == 0o700
+
+
+def test_a_native_build_others_could_change_is_never_loaded(tmp_path, monkeypatch, capsys):
+    import re
+
+    from commscope.record import native
+
+    monkeypatch.setattr(native, "_warned", False, raising=False)
+    directory = tmp_path / "native" / "torch-x"
+    directory.mkdir(parents=True, mode=0o700)
+    module = directory / "commscope_native.so"
+    module.write_bytes(b"\x7fELF not really")  # (never imported: refused first)
+    for unsafe, why in ((module, "writable by the group and others (mode 0777)"),
+                        (directory, "writable by others (mode 0703)"),
+                        (directory.parent, "writable by the group (mode 0770)")):
+        old = _mode(unsafe)
+        unsafe.chmod({module: 0o777, directory: 0o703, directory.parent: 0o770}[unsafe])
+        with pytest.raises(native.Refused, match=re.escape(f"{unsafe} is {why}")):
+            native._import_built(directory)
+        unsafe.chmod(old)
+    monkeypatch.setattr(native.subprocess, "Popen", _FakeCompiler)
+    module.unlink()
+    directory.chmod(0o777)
+    with pytest.raises(native.Refused):
+        native._build(directory, verbose=True)  # (nor built into: checked before the compiler runs)
+    assert list(directory.iterdir()) == []
+    directory.chmod(0o700)
+    module.write_bytes(b"\x7fELF not really")
+    _another_users(directory, monkeypatch)
+    with pytest.raises(native.Refused, match="belongs to .*uid 4242|belongs to .*, not to you"):
+        native._import_built(directory)
+    assert "refusing to use the native recorder's build" in capsys.readouterr().err
+
+
+def test_the_compiled_kernels_cache_is_private_whatever_the_umask(tmp_path, umask000, monkeypatch):
+    from commscope import compiled
+
+    monkeypatch.setattr(compiled, "_build_locked", lambda directory, *a: directory)
+    monkeypatch.setattr(compiled, "load_all", lambda: [])
+    directory = tmp_path / "cache" / "kernels" / compiled.tag()
+    assert compiled.build(directory) == directory
+    assert _mode(tmp_path / "cache") == _mode(directory.parent) == _mode(directory) == 0o700
+    assert _mode(directory / ".lock") == 0o600
+    (directory / ".lock").chmod(0o666)  # (made by an earlier version): refused, never used
+    with pytest.raises(RuntimeError, match="refusing to build in .* is writable by the group and others"):
+        compiled.build(directory)
+
+
+def test_compiled_kernels_others_could_change_are_never_loaded(tmp_path, monkeypatch, capsys):
+    import hashlib
+
+    from commscope import compiled
+
+    monkeypatch.setattr(compiled, "_warned", set(), raising=False)
+    directory = tmp_path / "kernels" / "tag"
+    directory.mkdir(parents=True, mode=0o700)
+    data = b"\x7fELF not really"
+    name = compiled.MODULE + "_x.so"
+    (directory / name).write_bytes(data)
+    (directory / name).chmod(0o700)
+    (directory / compiled.MANIFEST).write_text(json.dumps({
+        "module": compiled.MODULE + "_x", "file": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+        "exports": [], "numba": "0"}))
+    (directory / compiled.MANIFEST).chmod(0o600)
+    assert compiled._built(directory) is not None
+    for path in (directory / name, directory / compiled.MANIFEST, directory, directory.parent):
+        old = _mode(path)
+        path.chmod(old | 0o022)
+        assert compiled._built(directory) is None, path
+        path.chmod(old)
+    assert compiled._built(directory) is not None
+    _another_users(directory / name, monkeypatch)
+    assert compiled._built(directory) is None
+    err = capsys.readouterr().err
+    assert "not loading the kernels compiled ahead of time" in err and "is writable by the group and others" in err
+    assert "belongs to" in err
+
+
+# ------------------------------------------------------------------ what commscope writes
+def test_export_writes_a_private_file_and_follows_no_link(tmp_path, capsys):
+    """``export --chrome FILE`` followed a symbolic link at FILE (the file it replaced kept its
+    0644; a link another user planted in a shared directory chose where the trace went) and
+    wrote into a FIFO there.  Now the trace is 0600, and a link, FIFO or device is refused."""
+    import os
+    import threading
+
+    from test_store_modes import write
+
+    store = tmp_path / "trace"
+    write(store)
+    there = tmp_path / "there.json"
+    there.write_text("old")
+    there.chmod(0o644)
+    assert cli(["export", str(store), "--chrome", str(there)]) == 0
+    assert json.loads(there.read_text())["traceEvents"] and _mode(there) == 0o600  # (an existing file too)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("theirs")
+    victim.chmod(0o644)
+    link = tmp_path / "link.json"
+    link.symlink_to(victim)
+    capsys.readouterr()
+    assert cli(["export", str(store), "--chrome", str(link)]) == 2
+    assert "symbolic link" in capsys.readouterr().err
+    assert link.is_symlink() and victim.read_text() == "theirs" and _mode(victim) == 0o644
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+
+    def read() -> None:
+        with open(fifo, "rb") as f:
+            got.append(f.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()  # (a reader waiting: an export that wrote into the FIFO would not block)
+    assert cli(["export", str(store), "--chrome", str(fifo)]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    with open(fifo, "wb"):  # (lets the reader go)
+        pass
+    reader.join(10)
+    assert got == [b""]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".part")) == []
+
+
+def test_a_job_directory_of_another_user_is_refused(tmp_path, monkeypatch):
+    """A job directory another user made ahead (0750, their group) was written into: job.json
+    and the rank files came out 0640, readable by their group."""
+    from commscope.store import StoreError, open_writer
+
+    root = tmp_path / "trace"
+    (root / "j").mkdir(parents=True)
+    (root / "j").chmod(0o750)
+    _another_users(root / "j", monkeypatch)
+    with pytest.raises(StoreError, match=r"refusing to write trace store .*/trace/j: it belongs to .*not to you"):
+        open_writer(str(root), "j", 0, {"world_size": 1})
+    assert sorted(p.name for p in (root / "j").iterdir()) == []
+
+
+@pytest.mark.parametrize("mode, refused", [(0o777, True), (0o1777, False), (0o775, False)])
+def test_a_store_root_anyone_may_write_is_refused(tmp_path, monkeypatch, mode, refused):
+    """Whoever may write a store's root without its sticky bit can put a directory of theirs
+    in place of our job's; a team's root that its group writes, or a sticky one, is fine."""
+    from commscope.store import StoreError, open_writer
+
+    root = tmp_path / "trace"
+    root.mkdir()
+    root.chmod(mode)
+    _another_users(root, monkeypatch)
+    if refused:
+        with pytest.raises(StoreError, match=r"refusing to write trace store .*/trace: it belongs to .* anyone may"):
+            open_writer(str(root), "j", 0, {"world_size": 1})
+    else:
+        open_writer(str(root), "j", 0, {"world_size": 1}).close()
+        assert (root / "j" / "job.json").is_file()
+
+
+def test_a_summary_file_takes_the_job_s_modes(tmp_path):
+    """Retention's summary file was made 0600 (what a 077 umask leaves of 0640) in a job
+    directory shared with the group, where every other file is 0640."""
+    import os
+
+    import orjson
+
+    from commscope.store import retention
+    from commscope.store.directory import DirectoryWriter
+
+    old = os.umask(0o077)
+    try:
+        w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, share=True, segment_bytes=4096, closer=False)
+        w.write([orjson.dumps({"type": "meta", "ts": 1, "v": 3, "rank": 0, "world_size": 1})])
+        for k in range(200):
+            w.write([orjson.dumps({"type": "heartbeat", "ts": 2 + k, "v": 3, "rank": 0, "inflight": k})])
+        w.close()
+        job = tmp_path / "job"
+        assert retention.close_stream(job, 0, 0, retention.Retention(max_bytes=8192, max_age_s=None)) > 0
+    finally:
+        os.umask(old)
+    summary = job / "rank-00000.summary.jsonl"
+    assert summary.exists() and _mode(job) == 0o750
+    assert {p.name: _mode(p) for p in job.iterdir() if _mode(p) != 0o640} == {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -31,7 +32,9 @@ from commscope.commands import options
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", nargs="?", default=None,
                    help="trace store (directory or redis://...) or Flight Recorder dump directory")
-    p.add_argument("--chrome", metavar="FILE", required=True, help="write Chrome trace JSON here ('-' = stdout); a new file is readable by you alone")
+    p.add_argument("--chrome", metavar="FILE", required=True,
+                   help="write Chrome trace JSON here ('-' = stdout), readable by you alone (0600, also "
+                        "where it replaces a file); a symbolic link, FIFO or device there is refused")
     p.add_argument("--hang-after", type=options.seconds, default=None, metavar="SECONDS",
                    help="for the findings marked in the trace")
     p.add_argument("--ranks", type=options.ranks, default=None, metavar="RANKS",
@@ -92,23 +95,27 @@ def _write_file(path: str, write: Callable[[IO[bytes]], int]) -> int:
     """``write`` into ``path`` whole or not at all: a trace written as its events come (memory a
     rank's, not the trace's) goes to a file beside it, put in place once complete, so a full
     disk, an interrupt or a failure leaves no half-written trace and the file that was there
-    as it was.  A new file is the owner's alone, as the store it came from; one that exists
-    keeps its mode.  What is not a regular file (a FIFO, a device) is written as it is."""
-    target = os.path.realpath(path)
+    as it was.  The file written is the owner's alone (0600), as the store it came from, even
+    where it replaces one of another mode: share it as the store is shared, on purpose.  A
+    symbolic link, a FIFO or a device at ``path`` is refused (``OSError``), never followed or
+    written into: the trace would land where the link's maker chose, with their file's mode
+    (``--chrome -`` writes to stdout, for a pipe)."""
     try:
-        st: os.stat_result | None = os.stat(target)
+        st: os.stat_result | None = os.lstat(path)
     except FileNotFoundError:
         st = None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise OSError(errno.ELOOP, "it is a symbolic link, which is not followed (name the file itself, "
+                                   "or use --chrome - to write to stdout)")
     if st is not None and not stat.S_ISREG(st.st_mode):
-        with open(target, "wb") as f:
-            return write(f)
-    folder, name = os.path.split(target)
+        raise OSError(errno.EINVAL, "not a regular file (use --chrome - to write to stdout, a pipe)")
+    folder, name = os.path.split(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder or ".")
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o600)
             n = write(f)
-        os.chmod(tmp, stat.S_IMODE(st.st_mode) if st is not None else 0o600)
-        os.replace(tmp, target)
+        os.replace(tmp, path)  # (a link put at ``path`` meanwhile is replaced, not followed)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

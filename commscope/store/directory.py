@@ -140,6 +140,32 @@ def modes_of(directory: Path) -> Modes:
         return PRIVATE
 
 
+def check_owner(root: Path, job_dir: Path) -> None:
+    """Refuse (``StoreError``) to write into a job directory that is not ours, or into a store
+    whose root anyone may write without the sticky bit: the files made there take the job
+    directory's modes (``modes_of``), so its owner's choice (their group, a 0750 made ahead)
+    would open the trace to others, and whoever may write a root without the sticky bit (as
+    /tmp has) can put a directory of theirs in place of ours.  A root of a colleague's that
+    their group writes (a team's store, ``--share-with-group``) is fine."""
+    from commscope.private import owner_name
+
+    me = os.getuid()
+    try:
+        st = os.stat(root)
+        if st.st_uid not in (me, 0) and st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+            raise StoreError(f"refusing to write trace store {root}: it belongs to {owner_name(st.st_uid)} and "
+                             f"anyone may write it (mode {stat.S_IMODE(st.st_mode):04o}, no sticky bit), so "
+                             "another user could put a directory of theirs in place of this job's (choose a "
+                             "store of your own, or set the sticky bit: chmod +t)")
+        uid = os.stat(job_dir).st_uid
+    except OSError:
+        return  # (what cannot be seen is not written either: that error says itself)
+    if uid != me:
+        raise StoreError(f"refusing to write trace store {job_dir}: it belongs to {owner_name(uid)}, not to you "
+                         f"({owner_name(me)}), who could read or replace what is written there "
+                         "(choose a store of your own, or another job id)")
+
+
 class DirectoryWriter:
     """Appends one rank's events; owned by that rank's recorder thread."""
 
@@ -185,6 +211,7 @@ class DirectoryWriter:
             if gone:  # the store is gone: never recreate it for a dead rank
                 raise StoreError(f"no job {job!r} in {self.root} any more")
             make_dirs(self.dir, self.modes.dir)
+            check_owner(self.root, self.dir)
             self.modes = modes_of(self.dir)
             self._open()
             size = self._segment_size
@@ -261,6 +288,7 @@ class DirectoryWriter:
                 # unlinked file nobody can read, and say so first: what it held is lost.
                 self.close()
                 make_dirs(self.dir, self.modes.dir)
+                check_owner(self.root, self.dir)  # (another user's, made meanwhile: not written into)
                 if not (self.dir / JOB_FILE).exists():
                     atomic_write(self.dir / JOB_FILE, orjson.dumps(self._job_meta, option=orjson.OPT_INDENT_2),
                                   self.modes.file)

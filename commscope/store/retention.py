@@ -38,7 +38,7 @@ import orjson
 
 from commscope.schema import MAX_REASONS, REASON, SCHEMA_VERSION
 from commscope.store import inflight
-from commscope.store.files import O_NOFOLLOW, mode_of, read_from, size_of
+from commscope.store.files import O_NOFOLLOW, create_file, mode_of, read_from, size_of
 from commscope.store.segments import Segment, segments_of, stream_prefix, summary_name
 from commscope.window import DURATION_UNITS
 
@@ -353,7 +353,8 @@ def enforce(directory: Path, rank: int, incarnation: int, retain: Retention, seg
         return 0  # (no summary file made: readers open every one on each listing)
     gone = 0
     summary = directory / summary_name(rank, incarnation)
-    lock = os.open(summary, os.O_WRONLY | os.O_APPEND | os.O_CREAT | O_NOFOLLOW, mode_of(segs[0].path))
+    # (the job's file mode, its segments', exactly: not what the umask leaves of it)
+    lock = create_file(summary, os.O_WRONLY | os.O_APPEND | O_NOFOLLOW, mode_of(segs[0].path))
     try:
         try:  # one child at a time per stream (a rank's, and one a forwarder started)
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

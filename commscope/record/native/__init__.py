@@ -4,7 +4,8 @@ unit, and the parts it includes: the .h files beside it).
 The extension is compiled against the installed torch, once per machine, torch version,
 Python version and source (``source_digest``: every source file's name and contents), into
 ``$COMMSCOPE_NATIVE_DIR`` (default ``~/.cache/commscope/native``); later processes import
-the built file directly.  Building needs a C++ compiler and ninja and takes 20-60 s, so
+the built file directly.  That directory and the module are their owner's alone (0700), and
+a build another user could have changed is never loaded (``commscope.private``).  Building needs a C++ compiler and ninja and takes 20-60 s, so
 only launchers build (the install script, ``commscope run``, the demo runner): a rank never
 does, because a build in a rank would stall training for that long.  A rank without a
 built module records in Python.
@@ -77,10 +78,35 @@ def build_dir() -> Path:
     return Path(base) / tag
 
 
+class Refused(RuntimeError):
+    """A build directory or module another user could have changed (``commscope.private``)."""
+
+
+def _refuse_unsafe(directory: Path, path: Path | None = None) -> None:
+    """Raise ``Refused`` where another user could have put their code in ``directory`` (or
+    ``path`` in it): every rank that loaded it would run it.  Said once a process, on stderr."""
+    from commscope.private import why_unsafe
+
+    why = why_unsafe(directory.parent, directory, *([path] if path is not None else []))
+    if why is None:
+        return
+    message = (f"refusing to use the native recorder's build in {directory}: {why} "
+               f"(remove it, and a launcher builds it again)")
+    global _warned
+    if not _warned:
+        _warned = True
+        print(f"commscope: {message}; recording in Python", file=sys.stderr)
+    raise Refused(message)
+
+
+_warned = False
+
+
 def _import_built(directory: Path) -> ModuleType | None:
     for suffix in importlib.machinery.EXTENSION_SUFFIXES + [".so"]:
         path = directory / (MODULE + suffix)
         if path.is_file():
+            _refuse_unsafe(directory, path)
             import torch  # noqa: F401  (the extension links against torch's libraries)
 
             spec = importlib.util.spec_from_file_location(MODULE, path)
@@ -119,6 +145,9 @@ def load(build: bool = False, verbose: bool = False) -> ModuleType | None:
             _module = module
             _error = None
             return module
+        except Refused as exc:
+            _error = str(exc)
+            return None
         except Exception as exc:  # no compiler, no ninja, headers that do not match ...
             _error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
             return None
@@ -126,8 +155,13 @@ def load(build: bool = False, verbose: bool = False) -> ModuleType | None:
 
 def _build(directory: Path, verbose: bool) -> None:
     """Compile in a child process into a fresh directory beside ``directory``, then move the
-    module into ``directory`` (atomic: readers see the whole file or none)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    module into ``directory`` (atomic: readers see the whole file or none).  The directories
+    are made 0700 and the module 0700, whatever the umask, and a directory another user
+    could write is refused (``_refuse_unsafe``): every rank loads what lies there."""
+    from commscope.private import make_private_dirs
+
+    make_private_dirs(directory)
+    _refuse_unsafe(directory)
     if not verbose:
         print(f"commscope: building the native recorder for torch {_torch_version()} (once, ~30 s) in {directory}",
               file=sys.stderr)
@@ -150,6 +184,7 @@ def _build(directory: Path, verbose: bool) -> None:
         for suffix in importlib.machinery.EXTENSION_SUFFIXES + [".so"]:
             built = Path(scratch) / (MODULE + suffix)
             if built.is_file():
+                os.chmod(built, 0o700)  # (the compiler's mode is the umask's)
                 os.replace(built, directory / built.name)
                 return
         raise RuntimeError("the build finished without a module")

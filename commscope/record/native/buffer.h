@@ -239,15 +239,36 @@ inline void put_header(uint8_t* p, uint8_t type, uint8_t flags, uint32_t len, in
   std::memcpy(p, &h, sizeof h);
 }
 
+// How many of a text's n bytes are kept, and whether it ends in kCutMark: all of one that
+// fits kMaxText; of a longer one, its whole words before byte kMaxText - kCutMarkLen. The
+// word the cut falls in is dropped whole: a text's credentials are masked later, in Python,
+// when its block is drained (blocks.mask_line), and half of one is no longer recognisable
+// there (a URL's password without the "@host" after it, a token's first half).
+inline bool cut_text(const char* text, size_t n, size_t* keep) {
+  if (n <= kMaxText) {
+    *keep = n;
+    return false;
+  }
+  size_t k = kMaxText - kCutMarkLen;
+  while (k > 0 && !(text[k] == ' ' || text[k] == '\t' || text[k] == '\n' || text[k] == '\r' ||
+                    text[k] == '\v' || text[k] == '\f'))
+    k--;
+  *keep = k;  // (text[k] is a space, or nothing is kept: a text of one long word)
+  return true;
+}
+
 void write_text_record(uint8_t type, uint8_t flags, int64_t ts, uint64_t id, const char* text, size_t n) {
-  if (n > kMaxText) n = kMaxText;
-  size_t len = sizeof(Header) + 2 + n;
+  size_t keep = 0;
+  const bool cut = cut_text(text, n, &keep);
+  const size_t total = keep + (cut ? kCutMarkLen : 0);
+  size_t len = sizeof(Header) + 2 + total;
   uint8_t* p = reserve(len);
   if (!p) return;
   put_header(p, type, flags, uint32_t(len), ts, id);
-  uint16_t n16 = uint16_t(n);
+  uint16_t n16 = uint16_t(total);
   std::memcpy(p + sizeof(Header), &n16, 2);
-  if (n) std::memcpy(p + sizeof(Header) + 2, text, n);
+  if (keep) std::memcpy(p + sizeof(Header) + 2, text, keep);
+  if (cut) std::memcpy(p + sizeof(Header) + 2 + keep, kCutMark, kCutMarkLen);
 }
 
 // A table record: header (ts 0, id) and body.
@@ -264,6 +285,16 @@ void put_u16_text(std::string& out, const char* text, size_t n) {
   uint16_t n16 = uint16_t(n);
   out.append(reinterpret_cast<const char*>(&n16), 2);
   out.append(text, n);
+}
+
+// put_u16_text of a text cut as write_text_record cuts one (cut_text).
+void put_u16_cut_text(std::string& out, const char* text, size_t n) {
+  size_t keep = 0;
+  const bool cut = cut_text(text, n, &keep);
+  uint16_t n16 = uint16_t(keep + (cut ? kCutMarkLen : 0));
+  out.append(reinterpret_cast<const char*>(&n16), 2);
+  out.append(text, keep);
+  if (cut) out.append(kCutMark, kCutMarkLen);
 }
 
 // A group's global ranks as (start, stride, length) runs, in order (blocks.runs_of splits

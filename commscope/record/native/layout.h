@@ -97,6 +97,10 @@ static_assert(sizeof(SourceBody) == 12, "blocks.SOURCE_BODY");
 
 constexpr size_t kMaxTensorsDescribed = 256;
 constexpr size_t kMaxText = 4096;
+// A text longer than kMaxText ends in this mark ("\u2026", UTF-8) where it was cut
+// (buffer.h's cut_text; blocks.cut_text the same).
+constexpr char kCutMark[] = "\xe2\x80\xa6";
+constexpr size_t kCutMarkLen = sizeof(kCutMark) - 1;
 // No ring record is larger than this: it is the spool's slack (see SpoolHeader), so a
 // record near the ring's end runs on into the slack instead of wrapping.
 constexpr size_t kMaxRecord = 64u << 10;

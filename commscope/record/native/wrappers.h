@@ -108,7 +108,7 @@ void note_site(int32_t sid, PyObject* code, int lasti) {
       Py_ssize_t n = 0;
       const char* c = PyUnicode_Check(r) ? PyUnicode_AsUTF8AndSize(r, &n) : nullptr;
       if (c == nullptr) PyErr_Clear();
-      else put_u16_text(body, c, size_t(n) > kMaxText ? kMaxText : size_t(n));
+      else put_u16_cut_text(body, c, size_t(n));
       Py_DECREF(r);
     }
   }
@@ -192,6 +192,7 @@ std::string exception_text() {
         const char* c = PyUnicode_AsUTF8AndSize(s, &n);
         if (c != nullptr && n > 0) {
           text += ": ";
+          // (more than a record holds: write_text_record cuts it before a whole word)
           text.append(c, size_t(n) > kMaxText ? kMaxText : size_t(n));
         }
         Py_DECREF(s);
