@@ -94,6 +94,7 @@ class Recorder:
         self._next_sample = 0.0
         self._probe: ResourceProbe | None = None
         self.crash: str | None = None
+        self.exit_code: int | None = None  # what the main thread's last ``sys.exit`` asked for
         self.exited = False
         self._exit: tuple[int, str, int | None] | None = None  # (ts, reason, exit code) once marked
         self._next_forward = 0.0
@@ -597,8 +598,7 @@ def uninstrument() -> None:
             return
         rec.ops.uninstall()
         _remove_excepthook()
-        if os._exit is _os_exit:
-            os._exit = _real_os_exit
+        _remove_exit_hooks()
         _active = None
     rec.stop("uninstrument")
 
@@ -637,7 +637,7 @@ def _at_exit() -> None:
         return
     rec.ops.uninstall()
     _active = None
-    rec.stop("atexit" if rec.crash is None else "exception")
+    rec.stop("atexit" if rec.crash is None else "exception", code=rec.exit_code)
 
 
 _real_os_exit = os._exit
@@ -694,9 +694,58 @@ def note_uncaught(exc: BaseException) -> None:
     rec.crash = fmt_exc(exc)
 
 
+#: Functions that catch the exception a rank's function raised and leave with ``sys.exit``
+#: (their module, their name): that exception is, for the rank, uncaught.
+#: ``torch.multiprocessing.spawn._wrap`` (``mp.spawn``, ``start_processes``, and torch
+#: elastic's function entrypoints through it) writes the traceback for its parent, then
+#: ``sys.exit(1)``: the exception never reaches ``sys.excepthook``.
+EXCEPTION_EXITS = frozenset({("torch.multiprocessing.spawn", "_wrap")})
+
+_prev_sys_exit: Any = None
+_builtin_sys_exit = sys.exit
+
+
+def _sys_exit(status: Any = None) -> None:
+    """``sys.exit``: the recorder notes the code the process asks to leave with (its ``exit``
+    event says it), and, when a launcher's wrapper (``EXCEPTION_EXITS``) leaves this way on
+    the exception the rank's function raised, that exception as the rank's crash.  Then
+    the ``sys.exit`` that was installed raises ``SystemExit`` as ever."""
+    try:
+        _note_sys_exit(status, sys._getframe(1))
+    except Exception:  # never in the way of an exit
+        pass
+    (_prev_sys_exit or _builtin_sys_exit)(status)
+
+
+def _note_sys_exit(status: Any, caller: Any) -> None:
+    rec = _active
+    # a SystemExit raised in another thread ends only that thread
+    if rec is None or os.getpid() != rec.pid or threading.current_thread() is not threading.main_thread():
+        return
+    code = 0 if status is None else int(status) if isinstance(status, int) else 1  # Python's rule
+    rec.exit_code = code
+    if code != 0 and (caller.f_globals.get("__name__"), caller.f_code.co_name) in EXCEPTION_EXITS:
+        exc = sys.exc_info()[1]  # the exception the wrapper is handling
+        if exc is not None:
+            note_uncaught(exc)
+
+
 def _install_exit_hook() -> None:
+    global _prev_sys_exit
     if os._exit is not _os_exit:
         os._exit = _os_exit
+    if sys.exit is not _sys_exit:
+        _prev_sys_exit = sys.exit
+        sys.exit = _sys_exit
+
+
+def _remove_exit_hooks() -> None:
+    global _prev_sys_exit
+    if os._exit is _os_exit:
+        os._exit = _real_os_exit
+    if sys.exit is _sys_exit:
+        sys.exit = _prev_sys_exit or _builtin_sys_exit
+    _prev_sys_exit = None
 
 
 def _after_fork_child() -> None:
