@@ -74,14 +74,16 @@ class ReaderProblem(Evidence):
 
 
 def job_stopped(model: TraceModel, wall_ns: int) -> bool:
-    """No rank exited, and every rank sent heartbeats (a recorder was writing), stopped
+    """No rank exited or was killed (a rank whose end was noted, by itself, its launcher or
+    its spool, says how it went), and every rank sent heartbeats (a recorder was writing), stopped
     between ops (a rank stopped inside an op is judged as waiting there, like any snapshot
     of a stuck job) and is silent, at ``wall_ns``, for longer than its dead threshold:
     nobody writes to this trace any more.  A trace without heartbeats (synthetic,
     converted) is not judged this way."""
     ranks = model.rank_ids()
     return bool(ranks) and all(
-        rankstate.exited(model, r) is None and model.ranks[r].last_hb > 0 and not model.inflight(r)
+        rankstate.exited(model, r) is None and rankstate.killed(model, r) is None and model.ranks[r].last_hb > 0
+        and not model.inflight(r)
         and wall_ns - model.last_seen(r) > rankstate.dead_after_ns(model, r) for r in ranks)
 
 

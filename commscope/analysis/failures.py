@@ -205,10 +205,10 @@ def _blame_one(model: TraceModel, r: int, i: int, now: int, arrivals: _Arrivals,
                                         "hang_after: a job stopped, not a hang (nobody to blame)")
     if kind.kind == PEER_GONE:
         left, silent = rankstate.peers_gone(model, r, i)
-        gone = left + [m for m in silent if m in rankstate.vanished(model, now)]
+        gone = rankstate.went_first(model, sorted({*left, *(m for m in silent if m in rankstate.vanished(model, now))}))
         if gone:
-            return Blame(tuple(sorted(set(gone))), "left", "; ".join(
-                f"rank {m} {_departure(model, m, now)}" for m in sorted(set(gone))) + " before the op failed")
+            return Blame(tuple(gone), "left", "; ".join(f"rank {m} {_departure(model, m, now)}" for m in gone)
+                         + " before the op failed")
         if len(silent) == 1:
             return Blame(tuple(silent), "left", f"its connection to rank {silent[0]} closed, and rank "
                                                 f"{silent[0]} has not been heard from since")

@@ -35,6 +35,7 @@ from commscope.analysis.vocab import (
     describe_kill,
     is_kill,
     signal_label,
+    stopped,
     unread_of,
     unseen_death,
 )
@@ -68,6 +69,7 @@ class _Memo:
     vanished: tuple[int, frozenset[int]] | None = None  # (now, ranks)
     survivors: tuple[int, int] | None = None  # see _survivors_last
     acted: tuple[tuple[int, int], ...] | None = None  # see _last_acts
+    stopped: int | None = None  # see _stopped_since
     snapshot: RankSnapshot | None = None
     #: (space, group, seq) -> the members that completed that collective (``completed_by``)
     completed: dict[tuple[int, str, int], frozenset[int]] = dataclasses.field(default_factory=dict)
@@ -208,6 +210,8 @@ def _last_exit(m: TraceModel, rank: int) -> dict | None:
     # A crash file's exit is timed by the file's mtime, which the kernel keeps with a coarse
     # clock (up to a few ms behind): ops just before it may look later than the crash.
     slack = COARSE_MTIME_NS if ex.get("src") == "faulthandler" else 0
+    if unseen_death(ex):  # (timed by the last record its spool held, which may be older than its last op
+        return ex         # forwarded: a process that died unseen was not initialised again)
     return ex if ex["ts"] + slack >= rt.last_op_ts else None  # ops after an exit: the rank re-initialized
 
 
@@ -252,10 +256,14 @@ def departed_ns(m: TraceModel, rank: int) -> int | None:
     if ex is None:
         return None
     if ex.get("src") == "launcher" or unseen_death(ex):
-        # (timed when a launcher, or the forwarder of its spool, noticed: it went after its last word)
+        # It went after its last word: a launcher's exit is timed when it noticed (later), the
+        # spool's of an unseen death by its last record (no later than its last heartbeat,
+        # which the recorder thread writes apart: a rank killed after 15 s idle in a hang)
         rt = m.ranks[rank]
         last = max(rt.last_hb, rt.last_op_ts, int(rt.meta["ts"]) if rt.meta else 0)
-        return int(min(ex["ts"], last)) if last else int(ex["ts"])
+        if not last:
+            return int(ex["ts"])
+        return int(max(ex["ts"], last) if unseen_death(ex) else min(ex["ts"], last))
     return int(ex["ts"])
 
 
@@ -302,8 +310,30 @@ def left_early(m: TraceModel, rank: int, now: int) -> bool:
     if k is not None and k.get("src") == SNAPSHOT:  # gone while a snapshot saw others still there
         return _survivors_last(m)[1] > int(k["ts"])
     if k is not None:  # killed while others went on (ranks killed together are a job stopped)
-        return _went_on_after(m, departed_ns(m, rank) or int(k["ts"]))
+        t = departed_ns(m, rank) or int(k["ts"])
+        return _went_on_after(m, t) or (not stopped(k) and _stopped_since(m) > t)
     return m.end_ns - m.last_seen(rank) > dead_after_ns(m, rank)
+
+
+def went_first(m: TraceModel, ranks: Sequence[int]) -> list[int]:
+    """Of ranks that left before an op failed, those that went by themselves where some did:
+    a rank stopped by a signal (``vocab.stopped``) beside one that died, crashed or left was
+    stopped because that one went (a launcher ending the job), and is no culprit."""
+    own = [r for r in ranks if (ex := _last_exit(m, r)) is None or not stopped(ex)]
+    return own or list(ranks)
+
+
+def _stopped_since(m: TraceModel) -> int:
+    """When the last rank stopped by a signal (``vocab.stopped``) departed (-1: none was),
+    once per version.  A rank that went otherwise before it (SIGKILLed, ``os._exit``) went
+    first, and the others were stopped because it went: a launcher ends the rest of a job
+    whose rank died (mp.spawn and torchrun send SIGTERM within ~40 ms, inside the slack of
+    ranks killed together), and a user stopping a job stops every rank alike."""
+    memo = _memo(m)
+    if memo.stopped is None:
+        memo.stopped = max((departed_ns(m, r) or -1 for r, rt in m.ranks.items() if rt.exits
+                            and (k := killed(m, r)) is not None and stopped(k)), default=-1) if m.exits_seen else -1
+    return memo.stopped
 
 
 def _last_acts(m: TraceModel) -> tuple[tuple[int, int], ...]:
@@ -580,8 +610,11 @@ def ending(m: TraceModel, rank: int, now: int, state: RankState | None = None) -
         k = killed(m, rank)
         if k is None or int(k["ts"]) > now:  # (as of a replay cursor: not killed yet)
             return "dead (silent)"
+        alone = left_early(m, rank, now)
+        if unseen_death(k):  # (nothing said how: SIGKILL, the OOM killer)
+            return "died (no word)" if alone else "job stopped (no word)"
         how = _short_signal(str(k["signal"])) if k.get("signal") else f"os._exit({k.get('code')})"
-        return f"job stopped ({how})" if not left_early(m, rank, now) else f"killed ({how})"
+        return f"killed ({how})" if alone else f"job stopped ({how})"
     return None
 
 

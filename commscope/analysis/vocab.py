@@ -73,6 +73,17 @@ def is_kill(ex: dict) -> bool:
             or (reason == "os._exit" and ex.get("code", 0) != 0))
 
 
+#: Signals a whole job is stopped with: the one a launcher (torchrun, mp.spawn, SLURM) sends
+#: the ranks left when one of them dies, and a user's Ctrl-C or scancel.
+STOP_SIGNALS = frozenset({"Terminated", "Interrupt", "Hangup", "SIGTERM", "SIGINT", "SIGHUP"})
+
+
+def stopped(ex: dict) -> bool:
+    """An exit by a stop signal (``STOP_SIGNALS``), noted by the rank or its launcher: a rank
+    stopped with its job, not one that went by itself."""
+    return ex.get("reason") in ("signal", "killed") and ex.get("signal") in STOP_SIGNALS
+
+
 def unseen_death(ex: dict) -> bool:
     """The exit a dead rank's spool was forwarded with where nothing recorded how it died
     (SIGKILL, the OOM killer): timed by what was found, not by the death."""

@@ -1,0 +1,131 @@
+"""A rank that dies, after which its launcher stops the others (mp.spawn and torchrun send
+SIGTERM to the ranks left within ~40 ms of one dying): the rank that went first is the root
+cause, and the ranks stopped because it went are victims, never culprits.  A job stopped
+as a whole (every rank the same signal, or every rank killed unseen) is no fault at all.
+
+Each trace is what the recorder writes: the survivors' ends noted by their death handlers
+in their spools ("signal", "Terminated"), the SIGKILLed rank's end forwarded from its spool
+as ``gone`` and timed by its last record (helper-73's mp.spawn jobs read healthy, or named
+the SIGTERMed rank 0 beside rank 1)."""
+
+from __future__ import annotations
+
+import pytest
+
+from commscope.analysis import TraceModel
+from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+from commscope.analysis.rankstate import ending
+from commscope.analysis.synth import S, TraceBuilder
+
+MS = S // 1000
+RESET = "RuntimeError: [pair.cc:537] Read error [127.0.0.1]:7406: Connection reset by peer"
+GONE = {"reason": "gone", "src": "spool"}
+SIGTERM = {"reason": "signal", "signal": "Terminated", "src": "spool"}
+
+
+def _job(first: dict, *, failed: bool = False, idle_s: float = 0.0, others: dict = SIGTERM) -> TraceModel:
+    """3 ranks, 3 all_reduces; rank 1 ends (``first``) after the third, idle ``idle_s`` first
+    (its heartbeats go on meanwhile); ranks 0 and 2 wait in the fourth and are stopped 40 ms
+    after rank 1 went (``others``), rank 2's all_reduce failing as its connection resets
+    where ``failed``."""
+    b = TraceBuilder(3, hang_after=2.0)
+    t = b.warmup(3)
+    last = t - 1_000_000  # rank 1's last record: the end of its third all_reduce
+    gone = last + int(idle_s * S)
+    ids = {r: b.begin(r, t + r * MS, "all_reduce") for r in (0, 2)}
+    b.heartbeats(b.t0, gone, ranks=[0, 1, 2])
+    stop = gone + 40 * MS
+    b.exit(1, last if first is GONE else gone, **first)
+    if failed:
+        b.end(2, ids[2], stop - MS, exc=RESET)
+    for r in (0, 2):
+        b.exit(r, stop, **others)
+    return TraceModel.from_events(b.sorted_events())
+
+
+def _errors(m: TraceModel) -> list[tuple[str, list[int]]]:
+    found = diagnose(m, trace_now(m), default_hang_after(m))
+    return [(f.kind, f.culprits) for f in found if f.severity == "error"]
+
+
+@pytest.mark.parametrize("failed", [False, True], ids=["waiting", "op-failed"])
+def test_a_rank_killed_unseen_then_its_launcher_stopping_the_rest_is_a_dead_rank(failed):
+    m = _job(GONE, failed=failed)
+    assert _errors(m) == [("dead_rank", [1])]
+    assert ending(m, 1, m.end_ns) == "died (no word)"
+    assert ending(m, 0, m.end_ns) == ending(m, 2, m.end_ns) == "job stopped (SIGTERM)"
+
+
+def test_a_rank_that_crashed_then_its_launcher_stopping_the_rest_blames_no_victim():
+    """SIGABRT on rank 1, torchrun SIGTERMs ranks 0 and 2 while rank 2's all_reduce fails:
+    one error, the crash (rank 0 'was gone: killed by SIGTERM' was blamed beside it)."""
+    m = _job({"reason": "signal", "signal": "Aborted", "src": "spool"}, failed=True)
+    assert _errors(m) == [("rank_crashed", [1])]
+
+
+def test_a_rank_killed_while_the_others_hang_is_dead_from_when_it_was_last_heard():
+    """Rank 1 idle for 15 s in a hang (its heartbeats go on), then SIGKILLed: its spool's
+    end is timed by its last record, 15 s before it went; it was read as a rank that never
+    left ('idle'), its last heartbeat after its exit."""
+    m = _job(GONE, idle_s=15.0)
+    assert _errors(m) == [("dead_rank", [1])]
+
+
+@pytest.mark.parametrize("how", ["SIGINT to every rank", "SIGTERM to every rank", "SIGKILL to every rank"])
+def test_a_job_stopped_as_a_whole_is_no_fault(how):
+    """Ctrl-C, scancel, kill -9 of the whole job while it ran: every rank ended alike, so no
+    rank went first.  And the trace says how each ended: no 'no rank wrote an exit event'."""
+    end = {"SIGINT to every rank": {"reason": "signal", "signal": "Interrupt", "src": "spool"},
+           "SIGTERM to every rank": SIGTERM, "SIGKILL to every rank": GONE}[how]
+    b = TraceBuilder(3, hang_after=2.0)
+    t = b.warmup(3)  # (between two steps: no op open)
+    b.heartbeats(b.t0, t + 100 * MS)
+    for r in range(3):
+        b.exit(r, t + 100 * MS + r * MS if end is not GONE else t - MS, **end)
+    m = TraceModel.from_events(b.sorted_events())
+    a_minute_later = m.end_ns + 60 * S  # (check, run on the stored trace afterwards)
+    found = diagnose(m, trace_now(m), default_hang_after(m), wall_ns=a_minute_later)
+    assert [(f.kind, f.severity) for f in found] == []
+
+
+SPAWNED = """
+import os, signal, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+
+def worker(rank, port, when):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3)
+    x = torch.ones(4)
+    for i in range(6):
+        if rank == 1 and i == when:
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.all_reduce(x)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(int(sys.argv[1]), int(sys.argv[2])), nprocs=3, join=True)
+"""
+
+
+@pytest.mark.parametrize("when", [0, 3], ids=["before-its-first-op", "mid-run"])
+def test_a_spawned_rank_sigkilled_is_the_dead_rank_and_the_ranks_spawn_stopped_are_not(tmp_path, when):
+    """Real ranks under ``commscope run``: mp.spawn SIGTERMs ranks 0 and 2 once rank 1 is
+    SIGKILLed (they are inside an all_reduce rank 1 never came to, or their connection to it
+    resets).  helper-73 read 'no findings: the trace looks healthy' (exit 0) in 2 runs of 3,
+    and op_failed naming rank 0 in the third."""
+    import json
+    import subprocess
+    import sys
+
+    from commscope.launch import free_port
+
+    script = tmp_path / "job.py"
+    script.write_text(SPAWNED)
+    store = str(tmp_path / "trace")
+    run = subprocess.run([sys.executable, "-m", "commscope", "run", "--store", store, "--", sys.executable,
+                          str(script), str(free_port()), str(when)], capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0, run.stderr[-2000:]
+    check = subprocess.run([sys.executable, "-m", "commscope", "check", store, "--json"], capture_output=True,
+                           text=True, timeout=300)
+    assert check.returncode == 1, check.stdout[-2000:] + check.stderr[-2000:]
+    found = json.loads(check.stdout)["findings"]
+    assert [(f["kind"], f["culprits"]) for f in found if f["severity"] == "error"] == [("dead_rank", [1])]
+    assert not any(set(f["culprits"]) & {0, 2} for f in found), found
