@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -149,3 +150,96 @@ def read_warnings(model: TraceModel, stats: ReadStats) -> list[str]:
     if 0 < missing < ws:
         warnings.append(f"no events from rank(s) {ranges(absent(present, ws), limit=8)} of world size {ws}")
     return warnings
+
+
+# ---------------------------------------------------------------------- torchrun restarts
+#: A job id that names attempt N of a torchrun run (``record.jobid.attempt_job_id``):
+#: ``<base>-a<N>``, where a base drawn by rank 0, ``<time>-<run key>``, is grouped by its
+#: run key alone (each attempt draws its own time), and any other base (``--job``) is the
+#: run, attempt 0 keeping the base as its id.
+ATTEMPT_ID = re.compile(r"^(?P<base>.+)-a(?P<n>0|[1-9][0-9]{0,7})$")
+DRAWN_BASE = re.compile(r"^(?P<ts>[0-9]{8}-[0-9]{6})-(?P<key>[0-9a-f]{6})$")
+#: Earlier attempts ``check`` reads and judges at most (the newest); older ones are only
+#: named (each is a whole trace: a 16k-rank run restarted often would cost a read each)
+MAX_EARLIER = 2
+
+
+class Attempt(NamedTuple):
+    run: str  # what all attempts of the run share: a drawn id's run key, else the base id
+    number: int
+    order: str  # how attempts of one run sort in time: a drawn id's time ("" for a given base)
+    base: str | None  # a given base: attempt 0's own id (None for a drawn id)
+
+
+def parse_attempt(job: str | None) -> Attempt | None:
+    """The run and attempt a job id names, or None for the id of no torchrun attempt (a job
+    run otherwise, or recorded before ids said so)."""
+    m = ATTEMPT_ID.match(job or "")
+    if m is None:
+        return None
+    drawn = DRAWN_BASE.match(m["base"])
+    if drawn is not None:
+        return Attempt(drawn["key"], int(m["n"]), drawn["ts"], None)
+    return Attempt(m["base"], int(m["n"]), "", m["base"])
+
+
+class EarlierAttempt(NamedTuple):
+    number: int
+    job: str | None  # None: the store holds no trace of it
+    name: str | None  # the store name that opens exactly that job
+
+
+class Restarts(NamedTuple):
+    """The job read is attempt ``attempt`` (> 0) of a torchrun run that restarted."""
+
+    attempt: int
+    run: str
+    earlier: list[EarlierAttempt]  # newest first, one per earlier attempt
+    listed: bool  # False: the store cannot list its jobs, so ``earlier`` holds no job
+
+
+def restarts(store: str | os.PathLike | None, reader: TraceReader) -> Restarts | None:
+    """When the job ``reader`` read is attempt N > 0 of a torchrun run, its earlier attempts
+    found in the same store (None otherwise).  Each earlier attempt is the newest job of the
+    run with that number that is older than the attempt after it; a run's attempts are
+    walked back in time, and a job of the run numbered higher than the one expected (an
+    older run with the same ``--rdzv-id``) ends the walk.  An attempt of which the store
+    holds no job (it died before ``init_process_group`` returned, or was not recorded
+    here) is listed without one."""
+    job = reader.job_name()
+    me = parse_attempt(job)
+    if me is None or me.number == 0:
+        return None
+    job_dir = getattr(reader, "job_dir", None)  # (a directory store's job: its store is the directory above)
+    name = str(job_dir.parent) if job_dir is not None else default_store(store)
+    row = backend_for(name)
+    found: set[str] | None = None
+    if row.jobs is not None:
+        try:
+            found = row.jobs(name)
+        except Exception:
+            found = None
+    earlier: dict[int, str] = {}
+    if found:
+        mine = []
+        for other in found:
+            a = parse_attempt(other)
+            if a is None and me.base is not None and other == me.base:
+                a = Attempt(me.run, 0, "", me.base)
+            if a is not None and (a.run, a.base is None) == (me.run, me.base is None) and other != job and (a.order, a.number) <= (me.order, me.number):
+                mine.append(((a.order, a.number), a.number, other))
+        expect = me.number - 1
+        for _, number, other in sorted(mine, reverse=True):
+            if number > expect or expect < 0:
+                break
+            if number == expect:
+                earlier[number] = other
+                expect -= 1
+            else:  # (attempts in between left no trace)
+                earlier[number] = other
+                expect = number - 1
+    if me.base is not None and not earlier:
+        return None  # (a name of the user's that ends like an attempt's, "exp-a1", with no attempt before it)
+    return Restarts(me.number, me.run, [
+        EarlierAttempt(n, earlier.get(n), row.with_job(name, earlier[n]) if n in earlier else None)
+        for n in range(me.number - 1, -1, -1)], found is not None)

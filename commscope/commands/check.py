@@ -6,12 +6,19 @@ Exit 3: commscope itself failed (a bug; its traceback is printed).
 The trace is judged at its last timestamp, so a job killed while hung still shows the
 hang that was in progress.  --hang-after defaults to the value the ranks recorded with
 (else 30 s).  Damaged or truncated lines are skipped and reported as warnings.
+
+A job that is attempt N > 0 of a torchrun run (``--max-restarts``: each attempt records a
+job of its own, and the store's newest is the last attempt) has its earlier attempts in the
+same store judged too (``restarted``): each is named in a warning with its first error
+finding and the command that shows it whole, and in ``--json`` under ``restarts``.  They
+never change the exit code, which is the attempt read's: a run that recovered exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -21,7 +28,7 @@ from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
 from commscope.analysis.findings import ERROR, Finding
 from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
-from commscope.analysis.source import load_trace
+from commscope.analysis.source import MAX_EARLIER, load_trace, restarts
 from commscope.commands import options, progress
 from commscope.errors import UsageError
 from commscope.redact import redact
@@ -51,10 +58,10 @@ def read_summary(stats: Any) -> dict[str, Any]:
 
 
 def to_json(model: TraceModel, findings: list[Finding], warnings: list[str], hang_after: float,
-            now: int, source: str, stats: Any = None) -> dict[str, Any]:
+            now: int, source: str, stats: Any = None, restart: dict[str, Any] | None = None) -> dict[str, Any]:
     out = {"ranks": model.world_size, "events": model.events, "findings": [f.to_json() for f in findings],
            "warnings": warnings, "hang_after": hang_after, "now_ns": now, "source": source,
-           "ops": model.total_ops()}
+           "ops": model.total_ops(), "restarts": restart}
     if stats is not None:
         out["skipped"] = read_summary(stats)
     return out
@@ -68,19 +75,88 @@ def judged(model: TraceModel, hang_after: float) -> tuple[int, list[Finding]]:
     return now, diagnose(model, now, hang_after, wall_ns=time.time_ns())
 
 
+# ---------------------------------------------------------------------- torchrun restarts
+def restarted(store: Any, reader: Any, hang_after: float | None = None) -> dict[str, Any] | None:
+    """When the job read is attempt N > 0 of a torchrun run: its earlier attempts in the
+    same store, each judged as ``check`` judges a trace (the newest ``MAX_EARLIER``), for
+    ``--json``'s ``restarts``; None for any other job.  ``hang_after``: as given (None: each
+    attempt's own recorded value)."""
+    r = restarts(store, reader)
+    if r is None:
+        return None
+    earlier: list[dict[str, Any]] = []
+    for i, e in enumerate(r.earlier):
+        row: dict[str, Any] = {"attempt": e.number, "job": e.job}
+        if e.job is None or e.name is None:
+            row["store"] = None
+            row["note"] = ("no trace in this store: the attempt ended before init_process_group returned, or "
+                           "was recorded elsewhere" if r.listed else "not looked for: this store cannot list its jobs")
+        elif i >= MAX_EARLIER:
+            row["store"] = redact(e.name)
+            row["note"] = f"not read: check judges the {MAX_EARLIER} newest earlier attempts"
+        else:
+            row["store"] = redact(e.name)
+            try:
+                model, _, _ = load_trace(e.name)
+            except UsageError as exc:
+                row["note"] = f"could not be read: {exc}"
+            else:
+                _, findings = judged(model, hang_after if hang_after is not None else default_hang_after(model))
+                errors = [f for f in findings if f.severity == ERROR]
+                row.update(ranks=model.world_size, errors=len(errors), warnings=len(findings) - len(errors),
+                           findings=[f.to_json() for f in findings])
+        earlier.append(row)
+    return {"attempt": r.attempt, "run": r.run, "earlier": earlier}
+
+
+#: Characters of an earlier attempt's finding message a warning quotes at most.
+QUOTED = 240
+
+
+def restart_warnings(restart: dict[str, Any] | None) -> list[str]:
+    """One line per earlier attempt: how it ended (its first error finding, or why there is
+    none to show) and the command that checks it whole."""
+    if restart is None:
+        return []
+    lines = [f"this is attempt {restart['attempt']} of torchrun run {restart['run']}, which restarted: the findings "
+             "and the exit code are this attempt's; its earlier attempts:"]
+    for row in restart["earlier"]:
+        n, job = row["attempt"], row["job"]
+        named = f"attempt {n} (job {job})"
+        see = f"; commscope check {shlex.quote(row['store'])}" if row.get("store") else ""
+        if "findings" not in row:
+            lines.append(f"attempt {n}: {row['note']}" if job is None else f"{named}: {row['note']}{see}")
+            continue
+        errors = [f for f in row["findings"] if f["severity"] == ERROR]
+        if not errors:
+            lines.append(f"{named}: no error finding in its trace (what restarted it left no trace: a rank that "
+                         f"exited with an error after its last op, a rank or host not recorded, the launcher){see}")
+            continue
+        first = errors[0]
+        message = first["message"].split(". Then: ")[0]  # (the cause; its consequences are in the attempt's check)
+        message = message if len(message) <= QUOTED else message[:QUOTED - 1] + "…"
+        culprits = ranges(first["culprits"]) or "-"
+        more = f" (and {len(errors) - 1} more error finding(s))" if len(errors) > 1 else ""
+        lines.append(f"{named} failed: {first['kind']}, culprits {culprits}: {message}{more}{see}")
+    return lines
+
+
 def main(args: argparse.Namespace) -> int:
     shown = progress.wanted(args.json)
     model, reader, warnings = progress.load(args.store, shown, since=options.since_of(args))
     hang_after = args.hang_after if args.hang_after is not None else default_hang_after(model)
     with progress.status(f"diagnosing {len(model.ranks):,} ranks", shown):
         now, findings = judged(model, hang_after)
+    with progress.status("judging the run's earlier attempts", shown):
+        restart = restarted(args.store, reader, args.hang_after)
+    warnings = [*warnings, *restart_warnings(restart)]
     if getattr(args, "py_spy", False):
         native_dumps(model, findings)
     if args.json:
-        out = to_json(model, findings, warnings, hang_after, now, redact(reader.description), reader.stats)
+        out = to_json(model, findings, warnings, hang_after, now, redact(reader.description), reader.stats, restart)
         sys.stdout.write(json.dumps(out, default=str) + "\n")
     else:
-        render(model, findings, warnings, hang_after, redact(reader.description))
+        render(model, findings, warnings, hang_after, redact(reader.description), restart=restart)
     return 1 if any(f.severity == ERROR for f in findings) else 0
 
 
@@ -96,13 +172,15 @@ def check_store(store: str, *, json: bool = False, console: Any = None) -> int:
         return 2
     hang_after = default_hang_after(model)
     now, findings = judged(model, hang_after)
+    restart = restarted(store, reader)
+    warnings = [*warnings, *restart_warnings(restart)]
     if json:
-        out = to_json(model, findings, warnings, hang_after, now, redact(reader.description), reader.stats)
+        out = to_json(model, findings, warnings, hang_after, now, redact(reader.description), reader.stats, restart)
         stream = console.file if console is not None else sys.stdout
         stream.write(_json.dumps(out, default=str) + "\n")
         stream.flush()
     else:
-        render(model, findings, warnings, hang_after, redact(reader.description), console=console)
+        render(model, findings, warnings, hang_after, redact(reader.description), console=console, restart=restart)
     return 1 if any(f.severity == ERROR for f in findings) else 0
 
 
@@ -138,14 +216,19 @@ def native_dumps(model: TraceModel, findings: list[Finding], exe: str | None = N
 
 # ---------------------------------------------------------------------- rich rendering
 def render(model: TraceModel, findings: list[Finding], warnings: list[str], hang_after: float,
-           source: str, console: Any = None) -> None:
+           source: str, console: Any = None, restart: dict[str, Any] | None = None) -> None:
+    """``restart``: the run's earlier attempts (``restarted``), which ``warnings`` name."""
     con = console or options.stdout_console()
     for line in header(model, hang_after, source, con.width):
         con.print(line, highlight=False)
     for w in warnings:
         con.print(options.warning(w), highlight=False)
     if not findings:
-        con.print("[green]no findings: the trace looks healthy[/]")
+        if restart is not None:
+            con.print(f"[green]no findings: attempt {restart['attempt']} looks healthy[/] (the run restarted "
+                      f"{restart['attempt']} time(s): its earlier attempts are in the warnings above)")
+        else:
+            con.print("[green]no findings: the trace looks healthy[/]")
         return
     for f in findings:
         con.print(_panel(f))

@@ -12,6 +12,10 @@ that died, ran an op fewer or raised; then the time furthest from all ranks' med
 that median; one of more than 32 groups, 16: the findings' groups, then those with ops that
 raised, then where ranks waited most.  ``--all`` lists every rank and group; ``--json`` and
 ``--csv`` hold them all.
+
+A job that is attempt N > 0 of a torchrun run that restarted says so in a warning naming
+each earlier attempt's job in the same store (``restarts`` in ``--json``): the tables are
+this attempt's; ``commscope check`` says how the earlier ones ended.
 """
 
 from __future__ import annotations
@@ -302,6 +306,23 @@ def to_csv(rep: dict[str, Any]) -> str:
     return buf.getvalue()
 
 
+def restart_note(store: Any, reader: Any) -> tuple[dict[str, Any] | None, list[str]]:
+    """For a job that is attempt N > 0 of a torchrun run: its earlier attempts in the store
+    (for ``--json``) and a warning naming them; (None, []) for any other job."""
+    from commscope.analysis.source import restarts
+
+    r = restarts(store, reader)
+    if r is None:
+        return None, []
+    earlier = [{"attempt": e.number, "job": e.job, "store": redact(e.name) if e.name else None} for e in r.earlier]
+    named = "; ".join(f"attempt {e['attempt']}: " + (f"commscope check {shlex.quote(e['store'])}" if e["store"]
+                                                      else "no trace in this store" if r.listed else "not looked for")
+                      for e in earlier)
+    return ({"attempt": r.attempt, "run": r.run, "earlier": earlier},
+            [f"this is attempt {r.attempt} of torchrun run {r.run}, which restarted: these tables are this "
+             f"attempt's ({named})"])
+
+
 def main(args: argparse.Namespace) -> int:
     from commscope.commands import progress
     from commscope.commands.check import read_summary
@@ -310,6 +331,8 @@ def main(args: argparse.Namespace) -> int:
     model, reader, warnings = progress.load(args.store, shown, since=options.since_of(args))
     with progress.status(f"summarizing {len(model.ranks):,} ranks", shown):
         rep = compute_report(model, top_sites=args.top)
+    restart, restart_warnings = restart_note(args.store, reader)
+    warnings = [*warnings, *restart_warnings]
     if snapshots.is_snapshot(model):  # (its tables were empty or 0 ns, unexplained: helper-67)
         warnings = [*warnings, "this is a snapshot (commscope snapshot): it holds where each rank was, not "
                                "how long its ops took, so its ops have no timings; "
@@ -318,6 +341,7 @@ def main(args: argparse.Namespace) -> int:
         rep["warnings"] = warnings
         rep["skipped"] = read_summary(reader.stats)
         rep["source"] = redact(reader.description)
+        rep["restarts"] = restart
         sys.stdout.write(json.dumps(rep, default=str) + "\n")
         return 0
     if args.csv:

@@ -3,7 +3,10 @@
 Order: ``$COMMSCOPE_JOB`` (set by ``commscope run``/``demo``, or by hand); else rank 0
 proposes an id through the process group's own c10d key-value store (a TCP store, not a
 collective) and the other ranks read it; else an id derived from the launcher's
-environment.  ``settle`` runs on the training thread inside ``init_process_group`` (or
+environment.  Under torchrun every attempt of a run (``--max-restarts``) is a job of its own,
+whose id says which attempt of which run it is (``attempt_job_id``), so that a reader of
+the newest one can find the earlier ones (``analysis.source.restarts``).
+``settle`` runs on the training thread inside ``init_process_group`` (or
 ``instrument()`` after it), so a rank is in the store before training code runs: rank 0
 publishes, the others wait for it, bounded.  Should that fail, ``publish`` is retried
 without waiting: at the end of the rank's first completed op (rank 0 has published by
@@ -16,9 +19,11 @@ uses it), so the recorder thread only issues short requests (``set``, ``check``,
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
+import socket
 import time
 from typing import NamedTuple
 
@@ -27,6 +32,56 @@ ENV_JOB = "COMMSCOPE_JOB"
 
 def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+#: The environment variables of torchrun (torch.distributed.elastic) that name an attempt and a run.
+ENV_RESTART = "TORCHELASTIC_RESTART_COUNT"
+ENV_RUN = "TORCHELASTIC_RUN_ID"
+
+
+def attempt() -> int | None:
+    """Which attempt of a torchrun run this process belongs to (0 first, one more per
+    restart), or None when torchrun did not start it."""
+    value = os.environ.get(ENV_RESTART, "")
+    return int(value) if value.isdigit() and len(value) < 9 else None
+
+
+def _started(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot; "" where /proc cannot say): a
+    pid and its start time name one process, never a later one given the same pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError, UnicodeDecodeError):
+        return ""
+
+
+def run_key() -> str:
+    """Six hex digits naming this torchrun run, the same in each of its attempts: a hash of
+    ``$TORCHELASTIC_RUN_ID`` (``--rdzv-id``; ``--standalone`` draws a fresh uuid), or, when
+    it is torchrun's default "none", of the torchrun process that started this one (its
+    host, pid and start time: the agent restarts the workers, it is not restarted itself)."""
+    run = os.environ.get(ENV_RUN, "")
+    if run and run != "none":
+        seed = "run:" + run
+    else:
+        parent = os.getppid()
+        seed = f"agent:{socket.gethostname()}:{parent}:{_started(parent)}"
+    return hashlib.sha256(seed.encode()).hexdigest()[:6]
+
+
+def attempt_job_id(base: str | None = None) -> str:
+    """A job id for this process's job: ``new_job_id()`` outside torchrun; under it, attempt N
+    of a run is ``<time>-<run key>-a<N>`` (``run_key``), or ``<base>-a<N>`` from a given id
+    (``$COMMSCOPE_JOB``: attempt 0 keeps it as given, so ``--job`` names the first attempt).
+    ``analysis.source.parse_attempt`` reads these ids back (the analysis imports no recorder)."""
+    n = attempt()
+    if base is not None:
+        base = sanitize(base)
+        return base if not n else sanitize(base[:120 - len(f"-a{n}")] + f"-a{n}")
+    if n is None:
+        return new_job_id()
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{run_key()}-a{n}"
 
 
 def sanitize(job: str) -> str:
@@ -50,11 +105,11 @@ def publish(rank: int) -> str | None:
     other ranks take it if it is already there.  Never waits."""
     env = os.environ.get(ENV_JOB)
     if env:
-        return sanitize(env)
+        return attempt_job_id(env)
     try:
         store = _store()
         if rank == 0:
-            job = new_job_id()
+            job = attempt_job_id()
             store.set(_key(), job)
             return job
         if store.check([_key()]):
@@ -81,7 +136,7 @@ def settle(rank: int, job: str | None, incarnation: int, timeout: float = 5.0) -
     try:
         store = _store()
         if rank == 0:
-            job = sanitize(env) if env else (job or new_job_id())
+            job = attempt_job_id(env) if env else (job or attempt_job_id())
             run = secrets.token_hex(6)
             store.set(_key(), f"{job} {incarnation} {run}")
             return Settled(job, incarnation, run)
@@ -91,12 +146,14 @@ def settle(rank: int, job: str | None, incarnation: int, timeout: float = 5.0) -
         value = store.get(_key()).decode().split()
         theirs = int(value[1]) if len(value) > 1 and value[1].isdigit() else 0
         run = value[2][:32] if len(value) > 2 else "?"
-        return Settled(sanitize(env) if env else sanitize(value[0]), max(incarnation, theirs), run)
+        return Settled(attempt_job_id(env) if env else sanitize(value[0]), max(incarnation, theirs), run)
     except Exception:
-        return Settled(sanitize(env) if env else job, incarnation, "?")
+        return Settled(attempt_job_id(env) if env else job, incarnation, "?")
 
 
 def fallback_job_id() -> str:
     """An id from the launcher's environment, when rank 0's could not be read."""
     parts = [os.environ.get(k) for k in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "MASTER_PORT")]
-    return sanitize("job-" + "-".join(p for p in parts if p and p != "none") + time.strftime("-%Y%m%d"))
+    n = attempt()
+    return sanitize("job-" + "-".join(p for p in parts if p and p != "none") + time.strftime("-%Y%m%d")
+                    + (f"-a{n}" if n is not None else ""))
