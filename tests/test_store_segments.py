@@ -1058,6 +1058,31 @@ def test_a_mismatch_that_completed_long_before_the_window_is_still_found(tmp_pat
     assert f["evidence"]["history"]["not_compared"] == others
 
 
+def test_a_mismatch_in_history_retention_deleted_is_not_sent_to_a_read_from_the_start(tmp_path, capsys):
+    """Rank 2's all_reduce #101 differed, and retention then deleted the segments holding it:
+    a whole read finds the mismatch from the carries, as a window does, but no read can show
+    where any more (it told the user to read "without --since": helper-72)."""
+    from commscope.analysis.synth import TraceBuilder
+
+    tb = TraceBuilder(4, hang_after=10.0, sample_interval=5.0)
+    t = _busy_then(tb, tb.t0 + S)
+    for r in range(4):
+        tb.sync(r, t, t + 1000, "all_reduce", **({"shape": (12,)} if r == 2 else {}))
+    t += S
+    for _ in range(36):
+        t = _busy_then(tb, t)
+    store = _windowed(tmp_path / "s", tb.events)
+    window = _found(store, capsys, "--since", "10m")[2]["findings"][0]["message"]
+    assert "(read from the start, without --since, to see where)" in window
+    for r in range(4):
+        assert retention.close_stream(store / "job", r, 0, retention.Retention(max_bytes=64 << 10,
+                                                                              max_age_s=None)) > 0
+    rc, found, out = _found(store, capsys)
+    assert (rc, found) == (1, [("collective_mismatch", [2])])
+    said = out["findings"][0]["message"]
+    assert "retention deleted the segments where they began" in said and "without --since" not in said
+
+
 def _redop_mismatch(world: int, culprit: int, dies: bool = False, exits: bool = False) -> list[dict]:
     """360 all_reduces of every rank 10 s apart, ``culprit``'s #20 with another reduce op
     (it completes everywhere); ``dies``: the culprit dies after #249, the others wait in #250;

@@ -358,7 +358,9 @@ def find_history_mismatches(model: TraceModel, found: list[Finding]) -> tuple[li
         msg = (f"ranks disagree in the collectives of group {name} before what was read: up to #{at}, " +
                ("their histories differ in halves, a tie, so every rank compared is named" if tie else
                 f"{rank_list(culprits)} ran other collectives than the {len(alike[0]):,} others compared") +
-               " (read from the start, without --since, to see where)")
+               (" (retention deleted the segments where they began: their summaries count those collectives, "
+                "not where they differ)" if any(model.ranks[r].summaries for r in digests if r in model.ranks) else
+                " (read from the start, without --since, to see where)"))
         ev = Mismatch(per_rank={}, differs=[], majority=None, absent_ranks=[], later_mismatches=0,
                       history={"up_to_seq": at, "ranks_by_history": alike,
                                "not_compared": sorted(r for r in members if r not in digests)})
