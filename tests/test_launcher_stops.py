@@ -10,12 +10,16 @@ the SIGTERMed rank 0 beside rank 1)."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
+from rich.console import Console
 
 from commscope.analysis import TraceModel
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
 from commscope.analysis.rankstate import ending
 from commscope.analysis.synth import S, TraceBuilder
+from commscope.commands.check import render
 
 MS = S // 1000
 RESET = "RuntimeError: [pair.cc:537] Read error [127.0.0.1]:7406: Connection reset by peer"
@@ -86,6 +90,12 @@ def test_a_job_stopped_as_a_whole_is_no_fault(how):
     a_minute_later = m.end_ns + 60 * S  # (check, run on the stored trace afterwards)
     found = diagnose(m, trace_now(m), default_hang_after(m), wall_ns=a_minute_later)
     assert [(f.kind, f.severity) for f in found] == []
+    out = io.StringIO()
+    render(m, found, [], 2.0, "job", console=Console(file=out, width=80))
+    said = {"SIGINT to every rank": "healthy until every rank was stopped by SIGINT\n",
+            "SIGTERM to every rank": "healthy until every rank was stopped by SIGTERM\n",
+            "SIGKILL to every rank": "the trace looks healthy\n"}[how]  # (nobody saw how those went)
+    assert "no findings: the trace looks healthy" in out.getvalue() and said in out.getvalue()
 
 
 SPAWNED = """

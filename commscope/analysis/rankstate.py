@@ -323,6 +323,20 @@ def went_first(m: TraceModel, ranks: Sequence[int]) -> list[int]:
     return own or list(ranks)
 
 
+def stopped_by(m: TraceModel) -> list[str]:
+    """The signals that stopped every rank of the job (``vocab.stopped``: Ctrl-C, scancel, a
+    launcher's SIGTERM), short names, where each rank's end was one; else []."""
+    if not m.exits_seen:
+        return []
+    signals: set[str] = set()
+    for r, rt in m.ranks.items():
+        ex = _last_exit(m, r) if rt.exits else None
+        if ex is None or not stopped(ex):
+            return []
+        signals.add(_short_signal(str(ex["signal"])))
+    return sorted(signals)
+
+
 def _stopped_since(m: TraceModel) -> int:
     """When the last rank stopped by a signal (``vocab.stopped``) departed (-1: none was),
     once per version.  A rank that went otherwise before it (SIGKILLed, ``os._exit``) went

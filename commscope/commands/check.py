@@ -28,6 +28,7 @@ from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
 from commscope.analysis.findings import ERROR, Finding
 from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
+from commscope.analysis.rankstate import stopped_by
 from commscope.analysis.source import MAX_EARLIER, load_trace, restarts
 from commscope.commands import options, progress
 from commscope.errors import UsageError
@@ -227,6 +228,9 @@ def render(model: TraceModel, findings: list[Finding], warnings: list[str], hang
         if restart is not None:
             con.print(f"[green]no findings: attempt {restart['attempt']} looks healthy[/] (the run restarted "
                       f"{restart['attempt']} time(s): its earlier attempts are in the warnings above)")
+        elif signals := stopped_by(model):  # (Ctrl-C or scancel on a job that ran well)
+            con.print(f"[green]no findings: the trace looks healthy[/] until every rank was stopped by "
+                      f"{' or '.join(signals)}")
         else:
             con.print("[green]no findings: the trace looks healthy[/]")
         return
