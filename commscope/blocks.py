@@ -76,6 +76,9 @@ TABLE_RECORDS = frozenset({SIG, SITE_REC, GROUP_REC, META_REC, EVENT_REC})
 ROLE_TOP, ROLE_MERGED, ROLE_ANNOTATED, ROLE_NESTED, ROLE_CHILD, ROLE_LOGICAL = range(6)
 # Record flags (record/native/layout.h's ``Flag``)
 FLAG_ERROR, FLAG_APPROX, FLAG_ASYNC, FLAG_ENDS_AT_COMPLETION = 1, 2, 4, 8
+#: An END's: the backend refused the op as it was called, so it took no sequence number (its
+#: begin says seq -1 unless a drain had taken the begin before it raised; docs/recorder.md)
+FLAG_UNISSUED = 16
 # Begin directions (header aux)
 _DIRS = (None, "send", "recv", "recv")
 # Logical-op kinds (RBEGIN header aux)
@@ -511,6 +514,15 @@ class BlockDecoder:
         self.rank = rank
         self.table = table if table is not None else StaticTable()
         self.seen_end = 0  # ring position after the last record decoded (version 3 blocks)
+        #: A block past ``seen_end`` is a gap in the ring positions (records lost with a line
+        #: of the stream), noted in ``gaps`` (bytes each) where a reader asks (``counts_gaps``:
+        #: one whose store says no other way that a line went, a directory); not while the
+        #: ring is ``ring_open`` (the read starts here, or jumped over what the store deleted
+        #: and counted), nor up to ``_bad_end`` (a block that could not be decoded, counted)
+        self.counts_gaps = False
+        self.gaps: list[int] = []
+        self.ring_open = True
+        self._bad_end = 0
         self.duplicates = 0  # records skipped because an earlier block held them
         self.sites: dict[int, str] = {}
         self.groups: dict[int, GroupEntry] = {}
@@ -626,6 +638,7 @@ class BlockDecoder:
         """Go on from where another reader's decoder of this stream stopped (its op names,
         dtypes, ring position, groups, sites and any-source recvs waiting)."""
         self.names, self.dtypes, self.seen_end = names, dtypes, seen_end
+        self.ring_open = not seen_end
         self._names_token = self.table.names_token(names) if names is not None else -1
         self.groups, self.sites, self._gid_of_id = groups, sites, waiting
         self._state = None
@@ -759,6 +772,8 @@ class BlockDecoder:
                 raw = _b64(ev["data"])
             except (binascii.Error, ValueError, TypeError):
                 invalid["block: not base64"] += 1
+                if ev.get("end").__class__ is int:  # (its records counted: no gap after it)
+                    self._bad_end = max(self._bad_end, ev["end"])
                 return
         offs, wh = walk.offs, walk.where
         append = offs.append
@@ -770,6 +785,9 @@ class BlockDecoder:
         if pos.__class__ is int:
             if pos < self.seen_end:
                 skip_below = self.seen_end
+            elif pos > max(self.seen_end, self._bad_end) and self.counts_gaps and not self.ring_open:
+                self.gaps.append(pos - max(self.seen_end, self._bad_end))
+            self.ring_open = False
             end = ev.get("end")
             if end.__class__ is int and end > self.seen_end:
                 self.seen_end = end
@@ -844,8 +862,13 @@ class BlockDecoder:
             return
         pos, end, start, stop, pend = (a[b0:b1] for a in (s.pos, s.end, s.start, s.stop, s.prefix_end))
         has = pos >= 0  # (a block of version 3 has both)
+        if self.ring_open and has.any():  # (the read starts at the first block's: ``_block``)
+            self.seen_end = max(self.seen_end, int(pos[np.argmax(has)]))
+            self.ring_open = False
         upto = np.maximum.accumulate(np.concatenate([[self.seen_end], np.where(has, end, -1)]))
         plain = ((s.flags[b0:b1] & blockscan.BAD) == 0) & ~(has & (pos < upto[:-1]))
+        if self.counts_gaps:  # (a gap, or a start, in the ring positions: ``_block`` decides)
+            plain &= ~(has & (pos > upto[:-1]))
         pid = s.prefix_id[b0:b1]
         # each prefix's first block here (its first in the chunk may lie before b0, in a run
         # of blocks that a line between changed the tables after)
@@ -2271,6 +2294,9 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[bloc
         first = np.r_[True, bc[1:] != bc[:-1]]
         floor = np.where(first, seen[bc], np.r_[0, s.end[:-1]])  # what the block's records must come after
         odd = ((s.flags & blockscan.BAD) != 0) | (s.pos < 0) | (s.end < s.pos) | (s.pos < floor)
+        gaps = np.fromiter((dec.counts_gaps for dec in decoders), np.bool_, n)
+        if gaps.any():  # (a gap, or a start, in the ring positions: alone, where ``_block`` decides)
+            odd |= (s.pos > floor) & gaps[bc]
         ok[bc[odd]] = False
         withp = np.flatnonzero(s.prefix_end > s.start)
         if withp.shape[0]:
@@ -2335,6 +2361,8 @@ def decode_chunks(chunks: Sequence[tuple[bytes, BlockDecoder]], alone: list[bloc
         dec = decoders[c]
         if end > dec.seen_end:
             dec.seen_end = end
+        if end >= 0:
+            dec.ring_open = False
         json = events.get(c)
         evs, damaged, invalid = (json.events, json.damaged, json.invalid) if json is not None else (
             [], 0, schema.NO_INVALID)
@@ -2476,9 +2504,10 @@ def cut_text(text: bytes) -> bytes:
     return text[:k] + CUT_MARK
 
 
-def pack_end(op_id: int, ts: int, *, exc: str | None = None, wait: bool = False, approx: bool = False) -> bytes:
+def pack_end(op_id: int, ts: int, *, exc: str | None = None, wait: bool = False, approx: bool = False,
+             unissued: bool = False) -> bytes:
     text = cut_text((exc or "").encode())
-    flags = (FLAG_ERROR if exc is not None else 0) | (FLAG_APPROX if approx else 0)
+    flags = (FLAG_ERROR if exc is not None else 0) | (FLAG_APPROX if approx else 0) | (FLAG_UNISSUED if unissued else 0)
     body = _U16.pack(len(text)) + text
     return HEADER.pack(WAIT_END if wait else END, flags, 0, HEADER.size + len(body), ts, op_id) + body
 

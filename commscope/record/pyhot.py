@@ -61,6 +61,12 @@ class Token(NamedTuple):
     # Ended inline by the wrapper (``make_wrapper``): a synchronous op with no
     # any-source peer to note and no CUDA timing to stop.  One field to read on the hot path.
     plain: bool
+    # A numbered op's counter key, number, begin's ring position and ``_WAITS`` at its begin,
+    # for ``end`` to give the number back if the call raised before issuing it (``_refused``).
+    seq_key: Any = None
+    seq: int | None = None
+    pos: int = -1
+    waits: int = 0
 
 
 class TrackedWork(NamedTuple):
@@ -189,7 +195,7 @@ class PythonOps:
         if root is not None and type(root) is tuple:
             granks = info.granks
             root = granks[root[1]] if 0 <= root[1] < len(granks) else None
-        recv_any = seq = site = None
+        recv_any = seq = site = seq_key = None
         if not nested:
             if direction is None:
                 key: Any = gname
@@ -201,6 +207,7 @@ class PythonOps:
             if key is not None and not container:
                 seqs = self._seq
                 seq = seqs[key] = seqs.get(key, 0) + 1
+                seq_key = key
             code = frame.f_code
             hit = _internal_cache.get(id(code))
             if hit is not None and not hit[1]:  # the usual case: called from user code
@@ -237,14 +244,16 @@ class PythonOps:
         key = (name, gname, peer, direction, root, redop, idesc, ib, odesc, ob, async_op, site, nested, dev)
         ring = self.ring
         frag = ring.frags.get(key) or self._fragment(key)
-        ring.put(pack_rbegin(op_id, ts, frag, tid=tid, parent=parent or 0, gid=info.gid,
-                             seq=-1 if seq is None else seq), info.gid)
+        pos = ring.put(pack_rbegin(op_id, ts, frag, tid=tid, parent=parent or 0, gid=info.gid,
+                                   seq=-1 if seq is None else seq), info.gid)
         q.append(QueuedBegin(op_id, ts, name, gname, seq, peer, direction, root, redop, idesc, ib,
                              odesc, ob, async_op, site, tid, parent, nested, dev))
         if nests:
             tls.cur = op_id
-        return Token(op_id, parent, async_op, recv_any, cuda, nests,
-                     not async_op and recv_any is None and cuda is None)
+        plain = not async_op and recv_any is None and cuda is None
+        if seq is None or child_of is not None or name in _DISPATCH_COMMUNICATES:
+            return Token(op_id, parent, async_op, recv_any, cuda, nests, plain)
+        return Token(op_id, parent, async_op, recv_any, cuda, nests, plain, seq_key, seq, pos, _WAITS[0])
 
     def _fragment(self, key: tuple) -> bytes:
         """The JSON members of a begin that repeat across steps, encoded once, with their
@@ -262,7 +271,7 @@ class PythonOps:
 
     def end(self, tok: Token, exc: BaseException | None, ret: Any) -> None:
         ts = time.time_ns()
-        op_id, parent, async_op, recv_any, cuda, nests, _plain = tok
+        op_id, parent, async_op, recv_any, cuda, nests = tok[:6]
         if nests:
             self._tls.cur = parent
         source = None
@@ -272,7 +281,10 @@ class PythonOps:
             source = (ret, seq)
             self.ring.put(pack_source(op_id, ts, ret, seq))
         text = None if exc is None else fmt_exc(exc)
-        self.ring.put(pack_plain_end(ts, op_id) if text is None else pack_end(op_id, ts, exc=text))
+        unissued = exc is not None and tok.seq is not None and _refused(tok, exc)
+        if unissued:
+            self._unissue(tok)
+        self.ring.put(pack_plain_end(ts, op_id) if text is None else pack_end(op_id, ts, exc=text, unissued=unissued))
         self.q.append(QueuedEnd(op_id, ts, text, source))
         if self.rec.need_job:
             self.rec.settle_job()
@@ -283,6 +295,15 @@ class PythonOps:
                 self.track(ret, (op_id,), cuda)
         elif cuda is not None:
             self._cuda_stop((op_id,), cuda)
+
+    def _unissue(self, tok: Token) -> None:
+        """An op that raised before it was issued (``_refused``) gives its number back, unless
+        a later op of the same counter took one meanwhile (another thread: the number then
+        stays); its begin in the ring says seq -1 unless a drain has taken it already."""
+        seqs = self._seq
+        if seqs.get(tok.seq_key) == tok.seq:
+            seqs[tok.seq_key] = tok.seq - 1
+            self.ring.unissue(tok.pos, tok.op_id)
 
     def track(self, work: Any, op_ids: tuple, cuda: CudaStart | None) -> None:
         """Remember which ops a Work (or varlen handle) completes when waited on."""
@@ -419,6 +440,32 @@ class PythonOps:
 
 _internal_cache = callsite._internal_cache
 
+#: Ops whose call communicates before it returns without a Work to wait on: a raise from one
+#: is no proof that nothing was issued (``_refused``)
+_DISPATCH_COMMUNICATES = frozenset({"monitored_barrier"})
+#: How many times ``Work.wait`` has been entered, by any thread (``_make_wait``)
+_WAITS = [0]
+_DIST_ERRORS = tuple(t for t in (getattr(dist, "DistError", None),) if isinstance(t, type))
+
+
+def _refused(tok: Token, exc: BaseException) -> bool:
+    """Whether a call that raised was refused before it issued anything, so its op takes
+    no sequence number (as torch's own does not advance): it raised an ``Exception`` that is
+    no distributed error (a timeout, a closed connection, a store or NCCL failure:
+    ``DistError``), no thread entered ``Work.wait`` since it began (a wrapped call waits on
+    what it issued: object collectives too), and TORCH_DISTRIBUTED_DEBUG is not DETAIL (its
+    checks run collectives before the backend sees the op).  A raise after an issue with no
+    wait (another thread's wait in between only keeps the number) is what this cannot tell;
+    docs/recorder.md."""
+    if _WAITS[0] != tok.waits or not isinstance(exc, Exception):
+        return False
+    if isinstance(exc, _DIST_ERRORS):
+        return False
+    try:
+        return dist.get_debug_level() != dist.DebugLevel.DETAIL
+    except Exception:
+        return False
+
 __all__ = ["PythonOps", "torch"]
 
 
@@ -526,6 +573,7 @@ def _batch_wrapper(orig: Any) -> Any:
 def _make_wait(orig_wait: Any) -> Any:
     @functools.wraps(orig_wait)
     def wait(self, *args, **kwargs):
+        _WAITS[0] += 1  # (a call that waited issued something: ``_refused``)
         rec = patch.ACTIVE
         if rec is None or not rec.works:
             return orig_wait(self, *args, **kwargs)

@@ -28,6 +28,8 @@ from commscope.store import spool
 _U64 = struct.Struct("<Q")
 _I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
+#: Where an RBEGIN record's seq lies (``blocks.RBEGIN_BODY``: tid, parent, site, gid, seq)
+_RBEGIN_SEQ = blocks.HEADER.size + 24
 
 
 class PyRing:
@@ -42,6 +44,7 @@ class PyRing:
         self._used: set[int] = set()  # gids the records since the last drain refer to
         self._meta: bytes | None = None
         self.drained = 0
+        self._taken = 0  # the last drain took records up to here
         self._wrap_at = -1  # position where the ring last went back to its start
         self.file = False
         size = ring or spool.ring_bytes()
@@ -63,15 +66,16 @@ class PyRing:
             self._table_put(rec)
 
     # ------------------------------------------------------------------ the hot path
-    def put(self, rec: bytes, gid: int = -1) -> None:
-        """Append one record (``gid``: the group it refers to, restated in its block)."""
+    def put(self, rec: bytes, gid: int = -1) -> int:
+        """Append one record (``gid``: the group it refers to, restated in its block); returns
+        its position (-1: dropped)."""
         n = len(rec)
         m = self.m
         with self._lock:
             head = self.head
             if head + n - _U64.unpack_from(m, spool.OFF_TAIL)[0] > self.ring_size or n > spool.SLACK:
                 self.dropped += 1
-                return
+                return -1
             off = head & self.mask
             at = self.ring_off + off
             m[at:at + n] = rec  # a record near the ring's end runs on into the slack
@@ -81,6 +85,19 @@ class PyRing:
             if gid >= 0:
                 self._used.add(gid)
             _U64.pack_into(m, spool.OFF_HEAD, self.head)
+        return head
+
+    def unissue(self, pos: int, op_id: int) -> None:
+        """The RBEGIN of op ``op_id`` at ``pos`` says seq -1 (its op was never issued,
+        ``PythonOps.end``), unless a drain has taken it already (or it was dropped)."""
+        m = self.m
+        with self._lock:
+            if pos < self._taken or pos < _U64.unpack_from(m, spool.OFF_TAIL)[0] or pos + _RBEGIN_SEQ + 8 > self.head:
+                return
+            at = self.ring_off + (pos & self.mask)
+            typ, _flags, _aux, length, _ts, rid = blocks.HEADER.unpack_from(m, at)
+            if typ == blocks.RBEGIN and rid == op_id and length >= _RBEGIN_SEQ + 8:
+                _I64.pack_into(m, at + _RBEGIN_SEQ, -1)
 
     def put_many(self, recs: Iterable[bytes]) -> None:
         for rec in recs:
@@ -140,6 +157,7 @@ class PyRing:
         """(the ``block`` line of the records since the last drain, or None; their count; its end)."""
         with self._lock:
             start, end = self.drained, self.head
+            self._taken = end  # (records before it are no longer changed in place: ``unissue``)
             if start == end:
                 return None, 0, start
             data = self._slices(start, end)

@@ -100,8 +100,24 @@ class ReadStats:
         self.missing_by_rank[rank] = self.missing_by_rank.get(rank, 0) + n
 
     def count_skipped(self, rank: int, nbytes: int) -> None:
-        self.skipped_bytes += nbytes
-        self.skipped_by_rank[rank] = self.skipped_by_rank.get(rank, 0) + nbytes
+        if nbytes > 0:  # (a rank in ``skipped_by_rank`` is one with bytes skipped: ``_ZERO_IS_NONE``)
+            self.skipped_bytes += nbytes
+            self.skipped_by_rank[rank] = self.skipped_by_rank.get(rank, 0) + nbytes
+
+    def uncount_skipped(self, rank: int, nbytes: int) -> int:
+        """``nbytes`` of ``rank``'s skipped bytes (``count_skipped``) taken back out, at most
+        what the rank has skipped: a segment before the window that retention deleted since,
+        whose summary now stands for it (counted once, as summarized: reading without the
+        window would not read it now).  Returns the bytes taken out."""
+        had = self.skipped_by_rank.get(rank, 0)
+        out = min(max(nbytes, 0), had)
+        if out:
+            self.skipped_bytes -= out
+            if had == out:
+                del self.skipped_by_rank[rank]
+            else:
+                self.skipped_by_rank[rank] = had - out
+        return out
 
     def count_invalid(self, rank: int, reasons: Mapping[str, int]) -> None:
         """Add skipped invalid events of ``rank`` by reason (at most MAX_REASONS distinct)."""
@@ -172,11 +188,17 @@ class ReadStats:
         the numbers as they are now, each per-rank or per-reason count that changed, the
         warnings added after ``sent``'s.  Counts only grow and warnings are only added, so a
         read process sends this after each batch, not the whole: a window over 16k ranks
-        counts each one's skipped bytes and may warn about each, 2 MB a batch to pickle."""
+        counts each one's skipped bytes and may warn about each, 2 MB a batch to pickle.  A
+        count taken back out (``uncount_skipped``) is sent as it is now, one gone as 0."""
         out = dataclasses.replace(self)
         for name in _COUNTS_OF:
             mine, was = getattr(self, name), getattr(sent, name)
-            setattr(out, name, {} if mine == was else {k: v for k, v in mine.items() if was.get(k) != v})
+            if mine == was:
+                setattr(out, name, {})
+                continue
+            changed = {k: v for k, v in mine.items() if was.get(k) != v}
+            changed.update((k, 0) for k in was.keys() - mine.keys())
+            setattr(out, name, changed)
         out.warnings = self.warnings[len(sent.warnings):]
         return out
 
@@ -197,6 +219,8 @@ class ReadStats:
             elif isinstance(mine, dict):
                 for k, v in theirs.items():
                     mine[k] = mine.get(k, 0) + v - before.get(k, 0)
+                    if not mine[k] and f.name in _ZERO_IS_NONE:
+                        del mine[k]
             elif isinstance(mine, list):
                 mine.extend(theirs)
 
@@ -206,7 +230,11 @@ class ReadStats:
         for f in dataclasses.fields(self):
             theirs = getattr(changes, f.name)
             if isinstance(theirs, dict):
-                getattr(self, f.name).update(theirs)
+                mine = getattr(self, f.name)
+                mine.update(theirs)
+                if f.name in _ZERO_IS_NONE:
+                    for k in [k for k, v in theirs.items() if not v]:
+                        del mine[k]
             elif isinstance(theirs, list):
                 getattr(self, f.name).extend(theirs)
             else:
@@ -222,6 +250,9 @@ class ReadStats:
 
 #: ``ReadStats``' counts per rank or per reason (dicts that only grow)
 _COUNTS_OF = tuple(f.name for f in dataclasses.fields(ReadStats) if str(f.type).startswith("dict"))
+#: of those, the ones where a rank counted is a rank with some (its count taken back out to
+#: 0 is no entry: ``check`` says how many ranks skipped bytes)
+_ZERO_IS_NONE = frozenset({"skipped_by_rank"})
 
 
 #: A ``dropped`` event whose reason starts so was written by a writer that found its

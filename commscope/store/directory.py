@@ -38,7 +38,7 @@ import numpy as np
 import orjson
 
 from commscope import beats, beatscan, jsonops
-from commscope.blocks import decode_alone, decode_stream
+from commscope.blocks import BlockDecoder, decode_alone, decode_stream
 from commscope.blockscan import Scan
 from commscope.events import Decoded, Event, gc_paused, incarnation_ids
 from commscope.oprecords import OpRecords
@@ -471,6 +471,13 @@ class DirectoryReader(TraceReader):
         self._pending: dict[tuple[Stream, int], Event] = {}  # summaries not decided yet
         self._decided: set[tuple[Stream, int]] = set()
         self._jumps: dict[Stream, list[Jump]] = {}  # per stream, over segments deleted under this reader
+        #: per stream, the numbers of the segments counted as skipped before the window when it
+        #: was entered (``_enter``), [first, last): once retention deletes one, its summary
+        #: stands for it and its bytes are taken back out (``_read_summaries``)
+        self._skipped: dict[Stream, tuple[int, int]] = {}
+        #: per stream, lines of its last chunk counted lost (damaged, invalid, dropped) that a
+        #: gap in the ring positions in the next may stand for (``_account``)
+        self._excused: dict[Stream, int] = {}
         self._listed: tuple[int, float] | None = None  # (directory mtime, when) of the last listing
         self._names: dict[str, tuple[Stream, Segment] | _Summary | object] = {}  # file name -> ``_name``
         self._summaries_due = False  # listed again since the summaries were last read
@@ -659,10 +666,13 @@ class DirectoryReader(TraceReader):
                 if seg is cur:
                     break
                 self.stats.count_skipped(stream[0], size_of(seg.path))
+            if segs[0] is not cur:
+                self._skipped[stream] = (segs[0].number, cur.number)
             after_id = -1
         elif cur.number > number:
             after_id = self.max_op_id(stream)
             self._jumps.setdefault(stream, []).append(Jump(number, cur.number, after_id))
+            self._decoder(stream).ring_open = True  # (what it jumped over, the summaries count)
         else:
             return cur
         self._reading[stream] = cur.number
@@ -690,6 +700,42 @@ class DirectoryReader(TraceReader):
                 self._pieces = pieces
             self._carried.extend(e for e in events if not (
                 e["type"] == "op" and e["phase"] == "begin" and e["id"] <= after_id))
+
+    def _decoder(self, stream: Stream) -> BlockDecoder:
+        """The stream's block decoder, which notes the gaps in its ring positions
+        (``BlockDecoder.gaps``): nothing else says that a line of a directory's stream went
+        (deleted or lost from its file), where a Redis stream's entry numbers do."""
+        decoder = super()._decoder(stream)
+        decoder.counts_gaps = True
+        return decoder
+
+    def _account(self, stream: Stream, got: Decoded, size: int, lost_markers: bool = True) -> None:
+        """``TraceReader._account``, and the gaps the stream's decoder found in its ring
+        positions counted as lines lost (``ReadStats.count_lost_lines``), but one a line
+        counted otherwise stands for: a damaged or invalid line, or a ``dropped`` event (the
+        recorder's drops, a writer's ``store_lost`` marker), among these lines or the last
+        chunk's (a block's line, damaged, leaves a gap after it).  Their order within a chunk
+        is not known here: a gap and such a line of another kind in one chunk count once."""
+        super()._account(stream, got, size, lost_markers)
+        decoder = self._block_decoders.get(stream) if hasattr(self, "_block_decoders") else None
+        if decoder is None:
+            return
+        lost = got.damaged + sum(n for why, n in got.invalid.items() if not why.startswith("block:"))
+        before = self._excused.pop(stream, 0)
+        gaps = decoder.gaps
+        if gaps:
+            lost += sum(1 for e in got.events if e["type"] == "dropped" and (e.get("count") or e.get("entries")))
+            decoder.gaps = []
+            used = min(len(gaps), before + lost)  # (the lines before these first)
+            lost -= max(0, used - before)
+            left = gaps[used:]
+            if left:
+                n = len(left)
+                self.stats.count_lost_lines(stream[0], n, f"{'a gap' if n == 1 else f'{n} gaps'} in its ring positions: "
+                                                          f"{sum(left):,} bytes of op records missing (a line gone "
+                                                          "from its file)")
+        if lost:  # (kept for the next chunk's: a block's line damaged at the end of this one)
+            self._excused[stream] = lost
 
     def _window(self, streams: dict[Stream, list[Segment]]) -> dict[Stream, tuple[int, list[int]]]:
         """Per stream, the segment it is read in (``_current``) and the sizes of the segments
@@ -857,6 +903,11 @@ class DirectoryReader(TraceReader):
                     if ids is not None:
                         out.extend(retention.completions(e, upto, ids))
                 e = retention.counted(e, upto)
+                skipped = self._skipped.get(stream)
+                if skipped is not None and skipped[0] <= seg < skipped[1]:
+                    # counted as skipped before the window while it was there; deleted since, it is
+                    # what its summary says (reading without the window would not read it now)
+                    self.stats.uncount_skipped(stream[0], size)
                 self.stats.count_summary(stream[0], e)
                 out.append(e)
             elif read < size:
@@ -1118,6 +1169,9 @@ class DirectoryReader(TraceReader):
             size += sum(window.get(stream, (0, []))[1])
         if chunk:
             jobs.append(Job(str(self.job_dir), self.since_ns, chunk))
+        for stream, segs in streams.items():  # (what each worker counts as skipped: ``_enter``)
+            if stream in window and segs[0].number < window[stream][0]:
+                self._skipped[stream] = (segs[0].number, window[stream][0])
         pool = Workers(min(workers, len(jobs)))
         self.stats.workers += len(pool.procs)
         for got in pool.run(jobs):

@@ -15,8 +15,10 @@ segment's start, so a reader picks the segments of a time window without opening
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
@@ -111,11 +113,23 @@ def start_of(line: bytes) -> int | None:
 
 
 def segment_bytes_from_env() -> int:
+    """``$COMMSCOPE_SEGMENT_MB`` in bytes, else ``DEFAULT_SEGMENT_BYTES``.  A value that is
+    not a finite number of MiB of at least a byte (``abc``, ``0``, ``-1``, ``inf``, ``1e400``,
+    ``nan``) takes the default and says so, as ``$COMMSCOPE_RETAIN`` does: before, ``inf``
+    raised in every writer made, and a rank recorded nothing, retrying for good."""
+    text = os.environ.get(ENV_SEGMENT_MB, "").strip()
+    if not text:
+        return DEFAULT_SEGMENT_BYTES
     try:
-        mb = float(os.environ.get(ENV_SEGMENT_MB, "") or 0)
+        mb = float(text)
     except ValueError:
-        mb = 0
-    return int(mb * (1 << 20)) if mb > 0 else DEFAULT_SEGMENT_BYTES
+        mb = math.nan
+    nbytes = mb * (1 << 20)
+    if not math.isfinite(nbytes) or nbytes < 1:
+        warnings.warn(f"commscope: ${ENV_SEGMENT_MB}={text[:40]!r} cannot be read (give a number of MiB above 0, "
+                      f"such as 64): segments of {DEFAULT_SEGMENT_BYTES >> 20} MiB", RuntimeWarning, stacklevel=2)
+        return DEFAULT_SEGMENT_BYTES
+    return int(nbytes)
 
 
 def window_start(segs: list[Segment], since_s: float | None) -> int:

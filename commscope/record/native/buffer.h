@@ -154,6 +154,7 @@ struct State {
   uint64_t published = 0;        // what hdr->head says
   uint64_t limit = 0;            // bytes of the ring in use at most (set_capacity; <= ring size)
   uint64_t drained = 0;          // the thread has encoded records up to here
+  uint64_t taken = 0;            // the last drain took records up to here (read without the lock)
   uint64_t dropped = 0;          // records that did not fit, since the last drain
   uint64_t dropped_total = 0;
   uint64_t table_dropped = 0;    // table records that did not fit the spool's table region
@@ -371,6 +372,40 @@ int64_t next_seq_locked(int32_t gid, Dir dir, int32_t peer) {
   }
   if (peer < 0) return -1;  // any-source recv: numbered once its source is known
   return ++S->p2p_seq[std::make_tuple(gid, peer, int8_t(dir == DIR_SEND ? DIR_SEND : DIR_RECV))];
+}
+
+constexpr uint64_t kNoPos = ~0ULL;
+
+// An op the backend refused as it was called (its dispatch raised before issuing anything)
+// was never issued: its sequence number ``seq`` goes back, unless a later op of the same
+// counter took one meanwhile (another thread: then the number stays, the gap with it).  Its
+// BEGIN (at ring position ``pos``: kNoPos if it was dropped) then says seq -1, unless a drain
+// has taken it already (readers then see the number; the END's FLAG_UNISSUED still says what
+// happened).  Returns whether the number went back.  Under S->mu.
+bool unissue_locked(int32_t gid, Dir dir, int32_t peer, int64_t seq, uint64_t id, uint64_t pos) {
+  if (seq < 0 || gid < 0) return false;
+  int64_t* counter = nullptr;
+  if (dir == DIR_NONE) {
+    if (size_t(gid) < S->coll_seq.size()) counter = &S->coll_seq[size_t(gid)];
+  } else if (peer >= 0) {
+    auto it = S->p2p_seq.find(std::make_tuple(gid, peer, int8_t(dir == DIR_SEND ? DIR_SEND : DIR_RECV)));
+    if (it != S->p2p_seq.end()) counter = &it->second;
+  }
+  if (counter == nullptr || *counter != seq) return false;
+  --*counter;
+  if (pos == kNoPos || pos < S->taken || pos < S->hdr->tail.load(std::memory_order_relaxed) ||
+      pos + sizeof(Header) > S->staged)
+    return true;
+  uint8_t* r = S->ring + (pos & S->ring_mask);  // no drain reads it yet: changed under the lock
+  Header h;
+  std::memcpy(&h, r, sizeof h);
+  if (h.id != id) return true;
+  const int64_t none = -1;
+  if (h.type == REC_BEGIN_SIG && h.len >= sizeof(Header) + sizeof(SigBeginBody))
+    std::memcpy(r + sizeof(Header) + offsetof(SigBeginBody, seq), &none, 8);
+  else if (h.type == REC_BEGIN && h.len >= sizeof(Header) + sizeof(BeginBody))
+    std::memcpy(r + sizeof(Header) + offsetof(BeginBody, seq), &none, 8);
+  return true;
 }
 
 }  // namespace

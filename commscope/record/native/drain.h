@@ -119,6 +119,7 @@ struct Pending {
 Pending take_pending() {
   Recording g;
   Pending p{S->drained, S->published, S->dropped};
+  S->taken = S->published;  // read without the lock from here on: no longer changed in place (unissue_locked)
   S->dropped = 0;
   return p;
 }

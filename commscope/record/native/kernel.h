@@ -35,6 +35,7 @@ struct Frame {
   bool child_seen;
   std::vector<uint64_t> children;  // containers: their p2p ops
   std::vector<uint64_t> nested;    // nested traffic: ends at the latest when a synchronous call returns
+  std::vector<uint64_t> unissued;  // its ops the backend refused (record_exit's END says so: FLAG_UNISSUED)
 };
 struct Frame;
 
@@ -80,6 +81,7 @@ struct Side {
 struct Tls {
   std::vector<Frame> frames;  // the wrapped calls this thread is inside
   int native_depth = 0;       // >0 while inside our kernel (nested dispatches)
+  uint64_t observed = 0;      // ops this thread's kernel has observed (a dispatch that issued some has moved it)
   uint64_t native_id = 0;
   ByteBuf enc_in, enc_out;    // tensor descriptions of the op being observed
   ByteBuf key, last_key;      // this begin's signature key, and the thread's last one (a loop repeats it)
@@ -114,12 +116,13 @@ constexpr uint32_t kNoSig = 0xFFFFFFFFu;
 constexpr size_t kMaxSigs = 100000;
 
 // ---------------------------------------------------------------- completion
-void complete_locked(uint64_t id, uint8_t role, bool error, const std::string& msg, bool approx) {
+void complete_locked(uint64_t id, uint8_t role, bool error, const std::string& msg, bool approx,
+                     uint8_t more = 0) {
   // Ops that end at completion: issued from C++, annotated, nested.  A merged op ends
   // when the Python call returns; its completion is only noted for device ops (DONE).
   if (role == ROLE_NESTED && S->open_nested.erase(id) == 0) return;  // closed when its call returned
   int64_t ts = now_ns();
-  uint8_t flags = (error ? FLAG_ERROR : 0) | (approx ? FLAG_APPROX : 0);
+  uint8_t flags = (error ? FLAG_ERROR : 0) | (approx ? FLAG_APPROX : 0) | more;
   if (error) S->last_failed_ns = ts;
   if (error)
     write_text_record(REC_END, flags, ts, id, msg.data(), msg.size());
@@ -131,6 +134,17 @@ void complete_locked(uint64_t id, uint8_t role, bool error, const std::string& m
 void on_completed(uint64_t id, uint8_t role, bool error, const std::string& msg, bool approx) {
   Recording g;
   complete_locked(id, role, error, msg, approx);
+}
+
+// Whether a dispatch that raised was the backend refusing the op as it was called (a bad
+// root, a bad argument: Gloo's and NCCL's checks before they issue anything), so that it was
+// never issued and takes no sequence number.  Not: a distributed error (a timeout, a closed
+// connection, a store or NCCL failure: DistError, thrown by the caller of this, never here), an
+// op that communicates inside its dispatch (one that returns no Work: monitored_barrier), one
+// whose dispatch observed other ops first (``issued_any``: TORCH_DISTRIBUTED_DEBUG=DETAIL's
+// checks run collectives before the backend sees the op), or any op under DETAIL at all.
+bool refused(const OpSpec* spec, bool issued_any) {
+  return spec->returns_work && !issued_any && c10d::debug_level() != c10d::DebugLevel::Detail;
 }
 
 // A timing event recorded on `device`'s current stream (asynchronous, no sync), from the
@@ -213,6 +227,7 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
     return;
   }
   g_seen.fetch_add(1, std::memory_order_relaxed);
+  T.observed++;
   const c10::IValue* args = stack->data() + (stack->size() - nargs);
 
   // What moves, on which group (no lock needed: only this call's arguments).
@@ -269,10 +284,11 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
   const uint64_t rec_parent = framed ? frame->parent : parent;
   uint64_t id;
   int32_t gid;
+  int64_t seq = -1;
+  uint64_t begin_pos = kNoPos;  // where its BEGIN lies in the ring (unissue_locked)
   {
     Recording g;
     gid = group_id_locked(pg);
-    int64_t seq = -1;
     if (merged) {
       id = frame->id;  // the wrapped call and its collective are one op
     } else {
@@ -349,16 +365,20 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
         T.last_sid = sid;
       }
       const size_t len = sizeof(Header) + sizeof(SigBeginBody);
+      const uint64_t at = S->staged;
       uint8_t* p = reserve(len);
       if (p) {
+        begin_pos = at;
         put_header(p, REC_BEGIN_SIG, 0, uint32_t(len), ts, id);
         SigBeginBody sb{sid, seq, rec_parent, thread_id()};
         std::memcpy(p + sizeof(Header), &sb, sizeof sb);
       }
     } else {  // the signature table is full: self-contained begins
       size_t len = sizeof(Header) + sizeof(BeginBody) + T.enc_in.size() + T.enc_out.size();
+      const uint64_t at = S->staged;
       uint8_t* p = reserve(len);
       if (p) {
+        begin_pos = at;
         put_header(p, REC_BEGIN, flags, uint32_t(len), ts, id, uint16_t(spec->dir));
         b.tid = thread_id();
         b.parent = rec_parent;
@@ -381,12 +401,29 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
   const uint64_t outer_id = T.native_id;
   T.native_depth++;
   T.native_id = id;
+  const uint64_t observed = T.observed;
   try {
     op.redispatchBoxed(next, stack);
-  } catch (const std::exception& e) {
+  } catch (const c10::DistError& e) {  // a distributed failure: of an issued op
     T.native_depth--;
     T.native_id = outer_id;
     if (ends_at_completion) on_completed(id, role, true, e.what(), false);
+    throw;
+  } catch (const std::exception& e) {
+    T.native_depth--;
+    T.native_id = outer_id;
+    // Refused by the backend as it was called: never issued.  Its number goes back (the next
+    // op takes it, as torch's own sequence number does), its END says so; the exception
+    // goes on unchanged.
+    const bool unissued = refused(spec, T.observed != observed);
+    if (unissued || ends_at_completion) {
+      Recording g;
+      if (unissued) {
+        if (role != ROLE_NESTED) unissue_locked(gid, spec->dir, peer, seq, id, begin_pos);
+        if ((role == ROLE_MERGED || role == ROLE_CHILD) && !T.frames.empty()) T.frames.back().unissued.push_back(id);
+      }
+      if (ends_at_completion) complete_locked(id, role, true, e.what(), false, unissued ? FLAG_UNISSUED : 0);
+    }
     throw;
   } catch (...) {
     T.native_depth--;

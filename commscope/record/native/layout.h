@@ -39,7 +39,9 @@ enum Role : uint8_t {
 
 enum Kind : uint8_t { KIND_PLAIN = 0, KIND_ANNOTATE = 1, KIND_RICH = 2, KIND_CONTAINER = 3 };
 
-enum Flag : uint8_t { FLAG_ERROR = 1, FLAG_APPROX = 2, FLAG_ASYNC = 4, FLAG_ENDS_AT_COMPLETION = 8 };
+// FLAG_UNISSUED (an END's): the backend refused the op as it was called (its dispatch raised before
+// issuing anything: a bad root, a bad argument); it took no sequence number (buffer.h's unissue_locked).
+enum Flag : uint8_t { FLAG_ERROR = 1, FLAG_APPROX = 2, FLAG_ASYNC = 4, FLAG_ENDS_AT_COMPLETION = 8, FLAG_UNISSUED = 16 };
 
 // Directions: a BEGIN's (and a SIG's) header aux; commscope/optable.py's DIR_*.
 enum Dir : int8_t { DIR_NONE = 0, DIR_SEND = 1, DIR_RECV = 2, DIR_RECV_ANY = 3 };

@@ -230,8 +230,14 @@ void record_exit(Frame& fr, bool error, const char* text, size_t text_len) {
   int64_t ts = now_ns();
   uint8_t flags = error ? FLAG_ERROR : 0;
   if (error) S->last_failed_ns = ts;
+  auto flags_of = [&](uint64_t id) -> uint8_t {  // an op the backend refused says so (kernel.h)
+    if (!error || fr.unissued.empty()) return flags;
+    const bool refused = std::find(fr.unissued.begin(), fr.unissued.end(), id) != fr.unissued.end();
+    return flags | (refused ? FLAG_UNISSUED : 0);
+  };
   if (fr.kind == KIND_CONTAINER) {
-    for (uint64_t child : fr.children) write_text_record(REC_END, flags, ts, child, text, error ? text_len : 0);
+    for (uint64_t child : fr.children)
+      write_text_record(REC_END, flags_of(child), ts, child, text, error ? text_len : 0);
   }
   if (!fr.async_hint) {  // a call that returned is done with its traffic
     for (uint64_t child : fr.nested)
@@ -253,7 +259,7 @@ void record_exit(Frame& fr, bool error, const char* text, size_t text_len) {
     }
     S->resolved_source.erase(src);
   }
-  write_text_record(REC_END, flags, ts, fr.id, text, error ? text_len : 0);
+  write_text_record(REC_END, flags_of(fr.id), ts, fr.id, text, error ? text_len : 0);
   S->inflight.erase(fr.id);
 }
 

@@ -1,0 +1,174 @@
+"""An op the backend refuses as it is called was never issued: it takes no sequence number.
+
+Rank 2 of 3 Gloo ranks calls ``broadcast(src=99)``; ProcessGroupGloo raises "invalid root
+rank" inside the call, before it issues anything (torch's own sequence number does not
+move).  The rank catches it and goes on with the same all_reduces as the others.  Both
+recorders (native, and the Python fallback: ``COMMSCOPE_NATIVE=0``) must record the
+broadcast as a failed op of rank 2 with no seq, so that rank 2's later collectives keep
+the numbers the others give them: no false ``collective_mismatch``, one ``op_failed`` blamed
+on rank 2 itself, and a later hang names the rank that never came, not a victim.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import failure_workers as W
+import pytest
+from trace_helpers import ops
+
+from commscope.analysis import TraceModel, diagnose
+from commscope.analysis.source import open_source
+from commscope.cli import main as cli
+from commscope.launch import Job
+from commscope.record import native
+from commscope.store import AsOf
+
+pytestmark = pytest.mark.timeout(240)
+STEPS, REFUSED_AT = 8, 3
+
+
+def refused_then_maybe_hang(rank: int, ws: int, store: str, release: str, hang: bool) -> str:
+    """Rank 2 calls broadcast(src=99) before all_reduce #4 (caught); then STEPS all_reduces
+    and a barrier on every rank.  With ``hang``, rank 1 then waits for ``release`` while
+    ranks 0 and 2 wait in one more all_reduce, which it joins once released."""
+    import torch
+    import torch.distributed as dist
+
+    from commscope.record.recorder import active
+
+    W.start(store, 1.0)
+    source = type(active().ops).__name__
+    t = torch.ones(4)
+    for step in range(STEPS):
+        if step == REFUSED_AT and rank == 2:
+            try:
+                dist.broadcast(t, src=99)
+            except RuntimeError as exc:
+                assert "invalid root rank" in str(exc)
+            else:
+                raise AssertionError("broadcast(src=99) returned")
+        dist.all_reduce(t)
+        t.fill_(1.0)
+    dist.barrier()
+    if hang:
+        W.flush()
+        if rank == 1:
+            W.wait_release(release)
+        dist.all_reduce(t)
+    W.finish()
+    return source
+
+
+@pytest.fixture(scope="module")
+def native_built():
+    if native.load(build=True) is None:
+        pytest.skip(f"the native recorder cannot be built here: {native.error()}")
+
+
+@pytest.fixture(params=["native", "python"])
+def source(request):
+    if request.param == "native":
+        request.getfixturevalue("native_built")
+    return request.param
+
+
+def _env(source: str) -> dict[str, str]:
+    return {"COMMSCOPE_NATIVE": "1" if source == "native" else "0"}
+
+
+def _want_source(source: str) -> str:
+    return "NativeOps" if source == "native" else "PythonOps"
+
+
+def _check(store: str, capsys) -> dict:
+    capsys.readouterr()
+    code = cli(["check", store, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == (1 if any(f["severity"] == "error" for f in out["findings"]) else 0)
+    return out
+
+
+def _errors(findings) -> list[tuple[str, list[int]]]:
+    return [(f["kind"], f["culprits"]) for f in findings if f["severity"] == "error"]
+
+
+def _assert_numbering(store: str, extra: int) -> None:
+    """Every rank's collectives are numbered alike; rank 2's broadcast is failed and unnumbered."""
+    events = open_source(store).read_all()
+    want = [("all_reduce", s) for s in range(1, STEPS + 1)] + [("barrier", STEPS + 1)]
+    want += [("all_reduce", STEPS + 2)] * extra
+    for rank in range(3):
+        top = [o for o in ops(events, rank) if not o.get("nested")]
+        numbered = [(o["op"], o.get("seq")) for o in top if o["op"] != "broadcast"]
+        assert numbered == want, (rank, numbered)
+        refused = [o for o in top if o["op"] == "broadcast"]
+        if rank != 2:
+            assert refused == []
+            continue
+        (b,) = refused
+        assert "seq" not in b, b
+    failed = [e for e in events if e.get("type") == "op" and e.get("phase") == "end" and e.get("exc")]
+    assert [(e["rank"], "invalid root rank" in e["exc"]) for e in failed] == [(2, True)]
+
+
+def _assert_refusal_finding(findings) -> None:
+    (f,) = [f for f in findings if f["kind"] == "op_failed"]
+    assert f["culprits"] == [2]
+    assert "raised on rank 2 itself" in f["message"]
+    assert not [f for f in findings if f["kind"] == "collective_mismatch"]
+
+
+def test_a_refused_op_takes_no_sequence_number(tmp_path, capsys, source):
+    store, release = str(tmp_path / "trace"), str(tmp_path / "release")
+    job = Job(refused_then_maybe_hang, 3, args=(store, release, False), env=_env(source), pg_timeout=60).start()
+    try:
+        results = job.join(120)
+    finally:
+        job.kill()
+    assert all(results[r].ok for r in range(3)), [results[r].error for r in range(3)]
+    assert {results[r].value for r in range(3)} == {_want_source(source)}
+    _assert_numbering(store, extra=0)
+    out = _check(store, capsys)
+    assert _errors(out["findings"]) == [("op_failed", [2])]
+    _assert_refusal_finding(out["findings"])
+
+
+def test_a_hang_after_a_refused_op_names_the_rank_that_never_came(tmp_path, capsys, source):
+    """Live, at every poll: no error finding names a rank but 1 (the one that never came) or
+    2 (whose refused op failed); once the hang shows, it is rank 1's, with ranks 0 and 2 in
+    it, matched at the same seq.  Then rank 1 comes and the job ends cleanly."""
+    store, release = str(tmp_path / "trace"), str(tmp_path / "release")
+    job = Job(refused_then_maybe_hang, 3, args=(store, release, True), env=_env(source), pg_timeout=60).start()
+    model, reader, as_of, hang = TraceModel(), None, AsOf(), None
+    try:
+        end = time.monotonic() + 90
+        while hang is None and job.alive() and time.monotonic() < end:
+            time.sleep(0.2)
+            if reader is None:
+                try:
+                    reader = open_source(store)
+                except Exception:
+                    continue
+            model.ingest(reader.poll())
+            findings = [f.to_json() for f in diagnose(model, now=as_of.now(reader, time.time_ns()), hang_after=1.0)]
+            errors = _errors(findings)
+            assert all(set(c) <= {1, 2} for _, c in errors), findings
+            assert all(k != "collective_mismatch" for k, _ in errors), findings
+            assert all(c == [2] for k, c in errors if k == "op_failed"), findings
+            hang = next((f for f in findings if f["kind"] == "missing_ranks"), None)
+        assert hang is not None, "the hang was not diagnosed while the job ran"
+        assert hang["culprits"] == [1]
+        assert (hang["evidence"]["entered"], hang["evidence"]["missing"]) == ([0, 2], [1])
+        assert hang["seq"] == STEPS + 2
+        Path(release).touch()
+        results = job.join(120)
+    finally:
+        job.kill()
+    assert all(results[r].ok for r in range(3)), [results[r].error for r in range(3)]
+    _assert_numbering(store, extra=1)
+    out = _check(store, capsys)
+    assert _errors(out["findings"]) == [("op_failed", [2])]
+    _assert_refusal_finding(out["findings"])
