@@ -75,6 +75,63 @@ def test_a_rank_killed_while_the_others_hang_is_dead_from_when_it_was_last_heard
     assert _errors(m) == [("dead_rank", [1])]
 
 
+@pytest.mark.parametrize("failed", [None, 0, 2], ids=["waiting", "rank 0's op failed", "rank 2's op failed"])
+def test_a_rank_killed_before_its_first_op_is_the_dead_rank_though_no_record_listed_the_world(failed):
+    """SIGKILL right after init: rank 1 ran no op, and the native recorder's group records
+    had no members yet, so the world's group was known only by ranks 0 and 2 (the ones that
+    ran it).  Nobody seemed to wait for rank 1 (the job read healthy), or the failing rank's
+    peer was rank 2, stopped by mp.spawn (op_failed [2], a victim)."""
+    b = TraceBuilder(3, hang_after=2.0)
+    t = b.t0 + S
+    ids = {r: b.begin(r, t + r * MS, "all_reduce") for r in (0, 2)}
+    b.heartbeats(b.t0, t, ranks=[0, 2])
+    b.exit(1, t - MS, **GONE)
+    stop = t + 40 * MS
+    if failed is not None:
+        b.end(failed, ids[failed], stop - MS, exc=RESET)
+    for r in (0, 2):
+        b.exit(r, stop, **SIGTERM)
+    b.events[:] = [e for e in b.events if e["type"] != "group"]
+    assert _stopped_errors(b) == [("dead_rank", [1])]
+
+
+def _stopped_errors(b: TraceBuilder) -> list[tuple[str, list[int]]]:
+    m = TraceModel.from_events(b.sorted_events())
+    found = diagnose(m, trace_now(m), default_hang_after(m), wall_ns=m.end_ns + 60 * S)
+    return [(f.kind, f.culprits) for f in found if f.severity == "error"]
+
+
+def test_a_rank_whose_stop_went_unseen_is_no_culprit_where_nobody_waited_for_it():
+    """scancel: ranks 0 and 2 note SIGTERM; rank 1's goes unseen (the Python recorder notes
+    no signal) and its last heartbeat is 100 ms older: timed alone, it 'went first'
+    (helper-80).  Nobody waited for it: a job stopped as a whole."""
+    b = TraceBuilder(3, hang_after=2.0)
+    t = b.warmup(3)
+    stop = t + S
+    b.heartbeats(b.t0, stop - 100 * MS)
+    for r in (0, 2):
+        b.exit(r, stop + r * MS, **SIGTERM)
+    b.exit(1, t - MS, **GONE)
+    assert _stopped_errors(b) == []
+
+
+def test_a_rank_sigkilled_after_the_stop_in_the_op_the_others_were_in_is_no_culprit():
+    """scancel: ranks 0 and 2 note SIGTERM inside an all_reduce rank 1 is in too; rank 1
+    (its main thread in a C call: no heartbeat since) is SIGKILLed at the end of the grace
+    period.  It entered the op they waited in: it did not make them wait (helper-80)."""
+    b = TraceBuilder(3, hang_after=2.0)
+    t = b.warmup(3)
+    for r in range(3):
+        b.begin(r, t + r * MS, "all_reduce")
+    stop = t + S
+    b.heartbeats(b.t0, stop, ranks=[0, 2])
+    b.heartbeats(b.t0, stop - 150 * MS, ranks=[1])
+    for r in (0, 2):
+        b.exit(r, stop + r * MS, **SIGTERM)
+    b.exit(1, t + MS, **GONE)
+    assert _stopped_errors(b) == []
+
+
 @pytest.mark.parametrize("how", ["SIGINT to every rank", "SIGTERM to every rank", "SIGKILL to every rank"])
 def test_a_job_stopped_as_a_whole_is_no_fault(how):
     """Ctrl-C, scancel, kill -9 of the whole job while it ran: every rank ended alike, so no

@@ -69,7 +69,7 @@ class _Memo:
     vanished: tuple[int, frozenset[int]] | None = None  # (now, ranks)
     survivors: tuple[int, int] | None = None  # see _survivors_last
     acted: tuple[tuple[int, int], ...] | None = None  # see _last_acts
-    stopped: int | None = None  # see _stopped_since
+    stops: _Stops | None = None  # see _stops
     snapshot: RankSnapshot | None = None
     #: (space, group, seq) -> the members that completed that collective (``completed_by``)
     completed: dict[tuple[int, str, int], frozenset[int]] = dataclasses.field(default_factory=dict)
@@ -311,7 +311,10 @@ def left_early(m: TraceModel, rank: int, now: int) -> bool:
         return _survivors_last(m)[1] > int(k["ts"])
     if k is not None:  # killed while others went on (ranks killed together are a job stopped)
         t = departed_ns(m, rank) or int(k["ts"])
-        return _went_on_after(m, t) or (not stopped(k) and _stopped_since(m) > t)
+        if _went_on_after(m, t):
+            return True
+        stops = _stops(m)  # (went first, and the others were stopped because it went: some of them waited for it)
+        return not stopped(k) and stops.latest > t and rank in stops.awaited
     return m.end_ns - m.last_seen(rank) > dead_after_ns(m, rank)
 
 
@@ -319,8 +322,14 @@ def went_first(m: TraceModel, ranks: Sequence[int]) -> list[int]:
     """Of ranks that left before an op failed, those that went by themselves where some did:
     a rank stopped by a signal (``vocab.stopped``) beside one that died, crashed or left was
     stopped because that one went (a launcher ending the job), and is no culprit."""
-    own = [r for r in ranks if (ex := _last_exit(m, r)) is None or not stopped(ex)]
-    return own or list(ranks)
+    stops = _stops(m)
+    own = [r for r in ranks if r not in stops.ranks]
+    if own:
+        return own
+    # (only stopped ranks left: the one they were stopped for is a rank they waited for that
+    # went otherwise, a member whose connection the failing one may not have had yet)
+    first = sorted(r for r in stops.awaited if (k := killed(m, r)) is not None and not stopped(k))
+    return first or list(ranks)
 
 
 def stopped_by(m: TraceModel) -> list[str]:
@@ -337,17 +346,60 @@ def stopped_by(m: TraceModel) -> list[str]:
     return sorted(signals)
 
 
-def _stopped_since(m: TraceModel) -> int:
-    """When the last rank stopped by a signal (``vocab.stopped``) departed (-1: none was),
-    once per version.  A rank that went otherwise before it (SIGKILLed, ``os._exit``) went
-    first, and the others were stopped because it went: a launcher ends the rest of a job
-    whose rank died (mp.spawn and torchrun send SIGTERM within ~40 ms, inside the slack of
-    ranks killed together), and a user stopping a job stops every rank alike."""
+#: The name torch gives the default (world) process group
+WORLD = "0"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stops:
+    """The ranks stopped by a signal (``vocab.stopped``): who, when the last of them
+    departed (-1: none did), and the ranks they waited for when stopped (members of the op
+    each was blocked in, or had just failed in, that had not entered it)."""
+
+    ranks: frozenset[int]
+    latest: int
+    awaited: frozenset[int]
+
+
+def _stops(m: TraceModel) -> _Stops:
+    """``_Stops``, once per version.  A rank that went otherwise (SIGKILLed, ``os._exit``)
+    before them, and that they waited for, went first and the others were stopped because
+    it went: a launcher ends the rest of a job whose rank died (mp.spawn and torchrun send
+    SIGTERM within ~40 ms, inside the slack of ranks killed together).  Time alone does not
+    say it: an unseen death is timed by the rank's last sign of life, up to a sample
+    interval early, so a rank SIGKILLed in the same stop as the others reads as gone first;
+    but the ranks it left behind wait for it, and those stopped together with it do not."""
     memo = _memo(m)
-    if memo.stopped is None:
-        memo.stopped = max((departed_ns(m, r) or -1 for r, rt in m.ranks.items() if rt.exits
-                            and (k := killed(m, r)) is not None and stopped(k)), default=-1) if m.exits_seen else -1
-    return memo.stopped
+    if memo.stops is None:
+        ranks: set[int] = set()
+        latest = -1
+        awaited: set[int] = set()
+        seen: set[tuple] = set()
+        if m.exits_seen:
+            for r, rt in m.ranks.items():
+                if not rt.exits or (k := killed(m, r)) is None or not stopped(k):
+                    continue
+                ranks.add(r)
+                latest = max(latest, departed_ns(m, r) or -1)
+                i = current_op(m, r)
+                if i is None and (i := m.last_op(r)) is not None and i not in rt.exc:
+                    continue  # (between ops: waiting for nobody; an op that failed was waiting)
+                if i is None:
+                    continue
+                s = m.sig_of(r, i)
+                seq = int(rt.seq[i])
+                key = (s.space, s.group, seq) if seq >= 0 and not s.flags & P2P else (r, i)
+                if key in seen:  # (16k ranks stopped in one collective: its members asked once)
+                    continue
+                seen.add(key)
+                came = m.collective(s.group, seq, s.space) if len(key) == 3 else m.counterparts(r, i)
+                awaited.update(p for p in m.members(r, i) if p not in came)
+                if s.group == WORLD and len(key) == 3 and not m.groups.get(WORLD):
+                    # (the world's group whose members no record listed: known by the ranks
+                    # that ran it, which leaves out one that never came to any of its ops)
+                    awaited.update(p for p in m.ranks if p not in came)
+        memo.stops = _Stops(frozenset(ranks), latest, frozenset(awaited))
+    return memo.stops
 
 
 def _last_acts(m: TraceModel) -> tuple[tuple[int, int], ...]:
