@@ -176,7 +176,9 @@ def _url_spans(text: str, out: list[Span]) -> None:
                 out.append((base + lead, base + last))
             continue
         between = run[cut:last]
-        odd = not any(c in between for c in "=\"' ") and run[last - 1] != "/"
+        query = between.find("?")  # (what holds an '=' after a '?' is a query: ``host:80/x?mail=a@b``)
+        odd = (not any(c in between for c in "\"' ") and not (query >= 0 and "=" in between[query:])
+               and run[last - 1] != "/")
         after = netloc.rpartition(":")[2]  # a port, or where a password cut at its '/', '?' or '#' starts
         if "@" in netloc:
             at = last if last > cut and odd else netloc.rfind("@")
@@ -192,6 +194,12 @@ def _url_spans(text: str, out: list[Span]) -> None:
                 out.append((base + len(user) + 1, base + at))
         elif colon or m.group(1).lower() in _REDIS_SCHEMES or _token_like(user):
             out.append((base, base + at))  # redis://secret@host: a bare user info is the password
+
+
+def _password_name(name: str) -> bool:
+    """A name whose value is a password whatever it looks like (``COMMSCOPE_REDIS_PASSWORD``
+    holding ``/xK9…``), not a path to one's file (``GOOGLE_APPLICATION_CREDENTIALS``)."""
+    return _last_word(name)[0] in ("password", "passwd", "passphrase", "pass", "pw", "pwd")
 
 
 def _token_like(word: str) -> bool:
@@ -313,7 +321,8 @@ class Redactor:
     def from_environ(cls, environ: Mapping[str, str]) -> Redactor:
         """The values of variables named like secrets (``WANDB_API_KEY``, ``HF_TOKEN``), but
         paths (``GOOGLE_APPLICATION_CREDENTIALS`` names a file, not a secret)."""
-        return cls(v for k, v in environ.items() if is_secret_name(k) and not v.startswith(("/", "~", ".")))
+        return cls(v for k, v in environ.items()
+                   if is_secret_name(k) and (not v.startswith(("/", "~", ".")) or _password_name(k)))
 
     def spans(self, text: str) -> list[Span]:
         """The (start, end) ranges to hide, sorted and merged."""

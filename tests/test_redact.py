@@ -199,6 +199,9 @@ def test_the_environments_secret_values_are_hidden_wherever_they_appear():
     ("redis://:PW/b=c@127.0.0.1:6379/0", f"redis://:{MARK}@127.0.0.1:6379/0"),
     ("redis://:pw/@h:1/0", f"redis://:{MARK}@h:1/0"),
     ("redis://:pre?x=tail@h/0", f"redis://:{MARK}@h/0"),
+    # ... even where digits come first, like a port (an '=' is a query's only after a '?')
+    ("https://user:12/ab==@host/path", f"https://user:{MARK}@host/path"),
+    ("amqp://guest:12345/=x@rabbit:5672/v", f"amqp://guest:{MARK}@rabbit:5672/v"),
     # token shapes inside a name; npm and Google OAuth tokens; --pwd
     ("/data/run_hf_AbCdEf0123456789XYZ/x", f"/data/run_hf_{MARK}/x"),
     ("clone-ghp_AbCdEf0123456789XYZab", f"clone-ghp_{MARK}"),
@@ -208,6 +211,16 @@ def test_the_environments_secret_values_are_hidden_wherever_they_appear():
 ])
 def test_odd_spellings(text, expected):
     assert R.redact(text) == expected
+
+
+def test_a_password_from_the_environment_is_known_even_where_it_looks_like_a_path():
+    """``commscope run`` hands a store URL's password to the ranks in
+    $COMMSCOPE_REDIS_PASSWORD: one starting with '/' was skipped as a path (helper-80);
+    a variable naming a file of credentials still is."""
+    r = Redactor.from_environ({"COMMSCOPE_REDIS_PASSWORD": "/xK9pQ2mZ7",
+                               "GOOGLE_APPLICATION_CREDENTIALS": "/home/me/key.json"})
+    assert r.redact("AUTH /xK9pQ2mZ7 failed") == f"AUTH {MARK} failed"
+    assert r.redact("reading /home/me/key.json") == "reading /home/me/key.json"
 
 
 def test_the_module_functions_use_this_processs_environment(monkeypatch):

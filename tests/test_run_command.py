@@ -234,3 +234,11 @@ def test_run_hands_a_redis_password_to_the_job_in_the_environment_not_the_store_
         assert not any(secret in str(e) for e in events)
     finally:
         admin.execute_command("ACL", "DELUSER", "ranks")
+
+
+def test_run_refuses_a_store_url_its_ranks_could_not_open_without_showing_its_password(tmp_path):
+    """A password holding an unencoded '/' cuts the URL short: refused before the command
+    starts (exit 2), the password in no line (``run`` printed it three times, helper-80)."""
+    proc = commscope("run", "--store", "redis://:12/ab==@localhost:6379/0", "--", sys.executable, "-c", "print(1)")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "percent-encode" in proc.stderr and "ab==" not in proc.stderr and "12/" not in proc.stderr

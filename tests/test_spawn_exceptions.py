@@ -135,3 +135,23 @@ def test_sys_exit_code_is_on_the_exit_event(tmp_path):
     assert errors and all(f["culprits"] == [1] for f in errors), errors
     assert not [f for f in errors if f["kind"] == "rank_crashed"], errors
     assert all(0 not in f["culprits"] for f in out["findings"]), out["findings"]
+
+
+def test_sys_exit_under_the_recorder_raises_what_it_raises_without_it():
+    """The recorder's ``sys.exit`` notes the code and calls the one it replaced: a keyword
+    argument, or two, raise the built-in's TypeError as ever (helper-80: SystemExit)."""
+    import sys
+
+    from commscope.record import recorder
+
+    recorder._install_exit_hook()
+    try:
+        for args, kwargs in (((), {"status": 2}), ((1, 2), {})):
+            with pytest.raises(TypeError):
+                sys.exit(*args, **kwargs)
+        with pytest.raises(SystemExit) as got:
+            sys.exit(3)
+        assert got.value.code == 3
+    finally:
+        recorder._remove_exit_hooks()
+    assert sys.exit is recorder._builtin_sys_exit

@@ -478,10 +478,14 @@ class Recorder:
         if self.incarnation < 0:
             self.incarnation = 0
         meta = self._meta()
+        attempt = jobid.job_attempt()  # (which attempt of a torchrun run, as rank 0 says: check finds the others)
+        if attempt is not None:
+            meta["attempt"] = attempt
         try:
             writer = open_writer(self.store, self.job, self.rank, job_meta={
                 "created": self.started_ns, "world_size": meta["world_size"], "backend": meta["backend"],
                 "schema": events.SCHEMA_VERSION, "commscope": __version__, "host": meta["host"],
+                **({} if attempt is None else {"attempt": attempt}),
             }, incarnation=self.incarnation, connect_timeout=timeout)
         except StoreError as exc:
             self._open_spool()  # the records wait there meanwhile
@@ -705,16 +709,17 @@ _prev_sys_exit: Any = None
 _builtin_sys_exit = sys.exit
 
 
-def _sys_exit(status: Any = None) -> None:
+def _sys_exit(*args: Any, **kwargs: Any) -> None:
     """``sys.exit``: the recorder notes the code the process asks to leave with (its ``exit``
     event says it), and, when a launcher's wrapper (``EXCEPTION_EXITS``) leaves this way on
     the exception the rank's function raised, that exception as the rank's crash.  Then
     the ``sys.exit`` that was installed raises ``SystemExit`` as ever."""
-    try:
-        _note_sys_exit(status, sys._getframe(1))
-    except Exception:  # never in the way of an exit
-        pass
-    (_prev_sys_exit or _builtin_sys_exit)(status)
+    if len(args) <= 1 and not kwargs:  # (else the real one raises its TypeError, as ever)
+        try:
+            _note_sys_exit(args[0] if args else None, sys._getframe(1))
+        except Exception:  # never in the way of an exit
+            pass
+    (_prev_sys_exit or _builtin_sys_exit)(*args, **kwargs)
 
 
 def _note_sys_exit(status: Any, caller: Any) -> None:

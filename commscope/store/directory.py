@@ -152,7 +152,7 @@ def check_owner(root: Path, job_dir: Path) -> None:
     me = os.getuid()
     try:
         st = os.stat(root)
-        if st.st_uid not in (me, 0) and st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        if st.st_uid != me and st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
             raise StoreError(f"refusing to write trace store {root}: it belongs to {owner_name(st.st_uid)} and "
                              f"anyone may write it (mode {stat.S_IMODE(st.st_mode):04o}, no sticky bit), so "
                              "another user could put a directory of theirs in place of this job's (choose a "
