@@ -115,6 +115,9 @@ RawEvent = TypedDict("RawEvent", {
     "store": Text | None, "fr": bool | None, "local_rank": Count | None, "fr_version": Name | None,
     "recorder": Name | None, "names": Annotated[list[Name], Meta(max_length=4096)] | None,
     "dtypes": Annotated[list[Name], Meta(max_length=4096)] | None,
+    # (which attempt of a torchrun run the job is, 0 first: rank 0's TORCHELASTIC_RESTART_COUNT;
+    # absent outside torchrun and in traces recorded before it was written)
+    "attempt": Count | None,
     # group
     "granks": list[Rank], "desc": Name, "gid": Annotated[int, Meta(ge=0, le=MAX_RANK)],
     # (a carried group: the rank's collectives of it so far, seqs dfrom to dseq, as one digest:
@@ -190,6 +193,7 @@ class JobMeta(TypedDict, total=False):
     maxlen: Count | None
     source: Name | None
     copied_from: Text | None
+    attempt: Count | None  # (as each rank's meta states it: ``RawEvent``)
 
 
 _DECODER = msgspec.json.Decoder(RawEvent)

@@ -162,6 +162,10 @@ DRAWN_BASE = re.compile(r"^(?P<ts>[0-9]{8}-[0-9]{6})-(?P<key>[0-9a-f]{6})$")
 #: Earlier attempts ``check`` reads and judges at most (the newest); older ones are only
 #: named (each is a whole trace: a 16k-rank run restarted often would cost a read each)
 MAX_EARLIER = 2
+#: Earlier attempts named at most, one line each (the newest); the others are counted
+MAX_LISTED = 4
+#: Jobs whose metadata is read at most to find the earlier attempts (one small read each)
+MAX_LOOKED_AT = 64
 
 
 class Attempt(NamedTuple):
@@ -173,7 +177,8 @@ class Attempt(NamedTuple):
 
 def parse_attempt(job: str | None) -> Attempt | None:
     """The run and attempt a job id names, or None for the id of no torchrun attempt (a job
-    run otherwise, or recorded before ids said so)."""
+    run otherwise, or recorded before ids said so).  An id alone proves nothing (a user's
+    ``--job ablation-a2``): ``restarts`` asks the job's metadata too."""
     m = ATTEMPT_ID.match(job or "")
     if m is None:
         return None
@@ -183,32 +188,79 @@ def parse_attempt(job: str | None) -> Attempt | None:
     return Attempt(m["base"], int(m["n"]), "", m["base"])
 
 
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def stated_attempt(reader: TraceReader, model: TraceModel | None = None) -> int | None:
+    """Which attempt of a torchrun run its recorder said the job is (``attempt`` in each rank's
+    meta, rank 0's count, and in the job's metadata): the ranks' metas where ``model`` holds
+    any that say one (all alike, else rank 0's), else the job's metadata; None where nothing
+    says (not torchrun, or recorded before commscope wrote it)."""
+    if model is not None:
+        said = {r: n for r, rt in model.ranks.items() if rt.meta and (n := _count(rt.meta.get("attempt"))) is not None}
+        if said:
+            values = set(said.values())
+            return values.pop() if len(values) == 1 else said.get(0)
+    try:
+        job = reader.job() or {}
+    except Exception:
+        return None
+    return _count(job.get("attempt"))
+
+
+def _job_attempt(row, name: str, job: str) -> int | None:
+    """The attempt job ``job`` of store ``name`` says it is in its metadata (None: it says none)."""
+    try:
+        reader = row.reader(row.with_job(name, job), wait=False)
+    except Exception:
+        return None
+    try:
+        return stated_attempt(reader)
+    finally:
+        close = getattr(reader, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:
+                pass
+
+
 class EarlierAttempt(NamedTuple):
     number: int
-    job: str | None  # None: the store holds no trace of it
-    name: str | None  # the store name that opens exactly that job
+    job: str
+    name: str  # the store name that opens exactly that job
 
 
 class Restarts(NamedTuple):
-    """The job read is attempt ``attempt`` (> 0) of a torchrun run that restarted."""
+    """The job read is attempt ``attempt`` (> 0) of a torchrun run that restarted:
+    ``attempt`` earlier attempts, each either in ``earlier``, or in ``untraced``, or in
+    ``unlisted``."""
 
     attempt: int
     run: str
-    earlier: list[EarlierAttempt]  # newest first, one per earlier attempt
-    listed: bool  # False: the store cannot list its jobs, so ``earlier`` holds no job
+    earlier: list[EarlierAttempt]  # the newest found in the store, newest first (MAX_LISTED at most)
+    untraced: int  # earlier attempts of which the store holds no job (among those looked for)
+    unlisted: int  # the others: found but older than those listed, or not looked for
+    listed: bool  # False: the store cannot list its jobs, so none was looked for
 
 
-def restarts(store: str | os.PathLike | None, reader: TraceReader) -> Restarts | None:
-    """When the job ``reader`` read is attempt N > 0 of a torchrun run, its earlier attempts
-    found in the same store (None otherwise).  Each earlier attempt is the newest job of the
-    run with that number that is older than the attempt after it; a run's attempts are
-    walked back in time, and a job of the run numbered higher than the one expected (an
-    older run with the same ``--rdzv-id``) ends the walk.  An attempt of which the store
-    holds no job (it died before ``init_process_group`` returned, or was not recorded
-    here) is listed without one."""
+def restarts(store: str | os.PathLike | None, reader: TraceReader, model: TraceModel | None = None
+             ) -> Restarts | None:
+    """When the job ``reader`` read (``model``: what it read, where loaded) is attempt N > 0 of
+    a torchrun run, its earlier attempts found in the same store (None otherwise).  A job is
+    an attempt only where its id names the attempt and its recorder said so too (``attempt``
+    in its ranks' metas, ``stated_attempt``): a user's job named like one (``--job
+    ablation-a2``), or one recorded before commscope wrote it, is none.  Each earlier attempt
+    is the newest job of the run with that number, older than the attempt after it, whose
+    metadata says that number; a run's attempts are walked back in time, and a job of the
+    run numbered higher than the one expected (an older run with the same ``--rdzv-id``)
+    ends the walk.  At most ``MAX_LISTED`` are listed and ``MAX_LOOKED_AT`` jobs' metadata
+    read: the rest are counted (an attempt of which the store holds no job died before
+    ``init_process_group`` returned, or was not recorded here)."""
     job = reader.job_name()
     me = parse_attempt(job)
-    if me is None or me.number == 0:
+    if me is None or me.number == 0 or stated_attempt(reader, model) != me.number:
         return None
     job_dir = getattr(reader, "job_dir", None)  # (a directory store's job: its store is the directory above)
     name = str(job_dir.parent) if job_dir is not None else default_store(store)
@@ -219,27 +271,30 @@ def restarts(store: str | os.PathLike | None, reader: TraceReader) -> Restarts |
             found = row.jobs(name)
         except Exception:
             found = None
-    earlier: dict[int, str] = {}
-    if found:
-        mine = []
-        for other in found:
-            a = parse_attempt(other)
-            if a is None and me.base is not None and other == me.base:
-                a = Attempt(me.run, 0, "", me.base)
-            if a is not None and (a.run, a.base is None) == (me.run, me.base is None) and other != job and (a.order, a.number) <= (me.order, me.number):
-                mine.append(((a.order, a.number), a.number, other))
-        expect = me.number - 1
-        for _, number, other in sorted(mine, reverse=True):
-            if number > expect or expect < 0:
-                break
-            if number == expect:
-                earlier[number] = other
-                expect -= 1
-            else:  # (attempts in between left no trace)
-                earlier[number] = other
-                expect = number - 1
-    if me.base is not None and not earlier:
-        return None  # (a name of the user's that ends like an attempt's, "exp-a1", with no attempt before it)
-    return Restarts(me.number, me.run, [
-        EarlierAttempt(n, earlier.get(n), row.with_job(name, earlier[n]) if n in earlier else None)
-        for n in range(me.number - 1, -1, -1)], found is not None)
+    if found is None:
+        return Restarts(me.number, me.run, [], 0, me.number, False)
+    mine = []
+    for other in found:
+        # (a given base is attempt 0's own id, even where it ends like an attempt's: "exp-a2")
+        a = Attempt(me.run, 0, "", me.base) if me.base is not None and other == me.base else parse_attempt(other)
+        if a is not None and (a.run, a.base is None) == (me.run, me.base is None) and other != job \
+                and (a.order, a.number) <= (me.order, me.number):
+            mine.append(((a.order, a.number), a.number, other))
+    earlier: list[EarlierAttempt] = []
+    expect, lowest, looked, traced, walked_all = me.number - 1, me.number, 0, 0, True
+    for _, number, other in sorted(mine, reverse=True):
+        if number > expect or expect < 0:
+            break
+        if looked >= MAX_LOOKED_AT:
+            walked_all = False
+            break
+        looked += 1
+        if _job_attempt(row, name, other) != number:
+            continue  # (named like an attempt of the run, but its recorder did not say so)
+        if len(earlier) < MAX_LISTED:
+            earlier.append(EarlierAttempt(number, other, row.with_job(name, other)))
+        traced += 1
+        lowest, expect = number, number - 1
+    # (where the walk stopped early, the attempts below the oldest one found were not looked for)
+    untraced = (me.number if walked_all else me.number - lowest) - traced
+    return Restarts(me.number, me.run, earlier, untraced, me.number - len(earlier) - untraced, True)

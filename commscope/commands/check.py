@@ -29,7 +29,7 @@ from commscope.analysis.findings import ERROR, Finding
 from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
 from commscope.analysis.rankstate import stopped_by
-from commscope.analysis.source import MAX_EARLIER, load_trace, restarts
+from commscope.analysis.source import MAX_EARLIER, MAX_LISTED, load_trace, restarts
 from commscope.commands import options, progress
 from commscope.errors import UsageError
 from commscope.redact import redact
@@ -77,37 +77,35 @@ def judged(model: TraceModel, hang_after: float) -> tuple[int, list[Finding]]:
 
 
 # ---------------------------------------------------------------------- torchrun restarts
-def restarted(store: Any, reader: Any, hang_after: float | None = None) -> dict[str, Any] | None:
-    """When the job read is attempt N > 0 of a torchrun run: its earlier attempts in the
-    same store, each judged as ``check`` judges a trace (the newest ``MAX_EARLIER``), for
-    ``--json``'s ``restarts``; None for any other job.  ``hang_after``: as given (None: each
-    attempt's own recorded value)."""
-    r = restarts(store, reader)
+def restarted(store: Any, reader: Any, hang_after: float | None = None, model: TraceModel | None = None
+              ) -> dict[str, Any] | None:
+    """When the job read (``model``: what was read of it) is attempt N > 0 of a torchrun run:
+    its earlier attempts found in the same store, the newest ``MAX_LISTED`` named and the
+    newest ``MAX_EARLIER`` of those judged as ``check`` judges a trace, the others counted
+    (``untraced``: no job of theirs in the store; ``unlisted``: found but older, or not
+    looked for), for ``--json``'s ``restarts``; None for any other job.  ``hang_after``: as
+    given (None: each attempt's own recorded value)."""
+    r = restarts(store, reader, model)
     if r is None:
         return None
     earlier: list[dict[str, Any]] = []
     for i, e in enumerate(r.earlier):
-        row: dict[str, Any] = {"attempt": e.number, "job": e.job}
-        if e.job is None or e.name is None:
-            row["store"] = None
-            row["note"] = ("no trace in this store: the attempt ended before init_process_group returned, or "
-                           "was recorded elsewhere" if r.listed else "not looked for: this store cannot list its jobs")
-        elif i >= MAX_EARLIER:
-            row["store"] = redact(e.name)
+        row: dict[str, Any] = {"attempt": e.number, "job": e.job, "store": redact(e.name)}
+        if i >= MAX_EARLIER:
             row["note"] = f"not read: check judges the {MAX_EARLIER} newest earlier attempts"
         else:
-            row["store"] = redact(e.name)
             try:
-                model, _, _ = load_trace(e.name)
+                loaded, _, _ = load_trace(e.name)
             except UsageError as exc:
                 row["note"] = f"could not be read: {exc}"
             else:
-                _, findings = judged(model, hang_after if hang_after is not None else default_hang_after(model))
+                _, findings = judged(loaded, hang_after if hang_after is not None else default_hang_after(loaded))
                 errors = [f for f in findings if f.severity == ERROR]
-                row.update(ranks=model.world_size, errors=len(errors), warnings=len(findings) - len(errors),
+                row.update(ranks=loaded.world_size, errors=len(errors), warnings=len(findings) - len(errors),
                            findings=[f.to_json() for f in findings])
         earlier.append(row)
-    return {"attempt": r.attempt, "run": r.run, "earlier": earlier}
+    return {"attempt": r.attempt, "run": r.run, "earlier": earlier, "untraced": r.untraced,
+            "unlisted": r.unlisted, "listed": r.listed}
 
 
 #: Characters of an earlier attempt's finding message a warning quotes at most.
@@ -115,8 +113,9 @@ QUOTED = 240
 
 
 def restart_warnings(restart: dict[str, Any] | None) -> list[str]:
-    """One line per earlier attempt: how it ended (its first error finding, or why there is
-    none to show) and the command that checks it whole."""
+    """One line per earlier attempt listed: how it ended (its first error finding, or why
+    there is none to show) and the command that checks it whole; then one line each for
+    the attempts that left no trace and those not listed, counted."""
     if restart is None:
         return []
     lines = [f"this is attempt {restart['attempt']} of torchrun run {restart['run']}, which restarted: the findings "
@@ -126,7 +125,7 @@ def restart_warnings(restart: dict[str, Any] | None) -> list[str]:
         named = f"attempt {n} (job {job})"
         see = f"; commscope check {shlex.quote(row['store'])}" if row.get("store") else ""
         if "findings" not in row:
-            lines.append(f"attempt {n}: {row['note']}" if job is None else f"{named}: {row['note']}{see}")
+            lines.append(f"{named}: {row['note']}{see}")
             continue
         errors = [f for f in row["findings"] if f["severity"] == ERROR]
         if not errors:
@@ -139,6 +138,13 @@ def restart_warnings(restart: dict[str, Any] | None) -> list[str]:
         culprits = ranges(first["culprits"]) or "-"
         more = f" (and {len(errors) - 1} more error finding(s))" if len(errors) > 1 else ""
         lines.append(f"{named} failed: {first['kind']}, culprits {culprits}: {message}{more}{see}")
+    if restart.get("untraced"):
+        lines.append(f"{restart['untraced']:,} earlier attempt(s) left no trace in this store: they ended before "
+                     "init_process_group returned, or were recorded elsewhere")
+    if restart.get("unlisted"):
+        lines.append(f"{restart['unlisted']:,} older attempt(s) not listed (check names the {MAX_LISTED} newest found)"
+                     if restart.get("listed", True) else
+                     f"{restart['unlisted']:,} earlier attempt(s) not looked for: this store cannot list its jobs")
     return lines
 
 
@@ -149,7 +155,7 @@ def main(args: argparse.Namespace) -> int:
     with progress.status(f"diagnosing {len(model.ranks):,} ranks", shown):
         now, findings = judged(model, hang_after)
     with progress.status("judging the run's earlier attempts", shown):
-        restart = restarted(args.store, reader, args.hang_after)
+        restart = restarted(args.store, reader, args.hang_after, model)
     warnings = [*warnings, *restart_warnings(restart)]
     if getattr(args, "py_spy", False):
         native_dumps(model, findings)
@@ -173,7 +179,7 @@ def check_store(store: str, *, json: bool = False, console: Any = None) -> int:
         return 2
     hang_after = default_hang_after(model)
     now, findings = judged(model, hang_after)
-    restart = restarted(store, reader)
+    restart = restarted(store, reader, model=model)
     warnings = [*warnings, *restart_warnings(restart)]
     if json:
         out = to_json(model, findings, warnings, hang_after, now, redact(reader.description), reader.stats, restart)

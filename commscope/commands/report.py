@@ -306,21 +306,25 @@ def to_csv(rep: dict[str, Any]) -> str:
     return buf.getvalue()
 
 
-def restart_note(store: Any, reader: Any) -> tuple[dict[str, Any] | None, list[str]]:
-    """For a job that is attempt N > 0 of a torchrun run: its earlier attempts in the store
-    (for ``--json``) and a warning naming them; (None, []) for any other job."""
+def restart_note(store: Any, reader: Any, model: Any = None) -> tuple[dict[str, Any] | None, list[str]]:
+    """For a job that is attempt N > 0 of a torchrun run (``analysis.source.restarts``): its
+    earlier attempts found in the store, the newest few named, the others counted (for
+    ``--json``) and a warning naming them; (None, []) for any other job."""
     from commscope.analysis.source import restarts
 
-    r = restarts(store, reader)
+    r = restarts(store, reader, model)
     if r is None:
         return None, []
-    earlier = [{"attempt": e.number, "job": e.job, "store": redact(e.name) if e.name else None} for e in r.earlier]
-    named = "; ".join(f"attempt {e['attempt']}: " + (f"commscope check {shlex.quote(e['store'])}" if e["store"]
-                                                      else "no trace in this store" if r.listed else "not looked for")
-                      for e in earlier)
-    return ({"attempt": r.attempt, "run": r.run, "earlier": earlier},
+    earlier = [{"attempt": e.number, "job": e.job, "store": redact(e.name)} for e in r.earlier]
+    parts = [f"attempt {e['attempt']}: commscope check {shlex.quote(e['store'])}" for e in earlier]
+    if r.untraced:
+        parts.append(f"{r.untraced:,} with no trace in this store")
+    if r.unlisted:
+        parts.append(f"{r.unlisted:,} older not listed" if r.listed else f"{r.unlisted:,} not looked for")
+    return ({"attempt": r.attempt, "run": r.run, "earlier": earlier, "untraced": r.untraced,
+             "unlisted": r.unlisted, "listed": r.listed},
             [f"this is attempt {r.attempt} of torchrun run {r.run}, which restarted: these tables are this "
-             f"attempt's ({named})"])
+             f"attempt's ({'; '.join(parts)})"])
 
 
 def main(args: argparse.Namespace) -> int:
@@ -331,7 +335,7 @@ def main(args: argparse.Namespace) -> int:
     model, reader, warnings = progress.load(args.store, shown, since=options.since_of(args))
     with progress.status(f"summarizing {len(model.ranks):,} ranks", shown):
         rep = compute_report(model, top_sites=args.top)
-    restart, restart_warnings = restart_note(args.store, reader)
+    restart, restart_warnings = restart_note(args.store, reader, model)
     warnings = [*warnings, *restart_warnings]
     if snapshots.is_snapshot(model):  # (its tables were empty or 0 ns, unexplained: helper-67)
         warnings = [*warnings, "this is a snapshot (commscope snapshot): it holds where each rank was, not "

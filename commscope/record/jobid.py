@@ -91,7 +91,24 @@ def sanitize(job: str) -> str:
 
 
 def _key() -> str:
-    return "commscope/job/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return "commscope/job/" + os.environ.get(ENV_RESTART, "0")
+
+
+#: Where rank 0 also publishes, whatever its attempt: a rank whose own attempt count is lower
+#: than rank 0's (a replacement node's torchrun agent counts from 0 while the others' went
+#: on: ``TORCHELASTIC_RESTART_COUNT`` is per agent) reads rank 0's id here.
+LAST_KEY = "commscope/job/last"
+
+#: The attempt this process's job is, as rank 0 stated it (``settle``/``publish``); None:
+#: not agreed yet (``job_attempt`` then says this process's own).
+_agreed: int | None = None
+
+
+def job_attempt() -> int | None:
+    """Which attempt of its torchrun run this process's job is (the recorder writes it in each
+    rank's meta, ``attempt``): rank 0's count once agreed, else this process's own; None
+    outside torchrun."""
+    return _agreed if _agreed is not None else attempt()
 
 
 def _store():
@@ -100,23 +117,69 @@ def _store():
     return c10d._get_default_store()
 
 
+class Published(NamedTuple):
+    job: str
+    incarnation: int
+    run: str
+    attempt: int | None  # rank 0's attempt count (None: not torchrun, or an older commscope)
+
+
+def _value(job: str, incarnation: int, run: str) -> str:
+    n = attempt()
+    return f"{job} {incarnation} {run} {'-' if n is None else n}"
+
+
+def _parse(raw: bytes) -> Published:
+    value = raw.decode(errors="replace").split()
+    n = value[3] if len(value) > 3 else ""
+    return Published(sanitize(value[0]) if value else "",
+                     int(value[1]) if len(value) > 1 and value[1].isdigit() and len(value[1]) < 12 else 0,
+                     value[2][:32] if len(value) > 2 else "?",
+                     int(n) if n.isdigit() and len(n) < 9 else None)
+
+
+def _publish0(store, value: str) -> None:
+    """Rank 0: under its own attempt's key (a store that outlives an attempt, torchrun's agent
+    store, keeps earlier attempts' keys: the others read theirs) and under ``LAST_KEY``."""
+    store.set(_key(), value)
+    store.set(LAST_KEY, value)
+
+
+def _newer(store, mine: Published | None) -> Published | None:
+    """Rank 0's value under ``LAST_KEY`` when its attempt is later than this process's own
+    (this rank's agent counted from 0 again: rank 0's count decides), else ``mine``."""
+    own = attempt()
+    if own is None or not store.check([LAST_KEY]):
+        return mine
+    last = _parse(store.get(LAST_KEY))
+    return last if last.attempt is not None and last.attempt > own else mine
+
+
+def _take(theirs: Published) -> Published:
+    global _agreed
+    _agreed = theirs.attempt if theirs.attempt is not None else attempt()
+    return theirs
+
+
 def publish(rank: int) -> str | None:
-    """Called once the process group exists: rank 0 publishes a new id (one quick ``set``);
+    """Called once the process group exists: rank 0 publishes a new id (quick ``set``s);
     other ranks take it if it is already there.  Never waits."""
+    global _agreed
     env = os.environ.get(ENV_JOB)
-    if env:
-        return attempt_job_id(env)
     try:
         store = _store()
         if rank == 0:
-            job = attempt_job_id()
-            store.set(_key(), job)
+            job = attempt_job_id(env) if env else attempt_job_id()
+            _publish0(store, _value(job, 0, "?"))
+            _agreed = attempt()
             return job
-        if store.check([_key()]):
-            return sanitize(store.get(_key()).decode().split()[0])
+        mine = _parse(store.get(_key())) if store.check([_key()]) else None
+        theirs = _newer(store, mine)
+        if theirs is not None and theirs.job:
+            return _take(theirs).job
     except Exception:
         pass
-    return None
+    return attempt_job_id(env) if env else None
 
 
 class Settled(NamedTuple):
@@ -125,28 +188,46 @@ class Settled(NamedTuple):
     run: str  # this run of the job (a nonce rank 0 draws): forwarders keep runs apart
 
 
+#: How long one wait for rank 0's key lasts before ``LAST_KEY`` is looked at again.
+SLICE_S = 0.5
+
+
 def settle(rank: int, job: str | None, incarnation: int, timeout: float = 5.0) -> Settled:
     """The job id, incarnation and run agreed with rank 0, right after ``init_process_group``,
     on the training thread (the only place a blocking ``wait`` on the c10d store is safe:
-    nobody else uses the client then).  Rank 0 publishes "<job> <incarnation> <run>" (its
-    job, or a new one); the others wait for it, at most ``timeout``.  The incarnation is
-    the larger of this process's own count and rank 0's, so ranks that restart together
-    agree."""
+    nobody else uses the client then).  Rank 0 publishes "<job> <incarnation> <run>
+    <attempt>" (its job, or a new one; with ``--job`` too, so that a rank whose torchrun agent
+    counts attempts from 0 again, a replacement node's, records into rank 0's attempt, not a
+    job of its own); the others wait for it, at most ``timeout``.  The incarnation is the
+    larger of this process's own count and rank 0's, so ranks that restart together agree."""
+    global _agreed
+    from datetime import timedelta
+
     env = os.environ.get(ENV_JOB)
     try:
         store = _store()
         if rank == 0:
             job = attempt_job_id(env) if env else (job or attempt_job_id())
             run = secrets.token_hex(6)
-            store.set(_key(), f"{job} {incarnation} {run}")
+            _publish0(store, _value(job, incarnation, run))
+            _agreed = attempt()
             return Settled(job, incarnation, run)
-        from datetime import timedelta
-
-        store.wait([_key()], timedelta(seconds=timeout))
-        value = store.get(_key()).decode().split()
-        theirs = int(value[1]) if len(value) > 1 and value[1].isdigit() else 0
-        run = value[2][:32] if len(value) > 2 else "?"
-        return Settled(attempt_job_id(env) if env else sanitize(value[0]), max(incarnation, theirs), run)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                store.wait([_key()], timedelta(seconds=max(0.01, min(SLICE_S, left))))
+                theirs = _newer(store, _parse(store.get(_key())))
+                break
+            except Exception:
+                # (not there: rank 0 is slower, or publishes under an attempt count of its own)
+                theirs = _newer(store, None)
+                if theirs is not None or left <= SLICE_S:
+                    break
+        if theirs is None or not theirs.job:
+            raise LookupError("rank 0 published no job id in time")
+        _take(theirs)
+        return Settled(theirs.job, max(incarnation, theirs.incarnation), theirs.run)
     except Exception:
         return Settled(attempt_job_id(env) if env else job, incarnation, "?")
 
