@@ -638,14 +638,14 @@ def build(directory: Path | None = None, verbose: bool = False) -> Path:
     import numba  # noqa: F401 (first: without it, the build says so)
 
     os.environ[ENV_AOT] = "0"  # (every kernel compiled here: the build reads their types)
-    from commscope.private import make_private_dirs, why_unsafe
+    from commscope.private import make_dirs, why_unsafe
 
     directory = directory or build_dir()
     found = load_all()
     names = sorted(export_name(k) for k in found)
     # (the owner's alone whatever the umask: another user who could put a module here would
     # run code in every process that loads it)
-    make_private_dirs(directory)
+    make_dirs(directory)
     why = why_unsafe(directory.parent, directory, directory / ".lock")
     if why is not None:
         raise RuntimeError(f"refusing to build in {directory}: {why}")

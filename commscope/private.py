@@ -12,9 +12,10 @@ import stat
 from pathlib import Path
 
 
-def make_private_dirs(path: Path) -> None:
-    """``path`` and its missing parents, each created 0700 whatever the umask (what exists is
-    left as it is: ``why_unsafe`` judges it)."""
+def make_dirs(path: Path, mode: int = 0o700) -> None:
+    """``path`` and its missing parents, each created with exactly ``mode`` whatever the
+    umask (a 022 umask would open a store to every local user; 0 to writing too).  What
+    exists is left as it is (``why_unsafe`` judges a cache; a store's creator set its mode)."""
     missing = []
     p = Path(path)
     while not os.path.lexists(p):
@@ -24,10 +25,10 @@ def make_private_dirs(path: Path) -> None:
         p = p.parent
     for d in reversed(missing):
         try:
-            os.mkdir(d, 0o700)
+            os.mkdir(d, mode)
         except FileExistsError:
-            continue  # (another process made it: judged like any that exists)
-        os.chmod(d, 0o700)
+            continue  # (another process made it)
+        os.chmod(d, mode)
 
 
 def owner_name(uid: int) -> str:

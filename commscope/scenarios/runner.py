@@ -291,8 +291,8 @@ class DemoJob:
                 run_dir = Path(tempfile.mkdtemp(prefix=f"commscope-demo-{sc.name}-"))
                 self.temporary.append(str(run_dir))
             else:
+                from commscope.private import make_dirs
                 from commscope.store.directory import PRIVATE
-                from commscope.store.files import make_dirs
 
                 run_dir = Path(store).resolve() / self.job_id
                 make_dirs(run_dir, PRIVATE.dir)  # the owner's alone, as every store is (logs too)

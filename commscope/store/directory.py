@@ -42,6 +42,7 @@ from commscope.blocks import BlockDecoder, decode_alone, decode_stream
 from commscope.blockscan import Scan
 from commscope.events import Decoded, Event, gc_paused, incarnation_ids
 from commscope.oprecords import OpRecords
+from commscope.private import make_dirs
 from commscope.schema import decode_job
 from commscope.store import inflight, retention, segments
 from commscope.store.base import (
@@ -63,7 +64,6 @@ from commscope.store.files import (
     OpenFiles,
     atomic_write,
     create_file,
-    make_dirs,
     read_from,
     read_regular,
     size_of,

@@ -21,24 +21,6 @@ except ImportError:  # (not on Windows: files are then opened for each read)
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
-def make_dirs(path: Path, mode: int) -> None:
-    """``path`` and its missing parents, each created with exactly ``mode`` whatever the
-    umask (a 022 umask would open a store to every local user; 0 to writing too)."""
-    missing = []
-    p = path
-    while not p.exists():
-        missing.append(p)
-        if p.parent == p:
-            break
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, mode)
-        except FileExistsError:
-            continue  # another rank made it: its creator set the mode
-        os.chmod(d, mode)
-
-
 def create_file(path: Path, flags: int, mode: int) -> int:
     """Open ``path`` (``flags``), creating it with exactly ``mode`` if it does not exist."""
     try:

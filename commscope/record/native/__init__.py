@@ -158,9 +158,9 @@ def _build(directory: Path, verbose: bool) -> None:
     module into ``directory`` (atomic: readers see the whole file or none).  The directories
     are made 0700 and the module 0700, whatever the umask, and a directory another user
     could write is refused (``_refuse_unsafe``): every rank loads what lies there."""
-    from commscope.private import make_private_dirs
+    from commscope.private import make_dirs
 
-    make_private_dirs(directory)
+    make_dirs(directory)
     _refuse_unsafe(directory)
     if not verbose:
         print(f"commscope: building the native recorder for torch {_torch_version()} (once, ~30 s) in {directory}",
