@@ -127,7 +127,9 @@ def run_job(tmp_path, fn, extra: tuple = (), *, pg_timeout: float, hang_after: f
 
 def test_rank_killed_with_sigkill(tmp_path, capsys):
     live, _, store = run_job(tmp_path, W.killed, pg_timeout=60, hang_after=2.0, want=only("dead_rank", 1))
-    assert live.evidence["how"] == "vanished"
+    # (seen live, rank 1 vanished while its peers' ops failed; or its spool was forwarded
+    # already, whose end says it went without a word: killed, timed by its last sign of life)
+    assert live.evidence["how"] in ("vanished", "killed")
     out = finished(store, capsys)
     assert errors_of(out) == [("dead_rank", [1])]
     (dead,) = out["findings"]
