@@ -63,10 +63,6 @@ def main() -> None:
     rank, ws = dist.get_rank(), dist.get_world_size()
     dev = torch.device("cuda", torch.cuda.current_device()) if args.backend == "nccl" else torch.device("cpu")
 
-    deadline = torch.tensor([time.time() + args.hold], dtype=torch.float64, device=dev)
-    dist.all_reduce(deadline, op=dist.ReduceOp.MAX)
-    exit_at(float(deadline), rank, args.bug, 0.5 if rank == args.late_rank else 0.0)
-
     t = torch.ones(64, device=dev)
     nxt, prv = (rank + 1) % ws, (rank - 1) % ws
     for _ in range(5):  # healthy steps first
@@ -80,6 +76,11 @@ def main() -> None:
                 dist.recv(t, prv)
                 dist.send(t, nxt)
         time.sleep(0.2)
+    # The deadline is agreed just before the bug, so the hang is held --hold seconds however
+    # long the healthy steps took (on a loaded machine they can outlast a short hold).
+    deadline = torch.tensor([time.time() + args.hold], dtype=torch.float64, device=dev)
+    dist.all_reduce(deadline, op=dist.ReduceOp.MAX)
+    exit_at(float(deadline), rank, args.bug, 0.5 if rank == args.late_rank else 0.0)
     if rank == 0:
         print(f"deadlock_mismatch: injecting '{args.bug}'; hanging for {args.hold:g} s", flush=True)
 
