@@ -155,6 +155,47 @@ def test_a_job_stopped_as_a_whole_is_no_fault(how):
     assert "no findings: the trace looks healthy" in out.getvalue() and said in out.getvalue()
 
 
+@pytest.mark.parametrize("failed", [False, True], ids=["waiting", "op-failed"])
+@pytest.mark.parametrize("gap_s", [60.0, 6.0])
+def test_a_rank_stopped_by_a_signal_long_before_the_others_it_left_waiting_is_the_dead_rank(gap_s, failed):
+    """Rank 1 SIGTERMed by hand (its death handler notes it) after its third all_reduce;
+    ranks 0 and 2 wait for it in the fourth (rank 2's failing as its connection resets,
+    where ``failed``), beating, until a scancel stops them ``gap_s`` later.  Rank 1 went
+    first: dead_rank, not missing_ranks (helper-80), and the others are no culprits."""
+    b = TraceBuilder(3, hang_after=2.0)
+    t = b.warmup(3)
+    ids = {r: b.begin(r, t + r * MS, "all_reduce") for r in (0, 2)}
+    went = t + 5 * MS
+    b.exit(1, went, **SIGTERM)
+    if failed:
+        b.end(2, ids[2], went + MS, exc=RESET)
+    stop = went + int(gap_s * S)
+    b.heartbeats(b.t0, went, ranks=[1])
+    b.heartbeats(b.t0, stop - 500 * MS, ranks=[0, 2])
+    for r in (0, 2):
+        b.exit(r, stop + r * MS, **SIGTERM)
+    m = TraceModel.from_events(b.sorted_events())
+    assert _errors(m) == [("dead_rank", [1])]
+    assert ending(m, 0, m.end_ns) == ending(m, 2, m.end_ns) == "job stopped (SIGTERM)"
+
+
+def test_a_rank_stopped_by_the_same_scancel_a_moment_before_the_others_is_no_culprit():
+    """scancel: rank 1's SIGTERM lands a second before ranks 0 and 2's (another node), as
+    they wait in an all_reduce it has not entered: inside the dead threshold, one stop of
+    the whole job, no fault."""
+    b = TraceBuilder(3, hang_after=2.0)
+    t = b.warmup(3)
+    for r in (0, 2):
+        b.begin(r, t + r * MS, "all_reduce")
+    went = t + 5 * MS
+    b.exit(1, went, **SIGTERM)
+    b.heartbeats(b.t0, went, ranks=[0, 1, 2])
+    for r in (0, 2):
+        b.exit(r, went + S + r * MS, **SIGTERM)
+    assert _stopped_errors(b) == []
+
+
+
 SPAWNED = """
 import os, signal, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
 
@@ -196,3 +237,60 @@ def test_a_spawned_rank_sigkilled_is_the_dead_rank_and_the_ranks_spawn_stopped_a
     found = json.loads(check.stdout)["findings"]
     assert [(f["kind"], f["culprits"]) for f in found if f["severity"] == "error"] == [("dead_rank", [1])]
     assert not any(set(f["culprits"]) & {0, 2} for f in found), found
+
+
+STOPPED_FIRST = """
+import datetime, multiprocessing as mp, os, signal, sys, time, torch, torch.distributed as dist
+
+def worker(rank, port):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3,
+                            timeout=datetime.timedelta(seconds=300))
+    x = torch.ones(4)
+    for i in range(6):
+        if rank == 1 and i == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        try:
+            dist.all_reduce(x)
+        except RuntimeError:  # its peer is gone: it stays, as an NCCL rank would, until stopped
+            while True:
+                time.sleep(0.1)
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    ranks = [ctx.Process(target=worker, args=(r, int(sys.argv[1]))) for r in range(3)]
+    for p in ranks:
+        p.start()
+    ranks[1].join()
+    time.sleep(7.0)  # the others stay stuck on rank 1 past the dead threshold (5 s), then a scancel
+    for r in (0, 2):
+        os.kill(ranks[r].pid, signal.SIGTERM)
+    for p in ranks:
+        p.join()
+    print("codes", [p.exitcode for p in ranks])
+"""
+
+
+def test_a_real_rank_sigtermed_by_hand_before_a_scancel_is_the_dead_rank(tmp_path):
+    """Real ranks under ``commscope run``: rank 1 SIGTERMed (by hand, not by a launcher)
+    after three all_reduces; ranks 0 and 2 fail on it and stay until a scancel SIGTERMs them
+    7 s later.  Rank 1 went first: dead_rank [1] (op_failed [1] before, all three being
+    "stopped by SIGTERM"); nobody else is named."""
+    import json
+    import subprocess
+    import sys
+
+    from commscope.launch import free_port
+
+    script = tmp_path / "job.py"
+    script.write_text(STOPPED_FIRST)
+    store = str(tmp_path / "trace")
+    run = subprocess.run([sys.executable, "-m", "commscope", "run", "--store", store, "--", sys.executable,
+                          str(script), str(free_port())], capture_output=True, text=True, timeout=300)
+    assert "codes [-15, -15, -15]" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+    check = subprocess.run([sys.executable, "-m", "commscope", "check", store, "--json"], capture_output=True,
+                           text=True, timeout=300)
+    assert check.returncode == 1, check.stdout[-2000:] + check.stderr[-2000:]
+    found = json.loads(check.stdout)["findings"]
+    assert [(f["kind"], f["culprits"]) for f in found if f["severity"] == "error"] == [("dead_rank", [1])]
+    assert not any(set(f["culprits"]) & {0, 2} for f in found), found
+    assert "killed by SIGTERM" in found[0]["message"]

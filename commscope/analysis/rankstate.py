@@ -292,7 +292,9 @@ def left_early(m: TraceModel, rank: int, now: int) -> bool:
     """Gone while the job went on: exited or crashed, vanished, or silent past the dead
     threshold while other ranks kept writing.  Ranks that all stopped together (a job killed
     as a whole, or ended by its own deadline: every rank's ``os._exit(0)`` while some
-    waited in a hang) are judged as they were when they stopped: still waiting."""
+    waited in a hang) are judged as they were when they stopped: still waiting; but one they
+    waited for that went before them went first (``_stops``): gone otherwise, or stopped by
+    a signal of its own more than the dead threshold before the last of them."""
     ex = exited(m, rank)
     if ex is not None:
         if is_crash(ex) or current_op(m, rank) is None:
@@ -313,8 +315,13 @@ def left_early(m: TraceModel, rank: int, now: int) -> bool:
         t = departed_ns(m, rank) or int(k["ts"])
         if _went_on_after(m, t):
             return True
-        stops = _stops(m)  # (went first, and the others were stopped because it went: some of them waited for it)
-        return not stopped(k) and stops.latest > t and rank in stops.awaited
+        # (went first, and the others were stopped because it went: some of them waited for
+        # it.  One stopped by a signal too went first only where the others waited past the
+        # dead threshold: one stop of the whole job lands on every rank within it)
+        stops = _stops(m)
+        if rank not in stops.awaited:
+            return False
+        return stops.latest > t + (dead_after_ns(m, rank) if stopped(k) else 0)
     return m.end_ns - m.last_seen(rank) > dead_after_ns(m, rank)
 
 
