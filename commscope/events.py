@@ -123,7 +123,10 @@ import orjson
 from commscope import optable, schema
 from commscope.schema import SCHEMA_VERSION, Decoded
 
-__all__ = ["SCHEMA_VERSION", "Decoded", "Event", "TraceFormatError", "decode", "decode_lines", "encode",
+#: The hang_after (seconds) a rank records in its meta, and readers judge with, where nobody set one
+DEFAULT_HANG_AFTER = 30.0
+
+__all__ = ["DEFAULT_HANG_AFTER", "SCHEMA_VERSION", "Decoded", "Event", "TraceFormatError", "decode", "decode_lines", "encode",
            "encode_lines", "gc_paused", "signature_key"]
 
 OP = "op"

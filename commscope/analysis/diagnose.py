@@ -7,6 +7,7 @@ so a job that was killed while hung is judged as it was when it last wrote.
 
 from __future__ import annotations
 
+from commscope import events
 from commscope.analysis.collectives import (
     find_history_mismatches,
     find_mismatches,
@@ -23,7 +24,7 @@ from commscope.analysis.rankstate import snapshot
 from commscope.analysis.rootcause import resolve
 from commscope.analysis.snapshots import qualify
 
-DEFAULT_HANG_AFTER = 30.0
+DEFAULT_HANG_AFTER = events.DEFAULT_HANG_AFTER
 
 
 def trace_now(model: TraceModel) -> int:

@@ -43,7 +43,7 @@ from commscope.store.crashlog import crash_file_name
 
 ENV_HANG_AFTER = "COMMSCOPE_HANG_AFTER"
 ENV_JOB = "COMMSCOPE_JOB"
-DEFAULT_HANG_AFTER = 30.0
+DEFAULT_HANG_AFTER = events.DEFAULT_HANG_AFTER
 
 
 class Recorder:
