@@ -240,17 +240,20 @@ inline void put_header(uint8_t* p, uint8_t type, uint8_t flags, uint32_t len, in
   std::memcpy(p, &h, sizeof h);
 }
 
-// How many of a text's n bytes are kept, and whether it ends in kCutMark: all of one that
-// fits kMaxText; of a longer one, its whole words before byte kMaxText - kCutMarkLen. The
-// word the cut falls in is dropped whole: a text's credentials are masked later, in Python,
-// when its block is drained (blocks.mask_line), and half of one is no longer recognisable
-// there (a URL's password without the "@host" after it, a token's first half).
-inline bool cut_text(const char* text, size_t n, size_t* keep) {
-  if (n <= kMaxText) {
+// How many of a text's n bytes are kept in max bytes, and whether it ends in kCutMark: all
+// of one that fits max; of a longer one, its whole words before byte max - kCutMarkLen (so
+// that they and the mark fit max). The word the cut falls in is dropped whole: a text's
+// credentials are masked later, in Python, when its block is drained (blocks.mask_line) or
+// its spool read (std::terminate's what(), death.h), and half of one is no longer
+// recognisable there (a URL's password without the "@host" after it, a token's first
+// half). Records pass kMaxText. Allocates nothing and cannot throw (the terminate handler
+// calls it).
+inline bool cut_text(const char* text, size_t n, size_t max, size_t* keep) noexcept {
+  if (n <= max) {
     *keep = n;
     return false;
   }
-  size_t k = kMaxText - kCutMarkLen;
+  size_t k = max > kCutMarkLen ? max - kCutMarkLen : 0;
   while (k > 0 && !(text[k] == ' ' || text[k] == '\t' || text[k] == '\n' || text[k] == '\r' ||
                     text[k] == '\v' || text[k] == '\f'))
     k--;
@@ -260,7 +263,7 @@ inline bool cut_text(const char* text, size_t n, size_t* keep) {
 
 void write_text_record(uint8_t type, uint8_t flags, int64_t ts, uint64_t id, const char* text, size_t n) {
   size_t keep = 0;
-  const bool cut = cut_text(text, n, &keep);
+  const bool cut = cut_text(text, n, kMaxText, &keep);
   const size_t total = keep + (cut ? kCutMarkLen : 0);
   size_t len = sizeof(Header) + 2 + total;
   uint8_t* p = reserve(len);
@@ -291,7 +294,7 @@ void put_u16_text(std::string& out, const char* text, size_t n) {
 // put_u16_text of a text cut as write_text_record cuts one (cut_text).
 void put_u16_cut_text(std::string& out, const char* text, size_t n) {
   size_t keep = 0;
-  const bool cut = cut_text(text, n, &keep);
+  const bool cut = cut_text(text, n, kMaxText, &keep);
   uint16_t n16 = uint16_t(keep + (cut ? kCutMarkLen : 0));
   out.append(reinterpret_cast<const char*>(&n16), 2);
   out.append(text, keep);

@@ -67,11 +67,16 @@ void on_terminate() {
       what = e.what();
     } catch (...) {
     }
-    size_t nt = std::min(type.size(), sizeof h->term_type), nw = std::min(what.size(), sizeof h->term_what);
+    // what() is cut as a record's text is (buffer.h's cut_text), to its whole words and the
+    // mark, here in sizeof term_what: its credentials are masked when the spool is read, and
+    // half of one would no longer be recognisable there.
+    size_t nt = std::min(type.size(), sizeof h->term_type), nw = 0;
+    const bool cut = cut_text(what.data(), what.size(), sizeof h->term_what, &nw);
     std::memcpy(h->term_type, type.data(), nt);
     std::memcpy(h->term_what, what.data(), nw);
+    if (cut) std::memcpy(h->term_what + nw, kCutMark, kCutMarkLen);
     h->term_type_len = uint16_t(nt);
-    h->term_what_len = uint16_t(nw);
+    h->term_what_len = uint16_t(nw + (cut ? kCutMarkLen : 0));
     h->term_ns = now_ns();
     h->term_tid = thread_id();
     h->term_set.store(1, std::memory_order_release);
