@@ -92,7 +92,10 @@ Version 3 (spools, self-describing streams, incarnations):
                saw the process die of [signal] (src "launcher"); reason "os._exit";
                reason "signal" with [exc]: the C++ exception std::terminate was called
                with (src "spool": read from the dead rank's spool header);
-               unwaited_count: all async work never waited (``unwaited`` lists 1,000)
+               unwaited_count: all async work never waited (``unwaited`` lists 1,000);
+               [stop_signal, stop_ts] (native recorder): a stop signal (SIGTERM) the program's
+               own handler took, and when: the rank was told to stop with its job, whatever
+               ended it after (an exception, an exit, a SIGKILL)
     snapshot   (``commscope snapshot``, a job never instrumented; ``commscope/snapshot``)
                meta recorder "snapshot", hang_after the span of the snapshot's samples; op
                src "snapshot": the collective a stack shows the rank inside, its seq the

@@ -14,10 +14,11 @@ import io
 
 import pytest
 from rich.console import Console
+from trace_helpers import read_events
 
 from commscope.analysis import TraceModel
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
-from commscope.analysis.rankstate import ending
+from commscope.analysis.rankstate import ending, stopped_by
 from commscope.analysis.synth import S, TraceBuilder
 from commscope.commands.check import render
 
@@ -196,6 +197,151 @@ def test_a_rank_stopped_by_the_same_scancel_a_moment_before_the_others_is_no_cul
 
 
 
+# What a rank stopped by a signal long before the others is not (helper-83's review: each of
+# these read as dead_rank under the first form of the rule, a dead threshold apart)
+
+def _errors_at(b: TraceBuilder) -> list[tuple[str, list[int]]]:
+    m = TraceModel.from_events(b.sorted_events())
+    return [(f.kind, f.culprits) for f in diagnose(m, trace_now(m), default_hang_after(m)) if f.severity == "error"]
+
+
+@pytest.mark.parametrize("gap_s", [8.0, 40.0])
+def test_ranks_a_launcher_stopped_after_a_crash_are_no_culprits_however_late_the_other_node_stops(gap_s):
+    """torchrun on 2 nodes: rank 1 crashes, agent A SIGTERMs ranks 0 and 2 100 ms later,
+    node B waits in an all_reduce node A never entered until agent B stops it ``gap_s``
+    later: one root cause, the crash (ranks 0 and 2 were named dead beside it)."""
+    b = TraceBuilder(6, hang_after=30.0, sample_interval=1.0, ranks_per_host=3)
+    t = b.warmup(3)
+    for r in (3, 4, 5):
+        b.begin(r, t + r * MS, "all_reduce")
+    went = t + 50 * MS
+    b.exit(1, went, reason="exception", exc="Traceback (most recent call last):\nValueError: bad batch")
+    b.heartbeats(b.t0, went + 100 * MS, ranks=[0, 1, 2], interval=S)
+    for r in (0, 2):
+        b.exit(r, went + 100 * MS + r * MS, **SIGTERM)
+    stop = went + int(gap_s * S)
+    b.heartbeats(b.t0, stop - 200 * MS, ranks=[3, 4, 5], interval=S)
+    for r in (3, 4, 5):
+        b.exit(r, stop + r * MS, **SIGTERM)
+    assert _errors_at(b) == [("rank_crashed", [1])]
+
+
+@pytest.mark.parametrize("gap_s", [6.0, 25.0])
+def test_a_job_stopped_node_by_node_within_hang_after_is_no_fault(gap_s):
+    """An ssh/pkill loop: node A's ranks SIGTERMed while node B's wait in an all_reduce they
+    had not entered yet (computing); node B's SIGTERM lands ``gap_s`` later, within
+    hang_after (30 s): one stop of the whole job."""
+    b = TraceBuilder(6, hang_after=30.0, sample_interval=1.0, ranks_per_host=3)
+    t = b.warmup(3)
+    for r in (3, 4, 5):
+        b.begin(r, t + r * MS, "all_reduce")
+    went = t + 30 * MS
+    b.heartbeats(b.t0, went, ranks=[0, 1, 2], interval=S)
+    for r in (0, 1, 2):
+        b.exit(r, went + r * MS, **SIGTERM)
+    stop = went + int(gap_s * S)
+    b.heartbeats(b.t0, stop - 100 * MS, ranks=[3, 4, 5], interval=S)
+    for r in (3, 4, 5):
+        b.exit(r, stop + r * MS, **SIGTERM)
+    assert _errors_at(b) == []
+
+
+def test_a_rank_awaited_only_by_a_rank_stopped_with_it_did_not_go_first():
+    """Group a = {0, 1}: rank 0 waits a moment for rank 1, and both are stopped by the same
+    SIGTERM; ranks 2 and 3 (group b) waited for nobody and are stopped 40 s later.  Who
+    waited for rank 1 left with it: no fault (the waits of every stopped rank were pooled)."""
+    b = TraceBuilder(4, hang_after=30.0, sample_interval=1.0, ranks_per_host=2)
+    b.group("a", [0, 1])
+    b.group("b", [2, 3])
+    t = b.warmup(3)
+    t = b.collective(t, "all_reduce", "a") + MS
+    t = b.collective(t, "all_reduce", "b") + MS
+    b.begin(0, t, "all_reduce", "a")
+    went = t + 20 * MS
+    b.heartbeats(b.t0, went, ranks=[0, 1], interval=S)
+    for r in (0, 1):
+        b.exit(r, went + r * MS, **SIGTERM)
+    stop = went + 40 * S
+    b.heartbeats(b.t0, stop - 100 * MS, ranks=[2, 3], interval=S)
+    for r in (2, 3):
+        b.exit(r, stop + r * MS, **SIGTERM)
+    assert _errors_at(b) == []
+
+
+@pytest.mark.parametrize("kind", ["subgroups", "p2p"])
+def test_a_hang_before_a_stop_node_by_node_stays_the_hang(kind):
+    """Rank 0 stuck computing for 60 s; rank 1 waits for it, rank 2 for rank 1; then ranks 0
+    and 1 are stopped, rank 2 40 s later.  Rank 2 had waited for rank 1 past hang_after
+    before rank 1 was stopped: the stop did not cause that wait, and the finding is the hang
+    on rank 0 (dead_rank [0, 1] named rank 1, which was only waiting)."""
+    b = TraceBuilder(3, hang_after=30.0, sample_interval=1.0, ranks_per_host=2)
+    b.group("a", [0, 1])
+    b.group("b", [1, 2])
+    t = b.warmup(3)
+    t = b.collective(t, "all_reduce", "a") + MS
+    t = b.collective(t, "all_reduce", "b") + MS
+    if kind == "subgroups":
+        b.begin(1, t, "all_reduce", "a")
+        b.begin(2, t + MS, "all_reduce", "b")
+    else:
+        b.begin(1, t, "recv", peer=0, dir="recv")
+        b.begin(2, t + MS, "recv", peer=1, dir="recv")
+    stop = t + 60 * S
+    b.heartbeats(b.t0, stop, ranks=[0, 1], interval=S)
+    for r in (0, 1):
+        b.exit(r, stop + r * MS, **SIGTERM)
+    end = stop + 40 * S
+    b.heartbeats(b.t0, end - 100 * MS, ranks=[2], interval=S)
+    b.exit(2, end, **SIGTERM)
+    assert _errors_at(b) == [("missing_ranks" if kind == "subgroups" else "unmatched_p2p", [0])]
+
+
+
+def _scancel_with_a_handler(rank1_exit: dict, *, told_s: float | None = 0.001, killed_by_hand_s: float = 0.0):
+    """3 ranks in an all_reduce; ranks 0 and 2 die of SIGTERM at T; rank 1's own handler
+    takes its SIGTERM ``told_s`` after T (None: its exit notes none, as the Python recorder's
+    does), its op fails on the reset 5 ms after T + ``killed_by_hand_s``, and it leaves
+    (``rank1_exit``) 5 ms later."""
+    b = TraceBuilder(3, hang_after=2.0)
+    t = b.warmup(3)
+    ids = {r: b.begin(r, t + r * MS, "all_reduce") for r in (0, 1, 2)}
+    stop = t + 3 * S
+    fails = stop + int(killed_by_hand_s * S) + 5 * MS
+    b.heartbeats(b.t0, stop - 100 * MS)
+    b.heartbeats(stop, fails, ranks=[1])
+    for r in (0, 2):
+        b.exit(r, stop + r * MS, **SIGTERM)
+    b.end(1, ids[1], fails, exc=RESET)
+    told = {} if told_s is None else {"stop_signal": "Terminated", "stop_ts": fails - 5 * MS + int(told_s * S)}
+    b.exit(1, max(fails + 5 * MS, told.get("stop_ts", 0) + MS), **rank1_exit, **told)
+    return TraceModel.from_events(b.sorted_events())
+
+
+@pytest.mark.parametrize("told_s", [0.001, -0.004], ids=["told-after-the-others-went", "told-first"])
+@pytest.mark.parametrize("rank1_exit", [{"reason": "exception", "exc": RESET}, {"reason": "atexit", "code": 1}],
+                         ids=["raised", "exited"])
+def test_a_scancel_on_a_rank_with_its_own_sigterm_handler_is_no_fault(rank1_exit, told_s):
+    """scancel: ranks 0 and 2 die of SIGTERM; rank 1's own handler takes it (it lives on,
+    checkpointing), its all_reduce fails on the reset and it leaves.  The native recorder
+    notes the handled signal in its exit (``stop_signal``, ``stop_ts``): the whole job was
+    stopped, no fault (helper-80: dead_rank naming ranks 0 and 2, the victims)."""
+    m = _scancel_with_a_handler(rank1_exit, told_s=told_s)
+    found = diagnose(m, trace_now(m), default_hang_after(m))
+    assert [(f.kind, f.culprits) for f in found] == []
+    assert stopped_by(m) == ["SIGTERM"]
+    assert ending(m, 1, m.end_ns) == "job stopped (SIGTERM, handled)"
+    assert ending(m, 0, m.end_ns) == ending(m, 2, m.end_ns) == "job stopped (SIGTERM)"
+
+
+def test_a_rank_told_to_stop_a_minute_after_its_op_failed_on_ranks_sigtermed_by_hand_blames_them():
+    """Ranks 0 and 2 SIGTERMed by hand; rank 1's op fails on them at once, and only a minute
+    later does a scancel reach rank 1's own handler: what rank 1 did before it was told
+    counts, and the job went on after ranks 0 and 2 (one finding naming both)."""
+    m = _scancel_with_a_handler({"reason": "atexit", "code": 1}, told_s=60.0)
+    assert _errors(m) == [("dead_rank", [0, 2])]
+
+
+
 SPAWNED = """
 import os, signal, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
 
@@ -261,7 +407,7 @@ if __name__ == "__main__":
     for p in ranks:
         p.start()
     ranks[1].join()
-    time.sleep(7.0)  # the others stay stuck on rank 1 past the dead threshold (5 s), then a scancel
+    time.sleep(7.0)  # the others stay stuck on rank 1 past hang_after (2 s), then a scancel
     for r in (0, 2):
         os.kill(ranks[r].pid, signal.SIGTERM)
     for p in ranks:
@@ -273,7 +419,7 @@ if __name__ == "__main__":
 def test_a_real_rank_sigtermed_by_hand_before_a_scancel_is_the_dead_rank(tmp_path):
     """Real ranks under ``commscope run``: rank 1 SIGTERMed (by hand, not by a launcher)
     after three all_reduces; ranks 0 and 2 fail on it and stay until a scancel SIGTERMs them
-    7 s later.  Rank 1 went first: dead_rank [1] (op_failed [1] before, all three being
+    7 s later, past hang_after (2 s).  Rank 1 went first: dead_rank [1] (op_failed [1] before, all three being
     "stopped by SIGTERM"); nobody else is named."""
     import json
     import subprocess
@@ -284,7 +430,8 @@ def test_a_real_rank_sigtermed_by_hand_before_a_scancel_is_the_dead_rank(tmp_pat
     script = tmp_path / "job.py"
     script.write_text(STOPPED_FIRST)
     store = str(tmp_path / "trace")
-    run = subprocess.run([sys.executable, "-m", "commscope", "run", "--store", store, "--", sys.executable,
+    run = subprocess.run([sys.executable, "-m", "commscope", "run", "--store", store, "--hang-after", "2", "--",
+                          sys.executable,
                           str(script), str(free_port())], capture_output=True, text=True, timeout=300)
     assert "codes [-15, -15, -15]" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
     check = subprocess.run([sys.executable, "-m", "commscope", "check", store, "--json"], capture_output=True,
@@ -294,3 +441,61 @@ def test_a_real_rank_sigtermed_by_hand_before_a_scancel_is_the_dead_rank(tmp_pat
     assert [(f["kind"], f["culprits"]) for f in found if f["severity"] == "error"] == [("dead_rank", [1])]
     assert not any(set(f["culprits"]) & {0, 2} for f in found), found
     assert "killed by SIGTERM" in found[0]["message"]
+
+
+HANDLED = """
+import datetime, multiprocessing as mp, os, signal, sys, time, torch, torch.distributed as dist
+
+def worker(rank, port, ready):
+    if rank == 1:  # a program that handles SIGTERM itself (a checkpoint on preemption)
+        signal.signal(signal.SIGTERM, lambda *a: print("rank 1: SIGTERM, checkpointing", flush=True))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3,
+                            timeout=datetime.timedelta(seconds=300))
+    x = torch.ones(4)
+    for i in range(3):
+        dist.all_reduce(x)
+    ready.release()
+    while True:
+        dist.all_reduce(x)
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    ready = ctx.Semaphore(0)
+    ranks = [ctx.Process(target=worker, args=(r, int(sys.argv[1]), ready)) for r in range(3)]
+    for p in ranks:
+        p.start()
+    for _ in ranks:
+        ready.acquire()
+    for r in (1, 0, 2):  # a scancel: SIGTERM to every rank (rank 1 first: it lives on, however slow the rest)
+        os.kill(ranks[r].pid, signal.SIGTERM)
+    for p in ranks:
+        p.join()
+    print("codes", [p.exitcode for p in ranks])
+"""
+
+
+def test_a_real_scancel_on_a_rank_with_its_own_sigterm_handler_is_no_fault(tmp_path):
+    """Real ranks under ``commscope run``: SIGTERM to all three; rank 1's own handler takes
+    it, its all_reduce fails as ranks 0 and 2 die, and it leaves with the exception.  Its
+    exit says it was told to stop: no findings (dead_rank naming ranks 0 and 2 before)."""
+    import json
+    import subprocess
+    import sys
+
+    from commscope.launch import free_port
+
+    script = tmp_path / "job.py"
+    script.write_text(HANDLED)
+    store = str(tmp_path / "trace")
+    run = subprocess.run([sys.executable, "-m", "commscope", "run", "--store", store, "--", sys.executable,
+                          str(script), str(free_port())], capture_output=True, text=True, timeout=300)
+    assert "codes [-15, 1, -15]" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+    exits = [e for e in read_events(store) if e["type"] == "exit" and e["rank"] == 1]
+    assert [e.get("stop_signal") for e in exits] == ["Terminated"], exits
+    check = subprocess.run([sys.executable, "-m", "commscope", "check", store, "--json"], capture_output=True,
+                           text=True, timeout=300)
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+    assert json.loads(check.stdout)["findings"] == []
+    said = subprocess.run([sys.executable, "-m", "commscope", "check", store], capture_output=True, text=True,
+                          timeout=300)
+    assert "healthy until every rank was stopped by SIGTERM" in said.stdout, said.stdout

@@ -36,9 +36,11 @@ from commscope.analysis.vocab import (
     is_kill,
     signal_label,
     stopped,
+    told_to_stop,
     unread_of,
     unseen_death,
 )
+from commscope.events import DEFAULT_HANG_AFTER
 
 STARTUP_SLACK_NS = 2 * 10**9  # ranks whose streams begin this close to the job's start started with it
 _TOP = NESTED | CONTAINER  # inner traffic and containers: never "the op a rank is in"
@@ -294,7 +296,7 @@ def left_early(m: TraceModel, rank: int, now: int) -> bool:
     as a whole, or ended by its own deadline: every rank's ``os._exit(0)`` while some
     waited in a hang) are judged as they were when they stopped: still waiting; but one they
     waited for that went before them went first (``_stops``): gone otherwise, or stopped by
-    a signal of its own more than the dead threshold before the last of them."""
+    a signal of its own long before them (``_stopped_first``)."""
     ex = exited(m, rank)
     if ex is not None:
         if is_crash(ex) or current_op(m, rank) is None:
@@ -315,13 +317,10 @@ def left_early(m: TraceModel, rank: int, now: int) -> bool:
         t = departed_ns(m, rank) or int(k["ts"])
         if _went_on_after(m, t):
             return True
-        # (went first, and the others were stopped because it went: some of them waited for
-        # it.  One stopped by a signal too went first only where the others waited past the
-        # dead threshold: one stop of the whole job lands on every rank within it)
-        stops = _stops(m)
-        if rank not in stops.awaited:
-            return False
-        return stops.latest > t + (dead_after_ns(m, rank) if stopped(k) else 0)
+        if stopped(k):  # (stopped by a signal too: only where it went by itself, long before)
+            return _stopped_first(m, rank, k, t)
+        stops = _stops(m)  # (went first, and the others were stopped because it went: some of them waited for it)
+        return stops.latest > t and rank in stops.awaited
     return m.end_ns - m.last_seen(rank) > dead_after_ns(m, rank)
 
 
@@ -347,6 +346,9 @@ def stopped_by(m: TraceModel) -> list[str]:
     signals: set[str] = set()
     for r, rt in m.ranks.items():
         ex = _last_exit(m, r) if rt.exits else None
+        if ex is not None and told_to_stop(ex) is not None:  # (its own handler took it)
+            signals.add(_short_signal(str(ex["stop_signal"])))
+            continue
         if ex is None or not stopped(ex):
             return []
         signals.add(_short_signal(str(ex["signal"])))
@@ -366,6 +368,14 @@ class _Stops:
     ranks: frozenset[int]
     latest: int
     awaited: frozenset[int]
+    #: Per rank awaited, for each op it was absent from: when the last of the stopped ranks
+    #: waiting there departed, and since when the first of them had waited
+    waits: Mapping[int, tuple[tuple[int, int], ...]]
+    #: When the first rank that went otherwise (a crash, ``os._exit``, unseen, an exit)
+    #: departed (-1: none did)
+    first_own: int
+    #: hang_after as the ranks recorded it (``TraceModel.hang_after`` asks every meta)
+    hang_ns: int
 
 
 def _stops(m: TraceModel) -> _Stops:
@@ -379,15 +389,21 @@ def _stops(m: TraceModel) -> _Stops:
     memo = _memo(m)
     if memo.stops is None:
         ranks: set[int] = set()
-        latest = -1
-        awaited: set[int] = set()
-        seen: set[tuple] = set()
+        latest = first_own = -1
+        absent: dict[tuple, list[int]] = {}
+        spans: dict[tuple, list[int]] = {}  # per op waited in: [last departure, first wait began]
         if m.exits_seen:
             for r, rt in m.ranks.items():
-                if not rt.exits or (k := killed(m, r)) is None or not stopped(k):
+                if not rt.exits:
+                    continue
+                if (k := killed(m, r)) is None or not stopped(k):
+                    if (ex := _last_exit(m, r)) is not None and told_to_stop(ex) is None:
+                        t = departed_ns(m, r) or int(ex["ts"])
+                        first_own = t if first_own < 0 else min(first_own, t)
                     continue
                 ranks.add(r)
-                latest = max(latest, departed_ns(m, r) or -1)
+                dep = departed_ns(m, r) or -1
+                latest = max(latest, dep)
                 i = current_op(m, r)
                 if i is None and (i := m.last_op(r)) is not None and i not in rt.exc:
                     continue  # (between ops: waiting for nobody; an op that failed was waiting)
@@ -396,17 +412,44 @@ def _stops(m: TraceModel) -> _Stops:
                 s = m.sig_of(r, i)
                 seq = int(rt.seq[i])
                 key = (s.space, s.group, seq) if seq >= 0 and not s.flags & P2P else (r, i)
-                if key in seen:  # (16k ranks stopped in one collective: its members asked once)
+                since = blocked_since(m, r, i)
+                if (span := spans.get(key)) is not None:  # (16k ranks stopped in one collective: its members asked once)
+                    span[0], span[1] = max(span[0], dep), min(span[1], since)
                     continue
-                seen.add(key)
+                spans[key] = [dep, since]
                 came = m.collective(s.group, seq, s.space) if len(key) == 3 else m.counterparts(r, i)
-                awaited.update(p for p in m.members(r, i) if p not in came)
+                out = [p for p in m.members(r, i) if p not in came]
                 if s.group == WORLD and len(key) == 3 and not m.groups.get(WORLD):
                     # (the world's group whose members no record listed: known by the ranks
                     # that ran it, which leaves out one that never came to any of its ops)
-                    awaited.update(p for p in m.ranks if p not in came)
-        memo.stops = _Stops(frozenset(ranks), latest, frozenset(awaited))
+                    out += [p for p in m.ranks if p not in came]
+                absent[key] = out
+        waits: dict[int, list[tuple[int, int]]] = {}
+        for key, out in absent.items():
+            span = (spans[key][0], spans[key][1])
+            for p in out:
+                waits.setdefault(p, []).append(span)
+        memo.stops = _Stops(frozenset(ranks), latest, frozenset(waits), {p: tuple(w) for p, w in waits.items()},
+                            first_own, int((m.hang_after() or DEFAULT_HANG_AFTER) * 1e9))
     return memo.stops
+
+
+def _stopped_first(m: TraceModel, rank: int, k: dict, t: int) -> bool:
+    """Whether a rank stopped by a signal (``k``, at ``t``) went by itself, before the job
+    was stopped: a rank SIGTERMed by hand while the others hung on it until a scancel.  Only
+    where the rank noted the signal itself (exactly timed: a launcher's note is timed when
+    it looked, or by a silent rank's last sign of life), no rank went otherwise before it
+    (a launcher stopping the rest of a job after a death stops it too), and some op it was
+    absent from held stopped ranks that were stopped more than hang_after after it and had
+    not been waiting there hang_after already when it went (a hang before it is that hang's;
+    one stop of the whole job, even node by node, lands within hang_after)."""
+    if k.get("src") != "spool" or k.get("reason") != "signal":
+        return False
+    stops = _stops(m)
+    if 0 <= stops.first_own <= t + SLACK_NS:
+        return False
+    hang = stops.hang_ns
+    return any(last > t + hang and since >= t - hang for last, since in stops.waits.get(rank, ()))
 
 
 def _last_acts(m: TraceModel) -> tuple[tuple[int, int], ...]:
@@ -464,13 +507,25 @@ def _heard(t: RankTable, slots: np.ndarray, now: int) -> tuple[np.ndarray, np.nd
 
 def _survivors_last(m: TraceModel) -> tuple[int, int]:
     """Over the ranks not killed: the latest failure of an op and the latest sign of life
-    (what "killed while others went on" compares with), once per version."""
+    (what "killed while others went on" compares with), once per version.  Of a rank whose
+    own handler took a stop signal (``vocab.told_to_stop``), only what came before it was
+    told: the reset its op met as the others were stopped beside it is the job stopping,
+    not going on (a scancel's SIGTERM lands on every rank within ms, in no set order)."""
     memo = _memo(m)
     if memo.survivors is None:
-        failed = [m.failed_ns(p, i) for p, i in m.failed[-1000:] if killed(m, p) is None]
-        seen = [m.last_seen(r) for r in m.ranks if killed(m, r) is None]
+        told = {r: s for r in m.ranks if (s := told_to_stop_at(m, r)) is not None}
+        failed = [f for p, i in m.failed[-1000:] if killed(m, p) is None
+                  and ((f := m.failed_ns(p, i)) < told.get(p, f + SLACK_NS + 1) - SLACK_NS)]
+        seen = [min(m.last_seen(r), told.get(r, m.last_seen(r))) for r in m.ranks if killed(m, r) is None]
         memo.survivors = (max(failed, default=-1), max(seen, default=-1))
     return memo.survivors
+
+
+def told_to_stop_at(m: TraceModel, rank: int) -> int | None:
+    """When the rank's own handler took a stop signal (``vocab.told_to_stop``), from its
+    last exit; None where it says none."""
+    ex = _last_exit(m, rank)
+    return told_to_stop(ex) if ex is not None else None
 
 
 def peers_gone(m: TraceModel, rank: int, i: int) -> tuple[list[int], list[int]]:
@@ -668,6 +723,11 @@ def ending(m: TraceModel, rank: int, now: int, state: RankState | None = None) -
     runs.  ``state``: the rank's state when the caller has it (as of a replay cursor).  The
     whole story (the exception, the stack) is in the findings."""
     st = state or rank_state(m, rank, now)
+    if st.kind in ("exited", "crashed"):  # (after its own handler had a stop signal: the job stopping)
+        ex = exited(m, rank) or {}
+        told = told_to_stop(ex)
+        if told is not None and int(ex["ts"]) >= told and ex.get("reason") != "signal":
+            return f"job stopped ({_short_signal(str(ex['stop_signal']))}, handled)"
     if st.kind == "exited":
         ex = exited(m, rank) or {}
         return f"exited ({EXIT_WORDS.get(ex.get('reason', ''), ex.get('reason', 'exit'))})"

@@ -352,6 +352,8 @@ class Recorder:
                 exit_ev["unwaited_count"] = count
             if self.crash:
                 exit_ev["exc"] = self.crash
+            if self.spool is not None:  # (a stop signal its own handler took: told to stop with its job)
+                exit_ev.update(self.spool.stop_noted())
             emit(exit_ev)  # last, after everything recorded before it
         if due:
             self._write(final, started)

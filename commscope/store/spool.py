@@ -72,10 +72,12 @@ OFF_PID, OFF_CREATED, OFF_FORWARDED = 88, 96, 104
 OFF_RANK, OFF_INC, OFF_FLAGS = 112, 116, 120
 _DEATH = struct.Struct("<iiQQqiiqiHHqQ")  # sig, code, addr, tid, ns; exit set, code, ns; term set, lens, ns, tid
 OFF_DEATH = 128
+_STOP = struct.Struct("<iiq")  # stop_sig, reserved, stop_ns: a stop signal the program's own handler took
+OFF_STOP = 200
 OFF_TERM_TYPE, OFF_TERM_WHAT, OFF_IDENTITY = 256, 512, 2560
 IDENTITY_SIZE = HEADER_SIZE - OFF_IDENTITY
 LAYOUT = {"size": HEADER_SIZE, "head": OFF_HEAD, "tail": OFF_TAIL, "flags": OFF_FLAGS, "sig": OFF_DEATH,
-          "exit_set": OFF_DEATH + 32, "term_set": OFF_DEATH + 48, "term_type": OFF_TERM_TYPE,
+          "exit_set": OFF_DEATH + 32, "term_set": OFF_DEATH + 48, "stop_sig": OFF_STOP, "term_type": OFF_TERM_TYPE,
           "term_what": OFF_TERM_WHAT, "identity": OFF_IDENTITY}
 
 #: What faulthandler calls each signal (so an exit read from a spool and one read from a
@@ -216,6 +218,14 @@ class Spool:
         except OSError:
             pass
 
+    def stop_noted(self) -> dict[str, Any]:
+        """``Death.stop_fields`` of this process: a stop signal its own handler took."""
+        try:
+            sig, _, ns = _STOP.unpack(os.pread(self.fd, _STOP.size, OFF_STOP))
+        except (OSError, struct.error):
+            return {}
+        return Death(stop_signal=sig if ns > 0 else 0, stop_ns=ns).stop_fields()
+
     def close(self, remove: bool) -> None:
         """Leave the spool: removed when the store has everything (``remove``), else kept
         (unlocked) for a forwarder."""
@@ -246,6 +256,13 @@ class Death:
     terminate_type: str | None = None
     terminate_what: str | None = None
     terminate_ns: int = 0
+    stop_signal: int = 0  # a stop signal its own handler took (it lived on), and when
+    stop_ns: int = 0
+
+    def stop_fields(self) -> dict[str, Any]:
+        """What its ``exit`` says of a stop signal the program handled itself: it was told to
+        stop with its job (``stop_signal``, ``stop_ts``), whatever ended it after."""
+        return {"stop_signal": signal_name(self.stop_signal), "stop_ts": self.stop_ns} if self.stop_signal else {}
 
 
 @dataclasses.dataclass
@@ -321,8 +338,10 @@ def read(path: Path) -> Image | None:
         ident = {}
     (sig, code, _addr, tid, sig_ns, exit_set, exit_code, exit_ns, term_set, tlen, wlen, term_ns,
      _term_tid) = _DEATH.unpack_from(head, OFF_DEATH)
+    stop_sig, _, stop_ns = _STOP.unpack_from(head, OFF_STOP)
     death = Death(signal=sig, signal_code=code, signal_tid=tid, signal_ns=sig_ns,
-                  exit_code=exit_code if exit_set else None, exit_ns=exit_ns, terminate_ns=term_ns)
+                  exit_code=exit_code if exit_set else None, exit_ns=exit_ns, terminate_ns=term_ns,
+                  stop_signal=stop_sig if stop_ns > 0 else 0, stop_ns=stop_ns)
     if term_set:
         death.terminate_type = head[OFF_TERM_TYPE:OFF_TERM_TYPE + min(tlen, 256)].decode("utf-8", "replace")
         death.terminate_what = head[OFF_TERM_WHAT:OFF_TERM_WHAT + min(wlen, 2048)].decode("utf-8", "replace")
@@ -353,9 +372,10 @@ def exit_event(img: Image, rank: int) -> dict | None:
     elif d.terminate_type is not None:
         ev = dict(base, ts=d.terminate_ns, reason="signal", signal=signal_name(signal.SIGABRT))
     elif d.exit_code is not None:
-        return dict(base, ts=d.exit_ns, reason="os._exit", code=d.exit_code)
+        return dict(base, ts=d.exit_ns, reason="os._exit", code=d.exit_code, **d.stop_fields())
     else:
         return None
+    ev.update(d.stop_fields())
     if d.terminate_type is not None:
         what = d.terminate_what or ""
         ev["exc"] = f"{d.terminate_type}: {what}" if what else d.terminate_type
@@ -404,7 +424,7 @@ def gone_exit(img: Image, rank: int) -> dict:
     except OSError:
         changed = time.time_ns()
     return {"type": "exit", "v": SCHEMA_VERSION, "rank": rank, "ts": last_record_ns(img) or changed,
-            "src": "spool", "reason": GONE}
+            "src": "spool", "reason": GONE, **img.death.stop_fields()}
 
 
 def _redacted(line: bytes) -> bytes:

@@ -416,11 +416,12 @@ PyObject* py_set_capacity(PyObject*, PyObject* arg) {
 }
 
 PyObject* py_spool_layout(PyObject*, PyObject*) {  // compared with spool.py by a test
-  return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "size", Py_ssize_t(sizeof(SpoolHeader)), "head",
+  return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "size", Py_ssize_t(sizeof(SpoolHeader)), "head",
                        Py_ssize_t(offsetof(SpoolHeader, head)), "tail", Py_ssize_t(offsetof(SpoolHeader, tail)),
                        "flags", Py_ssize_t(offsetof(SpoolHeader, flags)), "sig", Py_ssize_t(offsetof(SpoolHeader, sig)),
                        "exit_set", Py_ssize_t(offsetof(SpoolHeader, exit_set)), "term_set",
-                       Py_ssize_t(offsetof(SpoolHeader, term_set)), "term_type",
+                       Py_ssize_t(offsetof(SpoolHeader, term_set)), "stop_sig",
+                       Py_ssize_t(offsetof(SpoolHeader, stop_sig)), "term_type",
                        Py_ssize_t(offsetof(SpoolHeader, term_type)), "term_what",
                        Py_ssize_t(offsetof(SpoolHeader, term_what)), "identity",
                        Py_ssize_t(offsetof(SpoolHeader, identity)));

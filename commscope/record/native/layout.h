@@ -154,14 +154,20 @@ struct SpoolHeader {
   uint16_t term_what_len;
   int64_t term_ns;
   uint64_t term_tid;
-  char reserved1[56];
+  // A stop signal the program handles itself (its own SIGTERM handler: it lives on), the
+  // first one: the rank was told to stop with its job, whatever it did next.
+  std::atomic<int32_t> stop_sig;      // 0: none
+  int32_t reserved2;
+  int64_t stop_ns;
+  char reserved1[40];
   char term_type[256];                // the uncaught C++ exception's type
   char term_what[2048];               // and its what()
   char identity[1536];                // JSON written by spool.py: job, rank, store, ...
 };
 static_assert(sizeof(SpoolHeader) == 4096, "spool header layout (spool.py HEADER_SIZE)");
 static_assert(offsetof(SpoolHeader, head) == 56 && offsetof(SpoolHeader, sig) == 128 &&
-                  offsetof(SpoolHeader, term_type) == 256 && offsetof(SpoolHeader, identity) == 2560,
+                  offsetof(SpoolHeader, stop_sig) == 200 && offsetof(SpoolHeader, term_type) == 256 &&
+                  offsetof(SpoolHeader, identity) == 2560,
               "spool header layout (spool.py HEADER_FIELDS)");
 static_assert(sizeof(std::atomic<uint64_t>) == 8 && sizeof(std::atomic<int32_t>) == 4, "plain atomics");
 constexpr uint32_t SPOOL_CLOSED = 1;  // the owner forwarded everything and left
