@@ -201,8 +201,17 @@ def test_a_rank_stopped_by_the_same_scancel_a_moment_before_the_others_is_no_cul
 # these read as dead_rank under the first form of the rule, a dead threshold apart)
 
 def _errors_at(b: TraceBuilder) -> list[tuple[str, list[int]]]:
-    m = TraceModel.from_events(b.sorted_events())
-    return [(f.kind, f.culprits) for f in diagnose(m, trace_now(m), default_hang_after(m)) if f.severity == "error"]
+    return _errors(TraceModel.from_events(b.sorted_events()))
+
+
+def _two_groups(world: int, a: list[int], b_ranks: list[int]) -> tuple[TraceBuilder, int]:
+    """``world`` ranks, 2 a host, with groups "a" and "b", after one all_reduce in each."""
+    b = TraceBuilder(world, hang_after=30.0, sample_interval=1.0, ranks_per_host=2)
+    b.group("a", a)
+    b.group("b", b_ranks)
+    t = b.warmup(3)
+    t = b.collective(t, "all_reduce", "a") + MS
+    return b, b.collective(t, "all_reduce", "b") + MS
 
 
 @pytest.mark.parametrize("gap_s", [8.0, 40.0])
@@ -250,12 +259,7 @@ def test_a_rank_awaited_only_by_a_rank_stopped_with_it_did_not_go_first():
     """Group a = {0, 1}: rank 0 waits a moment for rank 1, and both are stopped by the same
     SIGTERM; ranks 2 and 3 (group b) waited for nobody and are stopped 40 s later.  Who
     waited for rank 1 left with it: no fault (the waits of every stopped rank were pooled)."""
-    b = TraceBuilder(4, hang_after=30.0, sample_interval=1.0, ranks_per_host=2)
-    b.group("a", [0, 1])
-    b.group("b", [2, 3])
-    t = b.warmup(3)
-    t = b.collective(t, "all_reduce", "a") + MS
-    t = b.collective(t, "all_reduce", "b") + MS
+    b, t = _two_groups(4, [0, 1], [2, 3])
     b.begin(0, t, "all_reduce", "a")
     went = t + 20 * MS
     b.heartbeats(b.t0, went, ranks=[0, 1], interval=S)
@@ -274,12 +278,7 @@ def test_a_hang_before_a_stop_node_by_node_stays_the_hang(kind):
     and 1 are stopped, rank 2 40 s later.  Rank 2 had waited for rank 1 past hang_after
     before rank 1 was stopped: the stop did not cause that wait, and the finding is the hang
     on rank 0 (dead_rank [0, 1] named rank 1, which was only waiting)."""
-    b = TraceBuilder(3, hang_after=30.0, sample_interval=1.0, ranks_per_host=2)
-    b.group("a", [0, 1])
-    b.group("b", [1, 2])
-    t = b.warmup(3)
-    t = b.collective(t, "all_reduce", "a") + MS
-    t = b.collective(t, "all_reduce", "b") + MS
+    b, t = _two_groups(3, [0, 1], [1, 2])
     if kind == "subgroups":
         b.begin(1, t, "all_reduce", "a")
         b.begin(2, t + MS, "all_reduce", "b")
@@ -296,17 +295,16 @@ def test_a_hang_before_a_stop_node_by_node_stays_the_hang(kind):
     assert _errors_at(b) == [("missing_ranks" if kind == "subgroups" else "unmatched_p2p", [0])]
 
 
-
-def _scancel_with_a_handler(rank1_exit: dict, *, told_s: float | None = 0.001, killed_by_hand_s: float = 0.0):
+def _scancel_with_a_handler(rank1_exit: dict, *, told_s: float | None = 0.001) -> TraceModel:
     """3 ranks in an all_reduce; ranks 0 and 2 die of SIGTERM at T; rank 1's own handler
     takes its SIGTERM ``told_s`` after T (None: its exit notes none, as the Python recorder's
-    does), its op fails on the reset 5 ms after T + ``killed_by_hand_s``, and it leaves
+    does), its op fails on the reset 5 ms after T, and it leaves
     (``rank1_exit``) 5 ms later."""
     b = TraceBuilder(3, hang_after=2.0)
     t = b.warmup(3)
     ids = {r: b.begin(r, t + r * MS, "all_reduce") for r in (0, 1, 2)}
     stop = t + 3 * S
-    fails = stop + int(killed_by_hand_s * S) + 5 * MS
+    fails = stop + 5 * MS
     b.heartbeats(b.t0, stop - 100 * MS)
     b.heartbeats(stop, fails, ranks=[1])
     for r in (0, 2):
@@ -342,6 +340,25 @@ def test_a_rank_told_to_stop_a_minute_after_its_op_failed_on_ranks_sigtermed_by_
 
 
 
+def _run_job(tmp_path, source: str, *args: str, hang_after: str | None = None):
+    """Run ``source`` (a job script, given a free port and ``args``) under ``commscope run``;
+    its run and ``check --json``, and the store."""
+    import subprocess
+    import sys
+
+    from commscope.launch import free_port
+
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    store = str(tmp_path / "trace")
+    opts = ["--hang-after", hang_after] if hang_after else []
+    run = subprocess.run([sys.executable, "-m", "commscope", "run", "--store", store, *opts, "--", sys.executable,
+                          str(script), str(free_port()), *args], capture_output=True, text=True, timeout=300)
+    check = subprocess.run([sys.executable, "-m", "commscope", "check", store, "--json"], capture_output=True,
+                           text=True, timeout=300)
+    return run, check, store
+
+
 SPAWNED = """
 import os, signal, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
 
@@ -366,19 +383,9 @@ def test_a_spawned_rank_sigkilled_is_the_dead_rank_and_the_ranks_spawn_stopped_a
     resets).  helper-73 read 'no findings: the trace looks healthy' (exit 0) in 2 runs of 3,
     and op_failed naming rank 0 in the third."""
     import json
-    import subprocess
-    import sys
 
-    from commscope.launch import free_port
-
-    script = tmp_path / "job.py"
-    script.write_text(SPAWNED)
-    store = str(tmp_path / "trace")
-    run = subprocess.run([sys.executable, "-m", "commscope", "run", "--store", store, "--", sys.executable,
-                          str(script), str(free_port()), str(when)], capture_output=True, text=True, timeout=300)
+    run, check, _store = _run_job(tmp_path, SPAWNED, str(when))
     assert run.returncode != 0, run.stderr[-2000:]
-    check = subprocess.run([sys.executable, "-m", "commscope", "check", store, "--json"], capture_output=True,
-                           text=True, timeout=300)
     assert check.returncode == 1, check.stdout[-2000:] + check.stderr[-2000:]
     found = json.loads(check.stdout)["findings"]
     assert [(f["kind"], f["culprits"]) for f in found if f["severity"] == "error"] == [("dead_rank", [1])]
@@ -422,20 +429,9 @@ def test_a_real_rank_sigtermed_by_hand_before_a_scancel_is_the_dead_rank(tmp_pat
     7 s later, past hang_after (2 s).  Rank 1 went first: dead_rank [1] (op_failed [1] before, all three being
     "stopped by SIGTERM"); nobody else is named."""
     import json
-    import subprocess
-    import sys
 
-    from commscope.launch import free_port
-
-    script = tmp_path / "job.py"
-    script.write_text(STOPPED_FIRST)
-    store = str(tmp_path / "trace")
-    run = subprocess.run([sys.executable, "-m", "commscope", "run", "--store", store, "--hang-after", "2", "--",
-                          sys.executable,
-                          str(script), str(free_port())], capture_output=True, text=True, timeout=300)
+    run, check, _store = _run_job(tmp_path, STOPPED_FIRST, hang_after="2")
     assert "codes [-15, -15, -15]" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
-    check = subprocess.run([sys.executable, "-m", "commscope", "check", store, "--json"], capture_output=True,
-                           text=True, timeout=300)
     assert check.returncode == 1, check.stdout[-2000:] + check.stderr[-2000:]
     found = json.loads(check.stdout)["findings"]
     assert [(f["kind"], f["culprits"]) for f in found if f["severity"] == "error"] == [("dead_rank", [1])]
@@ -482,18 +478,10 @@ def test_a_real_scancel_on_a_rank_with_its_own_sigterm_handler_is_no_fault(tmp_p
     import subprocess
     import sys
 
-    from commscope.launch import free_port
-
-    script = tmp_path / "job.py"
-    script.write_text(HANDLED)
-    store = str(tmp_path / "trace")
-    run = subprocess.run([sys.executable, "-m", "commscope", "run", "--store", store, "--", sys.executable,
-                          str(script), str(free_port())], capture_output=True, text=True, timeout=300)
+    run, check, store = _run_job(tmp_path, HANDLED)
     assert "codes [-15, 1, -15]" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
     exits = [e for e in read_events(store) if e["type"] == "exit" and e["rank"] == 1]
     assert [e.get("stop_signal") for e in exits] == ["Terminated"], exits
-    check = subprocess.run([sys.executable, "-m", "commscope", "check", store, "--json"], capture_output=True,
-                           text=True, timeout=300)
     assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
     assert json.loads(check.stdout)["findings"] == []
     said = subprocess.run([sys.executable, "-m", "commscope", "check", store], capture_output=True, text=True,
