@@ -41,7 +41,7 @@ from commscope.analysis.model import (
     signal_label,
 )
 from commscope.analysis.rankstate import ARRIVAL_SLACK_NS, EXIT_WORDS, SLACK_NS, snapshot
-from commscope.analysis.vocab import describe_kill, told_to_stop
+from commscope.analysis.vocab import describe_kill
 
 #: Failed instances reported in full per finding; more with the same blame are counted.
 FAILED_REPORT = 5
@@ -246,8 +246,6 @@ def failed_instances(model: TraceModel, now: int, mismatch_rows: dict[tuple, lis
             continue
         if s.flags & NESTED and rt.parent[i] >= 0 and int(rt.parent[i]) in rt.exc:
             continue  # the logical op that contains it failed too: that one is reported
-        if (told := rankstate.told_to_stop_at(model, r)) is not None and model.failed_ns(r, i) >= told - SLACK_NS:
-            continue  # (failed as its job was stopped: its own handler had the stop signal, its peers went)
         by_key.setdefault(instance_key(model, r, i), {})[r] = i
     out = []
     for key, failed in by_key.items():
@@ -343,8 +341,6 @@ def find_crashes(model: TraceModel, now: int, failures: list[Failure]) -> list[F
             continue
         rt = model.ranks[r]
         t = int(ex["ts"])
-        if ex.get("reason") != "signal" and (told := told_to_stop(ex)) is not None and t >= told:
-            continue  # (an exception after its own handler had the stop signal: the job stopping)
         cause = None
         failed = sorted((i for i in rt.exc if model.failed_ns(r, i) <= t + SLACK_NS),
                         key=lambda i: model.failed_ns(r, i))

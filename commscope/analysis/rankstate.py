@@ -36,7 +36,6 @@ from commscope.analysis.vocab import (
     is_kill,
     signal_label,
     stopped,
-    told_to_stop,
     unread_of,
     unseen_death,
 )
@@ -346,9 +345,6 @@ def stopped_by(m: TraceModel) -> list[str]:
     signals: set[str] = set()
     for r, rt in m.ranks.items():
         ex = _last_exit(m, r) if rt.exits else None
-        if ex is not None and told_to_stop(ex) is not None:  # (its own handler took it)
-            signals.add(_short_signal(str(ex["stop_signal"])))
-            continue
         if ex is None or not stopped(ex):
             return []
         signals.add(_short_signal(str(ex["signal"])))
@@ -397,7 +393,7 @@ def _stops(m: TraceModel) -> _Stops:
                 if not rt.exits:
                     continue
                 if (k := killed(m, r)) is None or not stopped(k):
-                    if (ex := _last_exit(m, r)) is not None and told_to_stop(ex) is None:
+                    if (ex := _last_exit(m, r)) is not None:
                         t = departed_ns(m, r) or int(ex["ts"])
                         first_own = t if first_own < 0 else min(first_own, t)
                     continue
@@ -507,25 +503,13 @@ def _heard(t: RankTable, slots: np.ndarray, now: int) -> tuple[np.ndarray, np.nd
 
 def _survivors_last(m: TraceModel) -> tuple[int, int]:
     """Over the ranks not killed: the latest failure of an op and the latest sign of life
-    (what "killed while others went on" compares with), once per version.  Of a rank whose
-    own handler took a stop signal (``vocab.told_to_stop``), only what came before it was
-    told: the reset its op met as the others were stopped beside it is the job stopping,
-    not going on (a scancel's SIGTERM lands on every rank within ms, in no set order)."""
+    (what "killed while others went on" compares with), once per version."""
     memo = _memo(m)
     if memo.survivors is None:
-        told = {r: s for r in m.ranks if (s := told_to_stop_at(m, r)) is not None}
-        failed = [f for p, i in m.failed[-1000:] if killed(m, p) is None
-                  and ((f := m.failed_ns(p, i)) < told.get(p, f + SLACK_NS + 1) - SLACK_NS)]
-        seen = [min(m.last_seen(r), told.get(r, m.last_seen(r))) for r in m.ranks if killed(m, r) is None]
+        failed = [m.failed_ns(p, i) for p, i in m.failed[-1000:] if killed(m, p) is None]
+        seen = [m.last_seen(r) for r in m.ranks if killed(m, r) is None]
         memo.survivors = (max(failed, default=-1), max(seen, default=-1))
     return memo.survivors
-
-
-def told_to_stop_at(m: TraceModel, rank: int) -> int | None:
-    """When the rank's own handler took a stop signal (``vocab.told_to_stop``), from its
-    last exit; None where it says none."""
-    ex = _last_exit(m, rank)
-    return told_to_stop(ex) if ex is not None else None
 
 
 def peers_gone(m: TraceModel, rank: int, i: int) -> tuple[list[int], list[int]]:
@@ -723,11 +707,6 @@ def ending(m: TraceModel, rank: int, now: int, state: RankState | None = None) -
     runs.  ``state``: the rank's state when the caller has it (as of a replay cursor).  The
     whole story (the exception, the stack) is in the findings."""
     st = state or rank_state(m, rank, now)
-    if st.kind in ("exited", "crashed"):  # (after its own handler had a stop signal: the job stopping)
-        ex = exited(m, rank) or {}
-        told = told_to_stop(ex)
-        if told is not None and int(ex["ts"]) >= told and ex.get("reason") != "signal":
-            return f"job stopped ({_short_signal(str(ex['stop_signal']))}, handled)"
     if st.kind == "exited":
         ex = exited(m, rank) or {}
         return f"exited ({EXIT_WORDS.get(ex.get('reason', ''), ex.get('reason', 'exit'))})"

@@ -84,14 +84,6 @@ def stopped(ex: dict) -> bool:
     return ex.get("reason") in ("signal", "killed") and ex.get("signal") in STOP_SIGNALS
 
 
-def told_to_stop(ex: dict) -> int | None:
-    """When a rank whose own handler took a stop signal got it (``stop_signal``,
-    ``stop_ts``: a program that checkpoints on SIGTERM lives on): it was told to stop with
-    its job, whatever ended it after; None where its exit says nothing of one."""
-    ts = ex.get("stop_ts")
-    return ts if ex.get("stop_signal") in STOP_SIGNALS and isinstance(ts, int) and ts > 0 else None
-
-
 def unseen_death(ex: dict) -> bool:
     """The exit a dead rank's spool was forwarded with where nothing recorded how it died
     (SIGKILL, the OOM killer): timed by what was found, not by the death."""

@@ -262,7 +262,9 @@ class Death:
     def stop_fields(self) -> dict[str, Any]:
         """What its ``exit`` says of a stop signal the program handled itself: it was told to
         stop with its job (``stop_signal``, ``stop_ts``), whatever ended it after."""
-        return {"stop_signal": signal_name(self.stop_signal), "stop_ts": self.stop_ns} if self.stop_signal else {}
+        if not 0 < self.stop_signal < 65 or not 0 < self.stop_ns < 1 << 62:  # (none, or a garbled header)
+            return {}
+        return {"stop_signal": signal_name(self.stop_signal), "stop_ts": self.stop_ns}
 
 
 @dataclasses.dataclass
