@@ -93,9 +93,11 @@ Version 3 (spools, self-describing streams, incarnations):
                reason "signal" with [exc]: the C++ exception std::terminate was called
                with (src "spool": read from the dead rank's spool header);
                unwaited_count: all async work never waited (``unwaited`` lists 1,000);
-               [stop_signal, stop_ts] (native recorder): a stop signal (SIGTERM) the program's
-               own handler took, and when: the rank was told to stop with its job, whatever
-               ended it after (an exception, an exit, a SIGKILL)
+               [stop_signal, stop_ts] (native recorder): a SIGTERM a handler of the program's
+               own took (the rank lived on), and when, whatever ended it after (an exception,
+               an exit, a SIGKILL).  Who sent it and why is unknown (a scancel, a preemption
+               notice after which training goes on); diagnosis does not use it, and such an
+               exit is never ``vocab.stopped`` (a rank killed by a stop signal)
     snapshot   (``commscope snapshot``, a job never instrumented; ``commscope/snapshot``)
                meta recorder "snapshot", hang_after the span of the snapshot's samples; op
                src "snapshot": the collective a stack shows the rank inside, its seq the

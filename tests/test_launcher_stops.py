@@ -196,7 +196,6 @@ def test_a_rank_stopped_by_the_same_scancel_a_moment_before_the_others_is_no_cul
     assert _stopped_errors(b) == []
 
 
-
 # What a rank stopped by a signal long before the others is not (helper-83's review: each of
 # these read as dead_rank under the first form of the rule, a dead threshold apart)
 
@@ -295,7 +294,7 @@ def test_a_hang_before_a_stop_node_by_node_stays_the_hang(kind):
     assert _errors_at(b) == [("missing_ranks" if kind == "subgroups" else "unmatched_p2p", [0])]
 
 
-def _told(ts: int) -> dict:
+def _stop_note(ts: int) -> dict:
     return {"stop_signal": "Terminated", "stop_ts": ts}
 
 
@@ -313,11 +312,11 @@ def test_a_genuine_crash_after_a_preemption_notice_stays_a_fault(bug):
     crash = t + 50 * MS
     b.heartbeats(b.t0, crash, interval=S)
     b.exit(bug, crash, reason="exception", exc="Traceback (most recent call last):\nValueError: bad batch",
-           **_told(told))
+           **_stop_note(told))
     for r, i in ids.items():
         b.end(r, i, crash + 3 * MS, exc=RESET)
         b.exit(r, crash + 10 * MS, reason="exception", exc="Traceback (most recent call last):\n" + RESET,
-               **_told(told + r * MS))
+               **_stop_note(told + r * MS))
     assert _errors_at(b) == [("rank_crashed", [bug])]
 
 
@@ -330,13 +329,12 @@ def test_a_hang_before_a_scancel_on_ranks_with_handlers_stays_the_hang():
     ids = {r: b.begin(r, t + r * MS, "all_reduce") for r in (0, 1)}
     stop = t + 600 * S
     b.heartbeats(b.t0, stop, interval=S)
-    b.exit(2, stop + 50 * MS, reason="atexit", **_told(stop + 2 * MS))
+    b.exit(2, stop + 50 * MS, reason="atexit", **_stop_note(stop + 2 * MS))
     for r, i in ids.items():
         b.end(r, i, stop + 55 * MS, exc=RESET)
         b.exit(r, stop + 60 * MS, reason="exception", exc="Traceback (most recent call last):\n" + RESET,
-               **_told(stop + r * MS))
+               **_stop_note(stop + r * MS))
     assert _errors_at(b) == [("op_failed", [2])]
-
 
 
 def _run_job(tmp_path, source: str, *args: str, hang_after: str | None = None):

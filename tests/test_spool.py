@@ -262,3 +262,30 @@ def test_a_rank_killed_after_it_restarted_is_still_dead(tmp_path, capsys):
     errors = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["severity"] == "error"]
     assert [(f["kind"], f["culprits"]) for f in errors] == [("dead_rank", [1])], errors
     assert "ended without a word" in errors[0]["message"]
+
+
+def test_a_handled_sigterm_noted_in_a_spool_header_reaches_every_exit_read_from_it(tmp_path):
+    """The note the native death handler leaves (``stop_sig``, ``stop_ns`` at OFF_STOP) is
+    read back through ``read`` into every exit a forwarder makes of the spool: a death the
+    header records, an ``os._exit``, none at all (``gone``); a garbled note is none."""
+    import struct
+
+    store = str(tmp_path / "trace")
+    sp = spool.Spool.create({"job": "note", "store_id": spool.store_id(store), "store": store, "rank": 3,
+                             "inc": 0, "run": "r1", "host": "h", "pid": os.getpid()}, ring=1 << 16)
+    try:
+        assert sp.stop_noted() == {}
+        os.pwrite(sp.fd, struct.pack("<iiq", 15, 0, 1_234_567), spool.OFF_STOP)
+        assert sp.stop_noted() == {"stop_signal": "Terminated", "stop_ts": 1_234_567}
+        note = {"stop_signal": "Terminated", "stop_ts": 1_234_567}
+        img = spool.read(sp.path)
+        assert img is not None and spool.gone_exit(img, 3)["stop_signal"] == "Terminated"
+        assert spool.exit_event(img, 3) is None  # (no death recorded: a forwarder writes 'gone')
+        os.pwrite(sp.fd, struct.pack("<iiQQq", 9, 0, 0, 7, 2_000_000), spool.OFF_DEATH)  # killed by SIGKILL, noted
+        ex = spool.exit_event(spool.read(sp.path), 3)
+        assert (ex["reason"], ex["signal"], ex["stop_signal"], ex["stop_ts"]) == ("signal", "Killed", *note.values())
+        os.pwrite(sp.fd, struct.pack("<iiq", 15, 0, -5), spool.OFF_STOP)  # garbled: no note, the death kept
+        ex = spool.exit_event(spool.read(sp.path), 3)
+        assert ex["signal"] == "Killed" and "stop_signal" not in ex
+    finally:
+        sp.close(remove=True)

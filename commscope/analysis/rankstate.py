@@ -294,8 +294,8 @@ def left_early(m: TraceModel, rank: int, now: int) -> bool:
     threshold while other ranks kept writing.  Ranks that all stopped together (a job killed
     as a whole, or ended by its own deadline: every rank's ``os._exit(0)`` while some
     waited in a hang) are judged as they were when they stopped: still waiting; but one they
-    waited for that went before them went first (``_stops``): gone otherwise, or stopped by
-    a signal of its own long before them (``_stopped_first``)."""
+    waited for that went before them went first (``_stops``): gone otherwise, or killed by a
+    stop signal sent to it alone long before them (``_stopped_first``)."""
     ex = exited(m, rank)
     if ex is not None:
         if is_crash(ex) or current_op(m, rank) is None:
@@ -433,10 +433,12 @@ def _stops(m: TraceModel) -> _Stops:
 def _stopped_first(m: TraceModel, rank: int, k: dict, t: int) -> bool:
     """Whether a rank stopped by a signal (``k``, at ``t``) went by itself, before the job
     was stopped: a rank SIGTERMed by hand while the others hung on it until a scancel.  Only
-    where the rank noted the signal itself (exactly timed: a launcher's note is timed when
-    it looked, or by a silent rank's last sign of life), no rank went otherwise before it
+    where its spool header recorded the signal it died of (``src`` "spool", ``reason``
+    "signal": exactly timed; a launcher's note is timed when it looked, or by a silent
+    rank's last sign of life), no rank went otherwise before it
     (a launcher stopping the rest of a job after a death stops it too), and some op it was
-    absent from held stopped ranks that were stopped more than hang_after after it and had
+    absent from held stopped ranks that were stopped more than the recorded hang_after
+    (``TraceModel.hang_after``, not the caller's) after it and had
     not been waiting there hang_after already when it went (a hang before it is that hang's;
     one stop of the whole job, even node by node, lands within hang_after)."""
     if k.get("src") != "spool" or k.get("reason") != "signal":

@@ -352,7 +352,7 @@ class Recorder:
                 exit_ev["unwaited_count"] = count
             if self.crash:
                 exit_ev["exc"] = self.crash
-            if self.spool is not None:  # (a stop signal its own handler took: told to stop with its job)
+            if self.spool is not None:  # (a SIGTERM a handler of the program's own took, and when)
                 exit_ev.update(self.spool.stop_noted())
             emit(exit_ev)  # last, after everything recorded before it
         if due:

@@ -256,12 +256,12 @@ class Death:
     terminate_type: str | None = None
     terminate_what: str | None = None
     terminate_ns: int = 0
-    stop_signal: int = 0  # a stop signal its own handler took (it lived on), and when
+    stop_signal: int = 0  # a SIGTERM a handler of the program's own took (it lived on), and when
     stop_ns: int = 0
 
     def stop_fields(self) -> dict[str, Any]:
-        """What its ``exit`` says of a stop signal the program handled itself: it was told to
-        stop with its job (``stop_signal``, ``stop_ts``), whatever ended it after."""
+        """What its ``exit`` says of a SIGTERM the program's own handler took (``stop_signal``,
+        ``stop_ts``), whatever ended it after; nothing for none or a garbled header."""
         if not 0 < self.stop_signal < 65 or not 0 < self.stop_ns < 1 << 62:  # (none, or a garbled header)
             return {}
         return {"stop_signal": signal_name(self.stop_signal), "stop_ts": self.stop_ns}
@@ -403,6 +403,7 @@ def remnant_lines(img: Image, rank: int, *, with_meta: bool = False) -> list[byt
     ex = exit_event(img, rank)
     if ex is None and stack is not None:  # faulthandler saw a fatal signal the header missed
         ex = crashlog.exit_from(stack, img.death.signal_ns or stack["ts"], rank)
+        ex.update(img.death.stop_fields())
     if ex is not None and not any(b'"type":"exit"' in line for line in img.kept):
         out.append(orjson.dumps(redact_event(ex)))  # std::terminate's what() is the program's text
     return out

@@ -22,7 +22,7 @@ from commscope.analysis import Finding, TraceModel, diagnose, rankstate
 from commscope.analysis.flight_import import FlightRecorderReader
 from commscope.analysis.model import EMPTY_VIEW, ModelView
 from commscope.analysis.source import Loading
-from commscope.events import gc_paused
+from commscope.events import DEFAULT_HANG_AFTER, gc_paused
 from commscope.store import AsOf, Batch, TraceReader, readahead
 from commscope.store.readahead import ReadAhead, ReadAheadLost
 from commscope.window import Since
@@ -175,7 +175,7 @@ class Feed:
         if self.hang_after_override is not None:
             return self.hang_after_override
         with self.lock:
-            return self.model.hang_after() or 30.0
+            return self.model.hang_after() or DEFAULT_HANG_AFTER
 
     def now(self) -> int:
         """Live: the wall clock, held back to the reader's watermark (``TraceReader.

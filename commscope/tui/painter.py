@@ -31,6 +31,7 @@ from textual.strip import Strip
 
 from commscope.analysis.columns import I64_MAX, RankColumns, RankView
 from commscope.analysis.model import APPROX, ModelLike
+from commscope.events import DEFAULT_HANG_AFTER
 from commscope.tui import palette
 from commscope.tui.paintcode import ASYNC_BIT, CAT_MASK, HIDDEN_BIT, categories
 from commscope.tui.spanindex import SpanIndex
@@ -80,7 +81,7 @@ class Window(NamedTuple):
     width: int
     now: int
     cursor_ns: int | None = None
-    hang_after_ns: int = 30 * 10**9
+    hang_after_ns: int = int(DEFAULT_HANG_AFTER * 10**9)
     sel: tuple[int, int] | None = None
     overview: bool = True
     index_min_ops: int = INDEX_MIN_OPS

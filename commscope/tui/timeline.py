@@ -29,6 +29,7 @@ from textual.strip import Strip
 from commscope.analysis.findings import ranks_text
 from commscope.analysis.model import CONTAINER, NESTED, ModelLike, ModelView
 from commscope.analysis.rankstate import rank_state, top_level_ops
+from commscope.events import DEFAULT_HANG_AFTER
 from commscope.tui import palette
 from commscope.tui.feed import REPLAY, Feed
 from commscope.tui.paintcode import categories
@@ -150,7 +151,7 @@ class Timeline(ScrollView, can_focus=True):
         self.sel_row = 0
         self.cursor_ns: int | None = None  # replay cursor
         self.now_ns = 0
-        self.hang_after_ns = 30 * 10**9
+        self.hang_after_ns = int(DEFAULT_HANG_AFTER * 10**9)
         # finished lines, by the row and everything drawn on it (least recently used ones dropped)
         self._cache: LRUCache[tuple, Strip] = LRUCache(2000)
         # one-rank rows' paintings by rank and window, repainted in part after changes (``repaint_rank``)

@@ -246,7 +246,8 @@ inline void put_header(uint8_t* p, uint8_t type, uint8_t flags, uint32_t len, in
 // credentials are masked later, in Python, when its block is drained (blocks.mask_line) or
 // its spool read (std::terminate's what(), death.h), and half of one is no longer
 // recognisable there (a URL's password without the "@host" after it, a token's first
-// half). Records pass kMaxText. Allocates nothing and cannot throw (the terminate handler
+// half). Records pass kMaxText, the terminate handler sizeof term_what (max > kCutMarkLen,
+// or the mark would not fit). Allocates nothing and cannot throw (the terminate handler
 // calls it).
 inline bool cut_text(const char* text, size_t n, size_t max, size_t* keep) noexcept {
   if (n <= max) {

@@ -32,7 +32,7 @@ void on_death_signal(int sig, siginfo_t* info, void* ctx) {
   // A handler of the program's own takes it (not SIG_IGN: a program that ignores it is not told).
   const bool handled = !dies && (old_siginfo ? old.sa_sigaction != nullptr : old.sa_handler != SIG_IGN);
   if (handled && h != nullptr && g_armed[sig] && h->stop_sig.load(std::memory_order_relaxed) == 0) {
-    h->stop_ns = now_ns();  // told to stop, and the program's handler decides what follows
+    h->stop_ns = now_ns();  // the program's handler decides what follows
     h->stop_sig.store(sig, std::memory_order_release);
   }
   if (old_siginfo) {

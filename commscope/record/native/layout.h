@@ -99,7 +99,7 @@ static_assert(sizeof(SourceBody) == 12, "blocks.SOURCE_BODY");
 
 constexpr size_t kMaxTensorsDescribed = 256;
 constexpr size_t kMaxText = 4096;
-// A text longer than kMaxText ends in this mark ("\u2026", UTF-8) where it was cut
+// A text longer than its room (kMaxText; term_what's 2,048 bytes) ends in this mark ("\u2026", UTF-8) where it was cut
 // (buffer.h's cut_text; blocks.cut_text the same).
 constexpr char kCutMark[] = "\xe2\x80\xa6";
 constexpr size_t kCutMarkLen = sizeof(kCutMark) - 1;
@@ -154,8 +154,8 @@ struct SpoolHeader {
   uint16_t term_what_len;
   int64_t term_ns;
   uint64_t term_tid;
-  // A stop signal the program handles itself (its own SIGTERM handler: it lives on), the
-  // first one: the rank was told to stop with its job, whatever it did next.
+  // The first SIGTERM a handler of the program's own took (it lives on): who sent it and why
+  // is unknown (a scancel, a preemption notice); the rank's exit says so (stop_signal).
   std::atomic<int32_t> stop_sig;      // 0: none
   int32_t reserved2;
   int64_t stop_ns;
