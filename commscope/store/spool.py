@@ -224,7 +224,7 @@ class Spool:
             sig, _, ns = _STOP.unpack(os.pread(self.fd, _STOP.size, OFF_STOP))
         except (OSError, struct.error):
             return {}
-        return Death(stop_signal=sig if ns > 0 else 0, stop_ns=ns).stop_fields()
+        return Death(stop_signal=sig, stop_ns=ns).stop_fields()
 
     def close(self, remove: bool) -> None:
         """Leave the spool: removed when the store has everything (``remove``), else kept
@@ -343,7 +343,7 @@ def read(path: Path) -> Image | None:
     stop_sig, _, stop_ns = _STOP.unpack_from(head, OFF_STOP)
     death = Death(signal=sig, signal_code=code, signal_tid=tid, signal_ns=sig_ns,
                   exit_code=exit_code if exit_set else None, exit_ns=exit_ns, terminate_ns=term_ns,
-                  stop_signal=stop_sig if stop_ns > 0 else 0, stop_ns=stop_ns)
+                  stop_signal=stop_sig, stop_ns=stop_ns)
     if term_set:
         death.terminate_type = head[OFF_TERM_TYPE:OFF_TERM_TYPE + min(tlen, 256)].decode("utf-8", "replace")
         death.terminate_what = head[OFF_TERM_WHAT:OFF_TERM_WHAT + min(wlen, 2048)].decode("utf-8", "replace")
