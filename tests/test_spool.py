@@ -37,9 +37,19 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def killed_spool(store: str) -> tuple[Path, int]:
+#: Its exit stored, then killed before it closed its spool (its last tick cut at exit); it
+#: had kept the exit there too (for a forwarder, in case the write did not end).
+EXIT_STORED_CHILD = CHILD.replace("print(sp.path", """from commscope.record.pyspool import PyRing
+ring = PyRing()
+ring.attach(sp.fd)
+ring.keep_event(b'{"type":"exit","v":3,"rank":1,"ts":5,"reason":"uninstrument"}')
+sp.set_flag(spool.EXIT_STORED)
+print(sp.path""")
+
+
+def killed_spool(store: str, child: str = CHILD) -> tuple[Path, int]:
     """A spool whose owner was SIGKILLed: (its path, the owner's pid)."""
-    p = subprocess.run([sys.executable, "-c", CHILD, store], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-c", child, store], capture_output=True, text=True)
     assert p.returncode == -signal.SIGKILL, p.stderr
     path = Path(p.stdout.strip())
     assert path.exists() and oct(path.stat().st_mode & 0o777) == "0o600"
@@ -77,6 +87,31 @@ def test_a_launcher_forwards_a_killed_rank_s_spool_with_its_cause(tmp_path):
     events = [e for e in open_reader(f"{store}/tomb").read_all() if e["rank"] == 1]
     # it recorded nothing before it died: all there is to say is how it died
     assert [(e["type"], e.get("reason"), e.get("signal")) for e in events] == [("exit", "killed", "Killed")]
+
+
+@pytest.mark.parametrize("who", ["sibling", "launcher", "reader"])
+def test_a_spool_that_says_its_exit_is_stored_gets_no_second_exit(tmp_path, who):
+    """Whoever reads it (a sibling rank, the launcher that saw exit status 0, a reader that may
+    not forward) adds no exit and sends none it kept: the rank's own is in the store."""
+    store = str(tmp_path / "trace")
+    open_writer(store, "tomb", 0, {"world_size": 2}).close()
+    path, pid = killed_spool(store, EXIT_STORED_CHILD)
+    img = spool.read(path)
+    assert img.flags & spool.EXIT_STORED and any(b'"exit"' in line for line in img.kept)  # (the case is set up)
+    assert not any(b'"exit"' in line for line in spool.remnant_lines(img, 1))
+    if who == "reader":
+        assert [(r, lines) for r, _inc, lines in spool.remnant_events("tomb", store)] == [(1, [])]
+        spool._remove(path)
+        return
+    if who == "sibling":
+        def writer(rank: int, inc: int):
+            return open_writer(store, "tomb", rank, incarnation=inc, resume=True)
+
+        assert spool.forward_dead("tomb", store, writer) == 1
+    else:
+        assert spool.forward_orphans(exit_status={pid: 0}.get, only=spool.store_id(store)) == 1
+    assert not path.exists()  # done with: no tombstone waits for a launcher
+    assert [e for e in open_reader(f"{store}/tomb").read_all() if e["rank"] == 1] == []
 
 
 def test_spool_directory_is_private():

@@ -42,7 +42,7 @@ class Line(NamedTuple):
 
 
 class Outbox:
-    FINAL_WRITE_S = 0.8  # the last write's retries at shutdown; exit is never held longer than ~1 s
+    FINAL_WRITE_S = 0.8  # the last write's retries at shutdown (a store that is down holds exit ~1 s)
 
     def __init__(self, warn: Callable[[str, str], None], on_forwarded: Callable[[int], None] | None = None):
         """``warn(key, message)``: warns once per key (``Recorder.warn``); ``on_forwarded(end)``:
@@ -128,8 +128,9 @@ class Outbox:
         return True
 
     def write_final(self, open_writer: Callable[[], bool], who: str, store: str, kept: str | None = None,
-                    keep: Callable[[bytes], None] | None = None) -> None:
+                    keep: Callable[[bytes], None] | None = None) -> bool:
         """A last, bounded attempt; what still cannot be written is reported on stderr.
+        Returns whether everything queued reached the store.
         ``open_writer()`` opens the store if needed (True: ``writer`` is set); ``kept``: where
         what did not make it waits for a forwarder (the spool), if anywhere: the op records
         are there already, and ``keep(line)`` puts each other event there too."""
@@ -156,11 +157,15 @@ class Outbox:
                   f"{self.error or 'the store is unavailable'}{tail}", file=sys.stderr)
             self.pending.clear()
             self.bytes = 0
+            stored = False
+        else:
+            stored = True
         if self.writer is not None:
             try:
                 self.writer.close()
             except Exception:
                 pass
+        return stored
 
     def forget(self) -> None:
         """In a forked child: nothing queued or open here belongs to it."""

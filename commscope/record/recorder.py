@@ -62,6 +62,11 @@ class Recorder:
     SETTLE_S = 5.0  # how long a rank waits at init for rank 0's job id
     FORWARD_EVERY = 1.0  # seconds between looks for spools of dead ranks on this host
     OPEN_TIMEOUT_S = 2.0  # connecting to the store from inside init_process_group, at most
+    # How long a process that ends its recording waits for the last tick.  It takes
+    # milliseconds, but seconds on a loaded host (2 cores, 4 ranks, a CI run beside): the old
+    # 1 s cut it there, and the rank's exit was lost.  The bound is for a wedged tick (an NVML
+    # call on a failed GPU, a store that blocks), never reached otherwise.
+    FINAL_HOLD_S = 10.0
 
     def __init__(self, store: Any = None, *, hang_after: float | None = None, capture_stacks: bool = True,
                  sample_interval: float = 1.0, flight_recorder: bool = True, source: str | None = None):
@@ -97,6 +102,7 @@ class Recorder:
         self.exit_code: int | None = None  # what the main thread's last ``sys.exit`` asked for
         self.exited = False
         self._exit: tuple[int, str, int | None] | None = None  # (ts, reason, exit code) once marked
+        self._exit_sent: dict[str, Any] | None = None  # the exit event, once queued
         self._next_forward = 0.0
         self._next_write = 0.0  # (monotonic) the store's pace: ``StoreWriter.write_every``
         self._write_now = False  # ``flush`` asked: the next tick writes whatever the pace
@@ -272,12 +278,20 @@ class Recorder:
         self.exited = True
         self._exit = (time.time_ns(), reason, code)
 
-    def stop(self, reason: str = "uninstrument", timeout: float = 1.0, code: int | None = None) -> None:
+    def stop(self, reason: str = "uninstrument", timeout: float | None = None, code: int | None = None) -> None:
+        """End the recording: the last tick writes everything and the ``exit``.  The caller
+        waits for it (at most ``timeout``, default ``FINAL_HOLD_S``): a process that left
+        sooner would cut it, and its rank would read as killed."""
         self.mark_exit(reason, code)
         self._stop.set()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+            self._thread.join(self.FINAL_HOLD_S if timeout is None else timeout)
+            if self._thread.is_alive():
+                self._keep_exit()
+                print(f"commscope: rank {self.rank}: the recorder's last write did not end within "
+                      f"{self.FINAL_HOLD_S if timeout is None else timeout:g} s; the process leaves without "
+                      "it (what the spool holds reaches the store through a forwarder)", file=sys.stderr)
         elif self._thread is None:
             self._tick(final=True)
 
@@ -341,20 +355,10 @@ class Recorder:
             self._dropped_reported = dropped
             self.warn("dropped", f"commscope: dropped {dropped} trace events ({reason}); training is unaffected")
         if self._exit is not None and (self.rank is not None or final):
-            ts, reason, code = self._exit
+            exit_ev = self._exit_event(self.spool)
             self._exit = None
-            exit_ev: dict[str, Any] = {"type": events.EXIT, "ts": ts, "reason": reason}
-            if code is not None:
-                exit_ev["code"] = code
-            unwaited, count = self.ops.unwaited()
-            if count:
-                exit_ev["unwaited"] = unwaited[:1000]
-                exit_ev["unwaited_count"] = count
-            if self.crash:
-                exit_ev["exc"] = self.crash
-            if self.spool is not None:  # (a SIGTERM a handler of the program's own took, and when)
-                exit_ev.update(self.spool.stop_noted())
             emit(exit_ev)  # last, after everything recorded before it
+            self._exit_sent = exit_ev
         if due:
             self._write(final, started)
         if final or time.monotonic() >= self._next_forward:
@@ -362,6 +366,43 @@ class Recorder:
         if final:
             self._leave_spool()
         self._ticks += 1
+
+    def _exit_event(self, sp: spool.Spool | None) -> dict[str, Any]:
+        """The ``exit`` of the shutdown ``mark_exit`` noted."""
+        assert self._exit is not None
+        ts, reason, code = self._exit
+        exit_ev: dict[str, Any] = {"type": events.EXIT, "ts": ts, "reason": reason}
+        if code is not None:
+            exit_ev["code"] = code
+        unwaited, count = self.ops.unwaited()
+        if count:
+            exit_ev["unwaited"] = unwaited[:1000]
+            exit_ev["unwaited_count"] = count
+        if self.crash:
+            exit_ev["exc"] = self.crash
+        if sp is not None:  # (a SIGTERM a handler of the program's own took, and when)
+            exit_ev.update(sp.stop_noted())
+        return exit_ev
+
+    def _keep_exit(self) -> None:
+        """The last tick did not end in time and the process leaves: its ``exit`` waits in
+        the spool with the records (a forwarder sends both), unless the tick stored it."""
+        sp, sent = self.spool, self._exit_sent
+        if sp is None or self.rank is None or sp.has_flag(spool.EXIT_STORED):
+            return  # the spool is left (the tick got that far), or the exit is stored
+        try:
+            if sent is not None:  # queued, not yet written
+                line = _dumps(sent)
+            elif self._exit is not None:
+                ev = self._exit_event(sp)
+                ev["v"] = events.SCHEMA_VERSION
+                ev["rank"] = self.rank
+                line = _dumps(redact_event(ev))
+            else:
+                return
+            self.ops.keep_event(line)
+        except Exception:
+            pass
 
     def _forward_dead(self) -> None:
         """Send what ranks of this job that died on this host left in their spools to their
@@ -528,8 +569,13 @@ class Recorder:
         pace counts from, so a pace of one tick writes every tick)."""
         outbox = self.outbox
         if final:
-            outbox.write_final(self._open_writer, f"rank {self.rank}", redact_store(self.store),
-                               kept=str(self.spool.path) if self.spool is not None else None, keep=self.ops.keep_event)
+            stored = outbox.write_final(self._open_writer, f"rank {self.rank}", redact_store(self.store),
+                                        kept=str(self.spool.path) if self.spool is not None else None,
+                                        keep=self.ops.keep_event)
+            if stored and self.exited and self._exit is None and self.spool is not None:
+                # Said at once: a process that ends before this tick does (past FINAL_HOLD_S)
+                # leaves its spool behind, and a forwarder then adds no second exit.
+                self.spool.set_flag(spool.EXIT_STORED)
         elif outbox.pending and not outbox.backing_off() and self._open_writer():
             outbox.write_once()
             self._next_write = started + outbox.writer.write_every

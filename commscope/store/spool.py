@@ -60,6 +60,7 @@ CRASH_SUFFIX = ".crash"
 CLOSED = 1  # SPOOL_CLOSED: the owner forwarded everything and left
 META_STORED = 2  # the rank's meta reached the store: a forwarder need not send it again
 FORWARDED = 4  # a tombstone: records forwarded, how the rank died still unknown (for its launcher)
+EXIT_STORED = 8  # the rank's own exit reached the store: a forwarder adds none (the owner left before closing)
 TOMBSTONE_AGE_S = 3600.0  # a tombstone no launcher claimed by then is removed
 
 #: Header fields by offset (SpoolHeader; ``commscope_native.spool_layout()`` agrees, tested).
@@ -209,6 +210,12 @@ class Spool:
             return False
         head, tail = struct.unpack("<QQ", raw)
         return head == tail
+
+    def has_flag(self, flag: int) -> bool:
+        try:
+            return bool(struct.unpack("<I", os.pread(self.fd, 4, OFF_FLAGS))[0] & flag)
+        except (OSError, struct.error):
+            return False
 
     def set_flag(self, flag: int) -> None:
         """Note a fact for a forwarder (META_STORED)."""
@@ -396,10 +403,13 @@ def remnant_lines(img: Image, rank: int, *, with_meta: bool = False) -> list[byt
         n = sum(1 for _ in _records(img.ring))
         out.append(blocks.encode_block(blocks.mask_texts(img.tables + img.ring), rank, now, n,
                                        pos=img.end - len(img.ring), end=img.end))
-    out.extend(_redacted(line) for line in img.kept)
+    stored = bool(img.flags & EXIT_STORED)  # (an exit kept for a forwarder, then stored after all)
+    out.extend(_redacted(line) for line in img.kept if not (stored and b'"type":"exit"' in line))
     stack = crash_stack(img, rank)
     if stack is not None:
         out.append(orjson.dumps(redact_event(stack)))
+    if stored:
+        return out  # its own exit is in the store: another one would be a second ending
     ex = exit_event(img, rank)
     if ex is None and stack is not None:  # faulthandler saw a fatal signal the header missed
         ex = crashlog.exit_from(stack, img.death.signal_ns or stack["ts"], rank)
@@ -567,7 +577,7 @@ def forward_dead(job: str, store: str, open_writer: Callable[[int, int], Any], o
                 lines = []
             else:
                 lines = remnant_lines(img, rank, with_meta=not img.flags & META_STORED)
-            known = any(b'"type":"exit"' in line for line in lines)
+            known = bool(img.flags & EXIT_STORED) or any(b'"type":"exit"' in line for line in lines)
             if exit_status is not None and not known:
                 status = exit_status(img.pid)
                 if status is not None:
@@ -679,7 +689,7 @@ def remnant_events(job: str, store: str) -> list[tuple[int, int, list[bytes]]]:
         rank = img.rank if img.rank >= 0 else img.identity.get("rank")
         if isinstance(rank, int) and rank >= 0:
             lines = remnant_lines(img, rank, with_meta=False)
-            if not any(b'"type":"exit"' in line for line in lines):
+            if not img.flags & EXIT_STORED and not any(b'"type":"exit"' in line for line in lines):
                 lines.append(orjson.dumps(gone_exit(img, rank)))
             out.append((rank, img.incarnation, lines))
     return out
