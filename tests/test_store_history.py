@@ -177,6 +177,7 @@ def million_ops(rank: int, ws: int, store: str, n: int) -> dict[int, int]:
     return rss
 
 
+@pytest.mark.timeout(900)  # 40 s alone; past the file's 180 s on 2 cores a CI run shared (loaded run 42a)
 def test_store_down_for_a_million_ops_keeps_memory_flat(tmp_path, capsys):
     """Every buffer is bounded in bytes (1 MiB each here): a rank whose store is down for
     10^6 ops keeps training with flat memory, counts what it could not keep, and what it
