@@ -38,15 +38,21 @@ def _cap_bytes() -> int:
 
 class Line(NamedTuple):
     data: bytes
-    ring_end: int  # a block's end position in the spool's ring; -1: not a block of the ring
+    ring_end: int  # a block's end position in the spool's ring; -1: not a block of the ring (EXIT: the exit)
+
+
+#: ``Line.ring_end`` of the incarnation's ``exit``: its landing is said (``on_exit_stored``).
+EXIT = -2
 
 
 class Outbox:
     FINAL_WRITE_S = 0.8  # the last write's retries at shutdown (a store that is down holds exit ~1 s)
 
-    def __init__(self, warn: Callable[[str, str], None], on_forwarded: Callable[[int], None] | None = None):
+    def __init__(self, warn: Callable[[str, str], None], on_forwarded: Callable[[int], None] | None = None,
+                 on_exit_stored: Callable[[], None] | None = None):
         """``warn(key, message)``: warns once per key (``Recorder.warn``); ``on_forwarded(end)``:
-        the store holds the ring's records before ``end``."""
+        the store holds the ring's records before ``end``; ``on_exit_stored()``: it holds the
+        ``exit`` (put with ``ring_end=EXIT``)."""
         self.pending: deque[Line] = deque()  # encoded events not yet in the store
         self.cap_bytes = _cap_bytes()
         self.bytes = 0  # of the pending lines that are not ring blocks (those the ring bounds)
@@ -56,6 +62,7 @@ class Outbox:
         self.error: str | None = None  # why the store last failed, while it fails
         self._warn = warn
         self._on_forwarded = on_forwarded
+        self._on_exit_stored = on_exit_stored
         self._retry_at = 0.0
         self._retry_delay = 0.5
 
@@ -108,6 +115,8 @@ class Outbox:
                 end = max(end, item.ring_end)
             else:
                 self.bytes -= len(item.data)
+                if item.ring_end == EXIT and self._on_exit_stored is not None:
+                    self._on_exit_stored()
         if end >= 0 and self._on_forwarded is not None:
             self._on_forwarded(end)
 
@@ -128,12 +137,11 @@ class Outbox:
         return True
 
     def write_final(self, open_writer: Callable[[], bool], who: str, store: str, kept: str | None = None,
-                    keep: Callable[[bytes], None] | None = None) -> bool:
+                    keep: Callable[[bytes, bool], None] | None = None) -> None:
         """A last, bounded attempt; what still cannot be written is reported on stderr.
-        Returns whether everything queued reached the store.
         ``open_writer()`` opens the store if needed (True: ``writer`` is set); ``kept``: where
         what did not make it waits for a forwarder (the spool), if anywhere: the op records
-        are there already, and ``keep(line)`` puts each other event there too."""
+        are there already, and ``keep(line, is_exit)`` puts each other event there too."""
         deadline = time.monotonic() + self.FINAL_WRITE_S
         while self.pending:
             self._retry_at = 0.0
@@ -151,21 +159,17 @@ class Outbox:
                 if keep is not None:
                     for item in self.pending:
                         if item.ring_end < 0:
-                            keep(item.data)
+                            keep(item.data, item.ring_end == EXIT)
                 tail = f"; they wait in {kept} for a forwarder (any commscope command on this host)"
             print(f"commscope: {who}: {what} could not be written at exit to {store}: "
                   f"{self.error or 'the store is unavailable'}{tail}", file=sys.stderr)
             self.pending.clear()
             self.bytes = 0
-            stored = False
-        else:
-            stored = True
         if self.writer is not None:
             try:
                 self.writer.close()
             except Exception:
                 pass
-        return stored
 
     def forget(self) -> None:
         """In a forked child: nothing queued or open here belongs to it."""

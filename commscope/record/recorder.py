@@ -34,6 +34,7 @@ from commscope import __version__, events
 from commscope.events import encode as _dumps
 from commscope.record import callsite, crashlog, hangsignal, jobid, native
 from commscope.record.opsource import OpSource
+from commscope.record.outbox import EXIT as EXIT_LINE
 from commscope.record.outbox import Outbox
 from commscope.record.probes import ResourceProbe
 from commscope.redact import redact_args
@@ -102,7 +103,11 @@ class Recorder:
         self.exit_code: int | None = None  # what the main thread's last ``sys.exit`` asked for
         self.exited = False
         self._exit: tuple[int, str, int | None] | None = None  # (ts, reason, exit code) once marked
-        self._exit_sent: dict[str, Any] | None = None  # the exit event, once queued
+        # The exit's way out, which the recorder thread and a caller past FINAL_HOLD_S both
+        # take (``_keep_exit``): once queued, stored, kept in the spool for a forwarder.
+        self._exit_lock = threading.Lock()
+        self._exit_line: bytes | None = None
+        self._exit_stored = self._exit_kept = False
         self._next_forward = 0.0
         self._next_write = 0.0  # (monotonic) the store's pace: ``StoreWriter.write_every``
         self._write_now = False  # ``flush`` asked: the next tick writes whatever the pace
@@ -176,11 +181,12 @@ class Recorder:
         self._do_tick(final=True)
         self.outbox = self._new_outbox()
         self.exited, self._exit, self.crash = False, None, None
+        self._exit_line, self._exit_stored, self._exit_kept = None, False, False
         self._spool_tried = False
 
     def _new_outbox(self) -> Outbox:
         """An incarnation's outbox: a block it hands to the store frees the ring up to its end."""
-        return Outbox(self.warn, on_forwarded=lambda end: self.ops.forwarded(end))
+        return Outbox(self.warn, on_forwarded=lambda end: self.ops.forwarded(end), on_exit_stored=self._exit_landed)
 
     def _flush_early(self) -> None:
         """Events made before the rank was known, emitted now that it is."""
@@ -355,10 +361,14 @@ class Recorder:
             self._dropped_reported = dropped
             self.warn("dropped", f"commscope: dropped {dropped} trace events ({reason}); training is unaffected")
         if self._exit is not None and (self.rank is not None or final):
-            exit_ev = self._exit_event(self.spool)
-            self._exit = None
-            emit(exit_ev)  # last, after everything recorded before it
-            self._exit_sent = exit_ev
+            if self.rank is None:
+                emit(self._exit_event(self.spool))
+                self._exit = None
+            else:
+                with self._exit_lock:
+                    line = self._exit_line = self._stamped(self._exit_event(self.spool))
+                    self._exit = None
+                outbox.put(line, EXIT_LINE)  # last, after everything recorded before it
         if due:
             self._write(final, started)
         if final or time.monotonic() >= self._next_forward:
@@ -384,23 +394,42 @@ class Recorder:
             exit_ev.update(sp.stop_noted())
         return exit_ev
 
+    def _exit_landed(self) -> None:
+        """The store holds the exit: the spool says so at once, so that a forwarder of a spool
+        left behind (its process gone before the tick ended) adds no second one."""
+        with self._exit_lock:
+            self._exit_stored = True
+            if self.spool is not None:
+                self.spool.set_flag(spool.EXIT_STORED)
+
+    def _keep_line(self, line: bytes, is_exit: bool) -> None:
+        """An event the last write could not store, kept in the spool for a forwarder (the
+        exit once, whoever keeps it first)."""
+        if is_exit:
+            with self._exit_lock:
+                if self._exit_kept or self._exit_stored:
+                    return
+                self._exit_kept = True
+        self.ops.keep_event(line)
+
     def _keep_exit(self) -> None:
         """The last tick did not end in time and the process leaves: its ``exit`` waits in
-        the spool with the records (a forwarder sends both), unless the tick stored it."""
-        sp, sent = self.spool, self._exit_sent
-        if sp is None or self.rank is None or sp.has_flag(spool.EXIT_STORED):
-            return  # the spool is left (the tick got that far), or the exit is stored
+        the spool with the records (a forwarder sends both), unless it is stored or kept."""
+        sp = self.spool
+        if sp is None or self.rank is None:
+            return  # the spool is left (the tick got that far)
         try:
-            if sent is not None:  # queued, not yet written
-                line = _dumps(sent)
-            elif self._exit is not None:
-                ev = self._exit_event(sp)
-                ev["v"] = events.SCHEMA_VERSION
-                ev["rank"] = self.rank
-                line = _dumps(redact_event(ev))
-            else:
-                return
-            self.ops.keep_event(line)
+            with self._exit_lock:
+                if self._exit_kept or self._exit_stored:
+                    return
+                if self._exit_line is not None:  # queued, not yet stored
+                    line = self._exit_line
+                elif self._exit is not None:
+                    line = self._stamped(self._exit_event(sp))
+                else:
+                    return
+                self._exit_kept = True
+                self.ops.keep_event(line)
         except Exception:
             pass
 
@@ -463,10 +492,14 @@ class Recorder:
                 self.outbox.dropped += 1
             self._early.append(ev)
             return
+        self.outbox.put(self._stamped(ev))
+
+    def _stamped(self, ev: dict) -> bytes:
+        """``ev`` as its line in the rank's stream."""
         ev["v"] = events.SCHEMA_VERSION
         ev["rank"] = self.rank
         redact_event(ev)  # stacks, exceptions, reasons: text from the program
-        self.outbox.put(_dumps(ev))
+        return _dumps(ev)
 
     def _drop_reason(self) -> str:
         if self.outbox.error:
@@ -569,13 +602,8 @@ class Recorder:
         pace counts from, so a pace of one tick writes every tick)."""
         outbox = self.outbox
         if final:
-            stored = outbox.write_final(self._open_writer, f"rank {self.rank}", redact_store(self.store),
-                                        kept=str(self.spool.path) if self.spool is not None else None,
-                                        keep=self.ops.keep_event)
-            if stored and self.exited and self._exit is None and self.spool is not None:
-                # Said at once: a process that ends before this tick does (past FINAL_HOLD_S)
-                # leaves its spool behind, and a forwarder then adds no second exit.
-                self.spool.set_flag(spool.EXIT_STORED)
+            outbox.write_final(self._open_writer, f"rank {self.rank}", redact_store(self.store),
+                               kept=str(self.spool.path) if self.spool is not None else None, keep=self._keep_line)
         elif outbox.pending and not outbox.backing_off() and self._open_writer():
             outbox.write_once()
             self._next_write = started + outbox.writer.write_every
@@ -697,16 +725,18 @@ _real_os_exit = os._exit
 
 def _os_exit(code: int) -> None:
     """``os._exit``: no atexit, no finally.  What the rank recorded still reaches the store
-    (bounded, ~1 s at most) and its ``exit`` says so, then the process leaves as asked."""
+    (bounded: ``Recorder.FINAL_HOLD_S``) and its ``exit`` says so, then the process leaves
+    as asked."""
     end_before_exit(code)
     _real_os_exit(code)
 
 
 #: Held while ``end_before_exit`` ends the recording: another thread's ``os._exit`` waits
-#: for its last write (at most ``ENDING_WAIT_S``: this may run in a signal handler that
-#: interrupted the holder, or in a child forked while another thread held it)
+#: for its last write (at most ``ENDING_WAIT_S``, past the holder's own wait for the last
+#: tick, which it would cut: this may run in a signal handler that interrupted the holder,
+#: or in a child forked while another thread held it)
 _ending = threading.Lock()
-ENDING_WAIT_S = 3.0
+ENDING_WAIT_S = Recorder.FINAL_HOLD_S + 1.0
 
 
 def end_before_exit(code: int) -> None:

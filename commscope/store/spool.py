@@ -211,12 +211,6 @@ class Spool:
         head, tail = struct.unpack("<QQ", raw)
         return head == tail
 
-    def has_flag(self, flag: int) -> bool:
-        try:
-            return bool(struct.unpack("<I", os.pread(self.fd, 4, OFF_FLAGS))[0] & flag)
-        except (OSError, struct.error):
-            return False
-
     def set_flag(self, flag: int) -> None:
         """Note a fact for a forwarder (META_STORED)."""
         try:
@@ -403,8 +397,12 @@ def remnant_lines(img: Image, rank: int, *, with_meta: bool = False) -> list[byt
         n = sum(1 for _ in _records(img.ring))
         out.append(blocks.encode_block(blocks.mask_texts(img.tables + img.ring), rank, now, n,
                                        pos=img.end - len(img.ring), end=img.end))
-    stored = bool(img.flags & EXIT_STORED)  # (an exit kept for a forwarder, then stored after all)
-    out.extend(_redacted(line) for line in img.kept if not (stored and b'"type":"exit"' in line))
+    # An exit kept for a forwarder and then stored after all is not sent; of several kept
+    # (a process can keep only one; a spool is untrusted input), the last.
+    stored = bool(img.flags & EXIT_STORED)
+    exits = [k for k, line in enumerate(img.kept) if b'"type":"exit"' in line]
+    sent = set() if stored or not exits else {exits[-1]}
+    out.extend(_redacted(line) for k, line in enumerate(img.kept) if k not in exits or k in sent)
     stack = crash_stack(img, rank)
     if stack is not None:
         out.append(orjson.dumps(redact_event(stack)))
