@@ -227,6 +227,36 @@ def test_unmatched_p2p_peer_idle_or_exited():
     assert x.evidence["peer_activity"]["1"]["state"] == "exited"
 
 
+def test_a_send_to_a_rank_the_job_does_not_have_is_the_sender_s_own_fault():
+    """Gloo does not refuse ``send(dst=99)`` in a 2-rank job: it waits for that rank's
+    connection until the timeout (or crashes).  The finding named rank 99, which does not
+    exist, its culprit; now the sender is, and the rank then waiting on it is a consequence."""
+    b = TraceBuilder(2)
+    t = b.warmup()
+    b.sync(0, t, None, "send", peer=99, dir="send")
+    b.sync(1, t + MS, None, "recv", peer=0, dir="recv")
+    b.heartbeats(t, t + 5 * S)
+    _, f = run(b)
+    assert [(x.kind, x.culprits, x.ranks) for x in f] == [("unmatched_p2p", [0], [0])]
+    x = f[0]
+    assert x.evidence["no_such_peer"] == 99 and x.evidence["peer_activity"] == {}
+    assert "; the job has no rank 99 (world size 2): no recv can ever match it" in x.message
+    assert [(c["kind"], c["ranks"]) for c in x.evidence["consequences"]] == [("unmatched_p2p", [0, 1])]
+    assert x.message.endswith("Then: rank 1 blocked in recv #1")
+
+
+def test_a_peer_past_the_ranks_seen_is_no_mistake_while_the_world_size_is_unknown():
+    """Without a rank's word on the world size (no ``meta``), rank 5 may be a rank that
+    recorded nothing: it stays the culprit."""
+    b = TraceBuilder(2, meta=False)
+    t = b.warmup()
+    b.sync(0, t, None, "send", peer=5, dir="send")
+    b.heartbeats(t, t + 5 * S)
+    _, f = run(b)
+    assert [(x.kind, x.culprits) for x in f] == [("unmatched_p2p", [5])]
+    assert "no_such_peer" not in f[0].evidence
+
+
 def test_matched_but_slow_p2p_and_rings_are_fine():
     b = TraceBuilder(4)
     t = b.warmup()

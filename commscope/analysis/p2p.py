@@ -52,10 +52,15 @@ class Unmatched(Evidence):
     blocked_op: dict[str, Any]  # findings.op_brief + blocked_s
     expected: str  # "send" or "recv"
     peer_activity: dict[str, dict[str, Any]]  # peer -> findings.activity
+    #: The peer named, where the job has no such rank (world size known): the blocked rank's
+    #: own mistake, and the root of what then waits on it (``rootcause``).
+    no_such_peer: int = evidence.ABSENT
 
     def render(self, f: Finding) -> list[RenderableType]:
         parts: list[RenderableType] = [Text(f"blocked: {evidence.brief(self.blocked_op)}", style=evidence.WARN)]
-        if self.expected:
+        if self.no_such_peer is not evidence.ABSENT:
+            parts.append(Text(f"no rank {self.no_such_peer} in the job: nothing can match it", style=evidence.GREY))
+        elif self.expected:
             parts.append(Text(f"needs a matching {self.expected} from the peer", style=evidence.GREY))
         peers = evidence.values(self.peer_activity)
         if peers:
@@ -187,10 +192,14 @@ def find_p2p(model: TraceModel, now: int, hang_ns: int) -> list[Finding]:
     for r, lst in sorted(edges.items()):
         any_source = [(p, i) for p, i in lst if model.ranks[r].peer[i] < 0]
         any_ops = {i for _, i in any_source}  # (a set: an any-source recv waits on every member)
+        world = _world(model)
         for peer, i in lst:
             if (r, i) in in_cycle or i in any_ops:
                 continue
-            out.append(_unmatched(model, r, i, [peer], now))
+            if world is not None and peer >= world:
+                out.append(_no_such_peer(model, r, i, peer, world, now))
+            else:
+                out.append(_unmatched(model, r, i, [peer], now))
         if any_source:
             i = any_source[0][1]
             if (r, i) not in in_cycle:
@@ -210,3 +219,27 @@ def _unmatched(model: TraceModel, r: int, i: int, peers: list[int], now: int) ->
     ev = Unmatched(blocked_op=step, expected=counterpart, peer_activity=acts)
     return Finding("unmatched_p2p", s.group, seq, s.op, sorted({r, *peers}), peers, msg, ev,
                    ts=rankstate.blocked_since(model, r, i), victims={r: tuple(peers)})
+
+
+def _world(model: TraceModel) -> int | None:
+    """The job's world size as its ranks said it (their ``meta``), else None: ranks that
+    recorded nothing must not make a real peer look like none."""
+    sizes = [int(rt.meta["world_size"]) for rt in model.ranks.values()
+             if rt.meta and isinstance(rt.meta.get("world_size"), int)]
+    return max(sizes) if sizes else None
+
+
+def _no_such_peer(model: TraceModel, r: int, i: int, peer: int, world: int, now: int) -> Finding:
+    """unmatched_p2p on a rank that sends to (or receives from) a rank the job does not
+    have: its own mistake (Gloo waits for that rank's connection until the timeout, or
+    crashes), never the rank's it names."""
+    s = model.sig_of(r, i)
+    rt = model.ranks[r]
+    seq = int(rt.seq[i]) if rt.seq[i] >= 0 else None
+    counterpart = "recv" if s.flags & SEND else "send"
+    step = _step(model, r, i, now)
+    msg = (f"{_say(model, r, i)} (#{seq if seq is not None else '?'} of group {s.group}) for "
+           f"{step['blocked_s']:.1f} s; the job has no rank {peer} (world size {world}): "
+           f"no {counterpart} can ever match it")
+    ev = Unmatched(blocked_op=step, expected=counterpart, peer_activity={}, no_such_peer=peer)
+    return Finding("unmatched_p2p", s.group, seq, s.op, [r], [r], msg, ev, ts=rankstate.blocked_since(model, r, i))

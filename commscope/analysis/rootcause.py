@@ -17,7 +17,9 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
    ``missing_ranks`` (even beside living absentees: a collective a dead member never
    entered can never complete), ``op_failed``, ``unmatched_p2p``.  A ``missing_ranks``
    naming the same ranks as an ``op_failed`` (the wait that then timed out) folds into it,
-   and one whose absentees are all stuck in a ``p2p_deadlock`` folds into the deadlock.
+   and one whose absentees are all stuck in a ``p2p_deadlock`` folds into the deadlock.  A
+   rank blocked in a send or recv with a peer the job does not have (``p2p.no_such_peer``)
+   is, likewise, the root of the findings that name it.
 
 4. Ranks that departed together are one finding: deaths or crashes of the same manner (the
    same signal and what it said, digits aside; killed the same way, or gone), each within
@@ -166,6 +168,10 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
             consequences.append((f, r))
     roots.sort(key=lambda f: (_RANK.get(f.kind, 99), f.ts))
     gone = {f.culprits[0] for f in roots if f.kind in DEPARTED}
+    # A rank blocked for good in a p2p op with a peer the job does not have is, for what
+    # waits on it, as a departed rank: their root (it would never come).
+    stuck = {f.culprits[0]: f for f in roots
+             if f.kind == "unmatched_p2p" and f.evidence.get("no_such_peer") is not None}
 
     def home(f: Finding, want: set[int] | None) -> Finding | None:
         if want is None:  # waiting for its blame: belongs with the failure that will give it
@@ -193,6 +199,9 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
                 set(f.culprits) <= gone or (f.kind == "missing_ranks" and set(f.culprits) & gone)):
             # (a collective a dead member never entered can never complete, whoever else is late)
             target = next(t for t in roots if t.kind in DEPARTED and t.culprits[0] in f.culprits)
+        elif f.kind not in DEPARTED and f.kind != "collective_mismatch" and f.culprits and f.culprits[0] in stuck \
+                and set(f.culprits) <= stuck.keys():
+            target = stuck[f.culprits[0]]
         elif f.kind == "missing_ranks":
             target = next((t for t in roots if t.kind == "op_failed" and set(t.culprits) == set(f.culprits)), None) \
                 or next((t for t in roots if t.kind == "p2p_deadlock" and set(f.culprits) <= set(t.culprits)), None) \
