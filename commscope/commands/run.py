@@ -212,6 +212,7 @@ class _Stop:
 
 
 def _jobs(store: str) -> set[str] | None:
-    """The jobs the store holds (None: a store its backend does not look at, a server)."""
-    jobs = backend_for(store).jobs
-    return jobs(store) if jobs is not None else None
+    """The jobs the store holds (None: a server, not asked: a store that is down would hold
+    the command's start for its connect timeout)."""
+    row = backend_for(store)
+    return row.jobs(store) if row.jobs is not None and row.local else None

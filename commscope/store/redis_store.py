@@ -843,6 +843,14 @@ def list_jobs(url: str) -> list[tuple[str, float]]:
     return [(flat[i].decode(), float(flat[i + 1]) / 1e6) for i in range(0, len(flat), 2)]
 
 
+def jobs(url: str) -> set[str] | None:
+    """The ids of the jobs the store holds now; None where it cannot be asked (never raises)."""
+    try:
+        return {job for job, _ in list_jobs(url)}
+    except StoreError:
+        return None
+
+
 def delete_job(url: str, job: str) -> int:
     """Remove a job's streams, metadata and registration; returns how many keys went."""
     target, nodes = _connect(url)
@@ -863,4 +871,4 @@ def delete_job(url: str, job: str) -> int:
 
 
 __all__ = ["Connection", "Keys", "LegacyKeys", "RedisAuthError", "ReplyError", "RedisReader", "RedisWriter", "delete_job",
-           "list_jobs"]
+           "jobs", "list_jobs"]

@@ -136,11 +136,13 @@ def pinned_job(url: str) -> str | None:
 
 
 def with_job(url: str, job: str) -> str:
-    """The URL naming job ``job`` of its store (``?job=``), as a reader opens it; a URL that
-    names a job already is left as it is."""
-    if pinned_job(url) is not None:
+    """The URL naming job ``job`` of its store (``?job=``), as a reader opens it; the job a
+    URL names already is replaced (an earlier attempt of the job ``check`` was given)."""
+    if pinned_job(url) == job:
         return url
-    return url + ("&" if "?" in url else "?") + f"job={job}"
+    base, _, query = url.partition("?")
+    kept = [item for item in query.split("&") if item and unquote_plus(item.partition("=")[0]) != "job"]
+    return base + "?" + "&".join([*kept, f"job={job}"])
 
 
 def password_apart(url: str) -> tuple[str, dict[str, str]]:

@@ -93,9 +93,10 @@ class Backend:
     #: The name that opens job J of the store exactly, whatever job is newest then:
     #: ``(name, J) -> name``.
     with_job: Callable[[str, str], str] = lambda name, job: name
-    #: The ids of the jobs it holds now, never raising; None: not looked at (``commscope
-    #: run`` says "nothing was recorded" only where it can look cheaply).
-    jobs: Callable[[str], set[str]] | None = None
+    #: The ids of the jobs it holds now, never raising (None from it: it could not be asked,
+    #: a server down); None: not looked at.  ``commscope run`` says "nothing was recorded"
+    #: only where it looked before and after; ``check`` finds a job's earlier attempts here.
+    jobs: Callable[[str], set[str] | None] | None = None
     #: Remove one job (a benchmark replacing its own job of that name); None: only a fresh
     #: store will do.
     delete_job: Callable[[str, str], Any] | None = None
@@ -114,7 +115,7 @@ REDIS = Backend(
     local=False, redact=redact_text,  # URL credentials of any scheme: user info, ?password=
     identity=redis_url.identity, job_location=redis_url.job_location, pinned_job=redis_url.pinned_job,
     with_job=redis_url.with_job, credentials_apart=redis_url.password_apart,
-    delete_job=_late("commscope.store.redis_store", "delete_job"))
+    jobs=_late("commscope.store.redis_store", "jobs"), delete_job=_late("commscope.store.redis_store", "delete_job"))
 
 BACKENDS: tuple[Backend, ...] = (DIRECTORY, REDIS)
 
