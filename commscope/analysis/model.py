@@ -2390,7 +2390,7 @@ class TraceModel:
         """``label`` of an op given its signature code, seq and peer."""
         s = self.sigs[sig]
         text = s.op + (f" #{seq}" if seq >= 0 and s.src != SNAPSHOT else "")  # a snapshot's seq means nothing
-        if s.flags & P2P:
+        if s.flags & P2P and (peer >= 0 or s.flags & RECV):  # (a send refused before its peer was known: none)
             text += f" {'to' if s.flags & SEND else 'from'} {peer if peer >= 0 else 'any'}"
         return f"{text} (group {s.group}{', fr' if s.space == SPACE_FR else ''})"
 
