@@ -257,6 +257,46 @@ def test_a_peer_past_the_ranks_seen_is_no_mistake_while_the_world_size_is_unknow
     assert "no_such_peer" not in f[0].evidence
 
 
+def test_peers_the_job_does_not_have_in_every_form_are_the_sender_s_own():  # (helper-87)
+    # a group rank out of range (``group_dst=99``): the recorder gives it no peer; a send
+    # without one is no any-source op (it read as a p2p_deadlock naming rank 1, a victim)
+    b = TraceBuilder(2)
+    t = b.warmup()
+    b.begin(0, t, "send", peer=None, dir="send")
+    b.sync(1, t + MS, None, "recv", peer=0, dir="recv")
+    b.heartbeats(t, t + 5 * S)
+    _, f = run(b)
+    assert [(x.kind, x.culprits) for x in f] == [("unmatched_p2p", [0])]
+    assert "rank 0 waits send (send to ?)" in f[0].message and "a group rank out of range" in f[0].message
+    # Gloo's timeout ends the send: the failure is rank 0's own, not rank 99's
+    b = TraceBuilder(2)
+    t = b.warmup()
+    i = b.begin(0, t, "send", peer=99, dir="send")
+    b.end(0, i, t + 3 * S, exc="RuntimeError: Timed out waiting 30000ms for send operation to complete")
+    b.heartbeats(t, t + 5 * S)
+    _, f = run(b)
+    assert [(x.kind, x.culprits) for x in f] == [("op_failed", [0])]
+    assert f[0].evidence["blame"]["text"] == "rank 0's peer is no rank of the job (world size 2): rank 99 never existed"
+    # a collective the stuck rank and a late one never entered is the stuck rank's too
+    b = TraceBuilder(3)
+    t = b.warmup()
+    b.sync(0, t, None, "send", peer=99, dir="send")
+    b.sync(2, t + MS, None, "all_reduce")
+    b.heartbeats(t, t + 5 * S)
+    _, f = run(b)
+    assert [(x.kind, x.culprits) for x in f] == [("unmatched_p2p", [0])]
+    assert [(c["kind"], c["culprits"]) for c in f[0].evidence["consequences"]] == [("missing_ranks", [0, 1])]
+    # a rank that recorded events is one of the job, whatever a meta says
+    b = TraceBuilder(4, meta=False)
+    for r in (0, 1):
+        b.add(r, b.t0, "meta", host="h", pid=1000 + r, world_size=2, backend="gloo", hang_after=2.0)
+    t = b.warmup()
+    b.sync(0, t, None, "send", peer=3, dir="send")
+    b.heartbeats(t, t + 5 * S)
+    _, f = run(b)
+    assert [(x.kind, x.culprits) for x in f] == [("unmatched_p2p", [3])]
+
+
 def test_matched_but_slow_p2p_and_rings_are_fine():
     b = TraceBuilder(4)
     t = b.warmup()

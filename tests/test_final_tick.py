@@ -157,3 +157,28 @@ def test_a_second_os_exit_waits_past_the_first_s_hold():
     """(helper-86) Another thread's ``os._exit`` waited 3 s for the first's last write, which
     may now hold 10 s: it cut it."""
     assert recording.ENDING_WAIT_S > recording.Recorder.FINAL_HOLD_S
+
+
+def test_keeping_the_exit_never_waits_for_good_on_its_lock():
+    """(helper-87) ``_keep_exit`` may run in a signal handler (``os._exit``) that interrupted
+    the lock's holder: it waited forever; now it gives up (the exit then reads as the
+    forwarder says)."""
+    rec = recording.Recorder.__new__(recording.Recorder)
+    rec._exit_lock, rec.rank, rec.EXIT_LOCK_WAIT_S = __import__("threading").Lock(), 0, 0.05
+    rec.spool = object()  # (never reached)
+    with rec._exit_lock:  # held, as by the thread the handler interrupted
+        rec._keep_exit()
+
+
+def test_a_forked_child_does_not_inherit_the_ending_lock_held():
+    """(helper-87) A child forked while a thread of the parent ended the recording waited
+    ENDING_WAIT_S (now 11 s) in its own ``os._exit`` for a lock nobody there releases."""
+    held = recording._ending
+    try:
+        assert held.acquire(blocking=False)
+        recording._after_fork_child()  # (what the child runs, with no recorder here)
+        assert recording._ending is not held and recording._ending.acquire(blocking=False)
+    finally:
+        recording._ending = held
+        if held.locked():
+            held.release()

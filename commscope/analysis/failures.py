@@ -182,6 +182,12 @@ class _Arrivals:
         assert self.members is not None
         came = set(self.entered[:cut])
         absent = [m for m in self.members if m != r and m not in came]
+        # (a send to rank 99 of 2: never there; asked only of members that recorded nothing)
+        world = self.model.said_world_size if any(m not in self.model.ranks for m in absent) else None
+        if world is not None and any(m >= world for m in absent):
+            me = self.r
+            return Blame((me,), "local", f"rank {me}'s peer is no rank of the job (world size {world}): "
+                                         f"{ranks_text(sorted(m for m in absent if m >= world))} never existed")
         if absent:
             return Blame(tuple(absent), "absent", f"{ranks_text(absent)} had not entered it when {when}")
         return Blame((), "unknown", f"every member had entered it when {when}")

@@ -2298,10 +2298,16 @@ class TraceModel:
 
     @property
     def world_size(self) -> int:
+        said = self.said_world_size
+        return said if said is not None else max(self.ranks) + 1 if self.ranks else 0
+
+    @property
+    def said_world_size(self) -> int | None:
+        """The world size where a rank's ``meta`` says it (never below the ranks seen); None
+        where none does: a rank past those seen may then be one that recorded nothing."""
         ws = [int(rt.meta["world_size"]) for rt in self.ranks.values()
               if rt.meta and isinstance(rt.meta.get("world_size"), int)]
-        seen = max(self.ranks) + 1 if self.ranks else 0
-        return max([seen, *ws])
+        return max([max(self.ranks) + 1, *ws]) if ws else None
 
     def settle(self) -> None:
         """Put the ranks in rank order (what a whole read ends with: the order a read came in,
@@ -2390,8 +2396,12 @@ class TraceModel:
         """``label`` of an op given its signature code, seq and peer."""
         s = self.sigs[sig]
         text = s.op + (f" #{seq}" if seq >= 0 and s.src != SNAPSHOT else "")  # a snapshot's seq means nothing
-        if s.flags & P2P and (peer >= 0 or s.flags & RECV):  # (a send refused before its peer was known: none)
-            text += f" {'to' if s.flags & SEND else 'from'} {peer if peer >= 0 else 'any'}"
+        if s.flags & P2P and peer >= 0:
+            text += f" {'to' if s.flags & SEND else 'from'} {peer}"
+        elif s.flags & RECV:
+            text += " from any"
+        elif s.flags & SEND:  # (a group rank the recorder could not place; a send refused before its
+            text += " to ?"  # peer was known has no direction either, and says nothing)
         return f"{text} (group {s.group}{', fr' if s.space == SPACE_FR else ''})"
 
     def group_index(self, group: str, space: int = SPACE_NATIVE) -> GroupIndex | None:

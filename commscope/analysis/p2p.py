@@ -86,6 +86,9 @@ def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[in
             if until - rankstate.blocked_since(model, r, i) < hang_ns:
                 continue
             peer = int(rt.peer[i])
+            if peer < 0 and s.flags & SEND:  # a group rank the recorder could not place: none there is
+                edges.setdefault(r, []).append((peer, i))
+                continue
             if peer < 0:  # any-source recv: every other member could be the sender
                 members = model.groups.get(s.group) or model.rank_ids()
                 for m in members:
@@ -129,7 +132,7 @@ def _step(model: TraceModel, r: int, i: int, now: int) -> dict[str, Any]:
 def _say(model: TraceModel, r: int, i: int) -> str:
     s = model.sig_of(r, i)
     peer = int(model.ranks[r].peer[i])
-    what = f"{'send to' if s.flags & SEND else 'recv from'} {peer if peer >= 0 else 'any'}"
+    what = f"send to {peer if peer >= 0 else '?'}" if s.flags & SEND else f"recv from {peer if peer >= 0 else 'any'}"
     return f"rank {r} waits {s.op} ({what}) at {s.site or '?'}"
 
 
@@ -189,14 +192,14 @@ def find_p2p(model: TraceModel, now: int, hang_ns: int) -> list[Finding]:
                            else None, s.op, part, part, msg, ev,
                            ts=min(rankstate.blocked_since(model, r, i) for r, i in held)))
         in_cycle.update(held)
+    world = model.said_world_size
     for r, lst in sorted(edges.items()):
-        any_source = [(p, i) for p, i in lst if model.ranks[r].peer[i] < 0]
+        any_source = [(p, i) for p, i in lst if model.ranks[r].peer[i] < 0 and not model.sig_of(r, i).flags & SEND]
         any_ops = {i for _, i in any_source}  # (a set: an any-source recv waits on every member)
-        world = _world(model)
         for peer, i in lst:
             if (r, i) in in_cycle or i in any_ops:
                 continue
-            if world is not None and peer >= world:
+            if peer < 0 or (world is not None and peer >= world):
                 out.append(_no_such_peer(model, r, i, peer, world, now))
             else:
                 out.append(_unmatched(model, r, i, [peer], now))
@@ -221,25 +224,24 @@ def _unmatched(model: TraceModel, r: int, i: int, peers: list[int], now: int) ->
                    ts=rankstate.blocked_since(model, r, i), victims={r: tuple(peers)})
 
 
-def _world(model: TraceModel) -> int | None:
-    """The job's world size as its ranks said it (their ``meta``), else None: ranks that
-    recorded nothing must not make a real peer look like none."""
-    sizes = [int(rt.meta["world_size"]) for rt in model.ranks.values()
-             if rt.meta and isinstance(rt.meta.get("world_size"), int)]
-    return max(sizes) if sizes else None
-
-
-def _no_such_peer(model: TraceModel, r: int, i: int, peer: int, world: int, now: int) -> Finding:
+def _no_such_peer(model: TraceModel, r: int, i: int, peer: int, world: int | None, now: int) -> Finding:
     """unmatched_p2p on a rank that sends to (or receives from) a rank the job does not
     have: its own mistake (Gloo waits for that rank's connection until the timeout, or
-    crashes), never the rank's it names."""
+    crashes), never the rank's it names.  ``peer`` -1: a group rank past its group's size
+    (``group_dst=99``), which the recorder could not place."""
     s = model.sig_of(r, i)
     rt = model.ranks[r]
     seq = int(rt.seq[i]) if rt.seq[i] >= 0 else None
     counterpart = "recv" if s.flags & SEND else "send"
     step = _step(model, r, i, now)
     msg = (f"{_say(model, r, i)} (#{seq if seq is not None else '?'} of group {s.group}) for "
-           f"{step['blocked_s']:.1f} s; the job has no rank {peer} (world size {world}): "
-           f"no {counterpart} can ever match it")
+           f"{step['blocked_s']:.1f} s; " + no_such_peer_text(peer, world) + f": no {counterpart} can ever match it")
     ev = Unmatched(blocked_op=step, expected=counterpart, peer_activity={}, no_such_peer=peer)
     return Finding("unmatched_p2p", s.group, seq, s.op, [r], [r], msg, ev, ts=rankstate.blocked_since(model, r, i))
+
+
+def no_such_peer_text(peer: int, world: int | None) -> str:
+    """How a peer the job does not have is said (``peer`` -1: a group rank out of range)."""
+    if peer < 0:
+        return "its peer is no rank of its group (a group rank out of range)"
+    return f"the job has no rank {peer} (world size {world})"

@@ -199,9 +199,9 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
                 set(f.culprits) <= gone or (f.kind == "missing_ranks" and set(f.culprits) & gone)):
             # (a collective a dead member never entered can never complete, whoever else is late)
             target = next(t for t in roots if t.kind in DEPARTED and t.culprits[0] in f.culprits)
-        elif f.kind not in DEPARTED and f.kind != "collective_mismatch" and f.culprits and f.culprits[0] in stuck \
-                and set(f.culprits) <= stuck.keys():
-            target = stuck[f.culprits[0]]
+        elif f.kind not in DEPARTED and f.kind != "collective_mismatch" and f.culprits and (
+                set(f.culprits) <= stuck.keys() or (f.kind == "missing_ranks" and set(f.culprits) & stuck.keys())):
+            target = stuck[next(c for c in f.culprits if c in stuck)]  # (itself, for a stuck rank's own: kept)
         elif f.kind == "missing_ranks":
             target = next((t for t in roots if t.kind == "op_failed" and set(t.culprits) == set(f.culprits)), None) \
                 or next((t for t in roots if t.kind == "p2p_deadlock" and set(f.culprits) <= set(t.culprits)), None) \

@@ -68,6 +68,7 @@ class Recorder:
     # 1 s cut it there, and the rank's exit was lost.  The bound is for a wedged tick (an NVML
     # call on a failed GPU, a store that blocks), never reached otherwise.
     FINAL_HOLD_S = 10.0
+    EXIT_LOCK_WAIT_S = 1.0  # ``_keep_exit``'s wait for the exit's lock (held microseconds, or by what a signal interrupted)
 
     def __init__(self, store: Any = None, *, hang_after: float | None = None, capture_stacks: bool = True,
                  sample_interval: float = 1.0, flight_recorder: bool = True, source: str | None = None):
@@ -418,20 +419,24 @@ class Recorder:
         sp = self.spool
         if sp is None or self.rank is None:
             return  # the spool is left (the tick got that far)
+        # (bounded: this may run in a signal handler that interrupted the lock's holder)
+        if not self._exit_lock.acquire(timeout=self.EXIT_LOCK_WAIT_S):
+            return
         try:
-            with self._exit_lock:
-                if self._exit_kept or self._exit_stored:
-                    return
-                if self._exit_line is not None:  # queued, not yet stored
-                    line = self._exit_line
-                elif self._exit is not None:
-                    line = self._stamped(self._exit_event(sp))
-                else:
-                    return
-                self._exit_kept = True
-                self.ops.keep_event(line)
+            if self._exit_kept or self._exit_stored:
+                return
+            if self._exit_line is not None:  # queued, not yet stored
+                line = self._exit_line
+            elif self._exit is not None:
+                line = self._stamped(self._exit_event(sp))
+            else:
+                return
+            self._exit_kept = True
+            self.ops.keep_event(line)
         except Exception:
             pass
+        finally:
+            self._exit_lock.release()
 
     def _forward_dead(self) -> None:
         """Send what ranks of this job that died on this host left in their spools to their
@@ -833,7 +838,8 @@ def _remove_exit_hooks() -> None:
 
 def _after_fork_child() -> None:
     """A forked child (e.g. a DataLoader worker) must not write into its parent's trace."""
-    global _active
+    global _active, _ending
+    _ending = threading.Lock()  # (one a parent's thread held at the fork: no thread here releases it)
     rec = _active
     if rec is None:
         return
