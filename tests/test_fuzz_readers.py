@@ -134,3 +134,24 @@ def test_known_flight_recorder_crashers(worker, seeds, tmp_path_factory):
     ]
     for extra in cases:
         _survives(worker, tmp_path_factory, {**seeds["json"], **extra})
+
+
+def test_a_command_that_computes_forever_is_stopped_by_its_cpu_time(monkeypatch):
+    """The limit is CPU time (a wall-clock one failed a seed's first check, imports and all,
+    on 2 cores a test run shared): a loop is still stopped, and said."""
+    import signal
+
+    import commscope.cli
+
+    def command(argv):
+        while argv[0] == "check":
+            pass
+
+    monkeypatch.setattr(commscope.cli, "main", command)
+    monkeypatch.setattr(fuzz, "_replay_loader", lambda path: None)
+    old = signal.signal(signal.SIGPROF, fuzz._on_alarm)
+    try:
+        problems = fuzz.run_commands("unused", timeout=0.2)
+    finally:
+        signal.signal(signal.SIGPROF, old)
+    assert problems == [{"command": c, "error": "timeout after 0.2 CPU-seconds"} for c in ("check", "check-text")]
