@@ -276,7 +276,23 @@ def test_peers_the_job_does_not_have_in_every_form_are_the_sender_s_own():  # (h
     b.heartbeats(t, t + 5 * S)
     _, f = run(b)
     assert [(x.kind, x.culprits) for x in f] == [("op_failed", [0])]
-    assert f[0].evidence["blame"]["text"] == "rank 0's peer is no rank of the job (world size 2): rank 99 never existed"
+    assert f[0].evidence["blame"]["text"] == "rank 0's peer: the job has no rank 99 (world size 2)"
+    # ... and a send with no peer, timed out, blames its rank, not the other members
+    b = TraceBuilder(3)
+    t = b.warmup()
+    i = b.begin(0, t, "send", peer=None, dir="send")
+    b.end(0, i, t + 3 * S, exc="RuntimeError: Timed out waiting 30000ms for send operation to complete")
+    b.heartbeats(t, t + 5 * S)
+    _, f = run(b)
+    assert [(x.kind, x.culprits) for x in f] == [("op_failed", [0])]
+    assert f[0].evidence["blame"]["text"] == "rank 0's send: its peer is no rank of its group (a group rank out of range)"
+    # a Flight Recorder send that names no peer (``nccl:send``) is not said to have none
+    b = TraceBuilder(2)
+    t = b.warmup()
+    b.begin(0, t, "send", peer=None, dir="send", seq=1, src="fr")
+    b.heartbeats(t, t + 5 * S)
+    _, f = run(b)
+    assert not any("no_such_peer" in x.evidence for x in f), [x.message for x in f]
     # a collective the stuck rank and a late one never entered is the stuck rank's too
     b = TraceBuilder(3)
     t = b.warmup()

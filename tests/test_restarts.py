@@ -166,12 +166,13 @@ def test_a_restarted_run_recorded_in_redis_names_its_earlier_attempt_too(tmp_pat
         server.close()
 
 
-def test_a_url_naming_a_job_names_another_in_its_place():
-    for url, want in (("redis://h:1", "redis://h:1?job=b"), ("redis://h:1/0?job=a", "redis://h:1/0?job=b"),
-                      ("redis://:p%40w@h:1/?maxlen=5&job=a&rate=9", "redis://:p%40w@h:1/?maxlen=5&rate=9&job=b"),
-                      ("redis://h:1/?jo%62=a", "redis://h:1/?job=b"), ("redis://h:1/?job=b", "redis://h:1/?job=b")):
-        assert redis_url.with_job(url, "b") == want
-        assert redis_url.pinned_job(want) == "b"
+def test_a_url_naming_a_job_gives_its_store_for_another():
+    for url, want in (("redis://h:1", "redis://h:1"), ("redis://h:1/0?job=a", "redis://h:1/0"),
+                      ("redis://:p%40w@h:1/?maxlen=5&job=a&rate=9", "redis://:p%40w@h:1/?maxlen=5&rate=9"),
+                      ("redis://h:1/?jo%62=a", "redis://h:1/")):
+        assert redis_url.unpinned(url) == want
+        assert redis_url.pinned_job(redis_url.with_job(want, "b")) == "b"
+    assert redis_url.with_job("redis://h:1/?job=a", "b") == "redis://h:1/?job=a"  # (its writers write job a)
 
 
 # ---------------------------------------------------------------------- ids and grouping

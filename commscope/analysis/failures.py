@@ -30,7 +30,15 @@ from rich.text import Text
 from commscope.analysis import evidence, rankstate, stacks
 from commscope.analysis.errors import INTERRUPTED, NAMED, PEER_GONE, RELAYED, TIMEOUT, first_line
 from commscope.analysis.evidence import ABSENT, Evidence, record
-from commscope.analysis.findings import Finding, activity, op_brief, rank_stack, ranks_text, secs
+from commscope.analysis.findings import (
+    Finding,
+    activity,
+    no_such_peer_text,
+    op_brief,
+    rank_stack,
+    ranks_text,
+    secs,
+)
 from commscope.analysis.model import (
     CONTAINER,
     NESTED,
@@ -182,12 +190,14 @@ class _Arrivals:
         assert self.members is not None
         came = set(self.entered[:cut])
         absent = [m for m in self.members if m != r and m not in came]
-        # (a send to rank 99 of 2: never there; asked only of members that recorded nothing)
+        # (a send to rank 99 of 2, or to a group rank out of range: never there; the world
+        # size asked only of members that recorded nothing)
+        if self.model.unplaced(self.r, self.i):
+            return Blame((self.r,), "local", f"rank {self.r}'s send: " + no_such_peer_text(-1, None))
         world = self.model.said_world_size if any(m not in self.model.ranks for m in absent) else None
         if world is not None and any(m >= world for m in absent):
-            me = self.r
-            return Blame((me,), "local", f"rank {me}'s peer is no rank of the job (world size {world}): "
-                                         f"{ranks_text(sorted(m for m in absent if m >= world))} never existed")
+            nowhere = min(m for m in absent if m >= world)
+            return Blame((self.r,), "local", f"rank {self.r}'s peer: " + no_such_peer_text(nowhere, world))
         if absent:
             return Blame(tuple(absent), "absent", f"{ranks_text(absent)} had not entered it when {when}")
         return Blame((), "unknown", f"every member had entered it when {when}")

@@ -139,6 +139,14 @@ def _verb(text: str, n: int) -> str:
     return "is" if n == 1 else "are"
 
 
+def no_such_peer_text(peer: int, world: int | None) -> str:
+    """How a peer the job does not have is said (``peer`` -1: a group rank out of range,
+    ``TraceModel.unplaced``)."""
+    if peer < 0:
+        return "its peer is no rank of its group (a group rank out of range)"
+    return f"the job has no rank {peer}" + (f" (world size {world})" if world is not None else "")
+
+
 def secs(ns: int | float) -> float:
     return round(float(ns) / 1e9, 3)
 

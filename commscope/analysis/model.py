@@ -2557,13 +2557,22 @@ class TraceModel:
 
     def members(self, rank: int, i: int) -> list[int]:
         """The ranks op ``i`` involves: its group for a collective or an any-source recv, else
-        the two ends of a p2p op."""
+        the two ends of a p2p op (a send with no peer: its rank alone, ``unplaced``)."""
         s = self.sig_of(rank, i)
         peer = int(self.ranks[rank].peer[i])
         if s.flags & P2P and peer >= 0:
             return sorted({rank, peer})
+        if self.unplaced(rank, i):
+            return [rank]
         gi = self.coll.get((s.space, s.group))
         return list(self.groups.get(s.group) or (gi.members if gi else [rank]))
+
+    def unplaced(self, rank: int, i: int) -> bool:
+        """A send the recorder gave no peer: a group rank out of its group's range
+        (``group_dst=99``; torch does not refuse it), never an any-source op.  Flight
+        Recorder's sends may name none (``nccl:send``): those are not said to be."""
+        s = self.sig_of(rank, i)
+        return bool(s.flags & SEND) and s.space == SPACE_NATIVE and int(self.ranks[rank].peer[i]) < 0
 
     def counterparts(self, rank: int, i: int) -> dict[int, int]:
         """rank -> op index of the same instance on every rank that ran it, this one included."""

@@ -20,7 +20,7 @@ from rich.text import Text
 from commscope.analysis import evidence, rankstate
 from commscope.analysis.components import strongly_connected
 from commscope.analysis.evidence import Evidence, record
-from commscope.analysis.findings import Finding, activity, doing_instead, op_brief, secs
+from commscope.analysis.findings import Finding, activity, doing_instead, no_such_peer_text, op_brief, secs
 from commscope.analysis.model import NESTED, P2P, SEND, SPACE_NATIVE, TraceModel
 from commscope.analysis.ranks import ranges
 
@@ -52,14 +52,16 @@ class Unmatched(Evidence):
     blocked_op: dict[str, Any]  # findings.op_brief + blocked_s
     expected: str  # "send" or "recv"
     peer_activity: dict[str, dict[str, Any]]  # peer -> findings.activity
-    #: The peer named, where the job has no such rank (world size known): the blocked rank's
-    #: own mistake, and the root of what then waits on it (``rootcause``).
+    #: The peer named, where the job has no such rank (world size known; -1: a group rank out
+    #: of range, ``TraceModel.unplaced``): the blocked rank's own mistake, and the root of
+    #: what then waits on it (``rootcause``).
     no_such_peer: int = evidence.ABSENT
 
     def render(self, f: Finding) -> list[RenderableType]:
         parts: list[RenderableType] = [Text(f"blocked: {evidence.brief(self.blocked_op)}", style=evidence.WARN)]
         if self.no_such_peer is not evidence.ABSENT:
-            parts.append(Text(f"no rank {self.no_such_peer} in the job: nothing can match it", style=evidence.GREY))
+            parts.append(Text(f"{no_such_peer_text(self.no_such_peer, None)}: nothing can match it",
+                              style=evidence.GREY))
         elif self.expected:
             parts.append(Text(f"needs a matching {self.expected} from the peer", style=evidence.GREY))
         peers = evidence.values(self.peer_activity)
@@ -86,7 +88,7 @@ def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[in
             if until - rankstate.blocked_since(model, r, i) < hang_ns:
                 continue
             peer = int(rt.peer[i])
-            if peer < 0 and s.flags & SEND:  # a group rank the recorder could not place: none there is
+            if model.unplaced(r, i):  # a group rank the recorder could not place: none there is
                 edges.setdefault(r, []).append((peer, i))
                 continue
             if peer < 0:  # any-source recv: every other member could be the sender
@@ -194,12 +196,12 @@ def find_p2p(model: TraceModel, now: int, hang_ns: int) -> list[Finding]:
         in_cycle.update(held)
     world = model.said_world_size
     for r, lst in sorted(edges.items()):
-        any_source = [(p, i) for p, i in lst if model.ranks[r].peer[i] < 0 and not model.sig_of(r, i).flags & SEND]
+        any_source = [(p, i) for p, i in lst if model.ranks[r].peer[i] < 0 and not model.unplaced(r, i)]
         any_ops = {i for _, i in any_source}  # (a set: an any-source recv waits on every member)
         for peer, i in lst:
             if (r, i) in in_cycle or i in any_ops:
                 continue
-            if peer < 0 or (world is not None and peer >= world):
+            if model.unplaced(r, i) or (world is not None and peer >= world):
                 out.append(_no_such_peer(model, r, i, peer, world, now))
             else:
                 out.append(_unmatched(model, r, i, [peer], now))
@@ -238,10 +240,3 @@ def _no_such_peer(model: TraceModel, r: int, i: int, peer: int, world: int | Non
            f"{step['blocked_s']:.1f} s; " + no_such_peer_text(peer, world) + f": no {counterpart} can ever match it")
     ev = Unmatched(blocked_op=step, expected=counterpart, peer_activity={}, no_such_peer=peer)
     return Finding("unmatched_p2p", s.group, seq, s.op, [r], [r], msg, ev, ts=rankstate.blocked_since(model, r, i))
-
-
-def no_such_peer_text(peer: int, world: int | None) -> str:
-    """How a peer the job does not have is said (``peer`` -1: a group rank out of range)."""
-    if peer < 0:
-        return "its peer is no rank of its group (a group rank out of range)"
-    return f"the job has no rank {peer} (world size {world})"

@@ -18,8 +18,8 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
    entered can never complete), ``op_failed``, ``unmatched_p2p``.  A ``missing_ranks``
    naming the same ranks as an ``op_failed`` (the wait that then timed out) folds into it,
    and one whose absentees are all stuck in a ``p2p_deadlock`` folds into the deadlock.  A
-   rank blocked in a send or recv with a peer the job does not have (``p2p.no_such_peer``)
-   is, likewise, the root of the findings that name it.
+   rank blocked in a send or recv with a peer the job does not have (an ``unmatched_p2p``
+   with ``no_such_peer`` evidence) is, likewise, the root of the findings that name it.
 
 4. Ranks that departed together are one finding: deaths or crashes of the same manner (the
    same signal and what it said, digits aside; killed the same way, or gone), each within

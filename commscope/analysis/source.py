@@ -242,7 +242,7 @@ class Restarts(NamedTuple):
     earlier: list[EarlierAttempt]  # the newest found in the store, newest first (MAX_LISTED at most)
     untraced: int  # earlier attempts of which the store holds no job (among those looked for)
     unlisted: int  # the others: found but older than those listed, or not looked for
-    listed: bool  # False: the store cannot list its jobs, so none was looked for
+    listed: bool  # False: the store could not list its jobs (a server down), so none was looked for
 
 
 def restarts(store: str | os.PathLike | None, reader: TraceReader, model: TraceModel | None = None
@@ -265,6 +265,7 @@ def restarts(store: str | os.PathLike | None, reader: TraceReader, model: TraceM
     job_dir = getattr(reader, "job_dir", None)  # (a directory store's job: its store is the directory above)
     name = str(job_dir.parent) if job_dir is not None else default_store(store)
     row = backend_for(name)
+    name = row.unpinned(name)  # (a Redis URL naming this attempt: each earlier one is named in its place)
     found: set[str] | None = None
     if row.jobs is not None:
         try:

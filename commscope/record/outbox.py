@@ -38,11 +38,11 @@ def _cap_bytes() -> int:
 
 class Line(NamedTuple):
     data: bytes
-    ring_end: int  # a block's end position in the spool's ring; -1: not a block of the ring (EXIT: the exit)
+    ring_end: int  # a block's end position in the spool's ring; -1: not a block of the ring (or EXIT_RING_END)
 
 
-#: ``Line.ring_end`` of the incarnation's ``exit``: its landing is said (``on_exit_stored``).
-EXIT = -2
+#: ``Line.ring_end`` of the incarnation's ``exit`` line: its landing is said (``on_exit_stored``).
+EXIT_RING_END = -2
 
 
 class Outbox:
@@ -52,7 +52,7 @@ class Outbox:
                  on_exit_stored: Callable[[], None] | None = None):
         """``warn(key, message)``: warns once per key (``Recorder.warn``); ``on_forwarded(end)``:
         the store holds the ring's records before ``end``; ``on_exit_stored()``: it holds the
-        ``exit`` (put with ``ring_end=EXIT``)."""
+        ``exit`` (put with ``ring_end=EXIT_RING_END``)."""
         self.pending: deque[Line] = deque()  # encoded events not yet in the store
         self.cap_bytes = _cap_bytes()
         self.bytes = 0  # of the pending lines that are not ring blocks (those the ring bounds)
@@ -115,7 +115,7 @@ class Outbox:
                 end = max(end, item.ring_end)
             else:
                 self.bytes -= len(item.data)
-                if item.ring_end == EXIT and self._on_exit_stored is not None:
+                if item.ring_end == EXIT_RING_END and self._on_exit_stored is not None:
                     self._on_exit_stored()
         if end >= 0 and self._on_forwarded is not None:
             self._on_forwarded(end)
@@ -159,7 +159,7 @@ class Outbox:
                 if keep is not None:
                     for item in self.pending:
                         if item.ring_end < 0:
-                            keep(item.data, item.ring_end == EXIT)
+                            keep(item.data, item.ring_end == EXIT_RING_END)
                 tail = f"; they wait in {kept} for a forwarder (any commscope command on this host)"
             print(f"commscope: {who}: {what} could not be written at exit to {store}: "
                   f"{self.error or 'the store is unavailable'}{tail}", file=sys.stderr)

@@ -34,8 +34,7 @@ from commscope import __version__, events
 from commscope.events import encode as _dumps
 from commscope.record import callsite, crashlog, hangsignal, jobid, native
 from commscope.record.opsource import OpSource
-from commscope.record.outbox import EXIT as EXIT_LINE
-from commscope.record.outbox import Outbox
+from commscope.record.outbox import EXIT_RING_END, Outbox
 from commscope.record.probes import ResourceProbe
 from commscope.redact import redact_args
 from commscope.schema import redact_event
@@ -68,7 +67,7 @@ class Recorder:
     # 1 s cut it there, and the rank's exit was lost.  The bound is for a wedged tick (an NVML
     # call on a failed GPU, a store that blocks), never reached otherwise.
     FINAL_HOLD_S = 10.0
-    EXIT_LOCK_WAIT_S = 1.0  # ``_keep_exit``'s wait for the exit's lock (held microseconds, or by what a signal interrupted)
+    EXIT_LOCK_WAIT_S = 1.0  # ``_keep_exit``'s wait for the exit's lock (held briefly, or by what a signal interrupted)
 
     def __init__(self, store: Any = None, *, hang_after: float | None = None, capture_stacks: bool = True,
                  sample_interval: float = 1.0, flight_recorder: bool = True, source: str | None = None):
@@ -366,10 +365,10 @@ class Recorder:
                 emit(self._exit_event(self.spool))
                 self._exit = None
             else:
+                line = self._stamped(self._exit_event(self.spool))  # (built outside the lock: it is held briefly)
                 with self._exit_lock:
-                    line = self._exit_line = self._stamped(self._exit_event(self.spool))
-                    self._exit = None
-                outbox.put(line, EXIT_LINE)  # last, after everything recorded before it
+                    self._exit_line, self._exit = line, None
+                outbox.put(line, EXIT_RING_END)  # last, after everything recorded before it
         if due:
             self._write(final, started)
         if final or time.monotonic() >= self._next_forward:
@@ -416,23 +415,23 @@ class Recorder:
     def _keep_exit(self) -> None:
         """The last tick did not end in time and the process leaves: its ``exit`` waits in
         the spool with the records (a forwarder sends both), unless it is stored or kept."""
-        sp = self.spool
+        sp, line, noted = self.spool, self._exit_line, self._exit
         if sp is None or self.rank is None:
             return  # the spool is left (the tick got that far)
+        try:
+            if line is None and noted is not None:  # not queued yet: made here (the tick's, if it
+                line = self._stamped(self._exit_event(sp))  # queues it meanwhile, is the same)
+        except Exception:
+            return
+        if line is None:
+            return
         # (bounded: this may run in a signal handler that interrupted the lock's holder)
         if not self._exit_lock.acquire(timeout=self.EXIT_LOCK_WAIT_S):
             return
         try:
-            if self._exit_kept or self._exit_stored:
-                return
-            if self._exit_line is not None:  # queued, not yet stored
-                line = self._exit_line
-            elif self._exit is not None:
-                line = self._stamped(self._exit_event(sp))
-            else:
-                return
-            self._exit_kept = True
-            self.ops.keep_event(line)
+            if not (self._exit_kept or self._exit_stored):
+                self._exit_kept = True
+                self.ops.keep_event(line)
         except Exception:
             pass
         finally:
@@ -741,7 +740,8 @@ def _os_exit(code: int) -> None:
 #: tick, which it would cut: this may run in a signal handler that interrupted the holder,
 #: or in a child forked while another thread held it)
 _ending = threading.Lock()
-ENDING_WAIT_S = Recorder.FINAL_HOLD_S + 1.0
+_ending_thread: int | None = None  # the thread holding it (a signal handler on that one does not wait)
+ENDING_WAIT_S = Recorder.FINAL_HOLD_S + Recorder.EXIT_LOCK_WAIT_S + 2.0  # (2 s: the rest of ``stop``)
 
 
 def end_before_exit(code: int) -> None:
@@ -750,8 +750,11 @@ def end_before_exit(code: int) -> None:
     demo's ranks at their time limit: one leaving first would fail the others' waiting
     ops, in their traces) calls this, waits for them, then calls ``os._exit``.  What the
     rank's ops do after its last write is not recorded."""
-    global _active
-    held = _ending.acquire(timeout=ENDING_WAIT_S)
+    global _active, _ending_thread
+    me = threading.get_ident()
+    held = _ending.acquire(timeout=0 if _ending_thread == me else ENDING_WAIT_S)
+    if held:
+        _ending_thread = me
     try:
         rec = _active
         if rec is None or os.getpid() != rec.pid:
@@ -765,6 +768,7 @@ def end_before_exit(code: int) -> None:
             pass
     finally:
         if held:
+            _ending_thread = None
             _ending.release()
 
 
@@ -838,8 +842,8 @@ def _remove_exit_hooks() -> None:
 
 def _after_fork_child() -> None:
     """A forked child (e.g. a DataLoader worker) must not write into its parent's trace."""
-    global _active, _ending
-    _ending = threading.Lock()  # (one a parent's thread held at the fork: no thread here releases it)
+    global _active, _ending, _ending_thread
+    _ending, _ending_thread = threading.Lock(), None  # (one a parent's thread held at the fork: none here frees it)
     rec = _active
     if rec is None:
         return

@@ -387,13 +387,12 @@ def list_jobs(path: str | os.PathLike) -> list[str]:
     return sorted(d.name for d in p.iterdir() if d.is_dir() and (d / JOB_FILE).exists())
 
 
-def jobs(path: str) -> set[str]:
-    """The jobs the store holds now, never raising (``commscope run``: did the command record
-    anything?)."""
+def jobs(path: str) -> set[str] | None:
+    """The jobs the store holds now, never raising (None: it cannot be listed)."""
     try:
         return set(list_jobs(path))
     except (OSError, StoreError):
-        return set()
+        return None
 
 
 def absolute(path: str) -> str:

@@ -847,7 +847,7 @@ def jobs(url: str) -> set[str] | None:
     """The ids of the jobs the store holds now; None where it cannot be asked (never raises)."""
     try:
         return {job for job, _ in list_jobs(url)}
-    except StoreError:
+    except Exception:  # (a store error, or a reply no job id decodes from)
         return None
 
 

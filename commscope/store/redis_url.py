@@ -136,13 +136,21 @@ def pinned_job(url: str) -> str | None:
 
 
 def with_job(url: str, job: str) -> str:
-    """The URL naming job ``job`` of its store (``?job=``), as a reader opens it; the job a
-    URL names already is replaced (an earlier attempt of the job ``check`` was given)."""
-    if pinned_job(url) == job:
+    """The URL naming job ``job`` of its store (``?job=``), as a reader opens it; a URL that
+    names a job already is left as it is (its writers write that one)."""
+    if pinned_job(url) is not None:
+        return url
+    return url + ("&" if "?" in url else "?") + f"job={job}"
+
+
+def unpinned(url: str) -> str:
+    """The URL without the job it names (``?job=``): its store, whose other jobs ``check``
+    opens by ``with_job`` (a restarted run's earlier attempts)."""
+    if pinned_job(url) is None:
         return url
     base, _, query = url.partition("?")
     kept = [item for item in query.split("&") if item and unquote_plus(item.partition("=")[0]) != "job"]
-    return base + "?" + "&".join([*kept, f"job={job}"])
+    return base + ("?" + "&".join(kept) if kept else "")
 
 
 def password_apart(url: str) -> tuple[str, dict[str, str]]:

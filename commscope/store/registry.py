@@ -93,6 +93,8 @@ class Backend:
     #: The name that opens job J of the store exactly, whatever job is newest then:
     #: ``(name, J) -> name``.
     with_job: Callable[[str, str], str] = lambda name, job: name
+    #: The name without the job it names, if any (Redis ``?job=``): its store.
+    unpinned: Callable[[str], str] = _same
     #: The ids of the jobs it holds now, never raising (None from it: it could not be asked,
     #: a server down); None: not looked at.  ``commscope run`` says "nothing was recorded"
     #: only where it looked before and after; ``check`` finds a job's earlier attempts here.
@@ -114,7 +116,7 @@ REDIS = Backend(
     reader=_late("commscope.store.redis_store", "RedisReader"),
     local=False, redact=redact_text,  # URL credentials of any scheme: user info, ?password=
     identity=redis_url.identity, job_location=redis_url.job_location, pinned_job=redis_url.pinned_job,
-    with_job=redis_url.with_job, credentials_apart=redis_url.password_apart,
+    with_job=redis_url.with_job, unpinned=redis_url.unpinned, credentials_apart=redis_url.password_apart,
     jobs=_late("commscope.store.redis_store", "jobs"), delete_job=_late("commscope.store.redis_store", "delete_job"))
 
 BACKENDS: tuple[Backend, ...] = (DIRECTORY, REDIS)

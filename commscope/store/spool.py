@@ -212,7 +212,7 @@ class Spool:
         return head == tail
 
     def set_flag(self, flag: int) -> None:
-        """Note a fact for a forwarder (META_STORED)."""
+        """Note a fact for a forwarder (META_STORED, EXIT_STORED)."""
         try:
             flags = struct.unpack("<I", os.pread(self.fd, 4, OFF_FLAGS))[0]
             os.pwrite(self.fd, struct.pack("<I", flags | flag), OFF_FLAGS)
@@ -412,7 +412,7 @@ def remnant_lines(img: Image, rank: int, *, with_meta: bool = False) -> list[byt
     if ex is None and stack is not None:  # faulthandler saw a fatal signal the header missed
         ex = crashlog.exit_from(stack, img.death.signal_ns or stack["ts"], rank)
         ex.update(img.death.stop_fields())
-    if ex is not None and not any(b'"type":"exit"' in line for line in img.kept):
+    if ex is not None and not exits:  # (a kept exit, sent above, is the rank's own word)
         out.append(orjson.dumps(redact_event(ex)))  # std::terminate's what() is the program's text
     return out
 
@@ -575,7 +575,7 @@ def forward_dead(job: str, store: str, open_writer: Callable[[int, int], Any], o
                 lines = []
             else:
                 lines = remnant_lines(img, rank, with_meta=not img.flags & META_STORED)
-            known = bool(img.flags & EXIT_STORED) or any(b'"type":"exit"' in line for line in lines)
+            known = _says_its_end(img, lines)
             if exit_status is not None and not known:
                 status = exit_status(img.pid)
                 if status is not None:
@@ -611,6 +611,12 @@ def forward_dead(job: str, store: str, open_writer: Callable[[int, int], Any], o
                 continue
             done += 1
     return done
+
+
+def _says_its_end(img: Image, lines: list[bytes]) -> bool:
+    """The rank's end is known: its own exit is in the store, or among ``lines`` (its
+    remnant) there is one; else a forwarder adds one."""
+    return bool(img.flags & EXIT_STORED) or any(b'"type":"exit"' in line for line in lines)
 
 
 def _age(path: Path) -> float:
@@ -687,7 +693,7 @@ def remnant_events(job: str, store: str) -> list[tuple[int, int, list[bytes]]]:
         rank = img.rank if img.rank >= 0 else img.identity.get("rank")
         if isinstance(rank, int) and rank >= 0:
             lines = remnant_lines(img, rank, with_meta=False)
-            if not img.flags & EXIT_STORED and not any(b'"type":"exit"' in line for line in lines):
+            if not _says_its_end(img, lines):
                 lines.append(orjson.dumps(gone_exit(img, rank)))
             out.append((rank, img.incarnation, lines))
     return out
