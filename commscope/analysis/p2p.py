@@ -91,7 +91,7 @@ def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[in
             if model.unplaced(r, i):  # a group rank the recorder could not place: none there is
                 edges.setdefault(r, []).append((peer, i))
                 continue
-            if peer < 0:  # any-source recv: every other member could be the sender
+            if peer < 0:  # any-source recv (or a Flight Recorder send naming no peer): every other member could be the other end
                 members = model.groups.get(s.group) or model.rank_ids()
                 for m in members:
                     if m != r:

@@ -362,10 +362,10 @@ class Recorder:
             self.warn("dropped", f"commscope: dropped {dropped} trace events ({reason}); training is unaffected")
         if self._exit is not None and (self.rank is not None or final):
             if self.rank is None:
-                emit(self._exit_event(self.spool))
+                emit(self._exit_event(self._exit, self.spool))
                 self._exit = None
             else:
-                line = self._stamped(self._exit_event(self.spool))  # (built outside the lock: it is held briefly)
+                line = self._stamped(self._exit_event(self._exit, self.spool))  # (outside the lock: held briefly)
                 with self._exit_lock:
                     self._exit_line, self._exit = line, None
                 outbox.put(line, EXIT_RING_END)  # last, after everything recorded before it
@@ -377,10 +377,9 @@ class Recorder:
             self._leave_spool()
         self._ticks += 1
 
-    def _exit_event(self, sp: spool.Spool | None) -> dict[str, Any]:
-        """The ``exit`` of the shutdown ``mark_exit`` noted."""
-        assert self._exit is not None
-        ts, reason, code = self._exit
+    def _exit_event(self, noted: tuple[int, str, int | None], sp: spool.Spool | None) -> dict[str, Any]:
+        """The ``exit`` of the shutdown ``mark_exit`` noted (``noted``)."""
+        ts, reason, code = noted
         exit_ev: dict[str, Any] = {"type": events.EXIT, "ts": ts, "reason": reason}
         if code is not None:
             exit_ev["code"] = code
@@ -415,21 +414,22 @@ class Recorder:
     def _keep_exit(self) -> None:
         """The last tick did not end in time and the process leaves: its ``exit`` waits in
         the spool with the records (a forwarder sends both), unless it is stored or kept."""
-        sp, line, noted = self.spool, self._exit_line, self._exit
+        sp = self.spool
+        noted = self._exit  # (before the line: the tick sets the line, then clears this)
+        line = self._exit_line
         if sp is None or self.rank is None:
             return  # the spool is left (the tick got that far)
         try:
             if line is None and noted is not None:  # not queued yet: made here (the tick's, if it
-                line = self._stamped(self._exit_event(sp))  # queues it meanwhile, is the same)
+                line = self._stamped(self._exit_event(noted, sp))  # queues it meanwhile, is the same)
         except Exception:
-            return
-        if line is None:
             return
         # (bounded: this may run in a signal handler that interrupted the lock's holder)
         if not self._exit_lock.acquire(timeout=self.EXIT_LOCK_WAIT_S):
             return
         try:
-            if not (self._exit_kept or self._exit_stored):
+            line = self._exit_line or line
+            if line is not None and not (self._exit_kept or self._exit_stored):
                 self._exit_kept = True
                 self.ops.keep_event(line)
         except Exception:
@@ -737,10 +737,9 @@ def _os_exit(code: int) -> None:
 
 #: Held while ``end_before_exit`` ends the recording: another thread's ``os._exit`` waits
 #: for its last write (at most ``ENDING_WAIT_S``, past the holder's own wait for the last
-#: tick, which it would cut: this may run in a signal handler that interrupted the holder,
-#: or in a child forked while another thread held it)
-_ending = threading.Lock()
-_ending_thread: int | None = None  # the thread holding it (a signal handler on that one does not wait)
+#: tick, which it would cut).  Re-entrant: a signal handler that interrupted the holder goes
+#: on at once (the recording is ended already); a forked child gets a fresh one.
+_ending = threading.RLock()
 ENDING_WAIT_S = Recorder.FINAL_HOLD_S + Recorder.EXIT_LOCK_WAIT_S + 2.0  # (2 s: the rest of ``stop``)
 
 
@@ -750,11 +749,8 @@ def end_before_exit(code: int) -> None:
     demo's ranks at their time limit: one leaving first would fail the others' waiting
     ops, in their traces) calls this, waits for them, then calls ``os._exit``.  What the
     rank's ops do after its last write is not recorded."""
-    global _active, _ending_thread
-    me = threading.get_ident()
-    held = _ending.acquire(timeout=0 if _ending_thread == me else ENDING_WAIT_S)
-    if held:
-        _ending_thread = me
+    global _active
+    held = _ending.acquire(timeout=ENDING_WAIT_S)
     try:
         rec = _active
         if rec is None or os.getpid() != rec.pid:
@@ -768,7 +764,6 @@ def end_before_exit(code: int) -> None:
             pass
     finally:
         if held:
-            _ending_thread = None
             _ending.release()
 
 
@@ -842,8 +837,8 @@ def _remove_exit_hooks() -> None:
 
 def _after_fork_child() -> None:
     """A forked child (e.g. a DataLoader worker) must not write into its parent's trace."""
-    global _active, _ending, _ending_thread
-    _ending, _ending_thread = threading.Lock(), None  # (one a parent's thread held at the fork: none here frees it)
+    global _active, _ending
+    _ending = threading.RLock()  # (one a parent's thread held at the fork: none here frees it)
     rec = _active
     if rec is None:
         return
