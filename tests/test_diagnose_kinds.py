@@ -268,24 +268,18 @@ def test_peers_the_job_does_not_have_in_every_form_are_the_sender_s_own():  # (h
     _, f = run(b)
     assert [(x.kind, x.culprits) for x in f] == [("unmatched_p2p", [0])]
     assert "rank 0 waits send (send to ?)" in f[0].message and "a group rank out of range" in f[0].message
-    # Gloo's timeout ends the send: the failure is rank 0's own, not rank 99's
-    b = TraceBuilder(2)
-    t = b.warmup()
-    i = b.begin(0, t, "send", peer=99, dir="send")
-    b.end(0, i, t + 3 * S, exc="RuntimeError: Timed out waiting 30000ms for send operation to complete")
-    b.heartbeats(t, t + 5 * S)
-    _, f = run(b)
-    assert [(x.kind, x.culprits) for x in f] == [("op_failed", [0])]
-    assert f[0].evidence["blame"]["text"] == "rank 0's peer: the job has no rank 99 (world size 2)"
-    # ... and a send with no peer, timed out, blames its rank, not the other members
-    b = TraceBuilder(3)
-    t = b.warmup()
-    i = b.begin(0, t, "send", peer=None, dir="send")
-    b.end(0, i, t + 3 * S, exc="RuntimeError: Timed out waiting 30000ms for send operation to complete")
-    b.heartbeats(t, t + 5 * S)
-    _, f = run(b)
-    assert [(x.kind, x.culprits) for x in f] == [("op_failed", [0])]
-    assert f[0].evidence["blame"]["text"] == "rank 0's send: its peer is no rank of its group (a group rank out of range)"
+    # Gloo's timeout ends the send: the failure is rank 0's own, not rank 99's; a send with no
+    # peer, timed out, blames its rank, not the other members
+    for world, peer, blame in ((2, 99, "rank 0's peer: the job has no rank 99 (world size 2)"),
+                               (3, None, "rank 0's send: its peer is no rank of its group (a group rank out of range)")):
+        b = TraceBuilder(world)
+        t = b.warmup()
+        i = b.begin(0, t, "send", peer=peer, dir="send")
+        b.end(0, i, t + 3 * S, exc="RuntimeError: Timed out waiting 30000ms for send operation to complete")
+        b.heartbeats(t, t + 5 * S)
+        _, f = run(b)
+        assert [(x.kind, x.culprits) for x in f] == [("op_failed", [0])]
+        assert f[0].evidence["blame"]["text"] == blame
     # a Flight Recorder send that names no peer (``nccl:send``) is not said to have none
     b = TraceBuilder(2)
     t = b.warmup()
