@@ -683,6 +683,7 @@ class TraceModel:
         self.start_ns = 0
         self.end_ns = 0
         self.version = 0
+        self._said_world: tuple[int, int | None] = (-1, None)  # (version, ``said_world_size`` then)
         self.changed: frozenset[int] = frozenset()
         #: (version, the earliest begin among the ops its batch changed; I64_MIN: not known) of
         #: the latest batches, every rank's at once (``touched_since``)
@@ -2304,10 +2305,13 @@ class TraceModel:
     @property
     def said_world_size(self) -> int | None:
         """The world size where a rank's ``meta`` says it (never below the ranks seen); None
-        where none does: a rank past those seen may then be one that recorded nothing."""
-        ws = [int(rt.meta["world_size"]) for rt in self.ranks.values()
-              if rt.meta and isinstance(rt.meta.get("world_size"), int)]
-        return max([max(self.ranks) + 1, *ws]) if ws else None
+        where none does: a rank past those seen may then be one that recorded nothing.  Once
+        per version (every rank's meta is looked at; each failed p2p instance asks)."""
+        if self._said_world[0] != self.version:
+            ws = [int(rt.meta["world_size"]) for rt in self.ranks.values()
+                  if rt.meta and isinstance(rt.meta.get("world_size"), int)]
+            self._said_world = (self.version, max([max(self.ranks) + 1, *ws]) if ws else None)
+        return self._said_world[1]
 
     def settle(self) -> None:
         """Put the ranks in rank order (what a whole read ends with: the order a read came in,

@@ -400,9 +400,9 @@ def remnant_lines(img: Image, rank: int, *, with_meta: bool = False) -> list[byt
     # An exit kept for a forwarder and then stored after all is not sent; of several kept
     # (a process can keep only one; a spool is untrusted input), the last.
     stored = bool(img.flags & EXIT_STORED)
-    exits = [k for k, line in enumerate(img.kept) if b'"type":"exit"' in line]
-    sent = set() if stored or not exits else {exits[-1]}
-    out.extend(_redacted(line) for k, line in enumerate(img.kept) if k not in exits or k in sent)
+    exits = [k for k, line in enumerate(img.kept) if _is_exit(line)]
+    unsent = set(exits if stored else exits[:-1])
+    out.extend(_redacted(line) for k, line in enumerate(img.kept) if k not in unsent)
     stack = crash_stack(img, rank)
     if stack is not None:
         out.append(orjson.dumps(redact_event(stack)))
@@ -616,7 +616,12 @@ def forward_dead(job: str, store: str, open_writer: Callable[[int, int], Any], o
 def _says_its_end(img: Image, lines: list[bytes]) -> bool:
     """The rank's end is known: its own exit is in the store, or among ``lines`` (its
     remnant) there is one; else a forwarder adds one."""
-    return bool(img.flags & EXIT_STORED) or any(b'"type":"exit"' in line for line in lines)
+    return bool(img.flags & EXIT_STORED) or any(map(_is_exit, lines))
+
+
+def _is_exit(line: bytes) -> bool:
+    """An encoded ``exit`` event (as this module's and the recorder's lines spell it)."""
+    return b'"type":"exit"' in line
 
 
 def _age(path: Path) -> float:
