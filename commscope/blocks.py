@@ -49,6 +49,7 @@ from commscope.oprecords import (
     F_APPROX,
     F_GPU,
     F_SOURCE,
+    F_UNISSUED,
     PH_BEGIN,
     PH_DONE,
     PH_END,
@@ -1092,6 +1093,8 @@ class BlockDecoder:
                 continue
             n = min(int.from_bytes(buf[o:o + 2], "little"), room)
             exc[row] = visible(redact(buf[o + 2:o + 2 + n].decode("utf-8", "replace"))) or "error"
+            if phase[row] == PH_END and c.rflags[row] & FLAG_UNISSUED:  # (its begin's seq withdrawn)
+                flags[row] |= F_UNISSUED
         for row in rows.device_errors.tolist():
             exc[row] = "the device reported an error"
         # the rare records one by one, in stream order (a SOURCE sees the any-source begins before it)

@@ -33,6 +33,7 @@ from commscope.oprecords import (
     F_APPROX,
     F_GPU,
     F_SOURCE,
+    F_UNISSUED,
     PH_BEGIN,
     PH_DONE,
     PH_END,
@@ -48,10 +49,10 @@ from commscope.schema import decode_indexed
 NOT_STATIC = frozenset((*PER_CALL, "sk"))
 _BASE = frozenset({"type", "ts", "phase", "id", "rank", "v"})
 #: The keys each phase but a begin may carry in columns (``OpRecords.events`` writes them)
-_PHASE_KEYS = {PH_END: _BASE | {"exc", "approx", "peer", "seq"}, PH_WAIT_BEGIN: _BASE | {"exc"},
+_PHASE_KEYS = {PH_END: _BASE | {"exc", "approx", "peer", "seq", "unissued"}, PH_WAIT_BEGIN: _BASE | {"exc"},
                PH_WAIT_END: _BASE | {"exc"}, PH_DONE: _BASE | {"exc", "gpu_ns"}}
 #: Keys a begin never carries in columns (a phase's)
-_PHASE_ONLY = frozenset({"exc", "approx", "gpu_ns"})
+_PHASE_ONLY = frozenset({"exc", "approx", "gpu_ns", "unissued"})
 
 
 def split(events: Sequence[dict]) -> tuple[list[dict], list[dict]]:
@@ -124,6 +125,10 @@ def of_events(rank: int, ops: Sequence[dict], table: StaticTable) -> OpRecords |
                 if e["approx"] is not True:
                     return None
                 flags[row] |= F_APPROX
+            if "unissued" in e:
+                if e["unissued"] is not True:
+                    return None
+                flags[row] |= F_UNISSUED
             if "peer" in e:
                 peer[row] = e["peer"]
                 flags[row] |= F_SOURCE

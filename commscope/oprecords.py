@@ -46,6 +46,7 @@ def completes(phase: str, *, failed: bool, is_async: bool, device: bool) -> bool
 F_APPROX = 1  # an end whose time is only a bound
 F_GPU = 2  # ``gpu`` holds the device time a ``done`` measured
 F_SOURCE = 4  # an end that resolved an any-source recv: ``peer`` and ``seq`` hold its source
+F_UNISSUED = 8  # the end of an op the backend refused as it was called: it took no seq after all
 
 
 class Static(NamedTuple):
@@ -160,6 +161,8 @@ class OpRecords:
                     e["peer"] = peer
                     if seq >= 0:
                         e["seq"] = seq
+                if flags & F_UNISSUED:
+                    e["unissued"] = True
             e["v"] = SCHEMA_VERSION
             e["rank"] = rank
             out.append(e)

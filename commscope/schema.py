@@ -107,6 +107,7 @@ RawEvent = TypedDict("RawEvent", {
     "in_dtypes": list[Name], "in_bytes": Count, "out_shapes": list[Shape], "out_dtypes": list[Name],
     "out_bytes": Count, "async": bool, "site": Text, "tid": AnyInt, "sk": Count, "device": Name,
     "nested": bool, "parent": Count, "src": Name, "tag": AnyInt, "exc": Text, "approx": bool, "gpu_ns": Count,
+    "unissued": bool,
     # meta
     # (the recorder writes null where it does not know: before init_process_group, no hang_after)
     "host": Name | None, "pid": Count | None, "world_size": WorldSize | None, "backend": Name | None,

@@ -39,7 +39,7 @@ def begin(rank: int, ts: int, op_id: int, name: str = "all_reduce", *, sk: int =
 def stream(rank: int) -> list[dict]:
     """One rank's op events in every form columns take: a collective, an async send and its
     wait, an any-source recv resolved at its end, a nested op, a device time, an exception,
-    an approximate end."""
+    an approximate end, an op the backend refused (``unissued``)."""
     peer = 1 - rank
     return [
         begin(rank, T, 1, seq=1),
@@ -58,7 +58,11 @@ def stream(rank: int) -> list[dict]:
         begin(rank, T + 70, 6, seq=3),
         op(rank, T + 71, "end", 6, exc="RuntimeError: boom"),
         op(rank, T + 72, "wait_begin", 6, exc="RuntimeError: again"),
-        begin(rank, T + 80, 7, seq=4, tid=8),  # (another thread: its own signature in the model)
+        # a broadcast the backend refused, its begin written out with seq 4 before the refusal:
+        # its end withdraws the number, which the next collective takes
+        begin(rank, T + 75, 7, "broadcast", sk=16, seq=4, root=99),
+        op(rank, T + 76, "end", 7, exc="RuntimeError: invalid root rank", unissued=True),
+        begin(rank, T + 80, 8, seq=4, tid=8),  # (another thread: its own signature in the model)
     ]
 
 
@@ -76,7 +80,7 @@ def test_every_form_columns_take_comes_back_as_it_went():
     # one static per (signature key, thread id, peer), shared by the streams of one reader
     # (the isend's key is the same on both ranks, its peer not: each keeps its own)
     assert len(table.statics) == len({(e["sk"], e["tid"], e.get("peer")) for r in (0, 1) for e in stream(r)
-                                      if "sk" in e}) == 7
+                                      if "sk" in e}) == 8
 
 
 @pytest.mark.parametrize("odd", [
@@ -86,6 +90,8 @@ def test_every_form_columns_take_comes_back_as_it_went():
     begin(0, T, 1, exc="x"),  # (a phase's key on a begin)
     op(0, T, "end", 1, seq=3),  # a source's seq without its peer
     op(0, T, "end", 1, approx=False),
+    op(0, T, "end", 1, unissued=False),
+    op(0, T, "wait_end", 1, exc="x", unissued=True),  # (a wait is of an issued op)
     op(0, T, "end", 1, gpu_ns=5),  # (a device time on an end)
     op(0, T, "wait_end", 1, peer=1),
     op(0, T, "done", 1, approx=True),
@@ -113,6 +119,10 @@ def test_the_model_of_the_columns_is_the_model_of_the_events():
         for d in s["ranks"].values():
             del d["version"], d["touched"]
     assert differences(got, want) == []
+    for model in (as_columns, as_events):  # the refused broadcast: no seq; the all_reduce #4 matched
+        ops = {model.op(0, i)["id"]: model.op(0, i) for i in range(model.ranks[0].n)}
+        assert "seq" not in ops[7] and ops[8]["seq"] == 4
+        assert model.collective("0", 4) == {r: model.op_index(r, 8) for r in (0, 1)}
     now = T + 10**12
     assert [f.to_json() for f in diagnose(as_columns, now, 5.0)] == [f.to_json() for f in diagnose(as_events, now, 5.0)]
 

@@ -20,7 +20,7 @@ import pytest
 from trace_helpers import ops
 
 from commscope.analysis import TraceModel, diagnose
-from commscope.analysis.source import open_source
+from commscope.analysis.source import load_trace, open_source
 from commscope.cli import main as cli
 from commscope.launch import Job
 from commscope.record import native
@@ -30,20 +30,35 @@ pytestmark = pytest.mark.timeout(240)
 STEPS, REFUSED_AT = 8, 3
 
 
-def refused_then_maybe_hang(rank: int, ws: int, store: str, release: str, hang: bool) -> str:
+def refused_then_maybe_hang(rank: int, ws: int, store: str, release: str, hang: bool, drain: bool = False) -> str:
     """Rank 2 calls broadcast(src=99) before all_reduce #4 (caught); then STEPS all_reduces
     and a barrier on every rank.  With ``hang``, rank 1 then waits for ``release`` while
-    ranks 0 and 2 wait in one more all_reduce, which it joins once released."""
+    ranks 0 and 2 wait in one more all_reduce, which it joins once released.  With ``drain``
+    (the Python recorder), the recorder's thread drains the broadcast's begin, seq and all,
+    between the call and Gloo's refusal: the recorder can no longer take the number back
+    from the begin, and only its end says so."""
     import torch
     import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
 
     from commscope.record.recorder import active
 
     W.start(store, 1.0)
-    source = type(active().ops).__name__
+    rec = active()
+    source = type(rec.ops).__name__
     t = torch.ones(4)
     for step in range(STEPS):
         if step == REFUSED_AT and rank == 2:
+            real = c10d._rank_not_in_group  # (broadcast's last step before the backend)
+
+            def drained(group, real=real):  # noqa: ANN001, ANN202
+                c10d._rank_not_in_group = real
+                while not rec.flush(timeout=60.0):  # two whole ticks: the begin drained
+                    pass
+                return real(group)
+
+            if drain:
+                c10d._rank_not_in_group = drained
             try:
                 dist.broadcast(t, src=99)
             except RuntimeError as exc:
@@ -95,8 +110,10 @@ def _errors(findings) -> list[tuple[str, list[int]]]:
     return [(f["kind"], f["culprits"]) for f in findings if f["severity"] == "error"]
 
 
-def _assert_numbering(store: str, extra: int) -> None:
-    """Every rank's collectives are numbered alike; rank 2's broadcast is failed and unnumbered."""
+def _assert_numbering(store: str, extra: int) -> dict:
+    """Every rank's collectives are numbered alike; rank 2's broadcast is failed and unnumbered,
+    in the events and in the model (which matches the others' all_reduce #4 with rank 2's).
+    Returns the broadcast's begin event."""
     events = open_source(store).read_all()
     want = [("all_reduce", s) for s in range(1, STEPS + 1)] + [("barrier", STEPS + 1)]
     want += [("all_reduce", STEPS + 2)] * extra
@@ -109,9 +126,28 @@ def _assert_numbering(store: str, extra: int) -> None:
             assert refused == []
             continue
         (b,) = refused
-        assert "seq" not in b, b
+        assert "seq" not in b, b  # (``ops``: not where its end withdraws it)
+        assert b["phases"]["end"].get("unissued") is True, b
     failed = [e for e in events if e.get("type") == "op" and e.get("phase") == "end" and e.get("exc")]
     assert [(e["rank"], "invalid root rank" in e["exc"]) for e in failed] == [(2, True)]
+    # the model, from the events (their dicts) and from the store (its columns), alike
+    for model in (TraceModel(), load_trace(store)[0]):
+        if not model.ranks:
+            model.ingest(events)
+        top = [model.op(2, i) for i in range(model.ranks[2].n)]
+        top = [o for o in top if not o.get("nested")]
+        assert [o.get("seq") for o in top if o["op"] == "broadcast"] == [None]
+        numbered = [(o["op"], o.get("seq")) for o in top if o["op"] != "broadcast"]
+        assert numbered == want
+        assert model.collective("0", REFUSED_AT + 1) == {r: want_index(model, r) for r in range(3)}
+    return b["phases"]["begin"]
+
+
+def want_index(model: TraceModel, rank: int) -> int:
+    """The op index of the rank's all_reduce #REFUSED_AT+1."""
+    rt = model.ranks[rank]
+    return next(i for i in range(rt.n) if model.op(rank, i).get("seq") == REFUSED_AT + 1
+                and model.op(rank, i)["op"] == "all_reduce")
 
 
 def _assert_refusal_finding(findings) -> None:
@@ -131,6 +167,28 @@ def test_a_refused_op_takes_no_sequence_number(tmp_path, capsys, source):
     assert all(results[r].ok for r in range(3)), [results[r].error for r in range(3)]
     assert {results[r].value for r in range(3)} == {_want_source(source)}
     _assert_numbering(store, extra=0)
+    out = _check(store, capsys)
+    assert _errors(out["findings"]) == [("op_failed", [2])]
+    _assert_refusal_finding(out["findings"])
+
+
+def test_a_refused_op_whose_begin_was_drained_first_takes_no_sequence_number(tmp_path, capsys):
+    """The recorder's thread drains the begin of the refused broadcast, numbered, in the
+    moment between the call and Gloo's refusal (forced here; a loaded CI host did it by
+    chance): the begin in the store keeps its number, the end says ``unissued``, and readers
+    withdraw it, so everything reads as when the begin was rewritten in time.  (The Python
+    recorder: a hook between its begin and the backend; the native recorder writes the same
+    end, read the same way.)"""
+    store, release = str(tmp_path / "trace"), str(tmp_path / "release")
+    job = Job(refused_then_maybe_hang, 3, args=(store, release, False, True), env=_env("python"),
+              pg_timeout=60).start()
+    try:
+        results = job.join(120)
+    finally:
+        job.kill()
+    assert all(results[r].ok for r in range(3)), [results[r].error for r in range(3)]
+    begin = _assert_numbering(store, extra=0)
+    assert begin["seq"] == REFUSED_AT + 1, begin  # (drained before the refusal: kept its number)
     out = _check(store, capsys)
     assert _errors(out["findings"]) == [("op_failed", [2])]
     _assert_refusal_finding(out["findings"])

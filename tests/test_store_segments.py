@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from commscope import histories
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
 from commscope.analysis.source import load_trace, open_source
 from commscope.bench.synthstore import JobShape, write_store
@@ -1474,3 +1475,33 @@ def test_a_reader_that_jumps_over_deleted_segments_counts_the_drops_once(tmp_pat
     full = TraceModel()
     full.ingest(open_reader(str(tmp_path)).read_all())
     assert jumped.ranks[0].dropped == full.ranks[0].dropped == 30 + other
+
+
+def test_a_carry_leaves_out_the_number_an_op_the_backend_refused_gave_back():
+    """A broadcast and a send refused as they were called, their begins written out with a
+    number before the refusal (their ends say ``unissued``): the group's history is that of
+    its all_reduces #1 to #5 (not the broadcast at #4, the all_reduce #4 after it left out
+    as read already), and the refused send passes no seq of its channel."""
+    def begin(k: int, op: str, seq: int, **more) -> dict:
+        return {"type": "op", "v": 3, "rank": 0, "ts": T0 + k * 1000, "phase": "begin", "id": k, "op": op,
+                "group": "0", "seq": seq, "in_shapes": [[4]], "in_dtypes": ["float32"], "in_bytes": 16, **more}
+
+    def end(k: int, **more) -> dict:
+        return {"type": "op", "v": 3, "rank": 0, "ts": T0 + k * 1000 + 500, "phase": "end", "id": k, **more}
+
+    refused = {"exc": "RuntimeError: invalid root rank", "unissued": True}
+    lines = [{"type": "group", "v": 3, "rank": 0, "ts": T0, "group": "0", "granks": [0, 1, 2]}]
+    for k in range(1, 4):
+        lines += [begin(k, "all_reduce", k), end(k)]
+    lines += [begin(4, "broadcast", 4, root=99), end(4, **refused)]
+    lines += [begin(5, "send", 1, peer=1, dir="send"), end(5, **refused)]
+    for k in range(6, 8):
+        lines += [begin(k, "all_reduce", k - 2), end(k)]
+    got = inflight.replay(b"", b"".join(orjson.dumps(e) + b"\n" for e in lines), 0)
+    key = histories.key_hash(histories.match_key_of(lines[1]))
+    assert got.histories["0"] == histories.extended(None, [1, 2, 3, 4, 5], [key] * 5)
+    assert "seq" not in got.begins[4] and "seq" not in got.begins[5]
+    assert got.failed == {4, 5}
+    carry = [orjson.loads(x) for x in got.carry().splitlines()]
+    assert [g.get("channels", []) for g in carry if g["type"] == "group"] == [[]]
+    assert not [e for e in carry if e["type"] == "op" and e["phase"] == "begin" and e["id"] in (4, 5) and "seq" in e]

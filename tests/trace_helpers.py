@@ -19,7 +19,8 @@ def by_rank(events: list[dict]) -> dict[int, list[dict]]:
 
 
 def ops(events: list[dict], rank: int | None = None) -> list[dict]:
-    """One dict per op id: the begin fields plus ``phases`` {phase: event}."""
+    """One dict per op id: the begin fields plus ``phases`` {phase: event}; no ``seq`` where
+    its end says the op was never issued (``unissued``: the begin's seq withdrawn)."""
     table: dict[tuple[int, int], dict] = {}
     order = []
     for e in events:
@@ -31,6 +32,8 @@ def ops(events: list[dict], rank: int | None = None) -> list[dict]:
             order.append(key)
         elif key in table:
             table[key]["phases"][e["phase"]] = e
+            if e["phase"] == "end" and e.get("unissued"):
+                table[key].pop("seq", None)
     return [table[k] for k in order]
 
 

@@ -72,6 +72,7 @@ from commscope.oprecords import (
     F_APPROX,
     F_GPU,
     F_SOURCE,
+    F_UNISSUED,
     PH_BEGIN,
     PH_DONE,
     PH_END,
@@ -243,6 +244,7 @@ class PhaseExtra(NamedTuple):
     gpu: int | None
     peer: int | None  # an any-source recv's source, resolved at its end
     seq: int  # with it (-1: none)
+    unissued: bool = False  # an end saying the backend refused the op: its begin's seq withdrawn
 
 
 def _record_extras(recs: OpRecords, rows: np.ndarray) -> list[PhaseExtra]:
@@ -258,7 +260,8 @@ def _record_extras(recs: OpRecords, rows: np.ndarray) -> list[PhaseExtra]:
         row, f = int(rows[j]), int(flags[j])
         out.append(PhaseExtra(j, int(recs.phase[row]) == PH_END, recs.exc.get(row), bool(f & F_APPROX),
                               int(recs.gpu[row]) if f & F_GPU else None,
-                              int(recs.peer[row]) if f & F_SOURCE else None, int(recs.seq[row])))
+                              int(recs.peer[row]) if f & F_SOURCE else None, int(recs.seq[row]),
+                              bool(f & F_UNISSUED)))
     return out
 
 
@@ -274,7 +277,8 @@ def _extras(phase_events: Sequence[dict]) -> list[PhaseExtra]:
         seq = e.get("seq")
         out.append(PhaseExtra(j, e["phase"] == "end", str(e["exc"]) if "exc" in e else None, bool(e.get("approx")),
                               int(e["gpu_ns"]) if "gpu_ns" in e else None,
-                              int(e["peer"]) if "peer" in e else None, int(seq) if isinstance(seq, int) else -1))
+                              int(e["peer"]) if "peer" in e else None, int(seq) if isinstance(seq, int) else -1,
+                              e.get("unissued") is True))
     return out
 
 
@@ -2227,12 +2231,40 @@ class TraceModel:
                 rt.flags[i] |= APPROX
             if x.gpu is not None:
                 rt.gpu[i] = x.gpu
+            if x.unissued and x.end and x.exc is not None:
+                self._unissue(rt, i)
             if x.end and x.peer is not None and rt.peer[i] < 0 and self._sig_flags[rt.sig[i]] & (P2P | SEND) == P2P:
                 rt.peer[i] = x.peer  # an any-source recv resolved (a source on any other op: refused)
                 if x.seq >= 0:
                     rt.seq[i] = x.seq
                     if not self._sig_flags[rt.sig[i]] & NESTED:
                         self._index_p2p(rt, i)
+
+    def _unissue(self, rt: RankTrace, i: int) -> None:
+        """Op ``i`` of a rank was refused by the backend as it was called (its end says so,
+        ``F_UNISSUED``): it took no seq.  The recorder writes its begin without one, unless
+        its drain took the begin first; then it is withdrawn here, and the op leaves the
+        indexes where it still holds its seq's place (the rank's next op of the same counter,
+        which took the same number, may have taken it already)."""
+        seq = int(rt.seq[i])
+        if seq < 0:
+            return
+        code = int(rt.sig[i])
+        flags = int(self._sig_flags[code])
+        rt.seq[i] = -1
+        if flags & NESTED:
+            return
+        if flags & COLL:
+            s = self.sigs[code]
+            gi = self.coll.get((s.space, s.group))
+            index, col = (gi.seqs, gi.col.get(rt.rank)) if gi is not None else (None, None)
+        elif flags & P2P and rt.peer[i] >= 0:
+            index, col = self._channel(rt.rank, code, int(rt.peer[i])), self._side(code)[0]
+        else:
+            return
+        row = index.get(seq) if index is not None and col is not None else None
+        if row is not None and row[col] == i:
+            row[col] = -1
 
     def _completion(self, sig: np.ndarray, end: np.ndarray, we: np.ndarray, done: np.ndarray,
                     op_flags: np.ndarray, comp: np.ndarray) -> np.ndarray:

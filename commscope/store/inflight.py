@@ -267,7 +267,7 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
     out = Replayed({}, {}, {}, set(), {}, got.count(), None)
     meta = dropped = None
     kept: dict[str, History] = {}  # group -> the rank's history of its collectives (``histories``)
-    ran: dict[str, tuple[list[int], list[int]]] = {}  # group -> the seqs and key hashes of its collectives read
+    ran: dict[str, dict[int, tuple[int, int]]] = {}  # group -> op id -> the seq and key hash of its collectives read
     passed: dict[tuple[str, int, str], tuple[int, int]] = {}  # a carry's channels passed (``channels_passed``)
     stacks = Stacks()
     hashes: dict[bytes, int] = {}  # what a begin's match key is made of -> its hash (a stream repeats a few)
@@ -304,9 +304,7 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
                 khash = hashes.get(raw)
                 if khash is None:
                     khash = hashes[raw] = key_hash(match_key_of(e))
-                ran.setdefault(name, ([], []))
-                ran[name][0].append(seq)
-                ran[name][1].append(khash)
+                ran.setdefault(name, {})[op_id] = (seq, khash)
             if kind in (COLLECTIVE, P2P) and name not in out.groups:  # (its line carries the history, the channels)
                 out.groups[name] = {"type": "group", "v": e["v"], "rank": rank, "ts": e["ts"], "group": name}
             continue
@@ -316,6 +314,9 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
         out.phases[op_id].append(e)
         if "exc" in e:
             out.failed.add(op_id)
+            if ph == "end" and e.get("unissued") is True and "seq" in b:  # (refused: its begin's seq withdrawn)
+                b = out.begins[op_id] = out.phases[op_id][0] = {k: v for k, v in b.items() if k != "seq"}
+                ran.get(group_of(b), {}).pop(op_id, None)
         if completes(ph, failed="exc" in e, is_async=bool(b.get("async")), device=b.get("device") is not None) and (
                 op_id not in out.done):
             out.done[op_id] = e["ts"]
@@ -324,8 +325,8 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
         parent = b.get("parent")
         if b.get("nested") and op_id not in out.done and (parent not in out.begins or parent in out.done):
             out.done[op_id] = out.done.get(parent, b["ts"])
-    for name, (seqs, khashes) in ran.items():
-        history = extended(kept.get(name), seqs, khashes)
+    for name, by_op in ran.items():
+        history = extended(kept.get(name), [s for s, _ in by_op.values()], [k for _, k in by_op.values()])
         if history is not None:
             kept[name] = history
     carried_in = frozenset(e["id"] for e in head.events if e.get("type") == "op" and e.get("phase") == "begin")
