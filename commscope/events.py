@@ -19,9 +19,10 @@ rank, increasing) and ``phase``:
     end         [exc] -- the exception text when the call raised; [peer, seq] resolved source
                 of an any-source recv; [approx] the end time is only a bound (Flight Recorder
                 on Gloo gives no completion time); [gpu_ns] GPU time Flight Recorder measured
-                [unissued] the backend refused the call before issuing anything: the op took
-                no ``seq`` after all, whatever its begin says (the recorder rewrites the begin,
-                unless it was already written out: readers withdraw the begin's seq)
+                [unissued] the backend refused the call before issuing anything and the op
+                gave its number back: it took no ``seq`` after all, whatever its begin says
+                (the recorder rewrites the begin, unless it was already written out: readers
+                withdraw the begin's seq)
     wait_begin  Work.wait() entered (async ops)
     wait_end    Work.wait() returned; [exc]
     done        device-side completion seen via CUDA events: gpu_ns.  CPU backends write no

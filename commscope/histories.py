@@ -112,6 +112,20 @@ class History(NamedTuple):
         return cls(first, last, digest)
 
 
+def withdrawn(history: History, seq: int, khash: int) -> History | None:
+    """``history`` without the collective at ``seq`` (key hash ``khash``): an op the backend
+    refused gave its number back after its begin was written with it (its end says
+    ``unissued``), and a carry made between the two counted it, as the last collective the
+    rank had begun.  Its term comes off (None: it was the history's only one).  A history
+    that does not end at ``seq`` stays: it did not end with that op (a carry made after the
+    op that took the number back, which counted that one)."""
+    if seq != history.last:
+        return history
+    if seq == history.first:
+        return None
+    return History(history.first, seq - 1, (history.digest - term(seq, khash)) & MASK)
+
+
 def extended(history: History | None, seqs: Sequence[int], khashes: Sequence[int]) -> History | None:
     """``history`` (None: none yet) with a rank's next collectives of the group (their seqs
     and key hashes, in stream order) recorded: each seq past the last one taken is added

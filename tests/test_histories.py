@@ -61,3 +61,13 @@ def test_a_carry_keys_each_collective_as_the_model_does(tmp_path, json):
         assert (kind == histories.COLLECTIVE) == bool(model.sig_flags(np.array([code]))[0] & COLL)
         assert histories.match_key_of(e) == model.sigs[int(code)].match_key()
     assert len({histories.match_key_of(e) for e in events}) > 1  # (the mismatch among them)
+
+
+def test_a_withdrawn_collective_comes_off_the_history_that_ended_with_it():
+    term, extended, withdrawn = histories.term, histories.extended, histories.withdrawn
+    h = extended(None, [1, 2, 3, 4], [11, 11, 11, 99])  # (4: a refused op's begin, counted)
+    assert withdrawn(h, 4, 99) == extended(None, [1, 2, 3], [11] * 3)
+    assert withdrawn(h, 4, 99).digest == (h.digest - term(4, 99)) & histories.MASK
+    assert withdrawn(h, 2, 11) == h  # (a history that went on past it counted what took the number)
+    assert withdrawn(h, 7, 11) == h
+    assert withdrawn(extended(None, [5], [99]), 5, 99) is None  # (its only collective)

@@ -194,6 +194,72 @@ def test_a_refused_op_whose_begin_was_drained_first_takes_no_sequence_number(tmp
     _assert_refusal_finding(out["findings"])
 
 
+def refused_while_another_thread_takes_a_number(rank: int, ws: int, store: str) -> None:
+    """Rank 2's broadcast(src=99) takes #4; before Gloo refuses it, another thread of rank 2
+    runs an all_reduce, which takes #5 (Gloo pairs it with the others' 4th all_reduce): the
+    broadcast's number then stays (the counter went on past it).  Every rank runs STEPS
+    all_reduces and a barrier."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    W.start(store, 1.0)
+    t = torch.ones(4)
+    for step in range(STEPS):
+        if step == REFUSED_AT and rank == 2:
+            real = c10d._rank_not_in_group
+
+            works = []
+
+            def meanwhile(group, real=real):  # noqa: ANN001, ANN202
+                c10d._rank_not_in_group = real
+                # (issued, not waited on until the broadcast is refused: a wait would tell the
+                # recorder the broadcast may have issued something, and it keeps its number)
+                other = threading.Thread(target=lambda: works.append(dist.all_reduce(torch.ones(4), async_op=True)))
+                other.start()
+                other.join()
+                return real(group)
+
+            c10d._rank_not_in_group = meanwhile
+            try:
+                dist.broadcast(t, src=99)
+            except RuntimeError as exc:
+                assert "invalid root rank" in str(exc)
+            else:
+                raise AssertionError("broadcast(src=99) returned")
+            works[0].wait()
+            continue  # (the other thread ran this step's all_reduce)
+        dist.all_reduce(t)
+        t.fill_(1.0)
+    dist.barrier()
+    W.finish()
+
+
+def test_a_refused_op_whose_number_stays_does_not_say_it_gave_it_back(tmp_path):
+    """Where the number stayed (another thread's op took the next one), the end does not say
+    ``unissued``: readers keep the begin's number, as the recorder did (the Python recorder;
+    the native one numbers the broadcast in its dispatch, after the hook)."""
+    store = str(tmp_path / "trace")
+    job = Job(refused_while_another_thread_takes_a_number, 3, args=(store,), env=_env("python"),
+              pg_timeout=60).start()
+    try:
+        results = job.join(120)
+    finally:
+        job.kill()
+    assert all(results[r].ok for r in range(3)), [results[r].error for r in range(3)]
+    events = open_source(store).read_all()
+    top = [o for o in ops(events, 2) if not o.get("nested")]
+    assert [(o["op"], o.get("seq")) for o in top][REFUSED_AT:REFUSED_AT + 3] == [
+        ("broadcast", REFUSED_AT + 1), ("all_reduce", REFUSED_AT + 2), ("all_reduce", REFUSED_AT + 3)]
+    (b,) = [o for o in top if o["op"] == "broadcast"]
+    assert "invalid root rank" in b["phases"]["end"]["exc"] and "unissued" not in b["phases"]["end"], b
+    model = load_trace(store)[0]
+    assert [model.op(2, i).get("seq") for i in range(model.ranks[2].n)
+            if model.op(2, i)["op"] == "broadcast"] == [REFUSED_AT + 1]
+
+
 def test_a_hang_after_a_refused_op_names_the_rank_that_never_came(tmp_path, capsys, source):
     """Live, at every poll: no error finding names a rank but 1 (the one that never came) or
     2 (whose refused op failed); once the hang shows, it is rank 1's, with ranks 0 and 2 in

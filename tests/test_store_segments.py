@@ -1505,3 +1505,70 @@ def test_a_carry_leaves_out_the_number_an_op_the_backend_refused_gave_back():
     carry = [orjson.loads(x) for x in got.carry().splitlines()]
     assert [g.get("channels", []) for g in carry if g["type"] == "group"] == [[]]
     assert not [e for e in carry if e["type"] == "op" and e["phase"] == "begin" and e["id"] in (4, 5) and "seq" in e]
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_a_window_after_a_refused_op_whose_segment_ended_between_its_begin_and_end(tmp_path, capsys, split):
+    """Rank 2's broadcast the backend refused, its begin written with seq 101 (drained before
+    the refusal), the all_reduce #101 after it: with rank 2's segment ended right after that
+    begin, the carry counted the broadcast in the group's history.  A window read from the
+    next segment on takes its term back (``TraceModel._retract``), and so does the next
+    carry (``inflight.replay``): every window gives what the whole read gives, one op_failed
+    on rank 2, no collective_mismatch (one was reported at #101, and at every later carry's)."""
+    from commscope.analysis.synth import TraceBuilder
+    from commscope.events import encode
+
+    root = tmp_path / "t"
+    tb = TraceBuilder(3, hang_after=10.0, sample_interval=5.0)
+    t = tb.t0 + S
+    for _ in range(100):
+        t = tb.collective(t) + S
+    i = tb.begin(2, t, "broadcast", seq=101, root=99)
+    drained = tb.events[-1]
+    tb.end(2, i, t + 500, exc="RuntimeError: invalid root rank", unissued=True)
+    refused_at = t
+    t += S
+    for _ in range(3700):
+        t = tb.collective(t) + S
+    tb.heartbeats(tb.t0 + S, t, interval=5 * S)
+    end = max(e["ts"] for e in tb.events)
+    for r in range(3):
+        w = DirectoryWriter(root, "job", r, {"world_size": 3}, closer=False, segment_bytes=16 << 10)
+        buf: list[bytes] = []
+        for e in sorted((e for e in tb.events if e["rank"] == r), key=lambda e: e["ts"]):
+            buf.append(encode(e))
+            if e is drained and split:  # the segment ends right after the drained begin
+                w.write(buf)
+                buf = []
+                w.segment_bytes = 1
+                continue
+            if len(buf) == 8:
+                w.write(buf)
+                buf = []
+                w.segment_bytes = 16 << 10
+        w.write(buf)
+        w.close()
+        retention.close_stream(w.dir, r, 0, retention.parse("none"))
+    for p in (root / "job").iterdir():
+        os.utime(p, ns=(end, end))
+    right_after = f"{(end - refused_at) // S - 5}s"  # (a window from the segment after the begin)
+    for since in ([], ["--since", "10m"], ["--since", right_after]):
+        capsys.readouterr()
+        assert cli(["check", str(root), "--json", *since]) == 1
+        got = json.loads(capsys.readouterr().out)
+        assert [(f["kind"], f["culprits"]) for f in got["findings"]] == [("op_failed", [2])], (since, got["findings"])
+
+
+def test_a_carry_counts_every_collective_of_a_stream_that_reuses_op_ids():
+    """A damaged or foreign stream whose op ids start again (1, 2, 3, 1, 2, 3): its six
+    collectives are the group's history 1 to 6 (keyed by op id, the carry kept 4 to 6)."""
+    lines = [{"type": "group", "v": 3, "rank": 0, "ts": T0, "group": "0", "granks": [0, 1]}]
+    for k in range(1, 7):
+        op_id = (k - 1) % 3 + 1
+        lines += [{"type": "op", "v": 3, "rank": 0, "ts": T0 + k * 1000, "phase": "begin", "id": op_id,
+                   "op": "all_reduce", "group": "0", "seq": k, "in_shapes": [[4]], "in_dtypes": ["float32"],
+                   "in_bytes": 16},
+                  {"type": "op", "v": 3, "rank": 0, "ts": T0 + k * 1000 + 500, "phase": "end", "id": op_id}]
+    got = inflight.replay(b"", b"".join(orjson.dumps(e) + b"\n" for e in lines), 0)
+    key = histories.key_hash(histories.match_key_of(lines[1]))
+    assert got.histories["0"] == histories.extended(None, range(1, 7), [key] * 6)

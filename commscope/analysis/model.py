@@ -659,6 +659,9 @@ class TraceModel:
         #: group -> rank -> the rank's history of the group's collectives before what was read,
         #: as its carry said it (``histories``; a window's, or a reader's after retention)
         self.histories: dict[str, dict[int, CarriedHistory]] = {}
+        #: (group, rank) -> seq -> key hash of collectives whose end withdrew their number
+        #: (``_unissue``): taken off a carried history that counted them (``_retract``)
+        self.withdrawn: dict[tuple[str, int], dict[int, int]] = {}
         #: group -> rows [src, dst, side (0: send, 1: recv), the last seq that side completed]
         #: of p2p channels before what was read, where a carry kept no op of the channel
         #: (``inflight.Replayed.channels_passed``), as carries stated them
@@ -2003,6 +2006,7 @@ class TraceModel:
                     was = per.get(rt.rank)
                     if was is None or ts >= was.ts:
                         per[rt.rank] = CarriedHistory(history, ts)
+                        self._retract(name, rt.rank)
             elif t == "stack":
                 rt.stacks[e.get("id", -1)] = e
                 rt.captures.append(e)
@@ -2240,6 +2244,25 @@ class TraceModel:
                     if not self._sig_flags[rt.sig[i]] & NESTED:
                         self._index_p2p(rt, i)
 
+    def _retract(self, group: str, rank: int) -> None:
+        """A rank's carried history of a group without the collectives whose number was
+        withdrawn (``_unissue``: a segment ended between such an op's begin and its end,
+        and the carry counted it as its last), whichever of the two came first
+        (``histories.withdrawn``)."""
+        gone = self.withdrawn.get((group, rank))
+        per = self.histories.get(group)
+        was = per.get(rank) if gone and per else None
+        if was is None:
+            return
+        history: histories.History | None = was.history
+        for seq, khash in sorted(gone.items(), reverse=True):
+            history = histories.withdrawn(history, seq, khash)
+            if history is None:
+                del per[rank]
+                return
+        if history != was.history:
+            per[rank] = CarriedHistory(history, was.ts)
+
     def _unissue(self, rt: RankTrace, i: int) -> None:
         """Op ``i`` of a rank was refused by the backend as it was called (its end says so,
         ``F_UNISSUED``): it took no seq.  The recorder writes its begin without one, unless
@@ -2256,6 +2279,9 @@ class TraceModel:
             return
         if flags & COLL:
             s = self.sigs[code]
+            if s.space == SPACE_NATIVE:
+                self.withdrawn.setdefault((s.group, rt.rank), {})[seq] = int(self.sig_hashes(np.array([code]))[0])
+                self._retract(s.group, rt.rank)
             gi = self.coll.get((s.space, s.group))
             index, col = (gi.seqs, gi.col.get(rt.rank)) if gi is not None else (None, None)
         elif flags & P2P and rt.peer[i] >= 0:

@@ -281,9 +281,8 @@ class PythonOps:
             source = (ret, seq)
             self.ring.put(pack_source(op_id, ts, ret, seq))
         text = None if exc is None else fmt_exc(exc)
-        unissued = exc is not None and tok.seq is not None and _refused(tok, exc)
-        if unissued:
-            self._unissue(tok)
+        # (its END says so only where the number went back: readers withdraw the begin's seq on it)
+        unissued = exc is not None and tok.seq is not None and _refused(tok, exc) and self._unissue(tok)
         self.ring.put(pack_plain_end(ts, op_id) if text is None else pack_end(op_id, ts, exc=text, unissued=unissued))
         self.q.append(QueuedEnd(op_id, ts, text, source))
         if self.rec.need_job:
@@ -296,14 +295,17 @@ class PythonOps:
         elif cuda is not None:
             self._cuda_stop((op_id,), cuda)
 
-    def _unissue(self, tok: Token) -> None:
+    def _unissue(self, tok: Token) -> bool:
         """An op that raised before it was issued (``_refused``) gives its number back, unless
         a later op of the same counter took one meanwhile (another thread: the number then
-        stays); its begin in the ring says seq -1 unless a drain has taken it already."""
+        stays); its begin in the ring says seq -1 unless a drain has taken it already.
+        Returns whether the number went back."""
         seqs = self._seq
-        if seqs.get(tok.seq_key) == tok.seq:
-            seqs[tok.seq_key] = tok.seq - 1
-            self.ring.unissue(tok.pos, tok.op_id)
+        if seqs.get(tok.seq_key) != tok.seq:
+            return False
+        seqs[tok.seq_key] = tok.seq - 1
+        self.ring.unissue(tok.pos, tok.op_id)
+        return True
 
     def track(self, work: Any, op_ids: tuple, cuda: CudaStart | None) -> None:
         """Remember which ops a Work (or varlen handle) completes when waited on."""

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import orjson
 
 from commscope.events import running_drops
-from commscope.histories import COLLECTIVE, P2P, History, extended, key_hash, kind_of, match_key_of
+from commscope.histories import COLLECTIVE, P2P, History, extended, key_hash, kind_of, match_key_of, withdrawn
 from commscope.oprecords import completes
 from commscope.store.base import STORE_LOST, Stream, is_recorder_drop, said_by_store
 from commscope.store.files import atomic_write, mode_of, read_from, read_regular
@@ -248,6 +248,28 @@ class Replayed(NamedTuple):
         return peer
 
 
+def _withdraw(out: Replayed, op_id: int, ran: dict[str, list[tuple[int, int, int]]],
+              kept: dict[str, History]) -> None:
+    """Op ``op_id``'s end says the backend refused it and it gave its number back
+    (``unissued``), its begin written with the number: the begin loses it, and so do the
+    group's collectives read (its last entry of them) and, where a carry's history counted
+    it (a segment ended between its begin and its end), that history (``withdrawn``)."""
+    b = out.begins[op_id]
+    seq, name = b["seq"], group_of(b)
+    out.begins[op_id] = out.phases[op_id][0] = {k: v for k, v in b.items() if k != "seq"}
+    read = ran.get(name, [])
+    at = next((j for j in range(len(read) - 1, -1, -1) if read[j][0] == op_id), None)
+    if at is not None:
+        del read[at]
+    if name in kept and isinstance(seq, int) and kind_of(str(b.get("op") or "?"), b.get("dir"),
+                                                           bool(b.get("nested"))) == COLLECTIVE:
+        history = withdrawn(kept[name], seq, key_hash(match_key_of(b)))
+        if history is None:
+            del kept[name]
+        else:
+            kept[name] = history
+
+
 def replay(before: bytes, data: bytes, rank: int) -> Replayed:
     """Replay a carry (``before``: ended lines) and the lines of the segment after it (an
     incomplete last line is left out).  An op is done as the model judges it: a sync op at
@@ -267,7 +289,7 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
     out = Replayed({}, {}, {}, set(), {}, got.count(), None)
     meta = dropped = None
     kept: dict[str, History] = {}  # group -> the rank's history of its collectives (``histories``)
-    ran: dict[str, dict[int, tuple[int, int]]] = {}  # group -> op id -> the seq and key hash of its collectives read
+    ran: dict[str, list[tuple[int, int, int]]] = {}  # group -> (op id, seq, key hash) of its collectives read
     passed: dict[tuple[str, int, str], tuple[int, int]] = {}  # a carry's channels passed (``channels_passed``)
     stacks = Stacks()
     hashes: dict[bytes, int] = {}  # what a begin's match key is made of -> its hash (a stream repeats a few)
@@ -304,7 +326,7 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
                 khash = hashes.get(raw)
                 if khash is None:
                     khash = hashes[raw] = key_hash(match_key_of(e))
-                ran.setdefault(name, {})[op_id] = (seq, khash)
+                ran.setdefault(name, []).append((op_id, seq, khash))
             if kind in (COLLECTIVE, P2P) and name not in out.groups:  # (its line carries the history, the channels)
                 out.groups[name] = {"type": "group", "v": e["v"], "rank": rank, "ts": e["ts"], "group": name}
             continue
@@ -314,9 +336,9 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
         out.phases[op_id].append(e)
         if "exc" in e:
             out.failed.add(op_id)
-            if ph == "end" and e.get("unissued") is True and "seq" in b:  # (refused: its begin's seq withdrawn)
-                b = out.begins[op_id] = out.phases[op_id][0] = {k: v for k, v in b.items() if k != "seq"}
-                ran.get(group_of(b), {}).pop(op_id, None)
+            if ph == "end" and e.get("unissued") is True and "seq" in b:
+                _withdraw(out, op_id, ran, kept)
+                b = out.begins[op_id]
         if completes(ph, failed="exc" in e, is_async=bool(b.get("async")), device=b.get("device") is not None) and (
                 op_id not in out.done):
             out.done[op_id] = e["ts"]
@@ -325,8 +347,8 @@ def replay(before: bytes, data: bytes, rank: int) -> Replayed:
         parent = b.get("parent")
         if b.get("nested") and op_id not in out.done and (parent not in out.begins or parent in out.done):
             out.done[op_id] = out.done.get(parent, b["ts"])
-    for name, by_op in ran.items():
-        history = extended(kept.get(name), [s for s, _ in by_op.values()], [k for _, k in by_op.values()])
+    for name, read in ran.items():
+        history = extended(kept.get(name), [s for _, s, _ in read], [k for _, _, k in read])
         if history is not None:
             kept[name] = history
     carried_in = frozenset(e["id"] for e in head.events if e.get("type") == "op" and e.get("phase") == "begin")

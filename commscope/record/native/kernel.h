@@ -35,7 +35,7 @@ struct Frame {
   bool child_seen;
   std::vector<uint64_t> children;  // containers: their p2p ops
   std::vector<uint64_t> nested;    // nested traffic: ends at the latest when a synchronous call returns
-  std::vector<uint64_t> unissued;  // its ops the backend refused (record_exit's END says so: FLAG_UNISSUED)
+  std::vector<uint64_t> unissued;  // its ops the backend refused, their numbers given back (record_exit's END: FLAG_UNISSUED)
 };
 struct Frame;
 
@@ -415,14 +415,15 @@ void observe(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
     // Refused by the backend as it was called: never issued.  Its number goes back (the next
     // op takes it, as torch's own sequence number does), its END says so; the exception
     // goes on unchanged.
+    // Its END says FLAG_UNISSUED only where the number went back (readers withdraw the
+    // begin's seq on it): not where another thread's op took the next one meanwhile.
     const bool unissued = refused(spec, T.observed != observed);
     if (unissued || ends_at_completion) {
       Recording g;
-      if (unissued) {
-        if (role != ROLE_NESTED) unissue_locked(gid, spec->dir, peer, seq, id, begin_pos);
-        if ((role == ROLE_MERGED || role == ROLE_CHILD) && !T.frames.empty()) T.frames.back().unissued.push_back(id);
-      }
-      if (ends_at_completion) complete_locked(id, role, true, e.what(), false, unissued ? FLAG_UNISSUED : 0);
+      const bool gave_back = unissued && role != ROLE_NESTED && unissue_locked(gid, spec->dir, peer, seq, id, begin_pos);
+      if (gave_back && (role == ROLE_MERGED || role == ROLE_CHILD) && !T.frames.empty())
+        T.frames.back().unissued.push_back(id);
+      if (ends_at_completion) complete_locked(id, role, true, e.what(), false, gave_back ? FLAG_UNISSUED : 0);
     }
     throw;
   } catch (...) {
