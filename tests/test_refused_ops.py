@@ -213,7 +213,7 @@ def refused_while_another_thread_takes_a_number(rank: int, ws: int, store: str) 
 
             works = []
 
-            def meanwhile(group, real=real):  # noqa: ANN001, ANN202
+            def meanwhile(group, real=real, works=works):  # noqa: ANN001, ANN202
                 c10d._rank_not_in_group = real
                 # (issued, not waited on until the broadcast is refused: a wait would tell the
                 # recorder the broadcast may have issued something, and it keeps its number)
