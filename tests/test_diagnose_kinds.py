@@ -785,3 +785,66 @@ def test_a_rank_missing_from_two_groups_of_a_mesh_is_one_finding():
         assert sorted(said) == [("missing_ranks", "dp0", [0]), ("missing_ranks", "dp1", [1])], said
         assert errors[0].message.endswith("Then: rank 3 waited in all_reduce #1 (group dp1); "
                                           "rank 2 waited in all_reduce #1 (group dp0)"), errors[0].message
+
+
+@pytest.mark.parametrize("senders", [(2,), (1, 2)])
+def test_a_send_never_received_because_its_peer_went_into_a_collective_is_one_finding(senders):
+    """Rank 2 sends to rank 3, which never posts the recv: it went into the barrier rank 2
+    never reaches (a wait cycle through the collective).  One error: the unmatched send,
+    culprit 3, with the barrier's wait as its consequence; rank 2, blocked, is no culprit
+    (the barrier's missing_ranks named it).  Two senders alike: one finding, the second
+    send its consequence."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    for r in senders:
+        b.sync(r, t, None, "send", peer=3, dir="send")
+    for r in (0, 1, 2, 3):
+        if r not in senders:
+            b.sync(r, t + MS, None, "barrier")
+    b.heartbeats(t, t + 10 * S)
+    _, f = run(b)
+    errors = [(x.kind, x.culprits) for x in f if x.severity == "error"]
+    assert errors == [("unmatched_p2p", [3])], [x.message for x in f]
+    x = f[0]
+    also = [("unmatched_p2p", [3])] if len(senders) > 1 else []
+    assert [(c["kind"], c["culprits"]) for c in x.evidence["consequences"]] == [*also, ("missing_ranks", list(senders))]
+    assert set(x.victims) == {0, 1, 2} - {3}
+    assert "the matching recv was never posted: rank 3 is in barrier #" in x.message
+
+
+def test_ranks_blocked_sending_to_one_rank_that_never_receives_are_one_finding():
+    """Eight ranks send to rank 0, which never posts a recv: one unmatched_p2p naming rank 0
+    (it was eight, one per sender: thousands at scale), the other sends its consequences;
+    a send to another idle rank stays a finding of its own."""
+    b = TraceBuilder(11)
+    t = b.warmup()
+    for r in range(1, 9):
+        b.sync(r, t + r * MS, None, "send", peer=0, dir="send")
+    b.sync(9, t, None, "recv", peer=10, dir="recv")
+    b.heartbeats(t, t + 10 * S)
+    _, f = run(b)
+    assert [(x.kind, x.culprits) for x in f] == [("unmatched_p2p", [10]), ("unmatched_p2p", [0])], [x.message for x in f]
+    x = f[1]
+    assert x.message.startswith("rank 1 waits send (send to 0)")
+    assert [c["ranks"] for c in x.evidence["consequences"]] == [[0, r] for r in range(2, 9)]
+    assert x.message.endswith("Then: rank 2 blocked in send #1; rank 3 blocked in send #1; rank 4 blocked in send #1; "
+                              "rank 5 blocked in send #1 and 3 more")
+    assert set(x.victims) == set(range(1, 9))
+
+
+def test_an_op_refused_on_a_rank_that_waits_later_is_its_own_finding():
+    """Rank 3's broadcast raised on rank 3 itself (refused, caught); later ranks 0, 1, 3 wait
+    in an all_reduce rank 2 never enters.  Two errors: the hang (culprit 2) and the refusal
+    (culprit 3).  The refusal was folded into the hang, as if rank 3's later wait for rank 2
+    explained it ("Then: broadcast failed on rank 3")."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    i = b.begin(3, t, "broadcast", seq=None, root=99)
+    b.end(3, i, t + MS, exc="RuntimeError: invalid root rank", unissued=True)
+    t = b.collective(t + 2 * MS, "all_reduce")
+    for r in (0, 1, 3):
+        b.sync(r, t + MS, None, "all_reduce")
+    b.heartbeats(b.t0, t + 10 * S)
+    _, f = run(b)
+    assert [(x.kind, x.culprits) for x in f] == [("missing_ranks", [2]), ("op_failed", [3])], [x.message for x in f]
+    assert "consequences" not in f[0].evidence and "raised on rank 3 itself" in f[1].message

@@ -146,21 +146,21 @@ def test_select_zoom_pan_and_follow():
 
 
 def test_choosing_a_finding_shows_its_evidence_and_moves_the_timeline():
-    events, now = hung_missing_rank()
+    events, now = hung_missing_rank(refused=True)
     app = make_app(events, now)
 
     async def check(pilot):
         kinds = [f.kind for f in app.findings]
-        assert kinds == ["missing_ranks", "unmatched_p2p"]
+        assert kinds == ["missing_ranks", "op_failed"]
         assert app.detail.border_title == "finding · missing_ranks"  # opened by itself
         assert app.timeline.sel[0] in (0, 1, 3)  # the waiting collective
         await pilot.press("2", "down")
         await pilot.pause()
-        assert app.detail.border_title == "finding · unmatched_p2p"
+        assert app.detail.border_title == "finding · op_failed"
         rank, idx = app.timeline.sel
-        assert rank == 2 and app.feed.model.label(rank, idx).startswith("recv #1")
-        text = app.detail.text()
-        assert "never posted" in text and "train.py:57 in fetch_labels" in text
+        assert rank == 3 and app.feed.model.label(rank, idx).startswith("broadcast")
+        text = " ".join(app.detail.text().split())
+        assert "raised on rank 3 itself" in text and "invalid root rank" in text, text
         await pilot.press("e")
         assert app.findings_panel.highlighted == 0
 
@@ -168,7 +168,7 @@ def test_choosing_a_finding_shows_its_evidence_and_moves_the_timeline():
 
 
 def test_new_error_findings_alert_once():
-    events, now = hung_missing_rank()
+    events, now = hung_missing_rank(refused=True)
     app = make_app(events, now)
     shown: list[str] = []
     real_notify = app.notify
@@ -178,11 +178,11 @@ def test_new_error_findings_alert_once():
     app.bell = lambda: rings.append(1)
 
     async def check(pilot):
-        assert shown == ["missing_ranks", "unmatched_p2p"] and len(rings) == 2
+        assert shown == ["missing_ranks", "op_failed"] and len(rings) == 2
         app.apply(app.info, app.findings)
         app.apply(app.info, app.findings)
         await pilot.pause()
-        assert shown == ["missing_ranks", "unmatched_p2p"] and len(rings) == 2
+        assert shown == ["missing_ranks", "op_failed"] and len(rings) == 2
 
     drive(app, check)
 

@@ -28,7 +28,7 @@ def test_hung_job_missing_rank_with_stack(snap_compare):
 
     async def run_before(pilot) -> None:
         await _loaded(pilot)
-        await pilot.press("2", "down")  # the unmatched recv: rank 2's stack in the evidence
+        await pilot.press("2", "down")  # the findings pane, its one finding: rank 2's stack in the evidence
         await pilot.pause()
         await pilot.press("up")
         await pilot.pause()

@@ -70,11 +70,23 @@ def healthy(steps: int = 12) -> tuple[list[dict], int]:
     return b.sorted_events(), t + 5 * MS
 
 
-def hung_missing_rank() -> tuple[list[dict], int]:
-    """Ranks 0, 1, 3 wait in all_reduce #7; rank 2 is stuck in a recv from 0 (stack captured)."""
+def hung_missing_rank(refused: bool = False) -> tuple[list[dict], int]:
+    """Ranks 0, 1, 3 wait in all_reduce #7; rank 2 is stuck in a recv from 0 (stack captured),
+    whose send rank 0 posted (an isend, not waited on yet) before its last two all_reduces.
+    (Without that isend, rank 0 in the all_reduce never sent what rank 2 waits for: a wait
+    cycle through the collective, one unmatched_p2p naming rank 0,
+    ``test_diagnose_kinds``.)  ``refused``: also a broadcast rank 3 called with a root the job
+    does not have, after all_reduce #3, which raised on rank 3 itself (caught): a second error."""
     b = TraceBuilder(4, hang_after=2.0)
     t = T0 + 100 * MS
-    for _ in range(6):
+    for k in range(6):
+        if refused and k == 3:
+            i = b.begin(3, t, "broadcast", seq=None, root=99, shape=(4096,), site="train.py:40 in sync_params")
+            b.end(3, i, t + MS, exc="RuntimeError: invalid root rank", unissued=True)
+            t += 2 * MS
+        if k == 5:
+            b.async_op(0, t, None, None, "isend", peer=2, dir="send", shape=(128,), site="train.py:51 in send_labels")
+            t += MS
         t = b.collective(t, "all_reduce", latency=20 * MS, shape=(4096,), site="train.py:42 in step") + 10 * MS
     stuck = {}
     for r in (0, 1, 3):

@@ -11,13 +11,18 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
    (``Finding.victims``).  A culprit that is itself a victim is followed to the ranks it
    waits on, transitively (a cycle stops the walk: those ranks are each other's culprits).
    A finding whose culprits lead elsewhere is a consequence of the finding that names
-   the ranks they lead to.  A victim whose blame is not known yet makes its finding a
+   the ranks they lead to; but an ``op_failed`` that raised on its rank itself (refused as
+   it was called, a peer the job does not have) is its rank's own doing, whatever that
+   rank waits on later.  A victim whose blame is not known yet makes its finding a
    consequence of the failure it waits to have explained, never a culprit.
 3. A rank that is dead or crashed is the root of every other finding that names it:
    ``missing_ranks`` (even beside living absentees: a collective a dead member never
    entered can never complete), ``op_failed``, ``unmatched_p2p``.  A ``missing_ranks``
    naming the same ranks as an ``op_failed`` (the wait that then timed out) folds into it,
-   and one whose absentees are all stuck in a ``p2p_deadlock`` folds into the deadlock.  A
+   and one whose absentees are all stuck in a ``p2p_deadlock`` folds into the deadlock, or
+   in ``unmatched_p2p`` ops whose peers wait in that collective (a wait cycle through it)
+   into the first of those.  Ranks blocked in sends or recvs whose peers (the same ones)
+   never posted theirs are one ``unmatched_p2p``, the first.  A
    rank blocked in a send or recv with a peer the job does not have (an ``unmatched_p2p``
    with ``no_such_peer`` evidence) is, likewise, the root of the findings that name it.
 
@@ -151,6 +156,8 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     chased = _chase(_waits(errors))
 
     def roots_of(f: Finding) -> set[int] | None:
+        if f.kind == "op_failed" and f.evidence.get("blame", {}).get("reason") == "local":
+            return set(f.culprits)  # (its own doing: what its rank waits on later explains none of it)
         out: set[int] = set()
         for c in f.culprits:
             got = chased(c)
@@ -193,6 +200,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     # 3. departed ranks and timed-out waits absorb the findings that name them
     final: list[Finding] = []
     missing: dict[frozenset[int], dict[str | None, Finding]] = {}  # the missing_ranks kept, by culprits, then group
+    unmatched: dict[frozenset[int], Finding] = {}  # the unmatched_p2p kept, by culprits (the peers that never posted)
     for f in roots:
         target = None
         if f.kind not in DEPARTED and f.kind != "collective_mismatch" and f.culprits and (
@@ -205,20 +213,40 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         elif f.kind == "missing_ranks":
             target = next((t for t in roots if t.kind == "op_failed" and set(t.culprits) == set(f.culprits)), None) \
                 or next((t for t in roots if t.kind == "p2p_deadlock" and set(f.culprits) <= set(t.culprits)), None) \
+                or _p2p_cycle(f, roots, unmatched) \
                 or next((t for g, t in missing.get(frozenset(f.culprits), {}).items() if g != f.group), None)
             # (the same ranks missing from collectives of several groups, as a 2-d mesh's tp and dp
             # groups both wait on the rank that never came: one cause, the first finding)
+        elif f.kind == "unmatched_p2p" and "no_such_peer" not in f.evidence:
+            target = unmatched.get(frozenset(f.culprits))  # (ranks blocked on the same peers: one cause)
         if target is not None and target is not f:
             _absorb(target, f)
         else:
             final.append(f)
             if f.kind == "missing_ranks":  # (looked up by each later one: thousands of groups' hangs)
                 missing.setdefault(frozenset(f.culprits), {}).setdefault(f.group, f)
+            elif f.kind == "unmatched_p2p" and "no_such_peer" not in f.evidence:
+                unmatched.setdefault(frozenset(f.culprits), f)
     final = _together(final)
     for f in final:
         _summary(f)
         attach_stacks(model, f, now)
     return sorted(final + rest, key=Finding.sort_key)
+
+
+def _p2p_cycle(f: Finding, roots: list[Finding], kept: dict[frozenset[int], Finding]) -> Finding | None:
+    """The ``unmatched_p2p`` a ``missing_ranks`` (``f``) folds into where they are one wait
+    cycle: every rank that never entered the collective is blocked in a send or recv whose
+    peer, which never posted the matching op, waits in that collective (rank 2 sends to 3,
+    which went into the barrier rank 2 never reaches).  The p2p finding says why they never
+    came; the first of them is the root, or the one it folded into (``kept``: by culprits).
+    None: no such cycle."""
+    absent, waiting = set(f.culprits), f.victims.keys()
+    cycle = [t for t in roots if t.kind == "unmatched_p2p" and "no_such_peer" not in t.evidence
+             and t.victims.keys() & absent and set(t.culprits) <= waiting]
+    if not cycle or not absent <= {r for t in cycle for r in t.victims}:
+        return None
+    return kept.get(frozenset(cycle[0].culprits), cycle[0])
 
 
 #: Departures of one manner each within this of the one before are one finding (``_together``);

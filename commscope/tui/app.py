@@ -428,12 +428,12 @@ class CommscopeApp(App):
 
     def _finding_op(self, f: Finding) -> tuple[int, int] | None:
         """The op a finding is about: the op its evidence names (the blocked op, the waiting
-        collective, the first op of a cycle), else the collective instance on a culprit, else
-        what a culprit is blocked in."""
+        collective, the first op of a cycle, the failed op), else the collective instance on a
+        culprit, else what a culprit is blocked in."""
         m = self.feed.model
         ev = f.evidence or {}
         with self.feed.lock:
-            for key in ("blocked_op", "op", "cycle", "ops"):
+            for key in ("blocked_op", "op", "cycle", "ops", "failed"):
                 cand = ev.get(key)
                 if isinstance(cand, dict) and "rank" not in cand:
                     cand = next(iter(cand.values()), None)  # keyed by rank
