@@ -848,3 +848,38 @@ def test_an_op_refused_on_a_rank_that_waits_later_is_its_own_finding():
     _, f = run(b)
     assert [(x.kind, x.culprits) for x in f] == [("missing_ranks", [2]), ("op_failed", [3])], [x.message for x in f]
     assert "consequences" not in f[0].evidence and "raised on rank 3 itself" in f[1].message
+
+
+def test_a_rank_blocked_in_a_p2p_cycle_is_no_culprit_of_another_group_s_hang():
+    """Rank 2 sends to 3, which waits in group T's barrier for rank 2 (a cycle through it);
+    rank 0 waits in group D's all_reduce for rank 2 too.  One error, the unmatched send
+    (culprit 3), both hangs its consequences, whichever group's is judged first (D's was
+    left naming rank 2, blocked in the cycle)."""
+    for groups in ((("T", [2, 3]), ("D", [0, 2])), (("D", [0, 2]), ("T", [2, 3]))):
+        b = TraceBuilder(4)
+        t = b.warmup()
+        for name, ranks in groups:
+            b.group(name, ranks)
+        b.sync(2, t, None, "send", peer=3, dir="send")
+        b.sync(3, t + MS, None, "barrier", group="T")
+        b.sync(0, t + 2 * MS, None, "all_reduce", group="D")
+        b.heartbeats(t, t + 10 * S)
+        _, f = run(b)
+        assert [(x.kind, x.culprits) for x in f] == [("unmatched_p2p", [3])], [x.message for x in f]
+        assert sorted((c["kind"], c["group"]) for c in f[0].evidence["consequences"]) == [
+            ("missing_ranks", "D"), ("missing_ranks", "T")]
+
+
+def test_an_old_refusal_and_a_later_absence_of_the_same_rank_are_two_findings():
+    """Rank 3's broadcast raised on rank 3 itself; later rank 3 never comes to an all_reduce
+    the others wait in.  Two causes: the hang was folded into the refusal, as if it were the
+    wait the refusal timed out."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    i = b.begin(3, t, "broadcast", seq=None, root=99)
+    b.end(3, i, t + MS, exc="RuntimeError: invalid root rank", unissued=True)
+    for r in (0, 1, 2):
+        b.sync(r, t + 2 * MS, None, "all_reduce")
+    b.heartbeats(b.t0, t + 10 * S)
+    _, f = run(b)
+    assert [(x.kind, x.culprits) for x in f] == [("missing_ranks", [3]), ("op_failed", [3])], [x.message for x in f]

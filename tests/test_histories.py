@@ -71,3 +71,42 @@ def test_a_withdrawn_collective_comes_off_the_history_that_ended_with_it():
     assert withdrawn(h, 2, 11) == h  # (a history that went on past it counted what took the number)
     assert withdrawn(h, 7, 11) == h
     assert withdrawn(extended(None, [5], [99]), 5, 99) is None  # (its only collective)
+
+
+def test_a_withdrawal_comes_off_the_carry_read_before_the_end_only():
+    """Rank 2's refused broadcast took #6 (a carry counted it), then gave it back to the
+    all_reduce #6 after it.  The first carry's history loses the broadcast's term; a later
+    carry, made after the all_reduce #6 (its history 1 to 6, that all_reduce's term), keeps
+    its own: it lost its last term too, and ranks 0-2 disagreed (a collective_mismatch)."""
+    from commscope.analysis import TraceModel, diagnose
+    from commscope.analysis.synth import S, TraceBuilder
+
+    b = TraceBuilder(3, hang_after=10.0)
+    t = b.t0 + S
+    for _ in range(5):
+        t = b.collective(t) + S
+    reduce_key = histories.key_hash(histories.match_key_of(
+        next(e for e in b.events if e.get("phase") == "begin" and e["op"] == "all_reduce")))
+    i = b.begin(2, t, "broadcast", seq=6, root=99)
+    broadcast_key = histories.key_hash(histories.match_key_of(b.events[-1]))
+    b.end(2, i, t + 500, exc="RuntimeError: invalid root rank", unissued=True)
+    t = b.collective(t + S) + S  # all_reduce #6: the number given back
+
+    def carry(rank: int, keys: list[int]) -> dict:
+        h = histories.extended(None, list(range(1, len(keys) + 1)), keys)
+        return {"type": "group", "v": 1, "rank": rank, "ts": b.t0, "group": "0", "granks": [0, 1, 2], **h.fields()}
+
+    window = []
+    for r in range(3):  # a window from after all_reduce #5 on: each rank's carry, then its events
+        mine = [e for e in b.sorted_events() if e["rank"] == r]
+        window += [e for e in mine if e["type"] == "meta"]
+        window.append(carry(r, [reduce_key] * 5 + ([broadcast_key] if r == 2 else [])))
+        window += [e for e in mine if e["type"] == "op" and e["ts"] > b.t0 + 5 * S]
+    m = TraceModel()
+    m.ingest(window)
+    want5 = histories.extended(None, range(1, 6), [reduce_key] * 5)
+    assert {r: m.histories["0"][r].history for r in range(3)} == dict.fromkeys(range(3), want5)
+    m.ingest([carry(r, [reduce_key] * 6) for r in range(3)])  # (a reader past deleted segments)
+    want6 = histories.extended(None, range(1, 7), [reduce_key] * 6)
+    assert {r: m.histories["0"][r].history for r in range(3)} == dict.fromkeys(range(3), want6)
+    assert [(x.kind, x.culprits) for x in diagnose(m, now=t + S, hang_after=10.0)] == [("op_failed", [2])]

@@ -726,7 +726,10 @@ class TraceModel:
             self.changed = frozenset()
             return self.changed
         try:
-            return self._ingest(events, ops, spans, beats)
+            try:
+                return self._ingest(events, ops, spans, beats)
+            finally:
+                self.withdrawn.clear()  # (a carry read later was made after the end: its replay withdrew it)
         except BaseException:
             # (changed partway, by a bug or a lack of memory: no judgement kept for the version
             # before, ``rankstate._memo``, may stand for what the model holds now)
@@ -2254,6 +2257,7 @@ class TraceModel:
         was = per.get(rank) if gone and per else None
         if was is None:
             return
+        del self.withdrawn[(group, rank)]  # (each comes off one history: the carry read before its end)
         history: histories.History | None = was.history
         for seq, khash in sorted(gone.items(), reverse=True):
             history = histories.withdrawn(history, seq, khash)

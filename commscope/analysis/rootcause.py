@@ -201,6 +201,30 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     final: list[Finding] = []
     missing: dict[frozenset[int], dict[str | None, Finding]] = {}  # the missing_ranks kept, by culprits, then group
     unmatched: dict[frozenset[int], Finding] = {}  # the unmatched_p2p kept, by culprits (the peers that never posted)
+    order = {id(t): k for k, t in enumerate(roots)}
+    blocked_p2p: dict[int, list[Finding]] = {}  # a rank -> the unmatched_p2p it is blocked in (``_p2p_cycle``)
+    for t in roots:
+        if t.kind == "unmatched_p2p" and "no_such_peer" not in t.evidence:
+            for v in t.victims:
+                blocked_p2p.setdefault(v, []).append(t)
+    through: dict[frozenset[int], Finding] | None = None  # absent ranks -> the p2p cycle they are in
+
+    def cycles(absent: frozenset[int]) -> Finding | None:
+        """The unmatched_p2p that ranks missing from a collective fold into, where they are
+        in a wait cycle through it (``_p2p_cycle``), or through another group's collective
+        they are missing from (rank 2, blocked in the cycle, never comes to either).  Found
+        for every missing_ranks at once, when the first is judged (every unmatched_p2p
+        judged before it: ``PRIORITY``), so the groups' order does not matter."""
+        nonlocal through
+        if through is None:
+            through = {}
+            for g in roots:
+                if g.kind == "missing_ranks":
+                    t = _p2p_cycle(g, blocked_p2p, order, unmatched)
+                    if t is not None:
+                        through.setdefault(frozenset(g.culprits), t)
+        return through.get(absent)
+
     for f in roots:
         target = None
         if f.kind not in DEPARTED and f.kind != "collective_mismatch" and f.culprits and (
@@ -211,9 +235,10 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
                 set(f.culprits) <= stuck.keys() or (f.kind == "missing_ranks" and set(f.culprits) & stuck.keys())):
             target = stuck[next(c for c in f.culprits if c in stuck)]  # (itself, for a stuck rank's own: kept)
         elif f.kind == "missing_ranks":
-            target = next((t for t in roots if t.kind == "op_failed" and set(t.culprits) == set(f.culprits)), None) \
+            target = next((t for t in roots if t.kind == "op_failed" and set(t.culprits) == set(f.culprits)
+                           and set(t.instances) & set(f.instances)), None) \
                 or next((t for t in roots if t.kind == "p2p_deadlock" and set(f.culprits) <= set(t.culprits)), None) \
-                or _p2p_cycle(f, roots, unmatched) \
+                or cycles(frozenset(f.culprits)) \
                 or next((t for g, t in missing.get(frozenset(f.culprits), {}).items() if g != f.group), None)
             # (the same ranks missing from collectives of several groups, as a 2-d mesh's tp and dp
             # groups both wait on the rank that never came: one cause, the first finding)
@@ -234,19 +259,28 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     return sorted(final + rest, key=Finding.sort_key)
 
 
-def _p2p_cycle(f: Finding, roots: list[Finding], kept: dict[frozenset[int], Finding]) -> Finding | None:
+def _p2p_cycle(f: Finding, blocked_p2p: dict[int, list[Finding]], order: dict[int, int],
+               kept: dict[frozenset[int], Finding]) -> Finding | None:
     """The ``unmatched_p2p`` a ``missing_ranks`` (``f``) folds into where they are one wait
     cycle: every rank that never entered the collective is blocked in a send or recv whose
-    peer, which never posted the matching op, waits in that collective (rank 2 sends to 3,
+    peers, which never posted the matching op, wait in that collective (rank 2 sends to 3,
     which went into the barrier rank 2 never reaches).  The p2p finding says why they never
-    came; the first of them is the root, or the one it folded into (``kept``: by culprits).
-    None: no such cycle."""
-    absent, waiting = set(f.culprits), f.victims.keys()
-    cycle = [t for t in roots if t.kind == "unmatched_p2p" and "no_such_peer" not in t.evidence
-             and t.victims.keys() & absent and set(t.culprits) <= waiting]
-    if not cycle or not absent <= {r for t in cycle for r in t.victims}:
+    came.  Only where those peers are the same for every absent rank (one cause: several
+    cycles through one collective stay apart, each naming its own peer), and that finding
+    is one kept (``kept``, by culprits: the first of those blocked on the same peers), not
+    one folded elsewhere.  ``blocked_p2p``: rank -> the unmatched_p2p it is blocked in;
+    ``order``: the roots' order.  None: no such cycle."""
+    waiting = f.victims.keys()
+    chosen = []
+    for a in f.culprits:
+        hits = [t for t in blocked_p2p.get(a, ()) if set(t.culprits) <= waiting]
+        if not hits:
+            return None
+        chosen.append(min(hits, key=lambda t: order[id(t)]))
+    peers = {frozenset(t.culprits) for t in chosen}
+    if len(peers) != 1:
         return None
-    return kept.get(frozenset(cycle[0].culprits), cycle[0])
+    return kept.get(peers.pop())
 
 
 #: Departures of one manner each within this of the one before are one finding (``_together``);
