@@ -883,3 +883,42 @@ def test_an_old_refusal_and_a_later_absence_of_the_same_rank_are_two_findings():
     b.heartbeats(b.t0, t + 10 * S)
     _, f = run(b)
     assert [(x.kind, x.culprits) for x in f] == [("missing_ranks", [3]), ("op_failed", [3])], [x.message for x in f]
+
+
+def test_two_p2p_cycles_through_one_barrier_are_two_findings_naming_no_blocked_rank():
+    """Rank 1 sends to 0 and rank 2 to 3; ranks 0 and 3 wait in the barrier ranks 1 and 2
+    never reach.  Two causes, two errors: the unmatched sends (culprits 0 and 3), the
+    barrier's hang folded into the first; no error names rank 1 or 2, blocked (the hang
+    named both), and rank 3 is nobody's victim in the first."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    b.sync(2, t, None, "send", peer=3, dir="send")
+    b.sync(1, t, None, "send", peer=0, dir="send")
+    for r in (0, 3):
+        b.sync(r, t + MS, None, "barrier")
+    b.heartbeats(t, t + 10 * S)
+    _, f = run(b)
+    assert [(x.kind, x.culprits) for x in f] == [("unmatched_p2p", [0]), ("unmatched_p2p", [3])], [x.message for x in f]
+    assert [c["kind"] for c in f[0].evidence["consequences"]] == ["missing_ranks"]
+    assert set(f[0].victims) == {1} and set(f[1].victims) == {2}
+
+
+@pytest.mark.parametrize("still_waiting", [False, True])
+def test_a_timed_out_wait_and_another_group_s_hang_on_one_absent_rank_are_one_finding(still_waiting):
+    """Rank 2, idle, never came to group A's all_reduce (it timed out on rank 0, and on 1 or
+    1 still waits) nor to group B's (rank 3 waits): one error, the op_failed blamed on rank
+    2, B's hang its consequence (an op_failed of another instance was left apart from it)."""
+    timed_out = "RuntimeError: [../unbound_buffer.cc:78] Timed out waiting 1000ms for recv operation to complete"
+    b = TraceBuilder(4)
+    t = b.warmup()
+    b.group("A", [0, 1, 2])
+    b.group("B", [2, 3])
+    ids = {r: b.begin(r, t, "all_reduce", group="A") for r in (0, 1)}
+    b.end(0, ids[0], t + 3 * S, exc=timed_out)
+    if not still_waiting:
+        b.end(1, ids[1], t + 3 * S + MS, exc=timed_out)
+    b.sync(3, t + MS, None, "all_reduce", group="B")
+    b.heartbeats(b.t0, t + 10 * S)
+    _, f = run(b)
+    assert [(x.kind, x.culprits, x.group) for x in f] == [("op_failed", [2], "A")], [x.message for x in f]
+    assert ("missing_ranks", "B") in [(c["kind"], c["group"]) for c in f[0].evidence["consequences"]]

@@ -207,9 +207,9 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         if t.kind == "unmatched_p2p" and "no_such_peer" not in t.evidence:
             for v in t.victims:
                 blocked_p2p.setdefault(v, []).append(t)
-    through: dict[frozenset[int], Finding] | None = None  # absent ranks -> the p2p cycle they are in
+    through: dict[frozenset[int], tuple[Finding, frozenset[int]]] | None = None  # absent ranks -> ``_p2p_cycle``
 
-    def cycles(absent: frozenset[int]) -> Finding | None:
+    def cycles(absent: frozenset[int]) -> tuple[Finding, frozenset[int]] | None:
         """The unmatched_p2p that ranks missing from a collective fold into, where they are
         in a wait cycle through it (``_p2p_cycle``), or through another group's collective
         they are missing from (rank 2, blocked in the cycle, never comes to either).  Found
@@ -235,11 +235,19 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
                 set(f.culprits) <= stuck.keys() or (f.kind == "missing_ranks" and set(f.culprits) & stuck.keys())):
             target = stuck[next(c for c in f.culprits if c in stuck)]  # (itself, for a stuck rank's own: kept)
         elif f.kind == "missing_ranks":
+            # (an op_failed of its rank's own doing, refused as called, only where it is this wait)
             target = next((t for t in roots if t.kind == "op_failed" and set(t.culprits) == set(f.culprits)
-                           and set(t.instances) & set(f.instances)), None) \
-                or next((t for t in roots if t.kind == "p2p_deadlock" and set(f.culprits) <= set(t.culprits)), None) \
-                or cycles(frozenset(f.culprits)) \
-                or next((t for g, t in missing.get(frozenset(f.culprits), {}).items() if g != f.group), None)
+                           and (t.evidence.get("blame", {}).get("reason") != "local"
+                                or set(t.instances) & set(f.instances))), None) \
+                or next((t for t in roots if t.kind == "p2p_deadlock" and set(f.culprits) <= set(t.culprits)), None)
+            if target is None and (cycle := cycles(frozenset(f.culprits))) is not None:
+                target, peers = cycle
+                _absorb(target, f)
+                for r in peers - set(target.culprits):  # (another cycle's peer, the culprit of its own finding)
+                    target.victims.pop(r, None)
+                continue
+            target = target or next((t for g, t in missing.get(frozenset(f.culprits), {}).items() if g != f.group),
+                                    None)
             # (the same ranks missing from collectives of several groups, as a 2-d mesh's tp and dp
             # groups both wait on the rank that never came: one cause, the first finding)
         elif f.kind == "unmatched_p2p" and "no_such_peer" not in f.evidence:
@@ -260,16 +268,16 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
 
 
 def _p2p_cycle(f: Finding, blocked_p2p: dict[int, list[Finding]], order: dict[int, int],
-               kept: dict[frozenset[int], Finding]) -> Finding | None:
+               kept: dict[frozenset[int], Finding]) -> tuple[Finding, frozenset[int]] | None:
     """The ``unmatched_p2p`` a ``missing_ranks`` (``f``) folds into where they are one wait
     cycle: every rank that never entered the collective is blocked in a send or recv whose
     peers, which never posted the matching op, wait in that collective (rank 2 sends to 3,
     which went into the barrier rank 2 never reaches).  The p2p finding says why they never
-    came.  Only where those peers are the same for every absent rank (one cause: several
-    cycles through one collective stay apart, each naming its own peer), and that finding
-    is one kept (``kept``, by culprits: the first of those blocked on the same peers), not
-    one folded elsewhere.  ``blocked_p2p``: rank -> the unmatched_p2p it is blocked in;
-    ``order``: the roots' order.  None: no such cycle."""
+    came: the first of those findings that is kept (``kept``, by culprits: the first of
+    those blocked on the same peers), not one folded elsewhere; and the peers of all of
+    them (several cycles through one collective: each other's finding names its own peer,
+    no victim of the one the hang folds into).  ``blocked_p2p``: rank -> the unmatched_p2p
+    it is blocked in; ``order``: the roots' order.  None: no such cycle."""
     waiting = f.victims.keys()
     chosen = []
     for a in f.culprits:
@@ -277,10 +285,11 @@ def _p2p_cycle(f: Finding, blocked_p2p: dict[int, list[Finding]], order: dict[in
         if not hits:
             return None
         chosen.append(min(hits, key=lambda t: order[id(t)]))
-    peers = {frozenset(t.culprits) for t in chosen}
-    if len(peers) != 1:
+    first = next((kept[p] for t in sorted(chosen, key=lambda t: order[id(t)])
+                  if (p := frozenset(t.culprits)) in kept), None)
+    if first is None:
         return None
-    return kept.get(peers.pop())
+    return first, frozenset(r for t in chosen for r in t.culprits)
 
 
 #: Departures of one manner each within this of the one before are one finding (``_together``);
