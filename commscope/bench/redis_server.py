@@ -123,6 +123,10 @@ def make_tls_files(directory: str | os.PathLike, names: str = "IP:127.0.0.1,DNS:
                     names)
 
 
+#: Starts a restart on its port tries (the port may be a client connection's for a moment)
+RESTART_TRIES = 5
+
+
 class RedisServer:
     """One redis-server process; ``url`` reaches it (with the password, if any).  With ``tls``
     it listens over TLS only (``rediss://``), asking clients for a certificate, as Redis does
@@ -140,6 +144,7 @@ class RedisServer:
         self.port = 0
         self.proc: subprocess.Popen | None = None
         self.tls = tls
+        self._held: socket.socket | None = None  # the port, while stopped for a restart on it (``_hold``)
 
     @property
     def url(self) -> str:
@@ -167,9 +172,10 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start on a free port (or the port it had, for a restart) and wait until it answers."""
         fixed = self.port != 0
-        for _attempt in range(1 if fixed else 5):
+        for _attempt in range(RESTART_TRIES if fixed else 5):
             if not fixed:
                 self.port = _cluster_port() if self.extra.get("cluster-enabled") == "yes" else free_port()
+            self._release()
             conf = self.dir / "redis.conf"
             conf.write_text(self._config())
             conf.chmod(0o600)  # it may hold the password
@@ -179,6 +185,8 @@ class RedisServer:
             if self._wait_ready(timeout):
                 return self
             self._terminate()
+            if fixed:
+                time.sleep(0.2)  # (the port, taken meanwhile by a client's connection: freed again soon)
         log = self.dir / "redis.log"
         tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
         raise RuntimeError(f"redis-server did not start on 127.0.0.1:{self.port}:\n{tail}")
@@ -214,8 +222,30 @@ class RedisServer:
             return False
 
     def stop(self, *, timeout: float = 10.0) -> None:
-        """Clean shutdown (SIGTERM: Redis flushes its append-only file), keeping the data dir."""
+        """Clean shutdown (SIGTERM: Redis flushes its append-only file), keeping the data dir
+        and the port (``_hold``: a restart takes it again)."""
         self._terminate(timeout)
+        self._hold()
+
+    def _hold(self) -> None:
+        """Keep the port of a stopped server bound (not listening: clients are refused, as by
+        no server), so no other process's server or connection takes it before the restart:
+        a CI run's restart found it taken ("Address already in use") by a parallel test."""
+        if self.port == 0 or self._held is not None:
+            return
+        held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            held.bind(("127.0.0.1", self.port))
+        except OSError:
+            held.close()
+            return
+        self._held = held
+
+    def _release(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()
 
     def _terminate(self, timeout: float = 10.0) -> None:
         proc, self.proc = self.proc, None
@@ -229,11 +259,12 @@ class RedisServer:
             proc.wait(5)
 
     def kill(self) -> None:
-        """Crash it (SIGKILL)."""
+        """Crash it (SIGKILL), keeping the port (``_hold``)."""
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(5)
+        self._hold()
 
     def restart(self, timeout: float = 10.0) -> RedisServer:
         """Stop if running, then start again on the same port with the same data directory."""
@@ -258,6 +289,7 @@ class RedisServer:
     def close(self) -> None:
         """Stop and remove the data directory if this object created it."""
         self._terminate()
+        self._release()
         if self.own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 
