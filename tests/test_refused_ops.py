@@ -30,6 +30,30 @@ pytestmark = pytest.mark.timeout(240)
 STEPS, REFUSED_AT = 8, 3
 
 
+def refused_broadcast(t, before=None) -> None:  # noqa: ANN001
+    """``broadcast(src=99)``, which Gloo refuses ("invalid root rank"); ``before`` (None:
+    nothing) runs inside the call, after the Python recorder's begin and before the backend
+    (``_rank_not_in_group``: broadcast's last step before it)."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    real = c10d._rank_not_in_group
+
+    def hooked(group):  # noqa: ANN001, ANN202
+        c10d._rank_not_in_group = real
+        before()
+        return real(group)
+
+    if before is not None:
+        c10d._rank_not_in_group = hooked
+    try:
+        dist.broadcast(t, src=99)
+    except RuntimeError as exc:
+        assert "invalid root rank" in str(exc)
+    else:
+        raise AssertionError("broadcast(src=99) returned")
+
+
 def refused_then_maybe_hang(rank: int, ws: int, store: str, release: str, hang: bool, drain: bool = False) -> str:
     """Rank 2 calls broadcast(src=99) before all_reduce #4 (caught); then STEPS all_reduces
     and a barrier on every rank.  With ``hang``, rank 1 then waits for ``release`` while
@@ -39,7 +63,6 @@ def refused_then_maybe_hang(rank: int, ws: int, store: str, release: str, hang: 
     from the begin, and only its end says so."""
     import torch
     import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
 
     from commscope.record.recorder import active
 
@@ -47,24 +70,13 @@ def refused_then_maybe_hang(rank: int, ws: int, store: str, release: str, hang: 
     rec = active()
     source = type(rec.ops).__name__
     t = torch.ones(4)
+    def drained() -> None:
+        while not rec.flush(timeout=60.0):  # two whole ticks: the begin drained
+            pass
+
     for step in range(STEPS):
         if step == REFUSED_AT and rank == 2:
-            real = c10d._rank_not_in_group  # (broadcast's last step before the backend)
-
-            def drained(group, real=real):  # noqa: ANN001, ANN202
-                c10d._rank_not_in_group = real
-                while not rec.flush(timeout=60.0):  # two whole ticks: the begin drained
-                    pass
-                return real(group)
-
-            if drain:
-                c10d._rank_not_in_group = drained
-            try:
-                dist.broadcast(t, src=99)
-            except RuntimeError as exc:
-                assert "invalid root rank" in str(exc)
-            else:
-                raise AssertionError("broadcast(src=99) returned")
+            refused_broadcast(t, drained if drain else None)
         dist.all_reduce(t)
         t.fill_(1.0)
     dist.barrier()
@@ -96,6 +108,18 @@ def _env(source: str) -> dict[str, str]:
 
 def _want_source(source: str) -> str:
     return "NativeOps" if source == "native" else "PythonOps"
+
+
+def _ran(fn, ranks: int, args: tuple, source: str) -> list:
+    """Run ``fn`` on ``ranks`` Gloo ranks with ``source``'s recorder; each rank's value (every
+    rank must have returned)."""
+    job = Job(fn, ranks, args=args, env=_env(source), pg_timeout=60).start()
+    try:
+        results = job.join(120)
+    finally:
+        job.kill()
+    assert all(results[r].ok for r in range(ranks)), [results[r].error for r in range(ranks)]
+    return [results[r].value for r in range(ranks)]
 
 
 def _check(store: str, capsys) -> dict:
@@ -159,13 +183,7 @@ def _assert_refusal_finding(findings) -> None:
 
 def test_a_refused_op_takes_no_sequence_number(tmp_path, capsys, source):
     store, release = str(tmp_path / "trace"), str(tmp_path / "release")
-    job = Job(refused_then_maybe_hang, 3, args=(store, release, False), env=_env(source), pg_timeout=60).start()
-    try:
-        results = job.join(120)
-    finally:
-        job.kill()
-    assert all(results[r].ok for r in range(3)), [results[r].error for r in range(3)]
-    assert {results[r].value for r in range(3)} == {_want_source(source)}
+    assert set(_ran(refused_then_maybe_hang, 3, (store, release, False), source)) == {_want_source(source)}
     _assert_numbering(store, extra=0)
     out = _check(store, capsys)
     assert _errors(out["findings"]) == [("op_failed", [2])]
@@ -180,13 +198,7 @@ def test_a_refused_op_whose_begin_was_drained_first_takes_no_sequence_number(tmp
     recorder: a hook between its begin and the backend; the native recorder writes the same
     end, read the same way.)"""
     store, release = str(tmp_path / "trace"), str(tmp_path / "release")
-    job = Job(refused_then_maybe_hang, 3, args=(store, release, False, True), env=_env("python"),
-              pg_timeout=60).start()
-    try:
-        results = job.join(120)
-    finally:
-        job.kill()
-    assert all(results[r].ok for r in range(3)), [results[r].error for r in range(3)]
+    _ran(refused_then_maybe_hang, 3, (store, release, False, True), "python")
     begin = _assert_numbering(store, extra=0)
     assert begin["seq"] == REFUSED_AT + 1, begin  # (drained before the refusal: kept its number)
     out = _check(store, capsys)
@@ -203,32 +215,21 @@ def refused_while_another_thread_takes_a_number(rank: int, ws: int, store: str) 
 
     import torch
     import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
 
     W.start(store, 1.0)
     t = torch.ones(4)
+    works: list = []
+
+    def meanwhile() -> None:
+        # (issued, not waited on until the broadcast is refused: a wait would tell the
+        # recorder the broadcast may have issued something, and it keeps its number)
+        other = threading.Thread(target=lambda: works.append(dist.all_reduce(torch.ones(4), async_op=True)))
+        other.start()
+        other.join()
+
     for step in range(STEPS):
         if step == REFUSED_AT and rank == 2:
-            real = c10d._rank_not_in_group
-
-            works = []
-
-            def meanwhile(group, real=real, works=works):  # noqa: ANN001, ANN202
-                c10d._rank_not_in_group = real
-                # (issued, not waited on until the broadcast is refused: a wait would tell the
-                # recorder the broadcast may have issued something, and it keeps its number)
-                other = threading.Thread(target=lambda: works.append(dist.all_reduce(torch.ones(4), async_op=True)))
-                other.start()
-                other.join()
-                return real(group)
-
-            c10d._rank_not_in_group = meanwhile
-            try:
-                dist.broadcast(t, src=99)
-            except RuntimeError as exc:
-                assert "invalid root rank" in str(exc)
-            else:
-                raise AssertionError("broadcast(src=99) returned")
+            refused_broadcast(t, meanwhile)
             works[0].wait()
             continue  # (the other thread ran this step's all_reduce)
         dist.all_reduce(t)
@@ -242,13 +243,7 @@ def test_a_refused_op_whose_number_stays_does_not_say_it_gave_it_back(tmp_path):
     ``unissued``: readers keep the begin's number, as the recorder did (the Python recorder;
     the native one numbers the broadcast in its dispatch, after the hook)."""
     store = str(tmp_path / "trace")
-    job = Job(refused_while_another_thread_takes_a_number, 3, args=(store,), env=_env("python"),
-              pg_timeout=60).start()
-    try:
-        results = job.join(120)
-    finally:
-        job.kill()
-    assert all(results[r].ok for r in range(3)), [results[r].error for r in range(3)]
+    _ran(refused_while_another_thread_takes_a_number, 3, (store,), "python")
     events = open_source(store).read_all()
     top = [o for o in ops(events, 2) if not o.get("nested")]
     assert [(o["op"], o.get("seq")) for o in top][REFUSED_AT:REFUSED_AT + 3] == [
@@ -331,12 +326,7 @@ def test_refused_p2p_ops_take_no_number_of_the_pair(tmp_path, capsys, source):
     them (no unmatched_p2p), and the refusals are one op_failed on rank 0 itself, titled
     without a peer it never had ("send from any" was said of the refused send)."""
     store = str(tmp_path / "trace")
-    job = Job(refused_p2p, 2, args=(store,), env=_env(source), pg_timeout=60).start()
-    try:
-        results = job.join(120)
-    finally:
-        job.kill()
-    assert all(results[r].ok for r in range(2)), [results[r].error for r in range(2)]
+    _ran(refused_p2p, 2, (store,), source)
     events = open_source(store).read_all()
     pairs = {r: [(o["op"], o.get("peer"), o.get("seq")) for o in ops(events, r) if not o.get("nested")
                  and o["op"] in ("send", "recv") and "seq" in o] for r in range(2)}
