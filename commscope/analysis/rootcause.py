@@ -18,10 +18,11 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
 3. A rank that is dead or crashed is the root of every other finding that names it:
    ``missing_ranks`` (even beside living absentees: a collective a dead member never
    entered can never complete), ``op_failed``, ``unmatched_p2p``.  A ``missing_ranks``
-   naming the same ranks as an ``op_failed`` (the wait that then timed out) folds into it,
-   and one whose absentees are all stuck in a ``p2p_deadlock`` folds into the deadlock, or
-   in ``unmatched_p2p`` ops whose peers wait in that collective (a wait cycle through it)
-   into the first of those.  Ranks blocked in sends or recvs whose peers (the same ones)
+   naming the same ranks as an ``op_failed`` (the wait that then timed out; one that raised
+   on its rank itself only where it is that wait) folds into it, and one whose absentees
+   are all stuck in a ``p2p_deadlock`` folds into the deadlock, or in ``unmatched_p2p`` ops
+   whose peers wait in that collective (a wait cycle through it) into the first of those,
+   as do the same absentees' hangs in other groups.  Ranks blocked in sends or recvs whose peers (the same ones)
    never posted theirs are one ``unmatched_p2p``, the first.  A
    rank blocked in a send or recv with a peer the job does not have (an ``unmatched_p2p``
    with ``no_such_peer`` evidence) is, likewise, the root of the findings that name it.
