@@ -206,6 +206,27 @@ def late_barrier(rank: int, ws: int, store: str, release: str, monitored: bool) 
     finish()
 
 
+def send_into_barrier(rank: int, ws: int, store: str, release: str) -> None:
+    """Rank 1 sends to rank 2 (a group of the two), which never posts the recv: it goes into
+    the barrier rank 1 never reaches (a wait cycle through it).  The barrier times out on
+    ranks 0 and 2 (1 s), which raise it once the test releases them; rank 1's send then
+    fails as rank 2's connection closes, and rank 1 raises that."""
+    import torch
+    import torch.distributed as dist
+
+    start(store, 60.0)
+    pair = dist.new_group([1, 2])
+    quick = quick_group(1.0)
+    dist.barrier()
+    if rank == 1:
+        dist.send(torch.ones(8), 2, group=pair)
+    try:
+        dist.barrier(group=quick)
+    except RuntimeError:
+        wait_release(release)
+        raise
+
+
 def healthy(rank: int, ws: int, store: str) -> None:
     """A slow-but-progressing rank, ranks leaving at different times, destroy_process_group."""
     import torch

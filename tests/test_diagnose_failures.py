@@ -456,6 +456,67 @@ def test_p2p_recv_timeout_blames_the_peer_that_never_sent():
     assert errors(f) == [("op_failed", [1])]
 
 
+def _send_into_a_barrier(b: TraceBuilder, *, send_times_out: bool) -> None:
+    """Rank 2 sends to 3 (group S), which never posts the recv: it went into group W's
+    barrier, which rank 2 never reaches.  Then the timeouts: the barrier's on ranks 0, 1
+    and 3 (they crash on it), and rank 2's send, by its own timeout first
+    (``send_times_out``) or by rank 3's connection closing once it crashed."""
+    t = b.warmup()
+    b.group("S", [2, 3])
+    b.group("W", [0, 1, 2, 3])
+    send = b.begin(2, t, "send", group="S", peer=3, dir="send")
+    ids = {r: b.begin(r, t + MS, "barrier", group="W") for r in (0, 1, 3)}
+    fired = t + 3 * S
+    if send_times_out:
+        b.end(2, send, fired, exc=TIMED_OUT.replace("recv", "send"))
+        b.exit(2, fired + 5 * MS, reason="exception", exc=TIMED_OUT.replace("recv", "send"))
+    for r in (0, 1, 3):
+        b.end(r, ids[r], fired + MS + r * MS, exc=TIMED_OUT)
+        b.exit(r, fired + 10 * MS + r * MS, reason="exception", exc=TIMED_OUT)
+    if not send_times_out:
+        b.end(2, send, fired + 20 * MS, exc=CLOSED)
+        b.exit(2, fired + 25 * MS, reason="exception", exc=CLOSED)
+    b.heartbeats(b.t0, fired)
+
+
+def test_a_barrier_timeout_while_its_absent_rank_sent_to_a_rank_in_it_blames_that_rank():
+    """The wait cycle through a barrier (rank 2's send to 3, never received; rank 3 in the
+    barrier rank 2 never reaches), after the timeouts: rank 3's crash is the one error, in
+    either order of the timeouts.  The barrier's failure blamed rank 2 (absent: it was
+    blocked in the send), rank 2's its peer 3 (crashed first): two rank_crashed naming
+    each other."""
+    for send_times_out in (False, True):
+        b = TraceBuilder(4)
+        _send_into_a_barrier(b, send_times_out=send_times_out)
+        _, f = replay(b, {3}, hang_after=1.0)
+        assert errors(f) == [("rank_crashed", [3])], (send_times_out, [x.message for x in f])
+        x = f[0]
+        barrier = next(c for c in x.evidence["consequences"] if c["kind"] == "op_failed" and c["op"] == "barrier")
+        assert barrier["culprits"] == [3] and barrier["blame"]["reason"] == "blocked"
+        assert barrier["blame"]["text"] == ("rank 2 had not entered it when the timeout fired: it was blocked in "
+                                            "send #1 to 3 (group S), which rank 3 had not posted")
+        assert "its own doing: rank 2 had not entered it" in x.message
+        assert set(x.victims) == {0, 1, 2}
+
+
+def test_an_absent_rank_whose_peer_had_posted_stays_the_one_blamed():
+    """Rank 2 was in a recv from rank 1 that rank 1 had posted (matched, and still rank 2
+    had not come back from it) when the barrier's timeout fired: rank 2 is blamed, as any
+    rank that had not entered; its peer is no cause."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    b.group("S", [1, 2])
+    b.sync(1, t, t + MS, "send", group="S", peer=2, dir="send")
+    b.begin(2, t, "recv", group="S", peer=1, dir="recv")
+    ids = {r: b.begin(r, t + 2 * MS, "barrier") for r in (0, 1)}
+    for r in (0, 1):
+        b.end(r, ids[r], t + 3 * S + r * MS, exc=TIMED_OUT)
+    b.heartbeats(b.t0, t + 4 * S)
+    _, f = replay(b, {2}, hang_after=60.0)
+    assert errors(f) == [("op_failed", [2])], [x.message for x in f]
+    assert f[0].evidence["blame"]["reason"] == "absent"
+
+
 # ---------------------------------------------------------------------- mismatches that kill
 def _mismatch_abort(b: TraceBuilder, *, recorded: bool) -> None:
     t = b.warmup()

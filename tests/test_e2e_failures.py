@@ -280,6 +280,24 @@ def test_barrier_timeout_names_the_absent_rank(tmp_path, capsys, monitored):
     assert out["findings"][0]["op"] == op
 
 
+def test_a_barrier_timeout_in_a_wait_cycle_names_the_rank_that_never_received(tmp_path, capsys):
+    """Rank 1's send to rank 2 is never received: rank 2 went into the barrier rank 1 never
+    reaches.  The barrier's timeout is blamed on rank 2 (rank 1 was blocked on it), live and
+    once every rank has crashed; no poll names rank 1.  The finished trace read as two
+    rank_crashed naming each other (2 crashed of the barrier's timeout, blamed on rank 1
+    not entering it; 1 of 2's connection closing)."""
+    live, _, store = run_job(tmp_path, W.send_into_barrier, pg_timeout=60, hang_after=60.0, culprit=2,
+                             want=only("op_failed", 2, lambda f: f.op == "barrier"))
+    assert live.evidence["blame"]["reason"] == "blocked"
+    out = finished(store, capsys)
+    assert errors_of(out) == [("rank_crashed", [2])]
+    (crash,) = out["findings"]
+    assert "rank 1 had not entered it when the timeout fired: it was blocked in send #1 to 2" in crash["message"]
+    assert sorted((c["kind"], c["op"], c["culprits"]) for c in crash["evidence"]["consequences"]) == [
+        ("op_failed", "barrier", [2]), ("op_failed", "send", [2]), ("rank_crashed", "barrier", [0]),
+        ("rank_crashed", "send", [1])]  # (rank 0's crash and rank 1's failure: in either order)
+
+
 def test_healthy_job_never_shows_an_error(tmp_path, capsys):
     """A slow-but-progressing rank, ranks leaving at different times, destroy_process_group."""
     store = str(tmp_path / "trace")

@@ -106,7 +106,7 @@ def test_sixty_four_ranks_whose_all_reduce_failed_ask_the_others_once(exc, monke
     members, blame = TraceModel.members, _Arrivals._blame
     monkeypatch.setattr(TraceModel, "members", lambda self, r, i: walks.append(r) or members(self, r, i))
     monkeypatch.setattr(_Arrivals, "_blame",
-                        lambda self, r, cut, when: walks.append(-1) or blame(self, r, cut, when))
+                        lambda self, r, cut, when, t: walks.append(-1) or blame(self, r, cut, when, t))
     (failure,) = failed_instances(m, t + 700 * S, {}, 30 * S)
     assert len(failure.failed) == 48 and len(walks) == (2 if exc == TIMEOUT else 1), walks
     if exc == TIMEOUT:

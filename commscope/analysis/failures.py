@@ -7,7 +7,8 @@ still there ("primary" failures; a rank arriving at an instance that already bro
 as a consequence):
 
 * ``monitored_barrier`` names the ranks that did not arrive: those;
-* the group's timeout fired: the members that had not entered the instance by then;
+* the group's timeout fired: the members that had not entered the instance by then, but
+  for one kept away by a send or recv whose peer had not posted its side: that peer;
 * a connection closed: the members that left first (an exit, a crash, or silence since
   the failure; see ``TraceModel.peers_gone``), or, while more than one member could have
   left and none is known yet, nobody (the finding says it is waiting to hear from them);
@@ -45,6 +46,7 @@ from commscope.analysis.model import (
     P2P,
     SEND,
     SPACE_FR,
+    SPACE_NATIVE,
     TraceModel,
     signal_label,
 )
@@ -125,7 +127,7 @@ def instance_key(model: TraceModel, rank: int, i: int) -> tuple:
 
 class Blame(NamedTuple):
     culprits: tuple[int, ...]
-    reason: str  # named | absent | left | local | mismatch | pending | unknown
+    reason: str  # named | absent | blocked | left | local | mismatch | pending | unknown
     text: str
 
 
@@ -180,13 +182,13 @@ class _Arrivals:
             self.order = {p: k for k, p in enumerate(self.entered)}
         cut = bisect.bisect_right(self.begins, t + ARRIVAL_SLACK_NS)
         if self.order.get(r, cut) >= cut:  # (not entered by its own timeout: hostile times, a blame of its own)
-            return self._blame(r, cut, when)
+            return self._blame(r, cut, when, t)
         got = self._blames.get((cut, when))
-        if got is None:
-            got = self._blames[cut, when] = self._blame(None, cut, when)
+        if got is None:  # (judged at the first of these timeouts: they fire within moments)
+            got = self._blames[cut, when] = self._blame(None, cut, when, t)
         return got
 
-    def _blame(self, r: int | None, cut: int, when: str) -> Blame:
+    def _blame(self, r: int | None, cut: int, when: str, t: int) -> Blame:
         assert self.members is not None
         came = set(self.entered[:cut])
         absent = [m for m in self.members if m != r and m not in came]
@@ -198,9 +200,51 @@ class _Arrivals:
         if world is not None and any(m >= world for m in absent):
             nowhere = min(m for m in absent if m >= world)
             return Blame((self.r,), "local", f"rank {self.r}'s peer: " + no_such_peer_text(nowhere, world))
-        if absent:
+        if not absent:
+            return Blame((), "unknown", f"every member had entered it when {when}")
+        held = {m: w for m in absent if (w := held_by_peer(self.model, m, t)) is not None} if self.model.p2p else {}
+        if not held:
             return Blame(tuple(absent), "absent", f"{ranks_text(absent)} had not entered it when {when}")
-        return Blame((), "unknown", f"every member had entered it when {when}")
+        # A member kept away by a send or recv its peer had not posted: that peer is the cause
+        # (rank 2 sends to 3, which went into this barrier instead; 3's timeout is its own).
+        culprits = sorted({held.get(m, (m, -1))[0] for m in absent})
+        texts = [f"rank {m} had not entered it when {when}: it was blocked in {self.model.label(m, i)}, "
+                 f"which rank {peer} had not posted" for m, (peer, i) in held.items()]
+        rest = [m for m in absent if m not in held]
+        if rest:
+            texts.append(f"{ranks_text(rest)} had not entered it either")
+        return Blame(tuple(culprits), "blocked" if not rest else "absent+blocked", "; ".join(texts))
+
+
+def held_by_peer(model: TraceModel, m: int, t: int) -> tuple[int, int] | None:
+    """(peer, op index) where rank ``m`` was, at ``t``, blocked in a send or recv whose peer
+    had not posted its side (never, or later), or had last done one that failed so (its
+    timeout, or the peer's leaving, came first): what kept ``m`` from anything else."""
+    rt = model.ranks.get(m)
+    if rt is None:
+        return None
+    held = rankstate.blocked_at(model, m, t)
+    if not held:
+        last = rankstate.last_op_before(model, m, t)
+        if last is None or last not in rt.exc or model.failed_ns(m, last) > t:
+            return None
+        held = [last]
+    for i in held:
+        s = model.sig_of(m, i)
+        peer = int(rt.peer[i])
+        if not s.flags & P2P or s.nested or peer < 0 or peer == m or int(rt.seq[i]) < 0:
+            continue  # (an any-source recv, a send to no rank: its own doing or anyone's)
+        until = min(t, model.failed_ns(m, i)) if i in rt.exc else t
+        other = model.matching(m, i).get(peer)
+        if other is not None and int(model.ranks[peer].begin[other]) <= until:
+            continue
+        if other is None and s.space == SPACE_NATIVE:
+            send = bool(s.flags & SEND)
+            src, dst = (m, peer) if send else (peer, m)
+            if model.p2p_posted_before(s.group, src, dst, int(model.ranks[m].seq[i]), send=not send):
+                continue  # (posted before what was read: a window's)
+        return peer, i
+    return None
 
 
 def _blame_one(model: TraceModel, r: int, i: int, now: int, arrivals: _Arrivals, hang_ns: int) -> Blame | None:
@@ -239,7 +283,7 @@ def _combine(blames: list[Blame]) -> Blame:
     named = list({id(b): b for b in blames if b.culprits}.values())  # (thousands of ranks may share one)
     if named:
         culprits = tuple(sorted({c for b in named for c in b.culprits}))
-        reasons = sorted({b.reason for b in named})
+        reasons = sorted({part for b in named for part in b.reason.split("+")})
         texts = list(dict.fromkeys(b.text for b in named))
         return Blame(culprits, "+".join(reasons), "; ".join(texts))
     if any(b.reason == "pending" for b in blames):
@@ -380,6 +424,8 @@ def find_crashes(model: TraceModel, now: int, failures: list[Failure]) -> list[F
         at = stacks.one_line(rank_stack(model, r, now)[0])
         if at:
             msg += f", at {at}"
+        if cause is not None and r in cause.blame.culprits and "blocked" in cause.blame.reason:
+            msg += f"; its own doing: {cause.blame.text}"  # (its timeout, in a wait it made a cycle of)
         ev = Crashed(exit_ns=t, reason=ex.get("reason"), activity=act, exc=ex.get("exc") or ABSENT,
                      signal=ex.get("signal") or ABSENT)
         if rt.meta:

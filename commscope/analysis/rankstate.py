@@ -755,12 +755,9 @@ def _as_of(m: TraceModel, rank: int, t: int) -> RankState:
             return RankState("unknown", "not started yet", None, 0)
         return RankState("idle", "idle (no ops yet)", None, rt.first_ts)
     exits = [e for e in rt.exits if e["ts"] <= t]
-    idx = m.ops_in_window(rank, t, t + 1)
-    if idx.shape[0]:
-        flags = m.sig_flags(rt.sig[idx])
-        running = blocked_mask(flags, rt.begin[idx], rt.comp[idx], rt.wb[idx], rt.we[idx], t) & ((flags & _TOP) == 0)
-        if running.any():
-            return _blocked_state(m, rank, int(idx[np.flatnonzero(running)[-1]]), t)
+    running = blocked_at(m, rank, t)
+    if running:
+        return _blocked_state(m, rank, running[-1], t)
     if exits and (not rt.n or exits[-1]["ts"] >= _last_begin_before(m, rank, t)):
         ex = exits[-1]
         if is_kill(ex):
@@ -778,6 +775,20 @@ def _as_of(m: TraceModel, rank: int, t: int) -> RankState:
     if last is None:
         return RankState("idle", "idle (no ops yet)", None, rt.first_ts)
     return _idle(m.label(rank, last), last, int(rt.comp[last]), t)
+
+
+def blocked_at(m: ModelLike, rank: int, t: int) -> list[int]:
+    """The top-level ops the rank's threads were blocked in at ``t`` (``blocked_mask``), by
+    their place in its window index: what it was doing then, whatever it did after."""
+    rt = m.ranks.get(rank)
+    if rt is None:
+        return []
+    idx = m.ops_in_window(rank, t, t + 1)
+    if not idx.shape[0]:
+        return []
+    flags = m.sig_flags(rt.sig[idx])
+    running = blocked_mask(flags, rt.begin[idx], rt.comp[idx], rt.wb[idx], rt.we[idx], t) & ((flags & _TOP) == 0)
+    return idx[running].tolist()
 
 
 def _candidates(m: ModelLike, rank: int, t: int, k: int = 256) -> np.ndarray:
