@@ -517,6 +517,55 @@ def test_an_absent_rank_whose_peer_had_posted_stays_the_one_blamed():
     assert f[0].evidence["blame"]["reason"] == "absent"
 
 
+def _left_then_stopped(b: TraceBuilder, leaver: dict | None, *, leave_at: int) -> None:
+    """Ranks 0 and 2 enter all_reduce #4 and wait; rank 1 leaves ``leave_at`` ms after they
+    entered (its ``exit``: ``leaver``; None: it is stopped with them); the launcher stops
+    ranks 0 and 2 with SIGTERM 45 and 47 ms after they entered."""
+    t = b.warmup()
+    b.heartbeats(b.t0, t)
+    for r in (0, 2):
+        b.begin(r, t + MS, "all_reduce")
+    stop = {"reason": "signal", "signal": "Terminated"}
+    b.exit(1, t + MS + leave_at * MS, **(leaver or stop))
+    for r in (0, 2):
+        b.exit(r, t + MS + (45 + r) * MS, **stop)
+
+
+def test_a_wait_the_launcher_cut_short_for_a_rank_that_had_left_is_still_a_hang():
+    """Rank 1 left with ``sys.exit(3)`` while ranks 0 and 2 waited in the all_reduce it never
+    entered; mp.spawn then stopped them (SIGTERM) before Gloo told them it had gone (under
+    load).  They waited 45 ms, far short of hang_after, yet the all_reduce could never have
+    completed: missing_ranks, rank 1, its code said.  It read "no findings: the trace looks
+    healthy" (test_spawn_exceptions failed so under load)."""
+    for code in (3, 0):
+        b = TraceBuilder(3)
+        _left_then_stopped(b, {"reason": "atexit", "code": code}, leave_at=5)
+        _, f = replay(b, {1}, hang_after=60.0)
+        assert errors(f) == [("missing_ranks", [1])], (code, [x.message for x in f])
+        said = "rank 1 has exited (atexit, code 3)" if code else "rank 1 has exited (atexit)"
+        assert f[0].message.endswith(said) and f[0].evidence["entered"] == [0, 2], f[0].message
+    b = TraceBuilder(3)  # a crash: the crash is the one error, the cut-short wait its consequence
+    _left_then_stopped(b, {"reason": "exception", "exc": "RuntimeError: boom"}, leave_at=5)
+    _, f = replay(b, {1}, hang_after=60.0)
+    assert errors(f) == [("rank_crashed", [1])]
+    assert [c["kind"] for c in f[0].evidence["consequences"]] == ["missing_ranks"]
+
+
+def test_a_job_stopped_while_its_ranks_were_a_moment_into_a_collective_is_no_hang():
+    """No rank left by itself before the stop: stopped with the rest (SIGTERM), or leaving
+    through its own SIGTERM handler (``stop_signal`` on its exit), or leaving after the
+    others were stopped.  Nothing could tell these from a whole job stopped."""
+    for leaver, at in ((None, 5), ({"reason": "atexit", "code": 0, "stop_signal": "Terminated",
+                                    "stop_ts": 1}, 5), ({"reason": "atexit", "code": 3}, 60)):
+        b = TraceBuilder(3)
+        _left_then_stopped(b, leaver, leave_at=at)
+        if at == 60:  # (rank 1's exit came after the others were stopped)
+            last = max(b.events, key=lambda e: e["ts"])
+            assert (last["rank"], last["type"]) == (1, "exit")
+        _, f = replay(b, set(), hang_after=60.0)
+        assert errors(f) == [], (leaver, [x.message for x in f])
+
+
 # ---------------------------------------------------------------------- mismatches that kill
 def _mismatch_abort(b: TraceBuilder, *, recorded: bool) -> None:
     t = b.warmup()

@@ -503,8 +503,13 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
     t = model.table
     slots, ops = rankstate.open_ops(model)
     sig, seq, begin, comp = t.gather(("sig", "seq", "begin", "comp"), t.block[slots], t.base[slots] + ops)
-    # every rank's ops in flight at once: collectives waited in for hang_ns
-    hung = (comp == 0) & ((model.sig_flags(sig) & COLL) != 0) & (seq >= 0) & (now - begin >= hang_ns)
+    # every rank's ops in flight at once: collectives waited in for hang_ns, or by a rank
+    # stopped while it waited for a member that had left without entering (``cut_short``)
+    waits = (comp == 0) & ((model.sig_flags(sig) & COLL) != 0) & (seq >= 0)
+    hung = waits & (now - begin >= hang_ns)
+    cut = rankstate.cut_short(model)
+    if cut:
+        hung |= waits & np.isin(slots, model.slots_of(np.fromiter(cut, np.int64, len(cut))))
     if hung.any():
         where = {r: k for k, r in enumerate(model.ranks)}  # (in the ranks' order, each rank's ops by index)
         ranks = [t.traces[s].rank for s in slots[hung].tolist()]
@@ -514,7 +519,8 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
         for _, i, r, code, q in rows:
             if r in gone:
                 continue  # a rank that is gone no longer waits
-            if model.exits_seen and rankstate.waited_until(model, r, now) - int(model.ranks[r].begin[i]) < hang_ns:
+            if model.exits_seen and r not in cut and \
+                    rankstate.waited_until(model, r, now) - int(model.ranks[r].begin[i]) < hang_ns:
                 continue  # (it left, with its job, before it had waited that long)
             s = model.sigs[code]
             pending.setdefault((s.space, s.group, q), {})[r] = i

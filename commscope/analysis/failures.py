@@ -50,7 +50,7 @@ from commscope.analysis.model import (
     TraceModel,
     signal_label,
 )
-from commscope.analysis.rankstate import ARRIVAL_SLACK_NS, EXIT_WORDS, SLACK_NS, snapshot
+from commscope.analysis.rankstate import ARRIVAL_SLACK_NS, SLACK_NS, snapshot
 from commscope.analysis.vocab import describe_kill
 
 #: Failed instances reported in full per finding; more with the same blame are counted.
@@ -146,8 +146,7 @@ def _departure(model: TraceModel, m: int, now: int) -> str:
         ex = snap.exit or {}
         return f"crashed ({ex.get('signal') or first_line(ex.get('exc') or ex.get('reason', ''), 80)})"
     if snap.exit is not None:
-        why = snap.exit.get("reason", "exit")
-        return f"exited ({EXIT_WORDS.get(why, why)})"
+        return f"exited ({rankstate.exit_words(snap.exit)})"
     killed = rankstate.killed(model, m) if snap.dead else None
     if killed is not None:  # (how it went, where something saw: a launcher, its spool, a snapshot)
         return f"was gone: {describe_kill(killed)}"

@@ -372,6 +372,8 @@ class _Stops:
     first_own: int
     #: hang_after as the ranks recorded it (``TraceModel.hang_after`` asks every meta)
     hang_ns: int
+    #: The stopped ranks whose wait in a collective was a hang cut short (``cut_short``)
+    cut_short: frozenset[int] = frozenset()
 
 
 def _stops(m: TraceModel) -> _Stops:
@@ -388,6 +390,7 @@ def _stops(m: TraceModel) -> _Stops:
         latest = first_own = -1
         absent: dict[tuple, list[int]] = {}
         spans: dict[tuple, list[int]] = {}  # per op waited in: [last departure, first wait began]
+        waiting: dict[tuple, list[int]] = {}  # per op waited in: the stopped ranks in it
         if m.exits_seen:
             for r, rt in m.ranks.items():
                 if not rt.exits:
@@ -409,6 +412,7 @@ def _stops(m: TraceModel) -> _Stops:
                 seq = int(rt.seq[i])
                 key = (s.space, s.group, seq) if seq >= 0 and not s.flags & P2P else (r, i)
                 since = blocked_since(m, r, i)
+                waiting.setdefault(key, []).append(r)
                 if (span := spans.get(key)) is not None:  # (16k ranks stopped in one collective: its members asked once)
                     span[0], span[1] = max(span[0], dep), min(span[1], since)
                     continue
@@ -425,9 +429,38 @@ def _stops(m: TraceModel) -> _Stops:
             span = (spans[key][0], spans[key][1])
             for p in out:
                 waits.setdefault(p, []).append(span)
+        cut: set[int] = set()
+        if first_own >= 0:  # (some rank went by itself: were any stopped while they waited for it?)
+            for key, out in absent.items():
+                if len(key) != 3 or not out:
+                    continue
+                first = min((d for r in waiting[key] if (d := departed_ns(m, r)) is not None), default=-1)
+                if any(_went_before(m, p, ranks, first) for p in out):
+                    cut.update(waiting[key])
         memo.stops = _Stops(frozenset(ranks), latest, frozenset(waits), {p: tuple(w) for p, w in waits.items()},
-                            first_own, int((m.hang_after() or DEFAULT_HANG_AFTER) * 1e9))
+                            first_own, int((m.hang_after() or DEFAULT_HANG_AFTER) * 1e9), frozenset(cut))
     return memo.stops
+
+
+def _went_before(m: TraceModel, p: int, stopped_ranks: set[int], first: int) -> bool:
+    """Whether rank ``p``, absent from an op that ranks stopped by a signal waited in (the
+    first of them stopped at ``first``), had left before, by itself: an ``exit`` it wrote (a
+    clean one, ``sys.exit(3)``, a crash; exactly timed), with no stop signal its own handler
+    took (``stop_signal``: stopped with the job, gracefully).  A kill is ``killed``'s and
+    ``dead_rank``'s to judge (a SIGKILL is timed by the rank's last sign of life)."""
+    if p in stopped_ranks or first < 0 or (ex := exited(m, p)) is None or ex.get("stop_signal"):
+        return False
+    return int(ex["ts"]) < first
+
+
+def cut_short(m: TraceModel) -> frozenset[int]:
+    """The ranks stopped by a signal (a launcher ending the job) while they waited in a
+    collective that a member had left the job without entering (``sys.exit(3)``, a crash,
+    SIGKILL): a hang however short, since it could never have completed.  A whole job
+    stopped while its ranks were a moment into a collective is no hang; this is."""
+    if not m.exits_seen or all(stopped(rt.exits[-1]) for rt in m.ranks.values() if rt.exits):
+        return frozenset()  # (no rank left by itself: the stops are not asked for, 16k ranks ~0.2 s)
+    return _stops(m).cut_short
 
 
 def _stopped_first(m: TraceModel, rank: int, k: dict, t: int) -> bool:
@@ -616,8 +649,7 @@ def _present(m: TraceModel, rank: int, now: int) -> RankState:
         if crash(m, rank) is not None:
             what = ex.get("signal") or ex.get("exc") or ex.get("reason")
             return RankState("crashed", f"crashed ({what})", m.last_op(rank, completed=False), int(ex["ts"]))
-        why = EXIT_WORDS.get(ex.get("reason", ""), ex.get("reason", "exit"))
-        return RankState("exited", f"exited ({why})", m.last_op(rank), int(ex["ts"]))
+        return RankState("exited", f"exited ({exit_words(ex)})", m.last_op(rank), int(ex["ts"]))
     if cur is not None:
         return _blocked_state(m, rank, cur, now)
     last = m.last_op(rank)
@@ -697,6 +729,15 @@ def _blocked_state(m: TraceModel, rank: int, i: int, t: int) -> RankState:
 EXIT_WORDS = {"uninstrument": "recording stopped"}
 
 
+def exit_words(ex: dict) -> str:
+    """How a rank left, in words ('atexit', 'atexit, code 3'): its reason, and its exit
+    code where it is not 0 (``sys.exit(3)``: the code the launcher reports)."""
+    why = str(ex.get("reason") or "exit")
+    code = ex.get("code")
+    why = EXIT_WORDS.get(why, why)
+    return f"{why}, code {code}" if isinstance(code, int) and not isinstance(code, bool) and code else why
+
+
 def _short_signal(name: str) -> str:
     """'SIGTERM' for 'Terminated' / 'SIGTERM (Terminated)'."""
     return signal_label(name).split(" (")[0]
@@ -711,7 +752,7 @@ def ending(m: TraceModel, rank: int, now: int, state: RankState | None = None) -
     st = state or rank_state(m, rank, now)
     if st.kind == "exited":
         ex = exited(m, rank) or {}
-        return f"exited ({EXIT_WORDS.get(ex.get('reason', ''), ex.get('reason', 'exit'))})"
+        return f"exited ({exit_words(ex)})"
     if st.kind == "crashed":
         ex = exited(m, rank) or {}
         if ex.get("signal"):
@@ -767,8 +808,7 @@ def _as_of(m: TraceModel, rank: int, t: int) -> RankState:
         if is_crash(ex):
             return RankState("crashed", f"crashed ({ex.get('signal') or ex.get('exc') or ex.get('reason')})", None,
                              int(ex["ts"]))
-        why = EXIT_WORDS.get(ex.get("reason", ""), ex.get("reason", "exit"))
-        return RankState("exited", f"exited ({why})", None, int(ex["ts"]))
+        return RankState("exited", f"exited ({exit_words(ex)})", None, int(ex["ts"]))
     if rt.last_hb and t >= max(rt.last_hb, rt.last_ts) and is_dead(m, rank, t):
         return _present(m, rank, t)  # past its last word: the present answer is the answer
     last = _last_done_before(m, rank, t)
