@@ -182,22 +182,23 @@ def test_any_source_recvs_waiting_on_each_other_are_one_deadlock_of_them_all():
                                 "rank 0 waits recv (recv from any)")
 
 
-def test_two_rings_are_two_deadlocks_and_a_rank_outside_waits_unmatched():
+def test_two_rings_are_two_deadlocks_and_a_rank_outside_waits_on_one():
     """Ranks 0-2 a ring, 3-4 a pair, rank 5 waits for rank 0 (in the ring: waits on it, is
-    not part of it)."""
+    not part of it).  Rank 5's recv is unmatched because of the ring: its consequence, not
+    an error of its own (it was one, naming rank 0)."""
     b = TraceBuilder(6)
     t = b.warmup()
     for r, peer in ((0, 2), (1, 0), (2, 1), (3, 4), (4, 3), (5, 0)):
         b.sync(r, t + r * MS, None, "recv", peer=peer, dir="recv", shape=(4,))
     b.heartbeats(t, t + 5 * S)
     _, f = run(b)
-    assert sorted((x.kind, tuple(x.culprits)) for x in f) == [
-        ("p2p_deadlock", (0, 1, 2)), ("p2p_deadlock", (3, 4)), ("unmatched_p2p", (0,))]
+    assert sorted((x.kind, tuple(x.culprits)) for x in f) == [("p2p_deadlock", (0, 1, 2)), ("p2p_deadlock", (3, 4))]
     ring = next(x for x in f if x.culprits == [0, 1, 2])
     assert ring.message.startswith("p2p deadlock among ranks 0, 2, 1: rank 0 waits recv (recv from 2)")
     assert [c["rank"] for c in ring.evidence["cycle"]] == [0, 2, 1]
-    unmatched = next(x for x in f if x.kind == "unmatched_p2p")
-    assert unmatched.victims == {5: (0,)}
+    assert [(c["kind"], c["culprits"], c["ranks"]) for c in ring.evidence["consequences"]] == [
+        ("unmatched_p2p", [0], [0, 5])]
+    assert ring.victims[5] == (0, 1, 2)
 
 
 def test_p2p_deadlock_inside_batch_isend_irecv_waits():
@@ -810,6 +811,61 @@ def test_a_send_never_received_because_its_peer_went_into_a_collective_is_one_fi
     assert [(c["kind"], c["culprits"]) for c in x.evidence["consequences"]] == [*also, ("missing_ranks", list(senders))]
     assert set(x.victims) == {0, 1, 2} - {3}
     assert "the matching recv was never posted: rank 3 is in barrier #" in x.message
+
+
+@pytest.mark.parametrize("batches", [1, 7])
+def test_a_wait_cycle_through_a_barrier_beside_an_idle_rank_is_two_findings_naming_no_blocked_rank(batches):
+    """Rank 2 sends to 3, which waits in the barrier rank 2 never reaches; rank 1, idle,
+    never comes either.  Two causes: rank 1's absence (missing_ranks [1]) and the unmatched
+    send (culprit 3).  The hang named ranks 1 and 2 (2 blocked, a victim) and the send was
+    named through the hang as ranks 1 and 3."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    b.sync(2, t, None, "send", peer=3, dir="send")
+    for r in (0, 3):
+        b.sync(r, t + MS, None, "barrier")
+    b.heartbeats(t, t + 10 * S)
+    _, f = run(b, batches=batches)
+    errors = [x for x in f if x.severity == "error"]
+    assert [(x.kind, x.culprits) for x in errors] == [("missing_ranks", [1]), ("unmatched_p2p", [3])], [
+        x.message for x in f]
+    hang, send = errors
+    assert "named_through" not in send.evidence and set(send.victims) == {2}
+    assert hang.evidence["missing"] == [1, 2] and hang.victims == {0: (1,)}
+    assert hang.message.endswith("; rank 2 is blocked in a wait cycle through it"), hang.message
+
+
+def test_an_idle_rank_missing_from_a_collective_and_never_receiving_a_send_is_one_finding():
+    """Rank 3, idle, never enters group D's all_reduce (ranks 0 and 1 wait there) and never
+    posts the recv of rank 2's send: one cause, one error (it was two, each naming rank 3)."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    b.group("D", [0, 1, 3])
+    b.sync(2, t, None, "send", peer=3, dir="send")
+    for r in (0, 1):
+        b.sync(r, t + MS, None, "all_reduce", group="D")
+    b.heartbeats(t, t + 10 * S)
+    _, f = run(b)
+    assert [(x.kind, x.culprits) for x in f if x.severity == "error"] == [("unmatched_p2p", [3])], [
+        x.message for x in f]
+    assert [(c["kind"], c["group"]) for c in f[0].evidence["consequences"]] == [("missing_ranks", "D")]
+    assert set(f[0].victims) == {0, 1, 2}
+
+
+def test_a_send_to_a_rank_of_a_p2p_deadlock_is_the_deadlock_s_consequence():
+    """Ranks 0 and 1 each wait in a recv from the other; rank 2 sends to rank 0, which never
+    posts that recv because of the deadlock: one error, the deadlock (it was two)."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    b.sync(0, t, None, "recv", peer=1, dir="recv")
+    b.sync(1, t, None, "recv", peer=0, dir="recv")
+    b.sync(2, t + MS, None, "send", peer=0, dir="send")
+    b.heartbeats(t, t + 10 * S)
+    _, f = run(b)
+    assert [(x.kind, x.culprits) for x in f if x.severity == "error"] == [("p2p_deadlock", [0, 1])], [
+        x.message for x in f]
+    assert [(c["kind"], c["culprits"]) for c in f[0].evidence["consequences"]] == [("unmatched_p2p", [0])]
+    assert 2 in f[0].victims
 
 
 def test_ranks_blocked_sending_to_one_rank_that_never_receives_are_one_finding():

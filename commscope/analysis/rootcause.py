@@ -22,8 +22,11 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
    on its rank itself only where it is that wait) folds into it, and one whose absentees
    are all stuck in a ``p2p_deadlock`` folds into the deadlock, or in ``unmatched_p2p`` ops
    whose peers wait in that collective (a wait cycle through it) into the first of those,
-   as do the same absentees' hangs in other groups.  Ranks blocked in sends or recvs whose peers (the same ones)
-   never posted theirs are one ``unmatched_p2p``, the first.  A
+   as do the same absentees' hangs in other groups (a send or recv that timed out so is
+   that wait too); where only some absentees are in such cycles, both stand, the hang
+   naming the others (``_split_cycle``).  Ranks blocked in sends or recvs whose peers (the
+   same ones) never posted theirs are one ``unmatched_p2p``, the first; a ``missing_ranks``
+   naming its peers folds into it, and it into a ``p2p_deadlock`` holding them.  A
    rank blocked in a send or recv with a peer the job does not have (an ``unmatched_p2p``
    with ``no_such_peer`` evidence) is, likewise, the root of the findings that name it.
 
@@ -204,13 +207,22 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     unmatched: dict[frozenset[int], Finding] = {}  # the unmatched_p2p kept, by culprits (the peers that never posted)
     order = {id(t): k for k, t in enumerate(roots)}
     blocked_p2p: dict[int, list[Finding]] = {}  # a rank -> the unmatched_p2p it is blocked in (``_p2p_cycle``)
-    for t in roots:
-        if t.kind == "unmatched_p2p" and "no_such_peer" not in t.evidence:
+    for t in roots:  # (or the p2p op it waited in that timed out, blamed on its peer: the same wait, ended)
+        if t.kind == "unmatched_p2p" and "no_such_peer" not in t.evidence or _p2p_timeout(t):
             for v in t.victims:
                 blocked_p2p.setdefault(v, []).append(t)
-    through: dict[frozenset[int], tuple[Finding, frozenset[int]]] | None = None  # absent ranks -> ``_p2p_cycle``
+    through: dict[frozenset[int], tuple[Finding, frozenset[int], list[int]]] | None = None  # absent -> ``_p2p_cycle``
+    deadlocked: dict[int, Finding] | None = None  # a rank -> the p2p_deadlock naming it
+    kept_failed: set[int] = set()  # the p2p timeouts kept (``_p2p_timeout``), by id
 
-    def cycles(absent: frozenset[int]) -> tuple[Finding, frozenset[int]] | None:
+    def kept_p2p(t: Finding) -> Finding | None:
+        """The finding kept for a p2p wait ``t``: the first unmatched_p2p blocked on the same
+        peers, or a p2p timeout itself where it is kept."""
+        if t.kind == "unmatched_p2p":
+            return unmatched.get(frozenset(t.culprits))
+        return t if id(t) in kept_failed else None
+
+    def cycles(absent: frozenset[int]) -> tuple[Finding, frozenset[int], list[int]] | None:
         """The unmatched_p2p that ranks missing from a collective fold into, where they are
         in a wait cycle through it (``_p2p_cycle``), or through another group's collective
         they are missing from (rank 2, blocked in the cycle, never comes to either).  Found
@@ -221,7 +233,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
             through = {}
             for g in roots:
                 if g.kind == "missing_ranks":
-                    t = _p2p_cycle(g, blocked_p2p, order, unmatched)
+                    t = _p2p_cycle(g, blocked_p2p, order, kept_p2p)
                     if t is not None:
                         through.setdefault(frozenset(g.culprits), t)
         return through.get(absent)
@@ -242,17 +254,27 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
                                 or set(t.instances) & set(f.instances))), None) \
                 or next((t for t in roots if t.kind == "p2p_deadlock" and set(f.culprits) <= set(t.culprits)), None)
             if target is None and (cycle := cycles(frozenset(f.culprits))) is not None:
-                target, peers = cycle
-                _absorb(target, f)
-                for r in peers - set(target.culprits):  # (another cycle's peer, the culprit of its own finding)
-                    target.victims.pop(r, None)
-                continue
-            target = target or next((t for g, t in missing.get(frozenset(f.culprits), {}).items() if g != f.group),
-                                    None)
+                target, peers, idle = cycle
+                if idle:  # (others never came besides, idle: the hang is theirs; the blocked are not)
+                    _split_cycle(f, peers, idle)
+                    target = None
+                else:
+                    _absorb(target, f)
+                    for r in peers - set(target.culprits):  # (another cycle's peer, the culprit of its own finding)
+                        target.victims.pop(r, None)
+                    continue
+            target = target or unmatched.get(frozenset(f.culprits)) or next(
+                (t for g, t in missing.get(frozenset(f.culprits), {}).items() if g != f.group), None)
             # (the same ranks missing from collectives of several groups, as a 2-d mesh's tp and dp
-            # groups both wait on the rank that never came: one cause, the first finding)
+            # groups both wait on the rank that never came, or never posting the recv of a send
+            # besides: one cause, the first finding)
         elif f.kind == "unmatched_p2p" and "no_such_peer" not in f.evidence:
             target = unmatched.get(frozenset(f.culprits))  # (ranks blocked on the same peers: one cause)
+            if target is None and f.culprits:  # (a send to a rank of a p2p deadlock: it never posts the recv)
+                if deadlocked is None:  # (by rank, once: thousands of unmatched sends asked every root)
+                    deadlocked = {r: t for t in roots if t.kind == "p2p_deadlock" for r in t.culprits}
+                d = deadlocked.get(f.culprits[0])
+                target = d if d is not None and set(f.culprits) <= set(d.culprits) else None
         if target is not None and target is not f:
             _absorb(target, f)
         else:
@@ -261,6 +283,8 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
                 missing.setdefault(frozenset(f.culprits), {}).setdefault(f.group, f)
             elif f.kind == "unmatched_p2p" and "no_such_peer" not in f.evidence:
                 unmatched.setdefault(frozenset(f.culprits), f)
+            if _p2p_timeout(f):
+                kept_failed.add(id(f))
     final = _together(final)
     for f in final:
         _summary(f)
@@ -268,29 +292,67 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     return sorted(final + rest, key=Finding.sort_key)
 
 
+def _peers(t: Finding) -> list[int]:
+    """The peers an ``unmatched_p2p`` names as never posting: its culprits, or those it was
+    named through (rule 2 led them on to where their wait ends)."""
+    return t.evidence.get("named_through") or t.culprits
+
+
+def _p2p_timeout(f: Finding) -> bool:
+    """An ``op_failed`` of a send or recv whose timeout is blamed on its peer that never
+    posted: the wait an ``unmatched_p2p`` named, ended by the timeout."""
+    return f.kind == "op_failed" and bool(f.instances) and f.instances[0][0] == "p2p" and \
+        "absent" in f.evidence.get("blame", {}).get("reason", "")
+
+
 def _p2p_cycle(f: Finding, blocked_p2p: dict[int, list[Finding]], order: dict[int, int],
-               kept: dict[frozenset[int], Finding]) -> tuple[Finding, frozenset[int]] | None:
+               kept: Callable[[Finding], Finding | None]) -> tuple[Finding, frozenset[int], list[int]] | None:
     """The ``unmatched_p2p`` a ``missing_ranks`` (``f``) folds into where they are one wait
     cycle: every rank that never entered the collective is blocked in a send or recv whose
     peers, which never posted the matching op, wait in that collective (rank 2 sends to 3,
     which went into the barrier rank 2 never reaches).  The p2p finding says why they never
-    came: the first of those findings that is kept (``kept``, by culprits: the first of
-    those blocked on the same peers), not one folded elsewhere; and the peers of all of
+    came: the first of those findings that is kept (``kept``: the first of those blocked
+    on the same peers; a send or recv that timed out so, ``_p2p_timeout``), not one
+    folded elsewhere; and the peers of all of
     them (several cycles through one collective: each other's finding names its own peer,
-    no victim of the one the hang folds into).  ``blocked_p2p``: rank -> the unmatched_p2p
-    it is blocked in; ``order``: the roots' order.  None: no such cycle."""
+    no victim of the one the hang folds into); and the ranks that never came otherwise
+    (idle: then the hang is theirs, ``_split_cycle``).  ``blocked_p2p``: rank -> the
+    unmatched_p2p it is blocked in; ``order``: the roots' order.  None: no such cycle."""
     waiting = f.victims.keys()
-    chosen = []
+    chosen, idle = [], []
     for a in f.culprits:
-        hits = [t for t in blocked_p2p.get(a, ()) if set(t.culprits) <= waiting]
-        if not hits:
-            return None
-        chosen.append(min(hits, key=lambda t: order[id(t)]))
-    first = next((kept[p] for t in sorted(chosen, key=lambda t: order[id(t)])
-                  if (p := frozenset(t.culprits)) in kept), None)
+        hits = [t for t in blocked_p2p.get(a, ()) if set(_peers(t)) <= waiting]
+        if hits:
+            chosen.append(min(hits, key=lambda t: order[id(t)]))
+        else:
+            idle.append(a)
+    if not chosen:
+        return None
+    if idle:  # (the p2p findings stand on their own: named through the idle ranks, they name their peers again)
+        for t in chosen:
+            if "named_through" in t.evidence:
+                t.culprits = t.evidence.pop("named_through")
+        return chosen[0], frozenset(r for t in chosen for r in t.culprits), idle
+    first = next((k for t in sorted(chosen, key=lambda t: order[id(t)]) if (k := kept(t)) is not None), None)
     if first is None:
         return None
-    return first, frozenset(r for t in chosen for r in t.culprits)
+    return first, frozenset(r for t in chosen for r in t.culprits), idle
+
+
+def _split_cycle(f: Finding, peers: frozenset[int], idle: list[int]) -> None:
+    """A ``missing_ranks`` some of whose absent ranks are blocked in a wait cycle through it
+    (``_p2p_cycle``) and the rest idle: it names the idle ones; the blocked ones are the
+    cycle's victims, and the cycle's peers (waiting here) its culprits, not this one's
+    victims (rank 2 sends to 3, which waits in the barrier; rank 1 never came: two causes,
+    and the hang named ranks 1 and 2, rank 2 blocked)."""
+    blocked = [r for r in f.culprits if r not in idle]
+    f.culprits = list(idle)
+    for r in peers:
+        f.victims.pop(r, None)
+    on = tuple(idle)
+    for v in f.victims:
+        f.victims[v] = on
+    f.message += f"; {ranks_text(blocked)} {'is' if len(blocked) == 1 else 'are'} blocked in a wait cycle through it"
 
 
 #: Departures of one manner each within this of the one before are one finding (``_together``);
