@@ -485,18 +485,106 @@ def test_a_barrier_timeout_while_its_absent_rank_sent_to_a_rank_in_it_blames_tha
     either order of the timeouts.  The barrier's failure blamed rank 2 (absent: it was
     blocked in the send), rank 2's its peer 3 (crashed first): two rank_crashed naming
     each other."""
-    for send_times_out in (False, True):
+    for send_times_out, step in ((False, 1), (False, 7), (True, 1), (True, 3), (True, 7)):
         b = TraceBuilder(4)
         _send_into_a_barrier(b, send_times_out=send_times_out)
-        _, f = replay(b, {3}, hang_after=1.0)
+        _, f = replay(b, {3}, hang_after=1.0, step=step)
         assert errors(f) == [("rank_crashed", [3])], (send_times_out, [x.message for x in f])
         x = f[0]
         barrier = next(c for c in x.evidence["consequences"] if c["kind"] == "op_failed" and c["op"] == "barrier")
         assert barrier["culprits"] == [3] and barrier["blame"]["reason"] == "blocked"
-        assert barrier["blame"]["text"] == ("rank 2 had not entered it when the timeout fired: it was blocked in "
-                                            "send #1 to 3 (group S), which rank 3 had not posted")
+        held = ("its send #1 to 3 (group S) had failed, rank 3 never having posted its side" if send_times_out else
+                "it was blocked in send #1 to 3 (group S), which rank 3 had not posted")
+        assert barrier["blame"]["text"] == "rank 2 had not entered it when the timeout fired: " + held
         assert "its own doing: rank 2 had not entered it" in x.message
         assert set(x.victims) == {0, 1, 2}
+
+
+def test_a_chain_of_p2p_waits_into_a_barrier_blames_its_end():
+    """Rank 1 recvs from 2, rank 2 from 3, and rank 3 went into barrier W, which times out
+    (then each crashes in turn).  The chain ends at rank 3: one rank_crashed, at every
+    batch (it named rank 2, held by 3, then two rank_crashed; helper-93)."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    b.group("A", [1, 2])
+    b.group("B", [2, 3])
+    b.group("W", [0, 1, 3])
+    r1 = b.begin(1, t, "recv", group="A", peer=2, dir="recv")
+    r2 = b.begin(2, t, "recv", group="B", peer=3, dir="recv")
+    ids = {r: b.begin(r, t + MS, "barrier", group="W") for r in (0, 3)}
+    fired = t + S
+    for r in (0, 3):
+        b.end(r, ids[r], fired + r * MS, exc=TIMED_OUT)
+        b.exit(r, fired + (10 + r) * MS, reason="exception", exc=TIMED_OUT)
+    b.end(2, r2, fired + 30 * MS, exc=CLOSED)
+    b.exit(2, fired + 35 * MS, reason="exception", exc=CLOSED)
+    b.end(1, r1, fired + 50 * MS, exc=CLOSED)
+    b.exit(1, fired + 55 * MS, reason="exception", exc=CLOSED)
+    b.heartbeats(b.t0, fired)
+    for step in (1, 7):
+        _, f = replay(b, {3}, hang_after=60.0, step=step)
+        assert errors(f) == [("rank_crashed", [3])], [x.message for x in f]
+        assert ("rank 1 had not entered it when the timeout fired: it was blocked in recv #1 from 2 (group A), "
+                "which rank 2 had not posted, itself held so by rank 3") in f[0].message
+
+
+def test_an_op_that_raised_on_the_absent_rank_itself_holds_it_for_nobody():
+    """Rank 2's send to 3 raised on rank 2 (not contiguous) and rank 2 crashed of it; the
+    barrier ranks 0, 1 and 3 wait in then times out.  Rank 2's own doing: rank 3, which
+    never had its recv to post, is no culprit (helper-93: a second rank_crashed named it)."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    b.group("S", [2, 3])
+    b.group("W", [0, 1, 2, 3])
+    send = b.begin(2, t, "send", group="S", peer=3, dir="send")
+    b.end(2, send, t + MS // 10, exc="ValueError: Tensors must be contiguous")
+    b.exit(2, t + 2 * MS, reason="exception", exc="ValueError: Tensors must be contiguous")
+    ids = {r: b.begin(r, t + MS, "barrier", group="W") for r in (0, 1, 3)}
+    fired = t + 3 * S
+    for r in (0, 1, 3):
+        b.end(r, ids[r], fired + r * MS, exc=TIMED_OUT)
+        b.exit(r, fired + (10 + r) * MS, reason="exception", exc=TIMED_OUT)
+    b.heartbeats(b.t0, t, ranks=[2])
+    b.heartbeats(b.t0, fired, ranks=[0, 1, 3])
+    _, f = replay(b, {2}, hang_after=60.0)
+    assert errors(f) == [("rank_crashed", [2])], [x.message for x in f]
+
+
+def test_a_peer_that_posted_while_the_absent_rank_waited_holds_nothing():
+    """Rank 1 was in a recv from rank 3 when the all_reduce's timeout fired; rank 3 sent
+    3 ms later, and rank 1, its message in hand, never came (it spins).  Rank 1 is blamed
+    on the trace (helper-93: rank 3, healthy, was)."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    b.group("W", [0, 1])
+    b.group("P", [1, 3])
+    a = b.begin(0, t, "all_reduce", group="W")
+    fired = t + S
+    b.sync(1, fired - 2 * MS, fired + 3 * MS, "recv", group="P", peer=3, dir="recv")
+    b.sync(3, fired + 3 * MS, fired + 3 * MS + 1000, "send", group="P", peer=1, dir="send")
+    b.end(0, a, fired, exc=TIMED_OUT)
+    b.exit(0, fired + 10 * MS, reason="exception", exc=TIMED_OUT)
+    b.heartbeats(b.t0, fired, ranks=[0])
+    b.heartbeats(b.t0, fired + 5 * S, ranks=[1, 2, 3])
+    m = TraceModel.from_events(sorted(b.events, key=lambda e: e["ts"]))
+    f = diagnose(m, hang_after=60.0)
+    assert errors(f) == [("op_failed", [1])] and f[0].evidence["blame"]["reason"] == "absent"
+
+
+def test_a_p2p_op_s_own_timeout_is_its_peer_s_whatever_the_peer_waited_in():
+    """Ranks 0 and 1 each wait in a recv from the other; rank 0's times out.  Blamed on
+    rank 1, as any p2p timeout on its peer (the held-by-peer rule turned it back on rank 0,
+    "rank 1 had not entered it")."""
+    b = TraceBuilder(2)
+    t = b.warmup()
+    i = b.begin(0, t, "recv", peer=1, dir="recv")
+    b.begin(1, t, "recv", peer=0, dir="recv")
+    b.end(0, i, t + S, exc=TIMED_OUT)
+    b.heartbeats(b.t0, t + 2 * S)
+    m = TraceModel.from_events(sorted(b.events, key=lambda e: e["ts"]))
+    f = diagnose(m, hang_after=60.0)
+    failed = next(x for x in f if x.kind == "op_failed")
+    assert failed.culprits == [1] and failed.evidence["blame"]["reason"] == "absent"
 
 
 def test_an_absent_rank_whose_peer_had_posted_stays_the_one_blamed():

@@ -164,6 +164,7 @@ class _Arrivals:
 
     def __init__(self, model: TraceModel, r: int, i: int, ops: dict[int, int]) -> None:
         self.model, self.r, self.i, self.ops = model, r, i, ops
+        self.key_p2p = bool(model.sig_of(r, i).flags & P2P)
         self.members: list[int] | None = None
         self.begins: list[int] = []  # when each member that entered it did, in order
         self.entered: list[int] = []  # those members, in that order
@@ -201,46 +202,110 @@ class _Arrivals:
             return Blame((self.r,), "local", f"rank {self.r}'s peer: " + no_such_peer_text(nowhere, world))
         if not absent:
             return Blame((), "unknown", f"every member had entered it when {when}")
-        held = {m: w for m in absent if (w := held_by_peer(self.model, m, t)) is not None} if self.model.p2p else {}
-        if not held:
+        if not self.model.p2p or self.key_p2p:  # (a p2p op's own timeout: its peer, whatever it did)
             return Blame(tuple(absent), "absent", f"{ranks_text(absent)} had not entered it when {when}")
-        # A member kept away by a send or recv its peer had not posted: that peer is the cause
+        kept = _kept_away(self.model, absent, t)
+        if not kept:
+            return Blame(tuple(absent), "absent", f"{ranks_text(absent)} had not entered it when {when}")
+        # A member kept away by a send or recv its peer never posted: that peer is the cause
         # (rank 2 sends to 3, which went into this barrier instead; 3's timeout is its own).
-        culprits = sorted({held.get(m, (m, -1))[0] for m in absent})
-        texts = [f"rank {m} had not entered it when {when}: it was blocked in {self.model.label(m, i)}, "
-                 f"which rank {peer} had not posted" for m, (peer, i) in held.items()]
-        rest = [m for m in absent if m not in held]
+        culprits = sorted({c for m in absent for c in kept.get(m, (m,))})
+        rest = [m for m in absent if m not in kept]
+        by_peers: dict[tuple[int, ...], list[int]] = {}
+        for m in kept:
+            by_peers.setdefault(kept[m], []).append(m)
+        texts = []
+        for peers, held in list(by_peers.items())[:TEXT_PEERS]:
+            if len(held) == 1:
+                texts.append(f"rank {held[0]} had not entered it when {when}: " + _held_text(self.model, held[0], peers, t))
+            elif set(held) == set(peers):
+                texts.append(f"{ranks_text(held)} had not entered it when {when}: each held in a send or recv "
+                             "the others of them had not posted (a p2p deadlock)")
+            else:
+                texts.append(f"{ranks_text(held)} had not entered it when {when}: each held in a send or recv "
+                             f"that {ranks_text(peers)} had not posted")
+        if len(by_peers) > TEXT_PEERS:
+            texts.append(f"and {len(by_peers) - TEXT_PEERS} more sets of ranks held so")
         if rest:
             texts.append(f"{ranks_text(rest)} had not entered it either")
         return Blame(tuple(culprits), "blocked" if not rest else "absent+blocked", "; ".join(texts))
 
 
+#: Sets of ranks held by the same peers said in a blame's text; past this, a count
+TEXT_PEERS = 4
+
+
+def _kept_away(model: TraceModel, absent: list[int], t: int) -> dict[int, tuple[int, ...]]:
+    """Of the members absent at a timeout ``t``, those held away by a send or recv whose
+    peer never posted its side (``held_by_peer``), each with where its chain of such waits
+    ends: the rank that was not held (rank 1 waits on 2, which waits on 3, in the barrier:
+    3), or the ranks of a cycle of them (two absent ranks each in a recv from the other)."""
+    held: dict[int, int | None] = {}
+
+    def peer(m: int) -> int | None:
+        if m not in held:
+            w = held_by_peer(model, m, t)
+            held[m] = w[0] if w is not None else None
+        return held[m]
+
+    out: dict[int, tuple[int, ...]] = {}
+    for m in absent:
+        q = peer(m)
+        if q is None:
+            continue
+        path = [m, q]
+        while (nxt := peer(path[-1])) is not None and nxt not in path and len(path) < CHAIN_MAX:
+            path.append(nxt)
+        end = peer(path[-1])
+        out[m] = tuple(sorted(path[path.index(end):])) if end is not None and end in path else (path[-1],)
+    return out
+
+
+#: Longest chain of p2p waits followed from an absent rank (``_kept_away``)
+CHAIN_MAX = 64
+
+
+def _held_text(model: TraceModel, m: int, ends: tuple[int, ...], t: int) -> str:
+    """What held rank ``m`` away at ``t``, in words: the op, the peer that never posted its
+    side, and where the chain of such waits ended (``ends``) if past that peer."""
+    w = held_by_peer(model, m, t)
+    if w is None:
+        return f"held by {ranks_text(ends)}"
+    peer, i = w
+    via = f", itself held so by {ranks_text(ends)}" if (peer,) != ends else ""
+    if i in rankstate.blocked_at(model, m, t):
+        return f"it was blocked in {model.label(m, i)}, which rank {peer} had not posted{via}"
+    return f"its {model.label(m, i)} had failed, rank {peer} never having posted its side{via}"
+
+
 def held_by_peer(model: TraceModel, m: int, t: int) -> tuple[int, int] | None:
     """(peer, op index) where rank ``m`` was, at ``t``, blocked in a send or recv whose peer
-    had not posted its side (never, or later), or had last done one that failed so (its
-    timeout, or the peer's leaving, came first): what kept ``m`` from anything else."""
+    never posted its side while it waited, or had last done one that failed so (its
+    timeout, or the peer's leaving, came first): what kept ``m`` from anything else.  A
+    peer that posted while it waited (even after ``t``: the op then completed, and ``m``
+    stayed away by itself) holds nothing."""
     rt = model.ranks.get(m)
     if rt is None:
         return None
     held = rankstate.blocked_at(model, m, t)
     if not held:
         last = rankstate.last_op_before(model, m, t)
-        if last is None or last not in rt.exc or model.failed_ns(m, last) > t:
-            return None
+        if last is None or last not in rt.exc or model.failed_ns(m, last) > t or \
+                model.exc_kind(m, last).kind not in (TIMEOUT, PEER_GONE):
+            return None  # (an op that raised on its own rank: its own doing, no wait)
         held = [last]
     for i in held:
         s = model.sig_of(m, i)
         peer = int(rt.peer[i])
         if not s.flags & P2P or s.nested or peer < 0 or peer == m or int(rt.seq[i]) < 0:
             continue  # (an any-source recv, a send to no rank: its own doing or anyone's)
-        until = min(t, model.failed_ns(m, i)) if i in rt.exc else t
         other = model.matching(m, i).get(peer)
-        if other is not None and int(model.ranks[peer].begin[other]) <= until:
-            continue
+        if other is not None and not (i in rt.exc and int(model.ranks[peer].begin[other]) > model.failed_ns(m, i)):
+            continue  # (posted while it waited)
         if other is None and s.space == SPACE_NATIVE:
             send = bool(s.flags & SEND)
             src, dst = (m, peer) if send else (peer, m)
-            if model.p2p_posted_before(s.group, src, dst, int(model.ranks[m].seq[i]), send=not send):
+            if model.p2p_posted_before(s.group, src, dst, int(rt.seq[i]), send=not send):
                 continue  # (posted before what was read: a window's)
         return peer, i
     return None
