@@ -153,6 +153,9 @@ RawEvent = TypedDict("RawEvent", {
     # millions of ops in flight: the bound is the line's own size, a few bytes an op)
     "carried": Annotated[list[tuple[Count, Name, Name, Count, Count, bool, Count, Count,
                                     Literal["", "end", "wait_end", "done"], bool]], Meta(max_length=1 << 22)],
+    # (the ids of those whose end said the backend refused the op and its number went back:
+    # a reader that read the begin with its number withdraws it, ``TraceModel._unissue``)
+    "unissued_ids": Annotated[list[Count], Meta(max_length=1 << 22)],
     # (and what the segment lost: its damaged lines, its invalid events by reason, and in
     # ``entries`` and ``reason`` the lines its ``store_lost`` markers said the store lost)
     "damaged": Count, "invalid": Annotated[dict[Reason, Count], Meta(max_length=MAX_REASONS + 1)],

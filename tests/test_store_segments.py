@@ -1572,3 +1572,47 @@ def test_a_carry_counts_every_collective_of_a_stream_that_reuses_op_ids():
     got = inflight.replay(b"", b"".join(orjson.dumps(e) + b"\n" for e in lines), 0)
     key = histories.key_hash(histories.match_key_of(lines[1]))
     assert got.histories["0"] == histories.extended(None, range(1, 7), [key] * 6)
+
+
+def test_a_summary_says_which_carried_op_gave_its_number_back(tmp_path):
+    """Rank 0's broadcast, its begin carried into a segment with seq 5 (drained before the
+    backend refused it), ends there saying the number went back (``unissued``).  A reader
+    that read the begin and jumps over that segment, deleted, is told so by the summary's
+    completion, and the model drops the seq, as where it reads the end; before, it kept #5
+    (the failed op shown as that collective).  A hostile list is refused like any field."""
+    from commscope.analysis import TraceModel
+    from commscope.events import decode_lines
+
+    group = {"type": "group", "v": 3, "rank": 0, "ts": T0, "group": "0", "granks": [0, 1]}
+
+    def op(op_id: int, ts: int, phase: str, **kw) -> dict:
+        return {"type": "op", "v": 3, "rank": 0, "ts": T0 + ts, "phase": phase, "id": op_id, **kw}
+
+    cast = {"op": "broadcast", "group": "0", "root": 99, "in_shapes": [[4]], "in_dtypes": ["float32"], "in_bytes": 16}
+    refused = {"exc": "RuntimeError: invalid root rank", "unissued": True}
+    # (the group's first failure, op 1, is carried for good; op 7's end in the next segment,
+    # then more failures than a carry keeps: op 7 is carried no further, the summary counts it)
+    first = [op(1, 100, "begin", seq=1, **cast), op(1, 200, "end", **refused)]
+    begin = op(7, 1000, "begin", seq=1, **cast)
+    end = op(7, 2000, "end", **refused)
+    later = [e for k in range(inflight.FAILED_KEPT) for e in (op(8 + k, 3000 + k * 100, "begin", **cast),
+                                                              op(8 + k, 3050 + k * 100, "end", **refused))]
+    lines = b"".join(orjson.dumps(e) + b"\n" for e in (group, *first, begin))
+    carry = inflight.replay(b"", lines, 0).carry()
+    seg = tmp_path / "seg1"
+    seg.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in (end, *later)))
+    summary = retention.summarize(seg, 0, 1, carry)
+    assert summary["unissued_ids"] == [7] and [c[0] for c in summary["carried"]] == [7]
+    [read] = decode_lines(orjson.dumps(summary) + b"\n", 0).events
+    [done] = retention.completions(read, 7)
+    assert done["unissued"] is True and done["exc"] == retention.RAISED
+    assert "unissued_ids" not in retention.counted(read, 7)
+    m = TraceModel.from_events([group, begin, done])
+    assert int(m.ranks[0].seq[0]) == -1 and 0 in m.ranks[0].exc
+    assert int(TraceModel.from_events([group, begin, retention.completions(read, 7)[0] | {"unissued": False}]
+                                      ).ranks[0].seq[0]) == 1  # (the model reads the word: without it, #1 stays)
+    plain = {k: v for k, v in read.items() if k != "unissued_ids"}  # (a summary from before the list)
+    assert "unissued" not in retention.completions(plain, 7)[0]
+    for bad in (["7"], [-1], 7):
+        hostile = decode_lines(orjson.dumps(summary | {"unissued_ids": bad}) + b"\n", 0)
+        assert hostile.events == [] and sum(hostile.invalid.values()) == 1

@@ -164,11 +164,13 @@ class Carried(NamedTuple):
     def latency(self) -> int:
         return max(0, self.done_ns - self.begin_ns)
 
-    def completion(self, rank: int) -> dict:
+    def completion(self, rank: int, unissued: bool = False) -> dict:
         """The op event that completes it, as a reader that read its begin but not the
-        segment it was done in is told (``completions``)."""
+        segment it was done in is told (``completions``); ``unissued``: that end said the
+        backend refused the op and its number went back (the summary's ``unissued_ids``)."""
         return {"type": "op", "v": SCHEMA_VERSION, "rank": rank, "ts": self.done_ns, "phase": self.done_phase,
-                "id": self.id, **({"exc": RAISED} if self.failed else {}), **({"approx": True} if self.approx else {})}
+                "id": self.id, **({"exc": RAISED} if self.failed else {}), **({"approx": True} if self.approx else {}),
+                **({"unissued": True} if unissued and self.failed and self.done_phase == "end" else {})}
 
 
 #: What a reader says an op raised where the text was in a segment retention deleted (a text
@@ -255,7 +257,7 @@ def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> di
     data = inflight.read_segment(path)
     got = inflight.replay(carried_in, data, rank)
     carried_out = set(got.carried_out())
-    rows, carried, stamps = _Rows(), [], []
+    rows, carried, stamps, unissued = _Rows(), [], [], []
     for op_id, b in got.begins.items():
         if op_id in carried_out:
             continue
@@ -268,10 +270,13 @@ def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> di
         rows.add(op, top=not into)
         if into:
             carried.append(list(op))
+            if by is not None and by.get("unissued") is True:  # (a reader that read its begin drops its seq)
+                unissued.append(op_id)
     first, last = (min(stamps), max(stamps)) if stamps else (0, 0)
     return {"type": "summary", "v": SCHEMA_VERSION, "rank": rank, "ts": last, "seg": number, "first_ns": first,
             "last_ns": last, "events": got.events, "size": len(data), "ops": rows.rows(),
-            **({"carried": carried} if carried else {}), **_lost(got.losses)}
+            **({"carried": carried} if carried else {}), **({"unissued_ids": unissued} if unissued else {}),
+            **_lost(got.losses)}
 
 
 def counted(summary: dict, read_upto: int = -1) -> dict:
@@ -290,7 +295,7 @@ def counted(summary: dict, read_upto: int = -1) -> dict:
             rows.add(op, sign=-1)
         else:
             rows.top_of(op)
-    return {k: v for k, v in summary.items() if k != "carried"} | {"ops": rows.rows()}
+    return {k: v for k, v in summary.items() if k not in ("carried", "unissued_ids")} | {"ops": rows.rows()}
 
 
 #: Every op id a stream may hold (a rank of one incarnation: its completions may name any)
@@ -302,9 +307,11 @@ def completions(summary: dict, read_upto: int, ids: range = ANY_ID) -> list[dict
     ``read_upto``) did not read of them: the op events that completed them there (it kept
     them in flight for good: a console behind showed their ranks blocked in an op done
     hours before).  A phase it read already comes again with the same time, which changes
-    nothing; where it raised, the text is not in a summary (``RAISED``: one read before stays).
+    nothing; where it raised, the text is not in a summary (``RAISED``: one read before stays),
+    but whether the backend refused it and its number went back is (``unissued_ids``).
     ``ids``: the only ids it may name (a rank's other incarnations have theirs)."""
-    return [op.completion(summary["rank"]) for op in map(Carried._make, summary.get("carried") or ())
+    unissued = set(summary.get("unissued_ids") or ())
+    return [op.completion(summary["rank"], op.id in unissued) for op in map(Carried._make, summary.get("carried") or ())
             if op.id <= read_upto and op.done_phase and op.id in ids]
 
 
