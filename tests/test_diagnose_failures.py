@@ -571,6 +571,47 @@ def test_a_peer_that_posted_while_the_absent_rank_waited_holds_nothing():
     assert errors(f) == [("op_failed", [1])] and f[0].evidence["blame"]["reason"] == "absent"
 
 
+def test_a_post_the_timeout_let_through_does_not_clear_the_peer():
+    """Rank 2 sends to 3, which is in barrier W; the barrier times out, and rank 3, let go,
+    catches it and posts the recv 5 ms later.  Rank 3 is still the cause: it posted only
+    because the timeout freed it (helper-94: rank 2, blocked, was blamed, a post after the
+    timeout taken for one made while it waited)."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    b.group("S", [2, 3])
+    b.group("W", [0, 1, 2, 3])
+    send = b.begin(2, t, "send", group="S", peer=3, dir="send")
+    ids = {r: b.begin(r, t + MS, "barrier", group="W") for r in (0, 1, 3)}
+    fired = t + S
+    for r in (0, 1, 3):
+        b.end(r, ids[r], fired + r * MS, exc=TIMED_OUT)
+    for r in (0, 1):
+        b.exit(r, fired + (10 + r) * MS, reason="exception", exc=TIMED_OUT)
+    b.sync(3, fired + 5 * MS, fired + 6 * MS, "recv", group="S", peer=2, dir="recv")
+    b.end(2, send, fired + 6 * MS)
+    b.heartbeats(b.t0, fired + 5 * S, ranks=[2, 3])
+    b.heartbeats(b.t0, fired, ranks=[0, 1])
+    for step in (1, 7):
+        _, f = replay(b, {3}, hang_after=60.0, step=step)
+        assert errors(f) == [("op_failed", [3])], [x.message for x in f]
+
+
+def test_a_p2p_timeout_whose_peer_was_held_by_another_follows_the_chain():
+    """Rank 1's recv from 2 times out; rank 2 was in a recv from 3, idle: rank 3 (helper-94:
+    rank 2, a victim, once a p2p op's own timeout asked nothing of its peer's wait)."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    i = b.begin(1, t, "recv", peer=2, dir="recv")
+    b.begin(2, t, "recv", peer=3, dir="recv")
+    b.end(1, i, t + S, exc=TIMED_OUT)
+    b.exit(1, t + S + 10 * MS, reason="exception", exc=TIMED_OUT)
+    b.heartbeats(b.t0, t + S, ranks=[1])
+    b.heartbeats(b.t0, t + 5 * S, ranks=[0, 2, 3])
+    for step in (1, 7):
+        _, f = replay(b, {3}, hang_after=60.0, step=step)
+        assert errors(f) == [("op_failed", [3])], [x.message for x in f]
+
+
 def test_a_p2p_op_s_own_timeout_is_its_peer_s_whatever_the_peer_waited_in():
     """Ranks 0 and 1 each wait in a recv from the other; rank 0's times out.  Blamed on
     rank 1, as any p2p timeout on its peer (the held-by-peer rule turned it back on rank 0,
@@ -639,12 +680,36 @@ def test_a_wait_the_launcher_cut_short_for_a_rank_that_had_left_is_still_a_hang(
     assert [c["kind"] for c in f[0].evidence["consequences"]] == ["missing_ranks"]
 
 
+def test_a_cut_short_wait_names_only_the_rank_that_left_and_only_that_op():
+    """As above with a fourth rank, stopped with the job a moment behind (between ops), and
+    an async all_reduce of group B = {0, 3} rank 0 had in flight: missing_ranks [1] alone
+    (helper-94: rank 3 was named too, in A's hang and in B's)."""
+    for with_b in (False, True):
+        b = TraceBuilder(4)
+        t = b.warmup()
+        b.heartbeats(b.t0, t)
+        b.group("A", [0, 1, 2, 3] if not with_b else [0, 1, 2])
+        if with_b:
+            b.group("B", [0, 3])
+            b.async_op(0, t + MS, None, None, "all_reduce", group="B")  # (launched, never waited on)
+        for r in (0, 2):
+            b.begin(r, t + 2 * MS, "all_reduce", group="A")
+        b.exit(1, t + 5 * MS, reason="atexit", code=3)
+        for r in (0, 2, 3):
+            b.exit(r, t + (45 + r) * MS, reason="signal", signal="Terminated")
+        for step in (1, 7):
+            _, f = replay(b, {1}, hang_after=60.0, step=step)
+            assert errors(f) == [("missing_ranks", [1])], (with_b, [x.message for x in f])
+
+
 def test_a_job_stopped_while_its_ranks_were_a_moment_into_a_collective_is_no_hang():
     """No rank left by itself before the stop: stopped with the rest (SIGTERM), or leaving
     through its own SIGTERM handler (``stop_signal`` on its exit), or leaving after the
-    others were stopped.  Nothing could tell these from a whole job stopped."""
+    others were stopped, or only ending its recording (``uninstrument()``; helper-94).
+    Nothing could tell these from a whole job stopped."""
     for leaver, at in ((None, 5), ({"reason": "atexit", "code": 0, "stop_signal": "Terminated",
-                                    "stop_ts": 1}, 5), ({"reason": "atexit", "code": 3}, 60)):
+                                    "stop_ts": 1}, 5), ({"reason": "atexit", "code": 3}, 60),
+                       ({"reason": "uninstrument"}, 5)):  # (recording stopped, the process went on)
         b = TraceBuilder(3)
         _left_then_stopped(b, leaver, leave_at=at)
         if at == 60:  # (rank 1's exit came after the others were stopped)

@@ -835,6 +835,24 @@ def test_a_wait_cycle_through_a_barrier_beside_an_idle_rank_is_two_findings_nami
     assert hang.message.endswith("; rank 2 is blocked in a wait cycle through it"), hang.message
 
 
+def test_a_chain_of_sends_into_a_collective_beside_an_idle_rank_names_no_blocked_rank():
+    """Rank 2 sends to 3, rank 3 to 4, which waits in the all_reduce with rank 0; rank 1,
+    idle, never comes: missing_ranks [1] and the unmatched send to 4 (helper-94: the hang
+    named rank 2, blocked, its send's finding folded into rank 3's before)."""
+    b = TraceBuilder(5)
+    t = b.warmup()
+    b.sync(2, t, None, "send", peer=3, dir="send")
+    b.sync(3, t, None, "send", peer=4, dir="send")
+    for r in (0, 4):
+        b.sync(r, t + MS, None, "all_reduce")
+    b.heartbeats(t, t + 10 * S)
+    for batches in (1, 7):
+        _, f = run(b, batches=batches)
+        assert [(x.kind, x.culprits) for x in f if x.severity == "error"] == [
+            ("missing_ranks", [1]), ("unmatched_p2p", [4])], [x.message for x in f]
+        assert f[0].victims == {0: (1,)}
+
+
 def test_an_idle_rank_missing_from_a_collective_and_never_receiving_a_send_is_one_finding():
     """Rank 3, idle, never enters group D's all_reduce (ranks 0 and 1 wait there) and never
     posts the recv of rank 2's send: one cause, one error (it was two, each naming rank 3)."""

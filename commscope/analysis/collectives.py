@@ -508,8 +508,12 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
     waits = (comp == 0) & ((model.sig_flags(sig) & COLL) != 0) & (seq >= 0)
     hung = waits & (now - begin >= hang_ns)
     cut = rankstate.cut_short(model)
-    if cut:
-        hung |= waits & np.isin(slots, model.slots_of(np.fromiter(cut, np.int64, len(cut))))
+    if cut:  # (the one op each was stopped in, not another it had open: an async op of another group)
+        ranks_cut = np.fromiter(cut, np.int64, len(cut))
+        ops_cut = np.fromiter((i for i, _ in cut.values()), np.int64, len(cut))
+        at = (model.slots_of(ranks_cut).astype(np.int64) << 32) | ops_cut
+        hung |= waits & np.isin((slots.astype(np.int64) << 32) | ops, at)
+    short: dict[tuple[int, str, int], frozenset[int]] = {}  # hangs only cut short: who left by themselves
     if hung.any():
         where = {r: k for k, r in enumerate(model.ranks)}  # (in the ranks' order, each rank's ops by index)
         ranks = [t.traces[s].rank for s in slots[hung].tolist()]
@@ -519,11 +523,15 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
         for _, i, r, code, q in rows:
             if r in gone:
                 continue  # a rank that is gone no longer waits
-            if model.exits_seen and r not in cut and \
-                    rankstate.waited_until(model, r, now) - int(model.ranks[r].begin[i]) < hang_ns:
-                continue  # (it left, with its job, before it had waited that long)
             s = model.sigs[code]
-            pending.setdefault((s.space, s.group, q), {})[r] = i
+            key = (s.space, s.group, q)
+            if model.exits_seen and rankstate.waited_until(model, r, now) - int(model.ranks[r].begin[i]) < hang_ns:
+                if r not in cut or cut[r][0] != i:
+                    continue  # (it left, with its job, before it had waited that long)
+                short[key] = short.get(key, frozenset()) | cut[r][1]
+            else:
+                short[key] = frozenset()  # (waited past hang_after: every absent member is late)
+            pending.setdefault(key, {})[r] = i
     out = []
     for (space, name, seq), waiting in pending.items():
         if (space, name, seq) in skip:
@@ -535,6 +543,8 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
         if not waiting.keys() <= entered.keys():  # a rank waiting in it entered it (a hostile seq moved it)
             entered = {**entered, **{r: i for r, i in waiting.items() if r not in entered}}
         missing = [r for r in gi.members if r not in entered]
+        if short.get((space, name, seq)):  # (cut short: those stopped with the job were a moment behind)
+            missing = [r for r in missing if r in short[(space, name, seq)]]
         if not missing:
             continue
         out.append(_missing(model, gi, seq, entered, waiting, missing, now))

@@ -202,9 +202,11 @@ class _Arrivals:
             return Blame((self.r,), "local", f"rank {self.r}'s peer: " + no_such_peer_text(nowhere, world))
         if not absent:
             return Blame((), "unknown", f"every member had entered it when {when}")
-        if not self.model.p2p or self.key_p2p:  # (a p2p op's own timeout: its peer, whatever it did)
+        if not self.model.p2p:
             return Blame(tuple(absent), "absent", f"{ranks_text(absent)} had not entered it when {when}")
-        kept = _kept_away(self.model, absent, t)
+        kept = _kept_away(self.model, absent, t, came)
+        if self.key_p2p:  # (a p2p op's own timeout: a chain back to its own ranks is a deadlock, its peer's)
+            kept = {m: ends for m, ends in kept.items() if not set(ends) & came}
         if not kept:
             return Blame(tuple(absent), "absent", f"{ranks_text(absent)} had not entered it when {when}")
         # A member kept away by a send or recv its peer never posted: that peer is the cause
@@ -217,7 +219,7 @@ class _Arrivals:
         texts = []
         for peers, held in list(by_peers.items())[:TEXT_PEERS]:
             if len(held) == 1:
-                texts.append(f"rank {held[0]} had not entered it when {when}: " + _held_text(self.model, held[0], peers, t))
+                texts.append(f"rank {held[0]} had not entered it when {when}: " + _held_text(self.model, held[0], peers, t, came))
             elif set(held) == set(peers):
                 texts.append(f"{ranks_text(held)} had not entered it when {when}: each held in a send or recv "
                              "the others of them had not posted (a p2p deadlock)")
@@ -235,40 +237,45 @@ class _Arrivals:
 TEXT_PEERS = 4
 
 
-def _kept_away(model: TraceModel, absent: list[int], t: int) -> dict[int, tuple[int, ...]]:
-    """Of the members absent at a timeout ``t``, those held away by a send or recv whose
-    peer never posted its side (``held_by_peer``), each with where its chain of such waits
-    ends: the rank that was not held (rank 1 waits on 2, which waits on 3, in the barrier:
-    3), or the ranks of a cycle of them (two absent ranks each in a recv from the other)."""
-    held: dict[int, int | None] = {}
+def _kept_away(model: TraceModel, absent: list[int], t: int, came: set[int]) -> dict[int, tuple[int, ...]]:
+    """Of the members absent at a timeout ``t`` (``came``: those that had entered), those
+    held away by a send or recv whose peer never posted its side (``held_by_peer``), each
+    with where its chain of such waits ends: the rank that was not held (rank 1 waits on 2,
+    which waits on 3, in the barrier: 3), or the ranks of a cycle of them (two absent ranks
+    each in a recv from the other).  Each rank's end is found once (a 16k-rank chain)."""
+    peer: dict[int, int | None] = {}
 
-    def peer(m: int) -> int | None:
-        if m not in held:
-            w = held_by_peer(model, m, t)
-            held[m] = w[0] if w is not None else None
-        return held[m]
+    def next_of(m: int) -> int | None:
+        if m not in peer:
+            w = held_by_peer(model, m, t, came)
+            peer[m] = w[0] if w is not None else None
+        return peer[m]
 
+    ends: dict[int, tuple[int, ...]] = {}
     out: dict[int, tuple[int, ...]] = {}
     for m in absent:
-        q = peer(m)
-        if q is None:
+        if next_of(m) is None:
             continue
-        path = [m, q]
-        while (nxt := peer(path[-1])) is not None and nxt not in path and len(path) < CHAIN_MAX:
-            path.append(nxt)
-        end = peer(path[-1])
-        out[m] = tuple(sorted(path[path.index(end):])) if end is not None and end in path else (path[-1],)
+        path, on = [m], {m}
+        while (q := next_of(path[-1])) is not None and q not in on and q not in ends:
+            path.append(q)
+            on.add(q)
+        if q is None:
+            end: tuple[int, ...] = (path[-1],)
+        elif q in ends:
+            end = ends[q]
+        else:  # (back to a rank of the path: a cycle of such waits)
+            end = tuple(sorted(path[path.index(q):]))
+        for r in path:
+            ends[r] = end
+        out[m] = end
     return out
 
 
-#: Longest chain of p2p waits followed from an absent rank (``_kept_away``)
-CHAIN_MAX = 64
-
-
-def _held_text(model: TraceModel, m: int, ends: tuple[int, ...], t: int) -> str:
+def _held_text(model: TraceModel, m: int, ends: tuple[int, ...], t: int, came: set[int]) -> str:
     """What held rank ``m`` away at ``t``, in words: the op, the peer that never posted its
     side, and where the chain of such waits ended (``ends``) if past that peer."""
-    w = held_by_peer(model, m, t)
+    w = held_by_peer(model, m, t, came)
     if w is None:
         return f"held by {ranks_text(ends)}"
     peer, i = w
@@ -278,12 +285,14 @@ def _held_text(model: TraceModel, m: int, ends: tuple[int, ...], t: int) -> str:
     return f"its {model.label(m, i)} had failed, rank {peer} never having posted its side{via}"
 
 
-def held_by_peer(model: TraceModel, m: int, t: int) -> tuple[int, int] | None:
+def held_by_peer(model: TraceModel, m: int, t: int, came: set[int] | frozenset[int] = frozenset()
+                 ) -> tuple[int, int] | None:
     """(peer, op index) where rank ``m`` was, at ``t``, blocked in a send or recv whose peer
     never posted its side while it waited, or had last done one that failed so (its
     timeout, or the peer's leaving, came first): what kept ``m`` from anything else.  A
-    peer that posted while it waited (even after ``t``: the op then completed, and ``m``
-    stayed away by itself) holds nothing."""
+    peer that posted while it waited holds nothing, even after ``t`` (the op then completed,
+    and ``m`` stayed away by itself), unless the peer was then in the op that timed out
+    (``came``: it posted once the timeout let it go)."""
     rt = model.ranks.get(m)
     if rt is None:
         return None
@@ -300,8 +309,13 @@ def held_by_peer(model: TraceModel, m: int, t: int) -> tuple[int, int] | None:
         if not s.flags & P2P or s.nested or peer < 0 or peer == m or int(rt.seq[i]) < 0:
             continue  # (an any-source recv, a send to no rank: its own doing or anyone's)
         other = model.matching(m, i).get(peer)
-        if other is not None and not (i in rt.exc and int(model.ranks[peer].begin[other]) > model.failed_ns(m, i)):
-            continue  # (posted while it waited)
+        if other is not None:
+            posted = int(model.ranks[peer].begin[other])
+            failed = model.failed_ns(m, i) if i in rt.exc else None
+            if posted <= (t if failed is None else min(t, failed)):
+                continue  # (posted while it waited, before the timeout)
+            if (failed is None or posted <= failed) and peer not in came:
+                continue  # (posted while it waited, a moment after: it was not held in the op that timed out)
         if other is None and s.space == SPACE_NATIVE:
             send = bool(s.flags & SEND)
             src, dst = (m, peer) if send else (peer, m)

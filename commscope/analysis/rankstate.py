@@ -372,8 +372,9 @@ class _Stops:
     first_own: int
     #: hang_after as the ranks recorded it (``TraceModel.hang_after`` asks every meta)
     hang_ns: int
-    #: The stopped ranks whose wait in a collective was a hang cut short (``cut_short``)
-    cut_short: frozenset[int] = frozenset()
+    #: The stopped ranks whose wait in a collective was a hang cut short (``cut_short``):
+    #: rank -> (that op, the members absent from it that had left by themselves)
+    cut_short: Mapping[int, tuple[int, frozenset[int]]] = dataclasses.field(default_factory=dict)
 
 
 def _stops(m: TraceModel) -> _Stops:
@@ -390,7 +391,7 @@ def _stops(m: TraceModel) -> _Stops:
         latest = first_own = -1
         absent: dict[tuple, list[int]] = {}
         spans: dict[tuple, list[int]] = {}  # per op waited in: [last departure, first wait began]
-        waiting: dict[tuple, list[int]] = {}  # per op waited in: the stopped ranks in it
+        waiting: dict[tuple, list[tuple[int, int]]] = {}  # per op waited in: the stopped ranks in it, their op
         if m.exits_seen:
             for r, rt in m.ranks.items():
                 if not rt.exits:
@@ -412,7 +413,7 @@ def _stops(m: TraceModel) -> _Stops:
                 seq = int(rt.seq[i])
                 key = (s.space, s.group, seq) if seq >= 0 and not s.flags & P2P else (r, i)
                 since = blocked_since(m, r, i)
-                waiting.setdefault(key, []).append(r)
+                waiting.setdefault(key, []).append((r, i))
                 if (span := spans.get(key)) is not None:  # (16k ranks stopped in one collective: its members asked once)
                     span[0], span[1] = max(span[0], dep), min(span[1], since)
                     continue
@@ -429,16 +430,17 @@ def _stops(m: TraceModel) -> _Stops:
             span = (spans[key][0], spans[key][1])
             for p in out:
                 waits.setdefault(p, []).append(span)
-        cut: set[int] = set()
+        cut: dict[int, tuple[int, frozenset[int]]] = {}
         if first_own >= 0:  # (some rank went by itself: were any stopped while they waited for it?)
             for key, out in absent.items():
                 if len(key) != 3 or not out:
                     continue
-                first = min((d for r in waiting[key] if (d := departed_ns(m, r)) is not None), default=-1)
-                if any(_went_before(m, p, ranks, first) for p in out):
-                    cut.update(waiting[key])
+                first = min((d for r, _ in waiting[key] if (d := departed_ns(m, r)) is not None), default=-1)
+                left = frozenset(p for p in out if _went_before(m, p, ranks, first))
+                if left:
+                    cut.update((r, (i, left)) for r, i in waiting[key])
         memo.stops = _Stops(frozenset(ranks), latest, frozenset(waits), {p: tuple(w) for p, w in waits.items()},
-                            first_own, int((m.hang_after() or DEFAULT_HANG_AFTER) * 1e9), frozenset(cut))
+                            first_own, int((m.hang_after() or DEFAULT_HANG_AFTER) * 1e9), cut)
     return memo.stops
 
 
@@ -446,20 +448,27 @@ def _went_before(m: TraceModel, p: int, stopped_ranks: set[int], first: int) -> 
     """Whether rank ``p``, absent from an op that ranks stopped by a signal waited in (the
     first of them stopped at ``first``), had left before, by itself: an ``exit`` it wrote (a
     clean one, ``sys.exit(3)``, a crash; exactly timed), with no stop signal its own handler
-    took (``stop_signal``: stopped with the job, gracefully).  A kill is ``killed``'s and
-    ``dead_rank``'s to judge (a SIGKILL is timed by the rank's last sign of life)."""
-    if p in stopped_ranks or first < 0 or (ex := exited(m, p)) is None or ex.get("stop_signal"):
+    took (``stop_signal``: stopped with the job, gracefully), nor ``uninstrument()`` (only
+    its recording ended: the process went on).  A kill is ``killed``'s and ``dead_rank``'s
+    to judge (a SIGKILL is timed by the rank's last sign of life)."""
+    if p in stopped_ranks or first < 0 or (ex := exited(m, p)) is None or ex.get("stop_signal") or \
+            ex.get("reason") == "uninstrument":
         return False
     return int(ex["ts"]) < first
 
 
-def cut_short(m: TraceModel) -> frozenset[int]:
+def cut_short(m: TraceModel) -> Mapping[int, tuple[int, frozenset[int]]]:
     """The ranks stopped by a signal (a launcher ending the job) while they waited in a
-    collective that a member had left the job without entering (``sys.exit(3)``, a crash,
-    SIGKILL): a hang however short, since it could never have completed.  A whole job
+    collective that a member had left the job without entering, by an exit of its own
+    (``sys.exit(3)``, a clean exit, a crash; ``_went_before``): a hang however short, since
+    it could never have completed.  Rank -> (the op it waited in, those members: the hang's
+    culprits; members stopped with the job were only a moment behind).  A whole job
     stopped while its ranks were a moment into a collective is no hang; this is."""
-    if not m.exits_seen or all(stopped(rt.exits[-1]) for rt in m.ranks.values() if rt.exits):
-        return frozenset()  # (no rank left by itself: the stops are not asked for, 16k ranks ~0.2 s)
+    if not m.exits_seen:
+        return {}
+    ends = [stopped(rt.exits[-1]) for rt in m.ranks.values() if rt.exits]
+    if all(ends) or not any(ends):
+        return {}  # (no rank stopped, or none left by itself: the stops not asked for, 16k ranks ~0.2 s)
     return _stops(m).cut_short
 
 

@@ -156,6 +156,11 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         else:
             keep.append(f)
     errors = keep
+    # (who each rank blocked in a send or recv waits on, as first found: rule 2 may fold its
+    # finding into another's, and ``_p2p_cycle`` follows chains of them)
+    p2p_peers = {v: tuple(f.culprits) for f in errors
+                 if f.kind == "unmatched_p2p" and "no_such_peer" not in f.evidence or _p2p_timeout(f)
+                 for v in f.victims}
     # 2. follow victims to the ranks they wait on
     chased = _chase(_waits(errors))
 
@@ -211,7 +216,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         if t.kind == "unmatched_p2p" and "no_such_peer" not in t.evidence or _p2p_timeout(t):
             for v in t.victims:
                 blocked_p2p.setdefault(v, []).append(t)
-    through: dict[frozenset[int], tuple[Finding, frozenset[int], list[int]]] | None = None  # absent -> ``_p2p_cycle``
+    through: dict[frozenset[int], tuple[Finding, frozenset[int], list[int], list[Finding]]] | None = None
     deadlocked: dict[int, Finding] | None = None  # a rank -> the p2p_deadlock naming it
     kept_failed: set[int] = set()  # the p2p timeouts kept (``_p2p_timeout``), by id
 
@@ -222,7 +227,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
             return unmatched.get(frozenset(t.culprits))
         return t if id(t) in kept_failed else None
 
-    def cycles(absent: frozenset[int]) -> tuple[Finding, frozenset[int], list[int]] | None:
+    def cycles(absent: frozenset[int]) -> tuple[Finding, frozenset[int], list[int], list[Finding]] | None:
         """The unmatched_p2p that ranks missing from a collective fold into, where they are
         in a wait cycle through it (``_p2p_cycle``), or through another group's collective
         they are missing from (rank 2, blocked in the cycle, never comes to either).  Found
@@ -233,7 +238,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
             through = {}
             for g in roots:
                 if g.kind == "missing_ranks":
-                    t = _p2p_cycle(g, blocked_p2p, order, kept_p2p)
+                    t = _p2p_cycle(g, blocked_p2p, order, kept_p2p, p2p_peers)
                     if t is not None:
                         through.setdefault(frozenset(g.culprits), t)
         return through.get(absent)
@@ -254,9 +259,9 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
                                 or set(t.instances) & set(f.instances))), None) \
                 or next((t for t in roots if t.kind == "p2p_deadlock" and set(f.culprits) <= set(t.culprits)), None)
             if target is None and (cycle := cycles(frozenset(f.culprits))) is not None:
-                target, peers, idle = cycle
+                target, peers, idle, chosen = cycle
                 if idle:  # (others never came besides, idle: the hang is theirs; the blocked are not)
-                    _split_cycle(f, peers, idle)
+                    _split_cycle(f, peers, idle, chosen)
                     target = None
                 else:
                     _absorb(target, f)
@@ -305,46 +310,88 @@ def _p2p_timeout(f: Finding) -> bool:
         "absent" in f.evidence.get("blame", {}).get("reason", "")
 
 
+#: Longest chain of blocked sends and recvs followed into a collective (``_p2p_cycle``)
+CHAIN_DEPTH = 256
+
+
 def _p2p_cycle(f: Finding, blocked_p2p: dict[int, list[Finding]], order: dict[int, int],
-               kept: Callable[[Finding], Finding | None]) -> tuple[Finding, frozenset[int], list[int]] | None:
+               kept: Callable[[Finding], Finding | None], p2p_peers: dict[int, tuple[int, ...]]
+               ) -> tuple[Finding, frozenset[int], list[int], list[Finding]] | None:
     """The ``unmatched_p2p`` a ``missing_ranks`` (``f``) folds into where they are one wait
     cycle: every rank that never entered the collective is blocked in a send or recv whose
     peers, which never posted the matching op, wait in that collective (rank 2 sends to 3,
-    which went into the barrier rank 2 never reaches).  The p2p finding says why they never
-    came: the first of those findings that is kept (``kept``: the first of those blocked
-    on the same peers; a send or recv that timed out so, ``_p2p_timeout``), not one
-    folded elsewhere; and the peers of all of
-    them (several cycles through one collective: each other's finding names its own peer,
-    no victim of the one the hang folds into); and the ranks that never came otherwise
-    (idle: then the hang is theirs, ``_split_cycle``).  ``blocked_p2p``: rank -> the
-    unmatched_p2p it is blocked in; ``order``: the roots' order.  None: no such cycle."""
+    which went into the barrier rank 2 never reaches), or are blocked so in turn (2 sends to
+    3, 3 to 4, in the barrier).  The p2p finding says why they never came: the first of
+    those findings that is kept (``kept``: the first of those blocked on the same peers; a
+    send or recv that timed out so, ``_p2p_timeout``), not one folded elsewhere; and the
+    ranks waiting in the collective those waits end at (several cycles through one
+    collective: each other's finding names its own peer, no victim of the one the hang
+    folds into); the ranks that never came otherwise (idle: then the hang is theirs,
+    ``_split_cycle``); and the p2p findings of the blocked ones.  ``blocked_p2p``: rank ->
+    the unmatched_p2p it is blocked in; ``order``: the roots' order; ``p2p_peers``: rank ->
+    the peers its send or recv waits on, as first found (a link of a chain whose finding
+    rule 2 folded away).  None: no such cycle.  Judges; changes nothing (it is asked of
+    every hang, some later folded elsewhere)."""
     waiting = f.victims.keys()
-    chosen, idle = [], []
+    memo: dict[int, tuple[Finding | None, frozenset[int]] | None] = {}
+
+    def into(a: int, depth: int) -> tuple[Finding | None, frozenset[int]] | None:
+        """The first p2p wait of ``a`` that ends in the collective (None: known only from
+        ``p2p_peers``), and the ranks in it where it ends."""
+        if a in memo:
+            return memo[a]
+        memo[a] = None  # (a cycle of such waits outside the collective ends nowhere in it)
+        waits: list[tuple[Finding | None, tuple[int, ...]]] = [
+            (t, tuple(_peers(t))) for t in sorted(blocked_p2p.get(a, ()), key=lambda t: order[id(t)])]
+        if a in p2p_peers:
+            waits.append((None, p2p_peers[a]))
+        for t, to in waits:
+            ends: set[int] = set()
+            for p in to:
+                if p in waiting:
+                    ends.add(p)
+                elif depth < CHAIN_DEPTH and (got := into(p, depth + 1)) is not None:
+                    ends |= got[1]
+                else:
+                    break
+            else:
+                memo[a] = (t, frozenset(ends))
+                break
+        return memo[a]
+
+    chosen: list[Finding] = []
+    idle: list[int] = []
+    peers: set[int] = set()
     for a in f.culprits:
-        hits = [t for t in blocked_p2p.get(a, ()) if set(_peers(t)) <= waiting]
-        if hits:
-            chosen.append(min(hits, key=lambda t: order[id(t)]))
-        else:
+        got = into(a, 0)
+        if got is None:
             idle.append(a)
+            continue
+        if got[0] is not None:
+            chosen.append(got[0])
+        peers |= got[1]
     if not chosen:
         return None
-    if idle:  # (the p2p findings stand on their own: named through the idle ranks, they name their peers again)
-        for t in chosen:
-            if "named_through" in t.evidence:
-                t.culprits = t.evidence.pop("named_through")
-        return chosen[0], frozenset(r for t in chosen for r in t.culprits), idle
+    if idle:
+        return chosen[0], frozenset(peers), idle, chosen
+    if len(chosen) + len(idle) < len(f.culprits):
+        return None  # (a blocked rank known only from its folded finding: no p2p finding says why here)
     first = next((k for t in sorted(chosen, key=lambda t: order[id(t)]) if (k := kept(t)) is not None), None)
     if first is None:
         return None
-    return first, frozenset(r for t in chosen for r in t.culprits), idle
+    return first, frozenset(peers), idle, chosen
 
 
-def _split_cycle(f: Finding, peers: frozenset[int], idle: list[int]) -> None:
+def _split_cycle(f: Finding, peers: frozenset[int], idle: list[int], chosen: list[Finding]) -> None:
     """A ``missing_ranks`` some of whose absent ranks are blocked in a wait cycle through it
     (``_p2p_cycle``) and the rest idle: it names the idle ones; the blocked ones are the
     cycle's victims, and the cycle's peers (waiting here) its culprits, not this one's
     victims (rank 2 sends to 3, which waits in the barrier; rank 1 never came: two causes,
-    and the hang named ranks 1 and 2, rank 2 blocked)."""
+    and the hang named ranks 1 and 2, rank 2 blocked).  The p2p findings stand on their
+    own: named through the idle ranks, they name their peers again (``chosen``)."""
+    for t in chosen:
+        if "named_through" in t.evidence:
+            t.culprits = t.evidence.pop("named_through")
     blocked = [r for r in f.culprits if r not in idle]
     f.culprits = list(idle)
     for r in peers:
