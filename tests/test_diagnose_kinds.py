@@ -29,6 +29,20 @@ def kinds(findings):
     return sorted(f.kind for f in findings)
 
 
+def sends_into(world: int, sends: dict[int, int], waiting: tuple[int, ...], op: str = "barrier",
+               group: str = "0") -> TraceBuilder:
+    """Blocked sends (rank -> peer, never received) and ranks waiting in ``op`` of ``group``
+    a moment later, ten seconds of heartbeats on: the wait cycles through a collective."""
+    b = TraceBuilder(world)
+    t = b.warmup()
+    for r, peer in sends.items():
+        b.sync(r, t, None, "send", peer=peer, dir="send")
+    for r in waiting:
+        b.sync(r, t + MS, None, op, group=group)
+    b.heartbeats(t, t + 10 * S)
+    return b
+
+
 
 @pytest.mark.parametrize("batches", [1, 7])
 def test_missing_ranks_names_the_absent_rank_and_what_it_does(batches):
@@ -795,15 +809,7 @@ def test_a_send_never_received_because_its_peer_went_into_a_collective_is_one_fi
     culprit 3, with the barrier's wait as its consequence; rank 2, blocked, is no culprit
     (the barrier's missing_ranks named it).  Two senders alike: one finding, the second
     send its consequence."""
-    b = TraceBuilder(4)
-    t = b.warmup()
-    for r in senders:
-        b.sync(r, t, None, "send", peer=3, dir="send")
-    for r in (0, 1, 2, 3):
-        if r not in senders:
-            b.sync(r, t + MS, None, "barrier")
-    b.heartbeats(t, t + 10 * S)
-    _, f = run(b)
+    _, f = run(sends_into(4, dict.fromkeys(senders, 3), tuple(r for r in range(4) if r not in senders)))
     errors = [(x.kind, x.culprits) for x in f if x.severity == "error"]
     assert errors == [("unmatched_p2p", [3])], [x.message for x in f]
     x = f[0]
@@ -819,13 +825,7 @@ def test_a_wait_cycle_through_a_barrier_beside_an_idle_rank_is_two_findings_nami
     never comes either.  Two causes: rank 1's absence (missing_ranks [1]) and the unmatched
     send (culprit 3).  The hang named ranks 1 and 2 (2 blocked, a victim) and the send was
     named through the hang as ranks 1 and 3."""
-    b = TraceBuilder(4)
-    t = b.warmup()
-    b.sync(2, t, None, "send", peer=3, dir="send")
-    for r in (0, 3):
-        b.sync(r, t + MS, None, "barrier")
-    b.heartbeats(t, t + 10 * S)
-    _, f = run(b, batches=batches)
+    _, f = run(sends_into(4, {2: 3}, (0, 3)), batches=batches)
     errors = [x for x in f if x.severity == "error"]
     assert [(x.kind, x.culprits) for x in errors] == [("missing_ranks", [1]), ("unmatched_p2p", [3])], [
         x.message for x in f]
@@ -839,13 +839,7 @@ def test_a_chain_of_sends_into_a_collective_beside_an_idle_rank_names_no_blocked
     """Rank 2 sends to 3, rank 3 to 4, which waits in the all_reduce with rank 0; rank 1,
     idle, never comes: missing_ranks [1] and the unmatched send to 4 (helper-94: the hang
     named rank 2, blocked, its send's finding folded into rank 3's before)."""
-    b = TraceBuilder(5)
-    t = b.warmup()
-    b.sync(2, t, None, "send", peer=3, dir="send")
-    b.sync(3, t, None, "send", peer=4, dir="send")
-    for r in (0, 4):
-        b.sync(r, t + MS, None, "all_reduce")
-    b.heartbeats(t, t + 10 * S)
+    b = sends_into(5, {2: 3, 3: 4}, (0, 4), "all_reduce")
     for batches in (1, 7):
         _, f = run(b, batches=batches)
         assert [(x.kind, x.culprits) for x in f if x.severity == "error"] == [
@@ -964,14 +958,7 @@ def test_two_p2p_cycles_through_one_barrier_are_two_findings_naming_no_blocked_r
     never reach.  Two causes, two errors: the unmatched sends (culprits 0 and 3), the
     barrier's hang folded into the first; no error names rank 1 or 2, blocked (the hang
     named both), and rank 3 is nobody's victim in the first."""
-    b = TraceBuilder(4)
-    t = b.warmup()
-    b.sync(2, t, None, "send", peer=3, dir="send")
-    b.sync(1, t, None, "send", peer=0, dir="send")
-    for r in (0, 3):
-        b.sync(r, t + MS, None, "barrier")
-    b.heartbeats(t, t + 10 * S)
-    _, f = run(b)
+    _, f = run(sends_into(4, {2: 3, 1: 0}, (0, 3)))
     assert [(x.kind, x.culprits) for x in f] == [("unmatched_p2p", [0]), ("unmatched_p2p", [3])], [x.message for x in f]
     assert [c["kind"] for c in f[0].evidence["consequences"]] == ["missing_ranks"]
     assert set(f[0].victims) == {1} and set(f[1].victims) == {2}
