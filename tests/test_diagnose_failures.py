@@ -596,6 +596,57 @@ def test_a_post_the_timeout_let_through_does_not_clear_the_peer():
         assert errors(f) == [("op_failed", [3])], [x.message for x in f]
 
 
+def test_a_post_the_timeout_let_through_down_a_chain_clears_no_link():
+    """As above, one link longer: rank 2 sends to 3, rank 3 is in a recv from 4, and 4 is in
+    barrier W.  W times out; 4, let go, sends (+5 ms), 3 then posts 2's recv (+7 ms).  Rank
+    4 is the cause (helper-95: rank 2, held all along, was blamed)."""
+    b = TraceBuilder(5)
+    t = b.warmup()
+    b.group("S", [2, 3])
+    b.group("T", [3, 4])
+    b.group("W", [0, 1, 2, 4])
+    send = b.begin(2, t, "send", group="S", peer=3, dir="send")
+    rcv = b.begin(3, t, "recv", group="T", peer=4, dir="recv")
+    ids = {r: b.begin(r, t + MS, "barrier", group="W") for r in (0, 1, 4)}
+    fired = t + S
+    for r in (0, 1, 4):
+        b.end(r, ids[r], fired + r * MS, exc=TIMED_OUT)
+    for r in (0, 1):
+        b.exit(r, fired + (10 + r) * MS, reason="exception", exc=TIMED_OUT)
+    b.sync(4, fired + 5 * MS, fired + 6 * MS, "send", group="T", peer=3, dir="send")
+    b.end(3, rcv, fired + 6 * MS)
+    b.sync(3, fired + 7 * MS, fired + 8 * MS, "recv", group="S", peer=2, dir="recv")
+    b.end(2, send, fired + 8 * MS)
+    b.heartbeats(b.t0, fired + 5 * S, ranks=[2, 3, 4])
+    b.heartbeats(b.t0, fired, ranks=[0, 1])
+    for step in (1, 7):
+        _, f = replay(b, {4}, hang_after=60.0, step=step)
+        assert errors(f) == [("op_failed", [4])], [x.message for x in f]
+
+
+def test_a_peer_posting_just_after_the_timeout_to_a_rank_it_held_all_along_is_the_cause():
+    """Rank 2 sent to 3 before barrier W began and waited there since; W times out, and
+    rank 3, free, posts the recv 5 ms later.  Rank 3 held rank 2 away all the while: it is
+    blamed (helper-95).  Unlike a rank that began its wait once W had begun (late already:
+    ``test_a_peer_that_posted_while_the_absent_rank_waited_holds_nothing``)."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    b.group("S", [2, 3])
+    b.group("W", [0, 1, 2])
+    send = b.begin(2, t, "send", group="S", peer=3, dir="send")
+    ids = {r: b.begin(r, t + MS, "barrier", group="W") for r in (0, 1)}
+    fired = t + S
+    for r in (0, 1):
+        b.end(r, ids[r], fired + r * MS, exc=TIMED_OUT)
+        b.exit(r, fired + (10 + r) * MS, reason="exception", exc=TIMED_OUT)
+    b.sync(3, fired + 5 * MS, fired + 6 * MS, "recv", group="S", peer=2, dir="recv")
+    b.end(2, send, fired + 6 * MS)
+    b.heartbeats(b.t0, fired + 5 * S, ranks=[2, 3])
+    b.heartbeats(b.t0, fired, ranks=[0, 1])
+    _, f = replay(b, {3}, hang_after=60.0)
+    assert errors(f) == [("op_failed", [3])], [x.message for x in f]
+
+
 def test_a_p2p_timeout_whose_peer_was_held_by_another_follows_the_chain():
     """Rank 1's recv from 2 times out; rank 2 was in a recv from 3, idle: rank 3 (helper-94:
     rank 2, a victim, once a p2p op's own timeout asked nothing of its peer's wait)."""
@@ -700,6 +751,24 @@ def test_a_cut_short_wait_names_only_the_rank_that_left_and_only_that_op():
         for step in (1, 7):
             _, f = replay(b, {1}, hang_after=60.0, step=step)
             assert errors(f) == [("missing_ranks", [1])], (with_b, [x.message for x in f])
+
+
+def test_a_hang_past_hang_after_names_every_absent_rank_whoever_was_stopped_in_it():
+    """Rank 0 (or 2) waited 2.95 s, past hang_after (2 s), in the all_reduce; rank 1 left
+    with sys.exit(3) at 2.5 s, rank 3 idle never came, the other entered at 2.9 s, and the
+    launcher stopped them.  Ranks 1 and 3 are named, whichever rank waited long (helper-95:
+    the cut-short narrowing to rank 1 depended on which was read first)."""
+    for long, late in ((0, 2), (2, 0)):
+        b = TraceBuilder(4)
+        t = b.warmup()
+        b.heartbeats(b.t0, t + 2950 * MS)
+        b.begin(long, t, "all_reduce")
+        b.exit(1, t + 2500 * MS, reason="atexit", code=3)
+        b.begin(late, t + 2900 * MS, "all_reduce")
+        for r in (0, 2, 3):
+            b.exit(r, t + 2950 * MS, reason="signal", signal="Terminated")
+        m = TraceModel.from_events(b.events)
+        assert errors(diagnose(m, hang_after=2.0)) == [("missing_ranks", [1, 3])], long
 
 
 def test_a_job_stopped_while_its_ranks_were_a_moment_into_a_collective_is_no_hang():

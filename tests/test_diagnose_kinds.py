@@ -847,6 +847,20 @@ def test_a_chain_of_sends_into_a_collective_beside_an_idle_rank_names_no_blocked
         assert f[0].victims == {0: (1,)}
 
 
+@pytest.mark.parametrize("world", [4, 300])
+def test_a_chain_of_sends_into_a_collective_is_one_finding_at_its_end(world):
+    """Rank 1 sends to 2, 2 to 3, ... and the last waits in the all_reduce with rank 0 (and,
+    ``world`` 300, rank 1 idle besides: a chain of 297 sends): one error at the chain's end
+    (helper-95: the hang folded into rank 1's send, naming rank 2, blocked; past 256 links
+    every link was named as idle)."""
+    last = world - 1
+    first = 1 if world == 4 else 2
+    b = sends_into(world, {r: r + 1 for r in range(first, last)}, (0, last), "all_reduce")
+    _, f = run(b)
+    want = [("unmatched_p2p", [last])] if first == 1 else [("missing_ranks", [1]), ("unmatched_p2p", [last])]
+    assert [(x.kind, x.culprits) for x in f if x.severity == "error"] == want, [x.message[:200] for x in f]
+
+
 def test_an_idle_rank_missing_from_a_collective_and_never_receiving_a_send_is_one_finding():
     """Rank 3, idle, never enters group D's all_reduce (ranks 0 and 1 wait there) and never
     posts the recv of rank 2's send: one cause, one error (it was two, each naming rank 3)."""

@@ -514,6 +514,7 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
         at = (model.slots_of(ranks_cut).astype(np.int64) << 32) | ops_cut
         hung |= waits & np.isin((slots.astype(np.int64) << 32) | ops, at)
     short: dict[tuple[int, str, int], frozenset[int]] = {}  # hangs only cut short: who left by themselves
+    long: set[tuple[int, str, int]] = set()  # hangs some rank waited in past hang_after: every absent member late
     if hung.any():
         where = {r: k for k, r in enumerate(model.ranks)}  # (in the ranks' order, each rank's ops by index)
         ranks = [t.traces[s].rank for s in slots[hung].tolist()]
@@ -530,7 +531,7 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
                     continue  # (it left, with its job, before it had waited that long)
                 short[key] = short.get(key, frozenset()) | cut[r][1]
             else:
-                short[key] = frozenset()  # (waited past hang_after: every absent member is late)
+                long.add(key)
             pending.setdefault(key, {})[r] = i
     out = []
     for (space, name, seq), waiting in pending.items():
@@ -543,7 +544,8 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
         if not waiting.keys() <= entered.keys():  # a rank waiting in it entered it (a hostile seq moved it)
             entered = {**entered, **{r: i for r, i in waiting.items() if r not in entered}}
         missing = [r for r in gi.members if r not in entered]
-        if short.get((space, name, seq)):  # (cut short: those stopped with the job were a moment behind)
+        if (space, name, seq) in short and (space, name, seq) not in long:
+            # (only cut short: those stopped with the job were a moment behind)
             missing = [r for r in missing if r in short[(space, name, seq)]]
         if not missing:
             continue

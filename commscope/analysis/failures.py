@@ -204,7 +204,8 @@ class _Arrivals:
             return Blame((), "unknown", f"every member had entered it when {when}")
         if not self.model.p2p:
             return Blame(tuple(absent), "absent", f"{ranks_text(absent)} had not entered it when {when}")
-        kept = _kept_away(self.model, absent, t, came)
+        since = self.begins[0] if self.begins else None  # (when the first member entered it)
+        kept = _kept_away(self.model, absent, t, came, since if since is not None else t)
         if self.key_p2p:  # (a p2p op's own timeout: a chain back to its own ranks is a deadlock, its peer's)
             kept = {m: ends for m, ends in kept.items() if not set(ends) & came}
         if not kept:
@@ -219,7 +220,7 @@ class _Arrivals:
         texts = []
         for peers, held in list(by_peers.items())[:TEXT_PEERS]:
             if len(held) == 1:
-                texts.append(f"rank {held[0]} had not entered it when {when}: " + _held_text(self.model, held[0], peers, t, came))
+                texts.append(f"rank {held[0]} had not entered it when {when}: " + _held_text(self.model, held[0], peers, t, came, since))
             elif set(held) == set(peers):
                 texts.append(f"{ranks_text(held)} had not entered it when {when}: each held in a send or recv "
                              "the others of them had not posted (a p2p deadlock)")
@@ -237,7 +238,8 @@ class _Arrivals:
 TEXT_PEERS = 4
 
 
-def _kept_away(model: TraceModel, absent: list[int], t: int, came: set[int]) -> dict[int, tuple[int, ...]]:
+def _kept_away(model: TraceModel, absent: list[int], t: int, came: set[int], since: int
+               ) -> dict[int, tuple[int, ...]]:
     """Of the members absent at a timeout ``t`` (``came``: those that had entered), those
     held away by a send or recv whose peer never posted its side (``held_by_peer``), each
     with where its chain of such waits ends: the rank that was not held (rank 1 waits on 2,
@@ -247,7 +249,7 @@ def _kept_away(model: TraceModel, absent: list[int], t: int, came: set[int]) -> 
 
     def next_of(m: int) -> int | None:
         if m not in peer:
-            w = held_by_peer(model, m, t, came)
+            w = held_by_peer(model, m, t, came, since)
             peer[m] = w[0] if w is not None else None
         return peer[m]
 
@@ -272,10 +274,10 @@ def _kept_away(model: TraceModel, absent: list[int], t: int, came: set[int]) -> 
     return out
 
 
-def _held_text(model: TraceModel, m: int, ends: tuple[int, ...], t: int, came: set[int]) -> str:
+def _held_text(model: TraceModel, m: int, ends: tuple[int, ...], t: int, came: set[int], since: int | None) -> str:
     """What held rank ``m`` away at ``t``, in words: the op, the peer that never posted its
     side, and where the chain of such waits ended (``ends``) if past that peer."""
-    w = held_by_peer(model, m, t, came)
+    w = held_by_peer(model, m, t, came, since)
     if w is None:
         return f"held by {ranks_text(ends)}"
     peer, i = w
@@ -285,14 +287,20 @@ def _held_text(model: TraceModel, m: int, ends: tuple[int, ...], t: int, came: s
     return f"its {model.label(m, i)} had failed, rank {peer} never having posted its side{via}"
 
 
-def held_by_peer(model: TraceModel, m: int, t: int, came: set[int] | frozenset[int] = frozenset()
-                 ) -> tuple[int, int] | None:
+#: Links of a chain asked whether a peer that posted after a timeout was held itself
+LATE_CHAIN = 64
+
+
+def held_by_peer(model: TraceModel, m: int, t: int, came: set[int] | frozenset[int] = frozenset(),
+                 since: int | None = None, seen: frozenset[int] = frozenset()) -> tuple[int, int] | None:
     """(peer, op index) where rank ``m`` was, at ``t``, blocked in a send or recv whose peer
     never posted its side while it waited, or had last done one that failed so (its
     timeout, or the peer's leaving, came first): what kept ``m`` from anything else.  A
     peer that posted while it waited holds nothing, even after ``t`` (the op then completed,
-    and ``m`` stayed away by itself), unless the peer was then in the op that timed out
-    (``came``: it posted once the timeout let it go)."""
+    and ``m`` stayed away by itself: it began that wait after the op that timed out began,
+    ``since``, so late already), unless the peer was then in the op that timed out
+    (``came``: it posted once the timeout let it go) or held so itself (down a chain), or
+    ``m`` had waited on it since before that op began (the peer kept it away all along)."""
     rt = model.ranks.get(m)
     if rt is None:
         return None
@@ -314,8 +322,10 @@ def held_by_peer(model: TraceModel, m: int, t: int, came: set[int] | frozenset[i
             failed = model.failed_ns(m, i) if i in rt.exc else None
             if posted <= (t if failed is None else min(t, failed)):
                 continue  # (posted while it waited, before the timeout)
-            if (failed is None or posted <= failed) and peer not in came:
-                continue  # (posted while it waited, a moment after: it was not held in the op that timed out)
+            if (failed is None or posted <= failed) and peer not in came and (
+                    since is None or rankstate.blocked_since(model, m, i) > since) and (
+                    m in seen or len(seen) >= LATE_CHAIN or held_by_peer(model, peer, t, came, since, seen | {m}) is None):
+                continue  # (posted a moment after, free then, to a rank already late: not held)
         if other is None and s.space == SPACE_NATIVE:
             send = bool(s.flags & SEND)
             src, dst = (m, peer) if send else (peer, m)

@@ -158,9 +158,11 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     errors = keep
     # (who each rank blocked in a send or recv waits on, as first found: rule 2 may fold its
     # finding into another's, and ``_p2p_cycle`` follows chains of them)
-    p2p_peers = {v: tuple(f.culprits) for f in errors
-                 if f.kind == "unmatched_p2p" and "no_such_peer" not in f.evidence or _p2p_timeout(f)
-                 for v in f.victims}
+    p2p_peers: dict[int, tuple[int, ...]] = {}
+    for f in errors:
+        if f.kind == "unmatched_p2p" and "no_such_peer" not in f.evidence or _p2p_timeout(f):
+            for v in f.victims:
+                p2p_peers.setdefault(v, tuple(f.culprits))
     # 2. follow victims to the ranks they wait on
     chased = _chase(_waits(errors))
 
@@ -290,11 +292,40 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
                 unmatched.setdefault(frozenset(f.culprits), f)
             if _p2p_timeout(f):
                 kept_failed.add(id(f))
+    final = _chains(final)
     final = _together(final)
     for f in final:
         _summary(f)
         attach_stacks(model, f, now)
     return sorted(final + rest, key=Finding.sort_key)
+
+
+def _chains(final: list[Finding]) -> list[Finding]:
+    """An ``unmatched_p2p`` whose peers are themselves blocked in another's send or recv
+    that its peer never posted (rank 1 sends to 2, which sends to 3, which waits in a
+    collective) is that one's consequence, followed to the chain's end: rule 2 cannot
+    walk it where the chain closes through a collective (a cycle stops its walk)."""
+    chain = [g for g in final if g.kind == "unmatched_p2p" and "no_such_peer" not in g.evidence]
+    if len(chain) < 2:
+        return final
+    stuck_on: dict[int, Finding] = {}
+    for g in chain:
+        for v in g.victims:
+            if v not in g.culprits:
+                stuck_on.setdefault(v, g)
+    gone: set[int] = set()
+    for f in chain:
+        g, seen = f, {id(f)}
+        while g.culprits and all(c in stuck_on and stuck_on[c] is stuck_on[g.culprits[0]] for c in g.culprits):
+            nxt = stuck_on[g.culprits[0]]
+            if id(nxt) in seen or set(nxt.culprits) & set(f.victims):
+                break  # (a cycle of them: a deadlock's, judged apart)
+            seen.add(id(nxt))
+            g = nxt
+        if g is not f and id(g) not in gone:
+            _absorb(g, f)
+            gone.add(id(f))
+    return [f for f in final if id(f) not in gone]
 
 
 def _peers(t: Finding) -> list[int]:
@@ -308,10 +339,6 @@ def _p2p_timeout(f: Finding) -> bool:
     posted: the wait an ``unmatched_p2p`` named, ended by the timeout."""
     return f.kind == "op_failed" and bool(f.instances) and f.instances[0][0] == "p2p" and \
         "absent" in f.evidence.get("blame", {}).get("reason", "")
-
-
-#: Longest chain of blocked sends and recvs followed into a collective (``_p2p_cycle``)
-CHAIN_DEPTH = 256
 
 
 def _p2p_cycle(f: Finding, blocked_p2p: dict[int, list[Finding]], order: dict[int, int],
@@ -335,35 +362,59 @@ def _p2p_cycle(f: Finding, blocked_p2p: dict[int, list[Finding]], order: dict[in
     waiting = f.victims.keys()
     memo: dict[int, tuple[Finding | None, frozenset[int]] | None] = {}
 
-    def into(a: int, depth: int) -> tuple[Finding | None, frozenset[int]] | None:
-        """The first p2p wait of ``a`` that ends in the collective (None: known only from
-        ``p2p_peers``), and the ranks in it where it ends."""
-        if a in memo:
-            return memo[a]
-        memo[a] = None  # (a cycle of such waits outside the collective ends nowhere in it)
-        waits: list[tuple[Finding | None, tuple[int, ...]]] = [
+    def waits_of(a: int) -> list[tuple[Finding | None, tuple[int, ...]]]:
+        got: list[tuple[Finding | None, tuple[int, ...]]] = [
             (t, tuple(_peers(t))) for t in sorted(blocked_p2p.get(a, ()), key=lambda t: order[id(t)])]
         if a in p2p_peers:
-            waits.append((None, p2p_peers[a]))
-        for t, to in waits:
-            ends: set[int] = set()
-            for p in to:
-                if p in waiting:
-                    ends.add(p)
-                elif depth < CHAIN_DEPTH and (got := into(p, depth + 1)) is not None:
-                    ends |= got[1]
+            got.append((None, p2p_peers[a]))
+        return got
+
+    def into(a: int) -> tuple[Finding | None, frozenset[int]] | None:
+        """Where ``a``'s first p2p wait that ends in the collective ends: the finding at
+        that end (the send or recv whose peers wait in it; None: known only from
+        ``p2p_peers``) and those peers.  None: no such wait (idle, or a cycle of waits
+        outside the collective).  A walk with its own stack: a chain of any length."""
+        if a in memo:
+            return memo[a]
+        on = {a}
+        # frames: [rank, its waits, which wait, which peer of it, ends so far, end finding]
+        stack: list[list[Any]] = [[a, waits_of(a), 0, 0, set(), None]]
+        while stack:
+            fr = stack[-1]
+            node, waits, k, j = fr[0], fr[1], fr[2], fr[3]
+            if k >= len(waits):  # (no wait of it ends in the collective)
+                memo[node] = None
+                on.discard(node)
+                stack.pop()
+                continue
+            t, peers = waits[k]
+            if j >= len(peers):  # (every peer of this wait ends in it)
+                memo[node] = (fr[5] if fr[5] is not None else t, frozenset(fr[4]))
+                on.discard(node)
+                stack.pop()
+                continue
+            p = peers[j]
+            if p in waiting or p in memo:
+                res = (t, frozenset((p,))) if p in waiting else memo[p]
+                if res is None:  # (this wait leads nowhere in it: the next one)
+                    fr[2], fr[3], fr[4], fr[5] = k + 1, 0, set(), None
                 else:
-                    break
+                    fr[4] |= res[1]
+                    if fr[5] is None:
+                        fr[5] = res[0] if res[0] is not None else t
+                    fr[3] = j + 1
+            elif p in on:  # (back to a rank on the way: a cycle outside the collective)
+                fr[2], fr[3], fr[4], fr[5] = k + 1, 0, set(), None
             else:
-                memo[a] = (t, frozenset(ends))
-                break
+                on.add(p)
+                stack.append([p, waits_of(p), 0, 0, set(), None])
         return memo[a]
 
     chosen: list[Finding] = []
     idle: list[int] = []
     peers: set[int] = set()
     for a in f.culprits:
-        got = into(a, 0)
+        got = into(a)
         if got is None:
             idle.append(a)
             continue

@@ -287,7 +287,7 @@ def counted(summary: dict, read_upto: int = -1) -> dict:
     (one written before these lists counts them in its rows, max included)."""
     carried = summary.get("carried")
     if not carried:
-        return summary
+        return {k: v for k, v in summary.items() if k != "unissued_ids"} if "unissued_ids" in summary else summary
     rows = _Rows(summary.get("ops") or ())
     for entry in carried:
         op = Carried._make(entry)
