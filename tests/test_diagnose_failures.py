@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from commscope.analysis import TraceModel, diagnose, rankstate, stacks
 from commscope.analysis.errors import INTERRUPTED, LOCAL, NAMED, PEER_GONE, RELAYED, TIMEOUT, classify
 from commscope.analysis.stacks import fold
@@ -624,27 +626,37 @@ def test_a_post_the_timeout_let_through_down_a_chain_clears_no_link():
         assert errors(f) == [("op_failed", [4])], [x.message for x in f]
 
 
-def test_a_peer_posting_just_after_the_timeout_to_a_rank_it_held_all_along_is_the_cause():
-    """Rank 2 sent to 3 before barrier W began and waited there since; W times out, and
-    rank 3, free, posts the recv 5 ms later.  Rank 3 held rank 2 away all the while: it is
-    blamed (helper-95).  Unlike a rank that began its wait once W had begun (late already:
+@pytest.mark.parametrize("start", ["before", "a moment after", "async"])
+def test_a_peer_posting_just_after_the_timeout_to_a_rank_it_held_all_along_is_the_cause(start):
+    """Rank 2 sent to 3 before barrier W began (or a millisecond after its first rank
+    entered, or its isend's wait did) and waited there since; W times out, and rank 3, free,
+    posts the recv 5 ms later.  Rank 3 held rank 2 away all the while: it is blamed
+    (helper-95; helper-96: a millisecond's skew after the first arrival read as lateness).
+    Unlike a rank that began its wait just before the timeout (late already:
     ``test_a_peer_that_posted_while_the_absent_rank_waited_holds_nothing``)."""
     b = TraceBuilder(4)
     t = b.warmup()
     b.group("S", [2, 3])
     b.group("W", [0, 1, 2])
-    send = b.begin(2, t, "send", group="S", peer=3, dir="send")
+    if start == "async":
+        send = b.async_op(2, t, t + MS + 1000, None, "isend", group="S", peer=3, dir="send")
+    else:
+        send = b.begin(2, t if start == "before" else t + 2 * MS, "send", group="S", peer=3, dir="send")
     ids = {r: b.begin(r, t + MS, "barrier", group="W") for r in (0, 1)}
     fired = t + S
     for r in (0, 1):
         b.end(r, ids[r], fired + r * MS, exc=TIMED_OUT)
         b.exit(r, fired + (10 + r) * MS, reason="exception", exc=TIMED_OUT)
     b.sync(3, fired + 5 * MS, fired + 6 * MS, "recv", group="S", peer=2, dir="recv")
-    b.end(2, send, fired + 6 * MS)
+    if start == "async":
+        b.phase(2, send, fired + 6 * MS, "wait_end")
+    else:
+        b.end(2, send, fired + 6 * MS)
     b.heartbeats(b.t0, fired + 5 * S, ranks=[2, 3])
     b.heartbeats(b.t0, fired, ranks=[0, 1])
-    _, f = replay(b, {3}, hang_after=60.0)
-    assert errors(f) == [("op_failed", [3])], [x.message for x in f]
+    for step in (1, 7):
+        _, f = replay(b, {3}, hang_after=60.0, step=step)
+        assert errors(f) == [("op_failed", [3])], [x.message for x in f]
 
 
 def test_a_p2p_timeout_whose_peer_was_held_by_another_follows_the_chain():

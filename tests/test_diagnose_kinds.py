@@ -861,6 +861,23 @@ def test_a_chain_of_sends_into_a_collective_is_one_finding_at_its_end(world):
     assert [(x.kind, x.culprits) for x in f if x.severity == "error"] == want, [x.message[:200] for x in f]
 
 
+def test_a_chain_of_sends_into_a_subgroup_s_collective_beside_an_idle_rank_names_no_link():
+    """Rank 1 sends to 2, 2 to 3, which waits in group A's all_reduce (A = 0, 1, 3); rank 0,
+    idle, never comes: missing_ranks [0] and the send to 3, the send to 2 a link folded into
+    it (helper-96: it stood, named through the idle rank as ranks 0 and 2)."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    b.group("A", [0, 1, 3])
+    for r, peer in ((1, 2), (2, 3)):
+        b.sync(r, t, None, "send", peer=peer, dir="send")
+    b.sync(3, t + MS, None, "all_reduce", group="A")
+    b.heartbeats(t, t + 10 * S)
+    for batches in (1, 7):
+        _, f = run(b, batches=batches)
+        assert [(x.kind, x.culprits) for x in f if x.severity == "error"] == [
+            ("missing_ranks", [0]), ("unmatched_p2p", [3])], [x.message[:200] for x in f]
+
+
 def test_an_idle_rank_missing_from_a_collective_and_never_receiving_a_send_is_one_finding():
     """Rank 3, idle, never enters group D's all_reduce (ranks 0 and 1 wait there) and never
     posts the recv of rank 2's send: one cause, one error (it was two, each naming rank 3)."""

@@ -297,8 +297,9 @@ def held_by_peer(model: TraceModel, m: int, t: int, came: set[int] | frozenset[i
     never posted its side while it waited, or had last done one that failed so (its
     timeout, or the peer's leaving, came first): what kept ``m`` from anything else.  A
     peer that posted while it waited holds nothing, even after ``t`` (the op then completed,
-    and ``m`` stayed away by itself: it began that wait after the op that timed out began,
-    ``since``, so late already), unless the peer was then in the op that timed out
+    and ``m`` stayed away by itself: it began that wait in the latter half of the time the
+    others waited in the op that timed out, from ``since``, so late already), unless the
+    peer was then in the op that timed out
     (``came``: it posted once the timeout let it go) or held so itself (down a chain), or
     ``m`` had waited on it since before that op began (the peer kept it away all along)."""
     rt = model.ranks.get(m)
@@ -323,7 +324,7 @@ def held_by_peer(model: TraceModel, m: int, t: int, came: set[int] | frozenset[i
             if posted <= (t if failed is None else min(t, failed)):
                 continue  # (posted while it waited, before the timeout)
             if (failed is None or posted <= failed) and peer not in came and (
-                    since is None or rankstate.blocked_since(model, m, i) > since) and (
+                    since is None or rankstate.blocked_since(model, m, i) > (since + t) // 2) and (
                     m in seen or len(seen) >= LATE_CHAIN or held_by_peer(model, peer, t, came, since, seen | {m}) is None):
                 continue  # (posted a moment after, free then, to a rank already late: not held)
         if other is None and s.space == SPACE_NATIVE:

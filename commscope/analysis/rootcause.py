@@ -70,13 +70,17 @@ def _consequence(f: Finding) -> dict[str, Any]:
     return d
 
 
-def _absorb(root: Finding, f: Finding) -> None:
-    root.evidence.setdefault("consequences", []).append(_consequence(f))
-    root.evidence["consequences"].extend(f.evidence.pop("consequences", []))
-    for v in f.victims:
-        if v not in root.culprits:
-            root.victims.setdefault(v, tuple(root.culprits))
-    root.instances = tuple(dict.fromkeys(root.instances + f.instances))
+def _absorb(root: Finding, f: Finding, *more: Finding) -> None:
+    """Fold ``f`` (and ``more``) into ``root``: its consequences, its victims, its
+    instances (merged once for all: thousands folded one at a time copied them each time)."""
+    culprits = tuple(root.culprits)
+    for g in (f, *more):
+        root.evidence.setdefault("consequences", []).append(_consequence(g))
+        root.evidence["consequences"].extend(g.evidence.pop("consequences", []))
+        for v in g.victims:
+            if v not in root.culprits:
+                root.victims.setdefault(v, culprits)
+    root.instances = tuple(dict.fromkeys(root.instances + tuple(k for g in (f, *more) for k in g.instances)))
 
 
 def _say(c: dict[str, Any], culprits: set[int], group: str | None = None) -> str:
@@ -304,7 +308,9 @@ def _chains(final: list[Finding]) -> list[Finding]:
     """An ``unmatched_p2p`` whose peers are themselves blocked in another's send or recv
     that its peer never posted (rank 1 sends to 2, which sends to 3, which waits in a
     collective) is that one's consequence, followed to the chain's end: rule 2 cannot
-    walk it where the chain closes through a collective (a cycle stops its walk)."""
+    walk it where the chain closes through a collective (a cycle stops its walk).  Each
+    finding's end is found once (a 16k-rank chain: linear); a cycle of them (a deadlock's,
+    judged apart) folds nothing."""
     chain = [g for g in final if g.kind == "unmatched_p2p" and "no_such_peer" not in g.evidence]
     if len(chain) < 2:
         return final
@@ -313,18 +319,45 @@ def _chains(final: list[Finding]) -> list[Finding]:
         for v in g.victims:
             if v not in g.culprits:
                 stuck_on.setdefault(v, g)
-    gone: set[int] = set()
+
+    def step(g: Finding) -> Finding | None:
+        peers = _peers(g)
+        nxt = stuck_on.get(peers[0]) if peers else None
+        return nxt if nxt is not None and nxt is not g and all(stuck_on.get(c) is nxt for c in peers) else None
+
+    end_of: dict[int, Finding | None] = {}  # id -> the chain's end (None: a cycle, no fold)
     for f in chain:
-        g, seen = f, {id(f)}
-        while g.culprits and all(c in stuck_on and stuck_on[c] is stuck_on[g.culprits[0]] for c in g.culprits):
-            nxt = stuck_on[g.culprits[0]]
-            if id(nxt) in seen or set(nxt.culprits) & set(f.victims):
-                break  # (a cycle of them: a deadlock's, judged apart)
-            seen.add(id(nxt))
+        path: list[Finding] = []
+        on: set[int] = set()
+        g: Finding | None = f
+        while True:
+            assert g is not None
+            if id(g) in end_of:
+                end = end_of[id(g)]
+                break
+            if id(g) in on:
+                end = None
+                break
+            on.add(id(g))
+            path.append(g)
+            nxt = step(g)
+            if nxt is None:
+                end = g
+                break
             g = nxt
-        if g is not f and id(g) not in gone:
-            _absorb(g, f)
-            gone.add(id(f))
+        for h in path:
+            end_of[id(h)] = end
+    into: dict[int, list[Finding]] = {}  # id of a chain's end -> its links, in order
+    ends: dict[int, Finding] = {}
+    for f in chain:
+        end = end_of[id(f)]
+        if end is not None and end is not f:
+            into.setdefault(id(end), []).append(f)
+            ends[id(end)] = end
+    gone: set[int] = set()
+    for k, links in into.items():
+        _absorb(ends[k], *links)
+        gone.update(map(id, links))
     return [f for f in final if id(f) not in gone]
 
 
