@@ -347,17 +347,17 @@ def _chains(final: list[Finding]) -> list[Finding]:
             g = nxt
         for h in path:
             end_of[id(h)] = end
-    into: dict[int, list[Finding]] = {}  # id of a chain's end -> its links, in order
+    links: dict[int, list[Finding]] = {}  # id of a chain's end -> its links, in order
     ends: dict[int, Finding] = {}
     for f in chain:
         end = end_of[id(f)]
         if end is not None and end is not f:
-            into.setdefault(id(end), []).append(f)
+            links.setdefault(id(end), []).append(f)
             ends[id(end)] = end
     gone: set[int] = set()
-    for k, links in into.items():
-        _absorb(ends[k], *links)
-        gone.update(map(id, links))
+    for k, folded in links.items():
+        _absorb(ends[k], *folded)
+        gone.update(map(id, folded))
     return [f for f in final if id(f) not in gone]
 
 
