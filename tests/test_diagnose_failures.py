@@ -573,57 +573,39 @@ def test_a_peer_that_posted_while_the_absent_rank_waited_holds_nothing():
     assert errors(f) == [("op_failed", [1])] and f[0].evidence["blame"]["reason"] == "absent"
 
 
-def test_a_post_the_timeout_let_through_does_not_clear_the_peer():
+@pytest.mark.parametrize("chain", [False, True], ids=["peer", "chain"])
+def test_a_post_the_timeout_let_through_does_not_clear_the_peer(chain):
     """Rank 2 sends to 3, which is in barrier W; the barrier times out, and rank 3, let go,
     catches it and posts the recv 5 ms later.  Rank 3 is still the cause: it posted only
     because the timeout freed it (helper-94: rank 2, blocked, was blamed, a post after the
-    timeout taken for one made while it waited)."""
-    b = TraceBuilder(4)
-    t = b.warmup()
-    b.group("S", [2, 3])
-    b.group("W", [0, 1, 2, 3])
-    send = b.begin(2, t, "send", group="S", peer=3, dir="send")
-    ids = {r: b.begin(r, t + MS, "barrier", group="W") for r in (0, 1, 3)}
-    fired = t + S
-    for r in (0, 1, 3):
-        b.end(r, ids[r], fired + r * MS, exc=TIMED_OUT)
-    for r in (0, 1):
-        b.exit(r, fired + (10 + r) * MS, reason="exception", exc=TIMED_OUT)
-    b.sync(3, fired + 5 * MS, fired + 6 * MS, "recv", group="S", peer=2, dir="recv")
-    b.end(2, send, fired + 6 * MS)
-    b.heartbeats(b.t0, fired + 5 * S, ranks=[2, 3])
-    b.heartbeats(b.t0, fired, ranks=[0, 1])
-    for step in (1, 7):
-        _, f = replay(b, {3}, hang_after=60.0, step=step)
-        assert errors(f) == [("op_failed", [3])], [x.message for x in f]
-
-
-def test_a_post_the_timeout_let_through_down_a_chain_clears_no_link():
-    """As above, one link longer: rank 2 sends to 3, rank 3 is in a recv from 4, and 4 is in
-    barrier W.  W times out; 4, let go, sends (+5 ms), 3 then posts 2's recv (+7 ms).  Rank
-    4 is the cause (helper-95: rank 2, held all along, was blamed)."""
+    timeout taken for one made while it waited).  ``chain``: one link longer, rank 3 in a
+    recv from 4, which is in W; 4, let go, sends (+5 ms), then 3 posts 2's recv (+7 ms):
+    rank 4 is the cause (helper-95: rank 2, held all along, was blamed)."""
+    last = 4 if chain else 3
     b = TraceBuilder(5)
     t = b.warmup()
     b.group("S", [2, 3])
-    b.group("T", [3, 4])
-    b.group("W", [0, 1, 2, 4])
+    b.group("W", [0, 1, 2, last])
     send = b.begin(2, t, "send", group="S", peer=3, dir="send")
-    rcv = b.begin(3, t, "recv", group="T", peer=4, dir="recv")
-    ids = {r: b.begin(r, t + MS, "barrier", group="W") for r in (0, 1, 4)}
+    if chain:
+        b.group("T", [3, 4])
+        rcv = b.begin(3, t, "recv", group="T", peer=4, dir="recv")
+    ids = {r: b.begin(r, t + MS, "barrier", group="W") for r in (0, 1, last)}
     fired = t + S
-    for r in (0, 1, 4):
+    for r in (0, 1, last):
         b.end(r, ids[r], fired + r * MS, exc=TIMED_OUT)
     for r in (0, 1):
         b.exit(r, fired + (10 + r) * MS, reason="exception", exc=TIMED_OUT)
-    b.sync(4, fired + 5 * MS, fired + 6 * MS, "send", group="T", peer=3, dir="send")
-    b.end(3, rcv, fired + 6 * MS)
+    if chain:
+        b.sync(4, fired + 5 * MS, fired + 6 * MS, "send", group="T", peer=3, dir="send")
+        b.end(3, rcv, fired + 6 * MS)
     b.sync(3, fired + 7 * MS, fired + 8 * MS, "recv", group="S", peer=2, dir="recv")
     b.end(2, send, fired + 8 * MS)
     b.heartbeats(b.t0, fired + 5 * S, ranks=[2, 3, 4])
     b.heartbeats(b.t0, fired, ranks=[0, 1])
     for step in (1, 7):
-        _, f = replay(b, {4}, hang_after=60.0, step=step)
-        assert errors(f) == [("op_failed", [4])], [x.message for x in f]
+        _, f = replay(b, {last}, hang_after=60.0, step=step)
+        assert errors(f) == [("op_failed", [last])], [x.message for x in f]
 
 
 @pytest.mark.parametrize("start", ["before", "a moment after", "async"])
