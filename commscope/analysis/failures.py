@@ -204,8 +204,8 @@ class _Arrivals:
             return Blame((), "unknown", f"every member had entered it when {when}")
         if not self.model.p2p:
             return Blame(tuple(absent), "absent", f"{ranks_text(absent)} had not entered it when {when}")
-        since = self.begins[0] if self.begins else None  # (when the first member entered it)
-        kept = _kept_away(self.model, absent, t, came, since if since is not None else t)
+        since = self.begins[0] if self.begins else t  # (when the first member entered it)
+        kept = _kept_away(self.model, absent, t, came, since)
         if self.key_p2p:  # (a p2p op's own timeout: a chain back to its own ranks is a deadlock, its peer's)
             kept = {m: ends for m, ends in kept.items() if not set(ends) & came}
         if not kept:
@@ -274,7 +274,7 @@ def _kept_away(model: TraceModel, absent: list[int], t: int, came: set[int], sin
     return out
 
 
-def _held_text(model: TraceModel, m: int, ends: tuple[int, ...], t: int, came: set[int], since: int | None) -> str:
+def _held_text(model: TraceModel, m: int, ends: tuple[int, ...], t: int, came: set[int], since: int) -> str:
     """What held rank ``m`` away at ``t``, in words: the op, the peer that never posted its
     side, and where the chain of such waits ended (``ends``) if past that peer."""
     w = held_by_peer(model, m, t, came, since)

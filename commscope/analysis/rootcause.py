@@ -164,7 +164,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     # finding into another's, and ``_p2p_cycle`` follows chains of them)
     p2p_peers: dict[int, tuple[int, ...]] = {}
     for f in errors:
-        if f.kind == "unmatched_p2p" and "no_such_peer" not in f.evidence or _p2p_timeout(f):
+        if _p2p_wait(f):
             for v in f.victims:
                 p2p_peers.setdefault(v, tuple(f.culprits))
     # 2. follow victims to the ranks they wait on
@@ -219,11 +219,26 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     order = {id(t): k for k, t in enumerate(roots)}
     blocked_p2p: dict[int, list[Finding]] = {}  # a rank -> the unmatched_p2p it is blocked in (``_p2p_cycle``)
     for t in roots:  # (or the p2p op it waited in that timed out, blamed on its peer: the same wait, ended)
-        if t.kind == "unmatched_p2p" and "no_such_peer" not in t.evidence or _p2p_timeout(t):
+        if _p2p_wait(t):
             for v in t.victims:
                 blocked_p2p.setdefault(v, []).append(t)
     through: dict[frozenset[int], tuple[Finding, frozenset[int], list[int], list[Finding]]] | None = None
-    deadlocked: dict[int, Finding] | None = None  # a rank -> the p2p_deadlock naming it
+    deadlocked: dict[int, Finding] | None = None  # a rank -> the p2p_deadlock naming it (``deadlock_of``)
+
+    def deadlock_of(ranks: list[int]) -> Finding | None:
+        """The first p2p_deadlock naming all of ``ranks`` (indexed by rank once: thousands of
+        unmatched sends and hangs asked every root)."""
+        nonlocal deadlocked
+        if not ranks:
+            return None
+        if deadlocked is None:
+            deadlocked = {}
+            for t in roots:
+                if t.kind == "p2p_deadlock":
+                    for r in t.culprits:
+                        deadlocked.setdefault(r, t)
+        d = deadlocked.get(ranks[0])
+        return d if d is not None and set(ranks) <= set(d.culprits) else None
     kept_failed: set[int] = set()  # the p2p timeouts kept (``_p2p_timeout``), by id
 
     def kept_p2p(t: Finding) -> Finding | None:
@@ -263,7 +278,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
             target = next((t for t in roots if t.kind == "op_failed" and set(t.culprits) == set(f.culprits)
                            and (t.evidence.get("blame", {}).get("reason") != "local"
                                 or set(t.instances) & set(f.instances))), None) \
-                or next((t for t in roots if t.kind == "p2p_deadlock" and set(f.culprits) <= set(t.culprits)), None)
+                or deadlock_of(f.culprits)
             if target is None and (cycle := cycles(frozenset(f.culprits))) is not None:
                 target, peers, idle, chosen = cycle
                 if idle:  # (others never came besides, idle: the hang is theirs; the blocked are not)
@@ -280,12 +295,8 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
             # groups both wait on the rank that never came, or never posting the recv of a send
             # besides: one cause, the first finding)
         elif f.kind == "unmatched_p2p" and "no_such_peer" not in f.evidence:
-            target = unmatched.get(frozenset(f.culprits))  # (ranks blocked on the same peers: one cause)
-            if target is None and f.culprits:  # (a send to a rank of a p2p deadlock: it never posts the recv)
-                if deadlocked is None:  # (by rank, once: thousands of unmatched sends asked every root)
-                    deadlocked = {r: t for t in roots if t.kind == "p2p_deadlock" for r in t.culprits}
-                d = deadlocked.get(f.culprits[0])
-                target = d if d is not None and set(f.culprits) <= set(d.culprits) else None
+            # (ranks blocked on the same peers: one cause; a send to a rank of a p2p deadlock: its)
+            target = unmatched.get(frozenset(f.culprits)) or deadlock_of(f.culprits)
         if target is not None and target is not f:
             _absorb(target, f)
         else:
@@ -365,6 +376,12 @@ def _peers(t: Finding) -> list[int]:
     """The peers an ``unmatched_p2p`` names as never posting: its culprits, or those it was
     named through (rule 2 led them on to where their wait ends)."""
     return t.evidence.get("named_through") or t.culprits
+
+
+def _p2p_wait(f: Finding) -> bool:
+    """A finding of a rank blocked in a send or recv whose peer never posted its side: an
+    ``unmatched_p2p`` (but for a peer the job does not have) or such a wait timed out."""
+    return f.kind == "unmatched_p2p" and "no_such_peer" not in f.evidence or _p2p_timeout(f)
 
 
 def _p2p_timeout(f: Finding) -> bool:

@@ -286,8 +286,9 @@ def counted(summary: dict, read_upto: int = -1) -> dict:
     and every figure is the ops' it stands for; the summary as it was where it lists none
     (one written before these lists counts them in its rows, max included)."""
     carried = summary.get("carried")
+    lists = ("carried", "unissued_ids")
     if not carried:
-        return {k: v for k, v in summary.items() if k != "unissued_ids"} if "unissued_ids" in summary else summary
+        return {k: v for k, v in summary.items() if k not in lists} if "unissued_ids" in summary else summary
     rows = _Rows(summary.get("ops") or ())
     for entry in carried:
         op = Carried._make(entry)
@@ -295,7 +296,7 @@ def counted(summary: dict, read_upto: int = -1) -> dict:
             rows.add(op, sign=-1)
         else:
             rows.top_of(op)
-    return {k: v for k, v in summary.items() if k not in ("carried", "unissued_ids")} | {"ops": rows.rows()}
+    return {k: v for k, v in summary.items() if k not in lists} | {"ops": rows.rows()}
 
 
 #: Every op id a stream may hold (a rank of one incarnation: its completions may name any)
