@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -496,9 +497,11 @@ def _what_differs(sigs: list) -> list[str]:
 
 
 # ---------------------------------------------------------------------- missing ranks
-def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[Finding]:
+def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any,
+                 drawn: Mapping[int, frozenset[int]] = MappingProxyType({})) -> list[Finding]:
     """Collectives some members entered long ago and still wait in, which others never
-    entered.  (Once the waiting op raises, it is an ``op_failed``.)"""
+    entered (or a rank waits in, drawn into a hang: ``hangs.drawn_in``).  (Once the
+    waiting op raises, it is an ``op_failed``.)"""
     pending: dict[tuple[int, str, int], dict[int, int]] = {}
     t = model.table
     slots, ops = rankstate.open_ops(model)
@@ -513,6 +516,11 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
         ops_cut = np.fromiter((i for i, _ in cut.values()), np.int64, len(cut))
         at = (model.slots_of(ranks_cut).astype(np.int64) << 32) | ops_cut
         hung |= waits & np.isin((slots.astype(np.int64) << 32) | ops, at)
+    if drawn:  # (each drawn rank's ops: the few a hang reached within hang_after of its start)
+        pairs = [(r, i) for r, d in drawn.items() for i in d]
+        at = (model.slots_of(np.array([r for r, _ in pairs], np.int64)).astype(np.int64) << 32) | \
+            np.array([i for _, i in pairs], np.int64)
+        hung |= waits & np.isin((slots.astype(np.int64) << 32) | ops, at)
     short: dict[tuple[int, str, int], frozenset[int]] = {}  # hangs only cut short: who left by themselves
     long: set[tuple[int, str, int]] = set()  # hangs some rank waited in past hang_after: every absent member late
     if hung.any():
@@ -526,7 +534,9 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any) -> list[F
                 continue  # a rank that is gone no longer waits
             s = model.sigs[code]
             key = (s.space, s.group, q)
-            if model.exits_seen and rankstate.waited_until(model, r, now) - int(model.ranks[r].begin[i]) < hang_ns:
+            if i in drawn.get(r, ()):
+                long.add(key)
+            elif model.exits_seen and rankstate.waited_until(model, r, now) - int(model.ranks[r].begin[i]) < hang_ns:
                 if r not in cut or cut[r][0] != i:
                     continue  # (it left, with its job, before it had waited that long)
                 short[key] = short.get(key, frozenset()) | cut[r][1]

@@ -17,6 +17,7 @@ from commscope.analysis.collectives import (
 from commscope.analysis.completeness import find_incomplete, job_stopped
 from commscope.analysis.failures import failed_instances, find_crashes, find_failed_ops
 from commscope.analysis.findings import Finding
+from commscope.analysis.hangs import drawn_in
 from commscope.analysis.liveness import find_dead, find_unwaited
 from commscope.analysis.model import TraceModel
 from commscope.analysis.p2p import find_p2p
@@ -54,8 +55,11 @@ def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None
     before, replaced = find_history_mismatches(model, mismatches)
     gone = {id(f) for f in replaced}
     findings += [f for f in mismatches if id(f) not in gone] + before
-    findings += find_missing(model, now, hang_ns, mismatch_rows)
-    findings += find_p2p(model, now, hang_ns)
+    hangs = find_missing(model, now, hang_ns, mismatch_rows) + find_p2p(model, now, hang_ns)
+    drawn = drawn_in(model, now, hang_ns, hangs)
+    if drawn:  # (ranks a hang waits on, blocked a moment less than hang_after: part of it)
+        hangs = find_missing(model, now, hang_ns, mismatch_rows, drawn) + find_p2p(model, now, hang_ns, drawn)
+    findings += hangs
     failures = failed_instances(model, now, mismatch_rows, hang_ns)
     findings += find_failed_ops(model, now, failures)
     findings += find_crashes(model, now, failures)

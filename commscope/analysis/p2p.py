@@ -1,6 +1,7 @@
 """Point-to-point findings: deadlock cycles and sends/recvs whose peer never posted.
 
-Wait-for graph: a rank blocked (longer than hang_after) in a send/recv, or in wait() on
+Wait-for graph: a rank blocked (longer than hang_after, or drawn into a hang:
+``hangs.drawn_in``) in a send/recv, or in wait() on
 an isend/irecv, whose counterpart (same group, src, dst, seq) the peer never posted,
 waits for that peer.  A cycle is a deadlock; an edge outside any cycle is unmatched.
 Outer varlen ops (send_tensors/recv_tensors) carry their own seq, so their nested inner
@@ -10,7 +11,9 @@ traffic never needs matching.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from itertools import chain
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -72,8 +75,10 @@ class Unmatched(Evidence):
         return parts
 
 
-def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[int, int]]]:
-    """rank -> [(peer it waits for, op index)] for blocked, unmatched p2p ops."""
+def _edges(model: TraceModel, now: int, hang_ns: int,
+           drawn: Mapping[int, frozenset[int]] = MappingProxyType({})) -> dict[int, list[tuple[int, int]]]:
+    """rank -> [(peer it waits for, op index)] for blocked, unmatched p2p ops: blocked
+    hang_after or longer, or drawn into a hang (``hangs.drawn_in``)."""
     edges: dict[int, list[tuple[int, int]]] = {}
     now_blocked = rankstate.blocked_ranks(model)
     for r in sorted(_in_p2p(model, now_blocked)):  # (a rank blocked in nothing waits for nobody)
@@ -84,29 +89,34 @@ def _edges(model: TraceModel, now: int, hang_ns: int) -> dict[int, list[tuple[in
             continue  # (a rank that is gone no longer waits)
         until = rankstate.waited_until(model, r, now)
         for i in p2p:
-            s = model.sigs[int(rt.sig[i])]
-            if until - rankstate.blocked_since(model, r, i) < hang_ns:
+            if until - rankstate.blocked_since(model, r, i) < hang_ns and i not in drawn.get(r, ()):
                 continue
-            peer = int(rt.peer[i])
-            if model.unplaced(r, i):  # a group rank the recorder could not place: none there is
-                edges.setdefault(r, []).append((peer, i))
-                continue
-            if peer < 0:  # any-source recv (or a Flight Recorder send naming no peer): every other member could be the other end
-                members = model.groups.get(s.group) or model.rank_ids()
-                for m in members:
-                    if m != r:
-                        edges.setdefault(r, []).append((m, i))
-                continue
-            if rt.seq[i] < 0:
-                continue
-            seq = int(rt.seq[i])
-            send = bool(s.flags & SEND)
-            src, dst = (r, peer) if send else (peer, r)
-            a, b = model.p2p_pair(s.group, src, dst, seq, s.space)
-            if (b if send else a) is None and not (
-                    s.space == SPACE_NATIVE and model.p2p_posted_before(s.group, src, dst, seq, send=not send)):
-                edges.setdefault(r, []).append((peer, i))
+            edges.setdefault(r, []).extend((p, i) for p in waits_for(model, r, i))
     return edges
+
+
+def waits_for(model: TraceModel, r: int, i: int) -> list[int]:
+    """The ranks rank ``r``'s send or recv ``i`` waits for: its peer where the peer has not
+    posted the other side (every other member for an any-source recv; the number it named
+    where no such rank is there to place); none where the peer posted it."""
+    rt = model.ranks[r]
+    s = model.sigs[int(rt.sig[i])]
+    peer = int(rt.peer[i])
+    if model.unplaced(r, i):  # a group rank the recorder could not place: none there is
+        return [peer]
+    if peer < 0:  # any-source recv (or a Flight Recorder send naming no peer): every other member could be the other end
+        members = model.groups.get(s.group) or model.rank_ids()
+        return [m for m in members if m != r]
+    if rt.seq[i] < 0:
+        return []
+    seq = int(rt.seq[i])
+    send = bool(s.flags & SEND)
+    src, dst = (r, peer) if send else (peer, r)
+    a, b = model.p2p_pair(s.group, src, dst, seq, s.space)
+    if (b if send else a) is None and not (
+            s.space == SPACE_NATIVE and model.p2p_posted_before(s.group, src, dst, seq, send=not send)):
+        return [peer]
+    return []
 
 
 def _in_p2p(model: TraceModel, blocked: dict[int, tuple[int, ...]]) -> list[int]:
@@ -168,10 +178,11 @@ def _cycle_through(start: int, part: set[int], edges: dict[int, list[tuple[int, 
     raise AssertionError("no cycle through a rank of a strongly connected part")
 
 
-def find_p2p(model: TraceModel, now: int, hang_ns: int) -> list[Finding]:
+def find_p2p(model: TraceModel, now: int, hang_ns: int,
+             drawn: Mapping[int, frozenset[int]] = MappingProxyType({})) -> list[Finding]:
     """One p2p_deadlock a set of ranks that wait for each other (its message and evidence
     show a shortest cycle among them), one unmatched_p2p a blocked op outside any."""
-    edges = _edges(model, now, hang_ns)
+    edges = _edges(model, now, hang_ns, drawn)
     if not edges:
         return []
     out: list[Finding] = []
