@@ -878,6 +878,25 @@ def test_a_chain_of_sends_into_a_subgroup_s_collective_beside_an_idle_rank_names
             ("missing_ranks", [0]), ("unmatched_p2p", [3])], [x.message[:200] for x in f]
 
 
+def test_a_chain_of_sends_into_a_wait_cycle_beside_an_idle_rank_names_no_link():
+    """Group B = 0, 1, 4: rank 1 waits in its all_reduce, rank 0 (idle) never comes, rank 4
+    sends to 1 (a wait cycle through B); rank 3 sends to 1 as well, and rank 2 to 3.  The
+    cycle is rank 1's: the hang names rank 0, the sends rank 1 (helper-96: the send to 3,
+    the chain's outer link, was kept for the cycle, naming rank 3, blocked)."""
+    b = TraceBuilder(5)
+    t = b.warmup()
+    b.group("B", [0, 1, 4])
+    for r, peer in ((2, 3), (3, 1), (4, 1)):
+        b.sync(r, t, None, "send", peer=peer, dir="send")
+    b.sync(1, t + MS, None, "all_reduce", group="B")
+    b.heartbeats(t, t + 10 * S)
+    for batches in (1, 7):
+        _, f = run(b, batches=batches)
+        assert [(x.kind, x.culprits) for x in f if x.severity == "error"] == [
+            ("missing_ranks", [0]), ("unmatched_p2p", [1])], [x.message[:200] for x in f]
+        assert set(f[1].victims) == {2, 3, 4}
+
+
 def _errors_at(b: TraceBuilder, now: int) -> list[tuple[str, list[int]]]:
     _, f = run(b, now=now)
     return [(x.kind, x.culprits) for x in f if x.severity == "error"]

@@ -203,6 +203,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         return next((t for t in roots if t is not f and want <= set(t.culprits)), None) or \
             next((t for t in roots if t is not f and t.kind in DEPARTED and set(t.culprits) & want), None)
 
+    consequences = _roots_first(consequences)
     for f, want in consequences:
         t = home(f, want)
         if t is not None:
@@ -313,6 +314,24 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         _summary(f)
         attach_stacks(model, f, now)
     return sorted(final + rest, key=Finding.sort_key)
+
+
+def _roots_first(consequences: list[tuple[Finding, set[int] | None]]) -> list[tuple[Finding, set[int] | None]]:
+    """Of the consequences that lead to the same roots, the first kept (the others fold
+    into it) is one naming those roots itself, where one does: of a chain of sends into a
+    wait cycle, the link at the cycle (rank 3 sends to 1, which waits in the all_reduce rank
+    4 never enters, sending to 1), not one further out naming a blocked rank (rank 2 sends
+    to 3: rank 3 was named; helper-96).  Each keeps its place otherwise."""
+    slots: dict[frozenset[int] | None, list[int]] = {}
+    for k, (_, want) in enumerate(consequences):
+        slots.setdefault(None if want is None else frozenset(want), []).append(k)
+    out = list(consequences)
+    for want, at in slots.items():
+        if want is not None and len(at) > 1:
+            ranked = sorted(at, key=lambda k: not set(consequences[k][0].culprits) <= want)
+            for k, j in zip(at, ranked, strict=True):
+                out[k] = consequences[j]
+    return out
 
 
 def _chains(final: list[Finding]) -> list[Finding]:
