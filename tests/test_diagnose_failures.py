@@ -502,6 +502,35 @@ def test_a_barrier_timeout_while_its_absent_rank_sent_to_a_rank_in_it_blames_tha
         assert set(x.victims) == {0, 1, 2}
 
 
+@pytest.mark.parametrize("crash", [True, False], ids=["the waiting ranks crash", "they catch it"])
+def test_a_barrier_timeout_partly_in_a_wait_cycle_is_one_finding_naming_each_rank_once(crash):
+    """As above, and rank 4, idle, never comes either: the barrier's failure is blamed on
+    ranks 3 and 4.  Rank 3 crashed of that failure: its crash is one of its consequences
+    (it stood beside it as a rank_crashed, naming rank 3 twice), and so is rank 2's send
+    failing as rank 3 went."""
+    b = TraceBuilder(5)
+    t = b.warmup()
+    send = b.begin(2, t, "send", peer=3, dir="send")
+    ids = {r: b.begin(r, t + MS, "barrier") for r in (0, 1, 3)}
+    fired = t + S
+    for r in (0, 1, 3):
+        b.end(r, ids[r], fired + r * MS, exc=TIMED_OUT)
+        if crash:
+            b.exit(r, fired + (10 + r) * MS, reason="exception", exc=TIMED_OUT)
+    if crash:
+        b.end(2, send, fired + 14 * MS, exc=CLOSED)
+    b.heartbeats(b.t0, fired + 5 * S, ranks=[2, 4] if crash else None)
+    if crash:
+        b.heartbeats(b.t0, fired, ranks=[0, 1, 3])
+    for step in (1, 7):
+        _, f = replay(b, {3, 4}, hang_after=60.0, step=step)
+        assert errors(f) == [("op_failed", [3, 4])], [x.message for x in f]
+        assert f[0].evidence["blame"]["reason"] == "absent+blocked"
+        assert [(c["kind"], c["ranks"]) for c in f[0].evidence.get("consequences", [])] == (
+            [("rank_crashed", [0]), ("rank_crashed", [1]), ("rank_crashed", [3]), ("op_failed", [2, 3])]
+            if crash else [])
+
+
 def test_a_chain_of_p2p_waits_into_a_barrier_blames_its_end():
     """Rank 1 recvs from 2, rank 2 from 3, and rank 3 went into barrier W, which times out
     (then each crashes in turn).  The chain ends at rank 3: one rank_crashed, at every

@@ -15,7 +15,10 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
    it was called, a peer the job does not have) is its rank's own doing, whatever that
    rank waits on later.  A victim whose blame is not known yet makes its finding a
    consequence of the failure it waits to have explained, never a culprit.
-3. A rank that is dead or crashed is the root of every other finding that names it:
+3. A rank that is dead or crashed is the root of every other finding that names it (but
+   one that crashed of a failure blamed on it and on others besides is that failure's
+   consequence, and the failure the root of what its departure caused:
+   ``_crashed_of_failures``):
    ``missing_ranks`` (even beside living absentees: a collective a dead member never
    entered can never complete), ``op_failed``, ``unmatched_p2p``.  A ``missing_ranks``
    naming the same ranks as an ``op_failed`` (the wait that then timed out; one that raised
@@ -189,7 +192,8 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         else:
             consequences.append((f, r))
     roots.sort(key=lambda f: (_RANK.get(f.kind, 99), f.ts))
-    gone = {f.culprits[0] for f in roots if f.kind in DEPARTED}
+    roots, held = _crashed_of_failures(roots)
+    gone = {f.culprits[0] for f in roots if f.kind in DEPARTED} | held.keys()
     # A rank blocked for good in a p2p op with a peer the job does not have is, for what
     # waits on it, as a departed rank: their root (it would never come).
     stuck = {f.culprits[0]: f for f in roots
@@ -270,7 +274,8 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         if f.kind not in DEPARTED and f.kind != "collective_mismatch" and f.culprits and (
                 set(f.culprits) <= gone or (f.kind == "missing_ranks" and set(f.culprits) & gone)):
             # (a collective a dead member never entered can never complete, whoever else is late)
-            target = next(t for t in roots if t.kind in DEPARTED and t.culprits[0] in f.culprits)
+            target = next((t for t in roots if t.kind in DEPARTED and t.culprits[0] in f.culprits), None) or \
+                next(held[c] for c in f.culprits if c in held)
         elif f.kind not in DEPARTED and f.kind != "collective_mismatch" and f.culprits and (
                 set(f.culprits) <= stuck.keys() or (f.kind == "missing_ranks" and set(f.culprits) & stuck.keys())):
             target = stuck[next(c for c in f.culprits if c in stuck)]  # (itself, for a stuck rank's own: kept)
@@ -314,6 +319,33 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         _summary(f)
         attach_stacks(model, f, now)
     return sorted(final + rest, key=Finding.sort_key)
+
+
+def _crashed_of_failures(roots: list[Finding]) -> tuple[list[Finding], dict[int, Finding]]:
+    """A rank that crashed on a failure blamed on it and on others besides (its timeout, in
+    a wait it made a cycle of, while another rank never came at all) crashed of that
+    failure: its crash folds into the failure's ``op_failed``, which names it already (it
+    stood beside it, naming rank 3 twice).  Alone to blame, its crash is the root
+    (``failures.find_crashes``: "its own doing").  Returns the roots left, and each such
+    rank's failure: the root of what its departure caused."""
+    failed: dict[tuple, Finding] = {}
+    for t in roots:
+        if t.kind == "op_failed":
+            for k in t.instances:
+                failed.setdefault(k, t)
+    if not failed:
+        return roots, {}
+    keep: list[Finding] = []
+    held: dict[int, Finding] = {}
+    for f in roots:
+        t = next((failed[k] for k in f.instances if k in failed), None) \
+            if f.kind == "rank_crashed" and not f.victims else None
+        if t is not None and set(f.culprits) < set(t.culprits):
+            _absorb(t, f)
+            held.setdefault(f.culprits[0], t)
+        else:
+            keep.append(f)
+    return keep, held
 
 
 def _roots_first(consequences: list[tuple[Finding, set[int] | None]]) -> list[tuple[Finding, set[int] | None]]:
