@@ -835,6 +835,27 @@ def test_a_wait_cycle_through_a_barrier_beside_an_idle_rank_is_two_findings_nami
     assert hang.message.endswith("; rank 2 is blocked in a wait cycle through it"), hang.message
 
 
+def test_a_wait_cycle_through_a_barrier_that_another_group_waits_on_is_still_two_findings():
+    """As above, and rank 5 waits in group D's all_reduce (ranks 3 and 5), which rank 3,
+    in the barrier, never reaches: rank 5's wait is the cycle's consequence (helper-94: the
+    send folded into rank 5's hang, and two missing_ranks named ranks 1 and 2, 1 and 3)."""
+    b = TraceBuilder(6)
+    t = b.warmup()
+    b.group("W", [0, 1, 2, 3])
+    b.group("D", [3, 5])
+    b.sync(2, t, None, "send", peer=3, dir="send")
+    for r in (0, 3):
+        b.sync(r, t + MS, None, "barrier", group="W")
+    b.sync(5, t + 2 * MS, None, "all_reduce", group="D")
+    b.heartbeats(t, t + 10 * S)
+    for batches in (1, 7):
+        _, f = run(b, batches=batches)
+        errors = [x for x in f if x.severity == "error"]
+        assert [(x.kind, x.culprits) for x in errors] == [("missing_ranks", [1]), ("unmatched_p2p", [3])], [
+            x.message[:200] for x in f]
+        assert [(c["kind"], c["group"]) for c in errors[1].evidence["consequences"]] == [("missing_ranks", "D")]
+
+
 def test_a_chain_of_sends_into_a_collective_beside_an_idle_rank_names_no_blocked_rank():
     """Rank 2 sends to 3, rank 3 to 4, which waits in the all_reduce with rank 0; rank 1,
     idle, never comes: missing_ranks [1] and the unmatched send to 4 (helper-94: the hang
