@@ -776,6 +776,26 @@ def test_a_cut_short_wait_names_only_the_rank_that_left_and_only_that_op():
             assert errors(f) == [("missing_ranks", [1])], (with_b, [x.message for x in f])
 
 
+def test_a_cut_short_wait_drawn_into_another_hang_still_names_only_the_rank_that_left():
+    """Rank 0 waits in group A's all_reduce for rank 1 from ``t``; rank 1, from 0.5 s, waits
+    in group B's (1, 2, 3), which rank 2 left (sys.exit(3) at 0.6 s) and rank 3, idle, never
+    entered; the launcher stops ranks 0, 1 and 3 at 2.2 s.  Rank 1's wait, drawn into A's
+    hang, is still only cut short: rank 2 is named, not rank 3, stopped with the job
+    (helper-97: a drawn wait counted as one past hang_after)."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    b.group("A", [0, 1])
+    b.group("B", [1, 2, 3])
+    b.heartbeats(b.t0, t)
+    b.sync(0, t, None, "all_reduce", group="A")
+    b.sync(1, t + 500 * MS, None, "all_reduce", group="B")
+    b.exit(2, t + 600 * MS, reason="atexit", code=3)
+    b.heartbeats(t, t + 2200 * MS, ranks=[0, 1, 3])
+    for r in (0, 1, 3):
+        b.exit(r, t + 2200 * MS + r * MS, reason="signal", signal="Terminated")
+    assert errors(diagnose(TraceModel.from_events(b.sorted_events()), hang_after=2.0)) == [("missing_ranks", [2])]
+
+
 def test_a_hang_past_hang_after_names_every_absent_rank_whoever_was_stopped_in_it():
     """Rank 0 (or 2) waited 2.95 s, past hang_after (2 s), in the all_reduce; rank 1 left
     with sys.exit(3) at 2.5 s, rank 3 idle never came, the other entered at 2.9 s, and the

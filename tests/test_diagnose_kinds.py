@@ -966,6 +966,50 @@ def test_a_member_late_by_itself_that_now_waits_a_moment_is_still_the_one_named(
     assert _errors_at(b, t + 2 * S + 5 * MS) == [("missing_ranks", [4])]
 
 
+def test_a_job_stopped_with_a_rank_late_by_itself_names_it_however_late_it_is_judged():
+    """As above, and the launcher stops the job at 2.5 s: the midpoint is the stop's, not
+    now's (helper-97: judged from 4 s on, rank 4's send, 0.5 s old when the job stopped,
+    was drawn in and rank 1 named)."""
+    b = TraceBuilder(5)
+    t = b.warmup()
+    b.group("A", [2, 4])
+    b.sync(2, t, None, "all_reduce", group="A")
+    for k in range(19):
+        u = t + k * 100 * MS
+        b.sync(4, u, u + MS, "send", peer=1, dir="send")
+        b.sync(1, u, u + MS, "recv", peer=4, dir="recv")
+    b.sync(4, t + 1990 * MS, None, "send", peer=1, dir="send")
+    stop = t + 2500 * MS
+    b.heartbeats(t, stop)
+    for r in range(5):
+        b.exit(r, stop, reason="signal", signal="Terminated")
+    for ms in (2500, 3000, 4000, 6000, 60000):
+        assert _errors_at(b, t + ms * MS) == [("missing_ranks", [4])], ms
+
+
+@pytest.mark.parametrize("world", [False, True], ids=["group A", "the world, rank 0 dead"])
+def test_a_wait_drawn_in_down_a_later_path_names_no_blocked_rank(world):
+    """Rank 1 waits in group A's all_reduce from ``t``; rank 2 (in A) blocks at 1.2 s in a
+    send to rank 3; rank 3 (in A) at 1.45 s in a send to rank 4, idle.  Rank 3's send began
+    in the latter half of A's wait but the first half of rank 2's: drawn in through rank 2
+    (helper-97: rank 3 was walked once, from A's hang, and rank 2's send named it, blocked,
+    from 2.4 s to 3.45 s).  (Before 2.4 s, rank 2's send began in the latter half of A's
+    wait: ranks 2 and 3 are late by themselves.)"""
+    b = TraceBuilder(5)
+    t = b.warmup()
+    b.group("A", [0, 1, 2, 3, 4] if world else [1, 2, 3])
+    b.sync(1, t, None, "all_reduce", group="A")
+    b.sync(2, t + 1200 * MS, None, "send", peer=3, dir="send")
+    b.sync(3, t + 1450 * MS, None, "send", peer=4, dir="send")
+    if world:
+        b.heartbeats(b.t0, t, interval=S // 2, ranks=[0])
+        b.exit(0, t + 50 * MS, reason="signal", signal="SIGKILL")
+    b.heartbeats(t, t + 6 * S, ranks=[1, 2, 3, 4])
+    for ms in (2400, 2500, 3000, 3400, 3500, 6000):
+        named = {c for _, cs in _errors_at(b, t + ms * MS) for c in cs}
+        assert named == ({0, 4} if world else {4}), (ms, named)
+
+
 def test_an_idle_rank_missing_from_a_collective_and_never_receiving_a_send_is_one_finding():
     """Rank 3, idle, never enters group D's all_reduce (ranks 0 and 1 wait there) and never
     posts the recv of rank 2's send: one cause, one error (it was two, each naming rank 3)."""

@@ -534,13 +534,13 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any,
                 continue  # a rank that is gone no longer waits
             s = model.sigs[code]
             key = (s.space, s.group, q)
-            if i in drawn.get(r, ()):
-                long.add(key)
-            elif model.exits_seen and rankstate.waited_until(model, r, now) - int(model.ranks[r].begin[i]) < hang_ns:
-                if r not in cut or cut[r][0] != i:
+            if model.exits_seen and rankstate.waited_until(model, r, now) - int(model.ranks[r].begin[i]) < hang_ns:
+                if r in cut and cut[r][0] == i:
+                    short[key] = short.get(key, frozenset()) | cut[r][1]
+                elif i not in drawn.get(r, ()):
                     continue  # (it left, with its job, before it had waited that long)
-                short[key] = short.get(key, frozenset()) | cut[r][1]
-            else:
+                # (drawn into a hang: waited in, but not past hang_after, nor cut short)
+            elif i not in drawn.get(r, ()):
                 long.add(key)
             pending.setdefault(key, {})[r] = i
     out = []

@@ -353,17 +353,19 @@ def _roots_first(consequences: list[tuple[Finding, set[int] | None]]) -> list[tu
     into it) is one naming those roots itself, where one does: of a chain of sends into a
     wait cycle, the link at the cycle (rank 3 sends to 1, which waits in the all_reduce rank
     4 never enters, sending to 1), not one further out naming a blocked rank (rank 2 sends
-    to 3: rank 3 was named; helper-96), and of those the first by ``PRIORITY``: a cycle's
-    unmatched send before another group's hang on the rank it sends to (which, kept, took
-    the send in and left the cycle unseen; helper-94).  Each keeps its place otherwise."""
+    to 3: rank 3 was named; helper-96), and of those a hang last: a cycle's unmatched send
+    before another group's hang on the rank it sends to (which, kept, took the send in and
+    left the cycle unseen; helper-94).  Each keeps its place otherwise (a failure before
+    the crashes of it: by ``PRIORITY`` a crash went first, and named through the others'
+    blame, a crash of ranks that never crashed; helper-97's fuzzer)."""
     slots: dict[frozenset[int] | None, list[int]] = {}
     for k, (_, want) in enumerate(consequences):
         slots.setdefault(None if want is None else frozenset(want), []).append(k)
     out = list(consequences)
     for want, at in slots.items():
         if want is not None and len(at) > 1:
-            ranked = sorted(at, key=lambda k: (1, 0) if not set(consequences[k][0].culprits) <= want
-                            else (0, _RANK.get(consequences[k][0].kind, 99)))
+            ranked = sorted(at, key=lambda k: 2 if not set(consequences[k][0].culprits) <= want
+                            else int(consequences[k][0].kind == "missing_ranks"))
             for k, j in zip(at, ranked, strict=True):
                 out[k] = consequences[j]
     return out
