@@ -30,11 +30,14 @@ def kinds(findings):
 
 
 def sends_into(world: int, sends: dict[int, int], waiting: tuple[int, ...], op: str = "barrier",
-               group: str = "0") -> TraceBuilder:
+               group: str = "0", members: list[int] | None = None) -> TraceBuilder:
     """Blocked sends (rank -> peer, never received) and ranks waiting in ``op`` of ``group``
-    a moment later, ten seconds of heartbeats on: the wait cycles through a collective."""
+    (of ``members``, where given) a moment later, ten seconds of heartbeats on: the wait
+    cycles through a collective."""
     b = TraceBuilder(world)
     t = b.warmup()
+    if members is not None:
+        b.group(group, members)
     for r, peer in sends.items():
         b.sync(r, t, None, "send", peer=peer, dir="send")
     for r in waiting:
@@ -886,13 +889,7 @@ def test_a_chain_of_sends_into_a_subgroup_s_collective_beside_an_idle_rank_names
     """Rank 1 sends to 2, 2 to 3, which waits in group A's all_reduce (A = 0, 1, 3); rank 0,
     idle, never comes: missing_ranks [0] and the send to 3, the send to 2 a link folded into
     it (helper-96: it stood, named through the idle rank as ranks 0 and 2)."""
-    b = TraceBuilder(4)
-    t = b.warmup()
-    b.group("A", [0, 1, 3])
-    for r, peer in ((1, 2), (2, 3)):
-        b.sync(r, t, None, "send", peer=peer, dir="send")
-    b.sync(3, t + MS, None, "all_reduce", group="A")
-    b.heartbeats(t, t + 10 * S)
+    b = sends_into(4, {1: 2, 2: 3}, (3,), "all_reduce", "A", members=[0, 1, 3])
     for batches in (1, 7):
         _, f = run(b, batches=batches)
         assert [(x.kind, x.culprits) for x in f if x.severity == "error"] == [
@@ -904,13 +901,7 @@ def test_a_chain_of_sends_into_a_wait_cycle_beside_an_idle_rank_names_no_link():
     sends to 1 (a wait cycle through B); rank 3 sends to 1 as well, and rank 2 to 3.  The
     cycle is rank 1's: the hang names rank 0, the sends rank 1 (helper-96: the send to 3,
     the chain's outer link, was kept for the cycle, naming rank 3, blocked)."""
-    b = TraceBuilder(5)
-    t = b.warmup()
-    b.group("B", [0, 1, 4])
-    for r, peer in ((2, 3), (3, 1), (4, 1)):
-        b.sync(r, t, None, "send", peer=peer, dir="send")
-    b.sync(1, t + MS, None, "all_reduce", group="B")
-    b.heartbeats(t, t + 10 * S)
+    b = sends_into(5, {2: 3, 3: 1, 4: 1}, (1,), "all_reduce", "B", members=[0, 1, 4])
     for batches in (1, 7):
         _, f = run(b, batches=batches)
         assert [(x.kind, x.culprits) for x in f if x.severity == "error"] == [
@@ -953,6 +944,14 @@ def test_a_member_late_by_itself_that_now_waits_a_moment_is_still_the_one_named(
     sends to rank 1 all that time (each received), and has just posted another that rank 1
     has not received yet: rank 4 is the one late, not rank 1 (a wait that began in the
     latter half of the hang is not drawn into it: ``hangs.drawn_in``)."""
+    b, t = _late_by_itself()
+    b.heartbeats(t, t + 2 * S + 10 * MS)
+    assert _errors_at(b, t + 2 * S + 5 * MS) == [("missing_ranks", [4])]
+
+
+def _late_by_itself() -> tuple[TraceBuilder, int]:
+    """Rank 2 in group A's all_reduce (ranks 2, 4) from ``t``; rank 4 sends to rank 1 every
+    100 ms, each received, then once more at 1.99 s, not received yet."""
     b = TraceBuilder(5)
     t = b.warmup()
     b.group("A", [2, 4])
@@ -962,23 +961,14 @@ def test_a_member_late_by_itself_that_now_waits_a_moment_is_still_the_one_named(
         b.sync(4, u, u + MS, "send", peer=1, dir="send")
         b.sync(1, u, u + MS, "recv", peer=4, dir="recv")
     b.sync(4, t + 1990 * MS, None, "send", peer=1, dir="send")
-    b.heartbeats(t, t + 2 * S + 10 * MS)
-    assert _errors_at(b, t + 2 * S + 5 * MS) == [("missing_ranks", [4])]
+    return b, t
 
 
 def test_a_job_stopped_with_a_rank_late_by_itself_names_it_however_late_it_is_judged():
     """As above, and the launcher stops the job at 2.5 s: the midpoint is the stop's, not
     now's (helper-97: judged from 4 s on, rank 4's send, 0.5 s old when the job stopped,
     was drawn in and rank 1 named)."""
-    b = TraceBuilder(5)
-    t = b.warmup()
-    b.group("A", [2, 4])
-    b.sync(2, t, None, "all_reduce", group="A")
-    for k in range(19):
-        u = t + k * 100 * MS
-        b.sync(4, u, u + MS, "send", peer=1, dir="send")
-        b.sync(1, u, u + MS, "recv", peer=4, dir="recv")
-    b.sync(4, t + 1990 * MS, None, "send", peer=1, dir="send")
+    b, t = _late_by_itself()
     stop = t + 2500 * MS
     b.heartbeats(t, stop)
     for r in range(5):
