@@ -531,6 +531,69 @@ def test_a_barrier_timeout_partly_in_a_wait_cycle_is_one_finding_naming_each_ran
             if crash else [])
 
 
+def _barrier_partly_in_a_wait_cycle(b: TraceBuilder, rank3_exc: str = TIMED_OUT, rank3_after: int = 13 * MS) -> int:
+    """Rank 2 sends to 3, which is in the barrier with 0 and 1; rank 4 never comes.  The
+    barrier times out (blamed on 3 and 4); 0 and 1 crash of it at once, rank 3 raises
+    ``rank3_exc`` ``rank3_after`` the timeout, and rank 2's send fails as it goes.
+    Returns when the timeout fired."""
+    t = b.warmup()
+    send = b.begin(2, t, "send", peer=3, dir="send")
+    ids = {r: b.begin(r, t + MS, "barrier") for r in (0, 1, 3)}
+    fired = t + S
+    for r in (0, 1, 3):
+        b.end(r, ids[r], fired + r * MS, exc=TIMED_OUT)
+    for r in (0, 1):
+        b.exit(r, fired + (10 + r) * MS, reason="exception", exc=TIMED_OUT)
+    b.exit(3, fired + rank3_after, reason="exception", exc=rank3_exc)
+    b.end(2, send, fired + rank3_after + MS, exc=CLOSED)
+    b.heartbeats(b.t0, fired, ranks=[0, 1])
+    b.heartbeats(b.t0, fired + rank3_after, ranks=[3])
+    b.heartbeats(b.t0, fired + rank3_after + 5 * S, ranks=[2])
+    return fired
+
+
+@pytest.mark.parametrize("dies", [-500 * MS, 0, S], ids=["before the timeout", "as it fires", "after it"])
+def test_a_barrier_timeout_partly_in_a_wait_cycle_beside_a_rank_that_died_keeps_both_causes(dies):
+    """As above, but rank 4 died (silently) instead of idling.  Its death is one cause; the
+    wait cycle that rank 3 crashed in, the other: rank 3's crash is not folded into the
+    barrier's failure (blamed on 3 and the dead 4, that failure is rank 4's death's
+    consequence, and with it went rank 2's send failing on rank 3: no finding named
+    rank 3; helper-98)."""
+    b = TraceBuilder(5)
+    fired = _barrier_partly_in_a_wait_cycle(b)
+    b.heartbeats(b.t0, fired + dies, ranks=[4])
+    for step in (1, 7):
+        _, f = replay(b, {3, 4}, hang_after=60.0, step=step)
+        assert errors(f) == [("dead_rank", [4]), ("rank_crashed", [3])], [x.message for x in f]
+        consequences = [(c["kind"], c["ranks"]) for x in f for c in x.evidence.get("consequences", [])]
+        assert ("op_failed", [2, 3]) in consequences and ("op_failed", [0, 1, 2, 3, 4]) in consequences
+        assert ("rank_crashed", [3]) not in consequences
+
+
+@pytest.mark.parametrize(("exc", "after", "folded"), [
+    (TIMED_OUT, 5 * S, True), ("ValueError: loss is nan", 100 * MS, True), ("ValueError: loss is nan", 5 * S, False)],
+    ids=["its timeout, later", "another exception, at once", "another exception, later"])
+def test_a_rank_crashed_of_a_failure_blamed_on_it_and_others_only_where_it_raised_that_failure(exc, after, folded):
+    """Rank 3's crash folds into the barrier's failure (blamed on it and rank 4) where it
+    raised what the barrier raised, or went as the barrier failed; a different exception
+    seconds later is a crash of its own, beside the failure (it was folded as 'crashed on
+    that failure'; helper-98)."""
+    b = TraceBuilder(5)
+    fired = _barrier_partly_in_a_wait_cycle(b, exc, after)
+    b.heartbeats(b.t0, fired + after + 5 * S, ranks=[4])
+    for step in (1, 7):
+        _, f = replay(b, {3, 4}, hang_after=60.0, step=step)
+        consequences = [(c["kind"], c["ranks"]) for x in f for c in x.evidence.get("consequences", [])]
+        if folded:
+            assert errors(f) == [("op_failed", [3, 4])], [x.message for x in f]
+            assert ("rank_crashed", [3]) in consequences and ("op_failed", [2, 3]) in consequences
+        else:
+            assert errors(f) == [("rank_crashed", [3]), ("op_failed", [3, 4])], [x.message for x in f]
+            assert "ValueError: loss is nan" in f[0].message
+            assert f[0].evidence["consequences"][0]["kind"] == "op_failed"
+            assert f[0].evidence["consequences"][0]["ranks"] == [2, 3]
+
+
 def test_a_chain_of_p2p_waits_into_a_barrier_blames_its_end():
     """Rank 1 recvs from 2, rank 2 from 3, and rank 3 went into barrier W, which times out
     (then each crashes in turn).  The chain ends at rank 3: one rank_crashed, at every

@@ -56,6 +56,7 @@ from commscope.analysis.components import strongly_connected
 from commscope.analysis.failures import death_message, instance_key
 from commscope.analysis.findings import DEPARTED, ERROR, Finding, attach_stacks, ranks_text
 from commscope.analysis.model import TraceModel
+from commscope.analysis.rankstate import SLACK_NS
 from commscope.analysis.vocab import signal_name
 
 #: Which finding absorbs another naming the same culprits: earlier wins.
@@ -335,17 +336,30 @@ def _crashed_of_failures(roots: list[Finding]) -> tuple[list[Finding], dict[int,
                 failed.setdefault(k, t)
     if not failed:
         return roots, {}
+    departed = {f.culprits[0] for f in roots if f.kind in DEPARTED}
     keep: list[Finding] = []
     held: dict[int, Finding] = {}
     for f in roots:
         t = next((failed[k] for k in f.instances if k in failed), None) \
             if f.kind == "rank_crashed" and not f.victims else None
-        if t is not None and set(f.culprits) < set(t.culprits):
+        if t is not None and set(f.culprits) < set(t.culprits) and set(t.culprits) - departed \
+                and _crashed_of(f, t):
             _absorb(t, f)
             held.setdefault(f.culprits[0], t)
         else:
             keep.append(f)
     return keep, held
+
+
+def _crashed_of(crash: Finding, failure: Finding) -> bool:
+    """Whether a rank crashed of its failed op: it raised what the op raised, or went as
+    the op failed (a handler that raised its own exception); not a different exception
+    long after (it went on, and crashed of something else)."""
+    ev = crash.evidence
+    op = (failure.evidence.get("failed") or {}).get(str(crash.culprits[0])) or {}
+    if ev.get("exc") and ev.get("exc") == op.get("exc"):
+        return True
+    return int(ev.get("exit_ns") or crash.ts) - int(op.get("failed_ns") or 0) <= SLACK_NS
 
 
 def _roots_first(consequences: list[tuple[Finding, set[int] | None]]) -> list[tuple[Finding, set[int] | None]]:
@@ -355,20 +369,31 @@ def _roots_first(consequences: list[tuple[Finding, set[int] | None]]) -> list[tu
     4 never enters, sending to 1), not one further out naming a blocked rank (rank 2 sends
     to 3: rank 3 was named; helper-96), and of those a hang last: a cycle's unmatched send
     before another group's hang on the rank it sends to (which, kept, took the send in and
-    left the cycle unseen; helper-94).  Each keeps its place otherwise (a failure before
-    the crashes of it: by ``PRIORITY`` a crash went first, and named through the others'
-    blame, a crash of ranks that never crashed; helper-97's fuzzer)."""
+    left the cycle unseen; helper-94); a departure after all (``_first_of``).  Each keeps
+    its place otherwise (a failure before the crashes of it: by ``PRIORITY`` a crash went
+    first, and named through the others' blame, a crash of ranks that never crashed;
+    helper-97's fuzzer)."""
     slots: dict[frozenset[int] | None, list[int]] = {}
     for k, (_, want) in enumerate(consequences):
         slots.setdefault(None if want is None else frozenset(want), []).append(k)
     out = list(consequences)
     for want, at in slots.items():
         if want is not None and len(at) > 1:
-            ranked = sorted(at, key=lambda k: 2 if not set(consequences[k][0].culprits) <= want
-                            else int(consequences[k][0].kind == "missing_ranks"))
+            ranked = sorted(at, key=lambda k: _first_of(consequences[k][0], want))
             for k, j in zip(at, ranked, strict=True):
                 out[k] = consequences[j]
     return out
+
+
+def _first_of(f: Finding, want: frozenset[int]) -> int:
+    """``_roots_first``'s order: a finding naming the roots itself, a hang after the rest;
+    then one naming others; a departure last (kept first, it took its roots' names: a crash
+    of ranks that never crashed; helper-98)."""
+    if f.kind in DEPARTED:
+        return 3
+    if not set(f.culprits) <= want:
+        return 2
+    return int(f.kind == "missing_ranks")
 
 
 def _chains(final: list[Finding]) -> list[Finding]:
