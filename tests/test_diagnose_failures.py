@@ -502,46 +502,21 @@ def test_a_barrier_timeout_while_its_absent_rank_sent_to_a_rank_in_it_blames_tha
         assert set(x.victims) == {0, 1, 2}
 
 
-@pytest.mark.parametrize("crash", [True, False], ids=["the waiting ranks crash", "they catch it"])
-def test_a_barrier_timeout_partly_in_a_wait_cycle_is_one_finding_naming_each_rank_once(crash):
-    """As above, and rank 4, idle, never comes either: the barrier's failure is blamed on
-    ranks 3 and 4.  Rank 3 crashed of that failure: its crash is one of its consequences
-    (it stood beside it as a rank_crashed, naming rank 3 twice), and so is rank 2's send
-    failing as rank 3 went."""
-    b = TraceBuilder(5)
+def _barrier_partly_in_a_wait_cycle(b: TraceBuilder, crash: bool = True, rank3_exc: str = TIMED_OUT,
+                                    rank3_after: int = 13 * MS) -> int:
+    """Rank 2 sends to 3, which is in the barrier with 0 and 1; rank 4 never comes (its
+    heartbeats are the caller's).  The barrier times out (blamed on 3 and 4); with
+    ``crash``, 0 and 1 crash of it at once, rank 3 raises ``rank3_exc`` ``rank3_after`` the
+    timeout, and rank 2's send fails as it goes.  Returns when the timeout fired."""
     t = b.warmup()
     send = b.begin(2, t, "send", peer=3, dir="send")
     ids = {r: b.begin(r, t + MS, "barrier") for r in (0, 1, 3)}
     fired = t + S
     for r in (0, 1, 3):
         b.end(r, ids[r], fired + r * MS, exc=TIMED_OUT)
-        if crash:
-            b.exit(r, fired + (10 + r) * MS, reason="exception", exc=TIMED_OUT)
-    if crash:
-        b.end(2, send, fired + 14 * MS, exc=CLOSED)
-    b.heartbeats(b.t0, fired + 5 * S, ranks=[2, 4] if crash else None)
-    if crash:
-        b.heartbeats(b.t0, fired, ranks=[0, 1, 3])
-    for step in (1, 7):
-        _, f = replay(b, {3, 4}, hang_after=60.0, step=step)
-        assert errors(f) == [("op_failed", [3, 4])], [x.message for x in f]
-        assert f[0].evidence["blame"]["reason"] == "absent+blocked"
-        assert [(c["kind"], c["ranks"]) for c in f[0].evidence.get("consequences", [])] == (
-            [("rank_crashed", [0]), ("rank_crashed", [1]), ("rank_crashed", [3]), ("op_failed", [2, 3])]
-            if crash else [])
-
-
-def _barrier_partly_in_a_wait_cycle(b: TraceBuilder, rank3_exc: str = TIMED_OUT, rank3_after: int = 13 * MS) -> int:
-    """Rank 2 sends to 3, which is in the barrier with 0 and 1; rank 4 never comes.  The
-    barrier times out (blamed on 3 and 4); 0 and 1 crash of it at once, rank 3 raises
-    ``rank3_exc`` ``rank3_after`` the timeout, and rank 2's send fails as it goes.
-    Returns when the timeout fired."""
-    t = b.warmup()
-    send = b.begin(2, t, "send", peer=3, dir="send")
-    ids = {r: b.begin(r, t + MS, "barrier") for r in (0, 1, 3)}
-    fired = t + S
-    for r in (0, 1, 3):
-        b.end(r, ids[r], fired + r * MS, exc=TIMED_OUT)
+    if not crash:
+        b.heartbeats(b.t0, fired + 5 * S, ranks=[0, 1, 2, 3])
+        return fired
     for r in (0, 1):
         b.exit(r, fired + (10 + r) * MS, reason="exception", exc=TIMED_OUT)
     b.exit(3, fired + rank3_after, reason="exception", exc=rank3_exc)
@@ -550,6 +525,24 @@ def _barrier_partly_in_a_wait_cycle(b: TraceBuilder, rank3_exc: str = TIMED_OUT,
     b.heartbeats(b.t0, fired + rank3_after, ranks=[3])
     b.heartbeats(b.t0, fired + rank3_after + 5 * S, ranks=[2])
     return fired
+
+
+@pytest.mark.parametrize("crash", [True, False], ids=["the waiting ranks crash", "they catch it"])
+def test_a_barrier_timeout_partly_in_a_wait_cycle_is_one_finding_naming_each_rank_once(crash):
+    """As above, and rank 4, idle, never comes either: the barrier's failure is blamed on
+    ranks 3 and 4.  Rank 3 crashed of that failure: its crash is one of its consequences
+    (it stood beside it as a rank_crashed, naming rank 3 twice), and so is rank 2's send
+    failing as rank 3 went."""
+    b = TraceBuilder(5)
+    fired = _barrier_partly_in_a_wait_cycle(b, crash)
+    b.heartbeats(b.t0, fired + 5 * S, ranks=[4])
+    for step in (1, 7):
+        _, f = replay(b, {3, 4}, hang_after=60.0, step=step)
+        assert errors(f) == [("op_failed", [3, 4])], [x.message for x in f]
+        assert f[0].evidence["blame"]["reason"] == "absent+blocked"
+        assert [(c["kind"], c["ranks"]) for c in f[0].evidence.get("consequences", [])] == (
+            [("rank_crashed", [0]), ("rank_crashed", [1]), ("rank_crashed", [3]), ("op_failed", [2, 3])]
+            if crash else [])
 
 
 @pytest.mark.parametrize("dies", [-500 * MS, 0, S], ids=["before the timeout", "as it fires", "after it"])
@@ -579,7 +572,7 @@ def test_a_rank_crashed_of_a_failure_blamed_on_it_and_others_only_where_it_raise
     seconds later is a crash of its own, beside the failure (it was folded as 'crashed on
     that failure'; helper-98)."""
     b = TraceBuilder(5)
-    fired = _barrier_partly_in_a_wait_cycle(b, exc, after)
+    fired = _barrier_partly_in_a_wait_cycle(b, True, exc, after)
     b.heartbeats(b.t0, fired + after + 5 * S, ranks=[4])
     for step in (1, 7):
         _, f = replay(b, {3, 4}, hang_after=60.0, step=step)
