@@ -587,6 +587,56 @@ def test_a_rank_crashed_of_a_failure_blamed_on_it_and_others_only_where_it_raise
             assert f[0].evidence["consequences"][0]["ranks"] == [2, 3]
 
 
+def test_a_crash_in_a_wait_cycle_is_never_kept_naming_ranks_that_never_crashed():
+    """Rank 0 recvs from 1, which waits in the all_reduce; rank 3 sends to 2, idle.  0 and
+    3 time out and crash; rank 1's all_reduce fails as they go, and rank 1 crashes of a
+    ValueError seconds later.  Every error names rank 2, the idle one, and no crash is
+    kept naming others' ranks (rank 0's crash led to the same roots as a failure before
+    it, was kept first and named ranks 0 and 2 crashed; helper-99's fuzzer)."""
+    b = TraceBuilder(4, sample_interval=0.5)
+    t = b.warmup(1)
+    recv = b.begin(0, t, "recv", peer=1, dir="recv")
+    send = b.begin(3, t + 3 * MS, "send", peer=2, dir="send")
+    ar = b.begin(1, t + 4 * MS, "all_reduce")
+    fired = t + S
+    b.end(0, recv, fired, exc=TIMED_OUT)
+    b.end(3, send, fired + 2 * MS, exc=TIMED_OUT)
+    b.exit(0, fired + 11 * MS, reason="exception", exc=TIMED_OUT)
+    b.exit(3, fired + 12 * MS, reason="exception", exc=TIMED_OUT)
+    b.end(1, ar, fired + 13 * MS, exc=CLOSED)
+    b.exit(1, fired + 4 * S, reason="exception", exc="ValueError: bad data")
+    b.heartbeats(b.t0, fired, interval=S // 2, ranks=[0, 3])
+    b.heartbeats(b.t0, fired + 4 * S, interval=S // 2, ranks=[1])
+    b.heartbeats(b.t0, fired + 6 * S, interval=S // 2, ranks=[2])
+    for step in (1, 7):
+        _, f = replay(b, {0, 1, 2}, step=step)
+        got = [x for x in f if x.severity == "error"]
+        assert got and all(2 in x.culprits for x in got), [x.message for x in got]
+        assert not [x.message for x in got if x.kind in ("rank_crashed", "dead_rank")]
+
+
+def test_a_rank_crashed_of_its_own_failure_beside_a_dead_rank_is_still_named():
+    """Rank 1 dies silently before the barrier; rank 2's barrier raises a ValueError on
+    rank 2 itself and it exits of it; 0 and 3 fail as the connections close.  Two causes:
+    rank 1's death and rank 2's crash (the crash folded into the barrier's failure, blamed
+    on ranks 1 and 2, which went to rank 1's death: rank 2 was named by no finding;
+    helper-99's fuzzer)."""
+    b = TraceBuilder(4, sample_interval=0.5)
+    t = b.warmup(1)
+    ids = {r: b.begin(r, t + r * MS, "barrier") for r in (0, 2, 3)}
+    b.heartbeats(b.t0, t + 400 * MS, interval=S // 2, ranks=[1])
+    boom = t + 800 * MS
+    b.end(2, ids[2], boom, exc="ValueError: bad data")
+    b.exit(2, boom + MS, reason="exception", exc="ValueError: bad data")
+    for r in (0, 3):
+        b.end(r, ids[r], boom + (5 + r) * MS, exc=CLOSED)
+    b.heartbeats(b.t0, boom, interval=S // 2, ranks=[2])
+    b.heartbeats(b.t0, boom + 5 * S, interval=S // 2, ranks=[0, 3])
+    for step in (1, 7):
+        _, f = replay(b, {1, 2}, hang_after=60.0, step=step)
+        assert errors(f) == [("dead_rank", [1]), ("rank_crashed", [2])], [x.message for x in f]
+
+
 def test_a_chain_of_p2p_waits_into_a_barrier_blames_its_end():
     """Rank 1 recvs from 2, rank 2 from 3, and rank 3 went into barrier W, which times out
     (then each crashes in turn).  The chain ends at rank 3: one rank_crashed, at every
