@@ -637,6 +637,32 @@ def test_a_rank_crashed_of_its_own_failure_beside_a_dead_rank_is_still_named():
         assert errors(f) == [("dead_rank", [1]), ("rank_crashed", [2])], [x.message for x in f]
 
 
+def test_a_rank_crashed_of_its_own_refusal_beside_an_absent_rank_that_crashed_too_is_named():
+    """Rank 3 sends to 1 and never enters the all_reduce; rank 0's all_reduce raises a
+    ValueError on rank 0 itself and it exits of it; the others' fail as it goes, and 1, 3
+    and 4 crash.  The failure is blamed on 0 and 3, both gone: rank 0's crash stands (it
+    folded into the failure, and rank 3's send failing was then kept naming rank 1, a
+    victim; helper-99's fuzzer)."""
+    b = TraceBuilder(5, sample_interval=0.5)
+    t = b.warmup(1)
+    send = b.begin(3, t, "send", peer=1, dir="send")
+    ids = {r: b.begin(r, t + MS, "all_reduce") for r in (4, 2, 1, 0)}
+    b.end(0, ids[0], t + 28 * MS, exc="ValueError: bad data")
+    b.exit(0, t + 29 * MS, reason="exception", exc="ValueError: bad data")
+    for r in (1, 4, 2):
+        b.end(r, ids[r], t + (32 + r) * MS, exc=CLOSED)
+    b.exit(4, t + 42 * MS, reason="exception", exc=CLOSED)
+    b.exit(1, t + 45 * MS, reason="exception", exc="ValueError: bad data")
+    b.end(3, send, t + 53 * MS, exc=CLOSED)
+    b.exit(3, t + 59 * MS, reason="exception", exc="ValueError: bad data")
+    for r, gone in ((0, 29), (1, 45), (3, 59), (4, 42)):
+        b.heartbeats(b.t0, t + gone * MS, interval=S // 2, ranks=[r])
+    b.heartbeats(b.t0, t + 5 * S, interval=S // 2, ranks=[2])
+    for step in (1, 7):
+        _, f = replay(b, {0, 3}, step=step)
+        assert errors(f) == [("rank_crashed", [0]), ("op_failed", [0, 3])], [x.message for x in f]
+
+
 def test_a_chain_of_p2p_waits_into_a_barrier_blames_its_end():
     """Rank 1 recvs from 2, rank 2 from 3, and rank 3 went into barrier W, which times out
     (then each crashes in turn).  The chain ends at rank 3: one rank_crashed, at every

@@ -193,7 +193,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         else:
             consequences.append((f, r))
     roots.sort(key=lambda f: (_RANK.get(f.kind, 99), f.ts))
-    roots, held = _crashed_of_failures(roots)
+    roots, held = _crashed_of_failures(roots, {f.culprits[0] for f in errors if f.kind in DEPARTED})
     gone = {f.culprits[0] for f in roots if f.kind in DEPARTED} | held.keys()
     # A rank blocked for good in a p2p op with a peer the job does not have is, for what
     # waits on it, as a departed rank: their root (it would never come).
@@ -322,13 +322,17 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     return sorted(final + rest, key=Finding.sort_key)
 
 
-def _crashed_of_failures(roots: list[Finding]) -> tuple[list[Finding], dict[int, Finding]]:
+def _crashed_of_failures(roots: list[Finding], departed: set[int]) -> tuple[list[Finding], dict[int, Finding]]:
     """A rank that crashed on a failure blamed on it and on others besides (its timeout, in
     a wait it made a cycle of, while another rank never came at all) crashed of that
     failure: its crash folds into the failure's ``op_failed``, which names it already (it
     stood beside it, naming rank 3 twice).  Alone to blame, its crash is the root
-    (``failures.find_crashes``: "its own doing").  Returns the roots left, and each such
-    rank's failure: the root of what its departure caused."""
+    (``failures.find_crashes``: "its own doing"), and so where every other rank blamed
+    departed too (``departed``: the ranks of every crash or death found, folded or not):
+    their departures explain the failure, and the failure folded into one of them took the
+    crash with it (helper-98, helper-99).  Only a crash of that failure (``_crashed_of``).
+    Returns the roots left, and each such rank's failure: the root of what its departure
+    caused."""
     failed: dict[tuple, Finding] = {}
     for t in roots:
         if t.kind == "op_failed":
@@ -336,7 +340,6 @@ def _crashed_of_failures(roots: list[Finding]) -> tuple[list[Finding], dict[int,
                 failed.setdefault(k, t)
     if not failed:
         return roots, {}
-    departed = {f.culprits[0] for f in roots if f.kind in DEPARTED}
     keep: list[Finding] = []
     held: dict[int, Finding] = {}
     for f in roots:
