@@ -564,13 +564,16 @@ def test_a_barrier_timeout_partly_in_a_wait_cycle_beside_a_rank_that_died_keeps_
 
 
 @pytest.mark.parametrize(("exc", "after", "folded"), [
-    (TIMED_OUT, 5 * S, True), ("ValueError: loss is nan", 100 * MS, True), ("ValueError: loss is nan", 5 * S, False)],
-    ids=["its timeout, later", "another exception, at once", "another exception, later"])
+    (TIMED_OUT, 5 * S, True), ("torch.distributed.DistBackendError: " + TIMED_OUT.split(": ", 1)[1], 5 * S, True),
+    ("ValueError: loss is nan", 100 * MS, True), ("ValueError: loss is nan", 5 * S, False)],
+    ids=["its timeout, later", "its timeout in another type, later", "another exception, at once",
+         "another exception, later"])
 def test_a_rank_crashed_of_a_failure_blamed_on_it_and_others_only_where_it_raised_that_failure(exc, after, folded):
     """Rank 3's crash folds into the barrier's failure (blamed on it and rank 4) where it
-    raised what the barrier raised, or went as the barrier failed; a different exception
-    seconds later is a crash of its own, beside the failure (it was folded as 'crashed on
-    that failure'; helper-98)."""
+    raised what the barrier raised (whatever type it was given: the native hook records a
+    C++ what(), Python's crash its DistBackendError), or went as the barrier failed; a
+    different exception seconds later is a crash of its own, beside the failure (it was
+    folded as 'crashed on that failure'; helper-98)."""
     b = TraceBuilder(5)
     fired = _barrier_partly_in_a_wait_cycle(b, True, exc, after)
     b.heartbeats(b.t0, fired + after + 5 * S, ranks=[4])

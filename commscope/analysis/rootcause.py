@@ -53,6 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 from commscope.analysis.components import strongly_connected
+from commscope.analysis.errors import first_line
 from commscope.analysis.failures import death_message, instance_key
 from commscope.analysis.findings import DEPARTED, ERROR, Finding, attach_stacks, ranks_text
 from commscope.analysis.model import TraceModel
@@ -360,9 +361,17 @@ def _crashed_of(crash: Finding, failure: Finding) -> bool:
     long after (it went on, and crashed of something else)."""
     ev = crash.evidence
     op = (failure.evidence.get("failed") or {}).get(str(crash.culprits[0])) or {}
-    if ev.get("exc") and ev.get("exc") == op.get("exc"):
+    said, raised = _said(ev.get("exc") or ""), _said(op.get("exc") or "")
+    if said and raised and (said.startswith(raised) or raised.startswith(said)):
         return True
     return int(ev.get("exit_ns") or crash.ts) - int(op.get("failed_ns") or 0) <= SLACK_NS
+
+
+def _said(exc: str) -> str:
+    """What an exception said, as its op's record and its crash's both hold it: the first
+    line without its type (the native hook records a C++ ``what()``, the crash Python's
+    ``DistBackendError: ...``) and without Gloo's source location."""
+    return re.sub(r"^[\w.]+: ", "", first_line(exc, 10_000))
 
 
 def _roots_first(consequences: list[tuple[Finding, set[int] | None]]) -> list[tuple[Finding, set[int] | None]]:
