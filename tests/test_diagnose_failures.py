@@ -666,6 +666,34 @@ def test_a_rank_crashed_of_its_own_refusal_beside_an_absent_rank_that_crashed_to
         assert errors(f) == [("rank_crashed", [0]), ("op_failed", [0, 3])], [x.message for x in f]
 
 
+def test_many_wait_cycles_through_one_barrier_timed_out_are_one_failure_holding_every_crash():
+    """Half of 64 ranks wait in the barrier; 31 of the others each send to one of them
+    (which never receives), and rank 63 idles.  The barrier times out, blamed on the 31
+    held by those sends and on rank 63; every waiting rank crashes of it, and the sends
+    fail as their peers go.  One error, the failure, holding every crash and every send's
+    failure (the sends' failures folded one at a time into the failure naming their peers,
+    each fold copying its thousands of instances: 16k ranks took 12 s against 3 s)."""
+    world, half = 64, 32
+    b = TraceBuilder(world)
+    t = b.warmup(1)
+    sends = {r: b.begin(r, t, "send", peer=r - half, dir="send") for r in range(half, world - 1)}
+    ids = {r: b.begin(r, t + MS, "barrier") for r in range(half)}
+    fired = t + S
+    for r in range(half):
+        b.end(r, ids[r], fired + MS, exc=TIMED_OUT)
+        b.exit(r, fired + 10 * MS, reason="exception", exc=TIMED_OUT)
+    for r in sends:
+        b.end(r, sends[r], fired + 14 * MS, exc=CLOSED)
+    b.heartbeats(b.t0, fired, ranks=list(range(half)), interval=S)
+    b.heartbeats(b.t0, fired + 5 * S, ranks=list(range(half, world)), interval=S)
+    _, f = replay(b, {*range(half - 1), world - 1}, hang_after=60.0, step=64)
+    assert errors(f) == [("op_failed", [*range(half - 1), world - 1])], [x.message for x in f]
+    folded = [(c["kind"], c["ranks"]) for c in f[0].evidence["consequences"]]
+    assert sorted(r for k, (r, *_) in folded if k == "rank_crashed") == list(range(half))
+    assert sorted(rs for k, rs in folded if k == "op_failed") == [[r - half, r] for r in sends]
+    assert len(folded) == half + len(sends)
+
+
 def test_a_chain_of_p2p_waits_into_a_barrier_blames_its_end():
     """Rank 1 recvs from 2, rank 2 from 3, and rank 3 went into barrier W, which times out
     (then each crashes in turn).  The chain ends at rank 3: one rank_crashed, at every

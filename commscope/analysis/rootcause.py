@@ -79,11 +79,12 @@ def _absorb(root: Finding, f: Finding, *more: Finding) -> None:
     """Fold ``f`` (and ``more``) into ``root``: its consequences, its victims, its
     instances (merged once for all: thousands folded one at a time copied them each time)."""
     culprits = tuple(root.culprits)
+    named = set(culprits) if more else culprits  # (thousands of victims against thousands of culprits)
     for g in (f, *more):
         root.evidence.setdefault("consequences", []).append(_consequence(g))
         root.evidence["consequences"].extend(g.evidence.pop("consequences", []))
         for v in g.victims:
-            if v not in root.culprits:
+            if v not in named:
                 root.victims.setdefault(v, culprits)
     root.instances = tuple(dict.fromkeys(root.instances + tuple(k for g in (f, *more) for k in g.instances)))
 
@@ -271,13 +272,23 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
                         through.setdefault(frozenset(g.culprits), t)
         return through.get(absent)
 
+    departure: dict[int, Finding] = {}  # a rank -> the first departure finding of it
+    for t in roots:
+        if t.kind in DEPARTED:
+            departure.setdefault(t.culprits[0], t)
+    # what folds into a departure (or the failure holding one), folded after all: thousands of
+    # ranks' failures into one failure naming them all, each fold copied its instances
+    gone_into: dict[int, tuple[Finding, list[Finding]]] = {}
     for f in roots:
         target = None
         if f.kind not in DEPARTED and f.kind != "collective_mismatch" and f.culprits and (
                 set(f.culprits) <= gone or (f.kind == "missing_ranks" and set(f.culprits) & gone)):
             # (a collective a dead member never entered can never complete, whoever else is late)
-            target = next((t for t in roots if t.kind in DEPARTED and t.culprits[0] in f.culprits), None) or \
-                next(held[c] for c in f.culprits if c in held)
+            target = min((departure[c] for c in f.culprits if c in departure), key=lambda t: order[id(t)],
+                         default=None) or next(held[c] for c in f.culprits if c in held)
+            if target is not f:
+                gone_into.setdefault(id(target), (target, []))[1].append(f)
+                continue
         elif f.kind not in DEPARTED and f.kind != "collective_mismatch" and f.culprits and (
                 set(f.culprits) <= stuck.keys() or (f.kind == "missing_ranks" and set(f.culprits) & stuck.keys())):
             target = stuck[next(c for c in f.culprits if c in stuck)]  # (itself, for a stuck rank's own: kept)
@@ -315,6 +326,8 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
                 unmatched.setdefault(frozenset(f.culprits), f)
             if _p2p_timeout(f):
                 kept_failed.add(id(f))
+    for target, folded in gone_into.values():
+        _absorb(target, *folded)
     final = _chains(final)
     final = _together(final)
     for f in final:
@@ -343,11 +356,13 @@ def _crashed_of_failures(roots: list[Finding], departed: set[int]) -> tuple[list
         return roots, {}
     keep: list[Finding] = []
     held: dict[int, Finding] = {}
+    blamed: dict[int, tuple[set[int], bool]] = {}  # a failure -> its culprits, and whether one did not depart
     for f in roots:
         t = next((failed[k] for k in f.instances if k in failed), None) \
             if f.kind == "rank_crashed" and not f.victims else None
-        if t is not None and set(f.culprits) < set(t.culprits) and set(t.culprits) - departed \
-                and _crashed_of(f, t):
+        if t is not None and id(t) not in blamed:  # (once a failure: 8k ranks crashed of one)
+            blamed[id(t)] = set(t.culprits), any(c not in departed for c in t.culprits)
+        if t is not None and set(f.culprits) < blamed[id(t)][0] and blamed[id(t)][1] and _crashed_of(f, t):
             _absorb(t, f)
             held.setdefault(f.culprits[0], t)
         else:
