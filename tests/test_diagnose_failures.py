@@ -666,6 +666,33 @@ def test_a_rank_crashed_of_its_own_refusal_beside_an_absent_rank_that_crashed_to
         assert errors(f) == [("rank_crashed", [0]), ("op_failed", [0, 3])], [x.message for x in f]
 
 
+def test_a_rank_crashed_of_the_second_of_two_timeouts_blamed_alike_folds_into_them():
+    """As above, rank 4 idle, but the ranks catch the barrier's timeout and time out in the
+    next barrier too, rank 3 crashing of that one: one failure finding for both timeouts
+    (blamed alike), and rank 3's crash of the second folds into it (its crash was compared
+    with its first timeout, another text seconds before, and stood beside it; helper-100)."""
+    b = TraceBuilder(5)
+    t = b.warmup()
+    send = b.begin(2, t, "send", peer=3, dir="send")
+    fired = t
+    for seq in (10, 11):
+        said = (f"torch.distributed.DistBackendError: [Rank 3] Watchdog caught collective operation timeout: "
+                f"WorkNCCL(SeqNum={seq}, OpType=BARRIER) ran for 1001 milliseconds before timing out.")
+        ids = {r: b.begin(r, fired + 2 * S + r * MS, "barrier") for r in (0, 1, 3)}
+        fired += 3 * S
+        for r in (0, 1, 3):
+            b.end(r, ids[r], fired + r * MS, exc=said)
+    b.exit(3, fired + 13 * MS, reason="exception", exc=said)
+    b.end(2, send, fired + 14 * MS, exc=CLOSED)
+    b.heartbeats(b.t0, fired + 13 * MS, ranks=[3])
+    b.heartbeats(b.t0, fired + 5 * S, ranks=[0, 1, 2, 4])
+    for step in (1, 7):
+        _, f = replay(b, {3, 4}, hang_after=60.0, step=step)
+        assert errors(f) == [("op_failed", [3, 4])], [x.message for x in f]
+        assert f[0].evidence["later_failures"] == 1
+        assert ("rank_crashed", [3]) in [(c["kind"], c["ranks"]) for c in f[0].evidence["consequences"]]
+
+
 def test_many_wait_cycles_through_one_barrier_timed_out_are_one_failure_holding_every_crash():
     """Half of 64 ranks wait in the barrier; 31 of the others each send to one of them
     (which never receives), and rank 63 idles.  The barrier times out, blamed on the 31

@@ -195,7 +195,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         else:
             consequences.append((f, r))
     roots.sort(key=lambda f: (_RANK.get(f.kind, 99), f.ts))
-    roots, held = _crashed_of_failures(roots, {f.culprits[0] for f in errors if f.kind in DEPARTED})
+    roots, held = _crashed_of_failures(model, roots, {f.culprits[0] for f in errors if f.kind in DEPARTED})
     gone = {f.culprits[0] for f in roots if f.kind in DEPARTED} | held.keys()
     # A rank blocked for good in a p2p op with a peer the job does not have is, for what
     # waits on it, as a departed rank: their root (it would never come).
@@ -336,7 +336,8 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     return sorted(final + rest, key=Finding.sort_key)
 
 
-def _crashed_of_failures(roots: list[Finding], departed: set[int]) -> tuple[list[Finding], dict[int, Finding]]:
+def _crashed_of_failures(model: TraceModel, roots: list[Finding], departed: set[int]
+                         ) -> tuple[list[Finding], dict[int, Finding]]:
     """A rank that crashed on a failure blamed on it and on others besides (its timeout, in
     a wait it made a cycle of, while another rank never came at all) crashed of that
     failure: its crash folds into the failure's ``op_failed``, which names it already (it
@@ -362,7 +363,7 @@ def _crashed_of_failures(roots: list[Finding], departed: set[int]) -> tuple[list
             if f.kind == "rank_crashed" and not f.victims else None
         if t is not None and id(t) not in blamed:  # (once a failure: 8k ranks crashed of one)
             blamed[id(t)] = set(t.culprits), any(c not in departed for c in t.culprits)
-        if t is not None and set(f.culprits) < blamed[id(t)][0] and blamed[id(t)][1] and _crashed_of(f, t):
+        if t is not None and set(f.culprits) < blamed[id(t)][0] and blamed[id(t)][1] and _crashed_of(model, f):
             _absorb(t, f)
             held.setdefault(f.culprits[0], t)
         else:
@@ -370,16 +371,22 @@ def _crashed_of_failures(roots: list[Finding], departed: set[int]) -> tuple[list
     return keep, held
 
 
-def _crashed_of(crash: Finding, failure: Finding) -> bool:
-    """Whether a rank crashed of its failed op: it raised what the op raised, or went as
-    the op failed (a handler that raised its own exception); not a different exception
-    long after (it went on, and crashed of something else)."""
-    ev = crash.evidence
-    op = (failure.evidence.get("failed") or {}).get(str(crash.culprits[0])) or {}
-    said, raised = _said(ev.get("exc") or ""), _said(op.get("exc") or "")
+def _crashed_of(model: TraceModel, crash: Finding) -> bool:
+    """Whether a rank crashed of the failed op its crash names (its instance: a failure
+    finding lists only its first instance's ops, and a rank may fail there and again later):
+    it raised what the op raised, or went as the op failed (a handler that raised its own
+    exception); not a different exception long after (it went on, and crashed of
+    something else)."""
+    r = crash.culprits[0]
+    rt = model.ranks.get(r)
+    i = next((i for i in rt.exc if instance_key(model, r, i) == crash.instances[0]), None) \
+        if rt is not None and crash.instances else None
+    if i is None:
+        return False
+    said, raised = _said(crash.evidence.get("exc") or ""), _said(rt.exc[i])
     if said and raised and (said.startswith(raised) or raised.startswith(said)):
         return True
-    return int(ev.get("exit_ns") or crash.ts) - int(op.get("failed_ns") or 0) <= SLACK_NS
+    return int(crash.evidence.get("exit_ns") or crash.ts) - model.failed_ns(r, i) <= SLACK_NS
 
 
 def _said(exc: str) -> str:
