@@ -7,8 +7,9 @@ send to an idle rank) where, a moment later, it named the rank the chain ends at
 console flashed a victim.  So a hung wait's absent ranks (a collective's missing members,
 a send's or recv's peer) that are blocked in a wait with an absent other end are judged
 hung too, and so on down the chain, where that wait began in the first half of the hung
-one (from its start to when the rank stopped waiting: now, in a job still running).  A rank late by itself that now waits a moment (a pipeline's
-routine send, posted long after the others began to wait for it) is still the one late.
+one (from its start to when the rank stopped waiting: now, in a job still running).  A
+rank late by itself that now waits a moment (a pipeline's routine send, posted long after
+the others began to wait for it) is still the one late.
 """
 
 from __future__ import annotations
