@@ -519,7 +519,9 @@ class BlockDecoder:
         #: of the stream), noted in ``gaps`` (bytes each) where a reader asks (``counts_gaps``:
         #: one whose store says no other way that a line went, a directory); not while the
         #: ring is ``ring_open`` (the read starts here, or jumped over what the store deleted
-        #: and counted), nor up to ``_bad_end`` (a block that could not be decoded, counted)
+        #: and counted; a reader that reads a stream from its first line closes it: a
+        #: recorder's ring starts at 0), nor up to ``_bad_end`` (a block that could not be
+        #: decoded, counted)
         self.counts_gaps = False
         self.gaps: list[int] = []
         self.ring_open = True
@@ -635,11 +637,12 @@ class BlockDecoder:
         self._state = None
 
     def adopt(self, names: list[str] | None, dtypes: list[str], seen_end: int, groups: dict[int, GroupEntry],
-              sites: dict[int, str], waiting: dict[int, int]) -> None:
+              sites: dict[int, str], waiting: dict[int, int], ring_open: bool) -> None:
         """Go on from where another reader's decoder of this stream stopped (its op names,
-        dtypes, ring position, groups, sites and any-source recvs waiting)."""
+        dtypes, ring position, groups, sites, any-source recvs waiting, and whether its ring
+        is still open: a stream read from its start whose lines held no block yet is not)."""
         self.names, self.dtypes, self.seen_end = names, dtypes, seen_end
-        self.ring_open = not seen_end
+        self.ring_open = ring_open
         self._names_token = self.table.names_token(names) if names is not None else -1
         self.groups, self.sites, self._gid_of_id = groups, sites, waiting
         self._state = None
@@ -1722,6 +1725,22 @@ def teaches(ev: dict) -> bool:
     group with its id, a meta with the op names or dtypes tables (``BlockDecoder.note``)."""
     typ = ev.get("type")
     return typ == SITE or typ in ("group", "meta") and ("gid" in ev or "names" in ev or "dtypes" in ev)
+
+
+def gaps_not_counted(gaps: list[int], got: Decoded, before: int = 0) -> tuple[list[int], int]:
+    """Of the gaps a decoder found in a run of a stream's ring positions (``BlockDecoder.gaps``,
+    bytes each), those no line counted otherwise stands for, and how many such lines are left
+    for the next run's gaps (a block's line damaged at the end of one run leaves its gap in
+    the next).  Each stands for one gap: a damaged line, an invalid event but a block's own
+    whose records were counted (it leaves none), and with a gap in the run, a ``dropped``
+    event of it that says lines or records went.  ``before``: the lines the run before left.
+    One rule for a reader's runs (``DirectoryReader._account``) and a segment's summary
+    (``inflight.replay``), so a line is counted once, read or summarized."""
+    lost = got.damaged + sum(n for why, n in got.invalid.items() if not why.startswith("block:"))
+    if gaps:
+        lost += sum(1 for e in got.events if e["type"] == "dropped" and (e.get("count") or e.get("entries")))
+    used = min(len(gaps), before + lost)
+    return gaps[used:], lost - max(0, used - before)
 
 
 def decode_stream(got: Decoded, decoder: BlockDecoder, columns: bool) -> Decoded:

@@ -156,9 +156,11 @@ RawEvent = TypedDict("RawEvent", {
     # (the ids of those whose end said the backend refused the op and its number went back:
     # a reader that read the begin with its number withdraws it, ``TraceModel._unissue``)
     "unissued_ids": Annotated[list[Count], Meta(max_length=1 << 22)],
-    # (and what the segment lost: its damaged lines, its invalid events by reason, and in
-    # ``entries`` and ``reason`` the lines its ``store_lost`` markers said the store lost)
+    # (and what the segment lost: its damaged lines, its invalid events by reason, in
+    # ``entries`` and ``reason`` the lines its ``store_lost`` markers said the store lost, and
+    # the gaps in its blocks' ring positions, lines gone from its file, with their bytes)
     "damaged": Count, "invalid": Annotated[dict[Reason, Count], Meta(max_length=MAX_REASONS + 1)],
+    "gaps": Count, "gap_bytes": Count,
 }, total=False)
 
 

@@ -211,15 +211,18 @@ def _polled_all(reader, budget: int | None) -> None:
     reader.read_all()
 
 
+@pytest.mark.parametrize("which", [0.5, 0.0], ids=["middle", "first"])
 @pytest.mark.parametrize("read", ["whole", "polls", "small_polls", "workers"])
-def test_a_block_line_gone_from_a_rank_file_is_counted_lost_with_its_cause(tmp_path, monkeypatch, read):
+def test_a_block_line_gone_from_a_rank_file_is_counted_lost_with_its_cause(tmp_path, monkeypatch, read, which):
     """A healthy job, one block line (4 records) deleted from rank 1's file: before, ``check``
     said nothing and ``report`` counted rank 1 at 398 ops of 400.  The jump in its ring
     positions is one line lost by the store, said with its bytes, however the stream is
     read: whole (``check``), in polls (a console), in polls of a few KiB (the gap between
-    two chunks), read apart by workers."""
+    two chunks), read apart by workers.  The stream's first block line too: a reader that
+    reads a stream from its start knows its ring starts at 0 (before, a read took the first
+    block it found for the ring's start, and counted nothing)."""
     store = _ring_job(tmp_path)
-    nbytes = _remove_block(store / "synthetic" / "rank-00001.jsonl")
+    nbytes = _remove_block(store / "synthetic" / "rank-00001.jsonl", which=which)
     if read == "workers":
         monkeypatch.setenv(ENV_WORKERS, "2")
         monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
@@ -238,6 +241,64 @@ def test_a_block_line_gone_from_a_rank_file_is_counted_lost_with_its_cause(tmp_p
     said = [w for w in warnings if "ring positions" in w]
     assert said == [f"rank 1: 1 line(s) of its stream were lost: a gap in its ring positions: {nbytes:,} bytes "
                     "of op records missing (a line gone from its file)"], warnings
+
+
+@pytest.mark.parametrize("read", ["polls", "workers"])
+def test_a_first_block_line_gone_after_a_read_found_none_yet_is_counted(tmp_path, monkeypatch, read):
+    """A stream read from its start while it held no block yet (its meta only: a job that
+    just began), then its lines but its first block: the gap is counted, by a console's
+    polls and by a live reader whose first read went to workers (what a worker hands over
+    says that the stream's ring is not open: before, taking over from a worker that decoded
+    no block reopened it, and the first block found stood for the ring's start)."""
+    store = _ring_job(tmp_path)
+    path = store / "synthetic" / "rank-00001.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    first = next(i for i, line in enumerate(lines) if b'"type":"block"' in line)
+    ev = orjson.loads(lines[first])
+    assert ev["pos"] == 0 and first > 0
+    path.write_bytes(b"\n".join(lines[:first]) + b"\n")
+    if read == "workers":
+        monkeypatch.setenv(ENV_WORKERS, "2")
+        monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+    reader = open_source(str(store))
+    if read == "workers":
+        assert [b.count() for b in reader.read_apart(1 << 20)] and reader.stats.workers >= 1
+    else:
+        _polled_all(reader, None)
+    assert not reader.stats.missing_by_rank
+    with path.open("ab") as f:
+        f.write(b"\n".join(lines[first + 1:]))
+    _polled_all(reader, None)
+    reader.close()
+    assert reader.stats.missing_by_rank == {1: 1}, reader.stats.warnings
+    assert [w for w in reader.stats.warnings if "ring positions" in w] == [
+        f"rank 1: 1 line(s) of its stream were lost: a gap in its ring positions: {ev['end']:,} bytes of op "
+        "records missing (a line gone from its file)"]
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["inside_a_later_segment", "first_of_the_stream"])
+def test_a_block_line_gone_from_a_segment_retention_deleted_is_counted_by_its_summary(tmp_path, first):
+    """A block line gone from a segment that retention then summarized and deleted, before
+    any reader read it: the summary keeps the gap (``gaps``, ``gap_bytes``), and a reader
+    counts it as a read of the segment would have, once, with its segment (before, a
+    summary kept a segment's damaged lines and a writer's losses but not its gaps: nothing
+    said the line went).  The first block line of the stream too (its first segment's
+    positions start at 0); the other rank loses nothing."""
+    store = _windowed_store(tmp_path, 2)
+    job = store / "synthetic"
+    segs = segments.list_segments(job)[(1, 0)]
+    seg = segs[0] if first else segs[3]
+    nbytes = _remove_block(seg.path, which=0.0 if first else 0.5)
+    keep = sum(size_of(s.path) for s in segs[-20:])
+    assert retention.enforce(job, 1, 0, retention.Retention(keep, None), segs) == len(segs) - 20
+    summary = orjson.loads(next(line for line in (job / segments.summary_name(1, 0)).read_bytes().splitlines()
+                                if orjson.loads(line)["seg"] == seg.number))
+    assert (summary["gaps"], summary["gap_bytes"]) == (1, nbytes), summary
+    _, reader, warnings = load_trace(str(store))
+    assert reader.stats.missing_by_rank == {1: 1} and reader.stats.corrupt == 0, warnings
+    assert [w for w in warnings if "ring positions" in w] == [
+        f"rank 1: 1 line(s) of its stream were lost: a gap in its ring positions: {nbytes:,} bytes of op records "
+        f"missing (a line gone from its file; in segment {seg.number}, which retention deleted since)"], warnings
 
 
 def test_a_block_line_gone_makes_check_say_the_trace_is_incomplete(tmp_path):

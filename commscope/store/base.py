@@ -156,15 +156,24 @@ class ReadStats:
         self.count_missing(rank, n)
         self.warnings.append(f"rank {rank}: {n} line(s) of its stream were lost: {why}")
 
+    def count_gaps(self, rank: int, n: int, nbytes: int, where: str = "") -> None:
+        """``n`` gaps in the ring positions of ``rank``'s blocks, ``nbytes`` of op records in
+        all: each a line gone from its file (``blocks.gaps_not_counted``), ``where`` if not
+        in what was read."""
+        self.count_lost_lines(rank, n, f"{'a gap' if n == 1 else f'{n} gaps'} in its ring positions: {nbytes:,} "
+                                       f"bytes of op records missing (a line gone from its file{where})")
+
     def count_summary(self, rank: int, summary: Event) -> None:
         """What a ``summary`` (a segment retention deleted, which this reader never read)
         stands for: its events, and what the segment lost, as a read of it would count it."""
         self.count_summarized(rank, int(summary.get("events") or 0))
         self.count_corrupt(rank, int(summary.get("damaged") or 0))
         self.count_invalid(rank, summary.get("invalid") or {})
+        deleted = f"in segment {summary['seg']}, which retention deleted since"
         if summary.get("entries"):
-            self.count_lost_lines(rank, int(summary["entries"]), f"{str(summary.get('reason') or 'unknown')} "
-                                  f"(in segment {summary['seg']}, which retention deleted since)")
+            self.count_lost_lines(rank, int(summary["entries"]), f"{str(summary.get('reason') or 'unknown')} ({deleted})")
+        if summary.get("gaps"):
+            self.count_gaps(rank, int(summary["gaps"]), int(summary.get("gap_bytes") or 0), f"; {deleted}")
 
     def merge(self, other: ReadStats) -> None:
         """Add what another reader of other streams of the same job saw (a parallel read)."""

@@ -38,7 +38,7 @@ import numpy as np
 import orjson
 
 from commscope import beats, beatscan, jsonops
-from commscope.blocks import BlockDecoder, decode_alone, decode_stream
+from commscope.blocks import BlockDecoder, decode_alone, decode_stream, gaps_not_counted
 from commscope.blockscan import Scan
 from commscope.events import Decoded, Event, gc_paused, incarnation_ids
 from commscope.oprecords import OpRecords
@@ -667,6 +667,8 @@ class DirectoryReader(TraceReader):
                 self.stats.count_skipped(stream[0], size_of(seg.path))
             if segs[0] is not cur:
                 self._skipped[stream] = (segs[0].number, cur.number)
+            elif segments.starts_ring(stream, cur.number):  # (read from where its ring starts: a first
+                self._decoder(stream).ring_open = False  # block past 0 is lines before it gone)
             after_id = -1
         elif cur.number > number:
             after_id = self.max_op_id(stream)
@@ -719,20 +721,10 @@ class DirectoryReader(TraceReader):
         decoder = self._block_decoders.get(stream) if hasattr(self, "_block_decoders") else None
         if decoder is None:
             return
-        lost = got.damaged + sum(n for why, n in got.invalid.items() if not why.startswith("block:"))
-        before = self._excused.pop(stream, 0)
-        gaps = decoder.gaps
-        if gaps:
-            lost += sum(1 for e in got.events if e["type"] == "dropped" and (e.get("count") or e.get("entries")))
-            decoder.gaps = []
-            used = min(len(gaps), before + lost)  # (the lines before these first)
-            lost -= max(0, used - before)
-            left = gaps[used:]
-            if left:
-                n = len(left)
-                self.stats.count_lost_lines(stream[0], n, f"{'a gap' if n == 1 else f'{n} gaps'} in its ring positions: "
-                                                          f"{sum(left):,} bytes of op records missing (a line gone "
-                                                          "from its file)")
+        left, lost = gaps_not_counted(decoder.gaps, got, self._excused.pop(stream, 0))
+        decoder.gaps = []
+        if left:
+            self.stats.count_gaps(stream[0], len(left), sum(left))
         if lost:  # (kept for the next chunk's: a block's line damaged at the end of this one)
             self._excused[stream] = lost
 
@@ -1317,7 +1309,7 @@ class DirectoryReader(TraceReader):
         return rest
 
     def decoder_states(self) -> dict[Stream, DecoderState]:
-        return {s: DecoderState(d.names, d.dtypes, d.seen_end, d.groups, d.sites, d._gid_of_id)
+        return {s: DecoderState(d.names, d.dtypes, d.seen_end, d.groups, d.sites, d._gid_of_id, d.ring_open)
                 for s, d in getattr(self, "_block_decoders", {}).items()}
 
     def _adopt(self, got: StreamsRead) -> None:
@@ -1331,7 +1323,8 @@ class DirectoryReader(TraceReader):
             self._raise_max_id(stream, top)
         self.drops_read_of().update(got.drops_read or {})
         for stream, st in got.decoders.items():
-            self._decoder(stream).adopt(st.names, st.dtypes, st.seen_end, st.groups, st.sites, st.waiting)
+            self._decoder(stream).adopt(st.names, st.dtypes, st.seen_end, st.groups, st.sites, st.waiting,
+                                        st.ring_open)
 
 
 def read_streams(job: Job) -> StreamsRead:

@@ -80,14 +80,16 @@ def read_segment(path: Path) -> bytes:
 
 
 class Losses(NamedTuple):
-    """What a run of a stream's lines lost: damaged lines, invalid events by reason, and the
+    """What a run of a stream's lines lost: damaged lines, invalid events by reason, the
     lines a writer's ``store_lost`` markers among them say the store lost (``entries``),
-    with the first one's reason."""
+    with the first one's reason, and the gaps in its blocks' ring positions that no line
+    counted otherwise stands for (bytes each: lines gone from the file)."""
 
     damaged: int
     invalid: dict[str, int]
     entries: int
     reason: str
+    gaps: tuple[int, ...] = ()
 
 
 class Stacks:
@@ -270,22 +272,26 @@ def _withdraw(out: Replayed, op_id: int, ran: dict[str, list[tuple[int, int, int
             kept[name] = history
 
 
-def replay(before: bytes, data: bytes, rank: int) -> Replayed:
+def replay(before: bytes, data: bytes, rank: int, first: bool = False) -> Replayed:
     """Replay a carry (``before``: ended lines) and the lines of the segment after it (an
     incomplete last line is left out).  An op is done as the model judges it: a sync op at
     its end, an async one at the end of its wait (or an end that raised), one timed on the
-    device when the device says so; a nested op no later than its parent."""
-    from commscope.blocks import BlockDecoder, decode_stream
+    device when the device says so; a nested op no later than its parent.  ``first``: the
+    segment holds its recorder's ring from position 0 (``segments.starts_ring``: a gap
+    before its first block counts; elsewhere the first block's position is its start)."""
+    from commscope.blocks import BlockDecoder, decode_stream, gaps_not_counted
     from commscope.events import decode_lines, gc_paused
 
     data = data[: data.rfind(b"\n") + 1]
     decoder = BlockDecoder(rank)
     with gc_paused():  # (the carry apart: what it lost, if damaged, is not the segment's)
         head = decode_stream(decode_lines(before, rank), decoder, columns=False)
+        decoder.counts_gaps, decoder.ring_open, decoder.gaps = True, not first, []
         got = decode_stream(decode_lines(data, rank), decoder, columns=False)
     lost = [e for e in got.events if e["type"] == "dropped" and said_by_store(e)]
     losses = Losses(got.damaged, dict(got.invalid), sum(int(e.get("entries") or 0) for e in lost),
-                    str(lost[0]["reason"])[len(STORE_LOST) + 2:] if lost else "")
+                    str(lost[0]["reason"])[len(STORE_LOST) + 2:] if lost else "",
+                    tuple(gaps_not_counted(decoder.gaps, got)[0]))
     out = Replayed({}, {}, {}, set(), {}, got.count(), None)
     meta = dropped = None
     kept: dict[str, History] = {}  # group -> the rank's history of its collectives (``histories``)

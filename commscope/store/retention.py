@@ -39,7 +39,7 @@ import orjson
 from commscope.schema import MAX_REASONS, REASON, SCHEMA_VERSION
 from commscope.store import inflight
 from commscope.store.files import O_NOFOLLOW, create_file, mode_of, read_from, size_of
-from commscope.store.segments import Segment, segments_of, stream_prefix, summary_name
+from commscope.store.segments import Segment, segments_of, starts_ring, stream_prefix, summary_name
 from commscope.window import DURATION_UNITS
 
 ENV_RETAIN = "COMMSCOPE_RETAIN"
@@ -242,7 +242,7 @@ class _Rows:
 _COUNTS = ("count", "in_bytes", "out_bytes", "unfinished", "failed")
 
 
-def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> dict:
+def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"", incarnation: int = 0) -> dict:
     """The ``summary`` event of one segment: per op and group, counts, bytes, failures and
     per minute a latency histogram; what the segment held in events and bytes, and what it
     lost (``_lost``: a reader counts it as if it had read the segment).  The ops it
@@ -255,7 +255,7 @@ def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> di
     max, which could not be taken out again; a reader puts back those it does not take
     out, and one before these lists reads the rows as before, all but those maxima."""
     data = inflight.read_segment(path)
-    got = inflight.replay(carried_in, data, rank)
+    got = inflight.replay(carried_in, data, rank, first=starts_ring((rank, incarnation), number))
     carried_out = set(got.carried_out())
     rows, carried, stamps, unissued = _Rows(), [], [], []
     for op_id, b in got.begins.items():
@@ -320,7 +320,8 @@ def _lost(losses: inflight.Losses | None) -> dict:
     """A summary's keys for what its segment lost (none where it lost nothing), so a reader
     that never reads the segment counts it as a read of it would: damaged lines, invalid
     events by reason (a reason the schema would not take as one is "other"), the lines the
-    store lost and why."""
+    store lost and why, the gaps in its ring positions (lines gone from its file) and their
+    bytes of op records."""
     if losses is None:
         return {}
     out: dict = {"damaged": losses.damaged} if losses.damaged else {}
@@ -332,6 +333,8 @@ def _lost(losses: inflight.Losses | None) -> dict:
         out["invalid"] = dict(invalid)
     if losses.entries:
         out |= {"entries": losses.entries, "reason": losses.reason}
+    if losses.gaps:
+        out |= {"gaps": len(losses.gaps), "gap_bytes": sum(losses.gaps)}
     return out
 
 
@@ -377,7 +380,7 @@ def enforce(directory: Path, rank: int, incarnation: int, retain: Retention, seg
                 break  # not carried yet: deleting it would lose what was in flight at its end
             if seg.number > done:  # (a child stopped after summarizing it: once is enough)
                 try:
-                    line = orjson.dumps(summarize(seg.path, rank, seg.number, before or b"")) + b"\n"
+                    line = orjson.dumps(summarize(seg.path, rank, seg.number, before or b"", incarnation)) + b"\n"
                 except OSError:
                     break
                 os.write(lock, line)
