@@ -276,19 +276,21 @@ def test_a_first_block_line_gone_after_a_read_found_none_yet_is_counted(tmp_path
         "records missing (a line gone from its file)"]
 
 
-@pytest.mark.parametrize("first", [False, True], ids=["inside_a_later_segment", "first_of_the_stream"])
-def test_a_block_line_gone_from_a_segment_retention_deleted_is_counted_by_its_summary(tmp_path, first):
+@pytest.mark.parametrize("number, which", [(3, 0.5), (0, 0.0), (3, 0.0)],
+                         ids=["inside_a_later_segment", "first_of_the_stream", "first_of_a_later_segment"])
+def test_a_block_line_gone_from_a_segment_retention_deleted_is_counted_by_its_summary(tmp_path, number, which):
     """A block line gone from a segment that retention then summarized and deleted, before
     any reader read it: the summary keeps the gap (``gaps``, ``gap_bytes``), and a reader
     counts it as a read of the segment would have, once, with its segment (before, a
     summary kept a segment's damaged lines and a writer's losses but not its gaps: nothing
     said the line went).  The first block line of the stream too (its first segment's
-    positions start at 0); the other rank loses nothing."""
+    positions start at 0), and of a later segment (the carry of the one before says where
+    the ring was: ``RingEnd``); the other rank loses nothing."""
     store = _windowed_store(tmp_path, 2)
     job = store / "synthetic"
     segs = segments.list_segments(job)[(1, 0)]
-    seg = segs[0] if first else segs[3]
-    nbytes = _remove_block(seg.path, which=0.0 if first else 0.5)
+    seg = segs[number]
+    nbytes = _remove_block(seg.path, which=which)
     keep = sum(size_of(s.path) for s in segs[-20:])
     assert retention.enforce(job, 1, 0, retention.Retention(keep, None), segs) == len(segs) - 20
     summary = orjson.loads(next(line for line in (job / segments.summary_name(1, 0)).read_bytes().splitlines()
@@ -299,6 +301,24 @@ def test_a_block_line_gone_from_a_segment_retention_deleted_is_counted_by_its_su
     assert [w for w in warnings if "ring positions" in w] == [
         f"rank 1: 1 line(s) of its stream were lost: a gap in its ring positions: {nbytes:,} bytes of op records "
         f"missing (a line gone from its file; in segment {seg.number}, which retention deleted since)"], warnings
+
+
+def test_a_block_line_gone_first_in_a_window_is_counted(tmp_path):
+    """A ``--since`` read that starts at a later segment whose first block line is gone: the
+    gap is counted (the carry it reads first says where the ring was at the end of the
+    segment before; before, a window took its first block for the ring's start)."""
+    store = _windowed_store(tmp_path, 2)
+    r = open_source(str(store), since=SINCE)
+    segs = r.streams()[(1, 0)]
+    seg = r._current((1, 0), segs)
+    assert seg.number > 0
+    nbytes = _remove_block(seg.path, which=0.0)
+    r.read_all()
+    r.close()
+    assert r.stats.skipped_bytes > 0 and r.stats.missing_by_rank == {1: 1}, r.stats.warnings
+    assert [w for w in r.stats.warnings if "ring positions" in w] == [
+        f"rank 1: 1 line(s) of its stream were lost: a gap in its ring positions: {nbytes:,} bytes of op records "
+        "missing (a line gone from its file)"]
 
 
 def test_a_block_line_gone_makes_check_say_the_trace_is_incomplete(tmp_path):

@@ -9,8 +9,8 @@ rank's history of each one's collectives as one digest, ``histories``), the
 last op it completed in each group and in the p2p channels it used last (of those before,
 the seq done last), each group's
 first op that raised and the last ones, the recorder's drops so far, the phases so far of
-every op still in flight at the segment's end (``Replayed.carried_out``) and the stacks
-that say where the rank is (``Stacks``),
+every op still in flight at the segment's end (``Replayed.carried_out``), the stacks
+that say where the rank is (``Stacks``) and where its recorder's ring was (``RingEnd``),
 as JSON events, found by replaying the previous segment's carry and this segment
 (``replay``: an op is done when the model would judge it done).  A
 reader starting at segment 5 reads segment 4's carry first: the rank's state at the window's
@@ -92,6 +92,15 @@ class Losses(NamedTuple):
     gaps: tuple[int, ...] = ()
 
 
+class RingEnd(NamedTuple):
+    """Where a rank's recorder ring was at the end of a run of its stream's lines: the
+    position its blocks reached, and the time of the run's last event."""
+
+    rank: int
+    position: int
+    ts: int
+
+
 class Stacks:
     """The stacks a rank captured, as a run of its lines says: each op's latest, the latest
     of all, and the latest a stack request asked for (what ``findings.rank_stack`` shows:
@@ -146,11 +155,16 @@ class Replayed(NamedTuple):
     #: Per op done, the phase event that completed it (none for a nested op done because its
     #: parent was)
     done_by: dict[int, dict] | None = None
+    #: Where the ring was at the lines' end (None: not known, where no block said)
+    ring_end: RingEnd | None = None
 
     def carry(self, with_meta: bool = False) -> bytes:
         """What a reader starting after these lines reads first, as ended lines: (the rank's
         meta,) the groups, the recorder's drops so far, the phases of the ops carried on
-        (``carried_out``), and the stacks that say where the rank is (``Stacks.carried``)."""
+        (``carried_out``), the stacks that say where the rank is (``Stacks.carried``), and
+        where the ring was (``ring_end``: a block of no records there, so a reader or summary
+        starting at the next segment counts a gap before its first block, as a reader that
+        read this one does)."""
         lines = [orjson.dumps(self.meta)] if with_meta and self.meta is not None else []
         kept = self.histories or {}
         last = self._last_done()  # (what both ``carried_out`` and ``channels_passed`` start from)
@@ -167,6 +181,11 @@ class Replayed(NamedTuple):
             lines.extend(orjson.dumps(e) for e in self.phases[op_id])
         if self.stacks is not None:
             lines.extend(orjson.dumps(e) for e in self.stacks.carried([i for i in ops if i not in self.done]))
+        if self.ring_end is not None:
+            from commscope.blocks import encode_block
+
+            rank, end, ts = self.ring_end
+            lines.append(encode_block(b"", rank, ts, 0, pos=end, end=end))
         return b"".join(x + b"\n" for x in lines)
 
     def carried_out(self, last: tuple[dict[tuple, int], dict[tuple, int]] | None = None) -> list[int]:
@@ -286,7 +305,8 @@ def replay(before: bytes, data: bytes, rank: int, first: bool = False) -> Replay
     decoder = BlockDecoder(rank)
     with gc_paused():  # (the carry apart: what it lost, if damaged, is not the segment's)
         head = decode_stream(decode_lines(before, rank), decoder, columns=False)
-        decoder.counts_gaps, decoder.ring_open, decoder.gaps = True, not first, []
+        # (a carry that says where the ring was closes it there; the first segment, at 0)
+        decoder.counts_gaps, decoder.ring_open, decoder.gaps = True, decoder.ring_open and not first, []
         got = decode_stream(decode_lines(data, rank), decoder, columns=False)
     lost = [e for e in got.events if e["type"] == "dropped" and said_by_store(e)]
     losses = Losses(got.damaged, dict(got.invalid), sum(int(e.get("entries") or 0) for e in lost),
@@ -358,8 +378,10 @@ def replay(before: bytes, data: bytes, rank: int, first: bool = False) -> Replay
         if history is not None:
             kept[name] = history
     carried_in = frozenset(e["id"] for e in head.events if e.get("type") == "op" and e.get("phase") == "begin")
+    ring_end = None if decoder.ring_open else RingEnd(rank, decoder.seen_end,
+                                                      max((e["ts"] for e in got.events), default=0))
     return out._replace(meta=meta, dropped=dropped, losses=losses, histories=kept, stacks=stacks, passed=passed,
-                        carried_in=carried_in, done_by=done_by)
+                        carried_in=carried_in, done_by=done_by, ring_end=ring_end)
 
 
 def _dropped(so_far: dict | None, e: dict) -> dict | None:
