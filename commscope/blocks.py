@@ -519,9 +519,9 @@ class BlockDecoder:
         #: of the stream), noted in ``gaps`` (bytes each) where a reader asks (``counts_gaps``:
         #: one whose store says no other way that a line went, a directory); not while the
         #: ring is ``ring_open`` (the read starts here, or jumped over what the store deleted
-        #: and counted; a reader that reads a stream from its first line closes it: a
-        #: recorder's ring starts at 0), nor up to ``_bad_end`` (a block that could not be
-        #: decoded, counted)
+        #: and counted; a carry that says where the ring was closes it there,
+        #: ``inflight.RingEnd``), nor up to ``_bad_end`` (a block that could not be decoded,
+        #: counted)
         self.counts_gaps = False
         self.gaps: list[int] = []
         self.ring_open = True
@@ -637,12 +637,11 @@ class BlockDecoder:
         self._state = None
 
     def adopt(self, names: list[str] | None, dtypes: list[str], seen_end: int, groups: dict[int, GroupEntry],
-              sites: dict[int, str], waiting: dict[int, int], ring_open: bool) -> None:
+              sites: dict[int, str], waiting: dict[int, int]) -> None:
         """Go on from where another reader's decoder of this stream stopped (its op names,
-        dtypes, ring position, groups, sites, any-source recvs waiting, and whether its ring
-        is still open: a stream read from its start whose lines held no block yet is not)."""
+        dtypes, ring position, groups, sites and any-source recvs waiting)."""
         self.names, self.dtypes, self.seen_end = names, dtypes, seen_end
-        self.ring_open = ring_open
+        self.ring_open = not seen_end
         self._names_token = self.table.names_token(names) if names is not None else -1
         self.groups, self.sites, self._gid_of_id = groups, sites, waiting
         self._state = None

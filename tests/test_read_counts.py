@@ -211,18 +211,15 @@ def _polled_all(reader, budget: int | None) -> None:
     reader.read_all()
 
 
-@pytest.mark.parametrize("which", [0.5, 0.0], ids=["middle", "first"])
 @pytest.mark.parametrize("read", ["whole", "polls", "small_polls", "workers"])
-def test_a_block_line_gone_from_a_rank_file_is_counted_lost_with_its_cause(tmp_path, monkeypatch, read, which):
+def test_a_block_line_gone_from_a_rank_file_is_counted_lost_with_its_cause(tmp_path, monkeypatch, read):
     """A healthy job, one block line (4 records) deleted from rank 1's file: before, ``check``
     said nothing and ``report`` counted rank 1 at 398 ops of 400.  The jump in its ring
     positions is one line lost by the store, said with its bytes, however the stream is
     read: whole (``check``), in polls (a console), in polls of a few KiB (the gap between
-    two chunks), read apart by workers.  The stream's first block line too: a reader that
-    reads a stream from its start knows its ring starts at 0 (before, a read took the first
-    block it found for the ring's start, and counted nothing)."""
+    two chunks), read apart by workers."""
     store = _ring_job(tmp_path)
-    nbytes = _remove_block(store / "synthetic" / "rank-00001.jsonl", which=which)
+    nbytes = _remove_block(store / "synthetic" / "rank-00001.jsonl")
     if read == "workers":
         monkeypatch.setenv(ENV_WORKERS, "2")
         monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
@@ -243,49 +240,15 @@ def test_a_block_line_gone_from_a_rank_file_is_counted_lost_with_its_cause(tmp_p
                     "of op records missing (a line gone from its file)"], warnings
 
 
-@pytest.mark.parametrize("read", ["polls", "workers"])
-def test_a_first_block_line_gone_after_a_read_found_none_yet_is_counted(tmp_path, monkeypatch, read):
-    """A stream read from its start while it held no block yet (its meta only: a job that
-    just began), then its lines but its first block: the gap is counted, by a console's
-    polls and by a live reader whose first read went to workers (what a worker hands over
-    says that the stream's ring is not open: before, taking over from a worker that decoded
-    no block reopened it, and the first block found stood for the ring's start)."""
-    store = _ring_job(tmp_path)
-    path = store / "synthetic" / "rank-00001.jsonl"
-    lines = path.read_bytes().split(b"\n")
-    first = next(i for i, line in enumerate(lines) if b'"type":"block"' in line)
-    ev = orjson.loads(lines[first])
-    assert ev["pos"] == 0 and first > 0
-    path.write_bytes(b"\n".join(lines[:first]) + b"\n")
-    if read == "workers":
-        monkeypatch.setenv(ENV_WORKERS, "2")
-        monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
-    reader = open_source(str(store))
-    if read == "workers":
-        assert [b.count() for b in reader.read_apart(1 << 20)] and reader.stats.workers >= 1
-    else:
-        _polled_all(reader, None)
-    assert not reader.stats.missing_by_rank
-    with path.open("ab") as f:
-        f.write(b"\n".join(lines[first + 1:]))
-    _polled_all(reader, None)
-    reader.close()
-    assert reader.stats.missing_by_rank == {1: 1}, reader.stats.warnings
-    assert [w for w in reader.stats.warnings if "ring positions" in w] == [
-        f"rank 1: 1 line(s) of its stream were lost: a gap in its ring positions: {ev['end']:,} bytes of op "
-        "records missing (a line gone from its file)"]
-
-
-@pytest.mark.parametrize("number, which", [(3, 0.5), (0, 0.0), (3, 0.0)],
-                         ids=["inside_a_later_segment", "first_of_the_stream", "first_of_a_later_segment"])
+@pytest.mark.parametrize("number, which", [(3, 0.5), (0, 0.5), (3, 0.0)],
+                         ids=["inside_a_later_segment", "inside_the_first", "first_of_a_later_segment"])
 def test_a_block_line_gone_from_a_segment_retention_deleted_is_counted_by_its_summary(tmp_path, number, which):
     """A block line gone from a segment that retention then summarized and deleted, before
     any reader read it: the summary keeps the gap (``gaps``, ``gap_bytes``), and a reader
     counts it as a read of the segment would have, once, with its segment (before, a
     summary kept a segment's damaged lines and a writer's losses but not its gaps: nothing
-    said the line went).  The first block line of the stream too (its first segment's
-    positions start at 0), and of a later segment (the carry of the one before says where
-    the ring was: ``RingEnd``); the other rank loses nothing."""
+    said the line went).  The first block line of a later segment too (the carry of the
+    one before says where the ring was: ``RingEnd``); the other rank loses nothing."""
     store = _windowed_store(tmp_path, 2)
     job = store / "synthetic"
     segs = segments.list_segments(job)[(1, 0)]
@@ -319,6 +282,43 @@ def test_a_block_line_gone_first_in_a_window_is_counted(tmp_path):
     assert [w for w in r.stats.warnings if "ring positions" in w] == [
         f"rank 1: 1 line(s) of its stream were lost: a gap in its ring positions: {nbytes:,} bytes of op records "
         "missing (a line gone from its file)"]
+
+
+def _records_twice(rank: int, world: int, store: str) -> None:
+    """Two recordings in one process (``commscope.instrumented`` twice): two jobs."""
+    import torch
+    import torch.distributed as dist
+
+    import commscope
+
+    x = torch.ones(4)
+    for _ in range(2):
+        with commscope.instrumented(store, sample_interval=0.2, flight_recorder=False):
+            for _ in range(50):
+                dist.all_reduce(x)
+            dist.barrier()
+
+
+def test_a_process_that_records_twice_counts_no_gap_in_its_second_job(tmp_path):
+    """The native recorder's ring is the process's: a second recording in one process (a new
+    job, incarnation 0) goes on where the first ended, so its stream's first block starts
+    past 0, and nothing was lost (helper-101: a read that took a stream of incarnation 0 to
+    start at 0 said a line of each rank's was lost, and ``check`` exited 1 on a healthy
+    job).  Where a read starts, only a block, or a carry, says where the ring was."""
+    from commscope.launch import Job
+
+    store = tmp_path / "trace"
+    results = Job(_records_twice, 2, args=(str(store),), env={"COMMSCOPE_SOURCE": "native"}).start().join(120)
+    assert all(r.ok for r in results.values()), {k: r.error for k, r in results.items()}
+    jobs = sorted((p for p in store.iterdir() if p.is_dir()),  # (in the order they began)
+                  key=lambda p: orjson.loads((p / "rank-00000.jsonl").read_bytes().split(b"\n", 1)[0])["ts"])
+    assert len(jobs) == 2, jobs
+    first = [orjson.loads(next(line for line in (jobs[1] / f"rank-{r:05d}.jsonl").read_bytes().splitlines()
+                               if b'"type":"block"' in line)) for r in (0, 1)]
+    assert all(b["pos"] > 0 for b in first), first  # (the premise: the second job's ring did not start at 0)
+    for job in jobs:
+        _, reader, warnings = load_trace(str(job))
+        assert not reader.stats.missing_by_rank and reader.stats.corrupt == 0, warnings
 
 
 def test_a_block_line_gone_makes_check_say_the_trace_is_incomplete(tmp_path):

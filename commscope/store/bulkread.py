@@ -52,8 +52,7 @@ class Job(NamedTuple):
 class DecoderState(NamedTuple):
     """What a stream's block decoder keeps from one reader to the next: op names, dtypes,
     the ring position decoded up to, its groups and sites, the any-source recvs waiting for
-    their source, whether the ring is open (its next block's position taken as the start:
-    ``BlockDecoder.ring_open``)."""
+    their source."""
 
     names: list[str] | None
     dtypes: list[str]
@@ -61,7 +60,6 @@ class DecoderState(NamedTuple):
     groups: dict[int, Any]
     sites: dict[int, str]
     waiting: dict[int, int]
-    ring_open: bool
 
 
 class StreamsRead(NamedTuple):

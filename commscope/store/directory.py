@@ -667,8 +667,6 @@ class DirectoryReader(TraceReader):
                 self.stats.count_skipped(stream[0], size_of(seg.path))
             if segs[0] is not cur:
                 self._skipped[stream] = (segs[0].number, cur.number)
-            elif segments.starts_ring(stream, cur.number):  # (read from where its ring starts: a first
-                self._decoder(stream).ring_open = False  # block past 0 is lines before it gone)
             after_id = -1
         elif cur.number > number:
             after_id = self.max_op_id(stream)
@@ -1309,7 +1307,7 @@ class DirectoryReader(TraceReader):
         return rest
 
     def decoder_states(self) -> dict[Stream, DecoderState]:
-        return {s: DecoderState(d.names, d.dtypes, d.seen_end, d.groups, d.sites, d._gid_of_id, d.ring_open)
+        return {s: DecoderState(d.names, d.dtypes, d.seen_end, d.groups, d.sites, d._gid_of_id)
                 for s, d in getattr(self, "_block_decoders", {}).items()}
 
     def _adopt(self, got: StreamsRead) -> None:
@@ -1323,8 +1321,7 @@ class DirectoryReader(TraceReader):
             self._raise_max_id(stream, top)
         self.drops_read_of().update(got.drops_read or {})
         for stream, st in got.decoders.items():
-            self._decoder(stream).adopt(st.names, st.dtypes, st.seen_end, st.groups, st.sites, st.waiting,
-                                        st.ring_open)
+            self._decoder(stream).adopt(st.names, st.dtypes, st.seen_end, st.groups, st.sites, st.waiting)
 
 
 def read_streams(job: Job) -> StreamsRead:

@@ -291,13 +291,13 @@ def _withdraw(out: Replayed, op_id: int, ran: dict[str, list[tuple[int, int, int
             kept[name] = history
 
 
-def replay(before: bytes, data: bytes, rank: int, first: bool = False) -> Replayed:
+def replay(before: bytes, data: bytes, rank: int) -> Replayed:
     """Replay a carry (``before``: ended lines) and the lines of the segment after it (an
     incomplete last line is left out).  An op is done as the model judges it: a sync op at
     its end, an async one at the end of its wait (or an end that raised), one timed on the
-    device when the device says so; a nested op no later than its parent.  ``first``: the
-    segment holds its recorder's ring from position 0 (``segments.starts_ring``: a gap
-    before its first block counts; elsewhere the first block's position is its start)."""
+    device when the device says so; a nested op no later than its parent.  Gaps in the
+    lines' ring positions are found from where the carry says the ring was (``RingEnd``),
+    else from their first block."""
     from commscope.blocks import BlockDecoder, decode_stream, gaps_not_counted
     from commscope.events import decode_lines, gc_paused
 
@@ -305,8 +305,7 @@ def replay(before: bytes, data: bytes, rank: int, first: bool = False) -> Replay
     decoder = BlockDecoder(rank)
     with gc_paused():  # (the carry apart: what it lost, if damaged, is not the segment's)
         head = decode_stream(decode_lines(before, rank), decoder, columns=False)
-        # (a carry that says where the ring was closes it there; the first segment, at 0)
-        decoder.counts_gaps, decoder.ring_open, decoder.gaps = True, decoder.ring_open and not first, []
+        decoder.counts_gaps, decoder.gaps = True, []  # (a carry that says where the ring was closed it there)
         got = decode_stream(decode_lines(data, rank), decoder, columns=False)
     lost = [e for e in got.events if e["type"] == "dropped" and said_by_store(e)]
     losses = Losses(got.damaged, dict(got.invalid), sum(int(e.get("entries") or 0) for e in lost),

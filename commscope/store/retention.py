@@ -39,7 +39,7 @@ import orjson
 from commscope.schema import MAX_REASONS, REASON, SCHEMA_VERSION
 from commscope.store import inflight
 from commscope.store.files import O_NOFOLLOW, create_file, mode_of, read_from, size_of
-from commscope.store.segments import Segment, segments_of, starts_ring, stream_prefix, summary_name
+from commscope.store.segments import Segment, segments_of, stream_prefix, summary_name
 from commscope.window import DURATION_UNITS
 
 ENV_RETAIN = "COMMSCOPE_RETAIN"
@@ -242,7 +242,7 @@ class _Rows:
 _COUNTS = ("count", "in_bytes", "out_bytes", "unfinished", "failed")
 
 
-def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"", incarnation: int = 0) -> dict:
+def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> dict:
     """The ``summary`` event of one segment: per op and group, counts, bytes, failures and
     per minute a latency histogram; what the segment held in events and bytes, and what it
     lost (``_lost``: a reader counts it as if it had read the segment).  The ops it
@@ -255,7 +255,7 @@ def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"", incar
     max, which could not be taken out again; a reader puts back those it does not take
     out, and one before these lists reads the rows as before, all but those maxima."""
     data = inflight.read_segment(path)
-    got = inflight.replay(carried_in, data, rank, first=starts_ring((rank, incarnation), number))
+    got = inflight.replay(carried_in, data, rank)
     carried_out = set(got.carried_out())
     rows, carried, stamps, unissued = _Rows(), [], [], []
     for op_id, b in got.begins.items():
@@ -380,7 +380,7 @@ def enforce(directory: Path, rank: int, incarnation: int, retain: Retention, seg
                 break  # not carried yet: deleting it would lose what was in flight at its end
             if seg.number > done:  # (a child stopped after summarizing it: once is enough)
                 try:
-                    line = orjson.dumps(summarize(seg.path, rank, seg.number, before or b"", incarnation)) + b"\n"
+                    line = orjson.dumps(summarize(seg.path, rank, seg.number, before or b"")) + b"\n"
                 except OSError:
                     break
                 os.write(lock, line)

@@ -52,16 +52,6 @@ def segment_name(rank: int, incarnation: int, number: int, start_s: int = 0) -> 
     return f"{base}.jsonl" if number == 0 else f"{base}.s{number:06d}.t{start_s}.jsonl"
 
 
-def starts_ring(stream: Stream, number: int) -> bool:
-    """Whether segment ``number`` of ``stream`` holds its recorder's ring from position 0:
-    the first segment of a rank's first incarnation (a process's first process group, whose
-    recorder's ring starts at 0).  A later incarnation of the same process goes on in the
-    same ring, and a later segment where the one before ended: a read that starts there
-    takes its first block's position for the start.  Where this holds, a gap before the
-    first block is a line gone (``BlockDecoder.ring_open``)."""
-    return number == 0 and stream[1] == 0
-
-
 def summary_name(rank: int, incarnation: int = 0) -> str:
     return f"{stream_prefix(rank, incarnation)}.summary.jsonl"
 
