@@ -116,6 +116,37 @@ def test_a_rank_whose_stop_went_unseen_is_no_culprit_where_nobody_waited_for_it(
     assert _stopped_errors(b) == []
 
 
+@pytest.mark.parametrize("case, errors", [
+    ("killed between ops", [("dead_rank", [1])]),
+    ("its SIGTERM noted", []),
+    ("the Python recorder", []),
+    ("the others stopped by SIGINT", []),
+    ("heard from after the stop", []),
+])
+def test_a_rank_killed_unseen_before_the_launcher_stopped_the_rest_is_the_dead_rank(case, errors):
+    """The native recorder's death handler notes a SIGTERM in the spool as it comes, whatever
+    ends the process after.  Rank 1, SIGKILLed (the OOM killer) between ops, ends unseen with
+    none noted; mp.spawn SIGTERMs ranks 0 and 2 12 ms later, which note it: no SIGTERM reached
+    rank 1, so it was gone before them, and it is the dead rank though nobody waited for it
+    (before: "no findings", exit 0).  Not where a SIGTERM was noted for it (it was stopped
+    too), nor under the Python recorder (which notes none), nor where the others were
+    stopped by SIGINT (not noted), nor where it was heard from after the first stop."""
+    b = TraceBuilder(3, hang_after=2.0)
+    for e in b.events:
+        if e["type"] == "meta":
+            e["recorder"] = "python" if case == "the Python recorder" else "native"
+    t = b.warmup(3)  # (between two steps: no op open)
+    stop = t + S
+    b.heartbeats(b.t0, stop - 100 * MS)
+    b.heartbeat(1, stop + (50 if case == "heard from after the stop" else -12) * MS)
+    others = dict(SIGTERM, signal="Interrupt") if case == "the others stopped by SIGINT" else SIGTERM
+    for r in (0, 2):
+        b.exit(r, stop + r * MS, **others)
+    noted = {"stop_signal": "SIGTERM", "stop_ts": stop - MS} if case == "its SIGTERM noted" else {}
+    b.exit(1, t - MS, **GONE, **noted)
+    assert _stopped_errors(b) == errors
+
+
 def test_a_rank_sigkilled_after_the_stop_in_the_op_the_others_were_in_is_no_culprit():
     """scancel: ranks 0 and 2 note SIGTERM inside an all_reduce rank 1 is in too; rank 1
     (its main thread in a C call: no heartbeat since) is SIGKILLed at the end of the grace
@@ -390,9 +421,9 @@ def test_a_spawned_rank_sigkilled_is_the_dead_rank_and_the_ranks_spawn_stopped_a
     SIGKILLed (they are inside an all_reduce rank 1 never came to, or their connection to it
     resets).  helper-73 read 'no findings: the trace looks healthy' (exit 0) in 2 runs of 3,
     and op_failed naming rank 0 in the third.  Rank 1 goes once ranks 0 and 2 are in the
-    all_reduce it never comes to: a CI run on 2 loaded cores had them stopped before they
-    entered their first (nothing then says they waited for rank 1, nor that it went first:
-    no finding, as for a job stopped whole)."""
+    all_reduce it never comes to (a CI run on 2 loaded cores had them stopped before they
+    entered their first: nothing then said they waited for rank 1; that case is the next
+    test's, where no SIGTERM noted in its spool says it went first)."""
     import json
 
     run, check, _store = _run_job(tmp_path, SPAWNED, str(when), str(tmp_path / "trace"))
@@ -401,6 +432,53 @@ def test_a_spawned_rank_sigkilled_is_the_dead_rank_and_the_ranks_spawn_stopped_a
     found = json.loads(check.stdout)["findings"]
     assert [(f["kind"], f["culprits"]) for f in found if f["severity"] == "error"] == [("dead_rank", [1])]
     assert not any(set(f["culprits"]) & {0, 2} for f in found), found
+
+
+SPAWNED_BETWEEN_OPS = """
+import os, signal, sys, time, torch.distributed as dist, torch.multiprocessing as mp
+
+def recording(store, ranks):
+    # each of ``ranks`` has written its meta and a heartbeat: its recorder runs, its spool exists
+    from commscope.analysis.source import open_source
+    try:
+        events = open_source(store).read_all()
+    except Exception:
+        return False
+    return all(any(e["type"] == "heartbeat" and e["rank"] == r for e in events) for r in ranks)
+
+def worker(rank, port, store):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3)
+    if rank == 1:
+        while not recording(store, (0, 1, 2)):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)  # (the OOM killer, right after init)
+    while True:  # (loading data: no op yet; mp.spawn stops them once rank 1 is gone)
+        time.sleep(0.05)
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(int(sys.argv[1]), sys.argv[2]), nprocs=3, join=True)
+"""
+
+
+def test_a_spawned_rank_sigkilled_right_after_init_while_the_others_are_between_ops_is_the_dead_rank(tmp_path):
+    """Real ranks under ``commscope run`` (the native recorder): rank 1 SIGKILLed right after
+    init, ranks 0 and 2 between ops (no op yet), SIGTERMed by mp.spawn because it went.
+    Nobody waited for rank 1, but its spool noted no SIGTERM where theirs did: it went
+    first (before: "no findings: the trace looks healthy", exit 0)."""
+    import json
+
+    run, check, store = _run_job(tmp_path, SPAWNED_BETWEEN_OPS, str(tmp_path / "trace"))
+    assert run.returncode != 0, run.stderr[-2000:]
+    from commscope.store import open_reader
+
+    events = open_reader(store).read_all()
+    assert {e["rank"]: e.get("recorder") for e in events if e["type"] == "meta"} == dict.fromkeys(range(3), "native")
+    exits = {e["rank"]: e for e in events if e["type"] == "exit"}
+    assert exits[1]["reason"] == "gone" and all(exits[r].get("signal") == "Terminated" for r in (0, 2)), exits
+    assert not any(e["type"] == "op" for e in events) and not any(e["type"] == "block" for e in events)
+    assert check.returncode == 1, check.stdout[-2000:] + check.stderr[-2000:]
+    found = json.loads(check.stdout)["findings"]
+    assert [(f["kind"], f["culprits"], f["severity"]) for f in found] == [("dead_rank", [1], "error")], found
 
 
 STOPPED_FIRST = """

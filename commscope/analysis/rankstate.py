@@ -31,6 +31,7 @@ from commscope.analysis.vocab import (
     NESTED,
     P2P,
     SNAPSHOT,
+    TERM_SIGNALS,
     RankState,
     describe_kill,
     is_kill,
@@ -319,7 +320,7 @@ def left_early(m: TraceModel, rank: int, now: int) -> bool:
         if stopped(k):  # (stopped by a signal too: only where it went by itself, long before)
             return _stopped_first(m, rank, k, t)
         stops = _stops(m)  # (went first, and the others were stopped because it went: some of them waited for it)
-        return stops.latest > t and rank in stops.awaited
+        return (stops.latest > t and rank in stops.awaited) or _unstopped_before(m, rank, k, t, stops)
     return m.end_ns - m.last_seen(rank) > dead_after_ns(m, rank)
 
 
@@ -375,6 +376,8 @@ class _Stops:
     #: The stopped ranks whose wait in a collective was a hang cut short (``cut_short``):
     #: rank -> (that op, the members absent from it that had left by themselves)
     cut_short: Mapping[int, tuple[int, frozenset[int]]] = dataclasses.field(default_factory=dict)
+    #: When the first of them stopped by SIGTERM (``vocab.TERM_SIGNALS``) departed (-1: none did)
+    earliest_term: int = -1
 
 
 def _stops(m: TraceModel) -> _Stops:
@@ -388,7 +391,7 @@ def _stops(m: TraceModel) -> _Stops:
     memo = _memo(m)
     if memo.stops is None:
         ranks: set[int] = set()
-        latest = first_own = -1
+        latest = first_own = earliest_term = -1
         absent: dict[tuple, list[int]] = {}
         spans: dict[tuple, list[int]] = {}  # per op waited in: [last departure, first wait began]
         waiting: dict[tuple, list[tuple[int, int]]] = {}  # per op waited in: the stopped ranks in it, their op
@@ -404,6 +407,8 @@ def _stops(m: TraceModel) -> _Stops:
                 ranks.add(r)
                 dep = departed_ns(m, r) or -1
                 latest = max(latest, dep)
+                if dep >= 0 and k.get("signal") in TERM_SIGNALS:
+                    earliest_term = dep if earliest_term < 0 else min(earliest_term, dep)
                 i = current_op(m, r)
                 if i is None and (i := m.last_op(r)) is not None and i not in rt.exc:
                     continue  # (between ops: waiting for nobody; an op that failed was waiting)
@@ -440,8 +445,23 @@ def _stops(m: TraceModel) -> _Stops:
                 if left:
                     cut.update((r, (i, left)) for r, i in waiting[key])
         memo.stops = _Stops(frozenset(ranks), latest, frozenset(waits), {p: tuple(w) for p, w in waits.items()},
-                            first_own, int((m.hang_after() or DEFAULT_HANG_AFTER) * 1e9), cut)
+                            first_own, int((m.hang_after() or DEFAULT_HANG_AFTER) * 1e9), cut, earliest_term)
     return memo.stops
+
+
+def _unstopped_before(m: TraceModel, rank: int, k: dict, t: int, stops: _Stops) -> bool:
+    """Whether a rank whose death nothing recorded (``k``: an unseen death, SIGKILL or the
+    OOM killer, last heard from at ``t``) went before a SIGTERM ended the others: none
+    reached it, and it was last heard from no later than the first of them was stopped.  A launcher that ends a job (mp.spawn, torchrun, SLURM, Kubernetes) sends every
+    rank it stops SIGTERM first; a rank that got none was gone already, and the others were
+    stopped because it went (before, with none of them waiting in an op, a rank SIGKILLed
+    between ops, the launcher stopping the rest, read "no findings", exit 0).  Only the
+    native recorder says that none reached it: its death handler notes a SIGTERM in the
+    spool as the signal comes, whatever ends the process after (``stop_signal``, or an exit
+    by the signal); the Python recorder notes none (a rank SIGTERMed reads as gone)."""
+    meta = m.ranks[rank].meta
+    return (unseen_death(k) and not k.get("stop_signal") and meta is not None
+            and meta.get("recorder") == "native" and 0 <= t <= stops.earliest_term)
 
 
 def _went_before(m: TraceModel, p: int, stopped_ranks: set[int], first: int) -> bool:

@@ -76,6 +76,9 @@ def is_kill(ex: dict) -> bool:
 #: Signals a whole job is stopped with: the one a launcher (torchrun, mp.spawn, SLURM) sends
 #: the ranks left when one of them dies, and a user's Ctrl-C or scancel.
 STOP_SIGNALS = frozenset({"Terminated", "Interrupt", "Hangup", "SIGTERM", "SIGINT", "SIGHUP"})
+#: Of those, the one the native recorder's death handler notes in the spool as it comes
+#: (``record/native/death.h``): a launcher's stop
+TERM_SIGNALS = frozenset({"Terminated", "SIGTERM"})
 
 
 def stopped(ex: dict) -> bool:
