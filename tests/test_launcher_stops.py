@@ -387,16 +387,22 @@ def _run_job(tmp_path, source: str, *args: str, hang_after: str | None = None):
     return run, check, store
 
 
-SPAWNED = """
-import os, signal, sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
-
-def entered(store, n):
-    # ranks 0 and 2 are in their n-th all_reduce: its begin is in the store
+#: A job script's look at its own store: the events it holds now (none where it cannot be read yet)
+EVENTS_OF = """
+def events_of(store):
     from commscope.analysis.source import open_source
     try:
-        events = open_source(store).read_all()
+        return open_source(store).read_all()
     except Exception:
-        return False
+        return []
+"""
+
+SPAWNED = """
+import os, signal, sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
+""" + EVENTS_OF + """
+def entered(store, n):
+    # ranks 0 and 2 are in their n-th all_reduce: its begin is in the store
+    events = events_of(store)
     return all(sum(e["type"] == "op" and e["phase"] == "begin" and e["rank"] == r for e in events) >= n for r in (0, 2))
 
 def worker(rank, port, when, store):
@@ -436,14 +442,10 @@ def test_a_spawned_rank_sigkilled_is_the_dead_rank_and_the_ranks_spawn_stopped_a
 
 SPAWNED_BETWEEN_OPS = """
 import os, signal, sys, time, torch.distributed as dist, torch.multiprocessing as mp
-
+""" + EVENTS_OF + """
 def recording(store, ranks):
     # each of ``ranks`` has written its meta and a heartbeat: its recorder runs, its spool exists
-    from commscope.analysis.source import open_source
-    try:
-        events = open_source(store).read_all()
-    except Exception:
-        return False
+    events = events_of(store)
     return all(any(e["type"] == "heartbeat" and e["rank"] == r for e in events) for r in ranks)
 
 def worker(rank, port, store):
