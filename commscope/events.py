@@ -100,8 +100,10 @@ Version 3 (spools, self-describing streams, incarnations):
                [stop_signal, stop_ts] (native recorder): a SIGTERM a handler of the program's
                own took (the rank lived on), and when, whatever ended it after (an exception,
                an exit, a SIGKILL).  Who sent it and why is unknown (a scancel, a preemption
-               notice after which training goes on); diagnosis does not use it, and such an
-               exit is never ``vocab.stopped`` (a rank killed by a stop signal)
+               notice after which training goes on); such an exit is never ``vocab.stopped``
+               (a rank killed by a stop signal), but it dates a stop (rankstate);
+               [term_unwatched] (reason "gone", native recorder): a SIGTERM could have come
+               unnoted (the program replaced the death handler after init, or ignores it)
     snapshot   (``commscope snapshot``, a job never instrumented; ``commscope/snapshot``)
                meta recorder "snapshot", hang_after the span of the snapshot's samples; op
                src "snapshot": the collective a stack shows the rank inside, its seq the

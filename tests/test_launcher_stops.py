@@ -122,6 +122,8 @@ def test_a_rank_whose_stop_went_unseen_is_no_culprit_where_nobody_waited_for_it(
     ("the Python recorder", []),
     ("the others stopped by SIGINT", []),
     ("heard from after the stop", []),
+    ("its program took SIGTERM from the recorder", []),
+    ("the others' own handlers took it", [("dead_rank", [1])]),
 ])
 def test_a_rank_killed_unseen_before_the_launcher_stopped_the_rest_is_the_dead_rank(case, errors):
     """The native recorder's death handler notes a SIGTERM in the spool as it comes, whatever
@@ -130,7 +132,11 @@ def test_a_rank_killed_unseen_before_the_launcher_stopped_the_rest_is_the_dead_r
     rank 1, so it was gone before them, and it is the dead rank though nobody waited for it
     (before: "no findings", exit 0).  Not where a SIGTERM was noted for it (it was stopped
     too), nor under the Python recorder (which notes none), nor where the others were
-    stopped by SIGINT (not noted), nor where it was heard from after the first stop."""
+    stopped by SIGINT (not noted), nor where it was heard from after the first stop, nor
+    where its spool says a SIGTERM could have come unnoted (``term_unwatched``: the program
+    replaced the death handler after init, helper-102).  The first SIGTERM may be one the
+    others' own handlers took before they left cleanly (``stop_ts``; helper-102: "no
+    findings" there)."""
     b = TraceBuilder(3, hang_after=2.0)
     for e in b.events:
         if e["type"] == "meta":
@@ -141,8 +147,13 @@ def test_a_rank_killed_unseen_before_the_launcher_stopped_the_rest_is_the_dead_r
     b.heartbeat(1, stop + (50 if case == "heard from after the stop" else -12) * MS)
     others = dict(SIGTERM, signal="Interrupt") if case == "the others stopped by SIGINT" else SIGTERM
     for r in (0, 2):
-        b.exit(r, stop + r * MS, **others)
+        if case == "the others' own handlers took it":
+            b.exit(r, stop + 20 * MS + r * MS, reason="atexit", **_stop_note(stop + r * MS))
+        else:
+            b.exit(r, stop + r * MS, **others)
     noted = {"stop_signal": "SIGTERM", "stop_ts": stop - MS} if case == "its SIGTERM noted" else {}
+    if case == "its program took SIGTERM from the recorder":
+        noted = {"term_unwatched": True}
     b.exit(1, t - MS, **GONE, **noted)
     assert _stopped_errors(b) == errors
 
@@ -448,7 +459,9 @@ def recording(store, ranks):
     events = events_of(store)
     return all(any(e["type"] == "heartbeat" and e["rank"] == r for e in events) for r in ranks)
 
-def worker(rank, port, store):
+def worker(rank, port, store, others):
+    if rank != 1 and others == "graceful":  # (their own handler, set before init: leave cleanly)
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3)
     if rank == 1:
         while not recording(store, (0, 1, 2)):
@@ -458,29 +471,100 @@ def worker(rank, port, store):
         time.sleep(0.05)
 
 if __name__ == "__main__":
-    mp.spawn(worker, args=(int(sys.argv[1]), sys.argv[2]), nprocs=3, join=True)
+    mp.spawn(worker, args=(int(sys.argv[1]), sys.argv[2], sys.argv[3]), nprocs=3, join=True)
 """
 
 
-def test_a_spawned_rank_sigkilled_right_after_init_while_the_others_are_between_ops_is_the_dead_rank(tmp_path):
+@pytest.mark.parametrize("others", ["killed", "graceful"])
+def test_a_spawned_rank_sigkilled_right_after_init_while_the_others_are_between_ops_is_the_dead_rank(
+        tmp_path, others):
     """Real ranks under ``commscope run`` (the native recorder): rank 1 SIGKILLed right after
-    init, ranks 0 and 2 between ops (no op yet), SIGTERMed by mp.spawn because it went.
+    init, ranks 0 and 2 between ops (no op yet), SIGTERMed by mp.spawn because it went
+    (killed by it, or, ``graceful``, leaving cleanly from a handler of their own).
     Nobody waited for rank 1, but its spool noted no SIGTERM where theirs did: it went
-    first (before: "no findings: the trace looks healthy", exit 0)."""
+    first (before: "no findings: the trace looks healthy", exit 0; with the others'
+    handlers so until helper-102)."""
     import json
 
-    run, check, store = _run_job(tmp_path, SPAWNED_BETWEEN_OPS, str(tmp_path / "trace"))
+    run, check, store = _run_job(tmp_path, SPAWNED_BETWEEN_OPS, str(tmp_path / "trace"), others)
     assert run.returncode != 0, run.stderr[-2000:]
     from commscope.store import open_reader
 
     events = open_reader(store).read_all()
     assert {e["rank"]: e.get("recorder") for e in events if e["type"] == "meta"} == dict.fromkeys(range(3), "native")
     exits = {e["rank"]: e for e in events if e["type"] == "exit"}
-    assert exits[1]["reason"] == "gone" and all(exits[r].get("signal") == "Terminated" for r in (0, 2)), exits
+    assert exits[1]["reason"] == "gone" and "term_unwatched" not in exits[1], exits
+    if others == "killed":
+        assert all(exits[r].get("signal") == "Terminated" for r in (0, 2)), exits
+    else:
+        assert all(exits[r].get("stop_signal") == "Terminated" and "signal" not in exits[r] for r in (0, 2)), exits
     assert not any(e["type"] == "op" for e in events) and not any(e["type"] == "block" for e in events)
     assert check.returncode == 1, check.stdout[-2000:] + check.stderr[-2000:]
     found = json.loads(check.stdout)["findings"]
     assert [(f["kind"], f["culprits"], f["severity"]) for f in found] == [("dead_rank", [1], "error")], found
+
+
+#: A job script's end: ranks 0 and 2 SIGTERMed (a scancel), every rank joined, their exit codes printed
+SCANCEL_THE_REST = """
+    for r in (0, 2):
+        os.kill(ranks[r].pid, signal.SIGTERM)
+    for p in ranks:
+        p.join()
+    print("codes", [p.exitcode for p in ranks])
+"""
+
+HANDLER_REPLACED = """
+import multiprocessing as mp, os, signal, sys, time, torch, torch.distributed as dist
+""" + EVENTS_OF + """
+def heartbeats(store, rank):
+    return sum(e["type"] == "heartbeat" and e["rank"] == rank for e in events_of(store))
+
+def reraise(sig, frame):  # a program's own SIGTERM handler: clean up, then die of it
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+def worker(rank, port, store, ready):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3)
+    x = torch.ones(4)
+    if rank == 1:
+        signal.signal(signal.SIGTERM, reraise)  # (after init: it replaces the recorder's death handler)
+        seen = heartbeats(store, 1)
+        while heartbeats(store, 1) < seen + 2:  # (its recorder has ticked since)
+            time.sleep(0.05)
+    for i in range(3):
+        dist.all_reduce(x)
+    ready.release()
+    while True:  # (between ops)
+        time.sleep(0.05)
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    ready = ctx.Semaphore(0)
+    ranks = [ctx.Process(target=worker, args=(r, int(sys.argv[1]), sys.argv[2], ready)) for r in range(3)]
+    for p in ranks:
+        p.start()
+    for _ in ranks:
+        ready.acquire()
+    os.kill(ranks[1].pid, signal.SIGTERM)  # a scancel that reaches rank 1 first
+    ranks[1].join()
+""" + SCANCEL_THE_REST
+
+
+def test_a_rank_sigtermed_through_a_handler_set_after_init_is_no_culprit(tmp_path):
+    """Real ranks under ``commscope run``: rank 1 sets its own SIGTERM handler after init
+    (clean up, then die of the signal), which takes the signal from the recorder's death
+    handler; a scancel reaches it, then the others.  Rank 1 ends gone with no SIGTERM noted,
+    before the others were stopped, but its spool says a SIGTERM could have come unnoted
+    (``term_unwatched``): a job stopped as a whole, no fault (helper-102: dead_rank [1])."""
+    import json
+
+    run, check, store = _run_job(tmp_path, HANDLER_REPLACED, str(tmp_path / "trace"))
+    assert "codes [-15, -15, -15]" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+    exits = {e["rank"]: e for e in read_events(store) if e["type"] == "exit"}
+    assert exits[1]["reason"] == "gone" and exits[1].get("term_unwatched") is True, exits
+    assert all(exits[r].get("signal") == "Terminated" and "term_unwatched" not in exits[r] for r in (0, 2)), exits
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+    assert json.loads(check.stdout)["findings"] == []
 
 
 STOPPED_FIRST = """
@@ -506,12 +590,7 @@ if __name__ == "__main__":
         p.start()
     ranks[1].join()
     time.sleep(7.0)  # the others stay stuck on rank 1 past hang_after (2 s), then a scancel
-    for r in (0, 2):
-        os.kill(ranks[r].pid, signal.SIGTERM)
-    for p in ranks:
-        p.join()
-    print("codes", [p.exitcode for p in ranks])
-"""
+""" + SCANCEL_THE_REST
 
 
 def test_a_real_rank_sigtermed_by_hand_before_a_scancel_is_the_dead_rank(tmp_path):

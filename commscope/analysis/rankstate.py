@@ -376,7 +376,8 @@ class _Stops:
     #: The stopped ranks whose wait in a collective was a hang cut short (``cut_short``):
     #: rank -> (that op, the members absent from it that had left by themselves)
     cut_short: Mapping[int, tuple[int, frozenset[int]]] = dataclasses.field(default_factory=dict)
-    #: When the first of them stopped by SIGTERM (``vocab.TERM_SIGNALS``) departed (-1: none did)
+    #: When the first SIGTERM (``vocab.TERM_SIGNALS``) came: the departure of a rank it killed,
+    #: or the ``stop_ts`` of one whose own handler took it and that left (-1: none came)
     earliest_term: int = -1
 
 
@@ -403,6 +404,9 @@ def _stops(m: TraceModel) -> _Stops:
                     if (ex := _last_exit(m, r)) is not None:
                         t = departed_ns(m, r) or int(ex["ts"])
                         first_own = t if first_own < 0 else min(first_own, t)
+                        if ex.get("stop_signal") in TERM_SIGNALS and (ts := ex.get("stop_ts", -1)) >= 0:
+                            # (its own handler took the SIGTERM and it left gracefully: when it came)
+                            earliest_term = ts if earliest_term < 0 else min(earliest_term, ts)
                     continue
                 ranks.add(r)
                 dep = departed_ns(m, r) or -1
@@ -458,9 +462,13 @@ def _unstopped_before(m: TraceModel, rank: int, k: dict, t: int, stops: _Stops) 
     between ops, the launcher stopping the rest, read "no findings", exit 0).  Only the
     native recorder says that none reached it: its death handler notes a SIGTERM in the
     spool as the signal comes, whatever ends the process after (``stop_signal``, or an exit
-    by the signal); the Python recorder notes none (a rank SIGTERMed reads as gone)."""
+    by the signal), unless the program took the signal from it or ignores it, which the
+    spool then says (``term_unwatched``: a program's own ``signal.signal(SIGTERM, ...)``
+    after init, SIGTERMed with the rest, read as gone before them); the Python recorder
+    notes none (a rank SIGTERMed reads as gone).  The first SIGTERM is that of a rank killed
+    by it or of one whose own handler took it and left (``stop_ts``)."""
     meta = m.ranks[rank].meta
-    return (unseen_death(k) and not k.get("stop_signal") and meta is not None
+    return (unseen_death(k) and not k.get("stop_signal") and not k.get("term_unwatched") and meta is not None
             and meta.get("recorder") == "native" and 0 <= t <= stops.earliest_term)
 
 

@@ -114,6 +114,9 @@ class NativeOps:
     def disarm_death(self) -> None:
         self.m.disarm_death()
 
+    def term_watched(self) -> bool:
+        return bool(self.m.term_watched())
+
     def note_exit(self, code: int) -> None:
         self.m.note_exit(code)
 

@@ -94,6 +94,10 @@ class OpSource(Protocol):
 
     def disarm_death(self) -> None: ...
 
+    def term_watched(self) -> bool:
+        """Whether a SIGTERM would be noted in the spool as it comes (the death handler is
+        still installed and the program does not ignore the signal)."""
+
     def note_exit(self, code: int) -> None: ...
 
     # -- the shared wrappers (``patch``)

@@ -424,6 +424,9 @@ class PythonOps:
     def disarm_death(self) -> None:
         pass
 
+    def term_watched(self) -> bool:
+        return False  # (no handler here notes a SIGTERM)
+
     def note_exit(self, code: int) -> None:
         self.ring.note_exit(code)
 

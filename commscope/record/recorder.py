@@ -98,6 +98,8 @@ class Recorder:
         self._dropped_reported = 0
         self.drop_note: str | None = None
         self._next_sample = 0.0
+        # Each tick, until it has to say so: would the spool's death handler note a SIGTERM?
+        self._watch_term = False
         self._probe: ResourceProbe | None = None
         self.crash: str | None = None
         self.exit_code: int | None = None  # what the main thread's last ``sys.exit`` asked for
@@ -209,6 +211,7 @@ class Recorder:
         if path is not None:
             crashlog.arm(path)
         self.ops.arm_death()
+        self._watch_term = self.spool is not None
 
     JOB_WAIT = 15.0  # seconds to wait for rank 0's job id before deriving one
 
@@ -344,6 +347,11 @@ class Recorder:
             failed_ns = self.ops.failed_ns()
             hangsignal.tick(self, now, max(stuck_ns or 0, failed_ns or 0) or None, emit, final)
         crashlog.tick(self, emit, final)
+        if self._watch_term and (sp := self.spool) is not None and not self.ops.term_watched():
+            # The program took SIGTERM from the death handler (signal.signal after init) or
+            # ignores it: a rank found gone with no SIGTERM noted may have had one all the same.
+            sp.set_flag(spool.TERM_UNWATCHED)
+            self._watch_term = False
         if final or time.monotonic() >= self._next_sample:
             self._next_sample = time.monotonic() + self.sample_interval
             self._samples(now, emit)
@@ -456,6 +464,7 @@ class Recorder:
     def _leave_spool(self) -> None:
         """At the end of an incarnation: the spool goes if the store has everything, else it
         stays (unlocked) for a forwarder."""
+        self._watch_term = False
         sp, self.spool = self.spool, None
         crashlog.disarm()
         self.ops.disarm_death()

@@ -31,6 +31,7 @@ import signal
 import stat
 import struct
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -61,6 +62,11 @@ CLOSED = 1  # SPOOL_CLOSED: the owner forwarded everything and left
 META_STORED = 2  # the rank's meta reached the store: a forwarder need not send it again
 FORWARDED = 4  # a tombstone: records forwarded, how the rank died still unknown (for its launcher)
 EXIT_STORED = 8  # the rank's own exit reached the store: a forwarder adds none (the owner left before closing)
+#: A SIGTERM could have come unnoted: the program replaced the recorder's death handler
+#: (``signal.signal(SIGTERM, ...)`` after init) or ignores the signal; set by the recorder's
+#: tick, and said by a ``gone`` exit (``term_unwatched``)
+TERM_UNWATCHED = 16
+_FLAG_LOCK = threading.Lock()  # the process's own writes of its spool's flags
 TOMBSTONE_AGE_S = 3600.0  # a tombstone no launcher claimed by then is removed
 
 #: Header fields by offset (SpoolHeader; ``commscope_native.spool_layout()`` agrees, tested).
@@ -212,12 +218,14 @@ class Spool:
         return head == tail
 
     def set_flag(self, flag: int) -> None:
-        """Note a fact for a forwarder (META_STORED, EXIT_STORED)."""
-        try:
-            flags = struct.unpack("<I", os.pread(self.fd, 4, OFF_FLAGS))[0]
-            os.pwrite(self.fd, struct.pack("<I", flags | flag), OFF_FLAGS)
-        except OSError:
-            pass
+        """Note a fact for a forwarder (META_STORED, EXIT_STORED, TERM_UNWATCHED): one thread at
+        a time (the recorder's tick and the outbox's landing both may), so none is lost."""
+        with _FLAG_LOCK:
+            try:
+                flags = struct.unpack("<I", os.pread(self.fd, 4, OFF_FLAGS))[0]
+                os.pwrite(self.fd, struct.pack("<I", flags | flag), OFF_FLAGS)
+            except OSError:
+                pass
 
     def stop_noted(self) -> dict[str, Any]:
         """``Death.stop_fields`` of this process: a stop signal its own handler took."""
@@ -435,7 +443,8 @@ def gone_exit(img: Image, rank: int) -> dict:
     except OSError:
         changed = time.time_ns()
     return {"type": "exit", "v": SCHEMA_VERSION, "rank": rank, "ts": last_record_ns(img) or changed,
-            "src": "spool", "reason": GONE, **img.death.stop_fields()}
+            "src": "spool", "reason": GONE, **img.death.stop_fields(),
+            **({"term_unwatched": True} if img.flags & TERM_UNWATCHED else {})}
 
 
 def _redacted(line: bytes) -> bytes:

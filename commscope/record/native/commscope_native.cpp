@@ -101,6 +101,7 @@ PyMethodDef methods[] = {
     {"keep_event", py_keep_event, METH_VARARGS, "keep_event(line): an event the store did not take, kept in the spool"},
     {"arm_death", py_arm_death, METH_NOARGS, "note fatal signals and std::terminate in the spool"},
     {"disarm_death", py_disarm_death, METH_NOARGS, "put the previous handlers back"},
+    {"term_watched", py_term_watched, METH_NOARGS, "whether a SIGTERM would be noted in the spool"},
     {"note_exit", py_note_exit, METH_O, "note_exit(code): the process leaves through os._exit"},
     {"spool_layout", py_spool_layout, METH_NOARGS, "spool header offsets"},
     {"_die_of_cpp_exception", py_die_of_cpp_exception, METH_O, "a C++ exception escapes a thread (test hook)"},

@@ -127,6 +127,20 @@ PyObject* py_disarm_death(PyObject*, PyObject*) {
   Py_RETURN_NONE;
 }
 
+// term_watched(): whether a SIGTERM would be noted in the spool as it comes: our handler is
+// still the one installed (a program's signal.signal(SIGTERM, ...) after init replaces it)
+// and chains to no SIG_IGN (a SIGTERM the program ignores is noted nowhere).  The recorder
+// asks each tick; where not, the spool says so (spool.py TERM_UNWATCHED), for a rank gone
+// unseen with no SIGTERM noted may have had one all the same.
+PyObject* py_term_watched(PyObject*, PyObject*) {
+  struct sigaction now;
+  const struct sigaction& old = g_old_action[SIGTERM];
+  const bool ours = g_armed[SIGTERM] && sigaction(SIGTERM, nullptr, &now) == 0 && (now.sa_flags & SA_SIGINFO) &&
+                    now.sa_sigaction == on_death_signal;
+  const bool ignored = !(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_IGN;
+  return PyBool_FromLong(ours && !ignored);
+}
+
 // note_exit(code): the process is about to leave through os._exit(code).
 PyObject* py_note_exit(PyObject*, PyObject* arg) {
   long code = PyLong_AsLong(arg);
