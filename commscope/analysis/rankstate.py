@@ -72,6 +72,10 @@ class _Memo:
     survivors: tuple[int, int] | None = None  # see _survivors_last
     acted: tuple[tuple[int, int], ...] | None = None  # see _last_acts
     stops: _Stops | None = None  # see _stops
+    #: rank -> ``_last_exit`` (asked ~27 times a rank by one ``diagnose`` of a stopped job)
+    exits: dict[int, dict | None] = dataclasses.field(default_factory=dict)
+    #: (now, rank -> ``left_early`` at now): asked by several finders and by the rank's state
+    left: tuple[int, dict[int, bool]] = (-1, {})
     snapshot: RankSnapshot | None = None
     #: (space, group, seq) -> the members that completed that collective (``completed_by``)
     completed: dict[tuple[int, str, int], frozenset[int]] = dataclasses.field(default_factory=dict)
@@ -200,10 +204,17 @@ def completed_by(m: TraceModel, group: str, seq: int, space: int) -> frozenset[i
 # ---------------------------------------------------------------------- exits and deaths
 def _last_exit(m: TraceModel, rank: int) -> dict | None:
     """The rank's last exit event if it came after its last op (else the rank went on: it
-    initialised again), whatever kind."""
+    initialised again), whatever kind; once per rank and version."""
     rt = m.ranks.get(rank)
     if not rt or not rt.exits:
         return None
+    exits = _memo(m).exits
+    if rank not in exits:
+        exits[rank] = _find_last_exit(rt)
+    return exits[rank]
+
+
+def _find_last_exit(rt: RankTrace) -> dict | None:
     ex = rt.exits[-1]
     if len(rt.exits) > 1 and unseen_death(ex) and rt.exits[-2]["ts"] >= rt.last_op_ts:
         # (its spool was left unclosed after the rank's own last word: the forwarder found no
@@ -296,7 +307,18 @@ def left_early(m: TraceModel, rank: int, now: int) -> bool:
     as a whole, or ended by its own deadline: every rank's ``os._exit(0)`` while some
     waited in a hang) are judged as they were when they stopped: still waiting; but one they
     waited for that went before them went first (``_stops``): gone otherwise, or killed by a
-    stop signal sent to it alone long before them (``_stopped_first``)."""
+    stop signal sent to it alone long before them (``_stopped_first``).  Once per rank,
+    moment and version."""
+    memo = _memo(m)
+    if memo.left[0] != now:
+        memo.left = (now, {})
+    known = memo.left[1]
+    if rank not in known:
+        known[rank] = _left_early(m, rank, now)
+    return known[rank]
+
+
+def _left_early(m: TraceModel, rank: int, now: int) -> bool:
     ex = exited(m, rank)
     if ex is not None:
         if is_crash(ex) or current_op(m, rank) is None:

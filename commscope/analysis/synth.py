@@ -24,8 +24,9 @@ T0 = 1_700_000_000 * S
 
 class TraceBuilder:
     def __init__(self, world_size: int, *, hang_after: float = 2.0, sample_interval: float = 0.2,
-                 t0: int = T0, meta: bool = True, ranks_per_host: int = 0):
-        """``ranks_per_host``: ranks r*k..r*k+k-1 on host ``node{r:02d}`` (0: all on host "h")."""
+                 t0: int = T0, meta: bool = True, ranks_per_host: int = 0, recorder: str | None = None):
+        """``ranks_per_host``: ranks r*k..r*k+k-1 on host ``node{r:02d}`` (0: all on host "h");
+        ``recorder``: the meta's (``"native"``: what only the native recorder notes is read)."""
         self.world = world_size
         self.events: list[dict] = []
         self._ids = dict.fromkeys(range(world_size), 0)
@@ -37,7 +38,7 @@ class TraceBuilder:
             for r in range(world_size):
                 host = f"node{r // ranks_per_host:02d}" if ranks_per_host else "h"
                 self.add(r, t0, "meta", host=host, pid=1000 + r, world_size=world_size, backend="gloo",
-                         hang_after=hang_after, sample_interval=sample_interval)
+                         hang_after=hang_after, sample_interval=sample_interval, recorder=recorder)
         self.group("0", list(range(world_size)))
 
     def add(self, rank: int, ts: int, typ: str, **kw: Any) -> dict:
@@ -268,6 +269,8 @@ class Stop:
     #: the whole job stopped at once: judged at its end, as ``check`` and the console judge
     #: a job whose every rank is gone (else a minute after the stop, as a console watching)
     whole: bool = False
+    #: traced by the native recorder, whose death handler notes each SIGTERM in the spool
+    native: bool = False
 
 
 #: Ways a wide job stops.  ``commscope bench analysis`` times ``diagnose`` on them at 16k
@@ -285,13 +288,24 @@ STOPS: dict[str, Stop] = {
     # every rank left through os._exit(0) at the job's own deadline, the others inside the
     # all_reduce rank 0 never entered: the hang it ended (it was "healthy" once they left)
     "a deadline ended it, one rank never entered": Stop(lambda w: [("missing_ranks", [0])], whole=True),
+    # the native recorder's traces (its death handler notes each SIGTERM): rank 0 SIGKILLed
+    # unseen (the OOM killer), then the launcher SIGTERMed the rest, in the all_reduce it
+    # never entered or between ops; and a scancel of every rank, half inside an all_reduce
+    "rank 0 SIGKILLed, the rest SIGTERMed waiting": Stop(lambda w: [("dead_rank", [0])], whole=True, native=True),
+    "rank 0 SIGKILLed, the rest SIGTERMed between ops": Stop(lambda w: [("dead_rank", [0])], whole=True,
+                                                             native=True),
+    "SIGTERMed with half inside an all_reduce": Stop(lambda w: [], whole=True, native=True),
 }
 
+#: How the native recorder's spool ends a rank: gone unseen, or SIGTERMed (its death handler's note)
+GONE = {"reason": "gone", "src": "spool"}
+SIGTERMED = {"reason": "signal", "signal": "Terminated", "src": "spool"}
 
-def after_two(world: int, ranks_per_host: int = 8) -> tuple[TraceBuilder, int]:
+
+def after_two(world: int, ranks_per_host: int = 8, recorder: str | None = None) -> tuple[TraceBuilder, int]:
     """A job of ``world`` ranks (0.2 s samples, ``ranks_per_host`` a host; 0: one host) that
     ran two all_reduces: the builder, and the time after them, where a scenario goes on."""
-    b = TraceBuilder(world, sample_interval=0.2, ranks_per_host=ranks_per_host)
+    b = TraceBuilder(world, sample_interval=0.2, ranks_per_host=ranks_per_host, recorder=recorder)
     t = b.t0 + S // 10
     for _ in range(2):
         t = b.collective(t, "all_reduce") + 1_000_000
@@ -304,8 +318,9 @@ def stopped_job(world: int, way: str) -> tuple[list[dict], int]:
     after ``t`` the waits have passed hang_after (2 s) and the silent are dead."""
     if way not in STOPS:
         raise ValueError(f"unknown way a job stops: {way!r}; known: {', '.join(STOPS)}")
-    b, t = after_two(world)
+    b, t = after_two(world, recorder="native" if STOPS[way].native else None)
     half = world // 2
+    ms = S // 1000
     beating = list(range(world))  # the ranks that go on sending heartbeats after t
     for r in range(world):
         if way == "every all_reduce timed out":
@@ -334,6 +349,21 @@ def stopped_job(world: int, way: str) -> tuple[list[dict], int]:
             if r:
                 b.begin(r, t, "all_reduce")
             b.exit(r, t + 5 * S + (r % 13) * 1000, reason="os._exit", code=0)
+        elif way == "rank 0 SIGKILLed, the rest SIGTERMed waiting":
+            if r:
+                b.begin(r, t + (r % 7) * 1000, "all_reduce")
+                b.exit(r, t + 3 * S + 40 * ms + (r % 11) * 1000, **SIGTERMED)
+            else:
+                b.exit(r, t - ms, **GONE)
+        elif way == "rank 0 SIGKILLed, the rest SIGTERMed between ops":
+            if r:
+                b.exit(r, t + S + 40 * ms + (r % 11) * 1000, **SIGTERMED)
+            else:
+                b.exit(r, t - ms, **GONE)
+        elif way == "SIGTERMed with half inside an all_reduce":
+            if r < half:
+                b.begin(r, t, "all_reduce")
+            b.exit(r, t + S + (r % 11) * 1000, **SIGTERMED)
     if way == "one rank gone, the others failed on it":
         beating.remove(0)
     elif way == "a host lost, the others wait for it":
@@ -344,6 +374,12 @@ def stopped_job(world: int, way: str) -> tuple[list[dict], int]:
             b.heartbeat(r, t + 3000)  # then the whole job stopped
     elif way == "a deadline ended it, one rank never entered":
         b.heartbeats(t, t + 5 * S, interval=S, ranks=beating)
+    elif way == "rank 0 SIGKILLed, the rest SIGTERMed waiting":
+        b.heartbeats(t, t + 3 * S, interval=S // 5, ranks=beating[1:])
+    elif way == "rank 0 SIGKILLed, the rest SIGTERMed between ops":
+        b.heartbeats(t, t + S, interval=S // 5, ranks=beating[1:])
+    elif way == "SIGTERMed with half inside an all_reduce":
+        b.heartbeats(t, t + S, interval=S // 5)
     else:
         b.heartbeats(t, t + 70 * S, interval=10 * S, ranks=beating)
     return b.sorted_events(), t
