@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import random
 
-from commscope.analysis.rootcause import _chase
+from commscope.analysis import TraceModel
+from commscope.analysis.findings import Finding
+from commscope.analysis.rootcause import _chase, resolve
+from commscope.analysis.synth import S, TraceBuilder
 
 
 def _paths(waits_on: dict[int, set[int]], c: int, path: frozenset[int] = frozenset()) -> set[int] | None:
@@ -174,3 +177,22 @@ def test_thousands_waiting_on_thousands_who_never_entered():
     assert sum(len(on) for on in graph.values()) == 8192 + 8192
     ends = _chase(graph)
     assert ends(0) == ends(8191) == set(missing) and ends(9000) == {9000}
+
+
+def test_a_crash_whose_wait_has_no_one_to_blame_still_names_its_rank():
+    """(Found by hypothesis in tests/test_model_batch.py: a rank streamed twice, its op
+    failed on a closed connection with every other member still there, then it crashed.)
+    The failure blames nobody and holds the rank as a victim whose blame is not known; the
+    crash shares no instance with it.  Rule 2 renamed the crash's culprits to the roots it
+    waits on, none, and the diagnosis failed on a departure naming no rank (IndexError).
+    A departure always names its own rank."""
+    b = TraceBuilder(4)
+    t = b.t0 + S // 10
+    b.heartbeats(b.t0, t + 5 * S)
+    model = TraceModel.from_events(b.sorted_events())
+    failed = Finding("op_failed", "0", None, "all_reduce", [3], [], "all_reduce failed on rank 3; no rank to blame",
+                     {}, ts=t, victims={3: ()}, instances=(("op", 3, 99),))
+    crashed = Finding("rank_crashed", "0", None, "all_reduce", [3], [3], "rank 3 crashed: ValueError: boom",
+                      {}, ts=t + 1000)
+    got = resolve(model, [failed, crashed], t + 5 * S, {})
+    assert sorted((f.kind, f.culprits) for f in got) == [("op_failed", []), ("rank_crashed", [3])]

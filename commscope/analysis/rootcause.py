@@ -216,6 +216,12 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         if t is not None:
             _absorb(t, f)
             continue
+        if not want and f.kind in DEPARTED:
+            # (a rank that crashed or died while its wait's blame is not known, or none is
+            # to blame: its going is its own, and a departure always names its rank; before,
+            # it was left naming nobody and the diagnosis failed on it)
+            roots.append(f)
+            continue
         # no finding names its root yet: keep it, naming the roots instead of victims
         f.evidence["named_through"] = sorted(f.culprits)
         f.culprits = sorted(want or ())
