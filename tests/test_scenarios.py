@@ -6,6 +6,7 @@ Every scenario runs headless with small knobs (few steps, short pauses) and the 
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -24,7 +25,9 @@ from rich.console import Console
 from commscope.analysis import TraceModel, diagnose
 from commscope.analysis.source import open_source
 from commscope.commands.check import check_store
+from commscope.record.recorder import Recorder
 from commscope.scenarios import EXIT_TIME_LIMIT, SCENARIOS, DemoJob, Scenario, run_headless
+from commscope.scenarios.runner import LEAVE_WAIT
 from commscope.store import AsOf
 
 pytestmark = pytest.mark.timeout(120)
@@ -168,13 +171,16 @@ def spawn_and_wait(rank: int, ws: int, ctx) -> None:
     subprocess.run(["sleep", "300"])
 
 
-@pytest.mark.parametrize("slow", [False, True], ids=["missing-rank", "rank-0-slow-to-end"])
+@pytest.mark.parametrize("slow", [0.0, 0.5, 7.0],
+                         ids=["missing-rank", "rank-0-slow-to-end", "rank-0-slower-than-the-leave-wait"])
 def test_hanging_scenario_ends_on_its_own_and_keeps_the_diagnosis(tmp_path, slow):
     """Every rank leaves at the time limit and the trace keeps the hang.  ``slow``: rank 0
-    is slow to end its recording there (0.5 s); had rank 1 left without waiting for it, rank 0's
-    waiting all_reduce would fail in its trace (an op_failed)."""
-    sc = Scenario(name="missing-rank-slow-end", title="t", summary="s", look_for="l", worker=slow_to_end) \
-        if slow else "missing-rank"
+    is slow to end its recording there (0.5 s; 7 s, past ``LEAVE_WAIT``, as a last tick on a
+    loaded host may be, within ``Recorder.FINAL_HOLD_S``); had rank 1 left without waiting
+    for it, rank 0's waiting all_reduce would fail in its trace (an op_failed)."""
+    assert LEAVE_WAIT < 7.0 < Recorder.FINAL_HOLD_S
+    sc = Scenario(name="missing-rank-slow-end", title="t", summary="s", look_for="l",
+                  worker=functools.partial(slow_to_end, slow)) if slow else "missing-rank"
     # (the limit counts from start(): two ranks importing torch on 2 loaded cores took ~5 s of
     # a 6 s limit once, so rank 0 had waited under hang_after when it came and no hang showed)
     job = DemoJob(sc, ranks=2, store=str(tmp_path), steps=4, pace=0.1, hang_after=1.0, time_limit=15.0).start()
@@ -189,9 +195,9 @@ def test_hanging_scenario_ends_on_its_own_and_keeps_the_diagnosis(tmp_path, slow
     assert report["findings"][0]["evidence"]["waited_s"].keys() == {"0"}
 
 
-def slow_to_end(rank: int, ws: int, ctx) -> None:
-    """missing-rank, with rank 0 ending its recording 0.5 s late at the time limit (well
-    inside ``LEAVE_WAIT``: the others wait for it)."""
+def slow_to_end(delay: float, rank: int, ws: int, ctx) -> None:
+    """missing-rank, with rank 0 ending its recording ``delay`` s late at the time limit,
+    its last tick slow (the others wait for it)."""
     from commscope.record import recorder
     from commscope.scenarios.workloads import missing_rank
 
@@ -199,7 +205,7 @@ def slow_to_end(rank: int, ws: int, ctx) -> None:
         end = recorder.end_before_exit
 
         def late(code: int) -> None:
-            time.sleep(0.5)
+            time.sleep(delay)
             end(code)
 
         recorder.end_before_exit = late

@@ -19,11 +19,12 @@ one joins the process group, switches ``commscope.instrument`` on and runs the s
 * every worker has a watchdog: at the demo's deadline (``time_limit`` after ``start()``)
   all ranks leave together (exit code ``EXIT_TIME_LIMIT``), so a hung scenario ends on its
   own.  Each ends its recording first and leaves once all have (or ``LEAVE_WAIT`` later,
-  when one is gone already): a rank leaving first would fail the waiting ops of the others
+  when one is gone already, which never began to end; one whose last tick runs long on a
+  loaded host is waited for): a rank leaving first would fail the waiting ops of the others
   in their traces, and a hang would read as an ``op_failed``.  A worker whose launching
   process died exits at once (``EXIT_ORPHANED``; on Linux the kernel also kills it when
   the forkserver goes); an ``alarm()`` backstop kills a worker that could not run Python
-  at all ``LEAVE_WAIT`` + 10 s after the deadline.
+  at all ``leave_wait_ending()`` + 10 s after the deadline.
 
 Worker stdout/stderr go to ``<store>/logs/rank-N.log`` (the console owns the terminal).
 """
@@ -54,8 +55,11 @@ HANG_TIME_LIMIT = 40.0
 #: Default time limit of the others (they end on their own well before).
 RUN_TIME_LIMIT = 180.0
 #: At the deadline, how long a rank that has ended its recording waits for the others to
-#: end theirs before it leaves (the whole wait only when a rank is gone already).
+#: begin to end theirs before it leaves (the whole wait only when a rank is gone already;
+#: one that began is waited for until its last tick ends: ``leave_wait_ending``).
 LEAVE_WAIT = 5.0
+#: A rank's flag in ``ended``: its last tick runs; its recording has ended
+ENDING, ENDED = 1, 2
 
 
 def get_scenario(scenario: str | Scenario) -> Scenario:
@@ -183,22 +187,44 @@ def _stay_if_time_is_up() -> None:
 
 def _leave_at_deadline(rank: int, ended: Any) -> None:
     """The time limit: end the recording (its ``exit`` written), wait until every rank has
-    ended its own (``ended``, its flags; ``LEAVE_WAIT`` at most: a rank gone never sets
-    its own), then leave.  Ops that fail meanwhile (a rank that left without waiting) are
-    not recorded, so the trace keeps the hang it showed."""
+    ended its own (``ended``, its flags: ``ENDING`` while a rank's last tick runs, then
+    ``ENDED``), then leave.  A rank that never began to end within ``LEAVE_WAIT`` is gone
+    (it never sets its flag); one ending is waited for as long as its last tick may take
+    (``leave_wait_ending``): a rank that left first would fail the other's waiting op while
+    it is still recorded, and a hang would read as an ``op_failed``.  Ops that fail after
+    every rank ended (a rank that left without waiting) are not recorded, so the trace
+    keeps the hang it showed."""
     _time_is_up.set()
     print(f"commscope demo: time limit reached, rank exiting (code {EXIT_TIME_LIMIT})", flush=True)
     from commscope.record.recorder import end_before_exit
 
+    began = time.monotonic()
+    try:
+        ended[rank] = ENDING
+    except Exception:
+        pass
     end_before_exit(EXIT_TIME_LIMIT)
     try:
-        ended[rank] = 1
-        until = time.monotonic() + LEAVE_WAIT
-        while not all(ended[:]) and time.monotonic() < until:
+        ended[rank] = ENDED
+        while True:
+            flags = ended[:]
+            waited = time.monotonic() - began
+            if all(f == ENDED for f in flags) or waited >= leave_wait_ending() or (
+                    waited >= LEAVE_WAIT and ENDING not in flags):
+                break
             time.sleep(0.01)
     except Exception:  # (the leaving goes on: this wait is the others' good, not this rank's)
         pass
     os._exit(EXIT_TIME_LIMIT)
+
+
+def leave_wait_ending() -> float:
+    """How long, from the deadline, a rank waits for one whose last tick runs: as long as
+    ``end_before_exit`` may hold it (``Recorder.FINAL_HOLD_S``, a loaded host's last tick),
+    and a second more."""
+    from commscope.record.recorder import Recorder
+
+    return Recorder.FINAL_HOLD_S + 1.0
 
 
 def _start_watchdog(ctx: DemoContext, rank: int, ended: Any) -> None:
@@ -211,7 +237,7 @@ def _start_watchdog(ctx: DemoContext, rank: int, ended: Any) -> None:
             pass
     if ctx.deadline:
         # Backstop that needs no Python: SIGALRM's default action terminates the process.
-        signal.alarm(max(1, math.ceil(ctx.deadline - time.time() + LEAVE_WAIT) + 10))
+        signal.alarm(max(1, math.ceil(ctx.deadline - time.time() + leave_wait_ending()) + 10))
 
     def watch() -> None:
         while True:
