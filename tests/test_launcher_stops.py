@@ -516,9 +516,6 @@ SCANCEL_THE_REST = """
 HANDLER_REPLACED = """
 import multiprocessing as mp, os, signal, sys, time, torch, torch.distributed as dist
 """ + EVENTS_OF + """
-def heartbeats(store, rank):
-    return sum(e["type"] == "heartbeat" and e["rank"] == rank for e in events_of(store))
-
 def reraise(sig, frame):  # a program's own SIGTERM handler: clean up, then die of it
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
@@ -528,9 +525,13 @@ def worker(rank, port, store, ready):
     x = torch.ones(4)
     if rank == 1:
         signal.signal(signal.SIGTERM, reraise)  # (after init: it replaces the recorder's death handler)
-        seen = heartbeats(store, 1)
-        while heartbeats(store, 1) < seen + 2:  # (its recorder has ticked since)
+        from commscope.record import recorder
+        while recorder.active().spool is None:  # (opened at init, or by a tick once the job id is settled)
             time.sleep(0.05)
+        since = time.time_ns()
+        while not any(e["type"] == "heartbeat" and e["rank"] == 1 and e["ts"] > since for e in events_of(store)):
+            time.sleep(0.05)  # (a tick begun since, with the spool there: it looked at the handler; heartbeats
+                              # emitted before the spool opened reach the store later, all at once)
     for i in range(3):
         dist.all_reduce(x)
     ready.release()
@@ -550,15 +551,33 @@ if __name__ == "__main__":
 """ + SCANCEL_THE_REST
 
 
-def test_a_rank_sigtermed_through_a_handler_set_after_init_is_no_culprit(tmp_path):
+#: HANDLER_REPLACED with rank 0 publishing the job id 6 s late (a loaded machine): the others
+#: settle none at init, and their spools are opened later, by the recorder's tick
+LATE_JOB_ID = HANDLER_REPLACED.replace("""def worker(rank, port, store, ready):
+""", """def worker(rank, port, store, ready):
+    if rank == 0:
+        from commscope.record import jobid
+        publish0 = jobid._publish0
+        def late(*a, **k):
+            time.sleep(6.0)
+            return publish0(*a, **k)
+        jobid._publish0 = late
+""", 1)
+
+
+@pytest.mark.parametrize("script", [HANDLER_REPLACED, LATE_JOB_ID], ids=["job-id-at-init", "job-id-settled-late"])
+def test_a_rank_sigtermed_through_a_handler_set_after_init_is_no_culprit(tmp_path, script):
     """Real ranks under ``commscope run``: rank 1 sets its own SIGTERM handler after init
     (clean up, then die of the signal), which takes the signal from the recorder's death
     handler; a scancel reaches it, then the others.  Rank 1 ends gone with no SIGTERM noted,
     before the others were stopped, but its spool says a SIGTERM could have come unnoted
-    (``term_unwatched``): a job stopped as a whole, no fault (helper-102: dead_rank [1])."""
+    (``term_unwatched``): a job stopped as a whole, no fault (helper-102: dead_rank [1]).
+    Also where the job id was settled after init, the spool opened by a later tick
+    (helper-104: the watch was never started there, and rank 1 read as the dead rank)."""
     import json
 
-    run, check, store = _run_job(tmp_path, HANDLER_REPLACED, str(tmp_path / "trace"))
+    assert LATE_JOB_ID != HANDLER_REPLACED
+    run, check, store = _run_job(tmp_path, script, str(tmp_path / "trace"))
     assert "codes [-15, -15, -15]" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
     exits = {e["rank"]: e for e in read_events(store) if e["type"] == "exit"}
     assert exits[1]["reason"] == "gone" and exits[1].get("term_unwatched") is True, exits

@@ -211,7 +211,10 @@ class Recorder:
         if path is not None:
             crashlog.arm(path)
         self.ops.arm_death()
-        self._watch_term = self.spool is not None
+        # (watched from the tick that finds a spool: one opened later, once the job id is
+        # settled, is watched too; helper-104 found it never was, and such a rank SIGTERMed
+        # through its own handler read as the dead rank)
+        self._watch_term = True
 
     JOB_WAIT = 15.0  # seconds to wait for rank 0's job id before deriving one
 
