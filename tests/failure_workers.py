@@ -227,6 +227,58 @@ def send_into_barrier(rank: int, ws: int, store: str, release: str) -> None:
         raise
 
 
+def first_use_while_draining(rank: int, ws: int, store: str, release: str) -> None:
+    """Ranks 0 and 1 first use a new group (of every rank) while their recorder thread is
+    between taking the new groups and draining the records (``NativeOps.collect``, held
+    there until the op is recorded); rank 2 never enters.  Before, that tick's block
+    restated the group without its members, and no later block restated it (ranks 0 and 1
+    record nothing more while they wait): nobody was missing from a group of two."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    from commscope.record.nativeops import NativeOps
+
+    armed, between, recorded = threading.Event(), threading.Event(), threading.Event()
+    collect = NativeOps.collect
+
+    def held(self, now, final, emit, out, rank_, drain=True):
+        m = self.m
+        if not armed.is_set() or between.is_set() or final or not drain or rank_ is None:
+            return collect(self, now, final, emit, out, rank_, drain)
+
+        class Between:
+            def __getattr__(self, name):
+                return getattr(m, name)
+
+            def take_groups(self):
+                got = m.take_groups()
+                between.set()
+                recorded.wait(LIMIT)
+                return got
+
+        self.m = Between()
+        try:
+            return collect(self, now, final, emit, out, rank_, drain)
+        finally:
+            self.m = m
+
+    NativeOps.collect = held
+    start(store, 2.0)
+    t = torch.ones(8)
+    for _ in range(3):
+        dist.all_reduce(t)
+    group = dist.new_group()
+    if rank < 2:
+        armed.set()
+        between.wait(LIMIT)
+        _waiting = dist.all_reduce(t, group=group, async_op=True)  # (its begin is recorded as it is called)
+        recorded.set()
+    wait_release(release)  # (the test kills the job once it has seen the hang)
+    os._exit(0)
+
+
 def healthy(rank: int, ws: int, store: str) -> None:
     """A slow-but-progressing rank, ranks leaving at different times, destroy_process_group."""
     import torch

@@ -154,6 +154,22 @@ def test_a_hang_the_job_ended_by_its_own_deadline_is_still_the_hang(tmp_path, ca
     assert (hang["evidence"]["entered"], hang["evidence"]["missing"]) == ([0], [1])
 
 
+def test_a_hang_in_a_group_first_used_while_the_recorder_drained_names_the_absent_rank(tmp_path, capsys):
+    """The native recorder tells a new group's members to its tables at a tick, before it
+    drains.  A group the training thread first used in between was restated by that block
+    without members (a CI run saw it), and ranks blocked in its first collective wrote no
+    later block: the group seemed to hold only the ranks that used it, so the rank that
+    never came was missing from nothing (no finding at all, live or after).  The drain now
+    ends where the records stood when the groups were taken."""
+    live, _, store = run_job(tmp_path, W.first_use_while_draining, pg_timeout=60, hang_after=2.0,
+                             want=only("missing_ranks", 2), culprit=2, kill=True)
+    assert live.evidence["missing"] == [2]
+    out = finished(store, capsys)  # killed while hung: judged at the trace's end
+    assert errors_of(out) == [("missing_ranks", [2])]
+    groups = [e for e in open_source(store).read_all() if e["type"] == "group"]
+    assert groups and all(e.get("granks") == [0, 1, 2] for e in groups), groups
+
+
 #: What torch's Gloo process group says as it aborts a process in its teardown
 TORCH_TEARDOWN_ABORT = "terminate called without an active exception"
 

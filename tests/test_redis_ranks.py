@@ -50,21 +50,14 @@ VOLATILE = {"ts", "tid", "pid", "host", "store", "run", "argv", "cpu", "rss", "i
 
 def normalized(events: list[dict]) -> dict[int, list[dict]]:
     """Per rank, in stored order, without the fields that differ from run to run; its
-    heartbeats and samples after its other events, each kind in its order, and last what
-    it said of each group, once.  Where the recorder thread's tick falls among a rank's ops
-    is timing: rank 1 sleeps a tick's length before each all_reduce, and a loaded CI once
-    stored its first sample after its first op in one run and before it in the other.  So
-    is a group's ``group`` event: the native recorder's tables learn a group's members at a
-    tick, so a group the training thread first used while a tick drained is restated by the
-    next block, and its event (members and all) comes a block later, after a first without
-    members (a CI run read it before rank 1's first op from one store and after it from
-    the other)."""
+    heartbeats and samples after its other events, each kind in its order.  Where the
+    recorder thread's tick falls among a rank's ops is timing: rank 1 sleeps a tick's length
+    before each all_reduce, and a loaded CI once stored its first sample after its first op
+    in one run and before it in the other."""
     out: dict[int, list[dict]] = {}
     for e in events:
         out.setdefault(e["rank"], []).append({k: v for k, v in e.items() if k not in VOLATILE})
-    return {r: [e for e in evs if e["type"] not in LIVENESS and e["type"] != "group"]
-            + [e for e in evs if e["type"] in LIVENESS]
-            + sorted({e["group"]: e for e in evs if e["type"] == "group"}.values(), key=lambda e: e["group"])
+    return {r: [e for e in evs if e["type"] not in LIVENESS] + [e for e in evs if e["type"] in LIVENESS]
             for r, evs in out.items()}
 
 

@@ -60,21 +60,24 @@ class NativeOps:
     # ------------------------------------------------------------------ the thread's side
     def collect(self, now: int, final: bool, emit, out, rank: int | None, drain: bool = True) -> None:
         """Groups' members to the tables, then (unless the store is failing: ``drain`` False)
-        the records since the last drain as one block, handed to ``out(line, end)``."""
+        the records up to where they stood when the groups were taken as one block, handed to
+        ``out(line, end)``: a block never restates a group without its members (a group first
+        used meanwhile goes in the next block).  The last tick takes what came meanwhile too."""
         if rank is None:
             return  # records wait in the native buffer until the rank is known
         m = self.m
         m.poll_devices()
-        for _gid, name in m.take_groups():  # before the block that uses them
-            self._note_group(name)
-        if not drain:
-            return
-        line, _count, dropped, end, texts = m.drain_block(rank, now, SCHEMA_VERSION)  # encoded without the GIL
-        self._dropped += dropped
-        if line is not None:
-            if texts:  # an op failed: its error message may quote a credential (rare: decoded only then)
-                line = blocks.mask_line(line)
-            out(line, end)
+        for _ in range(2 if final else 1):
+            for _gid, name in m.take_groups():  # before the block that uses them (and where it ends)
+                self._note_group(name)
+            if not drain:
+                return
+            line, _count, dropped, end, texts = m.drain_block(rank, now, SCHEMA_VERSION)  # encoded without the GIL
+            self._dropped += dropped
+            if line is not None:
+                if texts:  # an op failed: its error message may quote a credential (rare: decoded only then)
+                    line = blocks.mask_line(line)
+                out(line, end)
 
     def _note_group(self, name: str) -> None:
         """Tell the tables a group's global ranks and backend (blocks restate them)."""

@@ -155,6 +155,10 @@ struct State {
   uint64_t limit = 0;            // bytes of the ring in use at most (set_capacity; <= ring size)
   uint64_t drained = 0;          // the thread has encoded records up to here
   uint64_t taken = 0;            // the last drain took records up to here (read without the lock)
+  // take_groups() fixes where the next drain_block ends (``published`` then): every group
+  // its records use was registered by then, and told its members before the block is built
+  uint64_t cut = 0;
+  bool cut_set = false;
   uint64_t dropped = 0;          // records that did not fit, since the last drain
   uint64_t dropped_total = 0;
   uint64_t table_dropped = 0;    // table records that did not fit the spool's table region

@@ -118,8 +118,13 @@ struct Pending {
 
 Pending take_pending() {
   Recording g;
-  Pending p{S->drained, S->published, S->dropped};
-  S->taken = S->published;  // read without the lock from here on: no longer changed in place (unissue_locked)
+  // (up to where take_groups() cut, where it did this tick: records published since may use
+  // a group registered since, whose members the tables do not have yet; they go next tick)
+  const bool cut = S->cut_set && S->cut >= S->drained && S->cut <= S->published;
+  const uint64_t head = cut ? S->cut : S->published;
+  S->cut_set = false;
+  Pending p{S->drained, head, S->dropped};
+  S->taken = head;  // read without the lock from here on: no longer changed in place (unissue_locked)
   S->dropped = 0;
   return p;
 }
@@ -188,11 +193,19 @@ PyObject* py_forwarded(PyObject*, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
+// take_groups() -> [(gid, name)] of the groups registered since the last call, whose members
+// the caller tells the tables (note_group) before it drains: the next drain_block ends where
+// the records stood now, so its block restates each group it uses with its members.  A group
+// first used after this call goes in the next block (before, a block drained while the
+// training thread first used a group restated it without members; a rank then blocked in its
+// first collective wrote no later block, and its hang was never found: nobody was missing).
 PyObject* py_take_groups(PyObject*, PyObject*) {
   std::vector<std::pair<int32_t, std::string>> groups;
   {
     Recording g;
     groups.swap(S->new_groups);
+    S->cut = S->published;
+    S->cut_set = true;
   }
   PyObject* out = PyList_New(0);
   for (auto& [gid, name] : groups) {

@@ -384,6 +384,7 @@ PyObject* py_new_incarnation(PyObject*, PyObject* args) {
   S->gid_by_pg.clear();
   S->gid_by_name.clear();
   S->new_groups.clear();
+  S->cut_set = false;
   S->group_recs.clear();
   S->group_mark.clear();
   S->resolved_source.clear();

@@ -174,6 +174,7 @@ void after_fork_child() {
     S->map_size = size;
     S->map_file = false;
     S->staged = S->published = S->drained = 0;
+    S->cut_set = false;
     S->limit = h->ring_size;
   }
   S->inflight.clear();
