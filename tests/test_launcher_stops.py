@@ -565,7 +565,28 @@ LATE_JOB_ID = HANDLER_REPLACED.replace("""def worker(rank, port, store, ready):
 """, 1)
 
 
-@pytest.mark.parametrize("script", [HANDLER_REPLACED, LATE_JOB_ID], ids=["job-id-at-init", "job-id-settled-late"])
+#: HANDLER_REPLACED with rank 1 setting its handler just before the stop, no tick between:
+#: its recorder thread waits an hour after a tick begun once its records were in (a loaded
+#: machine's thread, late), and the stop comes as the handler is set
+JUST_BEFORE = HANDLER_REPLACED.replace("""        signal.signal(signal.SIGTERM, reraise)  # (after init: it replaces the recorder's death handler)
+""", "", 1).replace("""    for i in range(3):
+        dist.all_reduce(x)
+    ready.release()
+""", """    for i in range(3):
+        dist.all_reduce(x)
+    if rank == 1:
+        rec = recorder.active()
+        rec.TICK, rec._next_sample = 3600.0, 0.0  # (the next tick writes a heartbeat, then waits an hour)
+        since = time.time_ns()
+        while not any(e["type"] == "heartbeat" and e["rank"] == 1 and e["ts"] > since for e in events_of(store)):
+            time.sleep(0.05)  # (a tick begun since has ended: the next is an hour away)
+        signal.signal(signal.SIGTERM, reraise)
+    ready.release()
+""", 1)
+
+
+@pytest.mark.parametrize("script", [HANDLER_REPLACED, LATE_JOB_ID, JUST_BEFORE],
+                         ids=["job-id-at-init", "job-id-settled-late", "set-just-before-the-stop"])
 def test_a_rank_sigtermed_through_a_handler_set_after_init_is_no_culprit(tmp_path, script):
     """Real ranks under ``commscope run``: rank 1 sets its own SIGTERM handler after init
     (clean up, then die of the signal), which takes the signal from the recorder's death
@@ -573,10 +594,12 @@ def test_a_rank_sigtermed_through_a_handler_set_after_init_is_no_culprit(tmp_pat
     before the others were stopped, but its spool says a SIGTERM could have come unnoted
     (``term_unwatched``): a job stopped as a whole, no fault (helper-102: dead_rank [1]).
     Also where the job id was settled after init, the spool opened by a later tick
-    (helper-104: the watch was never started there, and rank 1 read as the dead rank)."""
+    (helper-104: the watch was never started there, and rank 1 read as the dead rank), and
+    where the handler is set just before the stop, no tick between (``signal.signal`` notes
+    it at once: the tick alone left that window)."""
     import json
 
-    assert LATE_JOB_ID != HANDLER_REPLACED
+    assert len({HANDLER_REPLACED, LATE_JOB_ID, JUST_BEFORE}) == 3
     run, check, store = _run_job(tmp_path, script, str(tmp_path / "trace"))
     assert "codes [-15, -15, -15]" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
     exits = {e["rank"]: e for e in read_events(store) if e["type"] == "exit"}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import socket
 import sys
 import threading
@@ -216,6 +217,16 @@ class Recorder:
         # through its own handler read as the dead rank)
         self._watch_term = True
 
+    def check_term(self) -> None:
+        """Note in the spool, once, that the death handler no longer takes SIGTERM (the program
+        set its own handler after init, or ignores the signal): a rank found gone with no
+        SIGTERM noted may have had one all the same.  At each tick, as the spool opens, and at
+        once when the program sets a SIGTERM handler through ``signal.signal`` (``_signal``):
+        a launcher's stop less than a tick later finds it said."""
+        if self._watch_term and (sp := self.spool) is not None and not self.ops.term_watched():
+            sp.set_flag(spool.TERM_UNWATCHED)
+            self._watch_term = False
+
     JOB_WAIT = 15.0  # seconds to wait for rank 0's job id before deriving one
 
     def _settle_job_from_thread(self) -> bool:
@@ -350,11 +361,7 @@ class Recorder:
             failed_ns = self.ops.failed_ns()
             hangsignal.tick(self, now, max(stuck_ns or 0, failed_ns or 0) or None, emit, final)
         crashlog.tick(self, emit, final)
-        if self._watch_term and (sp := self.spool) is not None and not self.ops.term_watched():
-            # The program took SIGTERM from the death handler (signal.signal after init) or
-            # ignores it: a rank found gone with no SIGTERM noted may have had one all the same.
-            sp.set_flag(spool.TERM_UNWATCHED)
-            self._watch_term = False
+        self.check_term()
         if final or time.monotonic() >= self._next_sample:
             self._next_sample = time.monotonic() + self.sample_interval
             self._samples(now, emit)
@@ -499,6 +506,7 @@ class Recorder:
             self.warn("spool", f"commscope: cannot use the spool {sp.path} ({exc}); recording in memory")
             return
         self.spool = sp
+        self.check_term()  # (a handler the program set before a spool opened late)
 
     def _emit(self, ev: dict) -> None:
         """Stamp and encode one event at once, so no batch of dicts outlives the tick."""
@@ -829,22 +837,48 @@ def _note_sys_exit(status: Any, caller: Any) -> None:
             note_uncaught(exc)
 
 
+_prev_signal: Any = None
+_builtin_signal = signal.signal
+
+
+def _signal(*args: Any) -> Any:
+    """``signal.signal``: a SIGTERM handler the program sets while it is instrumented takes
+    the signal from the native death handler; the recorder notes so at once
+    (``Recorder.check_term``), not at its next tick, which a launcher's stop may beat.  The
+    ``signal.signal`` that was installed does the work, and raises as ever."""
+    previous = (_prev_signal or _builtin_signal)(*args)
+    if args and args[0] == signal.SIGTERM:
+        rec = _active
+        if rec is not None and os.getpid() == rec.pid:
+            try:
+                rec.check_term()
+            except Exception:  # never in the way of the program's handler
+                pass
+    return previous
+
+
 def _install_exit_hook() -> None:
-    global _prev_sys_exit
+    global _prev_sys_exit, _prev_signal
     if os._exit is not _os_exit:
         os._exit = _os_exit
     if sys.exit is not _sys_exit:
         _prev_sys_exit = sys.exit
         sys.exit = _sys_exit
+    if signal.signal is not _signal:
+        _prev_signal = signal.signal
+        signal.signal = _signal
 
 
 def _remove_exit_hooks() -> None:
-    global _prev_sys_exit
+    global _prev_sys_exit, _prev_signal
     if os._exit is _os_exit:
         os._exit = _real_os_exit
     if sys.exit is _sys_exit:
         sys.exit = _prev_sys_exit or _builtin_sys_exit
     _prev_sys_exit = None
+    if signal.signal is _signal:
+        signal.signal = _prev_signal or _builtin_signal
+    _prev_signal = None
 
 
 def _after_fork_child() -> None:
