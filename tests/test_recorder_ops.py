@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import warnings
 
 import pytest
@@ -316,11 +319,14 @@ def test_uninstrument_restores_every_original_object(tmp_path, monkeypatch):
     varlen_before = {n: getattr(varlen_mod, n) for n in dir(varlen_mod) if not n.startswith("_")}
     work_wait = vars(dist.Work)["wait"]
     p2p_new, p2p_init = vars(dist.P2POp)["__new__"], vars(dist.P2POp)["__init__"]
+    exits = (sys.exit, os._exit, signal.signal)  # (noted by the recorder while instrumented)
     rec = commscope.instrument(tmp_path / "t", flight_recorder=False)
     assert commscope.instrument() is rec  # idempotent
     assert all(getattr(dist, n) is not before[n] for n in names)
     assert vars(dist.Work)["wait"] is not work_wait
+    assert all(now is not then for now, then in zip((sys.exit, os._exit, signal.signal), exits, strict=True))
     commscope.uninstrument()
+    assert (sys.exit, os._exit, signal.signal) == exits
     assert all(getattr(dist, n) is before[n] for n in names)
     assert {n: getattr(varlen_mod, n) for n in varlen_before} == varlen_before
     assert vars(dist.Work)["wait"] is work_wait
