@@ -96,6 +96,53 @@ def test_a_rank_killed_before_its_first_op_is_the_dead_rank_though_no_record_lis
     assert _stopped_errors(b) == [("dead_rank", [1])]
 
 
+def _never_came(failed: int | None, *, ran_before: bool = False) -> TraceBuilder:
+    """Rank 1 wrote nothing (it died before ``instrument()``); ranks 0 and 2 wait in the
+    world's first all_reduce (``ran_before``: its third, two having completed with rank 1
+    writing elsewhere) until a launcher stops them (rank 0 first); ``failed``: the rank whose
+    all_reduce failed on a closed connection as the other was stopped."""
+    b = TraceBuilder(3, hang_after=2.0)
+    b.events[:] = [e for e in b.events if e["rank"] != 1]
+    t = b.t0 + S
+    if ran_before:
+        for _ in range(2):
+            t = b.collective(t, "all_reduce") + MS
+        b.events[:] = [e for e in b.events if e["rank"] != 1]
+    ids = {r: b.begin(r, t + r * MS, "all_reduce") for r in (0, 2)}
+    stop = t + S + 500 * MS  # (less than hang_after: a hang cut short)
+    b.heartbeats(b.t0, stop - 100 * MS, ranks=[0, 2])
+    if failed is not None:
+        b.end(failed, ids[failed], stop + 1 + MS, exc=RESET)
+    for r in (0, 2):
+        b.exit(r, stop + r * MS, **SIGTERM)
+    return b
+
+
+@pytest.mark.parametrize("failed", [None, 2, 0], ids=["waiting", "rank 2's op failed", "rank 0's op failed"])
+def test_a_rank_that_never_came_is_the_one_the_stopped_ranks_waited_for(failed):
+    """helper-105: under mp.spawn, rank 1 died before ``instrument()`` (nothing of it in the
+    trace) while ranks 0 and 2 waited in their first all_reduce; mp.spawn SIGTERMed them.
+    Nothing named rank 1: the job read healthy (rank 1's exit, needed to say it left first,
+    never came), or rank 2's failure, after rank 0 was stopped, was blamed on rank 0 (a
+    victim).  A member of the world that wrote nothing, absent from a collective the stopped
+    ranks waited in, of a group none of whose collectives completed, never came."""
+    b = _never_came(failed)
+    want = [("missing_ranks", [1])] if failed is None else [("op_failed", [1])]
+    assert _stopped_errors(b) == want
+    if failed is not None:
+        m = TraceModel.from_events(b.sorted_events())
+        (f,) = [f for f in diagnose(m, trace_now(m), default_hang_after(m)) if f.severity == "error"]
+        assert "rank 1 had never come (it wrote nothing to this trace)" in f.message, f.message
+
+
+def test_a_rank_whose_group_ran_without_it_in_this_trace_is_not_taken_for_one_that_never_came():
+    """The same stop after two all_reduces rank 1 completed, its stream in another store (a
+    directory a node does not share): it did come; the trace is incomplete, and the job was
+    stopped as a whole a moment into a collective (no hang)."""
+    b = _never_came(None, ran_before=True)
+    assert _stopped_errors(b) == [("trace_incomplete", [1])]
+
+
 def _stopped_errors(b: TraceBuilder) -> list[tuple[str, list[int]]]:
     m = TraceModel.from_events(b.sorted_events())
     found = diagnose(m, trace_now(m), default_hang_after(m), wall_ns=m.end_ns + 60 * S)

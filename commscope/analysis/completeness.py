@@ -103,16 +103,13 @@ def unseen(model: TraceModel) -> list[int]:
             continue
         hit = [m for m in islice(gi.members, MAX_UNSEEN + len(ranks)) if m not in ranks and m not in proven
                and 0 <= m < ws]
-        if hit and any(rankstate.completed_by(model, name, gi.seqs.seq_of(row), space)
-                       for row in range(min(gi.seqs.n, _PROOF_ROWS))):
+        if hit and rankstate.group_ran(model, space, name):
             proven.update(hit[:MAX_UNSEEN - len(proven)])
             if len(proven) >= MAX_UNSEEN:
                 break
     return sorted(proven)
 
 
-#: ``unseen`` looks for a completed collective among each group's first this many
-_PROOF_ROWS = 8
 #: ``unseen`` names at most this many ranks (a hostile group of millions of members cost
 #: a diagnosis seconds and ``check --json`` tens of MB)
 MAX_UNSEEN = 1 << 16

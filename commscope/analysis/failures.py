@@ -141,6 +141,8 @@ class Failure(NamedTuple):
 
 
 def _departure(model: TraceModel, m: int, now: int) -> str:
+    if m not in model.ranks:  # (``rankstate.went_first``: a member that never came)
+        return "had never come (it wrote nothing to this trace)"
     snap = snapshot(model, now)[m]
     if snap.crashed:
         ex = snap.exit or {}

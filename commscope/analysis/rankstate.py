@@ -201,6 +201,18 @@ def completed_by(m: TraceModel, group: str, seq: int, space: int) -> frozenset[i
     return got
 
 
+def group_ran(m: TraceModel, space: int, group: str) -> bool:
+    """Whether a collective among the group's first few completed: every member ran it,
+    wherever its stream is (a member that wrote nothing here writes to another store)."""
+    gi = m.coll.get((space, group))
+    return gi is not None and any(completed_by(m, group, gi.seqs.seq_of(row), space)
+                                  for row in range(min(gi.seqs.n, PROOF_ROWS)))
+
+
+#: ``group_ran`` looks for a completed collective among each group's first this many
+PROOF_ROWS = 8
+
+
 # ---------------------------------------------------------------------- exits and deaths
 def _last_exit(m: TraceModel, rank: int) -> dict | None:
     """The rank's last exit event if it came after its last op (else the rank went on: it
@@ -355,8 +367,10 @@ def went_first(m: TraceModel, ranks: Sequence[int]) -> list[int]:
     if own:
         return own
     # (only stopped ranks left: the one they were stopped for is a rank they waited for that
-    # went otherwise, a member whose connection the failing one may not have had yet)
-    first = sorted(r for r in stops.awaited if (k := killed(m, r)) is not None and not stopped(k))
+    # went otherwise, or never came (``_Stops.never_came``), a member whose connection the
+    # failing one may not have had yet)
+    first = sorted(r for r in stops.awaited
+                   if r in stops.never_came or (k := killed(m, r)) is not None and not stopped(k))
     return first or list(ranks)
 
 
@@ -401,6 +415,12 @@ class _Stops:
     #: When the first SIGTERM (``vocab.TERM_SIGNALS``) came: the departure of a rank it killed,
     #: or the ``stop_ts`` of one whose own handler took it and that left (-1: none came)
     earliest_term: int = -1
+    #: Members of the world that wrote nothing to this trace, absent from a collective the
+    #: stopped ranks waited in, of a group none of whose first collectives completed (which
+    #: would prove them running, their stream elsewhere, ``group_ran``): they never came,
+    #: dead before they recorded anything (a rank that dies before ``instrument()``, the
+    #: launcher stopping the rest while they wait in their first collective)
+    never_came: frozenset[int] = frozenset()
 
 
 def _stops(m: TraceModel) -> _Stops:
@@ -461,17 +481,25 @@ def _stops(m: TraceModel) -> _Stops:
             span = (spans[key][0], spans[key][1])
             for p in out:
                 waits.setdefault(p, []).append(span)
+        never: set[int] = set()
+        if len(m.ranks) < m.world_size:  # (a member of the world wrote nothing here)
+            ws = m.world_size
+            for key, out in absent.items():
+                unseen = [p for p in out if p not in m.ranks and 0 <= p < ws]
+                if len(key) == 3 and unseen and not group_ran(m, key[0], key[1]):
+                    never.update(unseen)
         cut: dict[int, tuple[int, frozenset[int]]] = {}
-        if first_own >= 0:  # (some rank went by itself: were any stopped while they waited for it?)
+        if first_own >= 0 or never:  # (some rank went by itself, or never came: were any stopped waiting for it?)
             for key, out in absent.items():
                 if len(key) != 3 or not out:
                     continue
                 first = min((d for r, _ in waiting[key] if (d := departed_ns(m, r)) is not None), default=-1)
-                left = frozenset(p for p in out if _went_before(m, p, ranks, first))
+                left = frozenset(p for p in out if p in never or _went_before(m, p, ranks, first))
                 if left:
                     cut.update((r, (i, left)) for r, i in waiting[key])
         memo.stops = _Stops(frozenset(ranks), latest, frozenset(waits), {p: tuple(w) for p, w in waits.items()},
-                            first_own, int((m.hang_after() or DEFAULT_HANG_AFTER) * 1e9), cut, earliest_term)
+                            first_own, int((m.hang_after() or DEFAULT_HANG_AFTER) * 1e9), cut, earliest_term,
+                            frozenset(never))
     return memo.stops
 
 
@@ -517,8 +545,8 @@ def cut_short(m: TraceModel) -> Mapping[int, tuple[int, frozenset[int]]]:
     if not m.exits_seen:
         return {}
     ends = [stopped(rt.exits[-1]) for rt in m.ranks.values() if rt.exits]
-    if all(ends) or not any(ends):
-        return {}  # (no rank stopped, or none left by itself: the stops not asked for, 16k ranks ~0.2 s)
+    if not any(ends) or all(ends) and len(m.ranks) >= m.world_size:
+        return {}  # (no rank stopped, or none left by itself nor never came: the stops not asked for, 16k ranks ~0.2 s)
     return _stops(m).cut_short
 
 
