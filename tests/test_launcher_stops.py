@@ -143,6 +143,31 @@ def test_a_rank_whose_group_ran_without_it_in_this_trace_is_not_taken_for_one_th
     assert _stopped_errors(b) == [("trace_incomplete", [1])]
 
 
+#: The end a spool is forwarded with where nothing noted a SIGTERM could come (the Python
+#: recorder notes none)
+GONE_UNWATCHED = {**GONE, "term_unwatched": True}
+
+
+@pytest.mark.parametrize("rank1", ["at its begin", "timed before its begin"])
+def test_a_rank_stopped_while_it_waited_for_one_killed_is_no_culprit_under_the_python_recorder(rank1):
+    """helper-105: mp.spawn, the Python recorder (no SIGTERM noted: every rank's spool is
+    forwarded as gone).  Rank 2 SIGKILLed between ops; ranks 0 and 1 enter all_reduce #4;
+    mp.spawn stops rank 1 while it waits there (its end timed at its last record, its
+    all_reduce's begin, or earlier: a spool's), and rank 0's all_reduce fails on a reset
+    connection.  Both gone before the failure, ranks 1 and 2 were blamed together (and 0 and
+    2 when rank 1's failed).  Rank 1 entered the instance and waited there for rank 2, which
+    never did: the one absent went first."""
+    b = TraceBuilder(3, hang_after=2.0, recorder="python")
+    t = b.warmup(3)
+    ids = {r: b.begin(r, t + r * MS, "all_reduce") for r in (0, 1)}
+    b.heartbeats(b.t0, t - 2 * MS, ranks=[0, 1, 2])
+    b.exit(2, t - MS, **GONE_UNWATCHED)  # (its last record: the end of the third all_reduce)
+    b.exit(1, t + MS if rank1 == "at its begin" else t - 40 * MS, **GONE_UNWATCHED)
+    b.end(0, ids[0], t + 50 * MS, exc=RESET)
+    b.exit(0, t + 50 * MS, **GONE_UNWATCHED)
+    assert _stopped_errors(b) == [("op_failed", [2])]
+
+
 def _stopped_errors(b: TraceBuilder) -> list[tuple[str, list[int]]]:
     m = TraceModel.from_events(b.sorted_events())
     found = diagnose(m, trace_now(m), default_hang_after(m), wall_ns=m.end_ns + 60 * S)

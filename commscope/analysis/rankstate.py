@@ -358,6 +358,30 @@ def _left_early(m: TraceModel, rank: int, now: int) -> bool:
     return m.end_ns - m.last_seen(rank) > dead_after_ns(m, rank)
 
 
+def awaited_first(m: TraceModel, rank: int, i: int, gone: Sequence[int]) -> list[int]:
+    """Of the members gone before op ``i`` of ``rank`` (a collective) failed on a closed
+    connection, those that never entered its instance, where the others went no sooner and
+    left no word of how (an unseen death, timed by its last sign of life: a SIGKILL, or a
+    launcher's SIGTERM the Python recorder does not note): those entered it and waited there
+    for the absent ones, and were stopped because they went (mp.spawn SIGTERMs the ranks left
+    when one dies; helper-105: a SIGKILLed rank and the victim stopped while waiting for it
+    were blamed together).  Otherwise ``gone`` as it is."""
+    if len(gone) < 2:
+        return list(gone)
+    s = m.sig_of(rank, i)
+    seq = int(m.ranks[rank].seq[i])
+    if seq < 0 or s.nested or s.flags & P2P:
+        return list(gone)
+    inst = m.collective(s.group, seq, s.space)
+    absent = [p for p in gone if p not in inst]
+    inside = [p for p in gone if p in inst]
+    if not absent or not inside or not all((k := killed(m, p)) is not None and unseen_death(k) for p in inside):
+        return list(gone)
+    first_in = min(departed_ns(m, p) or 0 for p in inside)
+    went = min(d if (d := departed_ns(m, p)) is not None else -1 for p in absent)
+    return absent if went <= first_in + SLACK_NS else list(gone)
+
+
 def went_first(m: TraceModel, ranks: Sequence[int]) -> list[int]:
     """Of ranks that left before an op failed, those that went by themselves where some did:
     a rank stopped by a signal (``vocab.stopped``) beside one that died, crashed or left was
