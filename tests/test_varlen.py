@@ -7,6 +7,7 @@ leave the other ranks hanging in the next collective; the test asserts the list 
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -561,6 +562,48 @@ def test_reduce_scatter_v_result_is_detached():
     res = _run(_w_rs_autograd, world_size=2)
     assert res[0] == [(False, True, [3.0, 3.0]), (False, True, [3.0])]
     assert res[1] == [(False, True, [3.0, 3.0]), (False, True, [3.0, 3.0, 3.0])]
+
+
+def _graded(n: int, *, rank: int, dtype: torch.dtype, graded: bool) -> torch.Tensor:
+    x = torch.arange(float(n * 3)).reshape(n, 3).to(dtype) + 10 * rank
+    return x.requires_grad_(True) * 1 if graded and rank == 0 else x
+
+
+def _w_autograd(rank, ws):
+    """Every op given tensors with autograd history on rank 0 only, of every width (complex128
+    keeps its dtype through ``_meta.raw``): results equal to the same op on plain tensors."""
+    out = {}
+    for dtype in (torch.float32, torch.complex64, torch.complex128):
+        for graded in (True, False):
+            t = functools.partial(_graded, rank=rank, dtype=dtype, graded=graded)
+            key = (str(dtype), graded)
+            got = {"all_gather_v": V.all_gather_v(t(2 + rank)),
+                   "all_gather_v sizes": V.all_gather_v(t(2 + rank), sizes=[2, 3]),
+                   "all_gather_v cat": V.all_gather_v(t(2 + rank), cat=True),
+                   "gather_v": V.gather_v(t(1 + rank), dst=1),
+                   "scatter_v": V.scatter_v([t(1), t(2)] if rank == 0 else None, src=0),
+                   "all_to_all_v": V.all_to_all_v([t(1 + rank), t(2)]),
+                   "broadcast_v": V.broadcast_v(t(3) if rank == 0 else None, src=0)}
+            if rank == 0:
+                V.send_tensors([t(2), t(1)], dst=1)
+            else:
+                got["recv_tensors"] = V.recv_tensors(src=0)
+            out[key] = {k: [x.tolist() for x in v] if isinstance(v, list) else None if v is None else v.tolist()
+                        for k, v in got.items()}
+            grads = [x.requires_grad for k, v in got.items() for x in (v if isinstance(v, list) else [v])
+                     if x is not None and not (k == "broadcast_v" and rank == 0)]  # (src: its own tensor back)
+            out[key + ("grad",)] = any(grads)
+    return out
+
+
+def test_tensors_with_autograd_history_give_the_plain_tensors_results_on_every_rank():
+    """helper-106: a complex128 tensor that requires grad on one rank made all_gather_v and
+    gather_v raise there alone (an autograd error copying it into a view of the result),
+    while the other rank waited in its receive until the group's timeout."""
+    for res in _run(_w_autograd, world_size=2):
+        for dtype in ("torch.float32", "torch.complex64", "torch.complex128"):
+            assert res[(dtype, True)] == res[(dtype, False)], dtype
+            assert res[(dtype, True, "grad")] is False and res[(dtype, False, "grad")] is False
 
 
 def test_send_tensors_bad_input_fails_both_sides():

@@ -592,7 +592,11 @@ def raw(t: torch.Tensor) -> torch.Tensor:
     Moving data as such keeps every dtype bit-exact and lets copy/cat/repeat work for dtypes
     whose own kernels are missing (float8, bits*, sub-byte ints).  16-byte dtypes (complex128)
     have full kernel coverage and stay as they are.  A conjugate or negative-bit view (``z.conj()``,
-    ``z.conj().imag``) is materialized first: its bits are not its values, and ``view`` refuses it."""
+    ``z.conj().imag``) is materialized first: its bits are not its values, and ``view`` refuses it.
+    Detached: the results have no autograd history, and a tensor that requires grad copied into
+    a view of a result raised on its rank alone (complex128, which keeps its dtype: its peers
+    then waited in their receive until the group's timeout; helper-106)."""
+    t = t.detach()
     if t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()
     to = _RAW.get(t.element_size())
