@@ -129,6 +129,53 @@ def test_send_tensors_fails_on_both_sides():
         assert err1.startswith("recv_tensors: the sender (rank 0) failed")
 
 
+def _not_whole(name: str, rank: int, ws: int) -> None:
+    """A value that only ``int()`` would take (helper-106: ``dim=1.0`` on one rank compared in
+    range, then raised a TypeError there alone, its peers waiting in the transfer; ``src=1.7``
+    broadcast from rank 1; split sizes 1.5 read as 1)."""
+    last = rank == ws - 1
+    t = torch.ones(2, 3 + rank)
+    dim = 1.0 if last else 1
+    if name == "all_gather_v":
+        varlen.all_gather_v(t, dim=dim)
+    elif name == "gather_v":
+        varlen.gather_v(t, dst=0, dim=dim)
+    elif name == "all_to_all_v":
+        varlen.all_to_all_v([t] * ws, dim=dim)
+    elif name == "reduce_scatter_v":
+        varlen.reduce_scatter_v(torch.ones(2, ws), [1] * ws, dim=dim)
+    elif name == "scatter_v":
+        varlen.scatter_v([t] * ws if rank == 0 else None, src=0, dim=1.0)
+    elif name == "broadcast_v":
+        varlen.broadcast_v(t if rank == 1 else None, src=1.7 if last else 1)
+    elif name == "split_sizes":
+        varlen.scatter_v(torch.ones(ws + 1, 2) if rank == 0 else None, src=0, split_sizes=[1.5] + [1] * (ws - 1))
+    else:
+        raise AssertionError(name)
+
+
+NOT_WHOLE = ["all_gather_v", "gather_v", "all_to_all_v", "reduce_scatter_v", "scatter_v", "broadcast_v",
+             "split_sizes"]
+
+
+def every_not_whole(rank: int, ws: int) -> dict:
+    out = {}
+    for name in NOT_WHOLE:
+        try:
+            _not_whole(name, rank, ws)
+            out[name] = None
+        except ValueError as exc:
+            out[name] = str(exc)
+    return out
+
+
+def test_a_dim_root_or_size_that_is_not_an_integer_fails_together():
+    results = [r.value for r in run_ranks(every_not_whole, 3, timeout=180)]
+    for name in NOT_WHOLE:
+        errors = [res[name] for res in results]
+        assert all(errors) and len(set(errors)) == 1, (name, errors)
+
+
 def _gen_that_raises():
     yield torch.ones(2)
     raise RuntimeError("generator broke")

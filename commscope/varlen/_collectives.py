@@ -116,7 +116,10 @@ def _check_known_sizes(g: meta.Group, op: str, tensor: torch.Tensor, dim: int, s
     status = meta.tensor_status(tensor, dim)
     if status != meta.OK:
         raise ValueError(f"{op}: this rank passed " + meta.STATUS_TEXT[status].format(maxd=meta.MAX_NDIM))
-    sizes = [int(s) for s in sizes]
+    try:
+        sizes = [meta.whole(s) for s in sizes]
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"{op}: sizes must hold one non-negative length per rank ({g.size}): {exc}") from None
     if len(sizes) != g.size or any(s < 0 for s in sizes):
         raise ValueError(f"{op}: sizes must hold one non-negative length per rank ({g.size}), got {sizes}")
     if sizes[g.rank] != tensor.shape[dim]:
@@ -593,7 +596,7 @@ def reduce_scatter_v(tensor: torch.Tensor, split_sizes: Sequence[int], op=dist.R
 def _splits_or_none(split_sizes, size: int) -> list[int] | None:
     """One non-negative int per rank, or None.  Never raises (a bad value becomes a status)."""
     try:
-        splits = [int(s) for s in split_sizes]
+        splits = [meta.whole(s) for s in split_sizes]
     except Exception:  # TypeError, ValueError, OverflowError, a multi-element tensor's RuntimeError
         return None
     return splits if len(splits) == size and min(splits, default=0) >= 0 else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import os
 import weakref
 from collections import Counter
@@ -165,9 +166,11 @@ class Group:
 
     def group_rank(self, global_rank: int) -> int:
         """Group rank of a global rank, or -1 when it is not a member."""
+        if not is_index(global_rank):
+            return -1
         try:
-            return self.ranks.index(int(global_rank))
-        except (ValueError, TypeError):
+            return self.ranks.index(operator.index(global_rank))
+        except ValueError:
             return -1
 
     @property
@@ -246,6 +249,31 @@ def new_record(op: str, *, root: int = -1, strategy: str | None = None) -> list[
     return rec
 
 
+def is_index(x: object) -> bool:
+    """Whether ``x`` is an integer as an index must be (an int or numpy integer; not a bool,
+    nor a float or string that ``int()`` would take: ``src=1.7`` was rank 1)."""
+    if isinstance(x, bool):
+        return False
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return True
+
+
+def whole(x: object) -> int:
+    """A length given as a size: an integer (``is_index``), or a float or 0-d tensor whose
+    value is whole; anything else raises ValueError or TypeError (``int()`` made 1.5 a 1)."""
+    if is_index(x):
+        return operator.index(x)
+    if isinstance(x, bool):
+        raise TypeError(f"a size is an integer, not {x!r}")
+    f = float(x)  # (TypeError for what is no number)
+    if not f.is_integer():
+        raise ValueError(f"a size is a whole number, not {x!r}")
+    return int(f)
+
+
 def tensor_status(t: object, dim: int | None, *, allow_0d: bool = False) -> int:
     """Local problems with one input tensor, as a status code (OK when fine).
 
@@ -270,8 +298,8 @@ def _tensor_status(t: torch.Tensor, dim: int | None, allow_0d: bool) -> int:
         return ZERO_DIM
     if t.dim() > MAX_NDIM:
         return TOO_MANY_DIMS
-    if dim is not None and not -t.dim() <= dim < t.dim():
-        return BAD_DIM
+    if dim is not None and (not is_index(dim) or not -t.dim() <= dim < t.dim()):
+        return BAD_DIM  # (an int: a float that compares in range read as one, then raised on its rank alone)
     if t.device.type == "meta":
         return NO_DATA
     tuple(t.shape)  # readable (raises for exotic subclasses: UNREADABLE)
@@ -298,7 +326,7 @@ def note_sizes(rec: list[int], sizes: Sequence[int] | None, t: object, dim: int,
         return rec
     rec[F_AUX0] = 1
     try:
-        sizes = [int(s) for s in sizes]
+        sizes = [whole(s) for s in sizes]
         ok = len(sizes) == group_size and min(sizes) >= 0
     except Exception:  # TypeError, ValueError, OverflowError, a tensor's RuntimeError: all a status
         ok = False
