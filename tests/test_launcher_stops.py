@@ -168,6 +168,22 @@ def test_a_rank_stopped_while_it_waited_for_one_killed_is_no_culprit_under_the_p
     assert _stopped_errors(b) == [("op_failed", [2])]
 
 
+def test_a_rank_that_never_came_is_blamed_for_a_failure_under_the_python_recorder():
+    """The same under the Python recorder (no SIGTERM noted: rank 2, stopped while it waited,
+    is forwarded as gone, timed at its begin): rank 0's failure was blamed on rank 2, a
+    victim; rank 1, which wrote nothing, was no candidate (only a member heard from and
+    then silent was)."""
+    b = TraceBuilder(3, hang_after=2.0, recorder="python")
+    b.events[:] = [e for e in b.events if e["rank"] != 1]
+    t = b.t0 + S
+    ids = {r: b.begin(r, t + r * MS, "all_reduce") for r in (0, 2)}
+    b.heartbeats(b.t0, t + S, ranks=[0, 2])
+    b.exit(2, t + 2 * MS, **GONE_UNWATCHED)
+    b.end(0, ids[0], t + S + 50 * MS, exc=RESET)
+    b.exit(0, t + S + 50 * MS, **GONE_UNWATCHED)
+    assert _stopped_errors(b) == [("op_failed", [1])]
+
+
 def _stopped_errors(b: TraceBuilder) -> list[tuple[str, list[int]]]:
     m = TraceModel.from_events(b.sorted_events())
     found = diagnose(m, trace_now(m), default_hang_after(m), wall_ns=m.end_ns + 60 * S)

@@ -356,8 +356,9 @@ def _blame_one(model: TraceModel, r: int, i: int, now: int, arrivals: _Arrivals,
                                         "hang_after: a job stopped, not a hang (nobody to blame)")
     if kind.kind == PEER_GONE:
         left, silent = rankstate.peers_gone(model, r, i)
+        gone_too = {*rankstate.vanished(model, now), *rankstate.never_came_to(model, r, i)}
         gone = rankstate.went_first(model, rankstate.awaited_first(
-            model, r, i, sorted({*left, *(m for m in silent if m in rankstate.vanished(model, now))})))
+            model, r, i, sorted({*left, *(m for m in silent if m in gone_too)})))
         if gone:
             return Blame(tuple(gone), "left", "; ".join(f"rank {m} {_departure(model, m, now)}" for m in gone)
                          + " before the op failed")

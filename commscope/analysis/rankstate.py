@@ -213,6 +213,28 @@ def group_ran(m: TraceModel, space: int, group: str) -> bool:
 PROOF_ROWS = 8
 
 
+def never_came(m: TraceModel, members: Sequence[int], space: int, group: str) -> list[int]:
+    """Of a collective's ``members``, those of the world that wrote nothing to this trace,
+    where none of the group's first collectives completed (``group_ran``: that would prove
+    them running, their streams elsewhere): they never came (a rank dead before its
+    ``instrument()``)."""
+    ws = m.world_size
+    if len(m.ranks) >= ws:
+        return []
+    unseen = [p for p in members if p not in m.ranks and 0 <= p < ws]
+    return unseen if unseen and not group_ran(m, space, group) else []
+
+
+def never_came_to(m: TraceModel, rank: int, i: int) -> list[int]:
+    """``never_came`` of the members of op ``i`` of ``rank``, a collective."""
+    if len(m.ranks) >= m.world_size:
+        return []
+    s = m.sig_of(rank, i)
+    if int(m.ranks[rank].seq[i]) < 0 or s.nested or s.flags & P2P:
+        return []
+    return never_came(m, m.members(rank, i), s.space, s.group)
+
+
 # ---------------------------------------------------------------------- exits and deaths
 def _last_exit(m: TraceModel, rank: int) -> dict | None:
     """The rank's last exit event if it came after its last op (else the rank went on: it
@@ -507,11 +529,9 @@ def _stops(m: TraceModel) -> _Stops:
                 waits.setdefault(p, []).append(span)
         never: set[int] = set()
         if len(m.ranks) < m.world_size:  # (a member of the world wrote nothing here)
-            ws = m.world_size
             for key, out in absent.items():
-                unseen = [p for p in out if p not in m.ranks and 0 <= p < ws]
-                if len(key) == 3 and unseen and not group_ran(m, key[0], key[1]):
-                    never.update(unseen)
+                if len(key) == 3:
+                    never.update(never_came(m, out, key[0], key[1]))
         cut: dict[int, tuple[int, frozenset[int]]] = {}
         if first_own >= 0 or never:  # (some rank went by itself, or never came: were any stopped waiting for it?)
             for key, out in absent.items():
