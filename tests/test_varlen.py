@@ -606,6 +606,26 @@ def test_tensors_with_autograd_history_give_the_plain_tensors_results_on_every_r
             assert res[(dtype, True, "grad")] is False and res[(dtype, False, "grad")] is False
 
 
+def _w_avg_half(rank, ws):
+    out = {}
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        x = torch.full((4, 2), 40000.0 + rank, dtype=dtype)
+        out[str(dtype)] = V.reduce_scatter_v(x, [2, 2], dist.ReduceOp.AVG).float().tolist()
+        out[str(dtype) + " input"] = torch.equal(x, torch.full((4, 2), 40000.0 + rank, dtype=dtype))
+    return out
+
+
+def test_reduce_scatter_v_averages_half_floats_on_gloo_without_overflow():
+    """helper-106: AVG on Gloo summed, then divided, in the input's dtype: two float16 ranks of
+    ~40000 gave inf (their sum overflows, their average does not).  Each part is scaled first
+    now, as NCCL's AVG does; the input is left as it was."""
+    for rank, res in enumerate(_run(_w_avg_half, world_size=2)):
+        for dtype in ("torch.float16", "torch.bfloat16", "torch.float32"):
+            want = torch.tensor(40000.5, dtype=getattr(torch, dtype.removeprefix("torch."))).float().item()
+            assert res[dtype] == [[want, want]] * 2, (dtype, res[dtype])
+            assert res[dtype + " input"] is True, (rank, dtype)  # (scaled into a new tensor)
+
+
 def test_send_tensors_bad_input_fails_both_sides():
     res = _run(_w_send_error, world_size=2)
     assert "tensor #1" in res[0]

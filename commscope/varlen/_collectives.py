@@ -586,7 +586,8 @@ def reduce_scatter_v(tensor: torch.Tensor, split_sizes: Sequence[int], op=dist.R
     rest = tuple(front.shape[1:])
     dev = g.data_device(tensor.device.type)
     backend = g.backend_for(dev)
-    op, post = _reduce_op(name, op, tensor.dtype, backend, g.size)
+    op, pre, post = _reduce_op(name, op, tensor.dtype, backend, g.size)
+    front = pre(front)
     plan = _resolve(name, strategy, splits, _row_bytes(rest, tensor.dtype), backend)
     out = _RS[plan](g, front, splits, op, dev) if meta.numel(front.shape) else \
         front.new_empty((splits[g.rank], *rest), device=dev)
@@ -608,15 +609,37 @@ def _op_name(code: int) -> str:
     return names.get(code, "custom")
 
 
+#: The dtypes Gloo reduces (its others raise "Invalid scalar type", naming neither the op nor
+#: the dtype: int16, uint16/32/64, the float8s)
+GLOO_REDUCES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16,
+                          torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64,
+                          torch.complex128})
+#: Dtypes averaged on Gloo by scaling each rank's part first, as NCCL's AVG does: their sum may
+#: overflow where their average fits (40000 on 2 ranks in float16 was inf)
+_SCALED_FIRST = frozenset({torch.float16, torch.bfloat16, torch.complex32})
+
+
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
 def _reduce_op(name: str, op, dtype: torch.dtype, backend: str, size: int):
-    """(op to run, post-step).  Gloo has no AVG: run SUM and divide (floating/complex only)."""
+    """(op to run, pre-step, post-step).  Gloo has no AVG: run SUM, then divide (floating and
+    complex dtypes only), or scale each part by 1/size first where the sum may overflow
+    (``_SCALED_FIRST``; the pre-step makes a new tensor: an input is never written).  Checked
+    alike on every rank (the dtypes agree), so all raise together."""
     if dtype.is_complex and not dist.supports_complex(op):
         raise ValueError(f"{name}: reduce op {_op_name(meta.reduce_op_code(op))} does not support complex tensors")
+    if backend == "gloo" and dtype not in GLOO_REDUCES:
+        raise ValueError(f"{name}: gloo cannot reduce {dtype} tensors (it reduces "
+                         + ", ".join(sorted(str(d).removeprefix("torch.") for d in GLOO_REDUCES)) + ")")
     if backend == "gloo" and meta.reduce_op_code(op) == int(dist.ReduceOp.AVG):
         if not (dtype.is_floating_point or dtype.is_complex):
             raise ValueError(f"{name}: ReduceOp.AVG on gloo needs a floating or complex dtype, got {dtype}")
-        return dist.ReduceOp.SUM, lambda t: t.div_(size)
-    return op, lambda t: t
+        if dtype in _SCALED_FIRST:
+            return dist.ReduceOp.SUM, lambda t: t * (1.0 / size), _identity
+        return dist.ReduceOp.SUM, _identity, lambda t: t.div_(size)
+    return op, _identity, _identity
 
 
 def _rs_native(g, x, splits, op, dev):
