@@ -183,6 +183,40 @@ def test_a_dim_root_or_size_that_is_not_an_integer_or_a_dtype_gloo_cannot_reduce
         assert results[0][name].startswith(f"reduce_scatter_v: gloo cannot reduce torch.{name} tensors"), name
 
 
+def check_on_one_side(rank: int, ws: int) -> dict:
+    """The last rank passes ``sizes=`` with ``check_sizes=True``, the others call plainly (no
+    ``$COMMSCOPE_VARLEN_CHECK``); cold, and after a call of the same sizes (its data then
+    ride with the records, and a rank not checking returned them)."""
+    import os
+
+    os.environ.pop("COMMSCOPE_VARLEN_CHECK", None)
+    out = {}
+    t = torch.ones(2 + rank, 3)
+    for case in ("cold", "warm", "gather_v"):
+        if case == "warm":
+            varlen.all_gather_v(t)
+        try:
+            sizes = {"sizes": [2 + r for r in range(ws)], "check_sizes": True} if rank == ws - 1 else {}
+            if case == "gather_v":
+                varlen.gather_v(t, dst=0, **sizes)
+            else:
+                varlen.all_gather_v(t, **sizes)
+            out[case] = None
+        except ValueError as exc:
+            out[case] = str(exc)
+    return out
+
+
+def test_sizes_checked_on_some_ranks_only_fail_together():
+    """helper-106: only the checking rank compared whether ``sizes=`` was passed; the others
+    went on into the transfer (cold: waiting for a peer that had raised) or returned."""
+    results = [r.value for r in run_ranks(check_on_one_side, 3, timeout=120)]
+    for case in ("cold", "warm", "gather_v"):
+        errors = [res[case] for res in results]
+        assert all(errors) and len(set(errors)) == 1, (case, errors)
+        assert "whether sizes= was passed differs" in errors[0], errors[0]
+
+
 def _gen_that_raises():
     yield torch.ones(2)
     raise RuntimeError("generator broke")

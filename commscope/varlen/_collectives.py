@@ -162,13 +162,12 @@ def all_gather_v(tensor: torch.Tensor, *, dim: int = 0, sizes: Sequence[int] | N
     check = meta.checking(check_sizes)
     if sizes is not None and check:
         sizes = None  # exchange after all, with the caller's sizes in the record
-    aux = meta.SIZES_AUX if check else ()
     if sizes is None and meta.p2p_metadata(g):
         rec = meta.note_sizes(meta.describe(meta.new_record(op, strategy=strategy), tensor, dim), given, tensor, dim,
                            g.size, g.rank)
         mine = _bytes(_dense(meta.raw(tensor), torch.device("cpu"))) if rec[meta.F_STATUS] == meta.OK else None
         recs, arrived = meta.exchange_p2p(g, [rec] * g.size, payload=mine)
-        meta.validate(g, op, recs, aux=aux)
+        meta.validate(g, op, recs, aux=meta.sizes_aux(check, recs))
         got = _speculated(g, tensor, dim, recs, arrived, mine)
         if got is not None and strategy is None:
             pieces, d = got
@@ -178,7 +177,7 @@ def all_gather_v(tensor: torch.Tensor, *, dim: int = 0, sizes: Sequence[int] | N
         rec = meta.note_sizes(meta.describe(meta.new_record(op, strategy=strategy), tensor, dim), given, tensor, dim,
                            g.size, g.rank)
         recs = meta.exchange(g, rec)
-        meta.validate(g, op, recs, aux=aux)
+        meta.validate(g, op, recs, aux=meta.sizes_aux(check, recs))
         sizes = [meta.length(r) for r in recs]
     else:
         sizes = _check_known_sizes(g, op, tensor, dim, sizes, strategy)
@@ -306,7 +305,7 @@ def gather_v(tensor: torch.Tensor, dst: int = 0, *, dim: int = 0, sizes: Sequenc
             rec[meta.F_STATUS] = meta.BAD_ROOT
         rec = meta.note_sizes(meta.describe(rec, tensor, dim), given, tensor, dim, g.size, g.rank)
         recs = meta.exchange(g, rec)
-        meta.validate(g, op, recs, aux=meta.SIZES_AUX if check else ())
+        meta.validate(g, op, recs, aux=meta.sizes_aux(check, recs))
         sizes = [meta.length(r) for r in recs]
     else:
         sizes = _check_known_sizes(g, op, tensor, dim, sizes, strategy)

@@ -343,6 +343,14 @@ SIZES_AUX = ((F_AUX0, "whether sizes= was passed", lambda v: "passed" if v else 
              (F_AUX1, "sizes= (fingerprint)", lambda h: f"#{h:x}"))
 
 
+def sizes_aux(check: bool, recs: Sequence[Sequence[int]]) -> Sequence[tuple[int, str, Callable]]:
+    """``validate``'s ``aux`` for an op that takes ``sizes=``: ``SIZES_AUX`` where this rank
+    checks, or any rank does (one that passed ``sizes=`` and still exchanged records is
+    checking them): every rank then raises the same error.  Before, only the checking ranks
+    compared them, and a rank not checking went on into the transfer (helper-106)."""
+    return SIZES_AUX if check or any(r[F_AUX0] for r in recs) else ()
+
+
 def describe(rec: list[int], t: torch.Tensor, dim: int | None, *, allow_0d: bool = False,
              size: int | None = None) -> list[int]:
     """Fill ``rec`` with ``t``'s dtype, device, ndim, dim and shape, or a status code.
