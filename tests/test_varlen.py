@@ -626,6 +626,31 @@ def test_reduce_scatter_v_averages_half_floats_on_gloo_without_overflow():
             assert res[dtype + " input"] is True, (rank, dtype)  # (scaled into a new tensor)
 
 
+def _w_dropped(rank, ws):
+    """Handles dropped before wait(): the group's next ops still run, with the right data."""
+    out = []
+    V.all_gather_v(torch.full((1,), 1.0))  # (sizes grow next: the data path runs after the records)
+    h = V.all_gather_v(torch.full((rank + 2,), 1.0), async_op=True)
+    del h
+    out.append(V.all_gather_v(torch.full((rank + 7,), 5.0), cat=True).tolist())
+    if rank == 0:
+        h = V.isend_tensors([torch.ones(600_000)], 1)  # (past the eager size: a header, then the payload)
+        del h
+    else:
+        out.append(V.recv_tensors(0)[0].sum().item())
+    out.append(V.all_gather_v(torch.full((rank + 3,), 2.0), cat=True).tolist())
+    return out
+
+
+def test_a_handle_dropped_before_wait_does_not_hang_the_next_op():
+    """helper-106: ``h = all_gather_v(x, async_op=True); del h`` destroyed the pending Gloo
+    works it alone held, and the group's next op hung on every rank (a dropped
+    ``isend_tensors`` too, half the time).  Its works now end in the background."""
+    res = _run(_w_dropped, world_size=2)
+    assert res[0] == [[5.0] * 15, [2.0] * 7]
+    assert res[1] == [[5.0] * 15, 600_000.0, [2.0] * 7]
+
+
 def test_send_tensors_bad_input_fails_both_sides():
     res = _run(_w_send_error, world_size=2)
     assert "tensor #1" in res[0]

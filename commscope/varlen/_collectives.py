@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from commscope.varlen import _meta as meta
+from commscope.varlen import _orphans
 from commscope.varlen._plan import EQUAL_ONLY, SUPPORTED, choose_strategy
 
 #: Gloo tag for the isend/irecv that emulate collectives (keeps them apart from user p2p on tag 0).
@@ -49,6 +50,12 @@ class VarlenWork:
             self._result = self._finish()
             self._done = True
         return self._result
+
+    def __del__(self) -> None:
+        # dropped before wait(): its works, with the buffers ``finish`` holds, end in the
+        # background (a pending Gloo p2p work destroyed left its pair of ranks stuck)
+        if getattr(self, "_works", None):
+            _orphans.adopt(self._works, self._finish)
 
 
 # ---------------------------------------------------------------------------------------
