@@ -184,6 +184,50 @@ def test_a_rank_that_never_came_is_blamed_for_a_failure_under_the_python_recorde
     assert _stopped_errors(b) == [("op_failed", [1])]
 
 
+@pytest.mark.parametrize("case, errors", [
+    ("the job stopped as a whole", [("trace_incomplete", [2])]),
+    ("rank 1 killed in it", [("dead_rank", [1]), ("trace_incomplete", [2])]),
+])
+def test_a_rank_another_group_proves_running_is_not_taken_for_one_that_never_came(case, errors):
+    """helper-107: rank 2's stream is in another store; it ran the world's first three
+    all_reduces (proven running), then ranks 0 and 1 enter a new group's first all_reduce.
+    Its own group had not run, so rank 2 was taken for a rank that never came: a whole-job
+    stop gave missing_ranks [2], and rank 1's death op_failed [2] (a victim), hiding rank 1."""
+    b = TraceBuilder(3, hang_after=2.0, recorder="native")
+    b.group("1", [0, 1, 2])
+    t = b.warmup(3)
+    ids = {r: b.begin(r, t + r * MS, "all_reduce", "1") for r in (0, 1)}
+    if case == "the job stopped as a whole":
+        b.heartbeats(b.t0, t + 400 * MS, ranks=[0, 1, 2])
+        for r in (0, 1):
+            b.exit(r, t + 500 * MS + r * MS, **SIGTERM)
+    else:
+        b.heartbeats(b.t0, t + 200 * MS, ranks=[0, 1, 2])
+        b.exit(1, t + 300 * MS, **GONE)
+        b.end(0, ids[0], t + 310 * MS, exc=RESET)
+        b.exit(0, t + 340 * MS, **SIGTERM)
+    b.events[:] = [e for e in b.events if e["rank"] != 2]
+    assert _stopped_errors(b) == errors
+
+
+def test_a_rank_killed_in_the_collective_before_an_absent_one_went_stays_blamed():
+    """helper-107: the Python recorder; rank 1 SIGKILLed while it waited in all_reduce #4,
+    rank 2 (not in it yet) heard from 35 ms after, then stopped.  Rank 2 did not go before
+    rank 1: ``awaited_first`` keeps both (a slack once let it blame rank 2 alone)."""
+    b = TraceBuilder(3, hang_after=2.0, recorder="python")
+    t = b.warmup(3)
+    kill = t + S
+    ids = {r: b.begin(r, t + r * MS, "all_reduce") for r in (0, 1)}
+    b.heartbeats(b.t0, kill - 5 * MS)
+    b.heartbeat(2, kill + 30 * MS)
+    b.heartbeat(0, kill + 30 * MS)
+    b.exit(1, kill - 5 * MS, **GONE_UNWATCHED)
+    b.exit(2, kill + 30 * MS, **GONE_UNWATCHED)
+    b.end(0, ids[0], kill + 50 * MS, exc=RESET)
+    b.exit(0, kill + 50 * MS, **GONE_UNWATCHED)
+    assert _stopped_errors(b) == [("op_failed", [1, 2])]
+
+
 def _stopped_errors(b: TraceBuilder) -> list[tuple[str, list[int]]]:
     m = TraceModel.from_events(b.sorted_events())
     found = diagnose(m, trace_now(m), default_hang_after(m), wall_ns=m.end_ns + 60 * S)

@@ -174,8 +174,8 @@ def test_a_rank_with_nothing_but_lost_lines_keeps_them_and_traces_read_from_outs
     counted beside "no events" (they were replaced).  Flight Recorder dumps a user had of
     some ranks, and a snapshot of one host's ranks, list groups of the whole world: the
     ranks not there are not proven lost (a warning, as documented: docs/snapshot.md)."""
-    from commscope.analysis.completeness import MAX_UNSEEN
     from commscope.analysis.flight_import import dumps_to_events
+    from commscope.analysis.rankstate import MAX_UNSEEN
 
     b = finished()
     for r in (0, 2):

@@ -21,7 +21,6 @@ rank's whole stream: a directory store its host does not share, a stream deleted
 
 from __future__ import annotations
 
-from itertools import islice
 from typing import Any
 
 from rich.console import RenderableType
@@ -31,10 +30,9 @@ from commscope.analysis import evidence, rankstate
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import ERROR, WARNING, Finding
 from commscope.analysis.liveness import outlived
-from commscope.analysis.model import SPACE_FR, TraceModel
+from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
 from commscope.analysis.rankstate import snapshot
-from commscope.analysis.vocab import FR_IMPORT, SNAPSHOT
 
 _LOSS_WORDS = {"dropped": "event(s) dropped by the recorder", "damaged": "damaged line(s) skipped",
                "invalid": "invalid event(s) skipped", "missing": "event(s) lost by the store"}
@@ -90,29 +88,9 @@ def job_stopped(model: TraceModel, wall_ns: int) -> bool:
 def unseen(model: TraceModel) -> list[int]:
     """The ranks of the world that wrote nothing to this trace though a collective their
     peers completed needed them (every member enters a collective that completes): their
-    streams are not in this store.  Judged from each group's first few collectives."""
-    ws, ranks = model.world_size, model.ranks
-    if sum(1 for r in ranks if r < ws) >= ws:
-        return []
-    if any(rt.meta and (rt.meta.get("recorder") == SNAPSHOT or rt.meta.get("src") == FR_IMPORT)
-           for rt in ranks.values()):
-        return []  # (read from outside: a snapshot of one host's ranks, the dumps a user had)
-    proven: set[int] = set()
-    for (space, name), gi in model.coll.items():
-        if space == SPACE_FR:  # (Flight Recorder's groups list the world, whoever wrote here)
-            continue
-        hit = [m for m in islice(gi.members, MAX_UNSEEN + len(ranks)) if m not in ranks and m not in proven
-               and 0 <= m < ws]
-        if hit and rankstate.group_ran(model, space, name):
-            proven.update(hit[:MAX_UNSEEN - len(proven)])
-            if len(proven) >= MAX_UNSEEN:
-                break
-    return sorted(proven)
-
-
-#: ``unseen`` names at most this many ranks (a hostile group of millions of members cost
-#: a diagnosis seconds and ``check --json`` tens of MB)
-MAX_UNSEEN = 1 << 16
+    streams are not in this store (``rankstate.elsewhere``).  None for a trace read from
+    outside (a snapshot of one host's ranks, the dumps a user had)."""
+    return sorted(rankstate.elsewhere(model)[1])
 
 
 def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: bool = False) -> list[Finding]:

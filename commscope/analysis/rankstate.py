@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from itertools import repeat
+from itertools import islice, repeat
 from operator import attrgetter, itemgetter
 
 import numpy as np
@@ -24,10 +24,11 @@ import numpy as np
 from commscope.analysis import stacks
 from commscope.analysis.columns import RankTable, RankTrace
 from commscope.analysis.errors import PEER_GONE
-from commscope.analysis.model import ModelLike, TraceModel
+from commscope.analysis.model import SPACE_FR, ModelLike, TraceModel
 from commscope.analysis.vocab import (
     ASYNC,
     CONTAINER,
+    FR_IMPORT,
     NESTED,
     P2P,
     SNAPSHOT,
@@ -79,6 +80,8 @@ class _Memo:
     snapshot: RankSnapshot | None = None
     #: (space, group, seq) -> the members that completed that collective (``completed_by``)
     completed: dict[tuple[int, str, int], frozenset[int]] = dataclasses.field(default_factory=dict)
+    #: ``elsewhere``: (read from outside, the ranks proven running with their streams elsewhere)
+    elsewhere: tuple[bool, frozenset[int]] | None = None
     #: (space, group, seq) -> ``_bystanders`` of that collective
     bystanders: dict[tuple[int, str, int], list[tuple[int, int | None, int]]] = dataclasses.field(
         default_factory=dict)
@@ -213,16 +216,56 @@ def group_ran(m: TraceModel, space: int, group: str) -> bool:
 PROOF_ROWS = 8
 
 
+#: ``elsewhere`` names at most this many ranks (a hostile group of millions of members cost
+#: a diagnosis seconds and ``check --json`` tens of MB)
+MAX_UNSEEN = 1 << 16
+
+
+def elsewhere(m: TraceModel) -> tuple[bool, frozenset[int]]:
+    """(whether the trace was read from outside, the ranks of the world that wrote nothing to
+    it though a collective their peers completed needed them: running, their streams in
+    another store), once per version.  Judged from each group's first few collectives
+    (``group_ran``).  Read from outside (a snapshot of one host's ranks, the Flight Recorder
+    dumps a user had, whose groups list the world), who wrote nothing tells nothing."""
+    memo = _memo(m)
+    if memo.elsewhere is None:
+        memo.elsewhere = _elsewhere(m)
+    return memo.elsewhere
+
+
+def _elsewhere(m: TraceModel) -> tuple[bool, frozenset[int]]:
+    ws, ranks = m.world_size, m.ranks
+    if sum(1 for r in ranks if r < ws) >= ws:
+        return False, frozenset()
+    if any(rt.meta and (rt.meta.get("recorder") == SNAPSHOT or rt.meta.get("src") == FR_IMPORT)
+           for rt in ranks.values()):
+        return True, frozenset()
+    proven: set[int] = set()
+    for (space, name), gi in m.coll.items():
+        if space == SPACE_FR:  # (Flight Recorder's groups list the world, whoever wrote here)
+            continue
+        hit = [p for p in islice(gi.members, MAX_UNSEEN + len(ranks)) if p not in ranks and p not in proven
+               and 0 <= p < ws]
+        if hit and group_ran(m, space, name):
+            proven.update(hit[:MAX_UNSEEN - len(proven)])
+            if len(proven) >= MAX_UNSEEN:
+                break
+    return False, frozenset(proven)
+
+
 def never_came(m: TraceModel, members: Sequence[int], space: int, group: str) -> list[int]:
-    """Of a collective's ``members``, those of the world that wrote nothing to this trace,
-    where none of the group's first collectives completed (``group_ran``: that would prove
-    them running, their streams elsewhere): they never came (a rank dead before its
-    ``instrument()``)."""
+    """Of a collective's ``members``, those of the world that wrote nothing to this trace and
+    that no group proves running (``elsewhere``: a completed collective of any group they
+    belong to; helper-107 found one proven by the world's group taken for absent from a new
+    group's first collective): they never came (a rank dead before its ``instrument()``)."""
     ws = m.world_size
     if len(m.ranks) >= ws:
         return []
     unseen = [p for p in members if p not in m.ranks and 0 <= p < ws]
-    return unseen if unseen and not group_ran(m, space, group) else []
+    if not unseen:
+        return []
+    outside, proven = elsewhere(m)
+    return [] if outside or group_ran(m, space, group) else [p for p in unseen if p not in proven]
 
 
 def never_came_to(m: TraceModel, rank: int, i: int) -> list[int]:
@@ -382,12 +425,12 @@ def _left_early(m: TraceModel, rank: int, now: int) -> bool:
 
 def awaited_first(m: TraceModel, rank: int, i: int, gone: Sequence[int]) -> list[int]:
     """Of the members gone before op ``i`` of ``rank`` (a collective) failed on a closed
-    connection, those that never entered its instance, where the others went no sooner and
-    left no word of how (an unseen death, timed by its last sign of life: a SIGKILL, or a
-    launcher's SIGTERM the Python recorder does not note): those entered it and waited there
-    for the absent ones, and were stopped because they went (mp.spawn SIGTERMs the ranks left
-    when one dies; helper-105: a SIGKILLed rank and the victim stopped while waiting for it
-    were blamed together).  Otherwise ``gone`` as it is."""
+    connection, those that never entered its instance, where each went before any of the
+    others, which left no word of how (an unseen death, timed by its last sign of life: a
+    SIGKILL, or a launcher's SIGTERM the Python recorder does not note): those entered it and
+    waited there for the absent ones, and were stopped because they went (mp.spawn SIGTERMs
+    the ranks left when one dies; helper-105: a SIGKILLed rank and the victim stopped while
+    waiting for it were blamed together).  Otherwise ``gone`` as it is."""
     if len(gone) < 2:
         return list(gone)
     s = m.sig_of(rank, i)
@@ -400,8 +443,10 @@ def awaited_first(m: TraceModel, rank: int, i: int, gone: Sequence[int]) -> list
     if not absent or not inside or not all((k := killed(m, p)) is not None and unseen_death(k) for p in inside):
         return list(gone)
     first_in = min(departed_ns(m, p) or 0 for p in inside)
-    went = min(d if (d := departed_ns(m, p)) is not None else -1 for p in absent)
-    return absent if went <= first_in + SLACK_NS else list(gone)
+    went = max(d if (d := departed_ns(m, p)) is not None else -1 for p in absent)
+    # (every absent one before any inside: a rank inside killed first, while an absent one
+    # was still heard from, is the failure's cause; helper-107 found a slack that hid it)
+    return absent if went < first_in else list(gone)
 
 
 def went_first(m: TraceModel, ranks: Sequence[int]) -> list[int]:

@@ -1,14 +1,17 @@
-"""Works of async varlen handles dropped before ``wait()``, seen through to their end.
+"""Works of async varlen collectives dropped before ``wait()``, seen through to their end.
 
 A Gloo point-to-point work destroyed while pending leaves its pair of ranks stuck: the next
 op between them never completes (raw ``dist.isend``/``irecv`` behave the same).  A dropped
-``VarlenWork`` or ``SendWork`` was the only holder of its works, so
+``VarlenWork`` was the only holder of its works, so
 ``h = all_gather_v(x, async_op=True); del h; all_gather_v(y)`` hung every rank (helper-106).
 Such works, with the buffers they read and write, go to a thread of their own that waits on
 each in turn (Gloo's point-to-point works say they are complete only once waited on) and
 lets them go; a failure there is the handle's, which nobody holds any more, so it is dropped.
-Waiting on them on the caller's next op instead could deadlock: a send completes only once
-its receiver posts, which it may do after an op of its own that waits on this rank.
+Every rank of a collective posts its side of each of them in the same call, so the waits
+end.  Not ``isend_tensors``' ``SendWork``: its send ends only once the receiver posts, which
+it may never do, and a thread blocked in that wait at exit aborted the process (helper-107);
+a dropped one is the caller's, as a dropped ``dist.isend`` is.  Waiting on them on the
+caller's next op instead could deadlock (a peer's op of its own may wait on this rank first).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 _pending: queue.SimpleQueue[tuple[Sequence[Any], object]] = queue.SimpleQueue()
 _thread_pid = -1  # the process the thread runs in (a forked child starts its own)
-_lock = threading.Lock()
+_lock = threading.RLock()  # (a collection in ``Thread()`` may drop another handle: re-entered)
 
 
 def adopt(works: Sequence[Any], keep: object) -> None:

@@ -31,7 +31,6 @@ import torch
 import torch.distributed as dist
 
 from commscope.varlen import _meta as meta
-from commscope.varlen import _orphans
 
 MAGIC = 0x766C7432  # "vlt2": payloads on PAYLOAD_TAG (a "vlt1" peer is refused, never waited for)
 HEAD = 6            # fixed header words before the per-tensor entries
@@ -228,13 +227,6 @@ class SendWork:
         self._works, self._keep = [], []
         POOL.give(self._pooled)  # the send is done with it
         self._pooled = None
-
-    def __del__(self) -> None:
-        # dropped before wait(): its works and buffers end in the background (the pooled
-        # buffer is not given back: the pool is the caller's thread's)
-        if getattr(self, "_works", None):
-            _orphans.adopt(self._works, (self._keep, self._pooled))
-
 
 def _refuse(g: meta.Group, peer: int, eager: bool, code: int, message: str) -> ValueError:
     """Tell the receiver (an error header), so it raises too instead of waiting for a
