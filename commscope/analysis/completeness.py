@@ -88,8 +88,8 @@ def job_stopped(model: TraceModel, wall_ns: int) -> bool:
 def unseen(model: TraceModel) -> list[int]:
     """The ranks of the world that wrote nothing to this trace though a collective their
     peers completed needed them (every member enters a collective that completes): their
-    streams are not in this store (``rankstate.elsewhere``).  None for a trace read from
-    outside (a snapshot of one host's ranks, the dumps a user had)."""
+    streams are not in this store (``rankstate.elsewhere``).  None are named for a trace read
+    from outside (a snapshot of one host's ranks, the dumps a user had)."""
     return sorted(rankstate.elsewhere(model)[1])
 
 

@@ -507,10 +507,9 @@ class _Stops:
     #: or the ``stop_ts`` of one whose own handler took it and that left (-1: none came)
     earliest_term: int = -1
     #: Members of the world that wrote nothing to this trace, absent from a collective the
-    #: stopped ranks waited in, of a group none of whose first collectives completed (which
-    #: would prove them running, their stream elsewhere, ``group_ran``): they never came,
-    #: dead before they recorded anything (a rank that dies before ``instrument()``, the
-    #: launcher stopping the rest while they wait in their first collective)
+    #: stopped ranks waited in, that no group proves running (``never_came``): they never
+    #: came, dead before they recorded anything (a rank that dies before ``instrument()``,
+    #: the launcher stopping the rest while they wait in their first collective)
     never_came: frozenset[int] = frozenset()
 
 
