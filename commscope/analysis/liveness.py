@@ -11,7 +11,7 @@ from commscope.analysis import evidence, rankstate
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.failures import cause_of_departure
 from commscope.analysis.findings import Finding, activity, op_brief, secs
-from commscope.analysis.model import P2P, TraceModel, describe_kill
+from commscope.analysis.model import TraceModel, describe_kill
 from commscope.analysis.rankstate import snapshot
 from commscope.units import sample_text
 
@@ -68,11 +68,11 @@ def outlived(model: TraceModel, rank: int) -> bool:
     i = model.last_op(rank, completed=False)
     if i is None:
         return False
-    s = model.sig_of(rank, i)
-    seq = int(model.ranks[rank].seq[i])
-    if seq < 0 or s.nested or s.flags & P2P:
+    key = rankstate.collective_of(model, rank, i)
+    if key is None:
         return False
-    done = rankstate.completed_by(model, s.group, seq + 1, s.space)
+    space, group, seq = key
+    done = rankstate.completed_by(model, group, seq + 1, space)
     return len(done) > (rank in done)  # (a peer completed it)
 
 

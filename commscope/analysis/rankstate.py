@@ -268,14 +268,19 @@ def never_came(m: TraceModel, members: Sequence[int], space: int, group: str) ->
     return [] if outside or group_ran(m, space, group) else [p for p in unseen if p not in proven]
 
 
+def collective_of(m: TraceModel, rank: int, i: int) -> tuple[int, str, int] | None:
+    """(space, group, seq) of the collective instance op ``i`` of ``rank`` is in; None for a
+    point-to-point, nested or unnumbered op."""
+    s = m.sig_of(rank, i)
+    seq = int(m.ranks[rank].seq[i])
+    return (s.space, s.group, seq) if seq >= 0 and not s.nested and not s.flags & P2P else None
+
+
 def never_came_to(m: TraceModel, rank: int, i: int) -> list[int]:
     """``never_came`` of the members of op ``i`` of ``rank``, a collective."""
-    if len(m.ranks) >= m.world_size:
+    if len(m.ranks) >= m.world_size or (key := collective_of(m, rank, i)) is None:
         return []
-    s = m.sig_of(rank, i)
-    if int(m.ranks[rank].seq[i]) < 0 or s.nested or s.flags & P2P:
-        return []
-    return never_came(m, m.members(rank, i), s.space, s.group)
+    return never_came(m, m.members(rank, i), key[0], key[1])
 
 
 # ---------------------------------------------------------------------- exits and deaths
@@ -431,13 +436,9 @@ def awaited_first(m: TraceModel, rank: int, i: int, gone: Sequence[int]) -> list
     waited there for the absent ones, and were stopped because they went (mp.spawn SIGTERMs
     the ranks left when one dies; helper-105: a SIGKILLed rank and the victim stopped while
     waiting for it were blamed together).  Otherwise ``gone`` as it is."""
-    if len(gone) < 2:
+    if len(gone) < 2 or (key := collective_of(m, rank, i)) is None:
         return list(gone)
-    s = m.sig_of(rank, i)
-    seq = int(m.ranks[rank].seq[i])
-    if seq < 0 or s.nested or s.flags & P2P:
-        return list(gone)
-    inst = m.collective(s.group, seq, s.space)
+    inst = m.collective(key[1], key[2], key[0])
     absent = [p for p in gone if p not in inst]
     inside = [p for p in gone if p in inst]
     if not absent or not inside or not all((k := killed(m, p)) is not None and unseen_death(k) for p in inside):
@@ -744,15 +745,13 @@ def _bystanders(m: TraceModel, rank: int, i: int) -> list[tuple[int, int | None,
     with when each departed (None: it did not) and was last heard from; worked out once per
     collective instance and model version (each of 16k ranks whose op failed asked it, and
     each walked every member: ~250 s a diagnosis of a 16k job whose all_reduce failed)."""
-    s = m.sig_of(rank, i)
-    seq = int(m.ranks[rank].seq[i])
-    key = (s.space, s.group, seq) if seq >= 0 and not s.nested and not s.flags & P2P else None
+    key = collective_of(m, rank, i)
     memo = _memo(m)
     got = memo.bystanders.get(key) if key is not None else None
     if got is None:
         # (the instance's own row, not ``counterparts``: that puts the asking rank's op in it,
         # which a rank with two ops of one seq would make differ by who asked first)
-        inst = m.collective(s.group, seq, s.space) if key is not None else m.counterparts(rank, i)
+        inst = m.collective(key[1], key[2], key[0]) if key is not None else m.counterparts(rank, i)
         got = [(p, departed_ns(m, p), m.last_seen(p)) for p in m.members(rank, i)
                if not (p in inst and inst[p] in m.ranks[p].exc)]
         if key is not None:
