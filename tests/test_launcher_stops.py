@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 
 import pytest
+from procs import run_session
 from rich.console import Console
 from trace_helpers import read_events
 
@@ -514,7 +515,6 @@ def test_a_hang_before_a_scancel_on_ranks_with_handlers_stays_the_hang():
 def _run_job(tmp_path, source: str, *args: str, hang_after: str | None = None):
     """Run ``source`` (a job script, given a free port and ``args``) under ``commscope run``;
     its run and ``check --json``, and the store."""
-    import subprocess
     import sys
 
     from commscope.launch import free_port
@@ -523,10 +523,10 @@ def _run_job(tmp_path, source: str, *args: str, hang_after: str | None = None):
     script.write_text(source)
     store = str(tmp_path / "trace")
     opts = ["--hang-after", hang_after] if hang_after else []
-    run = subprocess.run([sys.executable, "-m", "commscope", "run", "--store", store, *opts, "--", sys.executable,
-                          str(script), str(free_port()), *args], capture_output=True, text=True, timeout=300)
-    check = subprocess.run([sys.executable, "-m", "commscope", "check", store, "--json"], capture_output=True,
-                           text=True, timeout=300)
+    run = run_session([sys.executable, "-m", "commscope", "run", "--store", store, *opts, "--", sys.executable,
+                       str(script), str(free_port()), *args], capture_output=True, text=True, timeout=240)
+    check = run_session([sys.executable, "-m", "commscope", "check", store, "--json"], capture_output=True,
+                        text=True, timeout=50)
     return run, check, store
 
 

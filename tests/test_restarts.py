@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from procs import run_session
 from redis_fixture import require_redis_server
 
 from commscope.analysis import source
@@ -54,8 +55,8 @@ TRAIN = textwrap.dedent("""
 
 def commscope(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "500", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "commscope", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=200)
+    return run_session([sys.executable, "-m", "commscope", *args], cwd=cwd, env=env, capture_output=True,
+                       text=True, timeout=200)
 
 
 def run_restarting(tmp_path: Path, fault: str, *job: str, store: str = "trace") -> Path:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+from procs import run_session
 from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
 from redis_fixture import redis_client
 from trace_helpers import of_type, ops, read_events
@@ -33,8 +34,8 @@ TRAIN = textwrap.dedent("""
 
 
 def commscope(*args: str, cwd=None, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "commscope", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=180)
+    return run_session([sys.executable, "-m", "commscope", *args], cwd=cwd, env=env,
+                       capture_output=True, text=True, timeout=180)
 
 
 def torchrun() -> list[str]:
@@ -55,7 +56,7 @@ def test_run_instruments_every_torchrun_rank_without_code_changes(tmp_path):
         assert len(grads) == 3
         assert [o["op"] for o in ops(events, rank) if o.get("src") is None] == ["all_reduce"]
     # the same command without commscope run is not instrumented
-    raw = subprocess.run([*torchrun(), str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    raw = run_session([*torchrun(), str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert raw.returncode == 0 and raw.stdout.count("raw") == 2
 
 

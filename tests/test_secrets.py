@@ -18,6 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from procs import run_session
 from redis_fixture import *  # noqa: F403
 from redis_fixture import redis_client
 from trace_helpers import of_type, read_events
@@ -87,7 +88,7 @@ def run_job(tmp_path: Path, store: str) -> subprocess.CompletedProcess:
                HF_TOKEN=HF, MY_SERVICE_PASSWORD=ENV_ONLY)
     cmd = [sys.executable, "-m", "commscope", "run", "--store", store, "--job", "leaky", "--",
            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), *ARGV]
-    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    return run_session(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
 
 
 def unpacked(data: bytes) -> bytes:

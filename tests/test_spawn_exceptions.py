@@ -22,6 +22,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from procs import run_session
 from trace_helpers import of_type, read_events
 
 pytestmark = pytest.mark.timeout(240)
@@ -73,7 +74,7 @@ def run_job(tmp_path: Path, world: int, mode: str, *, under_run: bool) -> tuple[
                sys.executable, str(script), str(world), "-", mode]
     else:
         cmd = [sys.executable, str(script), str(world), str(store), mode]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200)
+    proc = run_session(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200)
     return proc, store
 
 

@@ -1,0 +1,42 @@
+"""Running a command that starts processes of its own (a launcher and its ranks) from a test,
+so that none of them outlives the test: ``subprocess.run`` kills only its own child on a
+timeout, and nothing at all when pytest-timeout stops the test, so a hung job's ranks went on
+spinning on the machine's two cores under the next tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+
+
+def run_session(cmd: Sequence[str], *, timeout: float, capture_output: bool = False, **kwargs
+            ) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, timeout=timeout, ...)`` in a session of its own, whose every process
+    is killed when it ends, times out, or the test is stopped meanwhile (pytest-timeout's
+    exception in the main thread, a Ctrl-C)."""
+    if capture_output:
+        kwargs.setdefault("stdout", subprocess.PIPE)
+        kwargs.setdefault("stderr", subprocess.PIPE)
+    proc = subprocess.Popen(list(cmd), start_new_session=True, **kwargs)
+    try:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(proc.pid)
+            proc.communicate()
+            raise
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    finally:
+        kill_group(proc.pid)  # (what it left behind: a rank its launcher never waited for)
+        if proc.returncode is None:
+            proc.kill()
+            proc.wait()
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL to every process of session ``pgid`` still there."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
