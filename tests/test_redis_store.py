@@ -170,6 +170,18 @@ def test_foreign_entries_are_counted_as_corrupt(redis_url):
     assert "another process" in str(info.value) and info.value.written == 0
 
 
+def test_foreign_members_of_the_jobs_set_are_passed_over(redis_url):
+    """A member of commscope:jobs that is no job id (binary, or not a name commscope writes)
+    is not a job: the reader opens the newest real one, list_jobs leaves it out (no traceback)."""
+    open_writer(redis_url, "real", 0).write(lines(0, 1, 3))
+    c = redis_client(redis_url)
+    c.zadd(Keys.JOBS, {b"\xff\xfe": 1e18, b"a b/c": 1e18 + 1})
+    c.close()
+    reader = open_reader(redis_url)
+    assert reader.job_name() == "real" and [e["id"] for e in reader.read_all()] == [1, 2]
+    assert [j for j, _ in list_jobs(redis_url)] == ["real"]
+
+
 # ---------------------------------------------------------------------------- faults
 def test_killed_connection_is_replaced_without_an_error(redis_url):
     w = open_writer(redis_url, "k", 0)

@@ -493,15 +493,16 @@ class RedisReader(TraceReader):
                 if keys is not None:
                     self.keys = keys
                 return self._want if keys is not None else None
-            newest = nodes.call(Keys.JOBS, "ZREVRANGE", Keys.JOBS, 0, 0)
+            # (the newest member that is a job id: one that is not, written by someone else, is passed over)
+            newest = [j for j in map(_job_id, nodes.call(Keys.JOBS, "ZREVRANGE", Keys.JOBS, 0, 15) or []) if j][:1]
             if newest:
-                self.keys = _layout(nodes, newest[0].decode()) or Keys
+                self.keys = _layout(nodes, newest[0]) or Keys
         except ReplyError as exc:
             raise StoreError(f"cannot read {self._shown}: Redis said: {scrub(str(exc), self.target)}") from None
         except OSError as exc:
             self._lost()
             raise StoreError(f"cannot read {self._shown}: {nodes.why(exc)}") from None
-        return newest[0].decode() if newest else None
+        return newest[0] if newest else None
 
     def job(self) -> dict | None:
         if self._job is None and self.job_id is not None:
@@ -840,7 +841,16 @@ def list_jobs(url: str) -> list[tuple[str, float]]:
         raise StoreError(f"cannot list jobs in {redact(url)}: {why}") from None
     finally:
         nodes.close()
-    return [(flat[i].decode(), float(flat[i + 1]) / 1e6) for i in range(0, len(flat), 2)]
+    return [(job, float(flat[i + 1]) / 1e6) for i in range(0, len(flat), 2) if (job := _job_id(flat[i]))]
+
+
+def _job_id(member: object) -> str | None:
+    """A member of ``commscope:jobs`` as a job id; None for one commscope never writes."""
+    try:
+        job = member.decode() if isinstance(member, bytes) else None
+    except UnicodeDecodeError:
+        return None
+    return job if is_job_name(job) else None
 
 
 def jobs(url: str) -> set[str] | None:
