@@ -182,6 +182,24 @@ def test_foreign_members_of_the_jobs_set_are_passed_over(redis_url):
     assert [j for j, _ in list_jobs(redis_url)] == ["real"]
 
 
+def test_a_flush_without_a_restart_is_a_stated_loss_and_the_job_stays_findable(redis_url):
+    """FLUSHDB (or DEL, eviction) while the writer stays connected: docs/redis.md's Faults say a
+    flushed Redis gets a store_lost marker and the rank's meta again, as a restart does; the job
+    is registered again, so readers still find it."""
+    meta = E.encode({"v": 1, "type": "meta", "rank": 0, "ts": 1, "world_size": 1})
+    w = open_writer(redis_url, "fl", 0, {"world_size": 1})
+    w.write([meta] + lines(0, 1, 10))
+    c = redis_client(redis_url)
+    c.flushdb()
+    c.close()
+    w.write(lines(0, 10, 15))
+    reader = open_reader(redis_url)
+    got = reader.read_all()
+    assert reader.job_name() == "fl" and reader.job()["world_size"] == 1
+    assert [e["type"] for e in got[:2]] == ["dropped", "meta"] and [e["id"] for e in got[2:]] == list(range(10, 15))
+    assert reader.missing == {0: 10} and any("lost by Redis" in m for m in reader.stats.warnings)
+
+
 # ---------------------------------------------------------------------------- faults
 def test_killed_connection_is_replaced_without_an_error(redis_url):
     w = open_writer(redis_url, "k", 0)

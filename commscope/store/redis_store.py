@@ -51,40 +51,51 @@ from commscope.window import Since
 
 # ---------------------------------------------------------------------------- writer
 #: KEYS[1] the rank's stream; ARGV[1] the first entry number K; ARGV[2] maxlen (0: none);
-#: ARGV[3..] events.  Returns {appended, top id}.  Appends nothing when the stream's top
-#: is already at or past K (that part of the batch landed before, or someone else writes
-#: this stream): the caller settles what landed instead of guessing.
+#: ARGV[3] the lowest top the stream may have (K-1, or 0 to accept any); ARGV[4..] events.
+#: Returns {appended, top id}.  Appends nothing when the stream's top is already at or past K
+#: (that part of the batch landed before, or someone else writes this stream): the caller
+#: settles what landed instead of guessing.  Appends nothing either, and returns -1, when the
+#: stream's top is below ARGV[3]: what had landed is gone although the connection stayed up
+#: (FLUSHDB, DEL, eviction; trimming only ever takes the oldest entries), which the caller
+#: states as lost, as after a restart.
 APPEND_SCRIPT = b"""
 local key = KEYS[1]
 local seq = tonumber(ARGV[1])
+local floor = tonumber(ARGV[3])
 local top = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
 if top then
   local ms, k = string.match(top[1], '^(%d+)-(%d+)$')
   if ms ~= '0' or tonumber(k) >= seq then
     return {0, top[1]}
   end
+  if tonumber(k) < floor then
+    return {-1, top[1]}
+  end
+elseif floor > 0 then
+  return {-1, '0-0'}
 end
 local n = #ARGV
 local maxlen = ARGV[2]
 if maxlen == '0' then
-  for i = 3, n do
+  for i = 4, n do
     redis.call('XADD', key, '0-' .. string.format('%d', seq), 'e', ARGV[i])
     seq = seq + 1
   end
 else
-  for i = 3, n do
+  for i = 4, n do
     redis.call('XADD', key, 'MAXLEN', '~', maxlen, '0-' .. string.format('%d', seq), 'e', ARGV[i])
     seq = seq + 1
   end
 end
-return {n - 2, '0-' .. string.format('%d', seq - 1)}
+return {n - 3, '0-' .. string.format('%d', seq - 1)}
 """
 
 
-def _pack_append(key: bytes, first: int, maxlen: int, lines: list[bytes]) -> bytes:
-    """EVAL APPEND_SCRIPT 1 key first maxlen line...: packed by hand, the hot part of writing."""
-    head = [b"*%d\r\n$4\r\nEVAL\r\n$%d\r\n%s\r\n$1\r\n1\r\n" % (len(lines) + 6, len(APPEND_SCRIPT), APPEND_SCRIPT)]
-    for a in (key, b"%d" % first, b"%d" % maxlen):
+def _pack_append(key: bytes, first: int, maxlen: int, lines: list[bytes], floor: int | None = None) -> bytes:
+    """EVAL APPEND_SCRIPT 1 key first maxlen floor line...: packed by hand, the hot part of writing.
+    ``floor``: the lowest top the stream may have (default ``first - 1``: nothing vanished)."""
+    head = [b"*%d\r\n$4\r\nEVAL\r\n$%d\r\n%s\r\n$1\r\n1\r\n" % (len(lines) + 7, len(APPEND_SCRIPT), APPEND_SCRIPT)]
+    for a in (key, b"%d" % first, b"%d" % maxlen, b"%d" % (first - 1 if floor is None else floor)):
         head.append(b"$%d\r\n%s\r\n" % (len(a), a))
     body = [b"$%d\r\n%s\r\n" % (len(line), line) for line in lines]
     return b"".join(head + body)
@@ -229,7 +240,7 @@ class RedisWriter:
         lines += [self._meta_line] if self._meta_line is not None else []
         done = 0
         while done < len(lines):
-            done += self._append(lines, done)
+            done += self._append(lines, done, floor=0)  # (below the gap: that is the point)
         self._lost = None
 
     def first_event(self) -> dict | None:
@@ -375,8 +386,9 @@ class RedisWriter:
             self._marker = redis_marks.spawn(self._url, self.job, self.rank, self.incarnation)
         self._mark_from, self._unmarked = now, 0
 
-    def _append(self, lines: list[bytes], start: int) -> int:
-        """Send one chunk from ``lines[start:]``; returns how many of them are now stored."""
+    def _append(self, lines: list[bytes], start: int, floor: int | None = None) -> int:
+        """Send one chunk from ``lines[start:]``; returns how many of them are now stored.
+        ``floor``: the lowest top the stream may have (``_pack_append``)."""
         chunk = lines[start:start + self.CHUNK]
         payload_lines = chunk
         size = 0
@@ -387,7 +399,7 @@ class RedisWriter:
                 break
         if any(b'"type":"meta"' in line for line in chunk):
             payload_lines = [self._scrub_meta(line) for line in chunk]
-        payload = _pack_append(self.key, self._next, self.maxlen, payload_lines)
+        payload = _pack_append(self.key, self._next, self.maxlen, payload_lines, floor)
         self._unsure = chunk  # the caller's lines, unscrubbed: _settle matches them by content
         reply = self._nodes.run(self.key, payload)  # (a redirection ran nothing: sent again where it says)
         if isinstance(reply, ReplyError):
@@ -395,6 +407,15 @@ class RedisWriter:
         n, top = int(reply[0]), entry_number(reply[1])
         if n == 0:  # the script refused: the stream is already at or past our next number
             return self._retry_settled(lines[start:], top)
+        if n < 0:  # what had landed is gone, the connection up all along (FLUSHDB, DEL, eviction)
+            self._unsure = None  # (refused: nothing of the chunk landed)
+            self._lost = (max(top, 0) + 1, self._next - 1)
+            try:
+                self._register(first=False)  # (the job's keys may have gone with it)
+            except ReplyError:
+                pass
+            self._say_lost()
+            return 0  # (the caller sends the chunk again, after the marker)
         self._unsure = None
         self._settled = None
         self._next += n
