@@ -200,6 +200,56 @@ def test_a_flush_without_a_restart_is_a_stated_loss_and_the_job_stays_findable(r
     assert reader.missing == {0: 10} and any("lost by Redis" in m for m in reader.stats.warnings)
 
 
+SPOOL_CHILD = """
+import os, signal, sys
+from commscope import events as E
+from commscope.record.pyspool import PyRing
+from commscope.store import open_writer, spool
+url = sys.argv[1]
+sp = spool.Spool.create({"job": "sp", "store_id": spool.store_id(url), "store": url, "rank": 1, "inc": 0,
+                         "run": "?", "host": "h", "pid": os.getpid()}, ring=1 << 16)
+ring = PyRing()
+ring.attach(sp.fd)
+meta = E.encode({"v": 1, "type": "meta", "rank": 1, "ts": 1, "world_size": 2})
+ring.note_meta(meta)
+w = open_writer(url, "sp", 1, {"world_size": 2})
+w.write([meta] + [E.encode({"v": 1, "type": "heartbeat", "rank": 1, "ts": 10 + i}) for i in range(4)])
+sp.set_flag(spool.META_STORED)
+sp.note_stored(w.stored)  # (what the recorder notes after each write)
+ring.keep_event(E.encode({"v": 1, "type": "heartbeat", "rank": 1, "ts": 99}))  # its last write failed
+print(sp.path, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_spool_forwarded_into_a_redis_that_lost_the_stream_states_the_loss(redis_url):
+    """A rank whose last write failed (Redis down) dies; Redis comes back empty; the forwarder
+    of its spool must not pass the remnant off as the whole stream: the entries the rank had
+    stored are counted as lost by Redis, its meta stated again."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from commscope.store import spool
+
+    p = subprocess.run([sys.executable, "-c", SPOOL_CHILD, redis_url], capture_output=True, text=True)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    path, pid = Path(p.stdout.strip()), int(Path(p.stdout.strip()).name.split("-")[0])
+    assert spool.read(path).stored == 5
+    c = redis_client(redis_url)
+    c.flushdb()  # Redis restarted without persistence while the rank was gone
+    c.close()
+    try:
+        assert spool.forward_orphans(exit_status={pid: -signal.SIGKILL}.get, only=spool.store_id(redis_url)) == 1
+    finally:
+        spool._remove(path)
+    reader = open_reader(redis_url + "?job=sp")
+    got = reader.read_all()
+    assert [e["type"] for e in got][:2] == ["dropped", "meta"] and got[-1]["type"] == "exit"
+    assert reader.missing == {1: 5} and any("lost by Redis" in m for m in reader.stats.warnings)
+
+
 # ---------------------------------------------------------------------------- faults
 def test_killed_connection_is_replaced_without_an_error(redis_url):
     w = open_writer(redis_url, "k", 0)

@@ -112,6 +112,7 @@ class Recorder:
         self._exit_line: bytes | None = None
         self._exit_stored = self._exit_kept = False
         self._next_forward = 0.0
+        self._stored_noted = -1  # the stream's entries as the spool last noted them (``_write``)
         self._next_write = 0.0  # (monotonic) the store's pace: ``StoreWriter.write_every``
         self._write_now = False  # ``flush`` asked: the next tick writes whatever the pace
         self._thread: threading.Thread | None = None
@@ -186,6 +187,7 @@ class Recorder:
         self.exited, self._exit, self.crash = False, None, None
         self._exit_line, self._exit_stored, self._exit_kept = None, False, False
         self._spool_tried = False
+        self._stored_noted = -1
 
     def _new_outbox(self) -> Outbox:
         """An incarnation's outbox: a block it hands to the store frees the ring up to its end."""
@@ -631,6 +633,13 @@ class Recorder:
         elif outbox.pending and not outbox.backing_off() and self._open_writer():
             outbox.write_once()
             self._next_write = started + outbox.writer.write_every
+        else:
+            return
+        # How many entries the stream holds, for a forwarder of the spool (``Spool.note_stored``)
+        stored = getattr(outbox.writer, "stored", None)
+        if self.spool is not None and isinstance(stored, int) and stored != self._stored_noted:
+            self._stored_noted = stored
+            self.spool.note_stored(stored)
 
 
 def _current_cuda_device() -> int | None:

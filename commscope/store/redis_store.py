@@ -243,6 +243,20 @@ class RedisWriter:
             done += self._append(lines, done, floor=0)  # (below the gap: that is the point)
         self._lost = None
 
+    def resume_after(self, stored: int, meta: bytes | None = None) -> bool:
+        """A forwarder's writer (``resume``): the rank's stream held ``stored`` entries when the
+        rank last wrote (its spool says).  Held fewer now (Redis restarted empty, or was
+        flushed, while the rank was gone), the next write states the loss first, with ``meta``,
+        as after a reconnect (``_say_lost``), and appends after the gap.  True if so."""
+        top = self._next - 1
+        if not (0 <= top < stored):
+            return False
+        self._lost = (top + 1, stored)
+        self._next = stored + 1
+        if meta is not None:
+            self._meta_line = meta
+        return True
+
     def first_event(self) -> dict | None:
         """The stream's first event (its meta), None when empty or unreadable."""
         try:

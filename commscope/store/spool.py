@@ -82,6 +82,10 @@ OFF_DEATH = 128
 _STOP = struct.Struct("<iiq")  # stop_sig, reserved, stop_ns: a stop signal the program's own handler took
 OFF_STOP = 200
 OFF_TERM_TYPE, OFF_TERM_WHAT, OFF_IDENTITY = 256, 512, 2560
+#: Entries the rank's stream held when it last wrote (the first 8 bytes of SpoolHeader's
+#: ``reserved1``, which only this module writes): a forwarder that finds the stream shorter
+#: (a Redis restarted empty while the rank was gone) states the loss before the remnant.
+OFF_STORED = 216
 IDENTITY_SIZE = HEADER_SIZE - OFF_IDENTITY
 LAYOUT = {"size": HEADER_SIZE, "head": OFF_HEAD, "tail": OFF_TAIL, "flags": OFF_FLAGS, "sig": OFF_DEATH,
           "exit_set": OFF_DEATH + 32, "term_set": OFF_DEATH + 48, "stop_sig": OFF_STOP, "term_type": OFF_TERM_TYPE,
@@ -227,6 +231,13 @@ class Spool:
             except OSError:
                 pass
 
+    def note_stored(self, entries: int) -> None:
+        """The rank's stream holds ``entries`` entries (``OFF_STORED``)."""
+        try:
+            os.pwrite(self.fd, _U64.pack(max(0, int(entries))), OFF_STORED)
+        except (OSError, ValueError, TypeError, struct.error):
+            pass
+
     def stop_noted(self) -> dict[str, Any]:
         """``Death.stop_fields`` of this process: a stop signal its own handler took."""
         try:
@@ -295,6 +306,7 @@ class Image:
     ring: bytes  # records [tail, head), whole records only
     end: int  # position after the last whole record in ``ring``
     death: Death
+    stored: int = 0  # entries the rank's stream held when it last wrote (``OFF_STORED``)
 
 
 def _records(data: bytes) -> Iterator[tuple[int, int, int]]:
@@ -368,7 +380,7 @@ def read(path: Path) -> Image | None:
                  rank=_I32.unpack_from(head, OFF_RANK)[0], incarnation=_I32.unpack_from(head, OFF_INC)[0],
                  head=hd, tail=tl, dropped=_U64.unpack_from(head, OFF_DROPPED)[0],
                  flags=struct.unpack_from("<I", head, OFF_FLAGS)[0], tables=bytes(tables), meta=meta, kept=kept,
-                 ring=bytes(ring), end=start + len(ring), death=death)
+                 ring=bytes(ring), end=start + len(ring), death=death, stored=_U64.unpack_from(head, OFF_STORED)[0])
 
 
 def exit_event(img: Image, rank: int) -> dict | None:
@@ -599,6 +611,9 @@ def forward_dead(job: str, store: str, open_writer: Callable[[int, int], Any], o
                     if not _same_run(writer, img.identity.get("run")):
                         writer.close()
                         continue  # that stream is another run's (a job id used twice): not ours to mix in
+                    resume_after = getattr(writer, "resume_after", None)
+                    if resume_after is not None:  # (a stream now shorter than the rank left it: said first)
+                        resume_after(img.stored, _redacted(bytes(img.meta)) if img.meta else None)
                 except Exception:
                     continue  # the store is not reachable (or writable) from here: left for someone else
                 try:
