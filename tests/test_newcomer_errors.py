@@ -125,3 +125,15 @@ def test_a_rank_s_stream_a_negative_top_or_sample_interval_get_a_clear_error(tmp
                        (["run", "--sample-interval", "-1", "--", "true"], "argument --sample-interval: seconds from 0")):
         err = refused(argv, capsys)
         assert said in err and "Traceback" not in err, err
+
+
+def test_a_store_url_of_no_backend_s_scheme_is_refused_without_its_credentials(tmp_path, capsys, monkeypatch):
+    # Path() turns ``http://u:pw@h`` into ``http:/u:pw@h``, which no redaction rule sees as a URL:
+    # the error and attach's hint echoed the password.
+    monkeypatch.chdir(tmp_path)
+    for name in ("http://u:hunter2pass@h/x", "redis:/:hunter2pass@127.0.0.1:1/0", "postgres://u:hunter2pass@h/db"):
+        for command in ("check", "report", "replay"):
+            assert cli([command, name]) == 2
+            err = capsys.readouterr().err
+            assert "hunter2pass" not in err and "no trace store at" in err, err
+    assert "hunter2pass" not in waiting_hint("http://u:hunter2pass@h/x")

@@ -50,7 +50,8 @@ def waiting_hint(store: str) -> str:
     is most likely a typo, or a job not started yet."""
     if not backend_for(store).local or os.path.exists(store):
         return ""
-    return f"{store} does not exist yet: start a job with  commscope run --store {store} -- …  (q quits)"
+    shown = redact_store(store)
+    return f"{shown} does not exist yet: start a job with  commscope run --store {shown} -- …  (q quits)"
 
 
 def main(args: argparse.Namespace) -> int:

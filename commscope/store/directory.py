@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from commscope.blockscan import Scan
 from commscope.events import Decoded, Event, gc_paused, incarnation_ids
 from commscope.oprecords import OpRecords
 from commscope.private import make_dirs
+from commscope.redact import redact
 from commscope.schema import decode_job
 from commscope.store import inflight, retention, segments
 from commscope.store.base import (
@@ -422,6 +424,23 @@ class Piece(NamedTuple):
     taken: beatscan.Taken | None
 
 
+_SCHEME_LIKE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(?=/|[^/]*@)")
+
+
+def _no_store(name: str) -> str:
+    """What to say of a store name that is no path here.  A name that starts like a URL of
+    a scheme no backend claims (``http://u:pw@h``, ``redis:/:pw@h``) is not echoed: Path's
+    normalising (``http:/u:pw@h``) would hide its credentials from the redaction."""
+    m = _SCHEME_LIKE.match(name)
+    if m is not None:
+        scheme = m.group(1)
+        if scheme.lower() in ("redis", "rediss", "unix"):
+            return f"no trace store at {scheme}:…: a {scheme.lower()} store's URL starts {scheme.lower()}://"
+        return (f"no trace store at {scheme}:…: a store is a directory or a redis://, rediss:// or unix:// "
+                f"URL, and {scheme!r} is not one of those schemes")
+    return f"no trace store at {redact(str(Path(name)))}"
+
+
 class DirectoryReader(TraceReader):
     """Reads or tails one job directory.  Tolerates torn tails, corrupt lines, truncation.
 
@@ -444,7 +463,7 @@ class DirectoryReader(TraceReader):
         self.job_dir: Path | None = resolve_job_dir(self.path)
         if self.job_dir is None and not wait:
             if not self.path.exists():
-                raise StoreError(f"no trace store at {self.path}")
+                raise StoreError(_no_store(os.fspath(path)))
             if self.path.is_file() and self.path.name.startswith("rank-"):  # (a rank's stream)
                 raise StoreError(f"{self.path} is one rank's stream: give the directory that holds the job's "
                                  f"rank-*.jsonl files ({self.path.parent}) or the store above it")
