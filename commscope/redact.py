@@ -245,7 +245,13 @@ def _value_span(text: str, start: int, *, query: bool = False, line: bool = Fals
         quote = m.group(1)
         body = m.end()
         if len(quote) == 1:
-            end = _IN_QUOTES[quote].match(text, body, min(len(text), body + _SCAN)).end()
+            if text.startswith(quote * 2, body):  # a triple-quoted string (``"""…"""``), not an empty one
+                close = text.find(quote * 3, body + 2, body + 2 + _SCAN)
+                return body + 2, close if close >= 0 else _LINE_REST.match(text, body + 2).end()
+            limit = min(len(text), body + _SCAN)
+            end = _IN_QUOTES[quote].match(text, body, limit).end()
+            if end == limit < len(text):  # not closed within the scan: the rest of the line, not a tail kept
+                end = _LINE_REST.match(text, end).end()
         else:  # an escaped quote inside another string: up to the next escaped one
             end = text.find(quote, body, body + _SCAN)
             end = end if end >= 0 else _BARE.match(text, body).end()

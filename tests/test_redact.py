@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from commscope.redact import MARK, Redactor, is_secret_name, mask
+from commscope.redact import MARK, Redactor, is_secret_name, mask, redact
 
 R = Redactor()  # no environment secrets: what these tests see is the same everywhere
 
@@ -254,3 +254,16 @@ def test_the_redaction_bench_runs(capsys):
     assert bench.run(argparse.Namespace(events=2_000, rounds=1, quick=True)) == 0
     out = capsys.readouterr().out
     assert "hostile text" in out and "native blocks" in out
+
+
+def test_a_quoted_value_longer_than_the_scan_or_triple_quoted_leaves_no_tail():
+    # A closing quote past _SCAN left the value's tail (the secret's end) in the text; a triple-quoted
+    # literal (a traceback's source line) was read as the empty string "" and kept whole.
+    secret = "Tr1pleQuot3dS3cret"
+    for n in (4090, 4100, 6000):
+        text = 'password="' + "A" * n + secret + '" rest\nnext'
+        assert secret[-5:] not in redact(text) and redact(text).endswith("\nnext")
+        assert secret[-5:].encode() not in mask(text.encode())
+    for text in (f'PASSWORD = """{secret}"""', f"api_key = '''{secret}'''", f'{{"token": """{secret}"""}}'):
+        assert secret not in redact(text), text
+    assert redact('password="" and x') == 'password="" and x'
