@@ -66,6 +66,9 @@ _WORDS = re.compile(r"[-_.\s]+|(?<=[a-z0-9])(?=[A-Z])")
 #: Environment values shorter than this are not taken as secrets to look for (``KEY=1``).
 MIN_KNOWN = 6
 _REDIS_SCHEMES = frozenset({"redis", "rediss", "unix"})
+#: The shell's working directories: ``pwd`` names no password in them (every path under
+#: ``$PWD`` became ``***``: call sites, store names, in the trace and in what reads it).
+_SHELL_DIRS = frozenset({"PWD", "OLDPWD"})
 
 _PEM = re.compile(r"(?:-{2,5})?BEGIN ([A-Z0-9 ]*?)PRIVATE KEY((?: BLOCK)?)-{2,5}(.*?)"
                   r"(?:-{2,5}END \1PRIVATE KEY\2-{2,5}|\Z)", re.DOTALL)
@@ -328,7 +331,8 @@ class Redactor:
         """The values of variables named like secrets (``WANDB_API_KEY``, ``HF_TOKEN``), but
         paths (``GOOGLE_APPLICATION_CREDENTIALS`` names a file, not a secret)."""
         return cls(v for k, v in environ.items()
-                   if is_secret_name(k) and (not v.startswith(("/", "~", ".")) or _password_name(k)))
+                   if is_secret_name(k) and k not in _SHELL_DIRS
+                   and (not v.startswith(("/", "~", ".")) or _password_name(k)))
 
     def spans(self, text: str) -> list[Span]:
         """The (start, end) ranges to hide, sorted and merged."""

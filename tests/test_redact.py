@@ -267,3 +267,12 @@ def test_a_quoted_value_longer_than_the_scan_or_triple_quoted_leaves_no_tail():
     for text in (f'PASSWORD = """{secret}"""', f"api_key = '''{secret}'''", f'{{"token": """{secret}"""}}'):
         assert secret not in redact(text), text
     assert redact('password="" and x') == 'password="" and x'
+
+
+def test_the_working_directory_is_not_taken_for_a_password(monkeypatch):
+    # PWD's last word is pwd (a password's name): every path under the working directory was ***.
+    r = Redactor.from_environ({"PWD": "/home/alice/proj", "OLDPWD": "/home/alice", "DB_PWD": "/xK9pw-secret",
+                               "HF_TOKEN_PATH": "/home/alice/.hf"})
+    assert r.redact("/home/alice/proj/train.py:12 in main") == "/home/alice/proj/train.py:12 in main"
+    assert r.redact("cd /home/alice") == "cd /home/alice"
+    assert r.redact("conn /xK9pw-secret") == "conn ***"
