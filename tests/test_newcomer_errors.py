@@ -137,3 +137,11 @@ def test_a_store_url_of_no_backend_s_scheme_is_refused_without_its_credentials(t
             err = capsys.readouterr().err
             assert "hunter2pass" not in err and "no trace store at" in err, err
     assert "hunter2pass" not in waiting_hint("http://u:hunter2pass@h/x")
+
+
+def test_a_negative_pid_is_no_process_not_a_bug(capsys):
+    # psutil.Process(-1) raises ValueError: snapshot and attach --pid -1 ended in a traceback (exit 3).
+    for argv in (["snapshot", "--pid", "-1"], ["attach", "--pid", "-1"]):
+        assert cli(argv) == 2
+        err = capsys.readouterr().err
+        assert "no process has pid(s) -1" in err and "Traceback" not in err, err

@@ -140,7 +140,7 @@ def find(pids: list[int] | None = None) -> Found:
         for pid in pids:
             try:
                 root = psutil.Process(pid)
-            except psutil.NoSuchProcess:
+            except (psutil.NoSuchProcess, ValueError, OverflowError):  # (ValueError: a pid below 0)
                 absent.append(pid)
                 continue
             procs.append(root)
