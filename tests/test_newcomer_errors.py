@@ -145,3 +145,17 @@ def test_a_negative_pid_is_no_process_not_a_bug(capsys):
         assert cli(argv) == 2
         err = capsys.readouterr().err
         assert "no process has pid(s) -1" in err and "Traceback" not in err, err
+
+
+def test_a_store_to_write_that_looks_like_a_url_of_no_backend_is_refused(tmp_path, capsys, monkeypatch):
+    # run/copy/snapshot made a directory 'http:/u:pw@h/x' here and printed its path, password and all.
+    monkeypatch.chdir(tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    for argv in (["run", "--store", "http://u:hunter2pass@h/x", "--", "true"],
+                 ["run", "--store", "redis:/:hunter2pass@h:1/0", "--", "true"],
+                 ["copy", str(src), "http://u:hunter2pass@h/x"]):
+        assert cli(argv) == 2
+        err = capsys.readouterr().err
+        assert "hunter2pass" not in err and "not a trace store" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

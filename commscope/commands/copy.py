@@ -24,7 +24,7 @@ from typing import Any
 from commscope import events
 from commscope.commands import options
 from commscope.redact import redact
-from commscope.store import Size, StoreError, StoreWriter, TraceReader, backend_for, open_writer
+from commscope.store import Size, StoreError, StoreWriter, TraceReader, backend_for, open_writer, refuse_url_like
 from commscope.store.base import is_job_name
 from commscope.store.redis_store import RedisWriter
 
@@ -126,6 +126,7 @@ def main(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     try:
+        refuse_url_like(args.dst)
         reader = open_source(args.src)
     except StoreError as exc:
         raise UsageError(str(exc)) from None

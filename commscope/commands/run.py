@@ -26,7 +26,7 @@ from pathlib import Path
 
 from commscope.commands import options
 from commscope.errors import UsageError
-from commscope.store import ENV_STORE, StoreError, backend_for, default_store, redact_store, retention
+from commscope.store import ENV_STORE, StoreError, backend_for, default_store, redact_store, refuse_url_like, retention
 from commscope.store.base import is_job_name
 from commscope.store.directory import ENV_SHARE
 
@@ -128,6 +128,7 @@ def main(args: argparse.Namespace) -> int:
                          "with '.' (a job id names a directory or key inside the store)")
     try:  # (a URL the ranks could not open: said now, its password hidden, not after the job)
         backend_for(default_store(args.store)).pinned_job(default_store(args.store))
+        refuse_url_like(args.store)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     if shutil.which(command[0]) is None:  # before saying "recording to": nothing will be

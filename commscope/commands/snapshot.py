@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from commscope.errors import UsageError
 from commscope.redact import redact
-from commscope.store import StoreError, default_store
+from commscope.store import StoreError, default_store, refuse_url_like
 from commscope.visible import visible
 
 if TYPE_CHECKING:
@@ -75,6 +75,10 @@ def main(args: argparse.Namespace) -> int:
     from commscope.snapshot import procs, pyspy
     from commscope.snapshot.take import Snapshotter
 
+    try:
+        refuse_url_like(args.out)
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
     if args.count < 1:
         raise UsageError("--count must be at least 1")
     if args.interval < 0:

@@ -28,7 +28,7 @@ ENV_STORE = "COMMSCOPE_STORE"
 __all__ = [
     "BACKENDS", "DEFAULT_STORE", "ENV_STORE", "AsOf", "Backend", "Batch", "EmptyReader", "ReadStats", "Size",
     "StoreError", "StoreWriter", "TraceReader", "backend_for", "default_store", "open_reader", "open_writer",
-    "redact_store",
+    "redact_store", "refuse_url_like",
 ]
 
 
@@ -55,3 +55,16 @@ def open_reader(store: str | os.PathLike | None, *, wait: bool = False) -> Trace
     """A reader for the newest job in a store.  ``wait`` lets it open before the job exists."""
     name = default_store(store)
     return backend_for(name).reader(name, wait=wait)
+
+
+def refuse_url_like(store: str | os.PathLike | None) -> None:
+    """Raise ``StoreError`` where a store to write names no backend's URL yet looks like a
+    URL (``http://``, a mistyped ``redis:/``): writing would make a directory of that name here
+    and say its path, credentials and all."""
+    from commscope.store.directory import not_a_path
+
+    name = default_store(store)
+    if backend_for(name).local:
+        why = not_a_path(name)
+        if why is not None:
+            raise StoreError(f"not a trace store: {why}")

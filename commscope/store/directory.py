@@ -427,18 +427,23 @@ class Piece(NamedTuple):
 _SCHEME_LIKE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(?=/|[^/]*@)")
 
 
-def _no_store(name: str) -> str:
-    """What to say of a store name that is no path here.  A name that starts like a URL of
-    a scheme no backend claims (``http://u:pw@h``, ``redis:/:pw@h``) is not echoed: Path's
-    normalising (``http:/u:pw@h``) would hide its credentials from the redaction."""
+def not_a_path(name: str) -> str | None:
+    """Why a store name that no backend claims and that is no path here is taken for a
+    mistyped URL (``http://u:pw@h``, ``redis:/:pw@h``), without echoing it: Path's normalising
+    (``http:/u:pw@h``) hides its credentials from the redaction.  None: a path."""
     m = _SCHEME_LIKE.match(name)
-    if m is not None:
-        scheme = m.group(1)
-        if scheme.lower() in ("redis", "rediss", "unix"):
-            return f"no trace store at {scheme}:…: a {scheme.lower()} store's URL starts {scheme.lower()}://"
-        return (f"no trace store at {scheme}:…: a store is a directory or a redis://, rediss:// or unix:// "
-                f"URL, and {scheme!r} is not one of those schemes")
-    return f"no trace store at {redact(str(Path(name)))}"
+    if m is None or os.path.lexists(name):
+        return None
+    scheme = m.group(1)
+    if scheme.lower() in ("redis", "rediss", "unix"):
+        return f"{scheme}:…: a {scheme.lower()} store's URL starts {scheme.lower()}://"
+    return f"{scheme}:…: a store is a directory or a redis://, rediss:// or unix:// URL, and {scheme!r} is not one of those schemes"
+
+
+def _no_store(name: str) -> str:
+    """What to say of a store name that is no path here."""
+    why = not_a_path(name)
+    return f"no trace store at {why}" if why is not None else f"no trace store at {redact(str(Path(name)))}"
 
 
 class DirectoryReader(TraceReader):
