@@ -159,3 +159,15 @@ def test_a_store_to_write_that_looks_like_a_url_of_no_backend_is_refused(tmp_pat
         err = capsys.readouterr().err
         assert "hunter2pass" not in err and "not a trace store" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_run_to_a_store_that_is_a_file_is_refused_before_the_command_starts(tmp_path, capsys):
+    # The job ran unrecorded, every rank warned, and run said "no process of the command called
+    # init_process_group".
+    (tmp_path / "afile").write_text("x")
+    marker = tmp_path / "ran"
+    for store in ("afile", "afile/sub"):
+        assert cli(["run", "--store", str(tmp_path / store), "--", "touch", str(marker)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("commscope run: error: cannot record to") and "is a file, not a directory" in err
+    assert not marker.exists()

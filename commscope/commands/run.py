@@ -89,6 +89,23 @@ def build_env(args: argparse.Namespace, base: dict[str, str] | None = None, nati
     return env
 
 
+def _refuse_unwritable(store: str) -> None:
+    """A directory store no rank could create (a file in its place, or above it; a directory
+    not ours to write) is said now, not after the job ran unrecorded ("nothing was recorded:
+    no process of the command called init_process_group")."""
+    if not backend_for(store).local:
+        return
+    path = os.path.abspath(store)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    shown = redact_store(path)
+    if not os.path.isdir(path):
+        what = "one rank's stream" if os.path.basename(path).startswith("rank-") else "a file"
+        raise UsageError(f"cannot record to {redact_store(store)}: {shown} is {what}, not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot record to {redact_store(store)}: {shown} is not writable by you")
+
+
 def _native_ready() -> bool:
     """Build the native recorder here, once, rather than in every rank at its first op."""
     from commscope.record import native
@@ -131,6 +148,7 @@ def main(args: argparse.Namespace) -> int:
         refuse_url_like(args.store)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
+    _refuse_unwritable(default_store(args.store))
     if shutil.which(command[0]) is None:  # before saying "recording to": nothing will be
         raise UsageError(f"command not found: {command[0]}")
     env = build_env(args, native=_native_ready())
