@@ -1616,3 +1616,39 @@ def test_a_summary_says_which_carried_op_gave_its_number_back(tmp_path):
     for bad in (["7"], [-1], 7):
         hostile = decode_lines(orjson.dumps(summary | {"unissued_ids": bad}) + b"\n", 0)
         assert hostile.events == [] and sum(hostile.invalid.values()) == 1
+
+
+@pytest.mark.parametrize("gone", ["first", "middle", "middle, windowed", "before the window", "a name past 10^8"])
+def test_a_segment_gone_without_a_summary_is_a_stated_loss(tmp_path, capsys, gone):
+    """A segment file gone from the store (not by retention, which summarizes first) lost its
+    ops without a word: a rank's first segment (68 of its 2000 ops, native blocks: the ring
+    is taken to start at the first block found), or a middle one of a JSON stream (no ring
+    positions), and ``check`` said the trace looked healthy, exit 0.  Segment numbers go up by
+    one, so a number neither on disk nor summarized is counted lost, once (a native stream's
+    gap in its ring positions there is that segment's, not a second loss).  One before a
+    window's first segment is not asked for; a name saying segment 10^8 costs nothing."""
+    store = tmp_path / "t"
+    write_store(str(store), JobShape(4, 2000, fault="healthy", segment_bytes=50000))
+    job = store / "synthetic"
+    segs = list_segments(job)[(1, 0)]
+    end = _found(store, capsys)[2]["now_ns"]
+    for p in job.iterdir():  # (the files written when the trace ends: the window counts back from then)
+        os.utime(p, ns=(end, end))
+    window = ("--since", "25s") if "window" in gone else ()  # (from segment 23 of 27 on)
+    assert _found(store, capsys, *window)[:2] == (0, [])
+    if gone == "first":
+        segs[0].path.unlink()
+    elif gone.startswith("middle"):
+        segs[-3].path.unlink()
+    elif gone == "before the window":
+        segs[2].path.unlink()
+    else:
+        last = segs[-1]
+        last.path.rename(job / last.path.name.replace(f".s{last.number:06d}.", ".s100000000."))
+    rc, found, out = _found(store, capsys, *window)
+    if gone == "before the window":
+        assert (rc, found, out["skipped"]["store_missing"]) == (0, [], 0)
+        return
+    assert (rc, found) == (1, [("trace_incomplete", [1])])
+    assert out["skipped"]["store_missing"] == (100000000 - segs[-1].number if "10^8" in gone else 1)
+    assert any("segment(s) of its stream gone from the store" in w for w in out["warnings"])

@@ -501,6 +501,9 @@ class DirectoryReader(TraceReader):
         #: per stream, lines of its last chunk counted lost (damaged, invalid, dropped) that a
         #: gap in the ring positions in the next may stand for (``_account``)
         self._excused: dict[Stream, int] = {}
+        #: per stream, segments passed over as gone (no file, ``_read_stream``): the next gap in
+        #: its ring positions is theirs, counted with them (``_count_segments_gone``)
+        self._gone_excuse: dict[Stream, int] = {}
         self._listed: tuple[int, float] | None = None  # (directory mtime, when) of the last listing
         self._names: dict[str, tuple[Stream, Segment] | _Summary | object] = {}  # file name -> ``_name``
         self._summaries_due = False  # listed again since the summaries were last read
@@ -743,7 +746,10 @@ class DirectoryReader(TraceReader):
         decoder = self._block_decoders.get(stream) if hasattr(self, "_block_decoders") else None
         if decoder is None:
             return
-        left, lost = gaps_not_counted(decoder.gaps, got, self._excused.pop(stream, 0))
+        gone = self._gone_excuse.get(stream, 0) if decoder.gaps else 0  # (the first gap after them)
+        if gone:
+            del self._gone_excuse[stream]
+        left, lost = gaps_not_counted(decoder.gaps, got, self._excused.pop(stream, 0) + gone)
         decoder.gaps = []
         if left:
             self.stats.count_gaps(stream[0], len(left), sum(left))
@@ -1021,8 +1027,64 @@ class DirectoryReader(TraceReader):
         events.extend(self._read_each(final=True))
         events.extend(self._crashes.poll(self.job_dir, self.owns, final=True))
         events.extend(self._remnants(final=True))
+        self._count_segments_gone()
         self.stats.partial_tail = 0
         return events
+
+    def _summarized_in_file(self, stream: Stream) -> set[int]:
+        """The segment numbers ``stream``'s summary file names now (read apart from the
+        summaries' reading: nothing counted), empty where it has none or cannot be read."""
+        if self.job_dir is None:
+            return set()
+        try:
+            data = read_from(self.job_dir / segments.summary_name(*stream), 0, self.MAX_SUMMARY_READ)
+        except OSError:
+            return set()
+        return {int(m) for m in re.findall(rb'"seg":(\d{1,9})[,}]', data)}
+
+    def _count_segments_gone(self) -> None:
+        """Segments of a stream that are neither on disk nor summarized by retention (which
+        writes a segment's summary before it deletes it): the store lost them, with all they
+        held, and says so.  Segment numbers go up by one at each rotation, so a number below
+        the newest listed that no file and no summary has is such a segment: before, the
+        read went on to the next listed without a word (a rank's first segment gone, 68 of
+        its ops, and ``check`` said the trace looked healthy).  Those before a window's
+        first segment are not asked for; each is counted once."""
+        upto = self.__dict__.setdefault("_gone_upto", {})  # per stream, the numbers below this are counted
+        summarized: dict[Stream, set[int]] = {}
+        for stream, n in (*self._decided, *self._pending):
+            summarized.setdefault(stream, set()).add(n)
+        since_s = self._since_s()
+        for stream, segs in self._streams.items():
+            if not segs:
+                continue
+            first = self._skipped[stream][1] if stream in self._skipped else segs[0].number
+            if since_s is not None and first == segs[0].number and first and segs[0].start_s + 1 <= since_s:
+                pass  # the window starts in the first segment listed: what was before is not asked for
+            elif first == segs[0].number:
+                first = 0  # every segment from the stream's start is asked for
+            first, last = max(first, upto.get(stream, 0)), segs[-1].number
+            if last <= first:
+                continue
+            upto[stream] = last
+            known = {s.number for s in segs} | summarized.get(stream, set())
+            count = (last - first) - sum(1 for n in known if first <= n < last)  # (a name may say 10^9)
+            if count > 0:  # retention may have summarized and deleted them since the summaries were read
+                known |= self._summarized_in_file(stream)
+                count = (last - first) - sum(1 for n in known if first <= n < last)
+            if count <= 0:
+                continue
+            shown = []
+            for n in range(first, last):  # the first few, named
+                if n not in known:
+                    shown.append(n)
+                    if len(shown) == 8:
+                        break
+            self.stats.count_missing(stream[0], count)
+            names = ", ".join(map(str, shown)) + (f" and {count - len(shown):,} more" if count > len(shown) else "")
+            self.stats.warnings.append(
+                f"rank {stream[0]}: {count:,} segment(s) of its stream gone from the store (segment {names}): "
+                "neither on disk nor summarized by retention; what they held is lost")
 
     def _read_stream(self, stream: Stream, segs: list[Segment], budget: int | None,
                      final: bool = False, size: int | None = None) -> tuple[list[Event], int]:
@@ -1050,6 +1112,10 @@ class DirectoryReader(TraceReader):
             if not at_end or newer is None or (budget is not None and used >= budget):
                 return out, used
             self._files.forget(str(cur.path))  # (read to its end: the stream goes on in the next)
+            if newer.number > cur.number + 1:
+                # segments between gone: the gap in the ring positions they leave is theirs,
+                # counted with them on the final read (``_count_segments_gone``), not twice
+                self._gone_excuse[stream] = self._gone_excuse.get(stream, 0) + 1
             self._reading[stream] = newer.number
             self._partial[stream] = False
 
