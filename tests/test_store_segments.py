@@ -1652,3 +1652,21 @@ def test_a_segment_gone_without_a_summary_is_a_stated_loss(tmp_path, capsys, gon
     assert (rc, found) == (1, [("trace_incomplete", [1])])
     assert out["skipped"]["store_missing"] == (100000000 - segs[-1].number if "10^8" in gone else 1)
     assert any("segment(s) of its stream gone from the store" in w for w in out["warnings"])
+
+
+@pytest.mark.parametrize("how", ["gone", "torn"])
+def test_a_rank_whose_meta_line_was_lost_is_not_named_for_a_mismatch(tmp_path, capsys, how):
+    """A rank's ``meta`` line (its op names table) lost, or torn: its blocks' ops decode as
+    "?", and ``check`` named that healthy rank in a ``collective_mismatch`` at every one of
+    its collectives ("rank 1: ?"), and where the line was gone said nothing else.  An op
+    whose name is not known is compared with no rank's, and the trace says it could not
+    name them (trace_incomplete, exit 1)."""
+    store = tmp_path / "t"
+    write_store(str(store), JobShape(4, 50, fault="healthy"))
+    path = store / "synthetic" / "rank-00001.jsonl"
+    data = path.read_bytes()
+    path.write_bytes(data[data.index(b"\n") + 1:] if how == "gone" else data[:100] + b"\0" * 8 + data[108:])
+    rc, found, out = _found(store, capsys)
+    assert (rc, found) == (1, [("trace_incomplete", [1])])
+    assert out["findings"][0]["evidence"]["per_rank"]["1"]["unnamed"] == 50
+    assert "whose names their streams could not say" in out["findings"][0]["message"]

@@ -257,6 +257,9 @@ def find_mismatches(model: TraceModel, now: int) -> tuple[list[Finding], dict[tu
             continue
         sig = gather(model, gi, "sig")
         present = mat >= 0
+        unknown = model.unknown_sigs()
+        if unknown.shape[0]:  # (an op whose name its stream could not say votes for nothing)
+            present &= ~np.isin(sig, unknown)
         codes = np.where(present, model.sig_match(sig.astype(np.int32)), -1)
         hi = codes.max(axis=1)
         lo = np.where(present, codes, np.iinfo(np.int32).max).min(axis=1)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from rich.console import RenderableType
 from rich.text import Text
 
@@ -106,6 +107,13 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
     for r in absent:  # (what was read of it and lost stays said: helper-65)
         per_rank.setdefault(r, {})["no_events"] = True
     ranks = model.rank_ids()
+    unknown = model.unknown_sigs()
+    unnamed: dict[int, int] = {}  # rank -> its ops whose names its stream could not say (none: no walk)
+    for r in ranks if unknown.shape[0] else ():
+        rt = model.ranks[r]
+        n = int(np.isin(rt.sig[:rt.n], unknown).sum())
+        if n:
+            unnamed[r] = per_rank.setdefault(r, {})["unnamed"] = n
     # (a rank's exit is looked at only where it has one: 16k ranks, none exited, cost ~18 us
     # each in every diagnosis; and no rank at all where none has: ``exits_seen``)
     exits = {r: ex for r in ranks if model.ranks[r].exits
@@ -131,6 +139,11 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
             parts.append(f"{sum(counts.values()):,} {words} (" +
                          ", ".join(f"rank {r}: {n:,}" for r, n in sorted(counts.items())[:8]) +
                          (", ..." if len(counts) > 8 else "") + ")")
+    if unnamed:
+        parts.append(f"{sum(unnamed.values()):,} op(s) whose names their streams could not say (" +
+                     ", ".join(f"rank {r}: {n:,}" for r, n in sorted(unnamed.items())[:8]) +
+                     (", ..." if len(unnamed) > 8 else "") + "): the op names of a stream's meta line, which "
+                     "was lost or damaged; they are compared with no rank's")
     if absent:
         parts.append(f"no events from rank(s) {ranges(absent, limit=8)}, though their peers completed collectives "
                      "with them: their streams are not in this store (a directory store their hosts do not share, "
@@ -152,4 +165,4 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
     ts = max((int(model.ranks[r].last_ts) for r in ranks if r in model.ranks), default=model.end_ns)
     # Lost events may have held ops: never a healthy exit (check exits 1).
     return [Finding("trace_incomplete", None, None, None, ranks, ranks, msg, ev, ts=ts,
-                    severity=ERROR if lost or absent else WARNING)]
+                    severity=ERROR if lost or absent or unnamed else WARNING)]

@@ -2409,6 +2409,19 @@ class TraceModel:
     def sig_match(self, codes: np.ndarray) -> np.ndarray:
         return self._sig_match[codes]
 
+    def unknown_sigs(self) -> np.ndarray:
+        """The sig codes whose op name is not known (``"?"``: a block decoded without its
+        stream's op names, its ``meta`` line lost or torn): such an op cannot be compared
+        (``find_mismatches``: it votes for nothing; before, a rank whose meta line was lost
+        was named in a ``collective_mismatch`` at every collective, "rank 1: ?") and is said
+        (``find_incomplete``)."""
+        cached = self.__dict__.get("_unknown_sigs")
+        if cached is not None and cached[0] == len(self.sigs):
+            return cached[1]
+        got = np.fromiter((s.code for s in self.sigs if s.op == "?"), np.int64)
+        self.__dict__["_unknown_sigs"] = (len(self.sigs), got)
+        return got
+
     def sig_hashes(self, codes: np.ndarray) -> np.ndarray:
         """``histories.key_hash`` of each sig's match key (uint64), for digests."""
         return np.asarray(self._match_hashes, np.uint64)[self._sig_match[codes]]
