@@ -11,6 +11,7 @@ window.  Torch-free, a format: the commands and the console parse with it.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from typing import NamedTuple
 
@@ -48,8 +49,10 @@ def parse_since(text: str | None, now: dt.datetime | None = None) -> Since | Non
     if text is None or text.strip().lower() in ("", "all"):
         return None
     m = _DURATION.match(text)
+    if m and math.isfinite(ago := float(m.group(1)) * _SECONDS[m.group(2).lower()]) and ago < 1e12:
+        return Since(ago_s=ago)  # (a duration past ~30,000 years, or inf, is no window: an internal error before)
     if m:
-        return Since(ago_s=float(m.group(1)) * _SECONDS[m.group(2).lower()])
+        raise ValueError(f"cannot read --since {text!r}: a duration too large")
     now = now or dt.datetime.now(dt.timezone.utc)
     t = text.strip()
     try:
