@@ -1671,3 +1671,33 @@ def test_a_rank_whose_meta_line_was_lost_is_not_named_for_a_mismatch(tmp_path, c
     assert (rc, found) == (1, [("trace_incomplete", [1])])
     assert out["findings"][0]["evidence"]["per_rank"]["1"]["unnamed"] == 50
     assert "whose names their streams could not say" in out["findings"][0]["message"]
+
+
+def test_a_history_tie_that_a_rank_not_compared_would_break_names_nobody(tmp_path, capsys):
+    """Ranks 1 and 2 of group [1, 2, 3] agree and rank 3 differs (a shape) an hour before the
+    window; rank 1's carries are not there (not written yet: a live window right after its
+    rotation), so only 2 and 3 are compared: a tie, and the window named both, an innocent
+    with the culprit, where the full read names 3.  Rank 1's history would break the tie:
+    the odd one out cannot be told, and nobody is named (the finding stays)."""
+    from commscope.analysis.synth import TraceBuilder
+
+    tb = TraceBuilder(4, hang_after=10.0, sample_interval=5.0)
+    tb.group("sub", [1, 2, 3])
+    t = tb.t0 + S
+    for r in (1, 2, 3):
+        tb.sync(r, t, t + 1000, "all_reduce", group="sub", shape=(9,) if r == 3 else (8,))
+    for r in (1, 2, 3):
+        tb.sync(r, t + S, t + S + 1000, "all_reduce", group="sub")
+    t += 2 * S
+    for _ in range(36):
+        t = _busy_then(tb, t)
+    for r in range(4):
+        tb.exit(r, t)
+    store = _windowed(tmp_path / "s", tb.events)
+    assert _found(store, capsys)[:2] == (1, [("collective_mismatch", [3])])
+    for p in (store / "job").glob("rank-00001.open.*.jsonl"):
+        p.unlink()
+    rc, found, out = _found(store, capsys, "--since", "10m")
+    assert (rc, found) == (1, [("collective_mismatch", [])])
+    assert out["findings"][0]["evidence"]["history"]["not_compared"] == [1]
+    assert "cannot be told" in out["findings"][0]["message"]

@@ -357,10 +357,17 @@ def find_history_mismatches(model: TraceModel, found: list[Finding]) -> tuple[li
             continue
         alike = sorted((sorted(rs) for rs in kinds.values()), key=lambda rs: (-len(rs), rs))
         tie = len(alike[0]) == len(alike[1])
-        culprits = sorted(digests) if tie else sorted(r for rs in alike[1:] for r in rs)
         members = list(gi.members) if gi is not None else model.groups.get(name) or sorted(per)
+        # A tie with members not compared (no carry yet, records lost): their histories would
+        # break it, so the odd one out cannot be told, and naming every rank compared names
+        # innocents (a window where one rank's carry was not written yet named ranks 2 and 3
+        # of [1, 2, 3] where the full read names 3)
+        unknown = [r for r in members if r not in digests]
+        culprits = [] if tie and unknown else sorted(digests) if tie else sorted(r for rs in alike[1:] for r in rs)
         msg = (f"ranks disagree in the collectives of group {name} before what was read: up to #{at}, " +
-               ("their histories differ in halves, a tie, so every rank compared is named" if tie else
+               (f"their histories differ in halves, a tie that {rank_list(unknown)}, not compared, would break, so "
+                "the odd one out cannot be told" if tie and unknown else
+                "their histories differ in halves, a tie, so every rank compared is named" if tie else
                 f"{rank_list(culprits)} ran other collectives than the {len(alike[0]):,} others compared") +
                (" (retention deleted the segments where they began: their summaries count those collectives, "
                 "not where they differ)" if any(model.ranks[r].summaries for r in digests if r in model.ranks) else
