@@ -24,7 +24,15 @@ from typing import Any
 from commscope import events
 from commscope.commands import options
 from commscope.redact import redact
-from commscope.store import Size, StoreError, StoreWriter, TraceReader, backend_for, open_writer, refuse_url_like
+from commscope.store import (
+    Size,
+    StoreError,
+    StoreWriter,
+    TraceReader,
+    backend_for,
+    open_writer,
+    refuse_url_like,
+)
 from commscope.store.base import is_job_name
 from commscope.store.redis_store import RedisWriter
 

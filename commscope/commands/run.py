@@ -26,7 +26,15 @@ from pathlib import Path
 
 from commscope.commands import options
 from commscope.errors import UsageError
-from commscope.store import ENV_STORE, StoreError, backend_for, default_store, redact_store, refuse_url_like, retention
+from commscope.store import (
+    ENV_STORE,
+    StoreError,
+    backend_for,
+    default_store,
+    redact_store,
+    refuse_url_like,
+    retention,
+)
 from commscope.store.base import is_job_name
 from commscope.store.directory import ENV_SHARE
 
