@@ -1296,7 +1296,7 @@ class BlockDecoder:
             return "isend" if aux == 1 else "irecv"
         if 0 <= opcode < len(self.c10d_names):
             return self.c10d_names[opcode]
-        return "?"
+        return optable.UNNAMED
 
     def _static_fields(self, raw: bytes, pos: int, end: int, flags: int, aux: int, op: str, site: int,
                        gid: int, peer: int, root: int, redop: int, role: int, device: int, nin: int, nout: int,

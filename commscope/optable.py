@@ -113,6 +113,10 @@ C10D: tuple[C10dOp, ...] = (
 
 #: Ops whose reduce op is "sum" when none is recorded.
 REDUCING = frozenset(n for n, o in OPS.items() if o.reducing)
+
+#: The name of an op whose stream could not say it (a block decoded without its meta's op names:
+#: the meta line lost or torn): compared with no rank's, said as a loss
+UNNAMED = "?"
 #: Ops whose per-rank tensors must agree in shape across the group: name -> sides compared.
 SAME_SHAPE = {n: o.same_shape for n, o in OPS.items() if o.same_shape}
 #: Ops whose tensors carry no comparable dtype: object ops, barriers, and varlen ops, whose

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from commscope import histories
+from commscope import histories, optable
 from commscope.analysis import opids
 from commscope.analysis.columns import (
     I64_MAX,
@@ -2047,7 +2047,7 @@ class TraceModel:
                 if c[0] == lists:
                     return c[1]
         code = len(self.sigs)
-        op = str(k[0] or "?")
+        op = str(k[0] or optable.UNNAMED)
         src = k[7]
         direction = k[8]
         sig = Sig(code, op, str(k[1] if k[1] is not None else "?"), k[2], k[3], k[4], bool(k[5]), bool(k[6]),
@@ -2410,7 +2410,7 @@ class TraceModel:
         return self._sig_match[codes]
 
     def unknown_sigs(self) -> np.ndarray:
-        """The sig codes whose op name is not known (``"?"``: a block decoded without its
+        """The sig codes whose op name is not known (``optable.UNNAMED``: a block decoded without its
         stream's op names, its ``meta`` line lost or torn): such an op cannot be compared
         (``find_mismatches``: it votes for nothing; before, a rank whose meta line was lost
         was named in a ``collective_mismatch`` at every collective, "rank 1: ?") and is said
@@ -2418,7 +2418,7 @@ class TraceModel:
         cached = self.__dict__.get("_unknown_sigs")
         if cached is not None and cached[0] == len(self.sigs):
             return cached[1]
-        got = np.fromiter((s.code for s in self.sigs if s.op == "?"), np.int64)
+        got = np.fromiter((s.code for s in self.sigs if s.op == optable.UNNAMED), np.int64)
         self.__dict__["_unknown_sigs"] = (len(self.sigs), got)
         return got
 

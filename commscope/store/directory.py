@@ -504,6 +504,8 @@ class DirectoryReader(TraceReader):
         #: per stream, segments passed over as gone (no file, ``_read_stream``): the next gap in
         #: its ring positions is theirs, counted with them (``_count_segments_gone``)
         self._gone_excuse: dict[Stream, int] = {}
+        #: per stream, the segment numbers below this are counted as gone (``_count_segments_gone``)
+        self._gone_upto: dict[Stream, int] = {}
         self._listed: tuple[int, float] | None = None  # (directory mtime, when) of the last listing
         self._names: dict[str, tuple[Stream, Segment] | _Summary | object] = {}  # file name -> ``_name``
         self._summaries_due = False  # listed again since the summaries were last read
@@ -1050,7 +1052,7 @@ class DirectoryReader(TraceReader):
         read went on to the next listed without a word (a rank's first segment gone, 68 of
         its ops, and ``check`` said the trace looked healthy).  Those before a window's
         first segment are not asked for; each is counted once."""
-        upto = self.__dict__.setdefault("_gone_upto", {})  # per stream, the numbers below this are counted
+        upto = self._gone_upto
         summarized: dict[Stream, set[int]] = {}
         for stream, n in (*self._decided, *self._pending):
             summarized.setdefault(stream, set()).add(n)
