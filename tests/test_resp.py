@@ -150,3 +150,42 @@ def test_garbage_or_a_cut_reply_closes_the_connection(data):
     with pytest.raises(ConnectionError):
         c.read()
     assert c.sock is None  # a half-read reply poisons the stream: never reused
+
+
+class SizedSocket(FakeSocket):
+    """Records the sizes asked of recv (what a reader would allocate)."""
+
+    def __init__(self, pieces: list[bytes]):
+        super().__init__(pieces)
+        self.asked: list[int] = []
+
+    def recv(self, n: int) -> bytes:
+        self.asked.append(n)
+        return super().recv(n)
+
+
+@pytest.mark.parametrize("reply", [
+    b"$99999999999\r\nxx",  # a bulk length no Redis sends (proto-max-bulk-len is 512 MB at most)
+    b"$abc\r\n", b":12x\r\n", b"*zz\r\n", b"*2\r\n$q\r\n",  # numbers that are not numbers
+])
+@pytest.mark.parametrize("how", ["read", "read_entries", "read_streams"])
+def test_a_reply_no_redis_sends_is_a_protocol_error_not_a_crash(reply, how):
+    """Readers trust nothing: a server that is not Redis (or a damaged one) makes a
+    ConnectionError (an OSError: "cannot read ...", exit 2), never a MemoryError from a
+    length it claims, nor a ValueError or a traceback."""
+    c = conn_over([])
+    c.sock = sock = SizedSocket([reply])
+    with pytest.raises(ConnectionError, match="protocol error"):
+        getattr(c, how)()
+    assert all(n <= 64 << 20 for n in sock.asked)
+
+
+def test_a_cluster_slots_reply_no_redis_sends_is_a_protocol_error():
+    from commscope.store.cluster import Nodes
+
+    t = parse_url("redis://127.0.0.1:6379/0")
+    for reply in (b":7\r\n", b"*1\r\n*3\r\n:0\r\n:999999999\r\n*2\r\n$9\r\n127.0.0.1\r\n:1\r\n",
+                  b"*1\r\n*2\r\n:0\r\n:5\r\n", b"*1\r\n$3\r\nabc\r\n"):
+        c = conn_over([reply])
+        with pytest.raises(ConnectionError, match="protocol error"):
+            Nodes(t, "x")._read_map(c, ("127.0.0.1", 6379))

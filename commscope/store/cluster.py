@@ -123,12 +123,19 @@ class Nodes:
         """The slot map from ``asked`` (ReplyError where it is not a cluster, or will not say)."""
         reply = conn.call("CLUSTER", "SLOTS")
         slots: list[Address] = [asked] * SLOTS
+        if reply is not None and not isinstance(reply, list):
+            raise ConnectionError(f"protocol error: a CLUSTER SLOTS reply that is no array ({reply!r:.40})")
         for row in reply or []:
-            lo, hi = int(row[0]), int(row[1])
-            nodes = []
-            for node in row[2:]:  # the master, then its replicas (a failover promotes one)
-                host = node[0].decode() if node[0] else ""
-                nodes.append((asked[0] if host in ("", "?") else host, int(node[1])))
+            try:  # (a reply no Redis sends: not trusted, never a slot range past the map)
+                lo, hi = int(row[0]), int(row[1])
+                nodes = []
+                for node in row[2:]:  # the master, then its replicas (a failover promotes one)
+                    host = node[0].decode() if node[0] else ""
+                    nodes.append((asked[0] if host in ("", "?") else host, int(node[1])))
+                if not (0 <= lo <= hi < SLOTS and nodes):
+                    raise ValueError(f"slots {lo}-{hi} with {len(nodes)} node(s)")
+            except (TypeError, ValueError, IndexError, AttributeError, UnicodeDecodeError) as exc:
+                raise ConnectionError(f"protocol error: an unexpected CLUSTER SLOTS reply ({exc})") from None
             slots[lo:hi + 1] = [nodes[0]] * (hi - lo + 1)
             self._known.extend(a for a in nodes if a not in self._known)
         self.cluster = True

@@ -75,6 +75,8 @@ class Connection:
     """
 
     RECV = 1 << 20
+    RECV_MAX = 64 << 20  # what one recv may ask for: a reply's claimed length is no allocation
+    MAX_BULK = 512 << 20  # Redis's proto-max-bulk-len at most: a longer bulk is no Redis reply
 
     def __init__(self, target: RedisTarget, shown: str):
         self.t = target
@@ -240,7 +242,7 @@ class Connection:
     def _more(self, buf: bytes, pos: int, need: int) -> tuple[bytes, int]:
         if self.sock is None:
             raise ConnectionError("not connected")
-        chunk = self.sock.recv(max(self.RECV, need))
+        chunk = self.sock.recv(min(max(self.RECV, need), self.RECV_MAX))
         if not chunk:
             raise ConnectionError("Redis closed the connection")
         return buf[pos:] + chunk, 0
@@ -259,6 +261,8 @@ class Connection:
                 kind = buf[pos]
                 if kind == 36:  # $ bulk string
                     n = int(buf[pos + 1:nl])
+                    if n > self.MAX_BULK:
+                        raise ConnectionError(f"protocol error: a bulk string of {n} bytes from Redis")
                     if n < 0:
                         val: Any = None
                         pos = nl + 2
@@ -298,6 +302,9 @@ class Connection:
                     if pos > (1 << 16) and pos * 2 > len(buf):
                         self._buf, self._pos = buf[pos:], 0
                     return val
+        except (ValueError, IndexError) as exc:  # a number that is none: not a Redis reply
+            self.close()
+            raise ConnectionError(f"protocol error: {exc} in a reply from Redis") from None
         except BaseException:
             self.close()  # a half-read reply poisons the stream
             raise
@@ -317,7 +324,13 @@ class Connection:
             raise ReplyError(buf[pos + 1:nl].decode("utf-8", "replace"))
         if kind not in (42, 36, 58):
             raise ConnectionError(f"protocol error: unexpected reply {buf[pos:nl][:40]!r} from Redis")
-        return kind, int(buf[pos + 1:nl])
+        try:
+            n = int(buf[pos + 1:nl])
+        except ValueError:
+            raise ConnectionError(f"protocol error: unexpected reply {buf[pos:nl][:40]!r} from Redis") from None
+        if kind == 36 and n > self.MAX_BULK:
+            raise ConnectionError(f"protocol error: a bulk string of {n} bytes from Redis")
+        return kind, n
 
     def _bulk(self) -> bytes:
         kind, n = self._header()
@@ -384,6 +397,9 @@ class Connection:
             return self._entries(n) if n > 0 else []
         except ReplyError:
             raise  # a whole error line was consumed: the connection is fine
+        except (ValueError, IndexError, TypeError) as exc:  # (the fast path's numbers, an entry's layout)
+            self.close()
+            raise ConnectionError(f"protocol error: {exc} in a reply from Redis") from None
         except BaseException:
             self.close()
             raise
@@ -411,6 +427,9 @@ class Connection:
             return out
         except ReplyError:
             raise
+        except (ValueError, IndexError, TypeError) as exc:  # (the fast path's numbers, an entry's layout)
+            self.close()
+            raise ConnectionError(f"protocol error: {exc} in a reply from Redis") from None
         except BaseException:
             self.close()
             raise
