@@ -250,6 +250,18 @@ def test_a_spool_forwarded_into_a_redis_that_lost_the_stream_states_the_loss(red
     assert reader.missing == {1: 5} and any("lost by Redis" in m for m in reader.stats.warnings)
 
 
+def test_the_open_s_bound_is_for_opening_only(redis_url):
+    """The recorder opens its writer inside init_process_group with a short bound
+    (connect_timeout); once a write went through, replies get the URL's own timeout, and
+    messages show the URL as given (no timeout= the user never wrote)."""
+    w = open_writer(redis_url + "?timeout=30", "to", 0, {"world_size": 1}, connect_timeout=2.0)
+    assert "timeout=30" in w.description and w.target.timeout == 2.0  # (opening: bounded)
+    w.write(lines(0, 1, 3))
+    assert w.target.timeout == 30.0
+    assert all(c.t.timeout == 30.0 and c.sock.gettimeout() == 30.0 for c in w._nodes._conns.values())
+    w.close()
+
+
 # ---------------------------------------------------------------------------- faults
 def test_killed_connection_is_replaced_without_an_error(redis_url):
     w = open_writer(redis_url, "k", 0)

@@ -129,9 +129,14 @@ class RedisWriter:
         self._mark_from = 0  # the time (ns) of the first entry since the last mark: 0 none yet
         self._unmarked = 0  # bytes written since the last mark
         self._marker: subprocess.Popen | None = None  # the child taking the last mark
-        self.target = parse_url(url)
-        if connect_timeout is not None:
-            self.target = dataclasses.replace(self.target, timeout=min(self.target.timeout, connect_timeout))
+        self.target = shown_target = parse_url(url)
+        #: the URL's reply timeout, given back after the first write that went through: the
+        #: ``connect_timeout`` bounds opening (and the recorder's first write, both inside
+        #: init_process_group), not every reply of the rank's life
+        self._full_timeout: float | None = None
+        if connect_timeout is not None and connect_timeout < self.target.timeout:
+            self._full_timeout = self.target.timeout
+            self.target = dataclasses.replace(self.target, timeout=connect_timeout)
         self.job = self.target.job or job
         if not is_job_name(self.job):
             raise StoreError(f"bad job id {self.job!r}: use 1-120 letters, digits, '_', '.', '-'")
@@ -144,8 +149,8 @@ class RedisWriter:
         self.write_every = min(MAX_WRITE_EVERY, (world if isinstance(world, int) and world > 0 else 1)
                                / self.target.rate)
         self.key = Keys.stream(self.job, self.rank, self.incarnation).encode()
-        self.description = f"{self.target.display(job=self.job)} rank {self.rank}"
-        self._shown = self.target.display()
+        self.description = f"{shown_target.display(job=self.job)} rank {self.rank}"
+        self._shown = shown_target.display()  # (the URL as given: not the opening's bound)
         meta = dict(job_meta or {}, job=self.job)
         if self.maxlen:
             meta["maxlen"] = self.maxlen
@@ -359,6 +364,8 @@ class RedisWriter:
                         self._say_lost()
                     while done < len(lines):
                         done += self._append(lines, done)
+                    if self._full_timeout is not None:
+                        self._relax()
                     if self.marks != "off":
                         self._mark_if_due(lines)
                     return
@@ -377,6 +384,17 @@ class RedisWriter:
         except (OSError, ReplyError):  # while settling after a refusal: settle next time
             self._drop()
         raise StoreError(f"cannot append to {self._shown} job {self.job!r} rank {self.rank}: {reason}", written=done)
+
+    def _relax(self) -> None:
+        """The URL's reply timeout from now on (``_full_timeout``), on the open connections too."""
+        timeout, self._full_timeout = self._full_timeout, None
+        self.target = dataclasses.replace(self.target, timeout=timeout)
+        nodes = self._nodes
+        nodes.target = dataclasses.replace(nodes.target, timeout=timeout)
+        for conn in nodes._conns.values():
+            conn.t = dataclasses.replace(conn.t, timeout=timeout)
+            if conn.sock is not None:
+                conn.sock.settimeout(timeout)
 
     def _mark_if_due(self, lines: list[bytes]) -> None:
         """Have the stream marked once ``mark_every_s`` of the rank's time or ``MARK_BYTES``
