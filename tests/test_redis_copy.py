@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
+from redis_fixture import redis_client
 
 from commscope import cli
 from commscope import events as E
@@ -87,5 +89,29 @@ def test_large_trimmed_copy_pages_through_and_warns(redis_url, tmp_path, capsys)
     captured = capsys.readouterr()
     assert "trimmed" in captured.err
     copied = per_rank(open_reader(str(tmp_path / "big")).read_all())
-    assert copied == expected
-    assert all(20_000 <= len(v) < 60_001 for v in copied.values())
+    # the trimmed part is said in the copy (a store_lost marker first), the rest is the same
+    markers = {r: v[0] for r, v in copied.items()}
+    assert all(m["type"] == "dropped" and "store_lost" in m["reason"] for m in markers.values())
+    assert {r: v[1:] for r, v in copied.items()} == expected
+    assert all(m["entries"] == 60_001 - len(expected[r]) for r, m in markers.items())
+    assert all(20_000 <= len(v) < 60_001 for v in expected.values())
+
+
+@pytest.mark.parametrize("to", ["directory", "redis"])
+def test_a_copy_of_a_trimmed_trace_still_says_what_is_missing(redis_url, tmp_path, capsys, to):
+    """The source lost its oldest events to maxlen: check on it exits 1 (trace_incomplete); a
+    copy must not pass for a whole trace (exit 0) because its own numbering has no gap."""
+    import json
+
+    make_job(redis_url + "?maxlen=10", "trim", ranks=2, per_rank=300)
+    assert cli.main(["check", redis_url, "--json"]) == 1
+    base, db = redis_url.rsplit("/", 1)
+    dst = str(tmp_path / "copy") if to == "directory" else f"{base}/{int(db) % 63 + 1}"  # (another database)
+    if to == "redis":
+        redis_client(dst).flushdb()
+    assert cli.main(["copy", redis_url, dst, "--job", "trimcopy", "-q"]) == 0
+    capsys.readouterr()
+    target = str(tmp_path / "copy" / "trimcopy") if to == "directory" else dst + "?job=trimcopy"
+    rc = cli.main(["check", target, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and any(f["kind"] == "trace_incomplete" for f in out["findings"]), out

@@ -33,8 +33,8 @@ from commscope.store import (
     open_writer,
     refuse_url_like,
 )
-from commscope.store.base import is_job_name
-from commscope.store.redis_store import RedisWriter
+from commscope.store.base import is_job_name, said_by_store, store_lost
+from commscope.store.redis_store import RedisReader, RedisWriter
 
 #: Lines a write holds at most: a Redis destination takes its marks between writes
 #: (``store/redis_marks.py``), so a window of the copy starts near its start
@@ -92,6 +92,12 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
     job_meta = {k: v for k, v in meta.items() if k not in ("job", "maxlen")}
     job_meta["copied_from"] = redact(src.description)
     encode = events.encode
+    # What a Redis source no longer held (trimmed by maxlen, deleted) is a gap in its entry
+    # numbers, which a copy's numbering would close: it is said in the copy as a ``store_lost``
+    # marker (a gap of its own in a Redis destination), so check on the copy counts the loss too.
+    # (A source's own markers are copied as they are; a directory source's gaps travel with it.)
+    gaps = isinstance(src, RedisReader)
+    seen_missing: dict[int, int] = {}
     try:
         done_reading = False
         while True:
@@ -104,8 +110,11 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
                 if not page:
                     break
             by_rank: dict[int, list[bytes]] = {}
+            said: dict[int, int] = {}  # entries the page's own store_lost markers account for
             for ev in page:
                 by_rank.setdefault(ev["rank"], []).append(encode(ev))
+                if gaps and ev["type"] == "dropped" and said_by_store(ev):
+                    said[ev["rank"]] = said.get(ev["rank"], 0) + int(ev.get("entries") or 0)
             for rank in sorted(by_rank):
                 w = writers.get(rank)
                 if w is None:
@@ -113,9 +122,20 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
                     if isinstance(w, RedisWriter):  # (a history in seconds: marked here, not by a child per rank)
                         w.marks = "inline"
                 lines = by_rank[rank]
+                if gaps:
+                    missing = src.stats.missing_by_rank.get(rank, 0)
+                    gap = missing - seen_missing.get(rank, 0) - said.get(rank, 0)
+                    seen_missing[rank] = missing
+                    if gap > 0:
+                        why = (f"the source of this copy ({redact(src.description)}) no longer held {gap} events "
+                               "of this rank (trimmed by maxlen, or lost by Redis) when it was copied")
+                        if isinstance(w, RedisWriter):
+                            w.skip(gap, why)
+                        else:
+                            lines = [store_lost(rank, gap, why)] + lines
                 for k in range(0, len(lines), WRITE_LINES):  # (a Redis stream is marked between writes)
                     w.write(lines[k:k + WRITE_LINES])
-                copied[rank] = copied.get(rank, 0) + len(by_rank[rank])
+                copied[rank] = copied.get(rank, 0) + len(by_rank[rank])  # (the source's events)
             if progress is not None:
                 done = src.stats.bytes if unit == "bytes" else sum(copied.values())
                 progress.update(task, completed=done)

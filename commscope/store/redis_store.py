@@ -167,6 +167,7 @@ class RedisWriter:
         self.stored_after_drop = 0
         self._meta_line: bytes | None = None  # the rank's meta, stored again after Redis lost it
         self._lost: tuple[int, int] | None = None  # entries Redis no longer held on reconnecting
+        self._lost_why: str | None = None  # the marker's reason where it is not that (``skip``)
         self._open()
 
     crash_dir = None  # a server: no directory of this machine beside the stream
@@ -235,11 +236,21 @@ class RedisWriter:
         if 0 <= top < self._next - 1:  # Redis lost what had landed: restarted empty, flushed
             self._lost = (top + 1, self._next - 1)
 
+    def skip(self, n: int, why: str) -> None:
+        """Leave ``n`` entry numbers unused before the next write, which starts with a
+        ``store_lost`` marker saying ``why``: a copy of a trace whose source no longer held
+        those events (trimmed) keeps the gap a reader counts."""
+        if n > 0 and self._lost is None:
+            self._lost = (self._next, self._next + n - 1)
+            self._lost_why = why
+            self._next += n
+
     def _say_lost(self) -> None:
         """Append a ``store_lost`` marker (the true cause of the gap readers will see) and
         the rank's meta, which went with the lost entries."""
         first, last = self._lost
-        lines = [store_lost(self.rank, last - first + 1,
+        why, self._lost_why = self._lost_why, None
+        lines = [store_lost(self.rank, last - first + 1, why or
                             f"Redis no longer held entries #{first}-#{last} of this stream when the rank "
                             "reconnected (it restarted without persistence, or was flushed)")]
         lines += [self._meta_line] if self._meta_line is not None else []
