@@ -159,7 +159,8 @@ struct SpoolHeader {
   std::atomic<int32_t> stop_sig;      // 0: none
   int32_t reserved2;
   int64_t stop_ns;
-  char reserved1[40];
+  char reserved1[40];                 // its first 8 bytes: entries the rank's stream held when it last
+                                      // wrote (spool.py OFF_STORED, written by the Python writer only)
   char term_type[256];                // the uncaught C++ exception's type
   char term_what[2048];               // and its what()
   char identity[1536];                // JSON written by spool.py: job, rank, store, ...
