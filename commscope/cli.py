@@ -10,6 +10,7 @@ import traceback
 
 from commscope import __version__, errors, helpformat
 from commscope.redact import redact
+from commscope.visible import visible
 
 #: verb -> (module, one-line help).  The verbs are a public contract (`commscope --help`, README.md).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -74,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._main(args) or 0)
     except UsageError as exc:
-        print(f"commscope {args.verb}: error: {exc}", file=sys.stderr)
+        # (a name in it may come from a directory others write: its control characters are
+        # shown, not sent to the terminal; and a credential in it is hidden, like every other)
+        print(f"commscope {args.verb}: error: {visible(redact(str(exc)))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         # pipe or socket broken (a Redis connection)
         if argv is not None:
             raise
-        print(f"commscope {args.verb}: error: {redact(str(exc))}", file=sys.stderr)
+        print(f"commscope {args.verb}: error: {visible(redact(str(exc)))}", file=sys.stderr)
         return 2
     except Exception:
         return _internal(args.verb, argv)

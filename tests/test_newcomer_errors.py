@@ -171,3 +171,14 @@ def test_run_to_a_store_that_is_a_file_is_refused_before_the_command_starts(tmp_
         err = capsys.readouterr().err
         assert err.startswith("commscope run: error: cannot record to") and "is a file, not a directory" in err
     assert not marker.exists()
+
+
+def test_an_error_naming_a_file_sends_no_control_sequence_to_the_terminal(tmp_path, capsys):
+    # `commscope check *` in a directory others write: a file name holding ESC [ 2 J / OSC 0 was echoed raw.
+    evil = tmp_path / "evil\x1b[2J\x1b]0;pwn\x07name"
+    evil.write_text("x")
+    assert cli(["check", str(evil)]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and "evil\\x1b[2J" in err, err
+    assert cli(["run", "--", "nosuch\x1b[2J"]) == 2
+    assert "\x1b" not in capsys.readouterr().err
