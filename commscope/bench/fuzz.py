@@ -354,12 +354,19 @@ def m_fr_field(rng: random.Random, files: Files) -> Files:
         dump = _fr_load(files[name])
     except Exception:
         dump = fr_dump(0)
+    if not isinstance(dump, dict):  # (an earlier mutation made the dump a list, a number ...)
+        dump = fr_dump(0)
     where = rng.choice(["entry", "entry", "entry", "pg", "top"])
     value = _pick_value(rng)
     if where == "pg":
         value = rng.choice([value, "[" + ", ".join(["1"] * 20_000) + "]", "[" * 50_000, "__import__('os')",
                             "[0, 1, 99999999999]", "(0, 1)"])
-        dump.setdefault("pg_config", {}).setdefault("0", {})["ranks"] = value
+        pg = dump.get("pg_config")
+        if not isinstance(pg, dict):  # (an earlier "top" mutation put a hostile value there)
+            pg = dump["pg_config"] = {}
+        if not isinstance(pg.get("0"), dict):
+            pg["0"] = {}
+        pg["0"]["ranks"] = value
     elif where == "top":
         dump[rng.choice(["version", "entries", "pg_config", "pg_status"])] = value
     elif isinstance(dump.get("entries"), list) and dump["entries"]:
