@@ -161,5 +161,5 @@ def test_the_default_mutants_are_made_without_an_error(tmp_path):
     # A "top" mutation left pg_config a number; a later "pg" one called .setdefault on it:
     # `commscope bench fuzz` with its defaults (200 mutants, seed 7) ended in a traceback.
     assert len(fuzz.make_mutants(200, 7, tmp_path)) == 200
-    for seed in range(40):
-        fuzz.mutate(fuzz.fr_dumps("json"), fuzz.FR_MUTATORS, [(k % 2, seed * 7919 + k) for k in range(3)])
+    for n in range(40):
+        fuzz.mutate(fuzz.fr_dumps("json"), fuzz.FR_MUTATORS, [(k % 2, n * 7919 + k) for k in range(3)])
