@@ -182,3 +182,15 @@ def test_an_error_naming_a_file_sends_no_control_sequence_to_the_terminal(tmp_pa
     assert "\x1b" not in err and "\x07" not in err and "evil\\x1b[2J" in err, err
     assert cli(["run", "--", "nosuch\x1b[2J"]) == 2
     assert "\x1b" not in capsys.readouterr().err
+
+
+def test_bench_counts_and_durations_that_measure_nothing_are_refused(capsys):
+    # Each was a traceback (exit 3: ZeroDivisionError, IndexError, OverflowError, ValueError on nan),
+    # ran forever (--iters -1, --rate -1) or printed a table of nothing (--calls -1, --rounds 0).
+    for argv in (["overhead", "--calls", "0"], ["overhead", "--rounds", "0"], ["store", "--ranks", "0"],
+                 ["store", "--seconds", "nan"], ["varlen", "--ranks", "0"], ["varlen", "--iters", "-1"],
+                 ["analysis", "--ranks", "-1"], ["scale", "--seconds", "inf"], ["scale", "--hang-after", "nan"],
+                 ["scale", "--rate", "-1"], ["tui", "--ranks", "0"], ["deaths", "--runs", "0"],
+                 ["redact", "--rounds", "-1"], ["snapshot", "--runs", "0"]):
+        err = refused(["bench", *argv], capsys)
+        assert f"commscope bench {argv[0]}: error: argument {argv[1]}: " in err and "Traceback" not in err, err

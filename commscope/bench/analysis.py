@@ -29,15 +29,16 @@ import gc
 import time
 
 from commscope.bench.stats import fmt_time, median, quantile
+from commscope.commands import options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ranks", type=int, default=64)
-    p.add_argument("--ops", type=int, default=20_000, help="ops per rank")
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--column-ranks", type=int, default=4096,
+    p.add_argument("--ranks", type=options.positive, default=64)
+    p.add_argument("--ops", type=options.positive, default=20_000, help="ops per rank")
+    p.add_argument("--repeat", type=options.positive, default=3)
+    p.add_argument("--column-ranks", type=options.positive, default=4096,
                    help="ranks of the job whose op records are ingested from columns (0: skip; default 4096)")
-    p.add_argument("--stopped-ranks", type=int, default=16384,
+    p.add_argument("--stopped-ranks", type=options.positive, default=16384,
                    help="ranks of the stopped jobs diagnose() is timed on (0: skip; default 16384)")
     p.add_argument("--quick", action="store_true", help="8 ranks x 2k ops, 16 column ranks, 256 stopped (smoke run)")
 

@@ -25,6 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from commscope.bench.stats import median
+from commscope.commands import options
 
 #: cause -> the finding kind it must give.
 CAUSES = {"abort": "rank_crashed", "segfault": "rank_crashed", "sigkill": "dead_rank", "os_exit": "dead_rank",
@@ -53,8 +54,8 @@ def die(cause: str) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--runs", type=int, default=3, help="jobs per cause, store and recorder (default 3)")
-    p.add_argument("--ops", type=int, default=200, help="ops rank 1 makes before it dies (default 200)")
+    p.add_argument("--runs", type=options.positive, default=3, help="jobs per cause, store and recorder (default 3)")
+    p.add_argument("--ops", type=options.positive, default=200, help="ops rank 1 makes before it dies (default 200)")
     p.add_argument("--redis", action="store_true", help="also on a private redis-server (needs redis-server)")
     p.add_argument("--quick", action="store_true", help="one run per case, directory store, native only")
 

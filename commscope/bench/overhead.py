@@ -33,16 +33,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from commscope.bench.stats import fmt_time, median, quantile
+from commscope.commands import options
 
 TARGET_US = 3.0
 TARGET_CUDA_US = 8.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--calls", type=int, default=1000, help="ops per round (default 1000)")
-    p.add_argument("--rounds", type=int, default=24, help="raw/recorded round pairs (default 24)")
-    p.add_argument("--steps", type=int, default=5, help="FSDP2 steps per round (default 5)")
-    p.add_argument("--step-rounds", type=int, default=10, help="FSDP2 round pairs (default 10)")
+    p.add_argument("--calls", type=options.positive, default=1000, help="ops per round (default 1000)")
+    p.add_argument("--rounds", type=options.positive, default=24, help="raw/recorded round pairs (default 24)")
+    p.add_argument("--steps", type=options.positive, default=5, help="FSDP2 steps per round (default 5)")
+    p.add_argument("--step-rounds", type=options.positive, default=10, help="FSDP2 round pairs (default 10)")
     p.add_argument("--source", choices=("native", "python"), default=None,
                    help="which recorder to measure (default: native where it builds)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",

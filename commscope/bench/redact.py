@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from commscope.bench.stats import fmt_time, median
+from commscope.commands import options
 
 SITE = "/home/alice/project/train.py:42 in step"
 TEXTS: dict[str, str] = {
@@ -42,8 +43,8 @@ ARGV = ["train.py", "--model", "llama-7b", "--hf-token", "hf_" + "a" * 34, "--lr
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--events", type=int, default=200_000, help="events in each read measurement (default 200k)")
-    p.add_argument("--rounds", type=int, default=7, help="A/B rounds, alternating (default 7)")
+    p.add_argument("--events", type=options.positive, default=200_000, help="events in each read measurement (default 200k)")
+    p.add_argument("--rounds", type=options.positive, default=7, help="A/B rounds, alternating (default 7)")
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
 
 

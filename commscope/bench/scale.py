@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from commscope.bench.stats import fmt_time, quantile, t95
+from commscope.commands import options
 from commscope.store import readahead
 from commscope.store.readahead import ReadAhead
 
@@ -124,16 +125,16 @@ def hang_threads(op: str, site: str) -> list[dict]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, default=1024, help="simulated ranks (default 1,024)")
-    p.add_argument("--rate", type=float, default=FULL_RATE,
+    p.add_argument("--rate", type=options.amount, default=FULL_RATE,
                    help="collectives per second on each rank (default 25, the target's; lower it to run a "
                         "wide job at a fraction of its rate: the report extrapolates)")
-    p.add_argument("--seconds", type=float, default=30.0, help="how long the job runs (default 30)")
+    p.add_argument("--seconds", type=options.amount, default=30.0, help="how long the job runs (default 30)")
     p.add_argument("--fault", choices=FAULTS, default="missing", metavar="FAULT",
                    help=f"what goes wrong a third of the way in: {', '.join(FAULTS)} (default missing)")
-    p.add_argument("--hang-after", type=float, default=5.0, help="the job's hang_after (default 5 s)")
+    p.add_argument("--hang-after", type=options.seconds, default=5.0, help="the job's hang_after (default 5 s)")
     p.add_argument("--store", choices=("directory", "redis", "redis-cluster"), default="directory",
                    help="where the job writes (Redis ones are started here)")
-    p.add_argument("--writers", type=int, default=1, help="writer processes (default 1)")
+    p.add_argument("--writers", type=options.positive, default=1, help="writer processes (default 1)")
     p.add_argument("--device-times", action="store_true",
                    help="a GPU job's records: each collective also ends with a done record holding its device "
                         "time (three records a collective, not two)")

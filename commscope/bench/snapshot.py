@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from commscope.bench.stats import median
+from commscope.commands import options
 from commscope.launch import free_port
 
 #: the job's script, run by path: importing it here would import torch into every command
@@ -41,7 +42,7 @@ SETTINGS = {"default (3 samples, 1 s apart, native)": [],
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--runs", type=int, default=3, help="snapshots per setting, and phases per side (default 3)")
+    p.add_argument("--runs", type=options.positive, default=3, help="snapshots per setting, and phases per side (default 3)")
     p.add_argument("--ranks", type=int, default=4, help="ranks of the job (default 4)")
 
 

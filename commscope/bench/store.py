@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from commscope.commands import options
 from commscope.events import SCHEMA_VERSION
 
 TARGET_WRITE = 200_000
@@ -35,9 +36,9 @@ TARGET_READ_REDIS = REDIS_FOLLOW_RANKS * REDIS_FOLLOW_RATE
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--events", type=int, default=400_000, help="events per measurement (default 400k)")
-    p.add_argument("--ranks", type=int, default=4, help="rank files in the read test (default 4)")
-    p.add_argument("--seconds", type=float, default=3.0, help="duration of the saturation run (default 3 s)")
+    p.add_argument("--events", type=options.positive, default=400_000, help="events per measurement (default 400k)")
+    p.add_argument("--ranks", type=options.positive, default=4, help="rank files in the read test (default 4)")
+    p.add_argument("--seconds", type=options.amount, default=3.0, help="duration of the saturation run (default 3 s)")
     p.add_argument("--redis", metavar="URL", nargs="?", const="auto", default=None,
                    help="also measure the Redis store (a URL, or start a local redis-server)")
     p.add_argument("--redis-cluster", metavar="URL", nargs="?", const="auto", default=None,

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from commscope.bench.stats import fmt_time, median
+from commscope.commands import options
 from commscope.store import Batch, EmptyReader
 
 TARGET_FRAME = 0.030
@@ -36,13 +37,13 @@ TARGET_IDLE = 1.0  # CPU seconds per minute
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ranks", type=int, default=64)
-    p.add_argument("--ops", type=int, default=1_000_000, help="ops in total (default 1M)")
-    p.add_argument("--frames", type=int, default=20, help="frames per measurement")
+    p.add_argument("--ranks", type=options.positive, default=64)
+    p.add_argument("--ops", type=options.positive, default=1_000_000, help="ops in total (default 1M)")
+    p.add_argument("--frames", type=options.positive, default=20, help="frames per measurement")
     p.add_argument("--quick", action="store_true", help="8 ranks x 20k ops, for a smoke test")
-    p.add_argument("--idle-window", type=float, default=20.0, metavar="S",
+    p.add_argument("--idle-window", type=options.amount, default=20.0, metavar="S",
                    help="seconds of idle CPU measured per run (default 20; 5 with --quick)")
-    p.add_argument("--idle-rounds", type=int, default=2, help="attach/replay pairs, alternated (default 2)")
+    p.add_argument("--idle-rounds", type=options.positive, default=2, help="attach/replay pairs, alternated (default 2)")
 
 
 def _frame(tl, index: bool = True, *, first: bool = False) -> float:

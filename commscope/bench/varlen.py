@@ -37,6 +37,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from commscope.bench.stats import fmt_bytes, fmt_time, median
+from commscope.commands import options
 
 KIB, MIB = 1 << 10, 1 << 20
 SKEW = 8
@@ -50,14 +51,14 @@ P2P_DTYPES = ("float32", "bfloat16", "int64", "bool", "complex64", "float16", "i
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ranks", type=int, default=4, help="Gloo ranks (default 4)")
-    p.add_argument("--iters", type=int, default=None,
+    p.add_argument("--ranks", type=options.positive, default=4, help="Gloo ranks (default 4)")
+    p.add_argument("--iters", type=options.positive, default=None,
                    help="timed iterations per case (default: 40 at 4 KiB, 20 at 1 MiB, 5 at 16 MiB)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed iterations per case (default 2)")
+    p.add_argument("--warmup", type=options.count, default=2, help="untimed iterations per case (default 2)")
     p.add_argument("--no-strategies", action="store_true", help="skip the per-strategy tables")
     p.add_argument("--quick", action="store_true", help="tiny payloads and few iterations (smoke test)")
     p.add_argument("--json", metavar="FILE", help="also write the medians as JSON")
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the ranks are killed")
+    p.add_argument("--timeout", type=options.amount, default=3600.0, help="seconds before the ranks are killed")
 
 
 # =========================================================================== plan

@@ -47,6 +47,30 @@ def count(text: str) -> int:
     return value
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number from 1 on (bench's ``--ranks 0``, ``--calls 0`` and
+    ``--runs 0`` divided by zero or took the median of nothing; ``--iters -1`` never ended)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a number from 1 on, not {text!r}")
+    return value
+
+
+def amount(text: str) -> float:
+    """An argparse type: a finite number above 0 (a rate, a duration: ``inf`` overflowed,
+    ``nan`` and negatives ran forever or raised)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= MAX_SECONDS:  # (nan is neither)
+        raise argparse.ArgumentTypeError(f"a number above 0 and at most {MAX_SECONDS:g}, not {text!r}")
+    return value
+
+
 class Ranks(NamedTuple):
     """A ``--ranks`` choice: these ranks, and (``culprits``) those the findings blame."""
 
