@@ -194,3 +194,11 @@ def test_bench_counts_and_durations_that_measure_nothing_are_refused(capsys):
                  ["redact", "--rounds", "-1"], ["snapshot", "--runs", "0"]):
         err = refused(["bench", *argv], capsys)
         assert f"commscope bench {argv[0]}: error: argument {argv[1]}: " in err and "Traceback" not in err, err
+
+
+def test_a_sampling_interval_that_is_no_duration_is_refused(capsys):
+    # snapshot --interval inf/1e308 was an OverflowError (exit 3) once the job was found; nan went through.
+    for verb in ("snapshot", "attach"):
+        for value in ("nan", "inf", "1e308"):
+            err = refused([verb, "--pid", "1", "--interval", value], capsys)
+            assert f"commscope {verb}: error: argument --interval: seconds from 0 to" in err, err

@@ -29,6 +29,7 @@ import textwrap
 import time
 from typing import TYPE_CHECKING
 
+from commscope.commands import options
 from commscope.errors import UsageError
 from commscope.redact import redact
 from commscope.store import StoreError, default_store, refuse_url_like
@@ -62,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--count", type=int, default=3, metavar="N",
                    help="stack samples per rank (default 3): a rank in the same place at every sample "
                         "is stuck there; one sample cannot tell stuck from busy")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between samples (default 1)")
+    p.add_argument("--interval", type=options.seconds, default=1.0, metavar="S", help="seconds between samples (default 1)")
     p.add_argument("--id", metavar="NAME", help="the snapshot's job id in the store (several nodes writing one "
                    "snapshot must agree; default snap-<the job's id>-<UTC time>, to the minute when other "
                    "hosts hold ranks of the job)")
