@@ -325,6 +325,9 @@ def redact_event(e: dict) -> dict:
         v = e.get(key)
         if v.__class__ is str:
             e[key] = redact(v)
+    host = e.get("host")  # (a name, not free text, but shown and copied like one: a foreign trace's)
+    if host.__class__ is str:
+        e["host"] = redact(host)
     argv = e.get("argv")
     if isinstance(argv, list):
         e["argv"] = redact_args([a if isinstance(a, str) else str(a) for a in argv])
@@ -558,8 +561,9 @@ def decode_job(data: bytes) -> tuple[dict | None, str | None]:
     """Job metadata from ``job.json``; (None, reason) when it is damaged or invalid."""
     try:
         job = visible_event(_JOB_DECODER.decode(data))
-        if isinstance(job.get("copied_from"), str):
-            job["copied_from"] = redact(job["copied_from"])
+        for key, value in job.items():  # (copied_from, host, backend ...: shown and copied)
+            if isinstance(value, str) and key != "job":
+                job[key] = redact(value)
         return job, None
     except RecursionError:
         return None, "job metadata: nested too deeply"

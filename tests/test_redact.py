@@ -276,3 +276,19 @@ def test_the_working_directory_is_not_taken_for_a_password(monkeypatch):
     assert r.redact("/home/alice/proj/train.py:12 in main") == "/home/alice/proj/train.py:12 in main"
     assert r.redact("cd /home/alice") == "cd /home/alice"
     assert r.redact("conn /xK9pw-secret") == "conn ***"
+
+
+def test_a_foreign_trace_s_host_and_job_metadata_are_redacted_when_read():
+    # meta.host and job.json's strings were only made visible: export's process names and copy's
+    # rank files and job.json kept a credential written there.
+    import json
+
+    from commscope.schema import decode_job, redact_event
+
+    secret = "postgres://admin:H0stS3cret-77@db/x --password H0stS3cret-77"
+    e = redact_event({"type": "meta", "rank": 0, "ts": 1, "host": "node1 " + secret})
+    assert "H0stS3cret" not in e["host"] and e["host"].startswith("node1 postgres://admin:***@db/x")
+    job, why = decode_job(json.dumps({"created": 1, "world_size": 2, "backend": "gloo " + secret, "schema": 3,
+                                      "commscope": "0.1.0", "host": "vm " + secret, "attempt": 0,
+                                      "job": "j1"}).encode())
+    assert why is None and "H0stS3cret" not in json.dumps(job) and job["job"] == "j1"
