@@ -202,3 +202,21 @@ def test_a_sampling_interval_that_is_no_duration_is_refused(capsys):
         for value in ("nan", "inf", "1e308"):
             err = refused([verb, "--pid", "1", "--interval", value], capsys)
             assert f"commscope {verb}: error: argument --interval: seconds from 0 to" in err, err
+
+
+def test_a_hang_after_or_sample_interval_that_is_no_duration_falls_back_with_a_warning(tmp_path, monkeypatch):
+    # instrument(hang_after=-1) wrote a meta every reader skipped (check: trace_incomplete, exit 1);
+    # nan, inf and 1e300 made every tick raise before its heartbeat and sample.
+    import pytest
+
+    from commscope.record.recorder import DEFAULT_HANG_AFTER, Recorder
+
+    for bad in (-1, float("nan"), float("inf"), 1e300):
+        with pytest.warns(RuntimeWarning, match="hang_after"):
+            assert Recorder(str(tmp_path / "s"), hang_after=bad).hang_after == DEFAULT_HANG_AFTER
+        with pytest.warns(RuntimeWarning, match="sample_interval"):
+            assert Recorder(str(tmp_path / "s"), sample_interval=bad).sample_interval == 1.0
+    monkeypatch.setenv("COMMSCOPE_HANG_AFTER", "nan")
+    with pytest.warns(RuntimeWarning, match="hang_after"):
+        assert Recorder(str(tmp_path / "s")).hang_after == DEFAULT_HANG_AFTER
+    assert Recorder(str(tmp_path / "s"), hang_after=0, sample_interval=0).hang_after == 0

@@ -38,7 +38,7 @@ from commscope.record.opsource import OpSource
 from commscope.record.outbox import EXIT_RING_END, Outbox
 from commscope.record.probes import ResourceProbe
 from commscope.redact import redact_args
-from commscope.schema import redact_event
+from commscope.schema import MAX_SECONDS, redact_event
 from commscope.store import StoreError, backend_for, default_store, open_writer, redact_store, spool
 from commscope.store.crashlog import crash_file_name
 
@@ -46,6 +46,22 @@ ENV_HANG_AFTER = "COMMSCOPE_HANG_AFTER"
 ENV_JOB = "COMMSCOPE_JOB"
 DEFAULT_HANG_AFTER = events.DEFAULT_HANG_AFTER
 
+
+
+def _seconds(value: Any, default: float, what: str) -> float:
+    """``value`` as seconds a trace may record (0 to ``schema.MAX_SECONDS``), else ``default``
+    with a warning: -1 made the rank's ``meta`` invalid (skipped by every reader: check said
+    the trace was incomplete), nan, inf and 1e300 made every tick raise before its heartbeat
+    and sample (a live job's rank looked dead) and no stuck op was ever captured."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if 0 <= seconds <= MAX_SECONDS:  # (nan is neither)
+        return seconds
+    warnings.warn(f"commscope: {what}={value!r} is not seconds from 0 to {MAX_SECONDS:g}; using {default:g}",
+                  RuntimeWarning, stacklevel=4)
+    return default
 
 class Recorder:
     """The recorder thread of one rank: each tick collects from the op source (``ops``),
@@ -79,9 +95,9 @@ class Recorder:
                 hang_after = float(os.environ.get(ENV_HANG_AFTER) or DEFAULT_HANG_AFTER)
             except ValueError:
                 hang_after = DEFAULT_HANG_AFTER
-        self.hang_after = float(hang_after)
+        self.hang_after = _seconds(hang_after, DEFAULT_HANG_AFTER, "hang_after")
         self.capture_stacks = capture_stacks
-        self.sample_interval = max(0.05, float(sample_interval))
+        self.sample_interval = max(0.05, _seconds(sample_interval, 1.0, "sample_interval"))
         self.flight_recorder = flight_recorder
         self.rank: int | None = None
         self.job: str | None = None
