@@ -170,3 +170,26 @@ def test_per_rank_tables_fit_their_width_without_breaking_a_short_cell():
     a, b = short.splitlines()[2:4]
     assert cell_len(a[: a.index("idle")]) == cell_len(b[: b.index("idle")])  # aligned in cells
     assert _drawn(PerRankTable("empty", ["rank", "exception"], []), 40).splitlines()[0] == "empty"
+
+
+def test_an_op_of_millions_of_tensors_makes_a_finding_of_bounded_size():
+    """A rank ran all_gather with 200,000 input tensors where the others ran one: the
+    mismatch's message and its per-rank table quoted every shape (an op of 3 million
+    tensors, a 12 MB line, made a 30 MB ``check --json`` and a 34 MB console message).
+    The evidence quotes the first ``BRIEF_TENSORS`` and says how many in all."""
+    from commscope.analysis.diagnose import diagnose
+    from commscope.analysis.findings import BRIEF_TENSORS
+    from commscope.analysis.model import TraceModel
+    from commscope.analysis.synth import TraceBuilder
+
+    tb = TraceBuilder(3, hang_after=10.0)
+    t = tb.t0 + 10**9
+    for r in range(3):
+        many = {"in_shapes": [[1]] * 200_000, "in_dtypes": ["float32"] * 200_000} if r == 1 else {}
+        tb.end(r, tb.begin(r, t, "all_gather", **many), t + 1000)
+    model = TraceModel()
+    model.ingest(tb.sorted_events())
+    (f,) = [f for f in diagnose(model, t + 2 * 10**9, 10.0) if f.kind == "collective_mismatch"]
+    assert f.culprits == [1] and "the first of 200,000 tensors" in f.message and len(f.message) < 4000
+    row = f.evidence.per_rank["1"]
+    assert len(row["in_shapes"]) == len(row["in_dtypes"]) == BRIEF_TENSORS and row["in_shapes_total"] == 200_000

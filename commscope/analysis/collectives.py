@@ -298,15 +298,16 @@ def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, no
     table = {}
     for r in sorted(ops):
         b = op_brief(model, r, ops[r], now)
-        table[str(r)] = {k: b.get(k) for k in ("op", "in_shapes", "in_dtypes", "out_shapes", "out_dtypes", "redop",
-                                               "root", "site", "state", "exc") if b.get(k) is not None}
+        table[str(r)] = {k: b.get(k) for k in ("op", "in_shapes", "in_shapes_total", "in_dtypes", "out_shapes",
+                                               "out_shapes_total", "out_dtypes", "redop", "root", "site", "state",
+                                               "exc") if b.get(k) is not None}
     absent = [r for r in gi.members if r not in ops]
     names = sorted({model.sig_of(r, i).op for r, i in ops.items()})
     maj_rank = next((r for r, c in by_rank.items() if c == majority), None)
     op_name = model.sig_of(maj_rank, ops[maj_rank]).op if maj_rank is not None else "/".join(names)
     diff = _what_differs([model.sig_of(r, i) for r, i in ops.items()])
     msg = (f"ranks disagree at collective #{seq} of group {gi.name}: " +
-           ", ".join(f"rank {r}: {table[str(r)]['op']}" + (f" {table[str(r)].get('in_shapes')}" if 'shape' in diff else "")
+           ", ".join(f"rank {r}: {table[str(r)]['op']}" + (f" {_shapes_text(table[str(r)])}" if 'shape' in diff else "")
                      for r in sorted(ops)) +
            (f"; differing: {', '.join(diff)}" if diff else "") +
            (_undecided(lost, coming, ran) if undecided else "; tie, so every rank is named" if tie else
@@ -494,6 +495,13 @@ def _last_seq(gi: GroupIndex, rank: int) -> int | None:
         return None
     have = np.nonzero(mat[:, col] >= 0)[0]
     return seq_of_row(gi, int(have[-1])) if have.shape[0] else None
+
+
+def _shapes_text(brief: dict) -> str:
+    """An op's input shapes as a message quotes them: those its brief holds, and how many in
+    all where it holds only the first (``findings.BRIEF_TENSORS``)."""
+    total = brief.get("in_shapes_total")
+    return f"{brief.get('in_shapes')}" + (f" (the first of {total:,} tensors)" if total else "")
 
 
 def _what_differs(sigs: list) -> list[str]:
