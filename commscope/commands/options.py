@@ -36,27 +36,26 @@ def seconds(text: str) -> float:
     return value
 
 
-def count(text: str) -> int:
-    """An argparse type: a whole number from 0 on (a negative ``--top`` silently showed none)."""
+def _whole(text: str, least: int) -> int:
+    """A whole number from ``least`` on, or argparse's error saying why not."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a number from 0 on, not {text!r}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"a number from {least} on, not {text!r}")
     return value
+
+
+def count(text: str) -> int:
+    """An argparse type: a whole number from 0 on (a negative ``--top`` silently showed none)."""
+    return _whole(text, 0)
 
 
 def positive(text: str) -> int:
     """An argparse type: a whole number from 1 on (bench's ``--ranks 0``, ``--calls 0`` and
     ``--runs 0`` divided by zero or took the median of nothing; ``--iters -1`` never ended)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a number from 1 on, not {text!r}")
-    return value
+    return _whole(text, 1)
 
 
 def amount(text: str) -> float:
