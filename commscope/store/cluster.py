@@ -173,6 +173,12 @@ class Nodes:
         for address in [a for a in self._conns if a != keep]:
             self._conns.pop(address).close()
 
+    def set_timeout(self, timeout: float) -> None:
+        """Wait ``timeout`` seconds for a reply from now on, on the open connections too."""
+        self.target = dataclasses.replace(self.target, timeout=timeout)
+        for conn in self._conns.values():
+            conn.set_timeout(timeout)
+
     def why(self, exc: BaseException) -> str:
         """A short, secret-free reason for a connection failure."""
         return Connection(self.target, self.shown).why(exc)

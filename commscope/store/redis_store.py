@@ -400,12 +400,7 @@ class RedisWriter:
         """The URL's reply timeout from now on (``_full_timeout``), on the open connections too."""
         timeout, self._full_timeout = self._full_timeout, None
         self.target = dataclasses.replace(self.target, timeout=timeout)
-        nodes = self._nodes
-        nodes.target = dataclasses.replace(nodes.target, timeout=timeout)
-        for conn in nodes._conns.values():
-            conn.t = dataclasses.replace(conn.t, timeout=timeout)
-            if conn.sock is not None:
-                conn.sock.settimeout(timeout)
+        self._nodes.set_timeout(timeout)
 
     def _mark_if_due(self, lines: list[bytes]) -> None:
         """Have the stream marked once ``mark_every_s`` of the rank's time or ``MARK_BYTES``

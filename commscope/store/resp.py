@@ -15,6 +15,7 @@ split at every offset (tests/test_resp.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 import ssl
 from typing import Any
@@ -85,7 +86,14 @@ class Connection:
         self._buf = b""
         self._pos = 0
 
+    def set_timeout(self, timeout: float) -> None:
+        """Wait ``timeout`` seconds for a reply from now on (the socket too, if open)."""
+        self.t = dataclasses.replace(self.t, timeout=timeout)
+        if self.sock is not None:
+            self.sock.settimeout(timeout)
+
     # -- connecting
+
     def connect(self) -> None:
         """Connect, log in and select the database; raises StoreError with a clear message."""
         t = self.t
