@@ -467,3 +467,25 @@ def test_a_member_is_a_stream_only_as_the_writer_spells_it():
         assert Keys.parse_member(Keys.member(rank, inc).encode()) == (rank, inc)
     for other in ("03", "3+0", "3+01", "٣", "²", "3\n", "123456789", "3+1234567", "", "+1", "-3"):
         assert Keys.parse_member(other) is None, other
+
+
+def test_a_redis_that_evicts_keys_when_full_is_said(redis_url):
+    """A Redis whose maxmemory-policy is allkeys-* drops a trace's keys whole when full (a job's
+    index keys first: helper h203 saw 'no job' over the surviving streams, the loss said nowhere):
+    a reader says so, and 'no job' says the job's keys may have been evicted."""
+    open_writer(redis_url, "ev", 0).write(lines(0, 1, 3))
+    c = redis_client(redis_url)
+    old = c.config_get("maxmemory-policy")["maxmemory-policy"]
+    try:
+        assert not [w for w in open_reader(redis_url).stats.warnings if "maxmemory-policy" in w]
+        c.config_set("maxmemory-policy", "allkeys-lru")
+        reader = open_reader(redis_url)
+        assert [e["id"] for e in reader.read_all()] == [1, 2]
+        assert [w for w in reader.stats.warnings if "evicts keys when full (maxmemory-policy allkeys-lru)" in w]
+        with pytest.raises(StoreError, match=r"no job 'gone' .*allkeys-lru\): the job's keys may have been evicted"):
+            open_reader(redis_url.split("?")[0] + "?job=gone")
+        c.config_set("maxmemory-policy", "volatile-lru")  # (commscope's keys have no expiry: not evicted)
+        assert not [w for w in open_reader(redis_url).stats.warnings if "maxmemory-policy" in w]
+    finally:
+        c.config_set("maxmemory-policy", old)
+        c.close()

@@ -495,11 +495,17 @@ class RedisReader(TraceReader):
         self.job_id: str | None = self._find_job()
         if self.job_id is None and self._orphans():
             self.job_id = self._find_job()
+        evicting = evicting_policy(self._nodes)
         if self.job_id is None and not wait:
             self.close()
+            why = f"; {_evicts(evicting)}: the job's keys may have been evicted" if evicting else ""
             if self._want:
-                raise StoreError(f"no job {self._want!r} in {self._shown}{self._known_jobs(url)}")
-            raise StoreError(f"{self._shown} holds no commscope trace (no job in {Keys.JOBS})")
+                raise StoreError(f"no job {self._want!r} in {self._shown}{self._known_jobs(url)}{why}")
+            raise StoreError(f"{self._shown} holds no commscope trace (no job in {Keys.JOBS}){why}")
+        if evicting:
+            self.stats.warnings.append(f"{self._shown} {_evicts(evicting)}: it may have dropped streams of this "
+                                       "trace, or the job's index, whole (set maxmemory-policy noeviction for "
+                                       "a trace store)")
         self._cursor: dict[Stream, bytes] = {}  # stream -> id of the last entry returned
         self._last: dict[Stream, int] = {}  # stream -> number of the last commscope entry returned
         self._carried: list[Event] = []  # what streams started at a mark were in (``start_at``)
@@ -901,6 +907,29 @@ def list_jobs(url: str) -> list[tuple[str, float]]:
     finally:
         nodes.close()
     return [(job, float(flat[i + 1]) / 1e6) for i in range(0, len(flat), 2) if (job := _job_id(flat[i]))]
+
+
+def evicting_policy(nodes: Nodes) -> str | None:
+    """The ``maxmemory-policy`` of the Redis (the node of the jobs' index) where it evicts keys
+    that have no expiry, as commscope's have none (``allkeys-*``: when full, Redis drops the
+    least used keys whole, a job's index keys first, written once, then rank streams; helper
+    h203 found such a trace read as "no job", its loss said nowhere); None otherwise, or where
+    Redis will not say (an ACL without INFO)."""
+    try:
+        info = nodes.call(Keys.JOBS, "INFO", "memory")
+    except (OSError, ReplyError, StoreError):
+        return None
+    if not isinstance(info, bytes):
+        return None
+    for line in info.splitlines():
+        if line.startswith(b"maxmemory_policy:"):
+            policy = line.split(b":", 1)[1].strip().decode("ascii", "replace")
+            return policy if policy.startswith("allkeys-") else None
+    return None
+
+
+def _evicts(policy: str) -> str:
+    return f"evicts keys when full (maxmemory-policy {policy})"
 
 
 def _job_id(member: object) -> str | None:
