@@ -489,3 +489,17 @@ def test_a_redis_that_evicts_keys_when_full_is_said(redis_url):
     finally:
         c.config_set("maxmemory-policy", old)
         c.close()
+
+
+def test_a_foreign_entry_at_the_largest_stream_id_leaves_the_rest_readable(redis_url):
+    """An entry 0-18446744073709551615 that commscope never writes (the largest id a stream
+    can hold): the read pages past it without asking Redis for an id after the largest (which
+    it refuses, 'Invalid stream ID', and the whole job was unreadable); the entry is counted
+    as what it is, never read as an event."""
+    open_writer(redis_url, "big", 0).write(lines(0, 1, 4))
+    c = redis_client(redis_url)
+    c.xadd(Keys.stream("big", 0), {"e": b"not an event"}, id=b"0-18446744073709551615")
+    c.close()
+    reader = open_reader(redis_url)
+    assert [e["id"] for e in reader.read_all() if e["type"] == "op"] == [1, 2, 3]
+    assert reader.stats.corrupt + reader.stats.invalid == 1 and not reader.stats.missing_by_rank  # (no gap of 1.8e19)

@@ -133,7 +133,8 @@ def read_warnings(model: TraceModel, stats: ReadStats) -> list[str]:
                         f"damaged or foreign trace does ({per}): each phase was paired with the latest begin of its "
                         "id before it")
     if stats.trimmed:
-        warnings.append("the store dropped old events (maxlen): early ops may be missing")
+        warnings.append("the store no longer held the oldest events of some ranks (trimmed, or lost: each rank's "
+                        "warning says which): early ops may be missing")
     if stats.summarized:
         n = len(stats.summarized_by_rank)
         warnings.append(f"retention summarized {stats.summarized:,} older event(s) of {n:,} rank(s) and deleted "

@@ -92,10 +92,16 @@ class LegacyKeys(Keys):
 
 
 def entry_number(entry_id: bytes) -> int:
-    """K of a commscope entry id ``0-K``; -1 for an id commscope did not write."""
+    """K of a commscope entry id ``0-K``; -1 for an id commscope did not write (one past
+    ``MAX_ENTRY`` too: a foreign entry 0-18446744073709551615 was read as 1.8e19 events lost)."""
     if entry_id[:2] == b"0-":
         try:
-            return int(entry_id[2:])
+            k = int(entry_id[2:])
         except ValueError:
             return -1
+        return k if k <= MAX_ENTRY else -1
     return -1
+
+
+#: The highest entry number a rank's writer reaches (2^53 events: never), so past it no id is ours
+MAX_ENTRY = 1 << 53

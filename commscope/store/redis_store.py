@@ -783,6 +783,8 @@ class RedisReader(TraceReader):
                     while True:
                         start = self._cursor.get(stream)
                         lo = b"-" if start is None else _after(start)
+                        if lo is None:  # (the last id a stream can hold was read: nothing comes after it)
+                            break
                         entries = nodes.run(key, pack("XRANGE", key, lo, "+", "COUNT", self.PAGE),
                                             Connection.read_entries)
                         if not entries:
@@ -874,10 +876,17 @@ class RedisReader(TraceReader):
         self._lost()
 
 
-def _after(entry_id: bytes) -> bytes:
-    """The smallest stream id after ``entry_id`` (XRANGE's exclusive '(' needs Redis 6.2)."""
+def _after(entry_id: bytes) -> bytes | None:
+    """The smallest stream id after ``entry_id`` (XRANGE's exclusive '(' needs Redis 6.2); None
+    after the largest one (a foreign entry 0-18446744073709551615 made the next id one Redis
+    refuses, 'Invalid stream ID', and the whole job unreadable: helper h203)."""
     ms, _, k = entry_id.partition(b"-")
-    return b"%s-%d" % (ms, int(k) + 1)
+    if int(k) < _MAX_ID:
+        return b"%s-%d" % (ms, int(k) + 1)
+    return b"%d-0" % (int(ms) + 1) if int(ms) < _MAX_ID else None
+
+
+_MAX_ID = (1 << 64) - 1  # a stream id's parts are unsigned 64-bit
 
 
 # ---------------------------------------------------------------------------- helpers
