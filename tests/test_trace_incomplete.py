@@ -12,7 +12,7 @@ from commscope.analysis.synth import S, TraceBuilder
 from commscope.cli import main as cli
 from commscope.commands.check import check_store
 from commscope.events import encode
-from commscope.store import open_reader, open_writer
+from commscope.store import ReadStats, open_reader, open_writer
 
 MS = 1_000_000
 
@@ -288,3 +288,22 @@ def test_a_rank_whose_stream_stopped_while_its_peers_went_on_is_not_dead_and_ask
     calls.clear()
     diagnose(silent, t + 60 * S, 2.0)  # every rank silent: the job stopped as a whole
     assert calls and len(calls) == len(set(calls)), calls
+
+
+def test_a_loss_is_never_folded_into_a_hang_as_its_consequence():
+    """Rank 0 waits in an all_reduce that rank 1 never enters, and the store lost events of both
+    (Redis restarted empty: a store_lost marker on each): the hang names rank 1, and the loss
+    stays a trace_incomplete of its own. Before, rank 0's loss led through its wait to rank 1,
+    so the loss was folded into the hang ("... Then: trace_incomplete an op", helper h203)."""
+    b = finished(2, exits=())
+    t = b.sorted_events()[-1]["ts"] + S
+    b.sync(0, t + MS, None, "all_reduce")
+    b.heartbeats(t, t + 5 * S)
+    m = TraceModel.from_events(b.sorted_events())
+    stats = ReadStats()
+    for r in (0, 1):  # (what the reader counts of each rank's store_lost marker)
+        stats.count_missing(r, 50)
+    m.note_read_stats(stats)
+    found = diagnose(m, hang_after=1.0)
+    assert [(f.kind, f.culprits) for f in found] == [("missing_ranks", [1]), ("trace_incomplete", [0, 1])]
+    assert "trace_incomplete" not in found[0].message and not found[0].evidence.get("consequences")

@@ -141,8 +141,11 @@ def _departure_instances(model: TraceModel, f: Finding) -> tuple:
 def resolve(model: TraceModel, findings: list[Finding], now: int,
             mismatch_rows: dict[tuple[int, str, int], list[int]]) -> list[Finding]:
     """Fold consequences into their root findings (see the module docstring)."""
-    errors = [f for f in findings if f.severity == ERROR]
-    rest = [f for f in findings if f.severity != ERROR]
+    # (what the trace lost is no fault of the job's: never a consequence of one, nor a root,
+    # whatever ranks it names; rank 0's loss led through its wait to the rank it waited on,
+    # and the loss was folded into that hang: "Then: trace_incomplete an op", helper h203)
+    errors = [f for f in findings if f.severity == ERROR and f.kind != "trace_incomplete"]
+    rest = [f for f in findings if f.severity != ERROR or f.kind == "trace_incomplete"]
     gone: set[int] = set()
     # 1. mismatches absorb what happened at their instances
     mism = {("coll", 1 if f.evidence.get("src") == "fr" else 0, f.group, f.seq): f
@@ -339,6 +342,9 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     for f in final:
         _summary(f)
         attach_stacks(model, f, now)
+    for f in rest:
+        if f.severity == ERROR:  # (a trace_incomplete: its ranks' stacks as every error finding has them)
+            attach_stacks(model, f, now)
     return sorted(final + rest, key=Finding.sort_key)
 
 
