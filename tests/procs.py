@@ -16,7 +16,9 @@ def run_session(cmd: Sequence[str], *, timeout: float, capture_output: bool = Fa
             ) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, timeout=timeout, ...)`` in a session of its own, whose every process
     is killed when it ends, times out, or the test is stopped meanwhile (pytest-timeout's
-    exception in the main thread, a Ctrl-C)."""
+    exception in the main thread, a Ctrl-C) once it is started: a stop inside ``Popen`` itself,
+    before it returns the session's pid, leaves nothing to kill by (pytest-timeout's minutes
+    never land there)."""
     if capture_output:
         kwargs.setdefault("stdout", subprocess.PIPE)
         kwargs.setdefault("stderr", subprocess.PIPE)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -42,8 +43,14 @@ def test_every_process_of_the_job_is_killed_when_the_test_is_stopped(tmp_path):
     def stop(*_: object) -> None:
         raise Stopped  # (as pytest-timeout's SIGALRM handler fails the test in the main thread)
 
+    def waiting_for_the_job() -> bool:  # (the main thread in ``communicate``: past starting it)
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        while frame is not None and frame.f_code.co_name != "communicate":
+            frame = frame.f_back
+        return frame is not None
+
     def stop_when_started() -> None:
-        while not (pid_file.exists() and pid_file.read_text().endswith("\n")):
+        while not (pid_file.exists() and pid_file.read_text().endswith("\n") and waiting_for_the_job()):
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGALRM)
 
