@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import stat
 import subprocess
 import sys
@@ -41,7 +40,7 @@ import orjson
 from commscope import beats, beatscan, jsonops
 from commscope.blocks import BlockDecoder, decode_alone, decode_stream, gaps_not_counted
 from commscope.blockscan import Scan
-from commscope.events import Decoded, Event, gc_paused, incarnation_ids
+from commscope.events import Decoded, Event, decode_lines, gc_paused, incarnation_ids
 from commscope.oprecords import OpRecords
 from commscope.private import make_dirs
 from commscope.redact import redact
@@ -424,24 +423,10 @@ class Piece(NamedTuple):
     taken: beatscan.Taken | None
 
 
-_SCHEME_LIKE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(?=/|[^/]*@)")
-
-
-def not_a_path(name: str) -> str | None:
-    """Why a store name that no backend claims and that is no path here is taken for a
-    mistyped URL (``http://u:pw@h``, ``redis:/:pw@h``), without echoing it: Path's normalising
-    (``http:/u:pw@h``) hides its credentials from the redaction.  None: a path."""
-    m = _SCHEME_LIKE.match(name)
-    if m is None or os.path.lexists(name):
-        return None
-    scheme = m.group(1)
-    if scheme.lower() in ("redis", "rediss", "unix"):
-        return f"{scheme}:…: a {scheme.lower()} store's URL starts {scheme.lower()}://"
-    return f"{scheme}:…: a store is a directory or a redis://, rediss:// or unix:// URL, and {scheme!r} is not one of those schemes"
-
-
 def _no_store(name: str) -> str:
     """What to say of a store name that is no path here."""
+    from commscope.store.registry import not_a_path  # (the registry knows every row's schemes)
+
     why = not_a_path(name)
     return f"no trace store at {why}" if why is not None else f"no trace store at {redact(str(Path(name)))}"
 
@@ -1042,7 +1027,8 @@ class DirectoryReader(TraceReader):
             data = read_from(self.job_dir / segments.summary_name(*stream), 0, self.MAX_SUMMARY_READ)
         except OSError:
             return set()
-        return {int(m) for m in re.findall(rb'"seg":(\d{1,9})[,}]', data)}
+        events = decode_lines(data[:data.rfind(b"\n") + 1], stream[0]).events  # (the summaries' one decoder)
+        return {e["seg"] for e in events if e["type"] == "summary" and isinstance(e.get("seg"), int)}
 
     def _count_segments_gone(self) -> None:
         """Segments of a stream that are neither on disk nor summarized by retention (which
