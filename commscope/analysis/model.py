@@ -652,6 +652,7 @@ class TraceModel:
         self._statics_sk: tuple[object, np.ndarray] = ((), np.zeros(0, np.int64))  # a decoder table's keys
         self._sig_flags = np.zeros(256, np.int32)
         self._sig_match = np.zeros(256, np.int32)
+        self._unnamed: list[int] = []  # sig codes of ops whose names their streams could not say
         self._sig_gkey = np.zeros(256, np.int32)  # sig code -> index of its (space, group) in _gkeys
         self._gkeys: dict[tuple[int, str], int] = {}
         self._match_codes: dict[tuple, int] = {}
@@ -2076,6 +2077,8 @@ class TraceModel:
         if sig.match == len(self._match_hashes):
             self._match_hashes.append(histories.key_hash(mk))
         self.sigs.append(sig)
+        if op == optable.UNNAMED:
+            self._unnamed.append(code)
         if code >= self._sig_flags.shape[0]:
             self._sig_flags = grown(self._sig_flags, code + 1)
             self._sig_match = grown(self._sig_match, code + 1)
@@ -2415,12 +2418,7 @@ class TraceModel:
         (``find_mismatches``: it votes for nothing; before, a rank whose meta line was lost
         was named in a ``collective_mismatch`` at every collective, "rank 1: ?") and is said
         (``find_incomplete``)."""
-        cached = self.__dict__.get("_unknown_sigs")
-        if cached is not None and cached[0] == len(self.sigs):
-            return cached[1]
-        got = np.fromiter((s.code for s in self.sigs if s.op == optable.UNNAMED), np.int64)
-        self.__dict__["_unknown_sigs"] = (len(self.sigs), got)
-        return got
+        return np.asarray(self._unnamed, np.int64)
 
     def sig_hashes(self, codes: np.ndarray) -> np.ndarray:
         """``histories.key_hash`` of each sig's match key (uint64), for digests."""
