@@ -47,7 +47,6 @@ ENV_JOB = "COMMSCOPE_JOB"
 DEFAULT_HANG_AFTER = events.DEFAULT_HANG_AFTER
 
 
-
 def _seconds(value: Any, default: float, what: str) -> float:
     """``value`` as seconds a trace may record (0 to ``schema.MAX_SECONDS``), else ``default``
     with a warning: -1 made the rank's ``meta`` invalid (skipped by every reader: check said
@@ -62,6 +61,7 @@ def _seconds(value: Any, default: float, what: str) -> float:
     warnings.warn(f"commscope: {what}={value!r} is not seconds from 0 to {MAX_SECONDS:g}; using {default:g}",
                   RuntimeWarning, stacklevel=4)
     return default
+
 
 class Recorder:
     """The recorder thread of one rank: each tick collects from the op source (``ops``),
