@@ -61,7 +61,7 @@ def refuse_url_like(store: str | os.PathLike | None) -> None:
     """Raise ``StoreError`` where a store to write names no backend's URL yet looks like a
     URL (``http://``, a mistyped ``redis:/``): writing would make a directory of that name here
     and say its path, credentials and all."""
-    from commscope.store.registry import not_a_path
+    from commscope.store.directory import not_a_path
 
     name = default_store(store)
     if backend_for(name).local:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -69,6 +70,7 @@ from commscope.store.files import (
     read_regular,
     size_of,
 )
+from commscope.store.redis_url import SCHEMES as URL_SCHEMES  # (the schemes the registry's other rows claim)
 from commscope.store.retention import Retention
 from commscope.store.segments import (
     Segment,
@@ -423,10 +425,26 @@ class Piece(NamedTuple):
     taken: beatscan.Taken | None
 
 
+_SCHEME_LIKE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(?=/|[^/]*@)")
+
+
+def not_a_path(name: str) -> str | None:
+    """Why a store name that no backend claims and that is no path here is taken for a
+    mistyped URL (``http://u:pw@h``, ``redis:/:pw@h``), without echoing it: Path's normalising
+    (``http:/u:pw@h``) hides its credentials from the redaction.  None: a path."""
+    m = _SCHEME_LIKE.match(name)
+    if m is None or os.path.lexists(name):
+        return None
+    scheme = m.group(1)
+    if scheme.lower() in URL_SCHEMES:
+        return f"{scheme}:…: a {scheme.lower()} store's URL starts {scheme.lower()}://"
+    schemes = [f"{s}://" for s in URL_SCHEMES]
+    return (f"{scheme}:…: a store is a directory or a {', '.join(schemes[:-1])} or {schemes[-1]} URL, and "
+            f"{scheme!r} is not one of those schemes")
+
+
 def _no_store(name: str) -> str:
     """What to say of a store name that is no path here."""
-    from commscope.store.registry import not_a_path  # (the registry knows every row's schemes)
-
     why = not_a_path(name)
     return f"no trace store at {why}" if why is not None else f"no trace store at {redact(str(Path(name)))}"
 

@@ -135,24 +135,6 @@ def backend_for(name: str | os.PathLike) -> Backend:
     return _BY_SCHEME.get(m.group(1).lower(), _PATHS)
 
 
-_SCHEME_LIKE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(?=/|[^/]*@)")
-
-
-def not_a_path(name: str) -> str | None:
-    """Why a store name that no backend claims and that is no path here is taken for a
-    mistyped URL (``http://u:pw@h``, ``redis:/:pw@h``), without echoing it: Path's normalising
-    (``http:/u:pw@h``) hides its credentials from the redaction.  None: a path."""
-    m = _SCHEME_LIKE.match(name)
-    if m is None or os.path.lexists(name):
-        return None
-    scheme = m.group(1)
-    if scheme.lower() in _BY_SCHEME:
-        return f"{scheme}:…: a {scheme.lower()} store's URL starts {scheme.lower()}://"
-    schemes = [f"{s}://" for s in _BY_SCHEME]
-    return (f"{scheme}:…: a store is a directory or a {', '.join(schemes[:-1])} or {schemes[-1]} URL, and "
-            f"{scheme!r} is not one of those schemes")
-
-
 def redact_store(name: str | os.PathLike) -> str:
     """A store's name fit to show or record (``meta.store``): its backend's redaction, then
     the text redaction every trace string passes (``commscope.redact``)."""
