@@ -420,6 +420,11 @@ def build_dir() -> Path:
 MANIFEST = "kernels.json"
 
 
+#: How a build makes its functions' Python wrappers (``_cached_objects``), in its manifest: a
+#: build made otherwise is made again by the next (its functions run as they are meanwhile)
+WRAPPERS = 2
+
+
 class Built(NamedTuple):
     """A build as its manifest says it, its file checked."""
 
@@ -427,6 +432,7 @@ class Built(NamedTuple):
     path: Path
     exports: frozenset[str]
     numba: str
+    wrappers: int = 1
 
 
 def _built(directory: Path) -> Built | None:
@@ -448,7 +454,9 @@ def _built(directory: Path) -> Built | None:
         data = path.read_bytes()
         if len(data) != manifest["size"] or hashlib.sha256(data).hexdigest() != manifest["sha256"]:
             return None
-        return Built(str(manifest["module"]), path, frozenset(exports), str(manifest["numba"]))
+        wrappers = manifest.get("wrappers", 1)
+        return Built(str(manifest["module"]), path, frozenset(exports), str(manifest["numba"]),
+                     wrappers if type(wrappers) is int else 1)
     except Exception:  # (unreadable, not JSON, nested past the recursion limit ...: no build)
         return None
 
@@ -669,10 +677,12 @@ def _build_locked(directory: Path, found: list[Kernel], names: list[str], verbos
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (numba.pycc is pending deprecation: a warning, not news)
         import numba.pycc.compiler
+        from numba.core.pythonapi import PythonAPI
         from numba.pycc import CC
 
         old = _built(directory)
-        if old is not None and old.exports.issuperset(names) and old.numba == numba.__version__:
+        if (old is not None and old.exports.issuperset(names) and old.numba == numba.__version__
+                and old.wrappers == WRAPPERS):
             return old.path
         print(f"commscope: compiling the readers' kernels ahead of time (once, ~30 s) in {directory}",
               file=sys.stderr)
@@ -691,8 +701,9 @@ def _build_locked(directory: Path, found: list[Kernel], names: list[str], verbos
         for stale in directory.parent.glob(".build-*"):  # (scratch of a build killed half-way)
             if now - stale.stat().st_mtime > STALE_S:
                 shutil.rmtree(stale, ignore_errors=True)
-        flags = numba.pycc.compiler.Flags
+        flags, unserialize = numba.pycc.compiler.Flags, PythonAPI.unserialize
         numba.pycc.compiler.Flags = _released_flags()  # (as ``nogil`` does for the JIT: a console's thread runs meanwhile)
+        PythonAPI.unserialize = _cached_objects(unserialize)
         try:
             with tempfile.TemporaryDirectory(prefix=".build-", dir=directory.parent) as scratch:
                 cc.output_dir = scratch
@@ -703,9 +714,9 @@ def _build_locked(directory: Path, found: list[Kernel], names: list[str], verbos
                 target = directory / built.name
                 os.replace(built, target)
         finally:
-            numba.pycc.compiler.Flags = flags
+            numba.pycc.compiler.Flags, PythonAPI.unserialize = flags, unserialize
     manifest = {"module": module, "file": target.name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                "exports": names, "numba": numba.__version__}
+                "exports": names, "numba": numba.__version__, "wrappers": WRAPPERS}
     fd, scratch_manifest = tempfile.mkstemp(prefix=f".{MANIFEST}.", dir=directory)
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(manifest, indent=1))
@@ -729,6 +740,42 @@ def _released_flags() -> type:
             self.release_gil = True
 
     return Released
+
+
+def _cached_objects(unserialize: Callable[..., Any]) -> Callable[..., Any]:
+    """numba's ``PythonAPI.unserialize`` (the code that unpickles an object the compiled code
+    needs) made to unpickle each object once a process, in an ahead-of-time build.  A
+    wrapper boxing an array it returns unpickles ``numpy.ndarray`` for it, and numba's JIT
+    keeps what it unpickled (``numba.core.serialize._unpickled_memo``) where the build's
+    ``numba_unpickle`` calls ``pickle.loads`` each time: ~1.3 us an array, ~12 us a call of
+    ``blockscan._find``, which returns nine (~10% of a read worker's time).  Each object
+    is kept in a global of the module, unpickled on the first call that needs it (under
+    the GIL, as boxing is); each call still gets a reference of its own, as before."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    def cached(self: Any, structptr: Any) -> Any:
+        if not isinstance(structptr, ir.GlobalVariable):
+            return unserialize(self, structptr)
+        builder, module = self.builder, self.builder.module
+        name = f"{structptr.name}.object"
+        try:
+            kept = module.get_global(name)
+        except KeyError:
+            kept = ir.GlobalVariable(module, self.pyobj, name=name)
+            kept.linkage = "internal"
+            kept.initializer = ir.Constant(self.pyobj, None)
+        got = cgutils.alloca_once_value(builder, builder.load(kept))
+        with builder.if_then(cgutils.is_null(builder, builder.load(got)), likely=False):
+            obj = unserialize(self, structptr)
+            builder.store(obj, got)
+            with builder.if_then(cgutils.is_not_null(builder, obj)):
+                builder.store(obj, kept)  # (the global keeps this reference)
+        obj = builder.load(got)
+        self.incref(obj)  # (the caller's; ``Py_IncRef`` passes over NULL, an error)
+        return obj
+
+    return cached
 
 
 def _numba_type(numba: Any, spec: str) -> Any:

@@ -171,6 +171,62 @@ def test_a_process_takes_the_build_without_numba(built: Path) -> None:
         ["CPUDispatcher", "True"], "compiled on first use (numba; COMMSCOPE_AOT=0)")
 
 
+def test_a_built_kernel_unpickles_what_it_returns_once(built: Path) -> None:
+    """Each array a built function returns is boxed with ``numpy.ndarray``, which its
+    wrapper unpickled at every call (~1.3 us an array) until the build kept what it
+    unpickled (``compiled._cached_objects``): in a process of its own, the first call of
+    ``blockscan._find`` (nine arrays) unpickles, the next ones nothing; every array they
+    return is an array, and the reference counts they hand out are the caller's."""
+    code = textwrap.dedent("""
+        import pickle, sys
+        import numpy as np
+        loads, count = pickle.loads, [0]
+        def counted(data, *args, **kwargs):
+            count[0] += 1
+            return loads(data, *args, **kwargs)
+        pickle.loads = counted  # (before the build's first call looks it up)
+        from commscope import blockscan
+        assert blockscan._split()
+        kernel = blockscan._find_kernel
+        assert type(kernel).__name__ == "Ahead", type(kernel)
+        d = np.frombuffer(b'{"type":"x"}\\n', np.uint8)
+        starts, ranks = np.zeros(1, np.int64), np.array([1], np.int64)
+        got = []
+        for _ in range(4):
+            before = count[0]
+            out = kernel.fn(d, starts, ranks)
+            assert len(out) == 9 and all(type(a) is np.ndarray for a in out)
+            got.append(count[0] - before)
+        line = out[0]
+        del out
+        assert sys.getrefcount(line) == 2 and line.tolist() == [0]  # (``line`` and getrefcount's)
+        print(*got)
+    """)
+    env = dict(os.environ, COMMSCOPE_KERNELS_DIR=str(built), COMMSCOPE_AOT="1")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                         env=env)
+    assert got.returncode == 0, got.stderr
+    first, *later = (int(n) for n in got.stdout.split())
+    assert first >= 1 and later == [0, 0, 0]
+
+
+def test_a_build_of_older_wrappers_is_made_again(built: Path, tmp_path: Path) -> None:
+    """A build whose manifest does not say today's wrappers (``compiled.WRAPPERS``; older
+    builds say none) is loaded while it is there, and the next build makes it again."""
+    where = tmp_path / "older"
+    shutil.copytree(built, where)
+    (tag,) = where.iterdir()
+    manifest = json.loads((tag / compiled.MANIFEST).read_text())
+    assert manifest["wrappers"] == compiled.WRAPPERS
+    del manifest["wrappers"]
+    (tag / compiled.MANIFEST).write_text(json.dumps(manifest))
+    assert _kernel_types({"COMMSCOPE_KERNELS_DIR": str(where), "COMMSCOPE_AOT": "1"})[0] == ["Ahead", "False"]
+    again = _run(where, "build")
+    assert again.returncode == 0, again.stderr
+    remade = json.loads((tag / compiled.MANIFEST).read_text())
+    assert remade["wrappers"] == compiled.WRAPPERS and remade["file"] != manifest["file"]
+
+
 def test_a_damaged_build_is_never_loaded(built: Path, tmp_path: Path) -> None:
     """A module file cut short (loading a torn extension crashes the process: no ``except``
     catches it) or a manifest that does not say it: the kernels are compiled on first use,
