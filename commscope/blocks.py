@@ -885,11 +885,14 @@ class BlockDecoder:
             if k > a:
                 self._hand_over(s, mv, b0 + a, b0 + k, walk)
             if plain[k] and self._replayed(s, mv, b0 + k, walk, out):
-                self._hand_over(s, mv, b0 + k, b0 + k + 1, walk)
+                a = k  # (its records go over with the run after it: one hand-over)
             else:
                 self._walk_one(s, mv, b0 + k, int(upto[k]), walk, parts, out)
-            a = k + 1
+                a = k + 1
             if self._epoch != epoch or (pid[k] >= 0 and bytes(mv[int(start[k]):int(pend[k])]) not in self._prefixes):
+                if a == k:
+                    self._hand_over(s, mv, b0 + k, b0 + k + 1, walk)
+                    a = k + 1
                 break  # (what was known may not be now, or its later blocks are not: ask each)
         else:
             if n > a:
