@@ -210,6 +210,10 @@ _LISTS = ("names", "dtypes")
 _LISTS_RAW = msgspec.json.Decoder(TypedDict(
     "RawEventListsRaw", {**RawEvent.__annotations__, **dict.fromkeys(_LISTS, msgspec.Raw)}, total=False))
 _LIST_DECODERS = {key: msgspec.json.Decoder(RawEvent.__annotations__[key]) for key in _LISTS}
+#: Lists ``_decode_objs`` decoded, by key and bytes, kept across calls (a whole read's worker
+#: decodes one meta a stream: its lists were ~12 us of its ~22); at most ``_LISTS_KEPT``
+_LISTS_SEEN: dict[tuple[str, bytes], list[str]] = {}
+_LISTS_KEPT = 256
 _JOB_DECODER = msgspec.json.Decoder(JobMeta)
 _ANY = msgspec.json.Decoder()
 _TYPE_IN_LINE = re.compile(rb'"type"\s*:\s*"([A-Za-z_]{1,24})"')
@@ -441,13 +445,13 @@ def _decode_objs(data: bytes) -> list:
     """``_DECODER.decode_lines(data)``, raising where it would (a ``msgspec.ValidationError``
     where only a meta's list is not valid), for lines of many streams' first events: their
     metas' lists of op names and dtype codes are decoded and checked once per distinct list
-    (``_LISTS``) and shared by the events, read and never written (16k ranks' metas in a live
+    (``_LISTS``, ``_LISTS_SEEN``: across calls) and shared by the events, read and never written (16k ranks' metas in a live
     poll's first round: ~20 us each whole, ~5 us so).  Lines that name neither list go
     straight through the full decoder."""
     if b'"names"' not in data and b'"dtypes"' not in data:  # (an escaped key: the full decoder)
         return _shown(_DECODER.decode_lines(data), data)
     objs = _LISTS_RAW.decode_lines(data)
-    seen: dict[tuple[str, bytes], list[str] | None] = {}
+    seen = _LISTS_SEEN
     held = dict.fromkeys(_LISTS, 0)
     for obj in objs:
         for key in _LISTS:
@@ -455,9 +459,12 @@ def _decode_objs(data: bytes) -> list:
             if raw is not None:
                 held[key] += 1
                 text = bytes(raw)
-                got = seen.get((key, text), seen)
-                if got is seen:
-                    got = seen[key, text] = _LIST_DECODERS[key].decode(text)
+                got = seen.get((key, text))
+                if got is None:
+                    got = _LIST_DECODERS[key].decode(text)
+                    if len(seen) >= _LISTS_KEPT:
+                        seen.clear()
+                    seen[key, text] = got
                 obj[key] = got
     if b"\\u" in data or any(data.count(b'"%s"' % key.encode()) != n for key, n in held.items()):
         # (a key stated twice in one event, whose first value msgspec checks but a raw value
