@@ -24,8 +24,11 @@ scheme, user, host and path) and marking what was removed with ``***``:
 - well-known token shapes, whatever surrounds them: Hugging Face ``hf_…``, OpenAI-style
   ``sk-…``, Stripe ``sk_live_…``, GitHub ``ghp_…``/``github_pat_…``, GitLab ``glpat-…``,
   npm ``npm_…``, Google OAuth ``ya29.…``, AWS access key ids, Slack ``xox…``/``xapp-…`` and webhook URLs, Google ``AIza…``, JWTs,
+  PyPI ``pypi-AgE…``, Databricks ``dapi…``, Docker Hub ``dckr_pat_…``, HashiCorp Vault ``hvs.…``,
   ``Bearer``/``Basic``/``Token`` credentials and private key blocks (PEM, PGP) (their prefix
   stays: ``hf_***``);
+- a user's password on a command line: ``curl -u user:***`` (``--user``, ``--proxy-user``;
+  not a uid:gid), and ``mysql -p***`` where the text (or argv[0]) names a MySQL client;
 - the values of this process's environment variables whose names name a secret
   (``WANDB_API_KEY``, ``HF_TOKEN`` ...; not paths), wherever they appear.  Environment
   variables are never recorded; this catches a program that prints one into an exception.
@@ -110,7 +113,20 @@ _SHAPES: tuple[tuple[str, re.Pattern], ...] = tuple((gate, re.compile(p)) for ga
     ("AIza", r"AIza([0-9A-Za-z_-]{30,})"),
     ("eyJ", r"(?<![A-Za-z0-9_-])eyJ([A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*)"),
     ("hooks.slack.com", r"hooks\.slack\.com/services/[A-Za-z0-9]+/[A-Za-z0-9]+/([A-Za-z0-9]{8,})"),
+    ("pypi-", r"(?<![A-Za-z0-9_-])pypi-(AgE[A-Za-z0-9_-]{16,})"),  # (a macaroon: base64 of its location)
+    ("dapi", r"(?<![A-Za-z0-9])dapi([0-9a-f]{32})(?![0-9a-f])"),  # Databricks
+    ("dckr_pat_", r"(?<![A-Za-z0-9])dckr_pat_([A-Za-z0-9_-]{20,})"),  # Docker Hub
+    ("hv", r"(?<![A-Za-z0-9])hv[sbr]\.([A-Za-z0-9_-]{24,})"),  # HashiCorp Vault
 ))
+#: ``curl -u user:password``, ``--user``, ``--proxy-user`` (``-uuser:pw`` too): the password.
+#: Not a uid:gid (``docker run -u 1000:1000``), a URL (its ``_url_spans``), nor ``python -u
+#: train.py`` (no colon).
+#: An argv list's repr too (``'-u', 'user:pw'``: ``CalledProcessError``).
+_USER_OPTION = re.compile(r"""(?<![\w-])(?:-u|-U|--user|--proxy-user)(?:\\?["'])?[ \t]*[=,]?[ \t]*\\?["']?"""
+                          r"""([^\s:'"\\,]+):(?!//)([^\s'"\\]+)""")
+#: ``mysql -pSECRET`` (the MySQL clients' password, joined to its ``-p``), where the text names one.
+_MYSQL = re.compile(r"(?i)\b(?:mysql\w*|mariadb\w*)\b")
+_MYSQL_P = re.compile(r"(?<![\w-])-p(?=\S)")
 _CLOSERS = ",;)]}>'\""
 _BARE = re.compile(r"\S*")
 _BARE_QUERY = re.compile(r"[^\s&;#'\"<>]*")
@@ -360,6 +376,11 @@ class Redactor:
             for m in _HEADER.finditer(text):  # a cookie or a digest's fields: the line; else one word
                 whole = m.group(1) is not None or (m.group(2) or "").lower() == "digest"
                 out.append(_value_span(text, m.end(), line=whole))
+        if ":" in text and ("-u" in text or "-U" in text or "-user" in text):
+            out.extend(m.span(2) for m in _USER_OPTION.finditer(text)
+                       if not (m.group(1).isdigit() and m.group(2).isdigit()))
+        if "-p" in text and _MYSQL.search(text) is not None:
+            out.extend(_value_span(text, m.end()) for m in _MYSQL_P.finditer(text))
         if "earer" in text or "asic" in text or "EARER" in text or "ASIC" in text:
             out.extend(m.span(1) for m in _SCHEME_AUTH.finditer(text) if _credential_like(m.group(1)))
         for gate, pattern in _SHAPES:
@@ -424,11 +445,21 @@ class Redactor:
         """A command line safe to record: each argument redacted, and the word after an
         option that names a secret (``--password hunter2``) hidden whole."""
         out = [self.redact(a) for a in argv]
-        for i in range(len(argv) - 1):
-            a, nxt = argv[i], argv[i + 1]
+        mysql = bool(argv) and _MYSQL.match(os.path.basename(argv[0])) is not None
+        for i in range(len(argv)):
+            a = argv[i]
+            if mysql and len(a) > 2 and a.startswith("-p"):  # (the MySQL clients' -pSECRET)
+                out[i] = "-p" + MARK
+            if i + 1 == len(argv):
+                break
+            nxt = argv[i + 1]
             if (_OPTION_NAME.fullmatch(a) and is_secret_name(a) and nxt and not _PLAIN_OPTION.fullmatch(nxt)
                     and not _plain(nxt, a)):
                 out[i + 1] = MARK
+            elif a in ("-u", "-U", "--user", "--proxy-user") and ":" in nxt:  # (curl's user:password)
+                user, _, password = nxt.partition(":")
+                if password and not (user.isdigit() and password.isdigit()):
+                    out[i + 1] = f"{self.redact(user)}:{MARK}"
         return out
 
 

@@ -151,6 +151,14 @@ def test_argv_hides_the_word_after_a_secret_option_and_keeps_the_rest():
                             "--epochs", "2", "--tokenizer", "gpt2", f"--api-key={MARK}", "-p", "8080"]
 
 
+def test_argv_hides_a_users_password_and_a_mysql_clients():
+    assert R.args(["curl", "-u", "bob:pw", "--user", "a:", "-U", "1000:1000", "https://h"]) == [
+        "curl", "-u", f"bob:{MARK}", "--user", "a:", "-U", "1000:1000", "https://h"]
+    assert R.args(["/usr/bin/mysql", "-uroot", "-pHunter2", "-p", "db"]) == [
+        "/usr/bin/mysql", "-uroot", f"-p{MARK}", "-p", "db"]
+    assert R.args(["python", "-p8080", "-u"]) == ["python", "-p8080", "-u"]
+
+
 def test_the_environments_secret_values_are_hidden_wherever_they_appear():
     env = {"WANDB_API_KEY": "0123456789abcdef0123", "HOME": "/home/alice", "LR": "3e-4", "SHORT_KEY": "abc"}
     r = Redactor.from_environ(env)
@@ -208,6 +216,24 @@ def test_the_environments_secret_values_are_hidden_wherever_they_appear():
     ("npm_abcdefghijABCDEFGHIJ0123456789abcdef", f"npm_{MARK}"),
     ("ya29.a0AfH6SMBxyzxyzxyzxyzxyzxyz", f"ya29.{MARK}"),
     ("--pwd hunter22", f"--pwd {MARK}"),
+    # PyPI, Databricks, Docker Hub and Vault tokens; curl's user:password; a MySQL client's -p
+    ("twine upload -p pypi-AgEIcHlwaS5vcmcCJDAwMDAwMDAw", f"twine upload -p pypi-{MARK}"),
+    ("host=x token=dapi0123456789abcdef0123456789abcdef", f"host=x token={MARK}"),
+    ("auth failed for dapi0123456789abcdef0123456789abcdef", f"auth failed for dapi{MARK}"),
+    ("login dckr_pat_AbCdEfGhIjKlMnOpQrStUv failed", f"login dckr_pat_{MARK} failed"),
+    ("vault said hvs.CAESIJabcdefghijklmnopqrstuv", f"vault said hvs.{MARK}"),
+    ("curl -u alice:s3cret https://h/x", f"curl -u alice:{MARK} https://h/x"),
+    ("curl -ualice:s3cret --proxy-user bob:pw2 x", f"curl -ualice:{MARK} --proxy-user bob:{MARK} x"),
+    ("curl --user=alice:s3cret", f"curl --user=alice:{MARK}"),
+    ("Command '['curl', '-u', 'bob:pw1']' failed", f"Command '['curl', '-u', 'bob:{MARK}']' failed"),
+    ("mysql -u root -pHunter2 runs", f"mysql -u root -p{MARK} runs"),
+    ("mysqldump -p'pass word' runs", f"mysqldump -p'{MARK}' runs"),
+    # ... and what only looks like them: a uid:gid, python -u, a URL after -u, ssh's port
+    ("docker run -u 1000:1000 img", "docker run -u 1000:1000 img"),
+    ("python -u train.py -p 8080", "python -u train.py -p 8080"),
+    ("pip -u https://u:pw@h/x", f"pip -u https://u:{MARK}@h/x"),
+    ("ssh -p 22 host -pX", "ssh -p 22 host -pX"),
+    ("dapi0123 and pypi-other", "dapi0123 and pypi-other"),
 ])
 def test_odd_spellings(text, expected):
     assert R.redact(text) == expected
