@@ -196,6 +196,20 @@ def test_bench_counts_and_durations_that_measure_nothing_are_refused(capsys):
         assert f"commscope bench {argv[0]}: error: argument {argv[1]}: " in err and "Traceback" not in err, err
 
 
+def test_a_demo_of_more_ranks_than_a_machine_runs_is_refused(capsys):
+    # demo --ranks 5000 started 5000 Python processes with torch, until the machine gave out.
+    from commscope.scenarios.base import MAX_RANKS
+    from commscope.scenarios.runner import DemoJob
+
+    for ranks in ("0", str(MAX_RANKS + 1), "5000"):
+        err = refused(["demo", "missing-rank", "--headless", "--ranks", ranks], capsys)
+        assert f"--ranks must be from 1 to {MAX_RANKS} (a worker process each), not {ranks}" in err, err
+    import pytest
+
+    with pytest.raises(ValueError, match=f"at most {MAX_RANKS} ranks"):
+        DemoJob("missing-rank", ranks=MAX_RANKS + 1)
+
+
 def test_a_sampling_interval_that_is_no_duration_is_refused(capsys):
     # snapshot --interval inf/1e308 was an OverflowError (exit 3) once the job was found; nan went through.
     for verb in ("snapshot", "attach"):

@@ -18,7 +18,7 @@ from commscope.commands import options
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", nargs="?", help="scenario name (omit to pick one in the console)")
-    p.add_argument("--ranks", type=int, help="worker processes (default: the scenario's, usually 4)")
+    p.add_argument("--ranks", type=int, help="worker processes, a few dozen at most (default: the scenario's, usually 4)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="process group backend (default gloo)")
     p.add_argument("--store", help="trace store root (default: a fresh temporary directory per run, removed when "
                                    "the demo ends unless --keep)")
@@ -36,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from commscope.errors import UsageError
     from commscope.scenarios import SCENARIOS
+    from commscope.scenarios.base import MAX_RANKS
 
     if args.list:
         for name, sc in SCENARIOS.items():
@@ -43,8 +44,8 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.scenario is not None and args.scenario not in SCENARIOS:
         raise UsageError(f"unknown scenario {args.scenario!r}; choose one of: {', '.join(SCENARIOS)}")
-    if args.ranks is not None and args.ranks < 1:
-        raise UsageError("--ranks must be at least 1")
+    if args.ranks is not None and not 1 <= args.ranks <= MAX_RANKS:
+        raise UsageError(f"--ranks must be from 1 to {MAX_RANKS} (a worker process each), not {args.ranks}")
     if args.headless:
         from commscope.commands.check import check_store
         from commscope.scenarios import run_headless

@@ -18,6 +18,11 @@ from typing import Any
 Expected = tuple[tuple[str, "tuple[int, ...] | None"], ...]
 
 
+#: The most worker processes a demo starts on one machine: each is a Python process with
+#: torch (~300 MB), and ``demo --ranks 5000`` started them all until the machine gave out
+MAX_RANKS = 64
+
+
 @dataclasses.dataclass(frozen=True)
 class DemoContext:
     """What a demo worker gets besides its rank and the world size (picklable).

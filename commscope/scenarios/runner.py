@@ -44,7 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from commscope.scenarios.base import DemoContext, Scenario
+from commscope.scenarios.base import MAX_RANKS, DemoContext, Scenario
 
 #: Exit code of a worker ended by the demo's time limit (the normal end of a hanging scenario).
 EXIT_TIME_LIMIT = 124
@@ -290,6 +290,9 @@ class DemoJob:
         self.ranks = sc.default_ranks if ranks is None else int(ranks)
         if self.ranks < sc.min_ranks:
             raise ValueError(f"scenario {sc.name} needs at least {sc.min_ranks} ranks, got {self.ranks}")
+        if self.ranks > MAX_RANKS:
+            raise ValueError(f"a demo runs at most {MAX_RANKS} ranks on this machine (a process each), "
+                             f"not {self.ranks}")
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"unknown backend {backend!r}; use gloo or nccl")
         if backend == "nccl":
