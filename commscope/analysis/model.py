@@ -766,7 +766,7 @@ class TraceModel:
                 live = _Live.of(recs_list, live_pos, described, spans) if live_pos else None
         n_recs = len(recs_list)
         skip = _every_or_set(live_pos, n_recs) if known is not None else set()
-        codes = [None] * n_recs if len(skip) == n_recs else [
+        codes = [None] * n_recs if len(skip) == n_recs else self._codes_known(recs_list, rows, skip, spans is not None) or [
             self._codes(recs.statics, recs.static[b], recs.tid[b]) if k not in skip and (b := rows[k]).shape[0]
             else None for k, recs in enumerate(recs_list)]
         together = _every_or_set(fresh + live_pos, n_recs)  # (disjoint)
@@ -1186,6 +1186,31 @@ class TraceModel:
                 return None
             codes[j] = code
         return codes[pair_at.reshape(-1)]
+
+    def _codes_known(self, recs_list: Sequence[OpRecords], rows: _Begins, skip: Set[int],
+                     one_table: bool) -> list[np.ndarray | None] | None:
+        """Each record's begins' signature codes, as ``_codes`` gives them, looked up for the
+        batch at once where every (static, thread) pair is known (a whole read's batches
+        after its first: a call of ``_codes`` a rank was ~0.1 s of a 4,096-rank read's reading
+        process); None where one is new (then each record's are interned in the records'
+        order, ``_codes``), or the records differ in their decoder's table.  ``one_table``:
+        they are slices of one set of columns (``Spans``)."""
+        ks = [k for k in range(len(recs_list)) if k not in skip and rows[k].shape[0]]
+        if len(ks) < 2:
+            return None
+        statics = recs_list[ks[0]].statics
+        if not one_table and not all(recs_list[k].statics is statics for k in ks):
+            return None
+        st = np.concatenate([recs_list[k].static[rows[k]] for k in ks])
+        tid = np.concatenate([recs_list[k].tid[rows[k]] for k in ks])
+        found = self._pairs.find(self._sks(statics, int(st.max()) + 1)[st], tid)
+        if found is None:
+            return None
+        out: list[np.ndarray | None] = [None] * len(recs_list)
+        bounds = np.cumsum([0] + [rows[k].shape[0] for k in ks]).tolist()
+        for j, k in enumerate(ks):
+            out[k] = found[bounds[j]:bounds[j + 1]]
+        return out
 
     def _sks(self, statics: Sequence[Static], span: int) -> np.ndarray:
         """The signature keys of a decoder's table (its first ``span`` statics at least), as an
