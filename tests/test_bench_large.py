@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import sys
 
+import pytest
 from model_compare import differences, model_state
 
 from commscope.analysis import model
@@ -77,3 +78,20 @@ def test_a_columns_measurement_says_where_its_cpu_went(tmp_path, monkeypatch):
     assert large._worker_start(store) > 0
     monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", "raise SystemExit(3)"))
     assert math.isnan(large._worker_start(store))
+
+
+def test_the_extrapolation_to_more_cores_follows_the_cpu_it_is_given():
+    """``bench large``'s extrapolation of reader + model to machines of more cores (labelled
+    as one): the read lasts at least the reading process's CPU, each worker's share (their
+    decoding, plus a start each) and all the CPU over all the cores."""
+    events = 3_600_000
+    # 2 workers that took 4.0 s, 0.2 s of it starting; a reading process of 1.2 s
+    two = large.extrapolated(events, 1.2, 4.0, 2, 0.2, 2, 8)
+    assert two == pytest.approx(events / ((1.2 + 4.0) / 2))  # (all the CPU over both cores)
+    four = large.extrapolated(events, 1.2, 4.0, 2, 0.2, 4, 8)
+    assert four == pytest.approx(events / ((1.2 + 3.6 + 4 * 0.2) / 4))
+    # past the workers' cap the reading process bounds it, however many cores
+    assert large.extrapolated(events, 1.2, 4.0, 2, 0.2, 16, 8) == pytest.approx(events / 1.2)
+    assert large.extrapolated(events, 1.2, 4.0, 2, 0.2, 64, 8) == pytest.approx(events / 1.2)
+    # a worker's share bounds it where the reading process costs nothing
+    assert large.extrapolated(events, 0.0, 4.0, 1, 0.0, 8, 2) == pytest.approx(events / 2.0)

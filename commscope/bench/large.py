@@ -73,6 +73,26 @@ TARGETS = {4096: (5.0, 1.5 * 2**30), 16384: (15.0, 4 * 2**30)}
 RATE_TARGETS = {"native": 2.0, "json": 1.0}
 
 
+#: The core counts ``extrapolated`` speaks for
+EXTRAPOLATED_CORES = (4, 8, 16)
+
+
+def extrapolated(events: int, main_cpu: float, workers_cpu: float, workers: int, start_cpu: float,
+                 cores: int, max_workers: int) -> float:
+    """Reader + model, events a second, on a machine of ``cores`` cores, from the CPU times
+    of a whole read measured with ``workers`` read workers (each paid ``start_cpu`` to
+    start): an extrapolation, not a measurement.  There the read takes ``min(max_workers,
+    cores)`` workers (``DirectoryReader.MAX_WORKERS``), each paying its start again, their
+    decoding the same CPU as here, and overlapping perfectly with the reading process; the
+    read lasts at least the reading process's CPU (it ingests what each worker sends), each
+    worker's share, and all the CPU over all the cores."""
+    decode = max(0.0, workers_cpu - workers * start_cpu)
+    w = max(1, min(max_workers, cores))
+    theirs = decode + w * start_cpu
+    wall = max(main_cpu, theirs / w, (main_cpu + theirs) / cores)
+    return events / wall if wall > 0 else float("inf")
+
+
 def _rank_counts(text: str) -> list[int]:
     """``--ranks``: whole numbers of ranks, at least 2 each (one goes missing), comma-separated."""
     try:
@@ -549,6 +569,16 @@ def _print_row(row: dict[str, Any]) -> None:
     print(f"                  {fmt_time(workers)} {n} read worker(s) (each one's start and first stream: "
           f"{fmt_time(_med(cols, 'start_cpu_s'))}); {cores()} core(s)" if n else
           f"                  no read worker; {cores()} core(s)")
+    if n:
+        from commscope.store.directory import DirectoryReader
+
+        here = cores()
+        rates = [extrapolated(cols[0]["events"], _med(cols, "main_cpu_s"), workers, n, _med(cols, "start_cpu_s"), c,
+                              DirectoryReader.MAX_WORKERS) / 1e6 for c in (here, *EXTRAPOLATED_CORES)]
+        print("    extrapolated from these CPU times, not measured (perfect overlap): " +
+              ", ".join(f"{r:.2f} M/s on {c} cores" for r, c in zip(rates[1:], EXTRAPOLATED_CORES, strict=True)) +
+              f" (on this machine's {here}: {rates[0]:.2f}, measured {rate:.2f}); the reading process alone "
+              f"{cols[0]['events'] / _med(cols, 'main_cpu_s') / 1e6:.2f} M/s")
 
 
 def _print_summary(rows: list[dict[str, Any]]) -> None:
