@@ -8,6 +8,11 @@ socket of the writer's connection.
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
+
 import pytest
 from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
 from redis_fixture import redis_client
@@ -18,6 +23,7 @@ from commscope.redact import redact
 from commscope.store import StoreError, open_reader, open_writer
 from commscope.store.redis_store import Keys, RedisAuthError, RedisWriter, delete_job, list_jobs
 from commscope.store.redis_url import parse_url
+from commscope.store.resp import Interruptible
 
 
 def ev(rank: int, i: int, **kw) -> dict:
@@ -270,6 +276,69 @@ def test_killed_connection_is_replaced_without_an_error(redis_url):
     assert c.client_kill_filter(_type="normal", skipme=True) >= 1  # e.g. an idle timeout
     w.write(lines(0, 100, 200))  # reconnects by itself: no StoreError
     assert [i for _, i in stored_ids(redis_url, "k", 0)] == list(range(1, 200))
+
+
+def test_a_deadline_cuts_every_wait_of_a_write_short(tmp_path):
+    """A last write (at exit, at a new incarnation) has what is left of its time: a Redis
+    that stopped answering (SIGSTOP: it accepts, it never replies) holds it no longer, whatever
+    the URL's reply timeout (600 s here), the reconnect included, and the error says so."""
+    server = RedisServer(data_dir=tmp_path / "r").start()
+    try:
+        w = open_writer(server.url + "?timeout=600", "dl", 0)
+        w.write(lines(0, 1, 10))
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            w.set_deadline(time.monotonic() + 0.3)
+            with pytest.raises(StoreError) as info:
+                w.write(lines(0, 10, 20))
+            w.set_deadline(None)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        assert info.value.written == 0
+        assert "no answer within 0.3 s, the time it had" in str(info.value)
+        w.write(lines(0, 10, 20))  # Redis answers again: what was in flight is settled, nothing twice
+        assert [i for _, i in stored_ids(server.url, "dl", 0)] == list(range(1, 20))
+        w.close()
+    finally:
+        server.close()
+
+
+def test_an_interrupted_thread_s_write_gives_up_at_once(tmp_path):
+    """The recorder thread's store I/O runs in an ``Interruptible``: whoever must not wait for
+    it (a new incarnation's attach, ``uninstrument``) ends the wait on a Redis that stopped
+    answering at once, and the writer counts nothing it did not store as stored."""
+    server = RedisServer(data_dir=tmp_path / "r").start()
+    try:
+        w = open_writer(server.url + "?timeout=600", "it", 0)
+        w.write(lines(0, 1, 10))
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        scope = Interruptible()
+        result: dict[str, int] = {}
+
+        def write():
+            with scope:
+                try:
+                    w.write(lines(0, 10, 20))
+                except StoreError as exc:
+                    result["written"] = exc.written
+
+        thread = threading.Thread(target=write)
+        try:
+            thread.start()
+            until = time.monotonic() + 60
+            while not len(scope._conns) and thread.is_alive() and time.monotonic() < until:
+                time.sleep(0.01)  # (until it waits on the stopped server)
+            scope.interrupt()
+            thread.join(60)
+            assert not thread.is_alive() and result == {"written": 0}
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+            thread.join()
+        w.write(lines(0, 10, 20))  # (outside the scope: nothing cut)
+        assert [i for _, i in stored_ids(server.url, "it", 0)] == list(range(1, 20))
+        w.close()
+    finally:
+        server.close()
 
 
 class _LoseReplyOnce:

@@ -90,6 +90,7 @@ class Nodes:
         self._slots: list[Address] = []
         self._conns: dict[Address, Connection] = {}
         self._known: list[Address] = [(target.host, target.port)]
+        self._deadline: tuple[float | None, float] = (None, 0.0)  # (``Connection.set_deadline``'s)
 
     # -- the map
     def connect(self) -> None:
@@ -157,6 +158,7 @@ class Nodes:
                 dataclasses.replace(self.target, host=address[0], port=address[1], db=0)
             conn = Connection(target, self.shown if target is self.target else
                               f"{self.shown} (cluster node {address[0]}:{address[1]})")
+            conn.set_deadline(*self._deadline)
             conn.connect()
             self._conns[address] = conn
         return conn
@@ -179,9 +181,18 @@ class Nodes:
         for conn in self._conns.values():
             conn.set_timeout(timeout)
 
+    def set_deadline(self, deadline: float | None) -> None:
+        """No wait on any node lasts past ``deadline`` (``time.monotonic``), from now on and
+        on the open connections too (None: each reply's timeout alone again)."""
+        self._deadline = (deadline, 0.0 if deadline is None else max(0.0, deadline - time.monotonic()))
+        for conn in list(self._conns.values()):
+            conn.set_deadline(*self._deadline)
+
     def why(self, exc: BaseException) -> str:
         """A short, secret-free reason for a connection failure."""
-        return Connection(self.target, self.shown).why(exc)
+        conn = Connection(self.target, self.shown)
+        conn.set_deadline(*self._deadline)
+        return conn.why(exc)
 
     def reset(self) -> None:
         """Close every connection (after a failure: the next use connects again)."""

@@ -168,7 +168,15 @@ class RedisWriter:
         self._meta_line: bytes | None = None  # the rank's meta, stored again after Redis lost it
         self._lost: tuple[int, int] | None = None  # entries Redis no longer held on reconnecting
         self._lost_why: str | None = None  # the marker's reason where it is not that (``skip``)
-        self._open()
+        if connect_timeout is None:
+            self._open()
+            return
+        # ``connect_timeout`` bounds the whole opening (every round trip of it), not each reply
+        self._nodes.set_deadline(time.monotonic() + connect_timeout)
+        try:
+            self._open()
+        finally:
+            self._nodes.set_deadline(None)
 
     crash_dir = None  # a server: no directory of this machine beside the stream
 
@@ -395,6 +403,11 @@ class RedisWriter:
         except (OSError, ReplyError):  # while settling after a refusal: settle next time
             self._drop()
         raise StoreError(f"cannot append to {self._shown} job {self.job!r} rank {self.rank}: {reason}", written=done)
+
+    def set_deadline(self, deadline: float | None) -> None:
+        """No wait of the writes from now on lasts past ``deadline`` (``time.monotonic``; None:
+        each reply's timeout alone): a last write at exit takes what is left of its time."""
+        self._nodes.set_deadline(deadline)
 
     def _relax(self) -> None:
         """The URL's reply timeout from now on (``_full_timeout``), on the open connections too."""

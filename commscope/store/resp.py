@@ -18,6 +18,9 @@ import contextlib
 import dataclasses
 import socket
 import ssl
+import threading
+import time
+import weakref
 from typing import Any
 
 from commscope.store.base import StoreError
@@ -85,12 +88,45 @@ class Connection:
         self.sock: socket.socket | None = None
         self._buf = b""
         self._pos = 0
+        #: (``time.monotonic``) no wait (connect, send, reply) lasts past it: each is cut to
+        #: what is left of it, the reply timeout at most (None: the reply timeout alone)
+        self.deadline: float | None = None
+        self.budget = 0.0  # seconds the deadline gave when set (what a timeout then says)
 
     def set_timeout(self, timeout: float) -> None:
         """Wait ``timeout`` seconds for a reply from now on (the socket too, if open)."""
         self.t = dataclasses.replace(self.t, timeout=timeout)
         if self.sock is not None:
             self.sock.settimeout(timeout)
+
+    def set_deadline(self, deadline: float | None, budget: float = 0.0) -> None:
+        """No wait lasts past ``deadline`` (``time.monotonic``; None: the reply timeout
+        alone again).  ``budget``: the seconds it gives, for the message of a timeout."""
+        self.deadline, self.budget = deadline, budget
+        sock = self.sock
+        if deadline is None and sock is not None:
+            with contextlib.suppress(OSError):
+                sock.settimeout(self.t.timeout)
+
+    def _wait(self) -> float:
+        """How long the next wait may last: the reply timeout, cut to what is left of the
+        deadline (TimeoutError when nothing is, or the thread's ``Interruptible`` was
+        interrupted)."""
+        scope = getattr(_scope, "current", None)
+        if scope is not None:
+            scope.enlist(self)
+        deadline = self.deadline
+        if deadline is None:
+            return self.t.timeout
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the deadline passed")
+        return min(self.t.timeout, left)
+
+    def _ready(self, sock: socket.socket) -> None:
+        wait = self._wait()
+        if self.deadline is not None:
+            sock.settimeout(wait)
 
     # -- connecting
 
@@ -127,13 +163,13 @@ class Connection:
         if t.scheme == "unix":
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                s.settimeout(t.timeout)
+                s.settimeout(self._wait())
                 s.connect(t.path)
             except BaseException:
                 s.close()
                 raise
             return s
-        s = socket.create_connection((t.host, t.port), timeout=t.timeout)
+        s = socket.create_connection((t.host, t.port), timeout=self._wait())
         try:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -221,6 +257,8 @@ class Connection:
         if isinstance(exc, socket.gaierror):
             return f"unknown host {self.t.host!r}"
         if isinstance(exc, TimeoutError | socket.timeout):
+            if self.deadline is not None and self.budget < self.t.timeout:
+                return f"no answer within {self.budget:.2g} s, the time it had"
             return f"no answer within {self.t.timeout:g} s"
         if isinstance(exc, FileNotFoundError):
             return f"no socket at {self.t.path}"
@@ -232,6 +270,7 @@ class Connection:
     def send(self, data: bytes) -> None:
         if self.sock is None:
             raise ConnectionError("not connected")
+        self._ready(self.sock)
         self.sock.sendall(data)
 
     def call(self, *args: Any) -> Any:
@@ -250,6 +289,7 @@ class Connection:
     def _more(self, buf: bytes, pos: int, need: int) -> tuple[bytes, int]:
         if self.sock is None:
             raise ConnectionError("not connected")
+        self._ready(self.sock)
         chunk = self.sock.recv(min(max(self.RECV, need), self.RECV_MAX))
         if not chunk:
             raise ConnectionError("Redis closed the connection")
@@ -442,9 +482,62 @@ class Connection:
             self.close()
             raise
 
+    def interrupt(self) -> None:
+        """From another thread (``Interruptible.interrupt``): the wait in progress ends now
+        with an OSError; the owner closes the connection as after any."""
+        sock = self.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def close(self) -> None:
         sock, self.sock = self.sock, None
         self._buf, self._pos = b"", 0
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+_scope = threading.local()
+
+
+class Interruptible:
+    """The store I/O of one thread, which another thread may cut short.
+
+    Every connection the thread waits on inside ``with scope:`` (connecting, sending,
+    reading a reply) is enlisted; ``interrupt()`` ends the wait in progress at once and makes
+    every later one raise at once (TimeoutError, an OSError: the owner reacts as to a lost
+    connection, and counts nothing it did not store as stored), until ``resume()``.  The
+    recorder thread runs in one, so that whoever waits for its tick never waits for a
+    store that does not answer."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._conns: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self.cut = False
+
+    def __enter__(self) -> Interruptible:
+        _scope.current = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _scope.current = None
+
+    def enlist(self, conn: Connection) -> None:
+        """``conn`` is about to wait (TimeoutError if interrupted)."""
+        with self._lock:
+            if self.cut:
+                raise TimeoutError("interrupted")
+            self._conns.add(conn)
+
+    def interrupt(self) -> None:
+        with self._lock:
+            self.cut = True
+            conns = list(self._conns)
+        for conn in conns:
+            conn.interrupt()
+
+    def resume(self) -> None:
+        with self._lock:
+            self.cut = False
+            self._conns = weakref.WeakSet()
