@@ -49,10 +49,10 @@ def cut_job(rank: int, ws: int, store: str, case: str) -> None:
     def refused(lines):
         raise StoreError("the store refuses (test)")
 
-    def refusing(self, final, started):
+    def refusing(self, final, *args):
         if final and self.outbox.writer is not None:
             self.outbox.writer.write = refused
-        return write(self, final, started)
+        return write(self, final, *args)
 
     setattr(recorder.Recorder, where, hold_forever)
     if case == "refused, then cut":

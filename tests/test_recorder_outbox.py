@@ -84,7 +84,7 @@ def test_the_last_write_reports_what_is_lost_and_closes_the_writer(capsys):
     box.opened(writer, b"meta")
     box.put(blocks.encode_block(b"", 0, 1, 4, pos=0, end=96), ring_end=96)
     box.put(b"x")
-    box.write_final(lambda: True, "rank 2", "/somewhere", kept="/dev/shm/x.spool")
+    box.write_final(lambda _timeout: True, "rank 2", "/somewhere", kept="/dev/shm/x.spool")
     err = capsys.readouterr().err
     assert "rank 2: 3 trace events (4 op records in blocks)" in err and "/somewhere" in err
     assert "they wait in /dev/shm/x.spool for a forwarder" in err

@@ -10,7 +10,8 @@ Op records are bounded by the spool's ring (``store/spool.py``), not by this cap
 ``block`` line is an encoded view of records that stay in the ring until the store has
 the line (``on_forwarded(end)`` then frees their room), and while the store fails the
 recorder drains no more (so the ring fills, and drops and counts what does not fit).
-Only the recorder thread touches an outbox.
+Only the recorder thread touches an outbox (or the caller holding its tick lock), but for
+``interrupt``: another thread about to cut the thread's store I/O short says so first.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class Outbox:
         self._on_exit_stored = on_exit_stored
         self._retry_at = 0.0
         self._retry_delay = 0.5
+        self._cut = False  # ``interrupt``: no write but ``write_final``'s from now on
 
     def put(self, line: bytes, ring_end: int = -1) -> None:
         """Queue an encoded event (a ring block with its end position).  Past the byte cap
@@ -100,6 +102,8 @@ class Outbox:
         self.bytes += len(first)
 
     def failed(self, message: str) -> None:
+        if self._cut:
+            return  # (interrupted: the store did not fail)
         self.error = message
         self._warn("store", f"commscope: {message}; training continues, trace events are buffered "
                             "(bounded) and dropped if the store stays unavailable")
@@ -120,36 +124,61 @@ class Outbox:
         if end >= 0 and self._on_forwarded is not None:
             self._on_forwarded(end)
 
-    def write_once(self) -> bool:
+    def interrupt(self) -> None:
+        """From another thread, which is about to cut the recorder thread's store I/O short
+        (``Recorder._make_way``): a write or an opening that fails from now on keeps what it
+        did not write, in order, and is no failure of the store (no backoff, no warning).
+        Only ``write_final`` writes after this, with time of its own."""
+        self._cut = True
+
+    def write_once(self, deadline: float | None = None) -> bool:
         """Hand everything queued to the open writer; on failure, keep what it did not take,
-        in order (a retry then neither loses nor duplicates a line: see the writers)."""
+        in order (a retry then neither loses nor duplicates a line: see the writers).
+        ``deadline`` (``time.monotonic``): no wait of the writer lasts past it."""
+        if self._cut and deadline is None:
+            return False
         pending = self.pending
+        limit = getattr(self.writer, "set_deadline", None) if deadline is not None else None
         try:
+            if limit is not None:
+                limit(deadline)
             self.writer.write([item.data for item in pending])
         except StoreError as exc:
             self._landed(exc.written)
             self.failed(str(exc))
             return False
+        finally:
+            if limit is not None:
+                try:
+                    limit(None)
+                except Exception:
+                    pass
         self._landed(len(pending))
         if self.error is not None:
             self.error = None
             self._retry_delay = 0.5
         return True
 
-    def write_final(self, open_writer: Callable[[], bool], who: str, store: str, kept: str | None = None,
-                    keep: Callable[[bytes, bool], None] | None = None) -> None:
-        """A last, bounded attempt; what still cannot be written is reported on stderr.
-        ``open_writer()`` opens the store if needed (True: ``writer`` is set); ``kept``: where
-        what did not make it waits for a forwarder (the spool), if anywhere: the op records
-        are there already, and ``keep(line, is_exit)`` puts each other event there too."""
-        deadline = time.monotonic() + self.FINAL_WRITE_S
-        while self.pending:
+    def write_final(self, open_writer: Callable[[float], bool], who: str, store: str, kept: str | None = None,
+                    keep: Callable[[bytes, bool], None] | None = None, deadline: float | None = None) -> None:
+        """A last attempt, bounded: it ends by ``FINAL_WRITE_S`` from now (or ``deadline``,
+        ``time.monotonic``, if sooner), and no wait of the store's, opening included, lasts
+        past that.  What still cannot be written is reported on stderr.
+        ``open_writer(timeout)`` opens the store if needed, within ``timeout`` seconds (True:
+        ``writer`` is set); ``kept``: where what did not make it waits for a forwarder (the
+        spool), if anywhere: the op records are there already, and ``keep(line, is_exit)``
+        puts each other event there too."""
+        end = time.monotonic() + self.FINAL_WRITE_S
+        deadline = end if deadline is None else min(deadline, end)
+        self._cut = False  # (the write an ``interrupt`` made way for)
+        while self.pending:  # (one try at least: a store that does not wait, a directory, needs no time)
             self._retry_at = 0.0
-            if open_writer() and self.write_once():
+            if open_writer(max(deadline - time.monotonic(), 0.0)) and self.write_once(deadline):
                 break
-            if time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 break
-            time.sleep(0.1)
+            time.sleep(min(0.1, left))
         if self.pending:
             lost = len(self.pending)
             records = sum(blocks.records_in_line(item.data) for item in self.pending)

@@ -41,6 +41,7 @@ from commscope.redact import redact_args
 from commscope.schema import MAX_SECONDS, redact_event
 from commscope.store import StoreError, backend_for, default_store, open_writer, redact_store, spool
 from commscope.store.crashlog import crash_file_name
+from commscope.store.resp import Interruptible
 
 ENV_HANG_AFTER = "COMMSCOPE_HANG_AFTER"
 ENV_JOB = "COMMSCOPE_JOB"
@@ -82,7 +83,8 @@ class Recorder:
     # How long a process that ends its recording waits for the last tick.  It takes
     # milliseconds, but seconds on a loaded host (2 cores, 4 ranks, a CI run beside): the old
     # 1 s cut it there, and the rank's exit was lost.  The bound is for a wedged tick (an NVML
-    # call on a failed GPU, a store that blocks), never reached otherwise.
+    # call on a failed GPU), never reached otherwise: the store's part of the last tick ends
+    # within ``Outbox.FINAL_WRITE_S``, a store that blocks included (``_make_way``).
     FINAL_HOLD_S = 10.0
     EXIT_LOCK_WAIT_S = 1.0  # ``_keep_exit``'s wait for the exit's lock (held briefly, or by what a signal interrupted)
 
@@ -137,7 +139,12 @@ class Recorder:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._ticks = 0
+        # Held by each tick, its store I/O included.  Whoever else takes it (``attach``, at a
+        # new incarnation) or waits for the last tick (``stop``) first makes way
+        # (``_make_way``): the thread's store I/O (``_io``) gives up at once and keeps what it
+        # did not write, so neither waits for a store that does not answer.
         self._tick_lock = threading.Lock()
+        self._io = Interruptible()
         self.started_ns = time.time_ns()
         self.ops = self._make_source(source)
 
@@ -173,11 +180,19 @@ class Recorder:
         (what the last one holds goes to its own stream first)."""
         if not (dist.is_available() and dist.is_initialized()):
             return
+        closing = not self.group_alive and self.incarnation >= 0  # (both change on this thread only)
+        if closing:
+            self._make_way()
         with self._tick_lock:
+            self._io.resume()
             if self.group_alive:
                 return
+            # All of this call's store I/O (the last incarnation's last write, opening the
+            # store, the meta) ends within OPEN_TIMEOUT_S.
+            io_started = time.monotonic()
             if self.incarnation >= 0:
-                self._close_incarnation()
+                self._close_incarnation(io_started + self.OPEN_TIMEOUT_S)
+            io_left = self.OPEN_TIMEOUT_S - (time.monotonic() - io_started)
             rank = dist.get_rank()
             job, inc, self.run = jobid.settle(rank, self.job, self.incarnation + 1, self.SETTLE_S)
             self.rank, self.incarnation, self.group_alive = rank, inc, True
@@ -191,14 +206,28 @@ class Recorder:
             self._flush_early()
             if self.job is not None:
                 self.outbox._retry_at = 0.0
-                if self._open_writer(timeout=self.OPEN_TIMEOUT_S) and self.outbox.write_once() and self.spool:
+                opening = time.monotonic()
+                if io_left > 0 and self._open_writer(timeout=io_left) and self.outbox.write_once(
+                        opening + io_left) and self.spool:
                     self.spool.set_flag(spool.META_STORED)
+                elif io_left <= 0:  # (the meta and the records wait in the spool for the thread's next try)
+                    self._open_spool()
             self._arm()
 
-    def _close_incarnation(self) -> None:
+    def _make_way(self) -> None:
+        """For a caller about to wait for the tick (``attach``, ``stop``): the thread's store
+        I/O in progress gives up at once (what it did not write stays queued, in order), and
+        none starts until the caller has had its turn (``_io.resume``): a tick holds the lock
+        for its own work, never for a store that does not answer."""
+        self.outbox.interrupt()
+        self._io.interrupt()
+
+    def _close_incarnation(self, deadline: float) -> None:
         """Before a new incarnation: everything of the last one to its stream (its ``exit``
-        was written at destroy_process_group), its writer and spool closed.  Under the tick lock."""
-        self._do_tick(final=True)
+        was written at destroy_process_group), by ``deadline`` (``time.monotonic``) at the
+        latest, its writer and spool closed (what did not make it waits in the spool for a
+        forwarder: the thread's next tick, a reader).  Under the tick lock."""
+        self._do_tick(final=True, deadline=deadline, forward=False)
         self.outbox = self._new_outbox()
         self.exited, self._exit, self.crash = False, None, None
         self._exit_line, self._exit_stored, self._exit_kept = None, False, False
@@ -324,6 +353,8 @@ class Recorder:
         waits for it (at most ``timeout``, default ``FINAL_HOLD_S``): a process that left
         sooner would cut it, and its rank would read as killed."""
         self.mark_exit(reason, code)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._make_way()  # (before the stop: the last tick, after it, writes for FINAL_WRITE_S at most)
         self._stop.set()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -338,6 +369,10 @@ class Recorder:
 
     # ------------------------------------------------------------------ thread
     def _run(self) -> None:
+        with self._io:  # (its store I/O: what ``_make_way`` cuts short)
+            self._loop()
+
+    def _loop(self) -> None:
         while not self._stop.is_set():
             try:
                 self._tick()
@@ -345,6 +380,7 @@ class Recorder:
                 self.warn("internal", f"commscope recorder error (recording continues): {exc!r}")
             self._wake.wait(self.TICK)
             self._wake.clear()
+        self._io.resume()  # (``stop`` made way before it asked for this last tick)
         try:
             self._tick(final=True)
         except Exception as exc:
@@ -360,10 +396,15 @@ class Recorder:
         with self._tick_lock:
             self._do_tick(final)
 
-    def _do_tick(self, final: bool) -> None:
-        """One tick (under the tick lock); ``final``: everything out, the writer closed."""
+    def _do_tick(self, final: bool, deadline: float | None = None, forward: bool = True) -> None:
+        """One tick (under the tick lock); ``final``: everything out, the writer closed, the
+        store I/O ended by ``Outbox.FINAL_WRITE_S`` from now (or ``deadline``, if sooner);
+        ``forward``: dead ranks' spools too, when it is time."""
         now = time.time_ns()
         started = time.monotonic()
+        if final:
+            end = started + Outbox.FINAL_WRITE_S
+            deadline = end if deadline is None else min(deadline, end)
         asked, self._write_now = self._write_now, False
         if self.rank is None and dist.is_available() and dist.is_initialized():
             self.rank = dist.get_rank()
@@ -406,9 +447,9 @@ class Recorder:
                     self._exit_line, self._exit = line, None
                 outbox.put(line, EXIT_RING_END)  # last, after everything recorded before it
         if due:
-            self._write(final, started)
-        if final or time.monotonic() >= self._next_forward:
-            self._forward_dead()
+            self._write(final, started, deadline)
+        if forward and (final or time.monotonic() >= self._next_forward):
+            self._forward_dead(deadline if final else None)
         if final:
             self._leave_spool()
         self._ticks += 1
@@ -473,21 +514,37 @@ class Recorder:
         finally:
             self._exit_lock.release()
 
-    def _forward_dead(self) -> None:
+    def _forward_dead(self, deadline: float | None = None) -> None:
         """Send what ranks of this job that died on this host left in their spools to their
-        streams (``store/spool.py``)."""
+        streams (``store/spool.py``), the store I/O ended by ``deadline`` (a final tick's),
+        else within OPEN_TIMEOUT_S; none while a caller waits for the tick (``_make_way``):
+        a spool not forwarded now is the next tick's (or a reader's)."""
         self._next_forward = time.monotonic() + self.FORWARD_EVERY
-        if self.job is None:
+        if self.job is None or self._io.cut:
             return
+        if deadline is None:
+            deadline = time.monotonic() + self.OPEN_TIMEOUT_S
         own = {self.spool.path} if self.spool is not None else set()
         try:
-            spool.forward_dead(self.job, self.store, self._resume_writer, own, run=self.run)
+            spool.forward_dead(self.job, self.store, lambda rank, inc: self._resume_writer(rank, inc, deadline),
+                               own, run=self.run)
         except Exception as exc:
             self.warn("forward", f"commscope: could not forward a dead rank's last records: {exc}")
 
-    def _resume_writer(self, rank: int, incarnation: int) -> Any:
-        return open_writer(self.store, self.job, rank, incarnation=incarnation, resume=True,
-                           connect_timeout=self.OPEN_TIMEOUT_S)
+    def _resume_writer(self, rank: int, incarnation: int, deadline: float | None = None) -> Any:
+        """A writer appending to a dead rank's stream whose waits end by ``deadline`` (None:
+        within OPEN_TIMEOUT_S)."""
+        if deadline is None:
+            deadline = time.monotonic() + self.OPEN_TIMEOUT_S
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise StoreError("no time left to forward it")
+        writer = open_writer(self.store, self.job, rank, incarnation=incarnation, resume=True,
+                             connect_timeout=min(left, self.OPEN_TIMEOUT_S))
+        limit = getattr(writer, "set_deadline", None)
+        if limit is not None:
+            limit(deadline)
+        return writer
 
     def _leave_spool(self) -> None:
         """At the end of an incarnation: the spool goes if the store has everything, else it
@@ -639,13 +696,15 @@ class Recorder:
             meta["local_rank"] = int(os.environ["LOCAL_RANK"])
         return meta
 
-    def _write(self, final: bool, started: float) -> None:
+    def _write(self, final: bool, started: float, deadline: float | None = None) -> None:
         """Hand what waits to the store (``started``: the tick's start, which the store's
-        pace counts from, so a pace of one tick writes every tick)."""
+        pace counts from, so a pace of one tick writes every tick; ``deadline``: a final
+        write's end, ``time.monotonic``)."""
         outbox = self.outbox
         if final:
             outbox.write_final(self._open_writer, f"rank {self.rank}", redact_store(self.store),
-                               kept=str(self.spool.path) if self.spool is not None else None, keep=self._keep_line)
+                               kept=str(self.spool.path) if self.spool is not None else None, keep=self._keep_line,
+                               deadline=deadline)
         elif outbox.pending and not outbox.backing_off() and self._open_writer():
             outbox.write_once()
             self._next_write = started + outbox.writer.write_every
