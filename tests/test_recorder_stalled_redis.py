@@ -136,6 +136,8 @@ def test_a_stopped_redis_holds_neither_a_new_incarnation_nor_uninstrument(tmp_pa
                         for inc in range(len(OPS)) if e["id"] in incarnation_ids(inc))
         assert begun == dict(enumerate(OPS))
         assert [e["reason"] for e in events if e["type"] == "exit"] == ["destroy_process_group"] * 2
+        # incarnation 1 never opened the store: its meta came from its spool
+        assert sorted(e.get("inc", 0) for e in events if e["type"] == "meta") == [0, 1]
         assert not [e for e in events if e["type"] == "dropped"]
     finally:
         server.close()

@@ -664,6 +664,13 @@ class Recorder:
             }, incarnation=self.incarnation, connect_timeout=timeout)
         except StoreError as exc:
             self._open_spool()  # the records wait there meanwhile
+            if self.spool is not None:  # and the meta, for a forwarder, should the store never take it
+                try:
+                    meta["job"] = backend_for(self.store).pinned_job(self.store) or self.job
+                except Exception:
+                    pass
+                meta["v"], meta["rank"] = events.SCHEMA_VERSION, self.rank
+                self.ops.note_meta(_dumps(meta))
             outbox.failed(str(exc))
             return False
         # A store URL may name the job (redis://...?job=NAME): the events must say the same.
