@@ -335,3 +335,78 @@ def test_flush_writes_whatever_the_stores_pace(redis_url):
     url = redis_url + "?rate=1&job=paced"  # one rank: a write a second at most
     res = run_ranks(paced_flush_job, 1, args=(url,), timeout=120)
     assert res[0].value == [3, 8]
+
+
+# ---------------------------------------------------------------------------- a hang through a flush
+def hang_through_a_flush(rank: int, ws: int, store: str, release: str) -> None:
+    """Five all_reduces, then rank 1 stays out of the sixth (it waits for ``release`` in
+    Python) while the others wait in it."""
+    commscope.instrument(store, sample_interval=0.2, hang_after=1.0, flight_recorder=False)
+    x = torch.ones(8)
+    for _ in range(5):
+        dist.all_reduce(x)
+    if rank == 1:
+        _wait_for(lambda: os.path.exists(release), 120, "the release")
+    dist.all_reduce(x)
+    commscope.uninstrument()
+
+
+def _hang_check(url: str, capsys) -> dict:
+    capsys.readouterr()
+    rc = cli.main(["check", url, "--json", "--hang-after", "1"])
+    out = json.loads(capsys.readouterr().out)
+    out["rc"] = rc
+    return out
+
+
+def _the_hang(out: dict) -> dict | None:
+    """The hang's finding, when it is the only error finding but the trace's losses."""
+    errors = [f for f in out["findings"] if f["severity"] == "error" and f["kind"] != "trace_incomplete"]
+    return errors[0] if len(errors) == 1 and errors[0]["kind"] == "missing_ranks" else None
+
+
+@pytest.mark.timeout(180)
+def test_a_hang_is_still_found_after_redis_lost_the_streams_while_it_hung(redis_url, tmp_path, capsys):
+    """Redis flushed while ranks 0 and 2 wait in an all_reduce rank 1 never entered: their
+    writers state the loss, and restate the ops they still have in flight (the carry of
+    ``store/inflight.py``, as a mark holds it), so the hang is still found, on rank 1 alone,
+    with the loss counted.  Before, the begins went with the flushed entries and ``check``
+    found only the loss."""
+    url = redis_url + "?job=hang-flush"
+    release = tmp_path / "release"
+    job = Job(hang_through_a_flush, 3, args=(url, str(release)), pg_timeout=300).start()
+    client = redis_client(url)
+    try:
+        def hung() -> dict | None:
+            out = _hang_check(url, capsys) if client.exists(Keys.meta("hang-flush")) else None
+            return out if out is not None and _the_hang(out) is not None else None
+
+        _wait_for(hung, 60, "the hang found before the flush")
+        before = _the_hang(hung())
+        assert (before["culprits"], before["seq"], before["op"]) == ([1], 6, "all_reduce"), before
+
+        client.flushdb()
+        streams = [Keys.stream("hang-flush", r) for r in range(3)]
+
+        def all_stated() -> bool:  # every rank's writer found its stream gone and said so
+            return all(any(b"store_lost" in v[b"e"] for _, v in client.xrange(s, count=50)) for s in streams)
+
+        _wait_for(all_stated, 30, "every rank's store_lost marker")
+        assert len(job.alive()) == 3
+        out = _hang_check(url, capsys)
+        hang = _the_hang(out)
+        assert hang is not None, [(f["kind"], f["culprits"], f["message"]) for f in out["findings"]]
+        assert (hang["culprits"], hang["seq"], hang["op"], hang["group"]) == ([1], 6, "all_reduce", before["group"])
+        assert sorted(hang["ranks"]) == [0, 1, 2]
+        for f in out["findings"]:  # no victim blamed
+            if f["severity"] == "error" and f["kind"] != "trace_incomplete":
+                assert f["culprits"] == [1], f
+        lost = [f for f in out["findings"] if f["kind"] == "trace_incomplete"]
+        assert lost and sorted(lost[0]["culprits"]) == [0, 1, 2], lost
+        assert "lost by Redis" in json.dumps(out), out
+        assert out["rc"] == 1
+    finally:
+        release.touch()
+        job.join(60)
+        job.kill()
+        client.close()

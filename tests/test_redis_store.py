@@ -202,7 +202,8 @@ def test_a_flush_without_a_restart_is_a_stated_loss_and_the_job_stays_findable(r
     reader = open_reader(redis_url)
     got = reader.read_all()
     assert reader.job_name() == "fl" and reader.job()["world_size"] == 1
-    assert [e["type"] for e in got[:2]] == ["dropped", "meta"] and [e["id"] for e in got[2:]] == list(range(10, 15))
+    # (ops 1-9 never ended: still in flight, stated again after the meta, then 10-14)
+    assert [e["type"] for e in got[:2]] == ["dropped", "meta"] and [e["id"] for e in got[2:]] == list(range(1, 15))
     assert reader.missing == {0: 10} and any("lost by Redis" in m for m in reader.stats.warnings)
 
 
@@ -226,6 +227,69 @@ ring.keep_event(E.encode({"v": 1, "type": "heartbeat", "rank": 1, "ts": 99}))  #
 print(sp.path, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
+
+
+def _op(i: int, phase: str, ts: int, **kw) -> bytes:
+    return E.encode({"v": 1, "type": "op", "rank": 0, "ts": ts, "phase": phase, "id": i, **kw})
+
+
+def _all_reduce(i: int, ts: int) -> bytes:
+    return _op(i, "begin", ts, op="all_reduce", group="0", seq=i, in_shapes=[[4]], in_dtypes=["float32"], bytes=16)
+
+
+def _stream(url: str, job: str) -> list[dict]:
+    c = redis_client(url)
+    try:
+        return [E.decode(f[b"e"]) for _, f in c.xrange(Keys.stream(job, 0))]
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("marks", ["child", "inline"])
+def test_a_flush_restates_the_ops_in_flight_and_no_op_as_in_flight_that_ended(redis_url, marks):
+    """After a flush the writer states what the rank was in (a mark's carry: store/inflight.py),
+    replayed from the newest mark it knows and what it wrote after: the op still in flight,
+    the last one done with its end (never as in flight), nothing the writer never wrote."""
+    meta = E.encode({"v": 1, "type": "meta", "rank": 0, "ts": 1, "world_size": 1})
+    w = RedisWriter(redis_url, "rs", 0, {"world_size": 1}, marks=marks, mark_every_s=1e-9)
+    w.write([meta, _all_reduce(1, 10), _op(1, "end", 11), _all_reduce(2, 12), _op(2, "end", 13)])
+    if marks == "child":  # (the child's mark read back at the next write, once it is done)
+        w._marker.wait(60)
+    w.write([_all_reduce(3, 14), _op(3, "end", 15), _all_reduce(4, 16)])  # (after a mark: the base moved on)
+    if marks == "child":
+        w._marker.wait(60)
+    c = redis_client(redis_url)
+    c.flushdb()
+    c.close()
+    w.write([E.encode({"v": 1, "type": "heartbeat", "rank": 0, "ts": 20}), _all_reduce(5, 21)])
+    got = _stream(redis_url, "rs")
+    assert [e["type"] for e in got[:2]] == ["dropped", "meta"] and "store_lost" in got[0]["reason"]
+    ops = [(e["id"], e["phase"]) for e in got if e["type"] == "op"]
+    # (the last done of its group with its end, the op in flight; then what came after)
+    assert ops == [(3, "begin"), (3, "end"), (4, "begin"), (5, "begin")]
+    assert got[-2]["type"] == "heartbeat"
+    reader = open_reader(redis_url)
+    assert [e["id"] for e in reader.read_all() if e["type"] == "op" and e["phase"] == "begin"] == [3, 4, 5]
+
+
+def test_a_replica_that_lacked_the_newest_writes_has_only_what_it_lacked_restated(redis_url):
+    """Redis still holds the stream up to some entry (a failover to a replica that lacked the
+    newest writes; here XDEL of the newest entries): an op whose begin it still holds is not
+    stated twice (an id begun twice reads as reused), one whose begin it lost is."""
+    meta = E.encode({"v": 1, "type": "meta", "rank": 0, "ts": 1, "world_size": 1})
+    w = RedisWriter(redis_url, "rp", 0, {"world_size": 1}, marks="off")
+    w.marks, w._base = "child", (0, b"")  # (marks kept by the writer, none taken: a loss before the first)
+    w.write([meta, _all_reduce(1, 10)])  # entries 1-2: op 1 in flight (an async op: its wait comes later)
+    w.write([_op(5, "begin", 11, op="send", group="0", peer=1, dir="send", seq=1), _op(1, "end", 12)])  # 3-4
+    c = redis_client(redis_url)
+    c.xdel(Keys.stream("rp", 0), "0-3", "0-4")
+    c.close()
+    w.write([E.encode({"v": 1, "type": "heartbeat", "rank": 0, "ts": 20})])
+    got = _stream(redis_url, "rp")
+    begins = [e["id"] for e in got if e["type"] == "op" and e["phase"] == "begin"]
+    assert begins == [1, 5], got  # (op 1's begin once; op 5's again, after the marker)
+    after = got[[e["type"] for e in got].index("dropped"):]
+    assert [(e["id"], e["phase"]) for e in after if e["type"] == "op"] == [(1, "end"), (5, "begin")]
 
 
 def test_a_spool_forwarded_into_a_redis_that_lost_the_stream_states_the_loss(redis_url):
@@ -444,7 +508,8 @@ def test_server_down_at_open_and_back_later(tmp_path):
         reader = open_reader(url + "?job=d")
         follower = open_reader(url + "?job=d")
         got = reader.read_all()
-        assert [e["id"] for e in got if e["type"] == "op"] == list(range(50, 60))
+        # (ops 1-49 never ended: still in flight, stated again after the marker, then 50-59)
+        assert [e["id"] for e in got if e["type"] == "op"] == list(range(1, 60))
         # the gap is reported, not hidden, with its true cause: the writer found it on reconnecting
         assert [e["entries"] for e in got if e["type"] == "dropped"] == [49]
         assert reader.missing == {0: 49} and not reader.stats.trimmed
@@ -455,7 +520,9 @@ def test_server_down_at_open_and_back_later(tmp_path):
         assert follower.poll() == [] and any("still trying" in m for m in follower.stats.warnings)
         server.start()
         w.write(lines(0, 60, 61))
-        assert [e["id"] for e in follower.poll() if e["type"] == "op"] == [60]  # the live reader carries on
+        # the live reader carries on: Redis lost everything again, so it reads the ops still in
+        # flight as the writer restated them (it read none of them before), then 60
+        assert [e["id"] for e in follower.poll() if e["type"] == "op"] == list(range(1, 61))
     finally:
         server.close()
 

@@ -12,7 +12,9 @@ recorder's ``written`` count stays exact; when the answer cannot be had (Redis s
 down) the writer remembers the batch in flight and settles it on the next write, by
 content, so events the recorder re-sends are stored once.  Readers see ``0-K`` numbers,
 so a gap (``maxlen`` trimming, or data a Redis without persistence lost) is counted and
-reported rather than silently skipped.
+reported rather than silently skipped.  A writer that finds what it had stored gone states the
+loss (a ``store_lost`` marker), then what its rank was in, as a mark's carry says it
+(``RedisWriter._restated``): a hang that began before the loss is still found.
 
 Every key and stream member is made (and a member read back) by ``Keys``, the one copy
 of this layout.  The RESP client is ``commscope.store.resp`` (why not redis-py: see there).
@@ -23,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import time
+from collections import deque
 from typing import Any
 
 import orjson
@@ -101,6 +104,13 @@ def _pack_append(key: bytes, first: int, maxlen: int, lines: list[bytes], floor:
     return b"".join(head + body)
 
 
+#: What a writer keeps to restate the ops its rank has in flight once Redis lost its stream
+#: (``RedisWriter._restated``): the lines written after the newest mark it knows, at most this
+#: many bytes (a mark is taken every ``MARK_BYTES`` written at most: past this, the marker
+#: child fell behind, and a loss before its next mark restates nothing)
+KEEP_BYTES = 2 * redis_marks.MARK_BYTES
+
+
 class RedisWriter:
     """Appends one rank's events to its stream; owned by that rank's recorder thread.
 
@@ -168,6 +178,12 @@ class RedisWriter:
         self._meta_line: bytes | None = None  # the rank's meta, stored again after Redis lost it
         self._lost: tuple[int, int] | None = None  # entries Redis no longer held on reconnecting
         self._lost_why: str | None = None  # the marker's reason where it is not that (``skip``)
+        #: What the rank was in after entry K (a mark's carry: ``store/inflight.py``), and the
+        #: lines stored after it, by first entry: what restates its ops in flight after Redis
+        #: lost them (``_restated``).  None: not known (no marks, or ``KEEP_BYTES`` passed)
+        self._base: tuple[int, bytes] | None = (0, b"") if self.marks != "off" else None
+        self._kept: deque[tuple[int, list[bytes]]] = deque()
+        self._kept_bytes = 0
         if connect_timeout is None:
             self._open()
             return
@@ -254,18 +270,87 @@ class RedisWriter:
             self._next += n
 
     def _say_lost(self) -> None:
-        """Append a ``store_lost`` marker (the true cause of the gap readers will see) and
-        the rank's meta, which went with the lost entries."""
+        """Append a ``store_lost`` marker (the true cause of the gap readers will see), the
+        rank's meta, and what the rank was in that went with the lost entries (``_restated``:
+        its groups and the ops it still has in flight, so a hang is still found)."""
         first, last = self._lost
-        why, self._lost_why = self._lost_why, None
+        why = self._lost_why
         lines = [store_lost(self.rank, last - first + 1, why or
                             f"Redis no longer held entries #{first}-#{last} of this stream when the rank "
                             "reconnected (it restarted without persistence, or was flushed)")]
         lines += [self._meta_line] if self._meta_line is not None else []
+        state = self._restated(first - 1) if why is None else None  # (``skip``: nothing vanished)
+        if state is not None:
+            lines += state[0]
         done = 0
         while done < len(lines):
             done += self._append(lines, done, floor=0)  # (below the gap: that is the point)
-        self._lost = None
+        self._lost = self._lost_why = None
+        # (what the rank is in from here: the restatement's state, the lost lines no longer kept)
+        self._kept.clear()
+        self._kept_bytes = 0
+        if self._base is not None:
+            self._base = (self._next - 1, state[1]) if state is not None else None
+
+    def _keep(self, first: int, lines: list[bytes]) -> None:
+        """``lines`` are stored from entry ``first`` on: kept until a mark covers them
+        (``_rebase``), at most ``KEEP_BYTES``."""
+        if self.marks == "off" or not lines:
+            return
+        self._kept.append((first, list(lines)))
+        self._kept_bytes += sum(map(len, lines))
+        while self._kept_bytes > KEEP_BYTES and self._kept:  # (the marks fell behind: not known until the next)
+            _, gone = self._kept.popleft()
+            self._kept_bytes -= sum(map(len, gone))
+            self._base = None
+
+    def _rebase(self, entry: int, carry: bytes) -> None:
+        """A mark after entry ``entry`` holds ``carry``: the kept lines up to it are no longer
+        needed; what the rank is in is known again where the kept lines follow it."""
+        if self._base is not None and entry < self._base[0]:
+            return  # (older than what is known: a mark taken before a loss restated the state)
+        kept_from = self._kept[0][0] if self._kept else self._next
+        if entry + 1 < kept_from:
+            return  # (lines between the mark and the kept ones were let go: still not known)
+        while self._kept and self._kept[0][0] <= entry:
+            first, lines = self._kept.popleft()
+            self._kept_bytes -= sum(map(len, lines))
+            if first + len(lines) - 1 > entry:
+                rest = lines[entry + 1 - first:]
+                self._kept.appendleft((entry + 1, rest))
+                self._kept_bytes += sum(map(len, rest))
+                break
+        self._base = (entry, carry)
+
+    def _restated(self, top: int) -> tuple[list[bytes], bytes] | None:
+        """What the rank was in at its last stored entry, as a mark's carry says it
+        (``inflight.Replayed.carry``: its groups, its drops so far, the last ops it completed,
+        the phases of every op still in flight, the stacks that say where it is), replayed
+        from the newest mark known and the lines kept after it: the lines to restate after a
+        loss, and the whole carry (the new base).  Redis still holding entries up to ``top``
+        (a replica that lacked the newest writes), what they hold is not stated twice (a
+        begin stated again reads as an id reused).  None when not known."""
+        if self._base is None:
+            return None
+        entry, carry = self._base
+        survived: list[bytes] = []
+        if top > 0:
+            if entry > top:
+                return None  # (the mark's state holds lost and stored events alike)
+            survived = [x for first, lines in self._kept for k, x in enumerate(lines, first) if k <= top]
+        lines = [x for _, chunk in self._kept for x in chunk]
+        try:
+            replayed = inflight.replay(carry, b"".join(x + b"\n" for x in lines), self.rank)
+            restate = replayed.carry().splitlines()
+            if top > 0:
+                held = inflight.replay(carry, b"".join(x + b"\n" for x in survived), self.rank)
+                stored = {_said(e) for ops in held.phases.values() for e in ops}
+                stored |= {_said(e) for e in (*held.stacks.of_op.values(), held.stacks.last, held.stacks.requested)
+                           if e is not None}
+                restate = [x for x in restate if _said(orjson.loads(x)) not in stored]
+            return restate, replayed.carry(with_meta=True)
+        except Exception:  # (a replay of what this writer stored itself: never expected)
+            return None
 
     def resume_after(self, stored: int, meta: bytes | None = None) -> bool:
         """A forwarder's writer (``resume``): the rank's stream held ``stored`` entries when the
@@ -322,6 +407,7 @@ class RedisWriter:
         self._settled = (base, sent)
         self._unsure = None
         self._next = base + landed + 1
+        self._keep(base + 1, sent[:landed])
         if lines:  # landed events the caller no longer sends: it dropped (and counted) them
             self.stored_after_drop += len(done) - len(set(lines[:skip]))
         return skip
@@ -423,19 +509,32 @@ class RedisWriter:
         if not self._mark_from:  # (ranks that start together mark apart: the first mark comes early, by rank)
             self._mark_from = (redis_marks.entry_ns(lines[0]) or now) - int(
                 self.mark_every_ns * ((self.rank * 0.6180339887) % 1.0))
+        marks = Keys.marks(self.job, self.rank, self.incarnation).encode()
+        if self._marker is not None and self._marker.poll() is not None:  # (the child marked: what it found)
+            self._marker = None
+            try:
+                self._learn(redis_marks.newest(self._nodes, marks))
+            except (OSError, ReplyError, StoreError):
+                pass  # (the next mark says it)
         if now - self._mark_from < self.mark_every_ns and self._unmarked < redis_marks.MARK_BYTES:
             return
         if self.marks == "inline":
             try:
-                redis_marks.take(self._nodes, self.key, Keys.marks(self.job, self.rank, self.incarnation).encode(),
-                                 self.rank)
+                self._learn(redis_marks.take(self._nodes, self.key, marks, self.rank))
             except (OSError, ReplyError, StoreError):
                 pass  # (taken a period later: the next mark reads what this one would have)
-        elif self._marker is not None and self._marker.poll() is None:
+        elif self._marker is not None:
             return  # (still marking: the next write asks again)
         else:
             self._marker = redis_marks.spawn(self._url, self.job, self.rank, self.incarnation)
         self._mark_from, self._unmarked = now, 0
+
+    def _learn(self, mark: redis_marks.Mark | None) -> None:
+        """A mark of this stream, as taken: what the rank was in after its entry (``_rebase``).
+        (An inexact one, whose chain ``maxlen`` broke, lacks what the stream lost: what a
+        window starting there reads, never an op wrongly in flight.)"""
+        if mark is not None:
+            self._rebase(mark.entry, mark.carry)
 
     def _append(self, lines: list[bytes], start: int, floor: int | None = None) -> int:
         """Send one chunk from ``lines[start:]``; returns how many of them are now stored.
@@ -469,6 +568,7 @@ class RedisWriter:
             return 0  # (the caller sends the chunk again, after the marker)
         self._unsure = None
         self._settled = None
+        self._keep(self._next, chunk)
         self._next += n
         return n
 
@@ -887,6 +987,11 @@ class RedisReader(TraceReader):
 
     def close(self) -> None:
         self._lost()
+
+
+def _said(e: dict) -> tuple:
+    """An event of a carry as it was stored: an op's phase, a stack (``RedisWriter._restated``)."""
+    return e.get("type"), e.get("id"), e.get("phase"), e.get("ts")
 
 
 def _after(entry_id: bytes) -> bytes | None:
