@@ -258,10 +258,15 @@ def test_a_flush_restates_the_ops_in_flight_and_no_op_as_in_flight_that_ended(re
     w.write([_all_reduce(3, 14), _op(3, "end", 15), _all_reduce(4, 16)])  # (after a mark: the base moved on)
     if marks == "child":
         w._marker.wait(60)
+    follower = open_reader(redis_url)
+    followed = follower.poll()
     c = redis_client(redis_url)
     c.flushdb()
     c.close()
     w.write([E.encode({"v": 1, "type": "heartbeat", "rank": 0, "ts": 20}), _all_reduce(5, 21)])
+    followed += follower.poll()  # (a live reader that read them before reads no begin twice)
+    assert [e["id"] for e in followed if e["type"] == "op" and e["phase"] == "begin"] == [1, 2, 3, 4, 5]
+    assert any(e["type"] == "dropped" and "store_lost" in e["reason"] for e in followed)  # (the loss, said)
     got = _stream(redis_url, "rs")
     assert [e["type"] for e in got[:2]] == ["dropped", "meta"] and "store_lost" in got[0]["reason"]
     ops = [(e["id"], e["phase"]) for e in got if e["type"] == "op"]

@@ -953,14 +953,35 @@ class RedisReader(TraceReader):
             self._last[stream] = last
         self._cursor[stream] = entries[-1][0]
         size = sum(map(len, values))
+        lines = b"\n".join(values)
+        if is_store_lost(lines):  # (one search of the page: a marker is rare)
+            if queued is not None:
+                self._drain(queued)
+            self._take_restated(stream, values, out)
+            return size
         if queued is not None:
-            lines = b"\n".join(values)
             if all(values) and lines.count(b"\n") == len(values) - 1:
                 self.ingest_later(stream, lines + b"\n", size)
                 return size
             self._drain(queued)
         out.extend(self.ingest(stream, values, size).events)
         return size
+
+    def _take_restated(self, stream: Stream, values: list[bytes], out: list[Event]) -> None:
+        """``_take``'s entries where they hold a ``store_lost`` marker: the writer found what it
+        had stored gone and stated after it what the rank was in (``RedisWriter._restated``).
+        The begins this reader read before the marker are not read twice (a stream's op ids
+        grow: those up to the highest it read), what else the ops reached is, as a directory
+        reader reads a carry after a jump (``DirectoryReader._carry``)."""
+        at = [i for i, v in enumerate(values) if is_store_lost(v)]
+        for a, b in zip([0, *at], [*at, len(values)], strict=True):
+            run = values[a:b]
+            if not run:
+                continue
+            read = self.max_op_id(stream) if a in at else -1  # (as of the marker: the runs before it read)
+            got = self.ingest(stream, run, sum(map(len, run))).events
+            out.extend(got if read < 0 else (e for e in got if not (
+                e["type"] == "op" and e["phase"] == "begin" and e["id"] <= read)))
 
     def _gap(self, rank: int, last: int, k: int, reset: bool = False) -> None:
         """Entries #last+1..#k-1 are not in the stream; ``reset``: the writer found them gone
