@@ -366,15 +366,18 @@ def _the_hang(out: dict) -> dict | None:
 
 
 @pytest.mark.timeout(180)
-def test_a_hang_is_still_found_after_redis_lost_the_streams_while_it_hung(redis_url, tmp_path, capsys):
+@pytest.mark.parametrize("source", ["native", "python"])
+def test_a_hang_is_still_found_after_redis_lost_the_streams_while_it_hung(redis_url, tmp_path, capsys, source):
     """Redis flushed while ranks 0 and 2 wait in an all_reduce rank 1 never entered: their
     writers state the loss, and restate the ops they still have in flight (the carry of
     ``store/inflight.py``, as a mark holds it), so the hang is still found, on rank 1 alone,
     with the loss counted.  Before, the begins went with the flushed entries and ``check``
-    found only the loss."""
+    found only the loss.  Both recorders: the native one's records in blocks, the Python
+    one's as JSON events."""
     url = redis_url + "?job=hang-flush"
     release = tmp_path / "release"
-    job = Job(hang_through_a_flush, 3, args=(url, str(release)), pg_timeout=300).start()
+    job = Job(hang_through_a_flush, 3, args=(url, str(release)), pg_timeout=300,
+              env={"COMMSCOPE_NATIVE": "1" if source == "native" else "0"}).start()
     client = redis_client(url)
     try:
         def hung() -> dict | None:
