@@ -277,6 +277,25 @@ def test_a_flush_restates_the_ops_in_flight_and_no_op_as_in_flight_that_ended(re
     assert [e["id"] for e in reader.read_all() if e["type"] == "op" and e["phase"] == "begin"] == [3, 4, 5]
 
 
+def test_a_gap_left_by_skip_restates_nothing_and_keeps_what_the_rank_is_in(redis_url):
+    """``skip`` (a copy of a trimmed source) leaves entry numbers unused behind a marker: nothing
+    vanished from the stream, so nothing is restated there, and a later flush still restates
+    the ops in flight from before it and after it."""
+    meta = E.encode({"v": 1, "type": "meta", "rank": 0, "ts": 1, "world_size": 1})
+    w = RedisWriter(redis_url, "sk", 0, {"world_size": 1})  # (child marks, none due: 5 minutes)
+    w.write([meta, _all_reduce(1, 10)])
+    w.skip(3, "trimmed at the source")
+    w.write([_all_reduce(2, 11)])
+    got = _stream(redis_url, "sk")
+    assert [e.get("id") for e in got if e["type"] == "op"] == [1, 2]  # (no op stated at the skip)
+    c = redis_client(redis_url)
+    c.flushdb()
+    c.close()
+    w.write([E.encode({"v": 1, "type": "heartbeat", "rank": 0, "ts": 20})])
+    got = _stream(redis_url, "sk")
+    assert [(e["id"], e["phase"]) for e in got if e["type"] == "op"] == [(1, "begin"), (2, "begin")]
+
+
 def test_a_replica_that_lacked_the_newest_writes_has_only_what_it_lacked_restated(redis_url):
     """Redis still holds the stream up to some entry (a failover to a replica that lacked the
     newest writes; here XDEL of the newest entries): an op whose begin it still holds is not

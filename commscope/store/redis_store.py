@@ -286,11 +286,11 @@ class RedisWriter:
         while done < len(lines):
             done += self._append(lines, done, floor=0)  # (below the gap: that is the point)
         self._lost = self._lost_why = None
-        # (what the rank is in from here: the restatement's state, the lost lines no longer kept)
-        self._kept.clear()
-        self._kept_bytes = 0
-        if self._base is not None:
-            self._base = (self._next - 1, state[1]) if state is not None else None
+        if why is None:  # (what the rank is in from here: the restatement's state, the lost lines no longer kept)
+            self._kept.clear()
+            self._kept_bytes = 0
+            if self._base is not None:
+                self._base = (self._next - 1, state[1]) if state is not None else None
 
     def _keep(self, first: int, lines: list[bytes]) -> None:
         """``lines`` are stored from entry ``first`` on: kept until a mark covers them
