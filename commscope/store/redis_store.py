@@ -297,7 +297,7 @@ class RedisWriter:
         (``_rebase``), at most ``KEEP_BYTES``."""
         if self.marks == "off" or not lines:
             return
-        self._kept.append((first, list(lines)))
+        self._kept.append((first, lines))  # (a list of the caller's own: a slice)
         self._kept_bytes += sum(map(len, lines))
         while self._kept_bytes > KEEP_BYTES and self._kept:  # (the marks fell behind: not known until the next)
             _, gone = self._kept.popleft()
