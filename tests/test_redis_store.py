@@ -296,6 +296,34 @@ def test_a_gap_left_by_skip_restates_nothing_and_keeps_what_the_rank_is_in(redis
     assert [(e["id"], e["phase"]) for e in got if e["type"] == "op"] == [(1, "begin"), (2, "begin")]
 
 
+def test_a_lost_reply_to_the_loss_s_statement_states_it_once(redis_url):
+    """The connection drops after Redis appended the marker and the restatement but before
+    the writer heard so: the next write settles that statement (it landed), instead of taking
+    it for the caller's events (counted in ``stored_after_drop``) and stating it again."""
+    meta = E.encode({"v": 1, "type": "meta", "rank": 0, "ts": 1, "world_size": 1})
+    w = RedisWriter(redis_url, "ls", 0, {"world_size": 1})
+    w.write([meta, _all_reduce(1, 10)])
+    real_run = w._nodes.run
+
+    def run(key, payload, *args):
+        reply = real_run(key, payload, *args)
+        if b"store_lost" in payload:  # Redis did it, and the reply never comes
+            w._nodes.run = real_run
+            w._nodes.close()
+            raise ConnectionResetError(104, "Connection reset by peer")
+        return reply
+
+    w._nodes.run = run
+    c = redis_client(redis_url)
+    c.flushdb()
+    c.close()
+    w.write([_all_reduce(2, 11)])
+    got = _stream(redis_url, "ls")
+    assert [e["type"] for e in got].count("dropped") == 1
+    assert [(e["id"], e["phase"]) for e in got if e["type"] == "op"] == [(1, "begin"), (2, "begin")]
+    assert w.stored_after_drop == 0
+
+
 def test_a_replica_that_lacked_the_newest_writes_has_only_what_it_lacked_restated(redis_url):
     """Redis still holds the stream up to some entry (a failover to a replica that lacked the
     newest writes; here XDEL of the newest entries): an op whose begin it still holds is not

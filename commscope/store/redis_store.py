@@ -178,6 +178,11 @@ class RedisWriter:
         self._meta_line: bytes | None = None  # the rank's meta, stored again after Redis lost it
         self._lost: tuple[int, int] | None = None  # entries Redis no longer held on reconnecting
         self._lost_why: str | None = None  # the marker's reason where it is not that (``skip``)
+        #: The loss's statement being appended (``_say_lost``), how many of its lines are stored,
+        #: and the state it restates (``_restated``)
+        self._stating: list[bytes] | None = None
+        self._stated = 0
+        self._stating_state: tuple[list[bytes], bytes] | None = None
         #: What the rank was in after entry K (a mark's carry: ``store/inflight.py``), and the
         #: lines stored after it, by first entry: what restates its ops in flight after Redis
         #: lost them (``_restated``).  None: not known (no marks, or ``KEEP_BYTES`` passed)
@@ -259,6 +264,7 @@ class RedisWriter:
         top = self._top()
         if 0 <= top < self._next - 1:  # Redis lost what had landed: restarted empty, flushed
             self._lost = (top + 1, self._next - 1)
+            self._stating = None  # (a statement of an earlier loss cut short: this one is stated anew)
 
     def skip(self, n: int, why: str) -> None:
         """Leave ``n`` entry numbers unused before the next write, which starts with a
@@ -272,25 +278,40 @@ class RedisWriter:
     def _say_lost(self) -> None:
         """Append a ``store_lost`` marker (the true cause of the gap readers will see), the
         rank's meta, and what the rank was in that went with the lost entries (``_restated``:
-        its groups and the ops it still has in flight, so a hang is still found)."""
-        first, last = self._lost
-        why = self._lost_why
-        lines = [store_lost(self.rank, last - first + 1, why or
-                            f"Redis no longer held entries #{first}-#{last} of this stream when the rank "
-                            "reconnected (it restarted without persistence, or was flushed)")]
-        lines += [self._meta_line] if self._meta_line is not None else []
-        state = self._restated(first - 1) if why is None else None  # (``skip``: nothing vanished)
-        if state is not None:
-            lines += state[0]
-        done = 0
-        while done < len(lines):
-            done += self._append(lines, done, floor=0)  # (below the gap: that is the point)
-        self._lost = self._lost_why = None
+        its groups and the ops it still has in flight, so a hang is still found).  Made once
+        per loss: a statement cut by a lost connection is settled and finished (``write``),
+        never stated twice."""
+        if self._stating is None:
+            first, last = self._lost
+            why = self._lost_why
+            lines = [store_lost(self.rank, last - first + 1, why or
+                                f"Redis no longer held entries #{first}-#{last} of this stream when the rank "
+                                "reconnected (it restarted without persistence, or was flushed)")]
+            lines += [self._meta_line] if self._meta_line is not None else []
+            state = self._restated(first - 1) if why is None else None  # (``skip``: nothing vanished)
+            self._stating, self._stated = lines + (state[0] if state is not None else []), 0
+            self._stating_state = state
+        stating = self._stating
+        while self._stating is stating and self._stated < len(stating):
+            self._stated += self._append(stating, self._stated, floor=0)  # (below the gap: that is the point)
+        if self._stating is not stating:
+            return  # (the stream went again meanwhile: the call that found it stated that)
+        why, state = self._lost_why, self._stating_state
+        self._lost = self._lost_why = self._stating = self._stating_state = None
         if why is None:  # (what the rank is in from here: the restatement's state, the lost lines no longer kept)
             self._kept.clear()
             self._kept_bytes = 0
             if self._base is not None:
                 self._base = (self._next - 1, state[1]) if state is not None else None
+
+    def _settle_unsure(self, lines: list[bytes], done: int) -> int:
+        """After a failure with a chunk in flight: settle it (``_settle``) against what it was
+        part of, a loss's statement (``_say_lost``) or the caller's ``lines`` past ``done``;
+        returns ``done`` moved past the caller's lines that landed."""
+        if self._stating is not None:
+            self._stated += self._settle(self._stating[self._stated:])
+            return done
+        return done + self._settle(lines[done:])
 
     def _keep(self, first: int, lines: list[bytes]) -> None:
         """``lines`` are stored from entry ``first`` on: kept until a mark covers them
@@ -464,7 +485,7 @@ class RedisWriter:
                     if not self._connected:
                         self._reconnect()
                     if self._unsure is not None:
-                        done += self._settle(lines[done:])
+                        done = self._settle_unsure(lines, done)
                     if self._lost is not None:
                         self._say_lost()
                     while done < len(lines):
@@ -478,7 +499,7 @@ class RedisWriter:
                     reason = f"Redis said: {scrub(str(exc), self.target)}"
                     # A refused script stored nothing; reading the top proves it.
                     if self._unsure is not None:
-                        done += self._settle(lines[done:])
+                        done = self._settle_unsure(lines, done)
                     break
                 except OSError as exc:  # connection lost: the chunk in flight may or may not have landed
                     reason = self._nodes.why(exc)
@@ -560,6 +581,7 @@ class RedisWriter:
         if n < 0:  # what had landed is gone, the connection up all along (FLUSHDB, DEL, eviction)
             self._unsure = None  # (refused: nothing of the chunk landed)
             self._lost = (max(top, 0) + 1, self._next - 1)
+            self._stating = None  # (stating an earlier loss, maybe: this one is stated anew)
             try:
                 self._register(first=False)  # (the job's keys may have gone with it)
             except ReplyError:
