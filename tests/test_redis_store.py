@@ -324,13 +324,26 @@ def test_a_lost_reply_to_the_loss_s_statement_states_it_once(redis_url):
     assert w.stored_after_drop == 0
 
 
+def test_a_writer_told_not_to_restate_keeps_nothing(redis_url):
+    """``restate=False`` (a process writing thousands of simulated ranks: bench scale) keeps no
+    line, and a loss states the marker and the meta only, as before."""
+    meta = E.encode({"v": 1, "type": "meta", "rank": 0, "ts": 1, "world_size": 1})
+    w = RedisWriter(redis_url, "nr", 0, {"world_size": 1}, restate=False)
+    w.write([meta, _all_reduce(1, 10)])
+    assert not w._kept and w._kept_bytes == 0
+    c = redis_client(redis_url)
+    c.flushdb()
+    c.close()
+    w.write([_all_reduce(2, 11)])
+    assert [e["type"] for e in _stream(redis_url, "nr")] == ["dropped", "meta", "op"]
+
+
 def test_a_replica_that_lacked_the_newest_writes_has_only_what_it_lacked_restated(redis_url):
     """Redis still holds the stream up to some entry (a failover to a replica that lacked the
     newest writes; here XDEL of the newest entries): an op whose begin it still holds is not
     stated twice (an id begun twice reads as reused), one whose begin it lost is."""
     meta = E.encode({"v": 1, "type": "meta", "rank": 0, "ts": 1, "world_size": 1})
-    w = RedisWriter(redis_url, "rp", 0, {"world_size": 1}, marks="off")
-    w.marks, w._base = "child", (0, b"")  # (marks kept by the writer, none taken: a loss before the first)
+    w = RedisWriter(redis_url, "rp", 0, {"world_size": 1})  # (child marks, none due: a loss before the first)
     w.write([meta, _all_reduce(1, 10)])  # entries 1-2: op 1 in flight (an async op: its wait comes later)
     w.write([_op(5, "begin", 11, op="send", group="0", peer=1, dir="send", seq=1), _op(1, "end", 12)])  # 3-4
     c = redis_client(redis_url)

@@ -228,6 +228,10 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
         # Marked between two writes instead (``RedisWriter``'s "inline": synthetic jobs).
         if getattr(o, "marks", None) == "child":
             o.marks = "inline"
+        # Nor does each keep what restates its ops in flight after Redis lost them (a real rank
+        # keeps up to 32 MiB, ~3 KB a second here: 4,096 ranks' a minute are ~700 MB).
+        if getattr(o, "restate", None):
+            o.restate = False
     every = max(TICK_S, max(o.write_every for o in outs))
     plan = _started(plan, w)  # every stream open (16k take a while): then the job's clock runs
     rnd = np.random.default_rng(w + 1)  # each rank's arrival: up to 0.2 ms after the collective's time

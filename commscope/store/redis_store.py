@@ -124,17 +124,22 @@ class RedisWriter:
 
     def __init__(self, url: str, job: str, rank: int, job_meta: dict | None = None, *, incarnation: int = 0,
                  resume: bool = False, connect_timeout: float | None = None, share: bool | None = None,
-                 marks: str = "child", mark_every_s: float = redis_marks.MARK_EVERY_S):
+                 marks: str = "child", mark_every_s: float = redis_marks.MARK_EVERY_S, restate: bool = True):
         """``resume``: append to the stream of a rank that died (a forwarder sending what its
         spool kept), after its last entry, instead of refusing a stream that exists.
         ``share``: not Redis's to decide (its readers are whoever its ACLs let in).
         ``marks``: who takes the stream's marks (``store/redis_marks.py``) every
         ``mark_every_s`` of the rank's time: a child process ("child"), this writer between
-        two writes ("inline": tests and synthetic jobs), nobody ("off"; a forwarder never does)."""
+        two writes ("inline": tests and synthetic jobs), nobody ("off"; a forwarder never does).
+        ``restate``: keep what states the rank's ops in flight again after Redis lost them
+        (``_restated``; never without marks).  Off (or ``restate`` set False before the first
+        write) where one process writes thousands of simulated ranks: each keeps up to
+        ``KEEP_BYTES``."""
         if marks not in ("child", "inline", "off"):
             raise ValueError(f"marks={marks!r}: child, inline or off")
         self._url = url  # (the child that takes marks connects with it)
         self.marks = "off" if resume else marks
+        self.restate = restate and self.marks != "off"
         self.mark_every_ns = int(mark_every_s * 1e9)
         self._mark_from = 0  # the time (ns) of the first entry since the last mark: 0 none yet
         self._unmarked = 0  # bytes written since the last mark
@@ -186,7 +191,7 @@ class RedisWriter:
         #: What the rank was in after entry K (a mark's carry: ``store/inflight.py``), and the
         #: lines stored after it, by first entry: what restates its ops in flight after Redis
         #: lost them (``_restated``).  None: not known (no marks, or ``KEEP_BYTES`` passed)
-        self._base: tuple[int, bytes] | None = (0, b"") if self.marks != "off" else None
+        self._base: tuple[int, bytes] | None = (0, b"") if self.restate else None
         self._kept: deque[tuple[int, list[bytes]]] = deque()
         self._kept_bytes = 0
         if connect_timeout is None:
@@ -316,7 +321,7 @@ class RedisWriter:
     def _keep(self, first: int, lines: list[bytes]) -> None:
         """``lines`` are stored from entry ``first`` on: kept until a mark covers them
         (``_rebase``), at most ``KEEP_BYTES``."""
-        if self.marks == "off" or not lines:
+        if not (self.restate and lines):
             return
         self._kept.append((first, lines))  # (a list of the caller's own: a slice)
         self._kept_bytes += sum(map(len, lines))
@@ -351,7 +356,7 @@ class RedisWriter:
         loss, and the whole carry (the new base).  Redis still holding entries up to ``top``
         (a replica that lacked the newest writes), what they hold is not stated twice (a
         begin stated again reads as an id reused).  None when not known."""
-        if self._base is None:
+        if self._base is None or not self.restate:
             return None
         entry, carry = self._base
         survived: list[bytes] = []
