@@ -348,3 +348,41 @@ def test_each_writer_keeps_one_connection_to_its_streams_master(redis_cluster, r
     assert opened() == 48
     for w in writers:
         w.close()
+
+
+def test_the_urls_node_leaving_the_cluster_is_followed_by_writers_and_readers_that_reconnect():
+    """The URL's node is resharded empty and removed (``redis-cli --cluster del-node``, which
+    leaves it running, reset, knowing no slot): a writer or reader that connects again (an
+    idle timeout, a dropped connection) asks the other nodes it knew for the map.  Before,
+    it took the removed node's empty map for "every slot is mine" and every command there
+    said CLUSTERDOWN, for ever."""
+    import subprocess
+
+    from commscope.bench.redis_server import RedisCluster, find_redis_cli
+
+    with RedisCluster(3, node_timeout_ms=5000) as cluster:
+        cluster.start()
+        cli = find_redis_cli(cluster.binary)
+        leaving, stay = cluster.servers[0], cluster.servers[1]
+        url = leaving.url
+        writers = [open_writer(url, "leave", r, {"world_size": 6} if r == 0 else None) for r in range(6)]
+        for r, w in enumerate(writers):
+            w.write(batch(r, 1, 3))
+        live = open_reader(url)
+        seen = ids(live.poll())
+        gone, kept = (node(cluster, s.port).execute_command("CLUSTER MYID").decode() for s in (leaving, stay))
+        for args in (["reshard", f"127.0.0.1:{stay.port}", "--cluster-from", gone, "--cluster-to", kept,
+                      "--cluster-slots", str(16384), "--cluster-yes"], ["del-node", f"127.0.0.1:{stay.port}", gone]):
+            done = subprocess.run([cli, "--cluster", *args], capture_output=True, text=True, timeout=300,
+                                  stdin=subprocess.DEVNULL)
+            assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
+        assert node(cluster, leaving.port).execute_command("CLUSTER SLOTS") == []  # still up, in no cluster
+        for r, w in enumerate(writers):
+            w._drop()  # its connection dropped: the next write connects again
+            w.write(batch(r, 3, 5))
+        live._lost()
+        seen += ids(live.poll())
+        expect = [(r, i) for r in range(6) for i in range(1, 5)]
+        assert sorted(seen) == expect and len(seen) == len(expect)  # nothing lost, nothing twice
+        whole = open_reader(stay.url)
+        assert ids(whole.read_all()) == expect and whole.missing == {}

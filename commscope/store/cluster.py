@@ -103,6 +103,9 @@ class Nodes:
                 self._ask_map(conn, address)
                 return
             except StoreError as exc:
+                dropped = self._conns.pop(address, None)  # (a node that left the cluster: ask the next)
+                if dropped is not None:
+                    dropped.close()
                 error = error or exc
             except OSError as exc:
                 self.reset()
@@ -126,6 +129,12 @@ class Nodes:
         slots: list[Address] = [asked] * SLOTS
         if reply is not None and not isinstance(reply, list):
             raise ConnectionError(f"protocol error: a CLUSTER SLOTS reply that is no array ({reply!r:.40})")
+        if not reply and any(a != asked for a in self._known):
+            # a node that serves and knows no slot (it left the cluster) while others are known:
+            # no map to take from it (taken, every key went to it, CLUSTERDOWN for ever)
+            raise StoreError(f"cannot use {self.shown}: the cluster node {asked[0]}:{asked[1]} knows no slots "
+                             "(it left its cluster, e.g. redis-cli --cluster del-node, or its cluster was never "
+                             "created): name a node of the cluster")
         for row in reply or []:
             try:  # (a reply no Redis sends: not trusted, never a slot range past the map)
                 lo, hi = int(row[0]), int(row[1])
