@@ -386,3 +386,56 @@ def test_the_urls_node_leaving_the_cluster_is_followed_by_writers_and_readers_th
         assert sorted(seen) == expect and len(seen) == len(expect)  # nothing lost, nothing twice
         whole = open_reader(stay.url)
         assert ids(whole.read_all()) == expect and whole.missing == {}
+
+
+def test_a_tail_its_master_lost_after_the_writer_closed_is_counted_as_lost_by_redis(tmp_path):
+    """The rank's last writes reach its stream's master only; the rank closes its writer (it
+    exited); then the master dies and its replica takes over without them.  No later write
+    shows the gap, so the writer said its end at close, in a copy on another master
+    (``Keys.ends``), and the reader counts exactly those entries as lost by Redis.  Before,
+    the stream just ended early: nothing counted, and check exited 0 over ops it never read."""
+    import os
+    import signal
+
+    from commscope.bench.redis_server import RedisCluster
+    from commscope.commands.copy import copy_trace
+
+    with RedisCluster(3, replicas=1, node_timeout_ms=3000) as cluster:
+        cluster.start()
+        key = Keys.stream("tail", 0)
+        port = cluster_client(cluster.url).get_node_from_key(key).port
+        w = open_writer(f"redis://127.0.0.1:{port}/0", "tail", 0, {"world_size": 1})
+        w.write(batch(0, 1, 11))
+        master = node(cluster, port)
+        master.set("test:" + key[key.index("{"):key.index("}") + 1] + ":synced", 1)
+        deadline = time.monotonic() + 60
+        while master.wait(1, 1000) != 1:  # until the replica holds entries 1-10
+            assert time.monotonic() < deadline, "the replica never acknowledged entries 1-10"
+        replica = next(s for s in cluster.servers if s.port == _replica_of(master))
+        os.kill(replica.proc.pid, signal.SIGSTOP)
+        master.client_kill_filter(_type="replica")  # it misses what comes next
+        w.write(batch(0, 11, 16))  # acknowledged by the master only
+        w.close()  # the rank exits: nothing more will be written
+        ends = [Keys.ends("tail", i) for i in range(Keys.ENDS)]
+        said = [k for k in ends if cluster_client(cluster.url).get_node_from_key(k).port != port]
+        assert said and any(cluster_client(cluster.url).hget(k, "0") == b"15" for k in said)
+        next(s for s in cluster.servers if s.port == port).kill()
+        os.kill(replica.proc.pid, signal.SIGCONT)
+        promoted = node(cluster, replica.port)
+        while promoted.info("replication")["role"] != "master":
+            assert time.monotonic() < deadline, "the replica never took over"
+            time.sleep(0.2)
+        nodes = [node(cluster, s.port) for s in cluster.servers if s.running]
+        while any(n.execute_command("CLUSTER INFO").get("cluster_state") != "ok" for n in nodes):
+            assert time.monotonic() < deadline, "the cluster never settled after the failover"
+            time.sleep(0.2)
+        reader = open_reader(f"redis://127.0.0.1:{replica.port}/0")
+        assert ids(reader.read_all()) == [(0, i) for i in range(1, 11)]
+        assert reader.missing == {0: 5} and reader.stats.missing_by_rank == {0: 5}  # exactly what it never got
+        assert any("last 5 events (#11-#15) were lost by Redis" in m for m in reader.stats.warnings)
+        assert reader.read_all() == [] and reader.missing == {0: 5}  # counted once
+        for dst in (str(tmp_path / "copy"), f"redis://127.0.0.1:{replica.port}/0?job=tail-copy"):
+            copy_trace(open_reader(f"redis://127.0.0.1:{replica.port}/0"), dst, "tail-copy", {"world_size": 1})
+            copied = open_reader(dst if dst.startswith("redis") else str(tmp_path / "copy" / "tail-copy"))
+            assert ids(copied.read_all()) == [(0, i) for i in range(1, 11)]
+            assert copied.stats.missing_by_rank == {0: 5}, (dst, copied.stats.warnings)  # the copy says it too

@@ -83,6 +83,11 @@ def _size(reader: TraceReader) -> Size:
         return Size(0, "events")
 
 
+def _new_loss(src: TraceReader, seen: dict[int, int]) -> set[int]:
+    """Ranks whose events the reader counted missing since the copy last said so."""
+    return {r for r, n in src.stats.missing_by_rank.items() if n > seen.get(r, 0)}
+
+
 def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any = None, task: Any = None,
                unit: str = "events", share: bool | None = None) -> dict[int, int]:
     """Copy every event ``src`` still has into job ``job`` of store ``dst``; events per rank.
@@ -107,7 +112,7 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
                     break
                 page = src.read_all()  # what poll leaves behind: torn last lines
                 done_reading = True
-                if not page:
+                if not page and not (gaps and _new_loss(src, seen_missing)):
                     break
             by_rank: dict[int, list[bytes]] = {}
             said: dict[int, int] = {}  # entries the page's own store_lost markers account for
@@ -115,7 +120,11 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
                 by_rank.setdefault(ev["rank"], []).append(encode(ev))
                 if gaps and ev["type"] == "dropped" and said_by_store(ev):
                     said[ev["rank"]] = said.get(ev["rank"], 0) + int(ev.get("entries") or 0)
-            for rank in sorted(by_rank):
+            # (a rank whose loss the reader counted without a later event of it: the tail of its
+            # stream that Redis lost after its writer closed, counted at the end of ``read_all``)
+            lossy = _new_loss(src, seen_missing) if gaps else set()
+            for rank in sorted(set(by_rank) | lossy):
+                by_rank.setdefault(rank, [])
                 w = writers.get(rank)
                 if w is None:
                     w = writers[rank] = open_writer(dst, job, rank, job_meta, share=share)

@@ -6,6 +6,9 @@ Layout (``J`` is the job id, ``N`` the global rank, ``S`` the stream's shard, ``
                                 newest is what a reader without ?job= opens (like LATEST)
     commscope:{J}:meta          job metadata, JSON (rank 0 writes it; others only if missing)
     commscope:{J}:ranks         set of the streams: "N" for rank N, "N+I" for its incarnation I
+    commscope:{J}:ends          hash: a stream's member -> the entries its writer had stored
+                                when it closed (a tail its master lost afterwards is counted);
+                                copies in slots of their own, {J/e1} .. {J/e3}
     commscope:{J/S}:rank:N      stream of rank N: entry ``0-K`` holds the K-th event (K = 1,
                                 2, ...) of that rank in field ``e``, one JSON event per entry
     commscope:{J/S}:rank:N+I    the same rank's incarnation I (its process group initialised
@@ -58,6 +61,19 @@ class Keys:
     def ranks(cls, job: str) -> str:
         """The set of the job's stream members (``member``)."""
         return cls.JOB.format(job=job) + ":ranks"
+
+    #: copies of ``ends``, each in a slot of its own: a writer says its end in those served
+    #: by another master than its stream's (``ends``)
+    ENDS = 4
+
+    @classmethod
+    def ends(cls, job: str, i: int = 0) -> str:
+        """Hash ``i`` (of ``ENDS``): stream member -> the entries its writer had stored when it
+        closed.  Each copy is in a slot of its own (the first the job's), so on a cluster a
+        writer finds one on another master than its stream's, and a stream's tail that its
+        master lost after the writer closed (a failover before the replica had it) is still
+        counted: nothing else would show it."""
+        return cls.JOB.format(job=job) + ":ends" if i == 0 else cls.SHARD.format(job=job, shard=f"e{i}") + ":ends"
 
     @staticmethod
     def member(rank: int, incarnation: int = 0) -> str:

@@ -604,6 +604,20 @@ class RedisWriter:
         self._connected = False
 
     def close(self) -> None:
+        """Say how many entries the stream holds (``Keys.ends``, in the job's slot: on a cluster
+        another master's), then drop the connection.  A tail the stream's master loses after
+        this (it fails over before its replica got the last writes, or restarts empty) has no
+        later entry to show the gap; readers count it from there (``RedisReader._tails``)."""
+        if self._connected and self.stored > 0:
+            nodes, member = self._nodes, Keys.member(self.rank, self.incarnation)
+            copies = [Keys.ends(self.job, i) for i in range(Keys.ENDS)]
+            away = [k for k in copies if nodes.node(k) != nodes.node(self.key)][:1] or copies[:1]
+            try:  # (in the copies another master serves: one that is not lost with the stream's)
+                for reply in nodes.pipeline([("HSET", k, member, self.stored) for k in away]):
+                    if isinstance(reply, ReplyError):
+                        break
+            except (OSError, ReplyError, StoreError):
+                pass  # (not said: such a tail loss is not counted, as before)
         self._drop()
 
 
@@ -916,6 +930,7 @@ class RedisReader(TraceReader):
         self._remnants(rest, final=True)  # forwarded first: then read with the rest of the streams
         try:
             nodes = self._nodes_ok()
+            ends = self._ends_said(nodes)  # (before the streams: a writer says its end after its last write)
             with gc_paused():
                 for stream in self.ranks():
                     key = self.keys.stream(self.job_id, *stream)
@@ -933,6 +948,7 @@ class RedisReader(TraceReader):
                         if len(entries) < self.PAGE:
                             break
                     self._read_to_end(stream, began)
+                self._tails(ends)
                 for stream in sorted(rest):
                     out.extend(rest[stream])
         except ReplyError as exc:
@@ -942,6 +958,45 @@ class RedisReader(TraceReader):
             self._lost()
             raise StoreError(f"cannot read {self.description}: {why}") from None
         return out
+
+    def _ends_said(self, nodes: Nodes) -> dict[Stream, int]:
+        """What each stream's writer had stored when it closed (``Keys.ends``)."""
+        if self.keys is not Keys:
+            return {}  # (a job in the layout before hash tags: its writers never said)
+        out: dict[Stream, int] = {}
+        for flat in nodes.pipeline([("HGETALL", Keys.ends(self.job_id, i)) for i in range(Keys.ENDS)]):
+            if not isinstance(flat, list):
+                raise flat if isinstance(flat, ReplyError) else ReplyError("ERR unexpected HGETALL reply")
+            for i in range(0, len(flat) - 1, 2):
+                stream = Keys.parse_member(flat[i])
+                try:
+                    stored = int(flat[i + 1])
+                except ValueError:
+                    continue
+                if stream is not None and 0 < stored <= (1 << 62):
+                    out[stream] = max(out.get(stream, 0), stored)
+        return out
+
+    def _tails(self, ends: dict[Stream, int]) -> None:
+        """Count what each stream's writer had stored when it closed (``ends``, read before
+        the streams) past the last entry read: the tail Redis lost after it (the stream's
+        master failed over before its replica had the last writes, or restarted empty),
+        which no later entry shows as a gap.  Once per stream and entry count."""
+        said = self.__dict__.setdefault("_tail_said", {})
+        streams = set(getattr(self, "_streams", ()))
+        for stream, stored in ends.items():
+            if stream not in streams:
+                continue
+            last = max(self._last.get(stream, 0), said.get(stream, 0))
+            if last < stored:
+                said[stream] = stored
+                rank, n = stream[0], stored - last
+                self.missing[rank] = self.missing.get(rank, 0) + n
+                self.stats.count_missing(rank, n)
+                self.stats.warnings.append(
+                    f"rank {rank}: its last {n} events (#{last + 1}-#{stored}) were lost by Redis (its writer had "
+                    f"stored {stored} when it closed; the stream holds {last}: its master failed over before its "
+                    "replica had them, or restarted without persistence)")
 
     def _drain(self, got: dict[Stream, list[Event]], again: bool = True) -> None:
         """The queued entries decoded (``decode_queued_streams``) into ``got``; ``again``:
@@ -1131,7 +1186,7 @@ def delete_job(url: str, job: str) -> int:
         keys = _layout(nodes, job) or Keys
         members = nodes.call(keys.ranks(job), "SMEMBERS", keys.ranks(job)) or []
         streams = filter(None, map(Keys.parse_member, members))
-        names = [keys.meta(job), keys.ranks(job)] + [k for st in streams
+        names = [keys.meta(job), keys.ranks(job)] + [Keys.ends(job, i) for i in range(Keys.ENDS)] + [k for st in streams
                                                      for k in (keys.stream(job, *st), keys.marks(job, *st))]
         replies = nodes.pipeline([("DEL", k) for k in names])  # (one key each: a cluster's slots differ)
         nodes.call(Keys.JOBS, "ZREM", Keys.JOBS, job)
