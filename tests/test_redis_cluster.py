@@ -110,6 +110,11 @@ def test_slots_moving_while_a_job_writes_and_a_console_reads_lose_and_repeat_not
         node(redis_cluster, server.port).execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
     w0.write(batch(0, 5, 7))
     w1.write(batch(1, 3, 5))
+    # one connection, to the stream's new master (before, the old one stayed open too: after
+    # a resharding, a wide job's ranks held one to every master their slots had been on)
+    clients = [sum(1 for c in node(redis_cluster, s.port).client_list() if c["name"] == "" and
+                   int(c["id"]) > 0 and c["cmd"] in ("eval", "asking")) for s in redis_cluster.servers]
+    assert list(w0._nodes._conns) == [w0._nodes.node(key)] and sum(clients) == 2, clients  # (w0's and w1's)
     seen += ids(live.poll())
     expect = [(0, i) for i in range(1, 7)] + [(1, i) for i in range(1, 5)]
     assert sorted(seen) == expect and len(seen) == len(expect)  # nothing lost, nothing twice

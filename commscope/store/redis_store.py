@@ -495,6 +495,9 @@ class RedisWriter:
                         self._say_lost()
                     while done < len(lines):
                         done += self._append(lines, done)
+                    # (a MOVED or ASK opened one to the slot's new master, a lost stream's marker
+                    # one to the job's: one connection a rank, or 16k ranks pass maxclients)
+                    self._nodes.keep_only(self.key)
                     if self._full_timeout is not None:
                         self._relax()
                     if self.marks != "off":
