@@ -444,3 +444,46 @@ def test_a_tail_its_master_lost_after_the_writer_closed_is_counted_as_lost_by_re
             copied = open_reader(dst if dst.startswith("redis") else str(tmp_path / "copy" / "tail-copy"))
             assert ids(copied.read_all()) == [(0, i) for i in range(1, 11)]
             assert copied.stats.missing_by_rank == {0: 5}, (dst, copied.stats.warnings)  # the copy says it too
+
+
+def test_a_writer_writes_on_while_the_master_of_its_jobs_keys_is_down_and_registers_when_it_is_back():
+    """``cluster-require-full-coverage no``: one master down (no replica), the others serve.
+    A writer whose stream's master is up, but not the job's keys' (meta, set of streams),
+    reconnects (a dropped connection): its writes land, and once that master is back (restarted
+    empty, no persistence) the writer registers the job again, so a reader finds every stream.
+    Before, registering again failed the write: the rank's events were dropped for as long."""
+    from commscope.bench.redis_server import RedisCluster
+
+    with RedisCluster(3, node_timeout_ms=2000) as cluster:
+        cluster.start()
+        for server in cluster.servers:
+            node(cluster, server.port).config_set("cluster-require-full-coverage", "no")
+        c = cluster_client(cluster.url)
+        job = next(j for j in (f"idx{k}" for k in range(100))
+                   if c.get_node_from_key(Keys.ranks(j)).port != c.get_node_from_key(Keys.stream(j, 0)).port)
+        index = next(s for s in cluster.servers if s.port == c.get_node_from_key(Keys.ranks(job)).port)
+        home = next(s for s in cluster.servers if s.port == c.get_node_from_key(Keys.stream(job, 0)).port)
+        w = open_writer(home.url, job, 0, {"world_size": 1})
+        w.write(batch(0, 1, 3))
+        index.kill()
+        w._drop()  # its connection dropped: it connects again, and cannot register
+        w.write(batch(0, 3, 5))
+        assert node(cluster, home.port).xlen(Keys.stream(job, 0)) == 4
+        index.restart()  # empty: the job's keys are gone
+        node(cluster, index.port).config_set("cluster-require-full-coverage", "no")
+
+        def registered() -> bool:
+            try:
+                return node(cluster, index.port).exists(Keys.ranks(job)) == 1
+            except redis.exceptions.ResponseError:  # (CLUSTERDOWN while it rejoins)
+                return False
+
+        deadline, written = time.monotonic() + 60, 4
+        while not registered():
+            assert time.monotonic() < deadline, "the writer never registered the job again"
+            w._register_at = 0.0  # (its next write tries at once, not REGISTER_EVERY_S later)
+            w.write(batch(0, written + 1, written + 2))  # (its stream's master is up all along)
+            written += 1
+            time.sleep(0.1)
+        reader = open_reader(home.url + f"?job={job}")
+        assert ids(reader.read_all()) == [(0, i) for i in range(1, written + 1)] and reader.missing == {}

@@ -257,19 +257,35 @@ class RedisWriter:
 
     def _reconnect(self) -> None:
         self._nodes.connect()  # StoreError (the slot map read again: a failover moved it)
-        try:
-            self._register(first=False)
-        except ReplyError:
-            pass  # e.g. OOM: the append will say so; registering again is only a safety net
-        except OSError:
-            self._nodes.close()
-            raise
+        self._register_again()
         self._nodes.keep_only(self.key)
         self._connected = True
         top = self._top()
         if 0 <= top < self._next - 1:  # Redis lost what had landed: restarted empty, flushed
             self._lost = (top + 1, self._next - 1)
             self._stating = None  # (a statement of an earlier loss cut short: this one is stated anew)
+
+    def _register_again(self) -> None:
+        """``_register`` after a reconnect, in case Redis lost the job's keys.  Where the node of
+        the job's keys cannot be reached (a cluster master down, the others serving: ``cluster-
+        require-full-coverage no``), the stream's own master still takes the rank's writes: it
+        is tried again after every write until it goes through (``_unregistered``).  Before, the
+        writer failed with it, and its events were dropped although their master was up."""
+        try:
+            self._register(first=False)
+            self._unregistered = False
+        except ReplyError:
+            pass  # e.g. OOM: the append will say so; registering again is only a safety net
+        except (OSError, StoreError):  # (its node cannot be reached)
+            self._unregistered = True
+            self._register_at = time.monotonic() + self.REGISTER_EVERY_S
+            self._nodes.reset()  # (``many`` closed them all already: the next use connects again)
+
+    _unregistered = False
+    _register_at = 0.0
+    #: seconds between tries to register again while the job's node is down (each may wait a
+    #: connect timeout: not at every write)
+    REGISTER_EVERY_S = 5.0
 
     def skip(self, n: int, why: str) -> None:
         """Leave ``n`` entry numbers unused before the next write, which starts with a
@@ -497,6 +513,8 @@ class RedisWriter:
                         done += self._append(lines, done)
                     # (a MOVED or ASK opened one to the slot's new master, a lost stream's marker
                     # one to the job's: one connection a rank, or 16k ranks pass maxclients)
+                    if self._unregistered and time.monotonic() >= self._register_at:
+                        self._register_again()
                     self._nodes.keep_only(self.key)
                     if self._full_timeout is not None:
                         self._relax()
