@@ -487,3 +487,22 @@ def test_a_writer_writes_on_while_the_master_of_its_jobs_keys_is_down_and_regist
             time.sleep(0.1)
         reader = open_reader(home.url + f"?job={job}")
         assert ids(reader.read_all()) == [(0, i) for i in range(1, written + 1)] and reader.missing == {}
+
+
+def test_a_writer_closing_waits_a_second_at_most_for_the_node_of_its_end(redis_cluster, redis_cluster_url):
+    """Closing says the stream's end on another master (``Keys.ends``): a rank's exit waits at
+    most a second for it, not the URL's reply timeout, when that node does not answer."""
+    c = cluster_client(redis_cluster_url)
+    w = open_writer(redis_cluster_url, "slowend", 0, {"world_size": 1})
+    w.write(batch(0, 1, 3))
+    home = c.get_node_from_key(Keys.stream("slowend", 0)).port
+    away = next(c.get_node_from_key(k).port for k in (Keys.ends("slowend", i) for i in range(Keys.ENDS))
+                if c.get_node_from_key(k).port != home)
+    node(redis_cluster, away).execute_command("CLIENT", "PAUSE", 4000, "ALL")
+    try:
+        began = time.monotonic()
+        w.close()
+        assert time.monotonic() - began < 2.5
+    finally:
+        node(redis_cluster, away).execute_command("CLIENT", "UNPAUSE")
+    assert open_reader(redis_cluster_url + "?job=slowend").read_all()  # (the store is read on)

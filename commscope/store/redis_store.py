@@ -625,20 +625,21 @@ class RedisWriter:
         self._connected = False
 
     def close(self) -> None:
-        """Say how many entries the stream holds (``Keys.ends``, in the job's slot: on a cluster
-        another master's), then drop the connection.  A tail the stream's master loses after
+        """Say how many entries the stream holds (``Keys.ends``, in a copy that, on a cluster,
+        another master than the stream's serves), then drop the connection.  A tail the stream's master loses after
         this (it fails over before its replica got the last writes, or restarts empty) has no
         later entry to show the gap; readers count it from there (``RedisReader._tails``)."""
         if self._connected and self.stored > 0:
             nodes, member = self._nodes, Keys.member(self.rank, self.incarnation)
             copies = [Keys.ends(self.job, i) for i in range(Keys.ENDS)]
             away = [k for k in copies if nodes.node(k) != nodes.node(self.key)][:1] or copies[:1]
+            nodes.set_timeout(min(1.0, self.target.timeout))  # (at the rank's exit: a node down costs it 1 s at most)
             try:  # (in the copies another master serves: one that is not lost with the stream's)
-                for reply in nodes.pipeline([("HSET", k, member, self.stored) for k in away]):
-                    if isinstance(reply, ReplyError):
-                        break
+                nodes.pipeline([("HSET", k, member, self.stored) for k in away])  # (an error reply: not said)
             except (OSError, ReplyError, StoreError):
                 pass  # (not said: such a tail loss is not counted, as before)
+            finally:
+                nodes.set_timeout(self.target.timeout)
         self._drop()
 
 
