@@ -369,12 +369,18 @@ def test_the_urls_node_leaving_the_cluster_is_followed_by_writers_and_readers_th
         cluster.start()
         cli = find_redis_cli(cluster.binary)
         leaving, stay = cluster.servers[0], cluster.servers[1]
-        url = leaving.url
-        writers = [open_writer(url, "leave", r, {"world_size": 6} if r == 0 else None) for r in range(6)]
-        for r, w in enumerate(writers):
-            w.write(batch(r, 1, 3))
-        live = open_reader(url)
-        seen = ids(live.poll())
+        for server in cluster.servers:  # (and an ACL user that may not read the map: it learns slots from MOVED)
+            node(cluster, server.port).execute_command(
+                "ACL", "SETUSER", "team", "on", ">long-random-password", "~commscope:*", "+@read", "+@write",
+                "+@stream", "+@keyspace", "+@connection", "+@scripting", "-@dangerous")
+        urls = {"leave": leaving.url, "leave-acl": leaving.url.replace("redis://", "redis://team:long-random-password@")}
+        writers = {job: [open_writer(url, job, r, {"world_size": 6} if r == 0 else None) for r in range(6)]
+                   for job, url in urls.items()}
+        for ws in writers.values():
+            for r, w in enumerate(ws):
+                w.write(batch(r, 1, 3))
+        lives = {job: open_reader(url + f"?job={job}") for job, url in urls.items()}
+        seen = {job: ids(live.poll()) for job, live in lives.items()}
         gone, kept = (node(cluster, s.port).execute_command("CLUSTER MYID").decode() for s in (leaving, stay))
         for args in (["reshard", f"127.0.0.1:{stay.port}", "--cluster-from", gone, "--cluster-to", kept,
                       "--cluster-slots", str(16384), "--cluster-yes"], ["del-node", f"127.0.0.1:{stay.port}", gone]):
@@ -382,15 +388,16 @@ def test_the_urls_node_leaving_the_cluster_is_followed_by_writers_and_readers_th
                                   stdin=subprocess.DEVNULL)
             assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
         assert node(cluster, leaving.port).execute_command("CLUSTER SLOTS") == []  # still up, in no cluster
-        for r, w in enumerate(writers):
-            w._drop()  # its connection dropped: the next write connects again
-            w.write(batch(r, 3, 5))
-        live._lost()
-        seen += ids(live.poll())
         expect = [(r, i) for r in range(6) for i in range(1, 5)]
-        assert sorted(seen) == expect and len(seen) == len(expect)  # nothing lost, nothing twice
-        whole = open_reader(stay.url)
-        assert ids(whole.read_all()) == expect and whole.missing == {}
+        for job, ws in writers.items():
+            for r, w in enumerate(ws):
+                w._drop()  # its connection dropped: the next write connects again
+                w.write(batch(r, 3, 5))
+            lives[job]._lost()
+            seen[job] += ids(lives[job].poll())
+            assert sorted(seen[job]) == expect and len(seen[job]) == len(expect), job  # nothing lost, nothing twice
+            whole = open_reader(stay.url + f"?job={job}")
+            assert ids(whole.read_all()) == expect and whole.missing == {}
 
 
 def test_a_tail_its_master_lost_after_the_writer_closed_is_counted_as_lost_by_redis(tmp_path):

@@ -82,6 +82,8 @@ class Nodes:
 
     #: redirections followed for one command before giving up (a map that keeps moving)
     MAX_REDIRECTS = 8
+    #: slots learnt one at a time from MOVED (an ACL user that may not read the map)
+    _learning = False
 
     def __init__(self, target: RedisTarget, shown: str):
         self.target = target
@@ -122,6 +124,7 @@ class Nodes:
             self._read_map(conn, address)
         except ReplyError:
             self._slots = [address] * SLOTS if self.cluster else [address]
+            self._learning = True
 
     def _read_map(self, conn: Connection, asked: Address) -> None:
         """The slot map from ``asked`` (ReplyError where it is not a cluster, or will not say)."""
@@ -235,6 +238,8 @@ class Nodes:
                     reply, raised = exc, True  # type: ignore[assignment]
                 if isinstance(asked, ReplyError):
                     raise asked  # (both replies read: the connection stays in step)
+                if asking is None and self._unserved(reply, sender, key):
+                    continue  # (learning the map: a node that serves no slot, asked again elsewhere)
                 if _redirected(reply):
                     moved = _redirect(reply, sender)  # type: ignore[arg-type]
                     if moved is not None:
@@ -253,6 +258,31 @@ class Nodes:
             raise
         raise StoreError(f"cannot use {self.shown}: the cluster kept redirecting key {key!r}")
 
+    def _unserved(self, reply: Any, sender: Address, key: bytes | str) -> bool:
+        """Whether ``reply`` is a node's "CLUSTERDOWN Hash slot not served" while this client
+        learns the map from MOVED: a node that left its cluster (reset, serving nothing) says so
+        for every key, where a node of the cluster redirects.  Then the key's slot is sent to the
+        next known node that can be reached (True); it answers, or redirects.  Before, a writer
+        whose URL named such a node took it for the node of every slot on every reconnect."""
+        if not (self._learning and isinstance(reply, ReplyError)
+                and str(reply).startswith("CLUSTERDOWN Hash slot not served")):
+            return False
+        known = self._known
+        at = known.index(sender) if sender in known else -1
+        for address in known[at + 1:] + known[:at + 1]:
+            if address == sender:
+                return False  # (no other node answers: the reply stands)
+            try:
+                self._conn(address)
+            except (OSError, StoreError):
+                dropped = self._conns.pop(address, None)
+                if dropped is not None:
+                    dropped.close()
+                continue
+            self._slots[keyslot(key)] = address
+            return True
+        return False
+
     def _follow(self, moved: tuple[str, Address], key: bytes | str) -> Address | None:
         """Where to send again after a redirection: None (the map read again, or this slot
         learnt) for MOVED, the target for ASK."""
@@ -267,6 +297,7 @@ class Nodes:
             if not self.cluster:
                 self._slots, self.cluster = self._slots[:1] * SLOTS, True
             self._slots[keyslot(key)] = address
+            self._learning = True
         return None
 
     def call(self, key: bytes | str, *args: Any) -> Any:
@@ -296,7 +327,8 @@ class Nodes:
                         reply: Any = conn.read() if read is None else read(conn)
                     except ReplyError as exc:
                         reply = exc
-                    if _redirected(reply):
+                    if _redirected(reply) or (self._learning and isinstance(reply, ReplyError) and
+                                              str(reply).startswith("CLUSTERDOWN Hash slot not served")):
                         again.append(i)
                     out[i] = reply
         except BaseException:
