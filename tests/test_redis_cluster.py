@@ -398,6 +398,14 @@ def test_the_urls_node_leaving_the_cluster_is_followed_by_writers_and_readers_th
             assert sorted(seen[job]) == expect and len(seen[job]) == len(expect), job  # nothing lost, nothing twice
             whole = open_reader(stay.url + f"?job={job}")
             assert ids(whole.read_all()) == expect and whole.missing == {}
+        # the child that marks a stream (store/redis_marks.py) is given the URL and the nodes its
+        # writer knows: before, it knew only the URL's node, and no mark was taken again
+        from commscope.store import redis_marks
+
+        w = writers["leave"][0]
+        child = redis_marks.spawn(urls["leave"], "leave", 0, 0, w._nodes.known())
+        assert child.wait(60) == 0
+        assert cluster_client(stay.url).xlen(Keys.marks("leave", 0)) == 1
 
 
 def test_a_tail_its_master_lost_after_the_writer_closed_is_counted_as_lost_by_redis(tmp_path):

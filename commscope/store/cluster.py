@@ -94,6 +94,14 @@ class Nodes:
         self._known: list[Address] = [(target.host, target.port)]
         self._deadline: tuple[float | None, float] = (None, 0.0)  # (``Connection.set_deadline``'s)
 
+    def known(self) -> list[Address]:
+        """Every node this client has learnt of (the URL's first)."""
+        return list(self._known)
+
+    def know(self, addresses: Sequence[Address]) -> None:
+        """Nodes to ask too when the URL's node does not answer (another client's ``known``)."""
+        self._known.extend(a for a in addresses if a not in self._known)
+
     # -- the map
     def connect(self) -> None:
         """Connect to the URL's node (or, after a failure, any node known) and read the

@@ -31,6 +31,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import orjson
@@ -162,10 +163,12 @@ def take(nodes: Nodes, stream: bytes, marks: bytes, rank: int) -> Mark | None:
     return Mark(top, ms, size, whole, carry)
 
 
-def mark(url: str, job: str, rank: int, incarnation: int = 0) -> Mark | None:
-    """Take the next mark of one rank's stream (what ``spawn``'s child does)."""
+def mark(url: str, job: str, rank: int, incarnation: int = 0, known: Sequence[tuple[str, int]] = ()) -> Mark | None:
+    """Take the next mark of one rank's stream (what ``spawn``'s child does).  ``known``: the
+    cluster's nodes the writer knows, asked when the URL's is down or left the cluster."""
     target = parse_url(url)
     nodes = Nodes(target, target.display())
+    nodes.know(known)
     nodes.connect()
     try:
         return take(nodes, Keys.stream(job, rank, incarnation).encode(), Keys.marks(job, rank, incarnation).encode(),
@@ -174,10 +177,12 @@ def mark(url: str, job: str, rank: int, incarnation: int = 0) -> Mark | None:
         nodes.close()
 
 
-def spawn(url: str, job: str, rank: int, incarnation: int) -> subprocess.Popen | None:
+def spawn(url: str, job: str, rank: int, incarnation: int,
+          known: Sequence[tuple[str, int]] = ()) -> subprocess.Popen | None:
     """Run ``mark`` in a child process at the lowest priority; the URL (it may hold a
-    password) goes on its standard input, never on a command line others can list.  None
-    when it cannot be started."""
+    password) goes on its standard input, never on a command line others can list, and on
+    the next line the cluster nodes the writer knows (``host:port`` ...: the URL's node may be
+    down, or have left the cluster, since the writer opened).  None when it cannot be started."""
     cmd = [sys.executable, "-m", "commscope.store.redis_marks", job, str(rank), str(incarnation)]
     nice = shutil.which("nice")
     if nice:
@@ -188,7 +193,8 @@ def spawn(url: str, job: str, rank: int, incarnation: int) -> subprocess.Popen |
     except OSError:
         return None
     try:
-        child.stdin.write(url.encode())  # (a few hundred bytes: never blocks on the pipe)
+        nodes = " ".join(f"{h}:{p}" for h, p in known[:64])
+        child.stdin.write(f"{url}\n{nodes}".encode())  # (a few KB at most: never blocks on the pipe)
         child.stdin.close()
     except OSError:
         pass
@@ -200,9 +206,14 @@ def main(argv: list[str]) -> int:
         print("usage: python -m commscope.store.redis_marks JOB RANK INCARNATION  (the store URL on standard input)",
               file=sys.stderr)
         return 2
-    url = sys.stdin.read().strip()
+    url, _, rest = sys.stdin.read().strip().partition("\n")
+    known = []
+    for word in rest.split():
+        host, _, port = word.rpartition(":")
+        if host and port.isdigit():
+            known.append((host, int(port)))
     try:
-        mark(url, argv[0], int(argv[1]), int(argv[2]))
+        mark(url.strip(), argv[0], int(argv[1]), int(argv[2]), known)
     except Exception as exc:  # a mark not taken now is taken by the next child
         print(f"commscope: no mark taken: {exc}", file=sys.stderr)
         return 1

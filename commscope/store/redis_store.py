@@ -573,7 +573,7 @@ class RedisWriter:
         elif self._marker is not None:
             return  # (still marking: the next write asks again)
         else:
-            self._marker = redis_marks.spawn(self._url, self.job, self.rank, self.incarnation)
+            self._marker = redis_marks.spawn(self._url, self.job, self.rank, self.incarnation, self._nodes.known())
         self._mark_from, self._unmarked = now, 0
 
     def _learn(self, mark: redis_marks.Mark | None) -> None:
