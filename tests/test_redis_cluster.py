@@ -426,6 +426,8 @@ def test_a_tail_its_master_lost_after_the_writer_closed_is_counted_as_lost_by_re
         port = cluster_client(cluster.url).get_node_from_key(key).port
         w = open_writer(f"redis://127.0.0.1:{port}/0", "tail", 0, {"world_size": 1})
         w.write(batch(0, 1, 11))
+        live = open_reader(cluster.url)  # a console following the job
+        assert ids(live.poll()) == [(0, i) for i in range(1, 11)]
         master = node(cluster, port)
         master.set("test:" + key[key.index("{"):key.index("}") + 1] + ":synced", 1)
         deadline = time.monotonic() + 60
@@ -454,6 +456,12 @@ def test_a_tail_its_master_lost_after_the_writer_closed_is_counted_as_lost_by_re
         assert reader.missing == {0: 5} and reader.stats.missing_by_rank == {0: 5}  # exactly what it never got
         assert any("last 5 events (#11-#15) were lost by Redis" in m for m in reader.stats.warnings)
         assert reader.read_all() == [] and reader.missing == {0: 5}  # counted once
+        live._tail_look = 0.0  # (it looks at the ends every TAIL_LOOK_S: now)
+        while live.poll() or live._down:  # (until it has reconnected: the failover closed its connections)
+            assert time.monotonic() < deadline
+        assert live.missing == {0: 5} and sum("#11-#15) were lost by Redis" in m for m in live.stats.warnings) == 1
+        live._tail_look = 0.0
+        assert live.poll() == [] and live.missing == {0: 5}  # counted once
         for dst in (str(tmp_path / "copy"), f"redis://127.0.0.1:{replica.port}/0?job=tail-copy"):
             copy_trace(open_reader(f"redis://127.0.0.1:{replica.port}/0"), dst, "tail-copy", {"world_size": 1})
             copied = open_reader(dst if dst.startswith("redis") else str(tmp_path / "copy" / "tail-copy"))

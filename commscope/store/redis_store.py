@@ -900,18 +900,29 @@ class RedisReader(TraceReader):
         one), each node's sent together (``Nodes.many``)."""
         nodes = self._nodes_ok()
         job = self.job_id
+        look = time.monotonic() >= self._tail_look
+        ends = self._ends_said(nodes) if look else None  # (before the streams: a writer says its end after)
         pending = self.ranks()
         self.queue_chunks()  # (the streams' clean entries decoded together, after the round)
         queued = got if self._queued is not None else None
         with gc_paused():
             try:
-                self._xread_pages(nodes, job, pending, max_bytes, got, queued)
+                left = self._xread_pages(nodes, job, pending, max_bytes, got, queued)
             finally:
                 self._drain(got, again=False)
+        if ends:
+            self._tails({st: n for st, n in ends.items() if st not in left})  # (those read to their end)
+        if look:  # (a poll that failed looks again next time)
+            self._tail_look = time.monotonic() + self.TAIL_LOOK_S
+
+    #: seconds between a follower's looks at the ends its streams' writers said (``_tails``)
+    TAIL_LOOK_S = 5.0
+    _tail_look = 0.0
 
     def _xread_pages(self, nodes: Nodes, job: str, pending: list[Stream], max_bytes: int | None,
-                     got: dict[Stream, list[Event]], queued: dict[Stream, list[Event]] | None) -> None:
-        """``_xread``'s pages: XREAD again for the streams a page filled, within the budget."""
+                     got: dict[Stream, list[Event]], queued: dict[Stream, list[Event]] | None) -> set[Stream]:
+        """``_xread``'s pages: XREAD again for the streams a page filled, within the budget.
+        Returns the streams not read to their end (the budget ran out)."""
         used = 0
         while pending:
             keys = {self.keys.stream(job, *st).encode(): st for st in pending}
@@ -940,6 +951,7 @@ class RedisReader(TraceReader):
             pending = full
             if max_bytes is not None and used >= max_bytes:
                 break
+        return set(pending)
 
     def read_all(self) -> list[Event]:
         """Everything of the job not returned yet, rank by rank in XRANGE pages."""
