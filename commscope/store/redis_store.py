@@ -689,6 +689,7 @@ class RedisReader(TraceReader):
         self._window_ms: int | None = None  # where the window ``start_at`` was given starts (ms)
         self._job: dict | None = None
         self._job_failed = False
+        self._tail_said: dict[Stream, int] = {}  # stream -> the end ``_tails`` counted lost up to
 
     @property
     def description(self) -> str:
@@ -1016,7 +1017,7 @@ class RedisReader(TraceReader):
         the streams) past the last entry read: the tail Redis lost after it (the stream's
         master failed over before its replica had the last writes, or restarted empty),
         which no later entry shows as a gap.  Once per stream and entry count."""
-        said = self.__dict__.setdefault("_tail_said", {})
+        said = self._tail_said
         streams = set(getattr(self, "_streams", ()))
         for stream, stored in ends.items():
             if stream not in streams:
