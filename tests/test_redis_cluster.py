@@ -7,6 +7,7 @@ still read."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -169,6 +170,28 @@ def _replica_of(master: redis.Redis) -> int:
     return int(info["slave0"]["port"])
 
 
+def _writing_to_its_master(cluster: Any, job: str) -> tuple[str, int, Any]:
+    """Rank 0's stream of ``job`` (its key), the port of the master that holds it, and a
+    writer given that node's URL, having written entries 1-10."""
+    key = Keys.stream(job, 0)
+    port = cluster_client(cluster.url).get_node_from_key(key).port
+    w = open_writer(f"redis://127.0.0.1:{port}/0", job, 0, {"world_size": 1})
+    w.write(batch(0, 1, 11))
+    return key, port, w
+
+
+def _replica_synced(cluster: Any, master: redis.Redis, key: str) -> Any:
+    """The replica of ``master`` (the node of stream ``key``), once it holds what the stream
+    holds now.  WAIT counts the replicas holding this connection's own writes (one that wrote
+    nothing is answered at once, whatever they hold): a write of its own in the stream's
+    slot, then WAIT."""
+    master.set("test:" + key[key.index("{"):key.index("}") + 1] + ":synced", 1)
+    deadline = time.monotonic() + 60
+    while master.wait(1, 1000) != 1:
+        assert time.monotonic() < deadline, "the replica never acknowledged the stream's entries"
+    return next(s for s in cluster.servers if s.port == _replica_of(master))
+
+
 def test_a_master_failing_over_counts_what_its_replica_never_got_and_loses_nothing_else(tmp_path):
     """A master dies with writes its replica never received (asynchronous replication):
     the replica takes over, the writer finds its stream shorter than what had landed,
@@ -182,20 +205,10 @@ def test_a_master_failing_over_counts_what_its_replica_never_got_and_loses_nothi
     # too, one loaded run in seven here; only the one killed may fail over)
     with RedisCluster(3, replicas=1, node_timeout_ms=3000) as cluster:
         cluster.start()
-        key = Keys.stream("fo", 0)
-        port = cluster_client(cluster.url).get_node_from_key(key).port
         # the writer is given the very node that fails: it must have learnt the others
-        w = open_writer(f"redis://127.0.0.1:{port}/0", "fo", 0, {"world_size": 1})
-        w.write(batch(0, 1, 11))
+        key, port, w = _writing_to_its_master(cluster, "fo")
         master = node(cluster, port)
-        # WAIT counts the replicas holding this connection's own writes (one that wrote nothing
-        # is answered at once, whatever they hold): a write of its own in the stream's slot,
-        # after entries 1-10, then WAIT
-        master.set("test:" + key[key.index("{"):key.index("}") + 1] + ":synced", 1)
-        synced = time.monotonic() + 60
-        while master.wait(1, 1000) != 1:  # until the replica holds entries 1-10
-            assert time.monotonic() < synced, "the replica never acknowledged entries 1-10"
-        replica = next(s for s in cluster.servers if s.port == _replica_of(master))
+        replica = _replica_synced(cluster, master, key)
         dead = next(s for s in cluster.servers if s.port == port)
         os.kill(replica.proc.pid, signal.SIGSTOP)  # it misses what comes next: stopped, and
         master.client_kill_filter(_type="replica")  # its link cut (nothing more reaches its socket)
@@ -422,18 +435,11 @@ def test_a_tail_its_master_lost_after_the_writer_closed_is_counted_as_lost_by_re
 
     with RedisCluster(3, replicas=1, node_timeout_ms=3000) as cluster:
         cluster.start()
-        key = Keys.stream("tail", 0)
-        port = cluster_client(cluster.url).get_node_from_key(key).port
-        w = open_writer(f"redis://127.0.0.1:{port}/0", "tail", 0, {"world_size": 1})
-        w.write(batch(0, 1, 11))
+        key, port, w = _writing_to_its_master(cluster, "tail")
         live = open_reader(cluster.url)  # a console following the job
         assert ids(live.poll()) == [(0, i) for i in range(1, 11)]
         master = node(cluster, port)
-        master.set("test:" + key[key.index("{"):key.index("}") + 1] + ":synced", 1)
-        deadline = time.monotonic() + 60
-        while master.wait(1, 1000) != 1:  # until the replica holds entries 1-10
-            assert time.monotonic() < deadline, "the replica never acknowledged entries 1-10"
-        replica = next(s for s in cluster.servers if s.port == _replica_of(master))
+        replica = _replica_synced(cluster, master, key)
         os.kill(replica.proc.pid, signal.SIGSTOP)
         master.client_kill_filter(_type="replica")  # it misses what comes next
         w.write(batch(0, 11, 16))  # acknowledged by the master only
@@ -443,6 +449,7 @@ def test_a_tail_its_master_lost_after_the_writer_closed_is_counted_as_lost_by_re
         assert said and any(cluster_client(cluster.url).hget(k, "0") == b"15" for k in said)
         next(s for s in cluster.servers if s.port == port).kill()
         os.kill(replica.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 60
         promoted = node(cluster, replica.port)
         while promoted.info("replication")["role"] != "master":
             assert time.monotonic() < deadline, "the replica never took over"

@@ -65,9 +65,9 @@ def normalized(events: list[dict]) -> dict[int, list[dict]]:
 LIVENESS = frozenset({"heartbeat", "sample"})
 
 
-def check_json(store: str, capsys) -> dict:
+def check_json(store: str, capsys, hang_after: str = "60") -> dict:
     capsys.readouterr()
-    rc = cli.main(["check", store, "--json", "--hang-after", "60"])
+    rc = cli.main(["check", store, "--json", "--hang-after", hang_after])
     out = json.loads(capsys.readouterr().out)
     out["rc"] = rc
     return out
@@ -351,14 +351,6 @@ def hang_through_a_flush(rank: int, ws: int, store: str, release: str) -> None:
     commscope.uninstrument()
 
 
-def _hang_check(url: str, capsys) -> dict:
-    capsys.readouterr()
-    rc = cli.main(["check", url, "--json", "--hang-after", "1"])
-    out = json.loads(capsys.readouterr().out)
-    out["rc"] = rc
-    return out
-
-
 def _the_hang(out: dict) -> dict | None:
     """The hang's finding, when it is the only error finding but the trace's losses."""
     errors = [f for f in out["findings"] if f["severity"] == "error" and f["kind"] != "trace_incomplete"]
@@ -381,7 +373,7 @@ def test_a_hang_is_still_found_after_redis_lost_the_streams_while_it_hung(redis_
     client = redis_client(url)
     try:
         def hung() -> dict | None:
-            out = _hang_check(url, capsys) if client.exists(Keys.meta("hang-flush")) else None
+            out = check_json(url, capsys, "1") if client.exists(Keys.meta("hang-flush")) else None
             return out if out is not None and _the_hang(out) is not None else None
 
         _wait_for(hung, 60, "the hang found before the flush")
@@ -396,7 +388,7 @@ def test_a_hang_is_still_found_after_redis_lost_the_streams_while_it_hung(redis_
 
         _wait_for(all_stated, 30, "every rank's store_lost marker")
         assert len(job.alive()) == 3
-        out = _hang_check(url, capsys)
+        out = check_json(url, capsys, "1")
         hang = _the_hang(out)
         assert hang is not None, [(f["kind"], f["culprits"], f["message"]) for f in out["findings"]]
         assert (hang["culprits"], hang["seq"], hang["op"], hang["group"]) == ([1], 6, "all_reduce", before["group"])
