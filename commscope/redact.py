@@ -201,9 +201,11 @@ def _url_spans(text: str, out: list[Span]) -> None:
         after = netloc.rpartition(":")[2]  # a port, or where a password cut at its '/', '?' or '#' starts
         if "@" in netloc:
             at = last if last > cut and odd else netloc.rfind("@")
-        elif ":" in netloc and not netloc.startswith("[") and (odd or not after.isdigit()):
+        elif ":" in netloc and not netloc.startswith("[") and (odd or not after.isdigit() or netloc[0] == ":"):
             # user:pass with an unencoded '/', '?' or '#': where what follows the ':' is no
-            # port, whatever lies between (base64's '=' in ``Xy3/kP9+ab==``, a last '/')
+            # port, whatever lies between (base64's '=' in ``Xy3/kP9+ab==``, a last '/'), or
+            # where no host comes before it (``redis://:12345/@host``: a password of digits
+            # that ends in '/'; ``host:443/@alice`` is a path)
             at = last
         else:
             continue

@@ -206,6 +206,10 @@ def test_the_environments_secret_values_are_hidden_wherever_they_appear():
     ("postgres://user:Xy3/kP9+ab==@db:5432/app", f"postgres://user:{MARK}@db:5432/app"),
     ("redis://:PW/b=c@127.0.0.1:6379/0", f"redis://:{MARK}@127.0.0.1:6379/0"),
     ("redis://:pw/@h:1/0", f"redis://:{MARK}@h:1/0"),
+    # a password of digits that ends in '/': no host before the ':' (``host:443/@alice`` is a path)
+    ("redis://:12345/@host:6379/0", f"redis://:{MARK}@host:6379/0"),
+    ("rediss://:2024/@10.0.0.5:6380", f"rediss://:{MARK}@10.0.0.5:6380"),
+    ("https://:99/@example.com/x", f"https://:{MARK}@example.com/x"),
     ("redis://:pre?x=tail@h/0", f"redis://:{MARK}@h/0"),
     # ... even where digits come first, like a port (an '=' is a query's only after a '?')
     ("https://user:12/ab==@host/path", f"https://user:{MARK}@host/path"),
