@@ -306,6 +306,23 @@ def test_password_is_never_shown_and_a_wrong_one_is_one_warning(tmp_path, capsys
             assert secret not in text and "wrong-Pa55" not in text
 
 
+def test_each_rank_warns_once_at_open_that_its_redis_evicts_keys(tmp_path):
+    """A Redis whose maxmemory-policy evicts keys (allkeys-lru) may drop a trace's keys whole:
+    a reader said so, the ranks writing it said nothing.  Each rank now warns once, on its
+    stderr, when its writer opens, and training goes on; no warning on one that does not evict."""
+    require_redis_server()
+    for policy, said in (("allkeys-lru", 1), ("noeviction", 0)):
+        with RedisServer(data_dir=tmp_path / policy, extra={"maxmemory": "256mb", "maxmemory-policy": policy}) as server:
+            server.start()
+            errs = tmp_path / f"err-{policy}"
+            results = run_ranks(password_job, 2, args=(server.url, str(errs)), env={"COMMSCOPE_JOB": policy}, timeout=60)
+            for r in range(2):
+                assert results[r].value["steps"] == 20 and results[r].value["error"] is None
+                text = Path(f"{errs}.{r}").read_text()
+                assert text.count(f"evicts keys when full (maxmemory-policy {policy})") == said, text
+                assert text.count("evicts keys when full") == said, text  # (once, the rank's only)
+
+
 def test_fixture_names_the_missing_binary(monkeypatch):
     """Without redis-server the tests fail with the install hint instead of skipping."""
     import redis_fixture

@@ -704,3 +704,53 @@ def test_a_foreign_entry_at_the_largest_stream_id_leaves_the_rest_readable(redis
     reader = open_reader(redis_url)
     assert [e["id"] for e in reader.read_all() if e["type"] == "op"] == [1, 2, 3]
     assert reader.stats.corrupt + reader.stats.invalid == 1 and not reader.stats.missing_by_rank  # (no gap of 1.8e19)
+
+
+def test_a_writer_on_a_redis_that_evicts_warns_at_open_and_sets_the_jobs_index_again(tmp_path):
+    """A Redis with maxmemory and an LRU policy, filled while a rank writes: it drops the job's
+    index keys (written once, idle) while the rank's stream, written all along, stays; a reader
+    then found "no job" beside it.  The writer says at open that this Redis evicts (once), and
+    sets the index again every ``refresh_every`` seconds: the next write past it brings the job
+    back, every event still read.  A Redis that does not evict gets no warning, no refresh."""
+    from redis_fixture import require_redis_server
+
+    require_redis_server()
+    with RedisServer(data_dir=tmp_path / "plain") as plain:
+        plain.start()
+        w = open_writer(plain.url, "calm", 0, job_meta={"world_size": 1})
+        assert w.warning is None and w._refreshed is None
+        w.close()
+    with RedisServer(data_dir=tmp_path / "lru", extra={"maxmemory": "4mb", "maxmemory-policy": "allkeys-lru"}) as server:
+        server.start()
+        w = open_writer(server.url, "long", 0, job_meta={"world_size": 16_384})
+        assert w.warning and "evicts keys when full (maxmemory-policy allkeys-lru)" in w.warning
+        assert w.refresh_every == 16_384 / RedisWriter.REFRESH_RATE  # (the job's ranks: 10 refreshes a second)
+        w.refresh_every = 3600.0  # (the index as it was: set once at open)
+        w.write(lines(0, 1, 3))
+        c = redis_client(server.url)
+        index = [Keys.meta("long"), Keys.ranks("long"), Keys.JOBS]
+        n, filler = 0, b"x" * 65_536
+        while c.exists(*index[:2]):  # fill it, the rank writing on, until the job's index is evicted
+            c.set(f"filler:{n}", filler)
+            n += 1
+            if n % 8 == 0:
+                w.write(lines(0, 2 + n // 8, 3 + n // 8))
+            assert n < 100_000, "Redis never evicted the job's index"
+        written = 2 + n // 8 + 1
+        assert c.exists(Keys.stream("long", 0))  # (its stream, written all along, stayed)
+        with pytest.raises(StoreError, match="evicted"):
+            open_reader(server.url + "?job=long")
+        c.delete(*[f"filler:{i}" for i in range(n)])  # (room again)
+        w.refresh_every = 0.0
+        w.write(lines(0, written, written + 1))
+        assert c.exists(*index) == 3  # (this rank's member of the set of streams, the metadata, the job's row)
+        reader = open_reader(server.url)
+        assert reader.job_id == "long" and reader.ranks() == [(0, 0)]
+        got = [e["id"] for e in reader.read_all() if e["type"] == "op"]
+        # every op (read, or its begin stated again after the loss of what eviction took too: they
+        # are all in flight), and the loss said with its cause
+        assert sorted(set(got)) == list(range(1, written + 1)), got
+        lost = reader.stats.missing_by_rank.get(0, 0)
+        assert (lost > 0) == any("were lost by Redis (gone when the rank reconnected" in m for m in reader.stats.warnings)
+        c.close()
+        w.close()

@@ -680,6 +680,8 @@ class Recorder:
         self._open_spool()
         self.ops.note_meta(line)
         outbox.opened(writer, line)
+        if getattr(writer, "warning", None):  # (e.g. a Redis that evicts keys when full)
+            self.warn("store-open", writer.warning)
         return True
 
     def _meta(self) -> dict:

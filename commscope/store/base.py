@@ -318,6 +318,9 @@ class StoreWriter(Protocol):
     #: seconds the recorder lets pass between writes (0: every tick): a server shared by a
     #: wide job asks its ranks to write less often, so it sees a bounded rate of requests
     write_every: float
+    #: what the user should know about the store, found at open (a Redis that evicts keys when
+    #: full); the recorder warns it once.  None: nothing
+    warning: str | None
 
     @property
     def stored(self) -> int:

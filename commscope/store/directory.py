@@ -173,6 +173,7 @@ class DirectoryWriter:
     """Appends one rank's events; owned by that rank's recorder thread."""
 
     write_every = 0.0  # a local file: every tick
+    warning = None  # (nothing to say at open: a full disk is said when a write fails)
 
     def __init__(self, root: str | os.PathLike, job: str, rank: int, job_meta: dict | None = None, *,
                  incarnation: int = 0, resume: bool = False, connect_timeout: float | None = None,

@@ -160,9 +160,9 @@ class RedisWriter:
         self.resume = resume
         self.maxlen = self.target.maxlen or 0
         world = (job_meta or {}).get("world_size")
+        self._world = world if isinstance(world, int) and world > 0 else 1
         #: the job's appends spread over time: world_size / rate seconds between a rank's writes
-        self.write_every = min(MAX_WRITE_EVERY, (world if isinstance(world, int) and world > 0 else 1)
-                               / self.target.rate)
+        self.write_every = min(MAX_WRITE_EVERY, self._world / self.target.rate)
         self.key = Keys.stream(self.job, self.rank, self.incarnation).encode()
         self.description = f"{shown_target.display(job=self.job)} rank {self.rank}"
         self._shown = shown_target.display()  # (the URL as given: not the opening's bound)
@@ -230,6 +230,8 @@ class RedisWriter:
                     "(an earlier job with the same id); refusing to mix jobs (choose a new COMMSCOPE_JOB, "
                     "another ?job= or another database)")
             self._register(first=True)
+            if not self.resume:  # (a forwarder sends a dead rank's last records: the rank was told)
+                self._heed_eviction()
             nodes.keep_only(self.key)
         except StoreError:
             nodes.close()
@@ -254,6 +256,48 @@ class RedisWriter:
         for r in replies:
             if isinstance(r, ReplyError):
                 raise r
+
+    #: what the user should know about this store, said once at open (``Recorder`` warns it)
+    warning: str | None = None
+    #: (monotonic) when the job's index keys were last set again (``_refresh_index``); None:
+    #: never, the Redis does not evict them
+    _refreshed: float | None = None
+    refresh_every = 0.0  # (seconds: ``_heed_eviction`` sets it)
+    #: refreshes of the index a whole job sends per second at most, and the fewest seconds
+    #: between two of one rank's (``_refresh_index``)
+    REFRESH_RATE = 10.0
+    REFRESH_MIN_S = 5.0
+
+    def _heed_eviction(self) -> None:
+        """At open: a Redis that evicts keys when full (``evicting_policy``, asked of the node
+        of the job's index and of the stream's) may drop this trace's keys whole.  Say so once
+        (``warning``), and keep the job's index keys (``_refresh_index``) used, and back
+        should they go all the same: written once, idle while the streams are written, they
+        are what an LRU policy drops first, and a reader then finds "no job" beside its
+        streams."""
+        nodes = self._nodes
+        at = {nodes.node(k): k for k in (self.key, Keys.meta(self.job))}
+        policy = next(filter(None, (evicting_policy(nodes, k) for k in at.values())), None)
+        if policy is None:
+            return
+        self.warning = (f"commscope: {self._shown} {_evicts(policy)}: it may drop this trace's streams, or the "
+                        "job's index, whole when full (set maxmemory-policy noeviction for a trace store)")
+        self.refresh_every = max(self.REFRESH_MIN_S, self._world / self.REFRESH_RATE)
+        # (ranks that open together refresh apart: the first one comes early, by rank)
+        self._refreshed = time.monotonic() - self.refresh_every * (1.0 - (self.rank * 0.6180339887) % 1.0)
+
+    def _refresh_index(self) -> None:
+        """Set the job's index keys again (``_register``: its set of streams, its metadata, its
+        row in ``commscope:jobs``), every ``refresh_every`` seconds of a Redis that evicts:
+        one round trip a rank at that cadence, the job's ranks together at most
+        ``REFRESH_RATE`` a second, whatever its width; never per op.  The writes keep the
+        keys used (an LRU or LFU policy drops the least used first), and set them back when
+        evicted all the same: this rank's member, the metadata and the job's row if gone."""
+        self._refreshed = time.monotonic()
+        try:
+            self._register(first=False)
+        except (OSError, ReplyError, StoreError):
+            self._nodes.reset()  # (the append says what is wrong; the index is tried again next time)
 
     def _reconnect(self) -> None:
         self._nodes.connect()  # StoreError (the slot map read again: a failover moved it)
@@ -515,6 +559,8 @@ class RedisWriter:
                     # one to the job's: one connection a rank, or 16k ranks pass maxclients)
                     if self._unregistered and time.monotonic() >= self._register_at:
                         self._register_again()
+                    elif self._refreshed is not None and time.monotonic() - self._refreshed >= self.refresh_every:
+                        self._refresh_index()
                     self._nodes.keep_only(self.key)
                     if self._full_timeout is not None:
                         self._relax()
@@ -1174,14 +1220,14 @@ def list_jobs(url: str) -> list[tuple[str, float]]:
     return [(job, float(flat[i + 1]) / 1e6) for i in range(0, len(flat), 2) if (job := _job_id(flat[i]))]
 
 
-def evicting_policy(nodes: Nodes) -> str | None:
-    """The ``maxmemory-policy`` of the Redis (the node of the jobs' index) where it evicts keys
+def evicting_policy(nodes: Nodes, key: str | bytes = Keys.JOBS) -> str | None:
+    """The ``maxmemory-policy`` of the Redis (the node of ``key``: the jobs' index) where it evicts keys
     that have no expiry, as commscope's have none (``allkeys-*``: when full, Redis drops the
     least used keys whole, a job's index keys first, written once, then rank streams; helper
     h203 found such a trace read as "no job", its loss said nowhere); None otherwise, or where
     Redis will not say (an ACL without INFO)."""
     try:
-        info = nodes.call(Keys.JOBS, "INFO", "memory")
+        info = nodes.call(key, "INFO", "memory")
     except (OSError, ReplyError, StoreError):
         return None
     if not isinstance(info, bytes):
