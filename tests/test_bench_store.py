@@ -30,6 +30,7 @@ def test_bench_store_runs_on_a_directory_redis_and_a_redis_cluster():
     follows = re.findall(r"live follow: .*?([\d,]+) events written in [\d.]+ s, the reader polled ([\d,]+) of them",
                          out.replace("\n", " "))
     assert len(follows) == 2 and all(written == polled for written, polled in follows), out
+    assert "a follower's look at the ends of 16,384 closed ranks" in out.replace("\n", " "), out
     assert "requests per second per master" in out and "refusing to mix" not in done.stderr, done.stderr[-2000:]
     where = re.search(r"files under (\S+),", out)
     assert where and not os.path.exists(where.group(1))  # its stores removed (a CI run made 33 MB of them each time)

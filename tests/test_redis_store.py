@@ -754,3 +754,54 @@ def test_a_writer_on_a_redis_that_evicts_warns_at_open_and_sets_the_jobs_index_a
         assert (lost > 0) == any("were lost by Redis (gone when the rank reconnected" in m for m in reader.stats.warnings)
         c.close()
         w.close()
+
+
+def test_a_follower_reads_the_ends_its_writers_said_only_when_they_changed(tmp_path):
+    """A console's poll looks at the ends the job's writers said at close (``Keys.ends``)
+    every 5 s.  It read the four hashes whole (HGETALL) each time: one field per rank of the
+    job (16k fields every 5 s) whatever changed.  Now it reads each copy's length and version
+    first, and a copy whole only when that changed: a tail lost after its writer closed is
+    still counted, once, by the next look; a look with nothing new reads no hash; a writer
+    that said its end again (same member, same length) and one that never bumped the version
+    (an older commscope: only the length changed) are both read."""
+    from redis_fixture import require_redis_server
+
+    require_redis_server()
+    with RedisServer(data_dir=tmp_path / "r") as server:
+        server.start()
+        url = server.url
+        c = redis_client(url)
+        writers = [open_writer(url, "ends", r, job_meta={"world_size": 3}) for r in range(3)]
+        for r, w in enumerate(writers):
+            w.write(lines(r, 1, 4))
+        live = open_reader(url)
+
+        def look() -> int:
+            """One poll that looks at the ends; HGETALLs it sent."""
+            before = int(c.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0))
+            live._tail_look = 0.0  # (it looks every TAIL_LOOK_S: now)
+            live.poll()
+            return int(c.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0)) - before
+
+        look()
+        writers[0].write(lines(0, 4, 6))
+        writers[0].close()  # said 5
+        c.xdel(Keys.stream("ends", 0), "0-4", "0-5")  # the tail the stream's master lost after
+        assert look() == 1  # (the copy it changed: one of four)
+        assert live.missing == {0: 2} and sum("#4-#5) were lost by Redis" in m for m in live.stats.warnings) == 1
+        assert look() == 0 and look() == 0  # nothing changed: no hash read
+        assert live.missing == {0: 2}
+        writers[1].close()  # said 3: all read, nothing lost
+        assert look() == 1 and live.missing == {0: 2}
+        # the same member said again, larger (a forwarder sending what the rank's spool kept)
+        again = open_writer(url, "ends", 1, resume=True, job_meta={"world_size": 3})
+        again.write(lines(1, 4, 6))
+        c.xdel(Keys.stream("ends", 1), "0-5")
+        again.close()  # said 5, the hash's length unchanged
+        assert look() == 1 and live.missing == {0: 2, 1: 1}
+        c.hset(Keys.ends("ends"), "2", 4)  # a writer before the version: only the length changes
+        assert look() == 1 and live.missing == {0: 2, 1: 1, 2: 1}
+        assert look() == 0 and live.missing == {0: 2, 1: 1, 2: 1}
+        writers[2].close()
+        live.close()
+        c.close()

@@ -197,6 +197,51 @@ def _redis_follow(url: str, ranks: int, rate: int, seconds: float) -> dict[str, 
             "catch_up_s": caught_up, "read_rate": seen / (time.perf_counter() - t0)}
 
 
+ENDS_RANKS = 16_384  # the ends a follower looks at (``_ends_look``): a job of this many ranks, all closed
+ENDS_LOOKS = 20
+
+
+def _ends_look(url: str, ranks: int = ENDS_RANKS, looks: int = ENDS_LOOKS) -> dict[str, float]:
+    """What a live follower's look at the ends of a job of ``ranks`` closed ranks costs
+    (``RedisReader._ends_changed``, every ``TAIL_LOOK_S``) against reading the four ``ends``
+    copies whole each time, as it did before: per look, its wall time, the bytes Redis sent
+    and the CPU Redis spent (``INFO``), nothing changed between looks."""
+    from commscope.record.jobid import new_job_id
+    from commscope.store import redis_url
+    from commscope.store.redis_store import Keys, RedisReader, RedisWriter, delete_job
+
+    job = "bench-ends-" + new_job_id()
+    w = RedisWriter(url, job, 0, {"world_size": ranks}, marks="off")
+    w.write([b'{"v":1,"type":"heartbeat","rank":0,"ts":1}'])
+    w.close()
+    reader = RedisReader(redis_url.with_job(url, job))
+    nodes = reader._nodes_ok()
+    key = Keys.ends(job)  # (one Redis: every writer says its end in the first copy)
+    for lo in range(0, ranks, 4096):
+        nodes.call(key, "HSET", key, *[x for r in range(lo, min(ranks, lo + 4096)) for x in (Keys.member(r), 1000 + r)])
+
+    def server() -> tuple[int, float]:
+        info = nodes.call(key, "INFO", "all").decode()
+        field = dict(line.split(":", 1) for line in info.splitlines() if ":" in line and not line.startswith("#"))
+        return int(field["total_net_output_bytes"]), float(field["used_cpu_sys"]) + float(field["used_cpu_user"])
+
+    out: dict[str, float] = {}
+    reader._ends_changed(nodes)  # (the first look reads every copy: what a follower does once)
+    for name, look in (("whole", lambda: reader._ends_said(nodes)), ("changed", lambda: reader._ends_changed(nodes))):
+        (b0, c0), t0 = server(), time.perf_counter()
+        for _ in range(looks):
+            assert len(look()) == ranks
+        t1 = time.perf_counter()
+        b1, c1 = server()
+        info_bytes = (b1 - b0) and server()[0] - b1  # (what one INFO reply itself costs, taken out)
+        out[f"{name}_ms"] = (t1 - t0) / looks * 1e3
+        out[f"{name}_bytes"] = (b1 - b0 - info_bytes) / looks
+        out[f"{name}_cpu_ms"] = (c1 - c0) / looks * 1e3
+    reader.close()
+    delete_job(url, job)
+    return out
+
+
 def write_trace(store: str, ranks: int, per_rank: int, job: str = "bench") -> None:
     """A synthetic ``ranks``-rank job ``job`` in any store, for the reader measurements.
     In Redis it replaces an earlier job of that name (the URL must not name another job)."""
@@ -309,6 +354,13 @@ def run(args: argparse.Namespace) -> int:
                              f"{f['written']:,} events written in {f['write_s']:.1f} s, the reader polled "
                              f"{f['read']:,} of them and caught up {f['catch_up_s'] * 1e3:.0f} ms after the "
                              f"writers stopped: {'kept up' if kept_up else 'FELL BEHIND'}")
+                if name == "redis":  # (one server: its INFO counts every reply)
+                    e = _ends_look(base)
+                    notes.append(f"{name} a follower's look at the ends of {ENDS_RANKS:,} closed ranks (every 5 s): "
+                                 f"{e['changed_ms']:.2f} ms, {e['changed_bytes']:,.0f} bytes from Redis, "
+                                 f"{e['changed_cpu_ms']:.2f} ms of its CPU when nothing changed; reading every copy whole "
+                                 f"(as before): {e['whole_ms']:.1f} ms, {e['whole_bytes']:,.0f} bytes, "
+                                 f"{e['whole_cpu_ms']:.1f} ms of its CPU")
             table.add_row(name, _fmt_rate(w["alone"]), _fmt_rate(w["produced"]), _fmt_rate(w["written"]),
                           f"{w['dropped']:,}", f"{w['peak_rss_delta'] / 2**20:.0f} MiB",
                           _fmt_rate(rate), "yes" if met else "NO")

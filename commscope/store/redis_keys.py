@@ -7,8 +7,9 @@ Layout (``J`` is the job id, ``N`` the global rank, ``S`` the stream's shard, ``
     commscope:{J}:meta          job metadata, JSON (rank 0 writes it; others only if missing)
     commscope:{J}:ranks         set of the streams: "N" for rank N, "N+I" for its incarnation I
     commscope:{J}:ends          hash: a stream's member -> the entries its writer had stored
-                                when it closed (a tail its master lost afterwards is counted);
-                                copies in slots of their own, {J/e1} .. {J/e3}
+                                when it closed (a tail its master lost afterwards is counted),
+                                and field "#v", bumped after each (a follower reads a copy only
+                                when it changed); copies in slots of their own, {J/e1} .. {J/e3}
     commscope:{J/S}:rank:N      stream of rank N: entry ``0-K`` holds the K-th event (K = 1,
                                 2, ...) of that rank in field ``e``, one JSON event per entry
     commscope:{J/S}:rank:N+I    the same rank's incarnation I (its process group initialised
@@ -65,6 +66,9 @@ class Keys:
     #: copies of ``ends``, each in a slot of its own: a writer says its end in those served
     #: by another master than its stream's (``ends``)
     ENDS = 4
+    #: the field of an ``ends`` copy that its writers bump after saying their end (no member
+    #: spells it: ``parse_member``)
+    ENDS_VERSION = "#v"
 
     @classmethod
     def ends(cls, job: str, i: int = 0) -> str:

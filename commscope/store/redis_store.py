@@ -681,7 +681,9 @@ class RedisWriter:
             away = [k for k in copies if nodes.node(k) != nodes.node(self.key)][:1] or copies[:1]
             nodes.set_timeout(min(1.0, self.target.timeout))  # (at the rank's exit: a node down costs it 1 s at most)
             try:  # (in the copies another master serves: one that is not lost with the stream's)
-                nodes.pipeline([("HSET", k, member, self.stored) for k in away])  # (an error reply: not said)
+                # (the copy's version bumped after: a follower reads a copy only when it changed)
+                nodes.pipeline([c for k in away for c in (("HSET", k, member, self.stored),
+                                                           ("HINCRBY", k, Keys.ENDS_VERSION, 1))])
             except (OSError, ReplyError, StoreError):
                 pass  # (not said: such a tail loss is not counted, as before)
             finally:
@@ -736,6 +738,10 @@ class RedisReader(TraceReader):
         self._job: dict | None = None
         self._job_failed = False
         self._tail_said: dict[Stream, int] = {}  # stream -> the end ``_tails`` counted lost up to
+        #: a follower's look at the ends (``_ends_changed``): each copy's (length, version) as
+        #: last read, and every end read so far
+        self._ends_seen: dict[int, tuple] = {}
+        self._ends_known: dict[Stream, int] = {}
 
     @property
     def description(self) -> str:
@@ -948,7 +954,7 @@ class RedisReader(TraceReader):
         nodes = self._nodes_ok()
         job = self.job_id
         look = time.monotonic() >= self._tail_look
-        ends = self._ends_said(nodes) if look else None  # (before the streams: a writer says its end after)
+        ends = self._ends_changed(nodes) if look else None  # (before the streams: a writer says its end after)
         pending = self.ranks()
         self.queue_chunks()  # (the streams' clean entries decoded together, after the round)
         queued = got if self._queued is not None else None
@@ -1040,12 +1046,12 @@ class RedisReader(TraceReader):
             raise StoreError(f"cannot read {self.description}: {why}") from None
         return out
 
-    def _ends_said(self, nodes: Nodes) -> dict[Stream, int]:
-        """What each stream's writer had stored when it closed (``Keys.ends``)."""
+    def _ends_said(self, nodes: Nodes, copies: range | list[int] = range(Keys.ENDS)) -> dict[Stream, int]:
+        """What each stream's writer had stored when it closed (``Keys.ends``; in ``copies``)."""
         if self.keys is not Keys:
             return {}  # (a job in the layout before hash tags: its writers never said)
         out: dict[Stream, int] = {}
-        for flat in nodes.pipeline([("HGETALL", Keys.ends(self.job_id, i)) for i in range(Keys.ENDS)]):
+        for flat in nodes.pipeline([("HGETALL", Keys.ends(self.job_id, i)) for i in copies]):
             if not isinstance(flat, list):
                 raise flat if isinstance(flat, ReplyError) else ReplyError("ERR unexpected HGETALL reply")
             for i in range(0, len(flat) - 1, 2):
@@ -1057,6 +1063,31 @@ class RedisReader(TraceReader):
                 if stream is not None and 0 < stored <= (1 << 62):
                     out[stream] = max(out.get(stream, 0), stored)
         return out
+
+    def _ends_changed(self, nodes: Nodes) -> dict[Stream, int]:
+        """``_ends_said`` for a follower: every copy's length and version first (``HLEN`` and
+        ``HGET`` of ``Keys.ENDS_VERSION``: 2 x ``Keys.ENDS`` replies of a few bytes), and only
+        the copies that changed since its last look read whole.  A live job's ends change when
+        its ranks exit: a look costs what changed, not one field per rank of the job (16k
+        fields every 5 s, helper h403's figure in docs/redis.md).  The length catches the
+        writers before the version (they never bumped it).  Returns every end known so far."""
+        if self.keys is not Keys:
+            return {}
+        job = self.job_id
+        looks = nodes.pipeline([c for i in range(Keys.ENDS) for c in (("HLEN", Keys.ends(job, i)),
+                                                                       ("HGET", Keys.ends(job, i), Keys.ENDS_VERSION))])
+        for reply in looks:
+            if isinstance(reply, ReplyError):
+                raise reply
+        states = [(looks[2 * i], looks[2 * i + 1]) for i in range(Keys.ENDS)]
+        changed = [i for i, state in enumerate(states) if self._ends_seen.get(i) != state]
+        if changed:
+            read = self._ends_said(nodes, changed)
+            known = self._ends_known
+            for stream, stored in read.items():
+                known[stream] = max(known.get(stream, 0), stored)
+            self._ends_seen.update((i, states[i]) for i in changed)
+        return self._ends_known
 
     def _tails(self, ends: dict[Stream, int]) -> None:
         """Count what each stream's writer had stored when it closed (``ends``, read before
