@@ -65,7 +65,7 @@ def test_a_jobs_streams_spread_over_every_master_and_any_node_reads_them(redis_c
     assert sorted(ids(live.poll())) == [(r, 4) for r in range(ranks)]  # only what is new
     assert len(live._nodes.masters()) == 3  # one connection per master
     assert [j for j, _ in list_jobs(other)] == ["wide"]
-    assert delete_job(other, "wide") == ranks + 2
+    assert delete_job(other, "wide") == 2 * ranks + 2  # (each stream and the master its writer said: Keys.via)
     assert [node(redis_cluster, s.port).dbsize() for s in redis_cluster.servers] == [0, 0, 0]
     assert list_jobs(other) == []
 
@@ -76,8 +76,9 @@ def test_a_cluster_url_with_another_database_is_refused_clearly(redis_cluster, r
 
 
 def _migrate_start(cluster, key: str) -> tuple[redis.Redis, redis.Redis, str, int]:
-    """Begin moving ``key``'s slot to another master and move the key itself: the source
-    then answers ASK for it.  Returns (source, target, target id, slot)."""
+    """Begin moving ``key``'s slot to another master and move its keys (``key``, and what
+    else of its stream the slot holds, as a resharding moves every key of the slot): the
+    source then answers ASK for them.  Returns (source, target, target id, slot)."""
     c = cluster_client(cluster.url)
     slot = keyslot(key)
     owner = c.get_node_from_key(key)
@@ -87,7 +88,9 @@ def _migrate_start(cluster, key: str) -> tuple[redis.Redis, redis.Redis, str, in
     src_id, dst_id = src.execute_command("CLUSTER MYID").decode(), dst.execute_command("CLUSTER MYID").decode()
     dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
     src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst_id)
-    src.execute_command("MIGRATE", "127.0.0.1", dst_port, "", 0, 5000, "KEYS", key)
+    keys = src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)
+    assert key in keys
+    src.execute_command("MIGRATE", "127.0.0.1", dst_port, "", 0, 5000, "KEYS", *keys)
     return src, dst, dst_id, slot
 
 
@@ -112,9 +115,10 @@ def test_slots_moving_while_a_job_writes_and_a_console_reads_lose_and_repeat_not
     w0.write(batch(0, 5, 7))
     w1.write(batch(1, 3, 5))
     # one connection, to the stream's new master (before, the old one stayed open too: after
-    # a resharding, a wide job's ranks held one to every master their slots had been on)
+    # a resharding, a wide job's ranks held one to every master their slots had been on); its
+    # last command an append, or the master it now appends through said (``Keys.via``)
     clients = [sum(1 for c in node(redis_cluster, s.port).client_list() if c["name"] == "" and
-                   int(c["id"]) > 0 and c["cmd"] in ("eval", "asking")) for s in redis_cluster.servers]
+                   int(c["id"]) > 0 and c["cmd"] in ("eval", "asking", "set")) for s in redis_cluster.servers]
     assert list(w0._nodes._conns) == [w0._nodes.node(key)] and sum(clients) == 2, clients  # (w0's and w1's)
     seen += ids(live.poll())
     expect = [(0, i) for i in range(1, 7)] + [(1, i) for i in range(1, 5)]
@@ -543,3 +547,80 @@ def test_a_writer_closing_waits_a_second_at_most_for_the_node_of_its_end(redis_c
     finally:
         paused.execute_command("CLIENT", "UNPAUSE")
     assert open_reader(redis_cluster_url + "?job=slowend").read_all()  # (the store is read on)
+
+
+def _check(url: str, capsys) -> tuple[int, list[dict]]:
+    """``commscope check URL --json``: its exit code and findings."""
+    import json
+
+    from commscope import cli
+
+    capsys.readouterr()
+    rc = cli.main(["check", url, "--json"])
+    return rc, json.loads(capsys.readouterr().out)["findings"]
+
+
+def test_a_check_between_a_masters_failover_and_the_writers_return_is_not_healthy(capsys):
+    """A rank's last writes reach its stream's master only; the master dies and its replica
+    takes over without them.  Until the rank's writer writes again (and finds, and says, what
+    was lost), the stream just ends early: a live ``check`` then exited 0 over ops it never
+    read.  The writer says which master it appends through (``Keys.via``, replicated with the
+    stream); a reader that finds it one that no longer serves knows the stream's end is not
+    settled: ``check`` exits 1 (trace_incomplete on that rank alone, nothing counted lost yet);
+    once the writer wrote again, exactly what the replica lacked is counted."""
+    import os
+    import signal
+
+    from commscope.bench.redis_server import RedisCluster
+
+    def ops(lo: int, hi: int) -> list[bytes]:  # (complete all_reduces: a healthy job, were they all read)
+        return [E.encode(e) for i in range(lo, hi) for e in (
+            dict(ev(0, i), ts=10**18 + 2 * i), {"v": 1, "type": "op", "rank": 0, "ts": 10**18 + 2 * i + 1,
+                                                 "phase": "end", "id": i})]
+
+    meta = {"v": 1, "type": "meta", "rank": 0, "ts": 10**18, "world_size": 1, "backend": "gloo", "host": "h", "pid": 1}
+    with RedisCluster(3, replicas=1, node_timeout_ms=3000) as cluster:
+        cluster.start()
+        key = Keys.stream("via", 0)
+        port = cluster_client(cluster.url).get_node_from_key(key).port
+        w = open_writer(f"redis://127.0.0.1:{port}/0", "via", 0, {"world_size": 1})
+        w.write([E.encode(meta)] + ops(1, 11))
+        master = node(cluster, port)
+        replica = _replica_synced(cluster, master, key)
+        assert _check(cluster.url, capsys) == (0, [])  # healthy
+        os.kill(replica.proc.pid, signal.SIGSTOP)
+        master.client_kill_filter(_type="replica")  # it misses what comes next
+        w.write(ops(11, 16))  # acknowledged by the master only
+        stored = w.stored  # the rank's own count of what landed
+        next(s for s in cluster.servers if s.port == port).kill()
+        os.kill(replica.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        promoted = node(cluster, replica.port)
+        while promoted.info("replication")["role"] != "master":
+            assert time.monotonic() < deadline, "the replica never took over"
+            time.sleep(0.2)
+        nodes = [node(cluster, s.port) for s in cluster.servers if s.running]
+        while any(n.execute_command("CLUSTER INFO").get("cluster_state") != "ok" for n in nodes):
+            assert time.monotonic() < deadline, "the cluster never settled after the failover"
+            time.sleep(0.2)
+        held = promoted.xlen(key)
+        assert held == stored - 10  # (the replica lacks ops 11-15: 10 entries)
+        url = f"redis://127.0.0.1:{replica.port}/0"
+        rc, findings = _check(url, capsys)  # the writer has not written since
+        assert rc == 1 and [(f["kind"], f["severity"], f["culprits"]) for f in findings] == [
+            ("trace_incomplete", "error", [0])], findings
+        assert findings[0]["evidence"]["per_rank"] == {"0": {"unsettled": 1}}  # nothing counted lost: not known yet
+        assert findings[0]["evidence"]["lost_events"] == 0 and "failed over" in findings[0]["message"]
+        while True:  # what the recorder does: retry until it lands
+            try:
+                w.write(ops(16, 17))
+                break
+            except StoreError as exc:
+                assert exc.written == 0
+                assert time.monotonic() < deadline, "the writer never reached the new master"
+                time.sleep(0.2)
+        rc, findings = _check(url, capsys)
+        assert rc == 1 and [(f["kind"], f["severity"], f["culprits"]) for f in findings] == [
+            ("trace_incomplete", "error", [0])], findings
+        assert findings[0]["evidence"]["per_rank"] == {"0": {"missing": stored - held}}  # exactly what it lacked
+        w.close()

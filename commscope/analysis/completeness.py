@@ -1,8 +1,9 @@
 """The trace_incomplete finding: a trace that lost events is never called healthy.
 
 Its severity is an error when events were lost (dropped by a full recorder buffer, damaged
-or invalid lines, entries the store lost or trimmed): they may have held ops, and ``check``
-never exits 0 over ops it could not read.  A stream that only ends without ``exit`` is a
+or invalid lines, entries the store lost or trimmed), or may have been without being counted
+yet (a Redis Cluster master that failed over since a rank's writer last wrote: ``unsettled``):
+they may have held ops, and ``check`` never exits 0 over ops it could not read.  A stream that only ends without ``exit`` is a
 warning.
 
 A rank's stream is incomplete when the recorder dropped events (Flight Recorder ring
@@ -45,13 +46,15 @@ class Incomplete(Evidence):
     (not losses: shown so the numbers add up)."""
 
     lost_events: int
-    per_rank: dict[str, dict[str, Any]]  # rank -> dropped, damaged, invalid, missing, no_exit, last_event_ns, no_events
+    #: rank -> dropped, damaged, invalid, missing, unsettled, no_exit, last_event_ns, no_events
+    per_rank: dict[str, dict[str, Any]]
     more_ranks: int = ABSENT  # incomplete ranks beyond the first 256
     fr_ring_overwritten: dict[str, int] = ABSENT
 
     def render(self, f: Finding) -> list[RenderableType]:
         rows = [[r, d.get("dropped"), d.get("damaged"), d.get("invalid"), d.get("missing"),
-                 "no events" if d.get("no_events") else "no exit" if d.get("no_exit") else ""]
+                 "no events" if d.get("no_events") else "no exit" if d.get("no_exit") else
+                 "not counted yet" if d.get("unsettled") else ""]
                 for r, d in self.per_rank.items()]
         parts: list[RenderableType] = [evidence.table("lost per rank", ["rank", "dropped", "damaged", "invalid",
                                                                 "store lost", "end"], rows)]
@@ -144,6 +147,11 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
                      ", ".join(f"rank {r}: {n:,}" for r, n in sorted(unnamed.items())[:8]) +
                      (", ..." if len(unnamed) > 8 else "") + "): the op names of a stream's meta line, which "
                      "was lost or damaged; they are compared with no rank's")
+    unsettled = sorted(r for r, d in per_rank.items() if d.get("unsettled"))
+    if unsettled:
+        parts.append(f"the store's node of the stream of rank(s) {ranges(unsettled, limit=8)} failed over since their "
+                     "writers last wrote: what its replica had not received is not counted yet (each writer says "
+                     "it when it writes again)")
     if absent:
         parts.append(f"no events from rank(s) {ranges(absent, limit=8)}, though their peers completed collectives "
                      "with them: their streams are not in this store (a directory store their hosts do not share, "
@@ -165,4 +173,4 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
     ts = max((int(model.ranks[r].last_ts) for r in ranks if r in model.ranks), default=model.end_ns)
     # Lost events may have held ops: never a healthy exit (check exits 1).
     return [Finding("trace_incomplete", None, None, None, ranks, ranks, msg, ev, ts=ts,
-                    severity=ERROR if lost or absent or unnamed else WARNING)]
+                    severity=ERROR if lost or absent or unnamed or unsettled else WARNING)]

@@ -74,6 +74,10 @@ class ReadStats:
     invalid_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
     invalid_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
     missing_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)  # entries the store lost or trimmed
+    #: streams of a rank whose store may have lost entries it cannot count yet (a Redis Cluster
+    #: master that failed over since the writer last wrote: the writer says what it lost when it
+    #: writes again); the trace is not whole meanwhile
+    unsettled_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
     partial_tail: int = 0  # ranks whose last line is still incomplete
     #: events of segments retention deleted (store/retention.py), which their summaries stand for
     summarized: int = 0

@@ -16,6 +16,9 @@ Layout (``J`` is the job id, ``N`` the global rank, ``S`` the stream's shard, ``
                                 again in one process)
     commscope:{J/S}:marks:N     where a window may start rank N's stream, and what the rank
                                 was in there (``store/redis_marks.py``)
+    commscope:{J/S}:via:N       on a cluster: "host:port" of the master the writer of rank N's
+                                stream last appended through (a reader finds a master that
+                                failed over since, before the writer says what it lost)
 
 The braces are Redis Cluster hash tags: a job's metadata and set of streams share a slot,
 and its streams are spread over 256 shards, each a slot of its own, so a cluster spreads a
@@ -102,6 +105,14 @@ class Keys:
     def marks(cls, job: str, rank: int, incarnation: int = 0) -> str:
         """The marks of one rank's stream (``store/redis_marks.py``), in its slot."""
         return cls.SHARD.format(job=job, shard=rank % cls.SHARDS) + f":marks:{cls.member(rank, incarnation)}"
+
+
+    @classmethod
+    def via(cls, job: str, rank: int, incarnation: int = 0) -> str:
+        """The master a stream's writer last appended through, on a cluster ("host:port"), in
+        the stream's slot: replicated with it, so a replica that took over holds the old
+        master's address until the writer appends through it."""
+        return cls.SHARD.format(job=job, shard=rank % cls.SHARDS) + f":via:{cls.member(rank, incarnation)}"
 
 
 class LegacyKeys(Keys):

@@ -230,6 +230,7 @@ class RedisWriter:
                     "(an earlier job with the same id); refusing to mix jobs (choose a new COMMSCOPE_JOB, "
                     "another ?job= or another database)")
             self._register(first=True)
+            self._say_via()
             if not self.resume:  # (a forwarder sends a dead rank's last records: the rank was told)
                 self._heed_eviction()
             nodes.keep_only(self.key)
@@ -298,6 +299,25 @@ class RedisWriter:
             self._register(first=False)
         except (OSError, ReplyError, StoreError):
             self._nodes.reset()  # (the append says what is wrong; the index is tried again next time)
+
+    #: on a cluster, the master this writer last said it appends through (``_say_via``)
+    _via: tuple[str, int] | None = None
+
+    def _say_via(self) -> None:
+        """On a cluster: which master this stream is appended through (``Keys.via``), said at
+        open and after the first append through another one (a failover, a slot moved): a
+        replica that takes over holds the old one's address until this writer has appended
+        through it, and stated what it found lost first, so a reader in between knows the
+        stream's end is not settled (``RedisReader._unsettled``) instead of reading a healthy
+        trace short of what the old master lost."""
+        if not self._nodes.cluster:
+            return
+        node = self._nodes.node(self.key)
+        key = Keys.via(self.job, self.rank, self.incarnation)
+        reply = self._nodes.run(key, pack("SET", key, f"{node[0]}:{node[1]}"))
+        if isinstance(reply, ReplyError):
+            raise reply
+        self._via = node
 
     def _reconnect(self) -> None:
         self._nodes.connect()  # StoreError (the slot map read again: a failover moved it)
@@ -555,6 +575,11 @@ class RedisWriter:
                         self._say_lost()
                     while done < len(lines):
                         done += self._append(lines, done)
+                    if self._via is not None and self._nodes.node(self.key) != self._via:
+                        try:
+                            self._say_via()
+                        except ReplyError:
+                            pass  # (said after the next write: the lines landed, the write did not fail)
                     # (a MOVED or ASK opened one to the slot's new master, a lost stream's marker
                     # one to the job's: one connection a rank, or 16k ranks pass maxclients)
                     if self._unregistered and time.monotonic() >= self._register_at:
@@ -1036,6 +1061,7 @@ class RedisReader(TraceReader):
                             break
                     self._read_to_end(stream, began)
                 self._tails(ends)
+                self._unsettled(nodes, ends)
                 for stream in sorted(rest):
                     out.extend(rest[stream])
         except ReplyError as exc:
@@ -1088,6 +1114,30 @@ class RedisReader(TraceReader):
                 known[stream] = max(known.get(stream, 0), stored)
             self._ends_seen.update((i, states[i]) for i in changed)
         return self._ends_known
+
+    def _unsettled(self, nodes: Nodes, ends: dict[Stream, int]) -> None:
+        """On a cluster: the streams whose master failed over since their writer last appended
+        (``Keys.via`` names a node that no longer serves slots) and that said no end: the
+        replica that took over may lack the last writes, which the writer counts (a
+        ``store_lost`` marker) only when it writes again.  Until then the trace is not whole
+        (``ReadStats.unsettled_by_rank``: ``check`` exits 1), where before it read as a
+        healthy job a few events short.  A slot moved to another master loses nothing: not
+        counted.  One GET a stream, in a pipeline per node."""
+        streams = [st for st in getattr(self, "_streams", ()) if st not in ends]
+        if not (nodes.cluster and self.keys is Keys and streams):
+            return
+        serving = {f"{h}:{p}".encode() for h, p in nodes.masters()}
+        vias = nodes.pipeline([("GET", Keys.via(self.job_id, *st)) for st in streams])
+        for stream, via in zip(streams, vias, strict=True):
+            node = nodes.node(self.keys.stream(self.job_id, *stream))
+            if not isinstance(via, bytes) or via in serving or via == f"{node[0]}:{node[1]}".encode():
+                continue  # (none said: a writer before ``via``; or its master still serves)
+            rank = stream[0]
+            self.stats.unsettled_by_rank[rank] = self.stats.unsettled_by_rank.get(rank, 0) + 1
+            self.stats.warnings.append(
+                f"rank {rank}: its stream's master {via.decode(errors='replace')} failed over since its writer last "
+                "wrote: what the replica that took over had not received is not counted until the writer writes "
+                "again (it says it then)")
 
     def _tails(self, ends: dict[Stream, int]) -> None:
         """Count what each stream's writer had stored when it closed (``ends``, read before
@@ -1299,7 +1349,8 @@ def delete_job(url: str, job: str) -> int:
         members = nodes.call(keys.ranks(job), "SMEMBERS", keys.ranks(job)) or []
         streams = filter(None, map(Keys.parse_member, members))
         names = [keys.meta(job), keys.ranks(job)] + [Keys.ends(job, i) for i in range(Keys.ENDS)] + [k for st in streams
-                                                     for k in (keys.stream(job, *st), keys.marks(job, *st))]
+                                                     for k in (keys.stream(job, *st), keys.marks(job, *st),
+                                                               keys.via(job, *st))]
         replies = nodes.pipeline([("DEL", k) for k in names])  # (one key each: a cluster's slots differ)
         nodes.call(Keys.JOBS, "ZREM", Keys.JOBS, job)
         return sum(r for r in replies if isinstance(r, int))
