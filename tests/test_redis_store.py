@@ -708,8 +708,8 @@ def test_a_foreign_entry_at_the_largest_stream_id_leaves_the_rest_readable(redis
 
 def test_a_writer_on_a_redis_that_evicts_warns_at_open_and_sets_the_jobs_index_again(tmp_path):
     """A Redis with maxmemory and an LRU policy, filled while a rank writes: it drops the job's
-    index keys (written once, idle) while the rank's stream, written all along, stays; a reader
-    then found "no job" beside it.  The writer says at open that this Redis evicts (once), and
+    index keys (written once, idle) before the rank's stream, written all along; a reader then
+    found "no job" beside it.  The writer says at open that this Redis evicts (once), and
     sets the index again every ``refresh_every`` seconds: the next write past it brings the job
     back, every event still read.  A Redis that does not evict gets no warning, no refresh."""
     from redis_fixture import require_redis_server
@@ -737,7 +737,8 @@ def test_a_writer_on_a_redis_that_evicts_warns_at_open_and_sets_the_jobs_index_a
                 w.write(lines(0, 2 + n // 8, 3 + n // 8))
             assert n < 100_000, "Redis never evicted the job's index"
         written = 2 + n // 8 + 1
-        assert c.exists(Keys.stream("long", 0))  # (its stream, written all along, stayed)
+        # (its stream, written all along, is evicted last, but LRU is approximate: it may have
+        # gone too, a loss the writer states at its next write)
         with pytest.raises(StoreError, match="evicted"):
             open_reader(server.url + "?job=long")
         c.delete(*[f"filler:{i}" for i in range(n)])  # (room again)
