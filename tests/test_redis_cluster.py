@@ -611,6 +611,9 @@ def test_a_check_between_a_masters_failover_and_the_writers_return_is_not_health
             ("trace_incomplete", "error", [0])], findings
         assert findings[0]["evidence"]["per_rank"] == {"0": {"unsettled": 1}}  # nothing counted lost: not known yet
         assert findings[0]["evidence"]["lost_events"] == 0 and "failed over" in findings[0]["message"]
+        reader = open_reader(url)
+        assert len(reader.read_all()) == held and reader.read_all() == []
+        assert reader.stats.unsettled_by_rank == {0: 1} and not reader.stats.missing_by_rank  # (counted once)
         while True:  # what the recorder does: retry until it lands
             try:
                 w.write(ops(16, 17))

@@ -767,6 +767,7 @@ class RedisReader(TraceReader):
         #: last read, and every end read so far
         self._ends_seen: dict[int, tuple] = {}
         self._ends_known: dict[Stream, int] = {}
+        self._unsettled_seen: set[Stream] = set()  # streams ``_unsettled`` counted
 
     @property
     def description(self) -> str:
@@ -1123,7 +1124,8 @@ class RedisReader(TraceReader):
         (``ReadStats.unsettled_by_rank``: ``check`` exits 1), where before it read as a
         healthy job a few events short.  A slot moved to another master loses nothing: not
         counted.  One GET a stream, in a pipeline per node."""
-        streams = [st for st in getattr(self, "_streams", ()) if st not in ends]
+        seen = self._unsettled_seen
+        streams = [st for st in getattr(self, "_streams", ()) if st not in ends and st not in seen]
         if not (nodes.cluster and self.keys is Keys and streams):
             return
         serving = {f"{h}:{p}".encode() for h, p in nodes.masters()}
@@ -1132,6 +1134,7 @@ class RedisReader(TraceReader):
             node = nodes.node(self.keys.stream(self.job_id, *stream))
             if not isinstance(via, bytes) or via in serving or via == f"{node[0]}:{node[1]}".encode():
                 continue  # (none said: a writer before ``via``; or its master still serves)
+            seen.add(stream)  # (once: a later read_all of this reader reads what came since)
             rank = stream[0]
             self.stats.unsettled_by_rank[rank] = self.stats.unsettled_by_rank.get(rank, 0) + 1
             self.stats.warnings.append(
