@@ -106,7 +106,6 @@ class Keys:
         """The marks of one rank's stream (``store/redis_marks.py``), in its slot."""
         return cls.SHARD.format(job=job, shard=rank % cls.SHARDS) + f":marks:{cls.member(rank, incarnation)}"
 
-
     @classmethod
     def via(cls, job: str, rank: int, incarnation: int = 0) -> str:
         """The master a stream's writer last appended through, on a cluster ("host:port"), in
