@@ -33,6 +33,7 @@ import binascii
 import bisect
 import functools
 import operator
+import re
 import struct
 import sys
 from collections import Counter
@@ -110,6 +111,15 @@ REDUCING = optable.REDUCING
 #: How every encoded ``block`` line starts (``encode_block`` and record/native/drain.h's
 #: ``drain_block`` write the same template).
 LINE_PREFIX = b'{"type":"block",'
+
+
+_POS_KEY = re.compile(rb'"pos":(\d{1,20}),')
+
+
+def block_pos(line: bytes) -> int | None:
+    """The ring position an encoded ``block`` line's records start at (None: it says none)."""
+    m = _POS_KEY.search(line, 0, 160)  # (in the line's fixed prefix, before its data)
+    return int(m[1]) if m is not None else None
 
 
 def encode_block(data: bytes, rank: int, ts: int, count: int, pos: int | None = None, end: int | None = None) -> bytes:
@@ -525,6 +535,10 @@ class BlockDecoder:
         self.counts_gaps = False
         self.gaps: list[int] = []
         self.ring_open = True
+        #: The read starts at the stream's first line (a reader that knows says so): a meta's
+        #: ``ring`` then closes the ring where the stream's first block starts, so a first
+        #: block line gone is a gap too (a meta restated later in the stream says nothing)
+        self.from_start = False
         self._bad_end = 0
         self.duplicates = 0  # records skipped because an earlier block held them
         self.sites: dict[int, str] = {}
@@ -583,6 +597,10 @@ class BlockDecoder:
                     self.groups[gid] = entry
                     return changed
         elif typ == "meta":
+            ring = ev.get("ring")
+            if self.from_start and self.ring_open and ring.__class__ is int and ring >= 0:
+                self.seen_end, self.ring_open = ring, False
+            self.from_start = False
             changed = False
             names = self.table.texts(ev.get("names"))
             if names is not None and names != self.names:
@@ -1724,9 +1742,11 @@ _TYPE = operator.itemgetter("type")  # (every event a reader keeps has one)
 
 def teaches(ev: dict) -> bool:
     """Whether an event (not a block) says something a decoder's tables hold: a site, a
-    group with its id, a meta with the op names or dtypes tables (``BlockDecoder.note``)."""
+    group with its id, a meta with the op names or dtypes tables, or where the stream's ring
+    starts (``BlockDecoder.note``)."""
     typ = ev.get("type")
-    return typ == SITE or typ in ("group", "meta") and ("gid" in ev or "names" in ev or "dtypes" in ev)
+    return typ == SITE or typ in ("group", "meta") and ("gid" in ev or "names" in ev or "dtypes" in ev
+                                                         or "ring" in ev)
 
 
 def gaps_not_counted(gaps: list[int], got: Decoded, before: int = 0) -> tuple[list[int], int]:

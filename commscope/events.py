@@ -91,7 +91,9 @@ Version 3 (spools, self-describing streams, incarnations):
                sites and groups its records use, so any suffix of a stream decodes alone
     meta       inc: the incarnation (the process initialised a process group again after
                destroying one: a new stream, its groups named "0@1", ...); run: a nonce
-               rank 0 draws at init, so a forwarder never mixes two runs of one job id
+               rank 0 draws at init, so a forwarder never mixes two runs of one job id;
+               [ring]: the ring position the stream's first block starts at (a reader that
+               reads the stream from its first line counts a first block line gone)
     exit       code (os._exit's or the process's exit code); reason "killed": a launcher
                saw the process die of [signal] (src "launcher"); reason "os._exit";
                reason "signal" with [exc]: the C++ exception std::terminate was called

@@ -140,6 +140,9 @@ RawEvent = TypedDict("RawEvent", {
     # version 3: a block's ring positions; meta: the incarnation (the process initialised its
     # process group again) the stream belongs to, and the run (a nonce rank 0 draws at init)
     "pos": Count, "end": Count, "inc": Count, "run": Name,
+    # meta: the ring position the stream's first block starts at (a reader reading the stream
+    # from its first line counts a first block line gone against it)
+    "ring": Count,
     # dropped (version 3): entries (lines) of the stream the store lost before this one; the
     # writer that found its stream gone or shorter says so (``store.base.store_lost``)
     "entries": Count,

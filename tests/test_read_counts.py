@@ -375,3 +375,89 @@ def test_reads_that_start_or_go_on_mid_stream_count_no_gap(tmp_path):
     _polled_all(r, 256 << 10)
     assert r._jumps and r.stats.summarized > 0 and not r.stats.missing_by_rank, r.stats.warnings
     r.close()
+
+
+def _records_in_steps(rank: int, world: int, store: str) -> None:
+    """A short recording whose ops reach the store in several blocks (a flush after each step)."""
+    import torch
+    import torch.distributed as dist
+
+    import commscope
+
+    x = torch.ones(4)
+    with commscope.instrumented(store, sample_interval=0.2, flight_recorder=False) as rec:
+        for _ in range(4):
+            for _ in range(10):
+                dist.all_reduce(x)
+            assert rec.flush(timeout=60.0)
+        dist.barrier()
+
+
+@pytest.mark.parametrize("source", ["native", "python"])
+@pytest.mark.parametrize("read", ["whole", "polls", "small_polls", "workers"])
+def test_a_stream_first_block_line_gone_is_counted_lost(tmp_path, monkeypatch, source, read):
+    """A real 2-rank job, the first block line of rank 1's stream deleted: before, nothing said
+    a line went (a read takes a stream's first block for where its ring starts) and ``check``
+    counted no loss.  The rank's meta says where its stream's first block starts (``ring``):
+    the line is one lost, with its bytes, however the stream is read; rank 0 loses nothing,
+    counted in bytes from its ring positions, as a line gone later in the stream is."""
+    from commscope.launch import Job
+
+    store = tmp_path / "trace"
+    env = {"COMMSCOPE_SOURCE": source}
+    results = Job(_records_in_steps, 2, args=(str(store),), env=env).start().join(120)
+    assert all(r.ok for r in results.values()), {k: r.error for k, r in results.items()}
+    job = next(p for p in store.iterdir() if p.is_dir())
+    path = job / "rank-00001.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    at = [i for i, line in enumerate(lines) if b'"type":"block"' in line]
+    assert len(at) >= 2, at  # (the premise: the stream goes on after its first block)
+    meta, first = orjson.loads(lines[0]), orjson.loads(lines[at[0]])
+    assert meta["type"] == "meta" and meta["ring"] == first["pos"], (meta, first)
+    _, before, _ = load_trace(str(job))
+    assert not before.stats.missing_by_rank and before.stats.corrupt == 0
+    del lines[at[0]]
+    path.write_bytes(b"\n".join(lines))
+    if read == "workers":
+        monkeypatch.setenv(ENV_WORKERS, "2")
+        monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+    if read in ("whole", "workers"):
+        model, reader, warnings = load_trace(str(job))
+        stats = reader.stats
+    else:
+        reader = open_source(str(job))
+        _polled_all(reader, None if read == "polls" else 4096)
+        stats = reader.stats
+        reader.close()
+        warnings = stats.warnings
+    assert stats.missing_by_rank == {1: 1} and stats.corrupt == 0 and stats.invalid == 0, warnings
+    assert [w for w in warnings if "ring positions" in w] == [
+        f"rank 1: 1 line(s) of its stream were lost: a gap in its ring positions: {first['end'] - first['pos']:,} "
+        "bytes of op records missing (a line gone from its file)"], warnings
+
+
+def test_a_stream_first_block_line_gone_makes_check_count_it(tmp_path):
+    """``check --json`` over a real job whose rank 1 lost its stream's first block line: not
+    healthy, the loss counted once (``store_missing``), rank 1 the culprit of a
+    ``trace_incomplete`` finding, rank 0 blamed for nothing."""
+    from commscope.launch import Job
+
+    store = tmp_path / "trace"
+    results = Job(_records_in_steps, 2, args=(str(store),), env={"COMMSCOPE_SOURCE": "native"}).start().join(120)
+    assert all(r.ok for r in results.values()), {k: r.error for k, r in results.items()}
+    job = next(p for p in store.iterdir() if p.is_dir())
+    path = job / "rank-00001.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    k = next(i for i, line in enumerate(lines) if b'"type":"block"' in line)
+    first = orjson.loads(lines.pop(k))
+    path.write_bytes(b"\n".join(lines))
+    got = subprocess.run([sys.executable, "-m", "commscope", "check", "--json", str(job)], capture_output=True,
+                         text=True, timeout=300)
+    assert got.returncode == 1, got.stdout + got.stderr
+    out = json.loads(got.stdout)
+    assert out["skipped"]["store_missing"] == 1 and out["skipped"]["damaged"] == 0, out["skipped"]
+    [finding] = out["findings"]
+    assert (finding["kind"], finding["culprits"], finding["ranks"]) == ("trace_incomplete", [1], [1]), finding
+    assert finding["evidence"]["lost_events"] == 1 and finding["evidence"]["per_rank"] == {"1": {"missing": 1}}
+    assert f"rank 1: 1 line(s) of its stream were lost: a gap in its ring positions: " \
+           f"{first['end'] - first['pos']:,} bytes of op records missing (a line gone from its file)" in out["warnings"]

@@ -151,7 +151,7 @@ def _meta(shape: JobShape, rank: int, job: str, store: str, t: int) -> bytes:
         "world_size": shape.ranks, "backend": "nccl", "torch": "2.13.0", "commscope": "synthetic",
         "python": "3.11", "job": job, "hang_after": shape.hang_after, "sample_interval": shape.sample_interval,
         "argv": ["train.py"], "store": store, "recorder": "python" if shape.json else "native", "run": "synthetic",
-        **({} if shape.json else {"names": list(NAMES), "dtypes": list(dtypes.CODES)}),
+        **({} if shape.json else {"names": list(NAMES), "dtypes": list(dtypes.CODES), "ring": 0}),
         "v": SCHEMA_VERSION, "rank": rank})
 
 

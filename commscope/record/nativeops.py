@@ -126,6 +126,9 @@ class NativeOps:
     def new_incarnation(self, number: int, suffix: str) -> None:
         self.m.new_incarnation(number, suffix)
 
+    def drained(self) -> int:
+        return int(self.m.stats()["drained"])
+
     def dropped(self) -> int:
         return self._dropped
 

@@ -70,6 +70,9 @@ class OpSource(Protocol):
     def dropped(self) -> int:
         """Hot-path records lost so far (a full queue or ring)."""
 
+    def drained(self) -> int:
+        """The ring position the next block starts at (records before it are drained)."""
+
     def meta(self) -> dict[str, Any]:
         """What the rank's ``meta`` event says about this source."""
 

@@ -393,6 +393,9 @@ class PythonOps:
     def poll_fr_soon(self) -> None:
         self.encoder.poll_fr_soon()
 
+    def drained(self) -> int:
+        return self.ring.drained
+
     def dropped(self) -> int:
         return (self.hot_dropped + self.ring.dropped + self.encoder.convert_failed
                 + (self.cuda.dropped if self.cuda else 0))

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commscope import __version__, events
+from commscope import __version__, blocks, events
 from commscope.events import encode as _dumps
 from commscope.record import callsite, crashlog, hangsignal, jobid, native
 from commscope.record.opsource import OpSource
@@ -653,6 +653,9 @@ class Recorder:
         if self.incarnation < 0:
             self.incarnation = 0
         meta = self._meta()
+        ring = self._ring_start()
+        if ring is not None:
+            meta["ring"] = ring
         attempt = jobid.job_attempt()  # (which attempt of a torchrun run, as rank 0 says: check finds the others)
         if attempt is not None:
             meta["attempt"] = attempt
@@ -683,6 +686,19 @@ class Recorder:
         if getattr(writer, "warning", None):  # (e.g. a Redis that evicts keys when full)
             self.warn("store-open", writer.warning)
         return True
+
+    def _ring_start(self) -> int | None:
+        """The ring position the stream's first block starts at (the meta's ``ring``): the
+        first block waiting for the store, else the next one drained.  A reader that reads
+        the stream from its start counts a first block line gone against it, as it counts
+        any later one against the block before (docs/recorder.md)."""
+        try:
+            for item in self.outbox.pending:
+                if item.ring_end >= 0:
+                    return blocks.block_pos(item.data)
+            return self.ops.drained()
+        except Exception:
+            return None
 
     def _meta(self) -> dict:
         try:

@@ -700,6 +700,8 @@ class DirectoryReader(TraceReader):
                 self.stats.count_skipped(stream[0], size_of(seg.path))
             if segs[0] is not cur:
                 self._skipped[stream] = (segs[0].number, cur.number)
+            # (its first segment, from its first line: the meta's ``ring`` says where its blocks start)
+            self._decoder(stream).from_start = cur.number == 0 and not self._read_of.get((stream, 0))
             after_id = -1
         elif cur.number > number:
             after_id = self.max_op_id(stream)

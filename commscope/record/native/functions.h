@@ -397,7 +397,8 @@ PyObject* py_new_incarnation(PyObject*, PyObject* args) {
 PyObject* py_stats(PyObject*, PyObject*) {
   Recording g;
   const SpoolHeader* h = S->hdr;
-  return Py_BuildValue("{s:K,s:K,s:K,s:n,s:n,s:n,s:K,s:K,s:K,s:O}", "seen", (unsigned long long)g_seen.load(),
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:n,s:n,s:n,s:K,s:K,s:K,s:O}", "seen", (unsigned long long)g_seen.load(),
+                       "drained", (unsigned long long)S->drained,
                        "dropped_total", (unsigned long long)S->dropped_total, "buffered",
                        (unsigned long long)(S->staged - h->tail.load()), "inflight", Py_ssize_t(S->inflight.size()),
                        "tracked", Py_ssize_t(g_tracked->size()), "groups", Py_ssize_t(S->gid_by_name.size()),
