@@ -17,7 +17,10 @@ stopped well before the clock's now (``job_stopped``), the job was killed as a w
 tail never reached the store (a store that went down and never came back): that too is
 incomplete, unless an error finding already explains the end.  And a trace read to its end
 that holds nothing of a rank its peers completed collectives with (``unseen``) lost that
-rank's whole stream: a directory store its host does not share, a stream deleted.
+rank's whole stream: a directory store its host does not share, a stream deleted.  A
+stream that is not of the run the others are (``TraceModel.foreign_streams``: another job's,
+another launch's under a reused job id, a rank past the world size) is named, an error: the
+trace mixes runs.
 """
 
 from __future__ import annotations
@@ -106,6 +109,9 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
     for r, losses in model.read_losses.items():
         if r >= 0:
             per_rank.setdefault(r, {}).update(losses)
+    foreign = model.foreign_streams
+    for r, why in foreign.items():
+        per_rank.setdefault(r, {})["foreign"] = why
     absent = unseen(model) if ended else []
     for r in absent:  # (what was read of it and lost stays said: helper-65)
         per_rank.setdefault(r, {})["no_events"] = True
@@ -152,6 +158,12 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
         parts.append(f"the store's node of the stream of rank(s) {ranges(unsettled, limit=8)} failed over since their "
                      "writers last wrote: what its replica had not received is not counted yet (each writer says "
                      "it when it writes again)")
+    if foreign:
+        parts.append(f"the stream(s) of rank(s) {ranges(sorted(foreign), limit=8)} are not of the run the others are "
+                     "(a rank file copied in from another job, or a job id reused by another launch), read with them "
+                     "all the same: what is found of those ranks is not this run's (" +
+                     "; ".join(f"rank {r}: {why}" for r, why in sorted(foreign.items())[:4]) +
+                     ("; ..." if len(foreign) > 4 else "") + ")")
     if absent:
         parts.append(f"no events from rank(s) {ranges(absent, limit=8)}, though their peers completed collectives "
                      "with them: their streams are not in this store (a directory store their hosts do not share, "
@@ -173,4 +185,4 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
     ts = max((int(model.ranks[r].last_ts) for r in ranks if r in model.ranks), default=model.end_ns)
     # Lost events may have held ops: never a healthy exit (check exits 1).
     return [Finding("trace_incomplete", None, None, None, ranks, ranks, msg, ev, ts=ts,
-                    severity=ERROR if lost or absent or unnamed or unsettled else WARNING)]
+                    severity=ERROR if lost or absent or unnamed or unsettled or foreign else WARNING)]

@@ -17,7 +17,7 @@ Three layers, three modules:
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from itertools import repeat
 from operator import attrgetter, is_, itemgetter
@@ -147,6 +147,12 @@ def _split_by_rank(ranks: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
     sr = ranks[order]
     cuts = (np.flatnonzero(sr[1:] != sr[:-1]) + 1).tolist()
     return [(int(sr[a]), order[a:b]) for a, b in zip([0, *cuts], [*cuts, len(order)], strict=True)]
+
+
+def _most(values: Iterable[object]) -> str | int | None:
+    """The string or int said most often (the first said of those said as often; None: none)."""
+    said = Counter(v for v in values if isinstance(v, (str, int)) and not isinstance(v, bool))
+    return said.most_common(1)[0][0] if said else None
 
 
 def _runs(ufunc: np.ufunc, values: np.ndarray, run: np.ndarray, nruns: int, empty: int) -> np.ndarray:
@@ -692,6 +698,7 @@ class TraceModel:
         self.end_ns = 0
         self.version = 0
         self._said_world: tuple[int, int | None] = (-1, None)  # (version, ``said_world_size`` then)
+        self._foreign: tuple[int, dict[int, str]] = (-1, {})  # (version, ``foreign_streams`` then)
         self.changed: frozenset[int] = frozenset()
         #: (version, the earliest begin among the ops its batch changed; I64_MIN: not known) of
         #: the latest batches, every rank's at once (``touched_since``)
@@ -2402,6 +2409,38 @@ class TraceModel:
                   if rt.meta and isinstance(rt.meta.get("world_size"), int)]
             self._said_world = (self.version, max([max(self.ranks) + 1, *ws]) if ws else None)
         return self._said_world[1]
+
+    @property
+    def foreign_streams(self) -> dict[int, str]:
+        """The ranks whose stream is not of the run the others are, with why: its meta names
+        another job, or, at its incarnation, another run of the job (the nonce rank 0 draws
+        at init) or a world size its rank is past.  The run is what most ranks' metas at that
+        incarnation say (the lowest rank's on a tie): a rank file copied in from another job,
+        or a job id reused by a later launch, is named, never silently read as this job's.
+        Once per version (each rank's meta looked at)."""
+        if self._foreign[0] != self.version:
+            metas = {r: rt.meta for r in sorted(self.ranks) if (rt := self.ranks[r]).meta}
+            out: dict[int, str] = {}
+            job = _most(m.get("job") for m in metas.values())
+            for r, m in metas.items():
+                if job is not None and isinstance(m.get("job"), str) and m["job"] != job:
+                    out[r] = f"its meta names job {m['job']!r}, not {job!r}"
+            by_inc: dict[int, list[int]] = {}
+            for r, m in metas.items():
+                if r not in out:
+                    by_inc.setdefault(m.get("inc", 0) if isinstance(m.get("inc"), int) else 0, []).append(r)
+            for inc, rs in by_inc.items():
+                run = _most(metas[r].get("run") for r in rs)
+                world = _most(metas[r].get("world_size") for r in rs)
+                at = f" (incarnation {inc})" if inc else ""
+                for r in rs:
+                    said = metas[r].get("run")
+                    if run is not None and isinstance(said, str) and said != run:
+                        out[r] = f"its meta names run {said!r} of the job, not {run!r}{at}: another launch"
+                    elif isinstance(world, int) and not isinstance(world, bool) and r >= world:
+                        out[r] = f"rank {r} is past the world size {world} its peers' metas say{at}"
+            self._foreign = (self.version, out)
+        return self._foreign[1]
 
     def settle(self) -> None:
         """Put the ranks in rank order (what a whole read ends with: the order a read came in,

@@ -142,6 +142,11 @@ def read_warnings(model: TraceModel, stats: ReadStats) -> list[str]:
     if stats.skipped_bytes:
         warnings.append(f"{size(stats.skipped_bytes)} of history before the window not read "
                         f"({len(stats.skipped_by_rank):,} rank(s); drop --since to read it)")
+    foreign = model.foreign_streams
+    if foreign:
+        warnings.append(f"rank(s) {ranges(sorted(foreign), limit=8)}: not of the run the others are, read with them all "
+                        "the same (" + "; ".join(f"rank {r}: {why}" for r, why in sorted(foreign.items())[:4]) +
+                        ("; ..." if len(foreign) > 4 else "") + ")")
     for r in model.rank_ids()[:64]:
         if model.ranks[r].dropped:
             warnings.append(f"rank {r}: the recorder dropped {model.ranks[r].dropped} event(s)")
