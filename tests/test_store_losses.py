@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 import torch
 import torch.distributed as dist
@@ -138,3 +140,87 @@ def test_redis_gone_at_the_end_of_a_job_is_reported_and_never_holds_the_exit(tmp
     finally:
         job.kill()
         server.close()
+
+
+# ---------------------------------------------------------------------------- a hang through a deleted job directory
+def hang_through_a_deletion(rank: int, ws: int, store: str, release: str) -> None:
+    """Five all_reduces, then rank 1 stays out of the sixth (it waits for ``release`` in
+    Python) while the others wait in it."""
+    commscope.instrument(store, sample_interval=0.2, hang_after=1.0, flight_recorder=False)
+    x = torch.ones(8)
+    for _ in range(5):
+        dist.all_reduce(x)
+    if rank == 1:
+        while not os.path.exists(release):
+            time.sleep(0.02)
+    dist.all_reduce(x)
+    commscope.uninstrument()
+
+
+def _check(store: str, capsys) -> dict:
+    capsys.readouterr()
+    rc = cli.main(["check", store, "--json", "--hang-after", "1"])
+    out = json.loads(capsys.readouterr().out)
+    out["rc"] = rc
+    return out
+
+
+def _the_hang(out: dict) -> dict | None:
+    """The hang's finding, when it is the only error finding but the trace's losses."""
+    errors = [f for f in out["findings"] if f["severity"] == "error" and f["kind"] != "trace_incomplete"]
+    return errors[0] if len(errors) == 1 and errors[0]["kind"] == "missing_ranks" else None
+
+
+def _poll(predicate, what: str, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while not (got := predicate()):
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.1)
+    return got
+
+
+@pytest.mark.parametrize("source", ["native", "python"])
+def test_a_hang_is_still_found_after_the_job_directory_was_deleted_while_it_hung(tmp_path, capsys, source):
+    """The job directory deleted while ranks 0 and 2 wait in an all_reduce rank 1 never
+    entered: each writer recreates its file with a ``store_lost`` marker, the rank's meta and
+    what the rank was in (``inflight.restatement``, as the Redis writer restates after a
+    flush), so the hang is still found on rank 1 alone, with every rank's loss counted."""
+    store, release = str(tmp_path / "trace"), tmp_path / "release"
+    job = Job(hang_through_a_deletion, 3, args=(store, str(release)), pg_timeout=300,
+              env={"COMMSCOPE_NATIVE": "1" if source == "native" else "0", "COMMSCOPE_JOB": "hang-rm"}).start()
+    job_dir = Path(store) / "hang-rm"
+    try:
+        before = _the_hang(_poll(lambda: job_dir.is_dir() and _the_hang(o := _check(store, capsys)) and o,
+                                 "the hang found before the deletion"))
+        assert (before["culprits"], before["seq"], before["op"]) == ([1], 6, "all_reduce"), before
+        stored = {}
+        for r in range(3):  # what each rank's file held: what its writer says was lost
+            stored[r] = len((job_dir / f"rank-{r:05d}.jsonl").read_bytes().splitlines())
+        shutil.rmtree(job_dir)
+
+        def all_stated() -> bool:  # every rank's writer found its file gone and said so
+            files = [job_dir / f"rank-{r:05d}.jsonl" for r in range(3)]
+            return all(f.exists() and b"store_lost" in f.read_bytes() for f in files)
+
+        _poll(all_stated, "every rank's store_lost marker")
+        assert len(job.alive()) == 3
+        out = _check(store, capsys)
+        hang = _the_hang(out)
+        assert hang is not None, [(f["kind"], f["culprits"], f["message"]) for f in out["findings"]]
+        assert (hang["culprits"], hang["seq"], hang["op"], hang["group"]) == ([1], 6, "all_reduce", before["group"])
+        assert sorted(hang["ranks"]) == [0, 1, 2]
+        for f in out["findings"]:  # no victim blamed
+            if f["severity"] == "error" and f["kind"] != "trace_incomplete":
+                assert f["culprits"] == [1], f
+        lost = [f for f in out["findings"] if f["kind"] == "trace_incomplete"]
+        assert lost and sorted(lost[0]["culprits"]) == [0, 1, 2], lost
+        for r in range(3):  # each rank's marker counts the lines its file held, at least
+            marker = next(orjson.loads(x) for x in (job_dir / f"rank-{r:05d}.jsonl").read_bytes().splitlines()
+                          if b"store_lost" in x)
+            assert marker["entries"] >= stored[r], (r, marker, stored[r])
+            assert f"rank {r}: {marker['entries']}" in lost[0]["message"], (marker, lost)
+        assert out["rc"] == 1
+    finally:
+        release.touch()
+        job.join(60)
+        job.kill()

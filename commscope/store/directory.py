@@ -67,6 +67,7 @@ from commscope.store.files import (
     atomic_write,
     create_file,
     read_from,
+    read_open,
     read_regular,
     size_of,
 )
@@ -263,9 +264,10 @@ class DirectoryWriter:
     def _open(self) -> None:
         """Open the rank file for appending without ever blocking: a FIFO (or any file that is
         not a regular file) in its place is refused at once instead of hanging the thread.
-        The segment's size is what the file holds (a recreated store's starts again)."""
+        The segment's size is what the file holds (a recreated store's starts again).  Open
+        for reading too: what it held is restated once it is deleted (``_restated``)."""
         try:
-            fd = create_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | O_NOFOLLOW, self.modes.file)
+            fd = create_file(self.path, os.O_RDWR | os.O_APPEND | os.O_NONBLOCK | O_NOFOLLOW, self.modes.file)
         except OSError as exc:
             if exc.errno in (errno.ENXIO, errno.ELOOP):  # a FIFO with no reader; a symlink
                 raise StoreError(f"cannot write trace store {self.path}: not a regular file") from None
@@ -289,7 +291,9 @@ class DirectoryWriter:
         try:
             if self._fd is None or os.fstat(self._fd).st_nlink == 0:
                 # The store was deleted under us: recreate it rather than write into an
-                # unlinked file nobody can read, and say so first: what it held is lost.
+                # unlinked file nobody can read, and say so first: what it held is lost,
+                # and what the rank was in went with it (``_restated``).
+                restated = self._restated()
                 self.close()
                 make_dirs(self.dir, self.modes.dir)
                 check_owner(self.root, self.dir)  # (another user's, made meanwhile: not written into)
@@ -302,6 +306,7 @@ class DirectoryWriter:
                     extra = [store_lost(self.rank, self._lines, "the job directory was deleted while the rank "
                                         "was writing; its earlier events went with it")]
                     extra += [self._meta_line] if self._meta_line is not None else []
+                    extra += restated
             if self._segment_size and not extra and self._segment_size + sum(map(len, lines)) > self.segment_bytes:
                 extra = self._next_segment(lines)
             lead = b"\n" if self._torn else b""  # end a torn line from a failed write
@@ -330,6 +335,26 @@ class DirectoryWriter:
         self._torn = False
         self._lines += len(extra) + len(lines)
         self._segment_size += len(data)
+
+    def _restated(self) -> list[bytes]:
+        """What the rank was in at the end of its segment (its groups, the ops it still has in
+        flight, the stacks that say where it is: ``inflight.restatement``, as a Redis writer
+        restates after a flush), replayed from the file it still holds open once deleted and
+        the carry of the segment before: stated after the ``store_lost`` marker, so a hang
+        that began before the loss is still found.  Nothing when that carry went too (the
+        whole job directory deleted after the first segment) or the file is not open."""
+        if self._fd is None:
+            return []
+        before = b"" if self._segment == 0 else inflight.carried(self.dir, (self.rank, self.incarnation),
+                                                                 self._segment - 1)
+        if before is None:
+            return []
+        try:
+            data = read_open(self._fd, self._segment_size)
+        except OSError:
+            return []
+        restated = inflight.restatement(before, data, self.rank)
+        return restated.lines if restated is not None else []
 
     def _next_segment(self, lines: list[bytes]) -> list[bytes]:
         """Close the current segment and start the next one (named by the time of its first

@@ -92,6 +92,12 @@ def _open_regular(path: Path | str, flags: int = 0) -> tuple[int, os.stat_result
     return fd, st
 
 
+def read_open(fd: int, n: int) -> bytes:
+    """The first ``n`` bytes of an open file (one deleted since: what it held is still there
+    while it is open)."""
+    return _pread(fd, 0, n)
+
+
 def _pread(fd: int, offset: int, n: int) -> bytes:
     if n <= 0:
         return b""

@@ -396,6 +396,33 @@ def _dropped(so_far: dict | None, e: dict) -> dict | None:
             "reason": str(e.get("reason", ""))}
 
 
+class Restated(NamedTuple):
+    """What a writer states after a ``store_lost`` marker once its store lost what it held
+    (``restatement``)."""
+
+    #: what the rank was in (``Replayed.carry`` as lines): its groups, its drops so far, the
+    #: last ops it completed, the phases of every op still in flight, the stacks that say
+    #: where it is, where its ring was
+    lines: list[bytes]
+    #: the same with the rank's meta, as ended lines: what the rank is in from here (a Redis
+    #: writer's new base)
+    carry: bytes
+
+
+def restatement(before: bytes, data: bytes, rank: int) -> Restated | None:
+    """What the rank was in at the end of ``data`` (ended lines its writer stored after the
+    carry ``before``), restated after a store lost them, so that a hang that began before the
+    loss is still found: one meaning for every store (``RedisWriter._restated``: from a
+    mark's carry and the lines kept since; ``DirectoryWriter.write``: from the segment its
+    open file still holds once deleted).  None when the lines do not replay (a writer's
+    own: never expected)."""
+    try:
+        replayed = replay(before, data, rank)
+        return Restated(replayed.carry().splitlines(), replayed.carry(with_meta=True))
+    except Exception:
+        return None
+
+
 def open_at_end(seg: Segment, before: bytes, rank: int) -> bytes:
     """The carry of ``seg`` given the one of the segment before (``before``), as ended lines
     (``Replayed.carry``)."""

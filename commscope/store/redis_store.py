@@ -445,18 +445,17 @@ class RedisWriter:
                 return None  # (the mark's state holds lost and stored events alike)
             survived = [x for first, lines in self._kept for k, x in enumerate(lines, first) if k <= top]
         lines = [x for _, chunk in self._kept for x in chunk]
+        restated = inflight.restatement(carry, b"".join(x + b"\n" for x in lines), self.rank)
+        if restated is None or top <= 0:
+            return (restated.lines, restated.carry) if restated is not None else None
         try:
-            replayed = inflight.replay(carry, b"".join(x + b"\n" for x in lines), self.rank)
-            restate = replayed.carry().splitlines()
-            if top > 0:
-                held = inflight.replay(carry, b"".join(x + b"\n" for x in survived), self.rank)
-                stored = {_said(e) for ops in held.phases.values() for e in ops}
-                stored |= {_said(e) for e in (*held.stacks.of_op.values(), held.stacks.last, held.stacks.requested)
-                           if e is not None}
-                restate = [x for x in restate if _said(orjson.loads(x)) not in stored]
-            return restate, replayed.carry(with_meta=True)
+            held = inflight.replay(carry, b"".join(x + b"\n" for x in survived), self.rank)
         except Exception:  # (a replay of what this writer stored itself: never expected)
             return None
+        stored = {_said(e) for ops in held.phases.values() for e in ops}
+        stored |= {_said(e) for e in (*held.stacks.of_op.values(), held.stacks.last, held.stacks.requested)
+                   if e is not None}
+        return [x for x in restated.lines if _said(orjson.loads(x)) not in stored], restated.carry
 
     def resume_after(self, stored: int, meta: bytes | None = None) -> bool:
         """A forwarder's writer (``resume``): the rank's stream held ``stored`` entries when the
