@@ -324,3 +324,62 @@ def test_a_handled_sigterm_noted_in_a_spool_header_reaches_every_exit_read_from_
         assert ex["signal"] == "Killed" and "stop_signal" not in ex
     finally:
         sp.close(remove=True)
+
+
+def _opened_late_then_killed(rank: int, ws: int, store: str, ready: str) -> None:
+    """The store cannot be opened at attach (a file in its place); the test removes it, the
+    recorder's thread opens it at a later tick and writes the meta and the records; then
+    the rank records more ops and dies without a word (SIGKILL), its spool left behind."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import commscope
+
+    commscope.instrument(store, sample_interval=0.1, hang_after=60.0)
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    Path(ready).touch()
+    stream = Path(store) / "late" / f"rank-{rank:05d}.jsonl"
+    while not (stream.exists() and b'"type":"meta"' in stream.read_bytes()):  # (the thread opened the store)
+        dist.all_reduce(x)
+        time.sleep(0.05)
+    commscope.record.recorder.active().flush()
+    for _ in range(3):  # (what only the spool holds when the rank dies)
+        dist.all_reduce(x)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("source", ["native", "python"])
+def test_a_store_opened_after_attach_gets_the_meta_once_when_the_spool_is_forwarded(tmp_path, source):
+    """(h402) The spool said the meta was stored only after attach's own first write: a store
+    that failed at attach and opened at a later tick got the meta from the rank, then again
+    from the forwarder of the spool the killed rank left (a reader read two metas for one
+    rank).  Now the meta's landing is said whichever write takes it."""
+    import time
+
+    from commscope.launch import Job
+
+    if source == "native" and native.load() is None:
+        pytest.fail("the native recorder did not build here")
+    store, ready = tmp_path / "trace", tmp_path / "ready"
+    store.write_text("a file where the store goes\n")
+    job = Job(_opened_late_then_killed, 1, args=(str(store), str(ready)),
+              env={"COMMSCOPE_JOB": "late", "COMMSCOPE_NATIVE": "1" if source == "native" else "0"}).start()
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert time.monotonic() < deadline, "the rank never attached"
+            time.sleep(0.05)
+        store.unlink()  # (the recorder's thread opens the store at its next try)
+        results = job.join(120)  # (the launcher forwards the dead rank's spool)
+        assert not results[0].ok
+    finally:
+        job.kill()
+    events = open_reader(str(store)).read_all()
+    assert [e["type"] for e in events if e["type"] in ("meta", "exit")] == ["meta", "exit"], events
+    exit_ev = next(e for e in events if e["type"] == "exit")
+    assert exit_ev["reason"] == "killed", exit_ev
+    assert len([e for e in events if e["type"] == "op" and e["phase"] == "begin"]) >= 5  # the spool's ops too

@@ -44,16 +44,20 @@ class Line(NamedTuple):
 
 #: ``Line.ring_end`` of the incarnation's ``exit`` line: its landing is said (``on_exit_stored``).
 EXIT_RING_END = -2
+#: ``Line.ring_end`` of the rank's ``meta`` line (``opened``): its landing is said (``on_meta_stored``).
+META_RING_END = -3
 
 
 class Outbox:
     FINAL_WRITE_S = 0.8  # the last write's retries at shutdown (a store that is down holds exit ~1 s)
 
     def __init__(self, warn: Callable[[str, str], None], on_forwarded: Callable[[int], None] | None = None,
-                 on_exit_stored: Callable[[], None] | None = None):
+                 on_exit_stored: Callable[[], None] | None = None,
+                 on_meta_stored: Callable[[], None] | None = None):
         """``warn(key, message)``: warns once per key (``Recorder.warn``); ``on_forwarded(end)``:
         the store holds the ring's records before ``end``; ``on_exit_stored()``: it holds the
-        ``exit`` (put with ``ring_end=EXIT_RING_END``)."""
+        ``exit`` (put with ``ring_end=EXIT_RING_END``); ``on_meta_stored()``: it holds the
+        ``meta`` (``opened``), whichever write took it: attach's or a later tick's."""
         self.pending: deque[Line] = deque()  # encoded events not yet in the store
         self.cap_bytes = _cap_bytes()
         self.bytes = 0  # of the pending lines that are not ring blocks (those the ring bounds)
@@ -64,6 +68,7 @@ class Outbox:
         self._warn = warn
         self._on_forwarded = on_forwarded
         self._on_exit_stored = on_exit_stored
+        self._on_meta_stored = on_meta_stored
         self._retry_at = 0.0
         self._retry_delay = 0.5
         self._cut = False  # ``interrupt``: no write but ``write_final``'s from now on
@@ -98,7 +103,7 @@ class Outbox:
     def opened(self, writer: StoreWriter, first: bytes) -> None:
         """The store is open; ``first`` (the ``meta`` event) goes before everything queued."""
         self.writer = writer
-        self.pending.appendleft(Line(first, -1))
+        self.pending.appendleft(Line(first, META_RING_END))
         self.bytes += len(first)
 
     def failed(self, message: str) -> None:
@@ -121,6 +126,8 @@ class Outbox:
                 self.bytes -= len(item.data)
                 if item.ring_end == EXIT_RING_END and self._on_exit_stored is not None:
                     self._on_exit_stored()
+                elif item.ring_end == META_RING_END and self._on_meta_stored is not None:
+                    self._on_meta_stored()
         if end >= 0 and self._on_forwarded is not None:
             self._on_forwarded(end)
 

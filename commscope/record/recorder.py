@@ -207,9 +207,8 @@ class Recorder:
             if self.job is not None:
                 self.outbox._retry_at = 0.0
                 opening = time.monotonic()
-                if io_left > 0 and self._open_writer(timeout=io_left) and self.outbox.write_once(
-                        opening + io_left) and self.spool:
-                    self.spool.set_flag(spool.META_STORED)
+                if io_left > 0 and self._open_writer(timeout=io_left):
+                    self.outbox.write_once(opening + io_left)  # (the meta's landing is noted: ``_meta_landed``)
                 elif io_left <= 0:  # (the meta and the records wait in the spool for the thread's next try)
                     self._open_spool()
             self._arm()
@@ -236,7 +235,8 @@ class Recorder:
 
     def _new_outbox(self) -> Outbox:
         """An incarnation's outbox: a block it hands to the store frees the ring up to its end."""
-        return Outbox(self.warn, on_forwarded=lambda end: self.ops.forwarded(end), on_exit_stored=self._exit_landed)
+        return Outbox(self.warn, on_forwarded=lambda end: self.ops.forwarded(end), on_exit_stored=self._exit_landed,
+                      on_meta_stored=self._meta_landed)
 
     def _flush_early(self) -> None:
         """Events made before the rank was known, emitted now that it is."""
@@ -477,6 +477,13 @@ class Recorder:
             self._exit_stored = True
             if self.spool is not None:
                 self.spool.set_flag(spool.EXIT_STORED)
+
+    def _meta_landed(self) -> None:
+        """The store holds the meta: the spool says so, so that a forwarder of a spool left
+        behind sends none again (before, only attach's own first write said it: a store that
+        opened at a later tick got the meta twice, once from the forwarder)."""
+        if self.spool is not None:
+            self.spool.set_flag(spool.META_STORED)
 
     def _keep_line(self, line: bytes, is_exit: bool) -> None:
         """An event the last write could not store, kept in the spool for a forwarder (the
