@@ -174,6 +174,7 @@ class DirectoryWriter:
     """Appends one rank's events; owned by that rank's recorder thread."""
 
     write_every = 0.0  # a local file: every tick
+    PREV_KEPT = 8  # segments kept open while their closers lag (``_prev``)
     warning = None  # (nothing to say at open: a full disk is said when a write fails)
 
     def __init__(self, root: str | os.PathLike, job: str, rank: int, job_meta: dict | None = None, *,
@@ -211,6 +212,15 @@ class DirectoryWriter:
         self._job_meta = dict(job_meta or {}, job=job)
         self._meta_line: bytes | None = None  # the rank's meta, written again into a recreated store
         self._lines = 0  # lines this writer put into the file (what a deleted store lost)
+        #: The carry of the segment before the current one, read once its closer wrote it (b"":
+        #: segment 0, or a file started again after a loss, which restated it): what replays
+        #: the segment when it is deleted (``_restated``).  None: not read yet
+        self._before: bytes | None = b"" if self._segment == 0 else None
+        #: The segments before whose carry is not read yet (their closers still run): the
+        #: carry before the first of them and their files (open) and sizes, what replays
+        #: them when the job directory goes before a closer ends (``_restated``); at most
+        #: ``PREV_KEPT`` of them
+        self._prev: tuple[bytes, list[tuple[int, int]]] | None = None
         self.modes = GROUP if (share_from_env() if share is None else share) else PRIVATE
         try:
             if gone:  # the store is gone: never recreate it for a dead rank
@@ -288,6 +298,11 @@ class DirectoryWriter:
         extra: list[bytes] = []
         if self._meta_line is None:
             self._meta_line = meta_line(lines)
+        if self._before is None and self._retainer is not None and self._retainer.poll() is not None:
+            self._retainer = None  # (its carry is read now, while it is there: the job directory may go)
+            self._before = inflight.carried(self.dir, (self.rank, self.incarnation), self._segment - 1)
+            if self._before is not None:
+                self._drop_prev()
         try:
             if self._fd is None or os.fstat(self._fd).st_nlink == 0:
                 # The store was deleted under us: recreate it rather than write into an
@@ -295,6 +310,7 @@ class DirectoryWriter:
                 # and what the rank was in went with it (``_restated``).
                 restated = self._restated()
                 self.close()
+                self._before = b""  # (the file starts again with what the rank was in)
                 make_dirs(self.dir, self.modes.dir)
                 check_owner(self.root, self.dir)  # (another user's, made meanwhile: not written into)
                 if not (self.dir / JOB_FILE).exists():
@@ -340,13 +356,26 @@ class DirectoryWriter:
         """What the rank was in at the end of its segment (its groups, the ops it still has in
         flight, the stacks that say where it is: ``inflight.restatement``, as a Redis writer
         restates after a flush), replayed from the file it still holds open once deleted and
-        the carry of the segment before: stated after the ``store_lost`` marker, so a hang
-        that began before the loss is still found.  Nothing when that carry went too (the
-        whole job directory deleted after the first segment) or the file is not open."""
+        the carry of the segment before (``_before``, read when its closer ended, else now:
+        only the rank's file deleted): stated after the ``store_lost`` marker, so a hang that
+        began before the loss is still found.  Nothing when that carry is not known (the job
+        directory deleted before the closer wrote it, or read: a closer still running) or
+        the file is not open."""
         if self._fd is None:
             return []
-        before = b"" if self._segment == 0 else inflight.carried(self.dir, (self.rank, self.incarnation),
-                                                                 self._segment - 1)
+        before = self._before
+        if before is None:
+            before = inflight.carried(self.dir, (self.rank, self.incarnation), self._segment - 1)
+        if before is None and self._prev is not None:  # (those carries are not written yet: made here)
+            before = self._prev[0]
+            for fd, size in self._prev[1]:
+                try:
+                    prev = inflight.restatement(before, read_open(fd, size), self.rank)
+                except OSError:
+                    prev = None
+                before = b"".join(x + b"\n" for x in prev.lines) if prev is not None else None
+                if before is None:
+                    break
         if before is None:
             return []
         try:
@@ -361,8 +390,18 @@ class DirectoryWriter:
         line); returns what it must begin with: the rank's meta, so it decodes alone.  Then
         let a child bound the history (``store/retention.py``)."""
         start = segments.start_of(lines[0]) or time.time_ns() // 1_000_000_000
-        self.close()
+        if self._fd is not None:  # (kept open until a closer's carry after it is read)
+            if self._before is not None:
+                self._drop_prev()
+                self._prev = (self._before, [])
+            if self._prev is not None and len(self._prev[1]) < self.PREV_KEPT:
+                self._prev[1].append((self._fd, self._segment_size))
+                self._fd = None
+            else:
+                self._drop_prev()
+        self._close_file()
         self._segment += 1
+        self._before = None  # (its closer writes it: ``write`` reads it once that ends)
         self.path = self.dir / segment_name(self.rank, self.incarnation, self._segment, start)
         self.description = str(self.path)
         self._open()
@@ -379,12 +418,26 @@ class DirectoryWriter:
         self._retainer = retention.spawn(self.dir, self.rank, self.incarnation, self.retain)
 
     def close(self) -> None:
+        self._close_file()
+        self._drop_prev()
+
+    def _close_file(self) -> None:
         if self._fd is not None:
             try:
                 os.close(self._fd)
             except OSError:
                 pass
             self._fd = None
+
+    def _drop_prev(self) -> None:
+        """The segments before are no longer needed to restate (``_prev``)."""
+        if self._prev is not None:
+            for fd, _ in self._prev[1]:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self._prev = None
 
 
 def resolve_job_dir(path: str | os.PathLike) -> Path | None:
