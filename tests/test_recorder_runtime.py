@@ -214,6 +214,18 @@ SCRIPT = textwrap.dedent("""
     if sys.argv[3] == "kill":
         import signal
         os.kill(os.getpid(), signal.SIGKILL)  # not a word: what was recorded waits in the spool
+    if sys.argv[3].startswith("caught"):  # a sys.exit the program catches, and goes on
+        def leave():
+            sys.exit(3)
+        try:
+            leave()
+        except SystemExit:
+            pass
+        dist.all_reduce(torch.ones(1))
+        if sys.argv[3] == "caught_then_exit":
+            sys.exit(5)
+    if sys.argv[3] == "exit":
+        sys.exit(4)
 """)
 
 
@@ -240,6 +252,17 @@ def test_exit_events_tell_clean_crashed_and_killed_processes_apart(tmp_path):
     exits = of_type(events, "exit")
     assert [(e["reason"], e["code"]) for e in exits] == [("os._exit", 3)]
     assert [o["op"] for o in ops(events)] == ["all_reduce"]
+    code, events = _run_script(tmp_path, "exit")
+    assert code == 4
+    assert [(e["reason"], e.get("code")) for e in of_type(events, "exit")] == [("atexit", 4)]
+    # a sys.exit caught by the program says nothing of how it leaves later (it said code 3)
+    code, events = _run_script(tmp_path, "caught")
+    assert code == 0
+    assert [(e["reason"], e.get("code")) for e in of_type(events, "exit")] == [("atexit", None)]
+    assert [o["op"] for o in ops(events)] == ["all_reduce", "all_reduce"]
+    code, events = _run_script(tmp_path, "caught_then_exit")
+    assert code == 5
+    assert [(e["reason"], e.get("code")) for e in of_type(events, "exit")] == [("atexit", 5)]
     code, events = _run_script(tmp_path, "kill")
     assert code == -9
     # nobody forwarded its spool (no other rank, no launcher): a reader on this host forwards

@@ -18,6 +18,7 @@ blocks training: events wait in a bounded buffer, then are dropped and counted.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import socket
@@ -122,6 +123,7 @@ class Recorder:
         self._probe: ResourceProbe | None = None
         self.crash: str | None = None
         self.exit_code: int | None = None  # what the main thread's last ``sys.exit`` asked for
+        self.exit_token = 0  # one more each ``sys.exit`` noted (``_ExitNoted``)
         self.exited = False
         self._exit: tuple[int, str, int | None] | None = None  # (ts, reason, exit code) once marked
         # The exit's way out, which the recorder thread and a caller past FINAL_HOLD_S both
@@ -931,26 +933,60 @@ def _sys_exit(*args: Any, **kwargs: Any) -> None:
     """``sys.exit``: the recorder notes the code the process asks to leave with (its ``exit``
     event says it), and, when a launcher's wrapper (``EXCEPTION_EXITS``) leaves this way on
     the exception the rank's function raised, that exception as the rank's crash.  Then
-    the ``sys.exit`` that was installed raises ``SystemExit`` as ever."""
+    the ``sys.exit`` that was installed raises ``SystemExit`` as ever, with an
+    ``_ExitNoted`` on it: a program that catches it and goes on takes the code back."""
+    noted = None
     if len(args) <= 1 and not kwargs:  # (else the real one raises its TypeError, as ever)
         try:
-            _note_sys_exit(args[0] if args else None, sys._getframe(1))
+            noted = _note_sys_exit(args[0] if args else None, sys._getframe(1))
         except Exception:  # never in the way of an exit
             pass
-    (_prev_sys_exit or _builtin_sys_exit)(*args, **kwargs)
+    try:
+        (_prev_sys_exit or _builtin_sys_exit)(*args, **kwargs)
+    except SystemExit as exc:
+        if noted is not None:
+            with contextlib.suppress(Exception):
+                exc.__dict__["_commscope_noted"] = noted
+        raise
 
 
-def _note_sys_exit(status: Any, caller: Any) -> None:
+class _ExitNoted:
+    """Hung on the ``SystemExit`` a main thread's ``sys.exit`` raised, and freed with it.
+    Freed while no Python frame runs, the exception left the program (the interpreter took
+    its code and goes on to atexit): the code noted stands.  Freed inside a frame, the
+    program caught it and went on: the code is taken back (helper-117: ``sys.exit(3)``
+    caught, then a clean exit, status 0, whose ``exit`` event said code 3).  A caught
+    exception kept alive until the exit still leaves its code (not seen)."""
+
+    __slots__ = ("before", "rec", "token")
+
+    def __init__(self, rec: Recorder, before: int | None) -> None:
+        rec.exit_token += 1
+        self.rec, self.before, self.token = rec, before, rec.exit_token
+
+    def __del__(self) -> None:
+        try:
+            sys._getframe(1)  # (ValueError: no frame runs: the exception is leaving the program)
+            rec = self.rec
+            if rec.exit_token == self.token:  # (no later sys.exit noted since)
+                rec.exit_code = self.before
+        except Exception:
+            pass
+
+
+def _note_sys_exit(status: Any, caller: Any) -> _ExitNoted | None:
     rec = _active
     # a SystemExit raised in another thread ends only that thread
     if rec is None or os.getpid() != rec.pid or threading.current_thread() is not threading.main_thread():
-        return
+        return None
     code = 0 if status is None else int(status) if isinstance(status, int) else 1  # Python's rule
+    noted = _ExitNoted(rec, rec.exit_code)
     rec.exit_code = code
     if code != 0 and (caller.f_globals.get("__name__"), caller.f_code.co_name) in EXCEPTION_EXITS:
         exc = sys.exc_info()[1]  # the exception the wrapper is handling
         if exc is not None:
             note_uncaught(exc)
+    return noted
 
 
 _prev_signal: Any = None
