@@ -26,6 +26,7 @@ from commscope.cli import main as cli
 from commscope.events import encode
 from commscope.oprecords import PH_BEGIN, PH_END, OpRecords, Static, Unpacked, packed
 from commscope.store import open_writer
+from commscope.store.base import ReadStats
 
 T = 1_700_000_000_000_000_000
 
@@ -228,7 +229,7 @@ def test_event_dicts_reusing_an_id_are_paired_in_stream_order_too():
     assert m.reused == {0: 2} and m.ranks[0].n == 4 and m.ranks[0].comp[2:4].tolist() == [0, t + 5 * S]
     m.ingest([dict(later, ts=t + 6 * S, id=9)], [_records(0, [(PH_BEGIN, 9, 0)])])
     assert m.reused == {0: 3} and m.ranks[0].n == 6 and m.read_losses == {}
-    stats = type("Stats", (), {"corrupt_by_rank": {1: 2}, "invalid_by_rank": {}, "missing_by_rank": {}})()
+    stats = ReadStats(corrupt_by_rank={1: 2})
     m.note_read_stats(stats)
     assert m.read_losses == {1: {"damaged": 2}} and m.reused == {0: 3}
     found = diagnose(m, now=t + 10 * S, hang_after=2.0)

@@ -30,8 +30,8 @@ S = 1_000_000_000
 T0 = 1_780_000_000 * S
 
 
-def meta(rank: int = 0) -> bytes:
-    return orjson.dumps({"type": "meta", "ts": T0, "v": 3, "rank": rank, "world_size": 1, "host": "h",
+def meta(rank: int = 0, world: int = 1) -> bytes:
+    return orjson.dumps({"type": "meta", "ts": T0, "v": 3, "rank": rank, "world_size": world, "host": "h",
                          "sample_interval": 1.0})
 
 
@@ -726,7 +726,7 @@ def test_a_reader_that_jumped_knows_an_op_it_read_the_begin_of_was_done(tmp_path
     writers = {}
     for r in (0, 1):
         writers[r] = DirectoryWriter(tmp_path, "job", r, {"world_size": 2}, segment_bytes=16 << 10, closer=False)
-        writers[r].write([meta(r), orjson.dumps({"type": "group", "v": 3, "rank": r, "ts": T0, "group": "g",
+        writers[r].write([meta(r, 2), orjson.dumps({"type": "group", "v": 3, "rank": r, "ts": T0, "group": "g",
                                                  "granks": [0, 1]})])
 
     def op(r: int, **k) -> bytes:
@@ -792,7 +792,7 @@ def test_an_op_done_in_the_rest_of_a_segment_deleted_while_it_was_read_is_done(t
         return orjson.dumps({"type": "op", "v": 3, "rank": r, **k})
 
     for r in (0, 1):
-        writers[r].write([meta(r), orjson.dumps({"type": "group", "v": 3, "rank": r, "ts": T0, "group": "g",
+        writers[r].write([meta(r, 2), orjson.dumps({"type": "group", "v": 3, "rank": r, "ts": T0, "group": "g",
                                                  "granks": [0, 1]})])
         writers[r].write([beat(r, j) for j in range(50)])
     writers[0].write([op(0, ts=T0 + 51 * S, phase="begin", id=1, op="all_reduce", group="g", seq=1, tid=1)])
