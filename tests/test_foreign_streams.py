@@ -42,9 +42,18 @@ def _check(target: Path, spools: Path) -> tuple[int, dict]:
     return got.returncode, json.loads(got.stdout)
 
 
-def _foreign(out: dict) -> dict:
+def _named(store: Path, spools: Path, ranks: list[int], why: dict[int, str]) -> dict:
+    """``check --json`` of ``store``: exit 1, one ``trace_incomplete`` error naming exactly
+    ``ranks``, each with ``why``, nothing counted lost, and no other rank blamed by any
+    finding.  The report."""
+    rc, out = _check(store, spools)
+    assert rc == 1, out
     [finding] = [f for f in out["findings"] if f["kind"] == "trace_incomplete"]
-    return finding
+    assert (finding["severity"], finding["culprits"], finding["ranks"]) == ("error", ranks, ranks), finding
+    assert finding["evidence"]["lost_events"] == 0
+    assert finding["evidence"]["per_rank"] == {str(r): {"foreign": why[r]} for r in ranks}
+    assert all(set(f["culprits"]) <= set(ranks) for f in out["findings"]), out["findings"]
+    return out
 
 
 def test_a_healthy_job_has_no_foreign_stream(tmp_path):
@@ -66,15 +75,8 @@ def test_rank_files_copied_in_from_another_job_are_named(tmp_path):
     [b] = [p for p in (tmp_path / "b").iterdir() if p.is_dir()]
     for r in (2, 3):
         shutil.copy(b / f"rank-0000{r}.jsonl", a)
-    rc, out = _check(a, spools)
-    assert rc == 1, out
-    finding = _foreign(out)
-    assert (finding["severity"], finding["culprits"], finding["ranks"]) == ("error", [2, 3], [2, 3]), finding
-    ev = finding["evidence"]
-    assert ev["lost_events"] == 0
     why = f"its meta names job {b.name!r}, not {a.name!r}"
-    assert ev["per_rank"] == {str(r): {"foreign": why} for r in (2, 3)}
-    assert all(set(f["culprits"]) <= {2, 3} for f in out["findings"]), out["findings"]
+    out = _named(a, spools, [2, 3], {2: why, 3: why})
     said = f"rank(s) 2-3: not of the run the others are, read with them all the same (rank 2: {why}; rank 3: {why})"
     assert said in out["warnings"], out["warnings"]
     report = subprocess.run([sys.executable, "-m", "commscope", "report", "--json", str(a)], capture_output=True,
@@ -96,15 +98,8 @@ def test_a_second_launch_under_a_reused_job_id_is_named(tmp_path):
              for r in range(4)}
     first, second = metas[0]["run"], metas[2]["run"]
     assert first != second and metas[1]["run"] == first and metas[3]["run"] == second  # (the premise)
-    rc, out = _check(store, spools)
-    assert rc == 1, out
-    finding = _foreign(out)
-    assert (finding["severity"], finding["culprits"], finding["ranks"]) == ("error", [2, 3], [2, 3]), finding
-    ev = finding["evidence"]
-    assert ev["lost_events"] == 0
-    assert ev["per_rank"] == {str(r): {"foreign": f"its meta names run {second!r} of the job, not {first!r}: "
-                                                  "another launch"} for r in (2, 3)}
-    assert all(set(f["culprits"]) <= {2, 3} for f in out["findings"]), out["findings"]
+    why = f"its meta names run {second!r} of the job, not {first!r}: another launch"
+    _named(store, spools, [2, 3], {2: why, 3: why})
 
 
 def test_a_rank_past_the_world_size_is_named(tmp_path):
@@ -124,10 +119,4 @@ def test_a_rank_past_the_world_size_is_named(tmp_path):
             ev["world_size"] = 4
         lines.append(orjson.dumps(ev))
     (a / "rank-00007.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    rc, out = _check(a, spools)
-    assert rc == 1, out
-    finding = _foreign(out)
-    assert (finding["severity"], finding["culprits"], finding["ranks"]) == ("error", [7], [7]), finding
-    assert finding["evidence"]["lost_events"] == 0
-    assert finding["evidence"]["per_rank"] == {"7": {"foreign": "rank 7 is past the world size 2 its peers' metas say"}}
-    assert all(f["culprits"] == [7] for f in out["findings"]), out["findings"]
+    _named(a, spools, [7], {7: "rank 7 is past the world size 2 its peers' metas say"})

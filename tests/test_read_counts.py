@@ -204,6 +204,30 @@ def _remove_block(path: Path, how: str = "delete", which: float = 0.5) -> int:
     return ev["end"] - ev["pos"]
 
 
+def _assert_one_line_lost(store: Path, read: str, nbytes: int, monkeypatch) -> None:
+    """Rank 1 lost exactly one block line of ``nbytes`` bytes of op records, as a read of
+    ``store`` counts it and says it: whole (``check``), in polls (a console), in polls of a
+    few KiB (the gap between two chunks), or read apart by workers (``read``)."""
+    if read == "workers":
+        monkeypatch.setenv(ENV_WORKERS, "2")
+        monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+    if read in ("whole", "workers"):
+        _, reader, warnings = load_trace(str(store))
+        stats = reader.stats
+        if read == "workers":
+            assert stats.workers >= 1
+    else:
+        reader = open_source(str(store))
+        _polled_all(reader, None if read == "polls" else 4096)
+        stats = reader.stats
+        reader.close()
+        warnings = stats.warnings
+    assert stats.missing_by_rank == {1: 1} and stats.corrupt == 0 and stats.invalid == 0, warnings
+    assert [w for w in warnings if "ring positions" in w] == [
+        f"rank 1: 1 line(s) of its stream were lost: a gap in its ring positions: {nbytes:,} bytes "
+        "of op records missing (a line gone from its file)"], warnings
+
+
 def _polled_all(reader, budget: int | None) -> None:
     quiet = 0
     while quiet < 2:
@@ -220,24 +244,7 @@ def test_a_block_line_gone_from_a_rank_file_is_counted_lost_with_its_cause(tmp_p
     two chunks), read apart by workers."""
     store = _ring_job(tmp_path)
     nbytes = _remove_block(store / "synthetic" / "rank-00001.jsonl")
-    if read == "workers":
-        monkeypatch.setenv(ENV_WORKERS, "2")
-        monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
-    if read in ("whole", "workers"):
-        model, reader, warnings = load_trace(str(store))
-        stats = reader.stats
-        if read == "workers":
-            assert stats.workers >= 1
-    else:
-        reader = open_source(str(store))
-        _polled_all(reader, None if read == "polls" else 4096)
-        stats = reader.stats
-        reader.close()
-        warnings = stats.warnings
-    assert stats.missing_by_rank == {1: 1} and stats.corrupt == 0 and stats.invalid == 0
-    said = [w for w in warnings if "ring positions" in w]
-    assert said == [f"rank 1: 1 line(s) of its stream were lost: a gap in its ring positions: {nbytes:,} bytes "
-                    "of op records missing (a line gone from its file)"], warnings
+    _assert_one_line_lost(store, read, nbytes, monkeypatch)
 
 
 @pytest.mark.parametrize("number, which", [(3, 0.5), (0, 0.5), (3, 0.0)],
@@ -418,22 +425,7 @@ def test_a_stream_first_block_line_gone_is_counted_lost(tmp_path, monkeypatch, s
     assert not before.stats.missing_by_rank and before.stats.corrupt == 0
     del lines[at[0]]
     path.write_bytes(b"\n".join(lines))
-    if read == "workers":
-        monkeypatch.setenv(ENV_WORKERS, "2")
-        monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
-    if read in ("whole", "workers"):
-        model, reader, warnings = load_trace(str(job))
-        stats = reader.stats
-    else:
-        reader = open_source(str(job))
-        _polled_all(reader, None if read == "polls" else 4096)
-        stats = reader.stats
-        reader.close()
-        warnings = stats.warnings
-    assert stats.missing_by_rank == {1: 1} and stats.corrupt == 0 and stats.invalid == 0, warnings
-    assert [w for w in warnings if "ring positions" in w] == [
-        f"rank 1: 1 line(s) of its stream were lost: a gap in its ring positions: {first['end'] - first['pos']:,} "
-        "bytes of op records missing (a line gone from its file)"], warnings
+    _assert_one_line_lost(job, read, first["end"] - first["pos"], monkeypatch)
 
 
 def test_a_stream_first_block_line_gone_makes_check_count_it(tmp_path):

@@ -184,6 +184,32 @@ def _writing_to_its_master(cluster: Any, job: str) -> tuple[str, int, Any]:
     return key, port, w
 
 
+def _settled(cluster: Any, deadline: float) -> None:
+    """Wait until every node alive says the cluster is ok (each says CLUSTERDOWN until its
+    view of a failover converges, and a reader asks the node of each key)."""
+    nodes = [node(cluster, s.port) for s in cluster.servers if s.running]
+    while any(n.execute_command("CLUSTER INFO").get("cluster_state") != "ok" for n in nodes):
+        assert time.monotonic() < deadline, "the cluster never settled after the failover"
+        time.sleep(0.2)
+
+
+def _failed_over(cluster: Any, port: int, replica: Any) -> redis.Redis:
+    """Kill the master on ``port``, resume its stopped ``replica`` and wait until it took over
+    and the cluster settled (``_settled``): the promoted node."""
+    import os
+    import signal
+
+    next(s for s in cluster.servers if s.port == port).kill()
+    os.kill(replica.proc.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 60
+    promoted = node(cluster, replica.port)
+    while promoted.info("replication")["role"] != "master":
+        assert time.monotonic() < deadline, "the replica never took over"
+        time.sleep(0.2)
+    _settled(cluster, deadline)
+    return promoted
+
+
 def _replica_synced(cluster: Any, master: redis.Redis, key: str) -> Any:
     """The replica of ``master`` (the node of stream ``key``), once it holds what the stream
     holds now.  WAIT counts the replicas holding this connection's own writes (one that wrote
@@ -232,10 +258,7 @@ def test_a_master_failing_over_counts_what_its_replica_never_got_and_loses_nothi
         # the write landed on the new master; the other nodes may not know yet (each says
         # CLUSTERDOWN until its view of the failover converges, and the reader asks the node of
         # each key): wait for every node alive to say ok
-        nodes = [node(cluster, s.port) for s in cluster.servers if s.running]
-        while any(n.execute_command("CLUSTER INFO").get("cluster_state") != "ok" for n in nodes):
-            assert time.monotonic() < deadline, "the cluster never settled after the failover"
-            time.sleep(0.2)
+        _settled(cluster, deadline)
         reader = open_reader(f"redis://127.0.0.1:{alive.port}/0")
         got = ids(reader.read_all())
         # (ops 11-15 never ended: still in flight, their lost begins stated again after the
@@ -451,17 +474,8 @@ def test_a_tail_its_master_lost_after_the_writer_closed_is_counted_as_lost_by_re
         ends = [Keys.ends("tail", i) for i in range(Keys.ENDS)]
         said = [k for k in ends if cluster_client(cluster.url).get_node_from_key(k).port != port]
         assert said and any(cluster_client(cluster.url).hget(k, "0") == b"15" for k in said)
-        next(s for s in cluster.servers if s.port == port).kill()
-        os.kill(replica.proc.pid, signal.SIGCONT)
+        _failed_over(cluster, port, replica)
         deadline = time.monotonic() + 60
-        promoted = node(cluster, replica.port)
-        while promoted.info("replication")["role"] != "master":
-            assert time.monotonic() < deadline, "the replica never took over"
-            time.sleep(0.2)
-        nodes = [node(cluster, s.port) for s in cluster.servers if s.running]
-        while any(n.execute_command("CLUSTER INFO").get("cluster_state") != "ok" for n in nodes):
-            assert time.monotonic() < deadline, "the cluster never settled after the failover"
-            time.sleep(0.2)
         reader = open_reader(f"redis://127.0.0.1:{replica.port}/0")
         assert ids(reader.read_all()) == [(0, i) for i in range(1, 11)]
         assert reader.missing == {0: 5} and reader.stats.missing_by_rank == {0: 5}  # exactly what it never got
@@ -592,17 +606,8 @@ def test_a_check_between_a_masters_failover_and_the_writers_return_is_not_health
         master.client_kill_filter(_type="replica")  # it misses what comes next
         w.write(ops(11, 16))  # acknowledged by the master only
         stored = w.stored  # the rank's own count of what landed
-        next(s for s in cluster.servers if s.port == port).kill()
-        os.kill(replica.proc.pid, signal.SIGCONT)
+        promoted = _failed_over(cluster, port, replica)
         deadline = time.monotonic() + 60
-        promoted = node(cluster, replica.port)
-        while promoted.info("replication")["role"] != "master":
-            assert time.monotonic() < deadline, "the replica never took over"
-            time.sleep(0.2)
-        nodes = [node(cluster, s.port) for s in cluster.servers if s.running]
-        while any(n.execute_command("CLUSTER INFO").get("cluster_state") != "ok" for n in nodes):
-            assert time.monotonic() < deadline, "the cluster never settled after the failover"
-            time.sleep(0.2)
         held = promoted.xlen(key)
         assert held == stored - 10  # (the replica lacks ops 11-15: 10 entries)
         url = f"redis://127.0.0.1:{replica.port}/0"

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
 from redis_fixture import redis_client, require_redis_server
+from trace_helpers import assert_the_hang_outlived_the_loss, the_hang
 
 import commscope
 from commscope import cli
@@ -375,12 +376,6 @@ def hang_through_a_flush(rank: int, ws: int, store: str, release: str) -> None:
     commscope.uninstrument()
 
 
-def _the_hang(out: dict) -> dict | None:
-    """The hang's finding, when it is the only error finding but the trace's losses."""
-    errors = [f for f in out["findings"] if f["severity"] == "error" and f["kind"] != "trace_incomplete"]
-    return errors[0] if len(errors) == 1 and errors[0]["kind"] == "missing_ranks" else None
-
-
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("source", ["native", "python"])
 def test_a_hang_is_still_found_after_redis_lost_the_streams_while_it_hung(redis_url, tmp_path, capsys, source):
@@ -398,10 +393,10 @@ def test_a_hang_is_still_found_after_redis_lost_the_streams_while_it_hung(redis_
     try:
         def hung() -> dict | None:
             out = check_json(url, capsys, "1") if client.exists(Keys.meta("hang-flush")) else None
-            return out if out is not None and _the_hang(out) is not None else None
+            return out if out is not None and the_hang(out) is not None else None
 
         _wait_for(hung, 60, "the hang found before the flush")
-        before = _the_hang(hung())
+        before = the_hang(hung())
         assert (before["culprits"], before["seq"], before["op"]) == ([1], 6, "all_reduce"), before
 
         client.flushdb()
@@ -413,15 +408,7 @@ def test_a_hang_is_still_found_after_redis_lost_the_streams_while_it_hung(redis_
         _wait_for(all_stated, 30, "every rank's store_lost marker")
         assert len(job.alive()) == 3
         out = check_json(url, capsys, "1")
-        hang = _the_hang(out)
-        assert hang is not None, [(f["kind"], f["culprits"], f["message"]) for f in out["findings"]]
-        assert (hang["culprits"], hang["seq"], hang["op"], hang["group"]) == ([1], 6, "all_reduce", before["group"])
-        assert sorted(hang["ranks"]) == [0, 1, 2]
-        for f in out["findings"]:  # no victim blamed
-            if f["severity"] == "error" and f["kind"] != "trace_incomplete":
-                assert f["culprits"] == [1], f
-        lost = [f for f in out["findings"] if f["kind"] == "trace_incomplete"]
-        assert lost and sorted(lost[0]["culprits"]) == [0, 1, 2], lost
+        assert_the_hang_outlived_the_loss(out, before["group"])
         assert "lost by Redis" in json.dumps(out), out
         assert out["rc"] == 1
     finally:

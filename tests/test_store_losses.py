@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from redis_fixture import require_redis_server
-from trace_helpers import ops
+from trace_helpers import assert_the_hang_outlived_the_loss, ops, the_hang
 
 import commscope
 from commscope import cli
@@ -165,12 +165,6 @@ def _check(store: str, capsys) -> dict:
     return out
 
 
-def _the_hang(out: dict) -> dict | None:
-    """The hang's finding, when it is the only error finding but the trace's losses."""
-    errors = [f for f in out["findings"] if f["severity"] == "error" and f["kind"] != "trace_incomplete"]
-    return errors[0] if len(errors) == 1 and errors[0]["kind"] == "missing_ranks" else None
-
-
 def _poll(predicate, what: str, timeout: float = 60.0):
     deadline = time.monotonic() + timeout
     while not (got := predicate()):
@@ -193,7 +187,7 @@ def test_a_hang_is_still_found_after_the_job_directory_was_deleted_while_it_hung
                    "COMMSCOPE_SEGMENT_MB": segment_mb}).start()
     job_dir = Path(store) / "hang-rm"
     try:
-        before = _the_hang(_poll(lambda: job_dir.is_dir() and _the_hang(o := _check(store, capsys)) and o,
+        before = the_hang(_poll(lambda: job_dir.is_dir() and the_hang(o := _check(store, capsys)) and o,
                                  "the hang found before the deletion"))
         assert (before["culprits"], before["seq"], before["op"]) == ([1], 6, "all_reduce"), before
         def segments(r: int) -> list[Path]:  # (the rank's segments: ``segments.segment_name``)
@@ -210,20 +204,12 @@ def test_a_hang_is_still_found_after_the_job_directory_was_deleted_while_it_hung
         _poll(all_stated, "every rank's store_lost marker")
         assert len(job.alive()) == 3
         out = _check(store, capsys)
-        hang = _the_hang(out)
-        assert hang is not None, [(f["kind"], f["culprits"], f["message"]) for f in out["findings"]]
-        assert (hang["culprits"], hang["seq"], hang["op"], hang["group"]) == ([1], 6, "all_reduce", before["group"])
-        assert sorted(hang["ranks"]) == [0, 1, 2]
-        for f in out["findings"]:  # no victim blamed
-            if f["severity"] == "error" and f["kind"] != "trace_incomplete":
-                assert f["culprits"] == [1], f
-        lost = [f for f in out["findings"] if f["kind"] == "trace_incomplete"]
-        assert lost and sorted(lost[0]["culprits"]) == [0, 1, 2], lost
+        lost = assert_the_hang_outlived_the_loss(out, before["group"])
         for r in range(3):  # each rank's marker counts the lines its file held, at least
             marker = next(orjson.loads(x) for p in segments(r) for x in p.read_bytes().splitlines()
                           if b"store_lost" in x)
             assert marker["entries"] >= stored[r], (r, marker, stored[r])
-            missing = lost[0]["evidence"]["per_rank"][str(r)]["missing"]
+            missing = lost["evidence"]["per_rank"][str(r)]["missing"]
             if segment_mb == "64":  # (one segment: the marker's count is the loss)
                 assert missing == marker["entries"], (r, marker, lost)
             else:  # (the reader counts the segments gone besides the marker: more, never less)

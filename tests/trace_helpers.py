@@ -58,3 +58,27 @@ def missing_members(cls: type, proto: type) -> set[str]:
     init = inspect.getsource(cls.__init__)
     return {n for n in protocol_members(proto)
             if not hasattr(cls, n) and not re.search(rf"self\.{n}\b\s*[:=]", init)}
+
+
+def the_hang(out: dict) -> dict | None:
+    """The hang's finding in a ``check --json`` report, when it is the only error finding but
+    the trace's losses (a missing_ranks)."""
+    errors = [f for f in out["findings"] if f["severity"] == "error" and f["kind"] != "trace_incomplete"]
+    return errors[0] if len(errors) == 1 and errors[0]["kind"] == "missing_ranks" else None
+
+
+def assert_the_hang_outlived_the_loss(out: dict, group: str) -> dict:
+    """A 3-rank job's hang (ranks 0 and 2 in all_reduce #6, which rank 1 never entered),
+    checked after the store lost what every rank had written: still that finding, in
+    ``group``, no victim blamed, and the loss named on every rank (its trace_incomplete,
+    returned)."""
+    hang = the_hang(out)
+    assert hang is not None, [(f["kind"], f["culprits"], f["message"]) for f in out["findings"]]
+    assert (hang["culprits"], hang["seq"], hang["op"], hang["group"]) == ([1], 6, "all_reduce", group)
+    assert sorted(hang["ranks"]) == [0, 1, 2]
+    for f in out["findings"]:  # no victim blamed
+        if f["severity"] == "error" and f["kind"] != "trace_incomplete":
+            assert f["culprits"] == [1], f
+    lost = [f for f in out["findings"] if f["kind"] == "trace_incomplete"]
+    assert lost and sorted(lost[0]["culprits"]) == [0, 1, 2], lost
+    return lost[0]
