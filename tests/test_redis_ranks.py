@@ -363,9 +363,10 @@ def test_flush_writes_whatever_the_stores_pace(redis_url):
 
 
 # ---------------------------------------------------------------------------- a hang through a flush
-def hang_through_a_flush(rank: int, ws: int, store: str, release: str) -> None:
+def hang_until_released(rank: int, ws: int, store: str, release: str) -> None:
     """Five all_reduces, then rank 1 stays out of the sixth (it waits for ``release`` in
-    Python) while the others wait in it."""
+    Python) while the others wait in it: a hang that a store's loss meanwhile (a flush, a
+    deleted job directory: test_store_losses) must not hide."""
     commscope.instrument(store, sample_interval=0.2, hang_after=1.0, flight_recorder=False)
     x = torch.ones(8)
     for _ in range(5):
@@ -387,7 +388,7 @@ def test_a_hang_is_still_found_after_redis_lost_the_streams_while_it_hung(redis_
     one's as JSON events."""
     url = redis_url + "?job=hang-flush"
     release = tmp_path / "release"
-    job = Job(hang_through_a_flush, 3, args=(url, str(release)), pg_timeout=300,
+    job = Job(hang_until_released, 3, args=(url, str(release)), pg_timeout=300,
               env={"COMMSCOPE_NATIVE": "1" if source == "native" else "0"}).start()
     client = redis_client(url)
     try:

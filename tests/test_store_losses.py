@@ -23,6 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from redis_fixture import require_redis_server
+from test_redis_ranks import hang_until_released
 from trace_helpers import assert_the_hang_outlived_the_loss, ops, the_hang
 
 import commscope
@@ -143,20 +144,6 @@ def test_redis_gone_at_the_end_of_a_job_is_reported_and_never_holds_the_exit(tmp
 
 
 # ---------------------------------------------------------------------------- a hang through a deleted job directory
-def hang_through_a_deletion(rank: int, ws: int, store: str, release: str) -> None:
-    """Five all_reduces, then rank 1 stays out of the sixth (it waits for ``release`` in
-    Python) while the others wait in it."""
-    commscope.instrument(store, sample_interval=0.2, hang_after=1.0, flight_recorder=False)
-    x = torch.ones(8)
-    for _ in range(5):
-        dist.all_reduce(x)
-    if rank == 1:
-        while not os.path.exists(release):
-            time.sleep(0.02)
-    dist.all_reduce(x)
-    commscope.uninstrument()
-
-
 def _check(store: str, capsys) -> dict:
     capsys.readouterr()
     rc = cli.main(["check", store, "--json", "--hang-after", "1"])
@@ -182,7 +169,7 @@ def test_a_hang_is_still_found_after_the_job_directory_was_deleted_while_it_hung
     what the rank was in (``inflight.restatement``, as the Redis writer restates after a
     flush), so the hang is still found on rank 1 alone, with every rank's loss counted."""
     store, release = str(tmp_path / "trace"), tmp_path / "release"
-    job = Job(hang_through_a_deletion, 3, args=(store, str(release)), pg_timeout=300,
+    job = Job(hang_until_released, 3, args=(store, str(release)), pg_timeout=300,
               env={"COMMSCOPE_NATIVE": "1" if source == "native" else "0", "COMMSCOPE_JOB": "hang-rm",
                    "COMMSCOPE_SEGMENT_MB": segment_mb}).start()
     job_dir = Path(store) / "hang-rm"
