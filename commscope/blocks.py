@@ -33,7 +33,6 @@ import binascii
 import bisect
 import functools
 import operator
-import re
 import struct
 import sys
 from collections import Counter
@@ -113,15 +112,6 @@ REDUCING = optable.REDUCING
 LINE_PREFIX = b'{"type":"block",'
 
 
-_POS_KEY = re.compile(rb'"pos":(\d{1,20}),')
-
-
-def block_pos(line: bytes) -> int | None:
-    """The ring position an encoded ``block`` line's records start at (None: it says none)."""
-    m = _POS_KEY.search(line, 0, 160)  # (in the line's fixed prefix, before its data)
-    return int(m[1]) if m is not None else None
-
-
 def encode_block(data: bytes, rank: int, ts: int, count: int, pos: int | None = None, end: int | None = None) -> bytes:
     """One ``block`` event as a JSON line (without newline); ``pos``/``end``: the ring
     positions of its records (version 3)."""
@@ -130,16 +120,27 @@ def encode_block(data: bytes, rank: int, ts: int, count: int, pos: int | None = 
         SCHEMA_VERSION, rank, ts, count, where, base64.b64encode(data))
 
 
+def _head_count(line: bytes, key: bytes) -> int | None:
+    """A count the fixed prefix of an encoded block event says (``key``: ``b'"n":'``,
+    ``b'"pos":'``), before its data; None if it says none, or the line is another event."""
+    if not line.startswith(LINE_PREFIX):
+        return None
+    head = line[:160]
+    at = head.find(key)
+    if at < 0:
+        return None
+    digits = head[at + len(key):].split(b",", 1)[0]
+    return int(digits) if digits.isdigit() else None
+
+
 def records_in_line(line: bytes) -> int:
     """The ``n`` of an encoded block event (0 if it cannot be read, or is another event)."""
-    if not line.startswith(LINE_PREFIX):
-        return 0
-    head = line[:96]
-    at = head.find(b'"n":')
-    if at < 0:
-        return 0
-    digits = head[at + 4:].split(b",", 1)[0]
-    return int(digits) if digits.isdigit() else 0
+    return _head_count(line, b'"n":') or 0
+
+
+def block_pos(line: bytes) -> int | None:
+    """The ring position an encoded block event's records start at (None: it says none)."""
+    return _head_count(line, b'"pos":')
 
 
 #: Records whose body is a u16-length text (an error message, a call site).
