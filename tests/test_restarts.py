@@ -126,6 +126,29 @@ def test_check_of_a_restarted_run_names_the_attempt_that_crashed(tmp_path):
                                "untraced": 0, "unlisted": 0, "listed": True}
 
 
+def test_a_window_reads_the_earlier_attempts_with_it(tmp_path):
+    """``check --since`` reads each earlier attempt judged with the same window: a check of
+    a restarted run's tail does not read its earlier attempts whole (at 16k ranks each one
+    cost a whole read), and still says how each ended, as a full read does."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    proc = commscope("run", "--store", "trace", "--", sys.executable, "-m", "torch.distributed.run",
+                     "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1", str(script),
+                     cwd=tmp_path, env={"FAULT": "raise", "COMMSCOPE_SEGMENT_MB": "0.002"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = tmp_path / "trace"
+    first, _last = jobs_of(store)
+    assert all(len(list((store / first).glob(f"rank-{r:05d}*.jsonl"))) > 1 for r in (0, 1))  # (segments)
+    whole = json.loads(commscope("check", "--json", str(store), cwd=tmp_path).stdout)
+    proc = commscope("check", "--json", "--since", "2099-01-01", str(store), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (earlier,) = json.loads(proc.stdout)["restarts"]["earlier"]
+    (read_whole,) = whole["restarts"]["earlier"]
+    assert earlier["before_window_bytes"] > 0 and "before_window_bytes" not in read_whole
+    assert [(f["kind"], f["culprits"]) for f in earlier["findings"]] == [("rank_crashed", [1])]
+    assert earlier["findings"] == read_whole["findings"]
+
+
 def test_a_job_id_given_names_each_attempt_after_the_first(tmp_path):
     """``--job NAME``: attempt 0 records NAME, attempt 1 NAME-a1 (it was refused before: "already
     holds events of an earlier job")."""

@@ -37,6 +37,8 @@ from commscope.redact import redact
 if TYPE_CHECKING:
     from rich.text import Text
 
+    from commscope.window import Since
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", nargs="?", default=None,
@@ -77,14 +79,18 @@ def judged(model: TraceModel, hang_after: float) -> tuple[int, list[Finding]]:
 
 
 # ---------------------------------------------------------------------- torchrun restarts
-def restarted(store: Any, reader: Any, hang_after: float | None = None, model: TraceModel | None = None
-              ) -> dict[str, Any] | None:
+def restarted(store: Any, reader: Any, hang_after: float | None = None, model: TraceModel | None = None,
+              since: Since | None = None) -> dict[str, Any] | None:
     """When the job read (``model``: what was read of it) is attempt N > 0 of a torchrun run:
     its earlier attempts found in the same store, the newest ``MAX_LISTED`` named and the
     newest ``MAX_EARLIER`` of those judged as ``check`` judges a trace, the others counted
     (``untraced``: no job of theirs in the store; ``unlisted``: found but older, or not
     looked for), for ``--json``'s ``restarts``; None for any other job.  ``hang_after``: as
-    given (None: each attempt's own recorded value)."""
+    given (None: each attempt's own recorded value).  ``since``: the window the job was
+    read with (``--since``), each earlier attempt read with it too, so a check asked to
+    read the tail of a restarted 16k-rank run does not read its earlier attempts whole
+    (what ended each is found as a full read finds it; ``before_window_bytes`` says what
+    was not read)."""
     r = restarts(store, reader, model)
     if r is None:
         return None
@@ -95,7 +101,7 @@ def restarted(store: Any, reader: Any, hang_after: float | None = None, model: T
             row["note"] = f"not read: check judges the {MAX_EARLIER} newest earlier attempts"
         else:
             try:
-                loaded, _, _ = load_trace(e.name)
+                loaded, read, _ = load_trace(e.name, since=since)
             except UsageError as exc:
                 row["note"] = f"could not be read: {exc}"
             else:
@@ -103,6 +109,8 @@ def restarted(store: Any, reader: Any, hang_after: float | None = None, model: T
                 errors = [f for f in findings if f.severity == ERROR]
                 row.update(ranks=loaded.world_size, errors=len(errors), warnings=len(findings) - len(errors),
                            findings=[f.to_json() for f in findings])
+                if since is not None:
+                    row["before_window_bytes"] = read.stats.skipped_bytes
         earlier.append(row)
     return {"attempt": r.attempt, "run": r.run, "earlier": earlier, "untraced": r.untraced,
             "unlisted": r.unlisted, "listed": r.listed}
@@ -150,12 +158,13 @@ def restart_warnings(restart: dict[str, Any] | None) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     shown = progress.wanted(args.json)
-    model, reader, warnings = progress.load(args.store, shown, since=options.since_of(args))
+    since = options.since_of(args)
+    model, reader, warnings = progress.load(args.store, shown, since=since)
     hang_after = args.hang_after if args.hang_after is not None else default_hang_after(model)
     with progress.status(f"diagnosing {len(model.ranks):,} ranks", shown):
         now, findings = judged(model, hang_after)
     with progress.status("judging the run's earlier attempts", shown):
-        restart = restarted(args.store, reader, args.hang_after, model)
+        restart = restarted(args.store, reader, args.hang_after, model, since)
     warnings = [*warnings, *restart_warnings(restart)]
     if getattr(args, "py_spy", False):
         native_dumps(model, findings)
