@@ -9,9 +9,10 @@ hang that was in progress.  --hang-after defaults to the value the ranks recorde
 
 A job that is attempt N > 0 of a torchrun run (``--max-restarts``: each attempt records a
 job of its own, and the store's newest is the last attempt) has its earlier attempts in the
-same store judged too (``restarted``): each is named in a warning with its first error
-finding and the command that shows it whole, and in ``--json`` under ``restarts``.  They
-never change the exit code, which is the attempt read's: a run that recovered exits 0.
+same store judged too (``restarted``; with --since, each read with the same window): each
+is named in a warning with its first error finding and the command that shows it whole,
+and in ``--json`` under ``restarts``.  They never change the exit code, which is the
+attempt read's: a run that recovered exits 0.
 """
 
 from __future__ import annotations
