@@ -107,6 +107,17 @@ REDOPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_
 REDUCING = optable.REDUCING
 
 
+#: Why the decoder counts records of a block it read invalid (``BlockDecoder.invalid``): the
+#: block's line was read and its ring positions taken, so it leaves no gap.  A ``block`` line
+#: the schema refused (``block: bad data``) never reached the decoder and leaves one
+#: (``gaps_not_counted``)
+NOT_BASE64 = "block: not base64"
+TRUNCATED_RECORD = "block: truncated record"
+BAD_TABLE_RECORD = "block: bad table record"
+UNKNOWN_RECORD = "block: unknown record"
+BAD_RECORD = "block: bad record"
+DECODER_REASONS = frozenset({NOT_BASE64, TRUNCATED_RECORD, BAD_TABLE_RECORD, UNKNOWN_RECORD, BAD_RECORD})
+
 #: How every encoded ``block`` line starts (``encode_block`` and record/native/drain.h's
 #: ``drain_block`` write the same template).
 LINE_PREFIX = b'{"type":"block",'
@@ -793,7 +804,7 @@ class BlockDecoder:
             try:
                 raw = _b64(ev["data"])
             except (binascii.Error, ValueError, TypeError):
-                invalid["block: not base64"] += 1
+                invalid[NOT_BASE64] += 1
                 if ev.get("end").__class__ is int:  # (its records counted: no gap after it)
                     self._bad_end = max(self._bad_end, ev["end"])
                 return
@@ -835,7 +846,7 @@ class BlockDecoder:
             while off + 24 <= size:
                 typ, length = type_len(raw, off)
                 if length < 24 or off + length > size:
-                    invalid["block: truncated record"] += 1
+                    invalid[TRUNCATED_RECORD] += 1
                     break
                 if typ in TABLE_RECORDS:  # (one after the block's op records: rare)
                     self._table_record(typ, raw, off, length, ev, walk, parts, out)
@@ -849,7 +860,7 @@ class BlockDecoder:
         while off + 24 <= size:
             typ, length = type_len(raw, off)
             if length < 24 or off + length > size:
-                invalid["block: truncated record"] += 1
+                invalid[TRUNCATED_RECORD] += 1
                 break
             if typ in TABLE_RECORDS:
                 n_out = len(out)
@@ -1060,7 +1071,7 @@ class BlockDecoder:
         try:
             self._table(typ, raw, off, length, out, ev.get("ts", 0), walk, parts)
         except (struct.error, ValueError):
-            self.invalid["block: bad table record"] += 1
+            self.invalid[BAD_TABLE_RECORD] += 1
             return False
         if len(in_effect) > 100_000:
             in_effect.clear()  # (only costs reading restatements again)
@@ -1165,10 +1176,10 @@ class BlockDecoder:
         if rows.errors.shape[0] or rows.rare.shape[0]:  # (phases those rows changed: counted again)
             kept, n_unknown = _tally(typ, c.ok, phase)
         if n_unknown:
-            self.invalid["block: unknown record"] += n_unknown
+            self.invalid[UNKNOWN_RECORD] += n_unknown
         bad = k - kept - n_unknown
         if bad:
-            self.invalid["block: bad record"] += bad
+            self.invalid[BAD_RECORD] += bad
         if not kept:
             return None
         at = None
@@ -1754,12 +1765,14 @@ def gaps_not_counted(gaps: list[int], got: Decoded, before: int = 0) -> tuple[li
     """Of the gaps a decoder found in a run of a stream's ring positions (``BlockDecoder.gaps``,
     bytes each), those no line counted otherwise stands for, and how many such lines are left
     for the next run's gaps (a block's line damaged at the end of one run leaves its gap in
-    the next).  Each stands for one gap: a damaged line, an invalid event but a block's own
-    whose records were counted (it leaves none), and with a gap in the run, a ``dropped``
-    event of it that says lines or records went.  ``before``: the lines the run before left.
-    One rule for a reader's runs (``DirectoryReader._account``) and a segment's summary
-    (``inflight.replay``), so a line is counted once, read or summarized."""
-    lost = got.damaged + sum(n for why, n in got.invalid.items() if not why.startswith("block:"))
+    the next).  Each stands for one gap: a damaged line, an invalid event but the records the
+    decoder refused of a block it read (``DECODER_REASONS``: their line leaves no gap), and
+    with a gap in the run, a ``dropped`` event of it that says lines or records went.  A
+    ``block`` line the schema refused (``block: bad data``) is such a line: its gap is its.
+    ``before``: the lines the run before left.  One rule for a reader's runs
+    (``DirectoryReader._account``) and a segment's summary (``inflight.replay``), so a line
+    is counted once, read or summarized."""
+    lost = got.damaged + sum(n for why, n in got.invalid.items() if why not in DECODER_REASONS)
     if gaps:
         lost += sum(1 for e in got.events if e["type"] == "dropped" and (e.get("count") or e.get("entries")))
     used = min(len(gaps), before + lost)

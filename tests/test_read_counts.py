@@ -453,3 +453,53 @@ def test_a_stream_first_block_line_gone_makes_check_count_it(tmp_path):
     assert finding["evidence"]["lost_events"] == 1 and finding["evidence"]["per_rank"] == {"1": {"missing": 1}}
     assert f"rank 1: 1 line(s) of its stream were lost: a gap in its ring positions: " \
            f"{first['end'] - first['pos']:,} bytes of op records missing (a line gone from its file)" in out["warnings"]
+
+
+@pytest.mark.parametrize("source", ["native", "python"])
+@pytest.mark.parametrize("how", ["damaged", "refused"])
+def test_a_stream_first_block_line_damaged_or_refused_is_counted_lost_once(tmp_path, monkeypatch, source, how):
+    """A real 2-rank job, the first block line of rank 1's stream damaged (not JSON) or
+    refused by the schema (JSON whose ``data`` is no string): one line lost, counted once as
+    what it is, damaged or invalid, and not a second time as the gap its ring positions
+    leave, however the stream is read; ``check --json`` says one event lost, rank 1's, and
+    rank 0 loses nothing.  Before, the refused line was counted invalid and its gap lost as
+    well: two lines for one (``blocks.gaps_not_counted`` took every ``block:`` reason for the
+    decoder's, whose lines leave no gap)."""
+    from commscope.launch import Job
+
+    store = tmp_path / "trace"
+    results = Job(_records_in_steps, 2, args=(str(store),), env={"COMMSCOPE_SOURCE": source}).start().join(120)
+    assert all(r.ok for r in results.values()), {k: r.error for k, r in results.items()}
+    job = next(p for p in store.iterdir() if p.is_dir())
+    path = job / "rank-00001.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    k = next(i for i, line in enumerate(lines) if b'"type":"block"' in line)
+    first = orjson.loads(lines[k])
+    assert orjson.loads(lines[0])["ring"] == first["pos"]  # (the premise: the read counts from where the ring starts)
+    lines[k] = lines[k][:40] + b"#garbage" if how == "damaged" else orjson.dumps(dict(first, data=12))
+    path.write_bytes(b"\n".join(lines))
+    counted = {"damaged": "corrupt_by_rank", "refused": "invalid_by_rank"}[how]
+    for read in ("whole", "polls", "small_polls", "workers"):
+        with monkeypatch.context() as m:
+            if read == "workers":
+                m.setenv(ENV_WORKERS, "2")
+                m.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+            if read in ("whole", "workers"):
+                _, reader, _ = load_trace(str(job))
+                assert reader.stats.workers >= (read == "workers")
+            else:
+                reader = open_source(str(job))
+                _polled_all(reader, None if read == "polls" else 4096)
+                reader.close()
+        stats = reader.stats
+        assert getattr(stats, counted) == {1: 1}, (read, stats)
+        assert stats.corrupt + stats.invalid == 1 and not stats.missing_by_rank, (read, stats.warnings)
+    got = subprocess.run([sys.executable, "-m", "commscope", "check", "--json", str(job)], capture_output=True,
+                         text=True, timeout=300)
+    assert got.returncode == 1, got.stdout + got.stderr
+    out = json.loads(got.stdout)
+    assert out["skipped"]["store_missing"] == 0, out["skipped"]
+    [finding] = out["findings"]
+    assert (finding["kind"], finding["culprits"], finding["ranks"]) == ("trace_incomplete", [1], [1]), finding
+    kind = {"damaged": "damaged", "refused": "invalid"}[how]
+    assert finding["evidence"]["lost_events"] == 1 and finding["evidence"]["per_rank"] == {"1": {kind: 1}}
