@@ -878,11 +878,16 @@ class TraceReader(abc.ABC):
         dropped = [e for e in got.events if e["type"] == "dropped"]
         if dropped:
             if self.counts_lost_markers and lost_markers:
-                stats.count_store_lost(rank, dropped)
+                self._count_store_lost(stream, dropped)
             read = self.drops_read_of()
             read[stream] = recorder_drops(read.get(stream, 0), dropped)
         stats.bytes += size
         stats.chunks += 1
+
+    def _count_store_lost(self, stream: Stream, dropped: list[Event]) -> None:
+        """Count what a writer's ``store_lost`` markers among ``dropped`` events say the store
+        lost (``counts_lost_markers``): all of it, where this reader read none of it."""
+        self.stats.count_store_lost(stream[0], dropped)
 
     def drops_read(self, stream: Stream) -> int:
         """The recorder's drops this reader read of ``stream`` so far (its ``dropped`` events:

@@ -78,6 +78,9 @@ class StreamsRead(NamedTuple):
     max_ids: dict[Stream, int]
     packed: Spans | None = None
     drops_read: dict[Stream, int] | None = None
+    #: the segments below which a ``store_lost`` marker it read counted those gone
+    #: (``DirectoryReader._gone_upto``: not counted again by the reader going on from it)
+    gone_upto: dict[Stream, int] | None = None
 
     def sent(self) -> StreamsRead:
         """As a worker sends it: the op records in one piece where they go so."""
