@@ -31,7 +31,8 @@ from commscope import cli
 from commscope.analysis.rankstate import DEAD_MIN_S
 from commscope.bench.redis_server import RedisServer
 from commscope.launch import Job, run_ranks
-from commscope.store import open_reader, spool
+from commscope.store import inflight, open_reader, spool
+from commscope.store.segments import segments_of
 
 pytestmark = pytest.mark.timeout(180)
 STEPS = 3000
@@ -198,8 +199,21 @@ def test_a_hang_is_still_found_after_the_job_directory_was_deleted_while_it_hung
             assert marker["entries"] >= stored[r], (r, marker, stored[r])
             # the marker's count is the loss, however many segments went: they are its lines
             assert lost["evidence"]["per_rank"][str(r)] == {"missing": marker["entries"]}, (r, marker, lost)
+            # ... said once: no carry of the segment before is wanted (the file restates it)
+            said = [w for w in out["warnings"] if w.startswith(f"rank {r}:")]
+            assert said == [f"rank {r}: {marker['entries']} line(s) of its stream were lost: the job directory was "
+                            "deleted while the rank was writing; its earlier events went with it"], said
         assert lost["evidence"]["lost_events"] == sum(lost["evidence"]["per_rank"][str(r)]["missing"] for r in range(3))
         assert out["rc"] == 1
+        if segment_mb != "64":  # the segment started again is carried on from none, as segment 0 is
+            for r in range(3):
+                again = next(p for p in segments(r) if b"store_lost" in p.read_bytes()[:4096])
+                number = segments_of([again.name], job_dir)[(r, 0)][0].number
+                carry = _poll(lambda r=r, n=number: inflight.carried(job_dir, (r, 0), n),
+                              f"rank {r}'s carry of segment {number}, which its writer started again")
+                hung = [e for e in map(orjson.loads, carry.splitlines())
+                        if e["type"] == "op" and e.get("phase") == "begin" and e.get("seq") == 6]
+                assert [e["op"] for e in hung] == ([] if r == 1 else ["all_reduce"]), (r, carry)
     finally:
         release.touch()
         job.join(60)

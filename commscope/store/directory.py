@@ -309,7 +309,7 @@ class DirectoryWriter:
                 # The store was deleted under us: recreate it rather than write into an
                 # unlinked file nobody can read, and say so first: what it held is lost,
                 # and what the rank was in went with it (``_restated``).
-                restated = self._restated()
+                restated, known = self._restated()
                 self.close()
                 self._before = b""  # (the file starts again with what the rank was in)
                 make_dirs(self.dir, self.modes.dir)
@@ -320,8 +320,11 @@ class DirectoryWriter:
                 self._open()
                 self._torn = False
                 if self._lines:
-                    extra = [store_lost(self.rank, self._lines, "the job directory was deleted while the rank "
-                                        "was writing; its earlier events went with it")]
+                    why = "the job directory was deleted while the rank was writing; its earlier events went with it"
+                    if not known:
+                        why += (f"; what it was in before segment {self._segment} is not known (an op begun before "
+                                "may be missing)")
+                    extra = [store_lost(self.rank, self._lines, why)]
                     extra += [self._meta_line] if self._meta_line is not None else []
                     extra += restated
             if self._segment_size and not extra and self._segment_size + sum(map(len, lines)) > self.segment_bytes:
@@ -353,17 +356,19 @@ class DirectoryWriter:
         self._lines += len(extra) + len(lines)
         self._segment_size += len(data)
 
-    def _restated(self) -> list[bytes]:
+    def _restated(self) -> tuple[list[bytes], bool]:
         """What the rank was in at the end of its segment (its groups, the ops it still has in
         flight, the stacks that say where it is: ``inflight.restatement``, as a Redis writer
         restates after a flush), replayed from the file it still holds open once deleted and
         the carry of the segment before (``_before``, read when its closer ended, else now:
         only the rank's file deleted): stated after the ``store_lost`` marker, so a hang that
-        began before the loss is still found.  Nothing when that carry is not known (the job
-        directory deleted before the closer wrote it, or read: a closer still running) or
-        the file is not open."""
+        began before the loss is still found; and whether that carry was known.  Where it
+        is not (the job directory deleted before the closer wrote it, or read: a closer
+        still running), what the segment alone says, and the marker says the rest is not
+        known: the file is read from its start whatever came before (``inflight.starts_again``),
+        so that is the one place that says it.  Nothing when the file is not open."""
         if self._fd is None:
-            return []
+            return [], False
         before = self._before
         if before is None:
             before = inflight.carried(self.dir, (self.rank, self.incarnation), self._segment - 1)
@@ -377,14 +382,13 @@ class DirectoryWriter:
                 before = b"".join(x + b"\n" for x in prev.lines) if prev is not None else None
                 if before is None:
                     break
-        if before is None:
-            return []
+        known = before is not None
         try:
             data = read_open(self._fd, self._segment_size)
         except OSError:
-            return []
-        restated = inflight.restatement(before, data, self.rank)
-        return restated.lines if restated is not None else []
+            return [], False
+        restated = inflight.restatement(before or b"", data, self.rank)
+        return (restated.lines, known) if restated is not None else ([], False)
 
     def _next_segment(self, lines: list[bytes]) -> list[bytes]:
         """Close the current segment and start the next one (named by the time of its first
@@ -791,19 +795,29 @@ class DirectoryReader(TraceReader):
             return cur
         self._reading[stream] = cur.number
         if cur.number > 0:
-            self._carry(stream, cur.number - 1, after_id)
+            self._carry(stream, cur, after_id)
         return cur
 
-    def _carry(self, stream: Stream, number: int, after_id: int = -1) -> None:
-        """The ops in flight when segment ``number`` ended (``store/inflight.py``): the stream
-        is read after it, so what they are in comes first.  ``after_id``: the stream's ops up
-        to this id are read already (a reader jumping over deleted segments): their begins
-        are not read twice, what else they reached is, and the recorder's drops it read are
-        not counted again (``inflight.as_read``)."""
+    def _carry(self, stream: Stream, entered: Segment, after_id: int = -1) -> None:
+        """The ops in flight when the segment before ``entered`` ended (``store/inflight.py``):
+        the stream is read after it, so what they are in comes first.  ``after_id``: the
+        stream's ops up to this id are read already (a reader jumping over deleted segments):
+        their begins are not read twice, what else they reached is, and the recorder's drops
+        it read are not counted again (``inflight.as_read``).  Where there is no carry, a
+        segment its writer started again after a loss needs none (``inflight.starts_again``:
+        it restates what the rank was in, and its marker says the loss, and what it could not
+        restate): before, a read after a deleted job directory warned that segment 0's was
+        not known, beside the deletion its marker stated."""
+        number = entered.number - 1
         data = inflight.carried(self.job_dir, stream, number) if self.job_dir is not None else None
         if data is None:
-            self.stats.warnings.append(f"rank {stream[0]}: what it was in when segment {number} ended is not "
-                                       "known (not carried yet): an op begun before may be missing")
+            try:
+                again = inflight.starts_again(read_from(entered.path, 0, inflight.HEAD_BYTES))
+            except OSError:
+                again = False
+            if not again:
+                self.stats.warnings.append(f"rank {stream[0]}: what it was in when segment {number} ended is not "
+                                           "known (not carried yet): an op begun before may be missing")
             return
         if data:
             pieces, self._pieces = self._pieces, None  # (its events are not the stream's read: ``_in_one_order``)

@@ -28,7 +28,7 @@ import orjson
 from commscope.events import running_drops
 from commscope.histories import COLLECTIVE, P2P, History, extended, key_hash, kind_of, match_key_of, withdrawn
 from commscope.oprecords import completes
-from commscope.store.base import STORE_LOST, Stream, is_recorder_drop, said_by_store
+from commscope.store.base import STORE_LOST, Stream, is_recorder_drop, is_store_lost, said_by_store
 from commscope.store.files import atomic_write, mode_of, read_from, read_regular
 from commscope.store.segments import Segment, stream_prefix
 
@@ -40,6 +40,8 @@ def carry_path(directory: Path, stream: Stream, number: int) -> Path:
     return directory / f"{stream_prefix(*stream)}.open.{number:06d}.jsonl"
 
 
+#: What ``starts_again`` is given of a segment: its first line, a ``store_lost`` marker, at least
+HEAD_BYTES = 4096
 #: A carry holds the ops in flight of one rank: far less than this, or it is not one
 MAX_CARRY = 64 << 20
 #: The ops that raised a carry keeps (the latest): what ``op_failed`` judges by
@@ -423,6 +425,14 @@ def restatement(before: bytes, data: bytes, rank: int) -> Restated | None:
         return None
 
 
+def starts_again(head: bytes) -> bool:
+    """Whether a segment whose first bytes are ``head`` is a file its writer started again
+    after the store lost what it held (``DirectoryWriter.write``): a ``store_lost`` marker
+    first, then the rank's meta and what the rank was in (``restatement``), so it needs no
+    carry of the segment before, and its own carry is replayed from none."""
+    return is_store_lost(head.split(b"\n", 1)[0])
+
+
 def open_at_end(seg: Segment, before: bytes, rank: int) -> bytes:
     """The carry of ``seg`` given the one of the segment before (``before``), as ended lines
     (``Replayed.carry``)."""
@@ -432,14 +442,20 @@ def open_at_end(seg: Segment, before: bytes, rank: int) -> bytes:
 def write_carries(directory: Path, stream: Stream, segs: list[Segment], names: set[str]) -> None:
     """Write the carry of each closed one of a stream's segments (``segs``, oldest first) that
     has none (``names``: the files of ``directory``), oldest first: each starts from the one
-    before.  A segment whose predecessor has no carry (deleted before one was written) stops
-    it: readers starting after it say that what was in flight there is unknown."""
+    before, a segment its writer started again after a loss from none (``starts_again``: it
+    restates what the rank was in).  A segment whose predecessor has no carry (deleted
+    before one was written) stops it: readers starting after it say that what was in flight
+    there is unknown."""
     last: tuple[int, bytes] | None = None  # the carry this call wrote last (not read back)
     for seg in segs[:-1]:  # (the newest is being written)
         path = carry_path(directory, stream, seg.number)
         if path.name in names:
             continue
-        if seg.number == 0:
+        try:
+            again = seg.number > 0 and starts_again(read_from(seg.path, 0, HEAD_BYTES))
+        except OSError:
+            break
+        if seg.number == 0 or again:
             before: bytes | None = b""
         elif last is not None and last[0] == seg.number - 1:
             before = last[1]
