@@ -183,6 +183,10 @@ def _text_keys() -> tuple[str, ...]:
 TEXT_KEYS = _text_keys()
 _TEXT_STR_KEYS = tuple(k for k in TEXT_KEYS if k != "argv")
 _TEXT_KEY_SET = frozenset([*TEXT_KEYS, "threads"])
+#: ``Name`` keys whose value the user's program chose: a rank's host and a group's
+#: description (``new_group(group_desc=…)``, read from Flight Recorder dumps).  Redacted
+#: like ``Text``; a group's name is torch's number, and ops repeat it, so it is not.
+_SHOWN_NAME_KEYS = ("host", "desc")
 
 #: Keys each type must carry besides type, rank and ts.
 REQUIRED: dict[str, tuple[str, ...]] = {"op": ("phase", "id"), "group": ("group",),
@@ -326,15 +330,16 @@ def _check(e: dict, rank: int | None) -> str | None:
 
 
 def redact_event(e: dict) -> dict:
-    """``e`` (a decoded event), its free text redacted in place: ``TEXT_KEYS``, and the
-    threads of a ``stack`` (names and frames).  Returns ``e``."""
+    """``e`` (a decoded event), its free text redacted in place: ``TEXT_KEYS``, a host and a
+    group's description, and the threads of a ``stack`` (names and frames).  Returns ``e``."""
     for key in _TEXT_STR_KEYS:
         v = e.get(key)
         if v.__class__ is str:
             e[key] = redact(v)
-    host = e.get("host")  # (a name, not free text, but shown and copied like one: a foreign trace's)
-    if host.__class__ is str:
-        e["host"] = redact(host)
+    for key in _SHOWN_NAME_KEYS:  # (names, not free text, but shown and copied like it: a foreign trace's)
+        v = e.get(key)
+        if v.__class__ is str:
+            e[key] = redact(v)
     argv = e.get("argv")
     if isinstance(argv, list):
         e["argv"] = redact_args([a if isinstance(a, str) else str(a) for a in argv])

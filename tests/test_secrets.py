@@ -268,6 +268,24 @@ def test_an_older_trace_holding_secrets_is_redacted_when_shown(tmp_path, capsys)
         assert_clean("replay", text)
 
 
+def test_a_flight_recorder_dumps_group_descriptions_are_redacted(tmp_path, capsys):
+    """``new_group(group_desc=…)`` is the program's text, and a Flight Recorder dump holds it
+    (``process_group: [name, desc]``): its group events kept it whole in copy's files and
+    export's (helper-123)."""
+    fr = tmp_path / "fr"
+    fr.mkdir()
+    for rank in (0, 1):
+        entry = {"record_id": 0, "process_group": ["1", f"eval --password {PASSWORD} {HF}"], "collective_seq_id": 1,
+                 "profiling_name": "nccl:all_reduce", "time_created_ns": 10**18, "state": "scheduled",
+                 "frames": [{"filename": "train.py", "line": 3, "name": "main"}]}
+        (fr / f"rank_{rank}").write_text(json.dumps({"version": "2.10", "entries": [entry], "pg_config": {
+            "1": {"name": "1", "desc": f"eval --password {PASSWORD}", "ranks": "[0, 1]"}}}))
+    shown = outputs(str(fr), tmp_path, capsys)
+    for what, text in shown.items():
+        assert_clean(what, text)
+    assert '"desc":"eval --password *** hf_***"' in shown["copied bytes"]
+
+
 KILLED = """
 import os, signal, sys, orjson
 from commscope import blocks
