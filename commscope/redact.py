@@ -12,8 +12,8 @@ scheme, user, host and path) and marking what was removed with ``***``:
 - credentials in URLs of any scheme: ``user:***@host``, and the value of a query key that
   names a secret once percent-decoded (``?password=``, ``?token=``, ``?pass%77ord=``);
 - values joined to a name that says secret: ``--name value``, ``--name=value``,
-  ``NAME=value``, ``name = value``, ``"name": value``, ``["name"] = value``, ``name: value``
-  starting a line, ``('--name', 'value')`` in a list or tuple repr, an environment entry
+  ``NAME=value``, ``name = value``, ``--name:value``, ``"name": value``, ``["name"] = value``,
+  ``name: value`` starting a line, ``('--name', 'value')`` in a list or tuple repr, an environment entry
   ``{"name": "HF_TOKEN", "value": …}``.  A name says secret when its last word ends in
   token, password, passwd, passphrase, secret, credential(s) (``--hf-token``, ``PGPASSWORD``,
   ``apiKey``) or is key, pass, pw, pwd, auth, sig, creds; not ``--max-tokens``, ``--tokenizer``,
@@ -85,6 +85,9 @@ _QUOTED = re.compile(r"""(\\?["'])([\w.% -]{1,128})\1\]?(?::|[ \t]*=(?!=))[ \t]*
 #: ``'--name', 'value'`` (an argv list's repr: ``CalledProcessError``) and ``('name', 'value')``.
 _ITEM = re.compile(r"""(?:(\\?["'])(--?[A-Za-z][\w.-]{0,127})\1|\([ \t]*(\\?["'])([\w.% -]{1,128})\3)[ \t]*,[ \t]*"""
                    r"""(?=[bBuUrR]{0,2}\\?["'])""")
+#: ``--password:value``, ``password:value`` (joined by a colon, no space: an option's other
+#: spelling, a log's ``key:value``); not ``a.py:42``, ``std::``, ``scheme://``, a URL's ``host:port``.
+_JOINED = re.compile(r"(?<![\w.%/:@-])(-{0,2}[A-Za-z_][\w.-]{0,127}):(?![\s:]|//)")
 #: ``--name value``: the next word, unless it is plainly an option (``--epochs``, ``-v``).
 _OPTION = re.compile(r"(?<![\w-])(--?[A-Za-z][\w.-]{0,127})[ \t]+(?!--[a-z][a-z0-9-]*(?:\s|$)|-[A-Za-z](?:\s|$))(?=\S)")
 #: ``name: value`` starting a line (YAML, .env dumps, config printouts): the rest of the line
@@ -374,6 +377,7 @@ class Redactor:
         if "-" in text and (" " in text or "\t" in text):
             _named_spans(text, out, hard, _OPTION, 1)
         if ":" in text:
+            _named_spans(text, out, hard, _JOINED, 1)
             _named_spans(text, out, hard, _LINE, 1, line=True)
             for m in _HEADER.finditer(text):  # a cookie or a digest's fields: the line; else one word
                 whole = m.group(1) is not None or (m.group(2) or "").lower() == "digest"

@@ -322,3 +322,28 @@ def test_a_foreign_trace_s_host_and_job_metadata_are_redacted_when_read():
                                       "commscope": "0.1.0", "host": "vm " + secret, "attempt": 0,
                                       "job": "j1"}).encode())
     assert why is None and "H0stS3cret" not in json.dumps(job) and job["job"] == "j1"
+
+
+@pytest.mark.parametrize("text, expected", [
+    # a name joined to its value by a colon, no space: an option's other spelling, a log's key:value
+    ("--password:Zq9xK2mW7vB4", f"--password:{MARK}"),
+    ("-db-token:Zq9xK2mW7vB4 --lr 3", f"-db-token:{MARK} --lr 3"),
+    ("login failed (user:bob password:hunter2!)", f"login failed (user:bob password:{MARK})"),
+    ("{api_key:'Zq9 x'}", f"{{api_key:'{MARK}'}}"),
+    # ... and what only looks like it: call sites, C++ names, times, URLs, hosts, other names
+    ("token.py:12 in step", "token.py:12 in step"),
+    ("/srv/secret:3 in f", "/srv/secret:3 in f"),
+    ("std::string key::value", "std::string key::value"),
+    ("at 12:30 --max-tokens:512 tokenizer:gpt2", "at 12:30 --max-tokens:512 tokenizer:gpt2"),
+    ("https://auth:443/x redis://:pw@key:6379/0", f"https://auth:443/x redis://:{MARK}@key:6379/0"),
+    ("key:/default_pg/0//cuda sig:15", "key:/default_pg/0//cuda sig:15"),
+])
+def test_a_name_joined_to_its_value_by_a_colon(text, expected):
+    """``--password:secret`` (helper-123): only ``name: value`` starting a line was read,
+    so a colon with no space after it kept the value, in argv and in any text."""
+    assert R.redact(text) == expected
+
+
+def test_argv_hides_a_value_joined_by_a_colon():
+    assert R.args(["train.py", "--password:Zq9xK2mW7vB4", "--tokenizer:gpt2"]) == [
+        "train.py", f"--password:{MARK}", "--tokenizer:gpt2"]

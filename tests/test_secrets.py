@@ -50,11 +50,13 @@ PIECES = sorted({s[i:i + 10] for s in SECRETS for i in range(0, len(s) - 9, 5)
 ARGV = ["--hf-token", HF, f"--password={PASSWORD}", "--api-key", OPENAI,
         f"--db=postgres://admin:{URL_PASSWORD}@db.internal:5432/runs",
         f"--hook=https://hooks.example.com/v1/notify?token={QUERY_TOKEN}&channel=ml", f"--gh={GITHUB}",
-        f"--pat={GITHUB_PAT}", f"--aws={AWS}", f"--slack={SLACK}", f"--jwt={JWT}", "--lr", "3e-4"]
+        f"--pat={GITHUB_PAT}", f"--aws={AWS}", f"--slack={SLACK}", f"--jwt={JWT}", f"--db-password:{PASSWORD}", "--lr",
+        "3e-4"]
 REDACTED_ARGV = ["--hf-token", "***", "--password=***", "--api-key", "***",
                  "--db=postgres://admin:***@db.internal:5432/runs",
                  "--hook=https://hooks.example.com/v1/notify?token=***&channel=ml", "--gh=ghp_***",
-                 "--pat=github_pat_***", "--aws=AKIA***", "--slack=xoxb-***", "--jwt=eyJ***", "--lr", "3e-4"]
+                 "--pat=github_pat_***", "--aws=AKIA***", "--slack=xoxb-***", "--jwt=eyJ***", "--db-password:***",
+                 "--lr", "3e-4"]
 
 JOB = textwrap.dedent(f'''
     import os, sys, torch, torch.distributed as dist
