@@ -23,7 +23,8 @@ scheme, user, host and path) and marking what was removed with ``***``:
   word stays: ``Bearer ***``);
 - well-known token shapes, whatever surrounds them: Hugging Face ``hf_…``, OpenAI-style
   ``sk-…``, Stripe ``sk_live_…``, GitHub ``ghp_…``/``github_pat_…``, GitLab ``glpat-…``,
-  npm ``npm_…``, Google OAuth ``ya29.…``, AWS access key ids, Slack ``xox…``/``xapp-…`` and webhook URLs, Google ``AIza…``, JWTs,
+  npm ``npm_…``, Google OAuth ``ya29.…``, AWS access key ids (and the secret key beside one,
+  session tokens), Slack ``xox…``/``xapp-…`` and webhook URLs, Google ``AIza…``, JWTs,
   PyPI ``pypi-AgE…``, Databricks ``dapi…``, Docker Hub ``dckr_pat_…``, HashiCorp Vault ``hvs.…``,
   ``Bearer``/``Basic``/``Token`` credentials and private key blocks (PEM, PGP) (their prefix
   stays: ``hf_***``);
@@ -101,6 +102,10 @@ _HEADER = re.compile(r"(?i)\b(?:(?:proxy-)?authorization|x-[\w-]*?(?:key|token|s
                      r":[ \t]*(?:(bearer|basic|token|digest|negotiate|ntlm)[ \t]+)?(?=\S)")
 #: ``Bearer …``/``Basic …`` outside a header (``Token`` only in one: it is an English word).
 _SCHEME_AUTH = re.compile(r"(?i)\b(?:bearer|basic)\s+(?!-)([A-Za-z0-9._~+/=-]{8,})")
+_AWS_ID = r"(?<![A-Z0-9])(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|ABIA|ACCA)([A-Z0-9]{16})(?![A-Z0-9])"
+#: An AWS secret access key after its key id (``AKIA… wJalr…``, ``('AKIA…', 'wJalr…')``): 40
+#: characters of base64 holding both cases, within 40 characters of the id (it has no shape alone).
+_AWS_SECRET = re.compile(r"[^\n]{0,40}?(?<![A-Za-z0-9/+=])([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])")
 #: Token shapes: (a substring every match holds, the pattern; group 1 is what is hidden).
 _SHAPES: tuple[tuple[str, re.Pattern], ...] = tuple((gate, re.compile(p)) for gate, p in (
     ("hf_", r"(?<![A-Za-z0-9])hf_([A-Za-z0-9]{16,})"),  # (in a name too: ``run_hf_…``)
@@ -112,7 +117,9 @@ _SHAPES: tuple[tuple[str, re.Pattern], ...] = tuple((gate, re.compile(p)) for ga
     ("github_pat_", r"github_pat_([A-Za-z0-9_]{16,})"),
     ("gl", r"(?<![A-Za-z0-9_-])gl(?:pat|dt)-([A-Za-z0-9_-]{16,})"),
     ("x", r"(?<![A-Za-z0-9])(?:xox[abposr]|xapp)-([A-Za-z0-9-]{10,})"),
-    ("A", r"(?<![A-Z0-9])(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|ABIA|ACCA)([A-Z0-9]{16})(?![A-Z0-9])"),
+    ("A", _AWS_ID),
+    ("ZXIvYXdz", r"FwoGZXIvYXdz([A-Za-z0-9/+=]{16,})"),  # AWS session tokens (base64 of their header)
+    ("b3JpZ2lu", r"IQoJb3JpZ2lu([A-Za-z0-9/+=]{16,})"),
     ("AIza", r"AIza([0-9A-Za-z_-]{30,})"),
     ("eyJ", r"(?<![A-Za-z0-9_-])eyJ([A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*)"),
     ("hooks.slack.com", r"hooks\.slack\.com/services/[A-Za-z0-9]+/[A-Za-z0-9]+/([A-Za-z0-9]{8,})"),
@@ -121,6 +128,7 @@ _SHAPES: tuple[tuple[str, re.Pattern], ...] = tuple((gate, re.compile(p)) for ga
     ("dckr_pat_", r"(?<![A-Za-z0-9])dckr_pat_([A-Za-z0-9_-]{20,})"),  # Docker Hub
     ("hv", r"(?<![A-Za-z0-9])hv[sbr]\.([A-Za-z0-9_-]{24,})"),  # HashiCorp Vault
 ))
+_AWS_PATTERN = next(p for _, p in _SHAPES if p.pattern == _AWS_ID)
 #: ``curl -u user:password``, ``--user``, ``--proxy-user`` (``-uuser:pw`` too): the password.
 #: Not a uid:gid (``docker run -u 1000:1000``), a URL (its ``_url_spans``), nor ``python -u
 #: train.py`` (no colon).
@@ -391,7 +399,12 @@ class Redactor:
             out.extend(m.span(1) for m in _SCHEME_AUTH.finditer(text) if _credential_like(m.group(1)))
         for gate, pattern in _SHAPES:
             if gate in text:
-                out.extend(m.span(1) for m in pattern.finditer(text))
+                for m in pattern.finditer(text):
+                    out.append(m.span(1))
+                    if pattern is _AWS_PATTERN:
+                        pair = _AWS_SECRET.match(text, m.end(), m.end() + 81)
+                        if pair is not None and not pair.group(1).islower() and not pair.group(1).isupper():
+                            out.append(pair.span(1))
         for value in self.known:
             at = text.find(value)
             while at >= 0:

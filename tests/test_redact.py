@@ -347,3 +347,27 @@ def test_a_name_joined_to_its_value_by_a_colon(text, expected):
 def test_argv_hides_a_value_joined_by_a_colon():
     assert R.args(["train.py", "--password:Zq9xK2mW7vB4", "--tokenizer:gpt2"]) == [
         "train.py", f"--password:{MARK}", "--tokenizer:gpt2"]
+
+
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
+
+@pytest.mark.parametrize("text, expected", [
+    # an AWS secret access key beside its key id: only the id (a shape) was hidden
+    (f"creds AKIAIOSFODNN7EXAMPLE {AWS_SECRET}", f"creds AKIA{MARK} {MARK}"),
+    (f"AKIAIOSFODNN7EXAMPLE:{AWS_SECRET}", f"AKIA{MARK}:{MARK}"),
+    (f"Credentials('ASIAIOSFODNN7EXAMPLE', '{AWS_SECRET}', None)", f"Credentials('ASIA{MARK}', '{MARK}', None)"),
+    (f"bob,AKIAIOSFODNN7EXAMPLE,{AWS_SECRET},us-east-1", f"bob,AKIA{MARK},{MARK},us-east-1"),
+    # session tokens (STS): their base64 header is their shape
+    ("token IQoJb3JpZ2luX2VjEJr//////////wEaCXVzLWVhc3QtMSJHMEUCIQ end", f"token IQoJb3JpZ2lu{MARK} end"),
+    ("FwoGZXIvYXdzEJr//////////wEaDKzAbCdEf", f"FwoGZXIvYXdz{MARK}"),
+    # ... not a git commit, a sha256 digest or a path beside an id, nor 40 characters alone
+    ("AKIAIOSFODNN7EXAMPLE at 3f786850e387550fdab836ed7e6dc881de23001b",
+     f"AKIA{MARK} at 3f786850e387550fdab836ed7e6dc881de23001b"),
+    ("AKIAIOSFODNN7EXAMPLE /data/9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08.bin",
+     f"AKIA{MARK} /data/9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08.bin"),
+    (f"checkpoint {AWS_SECRET}", f"checkpoint {AWS_SECRET}"),
+])
+def test_an_aws_secret_key_beside_its_id_and_session_tokens(text, expected):
+    assert R.redact(text) == expected
+    assert len(R.mask(text.encode())) == len(text.encode())

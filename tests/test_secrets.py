@@ -32,6 +32,7 @@ OPENAI = "sk-proj-" + "Zx9Lm2Np" * 4
 GITHUB = "ghp_" + "A1b2C3d4" * 5
 GITHUB_PAT = "github_pat_11ABCDEFG0" + "abcXYZ789_" * 5
 AWS = "AKIA" + "IOSFODNN7EXAMPL3"
+AWS_SECRET = "Kq7/zT2xLmN9pR4vW8yB3cD6fG1hJ5kM0nQ+sU7x"  # (beside its id; not in the environment)
 SLACK = "xoxb-2048-1024-" + "sL4ckT0k3n" * 2
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbGljZSIsInNjb3BlIjoiYWRtaW4ifQ.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
 PASSWORD = "Hunter2-Pa55w0rd"
@@ -41,7 +42,7 @@ PEM_BODY = "MIIEpAIBAAKCAQEA7bqSecretKeyMaterial0123456789abcdefXYZ"
 ENV_WANDB = "wandb0123456789abcdef0123456789abcdef01"
 ENV_AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 ENV_ONLY = "EnvOnlyS3cret-never-printed-77"  # in the environment, never used by the job
-SECRETS = [HF, OPENAI, GITHUB, GITHUB_PAT, AWS, SLACK, JWT, PASSWORD, URL_PASSWORD, QUERY_TOKEN, PEM_BODY, ENV_WANDB,
+SECRETS = [HF, OPENAI, GITHUB, GITHUB_PAT, AWS, AWS_SECRET, SLACK, JWT, PASSWORD, URL_PASSWORD, QUERY_TOKEN, PEM_BODY, ENV_WANDB,
            ENV_AWS_SECRET, ENV_ONLY]
 # Pieces long enough to be a leak if any of them shows up alone (a token cut short still leaks).
 PIECES = sorted({s[i:i + 10] for s in SECRETS for i in range(0, len(s) - 9, 5)
@@ -78,7 +79,7 @@ JOB = textwrap.dedent(f'''
             "cannot reach postgres://admin:{URL_PASSWORD}@db.internal:5432/runs; "
             "Authorization: Bearer {JWT}; wandb key " + os.environ["WANDB_API_KEY"] + "; "
             "-----BEGIN RSA PRIVATE KEY-----\\n{PEM_BODY}\\n-----END RSA PRIVATE KEY-----; "
-            "{SLACK} {AWS} {HF}")
+            "{SLACK} {AWS} {AWS_SECRET} {HF}")
     dist.destroy_process_group()
 ''')
 
