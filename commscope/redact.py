@@ -116,7 +116,7 @@ _SHAPES: tuple[tuple[str, re.Pattern], ...] = tuple((gate, re.compile(p)) for ga
     ("ya29.", r"(?<![A-Za-z0-9])ya29\.([A-Za-z0-9_-]{20,})"),
     ("github_pat_", r"github_pat_([A-Za-z0-9_]{16,})"),
     ("gl", r"(?<![A-Za-z0-9_-])gl(?:pat|dt)-([A-Za-z0-9_-]{16,})"),
-    ("x", r"(?<![A-Za-z0-9])(?:xox[abposr]|xapp)-([A-Za-z0-9-]{10,})"),
+    ("x", r"(?<![A-Za-z0-9])(?:xox[abposre]|xapp)-([A-Za-z0-9-]{10,})"),
     ("A", _AWS_ID),
     ("ZXIvYXdz", r"FwoGZXIvYXdz([A-Za-z0-9/+=]{16,})"),  # AWS session tokens (base64 of their header)
     ("b3JpZ2lu", r"IQoJb3JpZ2lu([A-Za-z0-9/+=]{16,})"),

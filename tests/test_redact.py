@@ -371,3 +371,13 @@ AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 def test_an_aws_secret_key_beside_its_id_and_session_tokens(text, expected):
     assert R.redact(text) == expected
     assert len(R.mask(text.encode())) == len(text.encode())
+
+
+@pytest.mark.parametrize("text, expected", [
+    # Slack's refresh tokens (token rotation): xoxe-1-…, and xoxe.xoxb-… (its rotating tokens)
+    ("refresh xoxe-1-My0xNjI4MDktMjAyMy0wNS0xMSMxNjgz", f"refresh xoxe-{MARK}"),
+    ("xoxe.xoxb-1-My0xNjI4MDktMjAyMy0wNS0x", f"xoxe.xoxb-{MARK}"),
+    ("xoxe-short", "xoxe-short"),
+])
+def test_slack_refresh_tokens(text, expected):
+    assert R.redact(text) == expected
