@@ -29,7 +29,8 @@ scheme, user, host and path) and marking what was removed with ``***``:
   ``Bearer``/``Basic``/``Token`` credentials and private key blocks (PEM, PGP) (their prefix
   stays: ``hf_***``);
 - a user's password on a command line: ``curl -u user:***`` (``--user``, ``--proxy-user``;
-  not a uid:gid), and ``mysql -p***`` where the text (or argv[0]) names a MySQL client;
+  not a uid:gid), and a program's password flag where the text (or argv[0]) names the
+  program: ``mysql -p***``, ``sshpass -p ***``, ``redis-cli -a ***``, ``docker login -p ***`` (``_TOOLS``);
 - the values of this process's environment variables whose names name a secret
   (``WANDB_API_KEY``, ``HF_TOKEN`` ...; not paths), wherever they appear.  Environment
   variables are never recorded; this catches a program that prints one into an exception.
@@ -46,6 +47,7 @@ import functools
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
 from urllib.parse import unquote_plus
 
 __all__ = ["MARK", "Redactor", "is_secret_name", "known_texts", "mask", "redact", "redact_args"]
@@ -135,9 +137,37 @@ _AWS_PATTERN = next(p for _, p in _SHAPES if p.pattern == _AWS_ID)
 #: An argv list's repr too (``'-u', 'user:pw'``: ``CalledProcessError``).
 _USER_OPTION = re.compile(r"""(?<![\w-])(?:-u|-U|--user|--proxy-user)(?:\\?["'])?[ \t]*[=,]?[ \t]*\\?["']?"""
                           r"""([^\s:'"\\,]+):(?!//)([^\s'"\\]+)""")
-#: ``mysql -pSECRET`` (the MySQL clients' password, joined to its ``-p``), where the text names one.
-_MYSQL = re.compile(r"(?i)\b(?:mysql\w*|mariadb\w*)\b")
-_MYSQL_P = re.compile(r"(?<![\w-])-p(?=\S)")
+
+
+class ToolPassword(NamedTuple):
+    """A program whose short flag takes a password (elsewhere ``-p`` is a port, ``-a`` all)."""
+
+    program: re.Pattern  # the program, where a text (or a command line's first words) names it
+    flag: str
+    apart: bool  # the value may be the next word (``sshpass -p pw``), not only joined (``mysql -ppw``)
+    pattern: re.Pattern  # the flag, up to its value
+
+
+def _tool(program: str, flag: str, apart: bool) -> ToolPassword:
+    # joined (``-pSECRET``, ``-p=SECRET``); apart: the next word, or an argv list's next item (``'-p', 'pw'``)
+    sep = r"(?:[ \t]+(?=\S)|(\\?[\"'])[ \t]*,[ \t]*(?=[bBuUrR]{0,2}\\?[\"'])|(?=\S))" if apart else r"(?=\S)"
+    return ToolPassword(re.compile(program), flag, apart, re.compile(rf"(?<![\w-]){flag}{sep}"))
+
+
+#: ``mysql -pSECRET`` (MySQL's ``-p`` takes no next word: ``-p db`` asks for it), ``sshpass -p``,
+#: ``redis-cli -a``, ``docker login -p``, the MongoDB tools' ``-p``, ``7z -p``, ``zip -P``,
+#: ``ldapsearch -w``, ``sqlcmd -P``, ``mosquitto_pub -P``: where the text names the program.
+_TOOLS = (
+    _tool(r"(?i)\b(?:mysql\w*|mariadb\w*)\b", "-p", False),
+    _tool(r"\bsshpass\b", "-p", True),
+    _tool(r"\bredis-cli\b", "-a", True),
+    _tool(r"\b(?:docker|podman|nerdctl|buildah|skopeo)(?:[ \t]+|\\?[\"'],[ \t]*\\?[\"'])login\b", "-p", True),
+    _tool(r"\bmongo(?:sh|dump|restore|export|import|stat|top|files)?\b", "-p", True),
+    _tool(r"\b(?:7z[ar]?|(?:un)?rar)\b", "-p", False),
+    _tool(r"\b(?:un)?zip\b", "-P", True),
+    _tool(r"\bldap(?:search|add|modify|delete|passwd|compare|whoami|modrdn)\b", "-w", True),
+    _tool(r"\b(?:sqlcmd|bcp|mosquitto_pub|mosquitto_sub)\b", "-P", True),
+)
 _CLOSERS = ",;)]}>'\""
 _BARE = re.compile(r"\S*")
 _BARE_QUERY = re.compile(r"[^\s&;#'\"<>]*")
@@ -393,8 +423,13 @@ class Redactor:
         if ":" in text and ("-u" in text or "-U" in text or "-user" in text):
             out.extend(m.span(2) for m in _USER_OPTION.finditer(text)
                        if not (m.group(1).isdigit() and m.group(2).isdigit()))
-        if "-p" in text and _MYSQL.search(text) is not None:
-            out.extend(_value_span(text, m.end()) for m in _MYSQL_P.finditer(text))
+        for tool in _TOOLS:
+            if tool.flag in text and tool.program.search(text) is not None:
+                hidden_to = -1
+                for m in tool.pattern.finditer(text):
+                    if m.start() >= hidden_to:  # (a flag inside a value already hidden is not walked again)
+                        s, hidden_to = _value_span(text, m.end())
+                        out.append((s, hidden_to))
         if "earer" in text or "asic" in text or "EARER" in text or "ASIC" in text:
             out.extend(m.span(1) for m in _SCHEME_AUTH.finditer(text) if _credential_like(m.group(1)))
         for gate, pattern in _SHAPES:
@@ -464,11 +499,15 @@ class Redactor:
         """A command line safe to record: each argument redacted, and the word after an
         option that names a secret (``--password hunter2``) hidden whole."""
         out = [self.redact(a) for a in argv]
-        mysql = bool(argv) and _MYSQL.match(os.path.basename(argv[0])) is not None
+        named = " ".join([os.path.basename(argv[0]), *argv[1:2]]) if argv else ""  # (``docker login``)
+        tools = [t for t in _TOOLS if t.program.match(named) is not None]
         for i in range(len(argv)):
             a = argv[i]
-            if mysql and len(a) > 2 and a.startswith("-p"):  # (the MySQL clients' -pSECRET)
-                out[i] = "-p" + MARK
+            for tool in tools:  # (a program's password flag: mysql -pSECRET, sshpass -p SECRET)
+                if len(a) > 2 and a.startswith(tool.flag):
+                    out[i] = tool.flag + MARK
+                elif a == tool.flag and tool.apart and i + 1 < len(argv) and not _PLAIN_OPTION.fullmatch(argv[i + 1]):
+                    out[i + 1] = MARK
             if i + 1 == len(argv):
                 break
             nxt = argv[i + 1]

@@ -381,3 +381,32 @@ def test_an_aws_secret_key_beside_its_id_and_session_tokens(text, expected):
 ])
 def test_slack_refresh_tokens(text, expected):
     assert R.redact(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    # programs whose short flag takes a password, beside MySQL's -p: the value was kept
+    ("sshpass -p Hunter2x ssh host", f"sshpass -p {MARK} ssh host"),
+    ("Command '['sshpass', '-p', 'Hunter2x', 'ssh', 'h']' returned non-zero exit status 5.",
+     f"Command '['sshpass', '-p', '{MARK}', 'ssh', 'h']' returned non-zero exit status 5."),
+    ("redis-cli -h cache -a Hunter2x ping", f"redis-cli -h cache -a {MARK} ping"),
+    ("docker login -u bob -p Hunter2x ghcr.io", f"docker login -u bob -p {MARK} ghcr.io"),
+    ("mongosh -u admin -p 'Hunter 2x' --host db", f"mongosh -u admin -p '{MARK}' --host db"),
+    ("7z x a.7z -pHunter2x", f"7z x a.7z -p{MARK}"),
+    ("unzip -P Hunter2x a.zip", f"unzip -P {MARK} a.zip"),
+    ("ldapsearch -x -D cn=admin -w Hunter2x", f"ldapsearch -x -D cn=admin -w {MARK}"),
+    ("mysql -p=Hunter2x db", f"mysql -p{MARK} db"),
+    # ... and the same flags where they are no password
+    ("mysql -p db", "mysql -p db"),
+    ("docker run -p 8080:80 img; ssh -p 22 host; ls -a /tmp; python -p 8080",
+     "docker run -p 8080:80 img; ssh -p 22 host; ls -a /tmp; python -p 8080"),
+])
+def test_a_programs_password_flag(text, expected):
+    assert R.redact(text) == expected
+
+
+def test_argv_hides_a_programs_password_flag():
+    assert R.args(["sshpass", "-p", "Hunter2x", "ssh", "h"]) == ["sshpass", "-p", MARK, "ssh", "h"]
+    assert R.args(["/usr/bin/redis-cli", "-a", "Hunter2x", "ping"]) == ["/usr/bin/redis-cli", "-a", MARK, "ping"]
+    assert R.args(["docker", "login", "-pHunter2x"]) == ["docker", "login", f"-p{MARK}"]
+    assert R.args(["docker", "run", "-p", "8080:80"]) == ["docker", "run", "-p", "8080:80"]
+    assert R.args(["mongo", "-p", "--host", "h"]) == ["mongo", "-p", "--host", "h"]

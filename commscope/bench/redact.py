@@ -36,6 +36,7 @@ TEXTS: dict[str, str] = {
 HOSTILE: dict[str, str] = {name: (unit * (100_000 // len(unit) + 1))[:100_000] for name, unit in {
     "key=": "key=", "key=( ": "key=( ", "url key=": "a://u:p@h key=x ", "key: x": "key: x\n",
     "--key '": "--key '", "'password': '": "'password': '", "@": "a://" + "@" * 40, "Authorization: ": "Authorization: ",
+    "--key:x": "--api-key:x ", "sshpass -p '": "sshpass -p '", "AKIA… ": "AKIAIOSFODNN7EXAMPLE " + "a" * 39 + " ",
 }.items()}
 ARGV = ["train.py", "--model", "llama-7b", "--hf-token", "hf_" + "a" * 34, "--lr", "3e-4", "--batch-size", "32",
         "--output=/scratch/alice/run7", "--api-key=sk-" + "b" * 40, "--tokenizer", "gpt2", "--max-tokens", "512",
