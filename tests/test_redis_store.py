@@ -96,6 +96,23 @@ def test_password_never_survives_redaction_or_parsing(url):
     assert "hunter2" not in repr(t) and "hunter2" not in t.display()
 
 
+@pytest.mark.parametrize("url, shown", [
+    # a store's name is one URL whole: a password holding a space (not percent-encoded)
+    ("redis://:Pw 1234-spaced@h:1/0", "redis://***@h:1/0"),
+    ("redis://bob:Pw 1234-spaced@h/0?job=x", "redis://***@h/0?job=x"),
+    ("redis://h/0?password=Pw 1234-spaced&job=x", "redis://h/0?password=***&job=x"),
+    ("unix:///tmp/r.sock?password=Pw 1234-spaced", "unix:///tmp/r.sock?password=***"),
+    # ... and what stays: an ACL user without its password, TLS files, a plain URL
+    ("redis://ml-team:@h:6379/0", "redis://ml-team:@h:6379/0"),
+    ("rediss://:pw@h/0?ssl_keyfile=/k/key.pem", "rediss://:***@h/0?ssl_keyfile=/k/key.pem"),
+    ("redis://h:6379/0?job=a b", "redis://h:6379/0?job=a b"),
+])
+def test_a_store_name_is_redacted_as_one_url(url, shown):
+    from commscope.store import redact_store
+
+    assert redact_store(url) == shown
+
+
 @pytest.mark.parametrize("world, query, every", [
     (None, "", 1 / 25_000), (8, "", 8 / 25_000), (1250, "", 0.05), (16_384, "", 16_384 / 25_000),
     (65_536, "", 1.0), (16_384, "?rate=100000", 16_384 / 100_000), (2, "?rate=1", 1.0),

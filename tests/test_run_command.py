@@ -243,3 +243,15 @@ def test_run_refuses_a_store_url_its_ranks_could_not_open_without_showing_its_pa
     proc = commscope("run", "--store", "redis://:12/ab==@localhost:6379/0", "--", sys.executable, "-c", "print(1)")
     assert proc.returncode == 2 and proc.stdout == ""
     assert "percent-encode" in proc.stderr and "ab==" not in proc.stderr and "12/" not in proc.stderr
+
+
+def test_a_store_password_holding_a_space_is_never_printed(tmp_path):
+    """``run --store 'redis://:Pw 1234-spaced@host/0'`` (a password not percent-encoded):
+    the text redaction ends a URL at a space, so run's "watch it with" and "diagnose
+    with" lines printed the password whole (helper-123); a store's name is redacted as one
+    URL now.  (No server answers on port 1: the lines are printed all the same.)"""
+    url = "redis://:Pw 1234-spaced@127.0.0.1:1/0"
+    p = commscope("run", "--store", url, "--", sys.executable, "-c", "pass", cwd=tmp_path)
+    said = p.stdout + p.stderr
+    assert "diagnose with:  commscope check redis://***@127.0.0.1:1/0" in said, said[-2000:]
+    assert "Pw 1234" not in said and "1234-spaced" not in said

@@ -34,6 +34,7 @@ from commscope.analysis.source import MAX_EARLIER, MAX_LISTED, load_trace, resta
 from commscope.commands import options, progress
 from commscope.errors import UsageError
 from commscope.redact import redact
+from commscope.store import redact_store
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -97,7 +98,7 @@ def restarted(store: Any, reader: Any, hang_after: float | None = None, model: T
         return None
     earlier: list[dict[str, Any]] = []
     for i, e in enumerate(r.earlier):
-        row: dict[str, Any] = {"attempt": e.number, "job": e.job, "store": redact(e.name)}
+        row: dict[str, Any] = {"attempt": e.number, "job": e.job, "store": redact_store(e.name)}
         if i >= MAX_EARLIER:
             row["note"] = f"not read: check judges the {MAX_EARLIER} newest earlier attempts"
         else:

@@ -71,7 +71,7 @@ def load(store: str | os.PathLike | None, shown: bool, since: Since | None = Non
     """``analysis.source.load_trace`` (of the window ``since``) with a progress bar when
     ``shown``, for commands that load once and exit (check, report, export): the model lives
     as long as the process, so the load freezes it out of the collector's sight."""
-    from commscope.redact import redact
+    from commscope.store import redact_store
 
-    with bar(f"reading {redact(str(store or 'trace'))[-40:]}", shown) as update:
+    with bar(f"reading {redact_store(str(store or 'trace'))[-40:]}", shown) as update:
         return load_trace(store, progress=update, since=since, freeze=True)

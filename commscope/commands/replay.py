@@ -12,8 +12,7 @@ from __future__ import annotations
 import argparse
 
 from commscope.commands import options
-from commscope.redact import redact
-from commscope.store import StoreError
+from commscope.store import StoreError, redact_store
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,6 +33,6 @@ def main(args: argparse.Namespace) -> int:
         reader = open_source(args.store, since=since)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
-    feed = Feed(reader, mode=REPLAY, hang_after=args.hang_after, source=redact(args.store))
+    feed = Feed(reader, mode=REPLAY, hang_after=args.hang_after, source=redact_store(args.store))
     CommscopeApp(feed, bell=False).run()
     return 0

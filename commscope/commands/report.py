@@ -35,6 +35,7 @@ from commscope.bench.stats import fmt_bytes, fmt_time
 from commscope.commands import options
 from commscope.optable import OPS, P2P
 from commscope.redact import redact
+from commscope.store import redact_store
 
 if TYPE_CHECKING:
     from commscope.analysis.model import TraceModel
@@ -315,7 +316,7 @@ def restart_note(store: Any, reader: Any, model: Any = None) -> tuple[dict[str, 
     r = restarts(store, reader, model)
     if r is None:
         return None, []
-    earlier = [{"attempt": e.number, "job": e.job, "store": redact(e.name)} for e in r.earlier]
+    earlier = [{"attempt": e.number, "job": e.job, "store": redact_store(e.name)} for e in r.earlier]
     parts = [f"attempt {e['attempt']}: commscope check {shlex.quote(e['store'])}" for e in earlier]
     if r.untraced:
         parts.append(f"{r.untraced:,} with no trace in this store")
@@ -340,7 +341,7 @@ def main(args: argparse.Namespace) -> int:
     if snapshots.is_snapshot(model):  # (its tables were empty or 0 ns, unexplained: helper-67)
         warnings = [*warnings, "this is a snapshot (commscope snapshot): it holds where each rank was, not "
                                "how long its ops took, so its ops have no timings; "
-                               f"commscope check {shlex.quote(redact(args.store))} says what is wrong"]
+                               f"commscope check {shlex.quote(redact_store(args.store))} says what is wrong"]
     if args.json:
         rep["warnings"] = warnings
         rep["skipped"] = read_summary(reader.stats)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from commscope.commands import options
 from commscope.errors import UsageError
 from commscope.redact import redact
-from commscope.store import StoreError, default_store, refuse_url_like
+from commscope.store import StoreError, default_store, redact_store, refuse_url_like
 from commscope.visible import visible
 
 if TYPE_CHECKING:
@@ -251,7 +251,7 @@ def summary(job: Job, cycle: Cycle, store: str, job_id: str, span: float) -> Non
                    "there)", 0, "    "))
     if cycle.flight_note:
         print(wrap(f"  {cycle.flight_note}", 0, "    "))
-    print(wrap(f"written to {redact(store)} (job {job_id})", 0))
+    print(wrap(f"written to {redact_store(store)} (job {job_id})", 0))
 
 
 def report(store: str, job: Job, unread: set[int], job_id: str = "") -> int:
@@ -267,12 +267,12 @@ def report(store: str, job: Job, unread: set[int], job_id: str = "") -> int:
     elsewhere = [r for r in missing if r not in here]
     if here:
         print(wrap(f"rank(s) {ranges(here)} are on this host (LOCAL_WORLD_SIZE) but were not given with --pid: "
-                   f"give their pids too (or no --pid) with --out {redact(store)}" + (f" --id {job_id}" if job_id else "")
+                   f"give their pids too (or no --pid) with --out {redact_store(store)}" + (f" --id {job_id}" if job_id else "")
                    + f", then commscope "
-                   f"check {redact(store)}", 0))
+                   f"check {redact_store(store)}", 0))
     if elsewhere:
-        print(wrap(f"rank(s) {ranges(elsewhere)} are on other hosts: run commscope snapshot --out {redact(store)} "
-                   f"there (same --id), then commscope check {redact(store)}", 0))
+        print(wrap(f"rank(s) {ranges(elsewhere)} are on other hosts: run commscope snapshot --out {redact_store(store)} "
+                   f"there (same --id), then commscope check {redact_store(store)}", 0))
     if missing:
         return 0
     check_store(store)

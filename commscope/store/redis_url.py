@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from urllib.parse import parse_qsl, unquote, unquote_plus, urlsplit
 
 from commscope.redact import MARK, redact
@@ -195,21 +196,32 @@ AT_AFTER_HOST = ("an '@' after the host: percent-encode a '/', '?' or '#' in the
                  "or give the password in $" + ENV_PASSWORD)
 
 
-def _shown(url: str) -> str:
-    """``url`` as an error may quote it: redacted, and with all before its last '@' hidden
-    where that is not plainly user info (a password cut short by its unencoded '/', '?' or
-    '#', a mistyped ``redis:///:pw@host``): over-hiding a bad URL is harmless."""
-    shown = redact(url)
-    scheme, sep, rest = shown.partition("://")
+#: ``user:`` with no password (given in $COMMSCOPE_REDIS_PASSWORD): an ACL user's name, kept.
+_USER_ONLY = re.compile(r"[A-Za-z0-9_.~%+-]+:")
+
+
+def redact_url(url: str) -> str:
+    """``url`` as a message or a trace may quote it (the backend's ``redact``): redacted,
+    with all before its last '@' hidden where that is not plainly user info (a password cut
+    short by its unencoded '/', '?', '#' or space, a mistyped ``redis:///:pw@host``), and a
+    ``?password=`` value hidden up to its '&' (a space ended it): over-hiding a bad URL is
+    harmless.  The text redaction ends a URL at a space; a store's name is one URL whole."""
+    text = redact(url)
+    scheme, sep, rest = text.partition("://")
     head, at, tail = rest.rpartition("@")
-    if sep and at and head != MARK and not head.endswith(":" + MARK):
-        return f"{scheme}://{MARK}@{tail}"
-    return shown
+    if sep and at and head != MARK and not head.endswith(":" + MARK) and not _USER_ONLY.fullmatch(head):
+        text, rest = f"{scheme}://{MARK}@{tail}", tail
+    base, q, query = text.partition("?")
+    if q and " " in query:
+        items = [f"{k}={MARK}" if v and v != MARK and unquote_plus(k).lower() == "password" else f"{k}{e}{v}"
+                 for k, e, v in (item.partition("=") for item in query.split("&"))]
+        text = f"{base}?{'&'.join(items)}"
+    return text
 
 
 def parse_url(url: str) -> RedisTarget:
     """Parse a store URL; raises StoreError naming the problem (never the password)."""
-    shown = _shown(url)
+    shown = redact_url(url)
     try:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()

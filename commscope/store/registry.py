@@ -114,7 +114,7 @@ REDIS = Backend(
     name="redis", schemes=redis_url.SCHEMES,
     writer=_late("commscope.store.redis_store", "RedisWriter"),
     reader=_late("commscope.store.redis_store", "RedisReader"),
-    local=False, redact=redact_text,  # URL credentials of any scheme: user info, ?password=
+    local=False, redact=redis_url.redact_url,  # user info, ?password=: the URL whole (a space in a password)
     identity=redis_url.identity, job_location=redis_url.job_location, pinned_job=redis_url.pinned_job,
     with_job=redis_url.with_job, unpinned=redis_url.unpinned, credentials_apart=redis_url.password_apart,
     jobs=_late("commscope.store.redis_store", "jobs"), delete_job=_late("commscope.store.redis_store", "delete_job"))
