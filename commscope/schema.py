@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import typing
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from operator import itemgetter, ne
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, TypedDict
 
@@ -31,7 +31,7 @@ import msgspec
 import numpy as np
 from msgspec import Meta
 
-from commscope.redact import known_texts, redact, redact_args
+from commscope.redact import Redactor, known_texts, redact, redact_args
 from commscope.visible import may_hold_control, visible_event
 
 if TYPE_CHECKING:
@@ -329,38 +329,41 @@ def _check(e: dict, rank: int | None) -> str | None:
     return None
 
 
-def redact_event(e: dict) -> dict:
+def redact_event(e: dict, hide: Redactor | None = None) -> dict:
     """``e`` (a decoded event), its free text redacted in place: ``TEXT_KEYS``, a host and a
-    group's description, and the threads of a ``stack`` (names and frames).  Returns ``e``."""
+    group's description, and the threads of a ``stack`` (names and frames).  ``hide``: a
+    redaction that knows more secrets than this process's (a snapshot's rank's environment).
+    Returns ``e``."""
+    text, args = (hide.redact, hide.args) if hide is not None else (redact, redact_args)
     for key in _TEXT_STR_KEYS:
         v = e.get(key)
         if v.__class__ is str:
-            e[key] = redact(v)
+            e[key] = text(v)
     for key in _SHOWN_NAME_KEYS:  # (names, not free text, but shown and copied like it: a foreign trace's)
         v = e.get(key)
         if v.__class__ is str:
-            e[key] = redact(v)
+            e[key] = text(v)
     argv = e.get("argv")
     if isinstance(argv, list):
-        e["argv"] = redact_args([a if isinstance(a, str) else str(a) for a in argv])
+        e["argv"] = args([a if isinstance(a, str) else str(a) for a in argv])
     threads = e.get("threads")
     if isinstance(threads, list):
         for t in threads:
             if not isinstance(t, dict):
                 continue
             if isinstance(t.get("name"), str):
-                t["name"] = redact(t["name"])
+                t["name"] = text(t["name"])
             frames = t.get("frames")
             if isinstance(frames, list):
-                t["frames"] = [_redact_frame(f) for f in frames]
+                t["frames"] = [_redact_frame(f, text) for f in frames]
     return e
 
 
-def _redact_frame(f: Any) -> Any:
+def _redact_frame(f: Any, text: Callable[[str], str]) -> Any:
     if isinstance(f, list | tuple) and len(f) == 3:
         file, line, func = f
-        return type(f)((redact(file) if isinstance(file, str) else file, line,
-                        redact(func) if isinstance(func, str) else func))
+        return type(f)((text(file) if isinstance(file, str) else file, line,
+                        text(func) if isinstance(func, str) else func))
     return f
 
 

@@ -66,7 +66,7 @@ def jobs():
     started: list[Launched] = []
 
     def start(how: str, mode: str, world: int = 4, *, local_world: int | None = None, extra: dict | None = None,
-              ranks: list[int] | None = None) -> Launched:
+              ranks: list[int] | None = None, args: tuple[str, ...] = ()) -> Launched:
         port = free_port()
         if how == "env":
             ps = []
@@ -75,7 +75,7 @@ def jobs():
                 e = _env({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r % lw),
                           "LOCAL_WORLD_SIZE": str(lw), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                           **(extra or {})})
-                ps.append(subprocess.Popen([sys.executable, WORKER, mode], env=e, stdout=subprocess.DEVNULL,
+                ps.append(subprocess.Popen([sys.executable, WORKER, mode, *args], env=e, stdout=subprocess.DEVNULL,
                                            stderr=subprocess.DEVNULL))
             job = Launched(ps)
         elif how == "torchrun":
@@ -199,6 +199,23 @@ def test_a_p2p_cycle_is_named_and_the_barrier_behind_it_is_its_consequence(jobs,
     taken(tmp_path / "s", job)
     f = one_error(check(tmp_path / "s"), "p2p_deadlock", [0, 1])
     assert [c["kind"] for c in f["evidence"]["consequences"]] == ["missing_ranks"]
+
+
+def test_a_ranks_environment_secret_is_hidden_though_the_snapshot_never_had_it(jobs, tmp_path):
+    """A rank's argv holding its $WANDB_API_KEY's value (no token shape: 40 hex digits): its
+    own recorder hides it (it knows its environment), but ``snapshot``, run from another
+    shell, wrote it whole into every rank's meta (helper-123)."""
+    secret = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c"
+    assert secret not in os.environ.values()
+    job = jobs("env", "cycle", world=2, extra={"WANDB_API_KEY": secret}, args=("--run", secret))
+    settle(job, {0: "recv", 1: "recv"})
+    taken(tmp_path / "s", job)
+    for path in (tmp_path / "s").rglob("*"):
+        assert not path.is_file() or secret.encode() not in path.read_bytes(), path
+    metas = [json.loads(line) for path in (tmp_path / "s").rglob("rank-*.jsonl")
+             for line in path.read_text().splitlines() if '"type":"meta"' in line]
+    assert len(metas) == 2 and all(m["argv"][-2:] == ["--run", "***"] for m in metas)
+    one_error(check(tmp_path / "s"), "p2p_deadlock", [0, 1])
 
 
 def test_a_dead_rank_is_the_one_culprit(jobs, tmp_path):

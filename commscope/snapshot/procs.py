@@ -25,7 +25,7 @@ import socket
 import psutil
 
 from commscope.analysis.ranks import ranges
-from commscope.redact import redact_args
+from commscope.redact import Redactor, default
 from commscope.snapshot import pyspy
 
 
@@ -44,6 +44,13 @@ class RankProcess:
     #: and where its Flight Recorder dump goes (``flight.dump_path``)
     master: tuple[str | None, int | None] = (None, None)
     fr_prefix: str | None = None
+    #: the values of its environment's secrets (``Redactor.from_environ``): what its own
+    #: recorder would hide, which the snapshot (run from another shell) does not know
+    secrets: tuple[str, ...] = ()
+
+    def redactor(self) -> Redactor:
+        """The redaction for this rank's text: this process's, knowing the rank's secrets too."""
+        return Redactor([*default().known, *self.secrets]) if self.secrets else default()
 
 
 @dataclasses.dataclass(slots=True)
@@ -69,7 +76,7 @@ class Job:
 
     def describe(self) -> str:
         have = sorted(p.rank for p in self.ranks)
-        cmd = " ".join(redact_args(list(self.ranks[0].argv)))[:60] if self.ranks else ""
+        cmd = " ".join(self.ranks[0].redactor().args(list(self.ranks[0].argv)))[:60] if self.ranks else ""
         return (f"{self.key}: {len(have)} of {self.world_size} ranks here ({ranges(have)}), "
                 f"{self.launcher}, pids {ranges(sorted(p.pid for p in self.ranks))}: {cmd}")
 
@@ -320,10 +327,11 @@ FR_PREFIX_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 FR_DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
 
 
-def _env_facts(env: dict[str, str]) -> tuple[tuple[str | None, int | None], str]:
-    """(MASTER_ADDR, MASTER_PORT) and the Flight Recorder dump prefix of a rank's environment."""
+def _env_facts(env: dict[str, str]) -> tuple[tuple[str | None, int | None], str, tuple[str, ...]]:
+    """(MASTER_ADDR, MASTER_PORT), the Flight Recorder dump prefix and the secrets' values of
+    a rank's environment."""
     prefix = next((env[k] for k in FR_PREFIX_ENV if env.get(k)), FR_DEFAULT_PREFIX)
-    return (env.get("MASTER_ADDR") or None, count_of(env.get("MASTER_PORT"))), prefix
+    return (env.get("MASTER_ADDR") or None, count_of(env.get("MASTER_PORT"))), prefix, Redactor.from_environ(env).known
 
 
 def _environ(pid: int) -> dict[str, str]:

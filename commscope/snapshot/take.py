@@ -42,7 +42,8 @@ import psutil
 
 from commscope import __version__, events
 from commscope.analysis.vocab import SNAPSHOT, unread_reason
-from commscope.redact import redact, redact_args
+from commscope.redact import Redactor, default, redact
+from commscope.schema import redact_event
 from commscope.snapshot import flight, pyspy
 from commscope.snapshot.infer import (
     DDP_REDUCER,
@@ -110,6 +111,12 @@ class Snapshotter:
         self._procs = {p.rank: _process(p.pid) for p in job.ranks}
         self._native_ok = native
         self._gone_written: set[int] = set()
+        self._redactors = {p.rank: p.redactor() for p in job.ranks}
+
+    def _redactor(self, rank: int) -> Redactor:
+        """The rank's redaction: this process's, knowing the rank's environment's secrets."""
+        hide = self._redactors.get(rank)
+        return hide if hide is not None else self._redactors.setdefault(rank, default())
 
     @property
     def span_s(self) -> float:
@@ -191,7 +198,7 @@ class Snapshotter:
         m = {"v": events.SCHEMA_VERSION, "type": events.META, "rank": rank, "ts": ts, "host": self.host, "pid": pid,
              "world_size": self.job.world_size, "backend": None, "torch": None, "commscope": __version__,
              "python": sys.version.split()[0], "job": self.job_id, "hang_after": self.span_s or ONE_SAMPLE,
-             "sample_interval": self.interval or 1.0, "argv": redact_args(list(argv)[:16]),
+             "sample_interval": self.interval or 1.0, "argv": list(argv)[:16],  # (redacted as written)
              "store": redact_store(self.store), "recorder": SNAPSHOT}
         local = next((p.local_rank for p in self.job.ranks if p.rank == rank), None)
         if local is not None:
@@ -301,7 +308,8 @@ class Snapshotter:
                 evs += self._group(rank, started, DEFAULT_GROUP, list(range(self.job.world_size)))
             evs.append({"v": v, "type": events.EXIT, "rank": rank, "ts": went[rank], "reason": events.GONE, "src": SNAPSHOT})
         for rank in sorted(out):
-            lines = [events.encode(e) for e in out[rank]]
+            hide = self._redactor(rank)  # (the rank's text: its argv, stacks, sites, what py-spy said)
+            lines = [events.encode(redact_event(e, hide)) for e in out[rank]]
             if lines:
                 self._writer(rank).write(lines)
         return Cycle(k, started, ended, ops, sorted(gone), failed, sorted(fr_ranks), fr_note, backward)
