@@ -16,7 +16,8 @@ scheme, user, host and path) and marking what was removed with ``***``:
   ``name: value`` starting a line, ``('--name', 'value')`` in a list or tuple repr, an environment entry
   ``{"name": "HF_TOKEN", "value": …}``.  A name says secret when its last word ends in
   token, password, passwd, passphrase, secret, credential(s) (``--hf-token``, ``PGPASSWORD``,
-  ``apiKey``) or is key, pass, pw, pwd, auth, sig, creds; not ``--max-tokens``, ``--tokenizer``,
+  ``apiKey``) or is key, pass, pw, pwd, auth, sig, creds (or its last two words joined end in
+  one: ``PassWord``); not ``--max-tokens``, ``--tokenizer``,
   ``--sort-key``, ``--pad-token``.  A value is a string literal's contents, a bracketed or
   called value whole (``auth=('u', 'pw')``, ``SecretStr('…')``), or the word;
 - credential headers: ``Authorization``, ``Cookie``, ``X-…-Key``/``-Token`` (the scheme
@@ -211,7 +212,9 @@ def is_secret_name(name: str) -> bool:
         return False
     if last in ("key", "token") and before in _BENIGN_BEFORE:
         return False
-    return last in _SECRET_WORDS or _SECRET_SUFFIX.search(last) is not None
+    # (a secret's word split in two: ``PassWord``, ``Pass%57ord``, ``pass_phrase``)
+    return (last in _SECRET_WORDS or _SECRET_SUFFIX.search(last) is not None
+            or (before != "" and _SECRET_SUFFIX.search(before + last) is not None))
 
 
 def _url_spans(text: str, out: list[Span]) -> None:

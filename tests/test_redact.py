@@ -410,3 +410,19 @@ def test_argv_hides_a_programs_password_flag():
     assert R.args(["docker", "login", "-pHunter2x"]) == ["docker", "login", f"-p{MARK}"]
     assert R.args(["docker", "run", "-p", "8080:80"]) == ["docker", "run", "-p", "8080:80"]
     assert R.args(["mongo", "-p", "--host", "h"]) == ["mongo", "-p", "--host", "h"]
+
+
+@pytest.mark.parametrize("name, secret", [
+    # a secret's word split by camelCase or a separator: the last word alone ("word") said nothing
+    ("PassWord", True), ("DB_PassWord", True), ("Pass%57ord", True), ("pass_phrase", True), ("PassWd", True),
+    # ... and words that only end like one, or counts of tokens
+    ("keyWord", False), ("crossWord", False), ("maxTokens", False), ("num_tokens", False), ("TokenCount", False),
+])
+def test_a_secrets_word_split_in_two(name, secret):
+    assert is_secret_name(name) is secret
+
+
+def test_a_query_key_spelled_oddly():
+    """``?Pass%57ord=`` decodes to ``PassWord``, read as the words Pass and Word (helper-123)."""
+    assert R.redact("https://h/x?Pass%57ord=Zq9xK2mW7vB4&page=2") == f"https://h/x?Pass%57ord={MARK}&page=2"
+    assert R.args(["train.py", "--DB-PassWord", "Zq9xK2mW7vB4"]) == ["train.py", "--DB-PassWord", MARK]
