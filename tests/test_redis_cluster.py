@@ -574,6 +574,16 @@ def _check(url: str, capsys) -> tuple[int, list[dict]]:
     return rc, json.loads(capsys.readouterr().out)["findings"]
 
 
+def _complete_ops(lo: int, hi: int) -> list[bytes]:
+    """Rank 0's all_reduces #lo..#hi-1, begun and ended: a healthy job, were they all read."""
+    return [E.encode(e) for i in range(lo, hi) for e in (
+        dict(ev(0, i), ts=10**18 + 2 * i), {"v": 1, "type": "op", "rank": 0, "ts": 10**18 + 2 * i + 1,
+                                             "phase": "end", "id": i})]
+
+
+_META = {"v": 1, "type": "meta", "rank": 0, "ts": 10**18, "world_size": 1, "backend": "gloo", "host": "h", "pid": 1}
+
+
 def test_a_check_between_a_masters_failover_and_the_writers_return_is_not_healthy(capsys):
     """A rank's last writes reach its stream's master only; the master dies and its replica
     takes over without them.  Until the rank's writer writes again (and finds, and says, what
@@ -587,12 +597,7 @@ def test_a_check_between_a_masters_failover_and_the_writers_return_is_not_health
 
     from commscope.bench.redis_server import RedisCluster
 
-    def ops(lo: int, hi: int) -> list[bytes]:  # (complete all_reduces: a healthy job, were they all read)
-        return [E.encode(e) for i in range(lo, hi) for e in (
-            dict(ev(0, i), ts=10**18 + 2 * i), {"v": 1, "type": "op", "rank": 0, "ts": 10**18 + 2 * i + 1,
-                                                 "phase": "end", "id": i})]
-
-    meta = {"v": 1, "type": "meta", "rank": 0, "ts": 10**18, "world_size": 1, "backend": "gloo", "host": "h", "pid": 1}
+    ops, meta = _complete_ops, _META
     with RedisCluster(3, replicas=1, node_timeout_ms=3000) as cluster:
         cluster.start()
         key = Keys.stream("via", 0)
@@ -631,4 +636,77 @@ def test_a_check_between_a_masters_failover_and_the_writers_return_is_not_health
         assert rc == 1 and [(f["kind"], f["severity"], f["culprits"]) for f in findings] == [
             ("trace_incomplete", "error", [0])], findings
         assert findings[0]["evidence"]["per_rank"] == {"0": {"missing": stored - held}}  # exactly what it lacked
+        w.close()
+
+
+def _incomplete(findings: list) -> list[tuple]:
+    """(kind, severity, culprits, per_rank) of each finding (``Finding`` objects)."""
+    return [(f.kind, f.severity, f.culprits, f.evidence.to_json().get("per_rank")) for f in findings]
+
+
+def test_a_console_between_a_masters_failover_and_the_writers_return_is_not_healthy():
+    """``attach`` during the same window as the check above: its polls never looked at
+    ``Keys.via``, so the console showed a healthy job while ``check`` exited 1.  Now a poll
+    that finds the cluster's masters changed (a failover: one look, not one a poll) looks at
+    the ``via`` of the streams without a said end, and the console's findings say the stream
+    of rank 0 is not settled (trace_incomplete, error, nothing counted lost yet); once the
+    writer wrote again through the new master, exactly what the replica lacked is counted and
+    the stream is settled."""
+    import os
+    import signal
+
+    from commscope.bench.redis_server import RedisCluster
+    from commscope.tui.feed import LIVE, Feed
+
+    with RedisCluster(3, replicas=1, node_timeout_ms=3000) as cluster:
+        cluster.start()
+        key = Keys.stream("vialive", 0)
+        port = cluster_client(cluster.url).get_node_from_key(key).port
+        w = open_writer(f"redis://127.0.0.1:{port}/0", "vialive", 0, {"world_size": 1})
+        w.write([E.encode(_META)] + _complete_ops(1, 11))
+        master = node(cluster, port)
+        replica = _replica_synced(cluster, master, key)
+        alive = next(s for s in cluster.servers if s.port not in (port, replica.port))
+        feed = Feed(open_reader(f"redis://127.0.0.1:{alive.port}/0"), mode=LIVE, hang_after=60.0)
+        deadline = time.monotonic() + 60
+        while feed.model.events < 21:
+            feed.step()
+            assert time.monotonic() < deadline
+        feed._diagnosed_at = float("-inf")
+        feed.step()
+        assert feed.findings == [] and feed.reader.stats.unsettled_by_rank == {}  # healthy
+        os.kill(replica.proc.pid, signal.SIGSTOP)
+        master.client_kill_filter(_type="replica")  # it misses what comes next
+        w.write(_complete_ops(11, 16))  # acknowledged by the master only, never read by the console
+        stored = w.stored
+        promoted = _failed_over(cluster, port, replica)
+        held = promoted.xlen(key)
+        assert held == stored - 10
+
+        def judged() -> list[tuple]:
+            feed.step()
+            feed._diagnosed_at = float("-inf")  # (judged at the next step, whatever the pace)
+            feed.step()
+            return _incomplete(feed.findings)
+
+        while not feed.reader.stats.unsettled_by_rank:  # (until it reconnected: its connections were closed)
+            feed.step()
+            assert time.monotonic() < deadline, feed.reader.stats.warnings
+        assert judged() == [("trace_incomplete", "error", [0], {"0": {"unsettled": 1}})]
+        assert sum("failed over since its writer last wrote" in m for m in feed.reader.stats.warnings) == 1
+        assert feed.reader.stats.missing_by_rank == {}  # nothing counted lost: not known yet
+        while True:  # what the recorder does: retry until it lands
+            try:
+                w.write(_complete_ops(16, 17))
+                break
+            except StoreError as exc:
+                assert exc.written == 0
+                assert time.monotonic() < deadline, "the writer never reached the new master"
+                time.sleep(0.2)
+        w.write(_complete_ops(17, 18))  # (its next write: its ``via`` said after the first)
+        while feed.reader.stats.unsettled_by_rank:
+            feed.step()
+            assert time.monotonic() < deadline, feed.reader.stats.warnings
+        assert judged() == [("trace_incomplete", "error", [0], {"0": {"missing": stored - held}})]
+        assert sum("failed over since its writer last wrote" in m for m in feed.reader.stats.warnings) == 1
         w.close()

@@ -766,7 +766,8 @@ class RedisReader(TraceReader):
         #: last read, and every end read so far
         self._ends_seen: dict[int, tuple] = {}
         self._ends_known: dict[Stream, int] = {}
-        self._unsettled_seen: set[Stream] = set()  # streams ``_unsettled`` counted
+        self._unsettled_seen: set[Stream] = set()  # streams ``_unsettled`` counted (and not settled since)
+        self._masters: frozenset | None = None  # a follower's: the cluster's masters at its last look (``_settling``)
 
     @property
     def description(self) -> str:
@@ -992,6 +993,7 @@ class RedisReader(TraceReader):
             self._tails({st: n for st, n in ends.items() if st not in left})  # (those read to their end)
         if look:  # (a poll that failed looks again next time)
             self._tail_look = time.monotonic() + self.TAIL_LOOK_S
+        self._settling(nodes, got)
 
     #: seconds between a follower's looks at the ends its streams' writers said (``_tails``)
     TAIL_LOOK_S = 5.0
@@ -1127,19 +1129,57 @@ class RedisReader(TraceReader):
         streams = [st for st in getattr(self, "_streams", ()) if st not in ends and st not in seen]
         if not (nodes.cluster and self.keys is Keys and streams):
             return
-        serving = {f"{h}:{p}".encode() for h, p in nodes.masters()}
-        vias = nodes.pipeline([("GET", Keys.via(self.job_id, *st)) for st in streams])
-        for stream, via in zip(streams, vias, strict=True):
-            node = nodes.node(self.keys.stream(self.job_id, *stream))
-            if not isinstance(via, bytes) or via in serving or via == f"{node[0]}:{node[1]}".encode():
-                continue  # (none said: a writer before ``via``; or its master still serves)
+        for stream, via in self._failed_vias(nodes, streams).items():
             seen.add(stream)  # (once: a later read_all of this reader reads what came since)
             rank = stream[0]
             self.stats.unsettled_by_rank[rank] = self.stats.unsettled_by_rank.get(rank, 0) + 1
             self.stats.warnings.append(
-                f"rank {rank}: its stream's master {via.decode(errors='replace')} failed over since its writer last "
-                "wrote: what the replica that took over had not received is not counted until the writer writes "
-                "again (it says it then)")
+                f"rank {rank}: its stream's master {via} failed over since its writer last wrote: what the replica "
+                "that took over had not received is not counted until the writer writes again (it says it then; "
+                "a rank that died before it never will)")
+
+    def _failed_vias(self, nodes: Nodes, streams: list[Stream]) -> dict[Stream, str]:
+        """Of ``streams``, those whose ``Keys.via`` names a node that serves no slot now (and
+        not the stream's own): each with that node.  None said (a writer before ``via``) is
+        settled.  One GET a stream, in a pipeline per node."""
+        serving = {f"{h}:{p}".encode() for h, p in nodes.masters()}
+        vias = nodes.pipeline([("GET", Keys.via(self.job_id, *st)) for st in streams])
+        out = {}
+        for stream, via in zip(streams, vias, strict=True):
+            if isinstance(via, ReplyError):
+                raise via
+            node = nodes.node(self.keys.stream(self.job_id, *stream))
+            if isinstance(via, bytes) and via not in serving and via != f"{node[0]}:{node[1]}".encode():
+                out[stream] = via.decode(errors="replace")
+        return out
+
+    def _settling(self, nodes: Nodes, got: dict[Stream, list[Event]]) -> None:
+        """``_unsettled`` for a follower (a console's poll): looked for on its first poll and
+        whenever the cluster's masters changed since its last look (a failover: the map read
+        again after a lost connection or a MOVED), not on every poll; and a stream found so is
+        settled again once its writer wrote through a master that serves (its ``via`` looked
+        at again only when the stream brought entries, or said its end).  Before, a console
+        never looked: it showed a healthy job where ``check`` exited 1."""
+        if not (nodes.cluster and self.keys is Keys):
+            return
+        masters = frozenset(nodes.masters())
+        if masters != self._masters:
+            self._unsettled(nodes, self._ends_known)
+            self._masters = masters
+        seen = self._unsettled_seen
+        again = [st for st in seen if got.get(st) or st in self._ends_known]
+        if not again:
+            return
+        still = self._failed_vias(nodes, again)
+        for stream in again:
+            if stream in still and stream not in self._ends_known:
+                continue
+            seen.discard(stream)
+            rank, counts = stream[0], self.stats.unsettled_by_rank
+            if counts.get(rank, 0) > 1:
+                counts[rank] -= 1
+            else:
+                counts.pop(rank, None)
 
     def _tails(self, ends: dict[Stream, int]) -> None:
         """Count what each stream's writer had stored when it closed (``ends``, read before

@@ -455,7 +455,10 @@ class Feed:
         with self.lock:
             if got:
                 self.model.ingest(batch.events, batch.ops, batch.spans, batch.beats)
+            losses = self.model.read_losses
             self.model.note_read_stats(self.reader.stats)
+            if self.model.read_losses != losses:
+                self._dirty = True  # (judged again though nothing was read: a stream found not settled, or settled)
             if got and (self._publish_cost < self.CHEAP_PUBLISH_S
                         or time.monotonic() >= self._published_at + self._publish_pace()):
                 self.publish()
