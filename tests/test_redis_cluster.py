@@ -710,3 +710,118 @@ def test_a_console_between_a_masters_failover_and_the_writers_return_is_not_heal
         assert judged() == [("trace_incomplete", "error", [0], {"0": {"missing": stored - held}})]
         assert sum("failed over since its writer last wrote" in m for m in feed.reader.stats.warnings) == 1
         w.close()
+
+
+def live_until_killed(rank: int, ws: int, store: str, spools: str) -> None:
+    """An all_reduce every 10 ms, heartbeats every 0.2 s, until a rank is killed; the other
+    then lives on (heartbeats).  Each rank keeps its spool apart, as on a host of its own."""
+    import os
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import commscope
+
+    os.environ["COMMSCOPE_SPOOL_DIR"] = os.path.join(spools, f"host{rank}")
+    commscope.instrument(store, sample_interval=0.2, hang_after=60.0, flight_recorder=False)
+    x = torch.ones(8)
+    try:
+        while True:
+            dist.all_reduce(x)
+            time.sleep(0.01)
+    except RuntimeError:  # (its peer was killed: this rank lives on)
+        while True:
+            time.sleep(1)
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_that_died_before_its_masters_failover_is_dead_with_an_unknown_loss_not_unsettled(tmp_path, capsys):
+    """Rank 0 of two is SIGKILLed (its host lost with it: its spool gone, nobody forwards it)
+    after writes its stream's replica never received; then that master fails over.  The
+    rank's writer will never write again, so its stream stayed ``unsettled`` for good: check
+    said "not counted yet (each writer says it when it writes again)", a wait for nothing.
+    Now the rank is named gone (the culprit of rank 1's failed all_reduce: "vanished") and its
+    stream's end is a stated loss of an unknown count with its cause (its master failed over
+    after the rank was gone: ``lost_unknown``); check exits 1.  A console says the same."""
+    import os
+    import shutil
+    import signal
+
+    from commscope.bench.redis_server import RedisCluster
+    from commscope.launch import Job
+    from commscope.tui.feed import LIVE, Feed
+
+    spools = tmp_path / "spools"
+    for host in ("host0", "host1"):
+        (spools / host).mkdir(mode=0o700, parents=True)
+    with RedisCluster(3, replicas=1, node_timeout_ms=3000) as cluster:
+        cluster.start()
+        c = cluster_client(cluster.url)
+        name = next(j for j in (f"deadfo{k}" for k in range(100))  # (rank 1's stream on another master)
+                    if c.get_node_from_key(Keys.stream(j, 0)).port != c.get_node_from_key(Keys.stream(j, 1)).port)
+        key = Keys.stream(name, 0)
+        port = c.get_node_from_key(key).port
+        master = node(cluster, port)
+        job = Job(live_until_killed, 2, args=(cluster.url, str(spools)), env={"COMMSCOPE_JOB": name}).start()
+        try:
+            deadline = time.monotonic() + 150
+            while master.xlen(key) < 20:
+                assert time.monotonic() < deadline, "the rank never wrote"
+                time.sleep(0.1)
+            replica = _replica_synced(cluster, master, key)
+            os.kill(replica.proc.pid, signal.SIGSTOP)
+            master.client_kill_filter(_type="replica")  # it misses what comes next
+            synced = master.xlen(key)
+            while master.xlen(key) < synced + 5:  # (the rank's writes the replica never gets)
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            os.kill(job.pids[0], signal.SIGKILL)
+            while 0 in job.alive():
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            shutil.rmtree(spools / "host0")  # (its host is gone: nobody forwards its spool)
+            stored = master.xlen(key)  # the rank's own count: all its writer ever stored
+            url = f"redis://127.0.0.1:{replica.port}/0?job={name}"
+            alive = next(s for s in cluster.servers if s.port not in (port, replica.port))
+            feed = Feed(open_reader(f"redis://127.0.0.1:{alive.port}/0?job={name}"), mode=LIVE, hang_after=60.0)
+            while len(feed.model.ranks) < 2:  # (the console follows the job)
+                feed.step()
+                assert time.monotonic() < deadline
+            promoted = _failed_over(cluster, port, replica)
+            held = promoted.xlen(key)
+            assert held < stored  # (the replica lacks the rank's last writes: a real loss, never counted)
+
+            def found() -> tuple[int, list[dict]] | None:
+                import json
+
+                rc, findings = _check(url, capsys)
+                return (rc, findings) if "vanished (no exit" in json.dumps(findings) else None
+
+            while (out := found()) is None:  # (until the rank's silence passed its threshold: it is gone)
+                assert time.monotonic() < deadline, [(f["kind"], f["severity"], f["culprits"], f["message"])
+                                                     for f in _check(url, capsys)[1]]
+                time.sleep(0.2)
+            rc, findings = out
+            # (rank 1's failed all_reduce blamed on rank 0, which vanished: rank 1 completed collectives
+            # with it after the end of what the replica holds, so the rank is not dead_rank but the
+            # culprit of the op it left, as for any stream that lost its tail; no victim is blamed)
+            assert rc == 1 and sorted((f["kind"], f["severity"], f["culprits"]) for f in findings) == [
+                ("op_failed", "error", [0]), ("trace_incomplete", "error", [0])], findings
+            incomplete = next(f for f in findings if f["kind"] == "trace_incomplete")
+            assert incomplete["evidence"]["per_rank"] == {"0": {"lost_unknown": "failover"}}  # not "unsettled"
+            assert incomplete["evidence"]["lost_events"] == 0  # (a count nobody knows is not made up)
+            assert "after the rank(s) were gone" in incomplete["message"], incomplete["message"]
+            assert "not counted yet" not in incomplete["message"]
+            while not feed.reader.stats.unsettled_by_rank:  # the console, after it reconnected
+                feed.step()
+                assert time.monotonic() < deadline, feed.reader.stats.warnings
+            feed._diagnosed_at = float("-inf")
+            feed.step()
+            assert sorted((f.kind, f.severity, f.culprits) for f in feed.findings) == [
+                ("op_failed", "error", [0]), ("trace_incomplete", "error", [0])], feed.findings
+            assert _incomplete(f for f in feed.findings if f.kind == "trace_incomplete") == [
+                ("trace_incomplete", "error", [0], {"0": {"lost_unknown": "failover"}})]
+        finally:
+            job.kill()
+            job.join(30)

@@ -39,6 +39,9 @@ from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
 from commscope.analysis.rankstate import snapshot
 
+#: the cause a ``lost_unknown`` names: what the store did to a stream after its rank was gone
+_GONE_THEN = {"unsettled": "failover"}
+
 _LOSS_WORDS = {"dropped": "event(s) dropped by the recorder", "damaged": "damaged line(s) skipped",
                "invalid": "invalid event(s) skipped", "missing": "event(s) lost by the store"}
 
@@ -49,7 +52,7 @@ class Incomplete(Evidence):
     (not losses: shown so the numbers add up)."""
 
     lost_events: int
-    #: rank -> dropped, damaged, invalid, missing, unsettled, no_exit, last_event_ns, no_events
+    #: rank -> dropped, damaged, invalid, missing, unsettled, lost_unknown, no_exit, last_event_ns, no_events
     per_rank: dict[str, dict[str, Any]]
     more_ranks: int = ABSENT  # incomplete ranks beyond the first 256
     fr_ring_overwritten: dict[str, int] = ABSENT
@@ -57,7 +60,8 @@ class Incomplete(Evidence):
     def render(self, f: Finding) -> list[RenderableType]:
         rows = [[r, d.get("dropped"), d.get("damaged"), d.get("invalid"), d.get("missing"),
                  "no events" if d.get("no_events") else "no exit" if d.get("no_exit") else
-                 "not counted yet" if d.get("unsettled") else ""]
+                 "not counted yet" if d.get("unsettled") else
+                 f"lost, count unknown ({d['lost_unknown']})" if d.get("lost_unknown") else ""]
                 for r, d in self.per_rank.items()]
         parts: list[RenderableType] = [evidence.table("lost per rank", ["rank", "dropped", "damaged", "invalid",
                                                                 "store lost", "end"], rows)]
@@ -130,6 +134,11 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
     last_exit = max((int(ex["ts"]) for ex in exits.values()), default=None)
     for r in ranks:
         rt = model.ranks[r]
+        d = per_rank.get(r)
+        if d is not None and d.get("unsettled") and (r in exits or snapshot(model, now)[r].dead):
+            # (its writer will never write again to count what the store lost: a stated loss, not a wait)
+            del d["unsettled"]
+            d["lost_unknown"] = _GONE_THEN["unsettled"]
         if rt.dropped:
             per_rank.setdefault(r, {})["dropped"] = int(rt.dropped)
         went_on = (last_exit is not None and r not in exits and rt.last_ts <= last_exit
@@ -158,6 +167,11 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
         parts.append(f"the store's node of the stream of rank(s) {ranges(unsettled, limit=8)} failed over since their "
                      "writers last wrote: what its replica had not received is not counted yet (each writer says "
                      "it when it writes again)")
+    gone = sorted(r for r, d in per_rank.items() if d.get("lost_unknown"))
+    if gone:
+        parts.append(f"the store's node of the stream of rank(s) {ranges(gone, limit=8)} failed over after the rank(s) "
+                     "were gone (dead or exited, their writers never to write again): the last events its replica had "
+                     "not received are lost, how many is not known (maybe none)")
     if foreign:
         parts.append(f"the stream(s) of rank(s) {ranges(sorted(foreign), limit=8)} are not of the run the others are "
                      "(a rank file copied in from another job, or a job id reused by another launch), read with them "
@@ -185,4 +199,4 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
     ts = max((int(model.ranks[r].last_ts) for r in ranks if r in model.ranks), default=model.end_ns)
     # Lost events may have held ops: never a healthy exit (check exits 1).
     return [Finding("trace_incomplete", None, None, None, ranks, ranks, msg, ev, ts=ts,
-                    severity=ERROR if lost or absent or unnamed or unsettled or foreign else WARNING)]
+                    severity=ERROR if lost or absent or unnamed or unsettled or gone or foreign else WARNING)]
