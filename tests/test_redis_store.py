@@ -823,3 +823,66 @@ def test_a_follower_reads_the_ends_its_writers_said_only_when_they_changed(tmp_p
         writers[2].close()
         live.close()
         c.close()
+
+
+def test_a_console_while_redis_restarted_empty_and_before_the_writers_return_is_not_healthy(tmp_path):
+    """Redis restarts without persistence while a console follows a job: every stream it read
+    is gone, and until each writer writes again (and states what was lost) nothing said so:
+    the console showed a healthy job.  Now a poll that connected again (or finds fewer streams
+    listed) looks at what Redis holds of the streams it read: rank 0's, alive, is not settled
+    (``emptied``: trace_incomplete, error) until its writer writes again, and nothing is
+    counted lost (the console had read it all); rank 1 wrote its exit but its writer never
+    said its end (the process died right after): it will never write again, so its stream's
+    unread part is a stated loss of an unknown count, caused by the restart; rank 2 closed
+    its writer and the console had read up to the end it said: it lost nothing unread."""
+    from commscope.bench.redis_server import RedisServer
+    from commscope.tui.feed import LIVE, Feed
+
+    def ops(rank: int, lo: int, hi: int) -> list[bytes]:
+        return [E.encode(e) for i in range(lo, hi) for e in (
+            dict(ev(rank, i, op="all_reduce", group="0", seq=i), ts=10**18 + 2 * i),
+            {"v": 1, "type": "op", "rank": rank, "ts": 10**18 + 2 * i + 1,
+                                                    "phase": "end", "id": i})]
+
+    def meta(rank: int) -> bytes:
+        return E.encode({"v": 1, "type": "meta", "rank": rank, "ts": 10**18, "world_size": 3, "backend": "gloo",
+                         "host": "h", "pid": 1 + rank})
+
+    def bye(rank: int) -> bytes:
+        return E.encode({"v": 1, "type": "exit", "rank": rank, "ts": 10**18 + 22, "reason": "atexit"})
+
+    with RedisServer(data_dir=tmp_path / "r") as server:  # (no persistence: a restart loses everything)
+        url = server.start().url
+        ws = [open_writer(url, "gone", r, {"world_size": 3}) for r in range(3)]
+        ws[0].write([meta(0)] + ops(0, 1, 12))
+        for r in (1, 2):
+            ws[r].write([meta(r)] + ops(r, 1, 11) + [bye(r)])
+        ws[2].close()  # (rank 1's writer never closes: its process died right after its exit)
+        feed = Feed(open_reader(url + "?job=gone"), mode=LIVE, hang_after=60.0)
+        deadline = time.monotonic() + 60
+        while feed.model.events < 23 + 2 * 22:
+            feed.step()
+            assert time.monotonic() < deadline
+
+        def judged() -> list[tuple]:
+            feed._diagnosed_at = float("-inf")  # (judged at the next step, whatever the pace)
+            feed.step()
+            return [(f.kind, f.severity, f.culprits, f.evidence.to_json().get("per_rank")) for f in feed.findings]
+
+        assert judged() == []  # healthy
+        server.restart()
+        while not feed.reader.stats.emptied_by_rank:  # (until it connected again)
+            feed.step()
+            assert time.monotonic() < deadline, feed.reader.stats.warnings
+        assert judged() == [("trace_incomplete", "error", [0, 1],
+                             {"0": {"emptied": 1}, "1": {"lost_unknown": "restart"}})]
+        assert sum("Redis holds less of its stream than was read" in m for m in feed.reader.stats.warnings) == 2
+        assert feed.reader.stats.missing_by_rank == {}  # (nothing counted: not known yet)
+        ws[0].write(ops(0, 12, 13))  # rank 0's writer is back: it states the loss (entries 1-23)
+        while feed.reader.stats.emptied_by_rank.get(0):
+            feed.step()
+            assert time.monotonic() < deadline, feed.reader.stats.warnings
+        assert judged() == [("trace_incomplete", "error", [1], {"1": {"lost_unknown": "restart"}})]
+        assert feed.reader.stats.missing_by_rank == {}  # (the console had read all that was lost)
+        assert sum("Redis holds less of its stream than was read" in m for m in feed.reader.stats.warnings) == 2
+        ws[0].close()

@@ -39,8 +39,9 @@ from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
 from commscope.analysis.rankstate import snapshot
 
-#: the cause a ``lost_unknown`` names: what the store did to a stream after its rank was gone
-_GONE_THEN = {"unsettled": "failover"}
+#: a loss not counted yet (the writer says it when it writes again) -> the cause a
+#: ``lost_unknown`` names where the rank is gone: what the store did to its stream
+_GONE_THEN = {"unsettled": "failover", "emptied": "restart"}
 
 _LOSS_WORDS = {"dropped": "event(s) dropped by the recorder", "damaged": "damaged line(s) skipped",
                "invalid": "invalid event(s) skipped", "missing": "event(s) lost by the store"}
@@ -60,7 +61,7 @@ class Incomplete(Evidence):
     def render(self, f: Finding) -> list[RenderableType]:
         rows = [[r, d.get("dropped"), d.get("damaged"), d.get("invalid"), d.get("missing"),
                  "no events" if d.get("no_events") else "no exit" if d.get("no_exit") else
-                 "not counted yet" if d.get("unsettled") else
+                 "not counted yet" if d.get("unsettled") or d.get("emptied") else
                  f"lost, count unknown ({d['lost_unknown']})" if d.get("lost_unknown") else ""]
                 for r, d in self.per_rank.items()]
         parts: list[RenderableType] = [evidence.table("lost per rank", ["rank", "dropped", "damaged", "invalid",
@@ -135,10 +136,12 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
     for r in ranks:
         rt = model.ranks[r]
         d = per_rank.get(r)
-        if d is not None and d.get("unsettled") and (r in exits or snapshot(model, now)[r].dead):
+        waits = [k for k in _GONE_THEN if d and d.get(k)]
+        if waits and (r in exits or snapshot(model, now)[r].dead):
             # (its writer will never write again to count what the store lost: a stated loss, not a wait)
-            del d["unsettled"]
-            d["lost_unknown"] = _GONE_THEN["unsettled"]
+            for k in waits:
+                del d[k]
+            d["lost_unknown"] = _GONE_THEN[waits[0]]
         if rt.dropped:
             per_rank.setdefault(r, {})["dropped"] = int(rt.dropped)
         went_on = (last_exit is not None and r not in exits and rt.last_ts <= last_exit
@@ -167,11 +170,23 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
         parts.append(f"the store's node of the stream of rank(s) {ranges(unsettled, limit=8)} failed over since their "
                      "writers last wrote: what its replica had not received is not counted yet (each writer says "
                      "it when it writes again)")
-    gone = sorted(r for r, d in per_rank.items() if d.get("lost_unknown"))
-    if gone:
-        parts.append(f"the store's node of the stream of rank(s) {ranges(gone, limit=8)} failed over after the rank(s) "
-                     "were gone (dead or exited, their writers never to write again): the last events its replica had "
-                     "not received are lost, how many is not known (maybe none)")
+    emptied = sorted(r for r, d in per_rank.items() if d.get("emptied"))
+    if emptied:
+        parts.append(f"the store holds less of the stream of rank(s) {ranges(emptied, limit=8)} than was read (Redis "
+                     "restarted without persistence, or was flushed): what it lost that was not read is not counted "
+                     "yet (each writer says it when it writes again)")
+    for cause, words in (("failover", "the store's node of the stream of rank(s) {} failed over after the rank(s) "
+                                      "were gone (dead or exited, their writers never to write again): the last "
+                                      "events its replica had not received are lost, how many is not known (maybe "
+                                      "none)"),
+                         ("restart", "the store lost the stream of rank(s) {} after the rank(s) were gone (dead or "
+                                     "exited, their writers never to write again: Redis restarted without "
+                                     "persistence, or was flushed): what was not read is lost, how many is not known "
+                                     "(maybe none)")):
+        gone = sorted(r for r, d in per_rank.items() if d.get("lost_unknown") == cause)
+        if gone:
+            parts.append(words.format(ranges(gone, limit=8)))
+    gone = [r for r, d in per_rank.items() if d.get("lost_unknown")]
     if foreign:
         parts.append(f"the stream(s) of rank(s) {ranges(sorted(foreign), limit=8)} are not of the run the others are "
                      "(a rank file copied in from another job, or a job id reused by another launch), read with them "
@@ -199,4 +214,4 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
     ts = max((int(model.ranks[r].last_ts) for r in ranks if r in model.ranks), default=model.end_ns)
     # Lost events may have held ops: never a healthy exit (check exits 1).
     return [Finding("trace_incomplete", None, None, None, ranks, ranks, msg, ev, ts=ts,
-                    severity=ERROR if lost or absent or unnamed or unsettled or gone or foreign else WARNING)]
+                    severity=ERROR if lost or absent or unnamed or unsettled or emptied or gone or foreign else WARNING)]

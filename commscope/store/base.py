@@ -79,6 +79,10 @@ class ReadStats:
     #: writes again); the trace is not whole meanwhile.  A follower takes a stream back out once
     #: it is settled (its writer wrote again)
     unsettled_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: streams of a rank that the store holds less of than a follower read (Redis restarted
+    #: without persistence, or flushed, since): what it lost that was not read yet is not known
+    #: until the writer writes again (and says it); taken back out then
+    emptied_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
     partial_tail: int = 0  # ranks whose last line is still incomplete
     #: events of segments retention deleted (store/retention.py), which their summaries stand for
     summarized: int = 0
@@ -266,7 +270,7 @@ class ReadStats:
 _COUNTS_OF = tuple(f.name for f in dataclasses.fields(ReadStats) if str(f.type).startswith("dict"))
 #: of those, the ones where a rank counted is a rank with some (its count taken back out to
 #: 0 is no entry: ``check`` says how many ranks skipped bytes)
-_ZERO_IS_NONE = frozenset({"skipped_by_rank", "unsettled_by_rank"})
+_ZERO_IS_NONE = frozenset({"skipped_by_rank", "unsettled_by_rank", "emptied_by_rank"})
 
 
 #: A ``dropped`` event whose reason starts so was written by a writer that found its

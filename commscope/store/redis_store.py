@@ -768,6 +768,9 @@ class RedisReader(TraceReader):
         self._ends_known: dict[Stream, int] = {}
         self._unsettled_seen: set[Stream] = set()  # streams ``_unsettled`` counted (and not settled since)
         self._masters: frozenset | None = None  # a follower's: the cluster's masters at its last look (``_settling``)
+        self._emptied_seen: set[Stream] = set()  # streams ``_emptying`` counted (and not settled since)
+        self._connects = 0  # connections made again after a failure (``_nodes_ok``)
+        self._looked = (0, 0)  # (``_connects``, streams listed) at ``_emptying``'s last poll
 
     @property
     def description(self) -> str:
@@ -798,6 +801,7 @@ class RedisReader(TraceReader):
         if not self._up:
             self._nodes.connect()
             self._up = True
+            self._connects += 1
         return self._nodes
 
     def _lost(self) -> None:
@@ -994,6 +998,7 @@ class RedisReader(TraceReader):
         if look:  # (a poll that failed looks again next time)
             self._tail_look = time.monotonic() + self.TAIL_LOOK_S
         self._settling(nodes, got)
+        self._emptying(nodes, got)
 
     #: seconds between a follower's looks at the ends its streams' writers said (``_tails``)
     TAIL_LOOK_S = 5.0
@@ -1180,6 +1185,50 @@ class RedisReader(TraceReader):
                 counts[rank] -= 1
             else:
                 counts.pop(rank, None)
+
+    def _emptying(self, nodes: Nodes, got: dict[Stream, list[Event]]) -> None:
+        """A follower's look at what Redis still holds of the streams it read, after it
+        connected again (a restart) or found fewer streams listed (a flush, the job's set gone
+        with it): a stream whose top is below the entry it read last lost what it held, and
+        what of it was not read yet is not known until the writer writes again (its
+        ``store_lost`` marker: ``_gap`` then counts it).  Counted meanwhile
+        (``ReadStats.emptied_by_rank``: the trace is not whole), and settled by the stream's
+        next entry (after its top fell below what was read, only the writer's write after the
+        loss comes after it).  A stream read to the end its writer said at close lost nothing
+        unread.  Before, a console in that window showed a healthy job.  One XREVRANGE a
+        stream, at such moments only; streams a failover left unsettled (``_settling``) are
+        not counted twice."""
+        seen, counts = self._emptied_seen, self.stats.emptied_by_rank
+        for stream in [st for st in seen if got.get(st)]:
+            seen.discard(stream)
+            if counts.get(stream[0], 0) > 1:
+                counts[stream[0]] -= 1
+            else:
+                counts.pop(stream[0], None)
+        listed = len(getattr(self, "_streams", ()))
+        looked, self._looked = self._looked, (self._connects, listed)
+        if self._connects == looked[0] and listed >= looked[1]:
+            return
+        ends, last = self._ends_known, self._last
+        streams = [st for st, k in last.items() if k > 0 and st not in seen and st not in self._unsettled_seen
+                   and not (st in ends and ends[st] <= k)]
+        if not streams:
+            return
+        replies = nodes.pipeline([("XREVRANGE", self.keys.stream(self.job_id, *st), "+", "-", "COUNT", 1)
+                                  for st in streams])
+        for stream, reply in zip(streams, replies, strict=True):
+            if isinstance(reply, ReplyError):
+                raise reply
+            top = entry_number(reply[0][0]) if reply else 0
+            if top >= last[stream]:
+                continue
+            seen.add(stream)
+            rank = stream[0]
+            counts[rank] = counts.get(rank, 0) + 1
+            self.stats.warnings.append(
+                f"rank {rank}: Redis holds less of its stream than was read (up to #{max(top, 0)} of #{last[stream]}: "
+                "it restarted without persistence, or was flushed): what it lost that was not read yet is not "
+                "counted until the rank's writer writes again (it says it then; a rank gone never will)")
 
     def _tails(self, ends: dict[Stream, int]) -> None:
         """Count what each stream's writer had stored when it closed (``ends``, read before
