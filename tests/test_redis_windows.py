@@ -279,3 +279,40 @@ def test_ranks_that_start_together_mark_apart(redis_url):
         finally:
             client.close()
     assert len(set(firsts)) == 4
+
+
+def test_a_window_after_maxlen_trimmed_history_before_its_mark_counts_the_trimmed_part_apart(redis_url, capsys):
+    """Marks every 50 entries, ``maxlen`` trims the oldest entries after they were marked, and
+    the window starts at a mark whose stretch lost its oldest entries.  The window skips the
+    entries still stored before the mark and the trimmed ones are gone: before, both were
+    counted as bytes skipped by --since ("drop --since to read it"), which cannot bring the
+    trimmed part back.  Now each is counted apart: the stored part as events skipped (drop
+    --since reads them), the trimmed part as events gone (trimmed by maxlen)."""
+    import redis
+
+    url = redis_url + "?maxlen=100"
+    w = RedisWriter(url, "job", 0, {"world_size": 1}, marks="off")
+    w.write([meta()])
+    for k in range(1, 400, 50):  # (entry n is beat n - 1; a mark after every 50)
+        w.write([beat(j) for j in range(k, k + 50)])
+        assert redis_marks.mark(url, "job", 0).exact
+    w.close()
+    c = redis.Redis.from_url(redis_url)
+    first = int(c.xrange(Keys.stream("job", 0), count=1)[0][0].split(b"-")[1])  # the oldest entry left
+    marks = sorted(int(eid.split(b"-")[1]) for eid, _ in c.xrange(Keys.marks("job", 0)))
+    at = min(k for k in marks if k >= first)  # a mark whose stretch lost its oldest entries
+    assert first > 1 and at < marks[-1]
+    since = Since(at_ns=T0 + (at - 1) * S + S // 2)  # (after mark ``at``, before the next)
+    reader = open_source(url, since=since)
+    got = reader.read_all()
+    assert [e["ts"] for e in got if e["type"] == "heartbeat"] == [T0 + k * S for k in range(at, 401)]
+    stats = reader.stats
+    assert stats.skipped_bytes == 0 and stats.skipped_events_by_rank == {0: at - first + 1}
+    assert stats.gone_before_window_by_rank == {0: first - 1} and stats.gone_before_window == first - 1
+    _, _, warnings = load_trace(url, since=since)
+    assert any(f"{at - first + 1:,} event(s) of history before the window not read" in m and "drop --since" in m
+               for m in warnings), warnings
+    gone = [m for m in warnings if f"{first - 1:,} older event(s) before the window" in m]
+    assert gone and "trimmed" in gone[0] and "drop --since" not in gone[0].replace("dropping --since does not", "")
+    assert any(f"rank 0: the oldest {first - 1} events before the window were trimmed by maxlen=100" in m
+               for m in warnings), warnings

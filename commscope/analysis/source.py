@@ -142,6 +142,14 @@ def read_warnings(model: TraceModel, stats: ReadStats) -> list[str]:
     if stats.skipped_bytes:
         warnings.append(f"{size(stats.skipped_bytes)} of history before the window not read "
                         f"({len(stats.skipped_by_rank):,} rank(s); drop --since to read it)")
+    if stats.skipped_events:
+        warnings.append(f"{stats.skipped_events:,} event(s) of history before the window not read "
+                        f"({len(stats.skipped_events_by_rank):,} rank(s) whose older events are gone; drop --since "
+                        "to read them)")
+    if stats.gone_before_window:
+        warnings.append(f"{stats.gone_before_window:,} older event(s) before the window are no longer in the store "
+                        f"({len(stats.gone_before_window_by_rank):,} rank(s): trimmed by maxlen, or lost: each rank's "
+                        "warning says which): gone, not skipped; dropping --since does not bring them back")
     foreign = model.foreign_streams
     if foreign:
         warnings.append(f"rank(s) {ranges(sorted(foreign), limit=8)}: not of the run the others are, read with them all "

@@ -59,7 +59,8 @@ def read_summary(stats: Any) -> dict[str, Any]:
     return {"damaged": stats.corrupt, "invalid": stats.invalid,
             "invalid_by_reason": dict(stats.invalid_by_reason),
             "store_missing": sum(stats.missing_by_rank.values()), "trimmed": stats.trimmed,
-            "summarized": stats.summarized, "before_window_bytes": stats.skipped_bytes}
+            "summarized": stats.summarized, "before_window_bytes": stats.skipped_bytes,
+            "before_window_events": stats.skipped_events, "gone_before_window": stats.gone_before_window}
 
 
 def to_json(model: TraceModel, findings: list[Finding], warnings: list[str], hang_after: float,

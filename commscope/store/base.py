@@ -90,6 +90,15 @@ class ReadStats:
     #: bytes of segments before the window the reader was asked to read (``since``): not read
     skipped_bytes: int = 0
     skipped_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: events before the window still in the store and not read, of streams whose bytes there
+    #: are not known (a Redis stream that ``maxlen`` trimmed before its mark: the mark's bytes
+    #: count the trimmed part too); ``skipped_bytes`` counts the others'
+    skipped_events: int = 0
+    skipped_events_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: events before the window no longer in the store (trimmed by Redis ``maxlen``, or lost):
+    #: not skipped, gone; a read without the window would not read them either
+    gone_before_window: int = 0
+    gone_before_window_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
     trimmed: bool = False  # the backend dropped old events (Redis maxlen)
     warnings: list[str] = dataclasses.field(default_factory=list)
     chunks: int = 0  # reads of a stream that brought something (a poll of 16k streams: up to 16k)
@@ -112,6 +121,16 @@ class ReadStats:
         if nbytes > 0:  # (a rank in ``skipped_by_rank`` is one with bytes skipped: ``_ZERO_IS_NONE``)
             self.skipped_bytes += nbytes
             self.skipped_by_rank[rank] = self.skipped_by_rank.get(rank, 0) + nbytes
+
+    def count_skipped_events(self, rank: int, n: int) -> None:
+        if n > 0:
+            self.skipped_events += n
+            self.skipped_events_by_rank[rank] = self.skipped_events_by_rank.get(rank, 0) + n
+
+    def count_gone_before_window(self, rank: int, n: int) -> None:
+        if n > 0:
+            self.gone_before_window += n
+            self.gone_before_window_by_rank[rank] = self.gone_before_window_by_rank.get(rank, 0) + n
 
     def uncount_skipped(self, rank: int, nbytes: int) -> int:
         """``nbytes`` of ``rank``'s skipped bytes (``count_skipped``) taken back out, at most

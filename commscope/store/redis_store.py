@@ -926,9 +926,23 @@ class RedisReader(TraceReader):
                 continue
             self._cursor[stream] = b"0-%d" % mark.entry
             self._last[stream] = mark.entry
+            gone = 0
             if isinstance(length, int):  # (entries up to the mark still stored: what a progress total leaves out)
-                self._skipped_entries += max(0, min(length, mark.entry - (top - length)))
-            self.stats.count_skipped(stream[0], mark.bytes)
+                stored = max(0, min(length, mark.entry - (top - length)))
+                self._skipped_entries += stored
+                gone = max(0, min(mark.entry, top - length))  # (before the oldest entry left: trimmed, or lost)
+            if gone:
+                # (the mark's bytes count the entries gone too: the part --since skipped, which a read
+                # without it reads, counted in entries, and the part gone apart, with its cause)
+                self.stats.count_skipped_events(stream[0], stored)
+                self.stats.count_gone_before_window(stream[0], gone)
+                self.stats.trimmed = True
+                maxlen = (self.job() or {}).get("maxlen")
+                cause = f"were trimmed by maxlen={maxlen}" if maxlen else "are no longer in Redis (trimmed, or lost)"
+                self.stats.warnings.append(f"rank {stream[0]}: the oldest {gone} events before the window {cause}: "
+                                           "gone, not skipped by --since")
+            else:
+                self.stats.count_skipped(stream[0], mark.bytes)
             if not mark.exact:
                 self.stats.warnings.append(f"rank {stream[0]}: what it was in at the window's start is not known "
                                            "(entries were trimmed by maxlen before they were marked): an op "
