@@ -316,3 +316,13 @@ def test_a_window_after_maxlen_trimmed_history_before_its_mark_counts_the_trimme
     assert gone and "trimmed" in gone[0] and "drop --since" not in gone[0].replace("dropping --since does not", "")
     assert any(f"rank 0: the oldest {first - 1} events before the window were trimmed by maxlen=100" in m
                for m in warnings), warnings
+    # the console's history pane (H) says the same, each part apart
+    from rich.console import Console
+
+    from commscope.tui.detail import history_detail
+
+    console = Console(width=240, record=True)
+    console.print(history_detail({}, stats.skipped_bytes, 0, stats.skipped_events, stats.gone_before_window))
+    text = console.export_text()
+    assert f"{at - first + 1:,} events before the window not read" in text, text
+    assert f"{first - 1:,} older events before the window are gone from the store" in text, text

@@ -469,8 +469,8 @@ class CommscopeApp(App):
         with self.feed.lock:
             rows = summarized_history(self.feed.model)
             stats = self.feed.reader.stats
-            skipped, summarized = stats.skipped_bytes, stats.summarized
-        self.detail.show(history_detail(rows, skipped, summarized), "history")
+            shown = (stats.skipped_bytes, stats.summarized, stats.skipped_events, stats.gone_before_window)
+        self.detail.show(history_detail(rows, *shown), "history")
 
     def action_toggle_panel(self) -> None:
         sw = self.left

@@ -251,16 +251,25 @@ class DetailPane(VerticalScroll):
         return console.export_text()
 
 
-def history_detail(rows: dict[str, dict[str, Any]], skipped_bytes: int, summarized_events: int) -> RenderableType:
+def history_detail(rows: dict[str, dict[str, Any]], skipped_bytes: int, summarized_events: int,
+                   skipped_events: int = 0, gone_events: int = 0) -> RenderableType:
     """The history the timeline does not hold: what retention summarized of the deleted
-    segments (``analysis.report.summarized_history``), and what the window did not read."""
+    segments (``analysis.report.summarized_history``), what the window did not read
+    (``ReadStats.skipped_bytes``, and ``skipped_events`` of streams whose bytes are not known)
+    and what before it is gone from the store (``gone_before_window``: trimmed by Redis maxlen)."""
     parts: list[RenderableType] = []
-    if skipped_bytes:
-        parts.append(Text(f"{size(skipped_bytes)} before the window not read (attach --since all, or replay "
+    if skipped_bytes or skipped_events:
+        what = " and ".join(x for x in (size(skipped_bytes) if skipped_bytes else "",
+                                        f"{skipped_events:,} events" if skipped_events else "") if x)
+        parts.append(Text(f"{what} before the window not read (attach --since all, or replay "
                           "without --since, reads it)", style="grey70"))
+    if gone_events:
+        parts.append(Text(f"{gone_events:,} older events before the window are gone from the store (trimmed by "
+                          "maxlen, or lost): no read brings them back", style="grey70"))
     if not rows:
         parts.append(Text("no summarized history: retention deleted nothing" + (
-            "" if skipped_bytes else ", and the timeline holds the whole job"), style="grey50 italic"))
+            "" if skipped_bytes or skipped_events or gone_events else ", and the timeline holds the whole job"),
+            style="grey50 italic"))
         return Group(*parts)
     parts.append(Text(f"retention summarized {summarized_events:,} events before deleting them:", style="bold"))
     t = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
