@@ -1160,13 +1160,12 @@ class RedisReader(TraceReader):
     def _failed_vias(self, nodes: Nodes, streams: list[Stream]) -> dict[Stream, str]:
         """Of ``streams``, those whose ``Keys.via`` names a node that serves no slot now (and
         not the stream's own): each with that node.  None said (a writer before ``via``) is
-        settled.  One GET a stream, in a pipeline per node."""
+        settled, as is one that cannot be read (an error reply).  One GET a stream, in a
+        pipeline per node."""
         serving = {f"{h}:{p}".encode() for h, p in nodes.masters()}
         vias = nodes.pipeline([("GET", Keys.via(self.job_id, *st)) for st in streams])
         out = {}
         for stream, via in zip(streams, vias, strict=True):
-            if isinstance(via, ReplyError):
-                raise via
             node = nodes.node(self.keys.stream(self.job_id, *stream))
             if isinstance(via, bytes) and via not in serving and via != f"{node[0]}:{node[1]}".encode():
                 out[stream] = via.decode(errors="replace")
@@ -1232,7 +1231,7 @@ class RedisReader(TraceReader):
                                   for st in streams])
         for stream, reply in zip(streams, replies, strict=True):
             if isinstance(reply, ReplyError):
-                raise reply
+                continue  # (not known: the next reconnect looks again)
             top = entry_number(reply[0][0]) if reply else 0
             if top >= last[stream]:
                 continue
