@@ -713,10 +713,13 @@ def test_a_console_between_a_masters_failover_and_the_writers_return_is_not_heal
 
 
 def live_until_killed(rank: int, ws: int, store: str, spools: str) -> None:
-    """An all_reduce every 10 ms, heartbeats every 0.2 s, until a rank is killed; the other
-    then lives on (heartbeats).  Each rank keeps its spool apart, as on a host of its own."""
+    """An all_reduce every 10 ms, heartbeats every 0.2 s.  Once ``spools/stop`` exists, rank 0
+    stops calling collectives, has all it recorded written (``flushed``) and waits to be
+    killed; rank 1 waits in its next all_reduce, and lives on once it fails.  Each rank keeps
+    its spool apart, as on a host of its own."""
     import os
     import time
+    from pathlib import Path
 
     import torch
     import torch.distributed as dist
@@ -724,15 +727,18 @@ def live_until_killed(rank: int, ws: int, store: str, spools: str) -> None:
     import commscope
 
     os.environ["COMMSCOPE_SPOOL_DIR"] = os.path.join(spools, f"host{rank}")
-    commscope.instrument(store, sample_interval=0.2, hang_after=60.0, flight_recorder=False)
+    recorder = commscope.instrument(store, sample_interval=0.2, hang_after=60.0, flight_recorder=False)
     x = torch.ones(8)
     try:
-        while True:
+        while rank != 0 or not os.path.exists(os.path.join(spools, "stop")):
             dist.all_reduce(x)
             time.sleep(0.01)
+        recorder.flush(timeout=60)
+        Path(spools, "flushed").touch()
     except RuntimeError:  # (its peer was killed: this rank lives on)
-        while True:
-            time.sleep(1)
+        pass
+    while True:
+        time.sleep(1)
 
 
 @pytest.mark.timeout(240)
@@ -743,7 +749,9 @@ def test_a_rank_that_died_before_its_masters_failover_is_dead_with_an_unknown_lo
     said "not counted yet (each writer says it when it writes again)", a wait for nothing.
     Now the rank is named gone (the culprit of rank 1's failed all_reduce: "vanished") and its
     stream's end is a stated loss of an unknown count with its cause (its master failed over
-    after the rank was gone: ``lost_unknown``); check exits 1.  A console says the same."""
+    after the rank was gone: ``lost_unknown``); check exits 1.  A console that had read the
+    stream to its real end says the same of it (and names the rank dead_rank: it read no peer
+    outliving it)."""
     import os
     import shutil
     import signal
@@ -776,6 +784,10 @@ def test_a_rank_that_died_before_its_masters_failover_is_dead_with_an_unknown_lo
             while master.xlen(key) < synced + 5:  # (the rank's writes the replica never gets)
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
+            (spools / "stop").touch()  # (rank 0's last ops all stored: rank 1 completes none after them)
+            while not (spools / "flushed").exists():
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
             os.kill(job.pids[0], signal.SIGKILL)
             while 0 in job.alive():
                 assert time.monotonic() < deadline
@@ -785,7 +797,7 @@ def test_a_rank_that_died_before_its_masters_failover_is_dead_with_an_unknown_lo
             url = f"redis://127.0.0.1:{replica.port}/0?job={name}"
             alive = next(s for s in cluster.servers if s.port not in (port, replica.port))
             feed = Feed(open_reader(f"redis://127.0.0.1:{alive.port}/0?job={name}"), mode=LIVE, hang_after=60.0)
-            while len(feed.model.ranks) < 2:  # (the console follows the job)
+            while feed.reader._last.get((0, 0), 0) < stored:  # (the console read all rank 0 wrote)
                 feed.step()
                 assert time.monotonic() < deadline
             promoted = _failed_over(cluster, port, replica)
@@ -818,8 +830,10 @@ def test_a_rank_that_died_before_its_masters_failover_is_dead_with_an_unknown_lo
                 assert time.monotonic() < deadline, feed.reader.stats.warnings
             feed._diagnosed_at = float("-inf")
             feed.step()
+            # (it read rank 0's stream to its real end before the failover: no peer outlived it there,
+            # so it is dead_rank, rank 1's failed all_reduce its consequence)
             assert sorted((f.kind, f.severity, f.culprits) for f in feed.findings) == [
-                ("op_failed", "error", [0]), ("trace_incomplete", "error", [0])], feed.findings
+                ("dead_rank", "error", [0]), ("trace_incomplete", "error", [0])], feed.findings
             assert _incomplete(f for f in feed.findings if f.kind == "trace_incomplete") == [
                 ("trace_incomplete", "error", [0], {"0": {"lost_unknown": "failover"}})]
         finally:
