@@ -90,6 +90,10 @@ class Nodes:
         self.shown = shown
         self.cluster = False
         self._slots: list[Address] = []
+        #: bumped whenever the slot map changes (read again, a slot learnt): a follower looks at
+        #: the masters only when it moved (``RedisReader._settling``); ``masters`` per version
+        self.version = 0
+        self._masters: tuple[int, list[Address]] = (-1, [])
         self._conns: dict[Address, Connection] = {}
         self._known: list[Address] = [(target.host, target.port)]
         self._deadline: tuple[float | None, float] = (None, 0.0)  # (``Connection.set_deadline``'s)
@@ -127,11 +131,13 @@ class Nodes:
         user that may not read it (learnt from MOVED)."""
         if self.target.scheme == "unix":
             self._slots = [address]
+            self.version += 1
             return
         try:
             self._read_map(conn, address)
         except ReplyError:
             self._slots = [address] * SLOTS if self.cluster else [address]
+            self.version += 1
             self._learning = True
 
     def _read_map(self, conn: Connection, asked: Address) -> None:
@@ -161,6 +167,7 @@ class Nodes:
             self._known.extend(a for a in nodes if a not in self._known)
         self.cluster = True
         self._slots = slots
+        self.version += 1
 
     def node(self, key: bytes | str) -> Address:
         """The address of the node serving ``key``."""
@@ -168,7 +175,9 @@ class Nodes:
 
     def masters(self) -> list[Address]:
         """Every node known to serve slots (one, for a single Redis)."""
-        return sorted(set(self._slots))
+        if self._masters[0] != self.version:
+            self._masters = (self.version, sorted(set(self._slots)))
+        return list(self._masters[1])
 
     # -- connections
     def _conn(self, address: Address) -> Connection:
@@ -288,6 +297,7 @@ class Nodes:
                     dropped.close()
                 continue
             self._slots[keyslot(key)] = address
+            self.version += 1
             return True
         return False
 
@@ -305,6 +315,7 @@ class Nodes:
             if not self.cluster:
                 self._slots, self.cluster = self._slots[:1] * SLOTS, True
             self._slots[keyslot(key)] = address
+            self.version += 1
             self._learning = True
         return None
 

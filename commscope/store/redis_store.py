@@ -768,6 +768,7 @@ class RedisReader(TraceReader):
         self._ends_known: dict[Stream, int] = {}
         self._unsettled_seen: set[Stream] = set()  # streams ``_unsettled`` counted (and not settled since)
         self._masters: frozenset | None = None  # a follower's: the cluster's masters at its last look (``_settling``)
+        self._map_seen = -1  # ``Nodes.version`` at that look
         self._emptied_seen: set[Stream] = set()  # streams ``_emptying`` counted (and not settled since)
         self._connects = 0  # connections made again after a failure (``_nodes_ok``)
         self._looked = (0, 0)  # (``_connects``, streams listed) at ``_emptying``'s last poll
@@ -1180,10 +1181,12 @@ class RedisReader(TraceReader):
         never looked: it showed a healthy job where ``check`` exited 1."""
         if not (nodes.cluster and self.keys is Keys):
             return
-        masters = frozenset(nodes.masters())
-        if masters != self._masters:
-            self._unsettled(nodes, self._ends_known)
-            self._masters = masters
+        if nodes.version != self._map_seen:  # (the map moved: its masters compared, not on every poll)
+            masters = frozenset(nodes.masters())
+            if masters != self._masters:
+                self._unsettled(nodes, self._ends_known)
+                self._masters = masters
+            self._map_seen = nodes.version
         seen = self._unsettled_seen
         again = [st for st in seen if got.get(st) or st in self._ends_known]
         if not again:
