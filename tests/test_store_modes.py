@@ -136,3 +136,17 @@ def test_run_share_with_group_reaches_the_ranks():
     assert build_env(args, base={})[ENV_SHARE] == "1"
     args.share_with_group = False
     assert ENV_SHARE not in build_env(args, base={})
+
+
+def test_a_demos_rank_logs_are_private_too(tmp_path, umask):
+    """``commscope demo --store DIR`` writes each rank's output beside its trace: the logs
+    directory was made with the umask's mode (0777 under umask 0) and the logs 0644
+    (helper-123)."""
+    from commscope.scenarios import DemoJob
+
+    job = DemoJob("healthy-training", ranks=2, store=str(tmp_path / "demo"), steps=1, pace=0).start()
+    assert job.wait(120), job.errors()
+    assert job.exitcodes == [0, 0]
+    got = modes(tmp_path / "demo")
+    assert any(name.endswith("logs/rank-1.log") for name in got)
+    assert_modes(tmp_path / "demo", 0o700, 0o600)

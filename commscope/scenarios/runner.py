@@ -44,6 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from commscope.private import make_dirs
 from commscope.scenarios.base import MAX_RANKS, DemoContext, Scenario
 
 #: Exit code of a worker ended by the demo's time limit (the normal end of a hanging scenario).
@@ -150,7 +151,8 @@ def _redirect_output(ctx: DemoContext, rank: int) -> None:
     if not ctx.log_dir:
         return
     try:
-        fd = os.open(os.path.join(ctx.log_dir, f"rank-{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(os.path.join(ctx.log_dir, f"rank-{rank}.log"),  # (the owner's alone, as the trace beside it)
+                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     except OSError:
         return
     sys.stdout.flush()
@@ -320,7 +322,6 @@ class DemoJob:
                 run_dir = Path(tempfile.mkdtemp(prefix=f"commscope-demo-{sc.name}-"))
                 self.temporary.append(str(run_dir))
             else:
-                from commscope.private import make_dirs
                 from commscope.store.directory import PRIVATE
 
                 run_dir = Path(store).resolve() / self.job_id
@@ -328,7 +329,7 @@ class DemoJob:
             self.store = str(run_dir)
             self.log_dir = str(run_dir / "logs") if logs else None
         if self.log_dir:
-            os.makedirs(self.log_dir, exist_ok=True)
+            make_dirs(Path(self.log_dir), 0o700)  # (0700 whatever the umask: a rank's output is the program's text)
         self.started_at: float | None = None
         self.deadline: float | None = None
         self._job: Any = None
