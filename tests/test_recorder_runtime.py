@@ -214,13 +214,16 @@ SCRIPT = textwrap.dedent("""
     if sys.argv[3] == "kill":
         import signal
         os.kill(os.getpid(), signal.SIGKILL)  # not a word: what was recorded waits in the spool
-    if sys.argv[3].startswith("caught"):  # a sys.exit the program catches, and goes on
+    if sys.argv[3].startswith("caught") or sys.argv[3].startswith("kept"):  # a sys.exit the program catches
         def leave():
             sys.exit(3)
         try:
             leave()
-        except SystemExit:
-            pass
+        except SystemExit as e:
+            if sys.argv[3].startswith("kept"):  # (and keeps until the exit: freed only after atexit)
+                kept = e
+            if sys.argv[3] == "kept_left":  # (and leaves with it after all)
+                raise
         dist.all_reduce(torch.ones(1))
         if sys.argv[3] == "caught_then_exit":
             sys.exit(5)
@@ -263,6 +266,15 @@ def test_exit_events_tell_clean_crashed_and_killed_processes_apart(tmp_path):
     code, events = _run_script(tmp_path, "caught_then_exit")
     assert code == 5
     assert [(e["reason"], e.get("code")) for e in of_type(events, "exit")] == [("atexit", 5)]
+    # caught and kept alive until the exit (status 0): its code is taken back all the same;
+    # kept and re-raised, it leaves the program, and its code stands
+    code, events = _run_script(tmp_path, "kept")
+    assert code == 0
+    assert [(e["reason"], e.get("code")) for e in of_type(events, "exit")] == [("atexit", None)]
+    assert [o["op"] for o in ops(events)] == ["all_reduce", "all_reduce"]
+    code, events = _run_script(tmp_path, "kept_left")
+    assert code == 3
+    assert [(e["reason"], e.get("code")) for e in of_type(events, "exit")] == [("atexit", 3)]
     code, events = _run_script(tmp_path, "kill")
     assert code == -9
     # nobody forwarded its spool (no other rank, no launcher): a reader on this host forwards

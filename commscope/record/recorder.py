@@ -124,6 +124,7 @@ class Recorder:
         self.crash: str | None = None
         self.exit_code: int | None = None  # what the main thread's last ``sys.exit`` asked for
         self.exit_token = 0  # one more each ``sys.exit`` noted (``_ExitNoted``)
+        self.exit_frame: Any = None  # the main thread's outermost frame at that ``sys.exit``
         self.exited = False
         self._exit: tuple[int, str, int | None] | None = None  # (ts, reason, exit code) once marked
         # The exit's way out, which the recorder thread and a caller past FINAL_HOLD_S both
@@ -859,7 +860,29 @@ def _at_exit() -> None:
         return
     rec.ops.uninstall()
     _active = None
-    rec.stop("atexit" if rec.crash is None else "exception", code=rec.exit_code)
+    code = None if _ran_to_its_end(rec.exit_frame) else rec.exit_code
+    rec.stop("atexit" if rec.crash is None else "exception", code=code)
+
+
+#: The instructions a frame that returned ended at (3.12 added the ``_CONST`` ones)
+_RETURNS = frozenset({"RETURN_VALUE", "RETURN_CONST", "INSTRUMENTED_RETURN_VALUE", "INSTRUMENTED_RETURN_CONST"})
+
+
+def _ran_to_its_end(frame: Any) -> bool:
+    """Whether ``frame``, the main thread's outermost one when it called ``sys.exit``,
+    returned: the program ran to its end, so no ``SystemExit`` left it, whatever it caught
+    and kept alive past atexit (``_ExitNoted`` is not freed then; helper-121: ``kept = e``,
+    then a clean exit, status 0, said code 3).  One the exception left was unwound where it
+    passed (its last instruction a call or a raise), and its code stands."""
+    if frame is None:
+        return False
+    try:
+        import opcode
+
+        lasti = frame.f_lasti
+        return lasti >= 0 and opcode.opname[frame.f_code.co_code[lasti]] in _RETURNS
+    except Exception:
+        return False
 
 
 _real_os_exit = os._exit
@@ -956,7 +979,7 @@ class _ExitNoted:
     its code and goes on to atexit): the code noted stands.  Freed inside a frame, the
     program caught it and went on: the code is taken back (helper-117: ``sys.exit(3)``
     caught, then a clean exit, status 0, whose ``exit`` event said code 3).  A caught
-    exception kept alive until the exit still leaves its code (not seen)."""
+    exception kept alive until the exit is settled there (``_ran_to_its_end``)."""
 
     __slots__ = ("before", "rec", "token")
 
@@ -982,6 +1005,10 @@ def _note_sys_exit(status: Any, caller: Any) -> _ExitNoted | None:
     code = 0 if status is None else int(status) if isinstance(status, int) else 1  # Python's rule
     noted = _ExitNoted(rec, rec.exit_code)
     rec.exit_code = code
+    outermost = caller
+    while outermost.f_back is not None:
+        outermost = outermost.f_back
+    rec.exit_frame = outermost
     if code != 0 and (caller.f_globals.get("__name__"), caller.f_code.co_name) in EXCEPTION_EXITS:
         exc = sys.exc_info()[1]  # the exception the wrapper is handling
         if exc is not None:
