@@ -30,6 +30,9 @@ EXPECT = {
 }
 #: The Python recorder has no C++ in the process to hook ``std::terminate``: it sees the abort.
 EXPECT_PYTHON = {**EXPECT, "terminate": ("rank_crashed", "SIGABRT (Aborted)")}
+#: Under a launcher of its own (mp.spawn, torchrun) nothing of commscope sees a rank's exit
+#: status: a SIGKILL is known only as an end without a word, forwarded from its spool.
+UNSEEN = {"sigkill": ("dead_rank", "ended without a word")}
 
 
 def dying(rank: int, ws: int, store: str, cause: str, moment: str, count_path: str) -> None:
@@ -99,3 +102,4 @@ def dying_together(rank: int, ws: int, store: str, cause: str, count_dir: str) -
             die(cause)
         dist.all_reduce(t)
     commscope.uninstrument()
+

@@ -48,8 +48,12 @@ def check_json(store: str, capsys) -> tuple[int, dict]:
     return rc, json.loads(capsys.readouterr().out)
 
 
-def assert_diagnosed(store: str, cause: str, own: int, capsys, recorder: str = "native") -> None:
-    kind, word = (W.EXPECT_PYTHON if recorder == "python" else W.EXPECT)[cause]
+def assert_diagnosed(store: str, cause: str, own: int, capsys, recorder: str = "native", *,
+                     unseen: bool = False, moment: str | None = None) -> None:
+    """``unseen``: no commscope launcher saw rank 1's exit status (``W.UNSEEN``).  ``moment``:
+    when rank 1 died; but mid-run (an async op in flight), every op it issued had ended, and
+    the trace holds each end too."""
+    kind, word = {**(W.EXPECT_PYTHON if recorder == "python" else W.EXPECT), **(W.UNSEEN if unseen else {})}[cause]
     rc, out = check_json(store, capsys)
     errors = [f for f in out["findings"] if f["severity"] == "error"]
     assert rc == 1
@@ -63,6 +67,8 @@ def assert_diagnosed(store: str, cause: str, own: int, capsys, recorder: str = "
     assert isinstance(model, TraceModel)
     assert model.n_ops(1) == own, f"rank 1 issued {own} ops, the trace holds {model.n_ops(1)}"
     assert model.ranks[1].dropped == 0
+    if moment is not None:
+        assert len(model.ranks[1].open) <= (moment == "mid_run"), f"rank 1's ops left open: {model.ranks[1].open}"
 
 
 @pytest.mark.parametrize("recorder", ["native", "python"])
@@ -71,7 +77,7 @@ def assert_diagnosed(store: str, cause: str, own: int, capsys, recorder: str = "
 def test_death_directory(cause, moment, recorder, tmp_path, capsys):
     store = str(tmp_path / "trace")
     own = run_death(store, cause, moment, recorder, tmp_path, "death")
-    assert_diagnosed(store, cause, own, capsys, recorder)
+    assert_diagnosed(store, cause, own, capsys, recorder, moment=moment)
 
 
 @pytest.mark.parametrize("recorder", ["native", "python"])
@@ -79,15 +85,18 @@ def test_death_directory(cause, moment, recorder, tmp_path, capsys):
 @pytest.mark.parametrize("cause", W.CAUSES)
 def test_death_redis(cause, moment, recorder, redis_url, tmp_path, capsys):
     own = run_death(redis_url, cause, moment, recorder, tmp_path, "death")
-    assert_diagnosed(redis_url, cause, own, capsys, recorder)
+    assert_diagnosed(redis_url, cause, own, capsys, recorder, moment=moment)
 
 
-@pytest.mark.parametrize("cause", ["sigterm"])
-def test_sigterm_is_a_killing(cause, tmp_path, capsys):
-    """SIGTERM (what a launcher sends first) is noted by the rank itself."""
+@pytest.mark.parametrize("recorder", ["native", "python"])
+def test_sigterm_is_a_killing(recorder, tmp_path, capsys):
+    """SIGTERM (what a launcher sends first) is noted by the rank itself: in its spool's
+    header by the native death handler, in a file next to its spool by faulthandler for the
+    Python recorder.  (``Job`` sees the exit status too; under mp.spawn and torchrun the
+    note is all there is: ``test_death_under_a_launcher``.)"""
     store = str(tmp_path / "trace")
-    own = run_death(store, cause, "mid_run", "native", tmp_path, "death")
-    assert_diagnosed(store, cause, own, capsys)
+    own = run_death(store, "sigterm", "mid_run", recorder, tmp_path, "death")
+    assert_diagnosed(store, "sigterm", own, capsys, recorder, moment="mid_run")
 
 
 @pytest.mark.parametrize("moment", ["mid_run", "after_op"])
@@ -160,3 +169,80 @@ def test_two_ranks_dying_together_are_one_finding_naming_both(cause, tmp_path, c
     for r in (1, 2):
         own = int((counts / str(r)).read_text())
         assert model.n_ops(r) == own and model.ranks[r].dropped == 0, (r, own, model.n_ops(r))
+
+
+#: A rank of the death matrix under a real launcher: ``mp.spawn`` (which SIGTERMs the ranks
+#: left once one dies) or torchrun (its agent does the same; the rank reads its place from
+#: the environment).  Either instruments inside the rank function (``death_workers.dying``).
+LAUNCHED = """
+import datetime, os, sys
+import torch.distributed as dist
+import death_workers as W
+
+LAUNCHER, STORE, CAUSE, MOMENT, COUNT = sys.argv[1:6]
+
+def worker(rank, port=None):
+    init = f"tcp://127.0.0.1:{port}" if port else "env://"
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=30))
+    W.dying(rank, 2, STORE, CAUSE, MOMENT, COUNT)
+
+if __name__ == "__main__":
+    if LAUNCHER == "spawn":
+        import torch.multiprocessing as mp
+        from commscope.launch import free_port
+        mp.spawn(worker, args=(free_port(),), nprocs=2, join=True)
+    else:
+        worker(int(os.environ["RANK"]))
+"""
+
+
+def run_launched(launcher: str, cause: str, moment: str, recorder: str, tmp_path: Path) -> tuple[str, int]:
+    """Run the two-rank job under ``launcher``; the store and rank 1's own count of ops."""
+    import os
+    import sys
+
+    from procs import run_session
+
+    script, store, count = tmp_path / "job.py", str(tmp_path / "trace"), tmp_path / "own-count"
+    script.write_text(LAUNCHED)
+    here = str(Path(__file__).parent)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMMSCOPE_") or k == "COMMSCOPE_SPOOL_DIR"}
+    env.update(COMMSCOPE_JOB="death", COMMSCOPE_SOURCE=recorder,
+               PYTHONPATH=os.pathsep.join([here, str(Path(here).parent), env.get("PYTHONPATH", "")]))
+    args = [str(script), launcher, store, cause, moment, str(count)]
+    if launcher == "spawn":
+        cmd = [sys.executable, *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "--monitor-interval", "0.1", *args]
+    proc = run_session(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=100)
+    assert proc.returncode != 0, f"rank 1 did not die of {cause}: {proc.stderr[-3000:]}"
+    return store, int(count.read_text())
+
+
+#: The cells of the matrix under a launcher: the Python recorder under mp.spawn, killed and
+#: crashed, at every moment; the native one where the other tests leave a launcher's cell
+#: open, mid-run and after an op (not before its ticks ran: helper-121 saw a native rank 0,
+#: SIGTERMed by mp.spawn before the tick after its first op, leave a spool restating the
+#: world without members, and its failure blamed on nobody beside rank 1's crash, once in
+#: seven loaded runs; open); torchrun's rank SIGKILLed right after its last op, on both
+#: recorders
+LAUNCHED_CELLS = [
+    *[("spawn", cause, moment, "python") for cause in ("sigkill", "segfault", "exception", "os_exit")
+      for moment in W.MOMENTS],
+    *[("spawn", cause, moment, "native") for cause in ("sigkill", "segfault", "os_exit") for moment in ("mid_run", "after_op")],
+    ("torchrun", "sigkill", "after_op", "native"),
+    ("torchrun", "sigkill", "after_op", "python"),
+    ("torchrun", "segfault", "mid_run", "native"),
+    ("torchrun", "exception", "after_init", "python"),
+]
+
+
+@pytest.mark.parametrize("launcher, cause, moment, recorder", LAUNCHED_CELLS)
+def test_death_under_a_launcher(launcher, cause, moment, recorder, tmp_path, capsys):
+    """The launcher stops the rank left (SIGTERM) once rank 1 died, and no commscope
+    launcher sees rank 1's exit status: its spool is forwarded by rank 0's recorder or by
+    ``check``.  The same exact finding, no victim, nothing lost."""
+    store, own = run_launched(launcher, cause, moment, recorder, tmp_path)
+    assert_diagnosed(store, cause, own, capsys, recorder, unseen=True, moment=moment)

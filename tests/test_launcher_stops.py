@@ -252,19 +252,21 @@ def test_a_rank_whose_stop_went_unseen_is_no_culprit_where_nobody_waited_for_it(
 @pytest.mark.parametrize("case, errors", [
     ("killed between ops", [("dead_rank", [1])]),
     ("its SIGTERM noted", []),
-    ("the Python recorder", []),
+    ("the Python recorder", [("dead_rank", [1])]),
+    ("the Python recorder, SIGTERM unwatched", []),
     ("the others stopped by SIGINT", []),
     ("heard from after the stop", []),
     ("its program took SIGTERM from the recorder", []),
     ("the others' own handlers took it", [("dead_rank", [1])]),
 ])
 def test_a_rank_killed_unseen_before_the_launcher_stopped_the_rest_is_the_dead_rank(case, errors):
-    """The native recorder's death handler notes a SIGTERM in the spool as it comes, whatever
-    ends the process after.  Rank 1, SIGKILLed (the OOM killer) between ops, ends unseen with
+    """The recorder notes a SIGTERM in the spool as it comes (the native one's death handler,
+    the Python one's faulthandler), whatever ends the process after.  Rank 1, SIGKILLed (the OOM killer) between ops, ends unseen with
     none noted; mp.spawn SIGTERMs ranks 0 and 2 12 ms later, which note it: no SIGTERM reached
     rank 1, so it was gone before them, and it is the dead rank though nobody waited for it
     (before: "no findings", exit 0).  Not where a SIGTERM was noted for it (it was stopped
-    too), nor under the Python recorder (which notes none), nor where the others were
+    too), nor under a Python recorder that could not watch for it (``term_unwatched``: what
+    it said of every rank until it noted SIGTERM, helper-121), nor where the others were
     stopped by SIGINT (not noted), nor where it was heard from after the first stop, nor
     where its spool says a SIGTERM could have come unnoted (``term_unwatched``: the program
     replaced the death handler after init, helper-102).  The first SIGTERM may be one the
@@ -273,7 +275,7 @@ def test_a_rank_killed_unseen_before_the_launcher_stopped_the_rest_is_the_dead_r
     b = TraceBuilder(3, hang_after=2.0)
     for e in b.events:
         if e["type"] == "meta":
-            e["recorder"] = "python" if case == "the Python recorder" else "native"
+            e["recorder"] = "python" if case.startswith("the Python recorder") else "native"
     t = b.warmup(3)  # (between two steps: no op open)
     stop = t + S
     b.heartbeats(b.t0, stop - 100 * MS)
@@ -285,7 +287,7 @@ def test_a_rank_killed_unseen_before_the_launcher_stopped_the_rest_is_the_dead_r
         else:
             b.exit(r, stop + r * MS, **others)
     noted = {"stop_signal": "SIGTERM", "stop_ts": stop - MS} if case == "its SIGTERM noted" else {}
-    if case == "its program took SIGTERM from the recorder":
+    if case in ("its program took SIGTERM from the recorder", "the Python recorder, SIGTERM unwatched"):
         noted = {"term_unwatched": True}
     b.exit(1, t - MS, **GONE, **noted)
     assert _stopped_errors(b) == errors

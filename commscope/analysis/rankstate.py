@@ -432,7 +432,7 @@ def awaited_first(m: TraceModel, rank: int, i: int, gone: Sequence[int]) -> list
     """Of the members gone before op ``i`` of ``rank`` (a collective) failed on a closed
     connection, those that never entered its instance, where each went before any of the
     others, which left no word of how (an unseen death, timed by its last sign of life: a
-    SIGKILL, or a launcher's SIGTERM the Python recorder does not note): those entered it and
+    SIGKILL, or a launcher's SIGTERM nothing noted): those entered it and
     waited there for the absent ones, and were stopped because they went (mp.spawn SIGTERMs
     the ranks left when one dies; helper-105: a SIGKILLed rank and the victim stopped while
     waiting for it were blamed together).  Otherwise ``gone`` as it is."""
@@ -598,17 +598,22 @@ def _unstopped_before(m: TraceModel, rank: int, k: dict, t: int, stops: _Stops) 
     reached it, and it was last heard from no later than the first of them was stopped.  A launcher that ends a job (mp.spawn, torchrun, SLURM, Kubernetes) sends every
     rank it stops SIGTERM first; a rank that got none was gone already, and the others were
     stopped because it went (before, with none of them waiting in an op, a rank SIGKILLed
-    between ops, the launcher stopping the rest, read "no findings", exit 0).  Only the
-    native recorder says that none reached it: its death handler notes a SIGTERM in the
-    spool as the signal comes, whatever ends the process after (``stop_signal``, or an exit
-    by the signal), unless the program took the signal from it or ignores it, which the
+    between ops, the launcher stopping the rest, read "no findings", exit 0).  The recorder
+    says that none reached it: the native one's death handler notes a SIGTERM in the spool
+    as the signal comes, whatever ends the process after (``stop_signal``, or an exit by the
+    signal), the Python one's faulthandler in a file next to it (only while SIGTERM has its
+    default action); unless the program took the signal from it or ignores it, which the
     spool then says (``term_unwatched``: a program's own ``signal.signal(SIGTERM, ...)``
-    after init, SIGTERMed with the rest, read as gone before them); the Python recorder
-    notes none (a rank SIGTERMed reads as gone).  The first SIGTERM is that of a rank killed
-    by it or of one whose own handler took it and left (``stop_ts``)."""
+    after init, SIGTERMed with the rest, read as gone before them; the Python recorder's
+    said so from its first tick until it noted SIGTERM, helper-121).  The first SIGTERM is that
+    of a rank killed by it or of one whose own handler took it and left (``stop_ts``)."""
     meta = m.ranks[rank].meta
     return (unseen_death(k) and not k.get("stop_signal") and not k.get("term_unwatched") and meta is not None
-            and meta.get("recorder") == "native" and 0 <= t <= stops.earliest_term)
+            and meta.get("recorder") in NOTES_TERM and 0 <= t <= stops.earliest_term)
+
+
+#: The recorders (``meta.recorder``) whose spools say whether a SIGTERM could have come unnoted
+NOTES_TERM = frozenset({"native", "python"})
 
 
 def _went_before(m: TraceModel, p: int, stopped_ranks: set[int], first: int) -> bool:

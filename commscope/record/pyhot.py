@@ -30,7 +30,7 @@ from commscope import blocks, events
 from commscope.blocks import pack_end, pack_rbegin, pack_source, pack_wait_begin
 from commscope.events import encode as _dumps
 from commscope.events import signature_key
-from commscope.record import callsite, ops, patch
+from commscope.record import callsite, crashlog, ops, patch
 from commscope.record.cuda_timing import CudaTimer
 from commscope.record.ops import begin_fields, fmt_exc
 from commscope.record.pyencode import QueueEncoder
@@ -115,6 +115,8 @@ class PythonOps:
         self.q: deque = deque()
         self.hot_dropped = 0
         self.ring = PyRing()  # the records themselves, in the spool (see pyspool)
+        self._armed = False  # the death path is armed (``arm_death``): a SIGTERM is watched once a spool is there
+        self._term_path: Any = None  # the spool's ``.term`` file
         self._ids = itertools.count(1)
         self.suffix = ""  # added to group names from the second incarnation on
         self.next_id = self._next_id  # op ids (the Flight Recorder merge takes them too)
@@ -408,9 +410,13 @@ class PythonOps:
     # ------------------------------------------------------------------ the spool
     def attach_spool(self, sp: Any) -> None:
         self.ring.attach(sp.fd)
+        self._term_path = sp.term_path
+        if self._armed:  # (a spool opened after the rank attached: once the job id is settled)
+            crashlog.watch_term(sp.term_path)
 
     def detach_spool(self) -> None:
         self.ring.detach()
+        self._term_path = None
 
     def forwarded(self, end: int) -> None:
         self.ring.forwarded(end)
@@ -422,13 +428,18 @@ class PythonOps:
         self.ring.note_meta(line)
 
     def arm_death(self) -> None:
-        pass  # no C here: faulthandler's crash file tells a fatal signal (recorder._arm)
+        """No C here: faulthandler's crash file tells a fatal signal (``recorder._arm``), and
+        its ``.term`` file next to the spool a SIGTERM (``crashlog.watch_term``)."""
+        self._armed = True
+        if self._term_path is not None:
+            crashlog.watch_term(self._term_path)
 
     def disarm_death(self) -> None:
-        pass
+        self._armed = False
+        crashlog.unwatch_term()
 
     def term_watched(self) -> bool:
-        return False  # (no handler here notes a SIGTERM)
+        return crashlog.term_watched()
 
     def note_exit(self, code: int) -> None:
         self.ring.note_exit(code)
@@ -444,6 +455,7 @@ class PythonOps:
     def after_fork(self) -> None:
         self.q.clear()
         self.ring = PyRing(spool.MIN_RING)  # never the parent's spool
+        self._armed, self._term_path = False, None  # (crashlog let go of the parent's SIGTERM watch)
 
 
 _internal_cache = callsite._internal_cache

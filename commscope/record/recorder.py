@@ -1027,6 +1027,7 @@ def _signal(*args: Any) -> Any:
     ``signal.signal`` that was installed does the work, and raises as ever."""
     previous = (_prev_signal or _builtin_signal)(*args)
     if args and args[0] == signal.SIGTERM:
+        crashlog.term_taken()  # (the Python recorder's watch of it is replaced)
         rec = _active
         if rec is not None and os.getpid() == rec.pid:
             try:

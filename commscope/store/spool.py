@@ -58,6 +58,10 @@ TABLE_SIZE = 4 << 20
 MIN_RING = 64 << 10
 SUFFIX = ".spool"
 CRASH_SUFFIX = ".crash"
+#: Where faulthandler writes the stacks of a SIGTERM as it comes, for the Python recorder,
+#: which has no C handler to note it in the header (``record/crashlog.watch_term``): a
+#: written file is the death, at its mtime
+TERM_SUFFIX = ".term"
 CLOSED = 1  # SPOOL_CLOSED: the owner forwarded everything and left
 META_STORED = 2  # the rank's meta reached the store: a forwarder need not send it again
 FORWARDED = 4  # a tombstone: records forwarded, how the rank died still unknown (for its launcher)
@@ -177,6 +181,10 @@ class Spool:
     def crash_path(self) -> Path:
         return self.path.with_suffix(CRASH_SUFFIX)
 
+    @property
+    def term_path(self) -> Path:
+        return self.path.with_suffix(TERM_SUFFIX)
+
     @classmethod
     def create(cls, identity: dict[str, Any], ring: int | None = None, table: int = TABLE_SIZE) -> Spool:
         """A new spool for this process in the first usable spool directory; OSError when
@@ -253,7 +261,7 @@ class Spool:
             return
         if remove:
             os.pwrite(self.fd, struct.pack("<I", CLOSED), OFF_FLAGS)
-            for p in (self.path, self.crash_path):
+            for p in (self.path, self.crash_path, self.term_path):
                 with contextlib.suppress(OSError):
                     os.unlink(p)
         with contextlib.suppress(OSError):
@@ -368,6 +376,8 @@ def read(path: Path) -> Image | None:
     if term_set:
         death.terminate_type = head[OFF_TERM_TYPE:OFF_TERM_TYPE + min(tlen, 256)].decode("utf-8", "replace")
         death.terminate_what = head[OFF_TERM_WHAT:OFF_TERM_WHAT + min(wlen, 2048)].decode("utf-8", "replace")
+    elif not sig and not exit_set and (came := term_noted(Path(path))):
+        death.signal, death.signal_ns = signal.SIGTERM, came  # (the Python recorder's note of it)
     tables, meta, kept = bytearray(), None, []
     for typ, off, length in _records(table):
         if typ == blocks.META_REC:
@@ -381,6 +391,17 @@ def read(path: Path) -> Image | None:
                  head=hd, tail=tl, dropped=_U64.unpack_from(head, OFF_DROPPED)[0],
                  flags=struct.unpack_from("<I", head, OFF_FLAGS)[0], tables=bytes(tables), meta=meta, kept=kept,
                  ring=bytes(ring), end=start + len(ring), death=death, stored=_U64.unpack_from(head, OFF_STORED)[0])
+
+
+def term_noted(path: Path) -> int:
+    """When a SIGTERM came to the Python recorder's rank whose spool is ``path``: the mtime of
+    the stacks faulthandler wrote as it came (``TERM_SUFFIX``), else 0.  Registered only while
+    SIGTERM had its default action, so the signal ended the process."""
+    try:
+        st = os.stat(Path(path).with_suffix(TERM_SUFFIX))
+    except OSError:
+        return 0
+    return st.st_mtime_ns if st.st_size > 0 else 0
 
 
 def exit_event(img: Image, rank: int) -> dict | None:
@@ -706,7 +727,7 @@ def launcher_exit(rank: int, status: int) -> dict:
 
 
 def _remove(path: Path) -> None:
-    for p in (path, path.with_suffix(CRASH_SUFFIX)):
+    for p in (path, path.with_suffix(CRASH_SUFFIX), path.with_suffix(TERM_SUFFIX)):
         with contextlib.suppress(OSError):
             os.unlink(p)
 
