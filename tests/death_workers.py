@@ -103,3 +103,29 @@ def dying_together(rank: int, ws: int, store: str, cause: str, count_dir: str) -
         dist.all_reduce(t)
     commscope.uninstrument()
 
+
+
+
+def failing_before_a_tick(rank: int, ws: int, store: str, count_path: str) -> None:
+    """Rank 1 segfaults right after init.  Rank 0 holds its recorder's tick lock (a loaded
+    host's thread, late), its all_reduce fails on rank 1's closed connection, and it is
+    SIGTERMed (as mp.spawn stops the rank left) before any tick took its group: its records
+    reach the store only from its spool."""
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    import commscope
+
+    rec = commscope.instrument(store, sample_interval=0.2, hang_after=60.0, flight_recorder=False)
+    if rank == 1:
+        with open(count_path, "w") as f:
+            f.write("0")
+        die("segfault")
+    rec.flush(10.0)
+    with rec._tick_lock:  # (no tick from here on)
+        try:
+            dist.all_reduce(torch.ones(4))
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)

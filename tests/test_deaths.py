@@ -223,15 +223,12 @@ def run_launched(launcher: str, cause: str, moment: str, recorder: str, tmp_path
 
 #: The cells of the matrix under a launcher: the Python recorder under mp.spawn, killed and
 #: crashed, at every moment; the native one where the other tests leave a launcher's cell
-#: open, mid-run and after an op (not before its ticks ran: helper-121 saw a native rank 0,
-#: SIGTERMed by mp.spawn before the tick after its first op, leave a spool restating the
-#: world without members, and its failure blamed on nobody beside rank 1's crash, once in
-#: seven loaded runs; open); torchrun's rank SIGKILLed right after its last op, on both
-#: recorders
+#: open; torchrun's rank SIGKILLed right after its last op, on both recorders
 LAUNCHED_CELLS = [
     *[("spawn", cause, moment, "python") for cause in ("sigkill", "segfault", "exception", "os_exit")
       for moment in W.MOMENTS],
-    *[("spawn", cause, moment, "native") for cause in ("sigkill", "segfault", "os_exit") for moment in ("mid_run", "after_op")],
+    *[("spawn", cause, moment, "native") for cause in ("sigkill", "segfault", "os_exit")
+      for moment in ("after_init", "mid_run", "after_op")],
     ("torchrun", "sigkill", "after_op", "native"),
     ("torchrun", "sigkill", "after_op", "python"),
     ("torchrun", "segfault", "mid_run", "native"),
@@ -246,3 +243,17 @@ def test_death_under_a_launcher(launcher, cause, moment, recorder, tmp_path, cap
     ``check``.  The same exact finding, no victim, nothing lost."""
     store, own = run_launched(launcher, cause, moment, recorder, tmp_path)
     assert_diagnosed(store, cause, own, capsys, recorder, unseen=True, moment=moment)
+
+
+def test_a_rank_stopped_before_the_tick_after_its_first_op_blames_the_crash(tmp_path, capsys):
+    """The native recorder told its tables a group's members at the first tick after the
+    group's first op.  Rank 0, SIGTERMed before that tick (mp.spawn under load), left a spool
+    whose block restated the world without members; its all_reduce, failed on rank 1's
+    segfault right after init, was blamed on nobody: an ``op_failed`` with no culprit beside
+    ``rank_crashed`` [1].  The world's members are in the tables once the spool is there."""
+    store = str(tmp_path / "trace")
+    count = tmp_path / "own-count"
+    results = Job(W.failing_before_a_tick, 2, args=(store, str(count)), env={"COMMSCOPE_JOB": "untold"},
+                  pg_timeout=30).start().join(60)
+    assert (results[0].exitcode, results[1].exitcode) == (-15, -11), results
+    assert_diagnosed(store, "segfault", int(count.read_text()), capsys, moment="after_init")

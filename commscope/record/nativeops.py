@@ -11,6 +11,7 @@ op one by one.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from types import ModuleType
 from typing import Any
@@ -98,6 +99,14 @@ class NativeOps:
     # ------------------------------------------------------------------ the spool
     def attach_spool(self, sp: Any) -> None:
         self.m.attach_spool(sp.fd)
+        # The world's members in the tables now, not at the first tick after its first op: a
+        # rank stopped before that tick (mp.spawn's SIGTERM on a loaded host) left a spool whose
+        # block restated the world without members, and its op's failure on a rank that died
+        # right after init was blamed on nobody (helper-121: op_failed [] beside the crash)
+        pg = patch.default_group()
+        if pg is not None:
+            with contextlib.suppress(Exception):
+                self._note_group(str(pg.group_name))
 
     def detach_spool(self) -> None:
         self.m.detach_spool()
