@@ -1,6 +1,9 @@
 """A stream that is not of the run the others are (another job's rank file copied in,
 another launch under a reused job id) is named with its cause: ``check`` never calls such
-a mix healthy (``TraceModel.foreign_streams``, ``completeness.find_incomplete``)."""
+a mix healthy (``TraceModel.foreign_streams``, ``completeness.find_incomplete``).  Its ops
+are kept out of the matching and the diagnosis (no finding of the job's made of them), in
+``check``, ``report`` and the console alike, and the streams are told apart by their metas
+(``analysis.runs``)."""
 
 from __future__ import annotations
 
@@ -28,32 +31,68 @@ def _steps(rank: int, world: int, store: str) -> None:
         dist.barrier()
 
 
-def _launch(store: Path, world: int, spools: Path, job: str | None = None) -> None:
+def _steps_then_a_recv_that_fails(rank: int, world: int, store: str) -> None:
+    """``_steps``, then the last rank waits in a recv from rank 1, which never sends: it
+    fails (the group's timeout, or rank 1's connection closed as it left), caught."""
+    import torch
+    import torch.distributed as dist
+    from failure_workers import quick_group
+
+    import commscope
+
+    x = torch.ones(4)
+    with commscope.instrumented(store, sample_interval=0.2, flight_recorder=False):
+        for _ in range(20):
+            dist.all_reduce(x)
+        dist.barrier()
+        quick = quick_group(3.0)
+        if rank == world - 1:
+            try:
+                dist.recv(x, 1, group=quick)
+            except RuntimeError:
+                pass
+
+
+def _launch(store: Path | str, world: int, spools: Path, job: str | None = None, steps=_steps) -> None:
     env = {"COMMSCOPE_SOURCE": "native", "COMMSCOPE_SPOOL_DIR": str(spools)}
     if job is not None:
         env["COMMSCOPE_JOB"] = job
-    results = Job(_steps, world, args=(str(store),), env=env).start().join(120)
+    results = Job(steps, world, args=(str(store),), env=env).start().join(120)
     assert all(r.ok for r in results.values()), {k: r.error for k, r in results.items()}
 
 
-def _check(target: Path, spools: Path) -> tuple[int, dict]:
+def _check(target: Path | str, spools: Path) -> tuple[int, dict]:
     got = subprocess.run([sys.executable, "-m", "commscope", "check", "--json", str(target)], capture_output=True,
                          text=True, timeout=300, env={**os.environ, "COMMSCOPE_SPOOL_DIR": str(spools)})
     return got.returncode, json.loads(got.stdout)
 
 
-def _named(store: Path, spools: Path, ranks: list[int], why: dict[int, str]) -> dict:
+def _named(store: Path | str, spools: Path, ranks: list[int], why: dict[int, str]) -> dict:
     """``check --json`` of ``store``: exit 1, one ``trace_incomplete`` error naming exactly
-    ``ranks``, each with ``why``, nothing counted lost, and no other rank blamed by any
-    finding.  The report."""
+    ``ranks``, each with ``why``, nothing counted lost, and no other finding (the foreign
+    streams' ops matched with none of the job's: no straggler, no mismatch they made).  The
+    report."""
     rc, out = _check(store, spools)
     assert rc == 1, out
-    [finding] = [f for f in out["findings"] if f["kind"] == "trace_incomplete"]
-    assert (finding["severity"], finding["culprits"], finding["ranks"]) == ("error", ranks, ranks), finding
+    [finding] = out["findings"]
+    assert (finding["kind"], finding["severity"], finding["culprits"], finding["ranks"]) == (
+        "trace_incomplete", "error", ranks, ranks), finding
     assert finding["evidence"]["lost_events"] == 0
     assert finding["evidence"]["per_rank"] == {str(r): {"foreign": why[r]} for r in ranks}
-    assert all(set(f["culprits"]) <= set(ranks) for f in out["findings"]), out["findings"]
     return out
+
+
+def _kept_apart(store: Path | str, own: set[int], ops: dict[int, int]) -> None:
+    """The trace of ``store`` read as ``check`` reads it: every collective matched among the
+    ranks ``own`` alone (the foreign streams in no group's index, and the groups as the job's
+    own streams state them), and each foreign rank's ops all read (``ops``: its own count:
+    nothing dropped)."""
+    from commscope.analysis.source import load_trace
+
+    model, _, _ = load_trace(store)
+    assert model.coll and all(set(gi.ranks) == own and set(gi.members) == own for gi in model.coll.values()), \
+        {k: (gi.ranks, gi.members) for k, gi in model.coll.items()}
+    assert {r: model.n_ops(r) for r in ops} == ops
 
 
 def test_a_healthy_job_has_no_foreign_stream(tmp_path):
@@ -77,11 +116,15 @@ def test_rank_files_copied_in_from_another_job_are_named(tmp_path):
         shutil.copy(b / f"rank-0000{r}.jsonl", a)
     why = f"its meta names job {b.name!r}, not {a.name!r}"
     out = _named(a, spools, [2, 3], {2: why, 3: why})
-    said = f"rank(s) 2-3: not of the run the others are, read with them all the same (rank 2: {why}; rank 3: {why})"
+    said = (f"rank(s) 2-3: not of the run the others are, kept out of the matching, the diagnosis and the report "
+            f"(rank 2: {why}; rank 3: {why})")
     assert said in out["warnings"], out["warnings"]
+    _kept_apart(a, {0, 1}, {2: 21, 3: 21})
     report = subprocess.run([sys.executable, "-m", "commscope", "report", "--json", str(a)], capture_output=True,
                             text=True, timeout=300, env={**os.environ, "COMMSCOPE_SPOOL_DIR": str(spools)})
     assert report.returncode == 0 and said in json.loads(report.stdout)["warnings"], report.stdout + report.stderr
+    tables = json.loads(report.stdout)
+    assert sorted(tables["ranks"]) == ["0", "1"] and tables["groups"]["0"]["count"] == 21, tables
 
 
 def test_a_second_launch_under_a_reused_job_id_is_named(tmp_path):
@@ -120,3 +163,93 @@ def test_a_rank_past_the_world_size_is_named(tmp_path):
         lines.append(orjson.dumps(ev))
     (a / "rank-00007.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     _named(a, spools, [7], {7: "rank 7 is past the world size 2 its peers' metas say"})
+
+
+def test_a_foreign_streams_failed_wait_blames_none_of_the_jobs_ranks(tmp_path):
+    """Rank 3 of a 4-rank job, whose recv from rank 1 failed (rank 1 never sent), copied into
+    a 2-rank job's directory: before, its failure was judged as this job's, an op_failed
+    blaming the job's own rank 1.  Now only the trace_incomplete naming rank 3 is found, and
+    its 22 ops (the failed recv among them) are all read."""
+    spools = tmp_path / "spools"
+    _launch(tmp_path / "a", 2, spools)
+    _launch(tmp_path / "b", 4, spools, steps=_steps_then_a_recv_that_fails)
+    a, b = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "b")
+    shutil.copy(b / "rank-00003.jsonl", a)
+    why = f"its meta names job {b.name!r}, not {a.name!r}"
+    _named(a, spools, [3], {3: why})
+    _kept_apart(a, {0, 1}, {3: 22})
+
+
+def _job_dir(store: Path) -> Path:
+    [d] = [p for p in store.iterdir() if p.is_dir()]
+    return d
+
+
+def _followed(feed, done) -> None:
+    """Step a console's feed, each step judged at once, until ``done(feed)`` (a bounded count
+    of steps: each reads what is there, so a few suffice)."""
+    for _ in range(60):
+        feed.step()
+        feed._diagnosed_at = float("-inf")  # (would diagnose now)
+        if feed.caught_up() and done(feed):
+            return
+    raise AssertionError(f"not reached: ranks {sorted(feed.model.ranks)}, findings {feed.findings}")
+
+
+def test_a_console_keeps_streams_found_foreign_after_their_ops_out_of_the_matching(tmp_path):
+    """A console follows a 2-rank job's directory, then ranks 2 and 3 of a 4-rank job are
+    copied in: the poll that reads them ingests their ops with their metas, before any meta
+    is compared, so they entered the matching (before: a straggler on rank 2 beside the
+    trace_incomplete naming them).  Found foreign, they leave it: the console's findings are
+    ``check``'s, the trace_incomplete alone, and every collective is matched among ranks 0
+    and 1; each foreign rank's 21 ops are all in the model."""
+    from commscope.store import open_reader
+    from commscope.tui.feed import LIVE, Feed
+
+    spools = tmp_path / "spools"
+    _launch(tmp_path / "a", 2, spools)
+    _launch(tmp_path / "b", 4, spools)
+    a, b = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "b")
+    feed = Feed(open_reader(str(tmp_path / "a")), mode=LIVE)
+    _followed(feed, lambda f: sorted(f.model.ranks) == [0, 1] and f.diagnoses)
+    assert feed.findings == []
+    feed.reader.LIST_TRUST_S = 0.0  # (list the directory again at once)
+    for r in (2, 3):
+        shutil.copy(b / f"rank-0000{r}.jsonl", a)
+    _followed(feed, lambda f: sorted(f.model.ranks) == [0, 1, 2, 3] and f.model.n_ops(3) == 21)
+    why = f"its meta names job {b.name!r}, not {a.name!r}"
+    [(kind, culprits, evidence)] = [(f.kind, f.culprits, f.evidence) for f in feed.findings]
+    assert (kind, culprits, evidence.lost_events) == ("trace_incomplete", [2, 3], 0)
+    assert evidence.per_rank == {"2": {"foreign": why}, "3": {"foreign": why}}
+    model = feed.model
+    assert all(gi.ranks == [0, 1] and gi.members == [0, 1] for gi in model.coll.values())
+    assert {r: model.n_ops(r) for r in (2, 3)} == {2: 21, 3: 21}
+
+
+def test_a_console_whose_vote_turns_keeps_the_outvoted_streams_out_of_the_matching(tmp_path):
+    """No job metadata to go by (``job.json`` deleted): a console follows a 2-rank job, then
+    ranks 2-5 of a 6-rank job are copied in and outvote it.  Ranks 0 and 1, matched until
+    then, leave the matching (named foreign: the vote is all there is) and ranks 2-5 are
+    matched among themselves under the 6-rank job's own group statement."""
+    from commscope.store import open_reader
+    from commscope.tui.feed import LIVE, Feed
+
+    spools = tmp_path / "spools"
+    _launch(tmp_path / "a", 2, spools)
+    _launch(tmp_path / "c", 6, spools)
+    a, c = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "c")
+    (a / "job.json").unlink()
+    feed = Feed(open_reader(str(a)), mode=LIVE)
+    _followed(feed, lambda f: sorted(f.model.ranks) == [0, 1] and f.diagnoses)
+    assert feed.findings == [] and all(gi.ranks == [0, 1] for gi in feed.model.coll.values())
+    feed.reader.LIST_TRUST_S = 0.0
+    for r in (2, 3, 4, 5):
+        shutil.copy(c / f"rank-0000{r}.jsonl", a)
+    _followed(feed, lambda f: sorted(f.model.ranks) == [0, 1, 2, 3, 4, 5] and f.model.n_ops(5) == 21)
+    why = f"its meta names job {a.name!r}, not {c.name!r}"
+    model = feed.model
+    assert model.foreign_streams == {0: why, 1: why}
+    assert all(gi.ranks == [2, 3, 4, 5] and gi.members == [0, 1, 2, 3, 4, 5] for gi in model.coll.values())
+    [(kind, culprits, evidence)] = [(f.kind, f.culprits, f.evidence) for f in feed.findings]
+    assert (kind, culprits, evidence.lost_events) == ("trace_incomplete", [0, 1], 0)
+    assert evidence.per_rank == {"0": {"foreign": why}, "1": {"foreign": why}}

@@ -528,6 +528,8 @@ def find_missing(model: TraceModel, now: int, hang_ns: int, skip: Any,
     # stopped while it waited for a member that had left without entering (``cut_short``)
     waits = (comp == 0) & ((model.sig_flags(sig) & COLL) != 0) & (seq >= 0)
     hung = waits & (now - begin >= hang_ns)
+    if model.kept_apart:  # (a foreign stream's waits are not this run's)
+        hung &= ~np.isin(slots, model.slots_of(np.fromiter(model.kept_apart, np.int64)))
     cut = rankstate.cut_short(model)
     if cut:  # (the one op each was stopped in, not another it had open: an async op of another group)
         ranks_cut = np.fromiter(cut, np.int64, len(cut))

@@ -189,8 +189,8 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
     gone = [r for r, d in per_rank.items() if d.get("lost_unknown")]
     if foreign:
         parts.append(f"the stream(s) of rank(s) {ranges(sorted(foreign), limit=8)} are not of the run the others are "
-                     "(a rank file copied in from another job, or a job id reused by another launch), read with them "
-                     "all the same: what is found of those ranks is not this run's (" +
+                     "(a rank file copied in from another job, or a job id reused by another launch), kept out of "
+                     "the matching, the diagnosis and the report (" +
                      "; ".join(f"rank {r}: {why}" for r, why in sorted(foreign.items())[:4]) +
                      ("; ..." if len(foreign) > 4 else "") + ")")
     if absent:

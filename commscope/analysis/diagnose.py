@@ -49,6 +49,7 @@ def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None
     if hang_after is None:
         hang_after = default_hang_after(model)
     hang_ns = int(hang_after * 1e9)
+    apart = model.foreign_streams  # (first: the matching leaves the foreign streams out)
     snapshot(model, now).judge_plain()  # every rank's state, computed once for all the detectors below
     findings: list[Finding] = []
     mismatches, mismatch_rows = find_mismatches(model, now)
@@ -66,6 +67,8 @@ def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None
     findings += find_dead(model, now, failures)
     findings += find_stragglers(model)
     findings += find_unwaited(model, now)
+    if apart:  # (a foreign stream's own end, crash or wait is not this run's: trace_incomplete names it)
+        findings = [f for f in findings if not (f.culprits and apart.keys() >= set(f.culprits))]
     stopped = (wall_ns is not None and not any(f.severity == "error" for f in findings)
                and job_stopped(model, wall_ns))
     findings += find_incomplete(model, now, stopped, ended=wall_ns is not None)

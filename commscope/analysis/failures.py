@@ -390,9 +390,10 @@ def failed_instances(model: TraceModel, now: int, mismatch_rows: dict[tuple, lis
     ``hang_ns``: how long an op interrupted by the user was waited in before the members
     that had not come are blamed (sooner, a job stopped: nobody is)."""
     by_key: dict[tuple, dict[int, int]] = {}
+    apart = model.kept_apart  # (a foreign stream's failures are not this run's)
     for r, i in model.failed:
         rt = model.ranks.get(r)
-        if rt is None or i not in rt.exc:
+        if rt is None or i not in rt.exc or r in apart:
             continue
         s = model.sigs[int(rt.sig[i])]
         if s.flags & CONTAINER or s.space == SPACE_FR:

@@ -17,7 +17,7 @@ Three layers, three modules:
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from itertools import repeat
 from operator import attrgetter, is_, itemgetter
@@ -27,7 +27,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from commscope import histories, optable
-from commscope.analysis import opids
+from commscope.analysis import opids, runs
 from commscope.analysis.columns import (
     I64_MAX,
     I64_MIN,
@@ -149,10 +149,10 @@ def _split_by_rank(ranks: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
     return [(int(sr[a]), order[a:b]) for a, b in zip([0, *cuts], [*cuts, len(order)], strict=True)]
 
 
-def _most(values: Iterable[object]) -> str | int | None:
-    """The string or int said most often (the first said of those said as often; None: none)."""
-    said = Counter(v for v in values if isinstance(v, (str, int)) and not isinstance(v, bool))
-    return said.most_common(1)[0][0] if said else None
+def _stream_of(meta: dict | None) -> tuple:
+    """The job, run and incarnation a stream's meta names (what tells one run's group
+    statements from another's: ``TraceModel._said_groups``)."""
+    return (meta.get("job"), meta.get("run"), meta.get("inc", 0)) if meta else (None, None, 0)
 
 
 def _runs(ufunc: np.ufunc, values: np.ndarray, run: np.ndarray, nruns: int, empty: int) -> np.ndarray:
@@ -699,6 +699,13 @@ class TraceModel:
         self.version = 0
         self._said_world: tuple[int, int | None] = (-1, None)  # (version, ``said_world_size`` then)
         self._foreign: tuple[int, dict[int, str]] = (-1, {})  # (metas seen, ``foreign_streams`` then)
+        #: the ranks kept out of the matching: ``foreign_streams`` as the indexes were last made
+        #: to agree with it (``_keep_apart``)
+        self._apart: frozenset[int] = frozenset()
+        #: group -> (job, run, incarnation) of a stream -> the members the first of its ranks to
+        #: state the group said (``groups`` is the first statement of a stream kept in)
+        self._said_groups: dict[str, dict[tuple, list[int]]] = {}
+        self._group_by: dict[str, tuple] = {}  # group -> whose statement ``groups`` holds
         self.changed: frozenset[int] = frozenset()
         #: (version, the earliest begin among the ops its batch changed; I64_MIN: not known) of
         #: the latest batches, every rank's at once (``touched_since``)
@@ -1024,7 +1031,7 @@ class TraceModel:
             for k, part in zip(lv.pos, np.split(kn, cuts), strict=True):
                 codes[k] = part if part.shape[0] else None
         for k, (recs, code) in enumerate(zip(recs_list, codes, strict=True)):
-            if code is None:
+            if code is None or recs.rank in self._apart:
                 continue
             b = rows[k]
             coll = ((self._sig_flags[code] & COLL) != 0) & (recs.seq[b] >= 0)
@@ -1100,6 +1107,10 @@ class TraceModel:
         """``_index`` for ranks ingested together: one ``put`` per group for all of them."""
         rank_of = np.asarray(ranks, np.int64)
         sig, seq, peer = cols["sig"], cols["seq"], cols["peer"]
+        if self._apart:  # (a rank kept apart: its rows out, a pass only where some rank is)
+            kept = ~np.isin(rank_of, np.fromiter(self._apart, np.int64))[who]
+            if not kept.all():
+                sig, seq, peer, who, local = sig[kept], seq[kept], peer[kept], who[kept], local[kept]
         flags = self._sig_flags[sig]
         coll = np.flatnonzero(((flags & COLL) != 0) & (seq >= 0))
         if coll.shape[0]:
@@ -2021,15 +2032,16 @@ class TraceModel:
             elif t == "group":
                 name = str(e.get("group"))
                 granks = e.get("granks")
-                if name not in self.groups and isinstance(granks, list):
-                    self.groups[name] = [int(x) for x in granks]
-                    for space in (SPACE_NATIVE, SPACE_FR):
-                        gi = self.coll.get((space, name))
-                        if gi is not None:  # ops came first: adopt the real membership
-                            for r in self.groups[name]:
-                                gi.add_member(r)
+                said = self._said_groups.setdefault(name, {})
+                who = _stream_of(rt.meta)
+                if who not in said and isinstance(granks, list):  # (a statement per stream's run, kept)
+                    said[who] = [int(x) for x in granks]
+                    if name not in self.groups and rt.rank not in self._apart:
+                        self._adopt(name, who)
                 if e.get("backend"):
                     self.group_backend[name] = e["backend"]
+                if rt.rank in self._apart:  # (a foreign stream's channels and history: not this run's)
+                    continue
                 passed = e.get("channels")
                 if passed:  # (as rows: a rank may state thousands, and thousands of ranks do)
                     peer = np.array([c[0] for c in passed], np.int64)
@@ -2190,7 +2202,10 @@ class TraceModel:
         return int(ts.min()), rt._last_begin
 
     def _index(self, rt: RankTrace, n0: int, n1: int) -> None:
-        """Add ops [n0, n1) of a rank to the collective and p2p indexes."""
+        """Add ops [n0, n1) of a rank to the collective and p2p indexes (none of a rank kept
+        apart: ``_keep_apart``)."""
+        if rt.rank in self._apart:
+            return
         sig = rt.sig[n0:n1]
         flags = self._sig_flags[sig]
         seq = rt.seq[n0:n1]
@@ -2226,6 +2241,8 @@ class TraceModel:
         return ch
 
     def _index_p2p(self, rt: RankTrace, i: int) -> None:
+        if rt.rank in self._apart:
+            return
         code = int(rt.sig[i])
         self._channel(rt.rank, code, int(rt.peer[i])).put(np.array([rt.seq[i]]), *self._side(code),
                                                            np.array([i], np.int32))
@@ -2413,36 +2430,99 @@ class TraceModel:
 
     @property
     def foreign_streams(self) -> dict[int, str]:
-        """The ranks whose stream is not of the run the others are, with why: its meta names
-        another job, or, at its incarnation, another run of the job (the nonce rank 0 draws
-        at init) or a world size its rank is past.  The run is what most ranks' metas at that
-        incarnation say (the lowest rank's on a tie): a rank file copied in from another job,
-        or a job id reused by a later launch, is named, never silently read as this job's.
-        Looked at again only when a meta came (each rank's: ~8 ms at 4k ranks, which a live
-        console's every judgement paid when it was once per model version)."""
+        """The ranks whose stream is not of the run the others are, with why (``runs.foreign``:
+        its meta names another job, or, at its incarnation, another run of the job or a world
+        size its rank is past, than what most ranks' metas say).  They are kept out of the
+        matching (``_keep_apart``): their ops match none of the job's, and the job's groups
+        are what its own streams state.  Looked at again only when a meta came (each rank's:
+        ~8 ms at 4k ranks, which a live console's every judgement paid when it was once per
+        model version)."""
         if self._foreign[0] != self._metas_seen:
             metas = {r: rt.meta for r in sorted(self.ranks) if (rt := self.ranks[r]).meta}
-            out: dict[int, str] = {}
-            job = _most(m.get("job") for m in metas.values())
-            for r, m in metas.items():
-                if job is not None and isinstance(m.get("job"), str) and m["job"] != job:
-                    out[r] = f"its meta names job {m['job']!r}, not {job!r}"
-            by_inc: dict[int, list[int]] = {}
-            for r, m in metas.items():
-                if r not in out:
-                    by_inc.setdefault(m.get("inc", 0) if isinstance(m.get("inc"), int) else 0, []).append(r)
-            for inc, rs in by_inc.items():
-                run = _most(metas[r].get("run") for r in rs)
-                world = _most(metas[r].get("world_size") for r in rs)
-                at = f" (incarnation {inc})" if inc else ""
-                for r in rs:
-                    said = metas[r].get("run")
-                    if run is not None and isinstance(said, str) and said != run:
-                        out[r] = f"its meta names run {said!r} of the job, not {run!r}{at}: another launch"
-                    elif isinstance(world, int) and not isinstance(world, bool) and r >= world:
-                        out[r] = f"rank {r} is past the world size {world} its peers' metas say{at}"
+            out = runs.foreign(metas)
             self._foreign = (self._metas_seen, out)
+            if out.keys() != self._apart:
+                self._keep_apart(frozenset(out))
         return self._foreign[1]
+
+    @property
+    def kept_apart(self) -> frozenset[int]:
+        """The ranks of ``foreign_streams``: no detector looks at their waits or failures."""
+        _ = self.foreign_streams
+        return self._apart
+
+    def _adopt(self, name: str, who: tuple) -> None:
+        """The members of group ``name`` are what a stream of ``who`` (job, run,
+        incarnation) stated: the groups' indexes take them (ops may have come first)."""
+        self.groups[name] = self._said_groups[name][who]
+        self._group_by[name] = who
+        for space in (SPACE_NATIVE, SPACE_FR):
+            gi = self.coll.get((space, name))
+            if gi is not None:  # ops came first: adopt the real membership
+                for r in self.groups[name]:
+                    gi.add_member(r)
+
+    def _keep_apart(self, apart: frozenset[int]) -> None:
+        """Make the matching agree with ``foreign_streams``: a rank found foreign leaves the
+        collective and p2p indexes (and what its group events stated: the members of a
+        group, channels and histories carried), a rank no longer foreign enters them again
+        (its group events read while it was apart are not read again).  Rare (a stream found
+        foreign, the vote changed), so it rebuilds what it touches; the version moves on."""
+        out, back = apart - self._apart, self._apart - apart
+        self._apart = apart
+        if out:
+            for key, gi in list(self.coll.items()):
+                if not out.isdisjoint(gi.col):
+                    self.coll[key] = self._without(gi, out)
+            for key, ch in list(self.p2p.items()):
+                _, _, src, dst = key
+                if src in out or dst in out:
+                    kept = SeqIndex(2)
+                    rows, seqs = ch.rows(), ch.keys[: ch.n]
+                    for side, r in ((0, src), (1, dst)):
+                        has = rows[:, side] >= 0
+                        if r not in out and has.any():
+                            kept.put(seqs[has], side, rows[has, side])
+                    if kept.n:
+                        self.p2p[key] = kept
+                    else:
+                        del self.p2p[key]
+            for name, parts in self.p2p_passed.items():
+                stated = [p[~np.isin(np.where(p[:, 2] == 0, p[:, 0], p[:, 1]), list(out))] for p in parts]
+                self.p2p_passed[name] = [p for p in stated if p.shape[0]]
+            self._passed_index.clear()
+            for per in self.histories.values():
+                for r in out & per.keys():
+                    del per[r]
+        own = {_stream_of(rt.meta) for r, rt in self.ranks.items() if r not in apart}
+        for name, said in self._said_groups.items():
+            if name in self.groups and self._group_by.get(name) in own:
+                continue
+            pick = next((who for who in said if who in own), None)
+            if pick is not None:
+                self._adopt(name, pick)
+            elif name in self.groups:
+                del self.groups[name], self._group_by[name]
+        for key, gi in list(self.coll.items()):  # (members as the groups now say)
+            if set(gi.members) - set(self.groups.get(gi.name, ())) - set(gi.ranks):
+                self.coll[key] = self._without(gi, frozenset())
+        for r in sorted(back):
+            rt = self.ranks.get(r)
+            if rt is not None and rt.n:
+                self._index(rt, 0, rt.n)
+        self.version += 1
+        self._touched(I64_MIN)
+
+    def _without(self, gi: GroupIndex, out: frozenset[int]) -> GroupIndex:
+        """A group's index made again without the columns of the ranks ``out``, its members
+        as ``groups`` says with the ranks that ran its ops."""
+        new = GroupIndex(gi.name, gi.space, self.groups.get(gi.name, []))
+        rows, seqs = gi.seqs.rows(), gi.seqs.keys[: gi.seqs.n]
+        for c, r in enumerate(gi.ranks):
+            has = rows[:, c] >= 0
+            if r not in out and has.any():
+                new.seqs.put(seqs[has], new.column(r), rows[has, c])
+        return new
 
     def settle(self) -> None:
         """Put the ranks in rank order (what a whole read ends with: the order a read came in,

@@ -81,7 +81,10 @@ def _edges(model: TraceModel, now: int, hang_ns: int,
     hang_after or longer, or drawn into a hang (``hangs.drawn_in``)."""
     edges: dict[int, list[tuple[int, int]]] = {}
     now_blocked = rankstate.blocked_ranks(model)
+    apart = model.kept_apart  # (a foreign stream's waits are not this run's)
     for r in sorted(_in_p2p(model, now_blocked)):  # (a rank blocked in nothing waits for nobody)
+        if r in apart:
+            continue
         rt = model.ranks[r]
         p2p = [i for i in now_blocked[r] if model.sigs[int(rt.sig[i])].flags & P2P
                and not model.sigs[int(rt.sig[i])].nested]

@@ -84,8 +84,10 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
     by_op: dict[str, _Acc] = defaultdict(_Acc)
     by_group: dict[str, _Acc] = defaultdict(_Acc)
     by_rank: dict[int, _Acc] = defaultdict(_Acc)
+    apart = model.foreign_streams  # (not of the run: kept out of every table, as out of the matching)
     for r in model.ranks:  # (every rank a row: one that ran no op too)
-        by_rank[r] = _Acc()
+        if r not in apart:
+            by_rank[r] = _Acc()
     site_wait: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # site -> [wait ns, count]
     incomplete = 0
     # collectives, per complete instance
@@ -132,7 +134,7 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
     sizes = np.array([sig_size(s) for s in model.sigs] or [0], np.int64)
     for r, rt in model.ranks.items():
         n = rt.n
-        if not n:
+        if not n or r in apart:
             continue
         sig = rt.sig[:n]
         flags = model.sig_flags(sig)
@@ -175,7 +177,7 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
                         a.bus.append(alg)
     for r, i in model.failed:
         s = model.sig_of(r, i)
-        if s.nested:
+        if s.nested or r in apart:
             continue
         by_op[s.op].failed += 1
         by_group[_group_key(s)].failed += 1
@@ -293,8 +295,9 @@ def summarized_history(model: TraceModel) -> dict[str, dict[str, Any]]:
     rank: ops, bytes, failures, latency p50 and p99 (from the per-minute histograms: the
     power-of-two bucket holding them, its middle) and max, and the span it covers."""
     acc: dict[str, dict[str, Any]] = {}
-    for rt in model.ranks.values():
-        for s in rt.summaries:
+    apart = model.foreign_streams
+    for r, rt in model.ranks.items():
+        for s in rt.summaries if r not in apart else ():
             for op in s.get("ops", ()):
                 row = acc.setdefault(op["op"], {"count": 0, "bytes": 0, "failed": 0, "unfinished": 0, "max_ns": 0,
                                                 "hist": [0] * BUCKETS, "first_ns": 0, "last_ns": 0})
