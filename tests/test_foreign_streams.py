@@ -148,7 +148,9 @@ def test_a_second_launch_under_a_reused_job_id_is_named(tmp_path):
 def test_a_rank_past_the_world_size_is_named(tmp_path):
     """A rank file of rank 7 (its meta: world size 4) next to a 2-rank job's own, of the same
     job and run (rank 1's stream, relabelled by hand): before, it was read as an eighth rank
-    and ``check`` exited 0; now it is named, past the world size its peers' metas say."""
+    and ``check`` exited 0; now it is named, past the world size its peers' metas say, and
+    it stands for no rank of the world: the read warns of no ranks 2-6 missing from a world
+    of 8 (the world is 2)."""
     import orjson
 
     spools = tmp_path / "spools"
@@ -162,7 +164,11 @@ def test_a_rank_past_the_world_size_is_named(tmp_path):
             ev["world_size"] = 4
         lines.append(orjson.dumps(ev))
     (a / "rank-00007.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    _named(a, spools, [7], {7: "rank 7 is past the world size 2 its peers' metas say"})
+    why = "rank 7 is past the world size 2 its peers' metas say"
+    out = _named(a, spools, [7], {7: why})
+    # (before: "no events from rank(s) 2-6 of world size 8", the foreign rank 7 taken for a rank of the world)
+    assert out["warnings"] == [f"rank(s) 7: not of the run the others are, kept out of the matching, the diagnosis "
+                               f"and the report (rank 7: {why})"], out["warnings"]
 
 
 def test_a_foreign_streams_failed_wait_blames_none_of_the_jobs_ranks(tmp_path):

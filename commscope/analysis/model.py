@@ -2415,17 +2415,24 @@ class TraceModel:
     @property
     def world_size(self) -> int:
         said = self.said_world_size
-        return said if said is not None else max(self.ranks) + 1 if self.ranks else 0
+        if said is not None:
+            return said
+        apart = self.foreign_streams
+        own = [r for r in self.ranks if r not in apart]
+        return max(own) + 1 if own else 0
 
     @property
     def said_world_size(self) -> int | None:
         """The world size where a rank's ``meta`` says it (never below the ranks seen); None
-        where none does: a rank past those seen may then be one that recorded nothing.  Once
-        per version (every rank's meta is looked at; each failed p2p instance asks)."""
+        where none does: a rank past those seen may then be one that recorded nothing.  A
+        foreign stream (``foreign_streams``) says nothing of it, nor counts as a rank seen.
+        Once per version (every rank's meta is looked at; each failed p2p instance asks)."""
+        apart = self.foreign_streams  # (first: it may move the version on)
         if self._said_world[0] != self.version:
-            ws = [int(rt.meta["world_size"]) for rt in self.ranks.values()
-                  if rt.meta and isinstance(rt.meta.get("world_size"), int)]
-            self._said_world = (self.version, max([max(self.ranks) + 1, *ws]) if ws else None)
+            own = [r for r in self.ranks if r not in apart] if apart else self.ranks
+            ws = [int(rt.meta["world_size"]) for r in own
+                  if (rt := self.ranks[r]).meta and isinstance(rt.meta.get("world_size"), int)]
+            self._said_world = (self.version, max([max(own) + 1, *ws]) if ws else None)
         return self._said_world[1]
 
     @property
