@@ -149,6 +149,27 @@ def test_writer_takes_the_job_from_the_url(redis_url):
     assert open_reader(redis_url).job()["job"] == "fixed"
 
 
+def test_a_forwarder_of_rank_0_leaves_the_jobs_metadata_as_rank_0_wrote_it(redis_url):
+    """A forwarder of rank 0's spool opens its writer as ``spool.forward_dead`` does
+    (``resume``, no metadata of its own).  Before, it opened as rank 0 and set the job's
+    key to ``{"job": ...}`` alone: the world size and all rank 0 wrote were gone (a second
+    launch's rank 0 refused under a reused id, its spool forwarded by the next ``check``,
+    took the first launch's metadata away), and an old job became the newest.  Now it writes the key only where it is missing, as the directory store's
+    forwarder never writes ``job.json``."""
+    w = open_writer(redis_url, "j", 0, {"world_size": 2, "backend": "gloo"})
+    w.write(lines(0, 1, 3))
+    w.close()
+    other = open_writer(redis_url, "k", 0, {"world_size": 1})  # (the newest job)
+    other.close()
+    forwarder = open_writer(redis_url, "j", 0, incarnation=0, resume=True, connect_timeout=2.0)
+    forwarder.write(lines(0, 3, 4))
+    forwarder.close()
+    reader = open_reader(redis_url + "?job=j")
+    assert reader.job() == {"world_size": 2, "backend": "gloo", "job": "j"}
+    assert [e["id"] for e in reader.read_all()] == [1, 2, 3]  # (the forwarder wrote)
+    assert [j for j, _ in list_jobs(redis_url)] == ["j", "k"]  # (oldest first: "k" still the newest)
+
+
 # ---------------------------------------------------------------------------- trimming and gaps
 def test_maxlen_trims_and_the_reader_says_so(redis_url):
     w = open_writer(redis_url + "?maxlen=100", "t", 0, {"world_size": 1})

@@ -248,7 +248,10 @@ class RedisWriter:
     def _register(self, first: bool) -> None:
         """Make the job findable: again after every reconnect, in case Redis lost its data."""
         now_us = time.time_ns() // 1000
-        lead = self.rank == 0 and first  # rank 0 opening: this job becomes the newest
+        # rank 0 opening: this job becomes the newest, its metadata rank 0's (a forwarder of
+        # rank 0's spool has none to give: only where the key is missing, as the directory
+        # store's forwarder never writes job.json)
+        lead = self.rank == 0 and first and not self.resume
         replies = self._nodes.pipeline([
             ("SADD", Keys.ranks(self.job), Keys.member(self.rank, self.incarnation)),
             ("ZADD", Keys.JOBS, now_us, self.job) if lead else ("ZADD", Keys.JOBS, "NX", now_us, self.job),
