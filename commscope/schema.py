@@ -208,6 +208,8 @@ class JobMeta(TypedDict, total=False):
     source: Name | None
     copied_from: Text | None
     attempt: Count | None  # (as each rank's meta states it: ``RawEvent``)
+    run: Name | None  # the run rank 0 drew at incarnation ``inc`` (``analysis.runs.JobReference``)
+    inc: Count | None
 
 
 _DECODER = msgspec.json.Decoder(RawEvent)

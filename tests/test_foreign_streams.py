@@ -2,8 +2,8 @@
 another launch under a reused job id) is named with its cause: ``check`` never calls such
 a mix healthy (``TraceModel.foreign_streams``, ``completeness.find_incomplete``).  Its ops
 are kept out of the matching and the diagnosis (no finding of the job's made of them), in
-``check``, ``report`` and the console alike, and the streams are told apart by their metas
-(``analysis.runs``)."""
+``check``, ``report`` and the console alike, and the job's metadata says which run is the
+job's where streams copied in outnumber its own (``analysis.runs``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
 
 from commscope.launch import Job
 
@@ -148,9 +151,7 @@ def test_a_second_launch_under_a_reused_job_id_is_named(tmp_path):
 def test_a_rank_past_the_world_size_is_named(tmp_path):
     """A rank file of rank 7 (its meta: world size 4) next to a 2-rank job's own, of the same
     job and run (rank 1's stream, relabelled by hand): before, it was read as an eighth rank
-    and ``check`` exited 0; now it is named, past the world size its peers' metas say, and
-    it stands for no rank of the world: the read warns of no ranks 2-6 missing from a world
-    of 8 (the world is 2)."""
+    and ``check`` exited 0; now it is named, past the world size its peers' metas say."""
     import orjson
 
     spools = tmp_path / "spools"
@@ -164,11 +165,51 @@ def test_a_rank_past_the_world_size_is_named(tmp_path):
             ev["world_size"] = 4
         lines.append(orjson.dumps(ev))
     (a / "rank-00007.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    why = "rank 7 is past the world size 2 its peers' metas say"
+    why = "rank 7 is past the world size 2 the job's metadata says"
     out = _named(a, spools, [7], {7: why})
     # (before: "no events from rank(s) 2-6 of world size 8", the foreign rank 7 taken for a rank of the world)
     assert out["warnings"] == [f"rank(s) 7: not of the run the others are, kept out of the matching, the diagnosis "
                                f"and the report (rank 7: {why})"], out["warnings"]
+
+
+def test_streams_copied_in_that_outnumber_the_jobs_own_are_named(tmp_path):
+    """Ranks 2-5 of a 6-rank job copied into a 2-rank job's directory outnumber its own two:
+    the vote of the metas named ranks 0 and 1 foreign (and matched 2-5 among themselves).
+    The job's metadata (``job.json``: the job rank 0 wrote it under) says which job the
+    directory is of: ranks 2-5 are named, 0 and 1 matched together."""
+    spools = tmp_path / "spools"
+    _launch(tmp_path / "a", 2, spools)
+    _launch(tmp_path / "c", 6, spools)
+    a, c = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "c")
+    for r in (2, 3, 4, 5):
+        shutil.copy(c / f"rank-0000{r}.jsonl", a)
+    why = f"its meta names job {c.name!r}, not {a.name!r}"
+    _named(a, spools, [2, 3, 4, 5], dict.fromkeys((2, 3, 4, 5), why))
+    _kept_apart(a, {0, 1}, dict.fromkeys((2, 3, 4, 5), 21))
+
+
+@pytest.mark.parametrize("backend", ["directory", "redis"])
+def test_a_wider_second_launch_under_a_reused_job_id_is_named(backend, tmp_path, request):
+    """``COMMSCOPE_JOB`` reused by hand: 2 ranks, then 6.  The second launch's ranks 0 and 1
+    refuse to write, its ranks 2-5 write beside the first launch's two and outvote them
+    (before: ranks 0 and 1 named, "another launch").  The run the job's metadata says (rank
+    0 of the first launch wrote it: ``job.json``, Redis's job key) names ranks 2-5.  The same
+    on either store: one reader path, one model."""
+    spools = tmp_path / "spools"
+    store = tmp_path / "s" if backend == "directory" else request.getfixturevalue("redis_url")
+    _launch(store, 2, spools, job="samejob")
+    _launch(store, 6, spools, job="samejob")
+    from commscope.store import open_reader
+
+    reader = open_reader(str(store) if backend == "redis" else str(store / "samejob"))
+    metas = {e["rank"]: e for e in reader.read_all() if e["type"] == "meta"}
+    job = reader.job()
+    reader.close()
+    first, second = metas[0]["run"], metas[2]["run"]
+    assert job["run"] == first and [metas[r]["run"] for r in range(6)] == [first] * 2 + [second] * 4  # (the premise)
+    why = f"its meta names run {second!r} of the job, not {first!r}: another launch"
+    _named(store, spools, [2, 3, 4, 5], dict.fromkeys((2, 3, 4, 5), why))
+    _kept_apart(store, {0, 1}, dict.fromkeys((2, 3, 4, 5), 21))
 
 
 def test_a_foreign_streams_failed_wait_blames_none_of_the_jobs_ranks(tmp_path):

@@ -129,7 +129,10 @@ def test_a_console_reading_ahead_holds_what_one_reading_in_its_own_process_holds
     assert feed.reader is ahead and feed.restarts == 0 and not feed.error
     assert ahead.stats.events == want[0] and ahead.cpu_s > 0
     assert ahead.watermark_ns() and ahead.watermark_ns() > 0
-    assert ahead.job_name() == "synthetic" and ahead.job() is None  # (the job its children read; its metadata not sent)
+    plain = open_reader(store)
+    # (the job its children read, and its metadata: what the console's model compares the streams' metas with)
+    assert ahead.job_name() == "synthetic" and ahead.job() == plain.job() == {"job": "synthetic", "world_size": 8}
+    plain.close()
     ahead.close(grace_s=BOUND_S)
     for proc in ahead.procs:
         assert _gone(proc.pid) and proc.returncode == 0  # (it saw its pipes end: not killed)

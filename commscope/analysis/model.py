@@ -42,6 +42,7 @@ from commscope.analysis.columns import (
 )
 from commscope.analysis.errors import classify
 from commscope.analysis.indexes import GroupIndex, SeqIndex
+from commscope.analysis.runs import JobReference
 from commscope.analysis.vocab import (  # noqa: F401  (re-exported: the model's names)
     APPROX,
     ASYNC,
@@ -699,6 +700,8 @@ class TraceModel:
         self.version = 0
         self._said_world: tuple[int, int | None] = (-1, None)  # (version, ``said_world_size`` then)
         self._foreign: tuple[int, dict[int, str]] = (-1, {})  # (metas seen, ``foreign_streams`` then)
+        #: what the store's job metadata says of the run (``note_job``; None: nothing)
+        self.reference: JobReference | None = None
         #: the ranks kept out of the matching: ``foreign_streams`` as the indexes were last made
         #: to agree with it (``_keep_apart``)
         self._apart: frozenset[int] = frozenset()
@@ -2435,18 +2438,27 @@ class TraceModel:
             self._said_world = (self.version, max([max(own) + 1, *ws]) if ws else None)
         return self._said_world[1]
 
+    def note_job(self, job: Mapping[str, Any] | None) -> None:
+        """Take the store's job metadata (a reader's ``job()``): what ``foreign_streams``
+        compares each stream's meta with before the vote of the metas."""
+        ref = JobReference.of(job)
+        if ref != self.reference:
+            self.reference = ref
+            self._foreign = (-1, {})
+
     @property
     def foreign_streams(self) -> dict[int, str]:
         """The ranks whose stream is not of the run the others are, with why (``runs.foreign``:
         its meta names another job, or, at its incarnation, another run of the job or a world
-        size its rank is past, than what most ranks' metas say).  They are kept out of the
-        matching (``_keep_apart``): their ops match none of the job's, and the job's groups
-        are what its own streams state.  Looked at again only when a meta came (each rank's:
-        ~8 ms at 4k ranks, which a live console's every judgement paid when it was once per
-        model version)."""
+        size its rank is past, against the store's job metadata, ``note_job``, else what most
+        ranks' metas say).  They are kept out of the matching (``_keep_apart``): their ops
+        match none of the job's, and the job's groups are what its own streams state.
+        Looked at again only when a meta (or the job metadata) came (each rank's: ~8 ms at 4k
+        ranks, which a live console's every judgement paid when it was once per model
+        version)."""
         if self._foreign[0] != self._metas_seen:
             metas = {r: rt.meta for r in sorted(self.ranks) if (rt := self.ranks[r]).meta}
-            out = runs.foreign(metas)
+            out = runs.foreign(metas, self.reference)
             self._foreign = (self._metas_seen, out)
             if out.keys() != self._apart:
                 self._keep_apart(frozenset(out))

@@ -3,15 +3,38 @@
 A stream is one rank incarnation; its ``meta`` names its job, its run (the nonce rank 0
 draws at each init, ``record.jobid.settle``) and the world size.  A rank file copied in from
 another job, or a second launch under a job id reused by hand, puts streams of another run
-next to the job's own.  What they are compared with is what most ranks' metas say (the
-lowest rank's on a tie).  No module of the analysis is imported here (``model`` imports it).
+next to the job's own.  What they are compared with is the store's job metadata where it
+says the run (``job.json`` / the Redis job key, which rank 0 writes at its open:
+``JobReference``), else what most ranks' metas say (the lowest rank's on a tie).  The
+metadata wins over the vote: four streams copied into a two-rank job's directory outvote
+its own two, and the vote alone named the job's own ranks foreign.  No module of the
+analysis is imported here (``model`` imports it).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
+
+
+class JobReference(NamedTuple):
+    """What the store's job metadata says of the job's run (rank 0 writes it at its open)."""
+
+    job: str | None  # the job id it was written under
+    inc: int  # the incarnation ``run`` and ``world_size`` are of
+    run: str | None  # None: metadata written before it said the run (only the job id is used then)
+    world_size: int | None
+
+    @classmethod
+    def of(cls, job: Mapping[str, Any] | None) -> JobReference | None:
+        """From a reader's ``job()`` (None: the store has none, or it was invalid)."""
+        if not job:
+            return None
+        run, inc, world = job.get("run"), job.get("inc"), job.get("world_size")
+        return cls(job["job"] if isinstance(job.get("job"), str) else None,
+                   inc if _count(inc) is not None else 0, run if isinstance(run, str) else None,
+                   world if _count(world) else None)
 
 
 def _count(value: object) -> int | None:
@@ -24,12 +47,17 @@ def most(values: Iterable[object]) -> str | int | None:
     return said.most_common(1)[0][0] if said else None
 
 
-def foreign(metas: Mapping[int, Mapping[str, Any]]) -> dict[int, str]:
+def foreign(metas: Mapping[int, Mapping[str, Any]], ref: JobReference | None) -> dict[int, str]:
     """The ranks (of ``metas``: rank -> its meta, in rank order) whose stream is not of the
     run, with why: its meta names another job, or at its incarnation another run of the job
-    or a world size its rank is past, than most metas (at that incarnation) say."""
+    or a world size its rank is past.  The job is the job metadata's where some meta names it
+    (a copy under a new id keeps its ranks' metas: the vote then); the run and world size at
+    the metadata's incarnation are its own where some meta of that incarnation names its run."""
     out: dict[int, str] = {}
-    job = most(m.get("job") for m in metas.values())
+    job, by = None, "its peers' metas say"
+    if ref is not None and ref.job is not None and any(m.get("job") == ref.job for m in metas.values()):
+        job = ref.job
+    job = job if job is not None else most(m.get("job") for m in metas.values())
     for r, m in metas.items():
         if job is not None and isinstance(m.get("job"), str) and m["job"] != job:
             out[r] = f"its meta names job {m['job']!r}, not {job!r}"
@@ -38,12 +66,17 @@ def foreign(metas: Mapping[int, Mapping[str, Any]]) -> dict[int, str]:
         if r not in out:
             by_inc.setdefault(m.get("inc", 0) if _count(m.get("inc")) is not None else 0, []).append(r)
     for inc, rs in by_inc.items():
-        run, world = most(metas[r].get("run") for r in rs), most(metas[r].get("world_size") for r in rs)
+        if (ref is not None and ref.run is not None and ref.inc == inc
+                and any(metas[r].get("run") == ref.run for r in rs)):
+            run, world, by = ref.run, ref.world_size, "the job's metadata says"
+        else:
+            run, world, by = most(metas[r].get("run") for r in rs), most(metas[r].get("world_size") for r in rs), \
+                "its peers' metas say"
         at = f" (incarnation {inc})" if inc else ""
         for r in rs:
             said = metas[r].get("run")
             if run is not None and isinstance(said, str) and said != run:
                 out[r] = f"its meta names run {said!r} of the job, not {run!r}{at}: another launch"
             elif _count(world) is not None and r >= world:
-                out[r] = f"rank {r} is past the world size {world} its peers' metas say{at}"
+                out[r] = f"rank {r} is past the world size {world} {by}{at}"
     return dict(sorted(out.items()))

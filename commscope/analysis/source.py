@@ -94,6 +94,7 @@ def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], No
                 if progress is not None:
                     progress(Loading.of(reader, total, model))
             model.settle()
+            model.note_job(reader.job())  # (what ``foreign_streams`` compares the streams with)
             if freeze:
                 gc.freeze()
     except StoreError as exc:

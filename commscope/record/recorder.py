@@ -674,6 +674,8 @@ class Recorder:
                 "created": self.started_ns, "world_size": meta["world_size"], "backend": meta["backend"],
                 "schema": events.SCHEMA_VERSION, "commscope": __version__, "host": meta["host"],
                 **({} if attempt is None else {"attempt": attempt}),
+                # (the run and its incarnation: what a reader tells foreign streams by, ``analysis.runs``)
+                **({} if self.run == "?" else {"run": self.run, "inc": self.incarnation}),
             }, incarnation=self.incarnation, connect_timeout=timeout)
         except StoreError as exc:
             self._open_spool()  # the records wait there meanwhile

@@ -92,9 +92,10 @@ class Polled(NamedTuple):
     where they go so), what changed of the reader's stats (``ReadStats.changes``), its
     watermark and backlog after it, whether it stopped at the budget, why it failed (None:
     it did not; then the batch is empty), the child's CPU seconds so far, the job it
-    reads (None: not found yet), and where its reader's window starts as it counted it
+    reads (None: not found yet), where its reader's window starts as it counted it
     (``TraceReader.window_start_ns``: one the console could not count, a store it could
-    not reach then, is counted once, by the child)."""
+    not reach then, is counted once, by the child), and the job's metadata (``job()``:
+    what the console's model compares the streams' metas with, ``TraceModel.note_job``)."""
 
     batch: Batch
     stats: ReadStats
@@ -105,6 +106,7 @@ class Polled(NamedTuple):
     cpu_s: float
     job: str | None
     window: int | None = None
+    job_meta: dict | None = None
 
     def sent(self) -> Polled:
         """As the child sends it: the op records in one piece where they go so (their
@@ -196,6 +198,7 @@ class ReadAhead(TraceReader):
         self.source, self.since, self.pacing = source, since, pacing
         self.description = description or redact_store(source)
         self._job_name: str | None = None  # the job the children read, once one found one
+        self._job: dict | None = None  # its metadata, once a child read it
         self.stats = ReadStats()
         self.wait_s = pacing.poll_s
         self.receive_s = 0.0  # seconds of CPU this thread spent taking the children's batches (not waiting for them)
@@ -268,6 +271,7 @@ class ReadAhead(TraceReader):
         child.stats.take(got.stats)
         child.watermark, child.backlog, child.cut_short, child.cpu_s = got.watermark, got.backlog, got.cut_short, got.cpu_s
         self._job_name = got.job or self._job_name
+        self._job = got.job_meta or self._job
         if got.window is not None and self.since is not None and self.since.at_ns is None:
             self.since = Since(at_ns=got.window)  # (``here`` reads from there: counted once)
         if got.error is not None:
@@ -280,6 +284,9 @@ class ReadAhead(TraceReader):
 
     def job_name(self) -> str | None:
         return self._job_name
+
+    def job(self) -> dict | None:
+        return self._job
 
     def _first_said(self, changes: ReadStats, child: _Child) -> ReadStats:
         """``changes`` less the warnings other children said as often already: what is said
@@ -537,7 +544,7 @@ def main() -> int:
                 changes = reader.stats.changes(sent)
                 sent.take(changes)
                 polled = Polled(batch, changes, reader.watermark_ns(), backlog, cut, error, time.process_time(),
-                                reader.job_name(), reader.window_start_ns())
+                                reader.job_name(), reader.window_start_ns(), reader.job())
             try:
                 bulkread.send(stdout, polled.sent())
             except OSError:  # (the console gone)

@@ -428,7 +428,7 @@ class Feed:
         finally:
             if isinstance(first, Generator):  # (its workers end now, where it stopped early)
                 first.close()
-        model.note_read_stats(reader.stats)
+        _noted(model, reader)
         with self.lock:
             old = self.reader
             self.close()  # (the old reader's first read, if it is still going: its workers end)
@@ -456,7 +456,7 @@ class Feed:
             if got:
                 self.model.ingest(batch.events, batch.ops, batch.spans, batch.beats)
             losses = self.model.read_losses
-            self.model.note_read_stats(self.reader.stats)
+            _noted(self.model, self.reader)
             if self.model.read_losses != losses:
                 self._dirty = True  # (judged again though nothing was read: a stream found not settled, or settled)
             if got and (self._publish_cost < self.CHEAP_PUBLISH_S
@@ -556,7 +556,7 @@ class Feed:
                 next_post = time.monotonic() + self.LOAD_POST_S
         with self.lock:
             self.model.settle()
-            self.model.note_read_stats(self.reader.stats)
+            _noted(self.model, self.reader)
             self.findings = sorted(diagnose(self.model, self.model.end_ns, self.hang_after()),
                                    key=Finding.sort_key)
         self.diagnoses += 1
@@ -605,6 +605,15 @@ class Feed:
 
 class Stopped(Exception):
     """The feed is to end (``run``'s stop was set) while it read into a new model."""
+
+
+def _noted(model: TraceModel, reader: TraceReader) -> None:
+    """What the model takes of its reader besides batches: its loss counts, and the job's
+    metadata until it has it (``TraceModel.note_job``: what the streams' metas are
+    compared with)."""
+    model.note_read_stats(reader.stats)
+    if model.reference is None:
+        model.note_job(reader.job())
 
 
 def _next_size_check(model: TraceModel) -> int:
