@@ -218,3 +218,88 @@ def test_a_hang_is_still_found_after_the_job_directory_was_deleted_while_it_hung
         release.touch()
         job.join(60)
         job.kill()
+
+
+def _lines_of(job_dir: Path, rank: int) -> int:
+    """The complete lines of a rank's segments now (``segments.segment_name``)."""
+    return sum(p.read_bytes().count(b"\n") for p in job_dir.glob(f"rank-{rank:05d}*.jsonl") if ".open." not in p.name)
+
+
+@pytest.mark.parametrize("segment_mb", ["64", "0.004"])
+@pytest.mark.parametrize("source", ["native", "python"])
+def test_a_console_that_read_the_job_before_its_directory_was_deleted_counts_only_what_it_had_not_read(
+        tmp_path, source, segment_mb):
+    """A live reader (the console's: ``poll_batch`` into a model) read every line of a hung
+    job; the ranks then wrote some more it did not read, and the job directory was deleted.
+    Each writer starts its file again (its marker, meta and what the rank was in): the
+    reader reads it from its start, takes no begin it read twice (the model reuses no op
+    id), still finds the hang on rank 1 alone, and counts as lost exactly the lines it had
+    not read, per rank: the rank's own count (its marker's) less those it read.  Before, a
+    file started again under the name the reader had read was read on from the old offset
+    (its marker never read, a line cut in two), and a reader that did read a marker counted
+    every line of it lost, those it had read too.  The ranks are stopped (SIGSTOP) while
+    their files are counted, so each count is exact."""
+    from commscope.analysis.diagnose import diagnose
+    from commscope.analysis.model import TraceModel
+
+    store, release = str(tmp_path / "trace"), tmp_path / "release"
+    job = Job(hang_until_released, 3, args=(store, str(release)), pg_timeout=300,
+              env={"COMMSCOPE_NATIVE": "1" if source == "native" else "0", "COMMSCOPE_JOB": "hang-live",
+                   "COMMSCOPE_SEGMENT_MB": segment_mb}).start()
+    job_dir = Path(store) / "hang-live"
+    reader = open_reader(store, wait=True)
+    model = TraceModel()
+
+    def step() -> list:
+        batch = reader.poll_batch()
+        model.ingest(batch.events, batch.ops, batch.spans, batch.beats)
+        model.note_read_stats(reader.stats)
+        return batch.events
+
+    def hung() -> dict | None:  # (the hang on rank 1, once read: a loaded host may first show a slow start)
+        step()
+        found = [f for f in diagnose(model, hang_after=1.0) if f.severity == "error" and f.kind != "trace_incomplete"]
+        return found[0] if len(found) == 1 and (found[0].kind, found[0].culprits, found[0].seq) == (
+            "missing_ranks", [1], 6) else None
+
+    def signal_all(sig: int) -> None:
+        for pid in job.pids:
+            os.kill(pid, sig)
+
+    try:
+        before = _poll(hung, "the hang found before the deletion")
+        assert (before.culprits, before.seq, before.op) == ([1], 6, "all_reduce"), before
+        signal_all(signal.SIGSTOP)  # (what the reader read, counted while nothing is written)
+        while reader.backlog_bytes() or reader.stats.partial_tail:
+            step()
+        step()
+        read = {r: _lines_of(job_dir, r) for r in range(3)}
+        signal_all(signal.SIGCONT)
+        _poll(lambda: all(_lines_of(job_dir, r) > read[r] + 2 for r in range(3)), "lines the reader did not read")
+        signal_all(signal.SIGSTOP)
+        stored = {r: _lines_of(job_dir, r) for r in range(3)}
+        shutil.rmtree(job_dir)
+        signal_all(signal.SIGCONT)
+        markers: dict[int, dict] = {}
+
+        def all_read() -> bool:
+            markers.update({e["rank"]: e for e in step() if e["type"] == "dropped" and e.get("entries")})
+            return len(markers) == 3
+
+        _poll(all_read, "every rank's store_lost marker read")
+        after = _poll(hung, "the hang found after the deletion")
+        assert (after.culprits, after.seq, after.op, after.group) == ([1], 6, "all_reduce", before.group), after
+        assert not [f for f in diagnose(model, hang_after=1.0) if f.severity == "error" and (
+            f.kind != "trace_incomplete" and f.culprits != [1])]  # (no victim blamed)
+        assert not model.reused, model.reused  # (no restated begin taken as an op begun again)
+        for r in range(3):  # the rank's own count, less what the reader had read of it
+            assert markers[r]["entries"] == stored[r], (r, markers[r], stored[r])
+        assert reader.stats.missing_by_rank == {r: stored[r] - read[r] for r in range(3)}, reader.stats.warnings
+        assert reader.stats.corrupt == 0 and reader.stats.invalid == 0, reader.stats.warnings
+        assert len(job.alive()) == 3
+    finally:
+        signal_all(signal.SIGCONT)
+        release.touch()
+        job.join(60)
+        job.kill()
+        reader.close()

@@ -48,6 +48,7 @@ from commscope.redact import redact
 from commscope.schema import decode_job
 from commscope.store import inflight, retention, segments
 from commscope.store.base import (
+    STORE_LOST,
     Batch,
     ReadStats,
     Shard,
@@ -594,6 +595,15 @@ class DirectoryReader(TraceReader):
         #: per stream, the segment numbers below this are counted as gone (``_count_segments_gone``),
         #: or by a writer's ``store_lost`` marker (``_count_store_lost``)
         self._gone_upto: dict[Stream, int] = {}
+        #: per stream, the lines of it this reader read, and those a ``store_lost`` marker it read
+        #: said were lost (``_count_store_lost``: what the next marker's count is taken against)
+        self._lines_read: dict[Stream, int] = {}
+        #: per stream, the lines read before a file its writer started again (``_started_again``),
+        #: until its marker is counted
+        self._lines_before: dict[Stream, int] = {}
+        #: (stream, segment) -> the last bytes read of it (``SAME_FILE_BYTES``): a file written again
+        #: under its name is read from its start (``_read_segment``)
+        self._ends: dict[tuple[Stream, int], bytes] = {}
         self._listed: tuple[int, float] | None = None  # (directory mtime, when) of the last listing
         self._names: dict[str, tuple[Stream, Segment] | _Summary | object] = {}  # file name -> ``_name``
         self._summaries_due = False  # listed again since the summaries were last read
@@ -841,12 +851,25 @@ class DirectoryReader(TraceReader):
         """What a writer's ``store_lost`` marker says the store lost: every line its writer
         wrote before it (``DirectoryWriter.write``), in the segment it starts again and in
         those before, which are its lines and not counted again as segments gone
-        (``_count_segments_gone``).  Before, a store of several segments counted the segments
-        gone besides the marker's count (19 for 18)."""
-        if any(said_by_store(e) and e.get("entries") for e in dropped):
+        (``_count_segments_gone``); less the lines of the stream this reader read before it
+        (``_lines_before``: a console that read them before the job directory was deleted
+        lost only those it had not).  Counted once, and from then on all of them accounted
+        for.  Before, a store of several segments counted the segments gone besides the
+        marker's count (19 for 18), and a console counted what it had read as lost."""
+        for e in dropped:
+            if not (said_by_store(e) and e.get("entries")):
+                continue
             number = self._reading.get(stream, 0)  # (the segment it starts again: those before are its)
             self._gone_upto[stream] = max(self._gone_upto.get(stream, 0), number)
-        super()._count_store_lost(stream, dropped)
+            rank, entries = stream[0], int(e["entries"])
+            read = min(self._lines_before.pop(stream, 0), entries)
+            why = str(e["reason"])[len(STORE_LOST) + 2:]
+            if entries > read:
+                self.stats.count_lost_lines(rank, entries - read, why)
+            else:
+                self.stats.warnings.append(f"rank {rank}: {why} (this reader had read all {entries:,} line(s) "
+                                           "before: none lost)")
+            self._lines_read[stream] = entries
 
     def _account(self, stream: Stream, got: Decoded, size: int, lost_markers: bool = True) -> None:
         """``TraceReader._account``, and the gaps the stream's decoder found in its ring
@@ -1242,13 +1265,15 @@ class DirectoryReader(TraceReader):
         rank = stream[0]
         key = (stream, self._reading.get(stream, 0))
         offset = self._read_of.get(key, 0)
+        # (the bytes before ``offset`` read again with the rest: the file read on is the one read)
+        back = len(self._ends.get(key, b"")) if offset else 0
         asked = size is not None  # (by ``poll``, of the file it holds if any: read without asking again)
         data: bytes | None = None
         if size is None:  # (read with its size, asked once)
             self._files.hold(str(path))  # (should retention delete it before it is read to its end: ``_rescue``)
             try:
-                data, size = self._files.read_sized(str(path), offset,
-                                                    sys.maxsize if budget is None else max(budget, self.MIN_READ))
+                data, size = self._files.read_sized(str(path), offset - back, back + (
+                    sys.maxsize if budget is None else max(budget, self.MIN_READ)))
             except OSError:  # (gone, or not a regular file: as a stat, then a read, say it)
                 try:
                     size = os.path.getsize(path)
@@ -1263,7 +1288,7 @@ class DirectoryReader(TraceReader):
             data = None
             self.stats.warnings.append(f"rank {rank}: {path.name} shrank from {offset} to {size} bytes; "
                                        "re-reading it from the start")
-            offset = self._read_of[key] = 0
+            offset = self._read_of[key] = back = 0
         if size == offset:
             return [], 0, True
         want = size - offset
@@ -1271,10 +1296,21 @@ class DirectoryReader(TraceReader):
             want = min(want, max(budget, self.MIN_READ))
         if data is None:
             try:
-                data = self._files.read(str(path), offset, want, sized=asked)
+                data = self._files.read(str(path), offset - back, back + want, sized=asked)
             except OSError as exc:
                 self.stats.warnings.append(f"rank {rank}: cannot read {path}: {exc}")
                 return [], 0, True
+        replaced = bool(back) and data[:back] != self._ends[key]
+        if replaced:  # (written again under its name: read from its start, ``_started_again``)
+            offset = self._read_of[key] = 0
+            try:
+                data = self._files.read(str(path), 0, size if budget is None else min(size, max(budget, self.MIN_READ)),
+                                        sized=asked)
+            except OSError as exc:
+                self.stats.warnings.append(f"rank {rank}: cannot read {path}: {exc}")
+                return [], 0, True
+        elif back:
+            data = data[back:]
         cut = data.rfind(b"\n") + 1
         at_end = offset + len(data) >= size
         torn = at_end and cut < len(data)  # an incomplete last line
@@ -1282,7 +1318,14 @@ class DirectoryReader(TraceReader):
         end = len(data) if torn and final else cut
         if not end:
             return [], 0, at_end
-        events = self.ingest_later(stream, data[:cut], cut) if cut else []
+        if not offset and cut and inflight.starts_again(data):
+            events = self._started_again(stream, data[:cut], cut)
+        else:
+            if replaced:
+                self.stats.warnings.append(f"rank {rank}: {path.name} was written again under its name; "
+                                           "re-reading it from the start")
+            events = self.ingest_later(stream, data[:cut], cut) if cut else []
+        self._lines_read[stream] = self._lines_read.get(stream, 0) + data.count(b"\n", 0, cut) + (end > cut)
         if end > cut:  # (all that line will be)
             before, got = self.ingest_after_queued(stream, data[cut:])
             if got.damaged:
@@ -1291,7 +1334,32 @@ class DirectoryReader(TraceReader):
             events.extend(before)
             events.extend(got.events)
         self._read_of[key] = offset + end
+        if end >= self.SAME_FILE_BYTES:
+            self._ends[key] = data[end - self.SAME_FILE_BYTES:end]
         return events, cut, at_end
+
+    #: The bytes a segment's read ends with that its next read reads again: where they differ,
+    #: the file is another than the one read (``_read_segment``).  Not its inode: a file deleted
+    #: and made again at once often gets the same one back
+    SAME_FILE_BYTES = 32
+
+    def _started_again(self, stream: Stream, raw: bytes, size: int) -> list[Event]:
+        """The first chunk of a file its writer started again after the store lost what it
+        held (``DirectoryWriter.write``: a ``store_lost`` marker, the rank's meta, what the
+        rank was in).  The begins this reader read before it are not read twice (a stream's
+        op ids grow: those up to the highest read, ``inflight.without_begins``), what else
+        the ops reached is, as the Redis reader takes a restatement (``_take_restated``);
+        and its marker's count is taken against the lines read before (``_count_store_lost``).
+        Before, a console that had read the file went on at its old offset in the new one (a
+        line cut in two, the marker never read), or, the new one shorter, read it again and
+        took the restated begins as ops begun again under their ids."""
+        before: list[Event] = []
+        if self._queued is not None:  # (the stream's chunks queued before it, decoded first)
+            before = self.decode_queued()
+            self.queue_chunks()
+        read = self.max_op_id(stream)
+        self._lines_before[stream] = self._lines_read.get(stream, 0)
+        return before + self.ingest(stream, inflight.without_begins(raw, read) if read >= 0 else raw, size).events
 
     def close(self) -> None:
         self._files.close()
@@ -1524,7 +1592,9 @@ class DirectoryReader(TraceReader):
         for stream, top in got.max_ids.items():
             self._raise_max_id(stream, top)
         self.drops_read_of().update(got.drops_read or {})
+        self._lines_read.update(got.lines_read or {})
         self._gone_upto.update(got.gone_upto or {})
+        self._ends.update(got.ends or {})
         for stream, st in got.decoders.items():
             self._decoder(stream).adopt(st.names, st.dtypes, st.seen_end, st.groups, st.sites, st.waiting)
 
@@ -1536,4 +1606,4 @@ def read_streams(job: Job) -> StreamsRead:
     batch = r.read_whole(job.streams)
     return StreamsRead(batch, r.stats, dict(r._reading), dict(r._read_of), dict(r._partial), r.decoder_states(),
                        dict(getattr(r, "_max_ids", {})), drops_read=dict(r.drops_read_of()),
-                       gone_upto=dict(r._gone_upto))
+                       lines_read=dict(r._lines_read), gone_upto=dict(r._gone_upto), ends=dict(r._ends))

@@ -433,6 +433,31 @@ def starts_again(head: bytes) -> bool:
     return is_store_lost(head.split(b"\n", 1)[0])
 
 
+#: How an op's begin reads in a JSON line (a restatement's are JSON: ``Replayed.carry``)
+_BEGIN = b'"phase":"begin"'
+
+
+def without_begins(lines: bytes, upto: int) -> bytes:
+    """``lines`` (ended) without the op begins of ids up to ``upto``: a restatement's begins
+    of ops a reader read already (a stream's op ids grow) are not read twice, what else the
+    ops reached is (``DirectoryReader._started_again``).  Cut from the lines, not the events:
+    a whole read may put JSON op events in columns."""
+    if _BEGIN not in lines:
+        return lines
+    kept = []
+    for line in lines.split(b"\n"):
+        if _BEGIN in line:
+            try:
+                e = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                e = None
+            if isinstance(e, dict) and e.get("type") == "op" and e.get("phase") == "begin" and \
+                    isinstance(e.get("id"), int) and e["id"] <= upto:
+                continue
+        kept.append(line)
+    return b"\n".join(kept)
+
+
 def open_at_end(seg: Segment, before: bytes, rank: int) -> bytes:
     """The carry of ``seg`` given the one of the segment before (``before``), as ended lines
     (``Replayed.carry``)."""
