@@ -430,7 +430,8 @@ def starts_again(head: bytes) -> bool:
     after the store lost what it held (``DirectoryWriter.write``): a ``store_lost`` marker
     first, then the rank's meta and what the rank was in (``restatement``), so it needs no
     carry of the segment before, and its own carry is replayed from none."""
-    return is_store_lost(head.split(b"\n", 1)[0])
+    end = head.find(b"\n")  # (not a split: ``head`` may be a whole read's chunk, copied past the line)
+    return is_store_lost(head if end < 0 else head[:end])
 
 
 #: How an op's begin reads in a JSON line (a restatement's are JSON: ``Replayed.carry``)
