@@ -294,3 +294,31 @@ def healthy(rank: int, ws: int, store: str) -> None:
     time.sleep(0.4 * rank)  # ranks finish at different times
     dist.destroy_process_group()
     finish()
+
+
+def own_count(release: str, rank: int, n: int) -> None:
+    """The rank's own count of the ops it issued (``n``), written before it blocks, for
+    the test to compare with what the trace holds."""
+    path = f"{release}.count{rank}"
+    with open(path + ".tmp", "w") as f:
+        f.write(str(n))
+    os.replace(path + ".tmp", path)
+
+
+def any_source_beside_a_barrier(rank: int, ws: int, store: str, release: str) -> None:
+    """Rank 0 receives from any source; rank 2 waits in the world's barrier, which rank 0,
+    in its recv, never reaches; rank 1, idle, neither sends nor comes.  Only rank 1 can
+    end it (rank 2 cannot send before rank 0 is in the barrier).  Killed by the test."""
+    import torch
+    import torch.distributed as dist
+
+    start(store, 5.0)  # (a first barrier's skew under load is no hang)
+    dist.barrier()
+    flush()
+    own_count(release, rank, 1 if rank == 1 else 2)
+    if rank == 0:
+        dist.recv(torch.ones(8))
+    elif rank == 1:
+        wait_release(release)
+    else:
+        dist.barrier()

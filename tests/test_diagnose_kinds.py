@@ -782,6 +782,44 @@ def test_an_any_source_recv_no_one_answers_says_its_peers_together():
         x.message[-400:]
 
 
+@pytest.mark.parametrize("world", [3, 300])
+def test_an_any_source_recv_names_no_member_that_waits_on_it_in_turn(world):
+    """Rank 0 in an any-source recv; the others but rank 1 wait in the barrier rank 0 never
+    reaches (they cannot send before it is served); rank 1, idle, neither sends nor comes.
+    One error, the recv naming rank 1, the barrier's hang its consequence (before: the
+    recv named ranks 1 and 2, the hang ranks 0 and 1, two errors each naming a victim).
+    ``world`` 300: the barrier's waiting ranks share one wait set (``rootcause._waits``)."""
+    b = TraceBuilder(world)
+    t = b.warmup()
+    b.sync(0, t, None, "recv", dir="recv", peer=None, shape=(4,))
+    for r in range(2, world):
+        b.sync(r, t + MS, None, "barrier")
+    b.heartbeats(t, t + 10 * S)
+    for batches in (1, 7):
+        _, f = run(b, batches=batches)
+        errors = [x for x in f if x.severity == "error"]
+        assert [(x.kind, x.culprits) for x in errors] == [("unmatched_p2p", [1])], [x.message[:200] for x in f]
+        assert [(c["kind"], c["culprits"]) for c in errors[0].evidence["consequences"]] == [("missing_ranks", [0, 1])]
+        assert set(errors[0].victims) == set(range(world)) - {1}
+        said = "ranks (2-299) wait" if world > 3 else "; rank 2 waits"
+        assert said + " on rank 0 in turn and cannot send first. Then: " in errors[0].message, errors[0].message
+
+
+def test_any_source_recvs_each_waiting_on_the_others_in_turn_still_name_them():
+    """Rank 0's any-source recv, ranks 1 and 2 in the barrier rank 0 never reaches: every
+    member the recv could hear from waits on it in turn, so none is dropped (they wait on
+    each other: rank 0 never entered, the recv names ranks 1 and 2)."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    b.sync(0, t, None, "recv", dir="recv", peer=None, shape=(4,))
+    for r in (1, 2):
+        b.sync(r, t + MS, None, "barrier")
+    b.heartbeats(t, t + 10 * S)
+    _, f = run(b)
+    recv = next(x for x in f if x.kind == "unmatched_p2p")
+    assert recv.victims[0] == (1, 2) and "in turn" not in recv.message
+
+
 def test_a_rank_missing_from_two_groups_of_a_mesh_is_one_finding():
     """A 2x2 mesh (tp groups {0,1} {2,3}, dp groups {0,2} {1,3}): rank 1 never comes, so rank
     0 waits in tp0's all_reduce and rank 3 in dp1's, and rank 2 waits on rank 0 in dp0's.  One

@@ -21,7 +21,7 @@ import failure_workers as W
 import pytest
 
 from commscope.analysis import Finding, TraceModel, diagnose
-from commscope.analysis.source import open_source
+from commscope.analysis.source import load_trace, open_source
 from commscope.cli import main as cli
 from commscope.launch import Job, free_port
 from commscope.store import AsOf
@@ -312,6 +312,37 @@ def test_a_barrier_timeout_in_a_wait_cycle_names_the_rank_that_never_received(tm
     assert sorted((c["kind"], c["op"], c["culprits"]) for c in crash["evidence"]["consequences"]) == [
         ("op_failed", "barrier", [2]), ("op_failed", "send", [2]), ("rank_crashed", "barrier", [0]),
         ("rank_crashed", "send", [1])]  # (rank 0's crash and rank 1's failure: in either order)
+
+
+def assert_nothing_lost(store: str, out: dict, release: str) -> None:
+    """The trace holds every op each rank issued (its own count, written before it
+    blocked), and nothing was dropped, skipped or missing."""
+    assert not [f for f in out["findings"] if f["kind"] == "trace_incomplete"], out["findings"]
+    skipped = out["skipped"]
+    assert (skipped["damaged"], skipped["invalid"], skipped["store_missing"]) == (0, 0, 0), skipped
+    model, _reader, _warnings = load_trace(store)
+    for r in model.rank_ids():
+        own = int(Path(f"{release}.count{r}").read_text())
+        assert model.n_ops(r) == own, f"rank {r} issued {own} ops, the trace holds {model.n_ops(r)}"
+        assert model.ranks[r].dropped == 0
+
+
+def test_an_any_source_recv_whose_other_sender_waits_on_it_names_the_idle_rank(tmp_path, capsys):
+    """Rank 0's any-source recv, rank 2 in the barrier rank 0 never reaches, rank 1 idle:
+    rank 2 cannot send before rank 0 is served, so rank 1 alone can end it.  One error,
+    the recv's unmatched_p2p naming rank 1, the barrier's hang its consequence, live and on
+    the killed job's trace.  Before, two errors each naming a victim: the recv ranks 1
+    and 2 (2 in the barrier), the barrier's missing_ranks ranks 0 and 1 (0 in the recv)."""
+    live, _, store = run_job(tmp_path, W.any_source_beside_a_barrier, pg_timeout=60, hang_after=5.0, kill=True,
+                             want=only("unmatched_p2p", 1, lambda f: "missing_ranks" in str(f.evidence.get("consequences"))))
+    assert live.victims == {0: (1,), 2: (1,)}
+    out = finished(store, capsys)
+    assert errors_of(out) == [("unmatched_p2p", [1])]
+    (recv,) = out["findings"]
+    assert recv["op"] == "recv" and recv["evidence"]["blocked_op"]["rank"] == 0
+    assert [(c["kind"], c["op"]) for c in recv["evidence"]["consequences"]] == [("missing_ranks", "barrier")]
+    assert "rank 2 waits on rank 0 in turn" in recv["message"]
+    assert_nothing_lost(store, out, str(tmp_path / "release"))
 
 
 def test_healthy_job_never_shows_an_error(tmp_path, capsys):

@@ -52,6 +52,9 @@ class Finding:
     #: When each of ranks that went together went (``rootcause._fold``; empty: each culprit
     #: at ``ts``).  Not part of the JSON.
     gone: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: Victims whose wait ends when any one of the ranks they wait on comes, not all of them
+    #: (an any-source recv; ``rootcause._either``).  Not part of the JSON.
+    any_of: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.severity:

@@ -222,11 +222,11 @@ def find_p2p(model: TraceModel, now: int, hang_ns: int,
         if any_source:
             i = any_source[0][1]
             if (r, i) not in in_cycle:
-                out.append(_unmatched(model, r, i, sorted({p for p, _ in any_source}), now))
+                out.append(_unmatched(model, r, i, sorted({p for p, _ in any_source}), now, any_source=True))
     return out
 
 
-def _unmatched(model: TraceModel, r: int, i: int, peers: list[int], now: int) -> Finding:
+def _unmatched(model: TraceModel, r: int, i: int, peers: list[int], now: int, any_source: bool = False) -> Finding:
     s = model.sig_of(r, i)
     rt = model.ranks[r]
     seq = int(rt.seq[i]) if rt.seq[i] >= 0 else None
@@ -237,7 +237,8 @@ def _unmatched(model: TraceModel, r: int, i: int, peers: list[int], now: int) ->
            f"{step['blocked_s']:.1f} s; the matching {counterpart} was never posted: " + doing_instead(peers, acts))
     ev = Unmatched(blocked_op=step, expected=counterpart, peer_activity=acts)
     return Finding("unmatched_p2p", s.group, seq, s.op, sorted({r, *peers}), peers, msg, ev,
-                   ts=rankstate.blocked_since(model, r, i), victims={r: tuple(peers)})
+                   ts=rankstate.blocked_since(model, r, i), victims={r: tuple(peers)},
+                   any_of=frozenset((r,)) if any_source else frozenset())
 
 
 def _no_such_peer(model: TraceModel, r: int, i: int, peer: int, world: int | None, now: int) -> Finding:

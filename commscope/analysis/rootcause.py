@@ -8,7 +8,9 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
 1. A collective mismatch is the root of everything at its instances: the ops that failed
    there, and the ranks that died in it (Gloo aborts a process on mismatched sizes).
 2. Every finding says which ranks it shows as victims and whom they wait on
-   (``Finding.victims``).  A culprit that is itself a victim is followed to the ranks it
+   (``Finding.victims``; an any-source recv on any one of its members, not all: those
+   waiting on it in turn are dropped where others can send, ``_either``).  A culprit
+   that is itself a victim is followed to the ranks it
    waits on, transitively (a cycle stops the walk: those ranks are each other's culprits).
    A finding whose culprits lead elsewhere is a consequence of the finding that names
    the ranks they lead to; but an ``op_failed`` that raised on its rank itself (refused as
@@ -169,6 +171,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         else:
             keep.append(f)
     errors = keep
+    _either(errors)
     # (who each rank blocked in a send or recv waits on, as first found: rule 2 may fold its
     # finding into another's, and ``_p2p_cycle`` follows chains of them)
     p2p_peers: dict[int, tuple[int, ...]] = {}
@@ -346,6 +349,34 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         if f.severity == ERROR:  # (a trace_incomplete: its ranks' stacks as every error finding has them)
             attach_stacks(model, f, now)
     return sorted(final + rest, key=Finding.sort_key)
+
+
+def _either(findings: list[Finding]) -> None:
+    """An any-source recv waits on whichever member sends first (``Finding.any_of``).  A
+    member whose own wait leads back to the recv's rank (the two in one strongly connected
+    part of the wait graph) cannot be that one before the recv is served: where some member
+    outside can, the recv waits on those alone, and names them alone (rank 0's any-source
+    recv, rank 2 in the barrier rank 0 never reaches, rank 1 idle: rank 1, one error;
+    before, the recv named ranks 1 and 2 and the barrier's hang ranks 0 and 1, two errors
+    each naming a victim).  Where every member waits back on it, they wait on each other:
+    all stay.  One walk of the graph from the recvs' ranks (``strongly_connected``)."""
+    ors = [f for f in findings if f.any_of]
+    if not ors:
+        return
+    waits_on = _waits(findings)
+    comp = {w: k for k, part in enumerate(strongly_connected(
+        sorted({v for f in ors for v in f.any_of}), lambda v: sorted(waits_on.get(v, ())))) for w in part}
+    for f in ors:
+        for v in sorted(f.any_of):
+            on = f.victims.get(v, ())
+            out = tuple(p for p in on if comp.get(p) != comp[v])
+            if not out or len(out) == len(on):
+                continue
+            back = [p for p in on if p not in out]
+            f.victims[v] = out
+            f.culprits = sorted(set(f.culprits) - set(back))
+            f.message += (f"; {ranks_text(back)} {'waits' if len(back) == 1 else 'wait'} on rank {v} in turn"
+                          " and cannot send first")
 
 
 def _crashed_of_failures(model: TraceModel, roots: list[Finding], departed: set[int]
