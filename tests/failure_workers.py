@@ -322,3 +322,31 @@ def any_source_beside_a_barrier(rank: int, ws: int, store: str, release: str) ->
         wait_release(release)
     else:
         dist.barrier()
+
+
+def p2p_timeout_into_a_chain(rank: int, ws: int, store: str, release: str) -> None:
+    """Rank 1 receives from rank 2 on a group whose ops time out (2 s); rank 2 sends to
+    rank 3, which went into the barrier of group C (0, 2, 3) with rank 0, the barrier
+    rank 2 never reaches.  Rank 1's recv times out, blamed on rank 3 (rank 2 was held by
+    it); it raises once the test releases it.  The others hang until killed."""
+    import torch
+    import torch.distributed as dist
+
+    start(store, 5.0)  # (a first barrier's skew under load is no hang)
+    dist.barrier()  # (the ranks together: creating a group is a store barrier of its timeout)
+    p12 = dist.new_group([1, 2], timeout=timedelta(seconds=2.0))
+    p23 = dist.new_group([2, 3])
+    c = dist.new_group([0, 2, 3])
+    flush()
+    own_count(release, rank, 2)
+    if rank == 1:
+        try:
+            dist.recv(torch.ones(8), 2, group=p12)
+        except RuntimeError:
+            wait_release(release)
+            raise
+    elif rank == 2:
+        dist.send(torch.ones(8), 3, group=p23)
+    else:
+        dist.barrier(group=c)
+

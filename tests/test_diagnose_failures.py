@@ -876,6 +876,27 @@ def test_a_p2p_timeout_whose_peer_was_held_by_another_follows_the_chain():
         assert errors(f) == [("op_failed", [3])], [x.message for x in f]
 
 
+def test_a_p2p_timeout_whose_peer_sends_into_a_collective_is_one_finding_with_the_send():
+    """Rank 1's recv from 2 times out, blamed on rank 3: rank 2 sends to 3, which waits in
+    group C's barrier (0, 2, 3) that rank 2 never reaches.  Once the send and the barrier
+    pass hang_after they are the failure's consequences: one error (before, the send's
+    unmatched_p2p, the barrier's hang folded in, stood beside it naming rank 3 again)."""
+    b = TraceBuilder(4)
+    b.group("C", [0, 2, 3])
+    t = b.warmup()
+    i = b.begin(1, t, "recv", peer=2, dir="recv")
+    b.begin(2, t, "send", peer=3, dir="send")
+    for r in (0, 3):
+        b.begin(r, t + MS, "barrier", group="C")
+    b.end(1, i, t + S, exc=TIMED_OUT)
+    b.heartbeats(b.t0, t + 10 * S)
+    for step in (1, 7):
+        _, f = replay(b, {3}, hang_after=5.0, step=step)
+        assert errors(f) == [("op_failed", [3])], [x.message for x in f]
+        said = sorted((c["kind"], c["culprits"]) for c in f[0].evidence["consequences"])
+        assert said == [("missing_ranks", [2]), ("unmatched_p2p", [3])], said
+
+
 def test_a_p2p_op_s_own_timeout_is_its_peer_s_whatever_the_peer_waited_in():
     """Ranks 0 and 1 each wait in a recv from the other; rank 0's times out.  Blamed on
     rank 1, as any p2p timeout on its peer (the held-by-peer rule turned it back on rank 0,

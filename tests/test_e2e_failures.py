@@ -345,6 +345,30 @@ def test_an_any_source_recv_whose_other_sender_waits_on_it_names_the_idle_rank(t
     assert_nothing_lost(store, out, str(tmp_path / "release"))
 
 
+def test_a_p2p_timeout_whose_peer_is_held_by_a_send_into_a_collective_is_one_finding(tmp_path, capsys):
+    """Rank 1's recv from 2 times out (2 s), blamed on rank 3: rank 2 is blocked sending to
+    3, which went into group C's barrier (with rank 0) that rank 2 never reaches.  Once the
+    send and the barrier pass hang_after, they are that failure's consequences: one error,
+    op_failed naming rank 3, live and on the killed job's trace.  Before, the send's
+    unmatched_p2p (the barrier's hang folded in) stood beside it, a second error naming
+    rank 3 for the same cause."""
+    def whole(f):
+        said = [(c["kind"], c["op"]) for c in f.evidence.get("consequences", [])]
+        return ("unmatched_p2p", "send") in said and ("missing_ranks", "barrier") in said
+
+    live, _, store = run_job(tmp_path, W.p2p_timeout_into_a_chain, pg_timeout=60, hang_after=5.0, culprit=3,
+                             kill=True, world=4, want=only("op_failed", 3, whole))
+    assert live.op == "recv" and live.evidence["blame"]["reason"] == "blocked"
+    out = finished(store, capsys)
+    assert errors_of(out) == [("op_failed", [3])]
+    (failed,) = out["findings"]
+    assert failed["op"] == "recv" and list(failed["evidence"]["failed"]) == ["1"]
+    assert "rank 2 had not entered it when the timeout fired: it was blocked in send #1 to 3" in failed["message"]
+    assert sorted((c["kind"], c["op"], c["culprits"]) for c in failed["evidence"]["consequences"]) == [
+        ("missing_ranks", "barrier", [2]), ("unmatched_p2p", "send", [3])]
+    assert_nothing_lost(store, out, str(tmp_path / "release"))
+
+
 def test_healthy_job_never_shows_an_error(tmp_path, capsys):
     """A slow-but-progressing rank, ranks leaving at different times, destroy_process_group."""
     store = str(tmp_path / "trace")

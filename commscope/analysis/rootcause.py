@@ -31,7 +31,8 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
    that wait too); where only some absentees are in such cycles, both stand, the hang
    naming the others (``_split_cycle``).  Ranks blocked in sends or recvs whose peers (the
    same ones) never posted theirs are one ``unmatched_p2p``, the first; a ``missing_ranks``
-   naming its peers folds into it, and it into a ``p2p_deadlock`` holding them.  A
+   naming its peers folds into it, and it into a ``p2p_deadlock`` holding them, or an
+   ``op_failed`` blamed on them (a timeout whose blame went through its wait).  A
    rank blocked in a send or recv with a peer the job does not have (an ``unmatched_p2p``
    with ``no_such_peer`` evidence) is, likewise, the root of the findings that name it.
 
@@ -236,6 +237,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     final: list[Finding] = []
     missing: dict[frozenset[int], dict[str | None, Finding]] = {}  # the missing_ranks kept, by culprits, then group
     unmatched: dict[frozenset[int], Finding] = {}  # the unmatched_p2p kept, by culprits (the peers that never posted)
+    failed_on: dict[frozenset[int], Finding] = {}  # the op_failed kept, by culprits (not of its rank's own doing)
     order = {id(t): k for k, t in enumerate(roots)}
     blocked_p2p: dict[int, list[Finding]] = {}  # a rank -> the unmatched_p2p it is blocked in (``_p2p_cycle``)
     for t in roots:  # (or the p2p op it waited in that timed out, blamed on its peer: the same wait, ended)
@@ -326,8 +328,13 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
             # groups both wait on the rank that never came, or never posting the recv of a send
             # besides: one cause, the first finding)
         elif f.kind == "unmatched_p2p" and "no_such_peer" not in f.evidence:
-            # (ranks blocked on the same peers: one cause; a send to a rank of a p2p deadlock: its)
-            target = unmatched.get(frozenset(f.culprits)) or deadlock_of(f.culprits)
+            # (ranks blocked on the same peers: one cause; a send to a rank of a p2p deadlock: its;
+            # a send or recv on the ranks a failure is blamed on: rank 1's recv from 2 timed out,
+            # blamed on rank 3, which never received 2's send, in the barrier 2 never reaches)
+            target = unmatched.get(frozenset(f.culprits)) or deadlock_of(f.culprits) or \
+                failed_on.get(frozenset(f.culprits))
+            if target is not None and target.kind == "op_failed":
+                unmatched.setdefault(frozenset(f.culprits), target)  # (what the send explains, it does)
         if target is not None and target is not f:
             _absorb(target, f)
         else:
@@ -336,6 +343,8 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
                 missing.setdefault(frozenset(f.culprits), {}).setdefault(f.group, f)
             elif f.kind == "unmatched_p2p" and "no_such_peer" not in f.evidence:
                 unmatched.setdefault(frozenset(f.culprits), f)
+            elif f.kind == "op_failed" and f.evidence.get("blame", {}).get("reason") != "local":
+                failed_on.setdefault(frozenset(f.culprits), f)
             if _p2p_timeout(f):
                 kept_failed.add(id(f))
     for target, folded in gone_into.values():
