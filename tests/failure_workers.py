@@ -350,3 +350,50 @@ def p2p_timeout_into_a_chain(rank: int, ws: int, store: str, release: str) -> No
     else:
         dist.barrier(group=c)
 
+
+def send_into_barrier_beside_an_idle_rank(rank: int, ws: int, store: str, release: str) -> None:
+    """Rank 0 sends to rank 1 (a group of the two), which never posts the recv: it went into
+    the barrier (1 s timeout) that rank 0 never reaches; rank 2, idle, never comes either.
+    The barrier times out on rank 1, which raises once the test releases it; rank 0's send
+    then fails as rank 1's connection closes, and rank 0 raises that; rank 2 returns."""
+    import torch
+    import torch.distributed as dist
+
+    start(store, 60.0)
+    pair = dist.new_group([0, 1])
+    quick = quick_group(1.0)
+    dist.barrier()
+    flush()
+    own_count(release, rank, 1 if rank == 2 else 2)
+    if rank == 0:
+        dist.send(torch.ones(8), 1, group=pair)
+    elif rank == 2:
+        wait_release(release)
+        return
+    try:
+        dist.barrier(group=quick)
+    except RuntimeError:
+        wait_release(release)
+        raise
+
+
+def send_into_a_barrier_another_group_waits_on(rank: int, ws: int, store: str, release: str) -> None:
+    """Rank 1 sends to rank 2, which never posts the recv: it went into group W's barrier
+    (0, 1, 2) with rank 0, the barrier rank 1 never reaches; rank 3 waits in group D's
+    all_reduce (2, 3), which rank 2, in the barrier, never reaches.  Hangs until killed."""
+    import torch
+    import torch.distributed as dist
+
+    start(store, 5.0)  # (a first barrier's skew under load is no hang)
+    w = dist.new_group([0, 1, 2])
+    d = dist.new_group([2, 3])
+    pair = dist.new_group([1, 2])
+    dist.barrier()
+    flush()
+    own_count(release, rank, 2)
+    if rank == 1:
+        dist.send(torch.ones(8), 2, group=pair)
+    elif rank in (0, 2):
+        dist.barrier(group=w)
+    else:
+        dist.all_reduce(torch.ones(8), group=d)

@@ -106,11 +106,11 @@ def errors_of(out: dict) -> list[tuple[str, list[int]]]:
 
 
 def run_job(tmp_path, fn, extra: tuple = (), *, pg_timeout: float, hang_after: float, want,
-            culprit: int = 1, kill: bool = False, world: int = 3):
+            culprit: int = 1, kill: bool = False, world: int = 3, also: tuple[int, ...] = ()):
     store, release = str(tmp_path / "trace"), str(tmp_path / "release")
     job = Job(fn, world, args=(store, release, *extra), pg_timeout=pg_timeout).start()
     try:
-        follow = Follow(store, {culprit}, hang_after)
+        follow = Follow(store, {culprit, *also}, hang_after)
         live = follow.until(want, lambda: bool(job.alive()))
         if kill:
             follow.poll()
@@ -366,6 +366,49 @@ def test_a_p2p_timeout_whose_peer_is_held_by_a_send_into_a_collective_is_one_fin
     assert "rank 2 had not entered it when the timeout fired: it was blocked in send #1 to 3" in failed["message"]
     assert sorted((c["kind"], c["op"], c["culprits"]) for c in failed["evidence"]["consequences"]) == [
         ("missing_ranks", "barrier", [2]), ("unmatched_p2p", "send", [3])]
+    assert_nothing_lost(store, out, str(tmp_path / "release"))
+
+
+def test_a_barrier_timeout_partly_in_a_wait_cycle_is_one_failure_naming_the_peer_and_the_idle_rank(tmp_path, capsys):
+    """Rank 0 sends to 1, which went into the barrier rank 0 never reaches; rank 2, idle,
+    never comes either.  The barrier times out on rank 1: one error, op_failed naming
+    rank 1 (the peer that never received) and rank 2 (absent), never rank 0, live and once
+    ranks 0 and 1 have crashed of it (their crashes, rank 0's failed send, its
+    consequences; the noted "op_failed beside the peer's rank_crashed" no longer
+    happens: rule 3's crash fold)."""
+    def failure(findings):
+        errors = [f for f in findings if f.severity == "error"]
+        return errors[0] if [(f.kind, f.culprits) for f in errors] == [("op_failed", [1, 2])] else None
+
+    live, _, store = run_job(tmp_path, W.send_into_barrier_beside_an_idle_rank, pg_timeout=60, hang_after=60.0,
+                             also=(2,), want=failure)
+    assert live.op == "barrier" and live.evidence["blame"]["reason"] == "absent+blocked"
+    out = finished(store, capsys)
+    assert errors_of(out) == [("op_failed", [1, 2])]
+    (failed,) = out["findings"]
+    assert "rank 0 had not entered it when the timeout fired: it was blocked in send #1 to 1" in failed["message"]
+    assert sorted((c["kind"], c["op"], c["culprits"]) for c in failed["evidence"]["consequences"]) == [
+        ("op_failed", "send", [1]), ("rank_crashed", "barrier", [1]), ("rank_crashed", "send", [0])]
+    assert_nothing_lost(store, out, str(tmp_path / "release"))
+
+
+def test_a_wait_cycle_through_a_barrier_another_group_waits_on_is_one_finding(tmp_path, capsys):
+    """Rank 1 sends to 2, which went into group W's barrier (with rank 0) that rank 1 never
+    reaches; rank 3 waits in group D's all_reduce, which rank 2 never reaches.  One error,
+    the send's unmatched_p2p naming rank 2, both hangs its consequences (helper-94: two
+    missing_ranks, one naming a blocked rank), live and on the killed job's trace."""
+    def whole(f):
+        return sorted(c["kind"] for c in f.evidence.get("consequences", [])) == ["missing_ranks", "missing_ranks"]
+
+    live, _, store = run_job(tmp_path, W.send_into_a_barrier_another_group_waits_on, pg_timeout=60, hang_after=5.0,
+                             culprit=2, kill=True, world=4, want=only("unmatched_p2p", 2, whole))
+    assert set(live.victims) == {0, 1, 3}
+    out = finished(store, capsys)
+    assert errors_of(out) == [("unmatched_p2p", [2])]
+    (send,) = out["findings"]
+    assert send["evidence"]["blocked_op"]["rank"] == 1
+    assert sorted((c["kind"], c["op"], c["culprits"]) for c in send["evidence"]["consequences"]) == [
+        ("missing_ranks", "all_reduce", [2]), ("missing_ranks", "barrier", [1])]
     assert_nothing_lost(store, out, str(tmp_path / "release"))
 
 
