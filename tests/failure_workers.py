@@ -397,3 +397,24 @@ def send_into_a_barrier_another_group_waits_on(rank: int, ws: int, store: str, r
         dist.barrier(group=w)
     else:
         dist.all_reduce(torch.ones(8), group=d)
+
+
+def chain_into_a_deadlock_beside_an_idle_rank(rank: int, ws: int, store: str, release: str) -> None:
+    """Ranks 1 and 2 send to each other (a p2p deadlock); rank 3 sends to 2 (a chain into
+    it); rank 0 waits in the world's barrier, which none of them reaches; rank 4, idle,
+    never comes either.  Hangs until killed."""
+    import torch
+    import torch.distributed as dist
+
+    start(store, 5.0)  # (a first barrier's skew under load is no hang)
+    dist.barrier()
+    flush()
+    own_count(release, rank, 1 if rank == 4 else 2)
+    if rank in (1, 2):
+        dist.send(torch.ones(8), 3 - rank)
+    elif rank == 3:
+        dist.send(torch.ones(8), 2)
+    elif rank == 0:
+        dist.barrier()
+    else:
+        wait_release(release)

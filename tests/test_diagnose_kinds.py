@@ -805,6 +805,24 @@ def test_an_any_source_recv_names_no_member_that_waits_on_it_in_turn(world):
         assert said + " on rank 0 in turn and cannot send first. Then: " in errors[0].message, errors[0].message
 
 
+def test_a_hang_on_a_deadlock_and_an_idle_rank_names_the_idle_rank_beside_the_deadlock():
+    """Rank 0 in the barrier; ranks 1 and 2 send to each other, rank 3 to 2; rank 4, idle,
+    never comes: the hang names rank 4, the deadlock ranks 1 and 2 (before, the hang named
+    ranks 1, 2 and 4: the deadlock's ranks twice)."""
+    b = TraceBuilder(5)
+    t = b.warmup()
+    for r, peer in ((1, 2), (2, 1), (3, 2)):
+        b.sync(r, t, None, "send", peer=peer, dir="send")
+    b.sync(0, t + MS, None, "barrier")
+    b.heartbeats(t, t + 10 * S)
+    for batches in (1, 7):
+        _, f = run(b, batches=batches)
+        errors = [x for x in f if x.severity == "error"]
+        assert [(x.kind, x.culprits) for x in errors] == [("missing_ranks", [4]), ("p2p_deadlock", [1, 2])], [
+            x.message[:200] for x in f]
+        assert errors[0].victims == {0: (4,)} and errors[0].message.endswith("; ranks 1, 2 are in a p2p deadlock")
+
+
 def test_any_source_recvs_each_waiting_on_the_others_in_turn_still_name_them():
     """Rank 0's any-source recv, ranks 1 and 2 in the barrier rank 0 never reaches: every
     member the recv could hear from waits on it in turn, so none is dropped (they wait on

@@ -21,6 +21,7 @@ import failure_workers as W
 import pytest
 
 from commscope.analysis import Finding, TraceModel, diagnose
+from commscope.analysis.diagnose import trace_now
 from commscope.analysis.source import load_trace, open_source
 from commscope.cli import main as cli
 from commscope.launch import Job, free_port
@@ -69,6 +70,16 @@ class Follow:
                 break
         raise AssertionError(f"not diagnosed live; findings: {[f.to_json() for f in self.last]}")
 
+    def on_the_trace(self, want) -> None:
+        """Poll until the trace read so far, judged at its own last record (as ``check``
+        judges the trace a killed job leaves), gives what ``want`` asks: a rank's last
+        record may lag the clock the live poll judged at."""
+        end = time.monotonic() + LIMIT
+        while want(diagnose(self.model, now=trace_now(self.model), hang_after=self.hang_after)) is None:
+            assert time.monotonic() < end, "the trace never showed what the live job did"
+            time.sleep(0.2)
+            self.poll()
+
     def while_alive(self, alive) -> None:
         end = time.monotonic() + LIMIT
         while alive() and time.monotonic() < end:
@@ -113,7 +124,7 @@ def run_job(tmp_path, fn, extra: tuple = (), *, pg_timeout: float, hang_after: f
         follow = Follow(store, {culprit, *also}, hang_after)
         live = follow.until(want, lambda: bool(job.alive()))
         if kill:
-            follow.poll()
+            follow.on_the_trace(want)
             time.sleep(3 * W.SAMPLE)  # a few more heartbeats: the trace shows the hang going on
             job.kill()
         else:
@@ -410,6 +421,34 @@ def test_a_wait_cycle_through_a_barrier_another_group_waits_on_is_one_finding(tm
     assert sorted((c["kind"], c["op"], c["culprits"]) for c in send["evidence"]["consequences"]) == [
         ("missing_ranks", "all_reduce", [2]), ("missing_ranks", "barrier", [1])]
     assert_nothing_lost(store, out, str(tmp_path / "release"))
+
+
+def test_a_hang_on_a_deadlock_and_an_idle_rank_names_each_cause_once(tmp_path, capsys):
+    """Ranks 1 and 2 send to each other, rank 3 to 2; rank 0 waits in the barrier, which
+    idle rank 4 never reaches either.  Two causes, each named once: the p2p_deadlock (1,
+    2; rank 3's send its consequence) and the barrier's missing_ranks naming rank 4.
+    Before, the hang named ranks 1, 2 and 4 beside the deadlock naming 1 and 2."""
+    def both(findings):
+        errors = [f for f in findings if f.severity == "error"]
+        return errors if [(f.kind, f.culprits) for f in errors] == [
+            ("missing_ranks", [4]), ("p2p_deadlock", [1, 2])] else None
+
+    store, release = str(tmp_path / "trace"), str(tmp_path / "release")
+    job = Job(W.chain_into_a_deadlock_beside_an_idle_rank, 5, args=(store, release), pg_timeout=60).start()
+    try:
+        follow = Follow(store, {1, 2, 4}, 5.0)
+        hang, deadlock = follow.until(both, lambda: bool(job.alive()))
+        follow.on_the_trace(both)
+        time.sleep(3 * W.SAMPLE)  # a few more heartbeats: the trace shows the hang going on
+        job.kill()
+    finally:
+        job.kill()
+    assert hang.victims == {0: (4,)} and hang.message.endswith("; ranks 1, 2 are in a p2p deadlock"), hang.message
+    out = finished(store, capsys)
+    assert errors_of(out) == [("missing_ranks", [4]), ("p2p_deadlock", [1, 2])]
+    assert [(c["kind"], c["culprits"]) for c in out["findings"][1]["evidence"]["consequences"]] == [
+        ("unmatched_p2p", [2])]
+    assert_nothing_lost(store, out, release)
 
 
 def test_healthy_job_never_shows_an_error(tmp_path, capsys):

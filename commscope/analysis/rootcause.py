@@ -29,7 +29,8 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
    whose peers wait in that collective (a wait cycle through it) into the first of those,
    as do the same absentees' hangs in other groups (a send or recv that timed out so is
    that wait too); where only some absentees are in such cycles, both stand, the hang
-   naming the others (``_split_cycle``).  Ranks blocked in sends or recvs whose peers (the
+   naming the others (``_split_cycle``), and so where only some are in a deadlock
+   (``_split_deadlock``).  Ranks blocked in sends or recvs whose peers (the
    same ones) never posted theirs are one ``unmatched_p2p``, the first; a ``missing_ranks``
    naming its peers folds into it, and it into a ``p2p_deadlock`` holding them, or an
    ``op_failed`` blamed on them (a timeout whose blame went through its wait).  A
@@ -312,6 +313,8 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
                            and (t.evidence.get("blame", {}).get("reason") != "local"
                                 or set(t.instances) & set(f.instances))), None) \
                 or deadlock_of(f.culprits)
+            if target is None:
+                _split_deadlock(f, [c for c in f.culprits if deadlock_of([c]) is not None])
             if target is None and (cycle := cycles(frozenset(f.culprits))) is not None:
                 target, peers, idle, chosen = cycle
                 if idle:  # (others never came besides, idle: the hang is theirs; the blocked are not)
@@ -668,6 +671,24 @@ def _split_cycle(f: Finding, peers: frozenset[int], idle: list[int], chosen: lis
     for v in f.victims:
         f.victims[v] = on
     f.message += f"; {ranks_text(blocked)} {'is' if len(blocked) == 1 else 'are'} blocked in a wait cycle through it"
+
+
+def _split_deadlock(f: Finding, held: list[int]) -> None:
+    """A ``missing_ranks`` some of whose culprits are ranks of a ``p2p_deadlock`` (``held``)
+    and the rest not (idle): it names the rest; the deadlock's ranks are that finding's
+    culprits, not this one's (rank 0 in the barrier; ranks 1 and 2 send to each other, rank
+    3 to 2, rank 4 idle: the hang named ranks 1, 2 and 4 beside the deadlock naming 1 and
+    2).  All of them held: it folds into the deadlock instead (``deadlock_of``)."""
+    if not held or len(held) == len(f.culprits):
+        return
+    rest = [r for r in f.culprits if r not in held]
+    f.culprits = rest
+    for r in held:
+        f.victims.pop(r, None)
+    on = tuple(rest)
+    for v in f.victims:
+        f.victims[v] = on
+    f.message += f"; {ranks_text(held)} {'is' if len(held) == 1 else 'are'} in a p2p deadlock"
 
 
 #: Departures of one manner each within this of the one before are one finding (``_together``);
