@@ -418,3 +418,23 @@ def chain_into_a_deadlock_beside_an_idle_rank(rank: int, ws: int, store: str, re
         dist.barrier()
     else:
         wait_release(release)
+
+
+def chain_into_a_wait_cycle_beside_an_idle_rank(rank: int, ws: int, store: str, release: str) -> None:
+    """Group B = 0, 1, 4: rank 1 waits in its all_reduce, which rank 4, sending to 1, never
+    reaches (a wait cycle through it) and rank 0, idle, never comes to; rank 3 sends to 1
+    as well, and rank 2 to 3 (a chain into the cycle).  Hangs until killed."""
+    import torch
+    import torch.distributed as dist
+
+    start(store, 5.0)  # (a first barrier's skew under load is no hang)
+    b = dist.new_group([0, 1, 4])
+    dist.barrier()
+    flush()
+    own_count(release, rank, 1 if rank == 0 else 2)
+    if rank == 1:
+        dist.all_reduce(torch.ones(8), group=b)
+    elif rank == 0:
+        wait_release(release)
+    else:
+        dist.send(torch.ones(8), 3 if rank == 2 else 1)

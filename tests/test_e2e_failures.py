@@ -451,6 +451,35 @@ def test_a_hang_on_a_deadlock_and_an_idle_rank_names_each_cause_once(tmp_path, c
     assert_nothing_lost(store, out, release)
 
 
+def test_a_chain_into_a_wait_cycle_beside_an_idle_rank_names_no_link(tmp_path, capsys):
+    """Group B = 0, 1, 4: rank 1 waits in its all_reduce, rank 4 sends to 1, rank 0 (idle)
+    never comes; rank 3 sends to 1 too, and rank 2 to 3.  Two causes, no link of the chain
+    named: missing_ranks naming rank 0, and the sends' unmatched_p2p naming rank 1 (the
+    send to 3 its consequence; helper-96: it was kept naming rank 3, blocked).  Holds on
+    a real Gloo job, live and on the killed job's trace."""
+    def both(findings):
+        errors = [f for f in findings if f.severity == "error"]
+        return errors if [(f.kind, f.culprits) for f in errors] == [
+            ("missing_ranks", [0]), ("unmatched_p2p", [1])] else None
+
+    store, release = str(tmp_path / "trace"), str(tmp_path / "release")
+    job = Job(W.chain_into_a_wait_cycle_beside_an_idle_rank, 5, args=(store, release), pg_timeout=60).start()
+    try:
+        follow = Follow(store, {0, 1}, 5.0)
+        hang, sends = follow.until(both, lambda: bool(job.alive()))
+        follow.on_the_trace(both)
+        time.sleep(3 * W.SAMPLE)  # a few more heartbeats: the trace shows the hang going on
+        job.kill()
+    finally:
+        job.kill()
+    assert set(sends.victims) == {2, 3, 4}
+    out = finished(store, capsys)
+    assert errors_of(out) == [("missing_ranks", [0]), ("unmatched_p2p", [1])]
+    assert sorted(c["culprits"] for c in out["findings"][1]["evidence"]["consequences"]
+                  if c["kind"] == "unmatched_p2p") == [[1], [3]]
+    assert_nothing_lost(store, out, release)
+
+
 def test_healthy_job_never_shows_an_error(tmp_path, capsys):
     """A slow-but-progressing rank, ranks leaving at different times, destroy_process_group."""
     store = str(tmp_path / "trace")
