@@ -80,11 +80,11 @@ class StreamsRead(NamedTuple):
     drops_read: dict[Stream, int] | None = None
     #: each stream's lines read, the segments below which a marker it read counted those gone,
     #: and the last bytes read of each segment (``DirectoryReader._lines_read``, ``_gone_upto``,
-    #: ``_ends``: what a reader going on from the worker's read takes a loss against, and tells
-    #: a file written again under its name by)
+    #: ``_last_read``: what a reader going on from the worker's read takes a loss against, and
+    #: tells a file written again under its name by)
     lines_read: dict[Stream, int] | None = None
     gone_upto: dict[Stream, int] | None = None
-    ends: dict[tuple[Stream, int], bytes] | None = None
+    last_read: dict[tuple[Stream, int], bytes] | None = None
 
     def sent(self) -> StreamsRead:
         """As a worker sends it: the op records in one piece where they go so."""

@@ -606,7 +606,7 @@ class DirectoryReader(TraceReader):
         self._lines_before: dict[Stream, int] = {}
         #: (stream, segment) -> the last bytes read of it (``SAME_FILE_BYTES``): a file written again
         #: under its name is read from its start (``_read_segment``)
-        self._ends: dict[tuple[Stream, int], bytes] = {}
+        self._last_read: dict[tuple[Stream, int], bytes] = {}
         self._listed: tuple[int, float] | None = None  # (directory mtime, when) of the last listing
         self._names: dict[str, tuple[Stream, Segment] | _Summary | object] = {}  # file name -> ``_name``
         self._summaries_due = False  # listed again since the summaries were last read
@@ -1269,7 +1269,7 @@ class DirectoryReader(TraceReader):
         key = (stream, self._reading.get(stream, 0))
         offset = self._read_of.get(key, 0)
         # (the bytes before ``offset`` read again with the rest: the file read on is the one read)
-        back = len(self._ends.get(key, b"")) if offset else 0
+        back = len(self._last_read.get(key, b"")) if offset else 0
         asked = size is not None  # (by ``poll``, of the file it holds if any: read without asking again)
         data: bytes | None = None
         if size is None:  # (read with its size, asked once)
@@ -1303,7 +1303,7 @@ class DirectoryReader(TraceReader):
             except OSError as exc:
                 self.stats.warnings.append(f"rank {rank}: cannot read {path}: {exc}")
                 return [], 0, True
-        replaced = bool(back) and data[:back] != self._ends[key]
+        replaced = bool(back) and data[:back] != self._last_read[key]
         if replaced:  # (written again under its name: read from its start, ``_started_again``)
             offset = self._read_of[key] = 0
             try:
@@ -1339,7 +1339,7 @@ class DirectoryReader(TraceReader):
             events.extend(got.events)
         self._read_of[key] = offset + end
         if end >= self.SAME_FILE_BYTES:
-            self._ends[key] = data[end - self.SAME_FILE_BYTES:end]
+            self._last_read[key] = data[end - self.SAME_FILE_BYTES:end]
         return events, cut, at_end
 
     #: The bytes a segment's read ends with that its next read reads again: where they differ,
@@ -1598,7 +1598,7 @@ class DirectoryReader(TraceReader):
         self.drops_read_of().update(got.drops_read or {})
         self._lines_read.update(got.lines_read or {})
         self._gone_upto.update(got.gone_upto or {})
-        self._ends.update(got.ends or {})
+        self._last_read.update(got.last_read or {})
         for stream, st in got.decoders.items():
             self._decoder(stream).adopt(st.names, st.dtypes, st.seen_end, st.groups, st.sites, st.waiting)
 
@@ -1614,4 +1614,4 @@ def read_streams(job: Job) -> StreamsRead:
     batch = r.read_whole(job.streams)
     return StreamsRead(batch, r.stats, dict(r._reading), dict(r._read_of), dict(r._partial), r.decoder_states(),
                        dict(getattr(r, "_max_ids", {})), drops_read=dict(r.drops_read_of()),
-                       lines_read=dict(r._lines_read), gone_upto=dict(r._gone_upto), ends=dict(r._ends))
+                       lines_read=dict(r._lines_read), gone_upto=dict(r._gone_upto), last_read=dict(r._last_read))
