@@ -98,6 +98,14 @@ def only(kind: str, culprit: int, check=lambda f: True):
     return pick
 
 
+def errors_are(*expected: tuple[str, list[int]]):
+    """The error findings, when they are exactly ``expected`` (kind, culprits), in order."""
+    def pick(findings):
+        errors = [f for f in findings if f.severity == "error"]
+        return errors if [(f.kind, f.culprits) for f in errors] == list(expected) else None
+    return pick
+
+
 def where_has(func: str):
     return lambda f: func in (f.evidence.get("culprit_where") or "")
 
@@ -428,27 +436,15 @@ def test_a_hang_on_a_deadlock_and_an_idle_rank_names_each_cause_once(tmp_path, c
     idle rank 4 never reaches either.  Two causes, each named once: the p2p_deadlock (1,
     2; rank 3's send its consequence) and the barrier's missing_ranks naming rank 4.
     Before, the hang named ranks 1, 2 and 4 beside the deadlock naming 1 and 2."""
-    def both(findings):
-        errors = [f for f in findings if f.severity == "error"]
-        return errors if [(f.kind, f.culprits) for f in errors] == [
-            ("missing_ranks", [4]), ("p2p_deadlock", [1, 2])] else None
-
-    store, release = str(tmp_path / "trace"), str(tmp_path / "release")
-    job = Job(W.chain_into_a_deadlock_beside_an_idle_rank, 5, args=(store, release), pg_timeout=60).start()
-    try:
-        follow = Follow(store, {1, 2, 4}, 5.0)
-        hang, deadlock = follow.until(both, lambda: bool(job.alive()))
-        follow.on_the_trace(both)
-        time.sleep(3 * W.SAMPLE)  # a few more heartbeats: the trace shows the hang going on
-        job.kill()
-    finally:
-        job.kill()
+    (hang, deadlock), _, store = run_job(
+        tmp_path, W.chain_into_a_deadlock_beside_an_idle_rank, pg_timeout=60, hang_after=5.0, kill=True, world=5,
+        also=(2, 4), want=errors_are(("missing_ranks", [4]), ("p2p_deadlock", [1, 2])))
     assert hang.victims == {0: (4,)} and hang.message.endswith("; ranks 1, 2 are in a p2p deadlock"), hang.message
     out = finished(store, capsys)
     assert errors_of(out) == [("missing_ranks", [4]), ("p2p_deadlock", [1, 2])]
     assert [(c["kind"], c["culprits"]) for c in out["findings"][1]["evidence"]["consequences"]] == [
         ("unmatched_p2p", [2])]
-    assert_nothing_lost(store, out, release)
+    assert_nothing_lost(store, out, str(tmp_path / "release"))
 
 
 def test_a_chain_into_a_wait_cycle_beside_an_idle_rank_names_no_link(tmp_path, capsys):
@@ -457,27 +453,15 @@ def test_a_chain_into_a_wait_cycle_beside_an_idle_rank_names_no_link(tmp_path, c
     named: missing_ranks naming rank 0, and the sends' unmatched_p2p naming rank 1 (the
     send to 3 its consequence; helper-96: it was kept naming rank 3, blocked).  Holds on
     a real Gloo job, live and on the killed job's trace."""
-    def both(findings):
-        errors = [f for f in findings if f.severity == "error"]
-        return errors if [(f.kind, f.culprits) for f in errors] == [
-            ("missing_ranks", [0]), ("unmatched_p2p", [1])] else None
-
-    store, release = str(tmp_path / "trace"), str(tmp_path / "release")
-    job = Job(W.chain_into_a_wait_cycle_beside_an_idle_rank, 5, args=(store, release), pg_timeout=60).start()
-    try:
-        follow = Follow(store, {0, 1}, 5.0)
-        hang, sends = follow.until(both, lambda: bool(job.alive()))
-        follow.on_the_trace(both)
-        time.sleep(3 * W.SAMPLE)  # a few more heartbeats: the trace shows the hang going on
-        job.kill()
-    finally:
-        job.kill()
+    (_hang, sends), _, store = run_job(
+        tmp_path, W.chain_into_a_wait_cycle_beside_an_idle_rank, pg_timeout=60, hang_after=5.0, kill=True, world=5,
+        culprit=0, also=(1,), want=errors_are(("missing_ranks", [0]), ("unmatched_p2p", [1])))
     assert set(sends.victims) == {2, 3, 4}
     out = finished(store, capsys)
     assert errors_of(out) == [("missing_ranks", [0]), ("unmatched_p2p", [1])]
     assert sorted(c["culprits"] for c in out["findings"][1]["evidence"]["consequences"]
                   if c["kind"] == "unmatched_p2p") == [[1], [3]]
-    assert_nothing_lost(store, out, release)
+    assert_nothing_lost(store, out, str(tmp_path / "release"))
 
 
 def test_healthy_job_never_shows_an_error(tmp_path, capsys):

@@ -174,14 +174,27 @@ def _replica_of(master: redis.Redis) -> int:
     return int(info["slave0"]["port"])
 
 
-def _writing_to_its_master(cluster: Any, job: str) -> tuple[str, int, Any]:
+def _writing_to_its_master(cluster: Any, job: str, first: list[bytes] | None = None) -> tuple[str, int, Any]:
     """Rank 0's stream of ``job`` (its key), the port of the master that holds it, and a
-    writer given that node's URL, having written entries 1-10."""
+    writer given that node's URL, having written ``first`` (entries 1-10 unless given)."""
     key = Keys.stream(job, 0)
     port = cluster_client(cluster.url).get_node_from_key(key).port
     w = open_writer(f"redis://127.0.0.1:{port}/0", job, 0, {"world_size": 1})
-    w.write(batch(0, 1, 11))
+    w.write(batch(0, 1, 11) if first is None else first)
     return key, port, w
+
+
+def _written_once_it_lands(w: Any, entries: list[bytes], deadline: float) -> None:
+    """What the recorder does after a failover: retry ``entries`` until the new master takes
+    them (a failed write lands nothing)."""
+    while True:
+        try:
+            w.write(entries)
+            return
+        except StoreError as exc:
+            assert exc.written == 0
+            assert time.monotonic() < deadline, "the writer never reached the new master"
+            time.sleep(0.2)
 
 
 def _settled(cluster: Any, deadline: float) -> None:
@@ -246,14 +259,7 @@ def test_a_master_failing_over_counts_what_its_replica_never_got_and_loses_nothi
         dead.kill()
         os.kill(replica.proc.pid, signal.SIGCONT)
         deadline = time.monotonic() + 60
-        while True:  # what the recorder does: retry the batch until it lands
-            try:
-                w.write(batch(0, 16, 21))
-                break
-            except StoreError as exc:
-                assert exc.written == 0
-                assert time.monotonic() < deadline, "the replica never took over"
-                time.sleep(0.2)
+        _written_once_it_lands(w, batch(0, 16, 21), deadline)
         alive = next(s for s in cluster.servers if s.running and s is not replica)
         # the write landed on the new master; the other nodes may not know yet (each says
         # CLUSTERDOWN until its view of the failover converges, and the reader asks the node of
@@ -600,10 +606,7 @@ def test_a_check_between_a_masters_failover_and_the_writers_return_is_not_health
     ops, meta = _complete_ops, _META
     with RedisCluster(3, replicas=1, node_timeout_ms=3000) as cluster:
         cluster.start()
-        key = Keys.stream("via", 0)
-        port = cluster_client(cluster.url).get_node_from_key(key).port
-        w = open_writer(f"redis://127.0.0.1:{port}/0", "via", 0, {"world_size": 1})
-        w.write([E.encode(meta)] + ops(1, 11))
+        key, port, w = _writing_to_its_master(cluster, "via", [E.encode(meta)] + ops(1, 11))
         master = node(cluster, port)
         replica = _replica_synced(cluster, master, key)
         assert _check(cluster.url, capsys) == (0, [])  # healthy
@@ -624,14 +627,7 @@ def test_a_check_between_a_masters_failover_and_the_writers_return_is_not_health
         reader = open_reader(url)
         assert len(reader.read_all()) == held and reader.read_all() == []
         assert reader.stats.unsettled_by_rank == {0: 1} and not reader.stats.missing_by_rank  # (counted once)
-        while True:  # what the recorder does: retry until it lands
-            try:
-                w.write(ops(16, 17))
-                break
-            except StoreError as exc:
-                assert exc.written == 0
-                assert time.monotonic() < deadline, "the writer never reached the new master"
-                time.sleep(0.2)
+        _written_once_it_lands(w, ops(16, 17), deadline)
         rc, findings = _check(url, capsys)
         assert rc == 1 and [(f["kind"], f["severity"], f["culprits"]) for f in findings] == [
             ("trace_incomplete", "error", [0])], findings
@@ -660,10 +656,7 @@ def test_a_console_between_a_masters_failover_and_the_writers_return_is_not_heal
 
     with RedisCluster(3, replicas=1, node_timeout_ms=3000) as cluster:
         cluster.start()
-        key = Keys.stream("vialive", 0)
-        port = cluster_client(cluster.url).get_node_from_key(key).port
-        w = open_writer(f"redis://127.0.0.1:{port}/0", "vialive", 0, {"world_size": 1})
-        w.write([E.encode(_META)] + _complete_ops(1, 11))
+        key, port, w = _writing_to_its_master(cluster, "vialive", [E.encode(_META)] + _complete_ops(1, 11))
         master = node(cluster, port)
         replica = _replica_synced(cluster, master, key)
         alive = next(s for s in cluster.servers if s.port not in (port, replica.port))
@@ -695,14 +688,7 @@ def test_a_console_between_a_masters_failover_and_the_writers_return_is_not_heal
         assert judged() == [("trace_incomplete", "error", [0], {"0": {"unsettled": 1}})]
         assert sum("failed over since its writer last wrote" in m for m in feed.reader.stats.warnings) == 1
         assert feed.reader.stats.missing_by_rank == {}  # nothing counted lost: not known yet
-        while True:  # what the recorder does: retry until it lands
-            try:
-                w.write(_complete_ops(16, 17))
-                break
-            except StoreError as exc:
-                assert exc.written == 0
-                assert time.monotonic() < deadline, "the writer never reached the new master"
-                time.sleep(0.2)
+        _written_once_it_lands(w, _complete_ops(16, 17), deadline)
         w.write(_complete_ops(17, 18))  # (its next write: its ``via`` said after the first)
         while feed.reader.stats.unsettled_by_rank:
             feed.step()

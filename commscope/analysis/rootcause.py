@@ -53,7 +53,7 @@ culprits and waiting ranks (``findings.attach_stacks``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from commscope.analysis.components import strongly_connected
@@ -664,13 +664,7 @@ def _split_cycle(f: Finding, peers: frozenset[int], idle: list[int], chosen: lis
         if "named_through" in t.evidence:
             t.culprits = t.evidence.pop("named_through")
     blocked = [r for r in f.culprits if r not in idle]
-    f.culprits = list(idle)
-    for r in peers:
-        f.victims.pop(r, None)
-    on = tuple(idle)
-    for v in f.victims:
-        f.victims[v] = on
-    f.message += f"; {ranks_text(blocked)} {'is' if len(blocked) == 1 else 'are'} blocked in a wait cycle through it"
+    _narrow(f, list(idle), peers, f"{ranks_text(blocked)} {'is' if len(blocked) == 1 else 'are'} blocked in a wait cycle through it")
 
 
 def _split_deadlock(f: Finding, held: list[int]) -> None:
@@ -682,13 +676,21 @@ def _split_deadlock(f: Finding, held: list[int]) -> None:
     if not held or len(held) == len(f.culprits):
         return
     rest = [r for r in f.culprits if r not in held]
-    f.culprits = rest
-    for r in held:
+    _narrow(f, rest, held, f"{ranks_text(held)} {'is' if len(held) == 1 else 'are'} in a p2p deadlock")
+
+
+def _narrow(f: Finding, culprits: list[int], elsewhere: Iterable[int], why: str) -> None:
+    """Name only ``culprits`` in ``f``: the ranks another finding holds (``elsewhere``) are
+    no victims here either, every victim left waits on the culprits kept, and the message
+    says ``why`` the others are not named (one rewrite for ``_split_cycle`` and
+    ``_split_deadlock``)."""
+    f.culprits = culprits
+    for r in elsewhere:
         f.victims.pop(r, None)
-    on = tuple(rest)
+    on = tuple(culprits)
     for v in f.victims:
         f.victims[v] = on
-    f.message += f"; {ranks_text(held)} {'is' if len(held) == 1 else 'are'} in a p2p deadlock"
+    f.message += f"; {why}"
 
 
 #: Departures of one manner each within this of the one before are one finding (``_together``);
