@@ -101,7 +101,8 @@ _LINE = re.compile(r"(?m)^[ \t-]*(?!(?i:(?:proxy-)?authorization|(?:set-)?cookie
 _ENV_ENTRY = re.compile(r"""(\\?["'])name\1[ \t]*:[ \t]*(\\?["'])([\w.-]{1,128})\2[ \t]*,[ \t]*(\\?["'])value\4"""
                         r"""[ \t]*:[ \t]*""")
 #: HTTP headers that carry credentials; an auth scheme's name stays (``Authorization: Bearer ***``).
-_HEADER = re.compile(r"(?i)\b(?:(?:proxy-)?authorization|x-[\w-]*?(?:key|token|secret|auth)|api-key|((?:set-)?cookie))"
+#: Never right after a '/': that is a URL's user (``https://x-access-token:***@github.com``).
+_HEADER = re.compile(r"(?i)(?<!/)\b(?:(?:proxy-)?authorization|x-[\w-]*?(?:key|token|secret|auth)|api-key|((?:set-)?cookie))"
                      r":[ \t]*(?:(bearer|basic|token|digest|negotiate|ntlm)[ \t]+)?(?=\S)")
 #: ``Bearer …``/``Basic …`` outside a header (``Token`` only in one: it is an English word).
 _SCHEME_AUTH = re.compile(r"(?i)\b(?:bearer|basic)\s+(?!-)([A-Za-z0-9._~+/=-]{8,})")

@@ -199,6 +199,10 @@ def test_the_environments_secret_values_are_hidden_wherever_they_appear():
     ("Authorization: bearer abcdefgh12345 (retrying)", f"Authorization: bearer {MARK} (retrying)"),
     ("Cookie: session=abc123; theme=dark", f"Cookie: {MARK}"),
     ("X-Api-Key: abc123xyz", f"X-Api-Key: {MARK}"),
+    ("curl -H X-Auth-Token:abc123xyz x", f"curl -H X-Auth-Token:{MARK} x"),
+    # a header's name as a URL's user: its password alone is hidden, the host stays
+    ("git clone https://x-access-token:ghs_abcdefghijklmnopqrstuvwxyz0123456789@github.com/org/repo.git",
+     f"git clone https://x-access-token:{MARK}@github.com/org/repo.git"),
     ("--password -Xhunter2 --lr 3", f"--password {MARK} --lr 3"),
     ("https://hooks.slack.com/services/T0/B0/abcdefgh1234", f"https://hooks.slack.com/services/T0/B0/{MARK}"),
     ("postgres://admin:2024/Summer@db/x", f"postgres://admin:{MARK}@db/x"),
