@@ -303,3 +303,48 @@ def test_a_console_that_read_the_job_before_its_directory_was_deleted_counts_onl
         job.join(60)
         job.kill()
         reader.close()
+
+
+# ---------------------------------------------------------------------------- closers past PREV_KEPT
+@pytest.mark.parametrize("lagging", ["kept", "past"])
+def test_a_job_directory_deleted_while_closers_lag_past_what_is_kept_says_what_is_not_known(tmp_path, lagging):
+    """A writer keeps open the segments whose closers have not written their carries yet, at
+    most ``DirectoryWriter.PREV_KEPT`` of them: from those it restates what the rank was in
+    when its job directory is deleted (an all_reduce begun in segment 0 and still in flight).
+    One segment past that, it has let go of the oldest and cannot: its ``store_lost`` marker
+    says so, with the segment before which nothing is known.  Either way a reader counts
+    exactly the lines the writer had written, once, with that reason.  (Closers that never
+    end: ``closer=False``, nobody writes a carry.)"""
+    from commscope.store.directory import DirectoryWriter
+
+    def line(e: dict) -> bytes:
+        return orjson.dumps({"v": 3, "rank": 0, "ts": time.time_ns()} | e)
+
+    job_dir = tmp_path / "job"
+    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 2}, segment_bytes=2048, closer=False)
+    w.write([line({"type": "meta", "world_size": 2, "host": "h"}),
+             line({"type": "op", "phase": "begin", "id": 1, "op": "all_reduce", "group": "0", "seq": 0})])
+    segments = DirectoryWriter.PREV_KEPT + (1 if lagging == "past" else 0)  # the one written when deleted
+    beats = 0
+    while w._segment < segments:
+        w.write([line({"type": "heartbeat", "inflight": 1}) for _ in range(4)])
+        beats += 4
+    assert w._segment == segments and (w._prev is not None) == (lagging == "kept")
+    stored = _lines_of(job_dir, 0)
+    assert stored == w.stored == 2 + beats + segments  # (each segment after the first starts with the meta)
+    shutil.rmtree(job_dir)
+    w.write([line({"type": "heartbeat", "inflight": 1})])
+    w.close()
+
+    reader = open_reader(str(tmp_path))
+    events = reader.read_all()
+    marker = next(e for e in events if e["type"] == "dropped")
+    why = "the job directory was deleted while the rank was writing; its earlier events went with it"
+    if lagging == "past":
+        why += (f"; what it was in before segment {segments} is not known (an op begun before may be missing)")
+    assert (marker["entries"], marker["reason"]) == (stored, f"store_lost: {why}")
+    assert reader.stats.missing_by_rank == {0: stored}
+    assert [x for x in reader.stats.warnings if x.startswith("rank 0:")] == [
+        f"rank 0: {stored} line(s) of its stream were lost: {why}"]
+    restated = [e["id"] for e in events if e["type"] == "op" and e["phase"] == "begin"]
+    assert restated == ([1] if lagging == "kept" else [])  # (segment 0's begin: restated while its file was kept)
