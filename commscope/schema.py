@@ -143,6 +143,9 @@ RawEvent = TypedDict("RawEvent", {
     # meta: the ring position the stream's first block starts at (a reader reading the stream
     # from its first line counts a first block line gone against it)
     "ring": Count,
+    # meta (a directory store's segment after the first begins with it): the lines its writer
+    # wrote to the stream before the segment (``segments.opening_meta``)
+    "lines_before": Count,
     # dropped (version 3): entries (lines) of the stream the store lost before this one; the
     # writer that found its stream gone or shorter says so (``store.base.store_lost``)
     "entries": Count,

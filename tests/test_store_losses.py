@@ -348,3 +348,127 @@ def test_a_job_directory_deleted_while_closers_lag_past_what_is_kept_says_what_i
         f"rank 0: {stored} line(s) of its stream were lost: {why}"]
     restated = [e["id"] for e in events if e["type"] == "op" and e["phase"] == "begin"]
     assert restated == ([1] if lagging == "kept" else [])  # (segment 0's begin: restated while its file was kept)
+
+
+# ---------------------------------------------------------------------------- a window's skipped lines are not lost
+def _segment_lines(job_dir: Path, rank: int) -> dict[str, int]:
+    """The complete lines of each of a rank's segments now, by file name."""
+    return {p.name: p.read_bytes().count(b"\n") for p in job_dir.glob(f"rank-{rank:05d}*.jsonl")
+            if ".open." not in p.name}
+
+
+def test_a_console_reading_from_a_window_counts_only_what_it_had_not_read_once_the_job_directory_goes(tmp_path):
+    """A live reader started at a window (``attach --since``): each rank's stream is read from
+    its newest segments, the older ones counted as skipped.  The job directory is then
+    deleted, and each writer's ``store_lost`` marker counts every line it wrote, those of the
+    segments the window skipped included.  The reader counts as lost exactly the lines
+    written after it caught up, per rank: the skipped ones stay skipped (counted in
+    ``skipped_by_rank``), not lost as well.  Before, the reader took only the lines it had
+    read off the marker's count, and counted the skipped segments' lines lost too."""
+    from commscope.window import Since
+
+    store, release = str(tmp_path / "trace"), tmp_path / "release"
+    job = Job(hang_until_released, 3, args=(store, str(release)), pg_timeout=300,
+              env={"COMMSCOPE_NATIVE": "1", "COMMSCOPE_JOB": "hang-window", "COMMSCOPE_SEGMENT_MB": "0.004"}).start()
+    job_dir = Path(store) / "hang-window"
+
+    def signal_all(sig: int) -> None:
+        for pid in job.pids:
+            os.kill(pid, sig)
+
+    reader = None
+    try:
+        _poll(lambda: job_dir.is_dir() and all(len(_segment_lines(job_dir, r)) >= 3 for r in range(3)),
+              "three segments of each rank")
+        reader = open_reader(store, wait=True)
+        reader.start_at(Since(at_ns=time.time_ns()))
+        signal_all(signal.SIGSTOP)  # (what the reader read, counted while nothing is written)
+        reader.poll_batch()
+        while reader.backlog_bytes() or reader.stats.partial_tail:
+            reader.poll_batch()
+        reader.poll_batch()
+        read = {r: _segment_lines(job_dir, r) for r in range(3)}
+        skipped = dict(reader.stats.skipped_by_rank)
+        assert sorted(skipped) == [0, 1, 2], skipped  # (the window skipped segments of every rank)
+        signal_all(signal.SIGCONT)
+        _poll(lambda: all(sum(_segment_lines(job_dir, r).values()) > sum(read[r].values()) + 2 for r in range(3)),
+              "lines the reader did not read")
+        signal_all(signal.SIGSTOP)
+        stored = {r: _segment_lines(job_dir, r) for r in range(3)}
+        shutil.rmtree(job_dir)
+        signal_all(signal.SIGCONT)
+        markers: dict[int, dict] = {}
+
+        def all_read() -> bool:
+            markers.update({e["rank"]: e for e in reader.poll_batch().events
+                            if e["type"] == "dropped" and e.get("entries")})
+            return len(markers) == 3
+
+        _poll(all_read, "every rank's store_lost marker read")
+        for r in range(3):
+            assert markers[r]["entries"] == sum(stored[r].values()), (r, markers[r], stored[r])
+        # written after the reader caught up (no segment went meanwhile: the history is kept)
+        assert all(set(read[r]) <= set(stored[r]) for r in range(3))
+        assert reader.stats.missing_by_rank == {r: sum(stored[r].values()) - sum(read[r].values()) for r in range(3)}, (
+            reader.stats.warnings)
+        assert reader.stats.skipped_by_rank == skipped  # (what the window skipped, skipped still, once)
+        assert len(job.alive()) == 3
+    finally:
+        signal_all(signal.SIGCONT)
+        release.touch()
+        job.join(60)
+        job.kill()
+        if reader is not None:
+            reader.close()
+
+
+@pytest.mark.parametrize("started", ["window", "retention", "jumped"])
+def test_a_reader_that_did_not_read_the_stream_from_its_start_counts_a_marker_s_lines_once(tmp_path, started):
+    """A reader that started a stream at a later segment (a window's first, the oldest that
+    retention left) or jumped over segments retention deleted under it, then read a
+    ``store_lost`` marker (the job directory deleted): the marker counts every line the
+    writer wrote, but those before the reader's segment were skipped or summarized, not
+    lost.  It counts as lost exactly the lines written after it caught up; before, it
+    counted the skipped or summarized ones lost too (each segment after the first now says,
+    in its meta, the lines written before it: ``segments.opening_meta``)."""
+    from commscope.store import retention
+    from commscope.store.directory import DirectoryWriter
+    from commscope.window import Since
+
+    t0 = 1_780_000_000 * 10**9
+
+    def beat(k: int) -> bytes:
+        return orjson.dumps({"type": "heartbeat", "ts": t0 + k * 10**9, "v": 3, "rank": 0, "inflight": 0})
+
+    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=2048, closer=False)
+    w.write([orjson.dumps({"type": "meta", "ts": t0, "v": 3, "rank": 0, "world_size": 1, "host": "h"})])
+    beats = 0
+
+    def write(n: int) -> None:
+        nonlocal beats
+        for k in range(beats, beats + n, 10):
+            w.write([beat(j) for j in range(k, k + 10)])
+        beats += n
+
+    write(300)
+    reader = open_reader(str(tmp_path))
+    if started == "window":
+        reader.start_at(Since(at_ns=t0 + 250 * 10**9))
+    elif started == "jumped":
+        assert reader.poll(max_bytes=1)  # (segment 0 only)
+        write(300)
+    if started != "window":  # (retention deletes all but the newest few)
+        assert retention.close_stream(tmp_path / "job", 0, 0, retention.Retention(4096, None)) > 3
+    reader.poll()
+    while reader.backlog_bytes() or reader.stats.partial_tail:
+        reader.poll()
+    caught_up = w.stored
+    write(30)  # (not read)
+    unread = w.stored - caught_up
+    shutil.rmtree(tmp_path / "job")
+    w.write([beat(beats)])
+    w.close()
+    markers = [e for e in reader.poll() if e["type"] == "dropped"]
+    assert [e["entries"] for e in markers] == [caught_up + unread]
+    assert reader.stats.missing_by_rank == {0: unread}, reader.stats.warnings
+    assert (reader.stats.skipped_by_rank if started == "window" else reader.stats.summarized_by_rank)[0] > 0

@@ -393,8 +393,9 @@ class DirectoryWriter:
 
     def _next_segment(self, lines: list[bytes]) -> list[bytes]:
         """Close the current segment and start the next one (named by the time of its first
-        line); returns what it must begin with: the rank's meta, so it decodes alone.  Then
-        let a child bound the history (``store/retention.py``)."""
+        line); returns what it must begin with: the rank's meta, so it decodes alone, saying
+        the lines written before it (``segments.opening_meta``).  Then let a child bound the
+        history (``store/retention.py``)."""
         start = segments.start_of(lines[0]) or time.time_ns() // 1_000_000_000
         if self._fd is not None:  # (kept open until a closer's carry after it is read)
             if self._before is not None:
@@ -413,7 +414,11 @@ class DirectoryWriter:
         self._open()
         self._torn = False
         self._retire()
-        return [self._meta_line] if self._meta_line is not None and lines[0] is not self._meta_line else []
+        if self._meta_line is None or lines[0] is self._meta_line:
+            return []
+        # (saying the lines before it: a reader starting here, at a window or after retention,
+        # does not count those as lost when a ``store_lost`` marker counts them all)
+        return [segments.opening_meta(self._meta_line, self._lines)]
 
     def _retire(self) -> None:
         """Start the child that closes the last segment (carries what is in flight, bounds
@@ -595,12 +600,19 @@ class DirectoryReader(TraceReader):
         #: per stream, the segment numbers below this are counted as gone (``_count_segments_gone``),
         #: or by a writer's ``store_lost`` marker (``_count_store_lost``)
         self._gone_upto: dict[Stream, int] = {}
-        #: per stream, the lines of it this reader read, and those a ``store_lost`` marker it read
-        #: said were lost (``_count_store_lost``: what the next marker's count is taken against)
+        #: per stream, the lines of it this reader read, those a ``store_lost`` marker it read
+        #: said were lost, and those before the segment it started at (``_rebase``):
+        #: what the next marker's count is taken against (``_count_store_lost``)
         self._lines_read: dict[Stream, int] = {}
         #: whether reads count their lines into ``_lines_read`` (a whole read's workers do not:
         #: ``read_streams``)
         self.counts_lines = True
+        #: the streams entered at a later segment than the one read last (a window's first, the
+        #: oldest left by retention, one after segments deleted under this reader): the lines
+        #: before it are taken as accounted for (skipped, summarized) from what its meta says
+        #: when it is read from its start (``segments.lines_before``), so a ``store_lost``
+        #: marker read later counts as lost only the lines neither read nor counted so
+        self._rebase: set[Stream] = set()
         #: per stream, the lines read before a file its writer started again (``_started_again``),
         #: until its marker is counted
         self._lines_before: dict[Stream, int] = {}
@@ -806,6 +818,8 @@ class DirectoryReader(TraceReader):
             self._decoder(stream).ring_open = True  # (what it jumped over, the summaries count)
         else:
             return cur
+        if cur.number > 0:  # (the lines before it are skipped or summarized, not read: ``_rebase``)
+            self._rebase.add(stream)
         self._reading[stream] = cur.number
         if cur.number > 0:
             self._carry(stream, cur, after_id)
@@ -856,7 +870,8 @@ class DirectoryReader(TraceReader):
         those before, which are its lines and not counted again as segments gone
         (``_count_segments_gone``); less the lines of the stream this reader read before it
         (``_lines_before``: a console that read them before the job directory was deleted
-        lost only those it had not).  Counted once, and from then on all of them accounted
+        lost only those it had not), and those before the segment it started at, which it
+        skipped or counted as summarized (``_rebase``).  Counted once, and from then on all of them accounted
         for.  Before, a store of several segments counted the segments gone besides the
         marker's count (19 for 18), and a console counted what it had read as lost."""
         for e in dropped:
@@ -1321,6 +1336,11 @@ class DirectoryReader(TraceReader):
         end = len(data) if torn and final else cut
         if not end:
             return [], 0, at_end
+        if not offset and self._rebase and stream in self._rebase:
+            self._rebase.discard(stream)
+            before = segments.lines_before(data) if self.counts_lines else None
+            if before is not None:
+                self._lines_read[stream] = before
         if not offset and cut and inflight.starts_again(data):
             events = self._started_again(stream, data[:cut], cut)
         else:

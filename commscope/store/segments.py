@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
+import orjson
+
 from commscope.schema import MAX_RANK
 from commscope.store.base import Stream
 
@@ -110,6 +112,39 @@ def start_of(line: bytes) -> int | None:
     """The time (s) of an encoded event (its ``ts``), None when it has none."""
     m = _TS.search(line[:256])
     return int(m.group(1)) // 1_000_000_000 if m else None
+
+
+#: What a segment's first line, the rank's meta, says of the lines its writer wrote before it
+#: (``opening_meta``): a reader starting there takes them as accounted for (read, skipped by a
+#: window, summarized), not as lost when a ``store_lost`` marker counts them with the rest
+_LINES_BEFORE = re.compile(rb'"lines_before":(\d{1,18})[,}]')
+_META = b'"type":"meta"'
+
+
+def opening_meta(meta: bytes, lines_before: int) -> bytes:
+    """The rank's ``meta`` line as a segment after the first begins with it: saying the lines
+    its writer wrote to the stream before the segment (``lines_before``, the count a writer's
+    ``store_lost`` marker says, ``DirectoryWriter.stored``).  ``meta`` as it is where it is
+    not a JSON object."""
+    try:
+        e = orjson.loads(meta)
+    except orjson.JSONDecodeError:
+        return meta
+    return orjson.dumps(e | {"lines_before": lines_before}) if isinstance(e, dict) else meta
+
+
+def lines_before(head: bytes) -> int | None:
+    """The lines written before a segment whose first bytes are ``head``, as its meta says
+    (``opening_meta``); None where it does not (segment 0, a writer from before, a file its
+    writer started again after a loss: its ``store_lost`` marker comes first)."""
+    end = head.find(b"\n")  # (not a split: ``head`` may be a whole chunk)
+    if end < 0:
+        return None
+    line = head[:end]
+    if _META not in line:
+        return None
+    m = _LINES_BEFORE.search(line)
+    return int(m.group(1)) if m else None
 
 
 def segment_bytes_from_env() -> int:
