@@ -472,3 +472,72 @@ def test_a_reader_that_did_not_read_the_stream_from_its_start_counts_a_marker_s_
     assert [e["entries"] for e in markers] == [caught_up + unread]
     assert reader.stats.missing_by_rank == {0: unread}, reader.stats.warnings
     assert (reader.stats.skipped_by_rank if started == "window" else reader.stats.summarized_by_rank)[0] > 0
+
+
+@pytest.mark.parametrize(("segment_mb", "window"), [("64", False), ("0.004", False), ("0.004", True)])
+def test_a_console_whose_first_read_went_to_workers_counts_only_what_it_had_not_read(tmp_path, monkeypatch,
+                                                                                     segment_mb, window):
+    """A live console's first read of a large job goes to read workers (``read_apart``), and
+    its polls go on from where they stopped; the job directory is then deleted.  The reader
+    counts as lost exactly the lines written after it caught up, per rank: the workers count
+    the lines they read for a reader that goes on reading (a whole read's do not: nothing
+    is read after it), and from a window, take those before it as skipped, as polls do.
+    Before, no worker counted them, and the console counted every line the workers had read
+    lost too."""
+    from commscope.store import bulkread
+    from commscope.store.directory import DirectoryReader
+    from commscope.window import Since
+
+    store, release = str(tmp_path / "trace"), tmp_path / "release"
+    job = Job(hang_until_released, 3, args=(store, str(release)), pg_timeout=300,
+              env={"COMMSCOPE_NATIVE": "1", "COMMSCOPE_JOB": "hang-apart", "COMMSCOPE_SEGMENT_MB": segment_mb}).start()
+    job_dir = Path(store) / "hang-apart"
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    started: list[int] = []
+    real = bulkread.Workers.__init__
+    monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))
+
+    def signal_all(sig: int) -> None:
+        for pid in job.pids:
+            os.kill(pid, sig)
+
+    reader = None
+    try:
+        _poll(lambda: job_dir.is_dir() and all(_lines_of(job_dir, r) > 20 and (
+            not window or len(_segment_lines(job_dir, r)) >= 3) for r in range(3)), "lines of every rank")
+        reader = open_reader(store, wait=True)
+        if window:
+            reader.start_at(Since(at_ns=time.time_ns()))
+        signal_all(signal.SIGSTOP)  # (what the reader read, counted while nothing is written)
+        assert sum(b.count() for b in reader.read_apart(1 << 12)) > 0 and started  # (the workers read it)
+        assert sorted(reader.stats.skipped_by_rank) == ([0, 1, 2] if window else [])
+        while reader.backlog_bytes() or reader.stats.partial_tail:
+            reader.poll_batch()
+        reader.poll_batch()
+        read = {r: _lines_of(job_dir, r) for r in range(3)}
+        signal_all(signal.SIGCONT)
+        _poll(lambda: all(_lines_of(job_dir, r) > read[r] + 2 for r in range(3)), "lines the reader did not read")
+        signal_all(signal.SIGSTOP)
+        stored = {r: _lines_of(job_dir, r) for r in range(3)}
+        shutil.rmtree(job_dir)
+        signal_all(signal.SIGCONT)
+        markers: dict[int, dict] = {}
+
+        def all_read() -> bool:
+            markers.update({e["rank"]: e for e in reader.poll_batch().events
+                            if e["type"] == "dropped" and e.get("entries")})
+            return len(markers) == 3
+
+        _poll(all_read, "every rank's store_lost marker read")
+        for r in range(3):
+            assert markers[r]["entries"] == stored[r], (r, markers[r], stored[r])
+        assert reader.stats.missing_by_rank == {r: stored[r] - read[r] for r in range(3)}, reader.stats.warnings
+        assert len(job.alive()) == 3
+    finally:
+        signal_all(signal.SIGCONT)
+        release.touch()
+        job.join(60)
+        job.kill()
+        if reader is not None:
+            reader.close()

@@ -47,6 +47,9 @@ class Job(NamedTuple):
     job_dir: str
     since_ns: int | None
     streams: dict[Stream, list[Segment]]
+    #: count the lines read (``DirectoryReader.counts_lines``): for a reader that goes on
+    #: reading (a console's first read), which takes a later ``store_lost`` marker against them
+    counts_lines: bool = False
 
 
 class DecoderState(NamedTuple):
