@@ -10,6 +10,9 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_blocks_equivalence import SETTINGS, needs_scanner, regular_streams, streams
 
 from commscope.snapshot import pyspy
 from commscope.store import bulkread
@@ -170,3 +173,103 @@ def test_a_worker_whose_pipes_are_numbered_past_1024_is_heard(descriptors_past_s
     pool = bulkread.Workers(1)
     assert pool.procs[0].stdout.fileno() > 1024
     assert list(pool.run([bulkread.Job("job", None, {})])) == ["read"]
+
+
+# -- a worker's table of statics, kept from one job to the next (``directory._worker_table``)
+
+def _write_job(job_dir, per_rank) -> None:
+    job_dir.mkdir(parents=True, exist_ok=True)
+    for rank, lines in per_rank:
+        (job_dir / f"rank-{rank:05d}.jsonl").write_bytes(b"".join(x + b"\n" for x in lines))
+
+
+def _as_read(sent) -> tuple:
+    """What a worker's job read, statics resolved (a kept table numbers them otherwise)."""
+    batch = sent.received()
+    return (batch.events, [(r.rank, r.events()) for r in batch.ops], sent.stats, sent.reading, sent.read_of,
+            sent.partial, sent.decoders, sent.max_ids, sent.drops_read, sent.lines_read, sent.last_read)
+
+
+def _jobs_read(job_dir, per_job: int, kept: bool) -> list[tuple]:
+    """Each job of ``per_job`` streams read as a worker reads it, one after another in this
+    process: with the table kept from job to job, or each with a table of its own."""
+    from commscope.store import directory
+    from commscope.store.directory import DirectoryReader, read_streams
+
+    streams = list(DirectoryReader(str(job_dir)).streams().items())
+    directory._TABLE = None
+    out = []
+    for i in range(0, len(streams), per_job):
+        if not kept:
+            directory._TABLE = None
+        out.append(_as_read(read_streams(bulkread.Job(str(job_dir), None, dict(streams[i:i + per_job]))).sent()))
+    directory._TABLE = None
+    return out
+
+
+def test_a_worker_s_next_job_learns_no_table_prefix_its_last_job_learnt(tmp_path, monkeypatch):
+    """A worker keeps its table of statics from one job to the next of one job directory:
+    the next job's streams replay the table prefixes the last one walked and take the
+    signatures it decoded (each job's first stream learnt them all again, ~1.5 ms); another
+    directory, or a table past ``TABLE_KEPT_STATICS``, starts afresh."""
+    from commscope.bench.synthstore import JobShape, write_store
+    from commscope.blocks import StaticTable
+    from commscope.store import directory
+    from commscope.store.directory import DirectoryReader, read_streams
+
+    write_store(str(tmp_path), JobShape(8, 60))
+    job_dir = str(tmp_path / "synthetic")
+    streams = list(DirectoryReader(job_dir).streams().items())
+    walked, decoded = [0], [0]
+    learn, keep = StaticTable.learn, StaticTable.keep_sid_static
+
+    def counted_learn(self, *args):
+        walked[0] += 1
+        return learn(self, *args)
+
+    def counted_keep(self, *args):
+        decoded[0] += 1
+        return keep(self, *args)
+
+    monkeypatch.setattr(StaticTable, "learn", counted_learn)
+    monkeypatch.setattr(StaticTable, "keep_sid_static", counted_keep)
+    monkeypatch.setattr(directory, "_TABLE", None)
+
+    def job(part: dict) -> int:
+        walked[0] = 0
+        read_streams(bulkread.Job(job_dir, None, part))
+        return walked[0]
+
+    assert job(dict(streams[:4])) > 0 and decoded[0] > 0
+    decoded[0] = 0
+    assert job(dict(streams[4:])) == 0 and decoded[0] == 0  # (all learnt by the job before)
+    assert job(dict(streams[4:])) == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    for path in (tmp_path / "synthetic").iterdir():
+        (other / path.name).write_bytes(path.read_bytes())
+    walked[0] = 0
+    read_streams(bulkread.Job(str(other), None, dict(list(DirectoryReader(str(other)).streams().items())[:4])))
+    assert walked[0] > 0  # (another job directory: a table of its own)
+    monkeypatch.setattr(directory, "TABLE_KEPT_STATICS", 0)
+    assert job(dict(streams[:4])) > 0  # (a new table: the other directory's held statics)
+    assert job(dict(streams[4:])) > 0  # (past the bound: afresh)
+
+
+@needs_scanner
+@settings(SETTINGS, max_examples=60)
+@given(st.lists(st.one_of(streams(mode="upfront", rank=1), streams(mode="late", rank=1),
+                          streams(mode="wild", rank=1), regular_streams(1)), min_size=2, max_size=6),
+       st.sampled_from([1, 2, 3]))
+def test_a_worker_s_jobs_read_with_its_kept_table_as_each_with_its_own(many, per_job):
+    """Jobs read one after another by one worker, its table kept, read what each reads with
+    a table of its own: streams whose tables differ, state their prefixes late, change them
+    mid-stream, with damaged records and lines among them."""
+    import tempfile
+    from pathlib import Path
+
+    per_rank = [(rank, [x.replace(b'"rank":1', b'"rank":%d' % rank) for x in lines]) for rank, lines in enumerate(many, 1)]
+    with tempfile.TemporaryDirectory() as d:
+        job_dir = Path(d) / "job"
+        _write_job(job_dir, per_rank)
+        assert _jobs_read(job_dir, per_job, kept=True) == _jobs_read(job_dir, per_job, kept=False)
