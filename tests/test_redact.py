@@ -121,7 +121,7 @@ BENIGN = st.lists(st.one_of(
         "store_key=abc:1",
         "missing fields: ['password', 'username']", "KeyError: 'password'", "token embeddings are computed",
         "Bearer authentication failed", "if key == other:", "password=None", "https://registry.npmjs.org/@scope/pkg",
-        "http://host:8080/x?mail=a@b.com", "https://host:443/@alice",
+        "http://host:8080/x?mail=a@b.com", "https://host:443/@alice", "/srv/app/token:42",
     ]),
     FILLER,
 ), max_size=8).map(" ".join)
