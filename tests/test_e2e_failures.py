@@ -277,9 +277,11 @@ def ranges_back(text: str) -> list[int]:
 
 
 def test_rank_spinning_in_python_is_shown_where_it_spins(tmp_path, capsys):
-    # (each rank's stack comes on its own: the culprit's may be read before a waiting rank's)
+    # (each rank's stack comes on its own: the culprit's may be read before a waiting rank's,
+    # whose note then says "no stack captured yet", so rank 0 must be among those *shown*)
     def both_stacks(f: Finding) -> bool:
-        return where_has("spin_in_python")(f) and _shown_for(f.evidence.get("stack_info") or {}, 0) is not None
+        return where_has("spin_in_python")(f) and \
+            _shown_for(f.evidence.get("stack_info") or {}, 0) in (f.evidence.get("stacks") or {})
 
     live, follow, store = run_job(tmp_path, W.spinning, (2.0,), pg_timeout=300, hang_after=2.0,
                                   want=only("missing_ranks", 1, both_stacks), kill=True)
