@@ -28,13 +28,22 @@ from commscope.store.redis_store import Keys
 
 
 def diagnosable_job(rank: int, ws: int, store: str) -> None:
-    """A short job with something to find: a straggler, a p2p pair, an async op never waited."""
+    """A short job with something to find: a straggler, a p2p pair, an async op never waited.
+
+    Rank 1 is late by 4 times the longest all_reduce it has seen (50 ms at least, 2 s at
+    most): a straggler is judged against what the collectives take, and on a loaded machine
+    they take tens of ms (a fixed 50 ms was then within twice their median: no straggler in
+    a third of the runs on a core shared with two busy loops)."""
     commscope.instrument(store, sample_interval=60.0, hang_after=60.0, flight_recorder=False)
     x = torch.ones(64)
-    for _ in range(10):
+    late = 0.05
+    for step in range(10):
         if rank == 1:
-            time.sleep(0.05)  # always last, by far
+            time.sleep(late)  # always last, by far
+        t0 = time.monotonic()
         dist.all_reduce(x)
+        if rank == 1 and step:  # (the first one also waits for the others' start)
+            late = min(2.0, max(late, 4 * (time.monotonic() - t0)))
     dist.broadcast(x, src=0)
     if rank == 0:
         dist.send(x, 1)
