@@ -733,7 +733,7 @@ def test_a_rank_that_died_before_its_masters_failover_is_dead_with_an_unknown_lo
     after writes its stream's replica never received; then that master fails over.  The
     rank's writer will never write again, so its stream stayed ``unsettled`` for good: check
     said "not counted yet (each writer says it when it writes again)", a wait for nothing.
-    Now the rank is named gone (the culprit of rank 1's failed all_reduce: "vanished") and its
+    Now the rank is named gone (dead_rank, "vanished": rank 1's failed all_reduce its consequence) and its
     stream's end is a stated loss of an unknown count with its cause (its master failed over
     after the rank was gone: ``lost_unknown``); check exits 1.  A console that had read the
     stream to its real end says the same of it (and names the rank dead_rank: it read no peer
@@ -794,18 +794,21 @@ def test_a_rank_that_died_before_its_masters_failover_is_dead_with_an_unknown_lo
                 import json
 
                 rc, findings = _check(url, capsys)
-                return (rc, findings) if "vanished (no exit" in json.dumps(findings) else None
+                return (rc, findings) if "vanished without a clean exit" in json.dumps(findings) else None
 
             while (out := found()) is None:  # (until the rank's silence passed its threshold: it is gone)
                 assert time.monotonic() < deadline, [(f["kind"], f["severity"], f["culprits"], f["message"])
                                                      for f in _check(url, capsys)[1]]
                 time.sleep(0.2)
             rc, findings = out
-            # (rank 1's failed all_reduce blamed on rank 0, which vanished: rank 1 completed collectives
-            # with it after the end of what the replica holds, so the rank is not dead_rank but the
-            # culprit of the op it left, as for any stream that lost its tail; no victim is blamed)
+            # (rank 0 vanished: rank 1's all_reduce failed on its closed connection and nothing came
+            # from it since.  Rank 1 completed collectives with it after the end of what the replica
+            # holds, which proves it lived past that end, not that it never died: dead_rank, rank 1's
+            # failed all_reduce its consequence, as the console that read the whole stream finds below;
+            # before, op_failed blaming rank 0.  No victim is blamed: these are all the findings)
             assert rc == 1 and sorted((f["kind"], f["severity"], f["culprits"]) for f in findings) == [
-                ("op_failed", "error", [0]), ("trace_incomplete", "error", [0])], findings
+                ("dead_rank", "error", [0]), ("trace_incomplete", "error", [0])], findings
+            assert next(f for f in findings if f["kind"] == "dead_rank")["evidence"]["how"] == "vanished"
             incomplete = next(f for f in findings if f["kind"] == "trace_incomplete")
             assert incomplete["evidence"]["per_rank"] == {"0": {"lost_unknown": "failover"}}  # not "unsettled"
             assert incomplete["evidence"]["lost_events"] == 0  # (a count nobody knows is not made up)

@@ -551,3 +551,62 @@ def test_a_console_whose_first_read_went_to_workers_counts_only_what_it_had_not_
         job.kill()
         if reader is not None:
             reader.close()
+
+
+
+def killed_while_its_peer_waits(rank: int, ws: int, store: str) -> float:
+    """300 all_reduces (rank 1 notes the size of its file after the first 100, all written),
+    then rank 1 is SIGKILLed (the OOM killer, say) while rank 0 waits in
+    the next all_reduce: it fails (its connection to rank 1 closed), caught, and rank 0
+    exits cleanly.  The Python recorder: no drainer process notes the killing."""
+    commscope.instrument(store, sample_interval=0.1, hang_after=60.0, flight_recorder=False)
+    total = sum(_one_step(rank) for _ in range(100))
+    if rank == 1:  # (where the store will lose the rest of its stream: what it holds of 100 steps)
+        commscope.record.recorder.active().flush()
+        kept = os.path.getsize(next(Path(store).glob("*/rank-00001.jsonl")))
+        Path(store, "kept").write_text(str(kept))
+    total += sum(_one_step(rank) for _ in range(200))
+    if rank == 1:
+        commscope.record.recorder.active().flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        _one_step(rank)
+    except RuntimeError:
+        pass
+    commscope.uninstrument()
+    return total
+
+
+def test_a_killed_rank_whose_stream_lost_its_tail_is_dead_rank_not_op_failed(tmp_path, capsys):
+    """Rank 1 is SIGKILLed (nothing notes its end) while rank 0
+    waits in an all_reduce, which fails on the closed connection; the store lost the tail
+    of rank 1's stream (as a replica that never got a master's last writes: the Redis
+    cluster failover test), so rank 0 completed collectives with rank 1 after the end of
+    what is stored (``liveness.outlived``).  That proves rank 1 lived past its stream's end,
+    not that it never died: its peer's op failed on its closed connection and nothing came
+    from it since, it vanished.  Before, ``check`` named the root cause ``op_failed``
+    blaming rank 1; per the root-cause rule ("a vanished rank is dead_rank ... op_failed is
+    the finding only when no rank died") it is ``dead_rank``, the failed all_reduce its
+    evidence, and rank 0 (culprit of nothing) is blamed for nothing: ``found`` is every finding."""
+    store, spools = tmp_path / "trace", tmp_path / "spools"
+    results = Job(killed_while_its_peer_waits, 2, args=(str(store),),
+                  env={"COMMSCOPE_NATIVE": "0", "COMMSCOPE_SPOOL_DIR": str(spools)}).start().join(150)
+    assert results[0].ok and results[0].value == 3.0 * 300, results
+    assert results[1].exitcode == -signal.SIGKILL, results
+    [path] = store.glob("*/rank-00001.jsonl")
+    data, kept = path.read_bytes(), int((store / "kept").read_text())
+    assert data[kept - 1:kept] == b"\n" and len(data) > kept  # (a line's end: the store lost whole lines)
+    path.write_bytes(data[:kept])  # the store's loss: rank 1's stream past its first 100 steps
+    capsys.readouterr()
+    rc = cli.main(["check", str(store), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    found = sorted((f["kind"], f["severity"], f["culprits"]) for f in out["findings"])
+    assert rc == 1 and found == [("dead_rank", "error", [1]), ("trace_incomplete", "warning", [1])], out["findings"]
+    [dead] = [f for f in out["findings"] if f["kind"] == "dead_rank"]
+    assert dead["evidence"]["how"] == "vanished", dead
+    assert dead["message"].startswith("rank 1 vanished without a clean exit (after all_reduce #100 (group 0))")
+    assert dead["message"].endswith("Then: all_reduce #301 failed on rank 0"), dead["message"]
+    # (its stream ends without an exit while rank 0 exited later: the tail it lost is not counted by
+    # anyone, rank 1's writer killed before it could say: nothing made up)
+    [lost] = [f for f in out["findings"] if f["kind"] == "trace_incomplete"]
+    assert lost["evidence"]["lost_events"] == 0 and lost["evidence"]["per_rank"]["1"]["no_exit"] is True, lost

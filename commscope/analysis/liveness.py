@@ -63,8 +63,9 @@ class Unwaited(Evidence):
 def outlived(model: TraceModel, rank: int) -> bool:
     """Peers completed the next collective of the rank's last group after its last recorded
     op: the rank took part, so it was alive after its stream stopped (a full disk, a store
-    gone) and did not die.  Only a collective can prove it: it completes on no member
-    unless every member joined."""
+    gone).  Only a collective can prove it: it completes on no member unless every member
+    joined.  It proves the rank lived past its stream's end, not that it never died: one
+    that vanished later (``rankstate.vanished``) is dead all the same (``find_dead``)."""
     i = model.last_op(rank, completed=False)
     if i is None:
         return False
@@ -84,8 +85,9 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
     vanished = rankstate.vanished(model, now)
     snap = snapshot(model, now)
     for r in model.rank_ids():
-        if snap.state(r).kind != "dead" or outlived(model, r):
-            continue  # alive, or alive past its stream's end: trace_incomplete tells that
+        if snap.state(r).kind != "dead" or (r not in vanished and outlived(model, r)):
+            continue  # alive, or alive past its stream's end: trace_incomplete tells that (one that
+            # vanished after it, its peers' ops failing on its closed connection, died all the same)
         rt = model.ranks[r]
         seen = model.last_seen(r)
         killed = rankstate.killed(model, r)
