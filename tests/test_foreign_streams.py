@@ -70,13 +70,14 @@ def _check(target: Path | str, spools: Path) -> tuple[int, dict]:
     return got.returncode, json.loads(got.stdout)
 
 
-def _named(store: Path | str, spools: Path, ranks: list[int], why: dict[int, str]) -> dict:
+def _named(store: Path | str, spools: Path, ranks: list[int], why: dict[int, str], world: int = 2) -> dict:
     """``check --json`` of ``store``: exit 1, one ``trace_incomplete`` error naming exactly
     ``ranks``, each with ``why``, nothing counted lost, and no other finding (the foreign
-    streams' ops matched with none of the job's: no straggler, no mismatch they made).  The
-    report."""
+    streams' ops matched with none of the job's: no straggler, no mismatch they made); its
+    ``ranks`` the job's own ``world``, the foreign streams counted apart.  The report."""
     rc, out = _check(store, spools)
     assert rc == 1, out
+    assert (out["ranks"], out["foreign_streams"]) == (world, len(ranks)), out
     [finding] = out["findings"]
     assert (finding["kind"], finding["severity"], finding["culprits"], finding["ranks"]) == (
         "trace_incomplete", "error", ranks, ranks), finding
@@ -103,6 +104,7 @@ def test_a_healthy_job_has_no_foreign_stream(tmp_path):
     _launch(tmp_path / "a", 2, spools)
     rc, out = _check(tmp_path / "a", spools)
     assert rc == 0 and out["findings"] == [], out["findings"]
+    assert (out["ranks"], out["foreign_streams"]) == (2, 0), out
 
 
 def test_rank_files_copied_in_from_another_job_are_named(tmp_path):
@@ -128,6 +130,12 @@ def test_rank_files_copied_in_from_another_job_are_named(tmp_path):
     assert report.returncode == 0 and said in json.loads(report.stdout)["warnings"], report.stdout + report.stderr
     tables = json.loads(report.stdout)
     assert sorted(tables["ranks"]) == ["0", "1"] and tables["groups"]["0"]["count"] == 21, tables
+    # (the job's ops, 21 a rank, as its tables count them; the foreign streams' counted apart)
+    assert (tables["ops_total"], tables["foreign_streams"]) == (42, 2), tables
+    for command in ("check", "report"):  # the text output's rank count: the job's, the foreign apart
+        text = subprocess.run([sys.executable, "-m", "commscope", command, str(a)], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "COMMSCOPE_SPOOL_DIR": str(spools), "COLUMNS": "300"})
+        assert "2 ranks (+2 foreign stream(s) kept apart), " in text.stdout, text.stdout + text.stderr
 
 
 def test_a_second_launch_under_a_reused_job_id_is_named(tmp_path):
