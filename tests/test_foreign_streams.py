@@ -308,3 +308,39 @@ def test_a_console_whose_vote_turns_keeps_the_outvoted_streams_out_of_the_matchi
     [(kind, culprits, evidence)] = [(f.kind, f.culprits, f.evidence) for f in feed.findings]
     assert (kind, culprits, evidence.lost_events) == ("trace_incomplete", [0, 1], 0)
     assert evidence.per_rank == {"0": {"foreign": why}, "1": {"foreign": why}}
+
+
+def test_the_consoles_rank_table_shows_foreign_streams_apart_as_foreign(tmp_path):
+    """Ranks 2 and 3 of a 4-rank job copied into a 2-rank job's directory, replayed in the
+    console: before, the rank table gave them states among the job's ranks ("exited", sorted
+    in with ranks 0 and 1), as if the job had four.  Now they come last, apart, whatever the
+    sort, their state cell saying what they are (another job's), the job's ranks theirs."""
+    from tui_scenarios import drive
+
+    from commscope.store import open_reader
+    from commscope.tui.app import CommscopeApp
+    from commscope.tui.feed import REPLAY, Feed
+
+    spools = tmp_path / "spools"
+    _launch(tmp_path / "a", 2, spools)
+    _launch(tmp_path / "b", 4, spools)
+    a, b = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "b")
+    for r in (2, 3):
+        shutil.copy(b / f"rank-0000{r}.jsonl", a)
+    feed = Feed(open_reader(str(a)), mode=REPLAY, source=str(a))
+    app = CommscopeApp(feed, start_feed=False, bell=False)
+
+    async def check(pilot):
+        table = app.ranks_table
+        assert [(f.kind, f.culprits) for f in app.findings] == [("trace_incomplete", [2, 3])]
+        assert table.order == [0, 1, 2, 3]
+        states = {r: table.cells(r)["state"].strip() for r in range(4)}
+        assert states[2] == states[3] == "⊘ foreign · another job", states
+        assert all(states[r].startswith("· exited") for r in (0, 1)), states  # (their clean exits)
+        for sort in ("rank", "state", "cpu"):
+            for _ in range(2):  # a click on the column's header, as a user sorts (the second reverses)
+                await pilot.click(table, offset=(table.column_span(sort)[0] + 1, 0))
+                await pilot.pause()
+                assert table.order[2:] == [2, 3] and sorted(table.order[:2]) == [0, 1], (sort, table.order)
+
+    drive(app, check, size=(200, 40))

@@ -40,6 +40,8 @@ LEGEND = [(COLL, "collective"), (P2P, "p2p"), (VARLEN, "varlen"), (FR, "C++ (Fli
 STATE_STYLE = {"blocked": Style(color="#e0a030"), "running": Style(color="#4f8fd6"),
                "idle": Style(color="grey62"), "exited": Style(color="grey42"), "dead": Style(color="#e05050"),
                "crashed": Style(color="#e05050"), "unknown": Style(color="grey42")}
+#: A foreign stream's row (``TraceModel.foreign_streams``): read, but no rank of the job's
+FOREIGN_STYLE = Style(color="grey42", italic=True)
 STATE_DOT = {"blocked": "●", "running": "●", "idle": "○", "exited": "·", "dead": "✖", "crashed": "✖", "unknown": "?"}
 
 SEVERITY_STYLE = {"error": Style(color="#e05050", bold=True), "warning": Style(color="#e0a030")}

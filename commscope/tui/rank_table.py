@@ -90,6 +90,21 @@ def compact_state(m: TraceModel, r: int, st: RankState, now: int) -> str:
     return st.text
 
 
+def foreign_word(why: str) -> str:
+    """What a foreign stream is, in the words of its cause (``runs.foreign``): its state cell
+    says that instead of a state, which would read as a rank of the job's."""
+    return ("another job" if "names job" in why else "another launch" if "another launch" in why
+            else "past the world size" if "past the world size" in why else "not of this run")
+
+
+#: The state column's sort: the ranks in trouble first
+_STATE_ORDER = {"dead": 0, "crashed": 0, "blocked": 1, "running": 2, "idle": 3, "exited": 4, "unknown": 5}
+
+
+def order_of(kind: str) -> int:
+    return _STATE_ORDER.get(kind, 9)
+
+
 def sort_key(v: Any) -> tuple:
     """A key any two cell values compare by without raising: numbers (NaN last), then text,
     then tuples of such keys, then anything else by its repr."""
@@ -299,16 +314,18 @@ class RankTable(ScrollView, can_focus=True):
         replay = self.feed.mode == REPLAY  # as of the replay cursor, not the end of the trace
         st = rank_state(m, r, now, as_of=replay)
         s = sample_at(m, r, now) if replay else m.latest_sample(r) or {}
+        why = m.foreign_streams.get(r)  # (not of the job's run: named so, never given a state of the job's)
+        state = ((10, r), Text(f"⊘ foreign · {foreign_word(why)}", style=palette.FOREIGN_STYLE)) if why is not None \
+            else ((order_of(st.kind), -(now - st.since_ns)),
+                  Text(f"{palette.STATE_DOT[st.kind]} {compact_state(m, r, st, now)}", style=palette.STATE_STYLE[st.kind]))
         # the op it is in, else the last one it began (also for ranks that exited or died)
         last = st.op if st.op is not None else last_op_before(m, r, now)
         meta = m.ranks[r].meta or {}
         gutil, gmem, cpu, rss = s.get("gpu_util"), s.get("gpu_mem"), s.get("cpu"), s.get("rss")
-        order = {"dead": 0, "crashed": 0, "blocked": 1, "running": 2, "idle": 3, "exited": 4, "unknown": 5}
         return {
-            "rank": (r, Text(str(r), style="bold")),
+            "rank": (r, Text(str(r), style="bold" if why is None else palette.FOREIGN_STYLE)),
             "host": (str(meta.get("host", "")), str(meta.get("host", ""))),
-            "state": ((order.get(st.kind, 9), -(now - st.since_ns)),
-                      Text(f"{palette.STATE_DOT[st.kind]} {compact_state(m, r, st, now)}", style=palette.STATE_STYLE[st.kind])),
+            "state": state,
             "last": (m.label(r, last) if last is not None else "", short_label(m, r, last) if last is not None else "–"),
             "gpu": (gutil if gutil is not None else -1, percent(gutil)),
             "gmem": (gmem if gmem is not None else -1, compact_size(gmem)),
@@ -319,7 +336,15 @@ class RankTable(ScrollView, can_focus=True):
     def _sorted(self, ranks: list[int]) -> list[int]:
         """Every rank in the order of the chosen sort (a value column computes that column's
         value for every rank: the user asked for it; the table's refresh is paced by its
-        cost), the ranks named in findings first in a large job."""
+        cost), the ranks named in findings first in a large job, the foreign streams
+        (``TraceModel.foreign_streams``) last, apart from the job's ranks, whatever the sort."""
+        apart = self.feed.model.kept_apart
+        if apart:
+            own = self._sorted_own([r for r in ranks if r not in apart])
+            return own + sorted(r for r in ranks if r in apart)
+        return self._sorted_own(ranks)
+
+    def _sorted_own(self, ranks: list[int]) -> list[int]:
         col = self._sort_col
         if not self._sort_chosen and col == "rank" and len(ranks) > SUMMARY_MIN_RANKS:
             col = self._sort_col = UNUSUAL
