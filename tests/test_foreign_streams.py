@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,8 +57,11 @@ def _steps_then_a_recv_that_fails(rank: int, world: int, store: str) -> None:
                 pass
 
 
-def _launch(store: Path | str, world: int, spools: Path, job: str | None = None, steps=_steps) -> None:
+def _launch(store: Path | str, world: int, spools: Path, job: str | None = None, steps=_steps,
+            segment_mb: str | None = None) -> None:
     env = {"COMMSCOPE_SOURCE": "native", "COMMSCOPE_SPOOL_DIR": str(spools)}
+    if segment_mb is not None:
+        env["COMMSCOPE_SEGMENT_MB"] = segment_mb
     if job is not None:
         env["COMMSCOPE_JOB"] = job
     results = Job(steps, world, args=(str(store),), env=env).start().join(120)
@@ -344,3 +348,59 @@ def test_the_consoles_rank_table_shows_foreign_streams_apart_as_foreign(tmp_path
                 assert table.order[2:] == [2, 3] and sorted(table.order[:2]) == [0, 1], (sort, table.order)
 
     drive(app, check, size=(200, 40))
+
+
+def test_a_stream_no_longer_foreign_brings_what_its_carries_stated_while_it_was_apart(tmp_path):
+    """No job metadata to go by (``job.json`` deleted): a console follows a 2-rank job, then
+    rank 2 of a 6-rank job whose older segments retention deleted (its later segment and the
+    carry of the one before: the groups' histories at the window's start, ``store/inflight``)
+    is copied in; the vote names it foreign and its carry's history is kept apart.  Then
+    ranks 3-5 come and outvote the 2-rank job: rank 2 is the job's again.  Before, the
+    history it stated while apart was not read again (the model's ``histories`` lacked rank
+    2, so a collective history that disagreed before the window went unseen on it), and
+    first, as rank 2's carry was ingested before it was found foreign (the poll's events come
+    before the metas are compared) and was the group's only history, taking it out left the
+    group's histories empty and the console's next diagnosis raised IndexError
+    (``find_history_mismatches``' vote).  Now the console's histories are those of a read of
+    the directory as it ends (``check``'s)."""
+    from commscope.analysis.source import load_trace
+    from commscope.store import open_reader
+    from commscope.tui.feed import LIVE, Feed
+
+    spools = tmp_path / "spools"
+    _launch(tmp_path / "a", 2, spools)
+    _launch(tmp_path / "c", 6, spools, segment_mb="0.004")  # (segments of ~4 KB: the job makes several)
+    a, c = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "c")
+    (a / "job.json").unlink()
+
+    def carried(r: int) -> None:  # rank r's last segment and the carry of the one before: retention took those
+        from commscope.store.segments import segments_of
+
+        segs = segments_of([p.name for p in c.iterdir()], c)[(r, 0)]
+        last = segs[-1]
+        assert last.number > 0, segs  # (the premise: the rank wrote more than one segment)
+        carry = c / f"rank-0000{r}.open.{last.number - 1:06d}.jsonl"
+        deadline = time.monotonic() + 60
+        while not carry.exists():  # (a child of the writer's makes it once the segment is closed)
+            assert time.monotonic() < deadline, f"rank {r}'s carry never came"
+            time.sleep(0.05)
+        shutil.copy(last.path, a)
+        shutil.copy(carry, a)
+
+    feed = Feed(open_reader(str(a)), mode=LIVE)
+    _followed(feed, lambda f: sorted(f.model.ranks) == [0, 1] and f.diagnoses)
+    feed.reader.LIST_TRUST_S = 0.0  # (list the directory again at once)
+    carried(2)
+    _followed(feed, lambda f: sorted(f.model.ranks) == [0, 1, 2] and f.model.foreign_streams.keys() == {2})
+    assert all(2 not in per for per in feed.model.histories.values())  # (kept apart: not this run's)
+    for r in (3, 4, 5):
+        carried(r)
+    _followed(feed, lambda f: sorted(f.model.ranks) == list(range(6)) and f.model.foreign_streams.keys() == {0, 1})
+    whole, _, _ = load_trace(a)
+    assert whole.foreign_streams.keys() == {0, 1}
+
+    def said(model) -> dict:
+        return {name: {r: (h.history, h.ts) for r, h in sorted(per.items())} for name, per in model.histories.items()
+                if per}
+
+    assert said(whole) == said(feed.model) and set(said(whole)["0"]) == {2, 3, 4, 5}, (said(whole), said(feed.model))

@@ -575,6 +575,15 @@ class CarriedHistory(NamedTuple):
     ts: int
 
 
+class Stated(NamedTuple):
+    """What one ``group`` event of a rank stated of the group past its members: the p2p
+    channels it passed (``p2p_passed``'s rows) and its carried history (``histories``)."""
+
+    group: str
+    rows: np.ndarray | None
+    history: CarriedHistory | None
+
+
 class ModelLike(Protocol):
     """What a ``TraceModel`` and its published ``ModelView`` both answer: the painters, the
     rank table and the queries that work on either are typed against this.  Anything else
@@ -705,6 +714,9 @@ class TraceModel:
         #: the ranks kept out of the matching: ``foreign_streams`` as the indexes were last made
         #: to agree with it (``_keep_apart``)
         self._apart: frozenset[int] = frozenset()
+        #: rank -> what its group events stated (``Stated``) while it was kept apart, or when it
+        #: was put apart: taken into ``p2p_passed`` and ``histories`` if it stops being foreign
+        self._stated_apart: dict[int, list[Stated]] = {}
         #: group -> (job, run, incarnation) of a stream -> the members the first of its ranks to
         #: state the group said (``groups`` is the first statement of a stream kept in)
         self._said_groups: dict[str, dict[tuple, list[int]]] = {}
@@ -2043,22 +2055,21 @@ class TraceModel:
                         self._adopt(name, who)
                 if e.get("backend"):
                     self.group_backend[name] = e["backend"]
-                if rt.rank in self._apart:  # (a foreign stream's channels and history: not this run's)
-                    continue
                 passed = e.get("channels")
+                rows = None
                 if passed:  # (as rows: a rank may state thousands, and thousands of ranks do)
                     peer = np.array([c[0] for c in passed], np.int64)
                     send = np.array([c[1] == "send" for c in passed])
                     rows = np.stack([np.where(send, rt.rank, peer), np.where(send, peer, rt.rank), ~send,
                                      np.array([c[2] for c in passed], np.int64)], axis=1)
-                    self.p2p_passed.setdefault(name, []).append(rows)
                 history = histories.History.of_event(e)
-                if history is not None:
-                    per = self.histories.setdefault(name, {})
-                    was = per.get(rt.rank)
-                    if was is None or ts >= was.ts:
-                        per[rt.rank] = CarriedHistory(history, ts)
-                        self._retract(name, rt.rank)
+                carried = CarriedHistory(history, ts) if history is not None else None
+                if rows is None and carried is None:
+                    continue
+                if rt.rank in self._apart:  # (a foreign stream's: not this run's, kept aside for if it stops being foreign)
+                    self._stated_apart.setdefault(rt.rank, []).append(Stated(name, rows, carried))
+                else:
+                    self._take_stated(rt.rank, Stated(name, rows, carried))
             elif t == "stack":
                 rt.stacks[e.get("id", -1)] = e
                 rt.captures.append(e)
@@ -2303,6 +2314,18 @@ class TraceModel:
                     if not self._sig_flags[rt.sig[i]] & NESTED:
                         self._index_p2p(rt, i)
 
+    def _take_stated(self, rank: int, s: Stated) -> None:
+        """What a group event of ``rank`` stated of the group ``s.group`` (channels passed,
+        its carried history: the latest said stands) into ``p2p_passed`` and ``histories``."""
+        if s.rows is not None:
+            self.p2p_passed.setdefault(s.group, []).append(s.rows)
+        if s.history is not None:
+            per = self.histories.setdefault(s.group, {})
+            was = per.get(rank)
+            if was is None or s.history.ts >= was.ts:
+                per[rank] = s.history
+                self._retract(s.group, rank)
+
     def _retract(self, group: str, rank: int) -> None:
         """A rank's carried history of a group without the collectives whose number was
         withdrawn (``_unissue``: a segment ended between such an op's begin and its end,
@@ -2484,8 +2507,9 @@ class TraceModel:
     def _keep_apart(self, apart: frozenset[int]) -> None:
         """Make the matching agree with ``foreign_streams``: a rank found foreign leaves the
         collective and p2p indexes (and what its group events stated: the members of a
-        group, channels and histories carried), a rank no longer foreign enters them again
-        (its group events read while it was apart are not read again).  Rare (a stream found
+        group, channels and histories carried: kept aside, ``_stated_apart``), a rank no
+        longer foreign enters them again, with what its group events stated while it was
+        apart (a console's vote that turned: helper h129).  Rare (a stream found
         foreign, the vote changed), so it rebuilds what it touches; the version moves on."""
         out, back = apart - self._apart, self._apart - apart
         self._apart = apart
@@ -2507,12 +2531,21 @@ class TraceModel:
                     else:
                         del self.p2p[key]
             for name, parts in self.p2p_passed.items():
-                stated = [p[~np.isin(np.where(p[:, 2] == 0, p[:, 0], p[:, 1]), list(out))] for p in parts]
-                self.p2p_passed[name] = [p for p in stated if p.shape[0]]
+                kept = []
+                for p in parts:
+                    stater = np.where(p[:, 2] == 0, p[:, 0], p[:, 1])
+                    theirs = np.isin(stater, list(out))
+                    for r in np.unique(stater[theirs]).tolist():  # (kept aside: it may stop being foreign)
+                        self._stated_apart.setdefault(r, []).append(Stated(name, p[stater == r], None))
+                    if not theirs.all():
+                        kept.append(p[~theirs])
+                self.p2p_passed[name] = kept
             self._passed_index.clear()
-            for per in self.histories.values():
+            for name, per in list(self.histories.items()):
                 for r in out & per.keys():
-                    del per[r]
+                    self._stated_apart.setdefault(r, []).append(Stated(name, None, per.pop(r)))
+                if not per:  # (no group's history is said by nobody: ``find_history_mismatches`` votes)
+                    del self.histories[name]
         own = {_stream_of(rt.meta) for r, rt in self.ranks.items() if r not in apart}
         for name, said in self._said_groups.items():
             if name in self.groups and self._group_by.get(name) in own:
@@ -2529,6 +2562,10 @@ class TraceModel:
             rt = self.ranks.get(r)
             if rt is not None and rt.n:
                 self._index(rt, 0, rt.n)
+            for s in self._stated_apart.pop(r, ()):  # (what it stated while it was apart, in order)
+                self._take_stated(r, s)
+        if back:
+            self._passed_index.clear()
         self.version += 1
         self._touched(I64_MIN)
 
