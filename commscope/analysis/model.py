@@ -2509,7 +2509,7 @@ class TraceModel:
         collective and p2p indexes (and what its group events stated: the members of a
         group, channels and histories carried: kept aside, ``_stated_apart``), a rank no
         longer foreign enters them again, with what its group events stated while it was
-        apart (a console's vote that turned: helper h129).  Rare (a stream found
+        apart (a console's vote that turned).  Rare (a stream found
         foreign, the vote changed), so it rebuilds what it touches; the version moves on."""
         out, back = apart - self._apart, self._apart - apart
         self._apart = apart
