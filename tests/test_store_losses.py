@@ -484,6 +484,66 @@ def test_a_reader_that_did_not_read_the_stream_from_its_start_counts_a_marker_s_
     assert (reader.stats.skipped_by_rank if started == "window" else reader.stats.summarized_by_rank)[0] > 0
 
 
+@pytest.mark.parametrize("deleted", ["before", "under"])
+def test_segments_deleted_by_hand_then_the_job_directory_count_each_line_once_with_its_cause(tmp_path, deleted):
+    """Segments of a stream deleted by hand (no retention summary), before the reader started
+    (it enters at the oldest left) or under it (it jumps over them), then the job directory
+    deleted (a ``store_lost`` marker): the segments are counted gone, with that cause, and
+    the marker counts only the lines written after the reader caught up.  Before, the
+    marker's count left out the lines before the segment the reader entered (``_rebase``)
+    and the segments' count stopped at the marker's segment: the hand-deleted ones were
+    counted nowhere.  A final read counts nothing again."""
+    from commscope.store.directory import DirectoryWriter
+
+    t0 = 1_780_000_000 * 10**9
+
+    def beat(k: int) -> bytes:
+        return orjson.dumps({"type": "heartbeat", "ts": t0 + k * 10**9, "v": 3, "rank": 0, "inflight": 0})
+
+    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=2048, closer=False)
+    w.write([orjson.dumps({"type": "meta", "ts": t0, "v": 3, "rank": 0, "world_size": 1, "host": "h"})])
+    beats = 0
+
+    def write(n: int) -> None:
+        nonlocal beats
+        for k in range(beats, beats + n, 10):
+            w.write([beat(j) for j in range(k, k + 10)])
+        beats += n
+
+    def delete_by_hand(n: int) -> None:
+        job_dir = tmp_path / "job"
+        segs = segments_of((p.name for p in job_dir.iterdir()), job_dir)[(0, 0)]
+        assert len(segs) > n + 1 and [s.number for s in segs[:n]] == list(range(n))
+        for seg in segs[:n]:
+            seg.path.unlink()
+
+    write(300)
+    reader = open_reader(str(tmp_path))
+    if deleted == "under":
+        assert reader.poll(max_bytes=1)  # (segment 0 only, not to its end)
+        write(300)
+    delete_by_hand(3)
+    reader.poll()
+    while reader.backlog_bytes() or reader.stats.partial_tail:
+        reader.poll()
+    caught_up = w.stored
+    write(30)  # (not read)
+    unread = w.stored - caught_up
+    shutil.rmtree(tmp_path / "job")
+    w.write([beat(beats)])
+    w.close()
+    markers = [e for e in reader.poll() if e["type"] == "dropped"]
+    assert [e["entries"] for e in markers] == [caught_up + unread]
+    gone = [x for x in reader.stats.warnings if "segment(s) of its stream gone" in x]
+    assert gone == ["rank 0: 3 segment(s) of its stream gone from the store (segment 0, 1, 2): neither on disk "
+                    "nor summarized by retention; what they held is lost"], reader.stats.warnings
+    lost = [x for x in reader.stats.warnings if "line(s) of its stream were lost" in x]
+    assert len(lost) == 1 and lost[0].startswith(f"rank 0: {unread} line(s)"), reader.stats.warnings
+    assert reader.stats.missing_by_rank == {0: 3 + unread}, reader.stats.warnings
+    reader.read_all()
+    assert reader.stats.missing_by_rank == {0: 3 + unread}, reader.stats.warnings
+
+
 @pytest.mark.parametrize(("segment_mb", "window"), [("64", False), ("0.004", False), ("0.004", True)])
 def test_a_console_whose_first_read_went_to_workers_counts_only_what_it_had_not_read(tmp_path, monkeypatch,
                                                                                      segment_mb, window):

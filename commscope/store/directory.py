@@ -629,6 +629,14 @@ class DirectoryReader(TraceReader):
         #: when it is read from its start (``segments.lines_before``), so a ``store_lost``
         #: marker read later counts as lost only the lines neither read nor counted so
         self._rebase: set[Stream] = set()
+        #: per stream, the ranges [first, last) of segment numbers asked for but not listed when
+        #: it was entered (``_enter``: below the oldest left, jumped over): those neither
+        #: summarized are gone, counted so by ``_count_segments_gone``, or when a writer's
+        #: ``store_lost`` marker comes first (the listing then lost), by ``_count_store_lost``
+        self._unlisted: dict[Stream, list[tuple[int, int]]] = {}
+        #: per stream, the segment whose meta's ``lines_before`` the reader took last (``_rebase``):
+        #: a ``store_lost`` marker counts none of the lines before it
+        self._rebased_at: dict[Stream, int] = {}
         #: per stream, the lines read before a file its writer started again (``_started_again``),
         #: until its marker is counted
         self._lines_before: dict[Stream, int] = {}
@@ -825,12 +833,15 @@ class DirectoryReader(TraceReader):
                 self.stats.count_skipped(stream[0], size_of(seg.path))
             if segs[0] is not cur:
                 self._skipped[stream] = (segs[0].number, cur.number)
+            elif cur.number and (first := self._asked_from(stream, segs)) < cur.number:
+                self._unlisted[stream] = [(first, cur.number)]
             # (its first segment, from its first line: the meta's ``ring`` says where its blocks start)
             self._decoder(stream).from_start = cur.number == 0 and not self._read_of.get((stream, 0))
             after_id = -1
         elif cur.number > number:
             after_id = self.max_op_id(stream)
             self._jumps.setdefault(stream, []).append(Jump(number, cur.number, after_id))
+            self._unlisted.setdefault(stream, []).append((number, cur.number))
             self._decoder(stream).ring_open = True  # (what it jumped over, the summaries count)
         else:
             return cur
@@ -894,6 +905,7 @@ class DirectoryReader(TraceReader):
             if not (said_by_store(e) and e.get("entries")):
                 continue
             number = self._reading.get(stream, 0)  # (the segment it starts again: those before are its)
+            self._count_unlisted_gone(stream)  # (but those before the lines it takes against: ``_rebase``)
             self._gone_upto[stream] = max(self._gone_upto.get(stream, 0), number)
             rank, entries = stream[0], int(e["entries"])
             read = min(self._lines_before.pop(stream, 0), entries)
@@ -1225,37 +1237,62 @@ class DirectoryReader(TraceReader):
         summarized: dict[Stream, set[int]] = {}
         for stream, n in (*self._decided, *self._pending):
             summarized.setdefault(stream, set()).add(n)
-        since_s = self._since_s()
         for stream, segs in self._streams.items():
             if not segs:
                 continue
-            first = self._skipped[stream][1] if stream in self._skipped else segs[0].number
-            if since_s is not None and first == segs[0].number and first and segs[0].start_s + 1 <= since_s:
-                pass  # the window starts in the first segment listed: what was before is not asked for
-            elif first == segs[0].number:
-                first = 0  # every segment from the stream's start is asked for
-            first, last = max(first, upto.get(stream, 0)), segs[-1].number
+            first, last = max(self._asked_from(stream, segs), upto.get(stream, 0)), segs[-1].number
             if last <= first:
                 continue
             upto[stream] = last
-            known = {s.number for s in segs} | summarized.get(stream, set())
-            count = (last - first) - sum(1 for n in known if first <= n < last)  # (a name may say 10^9)
-            if count > 0:  # retention may have summarized and deleted them since the summaries were read
-                known |= self._summarized_in_file(stream)
-                count = (last - first) - sum(1 for n in known if first <= n < last)
-            if count <= 0:
-                continue
-            shown = []
-            for n in range(first, last):  # the first few, named
-                if n not in known:
-                    shown.append(n)
-                    if len(shown) == 8:
-                        break
-            self.stats.count_missing(stream[0], count)
-            names = ", ".join(map(str, shown)) + (f" and {count - len(shown):,} more" if count > len(shown) else "")
-            self.stats.warnings.append(
-                f"rank {stream[0]}: {count:,} segment(s) of its stream gone from the store (segment {names}): "
-                "neither on disk nor summarized by retention; what they held is lost")
+            self._count_gone(stream, first, last, {s.number for s in segs} | summarized.get(stream, set()))
+
+    def _asked_from(self, stream: Stream, segs: list[Segment]) -> int:
+        """The first segment number of ``stream`` whose absence counts as gone: 0, or where
+        the window starts (those before it are not asked for)."""
+        first = self._skipped[stream][1] if stream in self._skipped else segs[0].number
+        since_s = self._since_s()
+        if since_s is not None and first == segs[0].number and first and segs[0].start_s + 1 <= since_s:
+            return first  # the window starts in the first segment listed: what was before is not asked for
+        return 0 if first == segs[0].number else first  # (0: every segment from the stream's start)
+
+    def _count_unlisted_gone(self, stream: Stream) -> None:
+        """The segments of ``stream`` not listed when it was entered (``_unlisted``) and not
+        summarized, counted gone before a ``store_lost`` marker takes the segments before its
+        own as its lines: it counts only those after the lines this reader took as accounted
+        for (``_rebase``), so those before were counted nowhere (the job directory deleted
+        after segments deleted by hand: its listing no longer says which were there)."""
+        ranges, rebased_at = self._unlisted.pop(stream, None), self._rebased_at.pop(stream, 0)
+        if not ranges or not rebased_at:
+            return  # (none taken off: the marker counts the lines of the segments gone)
+        upto = self._gone_upto.get(stream, 0)
+        known = {n for s, n in (*self._decided, *self._pending) if s == stream}
+        for first, last in ranges:  # (those after, into the segment it starts again: the marker's)
+            first, last = max(first, upto), min(last, rebased_at)
+            if first < last:
+                self._count_gone(stream, first, last, known)
+                upto = last
+        self._gone_upto[stream] = upto
+
+    def _count_gone(self, stream: Stream, first: int, last: int, known: set[int]) -> None:
+        """Count as gone the segments of ``stream`` numbered [first, last) that ``known``
+        (listed, summarized) and its summary file do not name."""
+        count = (last - first) - sum(1 for n in known if first <= n < last)  # (a name may say 10^9)
+        if count > 0:  # retention may have summarized and deleted them since the summaries were read
+            known = known | self._summarized_in_file(stream)
+            count = (last - first) - sum(1 for n in known if first <= n < last)
+        if count <= 0:
+            return
+        shown = []
+        for n in range(first, last):  # the first few, named
+            if n not in known:
+                shown.append(n)
+                if len(shown) == 8:
+                    break
+        self.stats.count_missing(stream[0], count)
+        names = ", ".join(map(str, shown)) + (f" and {count - len(shown):,} more" if count > len(shown) else "")
+        self.stats.warnings.append(
+            f"rank {stream[0]}: {count:,} segment(s) of its stream gone from the store (segment {names}): "
+            "neither on disk nor summarized by retention; what they held is lost")
 
     def _read_stream(self, stream: Stream, segs: list[Segment], budget: int | None,
                      final: bool = False, size: int | None = None) -> tuple[list[Event], int]:
@@ -1357,6 +1394,7 @@ class DirectoryReader(TraceReader):
             before = segments.lines_before(data) if self.counts_lines else None
             if before is not None:
                 self._lines_read[stream] = before
+                self._rebased_at[stream] = key[1]
         if not offset and cut and inflight.starts_again(data):
             events = self._started_again(stream, data[:cut], cut)
         else:
