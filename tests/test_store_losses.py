@@ -544,6 +544,65 @@ def test_segments_deleted_by_hand_then_the_job_directory_count_each_line_once_wi
     assert reader.stats.missing_by_rank == {0: 3 + unread}, reader.stats.warnings
 
 
+def test_a_console_whose_workers_entered_a_segment_with_no_line_yet_takes_its_lines_before(tmp_path, monkeypatch):
+    """A console's first read goes to read workers (``read_apart``); a worker enters a later
+    segment (a window's first) that holds no complete line yet (a torn first write), so it
+    has not taken the lines before it (``DirectoryReader._rebase``).  The console, going on
+    from where the worker stopped, takes them when it reads the segment from its start, and
+    a ``store_lost`` marker read later (the job directory deleted) counts as lost exactly
+    the lines written after it caught up.  Before, the flag stayed in the worker and the
+    console counted every line before the segment lost too."""
+    from commscope.store import bulkread
+    from commscope.store.directory import DirectoryReader, DirectoryWriter
+    from commscope.window import Since
+
+    t0 = 1_780_000_000 * 10**9
+
+    def beat(k: int) -> bytes:
+        return orjson.dumps({"type": "heartbeat", "ts": t0 + k * 10**9, "v": 3, "rank": 0, "inflight": 0})
+
+    other = DirectoryWriter(tmp_path, "job", 1, {"world_size": 2}, closer=False)  # (a job of 2 streams goes apart)
+    other.write([orjson.dumps({"type": "meta", "ts": t0, "v": 3, "rank": 1, "world_size": 2, "host": "h"})])
+    other.close()
+    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 2}, segment_bytes=2048, closer=False)
+    w.write([orjson.dumps({"type": "meta", "ts": t0, "v": 3, "rank": 0, "world_size": 2, "host": "h"})])
+    for k in range(0, 300, 10):
+        w.write([beat(j) for j in range(k, k + 10)])
+    job_dir = tmp_path / "job"
+    newest = segments_of((p.name for p in job_dir.iterdir()), job_dir)[(0, 0)][-1]
+    assert newest.number > 2
+    held = newest.path.read_bytes()
+    torn = held.index(b"\n") // 2  # (its first line, the meta saying the lines before it, half written)
+    os.truncate(newest.path, torn)
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    started: list[int] = []
+    real = bulkread.Workers.__init__
+    monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))
+    reader = open_reader(str(tmp_path))
+    try:
+        reader.start_at(Since(at_ns=t0 + 400 * 10**9))  # (its newest segment only)
+        assert sum(b.count() for b in reader.read_apart(1 << 12)) == 1 and started  # (a worker entered it)
+        assert reader.stats.skipped_by_rank[0] > 0
+        with newest.path.open("ab") as f:  # (the write goes on)
+            f.write(held[torn:])
+        reader.poll()
+        while reader.backlog_bytes() or reader.stats.partial_tail:
+            reader.poll()
+        caught_up = w.stored
+        for k in range(300, 330, 10):  # (not read)
+            w.write([beat(j) for j in range(k, k + 10)])
+        unread = w.stored - caught_up
+        shutil.rmtree(job_dir)
+        w.write([beat(330)])
+        w.close()
+        markers = [e for e in reader.poll() if e["type"] == "dropped"]
+        assert [e["entries"] for e in markers] == [caught_up + unread]
+        assert reader.stats.missing_by_rank == {0: unread}, reader.stats.warnings
+    finally:
+        reader.close()
+
+
 @pytest.mark.parametrize(("segment_mb", "window"), [("64", False), ("0.004", False), ("0.004", True)])
 def test_a_console_whose_first_read_went_to_workers_counts_only_what_it_had_not_read(tmp_path, monkeypatch,
                                                                                      segment_mb, window):

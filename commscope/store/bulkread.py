@@ -88,6 +88,14 @@ class StreamsRead(NamedTuple):
     lines_read: dict[Stream, int] | None = None
     gone_upto: dict[Stream, int] | None = None
     last_read: dict[tuple[Stream, int], bytes] | None = None
+    #: the streams entered at a later segment whose meta's ``lines_before`` is not taken yet (no
+    #: complete line read there: a segment just rotated into, a torn first write), the segment
+    #: whose meta was taken last, and the segments not listed when each was entered
+    #: (``DirectoryReader._rebase``, ``_rebased_at``, ``_unlisted``): a reader going on from
+    #: the worker's read takes them as its own
+    rebase: frozenset[Stream] | None = None
+    rebased_at: dict[Stream, int] | None = None
+    unlisted: dict[Stream, list[tuple[int, int]]] | None = None
 
     def sent(self) -> StreamsRead:
         """As a worker sends it: the op records in one piece where they go so."""

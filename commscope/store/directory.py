@@ -1676,6 +1676,9 @@ class DirectoryReader(TraceReader):
         self._lines_read.update(got.lines_read or {})
         self._gone_upto.update(got.gone_upto or {})
         self._last_read.update(got.last_read or {})
+        self._rebase.update(got.rebase or ())
+        self._rebased_at.update(got.rebased_at or {})
+        self._unlisted.update(got.unlisted or {})
         for stream, st in got.decoders.items():
             self._decoder(stream).adopt(st.names, st.dtypes, st.seen_end, st.groups, st.sites, st.waiting)
 
@@ -1690,9 +1693,13 @@ def read_streams(job: Job) -> StreamsRead:
     # read does count them, its polls going on: ``_count_store_lost`` takes a marker against them)
     r.counts_lines = job.counts_lines
     batch = r.read_whole(job.streams)
+    going_on = job.counts_lines  # (what a marker read after it is taken against: not a whole read's)
     return StreamsRead(batch, r.stats, dict(r._reading), dict(r._read_of), dict(r._partial), r.decoder_states(),
                        dict(getattr(r, "_max_ids", {})), drops_read=dict(r.drops_read_of()),
-                       lines_read=dict(r._lines_read), gone_upto=dict(r._gone_upto), last_read=dict(r._last_read))
+                       lines_read=dict(r._lines_read), gone_upto=dict(r._gone_upto), last_read=dict(r._last_read),
+                       rebase=frozenset(r._rebase) if going_on else None,
+                       rebased_at=dict(r._rebased_at) if going_on else None,
+                       unlisted=dict(r._unlisted) if going_on else None)
 
 
 #: A worker's table of statics (``read_streams``), kept from one job to the next of one job
