@@ -603,6 +603,46 @@ def test_a_console_whose_workers_entered_a_segment_with_no_line_yet_takes_its_li
         reader.close()
 
 
+def test_a_whole_read_whose_last_read_meets_a_marker_says_its_count_is_at_most(tmp_path, monkeypatch):
+    """A whole read (``bulk``: check, report, replay) reads its streams apart in workers that
+    count no lines, then goes on in this process (``read_all_batch``); the job directory
+    deleted in between, that last read meets a writer's ``store_lost`` marker.  What the
+    workers read is not known in lines, so the marker's count is all the reader can say: it
+    says it is at most what was lost.  Before, it said it as exact (206 lines lost where 5
+    were)."""
+    from commscope.store.directory import DirectoryReader, DirectoryWriter
+
+    t0 = 1_780_000_000 * 10**9
+
+    def beat(r: int, k: int) -> bytes:
+        return orjson.dumps({"type": "heartbeat", "ts": t0 + k * 10**9, "v": 3, "rank": r, "inflight": 0})
+
+    ws = [DirectoryWriter(tmp_path, "job", r, {"world_size": 2}, closer=False) for r in range(2)]
+    for r, w in enumerate(ws):
+        w.write([orjson.dumps({"type": "meta", "ts": t0, "v": 3, "rank": r, "world_size": 2, "host": "h"})])
+        for k in range(0, 200, 10):
+            w.write([beat(r, j) for j in range(k, k + 10)])
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    reader = open_reader(str(tmp_path))
+    try:
+        assert sum(b.count() for b in reader._bulk(1 << 12)) == 402 and reader.stats.workers == 2
+        for k in range(200, 205):
+            ws[0].write([beat(0, k)])
+        shutil.rmtree(tmp_path / "job")
+        ws[0].write([beat(0, 205)])
+        ws[0].close()
+        ws[1].close()
+        batch = reader.read_all_batch()
+        assert [e["entries"] for e in batch.events if e["type"] == "dropped"] == [206]
+        assert reader.stats.missing_by_rank == {0: 206}
+        lost = [x for x in reader.stats.warnings if "line(s) of its stream were lost" in x]
+        assert len(lost) == 1 and lost[0].endswith("(at most: the workers of this whole read did not count the "
+                                                   "lines they read before it)"), reader.stats.warnings
+    finally:
+        reader.close()
+
+
 @pytest.mark.parametrize(("segment_mb", "window"), [("64", False), ("0.004", False), ("0.004", True)])
 def test_a_console_whose_first_read_went_to_workers_counts_only_what_it_had_not_read(tmp_path, monkeypatch,
                                                                                      segment_mb, window):
