@@ -125,6 +125,7 @@ def test_rank_files_copied_in_from_another_job_are_named(tmp_path):
         shutil.copy(b / f"rank-0000{r}.jsonl", a)
     why = f"its meta names job {b.name!r}, not {a.name!r}"
     out = _named(a, spools, [2, 3], {2: why, 3: why})
+    assert out["ops"] == 42, out  # (the job's ops, as report's ops_total counts them)
     said = (f"rank(s) 2-3: not of the run the others are, kept out of the matching, the diagnosis and the report "
             f"(rank 2: {why}; rank 3: {why})")
     assert said in out["warnings"], out["warnings"]
@@ -140,6 +141,7 @@ def test_rank_files_copied_in_from_another_job_are_named(tmp_path):
         text = subprocess.run([sys.executable, "-m", "commscope", command, str(a)], capture_output=True, text=True,
                               timeout=300, env={**os.environ, "COMMSCOPE_SPOOL_DIR": str(spools), "COLUMNS": "300"})
         assert "2 ranks (+2 foreign stream(s) kept apart), " in text.stdout, text.stdout + text.stderr
+        assert ", 42 ops" in text.stdout, text.stdout  # (the job's ops alone)
 
 
 def test_a_second_launch_under_a_reused_job_id_is_named(tmp_path):

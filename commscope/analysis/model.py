@@ -2601,6 +2601,12 @@ class TraceModel:
     def total_ops(self) -> int:
         return sum(rt.n for rt in self.ranks.values())
 
+    def own_ops(self) -> int:
+        """The ops of the job's own ranks, those ``kept_apart`` left out: what ``check`` and
+        ``report`` count beside the job's world size (a stream copied in holds no op of the job)."""
+        apart = self.kept_apart
+        return sum(rt.n for r, rt in self.ranks.items() if r not in apart) if apart else self.total_ops()
+
     def bounds(self) -> tuple[int, int]:
         """(first, last) timestamp of the trace in ns."""
         return self.start_ns, self.end_ns

@@ -199,7 +199,7 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
         "sites": [{"site": s, "wait_s": round(w / 1e9, 6), "count": c} for s, (w, c) in sites if w > 0],
         "incomplete_collectives": incomplete,
         "span_s": round((model.end_ns - model.start_ns) / 1e9, 6),
-        "ops_total": sum(rt.n for r, rt in model.ranks.items() if r not in apart) if apart else model.total_ops(),
+        "ops_total": model.own_ops(),
         "ops_untimed": sum(r["untimed"] for r in ranks_rows.values()),
         "foreign_streams": len(apart),  # (streams read but kept out of every table: their count)
     }

@@ -67,7 +67,7 @@ def to_json(model: TraceModel, findings: list[Finding], warnings: list[str], han
             now: int, source: str, stats: Any = None, restart: dict[str, Any] | None = None) -> dict[str, Any]:
     out = {"ranks": model.world_size, "events": model.events, "findings": [f.to_json() for f in findings],
            "warnings": warnings, "hang_after": hang_after, "now_ns": now, "source": source,
-           "ops": model.total_ops(), "restarts": restart, "foreign_streams": len(model.kept_apart)}
+           "ops": model.own_ops(), "restarts": restart, "foreign_streams": len(model.kept_apart)}
     if stats is not None:
         out["skipped"] = read_summary(stats)
     return out
@@ -261,7 +261,7 @@ def render(model: TraceModel, findings: list[Finding], warnings: list[str], hang
 def ranks_read(model: TraceModel) -> str:
     """The job's ranks (its world: ``TraceModel.world_size``), and the foreign streams kept
     apart from them where there are any (``TraceModel.foreign_streams``): "2 ranks (+2
-    foreign streams kept apart)".  The events and ops counted beside it are all read."""
+    foreign streams kept apart)".  The ops counted beside it are the job's, its events all read."""
     apart = len(model.kept_apart)
     return f"{model.world_size:,} ranks" + (f" (+{apart:,} foreign stream(s) kept apart)" if apart else "")
 
@@ -273,7 +273,7 @@ def header(model: TraceModel, hang_after: float, source: str, width: int) -> lis
     from rich.cells import cell_len
     from rich.text import Text
 
-    what = (f"{ranks_read(model)}, {model.events:,} events, {model.total_ops():,} ops, "
+    what = (f"{ranks_read(model)}, {model.events:,} events, {model.own_ops():,} ops, "
             f"{(model.end_ns - model.start_ns) / 1e9:.1f} s; hang_after {hang_after:g} s")
     if cell_len(source) + 2 + len(what) <= width:  # (cells: a wide character takes two)
         return [Text.assemble((source, "bold"), ": ", what)]
