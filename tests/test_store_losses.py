@@ -17,6 +17,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -432,6 +433,49 @@ def test_a_console_reading_from_a_window_counts_only_what_it_had_not_read_once_t
             reader.close()
 
 
+_T0 = 1_780_000_000 * 10**9
+
+
+def _beat(k: int, rank: int = 0) -> bytes:
+    """A heartbeat of ``rank`` at second ``k`` of the job: a line of its own."""
+    return orjson.dumps({"type": "heartbeat", "ts": _T0 + k * 10**9, "v": 3, "rank": rank, "inflight": 0})
+
+
+class _Beating:
+    """Rank 0's writer of 2 KiB segments (no closers), its meta written: heartbeats, ten a
+    write, fill its segments."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        from commscope.store.directory import DirectoryWriter
+
+        self.job_dir = tmp_path / "job"
+        self.w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=2048, closer=False)
+        self.w.write([orjson.dumps({"type": "meta", "ts": _T0, "v": 3, "rank": 0, "world_size": 1, "host": "h"})])
+        self.beats = 0
+
+    def write(self, n: int) -> None:
+        for k in range(self.beats, self.beats + n, 10):
+            self.w.write([_beat(j) for j in range(k, k + 10)])
+        self.beats += n
+
+    def caught_up_then_deleted(self, reader: Any) -> int:
+        """``reader`` reads to the end, 30 more beats are written unread, the job directory is
+        deleted and the writer writes on (its ``store_lost`` marker, which the reader reads,
+        counting every line it wrote): the lines the reader never read."""
+        reader.poll()
+        while reader.backlog_bytes() or reader.stats.partial_tail:
+            reader.poll()
+        caught_up = self.w.stored
+        self.write(30)  # (not read)
+        unread = self.w.stored - caught_up
+        shutil.rmtree(self.job_dir)
+        self.w.write([_beat(self.beats)])
+        self.w.close()
+        markers = [e for e in reader.poll() if e["type"] == "dropped"]
+        assert [e["entries"] for e in markers] == [caught_up + unread]
+        return unread
+
+
 @pytest.mark.parametrize("started", ["window", "retention", "jumped"])
 def test_a_reader_that_did_not_read_the_stream_from_its_start_counts_a_marker_s_lines_once(tmp_path, started):
     """A reader that started a stream at a later segment (a window's first, the oldest that
@@ -442,44 +486,19 @@ def test_a_reader_that_did_not_read_the_stream_from_its_start_counts_a_marker_s_
     counted the skipped or summarized ones lost too (each segment after the first now says,
     in its meta, the lines written before it: ``segments.opening_meta``)."""
     from commscope.store import retention
-    from commscope.store.directory import DirectoryWriter
     from commscope.window import Since
 
-    t0 = 1_780_000_000 * 10**9
-
-    def beat(k: int) -> bytes:
-        return orjson.dumps({"type": "heartbeat", "ts": t0 + k * 10**9, "v": 3, "rank": 0, "inflight": 0})
-
-    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=2048, closer=False)
-    w.write([orjson.dumps({"type": "meta", "ts": t0, "v": 3, "rank": 0, "world_size": 1, "host": "h"})])
-    beats = 0
-
-    def write(n: int) -> None:
-        nonlocal beats
-        for k in range(beats, beats + n, 10):
-            w.write([beat(j) for j in range(k, k + 10)])
-        beats += n
-
-    write(300)
+    w = _Beating(tmp_path)
+    w.write(300)
     reader = open_reader(str(tmp_path))
     if started == "window":
-        reader.start_at(Since(at_ns=t0 + 250 * 10**9))
+        reader.start_at(Since(at_ns=_T0 + 250 * 10**9))
     elif started == "jumped":
         assert reader.poll(max_bytes=1)  # (segment 0 only)
-        write(300)
+        w.write(300)
     if started != "window":  # (retention deletes all but the newest few)
         assert retention.close_stream(tmp_path / "job", 0, 0, retention.Retention(4096, None)) > 3
-    reader.poll()
-    while reader.backlog_bytes() or reader.stats.partial_tail:
-        reader.poll()
-    caught_up = w.stored
-    write(30)  # (not read)
-    unread = w.stored - caught_up
-    shutil.rmtree(tmp_path / "job")
-    w.write([beat(beats)])
-    w.close()
-    markers = [e for e in reader.poll() if e["type"] == "dropped"]
-    assert [e["entries"] for e in markers] == [caught_up + unread]
+    unread = w.caught_up_then_deleted(reader)
     assert reader.stats.missing_by_rank == {0: unread}, reader.stats.warnings
     assert (reader.stats.skipped_by_rank if started == "window" else reader.stats.summarized_by_rank)[0] > 0
 
@@ -493,22 +512,7 @@ def test_segments_deleted_by_hand_then_the_job_directory_count_each_line_once_wi
     marker's count left out the lines before the segment the reader entered (``_rebase``)
     and the segments' count stopped at the marker's segment: the hand-deleted ones were
     counted nowhere.  A final read counts nothing again."""
-    from commscope.store.directory import DirectoryWriter
-
-    t0 = 1_780_000_000 * 10**9
-
-    def beat(k: int) -> bytes:
-        return orjson.dumps({"type": "heartbeat", "ts": t0 + k * 10**9, "v": 3, "rank": 0, "inflight": 0})
-
-    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=2048, closer=False)
-    w.write([orjson.dumps({"type": "meta", "ts": t0, "v": 3, "rank": 0, "world_size": 1, "host": "h"})])
-    beats = 0
-
-    def write(n: int) -> None:
-        nonlocal beats
-        for k in range(beats, beats + n, 10):
-            w.write([beat(j) for j in range(k, k + 10)])
-        beats += n
+    w = _Beating(tmp_path)
 
     def delete_by_hand(n: int) -> None:
         job_dir = tmp_path / "job"
@@ -517,23 +521,13 @@ def test_segments_deleted_by_hand_then_the_job_directory_count_each_line_once_wi
         for seg in segs[:n]:
             seg.path.unlink()
 
-    write(300)
+    w.write(300)
     reader = open_reader(str(tmp_path))
     if deleted == "under":
         assert reader.poll(max_bytes=1)  # (segment 0 only, not to its end)
-        write(300)
+        w.write(300)
     delete_by_hand(3)
-    reader.poll()
-    while reader.backlog_bytes() or reader.stats.partial_tail:
-        reader.poll()
-    caught_up = w.stored
-    write(30)  # (not read)
-    unread = w.stored - caught_up
-    shutil.rmtree(tmp_path / "job")
-    w.write([beat(beats)])
-    w.close()
-    markers = [e for e in reader.poll() if e["type"] == "dropped"]
-    assert [e["entries"] for e in markers] == [caught_up + unread]
+    unread = w.caught_up_then_deleted(reader)
     gone = [x for x in reader.stats.warnings if "segment(s) of its stream gone" in x]
     assert gone == ["rank 0: 3 segment(s) of its stream gone from the store (segment 0, 1, 2): neither on disk "
                     "nor summarized by retention; what they held is lost"], reader.stats.warnings
@@ -556,11 +550,7 @@ def test_a_console_whose_workers_entered_a_segment_with_no_line_yet_takes_its_li
     from commscope.store.directory import DirectoryReader, DirectoryWriter
     from commscope.window import Since
 
-    t0 = 1_780_000_000 * 10**9
-
-    def beat(k: int) -> bytes:
-        return orjson.dumps({"type": "heartbeat", "ts": t0 + k * 10**9, "v": 3, "rank": 0, "inflight": 0})
-
+    t0, beat = _T0, _beat
     other = DirectoryWriter(tmp_path, "job", 1, {"world_size": 2}, closer=False)  # (a job of 2 streams goes apart)
     other.write([orjson.dumps({"type": "meta", "ts": t0, "v": 3, "rank": 1, "world_size": 2, "host": "h"})])
     other.close()
@@ -612,10 +602,10 @@ def test_a_whole_read_whose_last_read_meets_a_marker_says_its_count_is_at_most(t
     were)."""
     from commscope.store.directory import DirectoryReader, DirectoryWriter
 
-    t0 = 1_780_000_000 * 10**9
+    t0 = _T0
 
     def beat(r: int, k: int) -> bytes:
-        return orjson.dumps({"type": "heartbeat", "ts": t0 + k * 10**9, "v": 3, "rank": r, "inflight": 0})
+        return _beat(k, r)
 
     ws = [DirectoryWriter(tmp_path, "job", r, {"world_size": 2}, closer=False) for r in range(2)]
     for r, w in enumerate(ws):
