@@ -408,14 +408,7 @@ def test_a_console_reading_from_a_window_counts_only_what_it_had_not_read_once_t
         stored = {r: _segment_lines(job_dir, r) for r in range(3)}
         shutil.rmtree(job_dir)
         signal_all(signal.SIGCONT)
-        markers: dict[int, dict] = {}
-
-        def all_read() -> bool:
-            markers.update({e["rank"]: e for e in reader.poll_batch().events
-                            if e["type"] == "dropped" and e.get("entries")})
-            return len(markers) == 3
-
-        _poll(all_read, "every rank's store_lost marker read")
+        markers = _every_marker(reader, 3)
         for r in range(3):
             assert markers[r]["entries"] == sum(stored[r].values()), (r, markers[r], stored[r])
         # written after the reader caught up (no segment went meanwhile: the history is kept)
@@ -474,6 +467,19 @@ class _Beating:
         markers = [e for e in reader.poll() if e["type"] == "dropped"]
         assert [e["entries"] for e in markers] == [caught_up + unread]
         return unread
+
+
+def _every_marker(reader: Any, ranks: int) -> dict[int, dict]:
+    """Each rank's ``store_lost`` marker (the job directory deleted), polled until ``reader``
+    read all ``ranks`` of them."""
+    markers: dict[int, dict] = {}
+
+    def all_read() -> bool:
+        markers.update({e["rank"]: e for e in reader.poll_batch().events if e["type"] == "dropped" and e.get("entries")})
+        return len(markers) == ranks
+
+    _poll(all_read, "every rank's store_lost marker read")
+    return markers
 
 
 @pytest.mark.parametrize("started", ["window", "retention", "jumped"])
@@ -681,14 +687,7 @@ def test_a_console_whose_first_read_went_to_workers_counts_only_what_it_had_not_
         stored = {r: _lines_of(job_dir, r) for r in range(3)}
         shutil.rmtree(job_dir)
         signal_all(signal.SIGCONT)
-        markers: dict[int, dict] = {}
-
-        def all_read() -> bool:
-            markers.update({e["rank"]: e for e in reader.poll_batch().events
-                            if e["type"] == "dropped" and e.get("entries")})
-            return len(markers) == 3
-
-        _poll(all_read, "every rank's store_lost marker read")
+        markers = _every_marker(reader, 3)
         for r in range(3):
             assert markers[r]["entries"] == stored[r], (r, markers[r], stored[r])
         assert reader.stats.missing_by_rank == {r: stored[r] - read[r] for r in range(3)}, reader.stats.warnings
