@@ -56,7 +56,7 @@ def assert_diagnosed(store: str, cause: str, own: int, capsys, recorder: str = "
     kind, word = {**(W.EXPECT_PYTHON if recorder == "python" else W.EXPECT), **(W.UNSEEN if unseen else {})}[cause]
     rc, out = check_json(store, capsys)
     errors = [f for f in out["findings"] if f["severity"] == "error"]
-    assert rc == 1
+    assert rc == 1, (out, sorted(p.name for p in Path(store).rglob("*")))  # (what was read, what the store holds)
     assert [(f["kind"], f["culprits"]) for f in errors] == [(kind, [1])], errors
     assert word in errors[0]["message"], errors[0]["message"]
     assert all(0 not in f["culprits"] for f in out["findings"]), out["findings"]

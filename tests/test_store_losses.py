@@ -289,6 +289,7 @@ def test_a_console_that_read_the_job_before_its_directory_was_deleted_counts_onl
         _poll(lambda: all(_lines_of(job_dir, r) > read[r] + 2 for r in range(3)), "lines the reader did not read")
         signal_all(signal.SIGSTOP)
         stored = {r: _lines_of(job_dir, r) for r in range(3)}
+        files = {p.name: p.read_bytes().count(b"\n") for p in job_dir.iterdir()}  # (said where a count differs)
         shutil.rmtree(job_dir)
         signal_all(signal.SIGCONT)
         markers: dict[int, dict] = {}
@@ -304,7 +305,7 @@ def test_a_console_that_read_the_job_before_its_directory_was_deleted_counts_onl
             f.kind != "trace_incomplete" and f.culprits != [1])]  # (no victim blamed)
         assert not model.reused, model.reused  # (no restated begin taken as an op begun again)
         for r in range(3):  # the rank's own count, less what the reader had read of it
-            assert markers[r]["entries"] == stored[r], (r, markers[r], stored[r])
+            assert markers[r]["entries"] == stored[r], (r, markers[r], stored[r], files)
         assert reader.stats.missing_by_rank == {r: stored[r] - read[r] for r in range(3)}, reader.stats.warnings
         assert reader.stats.corrupt == 0 and reader.stats.invalid == 0, reader.stats.warnings
         assert len(job.alive()) == 3
