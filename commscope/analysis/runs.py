@@ -47,6 +47,14 @@ def most(values: Iterable[object]) -> str | int | None:
     return said.most_common(1)[0][0] if said else None
 
 
+def foreign_word(why: str) -> str:
+    """What a foreign stream is, in a few words, from the cause ``foreign`` gave it (its
+    messages are written below, so the two stay in step): "another job", "another launch",
+    "past the world size"."""
+    return ("another job" if "names job" in why else "another launch" if "another launch" in why
+            else "past the world size" if "past the world size" in why else "not of this run")
+
+
 def foreign(metas: Mapping[int, Mapping[str, Any]], ref: JobReference | None) -> dict[int, str]:
     """The ranks (of ``metas``: rank -> its meta, in rank order) whose stream is not of the
     run, with why: its meta names another job, or at its incarnation another run of the job

@@ -258,14 +258,6 @@ def render(model: TraceModel, findings: list[Finding], warnings: list[str], hang
     con.print(f"[bold]{errors} error(s), {len(findings) - errors} warning(s)[/]")
 
 
-def ranks_read(model: TraceModel) -> str:
-    """The job's ranks (its world: ``TraceModel.world_size``), and the foreign streams kept
-    apart from them where there are any (``TraceModel.foreign_streams``): "2 ranks (+2
-    foreign streams kept apart)".  The ops counted beside it are the job's, its events all read."""
-    apart = len(model.kept_apart)
-    return f"{model.world_size:,} ranks" + (f" (+{apart:,} foreign stream(s) kept apart)" if apart else "")
-
-
 def header(model: TraceModel, hang_after: float, source: str, width: int) -> list[Text]:
     """What was read, in one line, or two where one would not fit ``width`` (the source on
     the first): a terminal folded it mid-figure ("hang_after 10" / "s").  The source as
@@ -273,7 +265,7 @@ def header(model: TraceModel, hang_after: float, source: str, width: int) -> lis
     from rich.cells import cell_len
     from rich.text import Text
 
-    what = (f"{ranks_read(model)}, {model.events:,} events, {model.own_ops():,} ops, "
+    what = (f"{options.ranks_read(model.world_size, len(model.kept_apart))}, {model.events:,} events, {model.own_ops():,} ops, "
             f"{(model.end_ns - model.start_ns) / 1e9:.1f} s; hang_after {hang_after:g} s")
     if cell_len(source) + 2 + len(what) <= width:  # (cells: a wide character takes two)
         return [Text.assemble((source, "bold"), ": ", what)]

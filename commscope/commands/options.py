@@ -23,6 +23,13 @@ SINCE_HELP = ("read only this window: a duration back from the job's newest writ
               "summarized is read whatever the window")
 
 
+def ranks_read(world_size: int, apart: int) -> str:
+    """The job's ranks (its world) and the foreign streams kept apart from them, where there
+    are any (``TraceModel.kept_apart``): "2 ranks (+2 foreign stream(s) kept apart)", as
+    ``check``'s and ``report``'s headers say it."""
+    return f"{world_size:,} ranks" + (f" (+{apart:,} foreign stream(s) kept apart)" if apart else "")
+
+
 def seconds(text: str) -> float:
     """An argparse type: seconds from 0 to ``schema.MAX_SECONDS``, what a trace may say of
     hang_after.  "inf", "nan" and 1e300 were taken, and diagnosing raised (a duration in ns

@@ -232,10 +232,9 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
     def out(text: str, style: str = "") -> None:
         con.print(Text(text, style=style, no_wrap=True, overflow="ignore"), crop=False, soft_wrap=True)
 
-    apart = rep.get("foreign_streams", 0)  # (the job's ranks: foreign streams apart, as in check's header)
-    con.print(Text.assemble((description, "bold"), f": {world_size:,} ranks"
-                            + (f" (+{apart:,} foreign stream(s) kept apart)" if apart else "")
-                            + f", {rep['ops_total']:,} ops over {rep['span_s']:.2f} s"), soft_wrap=True)
+    ranks = options.ranks_read(world_size, rep.get("foreign_streams", 0))
+    con.print(Text.assemble((description, "bold"), f": {ranks}, {rep['ops_total']:,} ops over {rep['span_s']:.2f} s"),
+              soft_wrap=True)
     for w in warnings:
         con.print(options.warning(w), soft_wrap=True)
     hidden: set[str] = set()

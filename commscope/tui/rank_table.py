@@ -15,6 +15,7 @@ from textual.strip import Strip
 
 from commscope.analysis.model import RankState, TraceModel
 from commscope.analysis.rankstate import ending, last_op_before, rank_state, sample_at
+from commscope.analysis.runs import foreign_word
 from commscope.tui import palette
 from commscope.tui.feed import REPLAY
 from commscope.tui.fmt import compact_size, duration, percent
@@ -88,13 +89,6 @@ def compact_state(m: TraceModel, r: int, st: RankState, now: int) -> str:
                 return st.text.replace(long, short)
         return st.text
     return st.text
-
-
-def foreign_word(why: str) -> str:
-    """What a foreign stream is, in the words of its cause (``runs.foreign``): its state cell
-    says that instead of a state, which would read as a rank of the job's."""
-    return ("another job" if "names job" in why else "another launch" if "another launch" in why
-            else "past the world size" if "past the world size" in why else "not of this run")
 
 
 #: The state column's sort: the ranks in trouble first
