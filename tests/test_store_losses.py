@@ -16,6 +16,7 @@ import resource
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +232,24 @@ def test_a_hang_is_still_found_after_the_job_directory_was_deleted_while_it_hung
         job.kill()
 
 
+def _signal_all(job: Job, sig: int) -> None:
+    """Every rank of ``job`` sent ``sig`` (SIGSTOP: its files counted while nothing is written)."""
+    for pid in job.pids:
+        os.kill(pid, sig)
+
+
+def _counted_then_deleted(job: Job, job_dir: Path, count: Callable[[Path, int], Any]) -> tuple[dict, dict]:
+    """Each of the 3 ranks' lines as ``count`` finds them, and each file's, the ranks stopped;
+    then the job directory deleted and the ranks let go on (each writer's ``store_lost``
+    marker to come counts what it wrote)."""
+    _signal_all(job, signal.SIGSTOP)
+    stored = {r: count(job_dir, r) for r in range(3)}
+    files = {p.name: p.read_bytes().count(b"\n") for p in job_dir.iterdir()}  # (said where a count differs)
+    shutil.rmtree(job_dir)
+    _signal_all(job, signal.SIGCONT)
+    return stored, files
+
+
 def _lines_of(job_dir: Path, rank: int) -> int:
     """The complete lines of a rank's segments now (``segments.segment_name``)."""
     return sum(p.read_bytes().count(b"\n") for p in job_dir.glob(f"rank-{rank:05d}*.jsonl") if ".open." not in p.name)
@@ -273,25 +292,17 @@ def test_a_console_that_read_the_job_before_its_directory_was_deleted_counts_onl
         return found[0] if len(found) == 1 and (found[0].kind, found[0].culprits, found[0].seq) == (
             "missing_ranks", [1], 6) else None
 
-    def signal_all(sig: int) -> None:
-        for pid in job.pids:
-            os.kill(pid, sig)
-
     try:
         before = _poll(hung, "the hang found before the deletion")
         assert (before.culprits, before.seq, before.op) == ([1], 6, "all_reduce"), before
-        signal_all(signal.SIGSTOP)  # (what the reader read, counted while nothing is written)
+        _signal_all(job, signal.SIGSTOP)  # (what the reader read, counted while nothing is written)
         while reader.backlog_bytes() or reader.stats.partial_tail:
             step()
         step()
         read = {r: _lines_of(job_dir, r) for r in range(3)}
-        signal_all(signal.SIGCONT)
+        _signal_all(job, signal.SIGCONT)
         _poll(lambda: all(_lines_of(job_dir, r) > read[r] + 2 for r in range(3)), "lines the reader did not read")
-        signal_all(signal.SIGSTOP)
-        stored = {r: _lines_of(job_dir, r) for r in range(3)}
-        files = {p.name: p.read_bytes().count(b"\n") for p in job_dir.iterdir()}  # (said where a count differs)
-        shutil.rmtree(job_dir)
-        signal_all(signal.SIGCONT)
+        stored, files = _counted_then_deleted(job, job_dir, _lines_of)
         markers: dict[int, dict] = {}
 
         def all_read() -> bool:
@@ -310,7 +321,7 @@ def test_a_console_that_read_the_job_before_its_directory_was_deleted_counts_onl
         assert reader.stats.corrupt == 0 and reader.stats.invalid == 0, reader.stats.warnings
         assert len(job.alive()) == 3
     finally:
-        signal_all(signal.SIGCONT)
+        _signal_all(job, signal.SIGCONT)
         release.touch()
         job.join(60)
         job.kill()
@@ -384,17 +395,13 @@ def test_a_console_reading_from_a_window_counts_only_what_it_had_not_read_once_t
               env={"COMMSCOPE_NATIVE": "1", "COMMSCOPE_JOB": "hang-window", "COMMSCOPE_SEGMENT_MB": "0.004"}).start()
     job_dir = Path(store) / "hang-window"
 
-    def signal_all(sig: int) -> None:
-        for pid in job.pids:
-            os.kill(pid, sig)
-
     reader = None
     try:
         _poll(lambda: job_dir.is_dir() and all(len(_segment_lines(job_dir, r)) >= 3 for r in range(3)),
               "three segments of each rank")
         reader = open_reader(store, wait=True)
         reader.start_at(Since(at_ns=time.time_ns()))
-        signal_all(signal.SIGSTOP)  # (what the reader read, counted while nothing is written)
+        _signal_all(job, signal.SIGSTOP)  # (what the reader read, counted while nothing is written)
         reader.poll_batch()
         while reader.backlog_bytes() or reader.stats.partial_tail:
             reader.poll_batch()
@@ -402,13 +409,10 @@ def test_a_console_reading_from_a_window_counts_only_what_it_had_not_read_once_t
         read = {r: _segment_lines(job_dir, r) for r in range(3)}
         skipped = dict(reader.stats.skipped_by_rank)
         assert sorted(skipped) == [0, 1, 2], skipped  # (the window skipped segments of every rank)
-        signal_all(signal.SIGCONT)
+        _signal_all(job, signal.SIGCONT)
         _poll(lambda: all(sum(_segment_lines(job_dir, r).values()) > sum(read[r].values()) + 2 for r in range(3)),
               "lines the reader did not read")
-        signal_all(signal.SIGSTOP)
-        stored = {r: _segment_lines(job_dir, r) for r in range(3)}
-        shutil.rmtree(job_dir)
-        signal_all(signal.SIGCONT)
+        stored, _ = _counted_then_deleted(job, job_dir, _segment_lines)
         markers = _every_marker(reader, 3)
         for r in range(3):
             assert markers[r]["entries"] == sum(stored[r].values()), (r, markers[r], stored[r])
@@ -419,7 +423,7 @@ def test_a_console_reading_from_a_window_counts_only_what_it_had_not_read_once_t
         assert reader.stats.skipped_by_rank == skipped  # (what the window skipped, skipped still, once)
         assert len(job.alive()) == 3
     finally:
-        signal_all(signal.SIGCONT)
+        _signal_all(job, signal.SIGCONT)
         release.touch()
         job.join(60)
         job.kill()
@@ -664,10 +668,6 @@ def test_a_console_whose_first_read_went_to_workers_counts_only_what_it_had_not_
     real = bulkread.Workers.__init__
     monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))
 
-    def signal_all(sig: int) -> None:
-        for pid in job.pids:
-            os.kill(pid, sig)
-
     reader = None
     try:
         _poll(lambda: job_dir.is_dir() and all(_lines_of(job_dir, r) > 20 and (
@@ -675,26 +675,23 @@ def test_a_console_whose_first_read_went_to_workers_counts_only_what_it_had_not_
         reader = open_reader(store, wait=True)
         if window:
             reader.start_at(Since(at_ns=time.time_ns()))
-        signal_all(signal.SIGSTOP)  # (what the reader read, counted while nothing is written)
+        _signal_all(job, signal.SIGSTOP)  # (what the reader read, counted while nothing is written)
         assert sum(b.count() for b in reader.read_apart(1 << 12)) > 0 and started  # (the workers read it)
         assert sorted(reader.stats.skipped_by_rank) == ([0, 1, 2] if window else [])
         while reader.backlog_bytes() or reader.stats.partial_tail:
             reader.poll_batch()
         reader.poll_batch()
         read = {r: _lines_of(job_dir, r) for r in range(3)}
-        signal_all(signal.SIGCONT)
+        _signal_all(job, signal.SIGCONT)
         _poll(lambda: all(_lines_of(job_dir, r) > read[r] + 2 for r in range(3)), "lines the reader did not read")
-        signal_all(signal.SIGSTOP)
-        stored = {r: _lines_of(job_dir, r) for r in range(3)}
-        shutil.rmtree(job_dir)
-        signal_all(signal.SIGCONT)
+        stored, _ = _counted_then_deleted(job, job_dir, _lines_of)
         markers = _every_marker(reader, 3)
         for r in range(3):
             assert markers[r]["entries"] == stored[r], (r, markers[r], stored[r])
         assert reader.stats.missing_by_rank == {r: stored[r] - read[r] for r in range(3)}, reader.stats.warnings
         assert len(job.alive()) == 3
     finally:
-        signal_all(signal.SIGCONT)
+        _signal_all(job, signal.SIGCONT)
         release.touch()
         job.join(60)
         job.kill()
