@@ -854,12 +854,16 @@ class DirectoryReader(TraceReader):
             self._rebase.add(stream)
         self._reading[stream] = cur.number
         if cur.number > 0:
-            self._carry(stream, cur, after_id)
+            self._carry(stream, cur, segs, after_id)
         return cur
 
-    def _carry(self, stream: Stream, entered: Segment, after_id: int = -1) -> None:
+    def _carry(self, stream: Stream, entered: Segment, segs: list[Segment], after_id: int = -1) -> None:
         """The ops in flight when the segment before ``entered`` ended (``store/inflight.py``):
-        the stream is read after it, so what they are in comes first.  ``after_id``: the
+        the stream is read after it, so what they are in comes first.  Where its closer has
+        not written that carry (yet, or ever: a rank that died just after a new segment), it
+        is made here from the segments before (``inflight.made``, of ``segs``): a window on
+        a job's tail, read as soon as the job ended, blamed the rank whose peer crashed as
+        crashed itself, its last all_reduce not known (CI, test_restarts).  ``after_id``: the
         stream's ops up to this id are read already (a reader jumping over deleted segments):
         their begins are not read twice, what else they reached is, and the recorder's drops
         it read are not counted again (``inflight.as_read``).  Where there is no carry, a
@@ -874,9 +878,13 @@ class DirectoryReader(TraceReader):
                 again = inflight.starts_again(read_from(entered.path, 0, inflight.HEAD_BYTES))
             except OSError:
                 again = False
+            if not again and self.job_dir is not None:
+                data = inflight.made(self.job_dir, stream, segs, number)
+        if data is None:
             if not again:
                 self.stats.warnings.append(f"rank {stream[0]}: what it was in when segment {number} ended is not "
-                                           "known (not carried yet): an op begun before may be missing")
+                                           "known (not carried, and a segment before it is gone): an op begun before may "
+                                           "be missing")
             return
         if data:
             pieces, self._pieces = self._pieces, None  # (its events are not the stream's read: ``_in_one_order``)

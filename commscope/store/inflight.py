@@ -465,6 +465,42 @@ def open_at_end(seg: Segment, before: bytes, rank: int) -> bytes:
     return replay(before, read_segment(seg.path), rank).carry()
 
 
+def _start_of(directory: Path, stream: Stream, seg: Segment, before: bytes | None = None) -> bytes | None:
+    """What the carry of ``seg`` is replayed from: none for a stream's first segment and for
+    one its writer started again (``starts_again``), else the carry of the segment before
+    (``before``, where the caller made it; None: not there).  OSError: ``seg`` is gone."""
+    if seg.number == 0 or starts_again(read_from(seg.path, 0, HEAD_BYTES)):
+        return b""
+    return before if before is not None else carried(directory, stream, seg.number - 1)
+
+
+def made(directory: Path, stream: Stream, segs: list[Segment], number: int) -> bytes | None:
+    """The carry of segment ``number``, made from the segments (``segs``: the stream's, oldest
+    first) where none is written: its closer (the writer's child) has not written it yet, or
+    never will (the rank died before a next segment started one: a closer still running
+    when the last one began closes only what it listed).  Replayed from the nearest segment
+    before whose start is known (``_start_of``), as the closer would; None where a segment
+    on the way is gone (then what was in flight is not known)."""
+    by_number = {seg.number: seg for seg in segs}
+    chain: list[Segment] = []  # newest first
+    before: bytes | None = None
+    while before is None:
+        seg = by_number.get(number - len(chain))
+        if seg is None:
+            return None
+        chain.append(seg)
+        try:
+            before = _start_of(directory, stream, seg)
+        except OSError:
+            return None
+    try:
+        for seg in reversed(chain):
+            before = open_at_end(seg, before, stream[0])
+    except OSError:
+        return None
+    return before
+
+
 def write_carries(directory: Path, stream: Stream, segs: list[Segment], names: set[str]) -> None:
     """Write the carry of each closed one of a stream's segments (``segs``, oldest first) that
     has none (``names``: the files of ``directory``), oldest first: each starts from the one
@@ -478,15 +514,10 @@ def write_carries(directory: Path, stream: Stream, segs: list[Segment], names: s
         if path.name in names:
             continue
         try:
-            again = seg.number > 0 and starts_again(read_from(seg.path, 0, HEAD_BYTES))
+            before = _start_of(directory, stream, seg, last[1] if last is not None and last[0] == seg.number - 1
+                               else None)
         except OSError:
             break
-        if seg.number == 0 or again:
-            before: bytes | None = b""
-        elif last is not None and last[0] == seg.number - 1:
-            before = last[1]
-        else:
-            before = carried(directory, stream, seg.number - 1)
         if before is None:
             break
         try:
