@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -177,6 +179,29 @@ def test_the_writer_starts_the_child_that_closes_its_segments(tmp_path):
     job = tmp_path / "job"
     # the child carried what was in flight at the end of every segment closed before it ran
     assert inflight.carried(job, (0, 0), 0) == b""  # (heartbeats only: nothing in flight)
+
+
+def test_a_segment_closed_while_a_closer_ran_is_carried_once_the_writer_closes(tmp_path):
+    """A closer closes the segments it listed; one closed while it ran waits for the next
+    segment's closer.  A writer closed before that (its rank ended) starts one: before, that
+    segment's carry was never written, and each window read of the job made it again
+    (``inflight.made``)."""
+    busy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # (a closer still running)
+    try:
+        w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=1024)
+        w._retainer = busy
+        w.write([meta()])
+        for k in range(0, 40, 8):
+            w.write([beat(0, j) for j in range(k, k + 8)])
+        assert len(list_segments(tmp_path / "job")[(0, 0)]) > 2 and w._retainer is busy
+    finally:
+        busy.kill()
+        busy.wait()
+    w.close()
+    assert w._retainer is not None and w._retainer is not busy
+    assert w._retainer.wait(60) == 0
+    segs = list_segments(tmp_path / "job")[(0, 0)]
+    assert [inflight.carried(tmp_path / "job", (0, 0), s.number) for s in segs[:-1]] == [b""] * (len(segs) - 1)
 
 
 @pytest.mark.parametrize("fault", ["dead", "missing", "mismatch"])
