@@ -518,35 +518,41 @@ def test_a_reader_that_did_not_read_the_stream_from_its_start_counts_a_marker_s_
 def test_segments_deleted_by_hand_then_the_job_directory_count_each_line_once_with_its_cause(tmp_path, deleted):
     """Segments of a stream deleted by hand (no retention summary), before the reader started
     (it enters at the oldest left) or under it (it jumps over them), then the job directory
-    deleted (a ``store_lost`` marker): the segments are counted gone, with that cause, and
-    the marker counts only the lines written after the reader caught up.  Before, the
-    marker's count left out the lines before the segment the reader entered (``_rebase``)
-    and the segments' count stopped at the marker's segment: the hand-deleted ones were
-    counted nowhere.  A final read counts nothing again."""
+    deleted (a ``store_lost`` marker): the segments are counted gone, with that cause, by
+    the lines they held that the reader had not read (the meta of the segment it entered
+    says the lines before it), and the marker counts only the lines written after the
+    reader caught up.  Before, the marker's count left out the lines before the segment the
+    reader entered (``_rebase``) and the segments' count stopped at the marker's segment:
+    the hand-deleted ones were counted nowhere; then each counted as one line.  A final
+    read counts nothing again."""
     w = _Beating(tmp_path)
 
-    def delete_by_hand(n: int) -> None:
+    def delete_by_hand(n: int) -> int:
         job_dir = tmp_path / "job"
         segs = segments_of((p.name for p in job_dir.iterdir()), job_dir)[(0, 0)]
         assert len(segs) > n + 1 and [s.number for s in segs[:n]] == list(range(n))
+        held = sum(seg.path.read_bytes().count(b"\n") for seg in segs[:n])
         for seg in segs[:n]:
             seg.path.unlink()
+        return held
 
     w.write(300)
     reader = open_reader(str(tmp_path))
+    read = 0
     if deleted == "under":
-        assert reader.poll(max_bytes=1)  # (segment 0 only, not to its end)
+        read = len(reader.poll(max_bytes=1))  # (segment 0 only: a line an event, no carry)
+        assert read
         w.write(300)
-    delete_by_hand(3)
+    lost = delete_by_hand(3) - read
     unread = w.caught_up_then_deleted(reader)
     gone = [x for x in reader.stats.warnings if "segment(s) of its stream gone" in x]
     assert gone == ["rank 0: 3 segment(s) of its stream gone from the store (segment 0, 1, 2): neither on disk "
-                    "nor summarized by retention; what they held is lost"], reader.stats.warnings
-    lost = [x for x in reader.stats.warnings if "line(s) of its stream were lost" in x]
-    assert len(lost) == 1 and lost[0].startswith(f"rank 0: {unread} line(s)"), reader.stats.warnings
-    assert reader.stats.missing_by_rank == {0: 3 + unread}, reader.stats.warnings
+                    f"nor summarized by retention; {lost} line(s) of them not read are lost"], reader.stats.warnings
+    said = [x for x in reader.stats.warnings if "line(s) of its stream were lost" in x]
+    assert len(said) == 1 and said[0].startswith(f"rank 0: {unread} line(s)"), reader.stats.warnings
+    assert reader.stats.missing_by_rank == {0: lost + unread}, reader.stats.warnings
     reader.read_all()
-    assert reader.stats.missing_by_rank == {0: 3 + unread}, reader.stats.warnings
+    assert reader.stats.missing_by_rank == {0: lost + unread}, reader.stats.warnings
 
 
 def test_a_console_whose_workers_entered_a_segment_with_no_line_yet_takes_its_lines_before(tmp_path, monkeypatch):

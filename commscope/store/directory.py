@@ -103,12 +103,24 @@ ENV_SHARE = "COMMSCOPE_SHARE_WITH_GROUP"
 
 
 class Jump(NamedTuple):
-    """A reader's jump over segments of a stream that retention deleted under it: from the
-    segment it was reading to the oldest one left, having read the ops up to ``after_id``."""
+    """A reader's jump over segments of a stream deleted under it (by retention, or by hand):
+    from the segment it was reading to the oldest one left, having read the ops up to
+    ``after_id``, and ``lines`` of the stream (read, or counted as skipped or summarized:
+    ``DirectoryReader._position``; None: not known), so the lines of those segments gone
+    without a summary are counted exactly (``DirectoryReader._lines_gone``)."""
 
     left: int
     entered: int
     after_id: int
+    lines: int | None = None
+
+
+class Rebased(NamedTuple):
+    """The segment of a stream whose meta's ``lines_before`` a reader took last
+    (``DirectoryReader._rebase``), and those lines."""
+
+    segment: int
+    lines: int
 
 
 class _Summary(NamedTuple):
@@ -649,9 +661,9 @@ class DirectoryReader(TraceReader):
         #: counts at most what was lost, and says so; an exact count would cost each stream a
         #: line count (~176 us of a stream's ~800) for a deletion in the seconds of a read
         self._uncounted: set[Stream] = set()
-        #: per stream, the segment whose meta's ``lines_before`` the reader took last (``_rebase``):
-        #: a ``store_lost`` marker counts none of the lines before it
-        self._rebased_at: dict[Stream, int] = {}
+        #: per stream, the segment whose meta's ``lines_before`` the reader took last, with them
+        #: (``_rebase``): a ``store_lost`` marker counts none of the lines before it
+        self._rebased_at: dict[Stream, Rebased] = {}
         #: per stream, the lines read before a file its writer started again (``_started_again``),
         #: until its marker is counted
         self._lines_before: dict[Stream, int] = {}
@@ -855,7 +867,7 @@ class DirectoryReader(TraceReader):
             after_id = -1
         elif cur.number > number:
             after_id = self.max_op_id(stream)
-            self._jumps.setdefault(stream, []).append(Jump(number, cur.number, after_id))
+            self._jumps.setdefault(stream, []).append(Jump(number, cur.number, after_id, self._position(stream)))
             self._unlisted.setdefault(stream, []).append((number, cur.number))
             self._decoder(stream).ring_open = True  # (what it jumped over, the summaries count)
         else:
@@ -1287,21 +1299,27 @@ class DirectoryReader(TraceReader):
         own as its lines: it counts only those after the lines this reader took as accounted
         for (``_rebase``), so those before were counted nowhere (the job directory deleted
         after segments deleted by hand: its listing no longer says which were there)."""
-        ranges, rebased_at = self._unlisted.pop(stream, None), self._rebased_at.pop(stream, 0)
-        if not ranges or not rebased_at:
+        ranges, rebased = self._unlisted.pop(stream, None), self._rebased_at.get(stream)
+        if not ranges or rebased is None or not rebased.segment:
+            self._rebased_at.pop(stream, None)
             return  # (none taken off: the marker counts the lines of the segments gone)
         upto = self._gone_upto.get(stream, 0)
         known = {n for s, n in (*self._decided, *self._pending) if s == stream}
         for first, last in ranges:  # (those after, into the segment it starts again: the marker's)
-            first, last = max(first, upto), min(last, rebased_at)
+            first, last = max(first, upto), min(last, rebased.segment)
             if first < last:
                 self._count_gone(stream, first, last, known)
                 upto = last
         self._gone_upto[stream] = upto
+        del self._rebased_at[stream]
 
     def _count_gone(self, stream: Stream, first: int, last: int, known: set[int]) -> None:
         """Count as gone the segments of ``stream`` numbered [first, last) that ``known``
-        (listed, summarized) and its summary file do not name."""
+        (listed, summarized) and its summary file do not name: each run of them by the lines
+        it held that this reader did not read (``_lines_gone``), where the metas around it
+        say them, else (no later meta says: a writer from before ``lines_before``, a store
+        gone) as one line a segment.  Before, a segment gone counted as one line whatever
+        it held (a 2 KiB segment of 21 lines: 1)."""
         count = (last - first) - sum(1 for n in known if first <= n < last)  # (a name may say 10^9)
         if count > 0:  # retention may have summarized and deleted them since the summaries were read
             known = known | self._summarized_in_file(stream)
@@ -1314,11 +1332,86 @@ class DirectoryReader(TraceReader):
                 shown.append(n)
                 if len(shown) == 8:
                     break
-        self.stats.count_missing(stream[0], count)
+        lines, unknown = 0, 0
+        at = first
+        for n in [*sorted(n for n in known if first <= n < last), last]:  # (each run of numbers gone: [at, n))
+            if at < n:
+                held = self._lines_gone(stream, at, n)
+                if held is None:
+                    unknown += n - at
+                else:
+                    lines += held
+            at = max(at, n + 1)
+        self.stats.count_missing(stream[0], lines + unknown)
         names = ", ".join(map(str, shown)) + (f" and {count - len(shown):,} more" if count > len(shown) else "")
+        if not unknown:
+            what = f"{lines:,} line(s) of them not read are lost"
+        elif unknown == count:
+            what = "what they held is lost"
+        else:
+            what = (f"{lines:,} line(s) of them not read are lost, and what {unknown:,} of them held (not known: "
+                    "counted as a line each)")
         self.stats.warnings.append(
             f"rank {stream[0]}: {count:,} segment(s) of its stream gone from the store (segment {names}): "
-            "neither on disk nor summarized by retention; what they held is lost")
+            f"neither on disk nor summarized by retention; {what}")
+
+    def _lines_gone(self, stream: Stream, first: int, last: int) -> int | None:
+        """The lines of ``stream`` that its segments [first, last), all gone, held and this
+        reader did not read: those before ``last`` (its meta's ``lines_before``) less those
+        before ``first``, or read of it where this reader jumped from it (``Jump.lines``).
+        None where either is not known, or where the metas say fewer lines than the run
+        holds segments (each begins with its meta line: a file renamed, another stream's)."""
+        end = self._lines_before_segment(stream, last)
+        if end is None:
+            return None
+        jump = next((j for j in reversed(self._jumps.get(stream, ())) if j.left == first), None)
+        start = jump.lines if jump is not None else self._lines_up_to(stream, first)
+        least = last - first - (jump is not None)  # (the one it jumped from: read, part or all)
+        return end - start if start is not None and end - start >= least else None
+
+    def _lines_up_to(self, stream: Stream, number: int) -> int | None:
+        """The lines of ``stream`` before its segment ``number`` (gone): 0 before segment 0,
+        else the segment before's ``lines_before`` and lines, where it is on disk."""
+        if number == 0:
+            return 0
+        prev = next((s for s in self._streams.get(stream, ()) if s.number == number - 1), None)
+        before = self._lines_before_segment(stream, number - 1) if prev is not None else None
+        if prev is None or before is None:
+            return None
+        try:
+            data = read_from(prev.path, 0, size_of(prev.path))
+        except OSError:
+            return None
+        return before + count_lines(data, len(data))
+
+    #: The bytes of a segment's head read for its meta's ``lines_before`` (``_lines_before_segment``)
+    HEAD_BYTES = 1 << 16
+
+    def _lines_before_segment(self, stream: Stream, number: int) -> int | None:
+        """The lines written to ``stream`` before its segment ``number``: 0 before segment 0,
+        else as its meta says (``segments.lines_before``), taken when it was read from its
+        start (``_rebased_at``) or read now from the segment on disk; None where nothing says."""
+        if number == 0:
+            return 0
+        rebased = self._rebased_at.get(stream)
+        if rebased is not None and rebased.segment == number:
+            return rebased.lines
+        seg = next((s for s in self._streams.get(stream, ()) if s.number == number), None)
+        if seg is None:
+            return None
+        try:
+            return segments.lines_before(read_from(seg.path, 0, self.HEAD_BYTES))
+        except OSError:
+            return None
+
+    def _position(self, stream: Stream) -> int | None:
+        """The lines of ``stream`` before where this reader is in it (read, or taken as
+        skipped or summarized: ``_lines_read``), where that is known: it counts lines, and
+        does not wait for the meta of a segment it entered to say the lines before
+        (``_rebase``)."""
+        if not self.counts_lines or stream in self._rebase or stream in self._uncounted:
+            return None
+        return self._lines_read.get(stream, 0)
 
     def _read_stream(self, stream: Stream, segs: list[Segment], budget: int | None,
                      final: bool = False, size: int | None = None) -> tuple[list[Event], int]:
@@ -1420,7 +1513,7 @@ class DirectoryReader(TraceReader):
             before = segments.lines_before(data) if self.counts_lines else None
             if before is not None:
                 self._lines_read[stream] = before
-                self._rebased_at[stream] = key[1]
+                self._rebased_at[stream] = Rebased(key[1], before)
         if not offset and cut and inflight.starts_again(data):
             events = self._started_again(stream, data[:cut], cut)
         else:
