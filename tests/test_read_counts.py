@@ -503,3 +503,54 @@ def test_a_stream_first_block_line_damaged_or_refused_is_counted_lost_once(tmp_p
     assert (finding["kind"], finding["culprits"], finding["ranks"]) == ("trace_incomplete", [1], [1]), finding
     kind = {"damaged": "damaged", "refused": "invalid"}[how]
     assert finding["evidence"]["lost_events"] == 1 and finding["evidence"]["per_rank"] == {"1": {kind: 1}}
+
+
+@pytest.mark.parametrize("before", ["a segment gone", "a damaged line", "its meta only"])
+def test_a_console_whose_first_read_went_to_workers_counts_the_next_gap_once(tmp_path, monkeypatch, before):
+    """A console's first read goes to read workers (``read_apart``), each stopping at a
+    stream's end: rank 1's there is a line torn in two (a write under way).  What the worker
+    read before it says what the next gap in the ring positions, read by the console, stands
+    for: a segment gone by hand just before (counted with the segment: its lines), a
+    damaged block line (counted damaged), or nothing read but the meta, which says where the
+    ring starts (the first block line gone is a line lost).  Before, the hand-off dropped
+    them (``_gone_excuse``, ``_excused``, and the decoder's ``ring_open``, taken again as
+    ``not seen_end``, a ring from 0 as not known): 66 lines lost for a segment of 65, a
+    damaged line counted twice, a first block line gone not counted at all."""
+    store = _ring_job(tmp_path, ops=2000 if before == "a segment gone" else 400,
+                      segment_bytes=50000 if before == "a segment gone" else None)
+    job = store / "synthetic"
+    segs = segments.list_segments(job)[(1, 0)]
+    path = segs[-1].path
+    lines = path.read_bytes().split(b"\n")
+    blocks = [i for i, line in enumerate(lines) if b'"type":"block"' in line]
+    held = corrupt = 0
+    if before == "a segment gone":
+        held = segs[-2].path.read_bytes().count(b"\n")
+        segs[-2].path.unlink()
+        cut = 0  # (the segment after it torn at its first line)
+    elif before == "a damaged line":
+        k = blocks[len(blocks) // 2]
+        lines[k] = lines[k][:40] + b"\0\0\0\0" + lines[k][44:]
+        corrupt, cut = 1, k + 1
+    else:
+        k = blocks[0]
+        del lines[k]  # (the stream's first block line gone)
+        held, cut = 1, k
+    data = b"\n".join(lines)
+    torn = len(b"\n".join(lines[:cut])) + (1 if cut else 0) + 10
+    path.write_bytes(data[:torn])
+    monkeypatch.setenv(ENV_WORKERS, "2")
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+    reader = open_source(str(store))
+    try:
+        assert sum(b.count() for b in reader.read_apart(1 << 12)) > 0 and reader.stats.workers == 2
+        with path.open("ab") as f:  # (the write goes on)
+            f.write(data[torn:])
+        _polled_all(reader, None)
+        stats = reader.stats
+    finally:
+        reader.close()
+    assert (stats.missing_by_rank, stats.corrupt_by_rank) == ({1: held} if held else {}, {1: corrupt} if corrupt else {}), \
+        stats.warnings
+    gaps = [w for w in stats.warnings if "ring positions" in w]
+    assert len(gaps) == (before == "its meta only"), stats.warnings

@@ -63,6 +63,11 @@ class DecoderState(NamedTuple):
     groups: dict[int, Any]
     sites: dict[int, str]
     waiting: dict[int, int]
+    #: whether the ring position is still to be taken (from the first block found, or the
+    #: meta's ``ring`` where the read starts at the stream's first line): ``seen_end`` 0 does
+    #: not say it (a meta saying ``ring`` 0 read, no block yet)
+    ring_open: bool = True
+    from_start: bool = False
 
 
 class StreamsRead(NamedTuple):
@@ -94,8 +99,13 @@ class StreamsRead(NamedTuple):
     #: (``DirectoryReader._rebase``, ``_rebased_at``, ``_unlisted``): a reader going on from
     #: the worker's read takes them as its own
     rebase: frozenset[Stream] | None = None
-    rebased_at: dict[Stream, int] | None = None
+    rebased_at: dict[Stream, tuple[int, int]] | None = None
     unlisted: dict[Stream, list[tuple[int, int]]] | None = None
+    #: the lines counted lost otherwise (segments gone, passed over; a damaged line) that the
+    #: next gap in each stream's ring positions stands for, not counted yet
+    #: (``DirectoryReader._gone_excuse``, ``_excused``): a reader going on counts it once
+    gone_excuse: dict[Stream, int] | None = None
+    excused: dict[Stream, int] | None = None
 
     def sent(self) -> StreamsRead:
         """As a worker sends it: the op records in one piece where they go so."""

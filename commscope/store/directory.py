@@ -1779,7 +1779,8 @@ class DirectoryReader(TraceReader):
         return rest
 
     def decoder_states(self) -> dict[Stream, DecoderState]:
-        return {s: DecoderState(d.names, d.dtypes, d.seen_end, d.groups, d.sites, d._gid_of_id)
+        return {s: DecoderState(d.names, d.dtypes, d.seen_end, d.groups, d.sites, d._gid_of_id, d.ring_open,
+                                d.from_start)
                 for s, d in getattr(self, "_block_decoders", {}).items()}
 
     def _adopt(self, got: StreamsRead) -> None:
@@ -1801,8 +1802,12 @@ class DirectoryReader(TraceReader):
         self._rebase.update(got.rebase or ())
         self._rebased_at.update(got.rebased_at or {})
         self._unlisted.update(got.unlisted or {})
+        self._gone_excuse.update(got.gone_excuse or {})
+        self._excused.update(got.excused or {})
         for stream, st in got.decoders.items():
-            self._decoder(stream).adopt(st.names, st.dtypes, st.seen_end, st.groups, st.sites, st.waiting)
+            decoder = self._decoder(stream)
+            decoder.adopt(st.names, st.dtypes, st.seen_end, st.groups, st.sites, st.waiting)
+            decoder.ring_open, decoder.from_start = st.ring_open, st.from_start  # (not ``not seen_end``: a ring from 0)
 
 
 def read_streams(job: Job) -> StreamsRead:
@@ -1822,7 +1827,8 @@ def read_streams(job: Job) -> StreamsRead:
                        last_read=dict(r._last_read),
                        rebase=frozenset(r._rebase) if going_on else None,
                        rebased_at=dict(r._rebased_at) if going_on else None,
-                       unlisted=dict(r._unlisted) if going_on else None)
+                       unlisted=dict(r._unlisted) if going_on else None,
+                       gone_excuse=dict(r._gone_excuse), excused=dict(r._excused))
 
 
 #: A worker's table of statics (``read_streams``), kept from one job to the next of one job
