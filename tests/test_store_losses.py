@@ -555,6 +555,83 @@ def test_segments_deleted_by_hand_then_the_job_directory_count_each_line_once_wi
     assert reader.stats.missing_by_rank == {0: lost + unread}, reader.stats.warnings
 
 
+@pytest.mark.parametrize("window", [False, True])
+def test_segments_summarized_before_a_reader_started_are_never_counted_gone(tmp_path, monkeypatch, window):
+    """Retention summarized and deleted most of a stream's segments before the reader
+    started (all of them before its window's first, with one): a whole read counts each as
+    summarized, and none gone, however long the summary file is.  Before, the read took
+    only the first ``MAX_SUMMARY_READ`` bytes of it (and looked again at those only), so the
+    later summarized segments were counted gone, lost, with what they held."""
+    from commscope.store import retention
+    from commscope.store.directory import DirectoryReader
+    from commscope.window import Since
+
+    w = _Beating(tmp_path)
+    w.write(600)
+    w.w.close()
+    deleted = retention.close_stream(tmp_path / "job", 0, 0, retention.Retention(4096, None))
+    assert deleted > 20
+
+    def read() -> Any:
+        reader = open_reader(str(tmp_path))
+        if window:
+            reader.start_at(Since(at_ns=_T0 + 590 * 10**9))
+        reader.read_all()
+        reader.close()
+        return reader.stats
+
+    whole = read()
+    summary = (tmp_path / "job" / "rank-00000.summary.jsonl").read_bytes()
+    assert summary.count(b"\n") == deleted and whole.summarized_by_rank[0] > 0 and not whole.missing_by_rank
+    monkeypatch.setattr(DirectoryReader, "MAX_SUMMARY_READ", len(summary) // 7)  # (a line is ~100 bytes)
+    stats = read()
+    assert (stats.missing_by_rank, stats.summarized_by_rank) == ({}, whole.summarized_by_rank), stats.warnings
+    assert not [x for x in stats.warnings if "gone" in x], stats.warnings
+
+
+def test_a_console_whose_workers_read_first_counts_what_retention_summarized_before_as_summarized(
+        tmp_path, monkeypatch):
+    """A console's first read goes to read workers (``read_apart``), which enter each stream at
+    the oldest segment retention left; the job directory is then deleted before the
+    console's first poll (a ``store_lost`` marker).  The segments retention summarized before
+    are counted summarized (the read apart ends with the summaries, as a poll does), and the
+    marker counts as lost exactly the lines written after the read.  Before, the summaries
+    waited for the first poll, and the directory went with them: every segment summarized
+    was counted gone, with its lines (305 lost where 32 were)."""
+    from commscope.store import bulkread, retention
+    from commscope.store.directory import DirectoryReader, DirectoryWriter
+
+    other = DirectoryWriter(tmp_path, "job", 1, {"world_size": 2}, closer=False)  # (a job of 2 streams goes apart)
+    other.write([orjson.dumps({"type": "meta", "ts": _T0, "v": 3, "rank": 1, "world_size": 2, "host": "h"})])
+    other.close()
+    w = _Beating(tmp_path)
+    w.write(300)
+    assert retention.close_stream(tmp_path / "job", 0, 0, retention.Retention(4096, None)) > 10
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    started: list[int] = []
+    real = bulkread.Workers.__init__
+    monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))
+    fresh = open_reader(str(tmp_path))
+    fresh.read_all()
+    reader = open_reader(str(tmp_path))
+    try:
+        assert sum(b.count() for b in reader.read_apart(1 << 12)) > 0 and started  # (the workers read it)
+        caught_up = w.w.stored
+        w.write(30)  # (not read)
+        unread = w.w.stored - caught_up
+        shutil.rmtree(tmp_path / "job")
+        w.w.write([_beat(w.beats)])
+        w.w.close()
+        markers = [e for e in reader.poll() if e["type"] == "dropped"]
+        assert [e["entries"] for e in markers] == [caught_up + unread]
+        assert reader.stats.missing_by_rank == {0: unread}, reader.stats.warnings
+        assert reader.stats.summarized_by_rank == fresh.stats.summarized_by_rank != {}, reader.stats.warnings
+    finally:
+        reader.close()
+        fresh.close()
+
+
 def test_a_console_whose_workers_entered_a_segment_with_no_line_yet_takes_its_lines_before(tmp_path, monkeypatch):
     """A console's first read goes to read workers (``read_apart``); a worker enters a later
     segment (a window's first) that holds no complete line yet (a torn first write), so it

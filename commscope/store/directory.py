@@ -1244,6 +1244,11 @@ class DirectoryReader(TraceReader):
         truncated."""
         self._summaries_due = True
         events = self.poll()
+        while self._summaries_due:  # (summary files longer than a poll reads: all of them, before any is gone)
+            offsets = dict(self._summary_offsets)
+            events.extend(self._read_summaries())
+            if self._summary_offsets == offsets:
+                break  # (a line longer than ``MAX_SUMMARY_READ``: never read)
         events.extend(self._read_each(final=True))
         events.extend(self._crashes.poll(self.job_dir, self.owns, final=True))
         events.extend(self._remnants(final=True))
@@ -1252,16 +1257,26 @@ class DirectoryReader(TraceReader):
         return events
 
     def _summarized_in_file(self, stream: Stream) -> set[int]:
-        """The segment numbers ``stream``'s summary file names now (read apart from the
-        summaries' reading: nothing counted), empty where it has none or cannot be read."""
+        """The segment numbers ``stream``'s summary file names after what this reader read of
+        it (``_summary_offsets``: those are in ``_pending`` or ``_decided``), read apart from
+        the summaries' reading (nothing counted), to its end; empty where it has none or
+        cannot be read.  Before, only its first ``MAX_SUMMARY_READ`` bytes: the newest
+        summaries, those written since the reader read, were never among them."""
+        out: set[int] = set()
         if self.job_dir is None:
-            return set()
-        try:
-            data = read_from(self.job_dir / segments.summary_name(*stream), 0, self.MAX_SUMMARY_READ)
-        except OSError:
-            return set()
-        events = decode_lines(data[:data.rfind(b"\n") + 1], stream[0]).events  # (the summaries' one decoder)
-        return {e["seg"] for e in events if e["type"] == "summary" and isinstance(e.get("seg"), int)}
+            return out
+        path, offset = self.job_dir / segments.summary_name(*stream), self._summary_offsets.get(stream, 0)
+        while True:
+            try:
+                data = read_from(path, offset, self.MAX_SUMMARY_READ)
+            except OSError:
+                return out
+            cut = data.rfind(b"\n") + 1
+            events = decode_lines(data[:cut], stream[0]).events  # (the summaries' one decoder)
+            out.update(e["seg"] for e in events if e["type"] == "summary" and isinstance(e.get("seg"), int))
+            if len(data) < self.MAX_SUMMARY_READ or not cut:
+                return out
+            offset += cut
 
     def _count_segments_gone(self) -> None:
         """Segments of a stream that are neither on disk nor summarized by retention (which
@@ -1618,7 +1633,11 @@ class DirectoryReader(TraceReader):
     def _bulk_parallel(self, streams: dict[Stream, list[Segment]], window: dict[Stream, tuple[int, list[int]]],
                        step: int, workers: int, counts_lines: bool = False) -> Iterator[Batch]:
         """``counts_lines``: the workers count the lines they read (``Job.counts_lines``), for a
-        reader that goes on reading (``read_apart``); a whole read reads nothing after them."""
+        reader that goes on reading (``read_apart``); a whole read reads nothing after them.
+        Such a read ends with the summaries (``_read_summaries``), as a poll does: before, they
+        waited for the console's first poll, and a job directory deleted meanwhile (a
+        ``store_lost`` marker) counted every segment retention had summarized before the
+        segment a worker entered as gone, with its lines."""
         jobs: list[Job] = []
         chunk: dict[Stream, list[Segment]] = {}
         size = 0
@@ -1643,6 +1662,10 @@ class DirectoryReader(TraceReader):
                 continue
             self._adopt(got)
             yield got.received()
+        if counts_lines:  # (a console's: what retention deleted read with the streams, as a poll does)
+            summaries = self._read_summaries()
+            if summaries:
+                yield Batch(summaries, [])
 
     def _since_s(self) -> float | None:
         return self.since_ns / 1e9 if self.since_ns is not None else None
