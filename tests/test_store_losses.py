@@ -556,6 +556,39 @@ def test_segments_deleted_by_hand_then_the_job_directory_count_each_line_once_wi
 
 
 @pytest.mark.parametrize("window", [False, True])
+def test_segments_a_reader_read_then_deleted_by_hand_are_not_lost_to_it(tmp_path, window):
+    """A reader reads a stream to its end (from a window that starts in the oldest segment
+    left, those before it deleted by hand), then segments it read are deleted by hand: its
+    final read counts nothing gone, for it read them, and what was before its window is not
+    asked for.  Before, both were counted gone with their lines (a window: 10 segments, 210
+    lines lost where none was): the window's start was told from the oldest segment listed,
+    which the deletion moved on, and a segment read was gone like one never read."""
+    from commscope.window import Since
+
+    w = _Beating(tmp_path)
+    w.write(300)
+    job_dir = tmp_path / "job"
+
+    def listed() -> list:
+        return segments_of((p.name for p in job_dir.iterdir()), job_dir)[(0, 0)]
+
+    if window:
+        for seg in listed()[:5]:
+            seg.path.unlink()
+    first = listed()[0]
+    reader = open_reader(str(tmp_path))
+    if window:
+        reader.start_at(Since(at_ns=(first.start_s + 5) * 10**9))  # (in its oldest segment left)
+    read = reader.poll()
+    assert read and not reader.backlog_bytes()
+    for seg in listed()[:5]:  # (read, then deleted)
+        seg.path.unlink()
+    reader.read_all()
+    assert not reader.stats.missing_by_rank, reader.stats.warnings
+    assert not [x for x in reader.stats.warnings if "segment(s) of its stream gone" in x], reader.stats.warnings
+
+
+@pytest.mark.parametrize("window", [False, True])
 def test_segments_summarized_before_a_reader_started_are_never_counted_gone(tmp_path, monkeypatch, window):
     """Retention summarized and deleted most of a stream's segments before the reader
     started (all of them before its window's first, with one): a whole read counts each as

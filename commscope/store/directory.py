@@ -626,8 +626,10 @@ class DirectoryReader(TraceReader):
         self._decided: set[tuple[Stream, int]] = set()
         self._jumps: dict[Stream, list[Jump]] = {}  # per stream, over segments deleted under this reader
         #: per stream, the numbers of the segments counted as skipped before the window when it
-        #: was entered (``_enter``), [first, last): once retention deletes one, its summary
-        #: stands for it and its bytes are taken back out (``_read_summaries``)
+        #: was entered (``_enter``), [first, last), ``last`` the window's first (none skipped
+        #: where the window starts in the oldest segment listed: what is before it is not asked
+        #: for, ``_asked_from``, whatever retention deletes later): once retention deletes one,
+        #: its summary stands for it and its bytes are taken back out (``_read_summaries``)
         self._skipped: dict[Stream, tuple[int, int]] = {}
         #: per stream, lines of its last chunk counted lost (damaged, invalid, dropped) that a
         #: gap in the ring positions in the next may stand for (``_account``)
@@ -860,7 +862,9 @@ class DirectoryReader(TraceReader):
                 self.stats.count_skipped(stream[0], size_of(seg.path))
             if segs[0] is not cur:
                 self._skipped[stream] = (segs[0].number, cur.number)
-            elif cur.number and (first := self._asked_from(stream, segs)) < cur.number:
+            elif cur.number and (first := self._asked_from(stream, segs)) == cur.number:
+                self._skipped[stream] = (first, first)  # (the window starts in it: none before it is asked for)
+            elif cur.number and first < cur.number:
                 self._unlisted[stream] = [(first, cur.number)]
             # (its first segment, from its first line: the meta's ``ring`` says where its blocks start)
             self._decoder(stream).from_start = cur.number == 0 and not self._read_of.get((stream, 0))
@@ -1336,8 +1340,9 @@ class DirectoryReader(TraceReader):
         gone) as one line a segment.  Before, a segment gone counted as one line whatever
         it held (a 2 KiB segment of 21 lines: 1)."""
         count = (last - first) - sum(1 for n in known if first <= n < last)  # (a name may say 10^9)
-        if count > 0:  # retention may have summarized and deleted them since the summaries were read
-            known = known | self._summarized_in_file(stream)
+        if count > 0:  # retention may have summarized and deleted them since the summaries were read,
+            # and this reader may have read them before they went
+            known = known | self._summarized_in_file(stream) | self._read_past(stream, first, last)
             count = (last - first) - sum(1 for n in known if first <= n < last)
         if count <= 0:
             return
@@ -1369,6 +1374,19 @@ class DirectoryReader(TraceReader):
         self.stats.warnings.append(
             f"rank {stream[0]}: {count:,} segment(s) of its stream gone from the store (segment {names}): "
             f"neither on disk nor summarized by retention; {what}")
+
+    def _read_past(self, stream: Stream, first: int, last: int) -> set[int]:
+        """The segments of ``stream`` numbered [first, last) that this reader read to their
+        end and went on from: none of theirs is lost to it, whatever went since (before, a
+        window's segments read, then deleted by hand, were counted gone).  One it jumped
+        from is not among them: what it had not read of it is (``Jump.lines``)."""
+        reading = self._reading.get(stream, -1)
+        left = {jump.left for jump in self._jumps.get(stream, ())}
+        if last - first <= len(self._read_of):
+            read = [n for n in range(first, last) if (stream, n) in self._read_of]
+        else:  # (a name may say 10^9)
+            read = [n for s, n in self._read_of if s == stream and first <= n < last]
+        return {n for n in read if n < reading and n not in left}
 
     def _lines_gone(self, stream: Stream, first: int, last: int) -> int | None:
         """The lines of ``stream`` that its segments [first, last), all gone, held and this
@@ -1652,6 +1670,8 @@ class DirectoryReader(TraceReader):
         for stream, segs in streams.items():  # (what each worker counts as skipped: ``_enter``)
             if stream in window and segs[0].number < window[stream][0]:
                 self._skipped[stream] = (segs[0].number, window[stream][0])
+            elif stream in window and (first := window[stream][0]) and self._asked_from(stream, segs) == first:
+                self._skipped[stream] = (first, first)
         pool = Workers(min(workers, len(jobs)))
         self.stats.workers += len(pool.procs)
         for got in pool.run(jobs):
