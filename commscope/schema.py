@@ -167,6 +167,9 @@ RawEvent = TypedDict("RawEvent", {
     # the gaps in its blocks' ring positions, lines gone from its file, with their bytes)
     "damaged": Count, "invalid": Annotated[dict[Reason, Count], Meta(max_length=MAX_REASONS + 1)],
     "gaps": Count, "gap_bytes": Count,
+    # (the lines written to the stream up to the segment's end, where its meta said those before
+    # it: a reader counts the lines of the segments gone by hand after it, ``_lines_gone``)
+    "lines_upto": Count,
 }, total=False)
 
 

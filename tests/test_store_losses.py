@@ -555,6 +555,32 @@ def test_segments_deleted_by_hand_then_the_job_directory_count_each_line_once_wi
     assert reader.stats.missing_by_rank == {0: lost + unread}, reader.stats.warnings
 
 
+def test_segments_deleted_by_hand_after_those_retention_summarized_count_their_lines(tmp_path):
+    """Retention summarized and deleted a stream's oldest segments, then the two oldest left
+    were deleted by hand: a whole read counts those two gone by the lines they held, which
+    the summary of the segment before them (``lines_upto``: the lines to its end) and the
+    meta of the one after say.  Before, a summary did not say them, and each segment gone
+    counted as one line, what it held not known (2 where 42 were)."""
+    from commscope.store import retention
+
+    w = _Beating(tmp_path)
+    w.write(300)
+    w.w.close()
+    job_dir = tmp_path / "job"
+    assert retention.close_stream(job_dir, 0, 0, retention.Retention(12000, None)) > 2
+    segs = segments_of((p.name for p in job_dir.iterdir()), job_dir)[(0, 0)]
+    held = sum(seg.path.read_bytes().count(b"\n") for seg in segs[:2])
+    for seg in segs[:2]:
+        seg.path.unlink()
+    reader = open_reader(str(tmp_path))
+    reader.read_all()
+    reader.close()
+    assert reader.stats.missing_by_rank == {0: held}, reader.stats.warnings
+    assert [x for x in reader.stats.warnings if "segment(s) of its stream gone" in x] == [
+        f"rank 0: 2 segment(s) of its stream gone from the store (segment {segs[0].number}, {segs[1].number}): "
+        f"neither on disk nor summarized by retention; {held} line(s) of them not read are lost"]
+
+
 @pytest.mark.parametrize("window", [False, True])
 def test_segments_a_reader_read_then_deleted_by_hand_are_not_lost_to_it(tmp_path, window):
     """A reader reads a stream to its end (from a window that starts in the oldest segment

@@ -1266,20 +1266,25 @@ class DirectoryReader(TraceReader):
         the summaries' reading (nothing counted), to its end; empty where it has none or
         cannot be read.  Before, only its first ``MAX_SUMMARY_READ`` bytes: the newest
         summaries, those written since the reader read, were never among them."""
-        out: set[int] = set()
+        return {e["seg"] for e in self._in_summary_file(stream, self._summary_offsets.get(stream, 0))}
+
+    def _in_summary_file(self, stream: Stream, offset: int) -> Iterator[Event]:
+        """The summaries of ``stream``'s summary file from ``offset`` to its end (decoded as
+        they are read, ``MAX_SUMMARY_READ`` bytes at a time; none where it cannot be read)."""
         if self.job_dir is None:
-            return out
-        path, offset = self.job_dir / segments.summary_name(*stream), self._summary_offsets.get(stream, 0)
+            return
+        path = self.job_dir / segments.summary_name(*stream)
         while True:
             try:
                 data = read_from(path, offset, self.MAX_SUMMARY_READ)
             except OSError:
-                return out
+                return
             cut = data.rfind(b"\n") + 1
-            events = decode_lines(data[:cut], stream[0]).events  # (the summaries' one decoder)
-            out.update(e["seg"] for e in events if e["type"] == "summary" and isinstance(e.get("seg"), int))
+            for e in decode_lines(data[:cut], stream[0]).events:  # (the summaries' one decoder)
+                if e["type"] == "summary" and isinstance(e.get("seg"), int):
+                    yield e
             if len(data) < self.MAX_SUMMARY_READ or not cut:
-                return out
+                return
             offset += cut
 
     def _count_segments_gone(self) -> None:
@@ -1404,12 +1409,16 @@ class DirectoryReader(TraceReader):
 
     def _lines_up_to(self, stream: Stream, number: int) -> int | None:
         """The lines of ``stream`` before its segment ``number`` (gone): 0 before segment 0,
-        else the segment before's ``lines_before`` and lines, where it is on disk."""
+        else the segment before's ``lines_before`` and lines, where it is on disk, or as its
+        summary says them (``lines_upto``) where retention deleted it."""
         if number == 0:
             return 0
         prev = next((s for s in self._streams.get(stream, ()) if s.number == number - 1), None)
-        before = self._lines_before_segment(stream, number - 1) if prev is not None else None
-        if prev is None or before is None:
+        if prev is None:
+            upto = next((e.get("lines_upto") for e in self._in_summary_file(stream, 0) if e["seg"] == number - 1), None)
+            return upto if isinstance(upto, int) else None
+        before = self._lines_before_segment(stream, number - 1)
+        if before is None:
             return None
         try:
             data = read_from(prev.path, 0, size_of(prev.path))

@@ -39,7 +39,7 @@ import orjson
 from commscope.schema import MAX_REASONS, REASON, SCHEMA_VERSION
 from commscope.store import inflight
 from commscope.store.files import O_NOFOLLOW, create_file, mode_of, read_from, size_of
-from commscope.store.segments import Segment, segments_of, stream_prefix, summary_name
+from commscope.store.segments import Segment, lines_before, segments_of, stream_prefix, summary_name
 from commscope.window import DURATION_UNITS
 
 ENV_RETAIN = "COMMSCOPE_RETAIN"
@@ -273,10 +273,11 @@ def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> di
             if by is not None and by.get("unissued") is True:  # (a reader that read its begin drops its seq)
                 unissued.append(op_id)
     first, last = (min(stamps), max(stamps)) if stamps else (0, 0)
+    before = 0 if number == 0 else lines_before(data)  # (its meta says them: ``segments.opening_meta``)
     return {"type": "summary", "v": SCHEMA_VERSION, "rank": rank, "ts": last, "seg": number, "first_ns": first,
             "last_ns": last, "events": got.events, "size": len(data), "ops": rows.rows(),
             **({"carried": carried} if carried else {}), **({"unissued_ids": unissued} if unissued else {}),
-            **_lost(got.losses)}
+            **({"lines_upto": before + data.count(b"\n")} if before is not None else {}), **_lost(got.losses)}
 
 
 def counted(summary: dict, read_upto: int = -1) -> dict:
