@@ -74,6 +74,19 @@ def _check(target: Path | str, spools: Path) -> tuple[int, dict]:
     return got.returncode, json.loads(got.stdout)
 
 
+def _report(target: Path | str, spools: Path) -> dict:
+    got = subprocess.run([sys.executable, "-m", "commscope", "report", "--json", str(target)], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "COMMSCOPE_SPOOL_DIR": str(spools)})
+    assert got.returncode == 0, got.stdout + got.stderr
+    return json.loads(got.stdout)
+
+
+def _text(command: str, target: Path | str, spools: Path) -> str:
+    got = subprocess.run([sys.executable, "-m", "commscope", command, str(target)], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "COMMSCOPE_SPOOL_DIR": str(spools), "COLUMNS": "300"})
+    return got.stdout + got.stderr
+
+
 def _named(store: Path | str, spools: Path, ranks: list[int], why: dict[int, str], world: int = 2) -> dict:
     """``check --json`` of ``store``: exit 1, one ``trace_incomplete`` error naming exactly
     ``ranks``, each with ``why``, nothing counted lost, and no other finding (the foreign
@@ -121,11 +134,20 @@ def test_rank_files_copied_in_from_another_job_are_named(tmp_path):
     _launch(tmp_path / "b", 4, spools)
     [a] = [p for p in (tmp_path / "a").iterdir() if p.is_dir()]
     [b] = [p for p in (tmp_path / "b").iterdir() if p.is_dir()]
+    _, alone = _check(a, spools)  # (the job's own counts, before anything is copied in)
+    span, said_alone = _report(a, spools)["span_s"], _text("check", a, spools)
+    (tmp_path / "copied").mkdir()
     for r in (2, 3):
         shutil.copy(b / f"rank-0000{r}.jsonl", a)
+        shutil.copy(b / f"rank-0000{r}.jsonl", tmp_path / "copied")
+    _, theirs = _check(tmp_path / "copied", spools)  # (the copied streams read alone: their own counts)
     why = f"its meta names job {b.name!r}, not {a.name!r}"
     out = _named(a, spools, [2, 3], {2: why, 3: why})
     assert out["ops"] == 42, out  # (the job's ops, as report's ops_total counts them)
+    # every count the job's own, as before the copy (before: ``events`` counted the foreign
+    # streams' too), theirs stated apart
+    assert (out["events"], out["ops"]) == (alone["events"], alone["ops"]), (out, alone)
+    assert (out["foreign_events"], out["foreign_ops"]) == (theirs["events"], theirs["ops"]) == (theirs["events"], 42)
     said = (f"rank(s) 2-3: not of the run the others are, kept out of the matching, the diagnosis and the report "
             f"(rank 2: {why}; rank 3: {why})")
     assert said in out["warnings"], out["warnings"]
@@ -135,13 +157,17 @@ def test_rank_files_copied_in_from_another_job_are_named(tmp_path):
     assert report.returncode == 0 and said in json.loads(report.stdout)["warnings"], report.stdout + report.stderr
     tables = json.loads(report.stdout)
     assert sorted(tables["ranks"]) == ["0", "1"] and tables["groups"]["0"]["count"] == 21, tables
-    # (the job's ops, 21 a rank, as its tables count them; the foreign streams' counted apart)
-    assert (tables["ops_total"], tables["foreign_streams"]) == (42, 2), tables
+    # (the job's ops, 21 a rank, as its tables count them; the foreign streams' counted apart;
+    # the span the job's own: before, to the end of the 4-rank job, launched after it)
+    assert (tables["ops_total"], tables["foreign_streams"], tables["foreign_ops"]) == (42, 2, 42), tables
+    assert tables["span_s"] == span, (tables["span_s"], span)
     for command in ("check", "report"):  # the text output's rank count: the job's, the foreign apart
-        text = subprocess.run([sys.executable, "-m", "commscope", command, str(a)], capture_output=True, text=True,
-                              timeout=300, env={**os.environ, "COMMSCOPE_SPOOL_DIR": str(spools), "COLUMNS": "300"})
-        assert "2 ranks (+2 foreign stream(s) kept apart), " in text.stdout, text.stdout + text.stderr
-        assert ", 42 ops" in text.stdout, text.stdout  # (the job's ops alone)
+        text = _text(command, a, spools)
+        assert "2 ranks (+2 foreign stream(s) kept apart), " in text, text
+        assert ", 42 ops" in text, text  # (the job's ops alone)
+    # (the job's events alone, and its span: "2 ranks, 1,234 events, 42 ops, 1.2 s; ..." before the copy)
+    own = said_alone.split("2 ranks, ", 1)[1].split(";", 1)[0]
+    assert f"2 ranks (+2 foreign stream(s) kept apart), {own};" in _text("check", a, spools), own
 
 
 def test_a_second_launch_under_a_reused_job_id_is_named(tmp_path):

@@ -114,7 +114,8 @@ class RankTable:
            "mapped", "idoff", "aligned_from", "base", "cap", "touches", "pmax_n", "pmax_version",
            "open_min",  # (the earliest begin among the ops open at the last running max)
            "last_hb", "hb_inflight",
-           "top_id")  # (the highest non-negative op id the rank began, while it has ops: ``opids``)
+           "top_id",  # (the highest non-negative op id the rank began, while it has ops: ``opids``)
+           "events")  # (events read of the rank, every kind: ``TraceModel.events_of``)
     BOOL = ("ordered", "stale", "device_seen", "parents")
 
     def __init__(self) -> None:

@@ -697,7 +697,8 @@ class TraceModel:
         self._hosts: tuple[int, dict[int, str]] = (-1, {})
         self.request_ns = 0  # latest cross-rank stack request seen (see record/hangsignal.py)
         self._exc_kinds: dict[tuple[int, int], Any] = {}
-        self.events = 0
+        self.events = 0  # (every stream's; per rank: ``events_of``, the job's own: ``own_events``)
+        self._loose: dict[int, int] = {}  # rank -> events counted to no slot (``_tally``)
         #: What the reader skipped, per rank: {"damaged": lines, "invalid": events, "missing": entries}
         #: (see ``note_read_stats``); rank -1 is the job metadata.
         self.read_losses: dict[int, dict[str, int]] = {}
@@ -845,6 +846,11 @@ class TraceModel:
             self.end_ns = max(self.end_ns, hi)
         self.events += len(events) + int(described.sizes.sum()) + (beats.events() if beats is not None else 0) + sum(
             len(recs) for recs in cut)
+        self._tally(described.ranks, described.sizes)  # (the events list's: ``_ingest_chunk``)
+        if beats is not None:
+            self._tally(beats.rank, beats.count)
+        for recs in cut:
+            self._tally(np.array([recs.rank], np.int64), np.array([len(recs)], np.int64))
         self.table.compact()  # (between batches: nothing holds a rank's columns now)
         self.version += 1
         self.changed = frozenset(changed)
@@ -1777,10 +1783,43 @@ class TraceModel:
 
     def _ingest_chunk(self, events: list[Event], changed: set[int]) -> tuple[int, int]:
         """Ingest one chunk; add its ranks to ``changed``; return its (first, last) timestamp."""
+        ranks = _column(map(_RANK_OF, events))
+        got = self._chunk(events, ranks, changed)
+        self._tally(ranks, None)  # (its ranks made now)
+        return got
+
+    def _tally(self, ranks: np.ndarray, counts: np.ndarray | None) -> None:
+        """Count ``counts`` events (None: one each) to each of ``ranks`` (``events_of``): a
+        numpy call a batch, none a stream (a rank with no slot, never made, apart)."""
+        if not ranks.shape[0]:
+            return
+        slots = self.table.slots(ranks)
+        if (slots < 0).any():  # (a rank past ``RANK_SLOTS``, or one no event of it made)
+            for k in np.flatnonzero(slots < 0).tolist():
+                r = int(ranks[k])
+                if r in self.ranks:
+                    slots[k] = self.ranks[r]._s
+                else:
+                    self._loose[r] = self._loose.get(r, 0) + (1 if counts is None else int(counts[k]))
+            keep = slots >= 0
+            ranks, slots, counts = ranks[keep], slots[keep], counts if counts is None else counts[keep]
+        np.add.at(self.table.events, slots, 1 if counts is None else counts)
+
+    def events_of(self, ranks: Iterable[int]) -> int:
+        """The events read of ``ranks`` (every kind: ops' phases, heartbeats, samples, metas)."""
+        n, loose = self.table.events, self._loose
+        return sum((int(n[rt._s]) if (rt := self.ranks.get(r)) is not None else 0) + loose.get(r, 0) for r in ranks)
+
+    def own_events(self) -> int:
+        """The events of the job's own ranks, those ``kept_apart`` left out: what ``check``
+        counts beside ``own_ops`` (``events`` counts every stream read)."""
+        apart = self.kept_apart
+        return self.events - self.events_of(apart) if apart else self.events
+
+    def _chunk(self, events: list[Event], ranks: np.ndarray, changed: set[int]) -> tuple[int, int]:
         n = len(events)
         lo, hi = I64_MAX, 0
         dget = dict.get
-        ranks = _column(map(_RANK_OF, events))
         phase = np.fromiter(map(PHASE_CODE.get, map(dget, events, repeat("phase")), repeat(-1)), np.int8, n)
         ts = _column(map(_TS_OF, events))
         ids = _column(map(dget, events, repeat("id"), repeat(-1)))
@@ -2610,6 +2649,16 @@ class TraceModel:
     def bounds(self) -> tuple[int, int]:
         """(first, last) timestamp of the trace in ns."""
         return self.start_ns, self.end_ns
+
+    def own_bounds(self) -> tuple[int, int]:
+        """(first, last) timestamp of the job's own ranks' events in ns, those ``kept_apart``
+        left out: the span ``check`` and ``report`` state (a stream copied in from a job of
+        the day before made it a day long)."""
+        apart = self.kept_apart
+        if not apart:
+            return self.start_ns, self.end_ns
+        own = [rt for r, rt in self.ranks.items() if r not in apart and rt.last_ts]
+        return (min(rt.first_ts for rt in own), max(rt.last_ts for rt in own)) if own else (0, 0)
 
     def sig_of(self, rank: int, i: int) -> Sig:
         return self.sigs[int(self.ranks[rank].sig[i])]

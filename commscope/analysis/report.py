@@ -191,6 +191,7 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
         ranks_rows[str(r)] = row
     sites = sorted(site_wait.items(), key=lambda kv: -kv[1][0])[:top_sites]
     history = summarized_history(model)
+    first, last = model.own_bounds()  # (the job's own ranks' span: a foreign stream's may be a day off)
     return {
         **({"history": history} if history else {}),
         "ops": {k: v.row() for k, v in sorted(by_op.items())},
@@ -198,10 +199,11 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
         "ranks": ranks_rows,
         "sites": [{"site": s, "wait_s": round(w / 1e9, 6), "count": c} for s, (w, c) in sites if w > 0],
         "incomplete_collectives": incomplete,
-        "span_s": round((model.end_ns - model.start_ns) / 1e9, 6),
+        "span_s": round((last - first) / 1e9, 6),
         "ops_total": model.own_ops(),
         "ops_untimed": sum(r["untimed"] for r in ranks_rows.values()),
         "foreign_streams": len(apart),  # (streams read but kept out of every table: their count)
+        "foreign_ops": sum(model.n_ops(r) for r in apart),  # (and their ops, counted in no figure above)
     }
 
 

@@ -65,9 +65,11 @@ def read_summary(stats: Any) -> dict[str, Any]:
 
 def to_json(model: TraceModel, findings: list[Finding], warnings: list[str], hang_after: float,
             now: int, source: str, stats: Any = None, restart: dict[str, Any] | None = None) -> dict[str, Any]:
-    out = {"ranks": model.world_size, "events": model.events, "findings": [f.to_json() for f in findings],
+    apart = model.kept_apart  # (every count the job's own; the foreign streams' apart)
+    out = {"ranks": model.world_size, "events": model.own_events(), "findings": [f.to_json() for f in findings],
            "warnings": warnings, "hang_after": hang_after, "now_ns": now, "source": source,
-           "ops": model.own_ops(), "restarts": restart, "foreign_streams": len(model.kept_apart)}
+           "ops": model.own_ops(), "restarts": restart, "foreign_streams": len(apart),
+           "foreign_events": model.events_of(apart), "foreign_ops": sum(model.n_ops(r) for r in apart)}
     if stats is not None:
         out["skipped"] = read_summary(stats)
     return out
@@ -265,8 +267,9 @@ def header(model: TraceModel, hang_after: float, source: str, width: int) -> lis
     from rich.cells import cell_len
     from rich.text import Text
 
-    what = (f"{options.ranks_read(model.world_size, len(model.kept_apart))}, {model.events:,} events, {model.own_ops():,} ops, "
-            f"{(model.end_ns - model.start_ns) / 1e9:.1f} s; hang_after {hang_after:g} s")
+    first, last = model.own_bounds()  # (the job's own: a foreign stream's counted apart)
+    what = (f"{options.ranks_read(model.world_size, len(model.kept_apart))}, {model.own_events():,} events, "
+            f"{model.own_ops():,} ops, {(last - first) / 1e9:.1f} s; hang_after {hang_after:g} s")
     if cell_len(source) + 2 + len(what) <= width:  # (cells: a wide character takes two)
         return [Text.assemble((source, "bold"), ": ", what)]
     return [Text.assemble((source, "bold"), ":"), Text(f"  {what}")]
