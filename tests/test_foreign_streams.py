@@ -87,9 +87,9 @@ def _text(command: str, target: Path | str, spools: Path) -> str:
     return got.stdout + got.stderr
 
 
-def _named(store: Path | str, spools: Path, ranks: list[int], why: dict[int, str], world: int = 2) -> dict:
+def _named(store: Path | str, spools: Path, ranks: list[int], why: dict[int, str], cause: str, world: int = 2) -> dict:
     """``check --json`` of ``store``: exit 1, one ``trace_incomplete`` error naming exactly
-    ``ranks``, each with ``why``, nothing counted lost, and no other finding (the foreign
+    ``ranks``, each with ``why`` and its typed ``cause``, nothing counted lost, and no other finding (the foreign
     streams' ops matched with none of the job's: no straggler, no mismatch they made); its
     ``ranks`` the job's own ``world``, the foreign streams counted apart.  The report."""
     rc, out = _check(store, spools)
@@ -99,7 +99,7 @@ def _named(store: Path | str, spools: Path, ranks: list[int], why: dict[int, str
     assert (finding["kind"], finding["severity"], finding["culprits"], finding["ranks"]) == (
         "trace_incomplete", "error", ranks, ranks), finding
     assert finding["evidence"]["lost_events"] == 0
-    assert finding["evidence"]["per_rank"] == {str(r): {"foreign": why[r]} for r in ranks}
+    assert finding["evidence"]["per_rank"] == {str(r): {"foreign": why[r], "foreign_cause": cause} for r in ranks}
     return out
 
 
@@ -142,7 +142,7 @@ def test_rank_files_copied_in_from_another_job_are_named(tmp_path):
         shutil.copy(b / f"rank-0000{r}.jsonl", tmp_path / "copied")
     _, theirs = _check(tmp_path / "copied", spools)  # (the copied streams read alone: their own counts)
     why = f"its meta names job {b.name!r}, not {a.name!r}"
-    out = _named(a, spools, [2, 3], {2: why, 3: why})
+    out = _named(a, spools, [2, 3], {2: why, 3: why}, "another_job")
     assert out["ops"] == 42, out  # (the job's ops, as report's ops_total counts them)
     # every count the job's own, as before the copy (before: ``events`` counted the foreign
     # streams' too), theirs stated apart
@@ -185,7 +185,7 @@ def test_a_second_launch_under_a_reused_job_id_is_named(tmp_path):
     first, second = metas[0]["run"], metas[2]["run"]
     assert first != second and metas[1]["run"] == first and metas[3]["run"] == second  # (the premise)
     why = f"its meta names run {second!r} of the job, not {first!r}: another launch"
-    _named(store, spools, [2, 3], {2: why, 3: why})
+    _named(store, spools, [2, 3], {2: why, 3: why}, "another_launch")
 
 
 def test_a_rank_past_the_world_size_is_named(tmp_path):
@@ -206,7 +206,7 @@ def test_a_rank_past_the_world_size_is_named(tmp_path):
         lines.append(orjson.dumps(ev))
     (a / "rank-00007.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     why = "rank 7 is past the world size 2 the job's metadata says"
-    out = _named(a, spools, [7], {7: why})
+    out = _named(a, spools, [7], {7: why}, "past_world_size")
     # (before: "no events from rank(s) 2-6 of world size 8", the foreign rank 7 taken for a rank of the world)
     assert out["warnings"] == [f"rank(s) 7: not of the run the others are, kept out of the matching, the diagnosis "
                                f"and the report (rank 7: {why})"], out["warnings"]
@@ -224,7 +224,7 @@ def test_streams_copied_in_that_outnumber_the_jobs_own_are_named(tmp_path):
     for r in (2, 3, 4, 5):
         shutil.copy(c / f"rank-0000{r}.jsonl", a)
     why = f"its meta names job {c.name!r}, not {a.name!r}"
-    _named(a, spools, [2, 3, 4, 5], dict.fromkeys((2, 3, 4, 5), why))
+    _named(a, spools, [2, 3, 4, 5], dict.fromkeys((2, 3, 4, 5), why), "another_job")
     _kept_apart(a, {0, 1}, dict.fromkeys((2, 3, 4, 5), 21))
 
 
@@ -248,7 +248,7 @@ def test_a_wider_second_launch_under_a_reused_job_id_is_named(backend, tmp_path,
     first, second = metas[0]["run"], metas[2]["run"]
     assert job["run"] == first and [metas[r]["run"] for r in range(6)] == [first] * 2 + [second] * 4  # (the premise)
     why = f"its meta names run {second!r} of the job, not {first!r}: another launch"
-    _named(store, spools, [2, 3, 4, 5], dict.fromkeys((2, 3, 4, 5), why))
+    _named(store, spools, [2, 3, 4, 5], dict.fromkeys((2, 3, 4, 5), why), "another_launch")
     _kept_apart(store, {0, 1}, dict.fromkeys((2, 3, 4, 5), 21))
 
 
@@ -263,7 +263,7 @@ def test_a_foreign_streams_failed_wait_blames_none_of_the_jobs_ranks(tmp_path):
     a, b = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "b")
     shutil.copy(b / "rank-00003.jsonl", a)
     why = f"its meta names job {b.name!r}, not {a.name!r}"
-    _named(a, spools, [3], {3: why})
+    _named(a, spools, [3], {3: why}, "another_job")
     _kept_apart(a, {0, 1}, {3: 22})
 
 
@@ -307,7 +307,8 @@ def test_a_console_keeps_streams_found_foreign_after_their_ops_out_of_the_matchi
     why = f"its meta names job {b.name!r}, not {a.name!r}"
     [(kind, culprits, evidence)] = [(f.kind, f.culprits, f.evidence) for f in feed.findings]
     assert (kind, culprits, evidence.lost_events) == ("trace_incomplete", [2, 3], 0)
-    assert evidence.per_rank == {"2": {"foreign": why}, "3": {"foreign": why}}
+    said = {"foreign": why, "foreign_cause": "another_job"}
+    assert evidence.per_rank == {"2": said, "3": said}
     model = feed.model
     assert all(gi.ranks == [0, 1] and gi.members == [0, 1] for gi in model.coll.values())
     assert {r: model.n_ops(r) for r in (2, 3)} == {2: 21, 3: 21}
@@ -318,6 +319,7 @@ def test_a_console_whose_vote_turns_keeps_the_outvoted_streams_out_of_the_matchi
     ranks 2-5 of a 6-rank job are copied in and outvote it.  Ranks 0 and 1, matched until
     then, leave the matching (named foreign: the vote is all there is) and ranks 2-5 are
     matched among themselves under the 6-rank job's own group statement."""
+    from commscope.analysis.runs import Cause
     from commscope.store import open_reader
     from commscope.tui.feed import LIVE, Feed
 
@@ -335,11 +337,12 @@ def test_a_console_whose_vote_turns_keeps_the_outvoted_streams_out_of_the_matchi
     _followed(feed, lambda f: sorted(f.model.ranks) == [0, 1, 2, 3, 4, 5] and f.model.n_ops(5) == 21)
     why = f"its meta names job {a.name!r}, not {c.name!r}"
     model = feed.model
-    assert model.foreign_streams == {0: why, 1: why}
+    assert {r: (f.cause, f.message) for r, f in model.foreign_streams.items()} == dict.fromkeys((0, 1), (Cause.JOB, why))
     assert all(gi.ranks == [2, 3, 4, 5] and gi.members == [0, 1, 2, 3, 4, 5] for gi in model.coll.values())
     [(kind, culprits, evidence)] = [(f.kind, f.culprits, f.evidence) for f in feed.findings]
     assert (kind, culprits, evidence.lost_events) == ("trace_incomplete", [0, 1], 0)
-    assert evidence.per_rank == {"0": {"foreign": why}, "1": {"foreign": why}}
+    said = {"foreign": why, "foreign_cause": "another_job"}
+    assert evidence.per_rank == {"0": said, "1": said}
 
 
 def test_the_consoles_rank_table_shows_foreign_streams_apart_as_foreign(tmp_path):
@@ -432,3 +435,47 @@ def test_a_stream_no_longer_foreign_brings_what_its_carries_stated_while_it_was_
                 if per}
 
     assert said(whole) == said(feed.model) and set(said(whole)["0"]) == {2, 3, 4, 5}, (said(whole), said(feed.model))
+
+
+def test_a_foreign_streams_cause_is_its_own_whatever_its_ids_say(tmp_path):
+    """``COMMSCOPE_JOB`` reused by hand, 2 ranks then 4: ranks 2 and 3 are another launch's.
+    Rank 3's meta names a run whose text holds "names job" (a run id is whatever a meta
+    says).  Before, the console told the cause back from the message's text, and its rank
+    table called rank 3 "another job"; now the cause is typed (``runs.Cause``), carried in
+    the model, the message made of it: both ranks "another launch", in the console and in
+    ``check --json``'s ``foreign_cause``."""
+    import orjson
+    from tui_scenarios import drive
+
+    from commscope.analysis.runs import Cause
+    from commscope.store import open_reader
+    from commscope.tui.app import CommscopeApp
+    from commscope.tui.feed import REPLAY, Feed
+
+    spools = tmp_path / "spools"
+    store = tmp_path / "s"
+    _launch(store, 2, spools, job="samejob")
+    _launch(store, 4, spools, job="samejob")
+    path = store / "samejob" / "rank-00003.jsonl"
+    lines = []
+    for line in path.read_bytes().splitlines():
+        ev = orjson.loads(line)
+        if ev["type"] == "meta":
+            ev["run"] = f"names job {ev['run']}"
+        lines.append(orjson.dumps(ev))
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    rc, out = _check(store / "samejob", spools)
+    [finding] = out["findings"]
+    assert {r: d["foreign_cause"] for r, d in finding["evidence"]["per_rank"].items()} == {
+        "2": "another_launch", "3": "another_launch"}, finding
+    assert "names job" in finding["evidence"]["per_rank"]["3"]["foreign"]  # (the premise: the words of another cause)
+    feed = Feed(open_reader(str(store / "samejob")), mode=REPLAY, source=str(store))
+    app = CommscopeApp(feed, start_feed=False, bell=False)
+
+    async def check(pilot):
+        assert {r: f.cause for r, f in app.feed.model.foreign_streams.items()} == {2: Cause.LAUNCH, 3: Cause.LAUNCH}
+        table = app.ranks_table
+        states = {r: table.cells(r)["state"].strip() for r in (2, 3)}
+        assert states == dict.fromkeys((2, 3), "⊘ foreign · another launch"), states
+
+    drive(app, check, size=(200, 40))

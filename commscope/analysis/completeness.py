@@ -115,8 +115,8 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
         if r >= 0:
             per_rank.setdefault(r, {}).update(losses)
     foreign = model.foreign_streams
-    for r, why in foreign.items():
-        per_rank.setdefault(r, {})["foreign"] = why
+    for r, why in foreign.items():  # (the message, and the cause it is made of: additions only)
+        per_rank.setdefault(r, {}).update(foreign=why.message, foreign_cause=why.cause.value)
     absent = unseen(model) if ended else []
     for r in absent:  # (what was read of it and lost stays said: helper-65)
         per_rank.setdefault(r, {})["no_events"] = True
@@ -191,7 +191,7 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
         parts.append(f"the stream(s) of rank(s) {ranges(sorted(foreign), limit=8)} are not of the run the others are "
                      "(a rank file copied in from another job, or a job id reused by another launch), kept out of "
                      "the matching, the diagnosis and the report (" +
-                     "; ".join(f"rank {r}: {why}" for r, why in sorted(foreign.items())[:4]) +
+                     "; ".join(f"rank {r}: {why.message}" for r, why in sorted(foreign.items())[:4]) +
                      ("; ..." if len(foreign) > 4 else "") + ")")
     if absent:
         parts.append(f"no events from rank(s) {ranges(absent, limit=8)}, though their peers completed collectives "

@@ -42,7 +42,7 @@ from commscope.analysis.columns import (
 )
 from commscope.analysis.errors import classify
 from commscope.analysis.indexes import GroupIndex, SeqIndex
-from commscope.analysis.runs import JobReference
+from commscope.analysis.runs import Foreign, JobReference
 from commscope.analysis.vocab import (  # noqa: F401  (re-exported: the model's names)
     APPROX,
     ASYNC,
@@ -709,7 +709,7 @@ class TraceModel:
         self.end_ns = 0
         self.version = 0
         self._said_world: tuple[int, int | None] = (-1, None)  # (version, ``said_world_size`` then)
-        self._foreign: tuple[int, dict[int, str]] = (-1, {})  # (metas seen, ``foreign_streams`` then)
+        self._foreign: tuple[int, dict[int, Foreign]] = (-1, {})  # (metas seen, ``foreign_streams`` then)
         #: what the store's job metadata says of the run (``note_job``; None: nothing)
         self.reference: JobReference | None = None
         #: the ranks kept out of the matching: ``foreign_streams`` as the indexes were last made
@@ -2509,8 +2509,9 @@ class TraceModel:
             self._foreign = (-1, {})
 
     @property
-    def foreign_streams(self) -> dict[int, str]:
-        """The ranks whose stream is not of the run the others are, with why (``runs.foreign``:
+    def foreign_streams(self) -> dict[int, Foreign]:
+        """The ranks whose stream is not of the run the others are, with why (``runs.foreign``,
+        typed: ``Foreign.cause``, its ``message`` made of it:
         its meta names another job, or, at its incarnation, another run of the job or a world
         size its rank is past, against the store's job metadata, ``note_job``, else what most
         ranks' metas say).  They are kept out of the matching (``_keep_apart``): their ops

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from enum import Enum
 from typing import Any, NamedTuple
 
 
@@ -47,28 +48,60 @@ def most(values: Iterable[object]) -> str | int | None:
     return said.most_common(1)[0][0] if said else None
 
 
-def foreign_word(why: str) -> str:
-    """What a foreign stream is, in a few words, from the cause ``foreign`` gave it (its
-    messages are written below, so the two stay in step): "another job", "another launch",
-    "past the world size"."""
-    return ("another job" if "names job" in why else "another launch" if "another launch" in why
-            else "past the world size" if "past the world size" in why else "not of this run")
+class Cause(Enum):
+    """Why a stream is not of the run (its value: what ``--json`` says, ``per_rank``'s
+    ``foreign_cause``)."""
+
+    JOB = "another_job"  # its meta names another job
+    LAUNCH = "another_launch"  # another run of the job at its incarnation: a job id reused by another launch
+    WORLD = "past_world_size"  # its rank is past the world size
+
+    @property
+    def words(self) -> str:
+        """What the stream is, in a few words: the console's rank table and timeline."""
+        return _WORDS[self]
 
 
-def foreign(metas: Mapping[int, Mapping[str, Any]], ref: JobReference | None) -> dict[int, str]:
+_WORDS = {Cause.JOB: "another job", Cause.LAUNCH: "another launch", Cause.WORLD: "past the world size"}
+
+
+class Foreign(NamedTuple):
+    """A stream not of the run (``foreign``): its cause, what its meta says against what the
+    job's is, and the message made of them (before helper h133 the message alone was kept,
+    and the console told the cause back from its text: a run or job id that held the words
+    of another cause was shown as that one)."""
+
+    cause: Cause
+    said: str | int  # its meta's job (``JOB``) or run (``LAUNCH``), or its rank (``WORLD``)
+    job: str | int  # the job's: its id, its run, or its world size
+    by: str  # who says the job's: "the job's metadata says", "its peers' metas say"
+    inc: int  # the incarnation the run and world size are of
+
+    @property
+    def message(self) -> str:
+        """Why, in a sentence: ``trace_incomplete``'s ``per_rank`` ``foreign``, and warnings."""
+        at = f" (incarnation {self.inc})" if self.inc else ""
+        if self.cause is Cause.JOB:
+            return f"its meta names job {self.said!r}, not {self.job!r}"
+        if self.cause is Cause.LAUNCH:
+            return f"its meta names run {self.said!r} of the job, not {self.job!r}{at}: another launch"
+        return f"rank {self.said} is past the world size {self.job} {self.by}{at}"
+
+
+def foreign(metas: Mapping[int, Mapping[str, Any]], ref: JobReference | None) -> dict[int, Foreign]:
     """The ranks (of ``metas``: rank -> its meta, in rank order) whose stream is not of the
     run, with why: its meta names another job, or at its incarnation another run of the job
     or a world size its rank is past.  The job is the job metadata's where some meta names it
     (a copy under a new id keeps its ranks' metas: the vote then); the run and world size at
     the metadata's incarnation are its own where some meta of that incarnation names its run."""
-    out: dict[int, str] = {}
+    out: dict[int, Foreign] = {}
     job, by = None, "its peers' metas say"
     if ref is not None and ref.job is not None and any(m.get("job") == ref.job for m in metas.values()):
-        job = ref.job
+        job, by = ref.job, "the job's metadata says"
     job = job if job is not None else most(m.get("job") for m in metas.values())
     for r, m in metas.items():
         if job is not None and isinstance(m.get("job"), str) and m["job"] != job:
-            out[r] = f"its meta names job {m['job']!r}, not {job!r}"
+            out[r] = Foreign(Cause.JOB, m["job"], job, by, 0)
     by_inc: dict[int, list[int]] = {}
     for r, m in metas.items():
         if r not in out:
@@ -80,11 +113,10 @@ def foreign(metas: Mapping[int, Mapping[str, Any]], ref: JobReference | None) ->
         else:
             run, world, by = most(metas[r].get("run") for r in rs), most(metas[r].get("world_size") for r in rs), \
                 "its peers' metas say"
-        at = f" (incarnation {inc})" if inc else ""
         for r in rs:
             said = metas[r].get("run")
             if run is not None and isinstance(said, str) and said != run:
-                out[r] = f"its meta names run {said!r} of the job, not {run!r}{at}: another launch"
+                out[r] = Foreign(Cause.LAUNCH, said, run, by, inc)
             elif _count(world) is not None and r >= world:
-                out[r] = f"rank {r} is past the world size {world} {by}{at}"
+                out[r] = Foreign(Cause.WORLD, r, world, by, inc)
     return dict(sorted(out.items()))

@@ -154,7 +154,7 @@ def read_warnings(model: TraceModel, stats: ReadStats) -> list[str]:
     foreign = model.foreign_streams
     if foreign:
         warnings.append(f"rank(s) {ranges(sorted(foreign), limit=8)}: not of the run the others are, kept out of the "
-                        "matching, the diagnosis and the report (" + "; ".join(f"rank {r}: {why}" for r, why in sorted(foreign.items())[:4]) +
+                        "matching, the diagnosis and the report (" + "; ".join(f"rank {r}: {why.message}" for r, why in sorted(foreign.items())[:4]) +
                         ("; ..." if len(foreign) > 4 else "") + ")")
     for r in model.rank_ids()[:64]:
         if model.ranks[r].dropped:

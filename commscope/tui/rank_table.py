@@ -15,7 +15,6 @@ from textual.strip import Strip
 
 from commscope.analysis.model import RankState, TraceModel
 from commscope.analysis.rankstate import ending, last_op_before, rank_state, sample_at
-from commscope.analysis.runs import foreign_word
 from commscope.tui import palette
 from commscope.tui.feed import REPLAY
 from commscope.tui.fmt import compact_size, duration, percent
@@ -309,7 +308,7 @@ class RankTable(ScrollView, can_focus=True):
         st = rank_state(m, r, now, as_of=replay)
         s = sample_at(m, r, now) if replay else m.latest_sample(r) or {}
         why = m.foreign_streams.get(r)  # (not of the job's run: named so, never given a state of the job's)
-        state = ((10, r), Text(f"⊘ foreign · {foreign_word(why)}", style=palette.FOREIGN_STYLE)) if why is not None \
+        state = ((10, r), Text(f"⊘ foreign · {why.cause.words}", style=palette.FOREIGN_STYLE)) if why is not None \
             else ((order_of(st.kind), -(now - st.since_ns)),
                   Text(f"{palette.STATE_DOT[st.kind]} {compact_state(m, r, st, now)}", style=palette.STATE_STYLE[st.kind]))
         # the op it is in, else the last one it began (also for ranks that exited or died)
