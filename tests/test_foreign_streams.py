@@ -377,8 +377,36 @@ def test_the_consoles_rank_table_shows_foreign_streams_apart_as_foreign(tmp_path
                 await pilot.click(table, offset=(table.column_span(sort)[0] + 1, 0))
                 await pilot.pause()
                 assert table.order[2:] == [2, 3] and sorted(table.order[:2]) == [0, 1], (sort, table.order)
+        # the timeline the same way (before: rows r0-r3 alike, as if the job had four ranks,
+        # and fitted to the span of both jobs): the job's ranks, then the foreign streams
+        # apart, marked, and the view fitted to the job's own span (the 4-rank job was
+        # launched after it ended)
+        tl = app.timeline
+        assert [(row.ranks, row.apart) for row in tl.rows] == [((0,), False), ((1,), False), ((2,), True),
+                                                               ((3,), True)], tl.rows
+        lines = [tl.render_line(y).text for y in range(4)]
+        assert all("⊘ foreign · another job" in lines[y] and lines[y].startswith("⊘") for y in (2, 3)), lines
+        assert not any("foreign" in lines[y] for y in (0, 1)), lines
+        model = app.feed.model
+        first, last = min(model.ranks[r].first_ts for r in (0, 1)), max(model.ranks[r].last_ts for r in (0, 1))
+        assert model.end_ns - first > 10**9  # (the premise: both jobs together span more than a fit's least)
+        assert tl.npc == max(last - first, 10**9) // int(tl.timeline_width() * 0.8), (tl.npc, first, last)
+        for _ in tl_modes(tl):  # every other way of drawing the rows: the foreign streams still apart, last
+            await pilot.press("c")
+            await pilot.pause()
+            own = [row for row in tl.rows if not row.apart]
+            assert {r for row in own for r in row.ranks} == {0, 1}, (tl.mode, tl.rows)
+            assert [row.ranks for row in tl.rows if row.apart] in ([(2,), (3,)], [(2, 3)]), (tl.mode, tl.rows)
+            assert tl.rows[-1].apart, (tl.mode, tl.rows)
 
     drive(app, check, size=(200, 40))
+
+
+def tl_modes(tl) -> range:
+    """As many presses of ``c`` as the timeline has row modes less one (each mode once)."""
+    from commscope.tui.timeline import MODES
+
+    return range(len(MODES) - 1)
 
 
 def test_a_stream_no_longer_foreign_brings_what_its_carries_stated_while_it_was_apart(tmp_path):

@@ -6,7 +6,15 @@ Update after an intended visual change with: pytest tests/test_tui_snapshots.py 
 from __future__ import annotations
 
 import pytest
-from tui_scenarios import healthy, hung_missing_rank, load, make_app, p2p_deadlock, wide_missing_rank
+from tui_scenarios import (
+    foreign_streams,
+    healthy,
+    hung_missing_rank,
+    load,
+    make_app,
+    p2p_deadlock,
+    wide_missing_rank,
+)
 
 from commscope.tui.feed import REPLAY
 
@@ -45,6 +53,14 @@ def test_hung_job_wide(snap_compare):
 def test_p2p_deadlock(snap_compare):
     events, now = p2p_deadlock()
     app = make_app(events, now)
+    assert snap_compare(app, terminal_size=(120, 40), run_before=_loaded)
+
+
+def test_foreign_streams_apart(snap_compare):
+    """Two streams of another job (a rank file copied in) next to a 4-rank job's: the rank
+    table and the timeline list them last, greyed, "⊘ foreign · another job"."""
+    events, now = foreign_streams()
+    app = make_app(events, now, mode=REPLAY)
     assert snap_compare(app, terminal_size=(120, 40), run_before=_loaded)
 
 

@@ -122,6 +122,17 @@ def p2p_deadlock() -> tuple[list[dict], int]:
 HELD_S = 86_400.0
 
 
+def foreign_streams() -> tuple[list[dict], int]:
+    """``healthy``'s 4 ranks, of job "synthetic-job", and ranks 2 and 3 of another job's (a
+    rank file copied in, as ranks 4 and 5, its ops 30 ms later): streams kept apart, last."""
+    events, now = healthy(steps=6)
+    own = [{**e, "job": "synthetic-job", "run": "r0"} if e["type"] == "meta" else e for e in events]
+    theirs = [{**e, "rank": e["rank"] + 2, "ts": e["ts"] + 30 * MS,
+               **({"job": "another-job", "run": "r9"} if e["type"] == "meta" else {})}
+              for r in (2, 3) for e in events if e["rank"] == r]  # (in file order, as a reader returns them)
+    return own + theirs, now + 30 * MS
+
+
 def make_app(events: list[dict], now: int, *, mode: str = LIVE, size_hint: str = "") -> CommscopeApp:
     """An app over fixed events whose clocks are frozen at ``now`` (no feed thread)."""
     feed = Feed(StaticReader(events), mode=mode, clock=lambda: now, source="synthetic-job")

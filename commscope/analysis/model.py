@@ -624,12 +624,22 @@ class ModelView(NamedTuple):
     flag_table: np.ndarray  # sig code -> Sig flags
     now: int
     states: dict[int, RankState]  # at ``now`` (``rankstate.rank_state``); empty if not asked
+    #: ``TraceModel.foreign_streams`` as published: streams read but not the job's (the
+    #: console's timeline draws them apart, last, as the rank table lists them)
+    foreign: Mapping[int, Foreign] = MappingProxyType({})
 
     def rank_ids(self) -> list[int]:
         return sorted(self.ranks)
 
     def bounds(self) -> tuple[int, int]:
         return self.start_ns, self.end_ns
+
+    def own_bounds(self) -> tuple[int, int]:
+        """``TraceModel.own_bounds`` of the view: the job's own ranks' (first, last) timestamp."""
+        if not self.foreign:
+            return self.start_ns, self.end_ns
+        own = [rv for r, rv in self.ranks.items() if r not in self.foreign and rv.last_ts]
+        return (min(rv.first_ts for rv in own), max(rv.last_ts for rv in own)) if own else (0, 0)
 
     def total_ops(self) -> int:
         return sum(rv.n for rv in self.ranks.values())
@@ -2461,6 +2471,7 @@ class TraceModel:
         ends) here, on the writer's side, so readers of the view never write.  ``states``:
         each rank's state at ``now``, as the caller judged it (``rankstate.rank_states``).
         Costs the ranks changed since the last view."""
+        foreign = self.foreign_streams  # (first: finding one may move the version on)
         old = self._published
         self.table.views()
         ranks = {r: rt._view for r, rt in self.ranks.items()}
@@ -2470,7 +2481,7 @@ class TraceModel:
             table = self._sig_flags[: len(sigs)].copy()
             table.flags.writeable = False
         v = self._published = ModelView(self.version, self.start_ns, self.end_ns, ranks, sigs, table,
-                                        now or 0, states or {})
+                                        now or 0, states or {}, foreign)
         return v
 
     # ------------------------------------------------------------------ queries

@@ -58,6 +58,9 @@ class Row(NamedTuple):
     #: paint at most this many of its ranks, evenly spread (0: all of them): a row of ranks
     #: doing the same thing (a behaviour row) is shaded from a sample, whatever its count
     sample: int = 0
+    #: streams not of the job's run (``TraceModel.foreign_streams``): drawn apart, after the
+    #: job's rows, their gutter "⊘" and greyed as the rank table's rows of them
+    apart: bool = False
 
     def painted_ranks(self) -> tuple[int, ...]:
         """The ranks its cells are painted from (``sample``)."""
@@ -122,11 +125,15 @@ def render_row(m: ModelLike, row: Row, win: Window, *, kind: str = "unknown", fo
 
 def _gutter(row: Row, kind: str, focused: bool, flagged: bool) -> list[Segment]:
     label = row.label[: GUTTER - 4].ljust(GUTTER - 4)
+    if row.apart:  # (no rank of the job's: no state of the job's either)
+        return [_APART, _SPACE, Segment(label, _APART_FOCUSED if focused else palette.FOREIGN_STYLE),
+                _FLAG if flagged else _NO_FLAG, _BAR]
     return [Segment(palette.STATE_DOT[kind], palette.STATE_STYLE[kind]), _SPACE,
             Segment(label, _FOCUSED if focused else _BOLD), _FLAG if flagged else _NO_FLAG, _BAR]
 
 
 _BOLD, _FOCUSED = Style(bold=True), Style(bold=True, reverse=True)
+_APART, _APART_FOCUSED = Segment("⊘", palette.FOREIGN_STYLE), palette.FOREIGN_STYLE + Style(reverse=True)
 _NOTE = Style(color="grey85", bgcolor="grey23")
 _HEAT_COLOURS = [*palette.HEAT, palette.STYLE[palette.WARN].color.name, palette.STYLE[palette.ERROR].color.name]
 _HEAT_STYLES = [[Style(color=a, bgcolor=b) for b in _HEAT_COLOURS] for a in _HEAT_COLOURS]

@@ -100,6 +100,19 @@ def behaviours(m: ModelView, ranks: list[int]) -> list[Row]:
     return rows
 
 
+def apart_rows(m: ModelView, ranks: list[int], each: bool) -> list[Row]:
+    """The streams of ``ranks``, not of the job's run (``ModelView.foreign``), after the
+    job's rows, marked (``Row.apart``): one row each (``each``), else one row for them all.
+    Before helper h133 they were drawn among the job's ranks, as if the job had them."""
+    if not ranks:
+        return []
+    if each:
+        return [Row(f"f{r}", f"r{r}", (r,), f"⊘ foreign · {m.foreign[r].cause.words}", apart=True) for r in ranks]
+    words = sorted({m.foreign[r].cause.words for r in ranks})
+    return [Row(f"f:{len(ranks)}", f"×{len(ranks)}", tuple(ranks),
+                f"{ranks_text(ranks)}: ⊘ foreign · {', '.join(words)}", sample=BEHAVIOUR_SAMPLE, apart=True)]
+
+
 class Timeline(ScrollView, can_focus=True):
     """Rows of ranks against time.  ``feed`` provides ``view``, the model as of its last
     batch, which this widget reads without a lock (painting: ``paint_rank``, ``render_row``)."""
@@ -198,10 +211,14 @@ class Timeline(ScrollView, can_focus=True):
     def rebuild_rows(self) -> None:
         m = self.model
         ranks = m.rank_ids()
+        apart = [r for r in ranks if r in m.foreign] if m.foreign else []  # (drawn apart, last: ``apart_rows``)
+        if apart:
+            ranks = [r for r in ranks if r not in m.foreign]
         if not self._mode_chosen and self.mode == "ranks" and len(ranks) > SUMMARY_MIN_RANKS:
             self.mode = "behaviour"  # (once: a live job's ranks appear one by one)
         if self.only_findings and self.flagged:
             ranks = [r for r in ranks if r in self.flagged]
+            apart = [r for r in apart if r in self.flagged]
         rows: list[Row] = []
         if len(ranks) > PIN_MIN_RANKS and self.flagged:
             pinned = [r for r in ranks if r in self.flagged]
@@ -230,6 +247,7 @@ class Timeline(ScrollView, can_focus=True):
                 chunk = tuple(ranks[i:i + size])
                 label = f"r{chunk[0]}" if len(chunk) == 1 else f"r{chunk[0]}-{chunk[-1]}"
                 rows.append(Row(f"b:{label}", label, chunk))
+        rows += apart_rows(m, apart, self.mode == "ranks" or len(apart) <= PIN_MIN_RANKS // 4)
         if rows != self.rows:  # (a behaviour row keeps its key while its ranks change)
             self.rows = rows
             self.sel_row = min(self.sel_row, max(0, len(rows) - 1))
@@ -276,7 +294,9 @@ class Timeline(ScrollView, can_focus=True):
         return True
 
     def _place_initial(self) -> None:
-        start, end = self.model.bounds()
+        start, end = self.model.own_bounds()  # (the job's: a foreign stream's may be a day off)
+        if not end:  # (no own rank wrote a timed event yet)
+            start, end = self.model.bounds()
         span = max(end - start, 10**9)
         self.npc = _clamp(span // max(1, int(self.timeline_width() * 0.8)))
         self.t0 = start - self.npc * 2
