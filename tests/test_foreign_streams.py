@@ -385,12 +385,16 @@ def test_the_consoles_rank_table_shows_foreign_streams_apart_as_foreign(tmp_path
         assert [(row.ranks, row.apart) for row in tl.rows] == [((0,), False), ((1,), False), ((2,), True),
                                                                ((3,), True)], tl.rows
         lines = [tl.render_line(y).text for y in range(4)]
-        assert all("⊘ foreign · another job" in lines[y] and lines[y].startswith("⊘") for y in (2, 3)), lines
+        assert all(tl.rows[y].note == "⊘ foreign · another job" for y in (2, 3)), tl.rows
+        assert all(lines[y].startswith("⊘ r") for y in (2, 3)), [ln[:60] for ln in lines]  # (the note: under the cursor)
         assert not any("foreign" in lines[y] for y in (0, 1)), lines
         model = app.feed.model
         first, last = min(model.ranks[r].first_ts for r in (0, 1)), max(model.ranks[r].last_ts for r in (0, 1))
         assert model.end_ns - first > 10**9  # (the premise: both jobs together span more than a fit's least)
         assert tl.npc == max(last - first, 10**9) // int(tl.timeline_width() * 0.8), (tl.npc, first, last)
+        # and the replay's cursor at the job's own end, the view on it (before: the cursor at
+        # the other job's end, and the view followed it there, past every op of the job's)
+        assert app.cursor_ns == last and tl.t0 <= first < last <= tl.t1(), (app.cursor_ns, tl.t0, first, last)
         for _ in tl_modes(tl):  # every other way of drawing the rows: the foreign streams still apart, last
             await pilot.press("c")
             await pilot.pause()
@@ -507,3 +511,33 @@ def test_a_foreign_streams_cause_is_its_own_whatever_its_ids_say(tmp_path):
         assert states == dict.fromkeys((2, 3), "⊘ foreign · another launch"), states
 
     drive(app, check, size=(200, 40))
+
+
+def test_a_trace_is_judged_at_its_own_ranks_end_not_a_later_foreign_streams():
+    """A 2-rank job read while rank 0 waits 1 s in an all_reduce rank 1 has not entered yet
+    (hang_after 30 s), with the stream of another job's rank copied in, whose events run an
+    hour later.  Before, the trace was judged at its last timestamp, the foreign stream's:
+    rank 0 had waited an hour, and ``check`` blamed rank 1 (missing_ranks, or both ranks
+    dead, silent for an hour).  Now it is judged at the job's own end (``trace_now``,
+    ``TraceModel.trace_end``): only the foreign stream is named."""
+    from commscope.analysis.diagnose import diagnose, trace_now
+    from commscope.analysis.model import TraceModel
+    from commscope.analysis.synth import T0, S, TraceBuilder
+
+    b = TraceBuilder(2, hang_after=30.0)
+    t = b.collective(T0 + S // 10, "all_reduce", latency=S // 100)
+    b.begin(0, t + S, "all_reduce")  # (rank 1 never enters: the job is read 1 s later)
+    for r in range(2):
+        for k in range(11):
+            b.heartbeat(r, T0 + k * S // 5, cpu=50.0)
+    b.add(2, T0 + 3600 * S, "meta", host="h", pid=9, world_size=4, backend="gloo", hang_after=30.0)
+    for k in range(5):
+        b.heartbeat(2, T0 + 3600 * S + k * S // 5, cpu=50.0)
+    events = [{**e, "job": "other" if e["rank"] == 2 else "mine"} if e["type"] == "meta" else e
+              for e in b.sorted_events()]
+    model = TraceModel.from_events(events)
+    assert model.kept_apart == {2} and model.end_ns >= T0 + 3600 * S  # (the premise)
+    assert trace_now(model) == max(rt.last_ts for r, rt in model.ranks.items() if r != 2) < T0 + 3 * S
+    findings = diagnose(model, trace_now(model), 30.0)
+    assert [(f.kind, f.culprits) for f in findings] == [("trace_incomplete", [2])], [
+        (f.kind, f.culprits, f.message) for f in findings]

@@ -1,7 +1,7 @@
 """diagnose(model, now, hang_after) -> findings: every check of docs/analysis.md, as a pure function.
 
 ``now`` is the time the trace is judged at.  The live console passes the wall clock;
-``check`` on a stored trace passes ``trace_now(model)``, the last timestamp in the trace,
+``check`` on a stored trace passes ``trace_now(model)``, the last timestamp in the trace (of its own ranks),
 so a job that was killed while hung is judged as it was when it last wrote.
 """
 
@@ -29,8 +29,9 @@ DEFAULT_HANG_AFTER = events.DEFAULT_HANG_AFTER
 
 
 def trace_now(model: TraceModel) -> int:
-    """The judging time for a stored trace: its last timestamp."""
-    return model.end_ns
+    """The judging time for a stored trace: the last timestamp of the job's own ranks
+    (``TraceModel.trace_end``: a foreign stream's left out)."""
+    return model.trace_end()
 
 
 def default_hang_after(model: TraceModel) -> float:

@@ -641,6 +641,10 @@ class ModelView(NamedTuple):
         own = [rv for r, rv in self.ranks.items() if r not in self.foreign and rv.last_ts]
         return (min(rv.first_ts for rv in own), max(rv.last_ts for rv in own)) if own else (0, 0)
 
+    def trace_end(self) -> int:
+        """``TraceModel.trace_end`` of the view (read without the model's lock)."""
+        return self.own_bounds()[1] or self.end_ns
+
     def total_ops(self) -> int:
         return sum(rv.n for rv in self.ranks.values())
 
@@ -2671,6 +2675,13 @@ class TraceModel:
             return self.start_ns, self.end_ns
         own = [rt for r, rt in self.ranks.items() if r not in apart and rt.last_ts]
         return (min(rt.first_ts for rt in own), max(rt.last_ts for rt in own)) if own else (0, 0)
+
+    def trace_end(self) -> int:
+        """The last timestamp of the job's own ranks (``own_bounds``; the trace's, where they
+        have none): the time a stored trace is judged at (``diagnose.trace_now``), and a
+        replay's cursor starts at.  A foreign stream's later events made it later: a rank of
+        the job still in an op then looked hung for as long as the other job ran on."""
+        return self.own_bounds()[1] or self.end_ns
 
     def sig_of(self, rank: int, i: int) -> Sig:
         return self.sigs[int(self.ranks[rank].sig[i])]

@@ -66,7 +66,7 @@ def _s(ns: float | None) -> float | None:
 
 def _end_of(model: TraceModel, r: int) -> str:
     """How the rank's stream ends, in a few words (``rankstate.ending``), or 'running'."""
-    return ending(model, r, model.end_ns) or "running"
+    return ending(model, r, model.trace_end()) or "running"
 
 
 def group_row(group: str, *, p2p: bool, fr: bool) -> str:

@@ -211,7 +211,7 @@ class CommscopeApp(App):
         if info.mode == REPLAY and info.loaded:
             self.loadbar.done()
             if first_load or self.cursor_ns is None:
-                self.cursor_ns = self.feed.model.end_ns  # the whole trace; g goes to the start
+                self.cursor_ns = self.feed.view.trace_end()  # the whole job (a foreign stream's end is not its); g goes to the start
             if first_load:
                 self.timeline.unplace()  # a layout during the load placed the view on a part
         self.timeline.cursor_ns = self.cursor_ns
@@ -350,7 +350,7 @@ class CommscopeApp(App):
         job's end once it ended (the feed's judgement, ``Feed.ended``): an ended job is shown
         frozen, as ``check`` judges it."""
         if self.feed.mode == REPLAY:
-            return self.cursor_ns if self.cursor_ns is not None else self.feed.model.end_ns
+            return self.cursor_ns if self.cursor_ns is not None else self.feed.view.trace_end()
         if self.info.ended and self.info.now_ns:
             return self.info.now_ns
         return self.clock() - int(self.info.lag_s * 1e9)
@@ -429,10 +429,12 @@ class CommscopeApp(App):
     def _finding_op(self, f: Finding) -> tuple[int, int] | None:
         """The op a finding is about: the op its evidence names (the blocked op, the waiting
         collective, the first op of a cycle, the failed op), else the collective instance on a
-        culprit, else what a culprit is blocked in."""
+        culprit, else what a culprit is blocked in: never a foreign stream's op (a finding that
+        names only foreign streams leaves the view on the job's, at its end)."""
         m = self.feed.model
         ev = f.evidence or {}
         with self.feed.lock:
+            apart = m.kept_apart
             for key in ("blocked_op", "op", "cycle", "ops", "failed"):
                 cand = ev.get(key)
                 if isinstance(cand, dict) and "rank" not in cand:
@@ -450,7 +452,7 @@ class CommscopeApp(App):
                     if r in at:
                         return r, at[r]
             for r in list(f.culprits) + list(f.ranks):
-                st = rank_state(m, r, self._now()) if r in m.ranks else None
+                st = rank_state(m, r, self._now()) if r in m.ranks and r not in apart else None
                 if st is not None and st.op is not None:
                     return r, st.op
         return None

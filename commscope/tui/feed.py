@@ -183,7 +183,7 @@ class Feed:
         read them all up to, so its own lag never makes a rank look silent), or the trace's
         end once the job ended.  Replay: the end of the trace (the UI moves its own cursor)."""
         if self.mode == REPLAY:
-            return self.model.end_ns
+            return self.model.trace_end()  # (the job's own end: as ``check`` judges it)
         if self._ended is not None:
             return self._ended[1]
         return self._live_now()
@@ -211,7 +211,7 @@ class Feed:
         ranks = m.rank_ids()
         over = bool(ranks) and all(rankstate.exited(m, r) is not None or rankstate.is_dead(m, r, wall) for r in ranks)
         was = self._ended
-        self._ended = (m.version, m.end_ns) if over else None
+        self._ended = (m.version, m.trace_end()) if over else None
         if (was is None) != (self._ended is None):
             return True
         return was is not None and self._ended is not None and was[1] != self._ended[1]
@@ -557,7 +557,7 @@ class Feed:
         with self.lock:
             self.model.settle()
             _noted(self.model, self.reader)
-            self.findings = sorted(diagnose(self.model, self.model.end_ns, self.hang_after()),
+            self.findings = sorted(diagnose(self.model, self.model.trace_end(), self.hang_after()),
                                    key=Finding.sort_key)
         self.diagnoses += 1
         self.publish()
