@@ -541,3 +541,30 @@ def test_a_trace_is_judged_at_its_own_ranks_end_not_a_later_foreign_streams():
     findings = diagnose(model, trace_now(model), 30.0)
     assert [(f.kind, f.culprits) for f in findings] == [("trace_incomplete", [2])], [
         (f.kind, f.culprits, f.message) for f in findings]
+
+
+def test_a_console_started_before_the_jobs_metadata_judges_again_when_it_comes(tmp_path):
+    """Ranks 2-5 of a 6-rank job copied into a 2-rank job's directory, followed by a console
+    started before the job's metadata is there (rank 0 writes ``job.json`` at its open: a
+    console attached before): the vote names the job's own ranks 0 and 1 foreign.  Then
+    ``job.json`` comes (as rank 0 writes it: a rename).  Before, the model took it, but the
+    console judged again only when events came, and an ended job writes none: its finding
+    kept naming ranks 0 and 1.  Now the metadata's coming is judged at once: ranks 2-5 are
+    named, as ``check`` names them."""
+    from commscope.store import open_reader
+    from commscope.tui.feed import LIVE, Feed
+
+    spools = tmp_path / "spools"
+    _launch(tmp_path / "a", 2, spools)
+    _launch(tmp_path / "c", 6, spools)
+    a, c = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "c")
+    for r in (2, 3, 4, 5):
+        shutil.copy(c / f"rank-0000{r}.jsonl", a)
+    (a / "job.json").rename(tmp_path / "job.json")
+    feed = Feed(open_reader(str(a)), mode=LIVE)
+    _followed(feed, lambda f: sorted(f.model.ranks) == list(range(6)) and f.diagnoses)
+    assert [(f.kind, f.culprits) for f in feed.findings] == [("trace_incomplete", [0, 1])]  # (the vote's)
+    (tmp_path / "job.json").rename(a / "job.json")
+    _followed(feed, lambda f: f.model.reference is not None)
+    _followed(feed, lambda f: [(x.kind, x.culprits) for x in f.findings] == [("trace_incomplete", [2, 3, 4, 5])])
+    assert sorted(feed.view.foreign) == [2, 3, 4, 5]  # (the timeline's rows too)

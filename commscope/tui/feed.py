@@ -455,10 +455,13 @@ class Feed:
         with self.lock:
             if got:
                 self.model.ingest(batch.events, batch.ops, batch.spans, batch.beats)
-            losses = self.model.read_losses
+            losses, ref = self.model.read_losses, self.model.reference
             _noted(self.model, self.reader)
-            if self.model.read_losses != losses:
-                self._dirty = True  # (judged again though nothing was read: a stream found not settled, or settled)
+            if self.model.read_losses != losses or self.model.reference != ref:
+                # (judged again though nothing was read: a stream found not settled, or settled;
+                # the job's metadata come, written after the console started: which streams are
+                # foreign may change, ``TraceModel.note_job``; before, judged only when events came)
+                self._dirty = True
             if got and (self._publish_cost < self.CHEAP_PUBLISH_S
                         or time.monotonic() >= self._published_at + self._publish_pace()):
                 self.publish()
