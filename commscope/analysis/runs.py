@@ -67,7 +67,7 @@ _WORDS = {Cause.JOB: "another job", Cause.LAUNCH: "another launch", Cause.WORLD:
 
 class Foreign(NamedTuple):
     """A stream not of the run (``foreign``): its cause, what its meta says against what the
-    job's is, and the message made of them (before helper h133 the message alone was kept,
+    job's is, and the message made of them (before, the message alone was kept,
     and the console told the cause back from its text: a run or job id that held the words
     of another cause was shown as that one)."""
 

@@ -103,7 +103,7 @@ def behaviours(m: ModelView, ranks: list[int]) -> list[Row]:
 def apart_rows(m: ModelView, ranks: list[int], each: bool) -> list[Row]:
     """The streams of ``ranks``, not of the job's run (``ModelView.foreign``), after the
     job's rows, marked (``Row.apart``): one row each (``each``), else one row for them all.
-    Before helper h133 they were drawn among the job's ranks, as if the job had them."""
+    Before, they were drawn among the job's ranks, as if the job had them."""
     if not ranks:
         return []
     if each:
