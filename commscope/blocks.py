@@ -910,18 +910,19 @@ class BlockDecoder:
         epoch, a, n = self._epoch, 0, b1 - b0
         odd = np.flatnonzero(~plain)
         for k in (np.union1d(odd, firsts) if odd.shape[0] else firsts).tolist():
-            if plain[k] and bytes(mv[int(start[k]):int(pend[k])]) in self._prefixes:
+            prefix = bytes(mv[int(start[k]):int(pend[k])])
+            if plain[k] and prefix in self._prefixes:
                 continue
-            if k > a:
-                self._hand_over(s, mv, b0 + a, b0 + k, walk)
-            if plain[k] and self._replayed(s, mv, b0 + k, walk, out):
-                a = k  # (its records go over with the run after it: one hand-over)
-            else:
+            # (a replayed block's records, and the run's before it, go over with the run after
+            # it: one hand-over for a stream's first blocks, each of which replays a prefix)
+            if not (plain[k] and self._replayed(s, prefix, b0 + k, walk, out, Pending(s, b0 + a, b0 + k))):
+                if k > a:
+                    self._hand_over(s, mv, b0 + a, b0 + k, walk)
                 self._walk_one(s, mv, b0 + k, int(upto[k]), walk, parts, out)
                 a = k + 1
-            if self._epoch != epoch or (pid[k] >= 0 and bytes(mv[int(start[k]):int(pend[k])]) not in self._prefixes):
-                if a == k:
-                    self._hand_over(s, mv, b0 + k, b0 + k + 1, walk)
+            if self._epoch != epoch or (pid[k] >= 0 and prefix not in self._prefixes):
+                if a <= k:
+                    self._hand_over(s, mv, b0 + a, b0 + k + 1, walk)
                     a = k + 1
                 break  # (what was known may not be now, or its later blocks are not: ask each)
         else:
@@ -934,7 +935,7 @@ class BlockDecoder:
                 continue
             if k > a:
                 self._hand_over(s, mv, b0 + a, b0 + k, walk)
-            if plain[k] and self._replayed(s, mv, b0 + k, walk, out):
+            if plain[k] and self._replayed(s, bytes(mv[int(start[k]):int(pend[k])]), b0 + k, walk, out):
                 self._hand_over(s, mv, b0 + k, b0 + k + 1, walk)
             else:
                 self._walk_one(s, mv, b0 + k, int(upto[k]), walk, parts, out)
@@ -943,15 +944,17 @@ class BlockDecoder:
             self._hand_over(s, mv, b0 + a, b1, walk)
         self.seen_end = max(self.seen_end, int(upto[-1]))
 
-    def _replayed(self, s: blockscan.Scan, mv: memoryview, b: int, walk: _Walk, out: list[tuple[int, dict]]) -> bool:
+    def _replayed(self, s: blockscan.Scan, prefix: bytes, b: int, walk: _Walk, out: list[tuple[int, dict]],
+                  pending: Pending | None = None) -> bool:
         """Block ``b`` of a scan, one with no bad record and no ring overlap, whose table
-        prefix is new here: taught by replaying another stream's walk of it (``_head``),
-        where one was kept; then its op records go over as they are, not walked."""
-        start, pend = int(s.start[b]), int(s.prefix_end[b])
-        if self._state is None or walk.want_where or pend == start:
+        prefix (``prefix``, its bytes) is new here: taught by replaying another stream's walk
+        of it (``_head``), where one was kept; then its op records go over as they are, not
+        walked.  ``pending``: the blocks before it not handed over yet (their records come
+        before it)."""
+        if self._state is None or walk.want_where or not prefix:
             return False
         defined: list[dict] = []
-        if not self._taught(bytes(mv[start:pend]), {"ts": int(s.ts[b])}, walk, defined):
+        if not self._taught(prefix, {"ts": int(s.ts[b])}, walk, defined, pending):
             return False
         out.extend((b, e) for e in defined)
         return True
@@ -1014,26 +1017,30 @@ class BlockDecoder:
             self._state = None
         return off
 
-    def _taught(self, prefix: bytes, ev: dict, walk: _Walk, out: list[dict]) -> bool:
+    def _taught(self, prefix: bytes, ev: dict, walk: _Walk, out: list[dict], pending: Pending | None = None) -> bool:
         """Whether what another decoder learnt walking ``prefix`` from this one's state of the
         tables was kept, and replayed here (``_replay``)."""
         state = self._state
         if state is None:
             return False
         got = self.table.learnt(state, prefix)
-        return got is not None and self._replay(got, prefix, ev, walk, out)
+        return got is not None and self._replay(got, prefix, ev, walk, out, pending)
 
-    def _replay(self, got: Learnt, prefix: bytes, ev: dict, walk: _Walk, out: list[dict]) -> bool:
+    def _replay(self, got: Learnt, prefix: bytes, ev: dict, walk: _Walk, out: list[dict],
+                pending: Pending | None = None) -> bool:
         """What a walk of ``prefix`` from this decoder's state of the tables taught another
         decoder (``got``), taught this one as the walk would: whether it could be (not where
         the walk would resolve the records gathered before it first, nor past the bound on
-        records in effect; then the prefix is walked)."""
-        if got.defined and walk.count() and (got.referred or _has_own_fields(walk)):
+        records in effect; then the prefix is walked).  ``pending``: records gathered before
+        it that the walk does not hold yet (a scan's blocks not handed over)."""
+        count = walk.count() + (pending.count() if pending is not None else 0)
+        if got.defined and count and (got.referred or _has_own_fields(walk)
+                                      or (pending is not None and pending.own_fields())):
             return False
         in_effect = self._in_effect
         if len(in_effect) + len(got.records) > 100_000:
             return False
-        since = self._gathered + walk.count()
+        since = self._gathered + count
         sigs, known, when = self._sigs, self._sid, self._sid_since
         for key, rec in got.sigs:
             when[key] = since
@@ -1487,6 +1494,23 @@ def _has_own_fields(walk: _Walk) -> bool:
             walk.own = any(_OWN_FIELDS[raw[at]].any() for raw, at in unchecked)
         unchecked.clear()
     return walk.own
+
+
+class Pending(NamedTuple):
+    """Blocks ``a`` to ``b`` (excluded) of a scan that a decoder has not handed over to its walk
+    yet (``BlockDecoder.scanned``): their op records come before the block it decodes now."""
+
+    s: blockscan.Scan
+    a: int
+    b: int
+
+    def count(self) -> int:
+        return int(self.s.op_first[self.b]) - int(self.s.op_first[self.a])
+
+    def own_fields(self) -> bool:
+        """Whether one of their records refers to sites and groups itself (``_has_own_fields``)."""
+        at = self.s.ops[self.s.op_first[self.a]:self.s.op_first[self.b]]
+        return bool(at.shape[0]) and bool(_OWN_FIELDS[self.s.raw[at]].any())
 
 
 class _Fixed(NamedTuple):

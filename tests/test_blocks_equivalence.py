@@ -582,6 +582,43 @@ def test_a_job_s_ranks_replay_the_prefixes_the_first_walked(chunk, monkeypatch):
     assert count[0] >= 4 * 2, count[0]  # (rank 2 replays four prefixes at least, both ways)
 
 
+def _restating_stream(rank: int) -> list[bytes]:
+    """A rank's stream whose first three blocks each state a table prefix of their own (a
+    group, a site, a signature) and whose later blocks restate them, as a job's ranks do."""
+    group = blocks.pack_group(1, "dp", "nccl", [0, 1, 2, 3])
+    prefixes = [group + blocks.pack_site(k, f"train.py:{k} in step")
+                + blocks.pack_sig(k, name=k, site=k, gid=1, opcode=0, ins=[(6, [k + 1])], outs=[(6, [k + 1])])
+                for k in range(3)]
+    lines, ring, ts = [meta_line(rank)], 0, T
+    for step in range(9):
+        ts += 1000
+        ops = blocks.pack_sig_begin(step + 1, ts, step % 3, seq=step + 1) + blocks.pack_end(step + 1, ts + 500)
+        lines.append(block_line(prefixes[step % 3] + ops, rank, ring, ring + len(ops)))
+        ring += len(ops)
+    return lines
+
+
+@needs_scanner
+def test_a_stream_s_first_blocks_replaying_their_prefixes_go_over_in_one_piece(monkeypatch):
+    """A later rank's first blocks each replay the prefix another rank walked: their op records
+    and the run's after them go over to the walk in one hand-over, not one a block (a whole
+    read's worker replays six a stream), and decode as walking them gives."""
+    count = replayed(monkeypatch)
+    handed: list[tuple[int, int]] = []
+    real = BlockDecoder._hand_over
+    monkeypatch.setattr(BlockDecoder, "_hand_over", staticmethod(
+        lambda s, mv, a, b, walk: (handed.append((a, b)), real(s, mv, a, b, walk))[1]))
+    table = StaticTable()
+    _batch(_restating_stream(1), 1, BlockDecoder(1, table), True)
+    handed.clear()
+    shared, alone = BlockDecoder(2, table), BlockDecoder(2)
+    got = _batch(_restating_stream(2), 2, shared, True)
+    assert count[0] == 3 and handed == [(0, 9)]
+    assert got == _batch(_restating_stream(2), 2, alone, True)
+    assert tables(shared) == tables(alone)
+    assert len(got[1]) == 18
+
+
 @settings(SETTINGS, max_examples=200)
 @given(st.one_of(streams(mode="upfront"), streams(mode="late"), streams(mode="wild")))
 def test_what_the_decoder_skips_as_restated_or_already_decoded_changes_nothing(lines):
