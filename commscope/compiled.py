@@ -43,7 +43,8 @@ MODULE = "commscope_kernels"
 #: kernels are among them)
 LOADERS = ("commscope.blockscan:_load", "commscope.blockscan:_load_find", "commscope.blockscan:_load_place",
            "commscope.beatscan:_load", "commscope.jsonscan:_load",
-           "commscope.blocks:_fixed_kernel", "commscope.blocks:_sig_kernel", "commscope.analysis.runmax:_load")
+           "commscope.blocks:_fixed_kernel", "commscope.blocks:_sig_kernel", "commscope.blocks:_plan_kernel",
+           "commscope.analysis.runmax:_load")
 
 _missing = False
 

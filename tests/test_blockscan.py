@@ -470,6 +470,39 @@ def test_prefix_firsts_finds_each_prefix_s_first_block_in_order_at_any_length():
                 assert got.dtype == np.int64 and got.tolist() == want, (n, b0, pid.tolist())
 
 
+def test_the_compiled_plan_of_a_run_of_blocks_is_numpy_s():
+    """``BlockDecoder.scanned``'s plan of a run of a scan's blocks (``_plan_rows``, compiled;
+    ``_plan_numpy`` without numba): which blocks are plain, the ring's end before each, the
+    blocks asked about (those not plain, each prefix's first in the run), where the ring read
+    starts; the same both ways on runs of every length from the scan's first block or a later
+    one, with bad blocks, blocks of no ring position, overlaps, gaps counted or not, a ring
+    open or not, and prefix ids of a scan (a block's own, or the first block of its bytes)."""
+    kernel = blocks._plan_kernel()
+    assert kernel is not None
+    rng = np.random.default_rng(7)
+    for n in [*range(1, 40), 64, 65, 300]:
+        for _ in range(4):
+            size = rng.integers(0, 60, n)
+            end = np.cumsum(size)
+            pos = end - size
+            pos[rng.random(n) < 0.1] -= rng.integers(1, 80)  # (an overlap, or a start anew)
+            pos[rng.random(n) < 0.1] += rng.integers(1, 80)  # (a gap)
+            none = rng.random(n) < 0.1  # (no ring position: an older block)
+            pos[none], end[none] = -1, -1
+            flags = (rng.random(n) < 0.1).astype(np.uint8) * blockscan.BAD
+            kind = rng.integers(-1, max(1, n // 5), n)
+            first_of: dict[int, int] = {}
+            pid = np.array([-1 if k < 0 else j if rng.random() < 0.05 else first_of.setdefault(k, j)
+                            for j, k in enumerate(kind.tolist())], np.int64)
+            for b0 in sorted({0, n // 3, n // 2}):
+                for seen_end, ring_open, gaps in [(0, 1, 0), (0, 0, 1), (int(end.max()) // 2, 1, 1), (5, 0, 0)]:
+                    args = (pos, end, flags, pid, b0, n, seen_end, ring_open, gaps)
+                    want, got = blocks._plan_numpy(*args), kernel(*args)
+                    assert [x.tolist() if isinstance(x, np.ndarray) else int(x) for x in got] == \
+                        [x.tolist() if isinstance(x, np.ndarray) else int(x) for x in want], (n, b0, args)
+                    assert got[2].dtype == want[2].dtype == np.int64
+
+
 @pytest.mark.usefixtures("either_way")
 def test_what_learn_head_asks_of_the_op_records_is_worked_out_for_all_chunks_as_for_each():
     """``blocks._ahead``: the signature each op record's begin names and each chunk's first
