@@ -1,9 +1,11 @@
 """Launch N local ranks as real processes (tests, benchmarks, demos).
 
 Children come from a forkserver that has already imported torch, so a 4-rank job
-starts in tens of milliseconds instead of seconds per rank.  Each child sets its own
-environment (the forkserver's is frozen when it starts), joins a process group and
-calls ``fn(rank, world_size, *args)``; its return value travels back through a queue.
+starts in tens of milliseconds instead of seconds per rank.  Each child takes its
+caller's environment as of ``Job()`` (the forkserver's is frozen when it starts: a
+variable set or removed since, a test's ``monkeypatch.setenv``, would never reach the
+ranks, or would reach every later job's), joins a process group and calls
+``fn(rank, world_size, *args)``; its return value travels back through a queue.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ class RanksFailed(AssertionError):
 
 
 def _child(fn, rank, world_size, args, port, backend, env, queue, init, pg_timeout):
+    for name in os.environ.keys() - env.keys():  # (the forkserver's, removed from the caller's since)
+        del os.environ[name]
     os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
@@ -113,13 +117,14 @@ class Job:
 
     def __init__(self, fn: Callable, world_size: int, *, args: tuple = (), backend: str = "gloo",
                  env: dict[str, str] | None = None, init: bool = True, pg_timeout: float = 120.0):
+        """``env``: set in the ranks over this process's environment, which they take whole."""
         self.world_size = world_size
         self.port = free_port()
         ctx = _context()
         self._queue = ctx.Queue()
         self.procs = [
             ctx.Process(target=_child, name=f"commscope-rank{r}",
-                        args=(fn, r, world_size, args, self.port, backend, dict(env or {}),
+                        args=(fn, r, world_size, args, self.port, backend, {**os.environ, **(env or {})},
                               self._queue, init, pg_timeout), daemon=True)
             for r in range(world_size)
         ]
