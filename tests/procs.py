@@ -9,7 +9,9 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 
 def run_session(cmd: Sequence[str], *, timeout: float, capture_output: bool = False, **kwargs
@@ -42,3 +44,31 @@ def kill_group(pgid: int) -> None:
     """SIGKILL to every process of session ``pgid`` still there."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def stop(pids: Iterable[int]) -> None:
+    """SIGSTOP to each of ``pids``, returning once every thread of each is stopped: ``kill``
+    returns with the signal only queued, and a thread in a write, or running on the other
+    core, finishes it first, so what a test counted right after could still change
+    (``test_store_losses``' line counts).  A process gone is as good as stopped."""
+    pids = list(pids)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    for pid in pids:
+        while not _all_stopped(pid):
+            time.sleep(0.001)
+
+
+def _all_stopped(pid: int) -> bool:
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return True
+    for task in tasks:
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # (a thread that ended meanwhile)
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True

@@ -65,3 +65,34 @@ def test_every_process_of_the_job_is_killed_when_the_test_is_stopped(tmp_path):
         signal.signal(signal.SIGALRM, old)
     _wait_gone(int(pid_file.read_text()))
 
+
+
+SPINNING = """
+import threading
+def spin():
+    while True:
+        pass
+for _ in range(3):
+    threading.Thread(target=spin, daemon=True).start()
+print("spinning", flush=True)
+spin()
+"""
+
+
+def test_stop_returns_once_every_thread_of_the_process_is_stopped():
+    """``procs.stop``: a process whose four threads spin is stopped, every thread, when it returns
+    (``kill`` alone returns with SIGSTOP queued: a running thread goes on a while)."""
+    import subprocess
+
+    from procs import stop
+
+    proc = subprocess.Popen([sys.executable, "-c", SPINNING], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "spinning\n"
+        stop([proc.pid])
+        states = [(task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                  for task in Path(f"/proc/{proc.pid}/task").iterdir()]
+        assert len(states) == 4 and set(states) == {"T"}, states
+    finally:
+        proc.kill()
+        proc.wait()
