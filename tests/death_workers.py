@@ -50,8 +50,13 @@ def dying(rank: int, ws: int, store: str, cause: str, moment: str, count_path: s
             f.write(str(n))
         os.replace(count_path + ".tmp", count_path)
 
-    last = {"after_init": 0, "first_tick": 3, "mid_run": MID, "after_op": MID}[moment]
+    # ("peer_idle": rank 1 dies after its op MID while rank 0 is between ops, in Python, until
+    # its launcher stops it: nobody waits for rank 1 in an op)
+    last = {"after_init": 0, "first_tick": 3, "mid_run": MID, "after_op": MID, "peer_idle": MID}[moment]
     for step in range(400):
+        if rank == 0 and step == last and moment == "peer_idle":
+            while True:
+                time.sleep(0.05)
         if rank == 1 and step == last:
             if moment == "mid_run":  # one async op still in flight when it dies
                 dist.all_reduce(t, async_op=True)

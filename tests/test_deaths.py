@@ -245,6 +245,17 @@ def test_death_under_a_launcher(launcher, cause, moment, recorder, tmp_path, cap
     assert_diagnosed(store, cause, own, capsys, recorder, unseen=True, moment=moment)
 
 
+@pytest.mark.parametrize("recorder", ["native", "python"])
+def test_a_rank_that_left_through_os_exit_while_its_peer_waited_for_nobody_is_dead_rank(recorder, tmp_path, capsys):
+    """Under mp.spawn, rank 1 leaves through ``os._exit(3)`` while rank 0 is between ops (or
+    in the op rank 1 had entered asynchronously, on a loaded host: CI's
+    ``[spawn-os_exit-mid_run-native]``); mp.spawn SIGTERMs rank 0.  No rank waited for rank
+    1, so nothing said it went first: "no findings", exit 0.  It left before the SIGTERM
+    came, and none reached it: the others were stopped because it went."""
+    store, own = run_launched("spawn", "os_exit", "peer_idle", recorder, tmp_path)
+    assert_diagnosed(store, "os_exit", own, capsys, recorder, unseen=True)
+
+
 def test_a_rank_stopped_before_the_tick_after_its_first_op_blames_the_crash(tmp_path, capsys):
     """The native recorder told its tables a group's members at the first tick after the
     group's first op.  Rank 0, SIGTERMed before that tick (mp.spawn under load), left a spool

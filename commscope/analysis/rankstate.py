@@ -594,7 +594,8 @@ def _stops(m: TraceModel) -> _Stops:
 
 def _unstopped_before(m: TraceModel, rank: int, k: dict, t: int, stops: _Stops) -> bool:
     """Whether a rank whose death nothing recorded (``k``: an unseen death, SIGKILL or the
-    OOM killer, last heard from at ``t``) went before a SIGTERM ended the others: none
+    OOM killer, last heard from at ``t``), or that cut itself off (``os._exit`` with a
+    failing code, timed by its own exit), went before a SIGTERM ended the others: none
     reached it, and it was last heard from no later than the first of them was stopped.  A launcher that ends a job (mp.spawn, torchrun, SLURM, Kubernetes) sends every
     rank it stops SIGTERM first; a rank that got none was gone already, and the others were
     stopped because it went (before, with none of them waiting in an op, a rank SIGKILLed
@@ -608,7 +609,10 @@ def _unstopped_before(m: TraceModel, rank: int, k: dict, t: int, stops: _Stops) 
     said so from its first tick until it noted SIGTERM, helper-121).  The first SIGTERM is that
     of a rank killed by it or of one whose own handler took it and left (``stop_ts``)."""
     meta = m.ranks[rank].meta
-    return (unseen_death(k) and not k.get("stop_signal") and not k.get("term_unwatched") and meta is not None
+    # (os._exit: mp.spawn SIGTERMed the other while it was between ops, or in the op the
+    # leaver had entered, waiting for nobody; before, "no findings", exit 0)
+    return ((unseen_death(k) or k.get("reason") == "os._exit") and not k.get("stop_signal")
+            and not k.get("term_unwatched") and meta is not None
             and meta.get("recorder") in NOTES_TERM and 0 <= t <= stops.earliest_term)
 
 
