@@ -467,3 +467,29 @@ def test_dead_vanished_and_exited_ranks_are_judged_alone():
     states = rank_states(m, now)
     assert states[3].kind == "dead" and states[2].kind == "exited" and 3 not in plain and 2 not in plain
     assert states == _one_by_one(m, now)
+
+
+@pytest.mark.parametrize("rank0", ["between_ops", "in_the_async_op", "in_the_next_op"])
+def test_a_rank_that_left_through_os_exit_before_the_launcher_stopped_the_other_went_first(rank0):
+    """Rank 1 issues an async all_reduce and leaves through ``os._exit(3)``; 20 ms later its
+    launcher SIGTERMs rank 0: between ops, inside that all_reduce (rank 1's async one never
+    ran with it: a loaded host) or in the next one, which rank 1 never entered.  In each, rank
+    1 went first: ``dead_rank`` [1].  The first two read "no findings" (CI's
+    ``[spawn-os_exit-mid_run-native]``): nobody waited for rank 1 in an op."""
+    ms = 1_000_000
+    b = TraceBuilder(2, hang_after=60.0, recorder="native")
+    t = b.t0 + ms * 100
+    for _ in range(30):
+        t = b.collective(t) + ms
+    b.heartbeats(b.t0, t)
+    i = b.async_op(1, t, None, None, "all_reduce")
+    b.exit(1, t + ms // 2, reason="os._exit", code=3, unwaited=[i], unwaited_count=1)
+    if rank0 == "in_the_async_op":
+        b.sync(0, t, None, "all_reduce")
+    elif rank0 == "in_the_next_op":
+        b.sync(0, t, t + ms // 5, "all_reduce")
+        b.sync(0, t + ms * 3 // 5, None, "all_reduce")
+    b.exit(0, t + 20 * ms, reason="signal", signal="Terminated", src="spool")
+    errors = [(f.kind, f.culprits) for f in diagnose(TraceModel.from_events(b.sorted_events()), hang_after=60.0)
+              if f.severity == "error"]
+    assert errors == [("dead_rank", [1])], errors
