@@ -62,6 +62,7 @@ def disk_fills_up(rank: int, ws: int, store: str, err: str) -> float:
     if rank == 1:  # from here on, rank 1's trace file cannot grow: its disk is full
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         size = os.path.getsize(next(Path(store).glob("*/rank-00001.jsonl")))
+        Path(f"{err}.limit").write_text(str(size + 4096))
         resource.setrlimit(resource.RLIMIT_FSIZE, (size + 4096, resource.RLIM_INFINITY))
     total = sum(_one_step(rank) for _ in range(STEPS))
     commscope.uninstrument()
@@ -74,7 +75,11 @@ def test_a_full_disk_never_stops_training_and_the_check_shows_the_loss(tmp_path,
     assert [r.value for r in results] == [3.0 * STEPS] * 2  # training went on, exactly
     text = Path(f"{err}.1").read_text()
     assert text.count("could not be written at exit") == 1, text
-    assert "File too large" in text  # what the store said, once
+    # the full disk met where it is claimed: the writer's append to rank 1's stream failed
+    # with EFBIG once the file reached the limit (the rest came from the spool's forwarder)
+    stream = next(Path(store).glob("*/rank-00001.jsonl"))
+    assert f"cannot append to {stream}: File too large" in text, text
+    assert stream.stat().st_size >= int(Path(f"{err}.limit").read_text())
     assert "could not be written" not in Path(f"{err}.0").read_text()
     capsys.readouterr()
     assert cli.main(["check", store, "--json"]) in (0, 1)
