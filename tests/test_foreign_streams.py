@@ -568,3 +568,51 @@ def test_a_console_started_before_the_jobs_metadata_judges_again_when_it_comes(t
     _followed(feed, lambda f: f.model.reference is not None)
     _followed(feed, lambda f: [(x.kind, x.culprits) for x in f.findings] == [("trace_incomplete", [2, 3, 4, 5])])
     assert sorted(feed.view.foreign) == [2, 3, 4, 5]  # (the timeline's rows too)
+
+
+def _export(target: Path, spools: Path, *extra: str) -> tuple[dict, str]:
+    """``commscope export --chrome`` of ``target``: the trace written, and what it said."""
+    path = target.parent / "trace.json"
+    got = subprocess.run([sys.executable, "-m", "commscope", "export", str(target), "--chrome", str(path), *extra],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "COMMSCOPE_SPOOL_DIR": str(spools)})
+    assert got.returncode == 0, got.stderr
+    return json.loads(path.read_bytes()), got.stderr
+
+
+def test_the_chrome_export_keeps_foreign_streams_apart(tmp_path):
+    """Ranks 2 and 3 of a 4-rank job (launched after) copied into a 2-rank job's directory,
+    exported to Chrome/Perfetto JSON.  Before, each was a process of the job's ("rank 2",
+    "rank 3" beside ranks 0 and 1, as if the job had four ranks) and the trace's start and
+    end spanned both jobs.  Now the export is the job's own, event for event as before the
+    copy, its metadata naming the streams left out and why; asked for by ``--ranks``, they
+    are processes of their own, marked foreign and sorted after the job's ranks."""
+    spools = tmp_path / "spools"
+    _launch(tmp_path / "a", 2, spools)
+    _launch(tmp_path / "b", 4, spools)
+    a, b = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "b")
+    alone, _ = _export(a, spools)  # (the job's own export, before anything is copied in)
+    for r in (2, 3):
+        shutil.copy(b / f"rank-0000{r}.jsonl", a)
+    out, said = _export(a, spools)
+    assert {e["pid"] for e in out["traceEvents"]} == {0, 1}, sorted({e["pid"] for e in out["traceEvents"]})
+    assert out["traceEvents"] == alone["traceEvents"]  # (times from the job's own start: the same numbers)
+    assert (out["metadata"]["start_ns"], out["metadata"]["end_ns"], out["metadata"]["ranks"]) == (
+        alone["metadata"]["start_ns"], alone["metadata"]["end_ns"], 2), (out["metadata"], alone["metadata"])
+    why = f"its meta names job {b.name!r}, not {a.name!r}"
+    assert out["metadata"]["foreign_streams"] == [
+        {"rank": r, "cause": "another_job", "why": why, "exported": False} for r in (2, 3)]
+    assert "2 ranks (+2 foreign stream(s) kept apart, not written: --ranks 2-3 writes them, marked)" in said, said
+    # asked for: processes of their own, named and labelled foreign, after the job's ranks
+    asked, said = _export(a, spools, "--ranks", "0-3")
+    names = {e["pid"]: e["args"]["name"] for e in asked["traceEvents"] if e["name"] == "process_name"}
+    assert [names[r].split(" (")[0] for r in range(4)] == ["rank 0", "rank 1", "rank 2", "rank 3"], names
+    assert not any("foreign" in names[r] for r in (0, 1)) and all(
+        names[r].endswith(" ⊘ foreign · another job") for r in (2, 3)), names
+    labels = {e["pid"]: e["args"]["labels"] for e in asked["traceEvents"] if e["name"] == "process_labels"}
+    assert labels == {r: f"not of the job's run: {why}" for r in (2, 3)}, labels
+    order = {e["pid"]: e["args"]["sort_index"] for e in asked["traceEvents"] if e["name"] == "process_sort_index"}
+    assert max(order[0], order[1]) < min(order[2], order[3]), order
+    assert all(e["ts"] >= 0 for e in asked["traceEvents"] if "ts" in e)  # (the range widened to theirs)
+    assert [f["exported"] for f in asked["metadata"]["foreign_streams"]] == [True, True]
+    assert "2 ranks of 2 (+2 foreign stream(s), marked)" in said, said

@@ -7,6 +7,13 @@ for GPU utilization/memory, CPU and RSS.  Timestamps are microseconds since the 
 start (``metadata.start_ns`` gives the epoch).  Spans that overlap without nesting on
 one track (async overlap, threads) are moved to extra lanes, so every track nests
 properly as both viewers require.
+
+Streams not of the job's run (``TraceModel.foreign_streams``: another job's rank file copied
+in, another launch's, a rank past the world size) are no process of the job's: left out
+unless ``ranks`` asks for them, then processes of their own, named and labelled foreign and
+sorted after the job's ranks; the time range is the job's own (``own_bounds``), widened
+only to the foreign streams asked for, and ``metadata.foreign_streams`` says which there
+were, why, and whether they were exported.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from commscope.analysis.errors import first_line
 from commscope.analysis.findings import LISTED_RANKS, Finding, ranks_text
 from commscope.analysis.model import ASYNC, P2P, SPACE_FR, TraceModel
 from commscope.analysis.ranks import ranges
+from commscope.analysis.runs import Foreign
 
 
 def _us(ns: int, t0: int) -> float:
@@ -35,21 +43,59 @@ def _track_name(model: TraceModel, sig) -> str:
     return f"group {sig.group}" + (" (fr)" if sig.space == SPACE_FR else "")
 
 
+def exported(model: TraceModel, ranks: Collection[int] | None = None) -> list[int]:
+    """The ranks an export writes, in order: ``ranks`` (those the trace has), else the job's
+    own, the foreign streams (``kept_apart``) left out: they are not ranks of the job, and
+    another job's events a day off stretched the viewer's range to a day (before, each was
+    a process like the job's, as if the job had those ranks)."""
+    if ranks is not None:
+        return [r for r in model.rank_ids() if r in ranks]
+    apart = model.kept_apart
+    return [r for r in model.rank_ids() if r not in apart] if apart else model.rank_ids()
+
+
+def span(model: TraceModel, now: int | None = None, ranks: Collection[int] | None = None) -> tuple[int, int]:
+    """(start, end) of an export in ns: the job's own ranks' (``own_bounds``: a foreign
+    stream's may be a day off), widened to the foreign streams ``ranks`` asks for (their
+    events never before the start: timestamps count from it); ``now`` the end where given."""
+    start, end = model.own_bounds()
+    if not end:  # (no own rank wrote a timed event)
+        start, end = model.bounds()
+    apart = model.kept_apart
+    if ranks is not None and apart:
+        for r in apart:
+            rt = model.ranks.get(r)
+            if r in ranks and rt is not None and rt.last_ts:
+                start, end = min(start, rt.first_ts), max(end, rt.last_ts)
+    return start, (now if now is not None else end)
+
+
+def _process(model: TraceModel, r: int, why: Foreign | None, after: int) -> Iterator[dict[str, Any]]:
+    """A rank's process: named by rank and host; a foreign stream's named and labelled so,
+    sorted ``after`` the job's ranks."""
+    host = (model.ranks[r].meta or {}).get("host")
+    name = f"rank {r}" + (f" ({host})" if host else "")
+    if why is not None:
+        name += f" ⊘ foreign · {why.cause.words}"
+        yield {"ph": "M", "name": "process_labels", "pid": r, "tid": 0,
+               "args": {"labels": f"not of the job's run: {why.message}"}}
+    yield {"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": name}}
+    yield {"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0,
+           "args": {"sort_index": r if why is None else after + r}}
+
+
 def chrome_events(model: TraceModel, findings: list[Finding] | None = None,
                   now: int | None = None, ranks: Collection[int] | None = None) -> Iterator[dict[str, Any]]:
     """The trace's events, a rank's at a time (``write_chrome`` writes them as they come);
-    ``ranks``: only those ranks' (None: every rank's)."""
-    t0 = model.start_ns
-    t_end = now if now is not None else model.end_ns
+    ``ranks``: only those ranks' (None: the job's own, ``exported``)."""
+    t0, t_end = span(model, now, ranks)
+    shown = exported(model, ranks)
+    foreign = model.foreign_streams
+    after = max(model.ranks, default=0) + 1
     instances: dict[tuple, tuple[int, int | None]] = {}  # (op_busbw's: each instance walked once)
-    for r in model.rank_ids():
-        if ranks is not None and r not in ranks:
-            continue
+    for r in shown:
         rt = model.ranks[r]
-        host = (rt.meta or {}).get("host")
-        yield {"ph": "M", "name": "process_name", "pid": r, "tid": 0,
-               "args": {"name": f"rank {r}" + (f" ({host})" if host else "")}}
-        yield {"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}}
+        yield from _process(model, r, foreign.get(r), after)
         tracks: dict[str, int] = {}
         lanes: dict[tuple[str, int], list[int]] = {}  # (track, lane) -> stack of span ends
         order = rt.order()
@@ -125,6 +171,7 @@ def chrome_events(model: TraceModel, findings: list[Finding] | None = None,
                     v = v / 2**20
                 yield {"ph": "C", "name": cname, "pid": r, "tid": 0, "ts": ts,
                        "args": {fields[0]: round(float(v), 3)}}
+    marked = set(shown)
     for f in findings or []:
         ts = _us(f.ts or t_end, t0)
         # (every culprit's track gets the mark and its args: thousands of culprits are a count
@@ -137,7 +184,7 @@ def chrome_events(model: TraceModel, findings: list[Finding] | None = None,
         if f.evidence.get("consequences"):
             args["consequences"] = [c["message"] for c in f.evidence["consequences"][:10]]
         for r in sorted(set(f.culprits) or set(f.ranks)):
-            if ranks is not None and r not in ranks:
+            if r not in marked:  # (a rank not exported, a foreign stream left out among them: no process)
                 continue
             yield {"ph": "i", "s": "p", "name": f"{f.severity}: {f.kind}", "cat": "finding", "pid": r,
                    "tid": 0, "ts": ts, "args": args}
@@ -145,11 +192,18 @@ def chrome_events(model: TraceModel, findings: list[Finding] | None = None,
 
 def chrome_metadata(model: TraceModel, now: int | None = None, ranks: Collection[int] | None = None
                     ) -> dict[str, Any]:
-    """The trace's metadata: its span, its ranks, and (``ranks``) those exported, as ranges."""
+    """The trace's metadata: its span (``span``), the job's own ranks read, (``ranks``) those
+    exported, as ranges, and the foreign streams: each one's rank, cause, why, and whether
+    it was exported."""
     shown = {} if ranks is None else {"ranks_exported": ranges(sorted(r for r in ranks if r in model.ranks),
                                                                limit=None)}
-    return {"source": "commscope", "start_ns": model.start_ns, "end_ns": now if now is not None else model.end_ns,
-            "ranks": len(model.ranks), **shown}
+    foreign = model.foreign_streams
+    apart = {} if not foreign else {"foreign_streams": [
+        {"rank": r, "cause": why.cause.value, "why": why.message, "exported": ranks is not None and r in ranks}
+        for r, why in foreign.items()]}
+    start, end = span(model, now, ranks)
+    return {"source": "commscope", "start_ns": start, "end_ns": end, "ranks": len(model.ranks) - len(foreign),
+            **shown, **apart}
 
 
 def chrome_trace(model: TraceModel, findings: list[Finding] | None = None, now: int | None = None) -> dict[str, Any]:

@@ -2,7 +2,11 @@
 
 Open the file in https://ui.perfetto.dev or chrome://tracing: one process per rank,
 one track per group plus one for p2p, op spans with their args, findings as instant
-events, GPU/CPU counters.
+events, GPU/CPU counters.  Streams in the store that are not of the job's run (another
+job's rank file copied in, another launch's, a rank past the world size: the ones
+``check`` names foreign) are no process of the job's: left out, their count said, unless
+``--ranks`` asks for them, then written as processes of their own marked foreign, after
+the job's ranks; the time range is the job's own.
 
     commscope export runs/trace --chrome trace.json
     commscope export runs/trace --chrome trace.json --ranks culprits,0-7
@@ -25,6 +29,7 @@ from typing import IO
 
 from commscope.analysis.chrome import write_chrome
 from commscope.analysis.diagnose import default_hang_after
+from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
 from commscope.commands import options
 
@@ -39,7 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="for the findings marked in the trace")
     p.add_argument("--ranks", type=options.ranks, default=None, metavar="RANKS",
                    help="export only these ranks: ranks and ranges, comma-separated (0-7,2049), and "
-                        "'culprits' for the ranks the findings blame (default: every rank)")
+                        "'culprits' for the ranks the findings blame (default: every rank of the job; "
+                        "streams not of the job's run, which check names foreign, only when asked for, "
+                        "marked foreign)")
     options.add_since(p)
 
 
@@ -75,10 +82,21 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot write {args.chrome}: {exc.strerror or exc}") from None
     for w in warnings:
         print(options.warning(w).plain, file=sys.stderr)
-    shown = len(model.ranks) if ranks is None else len(ranks)
-    print(f"wrote {args.chrome}: {n:,} trace events, {shown:,} ranks" + (f" of {len(model.ranks):,}" if ranks is not None
-          else "") + f", {len(findings)} finding(s)", file=sys.stderr)
+    print(f"wrote {args.chrome}: {n:,} trace events, {_ranks_written(model, ranks)}, {len(findings)} finding(s)",
+          file=sys.stderr)
     return 0
+
+
+def _ranks_written(model: TraceModel, ranks: set[int] | None) -> str:
+    """The ranks written, the job's own (of how many where ``--ranks`` chose) and the foreign
+    streams (``TraceModel.kept_apart``) apart: left out unless asked for, then marked."""
+    apart = model.kept_apart
+    own = len(model.ranks) - len(apart)
+    if ranks is None:
+        return f"{own:,} ranks" + (f" (+{len(apart):,} foreign stream(s) kept apart, not written: "
+                                   f"--ranks {ranges(sorted(apart), limit=4)} writes them, marked)" if apart else "")
+    asked = len(ranks & apart)
+    return f"{len(ranks) - asked:,} ranks of {own:,}" + (f" (+{asked:,} foreign stream(s), marked)" if asked else "")
 
 
 class _Text:
