@@ -57,6 +57,23 @@ def _steps_then_a_recv_that_fails(rank: int, world: int, store: str) -> None:
                 pass
 
 
+def _steps_then_hold(rank: int, world: int, store: str, release: str) -> None:
+    """``_steps``, then recording on (heartbeats) until the file ``release`` exists: a rank
+    alive and writing for as long as a test needs it."""
+    import torch
+    import torch.distributed as dist
+
+    import commscope
+
+    x = torch.ones(4)
+    with commscope.instrumented(store, sample_interval=0.2, flight_recorder=False):
+        for _ in range(20):
+            dist.all_reduce(x)
+        dist.barrier()
+        while not os.path.exists(release):
+            time.sleep(0.05)
+
+
 def _launch(store: Path | str, world: int, spools: Path, job: str | None = None, steps=_steps,
             segment_mb: str | None = None) -> None:
     env = {"COMMSCOPE_SOURCE": "native", "COMMSCOPE_SPOOL_DIR": str(spools)}
@@ -616,3 +633,59 @@ def test_the_chrome_export_keeps_foreign_streams_apart(tmp_path):
     assert all(e["ts"] >= 0 for e in asked["traceEvents"] if "ts" in e)  # (the range widened to theirs)
     assert [f["exported"] for f in asked["metadata"]["foreign_streams"]] == [True, True]
     assert "2 ranks of 2 (+2 foreign stream(s), marked)" in said, said
+
+
+def test_a_consoles_job_ends_with_its_own_ranks_not_a_live_foreign_stream(tmp_path):
+    """``COMMSCOPE_JOB`` reused by hand: a 2-rank launch ends (ranks 0 and 1 exit), then a
+    4-rank launch under the same id writes ranks 2 and 3 beside them and stays alive
+    (heartbeats).  A console following the directory judged the job ended only once every
+    stream read had exited or died, foreign ones too: the job's own ranks had exited, but
+    the other launch's live streams kept it "LIVE", judged by the running clock.  Now the
+    job ends with its own ranks ("ENDED", judged at its end, as ``check`` judges it), while
+    the foreign streams go on."""
+    from tui_scenarios import drive
+
+    from commscope.analysis import rankstate
+    from commscope.launch import Job
+    from commscope.store import open_reader
+    from commscope.tui.app import CommscopeApp
+    from commscope.tui.feed import LIVE, Feed
+
+    spools = tmp_path / "spools"
+    store = tmp_path / "s"
+    _launch(store, 2, spools, job="samejob")
+    release = tmp_path / "release"
+    env = {"COMMSCOPE_SOURCE": "native", "COMMSCOPE_SPOOL_DIR": str(spools), "COMMSCOPE_JOB": "samejob"}
+    second = Job(_steps_then_hold, 4, args=(str(store), str(release)), env=env).start()
+    try:
+        feed = Feed(open_reader(str(store / "samejob")), mode=LIVE, source=str(store))
+        app = CommscopeApp(feed, start_feed=False, bell=False)
+
+        async def step(pilot) -> None:
+            feed._diagnosed_at = float("-inf")  # (would diagnose now)
+            info, _ = feed.step()
+            app.apply(info, feed.findings)
+            await pilot.pause()
+
+        async def check(pilot):
+            m = feed.model
+            deadline = time.monotonic() + 120
+            # until the other launch's ranks 2 and 3 made their ops and hold, found foreign
+            while not (feed.caught_up() and m.kept_apart == {2, 3} and all(m.n_ops(r) == 21 for r in (2, 3))):
+                assert time.monotonic() < deadline, (sorted(m.ranks), m.kept_apart)
+                await step(pilot)
+                await pilot.pause(0.05)
+            await step(pilot)
+            wall = feed._live_now()
+            assert all(rankstate.exited(m, r) is not None for r in (0, 1))  # (the premise: the job's own exited, ...
+            assert not any(rankstate.exited(m, r) or rankstate.is_dead(m, r, wall) for r in (2, 3))  # ... theirs live)
+            assert app.info.ended, "the job's own ranks exited: ended, whatever the foreign streams do"
+            assert "ENDED" in str(app.header_bar.render()) and "LIVE" not in str(app.header_bar.render())
+            assert app.info.now_ns == m.trace_end() == max(m.ranks[r].last_ts for r in (0, 1))
+            assert [(f.kind, f.culprits) for f in app.findings] == [("trace_incomplete", [2, 3])]
+
+        drive(app, check, size=(200, 40), loaded=False)
+    finally:
+        release.touch()
+        results = second.join(120)
+    assert all(r.ok for r in results.values()), {k: r.error for k, r in results.items()}

@@ -49,7 +49,7 @@ class FeedInfo:
     trimmed: bool = False
     warnings: tuple[str, ...] = ()
     waiting: bool = True  # nothing recorded yet
-    ended: bool = False  # every rank exited or died
+    ended: bool = False  # every rank of the job's own exited or died (``Feed._judge_end``)
     loaded: bool = False  # replay: the whole trace is in (findings are made then)
     progress: float = 0.0  # replay loading, 0..1
     now_ns: int = 0
@@ -201,14 +201,19 @@ class Feed:
         return self._ended is not None
 
     def _judge_end(self) -> bool:
-        """Whether the job ended: every rank exited or died, by the wall clock.  An ended job
-        stays frozen at its last record (clocks stop, nobody turns dead by the passing of
+        """Whether the job ended: every rank of the job's own exited or died, by the wall
+        clock (a foreign stream, ``TraceModel.kept_apart``, is another job's or launch's:
+        before, a live one kept an ended job "LIVE", judged by the running clock).  An ended
+        job stays frozen at its last record (clocks stop, nobody turns dead by the passing of
         time) until a new event arrives.  Returns whether the judgement (or the end) moved."""
         m = self.model
-        if self.mode == REPLAY or (self._ended is not None and self._ended[0] == m.version):
+        if self.mode == REPLAY:
+            return False
+        apart = m.kept_apart  # (first: finding a stream foreign moves the version on)
+        if self._ended is not None and self._ended[0] == m.version:
             return False
         wall = self._live_now()
-        ranks = m.rank_ids()
+        ranks = [r for r in m.rank_ids() if r not in apart] if apart else m.rank_ids()
         over = bool(ranks) and all(rankstate.exited(m, r) is not None or rankstate.is_dead(m, r, wall) for r in ranks)
         was = self._ended
         self._ended = (m.version, m.trace_end()) if over else None
