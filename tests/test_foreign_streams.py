@@ -689,3 +689,33 @@ def test_a_consoles_job_ends_with_its_own_ranks_not_a_live_foreign_stream(tmp_pa
         release.touch()
         results = second.join(120)
     assert all(r.ok for r in results.values()), {k: r.error for k, r in results.items()}
+
+
+def test_the_consoles_header_counts_the_jobs_events_and_the_foreign_apart(tmp_path):
+    """Ranks 2 and 3 of a 4-rank job copied into a 2-rank job's directory, replayed in the
+    console: before, the header's "N events" counted every stream read, the foreign ones in
+    with the job's.  Now it says the job's own and the foreign apart, the numbers ``check
+    --json`` gives (``events``, ``foreign_events``)."""
+    from tui_scenarios import drive
+
+    from commscope.store import open_reader
+    from commscope.tui.app import CommscopeApp
+    from commscope.tui.feed import REPLAY, Feed
+
+    spools = tmp_path / "spools"
+    _launch(tmp_path / "a", 2, spools)
+    _launch(tmp_path / "b", 4, spools)
+    a, b = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "b")
+    for r in (2, 3):
+        shutil.copy(b / f"rank-0000{r}.jsonl", a)
+    _, out = _check(a, spools)
+    assert out["foreign_events"] > 0  # (the premise)
+    feed = Feed(open_reader(str(a)), mode=REPLAY, source=str(a))
+    app = CommscopeApp(feed, start_feed=False, bell=False)
+
+    async def check(pilot):
+        header = str(app.header_bar.render())
+        said = f"· {out['events']:,} events (+{out['foreign_events']:,} foreign) "
+        assert said in header, (said, header)
+
+    drive(app, check, size=(250, 40))

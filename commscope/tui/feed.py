@@ -37,7 +37,10 @@ class FeedInfo:
     mode: str
     source: str
     version: int = 0
-    events: int = 0
+    events: int = 0  # every stream's read (the read counter: ``rate`` is its pace)
+    #: of ``events``, the foreign streams' (``ModelView.foreign`` as published: not the job's;
+    #: the header says them apart, "12,345 events (+678 foreign)")
+    foreign_events: int = 0
     rate: float = 0.0  # events/s ingested recently
     behind_bytes: int = 0  # written but not yet read (live)
     behind: bool = False
@@ -520,8 +523,10 @@ class Feed:
             rate = sum(n for _, n in window[1:]) / span if span > 0 else 0.0
         now = self.now()
         ended = self.ended
+        foreign = self.view.foreign  # (the published view's: no model state made here, off the lock)
         return FeedInfo(
-            mode=self.mode, source=self.source, version=m.version, events=m.events, rate=rate,
+            mode=self.mode, source=self.source, version=m.version, events=m.events,
+            foreign_events=m.events_of(foreign) if foreign else 0, rate=rate,
             behind_bytes=behind_bytes, behind=behind_bytes > self.BUDGET or lag > self.LAG_SHOWN_S,
             lag_s=lag, catching_up=not self.caught_up() and m.events > 0,
             corrupt=stats.corrupt, invalid=stats.invalid, reused=sum(m.reused.values()), trimmed=stats.trimmed,

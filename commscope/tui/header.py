@@ -1,10 +1,12 @@
-"""The one-line status header: job, world size, backend, clock, ingest rate, finding counts."""
+"""The one-line status header: job, world size, backend, clock, ingest rate, events (the job's own,
+the foreign streams' apart), finding counts."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.widgets import Static
 
+from commscope.tui import palette
 from commscope.tui.feed import REPLAY, FeedInfo
 from commscope.tui.fmt import clock, duration, rate, size
 
@@ -49,7 +51,10 @@ class StatusHeader(Static):
             elif info.behind:
                 what = f"{info.lag_s:.0f} s behind" if info.lag_s >= 1 else f"{size(info.behind_bytes)} unread"
                 t.append(f"· falling behind ({what}) ", style="bold #e0a030")
-        t.append(f"· {info.events:,} events ", style="grey62")
+        # (the job's own events; the foreign streams' apart, as ``check`` counts them)
+        t.append(f"· {info.events - info.foreign_events:,} events ", style="grey62")
+        if info.foreign_events:
+            t.append(f"(+{info.foreign_events:,} foreign) ", style=palette.FOREIGN_STYLE)
         if info.trimmed:
             t.append("· trimmed ", style="#e0a030")
         if info.corrupt:
