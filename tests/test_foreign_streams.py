@@ -719,3 +719,42 @@ def test_the_consoles_header_counts_the_jobs_events_and_the_foreign_apart(tmp_pa
         assert said in header, (said, header)
 
     drive(app, check, size=(250, 40))
+
+
+def test_the_consoles_clock_counts_from_the_jobs_own_start_not_an_earlier_foreign_streams(tmp_path):
+    """Ranks 2 and 3 of a 4-rank job launched before a 2-rank job, copied into its directory,
+    replayed in the console: before, the header's "+time" of the cursor and the ruler's
+    labels counted from the trace's first event, the other job's, and ``g`` jumped there,
+    before any op of the job's; ``G`` and play went to the trace's last.  Now they count
+    from the job's own start, and ``g``/``G`` go to the job's own start and end."""
+    from tui_scenarios import drive
+
+    from commscope.store import open_reader
+    from commscope.tui.app import CommscopeApp
+    from commscope.tui.feed import REPLAY, Feed
+    from commscope.tui.fmt import duration
+
+    spools = tmp_path / "spools"
+    _launch(tmp_path / "c", 4, spools)
+    _launch(tmp_path / "a", 2, spools)
+    a, c = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "c")
+    for r in (2, 3):
+        shutil.copy(c / f"rank-0000{r}.jsonl", a)
+    feed = Feed(open_reader(str(a)), mode=REPLAY, source=str(a))
+    app = CommscopeApp(feed, start_feed=False, bell=False)
+
+    async def check(pilot):
+        m = feed.model
+        first, last = min(m.ranks[r].first_ts for r in (0, 1)), max(m.ranks[r].last_ts for r in (0, 1))
+        assert m.start_ns < first and m.kept_apart == {2, 3}  # (the premise: the other job's events came first)
+        assert app.cursor_ns == last
+        header = str(app.header_bar.render())
+        assert f" +{duration(last - first)} " in header, (duration(last - first), header)
+        ruler = str(app.ruler.render())
+        assert "┆+0" in ruler, ruler  # (a tick at the job's start: its labels count from there)
+        await pilot.press("g")
+        assert app.cursor_ns == first, (app.cursor_ns, first, m.start_ns)
+        await pilot.press("G")
+        assert app.cursor_ns == last, (app.cursor_ns, last, m.end_ns)
+
+    drive(app, check, size=(200, 40))

@@ -364,7 +364,8 @@ class CommscopeApp(App):
         errors = sum(f.severity == "error" for f in self.findings)
         warnings = sum(f.severity == "warning" for f in self.findings)
         self.header_bar.show(self.info, job=str(job), world=world, backend=str(meta.get("backend", "?")),
-                             errors=errors, warnings=warnings, cursor_ns=self.cursor_ns, start_ns=m.start_ns,
+                             errors=errors, warnings=warnings, cursor_ns=self.cursor_ns,
+                             start_ns=self.timeline.own_span()[0],  # (the job's: not a foreign stream's start)
                              playing=self.playing, speed=self.speed, problem=self._problem,
                              untimed=self._untimed_ops())
 
@@ -375,7 +376,7 @@ class CommscopeApp(App):
         self._last_tick = mono
         if self.feed.mode == REPLAY:
             if self.playing and self.cursor_ns is not None:
-                end = self.feed.model.end_ns
+                end = max(self.timeline.own_span()[1], self.cursor_ns)  # (the job's end; a cursor past it stays)
                 self.cursor_ns = min(end, self.cursor_ns + int(dt * self.speed * 1e9))
                 if self.cursor_ns >= end:
                     self.playing = False
@@ -502,8 +503,9 @@ class CommscopeApp(App):
 
     def action_play_pause(self) -> None:
         if self._replay_only():
-            if self.cursor_ns >= self.feed.model.end_ns:
-                self.cursor_ns = self.feed.model.start_ns
+            start, end = self.timeline.own_span()
+            if self.cursor_ns >= end:
+                self.cursor_ns = start
             self.playing = not self.playing
             self._show_header()
 
@@ -522,13 +524,13 @@ class CommscopeApp(App):
 
     def action_jump_start(self) -> None:
         if self._replay_only():
-            self.cursor_ns = self.feed.model.start_ns
+            self.cursor_ns = self.timeline.own_span()[0]  # (the job's: not a foreign stream's)
             self.timeline.follow = True
             self._cursor_moved()
 
     def action_jump_end(self) -> None:
         if self._replay_only():
-            self.cursor_ns = self.feed.model.end_ns
+            self.cursor_ns = self.timeline.own_span()[1]
             self.timeline.follow = True
             self._cursor_moved()
 

@@ -40,7 +40,7 @@ class Ruler(Widget):
             return Text("")
         width = self.size.width
         w = max(1, width - GUTTER)
-        origin = tl.feed.model.start_ns or tl.t0
+        origin = tl.own_span()[0] or tl.t0  # (the job's start: a foreign stream's may be a day before)
         step = next((s for s in _STEPS if s >= tl.npc * 14), _STEPS[-1])
         line = [" "] * w
         first = -(-(tl.t0 - origin) // step) * step + origin

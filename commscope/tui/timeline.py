@@ -180,6 +180,7 @@ class Timeline(ScrollView, can_focus=True):
         self._dots: dict[int, str] = {}
         self._placed = False
         self.empty_text: str | None = None  # why there is nothing to show (set by the app)
+        self._own: tuple[ModelView | None, tuple[int, int]] = (None, (0, 0))  # (view, ``own_span`` of it)
 
     def reset(self) -> None:
         """Forget everything about the previous source (the feed was switched)."""
@@ -201,6 +202,19 @@ class Timeline(ScrollView, can_focus=True):
     def model(self):
         """The model as of the feed's last batch (``TraceModel.view``): read without a lock."""
         return self.feed.view
+
+    def own_span(self) -> tuple[int, int]:
+        """The job's own (start, end) in the published view (``ModelView.own_bounds``, the
+        trace's where the job has no timed event yet): what the ruler and the header count
+        time from and ``g``/``G`` go to (before, the trace's first and last event: a foreign
+        stream copied in from a job launched earlier made the job's first op "+1.1 s").  Once
+        per view: ``own_bounds`` walks every rank where there are foreign streams, and the
+        header asks ten times a second."""
+        v = self.model
+        if self._own[0] is not v:
+            start, end = v.own_bounds() if v.foreign else v.bounds()
+            self._own = (v, (start, end) if end else v.bounds())
+        return self._own[1]
 
     def timeline_width(self) -> int:
         return max(1, self.size.width - GUTTER)
@@ -294,9 +308,7 @@ class Timeline(ScrollView, can_focus=True):
         return True
 
     def _place_initial(self) -> None:
-        start, end = self.model.own_bounds()  # (the job's: a foreign stream's may be a day off)
-        if not end:  # (no own rank wrote a timed event yet)
-            start, end = self.model.bounds()
+        start, end = self.own_span()  # (the job's: a foreign stream's may be a day off)
         span = max(end - start, 10**9)
         self.npc = _clamp(span // max(1, int(self.timeline_width() * 0.8)))
         self.t0 = start - self.npc * 2
