@@ -758,3 +758,36 @@ def test_the_consoles_clock_counts_from_the_jobs_own_start_not_an_earlier_foreig
         assert app.cursor_ns == last, (app.cursor_ns, last, m.end_ns)
 
     drive(app, check, size=(200, 40))
+
+
+def test_the_consoles_gpu_panel_lists_foreign_streams_apart_and_marked(tmp_path):
+    """No job metadata to go by (``job.json`` deleted): ranks 2-5 of a 6-rank job copied into
+    a 2-rank job's directory outvote its ranks 0 and 1, which are then the foreign ones.
+    Replayed in the console, the resource panel (``r``) listed every stream in rank order,
+    alike: r0 and r1 first, as ranks of the job.  Now the job's ranks come first and the
+    foreign streams last, marked "⊘", as the rank table and the timeline list them."""
+    from tui_scenarios import drive
+
+    from commscope.store import open_reader
+    from commscope.tui.app import CommscopeApp
+    from commscope.tui.feed import REPLAY, Feed
+
+    spools = tmp_path / "spools"
+    _launch(tmp_path / "a", 2, spools)
+    _launch(tmp_path / "c", 6, spools)
+    a, c = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "c")
+    (a / "job.json").unlink()
+    for r in (2, 3, 4, 5):
+        shutil.copy(c / f"rank-0000{r}.jsonl", a)
+    feed = Feed(open_reader(str(a)), mode=REPLAY, source=str(a))
+    app = CommscopeApp(feed, start_feed=False, bell=False)
+
+    async def check(pilot):
+        assert feed.model.kept_apart == {0, 1}  # (the premise: the vote names the 2-rank job's)
+        await pilot.press("r")  # the resource panel in place of the rank table
+        await pilot.pause()
+        labels = [app.gpu.render_line(y).text[:7].strip() for y in range(1, 7)]
+        assert labels == ["r2", "r3", "r4", "r5", "⊘r0", "⊘r1"], labels
+        assert app.ranks_table.order == [2, 3, 4, 5, 0, 1]  # (the rank table's, as before)
+
+    drive(app, check, size=(200, 50))

@@ -39,16 +39,24 @@ class GpuPanel(ScrollView):
         super().__init__(**kwargs)
         self.feed = feed
         self.ranks: list[int] = []
+        self.apart: frozenset[int] = frozenset()  # (foreign streams: rows last, marked)
         self.mode = "gpu"
         self.reason = ""
 
     def refresh_ranks(self) -> None:
+        """The rows: the job's ranks, then the foreign streams (``TraceModel.kept_apart``:
+        another job's or launch's) apart, last and marked, as the rank table and the
+        timeline list them (before, rows like the job's, in rank order); whether the job
+        uses GPUs is its own ranks' say."""
         m = self.feed.model
         with self.feed.lock:
-            self.ranks = m.rank_ids()
-            has_gpu = any(not np.all(np.isnan(m.samples(r)["gpu_util"])) for r in self.ranks
+            apart = m.kept_apart
+            own = [r for r in m.rank_ids() if r not in apart]
+            self.apart = apart
+            self.ranks = own + sorted(apart)
+            has_gpu = any(not np.all(np.isnan(m.samples(r)["gpu_util"])) for r in own or self.ranks
                           if m.samples(r)["gpu_util"].shape[0])
-            errors = {e for r in self.ranks if (e := m.ranks[r].samples.gpu_error)}
+            errors = {e for r in own or self.ranks if (e := m.ranks[r].samples.gpu_error)}
         self.mode = "gpu" if has_gpu else "cpu"
         if not has_gpu:
             self.reason = (min(errors) if errors else "no GPU samples: a CPU-only job (no CUDA device in use)")
@@ -90,7 +98,9 @@ class GpuPanel(ScrollView):
             last_b = size(b[-1] if b.shape[0] else None)
             s1, s2 = spark(a, 0, hi1, w1), spark(b, 0, hi2, w2)
         idle = self.mode == "gpu" and a.shape[0] and a[-1] == a[-1] and a[-1] < 5
-        segs = [Segment(f"r{r}".ljust(LABEL), Style(bold=True)),
+        label = Segment(f"⊘r{r}".ljust(LABEL), palette.FOREIGN_STYLE) if r in self.apart \
+            else Segment(f"r{r}".ljust(LABEL), Style(bold=True))
+        segs = [label,
                 Segment(s1, Style(color="#e0a030" if idle else "#3fa58f")),
                 Segment(f" {last_a:>4} ", Style(color="grey70")),
                 Segment(s2, Style(color="#4f8fd6")),
