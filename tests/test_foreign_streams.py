@@ -375,6 +375,9 @@ def test_the_consoles_rank_table_shows_foreign_streams_apart_as_foreign(tmp_path
 
     spools = tmp_path / "spools"
     _launch(tmp_path / "a", 2, spools)
+    ended = time.time_ns()  # (after every event of the 2-rank job)
+    while time.time_ns() < ended + 10**9:  # the premise below: both jobs together span more than
+        time.sleep(0.05)  # a fit's least (1 s; a warm machine launches the next job sooner)
     _launch(tmp_path / "b", 4, spools)
     a, b = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "b")
     for r in (2, 3):
