@@ -558,6 +558,8 @@ def test_a_trace_is_judged_at_its_own_ranks_end_not_a_later_foreign_streams():
     model = TraceModel.from_events(events)
     assert model.kept_apart == {2} and model.end_ns >= T0 + 3600 * S  # (the premise)
     assert trace_now(model) == max(rt.last_ts for r, rt in model.ranks.items() if r != 2) < T0 + 3 * S
+    own = [rt for r, rt in model.ranks.items() if r != 2]
+    assert model.own_bounds() == (min(rt.first_ts for rt in own), max(rt.last_ts for rt in own))
     findings = diagnose(model, trace_now(model), 30.0)
     assert [(f.kind, f.culprits) for f in findings] == [("trace_incomplete", [2])], [
         (f.kind, f.culprits, f.message) for f in findings]

@@ -2673,8 +2673,12 @@ class TraceModel:
         apart = self.kept_apart
         if not apart:
             return self.start_ns, self.end_ns
-        own = [rt for r, rt in self.ranks.items() if r not in apart and rt.last_ts]
-        return (min(rt.first_ts for rt in own), max(rt.last_ts for rt in own)) if own else (0, 0)
+        t = self.table  # (columns, not a step per rank: a replay's feed asks at every step)
+        own = t.last_ts[: t.size] > 0
+        own[[rt._s for r in apart if (rt := self.ranks.get(r)) is not None]] = False
+        if not own.any():
+            return 0, 0
+        return int(t.first_ts[: t.size][own].min()), int(t.last_ts[: t.size][own].max())
 
     def trace_end(self) -> int:
         """The last timestamp of the job's own ranks (``own_bounds``; the trace's, where they
