@@ -1774,3 +1774,48 @@ def test_a_history_tie_that_a_rank_not_compared_would_break_names_nobody(tmp_pat
     assert (rc, found) == (1, [("collective_mismatch", [])])
     assert out["findings"][0]["evidence"]["history"]["not_compared"] == [1]
     assert "cannot be told" in out["findings"][0]["message"]
+
+
+def test_a_stream_with_a_segment_deleted_before_its_carry_is_bounded_still(tmp_path):
+    """A segment deleted by hand before its closer carried it: the closer replays the one after
+    it from none (a partial carry) and retention goes on bounding the stream.  Before, it
+    stopped at the first segment with no carry for good, and the stream grew past its bound;
+    a reader entering after the gap still says what the rank was in there is not known."""
+    limit = retention.Retention(max_bytes=1 << 20, max_age_s=None)
+    busy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # (no closer runs yet)
+    try:
+        w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=64 << 10, retain=limit)
+        w._retainer = busy
+        w.write([meta()])
+        k = 0
+        while len(list_segments(tmp_path / "job")[(0, 0)]) < 3:
+            w.write([beat(0, j) for j in range(k, k + 100)])
+            k += 100
+        job = tmp_path / "job"
+        assert not list(job.glob("*.open.*"))  # (no carry written: its closer has not run)
+        list_segments(job)[(0, 0)][1].path.unlink()  # (by hand)
+    finally:
+        busy.kill()
+        busy.wait()
+    w._retainer = None
+    for at in range(k, k + 20000, 100):
+        w.write([beat(0, j) for j in range(at, at + 100)])
+        if w._retainer is not None:  # (each closer done before the next write: none skipped)
+            assert w._retainer.wait(60) == 0
+    w.close()
+    if w._retainer is not None:
+        assert w._retainer.wait(60) == 0
+    segs = list_segments(job)[(0, 0)]
+    assert sum(os.path.getsize(s.path) for s in segs) <= limit.max_bytes + (64 << 10)
+    assert segs[0].number > 2
+    summaries = [orjson.loads(x) for x in (job / "rank-00000.summary.jsonl").read_bytes().splitlines()]
+    assert [s["seg"] for s in summaries] == [0, *range(2, segs[0].number)]
+    reader = open_source(str(tmp_path))
+    reader.read_all()
+    assert reader.stats.warnings == [
+        f"rank 0: what it was in when segment {segs[0].number - 1} ended is not known (not carried, and a segment "
+        "before it is gone): an op begun before may be missing",
+        "rank 0: 1 segment(s) of its stream gone from the store (segment 1): neither on disk nor summarized by "
+        "retention; what they held is lost"]
+    assert reader.stats.missing_by_rank == {0: 1}
+    assert reader.stats.summarized == sum(s["events"] for s in summaries)

@@ -9,6 +9,7 @@ Layout::
     ROOT/<job>/rank-00003+1.jsonl    the same rank's next incarnation (its process group
                                      initialised again in one process): a stream of its own
     ROOT/<job>/rank-00003.open.000000.jsonl   what it was in when segment 0 ended (store/inflight.py)
+    ROOT/<job>/rank-00003.open.000004.partial.jsonl   the same, replayed past a segment gone uncarried
     ROOT/<job>/rank-00003.summary.jsonl       what retention kept of deleted segments (store/retention.py)
     ROOT/<job>/rank-00003.crash      what faulthandler wrote if rank 3 died of a fatal signal
                                      (traces of earlier versions; read back as events: see

@@ -40,6 +40,15 @@ def carry_path(directory: Path, stream: Stream, number: int) -> Path:
     return directory / f"{stream_prefix(*stream)}.open.{number:06d}.jsonl"
 
 
+def partial_path(directory: Path, stream: Stream, number: int) -> Path:
+    """Where the closer puts the carry of segment ``number`` replayed past a gap (a segment
+    before it deleted by hand or lost before its carry was written): what began after the
+    gap, not what the rank was in before it.  Apart from ``carry_path``, so a reader never
+    takes it for a whole carry (it still warns that what the rank was in is not known);
+    retention takes it as carried, so a stream with a gap is still bounded."""
+    return directory / f"{stream_prefix(*stream)}.open.{number:06d}.partial.jsonl"
+
+
 #: What ``starts_again`` is given of a segment: its first line, a ``store_lost`` marker, at least
 HEAD_BYTES = 4096
 #: A carry holds the ops in flight of one rank: far less than this, or it is not one
@@ -66,11 +75,12 @@ def group_of(begin: dict) -> str:
     return str(group) if group is not None else "?"
 
 
-def carried(directory: Path, stream: Stream, number: int) -> bytes | None:
+def carried(directory: Path, stream: Stream, number: int, partial: bool = False) -> bytes | None:
     """The carry of segment ``number``, its lines as stored, each ended (None: it has none, or
-    what is there is not one: not a regular file, or larger than any carry)."""
+    what is there is not one: not a regular file, or larger than any carry).  ``partial``:
+    the one replayed past a gap (``partial_path``) instead."""
     try:
-        data = read_regular(carry_path(directory, stream, number), MAX_CARRY)
+        data = read_regular((partial_path if partial else carry_path)(directory, stream, number), MAX_CARRY)
     except OSError:
         return None
     return data if data.endswith(b"\n") or not data else data + b"\n"
@@ -505,27 +515,37 @@ def write_carries(directory: Path, stream: Stream, segs: list[Segment], names: s
     """Write the carry of each closed one of a stream's segments (``segs``, oldest first) that
     has none (``names``: the files of ``directory``), oldest first: each starts from the one
     before, a segment its writer started again after a loss from none (``starts_again``: it
-    restates what the rank was in).  A segment whose predecessor has no carry (deleted
-    before one was written) stops it: readers starting after it say that what was in flight
-    there is unknown."""
-    last: tuple[int, bytes] | None = None  # the carry this call wrote last (not read back)
+    restates what the rank was in).  A segment whose predecessor is gone with no carry
+    (deleted by hand or lost before one was written) is replayed from none, and it and the
+    ones after it get a partial carry (``partial_path``): retention goes on bounding the
+    stream (before, it stopped there for good and the stream filled the disk), and readers
+    starting after the gap still say that what was in flight there is unknown."""
+    numbers = {seg.number for seg in segs}
+    last: tuple[int, bytes, bool] | None = None  # the carry this call wrote last (not read back), partial
     for seg in segs[:-1]:  # (the newest is being written)
         path = carry_path(directory, stream, seg.number)
-        if path.name in names:
+        if path.name in names or partial_path(directory, stream, seg.number).name in names:
             continue
+        partial = last is not None and last[0] == seg.number - 1 and last[2]
         try:
             before = _start_of(directory, stream, seg, last[1] if last is not None and last[0] == seg.number - 1
                                else None)
         except OSError:
             break
         if before is None:
+            before = carried(directory, stream, seg.number - 1, partial=True)
+            partial = True
+            if before is None and seg.number - 1 not in numbers:
+                before = b""  # (the gap: what was in flight before it is not known)
+        if before is None:
             break
         try:
             data = open_at_end(seg, before, stream[0])
         except OSError:
             break
-        atomic_write(path, data, mode_of(seg.path))
-        last = (seg.number, data)
+        atomic_write((partial_path if partial else carry_path)(directory, stream, seg.number), data,
+                     mode_of(seg.path))
+        last = (seg.number, data, partial)
 
 
 def as_read(events: list[dict], read: int) -> list[dict]:

@@ -374,9 +374,9 @@ def enforce(directory: Path, rank: int, incarnation: int, retain: Retention, seg
             return 0
         done = _last_summarized(summary)
         # (segments are numbered one after the other: each one's carry is the next one's before)
-        before = inflight.carried(directory, stream, drop[0].number - 1) if drop[0].number > 0 else b""
+        before = _carried(directory, stream, drop[0].number - 1) if drop[0].number > 0 else b""
         for seg in drop:
-            out = inflight.carried(directory, stream, seg.number)
+            out = _carried(directory, stream, seg.number)
             if out is None:
                 break  # not carried yet: deleting it would lose what was in flight at its end
             if seg.number > done:  # (a child stopped after summarizing it: once is enough)
@@ -389,12 +389,21 @@ def enforce(directory: Path, rank: int, incarnation: int, retain: Retention, seg
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(seg.path)
                 gone += 1
-            with contextlib.suppress(FileNotFoundError):
-                inflight.carry_path(directory, stream, seg.number - 1).unlink()
+            for path in (inflight.carry_path, inflight.partial_path):
+                with contextlib.suppress(FileNotFoundError):
+                    path(directory, stream, seg.number - 1).unlink()
             before = out
     finally:
         os.close(lock)
     return gone
+
+
+def _carried(directory: Path, stream: tuple[int, int], number: int) -> bytes | None:
+    """The carry of segment ``number``, whole or replayed past a gap (``inflight.partial_path``:
+    a segment before it gone before its carry was written): either says what a reader entering
+    after it is told, so the segment may go."""
+    out = inflight.carried(directory, stream, number)
+    return out if out is not None else inflight.carried(directory, stream, number, partial=True)
 
 
 _SEG = re.compile(rb'"seg":(\d+)')
