@@ -1819,3 +1819,30 @@ def test_a_stream_with_a_segment_deleted_before_its_carry_is_bounded_still(tmp_p
         "retention; what they held is lost"]
     assert reader.stats.missing_by_rank == {0: 1}
     assert reader.stats.summarized == sum(s["events"] for s in summaries)
+
+
+def test_a_forwarder_s_next_segment_counts_the_lines_before_it_resumed(tmp_path):
+    """A forwarder resuming a dead rank's stream and rotating says, in its next segment's meta,
+    the lines the stream held before it too (``lines_before``): a segment of its gone by hand
+    is counted as the lines it held.  Before, the meta counted only the forwarder's own lines,
+    and a reader counted the gone segment's lines as not known."""
+    _segmented(tmp_path, beats=60, segment=1024, step=6)  # (the rank's: two segments or more)
+    job = tmp_path / "job"
+    held = len(list_segments(job)[(0, 0)])
+    f = DirectoryWriter(tmp_path, "job", 0, resume=True, segment_bytes=1024, closer=False)
+    f.write([meta()])
+    k = 60
+    while len(list_segments(job)[(0, 0)]) < held + 2:
+        f.write([beat(0, j) for j in range(k, k + 6)])
+        k += 6
+    f.close()
+    segs = list_segments(job)[(0, 0)]
+    gone = segs[held]  # (the first the forwarder started)
+    lines = gone.path.read_bytes().count(b"\n")
+    gone.path.unlink()
+    reader = open_source(str(tmp_path))
+    reader.read_all()
+    assert reader.stats.warnings == [
+        f"rank 0: 1 segment(s) of its stream gone from the store (segment {gone.number}): neither on disk nor "
+        f"summarized by retention; {lines} line(s) of them not read are lost"]
+    assert reader.stats.missing_by_rank == {0: lines}

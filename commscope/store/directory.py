@@ -244,6 +244,9 @@ class DirectoryWriter:
         self._job_meta = dict(job_meta or {}, job=job)
         self._meta_line: bytes | None = None  # the rank's meta, written again into a recreated store
         self._lines = 0  # lines this writer put into the file (what a deleted store lost)
+        #: The lines the stream held before this writer (a forwarder's: ``resume``), which the
+        #: meta of each segment it starts counts too (``_next_segment``); None: not known
+        self._resumed: int | None = 0
         #: The carry of the segment before the current one, read once its closer wrote it (b"":
         #: segment 0, or a file started again after a loss, which restated it): what replays
         #: the segment when it is deleted (``_restated``).  None: not read yet
@@ -269,6 +272,8 @@ class DirectoryWriter:
                 )
             if resume and size > 0:  # a line the dead rank left half-written is ended
                 self._torn = read_from(self.path, size - 1, 1) != b"\n"
+            if resume:
+                self._resumed = self._lines_held()
             if rank == 0 and incarnation == 0 and not resume:
                 meta = dict(job_meta or {}, job=job)
                 atomic_write(self.dir / JOB_FILE, orjson.dumps(meta, option=orjson.OPT_INDENT_2), self.modes.file)
@@ -448,7 +453,26 @@ class DirectoryWriter:
             return []
         # (saying the lines before it: a reader starting here, at a window or after retention,
         # does not count those as lost when a ``store_lost`` marker counts them all)
-        return [segments.opening_meta(self._meta_line, self._lines)]
+        if self._resumed is None:  # (says nothing: a reader counts as for a writer from before)
+            return [self._meta_line]
+        return [segments.opening_meta(self._meta_line, self._resumed + self._lines)]
+
+    def _lines_held(self) -> int | None:
+        """The lines of the stream before a forwarder resumes it (``resume``): those before its
+        newest segment (0 before segment 0, else as that segment's meta says) and the
+        segment's own, a half-written one the writer ends included; None where the meta says
+        none (a writer from before ``lines_before``) or the file cannot be read.  Read once,
+        when the forwarder starts: before, its next segment's meta counted only the
+        forwarder's own lines, and a reader counted too few lines lost (or none) where a
+        segment after it went."""
+        try:
+            data = read_from(self.path, 0, self._segment_size)
+        except OSError:
+            return None
+        before = 0 if self._segment == 0 else segments.lines_before(data)
+        if before is None:
+            return None
+        return before + count_lines(data, len(data)) + self._torn
 
     def _retire(self) -> None:
         """Start the child that closes the last segment (carries what is in flight, bounds
