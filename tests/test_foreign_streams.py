@@ -284,6 +284,25 @@ def test_a_foreign_streams_failed_wait_blames_none_of_the_jobs_ranks(tmp_path):
     _kept_apart(a, {0, 1}, {3: 22})
 
 
+def _copied(into: Path, source: Path, ranks: tuple[int, ...]) -> Path:
+    """The rank files ``ranks`` of the job stored at ``source`` copied into the job stored at
+    ``into``; its job directory."""
+    a, b = _job_dir(into), _job_dir(source)
+    for r in ranks:
+        shutil.copy(b / f"rank-{r:05d}.jsonl", a)
+    return a
+
+
+def _replayed(job: Path):
+    """A console replaying ``job`` (its feed and app; ``drive`` runs it)."""
+    from commscope.store import open_reader
+    from commscope.tui.app import CommscopeApp
+    from commscope.tui.feed import REPLAY, Feed
+
+    feed = Feed(open_reader(str(job)), mode=REPLAY, source=str(job))
+    return feed, CommscopeApp(feed, start_feed=False, bell=False)
+
+
 def _job_dir(store: Path) -> Path:
     [d] = [p for p in store.iterdir() if p.is_dir()]
     return d
@@ -369,9 +388,6 @@ def test_the_consoles_rank_table_shows_foreign_streams_apart_as_foreign(tmp_path
     sort, their state cell saying what they are (another job's), the job's ranks theirs."""
     from tui_scenarios import drive
 
-    from commscope.store import open_reader
-    from commscope.tui.app import CommscopeApp
-    from commscope.tui.feed import REPLAY, Feed
 
     spools = tmp_path / "spools"
     _launch(tmp_path / "a", 2, spools)
@@ -379,11 +395,8 @@ def test_the_consoles_rank_table_shows_foreign_streams_apart_as_foreign(tmp_path
     while time.time_ns() < ended + 10**9:  # the premise below: both jobs together span more than
         time.sleep(0.05)  # a fit's least (1 s; a warm machine launches the next job sooner)
     _launch(tmp_path / "b", 4, spools)
-    a, b = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "b")
-    for r in (2, 3):
-        shutil.copy(b / f"rank-0000{r}.jsonl", a)
-    feed = Feed(open_reader(str(a)), mode=REPLAY, source=str(a))
-    app = CommscopeApp(feed, start_feed=False, bell=False)
+    a = _copied(tmp_path / "a", tmp_path / "b", (2, 3))
+    feed, app = _replayed(a)
 
     async def check(pilot):
         table = app.ranks_table
@@ -703,20 +716,14 @@ def test_the_consoles_header_counts_the_jobs_events_and_the_foreign_apart(tmp_pa
     --json`` gives (``events``, ``foreign_events``)."""
     from tui_scenarios import drive
 
-    from commscope.store import open_reader
-    from commscope.tui.app import CommscopeApp
-    from commscope.tui.feed import REPLAY, Feed
 
     spools = tmp_path / "spools"
     _launch(tmp_path / "a", 2, spools)
     _launch(tmp_path / "b", 4, spools)
-    a, b = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "b")
-    for r in (2, 3):
-        shutil.copy(b / f"rank-0000{r}.jsonl", a)
+    a = _copied(tmp_path / "a", tmp_path / "b", (2, 3))
     _, out = _check(a, spools)
     assert out["foreign_events"] > 0  # (the premise)
-    feed = Feed(open_reader(str(a)), mode=REPLAY, source=str(a))
-    app = CommscopeApp(feed, start_feed=False, bell=False)
+    feed, app = _replayed(a)
 
     async def check(pilot):
         header = str(app.header_bar.render())
@@ -734,19 +741,13 @@ def test_the_consoles_clock_counts_from_the_jobs_own_start_not_an_earlier_foreig
     from the job's own start, and ``g``/``G`` go to the job's own start and end."""
     from tui_scenarios import drive
 
-    from commscope.store import open_reader
-    from commscope.tui.app import CommscopeApp
-    from commscope.tui.feed import REPLAY, Feed
     from commscope.tui.fmt import duration
 
     spools = tmp_path / "spools"
     _launch(tmp_path / "c", 4, spools)
     _launch(tmp_path / "a", 2, spools)
-    a, c = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "c")
-    for r in (2, 3):
-        shutil.copy(c / f"rank-0000{r}.jsonl", a)
-    feed = Feed(open_reader(str(a)), mode=REPLAY, source=str(a))
-    app = CommscopeApp(feed, start_feed=False, bell=False)
+    a = _copied(tmp_path / "a", tmp_path / "c", (2, 3))
+    feed, app = _replayed(a)
 
     async def check(pilot):
         m = feed.model
@@ -773,19 +774,13 @@ def test_the_consoles_gpu_panel_lists_foreign_streams_apart_and_marked(tmp_path)
     foreign streams last, marked "⊘", as the rank table and the timeline list them."""
     from tui_scenarios import drive
 
-    from commscope.store import open_reader
-    from commscope.tui.app import CommscopeApp
-    from commscope.tui.feed import REPLAY, Feed
 
     spools = tmp_path / "spools"
     _launch(tmp_path / "a", 2, spools)
     _launch(tmp_path / "c", 6, spools)
-    a, c = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "c")
+    a = _copied(tmp_path / "a", tmp_path / "c", (2, 3, 4, 5))
     (a / "job.json").unlink()
-    for r in (2, 3, 4, 5):
-        shutil.copy(c / f"rank-0000{r}.jsonl", a)
-    feed = Feed(open_reader(str(a)), mode=REPLAY, source=str(a))
-    app = CommscopeApp(feed, start_feed=False, bell=False)
+    feed, app = _replayed(a)
 
     async def check(pilot):
         assert feed.model.kept_apart == {0, 1}  # (the premise: the vote names the 2-rank job's)
