@@ -237,9 +237,7 @@ def test_streams_copied_in_that_outnumber_the_jobs_own_are_named(tmp_path):
     spools = tmp_path / "spools"
     _launch(tmp_path / "a", 2, spools)
     _launch(tmp_path / "c", 6, spools)
-    a, c = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "c")
-    for r in (2, 3, 4, 5):
-        shutil.copy(c / f"rank-0000{r}.jsonl", a)
+    a, c = _copied(tmp_path / "a", tmp_path / "c", (2, 3, 4, 5)), _job_dir(tmp_path / "c")
     why = f"its meta names job {c.name!r}, not {a.name!r}"
     _named(a, spools, [2, 3, 4, 5], dict.fromkeys((2, 3, 4, 5), why), "another_job")
     _kept_apart(a, {0, 1}, dict.fromkeys((2, 3, 4, 5), 21))
@@ -592,9 +590,7 @@ def test_a_console_started_before_the_jobs_metadata_judges_again_when_it_comes(t
     spools = tmp_path / "spools"
     _launch(tmp_path / "a", 2, spools)
     _launch(tmp_path / "c", 6, spools)
-    a, c = _job_dir(tmp_path / "a"), _job_dir(tmp_path / "c")
-    for r in (2, 3, 4, 5):
-        shutil.copy(c / f"rank-0000{r}.jsonl", a)
+    a = _copied(tmp_path / "a", tmp_path / "c", (2, 3, 4, 5))
     (a / "job.json").rename(tmp_path / "job.json")
     feed = Feed(open_reader(str(a)), mode=LIVE)
     _followed(feed, lambda f: sorted(f.model.ranks) == list(range(6)) and f.diagnoses)

@@ -497,6 +497,20 @@ def _beat(k: int, rank: int = 0) -> bytes:
     return orjson.dumps({"type": "heartbeat", "ts": _T0 + k * 10**9, "v": 3, "rank": rank, "inflight": 0})
 
 
+def _read_by_workers(monkeypatch) -> list[int]:
+    """A reader's first read shared out to two read workers whatever its size; the sizes of
+    the worker pools started (a test asserts one was)."""
+    from commscope.store import bulkread
+    from commscope.store.directory import DirectoryReader
+
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    started: list[int] = []
+    real = bulkread.Workers.__init__
+    monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))
+    return started
+
+
 class _Beating:
     """Rank 0's writer of 2 KiB segments (no closers), its meta written: heartbeats, ten a
     write, fill its segments."""
@@ -715,8 +729,8 @@ def test_a_console_whose_workers_read_first_counts_what_retention_summarized_bef
     marker counts as lost exactly the lines written after the read.  Before, the summaries
     waited for the first poll, and the directory went with them: every segment summarized
     was counted gone, with its lines (305 lost where 32 were)."""
-    from commscope.store import bulkread, retention
-    from commscope.store.directory import DirectoryReader, DirectoryWriter
+    from commscope.store import retention
+    from commscope.store.directory import DirectoryWriter
 
     other = DirectoryWriter(tmp_path, "job", 1, {"world_size": 2}, closer=False)  # (a job of 2 streams goes apart)
     other.write([orjson.dumps({"type": "meta", "ts": _T0, "v": 3, "rank": 1, "world_size": 2, "host": "h"})])
@@ -724,11 +738,7 @@ def test_a_console_whose_workers_read_first_counts_what_retention_summarized_bef
     w = _Beating(tmp_path)
     w.write(300)
     assert retention.close_stream(tmp_path / "job", 0, 0, retention.Retention(4096, None)) > 10
-    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
-    started: list[int] = []
-    real = bulkread.Workers.__init__
-    monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))
+    started = _read_by_workers(monkeypatch)
     fresh = open_reader(str(tmp_path))
     fresh.read_all()
     reader = open_reader(str(tmp_path))
@@ -757,8 +767,7 @@ def test_a_console_whose_workers_entered_a_segment_with_no_line_yet_takes_its_li
     a ``store_lost`` marker read later (the job directory deleted) counts as lost exactly
     the lines written after it caught up.  Before, the flag stayed in the worker and the
     console counted every line before the segment lost too."""
-    from commscope.store import bulkread
-    from commscope.store.directory import DirectoryReader, DirectoryWriter
+    from commscope.store.directory import DirectoryWriter
     from commscope.window import Since
 
     t0, beat = _T0, _beat
@@ -775,11 +784,7 @@ def test_a_console_whose_workers_entered_a_segment_with_no_line_yet_takes_its_li
     held = newest.path.read_bytes()
     torn = held.index(b"\n") // 2  # (its first line, the meta saying the lines before it, half written)
     os.truncate(newest.path, torn)
-    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
-    started: list[int] = []
-    real = bulkread.Workers.__init__
-    monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))
+    started = _read_by_workers(monkeypatch)
     reader = open_reader(str(tmp_path))
     try:
         reader.start_at(Since(at_ns=t0 + 400 * 10**9))  # (its newest segment only)
@@ -854,19 +859,13 @@ def test_a_console_whose_first_read_went_to_workers_counts_only_what_it_had_not_
     is read after it), and from a window, take those before it as skipped, as polls do.
     Before, no worker counted them, and the console counted every line the workers had read
     lost too."""
-    from commscope.store import bulkread
-    from commscope.store.directory import DirectoryReader
     from commscope.window import Since
 
     store, release = str(tmp_path / "trace"), tmp_path / "release"
     job = Job(hang_until_released, 3, args=(store, str(release)), pg_timeout=300,
               env={"COMMSCOPE_NATIVE": "1", "COMMSCOPE_JOB": "hang-apart", "COMMSCOPE_SEGMENT_MB": segment_mb}).start()
     job_dir = Path(store) / "hang-apart"
-    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
-    started: list[int] = []
-    real = bulkread.Workers.__init__
-    monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))
+    started = _read_by_workers(monkeypatch)
 
     reader = None
     try:
