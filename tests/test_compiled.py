@@ -626,3 +626,31 @@ def test_a_fingerprint_is_the_same_in_every_process(tmp_path: Path) -> None:
     prints = {subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True,
                              env=dict(os.environ, PYTHONHASHSEED=str(seed))).stdout for seed in (1, 2, 3, 4)}
     assert len(prints) == 1, prints
+
+
+def test_a_switch_is_read_from_the_environment_as_it_is_now_without_raising(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``says_no`` reads the environment each time (a process may switch it between reads)
+    and, where the switch is not set, raises nothing on the way: ``os.environ.get``'s
+    KeyError was half the cost of a look-up, and a reader asks six a stream."""
+    name = "COMMSCOPE_TEST_SWITCH"
+    monkeypatch.delenv(name, raising=False)
+    raised: list[str] = []
+
+    def trace(frame, event, arg):  # noqa: ANN001, ANN202 (sys.settrace's)
+        if event == "exception":
+            raised.append(arg[0].__name__)
+        return trace
+
+    sys.settrace(trace)
+    try:
+        unset = compiled.says_no(name)
+    finally:
+        sys.settrace(None)
+    assert unset is False and raised == []
+    for value, no in (("0", True), (" Off\n", True), ("FALSE", True), ("no", True), ("1", False), ("", False),
+                      ("yes", False)):
+        monkeypatch.setenv(name, value)
+        assert compiled.says_no(name) is no, value
+        assert compiled.says_no(name) is (os.environ[name].strip().lower() in ("0", "false", "no", "off"))
+    monkeypatch.delenv(name)
+    assert compiled.says_no(name) is False
