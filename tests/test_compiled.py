@@ -291,14 +291,21 @@ def test_arguments_of_other_types_never_reach_the_built_function(built: Path) ->
     spread = np.zeros(2 * d.shape[0], np.uint8)
     spread[::2] = d
     key = "commscope.blockscan._scan"
+    misaligned = np.frombuffer(b"\0" * 9, np.uint8)[1:].view(np.int64)  # (a zero, 8 bytes from an odd address)
+    assert not misaligned.flags.aligned
     for args in ((spread[::2], starts, ranks), (d, starts.astype(np.int32), ranks), (d, starts, ranks.astype(np.uint8)),
-                 (d, starts.reshape(1, 1), ranks)):
+                 (d, starts.reshape(1, 1), ranks), (d, misaligned, ranks)):
         before = compiled.fallbacks[key]
         got = ahead(*args)
         assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
         assert compiled.fallbacks[key] == before + 1
     before = compiled.fallbacks[key]
     got = ahead(d, starts, ranks)
+    assert compiled.fallbacks[key] == before and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    # the same type, as an equal dtype that is another object (it carries metadata): the built function
+    tagged = starts.view(np.dtype(np.int64, metadata={"tag": 1}))
+    assert tagged.dtype is not starts.dtype and tagged.dtype == starts.dtype
+    got = ahead(d, tagged, ranks)
     assert compiled.fallbacks[key] == before and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
     # an array the kernel writes, read-only: never written behind its flag
     update, _ = _both(built, "commscope.analysis.runmax._update")
