@@ -93,7 +93,9 @@ Version 3 (spools, self-describing streams, incarnations):
                destroying one: a new stream, its groups named "0@1", ...); run: a nonce
                rank 0 draws at init, so a forwarder never mixes two runs of one job id;
                [ring]: the ring position the stream's first block starts at (a reader that
-               reads the stream from its first line counts a first block line gone)
+               reads the stream from its first line counts a first block line gone); [no_spool]: why the rank records without a spool (a full /dev/shm, say):
+               killed outright, it loses what its last tick had not stored, and says
+               nothing of its death
     exit       code (os._exit's or the process's exit code); reason "killed": a launcher
                saw the process die of [signal] (src "launcher"); reason "os._exit";
                reason "signal" with [exc]: the C++ exception std::terminate was called

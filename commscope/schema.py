@@ -119,6 +119,8 @@ RawEvent = TypedDict("RawEvent", {
     # (which attempt of a torchrun run the job is, 0 first: rank 0's TORCHELASTIC_RESTART_COUNT;
     # absent outside torchrun and in traces recorded before it was written)
     "attempt": Count | None,
+    # (why the rank records without a spool: its last records may die with it)
+    "no_spool": Text | None,
     # group
     "granks": list[Rank], "desc": Name, "gid": Annotated[int, Meta(ge=0, le=MAX_RANK)],
     # (a carried group: the rank's collectives of it so far, seqs dfrom to dseq, as one digest:

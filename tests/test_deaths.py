@@ -99,6 +99,31 @@ def test_sigterm_is_a_killing(recorder, tmp_path, capsys):
     assert_diagnosed(store, "sigterm", own, capsys, recorder, moment="mid_run")
 
 
+@pytest.mark.parametrize("recorder", ["native", "python"])
+def test_a_rank_without_a_spool_is_said_to_have_had_none(recorder, tmp_path, capsys, monkeypatch):
+    """A rank that could not make its spool (here: the spool directory is not private; in
+    the field, a full /dev/shm) records in memory: killed outright, what its last tick had
+    not stored dies with it, and nothing says how it died.  Its meta says why it had no
+    spool (``no_spool``), and the finding that names it dead says its last records may be
+    missing.  Before, a rank SIGTERMed so showed as vanished, its last op gone, and nothing
+    said why (CI: test_sigterm_is_a_killing[python], once)."""
+    shared = tmp_path / "spools"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    monkeypatch.setenv("COMMSCOPE_SPOOL_DIR", str(shared))
+    store = str(tmp_path / "trace")
+    own = run_death(store, "sigkill", "after_op", recorder, tmp_path, "death")
+    rc, out = check_json(store, capsys)
+    errors = [f for f in out["findings"] if f["severity"] == "error"]
+    assert rc == 1 and [(f["kind"], f["culprits"]) for f in errors] == [("dead_rank", [1])], errors
+    why = f"{shared} is not a private directory"
+    assert f"; it recorded without a spool ([Errno 13] {why}): what it did last may be missing" in (
+        errors[0]["message"]), errors[0]["message"]
+    assert errors[0]["evidence"]["no_spool"] == f"[Errno 13] {why}", errors[0]["evidence"]
+    model, _reader, _warnings = load_trace(store)
+    assert model.n_ops(1) <= own and not list(shared.iterdir())
+
+
 @pytest.mark.parametrize("moment", ["mid_run", "after_op"])
 def test_sigkill_under_a_launcher_that_does_not_say_how_names_the_rank(moment, tmp_path, capsys, monkeypatch):
     """Under torchrun, nothing of commscope sees a worker's exit status: a rank SIGKILLed

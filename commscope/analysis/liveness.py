@@ -32,6 +32,7 @@ class Dead(Evidence):
     pid: int | None = ABSENT
     caused_by: dict[str, Any] = ABSENT  # the failure blamed on others it had just before: instance, culprits, reason
     cause: str = ABSENT  # how it was killed: "killed (Killed) (its launcher saw it)", "left through os._exit(3)"
+    no_spool: str = ABSENT  # why it recorded without a spool (its meta's): its last records may have died with it
 
     def render(self, f: Finding) -> list[RenderableType]:
         act = self.activity or {}
@@ -42,7 +43,8 @@ class Dead(Evidence):
                 ("last op", evidence.brief(act.get("last_completed_op")) if act.get("last_completed_op") else None),
                 ("last sample", Text(sample_text(self.last_sample), style=evidence.FAINT)
                  if self.last_sample else None),
-                ("host / pid", f"{self.get('host', '?')} / {self.get('pid', '?')}")]
+                ("host / pid", f"{self.get('host', '?')} / {self.get('pid', '?')}"),
+                ("no spool", self.get("no_spool"))]
         return [evidence.kv(rows)]
 
 
@@ -118,6 +120,10 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
             ev.last_sample = {k: v for k, v in rt.samples.last.items() if k not in ("v", "type", "rank")}
         if rt.meta:
             ev.host, ev.pid = rt.meta.get("host"), rt.meta.get("pid")
+            if isinstance(no_spool := rt.meta.get("no_spool"), str):
+                # (the cause of its death and its last records would have been in the spool)
+                ev.no_spool = no_spool
+                msg += f"; it recorded without a spool ({no_spool}): what it did last may be missing"
         victims: dict[int, tuple[int, ...]] = {}
         instances: tuple = ()
         cause = cause_of_departure(model, r, failures or [])

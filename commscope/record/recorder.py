@@ -109,6 +109,7 @@ class Recorder:
         self.group_alive = False  # between attach and destroy_process_group
         self.spool: spool.Spool | None = None
         self._spool_tried = False  # for this incarnation
+        self._no_spool: str | None = None  # why this incarnation records without one (the meta says)
         self.pid = os.getpid()
         self._warned: set[str] = set()
         # encoded events on their way to the store; op records wait in the spool's ring
@@ -233,7 +234,7 @@ class Recorder:
         self.outbox = self._new_outbox()
         self.exited, self._exit, self.crash = False, None, None
         self._exit_line, self._exit_stored, self._exit_kept = None, False, False
-        self._spool_tried = False
+        self._spool_tried, self._no_spool = False, None
         self._stored_noted = -1
 
     def _new_outbox(self) -> Outbox:
@@ -581,6 +582,7 @@ class Recorder:
         try:
             sp = spool.Spool.create(identity)
         except (OSError, ValueError) as exc:
+            self._no_spool = str(exc)[:300]
             self.warn("spool", f"commscope: no spool ({exc}); recording in memory: a rank killed outright "
                                f"loses the records of its last tick")
             return
@@ -588,6 +590,7 @@ class Recorder:
             self.ops.attach_spool(sp)
         except Exception as exc:
             sp.close(remove=True)
+            self._no_spool = f"cannot use {sp.path}: {exc}"[:300]
             self.warn("spool", f"commscope: cannot use the spool {sp.path} ({exc}); recording in memory")
             return
         self.spool = sp
@@ -691,8 +694,10 @@ class Recorder:
         # A store URL may name the job (redis://...?job=NAME): the events must say the same.
         self.job = meta["job"] = writer.job
         meta["v"], meta["rank"] = events.SCHEMA_VERSION, self.rank
-        line = _dumps(meta)
         self._open_spool()
+        if self._no_spool is not None:  # (a reader then knows its last records may have died with it)
+            meta["no_spool"] = self._no_spool
+        line = _dumps(meta)
         self.ops.note_meta(line)
         outbox.opened(writer, line)
         if getattr(writer, "warning", None):  # (e.g. a Redis that evicts keys when full)
