@@ -755,8 +755,7 @@ class DirectoryReader(TraceReader):
         try:
             mtime = os.stat(self.job_dir).st_mtime_ns
         except OSError as exc:
-            self._files.drop_all()  # (the job's directory gone: its files' space with it)
-            self._cannot_list(exc)
+            self._lost_sight(exc)
             return {}
         now = time.time()
         if self._listed is not None and self._listed[0] == mtime and \
@@ -767,8 +766,7 @@ class DirectoryReader(TraceReader):
             with os.scandir(self.job_dir) as it:
                 entries = list(it)
         except OSError as exc:
-            self._files.drop_all()
-            self._cannot_list(exc)
+            self._lost_sight(exc)
             return {}
         self._list_error = None
         parsed = []
@@ -813,6 +811,18 @@ class DirectoryReader(TraceReader):
         self._listed = (mtime, now)
         self._summaries_due = True
         return self._streams
+
+    def _lost_sight(self, exc: OSError) -> None:
+        """The job's directory cannot be looked at: every file held is let go (the space of
+        deleted ones goes with them).  Gone, the rest of each segment this reader was part of
+        the way through is read first, through what it holds (``_rescue``), as when a listing
+        no longer names it: what it reads there is not lost.  Before, a reader that found the
+        directory gone lost it, and one that first looked once some writers had started their
+        files again read it: the count depended on when it looked."""
+        if exc.errno == errno.ENOENT:
+            self._let_go([])
+        self._files.drop_all()
+        self._cannot_list(exc)
 
     def _cannot_list(self, exc: OSError) -> None:
         """The job's directory could not be listed (gone, no permission, no descriptors
