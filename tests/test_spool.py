@@ -114,6 +114,71 @@ def test_a_spool_that_says_its_exit_is_stored_gets_no_second_exit(tmp_path, who)
     assert [e for e in open_reader(f"{store}/tomb").read_all() if e["rank"] == 1] == []
 
 
+#: A killed rank whose ring wrapped: records past the tail at the ring's end and at its start.
+RECORDS_CHILD = CHILD.replace("ring=1 << 16)", "ring=1 << 20)").replace("print(sp.path", """from commscope import blocks
+from commscope.record.pyspool import PyRing
+ring = PyRing()
+ring.attach(sp.fd)
+ring.note_meta(b'{"type":"meta","v":3,"rank":1,"ts":1}')
+rec = lambda k: blocks.HEADER.pack(blocks.RBEGIN, 0, 0, 200, k, k) + bytes([k % 251]) * (200 - blocks.HEADER.size)
+ring.put_many(rec(k) for k in range(4000))
+ring.drained = 3000 * 200
+ring.forwarded(3000 * 200)  # (the store holds the first 3,000)
+ring.put_many(rec(k) for k in range(4000, 6000))
+assert ring.head == 6000 * 200 and ring.dropped == 0
+print(sp.path""")
+
+
+@pytest.mark.parametrize("why", ["its store is out of reach", "its store's password is hidden"])
+def test_a_dead_spool_nobody_can_forward_gives_back_its_memory_but_what_a_forwarder_reads(tmp_path, why):
+    """A dead rank's spool that cannot be forwarded now (its store out of reach; a Redis URL
+    whose password the spool hides, and no launcher that holds it) waits for a forwarder
+    that can, for up to MAX_AGE_S.  It keeps the memory of its records past the tail, its
+    header and its tables, and gives back the rest of its ring and table (holes punched):
+    before, it held all of them (here 5.1 MiB; 20 MiB a default spool), and a host's dead
+    ranks filled /dev/shm.  What a forwarder reads of it is the same, byte for byte."""
+    if why == "its store is out of reach":
+        store = str(tmp_path / "not-a-directory")
+        Path(store).write_text("")
+    else:
+        store = "redis://:***@127.0.0.1:1/0"
+    path, _pid = killed_spool(store, RECORDS_CHILD)
+    before, held, mtime = spool.read(path), path.stat().st_blocks * 512, path.stat().st_mtime_ns
+    assert len(before.ring) == 3000 * 200 and before.meta and held >= 5 << 20  # (the case is set up: it wrapped)
+    if why == "its store is out of reach":
+        writer = lambda rank, inc: open_writer(store, "tomb", rank, incarnation=inc, resume=True)  # noqa: E731
+        assert spool.forward_dead("tomb", store, writer) == 0
+    else:
+        assert spool.forward_orphans(only=spool.store_id(store)) == 0
+    after = spool.read(path)
+    assert path.stat().st_blocks * 512 <= 1 << 20, path.stat().st_blocks * 512
+    assert path.stat().st_mtime_ns == mtime  # (it dates the rank's last record: ``gone_exit``)
+    assert (after.ring, after.meta, after.tables, after.kept, after.head, after.tail, after.flags) == (
+        before.ring, before.meta, before.tables, before.kept, before.head, before.tail, before.flags)
+    spool._remove(path)
+
+
+def test_a_forwarder_holds_its_claim_while_it_forwards(tmp_path):
+    """A forwarder claims a dead spool with a POSIX lock; it read the spool by opening it
+    again, and closing that descriptor dropped the lock (POSIX drops every lock a process
+    holds on a file when any of its descriptors of it closes): another forwarder (the
+    launcher, a sibling rank, a reader) could take the spool while the first wrote it."""
+    store = str(tmp_path / "trace")
+    open_writer(store, "tomb", 0, {"world_size": 2}).close()
+    path, _pid = killed_spool(store)
+    probe = ("import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR)\ntry:\n"
+             "    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('taken')\n"
+             "except OSError:\n    print('held')")
+    seen = []
+
+    def writer(rank: int, inc: int):
+        seen.append(subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True).stdout)
+        return open_writer(store, "tomb", rank, incarnation=inc, resume=True)
+
+    assert spool.forward_dead("tomb", store, writer) == 1
+    assert seen == ["held\n"]
+
+
 def test_spool_directory_is_private():
     d = spool.spool_dirs()[0]
     assert d.stat().st_mode & 0o077 == 0 and d.stat().st_uid == os.getuid()

@@ -328,10 +328,14 @@ def _records(data: bytes) -> Iterator[tuple[int, int, int]]:
         off += length
 
 
-def read(path: Path) -> Image | None:
-    """The spool at ``path`` (None when it is not one, or is damaged beyond use)."""
+def read(path: Path, fd: int | None = None) -> Image | None:
+    """The spool at ``path`` (None when it is not one, or is damaged beyond use).  ``fd``: a
+    descriptor of it that holds this process's claim (``_claimed``), read through and left
+    open: closing any other descriptor of the file would drop every POSIX lock the process
+    holds on it, and another forwarder could take the spool meanwhile (it did: a forwarder's
+    claim ended as it read the spool, before it wrote a line)."""
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb") if fd is None else open(fd, "rb", closefd=False) as f:
             head = f.read(HEADER_SIZE)
             if len(head) < HEADER_SIZE:
                 return None
@@ -605,7 +609,7 @@ def forward_dead(job: str, store: str, open_writer: Callable[[int, int], Any], o
         with _claimed(path) as fd:
             if fd is None:
                 continue  # another forwarder took it meanwhile
-            img = read(path)
+            img = read(path, fd)
             if img is None or img.flags & CLOSED:
                 _remove(path)
                 continue
@@ -631,15 +635,18 @@ def forward_dead(job: str, store: str, open_writer: Callable[[int, int], Any], o
                     writer = open_writer(rank, img.incarnation)
                     if not _same_run(writer, img.identity.get("run")):
                         writer.close()
+                        give_back_room(fd)
                         continue  # that stream is another run's (a job id used twice): not ours to mix in
                     resume_after = getattr(writer, "resume_after", None)
                     if resume_after is not None:  # (a stream now shorter than the rank left it: said first)
                         resume_after(img.stored, _redacted(bytes(img.meta)) if img.meta else None)
                 except Exception:
+                    give_back_room(fd)
                     continue  # the store is not reachable (or writable) from here: left for someone else
                 try:
                     writer.write(lines)
                 except Exception:
+                    give_back_room(fd)
                     continue
                 finally:
                     writer.close()
@@ -698,6 +705,9 @@ def forward_orphans(exit_status: Callable[[int], int | None] | None = None,
                 continue
             store = (stores(sid) if stores is not None else None) or ident.get("store")
             if not isinstance(store, str) or "***" in store or store_id(store) != sid:
+                with _claimed(p) as fd:  # (dead: a forwarder that holds its store's password may come)
+                    if fd is not None:
+                        give_back_room(fd)
                 continue
             seen.add((job, sid))
 
@@ -706,6 +716,66 @@ def forward_orphans(exit_status: Callable[[int], int | None] | None = None,
 
             done += forward_dead(job, store, writer, exit_status=exit_status)
     return done
+
+
+#: fallocate(2)'s FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE (Linux): pages given back, the
+#: file's size and layout kept, zeros read where they were
+_PUNCH = 0x01 | 0x02
+_fallocate: list[Any] = []
+
+
+def give_back_room(fd: int) -> int:
+    """Give back the memory of a dead spool that cannot be forwarded yet (its store out of
+    reach, or named without its password), but for what a forwarder reads of it: the header,
+    the records past the tail, the slack they may run into, the table's used part.  Holes
+    are punched, so the layout stays.  Before, each such spool held its whole ring (16 MiB)
+    and table (4 MiB) in /dev/shm until MAX_AGE_S: the ranks of a host that died against an
+    unreachable store filled it, and the ranks after them had no spool.  Returns the bytes
+    given back (0 where the filesystem cannot punch holes)."""
+    import ctypes
+    import ctypes.util
+    import mmap
+
+    head = os.pread(fd, HEADER_SIZE, 0)
+    if len(head) < HEADER_SIZE:
+        return 0
+    magic, version, hsize, ring_off, ring_size, slack, table_off, table_size = _STATIC.unpack_from(head)
+    if (magic != MAGIC or version != VERSION or ring_off != HEADER_SIZE or ring_size & (ring_size - 1)
+            or table_off != ring_off + ring_size + slack):
+        return 0
+    hd, tl, used = (_U64.unpack_from(head, o)[0] for o in (OFF_HEAD, OFF_TAIL, OFF_TABLE_USED))
+    keep = [(0, ring_off), (ring_off + ring_size, table_off + min(used, table_size))]  # (the slack with it)
+    n = min(hd - tl, ring_size) if hd >= tl else 0
+    if n:
+        start = (hd - n) & (ring_size - 1)
+        if start + n <= ring_size:
+            keep.append((ring_off + start, ring_off + start + n))
+        else:
+            keep += [(ring_off + start, ring_off + ring_size), (ring_off, ring_off + start + n - ring_size)]
+    if not _fallocate:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        call = getattr(libc, "fallocate", None)
+        if call is not None:
+            call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        _fallocate.append(call)
+    punch = _fallocate[0]
+    if punch is None:
+        return 0
+    page, given, at = mmap.PAGESIZE, 0, 0
+    st = os.fstat(fd)
+    try:
+        for lo, hi in [*sorted(keep), (table_off + table_size, table_off + table_size)]:
+            first, last = -(-at // page) * page, lo // page * page  # (whole pages only: a part is zeroed)
+            if last > first:
+                if punch(fd, _PUNCH, first, last - first) != 0:
+                    break
+                given += last - first
+            at = max(at, hi)
+    finally:
+        if given:  # (its mtime dates the rank's last record where it holds none: ``gone_exit``)
+            with contextlib.suppress(OSError):
+                os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return given
 
 
 def _same_run(writer: StoreWriter, run: Any) -> bool:
