@@ -271,7 +271,7 @@ def test_every_free_text_key_of_the_schema_is_redacted_when_read():
     from commscope import schema
     from commscope.events import decode
 
-    assert set(schema.TEXT_KEYS) == {"site", "exc", "argv", "store", "gpu_error", "reason", "text"}
+    assert set(schema.TEXT_KEYS) == {"site", "exc", "argv", "store", "gpu_error", "reason", "text", "no_spool"}
     secret = "hf_" + "Q7w" * 8
     ev = decode(('{"type":"stack","rank":0,"ts":1,"v":3,"reason":"x ' + secret + '","exc":"' + secret
                  + '","threads":[{"tid":1,"name":"' + secret + '","frames":[["/a/' + secret + '.py",3,"'
