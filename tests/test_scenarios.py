@@ -171,6 +171,26 @@ def spawn_and_wait(rank: int, ws: int, ctx) -> None:
     subprocess.run(["sleep", "300"])
 
 
+def test_a_worker_takes_its_launcher_for_alive_whatever_the_clock_does(monkeypatch):
+    """A demo worker leaves as an orphan (EXIT_ORPHANED) when its launcher is gone: the pid
+    no longer runs, or runs a process started at another time.  That time was psutil's
+    ``create_time``, which adds the boot time Linux derives from the wall clock: a clock
+    step moved it, and a live launcher's workers left at once (CI: exit codes [125, 125]
+    where [124, 124]).  Here the boot time moves by a second."""
+    import dataclasses
+
+    from commscope.scenarios.base import DemoContext
+    from commscope.scenarios.runner import _owner_alive, process_started
+
+    ctx = DemoContext(scenario="missing-rank", owner_pid=os.getpid(), owner_started=process_started(os.getpid()))
+    assert _owner_alive(ctx)
+    boot = psutil.boot_time()
+    for where in (psutil, psutil._pslinux):  # (the clock stepped: the boot time read since moved)
+        monkeypatch.setattr(where, "boot_time", lambda: boot + 1.0)
+    assert _owner_alive(ctx)
+    assert not _owner_alive(dataclasses.replace(ctx, owner_started=ctx.owner_started + 1))  # (a pid reused)
+
+
 @pytest.mark.parametrize("slow", [0.0, 0.5, 7.0],
                          ids=["missing-rank", "rank-0-slow-to-end", "rank-0-slower-than-the-leave-wait"])
 def test_hanging_scenario_ends_on_its_own_and_keeps_the_diagnosis(tmp_path, slow):

@@ -162,14 +162,30 @@ def _redirect_output(ctx: DemoContext, rank: int) -> None:
     os.close(fd)
 
 
+def process_started(pid: int) -> float:
+    """When process ``pid`` started, as a value no clock step moves: on Linux its start in
+    clock ticks since boot (``/proc/<pid>/stat``), elsewhere psutil's ``create_time``.  That
+    one adds the boot time, which Linux derives from the wall clock at each read: when the
+    clock was stepped in a long CI run it moved by a second, every demo worker took its
+    live launcher for another process under a reused pid, and left as orphans (exit 125,
+    both ranks at once)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return float(f.read().rpartition(b")")[2].split()[19])
+    except (OSError, IndexError, ValueError):
+        import psutil
+
+        return psutil.Process(pid).create_time()
+
+
 def _owner_alive(ctx: DemoContext) -> bool:
     if not ctx.owner_pid:
         return True
     try:
         import psutil
 
-        p = psutil.Process(ctx.owner_pid)
-        return p.create_time() == ctx.owner_started and p.status() != psutil.STATUS_ZOMBIE
+        return (process_started(ctx.owner_pid) == ctx.owner_started
+                and psutil.Process(ctx.owner_pid).status() != psutil.STATUS_ZOMBIE)
     except Exception:
         return False
 
@@ -345,7 +361,6 @@ class DemoJob:
     def start(self) -> DemoJob:
         """Launch the workers; returns at once."""
         global _ATEXIT
-        import psutil
 
         from commscope.launch import Job, shared_flags
 
@@ -357,7 +372,7 @@ class DemoJob:
             ctx = DemoContext(
                 scenario=self.scenario.name, backend=self.backend, store=self.store, hang_after=self.hang_after,
                 sample_interval=self.sample_interval, pace=self.pace, steps=self.steps, seed=self.seed,
-                deadline=self.deadline, owner_pid=os.getpid(), owner_started=psutil.Process().create_time(),
+                deadline=self.deadline, owner_pid=os.getpid(), owner_started=process_started(os.getpid()),
                 log_dir=self.log_dir)
             # Hanging scenarios keep their ops blocked until the deadline, so the trace they
             # leave still shows the hang; the others get the usual generous timeout.
