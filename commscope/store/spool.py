@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
@@ -328,6 +328,32 @@ def _records(data: bytes) -> Iterator[tuple[int, int, int]]:
         off += length
 
 
+class _Layout(NamedTuple):
+    """A spool's regions and positions, from its header (``_layout``)."""
+
+    ring_off: int
+    ring_size: int
+    table_off: int
+    table_used: int
+    head: int
+    tail: int
+    start: int  # the first position past the tail the ring still holds (``head`` - what it holds)
+
+
+def _layout(head: bytes) -> _Layout | None:
+    """The layout a header says (None: not a spool's header, or not a sound one)."""
+    if len(head) < HEADER_SIZE:
+        return None
+    magic, version, hsize, ring_off, ring_size, slack, table_off, table_size = _STATIC.unpack_from(head)
+    if magic != MAGIC or version != VERSION or hsize != HEADER_SIZE or ring_off != HEADER_SIZE:
+        return None
+    if ring_size & (ring_size - 1) or slack < SLACK or table_off != HEADER_SIZE + ring_size + slack:
+        return None
+    hd, tl, used = (_U64.unpack_from(head, o)[0] for o in (OFF_HEAD, OFF_TAIL, OFF_TABLE_USED))
+    n = min(hd - tl, ring_size) if hd >= tl else 0
+    return _Layout(ring_off, ring_size, table_off, min(used, table_size), hd, tl, hd - n)
+
+
 def read(path: Path, fd: int | None = None) -> Image | None:
     """The spool at ``path`` (None when it is not one, or is damaged beyond use).  ``fd``: a
     descriptor of it that holds this process's claim (``_claimed``), read through and left
@@ -337,22 +363,15 @@ def read(path: Path, fd: int | None = None) -> Image | None:
     try:
         with open(path, "rb") if fd is None else open(fd, "rb", closefd=False) as f:
             head = f.read(HEADER_SIZE)
-            if len(head) < HEADER_SIZE:
+            lay = _layout(head)
+            if lay is None:
                 return None
-            magic, version, hsize, ring_off, ring_size, slack, table_off, table_size = _STATIC.unpack_from(head)
-            if magic != MAGIC or version != VERSION or hsize != HEADER_SIZE or ring_off != HEADER_SIZE:
-                return None
-            if ring_size & (ring_size - 1) or slack < SLACK or table_off != HEADER_SIZE + ring_size + slack:
-                return None
-            hd, tl, used = (_U64.unpack_from(head, o)[0] for o in (OFF_HEAD, OFF_TAIL, OFF_TABLE_USED))
-            used = min(used, table_size)
-            f.seek(table_off)
-            table = f.read(used)
-            n = min(hd - tl, ring_size) if hd >= tl else 0
-            start = hd - n
+            ring_off, hd, start = lay.ring_off, lay.head, lay.start
+            f.seek(lay.table_off)
+            table = f.read(lay.table_used)
             ring = bytearray()
             pos = start
-            mask = ring_size - 1
+            mask = lay.ring_size - 1
             while pos < hd:  # record by record: one may run on into the slack
                 f.seek(ring_off + (pos & mask))
                 hdr = f.read(blocks.HEADER.size)
@@ -392,7 +411,7 @@ def read(path: Path, fd: int | None = None) -> Image | None:
             tables += table[off:off + length]
     return Image(path=Path(path), identity=ident, pid=_I64.unpack_from(head, OFF_PID)[0],
                  rank=_I32.unpack_from(head, OFF_RANK)[0], incarnation=_I32.unpack_from(head, OFF_INC)[0],
-                 head=hd, tail=tl, dropped=_U64.unpack_from(head, OFF_DROPPED)[0],
+                 head=hd, tail=lay.tail, dropped=_U64.unpack_from(head, OFF_DROPPED)[0],
                  flags=struct.unpack_from("<I", head, OFF_FLAGS)[0], tables=bytes(tables), meta=meta, kept=kept,
                  ring=bytes(ring), end=start + len(ring), death=death, stored=_U64.unpack_from(head, OFF_STORED)[0])
 
@@ -630,26 +649,9 @@ def forward_dead(job: str, store: str, open_writer: Callable[[int, int], Any], o
             if not known and not img.flags & FORWARDED:
                 # (a launcher that sees its exit status may say how, later: the tombstone stays)
                 lines.append(orjson.dumps(gone_exit(img, rank)))
-            if lines:
-                try:
-                    writer = open_writer(rank, img.incarnation)
-                    if not _same_run(writer, img.identity.get("run")):
-                        writer.close()
-                        give_back_room(fd)
-                        continue  # that stream is another run's (a job id used twice): not ours to mix in
-                    resume_after = getattr(writer, "resume_after", None)
-                    if resume_after is not None:  # (a stream now shorter than the rank left it: said first)
-                        resume_after(img.stored, _redacted(bytes(img.meta)) if img.meta else None)
-                except Exception:
-                    give_back_room(fd)
-                    continue  # the store is not reachable (or writable) from here: left for someone else
-                try:
-                    writer.write(lines)
-                except Exception:
-                    give_back_room(fd)
-                    continue
-                finally:
-                    writer.close()
+            if lines and not _send(lines, img, open_writer, rank):
+                give_back_room(fd)  # (left for someone else: only what they will read is kept)
+                continue
             os.pwrite(fd, _U64.pack(img.end), OFF_TAIL)
             if known or _age(path) > TOMBSTONE_AGE_S:
                 os.pwrite(fd, struct.pack("<I", img.flags | CLOSED), OFF_FLAGS)
@@ -663,6 +665,28 @@ def forward_dead(job: str, store: str, open_writer: Callable[[int, int], Any], o
                 continue
             done += 1
     return done
+
+
+def _send(lines: list[bytes], img: Image, open_writer: Callable[[int, int], Any], rank: int) -> bool:
+    """Append a dead spool's ``lines`` to its rank's stream; False where they could not go:
+    the store is out of reach (or may not be written) from here, or the stream is another
+    run's (a job id used twice: not ours to mix in)."""
+    try:
+        writer = open_writer(rank, img.incarnation)
+    except Exception:
+        return False
+    try:
+        if not _same_run(writer, img.identity.get("run")):
+            return False
+        resume_after = getattr(writer, "resume_after", None)
+        if resume_after is not None:  # (a stream now shorter than the rank left it: said first)
+            resume_after(img.stored, _redacted(bytes(img.meta)) if img.meta else None)
+        writer.write(lines)
+        return True
+    except Exception:
+        return False
+    finally:
+        writer.close()
 
 
 def _says_its_end(img: Image, lines: list[bytes]) -> bool:
@@ -736,18 +760,13 @@ def give_back_room(fd: int) -> int:
     import ctypes.util
     import mmap
 
-    head = os.pread(fd, HEADER_SIZE, 0)
-    if len(head) < HEADER_SIZE:
+    lay = _layout(os.pread(fd, HEADER_SIZE, 0))
+    if lay is None:
         return 0
-    magic, version, hsize, ring_off, ring_size, slack, table_off, table_size = _STATIC.unpack_from(head)
-    if (magic != MAGIC or version != VERSION or ring_off != HEADER_SIZE or ring_size & (ring_size - 1)
-            or table_off != ring_off + ring_size + slack):
-        return 0
-    hd, tl, used = (_U64.unpack_from(head, o)[0] for o in (OFF_HEAD, OFF_TAIL, OFF_TABLE_USED))
-    keep = [(0, ring_off), (ring_off + ring_size, table_off + min(used, table_size))]  # (the slack with it)
-    n = min(hd - tl, ring_size) if hd >= tl else 0
+    ring_off, ring_size, n = lay.ring_off, lay.ring_size, lay.head - lay.start
+    keep = [(0, ring_off), (ring_off + ring_size, lay.table_off + lay.table_used)]  # (the slack with it)
     if n:
-        start = (hd - n) & (ring_size - 1)
+        start = lay.start & (ring_size - 1)
         if start + n <= ring_size:
             keep.append((ring_off + start, ring_off + start + n))
         else:
@@ -761,11 +780,11 @@ def give_back_room(fd: int) -> int:
     punch = _fallocate[0]
     if punch is None:
         return 0
-    page, given, at = mmap.PAGESIZE, 0, 0
     st = os.fstat(fd)
+    page, given, at, end = mmap.PAGESIZE, 0, 0, st.st_size
     try:
-        for lo, hi in [*sorted(keep), (table_off + table_size, table_off + table_size)]:
-            first, last = -(-at // page) * page, lo // page * page  # (whole pages only: a part is zeroed)
+        for lo, hi in [*sorted(keep), (end, end)]:
+            first, last = -(-at // page) * page, min(lo, end) // page * page  # (whole pages: a part is zeroed)
             if last > first:
                 if punch(fd, _PUNCH, first, last - first) != 0:
                     break
