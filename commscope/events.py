@@ -69,7 +69,9 @@ Other types:
     exit       reason, [unwaited: [op ids of async work never waited]], [exc] the unhandled
                exception the process died of; reason "signal": [signal] ("Segmentation fault",
                "Aborted", ...), [src: "faulthandler"] (written by the reader from the crash file,
-               not by the rank)
+               not by the rank); [approx] its ts is a file's mtime (the crash file's, the
+               Python recorder's SIGTERM note's): the kernel's coarse clock, which may read a few
+               ms before the rank's last op (readers allow for it)
     dropped    count (this batch), total, reason, [records: op records inside the dropped
                ``block`` events, which count once each in ``count``]
 

@@ -62,6 +62,14 @@ ARRIVAL_SLACK_NS = 20_000_000
 COARSE_MTIME_NS = 50_000_000
 
 
+def clock_slack(ex: dict) -> int:
+    """How early an exit's time may read against the rank's own events: a time taken from a
+    file's mtime (``approx``: the Python recorder's SIGTERM note; a crash file's exit,
+    ``src`` "faulthandler", marked so since) is kept by the kernel's coarse clock, up to
+    a jiffy or more behind the clock the rank timed its ops by."""
+    return COARSE_MTIME_NS if ex.get("approx") or ex.get("src") == "faulthandler" else 0
+
+
 @dataclasses.dataclass(slots=True)
 class _Memo:
     """A model's judgements, cached for one model version."""
@@ -298,13 +306,12 @@ def _last_exit(m: TraceModel, rank: int) -> dict | None:
 
 def _find_last_exit(rt: RankTrace) -> dict | None:
     ex = rt.exits[-1]
-    if len(rt.exits) > 1 and unseen_death(ex) and rt.exits[-2]["ts"] >= rt.last_op_ts:
+    if len(rt.exits) > 1 and unseen_death(ex) and rt.exits[-2]["ts"] + clock_slack(rt.exits[-2]) >= rt.last_op_ts:
         # (its spool was left unclosed after the rank's own last word: the forwarder found no
         # exit in what it held, and that says nothing of how the rank went)
         ex = rt.exits[-2]
-    # A crash file's exit is timed by the file's mtime, which the kernel keeps with a coarse
-    # clock (up to a few ms behind): ops just before it may look later than the crash.
-    slack = COARSE_MTIME_NS if ex.get("src") == "faulthandler" else 0
+    # An exit timed by a file's mtime (``clock_slack``): ops just before it may look later.
+    slack = clock_slack(ex)
     if unseen_death(ex):  # (timed by the last record its spool held, which may be older than its last op
         return ex         # forwarded: a process that died unseen was not initialised again)
     return ex if ex["ts"] + slack >= rt.last_op_ts else None  # ops after an exit: the rank re-initialized
@@ -982,7 +989,7 @@ def _as_of(m: TraceModel, rank: int, t: int) -> RankState:
     running = blocked_at(m, rank, t)
     if running:
         return _blocked_state(m, rank, running[-1], t)
-    if exits and (not rt.n or exits[-1]["ts"] >= _last_begin_before(m, rank, t)):
+    if exits and (not rt.n or exits[-1]["ts"] + clock_slack(exits[-1]) >= _last_begin_before(m, rank, t)):
         ex = exits[-1]
         if is_kill(ex):
             if ex is killed(m, rank) and not left_early(m, rank, t):

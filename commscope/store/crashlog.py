@@ -94,7 +94,7 @@ def exit_from(stack: dict, ts: int, rank: int) -> Event:
     error = str(stack.get("exc") or "").removeprefix("Fatal Python error: ") or None
     return {"type": "exit", "v": SCHEMA_VERSION, "rank": rank, "ts": ts, "reason": "signal",
             "signal": error or "fatal signal", "exc": f"Fatal Python error: {error}" if error else "fatal signal",
-            "src": "faulthandler"}
+            "src": "faulthandler", "approx": True}  # (timed by the file's mtime: a coarse clock)
 
 
 def crash_events(path: Path, rank: int) -> list[Event]:

@@ -286,6 +286,9 @@ class Death:
     terminate_ns: int = 0
     stop_signal: int = 0  # a SIGTERM a handler of the program's own took (it lived on), and when
     stop_ns: int = 0
+    #: ``signal_ns`` is a file's mtime (the Python recorder's ``.term`` note): the kernel's
+    #: coarse clock, which may read a few ms before the rank's last op (``exit_event``: approx)
+    coarse: bool = False
 
     def stop_fields(self) -> dict[str, Any]:
         """What its ``exit`` says of a SIGTERM the program's own handler took (``stop_signal``,
@@ -400,7 +403,7 @@ def read(path: Path, fd: int | None = None) -> Image | None:
         death.terminate_type = head[OFF_TERM_TYPE:OFF_TERM_TYPE + min(tlen, 256)].decode("utf-8", "replace")
         death.terminate_what = head[OFF_TERM_WHAT:OFF_TERM_WHAT + min(wlen, 2048)].decode("utf-8", "replace")
     elif not sig and not exit_set and (came := term_noted(Path(path))):
-        death.signal, death.signal_ns = signal.SIGTERM, came  # (the Python recorder's note of it)
+        death.signal, death.signal_ns, death.coarse = signal.SIGTERM, came, True  # (the Python recorder's note)
     tables, meta, kept = bytearray(), None, []
     for typ, off, length in _records(table):
         if typ == blocks.META_REC:
@@ -434,6 +437,8 @@ def exit_event(img: Image, rank: int) -> dict | None:
     base: dict[str, Any] = {"type": "exit", "v": SCHEMA_VERSION, "rank": rank, "src": "spool"}
     if d.signal:
         ev = dict(base, ts=d.signal_ns, reason="signal", signal=signal_name(d.signal))
+        if d.coarse:
+            ev["approx"] = True  # (readers allow for it: ``rankstate.clock_slack``)
         if d.signal_tid:
             ev["tid"] = d.signal_tid & ((1 << 62) - 1)
     elif d.terminate_type is not None:
