@@ -273,3 +273,45 @@ def test_a_worker_s_jobs_read_with_its_kept_table_as_each_with_its_own(many, per
         job_dir = Path(d) / "job"
         _write_job(job_dir, per_rank)
         assert _jobs_read(job_dir, per_job, kept=True) == _jobs_read(job_dir, per_job, kept=False)
+
+
+def test_a_whole_read_s_last_poll_finds_quiet_streams_by_size_and_reads_what_came_after(tmp_path, monkeypatch):
+    """After its workers, a whole read polls every stream once more (what was written
+    meanwhile).  It opened every file for it, the 4,096 a worker had read to their ends
+    included (~50 ms of a 4k-rank check, its last step, one core idle).  Each worker now says
+    where its streams ended (``StreamsRead.tails``): the last poll asks each quiet one's
+    size, holds none of them open, and still reads a stream that went on after the workers."""
+    from commscope.bench.synthstore import T0, JobShape, write_store
+    from commscope.store.directory import ENV_WORKERS, DirectoryReader
+
+    store = tmp_path / "trace"
+    write_store(str(store), JobShape(6, 40, fault="healthy", hang_after=2.0))
+    monkeypatch.setenv(ENV_WORKERS, "2")
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+    r = DirectoryReader(str(store))
+    list(r._bulk(1 << 10))  # (the workers' part of ``bulk``, several chunks)
+    assert r.stats.workers == 2
+    assert sorted(r._tails) == [(rank, 0) for rank in range(6)]
+    grown = r.job_dir / "rank-00003.jsonl"
+    with open(grown, "ab") as f:  # (rank 3 goes on: its exit, after the workers read it)
+        f.write(b'{"type":"exit","ts":%d,"reason":"exit","code":0,"v":3,"rank":3}\n' % (T0 + 60 * 10**9))
+    opened: list[str] = []
+    open_file = r._files._open
+    monkeypatch.setattr(r._files, "_open", lambda path: opened.append(path) or open_file(path))
+    last = r.read_all_batch()
+    assert [(e["rank"], e["reason"]) for e in last.events if e["type"] == "exit"] == [(3, "exit")]
+    assert opened == []  # (rank 3's rest read as a whole read's are: no file held for it)
+    r.close()
+
+
+def test_a_worker_s_pipe_holds_half_a_chunk():
+    """A worker's chunk (~2 MB for 43 streams of 400 ops) came back in 64 KiB reads, a poll
+    and a read each; its pipe now holds ``PIPE_BYTES`` (Linux lets a process set up to
+    /proc/sys/fs/pipe-max-size, 1 MiB by default)."""
+    import fcntl
+
+    pool = bulkread.Workers(1)
+    try:
+        assert fcntl.fcntl(pool.procs[0].stdout.fileno(), fcntl.F_GETPIPE_SZ) == bulkread.PIPE_BYTES
+    finally:
+        pool.close()

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
@@ -647,6 +647,8 @@ class DirectoryReader(TraceReader):
         #: with no line torn: while the stream has that newest segment of that size, a poll
         #: has nothing to read in it (``poll``'s one stat)
         self._tails: dict[Stream, tuple[Segment, str, int]] = {}
+        #: how a poll asks a tail's size (None: through the file it holds, ``OpenFiles.size``)
+        self._quiet_size: Callable[[str], int] | None = None
         self._pending: dict[tuple[Stream, int], Event] = {}  # summaries not decided yet
         self._decided: set[tuple[Stream, int]] = set()
         self._jumps: dict[Stream, list[Jump]] = {}  # per stream, over segments deleted under this reader
@@ -1087,7 +1089,7 @@ class DirectoryReader(TraceReader):
             n = len(streams)
             start = self._next % n if n and budget is not None else 0
             self.queue_chunks()  # (the streams' new lines decoded together, after the round)
-            began, quiet, size_of_file = time.time_ns(), [], self._files.size
+            began, quiet, size_of_file = time.time_ns(), [], self._quiet_size or self._files.size
             if n > self._room_asked:
                 self._room_asked = n
                 self._files.reserve(n)
@@ -1665,7 +1667,13 @@ class DirectoryReader(TraceReader):
         of 16k ranks is read at the speed of all the cores; ``bulk`` then goes on from where
         they stopped (``read_all_batch``)."""
         apart = self._apart(step, whole=True)
-        yield from apart if apart is not None else super()._bulk(step)
+        if apart is None:
+            yield from super()._bulk(step)
+            return
+        yield from apart
+        # (what follows is the whole read's last poll: it looks at each stream's size without
+        # holding the files, where opening the 4,096 a worker read to their ends cost ~50 ms)
+        self._quiet_size = _stat_size
 
     def read_apart(self, step: int) -> Iterator[Batch]:
         apart = self._apart(step, whole=False)
@@ -1873,7 +1881,13 @@ class DirectoryReader(TraceReader):
     def _adopt(self, got: StreamsRead) -> None:
         """Go on from where a worker stopped reading its streams (this reader read none of them)."""
         self.stats.merge(got.stats)
-        self._tails.clear()
+        # (where each stream ended: a poll after it finds the quiet ones by their size alone,
+        # the segment as this reader listed it)
+        listed = self._streams
+        for stream, (number, size) in (got.tails or {}).items():
+            segs = listed.get(stream)
+            if segs and segs[-1].number == number:
+                self._tails[stream] = (segs[-1], str(segs[-1].path), size)
         self._reading.update(got.reading)
         self._read_of.update(got.read_of)
         self._partial.update(got.partial)
@@ -1897,6 +1911,10 @@ class DirectoryReader(TraceReader):
             decoder.ring_open, decoder.from_start = st.ring_open, st.from_start  # (not ``not seen_end``: a ring from 0)
 
 
+def _stat_size(path: str) -> int:
+    return os.stat(path).st_size
+
+
 def read_streams(job: Job) -> StreamsRead:
     """Read a job's streams to their ends, as a worker of ``DirectoryReader.bulk`` does
     (``bulkread.TARGET``): what it read, and where each stream stopped."""
@@ -1915,7 +1933,8 @@ def read_streams(job: Job) -> StreamsRead:
                        rebase=frozenset(r._rebase) if going_on else None,
                        rebased_at=dict(r._rebased_at) if going_on else None,
                        unlisted=dict(r._unlisted) if going_on else None,
-                       gone_excuse=dict(r._gone_excuse), excused=dict(r._excused))
+                       gone_excuse=dict(r._gone_excuse), excused=dict(r._excused),
+                       tails={stream: (seg.number, size) for stream, (seg, _path, size) in r._tails.items()})
 
 
 #: A worker's table of statics (``read_streams``), kept from one job to the next of one job
