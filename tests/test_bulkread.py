@@ -315,3 +315,75 @@ def test_a_worker_s_pipe_holds_half_a_chunk():
         assert fcntl.fcntl(pool.procs[0].stdout.fileno(), fcntl.F_GETPIPE_SZ) == bulkread.PIPE_BYTES
     finally:
         pool.close()
+
+
+def _spy_on_starts(monkeypatch) -> tuple[list[str], list]:
+    """What a read does in order ("workers" started; "sizes of N" streams asked), and the
+    worker processes it started."""
+    from commscope.store.directory import DirectoryReader
+
+    steps: list[str] = []
+    procs: list = []
+    start, window = bulkread.Workers.__init__, DirectoryReader._window
+
+    def started(self, n):
+        steps.append("workers")
+        start(self, n)
+        procs.extend(self.procs)
+
+    monkeypatch.setattr(bulkread.Workers, "__init__", started)
+    monkeypatch.setattr(DirectoryReader, "_window",
+                        lambda self, streams: steps.append(f"sizes of {len(streams)}") or window(self, streams))
+    return steps, procs
+
+
+def test_a_large_read_s_workers_start_while_the_sizes_are_asked(tmp_path, monkeypatch):
+    """A worker takes ~0.13 s to start (its imports), and was started only once every
+    segment's size was asked (~20 ms at 4k ranks, the reading process alone).  Where a
+    sample of the sizes says the read goes apart for sure, they start first; the read is
+    the one a reader reading alone makes."""
+    from commscope.analysis.source import load_trace
+    from commscope.bench.synthstore import JobShape, write_store
+    from commscope.store.directory import ENV_WORKERS, DirectoryReader
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(6, 40, hang_after=2.0))
+    alone, _r, _w = load_trace(store)
+    monkeypatch.setenv(ENV_WORKERS, "2")
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(DirectoryReader, "SIZE_SAMPLE", 1)  # (a sample of one stream in six)
+    steps, _procs = _spy_on_starts(monkeypatch)
+    apart, reader, _w = load_trace(store)
+    assert reader.stats.workers == 1  # (as many as the chunks the guess makes: one of 8 MiB)
+    assert steps == ["sizes of 1", "workers", "sizes of 6"], steps
+    assert (apart.events, apart.total_ops(), sorted(apart.ranks)) == (alone.events, alone.total_ops(), sorted(alone.ranks))
+
+
+def test_workers_started_for_a_read_that_then_stays_alone_are_ended(tmp_path, monkeypatch):
+    """A sample that took the one large stream of six for the rule: the workers started,
+    then every size said the read is too small to go apart.  They are ended, and the read
+    is made alone."""
+    from commscope.analysis.source import load_trace
+    from commscope.bench.synthstore import T0, JobShape, write_store
+    from commscope.store.directory import ENV_WORKERS, DirectoryReader
+
+    store = tmp_path / "trace"
+    write_store(str(store), JobShape(6, 40, hang_after=2.0))
+    job = store / "synthetic"
+    others = sum((job / f"rank-{rank:05d}.jsonl").stat().st_size for rank in range(1, 6))
+    with open(job / "rank-00000.jsonl", "ab") as f:  # (rank 0 the large one: 5x the others together)
+        line = 0
+        while (job / "rank-00000.jsonl").stat().st_size < 5 * others:
+            f.write(b"".join(b'{"type":"heartbeat","ts":%d,"inflight":0,"v":3,"rank":0}\n'
+                             % (T0 + 100 * 10**9 + (line + k) * 10**6) for k in range(1000)))
+            f.flush()
+            line += 1000
+    big = (job / "rank-00000.jsonl").stat().st_size
+    monkeypatch.setenv(ENV_WORKERS, "2")
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", int(2.5 * big))  # (guessed 6x, all 1.2x)
+    monkeypatch.setattr(DirectoryReader, "SIZE_SAMPLE", 1)
+    steps, procs = _spy_on_starts(monkeypatch)
+    model, reader, _w = load_trace(str(store))
+    assert steps == ["sizes of 1", "workers", "sizes of 6"], steps
+    assert reader.stats.workers == 0 and len(model.ranks) == 6
+    assert procs and [p.poll() for p in procs] == [0] * len(procs)  # (asked to end, and ended)

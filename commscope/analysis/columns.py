@@ -1212,13 +1212,17 @@ class SampleRows:
     def _renew(self, slots: np.ndarray, caps: np.ndarray) -> None:
         """A new block: every rank's rows, ``slots`` with ``caps`` rows now, side by side,
         and a quarter as many again free for ranks that outgrow theirs later (2,048 rows at
-        least); every rank's samples copied (``_copy``).  Rows ranks moved out of are left
-        behind until then."""
+        least), or as many again where ranks new to the table came (a read taking in a
+        wide job's ranks a batch at a time: grown by a quarter, the blocks copied every
+        sample ~4 times, 34 ms of a 4k-rank read's 1 s); every rank's samples copied
+        (``_copy``).  Rows ranks moved out of are left behind until then."""
+        fresh = bool((self.cap[slots] == 0).any())
         self.cap[slots] = caps
         held = np.flatnonzero(self.cap)
         caps = self.cap[held]
         total = int(caps.sum())
-        rows = np.empty((max(total + total // 4, 2048), len(SAMPLE_FIELDS)), order="F")  # (a row is read once written)
+        spare = total if fresh else total // 4
+        rows = np.empty((max(total + spare, 2048), len(SAMPLE_FIELDS)), order="F")  # (a row is read once written)
         start = np.cumsum(caps) - caps
         self._copy(held, rows, start)
         self.rows = rows

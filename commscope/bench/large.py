@@ -12,7 +12,8 @@ peak RSS is its own):
              decoder as the columns now (then become dicts), so it runs faster than the
              code before this path existed did
     columns  ``analysis.source.load_trace``: op records stay in numpy columns, read and
-             ingested in 8 MiB steps (``source.LOAD_STEP``)
+             ingested in 8 MiB steps (``source.LOAD_STEP``), the model frozen out of the
+             collector's sight at the end as ``check`` freezes it
 
 each followed by ``diagnose()``, as ``commscope check`` runs.  Both must name the same
 finding (kind and culprit), or the run fails.  The columns' load says where its CPU went:
@@ -155,7 +156,9 @@ def measure(path: str, store: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     c0 = (_cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN))
     if path == "columns":
-        model, reader, _ = load_trace(store)
+        # (as check loads: the model frozen out of the collector's sight, whose first pass after
+        # the load walked all of it, ~40 ms at 4k ranks, a cost check never pays)
+        model, reader, _ = load_trace(store, freeze=True)
     else:
         from commscope.analysis.model import TraceModel
         from commscope.store import open_reader

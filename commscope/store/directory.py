@@ -1689,21 +1689,30 @@ class DirectoryReader(TraceReader):
         streams = self.streams()
         if workers < 2 or self._reading or len(streams) < 2:
             return None  # (read apart only a job not read yet: each worker starts its streams afresh)
-        if not whole and len(streams) > 4 * self.SIZE_SAMPLE:
+        pool = None
+        if len(streams) > 4 * self.SIZE_SAMPLE:
             some = dict(list(streams.items())[::len(streams) // self.SIZE_SAMPLE])
             guess = sum(sum(sizes) for _, sizes in self._window(some).values()) * len(streams) / len(some)
-            if guess < self.PARALLEL_MIN_BYTES / 4:
+            if not whole and guess < self.PARALLEL_MIN_BYTES / 4:
                 return None
+            if guess >= 2 * self.PARALLEL_MIN_BYTES or (whole and len(streams) >= self.PARALLEL_MIN_STREAMS):
+                # (now: they start, ~0.13 s of imports, while every segment's size is asked;
+                # as many as the chunks of about ``step`` bytes the guess makes)
+                pool = Workers(min(workers, int(guess // max(step, 1)) + 1))
         window = self._window(streams)
         if sum(sum(sizes) for _, sizes in window.values()) < self.PARALLEL_MIN_BYTES and (
                 not whole or len(streams) < self.PARALLEL_MIN_STREAMS):
+            if pool is not None:
+                pool.close()
             return None
-        return self._bulk_parallel(streams, window, step, workers, not whole)
+        return self._bulk_parallel(streams, window, step, workers, not whole, pool)
 
     def _bulk_parallel(self, streams: dict[Stream, list[Segment]], window: dict[Stream, tuple[int, list[int]]],
-                       step: int, workers: int, counts_lines: bool = False) -> Iterator[Batch]:
+                       step: int, workers: int, counts_lines: bool = False,
+                       pool: Workers | None = None) -> Iterator[Batch]:
         """``counts_lines``: the workers count the lines they read (``Job.counts_lines``), for a
         reader that goes on reading (``read_apart``); a whole read reads nothing after them.
+        ``pool``: workers started already (more than the chunks, some are given none).
         Such a read ends with the summaries (``_read_summaries``), as a poll does: before, they
         waited for the console's first poll, and a job directory deleted meanwhile (a
         ``store_lost`` marker) counted every segment retention had summarized before the
@@ -1724,7 +1733,8 @@ class DirectoryReader(TraceReader):
                 self._skipped[stream] = (segs[0].number, window[stream][0])
             elif stream in window and (first := window[stream][0]) and self._asked_from(stream, segs) == first:
                 self._skipped[stream] = (first, first)
-        pool = Workers(min(workers, len(jobs)))
+        if pool is None:
+            pool = Workers(min(workers, len(jobs)))
         self.stats.workers += len(pool.procs)
         for got in pool.run(jobs):
             if isinstance(got, Job):  # no worker could read it: this reader does
