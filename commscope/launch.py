@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import os
+import random
 import signal
 import socket
 import sys
@@ -55,7 +56,39 @@ def shared_flags(n: int) -> Any:
     return _context().RawArray("b", n)
 
 
+#: Where ``free_port`` looks first: below the system's ephemeral ports, from here
+LOW_PORT = 12_000
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the system hands out to a bind of port 0 or an outgoing connection
+    (Linux: /proc/sys/net/ipv4/ip_local_port_range; its default elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def free_port() -> int:
+    """A port free now on 127.0.0.1, for a server that binds it a moment later (a job's
+    TCPStore, a Redis server), taken below the system's ephemeral ports: a port the
+    system handed out is its to hand out again, to a gloo pair's listener or an outgoing
+    connection, before the server binds it.  Two failures of a loaded test run fit that:
+    a job's rank 1 waited on a TCPStore at an ephemeral port that never answered and closed
+    60 s later, to the second, as the other test, whose 5-rank job hung in its init at the
+    same moment, gave up.  The system's choice where no port below its range is free."""
+    low = _ephemeral_low()
+    if low - LOW_PORT >= 1024:
+        pick = random.Random(os.urandom(8))
+        for _ in range(64):
+            port = pick.randrange(LOW_PORT, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -49,3 +49,18 @@ def test_a_variable_removed_after_the_forkserver_started_is_gone_from_the_ranks(
                        capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "set when the forkserver started | None", proc.stdout
+
+
+def test_a_free_port_is_below_the_ports_the_system_hands_out():
+    """A job's TCPStore port (``free_port``) is chosen below the system's ephemeral ports,
+    which a gloo pair's listener or an outgoing connection may take between the choice and
+    the bind; and it is free."""
+    import socket
+
+    from commscope.launch import LOW_PORT, _ephemeral_low, free_port
+
+    low = _ephemeral_low()
+    ports = [free_port() for _ in range(20)]
+    assert all(LOW_PORT <= p < low for p in ports), (ports, low)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[-1]))
