@@ -1673,7 +1673,7 @@ class DirectoryReader(TraceReader):
         yield from apart
         # (what follows is the whole read's last poll: it looks at each stream's size without
         # holding the files, where opening the 4,096 a worker read to their ends cost ~50 ms)
-        self._quiet_size = _stat_size
+        self._quiet_size = os.path.getsize
 
     def read_apart(self, step: int) -> Iterator[Batch]:
         apart = self._apart(step, whole=False)
@@ -1712,7 +1712,7 @@ class DirectoryReader(TraceReader):
                        pool: Workers | None = None) -> Iterator[Batch]:
         """``counts_lines``: the workers count the lines they read (``Job.counts_lines``), for a
         reader that goes on reading (``read_apart``); a whole read reads nothing after them.
-        ``pool``: workers started already (more than the chunks, some are given none).
+        ``pool``: workers started already (as many as a guess of the chunks: one may get none).
         Such a read ends with the summaries (``_read_summaries``), as a poll does: before, they
         waited for the console's first poll, and a job directory deleted meanwhile (a
         ``store_lost`` marker) counted every segment retention had summarized before the
@@ -1919,10 +1919,6 @@ class DirectoryReader(TraceReader):
             decoder = self._decoder(stream)
             decoder.adopt(st.names, st.dtypes, st.seen_end, st.groups, st.sites, st.waiting)
             decoder.ring_open, decoder.from_start = st.ring_open, st.from_start  # (not ``not seen_end``: a ring from 0)
-
-
-def _stat_size(path: str) -> int:
-    return os.stat(path).st_size
 
 
 def read_streams(job: Job) -> StreamsRead:
