@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -50,6 +52,52 @@ def test_a_message_cut_anywhere_is_the_worker_gone():
     for cut in sorted({0, 1, 8, 15, 16, 23, 24, len(whole) // 2, len(whole) - 1}):
         with pytest.raises(EOFError):
             bulkread.receive(io.BufferedReader(io.BytesIO(whole[:cut])))
+
+
+#: A worker that notes each job it takes (a file named by the job's ``job_dir`` in the
+#: directory given) and answers it at once with that name
+_NOTING = ("import pathlib, sys; from commscope.store import bulkread\n"
+           "while (job := bulkread.receive(sys.stdin.buffer)) is not None:\n"
+           "    (pathlib.Path(sys.argv[1]) / job.job_dir).touch()\n"
+           "    bulkread.send(sys.stdout.buffer, job.job_dir)\n")
+
+
+def _wait_for(predicate, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_workers_go_on_while_the_caller_ingests(tmp_path, monkeypatch):
+    """What a worker sends is taken off its pipe, and its next job given, while the caller
+    is still busy with an earlier message (``Workers._pump``): before, the worker waited for
+    the caller's next step, blocked in its write, then for a job, and at 16k ranks both
+    workers sat so while the caller ingested (one core idle, ~6% of a read)."""
+    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", _NOTING, str(tmp_path)))
+    pool = bulkread.Workers(1)
+    names = [f"job{k}" for k in range(4)]
+    got = pool.run([bulkread.Job(name, None, {}) for name in names])
+    assert next(got) == "job0"
+    # the caller holds: the worker still reads every job (up to AHEAD waiting for it)
+    _wait_for(lambda: all((tmp_path / name).exists() for name in names), "the worker to take every job")
+    assert list(got) == names[1:]
+    assert pool.procs == []  # (ended: ``run`` closes its workers)
+
+
+def test_a_caller_that_stops_early_ends_the_workers(tmp_path, monkeypatch):
+    """The caller stops while the pump waits to hand it more than ``AHEAD`` a worker allows:
+    the pump ends, and so do the workers."""
+    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", _NOTING, str(tmp_path)))
+    monkeypatch.setattr(bulkread.Workers, "AHEAD", 1)
+    pool = bulkread.Workers(1)
+    procs = list(pool.procs)
+    got = pool.run([bulkread.Job(f"job{k}", None, {}) for k in range(6)])
+    assert next(got) == "job0"
+    _wait_for(lambda: (tmp_path / "job2").exists(), "the worker to read on")  # (job1 waits, job2 is being put)
+    got.close()
+    assert [p.wait(60) is not None for p in procs] == [True] and pool.procs == []
+    assert [t.name for t in threading.enumerate() if t.name == "commscope-bulkread"] == []
 
 
 def test_a_worker_starts_with_one_openblas_thread(monkeypatch):

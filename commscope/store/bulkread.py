@@ -6,7 +6,8 @@ child processes (``python -m commscope.store.bulkread``), so nothing of the call
 is imported or forked in them.  Each reads its streams to their ends exactly as a reader
 would (``DirectoryReader.read_streams``, named to the worker by ``TARGET``, so this module
 imports no store) and sends back what it read; the reader ingests a chunk while the
-workers decode the next and then goes on from where they stopped.  A worker that fails,
+workers decode the next (a thread of the reader takes their messages as they come) and
+then goes on from where they stopped.  A worker that fails,
 or gives nothing for ``STALL_S``, leaves its chunk to the reader: a parallel read never
 reads less than a sequential one.
 
@@ -24,11 +25,13 @@ import importlib
 import math
 import os
 import pickle
+import queue
 import select
 import selectors
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import IO, Any, NamedTuple
@@ -223,6 +226,16 @@ def _widen(pipe: IO[bytes] | None) -> None:
         fcntl.fcntl(pipe.fileno(), op, PIPE_BYTES)
 
 
+class _Failed(NamedTuple):
+    """What ended ``Workers._pump`` other than the end of its jobs."""
+
+    error: BaseException
+
+
+#: ``Workers._pump``: no more to come
+_END = object()
+
+
 class Workers:
     """Worker processes reading chunks of streams; ``run`` yields what each chunk gave, and
     the chunks no worker could read (for the caller to read), in the order they finish."""
@@ -232,6 +245,8 @@ class Workers:
     #: A worker that sends nothing for this long, or does not finish a message within it, is
     #: taken for stuck: it is killed, and its chunk goes back
     STALL_S = 300.0
+    #: Messages a worker may have waiting for the caller (``run``)
+    AHEAD = 4
 
     def __init__(self, n: int) -> None:
         # (one OpenBLAS thread, numpy's BLAS as pip installs it: a worker does no linear
@@ -249,7 +264,49 @@ class Workers:
             _widen(self.procs[-1].stdout)
 
     def run(self, jobs: list[Job]) -> Iterator[StreamsRead | Job]:
-        todo = list(reversed(jobs))
+        """What each job gave, read off the workers' pipes by a thread of its own (``_pump``)
+        while the caller ingests: a worker whose message waited for the caller to finish
+        ingesting sat blocked in its write, and then waited for its next job; at 16k ranks
+        both workers sat so ~6% of a read, one core idle (``/proc`` states sampled).  At most
+        ``AHEAD`` messages a worker wait for the caller (each a chunk: memory stays bounded)."""
+        out: queue.Queue = queue.Queue(maxsize=self.AHEAD * max(1, len(self.procs)))
+        stop = threading.Event()
+        pump = threading.Thread(target=self._pump, args=(list(reversed(jobs)), out, stop), daemon=True,
+                                name="commscope-bulkread")
+        pump.start()
+        ended = False
+        try:
+            while True:
+                got = out.get()
+                if got is _END:
+                    ended = True
+                    return
+                if isinstance(got, _Failed):
+                    raise got.error
+                yield got
+        finally:
+            stop.set()
+            if not ended:  # the caller stopped early: what the workers read is not wanted
+                for p in self.procs:
+                    with contextlib.suppress(OSError):
+                        p.kill()
+            while pump.is_alive():  # (the pump may wait to put: it sees ``stop`` then)
+                with contextlib.suppress(queue.Empty):
+                    out.get(timeout=0.05)
+            pump.join()
+            self.close()
+
+    def _pump(self, todo: list[Job], out: queue.Queue, stop: threading.Event) -> None:
+        """``run``'s thread: jobs to the workers, what they send (or the jobs none read) to
+        ``out``, then ``_END``; it ends early once ``stop`` is set."""
+
+        def put(item: object) -> bool:
+            while not stop.is_set():
+                with contextlib.suppress(queue.Full):
+                    out.put(item, timeout=0.1)
+                    return True
+            return False
+
         busy: dict[int, tuple[Job, float]] = {}
         sel = selectors.DefaultSelector()
         try:
@@ -257,15 +314,16 @@ class Workers:
                 if todo and self._give(p, todo[-1]):
                     busy[i] = (todo.pop(), time.monotonic())
                     sel.register(p.stdout, selectors.EVENT_READ, i)
-            while busy:
-                ready = sel.select(timeout=min(self.STALL_S, 10.0))
+            while busy and not stop.is_set():
+                ready = sel.select(timeout=min(self.STALL_S, 1.0))
                 now = time.monotonic()
                 for i, (job, since) in list(busy.items()):  # a stuck worker: its chunk goes back
                     if now - since > self.STALL_S and all(key.data != i for key, _ in ready):
                         del busy[i]
                         sel.unregister(self.procs[i].stdout)
                         self.procs[i].kill()
-                        yield job
+                        if not put(job):
+                            return
                 for key, _ in ready:
                     i = key.data
                     if i not in busy:
@@ -278,21 +336,24 @@ class Workers:
                         sel.unregister(p.stdout)
                         with contextlib.suppress(OSError):
                             p.kill()
-                        yield job
+                        if not put(job):
+                            return
                         continue
                     # the next chunk first: the worker decodes it while the caller ingests this one
                     if todo and self._give(p, todo[-1]):
                         busy[i] = (todo.pop(), time.monotonic())
                     else:
                         sel.unregister(p.stdout)
-                    yield got
-            yield from reversed(todo)  # (no worker left to take them)
+                    if not put(got):
+                        return
+            for job in reversed(todo):  # (no worker left to take them)
+                if not put(job):
+                    return
+            put(_END)
+        except BaseException as exc:  # (for the caller to raise: a thread's error is no one's)
+            put(_Failed(exc))
         finally:
             sel.close()
-            for i in busy:  # the caller stopped early: what they are reading is not wanted
-                with contextlib.suppress(OSError):
-                    self.procs[i].kill()
-            self.close()
 
     @staticmethod
     def _give(p: subprocess.Popen, job: Job) -> bool:
