@@ -100,6 +100,52 @@ def test_a_caller_that_stops_early_ends_the_workers(tmp_path, monkeypatch):
     assert [t.name for t in threading.enumerate() if t.name == "commscope-bulkread"] == []
 
 
+def _pump_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "commscope-bulkread"]
+
+
+def test_a_pump_that_cannot_start_is_the_callers_error(tmp_path, monkeypatch):
+    """The pump's first step failing (its selector, out of descriptors where a reader holds
+    a 16k-rank job's files) reaches the caller as that error: the caller waited forever."""
+    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", _NOTING, str(tmp_path)))
+
+    def no_descriptors() -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(bulkread.selectors, "DefaultSelector", no_descriptors)
+    pool = bulkread.Workers(1)
+    procs = list(pool.procs)
+    with pytest.raises(OSError, match="Too many open files"):
+        list(pool.run([bulkread.Job(f"job{k}", None, {}) for k in range(3)]))
+    assert [p.wait(60) is not None for p in procs] == [True] and pool.procs == []
+    assert _pump_threads() == []
+
+
+def test_a_read_collected_on_the_pumps_thread_ends_it(tmp_path, monkeypatch):
+    """``run``'s generator dropped in a reference cycle is closed by whichever thread's
+    allocations start the collection, often the pump's (it unpickles): its end must not wait
+    for the pump, its own thread (it did, forever, and the workers were never closed)."""
+    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", _NOTING, str(tmp_path)))
+    pool = bulkread.Workers(1)
+    procs = list(pool.procs)
+    got = pool.run([bulkread.Job(f"job{k}", None, {}) for k in range(6)])
+    receive, calls, taken = bulkread.receive, [], threading.Event()
+
+    def collected_here(*args, **kwargs):  # (as a collection on the pump's thread would)
+        calls.append(threading.current_thread().name)
+        if len(calls) == 3:
+            taken.wait(60)  # (the caller out of the generator: it may be closed)
+            got.close()
+        return receive(*args, **kwargs)
+
+    monkeypatch.setattr(bulkread, "receive", collected_here)
+    assert next(got) == "job0"
+    taken.set()
+    _wait_for(lambda: len(calls) >= 3 and not _pump_threads(), "the pump to end")
+    assert calls[2] == "commscope-bulkread"
+    assert [p.wait(60) is not None for p in procs] == [True] and pool.procs == []
+
+
 def test_a_worker_starts_with_one_openblas_thread(monkeypatch):
     """A worker does no linear algebra: it is started with one OpenBLAS thread, whatever the
     reading process has (numpy's import started a thread a core that spun ~0.1 s of CPU a

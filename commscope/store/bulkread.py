@@ -270,14 +270,19 @@ class Workers:
         both workers sat so ~6% of a read, one core idle (``/proc`` states sampled).  At most
         ``AHEAD`` messages a worker wait for the caller (each a chunk: memory stays bounded)."""
         out: queue.Queue = queue.Queue(maxsize=self.AHEAD * max(1, len(self.procs)))
-        stop = threading.Event()
-        pump = threading.Thread(target=self._pump, args=(list(reversed(jobs)), out, stop), daemon=True,
+        stop, orphaned = threading.Event(), threading.Event()
+        pump = threading.Thread(target=self._pump, args=(list(reversed(jobs)), out, stop, orphaned), daemon=True,
                                 name="commscope-bulkread")
         pump.start()
         ended = False
         try:
             while True:
-                got = out.get()
+                try:
+                    got = out.get(timeout=1.0)
+                except queue.Empty:
+                    if pump.is_alive() or not out.empty():
+                        continue
+                    raise RuntimeError("the read workers' thread ended without a word") from None
                 if got is _END:
                     ended = True
                     return
@@ -290,15 +295,21 @@ class Workers:
                 for p in self.procs:
                     with contextlib.suppress(OSError):
                         p.kill()
-            while pump.is_alive():  # (the pump may wait to put: it sees ``stop`` then)
-                with contextlib.suppress(queue.Empty):
-                    out.get(timeout=0.05)
-            pump.join()
-            self.close()
+            if threading.current_thread() is pump:
+                # (the generator dropped in a cycle, collected by the pump's own allocations:
+                # waiting here for the pump would wait for itself; it closes them as it ends)
+                orphaned.set()
+            else:
+                while pump.is_alive():  # (the pump may wait to put: it sees ``stop`` then)
+                    with contextlib.suppress(queue.Empty):
+                        out.get(timeout=0.05)
+                pump.join()
+                self.close()
 
-    def _pump(self, todo: list[Job], out: queue.Queue, stop: threading.Event) -> None:
+    def _pump(self, todo: list[Job], out: queue.Queue, stop: threading.Event, orphaned: threading.Event) -> None:
         """``run``'s thread: jobs to the workers, what they send (or the jobs none read) to
-        ``out``, then ``_END``; it ends early once ``stop`` is set."""
+        ``out``, then ``_END``; it ends early once ``stop`` is set, and closes the workers
+        where ``run`` ended on this thread (``orphaned``)."""
 
         def put(item: object) -> bool:
             while not stop.is_set():
@@ -308,8 +319,9 @@ class Workers:
             return False
 
         busy: dict[int, tuple[Job, float]] = {}
-        sel = selectors.DefaultSelector()
+        sel: selectors.BaseSelector | None = None
         try:
+            sel = selectors.DefaultSelector()  # (it may fail too, out of descriptors: said to the caller)
             for i, p in enumerate(self.procs):
                 if todo and self._give(p, todo[-1]):
                     busy[i] = (todo.pop(), time.monotonic())
@@ -353,7 +365,10 @@ class Workers:
         except BaseException as exc:  # (for the caller to raise: a thread's error is no one's)
             put(_Failed(exc))
         finally:
-            sel.close()
+            if sel is not None:
+                sel.close()
+            if orphaned.is_set():
+                self.close()
 
     @staticmethod
     def _give(p: subprocess.Popen, job: Job) -> bool:
