@@ -8,13 +8,13 @@ import io
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_blocks_equivalence import SETTINGS, needs_scanner, regular_streams, streams
+from test_store_history import wait_for
 
 from commscope.snapshot import pyspy
 from commscope.store import bulkread
@@ -62,13 +62,6 @@ _NOTING = ("import pathlib, sys; from commscope.store import bulkread\n"
            "    bulkread.send(sys.stdout.buffer, job.job_dir)\n")
 
 
-def _wait_for(predicate, what: str) -> None:
-    deadline = time.monotonic() + 60
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 def test_workers_go_on_while_the_caller_ingests(tmp_path, monkeypatch):
     """What a worker sends is taken off its pipe, and its next job given, while the caller
     is still busy with an earlier message (``Workers._pump``): before, the worker waited for
@@ -80,7 +73,7 @@ def test_workers_go_on_while_the_caller_ingests(tmp_path, monkeypatch):
     got = pool.run([bulkread.Job(name, None, {}) for name in names])
     assert next(got) == "job0"
     # the caller holds: the worker still reads every job (up to AHEAD waiting for it)
-    _wait_for(lambda: all((tmp_path / name).exists() for name in names), "the worker to take every job")
+    wait_for(lambda: all((tmp_path / name).exists() for name in names), "the worker to take every job")
     assert list(got) == names[1:]
     assert pool.procs == []  # (ended: ``run`` closes its workers)
 
@@ -94,7 +87,7 @@ def test_a_caller_that_stops_early_ends_the_workers(tmp_path, monkeypatch):
     procs = list(pool.procs)
     got = pool.run([bulkread.Job(f"job{k}", None, {}) for k in range(6)])
     assert next(got) == "job0"
-    _wait_for(lambda: (tmp_path / "job2").exists(), "the worker to read on")  # (job1 waits, job2 is being put)
+    wait_for(lambda: (tmp_path / "job2").exists(), "the worker to read on")  # (job1 waits, job2 is being put)
     got.close()
     assert [p.wait(60) is not None for p in procs] == [True] and pool.procs == []
     assert [t.name for t in threading.enumerate() if t.name == "commscope-bulkread"] == []
@@ -141,7 +134,7 @@ def test_a_read_collected_on_the_pumps_thread_ends_it(tmp_path, monkeypatch):
     monkeypatch.setattr(bulkread, "receive", collected_here)
     assert next(got) == "job0"
     taken.set()
-    _wait_for(lambda: len(calls) >= 3 and not _pump_threads(), "the pump to end")
+    wait_for(lambda: len(calls) >= 3 and not _pump_threads(), "the pump to end")
     assert calls[2] == "commscope-bulkread"
     assert [p.wait(60) is not None for p in procs] == [True] and pool.procs == []
 
