@@ -8,10 +8,13 @@ samples are missing, keeps those as dicts.  A parallel read of a job gives the s
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import orjson
 import pytest
 from model_compare import differences, model_state
+from readers import by_workers
 
 from commscope import beats
 from commscope.analysis.model import TraceModel
@@ -105,9 +108,17 @@ def test_the_model_of_the_columns_is_the_model_of_the_events():
     assert got["ranks"][1]["samples"]["ts"][-1] == float(T + 1040) and got["ranks"][2]["hb_inflight"] == 3
 
 
-def test_a_job_read_apart_gives_the_model_of_a_sequential_read(tmp_path, monkeypatch):
+@pytest.mark.parametrize("itself", [False, True], ids=["by workers", "the reading process too"])
+def test_a_job_read_apart_gives_the_model_of_a_sequential_read(tmp_path, monkeypatch, itself):
+    """Read apart by two workers, or by one and the reading process (which reads chunks
+    itself while the worker starts: ``DirectoryReader.READS_ITSELF``), a job gives the model
+    of a sequential read."""
+    from test_bulkread import GATE
+    from test_store_history import wait_for
+
     from commscope.analysis import source
     from commscope.bench.synthstore import JobShape, write_store
+    from commscope.store import bulkread, directory
     from commscope.store.directory import DirectoryReader
 
     store = str(tmp_path / "trace")
@@ -124,7 +135,28 @@ def test_a_job_read_apart_gives_the_model_of_a_sequential_read(tmp_path, monkeyp
     model, reader, _ = source.load_trace(store)
     one = _state(model)
     assert reader.stats.workers == 0  # (the read workers it started: none)
-    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    here: list[int] = []  # (the chunks the reading process read itself)
+    if itself:  # (one worker, started once the reading process read two chunks itself; it waits then for the worker's first)
+        gate, done = tmp_path / "gate", tmp_path / "done"
+        monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+        monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", GATE + (
+            "import pathlib; from commscope.store import bulkread, directory\n"
+            "read = directory.read_streams\n"
+            "directory.read_streams = lambda job: (read(job), pathlib.Path(sys.argv[-2]).touch())[0]\n"
+            "sys.exit(bulkread.main())\n"), str(done), str(gate)))
+        read_streams = directory.read_streams
+
+        def read_here(job):
+            here.append(1)
+            if len(here) == 2:
+                gate.touch()
+            elif len(here) > 2:
+                wait_for(done.exists, "the worker's first chunk")
+            return read_streams(job)
+
+        monkeypatch.setattr(directory, "read_streams", read_here)
+    else:
+        by_workers(monkeypatch)
     monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(source, "LOAD_STEP", 1 << 15)
     seen: list[int] = []
@@ -133,7 +165,8 @@ def test_a_job_read_apart_gives_the_model_of_a_sequential_read(tmp_path, monkeyp
         got.batch.beats.events() if got.batch.beats is not None else 0) or adopt(self, got))
     model, reader, _ = source.load_trace(store)
     apart = _state(model)
-    assert reader.stats.workers == 2
+    assert reader.stats.workers == 1 + (not itself)
+    assert reader.stats.jobs_here == len(here) >= 2 * itself and reader.stats.jobs > reader.stats.jobs_here
     assert len(seen) > 1 and sum(seen) > 12 * 10  # (the heartbeats and samples came back as columns)
     # (each rank's state; which chunk finished first orders the group indexes' ranks)
     assert differences({k: apart[k] for k in ("ranks", "events", "groups", "start", "end")},

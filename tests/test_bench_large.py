@@ -82,16 +82,21 @@ def test_a_columns_measurement_says_where_its_cpu_went(tmp_path, monkeypatch):
 
 def test_the_extrapolation_to_more_cores_follows_the_cpu_it_is_given():
     """``bench large``'s extrapolation of reader + model to machines of more cores (labelled
-    as one): the read lasts at least the reading process's CPU, each worker's share (their
-    decoding, plus a start each) and all the CPU over all the cores."""
+    as one): the read lasts at least the reading process's ingesting and all the CPU over
+    the readers (the reading process and a worker a core but one, each paying a start); the
+    chunks the reading process read itself cost it what the workers' cost them."""
     events = 3_600_000
-    # 2 workers that took 4.0 s, 0.2 s of it starting; a reading process of 1.2 s
-    two = large.extrapolated(events, 1.2, 4.0, 2, 0.2, 2, 8)
-    assert two == pytest.approx(events / ((1.2 + 4.0) / 2))  # (all the CPU over both cores)
-    four = large.extrapolated(events, 1.2, 4.0, 2, 0.2, 4, 8)
-    assert four == pytest.approx(events / ((1.2 + 3.6 + 4 * 0.2) / 4))
-    # past the workers' cap the reading process bounds it, however many cores
-    assert large.extrapolated(events, 1.2, 4.0, 2, 0.2, 16, 8) == pytest.approx(events / 1.2)
-    assert large.extrapolated(events, 1.2, 4.0, 2, 0.2, 64, 8) == pytest.approx(events / 1.2)
-    # a worker's share bounds it where the reading process costs nothing
-    assert large.extrapolated(events, 0.0, 4.0, 1, 0.0, 8, 2) == pytest.approx(events / 2.0)
+    # 1 worker that took 2.2 s, 0.2 s of it starting, for 10 of 20 chunks; a reading process
+    # of 3.2 s that read the other 10 (2.0 s): 1.2 s of ingesting
+    assert large.ingesting(3.2, 2.0, 20, 10) == pytest.approx(1.2)
+    two = large.extrapolated(events, 3.2, 2.2, 1, 0.2, 2, 8, 20, 10)
+    assert two == pytest.approx(events / ((1.2 + 4.0 + 0.2) / 2))  # (all the CPU over both readers)
+    four = large.extrapolated(events, 3.2, 2.2, 1, 0.2, 4, 8, 20, 10)
+    assert four == pytest.approx(events / ((1.2 + 4.0 + 3 * 0.2) / 4))
+    # past the readers' cap the reading process's ingesting bounds it, however many cores
+    assert large.extrapolated(events, 3.2, 2.2, 1, 0.2, 16, 8, 20, 10) == pytest.approx(events / 1.2)
+    assert large.extrapolated(events, 3.2, 2.2, 1, 0.2, 64, 8, 20, 10) == pytest.approx(events / 1.2)
+    # the readers' share bounds it where ingesting costs nothing
+    assert large.extrapolated(events, 0.0, 4.0, 1, 0.0, 8, 2, 20, 0) == pytest.approx(events / 2.0)
+    # workers alone (the reading process read no chunk): all its CPU is ingesting
+    assert large.extrapolated(events, 1.2, 4.0, 2, 0.2, 2, 8, 20, 0) == pytest.approx(events / ((1.2 + 3.6 + 0.2) / 2))

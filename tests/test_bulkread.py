@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from readers import by_workers
 from test_blocks_equivalence import SETTINGS, needs_scanner, regular_streams, streams
 from test_store_history import wait_for
 
@@ -91,6 +92,37 @@ def test_a_caller_that_stops_early_ends_the_workers(tmp_path, monkeypatch):
     got.close()
     assert [p.wait(60) is not None for p in procs] == [True] and pool.procs == []
     assert [t.name for t in threading.enumerate() if t.name == "commscope-bulkread"] == []
+
+
+#: What a worker does first to start late: it waits for the file named last (60 s at most)
+GATE = ("import os, sys, time\n"
+        "deadline = time.monotonic() + 60\n"
+        "while not os.path.exists(sys.argv[-1]) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n")
+
+
+def test_a_caller_with_nothing_to_ingest_reads_jobs_itself(tmp_path, monkeypatch):
+    """``run``'s ``here``: while no message waits (the worker still starting, ~0.13 s of
+    imports), the caller reads the jobs not given yet itself, so the reading process is a
+    reader too (1k ranks on 2 cores: 0.47 s against 0.57).  Every job comes back once, from
+    the caller or from the worker."""
+    gate = tmp_path / "gate"
+    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", GATE + _NOTING, str(tmp_path), str(gate)))
+    read_here: list[str] = []
+
+    def here(job: bulkread.Job) -> str:
+        read_here.append(job.job_dir)
+        if len(read_here) == 3:
+            gate.touch()  # (the worker starts only now: the first three were the caller's)
+        return f"here {job.job_dir}"
+
+    names = [f"job{k}" for k in range(8)]
+    pool = bulkread.Workers(1)
+    got = list(pool.run([bulkread.Job(name, None, {}) for name in names], here))
+    assert got[:3] == [f"here {name}" for name in read_here[:3]]
+    assert sorted(x.removeprefix("here ") for x in got) == names  # (each once)
+    by_worker = [x for x in got if not x.startswith("here ")]
+    assert sorted(by_worker + read_here) == names and pool.procs == []
 
 
 def _pump_threads() -> list[threading.Thread]:
@@ -369,11 +401,11 @@ def test_a_whole_read_s_last_poll_finds_quiet_streams_by_size_and_reads_what_cam
     where its streams ended (``StreamsRead.tails``): the last poll asks each quiet one's
     size, holds none of them open, and still reads a stream that went on after the workers."""
     from commscope.bench.synthstore import T0, JobShape, write_store
-    from commscope.store.directory import ENV_WORKERS, DirectoryReader
+    from commscope.store.directory import DirectoryReader
 
     store = tmp_path / "trace"
     write_store(str(store), JobShape(6, 40, fault="healthy", hang_after=2.0))
-    monkeypatch.setenv(ENV_WORKERS, "2")
+    by_workers(monkeypatch)
     monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
     r = DirectoryReader(str(store))
     list(r._bulk(1 << 10))  # (the workers' part of ``bulk``, several chunks)
@@ -431,12 +463,12 @@ def test_a_large_read_s_workers_start_while_the_sizes_are_asked(tmp_path, monkey
     the one a reader reading alone makes."""
     from commscope.analysis.source import load_trace
     from commscope.bench.synthstore import JobShape, write_store
-    from commscope.store.directory import ENV_WORKERS, DirectoryReader
+    from commscope.store.directory import DirectoryReader
 
     store = str(tmp_path / "trace")
     write_store(store, JobShape(6, 40, hang_after=2.0))
     alone, _r, _w = load_trace(store)
-    monkeypatch.setenv(ENV_WORKERS, "2")
+    by_workers(monkeypatch)
     monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 1)
     monkeypatch.setattr(DirectoryReader, "SIZE_SAMPLE", 1)  # (a sample of one stream in six)
     steps, _procs = _spy_on_starts(monkeypatch)
@@ -452,7 +484,7 @@ def test_workers_started_for_a_read_that_then_stays_alone_are_ended(tmp_path, mo
     is made alone."""
     from commscope.analysis.source import load_trace
     from commscope.bench.synthstore import T0, JobShape, write_store
-    from commscope.store.directory import ENV_WORKERS, DirectoryReader
+    from commscope.store.directory import DirectoryReader
 
     store = tmp_path / "trace"
     write_store(str(store), JobShape(6, 40, hang_after=2.0))
@@ -466,7 +498,7 @@ def test_workers_started_for_a_read_that_then_stays_alone_are_ended(tmp_path, mo
             f.flush()
             line += 1000
     big = (job / "rank-00000.jsonl").stat().st_size
-    monkeypatch.setenv(ENV_WORKERS, "2")
+    by_workers(monkeypatch)
     monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", int(2.5 * big))  # (guessed 6x, all 1.2x)
     monkeypatch.setattr(DirectoryReader, "SIZE_SAMPLE", 1)
     steps, procs = _spy_on_starts(monkeypatch)

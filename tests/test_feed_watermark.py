@@ -9,6 +9,7 @@ import gc
 import time
 
 import pytest
+from readers import by_workers
 
 from commscope.analysis import TraceModel, rankstate
 from commscope.bench.synthstore import JobShape, write_store
@@ -335,7 +336,10 @@ def test_a_console_that_kept_up_waits_for_its_round_and_one_cut_short_goes_on(tm
 def _caught_up(opened, monkeypatch, workers: str) -> Feed:
     """A live console on the reader ``opened()`` gives, read with ``workers`` read workers in
     many chunks until every stream was read, then judged."""
-    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", workers)
+    if workers == "2":
+        by_workers(monkeypatch)
+    else:
+        monkeypatch.setenv("COMMSCOPE_READ_WORKERS", workers)
     feed = Feed(opened(), mode=LIVE, hang_after=2.0)
     feed.BUDGET = 1 << 12  # (many chunks)
     while not feed.caught_up():
@@ -407,7 +411,7 @@ def test_a_small_job_of_many_streams_goes_to_the_polls_on_a_sample_of_their_size
     monkeypatch.setattr(directory, "size_of", lambda path: asked.append(path) or real(path))
     went: list[int] = []
     monkeypatch.setattr(DirectoryReader, "_bulk_parallel", lambda self, streams, *_: went.append(len(streams)) or iter(()))
-    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    by_workers(monkeypatch)
     size = sum(p.stat().st_size for p in job.iterdir())
     for floor, stats, apart in ((size * 4 + 1, 4, False), (size * 3, 4 + 48, False), (size, 4 + 48, True)):
         asked.clear()
@@ -432,7 +436,7 @@ def test_a_console_closed_during_its_first_read_leaves_no_worker(tmp_path, monke
     store = str(tmp_path / "trace")
     recent_job(store, ranks=32)
     monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    by_workers(monkeypatch)
     feed = Feed(open_reader(f"{store}/recent"), mode=LIVE, hang_after=2.0)
     feed.BUDGET = 1 << 12  # (many chunks: more to read after the first)
     stop = threading.Event()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import orjson
 import pytest
 from model_compare import differences, model_state
+from readers import by_workers
 
 from commscope import jsonops
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
@@ -144,7 +145,7 @@ def test_a_json_trace_read_apart_is_the_sequential_read(tmp_path, monkeypatch, f
     write_store(store, JobShape(24, 80, fault=fault, hang_after=2.0, json=True))
     monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "1")
     one = _checked(store)
-    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    by_workers(monkeypatch)
     monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(source, "LOAD_STEP", 1 << 16)  # many chunks
     columns: list[int] = []

@@ -17,6 +17,7 @@ from collections import Counter
 import numpy as np
 import orjson
 import pytest
+from readers import by_workers
 
 from commscope import blocks
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
@@ -328,7 +329,7 @@ def parallel(monkeypatch):
     from commscope.store.directory import DirectoryReader
 
     monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    by_workers(monkeypatch)
 
 
 def _loaded(store: str):
@@ -347,7 +348,7 @@ def test_a_parallel_read_is_the_sequential_read(tmp_path, monkeypatch, fault):
     write_store(store, JobShape(24, 80, fault=fault, hang_after=2.0))
     monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "1")
     one = _loaded(store)
-    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    by_workers(monkeypatch)
     from commscope.analysis import source
     from commscope.store.directory import DirectoryReader
 
@@ -364,7 +365,7 @@ def test_a_job_of_many_streams_is_read_apart_however_small(tmp_path, monkeypatch
 
     store = str(tmp_path / "trace")
     write_store(store, JobShape(12, 20, fault="missing", hang_after=2.0))
-    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    by_workers(monkeypatch)
     apart: list[int] = []
     real = DirectoryReader._bulk_parallel
     monkeypatch.setattr(DirectoryReader, "_bulk_parallel", lambda self, *a: apart.append(1) or real(self, *a))
@@ -462,7 +463,7 @@ def test_a_stuck_worker_gives_its_chunk_back(tmp_path, monkeypatch, parallel):
     write_store(store, JobShape(12, 60, fault="missing", hang_after=2.0))
     monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "1")
     want = _loaded(store)
-    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    by_workers(monkeypatch)
     monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", "import time; time.sleep(120)"))
     monkeypatch.setattr(bulkread.Workers, "STALL_S", 0.5)
     assert _loaded(store) == want
@@ -488,7 +489,7 @@ def test_a_worker_stopped_in_the_middle_of_its_answer_gives_its_chunk_back(tmp_p
     write_store(store, JobShape(12, 60, fault="missing", hang_after=2.0))
     monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "1")
     want = _loaded(store)
-    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    by_workers(monkeypatch)
     monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", _TORN))
     monkeypatch.setattr(bulkread.Workers, "STALL_S", 0.5)
     assert _loaded(store) == want

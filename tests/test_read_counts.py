@@ -18,12 +18,13 @@ from pathlib import Path
 
 import orjson
 import pytest
+from readers import by_workers
 
 from commscope.analysis.source import load_trace, open_source
 from commscope.bench.synthstore import JobShape, write_store
 from commscope.schema import SCHEMA_VERSION
 from commscope.store import ReadStats, open_reader, open_writer, retention, segments
-from commscope.store.directory import ENV_WORKERS, DirectoryReader
+from commscope.store.directory import DirectoryReader
 from commscope.store.files import size_of
 from commscope.store.readahead import around
 from commscope.tui.feed import Feed
@@ -79,7 +80,7 @@ def test_segments_skipped_before_the_window_then_deleted_are_counted_once_as_sum
     store = _windowed_store(tmp_path, 2)
     job = store / "synthetic"
     if workers:  # (the streams read apart in worker processes: each counts what it skipped)
-        monkeypatch.setenv(ENV_WORKERS, "2")
+        by_workers(monkeypatch)
         monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
     r = open_source(str(store), since=SINCE)
     assert isinstance(r, DirectoryReader)
@@ -209,7 +210,7 @@ def _assert_one_line_lost(store: Path, read: str, nbytes: int, monkeypatch) -> N
     ``store`` counts it and says it: whole (``check``), in polls (a console), in polls of a
     few KiB (the gap between two chunks), or read apart by workers (``read``)."""
     if read == "workers":
-        monkeypatch.setenv(ENV_WORKERS, "2")
+        by_workers(monkeypatch)
         monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
     if read in ("whole", "workers"):
         _, reader, warnings = load_trace(str(store))
@@ -482,7 +483,7 @@ def test_a_stream_first_block_line_damaged_or_refused_is_counted_lost_once(tmp_p
     for read in ("whole", "polls", "small_polls", "workers"):
         with monkeypatch.context() as m:
             if read == "workers":
-                m.setenv(ENV_WORKERS, "2")
+                by_workers(m)
                 m.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
             if read in ("whole", "workers"):
                 _, reader, _ = load_trace(str(job))
@@ -539,7 +540,7 @@ def test_a_console_whose_first_read_went_to_workers_counts_the_next_gap_once(tmp
     data = b"\n".join(lines)
     torn = len(b"\n".join(lines[:cut])) + (1 if cut else 0) + 10
     path.write_bytes(data[:torn])
-    monkeypatch.setenv(ENV_WORKERS, "2")
+    by_workers(monkeypatch)
     monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
     reader = open_source(str(store))
     try:

@@ -26,6 +26,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from procs import stop
+from readers import by_workers
 from redis_fixture import require_redis_server
 from test_redis_ranks import hang_until_released
 from trace_helpers import assert_the_hang_outlived_the_loss, ops, the_hang
@@ -553,7 +554,7 @@ def _read_by_workers(monkeypatch) -> list[int]:
     from commscope.store.directory import DirectoryReader
 
     monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    by_workers(monkeypatch)
     started: list[int] = []
     real = bulkread.Workers.__init__
     monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))
@@ -878,7 +879,7 @@ def test_a_whole_read_whose_last_read_meets_a_marker_says_its_count_is_at_most(t
         for k in range(0, 200, 10):
             w.write([beat(r, j) for j in range(k, k + 10)])
     monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    by_workers(monkeypatch)
     reader = open_reader(str(tmp_path))
     try:
         assert sum(b.count() for b in reader._bulk(1 << 12)) == 402 and reader.stats.workers == 2

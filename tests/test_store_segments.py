@@ -17,6 +17,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from readers import by_workers
 
 from commscope import histories
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
@@ -356,7 +357,7 @@ def test_a_live_console_past_its_memory_budget_starts_again_at_the_tail(tmp_path
     started: list[int] = []
     if apart:  # (a job this small: read apart all the same)
         monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
-        monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+        by_workers(monkeypatch)
         real = bulkread.Workers.__init__
         monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))
     end = full.end_ns
@@ -1503,7 +1504,7 @@ def test_a_reader_that_jumps_over_deleted_segments_counts_the_drops_once(tmp_pat
     from commscope.store.directory import DirectoryReader
 
     if first == "in workers":
-        monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+        by_workers(monkeypatch)
         monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
         w1 = DirectoryWriter(tmp_path, "job", 1, {"world_size": 2}, closer=False)  # (two streams: a read apart)
         w1.write([meta(1), beat(1, 1)])

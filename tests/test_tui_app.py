@@ -6,6 +6,7 @@ import dataclasses
 import time
 
 import pytest
+from readers import by_workers
 from tui_scenarios import MS, S, StaticReader, drive, healthy, hung_missing_rank, load, make_app
 
 from commscope.analysis.source import open_source
@@ -1066,7 +1067,7 @@ def test_attach_to_a_large_job_reads_it_apart_and_shows_the_culprit(tmp_path, mo
     span = S + 39 * int(S / shape.rate) + 500_000 + 6 * S  # (its trace ends about now: a live job)
     write_store(store, dataclasses.replace(shape, t0=time.time_ns() - span - S // 2))
     monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
+    by_workers(monkeypatch)
     started: list[int] = []
     real = bulkread.Workers.__init__
     monkeypatch.setattr(bulkread.Workers, "__init__", lambda self, n: started.append(n) or real(self, n))

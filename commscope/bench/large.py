@@ -79,19 +79,32 @@ EXTRAPOLATED_CORES = (4, 8, 16)
 
 
 def extrapolated(events: int, main_cpu: float, workers_cpu: float, workers: int, start_cpu: float,
-                 cores: int, max_workers: int) -> float:
+                 cores: int, max_readers: int, jobs: int = 0, jobs_here: int = 0) -> float:
     """Reader + model, events a second, on a machine of ``cores`` cores, from the CPU times
     of a whole read measured with ``workers`` read workers (each paid ``start_cpu`` to
-    start): an extrapolation, not a measurement.  There the read takes ``min(max_workers,
-    cores)`` workers (``DirectoryReader.MAX_WORKERS``), each paying its start again, their
-    decoding the same CPU as here, and overlapping perfectly with the reading process; the
-    read lasts at least the reading process's CPU (it ingests what each worker sends), each
-    worker's share, and all the CPU over all the cores."""
+    start) that read ``jobs - jobs_here`` of its ``jobs`` chunks, the reading process the
+    rest: an extrapolation, not a measurement.  A chunk costs the reading process what it
+    cost a worker; the rest of its CPU is ingesting (and listing).  There the read takes
+    ``min(max_readers, cores)`` readers (``DirectoryReader.MAX_READERS``): the reading
+    process and a worker for each other, each paying its start again, the decoding the same
+    CPU as here, shared perfectly; the read lasts at least the reading process's ingesting
+    and all the CPU over the readers."""
     decode = max(0.0, workers_cpu - workers * start_cpu)
-    w = max(1, min(max_workers, cores))
-    theirs = decode + w * start_cpu
-    wall = max(main_cpu, theirs / w, (main_cpu + theirs) / cores)
+    ingest = ingesting(main_cpu, decode, jobs, jobs_here)
+    here = main_cpu - ingest
+    readers = max(1, min(max_readers, cores))
+    work = ingest + decode + here + (readers - 1) * start_cpu
+    wall = max(ingest, work / readers)
     return events / wall if wall > 0 else float("inf")
+
+
+def ingesting(main_cpu: float, workers_decode: float, jobs: int, jobs_here: int) -> float:
+    """Of the reading process's CPU, what was not reading chunks itself (listing, receiving,
+    the model), each of its ``jobs_here`` chunks taken to cost what the workers' others
+    did (``workers_decode`` over ``jobs - jobs_here``)."""
+    by_workers = jobs - jobs_here
+    here = workers_decode * jobs_here / by_workers if by_workers > 0 else 0.0
+    return max(0.0, main_cpu - here)
 
 
 def _rank_counts(text: str) -> list[int]:
@@ -177,7 +190,8 @@ def measure(path: str, store: str) -> dict[str, Any]:
     return {"load_s": t1 - t0, "diag_s": t2 - t1, "events": model.events, "ranks": len(model.ranks),
             "ops": model.total_ops(), "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "errors": errors, "bytes": reader.stats.bytes, "main_cpu_s": main_cpu, "workers_cpu_s": workers_cpu,
-            "workers": reader.stats.workers, "start_cpu_s": _worker_start(store) if reader.stats.workers else 0.0}
+            "workers": reader.stats.workers, "jobs": reader.stats.jobs, "jobs_here": reader.stats.jobs_here,
+            "start_cpu_s": _worker_start(store) if reader.stats.workers else 0.0}
 
 
 def _worker_start(store: str) -> float:
@@ -570,8 +584,9 @@ def _print_row(row: dict[str, Any]) -> None:
           f"{'met' if rate >= want else 'not met'}")
     cols = res["columns"]
     workers = _med(cols, "workers_cpu_s")
-    print(f"    columns' CPU: {fmt_time(_med(cols, 'main_cpu_s'))} reading process (listing, receiving, model)")
-    n = int(_med(cols, "workers"))
+    n, jobs, jobs_here = int(_med(cols, "workers")), int(_med(cols, "jobs")), int(_med(cols, "jobs_here"))
+    print(f"    columns' CPU: {fmt_time(_med(cols, 'main_cpu_s'))} reading process (listing, receiving, model; "
+          f"{jobs_here} of {jobs} chunks read itself)")
     print(f"                  {fmt_time(workers)} {n} read worker(s) (each one's start and first stream: "
           f"{fmt_time(_med(cols, 'start_cpu_s'))}); {cores()} core(s)" if n else
           f"                  no read worker; {cores()} core(s)")
@@ -580,11 +595,12 @@ def _print_row(row: dict[str, Any]) -> None:
 
         here = cores()
         rates = [extrapolated(cols[0]["events"], _med(cols, "main_cpu_s"), workers, n, _med(cols, "start_cpu_s"), c,
-                              DirectoryReader.MAX_WORKERS) / 1e6 for c in (here, *EXTRAPOLATED_CORES)]
+                              DirectoryReader.MAX_READERS, jobs, jobs_here) / 1e6 for c in (here, *EXTRAPOLATED_CORES)]
+        ingest = ingesting(_med(cols, "main_cpu_s"), workers - n * _med(cols, "start_cpu_s"), jobs, jobs_here)
         print("    extrapolated from these CPU times, not measured (perfect overlap): " +
               ", ".join(f"{r:.2f} M/s on {c} cores" for r, c in zip(rates[1:], EXTRAPOLATED_CORES, strict=True)) +
-              f" (on this machine's {here}: {rates[0]:.2f}, measured {rate:.2f}); the reading process alone "
-              f"{cols[0]['events'] / _med(cols, 'main_cpu_s') / 1e6:.2f} M/s")
+              f" (on this machine's {here}: {rates[0]:.2f}, measured {rate:.2f})" +
+              (f"; the reading process's ingesting alone {cols[0]['events'] / ingest / 1e6:.2f} M/s" if ingest else ""))
 
 
 def _print_summary(rows: list[dict[str, Any]]) -> None:

@@ -104,6 +104,8 @@ class ReadStats:
     chunks: int = 0  # reads of a stream that brought something (a poll of 16k streams: up to 16k)
     records: int = 0  # of ``events``, the op records read in columns (the rest: event dicts)
     workers: int = 0  # worker processes a whole read started (``store/bulkread.py``)
+    jobs: int = 0  # chunks of streams a whole read handed out (``bulkread.Job``) ...
+    jobs_here: int = 0  # ... of which the reading process read these itself (``Workers.run``'s ``here``)
 
     def count_corrupt(self, rank: int, n: int) -> None:
         if n:

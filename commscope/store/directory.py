@@ -95,7 +95,8 @@ def rank_file_name(rank: int, incarnation: int = 0) -> str:
     return segment_name(rank, incarnation, 0)
 
 
-#: Worker processes a whole read of a large job may use (default: one per core, at most 8; 0 or 1: none)
+#: Processes a whole read of a large job may read with: the reading process and its workers
+#: (default: one per core, at most 8; 0 or 1: the reading process alone)
 ENV_WORKERS = "COMMSCOPE_READ_WORKERS"
 
 #: ``commscope run --share-with-group`` sets it for the ranks: stores they create are
@@ -1653,7 +1654,11 @@ class DirectoryReader(TraceReader):
     #: takes every core).  Not a console's first read (``read_apart``): at a 16k-rank job's
     #: start its first full read came after 21 s apart against ~8 s polling (bench scale)
     PARALLEL_MIN_STREAMS = 8192
-    MAX_WORKERS = 8
+    #: Processes that read a whole read at most: the reading process and its workers
+    MAX_READERS = 8
+    #: The reading process reads a chunk itself whenever no worker's message waits for it
+    #: (``Workers.run``'s ``here``), as a worker would (``read_streams``); else it only ingests
+    READS_ITSELF = True
     #: A console's first read of more than four times this many streams looks at the sizes
     #: of this many of them first (every n-th): a job whose bytes they put below a quarter of
     #: ``PARALLEL_MIN_BYTES`` goes to the polls without a stat of every stream (16k streams:
@@ -1682,12 +1687,14 @@ class DirectoryReader(TraceReader):
     def _apart(self, step: int, whole: bool) -> Iterator[Batch] | None:
         """The streams read apart in workers (``_bulk_parallel``), or None where that is not
         worth it: one core, a small job (of few streams, for a ``whole`` read), or one read
-        already."""
-        workers = min(self.MAX_WORKERS, cores())
+        already.  The reading process is one of the readers (``Workers.run``'s ``here``): a
+        worker a core but one."""
+        readers = min(self.MAX_READERS, cores())
         if os.environ.get(ENV_WORKERS, "").isdigit():
-            workers = int(os.environ[ENV_WORKERS])
+            readers = int(os.environ[ENV_WORKERS])
+        workers = readers - 1
         streams = self.streams()
-        if workers < 2 or self._reading or len(streams) < 2:
+        if workers < 1 or self._reading or len(streams) < 2:
             return None  # (read apart only a job not read yet: each worker starts its streams afresh)
         pool = None
         if len(streams) > 4 * self.SIZE_SAMPLE:
@@ -1736,7 +1743,13 @@ class DirectoryReader(TraceReader):
         if pool is None:
             pool = Workers(min(workers, len(jobs)))
         self.stats.workers += len(pool.procs)
-        for got in pool.run(jobs):
+        self.stats.jobs += len(jobs)
+
+        def here(job: Job) -> StreamsRead:  # (a job this reader takes, read as a worker reads it)
+            self.stats.jobs_here += 1
+            return read_streams(job)
+
+        for got in pool.run(jobs, here if self.READS_ITSELF else None):
             if isinstance(got, Job):  # no worker could read it: this reader does
                 batch = self.read_whole(got.streams)
                 if batch.count():

@@ -209,7 +209,7 @@ class ReadAhead(TraceReader):
         if processes < 1:
             raise ValueError(f"ReadAhead: {processes} read processes (at least one)")
         if processes > 1 and ENV_WORKERS not in env:  # (a large first read's workers: the cores shared out)
-            env[ENV_WORKERS] = str(max(1, min(DirectoryReader.MAX_WORKERS, bulkread.cores() // processes)))
+            env[ENV_WORKERS] = str(max(1, min(DirectoryReader.MAX_READERS, bulkread.cores() // processes)))
         self._children: list[_Child] = []
         try:
             for k in range(processes):

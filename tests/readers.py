@@ -1,0 +1,16 @@
+"""How tests have a whole read of a large directory store read by its workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from commscope.store.directory import ENV_WORKERS, DirectoryReader
+
+
+def by_workers(mp: pytest.MonkeyPatch, workers: int = 2) -> None:
+    """A whole read (or a console's first read) of a large job read by ``workers`` worker
+    processes alone: ``COMMSCOPE_READ_WORKERS`` counts the reading process too, and here it
+    reads no chunk itself (``DirectoryReader.READS_ITSELF``), so what the test checks is what
+    the workers sent.  (The reading process's own chunks: test_bulkread.)"""
+    mp.setenv(ENV_WORKERS, str(workers + 1))
+    mp.setattr(DirectoryReader, "READS_ITSELF", False)
