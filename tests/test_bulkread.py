@@ -125,6 +125,30 @@ def test_a_caller_with_nothing_to_ingest_reads_jobs_itself(tmp_path, monkeypatch
     assert sorted(by_worker + read_here) == names and pool.procs == []
 
 
+def test_a_job_larger_than_a_pipe_waits_for_the_message_before_it(tmp_path, monkeypatch):
+    """A worker writing its message reads no job: the pump gives it the next one only once
+    it has read the message.  Given first (a trial), a job larger than the worker's stdin
+    pipe (thousands of short streams) and a message larger than its stdout pipe left each
+    side waiting for the other, forever."""
+    sends = ("import sys; from commscope.store import bulkread\n"
+             "while (job := bulkread.receive(sys.stdin.buffer)) is not None:\n"
+             "    bulkread.send(sys.stdout.buffer, (job.job_dir[-1], bytes(3 << 20)))\n")
+    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", sends))
+    pool = bulkread.Workers(1)
+    procs = list(pool.procs)
+    got: list[str] = []
+    reading = threading.Thread(target=lambda: got.extend(
+        name for name, _ in pool.run([bulkread.Job("x" * (1 << 20) + str(k), None, {}) for k in range(3)])))
+    reading.start()
+    try:
+        wait_for(lambda: not reading.is_alive(), "the read to end")
+    finally:
+        for p in procs:
+            p.kill()
+        reading.join()
+    assert got == ["0", "1", "2"]
+
+
 def _pump_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "commscope-bulkread"]
 

@@ -373,22 +373,21 @@ class Workers:
                         continue
                     p = self.procs[i]
                     job, _since = busy.pop(i)
-                    # the next job first, as the worker begins its message: it reads the job
-                    # once the message is written, not once this thread has read it all
-                    nxt = self._give_next(p, todo)
                     try:  # (a message begun is whole within ``STALL_S``, or the worker is stuck)
                         got = receive(p.stdout, time.monotonic() + self.STALL_S)
                     except Exception:  # (EOF, a torn or foreign pickle, a stall: the worker is done for)
                         sel.unregister(p.stdout)
                         with contextlib.suppress(OSError):
                             p.kill()
-                        if nxt is not None:
-                            todo.put_back(nxt)
                         if not put(job):
                             return
                         continue
-                    if nxt is not None:
-                        busy[i] = (nxt, time.monotonic())
+                    # the next job only now: a worker writing a message reads no job meanwhile,
+                    # and a job larger than its stdin's pipe (thousands of short streams) would
+                    # wait for it while it waits for this thread to read on
+                    job = self._give_next(p, todo)
+                    if job is not None:
+                        busy[i] = (job, time.monotonic())
                     else:
                         sel.unregister(p.stdout)
                     if not put(got):
