@@ -149,6 +149,22 @@ def test_a_job_larger_than_a_pipe_waits_for_the_message_before_it(tmp_path, monk
     assert got == ["0", "1", "2"]
 
 
+def test_a_job_the_caller_fails_to_read_comes_back_as_a_job(tmp_path, monkeypatch):
+    """``here`` failing (the job directory deleted under a fresh reader) is a worker failing:
+    the job comes back for the caller's own reader, not the end of the read."""
+    gate = tmp_path / "gate"
+    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", GATE + _NOTING, str(tmp_path), str(gate)))
+
+    def here(job: bulkread.Job) -> str:
+        gate.touch()
+        raise OSError("gone")
+
+    pool = bulkread.Workers(1)
+    got = list(pool.run([bulkread.Job(f"job{k}", None, {}) for k in range(4)], here))
+    jobs = [x.job_dir for x in got if isinstance(x, bulkread.Job)]
+    assert jobs and sorted(jobs + [x for x in got if isinstance(x, str)]) == [f"job{k}" for k in range(4)]
+
+
 def _pump_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "commscope-bulkread"]
 

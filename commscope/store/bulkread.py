@@ -305,7 +305,11 @@ class Workers:
                     got = out.get_nowait()
                 except queue.Empty:  # nothing to ingest: the caller reads a job itself, if one is left
                     if here is not None and (job := todo.take()) is not None:
-                        yield here(job)
+                        try:
+                            read = here(job)
+                        except Exception:  # (as a worker that failed: the job goes back, read by the caller's reader)
+                            read = job
+                        yield read
                         continue
                     try:
                         got = out.get(timeout=1.0)
