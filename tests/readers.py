@@ -1,9 +1,10 @@
-"""How tests have a whole read of a large directory store read by its workers."""
+"""How tests have a whole read of a large directory store read by its workers, or by stand-ins."""
 
 from __future__ import annotations
 
 import pytest
 
+from commscope.store import bulkread
 from commscope.store.directory import ENV_WORKERS, DirectoryReader
 
 
@@ -14,3 +15,10 @@ def by_workers(mp: pytest.MonkeyPatch, workers: int = 2) -> None:
     the workers sent.  (The reading process's own chunks: test_bulkread.)"""
     mp.setenv(ENV_WORKERS, str(workers + 1))
     mp.setattr(DirectoryReader, "READS_ITSELF", False)
+
+
+def stand_in_workers(mp: pytest.MonkeyPatch, command: tuple[str, ...]) -> None:
+    """Read workers that run ``command`` (a stand-in: one that fails, stalls, tears its
+    message): started afresh, as a forked worker runs the real loop (``bulkread.serve``)."""
+    mp.setattr(bulkread.Workers, "COMMAND", command)
+    mp.setenv(bulkread.ENV_START, "spawn")

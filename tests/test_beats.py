@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 import pytest
 from model_compare import differences, model_state
-from readers import by_workers
+from readers import by_workers, stand_in_workers
 
 from commscope import beats
 from commscope.analysis.model import TraceModel
@@ -118,7 +118,7 @@ def test_a_job_read_apart_gives_the_model_of_a_sequential_read(tmp_path, monkeyp
 
     from commscope.analysis import source
     from commscope.bench.synthstore import JobShape, write_store
-    from commscope.store import bulkread, directory
+    from commscope.store import directory
     from commscope.store.directory import DirectoryReader
 
     store = str(tmp_path / "trace")
@@ -139,7 +139,7 @@ def test_a_job_read_apart_gives_the_model_of_a_sequential_read(tmp_path, monkeyp
     if itself:  # (one worker, started once the reading process read two chunks itself; it waits then for the worker's first)
         gate, done = tmp_path / "gate", tmp_path / "done"
         monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")
-        monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", GATE + (
+        stand_in_workers(monkeypatch, (sys.executable, "-c", GATE + (
             "import pathlib; from commscope.store import bulkread, directory\n"
             "read = directory.read_streams\n"
             "directory.read_streams = lambda job: (read(job), pathlib.Path(sys.argv[-2]).touch())[0]\n"

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 from model_compare import differences, model_state
+from readers import stand_in_workers
 
 from commscope.analysis import model
 from commscope.bench import large
 from commscope.bench.synthstore import JobShape, write_store
-from commscope.store import bulkread
 
 
 def test_the_live_batch_goes_both_ways_into_the_same_model(tmp_path, monkeypatch):
@@ -76,7 +76,7 @@ def test_a_columns_measurement_says_where_its_cpu_went(tmp_path, monkeypatch):
     assert got["errors"] == [("missing_ranks", [5])]
     assert got["main_cpu_s"] > 0 and got["workers"] == 0 and got["start_cpu_s"] == 0
     assert large._worker_start(store) > 0
-    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", "raise SystemExit(3)"))
+    stand_in_workers(monkeypatch, (sys.executable, "-c", "raise SystemExit(3)"))
     assert math.isnan(large._worker_start(store))
 
 

@@ -5,15 +5,18 @@ writable; a message cut anywhere is the worker gone, never a wrong object."""
 from __future__ import annotations
 
 import io
+import os
+import signal
 import subprocess
 import sys
 import threading
 
 import numpy as np
+import psutil
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from readers import by_workers
+from readers import by_workers, stand_in_workers
 from test_blocks_equivalence import SETTINGS, needs_scanner, regular_streams, streams
 from test_store_history import wait_for
 
@@ -68,7 +71,7 @@ def test_workers_go_on_while_the_caller_ingests(tmp_path, monkeypatch):
     is still busy with an earlier message (``Workers._pump``): before, the worker waited for
     the caller's next step, blocked in its write, then for a job, and at 16k ranks both
     workers sat so while the caller ingested (one core idle, ~6% of a read)."""
-    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", _NOTING, str(tmp_path)))
+    stand_in_workers(monkeypatch, (sys.executable, "-c", _NOTING, str(tmp_path)))
     pool = bulkread.Workers(1)
     names = [f"job{k}" for k in range(4)]
     got = pool.run([bulkread.Job(name, None, {}) for name in names])
@@ -82,7 +85,7 @@ def test_workers_go_on_while_the_caller_ingests(tmp_path, monkeypatch):
 def test_a_caller_that_stops_early_ends_the_workers(tmp_path, monkeypatch):
     """The caller stops while the pump waits to hand it more than ``AHEAD`` a worker allows:
     the pump ends, and so do the workers."""
-    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", _NOTING, str(tmp_path)))
+    stand_in_workers(monkeypatch, (sys.executable, "-c", _NOTING, str(tmp_path)))
     monkeypatch.setattr(bulkread.Workers, "AHEAD", 1)
     pool = bulkread.Workers(1)
     procs = list(pool.procs)
@@ -107,7 +110,7 @@ def test_a_caller_with_nothing_to_ingest_reads_jobs_itself(tmp_path, monkeypatch
     reader too (1k ranks on 2 cores: 0.47 s against 0.57).  Every job comes back once, from
     the caller or from the worker."""
     gate = tmp_path / "gate"
-    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", GATE + _NOTING, str(tmp_path), str(gate)))
+    stand_in_workers(monkeypatch, (sys.executable, "-c", GATE + _NOTING, str(tmp_path), str(gate)))
     read_here: list[str] = []
 
     def here(job: bulkread.Job) -> str:
@@ -133,7 +136,7 @@ def test_a_job_larger_than_a_pipe_waits_for_the_message_before_it(tmp_path, monk
     sends = ("import sys; from commscope.store import bulkread\n"
              "while (job := bulkread.receive(sys.stdin.buffer)) is not None:\n"
              "    bulkread.send(sys.stdout.buffer, (job.job_dir[-1], bytes(3 << 20)))\n")
-    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", sends))
+    stand_in_workers(monkeypatch, (sys.executable, "-c", sends))
     pool = bulkread.Workers(1)
     procs = list(pool.procs)
     got: list[str] = []
@@ -153,7 +156,7 @@ def test_a_job_the_caller_fails_to_read_comes_back_as_a_job(tmp_path, monkeypatc
     """``here`` failing (the job directory deleted under a fresh reader) is a worker failing:
     the job comes back for the caller's own reader, not the end of the read."""
     gate = tmp_path / "gate"
-    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", GATE + _NOTING, str(tmp_path), str(gate)))
+    stand_in_workers(monkeypatch, (sys.executable, "-c", GATE + _NOTING, str(tmp_path), str(gate)))
 
     def here(job: bulkread.Job) -> str:
         gate.touch()
@@ -172,7 +175,7 @@ def _pump_threads() -> list[threading.Thread]:
 def test_a_pump_that_cannot_start_is_the_callers_error(tmp_path, monkeypatch):
     """The pump's first step failing (its selector, out of descriptors where a reader holds
     a 16k-rank job's files) reaches the caller as that error: the caller waited forever."""
-    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", _NOTING, str(tmp_path)))
+    stand_in_workers(monkeypatch, (sys.executable, "-c", _NOTING, str(tmp_path)))
 
     def no_descriptors() -> None:
         raise OSError(24, "Too many open files")
@@ -190,7 +193,7 @@ def test_a_read_collected_on_the_pumps_thread_ends_it(tmp_path, monkeypatch):
     """``run``'s generator dropped in a reference cycle is closed by whichever thread's
     allocations start the collection, often the pump's (it unpickles): its end must not wait
     for the pump, its own thread (it did, forever, and the workers were never closed)."""
-    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", _NOTING, str(tmp_path)))
+    stand_in_workers(monkeypatch, (sys.executable, "-c", _NOTING, str(tmp_path)))
     pool = bulkread.Workers(1)
     procs = list(pool.procs)
     got = pool.run([bulkread.Job(f"job{k}", None, {}) for k in range(6)])
@@ -218,7 +221,7 @@ def test_a_worker_starts_with_one_openblas_thread(monkeypatch):
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "8")
     says = ("import os, sys; from commscope.store import bulkread; bulkread.receive(sys.stdin.buffer); "
             "bulkread.send(sys.stdout.buffer, os.environ.get('OPENBLAS_NUM_THREADS'))")
-    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", says))
+    stand_in_workers(monkeypatch, (sys.executable, "-c", says))
     pool = bulkread.Workers(1)
     assert list(pool.run([bulkread.Job("job", None, {})])) == ["1"]
 
@@ -328,7 +331,7 @@ def test_a_worker_whose_pipes_are_numbered_past_1024_is_heard(descriptors_past_s
     be read by the reading process)."""
     says = ("import sys; from commscope.store import bulkread; bulkread.receive(sys.stdin.buffer); "
             "bulkread.send(sys.stdout.buffer, 'read')")
-    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", says))
+    stand_in_workers(monkeypatch, (sys.executable, "-c", says))
     pool = bulkread.Workers(1)
     assert pool.procs[0].stdout.fileno() > 1024
     assert list(pool.run([bulkread.Job("job", None, {})])) == ["read"]
@@ -463,15 +466,82 @@ def test_a_whole_read_s_last_poll_finds_quiet_streams_by_size_and_reads_what_cam
     r.close()
 
 
-def test_a_worker_s_pipe_holds_half_a_chunk():
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_a_worker_s_pipe_holds_half_a_chunk(start):
     """A worker's chunk (~2 MB for 43 streams of 400 ops) came back in 64 KiB reads, a poll
     and a read each; its pipe now holds ``PIPE_BYTES`` (Linux lets a process set up to
     /proc/sys/fs/pipe-max-size, 1 MiB by default)."""
     import fcntl
 
-    pool = bulkread.Workers(1)
+    pool = bulkread.Workers(1, start)
     try:
         assert fcntl.fcntl(pool.procs[0].stdout.fileno(), fcntl.F_GETPIPE_SZ) == bulkread.PIPE_BYTES
+    finally:
+        pool.close()
+
+
+def test_workers_are_forked_only_where_no_other_thread_runs(monkeypatch):
+    """A forked worker pays none of a fresh one's imports, but a lock another thread held at
+    the fork would stay held in it: a process running another thread (a console, a pump)
+    starts them afresh.  ``COMMSCOPE_READ_START`` says which where set."""
+    monkeypatch.delenv(bulkread.ENV_START, raising=False)
+    assert threading.active_count() == 1 and bulkread.start_method() == "fork"
+    pool = bulkread.Workers(1)
+    assert [type(p) for p in pool.procs] == [bulkread.Forked]
+    pool.close()
+    hold = threading.Event()
+    other = threading.Thread(target=hold.wait, args=(60,))
+    other.start()
+    try:
+        assert bulkread.start_method() == "spawn"
+        pool = bulkread.Workers(1)
+        assert [type(p) for p in pool.procs] == [subprocess.Popen]
+        pool.close()
+        monkeypatch.setenv(bulkread.ENV_START, "fork")  # (as asked)
+        assert bulkread.start_method() == "fork"
+    finally:
+        hold.set()
+        other.join()
+    monkeypatch.setenv(bulkread.ENV_START, "spawn")
+    assert bulkread.start_method() == "spawn"
+
+
+def test_a_forked_worker_holds_only_its_own_pipes(tmp_path):
+    """A forked worker inherits every descriptor of its reader (a 16k-rank job's files, the
+    pipes of the workers forked before it) and keeps only its own pipes and /dev/null: a
+    worker holding an earlier one's pipes would keep that one's end from being seen (its
+    output never ending when it dies, its input never ending when the reader closes it)."""
+    held = [open(tmp_path / f"f{k}", "wb") for k in range(50)]  # noqa: SIM115 (a reader's files)
+    pool = bulkread.Workers(2, "fork")
+    try:
+        first, second = pool.procs
+        for p in (first, second):  # (once it has closed what it inherited)
+            wait_for(lambda p=p: sorted(os.listdir(f"/proc/{p.pid}/fd"), key=int) == ["0", "1", "2"],
+                     "the worker to close what it inherited")
+            assert psutil.Process(p.pid).name() == bulkread.FORKED_NAME
+        first.kill()  # its output ends though the second (forked after it) lives on
+        assert bulkread.readable(first.stdout, 60) and first.stdout.read(1) == b""
+        assert first.wait(60) == -signal.SIGKILL and second.poll() is None
+        second.stdin.close()  # its input ends: it leaves as a worker does
+        assert second.wait(60) == 0
+    finally:
+        for f in held:
+            f.close()
+        pool.close()
+
+
+def test_a_forked_worker_takes_signals_as_a_fresh_one():
+    """The reader's own signal handlers are not the worker's: SIGTERM ends it (a handler the
+    reader set, here one that does nothing, would keep it alive)."""
+    before = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        pool = bulkread.Workers(1, "fork")
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    try:
+        p = pool.procs[0]
+        os.kill(p.pid, signal.SIGTERM)
+        assert p.wait(60) == -signal.SIGTERM
     finally:
         pool.close()
 

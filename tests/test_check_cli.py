@@ -272,3 +272,25 @@ def test_an_error_of_the_machine_is_said_and_exits_2_not_taken_for_a_bug(monkeyp
         assert cli() == 2
         err = capsys.readouterr().err
         assert err == f"commscope check: error: {exc}\n"
+
+
+def test_a_progress_bar_runs_no_thread_so_a_read_under_it_forks_its_workers(monkeypatch, capsys):
+    """``check`` on a terminal: the bar is drawn as the read goes, not by a thread of its own,
+    so the read's workers are forked (``bulkread.start_method``: no other thread running),
+    as without a bar; what it was told last is shown."""
+    import threading
+
+    from commscope.analysis.source import Loading
+    from commscope.commands import progress
+    from commscope.store import bulkread
+
+    monkeypatch.setenv("FORCE_COLOR", "1")  # (rich draws the bar as on a terminal)
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.delenv(bulkread.ENV_START, raising=False)
+    with progress.bar("reading the trace", True) as update:
+        assert update is not None
+        assert threading.active_count() == 1 and bulkread.start_method() == "fork"
+        update(Loading(1 << 20, 4 << 20, 1234, 5))
+        assert threading.active_count() == 1
+    err = capsys.readouterr().err
+    assert "reading the trace" in err and "1,234 events, 5 ranks" in err

@@ -17,7 +17,7 @@ from collections import Counter
 import numpy as np
 import orjson
 import pytest
-from readers import by_workers
+from readers import by_workers, stand_in_workers
 
 from commscope import blocks
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
@@ -342,13 +342,18 @@ def _loaded(store: str):
     return model.events, per_rank, found, warnings, reader.stats.bytes
 
 
+@pytest.mark.parametrize("start", ["fork", "spawn"])
 @pytest.mark.parametrize("fault", ["missing", "dead"])
-def test_a_parallel_read_is_the_sequential_read(tmp_path, monkeypatch, fault):
+def test_a_parallel_read_is_the_sequential_read(tmp_path, monkeypatch, fault, start):
+    """Whichever way the workers start (``bulkread.start_method``)."""
+    from commscope.store import bulkread
+
     store = str(tmp_path / "trace")
     write_store(store, JobShape(24, 80, fault=fault, hang_after=2.0))
     monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "1")
     one = _loaded(store)
     by_workers(monkeypatch)
+    monkeypatch.setenv(bulkread.ENV_START, start)
     from commscope.analysis import source
     from commscope.store.directory import DirectoryReader
 
@@ -382,12 +387,11 @@ def test_a_job_of_many_streams_is_read_apart_however_small(tmp_path, monkeypatch
 def test_a_parallel_read_whose_workers_fail_reads_everything_itself(tmp_path, monkeypatch, parallel):
     import sys
 
-    from commscope.store import bulkread
 
     store = str(tmp_path / "trace")
     write_store(store, JobShape(12, 60, fault="missing", hang_after=2.0))
     want = _loaded(store)
-    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", "import sys; sys.exit(3)"))
+    stand_in_workers(monkeypatch, (sys.executable, "-c", "import sys; sys.exit(3)"))
     assert _loaded(store) == want
 
 
@@ -435,10 +439,14 @@ def test_a_workers_records_travel_in_one_piece_and_come_back_as_they_went():
 
 
 def _bulkread_children() -> list:
+    """This process's read workers: started afresh (their command), forked (their name), or stand-ins that sleep."""
     import psutil
 
+    from commscope.store.bulkread import FORKED_NAME
+
     return [p for p in psutil.Process().children(recursive=True)
-            if "commscope.store.bulkread" in " ".join(p.cmdline()) or "time.sleep" in " ".join(p.cmdline())]
+            if "commscope.store.bulkread" in " ".join(p.cmdline()) or "time.sleep" in " ".join(p.cmdline())
+            or p.name() == FORKED_NAME]
 
 
 def test_stopping_a_parallel_read_early_leaves_no_worker(tmp_path, parallel):
@@ -464,7 +472,7 @@ def test_a_stuck_worker_gives_its_chunk_back(tmp_path, monkeypatch, parallel):
     monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "1")
     want = _loaded(store)
     by_workers(monkeypatch)
-    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", "import time; time.sleep(120)"))
+    stand_in_workers(monkeypatch, (sys.executable, "-c", "import time; time.sleep(120)"))
     monkeypatch.setattr(bulkread.Workers, "STALL_S", 0.5)
     assert _loaded(store) == want
     assert _bulkread_children() == []
@@ -490,7 +498,7 @@ def test_a_worker_stopped_in_the_middle_of_its_answer_gives_its_chunk_back(tmp_p
     monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "1")
     want = _loaded(store)
     by_workers(monkeypatch)
-    monkeypatch.setattr(bulkread.Workers, "COMMAND", (sys.executable, "-c", _TORN))
+    stand_in_workers(monkeypatch, (sys.executable, "-c", _TORN))
     monkeypatch.setattr(bulkread.Workers, "STALL_S", 0.5)
     assert _loaded(store) == want
     assert _bulkread_children() == []

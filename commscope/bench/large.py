@@ -196,8 +196,9 @@ def measure(path: str, store: str) -> dict[str, Any]:
 
 def _worker_start(store: str) -> float:
     """CPU seconds a read worker (``store/bulkread.py``) takes to start and read one stream
-    (its imports, its kernels: the install's build, else numba's): what each worker of a whole read
-    pays before it decodes."""
+    (a fresh one's imports and kernels, the install's build, else numba's; a forked one's
+    copied pages, as this single-threaded process forks them): what each worker of a whole
+    read pays before it decodes."""
     from commscope.store.bulkread import Job, Workers
     from commscope.store.directory import DirectoryReader
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 
 from commscope.analysis.model import TraceModel
@@ -44,12 +45,20 @@ def bar(description: str, enabled: bool) -> Iterator[Callable[[Loading], None] |
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}", markup=False), BarColumn(bar_width=24),
                TextColumn("{task.percentage:>3.0f}%"), TextColumn("{task.fields[what]}"), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=True, refresh_per_second=8) as progress:
+    # (drawn as the read goes, up to 8 times a second, not by a thread of rich's: a process
+    # running no other thread forks its read workers, ``bulkread.start_method``)
+    with Progress(*columns, console=console, transient=True, auto_refresh=False) as progress:
         task = progress.add_task(description, total=None, what="")
+        progress.refresh()
+        drawn = time.monotonic()
 
         def update(at: Loading) -> None:
+            nonlocal drawn
             what = f"{at.events:,} events, {at.ranks:,} ranks"
             progress.update(task, completed=at.read, total=at.total or None, what=what)
+            if time.monotonic() - drawn >= 0.125:
+                progress.refresh()
+                drawn = time.monotonic()
 
         yield update
 
