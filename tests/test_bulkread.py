@@ -152,6 +152,28 @@ def test_a_job_larger_than_a_pipe_waits_for_the_message_before_it(tmp_path, monk
     assert got == ["0", "1", "2"]
 
 
+def test_a_worker_that_takes_no_job_holds_no_one(tmp_path, monkeypatch):
+    """A worker that stops taking its job (stuck, stopped) where the job is larger than its
+    stdin's pipe (thousands of short streams): the pump waited in the write forever, and
+    the read with it.  Now the write has ``STALL_S`` as a message has: the worker is
+    killed and its job comes back, here for the caller's own reader."""
+    stand_in_workers(monkeypatch, (sys.executable, "-c", "import time; time.sleep(600)"))
+    monkeypatch.setattr(bulkread.Workers, "STALL_S", 1.0)
+    pool = bulkread.Workers(1)
+    procs = list(pool.procs)
+    job = bulkread.Job("x" * (1 << 20), None, {})
+    got: list = []
+    reading = threading.Thread(target=lambda: got.extend(pool.run([job])))
+    reading.start()
+    try:
+        wait_for(lambda: not reading.is_alive(), "the read to end")
+    finally:
+        for p in procs:
+            p.kill()
+        reading.join()
+    assert got == [job] and procs[0].wait(60) == -signal.SIGKILL and pool.procs == []
+
+
 def test_a_job_the_caller_fails_to_read_comes_back_as_a_job(tmp_path, monkeypatch):
     """``here`` failing (the job directory deleted under a fresh reader) is a worker failing:
     the job comes back for the caller's own reader, not the end of the read."""

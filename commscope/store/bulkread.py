@@ -135,10 +135,12 @@ class StreamsRead(NamedTuple):
         return Batch.of_piece(self.batch.events, self.packed, self.batch.beats)
 
 
-def send(f: IO[bytes], obj: Any) -> None:
+def send(f: IO[bytes], obj: Any, deadline: float | None = None) -> None:
     """``obj`` pickled, its arrays' memory written as it is after the pickle (protocol 5's
     buffers out of band): neither side copies a column into or out of the pickle, which
-    cost a 16k-rank read's reading process ~0.7 s of its ~14."""
+    cost a 16k-rank read's reading process ~0.7 s of its ~14.  ``deadline``
+    (``time.monotonic``; ``f`` a pipe set non-blocking): TimeoutError where the reader stops
+    taking it before then."""
     buffers: list[pickle.PickleBuffer] = []
     data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     try:
@@ -155,17 +157,25 @@ def send(f: IO[bytes], obj: Any) -> None:
         return
     f.flush()  # (what it holds goes first)
     for part in (head, data, *raws):
-        _write_all(fd, part)
+        _write_all(fd, part, deadline)
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
+def _write_all(fd: int, data: bytes | memoryview, deadline: float | None = None) -> None:
     """All of ``data`` to a file descriptor, a write at a time as each takes part of it.
     Not through a buffered file: a pipe written through Python's buffered writer lost and
     repeated bytes when a tracer stopped the writer mid-write (py-spy sampling a worker or
-    a read process: the next message was torn, or an array's bytes wrong)."""
+    a read process: the next message was torn, or an array's bytes wrong).  A non-blocking
+    descriptor is waited on until ``deadline`` (None: for as long as it takes)."""
     view = memoryview(data).cast("B")
     while view.nbytes:
-        view = view[os.write(fd, view):]
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+            wait_ms = -1 if deadline is None else math.ceil(max(0.0, deadline - time.monotonic()) * 1000)
+            if not poller.poll(wait_ms):
+                raise TimeoutError(f"a message stopped being taken with {view.nbytes} bytes left") from None
 
 
 def readable(f: IO[bytes], timeout_s: float) -> bool:
@@ -358,6 +368,14 @@ def _close_all_but_stdio() -> None:
                 os.close(fd)
 
 
+def _fit(p: subprocess.Popen | Forked) -> None:
+    """A worker's output pipe widened (``_widen``) and its input written with a deadline
+    (non-blocking: a worker that stops taking a job larger than its pipe holds no one)."""
+    _widen(p.stdout)
+    if p.stdin is not None:
+        os.set_blocking(p.stdin.fileno(), False)
+
+
 class _Failed(NamedTuple):
     """What ended ``Workers._pump`` other than the end of its jobs."""
 
@@ -406,7 +424,7 @@ class Workers:
                     self.procs.append(Forked())
                 except OSError:
                     break
-                _widen(self.procs[-1].stdout)
+                _fit(self.procs[-1])
             return
         # (one OpenBLAS thread, numpy's BLAS as pip installs it: a worker does no linear
         # algebra, and numpy's import started a thread a core that spun ~0.1 s of CPU a
@@ -419,7 +437,7 @@ class Workers:
                                                    stderr=subprocess.DEVNULL, env=env, close_fds=True, bufsize=0))
             except OSError:
                 break
-            _widen(self.procs[-1].stdout)
+            _fit(self.procs[-1])
 
     def run(self, jobs: list[Job], here: Callable[[Job], StreamsRead] | None = None) -> Iterator[StreamsRead | Job]:
         """What each job gave, read off the workers' pipes by a thread of its own (``_pump``)
@@ -549,28 +567,30 @@ class Workers:
             if orphaned.is_set():
                 self.close()
 
-    @staticmethod
-    def _give_next(p: subprocess.Popen | Forked, todo: _Todo) -> Job | None:
+    def _give_next(self, p: subprocess.Popen | Forked, todo: _Todo) -> Job | None:
         """The next job, given to worker ``p``; None where none is left, or ``p`` cannot take
-        it (the job then stays for another)."""
+        it (gone, or taking none of a job larger than its pipe for ``STALL_S``: it is killed,
+        and the job stays for another)."""
         job = todo.take()
         if job is None:
             return None
         try:
-            send(p.stdin, job)
+            send(p.stdin, job, time.monotonic() + self.STALL_S)
             return job
-        except OSError:
+        except OSError:  # (TimeoutError among them: a stuck worker, the pump not held by it)
             todo.put_back(job)
+            with contextlib.suppress(OSError):
+                p.kill()
             return None
 
     def close(self, grace_s: float = 2.0) -> None:
         """End every worker: asked first, then killed, all within one ``grace_s``."""
+        deadline = time.monotonic() + grace_s
         for p in self.procs:
-            with contextlib.suppress(OSError, ValueError):
-                send(p.stdin, None)
+            with contextlib.suppress(OSError, ValueError):  # (one whose pipe is full is not waited for)
+                send(p.stdin, None, deadline)
             with contextlib.suppress(OSError, ValueError):  # (closed even where the worker is gone)
                 p.stdin.close()
-        deadline = time.monotonic() + grace_s
         for p in self.procs:
             try:
                 p.wait(max(0.0, deadline - time.monotonic()))
