@@ -100,3 +100,23 @@ def test_the_extrapolation_to_more_cores_follows_the_cpu_it_is_given():
     assert large.extrapolated(events, 0.0, 4.0, 1, 0.0, 8, 2, 20, 0) == pytest.approx(events / 2.0)
     # workers alone (the reading process read no chunk): all its CPU is ingesting
     assert large.extrapolated(events, 1.2, 4.0, 2, 0.2, 2, 8, 20, 0) == pytest.approx(events / ((1.2 + 3.6 + 0.2) / 2))
+    # the reading process read every chunk: no worker's chunk says what one costs
+    assert math.isnan(large.ingesting(3.2, 0.0, 20, 20))
+    assert math.isnan(large.extrapolated(events, 3.2, 0.2, 1, 0.2, 4, 8, 20, 20))
+    # a worker's start measured above what the workers took: they decoded nothing, not less
+    assert large.decoding(0.3, 2, 0.2) == 0.0 and large.ingesting(1.5, large.decoding(0.3, 2, 0.2), 20, 10) == 1.5
+
+
+@pytest.mark.parametrize("jobs_here", [10, 20])
+def test_a_row_is_extrapolated_only_where_a_worker_read_a_chunk(capsys, jobs_here):
+    """The printed row: the extrapolation where the workers read some chunks, none (and
+    why) where the reading process read every one."""
+    col = {"load_s": 1.0, "diag_s": 0.1, "rss": 1 << 27, "events": 2_000_000, "main_cpu_s": 1.6,
+           "workers_cpu_s": 0.6, "workers": 1, "jobs": 20, "jobs_here": jobs_here, "start_cpu_s": 0.01}
+    large._print_row({"fmt": "native", "note": "", "results": {"events": [col], "columns": [col]}})
+    out = capsys.readouterr().out
+    assert f"{jobs_here} of 20 chunks read itself" in out
+    if jobs_here == 20:
+        assert "not extrapolated: the reading process read every chunk" in out and "M/s on 4 cores" not in out
+    else:
+        assert "M/s on 4 cores" in out and "not extrapolated" not in out

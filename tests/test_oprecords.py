@@ -362,6 +362,49 @@ def test_a_parallel_read_is_the_sequential_read(tmp_path, monkeypatch, fault, st
     assert _loaded(store) == one
 
 
+def test_a_chunk_the_reading_process_fails_to_read_is_read_whole_and_not_counted_as_its_own(tmp_path, monkeypatch):
+    """The reading process reads chunks too (``Workers.run``'s ``here``); one whose read
+    fails (its job directory changed under a fresh reader) is read by its own reader as a
+    failed worker's is, the read the sequential one, and ``jobs_here`` counts the chunks it
+    did read that way, not that one."""
+    import sys
+
+    from test_bulkread import GATE
+
+    from commscope.analysis import source
+    from commscope.store import directory
+    from commscope.store.directory import DirectoryReader
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(24, 80, fault="missing", hang_after=2.0))
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "1")
+    one = _loaded(store)
+    monkeypatch.setenv("COMMSCOPE_READ_WORKERS", "2")  # (a worker and the reading process)
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(source, "LOAD_STEP", 1 << 15)  # many chunks
+    # (the worker starts once the reading process read two chunks: it reads one at least)
+    gate = tmp_path / "gate"
+    stand_in_workers(monkeypatch, (sys.executable, "-c", GATE + "from commscope.store import bulkread\n"
+                                   "sys.exit(bulkread.main())\n", str(gate)))
+    read_streams, calls = directory.read_streams, []
+
+    def fails_first(job):
+        calls.append(job)
+        if len(calls) == 1:
+            raise OSError("the job directory changed")
+        gate.touch()
+        return read_streams(job)
+
+    monkeypatch.setattr(directory, "read_streams", fails_first)
+    counted: list[int] = []
+    load = source.load_trace
+    monkeypatch.setattr(source, "load_trace", lambda *a, **k: (lambda got: counted.append(
+        (got[1].stats.jobs, got[1].stats.jobs_here)) or got)(load(*a, **k)))
+    assert _loaded(store) == one
+    [(jobs, jobs_here)] = counted
+    assert len(calls) >= 2 and jobs_here == len(calls) - 1 and jobs > jobs_here
+
+
 def test_a_job_of_many_streams_is_read_apart_however_small(tmp_path, monkeypatch):
     """Streams cost a read per stream however short: a whole read of a job of many is read
     apart below the bytes bound too (``PARALLEL_MIN_STREAMS``, here 12: the job's own

@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import resource
 import shutil
@@ -89,8 +90,10 @@ def extrapolated(events: int, main_cpu: float, workers_cpu: float, workers: int,
     process and a worker for each other, each paying its start again, the decoding the same
     CPU as here, shared perfectly; the read lasts at least the reading process's ingesting
     and all the CPU over the readers."""
-    decode = max(0.0, workers_cpu - workers * start_cpu)
+    decode = decoding(workers_cpu, workers, start_cpu)
     ingest = ingesting(main_cpu, decode, jobs, jobs_here)
+    if math.isnan(ingest):
+        return math.nan
     here = main_cpu - ingest
     readers = max(1, min(max_readers, cores))
     work = ingest + decode + here + (readers - 1) * start_cpu
@@ -98,11 +101,19 @@ def extrapolated(events: int, main_cpu: float, workers_cpu: float, workers: int,
     return events / wall if wall > 0 else float("inf")
 
 
+def decoding(workers_cpu: float, workers: int, start_cpu: float) -> float:
+    """The read workers' CPU less what ``workers`` of them paid to start (``start_cpu`` each)."""
+    return max(0.0, workers_cpu - workers * start_cpu)
+
+
 def ingesting(main_cpu: float, workers_decode: float, jobs: int, jobs_here: int) -> float:
     """Of the reading process's CPU, what was not reading chunks itself (listing, receiving,
     the model), each of its ``jobs_here`` chunks taken to cost what the workers' others
-    did (``workers_decode`` over ``jobs - jobs_here``)."""
+    did (``workers_decode`` over ``jobs - jobs_here``).  NaN where it read every chunk:
+    no worker's chunk tells what one costs."""
     by_workers = jobs - jobs_here
+    if jobs_here and by_workers <= 0:
+        return math.nan
     here = workers_decode * jobs_here / by_workers if by_workers > 0 else 0.0
     return max(0.0, main_cpu - here)
 
@@ -595,9 +606,12 @@ def _print_row(row: dict[str, Any]) -> None:
         from commscope.store.directory import DirectoryReader
 
         here = cores()
+        ingest = ingesting(_med(cols, "main_cpu_s"), decoding(workers, n, _med(cols, "start_cpu_s")), jobs, jobs_here)
+        if math.isnan(ingest):
+            print("    not extrapolated: the reading process read every chunk (no worker's chunk tells what one costs)")
+            return
         rates = [extrapolated(cols[0]["events"], _med(cols, "main_cpu_s"), workers, n, _med(cols, "start_cpu_s"), c,
                               DirectoryReader.MAX_READERS, jobs, jobs_here) / 1e6 for c in (here, *EXTRAPOLATED_CORES)]
-        ingest = ingesting(_med(cols, "main_cpu_s"), workers - n * _med(cols, "start_cpu_s"), jobs, jobs_here)
         print("    extrapolated from these CPU times, not measured (perfect overlap): " +
               ", ".join(f"{r:.2f} M/s on {c} cores" for r, c in zip(rates[1:], EXTRAPOLATED_CORES, strict=True)) +
               f" (on this machine's {here}: {rates[0]:.2f}, measured {rate:.2f})" +

@@ -1746,8 +1746,9 @@ class DirectoryReader(TraceReader):
         self.stats.jobs += len(jobs)
 
         def here(job: Job) -> StreamsRead:  # (a job this reader takes, read as a worker reads it)
-            self.stats.jobs_here += 1
-            return read_streams(job)
+            read = read_streams(job)
+            self.stats.jobs_here += 1  # (one that failed comes back to ``read_whole``, not counted)
+            return read
 
         for got in pool.run(jobs, here if self.READS_ITSELF else None):
             if isinstance(got, Job):  # no worker could read it: this reader does
