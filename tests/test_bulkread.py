@@ -381,13 +381,13 @@ def _jobs_read(job_dir, per_job: int, kept: bool) -> list[tuple]:
     from commscope.store.directory import DirectoryReader, read_streams
 
     streams = list(DirectoryReader(str(job_dir)).streams().items())
-    directory._TABLE = None
+    directory._TABLES.kept = None
     out = []
     for i in range(0, len(streams), per_job):
         if not kept:
-            directory._TABLE = None
+            directory._TABLES.kept = None
         out.append(_as_read(read_streams(bulkread.Job(str(job_dir), None, dict(streams[i:i + per_job]))).sent()))
-    directory._TABLE = None
+    directory._TABLES.kept = None
     return out
 
 
@@ -417,7 +417,7 @@ def test_a_worker_s_next_job_learns_no_table_prefix_its_last_job_learnt(tmp_path
 
     monkeypatch.setattr(StaticTable, "learn", counted_learn)
     monkeypatch.setattr(StaticTable, "keep_sid_static", counted_keep)
-    monkeypatch.setattr(directory, "_TABLE", None)
+    monkeypatch.setattr(directory._TABLES, "kept", None, raising=False)
 
     def job(part: dict) -> int:
         walked[0] = 0
@@ -428,6 +428,11 @@ def test_a_worker_s_next_job_learns_no_table_prefix_its_last_job_learnt(tmp_path
     decoded[0] = 0
     assert job(dict(streams[4:])) == 0 and decoded[0] == 0  # (all learnt by the job before)
     assert job(dict(streams[4:])) == 0
+    walked[0] = 0  # another thread of this process: a table of its own (not one two threads share)
+    other_thread = threading.Thread(target=read_streams, args=(bulkread.Job(job_dir, None, dict(streams[4:])),))
+    other_thread.start()
+    other_thread.join()
+    assert walked[0] > 0 and job(dict(streams[4:])) == 0  # (and this thread's is still its own)
     other = tmp_path / "other"
     other.mkdir()
     for path in (tmp_path / "synthetic").iterdir():

@@ -29,6 +29,7 @@ import re
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -1958,8 +1959,9 @@ def read_streams(job: Job) -> StreamsRead:
 
 
 #: A worker's table of statics (``read_streams``), kept from one job to the next of one job
-#: directory
-_TABLE: tuple[str, StaticTable] | None = None
+#: directory: ``kept``, (job directory, table), a thread's own (two threads of one process
+#: reading apart at once would otherwise share one table, which is not made for that)
+_TABLES = threading.local()
 #: ... while it holds no more statics than this (each job's message carries them all: a job
 #: whose every rank has signatures of its own starts each job afresh, as before)
 TABLE_KEPT_STATICS = 256
@@ -1971,8 +1973,8 @@ def _worker_table(job_dir: str) -> StaticTable:
     its signatures decoded then serve the next job's streams too (a table is content-keyed:
     ``StaticTable``): each job's first stream learnt them all again, ~1.5 ms where a stream
     takes ~0.6.  The reading process keeps one too, for the chunks it reads itself
-    (``_bulk_parallel``'s ``here``): one table of at most ``TABLE_KEPT_STATICS`` statics."""
-    global _TABLE
-    if _TABLE is None or _TABLE[0] != job_dir or len(_TABLE[1].statics) > TABLE_KEPT_STATICS:
-        _TABLE = (job_dir, StaticTable())
-    return _TABLE[1]
+    (``_bulk_parallel``'s ``here``): one table a thread of at most ``TABLE_KEPT_STATICS`` statics."""
+    kept: tuple[str, StaticTable] | None = getattr(_TABLES, "kept", None)
+    if kept is None or kept[0] != job_dir or len(kept[1].statics) > TABLE_KEPT_STATICS:
+        kept = _TABLES.kept = (job_dir, StaticTable())
+    return kept[1]
