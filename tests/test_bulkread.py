@@ -557,6 +557,21 @@ def test_a_forked_worker_holds_only_its_own_pipes(tmp_path):
         pool.close()
 
 
+def test_a_forked_worker_waited_for_elsewhere_is_ended():
+    """A forked worker reaped by someone else (a SIGCHLD handler of the caller's program):
+    waiting for it ends, with 0 as ``Popen`` gives, where it looped forever."""
+    pool = bulkread.Workers(1, "fork")
+    p = pool.procs[0]
+    p.stdin.close()
+    os.waitpid(p.pid, 0)  # (reaped here, not by ``p``)
+    codes: list = []
+    waiting = threading.Thread(target=lambda: codes.extend([p.wait(), p.poll()]), daemon=True)
+    waiting.start()
+    wait_for(lambda: not waiting.is_alive(), "the wait to end")
+    assert codes == [0, 0]
+    pool.close()
+
+
 def test_a_forked_worker_takes_signals_as_a_fresh_one():
     """The reader's own signal handlers are not the worker's: SIGTERM ends it (a handler the
     reader set, here one that does nothing, would keep it alive)."""

@@ -297,9 +297,14 @@ class Forked:
         self.stdout: IO[bytes] = open(out_read, "rb", buffering=0)  # noqa: SIM115
 
     def poll(self) -> int | None:
+        """Its exit code, None while it runs.  One waited for elsewhere already (a
+        SIGCHLD handler of the caller's) counts as ended with 0, as ``Popen`` has it."""
         if self.returncode is None:
-            with contextlib.suppress(ChildProcessError):
+            try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = 0
+            else:
                 if pid:
                     self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
@@ -308,8 +313,11 @@ class Forked:
         """Its exit code; ``subprocess.TimeoutExpired`` where it has not ended within ``timeout``."""
         if timeout is None:
             while self.returncode is None:
-                with contextlib.suppress(ChildProcessError, InterruptedError):
+                try:
                     _, status = os.waitpid(self.pid, 0)
+                except ChildProcessError:
+                    self.returncode = 0
+                else:
                     self.returncode = os.waitstatus_to_exitcode(status)
             return self.returncode
         deadline, pause = time.monotonic() + timeout, 0.0005
