@@ -48,6 +48,7 @@ at 16,384 ranks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -199,7 +200,7 @@ def measure(path: str, store: str) -> dict[str, Any]:
     t2 = time.perf_counter()
     errors = [(f.kind, f.culprits) for f in found if f.severity == "error"]
     return {"load_s": t1 - t0, "diag_s": t2 - t1, "events": model.events, "ranks": len(model.ranks),
-            "ops": model.total_ops(), "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "ops": model.total_ops(), "rss": peak_rss(),
             "errors": errors, "bytes": reader.stats.bytes, "main_cpu_s": main_cpu, "workers_cpu_s": workers_cpu,
             "workers": reader.stats.workers, "jobs": reader.stats.jobs, "jobs_here": reader.stats.jobs_here,
             "start_cpu_s": _worker_start(store) if reader.stats.workers else 0.0}
@@ -221,6 +222,18 @@ def _worker_start(store: str) -> float:
     if len(got) != 1 or isinstance(got[0], Job):  # (no worker read it: nothing to say)
         return float("nan")
     return _cpu(resource.RUSAGE_CHILDREN) - before
+
+
+def peak_rss() -> int:
+    """This process's peak resident bytes: its memory's high-water mark (``VmHWM``), where
+    the system says it.  Not ``ru_maxrss``: Linux keeps it across ``exec``, so a measuring
+    process started by a bench that had grown (its live batches' models, ~3 GiB at 16k
+    ranks) reported the bench's size, not its own.  Else ``ru_maxrss``."""
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _cpu(who: int) -> float:
