@@ -136,3 +136,26 @@ def test_a_measuring_process_reports_its_own_peak_memory_not_its_bench_s():
     assert 0 < int(got.stdout) < len(held) // 2
     assert large.peak_rss() > len(held)  # (and this process's own, held here)
     del held
+
+
+def test_the_live_poll_runs_only_where_its_files_may_be_open_at_once(tmp_path, monkeypatch, capsys):
+    """A poll of R ranks holds ~3R files at once (a writer's and two readers'): 16k ranks
+    ~49k, past a hard limit of 20k, where a reader short of descriptors read part of a poll
+    and the whole bench ended in an internal error.  Where the limit cannot be raised, the
+    poll is not run and the line says why; where it can, it runs."""
+    import resource
+
+    large._print_polls(tmp_path, 16, 3)
+    assert "live poll, together against alone" in capsys.readouterr().out
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (60, 60))
+
+    def refused(what, limits):
+        raise ValueError("not allowed")
+
+    monkeypatch.setattr(resource, "setrlimit", refused)
+    large._print_polls(tmp_path, 16, 3)
+    out = capsys.readouterr().out
+    assert "live poll: not run at 16 ranks" in out and "may open 60" in out and "median" not in out
+    assert large.files_short_of(50) is None and large.files_short_of(61) == 60
+    assert list(tmp_path.iterdir()) == []

@@ -387,6 +387,47 @@ def polls(root: Path, ranks: int, rounds: int) -> dict[str, list[float]]:
     return times
 
 
+#: Files ``polls`` holds a rank (its writer's segment and two readers'), and beside them
+POLL_FILES_A_RANK, POLL_FILES_BESIDE = 3, 512
+
+
+def _print_polls(root: Path, ranks: int, rounds: int) -> None:
+    """``polls``, printed; not run (and why) where this process may not open the files it
+    holds at once: a 16k-rank poll holds ~49k, where a system's hard limit may be 20k, and
+    a reader short of descriptors reads part of a poll (warning of each stream it could not)."""
+    need = POLL_FILES_A_RANK * ranks + POLL_FILES_BESIDE
+    allowed = files_short_of(need)
+    if allowed is not None:
+        print(f"    live poll: not run at {ranks:,} ranks: it holds a writer's file and two readers' a rank "
+              f"at once, ~{need:,}, and this process may open {allowed:,} (ulimit -Hn)")
+        return
+    got = polls(root, ranks, rounds)
+    for what, times in got.items():
+        print(f"    live poll, {what:<9} a block line from each of {ranks:,} streams: median "
+              f"{fmt_time(median(times))} ({median(times) / ranks * 1e6:.1f} us a stream)")
+    alone, together = median(got["alone"]), median(got["together"])
+    print(f"    live poll, together against alone: {alone / together:.1f}x")
+
+
+def files_short_of(need: int) -> int | None:
+    """None where this process may open ``need`` files at once (its soft limit raised as
+    far, and its hard limit too where it is allowed that: root), else how many it may."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinity = resource.RLIM_INFINITY
+    if hard != infinity and hard < need:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, need))
+        except (OSError, ValueError):
+            return hard
+        return None
+    if soft != infinity and soft < need:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        except (OSError, ValueError):
+            return soft
+    return None
+
+
 def _interleaved(tails: list[list[Any]]) -> list[Any]:
     """The ranks' tails round-robin, the order a live console receives them in."""
     depth = max((len(t) for t in tails), default=0)
@@ -479,12 +520,7 @@ def run(args: argparse.Namespace) -> int:
                         if len(got) == 2:
                             slow, fast = (median(t) for t in got.values())
                             print(f"    live batch, together against rank by rank: {slow / fast:.1f}x")
-                    got = polls(root, ranks, 5 if args.quick else 10)
-                    for what, times in got.items():
-                        print(f"    live poll, {what:<9} a block line from each of {ranks:,} streams: median "
-                              f"{fmt_time(median(times))} ({median(times) / ranks * 1e6:.1f} us a stream)")
-                    alone, together = median(got["alone"]), median(got["together"])
-                    print(f"    live poll, together against alone: {alone / together:.1f}x")
+                    _print_polls(root, ranks, 5 if args.quick else 10)
                 shutil.rmtree(store, ignore_errors=True)
                 if ev_store != store:
                     shutil.rmtree(ev_store, ignore_errors=True)
