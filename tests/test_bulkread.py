@@ -137,11 +137,16 @@ def test_a_job_larger_than_a_pipe_waits_for_the_message_before_it(tmp_path, monk
              "while (job := bulkread.receive(sys.stdin.buffer)) is not None:\n"
              "    bulkread.send(sys.stdout.buffer, (job.job_dir[-1], bytes(3 << 20)))\n")
     stand_in_workers(monkeypatch, (sys.executable, "-c", sends))
-    pool = bulkread.Workers(1)
+    got = _read_to_its_end(bulkread.Workers(1), [bulkread.Job("x" * (1 << 20) + str(k), None, {}) for k in range(3)])
+    assert [name for name, _ in got] == ["0", "1", "2"]
+
+
+def _read_to_its_end(pool: bulkread.Workers, jobs: list[bulkread.Job]) -> list:
+    """What ``pool.run(jobs)`` gives, read by a thread: its end waited for (a read that
+    never ends fails the test, its workers killed), not the test's own thread stuck in it."""
     procs = list(pool.procs)
-    got: list[str] = []
-    reading = threading.Thread(target=lambda: got.extend(
-        name for name, _ in pool.run([bulkread.Job("x" * (1 << 20) + str(k), None, {}) for k in range(3)])))
+    got: list = []
+    reading = threading.Thread(target=lambda: got.extend(pool.run(jobs)))
     reading.start()
     try:
         wait_for(lambda: not reading.is_alive(), "the read to end")
@@ -149,7 +154,7 @@ def test_a_job_larger_than_a_pipe_waits_for_the_message_before_it(tmp_path, monk
         for p in procs:
             p.kill()
         reading.join()
-    assert got == ["0", "1", "2"]
+    return got
 
 
 def test_a_worker_that_takes_no_job_holds_no_one(tmp_path, monkeypatch):
@@ -162,16 +167,8 @@ def test_a_worker_that_takes_no_job_holds_no_one(tmp_path, monkeypatch):
     pool = bulkread.Workers(1)
     procs = list(pool.procs)
     job = bulkread.Job("x" * (1 << 20), None, {})
-    got: list = []
-    reading = threading.Thread(target=lambda: got.extend(pool.run([job])))
-    reading.start()
-    try:
-        wait_for(lambda: not reading.is_alive(), "the read to end")
-    finally:
-        for p in procs:
-            p.kill()
-        reading.join()
-    assert got == [job] and procs[0].wait(60) == -signal.SIGKILL and pool.procs == []
+    assert _read_to_its_end(pool, [job]) == [job]
+    assert procs[0].wait(60) == -signal.SIGKILL and pool.procs == []
 
 
 def test_a_job_the_caller_fails_to_read_comes_back_as_a_job(tmp_path, monkeypatch):

@@ -414,17 +414,13 @@ def files_short_of(need: int) -> int | None:
     far, and its hard limit too where it is allowed that: root), else how many it may."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     infinity = resource.RLIM_INFINITY
-    if hard != infinity and hard < need:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (need, need))
-        except (OSError, ValueError):
-            return hard
+    if soft == infinity or soft >= need:
         return None
-    if soft != infinity and soft < need:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
-        except (OSError, ValueError):
-            return soft
+    short = hard != infinity and hard < need
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, need if short else hard))
+    except (OSError, ValueError):
+        return hard if short else soft
     return None
 
 
