@@ -569,6 +569,79 @@ def test_a_forked_worker_waited_for_elsewhere_is_ended():
     pool.close()
 
 
+def test_an_interrupt_while_a_worker_is_forked_leaves_nothing_behind(monkeypatch):
+    """Ctrl-C held back across the fork lands when the reader's mask is restored: the worker
+    half made is killed and waited for, its pipes closed, and the mask is the reader's again
+    (before: four descriptors and a child waiting on its stdin for ever, a REPL's each time)."""
+    fork, forked = os.fork, []
+
+    def interrupted_fork() -> int:
+        pid = fork()
+        if pid:
+            forked.append(pid)
+            os.kill(os.getpid(), signal.SIGINT)  # (held: it lands once the mask is restored)
+        return pid
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        fds = set(os.listdir("/proc/self/fd"))
+        monkeypatch.setattr(os, "fork", interrupted_fork)
+        with pytest.raises(KeyboardInterrupt):
+            bulkread.Workers(1, "fork")
+        monkeypatch.undo()
+        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        assert set(os.listdir("/proc/self/fd")) <= fds
+        [pid] = forked
+        assert not os.path.exists(f"/proc/{pid}")  # (killed and waited for: no zombie either)
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (``/proc``), "gone" where there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+
+def test_a_forked_worker_dropped_running_is_waited_for_by_the_next_fork():
+    """A worker whose ``Workers`` was dropped without ``close`` (its caller raised) ends at
+    its stdin's end, and is waited for by the next fork, as ``Popen`` does: not a zombie for
+    as long as the reader runs."""
+    import gc
+
+    worker = bulkread.Forked()
+    pid = worker.pid
+    del worker
+    gc.collect()  # (its pipes closed with it: it leaves)
+    wait_for(lambda: _state(pid) == "Z", "the dropped worker to end")
+    pool = bulkread.Workers(1, "fork")
+    try:
+        assert _state(pid) == "gone"
+    finally:
+        pool.close()
+
+
+def test_a_signal_the_reader_ignores_stays_ignored_in_its_forked_worker():
+    """As ``exec`` leaves it: a signal ignored by the reader (a console's read process
+    ignores SIGINT, the console handles it) is ignored by its worker too."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        pool = bulkread.Workers(1, "fork")
+    finally:
+        signal.signal(signal.SIGINT, before)
+    try:
+        pid = pool.procs[0].pid
+        wait_for(lambda: sorted(os.listdir(f"/proc/{pid}/fd"), key=int) == ["0", "1", "2"], "the worker to start")
+        with open(f"/proc/{pid}/status") as f:
+            ignored = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
+        assert ignored & (1 << (signal.SIGINT - 1))
+    finally:
+        pool.close()
+
+
 def test_a_forked_worker_takes_signals_as_a_fresh_one():
     """The reader's own signal handlers are not the worker's: SIGTERM ends it (a handler the
     reader set, here one that does nothing, would keep it alive)."""
@@ -625,6 +698,36 @@ def test_a_large_read_s_workers_start_while_the_sizes_are_asked(tmp_path, monkey
     assert reader.stats.workers == 1  # (as many as the chunks the guess makes: one of 8 MiB)
     assert steps == ["sizes of 1", "workers", "sizes of 6"], steps
     assert (apart.events, apart.total_ops(), sorted(apart.ranks)) == (alone.events, alone.total_ops(), sorted(alone.ranks))
+
+
+def test_workers_started_for_a_read_whose_sizes_cannot_be_asked_are_ended(tmp_path, monkeypatch):
+    """Workers start before every segment's size is asked; asking them failing ends the
+    read, and the workers with it (they were left waiting for jobs until collected)."""
+    from test_oprecords import _bulkread_children
+
+    from commscope.analysis.source import load_trace
+    from commscope.bench.synthstore import JobShape, write_store
+    from commscope.errors import UsageError
+    from commscope.store.directory import DirectoryReader
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(6, 40, hang_after=2.0))
+    by_workers(monkeypatch)
+    monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(DirectoryReader, "SIZE_SAMPLE", 1)
+    steps, procs = _spy_on_starts(monkeypatch)
+    window = DirectoryReader._window
+
+    def fails_for_all(self, streams):
+        if len(streams) > 1:
+            raise PermissionError(13, "Permission denied")
+        return window(self, streams)
+
+    monkeypatch.setattr(DirectoryReader, "_window", fails_for_all)
+    with pytest.raises((PermissionError, UsageError)):
+        load_trace(store)
+    assert steps[:2] == ["sizes of 1", "workers"] and procs
+    assert _bulkread_children() == [] and all(p.poll() is not None for p in procs)
 
 
 def test_workers_started_for_a_read_that_then_stays_alone_are_ended(tmp_path, monkeypatch):

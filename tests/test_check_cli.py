@@ -275,9 +275,10 @@ def test_an_error_of_the_machine_is_said_and_exits_2_not_taken_for_a_bug(monkeyp
 
 
 def test_a_progress_bar_runs_no_thread_so_a_read_under_it_forks_its_workers(monkeypatch, capsys):
-    """``check`` on a terminal: the bar is drawn as the read goes, not by a thread of its own,
-    so the read's workers are forked (``bulkread.start_method``: no other thread running),
-    as without a bar; what it was told last is shown."""
+    """``check`` on a terminal: the bar is drawn as the read goes, and a step's line once, not
+    by a thread of their own, so a read's workers are forked under either
+    (``bulkread.start_method``: no other thread running), as without them; what the bar was
+    told last is shown."""
     import threading
 
     from commscope.analysis.source import Loading
@@ -294,3 +295,6 @@ def test_a_progress_bar_runs_no_thread_so_a_read_under_it_forks_its_workers(monk
         assert threading.active_count() == 1
     err = capsys.readouterr().err
     assert "reading the trace" in err and "1,234 events, 5 ranks" in err
+    with progress.status("judging the run's earlier attempts", True):  # (a read of them may go on under it)
+        assert threading.active_count() == 1 and bulkread.start_method() == "fork"
+    assert "judging the run's earlier attempts" in capsys.readouterr().err

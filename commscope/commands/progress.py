@@ -65,13 +65,18 @@ def bar(description: str, enabled: bool) -> Iterator[Callable[[Loading], None] |
 
 @contextlib.contextmanager
 def status(text: str, enabled: bool) -> Iterator[None]:
-    """A transient spinner on standard error while a step without a measure runs."""
+    """A transient line on standard error while a step without a measure runs.  Drawn once,
+    not a spinner turned by a thread of rich's: a read under it (``check``'s earlier
+    attempts of a restarted job) forks its workers only where no other thread runs."""
     if not enabled:
         yield
         return
     from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
 
-    with Console(stderr=True).status(text):
+    with Live(Text(f"{text} ..."), console=Console(stderr=True), transient=True, auto_refresh=False) as live:
+        live.refresh()
         yield
 
 

@@ -266,35 +266,62 @@ class Forked:
     of its buffers flushed twice)."""
 
     def __init__(self) -> None:
-        job_read, job_write = os.pipe()
-        try:
-            out_read, out_write = os.pipe()
-        except OSError:
-            os.close(job_read)
-            os.close(job_write)
-            raise
+        _reap_abandoned()
+        self.pid = 0
+        self.returncode: int | None = None
+        fds: list[int] = []
         # (the signals a worker takes its own way wait until it has its handlers: one the
-        # reader set, run in the child, might keep it alive)
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _OWN_SIGNALS)
+        # reader set, run in the child, might keep it alive; the mask as it was read first,
+        # so that one landing while it is blocked leaves nothing blocked)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        restored = False
         try:
+            fds.extend(os.pipe())
+            fds.extend(os.pipe())
+            job_read, job_write, out_read, out_write = fds
+            signal.pthread_sigmask(signal.SIG_BLOCK, _OWN_SIGNALS)
             with warnings.catch_warnings():  # (Python 3.12's warning counts the OS's threads: an
                 # idle BLAS pool, which takes care of a fork itself; no other Python thread runs)
                 warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
-        except OSError:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            for fd in (job_read, job_write, out_read, out_write):
+                self.pid = os.fork()
+            if self.pid == 0:
+                _forked_worker(job_read, out_write, mask)
+            for fd in (job_read, out_write):
+                fds.remove(fd)
                 os.close(fd)
+            self.stdin: IO[bytes] = open(job_write, "wb", buffering=0)  # noqa: SIM115 (closed by ``Workers.close``)
+            fds.remove(job_write)
+            self.stdout: IO[bytes] = open(out_read, "rb", buffering=0)  # noqa: SIM115
+            fds.remove(out_read)
+            restored = True
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (a signal that waited lands here: below)
+        except BaseException:  # (an interrupt among them: nothing of it left open, no child left waiting)
+            self._discard(fds)
             raise
-        if pid == 0:
-            _forked_worker(job_read, out_write, mask)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        os.close(job_read)
-        os.close(out_write)
-        self.pid = pid
-        self.returncode: int | None = None
-        self.stdin: IO[bytes] = open(job_write, "wb", buffering=0)  # noqa: SIM115 (closed by ``Workers.close``)
-        self.stdout: IO[bytes] = open(out_read, "rb", buffering=0)  # noqa: SIM115
+        finally:
+            if not restored:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    def _discard(self, fds: list[int]) -> None:
+        """What a start cut short made: its descriptors closed, its child killed and waited for."""
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for name in ("stdin", "stdout"):
+            if (f := self.__dict__.get(name)) is not None:
+                f.close()
+        if self.pid > 0:
+            self.kill()
+            self.wait()
+
+    def __del__(self) -> None:
+        # (one dropped still running, its caller gone without ``Workers.close``: waited for
+        # by the next fork, as ``Popen`` does, not left a zombie)
+        try:
+            if self.pid > 0 and self.returncode is None and self.poll() is None:
+                _abandoned.append(self.pid)
+        except Exception:  # (at the interpreter's exit, what it uses may be gone already)
+            pass
 
     def poll(self) -> int | None:
         """Its exit code, None while it runs.  One waited for elsewhere already (a
@@ -337,6 +364,18 @@ class Forked:
 
 #: The signals a forked worker takes as a fresh one does, not by its reader's handlers
 _OWN_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+#: Forked workers dropped while running (``Forked.__del__``), waited for by the next fork
+_abandoned: list[int] = []
+
+
+def _reap_abandoned() -> None:
+    for pid in list(_abandoned):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            _abandoned.remove(pid)
 
 
 def _forked_worker(job_read: int, out_write: int, mask: set[signal.Signals]) -> NoReturn:
@@ -344,8 +383,11 @@ def _forked_worker(job_read: int, out_write: int, mask: set[signal.Signals]) -> 
     mask to restore once its handlers are a fresh worker's."""
     code = 1
     try:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # (as ``exec`` leaves them: an ignored signal stays ignored, a handled one is the default)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.dup2(job_read, 0)
         os.dup2(out_write, 1)
@@ -426,7 +468,14 @@ class Workers:
     def __init__(self, n: int, start: str | None = None) -> None:
         """``n`` workers, started as ``start`` says ("fork" or "spawn"; None: ``start_method``)."""
         self.procs: list[subprocess.Popen | Forked] = []
-        if (start or start_method()) == "fork":
+        try:
+            self._start(n, start or start_method())
+        except BaseException:  # (an interrupt: the workers started so far ended, not left waiting)
+            self.close()
+            raise
+
+    def _start(self, n: int, start: str) -> None:
+        if start == "fork":
             for _ in range(n):
                 try:
                     self.procs.append(Forked())

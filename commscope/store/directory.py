@@ -1707,7 +1707,12 @@ class DirectoryReader(TraceReader):
                 # (now: they start, ~0.13 s of imports, while every segment's size is asked;
                 # as many as the chunks of about ``step`` bytes the guess makes)
                 pool = Workers(min(workers, int(guess // max(step, 1)) + 1))
-        window = self._window(streams)
+        try:
+            window = self._window(streams)
+        except BaseException:  # (the workers started are ended, not left waiting for jobs)
+            if pool is not None:
+                pool.close()
+            raise
         if sum(sum(sizes) for _, sizes in window.values()) < self.PARALLEL_MIN_BYTES and (
                 not whole or len(streams) < self.PARALLEL_MIN_STREAMS):
             if pool is not None:
