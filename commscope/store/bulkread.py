@@ -269,6 +269,9 @@ class Forked:
         _reap_abandoned()
         self.pid = 0
         self.returncode: int | None = None
+        # (one thread waits for it at a time, as ``Popen``'s lock has it: the pump and the
+        # caller may both end a worker, and an exit waited for twice is an exit code lost)
+        self._waiting = threading.Lock()
         fds: list[int] = []
         # (the signals a worker takes its own way wait until it has its handlers: one the
         # reader set, run in the child, might keep it alive; the mask as it was read first,
@@ -326,26 +329,29 @@ class Forked:
     def poll(self) -> int | None:
         """Its exit code, None while it runs.  One waited for elsewhere already (a
         SIGCHLD handler of the caller's) counts as ended with 0, as ``Popen`` has it."""
-        if self.returncode is None:
+        if self.returncode is None and self._waiting.acquire(blocking=False):  # (else another waits: not yet)
             try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if self.returncode is None:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                    if pid:
+                        self.returncode = os.waitstatus_to_exitcode(status)
             except ChildProcessError:
                 self.returncode = 0
-            else:
-                if pid:
-                    self.returncode = os.waitstatus_to_exitcode(status)
+            finally:
+                self._waiting.release()
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         """Its exit code; ``subprocess.TimeoutExpired`` where it has not ended within ``timeout``."""
         if timeout is None:
-            while self.returncode is None:
-                try:
-                    _, status = os.waitpid(self.pid, 0)
-                except ChildProcessError:
-                    self.returncode = 0
-                else:
-                    self.returncode = os.waitstatus_to_exitcode(status)
+            with self._waiting:
+                if self.returncode is None:
+                    try:
+                        _, status = os.waitpid(self.pid, 0)
+                    except ChildProcessError:
+                        self.returncode = 0
+                    else:
+                        self.returncode = os.waitstatus_to_exitcode(status)
             return self.returncode
         deadline, pause = time.monotonic() + timeout, 0.0005
         while (code := self.poll()) is None:
