@@ -59,16 +59,24 @@ def stop(pids: Iterable[int]) -> None:
             time.sleep(0.001)
 
 
+def state_of(pid: int | str) -> str:
+    """A process's (or a thread's: ``PID/task/TID``) state letter, from ``/proc``; "gone"
+    where there is none."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return "gone"
+
+
+def gone(pid: int) -> bool:
+    """Whether ``pid`` has ended (gone, or a zombie its parent has not waited for yet)."""
+    return state_of(pid) in ("Z", "X", "gone")
+
+
 def _all_stopped(pid: int) -> bool:
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except FileNotFoundError:
         return True
-    for task in tasks:
-        try:
-            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # (a thread that ended meanwhile)
-        if state not in ("T", "t", "Z", "X"):
-            return False
-    return True
+    # (a thread that ended meanwhile: "gone")
+    return all(state_of(f"{pid}/task/{task.name}") in ("T", "t", "Z", "X", "gone") for task in tasks)

@@ -482,14 +482,20 @@ def test_a_workers_records_travel_in_one_piece_and_come_back_as_they_went():
 
 
 def _bulkread_children() -> list:
-    """This process's read workers: started afresh (their command), forked (their name), or stand-ins that sleep."""
+    """This process's read workers still running: started afresh (their command), forked
+    (their name), or stand-ins that sleep.  A zombie (ended, not waited for yet) is none."""
     import psutil
 
     from commscope.store.bulkread import FORKED_NAME
 
-    return [p for p in psutil.Process().children(recursive=True)
-            if "commscope.store.bulkread" in " ".join(p.cmdline()) or "time.sleep" in " ".join(p.cmdline())
-            or p.name() == FORKED_NAME]
+    def worker(p: psutil.Process) -> bool:
+        try:
+            command = " ".join(p.cmdline())
+            return "commscope.store.bulkread" in command or "time.sleep" in command or p.name() == FORKED_NAME
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            return False
+
+    return [p for p in psutil.Process().children(recursive=True) if worker(p)]
 
 
 def test_stopping_a_parallel_read_early_leaves_no_worker(tmp_path, parallel):

@@ -11,20 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import run_session
-
-
-def _gone(pid: int) -> bool:
-    """Whether ``pid`` is no longer running (gone, or a zombie nobody reaps)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")
+from procs import gone, run_session
 
 
 def _wait_gone(pid: int) -> None:
-    while not _gone(pid):  # (SIGKILL sent: gone as soon as the kernel has it; pytest-timeout bounds it)
+    while not gone(pid):  # (SIGKILL sent: gone as soon as the kernel has it; pytest-timeout bounds it)
         time.sleep(0.01)
 
 

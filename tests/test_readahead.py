@@ -23,6 +23,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from procs import gone
 from redis_fixture import *  # noqa: F403  (redis_server, redis_url)
 from redis_fixture import require_redis_server
 
@@ -98,12 +99,6 @@ def _ahead(store: str, pacing: readahead.Pacing = PACING, processes: int = 1) ->
     return ahead
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] in "ZX"  # (a zombie: exited, not yet waited for)
-    except FileNotFoundError:
-        return True
 
 
 @pytest.mark.parametrize("processes", [1, 3])
@@ -135,7 +130,7 @@ def test_a_console_reading_ahead_holds_what_one_reading_in_its_own_process_holds
     plain.close()
     ahead.close(grace_s=BOUND_S)
     for proc in ahead.procs:
-        assert _gone(proc.pid) and proc.returncode == 0  # (it saw its pipes end: not killed)
+        assert gone(proc.pid) and proc.returncode == 0  # (it saw its pipes end: not killed)
 
 
 @pytest.mark.parametrize(("processes", "when"), [(1, "at_start"), (1, "inside_the_first_read"), (1, "mid_run"),
@@ -172,7 +167,7 @@ def test_a_read_process_killed_is_read_again_here_nothing_lost_or_counted_twice(
     said = [w for w in feed.reader.stats.warnings if "read process" in w]
     assert len(said) == 1 and "killed by signal 9" in said[0] and "read again in the console's process" in said[0]
     assert ("read process 2 of 3 ended (killed" in said[0]) == (processes == 3)
-    assert all(_gone(proc.pid) for proc in ahead.procs)
+    assert all(gone(proc.pid) for proc in ahead.procs)
     with pytest.raises(ReadAheadLost):  # (the lost reader stays lost)
         ahead.poll_batch()
     feed.reader.close()
@@ -239,7 +234,7 @@ def test_a_redis_outage_while_read_ahead_is_said_and_the_job_followed_after_it_e
         half = feed.model.events
         server.stop() if how == "stop" else server.kill()
         _until(feed, lambda: any("lost the connection" in w for w in feed.info.warnings))
-        assert feed.reader is ahead and not _gone(ahead.pid) and feed.model.events == half
+        assert feed.reader is ahead and not gone(ahead.pid) and feed.model.events == half
         server.start()
         job.write(1.0)
         job.close()
@@ -311,7 +306,7 @@ def test_after_a_read_process_is_lost_a_restart_at_the_tail_reads_here_too(tmp_p
     _until(feed, lambda: feed.restarts == 1 and feed.model.events == want[0])
     feed._restart_at_tail()
     assert feed.restarts == 2 and not isinstance(feed.reader, ReadAhead) and len(started) == 1
-    assert _gone(started[0].pid)
+    assert gone(started[0].pid)
     assert feed.model.events == want[0]  # (the window is a minute at least: the whole job)
     feed.reader.close()
 
@@ -517,7 +512,7 @@ def test_a_read_process_that_looks_at_no_pipe_ends_with_its_console():
     pid = int(got.stdout.split()[-1])
     deadline = time.monotonic() + BOUND_S
     try:
-        while not _gone(pid):
+        while not gone(pid):
             assert time.monotonic() < deadline, "the read process outlived its console"
             time.sleep(0.05)
     finally:
@@ -772,8 +767,8 @@ def test_one_read_process_lost_ends_the_others_at_once(tmp_path):
                 assert time.monotonic() < deadline
                 ahead.poll_batch()
         deadline = time.monotonic() + BOUND_S
-        while not all(_gone(p.pid) for p in ahead.procs):  # (killed: each a zombie at once, or reaped)
-            assert time.monotonic() < deadline, [p.pid for p in ahead.procs if not _gone(p.pid)]
+        while not all(gone(p.pid) for p in ahead.procs):  # (killed: each a zombie at once, or reaped)
+            assert time.monotonic() < deadline, [p.pid for p in ahead.procs if not gone(p.pid)]
             time.sleep(0.01)
     finally:
         ahead.close()

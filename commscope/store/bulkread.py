@@ -481,23 +481,19 @@ class Workers:
             raise
 
     def _start(self, n: int, start: str) -> None:
-        if start == "fork":
-            for _ in range(n):
-                try:
-                    self.procs.append(Forked())
-                except OSError:
-                    break
-                _fit(self.procs[-1])
-            return
-        # (one OpenBLAS thread, numpy's BLAS as pip installs it: a worker does no linear
-        # algebra, and numpy's import started a thread a core that spun ~0.1 s of CPU a
-        # worker, taken from the workers beside it)
-        env = dict(os.environ, COMMSCOPE_NO_PROGRESS="1", OPENBLAS_NUM_THREADS="1")
+        make: Callable[[], subprocess.Popen | Forked] = Forked
+        if start != "fork":
+            # (one OpenBLAS thread, numpy's BLAS as pip installs it: a worker does no linear
+            # algebra, and numpy's import started a thread a core that spun ~0.1 s of CPU a
+            # worker, taken from the workers beside it)
+            env = dict(os.environ, COMMSCOPE_NO_PROGRESS="1", OPENBLAS_NUM_THREADS="1")
+            # (unbuffered: a message is read with a deadline, ``receive``, a read at a time)
+            make = lambda: subprocess.Popen(list(self.COMMAND), stdin=subprocess.PIPE,  # noqa: E731
+                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                                            close_fds=True, bufsize=0)
         for _ in range(n):
             try:
-                # (unbuffered: a message is read with a deadline, ``receive``, a read at a time)
-                self.procs.append(subprocess.Popen(list(self.COMMAND), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                   stderr=subprocess.DEVNULL, env=env, close_fds=True, bufsize=0))
+                self.procs.append(make())
             except OSError:
                 break
             _fit(self.procs[-1])
