@@ -600,6 +600,41 @@ def test_an_interrupt_while_a_worker_is_forked_leaves_nothing_behind(monkeypatch
         signal.signal(signal.SIGINT, before)
 
 
+def test_a_handler_that_raises_just_after_the_fork_leaves_nothing_behind(monkeypatch):
+    """Any signal, not only Ctrl-C, waits across the fork: a handler of the reader's that
+    raises lands once the worker is whole (or ended), never between the fork and the parent
+    knowing its child (before: the child was left waiting on its stdin for good)."""
+
+    class Raised(Exception):
+        pass
+
+    def raising(*_):
+        raise Raised
+
+    fork, forked = os.fork, []
+
+    def signalled_fork() -> int:
+        pid = fork()
+        if pid:
+            forked.append(pid)
+            signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+        return pid
+
+    before = signal.signal(signal.SIGUSR1, raising)
+    try:
+        fds = set(os.listdir("/proc/self/fd"))
+        monkeypatch.setattr(os, "fork", signalled_fork)
+        with pytest.raises(Raised):
+            bulkread.Workers(1, "fork")
+        monkeypatch.undo()
+        assert signal.SIGUSR1 not in signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        assert set(os.listdir("/proc/self/fd")) <= fds
+        [pid] = forked
+        assert not os.path.exists(f"/proc/{pid}")  # (killed and waited for: no zombie either)
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
 def test_a_forked_worker_dropped_running_is_waited_for_by_the_next_fork():
     """A worker whose ``Workers`` was dropped without ``close`` (its caller raised) ends at
     its stdin's end, and is waited for by the next fork, as ``Popen`` does: not a zombie for
@@ -636,18 +671,20 @@ def test_a_signal_the_reader_ignores_stays_ignored_in_its_forked_worker():
         pool.close()
 
 
-def test_a_forked_worker_takes_signals_as_a_fresh_one():
-    """The reader's own signal handlers are not the worker's: SIGTERM ends it (a handler the
-    reader set, here one that does nothing, would keep it alive)."""
-    before = signal.signal(signal.SIGTERM, lambda *_: None)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_forked_worker_takes_signals_as_a_fresh_one(sig):
+    """The reader's own signal handlers are not the worker's: each signal a handler of the
+    reader's takes ends the worker, as it ends a fresh one (the handler, here one that does
+    nothing, would keep it alive)."""
+    before = signal.signal(sig, lambda *_: None)
     try:
         pool = bulkread.Workers(1, "fork")
     finally:
-        signal.signal(signal.SIGTERM, before)
+        signal.signal(sig, before)
     try:
         p = pool.procs[0]
-        os.kill(p.pid, signal.SIGTERM)
-        assert p.wait(60) == -signal.SIGTERM
+        os.kill(p.pid, sig)
+        assert p.wait(60) == -sig
     finally:
         pool.close()
 

@@ -273,16 +273,18 @@ class Forked:
         # caller may both end a worker, and an exit waited for twice is an exit code lost)
         self._waiting = threading.Lock()
         fds: list[int] = []
-        # (the signals a worker takes its own way wait until it has its handlers: one the
-        # reader set, run in the child, might keep it alive; the mask as it was read first,
-        # so that one landing while it is blocked leaves nothing blocked)
+        # (every signal waits until the child has a fresh worker's handlers, and the parent
+        # its ``pid``: a handler of the reader's run in the child might keep it alive, and one
+        # that raised in the parent between the fork and ``self.pid`` left the child for good;
+        # the mask as it was read first, so that one landing while it is blocked leaves
+        # nothing blocked)
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
         restored = False
         try:
             fds.extend(os.pipe())
             fds.extend(os.pipe())
             job_read, job_write, out_read, out_write = fds
-            signal.pthread_sigmask(signal.SIG_BLOCK, _OWN_SIGNALS)
+            signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
             with warnings.catch_warnings():  # (Python 3.12's warning counts the OS's threads: an
                 # idle BLAS pool, which takes care of a fork itself; no other Python thread runs)
                 warnings.simplefilter("ignore", DeprecationWarning)
@@ -368,8 +370,6 @@ class Forked:
                 os.kill(self.pid, signal.SIGKILL)
 
 
-#: The signals a forked worker takes as a fresh one does, not by its reader's handlers
-_OWN_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 #: Forked workers dropped while running (``Forked.__del__``), waited for by the next fork
 _abandoned: list[int] = []
 
@@ -389,11 +389,14 @@ def _forked_worker(job_read: int, out_write: int, mask: set[signal.Signals]) -> 
     mask to restore once its handlers are a fresh worker's."""
     code = 1
     try:
-        # (as ``exec`` leaves them: an ignored signal stays ignored, a handled one is the default)
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # (as ``exec`` leaves them: an ignored signal stays ignored, a handled one is the
+        # default; SIGINT Python's own, as a fresh worker has it)
+        for sig in signal.valid_signals():
+            with contextlib.suppress(OSError, ValueError):
+                if sig == signal.SIGINT and signal.getsignal(sig) is not signal.SIG_IGN:
+                    signal.signal(sig, signal.default_int_handler)
+                elif callable(signal.getsignal(sig)):
+                    signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.dup2(job_read, 0)
         os.dup2(out_write, 1)
