@@ -45,6 +45,9 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device):
     # when the watermark first came within the target, and how far behind it stayed after
     assert re.search(r"caught up \(every stream read past the job's start, within 2 s\)\s+\d+\.\d s after the "
                      r"job's start; from then on median \d+\.\d\d s, p99 \d+\.\d\d s", out), out
+    # the console's frames: 60 rows, and the heatmap of every rank
+    assert re.search(r"frame \(60 timeline rows, from the published view\): median [\d.]+ [mu]?s;\s+its heatmap of "
+                     r"every rank \(40 lines\): median [\d.]+ [mu]?s", out), out
     written = int(re.search(r"written: ([\d,]+) events", out).group(1).replace(",", ""))
     rate = int(re.search(r"the job's: ([\d,]+)\)", out).group(1).replace(",", ""))
     assert rate == 64 * (25 * (3 if device else 2) + 2)  # (a begin, an end, a done; a heartbeat, a sample)
@@ -148,7 +151,8 @@ def _followed(polls, settled, settled_s=40.0, **over):
     from commscope.bench.scale import Followed
 
     seen = {"lags": [0.5], "behind": [0.4], "first_round_s": 3.0, "caught_s": 6.0, "after_caught": [0.4],
-            "found_s": 5.0, "wrong": [], "early": [], "wall_s": 50.0, "frames": [0.01], "rss": 1 << 30,
+            "found_s": 5.0, "wrong": [], "early": [], "wall_s": 50.0, "frames": [0.01], "heat_frames": [0.02],
+            "rss": 1 << 30,
             "events": 4_000_000, "cpu_s": 50.0, "read_process_cpu_s": 30.0, "read_process_lost": [],
             "read_processes": 1, "ranks_seen": 1024, "stacks": (0, 1, 1023, 1), "polls": polls, "settled": settled,
             "settled_s": settled_s, "judging_s": 5.0}

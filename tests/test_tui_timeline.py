@@ -139,7 +139,7 @@ def test_cover_matches_integer_reference():
         n, w = int(rng.integers(1, 40)), int(rng.integers(5, 60))
         npc = int(rng.choice([100, 137, 10**3, 999_983, 10**9, 3600 * 10**9]))
         a = t0 + rng.integers(-5 * npc, (w + 5) * npc, n)
-        b = a + rng.integers(0, 12 * npc, n)
+        b = a + rng.integers(-3 * npc if n % 3 == 0 else 0, 12 * npc, n)  # (some end before they begin)
         cat = rng.integers(0, N_CATEGORIES, n).astype(np.int8)
         assert np.array_equal(_cover(a, b, cat, t0, npc, w), reference(a, b, cat, t0, npc, w))
 
@@ -393,6 +393,124 @@ def test_rows_painted_together_are_the_rows_painted_one_by_one():
                     assert np.array_equal(got[0], alone[0]) and got[1:] == alone[1:], (job, frac, off, cursor, sel)
                     checked += 1
     assert checked >= 200 and modes >= 20
+
+
+def _levels_rank_by_rank(m, ranks, win, cats, spans=None):
+    """A collapsed row's levels as each rank's own row paints it (what ``group_levels`` did
+    before ``levels_of``): the reference."""
+    w = win.width
+    busy, worst = np.zeros(w, np.int64), np.zeros(w, np.int8)
+    for r in ranks:
+        cells = paint_rank(m, r, win, cats, None if spans is None else spans[r])[0]
+        busy += cells >= P.COLL
+        np.maximum(worst, np.where(cells >= P.WARN, cells, 0), out=worst)
+    level = np.where(busy > 0, np.maximum(1, np.round(busy / max(1, len(ranks)) * 4)), 0).astype(np.int8)
+    return level, worst
+
+
+def test_collapsed_rows_painted_together_are_their_ranks_painted_one_by_one():
+    """``levels_of`` finds every rank's window of ops at once (a binary search over the ranks
+    of a block) and draws them together: the levels and the worst category of each group
+    equal those of its ranks' own rows, over views published while the trace arrives (ops in
+    flight, async work waited late, inner traffic, zero-length ops, an op ending before it
+    begins, a rank out of time order, ranks in several blocks), from the model itself too,
+    windows anywhere, the replay cursor, a selection, far zoomed out from span indexes, and
+    groups with ranks in no view, a rank in two groups, an empty group."""
+    from collections import defaultdict
+
+    from commscope.analysis import TraceModel
+    from commscope.analysis.synth import healthy_trace
+    from commscope.tui.paintcode import categories
+    from commscope.tui.painter import Window, levels_of
+    from commscope.tui.spanindex import SpanIndex
+
+    rng = np.random.default_rng(11)
+    b = TraceBuilder(5)
+    b.sync(0, T0, None, "all_reduce")  # in flight from the start
+    for k in range(400):
+        b.sync(0, T0 + 10 * MS + k * 3 * MS, T0 + 11 * MS + k * 3 * MS, "all_reduce")
+    for r in (1, 2):
+        t = T0 + 10 * MS
+        for k in range(700):
+            t += int(rng.integers(1, 40 * MS))
+            d = int(rng.integers(0, 100 * MS))
+            if k % 3 == 0:
+                wait = t + int(rng.integers(-5 * MS, 150 * MS))  # (a wait begun before the issue ended, at times)
+                b.async_op(r, t, wait, wait + d if k != 697 else None, "all_gather", peer=None)
+            elif k % 7 == 0:
+                outer = b.begin(r, t, "all_gather_v")
+                inner = b.begin(r, t + 1, "all_gather_into_tensor", nested=True, parent=outer)
+                b.end(r, inner, t + d // 2 + 1)
+                b.end(r, outer, t + d + 2)
+            else:
+                b.sync(r, t, t + d if k != 690 else None, "broadcast" if k % 2 else "send",
+                       **({"peer": 1 - r % 2, "dir": "send"} if not k % 2 else {}))
+    for k in range(300):  # rank 3: zero-length ops, and one ending before it begins
+        b.sync(3, T0 + k * 7 * MS, T0 + k * 7 * MS + (0 if k % 5 else 2 * MS), "all_reduce")
+    b.sync(3, T0 + 2200 * MS, T0 + 2100 * MS, "all_reduce")
+    for k in range(40):  # ... and ends only approximately known (Flight Recorder on Gloo)
+        i = b.begin(3, T0 + 2300 * MS + k * 20 * MS, "all_reduce")
+        b.add(3, T0 + 2300 * MS + k * 20 * MS + 15 * MS, "op", phase="end", id=i, approx=True)
+    b.sync(4, T0 + 1500 * MS, None, "all_reduce")  # rank 4: its one op in flight, begun mid-trace
+    events = healthy_trace(3, 1200) + [{**e, "rank": e["rank"] + 3} for e in b.sorted_events() if "rank" in e]
+    events.sort(key=lambda e: e["ts"])
+    start, end = events[0]["ts"], events[-1]["ts"]
+    span = end - start
+    late = TraceBuilder(1, meta=False)  # rank 1, after the rest: an op begun among its first ones
+    late.sync(0, T0 + 500 * MS + 7, T0 + 700 * MS, "all_reduce")
+    late_ops = [dict(e, rank=1, id=100_000 + e["id"]) for e in late.sorted_events() if e["type"] == "op"]
+    m = TraceModel()
+    spans: defaultdict[int, SpanIndex] = defaultdict(SpanIndex)
+    checked = 0
+    seen: set[str] = set()
+    cuts = list(range(0, len(events), 2503))
+    views = []
+    for k in cuts:
+        m.ingest(events[k:k + 2503])
+        if k == cuts[-1]:
+            m.ingest(late_ops)
+        views.append(m.view())
+    # each view painted once the model has gone on past it, as a console paints the view it
+    # holds while the next batch is ingested: ops in flight then may have ended since
+    for v in views:
+        cats = categories(v.sigs)
+        ranks = v.rank_ids()
+        groups = [tuple(ranks), tuple(ranks[::2]) + (99,), (ranks[-1], ranks[0]), (), (ranks[1],)]
+        edges = []  # (windows starting where an op ends)
+        for r in (0, 6):
+            comp = v.ranks[r].comp[:v.ranks[r].n]
+            edges += [int(x) for x in comp[comp > 0][::97][:3]]
+        long = [(int(a), int(z)) for r in (4, 5) for a, z in zip(v.ranks[r].begin[:v.ranks[r].n],
+                                                                 v.ranks[r].comp[:v.ranks[r].n], strict=True)
+                if z - a > 70 * MS][:2]  # (the replay cursor inside an op: drawn in flight up to it)
+        for frac, off, cursor in ((1.0, -0.01, None), (0.3, 0.2, None), (0.02, 0.45, None), (1.0, 0.0, 0.5),
+                                  (0.4, 0.3, 0.55), (0.001, 0.4, None), (0.01, 0.545, 0.55),
+                                  *((0.002, t, None) for t in edges),
+                                  *((2 * MS, a - 20 * MS, a + 65 * MS) for a, _ in long),
+                                  (MS, T0 + 2290 * MS, None)):
+            w = 93
+            npc = frac if isinstance(frac, int) else max(1, int(span * frac) // w)
+            t0 = off if isinstance(off, int) else start + int(span * off)
+            now = v.end_ns if cursor is None else cursor if isinstance(cursor, int) else start + int(span * cursor)
+            busiest = max(ranks, key=lambda r: v.ranks[r].n)
+            for sel, index_min, overview in ((None, 2500, True), ((busiest, v.ranks[busiest].n // 2), 2500, True),
+                                             (None, 0, True), (None, 0, False)):
+                win = Window(t0, npc, w, now, now if cursor is not None else None, 60 * MS, sel, overview,
+                             index_min_ops=index_min)
+                for model in ((v, m) if v is views[-1] else (v,)):
+                    for with_spans in ((None, spans) if model is v else (None,)):
+                        got = levels_of(model, groups, win, cats, with_spans)
+                        for g, (level, worst) in zip(groups, got, strict=True):
+                            ref = _levels_rank_by_rank(model, g, win, cats, with_spans)
+                            assert np.array_equal(level, ref[0]) and np.array_equal(worst, ref[1]), \
+                                (g, frac, off, cursor, sel, index_min, model is v)
+                            seen.update(f"level{x}" for x in set(level.tolist()))
+                            seen.update(f"worst{x}" for x in set(worst.tolist()))
+                            checked += 1
+    assert v.ranks[1].own_sb is not None  # (out of time order: painted on its own)
+    assert len({id(rv.rows) for rv in v.ranks.values()}) > 1  # (ranks in several blocks)
+    assert checked >= 500 and len(long) == 2
+    assert {f"level{x}" for x in range(5)} <= seen and {f"worst{x}" for x in (P.WARN, P.ERROR, P.SELECTED)} <= seen
 
 
 def test_large_trace_first_frame_from_the_ops_then_span_indexes_built_when_idle():

@@ -371,6 +371,28 @@ def _rows_painted(feed: Any, culprit: int, now: int) -> float:
     return time.perf_counter() - t0
 
 
+def _heat_painted(feed: Any, now: int) -> float:
+    """One frame of the timeline's heatmap (``c`` to it): every rank, in 40 lines of 189 cells
+    over the last 10 s, from the published view (``painter.levels_of``, as the console
+    paints a frame's collapsed rows together); seconds."""
+    from commscope.tui import painter
+    from commscope.tui.timeline import heat_rows
+
+    view = feed.view
+    win = painter.Window(t0=now - 10 * S, npc=10 * S // 189, width=189, now=now)
+    t0 = time.perf_counter()
+    rows = heat_rows(view.rank_ids(), HEAT_LINES)
+    groups = [painter.row_groups(row) for row in rows]
+    got = painter.levels_of(view, [g for gs in groups for g in gs], win)
+    for k, row in enumerate(rows):
+        painter.render_row(view, row, win, levels=got[2 * k:2 * k + 2])
+    return time.perf_counter() - t0
+
+
+#: The heatmap's lines in ``bench scale``'s frame of it (a 200x60 terminal's timeline holds ~40)
+HEAT_LINES = 40
+
+
 def _stacks_shown(f: Any) -> tuple[int, int, int, int]:
     """(the culprits whose captured stack a finding shows, its culprits, the waiting ranks
     whose captured stack it shows, in how many distinct stacks): 16k ranks waiting in one
@@ -409,6 +431,7 @@ class Followed:
     early: list[str]  # findings naming only culprits, of another kind or some of them
     wall_s: float  # from the job's start to the end of the follow, its drain apart
     frames: list[float]  # seconds to paint the timeline's rows
+    heat_frames: list[float]  # ... its heatmap of every rank (every other frame: ``_heat_painted``)
     rss: int  # the console's, its read processes' with it (the most sampled)
     events: int  # read
     cpu_s: float  # the console's, its read processes' with it
@@ -446,6 +469,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> Followed:
     first_round: int | None = None  # when every stream had been read once
     caught_ns, caught = 0, 0  # when the console caught up, and the watermark samples before then
     frames: list[float] = []
+    heat_frames: list[float] = []
     found_ns = 0
     stacks_shown = (0, 0, 0, 0)  # the expected finding's, as last judged (``_stacks_shown``)
     wrong: list[str] = []
@@ -504,7 +528,10 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> Followed:
                         into.append(text)
         mono = time.monotonic()
         if mono >= next_frame and feed.view.rank_ids():
-            frames.append(_rows_painted(feed, plan.culprit, wall))
+            if len(frames) > len(heat_frames):
+                heat_frames.append(_heat_painted(feed, wall))
+            else:
+                frames.append(_rows_painted(feed, plan.culprit, wall))
             next_frame = mono + 0.5
             rss = max(rss, proc.memory_info().rss + _read_process_rss(feed.reader))
         pause = feed.pause_s(got)  # (as ``Feed.run`` paces its steps)
@@ -533,7 +560,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> Followed:
         caught_s=(caught_ns - plan.t_start) / S if caught_ns else None,
         after_caught=behind[caught:] if caught_ns else [],
         found_s=(found_ns - fault_ns) / S if found_ns else None, wrong=wrong, early=early,
-        wall_s=(time.time_ns() - plan.t_start) / S, frames=frames, rss=rss, events=feed.model.events,
+        wall_s=(time.time_ns() - plan.t_start) / S, frames=frames, heat_frames=heat_frames, rss=rss, events=feed.model.events,
         cpu_s=time.process_time() - cpu0 + (ahead.cpu_s if ahead is not None else 0.0),
         read_process_cpu_s=ahead.cpu_s if ahead is not None else None, read_process_lost=lost,
         read_processes=len(ahead.procs) if ahead is not None else 0, ranks_seen=len(feed.model.ranks),
@@ -874,6 +901,7 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
     lag_med = median(lags) if lags else float("nan")
     lag_p99 = quantile(lags, 0.99) if lags else float("nan")
     frame = median(seen.frames) if seen.frames else float("nan")
+    heat = median(seen.heat_frames) if seen.heat_frames else float("nan")
     found = seen.found_s
     limit = plan.hang_after + 5.0
     print(f"  written: {events:,} events; {rate:,.0f} events/s before the fault (the job's: {want:,.0f});\n"
@@ -920,12 +948,12 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
     if seen.wrong:
         more = f" and {len(seen.wrong) - 5} more" if len(seen.wrong) > 5 else ""
         print(f"  other findings (WRONG: a victim blamed): {'; '.join(seen.wrong[:5])}{more}")
-    print(f"  frame (60 timeline rows, from the published view): median {fmt_time(frame)}\n"
-          f"    (target <= 50 ms)")
+    print(f"  frame (60 timeline rows, from the published view): median {fmt_time(frame)};\n"
+          f"    its heatmap of every rank ({HEAT_LINES} lines): median {fmt_time(heat)} (target <= 50 ms)")
     extrapolated = extrapolation(plan, seen)
     if extrapolated:
         print(extrapolated)
-    ok = (mark_p99 <= TARGET_LAG_S and frame <= TARGET_FRAME_S and seen.rss <= TARGET_RSS
+    ok = (mark_p99 <= TARGET_LAG_S and frame <= TARGET_FRAME_S and heat <= TARGET_FRAME_S and seen.rss <= TARGET_RSS
           and (EXPECTED[plan.fault] is None or (found is not None and found <= limit + (
               60 / plan.rate if plan.fault in SLOW_HOSTS else 0))))
     print(f"  met: {'yes' if ok else 'NO'}")

@@ -13,8 +13,8 @@ changed since (``repaint_rank``), and a frame's rows are painted together
 (``repaint_ranks``): one set of numpy calls per frame, not per row.
 
 Entry points: ``render_row`` (a whole line), ``paint_rank`` and ``paint_group`` (the cells
-of one rank / a collapsed group), ``repaint_rank(s)`` (the same, incrementally), all over
-a ``Window``.
+of one rank / a collapsed group), ``levels_of`` (a frame's collapsed groups counted over all
+their ranks at once), ``repaint_rank(s)`` (the same, incrementally), all over a ``Window``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from rich.segment import Segment
 from rich.style import Style
 from textual.strip import Strip
 
-from commscope.analysis.columns import I64_MAX, RankColumns, RankView
+from commscope.analysis.columns import I64_MAX, RankColumns, RankView, _within
 from commscope.analysis.model import APPROX, ModelLike
 from commscope.events import DEFAULT_HANG_AFTER
 from commscope.tui import palette
@@ -70,6 +70,12 @@ class Row(NamedTuple):
         return self.ranks[::step]
 
 
+def row_groups(row: Row) -> list[tuple[int, ...]]:
+    """The groups of ranks a collapsed row's cells are counted over (``levels_of``): a
+    heatmap line's two blocks, another row's painted ranks."""
+    return [row.ranks[:row.upper], row.ranks[row.upper:]] if row.upper else [row.painted_ranks()]
+
+
 class Window(NamedTuple):
     """What a row is painted for: the time window (``width`` cells of ``npc`` ns from ``t0``),
     the clock (``now``) or the replay cursor (the future hidden), the hang threshold, the
@@ -93,11 +99,13 @@ class Window(NamedTuple):
 def render_row(m: ModelLike, row: Row, win: Window, *, kind: str = "unknown", focused: bool = False,
                flagged: bool = False, cats: np.ndarray | None = None,
                painted: tuple[np.ndarray, list] | None = None,
-               spans: Mapping[int, SpanIndex] | None = None) -> Strip:
+               spans: Mapping[int, SpanIndex] | None = None,
+               levels: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> Strip:
     """A whole timeline line: the gutter (state dot ``kind``, label, findings mark) and the
     row's cells over ``win`` (``painted``: a one-rank row's cells and labels, already
-    painted), with the replay cursor drawn on top.  ``spans``: span indexes by rank (for
-    the overview; see ``paint_rank``)."""
+    painted; ``levels``: a collapsed row's, its ``row_groups``' levels, made with a frame's
+    other rows by ``levels_of``), with the replay cursor drawn on top.  ``spans``: span
+    indexes by rank (for the overview; see ``paint_rank``)."""
     w = win.width
     width = w + GUTTER
     if len(row.ranks) == 1:
@@ -106,9 +114,9 @@ def render_row(m: ModelLike, row: Row, win: Window, *, kind: str = "unknown", fo
                                                                         None if spans is None else spans[r])
         segs = _segments(cells, labels)
     elif row.upper:
-        segs = paint_heat(m, row.ranks[:row.upper], row.ranks[row.upper:], win, cats, spans)
+        segs = paint_heat(m, row.ranks[:row.upper], row.ranks[row.upper:], win, cats, spans, levels)
     else:
-        segs = paint_group(m, row.painted_ranks(), win, cats, spans)
+        segs = paint_group(m, row.painted_ranks(), win, cats, spans, None if levels is None else levels[0])
     strip = Strip(_gutter(row, kind, focused, flagged) + segs, width)
     if row.note and w > 8:
         note = f" {row.note} "[:w - 2]
@@ -321,7 +329,6 @@ def _draw_rows(m: ModelLike, win: Window, jobs: Sequence[Job], rows: list[RowOps
     """The drawing of ``_paint_rows``: every row's ops (by begin) as intervals of categories,
     their coverage per cell, and the label candidates, all rows at once."""
     w = win.width
-    t0, npc, now = win.t0, win.npc, win.now
     sizes = [r.idx.shape[0] for r in rows]
     offsets = np.cumsum([0, *sizes])  # where each row's ops start
     row = np.repeat(np.arange(len(rows)), sizes)
@@ -332,9 +339,48 @@ def _draw_rows(m: ModelLike, win: Window, jobs: Sequence[Job], rows: list[RowOps
     flags = np.concatenate([r.rt.flags[r.idx] for r in rows]) & APPROX
     counts = np.array([r.count for r in rows])
     overview = counts > 4 * w  # far zoomed out the issue/wait breakdown is invisible: one span per op
-    # Ops whose end is only approximately known (Flight Recorder on Gloo) are drawn like
-    # async work: a mark at the start, then a thin line, not a solid bar.
-    is_async = ((code & ASYNC_BIT) | flags) != 0
+    ai = np.flatnonzero(((code & ASYNC_BIT) | flags) != 0)
+    end = wb = we = None
+    if ai.shape[0]:  # the issue/wait parts of async work: only where there is some
+        end, wb, we = (np.zeros(ai.shape[0], np.int64) for _ in range(3))
+        for j, r in enumerate(rows):
+            lo, hi = int(offsets[j]), int(offsets[j + 1])
+            sub = np.flatnonzero((ai >= lo) & (ai < hi))
+            if sub.shape[0]:
+                ops = r.idx[ai[sub] - lo]
+                end[sub], wb[sub], we[sub] = r.rt.end[ops], r.rt.wb[ops], r.rt.we[ops]
+    sel: list[int] = []
+    if win.sel:
+        for j, r in enumerate(rows):
+            if jobs[r.job].rank != win.sel[0]:
+                continue
+            hit = np.flatnonzero(r.idx == win.sel[1])
+            if hit.shape[0]:
+                sel.append(int(offsets[j]) + int(hit[0]))
+    starts, stops, kinds, rows_of = _intervals(win, row, code, begin, stop, inflight, flags, overview[row],
+                                               ai, end, wb, we, sel)
+    t0, npc = win.t0, win.npc
+    if len(rows) == 1:
+        one = [_cover(starts, stops, kinds, t0, npc, w)]
+    else:
+        one = _cover_rows(starts, stops, kinds, rows_of, len(rows), t0, npc, w)
+    cands = _candidates(m, [(r.rt, r.idx) for r in rows], begin, stop, row, win)
+    return [(one[j], cands[j], bool(overview[j]), int(counts[j])) for j in range(len(rows))]
+
+
+def _intervals(win: Window, row: np.ndarray, code: np.ndarray, begin: np.ndarray, stop: np.ndarray,
+               inflight: np.ndarray, approx: np.ndarray, overview: np.ndarray, ai: np.ndarray,
+               end: np.ndarray | None, wb_ai: np.ndarray | None, we_ai: np.ndarray | None,
+               sel: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What drawn ops cover, as intervals (start, stop, category, row): each op's span in
+    its traffic category; for async work (``ai``: its positions; ``end``, ``wb_ai``,
+    ``we_ai``: its end and wait's, there) the issue, then a thin line while it runs, then
+    its wait, or far zoomed out (``overview``: each op's row's) one span to the wait's end;
+    the part of an op in flight past the hang thresholds; the selected ops (``sel``: their
+    positions).  One drawing for a row of one rank and for a row of thousands
+    (``levels_of``): ``ops`` arrays of the rows' ops laid end to end, ``row`` telling whose."""
+    now = win.now
+    is_async = ((code & ASYNC_BIT) | approx) != 0
     cat = code & CAT_MASK
     starts: list[np.ndarray] = [begin]
     stops: list[np.ndarray] = []
@@ -348,24 +394,17 @@ def _draw_rows(m: ModelLike, win: Window, jobs: Sequence[Job], rows: list[RowOps
             kinds.append(np.full(int(mask.sum()), kind, np.int8))
             rows_of.append(row[mask])
 
-    ai = np.flatnonzero(is_async)
-    wb = we = issue_end = None
-    if ai.shape[0]:  # the issue/wait parts of async work: only where there is some
+    wb = issue_end = None
+    if ai.shape[0]:
+        assert end is not None and wb_ai is not None and we_ai is not None
         issue_end, wb, we = begin.copy(), np.zeros_like(begin), np.zeros_like(begin)
-        for j, r in enumerate(rows):
-            lo, hi = int(offsets[j]), int(offsets[j + 1])
-            sub = ai[(ai >= lo) & (ai < hi)]
-            if sub.shape[0]:
-                ops = r.idx[sub - lo]
-                rt = r.rt
-                end = rt.end[ops]
-                issue_end[sub] = np.where(flags[sub] != 0, begin[sub], np.where(end > 0, end, begin[sub]))
-                wb[sub], we[sub] = rt.wb[ops], rt.we[ops]
+        issue_end[ai] = np.where(approx[ai] != 0, begin[ai], np.where(end > 0, end, begin[ai]))
+        wb[ai], we[ai] = wb_ai, we_ai
         if win.cursor_ns is not None:
             wb = np.where(wb > now, 0, wb)
             we = np.where(we > now, 0, we)
             issue_end = np.minimum(issue_end, stop)
-        ov = overview[row[ai]]
+        ov = overview[ai]
         wb_a, we_a, stop_a = wb[ai], we[ai], stop[ai]
         waited = wb_a > 0
         # sync ops, the issue part of async ones (overview: the whole op, to the wait's end)
@@ -390,33 +429,21 @@ def _draw_rows(m: ModelLike, win: Window, jobs: Sequence[Job], rows: list[RowOps
         stops.append(stop)
     # blocked too long: the part of the span past the thresholds
     if inflight.any():
-        blocked = inflight & (~is_async | (wb > 0)) if ai.shape[0] else inflight
-        since = np.where(is_async, wb, begin) if ai.shape[0] else begin
+        blocked = inflight & (~is_async | (wb > 0)) if wb is not None else inflight
+        since = np.where(is_async, wb, begin) if wb is not None else begin
         warn_at = since + max(win.hang_after_ns // 3, 1)
         err_at = since + win.hang_after_ns
         add(blocked & (warn_at < now), warn_at, stop, palette.WARN)
         add(blocked & (err_at < now), err_at, stop, palette.ERROR)
-    if win.sel:
-        for j, r in enumerate(rows):
-            idx = r.idx
-            if jobs[r.job].rank != win.sel[0]:
-                continue
-            hit = np.flatnonzero(idx == win.sel[1])
-            if hit.shape[0]:
-                at = int(offsets[j]) + int(hit[0])
-                e = int(stop[at]) if not is_async[at] else max(int(stop[at]), int(issue_end[at]))
-                starts.append(begin[at:at + 1])
-                stops.append(np.array([e], np.int64))
-                kinds.append(np.array([palette.SELECTED], np.int8))
-                rows_of.append(row[at:at + 1])
-    if len(rows) == 1:
-        one = [_cover(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), t0, npc, w)
-               if len(starts) > 1 else _cover(starts[0], stops[0], kinds[0], t0, npc, w)]
-    else:
-        one = _cover_rows(np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds),
-                          np.concatenate(rows_of), len(rows), t0, npc, w)
-    cands = _candidates(m, [(r.rt, r.idx) for r in rows], begin, stop, row, win)
-    return [(one[j], cands[j], bool(overview[j]), int(counts[j])) for j in range(len(rows))]
+    for at in sel:
+        e = int(stop[at]) if not is_async[at] or issue_end is None else max(int(stop[at]), int(issue_end[at]))
+        starts.append(begin[at:at + 1])
+        stops.append(np.array([e], np.int64))
+        kinds.append(np.array([palette.SELECTED], np.int8))
+        rows_of.append(row[at:at + 1])
+    if len(starts) == 1:
+        return starts[0], stops[0], kinds[0], rows_of[0]
+    return np.concatenate(starts), np.concatenate(stops), np.concatenate(kinds), np.concatenate(rows_of)
 
 
 def _candidates(m: ModelLike, rows: Sequence[tuple[Any, np.ndarray]], begin: np.ndarray, stop: np.ndarray,
@@ -613,32 +640,261 @@ def group_levels(m: ModelLike, ranks: tuple[int, ...], win: Window, cats: np.nda
                  spans: Mapping[int, SpanIndex] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per cell, how many of the ranks are busy (level 0: none, 1-4: up to all) and the worst
     category among them (0, or WARN / ERROR / SELECTED): what a collapsed row shows."""
+    return levels_of(m, [ranks], win, cats, spans)[0]
+
+
+def levels_of(m: ModelLike, groups: Sequence[tuple[int, ...]], win: Window, cats: np.ndarray | None = None,
+              spans: Mapping[int, SpanIndex] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``group_levels`` of each of ``groups`` over one window, every rank's ops drawn together
+    (``_intervals``, as a rank's own row draws them): a heatmap of 16,384 ranks painted rank
+    by rank took ~1.2 s a frame, a numpy call or two dozen per rank.  A rank whose view lies
+    in a block in time order (most: ``RankView``) finds its window's ops with the other ranks
+    of its block (``_first_at_least``); any other rank, and one whose window holds enough ops
+    for its span index to pay (``spans``, far zoomed out), is painted on its own
+    (``paint_rank``) and counted the same way.  The same levels as painting each rank."""
     w = win.width
     if cats is None or cats.shape[0] < len(m.sigs):
         cats = categories(m.sigs)
-    busy = np.zeros(w, np.int32)
-    worst = np.zeros(w, np.int8)
-    for r in ranks:
-        cells, _ = paint_rank(m, r, win, cats, None if spans is None else spans[r])
-        busy += cells >= palette.COLL
-        np.maximum(worst, np.where(cells >= palette.WARN, cells, 0), out=worst)
-    frac = busy / max(1, len(ranks))
-    level = np.where(busy > 0, np.maximum(1, np.round(frac * 4)), 0).astype(np.int8)
-    return level, worst
+    ranks = list(dict.fromkeys(r for g in groups for r in g))
+    place = {r: k for k, r in enumerate(ranks)}
+    # each rank's groups (a rank may be in several): rank place -> group, as pairs
+    member_rank = np.array([place[r] for g in groups for r in g], np.int64)
+    member_group = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+    order = np.argsort(member_rank, kind="stable")
+    member_rank, member_group = member_rank[order], member_group[order]
+    busy = np.zeros((len(groups), w), np.int64)
+    worst = np.zeros((len(groups), w), np.int8)
+    ops = _window_ops(m, ranks, win, cats, spans)
+    for k, cells in ops.alone:
+        for g in member_group[np.searchsorted(member_rank, k):np.searchsorted(member_rank, k, side="right")].tolist():
+            busy[g] += cells >= palette.COLL
+            np.maximum(worst[g], np.where(cells >= palette.WARN, cells, 0), out=worst[g])
+    if ops.row.shape[0]:
+        counts = np.bincount(ops.row, minlength=len(ranks))
+        sel: list[int] = []
+        if win.sel and win.sel[0] in place:
+            hit = np.flatnonzero((ops.row == place[win.sel[0]]) & (ops.index == win.sel[1]))
+            sel = hit[:1].tolist()
+        a, b, kind, row = _intervals(win, ops.row, ops.code, ops.begin, ops.stop, ops.inflight, ops.approx,
+                                     counts[ops.row] > 4 * w, ops.asynchronous, ops.end, ops.wb, ops.we, sel)
+        c0, c1, row, kind = _cells(a, b, row, kind, win)
+        on = kind >= palette.COLL
+        c0b, c1b, rowb = _union(c0[on], c1[on], row[on], w)  # (a rank's busy cells counted once)
+        busy += _counted(c0b, c1b, *_by_group(rowb, member_rank, member_group), len(groups), w)
+        for c in (palette.WARN, palette.ERROR, palette.SELECTED):  # (a group's worst: any of its ranks')
+            at = kind == c
+            if at.any():
+                hit = _counted(c0[at], c1[at], *_by_group(row[at], member_rank, member_group), len(groups), w) > 0
+                np.maximum(worst, np.where(hit, c, 0).astype(np.int8), out=worst)
+    out = []
+    for g, n_busy in zip(groups, busy, strict=True):
+        frac = n_busy / max(1, len(g))
+        level = np.where(n_busy > 0, np.maximum(1, np.round(frac * 4)), 0).astype(np.int8)
+        out.append((level, worst[len(out)]))
+    return out
+
+
+def _cells(a: np.ndarray, b: np.ndarray, row: np.ndarray, kind: np.ndarray,
+           win: Window) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Intervals [a, b] as the cells they cover, first and last (``_cover``'s arithmetic,
+    those out of view and reversed left out), with their rows and kinds."""
+    w = win.width
+    fa = (a - win.t0) / win.npc  # (exact: see _cover)
+    fb = (b - win.t0) / win.npc
+    ok = (fb >= 0) & (fa < w) & (np.floor(fa) <= np.floor(fb))  # (in view, not reversed: see _cover)
+    return (np.maximum(fa[ok], 0).astype(np.int64), np.minimum(fb[ok], w - 1).astype(np.int64), row[ok], kind[ok])
+
+
+def _union(c0: np.ndarray, c1: np.ndarray, row: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's cell ranges [c0, c1] merged where they overlap: the same cells, each once."""
+    if not c0.shape[0]:
+        return c0, c1, row
+    start = row * (w + 1) + c0  # (rows apart by more than a row's cells: one running max for all)
+    order = np.argsort(start, kind="stable")
+    start, stop = start[order], (row * (w + 1) + c1)[order]
+    reach = np.maximum.accumulate(stop)
+    new = np.empty(start.shape[0], np.bool_)
+    new[0] = True
+    new[1:] = start[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:] - 1, start.shape[0] - 1]
+    merged_row = start[first] // (w + 1)
+    return start[first] - merged_row * (w + 1), reach[last] - merged_row * (w + 1), merged_row
+
+
+def _by_group(row: np.ndarray, member_rank: np.ndarray,
+              member_group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(which of the intervals, each group of its rank): an interval of a rank in several
+    groups once for each.  ``member_rank`` ascending, ``member_group`` beside it."""
+    lo = np.searchsorted(member_rank, row, side="left")
+    n = np.searchsorted(member_rank, row, side="right") - lo
+    which = np.repeat(np.arange(row.shape[0]), n)
+    return which, member_group[_within(n) + np.repeat(lo, n)]
+
+
+def _counted(c0: np.ndarray, c1: np.ndarray, which: np.ndarray, group: np.ndarray, groups: int,
+             w: int) -> np.ndarray:
+    """(groups, w): per cell, how many of the ranges [c0, c1] (``which`` of them, in
+    ``group``) cover it."""
+    k = group * (w + 1)
+    n = groups * (w + 1)
+    diff = np.bincount(c0[which] + k, minlength=n) - np.bincount(c1[which] + k + 1, minlength=n)
+    return diff.reshape(groups, w + 1)[:, :w].cumsum(axis=1)
+
+
+class WindowOps(NamedTuple):
+    """The ops drawn in a window, of many ranks laid end to end (``_window_ops``): each one's
+    rank (its place in the ranks asked), index among the rank's ops, paint code, begin, drawn
+    end, whether in flight and whether its end is approximate (``APPROX``); the async ones'
+    positions with their ends and waits' (``end``, ``wb``, ``we``, at those positions); and
+    the ranks painted on their own (place, cells)."""
+
+    row: np.ndarray
+    index: np.ndarray
+    code: np.ndarray
+    begin: np.ndarray
+    stop: np.ndarray
+    inflight: np.ndarray
+    approx: np.ndarray
+    asynchronous: np.ndarray
+    end: np.ndarray
+    wb: np.ndarray
+    we: np.ndarray
+    alone: list[tuple[int, np.ndarray]]
+
+
+def _window_ops(m: ModelLike, ranks: Sequence[int], win: Window, cats: np.ndarray,
+                spans: Mapping[int, SpanIndex] | None) -> WindowOps:
+    """What ``_paint_rows`` finds and filters rank by rank (``RankView.window``, ``_drawn``),
+    for the ranks in time order of each block at once: their window's ops by a binary search
+    over all of them (a rank's begins and running max of ends are its block's rows), the
+    ops in flight added, inner traffic and (replay) the future left out."""
+    t0, t1, now = win.t0, win.t0 + win.width * win.npc, win.now
+    alone: list[tuple[int, np.ndarray]] = []
+    get = m.ranks.get
+    views = [get(r) for r in ranks]
+    # (a Python step a rank, the least there is: 16k ranks each frame)
+    together = [k for k, rv in enumerate(views)
+                if type(rv) is RankView and rv.n and rv.own_sb is None and rv.own_pmax is None]
+    if len(together) < len(ranks):
+        chosen = set(together)
+        alone = [(k, paint_rank(m, ranks[k], win, cats, None if spans is None else spans[ranks[k]])[0])
+                 for k, rv in enumerate(views) if k not in chosen and rv is not None and rv.n]
+    picked = [views[k] for k in together]
+    blocks: dict[int, Mapping[str, np.ndarray]] = {}
+    block = np.array([id(blocks.setdefault(id(rv.rows), rv.rows)) for rv in picked], np.int64)
+    at_all = np.array([rv.at for rv in picked], np.int64)
+    n_all = np.array([rv.n for rv in picked], np.int64)
+    flights = [(j, i) for j, rv in enumerate(picked) if rv.open for i in rv.open]
+    flight_rank = np.array([j for j, _ in flights], np.int64)
+    flight_index = np.array([i for _, i in flights], np.int64)
+    place_all = np.array(together, np.int64)
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, Mapping[str, np.ndarray]]] = []
+    for key, cols in blocks.items():
+        mine = np.flatnonzero(block == key)
+        place, at, n = place_all[mine], at_all[mine], n_all[mine]
+        i1 = _first_at_least(cols["begin"], at, n, t1)
+        i0 = _first_at_least(cols["pmax"], at, n, t0)
+        sizes = np.maximum(i1 - i0, 0)
+        solo = np.zeros(place.shape[0], np.bool_)
+        if spans is not None and win.overview:  # enough ops for a span index: painted from it
+            solo = sizes >= max(win.index_min_ops, 1)
+            for j in np.flatnonzero(solo).tolist():
+                r = ranks[int(place[j])]
+                alone.append((int(place[j]), paint_rank(m, r, win, cats, spans[r])[0]))
+            sizes[solo] = 0
+        first = np.cumsum(sizes) - sizes  # where each rank's ops start among the candidates
+        who = np.repeat(np.arange(place.shape[0]), sizes)
+        index = _within(sizes) + np.repeat(i0, sizes)
+        row = at[who] + index
+        begin, comp = cols["begin"][row], cols["comp"][row]
+        keep = (comp > t0) | (comp == 0) | (begin >= t0)
+        # in flight at publishing: in, whatever their end says now (``RankView.window``)
+        j = np.searchsorted(mine, flight_rank)
+        ours = (j < mine.shape[0]) & (mine[np.minimum(j, mine.shape[0] - 1)] == flight_rank)
+        j, fi = j[ours], flight_index[ours]
+        j, fi = j[~solo[j]], fi[~solo[j]]
+        inside = (fi >= i0[j]) & (fi < i1[j])
+        keep[first[j[inside]] + fi[inside] - i0[j[inside]]] = True
+        who, index, row = who[keep], index[keep], row[keep]
+        ew, ei = j[~inside], fi[~inside]
+        if ew.shape[0]:
+            er = at[ew] + ei
+            fits = cols["begin"][er] < t1
+            who, index, row = (np.concatenate([x, y[fits]]) for x, y in ((who, ew), (index, ei), (row, er)))
+        parts.append((place[who], index, row, cols))
+    empty = np.zeros(0, np.int64)
+    if not parts:
+        return WindowOps(empty, empty, empty.astype(np.uint8), empty, empty, empty.astype(np.bool_), empty, empty,
+                         empty, empty, empty, alone)
+    place = np.concatenate([p[0] for p in parts])
+    index = np.concatenate([p[1] for p in parts])
+    source = np.repeat(np.arange(len(parts)), [p[2].shape[0] for p in parts])  # (each op's block)
+    row = np.concatenate([p[2] for p in parts])
+
+    def gathered(column: str, at: np.ndarray, of: np.ndarray) -> np.ndarray:
+        """``column`` at rows ``at`` of the blocks ``of`` (ascending: the parts' ops in turn)."""
+        if len(parts) == 1:
+            return parts[0][3][column][at]
+        out = np.empty(at.shape[0], parts[0][3][column].dtype)
+        bounds = np.searchsorted(of, np.arange(len(parts) + 1)).tolist()
+        for q, p in enumerate(parts):
+            a, b = bounds[q], bounds[q + 1]
+            if b > a:
+                out[a:b] = p[3][column][at[a:b]]
+        return out
+
+    begin, comp = gathered("begin", row, source), gathered("comp", row, source)
+    code = cats[gathered("sig", row, source)]
+    shown = code < HIDDEN_BIT  # inner traffic is drawn as its outer op
+    if win.cursor_ns is not None:  # replay: the future has not happened yet
+        comp = np.where(comp > now, 0, comp)
+        shown &= begin <= now
+    if not shown.all():
+        place, index, source, row, begin, comp, code = (x[shown] for x in (place, index, source, row, begin, comp, code))
+    approx = gathered("flags", row, source) & APPROX
+    inflight = comp == 0
+    stop = np.where(inflight, max(now, 1), comp) if inflight.any() else comp
+    asynchronous = np.flatnonzero(((code & ASYNC_BIT) | approx) != 0)
+    end = wb = we = empty
+    if asynchronous.shape[0]:
+        at, of = row[asynchronous], source[asynchronous]
+        end, wb, we = (gathered(c, at, of).astype(np.int64, copy=False) for c in ("end", "wb", "we"))
+    return WindowOps(place, index, code, begin, stop, inflight, approx, asynchronous, end, wb, we, alone)
+
+
+def _first_at_least(column: np.ndarray, at: np.ndarray, n: np.ndarray, x: int) -> np.ndarray:
+    """For each run ``column[at:at + n]`` (ascending), where ``x`` would go in it
+    (``searchsorted``, left): one binary search over all runs at once."""
+    lo, hi = np.zeros_like(n), n.copy()
+    last = column.shape[0] - 1
+    while True:
+        going = lo < hi
+        if not going.any():
+            return lo
+        mid = (lo + hi) >> 1
+        below = column[np.minimum(at + mid, last)] < x
+        lo = np.where(going & below, mid + 1, lo)
+        hi = np.where(going & ~below, mid, hi)
 
 
 def paint_heat(m: ModelLike, upper: tuple[int, ...], lower: tuple[int, ...], win: Window,
-               cats: np.ndarray | None = None, spans: Mapping[int, SpanIndex] | None = None) -> list[Segment]:
+               cats: np.ndarray | None = None, spans: Mapping[int, SpanIndex] | None = None,
+               levels: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> list[Segment]:
     """A heatmap line: two blocks of ranks, one above the other in each cell (``▀``: the upper
     block's colour on the lower's), coloured by how many of each block's ranks are busy, or
-    amber / red where one of them is slow or past hang_after."""
-    def colours(ranks: tuple[int, ...]) -> np.ndarray:
+    amber / red where one of them is slow or past hang_after.  ``levels``: both blocks',
+    made already (``levels_of``)."""
+    if levels is None:
+        levels = levels_of(m, [upper, lower], win, cats, spans)
+
+    def colours(ranks: tuple[int, ...], got: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         if not ranks:
             return np.zeros(win.width, np.int16)
-        level, worst = group_levels(m, ranks, win, cats, spans)
+        level, worst = got
         return np.where(worst >= palette.ERROR, 6, np.where(worst == palette.WARN, 5, level)).astype(np.int16)
 
-    top, bottom = colours(upper), colours(lower)
+    top, bottom = colours(upper, levels[0]), colours(lower, levels[1])
     key = top * 8 + bottom
     starts = np.concatenate(([0], np.flatnonzero(np.diff(key)) + 1))
     ends = np.concatenate((starts[1:], [win.width]))
@@ -649,10 +905,12 @@ def paint_heat(m: ModelLike, upper: tuple[int, ...], lower: tuple[int, ...], win
 
 
 def paint_group(m: ModelLike, ranks: tuple[int, ...], win: Window, cats: np.ndarray | None = None,
-                spans: Mapping[int, SpanIndex] | None = None) -> list[Segment]:
-    """Collapsed rows: how many of the ranks are busy in each cell, as shades."""
+                spans: Mapping[int, SpanIndex] | None = None,
+                levels: tuple[np.ndarray, np.ndarray] | None = None) -> list[Segment]:
+    """Collapsed rows: how many of the ranks are busy in each cell, as shades (``levels``:
+    made already, ``levels_of``)."""
     w = win.width
-    level, worst = group_levels(m, ranks, win, cats, spans)
+    level, worst = group_levels(m, ranks, win, cats, spans) if levels is None else levels
     segs: list[Segment] = []
     key = level * 16 + worst
     starts = np.concatenate(([0], np.flatnonzero(np.diff(key)) + 1))
@@ -689,8 +947,11 @@ def _cover(a: np.ndarray, b: np.ndarray, cat: np.ndarray, t0: int, npc: int, w: 
     # comparisons and the truncation of non-negative values give what floor division gives.
     fa = (a - t0) / npc  # subtract in int64 first: timestamps themselves do not fit a float exactly
     fb = (b - t0) / npc
-    if fb.min() < 0 or fa.max() >= w:  # (two reductions: cheaper than a mask when all are in view)
-        ok = (fb >= 0) & (fa < w)
+    # (in view, and not reversed: an interval ending in a cell before the one it begins in
+    # covers nothing, as a slice above; counted, its -1 before its +1 took a cell from
+    # another interval's cover)
+    ok = (fb >= 0) & (fa < w) & (np.floor(fa) <= np.floor(fb))
+    if not ok.all():
         fa, fb, cat = fa[ok], fb[ok], cat[ok]
     # one flat index per (category, cell): category * (w + 1) + cell, built in place
     k = np.multiply(cat, w + 1, dtype=np.int64)
@@ -717,8 +978,8 @@ def _cover_rows(a: np.ndarray, b: np.ndarray, cat: np.ndarray, row: np.ndarray, 
     """``_cover`` for several rows at once (``row``: each interval's), as (rows, w) cells."""
     fa = (a - t0) / npc  # (exact: see _cover)
     fb = (b - t0) / npc
-    if fb.min() < 0 or fa.max() >= w:
-        ok = (fb >= 0) & (fa < w)
+    ok = (fb >= 0) & (fa < w) & (np.floor(fa) <= np.floor(fb))  # (in view, not reversed: see _cover)
+    if not ok.all():
         fa, fb, cat, row = fa[ok], fb[ok], cat[ok], row[ok]
     k = np.multiply(row, N_CATEGORIES, dtype=np.int64)
     k += cat

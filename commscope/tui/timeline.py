@@ -33,7 +33,17 @@ from commscope.events import DEFAULT_HANG_AFTER
 from commscope.tui import palette
 from commscope.tui.feed import REPLAY, Feed
 from commscope.tui.paintcode import categories
-from commscope.tui.painter import GUTTER, Painted, Row, Window, render_row, repaint_rank, repaint_ranks
+from commscope.tui.painter import (
+    GUTTER,
+    Painted,
+    Row,
+    Window,
+    levels_of,
+    render_row,
+    repaint_rank,
+    repaint_ranks,
+    row_groups,
+)
 from commscope.tui.spanindex import SpanIndex
 
 MIN_NPC = 100  # ns per cell at the deepest zoom
@@ -171,6 +181,8 @@ class Timeline(ScrollView, can_focus=True):
         self._painted: LRUCache[tuple, Painted] = LRUCache(512)
         self._frame_token: tuple | None = None  # (view, window) the rows below were painted for
         self._frame_rows: dict[tuple, Painted] = {}  # this frame's visible rows, painted together
+        self._levels_token: tuple | None = None  # (view, window, rows, scroll, height) of the levels below
+        self._frame_levels: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}  # collapsed rows' (levels_of)
         self._cat_table = np.zeros(0, np.int8)
         # per rank, the overview's span index (spanindex), kept across frames and views: it
         # is data, not a painted cache, so clear_caches leaves it
@@ -284,6 +296,7 @@ class Timeline(ScrollView, can_focus=True):
         self._cache.clear()
         self._painted.clear()
         self._frame_token, self._frame_rows = None, {}
+        self._levels_token, self._frame_levels = None, {}
         if indexes:
             self._spans.clear()
 
@@ -375,12 +388,35 @@ class Timeline(ScrollView, can_focus=True):
                     p = repaint_rank(m, r, win, self._painted.get(pkey), cats, self._spans_of(r))
                     self._keep_painted(pkey, p)
                 painted = (p.cells, p.labels)
+            levels = self._collapsed_levels(m, win, cats, row) if len(row.ranks) > 1 else None
             strip = render_row(m, row, win, kind=kind, focused=focused, flagged=row.key in self._flagged_rows,
-                               cats=cats, painted=painted, spans=self._spans if self.SPAN_INDEX else None)
+                               cats=cats, painted=painted, spans=self._spans if self.SPAN_INDEX else None,
+                               levels=levels)
             if len(row.ranks) > 1:  # a collapsed row's ranks may want their indexes too
                 self._build_wanted(self._spans[r] for r in row.painted_ranks())
             self._cache[key] = strip
         return strip
+
+    def _collapsed_levels(self, m: ModelLike, win: Window, cats: np.ndarray,
+                          row: Row) -> list[tuple[np.ndarray, np.ndarray]]:
+        """A collapsed row's levels (``levels_of``), made for every visible collapsed row of
+        the frame at once the first time the frame asks for one: a heatmap of 16,384 ranks
+        is 40 lines, each painted alone a numpy pass of its own over 410 ranks."""
+        top = self.scroll_offset.y
+        token = (m, win, self.rows, top, self.size.height, m.version)  # (the view, the rows by identity: ``_same``)
+        if not _same(self._levels_token, token):
+            rows = [r for r in self.rows[top:top + self.size.height] if len(r.ranks) > 1]
+            groups = [row_groups(r) for r in rows]
+            got = levels_of(m, [g for gs in groups for g in gs], win, cats, self._spans if self.SPAN_INDEX else None)
+            self._frame_levels, at = {}, 0
+            for r, gs in zip(rows, groups, strict=True):
+                self._frame_levels[r.key] = got[at:at + len(gs)]
+                at += len(gs)
+            self._levels_token = token
+        levels = self._frame_levels.get(row.key)
+        if levels is None:  # (a row outside the visible ones)
+            levels = levels_of(m, row_groups(row), win, cats, self._spans if self.SPAN_INDEX else None)
+        return levels
 
     def _painted_key(self, rank: int, win: Window) -> tuple:
         sel = win.sel if win.sel and win.sel[0] == rank else None
@@ -669,6 +705,13 @@ class Timeline(ScrollView, can_focus=True):
             self.rebuild_rows()
         self.virtual_size = Size(self.size.width, len(self.rows))
         self.ensure_placed()
+
+
+def _same(a: tuple | None, b: tuple) -> bool:
+    """Whether two frames' tokens are the same: the published view and the rows list the
+    same objects (an id may be another's once the first is gone; equal rows would be
+    compared rank by rank), the rest equal."""
+    return a is not None and a[0] is b[0] and a[2] is b[2] and a[1] == b[1] and a[3:] == b[3:]
 
 
 def _clamp(npc: int) -> int:
