@@ -197,7 +197,10 @@ def test_the_extrapolation_takes_the_polls_after_the_console_caught_up_at_the_ra
     assert f"at most {cores:.2f} cores" not in with_it, with_it
     # never caught up: no fit, the bound alone
     alone = " ".join(extrapolation(plan, _followed(catching_up + polls, settled=None)).split())
-    assert "needs at most" not in alone and alone.endswith("(an upper bound: a rank's own costs counted per event)")
+    assert "needs at most" not in alone and alone.endswith(
+        "(an upper bound: a rank's own costs counted per event) its heatmap of every rank: at most 5.12 s a frame "
+        "(x 256: the ops in view grow with the ranks and the rate; target <= 50 ms)"), alone  # (0.02 s x 16 x 16)
+    assert "its heatmap" not in " ".join(extrapolation(plan, _followed(polls, settled=0, heat_frames=[])).split())
     # a fit no tighter than the bound is not stated
     dear = " ".join(extrapolation(plan, _followed(polls, settled=0, cpu_s=1.0)).split())
     assert "needs at most" not in dear and "all in" not in dear, dear

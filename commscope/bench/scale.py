@@ -751,6 +751,11 @@ def extrapolation(plan: Plan, seen: Followed) -> str:
                     f"however many read processes it has"))
     text.append(_wrapped(f"{'all in, ' if stated else ''}{per_event * full:.2f} cores at its "
                          f"{per_event * 1e6:.2f} us per event (an upper bound: a rank's own costs counted per event)"))
+    if seen.heat_frames:  # (its ops in view grow with the ranks and the rate; its per-rank part, with the ranks)
+        grown = target * FULL_RATE / (plan.ranks * plan.rate)
+        text.append(_wrapped(
+            f"its heatmap of every rank: at most {fmt_time(median(seen.heat_frames) * grown)} a frame (x {grown:g}: "
+            f"the ops in view grow with the ranks and the rate; target <= {TARGET_FRAME_S * 1e3:g} ms)"))
     loose = fit is None or fit.per_record <= 0 or fit.record_within() > fit.per_record / 2
     if plan.rate < FULL_RATE and loose and polls:
         told = ("is not told from the read's" if fit is None or fit.per_record <= 0
