@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from tui_scenarios import MS, StaticReader, drive, healthy, hung_missing_rank, make_app
 
 from commscope.analysis.synth import T0, TraceBuilder
 from commscope.tui import palette as P
 from commscope.tui.feed import Feed
 from commscope.tui.painter import GUTTER, Row, paint_group, paint_rank, render_row
-from commscope.tui.timeline import Timeline
+from commscope.tui.timeline import MAX_NPC, Timeline
 
 
 def timeline_for(events, now, *, t0=T0, npc=MS) -> Timeline:
@@ -511,6 +512,31 @@ def test_collapsed_rows_painted_together_are_their_ranks_painted_one_by_one():
     assert len({id(rv.rows) for rv in v.ranks.values()}) > 1  # (ranks in several blocks)
     assert checked >= 500 and len(long) == 2
     assert {f"level{x}" for x in range(5)} <= seen and {f"worst{x}" for x in (P.WARN, P.ERROR, P.SELECTED)} <= seen
+
+
+@pytest.mark.parametrize(("npc", "cell"), [(2**50, 9), (MAX_NPC, 2503)])
+def test_cells_of_a_window_spanning_2_to_the_53_ns_are_whole_numbers(npc, cell):
+    """Past 2**53 ns in view (npc past ``MAX_NPC``, or ~2,500 cells at it: no terminal, a
+    direct caller) a quotient in float64 rounds an op begun 1 ns before a cell's first ns
+    onto it: the op [a, a + 1] touches cells ``cell - 1`` and ``cell``, as floor division
+    says, painted alone (few intervals: integers), counted together (``levels_of``) and
+    painted from many intervals (``_cover``'s bincount) alike (found in review)."""
+    from commscope.analysis import TraceModel
+    from commscope.tui.paintcode import categories
+    from commscope.tui.painter import Window, _cover, levels_of
+
+    b = TraceBuilder(1)
+    b.sync(0, T0, T0 + 1, "all_reduce")
+    v = TraceModel.from_events(b.sorted_events()).view()
+    cats = categories(v.sigs)
+    win = Window(T0 - (cell * npc - 1), npc, cell + 5, T0 + 10)
+    ref = _levels_rank_by_rank(v, (0,), win, cats)
+    assert np.flatnonzero(ref[0]).tolist() == [cell - 1, cell]
+    got = levels_of(v, [(0,)], win, cats)[0]
+    assert np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1])
+    many = np.full(40, T0)  # (past 32 intervals: the bincount path)
+    cells = _cover(many, many + 1, np.full(40, P.COLL, np.int8), win.t0, npc, win.width)
+    assert np.flatnonzero(cells).tolist() == [cell - 1, cell]
 
 
 def test_large_trace_first_frame_from_the_ops_then_span_indexes_built_when_idle():

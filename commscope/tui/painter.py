@@ -378,7 +378,7 @@ def _intervals(win: Window, row: np.ndarray, code: np.ndarray, begin: np.ndarray
     its wait, or far zoomed out (``overview``: each op's row's) one span to the wait's end;
     the part of an op in flight past the hang thresholds; the selected ops (``sel``: their
     positions).  One drawing for a row of one rank and for a row of thousands
-    (``levels_of``): ``ops`` arrays of the rows' ops laid end to end, ``row`` telling whose."""
+    (``levels_of``): the arrays hold the rows' ops laid end to end, ``row`` telling whose."""
     now = win.now
     is_async = ((code & ASYNC_BIT) | approx) != 0
     cat = code & CAT_MASK
@@ -647,7 +647,7 @@ def levels_of(m: ModelLike, groups: Sequence[tuple[int, ...]], win: Window, cats
               spans: Mapping[int, SpanIndex] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """``group_levels`` of each of ``groups`` over one window, every rank's ops drawn together
     (``_intervals``, as a rank's own row draws them): a heatmap of 16,384 ranks painted rank
-    by rank took ~1.2 s a frame, a numpy call or two dozen per rank.  A rank whose view lies
+    by rank took ~1.6 s a frame, a numpy call or two dozen per rank.  A rank whose view lies
     in a block in time order (most: ``RankView``) finds its window's ops with the other ranks
     of its block (``_first_at_least``); any other rank, and one whose window holds enough ops
     for its span index to pay (``spans``, far zoomed out), is painted on its own
@@ -696,13 +696,10 @@ def levels_of(m: ModelLike, groups: Sequence[tuple[int, ...]], win: Window, cats
 
 def _cells(a: np.ndarray, b: np.ndarray, row: np.ndarray, kind: np.ndarray,
            win: Window) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Intervals [a, b] as the cells they cover, first and last (``_cover``'s arithmetic,
-    those out of view and reversed left out), with their rows and kinds."""
-    w = win.width
-    fa = (a - win.t0) / win.npc  # (exact: see _cover)
-    fb = (b - win.t0) / win.npc
-    ok = (fb >= 0) & (fa < w) & (np.floor(fa) <= np.floor(fb))  # (in view, not reversed: see _cover)
-    return (np.maximum(fa[ok], 0).astype(np.int64), np.minimum(fb[ok], w - 1).astype(np.int64), row[ok], kind[ok])
+    """Intervals [a, b] as the cells they cover, first and last (``_cell_bounds``: those out
+    of view and reversed left out), with their rows and kinds."""
+    c0, c1, ok = _cell_bounds(a, b, win.t0, win.npc, win.width)
+    return (c0, c1, row, kind) if ok is None else (c0[ok], c1[ok], row[ok], kind[ok])
 
 
 def _union(c0: np.ndarray, c1: np.ndarray, row: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -781,8 +778,8 @@ def _window_ops(m: ModelLike, ranks: Sequence[int], win: Window, cats: np.ndarra
         alone = [(k, paint_rank(m, ranks[k], win, cats, None if spans is None else spans[ranks[k]])[0])
                  for k, rv in enumerate(views) if k not in chosen and rv is not None and rv.n]
     picked = [views[k] for k in together]
-    blocks: dict[int, Mapping[str, np.ndarray]] = {}
-    block = np.array([id(blocks.setdefault(id(rv.rows), rv.rows)) for rv in picked], np.int64)
+    blocks = {id(rv.rows): rv.rows for rv in picked}  # (by id: the views of a block share its columns)
+    block = np.array([id(rv.rows) for rv in picked], np.int64)
     at_all = np.array([rv.at for rv in picked], np.int64)
     n_all = np.array([rv.n for rv in picked], np.int64)
     flights = [(j, i) for j, rv in enumerate(picked) if rv.open for i in rv.open]
@@ -806,8 +803,8 @@ def _window_ops(m: ModelLike, ranks: Sequence[int], win: Window, cats: np.ndarra
         first = np.cumsum(sizes) - sizes  # where each rank's ops start among the candidates
         who = np.repeat(np.arange(place.shape[0]), sizes)
         index = _within(sizes) + np.repeat(i0, sizes)
-        row = at[who] + index
-        begin, comp = cols["begin"][row], cols["comp"][row]
+        offset = at[who] + index  # (each op's place in its block's columns)
+        begin, comp = cols["begin"][offset], cols["comp"][offset]
         keep = (comp > t0) | (comp == 0) | (begin >= t0)
         # in flight at publishing: in, whatever their end says now (``RankView.window``)
         j = np.searchsorted(mine, flight_rank)
@@ -816,13 +813,13 @@ def _window_ops(m: ModelLike, ranks: Sequence[int], win: Window, cats: np.ndarra
         j, fi = j[~solo[j]], fi[~solo[j]]
         inside = (fi >= i0[j]) & (fi < i1[j])
         keep[first[j[inside]] + fi[inside] - i0[j[inside]]] = True
-        who, index, row = who[keep], index[keep], row[keep]
+        who, index, offset = who[keep], index[keep], offset[keep]
         ew, ei = j[~inside], fi[~inside]
         if ew.shape[0]:
             er = at[ew] + ei
             fits = cols["begin"][er] < t1
-            who, index, row = (np.concatenate([x, y[fits]]) for x, y in ((who, ew), (index, ei), (row, er)))
-        parts.append((place[who], index, row, cols))
+            who, index, offset = (np.concatenate([x, y[fits]]) for x, y in ((who, ew), (index, ei), (offset, er)))
+        parts.append((place[who], index, offset, cols))
     empty = np.zeros(0, np.int64)
     if not parts:
         return WindowOps(empty, empty, empty.astype(np.uint8), empty, empty, empty.astype(np.bool_), empty, empty,
@@ -830,7 +827,7 @@ def _window_ops(m: ModelLike, ranks: Sequence[int], win: Window, cats: np.ndarra
     place = np.concatenate([p[0] for p in parts])
     index = np.concatenate([p[1] for p in parts])
     source = np.repeat(np.arange(len(parts)), [p[2].shape[0] for p in parts])  # (each op's block)
-    row = np.concatenate([p[2] for p in parts])
+    offset = np.concatenate([p[2] for p in parts])
 
     def gathered(column: str, at: np.ndarray, of: np.ndarray) -> np.ndarray:
         """``column`` at rows ``at`` of the blocks ``of`` (ascending: the parts' ops in turn)."""
@@ -844,21 +841,21 @@ def _window_ops(m: ModelLike, ranks: Sequence[int], win: Window, cats: np.ndarra
                 out[a:b] = p[3][column][at[a:b]]
         return out
 
-    begin, comp = gathered("begin", row, source), gathered("comp", row, source)
-    code = cats[gathered("sig", row, source)]
+    begin, comp = gathered("begin", offset, source), gathered("comp", offset, source)
+    code = cats[gathered("sig", offset, source)]
     shown = code < HIDDEN_BIT  # inner traffic is drawn as its outer op
     if win.cursor_ns is not None:  # replay: the future has not happened yet
         comp = np.where(comp > now, 0, comp)
         shown &= begin <= now
     if not shown.all():
-        place, index, source, row, begin, comp, code = (x[shown] for x in (place, index, source, row, begin, comp, code))
-    approx = gathered("flags", row, source) & APPROX
+        place, index, source, offset, begin, comp, code = (x[shown] for x in (place, index, source, offset, begin, comp, code))
+    approx = gathered("flags", offset, source) & APPROX
     inflight = comp == 0
     stop = np.where(inflight, max(now, 1), comp) if inflight.any() else comp
     asynchronous = np.flatnonzero(((code & ASYNC_BIT) | approx) != 0)
     end = wb = we = empty
     if asynchronous.shape[0]:
-        at, of = row[asynchronous], source[asynchronous]
+        at, of = offset[asynchronous], source[asynchronous]
         end, wb, we = (gathered(c, at, of).astype(np.int64, copy=False) for c in ("end", "wb", "we"))
     return WindowOps(place, index, code, begin, stop, inflight, approx, asynchronous, end, wb, we, alone)
 
@@ -926,6 +923,32 @@ N_CATEGORIES = palette.SELECTED + 1
 _EMPTY: dict[int, np.ndarray] = {}  # read-only blank rows by width
 
 
+def _cell_bounds(a: np.ndarray, b: np.ndarray, t0: int, npc: int,
+                 w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Intervals [a, b] as the first and last of the ``w`` cells of ``npc`` ns from ``t0``
+    they touch, clipped to the window, and which of them are drawn (None: all): those in
+    view, and not ending in a cell before the one they begin in (such an interval covers
+    nothing, as a slice would have it; counted, its -1 before its +1 took a cell from
+    another interval's cover).
+
+    In float64 where the window spans less than 2**53 ns: true division is several times
+    faster than int64 floor division, and exact there.  A quotient q = (t - t0) / npc is
+    correctly rounded, so its error is below q * 2**-53, smaller than the 1 / npc that
+    separates a non-integer q from the next integer for every q that decides anything
+    (0 <= q <= w: those outside are clipped, and rounding keeps them outside): the
+    comparisons and the truncation of non-negative values give what floor division gives.
+    A wider window (past ``timeline.MAX_NPC`` x ~2,500 cells: no terminal) in integers."""
+    if w * npc < 1 << 53:
+        fa = (a - t0) / npc  # subtract in int64 first: timestamps themselves do not fit a float exactly
+        fb = (b - t0) / npc
+    else:
+        fa, fb = (a - t0) // npc, (b - t0) // npc
+    ok = None
+    if a.shape[0] and (fb.min() < 0 or fa.max() >= w or (fa > fb).any()):  # (cheaper than the masks)
+        ok = (fb >= 0) & (fa < w) & (np.floor(fa) <= np.floor(fb))
+    return np.maximum(fa, 0).astype(np.int64), np.minimum(fb, w - 1).astype(np.int64), ok
+
+
 def _cover(a: np.ndarray, b: np.ndarray, cat: np.ndarray, t0: int, npc: int, w: int) -> np.ndarray:
     """Per cell, the highest category among the intervals [a, b] that touch it.
 
@@ -940,26 +963,12 @@ def _cover(a: np.ndarray, b: np.ndarray, cat: np.ndarray, t0: int, npc: int, w: 
             if c1 >= 0 and c0 < w:
                 cells[max(c0, 0):min(c1, w - 1) + 1] = c
         return cells
-    # Cell numbers in float64: true division is several times faster than int64 floor
-    # division, and exact here.  A quotient q = (t - t0) / npc is correctly rounded, so its
-    # error is below q * 2**-53, smaller than the 1 / npc that separates a non-integer q from
-    # the next integer for every q that decides anything (|q| <= w, npc <= timeline.MAX_NPC): the
-    # comparisons and the truncation of non-negative values give what floor division gives.
-    fa = (a - t0) / npc  # subtract in int64 first: timestamps themselves do not fit a float exactly
-    fb = (b - t0) / npc
-    # (in view, and not reversed: an interval ending in a cell before the one it begins in
-    # covers nothing, as a slice above; counted, its -1 before its +1 took a cell from
-    # another interval's cover)
-    ok = (fb >= 0) & (fa < w) & (np.floor(fa) <= np.floor(fb))
-    if not ok.all():
-        fa, fb, cat = fa[ok], fb[ok], cat[ok]
-    # one flat index per (category, cell): category * (w + 1) + cell, built in place
+    c0, c1, ok = _cell_bounds(a, b, t0, npc, w)
+    if ok is not None:
+        c0, c1, cat = c0[ok], c1[ok], cat[ok]
+    # one flat index per (category, cell): category * (w + 1) + cell
     k = np.multiply(cat, w + 1, dtype=np.int64)
-    np.maximum(fa, 0, out=fa)
-    c0 = fa.astype(np.int64)  # truncate first: adding k to the float could round a cell up
     c0 += k
-    np.minimum(fb, w - 1, out=fb)
-    c1 = fb.astype(np.int64)
     c1 += k
     c1 += 1
     n = N_CATEGORIES * (w + 1)
@@ -976,19 +985,13 @@ def _cover(a: np.ndarray, b: np.ndarray, cat: np.ndarray, t0: int, npc: int, w: 
 def _cover_rows(a: np.ndarray, b: np.ndarray, cat: np.ndarray, row: np.ndarray, rows: int,
                 t0: int, npc: int, w: int) -> np.ndarray:
     """``_cover`` for several rows at once (``row``: each interval's), as (rows, w) cells."""
-    fa = (a - t0) / npc  # (exact: see _cover)
-    fb = (b - t0) / npc
-    ok = (fb >= 0) & (fa < w) & (np.floor(fa) <= np.floor(fb))  # (in view, not reversed: see _cover)
-    if not ok.all():
-        fa, fb, cat, row = fa[ok], fb[ok], cat[ok], row[ok]
+    c0, c1, ok = _cell_bounds(a, b, t0, npc, w)
+    if ok is not None:
+        c0, c1, cat, row = c0[ok], c1[ok], cat[ok], row[ok]
     k = np.multiply(row, N_CATEGORIES, dtype=np.int64)
     k += cat
     k *= w + 1
-    np.maximum(fa, 0, out=fa)
-    c0 = fa.astype(np.int64)
     c0 += k
-    np.minimum(fb, w - 1, out=fb)
-    c1 = fb.astype(np.int64)
     c1 += k
     c1 += 1
     n = rows * N_CATEGORIES * (w + 1)

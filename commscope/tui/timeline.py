@@ -181,7 +181,7 @@ class Timeline(ScrollView, can_focus=True):
         self._painted: LRUCache[tuple, Painted] = LRUCache(512)
         self._frame_token: tuple | None = None  # (view, window) the rows below were painted for
         self._frame_rows: dict[tuple, Painted] = {}  # this frame's visible rows, painted together
-        self._levels_token: tuple | None = None  # (view, window, rows, scroll, height) of the levels below
+        self._levels_token: tuple | None = None  # (view, window, rows, scroll, height, version) of the levels below
         self._frame_levels: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}  # collapsed rows' (levels_of)
         self._cat_table = np.zeros(0, np.int8)
         # per rank, the overview's span index (spanindex), kept across frames and views: it
