@@ -570,69 +570,48 @@ def test_a_forked_worker_waited_for_elsewhere_is_ended():
     pool.close()
 
 
-def test_an_interrupt_while_a_worker_is_forked_leaves_nothing_behind(monkeypatch):
-    """Ctrl-C held back across the fork lands when the reader's mask is restored: the worker
-    half made is killed and waited for, its pipes closed, and the mask is the reader's again
-    (before: four descriptors and a child waiting on its stdin for ever, a REPL's each time)."""
-    fork, forked = os.fork, []
-
-    def interrupted_fork() -> int:
-        pid = fork()
-        if pid:
-            forked.append(pid)
-            # (to this thread, which holds it back: it lands once the mask is restored; one sent
-            # to the process goes to any other thread a test left running, and lands at once)
-            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
-        return pid
-
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        fds = set(os.listdir("/proc/self/fd"))
-        monkeypatch.setattr(os, "fork", interrupted_fork)
-        with pytest.raises(KeyboardInterrupt):
-            bulkread.Workers(1, "fork")
-        monkeypatch.undo()
-        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, ())
-        assert set(os.listdir("/proc/self/fd")) <= fds
-        [pid] = forked
-        assert not os.path.exists(f"/proc/{pid}")  # (killed and waited for: no zombie either)
-    finally:
-        signal.signal(signal.SIGINT, before)
+class _Raised(Exception):
+    """What a handler of the reader's raises (``_raising``)."""
 
 
-def test_a_handler_that_raises_just_after_the_fork_leaves_nothing_behind(monkeypatch):
-    """Any signal, not only Ctrl-C, waits across the fork: a handler of the reader's that
-    raises lands once the worker is whole (or ended), never between the fork and the parent
-    knowing its child (before: the child was left waiting on its stdin for good)."""
+def _raising(*_) -> None:
+    raise _Raised
 
-    class Raised(Exception):
-        pass
 
-    def raising(*_):
-        raise Raised
-
+@pytest.mark.parametrize("sig, handler, raised", [(signal.SIGINT, signal.default_int_handler, KeyboardInterrupt),
+                                                  (signal.SIGUSR1, _raising, _Raised)],
+                         ids=["ctrl-c", "a-handler-that-raises"])
+def test_a_signal_landing_just_after_the_fork_leaves_nothing_behind(monkeypatch, sig, handler, raised):
+    """Every signal is held back across the fork and lands when the reader's mask is
+    restored, once the parent knows its child: the worker half made is killed and waited
+    for, its pipes closed, and the mask is the reader's again.  Before: for Ctrl-C, four
+    descriptors and a child waiting on its stdin for ever (a REPL's each time); for a
+    handler of the reader's that raised between the fork and ``self.pid`` (only SIGINT and
+    SIGTERM were held back), the child, for good."""
     fork, forked = os.fork, []
 
     def signalled_fork() -> int:
         pid = fork()
         if pid:
             forked.append(pid)
-            signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+            # (to this thread, which holds it back: it lands once the mask is restored; one sent
+            # to the process goes to any other thread a test left running, and lands at once)
+            signal.pthread_kill(threading.get_ident(), sig)
         return pid
 
-    before = signal.signal(signal.SIGUSR1, raising)
+    before = signal.signal(sig, handler)
     try:
         fds = set(os.listdir("/proc/self/fd"))
         monkeypatch.setattr(os, "fork", signalled_fork)
-        with pytest.raises(Raised):
+        with pytest.raises(raised):
             bulkread.Workers(1, "fork")
         monkeypatch.undo()
-        assert signal.SIGUSR1 not in signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        assert sig not in signal.pthread_sigmask(signal.SIG_BLOCK, ())
         assert set(os.listdir("/proc/self/fd")) <= fds
         [pid] = forked
         assert not os.path.exists(f"/proc/{pid}")  # (killed and waited for: no zombie either)
     finally:
-        signal.signal(signal.SIGUSR1, before)
+        signal.signal(sig, before)
 
 
 def test_a_forked_worker_dropped_running_is_waited_for_by_the_next_fork():
