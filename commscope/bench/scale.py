@@ -373,7 +373,7 @@ def _rows_painted(feed: Any, culprit: int, now: int) -> float:
 
 def _heat_painted(feed: Any, now: int) -> float:
     """One frame of the timeline's heatmap (``c`` to it): every rank, in 40 lines of 189 cells
-    over the last 10 s, from the published view (``painter.levels_of``, as the console
+    over the last 10 s, from the published view (``painter.rows_levels``, as the console
     paints a frame's collapsed rows together); seconds."""
     from commscope.tui import painter
     from commscope.tui.timeline import heat_rows
@@ -382,10 +382,8 @@ def _heat_painted(feed: Any, now: int) -> float:
     win = painter.Window(t0=now - 10 * S, npc=10 * S // 189, width=189, now=now)
     t0 = time.perf_counter()
     rows = heat_rows(view.rank_ids(), HEAT_LINES)
-    groups = [painter.row_groups(row) for row in rows]
-    got = painter.levels_of(view, [g for gs in groups for g in gs], win)
-    for k, row in enumerate(rows):
-        painter.render_row(view, row, win, levels=got[2 * k:2 * k + 2])
+    for row, levels in zip(rows, painter.rows_levels(view, rows, win), strict=True):
+        painter.render_row(view, row, win, levels=levels)
     return time.perf_counter() - t0
 
 

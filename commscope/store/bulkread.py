@@ -393,9 +393,10 @@ def _forked_worker(job_read: int, out_write: int, mask: set[signal.Signals]) -> 
         # default; SIGINT Python's own, as a fresh worker has it)
         for sig in signal.valid_signals():
             with contextlib.suppress(OSError, ValueError):
-                if sig == signal.SIGINT and signal.getsignal(sig) is not signal.SIG_IGN:
+                handler = signal.getsignal(sig)
+                if sig == signal.SIGINT and handler is not signal.SIG_IGN:
                     signal.signal(sig, signal.default_int_handler)
-                elif callable(signal.getsignal(sig)):
+                elif callable(handler):
                     signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.dup2(job_read, 0)

@@ -643,6 +643,19 @@ def group_levels(m: ModelLike, ranks: tuple[int, ...], win: Window, cats: np.nda
     return levels_of(m, [ranks], win, cats, spans)[0]
 
 
+def rows_levels(m: ModelLike, rows: Sequence[Row], win: Window, cats: np.ndarray | None = None,
+                spans: Mapping[int, SpanIndex] | None = None) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """Each collapsed row's levels (its ``row_groups``'), all of ``rows`` counted together
+    (``levels_of``): what ``render_row`` takes as ``levels``."""
+    groups = [row_groups(row) for row in rows]
+    got = levels_of(m, [g for gs in groups for g in gs], win, cats, spans)
+    out, at = [], 0
+    for gs in groups:
+        out.append(got[at:at + len(gs)])
+        at += len(gs)
+    return out
+
+
 def levels_of(m: ModelLike, groups: Sequence[tuple[int, ...]], win: Window, cats: np.ndarray | None = None,
               spans: Mapping[int, SpanIndex] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """``group_levels`` of each of ``groups`` over one window, every rank's ops drawn together

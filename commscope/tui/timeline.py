@@ -38,11 +38,10 @@ from commscope.tui.painter import (
     Painted,
     Row,
     Window,
-    levels_of,
     render_row,
     repaint_rank,
     repaint_ranks,
-    row_groups,
+    rows_levels,
 )
 from commscope.tui.spanindex import SpanIndex
 
@@ -406,16 +405,12 @@ class Timeline(ScrollView, can_focus=True):
         token = (m, win, self.rows, top, self.size.height, m.version)  # (the view, the rows by identity: ``_same``)
         if not _same(self._levels_token, token):
             rows = [r for r in self.rows[top:top + self.size.height] if len(r.ranks) > 1]
-            groups = [row_groups(r) for r in rows]
-            got = levels_of(m, [g for gs in groups for g in gs], win, cats, self._spans if self.SPAN_INDEX else None)
-            self._frame_levels, at = {}, 0
-            for r, gs in zip(rows, groups, strict=True):
-                self._frame_levels[r.key] = got[at:at + len(gs)]
-                at += len(gs)
+            got = rows_levels(m, rows, win, cats, self._spans if self.SPAN_INDEX else None)
+            self._frame_levels = {r.key: levels for r, levels in zip(rows, got, strict=True)}
             self._levels_token = token
         levels = self._frame_levels.get(row.key)
         if levels is None:  # (a row outside the visible ones)
-            levels = levels_of(m, row_groups(row), win, cats, self._spans if self.SPAN_INDEX else None)
+            levels = rows_levels(m, [row], win, cats, self._spans if self.SPAN_INDEX else None)[0]
         return levels
 
     def _painted_key(self, rank: int, win: Window) -> tuple:
