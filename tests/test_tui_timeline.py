@@ -409,21 +409,12 @@ def _levels_rank_by_rank(m, ranks, win, cats, spans=None):
     return level, worst
 
 
-def test_collapsed_rows_painted_together_are_their_ranks_painted_one_by_one():
-    """``levels_of`` finds every rank's window of ops at once (a binary search over the ranks
-    of a block) and draws them together: the levels and the worst category of each group
-    equal those of its ranks' own rows, over views published while the trace arrives (ops in
-    flight, async work waited late, inner traffic, zero-length ops, an op ending before it
-    begins, a rank out of time order, ranks in several blocks), from the model itself too,
-    windows anywhere, the replay cursor, a selection, far zoomed out from span indexes, and
-    groups with ranks in no view, a rank in two groups, an empty group."""
-    from collections import defaultdict
-
-    from commscope.analysis import TraceModel
+def _collapsed_trace() -> tuple[list[dict], list[dict]]:
+    """Events of 8 ranks for the collapsed rows' tests, by time: ops in flight, async work
+    waited late, inner traffic, zero-length ops, an op ending before it begins, approximate
+    ends; and the ops of rank 1 that arrive after the rest (one begun among its first ones:
+    the rank is then out of time order)."""
     from commscope.analysis.synth import healthy_trace
-    from commscope.tui.paintcode import categories
-    from commscope.tui.painter import Window, levels_of
-    from commscope.tui.spanindex import SpanIndex
 
     rng = np.random.default_rng(11)
     b = TraceBuilder(5)
@@ -455,11 +446,30 @@ def test_collapsed_rows_painted_together_are_their_ranks_painted_one_by_one():
     b.sync(4, T0 + 1500 * MS, None, "all_reduce")  # rank 4: its one op in flight, begun mid-trace
     events = healthy_trace(3, 1200) + [{**e, "rank": e["rank"] + 3} for e in b.sorted_events() if "rank" in e]
     events.sort(key=lambda e: e["ts"])
-    start, end = events[0]["ts"], events[-1]["ts"]
-    span = end - start
     late = TraceBuilder(1, meta=False)  # rank 1, after the rest: an op begun among its first ones
     late.sync(0, T0 + 500 * MS + 7, T0 + 700 * MS, "all_reduce")
     late_ops = [dict(e, rank=1, id=100_000 + e["id"]) for e in late.sorted_events() if e["type"] == "op"]
+    return events, late_ops
+
+
+def test_collapsed_rows_painted_together_are_their_ranks_painted_one_by_one():
+    """``levels_of`` finds every rank's window of ops at once (a binary search over the ranks
+    of a block) and draws them together: the levels and the worst category of each group
+    equal those of its ranks' own rows, over views published while the trace arrives (ops in
+    flight, async work waited late, inner traffic, zero-length ops, an op ending before it
+    begins, a rank out of time order, ranks in several blocks), from the model itself too,
+    windows anywhere, the replay cursor, a selection, far zoomed out from span indexes, and
+    groups with ranks in no view, a rank in two groups, an empty group."""
+    from collections import defaultdict
+
+    from commscope.analysis import TraceModel
+    from commscope.tui.paintcode import categories
+    from commscope.tui.painter import Window, levels_of
+    from commscope.tui.spanindex import SpanIndex
+
+    events, late_ops = _collapsed_trace()
+    start, end = events[0]["ts"], events[-1]["ts"]
+    span = end - start
     m = TraceModel()
     spans: defaultdict[int, SpanIndex] = defaultdict(SpanIndex)
     checked = 0
@@ -512,6 +522,239 @@ def test_collapsed_rows_painted_together_are_their_ranks_painted_one_by_one():
     assert len({id(rv.rows) for rv in v.ranks.values()}) > 1  # (ranks in several blocks)
     assert checked >= 500 and len(long) == 2
     assert {f"level{x}" for x in range(5)} <= seen and {f"worst{x}" for x in (P.WARN, P.ERROR, P.SELECTED)} <= seen
+
+
+def test_collapsed_rows_counted_again_from_what_changed_are_counted_anew(monkeypatch):
+    """``count_levels`` given what it counted over the last view (``prev``) counts only the
+    cells from the earliest op changed since or the earlier clock: the same levels, busy
+    counts and worst categories as counting all again, over views published while the
+    trace arrives (each counted once the model has gone on past it), the clock moving on
+    with no event (ops in flight past the hang thresholds), a selection, the replay cursor,
+    windows in the past that a late op reaches, rows whose drawing switches to one span an
+    op as they fill, and span indexes; and never over a view of another model."""
+    from collections import defaultdict
+
+    from commscope.analysis import TraceModel
+    from commscope.tui import painter
+    from commscope.tui.paintcode import categories
+    from commscope.tui.painter import Window, count_levels, follow
+    from commscope.tui.spanindex import SpanIndex
+
+    froms: list = []
+    window_ops = painter._window_ops
+    monkeypatch.setattr(painter, "_window_ops",
+                        lambda *a, **k: froms.append(a[5] if len(a) > 5 else None) or window_ops(*a, **k))
+    events, late_ops = _collapsed_trace()
+    start, end = events[0]["ts"], events[-1]["ts"]
+    span = end - start
+    m = TraceModel()
+    spans: defaultdict[int, SpanIndex] = defaultdict(SpanIndex)
+    cuts = list(range(0, len(events), 1201))
+    windows = []  # (t0, npc, width; None: following the clock in pages, ``follow``)
+    for frac, off, w in ((1.2, 0.0, 93), (0.3, 0.6, 93), (0.05, 0.8, 60), (0.2, 0.1, 93), (1.2, 0.0, 12),
+                         (0.01, 0.3, 93), (0.1, None, 60), (0.03, None, 93)):
+        windows.append((None if off is None else start + int(span * off), max(1, int(span * frac) // w), w))
+    following: dict = {}
+    prevs: dict = {}
+    checked = partial = switched = untouched = turned = 0
+    seen: set[str] = set()
+    held = None  # (the view painted after the next batch went in, as a console paints its view)
+    later = 0  # (then the clock goes on, no event)
+    for k in [*cuts, None, None, None, None]:
+        if k is not None:
+            m.ingest(events[k:k + 1201])
+            if k == cuts[-1]:
+                m.ingest(late_ops)
+        v, held = held, m.view()
+        if v is None:
+            continue
+        cats = categories(v.sigs)
+        ranks = v.rank_ids()
+        groups = [tuple(ranks), tuple(ranks[::2]) + (99,), (ranks[-1], ranks[0]), (), (ranks[1],)]
+        later += (k is None) * 700 * MS
+        clock = v.end_ns + later
+        for t0_at, npc, w in windows:
+            for sel, cursor, index_min in ((None, None, 2500), ((3, 101), None, 2500), (None, None, 0),
+                                           (None, start + span // 2, 2500)):
+                now = clock if cursor is None else cursor
+                key = (t0_at, npc, w, sel, cursor, index_min)
+                t0 = t0_at if t0_at is not None else follow(following.get(key, now - npc * w // 2), npc, w, now)
+                following[key] = t0
+                win = Window(t0, npc, w, now, cursor, 60 * MS, sel, True, index_min_ops=index_min)
+                prev = prevs.get(key)
+                froms.clear()
+                got = count_levels(v, groups, win, cats, spans, prev)
+                partial += bool(froms) and froms[0] is not None
+                turned += bool(froms) and froms[0] is not None and prev.win.t0 != t0
+                untouched += not froms  # (nothing in view changed: nothing looked at)
+                switched += len(froms) > 1
+                prevs[key] = got
+                fresh = count_levels(v, groups, win, cats, spans)
+                assert np.array_equal(got.busy, fresh.busy) and np.array_equal(got.worst, fresh.worst), key
+                for (level, worst), (level2, worst2) in zip(got.levels, fresh.levels, strict=True):
+                    assert np.array_equal(level, level2) and np.array_equal(worst, worst2)
+                seen.update(f"worst{x}" for x in set(got.worst.ravel().tolist()))
+                checked += 1
+    assert checked >= 300 and partial >= 50 and switched >= 1 and untouched >= 1 and turned >= 5
+    assert {f"worst{x}" for x in (P.WARN, P.ERROR, P.SELECTED)} <= seen
+    # another model at the same version: counted anew, not from what the first one's view held
+    a, b = TraceModel(), TraceModel()
+    a.ingest(events[:3000])
+    b.ingest([e for e in events[:3000] if e.get("rank") != 0])
+    va, vb = a.view(), b.view()
+    assert va.version == vb.version
+    win = Window(start, max(1, span // 93), 93, vb.end_ns)
+    groups = [tuple(va.rank_ids())]
+    again = count_levels(vb, groups, win, None, None, count_levels(va, groups, win))
+    assert np.array_equal(again.busy, count_levels(vb, groups, win).busy)
+    assert not np.array_equal(again.busy, count_levels(va, groups, win).busy)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_collapsed_rows_counted_again_over_windows_moved_on_are_counted_anew(seed):
+    """Random traces arriving in batches, counted frame after frame over a window that stays,
+    moves on by whole cells (a page turned, a pan), by part of a cell or back, under a clock
+    that moves on: each count given the last (``prev``) equals counting all again, rows of
+    few cells (a rank drawn one span an op, some of the time) and many."""
+    from commscope.analysis import TraceModel
+    from commscope.tui.painter import Window, count_levels
+
+    rng = np.random.default_rng(seed)
+    ranks = int(rng.integers(2, 6))
+    b = TraceBuilder(ranks)
+    for r in range(ranks):
+        t = T0 + int(rng.integers(0, 50 * MS))
+        for _ in range(int(rng.integers(20, 160))):
+            t += int(rng.integers(0, 30 * MS))
+            kind = rng.random()
+            if kind < 0.5:
+                b.sync(r, t, t + int(rng.integers(0, 20 * MS)), "all_reduce")
+            elif kind < 0.8:  # issued, running a while (not busy), then waited
+                wait = t + int(rng.integers(1 * MS, 200 * MS))
+                b.async_op(r, t, wait, wait + int(rng.integers(0, 20 * MS)), "all_gather", peer=None)
+            elif kind < 0.9:  # a long one
+                b.sync(r, t, t + int(rng.integers(100 * MS, 900 * MS)), "broadcast")
+            else:
+                b.sync(r, t, t + int(rng.integers(0, 5 * MS)), "send", peer=(r + 1) % ranks, dir="send")
+        b.sync(r, t + 10 * MS, None if rng.random() < 0.7 else t + 300 * MS, "all_reduce")  # (in flight, mostly)
+    events = b.sorted_events()
+    end = max(e["ts"] for e in events)
+    w = int(rng.choice([5, 9, 24, 60]))
+    npc = int((end - T0) / w * rng.choice([0.2, 0.5, 1.2]))
+    groups = [tuple(range(ranks)), (0,), tuple(range(1, ranks)), (ranks - 1, 0)]
+    sel = (int(rng.integers(0, ranks)), int(rng.integers(1, 30))) if rng.random() < 0.5 else None
+    m = TraceModel()
+    t0, prev = T0 - npc, None
+    counted = kept = moved = 0
+    cuts = sorted(int(x) for x in rng.integers(1, len(events), 30))
+    for a, z in zip([0, *cuts], [*cuts, len(events)], strict=True):
+        m.ingest(events[a:z])
+        v = m.view()
+        last = events[z - 1]["ts"]
+        for _ in range(4):
+            now = last + int(rng.integers(0, npc))
+            step = rng.random()
+            if step < 0.4:
+                t0 += int(rng.integers(1, w)) * npc  # (a page turned, a pan: whole cells)
+            elif step < 0.45:
+                t0 += int(rng.integers(1, npc)) if npc > 1 else 1
+            elif step < 0.5:
+                t0 -= int(rng.integers(1, w)) * npc
+            if t0 > now:  # (back to the live edge: nothing to keep)
+                t0 = now - w * npc // 2
+            last = now
+            win = Window(t0, npc, w, now, hang_after_ns=int(rng.choice([50, 400])) * MS, sel=sel)
+            got = count_levels(v, groups, win, prev=prev)
+            fresh = count_levels(v, groups, win)
+            assert np.array_equal(got.busy, fresh.busy) and np.array_equal(got.worst, fresh.worst), (a, win)
+            kept += 0 < got.start < w
+            moved += 0 < got.start < w and prev is not None and prev.win.t0 != t0
+            counted += 1
+            prev = got
+    # (rows of few cells hold more than 4 ops a cell, one span each, and a page turned over
+    # them is counted whole: what picks their drawing is not known then)
+    assert counted == 4 * (len(cuts) + 1) and kept >= 5 and (moved >= 2 or w < 24), (kept, moved)
+
+
+def test_a_page_turned_over_a_row_drawn_one_span_an_op_is_counted_anew():
+    """A window moved on by whole cells keeps the cells it still shows, where every rank is
+    drawn op by op before and after; where that is not known it counts all again: a rank
+    drawn one span an op before (its ops straddling the new start, found by the bisection
+    though they end before it), and one whose ops coming into view, with one in flight
+    begun before the window, pass 4 a cell.  The async op in flight is drawn as a thin line
+    op by op (not busy) and busy as one span."""
+    from commscope.analysis import TraceModel
+    from commscope.tui.painter import Window, count_levels
+
+    def counted_after_the_turn(b: TraceBuilder) -> tuple:
+        v = TraceModel.from_events(b.sorted_events()).view()
+        before = count_levels(v, [(0, 1)], Window(T0, 100 * MS, 40, T0 + 6500 * MS))
+        win = Window(T0 + 2000 * MS, 100 * MS, 40, T0 + 6500 * MS)
+        return count_levels(v, [(0, 1)], win, prev=before), count_levels(v, [(0, 1)], win)
+
+    b = TraceBuilder(2)  # drawn one span an op, then (but for a bound) op by op
+    b.sync(0, T0, T0 + 2500 * MS, "broadcast")  # (its end keeps the running max past the new start)
+    for k in range(300):
+        b.sync(0, T0 + 100 * MS + k * 3 * MS, T0 + 100 * MS + k * 3 * MS + 1, "all_reduce")
+    b.async_op(0, T0 + 3000 * MS, None, None, "all_gather", peer=None)
+    b.sync(1, T0, T0 + 10, "all_reduce")
+    again, fresh = counted_after_the_turn(b)
+    assert np.array_equal(again.busy, fresh.busy) and not fresh.busy[0, 12:40].all()
+    b = TraceBuilder(2)  # op by op, then one span an op
+    b.async_op(0, T0 + 1500 * MS, None, None, "all_gather", peer=None)
+    for k in range(100):
+        b.sync(0, T0 + 2200 * MS + k * 8 * MS, T0 + 2200 * MS + k * 8 * MS + MS, "all_reduce")
+    for k in range(60):
+        b.sync(0, T0 + 4200 * MS + k * 10 * MS, T0 + 4200 * MS + k * 10 * MS + MS, "all_reduce")
+    b.sync(1, T0, T0 + 10, "all_reduce")
+    again, fresh = counted_after_the_turn(b)
+    assert np.array_equal(again.busy, fresh.busy) and fresh.busy[0, :40].all()
+
+
+def test_a_row_whose_drawing_switches_as_it_fills_is_counted_again_whole():
+    """A rank's async ops drawn in detail (their issue, a thin line while they run, not
+    busy) until the window holds more than 4 ops a cell, then one span each (busy
+    throughout): the ops that push it past are late in the window, yet every cell is
+    counted again."""
+    from commscope.analysis import TraceModel
+    from commscope.tui.painter import Window, count_levels
+    from commscope.tui.spanindex import SpanIndex
+
+    b = TraceBuilder(2)
+    for k in range(5):  # issued for 1 ms, waited 350 ms later: three cells of running between
+        t = T0 + k * 400 * MS
+        b.async_op(0, t, t + 350 * MS, t + 360 * MS, "all_gather", peer=None)
+    b.sync(1, T0, T0 + 10, "all_reduce")
+    first = b.sorted_events()
+    for k in range(200):
+        b.sync(0, T0 + 2500 * MS + k * 5 * MS, T0 + 2500 * MS + k * 5 * MS + 1, "all_reduce")
+    m = TraceModel()
+    m.ingest(first)
+    win = Window(T0, 100 * MS, 40, T0 + 3900 * MS)
+    before = count_levels(m.view(), [(0, 1)], win)
+    assert before.busy[0, 1:3].sum() == 0  # (the running part: not busy)
+    m.ingest([e for e in b.sorted_events() if e not in first])
+    v = m.view()
+    again = count_levels(v, [(0, 1)], win, prev=before)
+    assert np.array_equal(again.busy, count_levels(v, [(0, 1)], win).busy) and again.busy[0, 1:3].all()
+    # the other way round, the rank first painted on its own (from its span index): its ops
+    # drawn then are what picks the drawing of those added after
+    b = TraceBuilder(2)
+    for k in range(200):
+        b.sync(0, T0 + k * 5 * MS, T0 + k * 5 * MS + 1, "all_reduce")
+    b.sync(1, T0, T0 + 10, "all_reduce")
+    first = b.sorted_events()
+    t = T0 + 2500 * MS
+    b.async_op(0, t, t + 350 * MS, t + 360 * MS, "all_gather", peer=None)
+    m = TraceModel()
+    m.ingest(first)
+    win = Window(T0, 100 * MS, 40, T0 + 3900 * MS, index_min_ops=0)
+    spans = {0: SpanIndex(), 1: SpanIndex()}
+    before = count_levels(m.view(), [(0, 1)], win, spans=spans)
+    m.ingest([e for e in b.sorted_events() if e not in first])
+    v = m.view()
+    again = count_levels(v, [(0, 1)], win, spans=spans, prev=before)
+    assert np.array_equal(again.busy, count_levels(v, [(0, 1)], win).busy) and again.busy[0, 25:29].all()
 
 
 @pytest.mark.parametrize(("npc", "cell"), [(2**50, 9), (MAX_NPC, 2503)])
@@ -585,3 +828,62 @@ def test_large_trace_first_frame_from_the_ops_then_span_indexes_built_when_idle(
         assert all(tl._spans[r].version >= 0 and not tl._spans[r].wanted for r in ranks)
 
     drive(app, check, size=(160, 30))
+
+
+def test_the_heatmap_following_a_live_job_counts_what_changed_as_it_counts_anew():
+    """The console's heatmap of a job that goes on: the timeline follows the clock in pages
+    of whole cells, and each frame counts its collapsed rows again only from what changed
+    (``count_levels`` given the last frame's counts): the levels it shows equal those counted
+    anew, over frames where the page turned and where it did not."""
+    import asyncio
+
+    from tui_scenarios import load
+
+    from commscope.tui.app import CommscopeApp
+    from commscope.tui.painter import rows_levels
+
+    b = TraceBuilder(64, hang_after=2.0)
+    steps = []
+    t = T0 + 100 * MS
+    for k in range(14):
+        before = len(b.events)
+        for r in range(64):  # (async work waited late on some ranks: not busy while it runs)
+            b.async_op(r, t, t + (80 if r % 5 else 300) * MS, t + (90 if r % 5 else 320) * MS, "all_gather")
+        t = b.collective(t + 330 * MS, "all_reduce", latency=(40 + 20 * (k % 3)) * MS, shape=(4096,)) + 30 * MS
+        steps.append((b.events[before:], t))
+    clock = [steps[0][1]]
+    reader = StaticReader([e for e in b.events if e["type"] != "op"] + list(steps[0][0]))
+    feed = Feed(reader, clock=lambda: clock[0], source="synthetic-job")
+    app = CommscopeApp(feed, clock=lambda: clock[0], start_feed=False, bell=False, title="synthetic-job")
+    checked, kept, turned = 0, 0, 0
+
+    async def run() -> None:
+        nonlocal checked, kept, turned
+        async with app.run_test(size=(120, 40)) as pilot:
+            load(app)
+            tl = app.query_one(Timeline)
+            tl.mode = "heat"
+            tl.rebuild_rows()
+            await pilot.pause()
+            last_t0 = tl.t0
+            for events, now in steps[1:]:
+                reader.events.extend(events)
+                clock[0] = now + 150 * MS
+                load(app)
+                await pilot.pause()
+                for y in range(tl.size.height):
+                    tl.render_line(y)
+                m, win = tl.model, tl.window()
+                rows = [r for r in tl.rows[tl.scroll_offset.y:][:tl.size.height] if len(r.ranks) > 1]
+                fresh = rows_levels(m, rows, win)[0]
+                assert len(rows) >= 4
+                for row, levels in zip(rows, fresh, strict=True):
+                    for (level, worst), (level2, worst2) in zip(tl._frame_levels[row.key], levels, strict=True):
+                        assert np.array_equal(level, level2) and np.array_equal(worst, worst2), row.key
+                        checked += 1
+                kept += 0 < tl._counted.start < win.width
+                turned += 0 < tl._counted.start < win.width and tl.t0 != last_t0
+                last_t0 = tl.t0
+
+    asyncio.run(run())
+    assert checked >= 50 and kept >= 6 and turned >= 2, (checked, kept, turned)

@@ -17,6 +17,7 @@ Three layers, three modules:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from itertools import repeat
@@ -592,6 +593,8 @@ class ModelLike(Protocol):
     @property
     def version(self) -> int: ...
     @property
+    def lineage(self) -> int: ...
+    @property
     def start_ns(self) -> int: ...
     @property
     def end_ns(self) -> int: ...
@@ -610,6 +613,8 @@ class ModelLike(Protocol):
 
     def ops_in_window(self, rank: int, t0: int, t1: int) -> np.ndarray: ...
 
+    def touched_since(self, version: int) -> int | None: ...
+
 
 class ModelView(NamedTuple):
     """The model as published after an ingest batch (``TraceModel.view``): immutable, read
@@ -627,9 +632,17 @@ class ModelView(NamedTuple):
     #: ``TraceModel.foreign_streams`` as published: streams read but not the job's (the
     #: console's timeline draws them apart, last, as the rank table lists them)
     foreign: Mapping[int, Foreign] = MappingProxyType({})
+    #: ``TraceModel.touched_since``'s log as published: (version, earliest begin changed) a batch
+    touches: tuple[tuple[int, int], ...] = ()
+    lineage: int = 0  # ``TraceModel.lineage`` (0: none)
 
     def rank_ids(self) -> list[int]:
         return sorted(self.ranks)
+
+    def touched_since(self, version: int) -> int | None:
+        """``TraceModel.touched_since`` as the model stood when published: a painter keeping
+        what it counted over one view repaints only from there after the next."""
+        return touched_since(self.touches, self.version, version)
 
     def bounds(self) -> tuple[int, int]:
         return self.start_ns, self.end_ns
@@ -654,6 +667,22 @@ class ModelView(NamedTuple):
     def ops_in_window(self, rank: int, t0: int, t1: int) -> np.ndarray:
         rv = self.ranks.get(rank)
         return rv.window(t0, t1) if rv else np.zeros(0, np.int64)
+
+
+#: ``TraceModel.lineage``s: a console that swaps in a new model (a restart at the tail) has
+#: versions counted again from the start
+_LINEAGES = itertools.count(1)
+
+
+def touched_since(log: Sequence[tuple[int, int]], current: int, version: int) -> int | None:
+    """``TraceModel.touched_since`` by its log of (version, earliest begin changed) a batch,
+    oldest first, at version ``current``."""
+    if version >= current:
+        return I64_MAX
+    if not log or log[0][0] > version + 1:
+        return None
+    low = min((first for v, first in log if v > version), default=I64_MAX)
+    return None if low == I64_MIN else low
 
 
 EMPTY_VIEW = ModelView(0, 0, 0, {}, (), np.zeros(0, np.int32), 0, {})
@@ -722,6 +751,8 @@ class TraceModel:
         self.start_ns = 0
         self.end_ns = 0
         self.version = 0
+        #: This model among every one made in the process: what a version counts on
+        self.lineage = next(_LINEAGES)
         self._said_world: tuple[int, int | None] = (-1, None)  # (version, ``said_world_size`` then)
         self._foreign: tuple[int, dict[int, Foreign]] = (-1, {})  # (metas seen, ``foreign_streams`` then)
         #: what the store's job metadata says of the run (``note_job``; None: nothing)
@@ -997,13 +1028,7 @@ class TraceModel:
         """The earliest begin among the ops of any rank changed after ``version`` (I64_MAX:
         none), or None where the log of the latest ``TOUCHES`` batches no longer reaches back
         that far: what a console asks each step of 16k ranks instead of walking them all."""
-        if version >= self.version:
-            return I64_MAX
-        log = self._touches
-        if not log or log[0][0] > version + 1:
-            return None
-        low = min((first for v, first in log if v > version), default=I64_MAX)
-        return None if low == I64_MIN else low
+        return touched_since(self._touches, self.version, version)
 
     def _rank(self, r: int) -> RankTrace:
         rt = self.ranks.get(r)
@@ -2485,7 +2510,7 @@ class TraceModel:
             table = self._sig_flags[: len(sigs)].copy()
             table.flags.writeable = False
         v = self._published = ModelView(self.version, self.start_ns, self.end_ns, ranks, sigs, table,
-                                        now or 0, states or {}, foreign)
+                                        now or 0, states or {}, foreign, tuple(self._touches), self.lineage)
         return v
 
     # ------------------------------------------------------------------ queries

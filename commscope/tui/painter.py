@@ -19,9 +19,11 @@ their ranks at once), ``repaint_rank(s)`` (the same, incrementally), all over a 
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -94,6 +96,18 @@ class Window(NamedTuple):
     sel: tuple[int, int] | None = None
     overview: bool = True
     index_min_ops: int = INDEX_MIN_OPS
+
+
+def follow(t0: int, npc: int, width: int, edge: int) -> int:
+    """Where a window of ``width`` cells of ``npc`` ns following the live ``edge`` starts:
+    where it is while the edge lies within 10-90% of it, else the edge at 60% (or just
+    past).  In pages, so that most frames keep their window and what was painted over it
+    (``repaint_ranks``, ``count_levels``), and by whole cells, so that a page turned keeps
+    the cells it still shows (``count_levels``)."""
+    span = npc * width
+    if t0 + span * 0.1 <= edge <= t0 + span * 0.9:
+        return t0
+    return t0 + (edge - int(span * 0.6) - t0) // npc * npc
 
 
 def render_row(m: ModelLike, row: Row, win: Window, *, kind: str = "unknown", focused: bool = False,
@@ -644,67 +658,140 @@ def group_levels(m: ModelLike, ranks: tuple[int, ...], win: Window, cats: np.nda
 
 
 def rows_levels(m: ModelLike, rows: Sequence[Row], win: Window, cats: np.ndarray | None = None,
-                spans: Mapping[int, SpanIndex] | None = None) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+                spans: Mapping[int, SpanIndex] | None = None, prev: Counted | None = None
+                ) -> tuple[list[list[tuple[np.ndarray, np.ndarray]]], Counted]:
     """Each collapsed row's levels (its ``row_groups``'), all of ``rows`` counted together
-    (``levels_of``): what ``render_row`` takes as ``levels``."""
+    (``count_levels``; ``prev``: what the last call returned, to count only what changed
+    since): what ``render_row`` takes as ``levels``, and what to pass as ``prev`` next."""
     groups = [row_groups(row) for row in rows]
-    got = levels_of(m, [g for gs in groups for g in gs], win, cats, spans)
+    counted = count_levels(m, [g for gs in groups for g in gs], win, cats, spans, prev)
+    got = counted.levels
     out, at = [], 0
     for gs in groups:
         out.append(got[at:at + len(gs)])
         at += len(gs)
-    return out
+    return out, counted
 
 
 def levels_of(m: ModelLike, groups: Sequence[tuple[int, ...]], win: Window, cats: np.ndarray | None = None,
               spans: Mapping[int, SpanIndex] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """``group_levels`` of each of ``groups`` over one window, every rank's ops drawn together
-    (``_intervals``, as a rank's own row draws them): a heatmap of 16,384 ranks painted rank
-    by rank took ~1.6 s a frame, a numpy call or two dozen per rank.  A rank whose view lies
-    in a block in time order (most: ``RankView``) finds its window's ops with the other ranks
-    of its block (``_first_at_least``); any other rank, and one whose window holds enough ops
-    for its span index to pay (``spans``, far zoomed out), is painted on its own
-    (``paint_rank``) and counted the same way.  The same levels as painting each rank."""
+    (``count_levels``)."""
+    return count_levels(m, groups, win, cats, spans).levels
+
+
+class Counted(NamedTuple):
+    """Collapsed rows counted over one window (``count_levels``), and what counting them again
+    over a later view of the model needs."""
+
+    groups: Sequence[tuple[int, ...]]
+    win: Window
+    lineage: int  # the model's (``TraceModel.lineage``)
+    version: int  # and its version counted
+    busy: np.ndarray  # (groups, width): per cell, how many of the group's ranks are busy
+    worst: np.ndarray  # (groups, width): the worst category among them (0, WARN, ERROR, SELECTED)
+    drawn: np.ndarray  # per rank (in the order ``groups`` first name them): ops the window draws (picks the drawing)
+    n: np.ndarray  # per rank: its op count then
+    members: Members
+    start: int = 0  # the first cell counted this time (0: all of them; the width: none)
+
+    @property
+    def levels(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each group's (level per cell: 0 none busy, 1-4 up to all; worst category)."""
+        out = []
+        for g, n_busy, worst in zip(self.groups, self.busy, self.worst, strict=True):
+            frac = n_busy / max(1, len(g))
+            out.append((np.where(n_busy > 0, np.maximum(1, np.round(frac * 4)), 0).astype(np.int8), worst))
+        return out
+
+
+def count_levels(m: ModelLike, groups: Sequence[tuple[int, ...]], win: Window, cats: np.ndarray | None = None,
+                 spans: Mapping[int, SpanIndex] | None = None, prev: Counted | None = None) -> Counted:
+    """How many of each group's ranks are busy in each cell of ``win``, and the worst category
+    among them, every rank's ops drawn together (``_intervals``, as a rank's own row draws
+    them): a heatmap of 16,384 ranks painted rank by rank took ~1.6 s a frame, a numpy call or
+    two dozen per rank.  A rank whose view lies in a block in time order (most: ``RankView``)
+    finds its window's ops with the other ranks of its block (``_first_at_least``); any other
+    rank, and one whose window holds enough ops for its span index to pay (``spans``, far
+    zoomed out), is painted on its own (``paint_rank``) and counted the same way.  The same
+    levels as painting each rank.
+
+    ``prev``: the same groups counted over the same window (but the clock), or one moved on
+    by whole cells (``follow`` turning a page), from an earlier view of the same model.  Then
+    only the cells from the earliest begin among the ops changed since (``touched_since``),
+    the earlier of the two clocks (where ops in flight grow) or the end of the earlier window
+    are counted again, from the ops reaching them; the cells before are kept, as
+    ``repaint_ranks`` keeps a row's.  At the live edge that is the last second or so of the
+    window's ops, not all of them: a heatmap of 16k ranks at 25 collectives a second holds
+    ~3M ops.  A window moved on keeps them only where every rank was drawn op by op and
+    still is, which a bound of its ops in the new window tells (the ops that left it are not
+    counted).  The same counts as counting all again (the tests compare the two)."""
     w = win.width
     if cats is None or cats.shape[0] < len(m.sigs):
         cats = categories(m.sigs)
-    ranks = list(dict.fromkeys(r for g in groups for r in g))
-    place = {r: k for k, r in enumerate(ranks)}
-    # each rank's groups (a rank may be in several): rank place -> group, as pairs
-    member_rank = np.array([place[r] for g in groups for r in g], np.int64)
-    member_group = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
-    order = np.argsort(member_rank, kind="stable")
-    member_rank, member_group = member_rank[order], member_group[order]
-    busy = np.zeros((len(groups), w), np.int64)
-    worst = np.zeros((len(groups), w), np.int8)
-    ops = _window_ops(m, ranks, win, cats, spans)
-    for k, cells in ops.alone:
+    start = 0  # the first cell counted again
+    shift = 0  # cells the window moved on by since ``prev`` (a page turned at the live edge)
+    if prev is not None and prev.lineage == m.lineage and prev.version <= m.version \
+            and prev.win._replace(t0=0, now=0) == win._replace(t0=0, now=0) \
+            and (prev.groups is groups or prev.groups == groups):
+        moved, npc = win.t0 - prev.win.t0, win.npc
+        if 0 < moved < w * npc and moved % npc == 0 and (prev.drawn <= 4 * w).all():
+            shift = moved // npc  # (each rank drawn op by op: what picks the drawing is bounded below)
+        since = m.touched_since(prev.version) if moved == 0 or shift else None
+        if since is not None:
+            # (ops in flight grow from the earlier clock on; the cells past the last window, new)
+            since = min(since, prev.win.now, win.now, prev.win.t0 + w * npc)
+            start = int(min(max((since - win.t0) // npc, 0), w)) if since < I64_MAX else w
+        if start >= w:  # nothing in view changed (ops added past it are never drawn in it)
+            return prev._replace(win=win, version=m.version, start=w)
+    members = prev.members if start else _members(groups)
+    ranks, place, member_rank, member_group = members.ranks, members.place, members.rank, members.group
+    if start:
+        assert prev is not None
+        # (ops reaching the cells from ``start`` on; no span index: painted from the ops, the same picture)
+        ops = _window_ops(m, ranks, win, cats, None, win.t0 + start * win.npc - 1, bound=shift > 0)
+        if shift:  # (ops left the window: their count is not known, a bound of it is)
+            drawn = ops.bound
+        else:
+            drawn = prev.drawn + np.bincount(ops.row[ops.index >= prev.n[ops.row]], minlength=len(ranks))
+    else:
+        ops = _window_ops(m, ranks, win, cats, spans)
+        drawn = np.bincount(ops.row, minlength=len(ranks))
+    for k, _, count in ops.alone:
+        drawn[k] = count
+    if start and prev is not None and ((drawn > 4 * w) != (prev.drawn > 4 * w)).any():
+        return count_levels(m, groups, win, cats, spans)  # some row's drawing switched: all of it changes
+    ww = w - start
+    busy = np.zeros((len(groups), ww), np.int64)
+    worst = np.zeros((len(groups), ww), np.int8)
+    for k, cells, _ in ops.alone:
+        cells = cells[start:]
         for g in member_group[np.searchsorted(member_rank, k):np.searchsorted(member_rank, k, side="right")].tolist():
             busy[g] += cells >= palette.COLL
             np.maximum(worst[g], np.where(cells >= palette.WARN, cells, 0), out=worst[g])
     if ops.row.shape[0]:
-        counts = np.bincount(ops.row, minlength=len(ranks))
         sel: list[int] = []
         if win.sel and win.sel[0] in place:
             hit = np.flatnonzero((ops.row == place[win.sel[0]]) & (ops.index == win.sel[1]))
             sel = hit[:1].tolist()
         a, b, kind, row = _intervals(win, ops.row, ops.code, ops.begin, ops.stop, ops.inflight, ops.approx,
-                                     counts[ops.row] > 4 * w, ops.asynchronous, ops.end, ops.wb, ops.we, sel)
+                                     drawn[ops.row] > 4 * w, ops.asynchronous, ops.end, ops.wb, ops.we, sel)
         c0, c1, row, kind = _cells(a, b, row, kind, win)
+        if start:  # (the cells from ``start`` on)
+            on = c1 >= start
+            c0, c1, row, kind = np.maximum(c0[on], start) - start, c1[on] - start, row[on], kind[on]
         on = kind >= palette.COLL
-        c0b, c1b, rowb = _union(c0[on], c1[on], row[on], w)  # (a rank's busy cells counted once)
-        busy += _counted(c0b, c1b, *_by_group(rowb, member_rank, member_group), len(groups), w)
+        busy += _busy_ranks(c0[on], c1[on], row[on], members, len(groups), ww)
         for c in (palette.WARN, palette.ERROR, palette.SELECTED):  # (a group's worst: any of its ranks')
             at = kind == c
             if at.any():
-                hit = _counted(c0[at], c1[at], *_by_group(row[at], member_rank, member_group), len(groups), w) > 0
+                hit = _counted(c0[at], c1[at], *_by_group(row[at], member_rank, member_group), len(groups), ww) > 0
                 np.maximum(worst, np.where(hit, c, 0).astype(np.int8), out=worst)
-    out = []
-    for g, n_busy in zip(groups, busy, strict=True):
-        frac = n_busy / max(1, len(g))
-        level = np.where(n_busy > 0, np.maximum(1, np.round(frac * 4)), 0).astype(np.int8)
-        out.append((level, worst[len(out)]))
-    return out
+    if start:
+        assert prev is not None
+        busy = np.concatenate((prev.busy[:, shift:shift + start], busy), axis=1)
+        worst = np.concatenate((prev.worst[:, shift:shift + start], worst), axis=1)
+    return Counted(groups, win, m.lineage, m.version, busy, worst, drawn, ops.n, members, start)
 
 
 def _cells(a: np.ndarray, b: np.ndarray, row: np.ndarray, kind: np.ndarray,
@@ -715,21 +802,48 @@ def _cells(a: np.ndarray, b: np.ndarray, row: np.ndarray, kind: np.ndarray,
     return (c0, c1, row, kind) if ok is None else (c0[ok], c1[ok], row[ok], kind[ok])
 
 
-def _union(c0: np.ndarray, c1: np.ndarray, row: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each row's cell ranges [c0, c1] merged where they overlap: the same cells, each once."""
-    if not c0.shape[0]:
-        return c0, c1, row
-    start = row * (w + 1) + c0  # (rows apart by more than a row's cells: one running max for all)
-    order = np.argsort(start, kind="stable")
-    start, stop = start[order], (row * (w + 1) + c1)[order]
-    reach = np.maximum.accumulate(stop)
-    new = np.empty(start.shape[0], np.bool_)
-    new[0] = True
-    new[1:] = start[1:] > reach[:-1]
-    first = np.flatnonzero(new)
-    last = np.r_[first[1:] - 1, start.shape[0] - 1]
-    merged_row = start[first] // (w + 1)
-    return start[first] - merged_row * (w + 1), reach[last] - merged_row * (w + 1), merged_row
+def _busy_ranks(c0: np.ndarray, c1: np.ndarray, row: np.ndarray, members: Members, groups: int,
+                w: int) -> np.ndarray:
+    """(groups, w): per cell, how many of each group's ranks one of the ranges [c0, c1] of
+    their row covers (a rank counted once, however many cover it).  Each rank's coverage in
+    a (rows, w) table, by a difference array: linear in the ranges, where merging them
+    sorted them all (~0.3 s for 4M ops of 16k ranks)."""
+    rows = len(members.ranks)
+    k = row * (w + 1)
+    n = rows * (w + 1)
+    diff = np.bincount(c0 + k, minlength=n) - np.bincount(c1 + k + 1, minlength=n)
+    covered = diff.reshape(rows, w + 1)[:, :w].cumsum(axis=1) > 0
+    out = np.zeros((groups, w), np.int64)
+    if members.first.shape[0]:
+        laid = covered if members.by_group is None else covered[members.by_group]
+        out[members.first_group] = np.add.reduceat(laid, members.first, axis=0, dtype=np.int64)
+    return out
+
+
+class Members(NamedTuple):
+    """Groups of ranks as ``count_levels`` counts them (``_members``)."""
+
+    ranks: list[int]  # each once, in the order the groups first name them
+    place: dict[int, int]  # rank -> its place among them
+    rank: np.ndarray  # each (rank place, group) pair's rank place, ascending (a rank may be in several groups)
+    group: np.ndarray  # ... and its group
+    by_group: np.ndarray | None  # the pairs' rank places by group (None: 0, 1, 2, ... as the heatmap's are)
+    first: np.ndarray  # where each group with ranks begins among them
+    first_group: np.ndarray  # ... which group that is
+
+
+def _members(groups: Sequence[tuple[int, ...]]) -> Members:
+    """``groups`` as ``Members``: made once for a frame's rows, and kept while they stay."""
+    ranks = list(dict.fromkeys(r for g in groups for r in g))
+    place = {r: k for k, r in enumerate(ranks)}
+    rank = np.array([place[r] for g in groups for r in g], np.int64)
+    group = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+    by_group: np.ndarray | None = rank  # (the pairs come by group)
+    first = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if group.shape[0] else group
+    if np.array_equal(rank, np.arange(rank.shape[0])):
+        by_group = None
+    order = np.argsort(rank, kind="stable")
+    return Members(ranks, place, rank[order], group[order], by_group, first, group[first])
 
 
 def _by_group(row: np.ndarray, member_rank: np.ndarray,
@@ -757,7 +871,9 @@ class WindowOps(NamedTuple):
     rank (its place in the ranks asked), index among the rank's ops, paint code, begin, drawn
     end, whether in flight and whether its end is approximate (``APPROX``); the async ones'
     positions with their ends and waits' (``end``, ``wb``, ``we``, at those positions); and
-    the ranks painted on their own (place, cells)."""
+    the ranks painted on their own (place, cells, ops drawn); per rank (by place), its op
+    count and, where asked, a bound of the ops the whole window draws of it (those the
+    bisection finds, and those in flight)."""
 
     row: np.ndarray
     index: np.ndarray
@@ -770,48 +886,61 @@ class WindowOps(NamedTuple):
     end: np.ndarray
     wb: np.ndarray
     we: np.ndarray
-    alone: list[tuple[int, np.ndarray]]
+    alone: list[tuple[int, np.ndarray, int]]
+    n: np.ndarray
+    bound: np.ndarray
 
 
 def _window_ops(m: ModelLike, ranks: Sequence[int], win: Window, cats: np.ndarray,
-                spans: Mapping[int, SpanIndex] | None) -> WindowOps:
+                spans: Mapping[int, SpanIndex] | None, from_t: int | None = None, bound: bool = False) -> WindowOps:
     """What ``_paint_rows`` finds and filters rank by rank (``RankView.window``, ``_drawn``),
     for the ranks in time order of each block at once: their window's ops by a binary search
     over all of them (a rank's begins and running max of ends are its block's rows), the
-    ops in flight added, inner traffic and (replay) the future left out."""
-    t0, t1, now = win.t0, win.t0 + win.width * win.npc, win.now
-    alone: list[tuple[int, np.ndarray]] = []
-    get = m.ranks.get
-    views = [get(r) for r in ranks]
-    # (a Python step a rank, the least there is: 16k ranks each frame)
-    together = [k for k, rv in enumerate(views)
-                if type(rv) is RankView and rv.n and rv.own_sb is None and rv.own_pmax is None]
-    if len(together) < len(ranks):
-        chosen = set(together)
-        alone = [(k, paint_rank(m, ranks[k], win, cats, None if spans is None else spans[ranks[k]])[0])
-                 for k, rv in enumerate(views) if k not in chosen and rv is not None and rv.n]
-    picked = [views[k] for k in together]
-    blocks = {id(rv.rows): rv.rows for rv in picked}  # (by id: the views of a block share its columns)
-    block = np.array([id(rv.rows) for rv in picked], np.int64)
-    at_all = np.array([rv.at for rv in picked], np.int64)
-    n_all = np.array([rv.n for rv in picked], np.int64)
-    flights = [(j, i) for j, rv in enumerate(picked) if rv.open for i in rv.open]
-    flight_rank = np.array([j for j, _ in flights], np.int64)
-    flight_index = np.array([i for _, i in flights], np.int64)
-    place_all = np.array(together, np.int64)
+    ops in flight added, inner traffic and (replay) the future left out.  ``from_t``: only
+    the ops reaching it or past it (``Job.from_t``); the ranks painted on their own are
+    painted whole.  ``bound``: each rank's bound of the ops the whole window draws."""
+    t0, t1, now = win.t0 if from_t is None else max(win.t0, from_t), win.t0 + win.width * win.npc, win.now
+    alone: list[tuple[int, np.ndarray, int]] = []
+    counts = np.zeros(len(ranks), np.int64)  # (the op counts)
+    bounds = np.zeros(len(ranks), np.int64)
+    views = list(map(m.ranks.get, ranks))
+    # (a Python step a rank, the least there is, 16k ranks each frame: read into arrays, no
+    # object made a rank, which the cyclic collector would count and walk)
+    ordered = np.fromiter((type(rv) is RankView and rv.n > 0 and rv.own_sb is None and rv.own_pmax is None
+                           for rv in views), np.bool_, len(views))
+    place_all = np.flatnonzero(ordered)
+    if place_all.shape[0] < len(ranks):
+        alone = [(k, *_painted_alone(m, ranks[k], win, cats, spans))
+                 for k in np.flatnonzero(~ordered).tolist() if views[k] is not None and views[k].n]
+        for k, _, _ in alone:
+            counts[k] = views[k].n
+    picked = list(itertools.compress(views, ordered))
+    p = len(picked)
+    rows = list(map(_ROWS, picked))
+    block = np.fromiter(map(id, rows), np.int64, p)  # (by id: the views of a block share its columns)
+    blocks = {b: rows[k] for b, k in zip(*np.unique(block, return_index=True), strict=True)}
+    at_all = np.fromiter(map(_AT, picked), np.int64, p)
+    n_all = np.fromiter(map(_N, picked), np.int64, p)
+    opens = list(map(_OPEN, picked))
+    flying = np.fromiter(map(len, opens), np.int64, p)  # (ops in flight a rank)
+    flight_rank = np.repeat(np.arange(p), flying)
+    flight_index = np.fromiter(itertools.chain.from_iterable(opens), np.int64, flight_rank.shape[0])
+    counts[place_all] = n_all
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, Mapping[str, np.ndarray]]] = []
     for key, cols in blocks.items():
         mine = np.flatnonzero(block == key)
         place, at, n = place_all[mine], at_all[mine], n_all[mine]
         i1 = _first_at_least(cols["begin"], at, n, t1)
         i0 = _first_at_least(cols["pmax"], at, n, t0)
+        if bound:
+            i0_all = i0 if t0 == win.t0 else _first_at_least(cols["pmax"], at, n, win.t0)
+            bounds[place] = np.maximum(i1 - i0_all, 0) + flying[mine]
         sizes = np.maximum(i1 - i0, 0)
         solo = np.zeros(place.shape[0], np.bool_)
         if spans is not None and win.overview:  # enough ops for a span index: painted from it
             solo = sizes >= max(win.index_min_ops, 1)
             for j in np.flatnonzero(solo).tolist():
-                r = ranks[int(place[j])]
-                alone.append((int(place[j]), paint_rank(m, r, win, cats, spans[r])[0]))
+                alone.append((int(place[j]), *_painted_alone(m, ranks[int(place[j])], win, cats, spans)))
             sizes[solo] = 0
         first = np.cumsum(sizes) - sizes  # where each rank's ops start among the candidates
         who = np.repeat(np.arange(place.shape[0]), sizes)
@@ -836,7 +965,7 @@ def _window_ops(m: ModelLike, ranks: Sequence[int], win: Window, cats: np.ndarra
     empty = np.zeros(0, np.int64)
     if not parts:
         return WindowOps(empty, empty, empty.astype(np.uint8), empty, empty, empty.astype(np.bool_), empty, empty,
-                         empty, empty, empty, alone)
+                         empty, empty, empty, alone, counts, bounds)
     place = np.concatenate([p[0] for p in parts])
     index = np.concatenate([p[1] for p in parts])
     source = np.repeat(np.arange(len(parts)), [p[2].shape[0] for p in parts])  # (each op's block)
@@ -870,7 +999,18 @@ def _window_ops(m: ModelLike, ranks: Sequence[int], win: Window, cats: np.ndarra
     if asynchronous.shape[0]:
         at, of = offset[asynchronous], source[asynchronous]
         end, wb, we = (gathered(c, at, of).astype(np.int64, copy=False) for c in ("end", "wb", "we"))
-    return WindowOps(place, index, code, begin, stop, inflight, approx, asynchronous, end, wb, we, alone)
+    return WindowOps(place, index, code, begin, stop, inflight, approx, asynchronous, end, wb, we, alone, counts,
+                     bounds)
+
+
+_ROWS, _AT, _N, _OPEN = (attrgetter(c) for c in ("rows", "at", "n", "open"))
+
+
+def _painted_alone(m: ModelLike, rank: int, win: Window, cats: np.ndarray,
+                   spans: Mapping[int, SpanIndex] | None) -> tuple[np.ndarray, int]:
+    """A rank of ``_window_ops`` painted on its own: (cells, ops drawn)."""
+    cells, _, _, count = _paint(m, rank, win, cats, spans=None if spans is None else spans[rank])
+    return cells, count
 
 
 def _first_at_least(column: np.ndarray, at: np.ndarray, n: np.ndarray, x: int) -> np.ndarray:

@@ -35,9 +35,11 @@ from commscope.tui.feed import REPLAY, Feed
 from commscope.tui.paintcode import categories
 from commscope.tui.painter import (
     GUTTER,
+    Counted,
     Painted,
     Row,
     Window,
+    follow,
     render_row,
     repaint_rank,
     repaint_ranks,
@@ -182,6 +184,7 @@ class Timeline(ScrollView, can_focus=True):
         self._frame_rows: dict[tuple, Painted] = {}  # this frame's visible rows, painted together
         self._levels_token: tuple | None = None  # (view, window, rows, scroll, height, version) of the levels below
         self._frame_levels: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}  # collapsed rows' (levels_of)
+        self._counted: Counted | None = None  # what they were counted from (``count_levels``)
         self._cat_table = np.zeros(0, np.int8)
         # per rank, the overview's span index (spanindex), kept across frames and views: it
         # is data, not a painted cache, so clear_caches leaves it
@@ -296,6 +299,7 @@ class Timeline(ScrollView, can_focus=True):
         self._painted.clear()
         self._frame_token, self._frame_rows = None, {}
         self._levels_token, self._frame_levels = None, {}
+        self._counted = None
         if indexes:
             self._spans.clear()
 
@@ -329,13 +333,12 @@ class Timeline(ScrollView, can_focus=True):
         self.post_message(self.ViewChanged())
 
     def _follow_now(self) -> None:
-        w = self.timeline_width() * self.npc
         edge = self.now_ns if self.cursor_ns is None else self.cursor_ns
         if not edge:  # no clock reading yet (a resize before the first update): keep the fit
             return
-        if not (self.t0 + w * 0.1 <= edge <= self.t0 + w * 0.9):
-            # jump in pages (now at 60%) so most updates leave the cached rows valid
-            self.t0 = edge - int(w * 0.6)
+        t0 = follow(self.t0, self.npc, self.timeline_width(), edge)
+        if t0 != self.t0:
+            self.t0 = t0
             self.post_message(self.ViewChanged())
 
     # ------------------------------------------------------------------ rendering
@@ -405,12 +408,14 @@ class Timeline(ScrollView, can_focus=True):
         token = (m, win, self.rows, top, self.size.height, m.version)  # (the view, the rows by identity: ``_same``)
         if not _same(self._levels_token, token):
             rows = [r for r in self.rows[top:top + self.size.height] if len(r.ranks) > 1]
-            got = rows_levels(m, rows, win, cats, self._spans if self.SPAN_INDEX else None)
+            # (only what changed since the last frame's counts, where it was over the same rows and window)
+            got, self._counted = rows_levels(m, rows, win, cats, self._spans if self.SPAN_INDEX else None,
+                                             self._counted)
             self._frame_levels = {r.key: levels for r, levels in zip(rows, got, strict=True)}
             self._levels_token = token
         levels = self._frame_levels.get(row.key)
         if levels is None:  # (a row outside the visible ones)
-            levels = rows_levels(m, [row], win, cats, self._spans if self.SPAN_INDEX else None)[0]
+            levels = rows_levels(m, [row], win, cats, self._spans if self.SPAN_INDEX else None)[0][0]
         return levels
 
     def _painted_key(self, rank: int, win: Window) -> tuple:
