@@ -785,7 +785,10 @@ def extrapolation(plan: Plan, seen: Followed) -> str:
         whole = (f", {fmt_time(median(seen.heat_whole) * grown)} counted whole" if seen.heat_whole else "")
         text.append(_wrapped(
             f"its heatmap of every rank: at most {fmt_time(median(seen.heat_frames) * grown)} a frame{whole} "
-            f"(x {grown:g}: the ops in view grow with the ranks and the rate; target <= {TARGET_FRAME_S * 1e3:g} ms)"))
+            f"(x {grown:g}: the ops in view grow with the ranks and the rate; target <= {TARGET_FRAME_S * 1e3:g} ms)"
+            + (f"; a frame's per-rank part does not grow with the rate, so this bound is loose below it: a "
+               f"fraction of the ranks at the full rate states it closer, e.g. --ranks {target // 4} --rate "
+               f"{FULL_RATE:g}" if plan.rate < FULL_RATE else "")))
     loose = fit is None or fit.per_record <= 0 or fit.record_within() > fit.per_record / 2
     if plan.rate < FULL_RATE and loose and polls:
         told = ("is not told from the read's" if fit is None or fit.per_record <= 0
