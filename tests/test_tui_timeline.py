@@ -887,3 +887,40 @@ def test_the_heatmap_following_a_live_job_counts_what_changed_as_it_counts_anew(
 
     asyncio.run(run())
     assert checked >= 50 and kept >= 6 and turned >= 2, (checked, kept, turned)
+
+
+def test_a_collapsed_row_s_dot_is_its_worst_rank_s_for_the_view_and_ranks_it_holds():
+    """A collapsed row's gutter dot (the worst state among its ranks) is worked out once a view
+    and row, not at every line painted; a row of the same key holding other ranks (a rank
+    pinned out of it), and the next view, get their own."""
+    from commscope.analysis import TraceModel
+    from commscope.analysis.model import ModelView
+    from commscope.analysis.vocab import RankState
+
+    b = TraceBuilder(4)
+    for r in range(4):
+        b.sync(r, T0, T0 + MS, "all_reduce")
+    tl = timeline_for(b.sorted_events(), T0 + 10 * MS)
+    v = TraceModel.from_events(b.sorted_events()).view()
+
+    def view(kinds: dict[int, str]) -> ModelView:
+        states = {r: RankState(k, k, None, T0) for r, k in kinds.items()}
+        return v._replace(states=states)
+
+    m = view({0: "running", 1: "idle", 2: "dead", 3: "blocked"})
+    calls = 0
+    states = m.states
+
+    class Counting(dict):
+        def get(self, r, default=None):
+            nonlocal calls
+            calls += 1
+            return states.get(r, default)
+
+    m = m._replace(states=Counting())
+    row = Row("b:r0-3", "r0-3", (0, 1, 2, 3))
+    assert [tl._row_kind(m, row) for _ in range(5)] == ["dead"] * 5 and calls == 4
+    pinned = Row("b:r0-3", "r0-3", (0, 1, 3))  # (the same key, rank 2 pinned out of it)
+    assert tl._row_kind(m, pinned) == "blocked"
+    after = view({0: "running", 1: "crashed", 2: "dead", 3: "blocked"})
+    assert tl._row_kind(after, pinned) == "crashed" and tl._row_kind(after, Row("b:r0-1", "r0-1", (0, 1))) == "crashed"

@@ -191,6 +191,8 @@ class Timeline(ScrollView, can_focus=True):
         self._spans: defaultdict[int, SpanIndex] = defaultdict(lambda: SpanIndex(deferred=True))
         self._building = False  # a build of wanted span indexes is scheduled
         self._dots_key: tuple[int, int] | None = None  # (view version, replay cursor) of _dots
+        self._kinds_token: tuple[ModelLike, int | None] | None = None  # (view, replay cursor) of _kinds
+        self._kinds: dict[str, tuple[Row, str]] = {}  # collapsed rows' kinds (``_row_kind``)
         self._dots: dict[int, str] = {}
         self._placed = False
         self.empty_text: str | None = None  # why there is nothing to show (set by the app)
@@ -208,6 +210,7 @@ class Timeline(ScrollView, can_focus=True):
         self.clear_caches(indexes=True)
         self._cat_table = np.zeros(0, np.int8)
         self._dots_key, self._dots = None, {}
+        self._kinds_token, self._kinds = None, {}
         self.set_flagged(set())
         self.virtual_size = Size(self.size.width, 0)
 
@@ -364,9 +367,11 @@ class Timeline(ScrollView, can_focus=True):
             return Strip.blank(width)
         row = self.rows[ri]
         m = self.model  # one published view for the whole row: no lock, nothing written
-        rviews = [m.ranks.get(r) for r in row.ranks]
-        versions = tuple(-1 if rv is None else rv.version for rv in rviews)
-        live = any(rv is not None and rv.open for rv in rviews)
+        if len(row.ranks) == 1:
+            rv = m.ranks.get(row.ranks[0])
+            versions, live = -1 if rv is None else rv.version, rv is not None and bool(rv.open)
+        else:  # (counted again at each view, from what changed: ``_collapsed_levels``; no walk of 16k ranks here)
+            versions, live = m.version, True
         focused = ri == self.sel_row
         kind = self._row_kind(m, row)
         win = self.window(width - GUTTER)
@@ -522,8 +527,15 @@ class Timeline(ScrollView, can_focus=True):
                 return st.kind if st is not None else "unknown"
         if len(row.ranks) == 1:
             return kind_of(row.ranks[0])
-        kinds = {kind_of(r) for r in row.ranks}
-        return next((k for k in ("dead", "crashed", "blocked", "running", "idle", "exited") if k in kinds), "unknown")
+        # (a collapsed row's: once a view and cursor, not at every line painted: 16k ranks a frame)
+        if self._kinds_token is None or self._kinds_token[0] is not m or self._kinds_token[1] != self.cursor_ns:
+            self._kinds_token, self._kinds = (m, self.cursor_ns), {}
+        got = self._kinds.get(row.key)
+        if got is None or got[0] is not row:  # (a row of the same key may hold other ranks: by identity)
+            kinds = {kind_of(r) for r in row.ranks}
+            got = self._kinds[row.key] = (row, next((k for k in ("dead", "crashed", "blocked", "running", "idle",
+                                                                  "exited") if k in kinds), "unknown"))
+        return got[1]
 
     def _categories(self, m: ModelLike) -> np.ndarray:
         """Traffic category per signature code, grown as signatures appear (they only append)."""
