@@ -16,22 +16,30 @@ import pytest
 from redis_fixture import require_redis_server
 
 
-@pytest.mark.parametrize("store, fault, device", [("directory", "dead", False), ("redis-cluster", "mismatch", False),
-                                                  ("directory", "two-hosts", True), ("directory", "host-lost", False),
-                                                  ("directory", "missing", False)])
-def test_bench_scale_finds_the_fault_it_injects(store, fault, device):
-    """(``device``: a GPU job's records, a done with a device time after each end.)"""
+@pytest.mark.parametrize("store, fault, device, writers", [
+    ("directory", "dead", False, 1), ("redis-cluster", "mismatch", False, 1), ("directory", "two-hosts", True, 1),
+    ("directory", "host-lost", False, 1), ("directory", "missing", False, 1),
+    ("directory", "straggler-host", False, 2), ("redis", "none", False, 1)])
+def test_bench_scale_finds_the_fault_it_injects(store, fault, device, writers):
+    """(``device``: a GPU job's records, a done with a device time after each end; ``writers``:
+    the writer processes that share the ranks; ``none``: a healthy job, where nothing is to
+    be found.)"""
     if store != "directory":
         require_redis_server()
     done = subprocess.run([sys.executable, "-m", "commscope", "bench", "scale", "--quick", "--store", store,
-                           "--fault", fault, *(["--device-times"] if device else [])],
+                           "--fault", fault, "--writers", str(writers), *(["--device-times"] if device else [])],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
-    assert re.search(r"fault -> finding: \d+\.\d s", out), out  # found, naming the culprit
+    assert f"{writers} writer(s)" in out, out
+    if fault == "none":  # no finding of any kind
+        assert "no fault (a healthy job: nothing is to be found)" in out and "fault ->" not in out, out
+        assert "also, naming" not in out, out
+    else:
+        assert re.search(r"fault -> finding: \d+\.\d s", out), out  # found, naming the culprit
     assert "other findings" not in out, out  # and nothing else: no victim blamed
-    if fault == "host-lost":  # the host's eight ranks in one finding (the whole host is the culprit set)
-        assert re.search(r"fault 'host-lost' at \d+ s on rank 35's host \(ranks 32-39\)", out), out
+    if fault in ("host-lost", "straggler-host"):  # the host's eight ranks in one finding (the culprit set)
+        assert re.search(rf"fault '{fault}' at \d+ s on rank 35's host \(ranks 32-39\)", out), out
     # a hang: every rank in it captured its stack at hang_after, and the finding shows the ones
     # waiting as one stack, the culprit's apart (a mismatch names no rank waiting; a silent or
     # spinning culprit captured nothing)
@@ -55,8 +63,8 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device):
     read = int(re.search(r"console: read ([\d,]+) events of 64 ranks", out).group(1).replace(",", ""))
     assert written > 0 and read >= written  # every event written was read (and the writers' meta lines)
     nodes = re.findall(r"127\.0\.0\.1:\d+ +([\d,]+): appends ([\d,]+), reads ([\d,]+)", out)
-    if store == "redis-cluster":  # each master's requests, Redis's own count: the job's streams over all three
-        assert len(nodes) == 3, out
+    if store.startswith("redis"):  # each master's requests, Redis's own count: the job's streams over all three
+        assert len(nodes) == (3 if store == "redis-cluster" else 1), out
         assert all(int(a.replace(",", "")) > 0 and int(r.replace(",", "")) > 0 for _, a, r in nodes), out
     else:
         assert not nodes and "store requests" not in out, out

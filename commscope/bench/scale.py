@@ -892,9 +892,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"bench scale: {args.ranks:,} ranks x {args.rate:g} collectives/s for {seconds:.0f} s"
           f"{', device times' if args.device_times else ''}\n"
           f"  into {args.store} ({store if args.store != 'directory' else root}), {args.writers} writer(s);\n"
-          f"  fault {args.fault!r} at {seconds / 3:.0f} s on " + (
-              f"rank {plan.culprit}'s host (ranks {ranges(list(plan.host_ranks()))})"
-              if args.fault in ("straggler-host", "two-hosts", "host-lost") else f"rank {plan.culprit}"), flush=True)
+          + ("  no fault (a healthy job: nothing is to be found)" if args.fault == "none" else
+             f"  fault {args.fault!r} at {seconds / 3:.0f} s on " + (
+                 f"rank {plan.culprit}'s host (ranks {ranges(list(plan.host_ranks()))})"
+                 if args.fault in ("straggler-host", "two-hosts", "host-lost") else f"rank {plan.culprit}")),
+          flush=True)
     writers = Job(write_share, args.writers, args=(plan, args.writers), init=False).start()
     try:
         opened = time.monotonic()
