@@ -128,7 +128,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=options.amount, default=FULL_RATE,
                    help="collectives per second on each rank (default 25, the target's; lower it to run a "
                         "wide job at a fraction of its rate: the report extrapolates)")
-    p.add_argument("--seconds", type=options.amount, default=30.0, help="how long the job runs (default 30)")
+    p.add_argument("--seconds", type=options.amount, default=30.0,
+                   help="how long the job runs (default 30; at least 2 x hang_after + 6 s, for the fault's "
+                        "hang to be found and the job to go on after it)")
     p.add_argument("--fault", choices=FAULTS, default="missing", metavar="FAULT",
                    help=f"what goes wrong a third of the way in: {', '.join(FAULTS)} (default missing)")
     p.add_argument("--hang-after", type=options.seconds, default=5.0, help="the job's hang_after (default 5 s)")
@@ -141,7 +143,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--read-processes", type=int, metavar="N",
                    help="the console's read processes, each a part of the ranks (default: as attach starts them; "
                         "0: it reads in its own process)")
-    p.add_argument("--quick", action="store_true", help="64 ranks for 12 s: a smoke test")
+    p.add_argument("--quick", action="store_true", help="64 ranks for 16 s (the least --seconds): a smoke test")
 
 
 # ------------------------------------------------------------------ the simulated job
