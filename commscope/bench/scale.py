@@ -31,11 +31,14 @@ ranks waiting; a mismatch names none waiting, its culprit's stack apart).
 
 The console's data side (``tui/feed.Feed``: the reader's polls, the model, diagnose every
 0.5 s) follows the job in this process, as ``commscope attach`` does, and the timeline
-paints 60 rows of 189 cells from its published view every half second.  Measured in one run:
-events written per second (against the job's rate), the reader's lag (how far the model's
-newest event is behind the wall clock), the time from the fault to its finding naming the
-culprit (target: hang_after + 5 s; a straggler needs its window of late collectives), the
-frame time and the console process's RSS.
+paints from its published view every half second, in turn 60 rows of 189 cells and the
+heatmap of every rank (40 lines following the live edge, each frame counted from the last;
+every 4th also counted whole, as a jump or a zoom counts it).  Measured in one run: events
+written per second (against the job's rate), the reader's lag (how far the model's newest
+event is behind the wall clock), the time from the fault to its finding naming the culprit
+(target: hang_after + 5 s; a straggler needs its window of late collectives), the frame
+times, the console process's RSS (its read processes' with it), and on Redis each node's
+requests per second (Redis's own count).
 
 What 2 cores cannot run at full rate runs at a stated fraction of the rate (``--rate``) or
 of the ranks (``--ranks``), and is extrapolated to the target's job, labelled as such, from
@@ -46,7 +49,7 @@ ranks at full rate measures the records' cost as full rate packs them (a block l
 tick holds ~2.5), and tightly; at a fraction of the rate a stream's read holds ~2 records,
 whose cost is told from the read's by little more than the machine's noise.
 Targets (16,384 ranks at 25 collectives/s): lag <= 2 s, fault -> finding <= hang_after +
-5 s, frame <= 50 ms, console RSS <= 4 GiB.
+5 s, frame <= 50 ms, console RSS <= 4 GiB, each Redis node's requests bounded and stated.
 """
 
 from __future__ import annotations
