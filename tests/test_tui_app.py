@@ -917,6 +917,131 @@ def test_thousands_of_ranks_are_summarized_by_behaviour_and_every_key_works():
     drive(app, check, size=(80, 24))
 
 
+@pytest.mark.parametrize("mode", ["behaviour", "heat"])
+def test_every_key_works_at_thousands_of_ranks_as_at_four(mode):
+    """4,096 ranks, summarized by behaviour or as a heatmap: the keys do what they do at 4
+    ranks (test_select_zoom_pan_and_follow and the tests after it): select ops, zoom, pan,
+    follow, a click, an op's detail, the next error, the findings and the rank table focused
+    and sorted, the GPU panel, the history, the help."""
+    from tui_scenarios import wide_missing_rank
+
+    from commscope.tui.rank_table import UNUSUAL
+
+    events, now = wide_missing_rank()
+    app = make_app(events, now)
+
+    async def check(pilot):
+        tl = app.timeline
+        while tl.mode != mode:
+            await pilot.press("c")
+            await pilot.pause()
+        tl.focus()
+        tl.sel = None
+        tl.sel_row = 0  # the culprit's row, on top
+        await pilot.press("left")
+        await pilot.pause()
+        assert tl.sel is not None and tl.sel[0] == 2050
+        assert app.detail.border_title == "op · rank 2050"
+        first = tl.sel
+        await pilot.press("left")
+        assert tl.sel[0] == 2050 and tl.sel[1] < first[1]
+        await pilot.press("right")
+        assert tl.sel == first
+        npc = tl.npc
+        await pilot.press("plus")
+        assert tl.npc == npc // 2
+        await pilot.press("minus")
+        assert tl.npc == npc
+        t0 = tl.t0
+        await pilot.press("h")
+        assert tl.t0 < t0 and not tl.follow
+        await pilot.press("l")
+        assert tl.t0 == t0
+        await pilot.press("f")
+        assert tl.follow and tl.t0 < now < tl.t1()
+        for y in range(tl.size.height):  # (the frame after them: every line paints)
+            tl.render_line(y)
+        await pilot.click("#timeline", offset=(30, 0))  # the culprit's row, mid timeline
+        await pilot.pause()
+        assert tl.sel is not None and tl.sel[0] == 2050
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.detail.border_title == "op · rank 2050"
+        await pilot.press("e")
+        assert app.findings_panel.highlighted == 0
+        await pilot.press("2", "enter")
+        await pilot.pause()
+        assert app.detail.border_title == "finding · missing_ranks"
+        await pilot.press("r")
+        await pilot.pause()
+        assert app.query_one("#left").current == "gpu" and app.gpu.mode == "cpu"
+        await pilot.press("r")
+        await pilot.pause()
+        assert app.query_one("#left").current != "gpu"
+        table = app.ranks_table
+        await pilot.press("3")
+        await pilot.pause()
+        assert table._sort_col == UNUSUAL  # (a job this wide opens sorted by how unusual a rank is)
+        await pilot.press("s")  # the key cycles the sort on: by rank (the findings' ranks pinned on top)
+        await pilot.pause()
+        assert table._sort_col == "rank" and table.order[0] == 2050 and table.order[1:] == sorted(table.order[1:])
+        await pilot.press("s")
+        await pilot.pause()
+        assert table._sort_col not in ("rank", UNUSUAL)
+        await pilot.press("H")
+        await pilot.pause()
+        assert app.detail.border_title == "history"
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, HelpScreen)
+
+    drive(app, check, size=(200, 60))
+
+
+def test_the_replay_keys_work_at_thousands_of_ranks_as_at_four():
+    """4,096 ranks replayed: start, next and previous op, speed, play and pause, end
+    (test_replay_controls_move_the_cursor at 4 ranks)."""
+    from tui_scenarios import wide_missing_rank
+
+    events, _ = wide_missing_rank()
+    app = make_app(events, 0, mode=REPLAY)
+
+    async def check(pilot):
+        m = app.feed.model
+        assert app.cursor_ns == m.end_ns
+        await pilot.press("g")
+        assert app.cursor_ns == m.start_ns
+        await pilot.press("n")
+        first = app.cursor_ns
+        assert first > m.start_ns and app.timeline.sel is not None
+        rank, idx = app.timeline.sel
+        assert int(m.ranks[rank].begin[idx]) == first
+        await pilot.press("n", "n")
+        third = app.cursor_ns
+        assert third >= first
+        await pilot.press("p")
+        assert app.cursor_ns <= third
+        rank, idx = app.timeline.sel
+        assert int(m.ranks[rank].begin[idx]) == app.cursor_ns
+        await pilot.press("right_square_bracket")
+        assert app.speed > 1
+        while app.speed > 0.1:
+            await pilot.press("left_square_bracket")
+        before = app.cursor_ns
+        await pilot.press("space")
+        assert app.playing
+        await wait_for(pilot, lambda: app.cursor_ns > before)
+        await pilot.press("space")
+        assert not app.playing
+        await pilot.press("G")
+        assert app.cursor_ns == m.end_ns
+
+    drive(app, check, size=(200, 60))
+
+
 def test_behaviour_rows_put_the_odd_ones_out_first():
     from tui_scenarios import hung_missing_rank
 
