@@ -1001,6 +1001,31 @@ def test_every_key_works_at_thousands_of_ranks_as_at_four(mode):
     drive(app, check, size=(200, 60))
 
 
+@pytest.mark.parametrize(("fault", "kind", "culprits"), [
+    ("dead", "dead_rank", [2050]), ("crashed", "rank_crashed", [2050]),
+    ("straggler-host", "straggler", list(range(2048, 2056)))])
+def test_the_ranks_that_matter_are_on_the_first_screen_of_thousands(fault, kind, culprits):
+    """4,096 ranks at 80x24 with a dead rank, a crashed one, or a straggler host: the finding
+    names it (nothing else), and the timeline opens with its ranks and their host's on top,
+    the thousands of others summarized below."""
+    from tui_scenarios import wide_fault
+
+    events, now = wide_fault(fault)
+    app = make_app(events, now)
+
+    async def check(pilot):
+        tl = app.timeline
+        assert [(f.kind, f.culprits) for f in app.findings] == [(kind, culprits)]
+        assert app.detail.border_title == f"finding · {kind}"
+        assert tl.mode == "behaviour"
+        top = [r.ranks for r in tl.rows[:8]]
+        assert [r for rs in top for r in rs] == [*culprits, *(r for r in range(2048, 2056) if r not in culprits)]
+        assert sum(len(r.ranks) for r in tl.rows[8:]) == 4088 and len(tl.rows) <= 12
+        assert tl.scroll_offset.y == 0 and tl.size.height >= 8  # (the first screen holds them)
+
+    drive(app, check, size=(80, 24))
+
+
 def test_the_replay_keys_work_at_thousands_of_ranks_as_at_four():
     """4,096 ranks replayed: start, next and previous op, speed, play and pause, end
     (test_replay_controls_move_the_cursor at 4 ranks)."""

@@ -260,3 +260,31 @@ def wide_missing_rank(world: int = 4096, culprit: int = 2050) -> tuple[list[dict
         b.add(r, t + 2 * S + 50 * MS, "stack", id=stuck[r], threads=_stack(stuck[r], "step", 42))
     b.heartbeats(T0, now, interval=S)
     return b.sorted_events(), now
+
+
+def wide_fault(fault: str, world: int = 4096, culprit: int = 2050) -> tuple[list[dict], int]:
+    """``world`` ranks, 8 per host, and one ``fault``: ``dead`` (the culprit goes silent before
+    all_reduce #4, which the others wait in), ``crashed`` (it segfaults there, its exit said)
+    or ``straggler-host`` (its host's 8 ranks arrive 40-50 ms late at every all_reduce)."""
+    b = TraceBuilder(world, hang_after=2.0, ranks_per_host=8)
+    host = list(range(culprit - culprit % 8, culprit - culprit % 8 + 8))
+    t = T0 + 100 * MS
+    for k in range(24 if fault == "straggler-host" else 3):
+        slow = None
+        if fault == "straggler-host":  # (a different one of them last each time)
+            slow = {r: 40 * MS for r in host}
+            slow[host[k % 8]] = 50 * MS
+        t = b.collective(t, "all_reduce", skew=slow, latency=MS, shape=(4096,), site="train.py:42 in step") + MS
+    if fault == "straggler-host":
+        b.heartbeats(T0, t + 100 * MS, interval=S)
+        return b.sorted_events(), t + 100 * MS
+    for r in range(world):
+        if r != culprit:
+            b.sync(r, t + (r % 7) * MS, None, "all_reduce", shape=(4096,), site="train.py:42 in step")
+    now = t + 6 * S
+    if fault == "crashed":
+        b.exit(culprit, t + 2 * MS, reason="signal", signal="Segmentation fault",
+               exc="Fatal Python error: Segmentation fault")
+    b.heartbeats(T0, t, interval=S, ranks=[culprit])
+    b.heartbeats(T0, now, interval=S, ranks=[r for r in range(world) if r != culprit])
+    return b.sorted_events(), now
