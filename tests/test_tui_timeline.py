@@ -409,16 +409,17 @@ def _levels_rank_by_rank(m, ranks, win, cats, spans=None):
     return level, worst
 
 
-def _collapsed_trace() -> tuple[list[dict], list[dict]]:
+def _collapsed_trace(stuck: bool = True) -> tuple[list[dict], list[dict]]:
     """Events of 8 ranks for the collapsed rows' tests, by time: ops in flight, async work
     waited late, inner traffic, zero-length ops, an op ending before it begins, approximate
     ends; and the ops of rank 1 that arrive after the rest (one begun among its first ones:
-    the rank is then out of time order)."""
+    the rank is then out of time order).  ``stuck``: rank 3's first op and rank 7's one op
+    in flight to the end (else they end)."""
     from commscope.analysis.synth import healthy_trace
 
     rng = np.random.default_rng(11)
     b = TraceBuilder(5)
-    b.sync(0, T0, None, "all_reduce")  # in flight from the start
+    b.sync(0, T0, None if stuck else T0 + MS, "all_reduce")  # in flight from the start
     for k in range(400):
         b.sync(0, T0 + 10 * MS + k * 3 * MS, T0 + 11 * MS + k * 3 * MS, "all_reduce")
     for r in (1, 2):
@@ -443,7 +444,7 @@ def _collapsed_trace() -> tuple[list[dict], list[dict]]:
     for k in range(40):  # ... and ends only approximately known (Flight Recorder on Gloo)
         i = b.begin(3, T0 + 2300 * MS + k * 20 * MS, "all_reduce")
         b.add(3, T0 + 2300 * MS + k * 20 * MS + 15 * MS, "op", phase="end", id=i, approx=True)
-    b.sync(4, T0 + 1500 * MS, None, "all_reduce")  # rank 4: its one op in flight, begun mid-trace
+    b.sync(4, T0 + 1500 * MS, None if stuck else T0 + 1501 * MS, "all_reduce")  # its one op, in flight
     events = healthy_trace(3, 1200) + [{**e, "rank": e["rank"] + 3} for e in b.sorted_events() if "rank" in e]
     events.sort(key=lambda e: e["ts"])
     late = TraceBuilder(1, meta=False)  # rank 1, after the rest: an op begun among its first ones
@@ -544,7 +545,9 @@ def test_collapsed_rows_counted_again_from_what_changed_are_counted_anew(monkeyp
     window_ops = painter._window_ops
     monkeypatch.setattr(painter, "_window_ops",
                         lambda *a, **k: froms.append(a[5] if len(a) > 5 else None) or window_ops(*a, **k))
-    events, late_ops = _collapsed_trace()
+    # (an op in flight from the start would have every cell counted again: its end may be
+    # written into the columns a view shares after it was published)
+    events, late_ops = _collapsed_trace(stuck=False)
     start, end = events[0]["ts"], events[-1]["ts"]
     span = end - start
     m = TraceModel()
@@ -552,7 +555,7 @@ def test_collapsed_rows_counted_again_from_what_changed_are_counted_anew(monkeyp
     cuts = list(range(0, len(events), 1201))
     windows = []  # (t0, npc, width; None: following the clock in pages, ``follow``)
     for frac, off, w in ((1.2, 0.0, 93), (0.3, 0.6, 93), (0.05, 0.8, 60), (0.2, 0.1, 93), (1.2, 0.0, 12),
-                         (0.01, 0.3, 93), (0.1, None, 60), (0.03, None, 93)):
+                         (0.01, 0.3, 93), (0.1, None, 60), (0.03, None, 93), (0.04, 0.0, 60)):
         windows.append((None if off is None else start + int(span * off), max(1, int(span * frac) // w), w))
     following: dict = {}
     prevs: dict = {}
@@ -676,6 +679,28 @@ def test_collapsed_rows_counted_again_over_windows_moved_on_are_counted_anew(see
     assert counted == 4 * (len(cuts) + 1) and kept >= 5 and (moved >= 2 or w < 24), (kept, moved)
 
 
+def test_a_window_following_the_clock_turns_its_pages_by_whole_cells_with_the_clock_in_it():
+    """``follow``: kept while the clock lies within 10-90% of the window; else moved on by whole
+    cells to put it at 60% (up to a cell past); a window of fewer than 5 cells, where a cell
+    is a fifth of it or more, puts it at 60% exactly."""
+    from commscope.tui.painter import FOLLOW_CELLS, follow
+
+    rng = np.random.default_rng(5)
+    for _ in range(2000):
+        width, npc = int(rng.integers(1, 300)), int(rng.integers(1, 10**9))
+        t0 = int(rng.integers(0, 10**15))
+        span = width * npc
+        edge = t0 + int(rng.integers(-3 * span, 4 * span))
+        got = follow(t0, npc, width, edge)
+        if t0 + span * 0.1 <= edge <= t0 + span * 0.9:
+            assert got == t0
+        elif width >= FOLLOW_CELLS:
+            assert (got - t0) % npc == 0 and 0.6 * span - 1 <= edge - got < 0.6 * span + npc
+        else:
+            assert got == edge - int(span * 0.6)
+        assert got <= edge < got + span  # (the clock in view)
+
+
 def test_a_page_turned_over_a_row_drawn_one_span_an_op_is_counted_anew():
     """A window moved on by whole cells keeps the cells it still shows, where every rank is
     drawn op by op before and after; where that is not known it counts all again: a rank
@@ -709,6 +734,96 @@ def test_a_page_turned_over_a_row_drawn_one_span_an_op_is_counted_anew():
     b.sync(1, T0, T0 + 10, "all_reduce")
     again, fresh = counted_after_the_turn(b)
     assert np.array_equal(again.busy, fresh.busy) and fresh.busy[0, :40].all()
+
+
+def test_counted_again_where_an_op_s_columns_change_under_a_view_or_fall_outside_its_span():
+    """Counting again from the last frame equals counting anew (from an adversarial review):
+    an op in flight at publishing completed in the columns the view shares before the view was
+    painted (an earlier end than the last frame's clock); a GPU op waited after the GPU had
+    done, with another rank's op begun inside that wait arriving late or completing later; an
+    async op's issue returning after its wait ended; a wait begun before its op (hostile); the
+    replay cursor's clock moved.  An op is drawn within its span (begin to completion): the
+    wait after the GPU had done is not drawn, as its completion says the op was over."""
+    from commscope.analysis import TraceModel
+    from commscope.tui.painter import Window, count_levels, repaint_rank
+
+    def same(v, groups, win, prev) -> None:
+        got, fresh = count_levels(v, groups, win, prev=prev), count_levels(v, groups, win)
+        assert np.array_equal(got.busy, fresh.busy) and np.array_equal(got.worst, fresh.worst)
+
+    def op(rank: int, op_id: int, ms: int, phase: str) -> dict:
+        return {"type": "op", "ts": T0 + ms * MS, "phase": phase, "id": op_id, "v": 1, "rank": rank}
+
+    # completed in the shared columns after publishing, before the last frame's clock
+    b = TraceBuilder(2)
+    x = b.begin(0, T0 + 100 * MS, "all_reduce")
+    b.sync(1, T0 + 10 * MS, T0 + 20 * MS, "all_reduce")
+    m = TraceModel()
+    m.ingest(b.sorted_events())
+    win = Window(T0, 50 * MS, 40, T0 + 800 * MS)
+    prev = count_levels(m.view(), [(0, 1)], win)
+    m.ingest([op(1, 1000, 900, "begin") | {"op": "all_reduce", "group": "0", "seq": 2}, op(1, 1000, 950, "end")])
+    v2 = m.view()
+    m.ingest([op(0, x, 300, "end")])  # (the model goes on before v2 is painted)
+    same(v2, [(0, 1)], win._replace(now=T0 + 1000 * MS), prev)
+    # a GPU op waited after the GPU had done; another rank's op begun in that wait, late
+    for late in (True, False):
+        b = TraceBuilder(2)
+        x = b.begin(0, T0 + 100 * MS, "all_reduce", device="cuda:0", **{"async": True})
+        b.end(0, x, T0 + 101 * MS)
+        b.phase(0, x, T0 + 120 * MS, "done")
+        b.phase(0, x, T0 + 300 * MS, "wait_begin")
+        b.phase(0, x, T0 + 320 * MS, "wait_end")
+        y = b.begin(1, T0 + 305 * MS, "all_reduce", device="cuda:1") if not late else None
+        m = TraceModel()
+        m.ingest(b.sorted_events())
+        v = m.view()
+        win = Window(T0, 50 * MS, 40, T0 + 500 * MS)
+        prev = count_levels(v, [(0,), (0, 1)], win)
+        assert prev.busy[0].tolist()[:8] == [0, 0, 1, 0, 0, 0, 0, 0]  # (to its completion, 120 ms)
+        rows = {r: repaint_rank(v, r, win, None) for r in (0, 1)}
+        assert (rows[0].cells[3:] == 0).all()  # (nothing of it past its completion, its thin line neither)
+        if late:
+            m.ingest([op(1, 1000, 305, "begin") | {"op": "all_reduce", "group": "0", "seq": 2, "device": "cuda:1"},
+                      op(1, 1000, 306, "end")])
+        else:
+            m.ingest([op(1, y, 600, "done")])
+        v2, win2 = m.view(), win._replace(now=T0 + 700 * MS)
+        same(v2, [(0,), (0, 1)], win2, prev)
+        for r in (0, 1):  # (a rank's own row, repainted from what changed, as well)
+            again, cells = repaint_rank(v2, r, win2, rows[r]), paint_rank(v2, r, win2)[0]
+            assert np.array_equal(again.cells, cells)
+    # an async op's issue returning after its wait ended; the clock moves on
+    b = TraceBuilder(2)
+    x = b.begin(0, T0 + 100 * MS, "all_gather", **{"async": True})
+    b.phase(0, x, T0 + 150 * MS, "wait_begin")
+    b.phase(0, x, T0 + 200 * MS, "wait_end")
+    b.end(0, x, T0 + 1500 * MS)
+    b.sync(1, T0 + 10 * MS, T0 + 20 * MS, "all_reduce")
+    v = TraceModel.from_events(b.sorted_events()).view()
+    win = Window(T0, 50 * MS, 40, T0 + 900 * MS)
+    same(v, [(0, 1)], win._replace(now=T0 + 1000 * MS), count_levels(v, [(0, 1)], win))
+    # a wait begun before its op, in a later batch
+    b = TraceBuilder(2)
+    x = b.begin(0, T0 + 500 * MS, "all_gather", **{"async": True})
+    b.end(0, x, T0 + 501 * MS)
+    b.sync(1, T0 + 10 * MS, T0 + 20 * MS, "all_reduce")
+    m = TraceModel()
+    m.ingest(b.sorted_events())
+    prev = count_levels(m.view(), [(0, 1)], win)
+    m.ingest([op(0, x, 100, "wait_begin"), op(0, x, 200, "wait_end")])
+    same(m.view(), [(0, 1)], win, prev)
+    # the replay cursor's clock moved: the ops past it hidden before, shown now
+    b = TraceBuilder(2)
+    for k in range(5):
+        t = T0 + k * 400 * MS
+        b.async_op(0, t, t + 350 * MS, t + 360 * MS, "all_gather", peer=None)
+    for k in range(200):
+        b.sync(0, T0 + 2500 * MS + k * 5 * MS, T0 + 2500 * MS + k * 5 * MS + 1, "all_reduce")
+    b.sync(1, T0, T0 + 10, "all_reduce")
+    v = TraceModel.from_events(b.sorted_events()).view()
+    win = Window(T0, 100 * MS, 40, T0 + 2400 * MS, cursor_ns=T0 + 2400 * MS)
+    same(v, [(0, 1)], win._replace(now=T0 + 3900 * MS), count_levels(v, [(0, 1)], win))
 
 
 def test_a_row_whose_drawing_switches_as_it_fills_is_counted_again_whole():

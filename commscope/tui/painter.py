@@ -101,13 +101,19 @@ class Window(NamedTuple):
 def follow(t0: int, npc: int, width: int, edge: int) -> int:
     """Where a window of ``width`` cells of ``npc`` ns following the live ``edge`` starts:
     where it is while the edge lies within 10-90% of it, else the edge at 60% (or just
-    past).  In pages, so that most frames keep their window and what was painted over it
+    past, by up to a cell).  In pages, so that most frames keep their window and what was painted over it
     (``repaint_ranks``, ``count_levels``), and by whole cells, so that a page turned keeps
     the cells it still shows (``count_levels``)."""
     span = npc * width
     if t0 + span * 0.1 <= edge <= t0 + span * 0.9:
         return t0
+    if width < FOLLOW_CELLS:  # (a cell a fifth of the window or more: whole cells could pass the edge by)
+        return edge - int(span * 0.6)
     return t0 + (edge - int(span * 0.6) - t0) // npc * npc
+
+
+#: The narrowest window ``follow`` turns by whole cells (the edge then within 60-80% of it)
+FOLLOW_CELLS = 5
 
 
 def render_row(m: ModelLike, row: Row, win: Window, *, kind: str = "unknown", focused: bool = False,
@@ -417,7 +423,15 @@ def _intervals(win: Window, row: np.ndarray, code: np.ndarray, begin: np.ndarray
         if win.cursor_ns is not None:
             wb = np.where(wb > now, 0, wb)
             we = np.where(we > now, 0, we)
-            issue_end = np.minimum(issue_end, stop)
+        # an op is drawn within its span, from its begin to its completion (or the clock, in
+        # flight): a GPU op's wait() called after the GPU had done (its completion), an issue
+        # returning after it, a wait begun before the op (hostile) are drawn where they fall
+        # in it.  So an op's drawing starts at its begin, which its changes are logged by, and
+        # ends by its completion, which windows find it by (``count_levels`` keeps the rest)
+        last = np.maximum(stop, begin)
+        issue_end = np.minimum(np.maximum(issue_end, begin), last)
+        wb = np.where(wb > 0, np.minimum(np.maximum(wb, begin), last), 0)
+        we = np.where(we > 0, np.minimum(we, stop), 0)
         ov = overview[ai]
         wb_a, we_a, stop_a = wb[ai], we[ai], stop[ai]
         waited = wb_a > 0
@@ -731,31 +745,35 @@ def count_levels(m: ModelLike, groups: Sequence[tuple[int, ...]], win: Window, c
         cats = categories(m.sigs)
     start = 0  # the first cell counted again
     shift = 0  # cells the window moved on by since ``prev`` (a page turned at the live edge)
-    if prev is not None and prev.lineage == m.lineage and prev.version <= m.version \
-            and prev.win._replace(t0=0, now=0) == win._replace(t0=0, now=0) \
-            and (prev.groups is groups or prev.groups == groups):
+    kept = prev is not None and prev.lineage == m.lineage and prev.version <= m.version \
+        and prev.win._replace(t0=0, now=0) == win._replace(t0=0, now=0) \
+        and (win.cursor_ns is None or prev.win.now == win.now) and (prev.groups is groups or prev.groups == groups)
+    members = prev.members if kept and prev is not None else _members(groups)
+    ranks, place, member_rank, member_group = members.ranks, members.place, members.rank, members.group
+    ranked = _ranked(m, ranks)
+    if kept and prev is not None:
         moved, npc = win.t0 - prev.win.t0, win.npc
         if 0 < moved < w * npc and moved % npc == 0 and (prev.drawn <= 4 * w).all():
             shift = moved // npc  # (each rank drawn op by op: what picks the drawing is bounded below)
         since = m.touched_since(prev.version) if moved == 0 or shift else None
         if since is not None:
-            # (ops in flight grow from the earlier clock on; the cells past the last window, new)
-            since = min(since, prev.win.now, win.now, prev.win.t0 + w * npc)
+            # ops in flight grow from the earlier clock on, and those in flight at publishing may
+            # have completed since in the columns the view shares (before any batch says so);
+            # the cells past the last window are new
+            since = min(since, prev.win.now, win.now, ranked.open_min, prev.win.t0 + w * npc)
             start = int(min(max((since - win.t0) // npc, 0), w)) if since < I64_MAX else w
         if start >= w:  # nothing in view changed (ops added past it are never drawn in it)
             return prev._replace(win=win, version=m.version, start=w)
-    members = prev.members if start else _members(groups)
-    ranks, place, member_rank, member_group = members.ranks, members.place, members.rank, members.group
     if start:
         assert prev is not None
         # (ops reaching the cells from ``start`` on; no span index: painted from the ops, the same picture)
-        ops = _window_ops(m, ranks, win, cats, None, win.t0 + start * win.npc - 1, bound=shift > 0)
+        ops = _window_ops(m, ranks, win, cats, None, win.t0 + start * win.npc - 1, bound=shift > 0, ranked=ranked)
         if shift:  # (ops left the window: their count is not known, a bound of it is)
             drawn = ops.bound
         else:
             drawn = prev.drawn + np.bincount(ops.row[ops.index >= prev.n[ops.row]], minlength=len(ranks))
     else:
-        ops = _window_ops(m, ranks, win, cats, spans)
+        ops = _window_ops(m, ranks, win, cats, spans, ranked=ranked)
         drawn = np.bincount(ops.row, minlength=len(ranks))
     for k, _, count in ops.alone:
         drawn[k] = count
@@ -891,41 +909,81 @@ class WindowOps(NamedTuple):
     bound: np.ndarray
 
 
+class Ranked(NamedTuple):
+    """The ranks of a frame's collapsed rows read from their views (``_ranked``), once a frame."""
+
+    views: list[Any]  # each rank's view (None: none), by place
+    ordered: np.ndarray  # whether its view lies in a block in time order (with ops)
+    place: np.ndarray  # the places of those, ascending
+    block: np.ndarray  # ... each one's block (by id: the views of a block share its columns)
+    blocks: dict[int, Mapping[str, np.ndarray]]  # block id -> its columns
+    at: np.ndarray  # ... where each one's rows start in it
+    n: np.ndarray  # ... its op count
+    flying: np.ndarray  # ... its ops in flight at publishing (``RankView.open``): how many
+    flight_rank: np.ndarray  # ... and which: each one's rank (among those in time order)
+    flight_index: np.ndarray  # ... and index
+    counts: np.ndarray  # every rank's op count, by place
+    open_min: int  # the earliest begin among every rank's ops in flight at publishing (I64_MAX: none)
+
+
+def _ranked(m: ModelLike, ranks: Sequence[int]) -> Ranked:
+    """``ranks``' views read into arrays: a Python step a rank, the least there is (16k ranks
+    each frame), and no object made a rank, which the cyclic collector would count and walk."""
+    views = list(map(m.ranks.get, ranks))
+    ordered = np.fromiter((type(rv) is RankView and rv.n > 0 and rv.own_sb is None and rv.own_pmax is None
+                           for rv in views), np.bool_, len(views))
+    place_all = np.flatnonzero(ordered)
+    counts = np.zeros(len(ranks), np.int64)
+    open_min = I64_MAX
+    for k in np.flatnonzero(~ordered).tolist():
+        rv = views[k]
+        if rv is not None and rv.n:
+            counts[k] = rv.n
+            if rv.open:
+                open_min = min(open_min, int(rv.begin[list(rv.open)].min()))
+    picked = list(itertools.compress(views, ordered))
+    p = len(picked)
+    rows = list(map(_ROWS, picked))
+    block = np.fromiter(map(id, rows), np.int64, p)
+    blocks = {b: rows[k] for b, k in zip(*np.unique(block, return_index=True), strict=True)}
+    at_all = np.fromiter(map(_AT, picked), np.int64, p)
+    n_all = np.fromiter(map(_N, picked), np.int64, p)
+    opens = list(map(_OPEN, picked))
+    flying = np.fromiter(map(len, opens), np.int64, p)
+    flight_rank = np.repeat(np.arange(p), flying)
+    flight_index = np.fromiter(itertools.chain.from_iterable(opens), np.int64, flight_rank.shape[0])
+    counts[place_all] = n_all
+    if flight_rank.shape[0]:
+        of = block[flight_rank]
+        for key, cols in blocks.items():
+            mine = of == key
+            if mine.any():
+                open_min = min(open_min, int(cols["begin"][at_all[flight_rank[mine]] + flight_index[mine]].min()))
+    return Ranked(views, ordered, place_all, block, blocks, at_all, n_all, flying, flight_rank, flight_index,
+                  counts, open_min)
+
+
 def _window_ops(m: ModelLike, ranks: Sequence[int], win: Window, cats: np.ndarray,
-                spans: Mapping[int, SpanIndex] | None, from_t: int | None = None, bound: bool = False) -> WindowOps:
+                spans: Mapping[int, SpanIndex] | None, from_t: int | None = None, bound: bool = False,
+                ranked: Ranked | None = None) -> WindowOps:
     """What ``_paint_rows`` finds and filters rank by rank (``RankView.window``, ``_drawn``),
     for the ranks in time order of each block at once: their window's ops by a binary search
     over all of them (a rank's begins and running max of ends are its block's rows), the
     ops in flight added, inner traffic and (replay) the future left out.  ``from_t``: only
     the ops reaching it or past it (``Job.from_t``); the ranks painted on their own are
-    painted whole.  ``bound``: each rank's bound of the ops the whole window draws."""
+    painted whole.  ``bound``: each rank's bound of the ops the whole window draws.
+    ``ranked``: ``_ranked(m, ranks)``, where the caller has it."""
     t0, t1, now = win.t0 if from_t is None else max(win.t0, from_t), win.t0 + win.width * win.npc, win.now
-    alone: list[tuple[int, np.ndarray, int]] = []
-    counts = np.zeros(len(ranks), np.int64)  # (the op counts)
+    if ranked is None:
+        ranked = _ranked(m, ranks)
+    views, ordered, counts = ranked.views, ranked.ordered, ranked.counts
+    block, blocks, place_all, at_all, n_all = ranked.block, ranked.blocks, ranked.place, ranked.at, ranked.n
+    flying, flight_rank, flight_index = ranked.flying, ranked.flight_rank, ranked.flight_index
     bounds = np.zeros(len(ranks), np.int64)
-    views = list(map(m.ranks.get, ranks))
-    # (a Python step a rank, the least there is, 16k ranks each frame: read into arrays, no
-    # object made a rank, which the cyclic collector would count and walk)
-    ordered = np.fromiter((type(rv) is RankView and rv.n > 0 and rv.own_sb is None and rv.own_pmax is None
-                           for rv in views), np.bool_, len(views))
-    place_all = np.flatnonzero(ordered)
+    alone: list[tuple[int, np.ndarray, int]] = []
     if place_all.shape[0] < len(ranks):
         alone = [(k, *_painted_alone(m, ranks[k], win, cats, spans))
                  for k in np.flatnonzero(~ordered).tolist() if views[k] is not None and views[k].n]
-        for k, _, _ in alone:
-            counts[k] = views[k].n
-    picked = list(itertools.compress(views, ordered))
-    p = len(picked)
-    rows = list(map(_ROWS, picked))
-    block = np.fromiter(map(id, rows), np.int64, p)  # (by id: the views of a block share its columns)
-    blocks = {b: rows[k] for b, k in zip(*np.unique(block, return_index=True), strict=True)}
-    at_all = np.fromiter(map(_AT, picked), np.int64, p)
-    n_all = np.fromiter(map(_N, picked), np.int64, p)
-    opens = list(map(_OPEN, picked))
-    flying = np.fromiter(map(len, opens), np.int64, p)  # (ops in flight a rank)
-    flight_rank = np.repeat(np.arange(p), flying)
-    flight_index = np.fromiter(itertools.chain.from_iterable(opens), np.int64, flight_rank.shape[0])
-    counts[place_all] = n_all
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, Mapping[str, np.ndarray]]] = []
     for key, cols in blocks.items():
         mine = np.flatnonzero(block == key)
