@@ -633,7 +633,7 @@ class ModelView(NamedTuple):
     #: console's timeline draws them apart, last, as the rank table lists them)
     foreign: Mapping[int, Foreign] = MappingProxyType({})
     #: ``TraceModel.touched_since``'s log as published: (version, earliest begin changed) a batch
-    touches: tuple[tuple[int, int], ...] = ()
+    touch_log: tuple[tuple[int, int], ...] = ()
     lineage: int = 0  # ``TraceModel.lineage`` (0: none)
 
     def rank_ids(self) -> list[int]:
@@ -642,7 +642,7 @@ class ModelView(NamedTuple):
     def touched_since(self, version: int) -> int | None:
         """``TraceModel.touched_since`` as the model stood when published: a painter keeping
         what it counted over one view repaints only from there after the next."""
-        return touched_since(self.touches, self.version, version)
+        return touched_since(self.touch_log, self.version, version)
 
     def bounds(self) -> tuple[int, int]:
         return self.start_ns, self.end_ns

@@ -13,8 +13,10 @@ changed since (``repaint_rank``), and a frame's rows are painted together
 (``repaint_ranks``): one set of numpy calls per frame, not per row.
 
 Entry points: ``render_row`` (a whole line), ``paint_rank`` and ``paint_group`` (the cells
-of one rank / a collapsed group), ``levels_of`` (a frame's collapsed groups counted over all
-their ranks at once), ``repaint_rank(s)`` (the same, incrementally), all over a ``Window``.
+of one rank / a collapsed group), ``count_levels`` (a frame's collapsed groups counted over
+all their ranks at once, and from what changed since the last frame), ``repaint_rank(s)``
+(a rank's row painted from what changed), all over a ``Window``; ``follow`` (where a live
+window starts).
 """
 
 from __future__ import annotations
@@ -98,6 +100,10 @@ class Window(NamedTuple):
     index_min_ops: int = INDEX_MIN_OPS
 
 
+#: The narrowest window ``follow`` turns by whole cells (the edge then within 60-80% of it)
+FOLLOW_CELLS = 5
+
+
 def follow(t0: int, npc: int, width: int, edge: int) -> int:
     """Where a window of ``width`` cells of ``npc`` ns following the live ``edge`` starts:
     where it is while the edge lies within 10-90% of it, else the edge at 60% (or just
@@ -110,10 +116,6 @@ def follow(t0: int, npc: int, width: int, edge: int) -> int:
     if width < FOLLOW_CELLS:  # (a cell a fifth of the window or more: whole cells could pass the edge by)
         return edge - int(span * 0.6)
     return t0 + (edge - int(span * 0.6) - t0) // npc * npc
-
-
-#: The narrowest window ``follow`` turns by whole cells (the edge then within 60-80% of it)
-FOLLOW_CELLS = 5
 
 
 def render_row(m: ModelLike, row: Row, win: Window, *, kind: str = "unknown", focused: bool = False,

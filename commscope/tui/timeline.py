@@ -3,9 +3,11 @@ across; navigation, zoom, selection and the replay cursor.
 
 Drawn with Textual's Line API: ``render_line`` paints one row into a ``Strip``, with the
 pure painter (``tui/painter.py``: ``render_row``, ``repaint_ranks`` over a ``Window``).
-Strips are cached by (row, rank versions, viewport, selection, clock cell), so a model
-update re-renders only the rows whose ranks changed; each one-rank row's painting is kept
-too, so that of a row only the part from the earliest op changed is painted again.
+Strips are cached by (row, its rank's version or, collapsed, the view's, viewport,
+selection, clock cell), so a model update re-renders only the one-rank rows whose rank
+changed; each one-rank row's painting is kept too, so that of a row only the part from the
+earliest op changed is painted again, and a frame's collapsed rows are counted again only
+from what changed since the last frame (``painter.count_levels``).
 Painting reads the model's published view (``feed.view``), never the live model: no lock.
 """
 
@@ -183,7 +185,7 @@ class Timeline(ScrollView, can_focus=True):
         self._frame_token: tuple | None = None  # (view, window) the rows below were painted for
         self._frame_rows: dict[tuple, Painted] = {}  # this frame's visible rows, painted together
         self._levels_token: tuple | None = None  # (view, window, rows, scroll, height, version) of the levels below
-        self._frame_levels: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}  # collapsed rows' (levels_of)
+        self._frame_levels: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}  # collapsed rows' (count_levels)
         self._counted: Counted | None = None  # what they were counted from (``count_levels``)
         self._cat_table = np.zeros(0, np.int8)
         # per rank, the overview's span index (spanindex), kept across frames and views: it
@@ -303,6 +305,7 @@ class Timeline(ScrollView, can_focus=True):
         self._frame_token, self._frame_rows = None, {}
         self._levels_token, self._frame_levels = None, {}
         self._counted = None
+        self._kinds_token, self._kinds = None, {}
         if indexes:
             self._spans.clear()
 
@@ -406,9 +409,10 @@ class Timeline(ScrollView, can_focus=True):
 
     def _collapsed_levels(self, m: ModelLike, win: Window, cats: np.ndarray,
                           row: Row) -> list[tuple[np.ndarray, np.ndarray]]:
-        """A collapsed row's levels (``levels_of``), made for every visible collapsed row of
-        the frame at once the first time the frame asks for one: a heatmap of 16,384 ranks
-        is 40 lines, each painted alone a numpy pass of its own over 410 ranks."""
+        """A collapsed row's levels (``count_levels``), made for every visible collapsed row of
+        the frame at once the first time the frame asks for one (a heatmap of 16,384 ranks
+        is 40 lines, each painted alone a numpy pass of its own over 410 ranks), from what
+        changed since the last frame's."""
         top = self.scroll_offset.y
         token = (m, win, self.rows, top, self.size.height, m.version)  # (the view, the rows by identity: ``_same``)
         if not _same(self._levels_token, token):
