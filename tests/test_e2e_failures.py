@@ -166,9 +166,13 @@ def test_a_hang_the_job_ended_by_its_own_deadline_is_still_the_hang(tmp_path, ca
     live, _, store = run_job(tmp_path, W.deadline_exit, pg_timeout=60, hang_after=1.0,
                              want=only("missing_ranks", 1), world=2)
     out = finished(store, capsys)
-    assert errors_of(out) == [("missing_ranks", [1])]
     exits = [e for e in open_source(store).read_all() if e["type"] == "exit"]
-    assert sorted((e["rank"], e["reason"], e["code"]) for e in exits) == [(0, "os._exit", 0), (1, "os._exit", 0)]
+    # (what the ranks' exits said, where it fails: a CI run on 2 loaded cores once judged rank 1
+    # crashed, not seen again in 18 runs under load; torch's Gloo aborting a rank in its teardown
+    # once its peer left is the suspect, test_e2e_failures.died_of)
+    why = ([f["message"] for f in out["findings"]], exits)
+    assert errors_of(out) == [("missing_ranks", [1])], why
+    assert sorted((e["rank"], e["reason"], e["code"]) for e in exits) == [(0, "os._exit", 0), (1, "os._exit", 0)], why
     (hang,) = out["findings"]
     assert (hang["evidence"]["entered"], hang["evidence"]["missing"]) == ([0], [1])
 
