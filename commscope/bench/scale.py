@@ -402,21 +402,21 @@ class HeatFrames:
         npc = 10 * S // 189
         self.t0 = painter.follow(now - 10 * S if self.t0 is None else self.t0, npc, 189, now)
         win = painter.Window(t0=self.t0, npc=npc, width=189, now=now)
-        whole = None
-        if self.frames % self.WHOLE_EVERY == 0:  # (the first among them)
+
+        def painted(prev: Any) -> tuple[float, Any]:
+            """The frame's lines painted, counted from ``prev`` (None: whole): (seconds, counts)."""
             began = time.perf_counter()
             rows = heat_rows(view.rank_ids(), HEAT_LINES)
-            for row, levels in zip(rows, painter.rows_levels(view, rows, win)[0], strict=True):
+            got, counted = painter.rows_levels(view, rows, win, prev=prev)
+            for row, levels in zip(rows, got, strict=True):
                 painter.render_row(view, row, win, levels=levels)
-            whole = time.perf_counter() - began
+            return time.perf_counter() - began, counted
+
+        whole = painted(None)[0] if self.frames % self.WHOLE_EVERY == 0 else None  # (the first among them)
         first = self.counted is None
-        began = time.perf_counter()
-        rows = heat_rows(view.rank_ids(), HEAT_LINES)
-        got, self.counted = painter.rows_levels(view, rows, win, prev=self.counted)
-        for row, levels in zip(rows, got, strict=True):
-            painter.render_row(view, row, win, levels=levels)
+        took, self.counted = painted(self.counted)
         self.frames += 1
-        return None if first else time.perf_counter() - began, whole
+        return None if first else took, whole
 
 
 #: The heatmap's lines in ``bench scale``'s frame of it (a 200x60 terminal's timeline holds ~40)

@@ -75,7 +75,7 @@ class Row(NamedTuple):
 
 
 def row_groups(row: Row) -> list[tuple[int, ...]]:
-    """The groups of ranks a collapsed row's cells are counted over (``levels_of``): a
+    """The groups of ranks a collapsed row's cells are counted over (``count_levels``): a
     heatmap line's two blocks, another row's painted ranks."""
     return [row.ranks[:row.upper], row.ranks[row.upper:]] if row.upper else [row.painted_ranks()]
 
@@ -126,7 +126,7 @@ def render_row(m: ModelLike, row: Row, win: Window, *, kind: str = "unknown", fo
     """A whole timeline line: the gutter (state dot ``kind``, label, findings mark) and the
     row's cells over ``win`` (``painted``: a one-rank row's cells and labels, already
     painted; ``levels``: a collapsed row's, its ``row_groups``' levels, made with a frame's
-    other rows by ``levels_of``), with the replay cursor drawn on top.  ``spans``: span
+    other rows by ``count_levels``), with the replay cursor drawn on top.  ``spans``: span
     indexes by rank (for the overview; see ``paint_rank``)."""
     w = win.width
     width = w + GUTTER
@@ -220,7 +220,7 @@ def repaint_ranks(m: ModelLike, rows: Sequence[tuple[int, Painted | None, SpanIn
     for k, (rank, prev, spans) in enumerate(rows):
         rt = m.ranks.get(rank)
         version, n = (-1, 0) if rt is None else (rt.version, rt.n)
-        open_min = I64_MAX if rt is None or not rt.open else int(rt.begin[list(rt.open)].min())
+        open_min = I64_MAX if rt is None else _open_min(rt)
         dirty = None
         if prev is not None and rt is not None and hasattr(rt, "touched_since") and len(prev.cands) < 40:
             dirty = rt.touched_since(prev.version)  # (at the label cap: everything again, below)
@@ -252,6 +252,12 @@ def repaint_ranks(m: ModelLike, rows: Sequence[tuple[int, Painted | None, SpanIn
         for (k, version, n, open_min), (cells, cands, overview, count) in zip(again, redone, strict=True):
             out[k] = Painted(version, n, win.now, open_min, count, overview, cells, cands, _labels(cells, cands))
     return out
+
+
+def _open_min(rt: RankColumns) -> int:
+    """The earliest begin among a rank's ops in flight (I64_MAX: none): their spans grow with
+    the clock, and their ends may be written after a view was published."""
+    return int(rt.begin[list(rt.open)].min()) if rt.open else I64_MAX
 
 
 def _labels(cells: np.ndarray, cands: list[tuple[int, int, int, int, str]]) -> list[tuple[int, int, str, int]]:
@@ -400,7 +406,7 @@ def _intervals(win: Window, row: np.ndarray, code: np.ndarray, begin: np.ndarray
     its wait, or far zoomed out (``overview``: each op's row's) one span to the wait's end;
     the part of an op in flight past the hang thresholds; the selected ops (``sel``: their
     positions).  One drawing for a row of one rank and for a row of thousands
-    (``levels_of``): the arrays hold the rows' ops laid end to end, ``row`` telling whose."""
+    (``count_levels``): the arrays hold the rows' ops laid end to end, ``row`` telling whose."""
     now = win.now
     is_async = ((code & ASYNC_BIT) | approx) != 0
     cat = code & CAT_MASK
@@ -941,8 +947,7 @@ def _ranked(m: ModelLike, ranks: Sequence[int]) -> Ranked:
         rv = views[k]
         if rv is not None and rv.n:
             counts[k] = rv.n
-            if rv.open:
-                open_min = min(open_min, int(rv.begin[list(rv.open)].min()))
+            open_min = min(open_min, _open_min(rv))
     picked = list(itertools.compress(views, ordered))
     p = len(picked)
     rows = list(map(_ROWS, picked))
@@ -1094,7 +1099,7 @@ def paint_heat(m: ModelLike, upper: tuple[int, ...], lower: tuple[int, ...], win
     """A heatmap line: two blocks of ranks, one above the other in each cell (``▀``: the upper
     block's colour on the lower's), coloured by how many of each block's ranks are busy, or
     amber / red where one of them is slow or past hang_after.  ``levels``: both blocks',
-    made already (``levels_of``)."""
+    made already (``count_levels``)."""
     if levels is None:
         levels = levels_of(m, [upper, lower], win, cats, spans)
 
@@ -1118,7 +1123,7 @@ def paint_group(m: ModelLike, ranks: tuple[int, ...], win: Window, cats: np.ndar
                 spans: Mapping[int, SpanIndex] | None = None,
                 levels: tuple[np.ndarray, np.ndarray] | None = None) -> list[Segment]:
     """Collapsed rows: how many of the ranks are busy in each cell, as shades (``levels``:
-    made already, ``levels_of``)."""
+    made already, ``count_levels``)."""
     w = win.width
     level, worst = group_levels(m, ranks, win, cats, spans) if levels is None else levels
     segs: list[Segment] = []
