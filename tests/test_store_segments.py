@@ -376,6 +376,42 @@ def test_a_live_console_past_its_memory_budget_starts_again_at_the_tail(tmp_path
         (written.kind, [shape.culprit_rank])]
 
 
+@pytest.mark.parametrize("apart", [False, True])
+def test_a_restart_at_the_tail_reads_no_more_than_half_the_budget_holds(tmp_path, monkeypatch, apart):
+    """A job whose minute holds more than the console's budget (16k ranks at the full rate
+    fill 1 GiB in ~20 s) restarts at the tail with what half the budget holds, not a minute:
+    its memory stays bounded.  ``apart``: the first read in workers, a part of the ranks each
+    (the job's rate is told from the ranks read, for all of them), restarted in the middle."""
+    from commscope.store.directory import DirectoryReader
+    from commscope.tui.feed import LIVE, Feed, tail_span_s
+
+    store = str(tmp_path / "trace")
+    shape = JobShape(8, 6000, fault="missing", rate=50.0, hang_after=10.0, segment_bytes=64 << 10)
+    written = write_store(store, shape)  # two minutes of ops, dense, then the hang
+    full, _, _ = load_trace(store)
+    budget = full.nbytes() // 4  # filled in ~30 s of the job: its last minute holds more
+    if apart:
+        monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+        by_workers(monkeypatch)
+    end = full.end_ns
+    spans: list[float] = []
+    feed = Feed(open_source(store), mode=LIVE, clock=lambda: end + S,
+                reopen=lambda w: spans.append(w.ago_s) or open_source(store, since=w))
+    feed.MODEL_BUDGET = budget
+    feed.BUDGET = 64 << 10
+    for _ in range(500):
+        _, got = feed.step()
+        if not got:
+            break
+    assert feed.restarts >= 1 and spans
+    assert all(s < feed.TAIL_MIN_S / 2 for s in spans)  # (what half the budget holds: ~17 s)
+    assert feed.model.nbytes() <= budget  # (a minute read: ~1.3 budgets)
+    assert tail_span_s(full, budget, feed.TAIL_MIN_S) < feed.TAIL_MIN_S / 2
+    found = diagnose(feed.model, feed.now(), feed.hang_after())
+    assert [(f.kind, f.culprits) for f in found if f.severity == "error"] == [
+        (written.kind, [shape.culprit_rank])]
+
+
 # ------------------------------------------------------------------ retention under a reader
 def _force(job: Path, keep_bytes: int) -> int:
     """Summarize and delete all but about ``keep_bytes`` of rank 0's stream (a limit below

@@ -2674,6 +2674,18 @@ class TraceModel:
         total += sum(gi.seqs.mat.nbytes + gi.seqs.keys.nbytes + gi.colmap.nbytes for gi in self.coll.values())
         return total + sum(ch.mat.nbytes + ch.keys.nbytes for ch in self.p2p.values())
 
+    def op_rate(self) -> float:
+        """Ops a second the job adds, from each rank's own: its ops over its span of events,
+        averaged over the ranks with two or more and counted for the job's world size (a first
+        read in workers holds some ranks' whole window, not every rank's first seconds)."""
+        t = self.table
+        n = t.n[: t.size]
+        span = t.last_ts[: t.size] - t.first_ts[: t.size]
+        ok = (n >= 2) & (span > 0)
+        if not ok.any():
+            return 0.0
+        return float(((n[ok] - 1) / span[ok]).mean()) * 1e9 * max(self.world_size, int(ok.sum()))
+
     def n_ops(self, rank: int) -> int:
         rt = self.ranks.get(rank)
         return rt.n if rt else 0

@@ -361,12 +361,11 @@ class Feed:
         return max(0.0, self._step_began + self.ROUND_S - time.monotonic())
 
     def _restart_at_tail(self) -> None:
-        """Start the model again from the last half of what it holds (at least a minute): a
-        reader of the window (the store carries what ranks were in when it starts), read to
+        """Start the model again from the last half of what it holds (at least a minute, unless
+        that holds more than half the budget: ``tail_span_s``): a reader of the window (the store carries what ranks were in when it starts), read to
         its end, then swapped in.  What came before is the summarized history's, and the
         window's skipped bytes say so."""
-        m = self.model
-        span_s = max(self.TAIL_MIN_S, (m.end_ns - m.start_ns) / 2e9)
+        span_s = tail_span_s(self.model, self.MODEL_BUDGET, self.TAIL_MIN_S)
         try:
             reader = self.reopen(Since(ago_s=span_s)) if self.reopen is not None else None
         except Exception as exc:  # a store gone meanwhile: keep following with what there is
@@ -627,6 +626,18 @@ def _noted(model: TraceModel, reader: TraceReader) -> None:
     model.note_read_stats(reader.stats)
     if model.reference is None:
         model.note_job(reader.job())
+
+
+def tail_span_s(model: TraceModel, budget: int, least_s: float) -> float:
+    """Seconds of the job a restart at the tail reads: the last half of what ``model`` holds,
+    at least ``least_s``, but no more than half of ``budget`` holds at the job's rate
+    (``TraceModel.op_rate`` at the model's bytes an op): 16k ranks at 25 collectives a
+    second fill 1 GiB in ~20 s, so a minute would hold 3 GiB."""
+    span_s = max(least_s, (model.end_ns - model.start_ns) / 2e9)
+    ops, rate = model.total_ops(), model.op_rate()
+    if ops and rate > 0:
+        span_s = min(span_s, budget / 2 / (model.nbytes() / ops * rate))
+    return span_s
 
 
 def _next_size_check(model: TraceModel) -> int:
