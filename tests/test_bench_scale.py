@@ -26,8 +26,11 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device, writers):
     be found.)"""
     if store != "directory":
         require_redis_server()
+    # (the missing rank's run with a model budget it outgrows: it starts again at the tail, live)
+    budget = ["--model-budget", "1MiB"] if fault == "missing" else []
     done = subprocess.run([sys.executable, "-m", "commscope", "bench", "scale", "--quick", "--store", store,
-                           "--fault", fault, "--writers", str(writers), *(["--device-times"] if device else [])],
+                           "--fault", fault, "--writers", str(writers), *(["--device-times"] if device else []),
+                           *budget],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
@@ -59,6 +62,10 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device, writers):
                      r"50 ms\);\s+counted whole, as a jump or a zoom counts it \(every 4th frame, as well\):\s+median "
                      r"[\d.]+ [mu]?s over \d+ frames", out), out
     assert max(len(line) for line in out.splitlines() if "heatmap" in line or "counted whole" in line) <= 80, out
+    model = re.search(r"its model: [\d.]+ [KM]iB of ([\d,]+) ops at the end \(\d+ B an op\);\s+its budget "
+                      r"([\d.]+ [MG]iB), (no restart|(\d+) restart\(s\)) at the tail past it", out)
+    assert model, out
+    assert (model.group(2), model.group(3) == "no restart") == (("1.0 MiB", False) if budget else ("1.0 GiB", True)), out
     written = int(re.search(r"written: ([\d,]+) events", out).group(1).replace(",", ""))
     rate = int(re.search(r"the job's: ([\d,]+)\)", out).group(1).replace(",", ""))
     assert rate == 64 * (25 * (3 if device else 2) + 2)  # (a begin, an end, a done; a heartbeat, a sample)
@@ -163,7 +170,8 @@ def _followed(polls, settled, settled_s=40.0, **over):
 
     seen = {"lags": [0.5], "behind": [0.4], "first_round_s": 3.0, "caught_s": 6.0, "after_caught": [0.4],
             "found_s": 5.0, "wrong": [], "early": [], "wall_s": 50.0, "frames": [0.01], "heat_frames": [0.02], "heat_whole": [0.03],
-            "rss": 1 << 30,
+            "rss": 1 << 30, "rss_end": 900 << 20, "model_bytes": 100 << 20, "model_ops": 800_000,
+            "model_budget": 1 << 30, "restarts": 0,
             "events": 4_000_000, "cpu_s": 50.0, "read_process_cpu_s": 30.0, "read_process_lost": [],
             "read_processes": 1, "ranks_seen": 1024, "stacks": (0, 1, 1023, 1), "polls": polls, "settled": settled,
             "settled_s": settled_s, "judging_s": 5.0}
@@ -249,3 +257,55 @@ def noisy_polls(polls):
     rng = np.random.default_rng(2)
     return [p._replace(records=p.records * 20, read_s=p.read_s + p.records * 19 * 2e-6 + rng.normal(0, 0.02))
             for p in polls]
+
+
+def test_the_memory_lines_state_the_model_and_the_rss_the_targets_job_would_hold():
+    """The model at the end (bytes an op, its budget, the restarts), and at 1/16 of the
+    target's rate: RSS between restarts from what is not the model (x the ranks wanting), the
+    console's budget grown by an eighth and a restart's tail beside it; and what a restart
+    reads again from where the store can start a stream (a directory's segment, as long as
+    the run's bytes a rank say; a Redis mark, every 5 minutes)."""
+    from commscope.bench.scale import Plan, memory
+
+    plan = Plan(ranks=16384, rate=1.5625, t_start=0, seconds=60.0, fault="missing", culprit=8195, fault_k=32,
+                hang_after=5.0, job="j", store="/nonexistent")
+    seen = _followed([], settled=None, rss_end=900 << 20, model_bytes=100 << 20, model_ops=800_000, restarts=2,
+                     model_budget=64 << 20, wall_s=50.0)
+    # 16,384 ranks wrote 4,000 bytes a second each at 1/16 of the rate: 64,000 at the full rate
+    text = memory(plan, seen, "directory", 16384 * 4000 * 50)
+    lines = text.splitlines()
+    assert lines[:2] == ["  its model: 100.0 MiB of 800,000 ops at the end (131 B an op);",
+                         "    its budget 64.0 MiB, 2 restart(s) at the tail past it"], text
+    assert all(len(line) <= 80 for line in lines), text
+    flat = " ".join(text.split())
+    held = (800 << 20) + (1 << 30) * 9 / 8 + (1 << 29)  # (2.42 GiB)
+    assert (f"RSS at 16,384 ranks and 25 collectives/s (EXTRAPOLATED, from this run's): at most "
+            f"{held / 2**30:.1f} GiB between restarts (target <= 4.0 GiB): 800.0 MiB besides the model, the model at "
+            f"the console's 1.0 GiB budget") in flat, flat
+    fill = (1 << 30) / (131.072 * 16384 * 25)
+    assert f"at 131 B an op the model fills its budget in {fill:.0f} s there" in flat, flat
+    # a 64 MiB segment at 64,000 bytes a second: 17 min, ~10.6 GiB of model at 409,600 ops a second
+    minutes = (64 << 20) / 64000 / 60
+    assert (f"a segment (64.0 MiB a rank), up to {minutes:.0f} min of a rank there, so up to "
+            f"{minutes * 60 * 409600 * 131.072 / 2**30:.1f} GiB more of model read again (NOT within the target)") \
+        in flat, flat
+    on_redis = " ".join(memory(plan, seen, "redis", None).split())
+    assert "a mark (every 5 min of a rank's time), up to 5 min of a rank there" in on_redis, on_redis
+    quarter = " ".join(memory(dataclasses.replace(plan, ranks=4096, rate=25.0), seen, "directory", 1).split())
+    assert "3.1 GiB besides the model (x 4 for the ranks, the interpreter's own counted as theirs)" in quarter, quarter
+    narrow = memory(dataclasses.replace(plan, ranks=512), seen, "directory", 1)
+    assert narrow == "\n".join(lines[:2]), narrow  # (too few of the target's ranks to say its RSS)
+
+
+def test_model_budget_takes_a_size_and_says_what_it_cannot_read():
+    """``--model-budget``: a size as ``--retain`` reads one; an age, a word or less than a
+    MiB is refused with what to give."""
+    import argparse
+
+    from commscope.commands.options import size
+
+    assert size("64MiB") == 64 << 20 and size("2G") == 2 << 30 and size("500MB") == 500_000_000
+    for bad, said in (("7d", "give a size, such as 64MiB"), ("2GiB,7d", "give a size"), ("lots", "cannot read 'lots'"),
+                      ("100KiB", "keep at least 1 MiB"), ("none", "give a size")):
+        with pytest.raises(argparse.ArgumentTypeError, match=said):
+            size(bad)

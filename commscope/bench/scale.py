@@ -37,8 +37,11 @@ every 4th also counted whole, as a jump or a zoom counts it).  Measured in one r
 written per second (against the job's rate), the reader's lag (how far the model's newest
 event is behind the wall clock), the time from the fault to its finding naming the culprit
 (target: hang_after + 5 s; a straggler needs its window of late collectives), the frame
-times, the console process's RSS (its read processes' with it), and on Redis each node's
-requests per second (Redis's own count).
+times, the console process's RSS (its read processes' with it), its model's bytes an op and
+its restarts at the tail (past ``--model-budget``, as ``attach``'s console restarts past its
+1 GiB), and on Redis each node's requests per second (Redis's own count).  The RSS the
+target's job would hold is extrapolated from a run of at least 1/16 of its ranks (``memory``),
+with what a restart would read again from where the store can start a stream.
 
 What 2 cores cannot run at full rate runs at a stated fraction of the rate (``--rate``) or
 of the ranks (``--ranks``), and is extrapolated to the target's job, labelled as such, from
@@ -146,6 +149,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--read-processes", type=int, metavar="N",
                    help="the console's read processes, each a part of the ranks (default: as attach starts them; "
                         "0: it reads in its own process)")
+    p.add_argument("--model-budget", type=options.size, metavar="SIZE",
+                   help="the console's model budget, past which it starts again at the tail (default 1 GiB, "
+                        "attach's); at a fraction f of the target's rate, f x 1 GiB restarts it as often as "
+                        "the target's job would, e.g. 64MiB at --rate 1.5625 with 16,384 ranks")
     p.add_argument("--quick", action="store_true",
                    help="64 ranks for 12 s (16 s with the default --hang-after: the least --seconds): a smoke test")
 
@@ -464,6 +471,11 @@ class Followed:
     heat_frames: list[float]  # ... its heatmap of every rank (every other frame: ``HeatFrames``; the first apart)
     heat_whole: list[float]  # ... counted whole, as a jump or a zoom counts it (``HeatFrames.WHOLE_EVERY``)
     rss: int  # the console's, its read processes' with it (the most sampled)
+    rss_end: int  # ... at the follow's end
+    model_bytes: int  # the model's arrays then (``TraceModel.nbytes``)
+    model_ops: int  # the ops they held
+    model_budget: int  # past which the model started again at the tail (``Feed.MODEL_BUDGET``)
+    restarts: int  # how many times it did
     events: int  # read
     cpu_s: float  # the console's, its read processes' with it
     read_process_cpu_s: float | None  # theirs (None: read in the console's process)
@@ -477,13 +489,15 @@ class Followed:
     judging_s: float  # diagnose and publish
 
 
-def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> Followed:
+def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: int | None = None) -> Followed:
     """The console's data side on the job until ``until`` (monotonic; longer, bounded, while
     the expected finding is not there yet): lag samples, when the expected finding first
-    named the culprit, frame times, RSS."""
+    named the culprit, frame times, RSS.  Past ``model_budget`` (None: the console's) its
+    model starts again at the tail, as ``attach``'s does."""
     import psutil
 
     from commscope.analysis.ranks import ranges
+    from commscope.analysis.source import open_source
     from commscope.store import backend_for, open_reader
     from commscope.tui.feed import Feed, read_ahead
 
@@ -493,8 +507,13 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> Followed:
     source = backend_for(plan.store).with_job(plan.store, plan.job)
     # (as ``commscope attach`` reads: its polls made ahead in a read process, where that is worth it)
     feed = Feed(read_ahead(open_reader(source, wait=True), source, None, plan.read_processes),
-                hang_after=plan.hang_after)
+                hang_after=plan.hang_after,
+                reopen=lambda window: read_ahead(open_source(source, wait=True, since=window), source, window,
+                                                 plan.read_processes))
+    if model_budget is not None:
+        feed.MODEL_BUDGET = model_budget
     ahead = feed.reader if isinstance(feed.reader, ReadAhead) else None  # (its CPU counted, even once lost)
+    aheads = [ahead] if ahead is not None else []  # (and a restart's at the tail, theirs)
     lags: list[float] = []  # the newest event read, behind the clock
     behind: list[float] = []  # what every stream was read up to (the watermark), behind the clock
     first_round: int | None = None  # when every stream had been read once
@@ -528,6 +547,8 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> Followed:
         info, got = feed.step()
         if polls_end is None and feed.reader is not reading:
             polls_end = time.monotonic()
+        if isinstance(feed.reader, ReadAhead) and all(feed.reader is not a for a in aheads):
+            aheads.append(feed.reader)
         if got and behind and polls_end is None:  # (once every stream was read: a first chunk's cost is once a stream)
             stats = feed.reader.stats
             now = _spent(feed)
@@ -575,6 +596,8 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> Followed:
         if pause:
             time.sleep(pause)
     settled_s = max(0.0, (polls_end or time.monotonic()) - settled_mono) if settled is not None else 0.0
+    rss_end = proc.memory_info().rss + _read_process_rss(feed.reader)
+    model_bytes, model_ops = feed.model.nbytes(), feed.model.total_ops()
     # done: the writers stop; what they wrote to the end is read (every event written is read)
     with open(os.path.join(plan.sync, DONE), "w"):
         pass
@@ -598,8 +621,9 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int) -> Followed:
         after_caught=behind[caught:] if caught_ns else [],
         found_s=(found_ns - fault_ns) / S if found_ns else None, wrong=wrong, early=early,
         wall_s=(time.time_ns() - plan.t_start) / S, frames=frames, heat_frames=heat_frames,
-        heat_whole=heat_whole, rss=rss, events=feed.model.events,
-        cpu_s=time.process_time() - cpu0 + (ahead.cpu_s if ahead is not None else 0.0),
+        heat_whole=heat_whole, rss=rss, rss_end=rss_end, model_bytes=model_bytes, model_ops=model_ops,
+        model_budget=feed.MODEL_BUDGET, restarts=feed.restarts, events=feed.model.events,
+        cpu_s=time.process_time() - cpu0 + sum(a.cpu_s for a in aheads),
         read_process_cpu_s=ahead.cpu_s if ahead is not None else None, read_process_lost=lost,
         read_processes=len(ahead.procs) if ahead is not None else 0, ranks_seen=len(feed.model.ranks),
         stacks=stacks_shown, polls=polls, settled=settled, settled_s=settled_s,
@@ -809,6 +833,53 @@ def extrapolation(plan: Plan, seen: Followed) -> str:
     return "\n".join(text)
 
 
+def memory(plan: Plan, seen: Followed, store: str, stored: int | None) -> str:
+    """The report's lines on the console's memory: its model at the end (bytes an op, the
+    restarts at the tail past its budget), and the RSS the target's job would hold
+    (EXTRAPOLATED where this run is smaller): what is not the model, as many times more as
+    there are more ranks; the model at the console's budget (``Feed.MODEL_BUDGET``, sized as
+    it grows by an eighth), and beside it a restart's tail of half that.  A restart's window
+    starts where the store can start a stream (a directory's segment, a Redis mark), and what
+    it reads from there is stated: ``stored`` (a directory's bytes at the end) tells how long
+    a segment lasts at the target's rate."""
+    from commscope.store.redis_marks import MARK_EVERY_S
+    from commscope.store.segments import segment_bytes_from_env
+    from commscope.tui.feed import Feed
+    from commscope.units import size
+
+    per_op = seen.model_bytes / max(1, seen.model_ops)
+    restarts = f"{seen.restarts} restart(s)" if seen.restarts else "no restart"
+    text = [f"  its model: {size(seen.model_bytes)} of {seen.model_ops:,} ops at the end ({per_op:.0f} B an op);\n"
+            f"    its budget {size(seen.model_budget)}, {restarts} at the tail past it"]
+    target = max(plan.ranks, TARGET_RANKS)
+    wider = target / plan.ranks
+    if wider > EXTRAPOLATE_FROM:  # (what is not the model is mostly the interpreter's at a few ranks)
+        return text[0]
+    budget = Feed.MODEL_BUDGET
+    rest = max(0, seen.rss_end - seen.model_bytes) * wider
+    held = rest + budget * 9 / 8 + budget / 2
+    ops_s = target * FULL_RATE
+    label = "EXTRAPOLATED, " if wider > 1 or plan.rate < FULL_RATE else ""
+    times = f" (x {wider:g} for the ranks, the interpreter's own counted as theirs)" if wider > 1 else ""
+    text.append(_wrapped(
+        f"RSS at {target:,} ranks and {FULL_RATE:g} collectives/s ({label}from this run's): at most "
+        f"{size(int(held))} between restarts (target <= {size(TARGET_RSS)}): {size(int(rest))} besides "
+        f"the model{times}, the model at the console's "
+        f"{size(budget)} budget (x 9/8: sized as it grows by an eighth), and a restart's tail beside it "
+        f"(half the budget); at {per_op:.0f} B an op the model fills its budget in "
+        f"{budget / (per_op * ops_s):.0f} s there"))
+    if store == "directory" and stored:
+        per_rank_s = stored / plan.ranks / seen.wall_s * FULL_RATE / plan.rate
+        start_s, where = segment_bytes_from_env() / per_rank_s, f"a segment ({size(segment_bytes_from_env())} a rank)"
+    else:
+        start_s, where = MARK_EVERY_S, f"a mark (every {MARK_EVERY_S / 60:g} min of a rank's time)"
+    text.append(_wrapped(
+        f"but a restart at the tail reads its window from where the store can start a stream: {where}, "
+        f"up to {start_s / 60:.0f} min of a rank there, so up to {size(int(start_s * ops_s * per_op))} more "
+        f"of model read again{' (NOT within the target)' if held + start_s * ops_s * per_op > TARGET_RSS else ''}"))
+    return "\n".join(text)
+
+
 def _wrapped(text: str) -> str:
     """A paragraph of the report: indented, within 80 columns."""
     return textwrap.fill(text, width=78, initial_indent="    ", subsequent_indent="    ")
@@ -922,10 +993,11 @@ def run(args: argparse.Namespace) -> int:
         nodes = _nodes(server)
         counted = [(n.commands(), time.monotonic()) for n in nodes]
         seen = follow(plan, fault_ns, time.monotonic() + (plan.t_start - time.time_ns()) / S + seconds + 1.0,
-                      args.writers)
+                      args.writers, args.model_budget)
         results = list(writers.join(60).values())
         loads = [node_load(f"127.0.0.1:{n.port}", c0, n.commands(), time.monotonic() - t0)
                  for n, (c0, t0) in zip(nodes, counted, strict=True)]
+        stored = _tree_bytes(root) if args.store == "directory" else None
     finally:
         writers.kill()
         if server is not None:
@@ -937,11 +1009,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"  a writer failed: {failed[0].error}")
         return 1
     wrote = [r.value for r in results]
-    return _report(args, plan, seconds, wrote, seen, loads)
+    return _report(args, plan, seconds, wrote, seen, loads, stored)
+
+
+def _tree_bytes(root: str) -> int:
+    """The bytes of the files under ``root`` (a directory store's, as written)."""
+    total = 0
+    for where, _, names in os.walk(root):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(where, name)).st_size
+    return total
 
 
 def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[dict], seen: Followed,
-            loads: list[NodeLoad]) -> int:
+            loads: list[NodeLoad], stored: int | None) -> int:
     events = sum(x["events"] for x in wrote)
     writer_cpu = sum(x["cpu_s"] for x in wrote)
     want = plan.ranks * (plan.rate * plan.records + 2)  # a begin, an end (a done) a collective; a heartbeat, a sample
@@ -1007,6 +1089,7 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
     extrapolated = extrapolation(plan, seen)
     if extrapolated:
         print(extrapolated)
+    print(memory(plan, seen, args.store, stored))
     ok = (mark_p99 <= TARGET_LAG_S and frame <= TARGET_FRAME_S and (heat <= TARGET_FRAME_S or not seen.heat_frames)
           and seen.rss <= TARGET_RSS
           and (EXPECTED[plan.fault] is None or (found is not None and found <= limit + (

@@ -92,6 +92,19 @@ class Ranks(NamedTuple):
 CULPRITS = "culprits"
 
 
+def size(text: str) -> int:
+    """Bytes, as ``--retain`` reads them (``64MiB``, ``2GiB``, ``500MB``), at least 1 MiB."""
+    from commscope.store import retention
+
+    try:
+        kept = retention.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace(" per rank", "")) from None
+    if kept.max_bytes is None or kept.max_age_s is not None:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r}: give a size, such as 64MiB or 2GiB")
+    return kept.max_bytes
+
+
 def ranks(text: str) -> Ranks:
     """An argparse type: ranks and ranges of ranks, comma-separated (``0-7,2049``), and the
     word ``culprits``: the ranks the findings blame."""
