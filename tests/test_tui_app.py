@@ -1060,9 +1060,35 @@ def test_behaviour_rows_put_the_odd_ones_out_first():
             await pilot.press("s")
         await pilot.pause()
         assert table._sort_col == UNUSUAL
-        assert table.order == [2, 0, 1, 3]
+        # (then, of the three in the all_reduce, the farthest from their median entry first:
+        # rank 3 entered 2 ms after it, rank 0 1 ms before it, rank 1 at it)
+        assert table.order == [2, 3, 0, 1]
 
     drive(app, check)
+
+
+def test_a_rank_late_into_the_op_thousands_wait_in_is_on_the_rank_tables_first_screen():
+    """4,096 ranks at 80x24, all but the culprit in one all_reduce, one of them 1.5 s after
+    the rest: no finding names it, and it does what 4,087 others do, but the rank table opens
+    with it right under the culprit (how far a rank is from the rest: ``farthest_first``)."""
+    from tui_scenarios import wide_missing_rank
+
+    from commscope.tui.rank_table import UNUSUAL
+
+    events, now = wide_missing_rank(late=3001)
+    app = make_app(events, now)
+
+    async def check(pilot):
+        found = [(f.kind, f.culprits) for f in app.feed.findings if f.severity == "error"]
+        assert found == [("missing_ranks", [2050])]  # (nothing names rank 3001)
+        await pilot.press("3")
+        await pilot.pause()
+        table = app.ranks_table
+        assert table._sort_col == UNUSUAL and table.order[:2] == [2050, 3001]
+        shown = [table.render_line(y).text for y in range(1, table.size.height)]
+        assert shown[1].split()[0] == "3001" and "all_reduce" in shown[1], shown
+
+    drive(app, check, size=(80, 24))
 
 
 def test_the_heatmap_holds_every_rank_in_the_lines_the_timeline_has():
@@ -1166,7 +1192,8 @@ def test_the_rank_table_paints_blank_rows_for_ranks_a_fresh_model_lacks():
         table.reset()
         table.refresh_ranks(now)
         await pilot.pause()
-        assert table.order == [0, 1, 2] and table.render_line(1).text.split()[0] == "0"
+        # (how unusual: of the three in the all_reduce, those entered farthest from their median first)
+        assert table.order == [0, 2, 1] and table.render_line(1).text.split()[0] == "0"
         await pilot.click(table, offset=(2, table.size.height - 1))  # under the last row: nothing
         assert table.cursor_row == 0
 

@@ -243,14 +243,16 @@ def mismatch_after_failure() -> tuple[list[dict], int]:
     return b.sorted_events(), now
 
 
-def wide_missing_rank(world: int = 4096, culprit: int = 2050) -> tuple[list[dict], int]:
+def wide_missing_rank(world: int = 4096, culprit: int = 2050, late: int | None = None) -> tuple[list[dict], int]:
     """``world`` ranks, 8 per host: all but ``culprit`` wait in all_reduce #4; it is stuck in
-    a data loader (its stack captured).  What the console must make readable at 80x24."""
+    a data loader (its stack captured).  What the console must make readable at 80x24.
+    ``late``: a rank that entered the all_reduce 1.5 s after the others (no finding's)."""
     b = TraceBuilder(world, hang_after=2.0, ranks_per_host=8)
     t = T0 + 100 * MS
     for _ in range(3):
         t = b.collective(t, "all_reduce", latency=20 * MS, shape=(4096,), site="train.py:42 in step") + 10 * MS
-    stuck = {r: b.sync(r, t + (r % 7) * MS, None, "all_reduce", shape=(4096,), site="train.py:42 in step")
+    stuck = {r: b.sync(r, t + (r % 7) * MS + (1500 * MS if r == late else 0), None, "all_reduce", shape=(4096,),
+                       site="train.py:42 in step")
              for r in range(world) if r != culprit}
     now = t + 6 * S
     b.add(culprit, t + 2 * S + 50 * MS, "stack", reason="request", trigger=0,

@@ -18,15 +18,17 @@ from commscope.analysis.rankstate import ending, last_op_before, rank_state, sam
 from commscope.tui import palette
 from commscope.tui.feed import REPLAY
 from commscope.tui.fmt import compact_size, duration, percent
-from commscope.tui.timeline import PIN_MIN_RANKS, SUMMARY_MIN_RANKS, behaviour_groups
+from commscope.tui.timeline import PIN_MIN_RANKS, SUMMARY_MIN_RANKS, farthest_first
 
 COLUMNS = [("rank", "Rank", 4), ("host", "Host", 10), ("state", "State", 30), ("last", "Last op", 16),
            ("gpu", "GPU%", 4), ("gmem", "GPU mem", 8), ("cpu", "CPU%", 4), ("rss", "RSS", 8)]
 FLEX = "state"  # takes whatever width the others leave
-#: The sort that is no column: the rarest behaviour first (``timeline.behaviour_groups``), what a
-#: job of more than SUMMARY_MIN_RANKS ranks opens with: how far a rank is from the rest
+#: The sort that is no column: the rarest behaviour first, and in one, the ranks that entered
+#: its op farthest from the rest (``timeline.farthest_first``), what a job of more than
+#: SUMMARY_MIN_RANKS ranks opens with: how far a rank is from the rest
 UNUSUAL = "unusual"
-LABELS = {k: label for k, label, _ in COLUMNS} | {UNUSUAL: "how unusual (the rarest behaviour first)"}
+LABELS = {k: label for k, label, _ in COLUMNS} | {
+    UNUSUAL: "how unusual (the rarest behaviour first; in one, who entered it farthest from the rest)"}
 PRIORITY = ["rank", "gpu", "cpu", "gmem", "rss", "last", "host"]
 STATE_MIN = 26  # room for "● in all_reduce #7 · 6.0 s" before any optional column
 
@@ -120,7 +122,7 @@ CELL_CACHE = 2 * ALL_LABELS
 
 class RankTable(ScrollView, can_focus=True):
     """One row per rank.  Click a column header (or press s) to sort by it; s also offers
-    "how unusual" (the rarest behaviour first), which a large job opens with.
+    "how unusual" (``farthest_first``), which a large job opens with.
 
     Virtual: the order is kept for every rank, but a rank's cells (its state, last op and
     samples) are computed only when its row is on screen, and painted a line at a time
@@ -342,7 +344,7 @@ class RankTable(ScrollView, can_focus=True):
         if not self._sort_chosen and col == "rank" and len(ranks) > SUMMARY_MIN_RANKS:
             col = self._sort_col = UNUSUAL
         if col == UNUSUAL:
-            order = [r for _, rs in behaviour_groups(self.feed.view, sorted(ranks)) for r in rs]
+            order = farthest_first(self.feed.view, sorted(ranks))
             order = order[::-1] if self._sort_reverse else order
         elif col == "rank":
             order = sorted(ranks, reverse=self._sort_reverse)

@@ -83,6 +83,25 @@ def behaviour_groups(m: ModelView, ranks: list[int]) -> list[tuple[tuple, list[i
     return sorted(groups.items(), key=lambda kv: (len(kv[1]), kv[0][0], kv[1][0]))
 
 
+def farthest_first(m: ModelView, ranks: list[int]) -> list[int]:
+    """``ranks`` by how far each is from the rest: the rarest behaviour first
+    (``behaviour_groups``), and in a behaviour of more than two ranks, those that entered its
+    op farthest from the others' median first (ties in rank order): among 16k ranks waiting
+    in one all_reduce, the one that came 2 s late into it is first of them, though it does
+    what they do."""
+    out: list[int] = []
+    for (_, op, _, _), rs in behaviour_groups(m, ranks):
+        if not op or len(rs) <= 2:
+            out.extend(rs)
+            continue
+        begins = np.fromiter((m.ranks[r].begin[m.states[r].op] for r in rs), np.int64, len(rs))
+        begins -= begins.min()  # (exact as floats: a median of raw ns rounds to 256 ns)
+        far = np.abs(begins - np.median(begins))
+        rank = np.asarray(rs)
+        out.extend(rank[np.lexsort((rank, -far))].tolist())
+    return out
+
+
 def heat_rows(ranks: list[int], lines: int) -> list[Row]:
     """The heatmap: ``ranks`` in 2 x ``lines`` blocks of consecutive ranks (or one each, when
     fewer), two blocks a line, one above the other in each cell: 16,384 ranks in 40 lines
