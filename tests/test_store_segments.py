@@ -383,12 +383,15 @@ def test_a_restart_at_the_tail_reads_no_more_than_half_the_budget_holds(tmp_path
     its memory stays bounded.  ``apart``: the first read in workers, a part of the ranks each
     (the job's rate is told from the ranks read, for all of them), restarted in the middle."""
     from commscope.store.directory import DirectoryReader
-    from commscope.tui.feed import LIVE, Feed, tail_span_s
+    from commscope.tui.feed import LIVE, TAIL_FLOOR_S, Feed, tail_span_s
 
     store = str(tmp_path / "trace")
     shape = JobShape(8, 6000, fault="missing", rate=50.0, hang_after=10.0, segment_bytes=64 << 10)
     written = write_store(store, shape)  # two minutes of ops, dense, then the hang
     full, _, _ = load_trace(store)
+    for where, _, names in os.walk(store):  # (a window counts back from the newest write: the job's end)
+        for name in names:
+            os.utime(os.path.join(where, name), ns=(full.end_ns, full.end_ns))
     budget = full.nbytes() // 4  # filled in ~30 s of the job: its last minute holds more
     if apart:
         monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
@@ -404,9 +407,16 @@ def test_a_restart_at_the_tail_reads_no_more_than_half_the_budget_holds(tmp_path
         if not got:
             break
     assert feed.restarts >= 1 and spans
-    assert all(s < feed.TAIL_MIN_S / 2 for s in spans)  # (what half the budget holds: ~17 s)
-    assert feed.model.nbytes() <= budget  # (a minute read: ~1.3 budgets)
-    assert tail_span_s(full, budget, feed.TAIL_MIN_S) < feed.TAIL_MIN_S / 2
+    assert all(TAIL_FLOOR_S < s < feed.TAIL_MIN_S / 2 for s in spans)  # (what half the budget holds: ~17 s)
+    assert feed.model.nbytes() <= budget  # (a minute read: ~2.5 budgets)
+    assert TAIL_FLOOR_S < tail_span_s(full, budget, feed.TAIL_MIN_S) < feed.TAIL_MIN_S / 2
+    # the job's rate, each rank's own (8 ranks x 6,000 ops over the job's span, its hang
+    # included), is not one rank's: two ops a microsecond apart (a rank started again) leave it
+    rate = full.op_rate()
+    assert rate == pytest.approx(8 * 6000 / ((full.end_ns - full.start_ns) / 1e9), rel=0.02)
+    t, s0 = full.table, full.ranks[0]._s
+    t.first_ts[s0], t.last_ts[s0] = t.last_ts[s0] - 1000, t.last_ts[s0]
+    assert full.op_rate() == pytest.approx(rate, rel=0.1)
     found = diagnose(feed.model, feed.now(), feed.hang_after())
     assert [(f.kind, f.culprits) for f in found if f.severity == "error"] == [
         (written.kind, [shape.culprit_rank])]

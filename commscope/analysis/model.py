@@ -2676,15 +2676,20 @@ class TraceModel:
 
     def op_rate(self) -> float:
         """Ops a second the job adds, from each rank's own: its ops over its span of events,
-        averaged over the ranks with two or more and counted for the job's world size (a first
-        read in workers holds some ranks' whole window, not every rank's first seconds)."""
+        the median over the job's ranks with two or more (one rank's two ops a microsecond
+        apart, or one long-carried op, does not make it), counted for the job's world size (a
+        first read in workers holds some ranks' whole window, not every rank's first seconds).
+        Streams kept apart (``kept_apart``) are not the job's."""
         t = self.table
         n = t.n[: t.size]
         span = t.last_ts[: t.size] - t.first_ts[: t.size]
         ok = (n >= 2) & (span > 0)
+        apart = self.kept_apart
+        if apart:
+            ok[[rt._s for r in apart if (rt := self.ranks.get(r)) is not None]] = False
         if not ok.any():
             return 0.0
-        return float(((n[ok] - 1) / span[ok]).mean()) * 1e9 * max(self.world_size, int(ok.sum()))
+        return float(np.median((n[ok] - 1) / span[ok])) * 1e9 * max(self.world_size, int(ok.sum()))
 
     def n_ops(self, rank: int) -> int:
         rt = self.ranks.get(rank)

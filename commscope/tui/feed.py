@@ -362,9 +362,10 @@ class Feed:
 
     def _restart_at_tail(self) -> None:
         """Start the model again from the last half of what it holds (at least a minute, unless
-        that holds more than half the budget: ``tail_span_s``): a reader of the window (the store carries what ranks were in when it starts), read to
-        its end, then swapped in.  What came before is the summarized history's, and the
-        window's skipped bytes say so."""
+        that holds more than half the budget: ``tail_span_s``): a reader of the window (the
+        store carries what ranks were in where it starts), read to its end, then swapped in.
+        What came before is the summarized history's, and the window's skipped bytes say so.
+        The store starts a stream at a segment or a mark: a restart reads from there."""
         span_s = tail_span_s(self.model, self.MODEL_BUDGET, self.TAIL_MIN_S)
         try:
             reader = self.reopen(Since(ago_s=span_s)) if self.reopen is not None else None
@@ -631,13 +632,18 @@ def _noted(model: TraceModel, reader: TraceReader) -> None:
 def tail_span_s(model: TraceModel, budget: int, least_s: float) -> float:
     """Seconds of the job a restart at the tail reads: the last half of what ``model`` holds,
     at least ``least_s``, but no more than half of ``budget`` holds at the job's rate
-    (``TraceModel.op_rate`` at the model's bytes an op): 16k ranks at 25 collectives a
-    second fill 1 GiB in ~20 s, so a minute would hold 3 GiB."""
+    (``TraceModel.op_rate`` at the model's bytes an op; never under ``TAIL_FLOOR_S``): 16k
+    ranks at 25 collectives a second fill 1 GiB in 5-20 s, so a minute would hold 3-12 GiB."""
     span_s = max(least_s, (model.end_ns - model.start_ns) / 2e9)
     ops, rate = model.total_ops(), model.op_rate()
     if ops and rate > 0:
-        span_s = min(span_s, budget / 2 / (model.nbytes() / ops * rate))
+        span_s = min(span_s, max(TAIL_FLOOR_S, budget / 2 / (model.nbytes() / ops * rate)))
     return span_s
+
+
+#: The least a restart at the tail reads, whatever the job's rate says (a window of no time
+#: would hold only what the ranks carry into it)
+TAIL_FLOOR_S = 2.0
 
 
 def _next_size_check(model: TraceModel) -> int:

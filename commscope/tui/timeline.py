@@ -86,7 +86,7 @@ def behaviour_groups(m: ModelView, ranks: list[int]) -> list[tuple[tuple, list[i
 def farthest_first(m: ModelView, ranks: list[int]) -> list[int]:
     """``ranks`` by how far each is from the rest: the rarest behaviour first
     (``behaviour_groups``), and in a behaviour of more than two ranks, those that entered its
-    op farthest from the others' median first (ties in rank order): among 16k ranks waiting
+    op farthest from the behaviour's median first (ties in rank order): among 16k ranks waiting
     in one all_reduce, the one that came 2 s late into it is first of them, though it does
     what they do."""
     out: list[int] = []
