@@ -261,18 +261,21 @@ def noisy_polls(polls):
 
 def test_the_memory_lines_state_the_model_and_the_rss_the_targets_job_would_hold():
     """The model at the end (bytes an op, its budget, the restarts), and at 1/16 of the
-    target's rate: RSS between restarts from what is not the model (x the ranks wanting), the
-    console's budget grown by an eighth and a restart's tail beside it; and what a restart
-    reads again from where the store can start a stream (a directory's segment, as long as
-    the run's bytes a rank say; a Redis mark, every 5 minutes)."""
-    from commscope.bench.scale import Plan, memory
+    target's rate: RSS where a restart reads only its window, from what is not the model (x
+    the ranks wanting), the console's budget grown by an eighth and a restart's tail beside
+    it; and what a restart reads again from where the store can start a stream (a
+    directory's segment, as long as a rank's bytes at the full rate say, its op records'
+    grown with the rate and the rest not; a Redis mark, every 5 minutes)."""
+    from commscope.bench.scale import Plan, Stored, memory, stored_of
 
     plan = Plan(ranks=16384, rate=1.5625, t_start=0, seconds=60.0, fault="missing", culprit=8195, fault_k=32,
                 hang_after=5.0, job="j", store="/nonexistent")
     seen = _followed([], settled=None, rss_end=900 << 20, model_bytes=100 << 20, model_ops=800_000, restarts=2,
                      model_budget=64 << 20, wall_s=50.0)
-    # 16,384 ranks wrote 4,000 bytes a second each at 1/16 of the rate: 64,000 at the full rate
-    text = memory(plan, seen, "directory", 16384 * 4000 * 50)
+    # a rank's op records: 2,400 bytes a second per collective a second (60,000 at the full
+    # rate), its heartbeats and samples 4,000: 64,000 bytes a second at the full rate
+    stored = Stored(ops=2400.0, other=4000.0)
+    text = memory(plan, seen, "directory", stored)
     lines = text.splitlines()
     assert lines[:2] == ["  its model: 100.0 MiB of 800,000 ops at the end (131 B an op);",
                          "    its budget 64.0 MiB, 2 restart(s) at the tail past it"], text
@@ -280,21 +283,28 @@ def test_the_memory_lines_state_the_model_and_the_rss_the_targets_job_would_hold
     flat = " ".join(text.split())
     held = (800 << 20) + (1 << 30) * 9 / 8 + (1 << 29)  # (2.42 GiB)
     assert (f"RSS at 16,384 ranks and 25 collectives/s (EXTRAPOLATED, from this run's): at most "
-            f"{held / 2**30:.1f} GiB between restarts (target <= 4.0 GiB): 800.0 MiB besides the model, the model at "
-            f"the console's 1.0 GiB budget") in flat, flat
+            f"{held / 2**30:.1f} GiB (target <= 4.0 GiB) where a restart at the tail reads only its window: 800.0 MiB "
+            f"besides the model, the model at the console's 1.0 GiB budget") in flat, flat
     fill = (1 << 30) / (131.072 * 16384 * 25)
     assert f"at 131 B an op the model fills its budget in {fill:.0f} s there" in flat, flat
     # a 64 MiB segment at 64,000 bytes a second: 17 min, ~10.6 GiB of model at 409,600 ops a second
-    minutes = (64 << 20) / 64000 / 60
-    assert (f"a segment (64.0 MiB a rank), up to {minutes:.0f} min of a rank there, so up to "
-            f"{minutes * 60 * 409600 * 131.072 / 2**30:.1f} GiB more of model read again (NOT within the target)") \
+    seconds = (64 << 20) / 64000
+    assert (f"a segment (64.0 MiB a rank), up to {seconds / 60:.0f} min of a rank there (EXTRAPOLATED: at 64.0 KB "
+            f"a rank a second, its op records' grown to the rate), so up to "
+            f"{seconds * 409600 * 131.072 / 2**30:.1f} GiB more of model read again (NOT within the target)") \
         in flat, flat
-    on_redis = " ".join(memory(plan, seen, "redis", None).split())
-    assert "a mark (every 5 min of a rank's time), up to 5 min of a rank there" in on_redis, on_redis
-    quarter = " ".join(memory(dataclasses.replace(plan, ranks=4096, rate=25.0), seen, "directory", 1).split())
+    on_redis = " ".join(memory(plan, seen, "redis", stored).split())
+    assert "a mark (every 5 min of a rank's time), up to 5 min of a rank there, so up to 15.0 GiB more" \
+        in on_redis, on_redis
+    full = dataclasses.replace(plan, ranks=4096, rate=25.0)
+    quarter = " ".join(memory(full, seen, "directory", Stored(ops=200_000.0, other=0.0)).split())
     assert "3.1 GiB besides the model (x 4 for the ranks, the interpreter's own counted as theirs)" in quarter, quarter
-    narrow = memory(dataclasses.replace(plan, ranks=512), seen, "directory", 1)
+    assert "up to 13 s of a rank there" in quarter, quarter  # (64 MiB at 5 MB a second: seconds, not "0 min")
+    narrow = memory(dataclasses.replace(plan, ranks=512), seen, "directory", stored)
     assert narrow == "\n".join(lines[:2]), narrow  # (too few of the target's ranks to say its RSS)
+    # what the writers counted before the fault (here at 20.48 s: 32 collectives at 1.5625 a second)
+    wrote = [{"op_bytes": 16384 * 2400 * 1.5625 * 20.48 / 2, "beat_bytes": 16384 * 4000 * 20.48 / 2}] * 2
+    assert stored_of(plan, wrote) == pytest.approx(stored)
 
 
 def test_model_budget_takes_a_size_and_says_what_it_cannot_read():

@@ -61,6 +61,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import resource
 import shutil
 import tempfile
 import textwrap
@@ -253,6 +254,7 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
     pos = np.zeros(mine.shape[0], np.int64)  # each stream's ring position
     begun = ended = 0  # collectives whose begins / ends every rank has written
     lines_out = events = before = 0
+    op_bytes = beat_bytes = 0  # (before the fault: the store's bytes of op records, and of the rest)
     fault_at = plan.base(plan.fault_k)
     pending = [[_meta(shape, int(r), plan.job, plan.store, plan.t_start)] for r in mine.tolist()]
     next_beat = plan.t_start
@@ -329,6 +331,8 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
                 body = prefix[i == culprit_at and plan.fault == "mismatch"] + data
                 pending[i].append(blocks.encode_block(body, int(mine[i]), now, n, int(pos[i]),
                                                       int(pos[i]) + len(data)))
+                if now < fault_at:
+                    op_bytes += len(pending[i][-1]) + 1
                 pos[i] += len(data)
                 events += n
             begun = max(begun, k_hi)
@@ -344,6 +348,8 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
                 pending[i].append(b'{"type":"heartbeat","ts":%d,"inflight":%d,"v":%d,"rank":%d}'
                                   % (now, 1 if stuck else 0, SCHEMA_VERSION, r))
                 events += 2
+                if now < fault_at:
+                    beat_bytes += len(pending[i][-1]) + len(pending[i][-2]) + 2
         if capture_at is not None and now >= capture_at and begun > plan.fault_k:
             capture_at = None
             for i, r in enumerate(mine.tolist()):
@@ -365,6 +371,7 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
     with open(os.path.join(plan.sync, f"{CLOSED}{w}"), "w"):
         pass
     return {"events": events, "before": before, "lines": lines_out, "cpu_s": time.process_time() - cpu0,
+            "op_bytes": op_bytes, "beat_bytes": beat_bytes,
             "ranks": int(mine.shape[0]), "wall_s": (time.time_ns() - plan.t_start) / S, "every": every}
 
 
@@ -470,7 +477,7 @@ class Followed:
     frames: list[float]  # seconds to paint the timeline's rows
     heat_frames: list[float]  # ... its heatmap of every rank (every other frame: ``HeatFrames``; the first apart)
     heat_whole: list[float]  # ... counted whole, as a jump or a zoom counts it (``HeatFrames.WHOLE_EVERY``)
-    rss: int  # the console's, its read processes' with it (the most sampled)
+    rss: int  # the console's, its read processes' with it (the most sampled), or its own peak if more
     rss_end: int  # ... at the follow's end
     model_bytes: int  # the model's arrays then (``TraceModel.nbytes``)
     model_ops: int  # the ops they held
@@ -484,6 +491,7 @@ class Followed:
     ranks_seen: int
     stacks: tuple[int, int, int, int]  # the expected finding's (``_stacks_shown``)
     polls: list[Poll]  # each step with events once the watermark was sampled, with the first reader
+    #: (until a read process was lost or the first restart at the tail: costs of another shape)
     settled: int | None  # the first of ``polls`` after the console caught up
     settled_s: float  # seconds from then to the last of them (the follow's end, or a read process lost)
     judging_s: float  # diagnose and publish
@@ -514,6 +522,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
         feed.MODEL_BUDGET = model_budget
     ahead = feed.reader if isinstance(feed.reader, ReadAhead) else None  # (its CPU counted, even once lost)
     aheads = [ahead] if ahead is not None else []  # (and a restart's at the tail, theirs)
+    readers = [feed.reader]  # every reader it had (a restart's at the tail, one reading here)
     lags: list[float] = []  # the newest event read, behind the clock
     behind: list[float] = []  # what every stream was read up to (the watermark), behind the clock
     first_round: int | None = None  # when every stream had been read once
@@ -547,8 +556,10 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
         info, got = feed.step()
         if polls_end is None and feed.reader is not reading:
             polls_end = time.monotonic()
-        if isinstance(feed.reader, ReadAhead) and all(feed.reader is not a for a in aheads):
-            aheads.append(feed.reader)
+        if all(feed.reader is not r for r in readers):  # (a restart's, or one reading here)
+            readers.append(feed.reader)
+            if isinstance(feed.reader, ReadAhead):
+                aheads.append(feed.reader)
         if got and behind and polls_end is None:  # (once every stream was read: a first chunk's cost is once a stream)
             stats = feed.reader.stats
             now = _spent(feed)
@@ -609,7 +620,11 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
             break
         if not got:
             time.sleep(Feed.POLL_S)
-    lost = [w for w in feed.reader.stats.warnings if w.startswith("the read process")]  # (``Feed._read_here``)
+    lost = list(dict.fromkeys(w for r in readers for w in r.stats.warnings  # (``Feed._read_here``)
+                              if w.startswith("the read process")))
+    # (a restart at the tail holds the old model and the new at once, inside a step: the
+    # samples between steps miss it; the process's own peak does not)
+    rss = max(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     feed.reader.close()
     for f in feed.findings:  # (as last judged: the captures read by then)
         if f.kind == expect and sorted(f.culprits) in want:
@@ -624,7 +639,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
         heat_whole=heat_whole, rss=rss, rss_end=rss_end, model_bytes=model_bytes, model_ops=model_ops,
         model_budget=feed.MODEL_BUDGET, restarts=feed.restarts, events=feed.model.events,
         cpu_s=time.process_time() - cpu0 + sum(a.cpu_s for a in aheads),
-        read_process_cpu_s=ahead.cpu_s if ahead is not None else None, read_process_lost=lost,
+        read_process_cpu_s=sum(a.cpu_s for a in aheads) if aheads else None, read_process_lost=lost,
         read_processes=len(ahead.procs) if ahead is not None else 0, ranks_seen=len(feed.model.ranks),
         stacks=stacks_shown, polls=polls, settled=settled, settled_s=settled_s,
         judging_s=feed.costs.diagnose + feed.costs.publish)
@@ -833,15 +848,42 @@ def extrapolation(plan: Plan, seen: Followed) -> str:
     return "\n".join(text)
 
 
-def memory(plan: Plan, seen: Followed, store: str, stored: int | None) -> str:
+class Stored(NamedTuple):
+    """A rank's bytes a second in the store before the fault, as its writer wrote them: of
+    its op records (block lines, which grow with the rate), and of the rest (its heartbeat
+    and sample, a second each, which do not)."""
+
+    ops: float
+    other: float
+
+    def at(self, rate: float) -> float:
+        """A rank's bytes a second at ``rate`` collectives a second."""
+        return self.ops * rate + self.other
+
+
+def stored_of(plan: Plan, wrote: list[dict]) -> Stored:
+    """``Stored`` from the writers' counts (per collective a second: ``Stored.ops`` is per
+    unit of rate)."""
+    before_s = max(1e-9, (plan.base(plan.fault_k) - plan.t_start) / S) * plan.ranks
+    return Stored(sum(x["op_bytes"] for x in wrote) / before_s / plan.rate,
+                  sum(x["beat_bytes"] for x in wrote) / before_s)
+
+
+def _duration(seconds: float) -> str:
+    """'17 min', '2.5 h', '40 s': a span as it reads best."""
+    return (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200
+            else f"{seconds / 3600:.1f} h")
+
+
+def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
     """The report's lines on the console's memory: its model at the end (bytes an op, the
     restarts at the tail past its budget), and the RSS the target's job would hold
     (EXTRAPOLATED where this run is smaller): what is not the model, as many times more as
     there are more ranks; the model at the console's budget (``Feed.MODEL_BUDGET``, sized as
-    it grows by an eighth), and beside it a restart's tail of half that.  A restart's window
-    starts where the store can start a stream (a directory's segment, a Redis mark), and what
-    it reads from there is stated: ``stored`` (a directory's bytes at the end) tells how long
-    a segment lasts at the target's rate."""
+    it grows by an eighth), and at a restart a tail of half that beside it, where the restart
+    reads only its window.  A restart's window starts where the store can start a stream (a
+    directory's segment, a Redis mark), and what it reads from there is stated: ``stored``
+    tells how long a segment lasts at the target's rate."""
     from commscope.store.redis_marks import MARK_EVERY_S
     from commscope.store.segments import segment_bytes_from_env
     from commscope.tui.feed import Feed
@@ -859,24 +901,28 @@ def memory(plan: Plan, seen: Followed, store: str, stored: int | None) -> str:
     rest = max(0, seen.rss_end - seen.model_bytes) * wider
     held = rest + budget * 9 / 8 + budget / 2
     ops_s = target * FULL_RATE
-    label = "EXTRAPOLATED, " if wider > 1 or plan.rate < FULL_RATE else ""
+    label = "EXTRAPOLATED" if wider > 1 or plan.rate < FULL_RATE else "measured"
     times = f" (x {wider:g} for the ranks, the interpreter's own counted as theirs)" if wider > 1 else ""
     text.append(_wrapped(
-        f"RSS at {target:,} ranks and {FULL_RATE:g} collectives/s ({label}from this run's): at most "
-        f"{size(int(held))} between restarts (target <= {size(TARGET_RSS)}): {size(int(rest))} besides "
-        f"the model{times}, the model at the console's "
-        f"{size(budget)} budget (x 9/8: sized as it grows by an eighth), and a restart's tail beside it "
-        f"(half the budget); at {per_op:.0f} B an op the model fills its budget in "
+        f"RSS at {target:,} ranks and {FULL_RATE:g} collectives/s ({label}, from this run's): at most "
+        f"{size(int(held))} (target <= {size(TARGET_RSS)}) where a restart at the tail reads only its "
+        f"window: {size(int(rest))} besides the model{times}, the model at the console's "
+        f"{size(budget)} budget (x 9/8: sized as it grows by an eighth), and at a restart a tail of half the "
+        f"budget beside it; at {per_op:.0f} B an op the model fills its budget in "
         f"{budget / (per_op * ops_s):.0f} s there"))
-    if store == "directory" and stored:
-        per_rank_s = stored / plan.ranks / seen.wall_s * FULL_RATE / plan.rate
-        start_s, where = segment_bytes_from_env() / per_rank_s, f"a segment ({size(segment_bytes_from_env())} a rank)"
+    if store == "directory":
+        segment = segment_bytes_from_env()
+        start_s, where = segment / stored.at(FULL_RATE), f"a segment ({size(segment)} a rank)"
+        how = f" ({label}: at {stored.at(FULL_RATE) / 1e3:,.1f} KB a rank a second, its op records' grown to the rate)"
     else:
         start_s, where = MARK_EVERY_S, f"a mark (every {MARK_EVERY_S / 60:g} min of a rank's time)"
+        how = ""
+    more = start_s * ops_s * per_op
     text.append(_wrapped(
-        f"but a restart at the tail reads its window from where the store can start a stream: {where}, "
-        f"up to {start_s / 60:.0f} min of a rank there, so up to {size(int(start_s * ops_s * per_op))} more "
-        f"of model read again{' (NOT within the target)' if held + start_s * ops_s * per_op > TARGET_RSS else ''}"))
+        f"but a restart reads from where the store can start a stream: {where}, up to "
+        f"{_duration(start_s)} of a rank there{how}, so up to {size(int(more))} more of model "
+        f"read again{' (NOT within the target)' if held + more > TARGET_RSS else ''}; a restart that "
+        f"reads more than its window sets the next one's floor at twice what it read"))
     return "\n".join(text)
 
 
@@ -997,7 +1043,6 @@ def run(args: argparse.Namespace) -> int:
         results = list(writers.join(60).values())
         loads = [node_load(f"127.0.0.1:{n.port}", c0, n.commands(), time.monotonic() - t0)
                  for n, (c0, t0) in zip(nodes, counted, strict=True)]
-        stored = _tree_bytes(root) if args.store == "directory" else None
     finally:
         writers.kill()
         if server is not None:
@@ -1009,21 +1054,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"  a writer failed: {failed[0].error}")
         return 1
     wrote = [r.value for r in results]
-    return _report(args, plan, seconds, wrote, seen, loads, stored)
-
-
-def _tree_bytes(root: str) -> int:
-    """The bytes of the files under ``root`` (a directory store's, as written)."""
-    total = 0
-    for where, _, names in os.walk(root):
-        for name in names:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(where, name)).st_size
-    return total
+    return _report(args, plan, seconds, wrote, seen, loads)
 
 
 def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[dict], seen: Followed,
-            loads: list[NodeLoad], stored: int | None) -> int:
+            loads: list[NodeLoad]) -> int:
     events = sum(x["events"] for x in wrote)
     writer_cpu = sum(x["cpu_s"] for x in wrote)
     want = plan.ranks * (plan.rate * plan.records + 2)  # a begin, an end (a done) a collective; a heartbeat, a sample
@@ -1089,7 +1124,7 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
     extrapolated = extrapolation(plan, seen)
     if extrapolated:
         print(extrapolated)
-    print(memory(plan, seen, args.store, stored))
+    print(memory(plan, seen, args.store, stored_of(plan, wrote)))
     ok = (mark_p99 <= TARGET_LAG_S and frame <= TARGET_FRAME_S and (heat <= TARGET_FRAME_S or not seen.heat_frames)
           and seen.rss <= TARGET_RSS
           and (EXPECTED[plan.fault] is None or (found is not None and found <= limit + (
