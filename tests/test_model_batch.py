@@ -518,13 +518,46 @@ def test_an_inferred_completion_stays_when_the_ops_own_end_does_not_complete_it(
 def test_ids_past_the_dense_map_are_found_the_same_way():
     """Found by review: the batch path counted a rank's ops twice when choosing between a
     dense id map and a dict, so a negative id was found by one path and not the other."""
-    from commscope.analysis.columns import DENSE_ID_FACTOR, DENSE_ID_SLACK
+    from commscope.analysis.columns import BELOW_MAX, DENSE_ID_FACTOR, DENSE_ID_SLACK, ID_DICT_BYTES
 
     statics = [_static("all_reduce")]
     big = DENSE_ID_FACTOR * 2 + DENSE_ID_SLACK + 1
     rows = [(PH_BEGIN, T, -5, 0, 1, -1, 0), (PH_BEGIN, T + 1, big, 0, 2, -1, 0), (PH_END, T + 9, -5, -1, -1, -1, 0)]
     models = _same([([], [_rows(r, rows, statics) for r in (0, 1)])])
+    # (the big id starts the dense map at it, ``id_base``: a negative id is in no dense map)
+    assert {(m.ranks[0].index_of(-5), m.ranks[0].index_of(big)) for m in models.values()} == {(None, 1)}
+    # ids spread past what a map a few times the ops holds: a dict, the negative id in it, both ways
+    far = [(PH_BEGIN, T + 2 + j, big * (j + 2) * 8, 0, 3 + j, -1, 0) for j in range(BELOW_MAX + 2)]
+    models = _same([([], [_rows(r, rows + far, statics) for r in (0, 1)])])
     assert {m.ranks[0].index_of(-5) for m in models.values()} == {0}
+    assert all(m.ranks[0].id_dict is not None for m in models.values())
+    # (and a dict's ids count in the model's bytes, as its arrays do)
+    assert all(m.ranks[0].nbytes() >= ID_DICT_BYTES * len(m.ranks[0].id_dict) for m in models.values())
+
+
+def test_a_windows_ranks_map_their_ids_densely_from_where_they_start():
+    """A rank read from a window: the few ops its carry holds (ids from the job's start), then
+    its ops there (ids far past them).  Its id map starts at the window's ids (``id_base``),
+    the carried ones apart (``id_below``), not a dict of every id (~100 bytes an op the
+    budget did not count); every id is found as a dict finds it, batched or rank by rank,
+    one batch or a live batch at a time; and an id below the window's, later, too."""
+    statics = [_static("all_reduce")]
+    carried = [(PH_BEGIN, T, 7, 0, 7, -1, 0), (PH_BEGIN, T + 1, 40, 0, 40, -1, 0)]
+    start = 900_000
+    window = [(PH_BEGIN, T + 10 + j, start + j, 0, start + j, -1, 0) for j in range(300)]
+    ends = [(PH_END, T + 400 + j, i, -1, -1, -1, 0) for j, i in enumerate([40, start, start + 299])]
+    late = [(PH_BEGIN, T + 900, 3, 0, 3, -1, 0), (PH_BEGIN, T + 901, start + 300, 0, start + 300, -1, 0)]
+    ids = [7, 40] + [start + j for j in range(300)] + [3, start + 300]
+    for plan in ([([], [_rows(r, carried + window + ends + late, statics) for r in (0, 1)])],
+                 [([], [_rows(r, carried, statics) for r in (0, 1)]), ([], [_rows(r, window, statics) for r in (0, 1)]),
+                  ([], [_rows(r, ends, statics) for r in (0, 1)]), ([], [_rows(r, late, statics) for r in (0, 1)])]):
+        for m in _same(plan).values():
+            rt = m.ranks[0]
+            assert rt.id_dict is None and rt.id_base >= 40 and set(rt.id_below) >= {7, 40}
+            assert rt.id2idx.nbytes < 64 << 10  # (ids from 0: 3.6 MB a rank)
+            assert [rt.index_of(i) for i in ids] == list(range(len(ids)))
+            assert rt.lookup(np.array(ids + [5, -1, start + 301])).tolist() == [*range(len(ids)), -1, -1, -1]
+            assert rt.end[1] == T + 400 and rt.end[2] == T + 401 and rt.end[301] == T + 402  # (their ends found)
 
 
 def test_negative_ids_that_run_on_are_found_as_the_id_map_finds_them():

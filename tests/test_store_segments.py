@@ -422,6 +422,24 @@ def test_a_restart_at_the_tail_reads_no_more_than_half_the_budget_holds(tmp_path
         (written.kind, [shape.culprit_rank])]
 
 
+def test_a_window_of_a_long_job_maps_its_ranks_ids_without_a_dict(tmp_path):
+    """A day-long job read from its last 30 minutes: each rank's ops there have ids far past
+    the job's first, and its id map starts at them (``RankTrace.id_base``): no rank holds a
+    dict of its ids (each rank of a window did, ~100 bytes an op the budget did not count),
+    and every op is found by its id."""
+    from commscope.analysis.model import TraceModel
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(4, 12000, fault="dead", days=1, tail_s=600, segment_bytes=128 << 10))
+    m = TraceModel()
+    m.ingest(open_source(store, since=Since(ago_s=1800)).read_all())
+    assert m.total_ops() and len(m.ranks) == 4
+    for rt in m.ranks.values():
+        assert rt.id_dict is None and rt.id_base > 10_000
+        ids = rt.id[: rt.n].tolist()
+        assert [rt.index_of(i) for i in ids] == list(range(rt.n))
+
+
 # ------------------------------------------------------------------ retention under a reader
 def _force(job: Path, keep_bytes: int) -> int:
     """Summarize and delete all but about ``keep_bytes`` of rank 0's stream (a limit below

@@ -30,6 +30,11 @@ I64_MIN = runmax.I64_MIN
 #: switch it to a dict, so an id costs memory by the ops held, never by its value.
 DENSE_ID_FACTOR = 4
 DENSE_ID_SLACK = 1 << 12
+#: A dense map starts at its ids (``RankTrace.id_base``) with at most this many ids below it
+#: (those a window's carry holds), else the ids go into a dict
+BELOW_MAX = 1024
+#: What an id in a dict costs (an entry, its key and value as Python ints): a model's bytes count it
+ID_DICT_BYTES = 100
 TOUCH_LOG = 64  # batches a rank remembers the changes of (RankTrace.touched)
 
 
@@ -588,6 +593,9 @@ class RankTrace:
     flags = _NONE_U1
     pmax = _NONE_I8  # rows of its block's running max of ends (``runmax``), in time order
     id2idx = _NONE_I4
+    id_base = 0  # the id ``id2idx[0]`` stands for (a window's ranks begin far past their job's first ids)
+    id_below: dict[int, int] | None = None  # the few ids below ``id_base`` (ops carried into a window)
+    _dense_empty = True  # no id in ``id2idx`` yet
     id_dict: dict[int, int] | None = None
     meta: dict | None = None
     last_stack: dict | None = None
@@ -690,7 +698,7 @@ class RankTrace:
                 total += base.nbytes
             else:
                 shared[id(base)] = base.nbytes
-        return total
+        return total + ID_DICT_BYTES * (len(self.id_dict or ()) + len(self.id_below or ()))
 
     def reserve(self, n: int) -> None:
         if n > self.begin.shape[0]:
@@ -720,16 +728,54 @@ class RankTrace:
         map into a dict (``_dense_map``), which a map made later, of more ops, would not."""
         return (ids < 0) | (ids >= DENSE_ID_FACTOR * (local + 1) + DENSE_ID_SLACK)
 
-    def _dense_map(self, hi: int, k: int) -> np.ndarray | None:
-        """The dense id map, grown to hold id ``hi`` (``k`` ids coming); None once ids are
-        sparse or huge (foreign traces): ``id_dict`` holds them instead."""
-        if self.id_dict is None and hi >= DENSE_ID_FACTOR * (self.n + k) + DENSE_ID_SLACK:
-            self.id_dict = {int(k): int(v) for k, v in enumerate(self.id2idx.tolist()) if v >= 0}
+    def _dense_map(self, lo: int, hi: int, k: int) -> np.ndarray | None:
+        """The dense id map, grown to hold ids ``lo``..``hi`` at or past ``id_base`` (``k`` ids
+        coming); None once ids are sparse or huge (foreign traces): ``id_dict`` holds them
+        instead.  A window's rank (ids from far past its job's first, after the few ops its
+        carry holds) starts the map at its ids (``id_base``), its carried ids apart
+        (``id_below``): before, every such rank held a dict, ~100 bytes an op the console's
+        budget did not count."""
         if self.id_dict is not None:
             return None
-        if hi >= self.id2idx.shape[0]:  # (checked here too: this runs per rank per batch)
-            self.id2idx = grown(self.id2idx, hi + 1, fill=-1)
+        span = DENSE_ID_FACTOR * (self.n + k) + DENSE_ID_SLACK
+        if self._dense_empty and lo > DENSE_ID_SLACK:
+            self.id_base = lo
+        if hi - self.id_base >= span and not self._rebase(max(lo, hi - span + 1)):
+            self._to_dict()
+            return None
+        need = hi - self.id_base + 1
+        if need > self.id2idx.shape[0]:  # (checked here too: this runs per rank per batch)
+            self.id2idx = grown(self.id2idx, need, fill=-1)
         return self.id2idx
+
+    def _rebase(self, base: int) -> bool:
+        """Start the dense map at id ``base``, the ids it held below that moved to
+        ``id_below``; False where that would hold more than ``BELOW_MAX`` there."""
+        held = np.flatnonzero(self.id2idx[: max(0, base - self.id_base)] >= 0)
+        if len(self.id_below or ()) + held.shape[0] > BELOW_MAX:
+            return False
+        if held.shape[0]:
+            below = self.id_below if self.id_below is not None else {}
+            below.update(zip((held + self.id_base).tolist(), self.id2idx[held].tolist(), strict=True))
+            self.id_below = below
+        self.id2idx = self.id2idx[base - self.id_base:].copy()  # (``base`` is past it: ``_dense_map``)
+        self.id_base = base
+        return True
+
+    def _to_dict(self) -> None:
+        """Every id mapped so far into ``id_dict`` (sparse or huge ids)."""
+        held = np.flatnonzero(self.id2idx >= 0)
+        self.id_dict = dict(zip((held + self.id_base).tolist(), self.id2idx[held].tolist(), strict=True))
+        self.id_dict.update(self.id_below or {})
+        self.id2idx, self.id_base, self.id_below = _NONE_I4, 0, None
+
+    def _below(self, ids: list[int], idx: list[int]) -> None:
+        """Map ids below ``id_base`` (past ``BELOW_MAX`` of them: every id into ``id_dict``)."""
+        below = self.id_below if self.id_below is not None else {}
+        below.update(zip(ids, idx, strict=True))
+        self.id_below = below
+        if len(below) > BELOW_MAX:
+            self._to_dict()
 
     def _fold(self) -> None:
         """Map the ids of the ops a live batch appended without mapping them."""
@@ -748,12 +794,21 @@ class RankTrace:
         self._t.mapped[self._s] = int(idx[-1]) + 1
 
     def _map(self, ids: np.ndarray, idx: np.ndarray) -> None:
-        id2idx = self._dense_map(int(ids.max()), ids.shape[0])
+        ok = ids >= 0
+        id2idx = self._dense_map(int(ids[ok].min()) if ok.any() else 0, int(ids.max()), ids.shape[0])
         if id2idx is None:
             self.id_dict.update(zip(ids.tolist(), idx.tolist(), strict=True))
             return
-        ok = ids >= 0
-        id2idx[ids[ok]] = idx[ok]
+        base = self.id_base
+        inside = ok & (ids >= base)
+        if inside.any():
+            id2idx[ids[inside] - base] = idx[inside]
+            self._dense_empty = False
+        below = ok & (ids < base)
+        if below.any():
+            self._below(ids[below].tolist(), idx[below].tolist())
+            if self.id_dict is not None:  # (past BELOW_MAX: the batch into the dict, as a dict maps it)
+                self.id_dict.update(zip(ids.tolist(), idx.tolist(), strict=True))
 
     def map_few(self, ids: list[int], first: int) -> None:
         """``map_ids`` of a few ids, as a list, of ops ``first``, ``first + 1`` ...: a live
@@ -762,13 +817,20 @@ class RankTrace:
             return
         self._fold()
         self._t.mapped[self._s] = first + len(ids)
-        id2idx = self._dense_map(max(ids), len(ids))
+        id2idx = self._dense_map(min((i for i in ids if i >= 0), default=0), max(ids), len(ids))
         if id2idx is None:
             self.id_dict.update(zip(ids, range(first, first + len(ids)), strict=True))
             return
+        base = self.id_base
         for i, op_id in enumerate(ids, first):
-            if op_id >= 0:
-                id2idx[op_id] = i
+            if op_id >= base:
+                id2idx[op_id - base] = i
+                self._dense_empty = False
+            elif op_id >= 0:
+                self._below([op_id], [i])
+                if self.id_dict is not None:  # (past BELOW_MAX: the rest into the dict too)
+                    self.id_dict.update(zip(ids, range(first, first + len(ids)), strict=True))
+                    return
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         self._fold()
@@ -776,17 +838,25 @@ class RankTrace:
             get = self.id_dict.get
             return np.array([get(k, -1) for k in ids.tolist()], np.int32)
         out = np.full(ids.shape[0], -1, np.int32)
-        ok = (ids >= 0) & (ids < self.id2idx.shape[0])
-        out[ok] = self.id2idx[ids[ok]]
+        rel = ids - self.id_base
+        ok = (ids >= 0) & (rel >= 0) & (rel < self.id2idx.shape[0])
+        out[ok] = self.id2idx[rel[ok]]
+        if self.id_below:
+            get = self.id_below.get
+            for j in np.flatnonzero((ids >= 0) & (rel < 0)).tolist():
+                out[j] = get(int(ids[j]), -1)
         return out
 
     def index_of(self, op_id: int) -> int | None:
         self._fold()
         if self.id_dict is not None:
             return self.id_dict.get(op_id)
-        if 0 <= op_id < self.id2idx.shape[0]:
-            i = int(self.id2idx[op_id])
+        rel = op_id - self.id_base
+        if op_id >= 0 and 0 <= rel < self.id2idx.shape[0]:
+            i = int(self.id2idx[rel])
             return i if i >= 0 else None
+        if self.id_below and op_id >= 0:
+            return self.id_below.get(op_id)
         return None
 
     # -- time queries
