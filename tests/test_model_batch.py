@@ -558,6 +558,15 @@ def test_a_windows_ranks_map_their_ids_densely_from_where_they_start():
             assert [rt.index_of(i) for i in ids] == list(range(len(ids)))
             assert rt.lookup(np.array(ids + [5, -1, start + 301])).tolist() == [*range(len(ids)), -1, -1, -1]
             assert rt.end[1] == T + 400 and rt.end[2] == T + 401 and rt.end[301] == T + 402  # (their ends found)
+    # a rank whose ids start again from 0 (its process restarted) below ids a map from 0 holds
+    # densely: dense from 0, as before (found by review: the map had started at the first ids)
+    first = [(PH_BEGIN, T + j, 10_000 + j, 0, j + 1, -1, 0) for j in range(3000)]
+    again = [(PH_BEGIN, T + 5000 + j, j, 0, j + 1, -1, 0) for j in range(3000)]
+    for m in _same([([], [_rows(r, first, statics) for r in (0, 1)]),
+                    ([], [_rows(r, again, statics) for r in (0, 1)])]).values():
+        rt = m.ranks[0]
+        assert rt.id_dict is None and rt.id_base == 0 and not rt.id_below
+        assert [rt.index_of(i) for i in (10_000, 12_999, 0, 2999)] == [0, 2999, 3000, 5999]
 
 
 def test_negative_ids_that_run_on_are_found_as_the_id_map_finds_them():

@@ -34,7 +34,7 @@ DENSE_ID_SLACK = 1 << 12
 #: (those a window's carry holds), else the ids go into a dict
 BELOW_MAX = 1024
 #: What an id in a dict costs (an entry, its key and value as Python ints): a model's bytes count it
-ID_DICT_BYTES = 100
+ID_DICT_BYTES = 120
 TOUCH_LOG = 64  # batches a rank remembers the changes of (RankTrace.touched)
 
 
@@ -738,7 +738,7 @@ class RankTrace:
         if self.id_dict is not None:
             return None
         span = DENSE_ID_FACTOR * (self.n + k) + DENSE_ID_SLACK
-        if self._dense_empty and lo > DENSE_ID_SLACK:
+        if self._dense_empty and lo >= span:  # (where a map from 0 would be sparse: ids from 0 again stay dense)
             self.id_base = lo
         if hi - self.id_base >= span and not self._rebase(max(lo, hi - span + 1)):
             self._to_dict()
@@ -817,7 +817,8 @@ class RankTrace:
             return
         self._fold()
         self._t.mapped[self._s] = first + len(ids)
-        id2idx = self._dense_map(min((i for i in ids if i >= 0), default=0), max(ids), len(ids))
+        lo = min(ids)
+        id2idx = self._dense_map(lo if lo >= 0 else min((i for i in ids if i >= 0), default=0), max(ids), len(ids))
         if id2idx is None:
             self.id_dict.update(zip(ids, range(first, first + len(ids)), strict=True))
             return
@@ -838,7 +839,7 @@ class RankTrace:
             get = self.id_dict.get
             return np.array([get(k, -1) for k in ids.tolist()], np.int32)
         out = np.full(ids.shape[0], -1, np.int32)
-        rel = ids - self.id_base
+        rel = ids.astype(np.int64, copy=False) - self.id_base
         ok = (ids >= 0) & (rel >= 0) & (rel < self.id2idx.shape[0])
         out[ok] = self.id2idx[rel[ok]]
         if self.id_below:
