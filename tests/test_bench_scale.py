@@ -312,7 +312,7 @@ def test_model_budget_takes_a_size_and_says_what_it_cannot_read():
     MiB is refused with what to give."""
     import argparse
 
-    from commscope.commands.options import size
+    from commscope.commands.options import byte_size as size
 
     assert size("64MiB") == 64 << 20 and size("2G") == 2 << 30 and size("500MB") == 500_000_000
     for bad, said in (("7d", "give a size, such as 64MiB"), ("2GiB,7d", "give a size"), ("lots", "cannot read 'lots'"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from commscope.analysis import TraceModel
@@ -63,3 +64,27 @@ def test_window_matches_brute_force_under_incremental_ingest(seed):
             assert got == _brute(truth, a, b), (a, b)
         begins = [int(rt.begin[i]) for i in rt.order()]
         assert begins == sorted(begins)
+
+
+def test_the_jobs_rate_is_told_from_the_ops_in_the_window():
+    """``TraceModel.op_rate(since)``: every rank holds an isend begun an hour before the
+    window and never waited (a carry keeps it), then 100 ops at 10 a second there; the job's
+    rate is 10 a rank, not the hundred ops over the hour and more; nor is it one rank's whose
+    ops came a nanosecond apart."""
+    from commscope.analysis.synth import T0, TraceBuilder
+
+    S, MS = 1_000_000_000, 1_000_000
+    b = TraceBuilder(4)
+    for r in range(4):
+        b.async_op(r, T0, None, None, "isend", peer=(r + 1) % 4, dir="send", shape=(8,))
+    start = T0 + 3600 * S
+    for k in range(100):
+        for r in range(4):
+            b.sync(r, start + k * 100 * MS + r, start + k * 100 * MS + MS + r, "all_reduce", shape=(8,))
+    m = TraceModel()
+    m.ingest(b.sorted_events())
+    assert m.op_rate(start) == pytest.approx(40, rel=0.02)  # (10 a second, for the 4 ranks)
+    assert m.op_rate() < 1  # (the hour in it)
+    rt = m.ranks[0]
+    rt.begin[: rt.n] = start + np.arange(rt.n)
+    assert m.op_rate(start) == pytest.approx(40, rel=0.02)

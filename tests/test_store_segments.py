@@ -15,6 +15,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 from readers import by_workers
@@ -376,12 +377,15 @@ def test_a_live_console_past_its_memory_budget_starts_again_at_the_tail(tmp_path
         (written.kind, [shape.culprit_rank])]
 
 
-@pytest.mark.parametrize("apart", [False, True])
-def test_a_restart_at_the_tail_reads_no_more_than_half_the_budget_holds(tmp_path, monkeypatch, apart):
+@pytest.mark.parametrize("workers", [False, True])
+def test_a_restart_at_the_tail_reads_no_more_than_half_the_budget_holds(tmp_path, monkeypatch, workers):
     """A job whose minute holds more than the console's budget (16k ranks at the full rate
-    fill 1 GiB in ~20 s) restarts at the tail with what half the budget holds, not a minute:
-    its memory stays bounded.  ``apart``: the first read in workers, a part of the ranks each
-    (the job's rate is told from the ranks read, for all of them), restarted in the middle."""
+    fill 1 GiB in 5-20 s) restarts at the tail with what half the budget holds, not a minute:
+    its memory stays bounded.  ``workers``: the first read in workers, a part of the ranks
+    each (the job's rate is told from the ranks read, for all of them), restarted in the
+    middle.  A model read from a window tells the rate from its ops there: its carried ops
+    and its events' first times are the job's start, not the window's."""
+    from commscope.analysis.model import TraceModel
     from commscope.store.directory import DirectoryReader
     from commscope.tui.feed import LIVE, TAIL_FLOOR_S, Feed, tail_span_s
 
@@ -393,7 +397,7 @@ def test_a_restart_at_the_tail_reads_no_more_than_half_the_budget_holds(tmp_path
         for name in names:
             os.utime(os.path.join(where, name), ns=(full.end_ns, full.end_ns))
     budget = full.nbytes() // 4  # filled in ~30 s of the job: its last minute holds more
-    if apart:
+    if workers:
         monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
         by_workers(monkeypatch)
     end = full.end_ns
@@ -410,13 +414,21 @@ def test_a_restart_at_the_tail_reads_no_more_than_half_the_budget_holds(tmp_path
     assert all(TAIL_FLOOR_S < s < feed.TAIL_MIN_S / 2 for s in spans)  # (what half the budget holds: ~17 s)
     assert feed.model.nbytes() <= budget  # (a minute read: ~2.5 budgets)
     assert TAIL_FLOOR_S < tail_span_s(full, budget, feed.TAIL_MIN_S) < feed.TAIL_MIN_S / 2
-    # the job's rate, each rank's own (8 ranks x 6,000 ops over the job's span, its hang
-    # included), is not one rank's: two ops a microsecond apart (a rank started again) leave it
+    # the job's rate, each rank's own (8 ranks x 50 ops a second, over their ops' span), is
+    # not one rank's: its ops' span made a thousandth of what it is leaves it
     rate = full.op_rate()
-    assert rate == pytest.approx(8 * 6000 / ((full.end_ns - full.start_ns) / 1e9), rel=0.02)
-    t, s0 = full.table, full.ranks[0]._s
-    t.first_ts[s0], t.last_ts[s0] = t.last_ts[s0] - 1000, t.last_ts[s0]
+    assert rate == pytest.approx(400, rel=0.02)
+    rt = full.ranks[0]
+    rt.begin[: rt.n] = rt.begin[0] + np.arange(rt.n)  # (its ops a nanosecond apart)
     assert full.op_rate() == pytest.approx(rate, rel=0.1)
+    # a model read from the job's last minute: 45 s of ops at 400 a second, then the hang
+    reader = open_source(store, since=Since(ago_s=60))
+    window = TraceModel()
+    window.ingest(reader.read_all())
+    since = reader.window_start_ns()
+    assert since is not None and window.start_ns < since  # (the ranks' metas, its carried ops)
+    assert window.op_rate(since) == pytest.approx(400, rel=0.1)
+    assert TAIL_FLOOR_S < tail_span_s(window, budget, feed.TAIL_MIN_S, since) < feed.TAIL_MIN_S / 2
     found = diagnose(feed.model, feed.now(), feed.hang_after())
     assert [(f.kind, f.culprits) for f in found if f.severity == "error"] == [
         (written.kind, [shape.culprit_rank])]

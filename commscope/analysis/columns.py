@@ -583,6 +583,13 @@ def _slot(name: str, doc: str, kind: type = int) -> property:
     return property(get, put, doc=doc)
 
 
+def _lowest_from(ids: np.ndarray | list[int], floor: int) -> int:
+    """The lowest of ``ids`` at or past ``floor`` (one is: the highest)."""
+    if isinstance(ids, np.ndarray):
+        return int(ids[ids >= floor].min())
+    return min(i for i in ids if i >= floor)
+
+
 class RankTrace:
     """One rank: op columns plus liveness, samples, stacks and exits."""
 
@@ -724,23 +731,25 @@ class RankTrace:
     @staticmethod
     def mapped_at_once(ids: np.ndarray, local: np.ndarray) -> np.ndarray:
         """Which ids (of ops ``local``, a rank's indices) must be mapped as they come, not when
-        asked (``_fold``): a negative one, or one large enough for a batch to turn the dense
-        map into a dict (``_dense_map``), which a map made later, of more ops, would not."""
+        asked (``_fold``): a negative one, or one large enough for a batch to move the dense
+        map's start (``id_base``) or turn it into a dict (``_dense_map``), which a map made
+        later, of more ops, would not."""
         return (ids < 0) | (ids >= DENSE_ID_FACTOR * (local + 1) + DENSE_ID_SLACK)
 
-    def _dense_map(self, lo: int, hi: int, k: int) -> np.ndarray | None:
+    def _dense_map(self, lo: int, hi: int, ids: np.ndarray | list[int]) -> np.ndarray | None:
         """The dense id map, grown to hold ids ``lo``..``hi`` at or past ``id_base`` (``k`` ids
-        coming); None once ids are sparse or huge (foreign traces): ``id_dict`` holds them
-        instead.  A window's rank (ids from far past its job's first, after the few ops its
+        coming: ``ids``); None once ids are sparse or huge (foreign traces): ``id_dict`` holds
+        them instead.  A window's rank (ids from far past its job's first, after the few ops its
         carry holds) starts the map at its ids (``id_base``), its carried ids apart
         (``id_below``): before, every such rank held a dict, ~100 bytes an op the console's
         budget did not count."""
         if self.id_dict is not None:
             return None
-        span = DENSE_ID_FACTOR * (self.n + k) + DENSE_ID_SLACK
+        span = DENSE_ID_FACTOR * (self.n + len(ids)) + DENSE_ID_SLACK
         if self._dense_empty and lo >= span:  # (where a map from 0 would be sparse: ids from 0 again stay dense)
             self.id_base = lo
-        if hi - self.id_base >= span and not self._rebase(max(lo, hi - span + 1)):
+        # (past the span: the map starts again at the lowest id coming within it of the highest)
+        if hi - self.id_base >= span and not self._rebase(_lowest_from(ids, hi - span + 1)):
             self._to_dict()
             return None
         need = hi - self.id_base + 1
@@ -795,7 +804,7 @@ class RankTrace:
 
     def _map(self, ids: np.ndarray, idx: np.ndarray) -> None:
         ok = ids >= 0
-        id2idx = self._dense_map(int(ids[ok].min()) if ok.any() else 0, int(ids.max()), ids.shape[0])
+        id2idx = self._dense_map(int(ids[ok].min()) if ok.any() else 0, int(ids.max()), ids)
         if id2idx is None:
             self.id_dict.update(zip(ids.tolist(), idx.tolist(), strict=True))
             return
@@ -818,7 +827,7 @@ class RankTrace:
         self._fold()
         self._t.mapped[self._s] = first + len(ids)
         lo = min(ids)
-        id2idx = self._dense_map(lo if lo >= 0 else min((i for i in ids if i >= 0), default=0), max(ids), len(ids))
+        id2idx = self._dense_map(lo if lo >= 0 else min((i for i in ids if i >= 0), default=0), max(ids), ids)
         if id2idx is None:
             self.id_dict.update(zip(ids, range(first, first + len(ids)), strict=True))
             return

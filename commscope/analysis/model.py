@@ -669,6 +669,9 @@ class ModelView(NamedTuple):
         return rv.window(t0, t1) if rv else np.zeros(0, np.int64)
 
 
+#: The ranks ``TraceModel.op_rate`` asks at most (a median of a thousand is the job's rate; a
+#: step a rank for 16k of them, ~80 ms at every restart at the tail, is not needed)
+RATE_SAMPLE = 1024
 #: ``TraceModel.lineage``s: a console that swaps in a new model (a restart at the tail) has
 #: versions counted again from the start
 _LINEAGES = itertools.count(1)
@@ -1138,7 +1141,7 @@ class TraceModel:
         bounds = start.tolist()
         # ids mapped when asked (``RankTrace._fold``), as ``_together_begins`` leaves them, but
         # where that would not map them as mapping them now does (a negative id, or one large
-        # enough for the map to be a dict): those now, before their rows are theirs (as
+        # enough to move the dense map's start or make it a dict): those now, before their rows are theirs (as
         # ``_add_ops``).  A first live round mapped 16k ranks' ids, ~10 us a rank.
         odd = RankTrace.mapped_at_once(ids, local)
         for j in np.unique(who[odd]).tolist() if odd.any() else ():
@@ -1457,7 +1460,7 @@ class TraceModel:
             a = int(bstart[j])
             self.ranks[int(lv.ranks[j])].align(ids[a:a + int(cnt[j])], int(n0[j]))
         # ids mapped when asked (``RankTrace._fold``) only where that maps them as batch by batch
-        # would: none negative, none large enough for a batch to have switched the map to a dict
+        # would: none negative, none large enough for a batch to have moved the map's start or made it a dict
         odd = RankTrace.mapped_at_once(ids, local)
         if odd.any():
             for j in np.unique(who[odd]).tolist():
@@ -2674,22 +2677,26 @@ class TraceModel:
         total += sum(gi.seqs.mat.nbytes + gi.seqs.keys.nbytes + gi.colmap.nbytes for gi in self.coll.values())
         return total + sum(ch.mat.nbytes + ch.keys.nbytes for ch in self.p2p.values())
 
-    def op_rate(self) -> float:
-        """Ops a second the job adds, from each rank's own: its ops over its span of events,
-        the median over the job's ranks with two or more (one rank's two ops a microsecond
-        apart, or one long-carried op, does not make it), counted for the job's world size (a
-        first read in workers holds some ranks' whole window, not every rank's first seconds).
-        Streams kept apart (``kept_apart``) are not the job's."""
-        t = self.table
-        n = t.n[: t.size]
-        span = t.last_ts[: t.size] - t.first_ts[: t.size]
-        ok = (n >= 2) & (span > 0)
+    def op_rate(self, since_ns: int | None = None) -> float:
+        """Ops a second the job adds, from each rank's own ops from ``since_ns`` on (a window's
+        start: the ops its carry holds began before it, and its meta and group events bear
+        their first times): a rank's ops over their span, the median over the job's ranks
+        with two or more (one rank's two ops a microsecond apart does not make it; at most
+        ``RATE_SAMPLE`` ranks, evenly spread, are asked), counted for the job's world size (a
+        first read in workers holds some ranks' whole window, not every rank's first
+        seconds).  Streams kept apart (``kept_apart``) are not the job's."""
         apart = self.kept_apart
-        if apart:
-            ok[[rt._s for r in apart if (rt := self.ranks.get(r)) is not None]] = False
-        if not ok.any():
+        own = [rt for r, rt in self.ranks.items() if r not in apart]
+        rates = []
+        for rt in own[:: max(1, len(own) // RATE_SAMPLE)]:
+            begins = rt.begin[: rt.n]
+            if since_ns is not None:
+                begins = begins[begins >= since_ns]
+            if begins.shape[0] >= 2 and (span := int(begins.max()) - int(begins.min())) > 0:
+                rates.append((begins.shape[0] - 1) / span)
+        if not rates:
             return 0.0
-        return float(np.median((n[ok] - 1) / span[ok])) * 1e9 * max(self.world_size, int(ok.sum()))
+        return float(np.median(rates)) * 1e9 * max(self.world_size, len(own))
 
     def n_ops(self, rank: int) -> int:
         rt = self.ranks.get(rank)

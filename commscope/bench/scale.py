@@ -150,7 +150,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--read-processes", type=int, metavar="N",
                    help="the console's read processes, each a part of the ranks (default: as attach starts them; "
                         "0: it reads in its own process)")
-    p.add_argument("--model-budget", type=options.size, metavar="SIZE",
+    p.add_argument("--model-budget", type=options.byte_size, metavar="SIZE",
                    help="the console's model budget, past which it starts again at the tail (default 1 GiB, "
                         "attach's); at a fraction f of the target's rate, f x 1 GiB restarts it as often as "
                         "the target's job would, e.g. 64MiB at --rate 1.5625 with 16,384 ranks")
@@ -490,8 +490,9 @@ class Followed:
     read_processes: int
     ranks_seen: int
     stacks: tuple[int, int, int, int]  # the expected finding's (``_stacks_shown``)
-    polls: list[Poll]  # each step with events once the watermark was sampled, with the first reader
-    #: (until a read process was lost or the first restart at the tail: costs of another shape)
+    #: each step with events once the watermark was sampled, with the first reader (until a read
+    #: process was lost or the first restart at the tail: costs of another shape)
+    polls: list[Poll]
     settled: int | None  # the first of ``polls`` after the console caught up
     settled_s: float  # seconds from then to the last of them (the follow's end, or a read process lost)
     judging_s: float  # diagnose and publish
@@ -901,7 +902,7 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
     rest = max(0, seen.rss_end - seen.model_bytes) * wider
     held = rest + budget * 9 / 8 + budget / 2
     ops_s = target * FULL_RATE
-    label = "EXTRAPOLATED" if wider > 1 or plan.rate < FULL_RATE else "measured"
+    label = "EXTRAPOLATED" if wider > 1 or plan.rate < FULL_RATE else "computed"
     times = f" (x {wider:g} for the ranks, the interpreter's own counted as theirs)" if wider > 1 else ""
     text.append(_wrapped(
         f"RSS at {target:,} ranks and {FULL_RATE:g} collectives/s ({label}, from this run's): at most "

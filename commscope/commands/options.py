@@ -92,7 +92,7 @@ class Ranks(NamedTuple):
 CULPRITS = "culprits"
 
 
-def size(text: str) -> int:
+def byte_size(text: str) -> int:
     """Bytes, as ``--retain`` reads them (``64MiB``, ``2GiB``, ``500MB``), at least 1 MiB."""
     from commscope.store import retention
 

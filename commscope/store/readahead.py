@@ -361,6 +361,11 @@ class ReadAhead(TraceReader):
     def backlog_bytes(self) -> int:
         return sum(c.backlog for c in self._children)
 
+    def window_start_ns(self) -> int | None:
+        """Where the window starts, as the console counted it (``around``) or a child did
+        (``Polled.window``); None where neither did, or the job is read whole."""
+        return self.since.at_ns if self.since is not None else None
+
     def here(self) -> TraceReader:
         """A reader of the same job and window in this process (the children's stand-in once
         one is gone), of all its streams: the job the children read, where one found one,

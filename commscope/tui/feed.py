@@ -30,6 +30,11 @@ from commscope.window import Since
 LIVE, REPLAY = "live", "replay"
 
 
+#: The least a restart at the tail reads, whatever the job's rate says (a window of no time
+#: would hold only what the ranks carry into it: ``tail_span_s``)
+TAIL_FLOOR_S = 2.0
+
+
 @dataclasses.dataclass(frozen=True)
 class FeedInfo:
     """What the header and panels show about the feed itself."""
@@ -366,7 +371,7 @@ class Feed:
         store carries what ranks were in where it starts), read to its end, then swapped in.
         What came before is the summarized history's, and the window's skipped bytes say so.
         The store starts a stream at a segment or a mark: a restart reads from there."""
-        span_s = tail_span_s(self.model, self.MODEL_BUDGET, self.TAIL_MIN_S)
+        span_s = tail_span_s(self.model, self.MODEL_BUDGET, self.TAIL_MIN_S, self.reader.window_start_ns())
         try:
             reader = self.reopen(Since(ago_s=span_s)) if self.reopen is not None else None
         except Exception as exc:  # a store gone meanwhile: keep following with what there is
@@ -629,21 +634,17 @@ def _noted(model: TraceModel, reader: TraceReader) -> None:
         model.note_job(reader.job())
 
 
-def tail_span_s(model: TraceModel, budget: int, least_s: float) -> float:
+def tail_span_s(model: TraceModel, budget: int, least_s: float, since_ns: int | None = None) -> float:
     """Seconds of the job a restart at the tail reads: the last half of what ``model`` holds,
     at least ``least_s``, but no more than half of ``budget`` holds at the job's rate
-    (``TraceModel.op_rate`` at the model's bytes an op; never under ``TAIL_FLOOR_S``): 16k
-    ranks at 25 collectives a second fill 1 GiB in 5-20 s, so a minute would hold 3-12 GiB."""
+    (``TraceModel.op_rate`` from ``since_ns``, the model's window, at its bytes an op; never
+    under ``TAIL_FLOOR_S``): 16k ranks at 25 collectives a second fill 1 GiB in 5-20 s, so
+    a minute would hold 3-12 GiB."""
     span_s = max(least_s, (model.end_ns - model.start_ns) / 2e9)
-    ops, rate = model.total_ops(), model.op_rate()
+    ops, rate = model.total_ops(), model.op_rate(since_ns)
     if ops and rate > 0:
         span_s = min(span_s, max(TAIL_FLOOR_S, budget / 2 / (model.nbytes() / ops * rate)))
     return span_s
-
-
-#: The least a restart at the tail reads, whatever the job's rate says (a window of no time
-#: would hold only what the ranks carry into it)
-TAIL_FLOOR_S = 2.0
 
 
 def _next_size_check(model: TraceModel) -> int:
