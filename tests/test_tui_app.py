@@ -1126,6 +1126,68 @@ def test_the_heatmap_holds_every_rank_in_the_lines_the_timeline_has():
     drive(app, check, size=(80, 24))
 
 
+@pytest.mark.parametrize("fault", ["dead", "crashed"])
+def test_the_heatmap_colours_a_block_by_its_ranks_state_from_the_moment_one_went(fault):
+    """Heat mode over 32 ranks (none pinned: each rank a half-cell), rank 10 dead (silent
+    since before the all_reduce the others wait in) or crashed in it: its half-cell turns
+    magenta from the moment its state says it went (last seen, or its exit) up to the clock,
+    over the busy share; the rank beside it in the lower half, and every other block, do not;
+    the legend says what the colours are."""
+    from tui_scenarios import wide_fault
+
+    from commscope.tui import palette
+    from commscope.tui.painter import GUTTER
+
+    events, now = wide_fault(fault, world=32, culprit=10)
+    app = make_app(events, now)
+
+    async def check(pilot):
+        tl = app.timeline
+        while tl.mode != "heat":
+            await pilot.press("c")
+        await pilot.pause()
+        at = next(y for y, row in enumerate(tl.rows) if 10 in row.ranks)
+        row = tl.rows[at]
+        assert row.ranks[:row.upper] == (10,) and row.ranks[row.upper:] == (11,)
+        st = tl.model.states[10]
+        assert st.kind == fault
+        win = tl.window(tl.timeline_width())
+        went, clock = (st.since_ns - win.t0) // win.npc, (win.now - win.t0) // win.npc
+        assert 0 < went < clock < win.width  # (the test shows both sides of the moment)
+        cells = []  # (upper colour, lower colour) per cell
+        for seg in tl.render_line(at - tl.scroll_offset.y).crop(GUTTER, GUTTER + win.width)._segments:
+            cells += [(seg.style.color.name, seg.style.bgcolor.name)] * len(seg.text)
+        assert [c for c, _ in cells[went:clock + 1]] == [palette.HEAT_DOWN] * (clock + 1 - went)
+        assert palette.HEAT_DOWN not in [c for c, _ in cells[:went]] + [c for c, _ in cells[clock + 1:]]
+        assert palette.HEAT_DOWN not in [b for _, b in cells]
+        for y, other in enumerate(tl.rows):
+            if y != at:
+                line = tl.render_line(y - tl.scroll_offset.y)
+                assert all(palette.HEAT_DOWN not in (s.style.color.name, s.style.bgcolor.name)
+                           for s in line._segments if s.style and s.style.color and s.style.bgcolor), other
+        legend = tl.render_line(tl.size.height - 1).text
+        assert "dead/crashed" in legend and "past hang_after" in legend
+
+    drive(app, check, size=(80, 40))
+
+
+def test_a_heatmap_block_is_grey_once_every_rank_of_it_exited_and_magenta_over_all_once_one_died():
+    """``gone_cells``: a block shows exited only once all of its ranks have (from the last
+    exit), a death from the first death, over an exit; nothing past the clock."""
+    from commscope.analysis.vocab import RankState
+    from commscope.tui.painter import GONE_DOWN, GONE_EXITED, GONE_NONE, Window, gone_cells
+
+    win = Window(t0=0, npc=10, width=10, now=75)
+    states = {1: RankState("exited", "", None, 30), 2: RankState("exited", "", None, 52),
+              3: RankState("blocked", "", None, 5), 4: RankState("dead", "", None, 41),
+              5: RankState("crashed", "", None, 60)}
+    assert gone_cells(states, (1, 2), win).tolist() == [0] * 5 + [GONE_EXITED] * 3 + [0] * 2
+    assert gone_cells(states, (1, 3), win).tolist() == [GONE_NONE] * 10  # (one still in it)
+    assert gone_cells(states, (1, 4), win).tolist() == [0] * 4 + [GONE_DOWN] * 4 + [0] * 2
+    assert gone_cells(states, (2, 4, 5), win).tolist() == [0] * 4 + [GONE_DOWN] * 4 + [0] * 2
+    assert gone_cells(states, (3, 6), win).tolist() == [GONE_NONE] * 10  # (6: no state yet)
+
+
 def test_the_rank_table_of_thousands_computes_only_the_rows_it_shows():
     """4,096 ranks: the table orders every rank but computes the cells of the rows on screen
     only; page keys, end and a click move the cursor, and each row reached shows its rank."""

@@ -35,6 +35,7 @@ from textual.strip import Strip
 
 from commscope.analysis.columns import I64_MAX, RankColumns, RankView, _within
 from commscope.analysis.model import APPROX, ModelLike
+from commscope.analysis.vocab import RankState
 from commscope.events import DEFAULT_HANG_AFTER
 from commscope.tui import palette
 from commscope.tui.paintcode import ASYNC_BIT, CAT_MASK, HIDDEN_BIT, categories
@@ -122,11 +123,13 @@ def render_row(m: ModelLike, row: Row, win: Window, *, kind: str = "unknown", fo
                flagged: bool = False, cats: np.ndarray | None = None,
                painted: tuple[np.ndarray, list] | None = None,
                spans: Mapping[int, SpanIndex] | None = None,
-               levels: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> Strip:
+               levels: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
+               gone: Sequence[np.ndarray] | None = None) -> Strip:
     """A whole timeline line: the gutter (state dot ``kind``, label, findings mark) and the
     row's cells over ``win`` (``painted``: a one-rank row's cells and labels, already
     painted; ``levels``: a collapsed row's, its ``row_groups``' levels, made with a frame's
-    other rows by ``count_levels``), with the replay cursor drawn on top.  ``spans``: span
+    other rows by ``count_levels``; ``gone``: a heatmap line's blocks' ``gone_cells``), with the
+    replay cursor drawn on top.  ``spans``: span
     indexes by rank (for the overview; see ``paint_rank``)."""
     w = win.width
     width = w + GUTTER
@@ -136,7 +139,7 @@ def render_row(m: ModelLike, row: Row, win: Window, *, kind: str = "unknown", fo
                                                                         None if spans is None else spans[r])
         segs = _segments(cells, labels)
     elif row.upper:
-        segs = paint_heat(m, row.ranks[:row.upper], row.ranks[row.upper:], win, cats, spans, levels)
+        segs = paint_heat(m, row.ranks[:row.upper], row.ranks[row.upper:], win, cats, spans, levels, gone)
     else:
         segs = paint_group(m, row.painted_ranks(), win, cats, spans, None if levels is None else levels[0])
     strip = Strip(_gutter(row, kind, focused, flagged) + segs, width)
@@ -165,7 +168,8 @@ def _gutter(row: Row, kind: str, focused: bool, flagged: bool) -> list[Segment]:
 _BOLD, _FOCUSED = Style(bold=True), Style(bold=True, reverse=True)
 _APART, _APART_FOCUSED = Segment("⊘", palette.FOREIGN_STYLE), palette.FOREIGN_STYLE + Style(reverse=True)
 _NOTE = Style(color="grey85", bgcolor="grey23")
-_HEAT_COLOURS = [*palette.HEAT, palette.STYLE[palette.WARN].color.name, palette.STYLE[palette.ERROR].color.name]
+_HEAT_COLOURS = [*palette.HEAT, palette.STYLE[palette.WARN].color.name, palette.STYLE[palette.ERROR].color.name,
+                 palette.HEAT_EXITED, palette.HEAT_DOWN]
 _HEAT_STYLES = [[Style(color=a, bgcolor=b) for b in _HEAT_COLOURS] for a in _HEAT_COLOURS]
 _CURSOR = Segment("│", Style(color="#ffd75f", bold=True))
 _SPACE, _BAR = Segment(" "), Segment("│", Style(color="grey30"))
@@ -1093,24 +1097,61 @@ def _first_at_least(column: np.ndarray, at: np.ndarray, n: np.ndarray, x: int) -
         hi = np.where(going & ~below, mid, hi)
 
 
+#: What a heatmap block's ranks' states add to a cell (``gone_cells``): nothing; every rank of
+#: the block had exited by then; one of them had died or crashed by then
+GONE_NONE, GONE_EXITED, GONE_DOWN = 0, 1, 2
+_GONE_KINDS = frozenset({"dead", "crashed", "exited"})
+
+
+def gone_cells(states: Mapping[int, RankState], ranks: Sequence[int], win: Window) -> np.ndarray:
+    """Per cell of ``win`` (up to its clock), what the states of ``ranks`` say of it:
+    ``GONE_DOWN`` from the moment the first of them died or crashed (its state's
+    ``since_ns``: the death, or when it was last seen), else ``GONE_EXITED`` from the moment
+    the last of them exited, where every one has.  A heatmap block of 205 ranks shows the one
+    that died in it from then on, not only its busy share (the others wait, as the living
+    ones of every other block do)."""
+    out = np.zeros(win.width, np.int8)
+    down: int | None = None
+    ended, gone = 0, 0
+    for r in ranks:
+        st = states.get(r)
+        if st is None or st.kind not in _GONE_KINDS:
+            continue
+        gone += 1
+        ended = max(ended, st.since_ns)
+        if st.kind != "exited":
+            down = st.since_ns if down is None else min(down, st.since_ns)
+    upto = min(win.width, max(0, (win.now - win.t0) // win.npc + 1))
+    for at, what in ((ended if ranks and gone == len(ranks) else None, GONE_EXITED), (down, GONE_DOWN)):
+        if at is not None:
+            out[min(upto, max(0, (at - win.t0) // win.npc)):upto] = what
+    return out
+
+
 def paint_heat(m: ModelLike, upper: tuple[int, ...], lower: tuple[int, ...], win: Window,
                cats: np.ndarray | None = None, spans: Mapping[int, SpanIndex] | None = None,
-               levels: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> list[Segment]:
+               levels: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
+               gone: Sequence[np.ndarray] | None = None) -> list[Segment]:
     """A heatmap line: two blocks of ranks, one above the other in each cell (``▀``: the upper
     block's colour on the lower's), coloured by how many of each block's ranks are busy, or
-    amber / red where one of them is slow or past hang_after.  ``levels``: both blocks',
-    made already (``count_levels``)."""
+    amber / red where one of them is slow or past hang_after, grey once all of them exited,
+    magenta once one of them died or crashed (``gone``: both blocks' ``gone_cells``).
+    ``levels``: both blocks', made already (``count_levels``)."""
     if levels is None:
         levels = levels_of(m, [upper, lower], win, cats, spans)
 
-    def colours(ranks: tuple[int, ...], got: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    def colours(ranks: tuple[int, ...], got: tuple[np.ndarray, np.ndarray], went: np.ndarray | None) -> np.ndarray:
         if not ranks:
             return np.zeros(win.width, np.int16)
         level, worst = got
-        return np.where(worst >= palette.ERROR, 6, np.where(worst == palette.WARN, 5, level)).astype(np.int16)
+        c = np.where(worst >= palette.ERROR, 6, np.where(worst == palette.WARN, 5, level)).astype(np.int16)
+        if went is not None:
+            c = np.where(went == GONE_DOWN, 8, np.where((went == GONE_EXITED) & (c == 0), 7, c)).astype(np.int16)
+        return c
 
-    top, bottom = colours(upper, levels[0]), colours(lower, levels[1])
-    key = top * 8 + bottom
+    top = colours(upper, levels[0], None if gone is None else gone[0])
+    bottom = colours(lower, levels[1], None if gone is None else gone[1])
+    key = top * 16 + bottom
     starts = np.concatenate(([0], np.flatnonzero(np.diff(key)) + 1))
     ends = np.concatenate((starts[1:], [win.width]))
     segs = []

@@ -53,3 +53,10 @@ SHADES = " ░▒▓█"
 #: The heatmap's cell colours by how many of a block's ranks are busy (level 0: none .. 4: all),
 #: from the collective hue; a block with a rank slow or past hang_after takes WARN's or ERROR's.
 HEAT = ["#1c1c1c", "#1d3a5c", "#2b5688", "#3d74b3", "#5f9be0"]
+#: A heatmap cell's colour from the moment every rank of its block had exited, and from the
+#: moment one of them died or crashed (over all else: the rank that went is what matters)
+HEAT_EXITED = "#5c5c5c"
+HEAT_DOWN = "#c25fc2"
+#: The heatmap's legend past its busy shades
+HEAT_LEGEND = [(STYLE[WARN].color.name, "slow"), (STYLE[ERROR].color.name, "past hang_after"),
+               (HEAT_EXITED, "exited"), (HEAT_DOWN, "dead/crashed")]

@@ -42,6 +42,7 @@ from commscope.tui.painter import (
     Row,
     Window,
     follow,
+    gone_cells,
     render_row,
     repaint_rank,
     repaint_ranks,
@@ -64,6 +65,7 @@ SUMMARY_MIN_RANKS = 64
 BEHAVIOUR_SAMPLE = 64
 #: The row modes, in the order ``c`` cycles through them
 MODES = ("ranks", "behaviour", "nodes", "blocks", "heat")
+_GREY = Style(color="grey50")
 
 
 def behaviour_groups(m: ModelView, ranks: list[int]) -> list[tuple[tuple, list[int]]]:
@@ -418,9 +420,11 @@ class Timeline(ScrollView, can_focus=True):
                     self._keep_painted(pkey, p)
                 painted = (p.cells, p.labels)
             levels = self._collapsed_levels(m, win, cats, row) if len(row.ranks) > 1 else None
+            gone = [gone_cells(m.states, row.ranks[:row.upper], win),
+                    gone_cells(m.states, row.ranks[row.upper:], win)] if row.upper else None
             strip = render_row(m, row, win, kind=kind, focused=focused, flagged=row.key in self._flagged_rows,
                                cats=cats, painted=painted, spans=self._spans if self.SPAN_INDEX else None,
-                               levels=levels)
+                               levels=levels, gone=gone)
             if len(row.ranks) > 1:  # a collapsed row's ranks may want their indexes too
                 self._build_wanted(self._spans[r] for r in row.painted_ranks())
             self._cache[key] = strip
@@ -512,8 +516,13 @@ class Timeline(ScrollView, can_focus=True):
 
     def _legend(self, width: int) -> Strip:
         segs = [Segment(" " * GUTTER)]
+        if self.mode == "heat":  # (a cell's colours: busy shares, then the states over them)
+            segs += [Segment("█", Style(color=c)) for c in palette.HEAT] + [Segment(" busy  ", _GREY)]
+            for colour, name in palette.HEAT_LEGEND:
+                segs += [Segment("██", Style(color=colour)), Segment(f" {name}  ", _GREY)]  # (80 columns: all of it)
+            return Strip(segs).crop_extend(0, width, None)
         for cat, name in palette.LEGEND:
-            segs += [Segment(palette.GLYPH[cat] * 2, palette.STYLE[cat]), Segment(f" {name}   ", Style(color="grey50"))]
+            segs += [Segment(palette.GLYPH[cat] * 2, palette.STYLE[cat]), Segment(f" {name}   ", _GREY)]
         # padded to the full width: a shorter line leaves what the terminal showed there before
         return Strip(segs).crop_extend(0, width, None)
 
