@@ -1188,6 +1188,67 @@ def test_a_heatmap_block_is_grey_once_every_rank_of_it_exited_and_magenta_over_a
     assert gone_cells(states, (3, 6), win).tolist() == [GONE_NONE] * 10  # (6: no state yet)
 
 
+def test_by_host_4096_ranks_are_three_lines_the_culprit_its_host_and_the_hosts_alike():
+    """Nodes mode at 4,096 ranks (8 a host), 80x24: the culprit pinned, the host it sits on
+    expanded as its own line (its 7 other ranks and what they do), then the 511 other hosts,
+    whose ranks all wait in the same all_reduce, as one line with their count: every rank in
+    exactly one line, not 512 host lines."""
+    from tui_scenarios import wide_missing_rank
+
+    events, now = wide_missing_rank()
+    app = make_app(events, now)
+
+    async def check(pilot):
+        tl = app.timeline
+        while tl.mode != "nodes":
+            await pilot.press("c")
+        await pilot.pause()
+        assert [(r.key, r.label) for r in tl.rows[:2]] == [("r2050", "r2050"), ("n:node256", "node256")]
+        assert tl.rows[1].ranks == tuple(r for r in range(2048, 2056) if r != 2050)
+        assert tl.rows[1].note == "node256: 7 in all_reduce #4 (group 0)"
+        assert len(tl.rows) == 3 and tl.rows[2].label == "×511"
+        assert tl.rows[2].note == "511 hosts (node00 … node511): 8 in all_reduce #4 (group 0)"
+        assert sorted(r for row in tl.rows for r in row.ranks) == list(range(4096))
+        assert "511 hosts" in tl.render_line(2).text and "node256" in tl.render_line(1).text
+
+    drive(app, check, size=(80, 24))
+
+
+def test_hosts_collapse_by_what_their_ranks_do_the_rarest_first():
+    """``host_rows`` over 128 ranks (16 hosts), none pinned: node05, one of whose ranks is
+    idle after all_reduce #3 while its others wait in #4, alone; node03 and node09, whose
+    ranks are all idle, one line; the 13 hosts all waiting, one line after them.  A job of
+    64 ranks or fewer: one line a host."""
+    from tui_scenarios import MS, T0, S, TraceBuilder
+
+    from commscope.analysis.model import TraceModel
+    from commscope.analysis.rankstate import rank_states
+    from commscope.tui.timeline import host_rows
+
+    def model(world: int):
+        b = TraceBuilder(world, ranks_per_host=8)
+        t = T0 + 100 * MS
+        for _ in range(3):
+            t = b.collective(t, "all_reduce", latency=MS) + MS
+        idle = set(range(24, 32)) | set(range(72, 80)) | {42}
+        for r in range(world):
+            if r not in idle:
+                b.sync(r, t, None, "all_reduce")
+        m = TraceModel.from_events(b.sorted_events())
+        return m.view(t + S, rank_states(m, t + S))
+
+    v = model(128)
+    rows = host_rows(v, v.rank_ids())
+    assert [(r.label, len(r.ranks)) for r in rows] == [("node05", 8), ("×2", 16), ("×13", 104)]
+    assert rows[0].note == "node05: 7 in all_reduce #4 (group 0), 1 idle after all_reduce #3 (group 0)"
+    assert rows[1].note == "2 hosts (node03, node09): 8 idle after all_reduce #3 (group 0)"
+    assert rows[2].note.startswith("13 hosts (node00 … node15): 8 in all_reduce #4")
+    assert sorted(r for row in rows for r in row.ranks) == list(range(128))
+    assert [r.label for r in host_rows(v, v.rank_ids(), {"node09"})] == ["node09", "node05", "node03", "×13"]
+    small = model(64)
+    assert [(r.label, r.note) for r in host_rows(small, small.rank_ids())] == [(f"node{h:02d}", "") for h in range(8)]
+
+
 def test_the_rank_table_of_thousands_computes_only_the_rows_it_shows():
     """4,096 ranks: the table orders every rank but computes the cells of the rows on screen
     only; page keys, end and a click move the cursor, and each row reached shows its rank."""

@@ -14,7 +14,7 @@ Painting reads the model's published view (``feed.view``), never the live model:
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 
 import numpy as np
@@ -121,17 +121,61 @@ def heat_rows(ranks: list[int], lines: int) -> list[Row]:
     return rows
 
 
+def doing(key: tuple) -> str:
+    """A behaviour (``behaviour_groups``' key) in words: 'in all_reduce #4 (group 0)'."""
+    kind, op, group, seq = key
+    what = f"{op}{f' #{seq}' if seq >= 0 else ''} (group {group})" if op else ""
+    return f"{ {'blocked': 'in', 'running': 'in', 'idle': 'idle after'}.get(kind, kind)} {what}".strip()
+
+
 def behaviours(m: ModelView, ranks: list[int]) -> list[Row]:
     """One row per behaviour (``behaviour_groups``) with its count: among 16k ranks waiting
     in one all_reduce, the few elsewhere are on top."""
     rows = []
-    for (kind, op, group, seq), rs in behaviour_groups(m, ranks):
-        what = f"{op}{f' #{seq}' if seq >= 0 else ''} (group {group})" if op else ""
-        doing = {"blocked": "in", "running": "in", "idle": "idle after"}.get(kind, kind)
-        note = f"{ranks_text(rs)}: {doing} {what}".strip() if len(rs) > 1 else f"{doing} {what}".strip()
+    for key, rs in behaviour_groups(m, ranks):
+        kind, op, group, seq = key
+        note = f"{ranks_text(rs)}: {doing(key)}" if len(rs) > 1 else doing(key)
         rows.append(Row(f"s:{kind}:{op}:{group}:{seq}:{len(rs)}", f"×{len(rs)}" if len(rs) > 1 else f"r{rs[0]}",
                         tuple(rs), note, sample=BEHAVIOUR_SAMPLE))
     return rows
+
+
+def host_of(m: ModelView, rank: int) -> str:
+    """A rank's host, as its meta names it ("?": none said)."""
+    return str((m.ranks[rank].meta or {}).get("host", "?"))
+
+
+def host_rows(m: ModelView, ranks: list[int], apart: Iterable[str] = ()) -> list[Row]:
+    """By host, then by behaviour: the hosts whose ranks do the same things (as many ranks in
+    each ``behaviour_groups`` behaviour) are one row with their count of hosts and what
+    their ranks do (2,047 hosts of 8 ranks waiting in all_reduce #4 are one line, the host
+    whose ranks are elsewhere another), the rarest first; the hosts of ``apart`` (those the
+    findings' ranks sit on) a row each, first.  A job of at most ``SUMMARY_MIN_RANKS`` ranks:
+    one row per host, as it reads best."""
+    hosts: dict[str, list[int]] = {}
+    for r in ranks:
+        hosts.setdefault(host_of(m, r), []).append(r)
+    if len(ranks) <= SUMMARY_MIN_RANKS:
+        return [Row(f"n:{h}", f"{h[:GUTTER - 3]}", tuple(rs)) for h, rs in hosts.items()]
+    behaviour = {r: key for key, rs in behaviour_groups(m, ranks) for r in rs}
+    alike: dict[tuple, list[str]] = {}  # what a host's ranks do (behaviour, ranks in it) -> its hosts
+    for h, rs in hosts.items():
+        alike.setdefault(tuple(sorted(Counter(behaviour[r] for r in rs).items(), key=lambda kv: (-kv[1], kv[0]))),
+                         []).append(h)
+    first = set(apart)
+    rows, own = [], []
+    for does, hs in sorted(alike.items(), key=lambda kv: (len(kv[1]), hosts[kv[1][0]][0])):
+        what = ", ".join(f"{n} {doing(key)}" for key, n in does)
+        for h in [h for h in hs if h in first]:
+            own.append(Row(f"n:{h}", f"{h[:GUTTER - 3]}", tuple(hosts[h]), f"{h}: {what}"))
+        hs = [h for h in hs if h not in first]
+        if len(hs) == 1:
+            rows.append(Row(f"n:{hs[0]}", f"{hs[0][:GUTTER - 3]}", tuple(hosts[hs[0]]), f"{hs[0]}: {what}"))
+        elif hs:
+            named = f"{hs[0]}, {hs[1]}" if len(hs) == 2 else f"{hs[0]} … {hs[-1]}"
+            rows.append(Row(f"H:{does}", f"×{len(hs)}", tuple(r for h in hs for r in hosts[h]),
+                            f"{len(hs):,} hosts ({named}): {what}", sample=BEHAVIOUR_SAMPLE))
+    return own + rows
 
 
 def apart_rows(m: ModelView, ranks: list[int], each: bool) -> list[Row]:
@@ -279,8 +323,8 @@ class Timeline(ScrollView, can_focus=True):
             rows = [Row(f"r{r}", f"r{r}", (r,)) for r in pinned]
             ranks = [r for r in ranks if r not in self.flagged]
             if self.mode == "behaviour":  # the hosts the flagged ranks sit on, expanded below them
-                hosts = {str((m.ranks[r].meta or {}).get("host")) for r in pinned if m.ranks[r].meta}
-                near = [r for r in ranks if str((m.ranks[r].meta or {}).get("host")) in hosts]
+                hosts = {host_of(m, r) for r in pinned} - {"?"}
+                near = [r for r in ranks if host_of(m, r) in hosts]
                 rows += [Row(f"r{r}", f"r{r}", (r,)) for r in near]
                 ranks = [r for r in ranks if r not in set(near)]
         if self.mode == "ranks" or (self.mode == "behaviour" and len(ranks) <= PIN_MIN_RANKS):
@@ -289,12 +333,8 @@ class Timeline(ScrollView, can_focus=True):
             rows += behaviours(m, ranks)
         elif self.mode == "heat":  # the whole job in the lines the widget has (less the legend's)
             rows += heat_rows(ranks, max(4, (self.size.height or 24) - len(rows) - 1))
-        elif self.mode == "nodes":
-            hosts: dict[str, list[int]] = {}
-            for r in ranks:
-                meta = m.ranks[r].meta or {}
-                hosts.setdefault(str(meta.get("host", "?")), []).append(r)
-            rows += [Row(f"n:{h}", f"{h[:GUTTER - 3]}", tuple(rs)) for h, rs in hosts.items()]
+        elif self.mode == "nodes":  # (the hosts the flagged ranks sit on first, each its own row)
+            rows += host_rows(m, ranks, {host_of(m, r) for r in self.flagged if r in m.ranks} - {"?"})
         else:
             size = max(1, -(-len(ranks) // 32)) if len(ranks) > 32 else 1
             for i in range(0, len(ranks), size):
