@@ -395,7 +395,8 @@ class HeatFrames:
     """The timeline's heatmap (``c`` to it) as the console paints it: every rank, in 40 lines of
     189 cells over 10 s, from the published view, following the live edge in pages
     (``painter.follow``) and each frame counted again from what changed since the last
-    (``painter.rows_levels`` given what it counted then).  Every ``WHOLE_EVERY``th frame
+    (``painter.rows_levels`` given what it counted then), its blocks coloured by their ranks'
+    states (``painter.row_gone``).  Every ``WHOLE_EVERY``th frame
     (the first among them) is counted whole as well, as a jump or a zoom counts it (timed
     apart)."""
 
@@ -423,7 +424,7 @@ class HeatFrames:
             rows = heat_rows(view.rank_ids(), HEAT_LINES)
             got, counted = painter.rows_levels(view, rows, win, prev=prev)
             for row, levels in zip(rows, got, strict=True):
-                painter.render_row(view, row, win, levels=levels)
+                painter.render_row(view, row, win, levels=levels, gone=painter.row_gone(view.states, row, win))
             return time.perf_counter() - began, counted
 
         whole = painted(None)[0] if self.frames % self.WHOLE_EVERY == 0 else None  # (the first among them)

@@ -1128,6 +1128,14 @@ def gone_cells(states: Mapping[int, RankState], ranks: Sequence[int], win: Windo
     return out
 
 
+def row_gone(states: Mapping[int, RankState], row: Row, win: Window) -> list[np.ndarray] | None:
+    """A heatmap line's two blocks' ``gone_cells`` (None: not a heatmap line), as
+    ``render_row`` takes them."""
+    if not row.upper:
+        return None
+    return [gone_cells(states, row.ranks[:row.upper], win), gone_cells(states, row.ranks[row.upper:], win)]
+
+
 def paint_heat(m: ModelLike, upper: tuple[int, ...], lower: tuple[int, ...], win: Window,
                cats: np.ndarray | None = None, spans: Mapping[int, SpanIndex] | None = None,
                levels: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,

@@ -42,10 +42,10 @@ from commscope.tui.painter import (
     Row,
     Window,
     follow,
-    gone_cells,
     render_row,
     repaint_rank,
     repaint_ranks,
+    row_gone,
     rows_levels,
 )
 from commscope.tui.spanindex import SpanIndex
@@ -460,11 +460,9 @@ class Timeline(ScrollView, can_focus=True):
                     self._keep_painted(pkey, p)
                 painted = (p.cells, p.labels)
             levels = self._collapsed_levels(m, win, cats, row) if len(row.ranks) > 1 else None
-            gone = [gone_cells(m.states, row.ranks[:row.upper], win),
-                    gone_cells(m.states, row.ranks[row.upper:], win)] if row.upper else None
             strip = render_row(m, row, win, kind=kind, focused=focused, flagged=row.key in self._flagged_rows,
                                cats=cats, painted=painted, spans=self._spans if self.SPAN_INDEX else None,
-                               levels=levels, gone=gone)
+                               levels=levels, gone=row_gone(m.states, row, win))
             if len(row.ranks) > 1:  # a collapsed row's ranks may want their indexes too
                 self._build_wanted(self._spans[r] for r in row.painted_ranks())
             self._cache[key] = strip
