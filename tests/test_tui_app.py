@@ -1171,6 +1171,167 @@ def test_the_heatmap_colours_a_block_by_its_ranks_state_from_the_moment_one_went
     drive(app, check, size=(80, 40))
 
 
+def _heat_cells(tl, rank: int) -> tuple[list[tuple[str, str]], object]:
+    """The (upper, lower) colour of each cell of the heatmap line holding ``rank``, and the window."""
+    from commscope.tui.painter import GUTTER
+
+    at = next(y for y, row in enumerate(tl.rows) if rank in row.ranks)
+    win = tl.window(tl.timeline_width())
+    cells = []
+    for seg in tl.render_line(at - tl.scroll_offset.y).crop(GUTTER, GUTTER + win.width)._segments:
+        cells += [(seg.style.color.name, seg.style.bgcolor.name if seg.style.bgcolor else "")] * len(seg.text)
+    return cells, win
+
+
+def test_a_heatmap_line_shows_a_death_judged_with_no_new_event():
+    """A rank judged dead by its silence alone changes no version of the model: the view the
+    feed publishes on its clock has the same version and new states.  The heatmap line of a
+    rank gone dead meanwhile shows it from then on, though the line's other rank was dead
+    already (its gutter dot the same): before, the line painted for the older states stayed."""
+    from tui_scenarios import wide_fault
+
+    from commscope.analysis.vocab import RankState
+    from commscope.tui import palette
+
+    events, now = wide_fault("dead", world=32, culprit=10)
+    app = make_app(events, now)
+
+    async def check(pilot):
+        tl = app.timeline
+        while tl.mode != "heat":
+            await pilot.press("c")
+        await pilot.pause()
+        cells, win = _heat_cells(tl, 11)
+        assert palette.HEAT_DOWN not in [b for _, b in cells]  # (rank 11, the lower half: alive)
+        view = app.feed.view
+        went = view.states[10].since_ns + 2 * win.npc
+        states = {**view.states, 11: RankState("dead", "dead (last seen ...)", None, went)}
+        app.feed.view = app.feed.model.view(view.now, states)
+        assert app.feed.view.version == view.version
+        cells, win = _heat_cells(tl, 11)
+        at, clock = (went - win.t0) // win.npc, (win.now - win.t0) // win.npc
+        assert [b for _, b in cells[at:clock + 1]] == [palette.HEAT_DOWN] * (clock + 1 - at)
+        assert palette.HEAT_DOWN not in [b for _, b in cells[:at]]
+
+    drive(app, check, size=(80, 40))
+
+
+def test_at_a_replay_cursor_the_heatmap_shows_a_death_only_once_the_cursor_is_where_it_was_known():
+    """Replay: the heatmap takes the ranks' states as of the cursor, as the gutter dots do.
+    Rank 10 goes silent (its last heartbeat) and is judged dead seconds later.  With the
+    cursor 0.3 s after its last sign of life, its half-cell is not magenta (the trace's end
+    says dead since then: before, the future was shown); at the trace's end it is, from
+    that last sign up to the cursor."""
+    from tui_scenarios import wide_fault
+
+    from commscope.tui import palette
+
+    events, now = wide_fault("dead", world=32, culprit=10)
+    app = make_app(events, 0, mode=REPLAY)
+
+    async def check(pilot):
+        await wait_for(pilot, lambda: app.info.loaded)
+        tl = app.timeline
+        while tl.mode != "heat":
+            await pilot.press("c")
+        await pilot.pause()
+        st = app.feed.view.states[10]
+        assert st.kind == "dead"
+        seen = st.since_ns
+        for cursor, dead in ((seen + 300 * MS, False), (tl.own_span()[1], True)):
+            app.cursor_ns = cursor
+            app._cursor_moved()
+            await pilot.pause()
+            cells, win = _heat_cells(tl, 10)
+            at, c = (seen - win.t0) // win.npc, (cursor - win.t0) // win.npc
+            assert 0 < at < c < win.width
+            if dead:
+                assert [u for u, _ in cells[at:c]] == [palette.HEAT_DOWN] * (c - at)  # (the cursor's own cell: │)
+                assert palette.HEAT_DOWN not in [u for u, _ in cells[:at] + cells[c + 1:]]
+            else:
+                assert palette.HEAT_DOWN not in [u for u, _ in cells], cursor - seen
+
+    drive(app, check, size=(80, 40))
+
+
+def test_the_heatmaps_legend_stays_on_screen_under_the_streams_drawn_apart():
+    """Heat mode, 128 ranks and two foreign streams drawn apart after the heatmap: its lines
+    are sized for the room those leave, so the legend is still the widget's last line."""
+    from tui_scenarios import wide_missing_rank
+
+    events, now = wide_missing_rank(world=128, culprit=50)
+    own = [{**e, "job": "synthetic-job", "run": "r0"} if e["type"] == "meta" else e for e in events]
+    theirs = [{**e, "rank": e["rank"] + 126, "ts": e["ts"] + 30 * MS,
+               **({"job": "another-job", "run": "r9"} if e["type"] == "meta" else {})}
+              for r in (2, 3) for e in events if e["rank"] == r]
+    app = make_app(own + theirs, now + 30 * MS)
+
+    async def check(pilot):
+        tl = app.timeline
+        while tl.mode != "heat":
+            await pilot.press("c")
+        await pilot.pause()
+        assert sorted(tl.model.foreign) == [128, 129] and sum(r.apart for r in tl.rows) == 2
+        assert len(tl.rows) < tl.size.height
+        assert "past hang_after" in tl.render_line(tl.size.height - 1).text
+
+    drive(app, check, size=(80, 24))
+
+
+def test_a_heatmap_line_of_one_rank_is_painted_as_a_heatmap_line():
+    """31 ranks, one a half-cell: the last heatmap line holds one rank, in its upper half.
+    It is a heatmap line (``▀`` cells, its block's states), not a rank's own row."""
+    from tui_scenarios import wide_fault
+
+    events, now = wide_fault("dead", world=31, culprit=30)
+    app = make_app(events, now)
+
+    async def check(pilot):
+        tl = app.timeline
+        while tl.mode != "heat":
+            await pilot.press("c")
+        await pilot.pause()
+        last = tl.rows[-1]
+        assert last.ranks == (30,) and last.upper == 1 and not last.alone
+        assert set(tl.render_line(len(tl.rows) - 1 - tl.scroll_offset.y).text[11:].strip()) == {"▀"}
+        from commscope.tui import palette
+        cells, _ = _heat_cells(tl, 30)
+        assert palette.HEAT_DOWN in [u for u, _ in cells]
+
+    drive(app, check, size=(80, 40))
+
+
+def test_the_rows_are_made_again_only_when_what_they_are_made_from_changed(monkeypatch):
+    """The app asks for the rows ten times a second; by host at 16,384 ranks they take
+    ~22 ms.  With the same view, mode, findings and height they are not made again; a new
+    view or mode makes them."""
+    from tui_scenarios import wide_missing_rank
+
+    from commscope.tui import timeline
+
+    made = []
+    real = timeline.host_rows
+    monkeypatch.setattr(timeline, "host_rows", lambda *a, **k: made.append(1) or real(*a, **k))
+    events, now = wide_missing_rank(world=128, culprit=50)
+    app = make_app(events, now)
+
+    async def check(pilot):
+        tl = app.timeline
+        while tl.mode != "nodes":
+            await pilot.press("c")
+        await pilot.pause()
+        n = len(made)
+        assert n >= 1
+        for _ in range(5):
+            tl.on_model_update(now)
+        assert len(made) == n
+        app.feed.view = app.feed.model.view(now, dict(app.feed.view.states))  # (a new view)
+        tl.on_model_update(now)
+        assert len(made) == n + 1
+
+    drive(app, check, size=(80, 24))
+
+
 def test_a_heatmap_block_is_grey_once_every_rank_of_it_exited_and_magenta_over_all_once_one_died():
     """``gone_cells``: a block shows exited only once all of its ranks have (from the last
     exit), a death from the first death, over an exit; nothing past the clock."""
@@ -1225,7 +1386,7 @@ def test_hosts_collapse_by_what_their_ranks_do_the_rarest_first():
     from commscope.analysis.rankstate import rank_states
     from commscope.tui.timeline import host_rows
 
-    def model(world: int):
+    def model(world: int, unnamed: range = range(0)):
         b = TraceBuilder(world, ranks_per_host=8)
         t = T0 + 100 * MS
         for _ in range(3):
@@ -1234,7 +1395,8 @@ def test_hosts_collapse_by_what_their_ranks_do_the_rarest_first():
         for r in range(world):
             if r not in idle:
                 b.sync(r, t, None, "all_reduce")
-        m = TraceModel.from_events(b.sorted_events())
+        events = [{k: v for k, v in e.items() if k != "host" or e["rank"] not in unnamed} for e in b.sorted_events()]
+        m = TraceModel.from_events(events)
         return m.view(t + S, rank_states(m, t + S))
 
     v = model(128)
@@ -1245,8 +1407,14 @@ def test_hosts_collapse_by_what_their_ranks_do_the_rarest_first():
     assert rows[2].note.startswith("13 hosts (node00 … node15): 8 in all_reduce #4")
     assert sorted(r for row in rows for r in row.ranks) == list(range(128))
     assert [r.label for r in host_rows(v, v.rank_ids(), {"node09"})] == ["node09", "node05", "node03", "×13"]
+    # ranks whose meta names no host are not one more host among the alike: a row of their own
+    v = model(128, unnamed=range(120, 128))
+    rows = host_rows(v, v.rank_ids())
+    assert [(r.label, len(r.ranks)) for r in rows] == [("node05", 8), ("×2", 16), ("?", 8), ("×12", 96)]
+    assert rows[2].note == "no host said: 8 in all_reduce #4 (group 0)"
     small = model(64)
-    assert [(r.label, r.note) for r in host_rows(small, small.rank_ids())] == [(f"node{h:02d}", "") for h in range(8)]
+    assert [(r.label, r.note) for r in host_rows(small, small.rank_ids(), summarize=False)] == \
+        [(f"node{h:02d}", "") for h in range(8)]
 
 
 def test_the_rank_table_of_thousands_computes_only_the_rows_it_shows():

@@ -67,6 +67,11 @@ class Row(NamedTuple):
     #: job's rows, their gutter "⊘" and greyed as the rank table's rows of them
     apart: bool = False
 
+    @property
+    def alone(self) -> bool:
+        """A row of one rank's own ops (a heatmap line of one rank is still a heatmap line)."""
+        return len(self.ranks) == 1 and not self.upper
+
     def painted_ranks(self) -> tuple[int, ...]:
         """The ranks its cells are painted from (``sample``)."""
         if not self.sample or len(self.ranks) <= self.sample:
@@ -133,7 +138,7 @@ def render_row(m: ModelLike, row: Row, win: Window, *, kind: str = "unknown", fo
     indexes by rank (for the overview; see ``paint_rank``)."""
     w = win.width
     width = w + GUTTER
-    if len(row.ranks) == 1:
+    if row.alone:
         r = row.ranks[0]
         cells, labels = painted if painted is not None else paint_rank(m, r, win, cats,
                                                                         None if spans is None else spans[r])

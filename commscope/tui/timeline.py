@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 from rich.segment import Segment
@@ -29,8 +29,9 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from commscope.analysis.findings import ranks_text
-from commscope.analysis.model import CONTAINER, NESTED, ModelLike, ModelView
+from commscope.analysis.model import CONTAINER, NESTED, ModelLike, ModelView, TraceModel
 from commscope.analysis.rankstate import rank_state, top_level_ops
+from commscope.analysis.vocab import RankState
 from commscope.events import DEFAULT_HANG_AFTER
 from commscope.tui import palette
 from commscope.tui.feed import REPLAY, Feed
@@ -145,29 +146,32 @@ def host_of(m: ModelView, rank: int) -> str:
     return str((m.ranks[rank].meta or {}).get("host", "?"))
 
 
-def host_rows(m: ModelView, ranks: list[int], apart: Iterable[str] = ()) -> list[Row]:
+def host_rows(m: ModelView, ranks: list[int], apart: Iterable[str] = (), summarize: bool = True) -> list[Row]:
     """By host, then by behaviour: the hosts whose ranks do the same things (as many ranks in
     each ``behaviour_groups`` behaviour) are one row with their count of hosts and what
     their ranks do (2,047 hosts of 8 ranks waiting in all_reduce #4 are one line, the host
     whose ranks are elsewhere another), the rarest first; the hosts of ``apart`` (those the
-    findings' ranks sit on) a row each, first.  A job of at most ``SUMMARY_MIN_RANKS`` ranks:
+    findings' ranks sit on) a row each, first, and the ranks no meta named a host for ("?")
+    a row of their own.  Not ``summarize`` (a job of at most ``SUMMARY_MIN_RANKS`` ranks):
     one row per host, as it reads best."""
     hosts: dict[str, list[int]] = {}
     for r in ranks:
         hosts.setdefault(host_of(m, r), []).append(r)
-    if len(ranks) <= SUMMARY_MIN_RANKS:
+    if not summarize:
         return [Row(f"n:{h}", f"{h[:GUTTER - 3]}", tuple(rs)) for h, rs in hosts.items()]
     behaviour = {r: key for key, rs in behaviour_groups(m, ranks) for r in rs}
     alike: dict[tuple, list[str]] = {}  # what a host's ranks do (behaviour, ranks in it) -> its hosts
     for h, rs in hosts.items():
         alike.setdefault(tuple(sorted(Counter(behaviour[r] for r in rs).items(), key=lambda kv: (-kv[1], kv[0]))),
                          []).append(h)
-    first = set(apart)
+    first = set(apart) | {"?"}
     rows, own = [], []
     for does, hs in sorted(alike.items(), key=lambda kv: (len(kv[1]), hosts[kv[1][0]][0])):
         what = ", ".join(f"{n} {doing(key)}" for key, n in does)
         for h in [h for h in hs if h in first]:
-            own.append(Row(f"n:{h}", f"{h[:GUTTER - 3]}", tuple(hosts[h]), f"{h}: {what}"))
+            row = Row(f"n:{h}", f"{h[:GUTTER - 3]}", tuple(hosts[h]),
+                      f"{h}: {what}" if h != "?" else f"no host said: {what}")
+            (rows if h == "?" else own).append(row)
         hs = [h for h in hs if h not in first]
         if len(hs) == 1:
             rows.append(Row(f"n:{hs[0]}", f"{hs[0][:GUTTER - 3]}", tuple(hosts[hs[0]]), f"{hs[0]}: {what}"))
@@ -259,8 +263,9 @@ class Timeline(ScrollView, can_focus=True):
         self._building = False  # a build of wanted span indexes is scheduled
         self._dots_key: tuple[int, int] | None = None  # (view version, replay cursor) of _dots
         self._kinds_token: tuple[ModelLike, int | None] | None = None  # (view, replay cursor) of _kinds
+        self._rows_token: tuple | None = None  # what ``rebuild_rows`` made ``rows`` from
         self._kinds: dict[str, tuple[Row, str]] = {}  # collapsed rows' kinds (``_row_kind``)
-        self._dots: dict[int, str] = {}
+        self._dots: Mapping[int, RankState] = {}
         self._placed = False
         self.empty_text: str | None = None  # why there is nothing to show (set by the app)
         self._own: tuple[ModelView | None, tuple[int, int]] = (None, (0, 0))  # (view, ``own_span`` of it)
@@ -278,6 +283,7 @@ class Timeline(ScrollView, can_focus=True):
         self._cat_table = np.zeros(0, np.int8)
         self._dots_key, self._dots = None, {}
         self._kinds_token, self._kinds = None, {}
+        self._rows_token = None
         self.set_flagged(set())
         self.virtual_size = Size(self.size.width, 0)
 
@@ -307,7 +313,13 @@ class Timeline(ScrollView, can_focus=True):
         return self.t0 + self.timeline_width() * self.npc
 
     def rebuild_rows(self) -> None:
+        """The rows for the mode, the view and the findings' ranks: made again only when one
+        of them (or, for the heatmap, the height) changed since (the app asks ten times a
+        second; at 16,384 ranks by host or behaviour they take ~15-25 ms)."""
         m = self.model
+        token = (m, self.mode, self.only_findings, frozenset(self.flagged), self.size.height)
+        if self._rows_token is not None and self._rows_token[0] is m and self._rows_token[1:] == token[1:]:
+            return
         ranks = m.rank_ids()
         apart = [r for r in ranks if r in m.foreign] if m.foreign else []  # (drawn apart, last: ``apart_rows``)
         if apart:
@@ -317,6 +329,7 @@ class Timeline(ScrollView, can_focus=True):
         if self.only_findings and self.flagged:
             ranks = [r for r in ranks if r in self.flagged]
             apart = [r for r in apart if r in self.flagged]
+        every = len(ranks)  # (the job's, the findings' among them)
         rows: list[Row] = []
         if len(ranks) > PIN_MIN_RANKS and self.flagged:
             pinned = [r for r in ranks if r in self.flagged]
@@ -327,21 +340,24 @@ class Timeline(ScrollView, can_focus=True):
                 near = [r for r in ranks if host_of(m, r) in hosts]
                 rows += [Row(f"r{r}", f"r{r}", (r,)) for r in near]
                 ranks = [r for r in ranks if r not in set(near)]
+        after = apart_rows(m, apart, self.mode == "ranks" or len(apart) <= PIN_MIN_RANKS // 4)
         if self.mode == "ranks" or (self.mode == "behaviour" and len(ranks) <= PIN_MIN_RANKS):
             rows += [Row(f"r{r}", f"r{r}", (r,)) for r in ranks]  # (a few ranks read best one by one)
         elif self.mode == "behaviour":
             rows += behaviours(m, ranks)
-        elif self.mode == "heat":  # the whole job in the lines the widget has (less the legend's)
-            rows += heat_rows(ranks, max(4, (self.size.height or 24) - len(rows) - 1))
+        elif self.mode == "heat":  # the whole job in the lines left (less the legend's and the streams' apart)
+            rows += heat_rows(ranks, max(4, (self.size.height or 24) - len(rows) - len(after) - 1))
         elif self.mode == "nodes":  # (the hosts the flagged ranks sit on first, each its own row)
-            rows += host_rows(m, ranks, {host_of(m, r) for r in self.flagged if r in m.ranks} - {"?"})
+            rows += host_rows(m, ranks, {host_of(m, r) for r in self.flagged if r in m.ranks} - {"?"},
+                              summarize=every > SUMMARY_MIN_RANKS)
         else:
             size = max(1, -(-len(ranks) // 32)) if len(ranks) > 32 else 1
             for i in range(0, len(ranks), size):
                 chunk = tuple(ranks[i:i + size])
                 label = f"r{chunk[0]}" if len(chunk) == 1 else f"r{chunk[0]}-{chunk[-1]}"
                 rows.append(Row(f"b:{label}", label, chunk))
-        rows += apart_rows(m, apart, self.mode == "ranks" or len(apart) <= PIN_MIN_RANKS // 4)
+        rows += after
+        self._rows_token = (m, self.mode, self.only_findings, frozenset(self.flagged), self.size.height)
         if rows != self.rows:  # (a behaviour row keeps its key while its ranks change)
             self.rows = rows
             self.sel_row = min(self.sel_row, max(0, len(rows) - 1))
@@ -431,7 +447,7 @@ class Timeline(ScrollView, can_focus=True):
             return Strip.blank(width)
         row = self.rows[ri]
         m = self.model  # one published view for the whole row: no lock, nothing written
-        if len(row.ranks) == 1:
+        if row.alone:
             rv = m.ranks.get(row.ranks[0])
             versions, live = -1 if rv is None else rv.version, rv is not None and bool(rv.open)
         else:  # (counted again at each view, from what changed: ``_collapsed_levels``; no walk of 16k ranks here)
@@ -441,13 +457,16 @@ class Timeline(ScrollView, can_focus=True):
         win = self.window(width - GUTTER)
         sel = win.sel if win.sel and win.sel[0] in row.ranks else None
         now_cell = (win.now - self.t0) // self.npc if live else None
+        # (a heatmap line's states, in its key: a rank judged dead by its silence changes no version)
+        gone = row_gone(self._states(m), row, win)
         key = (row.key, versions, self.t0, self.npc, width, sel, self.cursor_ns, now_cell, focused,
-               self.hang_after_ns, row.key in self._flagged_rows, kind)
+               self.hang_after_ns, row.key in self._flagged_rows, kind,
+               None if gone is None else b"".join(g.tobytes() for g in gone))
         strip = self._cache.get(key)
         if strip is None:
             cats = self._categories(m)
             painted = None
-            if len(row.ranks) == 1:  # repaint only what changed since this row was last painted here
+            if row.alone:  # repaint only what changed since this row was last painted here
                 r = row.ranks[0]
                 pkey = self._painted_key(r, win)
                 token = (id(m), m.version, win)
@@ -459,11 +478,11 @@ class Timeline(ScrollView, can_focus=True):
                     p = repaint_rank(m, r, win, self._painted.get(pkey), cats, self._spans_of(r))
                     self._keep_painted(pkey, p)
                 painted = (p.cells, p.labels)
-            levels = self._collapsed_levels(m, win, cats, row) if len(row.ranks) > 1 else None
+            levels = None if row.alone else self._collapsed_levels(m, win, cats, row)
             strip = render_row(m, row, win, kind=kind, focused=focused, flagged=row.key in self._flagged_rows,
                                cats=cats, painted=painted, spans=self._spans if self.SPAN_INDEX else None,
-                               levels=levels, gone=row_gone(m.states, row, win))
-            if len(row.ranks) > 1:  # a collapsed row's ranks may want their indexes too
+                               levels=levels, gone=gone)
+            if not row.alone:  # a collapsed row's ranks may want their indexes too
                 self._build_wanted(self._spans[r] for r in row.painted_ranks())
             self._cache[key] = strip
         return strip
@@ -477,7 +496,7 @@ class Timeline(ScrollView, can_focus=True):
         top = self.scroll_offset.y
         token = (m, win, self.rows, top, self.size.height, m.version)  # (the view, the rows by identity: ``_same``)
         if not _same(self._levels_token, token):
-            rows = [r for r in self.rows[top:top + self.size.height] if len(r.ranks) > 1]
+            rows = [r for r in self.rows[top:top + self.size.height] if not r.alone]
             # (only what changed since the last frame's counts, where it was over the same rows and window)
             got, self._counted = rows_levels(m, rows, win, cats, self._spans if self.SPAN_INDEX else None,
                                              self._counted)
@@ -507,7 +526,7 @@ class Timeline(ScrollView, can_focus=True):
         top = self.scroll_offset.y
         keys, asks = [], []
         for row in self.rows[top:top + self.size.height]:
-            if len(row.ranks) == 1:
+            if row.alone:
                 r = row.ranks[0]
                 pkey = self._painted_key(r, win)
                 keys.append(pkey)
@@ -576,26 +595,26 @@ class Timeline(ScrollView, can_focus=True):
     def _now(self) -> int:
         return self.cursor_ns if self.cursor_ns is not None else self.now_ns
 
-    def _row_kind(self, m: ModelView, row: Row) -> str:
-        """The gutter dot of a row: its rank's state, the worst of its ranks' when collapsed.
-        Live: the states the feed published with the view.  Replay cursor: as of the cursor
-        (the trace is loaded and no longer changes), cached per cursor position."""
-        if self.cursor_ns is not None and self.feed.mode == REPLAY:
-            key = (m.version, self.cursor_ns)
-            if self._dots_key != key:
-                self._dots_key, self._dots = key, {}
-            dots = self._dots
+    def _states(self, m: ModelView) -> Mapping[int, RankState]:
+        """Each rank's state as the rows show it: live, the states the feed published with
+        the view; at a replay cursor, as of the cursor (the trace is loaded and no longer
+        changes; judged as asked, cached per cursor position: the future stays hidden)."""
+        if self.cursor_ns is None or self.feed.mode != REPLAY:
+            return m.states
+        key = (m.version, self.cursor_ns)
+        if self._dots_key != key:
+            self._dots_key, self._dots = key, _StatesAsOf(self.feed.model, self.cursor_ns, m.ranks)
+        return self._dots
 
-            def kind_of(r: int) -> str:
-                k = dots.get(r)
-                if k is None:
-                    k = dots[r] = rank_state(self.feed.model, r, self.cursor_ns, as_of=True).kind
-                return k
-        else:
-            def kind_of(r: int) -> str:
-                st = m.states.get(r)
-                return st.kind if st is not None else "unknown"
-        if len(row.ranks) == 1:
+    def _row_kind(self, m: ModelView, row: Row) -> str:
+        """The gutter dot of a row: its rank's state (``_states``), the worst of its ranks'
+        when collapsed."""
+        states = self._states(m)
+
+        def kind_of(r: int) -> str:
+            st = states.get(r)
+            return st.kind if st is not None else "unknown"
+        if row.alone:
             return kind_of(row.ranks[0])
         # (a collapsed row's: once a view and cursor, not at every line painted: 16k ranks a frame)
         if self._kinds_token is None or self._kinds_token[0] is not m or self._kinds_token[1] != self.cursor_ns:
@@ -787,6 +806,29 @@ class Timeline(ScrollView, can_focus=True):
             self.rebuild_rows()
         self.virtual_size = Size(self.size.width, len(self.rows))
         self.ensure_placed()
+
+
+class _StatesAsOf(Mapping[int, RankState]):
+    """The ranks' states as of a replay cursor, each judged the first time it is asked
+    (``rank_state(..., as_of=True)``) and kept: a screen's rows ask only for theirs."""
+
+    def __init__(self, model: TraceModel, at: int, ranks: Mapping[int, object]) -> None:
+        self._model, self._at, self._ranks = model, at, ranks
+        self._got: dict[int, RankState] = {}
+
+    def __getitem__(self, rank: int) -> RankState:
+        st = self._got.get(rank)
+        if st is None:
+            if rank not in self._ranks:
+                raise KeyError(rank)
+            st = self._got[rank] = rank_state(self._model, rank, self._at, as_of=True)
+        return st
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ranks)
+
+    def __len__(self) -> int:
+        return len(self._ranks)
 
 
 def _same(a: tuple | None, b: tuple) -> bool:
