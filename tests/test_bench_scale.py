@@ -41,6 +41,7 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device, writers):
     else:
         assert re.search(r"fault -> finding: \d+\.\d s", out), out  # found, naming the culprit
     assert "other findings" not in out, out  # and nothing else: no victim blamed
+    assert re.search(r"met at this run's scale \(its measured figures, not the EXTRAPOLATED ones\): (yes|NO)\n", out), out
     if fault in ("host-lost", "straggler-host"):  # the host's eight ranks in one finding (the culprit set)
         assert re.search(rf"fault '{fault}' at \d+ s on rank 35's host \(ranks 32-39\)", out), out
     # a hang: every rank in it captured its stack at hang_after, and the finding shows the ones
