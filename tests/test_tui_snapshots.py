@@ -205,3 +205,21 @@ def test_4096_ranks_as_a_heatmap(snap_compare):
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=(200, 60), run_before=run_before)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)])
+def test_4096_ranks_by_host(snap_compare, size):
+    """By node (c once from behaviour): 4,096 ranks, 8 a host, by host then behaviour: the
+    culprit pinned, its host's line, and the 511 hosts alike as one line with their count."""
+    events, now = wide_missing_rank()
+    app = make_app(events, now)
+
+    async def run_before(pilot) -> None:
+        await _loaded(pilot)
+        await pilot.press("c")
+        await pilot.pause()
+        assert pilot.app.timeline.mode == "nodes" and len(pilot.app.timeline.rows) == 3
+        pilot.app.clear_notifications()
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
