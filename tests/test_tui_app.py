@@ -930,9 +930,9 @@ def test_thousands_of_ranks_are_summarized_by_behaviour_and_every_key_works():
     drive(app, check, size=(80, 24))
 
 
-@pytest.mark.parametrize("mode", ["behaviour", "heat"])
+@pytest.mark.parametrize("mode", ["behaviour", "nodes", "heat"])
 def test_every_key_works_at_thousands_of_ranks_as_at_four(mode):
-    """4,096 ranks, summarized by behaviour or as a heatmap: the keys do what they do at 4
+    """4,096 ranks, summarized by behaviour, by host or as a heatmap: the keys do what they do at 4
     ranks (test_select_zoom_pan_and_follow and the tests after it): select ops, zoom, pan,
     follow, a click, an op's detail, the next error, the findings and the rank table focused
     and sorted, the GPU panel, the history, the help."""
@@ -965,10 +965,10 @@ def test_every_key_works_at_thousands_of_ranks_as_at_four(mode):
         for y in range(tl.size.height):  # (the frame after them: every line paints)
             tl.render_line(y)
         tl.sel = None
-        # (the second row: a rank of the culprit's host by behaviour, the first block of ranks as a
-        # heatmap; its first rank waits in all_reduce #4)
+        # (the second row: a rank of the culprit's host by behaviour, that host by host, the first
+        # block of ranks as a heatmap; its first rank waits in all_reduce #4)
         first = tl.rows[1].ranks[0]
-        assert first == (2048 if mode == "behaviour" else 0)
+        assert first == (0 if mode == "heat" else 2048)
         await pilot.click("#timeline", offset=(30, 1))  # its row, mid timeline
         await pilot.pause()
         assert tl.sel is not None and tl.sel[0] == first  # its op under the click: the one in flight
