@@ -171,7 +171,8 @@ def _followed(polls, settled, settled_s=40.0, **over):
 
     seen = {"lags": [0.5], "behind": [0.4], "first_round_s": 3.0, "caught_s": 6.0, "after_caught": [0.4],
             "found_s": 5.0, "wrong": [], "early": [], "wall_s": 50.0, "frames": [0.01], "heat_frames": [0.02], "heat_whole": [0.03],
-            "rss": 1 << 30, "rss_end": 900 << 20, "model_bytes": 100 << 20, "model_ops": 800_000,
+            "rss": 1 << 30, "rss_end": 900 << 20, "rss_start": 150 << 20, "model_bytes": 100 << 20,
+            "model_ops": 800_000,
             "model_budget": 1 << 30, "restarts": 0,
             "events": 4_000_000, "cpu_s": 50.0, "read_process_cpu_s": 30.0, "read_process_lost": [],
             "read_processes": 1, "ranks_seen": 1024, "stacks": (0, 1, 1023, 1), "polls": polls, "settled": settled,
@@ -285,7 +286,7 @@ def test_the_memory_lines_state_the_model_and_the_rss_the_targets_job_would_hold
     held = (800 << 20) + (1 << 30) * 9 / 8 + (1 << 29)  # (2.42 GiB)
     assert (f"RSS at 16,384 ranks and 25 collectives/s (EXTRAPOLATED, from this run's): at most "
             f"{held / 2**30:.1f} GiB (target <= 4.0 GiB) where a restart at the tail reads only its window: 800.0 MiB "
-            f"besides the model, the model at the console's 1.0 GiB budget") in flat, flat
+            f"besides the model, the model at the console's 1.0 GiB budget") in flat, flat  # (x 1: at 16k ranks)
     fill = (1 << 30) / (131.072 * 16384 * 25)
     assert f"at 131 B an op the model fills its budget in {fill:.0f} s there" in flat, flat
     # a 64 MiB segment at 64,000 bytes a second: 17 min, ~10.6 GiB of model at 409,600 ops a second
@@ -299,7 +300,9 @@ def test_the_memory_lines_state_the_model_and_the_rss_the_targets_job_would_hold
         in on_redis, on_redis
     full = dataclasses.replace(plan, ranks=4096, rate=25.0)
     quarter = " ".join(memory(full, seen, "directory", Stored(ops=200_000.0, other=0.0)).split())
-    assert "3.1 GiB besides the model (x 4 for the ranks, the interpreter's own counted as theirs)" in quarter, quarter
+    # (900 MiB at the end, 100 MiB of it the model, 150 MiB the console's as it started: 150 + 650 x 4)
+    assert ("2.7 GiB besides the model (150.0 MiB of it the interpreter's and its imports' as the console started, "
+            "the rest x 4 for the ranks)") in quarter, quarter
     assert "up to 13 s of a rank there" in quarter, quarter  # (64 MiB at 5 MB a second: seconds, not "0 min")
     narrow = memory(dataclasses.replace(plan, ranks=512), seen, "directory", stored)
     assert narrow == "\n".join(lines[:2]), narrow  # (too few of the target's ranks to say its RSS)

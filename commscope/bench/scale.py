@@ -480,6 +480,9 @@ class Followed:
     heat_whole: list[float]  # ... counted whole, as a jump or a zoom counts it (``HeatFrames.WHOLE_EVERY``)
     rss: int  # the console's, its read processes' with it (the most sampled), or its own peak if more
     rss_end: int  # ... at the follow's end
+    #: the console's own before its first read: the interpreter's and its imports' (what does
+    #: not grow with the ranks)
+    rss_start: int
     model_bytes: int  # the model's arrays then (``TraceModel.nbytes``)
     model_ops: int  # the ops they held
     model_budget: int  # past which the model started again at the tail (``Feed.MODEL_BUDGET``)
@@ -545,6 +548,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
     next_frame = 0.0
     cpu0 = time.process_time()
     proc = psutil.Process()
+    rss_start = proc.memory_info().rss  # (nothing read yet)
     hard = until + plan.hang_after + 30.0  # a loaded machine: wait longer for the finding, never forever
     # each step with events once the watermark was first sampled (every stream read once,
     # past the first 3 s), while the reader is the one it began with (a read process lost, the
@@ -638,7 +642,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
         after_caught=behind[caught:] if caught_ns else [],
         found_s=(found_ns - fault_ns) / S if found_ns else None, wrong=wrong, early=early,
         wall_s=(time.time_ns() - plan.t_start) / S, frames=frames, heat_frames=heat_frames,
-        heat_whole=heat_whole, rss=rss, rss_end=rss_end, model_bytes=model_bytes, model_ops=model_ops,
+        heat_whole=heat_whole, rss=rss, rss_end=rss_end, rss_start=rss_start, model_bytes=model_bytes, model_ops=model_ops,
         model_budget=feed.MODEL_BUDGET, restarts=feed.restarts, events=feed.model.events,
         cpu_s=time.process_time() - cpu0 + sum(a.cpu_s for a in aheads),
         read_process_cpu_s=sum(a.cpu_s for a in aheads) if aheads else None, read_process_lost=lost,
@@ -880,8 +884,8 @@ def _duration(seconds: float) -> str:
 def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
     """The report's lines on the console's memory: its model at the end (bytes an op, the
     restarts at the tail past its budget), and the RSS the target's job would hold
-    (EXTRAPOLATED where this run is smaller): what is not the model, as many times more as
-    there are more ranks; the model at the console's budget (``Feed.MODEL_BUDGET``, sized as
+    (EXTRAPOLATED where this run is smaller): what is not the model, but the console's own
+    as it started (``Followed.rss_start``), as many times more as there are more ranks; the model at the console's budget (``Feed.MODEL_BUDGET``, sized as
     it grows by an eighth), and at a restart a tail of half that beside it, where the restart
     reads only its window.  A restart's window starts where the store can start a stream (a
     directory's segment, a Redis mark), and what it reads from there is stated: ``stored``
@@ -900,11 +904,13 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
     if wider > EXTRAPOLATE_FROM:  # (what is not the model is mostly the interpreter's at a few ranks)
         return text[0]
     budget = Feed.MODEL_BUDGET
-    rest = max(0, seen.rss_end - seen.model_bytes) * wider
+    base = min(seen.rss_start, seen.rss_end)  # (the interpreter's and its imports': not x the ranks)
+    rest = base + max(0, seen.rss_end - seen.model_bytes - base) * wider
     held = rest + budget * 9 / 8 + budget / 2
     ops_s = target * FULL_RATE
     label = "EXTRAPOLATED" if wider > 1 or plan.rate < FULL_RATE else "computed"
-    times = f" (x {wider:g} for the ranks, the interpreter's own counted as theirs)" if wider > 1 else ""
+    times = (f" ({size(base)} of it the interpreter's and its imports' as the console started, the rest x "
+             f"{wider:g} for the ranks)" if wider > 1 else "")
     text.append(_wrapped(
         f"RSS at {target:,} ranks and {FULL_RATE:g} collectives/s ({label}, from this run's): at most "
         f"{size(int(held))} (target <= {size(TARGET_RSS)}) where a restart at the tail reads only its "
