@@ -434,6 +434,42 @@ def test_a_restart_at_the_tail_reads_no_more_than_half_the_budget_holds(tmp_path
         (written.kind, [shape.culprit_rank])]
 
 
+def test_a_restart_that_would_read_back_what_the_model_holds_is_not_made(tmp_path):
+    """The same job in one segment a stream (a segment holds ~1.5 h of a rank at 25
+    collectives a second): a restart at the tail would start every stream where the model
+    did, read back what it holds and stall the feed meanwhile.  It is not made: no reader of
+    a window is opened, the floor doubles as after one (the next try once the model doubled),
+    and the console names the same culprit as a whole read.  Before, it read the job again
+    at each doubling."""
+    from commscope.tui.feed import LIVE, Feed
+
+    store = str(tmp_path / "trace")
+    shape = JobShape(8, 6000, fault="missing", rate=50.0, hang_after=10.0)
+    written = write_store(store, shape)
+    full, _, _ = load_trace(store)
+    for where, _, names in os.walk(store):
+        for name in names:
+            os.utime(os.path.join(where, name), ns=(full.end_ns, full.end_ns))
+    budget = full.nbytes() // 4
+    end = full.end_ns
+    spans: list[float] = []
+    feed = Feed(open_source(store), mode=LIVE, clock=lambda: end + S,
+                reopen=lambda w: spans.append(w.ago_s) or open_source(store, since=w))
+    feed.MODEL_BUDGET = budget
+    feed.BUDGET = 64 << 10
+    for _ in range(500):
+        _, got = feed.step()
+        if not got:
+            break
+    assert feed.restarts == 0 and not spans and feed.restarts_skipped >= 1
+    assert feed.model.events == full.events and feed.model.nbytes() > budget  # (the whole job, as read)
+    assert budget < feed._restart_floor <= 2 * feed.model.nbytes()
+    assert feed.reader.starts_later(end - 10 * S) == 0.0  # (every stream in its one segment)
+    found = diagnose(feed.model, feed.now(), feed.hang_after())
+    assert [(f.kind, f.culprits) for f in found if f.severity == "error"] == [
+        (written.kind, [shape.culprit_rank])]
+
+
 def test_a_window_of_a_long_job_maps_its_ranks_ids_without_a_dict(tmp_path):
     """A day-long job read from its last 30 minutes: each rank's ops there have ids far past
     the job's first, and its id map starts at them (``RankTrace.id_base``): no rank holds a

@@ -487,6 +487,7 @@ class Followed:
     model_ops: int  # the ops they held
     model_budget: int  # past which the model started again at the tail (``Feed.MODEL_BUDGET``)
     restarts: int  # how many times it did
+    restarts_skipped: int  # ... and did not, the store starting most streams where the model did
     events: int  # read
     cpu_s: float  # the console's, its read processes' with it
     read_process_cpu_s: float | None  # theirs (None: read in the console's process)
@@ -643,7 +644,8 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
         found_s=(found_ns - fault_ns) / S if found_ns else None, wrong=wrong, early=early,
         wall_s=(time.time_ns() - plan.t_start) / S, frames=frames, heat_frames=heat_frames,
         heat_whole=heat_whole, rss=rss, rss_end=rss_end, rss_start=rss_start, model_bytes=model_bytes, model_ops=model_ops,
-        model_budget=feed.MODEL_BUDGET, restarts=feed.restarts, events=feed.model.events,
+        model_budget=feed.MODEL_BUDGET, restarts=feed.restarts,
+        restarts_skipped=feed.restarts_skipped, events=feed.model.events,
         cpu_s=time.process_time() - cpu0 + sum(a.cpu_s for a in aheads),
         read_process_cpu_s=sum(a.cpu_s for a in aheads) if aheads else None, read_process_lost=lost,
         read_processes=len(ahead.procs) if ahead is not None else 0, ranks_seen=len(feed.model.ranks),
@@ -897,8 +899,10 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
 
     per_op = seen.model_bytes / max(1, seen.model_ops)
     restarts = f"{seen.restarts} restart(s)" if seen.restarts else "no restart"
+    skipped = (f"\n    and {seen.restarts_skipped} not made: the store would start most streams where the\n"
+               f"    model did (a segment), reading back what it holds" if seen.restarts_skipped else "")
     text = [f"  its model: {size(seen.model_bytes)} of {seen.model_ops:,} ops at the end ({per_op:.0f} B an op);\n"
-            f"    its budget {size(seen.model_budget)}, {restarts} at the tail past it"]
+            f"    its budget {size(seen.model_budget)}, {restarts} at the tail past it{skipped}"]
     target = max(plan.ranks, TARGET_RANKS)
     wider = target / plan.ranks
     if wider > EXTRAPOLATE_FROM:  # (what is not the model is mostly the interpreter's at a few ranks)
@@ -930,7 +934,8 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
         f"but a restart reads from where the store can start a stream: {where}, up to "
         f"{_duration(start_s)} of a rank there{how}, so up to {size(int(more))} more of model "
         f"read again{' (NOT within the target)' if held + more > TARGET_RSS else ''}; a restart that "
-        f"reads more than its window sets the next one's floor at twice what it read"))
+        f"reads more than its window sets the next one's floor at twice what it read, and one that would "
+        f"start most streams where the model did is not made (the model grows on)"))
     return "\n".join(text)
 
 

@@ -756,6 +756,13 @@ class TraceReader(abc.ABC):
         lost read process's stand-in) starts here, not a duration back from a later end."""
         return None
 
+    def starts_later(self, since_ns: int) -> float | None:
+        """The share of the job's streams a window from ``since_ns`` would start reading later
+        in than this reader's window did, told without reading them: a read starts where the
+        store can start a stream (a directory's segment), and that is what it costs (None:
+        the store cannot tell before reading; a Redis mark is found by reading its marks)."""
+        return None
+
     # ------------------------------------------------------------ the shared pipeline
     def queue_chunks(self) -> None:
         """From now until ``decode_queued``, a columnar reader's ``ingest_later`` queues the

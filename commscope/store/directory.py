@@ -1055,6 +1055,18 @@ class DirectoryReader(TraceReader):
     def window_start_ns(self) -> int | None:
         return self.since_ns
 
+    def starts_later(self, since_ns: int) -> float | None:
+        """(``TraceReader.starts_later``) From the listing: each stream's segment holding the
+        window's start from ``since_ns`` (``segments.window_start``) against the one holding
+        this reader's."""
+        streams = self.streams()
+        if not streams:
+            return None
+        mine, theirs = self._since_s(), since_ns / 1e9
+        later = sum(segs[window_start(segs, theirs)].number > segs[window_start(segs, mine)].number
+                    for segs in streams.values())
+        return later / len(streams)
+
     def watermark_ns(self) -> int | None:
         asked = time.time_ns()
         streams = self.streams()

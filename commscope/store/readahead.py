@@ -366,6 +366,15 @@ class ReadAhead(TraceReader):
         (``Polled.window``); None where neither did, or the job is read whole."""
         return self.since.at_ns if self.since is not None else None
 
+    def starts_later(self, since_ns: int) -> float | None:
+        """(``TraceReader.starts_later``) As a reader of the same job and window in this
+        process says it (``here``: a listing, nothing read)."""
+        reader = self.here()
+        try:
+            return reader.starts_later(since_ns)
+        finally:
+            reader.close()
+
     def here(self) -> TraceReader:
         """A reader of the same job and window in this process (the children's stand-in once
         one is gone), of all its streams: the job the children read, where one found one,

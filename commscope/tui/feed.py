@@ -115,6 +115,9 @@ class Feed:
     #: memory stays bounded however long the job runs
     MODEL_BUDGET = 1 << 30
     TAIL_MIN_S = 60.0
+    #: A restart at the tail is made only where it starts at least this share of the streams
+    #: later than the model did (``_restart_at_tail``)
+    RESTART_LATER = 0.5
 
     def __init__(self, reader: TraceReader, *, mode: str = LIVE, hang_after: float | None = None,
                  clock: Callable[[], int] = time.time_ns, source: str = "", hint: str = "",
@@ -125,6 +128,7 @@ class Feed:
         self.reader: TraceReader = reader
         self.reopen = reopen
         self.restarts = 0  # how many times the model started again at the tail (panels reset then)
+        self.restarts_skipped = 0  # ... and did not, the store starting its streams where the model did
         self._restart_floor = 0  # twice what the last restart held: never restart for less (no thrashing)
         self._next_size_check = 0  # model.events at which to size the model next
         self.mode = mode
@@ -371,8 +375,21 @@ class Feed:
         that holds more than half the budget: ``tail_span_s``): a reader of the window (the
         store carries what ranks were in where it starts), read to its end, then swapped in.
         What came before is the summarized history's, and the window's skipped bytes say so.
-        The store starts a stream at a segment or a mark: a restart reads from there."""
+        The store starts a stream at a segment or a mark: a restart reads from there.  Where
+        it would start fewer than half the streams later than the model did (a directory's
+        segment holds ~1.5 h of a rank at 25 collectives a second: a job whose model fills the
+        budget in minutes), it is not made: it would read back about what the model holds, a
+        stall of the feed for nothing (``restarts_skipped``); the floor doubles as after one."""
+        held = self.model.nbytes() if held is None else held
         span_s = tail_span_s(self.model, self.MODEL_BUDGET, self.TAIL_MIN_S, self.reader.window_start_ns(), held)
+        try:
+            later = self.reader.starts_later(self.model.end_ns - int(span_s * 1e9))
+        except Exception:  # (a listing that failed: the restart finds out)
+            later = None
+        if later is not None and later < self.RESTART_LATER:
+            self.restarts_skipped += 1
+            self._restart_floor = 2 * held
+            return
         try:
             reader = self.reopen(Since(ago_s=span_s)) if self.reopen is not None else None
         except Exception as exc:  # a store gone meanwhile: keep following with what there is
