@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import orjson
@@ -22,12 +23,14 @@ from readers import by_workers
 
 from commscope import histories
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+from commscope.analysis.model import TraceModel
 from commscope.analysis.source import load_trace, open_source
-from commscope.bench.synthstore import JobShape, write_store
+from commscope.bench.synthstore import JobShape, Written, write_store
 from commscope.cli import main as cli
 from commscope.store import files, inflight, open_reader, retention
 from commscope.store.directory import DirectoryWriter
 from commscope.store.segments import list_segments
+from commscope.tui.feed import LIVE, Feed
 from commscope.window import Since, parse_since
 
 S = 1_000_000_000
@@ -377,6 +380,39 @@ def test_a_live_console_past_its_memory_budget_starts_again_at_the_tail(tmp_path
         (written.kind, [shape.culprit_rank])]
 
 
+class _PastBudget(NamedTuple):
+    store: str
+    shape: JobShape
+    written: Written
+    full: TraceModel  # (the whole read's model)
+    feed: Feed  # (the live console's, followed to the job's end)
+    spans: list[float]  # (each restart's window, seconds)
+
+
+def _followed_past_budget(store: str, segment_bytes: int | None) -> _PastBudget:
+    """Two minutes of a job of 8 ranks at 50 ops a second (its last minute holds more than the
+    budget, a quarter of the whole), then a missing rank's hang, written in segments of
+    ``segment_bytes`` (None: the default: one a stream), dated to the job's end (a window
+    counts back from the newest write), followed by a live console to its end."""
+    shape = JobShape(8, 6000, fault="missing", rate=50.0, hang_after=10.0, segment_bytes=segment_bytes)
+    written = write_store(store, shape)
+    full, _, _ = load_trace(store)
+    for where, _, names in os.walk(store):
+        for name in names:
+            os.utime(os.path.join(where, name), ns=(full.end_ns, full.end_ns))
+    end = full.end_ns
+    spans: list[float] = []
+    feed = Feed(open_source(store), mode=LIVE, clock=lambda: end + S,
+                reopen=lambda w: spans.append(w.ago_s) or open_source(store, since=w))
+    feed.MODEL_BUDGET = full.nbytes() // 4
+    feed.BUDGET = 64 << 10
+    for _ in range(500):
+        _, got = feed.step()
+        if not got:
+            break
+    return _PastBudget(store, shape, written, full, feed, spans)
+
+
 @pytest.mark.parametrize("workers", [False, True])
 def test_a_restart_at_the_tail_reads_no_more_than_half_the_budget_holds(tmp_path, monkeypatch, workers):
     """A job whose minute holds more than the console's budget (16k ranks at the full rate
@@ -385,31 +421,15 @@ def test_a_restart_at_the_tail_reads_no_more_than_half_the_budget_holds(tmp_path
     each (the job's rate is told from the ranks read, for all of them), restarted in the
     middle.  A model read from a window tells the rate from its ops there: its carried ops
     and its events' first times are the job's start, not the window's."""
-    from commscope.analysis.model import TraceModel
     from commscope.store.directory import DirectoryReader
-    from commscope.tui.feed import LIVE, TAIL_FLOOR_S, Feed, tail_span_s
+    from commscope.tui.feed import TAIL_FLOOR_S, tail_span_s
 
-    store = str(tmp_path / "trace")
-    shape = JobShape(8, 6000, fault="missing", rate=50.0, hang_after=10.0, segment_bytes=64 << 10)
-    written = write_store(store, shape)  # two minutes of ops, dense, then the hang
-    full, _, _ = load_trace(store)
-    for where, _, names in os.walk(store):  # (a window counts back from the newest write: the job's end)
-        for name in names:
-            os.utime(os.path.join(where, name), ns=(full.end_ns, full.end_ns))
-    budget = full.nbytes() // 4  # filled in ~30 s of the job: its last minute holds more
     if workers:
         monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
         by_workers(monkeypatch)
-    end = full.end_ns
-    spans: list[float] = []
-    feed = Feed(open_source(store), mode=LIVE, clock=lambda: end + S,
-                reopen=lambda w: spans.append(w.ago_s) or open_source(store, since=w))
-    feed.MODEL_BUDGET = budget
-    feed.BUDGET = 64 << 10
-    for _ in range(500):
-        _, got = feed.step()
-        if not got:
-            break
+    past = _followed_past_budget(str(tmp_path / "trace"), 64 << 10)
+    store, shape, written, full, feed, spans = past
+    budget = feed.MODEL_BUDGET
     assert feed.restarts >= 1 and spans
     assert all(TAIL_FLOOR_S < s < feed.TAIL_MIN_S / 2 for s in spans)  # (what half the budget holds: ~17 s)
     assert feed.model.nbytes() <= budget  # (a minute read: ~2.5 budgets)
@@ -441,26 +461,8 @@ def test_a_restart_that_would_read_back_what_the_model_holds_is_not_made(tmp_pat
     a window is opened, the floor doubles as after one (the next try once the model doubled),
     and the console names the same culprit as a whole read.  Before, it read the job again
     at each doubling."""
-    from commscope.tui.feed import LIVE, Feed
-
-    store = str(tmp_path / "trace")
-    shape = JobShape(8, 6000, fault="missing", rate=50.0, hang_after=10.0)
-    written = write_store(store, shape)
-    full, _, _ = load_trace(store)
-    for where, _, names in os.walk(store):
-        for name in names:
-            os.utime(os.path.join(where, name), ns=(full.end_ns, full.end_ns))
-    budget = full.nbytes() // 4
-    end = full.end_ns
-    spans: list[float] = []
-    feed = Feed(open_source(store), mode=LIVE, clock=lambda: end + S,
-                reopen=lambda w: spans.append(w.ago_s) or open_source(store, since=w))
-    feed.MODEL_BUDGET = budget
-    feed.BUDGET = 64 << 10
-    for _ in range(500):
-        _, got = feed.step()
-        if not got:
-            break
+    store, shape, written, full, feed, spans = _followed_past_budget(str(tmp_path / "trace"), None)
+    budget, end = feed.MODEL_BUDGET, full.end_ns
     assert feed.restarts == 0 and not spans and feed.restarts_skipped >= 1
     assert feed.model.events == full.events and feed.model.nbytes() > budget  # (the whole job, as read)
     assert budget < feed._restart_floor <= 2 * feed.model.nbytes()

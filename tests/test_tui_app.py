@@ -30,6 +30,15 @@ async def wait_for(pilot, cond, timeout: float = 15.0) -> None:
         await pilot.pause(0.05)
 
 
+async def rows_in(pilot, mode: str):
+    """The app's timeline, its rows cycled (``c``) to ``mode`` and painted."""
+    tl = pilot.app.timeline
+    while tl.mode != mode:
+        await pilot.press("c")
+    await pilot.pause()
+    return tl
+
+
 @pytest.mark.parametrize("ahead", [False, True], ids=["read_here", "read_ahead"])
 def test_attach_waits_for_the_job_then_follows_it_to_the_end(tmp_path, ahead):
     """Read in the console's process, or ahead in a read process (``attach``'s way where it
@@ -1103,10 +1112,7 @@ def test_the_heatmap_holds_every_rank_in_the_lines_the_timeline_has():
     app = make_app(events, now)
 
     async def check(pilot):
-        tl = app.timeline
-        while tl.mode != "heat":
-            await pilot.press("c")
-        await pilot.pause()
+        tl = await rows_in(pilot, "heat")
         assert tl.rows[0].key == "r2050"
         heat = tl.rows[1:]
         assert 1 <= len(heat) <= tl.size.height - 2 and all(r.upper for r in heat)
@@ -1142,10 +1148,7 @@ def test_the_heatmap_colours_a_block_by_its_ranks_state_from_the_moment_one_went
     app = make_app(events, now)
 
     async def check(pilot):
-        tl = app.timeline
-        while tl.mode != "heat":
-            await pilot.press("c")
-        await pilot.pause()
+        tl = await rows_in(pilot, "heat")
         at = next(y for y, row in enumerate(tl.rows) if 10 in row.ranks)
         row = tl.rows[at]
         assert row.ranks[:row.upper] == (10,) and row.ranks[row.upper:] == (11,)
@@ -1197,10 +1200,7 @@ def test_a_heatmap_line_shows_a_death_judged_with_no_new_event():
     app = make_app(events, now)
 
     async def check(pilot):
-        tl = app.timeline
-        while tl.mode != "heat":
-            await pilot.press("c")
-        await pilot.pause()
+        tl = await rows_in(pilot, "heat")
         cells, win = _heat_cells(tl, 11)
         assert palette.HEAT_DOWN not in [b for _, b in cells]  # (rank 11, the lower half: alive)
         view = app.feed.view
@@ -1231,10 +1231,7 @@ def test_at_a_replay_cursor_the_heatmap_shows_a_death_only_once_the_cursor_is_wh
 
     async def check(pilot):
         await wait_for(pilot, lambda: app.info.loaded)
-        tl = app.timeline
-        while tl.mode != "heat":
-            await pilot.press("c")
-        await pilot.pause()
+        tl = await rows_in(pilot, "heat")
         st = app.feed.view.states[10]
         assert st.kind == "dead"
         seen = st.since_ns
@@ -1267,10 +1264,7 @@ def test_the_heatmaps_legend_stays_on_screen_under_the_streams_drawn_apart():
     app = make_app(own + theirs, now + 30 * MS)
 
     async def check(pilot):
-        tl = app.timeline
-        while tl.mode != "heat":
-            await pilot.press("c")
-        await pilot.pause()
+        tl = await rows_in(pilot, "heat")
         assert sorted(tl.model.foreign) == [128, 129] and sum(r.apart for r in tl.rows) == 2
         assert len(tl.rows) < tl.size.height
         assert "past hang_after" in tl.render_line(tl.size.height - 1).text
@@ -1287,10 +1281,7 @@ def test_a_heatmap_line_of_one_rank_is_painted_as_a_heatmap_line():
     app = make_app(events, now)
 
     async def check(pilot):
-        tl = app.timeline
-        while tl.mode != "heat":
-            await pilot.press("c")
-        await pilot.pause()
+        tl = await rows_in(pilot, "heat")
         last = tl.rows[-1]
         assert last.ranks == (30,) and last.upper == 1 and not last.alone
         assert set(tl.render_line(len(tl.rows) - 1 - tl.scroll_offset.y).text[11:].strip()) == {"▀"}
@@ -1316,10 +1307,7 @@ def test_the_rows_are_made_again_only_when_what_they_are_made_from_changed(monke
     app = make_app(events, now)
 
     async def check(pilot):
-        tl = app.timeline
-        while tl.mode != "nodes":
-            await pilot.press("c")
-        await pilot.pause()
+        tl = await rows_in(pilot, "nodes")
         n = len(made)
         assert n >= 1
         for _ in range(5):
@@ -1360,10 +1348,7 @@ def test_by_host_4096_ranks_are_three_lines_the_culprit_its_host_and_the_hosts_a
     app = make_app(events, now)
 
     async def check(pilot):
-        tl = app.timeline
-        while tl.mode != "nodes":
-            await pilot.press("c")
-        await pilot.pause()
+        tl = await rows_in(pilot, "nodes")
         assert [(r.key, r.label) for r in tl.rows[:2]] == [("r2050", "r2050"), ("n:node256", "node256")]
         assert tl.rows[1].ranks == tuple(r for r in range(2048, 2056) if r != 2050)
         assert tl.rows[1].note == "node256: 7 in all_reduce #4 (group 0)"
