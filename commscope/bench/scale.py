@@ -39,7 +39,8 @@ event is behind the wall clock), the time from the fault to its finding naming t
 (target: hang_after + 5 s; a straggler needs its window of late collectives), the frame
 times, the console process's RSS (its read processes' with it), its model's bytes an op and
 its restarts at the tail (past ``--model-budget``, as ``attach``'s console restarts past its
-1 GiB), and on Redis each node's requests per second (Redis's own count).  The RSS the
+1 GiB) and those not made (where the store would start most streams where the model did),
+and on Redis each node's requests per second (Redis's own count).  The RSS the
 target's job would hold is extrapolated from a run of at least 1/16 of its ranks (``memory``),
 with what a restart would read again from where the store can start a stream.
 
@@ -152,7 +153,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "0: it reads in its own process)")
     p.add_argument("--model-budget", type=options.byte_size, metavar="SIZE",
                    help="the console's model budget, past which it starts again at the tail (default 1 GiB, "
-                        "attach's); at a fraction f of the target's rate, f x 1 GiB restarts it as often as "
+                        "attach's), unless the store would start most streams where the model did (one "
+                        "segment a stream: the report counts those not made); at a fraction f of the target's rate, f x 1 GiB restarts it as often as "
                         "the target's job would, e.g. 64MiB at --rate 1.5625 with 16,384 ranks")
     p.add_argument("--quick", action="store_true",
                    help="64 ranks for 12 s (16 s with the default --hang-after: the least --seconds): a smoke test")
