@@ -65,10 +65,10 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device, writers):
     assert max(len(line) for line in out.splitlines() if "heatmap" in line or "counted whole" in line) <= 80, out
     model = re.search(r"its model: [\d.]+ [KM]iB of ([\d,]+) ops at the end \(\d+ B an op\);\s+its budget "
                       r"([\d.]+ [MG]iB), (no restart|(\d+) restart\(s\)) at the tail past it(\s+and (\d+) not "
-                      r"made: the store would start most streams where the\s+model did)?", out)
+                      r"made: it would read again most of what the\s+model's window read)?", out)
     assert model, out
     # past the budget, a restart at the tail made or not: its one segment a stream holds the
-    # whole job, so a restart would start every stream where the model did
+    # whole job, so a restart would read it all again
     past = model.group(3) != "no restart" or model.group(5) is not None
     assert (model.group(2), past) == (("1.0 MiB", True) if budget else ("1.0 GiB", False)), out
     written = int(re.search(r"written: ([\d,]+) events", out).group(1).replace(",", ""))

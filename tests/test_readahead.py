@@ -304,7 +304,7 @@ def test_after_a_read_process_is_lost_a_restart_at_the_tail_reads_here_too(tmp_p
     os.kill(feed.reader.pid, signal.SIGKILL)
     want = _reference(store)
     _until(feed, lambda: feed.restarts == 1 and feed.model.events == want[0])
-    feed.RESTART_LATER = 0.0  # (made though its one segment a stream holds the whole job: what it reads with is tested)
+    feed.RESTART_READS_AGAIN = 1.0  # (made though its one segment a stream holds the whole job: what it reads with is tested)
     feed._restart_at_tail()
     assert feed.restarts == 2 and not isinstance(feed.reader, ReadAhead) and len(started) == 1
     assert gone(started[0].pid)
@@ -462,6 +462,30 @@ def test_a_read_process_sends_what_changed_of_its_stats_and_the_console_holds_th
                                                      "warnings"))
 
 
+@pytest.mark.parametrize("segment_bytes, made", [(64 << 10, True), (None, False)], ids=["segments", "one"])
+def test_a_console_reading_ahead_restarts_at_the_tail_where_its_window_reads_less_again(tmp_path, segment_bytes,
+                                                                                       made):
+    """The console's own reader (a read process) past its budget: over a store in 64 KiB
+    segments its window starts in later ones, and the restart is made
+    (``ReadAhead.read_again`` asks a reader of its window in the console's process); over one
+    segment a stream the same job's restart would read it all back, and is not."""
+    store = str(tmp_path / "job")
+    write_store(store, JobShape(8, 6000, fault="missing", rate=50.0, hang_after=10.0, segment_bytes=segment_bytes))
+    full, _, _ = load_trace(store)
+    for where, _, names in os.walk(store):  # (a window counts back from the newest write: the job's end)
+        for name in names:
+            os.utime(os.path.join(where, name), ns=(full.end_ns, full.end_ns))
+    feed = Feed(_ahead(store), hang_after=10.0, clock=lambda: full.end_ns,
+                reopen=lambda w: read_ahead(open_source(store, wait=True, since=w), store, w, 1))
+    feed.MODEL_BUDGET = full.nbytes() // 4
+    try:
+        _until(feed, lambda: feed.restarts + feed.restarts_skipped >= 1 and feed.caught_up())
+        assert (feed.restarts >= 1, feed.restarts_skipped >= 1) == ((True, False) if made else (False, True))
+    finally:
+        feed.close()
+        feed.reader.close()
+
+
 def test_a_console_quit_during_a_restart_at_the_tail_swaps_nothing_in(tmp_path):
     """A restart at the tail reads its window into a new model (``Feed._swap_in``); the feed
     to end (``run``'s stop set: the console quit) stops it before its first batch: the
@@ -482,7 +506,7 @@ def test_a_console_quit_during_a_restart_at_the_tail_swaps_nothing_in(tmp_path):
     _until(feed, lambda: feed.model.events > 0)
     model = feed.model
     feed._stop.set()  # (as ``run``'s stop, once the console quits)
-    feed.RESTART_LATER = 0.0  # (made though its one segment a stream holds the whole job)
+    feed.RESTART_READS_AGAIN = 1.0  # (made though its one segment a stream holds the whole job)
     feed._restart_at_tail()
     assert len(opened) == 2 and opened[1] == "closed" and opened[0].stats.bytes == 0
     assert feed.restarts == 0 and feed.model is model and feed.reader is reader and not feed.error

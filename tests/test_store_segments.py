@@ -458,18 +458,47 @@ def test_a_restart_that_would_read_back_what_the_model_holds_is_not_made(tmp_pat
     """The same job in one segment a stream (a segment holds ~1.5 h of a rank at 25
     collectives a second): a restart at the tail would start every stream where the model
     did, read back what it holds and stall the feed meanwhile.  It is not made: no reader of
-    a window is opened, the floor doubles as after one (the next try once the model doubled),
+    a window is opened,
     and the console names the same culprit as a whole read.  Before, it read the job again
-    at each doubling."""
+    at each doubling of the floor; now it is looked at again once the model grew by half
+    the budget."""
     store, shape, written, full, feed, spans = _followed_past_budget(str(tmp_path / "trace"), None)
-    budget, end = feed.MODEL_BUDGET, full.end_ns
+    budget = feed.MODEL_BUDGET
     assert feed.restarts == 0 and not spans and feed.restarts_skipped >= 1
     assert feed.model.events == full.events and feed.model.nbytes() > budget  # (the whole job, as read)
     assert budget < feed._restart_floor <= 2 * feed.model.nbytes()
-    assert feed.reader.starts_later(end - 10 * S) == 0.0  # (every stream in its one segment)
+    assert feed.reader.read_again(Since(ago_s=10)) == 1.0  # (every stream in its one segment)
+    assert budget < feed._restart_floor <= feed.model.nbytes() + budget // 2  # (looked at again, not doubled)
     found = diagnose(feed.model, feed.now(), feed.hang_after())
     assert [(f.kind, f.culprits) for f in found if f.severity == "error"] == [
         (written.kind, [shape.culprit_rank])]
+
+
+def test_what_a_window_reads_again_weighs_each_stream_by_its_bytes(tmp_path):
+    """``DirectoryReader.read_again``: 8 ranks, each started twice before (incarnations 0 and
+    1, one short segment each, ended), the live incarnation 2 in 4 segments of ~10 KB.  A
+    reader of the window from segment 1 reads ~3 of them a rank; a window from the last
+    reads ~1 again (a restart worth making), one from inside segment 1 all of them (not),
+    one before everything all.  The ended incarnations weigh their few bytes: counted as
+    streams, 2 of 3 could never start later, and no restart was ever made."""
+    from commscope.store.directory import DirectoryReader
+    from commscope.store.segments import segment_name
+
+    t0 = T0 // S
+    line = b'{"type":"meta","rank":%d,"ts":%d,"v":3,"pad":"' + b"x" * 200 + b'"}\n'
+    for r in range(8):
+        for inc in (0, 1):
+            (tmp_path / segment_name(r, inc, 0, 0)).write_bytes(line % (r, T0))
+        for n, start in ((0, 0), (1, t0 + 1000), (2, t0 + 2000), (3, t0 + 3000)):
+            (tmp_path / segment_name(r, 2, n, start)).write_bytes(line % (r, (start or t0) * S) * 50)
+    reader = DirectoryReader(tmp_path, since_ns=(t0 + 1100) * S)
+    assert len(reader.streams()) == 24
+    last = reader.read_again(Since(at_ns=(t0 + 3100) * S))
+    assert last == pytest.approx((8 * 50 + 16) / (8 * 150 + 16), rel=1e-6)  # (~1/3)
+    assert reader.read_again(Since(at_ns=(t0 + 1500) * S)) == 1.0
+    assert reader.read_again(Since(at_ns=T0)) == 1.0
+    whole = DirectoryReader(tmp_path)  # (a reader of the whole job: from each stream's first segment)
+    assert whole.read_again(Since(at_ns=(t0 + 3100) * S)) == pytest.approx((8 * 50 + 16) / (8 * 200 + 16))
 
 
 def test_a_window_of_a_long_job_maps_its_ranks_ids_without_a_dict(tmp_path):

@@ -1294,8 +1294,8 @@ def test_a_heatmap_line_of_one_rank_is_painted_as_a_heatmap_line():
 
 def test_the_rows_are_made_again_only_when_what_they_are_made_from_changed(monkeypatch):
     """The app asks for the rows ten times a second; by host at 16,384 ranks they take
-    ~22 ms.  With the same view, mode, findings and height they are not made again; a new
-    view or mode makes them."""
+    ~22 ms.  With the same view, mode, findings, filter and height they are not made again;
+    a new view, findings' ranks, filter or height makes them."""
     from tui_scenarios import wide_missing_rank
 
     from commscope.tui import timeline
@@ -1316,6 +1316,16 @@ def test_the_rows_are_made_again_only_when_what_they_are_made_from_changed(monke
         app.feed.view = app.feed.model.view(now, dict(app.feed.view.states))  # (a new view)
         tl.on_model_update(now)
         assert len(made) == n + 1
+        for change in (lambda: tl.set_flagged({3}), lambda: setattr(tl, "only_findings", True),
+                       lambda: setattr(tl, "only_findings", False)):
+            change()
+            tl.on_model_update(now)
+            assert len(made) == n + 2, change  # (what the rows are made from changed: made again)
+            n += 1
+        await pilot.resize_terminal(80, 30)
+        await pilot.pause()
+        tl.on_model_update(now)
+        assert len(made) == n + 2  # (the height: the heatmap's lines)
 
     drive(app, check, size=(80, 24))
 

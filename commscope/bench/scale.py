@@ -39,7 +39,7 @@ event is behind the wall clock), the time from the fault to its finding naming t
 (target: hang_after + 5 s; a straggler needs its window of late collectives), the frame
 times, the console process's RSS (its read processes' with it), its model's bytes an op and
 its restarts at the tail (past ``--model-budget``, as ``attach``'s console restarts past its
-1 GiB) and those not made (where the store would start most streams where the model did),
+1 GiB) and those not made (where it would read again most of what the model's window read),
 and on Redis each node's requests per second (Redis's own count).  The RSS the
 target's job would hold is extrapolated from a run of at least 1/16 of its ranks (``memory``),
 with what a restart would read again from where the store can start a stream.
@@ -153,7 +153,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "0: it reads in its own process)")
     p.add_argument("--model-budget", type=options.byte_size, metavar="SIZE",
                    help="the console's model budget, past which it starts again at the tail (default 1 GiB, "
-                        "attach's), unless the store would start most streams where the model did (one "
+                        "attach's), unless it would read again most of what the model's window read (one "
                         "segment a stream: the report counts those not made); at a fraction f of the target's rate, f x 1 GiB restarts it as often as "
                         "the target's job would, e.g. 64MiB at --rate 1.5625 with 16,384 ranks")
     p.add_argument("--quick", action="store_true",
@@ -489,7 +489,7 @@ class Followed:
     model_ops: int  # the ops they held
     model_budget: int  # past which the model started again at the tail (``Feed.MODEL_BUDGET``)
     restarts: int  # how many times it did
-    restarts_skipped: int  # ... and did not, the store starting most streams where the model did
+    restarts_skipped: int  # ... and did not, reading again most of what the model's window read
     events: int  # read
     cpu_s: float  # the console's, its read processes' with it
     read_process_cpu_s: float | None  # theirs (None: read in the console's process)
@@ -901,8 +901,8 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
 
     per_op = seen.model_bytes / max(1, seen.model_ops)
     restarts = f"{seen.restarts} restart(s)" if seen.restarts else "no restart"
-    skipped = (f"\n    and {seen.restarts_skipped} not made: the store would start most streams where the\n"
-               f"    model did (a segment), reading back what it holds" if seen.restarts_skipped else "")
+    skipped = (f"\n    and {seen.restarts_skipped} not made: it would read again most of what the\n"
+               f"    model's window read (the store starts its streams at segments)" if seen.restarts_skipped else "")
     text = [f"  its model: {size(seen.model_bytes)} of {seen.model_ops:,} ops at the end ({per_op:.0f} B an op);\n"
             f"    its budget {size(seen.model_budget)}, {restarts} at the tail past it{skipped}"]
     target = max(plan.ranks, TARGET_RANKS)
@@ -937,7 +937,7 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
         f"{_duration(start_s)} of a rank there{how}, so up to {size(int(more))} more of model "
         f"read again{' (NOT within the target)' if held + more > TARGET_RSS else ''}; a restart that "
         f"reads more than its window sets the next one's floor at twice what it read, and one that would "
-        f"start most streams where the model did is not made (the model grows on)"))
+        f"read again most of what the model's window read is not made (the model grows on)"))
     return "\n".join(text)
 
 

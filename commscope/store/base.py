@@ -756,11 +756,12 @@ class TraceReader(abc.ABC):
         lost read process's stand-in) starts here, not a duration back from a later end."""
         return None
 
-    def starts_later(self, since_ns: int) -> float | None:
-        """The share of the job's streams a window from ``since_ns`` would start reading later
-        in than this reader's window did, told without reading them: a read starts where the
-        store can start a stream (a directory's segment), and that is what it costs (None:
-        the store cannot tell before reading; a Redis mark is found by reading its marks)."""
+    def read_again(self, since: Since) -> float | None:
+        """Of the bytes this reader's window reads (from where the store started each stream
+        to its end), the share a window from ``since`` would read too, told without reading
+        any: a read starts where the store can start a stream (a directory's segment), and
+        that is what it costs (None: the store cannot tell before reading; a Redis mark is
+        found by reading the stream's marks)."""
         return None
 
     # ------------------------------------------------------------ the shared pipeline

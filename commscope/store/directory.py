@@ -1050,22 +1050,29 @@ class DirectoryReader(TraceReader):
     def start_at(self, since: Since) -> None:
         """Start each stream at the segment holding the window's start; a duration counts
         back from the job's newest write."""
-        self.since_ns = since.start_ns(self.latest_ns() or time.time_ns())
+        self.since_ns = since.at_ns if since.at_ns is not None else since.start_ns(self.latest_ns() or time.time_ns())
 
     def window_start_ns(self) -> int | None:
         return self.since_ns
 
-    def starts_later(self, since_ns: int) -> float | None:
-        """(``TraceReader.starts_later``) From the listing: each stream's segment holding the
-        window's start from ``since_ns`` (``segments.window_start``) against the one holding
-        this reader's."""
+    def read_again(self, since: Since) -> float | None:
+        """(``TraceReader.read_again``) From the listing and the segments' sizes: each
+        stream's segments from the one holding this reader's window's start to its newest,
+        against those from the one holding ``since``'s (counted as ``start_at`` counts it).
+        Every stream weighs what it costs: a rank's stopped incarnation, or one that exited,
+        is read again whole by any window (its newest segment is read whatever the window)."""
         streams = self.streams()
-        if not streams:
-            return None
-        mine, theirs = self._since_s(), since_ns / 1e9
-        later = sum(segs[window_start(segs, theirs)].number > segs[window_start(segs, mine)].number
-                    for segs in streams.values())
-        return later / len(streams)
+        theirs = since.start_ns(self.latest_ns() or time.time_ns()) / 1e9 if since.at_ns is None \
+            else since.at_ns / 1e9
+        mine = self._since_s()
+        read = again = 0
+        for segs in streams.values():
+            if segs:
+                a, b = window_start(segs, mine), window_start(segs, theirs)
+                sizes = [size_of(seg.path) for seg in segs[a:]]
+                read += sum(sizes)
+                again += sum(sizes[max(0, b - a):])
+        return again / read if read else None
 
     def watermark_ns(self) -> int | None:
         asked = time.time_ns()

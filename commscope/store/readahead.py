@@ -366,12 +366,16 @@ class ReadAhead(TraceReader):
         (``Polled.window``); None where neither did, or the job is read whole."""
         return self.since.at_ns if self.since is not None else None
 
-    def starts_later(self, since_ns: int) -> float | None:
-        """(``TraceReader.starts_later``) As a reader of the same job and window in this
-        process says it (``here``: a listing, nothing read)."""
+    def read_again(self, since: Since) -> float | None:
+        """(``TraceReader.read_again``) As a reader of the same job and window in this
+        process says it (``here``: a listing, nothing read); None at once for a store that
+        is no path here (a Redis reader cannot tell before reading its marks: no connection
+        and 16k requests for nothing)."""
+        if not backend_for(self.source).local:
+            return None
         reader = self.here()
         try:
-            return reader.starts_later(since_ns)
+            return reader.read_again(since)
         finally:
             reader.close()
 

@@ -115,9 +115,9 @@ class Feed:
     #: memory stays bounded however long the job runs
     MODEL_BUDGET = 1 << 30
     TAIL_MIN_S = 60.0
-    #: A restart at the tail is made only where it starts at least this share of the streams
-    #: later than the model did (``_restart_at_tail``)
-    RESTART_LATER = 0.5
+    #: A restart at the tail is made only where it reads again at most this share of what the
+    #: model's window read (``_restart_at_tail``)
+    RESTART_READS_AGAIN = 0.75
 
     def __init__(self, reader: TraceReader, *, mode: str = LIVE, hang_after: float | None = None,
                  clock: Callable[[], int] = time.time_ns, source: str = "", hint: str = "",
@@ -376,22 +376,25 @@ class Feed:
         store carries what ranks were in where it starts), read to its end, then swapped in.
         What came before is the summarized history's, and the window's skipped bytes say so.
         The store starts a stream at a segment or a mark: a restart reads from there.  Where
-        it would start fewer than half the streams later than the model did (a directory's
-        segment holds ~1.5 h of a rank at 25 collectives a second: a job whose model fills the
-        budget in minutes), it is not made: it would read back about what the model holds, a
-        stall of the feed for nothing (``restarts_skipped``); the floor doubles as after one."""
+        it would read again more than ``RESTART_READS_AGAIN`` of what the model's window read
+        (``TraceReader.read_again``: a directory's segment holds ~1.5 h of a rank at 25
+        collectives a second, so a job whose model fills the budget in minutes is read back
+        whole), it is not made: a stall of the feed for about what the model holds
+        (``restarts_skipped``); it is looked at again once the model grew by half the budget
+        (not doubled: nothing was read)."""
         held = self.model.nbytes() if held is None else held
         span_s = tail_span_s(self.model, self.MODEL_BUDGET, self.TAIL_MIN_S, self.reader.window_start_ns(), held)
+        window = Since(ago_s=span_s)
         try:
-            later = self.reader.starts_later(self.model.end_ns - int(span_s * 1e9))
+            again = self.reader.read_again(window)
         except Exception:  # (a listing that failed: the restart finds out)
-            later = None
-        if later is not None and later < self.RESTART_LATER:
+            again = None
+        if again is not None and again > self.RESTART_READS_AGAIN:
             self.restarts_skipped += 1
-            self._restart_floor = 2 * held
+            self._restart_floor = held + self.MODEL_BUDGET // 2
             return
         try:
-            reader = self.reopen(Since(ago_s=span_s)) if self.reopen is not None else None
+            reader = self.reopen(window) if self.reopen is not None else None
         except Exception as exc:  # a store gone meanwhile: keep following with what there is
             self.error = str(exc) or type(exc).__name__
             return

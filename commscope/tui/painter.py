@@ -173,8 +173,9 @@ def _gutter(row: Row, kind: str, focused: bool, flagged: bool) -> list[Segment]:
 _BOLD, _FOCUSED = Style(bold=True), Style(bold=True, reverse=True)
 _APART, _APART_FOCUSED = Segment("⊘", palette.FOREIGN_STYLE), palette.FOREIGN_STYLE + Style(reverse=True)
 _NOTE = Style(color="grey85", bgcolor="grey23")
-_HEAT_COLOURS = [*palette.HEAT, palette.STYLE[palette.WARN].color.name, palette.STYLE[palette.ERROR].color.name,
-                 palette.HEAT_EXITED, palette.HEAT_DOWN]
+#: A heatmap cell's colours: the busy levels (0-4), then slow, past hang_after, all exited, one down
+_HEAT_COLOURS = [*palette.HEAT, *(colour for colour, _ in palette.HEAT_LEGEND)]
+_HEAT_WARN, _HEAT_ERROR, _HEAT_EXITED, _HEAT_DOWN = range(len(palette.HEAT), len(_HEAT_COLOURS))
 _HEAT_STYLES = [[Style(color=a, bgcolor=b) for b in _HEAT_COLOURS] for a in _HEAT_COLOURS]
 _CURSOR = Segment("│", Style(color="#ffd75f", bold=True))
 _SPACE, _BAR = Segment(" "), Segment("│", Style(color="grey30"))
@@ -1157,10 +1158,10 @@ def paint_heat(m: ModelLike, upper: tuple[int, ...], lower: tuple[int, ...], win
         if not ranks:
             return np.zeros(win.width, np.int16)
         level, worst = got
-        c = np.where(worst >= palette.ERROR, 6, np.where(worst == palette.WARN, 5, level)).astype(np.int16)
+        c = np.where(worst >= palette.ERROR, _HEAT_ERROR, np.where(worst == palette.WARN, _HEAT_WARN, level))
         if went is not None:
-            c = np.where(went == GONE_DOWN, 8, np.where((went == GONE_EXITED) & (c == 0), 7, c)).astype(np.int16)
-        return c
+            c = np.where(went == GONE_DOWN, _HEAT_DOWN, np.where((went == GONE_EXITED) & (c == 0), _HEAT_EXITED, c))
+        return c.astype(np.int16)
 
     top = colours(upper, levels[0], None if gone is None else gone[0])
     bottom = colours(lower, levels[1], None if gone is None else gone[1])

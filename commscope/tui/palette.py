@@ -57,6 +57,6 @@ HEAT = ["#1c1c1c", "#1d3a5c", "#2b5688", "#3d74b3", "#5f9be0"]
 #: moment one of them died or crashed (over all else: the rank that went is what matters)
 HEAT_EXITED = "#5c5c5c"
 HEAT_DOWN = "#c25fc2"
-#: The heatmap's legend past its busy shades
+#: The heatmap's colours past its busy shades, with their legend (in the painter's order of them)
 HEAT_LEGEND = [(STYLE[WARN].color.name, "slow"), (STYLE[ERROR].color.name, "past hang_after"),
                (HEAT_EXITED, "exited"), (HEAT_DOWN, "dead/crashed")]

@@ -357,7 +357,7 @@ class Timeline(ScrollView, can_focus=True):
                 label = f"r{chunk[0]}" if len(chunk) == 1 else f"r{chunk[0]}-{chunk[-1]}"
                 rows.append(Row(f"b:{label}", label, chunk))
         rows += after
-        self._rows_token = (m, self.mode, self.only_findings, frozenset(self.flagged), self.size.height)
+        self._rows_token = (m, self.mode, *token[2:])  # (the mode as it is now: a large job's first rows switch it)
         if rows != self.rows:  # (a behaviour row keeps its key while its ranks change)
             self.rows = rows
             self.sel_row = min(self.sel_row, max(0, len(rows) - 1))
