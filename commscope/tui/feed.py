@@ -128,8 +128,10 @@ class Feed:
         self.reader: TraceReader = reader
         self.reopen = reopen
         self.restarts = 0  # how many times the model started again at the tail (panels reset then)
-        self.restarts_skipped = 0  # ... and did not, the store starting its streams where the model did
-        self._restart_floor = 0  # twice what the last restart held: never restart for less (no thrashing)
+        self.restarts_skipped = 0  # ... and did not: it would have read again most of what the model's window read
+        #: never restart for less (no thrashing): twice what the last restart held, or half a
+        #: budget past what the model held when the last was not made
+        self._restart_floor = 0
         self._next_size_check = 0  # model.events at which to size the model next
         self.mode = mode
         self.clock = clock
