@@ -1050,7 +1050,12 @@ class DirectoryReader(TraceReader):
     def start_at(self, since: Since) -> None:
         """Start each stream at the segment holding the window's start; a duration counts
         back from the job's newest write."""
-        self.since_ns = since.at_ns if since.at_ns is not None else since.start_ns(self.latest_ns() or time.time_ns())
+        self.since_ns = self._start_of(since)
+
+    def _start_of(self, since: Since) -> int:
+        """Where a window starts: its time, or a duration back from the job's newest write
+        (``latest_ns``: a stat of each stream, asked only where the window has no time)."""
+        return since.at_ns if since.at_ns is not None else since.start_ns(self.latest_ns() or time.time_ns())
 
     def window_start_ns(self) -> int | None:
         return self.since_ns
@@ -1062,8 +1067,7 @@ class DirectoryReader(TraceReader):
         Every stream weighs what it costs: a rank's stopped incarnation, or one that exited,
         is read again whole by any window (its newest segment is read whatever the window)."""
         streams = self.streams()
-        theirs = since.start_ns(self.latest_ns() or time.time_ns()) / 1e9 if since.at_ns is None \
-            else since.at_ns / 1e9
+        theirs = self._start_of(since) / 1e9
         mine = self._since_s()
         read = again = 0
         for segs in streams.values():
