@@ -389,12 +389,14 @@ class _PastBudget(NamedTuple):
     spans: list[float]  # (each restart's window, seconds)
 
 
-def _followed_past_budget(store: str, segment_bytes: int | None) -> _PastBudget:
+def _followed_past_budget(store: str, segment_bytes: int | None, keyframe_s: float | None = None) -> _PastBudget:
     """Two minutes of a job of 8 ranks at 50 ops a second (its last minute holds more than the
     budget, a quarter of the whole), then a missing rank's hang, written in segments of
-    ``segment_bytes`` (None: the default: one a stream), dated to the job's end (a window
-    counts back from the newest write), followed by a live console to its end."""
-    shape = JobShape(8, 6000, fault="missing", rate=50.0, hang_after=10.0, segment_bytes=segment_bytes)
+    ``segment_bytes`` (None: the default: one a stream) with keyframes every ``keyframe_s``
+    (None: none), dated to the job's end (a window counts back from the newest write),
+    followed by a live console to its end."""
+    shape = JobShape(8, 6000, fault="missing", rate=50.0, hang_after=10.0, segment_bytes=segment_bytes,
+                     keyframe_s=keyframe_s)
     written = write_store(store, shape)
     full, _, _ = load_trace(store)
     for where, _, names in os.walk(store):
@@ -469,6 +471,22 @@ def test_a_restart_that_would_read_back_what_the_model_holds_is_not_made(tmp_pat
     assert budget < feed._restart_floor <= 2 * feed.model.nbytes()
     assert feed.reader.read_again(Since(ago_s=10)) == 1.0  # (every stream in its one segment)
     assert budget < feed._restart_floor <= feed.model.nbytes() + budget // 2  # (looked at again, not doubled)
+    found = diagnose(feed.model, feed.now(), feed.hang_after())
+    assert [(f.kind, f.culprits) for f in found if f.severity == "error"] == [
+        (written.kind, [shape.culprit_rank])]
+
+
+def test_a_restart_within_one_segment_a_stream_starts_at_its_keyframes(tmp_path):
+    """The same job in one segment a stream, with the keyframes its keeper writes every 5 s:
+    the restart at the tail is made, reads from each stream's keyframe before its window
+    (not the segment's start), and the model ends within the budget; the culprit as a whole
+    read's.  Without keyframes it was not made, and the model held the whole job."""
+    store, shape, written, full, feed, spans = _followed_past_budget(str(tmp_path / "trace"), None, 5.0)
+    budget = feed.MODEL_BUDGET
+    assert feed.restarts >= 1 and spans and feed.restarts_skipped == 0
+    assert feed.model.nbytes() <= budget
+    assert [s for s, _ in feed.restart_reads] == spans and all(n <= budget for _, n in feed.restart_reads)
+    assert feed.reader.stats.skipped_bytes > 0
     found = diagnose(feed.model, feed.now(), feed.hang_after())
     assert [(f.kind, f.culprits) for f in found if f.severity == "error"] == [
         (written.kind, [shape.culprit_rank])]

@@ -76,6 +76,7 @@ class JobShape:
     segment_bytes: int | None = None  # the directory writer's segment size (None: its default)
     retain: str = "none"  # the history the directory writer keeps (store/retention.py)
     mark_every_s: float | None = None  # a Redis stream's marks, taken by its writer (None: none)
+    keyframe_s: float | None = None  # a directory stream's keyframes, every so many s of its time (None: none)
     t0: int = T0
     seed: int = 1
 
@@ -331,9 +332,13 @@ def write_store(store: str, shape: JobShape, *, job: str = "synthetic",
         finally:
             w.close()
         if getattr(w, "closer", True) is False:  # the directory writer's children, run here
+            from commscope.store import keyframes
             from commscope.store.retention import close_stream, parse
 
-            close_stream(w.dir, r, 0, parse(shape.retain))
+            if shape.keyframe_s is not None:  # (as its keeper would, by the lines' time: ``keyframes``)
+                keyframes.write_along(w.dir, (r, 0), shape.keyframe_s)
+            if shape.segment_bytes is not None or shape.retain != "none":
+                close_stream(w.dir, r, 0, parse(shape.retain))
         out.events += events
         out.ops += ops
         out.bytes += sum(len(x) + 1 for x in lines)
@@ -348,7 +353,8 @@ def _writer(store: str, job: str, rank: int, meta: dict, shape: JobShape):
     from commscope.store.directory import DirectoryWriter
     from commscope.store.retention import parse
 
-    if backend_for(store).local and (shape.segment_bytes is not None or shape.retain != "none"):
+    if backend_for(store).local and (shape.segment_bytes is not None or shape.retain != "none" or
+                                     shape.keyframe_s is not None):
         return DirectoryWriter(store, job, rank, meta, segment_bytes=shape.segment_bytes, retain=parse(shape.retain),
                                closer=False)
     if backend_for(store).name == "redis":  # (written in seconds, a job of days: marks by its own clock, here)

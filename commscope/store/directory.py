@@ -11,6 +11,7 @@ Layout::
     ROOT/<job>/rank-00003.open.000000.jsonl   what it was in when segment 0 ended (store/inflight.py)
     ROOT/<job>/rank-00003.open.000004.partial.jsonl   the same, replayed past a segment gone uncarried
     ROOT/<job>/rank-00003.summary.jsonl       what retention kept of deleted segments (store/retention.py)
+    ROOT/<job>/rank-00003.keys.000004.bin     what it was in every few seconds of segment 4 (store/keyframes.py)
     ROOT/<job>/rank-00003.crash      what faulthandler wrote if rank 3 died of a fatal signal
                                      (traces of earlier versions; read back as events: see
                                      store/crashlog.py)
@@ -48,7 +49,7 @@ from commscope.oprecords import OpRecords
 from commscope.private import make_dirs
 from commscope.redact import redact
 from commscope.schema import decode_job
-from commscope.store import inflight, retention, segments
+from commscope.store import inflight, keyframes, retention, segments
 from commscope.store.base import (
     STORE_LOST,
     Batch,
@@ -134,6 +135,13 @@ class _Summary(NamedTuple):
 
 
 #: A file of the job directory that is neither a segment nor a summary (``DirectoryReader._name``)
+class _Keys(NamedTuple):
+    """A segment's keyframes file (``DirectoryReader._name``, ``store/keyframes.py``)."""
+
+    stream: Stream
+    number: int
+
+
 _OTHER = object()
 
 
@@ -233,6 +241,10 @@ class DirectoryWriter:
         self.closer = closer and not resume  # (a forwarder never bounds a history: the rank's settings do)
         self._retainer: subprocess.Popen | None = None  # the child closing the last segment
         self._owed = False  # a segment closed while a closer ran, not closed by it (``close``)
+        #: the process's keeper of keyframes, once this stream's segment grew past
+        #: ``keyframes.FOLLOW_AFTER``: it is told each new segment (``_next_segment``)
+        self._keeper: keyframes.Keeper | None = None
+        self.keyframe_s = keyframes.every_s_from_env() if self.closer else None  # (None: no keyframes)
         self._segment_size = 0  # (``_open`` says)
         # (a forwarder lists the directory to find the newest segment, to go on in it; a rank
         # starting never does: 16k ranks listing a directory of 16k files at once is a metadata storm)
@@ -393,6 +405,9 @@ class DirectoryWriter:
         self._torn = False
         self._lines += len(extra) + len(lines)
         self._segment_size += len(data)
+        if self._keeper is None and self._segment_size >= keyframes.FOLLOW_AFTER and self.keyframe_s is not None:
+            self._keeper = keyframes.Keeper.of(self.dir, self.keyframe_s)
+            self._keeper.follow((self.rank, self.incarnation), self._segment, self.path.name)
 
     def _restated(self) -> tuple[list[bytes], bool]:
         """What the rank was in at the end of its segment (its groups, the ops it still has in
@@ -451,6 +466,8 @@ class DirectoryWriter:
         self._open()
         self._torn = False
         self._retire()
+        if self._keeper is not None:
+            self._keeper.follow((self.rank, self.incarnation), self._segment, self.path.name)
         if self._meta_line is None or lines[0] is self._meta_line:
             return []
         # (saying the lines before it: a reader starting here, at a window or after retention,
@@ -493,6 +510,9 @@ class DirectoryWriter:
         from the segments (``inflight.made``: ~2 s a 64 MiB segment)."""
         self._close_file()
         self._drop_prev()
+        if self._keeper is not None:
+            self._keeper.done((self.rank, self.incarnation))
+            self._keeper = None
         if self._owed:
             self._owed = False
             self._retainer = retention.spawn(self.dir, self.rank, self.incarnation, self.retain)
@@ -702,7 +722,12 @@ class DirectoryReader(TraceReader):
         #: under its name is read from its start (``_read_segment``)
         self._last_read: dict[tuple[Stream, int], bytes] = {}
         self._listed: tuple[int, float] | None = None  # (directory mtime, when) of the last listing
-        self._names: dict[str, tuple[Stream, Segment] | _Summary | object] = {}  # file name -> ``_name``
+        self._names: dict[str, tuple[Stream, Segment] | _Summary | _Keys | object] = {}  # file name -> ``_name``
+        #: (stream, segment number) of the keyframe files the last listing named (None: not listed,
+        #: a whole read's worker: each looked for)
+        self._keyed: set[tuple[Stream, int]] | None = None
+        #: stream -> (segment number, window start, its keyframe there): looked up once a window
+        self._keyframes: dict[Stream, tuple[int, int, keyframes.Keyframe | None]] = {}
         self._summaries_due = False  # listed again since the summaries were last read
         self._job: dict | None = None
         self._job_failed = False
@@ -777,6 +802,7 @@ class DirectoryReader(TraceReader):
         names = []  # (the names of ``parsed``)
         self._summaries = {}
         self._crash_names = []
+        keyed: set[tuple[Stream, int]] = set()
         known = self._names
         if len(known) > 4 * len(entries) + 1024:  # (names long gone: forgotten)
             known.clear()
@@ -790,6 +816,9 @@ class DirectoryReader(TraceReader):
                 crash = CRASH_FILE.match(name)
                 if crash and self.owns(int(crash.group(1))):
                     self._crash_names.append(name)
+                continue
+            if isinstance(got, _Keys):
+                keyed.add((got.stream, got.number))
                 continue
             summary = isinstance(got, _Summary)
             if shard is not None and not shard.owns((got.stream if summary else got[0])[0]):
@@ -808,6 +837,7 @@ class DirectoryReader(TraceReader):
                 parsed.append(got)
                 names.append(name)
         self._let_go(entries)
+        self._keyed = keyed
         listed = frozenset(names)
         if listed != self._segment_names:  # (the same segments: grouped as they were, ~half a listing's cost)
             self._streams = segments.grouped(parsed)
@@ -864,7 +894,7 @@ class DirectoryReader(TraceReader):
             return
         self._carried.extend(self._read_segment(stream, seg.path, None, final=True)[0])
 
-    def _name(self, name: str) -> tuple[Stream, Segment] | _Summary | object:
+    def _name(self, name: str) -> tuple[Stream, Segment] | _Summary | _Keys | object:
         """What a file of the job directory is, by its name: a segment of a stream (with
         its segment), a stream's summary, or ``_OTHER``; kept by ``streams`` per name, so a
         listing of 16k files that changed parses and joins only the new names."""
@@ -873,7 +903,10 @@ class DirectoryReader(TraceReader):
         if seg is not None:
             return segments.segment_of(seg, name, self.job_dir)
         summary = segments.parse_summary(name)
-        return _OTHER if summary is None else _Summary(summary, self.job_dir / name)
+        if summary is not None:
+            return _Summary(summary, self.job_dir / name)
+        keys = keyframes.parse_keys(name)
+        return _OTHER if keys is None else _Keys(*keys)
 
     def _current(self, stream: Stream, segs: list[Segment]) -> Segment:
         """The segment of ``stream`` being read: the oldest one left from the one last read on
@@ -915,12 +948,50 @@ class DirectoryReader(TraceReader):
             self._decoder(stream).ring_open = True  # (what it jumped over, the summaries count)
         else:
             return cur
+        key = self._keyframe(stream, cur) if number is None else None
+        meta = segments.meta_of(cur.path) if key is not None else None
+        if key is not None and meta is not None:  # (the window starts at a keyframe: ``_start_at_key``)
+            self._reading[stream] = cur.number
+            self._start_at_key(stream, cur, key, meta)
+            return cur
         if cur.number > 0:  # (the lines before it are skipped or summarized, not read: ``_rebase``)
             self._rebase.add(stream)
         self._reading[stream] = cur.number
         if cur.number > 0:
             self._carry(stream, cur, segs, after_id)
         return cur
+
+    def _keyframe(self, stream: Stream, seg: Segment) -> keyframes.Keyframe | None:
+        """The keyframe of ``seg`` a window starts ``stream`` at (``store/keyframes.py``): the
+        newest written before the window's start; None without a window, or where the segment
+        has none (the listing names its file), or none before it."""
+        since = self.since_ns
+        if since is None:
+            return None
+        got = self._keyframes.get(stream)
+        if got is None or got[:2] != (seg.number, since):
+            got = self._keyframes[stream] = (seg.number, since, self._keyframe_at(stream, seg, since))
+        return got[2]
+
+    def _keyframe_at(self, stream: Stream, seg: Segment, since_ns: int) -> keyframes.Keyframe | None:
+        """(``_keyframe``) of a window from ``since_ns``, looked up."""
+        if self.job_dir is None or (self._keyed is not None and (stream, seg.number) not in self._keyed):
+            return None
+        return keyframes.at_or_before(keyframes.keys_path(self.job_dir, stream, seg.number), since_ns)
+
+    def _start_at_key(self, stream: Stream, seg: Segment, key: keyframes.Keyframe, meta: bytes) -> None:
+        """Read ``stream`` from a keyframe of ``seg``: the rank's ``meta`` (the segment's first
+        line) and what the rank is in there (its carry) first, then the segment from its
+        offset; the bytes before it skipped as a window's segments before are, and its lines
+        taken as accounted for, as a segment's meta says them where a reader starts at it
+        (``_rebase``)."""
+        self._read_of[(stream, seg.number)] = key.offset
+        self._decoder(stream).from_start = False
+        self.stats.count_skipped(stream[0], key.offset)
+        if self.counts_lines:
+            self._lines_read[stream] = key.lines_before + key.lines
+            self._rebased_at[stream] = Rebased(seg.number, key.lines_before)
+        self._take_carry(stream, meta + key.carry)
 
     def _carry(self, stream: Stream, entered: Segment, segs: list[Segment], after_id: int = -1) -> None:
         """The ops in flight when the segment before ``entered`` ended (``store/inflight.py``):
@@ -951,6 +1022,10 @@ class DirectoryReader(TraceReader):
                                            "known (not carried, and a segment before it is gone): an op begun before may "
                                            "be missing")
             return
+        self._take_carry(stream, data, after_id)
+
+    def _take_carry(self, stream: Stream, data: bytes, after_id: int = -1) -> None:
+        """A carry's events, to come first in the next poll (``_carry``, ``_start_at_key``)."""
         if data:
             pieces, self._pieces = self._pieces, None  # (its events are not the stream's read: ``_in_one_order``)
             read = self.drops_read(stream)  # (before the carry's own line counts)
@@ -1025,8 +1100,12 @@ class DirectoryReader(TraceReader):
         out = {}
         for stream, segs in streams.items():
             if segs:
-                cur = self._current(stream, segs).number
-                out[stream] = (cur, [size_of(seg.path) for seg in segs if seg.number >= cur])
+                seg = self._current(stream, segs)
+                sizes = [size_of(s.path) for s in segs if s.number >= seg.number]
+                key = self._keyframe(stream, seg) if stream not in self._reading else None
+                if key is not None:  # (read from there: ``_enter``)
+                    sizes[0] = max(0, sizes[0] - key.offset)
+                out[stream] = (seg.number, sizes)
         return out
 
     def total_bytes(self) -> int:
@@ -1067,15 +1146,22 @@ class DirectoryReader(TraceReader):
         Every stream weighs what it costs: a rank's stopped incarnation, or one that exited,
         is read again whole by any window (its newest segment is read whatever the window)."""
         streams = self.streams()
-        theirs = self._start_of(since) / 1e9
-        mine = self._since_s()
+        theirs = self._start_of(since)
+        mine = self.since_ns
         read = again = 0
-        for segs in streams.values():
+        for stream, segs in streams.items():
             if segs:
-                a, b = window_start(segs, mine), window_start(segs, theirs)
+                a, b = window_start(segs, self._since_s()), window_start(segs, theirs / 1e9)
                 sizes = [size_of(seg.path) for seg in segs[a:]]
+                at = self._keyframe(stream, segs[a]) if mine is not None else None
+                sizes[0] -= min(sizes[0], at.offset if at is not None else 0)
                 read += sum(sizes)
-                again += sum(sizes[max(0, b - a):])
+                later = sizes[max(0, b - a):]
+                if later and b >= a:  # (where in its first segment the new window starts: a keyframe of it)
+                    key = self._keyframe_at(stream, segs[b], theirs)
+                    skip = key.offset - (at.offset if at is not None and b == a else 0) if key is not None else 0
+                    later[0] -= min(later[0], max(0, skip))
+                again += sum(later)
         return again / read if read else None
 
     def watermark_ns(self) -> int | None:

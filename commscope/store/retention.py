@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import os
 import re
-import shutil
 import subprocess
 import sys
 import warnings
@@ -37,7 +35,7 @@ import numpy as np
 import orjson
 
 from commscope.schema import MAX_REASONS, REASON, SCHEMA_VERSION
-from commscope.store import inflight
+from commscope.store import children, inflight, keyframes
 from commscope.store.files import O_NOFOLLOW, create_file, mode_of, read_from, size_of
 from commscope.store.segments import Segment, lines_before, segments_of, stream_prefix, summary_name
 from commscope.window import DURATION_UNITS
@@ -392,6 +390,8 @@ def enforce(directory: Path, rank: int, incarnation: int, retain: Retention, seg
             for path in (inflight.carry_path, inflight.partial_path):
                 with contextlib.suppress(FileNotFoundError):
                     path(directory, stream, seg.number - 1).unlink()
+            with contextlib.suppress(FileNotFoundError):
+                keyframes.keys_path(directory, stream, seg.number).unlink()
             before = out
     finally:
         os.close(lock)
@@ -430,26 +430,12 @@ def _last_summarized(summary: Path) -> int:
         tail *= 16
 
 
-@functools.cache
-def _nice() -> str | None:
-    """Where ``nice`` is (looked up once, not at every new segment)."""
-    return shutil.which("nice")
-
-
 def spawn(directory: Path, rank: int, incarnation: int, retain: Retention) -> subprocess.Popen | None:
     """Run ``close_stream`` in a child process at the lowest priority (the writer's rank
     never does the work); None when it cannot be started."""
     spec = ",".join(x for x in (f"{retain.max_bytes}B" if retain.max_bytes is not None else "",
                                 f"{retain.max_age_s}s" if retain.max_age_s is not None else "") if x)
-    cmd = [sys.executable, "-m", "commscope.store.retention", str(directory), str(rank), str(incarnation), spec]
-    nice = _nice()
-    if nice:
-        cmd = [nice, "-n", "19", *cmd]
-    try:
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                close_fds=True, start_new_session=True)
-    except OSError:
-        return None
+    return children.start("commscope.store.retention", str(directory), str(rank), str(incarnation), spec)
 
 
 def main(argv: list[str]) -> int:

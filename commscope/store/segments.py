@@ -27,6 +27,7 @@ import orjson
 
 from commscope.schema import MAX_RANK
 from commscope.store.base import Stream
+from commscope.store.files import read_from
 
 #: Every file of a stream: its rank, incarnation, and (segments after the first) number and start
 SEGMENT_FILE = re.compile(r"^rank-(\d{1,8})(?:\+(\d{1,6}))?(?:\.s(\d{6,9})\.t(\d{1,12}))?\.jsonl$")
@@ -145,6 +146,22 @@ def lines_before(head: bytes) -> int | None:
         return None
     m = _LINES_BEFORE.search(line)
     return int(m.group(1)) if m else None
+
+
+#: A meta line is far shorter than this (its op names and dtypes tables: ~1.5 KB)
+META_BYTES = 1 << 16
+
+
+def meta_of(path: Path) -> bytes | None:
+    """A segment's first line where it is the rank's meta (ended), what decodes its blocks
+    anywhere in it; None where it is not (a file its writer started again after a loss
+    begins with its marker), or cannot be read."""
+    try:
+        head = read_from(path, 0, META_BYTES)
+    except OSError:
+        return None
+    end = head.find(b"\n")
+    return head[:end + 1] if end > 0 and _META in head[:end] else None
 
 
 def segment_bytes_from_env() -> int:

@@ -1,0 +1,457 @@
+"""What a rank is in every few seconds of its stream, so a window starts inside a segment.
+
+A segment holds ~93 minutes of a rank at 25 ops a second, and a reader of a window used to
+start at the segment holding the window's start: a console's ``--since 10m`` read up to 93
+minutes of every rank, and a restart at the tail read back about what its model held.  So a
+child process beside the writers (``Keeper``: one per writing process and job directory,
+at the lowest priority; LTTng's consumer daemon) tails each stream's open segment and, every
+``EVERY_S`` seconds that it grew by ``MIN_BYTES``, appends a keyframe to the segment's
+``rank-00003.keys.000004.bin``: what the rank is in at a line's end (the carry
+``inflight.replay`` makes of the keyframe before and the lines since: the rules of a
+segment's carry), where that is, and the lines before it.  Not the rank's meta (~1.5 KB of
+tables, most of a keyframe): a reader takes it from the segment's first line.  A reader starts each stream at
+the newest keyframe written before the window (``at_or_before``): the bytes before it are
+skipped as the segments before a window are, and the carry stands for them.
+
+A keyframe is appended only once ``MIN_BYTES`` more are written past it, so a reader always
+reads the stream's last lines itself: a rank that exited, crashed or went silent says so in
+lines of its own, not only in a carry (which keeps what is in flight, not how a rank ended).
+
+File: records, each a carry (ended JSON lines) followed by a ``FOOTER``: magic, the carry's
+length, the segment offset, the stream's lines before the segment and within it before the
+offset, the time of the newest line before it (ns), a CRC32 of all of it.  Read from the
+end, one footer at a time: a window of the last minutes reads a few of them, not the file.
+A torn or damaged record (a keeper killed mid-write, a full disk) ends the file for readers:
+what is before it still serves, what is after it is never trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import select
+import struct
+import subprocess
+import sys
+import threading
+import time
+import warnings
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO, NamedTuple
+
+from commscope.store import children
+from commscope.store.base import Stream
+from commscope.store.files import O_NOFOLLOW, create_file, mode_of, read_from
+from commscope.store.segments import MAX_RANK, lines_before, stream_prefix
+
+#: magic, carry bytes, offset in the segment, lines before the segment, lines of it before the
+#: offset, newest time before the offset (ns), CRC32 of the carry and the fields before it
+FOOTER = struct.Struct("<4sIQQQqI")
+MAGIC = b"CSK1"
+#: A keyframe no more often than this (s; ``$COMMSCOPE_KEYFRAME_S``, 0 or ``off``: none) ...
+EVERY_S = 2.0
+ENV_EVERY = "COMMSCOPE_KEYFRAME_S"
+#: ... and only once the stream grew this much past the last: a reader reads at most about
+#: twice it of a stream before its window (16k ranks: ~0.25 GiB in all), and at least it.
+#: At 25 collectives a second (~4.7 KB a rank a second) a keyframe comes every ~2 s, its
+#: carry (~0.7 KB with a few groups) ~7% of the stream
+MIN_BYTES = 8 << 10
+#: A carry holds the ops in flight of one rank: far less than this, or the record is damaged
+MAX_CARRY = 64 << 20
+#: A writer names its stream to the keeper once its segment holds this much (a stream of less is
+#: read from its segment's start at no great cost)
+FOLLOW_AFTER = 4 * MIN_BYTES
+#: The bytes of a segment a step replays at most (a keeper started late catches up in steps)
+READ_BYTES = 8 << 20
+#: The footers a reader walks back at most looking for a window's start: 1,024 keyframes,
+#: ~85 min at ``EVERY_S``; one further back is as good as the segment's start
+MAX_WALK = 1024
+
+KEYS_FILE = re.compile(r"^rank-(\d{1,8})(?:\+(\d{1,6}))?\.keys\.(\d{6,9})\.bin$")
+
+
+class Keyframe(NamedTuple):
+    """Where a reader may start a stream inside a segment, and what the rank is in there."""
+
+    offset: int  # the bytes of the segment before it (a line's end)
+    lines_before: int  # the lines of the stream before the segment (its meta says them)
+    lines: int  # the lines of the segment before ``offset``
+    last_ns: int  # the time of the newest line before it (a window from after it starts here)
+    carry: bytes  # what the rank is in there (``inflight.Replayed.carry``, no meta), ended lines
+
+
+def keys_name(stream: Stream, number: int) -> str:
+    return f"{stream_prefix(*stream)}.keys.{number:06d}.bin"
+
+
+def keys_path(directory: Path, stream: Stream, number: int) -> Path:
+    """The keyframes of segment ``number`` of ``stream`` (deleted with it by retention)."""
+    return directory / keys_name(stream, number)
+
+
+def parse_keys(name: str) -> tuple[Stream, int] | None:
+    """(stream, segment number) of a keyframe file's name as ``keys_name`` spells it; None for
+    any other name."""
+    m = KEYS_FILE.match(name)
+    if m is None or int(m.group(1)) > MAX_RANK:
+        return None
+    stream, number = (int(m.group(1)), int(m.group(2) or 0)), int(m.group(3))
+    return (stream, number) if name == keys_name(stream, number) else None
+
+
+def record(k: Keyframe) -> bytes:
+    """A keyframe as its file holds it: its carry, then its footer."""
+    fields = struct.pack("<QQQq", k.offset, k.lines_before, k.lines, k.last_ns)
+    crc = zlib.crc32(fields, zlib.crc32(k.carry))
+    return k.carry + FOOTER.pack(MAGIC, len(k.carry), k.offset, k.lines_before, k.lines, k.last_ns, crc)
+
+
+def at_or_before(path: Path | str, since_ns: int, segment_size: int | None = None) -> Keyframe | None:
+    """The newest keyframe of a segment's file whose lines before it are all older than
+    ``since_ns`` (a window from then on starts there), None where there is none (no file, a
+    window before the first, a damaged or torn record at the end).  ``segment_size``: where
+    the segment is smaller (written again under its name, truncated), no keyframe of it is
+    trusted."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        end = size
+        for _ in range(MAX_WALK):
+            if end < FOOTER.size:
+                return None
+            foot = os.pread(fd, FOOTER.size, end - FOOTER.size)
+            if len(foot) < FOOTER.size:
+                return None
+            magic, n, offset, before, lines, last_ns, crc = FOOTER.unpack(foot)
+            start = end - FOOTER.size - n
+            if magic != MAGIC or n > MAX_CARRY or start < 0:
+                return None  # (a torn or damaged record: nothing before it is found either)
+            if last_ns < since_ns:
+                if segment_size is not None and offset > segment_size:
+                    return None
+                carry = os.pread(fd, n, start)
+                k = Keyframe(offset, before, lines, last_ns, carry)
+                return k if len(carry) == n and record(k)[-FOOTER.size:] == foot else None
+            end = start
+        return None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+_TS = re.compile(rb'"ts":(\d{1,19})')
+
+
+def newest_ns(data: bytes) -> int:
+    """The time of the newest of the ended lines ``data`` (the largest ``ts`` of their last
+    few lines; 0 where none says one): a block line's is its tick's, after its records'."""
+    tail = data[max(0, len(data) - 4096):]
+    found = [int(x) for x in _TS.findall(tail)]
+    return max(found, default=0)
+
+
+class _Followed:
+    """A stream's open segment as the keeper follows it."""
+
+    __slots__ = ("stream", "number", "path", "offset", "lines_before", "lines", "before", "last_ns", "due",
+                 "pending", "carry", "inode")
+
+    def __init__(self, stream: Stream, number: int, path: Path) -> None:
+        self.stream = stream
+        self.number = number
+        self.path = path
+        self.offset = 0  # the bytes of the segment replayed into ``before``
+        self.lines_before: int | None = 0 if number == 0 else None  # (its meta says, read at its start)
+        self.lines = 0  # the segment's lines before ``offset``
+        #: what the rank is in at ``offset``, its meta first (what decodes its blocks there)
+        self.before: bytes | None = b"" if number == 0 else None
+        self.carry = b""  # ... without its meta: what a keyframe there holds
+        self.last_ns = 0
+        self.due = 0.0  # (monotonic) no keyframe before then
+        self.pending: Keyframe | None = None  # made, appended once the segment grew past it
+        self.inode: int | None = None  # the file's, as first looked at: another under its name is not followed
+
+    def keyframe(self) -> Keyframe:
+        assert self.lines_before is not None and self.before is not None
+        return Keyframe(self.offset, self.lines_before, self.lines, self.last_ns, self.carry)
+
+
+def every_s_from_env() -> float | None:
+    """``$COMMSCOPE_KEYFRAME_S``: seconds between a stream's keyframes (None: ``0`` or ``off``,
+    none written, no keeper started); ``EVERY_S`` where unset, and where it cannot be read
+    (said once: ``abc``, ``-1``, ``inf``)."""
+    text = os.environ.get(ENV_EVERY, "").strip().lower()
+    if not text:
+        return EVERY_S
+    if text in ("0", "off", "none"):
+        return None
+    try:
+        every = float(text)
+    except ValueError:
+        every = math.nan
+    if not math.isfinite(every) or every <= 0:
+        warnings.warn(f"commscope: ${ENV_EVERY}={text[:40]!r} cannot be read (give seconds above 0, such as 5, or "
+                      f"off): a keyframe every {EVERY_S:g} s", RuntimeWarning, stacklevel=2)
+        return EVERY_S
+    return every
+
+
+def step(f: _Followed, directory: Path, now: float, final: bool = False, every_s: float = EVERY_S) -> bool:
+    """Replay what the followed segment grew by and keep a keyframe there; append the one
+    kept before once the segment holds ``MIN_BYTES`` past it.  ``final``: the writer moved on
+    (the segment is complete): replayed to its end, no keyframe kept.  False where the
+    segment cannot be followed any more (gone, smaller than replayed, no count of its lines)."""
+    from commscope.store import inflight
+
+    if f.before is None:  # (its closer's carry of the segment before: there once it ran)
+        f.before = inflight.carried(directory, f.stream, f.number - 1)
+        if f.before is None:
+            return True  # (looked at again next time)
+    try:
+        st = os.stat(f.path)
+    except OSError:
+        return False
+    size = st.st_size
+    if f.inode is None:
+        f.inode = st.st_ino
+    if size < f.offset or st.st_ino != f.inode:
+        return False  # (written again under its name: its store lost what it held, ``DirectoryWriter.write``)
+    _publish(f, directory, size)
+    if not final and (now < f.due or size - f.offset < MIN_BYTES or f.pending is not None):
+        return True
+    try:
+        data = read_from(f.path, f.offset, min(size - f.offset, READ_BYTES) if not final else sys.maxsize)
+    except OSError:
+        return False
+    if not _advance(f, data):
+        return False
+    f.due = now + every_s
+    if not final and f.offset < size:  # (not read to its end: the rest first, next step)
+        f.due = now
+    elif not final:
+        f.pending = f.keyframe()
+    return True
+
+
+def _publish(f: _Followed, directory: Path, size: int) -> None:
+    """Append the keyframe kept (``pending``) once the segment (``size`` bytes) holds
+    ``MIN_BYTES`` past it."""
+    if f.pending is not None and size >= f.pending.offset + MIN_BYTES:
+        append(directory, f.stream, f.number, f.pending, f.path)
+        f.pending = None
+
+
+def _advance(f: _Followed, data: bytes) -> bool:
+    """Replay ``data`` (the segment's bytes from ``f.offset``; an incomplete last line left
+    for later) onto what the rank is in.  False where its lines cannot be counted: a file
+    its writer started again after a loss (a window skipping its marker would not count
+    it), a segment whose meta does not say the lines before it (a writer from before)."""
+    from commscope.store import inflight
+
+    cut = data.rfind(b"\n") + 1
+    if not cut:
+        return True
+    if f.offset == 0 and inflight.starts_again(data):
+        return False
+    if f.lines_before is None:  # (the segment's meta says, at its start)
+        f.lines_before = lines_before(data) if f.offset == 0 else None
+        if f.lines_before is None:
+            return False
+    assert f.before is not None
+    replayed = inflight.replay(f.before, data[:cut], f.stream[0])
+    f.before, f.carry = replayed.carry(with_meta=True), replayed.carry()
+    f.offset += cut
+    f.lines += data.count(b"\n", 0, cut)
+    f.last_ns = max(f.last_ns, newest_ns(data[:cut]))
+    return True
+
+
+def write_along(directory: Path, stream: Stream, every_s: float = EVERY_S) -> None:
+    """Write the keyframes of a stream's segments as a keeper that followed it from its start
+    would have, every ``every_s`` of the lines' own time rather than the keeper's (a
+    synthetic job of days, written in seconds: ``bench/synthstore.py``)."""
+    from commscope.store.segments import list_segments
+
+    before: bytes | None = b""
+    for seg in list_segments(directory).get(stream, []):
+        f = _Followed(stream, seg.number, seg.path)
+        f.before = before
+        try:
+            data = read_from(seg.path, 0, sys.maxsize)
+        except OSError:
+            return
+        at = 0
+        next_ns = None
+        for line_end in _line_ends(data):
+            ts = newest_ns(data[at:line_end])
+            if next_ns is None:
+                next_ns = ts + int(every_s * 1e9)
+            if ts >= next_ns and line_end - f.offset >= MIN_BYTES:
+                _publish(f, directory, line_end)
+                if not _advance(f, data[f.offset:line_end]):
+                    return
+                f.pending = f.keyframe()
+                next_ns = ts + int(every_s * 1e9)
+            at = line_end
+        _publish(f, directory, len(data))
+        if not _advance(f, data[f.offset:]):
+            return
+        before = f.before
+
+
+def _line_ends(data: bytes) -> list[int]:
+    import numpy as np
+
+    return (np.flatnonzero(np.frombuffer(data, np.uint8) == 10) + 1).tolist()
+
+
+def append(directory: Path, stream: Stream, number: int, k: Keyframe, segment: Path) -> None:
+    """Append a keyframe to its segment's file (made with the segment's mode), in one write."""
+    path = keys_path(directory, stream, number)
+    try:
+        fd = create_file(path, os.O_WRONLY | os.O_APPEND | O_NOFOLLOW, mode_of(segment))
+    except OSError:
+        return
+    try:
+        os.write(fd, record(k))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def keep(directory: Path, commands: BinaryIO, every_s: float = EVERY_S,
+         now: Callable[[], float] = time.monotonic) -> int:
+    """The keeper's loop: follow the segments the writers name on ``commands`` (a binary
+    stream of lines ``RANK INCARNATION NUMBER NAME``: a stream's newest segment), a step of
+    each every half ``every_s``, until ``commands`` ends (every writer of the process gone)."""
+    followed: dict[Stream, _Followed] = {}
+    fd = commands.fileno()
+    buf = b""
+    while True:
+        ready, _, _ = select.select([fd], [], [], every_s / 2)
+        if ready:
+            got = os.read(fd, 1 << 16)
+            if not got:
+                return 0
+            buf += got
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                named = _named(line)
+                if named is None:
+                    continue
+                stream, number, name = named
+                old = followed.get(stream)
+                if old is not None and old.number == number:
+                    continue
+                new = _Followed(stream, number, directory / name)
+                if old is not None and old.number == number - 1 and step(old, directory, now(), final=True, every_s=every_s):
+                    new.before = old.before  # (its end replayed here: no wait for its closer)
+                followed[stream] = new
+        t = now()
+        for stream, f in list(followed.items()):
+            if not step(f, directory, t, every_s=every_s):
+                del followed[stream]
+
+
+def _named(line: bytes) -> tuple[Stream, int, str] | None:
+    from commscope.store.segments import parse
+
+    try:
+        rank, inc, number, name = line.decode().split()
+        parsed = parse(name)
+    except ValueError:
+        return None
+    if parsed is None or parsed[0] != (int(rank), int(inc)) or parsed[1] != int(number):
+        return None
+    return parsed[0], parsed[1], name
+
+
+class Keeper:
+    """The writing process's keeper of one job directory (``keep`` in a child process): the
+    writers of its streams name their segments to it.  One a process, not a stream: a
+    process writing many ranks (``bench scale``) starts one child, not thousands."""
+
+    _of: dict[tuple[int, Path, float], Keeper] = {}
+    _lock = threading.Lock()
+    #: A keeper that died is started again at most this often (s)
+    RESPAWN_S = 30.0
+
+    def __init__(self, directory: Path, every_s: float = EVERY_S) -> None:
+        self.directory = directory
+        self.every_s = every_s
+        self._child: subprocess.Popen | None = None
+        self._started = -1e18
+        self._streams: set[Stream] = set()  # those followed: the child ends when the last is done
+
+    @classmethod
+    def of(cls, directory: Path, every_s: float = EVERY_S) -> Keeper:
+        key = (os.getpid(), directory, every_s)  # (a forked child starts its own: the pipe is the parent's)
+        with cls._lock:
+            got = cls._of.get(key)
+            if got is None:
+                got = cls._of[key] = cls(directory, every_s)
+            return got
+
+    def follow(self, stream: Stream, number: int, name: str) -> None:
+        """Keyframes for ``stream`` from its segment ``number`` (``name``) on."""
+        line = f"{stream[0]} {stream[1]} {number} {name}\n".encode()
+        with self._lock:
+            self._streams.add(stream)
+            for _ in range(2):
+                child = self._running()
+                if child is None or child.stdin is None:
+                    return
+                try:
+                    os.write(child.stdin.fileno(), line)  # (a line well under PIPE_BUF: whole or not at all)
+                    return
+                except BlockingIOError:
+                    return  # (a keeper behind: this segment gets no keyframes, and reads start at its carry)
+                except OSError:
+                    self._child = None  # (died: started again, once)
+
+    def done(self, stream: Stream) -> None:
+        """``stream``'s writer closed; the last one done ends the child (its commands end)."""
+        with self._lock:
+            self._streams.discard(stream)
+            if self._streams or self._child is None:
+                return
+            child, self._child = self._child, None
+            self._started = -1e18
+        if child.stdin is not None:
+            with contextlib.suppress(OSError):
+                child.stdin.close()
+
+    def _running(self) -> subprocess.Popen | None:
+        if self._child is not None and self._child.poll() is None:
+            return self._child
+        now = time.monotonic()
+        if now - self._started < self.RESPAWN_S:
+            return None
+        self._started = now
+        self._child = children.start("commscope.store.keyframes", str(self.directory), repr(self.every_s),
+                                     stdin=subprocess.PIPE)
+        if self._child is not None and self._child.stdin is not None:
+            os.set_blocking(self._child.stdin.fileno(), False)  # (a keeper that stopped reading never blocks a writer)
+        return self._child
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m commscope.store.keyframes JOB_DIR EVERY_S (segments named on stdin)", file=sys.stderr)
+        return 2
+    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
+        return keep(Path(argv[0]), sys.stdin.buffer, float(argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,288 @@
+"""Keyframes: a window starts inside a segment, at what its rank was in there.
+
+A segment holds ~93 minutes of a rank at 25 ops a second; a window of the last minutes
+(``--since``, a console's restart at the tail) read from the segment's start.  A keeper
+beside the writers appends a keyframe every few seconds (``store/keyframes.py``); a reader
+starts each stream at the newest one before its window, and finds what a full read finds:
+a rank dead for an hour, a hang that began before the window, every line counted.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from readers import by_workers
+
+from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+from commscope.analysis.source import load_trace
+from commscope.bench.synthstore import JobShape, write_store
+from commscope.store import keyframes, retention
+from commscope.store.directory import DirectoryReader, DirectoryWriter
+from commscope.store.keyframes import FOOTER, Keyframe, at_or_before, keys_path, record
+from commscope.store.segments import list_segments
+from commscope.window import Since
+
+S = 1_000_000_000
+T0 = 1_780_000_000 * S
+
+
+def _findings(model) -> list[dict]:
+    return [f.to_json() for f in diagnose(model, trace_now(model), default_hang_after(model))]
+
+
+def _week(tmp_path: Path, fault: str, **kw) -> tuple[str, JobShape]:
+    """A week of 8 ranks in one segment each, the fault an hour before the end, keyframes
+    every 5 s of the job's time (as its keeper would have written them)."""
+    store = str(tmp_path / "trace")
+    shape = JobShape(8, 6000, fault=fault, days=7, tail_s=3600, hang_after=10.0, keyframe_s=5.0, **kw)
+    write_store(store, shape)
+    return store, shape
+
+
+@pytest.mark.parametrize("workers", [False, True])
+@pytest.mark.parametrize("fault", ["dead", "missing", "mismatch"])
+def test_a_window_starts_at_a_keyframe_and_finds_what_a_full_read_finds(tmp_path, monkeypatch, fault, workers):
+    """--since 30m of a week in one segment a stream reads ~1/200 of it, from each stream's
+    newest keyframe before the window; findings, evidence and culprit as a full read's, no
+    victim blamed, no line lost.  Without its keyframes the same window reads the whole
+    segment (what it did before).  ``workers``: read apart, each worker finding its streams'
+    keyframes itself."""
+    store, shape = _week(tmp_path, fault)
+    job = Path(store) / "synthetic"
+    assert len(list_segments(job)[(0, 0)]) == 1 and len(list(job.glob("*.keys.*.bin"))) == 8
+    if workers:
+        monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+        by_workers(monkeypatch)
+    full, fr, _ = load_trace(store)
+    part, pr, warnings = load_trace(store, since=Since(ago_s=1800))
+    assert pr.stats.bytes < fr.stats.bytes / 100
+    assert pr.stats.bytes + pr.stats.skipped_bytes == fr.stats.bytes  # (every byte read or skipped)
+    assert any("not read" in w for w in warnings)
+    assert not pr.stats.missing_by_rank and not fr.stats.missing_by_rank
+    assert _findings(part) == _findings(full)
+    errors = [(f["kind"], f["culprits"]) for f in _findings(part) if f["severity"] == "error"]
+    assert errors == [({"dead": "dead_rank", "missing": "missing_ranks", "mismatch": "collective_mismatch"}[fault],
+                       [shape.culprit_rank])]
+    for p in job.glob("*.keys.*.bin"):
+        p.unlink()
+    whole, wr, _ = load_trace(store, since=Since(ago_s=1800))
+    assert wr.stats.bytes == fr.stats.bytes and _findings(whole) == _findings(full)
+
+
+def test_a_window_from_a_keyframe_counts_the_lines_before_it_as_accounted_for(tmp_path):
+    """A reader starting at a keyframe takes the stream's lines before it as accounted for
+    (what a ``store_lost`` marker read later is counted against): those it then reads make
+    the stream's every line, as they do for a reader from the start."""
+    store, _ = _week(tmp_path, "missing")
+    job = Path(store) / "synthetic"
+    reader = DirectoryReader(job, since_ns=None)
+    reader.start_at(Since(ago_s=600))
+    reader.read_all()
+    whole = DirectoryReader(job)
+    whole.read_all()
+    for r in range(8):
+        lines = (job / f"rank-{r:05d}.jsonl").read_bytes().count(b"\n")
+        assert reader._lines_read[(r, 0)] == whole._lines_read[(r, 0)] == lines
+        assert reader._read_of[((r, 0), 0)] == whole._read_of[((r, 0), 0)]
+    assert reader.stats.skipped_bytes > 0.99 * whole.stats.bytes
+
+
+def test_a_restart_of_a_window_reads_again_only_from_its_keyframes(tmp_path):
+    """``read_again``: one segment a stream, so without keyframes any later window reads
+    again all a window read (a console past its budget could not restart); with them, a
+    window 100 s later reads again what the last 85 s of ops hold of the window's 185."""
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(8, 6000, fault="missing", hang_after=10.0, keyframe_s=5.0))  # (240 s of ops)
+    job = Path(store) / "synthetic"
+    end = load_trace(store)[0].end_ns
+    reader = DirectoryReader(job)
+    reader.start_at(Since(at_ns=end - 200 * S))
+    again = reader.read_again(Since(at_ns=end - 100 * S))
+    assert again == pytest.approx(85 / 185, abs=0.05)
+    assert reader.read_again(Since(at_ns=end - 200 * S)) == 1.0
+    for p in job.glob("*.keys.*.bin"):
+        p.unlink()
+    bare = DirectoryReader(job)
+    bare.start_at(Since(at_ns=end - 200 * S))
+    assert bare.read_again(Since(at_ns=end - 100 * S)) == 1.0
+
+
+def _kf(offset: int, last_ns: int, carry: bytes = b'{"type":"meta"}\n') -> Keyframe:
+    return Keyframe(offset, 7, offset // 10, last_ns, carry)
+
+
+def test_a_keyframe_file_is_read_from_its_end_and_a_damaged_end_trusts_nothing(tmp_path):
+    path = tmp_path / "rank-00000.keys.000000.bin"
+    frames = [_kf(1000 * k, T0 + k * 5 * S, b'{"k":%d}\n' % k) for k in range(1, 6)]
+    path.write_bytes(b"".join(map(record, frames)))
+    assert at_or_before(path, T0) is None  # (a window before the first: from the segment's start)
+    assert at_or_before(path, T0 + 5 * S) is None  # (its lines before it are not all older)
+    assert at_or_before(path, T0 + 5 * S + 1) == frames[0]
+    assert at_or_before(path, T0 + 17 * S) == frames[2]
+    assert at_or_before(path, T0 + 3600 * S) == frames[4]
+    assert at_or_before(path, T0 + 3600 * S, segment_size=4999) is None  # (a segment smaller than it)
+    assert at_or_before(tmp_path / "none.bin", T0 + 3600 * S) is None
+    data = path.read_bytes()
+    path.write_bytes(data[:-3])  # torn: a keeper killed mid-write
+    assert at_or_before(path, T0 + 3600 * S) is None
+    bad = bytearray(data)
+    bad[-FOOTER.size - 2] ^= 1  # a carry's byte flipped: its CRC says so
+    path.write_bytes(bytes(bad))
+    assert at_or_before(path, T0 + 3600 * S) is None
+    assert at_or_before(path, T0 + 17 * S) == frames[2]  # (those before it stand)
+    huge = struct.pack("<4sIQQQqI", b"CSK1", 1 << 30, 0, 0, 0, 0, 0)
+    path.write_bytes(data + huge)
+    assert at_or_before(path, T0 + 17 * S) is None  # (nothing past a damaged record is found either)
+
+
+def test_a_keyframe_file_s_name_is_spelled_one_way():
+    assert keyframes.parse_keys("rank-00003.keys.000004.bin") == ((3, 0), 4)
+    assert keyframes.parse_keys("rank-00003+2.keys.000004.bin") == ((3, 2), 4)
+    for name in ("rank-3.keys.000004.bin", "rank-00003.keys.0000004.bin", "rank-00003.keys.000004.jsonl",
+                 "rank-00003.jsonl"):
+        assert keyframes.parse_keys(name) is None
+
+
+def test_retention_deletes_a_segment_s_keyframes_with_it(tmp_path):
+    store, _ = _week(tmp_path, "missing", segment_bytes=512 << 10)
+    job = Path(store) / "synthetic"
+    segs = list_segments(job)[(0, 0)]
+    assert len(segs) > 4 and all(keys_path(job, (0, 0), s.number).exists() for s in segs)
+    retention.close_stream(job, 0, 0, retention.parse("1MiB"))
+    left = list_segments(job)[(0, 0)]
+    assert 1 < len(left) < len(segs)
+    assert sorted(p.name for p in job.glob("rank-00000.keys.*.bin")) == [
+        keys_path(job, (0, 0), s.number).name for s in left]
+
+
+def _line(k: int, rank: int = 0) -> bytes:
+    return orjson.dumps({"type": "heartbeat", "ts": T0 + k * S // 10, "v": 3, "rank": rank, "inflight": k,
+                         "pad": "x" * 200})
+
+
+def _meta(rank: int = 0) -> bytes:
+    return orjson.dumps({"type": "meta", "ts": T0, "v": 3, "rank": rank, "world_size": 1, "host": "h",
+                         "sample_interval": 1.0})
+
+
+def test_a_writer_s_keeper_writes_keyframes_beside_it_and_ends_with_it(tmp_path, monkeypatch):
+    """The real child: a writer whose segment passed ``FOLLOW_AFTER`` names it to its
+    process's keeper, which appends keyframes as the stream grows, into the next segment
+    too, and ends once the writer closed.  A window from the newest keyframe reads from it
+    and gets every event after it.  (Every 0.2 s: a segment here lives about a second.)"""
+    monkeypatch.setenv(keyframes.ENV_EVERY, "0.2")
+    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=256 << 10)
+    w.write([_meta()])
+    keeper = None
+    k = 0
+    deadline = time.monotonic() + 120  # (a bound for a failure, not a margin: met in seconds)
+    job = tmp_path / "job"
+    while time.monotonic() < deadline:
+        w.write([_line(j) for j in range(k, k + 20)])
+        k += 20
+        keeper = w._keeper
+        segs = list_segments(job)[(0, 0)]
+        if len(segs) >= 2 and keys_path(job, (0, 0), segs[-1].number).exists() and \
+                keys_path(job, (0, 0), segs[0].number).exists():
+            break
+        time.sleep(0.02)
+    assert keeper is not None
+    child = keeper._child
+    assert child is not None and child.poll() is None
+    segs = list_segments(job)[(0, 0)]
+    newest = segs[-1]
+    key = at_or_before(keys_path(job, (0, 0), newest.number), T0 + 10 ** 12 * S)
+    assert key is not None and 0 < key.offset <= os.path.getsize(newest.path) - keyframes.MIN_BYTES
+    w.close()
+    assert child.wait(60) == 0  # (its commands ended with the last writer of its process)
+    head = newest.path.read_bytes()[:key.offset]
+    reader = DirectoryReader(job, since_ns=key.last_ns + 1)
+    events = reader.read_all()
+    beats = [e["inflight"] for e in events if e["type"] == "heartbeat"]
+    first = orjson.loads(newest.path.read_bytes()[key.offset:].split(b"\n", 1)[0])["inflight"]
+    assert beats == list(range(first, k))
+    assert reader.stats.skipped_bytes == sum(os.path.getsize(s.path) for s in segs[:-1]) + len(head)
+    assert reader._lines_read[(0, 0)] == k + len(segs)  # (its metas and every heartbeat: none lost)
+
+
+@pytest.mark.parametrize(("text", "want"), [("", keyframes.EVERY_S), ("2.5", 2.5), ("0", None), ("off", None),
+                                            ("OFF", None)])
+def test_keyframes_every_so_many_seconds_or_none(monkeypatch, text, want):
+    monkeypatch.setenv(keyframes.ENV_EVERY, text)
+    assert keyframes.every_s_from_env() == want
+
+
+@pytest.mark.parametrize("text", ["abc", "-1", "inf", "nan"])
+def test_a_keyframe_interval_that_cannot_be_read_takes_the_default_and_says_so(monkeypatch, text):
+    monkeypatch.setenv(keyframes.ENV_EVERY, text)
+    with pytest.warns(RuntimeWarning, match="cannot be read"):
+        assert keyframes.every_s_from_env() == keyframes.EVERY_S
+
+
+def test_a_writer_with_keyframes_off_starts_no_keeper(tmp_path, monkeypatch):
+    monkeypatch.setenv(keyframes.ENV_EVERY, "off")
+    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1})
+    w.write([_meta()])
+    w.write([_line(j) for j in range(4 * keyframes.FOLLOW_AFTER // 200)])
+    assert w._keeper is None
+    w.close()
+
+
+def _grow(path: Path, k0: int, n: int) -> int:
+    with open(path, "ab") as f:
+        f.write(b"".join(_line(j) + b"\n" for j in range(k0, k0 + n)))
+    return k0 + n
+
+
+def test_the_keeper_stops_following_a_file_written_again_under_its_name(tmp_path):
+    """A segment deleted and made again (its writer found its store gone) is another file:
+    the keeper stops at it, rather than replaying the new lines onto the old ones' state
+    (its keyframes' offsets would fall anywhere in the new file)."""
+    seg = tmp_path / "rank-00000.jsonl"
+    seg.write_bytes(_meta() + b"\n")
+    k = _grow(seg, 0, 200)
+    f = keyframes._Followed((0, 0), 0, seg)
+    assert keyframes.step(f, tmp_path, now=0.0) and f.pending is not None
+    k = _grow(seg, k, 100)
+    assert keyframes.step(f, tmp_path, now=10.0)  # (the one kept appended: the segment grew past it)
+    path = keys_path(tmp_path, (0, 0), 0)
+    written = path.read_bytes()
+    assert at_or_before(path, T0 + 10 ** 6 * S) is not None
+    seg.rename(tmp_path / "gone")
+    seg.write_bytes(b'{"type":"dropped","reason":"store_lost: gone"}\n' + _meta() + b"\n")
+    _grow(seg, 0, 600)
+    assert not keyframes.step(f, tmp_path, now=20.0)
+    assert path.read_bytes() == written
+
+
+def test_a_reader_takes_no_keyframe_of_a_segment_that_starts_again(tmp_path):
+    """A segment its writer started again after a loss begins with its ``store_lost`` marker,
+    not the rank's meta: a window reads it from its start, marker and all, whatever
+    keyframes lie beside it (the old file's)."""
+    job = tmp_path / "job"
+    job.mkdir()
+    seg = job / "rank-00000.jsonl"
+    seg.write_bytes(_meta() + b"\n")
+    k = _grow(seg, 0, 300)
+    f = keyframes._Followed((0, 0), 0, seg)
+    keyframes.step(f, job, now=0.0)
+    _grow(seg, k, 100)
+    keyframes.step(f, job, now=10.0)
+    key = at_or_before(keys_path(job, (0, 0), 0), T0 + 10 ** 6 * S)
+    assert key is not None
+    reader = DirectoryReader(job, since_ns=key.last_ns + 1)
+    reader.read_all()
+    assert reader.stats.skipped_bytes == key.offset  # (from the keyframe)
+    lost = orjson.dumps({"type": "dropped", "v": 3, "rank": 0, "ts": T0, "count": 0, "entries": 401,
+                         "reason": "store_lost: the job directory was deleted"})
+    seg.unlink()
+    seg.write_bytes(lost + b"\n" + _meta() + b"\n" + b"".join(_line(j) + b"\n" for j in range(500, 900)))
+    again = DirectoryReader(job, since_ns=key.last_ns + 1)
+    events = again.read_all()
+    assert again.stats.skipped_bytes == 0
+    assert [e["inflight"] for e in events if e["type"] == "heartbeat"] == list(range(500, 900))
