@@ -177,7 +177,7 @@ def _followed(polls, settled, settled_s=40.0, **over):
             "found_s": 5.0, "wrong": [], "early": [], "wall_s": 50.0, "frames": [0.01], "heat_frames": [0.02], "heat_whole": [0.03],
             "rss": 1 << 30, "rss_end": 900 << 20, "rss_start": 150 << 20, "model_bytes": 100 << 20,
             "model_ops": 800_000,
-            "model_budget": 1 << 30, "restarts": 0, "restarts_skipped": 0,
+            "model_budget": 1 << 30, "restarts": 0, "restarts_skipped": 0, "restart_reads": [],
             "events": 4_000_000, "cpu_s": 50.0, "read_process_cpu_s": 30.0, "read_process_lost": [],
             "read_processes": 1, "ranks_seen": 1024, "stacks": (0, 1, 1023, 1), "polls": polls, "settled": settled,
             "settled_s": settled_s, "judging_s": 5.0}
@@ -265,14 +265,16 @@ def noisy_polls(polls):
             for p in polls]
 
 
-def test_the_memory_lines_state_the_model_and_the_rss_the_targets_job_would_hold():
-    """The model at the end (bytes an op, its budget, the restarts), and at 1/16 of the
-    target's rate: RSS where a restart reads only its window, from what is not the model (x
-    the ranks wanting), the console's budget grown by an eighth and a restart's tail beside
-    it; and what a restart reads again from where the store can start a stream (a
-    directory's segment, as long as a rank's bytes at the full rate say, its op records'
-    grown with the rate and the rest not; a Redis mark, every 5 minutes)."""
+def test_the_memory_lines_state_the_model_and_the_rss_the_targets_job_would_hold(monkeypatch):
+    """The model at the end (bytes an op, its budget, the restarts, what each read), and at
+    1/16 of the target's rate: RSS where a restart reads only its window, from what is not
+    the model (x the ranks wanting), the console's budget grown by an eighth and a restart's
+    tail beside it; and what a restart reads again from where the store can start a stream
+    (a directory's newest keyframe before the window; with keyframes off its segment, as long
+    as a rank's bytes at the full rate say, its op records' grown with the rate and the rest
+    not; a Redis mark, every 5 minutes)."""
     from commscope.bench.scale import Plan, Stored, memory, stored_of
+    from commscope.store import keyframes
 
     plan = Plan(ranks=16384, rate=1.5625, t_start=0, seconds=60.0, fault="missing", culprit=8195, fault_k=32,
                 hang_after=5.0, job="j", store="/nonexistent")
@@ -281,6 +283,14 @@ def test_the_memory_lines_state_the_model_and_the_rss_the_targets_job_would_hold
     # a rank's op records: 2,400 bytes a second per collective a second (60,000 at the full
     # rate), its heartbeats and samples 4,000: 64,000 bytes a second at the full rate
     stored = Stored(ops=2400.0, other=4000.0)
+    keyed = " ".join(memory(plan, dataclasses.replace(seen, restart_reads=[(3.5, 40 << 20), (2.5, 30 << 20), (3.0, 50 << 20)]),
+                            "directory", stored).split())
+    assert "each read a window of 2.5-3.5 s into a model of 30.0 MiB-50.0 MiB (median 40.0 MiB)" in keyed, keyed
+    # a keyframe every 2 s (8 KiB at 64,000 bytes a second: sooner): ~107 MiB of model at 409,600 ops a second
+    assert (f"its newest keyframe before the window (one every 2 s that a stream grew by 8.0 KiB), up to 2 s of a "
+            f"rank there (EXTRAPOLATED: at 64.0 KB a rank a second, its op records' grown to the rate), so up to "
+            f"{2 * 409600 * 131.072 / 2**20:.1f} MiB more of model read again;") in keyed, keyed
+    monkeypatch.setenv(keyframes.ENV_EVERY, "off")
     text = memory(plan, seen, "directory", stored)
     lines = text.splitlines()
     assert lines[:2] == ["  its model: 100.0 MiB of 800,000 ops at the end (131 B an op);",
@@ -295,7 +305,7 @@ def test_the_memory_lines_state_the_model_and_the_rss_the_targets_job_would_hold
     assert f"at 131 B an op the model fills its budget in {fill:.0f} s there" in flat, flat
     # a 64 MiB segment at 64,000 bytes a second: 17 min, ~10.6 GiB of model at 409,600 ops a second
     seconds = (64 << 20) / 64000
-    assert (f"a segment (64.0 MiB a rank), up to {seconds / 60:.0f} min of a rank there (EXTRAPOLATED: at 64.0 KB "
+    assert (f"a segment (64.0 MiB a rank; keyframes off), up to {seconds / 60:.0f} min of a rank there (EXTRAPOLATED: at 64.0 KB "
             f"a rank a second, its op records' grown to the rate), so up to "
             f"{seconds * 409600 * 131.072 / 2**30:.1f} GiB more of model read again (NOT within the target)") \
         in flat, flat

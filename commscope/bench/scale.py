@@ -490,6 +490,7 @@ class Followed:
     model_budget: int  # past which the model started again at the tail (``Feed.MODEL_BUDGET``)
     restarts: int  # how many times it did
     restarts_skipped: int  # ... and did not, reading again most of what the model's window read
+    restart_reads: list[tuple[float, int]]  # each restart's window (s) and the model it read (``Feed.restart_reads``)
     events: int  # read
     cpu_s: float  # the console's, its read processes' with it
     read_process_cpu_s: float | None  # theirs (None: read in the console's process)
@@ -647,7 +648,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
         wall_s=(time.time_ns() - plan.t_start) / S, frames=frames, heat_frames=heat_frames,
         heat_whole=heat_whole, rss=rss, rss_end=rss_end, rss_start=rss_start, model_bytes=model_bytes, model_ops=model_ops,
         model_budget=feed.MODEL_BUDGET, restarts=feed.restarts,
-        restarts_skipped=feed.restarts_skipped, events=feed.model.events,
+        restarts_skipped=feed.restarts_skipped, restart_reads=list(feed.restart_reads), events=feed.model.events,
         cpu_s=time.process_time() - cpu0 + sum(a.cpu_s for a in aheads),
         read_process_cpu_s=sum(a.cpu_s for a in aheads) if aheads else None, read_process_lost=lost,
         read_processes=len(ahead.procs) if ahead is not None else 0, ranks_seen=len(feed.model.ranks),
@@ -894,6 +895,7 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
     reads only its window.  A restart's window starts where the store can start a stream (a
     directory's segment, a Redis mark), and what it reads from there is stated: ``stored``
     tells how long a segment lasts at the target's rate."""
+    from commscope.store import keyframes
     from commscope.store.redis_marks import MARK_EVERY_S
     from commscope.store.segments import segment_bytes_from_env
     from commscope.tui.feed import Feed
@@ -903,8 +905,14 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
     restarts = f"{seen.restarts} restart(s)" if seen.restarts else "no restart"
     skipped = (f"\n    and {seen.restarts_skipped} not made: it would read again most of what the\n"
                f"    model's window read (the store starts its streams at segments)" if seen.restarts_skipped else "")
+    reads = ""
+    if seen.restart_reads:
+        spans = sorted(s for s, _ in seen.restart_reads)
+        got = sorted(n for _, n in seen.restart_reads)
+        reads = (f"\n    each read a window of {spans[0]:.1f}-{spans[-1]:.1f} s into a model of {size(got[0])}-"
+                 f"{size(got[-1])} (median {size(got[len(got) // 2])})")
     text = [f"  its model: {size(seen.model_bytes)} of {seen.model_ops:,} ops at the end ({per_op:.0f} B an op);\n"
-            f"    its budget {size(seen.model_budget)}, {restarts} at the tail past it{skipped}"]
+            f"    its budget {size(seen.model_budget)}, {restarts} at the tail past it{reads}{skipped}"]
     target = max(plan.ranks, TARGET_RANKS)
     wider = target / plan.ranks
     if wider > EXTRAPOLATE_FROM:  # (what is not the model is mostly the interpreter's at a few ranks)
@@ -924,10 +932,17 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
         f"{size(budget)} budget (x 9/8: sized as it grows by an eighth), and at a restart a tail of half the "
         f"budget beside it; at {per_op:.0f} B an op the model fills its budget in "
         f"{budget / (per_op * ops_s):.0f} s there"))
-    if store == "directory":
+    per_rank = stored.at(FULL_RATE)
+    if store == "directory" and keyframes.every_s_from_env() is not None:
+        every = keyframes.every_s_from_env() or keyframes.EVERY_S
+        start_s = max(every, keyframes.MIN_BYTES / per_rank)
+        where = (f"its newest keyframe before the window (one every {every:g} s that a stream grew by "
+                 f"{size(keyframes.MIN_BYTES)})")
+        how = f" ({label}: at {per_rank / 1e3:,.1f} KB a rank a second, its op records' grown to the rate)"
+    elif store == "directory":
         segment = segment_bytes_from_env()
-        start_s, where = segment / stored.at(FULL_RATE), f"a segment ({size(segment)} a rank)"
-        how = f" ({label}: at {stored.at(FULL_RATE) / 1e3:,.1f} KB a rank a second, its op records' grown to the rate)"
+        start_s, where = segment / per_rank, f"a segment ({size(segment)} a rank; keyframes off)"
+        how = f" ({label}: at {per_rank / 1e3:,.1f} KB a rank a second, its op records' grown to the rate)"
     else:
         start_s, where = MARK_EVERY_S, f"a mark (every {MARK_EVERY_S / 60:g} min of a rank's time)"
         how = ""

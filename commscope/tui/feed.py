@@ -129,6 +129,8 @@ class Feed:
         self.reopen = reopen
         self.restarts = 0  # how many times the model started again at the tail (panels reset then)
         self.restarts_skipped = 0  # ... and did not: it would have read again most of what the model's window read
+        #: each restart's window (s) and the model it read (``TraceModel.nbytes``): what a restart costs
+        self.restart_reads: list[tuple[float, int]] = []
         #: never restart for less (no thrashing): twice what the last restart held, or half a
         #: budget past what the model held when the last was not made
         self._restart_floor = 0
@@ -402,6 +404,7 @@ class Feed:
             return
         if reader is None:
             return
+        made = self.restarts
         try:
             if self._read_here_only and isinstance(reader, ReadAhead):  # (a read process was lost: none again)
                 ahead, reader = reader, reader.here()
@@ -412,6 +415,8 @@ class Feed:
         except Exception as exc:  # (its read process gone meanwhile: go on as before)
             reader.close()
             self.error = str(exc) or type(exc).__name__
+        if self.restarts > made:
+            self.restart_reads.append((span_s, self.model.nbytes()))
 
     #: After a failed read again here (``_read_here``), the next try waits this long
     READ_HERE_AGAIN_S = 1.0
