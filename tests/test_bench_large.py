@@ -47,14 +47,16 @@ def test_the_live_batch_goes_both_ways_into_the_same_model(tmp_path, monkeypatch
 
 
 def test_the_week_finds_the_same_in_every_read_directory_and_redis(tmp_path, capsys):
-    """``bench large``'s week-long job: all of it, retained and ``--since 30m``, in segments
-    and in a private redis-server with marks; every read names the dead rank."""
+    """``bench large``'s week-long job: all of it, retained and ``--since 30m`` (from the
+    keyframes, and without them from the segments), in segments and in a private
+    redis-server with marks; every read names the dead rank."""
     from commscope.bench.large import week
 
     assert week(tmp_path, 4) is False
     out = capsys.readouterr().out
-    assert out.count("the same in") == 2 and "NOT" not in out
+    assert out.count("the same in") == 2 and "NOT" not in out and "the same in all four" in out
     assert "on Redis (one redis-server" in out and "check --since 30m" in out
+    assert "... no keyframes" in out and "keyframes: " in out
 
 
 def test_the_live_poll_reads_every_stream_s_new_line_both_ways(tmp_path):

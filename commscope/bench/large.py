@@ -543,9 +543,11 @@ def week(root: Path, ranks: int, keep: bool = False) -> bool:
     from commscope.store import retention
     from commscope.window import Since
 
-    shape = JobShape(ranks, 8000, fault="dead", days=7, tail_s=3600, hang_after=10.0, segment_bytes=512 << 10)
-    print(f"a week-long job: {ranks:,} ranks x {shape.ops:,} ops over 7 days, 512 KiB segments, rank "
-          f"{shape.culprit_rank} dead an hour before the end")
+    shape = JobShape(ranks, 8000, fault="dead", days=7, tail_s=3600, hang_after=10.0, segment_bytes=512 << 10,
+                     keyframe_s=2.0)
+    print(f"a week-long job: {ranks:,} ranks x {shape.ops:,} ops over 7 days, 512 KiB segments with keyframes "
+          f"every 2 s of a rank's time (as its keeper writes them), rank {shape.culprit_rank} dead an hour before "
+          "the end")
 
     def check(store: str, since: Since | None) -> tuple[float, int, list[dict], int, int]:
         t0 = time.perf_counter()
@@ -571,16 +573,23 @@ def week(root: Path, ranks: int, keep: bool = False) -> bool:
               f"child-process time, {fmt_time(spent / ranks)} per rank)")
         kept = check(store, None)
         tail = check(store, Since(ago_s=1800))
+        keys = list(job.glob("*.keys.*.bin"))
+        keyed = sum(p.stat().st_size for p in keys)
+        for p in keys:  # (the same window from each segment's start: as before keyframes)
+            p.unlink()
+        bare = check(store, Since(ago_s=1800))
         for name, (t, nbytes, _f, summ, mem) in (("check, all kept", whole), ("check, retained", kept),
-                                                  ("check --since 30m", tail)):
+                                                  ("check --since 30m", tail),
+                                                  ("... no keyframes", bare)):
             extra = f", {summ:,} events summarized" if summ else ""
             print(f"  {name:<18} {fmt_time(t):>9}, {fmt_bytes(nbytes)} read, model {fmt_bytes(mem)}{extra} "
                   f"({whole[0] / t:.1f}x)")
+        print(f"  keyframes: {fmt_bytes(keyed)} on disk, retained ({keyed / max(bounded, 1):.1%} of the store)")
         expect = [(written.kind, [shape.culprit_rank])]
         kinds = [(f["kind"], f["culprits"]) for f in tail[2] if f["severity"] == "error"]
-        same = whole[2] == kept[2] == tail[2]
-        print(f"  findings: {kinds} ({'the same in' if same else 'NOT the same in'} all three; expected {expect})")
-        return not same or kinds != expect or week_redis(dataclasses.replace(shape, segment_bytes=None,
+        same = whole[2] == kept[2] == tail[2] == bare[2]
+        print(f"  findings: {kinds} ({'the same in' if same else 'NOT the same in'} all four; expected {expect})")
+        return not same or kinds != expect or week_redis(dataclasses.replace(shape, segment_bytes=None, keyframe_s=None,
                                                                              mark_every_s=3600.0), check)
     finally:
         if not keep:
