@@ -253,7 +253,7 @@ def test_the_keeper_stops_following_a_file_written_again_under_its_name(tmp_path
     path = keys_path(tmp_path, (0, 0), 0)
     written = path.read_bytes()
     assert at_or_before(path, T0 + 10 ** 6 * S) is not None
-    seg.rename(tmp_path / "gone")
+    seg.unlink()  # (made again at once: on ext4 it often gets the same inode back)
     seg.write_bytes(b'{"type":"dropped","reason":"store_lost: gone"}\n' + _meta() + b"\n")
     _grow(seg, 0, 600)
     assert not keyframes.step(f, tmp_path, now=20.0)
@@ -286,3 +286,74 @@ def test_a_reader_takes_no_keyframe_of_a_segment_that_starts_again(tmp_path):
     events = again.read_all()
     assert again.stats.skipped_bytes == 0
     assert [e["inflight"] for e in events if e["type"] == "heartbeat"] == list(range(500, 900))
+
+
+def _stack(k: int) -> bytes:
+    frames = [["/job/train.py", i, f"f{i}"] for i in range(150)]  # (~4.5 KB of frames after its ts)
+    return orjson.dumps({"type": "stack", "ts": T0 + k * S // 10, "v": 3, "rank": 0, "reason": "request",
+                         "threads": [{"tid": 1, "name": "MainThread", "frames": frames}]})
+
+
+def test_a_keyframe_after_a_long_last_line_says_that_line_s_time(tmp_path):
+    """A keyframe's time is the newest of every line before it, not of its last few KiB: the
+    writer's last line there a stack of many frames (or a busy tick's block), its ``ts`` at
+    its head.  Before, the keyframe kept the time of the one before, and a window from after
+    it skipped lines of its own (helper-149)."""
+    job = tmp_path / "job"
+    job.mkdir()
+    seg = job / "rank-00000.jsonl"
+    seg.write_bytes(_meta() + b"\n")
+    f = keyframes._Followed((0, 0), 0, seg)
+    k = _grow(seg, 0, 100)
+    keyframes.step(f, job, now=0.0)
+    k = _grow(seg, k, 100)
+    with open(seg, "ab") as out:
+        out.write(_stack(k) + b"\n")
+    assert len(_stack(k)) > 4096
+    keyframes.step(f, job, now=10.0)
+    assert f.pending is not None and f.pending.last_ns == T0 + k * S // 10
+    _grow(seg, k + 1, 100)
+    keyframes.step(f, job, now=20.0)
+    since = T0 + 150 * S // 10  # (after the first keyframe, before the second's lines end)
+    key = at_or_before(keys_path(job, (0, 0), 0), since)
+    assert key is not None and key.last_ns < since
+    beats = {e["inflight"] for e in DirectoryReader(job, since_ns=since).read_all() if e["type"] == "heartbeat"}
+    assert set(range(150, 301)) - {200} <= beats
+
+
+def test_a_line_longer_than_a_step_s_read_is_replayed_whole(tmp_path, monkeypatch):
+    """A line past ``READ_BYTES`` (a stack of thousands of frames) is read whole by the step
+    that meets it; before, the keeper read the same bytes each step and never went on."""
+    monkeypatch.setattr(keyframes, "READ_BYTES", 4096)
+    seg = tmp_path / "rank-00000.jsonl"
+    seg.write_bytes(_meta() + b"\n")
+    f = keyframes._Followed((0, 0), 0, seg)
+    k = _grow(seg, 0, 10)
+    with open(seg, "ab") as out:
+        out.write(_stack(k) * 2 + b"\n")  # (one line of ~9 KB: not JSON, as a damaged one would be)
+    _grow(seg, k, 40)
+    size = seg.stat().st_size
+    for t in range(1, 20):
+        keyframes.step(f, tmp_path, now=float(t))
+    assert f.offset == size
+
+
+def test_a_keyframe_past_its_segment_s_end_is_not_taken(tmp_path):
+    """Keyframes beside a segment that is shorter than their offsets (another file under its
+    name, begun with a meta line) are another file's: a window reads it from its start."""
+    job = tmp_path / "job"
+    job.mkdir()
+    seg = job / "rank-00000.jsonl"
+    seg.write_bytes(_meta() + b"\n")
+    f = keyframes._Followed((0, 0), 0, seg)
+    k = _grow(seg, 0, 300)
+    keyframes.step(f, job, now=0.0)
+    _grow(seg, k, 100)
+    keyframes.step(f, job, now=10.0)
+    key = at_or_before(keys_path(job, (0, 0), 0), T0 + 10 ** 6 * S)
+    assert key is not None
+    seg.write_bytes(_meta() + b"\n" + b"".join(_line(j) + b"\n" for j in range(900, 950)))
+    assert seg.stat().st_size < key.offset
+    reader = DirectoryReader(job, since_ns=key.last_ns + 1)
+    beats = [e["inflight"] for e in reader.read_all() if e["type"] == "heartbeat"]
+    assert beats == list(range(900, 950)) and reader.stats.skipped_bytes == 0

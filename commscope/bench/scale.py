@@ -933,8 +933,8 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
         f"budget beside it; at {per_op:.0f} B an op the model fills its budget in "
         f"{budget / (per_op * ops_s):.0f} s there"))
     per_rank = stored.at(FULL_RATE)
-    if store == "directory" and keyframes.every_s_from_env() is not None:
-        every = keyframes.every_s_from_env() or keyframes.EVERY_S
+    every = keyframes.every_s_from_env() if store == "directory" else None
+    if every is not None:
         start_s = max(every, keyframes.MIN_BYTES / per_rank)
         where = (f"its newest keyframe before the window (one every {every:g} s that a stream grew by "
                  f"{size(keyframes.MIN_BYTES)})")

@@ -977,7 +977,8 @@ class DirectoryReader(TraceReader):
         """(``_keyframe``) of a window from ``since_ns``, looked up."""
         if self.job_dir is None or (self._keyed is not None and (stream, seg.number) not in self._keyed):
             return None
-        return keyframes.at_or_before(keyframes.keys_path(self.job_dir, stream, seg.number), since_ns)
+        return keyframes.at_or_before(keyframes.keys_path(self.job_dir, stream, seg.number), since_ns,
+                                      size_of(seg.path))
 
     def _start_at_key(self, stream: Stream, seg: Segment, key: keyframes.Keyframe, meta: bytes) -> None:
         """Read ``stream`` from a keyframe of ``seg``: the rank's ``meta`` (the segment's first

@@ -21,8 +21,9 @@ File: records, each a carry (ended JSON lines) followed by a ``FOOTER``: magic, 
 length, the segment offset, the stream's lines before the segment and within it before the
 offset, the time of the newest line before it (ns), a CRC32 of all of it.  Read from the
 end, one footer at a time: a window of the last minutes reads a few of them, not the file.
-A torn or damaged record (a keeper killed mid-write, a full disk) ends the file for readers:
-what is before it still serves, what is after it is never trusted.
+A torn or damaged record (a keeper killed mid-write, a full disk) hides from readers every
+record before it (they walk back from the end, one footer at a time); newer ones a keeper
+appended after it still serve, and where none does a window starts at the segment's start.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ MAX_CARRY = 64 << 20
 FOLLOW_AFTER = 4 * MIN_BYTES
 #: The bytes of a segment a step replays at most (a keeper started late catches up in steps)
 READ_BYTES = 8 << 20
+#: The bytes before where the keeper goes on that it reads again, to know the file is the one it
+#: replayed (``DirectoryReader.SAME_FILE_BYTES``)
+SAME_FILE_BYTES = 32
 #: The footers a reader walks back at most looking for a window's start: 1,024 keyframes,
 #: ~85 min at ``EVERY_S``; one further back is as good as the segment's start
 MAX_WALK = 1024
@@ -151,18 +155,18 @@ _TS = re.compile(rb'"ts":(\d{1,19})')
 
 
 def newest_ns(data: bytes) -> int:
-    """The time of the newest of the ended lines ``data`` (the largest ``ts`` of their last
-    few lines; 0 where none says one): a block line's is its tick's, after its records'."""
-    tail = data[max(0, len(data) - 4096):]
-    found = [int(x) for x in _TS.findall(tail)]
-    return max(found, default=0)
+    """The time of the newest of the ended lines ``data`` (the largest ``ts`` among all of them:
+    not their last few, a last line may be a stack of many frames or a busy tick's block of
+    kilobytes, and a merged Flight Recorder line may come late; 0 where none says one).  A
+    block line's is its tick's, after its records'."""
+    return max(map(int, _TS.findall(data)), default=0)
 
 
 class _Followed:
     """A stream's open segment as the keeper follows it."""
 
     __slots__ = ("stream", "number", "path", "offset", "lines_before", "lines", "before", "last_ns", "due",
-                 "pending", "carry", "inode")
+                 "pending", "carry", "tail")
 
     def __init__(self, stream: Stream, number: int, path: Path) -> None:
         self.stream = stream
@@ -177,7 +181,7 @@ class _Followed:
         self.last_ns = 0
         self.due = 0.0  # (monotonic) no keyframe before then
         self.pending: Keyframe | None = None  # made, appended once the segment grew past it
-        self.inode: int | None = None  # the file's, as first looked at: another under its name is not followed
+        self.tail = b""  # the last bytes replayed (``SAME_FILE_BYTES``): another file under its name differs there
 
     def keyframe(self) -> Keyframe:
         assert self.lines_before is not None and self.before is not None
@@ -208,7 +212,8 @@ def step(f: _Followed, directory: Path, now: float, final: bool = False, every_s
     """Replay what the followed segment grew by and keep a keyframe there; append the one
     kept before once the segment holds ``MIN_BYTES`` past it.  ``final``: the writer moved on
     (the segment is complete): replayed to its end, no keyframe kept.  False where the
-    segment cannot be followed any more (gone, smaller than replayed, no count of its lines)."""
+    segment cannot be followed any more (gone, smaller than replayed, another file under its
+    name, no count of its lines)."""
     from commscope.store import inflight
 
     if f.before is None:  # (its closer's carry of the segment before: there once it ran)
@@ -216,22 +221,32 @@ def step(f: _Followed, directory: Path, now: float, final: bool = False, every_s
         if f.before is None:
             return True  # (looked at again next time)
     try:
-        st = os.stat(f.path)
+        size = os.stat(f.path).st_size
     except OSError:
         return False
-    size = st.st_size
-    if f.inode is None:
-        f.inode = st.st_ino
-    if size < f.offset or st.st_ino != f.inode:
-        return False  # (written again under its name: its store lost what it held, ``DirectoryWriter.write``)
-    _publish(f, directory, size)
-    if not final and (now < f.due or size - f.offset < MIN_BYTES or f.pending is not None):
+    if size < f.offset:
+        return False
+    publish = f.pending is not None and size >= f.pending.offset + MIN_BYTES
+    due = final or (now >= f.due and size - f.offset >= MIN_BYTES and (f.pending is None or publish))
+    if not due and not publish:
         return True
+    # (the bytes before where it goes on read again: another file under its name, written
+    # again after its store lost what it held, differs there; not its inode: a file deleted
+    # and made again at once often gets the same one back)
+    back = len(f.tail)
+    want = (size - f.offset if final else min(size - f.offset, READ_BYTES)) if due else 0
     try:
-        data = read_from(f.path, f.offset, min(size - f.offset, READ_BYTES) if not final else sys.maxsize)
+        data = read_from(f.path, f.offset - back, back + want)
+        if due and data.find(b"\n", back) < 0 and want < size - f.offset:  # (a line longer than a step's read)
+            data = read_from(f.path, f.offset - back, back + size - f.offset)
     except OSError:
         return False
-    if not _advance(f, data):
+    if data[:back] != f.tail:
+        return False
+    _publish(f, directory, size)
+    if not due:
+        return True
+    if not _advance(f, data[back:]):
         return False
     f.due = now + every_s
     if not final and f.offset < size:  # (not read to its end: the rest first, next step)
@@ -268,6 +283,7 @@ def _advance(f: _Followed, data: bytes) -> bool:
     assert f.before is not None
     replayed = inflight.replay(f.before, data[:cut], f.stream[0])
     f.before, f.carry = replayed.carry(with_meta=True), replayed.carry()
+    f.tail = (f.tail + data[:cut])[-SAME_FILE_BYTES:]
     f.offset += cut
     f.lines += data.count(b"\n", 0, cut)
     f.last_ns = max(f.last_ns, newest_ns(data[:cut]))
@@ -381,7 +397,7 @@ class Keeper:
     process writing many ranks (``bench scale``) starts one child, not thousands."""
 
     _of: dict[tuple[int, Path, float], Keeper] = {}
-    _lock = threading.Lock()
+    _of_lock = threading.Lock()
     #: A keeper that died is started again at most this often (s)
     RESPAWN_S = 30.0
 
@@ -391,11 +407,12 @@ class Keeper:
         self._child: subprocess.Popen | None = None
         self._started = -1e18
         self._streams: set[Stream] = set()  # those followed: the child ends when the last is done
+        self._lock = threading.Lock()  # (the class's guards ``_of``: a spawn here holds up no other directory's writers)
 
     @classmethod
     def of(cls, directory: Path, every_s: float = EVERY_S) -> Keeper:
         key = (os.getpid(), directory, every_s)  # (a forked child starts its own: the pipe is the parent's)
-        with cls._lock:
+        with cls._of_lock:
             got = cls._of.get(key)
             if got is None:
                 got = cls._of[key] = cls(directory, every_s)
@@ -429,6 +446,7 @@ class Keeper:
         if child.stdin is not None:
             with contextlib.suppress(OSError):
                 child.stdin.close()
+        threading.Thread(target=child.wait, name="commscope-keeper-reaper", daemon=True).start()  # (no zombie)
 
     def _running(self) -> subprocess.Popen | None:
         if self._child is not None and self._child.poll() is None:

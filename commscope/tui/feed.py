@@ -129,8 +129,8 @@ class Feed:
         self.reopen = reopen
         self.restarts = 0  # how many times the model started again at the tail (panels reset then)
         self.restarts_skipped = 0  # ... and did not: it would have read again most of what the model's window read
-        #: each restart's window (s) and the model it read (``TraceModel.nbytes``): what a restart costs
-        self.restart_reads: list[tuple[float, int]] = []
+        #: the last restarts' windows (s) and the models they read (``TraceModel.nbytes``): what a restart costs
+        self.restart_reads: deque[tuple[float, int]] = deque(maxlen=64)
         #: never restart for less (no thrashing): twice what the last restart held, or half a
         #: budget past what the model held when the last was not made
         self._restart_floor = 0
