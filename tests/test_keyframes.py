@@ -357,3 +357,57 @@ def test_a_keyframe_past_its_segment_s_end_is_not_taken(tmp_path):
     reader = DirectoryReader(job, since_ns=key.last_ns + 1)
     beats = [e["inflight"] for e in reader.read_all() if e["type"] == "heartbeat"]
     assert beats == list(range(900, 950)) and reader.stats.skipped_bytes == 0
+
+
+_KILLED_WRITER = """
+import os, sys, time, orjson
+sys.path.insert(0, {tests!r})
+from test_keyframes import _line, _meta
+from commscope.store.directory import DirectoryWriter
+w = DirectoryWriter({root!r}, "job", 0, {{"world_size": 1}})
+w.write([_meta()])
+k = 0
+while w._keeper is None or w._keeper._child is None:
+    w.write([_line(j) for j in range(k, k + 20)])
+    k += 20
+print(w._keeper._child.pid, flush=True)
+while True:
+    w.write([_line(j) for j in range(k, k + 20)])
+    k += 20
+    time.sleep(0.01)
+"""
+
+
+def test_a_keeper_ends_when_its_writing_process_is_killed(tmp_path):
+    """A rank killed (SIGKILL: no ``close``) leaves no keeper behind: its commands end with the
+    process (the pipe's last writer gone), and it exits, whatever it was doing."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    code = _KILLED_WRITER.format(tests=str(Path(__file__).parent), root=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        pid = int(proc.stdout.readline())
+        keeper = psutil.Process(pid)
+        assert keeper.is_running() and "commscope.store.keyframes" in " ".join(keeper.cmdline())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
+    deadline = time.monotonic() + 60  # (a bound for a failure: it ends within a second)
+    while _alive(keeper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(keeper)
+
+
+def _alive(proc) -> bool:
+    """Running, and not a zombie (ended, not yet reaped by whoever adopted it)."""
+    import psutil
+
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
