@@ -134,7 +134,6 @@ class _Summary(NamedTuple):
     path: Path
 
 
-#: A file of the job directory that is neither a segment nor a summary (``DirectoryReader._name``)
 class _Keys(NamedTuple):
     """A segment's keyframes file (``DirectoryReader._name``, ``store/keyframes.py``)."""
 
@@ -142,6 +141,7 @@ class _Keys(NamedTuple):
     number: int
 
 
+#: A file of the job directory that is neither a segment, a summary nor keyframes (``DirectoryReader._name``)
 _OTHER = object()
 
 

@@ -44,10 +44,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-from commscope.store import children
+import numpy as np
+
+from commscope.store import children, inflight
 from commscope.store.base import Stream
 from commscope.store.files import O_NOFOLLOW, create_file, mode_of, read_from
-from commscope.store.segments import MAX_RANK, lines_before, stream_prefix
+from commscope.store.segments import MAX_RANK, lines_before, list_segments, stream_prefix
+from commscope.store.segments import parse as parse_segment
 
 #: magic, carry bytes, offset in the segment, lines before the segment, lines of it before the
 #: offset, newest time before the offset (ns), CRC32 of the carry and the fields before it
@@ -214,8 +217,6 @@ def step(f: _Followed, directory: Path, now: float, final: bool = False, every_s
     (the segment is complete): replayed to its end, no keyframe kept.  False where the
     segment cannot be followed any more (gone, smaller than replayed, another file under its
     name, no count of its lines)."""
-    from commscope.store import inflight
-
     if f.before is None:  # (its closer's carry of the segment before: there once it ran)
         f.before = inflight.carried(directory, f.stream, f.number - 1)
         if f.before is None:
@@ -269,8 +270,6 @@ def _advance(f: _Followed, data: bytes) -> bool:
     for later) onto what the rank is in.  False where its lines cannot be counted: a file
     its writer started again after a loss (a window skipping its marker would not count
     it), a segment whose meta does not say the lines before it (a writer from before)."""
-    from commscope.store import inflight
-
     cut = data.rfind(b"\n") + 1
     if not cut:
         return True
@@ -294,8 +293,6 @@ def write_along(directory: Path, stream: Stream, every_s: float = EVERY_S) -> No
     """Write the keyframes of a stream's segments as a keeper that followed it from its start
     would have, every ``every_s`` of the lines' own time rather than the keeper's (a
     synthetic job of days, written in seconds: ``bench/synthstore.py``)."""
-    from commscope.store.segments import list_segments
-
     before: bytes | None = b""
     for seg in list_segments(directory).get(stream, []):
         f = _Followed(stream, seg.number, seg.path)
@@ -324,8 +321,6 @@ def write_along(directory: Path, stream: Stream, every_s: float = EVERY_S) -> No
 
 
 def _line_ends(data: bytes) -> list[int]:
-    import numpy as np
-
     return (np.flatnonzero(np.frombuffer(data, np.uint8) == 10) + 1).tolist()
 
 
@@ -360,6 +355,7 @@ def keep(directory: Path, commands: BinaryIO, every_s: float = EVERY_S,
                 return 0
             buf += got
             *lines, buf = buf.split(b"\n")
+            buf = buf[-4096:]  # (a command is one short line: no more is ever kept of one)
             for line in lines:
                 named = _named(line)
                 if named is None:
@@ -379,11 +375,10 @@ def keep(directory: Path, commands: BinaryIO, every_s: float = EVERY_S,
 
 
 def _named(line: bytes) -> tuple[Stream, int, str] | None:
-    from commscope.store.segments import parse
-
+    """A writer's command line, read as ``Keeper.follow`` writes it; None for anything else."""
     try:
         rank, inc, number, name = line.decode().split()
-        parsed = parse(name)
+        parsed = parse_segment(name)
     except ValueError:
         return None
     if parsed is None or parsed[0] != (int(rank), int(inc)) or parsed[1] != int(number):
