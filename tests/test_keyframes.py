@@ -224,6 +224,26 @@ def test_a_keyframe_interval_that_cannot_be_read_takes_the_default_and_says_so(m
         assert keyframes.every_s_from_env() == keyframes.EVERY_S
 
 
+def test_run_keyframes_reaches_the_ranks_and_a_bad_value_is_a_usage_error():
+    """``commscope run --keyframes``: as ``--retain``, checked before the command runs and set
+    for its ranks."""
+    import argparse
+
+    from commscope.commands.run import build_env
+    from commscope.errors import UsageError
+
+    args = argparse.Namespace(store="t", hang_after=None, job=None, sample_interval=None, no_flight_recorder=False,
+                              keyframes="off")
+    assert build_env(args, base={})[keyframes.ENV_EVERY] == "off"
+    args.keyframes = "0.5"
+    assert build_env(args, base={})[keyframes.ENV_EVERY] == "0.5"
+    args.keyframes = None
+    assert keyframes.ENV_EVERY not in build_env(args, base={})
+    args.keyframes = "soon"
+    with pytest.raises(UsageError, match="--keyframes: 'soon' cannot be read: give seconds above 0"):
+        build_env(args, base={})
+
+
 def test_a_writer_with_keyframes_off_starts_no_keeper(tmp_path, monkeypatch):
     monkeypatch.setenv(keyframes.ENV_EVERY, "off")
     w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1})

@@ -31,6 +31,7 @@ from commscope.store import (
     StoreError,
     backend_for,
     default_store,
+    keyframes,
     redact_store,
     refuse_url_like,
     retention,
@@ -62,6 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "that ended that long before the newest), both (2GiB,7d) or none; older segments are "
                         "summarized (counts, bytes, latency per minute: commscope report) and deleted "
                         f"(default {retention.DEFAULT.describe()}; sets $COMMSCOPE_RETAIN)")
+    p.add_argument("--keyframes", metavar="SECONDS",
+                   help="how often a directory store's streams say what each rank is in (a child beside the "
+                        "ranks follows their segments): a window (--since, a console's restart at the tail) "
+                        "starts within that much of its start, not at its segment's start (a 64 MiB segment "
+                        f"holds ~1.5 h of a rank); off for none (default {keyframes.EVERY_S:g}; sets "
+                        f"${keyframes.ENV_EVERY})")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
 
 
@@ -88,6 +95,12 @@ def build_env(args: argparse.Namespace, base: dict[str, str] | None = None, nati
         except ValueError as exc:
             raise UsageError(f"--retain: {exc}") from None
         env[retention.ENV_RETAIN] = args.retain
+    if getattr(args, "keyframes", None):
+        try:
+            keyframes.parse_every(args.keyframes)
+        except ValueError as exc:
+            raise UsageError(f"--keyframes: {exc}") from None
+        env[keyframes.ENV_EVERY] = args.keyframes
     if args.no_flight_recorder:
         env["COMMSCOPE_FLIGHT_RECORDER"] = "0"
     elif not native:

@@ -191,13 +191,10 @@ class _Followed:
         return Keyframe(self.offset, self.lines_before, self.lines, self.last_ns, self.carry)
 
 
-def every_s_from_env() -> float | None:
-    """``$COMMSCOPE_KEYFRAME_S``: seconds between a stream's keyframes (None: ``0`` or ``off``,
-    none written, no keeper started); ``EVERY_S`` where unset, and where it cannot be read
-    (said once: ``abc``, ``-1``, ``inf``)."""
-    text = os.environ.get(ENV_EVERY, "").strip().lower()
-    if not text:
-        return EVERY_S
+def parse_every(text: str) -> float | None:
+    """Seconds between a stream's keyframes as a user writes them (``5``, ``0.5``; ``0``,
+    ``off`` or ``none``: none); ValueError for anything else."""
+    text = text.strip().lower()
     if text in ("0", "off", "none"):
         return None
     try:
@@ -205,10 +202,22 @@ def every_s_from_env() -> float | None:
     except ValueError:
         every = math.nan
     if not math.isfinite(every) or every <= 0:
-        warnings.warn(f"commscope: ${ENV_EVERY}={text[:40]!r} cannot be read (give seconds above 0, such as 5, or "
-                      f"off): a keyframe every {EVERY_S:g} s", RuntimeWarning, stacklevel=2)
-        return EVERY_S
+        raise ValueError(f"{text[:40]!r} cannot be read: give seconds above 0, such as 2, or off")
     return every
+
+
+def every_s_from_env() -> float | None:
+    """``$COMMSCOPE_KEYFRAME_S`` (``parse_every``; None: none written, no keeper started);
+    ``EVERY_S`` where unset, and where it cannot be read (said once: ``abc``, ``-1``, ``inf``)."""
+    text = os.environ.get(ENV_EVERY, "").strip()
+    if not text:
+        return EVERY_S
+    try:
+        return parse_every(text)
+    except ValueError as exc:
+        warnings.warn(f"commscope: ${ENV_EVERY}: {exc}: a keyframe every {EVERY_S:g} s", RuntimeWarning,
+                      stacklevel=2)
+        return EVERY_S
 
 
 def step(f: _Followed, directory: Path, now: float, final: bool = False, every_s: float = EVERY_S) -> bool:
