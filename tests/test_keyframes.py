@@ -431,3 +431,45 @@ def _alive(proc) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_a_keeper_that_died_is_started_again_and_told_every_stream(tmp_path, monkeypatch):
+    """A keeper killed while its writers write (out of memory, by hand) is started again by
+    the next writer that looks (``CHECK_S``, at most every ``RESPAWN_S``), told each stream's
+    segment, and keyframes go on."""
+    import signal
+
+    monkeypatch.setenv(keyframes.ENV_EVERY, "0.2")
+    monkeypatch.setattr(keyframes, "CHECK_S", 0.0)
+    monkeypatch.setattr(keyframes.Keeper, "RESPAWN_S", 0.0)
+    job = tmp_path / "job"
+    writers = [DirectoryWriter(tmp_path, "job", r, {"world_size": 2}) for r in range(2)]
+    for r, w in enumerate(writers):
+        w.write([_meta(r)])
+    k = 0
+
+    def keyframes_of(r: int) -> int:
+        path = keys_path(job, (r, 0), 0)
+        return len(path.read_bytes()) if path.exists() else 0
+
+    def write_until(done) -> None:
+        nonlocal k
+        deadline = time.monotonic() + 120  # (a bound for a failure, not a margin: met in seconds)
+        while not done() and time.monotonic() < deadline:
+            for r, w in enumerate(writers):
+                w.write([_line(j, r) for j in range(k, k + 20)])
+            k += 20
+            time.sleep(0.02)
+        assert done()
+
+    write_until(lambda: all(keyframes_of(r) for r in range(2)))
+    keeper = writers[0]._keeper
+    assert keeper is not None and keeper is writers[1]._keeper and keeper._child is not None
+    first = keeper._child
+    first.send_signal(signal.SIGKILL)
+    first.wait(60)
+    had = [keyframes_of(r) for r in range(2)]
+    write_until(lambda: keeper._child is not first and all(keyframes_of(r) > had[r] for r in range(2)))
+    for w in writers:
+        w.close()
+    assert keeper._child is None

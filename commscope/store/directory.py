@@ -245,6 +245,7 @@ class DirectoryWriter:
         #: ``keyframes.FOLLOW_AFTER``: it is told each new segment (``_next_segment``)
         self._keeper: keyframes.Keeper | None = None
         self.keyframe_s = keyframes.every_s_from_env() if self.closer else None  # (None: no keyframes)
+        self._keeper_check = 0.0  # (monotonic) when to make sure the keeper runs next
         self._segment_size = 0  # (``_open`` says)
         # (a forwarder lists the directory to find the newest segment, to go on in it; a rank
         # starting never does: 16k ranks listing a directory of 16k files at once is a metadata storm)
@@ -408,6 +409,10 @@ class DirectoryWriter:
         if self._keeper is None and self._segment_size >= keyframes.FOLLOW_AFTER and self.keyframe_s is not None:
             self._keeper = keyframes.Keeper.of(self.dir, self.keyframe_s)
             self._keeper.follow((self.rank, self.incarnation), self._segment, self.path.name)
+            self._keeper_check = time.monotonic() + keyframes.CHECK_S
+        elif self._keeper is not None and (now := time.monotonic()) >= self._keeper_check:
+            self._keeper_check = now + keyframes.CHECK_S
+            self._keeper.ensure()  # (one that died, started again)
 
     def _restated(self) -> tuple[list[bytes], bool]:
         """What the rank was in at the end of its segment (its groups, the ops it still has in

@@ -29,6 +29,7 @@ appended after it still serve, and where none does a window starts at the segmen
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import math
 import os
 import re
@@ -77,6 +78,11 @@ SAME_FILE_BYTES = 32
 #: The footers a reader walks back at most looking for a window's start: 1,024 keyframes,
 #: ~85 min at ``EVERY_S``; one further back is as good as the segment's start
 MAX_WALK = 1024
+
+#: Linux's fcntl that sets a pipe's size (``fcntl.F_SETPIPE_SZ`` from Python 3.10 on some builds only)
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+#: How often a writer makes sure its keeper runs (``Keeper.ensure``)
+CHECK_S = 5.0
 
 KEYS_FILE = re.compile(r"^rank-(\d{1,8})(?:\+(\d{1,6}))?\.keys\.(\d{6,9})\.bin$")
 
@@ -410,7 +416,9 @@ class Keeper:
         self.every_s = every_s
         self._child: subprocess.Popen | None = None
         self._started = -1e18
-        self._streams: set[Stream] = set()  # those followed: the child ends when the last is done
+        #: each followed stream's newest segment, as its command line: a keeper started again
+        #: is told them all; the child ends when the last stream is done
+        self._segments: dict[Stream, bytes] = {}
         self._lock = threading.Lock()  # (the class's guards ``_of``: a spawn here holds up no other directory's writers)
 
     @classmethod
@@ -426,24 +434,39 @@ class Keeper:
         """Keyframes for ``stream`` from its segment ``number`` (``name``) on."""
         line = f"{stream[0]} {stream[1]} {number} {name}\n".encode()
         with self._lock:
-            self._streams.add(stream)
-            for _ in range(2):
-                child = self._running()
-                if child is None or child.stdin is None:
-                    return
-                try:
-                    os.write(child.stdin.fileno(), line)  # (a line well under PIPE_BUF: whole or not at all)
-                    return
-                except BlockingIOError:
-                    return  # (a keeper behind: this segment gets no keyframes, and reads start at its carry)
-                except OSError:
-                    self._child = None  # (died: started again, once)
+            self._segments[stream] = line
+            self._send([line])
+
+    def ensure(self) -> None:
+        """A keeper that died (killed, out of memory) started again, told every stream's
+        segment (at most every ``RESPAWN_S``): a writer asks now and then (``DirectoryWriter``)."""
+        with self._lock:
+            if self._segments and (self._child is None or self._child.poll() is not None):
+                self._send([])
+
+    def _send(self, lines: list[bytes]) -> None:
+        """Tell the keeper ``lines`` (every stream's, where it is a new one), each whole or not
+        at all, never waiting: a line a keeper behind has no room for is dropped (its
+        segment gets no keyframes, and windows start there at its start)."""
+        for _ in range(2):
+            child, fresh = self._running()
+            if child is None or child.stdin is None:
+                return
+            fd = child.stdin.fileno()
+            try:
+                for line in list(self._segments.values()) if fresh else lines:
+                    os.write(fd, line)  # (a line well under PIPE_BUF: written whole or not at all)
+                return
+            except BlockingIOError:
+                return
+            except OSError:
+                self._child = None  # (died: started again, once)
 
     def done(self, stream: Stream) -> None:
         """``stream``'s writer closed; the last one done ends the child (its commands end)."""
         with self._lock:
-            self._streams.discard(stream)
-            if self._streams or self._child is None:
+            self._segments.pop(stream, None)
+            if self._segments or self._child is None:
                 return
             child, self._child = self._child, None
             self._started = -1e18
@@ -452,18 +475,22 @@ class Keeper:
                 child.stdin.close()
         threading.Thread(target=child.wait, name="commscope-keeper-reaper", daemon=True).start()  # (no zombie)
 
-    def _running(self) -> subprocess.Popen | None:
+    def _running(self) -> tuple[subprocess.Popen | None, bool]:
+        """The child, and whether it was started just now."""
         if self._child is not None and self._child.poll() is None:
-            return self._child
+            return self._child, False
         now = time.monotonic()
         if now - self._started < self.RESPAWN_S:
-            return None
+            return None, False
         self._started = now
         self._child = children.start("commscope.store.keyframes", str(self.directory), repr(self.every_s),
                                      stdin=subprocess.PIPE)
         if self._child is not None and self._child.stdin is not None:
-            os.set_blocking(self._child.stdin.fileno(), False)  # (a keeper that stopped reading never blocks a writer)
-        return self._child
+            fd = self._child.stdin.fileno()
+            os.set_blocking(fd, False)  # (a keeper that stopped reading never blocks a writer)
+            with contextlib.suppress(OSError):  # (room for 16k streams' lines at once, where Linux allows)
+                fcntl.fcntl(fd, F_SETPIPE_SZ, 1 << 20)
+        return self._child, True
 
 
 def main(argv: list[str]) -> int:
