@@ -140,6 +140,19 @@ def test_a_keyframe_file_is_read_from_its_end_and_a_damaged_end_trusts_nothing(t
     assert at_or_before(path, T0 + 17 * S) is None  # (nothing past a damaged record is found either)
 
 
+def test_a_window_hours_back_walks_the_file_a_chunk_at_a_time(tmp_path):
+    """A window hours back walks thousands of footers: read back ``WALK_CHUNK`` at a time (a
+    carry across two chunks read whole), each keyframe found where its time says."""
+    path = tmp_path / "rank-00000.keys.000000.bin"
+    frames = [_kf(1000 * k, T0 + k * 2 * S, b'{"k":%d,"pad":"%s"}\n' % (k, b"x" * (300 + k % 500)))
+              for k in range(1, 3001)]
+    path.write_bytes(b"".join(map(record, frames)))
+    assert path.stat().st_size > 20 * keyframes.WALK_CHUNK
+    for k in [*range(1, 3001, 7), 3000]:  # (some of them a carry across two chunks)
+        assert at_or_before(path, T0 + k * 2 * S + 1) == frames[k - 1]
+    assert at_or_before(path, T0 + 2 * S) is None
+
+
 def test_a_keyframe_file_s_name_is_spelled_one_way():
     assert keyframes.parse_keys("rank-00003.keys.000004.bin") == ((3, 0), 4)
     assert keyframes.parse_keys("rank-00003+2.keys.000004.bin") == ((3, 2), 4)

@@ -9,9 +9,10 @@ at the lowest priority; LTTng's consumer daemon) tails each stream's open segmen
 ``rank-00003.keys.000004.bin``: what the rank is in at a line's end (the carry
 ``inflight.replay`` makes of the keyframe before and the lines since: the rules of a
 segment's carry), where that is, and the lines before it.  Not the rank's meta (~1.5 KB of
-tables, most of a keyframe): a reader takes it from the segment's first line.  A reader starts each stream at
-the newest keyframe written before the window (``at_or_before``): the bytes before it are
-skipped as the segments before a window are, and the carry stands for them.
+tables, most of a keyframe): a reader takes it from the segment's first line.  A reader
+starts each stream at the newest keyframe written before the window (``at_or_before``): the
+bytes before it are skipped as the segments before a window are, and the carry stands for
+them.
 
 A keyframe is appended only once ``MIN_BYTES`` more are written past it, so a reader always
 reads the stream's last lines itself: a rank that exited, crashed or went silent says so in
@@ -20,7 +21,7 @@ lines of its own, not only in a carry (which keeps what is in flight, not how a 
 File: records, each a carry (ended JSON lines) followed by a ``FOOTER``: magic, the carry's
 length, the segment offset, the stream's lines before the segment and within it before the
 offset, the time of the newest line before it (ns), a CRC32 of all of it.  Read from the
-end, one footer at a time: a window of the last minutes reads a few of them, not the file.
+end, a chunk at a time: a window of the last minutes reads a few of them, not the file.
 A torn or damaged record (a keeper killed mid-write, a full disk) hides from readers every
 record before it (they walk back from the end, one footer at a time); newer ones a keeper
 appended after it still serve, and where none does a window starts at the segment's start.
@@ -75,9 +76,13 @@ READ_BYTES = 8 << 20
 #: The bytes before where the keeper goes on that it reads again, to know the file is the one it
 #: replayed (``DirectoryReader.SAME_FILE_BYTES``)
 SAME_FILE_BYTES = 32
-#: The footers a reader walks back at most looking for a window's start: 1,024 keyframes,
-#: ~85 min at ``EVERY_S``; one further back is as good as the segment's start
-MAX_WALK = 1024
+#: The footers a reader walks back at most looking for a window's start: ~9 h of keyframes
+#: at ``EVERY_S`` (a segment holds ~1.5 h at 25 collectives a second); one further back is as
+#: good as the segment's start ...
+MAX_WALK = 16384
+#: ... reading the file back this much at a time (~64 keyframes: a window of the last
+#: minutes reads one chunk)
+WALK_CHUNK = 64 << 10
 
 #: Linux's fcntl that sets a pipe's size (``fcntl.F_SETPIPE_SZ`` from Python 3.10 on some builds only)
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -134,14 +139,17 @@ def at_or_before(path: Path | str, since_ns: int, segment_size: int | None = Non
     except OSError:
         return None
     try:
-        size = os.fstat(fd).st_size
-        end = size
+        end = os.fstat(fd).st_size
+        at, buf = end, b""  # (the file's bytes [at, at + len(buf)), read back a chunk at a time)
         for _ in range(MAX_WALK):
             if end < FOOTER.size:
                 return None
-            foot = os.pread(fd, FOOTER.size, end - FOOTER.size)
-            if len(foot) < FOOTER.size:
-                return None
+            if end - FOOTER.size < at:
+                at = max(0, end - WALK_CHUNK)
+                buf = os.pread(fd, end - at, at)
+                if len(buf) < end - at:
+                    return None
+            foot = buf[end - FOOTER.size - at:end - at]
             magic, n, offset, before, lines, last_ns, crc = FOOTER.unpack(foot)
             start = end - FOOTER.size - n
             if magic != MAGIC or n > MAX_CARRY or start < 0:
@@ -149,7 +157,7 @@ def at_or_before(path: Path | str, since_ns: int, segment_size: int | None = Non
             if last_ns < since_ns:
                 if segment_size is not None and offset > segment_size:
                     return None
-                carry = os.pread(fd, n, start)
+                carry = buf[start - at:start - at + n] if start >= at else os.pread(fd, n, start)
                 k = Keyframe(offset, before, lines, last_ns, carry)
                 return k if len(carry) == n and record(k)[-FOOTER.size:] == foot else None
             end = start
