@@ -272,6 +272,20 @@ def _grow(path: Path, k0: int, n: int) -> int:
     return k0 + n
 
 
+def _followed(tmp_path: Path, beats: int) -> tuple[Path, Path, keyframes._Followed, int]:
+    """A job directory whose rank 0 wrote its meta and ``beats`` heartbeats, followed by a
+    keeper's step (a keyframe kept there, appended once the segment grows past it): the
+    directory, the segment, what the keeper follows, the next heartbeat."""
+    job = tmp_path / "job"
+    job.mkdir()
+    seg = job / "rank-00000.jsonl"
+    seg.write_bytes(_meta() + b"\n")
+    k = _grow(seg, 0, beats)
+    f = keyframes._Followed((0, 0), 0, seg)
+    keyframes.step(f, job, now=0.0)
+    return job, seg, f, k
+
+
 def test_the_keeper_stops_following_a_file_written_again_under_its_name(tmp_path):
     """A segment deleted and made again (its writer found its store gone) is another file:
     the keeper stops at it, rather than replaying the new lines onto the old ones' state
@@ -297,13 +311,7 @@ def test_a_reader_takes_no_keyframe_of_a_segment_that_starts_again(tmp_path):
     """A segment its writer started again after a loss begins with its ``store_lost`` marker,
     not the rank's meta: a window reads it from its start, marker and all, whatever
     keyframes lie beside it (the old file's)."""
-    job = tmp_path / "job"
-    job.mkdir()
-    seg = job / "rank-00000.jsonl"
-    seg.write_bytes(_meta() + b"\n")
-    k = _grow(seg, 0, 300)
-    f = keyframes._Followed((0, 0), 0, seg)
-    keyframes.step(f, job, now=0.0)
+    job, seg, f, k = _followed(tmp_path, 300)
     _grow(seg, k, 100)
     keyframes.step(f, job, now=10.0)
     key = at_or_before(keys_path(job, (0, 0), 0), T0 + 10 ** 6 * S)
@@ -332,13 +340,7 @@ def test_a_keyframe_after_a_long_last_line_says_that_line_s_time(tmp_path):
     writer's last line there a stack of many frames (or a busy tick's block), its ``ts`` at
     its head.  Before, the keyframe kept the time of the one before, and a window from after
     it skipped lines of its own (helper-149)."""
-    job = tmp_path / "job"
-    job.mkdir()
-    seg = job / "rank-00000.jsonl"
-    seg.write_bytes(_meta() + b"\n")
-    f = keyframes._Followed((0, 0), 0, seg)
-    k = _grow(seg, 0, 100)
-    keyframes.step(f, job, now=0.0)
+    job, seg, f, k = _followed(tmp_path, 100)
     k = _grow(seg, k, 100)
     with open(seg, "ab") as out:
         out.write(_stack(k) + b"\n")
@@ -374,13 +376,7 @@ def test_a_line_longer_than_a_step_s_read_is_replayed_whole(tmp_path, monkeypatc
 def test_a_keyframe_past_its_segment_s_end_is_not_taken(tmp_path):
     """Keyframes beside a segment that is shorter than their offsets (another file under its
     name, begun with a meta line) are another file's: a window reads it from its start."""
-    job = tmp_path / "job"
-    job.mkdir()
-    seg = job / "rank-00000.jsonl"
-    seg.write_bytes(_meta() + b"\n")
-    f = keyframes._Followed((0, 0), 0, seg)
-    k = _grow(seg, 0, 300)
-    keyframes.step(f, job, now=0.0)
+    job, seg, f, k = _followed(tmp_path, 300)
     _grow(seg, k, 100)
     keyframes.step(f, job, now=10.0)
     key = at_or_before(keys_path(job, (0, 0), 0), T0 + 10 ** 6 * S)

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from commscope.commands import options
@@ -72,6 +73,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
 
 
+#: The directory store's settings ``run`` passes to its ranks as they are written, once read:
+#: (flag, what reads it, the variable the ranks read)
+_STORE_SETTINGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
+    ("retain", retention.parse, retention.ENV_RETAIN),
+    ("keyframes", keyframes.parse_every, keyframes.ENV_EVERY),
+)
+
+
 def build_env(args: argparse.Namespace, base: dict[str, str] | None = None, native: bool = True) -> dict[str, str]:
     """The command's environment.  ``native``: the native recorder is ready, so Flight Recorder
     (the Python recorder's only view of C++-issued collectives) stays off."""
@@ -89,18 +98,14 @@ def build_env(args: argparse.Namespace, base: dict[str, str] | None = None, nati
         env["COMMSCOPE_SAMPLE_INTERVAL"] = str(args.sample_interval)
     if getattr(args, "share_with_group", False):
         env[ENV_SHARE] = "1"
-    if getattr(args, "retain", None):
-        try:
-            retention.parse(args.retain)
-        except ValueError as exc:
-            raise UsageError(f"--retain: {exc}") from None
-        env[retention.ENV_RETAIN] = args.retain
-    if getattr(args, "keyframes", None):
-        try:
-            keyframes.parse_every(args.keyframes)
-        except ValueError as exc:
-            raise UsageError(f"--keyframes: {exc}") from None
-        env[keyframes.ENV_EVERY] = args.keyframes
+    for flag, parse, name in _STORE_SETTINGS:
+        value = getattr(args, flag, None)
+        if value:
+            try:
+                parse(value)
+            except ValueError as exc:
+                raise UsageError(f"--{flag}: {exc}") from None
+            env[name] = value
     if args.no_flight_recorder:
         env["COMMSCOPE_FLIGHT_RECORDER"] = "0"
     elif not native:
