@@ -255,6 +255,11 @@ def test_run_keyframes_reaches_the_ranks_and_a_bad_value_is_a_usage_error():
     args.keyframes = "soon"
     with pytest.raises(UsageError, match="--keyframes: 'soon' cannot be read: give seconds above 0"):
         build_env(args, base={})
+    args.keyframes, args.retain = None, "bogus"  # (--retain, read by the same table)
+    with pytest.raises(UsageError, match="--retain: cannot read 'bogus'"):
+        build_env(args, base={})
+    args.retain = "2GiB"
+    assert build_env(args, base={})["COMMSCOPE_RETAIN"] == "2GiB"
 
 
 def test_a_writer_with_keyframes_off_starts_no_keeper(tmp_path, monkeypatch):
