@@ -154,7 +154,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-budget", type=options.byte_size, metavar="SIZE",
                    help="the console's model budget, past which it starts again at the tail (default 1 GiB, "
                         "attach's), unless it would read again most of what the model's window read (one "
-                        "segment a stream: the report counts those not made); at a fraction f of the target's rate, f x 1 GiB restarts it as often as "
+                        "segment a stream with keyframes off, $COMMSCOPE_KEYFRAME_S: the report counts those not "
+                        "made); at a fraction f of the target's rate, f x 1 GiB restarts it as often as "
                         "the target's job would, e.g. 64MiB at --rate 1.5625 with 16,384 ranks")
     p.add_argument("--quick", action="store_true",
                    help="64 ranks for 12 s (16 s with the default --hang-after: the least --seconds): a smoke test")
@@ -893,8 +894,9 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
     as it started (``Followed.rss_start``), as many times more as there are more ranks; the model at the console's budget (``Feed.MODEL_BUDGET``, sized as
     it grows by an eighth), and at a restart a tail of half that beside it, where the restart
     reads only its window.  A restart's window starts where the store can start a stream (a
-    directory's segment, a Redis mark), and what it reads from there is stated: ``stored``
-    tells how long a segment lasts at the target's rate."""
+    directory's newest keyframe before it, or its segment with keyframes off; a Redis mark),
+    and what it reads from there is stated: ``stored`` tells how long a segment lasts, or how
+    far apart keyframes are, at the target's rate."""
     from commscope.store import keyframes
     from commscope.store.redis_marks import MARK_EVERY_S
     from commscope.store.segments import segment_bytes_from_env
@@ -904,7 +906,8 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
     per_op = seen.model_bytes / max(1, seen.model_ops)
     restarts = f"{seen.restarts} restart(s)" if seen.restarts else "no restart"
     skipped = (f"\n    and {seen.restarts_skipped} not made: it would read again most of what the\n"
-               f"    model's window read (the store starts its streams at segments)" if seen.restarts_skipped else "")
+               f"    model's window read (the store starts its streams at segments or marks)"
+               if seen.restarts_skipped else "")
     reads = ""
     if seen.restart_reads:
         spans = sorted(s for s, _ in seen.restart_reads)
