@@ -51,7 +51,7 @@ import numpy as np
 from commscope.store import children, inflight
 from commscope.store.base import Stream
 from commscope.store.files import O_NOFOLLOW, create_file, mode_of, read_from
-from commscope.store.segments import MAX_RANK, lines_before, list_segments, stream_prefix
+from commscope.store.segments import MAX_RANK, TS_FIELD, lines_before, list_segments, stream_prefix
 from commscope.store.segments import parse as parse_segment
 
 #: magic, carry bytes, offset in the segment, lines before the segment, lines of it before the
@@ -168,15 +168,12 @@ def at_or_before(path: Path | str, since_ns: int, segment_size: int | None = Non
         os.close(fd)
 
 
-_TS = re.compile(rb'"ts":(\d{1,19})')
-
-
 def newest_ns(data: bytes) -> int:
     """The time of the newest of the ended lines ``data`` (the largest ``ts`` among all of them:
     not their last few, a last line may be a stack of many frames or a busy tick's block of
     kilobytes, and a merged Flight Recorder line may come late; 0 where none says one).  A
     block line's is its tick's, after its records'."""
-    return max(map(int, _TS.findall(data)), default=0)
+    return max(map(int, TS_FIELD.findall(data)), default=0)
 
 
 class _Followed:

@@ -41,6 +41,7 @@ from commscope.store.cluster import Nodes
 from commscope.store.redis_keys import Keys, entry_number
 from commscope.store.redis_url import parse_url
 from commscope.store.resp import Connection, pack
+from commscope.store.segments import TS_FIELD
 
 #: How often a mark is taken, in the rank's own time, and after how many bytes written
 MARK_EVERY_S = 300.0
@@ -52,7 +53,6 @@ MARKS_KEPT = 2048
 MAX_ENTRIES = 200_000
 MAX_READ = 4 * MARK_BYTES
 PAGE = 10_000
-_TS = re.compile(rb'"ts":(\d{1,19})')
 _ID = re.compile(rb"(\d{1,18})-(\d{1,18})")  # a mark's id: <ms>-<K>
 _NUMBER = re.compile(rb"\d{1,18}")
 
@@ -86,7 +86,7 @@ class Mark(NamedTuple):
 def entry_ns(value: bytes) -> int:
     """The time (ns) of a stream entry: its event's ``ts`` (a block's: when it was
     written); 0 when it has none."""
-    m = _TS.search(value[:256])
+    m = TS_FIELD.search(value[:256])
     return int(m.group(1)) if m else 0
 
 

@@ -32,7 +32,8 @@ from commscope.store.files import read_from
 #: Every file of a stream: its rank, incarnation, and (segments after the first) number and start
 SEGMENT_FILE = re.compile(r"^rank-(\d{1,8})(?:\+(\d{1,6}))?(?:\.s(\d{6,9})\.t(\d{1,12}))?\.jsonl$")
 SUMMARY_FILE = re.compile(r"^rank-(\d{1,8})(?:\+(\d{1,6}))?\.summary\.jsonl$")
-_TS = re.compile(rb'"ts":(\d{1,19})')
+#: An encoded event's time (ns), as its ``ts`` field reads (one pattern for every reader of it)
+TS_FIELD = re.compile(rb'"ts":(\d{1,19})')
 
 DEFAULT_SEGMENT_BYTES = 64 << 20
 ENV_SEGMENT_MB = "COMMSCOPE_SEGMENT_MB"
@@ -111,7 +112,7 @@ def list_segments(directory: Path) -> dict[Stream, list[Segment]]:
 
 def start_of(line: bytes) -> int | None:
     """The time (s) of an encoded event (its ``ts``), None when it has none."""
-    m = _TS.search(line[:256])
+    m = TS_FIELD.search(line[:256])
     return int(m.group(1)) // 1_000_000_000 if m else None
 
 
