@@ -10,7 +10,6 @@ when the UI is busy.  Tests call ``step`` directly.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import threading
 import time
 from collections import deque
@@ -24,6 +23,7 @@ from commscope.analysis.flight_import import FlightRecorderReader
 from commscope.analysis.model import EMPTY_VIEW, ModelView
 from commscope.analysis.source import Loading
 from commscope.events import DEFAULT_HANG_AFTER, gc_paused
+from commscope.memory import give_back
 from commscope.store import AsOf, Batch, TraceReader, readahead
 from commscope.store.readahead import ReadAhead, ReadAheadLost
 from commscope.window import Since
@@ -483,11 +483,7 @@ class Feed:
             self._ended = None
         old.close()
         self.publish()
-        # The model swapped out is garbage in cycles (its ranks and their table refer to each
-        # other, as do it and its judgements' cache), freed only by the cyclic collector, which
-        # runs rarely here (the feed builds under ``gc_paused``): at 1k ranks 2-4 models were
-        # alive at once, ~300 MiB.  Collected now (~30 ms at 1k ranks: ``bench scale``).
-        gc.collect()
+        give_back()  # the model swapped out: garbage in cycles, and its freed heap (``memory``)
 
     def _stopping(self) -> None:
         if self._stop.is_set():
