@@ -175,7 +175,8 @@ def _followed(polls, settled, settled_s=40.0, **over):
 
     seen = {"lags": [0.5], "behind": [0.4], "first_round_s": 3.0, "caught_s": 6.0, "after_caught": [0.4],
             "found_s": 5.0, "wrong": [], "early": [], "wall_s": 50.0, "frames": [0.01], "heat_frames": [0.02], "heat_whole": [0.03],
-            "rss": 1 << 30, "rss_end": 900 << 20, "rss_start": 150 << 20, "model_bytes": 100 << 20,
+            "rss": 1 << 30, "rss_end": 900 << 20, "rss_start": 150 << 20, "read_started_rss": 0,
+            "read_processes_end": 0, "model_bytes": 100 << 20,
             "model_ops": 800_000,
             "model_budget": 1 << 30, "restarts": 0, "restarts_skipped": 0, "restart_reads": [],
             "events": 4_000_000, "cpu_s": 50.0, "read_process_cpu_s": 30.0, "read_process_lost": [],
@@ -318,6 +319,18 @@ def test_the_memory_lines_state_the_model_and_the_rss_the_targets_job_would_hold
     assert ("2.7 GiB besides the model (150.0 MiB of it the interpreter's and its imports' as the console started, "
             "the rest x 4 for the ranks)") in quarter, quarter
     assert "up to 13 s of a rank there" in quarter, quarter  # (64 MiB at 5 MB a second: seconds, not "0 min")
+    # a read process that started at 100 MiB (its interpreter's and imports'): counted once for
+    # each read process the target's job starts (one per 4,096 ranks, at most 4), not x the ranks
+    # (1,024 ranks: 150 + 4 x 100 + (900 - 100 - 150 - 100) x 16 = 9,350 MiB; x 16 whole: 10,550)
+    sixteenth = dataclasses.replace(plan, ranks=1024, rate=25.0)
+    read = " ".join(memory(sixteenth, dataclasses.replace(seen, read_started_rss=100 << 20, read_processes_end=1),
+                           "directory", stored).split())
+    assert ("9.1 GiB besides the model (150.0 MiB of it the interpreter's and its imports' as the console started, "
+            "400.0 MiB its 4 read processes' as they started (as many as 16,384 ranks start: one per 4,096, at most "
+            "4), the rest x 16 for the ranks)") in read, read
+    alone = " ".join(memory(sixteenth, seen, "directory", stored).split())
+    assert "10.3 GiB besides the model (150.0 MiB of it the interpreter's and its imports' as the console " \
+        "started, the rest x 16 for the ranks)" in alone, alone
     narrow = memory(dataclasses.replace(plan, ranks=512), seen, "directory", stored)
     assert narrow == "\n".join(lines[:2]), narrow  # (too few of the target's ranks to say its RSS)
     # what the writers counted before the fault (here at 20.48 s: 32 collectives at 1.5625 a second)

@@ -486,6 +486,10 @@ class Followed:
     #: the console's own before its first read: the interpreter's and its imports' (what does
     #: not grow with the ranks)
     rss_start: int
+    #: its read processes' at the follow's end, as they started (``ReadAhead.started_rss``):
+    #: theirs that does not grow with the ranks either; and how many they were
+    read_started_rss: int
+    read_processes_end: int
     model_bytes: int  # the model's arrays then (``TraceModel.nbytes``)
     model_ops: int  # the ops they held
     model_budget: int  # past which the model started again at the tail (``Feed.MODEL_BUDGET``)
@@ -619,6 +623,8 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
             time.sleep(pause)
     settled_s = max(0.0, (polls_end or time.monotonic()) - settled_mono) if settled is not None else 0.0
     rss_end = proc.memory_info().rss + _read_process_rss(feed.reader)
+    ending = feed.reader if isinstance(feed.reader, ReadAhead) else None
+    read_started = (ending.started_rss, len(ending.procs)) if ending is not None else (0, 0)
     model_bytes, model_ops = feed.model.nbytes(), feed.model.total_ops()
     # done: the writers stop; what they wrote to the end is read (every event written is read)
     with open(os.path.join(plan.sync, DONE), "w"):
@@ -647,7 +653,8 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
         after_caught=behind[caught:] if caught_ns else [],
         found_s=(found_ns - fault_ns) / S if found_ns else None, wrong=wrong, early=early,
         wall_s=(time.time_ns() - plan.t_start) / S, frames=frames, heat_frames=heat_frames,
-        heat_whole=heat_whole, rss=rss, rss_end=rss_end, rss_start=rss_start, model_bytes=model_bytes, model_ops=model_ops,
+        heat_whole=heat_whole, rss=rss, rss_end=rss_end, rss_start=rss_start, read_started_rss=read_started[0],
+        read_processes_end=read_started[1], model_bytes=model_bytes, model_ops=model_ops,
         model_budget=feed.MODEL_BUDGET, restarts=feed.restarts,
         restarts_skipped=feed.restarts_skipped, restart_reads=list(feed.restart_reads), events=feed.model.events,
         cpu_s=time.process_time() - cpu0 + sum(a.cpu_s for a in aheads),
@@ -891,7 +898,9 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
     """The report's lines on the console's memory: its model at the end (bytes an op, the
     restarts at the tail past its budget), and the RSS the target's job would hold
     (EXTRAPOLATED where this run is smaller): what is not the model, but the console's own
-    as it started (``Followed.rss_start``), as many times more as there are more ranks; the model at the console's budget (``Feed.MODEL_BUDGET``, sized as
+    as it started (``Followed.rss_start``) and its read processes' as they started (as many as
+    the target's job starts), as many times more as there are more ranks; the model at the
+    console's budget (``Feed.MODEL_BUDGET``, sized as
     it grows by an eighth), and at a restart a tail of half that beside it, where the restart
     reads only its window.  A restart's window starts where the store can start a stream (a
     directory's newest keyframe before it, or its segment with keyframes off; a Redis mark),
@@ -922,11 +931,18 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
         return text[0]
     budget = Feed.MODEL_BUDGET
     base = min(seen.rss_start, seen.rss_end)  # (the interpreter's and its imports': not x the ranks)
-    rest = base + max(0, seen.rss_end - seen.model_bytes - base) * wider
+    # (its read processes' as they started: not x the ranks, but x as many as the target's start)
+    started = seen.read_started_rss if seen.read_processes_end else 0
+    processes = min(readahead.MAX_PROCESSES, max(1, target // readahead.SHARD_RANKS)) if started else 0
+    reads_base = started / seen.read_processes_end * processes if started else 0.0
+    rest = base + reads_base + max(0, seen.rss_end - seen.model_bytes - base - started) * wider
     held = rest + budget * 9 / 8 + budget / 2
     ops_s = target * FULL_RATE
     label = "EXTRAPOLATED" if wider > 1 or plan.rate < FULL_RATE else "computed"
-    times = (f" ({size(base)} of it the interpreter's and its imports' as the console started, the rest x "
+    theirs = (f", {size(int(reads_base))} its {processes} read processes' as they started (as many as "
+              f"{target:,} ranks start: one per {readahead.SHARD_RANKS:,}, at most {readahead.MAX_PROCESSES})"
+              if started else "")
+    times = (f" ({size(base)} of it the interpreter's and its imports' as the console started{theirs}, the rest x "
              f"{wider:g} for the ranks)" if wider > 1 else "")
     text.append(_wrapped(
         f"RSS at {target:,} ranks and {FULL_RATE:g} collectives/s ({label}, from this run's): at most "

@@ -107,6 +107,9 @@ class Polled(NamedTuple):
     job: str | None
     window: int | None = None
     job_meta: dict | None = None
+    #: the child's resident bytes as it started, before it read: its interpreter's and its
+    #: imports' (what does not grow with the ranks it reads: ``bench scale`` extrapolates the rest)
+    started_rss: int = 0
 
     def sent(self) -> Polled:
         """As the child sends it: the op records in one piece where they go so (their
@@ -132,6 +135,7 @@ class _Child:
         self.cut_short = False
         self.read_once = False  # a batch came that read all there was (every stream to its end once)
         self.cpu_s = 0.0
+        self.started_rss = 0  # (``Polled.started_rss``, once it sent a batch)
         self.said: Counter[str] = Counter()  # how often it said each warning of the whole job
         try:
             self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (the child's, for its life: ``close``)
@@ -245,6 +249,12 @@ class ReadAhead(TraceReader):
         """The children's CPU seconds, as of their last batches."""
         return sum(c.cpu_s for c in self._children)
 
+    @property
+    def started_rss(self) -> int:
+        """The children's resident bytes as they started, before they read (0 for one that
+        sent no batch yet): what of their memory does not grow with the ranks."""
+        return sum(c.started_rss for c in self._children)
+
     def poll(self, max_bytes: int | None = None) -> list:
         raise TypeError("ReadAhead reads op records in columns: call poll_batch")
 
@@ -270,6 +280,7 @@ class ReadAhead(TraceReader):
         self.stats.add_changes(self._first_said(got.stats, child), child.stats)
         child.stats.take(got.stats)
         child.watermark, child.backlog, child.cut_short, child.cpu_s = got.watermark, got.backlog, got.cut_short, got.cpu_s
+        child.started_rss = got.started_rss
         self._job_name = got.job or self._job_name
         self._job = got.job_meta or self._job
         if got.window is not None and self.since is not None and self.since.at_ns is None:
@@ -504,9 +515,20 @@ def die_with(console: int) -> bool:
     return os.getppid() == console
 
 
+def _resident_bytes() -> int:
+    """This process's resident bytes now (0 where the system does not say: not Linux).  Not
+    ``ru_maxrss``: an exec keeps the peak of the process it replaced."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def main() -> int:
     """The child: what to read from stdin, then batches to stdout until stdin ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the console's to handle; stdin's end stops this)
+    started_rss = _resident_bytes()  # (its imports done, nothing read)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     try:
         how = bulkread.receive(stdin)
@@ -557,12 +579,13 @@ def main() -> int:
                 next_backlog = done + max(pacing.backlog_s, 20 * (done - began))
             brought = batch.count()
             if reader is None:  # (the store not opened yet: nothing to say of it)
-                polled = Polled(batch, ReadStats(), 0, backlog, cut, error, time.process_time(), None)
+                polled = Polled(batch, ReadStats(), 0, backlog, cut, error, time.process_time(), None,
+                                started_rss=started_rss)
             else:
                 changes = reader.stats.changes(sent)
                 sent.take(changes)
                 polled = Polled(batch, changes, reader.watermark_ns(), backlog, cut, error, time.process_time(),
-                                reader.job_name(), reader.window_start_ns(), reader.job())
+                                reader.job_name(), reader.window_start_ns(), reader.job(), started_rss=started_rss)
             try:
                 bulkread.send(stdout, polled.sent())
             except OSError:  # (the console gone)
