@@ -335,6 +335,9 @@ class StaticTable:
         self._codes_named: list[str] | None = None  # the last list ``torch_names`` was asked of ...
         self._named: list[str] = []  # ... and its answer
         self._groups: dict[bytes, tuple[GroupEntry, str]] = {}
+        self._members: dict[tuple, list[int]] = {}  # a group's members -> the one list (``members``)
+        self._members_held = 0
+        self._member_ids: dict[int, tuple[list, list[int]]] = {}  # id(a list given) -> (it, its members)
         self._run_members = 0  # members expanded out of runs, all groups (see MAX_RUN_MEMBERS)
         self._once: dict[bytes, bool] = {}  # table prefix -> ``_states_once``
         self._once_bytes = 0
@@ -434,6 +437,34 @@ class StaticTable:
             out.extend(range(start, start + stride * length, stride) if stride else [start] * length)
         self._run_members += len(out)
         return out
+
+    def members(self, value: object) -> list[int] | None:
+        """A group event's members (``granks``) where they are a list of ranks, else None;
+        checked once per distinct list, and the streams that state the same members share
+        one (each stream's group line is decoded into a list of its own: a world of 16k ranks
+        in each of 16k streams' carries held ~10 GB).  Read, never written."""
+        if not isinstance(value, list):
+            return None
+        hit = self._member_ids.get(id(value))
+        if hit is not None and hit[0] is value:  # (the schema's runs give one list: ``members_of``)
+            return hit[1]
+        try:
+            key = tuple(value)
+            known = self._members.get(key)
+        except TypeError:  # (a member that is no rank: unhashable)
+            known, key = None, None
+        if known is None:
+            if key is None or not all(isinstance(r, int) for r in value):
+                return None
+            if self._members_held + len(value) > MAX_RUN_MEMBERS:
+                self._members.clear()
+                self._members_held = 0
+            known = self._members[key] = value
+            self._members_held += len(value)
+        if len(self._member_ids) >= 64:
+            self._member_ids.clear()
+        self._member_ids[id(value)] = (value, known)  # (``value`` held: its id not reused meanwhile)
+        return known
 
     def texts(self, value: object) -> list[str] | None:
         """``value`` where it is a list of strings (a meta's op names or dtype codes), else
@@ -600,9 +631,10 @@ class BlockDecoder:
         elif typ == "group":
             gid = ev.get("gid")
             if isinstance(gid, int):
-                granks = ev.get("granks")
-                ok = isinstance(granks, list) and all(isinstance(r, int) for r in granks)
-                entry = GroupEntry(str(ev.get("group")), list(granks) if ok else None)
+                granks = self.table.members(ev.get("granks"))
+                if granks is not None:
+                    ev["granks"] = granks  # (the streams' one list: a batch of them pickled once)
+                entry = GroupEntry(str(ev.get("group")), granks)
                 if self.groups.get(gid) != entry:
                     self._state = None
                     changed = self._define(GROUP_REC, gid, gid in self.groups)
@@ -2706,31 +2738,13 @@ def _u16_text(text: str) -> bytes:
     return _U16.pack(len(raw)) + raw
 
 
-def runs_of(granks: list[int] | tuple[int, ...]) -> list[tuple[int, int, int]]:
-    """``granks`` as (start, stride, length) runs, in order (``record/native/buffer.h``'s
-    ``group_runs`` splits them the same way)."""
-    out: list[tuple[int, int, int]] = []
-    i, n = 0, len(granks)
-    while i < n:
-        if i + 1 == n:
-            out.append((granks[i], 1, 1))
-            break
-        stride = granks[i + 1] - granks[i]
-        j = i + 1
-        while j + 1 < n and granks[j + 1] - granks[j] == stride:
-            j += 1
-        out.append((granks[i], stride, j - i + 1))
-        i = j + 1
-    return out
-
-
 def pack_group(gid: int, name: str, backend: str = "", granks: list[int] | tuple[int, ...] | None = None) -> bytes:
     """A GROUP table record (what ``put_group_locked`` writes in C++): the members as runs
     (``RUNS``) when that is shorter than listing them (a world of 16k ranks: 16 bytes, not 64k)."""
     if granks is None:
         ranks = struct.pack("<i", -1)
     else:
-        runs = runs_of(granks)
+        runs = schema.runs_of(granks)
         if 4 + 12 * len(runs) < 4 * len(granks):
             ranks = struct.pack("<ii", RUNS, len(runs)) + b"".join(struct.pack("<iii", *r) for r in runs)
         else:

@@ -123,6 +123,10 @@ RawEvent = TypedDict("RawEvent", {
     "no_spool": Text | None,
     # group
     "granks": list[Rank], "desc": Name, "gid": Annotated[int, Meta(ge=0, le=MAX_RANK)],
+    # (the members as (start, stride, count) runs, where that is shorter: a carry's group line,
+    # restated in every keyframe; read as ``granks``, ``members_of``)
+    "gruns": Annotated[list[tuple[Rank, Annotated[int, Meta(ge=-MAX_RANK, le=MAX_RANK)],
+                                  Annotated[int, Meta(ge=1, le=MAX_RANK + 1)]]], Meta(max_length=1 << 16)],
     # (a carried group: the rank's collectives of it so far, seqs dfrom to dseq, as one digest:
     # commscope/histories.py)
     "dfrom": Count, "dseq": Count, "digest": Count,
@@ -410,11 +414,80 @@ def _sift(objs: list, rank: int | None, invalid: Counter) -> list[dict]:
             if typ == "summary" and not all("op" in o for o in e["ops"]):
                 invalid["summary: an op without its name"] += 1  # (its rows are by op: report's history)
                 continue
+            if typ == "group" and "gruns" in e:
+                members = members_of(e.pop("gruns")) if "granks" not in e else None
+                if members is None:
+                    invalid["group: members out of range, or stated twice"] += 1
+                    continue
+                e["granks"] = members
             if (typ != "sample" and typ != "heartbeat") or not _TEXT_KEY_SET.isdisjoint(e):
                 redact_event(e)  # (samples and heartbeats carry no text but a GPU probe's error)
             append(e)
         else:
             invalid[_check(e, rank) or "event: invalid"] += 1
+    return out
+
+
+def runs_of(granks: list[int] | tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """``granks`` as (start, stride, length) runs, in order (``record/native/buffer.h``'s
+    ``group_runs`` splits them the same way; a block's GROUP record and a group event's
+    ``gruns`` hold them so)."""
+    out: list[tuple[int, int, int]] = []
+    i, n = 0, len(granks)
+    while i < n:
+        if i + 1 == n:
+            out.append((granks[i], 1, 1))
+            break
+        stride = granks[i + 1] - granks[i]
+        j = i + 1
+        while j + 1 < n and granks[j + 1] - granks[j] == stride:
+            j += 1
+        out.append((granks[i], stride, j - i + 1))
+        i = j + 1
+    return out
+
+
+#: Members ``members_of`` expanded, by their runs: one list for every stream that states a
+#: group alike (a world of 16k ranks carried by each of 16k streams was 16k lists of 16k:
+#: ~10 GB), read, never written; at most ``_MEMBERS_KEPT`` members in all are kept
+_MEMBERS_SEEN: dict[tuple, list[int]] = {}
+_MEMBERS_KEPT = 1 << 22
+
+
+def members_of(runs: list) -> list[int] | None:
+    """A group's members from their (start, stride, count) runs (``gruns``, as the schema
+    checked them), one list for all who state the same runs; None where a member falls
+    outside the ranks, or there are more than a job has."""
+    key = tuple(map(tuple, runs))
+    got = _MEMBERS_SEEN.get(key)
+    if got is not None:
+        return got
+    if sum(n for _, _, n in key) > MAX_RANK + 1:
+        return None
+    out: list[int] = []
+    for start, stride, n in key:
+        last = start + stride * (n - 1)
+        if not 0 <= last <= MAX_RANK:
+            return None
+        out.extend(range(start, start + stride * n, stride) if stride else [start] * n)
+    held = sum(map(len, _MEMBERS_SEEN.values()))
+    if held + len(out) > _MEMBERS_KEPT:
+        _MEMBERS_SEEN.clear()
+    _MEMBERS_SEEN[key] = out
+    return out
+
+
+def with_runs(group: dict) -> dict:
+    """A group event with its members as runs (``gruns``) where that is shorter than listing
+    them (a world of 16k ranks: ~20 bytes, not ~90 KB), as a carry writes it."""
+    granks = group.get("granks")
+    if not isinstance(granks, list) or len(granks) < 8:
+        return group
+    runs = runs_of(granks)
+    if 3 * len(runs) >= len(granks):
+        return group
+    out = {k: v for k, v in group.items() if k != "granks"}
+    out["gruns"] = runs
     return out
 
 
