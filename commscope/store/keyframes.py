@@ -64,7 +64,8 @@ ENV_EVERY = "COMMSCOPE_KEYFRAME_S"
 #: ... and only once the stream grew this much past the last: a reader reads at most about
 #: twice it of a stream before its window (16k ranks: ~0.25 GiB in all), and at least it.
 #: At 25 collectives a second (~4.7 KB a rank a second) a keyframe comes every ~2 s, its
-#: carry (~0.7-1 KB with a few groups) ~3% of the stream; at most ~1/8 of a slow one
+#: carry (~0.7-1 KB with a few groups; a group's members as runs, whatever the ranks) ~2-3%
+#: of the stream; at most ~1/8 of a slow one
 MIN_BYTES = 8 << 10
 #: A carry holds the ops in flight of one rank: far less than this, or the record is damaged
 MAX_CARRY = 64 << 20
