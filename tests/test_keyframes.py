@@ -74,6 +74,47 @@ def test_a_window_starts_at_a_keyframe_and_finds_what_a_full_read_finds(tmp_path
     assert wr.stats.bytes == fr.stats.bytes and _findings(whole) == _findings(full)
 
 
+@pytest.mark.parametrize("workers", [False, True])
+def test_a_window_s_ranks_stay_in_time_order_with_their_carries(tmp_path, monkeypatch, workers):
+    """Each stream's carry (its ops in flight and each group's last op, as JSON op events,
+    older than the records after it) is taken before its rank's records: the ranks of a
+    window of the last minute stay in time order (one block's columns, painted all at once),
+    where before every rank of a window turned out of order for good (its own sort buffers;
+    a heatmap painted rank by rank: ~1.6 s a frame at 16k ranks).  The culprit as a whole
+    read's."""
+    from commscope.analysis import rankstate
+    from commscope.analysis.model import TraceModel
+    from commscope.analysis.source import open_source
+    from commscope.tui import painter
+    from commscope.tui.feed import Feed
+
+    store = str(tmp_path / "trace")
+    shape = JobShape(8, 6000, fault="missing", rate=50.0, hang_after=10.0, keyframe_s=5.0)  # (2 min, native)
+    write_store(store, shape)
+    full, _, _ = load_trace(store)
+    for where, _, names in os.walk(store):  # (dated to the job's end: a window counts back from the newest write)
+        for name in names:
+            os.utime(os.path.join(where, name), ns=(full.end_ns, full.end_ns))
+    if workers:
+        monkeypatch.setattr(DirectoryReader, "PARALLEL_MIN_BYTES", 0)
+        by_workers(monkeypatch)
+    reader = open_source(store, since=Since(ago_s=60))
+    part = TraceModel()  # (as a console reads a window: its first read, then polls)
+    for batch in reader.read_apart(Feed.BUDGET):
+        part.ingest(batch.events, batch.ops, batch.spans, batch.beats)
+    while (batch := reader.poll_batch(Feed.BUDGET)).count():
+        part.ingest(batch.events, batch.ops, batch.spans, batch.beats)
+    assert reader.stats.skipped_bytes > 0 and part.total_ops() < full.total_ops()
+    t = part.table
+    assert t.size == 8 and t.ordered[:t.size].all()
+    now = part.end_ns
+    view = part.view(now, rankstate.rank_states(part, now))
+    assert painter._ranked(view, view.rank_ids()).ordered.all()
+    errors = [(f["kind"], f["culprits"]) for f in _findings(part) if f["severity"] == "error"]
+    assert errors == [(f["kind"], f["culprits"]) for f in _findings(full) if f["severity"] == "error"] == [
+        ("missing_ranks", [shape.culprit_rank])]
+
+
 def test_a_window_from_a_keyframe_counts_the_lines_before_it_as_accounted_for(tmp_path):
     """A reader starting at a keyframe takes the stream's lines before it as accounted for
     (what a ``store_lost`` marker read later is counted against): those it then reads make
