@@ -217,9 +217,6 @@ class GroupEntry(NamedTuple):
 #: A GROUP record's member count that says runs follow: (start, stride, length) triples
 #: (``pack_group``), so a group of 16k ranks restated in every block costs 12 bytes, not 64k.
 RUNS = -2
-#: The most members one reader expands out of runs in all (a run of 12 bytes may name
-#: millions): a hostile trace cannot make a reader allocate past it.
-MAX_RUN_MEMBERS = 1 << 22
 _TYPE_LEN = struct.Struct("<BxxxI")
 _FLAGS_AUX = struct.Struct("<BH")
 #: base64 to bytes, refusing anything else (strict where Python can: 3.11 and later)
@@ -337,8 +334,8 @@ class StaticTable:
         self._groups: dict[bytes, tuple[GroupEntry, str]] = {}
         self._members: dict[tuple, list[int]] = {}  # a group's members -> the one list (``members``)
         self._members_held = 0
-        self._member_ids: dict[int, tuple[list, list[int]]] = {}  # id(a list given) -> (it, its members)
-        self._run_members = 0  # members expanded out of runs, all groups (see MAX_RUN_MEMBERS)
+        self._member_ids: dict[int, list[int]] = {}  # id(members ``members`` gave) -> them
+        self._run_members = 0  # members expanded out of runs, all groups (see schema.MAX_RUN_MEMBERS)
         self._once: dict[bytes, bool] = {}  # table prefix -> ``_states_once``
         self._once_bytes = 0
         self._learnt: dict[tuple[int, bytes], Learnt] = {}  # (tables' state, prefix) -> what it taught
@@ -432,7 +429,7 @@ class StaticTable:
             raise ValueError("group runs")
         out: list[int] = []
         for start, stride, length in struct.iter_unpack("<iii", body[pos + 4:pos + 4 + 12 * nruns]):
-            if length < 0 or self._run_members + len(out) + length > MAX_RUN_MEMBERS:
+            if length < 0 or self._run_members + len(out) + length > schema.MAX_RUN_MEMBERS:
                 raise ValueError("group runs")
             out.extend(range(start, start + stride * length, stride) if stride else [start] * length)
         self._run_members += len(out)
@@ -445,9 +442,8 @@ class StaticTable:
         in each of 16k streams' carries held ~10 GB).  Read, never written."""
         if not isinstance(value, list):
             return None
-        hit = self._member_ids.get(id(value))
-        if hit is not None and hit[0] is value:  # (the schema's runs give one list: ``members_of``)
-            return hit[1]
+        if self._member_ids.get(id(value)) is value:  # (the schema's runs give one list: ``members_of``)
+            return value
         try:
             key = tuple(value)
             known = self._members.get(key)
@@ -456,14 +452,14 @@ class StaticTable:
         if known is None:
             if key is None or not all(isinstance(r, int) for r in value):
                 return None
-            if self._members_held + len(value) > MAX_RUN_MEMBERS:
+            if self._members_held + len(value) > schema.MAX_RUN_MEMBERS:
                 self._members.clear()
                 self._members_held = 0
             known = self._members[key] = value
             self._members_held += len(value)
         if len(self._member_ids) >= 64:
             self._member_ids.clear()
-        self._member_ids[id(value)] = (value, known)  # (``value`` held: its id not reused meanwhile)
+        self._member_ids[id(known)] = known  # (held: its id not reused meanwhile; one-off lists not kept)
         return known
 
     def texts(self, value: object) -> list[str] | None:

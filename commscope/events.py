@@ -48,7 +48,8 @@ Other types:
                sample_interval, argv, [local_rank], [device], [fr]
     group      group, granks (global ranks in group-rank order), [backend], [desc]
                -- written once per process group, before its first op (for groups only
-               Flight Recorder saw, before their first merged op)
+               Flight Recorder saw, before their first merged op); in a carry, granks
+               may be {"runs": [[start, stride, count], ...]} (``schema.with_runs``)
     sample     cpu (%), rss (bytes), [gpu_util (%), gpu_mem, gpu_mem_total (bytes),
                gpu_power (W), gpu_temp (C)], [gpu_error]
     heartbeat  inflight (ops begun and not finished)

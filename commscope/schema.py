@@ -98,6 +98,21 @@ class SummaryOp(TypedDict, total=False):
 # Every key of every event type in one TypedDict: msgspec then decodes straight into the
 # plain dicts the model reads (a union of per-type Structs would need a second pass to
 # become dicts, which costs more than it saves).  No key has two meanings across types.
+#: The most runs a group's members are stated in (``GroupRuns``)
+MAX_RUNS = 1 << 16
+#: The most members one group's runs may name, and that a reader expands out of runs (a run of
+#: 12 bytes may name millions: ``members_of``, and a block's GROUP records, ``blocks.StaticTable``):
+#: a hostile trace cannot make a reader allocate past it
+MAX_RUN_MEMBERS = 1 << 22
+
+
+class GroupRuns(TypedDict):
+    """A group's members as (start, stride, count) runs (``runs_of``)."""
+
+    runs: Annotated[list[tuple[Rank, Annotated[int, Meta(ge=-MAX_RANK, le=MAX_RANK)],
+                               Annotated[int, Meta(ge=1, le=MAX_RUN_MEMBERS)]]], Meta(max_length=MAX_RUNS)]
+
+
 RawEvent = TypedDict("RawEvent", {
     # every event
     "type": Literal[TYPES], "rank": Rank, "ts": Count, "v": Annotated[int, Meta(ge=0, le=SCHEMA_VERSION)],
@@ -122,11 +137,10 @@ RawEvent = TypedDict("RawEvent", {
     # (why the rank records without a spool: its last records may die with it)
     "no_spool": Text | None,
     # group
-    "granks": list[Rank], "desc": Name, "gid": Annotated[int, Meta(ge=0, le=MAX_RANK)],
-    # (the members as (start, stride, count) runs, where that is shorter: a carry's group line,
-    # restated in every keyframe; read as ``granks``, ``members_of``)
-    "gruns": Annotated[list[tuple[Rank, Annotated[int, Meta(ge=-MAX_RANK, le=MAX_RANK)],
-                                  Annotated[int, Meta(ge=1, le=MAX_RANK + 1)]]], Meta(max_length=1 << 16)],
+    # (a group's members: listed, or as (start, stride, count) runs where that is shorter, as a
+    # carry states them in every keyframe, ``with_runs``: read as the list, ``members_of``; a
+    # reader from before runs refuses such a line, counted, rather than read no members)
+    "granks": list[Rank] | GroupRuns, "desc": Name, "gid": Annotated[int, Meta(ge=0, le=MAX_RANK)],
     # (a carried group: the rank's collectives of it so far, seqs dfrom to dseq, as one digest:
     # commscope/histories.py)
     "dfrom": Count, "dseq": Count, "digest": Count,
@@ -414,10 +428,10 @@ def _sift(objs: list, rank: int | None, invalid: Counter) -> list[dict]:
             if typ == "summary" and not all("op" in o for o in e["ops"]):
                 invalid["summary: an op without its name"] += 1  # (its rows are by op: report's history)
                 continue
-            if typ == "group" and "gruns" in e:
-                members = members_of(e.pop("gruns")) if "granks" not in e else None
+            if typ == "group" and e.get("granks").__class__ is dict:
+                members = members_of(e["granks"]["runs"])
                 if members is None:
-                    invalid["group: members out of range, or stated twice"] += 1
+                    invalid["group: runs of members out of range, or more than a reader expands"] += 1
                     continue
                 e["granks"] = members
             if (typ != "sample" and typ != "heartbeat") or not _TEXT_KEY_SET.isdisjoint(e):
@@ -431,7 +445,7 @@ def _sift(objs: list, rank: int | None, invalid: Counter) -> list[dict]:
 def runs_of(granks: list[int] | tuple[int, ...]) -> list[tuple[int, int, int]]:
     """``granks`` as (start, stride, length) runs, in order (``record/native/buffer.h``'s
     ``group_runs`` splits them the same way; a block's GROUP record and a group event's
-    ``gruns`` hold them so)."""
+    ``GroupRuns`` hold them so)."""
     out: list[tuple[int, int, int]] = []
     i, n = 0, len(granks)
     while i < n:
@@ -449,46 +463,54 @@ def runs_of(granks: list[int] | tuple[int, ...]) -> list[tuple[int, int, int]]:
 
 #: Members ``members_of`` expanded, by their runs: one list for every stream that states a
 #: group alike (a world of 16k ranks carried by each of 16k streams was 16k lists of 16k:
-#: ~10 GB), read, never written; at most ``_MEMBERS_KEPT`` members in all are kept
+#: ~10 GB), read, never written; at most ``MAX_RUN_MEMBERS`` members in all are kept
 _MEMBERS_SEEN: dict[tuple, list[int]] = {}
-_MEMBERS_KEPT = 1 << 22
+_members_held = 0  # (in ``_MEMBERS_SEEN``)
+#: The most members this process expands out of runs it had not kept, in all: the streams of a
+#: job state few distinct groups (16k ranks in a world, 2k hosts and their parallel groups:
+#: ~100k members), so a trace that names more is hostile, and refused past it
+RUNS_BUDGET = 1 << 24
+_runs_spent = 0
 
 
 def members_of(runs: list) -> list[int] | None:
-    """A group's members from their (start, stride, count) runs (``gruns``, as the schema
+    """A group's members from their (start, stride, count) runs (``GroupRuns``, as the schema
     checked them), one list for all who state the same runs; None where a member falls
-    outside the ranks, or there are more than a job has."""
+    outside the ranks, a run repeats one member, or they name more than ``MAX_RUN_MEMBERS``
+    (or this process has expanded ``RUNS_BUDGET`` members already)."""
+    global _members_held, _runs_spent
     key = tuple(map(tuple, runs))
     got = _MEMBERS_SEEN.get(key)
     if got is not None:
         return got
-    if sum(n for _, _, n in key) > MAX_RANK + 1:
+    total = sum(n for _, _, n in key)
+    if total > MAX_RUN_MEMBERS or _runs_spent + total > RUNS_BUDGET:
         return None
+    for start, stride, n in key:
+        if not 0 <= start + stride * (n - 1) <= MAX_RANK or (stride == 0 and n > 1):
+            return None
+    _runs_spent += total
     out: list[int] = []
     for start, stride, n in key:
-        last = start + stride * (n - 1)
-        if not 0 <= last <= MAX_RANK:
-            return None
-        out.extend(range(start, start + stride * n, stride) if stride else [start] * n)
-    held = sum(map(len, _MEMBERS_SEEN.values()))
-    if held + len(out) > _MEMBERS_KEPT:
+        out.extend(range(start, start + stride * n, stride) if n > 1 else (start,))
+    if _members_held + total > MAX_RUN_MEMBERS:
         _MEMBERS_SEEN.clear()
+        _members_held = 0
     _MEMBERS_SEEN[key] = out
+    _members_held += total
     return out
 
 
 def with_runs(group: dict) -> dict:
-    """A group event with its members as runs (``gruns``) where that is shorter than listing
-    them (a world of 16k ranks: ~20 bytes, not ~90 KB), as a carry writes it."""
+    """A group event with its members as runs (``GroupRuns``) where that is shorter than
+    listing them (a world of 16k ranks: ~30 bytes, not ~90 KB), as a carry writes it."""
     granks = group.get("granks")
     if not isinstance(granks, list) or len(granks) < 8:
         return group
     runs = runs_of(granks)
-    if 3 * len(runs) >= len(granks):
+    if 3 * len(runs) >= len(granks) or len(runs) > MAX_RUNS or len(granks) > MAX_RUN_MEMBERS:
         return group
-    out = {k: v for k, v in group.items() if k != "granks"}
-    out["gruns"] = runs
-    return out
+    return group | {"granks": {"runs": runs}}
 
 
 def decode_lines(data: bytes, rank: int | None = None) -> Decoded:

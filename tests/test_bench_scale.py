@@ -326,8 +326,8 @@ def test_the_memory_lines_state_the_model_and_the_rss_the_targets_job_would_hold
     read = " ".join(memory(sixteenth, dataclasses.replace(seen, read_started_rss=100 << 20, read_processes_end=1),
                            "directory", stored).split())
     assert ("9.1 GiB besides the model (150.0 MiB of it the interpreter's and its imports' as the console started, "
-            "400.0 MiB its 4 read processes' as they started (as many as 16,384 ranks start: one per 4,096, at most "
-            "4), the rest x 16 for the ranks)") in read, read
+            "400.0 MiB its 4 read processes' as they started (as many as 16,384 ranks start on 5+ cores: one per "
+            "4,096, at most 4), the rest x 16 for the ranks)") in read, read
     alone = " ".join(memory(sixteenth, seen, "directory", stored).split())
     assert "10.3 GiB besides the model (150.0 MiB of it the interpreter's and its imports' as the console " \
         "started, the rest x 16 for the ranks)" in alone, alone

@@ -5,6 +5,9 @@ streams x 16k members: ~10 GB in the read processes)."""
 
 from __future__ import annotations
 
+from typing import TypedDict
+
+import msgspec
 import orjson
 import pytest
 
@@ -29,16 +32,22 @@ def group(rank: int, **kw: object) -> dict:
                                      [5, 9, 2, 7, 1, 8, 3, 6, 4, 0]])
 def test_a_group_line_with_its_members_as_runs_reads_as_the_list(members):
     """Written with ``with_runs`` (runs where shorter: a world, a stride, two blocks, the
-    world backwards; a list with no runs stays a list), read back as the same ``granks``."""
+    world backwards; a list with no runs stays a list), read back as the same ``granks``.  A
+    reader from before runs refuses such a line (its members were a list of ranks), counted,
+    rather than read a group of no members."""
     written = schema.with_runs(group(3, granks=members))
     line = orjson.dumps(written)
     if len(members) >= 1024:
-        assert "granks" not in written and len(line) < 200, line[:300]
+        assert written["granks"].keys() == {"runs"} and len(line) < 200, line[:300]
     else:
-        assert written["granks"] == members and "gruns" not in written
+        assert written["granks"] == members
     got = decode_lines(line, 3)
     assert not got.invalid and not got.damaged
     assert got.events == [group(3, granks=members)]
+    before = msgspec.json.Decoder(TypedDict("Before", {"granks": list[schema.Rank]}, total=False))
+    if len(members) >= 1024:
+        with pytest.raises(msgspec.ValidationError):
+            before.decode(line)
 
 
 def test_the_streams_that_state_the_same_runs_share_one_list_of_members():
@@ -47,22 +56,49 @@ def test_the_streams_that_state_the_same_runs_share_one_list_of_members():
     assert len(events) == 4 and all(e["granks"] is events[0]["granks"] for e in events)
 
 
-@pytest.mark.parametrize(("gruns", "extra", "why"), [
-    ([[0, 1, WORLD], [schema.MAX_RANK, 1, 2]], {}, "group: members out of range, or stated twice"),  # past the last rank
-    ([[5, -1, 7]], {}, "group: members out of range, or stated twice"),  # below rank 0
-    ([[0, 0, schema.MAX_RANK + 1]] * 2, {}, "group: members out of range, or stated twice"),  # more than ranks
-    ([[0, 1, 8]], {"granks": [0, 1]}, "group: members out of range, or stated twice"),  # both
+WHY = "group: runs of members out of range, or more than a reader expands"
+
+
+@pytest.mark.parametrize("runs", [
+    [[0, 1, WORLD], [schema.MAX_RANK, 1, 2]],  # past the last rank
+    [[5, -1, 7]],  # below rank 0
+    [[0, 1, schema.MAX_RUN_MEMBERS], [0, 1, 1]],  # more than a reader expands (nothing of them allocated)
+    [[3, 0, 2]],  # one member twice
 ])
-def test_runs_out_of_range_or_stated_twice_are_counted_not_read(gruns, extra, why):
-    """Hostile runs: a member past the last rank or below 0, more members than a job has
-    ranks (nothing of them is allocated), or members stated both ways."""
-    got = decode_lines(orjson.dumps(group(1, gruns=gruns, **extra)), 1)
-    assert got.events == [] and got.invalid == {why: 1}
+def test_runs_out_of_range_or_past_what_a_reader_expands_are_counted_not_read(runs):
+    """Hostile runs: a member past the last rank or below 0, more members than a reader
+    expands out of runs (a few bytes naming millions), a member repeated."""
+    got = decode_lines(orjson.dumps(group(1, granks={"runs": runs})), 1)
+    assert got.events == [] and got.invalid == {WHY: 1}
 
 
 def test_a_run_the_schema_refuses_is_counted_as_invalid():
-    got = decode_lines(orjson.dumps(group(1, gruns=[[0, 1, 0]])), 1)  # (a run of no members)
-    assert got.events == [] and sum(got.invalid.values()) == 1
+    for runs in ([[0, 1, 0]], [[0, 1, schema.MAX_RUN_MEMBERS + 1]], [[0, 1]], "0-7"):  # (no members, too many, ...)
+        got = decode_lines(orjson.dumps(group(1, granks={"runs": runs})), 1)
+        assert got.events == [] and sum(got.invalid.values()) == 1, runs
+
+
+def test_a_process_expands_no_more_than_its_budget_of_members_it_did_not_keep(monkeypatch):
+    """Distinct runs, each expanded once and kept (every stream stating them alike takes the
+    list kept): past ``RUNS_BUDGET`` members expanded in all, runs are refused, counted."""
+    monkeypatch.setattr(schema, "_MEMBERS_SEEN", {})
+    monkeypatch.setattr(schema, "_members_held", 0)
+    monkeypatch.setattr(schema, "_runs_spent", 0)
+    monkeypatch.setattr(schema, "RUNS_BUDGET", 3 * 1000)
+    lines = [orjson.dumps(group(1, granks={"runs": [[k, 1, 1000]]})) for k in range(4)]
+    got = [decode_lines(line, 1) for line in lines]
+    assert [len(g.events) for g in got] == [1, 1, 1, 0] and got[3].invalid == {WHY: 1}
+    again = decode_lines(lines[0], 1)  # (kept: no members expanded again)
+    assert again.events[0]["granks"] is got[0].events[0]["granks"]
+
+
+def test_members_past_the_most_runs_a_line_states_are_written_as_a_list():
+    """280k members in runs of 4 (70k runs: more than a line states): listed, as the
+    recorder wrote them, and read back whole."""
+    members = [r for k in range(0, 4 * 70_000, 4) for r in (2 * k, 2 * k + 1, 2 * k + 2, 2 * k + 3)]
+    written = schema.with_runs(group(2, granks=members))
+    assert written["granks"] == members
+    assert decode_lines(orjson.dumps(written), 2).events == [group(2, granks=members)]
 
 
 def test_a_carry_of_a_rank_of_a_16k_world_states_its_members_in_a_few_bytes():

@@ -19,7 +19,7 @@ import orjson
 import pytest
 from readers import by_workers, stand_in_workers
 
-from commscope import blocks
+from commscope import blocks, schema
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
 from commscope.analysis.model import TraceModel
 from commscope.bench.synthstore import JobShape, write_store
@@ -171,7 +171,7 @@ def test_groups_travel_as_runs_and_read_back_exactly(granks):
 
 def test_runs_that_would_expand_past_the_cap_are_refused():
     body = blocks._u16_text("g") + blocks._u16_text("") + struct.pack("<ii", blocks.RUNS, 1) + struct.pack(
-        "<iii", 0, 1, blocks.MAX_RUN_MEMBERS + 1)
+        "<iii", 0, 1, schema.MAX_RUN_MEMBERS + 1)
     rec = blocks.HEADER.pack(blocks.GROUP_REC, 0, 0, blocks.HEADER.size + len(body), 0, 0) + body
     got, cols = both([meta(), block(rec)])
     assert not [e for e in got if e["type"] == "group"]

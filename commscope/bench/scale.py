@@ -487,7 +487,7 @@ class Followed:
     #: not grow with the ranks)
     rss_start: int
     #: its read processes' at the follow's end, as they started (``ReadAhead.started_rss``):
-    #: theirs that does not grow with the ranks either; and how many they were
+    #: theirs that does not grow with the ranks either; and how many of them said
     read_started_rss: int
     read_processes_end: int
     model_bytes: int  # the model's arrays then (``TraceModel.nbytes``)
@@ -624,7 +624,8 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
     settled_s = max(0.0, (polls_end or time.monotonic()) - settled_mono) if settled is not None else 0.0
     rss_end = proc.memory_info().rss + _read_process_rss(feed.reader)
     ending = feed.reader if isinstance(feed.reader, ReadAhead) else None
-    read_started = (ending.started_rss, len(ending.procs)) if ending is not None else (0, 0)
+    told = ending.started_rss if ending is not None else ()
+    read_started = (sum(told), len(told))
     model_bytes, model_ops = feed.model.nbytes(), feed.model.total_ops()
     # done: the writers stop; what they wrote to the end is read (every event written is read)
     with open(os.path.join(plan.sync, DONE), "w"):
@@ -933,15 +934,18 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
     base = min(seen.rss_start, seen.rss_end)  # (the interpreter's and its imports': not x the ranks)
     # (its read processes' as they started: not x the ranks, but x as many as the target's start)
     started = seen.read_started_rss if seen.read_processes_end else 0
-    processes = min(readahead.MAX_PROCESSES, max(1, target // readahead.SHARD_RANKS)) if started else 0
+    # (as many as a console starts for the target's job on a machine of 5 cores or more; a run
+    # of the target's ranks: its own)
+    processes = (0 if not started else seen.read_processes_end if wider == 1 else
+                 min(readahead.MAX_PROCESSES, max(1, target // readahead.SHARD_RANKS)))
     reads_base = started / seen.read_processes_end * processes if started else 0.0
     rest = base + reads_base + max(0, seen.rss_end - seen.model_bytes - base - started) * wider
     held = rest + budget * 9 / 8 + budget / 2
     ops_s = target * FULL_RATE
     label = "EXTRAPOLATED" if wider > 1 or plan.rate < FULL_RATE else "computed"
     theirs = (f", {size(int(reads_base))} its {processes} read processes' as they started (as many as "
-              f"{target:,} ranks start: one per {readahead.SHARD_RANKS:,}, at most {readahead.MAX_PROCESSES})"
-              if started else "")
+              f"{target:,} ranks start on 5+ cores: one per {readahead.SHARD_RANKS:,}, at most "
+              f"{readahead.MAX_PROCESSES})" if started else "")
     times = (f" ({size(base)} of it the interpreter's and its imports' as the console started{theirs}, the rest x "
              f"{wider:g} for the ranks)" if wider > 1 else "")
     text.append(_wrapped(

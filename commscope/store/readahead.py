@@ -250,10 +250,10 @@ class ReadAhead(TraceReader):
         return sum(c.cpu_s for c in self._children)
 
     @property
-    def started_rss(self) -> int:
-        """The children's resident bytes as they started, before they read (0 for one that
-        sent no batch yet): what of their memory does not grow with the ranks."""
-        return sum(c.started_rss for c in self._children)
+    def started_rss(self) -> tuple[int, ...]:
+        """Each child's resident bytes as it started, before it read (of those that sent a
+        batch): what of their memory does not grow with the ranks."""
+        return tuple(c.started_rss for c in self._children if c.started_rss)
 
     def poll(self, max_bytes: int | None = None) -> list:
         raise TypeError("ReadAhead reads op records in columns: call poll_batch")
