@@ -31,6 +31,7 @@ from commscope.store import files, inflight, open_reader, retention
 from commscope.store.directory import DirectoryWriter
 from commscope.store.segments import list_segments
 from commscope.tui.feed import LIVE, Feed
+from commscope.units import size
 from commscope.window import Since, parse_since
 
 S = 1_000_000_000
@@ -484,6 +485,62 @@ def test_a_model_a_restart_at_the_tail_swaps_out_is_freed_with_the_restart(tmp_p
             gc.enable()
     assert past.feed.restarts >= 1 and len(swapped) == past.feed.restarts
     assert alive_after == [False] * len(swapped)
+
+
+def _dated_job(store: str) -> tuple[JobShape, TraceModel]:
+    """Two minutes of 8 ranks at 50 ops a second, native, keyframes every 5 s, dated to its end."""
+    shape = JobShape(8, 6000, fault="missing", rate=50.0, hang_after=10.0, keyframe_s=5.0)
+    write_store(store, shape)
+    full, _, _ = load_trace(store)
+    for where, _, names in os.walk(store):
+        for name in names:
+            os.utime(os.path.join(where, name), ns=(full.end_ns, full.end_ns))
+    return shape, full
+
+
+def test_a_first_window_whose_model_would_not_fit_the_budget_is_made_shorter(tmp_path):
+    """``feed.first_window``: ten minutes asked of a job whose two minutes hold ~4x the budget:
+    a shorter window, in proportion, whose model fits the budget's first share and names
+    the culprit a whole read names, and says why; within the budget, at a time, or all of it,
+    as asked."""
+    from commscope.tui.feed import FIRST_SHARE, TAIL_FLOOR_S, first_window
+
+    store = str(tmp_path / "trace")
+    shape, full = _dated_job(store)
+    budget = full.nbytes() // 4
+    asked = Since(ago_s=600)
+    reader, shorter, why = first_window(lambda w: open_source(store, since=w), asked, budget)
+    assert shorter is not None and TAIL_FLOOR_S <= shorter.ago_s < 120 / 4
+    assert reader.window_start_ns() == full.end_ns - int(shorter.ago_s * S)
+    assert why.startswith(f"{shorter.describe()} read, not the last 10 min: that would be ~") and "budget" in why
+    model, _, _ = load_trace(store, since=shorter)
+    assert 0 < model.nbytes() <= budget * FIRST_SHARE
+    found = diagnose(model, trace_now(model), default_hang_after(model))
+    assert [(f.kind, f.culprits) for f in found if f.severity == "error"] == [
+        (f.kind, f.culprits) for f in diagnose(full, trace_now(full), default_hang_after(full)) if f.severity == "error"]
+    for since in (asked, Since(at_ns=full.start_ns), None):
+        budget_for = 100 * full.nbytes() if since is asked else budget
+        _, got, why = first_window(lambda w: open_source(store, since=w), since, budget_for)
+        assert (got, why) == (since, "")
+
+
+def test_attach_reads_a_first_window_that_fits_its_budget_and_says_so(tmp_path, monkeypatch):
+    """``commscope attach`` (its default: the last ten minutes) on that job with the budget a
+    quarter of it: the console reads the shorter window, and its header says why."""
+    from commscope.tui import app
+    from commscope.tui.feed import Feed
+
+    store = str(tmp_path / "trace")
+    _, full = _dated_job(store)
+    monkeypatch.setattr(Feed, "MODEL_BUDGET", full.nbytes() // 4)
+    ran: list[Feed] = []
+    monkeypatch.setattr(app.CommscopeApp, "run", lambda self: ran.append(self.feed))
+    assert cli(["attach", "--read-processes", "0", "--no-bell", store]) == 0
+    (feed,) = ran
+    start = feed.reader.window_start_ns()
+    assert start is not None and full.end_ns - 120 * S / 4 < start < full.end_ns
+    assert any(w.endswith("past the console's " + size(full.nbytes() // 4) + " budget") and "not the last 10 min" in w
+               for w in feed.reader.stats.warnings), feed.reader.stats.warnings
 
 
 def test_a_restart_that_would_read_back_what_the_model_holds_is_not_made(tmp_path):

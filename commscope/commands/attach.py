@@ -8,6 +8,10 @@
 It opens before the job has written anything and waits for it, keeps up while the job
 runs, and shows when the job has ended or a rank went silent.  Press ? for keys.
 
+It starts at the job's last ten minutes (--since); where those would not fit the console's
+memory (1 GiB of model: ten minutes of ~1,000 ranks at full speed do not), it reads a shorter
+stretch and says so in its header.
+
 With --pid it follows a job that was never instrumented: repeated snapshots of its
 ranks' stacks (``commscope snapshot``: py-spy, --interval seconds apart, two samples a
 cycle) written to STORE (default: a new temporary directory, removed on exit).
@@ -58,7 +62,7 @@ def main(args: argparse.Namespace) -> int:
     from commscope.analysis.source import open_source
     from commscope.errors import UsageError
     from commscope.tui.app import CommscopeApp
-    from commscope.tui.feed import LIVE, Feed, read_ahead
+    from commscope.tui.feed import LIVE, Feed, first_window, read_ahead
 
     processes = args.read_processes
     if processes is not None and not 0 <= processes <= MOST_PROCESSES:  # (before any snapshot is started)
@@ -71,7 +75,10 @@ def main(args: argparse.Namespace) -> int:
     since = options.since_of(args)
     try:
         try:
-            reader = open_source(store, wait=True, since=since)
+            # (a window whose model would not fit the budget: a shorter one, not read and then
+            # started again at the tail)
+            reader, since, why = first_window(lambda window: open_source(store, wait=True, since=window), since,
+                                              Feed.MODEL_BUDGET)
         except StoreError as exc:
             raise UsageError(str(exc)) from None
         # (its polls made ahead in a process of their own, where that is worth it: the console's
@@ -81,6 +88,8 @@ def main(args: argparse.Namespace) -> int:
                     hint=waiting_hint(store) if snapshots is None else "taking the first snapshot of the job's stacks",
                     reopen=lambda window: read_ahead(open_source(store, wait=True, since=window), store, window,
                                                      processes))
+        if why:
+            feed.reader.stats.warnings.append(why)
         try:
             CommscopeApp(feed, bell=not args.no_bell).run()
         finally:

@@ -664,6 +664,48 @@ def _noted(model: TraceModel, reader: TraceReader) -> None:
         model.note_job(reader.job())
 
 
+#: A model's bytes per byte its store holds of the same stretch, at most: 0.21-0.26 for native
+#: blocks, 0.23-0.69 for JSON op events (synthetic jobs of 64-256 ranks, their heartbeats and
+#: samples with them; ``first_window``)
+MODEL_PER_STORED = 0.7
+#: ... and the share of the budget a first window is sized to fill at most (the rest: room to
+#: grow before the model restarts at the tail)
+FIRST_SHARE = 0.75
+
+
+def first_window(open_at: Callable[[Since | None], TraceReader], since: Since | None, budget: int
+                 ) -> tuple[TraceReader, Since | None, str]:
+    """A reader of the window a console's first read takes (``open_at`` opens one), the
+    window, and why it is not ``since`` (""): a window of the last minutes (``attach``'s ten,
+    by default) whose stored bytes (``backlog_bytes``, from where the reader starts each
+    stream) would make a model of more than ``FIRST_SHARE`` of the budget is made shorter in
+    proportion, and looked at again (a job younger than the window holds its bytes in less
+    time), down to ``TAIL_FLOOR_S``.  Read whole, it filled the budget first and then
+    restarted at the tail: at 1,024 ranks at 25 collectives a second, ten minutes are ~3.7 GB
+    of model against a 1 GiB budget.  A window at a time, all of a job, or a store that
+    cannot say its bytes are read as asked."""
+    from commscope.units import size
+
+    reader = open_at(since)
+    if since is None or since.ago_s is None:
+        return reader, since, ""
+    room = budget * FIRST_SHARE
+    asked, first = since, 0.0
+    for _ in range(8):  # (each look a listing of the store: a few)
+        held = reader.backlog_bytes() * MODEL_PER_STORED
+        first = first or held
+        ago = max(TAIL_FLOOR_S, round(since.ago_s * room / held, 1)) if held > room else since.ago_s
+        if ago >= since.ago_s:
+            break
+        reader.close()
+        since = Since(ago_s=ago)
+        reader = open_at(since)
+    if since is asked:
+        return reader, since, ""
+    return reader, since, (f"{since.describe()} read, not {asked.describe()}: that would be ~{size(int(first))} of "
+                           f"model, past the console's {size(budget)} budget")
+
+
 def tail_span_s(model: TraceModel, budget: int, least_s: float, since_ns: int | None = None,
                 held: int | None = None) -> float:
     """Seconds of the job a restart at the tail reads: the last half of what ``model`` holds,
