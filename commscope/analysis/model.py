@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from itertools import repeat
 from operator import attrgetter, is_, itemgetter
 from types import MappingProxyType
@@ -151,32 +151,59 @@ def _split_by_rank(ranks: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
     return [(int(sr[a]), order[a:b]) for a, b in zip([0, *cuts], [*cuts, len(order)], strict=True)]
 
 
-def _apart_early(events: list[Event], ops: Sequence[OpRecords]) -> tuple[list[Event], list[Event]]:
-    """(the rest, the early): the events of a rank with JSON op events that are older than
-    every op record its rank begins in the batch.  A batch takes its records' begins before
-    its events (a ``done`` event of the Python recorder refers to one), but a window's first
-    batch holds each stream's carry (JSON ops in flight, older than the segment's records
-    after it): taken after the records, every rank read from a window turned out of time
-    order for good (its own sort buffers, and painted rank by rank: a heatmap of 16k ranks
-    ~1.6 s a frame).  Taken first, as the stream has them."""
+def _apart_early(events: list[Event], ops: Sequence[OpRecords], spans: Spans | None, held: Callable[[int], bool]
+                 ) -> tuple[list[Event], list[Event]]:
+    """(the rest, the early) of a batch's events: of each rank with JSON op events and op
+    records in the batch and no ops held yet (``held``), the events at the head of its own
+    (in their order) older than every record it begins in the batch, but for a phase of an op
+    one of those records begins.  That is a window's first batch of a stream: its carry (the
+    ops in flight and each group's last op, as JSON events, older than the records after
+    them) and then its records.  A batch takes its records' begins before its events (a
+    ``done`` event of the Python recorder refers to one), so a carry came after them, and
+    every rank read from a window turned out of time order for good (its own sort buffers,
+    and painted rank by rank: a heatmap of 16k ranks ~1.6 s a frame).  Its head is taken
+    first, as the stream has it.  Not a rank that holds ops: a Flight Recorder op merged
+    later is older than the records beside it, and is no carry."""
     if not events or not ops:
         return events, []
-    ranks = {e["rank"] for e in events if e.get("type") == "op"}
+    ranks = {r for e in events if e.get("type") == "op" and not held(r := e["rank"])}
     if not ranks:
         return events, []
-    first: dict[int, int] = {}
-    for recs in ops:
-        r = recs.rank
-        if r in ranks:
-            rows = recs.begins()
+    first: dict[int, int] = {}  # rank -> its records' first begin in the batch
+    begun: dict[int, list[np.ndarray]] = {}  # ... and the ids they begin
+    if spans is not None and spans.of(ops):  # (a poll's records as arrays: no record made of them)
+        w = spans.whole
+        for k in np.flatnonzero(np.isin(spans.ranks, np.fromiter(ranks, np.int64, len(ranks)))).tolist():
+            a, b = int(spans.start[k]), int(spans.start[k + 1])
+            rows = np.flatnonzero(w.phase[a:b] == PH_BEGIN) + a
             if rows.shape[0]:
-                t = int(recs.ts[rows].min())
+                r, t = int(spans.ranks[k]), int(w.ts[rows].min())
                 first[r] = min(first.get(r, t), t)
+                begun.setdefault(r, []).append(w.id[rows])
+    else:
+        for recs in ops:
+            r = recs.rank
+            if r in ranks:
+                rows = recs.begins()
+                if rows.shape[0]:
+                    t = int(recs.ts[rows].min())
+                    first[r] = min(first.get(r, t), t)
+                    begun.setdefault(r, []).append(recs.id[rows])
     if not first:
         return events, []
+    ids = {r: set(np.concatenate(v).tolist()) for r, v in begun.items()}
     rest, early = [], []
+    over: set[int] = set()  # (ranks whose head is past)
     for e in events:
-        (early if e["ts"] < first.get(e["rank"], I64_MIN) else rest).append(e)
+        r = e["rank"]
+        f = first.get(r)
+        if f is None:
+            rest.append(e)
+        elif r in over or e["ts"] >= f or (e.get("type") == "op" and e.get("phase") != "begin" and e.get("id") in ids[r]):
+            over.add(r)
+            rest.append(e)
+        else:
+            early.append(e)
     return rest, early
 
 
@@ -847,12 +874,20 @@ class TraceModel:
             self._recount_tops()
             raise
 
+    def _holds_ops(self, rank: int) -> bool:
+        rt = self.ranks.get(rank)
+        return rt is not None and rt.n > 0
+
     def _ingest(self, events: list[Event], ops: Sequence[OpRecords], spans: Spans | None,
                 beats: Beats | None) -> frozenset[int]:
         lo, hi, changed = I64_MAX, 0, set()
-        events, early = _apart_early(events, ops)
+        events, early = _apart_early(events, ops, spans, self._holds_ops)
         if early:  # (a window's carries: in stream order, before their ranks' records)
-            lo, hi = self._ingest_chunk(early, changed)
+            for r in sorted({*map(_RANK_OF, early)} - self.ranks.keys()):  # (no columns yet: the records' sized)
+                self.ranks[r] = RankTrace(r, cap=0, table=self.table)
+            for k in range(0, len(early), INGEST_CHUNK):
+                a, b = self._ingest_chunk(early[k:k + INGEST_CHUNK], changed)
+                lo, hi = min(lo, a), max(hi, b)
             self.events += len(early)
         recs_list = ops if isinstance(ops, list | Unpacked) else list(ops)  # (Unpacked: each made when asked)
         if spans is not None and not spans.of(recs_list):
@@ -891,7 +926,7 @@ class TraceModel:
         batch = None
         if fresh:
             batch = self._fresh_begins(recs_list, fresh, rows, codes, changed)
-            lo, hi = batch.lo, batch.hi
+            lo, hi = min(lo, batch.lo), max(hi, batch.hi)
         if live:
             a, b = self._live_begins(recs_list, live, codes, known, changed)
             lo, hi = min(lo, a), max(hi, b)
