@@ -88,8 +88,7 @@ def main(args: argparse.Namespace) -> int:
                     hint=waiting_hint(store) if snapshots is None else "taking the first snapshot of the job's stacks",
                     reopen=lambda window: read_ahead(open_source(store, wait=True, since=window), store, window,
                                                      processes))
-        if why:
-            feed.reader.stats.warnings.append(why)
+        feed.window = f"{why} (memory)" if why else ""  # (the header's: what would not fit the console's budget)
         try:
             CommscopeApp(feed, bell=not args.no_bell).run()
         finally:

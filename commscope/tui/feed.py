@@ -64,6 +64,8 @@ class FeedInfo:
     now_ns: int = 0
     error: str | None = None
     restarts: int = 0  # the model started again at the tail (``Feed.MODEL_BUDGET``): panels reset
+    #: what the first read took where it is not what was asked (``first_window``; the header's)
+    window: str = ""
 
 
 @dataclasses.dataclass
@@ -140,6 +142,7 @@ class Feed:
         self.clock = clock
         self.source = source or reader.description
         self.hint = hint
+        self.window = ""  # (``FeedInfo.window``: set by who sized the first window)
         self.model = TraceModel()
         self.lock = threading.RLock()  # ingest (this thread) vs the panels that query the model
         #: The model as of the last batch (``TraceModel.view``): the timeline paints from it
@@ -567,7 +570,7 @@ class Feed:
             corrupt=stats.corrupt, invalid=stats.invalid, reused=sum(m.reused.values()), trimmed=stats.trimmed,
             warnings=tuple(stats.warnings[-5:]), waiting=m.events == 0, ended=ended,
             loaded=self.info.loaded, progress=self.info.progress, now_ns=now, error=self.error,
-            restarts=self.restarts)
+            restarts=self.restarts, window=self.window)
 
     # ------------------------------------------------------------------ replay loading
     #: While a replay loads, the console is shown what is in at most this often
@@ -676,34 +679,40 @@ FIRST_SHARE = 0.75
 def first_window(open_at: Callable[[Since | None], TraceReader], since: Since | None, budget: int
                  ) -> tuple[TraceReader, Since | None, str]:
     """A reader of the window a console's first read takes (``open_at`` opens one), the
-    window, and why it is not ``since`` (""): a window of the last minutes (``attach``'s ten,
-    by default) whose stored bytes (``backlog_bytes``, from where the reader starts each
-    stream) would make a model of more than ``FIRST_SHARE`` of the budget is made shorter in
-    proportion, and looked at again (a job younger than the window holds its bytes in less
-    time), down to ``TAIL_FLOOR_S``.  Read whole, it filled the budget first and then
-    restarted at the tail: at 1,024 ranks at 25 collectives a second, ten minutes are ~3.7 GB
-    of model against a 1 GiB budget.  A window at a time, all of a job, or a store that
-    cannot say its bytes are read as asked."""
-    from commscope.units import size
-
+    window, and what was read instead of what was asked ("" where it is as asked, else e.g.
+    "the last 14.4 s of 10 min"): a window of the last minutes (``attach``'s ten, by default)
+    whose stored bytes (``backlog_bytes``, from where the reader starts each stream) would
+    make a model of more than ``FIRST_SHARE`` of the budget is made shorter in proportion,
+    and looked at again (a job younger than the window holds its bytes in less time), down to
+    ``TAIL_FLOOR_S``.  Read whole, it filled the budget first and then restarted at the tail:
+    at 1,024 ranks at 25 collectives a second, ten minutes are ~3.7 GB of model against a
+    1 GiB budget.  Where a shorter window does not read less (a store without keyframes
+    starts each stream at its segment), the window is as asked.  A window at a time, all of
+    a job, or a store that cannot say its bytes (Redis: 0) are read as asked."""
     reader = open_at(since)
     if since is None or since.ago_s is None:
         return reader, since, ""
     room = budget * FIRST_SHARE
-    asked, first = since, 0.0
-    for _ in range(8):  # (each look a listing of the store: a few)
+    asked = since
+    try:
         held = reader.backlog_bytes() * MODEL_PER_STORED
-        first = first or held
-        ago = max(TAIL_FLOOR_S, round(since.ago_s * room / held, 1)) if held > room else since.ago_s
-        if ago >= since.ago_s:
-            break
+        for _ in range(8):  # (each look a listing of the store: a few)
+            ago = max(TAIL_FLOOR_S, round(since.ago_s * room / held, 1)) if held > room else since.ago_s
+            if ago >= since.ago_s:
+                break
+            shorter = open_at(Since(ago_s=ago))
+            less = shorter.backlog_bytes() * MODEL_PER_STORED
+            if less > 0.9 * held:  # (it reads what the longer one did: no shorter at all)
+                shorter.close()
+                break
+            reader.close()
+            reader, since, held = shorter, Since(ago_s=ago), less
+    except BaseException:
         reader.close()
-        since = Since(ago_s=ago)
-        reader = open_at(since)
+        raise
     if since is asked:
         return reader, since, ""
-    return reader, since, (f"{since.describe()} read, not {asked.describe()}: that would be ~{size(int(first))} of "
-                           f"model, past the console's {size(budget)} budget")
+    return reader, since, f"{since.describe()} of {asked.describe().removeprefix('the last ')}"
 
 
 def tail_span_s(model: TraceModel, budget: int, least_s: float, since_ns: int | None = None,

@@ -41,6 +41,8 @@ class StatusHeader(Static):
                 t.append("· ENDED ", style="bold grey62")
             else:
                 t.append("· LIVE ", style="bold #3fa58f")
+            if info.window:  # (a first window shorter than asked: attach's, ``feed.first_window``)
+                t.append(f"· {info.window} ", style="#e0a030")
             if info.now_ns:
                 t.append(f"{clock(info.now_ns)} ", style="grey62")
             if start_ns and info.now_ns:
