@@ -36,7 +36,7 @@ def _trim() -> ctypes._CFuncPtr | None:
 
 def give_back() -> bool:
     """Collect what is garbage in cycles, then give the heap's free pages back to the system
-    (glibc's ``malloc_trim``, where there is one).  ~30-60 ms at 1,024 ranks: once per
+    (glibc's ``malloc_trim``, where there is one).  ~65 ms at 1,024 ranks: once per
     model swapped out, not per batch.  Returns whether the heap was trimmed (False: no
     glibc here: the collection alone)."""
     gc.collect()
