@@ -508,7 +508,8 @@ def with_runs(group: dict) -> dict:
     if not isinstance(granks, list) or len(granks) < 8:
         return group
     runs = runs_of(granks)
-    if 3 * len(runs) >= len(granks) or len(runs) > MAX_RUNS or len(granks) > MAX_RUN_MEMBERS:
+    if (3 * len(runs) >= len(granks) or len(runs) > MAX_RUNS or len(granks) > MAX_RUN_MEMBERS
+            or any(stride == 0 and n > 1 for _, stride, n in runs)):  # (a member repeated: ``members_of`` refuses it)
         return group
     return group | {"granks": {"runs": runs}}
 
