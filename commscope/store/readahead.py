@@ -46,6 +46,7 @@ from typing import IO, NamedTuple
 
 from commscope.compiled import says_no
 from commscope.events import gc_paused
+from commscope.memory import resident_bytes
 from commscope.redact import redact as redact_text
 from commscope.store import bulkread
 from commscope.store.base import Batch, ReadStats, Shard, StoreError, TraceReader
@@ -515,20 +516,10 @@ def die_with(console: int) -> bool:
     return os.getppid() == console
 
 
-def _resident_bytes() -> int:
-    """This process's resident bytes now (0 where the system does not say: not Linux).  Not
-    ``ru_maxrss``: an exec keeps the peak of the process it replaced."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def main() -> int:
     """The child: what to read from stdin, then batches to stdout until stdin ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the console's to handle; stdin's end stops this)
-    started_rss = _resident_bytes()  # (its imports done, nothing read)
+    started_rss = resident_bytes()  # (its imports done, nothing read)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     try:
         how = bulkread.receive(stdin)
