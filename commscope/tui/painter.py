@@ -25,7 +25,7 @@ import itertools
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from operator import attrgetter
+from operator import attrgetter, is_
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,11 +33,12 @@ from rich.segment import Segment
 from rich.style import Style
 from textual.strip import Strip
 
+from commscope.analysis import runsearch
 from commscope.analysis.columns import I64_MAX, RankColumns, RankView, _within
-from commscope.analysis.model import APPROX, ModelLike
+from commscope.analysis.model import APPROX, ModelLike, ModelView
 from commscope.analysis.vocab import RankState
 from commscope.events import DEFAULT_HANG_AFTER
-from commscope.tui import palette
+from commscope.tui import busy, palette
 from commscope.tui.paintcode import ASYNC_BIT, CAT_MASK, HIDDEN_BIT, categories
 from commscope.tui.spanindex import SpanIndex
 
@@ -743,7 +744,7 @@ def count_levels(m: ModelLike, groups: Sequence[tuple[int, ...]], win: Window, c
     among them, every rank's ops drawn together (``_intervals``, as a rank's own row draws
     them): a heatmap of 16,384 ranks painted rank by rank took ~1.6 s a frame, a numpy call or
     two dozen per rank.  A rank whose view lies in a block in time order (most: ``RankView``)
-    finds its window's ops with the other ranks of its block (``_first_at_least``); any other
+    finds its window's ops with the other ranks of its block (``runsearch.first_at_least``); any other
     rank, and one whose window holds enough ops for its span index to pay (``spans``, far
     zoomed out), is painted on its own (``paint_rank``) and counted the same way.  The same
     levels as painting each rank.
@@ -841,19 +842,9 @@ def _cells(a: np.ndarray, b: np.ndarray, row: np.ndarray, kind: np.ndarray,
 def _busy_ranks(c0: np.ndarray, c1: np.ndarray, row: np.ndarray, members: Members, groups: int,
                 w: int) -> np.ndarray:
     """(groups, w): per cell, how many of each group's ranks one of the ranges [c0, c1] of
-    their row covers (a rank counted once, however many cover it).  Each rank's coverage in
-    a (rows, w) table, by a difference array: linear in the ranges, where merging them
-    sorted them all (~0.3 s for 4M ops of 16k ranks)."""
-    rows = len(members.ranks)
-    k = row * (w + 1)
-    n = rows * (w + 1)
-    diff = np.bincount(c0 + k, minlength=n) - np.bincount(c1 + k + 1, minlength=n)
-    covered = diff.reshape(rows, w + 1)[:, :w].cumsum(axis=1) > 0
-    out = np.zeros((groups, w), np.int64)
-    if members.first.shape[0]:
-        laid = covered if members.by_group is None else covered[members.by_group]
-        out[members.first_group] = np.add.reduceat(laid, members.first, axis=0, dtype=np.int64)
-    return out
+    their row covers (a rank counted once, however many cover it: ``busy.busy_counts``)."""
+    return busy.busy_counts(c0, c1, row, len(members.ranks), members.laid, members.first, members.first_group,
+                            groups, w)
 
 
 class Members(NamedTuple):
@@ -863,7 +854,7 @@ class Members(NamedTuple):
     place: dict[int, int]  # rank -> its place among them
     rank: np.ndarray  # each (rank place, group) pair's rank place, ascending (a rank may be in several groups)
     group: np.ndarray  # ... and its group
-    by_group: np.ndarray | None  # the pairs' rank places by group (None: 0, 1, 2, ... as the heatmap's are)
+    laid: np.ndarray  # the pairs' rank places by group
     first: np.ndarray  # where each group with ranks begins among them
     first_group: np.ndarray  # ... which group that is
 
@@ -874,12 +865,9 @@ def _members(groups: Sequence[tuple[int, ...]]) -> Members:
     place = {r: k for k, r in enumerate(ranks)}
     rank = np.array([place[r] for g in groups for r in g], np.int64)
     group = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
-    by_group: np.ndarray | None = rank  # (the pairs come by group)
     first = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if group.shape[0] else group
-    if np.array_equal(rank, np.arange(rank.shape[0])):
-        by_group = None
     order = np.argsort(rank, kind="stable")
-    return Members(ranks, place, rank[order], group[order], by_group, first, group[first])
+    return Members(ranks, place, rank[order], group[order], rank, first, group[first])  # (the pairs come by group)
 
 
 def _by_group(row: np.ndarray, member_rank: np.ndarray,
@@ -948,8 +936,15 @@ def _ranked(m: ModelLike, ranks: Sequence[int]) -> Ranked:
     """``ranks``' views read into arrays: a Python step a rank, the least there is (16k ranks
     each frame), and no object made a rank, which the cyclic collector would count and walk."""
     views = list(map(m.ranks.get, ranks))
-    ordered = np.fromiter((type(rv) is RankView and rv.n > 0 and rv.own_sb is None and rv.own_pmax is None
-                           for rv in views), np.bool_, len(views))
+    if isinstance(m, ModelView) and None not in views:
+        # (a published view: loops in C over the ranks, which hold the GIL where the Python
+        # steps below let the feed's thread take it every few ms; a view in time order has
+        # neither copy of its own, one out of order has both)
+        ordered = np.fromiter(map(is_, map(_OWN_SB, views), itertools.repeat(None)), np.bool_, len(views))
+        ordered &= np.fromiter(map(_N, views), np.int64, len(views)) > 0
+    else:
+        ordered = np.fromiter((type(rv) is RankView and rv.n > 0 and rv.own_sb is None and rv.own_pmax is None
+                               for rv in views), np.bool_, len(views))
     place_all = np.flatnonzero(ordered)
     counts = np.zeros(len(ranks), np.int64)
     open_min = I64_MAX
@@ -1005,10 +1000,10 @@ def _window_ops(m: ModelLike, ranks: Sequence[int], win: Window, cats: np.ndarra
     for key, cols in blocks.items():
         mine = np.flatnonzero(block == key)
         place, at, n = place_all[mine], at_all[mine], n_all[mine]
-        i1 = _first_at_least(cols["begin"], at, n, t1)
-        i0 = _first_at_least(cols["pmax"], at, n, t0)
+        i1 = runsearch.first_at_least(cols["begin"], at, n, t1)
+        i0 = runsearch.first_at_least(cols["pmax"], at, n, t0)
         if bound:
-            i0_all = i0 if t0 == win.t0 else _first_at_least(cols["pmax"], at, n, win.t0)
+            i0_all = i0 if t0 == win.t0 else runsearch.first_at_least(cols["pmax"], at, n, win.t0)
             bounds[place] = np.maximum(i1 - i0_all, 0) + flying[mine]
         sizes = np.maximum(i1 - i0, 0)
         solo = np.zeros(place.shape[0], np.bool_)
@@ -1078,7 +1073,7 @@ def _window_ops(m: ModelLike, ranks: Sequence[int], win: Window, cats: np.ndarra
                      bounds)
 
 
-_ROWS, _AT, _N, _OPEN = (attrgetter(c) for c in ("rows", "at", "n", "open"))
+_ROWS, _AT, _N, _OPEN, _OWN_SB = (attrgetter(c) for c in ("rows", "at", "n", "open", "own_sb"))
 
 
 def _painted_alone(m: ModelLike, rank: int, win: Window, cats: np.ndarray,
@@ -1086,21 +1081,6 @@ def _painted_alone(m: ModelLike, rank: int, win: Window, cats: np.ndarray,
     """A rank of ``_window_ops`` painted on its own: (cells, ops drawn)."""
     cells, _, _, count = _paint(m, rank, win, cats, spans=None if spans is None else spans[rank])
     return cells, count
-
-
-def _first_at_least(column: np.ndarray, at: np.ndarray, n: np.ndarray, x: int) -> np.ndarray:
-    """For each run ``column[at:at + n]`` (ascending), where ``x`` would go in it
-    (``searchsorted``, left): one binary search over all runs at once."""
-    lo, hi = np.zeros_like(n), n.copy()
-    last = column.shape[0] - 1
-    while True:
-        going = lo < hi
-        if not going.any():
-            return lo
-        mid = (lo + hi) >> 1
-        below = column[np.minimum(at + mid, last)] < x
-        lo = np.where(going & below, mid + 1, lo)
-        hi = np.where(going & ~below, mid, hi)
 
 
 #: What a heatmap block's ranks' states add to a cell (``gone_cells``): nothing; every rank of
