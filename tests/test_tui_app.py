@@ -1641,3 +1641,44 @@ def test_a_rank_that_crashes_again_after_a_restart_alerts_again():
         assert len(shown) == 2 and "SIGSEGV" in shown[0] and "out of memory" in shown[1], shown
 
     drive(app, check, loaded=False)
+
+
+def test_what_the_reader_said_is_counted_in_the_header_and_shown_with_w(tmp_path):
+    """A stream that says its store lost 401 of its lines (a directory deleted under the
+    rank): the header counts the reader's warning, and ``w`` shows it with its cause, as
+    ``check`` prints it; before any, ``w`` says there is none."""
+    import orjson
+
+    t0 = time.time_ns()
+    b = TraceBuilder(2, t0=t0)
+    for k in range(3):
+        b.collective(t0 + k * 10 * MS, latency=2 * MS)
+    store = tmp_path / "trace"
+    writers = {r: open_writer(store, "job1", r, {"world_size": 2}) for r in range(2)}
+    for r in range(2):
+        writers[r].write([encode(e) for e in b.events if e["rank"] == r])
+    feed = Feed(open_source(store), mode=LIVE, source=str(store))
+    app = CommscopeApp(feed, bell=False)
+    lost = orjson.dumps({"type": "dropped", "v": 3, "rank": 1, "ts": t0 + 40 * MS, "count": 0, "entries": 401,
+                         "reason": "store_lost: the job directory was deleted"})
+
+    async def check(pilot):
+        await wait_for(pilot, lambda: app.info.events == len(b.events))
+        assert "read warning" not in str(app.header_bar.render())
+        await pilot.press("w")
+        await pilot.pause()
+        assert app.detail.border_title == "read warnings"
+        assert "the reader has said nothing" in app.detail.text()
+        writers[1].write([lost])
+        # (the finding the loss makes opens itself in the detail first: then ``w`` is pressed)
+        await wait_for(pilot, lambda: app.info.warnings_total == 1 and app.findings
+                       and (app.detail.border_title or "").startswith("finding"))
+        assert [(f.kind, f.culprits) for f in app.findings] == [("trace_incomplete", [1])]
+        await pilot.pause(0.3)
+        assert "· 1 read warning (w)" in str(app.header_bar.render())
+        await pilot.press("w")
+        await pilot.pause()
+        text = " ".join(app.detail.text(width=200).split())
+        assert "rank 1: 401 line(s) of its stream were lost: the job directory was deleted" in text, text
+
+    drive(app, check, size=(200, 40), loaded=False)

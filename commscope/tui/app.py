@@ -27,7 +27,7 @@ from commscope.analysis.rankstate import rank_state, top_level_ops
 from commscope.analysis.report import summarized_history
 from commscope.analysis.rootcause import went_together
 from commscope.analysis.source import Loading
-from commscope.tui.detail import DetailPane, finding_detail, history_detail, op_detail
+from commscope.tui.detail import DetailPane, finding_detail, history_detail, op_detail, warnings_detail
 from commscope.tui.feed import LIVE, REPLAY, Feed, FeedInfo, FeedUpdated
 from commscope.tui.findings_panel import FindingsPanel, finding_key, same_finding
 from commscope.tui.gpu_panel import GpuPanel
@@ -68,6 +68,7 @@ class CommscopeApp(App):
         Binding("e", "next_error", "Next error"),
         Binding("r", "toggle_panel", "Ranks/GPU"),
         Binding("H", "history", "History", show=False),
+        Binding("w", "read_warnings", "Read warnings", show=False),
         Binding("1", "focus('timeline')", "Timeline", show=False),
         Binding("2", "focus('findings')", "Findings", show=False),
         Binding("3", "focus('ranks')", "Ranks", show=False),
@@ -474,6 +475,11 @@ class CommscopeApp(App):
             stats = self.feed.reader.stats
             shown = (stats.skipped_bytes, stats.summarized, stats.skipped_events, stats.gone_before_window)
         self.detail.show(history_detail(rows, *shown), "history")
+
+    def action_read_warnings(self) -> None:
+        """What reading the store said, in the detail pane: events lost or trimmed with their
+        cause, a reconnection, a read process lost (the header counts them)."""
+        self.detail.show(warnings_detail(self.info.warnings, self.info.warnings_total), "read warnings")
 
     def action_toggle_panel(self) -> None:
         sw = self.left

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -249,6 +250,20 @@ class DetailPane(VerticalScroll):
         console = Console(width=width, record=True, file=io.StringIO())
         console.print(self.current)
         return console.export_text()
+
+
+def warnings_detail(warnings: Sequence[str], total: int) -> RenderableType:
+    """What reading the store said (``FeedInfo.warnings``, the last of ``total``), oldest
+    first: where events were lost or trimmed, and why."""
+    if not total:
+        return Text("the reader has said nothing: no event lost, trimmed or skipped, no reconnection",
+                    style="grey50 italic")
+    parts: list[RenderableType] = []
+    if total > len(warnings):
+        parts.append(Text(f"{total - len(warnings):,} earlier warning(s) not kept here; the last {len(warnings):,}:",
+                          style="grey70"))
+    parts.extend(Text(f"▲ {w}", style="#e0a030") for w in warnings)
+    return Group(*parts)
 
 
 def history_detail(rows: dict[str, dict[str, Any]], skipped_bytes: int, summarized_events: int,

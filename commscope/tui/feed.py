@@ -34,6 +34,8 @@ LIVE, REPLAY = "live", "replay"
 #: The least a restart at the tail reads, whatever the job's rate says (a window of no time
 #: would hold only what the ranks carry into it: ``tail_span_s``)
 TAIL_FLOOR_S = 2.0
+#: The reader's warnings a ``FeedInfo`` carries, its last (the header counts them all)
+WARNINGS_KEPT = 200
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +58,10 @@ class FeedInfo:
     invalid: int = 0  # events that failed the schema, skipped
     reused: int = 0  # op begins that reused an op id their rank had begun (``TraceModel.reused``)
     trimmed: bool = False
+    #: what reading the store said (``ReadStats.warnings``: events lost or trimmed and why, a
+    #: reconnection, a read process lost), its last ``WARNINGS_KEPT``; ``w`` shows them
     warnings: tuple[str, ...] = ()
+    warnings_total: int = 0  # ... how many it said in all
     waiting: bool = True  # nothing recorded yet
     ended: bool = False  # every rank of the job's own exited or died (``Feed._judge_end``)
     loaded: bool = False  # replay: the whole trace is in (findings are made then)
@@ -568,7 +573,8 @@ class Feed:
             behind_bytes=behind_bytes, behind=behind_bytes > self.BUDGET or lag > self.LAG_SHOWN_S,
             lag_s=lag, catching_up=not self.caught_up() and m.events > 0,
             corrupt=stats.corrupt, invalid=stats.invalid, reused=sum(m.reused.values()), trimmed=stats.trimmed,
-            warnings=tuple(stats.warnings[-5:]), waiting=m.events == 0, ended=ended,
+            warnings=tuple(stats.warnings[-WARNINGS_KEPT:]), warnings_total=len(stats.warnings),
+            waiting=m.events == 0, ended=ended,
             loaded=self.info.loaded, progress=self.info.progress, now_ns=now, error=self.error,
             restarts=self.restarts, window=self.window)
 

@@ -24,7 +24,8 @@ HELP_SECTIONS: list[tuple[str, list[tuple[str, str]]]] = [
                 ("s", "sort ranks by the next column (or click a header)"),
                 ("pageup pagedown", "rank table: a page up / down (↑ ↓ a row, home end: first / last)"),
                 ("r", "GPU panel ↔ rank table"),
-                ("H", "history: what retention summarized, what the window did not read")]),
+                ("H", "history: what retention summarized, what the window did not read"),
+                ("w", "read warnings: events lost or trimmed and why, reconnections")]),
     ("App", [("?", "this help"), ("ctrl+p", "command palette (every action)"), ("q", "quit")]),
 ]
 
