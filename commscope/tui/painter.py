@@ -727,6 +727,7 @@ class Counted(NamedTuple):
     n: np.ndarray  # per rank: its op count then
     members: Members
     start: int = 0  # the first cell counted this time (0: all of them; the width: none)
+    ops: int = 0  # the ops counted this time (drawn together; those of ranks painted alone apart)
 
     @property
     def levels(self) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -782,7 +783,7 @@ def count_levels(m: ModelLike, groups: Sequence[tuple[int, ...]], win: Window, c
             since = min(since, prev.win.now, win.now, ranked.open_min, prev.win.t0 + w * npc)
             start = int(min(max((since - win.t0) // npc, 0), w)) if since < I64_MAX else w
         if start >= w:  # nothing in view changed (ops added past it are never drawn in it)
-            return prev._replace(win=win, version=m.version, start=w)
+            return prev._replace(win=win, version=m.version, start=w, ops=0)
     if start:
         assert prev is not None
         # (ops reaching the cells from ``start`` on; no span index: painted from the ops, the same picture)
@@ -828,7 +829,8 @@ def count_levels(m: ModelLike, groups: Sequence[tuple[int, ...]], win: Window, c
         assert prev is not None
         busy = np.concatenate((prev.busy[:, shift:shift + start], busy), axis=1)
         worst = np.concatenate((prev.worst[:, shift:shift + start], worst), axis=1)
-    return Counted(groups, win, m.lineage, m.version, busy, worst, drawn, ops.n, members, start)
+    return Counted(groups, win, m.lineage, m.version, busy, worst, drawn, ops.n, members, start,
+                   int(ops.row.shape[0]))
 
 
 def _cells(a: np.ndarray, b: np.ndarray, row: np.ndarray, kind: np.ndarray,
