@@ -45,7 +45,7 @@ LOADERS = ("commscope.blockscan:_load", "commscope.blockscan:_load_find", "comms
            "commscope.beatscan:_load", "commscope.jsonscan:_load",
            "commscope.blocks:_fixed_kernel", "commscope.blocks:_sig_kernel", "commscope.blocks:_plan_kernel",
            "commscope.analysis.runmax:_load",
-           "commscope.analysis.runsearch:_load", "commscope.tui.busy:_load")
+           "commscope.analysis.runsearch:_load", "commscope.analysis.busy:_load")
 
 _missing = False
 

@@ -174,7 +174,7 @@ def _followed(polls, settled, settled_s=40.0, **over):
     from commscope.bench.scale import Followed
 
     seen = {"lags": [0.5], "behind": [0.4], "first_round_s": 3.0, "caught_s": 6.0, "after_caught": [0.4],
-            "found_s": 5.0, "wrong": [], "early": [], "wall_s": 50.0, "frames": [0.01], "heat_frames": [0.02], "heat_ops": [1000], "heat_whole": [0.03],
+            "found_s": 5.0, "wrong": [], "early": [], "wall_s": 50.0, "frames": [0.01], "heat_frames": [0.02], "heat_whole": [0.03],
             "rss": 1 << 30, "rss_end": 900 << 20, "rss_start": 150 << 20, "read_started_rss": 0,
             "read_processes_end": 0, "model_bytes": 100 << 20,
             "model_ops": 800_000,
@@ -350,30 +350,3 @@ def test_model_budget_takes_a_size_and_says_what_it_cannot_read():
                       ("100KiB", "keep at least 1 MiB"), ("none", "give a size")):
         with pytest.raises(argparse.ArgumentTypeError, match=said):
             size(bad)
-
-
-def test_the_heatmap_s_frame_is_extrapolated_from_its_cost_per_op_counted_and_per_frame():
-    """Every rank at 1/16 of the rate: a heatmap frame's cost fitted over the run's frames,
-    per op counted (grown x 16 with the rate) and per frame (its ranks: not grown), where a
-    bound grows the whole frame x 16; frames whose ops do not tell their cost keep the bound."""
-    from commscope.bench.scale import Plan, Poll, extrapolation
-
-    plan = Plan(ranks=16384, rate=1.5625, t_start=0, seconds=60.0, fault="none", culprit=0, fault_k=32,
-                hang_after=5.0, job="j", store="/nonexistent")
-    polls = [Poll(2048, 1024, 0.01, 0.0)] * 10
-    ops = [20_000 + 3_000 * (k % 7) for k in range(40)]
-    frames = [0.015 + 60e-9 * k for k in ops]  # 15 ms a frame, 60 ns an op
-    seen = _followed(polls, settled=0, heat_frames=frames, heat_ops=ops, heat_whole=[0.05])
-    text = " ".join(extrapolation(plan, seen).split())
-    want = 0.015 + 60e-9 * 29_000 * 16  # (the median frame's ops, x 16 at the full rate)
-    assert (f"its heatmap of every rank: {want * 1e3:.2f} ms a frame (+/- 0 ns: the fit's 95% interval; target "
-            f"<= 50 ms): 60 ns per op counted, at ~464,000 ops a frame (29,000 here x 16), and 15.00 ms a frame "
-            f"for its ranks and lines; fitted over 40 frames; counted whole, at most 800.00 ms (x 16)") in text, text
-    # a quarter of the ranks: the per-frame part x 4 for them, the ops x 64
-    quarter = " ".join(extrapolation(dataclasses.replace(plan, ranks=4096, rate=25 / 16), seen).split())
-    assert (f"{(0.015 * 4 + 60e-9 * 29_000 * 64) * 1e3:.2f} ms a frame" in quarter
-            and "15.00 ms a frame for its ranks and lines, x 4 for the ranks" in quarter), quarter
-    # the same ops every frame: their cost is not told apart, the bound is stated
-    flat = " ".join(extrapolation(plan, _followed(polls, settled=0, heat_frames=[0.02] * 40, heat_ops=[500] * 40,
-                                                  heat_whole=[0.05])).split())
-    assert "ns per op counted" not in flat and "its heatmap of every rank: at most 320.00 ms a frame" in flat, flat

@@ -1,4 +1,4 @@
-"""The heatmap's count of busy ranks (``tui/busy.py``): the compiled loop, numpy and a count
+"""The heatmap's count of busy ranks (``analysis/busy.py``): the compiled loop, numpy and a count
 cell by cell agree, a rank counted once in a cell however many of its intervals cover it,
 and a rank in several groups counted in each."""
 
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from commscope import compiled
-from commscope.tui import busy, painter
+from commscope.analysis import busy
+from commscope.tui import painter
 
 
 def _by_hand(c0: np.ndarray, c1: np.ndarray, row: np.ndarray, groups: list[tuple[int, ...]],
@@ -27,7 +28,7 @@ def _case(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int
     n = int(rng.integers(0, 200))
     row = rng.integers(0, rows, n)
     c0 = rng.integers(0, w, n)
-    c1 = np.minimum(c0 + rng.integers(0, 4, n), w - 1)
+    c1 = np.minimum(c0 + rng.integers(0, 4 if seed % 2 else w, n), w - 1)  # (short, or up to the window: in flight)
     # groups over the rows' ranks, some sharing ranks, some empty (the places are the ranks here)
     groups = [tuple(sorted(set(rng.integers(0, rows, int(rng.integers(0, 6))).tolist()))) for _ in range(5)]
     named = sorted({r for g in groups for r in g})
@@ -52,4 +53,4 @@ def test_the_compiled_count_and_numpy_s_count_each_rank_once_a_cell_in_each_of_i
 def test_the_count_is_compiled_where_numba_is() -> None:
     pytest.importorskip("numba")
     assert busy._load() is not None
-    assert "commscope.tui.busy:_load" in compiled.LOADERS
+    assert "commscope.analysis.busy:_load" in compiled.LOADERS

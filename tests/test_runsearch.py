@@ -23,7 +23,7 @@ def test_each_run_is_bisected_as_searchsorted_bisects_it(seed: int) -> None:
         at.append(len(column))
         column.extend(run.tolist())
     col = np.array(column, np.int64)
-    for x in (-1, 0, 17, 25, 49, 50, 1 << 62):
+    for x in (-1, 0, 17, 25, 49, 50, 1 << 62, 1 << 63, 1 << 64, -(1 << 63), -(1 << 63) - 1, 24.5, -0.5):
         want = np.array([np.searchsorted(run, x, side="left") for run in runs], np.int64)
         for fast in (True, False):
             got = runsearch.first_at_least(col, np.array(at, np.int64), sizes.astype(np.int64), x, compiled=fast)

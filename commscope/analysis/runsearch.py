@@ -12,11 +12,14 @@ Without numba the same is done with numpy.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
 
 from commscope import compiled
+
+I64_MIN, I64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 
 _kernel: Callable[..., None] | None = None
 
@@ -28,8 +31,12 @@ def first_at_least(column: np.ndarray, at: np.ndarray, n: np.ndarray, x: int, co
     out = np.zeros(n.shape[0], np.int64)
     kernel = _load() if compiled else None
     if kernel is not None and column.dtype == np.int64:
-        kernel(np.ascontiguousarray(column), np.ascontiguousarray(at, np.int64), np.ascontiguousarray(n, np.int64),
-               int(x), out)
+        x = math.ceil(x)  # (an integer column's first value at least x is its first at least x's ceiling)
+        if x > I64_MAX:
+            return n.astype(np.int64, copy=True)
+        if x > I64_MIN:  # (at most the least int64: every run's start, as ``out`` says)
+            kernel(np.ascontiguousarray(column), np.ascontiguousarray(at, np.int64),
+                   np.ascontiguousarray(n, np.int64), x, out)
         return out
     lo, hi = out, n.astype(np.int64, copy=True)
     last = column.shape[0] - 1

@@ -410,9 +410,9 @@ class HeatFrames:
         self.counted: Any = None  # (``painter.Counted``)
         self.frames = 0
 
-    def paint(self, feed: Any, now: int) -> tuple[float | None, float | None, int]:
+    def paint(self, feed: Any, now: int) -> tuple[float | None, float | None]:
         """One frame: (seconds counted from the last frame, None for the first, which has none;
-        seconds counted whole, where it was; the ops counted from the last)."""
+        seconds counted whole, where it was)."""
         from commscope.tui import painter
         from commscope.tui.timeline import heat_rows
 
@@ -434,7 +434,7 @@ class HeatFrames:
         first = self.counted is None
         took, self.counted = painted(self.counted)
         self.frames += 1
-        return None if first else took, whole, self.counted.ops
+        return None if first else took, whole
 
 
 #: The heatmap's lines in ``bench scale``'s frame of it (a 200x60 terminal's timeline holds ~40)
@@ -480,7 +480,6 @@ class Followed:
     wall_s: float  # from the job's start to the end of the follow, its drain apart
     frames: list[float]  # seconds to paint the timeline's rows
     heat_frames: list[float]  # ... its heatmap of every rank (every other frame: ``HeatFrames``; the first apart)
-    heat_ops: list[int]  # ... the ops each of those counted (``painter.Counted.ops``)
     heat_whole: list[float]  # ... counted whole, as a jump or a zoom counts it (``HeatFrames.WHOLE_EVERY``)
     rss: int  # the console's, its read processes' with it (the most sampled), or its own peak if more
     rss_end: int  # ... at the follow's end
@@ -544,7 +543,6 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
     caught_ns, caught = 0, 0  # when the console caught up, and the watermark samples before then
     frames: list[float] = []
     heat_frames: list[float] = []
-    heat_ops: list[int] = []
     heat_whole: list[float] = []
     heat = HeatFrames()
     found_ns = 0
@@ -611,10 +609,9 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
         mono = time.monotonic()
         if mono >= next_frame and feed.view.rank_ids():
             if len(frames) > heat.frames:  # (in turn)
-                took, whole, counted = heat.paint(feed, wall)
+                took, whole = heat.paint(feed, wall)
                 if took is not None:
                     heat_frames.append(took)
-                    heat_ops.append(counted)
                 if whole is not None:
                     heat_whole.append(whole)
             else:
@@ -656,7 +653,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
         caught_s=(caught_ns - plan.t_start) / S if caught_ns else None,
         after_caught=behind[caught:] if caught_ns else [],
         found_s=(found_ns - fault_ns) / S if found_ns else None, wrong=wrong, early=early,
-        wall_s=(time.time_ns() - plan.t_start) / S, frames=frames, heat_frames=heat_frames, heat_ops=heat_ops,
+        wall_s=(time.time_ns() - plan.t_start) / S, frames=frames, heat_frames=heat_frames,
         heat_whole=heat_whole, rss=rss, rss_end=rss_end, rss_start=rss_start, read_started_rss=read_started[0],
         read_processes_end=read_started[1], model_bytes=model_bytes, model_ops=model_ops,
         model_budget=feed.MODEL_BUDGET, restarts=feed.restarts,
@@ -737,36 +734,24 @@ def costs_of(polls: Sequence[Poll], part: Callable[[Poll], float] = lambda p: p.
     ``part`` of it: ``Poll.ingest_s``, the console's own process), by least squares over
     the polls after the console caught up (before the fault a stream's read holds a few
     records, after it none; a poll reads all streams or a few: the three apart), made again
-    without the outliers (``robust_fit``).  A stream's heartbeat and sample lines go with
-    its read: a rank writes them once a second whatever its rate.  None with fewer than 8
-    polls, or no cost at all."""
-    got = robust_fit(np.array([(p.records, p.reads, 1.0) for p in polls], np.float64).reshape(-1, 3),
-                     np.array([part(p) for p in polls], np.float64))
-    if got is None:
+    without the outliers.  A stream's heartbeat and sample lines go with its read: a rank
+    writes them once a second whatever its rate.  No cost is negative (``_least_squares``);
+    the covariance is HC3's (a poll that reads more is noisier: the plain one's interval
+    held the truth in ~80% of such fits, not 95%).  None with fewer than 8 polls, or no
+    cost at all."""
+    if len(polls) < 8:
         return None
-    fit, covariance, n, outliers, t = got
-    return Costs(float(fit[0]), float(fit[1]), float(fit[2]), covariance, n, outliers, t)
-
-
-def robust_fit(a: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int, float] | None:
-    """The costs (one a column of ``a``) that explain ``y``, by least squares, made again
-    without the outliers: (the costs, their covariance, the rows fitted, the rows set aside,
-    the multiplier of a 95% interval for as many rows).  No cost is negative
-    (``_least_squares``); the covariance is HC3's (a poll that reads more is noisier: the
-    plain one's interval held the truth in ~80% of such fits, not 95%).  None with fewer
-    than 8 rows, or no cost at all."""
-    if a.shape[0] < 8:
-        return None
-    k_all = a.shape[1]
+    a = np.array([(p.records, p.reads, 1.0) for p in polls], np.float64)
+    y = np.array([part(p) for p in polls], np.float64)
     keep = np.ones(len(y), bool)
     fit, fitted = _least_squares(a, y, keep)
-    for _ in range(5):  # (set the outliers aside, fit again, until the same rows are kept)
-        # each row's residual as a fit without it would leave it (a row that pulls the fit
-        # its way hides its own residual), the rows set aside as they are
+    for _ in range(5):  # (set the outliers aside, fit again, until the same polls are kept)
+        # each poll's residual as a fit without it would leave it (a poll that pulls the fit
+        # its way hides its own residual), the polls set aside as they are
         deleted = y - a @ fit
         deleted[keep] /= 1.0 - np.minimum(_leverage(a[np.ix_(keep, fitted)]), 1.0 - 1e-9)
         spread = 1.4826 * float(np.median(np.abs(deleted[keep] - np.median(deleted[keep]))))
-        # (a fit that explains every row to rounding sets nothing aside)
+        # (a fit that explains every poll to rounding sets nothing aside)
         kept = np.abs(deleted) <= max(OUTLIER_SD * spread, 1e-9 * float(np.abs(y).mean()))
         if kept.sum() < 8 or (kept == keep).all():
             break
@@ -777,47 +762,11 @@ def robust_fit(a: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, in
     n, k = int(keep.sum()), int(fitted.sum())
     x = a[np.ix_(keep, fitted)]
     residual = y[keep] - a[keep] @ fit
-    covariance = np.zeros((k_all, k_all))
+    covariance = np.zeros((3, 3))
     bread = np.linalg.pinv(x.T @ x)
     weight = residual**2 / np.maximum(1.0 - _leverage(x), 1e-9) ** 2  # (HC3)
     covariance[np.ix_(fitted, fitted)] = bread @ (x.T * weight) @ x @ bread
-    return fit, covariance, n, len(y) - n, t95(n - k)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class HeatCosts:
-    """What a heatmap frame counted from the last is made of, fitted over a run's frames:
-    seconds per op counted (``painter.Counted.ops``: the ops reaching the cells that changed)
-    and per frame (its ranks read, its lines painted: the same every frame of a run), with
-    the fit's covariance and the multiplier of a 95% interval."""
-
-    per_op: float
-    per_frame: float
-    covariance: np.ndarray  # (2, 2)
-    frames: int  # fitted over (those left once the outliers are set aside)
-    outliers: int
-    t95: float
-
-    def seconds(self, ops: float, frame_times: float) -> tuple[float, float]:
-        """A frame that counts ``ops`` with its per-frame part ``frame_times`` as large, and the
-        half-width of the fit's 95% interval around it."""
-        g = np.array([ops, frame_times])
-        spread = float(np.sqrt(max(0.0, g @ self.covariance @ g)))
-        return float(g @ [self.per_op, self.per_frame]), self.t95 * spread
-
-
-def heat_costs_of(frames: Sequence[float], ops: Sequence[int]) -> HeatCosts | None:
-    """``HeatCosts`` by ``robust_fit`` over a run's heatmap frames counted from the last
-    (None with fewer than 8, or where their ops vary by less than a tenth: an op's cost is
-    then not told from the frame's)."""
-    if len(ops) < 8 or max(ops) - min(ops) < median(ops) / 10:
-        return None
-    got = robust_fit(np.array([(float(k), 1.0) for k in ops], np.float64).reshape(-1, 2),
-                     np.array(frames, np.float64))
-    if got is None:
-        return None
-    fit, covariance, n, outliers, t = got
-    return HeatCosts(float(fit[0]), float(fit[1]), covariance, n, outliers, t)
+    return Costs(float(fit[0]), float(fit[1]), float(fit[2]), covariance, n, len(y) - n, t95(n - k))
 
 
 def _leverage(x: np.ndarray) -> np.ndarray:
@@ -827,10 +776,9 @@ def _leverage(x: np.ndarray) -> np.ndarray:
 
 
 def _least_squares(a: np.ndarray, y: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The costs that explain the kept rows (one a column of ``a``: per record, per read, per
-    poll), none negative: the least squares over each set of the costs (seven of three; a
-    cost left out is none), the closest of those whose costs are all positive.  With which
-    were fitted."""
+    """The costs that explain the kept polls (per record, per read, per poll), none
+    negative: the least squares over each set of the three costs (seven; a cost left out is
+    none), the closest of those whose costs are all positive.  With which were fitted."""
     best, best_fitted, best_rss = np.zeros(a.shape[1]), np.zeros(a.shape[1], bool), float("inf")
     x, z = a[keep], y[keep]
     for bits in range(1, 1 << a.shape[1]):
@@ -854,11 +802,7 @@ def extrapolation(plan: Plan, seen: Followed) -> str:
     (they pace themselves by what they cost).  Beside it, the upper bound of the run's own
     cost per event at the full rate.  The fit's 95% interval is stated: at a sixteenth of
     the rate a stream's read holds ~2 records, and what they cost is told from the read's
-    own by little more than this machine's noise.  The heatmap's frame likewise: its cost
-    per op counted and per frame fitted over the run's frames (``heat_costs_of``), the ops
-    grown as the ranks and the rate are, the rest as the ranks are (a run of every rank at
-    a sixteenth of the rate states it nearly whole); where the fit does not tell the ops'
-    cost, the run's frame grown as its ops are (a bound, loose below the full rate)."""
+    own by little more than this machine's noise."""
     target = max(plan.ranks, TARGET_RANKS)
     full = target * FULL_RATE * plan.records
     if plan.ranks * EXTRAPOLATE_FROM < target:
@@ -904,22 +848,7 @@ def extrapolation(plan: Plan, seen: Followed) -> str:
                     f"however many read processes it has"))
     text.append(_wrapped(f"{'all in, ' if stated else ''}{per_event * full:.2f} cores at its "
                          f"{per_event * 1e6:.2f} us per event (an upper bound: a rank's own costs counted per event)"))
-    heat = heat_costs_of(seen.heat_frames, seen.heat_ops) if len(seen.heat_ops) == len(seen.heat_frames) else None
-    if heat is not None and heat.per_op > 0:  # (the ops it counts grow with the ranks and the rate; the rest, the ranks)
-        grown, wider = target * FULL_RATE / (plan.ranks * plan.rate), target / plan.ranks
-        ops = median(seen.heat_ops) * grown
-        frame_s, frame_within = heat.seconds(ops, wider)
-        whole = (f"; counted whole, at most {fmt_time(median(seen.heat_whole) * grown)} (x {grown:g})"
-                 if seen.heat_whole else "")
-        aside = f", {heat.outliers} set aside" if heat.outliers else ""
-        text.append(_wrapped(
-            f"its heatmap of every rank: {fmt_time(frame_s)} a frame (+/- {fmt_time(frame_within)}: the fit's 95% "
-            f"interval; target <= {TARGET_FRAME_S * 1e3:g} ms): {heat.per_op * 1e9:.0f} ns per op counted, at "
-            f"~{ops:,.0f} ops a frame ({median(seen.heat_ops):,.0f} here x {grown:g}), and "
-            f"{fmt_time(heat.per_frame)} a frame for its ranks and lines"
-            + (f", x {wider:g} for the ranks (an upper bound: its lines' part does not grow)" if wider > 1 else "")
-            + f"; fitted over {heat.frames} frames{aside}{whole}"))
-    elif seen.heat_frames:  # (its ops in view grow with the ranks and the rate; its per-rank part, with the ranks)
+    if seen.heat_frames:  # (its ops in view grow with the ranks and the rate; its per-rank part, with the ranks)
         grown = target * FULL_RATE / (plan.ranks * plan.rate)
         whole = (f", {fmt_time(median(seen.heat_whole) * grown)} counted whole" if seen.heat_whole else "")
         text.append(_wrapped(

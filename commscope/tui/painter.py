@@ -33,12 +33,12 @@ from rich.segment import Segment
 from rich.style import Style
 from textual.strip import Strip
 
-from commscope.analysis import runsearch
+from commscope.analysis import busy, runsearch
 from commscope.analysis.columns import I64_MAX, RankColumns, RankView, _within
 from commscope.analysis.model import APPROX, ModelLike, ModelView
 from commscope.analysis.vocab import RankState
 from commscope.events import DEFAULT_HANG_AFTER
-from commscope.tui import busy, palette
+from commscope.tui import palette
 from commscope.tui.paintcode import ASYNC_BIT, CAT_MASK, HIDDEN_BIT, categories
 from commscope.tui.spanindex import SpanIndex
 
