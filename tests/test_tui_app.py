@@ -1682,3 +1682,32 @@ def test_what_the_reader_said_is_counted_in_the_header_and_shown_with_w(tmp_path
         assert "rank 1: 401 line(s) of its stream were lost: the job directory was deleted" in text, text
 
     drive(app, check, size=(200, 40), loaded=False)
+
+
+def test_what_readers_said_before_a_restart_is_kept_and_what_is_read_again_is_said_once(tmp_path):
+    """A restart at the tail swaps in a reader of the window: a loss it does not read again
+    (before the window) stays said; one it reads again is said once, not twice."""
+    import orjson
+
+    t0 = time.time_ns() - 5 * S
+    b = TraceBuilder(2, t0=t0)
+    for k in range(3):
+        b.collective(t0 + k * 10 * MS, latency=2 * MS)
+    lost = orjson.dumps({"type": "dropped", "v": 3, "rank": 1, "ts": t0 + 40 * MS, "count": 0, "entries": 401,
+                         "reason": "store_lost: the job directory was deleted"})
+    said = "rank 1: 401 line(s) of its stream were lost: the job directory was deleted"
+    stores = {}
+    for name, extra in (("with", [lost]), ("without", [])):
+        stores[name] = tmp_path / name
+        writers = {r: open_writer(stores[name], "job1", r, {"world_size": 2}) for r in range(2)}
+        for r in range(2):
+            writers[r].write([encode(e) for e in b.events if e["rank"] == r] + (extra if r == 1 else []))
+    feed = Feed(open_source(stores["with"]), mode=LIVE, source=str(stores["with"]))
+    feed.step()
+    assert (feed.info.warnings_total, feed.info.warnings) == (1, (said,))
+    feed._swap_in(open_source(stores["without"]))  # (a window that starts after the loss)
+    feed.step()
+    assert (feed.restarts, feed.info.warnings_total, feed.info.warnings) == (1, 1, (said,))
+    feed._swap_in(open_source(stores["with"]))  # (one that reads it again)
+    feed.step()
+    assert (feed.restarts, feed.info.warnings_total, feed.info.warnings) == (2, 1, (said,))

@@ -25,6 +25,7 @@ from commscope.analysis.model import TraceModel, untimed
 from commscope.analysis.stacks import fold
 from commscope.tui import palette
 from commscope.tui.fmt import clock, duration, size
+from commscope.visible import visible
 
 
 def _shapes(shapes: Any, dtypes: Any) -> str:
@@ -262,7 +263,7 @@ def warnings_detail(warnings: Sequence[str], total: int) -> RenderableType:
     if total > len(warnings):
         parts.append(Text(f"{total - len(warnings):,} earlier warning(s) not kept here; the last {len(warnings):,}:",
                           style="grey70"))
-    parts.extend(Text(f"▲ {w}", style="#e0a030") for w in warnings)
+    parts.extend(Text(f"▲ {visible(w)}", style="#e0a030") for w in warnings)
     return Group(*parts)
 
 

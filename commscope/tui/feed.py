@@ -13,7 +13,7 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from textual.message import Message
@@ -59,9 +59,10 @@ class FeedInfo:
     reused: int = 0  # op begins that reused an op id their rank had begun (``TraceModel.reused``)
     trimmed: bool = False
     #: what reading the store said (``ReadStats.warnings``: events lost or trimmed and why, a
-    #: reconnection, a read process lost), its last ``WARNINGS_KEPT``; ``w`` shows them
+    #: reconnection, a read process lost), its readers before a restart's with it
+    #: (``Feed._carry_warnings``), the last ``WARNINGS_KEPT``; ``w`` shows them
     warnings: tuple[str, ...] = ()
-    warnings_total: int = 0  # ... how many it said in all
+    warnings_total: int = 0  # ... how many were said in all
     waiting: bool = True  # nothing recorded yet
     ended: bool = False  # every rank of the job's own exited or died (``Feed._judge_end``)
     loaded: bool = False  # replay: the whole trace is in (findings are made then)
@@ -136,6 +137,10 @@ class Feed:
         self.reader: TraceReader = reader
         self.reopen = reopen
         self.restarts = 0  # how many times the model started again at the tail (panels reset then)
+        #: what the readers swapped out said (``_carry_warnings``), their last ``WARNINGS_KEPT``
+        #: and how many in all: a restart at the tail reads only the window again
+        self._said_before: list[str] = []
+        self._said_before_total = 0
         self.restarts_skipped = 0  # ... and did not: it would have read again most of what the model's window read
         #: the last restarts' windows (s) and the models they read (``TraceModel.nbytes``): what a restart costs
         self.restart_reads: deque[tuple[float, int]] = deque(maxlen=64)
@@ -482,6 +487,7 @@ class Feed:
         with self.lock:
             old = self.reader
             self.close()  # (the old reader's first read, if it is still going: its workers end)
+            self._carry_warnings(old.stats.warnings, reader.stats.warnings)
             self.reader, self.model = reader, model
             self._in_flight = None  # (of the model before)
             self.restarts += 1
@@ -492,6 +498,15 @@ class Feed:
         old.close()
         self.publish()
         give_back()  # the model swapped out: garbage in cycles, and its freed heap (``memory``)
+
+    def _carry_warnings(self, old: Sequence[str], new: Sequence[str]) -> None:
+        """Keep what a reader swapped out said (``old``) beside what the one swapped in said
+        already (``new``), which said again what it read again (a loss in the window): that
+        once.  A loss before the window is not read again, and stays said."""
+        again = set(new)
+        before = [*self._said_before, *old]
+        self._said_before_total += len(old) - sum(w in again for w in before)
+        self._said_before = [w for w in before if w not in again][-WARNINGS_KEPT:]
 
     def _stopping(self) -> None:
         if self._stop.is_set():
@@ -573,7 +588,8 @@ class Feed:
             behind_bytes=behind_bytes, behind=behind_bytes > self.BUDGET or lag > self.LAG_SHOWN_S,
             lag_s=lag, catching_up=not self.caught_up() and m.events > 0,
             corrupt=stats.corrupt, invalid=stats.invalid, reused=sum(m.reused.values()), trimmed=stats.trimmed,
-            warnings=tuple(stats.warnings[-WARNINGS_KEPT:]), warnings_total=len(stats.warnings),
+            warnings=tuple([*self._said_before, *stats.warnings[-WARNINGS_KEPT:]][-WARNINGS_KEPT:]),
+            warnings_total=self._said_before_total + len(stats.warnings),
             waiting=m.events == 0, ended=ended,
             loaded=self.info.loaded, progress=self.info.progress, now_ns=now, error=self.error,
             restarts=self.restarts, window=self.window)

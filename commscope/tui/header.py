@@ -65,11 +65,11 @@ class StatusHeader(Static):
             t.append(f"· {info.invalid} invalid events skipped ", style="#e0a030")
         if info.reused:
             t.append(f"· {info.reused} reused op ids ", style="#e0a030")
-        if info.warnings_total:  # (what the reader said: ``w`` shows it)
-            t.append(f"· {info.warnings_total:,} read warning{'s' if info.warnings_total != 1 else ''} (w) ",
-                     style="#e0a030")
         if untimed:
             t.append(f"· {untimed:,} ops without timings ", style="grey62")
         t.append(f"✖ {errors} ", style="bold #e05050" if errors else "grey42")
         t.append(f"▲ {warnings}", style="bold #e0a030" if warnings else "grey42")
+        if info.warnings_total:  # (what the reader said, after the findings' counts: ``w`` shows it)
+            t.append(f" · {info.warnings_total:,} read warning{'s' if info.warnings_total != 1 else ''} (w)",
+                     style="#e0a030")
         self.update(t)
