@@ -174,7 +174,7 @@ def _followed(polls, settled, settled_s=40.0, **over):
     from commscope.bench.scale import Followed
 
     seen = {"lags": [0.5], "behind": [0.4], "first_round_s": 3.0, "caught_s": 6.0, "after_caught": [0.4],
-            "found_s": 5.0, "wrong": [], "early": [], "wall_s": 50.0, "frames": [0.01], "heat_frames": [0.02], "heat_whole": [0.03],
+            "found_s": 5.0, "wrong": [], "early": [], "wall_s": 50.0, "frames": [0.01], "heat_frames": [0.02], "heat_ops": [1000], "heat_whole": [0.03], "heat_deeper": [],
             "rss": 1 << 30, "rss_end": 900 << 20, "rss_start": 150 << 20, "read_started_rss": 0,
             "read_processes_end": 0, "model_bytes": 100 << 20,
             "model_ops": 800_000,
@@ -350,3 +350,32 @@ def test_model_budget_takes_a_size_and_says_what_it_cannot_read():
                       ("100KiB", "keep at least 1 MiB"), ("none", "give a size")):
         with pytest.raises(argparse.ArgumentTypeError, match=said):
             size(bad)
+
+
+def test_the_heatmap_s_frame_is_extrapolated_from_what_an_op_counted_costs_and_the_rest():
+    """Every rank at 1/16 of the rate: an op's cost from frames counted again from further
+    back (the median of their seconds an op), grown x 16 with the rate; the rest of the
+    frame (its ranks, its lines) as measured, not grown; a quarter of the ranks grows the
+    rest x 4 too.  Fewer than 4 such frames: the bound of the whole frame grown."""
+    from commscope.bench.scale import Plan, Poll, extrapolation
+
+    plan = Plan(ranks=16384, rate=1.5625, t_start=0, seconds=60.0, fault="none", culprit=0, fault_k=32,
+                hang_after=5.0, job="j", store="/nonexistent")
+    polls = [Poll(2048, 1024, 0.01, 0.0)] * 10
+    ops = [20_000 + 3_000 * (k % 7) for k in range(40)]
+    frames = [0.015 + 60e-9 * k for k in ops]  # 15 ms a frame, 60 ns an op
+    deeper = [(60e-9 * k, k) for k in (150_000, 160_000, 140_000, 155_000, 150_000)]
+    deeper[1] = (70e-9 * 160_000, 160_000)  # (one dearer: the median holds)
+    seen = _followed(polls, settled=0, heat_frames=frames, heat_ops=ops, heat_whole=[0.05], heat_deeper=deeper)
+    text = " ".join(extrapolation(plan, seen).split())
+    want = 0.015 + 60e-9 * 29_000 * 16  # (the median frame's ops, x 16 at the full rate)
+    assert (f"its heatmap of every rank: ~{want * 1e3:.2f} ms a frame (target <= 50 ms): 60 ns per op counted "
+            f"(quartiles 60-60: 5 frames counted again from 5 s further back, each beside its own), at ~464,000 "
+            f"ops a frame (29,000 here x 16), and 15.00 ms a frame for the rest (its ranks read, its lines "
+            f"painted); counted whole, at most 800.00 ms (x 16)") in text, text
+    quarter = " ".join(extrapolation(dataclasses.replace(plan, ranks=4096, rate=25 / 16), seen).split())
+    assert (f"~{(0.015 * 4 + 60e-9 * 29_000 * 64) * 1e3:.2f} ms a frame" in quarter
+            and "15.00 ms a frame for the rest (its ranks read, its lines painted), x 4 for the ranks" in quarter), \
+        quarter
+    few = " ".join(extrapolation(plan, dataclasses.replace(seen, heat_deeper=deeper[:3])).split())
+    assert "per op counted" not in few and "its heatmap of every rank: at most" in few, few

@@ -410,9 +410,8 @@ class HeatFrames:
         self.counted: Any = None  # (``painter.Counted``)
         self.frames = 0
 
-    def paint(self, feed: Any, now: int) -> tuple[float | None, float | None]:
-        """One frame: (seconds counted from the last frame, None for the first, which has none;
-        seconds counted whole, where it was)."""
+    def paint(self, feed: Any, now: int) -> HeatFrame:
+        """One frame (``HeatFrame``)."""
         from commscope.tui import painter
         from commscope.tui.timeline import heat_rows
 
@@ -431,10 +430,38 @@ class HeatFrames:
             return time.perf_counter() - began, counted
 
         whole = painted(None)[0] if self.frames % self.WHOLE_EVERY == 0 else None  # (the first among them)
-        first = self.counted is None
-        took, self.counted = painted(self.counted)
+        prev, deeper = self.counted, None
+        if prev is not None and self.frames % self.WHOLE_EVERY == self.WHOLE_EVERY // 2:
+            # the same frame counted from further back as well (what its clock before says
+            # to count from: the earlier of the two clocks), before or after its own in turn
+            back = prev._replace(win=prev.win._replace(now=prev.win.now - int(DEEPER_S * S)))
+            before = self.frames // self.WHOLE_EVERY % 2 == 0
+            deep_s, deep = painted(back) if before else (0.0, None)
+            took, self.counted = painted(prev)
+            if not before:
+                deep_s, deep = painted(back)
+            deeper = (deep_s - took, deep.ops - self.counted.ops)
+        else:
+            took, self.counted = painted(prev)
         self.frames += 1
-        return None if first else took, whole
+        return HeatFrame(None if prev is None else took, self.counted.ops, whole, deeper)
+
+
+class HeatFrame(NamedTuple):
+    """A heatmap frame of ``bench scale`` (``HeatFrames.paint``)."""
+
+    took: float | None  # seconds counted from the last frame (None: the first, which has none)
+    ops: int  # ... the ops it counted so (``painter.Counted.ops``)
+    whole: float | None  # seconds counted whole, where it was (every ``HeatFrames.WHOLE_EVERY``th frame)
+    #: where it was (every ``WHOLE_EVERY``th, half a turn after the whole ones), the same frame
+    #: counted from ``DEEPER_S`` further back as well: (seconds, ops) more than its own count
+    deeper: tuple[float, int] | None
+
+
+#: How much further back ``HeatFrames`` counts a frame again, to tell what an op counted costs
+#: from what the frame costs whatever it counts (its ranks read, its lines painted): ~5x
+#: the ops a frame counts at the live edge
+DEEPER_S = 5.0
 
 
 #: The heatmap's lines in ``bench scale``'s frame of it (a 200x60 terminal's timeline holds ~40)
@@ -480,7 +507,9 @@ class Followed:
     wall_s: float  # from the job's start to the end of the follow, its drain apart
     frames: list[float]  # seconds to paint the timeline's rows
     heat_frames: list[float]  # ... its heatmap of every rank (every other frame: ``HeatFrames``; the first apart)
+    heat_ops: list[int]  # ... the ops each of those counted (``painter.Counted.ops``)
     heat_whole: list[float]  # ... counted whole, as a jump or a zoom counts it (``HeatFrames.WHOLE_EVERY``)
+    heat_deeper: list[tuple[float, int]]  # ... counted from further back as well: (seconds, ops) more (``HeatFrame``)
     rss: int  # the console's, its read processes' with it (the most sampled), or its own peak if more
     rss_end: int  # ... at the follow's end
     #: the console's own before its first read: the interpreter's and its imports' (what does
@@ -543,7 +572,9 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
     caught_ns, caught = 0, 0  # when the console caught up, and the watermark samples before then
     frames: list[float] = []
     heat_frames: list[float] = []
+    heat_ops: list[int] = []
     heat_whole: list[float] = []
+    heat_deeper: list[tuple[float, int]] = []
     heat = HeatFrames()
     found_ns = 0
     stacks_shown = (0, 0, 0, 0)  # the expected finding's, as last judged (``_stacks_shown``)
@@ -609,11 +640,14 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
         mono = time.monotonic()
         if mono >= next_frame and feed.view.rank_ids():
             if len(frames) > heat.frames:  # (in turn)
-                took, whole = heat.paint(feed, wall)
-                if took is not None:
-                    heat_frames.append(took)
-                if whole is not None:
-                    heat_whole.append(whole)
+                painted = heat.paint(feed, wall)
+                if painted.took is not None:
+                    heat_frames.append(painted.took)
+                    heat_ops.append(painted.ops)
+                if painted.whole is not None:
+                    heat_whole.append(painted.whole)
+                if painted.deeper is not None:
+                    heat_deeper.append(painted.deeper)
             else:
                 frames.append(_rows_painted(feed, plan.culprit, wall))
             next_frame = mono + 0.5
@@ -653,8 +687,9 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
         caught_s=(caught_ns - plan.t_start) / S if caught_ns else None,
         after_caught=behind[caught:] if caught_ns else [],
         found_s=(found_ns - fault_ns) / S if found_ns else None, wrong=wrong, early=early,
-        wall_s=(time.time_ns() - plan.t_start) / S, frames=frames, heat_frames=heat_frames,
-        heat_whole=heat_whole, rss=rss, rss_end=rss_end, rss_start=rss_start, read_started_rss=read_started[0],
+        wall_s=(time.time_ns() - plan.t_start) / S, frames=frames, heat_frames=heat_frames, heat_ops=heat_ops,
+        heat_whole=heat_whole, heat_deeper=heat_deeper, rss=rss, rss_end=rss_end, rss_start=rss_start,
+        read_started_rss=read_started[0],
         read_processes_end=read_started[1], model_bytes=model_bytes, model_ops=model_ops,
         model_budget=feed.MODEL_BUDGET, restarts=feed.restarts,
         restarts_skipped=feed.restarts_skipped, restart_reads=list(feed.restart_reads), events=feed.model.events,
@@ -793,6 +828,17 @@ def _least_squares(a: np.ndarray, y: np.ndarray, keep: np.ndarray) -> tuple[np.n
     return best, best_fitted
 
 
+def heat_per_op(deeper: Sequence[tuple[float, int]]) -> tuple[float, float, float] | None:
+    """What an op a heatmap frame counts costs, from frames counted again from further back
+    (``HeatFrame.deeper``: seconds and ops more, each beside the frame's own count of the same
+    view): the median of their seconds an op, and its quartiles.  None from fewer than 4
+    that counted more ops."""
+    costs = [t / k for t, k in deeper if k > 0]
+    if len(costs) < 4:
+        return None
+    return median(costs), quantile(costs, 0.25), quantile(costs, 0.75)
+
+
 def extrapolation(plan: Plan, seen: Followed) -> str:
     """The report's extrapolation of a run of fewer ranks or a lower rate to the target's job
     (none for a run at its size): the cores its console needs, from the costs fitted over
@@ -802,7 +848,12 @@ def extrapolation(plan: Plan, seen: Followed) -> str:
     (they pace themselves by what they cost).  Beside it, the upper bound of the run's own
     cost per event at the full rate.  The fit's 95% interval is stated: at a sixteenth of
     the rate a stream's read holds ~2 records, and what they cost is told from the read's
-    own by little more than this machine's noise."""
+    own by little more than this machine's noise.  The heatmap's frame likewise: what an op
+    it counts costs, told apart from the rest of the frame by counting some frames again
+    from further back (``heat_per_op``), the ops grown as the ranks and the rate are, the
+    rest as the ranks are (a run of every rank at a sixteenth of the rate measures it
+    nearly whole); without that, the run's frame grown as its ops are (a bound, loose below
+    the full rate)."""
     target = max(plan.ranks, TARGET_RANKS)
     full = target * FULL_RATE * plan.records
     if plan.ranks * EXTRAPOLATE_FROM < target:
@@ -848,7 +899,24 @@ def extrapolation(plan: Plan, seen: Followed) -> str:
                     f"however many read processes it has"))
     text.append(_wrapped(f"{'all in, ' if stated else ''}{per_event * full:.2f} cores at its "
                          f"{per_event * 1e6:.2f} us per event (an upper bound: a rank's own costs counted per event)"))
-    if seen.heat_frames:  # (its ops in view grow with the ranks and the rate; its per-rank part, with the ranks)
+    per_op = heat_per_op(seen.heat_deeper)
+    if per_op is not None and len(seen.heat_ops) == len(seen.heat_frames) and seen.heat_frames:
+        # (the ops it counts grow with the ranks and the rate; the rest, with the ranks at most)
+        grown, wider = target * FULL_RATE / (plan.ranks * plan.rate), target / plan.ranks
+        cost, low, high = per_op
+        ops = median(seen.heat_ops)
+        rest = max(0.0, median([t - cost * k for t, k in zip(seen.heat_frames, seen.heat_ops, strict=True)]))
+        whole = (f"; counted whole, at most {fmt_time(median(seen.heat_whole) * grown)} (x {grown:g})"
+                 if seen.heat_whole else "")
+        text.append(_wrapped(
+            f"its heatmap of every rank: ~{fmt_time(rest * wider + cost * ops * grown)} a frame (target <= "
+            f"{TARGET_FRAME_S * 1e3:g} ms): {cost * 1e9:.0f} ns per op counted (quartiles {low * 1e9:.0f}-"
+            f"{high * 1e9:.0f}: {len(seen.heat_deeper)} frames counted again from {DEEPER_S:g} s further back, "
+            f"each beside its own), at ~{ops * grown:,.0f} ops a frame ({ops:,.0f} here x {grown:g}), and "
+            f"{fmt_time(rest)} a frame for the rest (its ranks read, its lines painted)"
+            + (f", x {wider:g} for the ranks (an upper bound: its lines' part does not grow)" if wider > 1 else "")
+            + whole))
+    elif seen.heat_frames:  # (its ops in view grow with the ranks and the rate; its per-rank part, with the ranks)
         grown = target * FULL_RATE / (plan.ranks * plan.rate)
         whole = (f", {fmt_time(median(seen.heat_whole) * grown)} counted whole" if seen.heat_whole else "")
         text.append(_wrapped(
