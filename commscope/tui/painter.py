@@ -998,7 +998,9 @@ def _window_ops(m: ModelLike, ranks: Sequence[int], win: Window, cats: np.ndarra
     if place_all.shape[0] < len(ranks):
         alone = [(k, *_painted_alone(m, ranks[k], win, cats, spans))
                  for k in np.flatnonzero(~ordered).tolist() if views[k] is not None and views[k].n]
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, Mapping[str, np.ndarray]]] = []
+    # (each block's ops: their ranks' places, indices, rows in its columns, its columns, and
+    # their begins and completions, read once)
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, Mapping[str, np.ndarray], np.ndarray, np.ndarray]] = []
     for key, cols in blocks.items():
         mine = np.flatnonzero(block == key)
         place, at, n = place_all[mine], at_all[mine], n_all[mine]
@@ -1027,13 +1029,16 @@ def _window_ops(m: ModelLike, ranks: Sequence[int], win: Window, cats: np.ndarra
         j, fi = j[~solo[j]], fi[~solo[j]]
         inside = (fi >= i0[j]) & (fi < i1[j])
         keep[first[j[inside]] + fi[inside] - i0[j[inside]]] = True
-        who, index, offset = who[keep], index[keep], offset[keep]
+        who, index, offset, begin, comp = who[keep], index[keep], offset[keep], begin[keep], comp[keep]
         ew, ei = j[~inside], fi[~inside]
         if ew.shape[0]:
             er = at[ew] + ei
-            fits = cols["begin"][er] < t1
-            who, index, offset = (np.concatenate([x, y[fits]]) for x, y in ((who, ew), (index, ei), (offset, er)))
-        parts.append((place[who], index, offset, cols))
+            eb = cols["begin"][er]
+            fits = eb < t1
+            ec = cols["comp"][er[fits]]
+            who, index, offset, begin, comp = (np.concatenate([x, y]) for x, y in (
+                (who, ew[fits]), (index, ei[fits]), (offset, er[fits]), (begin, eb[fits]), (comp, ec)))
+        parts.append((place[who], index, offset, cols, begin, comp))
     empty = np.zeros(0, np.int64)
     if not parts:
         return WindowOps(empty, empty, empty.astype(np.uint8), empty, empty, empty.astype(np.bool_), empty, empty,
@@ -1042,6 +1047,8 @@ def _window_ops(m: ModelLike, ranks: Sequence[int], win: Window, cats: np.ndarra
     index = np.concatenate([p[1] for p in parts])
     source = np.repeat(np.arange(len(parts)), [p[2].shape[0] for p in parts])  # (each op's block)
     offset = np.concatenate([p[2] for p in parts])
+    begin = parts[0][4] if len(parts) == 1 else np.concatenate([p[4] for p in parts])
+    comp = parts[0][5] if len(parts) == 1 else np.concatenate([p[5] for p in parts])
 
     def gathered(column: str, at: np.ndarray, of: np.ndarray) -> np.ndarray:
         """``column`` at rows ``at`` of the blocks ``of`` (ascending: the parts' ops in turn)."""
@@ -1055,7 +1062,6 @@ def _window_ops(m: ModelLike, ranks: Sequence[int], win: Window, cats: np.ndarra
                 out[a:b] = p[3][column][at[a:b]]
         return out
 
-    begin, comp = gathered("begin", offset, source), gathered("comp", offset, source)
     code = cats[gathered("sig", offset, source)]
     shown = code < HIDDEN_BIT  # inner traffic is drawn as its outer op
     if win.cursor_ns is not None:  # replay: the future has not happened yet
