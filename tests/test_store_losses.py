@@ -173,10 +173,13 @@ def _checked(store: str, capsys) -> dict | None:
     return out
 
 
-def _poll(predicate, what: str, timeout: float = 60.0):
+def _poll(predicate, what: str, timeout: float = 60.0, state: Callable[[], object] | None = None):
+    """``predicate``'s first true value, polled; past ``timeout``, a failure that says
+    ``what`` never came and, where given, ``state()``: what the test saw instead (a failure
+    under load once, not reproduced, said only which line)."""
     deadline = time.monotonic() + timeout
     while not (got := predicate()):
-        assert time.monotonic() < deadline, f"never: {what}"
+        assert time.monotonic() < deadline, f"never: {what}" + (f"; instead: {state()}" if state else "")
         time.sleep(0.1)
     return got
 
@@ -381,8 +384,15 @@ def test_a_console_that_read_the_job_before_its_directory_was_deleted_counts_onl
         return found[0] if len(found) == 1 and (found[0].kind, found[0].culprits, found[0].seq) == (
             "missing_ranks", [1], 6) else None
 
+    def judged() -> object:  # (what the reader's model says instead of the hang: ``_poll``'s state)
+        return ([(f.kind, f.culprits, f.seq) for f in diagnose(model, hang_after=1.0) if f.severity == "error"],
+                model.events, reader.stats.warnings[-3:])
+
+    def lines() -> dict:
+        return {r: _lines_of(job_dir, r) for r in range(3)} if job_dir.is_dir() else {"job dir": "gone"}
+
     try:
-        before = _poll(hung, "the hang found before the deletion")
+        before = _poll(hung, "the hang found before the deletion", state=judged)
         assert (before.culprits, before.seq, before.op) == ([1], 6, "all_reduce"), before
         stop(job.pids)  # (what the reader read, counted while nothing is written)
         while reader.backlog_bytes() or reader.stats.partial_tail:
@@ -391,14 +401,16 @@ def test_a_console_that_read_the_job_before_its_directory_was_deleted_counts_onl
         read = {r: _lines_of(job_dir, r) for r in range(3)}
         entered, caught_up = {r: set(_segment_lines(job_dir, r)) for r in range(3)}, dict(read)
         _signal_all(job, signal.SIGCONT)
-        _poll(lambda: all(_lines_of(job_dir, r) > read[r] + 2 for r in range(3)), "lines the reader did not read")
+        _poll(lambda: all(_lines_of(job_dir, r) > read[r] + 2 for r in range(3)), "lines the reader did not read",
+              state=lambda: (lines(), read))
         if looks == "while it is gone":
             deleted = _Deleted(job.pids, job_dir, look=step)
             read = {r: _read_through(deleted.looked, entered[r], r) for r in range(3)}
             first = []
         else:  # the reader lists rank 0's file started again, not yet ranks 1 and 2's (stopped still)
             deleted = _Deleted(job.pids, job_dir, go_on=job.pids[:1])
-            _poll(lambda: job_dir.is_dir() and _lines_of(job_dir, 0) > 0, "rank 0's file started again")
+            _poll(lambda: job_dir.is_dir() and _lines_of(job_dir, 0) > 0, "rank 0's file started again",
+                  state=lambda: (lines(), sorted(p.name for p in job_dir.iterdir()) if job_dir.is_dir() else None))
             first = step()  # (what it held of ranks 1 and 2's deleted files it read to their ends: read, not lost)
             held = deleted.lines(keep=True)
             read.update({r: _read_through(held, entered[r], r) for r in (1, 2)})
@@ -409,8 +421,9 @@ def test_a_console_that_read_the_job_before_its_directory_was_deleted_counts_onl
             markers.update({e["rank"]: e for e in first + step() if e["type"] == "dropped" and e.get("entries")})
             return len(markers) == 3
 
-        _poll(all_read, "every rank's store_lost marker read")
-        after = _poll(hung, "the hang found after the deletion")
+        _poll(all_read, "every rank's store_lost marker read",
+              state=lambda: (sorted(markers), lines(), job.alive(), reader.stats.warnings[-3:]))
+        after = _poll(hung, "the hang found after the deletion", state=judged)
         assert (after.culprits, after.seq, after.op, after.group) == ([1], 6, "all_reduce", before.group), after
         assert not [f for f in diagnose(model, hang_after=1.0) if f.severity == "error" and (
             f.kind != "trace_incomplete" and f.culprits != [1])]  # (no victim blamed)
@@ -946,7 +959,8 @@ def test_a_console_whose_first_read_went_to_workers_counts_only_what_it_had_not_
         read = {r: _lines_of(job_dir, r) for r in range(3)}
         entered = {r: set(_segment_lines(job_dir, r)) for r in range(3)}
         _signal_all(job, signal.SIGCONT)
-        _poll(lambda: all(_lines_of(job_dir, r) > read[r] + 2 for r in range(3)), "lines the reader did not read")
+        _poll(lambda: all(_lines_of(job_dir, r) > read[r] + 2 for r in range(3)), "lines the reader did not read",
+              state=lambda: ({r: _lines_of(job_dir, r) for r in range(3)}, read))
         deleted = _Deleted(job.pids, job_dir, look=reader.poll_batch)
         read = {r: _read_through(deleted.looked, entered[r], r) for r in range(3)}
         markers = _every_marker(reader, 3)
