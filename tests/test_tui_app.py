@@ -1711,3 +1711,7 @@ def test_what_readers_said_before_a_restart_is_kept_and_what_is_read_again_is_sa
     feed._swap_in(open_source(stores["with"]))  # (one that reads it again)
     feed.step()
     assert (feed.restarts, feed.info.warnings_total, feed.info.warnings) == (2, 1, (said,))
+    # a text said for separate events (a reconnection each time): each copy said again stands for one
+    feed._carry_warnings(["reconnected to redis://h:6379"] * 3, ["reconnected to redis://h:6379"])
+    assert feed._said_before == ["reconnected to redis://h:6379"] * 2  # (and the new reader's one: 3 in all)
+    assert feed._said_before_total == 2

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -502,11 +502,19 @@ class Feed:
     def _carry_warnings(self, old: Sequence[str], new: Sequence[str]) -> None:
         """Keep what a reader swapped out said (``old``) beside what the one swapped in said
         already (``new``), which said again what it read again (a loss in the window): that
-        once.  A loss before the window is not read again, and stays said."""
-        again = set(new)
+        once, each copy the new one said standing for one said before (texts repeat for
+        separate events: "reconnected to ..." each time).  A loss before the window is not
+        read again, and stays said."""
+        again = Counter(new)  # (a text said again twice takes two of the earlier: a reconnection each)
         before = [*self._said_before, *old]
-        self._said_before_total += len(old) - sum(w in again for w in before)
-        self._said_before = [w for w in before if w not in again][-WARNINGS_KEPT:]
+        kept = []
+        for w in before:
+            if again[w]:
+                again[w] -= 1
+            else:
+                kept.append(w)
+        self._said_before_total += len(old) - (len(before) - len(kept))
+        self._said_before = kept[-WARNINGS_KEPT:]
 
     def _stopping(self) -> None:
         if self._stop.is_set():
