@@ -13,6 +13,7 @@ Without numba the same is done with numpy.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 
 import numpy as np
@@ -31,7 +32,10 @@ def first_at_least(column: np.ndarray, at: np.ndarray, n: np.ndarray, x: int, co
     out = np.zeros(n.shape[0], np.int64)
     kernel = _load() if compiled else None
     if kernel is not None and column.dtype == np.int64:
-        x = math.ceil(x)  # (an integer column's first value at least x is its first at least x's ceiling)
+        try:
+            x = operator.index(x)  # (exact: numpy's integers too, which ``math.ceil`` takes through a float)
+        except TypeError:
+            x = math.ceil(x)  # (an integer column's first value at least x is its first at least x's ceiling)
         if x > I64_MAX:
             return n.astype(np.int64, copy=True)
         if x > I64_MIN:  # (at most the least int64: every run's start, as ``out`` says)
