@@ -379,3 +379,64 @@ def test_the_heatmap_s_frame_is_extrapolated_from_what_an_op_counted_costs_and_t
         quarter
     few = " ".join(extrapolation(plan, dataclasses.replace(seen, heat_deeper=deeper[:3])).split())
     assert "per op counted" not in few and "its heatmap of every rank: at most" in few, few
+    # pairs that are noise (a quarter or more at or below 0 ns an op): the bound, and why
+    noise = [(-1e-3, 8000)] * 3 + [(2e-3, 8000)] * 3
+    noisy = " ".join(extrapolation(plan, dataclasses.replace(seen, heat_deeper=noise)).split())
+    assert "per op counted" not in noisy and "its heatmap of every rank: at most" in noisy, noisy
+    assert ("(what an op it counts costs is not told from the 6 frames counted again from 5 s further back: their "
+            "lower quartile is -125 ns an op)") in noisy, noisy
+
+
+def test_heat_frames_count_as_a_fresh_count_does_and_every_other_one_again_from_further_back():
+    """``HeatFrames.paint`` following a live job a second at a time: each of its counts (the
+    frame's own, from the last, and the one from 5 s further back) equals counting the
+    frame whole; every other frame is counted again, more ops than its own."""
+    from types import SimpleNamespace
+
+    from commscope.analysis import TraceModel
+    from commscope.analysis.synth import T0, TraceBuilder
+    from commscope.bench.scale import HeatFrames
+    from commscope.tui import painter
+
+    s, ms, ranks = 10**9, 10**6, 16
+    b = TraceBuilder(ranks, meta=False)
+    for r in range(ranks):
+        for k in range(500):  # 25 a second, 20 s
+            t = T0 + k * 40 * ms + r * 1000
+            b.sync(r, t, t + 10 * ms, "all_reduce")
+    events = b.sorted_events()
+    ts = np.array([e["ts"] for e in events])
+    model, seen, at = TraceModel(), [], 0
+    counted = painter.rows_levels
+
+    def spy(view, rows, win, *args, prev=None, **kw):
+        got = counted(view, rows, win, *args, prev=prev, **kw)
+        fresh = painter.count_levels(view, [g for row in rows for g in painter.row_groups(row)], win)
+        seen.append((got[1].ops, np.array_equal(got[1].busy, fresh.busy) and np.array_equal(got[1].worst, fresh.worst)))
+        return got
+
+    heat, feed, pairs = HeatFrames(), SimpleNamespace(), 0
+    original = painter.rows_levels
+    painter.rows_levels = spy
+    try:
+        for sec in range(1, 20):
+            end = T0 + sec * s
+            hi = int(np.searchsorted(ts, end))
+            model.ingest(events[at:hi])
+            at = hi
+            feed.view = model.view(end)
+            seen.clear()
+            frame = heat.paint(feed, end)
+            assert all(same for _, same in seen), (sec, seen)
+            ops = [k for k, _ in seen]
+            assert heat.counted.ops == frame.ops and frame.ops in ops, (sec, frame, ops)
+            if frame.deeper is not None:
+                assert frame.ops + frame.deeper[1] in ops, (sec, frame, ops)
+            if sec > 1 and (sec - 1) % 2 == 1:  # (the odd frames, counted from the second on)
+                assert frame.deeper is not None and frame.deeper[1] > 0, (sec, frame)
+                pairs += 1
+            else:
+                assert frame.deeper is None, (sec, frame)
+    finally:
+        painter.rows_levels = original
+    assert pairs == 9

@@ -389,7 +389,16 @@ def test_a_console_that_read_the_job_before_its_directory_was_deleted_counts_onl
                 model.events, reader.stats.warnings[-3:])
 
     def lines() -> dict:
-        return {r: _lines_of(job_dir, r) for r in range(3)} if job_dir.is_dir() else {"job dir": "gone"}
+        try:
+            return {r: _lines_of(job_dir, r) for r in range(3)}
+        except FileNotFoundError:
+            return {"job dir": "gone"}
+
+    def listing() -> list[str] | None:
+        try:
+            return sorted(p.name for p in job_dir.iterdir())
+        except FileNotFoundError:
+            return None
 
     try:
         before = _poll(hung, "the hang found before the deletion", state=judged)
@@ -410,7 +419,7 @@ def test_a_console_that_read_the_job_before_its_directory_was_deleted_counts_onl
         else:  # the reader lists rank 0's file started again, not yet ranks 1 and 2's (stopped still)
             deleted = _Deleted(job.pids, job_dir, go_on=job.pids[:1])
             _poll(lambda: job_dir.is_dir() and _lines_of(job_dir, 0) > 0, "rank 0's file started again",
-                  state=lambda: (lines(), sorted(p.name for p in job_dir.iterdir()) if job_dir.is_dir() else None))
+                  state=lambda: (lines(), listing()))
             first = step()  # (what it held of ranks 1 and 2's deleted files it read to their ends: read, not lost)
             held = deleted.lines(keep=True)
             read.update({r: _read_through(held, entered[r], r) for r in (1, 2)})

@@ -404,6 +404,7 @@ class HeatFrames:
     apart)."""
 
     WHOLE_EVERY = 4
+    DEEPER_EVERY = 2  # (every other frame, the odd ones, counted again from further back: ``HeatFrame.deeper``)
 
     def __init__(self) -> None:
         self.t0: int | None = None
@@ -431,11 +432,11 @@ class HeatFrames:
 
         whole = painted(None)[0] if self.frames % self.WHOLE_EVERY == 0 else None  # (the first among them)
         prev, deeper = self.counted, None
-        if prev is not None and self.frames % self.WHOLE_EVERY == self.WHOLE_EVERY // 2:
+        if prev is not None and self.frames % self.DEEPER_EVERY == 1:
             # the same frame counted from further back as well (what its clock before says
             # to count from: the earlier of the two clocks), before or after its own in turn
             back = prev._replace(win=prev.win._replace(now=prev.win.now - int(DEEPER_S * S)))
-            before = self.frames // self.WHOLE_EVERY % 2 == 0
+            before = self.frames // self.DEEPER_EVERY % 2 == 0
             deep_s, deep = painted(back) if before else (0.0, None)
             took, self.counted = painted(prev)
             if not before:
@@ -453,8 +454,8 @@ class HeatFrame(NamedTuple):
     took: float | None  # seconds counted from the last frame (None: the first, which has none)
     ops: int  # ... the ops it counted so (``painter.Counted.ops``)
     whole: float | None  # seconds counted whole, where it was (every ``HeatFrames.WHOLE_EVERY``th frame)
-    #: where it was (every ``WHOLE_EVERY``th, half a turn after the whole ones), the same frame
-    #: counted from ``DEEPER_S`` further back as well: (seconds, ops) more than its own count
+    #: where it was (every other frame: ``HeatFrames.DEEPER_EVERY``), the same frame counted from
+    #: ``DEEPER_S`` further back as well: (seconds, ops) more than its own count
     deeper: tuple[float, int] | None
 
 
@@ -831,8 +832,10 @@ def _least_squares(a: np.ndarray, y: np.ndarray, keep: np.ndarray) -> tuple[np.n
 def heat_per_op(deeper: Sequence[tuple[float, int]]) -> tuple[float, float, float] | None:
     """What an op a heatmap frame counts costs, from frames counted again from further back
     (``HeatFrame.deeper``: seconds and ops more, each beside the frame's own count of the same
-    view): the median of their seconds an op, and its quartiles.  None from fewer than 4
-    that counted more ops."""
+    view): the median of their seconds an op, and its quartiles (a lower quartile at or
+    below 0 says the pairs are noise: ``extrapolation`` then states the bound).  The cells
+    counted again are charged to the ops (~4 ns of ~40 at 16k ranks and 1/16 of the rate,
+    fewer at the full rate): it errs high.  None from fewer than 4 that counted more ops."""
     costs = [t / k for t, k in deeper if k > 0]
     if len(costs) < 4:
         return None
@@ -900,7 +903,8 @@ def extrapolation(plan: Plan, seen: Followed) -> str:
     text.append(_wrapped(f"{'all in, ' if stated else ''}{per_event * full:.2f} cores at its "
                          f"{per_event * 1e6:.2f} us per event (an upper bound: a rank's own costs counted per event)"))
     per_op = heat_per_op(seen.heat_deeper)
-    if per_op is not None and len(seen.heat_ops) == len(seen.heat_frames) and seen.heat_frames:
+    told = per_op is not None and per_op[1] > 0  # (a quarter of the pairs at or below 0: noise, not a cost)
+    if told and per_op is not None and len(seen.heat_ops) == len(seen.heat_frames) and seen.heat_frames:
         # (the ops it counts grow with the ranks and the rate; the rest, with the ranks at most)
         grown, wider = target * FULL_RATE / (plan.ranks * plan.rate), target / plan.ranks
         cost, low, high = per_op
@@ -924,7 +928,10 @@ def extrapolation(plan: Plan, seen: Followed) -> str:
             f"(x {grown:g}: the ops in view grow with the ranks and the rate; target <= {TARGET_FRAME_S * 1e3:g} ms)"
             + (f"; a frame's per-rank part does not grow with the rate, so this bound is loose below it: a "
                f"fraction of the ranks at the full rate states it closer, e.g. --ranks {target // 4} --rate "
-               f"{FULL_RATE:g}" if plan.rate < FULL_RATE else "")))
+               f"{FULL_RATE:g}" if plan.rate < FULL_RATE else "")
+            + (f" (what an op it counts costs is not told from the {len(seen.heat_deeper)} frames counted again "
+               f"from {DEEPER_S:g} s further back: their lower quartile is {per_op[1] * 1e9:.0f} ns an op)"
+               if per_op is not None and not told else "")))
     loose = fit is None or fit.per_record <= 0 or fit.record_within() > fit.per_record / 2
     if plan.rate < FULL_RATE and loose and polls:
         told = ("is not told from the read's" if fit is None or fit.per_record <= 0
