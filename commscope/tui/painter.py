@@ -33,7 +33,8 @@ from rich.segment import Segment
 from rich.style import Style
 from textual.strip import Strip
 
-from commscope.analysis import busy, runsearch
+from commscope.analysis import runsearch
+from commscope.analysis.busy import busy_counts
 from commscope.analysis.columns import I64_MAX, RankColumns, RankView, _within
 from commscope.analysis.model import APPROX, ModelLike, ModelView
 from commscope.analysis.vocab import RankState
@@ -844,8 +845,8 @@ def _cells(a: np.ndarray, b: np.ndarray, row: np.ndarray, kind: np.ndarray,
 def _busy_ranks(c0: np.ndarray, c1: np.ndarray, row: np.ndarray, members: Members, groups: int,
                 w: int) -> np.ndarray:
     """(groups, w): per cell, how many of each group's ranks one of the ranges [c0, c1] of
-    their row covers (a rank counted once, however many cover it: ``busy.busy_counts``)."""
-    return busy.busy_counts(c0, c1, row, len(members.ranks), members.laid, members.first, members.first_group,
+    their row covers (a rank counted once, however many cover it: ``busy_counts``)."""
+    return busy_counts(c0, c1, row, len(members.ranks), members.laid, members.first, members.first_group,
                             groups, w)
 
 
