@@ -903,8 +903,8 @@ def extrapolation(plan: Plan, seen: Followed) -> str:
     text.append(_wrapped(f"{'all in, ' if stated else ''}{per_event * full:.2f} cores at its "
                          f"{per_event * 1e6:.2f} us per event (an upper bound: a rank's own costs counted per event)"))
     per_op = heat_per_op(seen.heat_deeper)
-    told = per_op is not None and per_op[1] > 0  # (a quarter of the pairs at or below 0: noise, not a cost)
-    if told and per_op is not None and len(seen.heat_ops) == len(seen.heat_frames) and seen.heat_frames:
+    op_told = per_op is not None and per_op[1] > 0  # (a quarter of the pairs at or below 0: noise, not a cost)
+    if op_told and per_op is not None and len(seen.heat_ops) == len(seen.heat_frames) and seen.heat_frames:
         # (the ops it counts grow with the ranks and the rate; the rest, with the ranks at most)
         grown, wider = target * FULL_RATE / (plan.ranks * plan.rate), target / plan.ranks
         cost, low, high = per_op
@@ -931,7 +931,7 @@ def extrapolation(plan: Plan, seen: Followed) -> str:
                f"{FULL_RATE:g}" if plan.rate < FULL_RATE else "")
             + (f" (what an op it counts costs is not told from the {len(seen.heat_deeper)} frames counted again "
                f"from {DEEPER_S:g} s further back: their lower quartile is {per_op[1] * 1e9:.0f} ns an op)"
-               if per_op is not None and not told else "")))
+               if per_op is not None and not op_told else "")))
     loose = fit is None or fit.per_record <= 0 or fit.record_within() > fit.per_record / 2
     if plan.rate < FULL_RATE and loose and polls:
         told = ("is not told from the read's" if fit is None or fit.per_record <= 0

@@ -847,7 +847,7 @@ def _busy_ranks(c0: np.ndarray, c1: np.ndarray, row: np.ndarray, members: Member
     """(groups, w): per cell, how many of each group's ranks one of the ranges [c0, c1] of
     their row covers (a rank counted once, however many cover it: ``busy_counts``)."""
     return busy_counts(c0, c1, row, len(members.ranks), members.laid, members.first, members.first_group,
-                            groups, w)
+                       groups, w)
 
 
 class Members(NamedTuple):
