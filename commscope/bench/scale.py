@@ -437,7 +437,8 @@ class HeatFrames:
             # to count from: the earlier of the two clocks), before or after its own in turn
             back = prev._replace(win=prev.win._replace(now=prev.win.now - int(DEEPER_S * S)))
             before = self.frames // self.DEEPER_EVERY % 2 == 0
-            deep_s, deep = painted(back) if before else (0.0, None)
+            if before:
+                deep_s, deep = painted(back)
             took, self.counted = painted(prev)
             if not before:
                 deep_s, deep = painted(back)
