@@ -21,7 +21,7 @@ from readers import by_workers
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
 from commscope.analysis.source import load_trace
 from commscope.bench.synthstore import JobShape, write_store
-from commscope.store import keyframes, retention
+from commscope.store import children, keyframes, retention
 from commscope.store.directory import DirectoryReader, DirectoryWriter
 from commscope.store.keyframes import FOOTER, Keyframe, at_or_before, keys_path, record
 from commscope.store.segments import list_segments
@@ -496,7 +496,7 @@ def test_a_keeper_that_died_is_started_again_and_told_every_stream(tmp_path, mon
 
     monkeypatch.setenv(keyframes.ENV_EVERY, "0.2")
     monkeypatch.setattr(keyframes, "CHECK_S", 0.0)
-    monkeypatch.setattr(keyframes.Keeper, "RESPAWN_S", 0.0)
+    monkeypatch.setattr(children.Keeper, "RESPAWN_S", 0.0)
     job = tmp_path / "job"
     writers = [DirectoryWriter(tmp_path, "job", r, {"world_size": 2}) for r in range(2)]
     for r, w in enumerate(writers):

@@ -1,13 +1,26 @@
-"""How a directory writer starts the children that work beside it (the closer of a segment,
-``store/retention.py``; the keeper of keyframes, ``store/keyframes.py``): at the lowest
-priority, apart from the rank's session, so the rank never waits on them."""
+"""How a writer starts the children that work beside it (the closer of a segment,
+``store/retention.py``; the keeper of a directory's keyframes, ``store/keyframes.py``; the
+keeper of a Redis job's keyframes, ``store/redis_marks.py``): at the lowest priority, apart
+from the rank's session, so the rank never waits on them."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
+import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from commscope.store.base import Stream
+
+#: Linux's fcntl that sets a pipe's size (``fcntl.F_SETPIPE_SZ`` from Python 3.10 on some builds only)
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
 @functools.cache
@@ -27,3 +40,99 @@ def start(module: str, *args: str, stdin: int | None = subprocess.DEVNULL) -> su
                                 start_new_session=True)
     except OSError:
         return None
+
+
+class Keeper:
+    """A writing process's keeper of one store (``python -m module args`` in a child): the
+    writers of its streams name them to it, one command line each, on its standard input.
+    One a process and store, not a stream: a process writing many ranks (``bench scale``)
+    starts one child, not thousands.  ``preamble``: what the child reads first, at each
+    start (a Redis URL, which may hold a password: never on a command line others can list)."""
+
+    _of: dict[tuple, Keeper] = {}
+    _of_lock = threading.Lock()
+    #: A keeper that died is started again at most this often (s)
+    RESPAWN_S = 30.0
+
+    def __init__(self, module: str, args: tuple[str, ...], preamble: bytes = b"") -> None:
+        self.module = module
+        self.args = args
+        self.preamble = preamble
+        self._child: subprocess.Popen | None = None
+        self._started = -1e18
+        #: each followed stream's newest command line: a keeper started again is told them
+        #: all; the child ends when the last stream is done
+        self._streams: dict[Stream, bytes] = {}
+        self._lock = threading.Lock()  # (the class's guards ``_of``: a spawn here holds up no other store's writers)
+
+    @classmethod
+    def of(cls, module: str, *args: str, preamble: bytes = b"") -> Keeper:
+        """The keeper of this process for ``module args`` (one is made at the first call)."""
+        key = (os.getpid(), module, args, preamble)  # (a forked child starts its own: the pipe is the parent's)
+        with cls._of_lock:
+            got = cls._of.get(key)
+            if got is None:
+                got = cls._of[key] = cls(module, args, preamble)
+            return got
+
+    def follow(self, stream: Stream, line: bytes) -> None:
+        """Tell the keeper ``line`` (a command ended by a newline) about ``stream``; it stands
+        for the stream from now on, told again to a keeper started again."""
+        with self._lock:
+            self._streams[stream] = line
+            self._send([line])
+
+    def ensure(self) -> None:
+        """A keeper that died (killed, out of memory) started again, told every stream's
+        line (at most every ``RESPAWN_S``): a writer asks now and then."""
+        with self._lock:
+            if self._streams and (self._child is None or self._child.poll() is not None):
+                self._send([])
+
+    def _send(self, lines: list[bytes]) -> None:
+        """Tell the keeper ``lines`` (every stream's, where it is a new one), each whole or not
+        at all, never waiting: a line a keeper behind has no room for is dropped (its
+        stream gets no keyframes, and windows start there as without them)."""
+        for _ in range(2):
+            child, fresh = self._running()
+            if child is None or child.stdin is None:
+                return
+            fd = child.stdin.fileno()
+            try:
+                for line in [self.preamble, *self._streams.values()] if fresh else lines:
+                    if line:
+                        os.write(fd, line)  # (a line well under PIPE_BUF: written whole or not at all)
+                return
+            except BlockingIOError:
+                return
+            except OSError:
+                self._child = None  # (died: started again, once)
+
+    def done(self, stream: Stream) -> None:
+        """``stream``'s writer closed; the last one done ends the child (its commands end)."""
+        with self._lock:
+            self._streams.pop(stream, None)
+            if self._streams or self._child is None:
+                return
+            child, self._child = self._child, None
+            self._started = -1e18
+        if child.stdin is not None:
+            with contextlib.suppress(OSError):
+                child.stdin.close()
+        threading.Thread(target=child.wait, name="commscope-keeper-reaper", daemon=True).start()  # (no zombie)
+
+    def _running(self) -> tuple[subprocess.Popen | None, bool]:
+        """The child, and whether it was started just now."""
+        if self._child is not None and self._child.poll() is None:
+            return self._child, False
+        now = time.monotonic()
+        if now - self._started < self.RESPAWN_S:
+            return None, False
+        self._started = now
+        self._child = start(self.module, *self.args, stdin=subprocess.PIPE)
+        if self._child is not None and self._child.stdin is not None:
+            fd = self._child.stdin.fileno()
+            os.set_blocking(fd, False)  # (a keeper that stopped reading never blocks a writer)
+            with contextlib.suppress(OSError):  # (room for 16k streams' lines at once, where Linux allows)
+                fcntl.fcntl(fd, F_SETPIPE_SZ, 1 << 20)
+        return self._child, True

@@ -49,7 +49,7 @@ from commscope.oprecords import OpRecords
 from commscope.private import make_dirs
 from commscope.redact import redact
 from commscope.schema import decode_job
-from commscope.store import inflight, keyframes, retention, segments
+from commscope.store import children, inflight, keyframes, retention, segments
 from commscope.store.base import (
     STORE_LOST,
     Batch,
@@ -243,7 +243,7 @@ class DirectoryWriter:
         self._owed = False  # a segment closed while a closer ran, not closed by it (``close``)
         #: the process's keeper of keyframes, once this stream's segment grew past
         #: ``keyframes.FOLLOW_AFTER``: it is told each new segment (``_next_segment``)
-        self._keeper: keyframes.Keeper | None = None
+        self._keeper: children.Keeper | None = None
         self.keyframe_s = keyframes.every_s_from_env() if self.closer else None  # (None: no keyframes)
         self._keeper_check = 0.0  # (monotonic) when to make sure the keeper runs next
         self._segment_size = 0  # (``_open`` says)
@@ -407,8 +407,8 @@ class DirectoryWriter:
         self._lines += len(extra) + len(lines)
         self._segment_size += len(data)
         if self._keeper is None and self._segment_size >= keyframes.FOLLOW_AFTER and self.keyframe_s is not None:
-            self._keeper = keyframes.Keeper.of(self.dir, self.keyframe_s)
-            self._keeper.follow((self.rank, self.incarnation), self._segment, self.path.name)
+            self._keeper = keyframes.keeper(self.dir, self.keyframe_s)
+            keyframes.follow(self._keeper, (self.rank, self.incarnation), self._segment, self.path.name)
             self._keeper_check = time.monotonic() + keyframes.CHECK_S
         elif self._keeper is not None and (now := time.monotonic()) >= self._keeper_check:
             self._keeper_check = now + keyframes.CHECK_S
@@ -472,7 +472,7 @@ class DirectoryWriter:
         self._torn = False
         self._retire()
         if self._keeper is not None:
-            self._keeper.follow((self.rank, self.incarnation), self._segment, self.path.name)
+            keyframes.follow(self._keeper, (self.rank, self.incarnation), self._segment, self.path.name)
         if self._meta_line is None or lines[0] is self._meta_line:
             return []
         # (saying the lines before it: a reader starting here, at a window or after retention,

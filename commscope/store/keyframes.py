@@ -3,7 +3,7 @@
 A segment holds ~93 minutes of a rank at 25 ops a second, and a reader of a window used to
 start at the segment holding the window's start: a console's ``--since 10m`` read up to 93
 minutes of every rank, and a restart at the tail read back about what its model held.  So a
-child process beside the writers (``Keeper``: one per writing process and job directory,
+child process beside the writers (``children.Keeper``: one per writing process and job directory,
 at the lowest priority; LTTng's consumer daemon) tails each stream's open segment and, every
 ``EVERY_S`` seconds that it grew by ``MIN_BYTES``, appends a keyframe to the segment's
 ``rank-00003.keys.000004.bin``: what the rank is in at a line's end (the carry
@@ -30,15 +30,12 @@ appended after it still serve, and where none does a window starts at the segmen
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import math
 import os
 import re
 import select
 import struct
-import subprocess
 import sys
-import threading
 import time
 import warnings
 import zlib
@@ -85,9 +82,7 @@ MAX_WALK = 16384
 #: minutes reads one chunk)
 WALK_CHUNK = 64 << 10
 
-#: Linux's fcntl that sets a pipe's size (``fcntl.F_SETPIPE_SZ`` from Python 3.10 on some builds only)
-F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-#: How often a writer makes sure its keeper runs (``Keeper.ensure``)
+#: How often a writer makes sure its keeper runs (``children.Keeper.ensure``)
 CHECK_S = 5.0
 
 KEYS_FILE = re.compile(r"^rank-(\d{1,8})(?:\+(\d{1,6}))?\.keys\.(\d{6,9})\.bin$")
@@ -396,7 +391,7 @@ def keep(directory: Path, commands: BinaryIO, every_s: float = EVERY_S,
 
 
 def _named(line: bytes) -> tuple[Stream, int, str] | None:
-    """A writer's command line, read as ``Keeper.follow`` writes it; None for anything else."""
+    """A writer's command line, read as ``follow`` writes it; None for anything else."""
     try:
         rank, inc, number, name = line.decode().split()
         parsed = parse_segment(name)
@@ -407,96 +402,14 @@ def _named(line: bytes) -> tuple[Stream, int, str] | None:
     return parsed[0], parsed[1], name
 
 
-class Keeper:
-    """The writing process's keeper of one job directory (``keep`` in a child process): the
-    writers of its streams name their segments to it.  One a process, not a stream: a
-    process writing many ranks (``bench scale``) starts one child, not thousands."""
+def keeper(directory: Path, every_s: float) -> children.Keeper:
+    """The writing process's keeper of ``directory``'s keyframes (``keep`` in a child)."""
+    return children.Keeper.of("commscope.store.keyframes", str(directory), repr(every_s))
 
-    _of: dict[tuple[int, Path, float], Keeper] = {}
-    _of_lock = threading.Lock()
-    #: A keeper that died is started again at most this often (s)
-    RESPAWN_S = 30.0
 
-    def __init__(self, directory: Path, every_s: float = EVERY_S) -> None:
-        self.directory = directory
-        self.every_s = every_s
-        self._child: subprocess.Popen | None = None
-        self._started = -1e18
-        #: each followed stream's newest segment, as its command line: a keeper started again
-        #: is told them all; the child ends when the last stream is done
-        self._segments: dict[Stream, bytes] = {}
-        self._lock = threading.Lock()  # (the class's guards ``_of``: a spawn here holds up no other directory's writers)
-
-    @classmethod
-    def of(cls, directory: Path, every_s: float = EVERY_S) -> Keeper:
-        key = (os.getpid(), directory, every_s)  # (a forked child starts its own: the pipe is the parent's)
-        with cls._of_lock:
-            got = cls._of.get(key)
-            if got is None:
-                got = cls._of[key] = cls(directory, every_s)
-            return got
-
-    def follow(self, stream: Stream, number: int, name: str) -> None:
-        """Keyframes for ``stream`` from its segment ``number`` (``name``) on."""
-        line = f"{stream[0]} {stream[1]} {number} {name}\n".encode()
-        with self._lock:
-            self._segments[stream] = line
-            self._send([line])
-
-    def ensure(self) -> None:
-        """A keeper that died (killed, out of memory) started again, told every stream's
-        segment (at most every ``RESPAWN_S``): a writer asks now and then (``DirectoryWriter``)."""
-        with self._lock:
-            if self._segments and (self._child is None or self._child.poll() is not None):
-                self._send([])
-
-    def _send(self, lines: list[bytes]) -> None:
-        """Tell the keeper ``lines`` (every stream's, where it is a new one), each whole or not
-        at all, never waiting: a line a keeper behind has no room for is dropped (its
-        segment gets no keyframes, and windows start there at its start)."""
-        for _ in range(2):
-            child, fresh = self._running()
-            if child is None or child.stdin is None:
-                return
-            fd = child.stdin.fileno()
-            try:
-                for line in list(self._segments.values()) if fresh else lines:
-                    os.write(fd, line)  # (a line well under PIPE_BUF: written whole or not at all)
-                return
-            except BlockingIOError:
-                return
-            except OSError:
-                self._child = None  # (died: started again, once)
-
-    def done(self, stream: Stream) -> None:
-        """``stream``'s writer closed; the last one done ends the child (its commands end)."""
-        with self._lock:
-            self._segments.pop(stream, None)
-            if self._segments or self._child is None:
-                return
-            child, self._child = self._child, None
-            self._started = -1e18
-        if child.stdin is not None:
-            with contextlib.suppress(OSError):
-                child.stdin.close()
-        threading.Thread(target=child.wait, name="commscope-keeper-reaper", daemon=True).start()  # (no zombie)
-
-    def _running(self) -> tuple[subprocess.Popen | None, bool]:
-        """The child, and whether it was started just now."""
-        if self._child is not None and self._child.poll() is None:
-            return self._child, False
-        now = time.monotonic()
-        if now - self._started < self.RESPAWN_S:
-            return None, False
-        self._started = now
-        self._child = children.start("commscope.store.keyframes", str(self.directory), repr(self.every_s),
-                                     stdin=subprocess.PIPE)
-        if self._child is not None and self._child.stdin is not None:
-            fd = self._child.stdin.fileno()
-            os.set_blocking(fd, False)  # (a keeper that stopped reading never blocks a writer)
-            with contextlib.suppress(OSError):  # (room for 16k streams' lines at once, where Linux allows)
-                fcntl.fcntl(fd, F_SETPIPE_SZ, 1 << 20)
-        return self._child, True
+def follow(keeper: children.Keeper, stream: Stream, number: int, name: str) -> None:
+    """Keyframes for ``stream`` from its segment ``number`` (``name``) on."""
+    keeper.follow(stream, f"{stream[0]} {stream[1]} {number} {name}\n".encode())
 
 
 def main(argv: list[str]) -> int:
