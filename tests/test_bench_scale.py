@@ -98,6 +98,10 @@ def test_a_nodes_requests_leave_out_what_the_append_script_runs_inside():
     # 20 appends (each an XREVRANGE and XADDs inside), 50 XREADs, 3 XREVRANGEs of a reader,
     # 4 XLENs and a CONFIG GET; the INFO that asked is not the job's
     assert (load.appends, load.reads, load.other, load.requests) == (10.0, 25.0, 4.0, 39.0)
+    # the same with 6 keyframes taken meanwhile: an XADD each that a keeper sent (its XRANGEs
+    # are among the other commands already)
+    load = node_load("n1", before, dict(after, xrange=6), 2.0, frames=6)
+    assert (load.appends, load.reads, load.other) == (10.0, 25.0, 10.0)
 
 
 def test_the_extrapolation_apportions_a_polls_cost_to_records_streams_read_and_polls():
@@ -291,6 +295,8 @@ def test_the_memory_lines_state_the_model_and_the_rss_the_targets_job_would_hold
     assert (f"its newest keyframe before the window (one every 2 s that a stream grew by 8.0 KiB), up to 2 s of a "
             f"rank there (EXTRAPOLATED: at 64.0 KB a rank a second, its op records' grown to the rate), so up to "
             f"{2 * 409600 * 131.072 / 2**20:.1f} MiB more of model read again;") in keyed, keyed
+    framed = " ".join(memory(plan, seen, "redis", stored).split())  # (a Redis stream's keyframes alike)
+    assert "its newest keyframe before the window (one every 2 s that a stream grew by 8.0 KiB), up to 2 s" in framed
     monkeypatch.setenv(keyframes.ENV_EVERY, "off")
     text = memory(plan, seen, "directory", stored)
     lines = text.splitlines()
@@ -311,7 +317,7 @@ def test_the_memory_lines_state_the_model_and_the_rss_the_targets_job_would_hold
             f"{seconds * 409600 * 131.072 / 2**30:.1f} GiB more of model read again (NOT within the target)") \
         in flat, flat
     on_redis = " ".join(memory(plan, seen, "redis", stored).split())
-    assert "a mark (every 5 min of a rank's time), up to 5 min of a rank there, so up to 15.0 GiB more" \
+    assert "a mark (every 5 min of a rank's time; keyframes off), up to 5 min of a rank there, so up to 15.0 GiB more" \
         in on_redis, on_redis
     full = dataclasses.replace(plan, ranks=4096, rate=25.0)
     quarter = " ".join(memory(full, seen, "directory", Stored(ops=200_000.0, other=0.0)).split())

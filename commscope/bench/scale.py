@@ -980,7 +980,8 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
     console's budget (``Feed.MODEL_BUDGET``, sized as
     it grows by an eighth), and at a restart a tail of half that beside it, where the restart
     reads only its window.  A restart's window starts where the store can start a stream (a
-    directory's newest keyframe before it, or its segment with keyframes off; a Redis mark),
+    directory's or a Redis stream's newest keyframe before it; with keyframes off a segment, a
+    Redis mark),
     and what it reads from there is stated: ``stored`` tells how long a segment lasts, or how
     far apart keyframes are, at the target's rate."""
     from commscope.store import keyframes
@@ -1032,7 +1033,7 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
         f"budget beside it; at {per_op:.0f} B an op the model fills its budget in "
         f"{budget / (per_op * ops_s):.0f} s there"))
     per_rank = stored.at(FULL_RATE)
-    every = keyframes.every_s_from_env() if store == "directory" else None
+    every = keyframes.every_s_from_env()  # (a directory's keyframes, and a Redis stream's)
     if every is not None:
         start_s = max(every, keyframes.MIN_BYTES / per_rank)
         where = (f"its newest keyframe before the window (one every {every:g} s that a stream grew by "
@@ -1043,7 +1044,7 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
         start_s, where = segment / per_rank, f"a segment ({size(segment)} a rank; keyframes off)"
         how = f" ({label}: at {per_rank / 1e3:,.1f} KB a rank a second, its op records' grown to the rate)"
     else:
-        start_s, where = MARK_EVERY_S, f"a mark (every {MARK_EVERY_S / 60:g} min of a rank's time)"
+        start_s, where = MARK_EVERY_S, f"a mark (every {MARK_EVERY_S / 60:g} min of a rank's time; keyframes off)"
         how = ""
     more = start_s * ops_s * per_op
     text.append(_wrapped(
@@ -1063,17 +1064,23 @@ def _wrapped(text: str) -> str:
 def _report_loads(loads: list[NodeLoad], every: float, store: str) -> None:
     """Requests per second per Redis node, and what bounds them: how often a rank appends
     (``every``: its writer's pace, the store URL's ``rate=``)."""
+    from commscope.store import keyframes
     from commscope.store.redis_keys import Keys
     from commscope.store.redis_url import parse_url
+    from commscope.units import size
 
     rate = parse_url(store).rate
+    every_frame = keyframes.every_s_from_env()
     print("  store requests per second per node (Redis's own count, INFO commandstats):")
     for x in loads:
         print(f"    {x.node:<16} {x.requests:>8,.0f}: appends {x.appends:,.0f}, reads {x.reads:,.0f}, "
               f"other {x.other:,.0f}")
     print(f"    bounded: a rank appends every {every:.2f} s (world_size / rate=, {rate:,} appends/s for\n"
           f"    the job at most, from {rate * TICK_S:,.0f} ranks on), a poll sends one XREAD per shard\n"
-          f"    ({Keys.SHARDS} shards over the nodes)")
+          f"    ({Keys.SHARDS} shards over the nodes)" + (
+              "" if every_frame is None else
+              f"; a keyframe of a rank (an XRANGE and an XADD, in\n    other) at most every {every_frame:g} s "
+              f"that its stream grew by {size(keyframes.MIN_BYTES)}"))
 
 
 # ------------------------------------------------------------------ the suite
@@ -1105,23 +1112,47 @@ class NodeLoad:
     node: str
     appends: float  # EVAL: a writer's append (a batch of a rank's events)
     reads: float  # XREAD: a poll's read of a shard of streams
-    other: float  # anything else a client sent (a count, a mark, a registration)
+    other: float  # anything else a client sent (a count, a mark, a keyframe, a registration)
 
     @property
     def requests(self) -> float:
         return self.appends + self.reads + self.other
 
 
-def node_load(node: str, before: dict[str, int], after: dict[str, int], seconds: float) -> NodeLoad:
+def node_load(node: str, before: dict[str, int], after: dict[str, int], seconds: float, frames: int = 0) -> NodeLoad:
     """``NodeLoad`` of one node from two ``RedisServer.commands`` counts ``seconds`` apart (the
-    second ``INFO`` call itself is left out)."""
+    second ``INFO`` call itself is left out).  ``frames``: the keyframes the node took
+    meanwhile (``frames_by_node``): XADDs a keeper sent, which Redis counts with the XADDs
+    the appends run inside."""
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     evals = d.pop("eval", 0) + d.pop("evalsha", 0)
     reads = d.pop("xread", 0)
     d["xrevrange"] = max(0, d.get("xrevrange", 0) - evals)  # (one inside each append)
-    d.pop("xadd", 0)  # (inside the appends; with them go the marks' own, a rank's every 5 min: <1%)
+    # (inside the appends, but the keyframes'; with them go the marks' own, a rank's every 5 min: <1%)
+    d["xadd"] = min(frames, d.get("xadd", 0))
     d["info"] = max(0, d.get("info", 0) - 1)
     return NodeLoad(node, evals / seconds, reads / seconds, sum(d.values()) / seconds)
+
+
+def frames_by_node(store: str, job: str, ranks: int) -> dict[str, int]:
+    """The keyframes each node holds of ``job``'s streams (``Keys.frames``), by "host:port":
+    a run's are all it took (fewer than a stream keeps)."""
+    from commscope.store.cluster import Nodes
+    from commscope.store.redis_keys import Keys
+    from commscope.store.redis_url import parse_url
+
+    target = parse_url(store)
+    nodes = Nodes(target, target.display())
+    nodes.connect()
+    try:
+        keys = [Keys.frames(job, r) for r in range(ranks)]
+        out: dict[str, int] = {}
+        for key, n in zip(keys, nodes.pipeline([("XLEN", k) for k in keys]), strict=True):
+            host, port = nodes.node(key)
+            out[f"{host}:{port}"] = out.get(f"{host}:{port}", 0) + (n if isinstance(n, int) else 0)
+        return out
+    finally:
+        nodes.close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -1170,8 +1201,10 @@ def run(args: argparse.Namespace) -> int:
         seen = follow(plan, fault_ns, time.monotonic() + (plan.t_start - time.time_ns()) / S + seconds + 1.0,
                       args.writers, args.model_budget)
         results = list(writers.join(60).values())
-        loads = [node_load(f"127.0.0.1:{n.port}", c0, n.commands(), time.monotonic() - t0)
-                 for n, (c0, t0) in zip(nodes, counted, strict=True)]
+        took = [(n.commands(), time.monotonic()) for n in nodes]
+        frames = frames_by_node(store, plan.job, plan.ranks) if nodes else {}
+        loads = [node_load(f"127.0.0.1:{n.port}", c0, c1, t1 - t0, frames.get(f"127.0.0.1:{n.port}", 0))
+                 for n, (c0, t0), (c1, t1) in zip(nodes, counted, took, strict=True)]
     finally:
         writers.kill()
         if server is not None:

@@ -362,7 +362,7 @@ def _writer(store: str, job: str, rank: int, meta: dict, shape: JobShape):
 
         if shape.mark_every_s is None:
             return RedisWriter(store, job, rank, meta, marks="off")
-        return RedisWriter(store, job, rank, meta, marks="inline", mark_every_s=shape.mark_every_s)
+        return RedisWriter(store, job, rank, meta, marks="inline", mark_every_s=shape.mark_every_s, frames=False)
     return open_writer(store, job, rank, meta)
 
 

@@ -16,6 +16,8 @@ Layout (``J`` is the job id, ``N`` the global rank, ``S`` the stream's shard, ``
                                 again in one process)
     commscope:{J/S}:marks:N     where a window may start rank N's stream, and what the rank
                                 was in there (``store/redis_marks.py``)
+    commscope:{J/S}:frames:N    the same, every few seconds of the rank's stream, the newest
+                                ~17 minutes of them (keyframes: ``store/redis_marks.py``)
     commscope:{J/S}:via:N       on a cluster: "host:port" of the master the writer of rank N's
                                 stream last appended through (a reader finds a master that
                                 failed over since, before the writer says what it lost)
@@ -105,6 +107,11 @@ class Keys:
     def marks(cls, job: str, rank: int, incarnation: int = 0) -> str:
         """The marks of one rank's stream (``store/redis_marks.py``), in its slot."""
         return cls.SHARD.format(job=job, shard=rank % cls.SHARDS) + f":marks:{cls.member(rank, incarnation)}"
+
+    @classmethod
+    def frames(cls, job: str, rank: int, incarnation: int = 0) -> str:
+        """The keyframes of one rank's stream (``store/redis_marks.py``), in its slot."""
+        return cls.SHARD.format(job=job, shard=rank % cls.SHARDS) + f":frames:{cls.member(rank, incarnation)}"
 
     @classmethod
     def via(cls, job: str, rank: int, incarnation: int = 0) -> str:

@@ -23,31 +23,49 @@ A chain needs every entry after the previous mark: when ``maxlen`` trimmed some 
 mark was taken, the next mark starts again from the stream's first entry and says it is
 inexact (``x``), and a reader starting at it says what it may miss.  The marks stream keeps
 its newest ``MARKS_KEPT`` marks (a week at the default pace).
+
+Five minutes of a rank is a lot to read again: a console past its memory budget starts again
+at the tail, reading a window of seconds at a large job's rate, and a stream starting at its
+last mark made it read up to five minutes of every rank.  So the writing process's keeper
+(``keep`` in a child, one a process and job: ``children.Keeper``; the directory store's
+keeper of keyframes, ``store/keyframes.py``, does the same for segments) also takes
+*keyframes*: marks, in ``commscope:{J/S}:frames:N``, every ``keyframes.EVERY_S`` that the
+stream grew by ``keyframes.MIN_BYTES`` (``$COMMSCOPE_KEYFRAME_S``; ``off``: none), the newest
+``FRAMES_KEPT`` of them kept.  Each chains on the newest keyframe or mark before it.  A
+reader starts a stream at the newer of the two that precedes its window.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import select
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
-from typing import NamedTuple
+import time
+from collections.abc import Callable, Sequence
+from typing import BinaryIO, NamedTuple
 
 import orjson
 
-from commscope.store import inflight
+from commscope.store import children, inflight, keyframes
+from commscope.store.base import StoreError, Stream
 from commscope.store.cluster import Nodes
 from commscope.store.redis_keys import Keys, entry_number
 from commscope.store.redis_url import parse_url
-from commscope.store.resp import Connection, pack
-from commscope.store.segments import TS_FIELD
+from commscope.store.resp import Connection, ReplyError, pack
+from commscope.store.segments import MAX_RANK, TS_FIELD
 
 #: How often a mark is taken, in the rank's own time, and after how many bytes written
 MARK_EVERY_S = 300.0
 MARK_BYTES = 16 << 20
 #: Marks kept per stream (``XADD MAXLEN ~``): a week of marks five minutes apart
 MARKS_KEPT = 2048
+#: Keyframes kept per stream: at one every 2 s, ~17 minutes of a rank (``attach``'s first
+#: window, the last 10 minutes, starts at one); a window further back starts at a mark
+FRAMES_KEPT = 512
 #: Entries and bytes one mark reads at most: a writer far ahead is marked in steps, the
 #: child's memory bounded
 MAX_ENTRIES = 200_000
@@ -129,6 +147,15 @@ def take(nodes: Nodes, stream: bytes, marks: bytes, rank: int) -> Mark | None:
     """Add the next mark of ``stream`` (rank ``rank``'s) to ``marks``: replay the newest mark's
     carry and the entries after it.  None when there is nothing new to mark."""
     last = newest(nodes, marks)
+    mark = following(nodes, stream, last, rank)
+    if mark is not None:
+        add(nodes, marks, mark, MARKS_KEPT)
+    return mark
+
+
+def following(nodes: Nodes, stream: bytes, last: Mark | None, rank: int, least: int = 1) -> Mark | None:
+    """The mark after ``last`` (None: the stream's start): its carry replayed with the entries
+    of ``stream`` after it.  None where they are fewer than ``least`` bytes (or none)."""
     after = last.entry if last is not None else 0
     values: list[bytes] = []
     first = top = -1
@@ -146,7 +173,7 @@ def take(nodes: Nodes, stream: bytes, marks: bytes, rank: int) -> Mark | None:
         size += sum(len(v or b"") for _, v in got)
         if len(got) < PAGE:
             break
-    if not values or top <= after:
+    if not values or top <= after or size < least:
         return None
     # (entries trimmed before this mark reached them: start again from the first one left, inexact)
     whole = (last is None or last.exact) and first == after + 1
@@ -158,9 +185,111 @@ def take(nodes: Nodes, stream: bytes, marks: bytes, rank: int) -> Mark | None:
     # (rounded up: every entry up to the mark is from at or before its ms)
     ms = max(-(-max(map(entry_ns, values)) // 1_000_000), last.ms if last is not None else 0)
     size += last.bytes if last is not None else 0
-    nodes.call(marks, "XADD", marks, "MAXLEN", "~", MARKS_KEPT, f"{ms}-{top}", "k", top, "b", size,
-               "x", 0 if whole else 1, "c", carry)
     return Mark(top, ms, size, whole, carry)
+
+
+def add(nodes: Nodes, key: bytes, mark: Mark, kept: int) -> None:
+    """Append ``mark`` to ``key`` (a marks or keyframes stream) keeping about ``kept``."""
+    nodes.call(key, "XADD", key, "MAXLEN", "~", kept, f"{mark.ms}-{mark.entry}", "k", mark.entry, "b", mark.bytes,
+               "x", 0 if mark.exact else 1, "c", mark.carry)
+
+
+class _Framed:
+    """A stream as the keeper of keyframes follows it."""
+
+    __slots__ = ("key", "frames", "marks", "rank", "last", "due", "known")
+
+    def __init__(self, job: str, stream: Stream) -> None:
+        self.key = Keys.stream(job, *stream).encode()
+        self.frames = Keys.frames(job, *stream).encode()
+        self.marks = Keys.marks(job, *stream).encode()
+        self.rank = stream[0]
+        self.last: Mark | None = None  # the newest keyframe (or mark) of the stream, its chain's start
+        self.known = False  # (``last`` read from the store: once, at the keeper's start)
+        self.due = 0.0  # (monotonic) no keyframe before then
+
+
+def frame(nodes: Nodes, f: _Framed) -> None:
+    """The next keyframe of a followed stream, where it grew by ``keyframes.MIN_BYTES`` since
+    the last: its chain starts at the newest keyframe or mark the store holds (the newer)."""
+    if not f.known:
+        marks = [m for m in (newest(nodes, f.frames), newest(nodes, f.marks)) if m is not None]
+        f.last, f.known = max(marks, key=lambda m: m.entry, default=None), True
+    got = following(nodes, f.key, f.last, f.rank, keyframes.MIN_BYTES)
+    if got is not None:
+        add(nodes, f.frames, got, FRAMES_KEPT)
+        f.last = got
+
+
+def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence[tuple[str, int]] = (),
+         now: Callable[[], float] = time.monotonic) -> int:
+    """The loop of a writing process's keeper of keyframes (``keeper``): follow the streams the
+    writers name on ``commands`` (lines ``RANK INCARNATION``) and take each one's next keyframe
+    every ``every_s``, until ``commands`` ends (every writer of the process gone).  Redis down:
+    tried again a step later; a stream it refuses (not a stream): no longer followed."""
+    target = parse_url(url)
+    nodes = Nodes(target, target.display())
+    nodes.know(known)
+    followed: dict[Stream, _Framed] = {}
+    fd = commands.fileno()
+    buf = b""
+    up = False
+    try:
+        while True:
+            ready, _, _ = select.select([fd], [], [], every_s / 2)
+            if ready:
+                got = os.read(fd, 1 << 16)
+                if not got:
+                    return 0
+                buf += got
+                *lines, buf = buf.split(b"\n")
+                buf = buf[-4096:]  # (a command is one short line: no more is ever kept of one)
+                for line in lines:
+                    stream = _named(line)
+                    if stream is not None and stream not in followed:
+                        followed[stream] = _Framed(job, stream)
+            t = now()
+            for stream, f in list(followed.items()):
+                if t < f.due:
+                    continue
+                try:
+                    if not up:
+                        nodes.connect()
+                        up = True
+                    frame(nodes, f)
+                except ReplyError:
+                    del followed[stream]
+                    continue
+                except (OSError, StoreError):
+                    nodes.reset()
+                    up = False
+                    break  # (Redis away: every stream again a step later)
+                f.due = t + every_s
+    finally:
+        nodes.close()
+
+
+def _named(line: bytes) -> Stream | None:
+    """A writer's command line (``follow``); None for anything else."""
+    try:
+        rank, inc = line.split()
+        stream = (int(rank), int(inc))
+    except ValueError:
+        return None
+    return stream if line == b"%d %d" % stream and stream[0] <= MAX_RANK and Keys.parse_member(Keys.member(*stream)) else None
+
+
+def keeper(url: str, job: str, every_s: float, known: Sequence[tuple[str, int]] = ()) -> children.Keeper:
+    """The writing process's keeper of ``job``'s keyframes in the store at ``url`` (``keep`` in a
+    child, told the URL and the cluster nodes the writer knows on its standard input)."""
+    nodes = " ".join(f"{h}:{p}" for h, p in sorted(known)[:64])
+    return children.Keeper.of("commscope.store.redis_marks", "keep", job, repr(every_s),
+                              preamble=f"{url}\n{nodes}\n".encode())
+
+
+def follow(keeper: children.Keeper, stream: Stream) -> None:
+    """Keyframes for ``stream`` from now on."""
+    keeper.follow(stream, f"{stream[0]} {stream[1]}\n".encode())
 
 
 def mark(url: str, job: str, rank: int, incarnation: int = 0, known: Sequence[tuple[str, int]] = ()) -> Mark | None:
@@ -201,17 +330,32 @@ def spawn(url: str, job: str, rank: int, incarnation: int,
     return child
 
 
+def _address(word: str) -> tuple[str, int] | None:
+    host, _, port = word.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else None
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[0] == "keep":
+        # (the URL and the nodes known on the first two lines, then the streams to follow)
+        head = b""
+        while head.count(b"\n") < 2:
+            got = os.read(0, 1)  # (byte by byte: what follows is the loop's, read from the same fd)
+            if not got:
+                return 0
+            head += got
+        url, nodes = head.decode().split("\n")[:2]
+        known = [a for a in map(_address, nodes.split()) if a]
+        with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
+            return keep(url.strip(), argv[1], sys.stdin.buffer, float(argv[2]), known)
+        return 0
     if len(argv) != 3:
-        print("usage: python -m commscope.store.redis_marks JOB RANK INCARNATION  (the store URL on standard input)",
-              file=sys.stderr)
+        print("usage: python -m commscope.store.redis_marks JOB RANK INCARNATION  (the store URL on standard input)\n"
+              "       python -m commscope.store.redis_marks keep JOB EVERY_S  (the URL, the nodes known, then "
+              "the streams)", file=sys.stderr)
         return 2
     url, _, rest = sys.stdin.read().strip().partition("\n")
-    known = []
-    for word in rest.split():
-        host, _, port = word.rpartition(":")
-        if host and port.isdigit():
-            known.append((host, int(port)))
+    known = [a for a in map(_address, rest.split()) if a]
     try:
         mark(url.strip(), argv[0], int(argv[1]), int(argv[2]), known)
     except Exception as exc:  # a mark not taken now is taken by the next child

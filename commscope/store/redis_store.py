@@ -34,7 +34,7 @@ from commscope import events
 from commscope.events import Event, gc_paused
 from commscope.redact import redact
 from commscope.schema import decode_job
-from commscope.store import inflight, redis_marks
+from commscope.store import children, inflight, keyframes, redis_marks
 from commscope.store.base import (
     ReadStats,
     Size,
@@ -124,13 +124,18 @@ class RedisWriter:
 
     def __init__(self, url: str, job: str, rank: int, job_meta: dict | None = None, *, incarnation: int = 0,
                  resume: bool = False, connect_timeout: float | None = None, share: bool | None = None,
-                 marks: str = "child", mark_every_s: float = redis_marks.MARK_EVERY_S, restate: bool = True):
+                 marks: str = "child", mark_every_s: float = redis_marks.MARK_EVERY_S, restate: bool = True,
+                 frames: bool = True):
         """``resume``: append to the stream of a rank that died (a forwarder sending what its
         spool kept), after its last entry, instead of refusing a stream that exists.
         ``share``: not Redis's to decide (its readers are whoever its ACLs let in).
         ``marks``: who takes the stream's marks (``store/redis_marks.py``) every
         ``mark_every_s`` of the rank's time: a child process ("child"), this writer between
         two writes ("inline": tests and synthetic jobs), nobody ("off"; a forwarder never does).
+        ``frames``: have the writing process's keeper take keyframes of the stream (every few
+        seconds of it, ``$COMMSCOPE_KEYFRAME_S``: ``store/redis_marks.py``) once it holds
+        ``keyframes.FOLLOW_AFTER``; never without marks.  Off where a job is written faster
+        than it ran (a synthetic week: keyframes by the keeper's clock would mean nothing).
         ``restate``: keep what states the rank's ops in flight again after Redis lost them
         (``_restated``; never without marks).  Off (or ``restate`` set False before the first
         write) where one process writes thousands of simulated ranks: each keeps up to
@@ -144,6 +149,12 @@ class RedisWriter:
         self._mark_from = 0  # the time (ns) of the first entry since the last mark: 0 none yet
         self._unmarked = 0  # bytes written since the last mark
         self._marker: subprocess.Popen | None = None  # the child taking the last mark
+        #: seconds between keyframes (None: none), the keeper taking them once the stream
+        #: holds ``keyframes.FOLLOW_AFTER`` (``_frame``), and the bytes written until then
+        self.keyframe_s = keyframes.every_s_from_env() if frames and self.marks != "off" else None
+        self._keeper: children.Keeper | None = None
+        self._keeper_check = 0.0  # (monotonic) when to make sure the keeper runs next
+        self._unframed = 0
         self.target = shown_target = parse_url(url)
         #: the URL's reply timeout, given back after the first write that went through: the
         #: ``connect_timeout`` bounds opening (and the recorder's first write, both inside
@@ -593,6 +604,8 @@ class RedisWriter:
                         self._relax()
                     if self.marks != "off":
                         self._mark_if_due(lines)
+                    if self.keyframe_s is not None:
+                        self._frame(lines)
                     return
                 except ReplyError as exc:  # Redis refused: OOM, read-only replica, loading, ...
                     reason = f"Redis said: {scrub(str(exc), self.target)}"
@@ -648,6 +661,21 @@ class RedisWriter:
         else:
             self._marker = redis_marks.spawn(self._url, self.job, self.rank, self.incarnation, self._nodes.known())
         self._mark_from, self._unmarked = now, 0
+
+    def _frame(self, lines: list[bytes]) -> None:
+        """Name the stream to the process's keeper of keyframes once it holds
+        ``keyframes.FOLLOW_AFTER`` (less is read from a mark at no great cost); make sure
+        now and then that the keeper runs (one that died is started again)."""
+        if self._keeper is None:
+            self._unframed += sum(map(len, lines))
+            if self._unframed < keyframes.FOLLOW_AFTER or self.keyframe_s is None:
+                return
+            self._keeper = redis_marks.keeper(self._url, self.job, self.keyframe_s, self._nodes.known())
+            redis_marks.follow(self._keeper, (self.rank, self.incarnation))
+            self._keeper_check = time.monotonic() + keyframes.CHECK_S
+        elif (now := time.monotonic()) >= self._keeper_check:
+            self._keeper_check = now + keyframes.CHECK_S
+            self._keeper.ensure()
 
     def _learn(self, mark: redis_marks.Mark | None) -> None:
         """A mark of this stream, as taken: what the rank was in after its entry (``_rebase``).
@@ -715,6 +743,9 @@ class RedisWriter:
                 pass  # (not said: such a tail loss is not counted, as before)
             finally:
                 nodes.set_timeout(self.target.timeout)
+        if self._keeper is not None:
+            self._keeper.done((self.rank, self.incarnation))
+            self._keeper = None
         self._drop()
 
 
@@ -904,8 +935,8 @@ class RedisReader(TraceReader):
         return None if self._window_ms is None else self._window_ms * 1_000_000
 
     def start_at(self, since: Since) -> None:
-        """Start each stream after its newest mark at or before the window's start, with what
-        the rank was in there first (``store/redis_marks.py``); a duration counts back from
+        """Start each stream after its newest mark or keyframe at or before the window's start,
+        with what the rank was in there first (``store/redis_marks.py``); a duration counts back from
         the job's newest write.  A stream without such a mark is read from its start."""
         try:
             if self.job_id is None:
@@ -915,17 +946,19 @@ class RedisReader(TraceReader):
             self._window_ms = start_ms
             streams = list(tops)
             nodes = self._nodes_ok()
-            replies = nodes.pipeline([("XREVRANGE", self.keys.marks(self.job_id, *st), str(start_ms), "-", "COUNT", 2)
-                                      for st in streams])
+            replies = nodes.pipeline([("XREVRANGE", key(self.job_id, *st), str(start_ms), "-", "COUNT", 2)
+                                      for st in streams for key in (self.keys.marks, self.keys.frames)])
             lengths = nodes.pipeline([("XLEN", self.keys.stream(self.job_id, *st)) for st in streams])
         except (OSError, ReplyError, StoreError) as exc:
             self._lost()
             self.stats.warnings.append(f"{since.describe()} asked for, but the marks could not be read ({exc}): "
                                        "this store is read from its start")
             return
-        for stream, reply, length in zip(streams, replies, lengths, strict=True):
+        for i, (stream, length) in enumerate(zip(streams, lengths, strict=True)):
             top = tops[stream][0]
-            mark = redis_marks.starting(reply, top)
+            # (the newer of its mark and its keyframe at or before the window's start)
+            starts = [m for m in (redis_marks.starting(r, top) for r in replies[2 * i:2 * i + 2]) if m is not None]
+            mark = max(starts, key=lambda m: m.entry, default=None)
             if mark is None or stream in self._cursor:
                 continue
             self._cursor[stream] = b"0-%d" % mark.entry
@@ -1460,7 +1493,7 @@ def delete_job(url: str, job: str) -> int:
         streams = filter(None, map(Keys.parse_member, members))
         names = [keys.meta(job), keys.ranks(job)] + [Keys.ends(job, i) for i in range(Keys.ENDS)] + [k for st in streams
                                                      for k in (keys.stream(job, *st), keys.marks(job, *st),
-                                                               keys.via(job, *st))]
+                                                               keys.frames(job, *st), keys.via(job, *st))]
         replies = nodes.pipeline([("DEL", k) for k in names])  # (one key each: a cluster's slots differ)
         nodes.call(Keys.JOBS, "ZREM", Keys.JOBS, job)
         return sum(r for r in replies if isinstance(r, int))

@@ -1,0 +1,253 @@
+"""Keyframes of a Redis stream: marks every few seconds, taken by the writing process's keeper.
+
+A real writer to a real redis-server names its stream to a real keeper child once it holds
+``keyframes.FOLLOW_AFTER``; the child takes a keyframe every ``$COMMSCOPE_KEYFRAME_S`` that
+the stream grew by ``keyframes.MIN_BYTES``, each chained on the one before; a window
+(``--since``) starts at the newest one before it, with the op the rank has been in since
+long before, and finds what a full read finds.  A keeper killed is started again and goes
+on from its newest keyframe; a keeper never sees the URL on its command line.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import orjson
+import psutil
+import pytest
+from redis_fixture import *  # noqa: F403
+
+from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+from commscope.analysis.source import load_trace, open_source
+from commscope.store import children, keyframes, redis_marks
+from commscope.store.cluster import Nodes, keyslot
+from commscope.store.redis_store import Keys, RedisWriter, delete_job
+from commscope.store.redis_url import parse_url
+from commscope.window import Since
+
+S = 1_000_000_000
+T0 = 1_780_000_000 * S
+#: a bound for a failure, not a margin: each wait below is met within a second or two
+BOUND_S = 120
+
+
+def meta(rank: int = 0, world: int = 1) -> bytes:
+    return orjson.dumps({"type": "meta", "ts": T0, "v": 3, "rank": rank, "world_size": world, "host": "h",
+                         "sample_interval": 1.0})
+
+
+def beat(k: int, rank: int = 0) -> bytes:
+    return orjson.dumps({"type": "heartbeat", "ts": T0 + k * S, "v": 3, "rank": rank, "inflight": 1,
+                         "pad": "x" * 60})
+
+
+def begin(op: int, k: int, rank: int = 0) -> bytes:
+    return orjson.dumps({"type": "op", "phase": "begin", "ts": T0 + k * S, "v": 3, "rank": rank, "id": op,
+                         "op": "all_reduce", "group": "0", "gsize": 1, "seq": op, "tid": 1})
+
+
+def frames_of(url: str, job: str, rank: int = 0) -> list[redis_marks.Mark]:
+    nodes = Nodes(parse_url(url), "test")
+    nodes.connect()
+    try:
+        key = Keys.frames(job, rank)
+        return [m for m in map(redis_marks.Mark.parse, nodes.call(key, "XRANGE", key, "-", "+")) if m is not None]
+    finally:
+        nodes.close()
+
+
+class Beats:
+    """A writer's heartbeats, one second of the rank's time apart, written until a condition
+    holds (polled, never timed)."""
+
+    def __init__(self, writer: RedisWriter, k: int = 2):
+        self.writer, self.k = writer, k
+
+    def write(self, n: int) -> None:
+        self.writer.write([beat(j, self.writer.rank) for j in range(self.k, self.k + n)])
+        self.k += n
+
+    def until(self, done, what: str) -> None:
+        deadline = time.monotonic() + BOUND_S
+        while not done():
+            assert time.monotonic() < deadline, f"never: {what}"
+            self.write(20)
+            time.sleep(0.05)
+
+
+def findings(model) -> list[dict]:
+    return [f.to_json() for f in diagnose(model, trace_now(model), default_hang_after(model))]
+
+
+@pytest.fixture
+def every_02(monkeypatch):
+    monkeypatch.setenv(keyframes.ENV_EVERY, "0.2")
+
+
+def test_the_keeper_takes_keyframes_and_a_window_starts_at_one(redis_url, every_02):
+    """An op begun at the rank's second 1 and still in flight: every keyframe carries it; a
+    window of the last minute starts at the newest keyframe before it (no mark is that
+    recent: they come every 5 minutes of the rank's time), skipping what came before, and
+    reads what a full read reads."""
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, mark_every_s=600)
+    assert w.marks == "child" and w.keyframe_s == 0.2
+    w.write([meta(), begin(7, 1)])
+    beats = Beats(w)
+    beats.until(lambda: w._keeper is not None and w._keeper._child is not None, "the stream named to a keeper")
+    child = w._keeper._child
+    assert all(redis_url not in a for a in psutil.Process(child.pid).cmdline())
+    beats.until(lambda: len(frames_of(redis_url, "job")) >= 3, "three keyframes")
+    beats.write(100)  # (100 s of the rank's time after them)
+    w.close()
+    frames = frames_of(redis_url, "job")
+    assert [f.exact for f in frames] == [True] * len(frames)
+    assert all(a.entry < b.entry and a.bytes < b.bytes for a, b in zip(frames, frames[1:], strict=False))
+    for f in frames:
+        carried = [orjson.loads(x) for x in f.carry.splitlines()]
+        assert [(e["type"], e.get("id")) for e in carried if e["type"] in ("meta", "op")] == [("meta", None),
+                                                                                            ("op", 7)]
+    last = frames[-1]
+    assert last.ms == (T0 + (2 + last.entry - 3) * S) // 1_000_000  # (entry 3 is the rank's second 2)
+    full, fr, _ = load_trace(redis_url)
+    part, pr, _ = load_trace(redis_url, since=Since(ago_s=60))
+    assert pr.stats.skipped_bytes == last.bytes  # (started at the newest keyframe: its bytes skipped)
+    assert pr.stats.bytes + pr.stats.skipped_bytes == fr.stats.bytes
+    assert len(part.inflight(0)) == len(full.inflight(0)) == 1
+    got = open_source(redis_url, since=Since(ago_s=60)).read_all()
+    assert [(e["type"], e.get("id")) for e in got][:3] == [("meta", None), ("group", None), ("op", 7)]
+    assert len(got) == 3 + 100 + (beats.k - 102) - (last.entry - 2)  # (the carry, then what came after it)
+    assert findings(part) == findings(full)
+
+
+def test_a_keeper_killed_is_started_again_and_chains_on_its_newest_keyframe(redis_url, every_02, monkeypatch):
+    monkeypatch.setattr(keyframes, "CHECK_S", 0.0)
+    monkeypatch.setattr(children.Keeper, "RESPAWN_S", 0.0)
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, mark_every_s=600)
+    w.write([meta(), begin(7, 1)])
+    beats = Beats(w)
+    beats.until(lambda: len(frames_of(redis_url, "job")) >= 1, "a keyframe")
+    keeper = w._keeper
+    first = keeper._child
+    first.send_signal(signal.SIGKILL)
+    first.wait(60)
+    had = len(frames_of(redis_url, "job"))
+    beats.until(lambda: keeper._child is not first and len(frames_of(redis_url, "job")) >= had + 2,
+                "keyframes from a keeper started again")
+    w.close()
+    assert keeper._child is None
+    frames = frames_of(redis_url, "job")
+    assert all(f.exact for f in frames) and all(a.entry < b.entry for a, b in zip(frames, frames[1:], strict=False))
+    # (the chain went on: each keyframe's bytes are the stream's up to it, counted afresh here)
+    nodes = Nodes(parse_url(redis_url), "test")
+    nodes.connect()
+    try:
+        key = Keys.stream("job", 0)
+        sizes = [len(v[1]) for _, v in nodes.call(key, "XRANGE", key, "-", "+")]
+    finally:
+        nodes.close()
+    assert [f.bytes for f in frames] == [sum(sizes[:f.entry]) for f in frames]
+
+
+def test_keyframes_off_start_no_keeper(redis_url, monkeypatch):
+    monkeypatch.setenv(keyframes.ENV_EVERY, "off")
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, mark_every_s=600)
+    w.write([meta()])
+    Beats(w).write(1000)  # (90 KB: past FOLLOW_AFTER)
+    w.close()
+    assert w.keyframe_s is None and w._keeper is None and frames_of(redis_url, "job") == []
+
+
+def test_a_forwarder_and_a_synthetic_job_take_no_keyframes(redis_url, every_02):
+    assert RedisWriter(redis_url, "job", 0, {"world_size": 1}, marks="off").keyframe_s is None
+    assert RedisWriter(redis_url, "job", 1, {"world_size": 2}, frames=False).keyframe_s is None
+
+
+@pytest.mark.parametrize("line", [b"3 0", b"3 2", b"0 0"])
+def test_a_keeper_s_command_is_a_stream(line):
+    rank, inc = map(int, line.split())
+    assert redis_marks._named(line) == (rank, inc)
+
+
+@pytest.mark.parametrize("line", [b"", b"3", b"03 0", b"3 00", b"-1 0", b"3 -1", b"3 1000000", b"100000000 0",
+                                  b"3 0 x", b"a b", b" 3 0"])
+def test_a_keeper_passes_over_a_command_that_is_not_a_stream(line):
+    assert redis_marks._named(line) is None
+
+
+def test_a_cluster_keeps_keyframes_in_the_stream_s_slot_and_delete_removes_them(redis_cluster_url, every_02):
+    assert all(keyslot(Keys.frames("j", r, i)) == keyslot(Keys.stream("j", r, i)) for r in range(300) for i in (0, 2))
+    writers = [RedisWriter(redis_cluster_url, "job", r, {"world_size": 4}, mark_every_s=600) for r in range(4)]
+    for r, w in enumerate(writers):
+        w.write([meta(r, 4), begin(7, 1, r)])
+    beats = [Beats(w) for w in writers]
+
+    def all_framed() -> bool:
+        for b in beats[1:]:
+            b.write(20)
+        return all(frames_of(redis_cluster_url, "job", r) for r in range(4))
+
+    beats[0].until(all_framed, "a keyframe of each rank")
+    assert writers[0]._keeper is writers[3]._keeper  # (one a process and job)
+    for w in writers:
+        w.close()
+    delete_job(redis_cluster_url, "job")
+    client = cluster_client(redis_cluster_url)  # noqa: F405
+    try:
+        assert not client.keys("commscope:*", target_nodes="all")
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("newer", ["frame", "mark"])
+def test_a_keeper_chains_on_the_newer_of_the_stream_s_keyframe_and_mark(redis_url, newer):
+    """A keeper (started again, or told a stream another process wrote before) starts its
+    chain at what the store says the rank was in: the newest keyframe or mark, whichever
+    comes later in the stream; never the stream's start.  Each here carries an op the
+    stream's own entries never began (id 70 or 71): the next keyframe still holds it."""
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, marks="off")
+    w.write([meta(), begin(7, 1)])
+    beats = Beats(w)
+    beats.write(10)
+    nodes = Nodes(parse_url(redis_url), "test")
+    nodes.connect()
+    try:
+        planted = {}
+        for key, entry, op in ((Keys.frames("job", 0), 6 if newer == "mark" else 9, 70),
+                               (Keys.marks("job", 0), 9 if newer == "mark" else 6, 71)):
+            carry = meta() + b"\n" + begin(op, 1) + b"\n"
+            mark = redis_marks.Mark(entry, T0 // 1_000_000 + entry, 1000 * entry, True, carry)
+            redis_marks.add(nodes, key.encode(), mark, redis_marks.FRAMES_KEPT)
+            planted[op] = entry
+        beats.write(200)  # (18 KB: past MIN_BYTES)
+        f = redis_marks._Framed("job", (0, 0))
+        redis_marks.frame(nodes, f)
+        got = redis_marks.newest(nodes, Keys.frames("job", 0))
+    finally:
+        nodes.close()
+        w.close()
+    chained = 71 if newer == "mark" else 70
+    assert got is not None and got == f.last and got.entry == 2 + 210
+    ops = [orjson.loads(x).get("id") for x in got.carry.splitlines() if b'"op"' in x]
+    assert ops == [chained]  # (not 7: begun in an entry before the chain's start, nor the other's)
+    sizes = sum(len(beat(j)) for j in range(planted[chained], 212))  # (entry e > 2 is beat e - 1)
+    assert got.bytes == 1000 * planted[chained] + sizes
+
+
+def test_a_stream_that_grew_by_less_than_min_bytes_gets_no_keyframe(redis_url):
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, marks="off")
+    w.write([meta()])
+    beats = Beats(w)
+    nodes = Nodes(parse_url(redis_url), "test")
+    nodes.connect()
+    try:
+        f = redis_marks._Framed("job", (0, 0))
+        beats.write(50)  # (~4.5 KB)
+        redis_marks.frame(nodes, f)
+        assert f.last is None and frames_of(redis_url, "job") == []
+        beats.write(50)
+        redis_marks.frame(nodes, f)
+        assert f.last is not None and f.last.entry == 101 and len(frames_of(redis_url, "job")) == 1
+    finally:
+        nodes.close()
+        w.close()
