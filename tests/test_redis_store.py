@@ -907,3 +907,40 @@ def test_a_console_while_redis_restarted_empty_and_before_the_writers_return_is_
         assert feed.reader.stats.missing_by_rank == {}  # (the console had read all that was lost)
         assert sum("Redis holds less of its stream than was read" in m for m in feed.reader.stats.warnings) == 2
         ws[0].close()
+
+
+def test_a_poll_reads_about_its_budget_however_many_streams_are_behind(redis_url):
+    """A console's read process polls with a budget (8 MiB); a round of every stream at
+    ``PAGE`` entries each read past it: a restart at the tail, 1,024 streams each from its
+    keyframe seconds back, held ~60 MB of replies at once.  Each XREAD now asks each stream
+    for about as many entries as bring what is left of the budget (``RedisReader._count``),
+    at the mean size of the entries read so far (a guess before the first).  64 streams of
+    200 entries of ~1 KB (12.8 MB) polled with 1 MiB: the first poll within twice the budget
+    (its guess at 512 bytes an entry), each later one within the budget and a round of
+    ``MIN_PAGE`` entries a stream; every event read once, in order."""
+    ranks, per = 64, 200
+    pad = "x" * 900
+    for r in range(ranks):
+        w = RedisWriter(redis_url, "job", r, {"world_size": ranks}, marks="off")
+        w.write([E.encode(ev(r, i, pad=pad)) for i in range(per)])
+        w.close()
+    reader = open_reader(redis_url)
+    budget = 1 << 20
+    seen: dict[int, list[int]] = {}
+    polls = []
+    try:
+        while True:
+            before = reader.stats.bytes
+            got = reader.poll_batch(max_bytes=budget).events
+            if not got:
+                break
+            polls.append(reader.stats.bytes - before)
+            for e in got:
+                seen.setdefault(e["rank"], []).append(e["id"])
+    finally:
+        reader.close()
+    entry = len(E.encode(ev(0, 100, pad=pad)))
+    assert polls[0] <= 2 * budget + ranks * entry
+    assert all(p <= budget + ranks * reader.MIN_PAGE * entry for p in polls[1:]), polls
+    assert len(polls) >= ranks * per * entry // (2 * budget + ranks * entry)
+    assert seen == {r: list(range(per)) for r in range(ranks)}

@@ -1065,7 +1065,8 @@ class RedisReader(TraceReader):
             by_slot: dict[int, list[bytes]] = {}
             for key in keys:
                 by_slot.setdefault(keyslot(key), []).append(key)
-            commands = [(ks[0], pack("XREAD", "COUNT", self.PAGE, "STREAMS", *ks,
+            count = self._count(len(pending), None if max_bytes is None else max_bytes - used)
+            commands = [(ks[0], pack("XREAD", "COUNT", count, "STREAMS", *ks,
                                      *(self._cursor.get(keys[k], b"0-0") for k in ks)))
                         for ks in by_slot.values()]
             full = []
@@ -1077,8 +1078,11 @@ class RedisReader(TraceReader):
                     stream = keys.get(key)
                     if stream is None:
                         continue
-                    used += self._take(stream, entries, got.setdefault(stream, []), queued)
-                    if len(entries) >= self.PAGE:
+                    size = self._take(stream, entries, got.setdefault(stream, []), queued)
+                    used += size
+                    self._read_entries += len(entries)
+                    self._read_bytes += size
+                    if len(entries) >= count:
                         full.append(stream)
                 if self.queue_full():
                     self._drain(got)
@@ -1088,6 +1092,25 @@ class RedisReader(TraceReader):
             if max_bytes is not None and used >= max_bytes:
                 break
         return set(pending)
+
+    #: Entries an XREAD asks of a stream at least where a poll's budget is short (``_count``)
+    MIN_PAGE = 4
+    #: bytes an entry is taken to hold before any is read (a block of a tick's records)
+    ENTRY_BYTES = 512
+    _read_entries = 0
+    _read_bytes = 0
+
+    def _count(self, streams: int, left: int | None) -> int:
+        """Entries each XREAD asks of each of ``streams`` streams: ``PAGE``, or, where ``left``
+        bytes are left of a poll's budget, about as many as bring that much at the mean size
+        of the entries read so far (``MIN_PAGE`` at least).  A round of every stream at
+        ``PAGE`` each read past the budget: a restart of a 1,024-rank console at the tail,
+        each stream from its keyframe seconds back, held ~60 MB of replies at once, and
+        its read process peaked at ~250 MiB."""
+        if left is None:
+            return self.PAGE
+        mean = self._read_bytes / self._read_entries if self._read_entries else self.ENTRY_BYTES
+        return int(min(self.PAGE, max(self.MIN_PAGE, left / (max(mean, 1.0) * max(streams, 1)))))
 
     def read_all(self) -> list[Event]:
         """Everything of the job not returned yet, rank by rank in XRANGE pages."""
