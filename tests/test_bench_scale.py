@@ -98,9 +98,9 @@ def test_a_nodes_requests_leave_out_what_the_append_script_runs_inside():
     # 20 appends (each an XREVRANGE and XADDs inside), 50 XREADs, 3 XREVRANGEs of a reader,
     # 4 XLENs and a CONFIG GET; the INFO that asked is not the job's
     assert (load.appends, load.reads, load.other, load.requests) == (10.0, 25.0, 4.0, 39.0)
-    # the same with 6 keyframes taken meanwhile: an XADD each that a keeper sent (its XRANGEs
-    # are among the other commands already)
-    load = node_load("n1", before, dict(after, xrange=6), 2.0, frames=6)
+    # the same with 6 keyframes taken meanwhile: a keeper's script each (an EXISTS and an XADD
+    # inside), and its XRANGE: 12 more requests, none of them an append
+    load = node_load("n1", before, dict(after, eval=36, exists=6, xadd=126, xrange=6), 2.0, frames=6)
     assert (load.appends, load.reads, load.other) == (10.0, 25.0, 10.0)
 
 

@@ -20,7 +20,7 @@ from redis_fixture import *  # noqa: F403
 
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
 from commscope.analysis.source import load_trace, open_source
-from commscope.store import children, keyframes, redis_marks
+from commscope.store import children, keyframes, redis_keeper, redis_marks
 from commscope.store.cluster import Nodes, keyslot
 from commscope.store.redis_store import Keys, RedisWriter, delete_job
 from commscope.store.redis_url import parse_url
@@ -90,7 +90,7 @@ def test_the_keeper_takes_keyframes_and_a_window_starts_at_one(redis_url, every_
     window of the last minute starts at the newest keyframe before it (no mark is that
     recent: they come every 5 minutes of the rank's time), skipping what came before, and
     reads what a full read reads."""
-    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, mark_every_s=600)
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, mark_every_s=1e9)
     assert w.marks == "child" and w.keyframe_s == 0.2
     w.write([meta(), begin(7, 1)])
     beats = Beats(w)
@@ -166,13 +166,13 @@ def test_a_forwarder_and_a_synthetic_job_take_no_keyframes(redis_url, every_02):
 @pytest.mark.parametrize("line", [b"3 0", b"3 2", b"0 0"])
 def test_a_keeper_s_command_is_a_stream(line):
     rank, inc = map(int, line.split())
-    assert redis_marks._named(line) == (rank, inc)
+    assert redis_keeper.named(line) == (rank, inc)
 
 
 @pytest.mark.parametrize("line", [b"", b"3", b"03 0", b"3 00", b"-1 0", b"3 -1", b"3 1000000", b"100000000 0",
                                   b"3 0 x", b"a b", b" 3 0"])
 def test_a_keeper_passes_over_a_command_that_is_not_a_stream(line):
-    assert redis_marks._named(line) is None
+    assert redis_keeper.named(line) is None
 
 
 def test_a_cluster_keeps_keyframes_in_the_stream_s_slot_and_delete_removes_them(redis_cluster_url, every_02):
@@ -220,7 +220,7 @@ def test_a_keeper_chains_on_the_newer_of_the_stream_s_keyframe_and_mark(redis_ur
             redis_marks.add(nodes, key.encode(), mark, redis_marks.FRAMES_KEPT)
             planted[op] = entry
         beats.write(200)  # (18 KB: past MIN_BYTES)
-        f = redis_marks._Framed("job", (0, 0))
+        f = redis_marks.Framed("job", (0, 0))
         redis_marks.frame(nodes, f)
         got = redis_marks.newest(nodes, Keys.frames("job", 0))
     finally:
@@ -241,7 +241,7 @@ def test_a_stream_that_grew_by_less_than_min_bytes_gets_no_keyframe(redis_url):
     nodes = Nodes(parse_url(redis_url), "test")
     nodes.connect()
     try:
-        f = redis_marks._Framed("job", (0, 0))
+        f = redis_marks.Framed("job", (0, 0))
         beats.write(50)  # (~4.5 KB)
         redis_marks.frame(nodes, f)
         assert f.last is None and frames_of(redis_url, "job") == []
@@ -251,3 +251,85 @@ def test_a_stream_that_grew_by_less_than_min_bytes_gets_no_keyframe(redis_url):
     finally:
         nodes.close()
         w.close()
+
+
+def test_a_keeper_whose_keyframe_redis_lost_starts_its_chain_again_from_the_store(redis_url):
+    """Redis loses a stream's tail (a failover to a replica behind, a restart from an older
+    save: here the newest entries and keyframe deleted), the keyframe the keeper kept among
+    it.  The writer states the loss and restates only the ops whose begins went with it; op 7
+    began at entry 2, which Redis still holds.  Going on from its kept keyframe, the keeper's
+    next one was inexact and lacked op 7, and a window starting there lost the hang (helper-155).
+    It now finds its keyframe gone (``Gone``) and starts again at the store's newest keyframe:
+    exact, op 7 in flight, as a full read says."""
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, marks="inline", mark_every_s=1e9, frames=False)
+    w.write([meta(), begin(7, 1)])  # (entries 1, 2)
+    beats = Beats(w)
+    nodes = Nodes(parse_url(redis_url), "test")
+    nodes.connect()
+    client = redis_client(redis_url)  # noqa: F405
+    try:
+        f = redis_marks.Framed("job", (0, 0))
+        beats.write(100)
+        redis_marks.frame(nodes, f)
+        beats.write(100)
+        redis_marks.frame(nodes, f)
+        assert [m.entry for m in frames_of(redis_url, "job")] == [102, 202]
+        beats.write(20)  # (223..: not keyframed yet)
+        key, frames = Keys.stream("job", 0), Keys.frames("job", 0)
+        client.xdel(key, *[f"0-{e}" for e in range(150, 223)])
+        client.xdel(frames, client.xrevrange(frames, "+", "-", count=1)[0][0])
+        beats.write(150)  # (the writer finds the loss: a store_lost marker, its meta, what it restates)
+        redis_marks.frame(nodes, f)
+        got = redis_marks.newest(nodes, frames)
+    finally:
+        client.close()
+        nodes.close()
+        w.close()
+    assert got is not None and got == f.last and got.exact and got.entry > 223
+    carried = [orjson.loads(x) for x in got.carry.splitlines()]
+    assert [e["id"] for e in carried if e["type"] == "op"] == [7]
+    full, _, _ = load_trace(redis_url)
+    part, pr, _ = load_trace(redis_url, since=Since(ago_s=60))
+    assert len(part.inflight(0)) == len(full.inflight(0)) == 1
+    assert not any("trimmed by maxlen" in x for x in pr.stats.warnings)
+
+
+def test_a_keeper_refused_by_redis_goes_on_once_it_takes_writes_again(redis_url, redis_server):
+    """Redis out of memory (a cluster failing over, a read-only replica: any refusal) refuses
+    a keyframe; the keeper's loop tries the stream again a period later, not never (it
+    dropped the stream for good on any error reply: helper-155)."""
+    import os
+    import threading
+
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, marks="off")
+    w.write([meta()])
+    beats = Beats(w)
+    beats.write(100)
+    client = redis_client(redis_url)  # noqa: F405
+    read_end, write_end = os.pipe()
+    loop = threading.Thread(target=redis_keeper.keep, args=(redis_url, "job", os.fdopen(read_end, "rb"), 0.1),
+                            daemon=True)
+    def refusals() -> int:
+        return client.info("errorstats").get("errorstat_OOM", {}).get("count", 0)
+
+    before = refusals()
+    try:
+        client.config_set("maxmemory", 1)  # (every write refused: OOM)
+        os.write(write_end, b"0 0\n")
+        loop.start()
+        refused = time.monotonic() + BOUND_S
+        while refusals() < before + 2:
+            assert time.monotonic() < refused, "never: two keyframes refused"
+            time.sleep(0.05)
+        assert frames_of(redis_url, "job") == []
+    finally:
+        client.config_set("maxmemory", 0)
+    deadline = time.monotonic() + BOUND_S
+    while not frames_of(redis_url, "job"):
+        assert time.monotonic() < deadline, "never: a keyframe once Redis took writes again"
+        time.sleep(0.05)
+    os.close(write_end)
+    loop.join(BOUND_S)
+    assert not loop.is_alive()
+    client.close()
+    w.close()

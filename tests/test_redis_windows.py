@@ -17,7 +17,7 @@ from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
 from commscope.analysis.source import load_trace, open_source
 from commscope.bench.synthstore import JobShape, write_store
 from commscope.cli import main as cli
-from commscope.store import redis_marks
+from commscope.store import children, redis_marks
 from commscope.store.cluster import Nodes, keyslot
 from commscope.store.redis_store import Keys, RedisWriter, delete_job
 from commscope.store.redis_url import parse_url
@@ -257,6 +257,13 @@ def test_a_window_after_a_copy_into_redis_is_exact(tmp_path, redis_url):
     store = str(tmp_path / "trace")
     write_store(store, JobShape(4, 2000, fault="dead", days=2, tail_s=1800, hang_after=10.0))
     assert cli(["copy", store, redis_url]) == 0
+    # (marked by the copy itself, by the job's own clock; no keeper's keyframes, at its pace)
+    assert not any(k[1] == "commscope.store.redis_keeper" and k[3] == redis_url.encode() for k in children.Keeper._of)
+    client = redis_client(redis_url)  # noqa: F405
+    try:
+        assert not client.keys("*:frames:*") and client.keys("*:marks:*")
+    finally:
+        client.close()
     full, _, _ = load_trace(redis_url)
     part, pr, _ = load_trace(redis_url, since=Since(ago_s=600))
     assert pr.stats.skipped_bytes > 0 and findings(part) == findings(full)

@@ -1079,7 +1079,7 @@ def _report_loads(loads: list[NodeLoad], every: float, store: str) -> None:
           f"    the job at most, from {rate * TICK_S:,.0f} ranks on), a poll sends one XREAD per shard\n"
           f"    ({Keys.SHARDS} shards over the nodes)" + (
               "" if every_frame is None else
-              f"; a keyframe of a rank (an XRANGE and an XADD, in\n    other) at most every {every_frame:g} s "
+              f"; a keyframe of a rank (an XRANGE and a script, in\n    other) at most every {every_frame:g} s "
               f"that its stream grew by {size(keyframes.MIN_BYTES)}"))
 
 
@@ -1122,14 +1122,17 @@ class NodeLoad:
 def node_load(node: str, before: dict[str, int], after: dict[str, int], seconds: float, frames: int = 0) -> NodeLoad:
     """``NodeLoad`` of one node from two ``RedisServer.commands`` counts ``seconds`` apart (the
     second ``INFO`` call itself is left out).  ``frames``: the keyframes the node took
-    meanwhile (``frames_by_node``): XADDs a keeper sent, which Redis counts with the XADDs
-    the appends run inside."""
+    meanwhile (``frames_by_node``): a keeper's script each (``redis_marks.ADD_FRAME``), an
+    ``EVAL`` as an append is, counted with the other requests."""
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    evals = d.pop("eval", 0) + d.pop("evalsha", 0)
+    scripts = d.pop("eval", 0) + d.pop("evalsha", 0)
+    frames = min(frames, scripts)
+    evals = scripts - frames
     reads = d.pop("xread", 0)
     d["xrevrange"] = max(0, d.get("xrevrange", 0) - evals)  # (one inside each append)
-    # (inside the appends, but the keyframes'; with them go the marks' own, a rank's every 5 min: <1%)
-    d["xadd"] = min(frames, d.get("xadd", 0))
+    d["exists"] = max(0, d.get("exists", 0) - frames)  # (one inside each keyframe's script)
+    d.pop("xadd", 0)  # (inside the scripts; with them go the marks' own, a rank's every 5 min: <1%)
+    d["keyframes"] = frames
     d["info"] = max(0, d.get("info", 0) - 1)
     return NodeLoad(node, evals / seconds, reads / seconds, sum(d.values()) / seconds)
 

@@ -128,8 +128,9 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
                 w = writers.get(rank)
                 if w is None:
                     w = writers[rank] = open_writer(dst, job, rank, job_meta, share=share)
-                    if isinstance(w, RedisWriter):  # (a history in seconds: marked here, not by a child per rank)
-                        w.marks = "inline"
+                    if isinstance(w, RedisWriter):  # (a history in seconds: marked here, not by a child per rank,
+                        w.marks = "inline"  # and no keyframes: a keeper's pace would mean nothing in it)
+                        w.keyframe_s = None
                 lines = by_rank[rank]
                 if gaps:
                     missing = src.stats.missing_by_rank.get(rank, 0)

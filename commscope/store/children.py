@@ -66,9 +66,11 @@ class Keeper:
         self._lock = threading.Lock()  # (the class's guards ``_of``: a spawn here holds up no other store's writers)
 
     @classmethod
-    def of(cls, module: str, *args: str, preamble: bytes = b"") -> Keeper:
-        """The keeper of this process for ``module args`` (one is made at the first call)."""
-        key = (os.getpid(), module, args, preamble)  # (a forked child starts its own: the pipe is the parent's)
+    def of(cls, module: str, *args: str, preamble: bytes = b"", secret: bytes = b"") -> Keeper:
+        """The keeper of this process for ``module args`` and ``secret`` (what the child is
+        told, apart from its command line: a store's URL), made at the first call, with the
+        ``preamble`` of that call."""
+        key = (os.getpid(), module, args, secret)  # (a forked child starts its own: the pipe is the parent's)
         with cls._of_lock:
             got = cls._of.get(key)
             if got is None:

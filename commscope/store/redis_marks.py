@@ -27,36 +27,34 @@ its newest ``MARKS_KEPT`` marks (a week at the default pace).
 Five minutes of a rank is a lot to read again: a console past its memory budget starts again
 at the tail, reading a window of seconds at a large job's rate, and a stream starting at its
 last mark made it read up to five minutes of every rank.  So the writing process's keeper
-(``keep`` in a child, one a process and job: ``children.Keeper``; the directory store's
-keeper of keyframes, ``store/keyframes.py``, does the same for segments) also takes
-*keyframes*: marks, in ``commscope:{J/S}:frames:N``, every ``keyframes.EVERY_S`` that the
+(``store/redis_keeper.py``, one child a process and job; the directory store's keeper of
+keyframes, ``store/keyframes.py``, does the same for segments) also takes *keyframes*
+(``frame``): marks, in ``commscope:{J/S}:frames:N``, every ``keyframes.EVERY_S`` that the
 stream grew by ``keyframes.MIN_BYTES`` (``$COMMSCOPE_KEYFRAME_S``; ``off``: none), the newest
-``FRAMES_KEPT`` of them kept.  Each chains on the newest keyframe or mark before it.  A
-reader starts a stream at the newer of the two that precedes its window.
+``FRAMES_KEPT`` of them kept.  Each chains on the one before, kept by the keeper; its chain
+starts (and starts again, where Redis lost the entry it would go on after: ``Gone``) at the
+newer of the stream's newest keyframe and mark.  A reader starts a stream at the newer of
+the two that precedes its window.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import select
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
-from typing import BinaryIO, NamedTuple
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import orjson
 
-from commscope.store import children, inflight, keyframes
-from commscope.store.base import StoreError, Stream
+from commscope.store import inflight, keyframes
+from commscope.store.base import Stream
 from commscope.store.cluster import Nodes
 from commscope.store.redis_keys import Keys, entry_number
 from commscope.store.redis_url import parse_url
-from commscope.store.resp import Connection, ReplyError, pack
-from commscope.store.segments import MAX_RANK, TS_FIELD
+from commscope.store.resp import Connection, pack
+from commscope.store.segments import TS_FIELD
 
 #: How often a mark is taken, in the rank's own time, and after how many bytes written
 MARK_EVERY_S = 300.0
@@ -153,17 +151,32 @@ def take(nodes: Nodes, stream: bytes, marks: bytes, rank: int) -> Mark | None:
     return mark
 
 
-def following(nodes: Nodes, stream: bytes, last: Mark | None, rank: int, least: int = 1) -> Mark | None:
+class Gone(Exception):
+    """The entry a chain would go on after is no longer in its stream (Redis lost the tail
+    it was in: a failover to a replica behind, a restart from an older save)."""
+
+
+def following(nodes: Nodes, stream: bytes, last: Mark | None, rank: int, least: int = 1,
+              max_read: int = MAX_READ, check: bool = False) -> Mark | None:
     """The mark after ``last`` (None: the stream's start): its carry replayed with the entries
-    of ``stream`` after it.  None where they are fewer than ``least`` bytes (or none)."""
+    of ``stream`` after it, ``max_read`` bytes of them at most.  None where they are fewer than
+    ``least`` bytes (or none).  ``check``: ``last`` was kept, not read from the store just now:
+    its own entry is read too, and Gone raised where the stream no longer holds it."""
     after = last.entry if last is not None else 0
+    check = check and after > 0
     values: list[bytes] = []
     first = top = -1
     size = 0
-    while len(values) < MAX_ENTRIES and size < MAX_READ:
-        lo = after + 1 if first < 0 else top + 1
+    while len(values) < MAX_ENTRIES and size < max_read:
+        lo = (after if check else after + 1) if first < 0 else top + 1
         got = nodes.run(stream, pack("XRANGE", stream, b"0-%d" % lo, "+", "COUNT",
                                      min(PAGE, MAX_ENTRIES - len(values))), Connection.read_entries)
+        if first < 0 and check:
+            if not got or entry_number(got[0][0]) != after:
+                raise Gone(f"entry {after} of {stream!r}")
+            got = got[1:]
+            if not got:
+                break
         if not got:
             break
         if first < 0:
@@ -189,12 +202,28 @@ def following(nodes: Nodes, stream: bytes, last: Mark | None, rank: int, least: 
 
 
 def add(nodes: Nodes, key: bytes, mark: Mark, kept: int) -> None:
-    """Append ``mark`` to ``key`` (a marks or keyframes stream) keeping about ``kept``."""
-    nodes.call(key, "XADD", key, "MAXLEN", "~", kept, f"{mark.ms}-{mark.entry}", "k", mark.entry, "b", mark.bytes,
-               "x", 0 if mark.exact else 1, "c", mark.carry)
+    """Append ``mark`` to ``key`` (a marks stream) keeping about ``kept``."""
+    nodes.call(key, "XADD", key, "MAXLEN", "~", kept, *_fields(mark))
 
 
-class _Framed:
+def _fields(mark: Mark) -> tuple:
+    return (f"{mark.ms}-{mark.entry}", "k", mark.entry, "b", mark.bytes, "x", 0 if mark.exact else 1, "c", mark.carry)
+
+
+#: A keyframe appended only while its stream is there (a job deleted meanwhile: ``delete_job``
+#: between a keeper's read and its append would leave a key of it no one deletes); both keys
+#: in one slot
+ADD_FRAME = ("if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end "
+             "redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], unpack(ARGV, 2)) return 1")
+
+
+def add_frame(nodes: Nodes, f: Framed, mark: Mark) -> None:
+    """Append keyframe ``mark`` of ``f``'s stream, the newest ``FRAMES_KEPT`` kept, where the
+    stream is still there (``ADD_FRAME``)."""
+    nodes.call(f.frames, "EVAL", ADD_FRAME, 2, f.frames, f.key, FRAMES_KEPT, *_fields(mark))
+
+
+class Framed:
     """A stream as the keeper of keyframes follows it."""
 
     __slots__ = ("key", "frames", "marks", "rank", "last", "due", "known")
@@ -209,87 +238,28 @@ class _Framed:
         self.due = 0.0  # (monotonic) no keyframe before then
 
 
-def frame(nodes: Nodes, f: _Framed) -> None:
+def frame(nodes: Nodes, f: Framed, max_read: int = keyframes.READ_BYTES) -> None:
     """The next keyframe of a followed stream, where it grew by ``keyframes.MIN_BYTES`` since
-    the last: its chain starts at the newest keyframe or mark the store holds (the newer)."""
-    if not f.known:
-        marks = [m for m in (newest(nodes, f.frames), newest(nodes, f.marks)) if m is not None]
-        f.last, f.known = max(marks, key=lambda m: m.entry, default=None), True
-    got = following(nodes, f.key, f.last, f.rank, keyframes.MIN_BYTES)
+    the last (``max_read`` bytes of it read at most: a keeper behind catches up in steps):
+    its chain starts at the newest keyframe or mark the store holds (the newer), read once,
+    and again where the keyframe kept here is gone from the stream (``Gone``)."""
+    fresh = not f.known
+    if fresh:
+        f.last, f.known = _start(nodes, f), True
+    try:
+        got = following(nodes, f.key, f.last, f.rank, keyframes.MIN_BYTES, max_read, check=not fresh)
+    except Gone:
+        f.last = _start(nodes, f)
+        got = following(nodes, f.key, f.last, f.rank, keyframes.MIN_BYTES, max_read)
     if got is not None:
-        add(nodes, f.frames, got, FRAMES_KEPT)
+        add_frame(nodes, f, got)
         f.last = got
 
 
-def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence[tuple[str, int]] = (),
-         now: Callable[[], float] = time.monotonic) -> int:
-    """The loop of a writing process's keeper of keyframes (``keeper``): follow the streams the
-    writers name on ``commands`` (lines ``RANK INCARNATION``) and take each one's next keyframe
-    every ``every_s``, until ``commands`` ends (every writer of the process gone).  Redis down:
-    tried again a step later; a stream it refuses (not a stream): no longer followed."""
-    target = parse_url(url)
-    nodes = Nodes(target, target.display())
-    nodes.know(known)
-    followed: dict[Stream, _Framed] = {}
-    fd = commands.fileno()
-    buf = b""
-    up = False
-    try:
-        while True:
-            ready, _, _ = select.select([fd], [], [], every_s / 2)
-            if ready:
-                got = os.read(fd, 1 << 16)
-                if not got:
-                    return 0
-                buf += got
-                *lines, buf = buf.split(b"\n")
-                buf = buf[-4096:]  # (a command is one short line: no more is ever kept of one)
-                for line in lines:
-                    stream = _named(line)
-                    if stream is not None and stream not in followed:
-                        followed[stream] = _Framed(job, stream)
-            t = now()
-            for stream, f in list(followed.items()):
-                if t < f.due:
-                    continue
-                try:
-                    if not up:
-                        nodes.connect()
-                        up = True
-                    frame(nodes, f)
-                except ReplyError:
-                    del followed[stream]
-                    continue
-                except (OSError, StoreError):
-                    nodes.reset()
-                    up = False
-                    break  # (Redis away: every stream again a step later)
-                f.due = t + every_s
-    finally:
-        nodes.close()
-
-
-def _named(line: bytes) -> Stream | None:
-    """A writer's command line (``follow``); None for anything else."""
-    try:
-        rank, inc = line.split()
-        stream = (int(rank), int(inc))
-    except ValueError:
-        return None
-    return stream if line == b"%d %d" % stream and stream[0] <= MAX_RANK and Keys.parse_member(Keys.member(*stream)) else None
-
-
-def keeper(url: str, job: str, every_s: float, known: Sequence[tuple[str, int]] = ()) -> children.Keeper:
-    """The writing process's keeper of ``job``'s keyframes in the store at ``url`` (``keep`` in a
-    child, told the URL and the cluster nodes the writer knows on its standard input)."""
-    nodes = " ".join(f"{h}:{p}" for h, p in sorted(known)[:64])
-    return children.Keeper.of("commscope.store.redis_marks", "keep", job, repr(every_s),
-                              preamble=f"{url}\n{nodes}\n".encode())
-
-
-def follow(keeper: children.Keeper, stream: Stream) -> None:
-    """Keyframes for ``stream`` from now on."""
-    keeper.follow(stream, f"{stream[0]} {stream[1]}\n".encode())
+def _start(nodes: Nodes, f: Framed) -> Mark | None:
+    """Where ``f``'s chain starts: the newer of its stream's newest keyframe and mark."""
+    marks = [m for m in (newest(nodes, f.frames), newest(nodes, f.marks)) if m is not None]
+    return max(marks, key=lambda m: m.entry, default=None)
 
 
 def mark(url: str, job: str, rank: int, incarnation: int = 0, known: Sequence[tuple[str, int]] = ()) -> Mark | None:
@@ -330,32 +300,19 @@ def spawn(url: str, job: str, rank: int, incarnation: int,
     return child
 
 
-def _address(word: str) -> tuple[str, int] | None:
+def address(word: str) -> tuple[str, int] | None:
+    """A node as a writer tells it (``host:port``); None for anything else."""
     host, _, port = word.rpartition(":")
     return (host, int(port)) if host and port.isdigit() else None
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 3 and argv[0] == "keep":
-        # (the URL and the nodes known on the first two lines, then the streams to follow)
-        head = b""
-        while head.count(b"\n") < 2:
-            got = os.read(0, 1)  # (byte by byte: what follows is the loop's, read from the same fd)
-            if not got:
-                return 0
-            head += got
-        url, nodes = head.decode().split("\n")[:2]
-        known = [a for a in map(_address, nodes.split()) if a]
-        with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
-            return keep(url.strip(), argv[1], sys.stdin.buffer, float(argv[2]), known)
-        return 0
     if len(argv) != 3:
-        print("usage: python -m commscope.store.redis_marks JOB RANK INCARNATION  (the store URL on standard input)\n"
-              "       python -m commscope.store.redis_marks keep JOB EVERY_S  (the URL, the nodes known, then "
-              "the streams)", file=sys.stderr)
+        print("usage: python -m commscope.store.redis_marks JOB RANK INCARNATION  (the store URL on standard input)",
+              file=sys.stderr)
         return 2
     url, _, rest = sys.stdin.read().strip().partition("\n")
-    known = [a for a in map(_address, rest.split()) if a]
+    known = [a for a in map(address, rest.split()) if a]
     try:
         mark(url.strip(), argv[0], int(argv[1]), int(argv[2]), known)
     except Exception as exc:  # a mark not taken now is taken by the next child

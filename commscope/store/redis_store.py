@@ -34,7 +34,7 @@ from commscope import events
 from commscope.events import Event, gc_paused
 from commscope.redact import redact
 from commscope.schema import decode_job
-from commscope.store import children, inflight, keyframes, redis_marks
+from commscope.store import children, inflight, keyframes, redis_keeper, redis_marks
 from commscope.store.base import (
     ReadStats,
     Size,
@@ -670,8 +670,8 @@ class RedisWriter:
             self._unframed += sum(map(len, lines))
             if self._unframed < keyframes.FOLLOW_AFTER or self.keyframe_s is None:
                 return
-            self._keeper = redis_marks.keeper(self._url, self.job, self.keyframe_s, self._nodes.known())
-            redis_marks.follow(self._keeper, (self.rank, self.incarnation))
+            self._keeper = redis_keeper.keeper(self._url, self.job, self.keyframe_s, self._nodes.known())
+            redis_keeper.follow(self._keeper, (self.rank, self.incarnation))
             self._keeper_check = time.monotonic() + keyframes.CHECK_S
         elif (now := time.monotonic()) >= self._keeper_check:
             self._keeper_check = now + keyframes.CHECK_S

@@ -1,0 +1,135 @@
+"""The keeper of a Redis job's keyframes: one child process a writing process and job.
+
+A Redis stream's keyframes (``store/redis_marks.py``: marks every few seconds, in
+``commscope:{J/S}:frames:N``) are taken by a child of the writing process at the lowest
+priority (``children.Keeper``; LTTng's consumer daemon, as the directory store's keeper of
+keyframes, ``store/keyframes.py``), never by the training process.  One a process, not a
+stream: a process writing many ranks (``bench scale``) starts one child, not thousands.
+It reads the store's URL (which may hold a password: never on a command line) and the
+cluster nodes the writer knew on its first two lines of standard input, then a stream's
+``RANK INCARNATION`` a line, as each writer names its stream, and ends when its input
+ends (the last writer of the process closed, or the process died).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import BinaryIO
+
+from commscope.store import children, redis_marks
+from commscope.store.base import StoreError, Stream
+from commscope.store.cluster import Nodes
+from commscope.store.redis_keys import Keys
+from commscope.store.redis_url import parse_url
+from commscope.store.resp import ReplyError
+from commscope.store.segments import MAX_RANK
+
+#: A stream whose keyframe failed otherwise than as Redis does (a bug, a carry that cannot be
+#: replayed) is looked at again this many periods later, the others going on meanwhile
+FAILED_WAIT = 30
+
+
+def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence[tuple[str, int]] = (),
+         now: Callable[[], float] = time.monotonic) -> int:
+    """The keeper's loop: follow the streams the writers name on ``commands`` (``follow``) and
+    take each one's next keyframe every ``every_s`` (``redis_marks.frame``), until
+    ``commands`` ends.  Redis away: every stream tried again half a period later; refusing
+    (out of memory, a cluster failing over, a read-only replica): the stream tried again a
+    period later.  A key that is not a stream (WRONGTYPE) is no longer followed."""
+    target = parse_url(url)
+    nodes = Nodes(target, target.display())
+    nodes.know(known)
+    followed: dict[Stream, redis_marks.Framed] = {}
+    fd = commands.fileno()
+    buf = b""
+    up = False
+    try:
+        while True:
+            ready, _, _ = select.select([fd], [], [], every_s / 2)
+            if ready:
+                got = os.read(fd, 1 << 16)
+                if not got:
+                    return 0
+                buf += got
+                *lines, buf = buf.split(b"\n")
+                buf = buf[-4096:]  # (a command is one short line: no more is ever kept of one)
+                for line in lines:
+                    stream = named(line)
+                    if stream is not None and stream not in followed:
+                        followed[stream] = redis_marks.Framed(job, stream)
+            t = now()
+            for stream, f in list(followed.items()):
+                if t < f.due:
+                    continue
+                try:
+                    if not up:
+                        nodes.connect()
+                        up = True
+                    redis_marks.frame(nodes, f)
+                except ReplyError as exc:
+                    if str(exc).startswith("WRONGTYPE"):
+                        del followed[stream]
+                    else:  # (refused for now: this stream again a period later, the others meanwhile)
+                        f.due = t + every_s
+                    continue
+                except (OSError, StoreError):
+                    nodes.reset()
+                    up = False
+                    break  # (Redis away: every stream again a step later)
+                except Exception:  # (this stream's: the others go on)
+                    f.due = t + FAILED_WAIT * every_s
+                    continue
+                f.due = t + every_s
+    finally:
+        nodes.close()
+
+
+def named(line: bytes) -> Stream | None:
+    """A writer's command line as ``follow`` writes it; None for anything else."""
+    try:
+        rank, inc = line.split()
+        stream = (int(rank), int(inc))
+    except ValueError:
+        return None
+    return stream if line == b"%d %d" % stream and stream[0] <= MAX_RANK and Keys.parse_member(Keys.member(*stream)) else None
+
+
+def keeper(url: str, job: str, every_s: float, known: Sequence[tuple[str, int]] = ()) -> children.Keeper:
+    """The writing process's keeper of ``job``'s keyframes in the store at ``url`` (``keep`` in a
+    child), told the URL and the cluster nodes the writer knows (not part of what makes it
+    this process's one: writers that learnt other nodes share it)."""
+    nodes = " ".join(f"{h}:{p}" for h, p in sorted(known)[:64])
+    return children.Keeper.of("commscope.store.redis_keeper", job, repr(every_s), secret=url.encode(),
+                              preamble=f"{url}\n{nodes}\n".encode())
+
+
+def follow(keeper: children.Keeper, stream: Stream) -> None:
+    """Keyframes for ``stream`` from now on."""
+    keeper.follow(stream, f"{stream[0]} {stream[1]}\n".encode())
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m commscope.store.redis_keeper JOB EVERY_S  (on standard input: the store URL, "
+              "the nodes known, then the streams)", file=sys.stderr)
+        return 2
+    head = b""
+    while head.count(b"\n") < 2:
+        got = os.read(0, 1)  # (byte by byte: what follows is the loop's, read from the same fd)
+        if not got:
+            return 0
+        head += got
+    url, nodes = head.decode().split("\n")[:2]
+    known = [a for a in map(redis_marks.address, nodes.split()) if a]
+    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
+        return keep(url.strip(), argv[0], sys.stdin.buffer, float(argv[1]), known)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
