@@ -120,7 +120,10 @@ def test_the_keeper_takes_keyframes_and_a_window_starts_at_one(redis_url, every_
     assert findings(part) == findings(full)
 
 
-def test_a_keeper_killed_is_started_again_and_chains_on_its_newest_keyframe(redis_url, every_02, monkeypatch):
+def test_a_keeper_killed_is_started_again_and_goes_on(redis_url, every_02, monkeypatch):
+    """A keeper killed (out of memory, by hand) is started again by the next write that looks
+    and takes keyframes on, exact, each counting the stream's bytes up to it (where its chain
+    starts: ``test_a_keeper_chains_on_the_newer_of_the_stream_s_keyframe_and_mark``)."""
     monkeypatch.setattr(keyframes, "CHECK_S", 0.0)
     monkeypatch.setattr(children.Keeper, "RESPAWN_S", 0.0)
     w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, mark_every_s=600)
