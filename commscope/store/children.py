@@ -9,12 +9,13 @@ import contextlib
 import fcntl
 import functools
 import os
+import select
 import shutil
 import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
     from commscope.store.base import Stream
@@ -40,6 +41,28 @@ def start(module: str, *args: str, stdin: int | None = subprocess.DEVNULL) -> su
                                 start_new_session=True)
     except OSError:
         return None
+
+
+class Commands:
+    """A keeper's end of its writers' pipe (``Keeper``): the command lines they send."""
+
+    def __init__(self, pipe: BinaryIO) -> None:
+        self.fd = pipe.fileno()
+        self._buf = b""
+
+    def wait(self, timeout: float) -> list[bytes] | None:
+        """The whole lines sent within ``timeout`` seconds (none where nothing came); None once
+        every writer is gone (the pipe ended: the keeper's cue to end)."""
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return []
+        got = os.read(self.fd, 1 << 16)
+        if not got:
+            return None
+        self._buf += got
+        *lines, self._buf = self._buf.split(b"\n")
+        self._buf = self._buf[-4096:]  # (a command is one short line: no more is ever kept of one)
+        return lines
 
 
 class Keeper:

@@ -33,7 +33,6 @@ import contextlib
 import math
 import os
 import re
-import select
 import struct
 import sys
 import time
@@ -361,29 +360,23 @@ def keep(directory: Path, commands: BinaryIO, every_s: float = EVERY_S,
     stream of lines ``RANK INCARNATION NUMBER NAME``: a stream's newest segment), a step of
     each every half ``every_s``, until ``commands`` ends (every writer of the process gone)."""
     followed: dict[Stream, _Followed] = {}
-    fd = commands.fileno()
-    buf = b""
+    sent = children.Commands(commands)
     while True:
-        ready, _, _ = select.select([fd], [], [], every_s / 2)
-        if ready:
-            got = os.read(fd, 1 << 16)
-            if not got:
-                return 0
-            buf += got
-            *lines, buf = buf.split(b"\n")
-            buf = buf[-4096:]  # (a command is one short line: no more is ever kept of one)
-            for line in lines:
-                named = _named(line)
-                if named is None:
-                    continue
-                stream, number, name = named
-                old = followed.get(stream)
-                if old is not None and old.number == number:
-                    continue
-                new = _Followed(stream, number, directory / name)
-                if old is not None and old.number == number - 1 and step(old, directory, now(), final=True, every_s=every_s):
-                    new.before = old.before  # (its end replayed here: no wait for its closer)
-                followed[stream] = new
+        lines = sent.wait(every_s / 2)
+        if lines is None:
+            return 0
+        for line in lines:
+            named = _named(line)
+            if named is None:
+                continue
+            stream, number, name = named
+            old = followed.get(stream)
+            if old is not None and old.number == number:
+                continue
+            new = _Followed(stream, number, directory / name)
+            if old is not None and old.number == number - 1 and step(old, directory, now(), final=True, every_s=every_s):
+                new.before = old.before  # (its end replayed here: no wait for its closer)
+            followed[stream] = new
         t = now()
         for stream, f in list(followed.items()):
             if not step(f, directory, t, every_s=every_s):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -45,23 +44,17 @@ def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence
     nodes = Nodes(target, target.display())
     nodes.know(known)
     followed: dict[Stream, redis_marks.Framed] = {}
-    fd = commands.fileno()
-    buf = b""
+    sent = children.Commands(commands)
     up = False
     try:
         while True:
-            ready, _, _ = select.select([fd], [], [], every_s / 2)
-            if ready:
-                got = os.read(fd, 1 << 16)
-                if not got:
-                    return 0
-                buf += got
-                *lines, buf = buf.split(b"\n")
-                buf = buf[-4096:]  # (a command is one short line: no more is ever kept of one)
-                for line in lines:
-                    stream = named(line)
-                    if stream is not None and stream not in followed:
-                        followed[stream] = redis_marks.Framed(job, stream)
+            lines = sent.wait(every_s / 2)
+            if lines is None:
+                return 0
+            for line in lines:
+                stream = named(line)
+                if stream is not None and stream not in followed:
+                    followed[stream] = redis_marks.Framed(job, stream)
             t = now()
             for stream, f in list(followed.items()):
                 if t < f.due:
