@@ -100,6 +100,7 @@ def test_the_keeper_takes_keyframes_and_a_window_starts_at_one(redis_url, every_
     beats.until(lambda: len(frames_of(redis_url, "job")) >= 3, "three keyframes")
     beats.write(100)  # (100 s of the rank's time after them)
     w.close()
+    assert child.wait(BOUND_S) == 0  # (its input ended: no keyframe comes after what is read here)
     frames = frames_of(redis_url, "job")
     assert [f.exact for f in frames] == [True] * len(frames)
     assert all(a.entry < b.entry and a.bytes < b.bytes for a, b in zip(frames, frames[1:], strict=False))
@@ -107,7 +108,12 @@ def test_the_keeper_takes_keyframes_and_a_window_starts_at_one(redis_url, every_
         carried = [orjson.loads(x) for x in f.carry.splitlines()]
         assert [(e["type"], e.get("id")) for e in carried if e["type"] in ("meta", "op")] == [("meta", None),
                                                                                             ("op", 7)]
-    last = frames[-1]
+    # (the window: from 60 s before the newest beat; a keyframe the keeper took of the last
+    # 100 beats, as they came, is after its start)
+    start_ms = (T0 + (beats.k - 1 - 60) * S) // 1_000_000
+    before = [f for f in frames if f.ms <= start_ms]
+    assert len(before) >= 3
+    last = before[-1]
     assert last.ms == (T0 + (2 + last.entry - 3) * S) // 1_000_000  # (entry 3 is the rank's second 2)
     full, fr, _ = load_trace(redis_url)
     part, pr, _ = load_trace(redis_url, since=Since(ago_s=60))
