@@ -342,3 +342,56 @@ def test_a_keeper_refused_by_redis_goes_on_once_it_takes_writes_again(redis_url,
     assert not loop.is_alive()
     client.close()
     w.close()
+
+
+_KILLED_WRITER = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+from test_redis_keyframes import beat, begin, meta
+from commscope.store.redis_store import RedisWriter
+w = RedisWriter({url!r}, "job", 0, {{"world_size": 1}}, mark_every_s=1e9)
+w.write([meta(), begin(7, 1)])
+k = 2
+while w._keeper is None or w._keeper._child is None:
+    w.write([beat(j) for j in range(k, k + 20)])
+    k += 20
+print(w._keeper._child.pid, flush=True)
+while True:
+    w.write([beat(j) for j in range(k, k + 20)])
+    k += 20
+    time.sleep(0.01)
+"""
+
+
+def test_a_keeper_ends_when_its_writing_process_is_killed(redis_url, every_02):
+    """A rank killed (SIGKILL: no ``close``) leaves no keeper behind: its commands end with the
+    process (the pipe's last writer gone), and it exits, having taken keyframes meanwhile."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = _KILLED_WRITER.format(tests=str(Path(__file__).parent), url=redis_url)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        keeper = psutil.Process(int(proc.stdout.readline()))
+        assert "commscope.store.redis_keeper" in " ".join(keeper.cmdline())
+        deadline = time.monotonic() + BOUND_S
+        while not frames_of(redis_url, "job"):
+            assert time.monotonic() < deadline, "never: a keyframe"
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
+    deadline = time.monotonic() + BOUND_S
+    while _alive(keeper):
+        assert time.monotonic() < deadline, "never: the keeper ended"
+        time.sleep(0.05)
+
+
+def _alive(proc) -> bool:
+    """Running, and not a zombie (ended, not yet reaped by whoever adopted it)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
